@@ -1,0 +1,119 @@
+// Package errdefs holds the error kinds every dsec package returns. Wrap them
+// with context (fmt.Errorf("mount layer %s: %w", d, errdefs.ErrNotFound)) and
+// test with errors.Is; they become RPC codes only at the API edge (see Code).
+package errdefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+)
+
+var (
+	ErrInvalidArgument    = errors.New("invalid argument")
+	ErrNotFound           = errors.New("not found")
+	ErrAlreadyExists      = errors.New("already exists")
+	ErrFailedPrecondition = errors.New("failed precondition")
+	ErrResourceExhausted  = errors.New("resource exhausted")
+	ErrUnavailable        = errors.New("unavailable")
+	ErrDeadlineExceeded   = errors.New("deadline exceeded")
+	ErrPermissionDenied   = errors.New("permission denied")
+	ErrUnauthenticated    = errors.New("unauthenticated")
+	ErrNotSupported       = errors.New("not supported")
+	ErrInternal           = errors.New("internal error")
+)
+
+// Code is the Connect code for err, by the first kind it wraps.
+func Code(err error) connect.Code {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Code()
+	}
+	for _, m := range []struct {
+		kind error
+		code connect.Code
+	}{
+		{ErrInvalidArgument, connect.CodeInvalidArgument},
+		{ErrNotFound, connect.CodeNotFound},
+		{ErrAlreadyExists, connect.CodeAlreadyExists},
+		{ErrFailedPrecondition, connect.CodeFailedPrecondition},
+		{ErrResourceExhausted, connect.CodeResourceExhausted},
+		{ErrUnavailable, connect.CodeUnavailable},
+		{ErrDeadlineExceeded, connect.CodeDeadlineExceeded},
+		{ErrPermissionDenied, connect.CodePermissionDenied},
+		{ErrUnauthenticated, connect.CodeUnauthenticated},
+		{ErrNotSupported, connect.CodeUnimplemented},
+	} {
+		if errors.Is(err, m.kind) {
+			return m.code
+		}
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return connect.CodeCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.CodeDeadlineExceeded
+	}
+	return connect.CodeInternal
+}
+
+// ToConnect turns err into a *connect.Error carrying its code and message.
+// It leaves nil and errors that already are *connect.Error alone.
+func ToConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return err
+	}
+	return connect.NewError(Code(err), err)
+}
+
+// FromConnect maps a Connect error from a remote dsec component back onto the
+// kinds above, keeping its message, so errors.Is works across the wire.
+func FromConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	kind := ErrInternal
+	switch ce.Code() {
+	case connect.CodeInvalidArgument, connect.CodeOutOfRange:
+		kind = ErrInvalidArgument
+	case connect.CodeNotFound:
+		kind = ErrNotFound
+	case connect.CodeAlreadyExists:
+		kind = ErrAlreadyExists
+	case connect.CodeFailedPrecondition:
+		kind = ErrFailedPrecondition
+	case connect.CodeResourceExhausted:
+		kind = ErrResourceExhausted
+	case connect.CodeUnavailable:
+		kind = ErrUnavailable
+	case connect.CodeDeadlineExceeded:
+		kind = ErrDeadlineExceeded
+	case connect.CodePermissionDenied:
+		kind = ErrPermissionDenied
+	case connect.CodeUnauthenticated:
+		kind = ErrUnauthenticated
+	case connect.CodeUnimplemented:
+		kind = ErrNotSupported
+	case connect.CodeCanceled:
+		return fmt.Errorf("%s: %w", ce.Message(), context.Canceled)
+	}
+	return &wrapped{msg: ce.Message(), kind: kind}
+}
+
+type wrapped struct {
+	msg  string
+	kind error
+}
+
+func (w *wrapped) Error() string { return w.msg }
+func (w *wrapped) Unwrap() error { return w.kind }

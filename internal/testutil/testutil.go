@@ -1,0 +1,40 @@
+// Package testutil holds helpers shared by dsec's tests: gating on root and
+// kernel features, and finding the binaries and test layers the suites use.
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// Strict reports whether CI asked for every root and kernel test to run
+// (DSEC_TEST_ROOT=1). Under it a missing requirement fails instead of skipping.
+func Strict() bool { return os.Getenv("DSEC_TEST_ROOT") == "1" }
+
+// Require skips t with reason when ok is false, or fails it under Strict.
+func Require(t testing.TB, ok bool, reason string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if Strict() {
+		t.Fatalf("DSEC_TEST_ROOT=1 but %s", reason)
+	}
+	t.Skipf("skipping: %s (set DSEC_TEST_ROOT=1 to make this a failure)", reason)
+}
+
+// RequireRoot skips (or fails under Strict) unless the test runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	Require(t, os.Geteuid() == 0, "test needs root")
+}
+
+// RequireCommand skips (or fails under Strict) unless name is on PATH, and
+// returns its path.
+func RequireCommand(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	Require(t, err == nil, name+" is not installed")
+	return p
+}
