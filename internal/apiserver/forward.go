@@ -1,0 +1,189 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"connectrpc.com/connect"
+
+	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// The calls below run inside a sandbox: each is handed, unchanged, to the
+// sandbox's agent through its edge.
+
+type agentClient = agentv1connect.AgentServiceClient
+
+type unaryCall[Req, Res any] func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)
+
+type streamCall[Req, Res any] func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error)
+
+func forwardUnary[Req, Res any](ctx context.Context, s *Server, id string, msg *Req, pick func(agentClient) unaryCall[Req, Res]) (*connect.Response[Res], error) {
+	a, err := s.agent(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := pick(a)(ctx, connect.NewRequest(msg))
+	if err != nil {
+		return nil, s.agentErr(ctx, id, err)
+	}
+	return connect.NewResponse(resp.Msg), nil
+}
+
+func forwardStream[Req, Res any](ctx context.Context, s *Server, id string, msg *Req, out *connect.ServerStream[Res], pick func(agentClient) streamCall[Req, Res]) error {
+	a, err := s.agent(ctx, id)
+	if err != nil {
+		return err
+	}
+	in, err := pick(a)(ctx, connect.NewRequest(msg))
+	if err != nil {
+		return s.agentErr(ctx, id, err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		if err := out.Send(in.Msg()); err != nil {
+			return err
+		}
+	}
+	if err := in.Err(); err != nil {
+		return s.agentErr(ctx, id, err)
+	}
+	return nil
+}
+
+func (s *Server) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
+	m := req.Msg
+	if len(m.GetArgv()) == 0 && m.GetCommand() == "" {
+		return fmt.Errorf("exec needs argv or command: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(m.GetArgv()) > 0 && m.GetCommand() != "" {
+		return fmt.Errorf("exec takes argv or command, not both: %w", errdefs.ErrInvalidArgument)
+	}
+	if m.GetTimeoutSeconds() < 0 {
+		return fmt.Errorf("timeout_seconds must not be negative: %w", errdefs.ErrInvalidArgument)
+	}
+	return forwardStream(ctx, s, m.GetSandboxId(), m, out, func(a agentClient) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] { return a.Exec })
+}
+
+func (s *Server) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.AttachRequest, dsecv1.ExecEvent] { return a.Attach })
+}
+
+func (s *Server) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
+	if req.Msg.GetSession() == "" {
+		return fmt.Errorf("session name is required: %w", errdefs.ErrInvalidArgument)
+	}
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] { return a.SessionRun })
+}
+
+func (s *Server) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] { return a.Download })
+}
+
+func (s *Server) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.WriteStdinRequest, dsecv1.WriteStdinResponse] {
+		return a.WriteStdin
+	})
+}
+
+func (s *Server) Signal(ctx context.Context, req *connect.Request[dsecv1.SignalRequest]) (*connect.Response[dsecv1.SignalResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.SignalRequest, dsecv1.SignalResponse] { return a.Signal })
+}
+
+func (s *Server) ListProcesses(ctx context.Context, req *connect.Request[dsecv1.ListProcessesRequest]) (*connect.Response[dsecv1.ListProcessesResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.ListProcessesRequest, dsecv1.ListProcessesResponse] {
+		return a.ListProcesses
+	})
+}
+
+func (s *Server) SessionInterrupt(ctx context.Context, req *connect.Request[dsecv1.SessionInterruptRequest]) (*connect.Response[dsecv1.SessionInterruptResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.SessionInterruptRequest, dsecv1.SessionInterruptResponse] {
+		return a.SessionInterrupt
+	})
+}
+
+func (s *Server) SessionClose(ctx context.Context, req *connect.Request[dsecv1.SessionCloseRequest]) (*connect.Response[dsecv1.SessionCloseResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.SessionCloseRequest, dsecv1.SessionCloseResponse] {
+		return a.SessionClose
+	})
+}
+
+func (s *Server) ReadFile(ctx context.Context, req *connect.Request[dsecv1.ReadFileRequest]) (*connect.Response[dsecv1.ReadFileResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.ReadFileRequest, dsecv1.ReadFileResponse] { return a.ReadFile })
+}
+
+func (s *Server) WriteFile(ctx context.Context, req *connect.Request[dsecv1.WriteFileRequest]) (*connect.Response[dsecv1.WriteFileResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.WriteFileRequest, dsecv1.WriteFileResponse] { return a.WriteFile })
+}
+
+func (s *Server) ListDir(ctx context.Context, req *connect.Request[dsecv1.ListDirRequest]) (*connect.Response[dsecv1.ListDirResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.ListDirRequest, dsecv1.ListDirResponse] { return a.ListDir })
+}
+
+func (s *Server) Stat(ctx context.Context, req *connect.Request[dsecv1.StatRequest]) (*connect.Response[dsecv1.StatResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.StatRequest, dsecv1.StatResponse] { return a.Stat })
+}
+
+func (s *Server) Remove(ctx context.Context, req *connect.Request[dsecv1.RemoveRequest]) (*connect.Response[dsecv1.RemoveResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.RemoveRequest, dsecv1.RemoveResponse] { return a.Remove })
+}
+
+func (s *Server) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.MakeDirRequest, dsecv1.MakeDirResponse] { return a.MakeDir })
+}
+
+func (s *Server) Upload(ctx context.Context, req *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.UploadRequest, dsecv1.UploadResponse] { return a.Upload })
+}
+
+// Shell pumps a bidirectional PTY stream between the caller and the agent.
+func (s *Server) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.ShellInput, dsecv1.ShellOutput]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		return fmt.Errorf("read shell start: %w", err)
+	}
+	start := first.GetStart()
+	if start == nil {
+		return fmt.Errorf("the first shell message must be start: %w", errdefs.ErrInvalidArgument)
+	}
+	id := start.GetSandboxId()
+	a, err := s.agent(ctx, id)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up := a.Shell(ctx)
+	if err := up.Send(first); err != nil {
+		return s.agentErr(ctx, id, err)
+	}
+	go func() {
+		defer up.CloseRequest()
+		for {
+			in, err := stream.Receive()
+			if err != nil {
+				return
+			}
+			if err := up.Send(in); err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		msg, err := up.Receive()
+		if err != nil {
+			up.CloseResponse()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return s.agentErr(ctx, id, err)
+		}
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,238 @@
+package apiserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/store"
+)
+
+// Create makes spec.count sandboxes (one when zero), all or none. With an
+// idempotency key, a repeat of the same request returns the first answer.
+func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateRequest]) (*connect.Response[dsecv1.CreateResponse], error) {
+	msg := req.Msg
+	count := int(msg.GetCount())
+	if count == 0 {
+		count = 1
+	}
+	if count < 0 || count > s.cfg.MaxBatch {
+		return nil, fmt.Errorf("count %d is outside 1..%d: %w", msg.GetCount(), s.cfg.MaxBatch, errdefs.ErrInvalidArgument)
+	}
+	if msg.GetSpec().GetEnvironment() == "" {
+		return nil, fmt.Errorf("spec.environment is required (BASE[+LAYER...]): %w", errdefs.ErrInvalidArgument)
+	}
+	wait := time.Duration(msg.GetWaitSeconds()) * time.Second
+	if wait <= 0 {
+		wait = 60 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+
+	key := msg.GetIdempotencyKey()
+	if key == "" {
+		sbs, err := s.createBatch(ctx, msg.GetSpec(), count)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&dsecv1.CreateResponse{Sandboxes: sbs}), nil
+	}
+	hash := requestHash(msg)
+	for {
+		if sbs, err := s.replay(ctx, key, hash); err == nil {
+			return connect.NewResponse(&dsecv1.CreateResponse{Sandboxes: sbs}), nil
+		} else if !errors.Is(err, errdefs.ErrNotFound) {
+			return nil, err
+		}
+		// Only one create per key runs; the others wait for its record.
+		s.inflightMu.Lock()
+		ch, busy := s.inflight[key]
+		if !busy {
+			ch = make(chan struct{})
+			s.inflight[key] = ch
+		}
+		s.inflightMu.Unlock()
+		if busy {
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("wait for the create with idempotency key %q: %w", key, errdefs.ErrDeadlineExceeded)
+			}
+		}
+		sbs, err := s.createBatch(ctx, msg.GetSpec(), count)
+		if err == nil {
+			ids := make([]string, len(sbs))
+			for i, sb := range sbs {
+				ids[i] = sb.GetId()
+			}
+			err = s.idem.PutIdempotency(context.WithoutCancel(ctx), store.Idempotency{Key: key, RequestHash: hash, IDs: ids, Created: time.Now()})
+			if err != nil {
+				s.deleteAll(context.WithoutCancel(ctx), sbs)
+				sbs = nil
+			}
+		}
+		s.inflightMu.Lock()
+		delete(s.inflight, key)
+		close(ch)
+		s.inflightMu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&dsecv1.CreateResponse{Sandboxes: sbs}), nil
+	}
+}
+
+// replay answers a repeated create from its idempotency record.
+func (s *Server) replay(ctx context.Context, key, hash string) ([]*dsecv1.Sandbox, error) {
+	rec, err := s.idem.GetIdempotency(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if rec.RequestHash != hash {
+		return nil, fmt.Errorf("idempotency key %q was used for a different request: %w", key, errdefs.ErrInvalidArgument)
+	}
+	out := make([]*dsecv1.Sandbox, 0, len(rec.IDs))
+	for _, id := range rec.IDs {
+		sb, err := s.getSandbox(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			sb = &dsecv1.Sandbox{Id: id, State: dsecv1.State_STATE_STOPPED, Reason: dsecv1.Reason_REASON_DELETED,
+				Message: "made by an earlier call with this idempotency key, and since removed"}
+		} else if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
+func requestHash(msg *dsecv1.CreateRequest) string {
+	c := proto.Clone(msg).(*dsecv1.CreateRequest)
+	c.IdempotencyKey = ""
+	c.WaitSeconds = 0
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// createBatch starts n sandboxes with bounded concurrency; if any fails, the
+// others are removed and the first error is returned.
+func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n int) ([]*dsecv1.Sandbox, error) {
+	out := make([]*dsecv1.Sandbox, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, s.cfg.CreateConcurrency)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
+			}
+			defer func() { <-sem }()
+			e, err := s.place(ctx)
+			if err != nil {
+				errs[i] = err
+				cancel()
+				return
+			}
+			sb, err := e.Create(ctx, e.NewID(), spec)
+			if err != nil {
+				errs[i] = err
+				cancel()
+				return
+			}
+			out[i] = sb
+		}()
+	}
+	wg.Wait()
+	var first error
+	for _, err := range errs {
+		if err != nil && (first == nil || errors.Is(first, context.Canceled)) {
+			first = err
+		}
+	}
+	if first != nil {
+		s.deleteAll(context.WithoutCancel(ctx), out)
+		if n > 1 {
+			return nil, fmt.Errorf("create %d sandboxes (none kept): %w", n, first)
+		}
+		return nil, first
+	}
+	return out, nil
+}
+
+func (s *Server) deleteAll(ctx context.Context, sbs []*dsecv1.Sandbox) {
+	for _, sb := range sbs {
+		if sb == nil {
+			continue
+		}
+		e, err := s.edgeFor(sb.GetId())
+		if err != nil {
+			continue
+		}
+		if err := e.Delete(ctx, sb.GetId()); err != nil {
+			s.log.Warn("remove sandbox of a failed batch", "id", sb.GetId(), "err", err)
+		}
+	}
+}
+
+func (s *Server) getSandbox(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
+	if id == "" {
+		return nil, fmt.Errorf("id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	e, err := s.edgeFor(id)
+	if err != nil {
+		return nil, err
+	}
+	return e.Get(ctx, id)
+}
+
+func (s *Server) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {
+	sb, err := s.getSandbox(ctx, req.Msg.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(sb), nil
+}
+
+func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
+	out := &dsecv1.ListResponse{}
+	for _, n := range s.order {
+		sbs, err := s.edges[n].List(ctx, req.Msg.GetLabels(), req.Msg.GetStates())
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes of node %s: %w", n, err)
+		}
+		out.Sandboxes = append(out.Sandboxes, sbs...)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *Server) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteRequest]) (*connect.Response[dsecv1.DeleteResponse], error) {
+	id := req.Msg.GetId()
+	if id == "" {
+		return nil, fmt.Errorf("id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	e, err := s.edgeFor(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Delete(ctx, id); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.DeleteResponse{}), nil
+}

@@ -1,0 +1,181 @@
+// Package apiserver is the only door into dsec: it serves the public Connect
+// services, validates requests, names new sandboxes, makes creates
+// idempotent, and forwards every later call to the edge that owns the
+// sandbox. It keeps no per-sandbox state: the node is read from the sandbox
+// ID, so any number of replicas can serve the same cluster.
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/store"
+)
+
+// Edge is what the apiserver needs of a node. The in-process edge
+// (*sandbox.Manager) implements it; a network client of a remote edge will
+// implement the same interface.
+type Edge interface {
+	Node() string
+	NewID() string
+	Create(ctx context.Context, id string, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error)
+	Get(ctx context.Context, id string) (*dsecv1.Sandbox, error)
+	List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error)
+	Delete(ctx context.Context, id string) error
+	// Agent returns the channel to the sandbox's agent; the call counts as
+	// activity of the sandbox.
+	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
+}
+
+// Idempotency remembers which sandboxes a Create with a key made.
+type Idempotency interface {
+	GetIdempotency(ctx context.Context, key string) (store.Idempotency, error)
+	PutIdempotency(ctx context.Context, rec store.Idempotency) error
+}
+
+// Config tunes the apiserver.
+type Config struct {
+	// MaxBatch is the largest count one Create may ask for.
+	MaxBatch int
+	// CreateConcurrency bounds how many sandboxes one batch starts at once.
+	CreateConcurrency int
+}
+
+// Server implements the public services.
+type Server struct {
+	cfg    Config
+	edges  map[string]Edge
+	order  []string
+	idem   Idempotency
+	layers Layers
+	log    *slog.Logger
+
+	inflightMu sync.Mutex
+	inflight   map[string]chan struct{} // idempotency keys being created
+}
+
+// New returns a Server routing to edges.
+func New(cfg Config, idem Idempotency, layers Layers, edges []Edge, log *slog.Logger) *Server {
+	if cfg.MaxBatch == 0 {
+		cfg.MaxBatch = 1000
+	}
+	if cfg.CreateConcurrency == 0 {
+		cfg.CreateConcurrency = 8
+	}
+	s := &Server{cfg: cfg, edges: map[string]Edge{}, idem: idem, layers: layers, log: log,
+		inflight: map[string]chan struct{}{}}
+	for _, e := range edges {
+		s.edges[e.Node()] = e
+		s.order = append(s.order, e.Node())
+	}
+	sort.Strings(s.order)
+	return s
+}
+
+// Handler returns the HTTP handler serving every service, plus /healthz.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	opts := []connect.HandlerOption{connect.WithInterceptors(errorInterceptor{})}
+	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
+	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerServer{s: s}, opts...))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	return mux
+}
+
+// edgeFor routes a sandbox ID to its node's edge.
+func (s *Server) edgeFor(id string) (Edge, error) {
+	node, err := sandbox.NodeOf(id)
+	if err != nil {
+		return nil, err
+	}
+	e, ok := s.edges[node]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: node %q is not part of this cluster: %w", id, node, errdefs.ErrNotFound)
+	}
+	return e, nil
+}
+
+// place picks the edge for a new sandbox: the one with the fewest live
+// sandboxes. With one node that is always the local edge.
+func (s *Server) place(ctx context.Context) (Edge, error) {
+	if len(s.order) == 0 {
+		return nil, fmt.Errorf("no edge is registered: %w", errdefs.ErrUnavailable)
+	}
+	var best Edge
+	bestN := -1
+	for _, n := range s.order {
+		e := s.edges[n]
+		live, err := e.List(ctx, nil, []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING})
+		if err != nil {
+			continue
+		}
+		if bestN < 0 || len(live) < bestN {
+			best, bestN = e, len(live)
+		}
+	}
+	if best == nil {
+		return nil, fmt.Errorf("no edge answered: %w", errdefs.ErrUnavailable)
+	}
+	return best, nil
+}
+
+// agent finds the agent channel of a running sandbox.
+func (s *Server) agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+	if id == "" {
+		return nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	e, err := s.edgeFor(id)
+	if err != nil {
+		return nil, err
+	}
+	return e.Agent(ctx, id)
+}
+
+// agentErr explains an error from an agent call: when the sandbox ended
+// meanwhile, say so instead of passing on a transport error.
+func (s *Server) agentErr(ctx context.Context, id string, err error) error {
+	code := connect.CodeOf(err)
+	if code != connect.CodeUnavailable && code != connect.CodeUnknown && code != connect.CodeInternal {
+		return err
+	}
+	e, eerr := s.edgeFor(id)
+	if eerr != nil {
+		return err
+	}
+	sb, gerr := e.Get(context.WithoutCancel(ctx), id)
+	if gerr == nil && sb.GetState() != dsecv1.State_STATE_RUNNING {
+		return fmt.Errorf("sandbox %s is %s: %s: %w", id, sb.GetState(), sb.GetMessage(), errdefs.ErrFailedPrecondition)
+	}
+	return fmt.Errorf("sandbox %s: agent channel: %v: %w", id, err, errdefs.ErrUnavailable)
+}
+
+// errorInterceptor turns errdefs kinds into Connect codes at the API edge.
+type errorInterceptor struct{}
+
+func (errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		return resp, errdefs.ToConnect(err)
+	}
+}
+
+func (errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		return errdefs.ToConnect(next(ctx, conn))
+	}
+}

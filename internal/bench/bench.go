@@ -1,0 +1,351 @@
+// Package bench measures a dsecd against a bare OCI runtime on the same
+// machine in the same run: create-to-first-exec latency (one at a time and
+// in a burst), creation throughput, exec latency in a warm sandbox, and
+// host memory per idle sandbox. Every dsec figure is printed beside the
+// baseline's and their ratio; nothing here asserts a number.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/apiclient"
+)
+
+// Options size the benchmark.
+type Options struct {
+	Env      string // environment to run; imported from busybox when it is the default and missing
+	Seq      int    // sequential create → exec rounds
+	Burst    int    // concurrent creates in the burst
+	Execs    int    // execs in one warm sandbox
+	Idle     int    // idle sandboxes for the memory figure
+	Baseline bool   // also measure bare runc
+	Runtime  string // runc binary for the baseline
+	Progress io.Writer
+}
+
+// Latency is a distribution summary in milliseconds.
+type Latency struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+}
+
+// Side is one system's figures.
+type Side struct {
+	CreateToExec     Latency `json:"create_to_first_exec"`
+	BurstCreateExec  Latency `json:"burst_create_to_first_exec"`
+	BurstWallS       float64 `json:"burst_wall_s"`
+	BurstPerSecond   float64 `json:"burst_per_second"`
+	BurstErrors      int     `json:"burst_errors"`
+	WarmExec         Latency `json:"warm_exec"`
+	IdleCount        int     `json:"idle_count"`
+	IdleAnswering    int     `json:"idle_answering"`
+	IdleMemPerMiB    float64 `json:"idle_host_memory_per_sandbox_mib"`
+	DaemonRSSMiB     float64 `json:"daemon_rss_mib,omitempty"`
+	IdleMemoryMethod string  `json:"idle_memory_method"`
+}
+
+// Report is what `dsec bench` prints.
+type Report struct {
+	Env      string   `json:"env"`
+	Burst    int      `json:"burst"`
+	Dsec     Side     `json:"dsec"`
+	Baseline *Side    `json:"runc,omitempty"`
+	Notes    []string `json:"notes,omitempty"`
+}
+
+func summarize(ds []time.Duration) Latency {
+	if len(ds) == 0 {
+		return Latency{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	pick := func(q float64) float64 {
+		i := int(q*float64(len(s))+0.5) - 1
+		i = max(0, min(i, len(s)-1))
+		return float64(s[i].Microseconds()) / 1000
+	}
+	return Latency{N: len(s), P50: pick(0.5), P99: pick(0.99), Max: float64(s[len(s)-1].Microseconds()) / 1000}
+}
+
+func (o *Options) logf(format string, args ...any) {
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, format+"\n", args...)
+	}
+}
+
+// Run measures dsec through c, then (when asked) the bare runtime.
+func Run(ctx context.Context, c *apiclient.Clients, o Options) (*Report, error) {
+	rep := &Report{Env: o.Env, Burst: o.Burst}
+	d, err := runDsec(ctx, c, o)
+	if err != nil {
+		return nil, err
+	}
+	rep.Dsec = *d
+	if o.Baseline {
+		if os.Geteuid() != 0 {
+			rep.Notes = append(rep.Notes, "baseline skipped: measuring bare runc needs root")
+		} else {
+			b, err := runBaseline(ctx, o)
+			if err != nil {
+				rep.Notes = append(rep.Notes, "baseline failed: "+err.Error())
+			} else {
+				rep.Baseline = b
+			}
+		}
+	}
+	return rep, nil
+}
+
+func createExec(ctx context.Context, c *apiclient.Clients, spec *dsecv1.SandboxSpec) (string, time.Duration, error) {
+	t0 := time.Now()
+	resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
+	if err != nil {
+		return "", 0, err
+	}
+	id := resp.Msg.GetSandboxes()[0].GetId()
+	if err := execTrue(ctx, c, id); err != nil {
+		return id, 0, err
+	}
+	return id, time.Since(t0), nil
+}
+
+func execTrue(ctx context.Context, c *apiclient.Clients, id string) error {
+	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Argv: []string{"true"}}))
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	var x *dsecv1.ExecExited
+	for stream.Receive() {
+		if e := stream.Msg().GetExited(); e != nil {
+			x = e
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return err
+	}
+	if x.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OK {
+		return fmt.Errorf("exec true in %s: %s %s", id, x.GetStatus(), x.GetMessage())
+	}
+	return nil
+}
+
+func deleteAll(c *apiclient.Clients, ids []string) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for _, id := range ids {
+		if id == "" {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c.Sandboxes.Delete(context.Background(), connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
+		}()
+	}
+	wg.Wait()
+}
+
+func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error) {
+	spec := &dsecv1.SandboxSpec{Environment: o.Env, Labels: map[string]string{"dsec-bench": "1"}, MemoryMb: 64, Cpus: 0.5}
+	side := &Side{}
+	// Sequential.
+	o.logf("dsec: %d sequential create → exec", o.Seq)
+	var lat []time.Duration
+	for range o.Seq {
+		id, d, err := createExec(ctx, c, spec)
+		deleteAll(c, []string{id})
+		if err != nil {
+			return nil, fmt.Errorf("sequential create: %w", err)
+		}
+		lat = append(lat, d)
+	}
+	side.CreateToExec = summarize(lat)
+
+	// Burst.
+	o.logf("dsec: burst of %d concurrent creates", o.Burst)
+	ids := make([]string, o.Burst)
+	lats := make([]time.Duration, o.Burst)
+	errs := make([]error, o.Burst)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := range o.Burst {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids[i], lats[i], errs[i] = createExec(ctx, c, spec)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(t0)
+	lat = lat[:0]
+	for i, err := range errs {
+		if err != nil {
+			side.BurstErrors++
+			if side.BurstErrors == 1 {
+				o.logf("dsec: burst error: %v", err)
+			}
+			continue
+		}
+		lat = append(lat, lats[i])
+	}
+	deleteAll(c, ids)
+	side.BurstCreateExec = summarize(lat)
+	side.BurstWallS = wall.Seconds()
+	side.BurstPerSecond = float64(len(lat)) / wall.Seconds()
+
+	// Warm exec.
+	o.logf("dsec: %d execs in a warm sandbox", o.Execs)
+	id, _, err := createExec(ctx, c, spec)
+	if err != nil {
+		return nil, fmt.Errorf("warm sandbox: %w", err)
+	}
+	lat = lat[:0]
+	for range o.Execs {
+		t := time.Now()
+		if err := execTrue(ctx, c, id); err != nil {
+			deleteAll(c, []string{id})
+			return nil, err
+		}
+		lat = append(lat, time.Since(t))
+	}
+	deleteAll(c, []string{id})
+	side.WarmExec = summarize(lat)
+
+	// Idle memory.
+	o.logf("dsec: %d idle sandboxes for memory", o.Idle)
+	time.Sleep(time.Second)
+	before := usedMemMiB()
+	var idle []string
+	for len(idle) < o.Idle {
+		n := min(50, o.Idle-len(idle))
+		resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec, Count: int32(n), WaitSeconds: 300}))
+		if err != nil {
+			deleteAll(c, idle)
+			return nil, fmt.Errorf("idle sandboxes after %d: %w", len(idle), err)
+		}
+		for _, sb := range resp.Msg.GetSandboxes() {
+			idle = append(idle, sb.GetId())
+		}
+	}
+	time.Sleep(3 * time.Second)
+	after := usedMemMiB()
+	side.IdleCount = len(idle)
+	side.IdleMemPerMiB = (after - before) / float64(len(idle))
+	side.IdleMemoryMethod = "(MemTotal-MemAvailable) after minus before, divided by the count"
+	side.DaemonRSSMiB = rssOf("dsecd")
+	for _, id := range idle {
+		if execTrue(ctx, c, id) == nil {
+			side.IdleAnswering++
+		}
+	}
+	deleteAll(c, idle)
+	return side, nil
+}
+
+// Print writes the report as a table.
+func (r *Report) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "metric\tdsec\trunc\tdsec/runc\t\n")
+	b := r.Baseline
+	if b == nil {
+		b = &Side{}
+	}
+	row := func(name string, d, base float64, unit string) {
+		ratio := "-"
+		if base > 0 && d > 0 {
+			ratio = fmt.Sprintf("%.2f×", d/base)
+		}
+		bs := "-"
+		if base > 0 {
+			bs = fmt.Sprintf("%.1f %s", base, unit)
+		}
+		fmt.Fprintf(tw, "%s\t%.1f %s\t%s\t%s\t\n", name, d, unit, bs, ratio)
+	}
+	row("create→first exec p50", r.Dsec.CreateToExec.P50, b.CreateToExec.P50, "ms")
+	row("create→first exec p99", r.Dsec.CreateToExec.P99, b.CreateToExec.P99, "ms")
+	row(fmt.Sprintf("burst(%d) create→exec p50", r.Burst), r.Dsec.BurstCreateExec.P50, b.BurstCreateExec.P50, "ms")
+	row(fmt.Sprintf("burst(%d) create→exec p99", r.Burst), r.Dsec.BurstCreateExec.P99, b.BurstCreateExec.P99, "ms")
+	row("burst throughput", r.Dsec.BurstPerSecond, b.BurstPerSecond, "/s")
+	row("warm exec p50", r.Dsec.WarmExec.P50, b.WarmExec.P50, "ms")
+	row("warm exec p99", r.Dsec.WarmExec.P99, b.WarmExec.P99, "ms")
+	row("host memory per idle sandbox", r.Dsec.IdleMemPerMiB, b.IdleMemPerMiB, "MiB")
+	tw.Flush()
+	fmt.Fprintf(w, "burst errors: %d; idle sandboxes answering exec: %d/%d; dsecd RSS at that load: %.0f MiB\n",
+		r.Dsec.BurstErrors, r.Dsec.IdleAnswering, r.Dsec.IdleCount, r.Dsec.DaemonRSSMiB)
+	fmt.Fprintln(w, "runc column: bare `runc run` / `runc exec` of an equivalent busybox bundle, measured in this run.")
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+}
+
+// JSON writes the report as one JSON object.
+func (r *Report) JSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func usedMemMiB() float64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	var total, avail float64
+	for _, line := range strings.Split(string(data), "\n") {
+		var v float64
+		if n, _ := fmt.Sscanf(line, "MemTotal: %f kB", &v); n == 1 {
+			total = v
+		}
+		if n, _ := fmt.Sscanf(line, "MemAvailable: %f kB", &v); n == 1 {
+			avail = v
+		}
+	}
+	return (total - avail) / 1024
+}
+
+// rssOf sums the resident memory of processes named comm, in MiB.
+func rssOf(comm string) float64 {
+	entries, _ := os.ReadDir("/proc")
+	var kb float64
+	for _, e := range entries {
+		c, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(c)) != comm {
+			continue
+		}
+		st, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		for _, line := range strings.Split(string(st), "\n") {
+			var v float64
+			if n, _ := fmt.Sscanf(line, "VmRSS: %f kB", &v); n == 1 {
+				kb += v
+			}
+		}
+	}
+	return kb / 1024
+}
+
+func runCmd(ctx context.Context, name string, args ...string) error {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}

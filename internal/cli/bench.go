@@ -1,0 +1,83 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/bench"
+	"dsec.dev/dsec/internal/edge/image"
+)
+
+// benchEnv is the environment `dsec bench` uses unless told otherwise; it
+// is imported from the host's busybox when missing.
+const benchEnv = "busybox:bench"
+
+func (a *app) benchCommand() *cobra.Command {
+	o := bench.Options{Env: benchEnv, Seq: 20, Burst: 50, Execs: 200, Idle: 100, Baseline: true, Runtime: "runc"}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "measure create, exec and memory figures against bare runc in the same run",
+		Long: "Measures dsec on the daemon at --addr and, beside it, a bare runc on this machine (needs root):\n" +
+			"create → first exec (sequential and in a burst), creation throughput, warm exec latency and\n" +
+			"host memory per idle sandbox. Run it on the daemon's host.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if o.Env == benchEnv {
+				if err := a.ensureBusybox(ctx, benchEnv); err != nil {
+					return err
+				}
+			}
+			if !a.json {
+				o.Progress = a.stderr
+			}
+			rep, err := bench.Run(ctx, a.c, o)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return rep.JSON(a.stdout)
+			}
+			rep.Print(a.stdout)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Env, "env", benchEnv, "environment to benchmark")
+	f.IntVar(&o.Seq, "seq", o.Seq, "sequential create → exec rounds")
+	f.IntVar(&o.Burst, "burst", o.Burst, "concurrent creates in the burst")
+	f.IntVar(&o.Execs, "execs", o.Execs, "execs in one warm sandbox")
+	f.IntVar(&o.Idle, "idle", o.Idle, "idle sandboxes for the memory figure")
+	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
+	return cmd
+}
+
+// ensureBusybox imports a busybox base as ref unless the daemon has it.
+func (a *app) ensureBusybox(ctx context.Context, ref string) error {
+	resp, err := a.c.Layers.ListLayers(ctx, connect.NewRequest(&dsecv1.ListLayersRequest{}))
+	if err != nil {
+		return err
+	}
+	for _, l := range resp.Msg.GetLayers() {
+		for _, r := range l.GetRefs() {
+			if r == ref {
+				return nil
+			}
+		}
+	}
+	dir, err := os.MkdirTemp("", "dsec-busybox-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := image.BuildBusyboxRootfs(dir); err != nil {
+		return fmt.Errorf("build busybox base: %w", err)
+	}
+	_, err = a.c.Layers.ImportLayer(ctx, connect.NewRequest(&dsecv1.ImportLayerRequest{Ref: ref, Kind: dsecv1.LayerKind_LAYER_KIND_BASE, Path: dir}))
+	return err
+}

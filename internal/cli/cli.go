@@ -1,0 +1,135 @@
+// Package cli is the dsec command-line client. Every command talks to a
+// dsecd through the public API; errors go to stderr with a non-zero exit,
+// and --json gives output for scripts.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"dsec.dev/dsec/internal/apiclient"
+)
+
+// app holds what every command shares.
+type app struct {
+	addr   string
+	json   bool
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	c      *apiclient.Clients
+}
+
+// exitCode asks Main to exit with code after printing msg (if any).
+type exitCode struct {
+	code int
+	msg  string
+}
+
+func (e *exitCode) Error() string { return e.msg }
+
+// Main runs the CLI with args and returns the process exit code.
+func Main(args []string) int {
+	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ec *exitCode
+	if errors.As(err, &ec) {
+		if ec.msg != "" {
+			fmt.Fprintln(a.stderr, "dsec:", ec.msg)
+		}
+		return ec.code
+	}
+	fmt.Fprintln(a.stderr, "dsec:", describe(err))
+	return 1
+}
+
+// describe turns an RPC error into plain words.
+func describe(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		msg := ce.Message()
+		if ce.Code() == connect.CodeUnavailable && strings.Contains(msg, "connect:") {
+			return "cannot reach dsecd (" + msg + "); is it running? (address from --addr or $DSEC_ADDR)"
+		}
+		return fmt.Sprintf("%s (%s)", msg, ce.Code())
+	}
+	return err.Error()
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "dsec",
+		Short:         "dsec: elastic sandboxes for agentic RL and evaluation",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			c, err := apiclient.Dial(a.addr)
+			if err != nil {
+				return err
+			}
+			a.c = c
+			return nil
+		},
+	}
+	root.PersistentFlags().StringVar(&a.addr, "addr", "", "dsecd address: unix:///path, host:port or http://host:port (default $DSEC_ADDR, else "+apiclient.DefaultAddr+")")
+	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON for scripts")
+	root.AddCommand(
+		a.runCommand(), a.createCommand(), a.execCommand(), a.shellCommand(),
+		a.lsCommand(), a.inspectCommand(), a.rmCommand(), a.cpCommand(),
+		a.layerCommand(), a.envCommand(), a.benchCommand(),
+	)
+	return root
+}
+
+// printJSON writes one proto message (or a list of them) as JSON.
+func (a *app) printProto(m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(a.stdout, string(b))
+	return nil
+}
+
+func (a *app) printValue(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// parseKV turns K=V flags into a map.
+func parseKV(what string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%s %q: want KEY=VALUE", what, kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}

@@ -1,0 +1,398 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+// specFlags are the sandbox settings run and create share.
+type specFlags struct {
+	cpus     float64
+	memoryMB int64
+	diskMB   int64
+	pids     int64
+	ttl      time.Duration
+	idle     time.Duration
+	user     string
+	workdir  string
+	hostname string
+	env      []string
+	labels   []string
+	netRules string
+}
+
+func (f *specFlags) add(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.Float64Var(&f.cpus, "cpus", 0, "CPU cores (fractional; default: the node's)")
+	fl.Int64Var(&f.memoryMB, "memory-mb", 0, "memory limit in MiB (default: the node's)")
+	fl.Int64Var(&f.diskMB, "disk-mb", 0, "writable-layer limit in MiB (default: the node's)")
+	fl.Int64Var(&f.pids, "pids", 0, "process limit (default: the node's)")
+	fl.DurationVar(&f.ttl, "ttl", 0, "hard lifetime, e.g. 30m (default: the node's)")
+	fl.DurationVar(&f.idle, "idle-timeout", 0, "stop after this long with no calls and nothing running (default: the node's)")
+	fl.StringVar(&f.user, "user", "", "default user for commands (name or uid[:gid])")
+	fl.StringVar(&f.workdir, "workdir", "", "default working directory for commands")
+	fl.StringVar(&f.hostname, "hostname", "", "host name inside the sandbox")
+	fl.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every command (repeatable)")
+	fl.StringArrayVar(&f.labels, "label", nil, "label K=V (repeatable)")
+	fl.StringVar(&f.netRules, "network-rules", "", `network rules as JSON, e.g. {"pypi": true}`)
+}
+
+func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
+	envVars, err := parseKV("--env", f.env)
+	if err != nil {
+		return nil, err
+	}
+	labels, err := parseKV("--label", f.labels)
+	if err != nil {
+		return nil, err
+	}
+	rules, err := parseRules(f.netRules)
+	if err != nil {
+		return nil, err
+	}
+	return &dsecv1.SandboxSpec{
+		Environment: env, Cpus: f.cpus, MemoryMb: f.memoryMB, DiskMb: f.diskMB, Pids: f.pids,
+		TtlSeconds: int64(f.ttl / time.Second), IdleTimeoutSeconds: int64(f.idle / time.Second),
+		User: f.user, Workdir: f.workdir, Hostname: f.hostname, Env: envVars, Labels: labels,
+		NetworkRules: rules,
+	}, nil
+}
+
+// execFlags are the per-command settings of run and exec.
+type execFlags struct {
+	timeout time.Duration
+	env     []string
+	workdir string
+	user    string
+	stdin   bool
+	shell   bool
+}
+
+func (f *execFlags) add(cmd *cobra.Command, withUserDir bool) {
+	fl := cmd.Flags()
+	fl.DurationVar(&f.timeout, "timeout", 0, "kill the command (and all it started) after this long; exit code 124")
+	fl.BoolVarP(&f.stdin, "interactive", "i", false, "send this program's stdin to the command")
+	fl.BoolVar(&f.shell, "sh", false, "run the arguments as one shell command line under the platform's static shell")
+	if withUserDir {
+		fl.StringArrayVar(&f.env, "exec-env", nil, "environment variable K=V for this command only (repeatable)")
+		fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory")
+		fl.StringVarP(&f.user, "user", "u", "", "user (name or uid[:gid])")
+	}
+}
+
+func (a *app) execRequest(id string, f *execFlags, argv []string) (*dsecv1.ExecRequest, error) {
+	env, err := parseKV("--exec-env", f.env)
+	if err != nil {
+		return nil, err
+	}
+	req := &dsecv1.ExecRequest{SandboxId: id, Env: env, Cwd: f.workdir, User: f.user,
+		TimeoutSeconds: f.timeout.Seconds()}
+	if f.shell {
+		req.Command = strings.Join(argv, " ")
+	} else {
+		req.Argv = argv
+	}
+	if f.stdin {
+		data, err := io.ReadAll(a.stdin)
+		if err != nil {
+			return nil, fmt.Errorf("read stdin: %w", err)
+		}
+		req.Stdin = data
+	}
+	return req, nil
+}
+
+// streamExec copies an exec stream to stdout and stderr and turns its end
+// into the exit code convention of `dsec run` and `dsec exec`.
+func (a *app) streamExec(ctx context.Context, req *dsecv1.ExecRequest) error {
+	stream, err := a.c.Sandboxes.Exec(ctx, connect.NewRequest(req))
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	var exited *dsecv1.ExecExited
+	for stream.Receive() {
+		ev := stream.Msg()
+		switch e := ev.Event.(type) {
+		case *dsecv1.ExecEvent_Stdout:
+			a.stdout.Write(e.Stdout)
+		case *dsecv1.ExecEvent_Stderr:
+			a.stderr.Write(e.Stderr)
+		case *dsecv1.ExecEvent_Exited:
+			exited = e.Exited
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return err
+	}
+	if exited == nil {
+		return fmt.Errorf("the command's stream ended without an exit status")
+	}
+	return exitFor(exited)
+}
+
+// exitFor maps a command's end onto this program's exit: its own code, 124
+// on timeout, 137 when OOM-killed, 128+N when killed by signal N.
+func exitFor(x *dsecv1.ExecExited) error {
+	trunc := ""
+	if x.GetStdoutTruncated() || x.GetStderrTruncated() {
+		trunc = fmt.Sprintf(" (output truncated: %d stdout and %d stderr bytes produced)", x.GetStdoutBytes(), x.GetStderrBytes())
+	}
+	switch x.GetStatus() {
+	case dsecv1.ExitStatus_EXIT_STATUS_OK:
+		if trunc != "" {
+			return &exitCode{code: 0, msg: "note:" + trunc}
+		}
+		return nil
+	case dsecv1.ExitStatus_EXIT_STATUS_NONZERO:
+		return &exitCode{code: int(x.GetExitCode()), msg: strings.TrimPrefix(trunc, " ")}
+	case dsecv1.ExitStatus_EXIT_STATUS_TIMEOUT:
+		return &exitCode{code: 124, msg: fmt.Sprintf("command timed out after %.1fs and was killed with everything it started%s", x.GetDurationSeconds(), trunc)}
+	case dsecv1.ExitStatus_EXIT_STATUS_OOM:
+		msg := x.GetMessage()
+		if msg == "" {
+			msg = "killed by the OOM killer"
+		}
+		return &exitCode{code: 137, msg: "command was OOM-killed: " + msg + trunc}
+	case dsecv1.ExitStatus_EXIT_STATUS_KILLED:
+		return &exitCode{code: 128 + int(x.GetSignal()), msg: fmt.Sprintf("command was killed by signal %d%s", x.GetSignal(), trunc)}
+	case dsecv1.ExitStatus_EXIT_STATUS_START_ERROR:
+		return &exitCode{code: 127, msg: "command could not start: " + x.GetMessage()}
+	}
+	return &exitCode{code: 1, msg: "command ended with an unknown status: " + x.GetMessage()}
+}
+
+func (a *app) create(ctx context.Context, spec *dsecv1.SandboxSpec, count int) ([]*dsecv1.Sandbox, error) {
+	resp, err := a.c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{
+		Spec: spec, Count: int32(count), IdempotencyKey: uuid.NewString(),
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.GetSandboxes(), nil
+}
+
+func (a *app) runCommand() *cobra.Command {
+	var sf specFlags
+	var ef execFlags
+	cmd := &cobra.Command{
+		Use:   "run [flags] ENV -- CMD [ARGS...]",
+		Short: "create a sandbox, run one command in it, delete it; exits with the command's code",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			spec, err := sf.spec(args[0])
+			if err != nil {
+				return err
+			}
+			sbs, err := a.create(ctx, spec, 1)
+			if err != nil {
+				return err
+			}
+			id := sbs[0].GetId()
+			defer func() {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+				defer cancel()
+				if _, err := a.c.Sandboxes.Delete(dctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id})); err != nil {
+					fmt.Fprintf(a.stderr, "dsec: delete %s: %s\n", id, describe(err))
+				}
+			}()
+			req, err := a.execRequest(id, &ef, args[1:])
+			if err != nil {
+				return err
+			}
+			return a.streamExec(ctx, req)
+		},
+	}
+	sf.add(cmd)
+	ef.add(cmd, false)
+	return cmd
+}
+
+func (a *app) createCommand() *cobra.Command {
+	var sf specFlags
+	var count int
+	cmd := &cobra.Command{
+		Use:   "create [flags] ENV",
+		Short: "create sandboxes and print their IDs",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec, err := sf.spec(args[0])
+			if err != nil {
+				return err
+			}
+			sbs, err := a.create(cmd.Context(), spec, count)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(&dsecv1.CreateResponse{Sandboxes: sbs})
+			}
+			for _, sb := range sbs {
+				fmt.Fprintln(a.stdout, sb.GetId())
+			}
+			return nil
+		},
+	}
+	sf.add(cmd)
+	cmd.Flags().IntVarP(&count, "count", "n", 1, "how many sandboxes (one batch, all or none)")
+	return cmd
+}
+
+func (a *app) execCommand() *cobra.Command {
+	var ef execFlags
+	var background bool
+	var tag string
+	cmd := &cobra.Command{
+		Use:   "exec [flags] ID -- CMD [ARGS...]",
+		Short: "run a command in a sandbox, streaming its output; exits with its code",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := a.execRequest(args[0], &ef, args[1:])
+			if err != nil {
+				return err
+			}
+			if !background {
+				return a.streamExec(cmd.Context(), req)
+			}
+			req.Background, req.Tag = true, tag
+			stream, err := a.c.Sandboxes.Exec(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			defer stream.Close()
+			for stream.Receive() {
+				if st := stream.Msg().GetStarted(); st != nil {
+					if a.json {
+						return a.printProto(st)
+					}
+					fmt.Fprintln(a.stdout, st.GetProcessId())
+					return nil
+				}
+			}
+			if err := stream.Err(); err != nil {
+				return err
+			}
+			return fmt.Errorf("the background command did not start")
+		},
+	}
+	ef.add(cmd, true)
+	cmd.Flags().BoolVarP(&background, "detach", "d", false, "run in the background and print its process ID")
+	cmd.Flags().StringVar(&tag, "tag", "", "name for a background command")
+	return cmd
+}
+
+func (a *app) lsCommand() *cobra.Command {
+	var labels []string
+	var states []string
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "list sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			lm, err := parseKV("--label", labels)
+			if err != nil {
+				return err
+			}
+			req := &dsecv1.ListRequest{Labels: lm}
+			for _, s := range states {
+				v, ok := dsecv1.State_value["STATE_"+strings.ToUpper(s)]
+				if !ok {
+					return fmt.Errorf("--state %q: want creating, running, stopping, stopped or failed", s)
+				}
+				req.States = append(req.States, dsecv1.State(v))
+			}
+			resp, err := a.c.Sandboxes.List(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(resp.Msg)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tENVIRONMENT\tAGE\tREASON")
+			for _, sb := range resp.Msg.GetSandboxes() {
+				age := time.Since(time.UnixMilli(sb.GetCreatedUnixMs())).Round(time.Second)
+				reason := ""
+				if sb.GetReason() != dsecv1.Reason_REASON_UNSPECIFIED {
+					reason = strings.ToLower(strings.TrimPrefix(sb.GetReason().String(), "REASON_"))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", sb.GetId(), strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "STATE_")),
+					sb.GetSpec().GetEnvironment(), age, reason)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with label K=V (repeatable)")
+	cmd.Flags().StringArrayVar(&states, "state", nil, "only sandboxes in this state (repeatable)")
+	return cmd
+}
+
+func (a *app) inspectCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect ID",
+		Short: "print a sandbox's record as JSON",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := a.c.Sandboxes.Get(cmd.Context(), connect.NewRequest(&dsecv1.GetRequest{Id: args[0]}))
+			if err != nil {
+				return err
+			}
+			return a.printProto(resp.Msg)
+		},
+	}
+}
+
+func (a *app) rmCommand() *cobra.Command {
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "rm ID... | rm --label K=V",
+		Short: "delete sandboxes",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ids := args
+			if len(labels) > 0 {
+				lm, err := parseKV("--label", labels)
+				if err != nil {
+					return err
+				}
+				resp, err := a.c.Sandboxes.List(cmd.Context(), connect.NewRequest(&dsecv1.ListRequest{Labels: lm,
+					States: []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING}}))
+				if err != nil {
+					return err
+				}
+				for _, sb := range resp.Msg.GetSandboxes() {
+					ids = append(ids, sb.GetId())
+				}
+			} else if len(ids) == 0 {
+				return fmt.Errorf("name sandbox IDs or --label")
+			}
+			failed := 0
+			for _, id := range ids {
+				if _, err := a.c.Sandboxes.Delete(cmd.Context(), connect.NewRequest(&dsecv1.DeleteRequest{Id: id})); err != nil {
+					fmt.Fprintf(a.stderr, "dsec: delete %s: %s\n", id, describe(err))
+					failed++
+					continue
+				}
+				if !a.json {
+					fmt.Fprintln(a.stdout, id)
+				}
+			}
+			if failed > 0 {
+				return &exitCode{code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "delete every live sandbox with label K=V (repeatable)")
+	return cmd
+}

@@ -1,0 +1,115 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+// parseRules reads the network-rules JSON mapping (name -> allow).
+func parseRules(s string) (map[string]bool, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var rules map[string]bool
+	if err := json.Unmarshal([]byte(s), &rules); err != nil {
+		return nil, fmt.Errorf(`--network-rules: want a JSON object of name to true/false, e.g. {"pypi": true}: %w`, err)
+	}
+	return rules, nil
+}
+
+func (a *app) shellCommand() *cobra.Command {
+	var user, workdir string
+	cmd := &cobra.Command{
+		Use:   "shell ID [-- CMD ARGS...]",
+		Short: "open an interactive terminal in a sandbox",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			start := &dsecv1.ShellStart{SandboxId: args[0], Argv: args[1:], User: user, Cwd: workdir,
+				Env: map[string]string{"TERM": envOr("TERM", "xterm")}}
+			fd := int(os.Stdin.Fd())
+			interactive := term.IsTerminal(fd)
+			if interactive {
+				if cols, rows, err := term.GetSize(fd); err == nil {
+					start.Size = &dsecv1.TerminalSize{Rows: uint32(rows), Cols: uint32(cols)}
+				}
+				old, err := term.MakeRaw(fd)
+				if err != nil {
+					return fmt.Errorf("put the terminal in raw mode: %w", err)
+				}
+				defer term.Restore(fd, old)
+			}
+			stream := a.c.Sandboxes.Shell(ctx)
+			if err := stream.Send(&dsecv1.ShellInput{Input: &dsecv1.ShellInput_Start{Start: start}}); err != nil {
+				return err
+			}
+			go func() {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := os.Stdin.Read(buf)
+					if n > 0 {
+						data := append([]byte(nil), buf[:n]...)
+						if stream.Send(&dsecv1.ShellInput{Input: &dsecv1.ShellInput_Data{Data: data}}) != nil {
+							return
+						}
+					}
+					if err != nil {
+						stream.CloseRequest()
+						return
+					}
+				}
+			}()
+			if interactive {
+				winch := make(chan os.Signal, 1)
+				signal.Notify(winch, syscall.SIGWINCH)
+				defer signal.Stop(winch)
+				go func() {
+					for range winch {
+						if cols, rows, err := term.GetSize(fd); err == nil {
+							stream.Send(&dsecv1.ShellInput{Input: &dsecv1.ShellInput_Resize{Resize: &dsecv1.TerminalSize{Rows: uint32(rows), Cols: uint32(cols)}}})
+						}
+					}
+				}()
+			}
+			var exited *dsecv1.ExecExited
+			for {
+				out, err := stream.Receive()
+				if err != nil {
+					break
+				}
+				switch o := out.Output.(type) {
+				case *dsecv1.ShellOutput_Data:
+					a.stdout.Write(o.Data)
+				case *dsecv1.ShellOutput_Exited:
+					exited = o.Exited
+				}
+			}
+			stream.CloseResponse()
+			if exited == nil {
+				return fmt.Errorf("the shell ended without an exit status")
+			}
+			if exited.GetStatus() == dsecv1.ExitStatus_EXIT_STATUS_OK {
+				return nil
+			}
+			return &exitCode{code: int(max(exited.GetExitCode(), 1))}
+		},
+	}
+	cmd.Flags().StringVarP(&user, "user", "u", "", "user (name or uid[:gid])")
+	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory")
+	return cmd
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

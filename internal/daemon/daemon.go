@@ -1,0 +1,391 @@
+// Package daemon assembles dsecd: on one machine it runs the apiserver, the
+// edge and the embedded metadata store in one process, with the apiserver
+// still talking to the edge through the same interface a remote edge will
+// implement. It serves the API on a Unix socket and a loopback TCP port.
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/apiserver"
+	"dsec.dev/dsec/internal/edge/image"
+	edgeruntime "dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/store"
+)
+
+// Config is dsecd's configuration. Zero values take the defaults below,
+// which work on a fresh machine.
+type Config struct {
+	Root      string // state directory; default /var/lib/dsec
+	Listen    string // loopback TCP address; default 127.0.0.1:8675; "none" to disable
+	Socket    string // Unix socket; default <Root>/dsecd.sock
+	Node      string // node name in sandbox IDs; default from the host name
+	Runtime   string // runc (default) or crun
+	AgentPath string // dsec-agent binary; default beside dsecd, else on PATH
+	ShellPath string // static shell shipped into sandboxes; default /bin/busybox
+
+	Defaults sandbox.Defaults
+	Limits   sandbox.Limits
+	// OutputLimit is the retained output per command and stream, in bytes.
+	OutputLimit int64
+}
+
+// DefaultAddr is the TCP address dsecd listens on unless told otherwise.
+const DefaultAddr = "127.0.0.1:8675"
+
+// DefaultRoot is dsecd's state directory unless told otherwise.
+const DefaultRoot = "/var/lib/dsec"
+
+func (c *Config) fill() error {
+	if c.Root == "" {
+		c.Root = DefaultRoot
+	}
+	root, err := filepath.Abs(c.Root)
+	if err != nil {
+		return fmt.Errorf("resolve root %s: %w", c.Root, err)
+	}
+	c.Root = root
+	if c.Listen == "" {
+		c.Listen = DefaultAddr
+	}
+	if c.Socket == "" {
+		c.Socket = filepath.Join(c.Root, "dsecd.sock")
+	}
+	if c.Node == "" {
+		c.Node = nodeName()
+	}
+	if c.Runtime == "" {
+		c.Runtime = "runc"
+	}
+	if c.ShellPath == "" {
+		c.ShellPath = "/bin/busybox"
+	}
+	if c.AgentPath == "" {
+		c.AgentPath = findAgent()
+	}
+	d := &c.Defaults
+	if d.CPUs == 0 {
+		d.CPUs = 1
+	}
+	if d.MemoryMB == 0 {
+		d.MemoryMB = 512
+	}
+	if d.DiskMB == 0 {
+		d.DiskMB = 1024
+	}
+	if d.Pids == 0 {
+		d.Pids = 1024
+	}
+	if d.TTL == 0 {
+		d.TTL = time.Hour
+	}
+	if d.IdleTimeout == 0 {
+		d.IdleTimeout = 15 * time.Minute
+	}
+	l := &c.Limits
+	if l.MaxSandboxes == 0 {
+		l.MaxSandboxes = 2000
+	}
+	if l.MaxCPUs == 0 {
+		l.MaxCPUs = float64(runtime.NumCPU())
+	}
+	if l.MaxDiskMB == 0 {
+		l.MaxDiskMB = 64 << 10
+	}
+	if l.MaxTTL == 0 {
+		l.MaxTTL = 24 * time.Hour
+	}
+	if l.MinAvailableMB == 0 {
+		l.MinAvailableMB = 256
+	}
+	return nil
+}
+
+var notNodeChars = regexp.MustCompile(`[^a-z0-9]+`)
+
+// nodeName makes a node name from the host name: lower case letters and
+// digits, at most 16 of them.
+func nodeName() string {
+	h, _ := os.Hostname()
+	n := notNodeChars.ReplaceAllString(strings.ToLower(h), "")
+	if len(n) > 16 {
+		n = n[:16]
+	}
+	if n == "" {
+		n = "local"
+	}
+	return n
+}
+
+func findAgent() string {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "dsec-agent")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("dsec-agent"); err == nil {
+		return p
+	}
+	return "dsec-agent"
+}
+
+// node is everything one dsecd owns, opened but not yet serving.
+type node struct {
+	cfg    Config
+	lock   *os.File
+	meta   *store.Store
+	images *image.Store
+	rt     *edgeruntime.Runtime
+	edge   *sandbox.Manager
+}
+
+func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Root, 0o711); err != nil {
+		return nil, fmt.Errorf("make root %s: %w", cfg.Root, err)
+	}
+	lock, err := os.OpenFile(filepath.Join(cfg.Root, "dsecd.lock"), os.O_CREATE|os.O_RDWR|os.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock file: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("lock %s: another dsecd uses this root: %w", cfg.Root, err)
+	}
+	n := &node{cfg: cfg, lock: lock}
+	ok := false
+	defer func() {
+		if !ok {
+			n.close()
+		}
+	}()
+	agentDir := filepath.Join(cfg.Root, "agent")
+	if err := installAgent(agentDir, cfg.AgentPath, cfg.ShellPath); err != nil {
+		return nil, err
+	}
+	if n.meta, err = store.Open(ctx, filepath.Join(cfg.Root, "meta.db")); err != nil {
+		return nil, err
+	}
+	if n.images, err = image.Open(filepath.Join(cfg.Root, "layers"), log.With("component", "image")); err != nil {
+		return nil, err
+	}
+	n.rt, err = edgeruntime.New(edgeruntime.Config{
+		Root:       filepath.Join(cfg.Root, "runtime"),
+		UpperRoot:  filepath.Join(cfg.Root, "upper"),
+		UpperImage: filepath.Join(cfg.Root, "upper.img"),
+		Runtime:    cfg.Runtime,
+		AgentDir:   agentDir,
+		Log:        log.With("component", "runtime"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := n.rt.Init(ctx); err != nil {
+		return nil, err
+	}
+	var agentArgs []string
+	if cfg.OutputLimit > 0 {
+		agentArgs = append(agentArgs, "--output-limit", fmt.Sprint(cfg.OutputLimit))
+	}
+	n.edge, err = sandbox.New(sandbox.Config{
+		Node:      cfg.Node,
+		StateDir:  filepath.Join(cfg.Root, "sandboxes"),
+		Defaults:  cfg.Defaults,
+		Limits:    cfg.Limits,
+		AgentArgs: agentArgs,
+	}, n.rt, n.images, agentclient.Dial, log.With("component", "edge"))
+	if err != nil {
+		return nil, err
+	}
+	ok = true
+	return n, nil
+}
+
+func (n *node) close() {
+	if n.meta != nil {
+		n.meta.Close()
+	}
+	if n.lock != nil {
+		n.lock.Close()
+	}
+}
+
+// Run serves dsecd until ctx is cancelled. Sandboxes keep running after it
+// returns; the next Run re-adopts them.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	n, err := open(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer n.close()
+	cfg = n.cfg
+	if err := n.edge.Recover(ctx); err != nil {
+		return err
+	}
+	defer n.edge.Shutdown()
+
+	api := apiserver.New(apiserver.Config{}, n.meta, n.images, []apiserver.Edge{n.edge}, log.With("component", "apiserver"))
+	srv := &http.Server{
+		Handler:           api.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		Protocols:         new(http.Protocols),
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+
+	var lns []net.Listener
+	os.Remove(cfg.Socket)
+	uln, err := net.Listen("unix", cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Socket, err)
+	}
+	if err := os.Chmod(cfg.Socket, 0o660); err != nil {
+		uln.Close()
+		return fmt.Errorf("chmod %s: %w", cfg.Socket, err)
+	}
+	lns = append(lns, uln)
+	if cfg.Listen != "none" {
+		tln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			uln.Close()
+			return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+		}
+		lns = append(lns, tln)
+	}
+	errc := make(chan error, len(lns))
+	var wg sync.WaitGroup
+	for _, ln := range lns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("serve %s: %w", ln.Addr(), err)
+			}
+		}()
+	}
+	log.Info("dsecd ready", "node", cfg.Node, "root", cfg.Root, "socket", cfg.Socket, "listen", cfg.Listen, "runtime", cfg.Runtime)
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	wg.Wait()
+	log.Info("dsecd stopped; sandboxes keep running")
+	return serveErr
+}
+
+// Teardown removes every sandbox of the node and unmounts everything dsecd
+// mounted (layers, the writable-layer file system). It refuses while a
+// dsecd serves the same root.
+func Teardown(ctx context.Context, cfg Config, log *slog.Logger) error {
+	n, err := open(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer n.close()
+	var errs []error
+	if err := n.edge.Teardown(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := n.rt.Teardown(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := n.images.UnmountAll(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	os.Remove(n.cfg.Socket)
+	return errors.Join(errs...)
+}
+
+// installAgent copies the agent and the static shell into dir, which every
+// sandbox sees read-only at /.dsec/bin. A file is replaced (by rename, so
+// running sandboxes keep their open copy) only when its content changed.
+func installAgent(dir, agentPath, shellPath string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("make agent dir: %w", err)
+	}
+	for name, src := range map[string]string{"dsec-agent": agentPath, "sh": shellPath} {
+		if err := installFile(filepath.Join(dir, name), src); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func installFile(dst, src string) error {
+	want, err := fileHash(src)
+	if err != nil {
+		return fmt.Errorf("install %s: %w", filepath.Base(dst), err)
+	}
+	if have, err := fileHash(dst); err == nil && have == want {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("install %s: %w", filepath.Base(dst), err)
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".install-*")
+	if err != nil {
+		return fmt.Errorf("install %s: %w", filepath.Base(dst), err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, in); err != nil {
+		tmp.Close()
+		return fmt.Errorf("install %s: %w", filepath.Base(dst), err)
+	}
+	if err := tmp.Chmod(0o555); err != nil {
+		tmp.Close()
+		return fmt.Errorf("install %s: %w", filepath.Base(dst), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("install %s: %w", filepath.Base(dst), err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return fmt.Errorf("install %s: %w", filepath.Base(dst), err)
+	}
+	return nil
+}
+
+func fileHash(path string) ([32]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return [32]byte{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return [32]byte{}, err
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum, nil
+}

@@ -1,0 +1,22 @@
+// Package image owns a node's local layer store: read-only EROFS layer images
+// built with mkfs.erofs, content-addressed by the sha256 of the image file, each
+// of kind base, workspace or toolkit and reachable by name:tag refs.
+//
+// Layout under the store root (e.g. /var/lib/dsec/layers):
+//
+//	blobs/<hex>      layer images, immutable, named by their sha256
+//	mnt/<hex>        where each layer is mounted read-only, once per node
+//	tmp/             staging for imports; empty when no import runs
+//	index.json       refs, layers and environment statistics (write-temp-and-rename)
+//	lock             flock'd while the index changes, so two daemons can share a root
+//
+// An environment is named BASE[+LAYER...], each part a name:tag ref or a
+// sha256: digest; ResolveEnvironment returns its layers bottom first (base,
+// then workspaces, then toolkits, each kind in the caller's order), ready to be
+// stacked by overlayfs as lower directories returned by Mount.
+//
+// Import treats its source as hostile: it stages under tmp/, never follows a
+// symlink while extracting, refuses entries that would escape the layer, device
+// nodes other than overlay whiteouts, and setuid files unless allowed, and
+// publishes a layer only once its image is complete and synced.
+package image

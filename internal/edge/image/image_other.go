@@ -1,0 +1,32 @@
+//go:build !linux
+
+package image
+
+import (
+	"context"
+	"fmt"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Import needs Linux (openat2, mknod, xattrs, mkfs.erofs).
+func (s *Store) Import(ctx context.Context, ref string, kind Kind, src string, opts ImportOptions) (Layer, error) {
+	return Layer{}, fmt.Errorf("import layer: %w", errdefs.ErrNotSupported)
+}
+
+// Mount needs Linux (file-backed EROFS).
+func (s *Store) Mount(ctx context.Context, digest string) (string, error) {
+	return "", fmt.Errorf("mount layer %s: %w", digest, errdefs.ErrNotSupported)
+}
+
+// UnmountAll has nothing to do off Linux: nothing can be mounted.
+func (s *Store) UnmountAll(ctx context.Context) error { return nil }
+
+func (s *Store) unmountLayer(ctx context.Context, hex string) error { return nil }
+
+func (s *Store) cleanTmp() {}
+
+// BuildBusyboxRootfs needs Linux.
+func BuildBusyboxRootfs(dir string) error {
+	return fmt.Errorf("build busybox rootfs: %w", errdefs.ErrNotSupported)
+}

@@ -1,0 +1,248 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Import builds a layer of the given kind from src, a directory or a tar
+// archive (plain or gzip), stores it and points ref (name[:tag], tag
+// defaulting to latest; empty for none) at it. Importing identical content
+// again gives the same digest and reuses the stored image. A refused entry
+// returns an error wrapping errdefs.ErrInvalidArgument that names it; on any
+// failure nothing becomes visible in the store.
+func (s *Store) Import(ctx context.Context, ref string, kind Kind, src string, opts ImportOptions) (Layer, error) {
+	if !kind.valid() {
+		return Layer{}, fmt.Errorf("import layer: kind %q, want base, workspace or toolkit: %w", kind, errdefs.ErrInvalidArgument)
+	}
+	if ref != "" {
+		var err error
+		if ref, err = normalizeRef(ref); err != nil {
+			return Layer{}, fmt.Errorf("import layer: %w", err)
+		}
+	}
+	mkfs, err := findMkfs()
+	if err != nil {
+		return Layer{}, err
+	}
+	start := time.Now()
+	prefix := strconv.Itoa(os.Getpid()) + "-"
+	stage, err := os.MkdirTemp(s.tmpDir(), prefix+"stage-")
+	if err != nil {
+		return Layer{}, fmt.Errorf("import layer: create staging dir: %w", err)
+	}
+	defer os.RemoveAll(stage)
+
+	x, err := newExtractor(stage, opts)
+	if err != nil {
+		return Layer{}, fmt.Errorf("import layer: %w", err)
+	}
+	err = extractSource(ctx, x, src)
+	if err == nil {
+		err = x.finish()
+	}
+	entries, size := x.entries, x.bytes
+	x.close()
+	if err != nil {
+		return Layer{}, fmt.Errorf("import layer from %s: %w", src, err)
+	}
+
+	img, err := os.CreateTemp(s.tmpDir(), prefix+"layer-*.erofs")
+	if err != nil {
+		return Layer{}, fmt.Errorf("import layer: %w", err)
+	}
+	imgPath := img.Name()
+	img.Close()
+	defer os.Remove(imgPath) // no-op once renamed into blobs/
+	if err := buildErofs(ctx, mkfs, imgPath, stage); err != nil {
+		return Layer{}, fmt.Errorf("import layer from %s: %w", src, err)
+	}
+	hexDigest, imgSize, err := sealImage(imgPath)
+	if err != nil {
+		return Layer{}, fmt.Errorf("import layer from %s: %w", src, err)
+	}
+	os.RemoveAll(stage) // free the space before publishing
+
+	var layer Layer
+	err = s.update(true, func(ix *index) error {
+		rec := ix.Layers[hexDigest]
+		if rec != nil && rec.Kind != kind {
+			return fmt.Errorf("layer sha256:%s is already stored as a %s layer: %w", hexDigest, rec.Kind, errdefs.ErrAlreadyExists)
+		}
+		if _, err := os.Stat(s.blobPath(hexDigest)); errors.Is(err, fs.ErrNotExist) {
+			if err := os.Rename(imgPath, s.blobPath(hexDigest)); err != nil {
+				return err
+			}
+			if err := syncDir(filepath.Dir(s.blobPath(hexDigest))); err != nil {
+				return err
+			}
+		} else if err != nil {
+			return err
+		}
+		if rec == nil {
+			ix.Layers[hexDigest] = &layerRecord{Kind: kind, Size: imgSize, Created: time.Now().UTC(), Source: src}
+		}
+		if ref != "" {
+			if old, ok := ix.Refs[ref]; ok && old != hexDigest {
+				s.log.Info("moved layer ref", "ref", ref, "from", "sha256:"+old, "to", "sha256:"+hexDigest)
+			}
+			ix.Refs[ref] = hexDigest
+		}
+		layer = ix.layer(hexDigest)
+		return nil
+	})
+	if err != nil {
+		return Layer{}, fmt.Errorf("import layer from %s: %w", src, err)
+	}
+	s.log.Info("imported layer", "digest", layer.Digest, "ref", ref, "kind", kind, "source", src,
+		"entries", entries, "content_bytes", size, "image_bytes", imgSize, "took", time.Since(start).Round(time.Millisecond))
+	return layer, nil
+}
+
+// findMkfs locates mkfs.erofs, also in the sbin directories a daemon's PATH
+// may lack.
+func findMkfs() (string, error) {
+	if p, err := exec.LookPath("mkfs.erofs"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/mkfs.erofs", "/sbin/mkfs.erofs", "/usr/bin/mkfs.erofs"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("import layer: mkfs.erofs not found (install erofs-utils): %w", errdefs.ErrFailedPrecondition)
+}
+
+// buildErofs runs mkfs.erofs over dir into img: uncompressed, keeping owners,
+// modes, mtimes and xattrs, with a fixed UUID.
+func buildErofs(ctx context.Context, mkfs, img, dir string) error {
+	cmd := exec.CommandContext(ctx, mkfs, "--quiet", "-U", "00000000-0000-0000-0000-000000000000", img, dir)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("run mkfs.erofs: %v: %s", err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// EROFS on-disk superblock (at byte 1024 of the image) fields we touch.
+const (
+	erofsSuperOffset  = 1024
+	erofsMagic        = 0xE0F5E1E2
+	erofsCompatChksum = 0x1
+	sbChecksum        = 4
+	sbFeatureCompat   = 8
+	sbBlkSzBits       = 12
+	sbBuildTime       = 24
+	sbBuildTimeNsec   = 32
+	erofsMaxBlkSzBits = 16
+	erofsMinBlkSzBits = 9
+)
+
+// sealImage makes the image reproducible, fsyncs it and returns its sha256
+// and size. mkfs.erofs 1.5 stamps the build time into the superblock, and its
+// only way to fix it (-T) also overwrites every file's mtime; every inode here
+// records its own mtime (none equals the build time to the nanosecond), so the
+// build time is dead data and is zeroed, with the superblock checksum redone.
+func sealImage(path string) (string, int64, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return "", 0, fmt.Errorf("seal image: %w", err)
+	}
+	defer f.Close()
+	head := make([]byte, erofsSuperOffset+64)
+	if _, err := io.ReadFull(f, head); err != nil {
+		return "", 0, fmt.Errorf("seal image: read superblock: %w", err)
+	}
+	sb := head[erofsSuperOffset:]
+	if binary.LittleEndian.Uint32(sb) != erofsMagic {
+		return "", 0, errors.New("seal image: not an EROFS image")
+	}
+	bits := int(sb[sbBlkSzBits])
+	if bits < erofsMinBlkSzBits || bits > erofsMaxBlkSzBits {
+		return "", 0, fmt.Errorf("seal image: block size 2^%d unsupported", bits)
+	}
+	block := make([]byte, (1<<bits)-erofsSuperOffset)
+	if _, err := f.ReadAt(block, erofsSuperOffset); err != nil {
+		return "", 0, fmt.Errorf("seal image: read superblock: %w", err)
+	}
+	hasChecksum := binary.LittleEndian.Uint32(block[sbFeatureCompat:])&erofsCompatChksum != 0
+	if hasChecksum && superChecksum(block) != binary.LittleEndian.Uint32(block[sbChecksum:]) {
+		return "", 0, errors.New("seal image: superblock checksum of mkfs.erofs output does not verify")
+	}
+	binary.LittleEndian.PutUint64(block[sbBuildTime:], 0)
+	binary.LittleEndian.PutUint32(block[sbBuildTimeNsec:], 0)
+	if hasChecksum {
+		binary.LittleEndian.PutUint32(block[sbChecksum:], superChecksum(block))
+	}
+	if _, err := f.WriteAt(block, erofsSuperOffset); err != nil {
+		return "", 0, fmt.Errorf("seal image: write superblock: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		return "", 0, fmt.Errorf("seal image: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", 0, fmt.Errorf("seal image: %w", err)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("seal image: hash: %w", err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// superChecksum is the checksum the kernel expects in the superblock block:
+// crc32c seeded with ~0, without the final inversion, over the block with its
+// checksum field zeroed.
+func superChecksum(block []byte) uint32 {
+	b := bytes.Clone(block)
+	binary.LittleEndian.PutUint32(b[sbChecksum:], 0)
+	return ^crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli))
+}
+
+// cleanTmp removes what imports of dead processes left in tmp/: every name
+// there starts with the pid of the process that made it.
+func (s *Store) cleanTmp() {
+	ents, err := os.ReadDir(s.tmpDir())
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		pidStr, _, ok := strings.Cut(e.Name(), "-")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := unix.Kill(pid, 0); err == nil || errors.Is(err, unix.EPERM) {
+			continue // still running
+		}
+		p := filepath.Join(s.tmpDir(), e.Name())
+		if err := os.RemoveAll(p); err != nil {
+			s.log.Warn("remove leftover import", "path", p, "err", err)
+			continue
+		}
+		s.log.Info("removed leftover import", "path", p)
+	}
+}

@@ -1,0 +1,501 @@
+package image
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Kind says where a layer sits in an environment's stack.
+type Kind string
+
+const (
+	KindBase      Kind = "base"      // OS and runtimes; exactly one per environment, at the bottom
+	KindWorkspace Kind = "workspace" // a task's repository and dependencies
+	KindToolkit   Kind = "toolkit"   // harness and tools, on top
+)
+
+func (k Kind) valid() bool { return k == KindBase || k == KindWorkspace || k == KindToolkit }
+
+// rank orders kinds bottom first.
+func (k Kind) rank() int {
+	switch k {
+	case KindBase:
+		return 0
+	case KindWorkspace:
+		return 1
+	default:
+		return 2
+	}
+}
+
+// Layer describes one stored layer image.
+type Layer struct {
+	Digest  string // "sha256:<hex>" of the EROFS image file
+	Kind    Kind
+	Refs    []string // name:tag refs pointing at it, sorted
+	Size    int64    // bytes of the image file
+	Created time.Time
+	Source  string // what it was imported from
+}
+
+// ImportOptions bound what Import accepts.
+type ImportOptions struct {
+	AllowSetuid bool  // accept setuid/setgid files and file capabilities
+	MaxBytes    int64 // total file content; 0 = 64 GiB
+	MaxEntries  int64 // files, directories, links; 0 = 2M
+}
+
+const (
+	defaultMaxBytes   = 64 << 30
+	defaultMaxEntries = 2_000_000
+)
+
+// Environment is what the store knows about one environment name: the layers
+// it last resolved to and how many sandboxes used it.
+type Environment struct {
+	Name      string
+	Digests   []string
+	Sandboxes int64
+	LastUsed  time.Time
+}
+
+// Store is a node's layer store rooted at one directory. It is safe for
+// concurrent use, and several processes may open the same root: index changes
+// are serialised by a flock and published by rename.
+type Store struct {
+	root string
+	log  *slog.Logger
+
+	mu       sync.Mutex // guards the cache and serialises index updates in this process
+	cache    *index
+	cacheKey indexKey
+
+	mountMu sync.Mutex // serialises mounts and unmounts in this process
+}
+
+type index struct {
+	Layers       map[string]*layerRecord `json:"layers"`       // by hex digest
+	Refs         map[string]string       `json:"refs"`         // name:tag -> hex digest
+	Environments map[string]*envRecord   `json:"environments"` // by environment name
+}
+
+type layerRecord struct {
+	Kind    Kind      `json:"kind"`
+	Size    int64     `json:"size"`
+	Created time.Time `json:"created"`
+	Source  string    `json:"source,omitempty"`
+}
+
+type envRecord struct {
+	Digests   []string  `json:"digests"`
+	Sandboxes int64     `json:"sandboxes"`
+	LastUsed  time.Time `json:"last_used"`
+}
+
+// indexKey identifies one version of index.json: every write renames a new
+// file into place, so the inode changes.
+type indexKey struct {
+	ino   uint64
+	size  int64
+	mtime time.Time
+}
+
+// Open opens (creating if needed) the store rooted at root. Leftovers of
+// imports interrupted by a crash (their process is gone) are removed from
+// root/tmp.
+func Open(root string, log *slog.Logger) (*Store, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("open layer store %s: %w", root, err)
+	}
+	for _, d := range []string{abs, filepath.Join(abs, "blobs"), filepath.Join(abs, "mnt"), filepath.Join(abs, "tmp")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("open layer store %s: %w", root, err)
+		}
+	}
+	s := &Store{root: abs, log: log}
+	s.cleanTmp()
+	if _, err := s.load(); err != nil {
+		return nil, fmt.Errorf("open layer store %s: %w", root, err)
+	}
+	return s, nil
+}
+
+func (s *Store) blobPath(hex string) string  { return filepath.Join(s.root, "blobs", hex) }
+func (s *Store) mountPath(hex string) string { return filepath.Join(s.root, "mnt", hex) }
+func (s *Store) tmpDir() string              { return filepath.Join(s.root, "tmp") }
+func (s *Store) indexPath() string           { return filepath.Join(s.root, "index.json") }
+
+func newIndex() *index {
+	return &index{Layers: map[string]*layerRecord{}, Refs: map[string]string{}, Environments: map[string]*envRecord{}}
+}
+
+// readIndex reads index.json from disk; a missing file is an empty index.
+func (s *Store) readIndex() (*index, indexKey, error) {
+	f, err := os.Open(s.indexPath())
+	if errors.Is(err, fs.ErrNotExist) {
+		return newIndex(), indexKey{}, nil
+	}
+	if err != nil {
+		return nil, indexKey{}, fmt.Errorf("read layer index: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, indexKey{}, fmt.Errorf("read layer index: %w", err)
+	}
+	key := indexKey{ino: inode(st), size: st.Size(), mtime: st.ModTime()}
+	ix := newIndex()
+	if err := json.NewDecoder(f).Decode(ix); err != nil {
+		return nil, indexKey{}, fmt.Errorf("read layer index %s: %w", s.indexPath(), err)
+	}
+	if ix.Layers == nil {
+		ix.Layers = map[string]*layerRecord{}
+	}
+	if ix.Refs == nil {
+		ix.Refs = map[string]string{}
+	}
+	if ix.Environments == nil {
+		ix.Environments = map[string]*envRecord{}
+	}
+	return ix, key, nil
+}
+
+// load returns the current index for reading. Callers must not modify it.
+// Reads need no lock: index.json is only ever replaced by rename.
+func (s *Store) load() (*index, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cache != nil {
+		if st, err := os.Stat(s.indexPath()); err == nil {
+			if key := (indexKey{ino: inode(st), size: st.Size(), mtime: st.ModTime()}); key == s.cacheKey {
+				return s.cache, nil
+			}
+		}
+	}
+	ix, key, err := s.readIndex()
+	if err != nil {
+		return nil, err
+	}
+	s.cache, s.cacheKey = ix, key
+	return ix, nil
+}
+
+// update applies fn to a fresh copy of the index under the process mutex and
+// the store's file lock, then publishes it atomically. With durable set, the
+// new index is fsync'd before and after the rename.
+func (s *Store) update(durable bool, fn func(ix *index) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	unlock, err := lockFile(filepath.Join(s.root, "lock"))
+	if err != nil {
+		return fmt.Errorf("lock layer index: %w", err)
+	}
+	defer unlock()
+	ix, _, err := s.readIndex()
+	if err != nil {
+		return err
+	}
+	if err := fn(ix); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(ix, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode layer index: %w", err)
+	}
+	if err := writeFileAtomic(s.indexPath(), data, durable); err != nil {
+		return fmt.Errorf("write layer index: %w", err)
+	}
+	s.cache = nil // re-read (and re-key) on the next load
+	return nil
+}
+
+// writeFileAtomic writes data to a temporary file beside path and renames it
+// into place, so readers see the old or the new content, never a mix.
+func writeFileAtomic(path string, data []byte, durable bool) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after a successful rename
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if durable {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	if durable {
+		return syncDir(filepath.Dir(path))
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+var (
+	refNameRE = regexp.MustCompile(`^[a-z0-9]+(?:[._/-][a-z0-9]+)*$`)
+	refTagRE  = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+	hexRE     = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// normalizeRef checks a name:tag ref and fills in the tag "latest" when it is
+// missing.
+func normalizeRef(ref string) (string, error) {
+	if strings.HasPrefix(ref, "sha256:") {
+		return "", fmt.Errorf("parse ref %q: a digest is not a ref: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	name, tag := ref, "latest"
+	if i := strings.LastIndex(ref, ":"); i >= 0 {
+		name, tag = ref[:i], ref[i+1:]
+	}
+	if len(name) > 200 || !refNameRE.MatchString(name) {
+		return "", fmt.Errorf("parse ref %q: name must be lower-case letters, digits and . _ - / separators: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	if !refTagRE.MatchString(tag) {
+		return "", fmt.Errorf("parse ref %q: tag must be letters, digits, . _ - (at most 128): %w", ref, errdefs.ErrInvalidArgument)
+	}
+	return name + ":" + tag, nil
+}
+
+// parseDigest returns the hex of a "sha256:<hex>" digest.
+func parseDigest(d string) (string, error) {
+	hex, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || !hexRE.MatchString(hex) {
+		return "", fmt.Errorf("parse digest %q: want sha256:<64 lower-case hex digits>: %w", d, errdefs.ErrInvalidArgument)
+	}
+	return hex, nil
+}
+
+// lookup finds the hex digest a ref or digest names.
+func (ix *index) lookup(refOrDigest string) (string, error) {
+	if strings.HasPrefix(refOrDigest, "sha256:") {
+		hex, err := parseDigest(refOrDigest)
+		if err != nil {
+			return "", err
+		}
+		if ix.Layers[hex] == nil {
+			return "", fmt.Errorf("find layer %s: %w", refOrDigest, errdefs.ErrNotFound)
+		}
+		return hex, nil
+	}
+	ref, err := normalizeRef(refOrDigest)
+	if err != nil {
+		return "", err
+	}
+	hex, ok := ix.Refs[ref]
+	if !ok || ix.Layers[hex] == nil {
+		return "", fmt.Errorf("find layer %s: no such ref: %w", ref, errdefs.ErrNotFound)
+	}
+	return hex, nil
+}
+
+func (ix *index) layer(hex string) Layer {
+	rec := ix.Layers[hex]
+	l := Layer{Digest: "sha256:" + hex, Kind: rec.Kind, Size: rec.Size, Created: rec.Created, Source: rec.Source, Refs: []string{}}
+	for ref, h := range ix.Refs {
+		if h == hex {
+			l.Refs = append(l.Refs, ref)
+		}
+	}
+	sort.Strings(l.Refs)
+	return l
+}
+
+// List returns every stored layer, oldest first.
+func (s *Store) List() ([]Layer, error) {
+	ix, err := s.load()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Layer, 0, len(ix.Layers))
+	for hex := range ix.Layers {
+		out = append(out, ix.layer(hex))
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Created.Equal(out[j].Created) {
+			return out[i].Created.Before(out[j].Created)
+		}
+		return out[i].Digest < out[j].Digest
+	})
+	return out, nil
+}
+
+// Get returns the layer a name:tag ref (tag defaults to latest) or a sha256:
+// digest names, or an error wrapping errdefs.ErrNotFound.
+func (s *Store) Get(refOrDigest string) (Layer, error) {
+	ix, err := s.load()
+	if err != nil {
+		return Layer{}, err
+	}
+	hex, err := ix.lookup(refOrDigest)
+	if err != nil {
+		return Layer{}, err
+	}
+	return ix.layer(hex), nil
+}
+
+// Remove deletes a ref, or a layer. Given a ref it removes the ref, and the
+// layer too once no ref points at it; given a digest it removes the layer and
+// every ref to it. A removed layer is unmounted (lazily, so sandboxes already
+// stacked on it keep their view) and its image file deleted.
+func (s *Store) Remove(refOrDigest string) error {
+	var gone string
+	err := s.update(true, func(ix *index) error {
+		hex, err := ix.lookup(refOrDigest)
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(refOrDigest, "sha256:") {
+			ref, _ := normalizeRef(refOrDigest)
+			delete(ix.Refs, ref)
+			for _, h := range ix.Refs {
+				if h == hex {
+					return nil // other refs keep the layer
+				}
+			}
+		}
+		for ref, h := range ix.Refs {
+			if h == hex {
+				delete(ix.Refs, ref)
+			}
+		}
+		delete(ix.Layers, hex)
+		gone = hex
+		// Under the index lock, so an import of the same content cannot
+		// slip in between dropping the record and deleting the file.
+		if err := s.unmountLayer(context.Background(), hex); err != nil {
+			return err
+		}
+		if err := os.Remove(s.blobPath(hex)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("remove layer %s: %w", refOrDigest, err)
+	}
+	if gone == "" {
+		return nil
+	}
+	s.log.Info("removed layer", "ref", refOrDigest, "digest", "sha256:"+gone)
+	return nil
+}
+
+// ResolveEnvironment turns BASE[+LAYER...] into its layers, bottom first:
+// the one base, then workspaces, then toolkits, each kind in the order given.
+// A malformed name, a missing or second base and a repeated layer wrap
+// errdefs.ErrInvalidArgument; an unknown ref or digest wraps errdefs.ErrNotFound.
+func (s *Store) ResolveEnvironment(env string) ([]Layer, error) {
+	if strings.TrimSpace(env) == "" {
+		return nil, fmt.Errorf("resolve environment: empty name, want BASE[+LAYER...]: %w", errdefs.ErrInvalidArgument)
+	}
+	ix, err := s.load()
+	if err != nil {
+		return nil, err
+	}
+	var layers []Layer
+	seen := map[string]string{}
+	var base string
+	for _, part := range strings.Split(env, "+") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			return nil, fmt.Errorf("resolve environment %q: empty layer name, want BASE[+LAYER...]: %w", env, errdefs.ErrInvalidArgument)
+		}
+		hex, err := ix.lookup(part)
+		if err != nil {
+			return nil, fmt.Errorf("resolve environment %q: %w", env, err)
+		}
+		if prev, ok := seen[hex]; ok {
+			return nil, fmt.Errorf("resolve environment %q: %s and %s are the same layer: %w", env, prev, part, errdefs.ErrInvalidArgument)
+		}
+		seen[hex] = part
+		l := ix.layer(hex)
+		if l.Kind == KindBase {
+			if base != "" {
+				return nil, fmt.Errorf("resolve environment %q: two base layers, %s and %s; an environment has exactly one: %w", env, base, part, errdefs.ErrInvalidArgument)
+			}
+			base = part
+		}
+		layers = append(layers, l)
+	}
+	if base == "" {
+		return nil, fmt.Errorf("resolve environment %q: no base layer; the first part must name a layer of kind base: %w", env, errdefs.ErrInvalidArgument)
+	}
+	sort.SliceStable(layers, func(i, j int) bool { return layers[i].Kind.rank() < layers[j].Kind.rank() })
+	return layers, nil
+}
+
+// RecordEnvironment counts one more sandbox created from env, which resolved
+// to digests (bottom first). The count is statistics: it is published
+// atomically but not fsync'd.
+func (s *Store) RecordEnvironment(env string, digests []string) error {
+	if env == "" {
+		return fmt.Errorf("record environment: empty name: %w", errdefs.ErrInvalidArgument)
+	}
+	err := s.update(false, func(ix *index) error {
+		rec := ix.Environments[env]
+		if rec == nil {
+			rec = &envRecord{}
+			ix.Environments[env] = rec
+		}
+		rec.Digests = append([]string(nil), digests...)
+		rec.Sandboxes++
+		rec.LastUsed = time.Now().UTC()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record environment %q: %w", env, err)
+	}
+	return nil
+}
+
+// Environments returns every recorded environment, by name.
+func (s *Store) Environments() ([]Environment, error) {
+	ix, err := s.load()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Environment, 0, len(ix.Environments))
+	for name, rec := range ix.Environments {
+		out = append(out, Environment{Name: name, Digests: append([]string(nil), rec.Digests...), Sandboxes: rec.Sandboxes, LastUsed: rec.LastUsed})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}

@@ -1,0 +1,253 @@
+package quota
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Manager makes limited directories under one root. It is safe for
+// concurrent use; different Managers must not share a root.
+type Manager struct {
+	root string
+	kind string
+	mu   sync.Mutex // serialises project ID allocation
+}
+
+// projectFile records a directory's project ID beside its contents, so
+// Remove works for directories an earlier process made.
+const projectFile = ".project"
+
+// Open returns a Manager for root, or an error wrapping
+// errdefs.ErrNotSupported when root's file system can enforce neither
+// project quotas nor btrfs qgroups.
+func Open(root string) (*Manager, error) {
+	perr := projectSupported(root)
+	if perr == nil {
+		return &Manager{root: root, kind: KindProject}, nil
+	}
+	berr := btrfsSupported(root)
+	if berr == nil {
+		return &Manager{root: root, kind: KindBtrfs}, nil
+	}
+	return nil, fmt.Errorf("open quotas on %s: %w; %w", root, perr, berr)
+}
+
+// Kind says which mechanism m uses: KindProject or KindBtrfs.
+func (m *Manager) Kind() string { return m.kind }
+
+// Create makes <root>/<name> with limit l and returns its path. Everything
+// made inside it later counts against l.
+func (m *Manager) Create(name string, l Limit) (string, error) {
+	dir := filepath.Join(m.root, name)
+	if m.kind == KindBtrfs {
+		if err := createSubvolume(m.root, name); err != nil {
+			return "", err
+		}
+		if err := limitSubvolume(dir, l.Bytes); err != nil {
+			return "", errors.Join(err, m.Remove(name))
+		}
+		return dir, nil
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("make %s: %w", dir, errdefs.ErrAlreadyExists)
+		}
+		return "", fmt.Errorf("make %s: %w", dir, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	proj, err := m.freeProject(name)
+	if err != nil {
+		return "", err
+	}
+	// Written before the dir is tagged, so it is not charged to the project.
+	if err := os.WriteFile(filepath.Join(dir, projectFile), []byte(strconv.FormatUint(uint64(proj), 10)+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("record project of %s: %w", dir, err)
+	}
+	if err := setProject(dir, proj); err != nil {
+		return "", err
+	}
+	// A project with limits counts as taken, so set an inode limit even
+	// when the caller asked for none.
+	if l.Inodes <= 0 {
+		l.Inodes = 1 << 62
+	}
+	if err := setProjectLimit(dir, proj, l); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// freeProject picks the project ID of name: a hash of it, or the next one
+// after it that holds nothing and has no limits. The caller holds m.mu.
+func (m *Manager) freeProject(name string) (uint32, error) {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	// Stay clear of 0 (no project) and of small IDs an admin may use.
+	const base, span = 1 << 20, 1<<31 - 1<<20
+	start := h.Sum32() % span
+	for i := uint32(0); i < 1000; i++ {
+		p := base + (start+i)%span
+		l, u, err := getProject(m.root, p)
+		if err != nil {
+			return 0, err
+		}
+		if l == (Limit{}) && u == (Usage{}) {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("pick quota project for %s: %w", name, errdefs.ErrResourceExhausted)
+}
+
+// Remove removes <root>/<name> with its contents and frees its quota. A
+// missing directory is fine.
+func (m *Manager) Remove(name string) error {
+	dir := filepath.Join(m.root, name)
+	b, perr := os.ReadFile(filepath.Join(dir, projectFile))
+	// On btrfs RemoveAll ends with rmdir of the empty subvolume, which the
+	// kernel allows to root.
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	if perr != nil {
+		return nil
+	}
+	p, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
+	if err != nil {
+		return fmt.Errorf("parse project of %s: %w", dir, err)
+	}
+	return setProjectLimit(m.root, uint32(p), Limit{})
+}
+
+// btrfs ioctls (linux/btrfs.h).
+const (
+	btrfsIocSubvolCreate = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+	btrfsIocInoLookup    = 0xd0009412 // _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)
+	btrfsIocQuotaCtl     = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
+	btrfsIocQgroupLimit  = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
+	btrfsIocFSInfo       = 0x8400941f // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
+	btrfsQuotaCtlEnable  = 1
+	btrfsLimitMaxRfer    = 1
+	btrfsFirstFreeObject = 256
+	btrfsSuperMagic      = 0x9123683e
+)
+
+type btrfsVolArgs struct {
+	Fd   int64
+	Name [4088]byte
+}
+
+type btrfsInoLookupArgs struct {
+	TreeID   uint64
+	ObjectID uint64
+	Name     [4080]byte
+}
+
+type btrfsQgroupLimitArgs struct {
+	QgroupID uint64
+	Flags    uint64
+	MaxRfer  uint64
+	MaxExcl  uint64
+	RsvRfer  uint64
+	RsvExcl  uint64
+}
+
+func btrfsSupported(path string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", path, err)
+	}
+	if st.Type != btrfsSuperMagic {
+		return fmt.Errorf("check btrfs qgroups on %s: not btrfs: %w", path, errdefs.ErrNotSupported)
+	}
+	uuid, err := btrfsUUID(path)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/btrfs", uuid, "qgroups")); err != nil {
+		return fmt.Errorf("check btrfs qgroups on %s: quotas not enabled: %w", path, errdefs.ErrNotSupported)
+	}
+	return nil
+}
+
+// btrfsUUID returns the UUID of the btrfs holding path, as sysfs names it.
+func btrfsUUID(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	var info [1024]byte // struct btrfs_ioctl_fs_info_args; fsid at 16
+	if err := ioctl(f, btrfsIocFSInfo, unsafe.Pointer(&info)); err != nil {
+		return "", fmt.Errorf("get btrfs info of %s: %w", path, err)
+	}
+	u := info[16:32]
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]), nil
+}
+
+// EnableBtrfs turns on qgroups on the btrfs mounted at root. It is a no-op
+// when they are on already.
+func EnableBtrfs(root string) error {
+	f, err := os.Open(root)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", root, err)
+	}
+	defer f.Close()
+	args := [2]uint64{btrfsQuotaCtlEnable, 0}
+	if err := ioctl(f, btrfsIocQuotaCtl, unsafe.Pointer(&args)); err != nil {
+		return fmt.Errorf("enable btrfs quotas on %s: %w", root, err)
+	}
+	return nil
+}
+
+func createSubvolume(parent, name string) error {
+	if len(name) >= 4088 || strings.Contains(name, "/") {
+		return fmt.Errorf("make subvolume %q: %w", name, errdefs.ErrInvalidArgument)
+	}
+	f, err := os.Open(parent)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", parent, err)
+	}
+	defer f.Close()
+	var a btrfsVolArgs
+	copy(a.Name[:], name)
+	if err := ioctl(f, btrfsIocSubvolCreate, unsafe.Pointer(&a)); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("make subvolume %s: %w", name, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("make subvolume %s: %w", name, err)
+	}
+	return nil
+}
+
+func limitSubvolume(dir string, bytes int64) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer f.Close()
+	look := btrfsInoLookupArgs{ObjectID: btrfsFirstFreeObject}
+	if err := ioctl(f, btrfsIocInoLookup, unsafe.Pointer(&look)); err != nil {
+		return fmt.Errorf("look up subvolume id of %s: %w", dir, err)
+	}
+	if bytes <= 0 {
+		return nil
+	}
+	lim := btrfsQgroupLimitArgs{QgroupID: look.TreeID, Flags: btrfsLimitMaxRfer, MaxRfer: uint64(bytes)}
+	if err := ioctl(f, btrfsIocQgroupLimit, unsafe.Pointer(&lim)); err != nil {
+		return fmt.Errorf("limit subvolume %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,715 @@
+package runtime
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"dsec.dev/dsec/internal/edge/runtime/cgroups"
+	"dsec.dev/dsec/internal/edge/runtime/mountinfo"
+	"dsec.dev/dsec/internal/edge/runtime/quota"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Runtime starts and removes container sandboxes. Its methods are safe for
+// concurrent use, for different IDs.
+type Runtime struct {
+	cfg    Config
+	log    *slog.Logger
+	path   string // the OCI runtime binary
+	layout *cgroups.Layout
+
+	quotaMu sync.Mutex
+	quotas  *quota.Manager // opened by Init, or on first use after a restart
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// New checks cfg, fills in defaults and reads the host's cgroup layout. It
+// changes nothing on the host; call Init before the first Start.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Root == "" || cfg.UpperRoot == "" || cfg.AgentDir == "" {
+		return nil, fmt.Errorf("check runtime config: Root, UpperRoot and AgentDir are required: %w", errdefs.ErrInvalidArgument)
+	}
+	for _, p := range []*string{&cfg.Root, &cfg.UpperRoot, &cfg.AgentDir, &cfg.UpperImage} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, fmt.Errorf("resolve %s: %w", *p, err)
+		}
+		*p = abs
+	}
+	if cfg.UpperImage == "" {
+		cfg.UpperImage = filepath.Join(filepath.Dir(cfg.UpperRoot), filepath.Base(cfg.UpperRoot)+".img")
+	}
+	if cfg.Runtime == "" {
+		cfg.Runtime = "runc"
+	}
+	if cfg.Runtime != "runc" && cfg.Runtime != "crun" {
+		return nil, fmt.Errorf("check runtime config: unknown runtime %q: %w", cfg.Runtime, errdefs.ErrInvalidArgument)
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "dsec"
+	}
+	if !idPattern.MatchString(cfg.CgroupParent) {
+		return nil, fmt.Errorf("check runtime config: bad cgroup parent %q: %w", cfg.CgroupParent, errdefs.ErrInvalidArgument)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	path := cfg.RuntimePath
+	if path == "" {
+		p, err := exec.LookPath(cfg.Runtime)
+		if err != nil {
+			return nil, fmt.Errorf("find %s: %w: %w", cfg.Runtime, err, errdefs.ErrNotSupported)
+		}
+		path = p
+	}
+	layout, err := cgroups.Detect()
+	if err != nil {
+		return nil, err
+	}
+	// crun 1.8 refuses hybrid hosts unless told --cgroup-manager=disabled,
+	// which would start sandboxes without any limit. Refuse instead.
+	if cfg.Runtime == "crun" && !layout.V2() {
+		return nil, fmt.Errorf("use crun: it applies no cgroup limits on a cgroup v1 host; use runc: %w", errdefs.ErrNotSupported)
+	}
+	return &Runtime{cfg: cfg, log: cfg.Log, path: path, layout: layout}, nil
+}
+
+func (r *Runtime) stateDir() string           { return filepath.Join(r.cfg.Root, r.cfg.Runtime) }
+func (r *Runtime) bundleDir(id string) string { return filepath.Join(r.cfg.Root, "bundles", id) }
+func (r *Runtime) upperDir(id string) string  { return filepath.Join(r.cfg.UpperRoot, id) }
+func (r *Runtime) cgroupRel(id string) string { return filepath.Join(r.cfg.CgroupParent, id) }
+
+// Init makes the node ready for sandboxes: state dirs, the cgroup parent and
+// an upper file system that enforces project quotas (the host's own when it
+// can, else an ext4 image mounted from UpperImage). It is idempotent and safe
+// while sandboxes of an earlier daemon run.
+func (r *Runtime) Init(ctx context.Context) error {
+	for _, d := range []string{r.stateDir(), filepath.Join(r.cfg.Root, "bundles"), r.cfg.UpperRoot} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("make %s: %w", d, err)
+		}
+	}
+	if err := r.layout.EnsureParent(r.cfg.CgroupParent); err != nil {
+		return err
+	}
+	if err := raiseNofile(); err != nil {
+		r.log.Warn("sandboxes get fewer open files", "err", err)
+	}
+	return r.initUpperFS(ctx)
+}
+
+func (r *Runtime) initUpperFS(ctx context.Context) error {
+	if _, err := r.quotaManager(); err == nil {
+		return nil
+	}
+	ms, err := mountinfo.Read()
+	if err != nil {
+		return err
+	}
+	if m, ok := mountinfo.At(ms, r.cfg.UpperRoot); ok {
+		return fmt.Errorf("prepare upper file system: %s is a %s mount without project quotas or btrfs qgroups: %w", r.cfg.UpperRoot, m.FSType, errdefs.ErrNotSupported)
+	}
+	r.log.Info("host file system cannot limit dirs; using an image", "upper", r.cfg.UpperRoot, "image", r.cfg.UpperImage)
+	if _, err := os.Stat(r.cfg.UpperImage); errors.Is(err, fs.ErrNotExist) {
+		if err := r.makeImage(ctx); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return fmt.Errorf("stat %s: %w", r.cfg.UpperImage, err)
+	} else if err := r.mountImage(ctx); err != nil {
+		return err
+	}
+	q, err := r.quotaManager()
+	if err != nil {
+		return fmt.Errorf("prepare upper file system: %w", err)
+	}
+	r.log.Info("upper file system ready", "upper", r.cfg.UpperRoot, "quota", q.Kind())
+	return nil
+}
+
+// raiseNofile lifts this process's hard RLIMIT_NOFILE to the sandboxes'
+// limit: the OCI runtime sets the container's limits after dropping
+// CAP_SYS_RESOURCE, so it can only lower what it inherits. It fails when
+// the daemon itself lacks CAP_SYS_RESOURCE; sandboxes then get the
+// daemon's hard limit (see nofile).
+func raiseNofile() error {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return fmt.Errorf("get RLIMIT_NOFILE: %w", err)
+	}
+	if lim.Max >= nofileLimit {
+		return nil
+	}
+	lim.Max = nofileLimit
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return fmt.Errorf("raise RLIMIT_NOFILE to %d: %w", nofileLimit, err)
+	}
+	return nil
+}
+
+// nofile is the open-file limit sandboxes get: nofileLimit, or less when
+// this process may not hand out that many.
+func nofile() uint64 {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return 1024
+	}
+	return min(lim.Max, nofileLimit)
+}
+
+// quotaManager opens the upper file system's quota manager once.
+func (r *Runtime) quotaManager() (*quota.Manager, error) {
+	r.quotaMu.Lock()
+	defer r.quotaMu.Unlock()
+	if r.quotas != nil {
+		return r.quotas, nil
+	}
+	q, err := quota.Open(r.cfg.UpperRoot)
+	if err != nil {
+		return nil, err
+	}
+	r.quotas = q
+	return q, nil
+}
+
+// makeImage makes the upper file system image: ext4 with project quotas
+// when the kernel can enforce them (CONFIG_QUOTA and CONFIG_QFMT_V2), else
+// btrfs with qgroups. It leaves the image mounted on UpperRoot.
+func (r *Runtime) makeImage(ctx context.Context) error {
+	size := r.cfg.UpperFSBytes
+	if size <= 0 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(filepath.Dir(r.cfg.UpperImage), &st); err != nil {
+			return fmt.Errorf("statfs %s: %w", filepath.Dir(r.cfg.UpperImage), err)
+		}
+		size = int64(st.Bavail) * st.Bsize / 10 * 8
+	}
+	size = max(size, minUpperFSBytes)
+	if err := os.MkdirAll(filepath.Dir(r.cfg.UpperImage), 0o700); err != nil {
+		return fmt.Errorf("make %s: %w", filepath.Dir(r.cfg.UpperImage), err)
+	}
+	tmp := r.cfg.UpperImage + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", tmp, err)
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("size %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, r.cfg.UpperImage); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("rename %s: %w", tmp, err)
+	}
+	// quota,project with prjquota only: accounting in hidden quota inodes,
+	// enforced when mounted with prjquota. lazy_*_init keeps mkfs fast on a
+	// large sparse file; -m 0: no blocks reserved for root.
+	ext4Err := run(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-L", "dsec-upper",
+		"-O", "quota,project", "-E", "quotatype=prjquota,lazy_itable_init=1,lazy_journal_init=1,nodiscard", r.cfg.UpperImage)
+	if ext4Err == nil {
+		ext4Err = r.mountImage(ctx)
+		if ext4Err == nil {
+			return nil
+		}
+	}
+	r.log.Info("ext4 project quotas unavailable; using btrfs qgroups", "reason", ext4Err)
+	if err := run(ctx, "mkfs.btrfs", "-q", "-f", "-L", "dsec-upper", "-m", "single", "-d", "single", r.cfg.UpperImage); err != nil {
+		os.Remove(r.cfg.UpperImage)
+		return errors.Join(ext4Err, err)
+	}
+	if err := r.mountImage(ctx); err != nil {
+		os.Remove(r.cfg.UpperImage)
+		return err
+	}
+	return nil
+}
+
+// mountImage mounts UpperImage on UpperRoot through a loop device. util-linux
+// sets the device up with autoclear, so the unmount in Teardown frees it.
+func (r *Runtime) mountImage(ctx context.Context) error {
+	magic := make([]byte, 8)
+	if f, err := os.Open(r.cfg.UpperImage); err == nil {
+		_, _ = f.ReadAt(magic, 0x10040)
+		f.Close()
+	}
+	if string(magic) == "_BHRfS_M" {
+		if err := run(ctx, "mount", "-t", "btrfs", "-o", "loop,noatime", r.cfg.UpperImage, r.cfg.UpperRoot); err != nil {
+			return err
+		}
+		return quota.EnableBtrfs(r.cfg.UpperRoot)
+	}
+	return run(ctx, "mount", "-t", "ext4", "-o", "loop,prjquota,noatime", r.cfg.UpperImage, r.cfg.UpperRoot)
+}
+
+func run(ctx context.Context, name string, args ...string) error {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Teardown undoes Init once every sandbox is deleted: it unmounts the upper
+// file system if Init mounted it from UpperImage (which frees its loop
+// device) and removes the cgroup parent. The image file is kept.
+func (r *Runtime) Teardown(ctx context.Context) error {
+	var errs []error
+	if err := r.unmountUpperFS(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.layout.RemoveParent(r.cfg.CgroupParent); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Runtime) unmountUpperFS() error {
+	ms, err := mountinfo.Read()
+	if err != nil {
+		return err
+	}
+	m, ok := mountinfo.At(ms, r.cfg.UpperRoot)
+	if !ok || !strings.HasPrefix(m.Source, "/dev/loop") {
+		return nil
+	}
+	loop := filepath.Base(m.Source)
+	if backing(loop) != r.cfg.UpperImage {
+		return nil // not ours
+	}
+	if err := unix.Unmount(r.cfg.UpperRoot, 0); err != nil {
+		return fmt.Errorf("unmount %s: %w", r.cfg.UpperRoot, err)
+	}
+	r.quotaMu.Lock()
+	r.quotas = nil
+	r.quotaMu.Unlock()
+	// Autoclear frees the device on the last close; detach it ourselves if
+	// something set it up without.
+	if backing(loop) == r.cfg.UpperImage {
+		f, err := os.OpenFile(m.Source, os.O_RDONLY, 0)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", m.Source, err)
+		}
+		defer f.Close()
+		if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+			return fmt.Errorf("detach %s: %w", m.Source, err)
+		}
+	}
+	return nil
+}
+
+// backing is the file behind loop device name, or "" when it is free.
+func backing(name string) string {
+	b, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Start creates and starts sandbox s. On any error everything made so far is
+// removed again.
+func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
+	t0 := time.Now()
+	if err := r.checkSpec(s); err != nil {
+		return err
+	}
+	bundle := r.bundleDir(s.ID)
+	rootfs := filepath.Join(bundle, "rootfs")
+	rel := r.cgroupRel(s.ID)
+
+	var undo cleanup
+	defer func() {
+		if err == nil {
+			return
+		}
+		if cerr := undo.run(); cerr != nil {
+			r.log.Error("clean up failed sandbox", "id", s.ID, "err", cerr)
+		}
+	}()
+
+	// The bundle dir comes first: it marks the sandbox as known (List) until
+	// Delete removes it.
+	if err := os.Mkdir(bundle, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("start sandbox %s: %w", s.ID, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("make bundle %s: %w", bundle, err)
+	}
+	undo.add(func() error { return removeBundle(bundle) })
+
+	upper, work, err := r.makeUpper(s)
+	undo.add(func() error { return r.removeUpper(s.ID) })
+	if err != nil {
+		return err
+	}
+	tUpper := time.Now()
+
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return fmt.Errorf("make rootfs dir: %w", err)
+	}
+	if err := mountOverlay(s.Lower, upper, work, rootfs); err != nil {
+		return err
+	}
+	undo.add(func() error { return detach(rootfs) })
+	tMount := time.Now()
+
+	freezerDir, memDir, err := r.layout.Create(rel)
+	undo.add(func() error {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		return errors.Join(r.layout.Kill(cctx, rel), r.layout.Remove(cctx, rel))
+	})
+	if err != nil {
+		return err
+	}
+	cgFd, err := openDir(freezerDir)
+	if err != nil {
+		return err
+	}
+	defer cgFd.Close()
+	memFd, err := openDir(memDir)
+	if err != nil {
+		return err
+	}
+	defer memFd.Close()
+
+	spec := buildSpec(specInput{
+		Spec:        s,
+		AgentDir:    r.cfg.AgentDir,
+		CgroupsPath: "/" + rel,
+		MemorySwap:  r.swapAccounting(),
+		Nofile:      nofile(),
+	})
+	cfgJSON, err := json.MarshalIndent(spec, "", "\t")
+	if err != nil {
+		return fmt.Errorf("encode config.json: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), cfgJSON, 0o600); err != nil {
+		return fmt.Errorf("write config.json: %w", err)
+	}
+
+	logFile, err := os.OpenFile(s.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open agent log: %w", err)
+	}
+	defer logFile.Close()
+	runtimeLog := filepath.Join(bundle, "runtime.log")
+	cmd := exec.Command(r.path, "--root", r.stateDir(), "--log", runtimeLog, "--log-format", "json",
+		"run", "--detach", "--bundle", bundle, "--preserve-fds", "3", s.ID)
+	// With --detach and no terminal the agent inherits these.
+	cmd.Stdin = nil // /dev/null
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.ExtraFiles = []*os.File{s.Listener, cgFd, memFd}
+	undo.add(func() error {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		return r.runtimeDelete(dctx, s.ID)
+	})
+	tRun := time.Now()
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s run %s: %w: %s", r.cfg.Runtime, s.ID, err, runtimeErrors(runtimeLog))
+	}
+	tStarted := time.Now()
+
+	// The container holds its own copy of the overlay; drop the host's so
+	// the host mount table does not grow with the sandbox count.
+	if err := detach(rootfs); err != nil {
+		return err
+	}
+	undo.release()
+	r.log.Info("started sandbox", "id", s.ID, "took", time.Since(t0),
+		"upper", tUpper.Sub(t0), "overlay", tMount.Sub(tUpper), "runtime_run", tStarted.Sub(tRun))
+	return nil
+}
+
+func (r *Runtime) checkSpec(s Spec) error {
+	bad := func(why string) error {
+		return fmt.Errorf("check sandbox spec %q: %s: %w", s.ID, why, errdefs.ErrInvalidArgument)
+	}
+	switch {
+	case !idPattern.MatchString(s.ID):
+		return bad("bad id")
+	case len(s.Lower) == 0:
+		return bad("no lower layer")
+	case s.Listener == nil:
+		return bad("no listener")
+	case s.LogPath == "":
+		return bad("no log path")
+	case s.DiskBytes < 0 || s.Inodes < 0 || s.CPUs < 0 || s.MemoryBytes < 0 || s.Pids < 0:
+		return bad("negative limit")
+	case len(s.Hostname) > 64:
+		return bad("hostname longer than 64 bytes")
+	}
+	for _, l := range s.Lower {
+		if !filepath.IsAbs(l) || strings.ContainsAny(l, ":,") {
+			return bad(fmt.Sprintf("lower dir %q must be absolute without ':' or ','", l))
+		}
+	}
+	return nil
+}
+
+// swapAccounting reports whether a memory+swap limit can be set.
+func (r *Runtime) swapAccounting() bool {
+	if r.layout.V2() {
+		return true // runc ignores memory.swap.max when the kernel has no swap
+	}
+	_, err := os.Stat(filepath.Join(r.layout.Dir("memory", ""), "memory.memsw.limit_in_bytes"))
+	return err == nil
+}
+
+// makeUpper makes <UpperRoot>/<id>, limited to s's disk and inode limits,
+// and upper/ and work/ inside it, so overlayfs's copy-up renames between
+// work and upper stay within one limited dir.
+func (r *Runtime) makeUpper(s Spec) (upper, work string, err error) {
+	q, err := r.quotaManager()
+	if err != nil {
+		return "", "", fmt.Errorf("make upper of %s: %w", s.ID, err)
+	}
+	dir, err := q.Create(s.ID, quota.Limit{Bytes: s.DiskBytes, Inodes: inodeLimit(s)})
+	if err != nil {
+		return "", "", fmt.Errorf("make upper of %s: %w", s.ID, err)
+	}
+	upper, work = filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+	for _, d := range []string{upper, work} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return "", "", fmt.Errorf("make %s: %w", d, err)
+		}
+	}
+	return upper, work, nil
+}
+
+// removeUpper removes sandbox id's writable layer and frees its quota.
+func (r *Runtime) removeUpper(id string) error {
+	q, err := r.quotaManager()
+	if err != nil {
+		// No quota on UpperRoot (not mounted?): at least remove the files.
+		if err := os.RemoveAll(r.upperDir(id)); err != nil {
+			return fmt.Errorf("remove upper of %s: %w", id, err)
+		}
+		return nil
+	}
+	if err := q.Remove(id); err != nil {
+		return fmt.Errorf("remove upper of %s: %w", id, err)
+	}
+	return nil
+}
+
+func mountOverlay(lower []string, upper, work, target string) error {
+	// overlayfs wants the top layer first.
+	top := make([]string, len(lower))
+	for i, l := range lower {
+		top[len(lower)-1-i] = l
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(top, ":"), upper, work)
+	if len(opts) >= os.Getpagesize() {
+		return fmt.Errorf("mount overlay on %s: %d bytes of options exceed a page: %w", target, len(opts), errdefs.ErrInvalidArgument)
+	}
+	if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount overlay on %s: %w", target, err)
+	}
+	return nil
+}
+
+// removeBundle unmounts and removes a bundle dir. The rootfs dir is removed
+// with rmdir first, so a rootfs still mounted is never walked into.
+func removeBundle(bundle string) error {
+	rootfs := filepath.Join(bundle, "rootfs")
+	if err := detach(rootfs); err != nil {
+		return err
+	}
+	if err := os.Remove(rootfs); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", rootfs, err)
+	}
+	if err := os.RemoveAll(bundle); err != nil {
+		return fmt.Errorf("remove bundle %s: %w", bundle, err)
+	}
+	return nil
+}
+
+// detach lazily unmounts target; not being mounted is fine.
+func detach(target string) error {
+	err := unix.Unmount(target, unix.MNT_DETACH)
+	if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	return fmt.Errorf("unmount %s: %w", target, err)
+}
+
+func openDir(path string) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// runtimeErrors returns the error messages the runtime logged to path.
+func runtimeErrors(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var msgs []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var e struct{ Level, Msg string }
+		if json.Unmarshal(sc.Bytes(), &e) == nil && (e.Level == "error" || e.Level == "fatal") {
+			msgs = append(msgs, e.Msg)
+		}
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// runtimeCmd runs the OCI runtime with args and returns its combined output.
+func (r *Runtime) runtimeCmd(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.path, append([]string{"--root", r.stateDir()}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", r.cfg.Runtime, args[0], err, bytes.TrimSpace(out))
+	}
+	return out, nil
+}
+
+func notExist(out []byte) bool {
+	s := string(out)
+	return strings.Contains(s, "does not exist") || strings.Contains(s, "not found") || strings.Contains(s, "No such file")
+}
+
+// runtimeDelete kills and forgets container id; unknown is fine.
+func (r *Runtime) runtimeDelete(ctx context.Context, id string) error {
+	out, err := r.runtimeCmd(ctx, "delete", "--force", id)
+	if err != nil && !notExist(out) {
+		return err
+	}
+	return nil
+}
+
+type runtimeState struct {
+	ID     string `json:"id"`
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+}
+
+// Status reports whether sandbox id runs and its memory statistics. It
+// returns errdefs.ErrNotFound when nothing of id exists.
+func (r *Runtime) Status(ctx context.Context, id string) (Status, error) {
+	if !idPattern.MatchString(id) {
+		return Status{}, fmt.Errorf("status of sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	var st Status
+	out, err := r.runtimeCmd(ctx, "state", id)
+	switch {
+	case err == nil:
+		var rs runtimeState
+		if err := json.Unmarshal(out, &rs); err != nil {
+			return Status{}, fmt.Errorf("parse state of %s: %w", id, err)
+		}
+		if rs.Status == "running" || rs.Status == "paused" {
+			st.Running, st.Pid = true, rs.Pid
+		}
+	case notExist(out):
+		if _, serr := os.Stat(r.bundleDir(id)); serr != nil && !r.layout.Exists(r.cgroupRel(id)) {
+			return Status{}, fmt.Errorf("status of sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+	default:
+		return Status{}, err
+	}
+	if cs, err := r.layout.Stats(r.cgroupRel(id)); err == nil {
+		st.OOMKills, st.MemoryBytes = cs.OOMKills, cs.MemoryBytes
+	}
+	return st, nil
+}
+
+// Delete removes sandbox id and everything it has: its processes, the
+// runtime's record, its cgroups (children first), mounts, writable layer and
+// bundle. It is idempotent and works on half-made sandboxes and on ones an
+// earlier daemon started. It goes on after ctx is cancelled.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("delete sandbox %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	rel := r.cgroupRel(id)
+	var errs []error
+	// Freeze-free kill: the cgroup walk below catches whatever escapes.
+	_, _ = r.runtimeCmd(ctx, "kill", "--all", id, "KILL")
+	if err := r.layout.Kill(ctx, rel); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.runtimeDelete(ctx, id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.layout.Remove(ctx, rel); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeBundle(r.bundleDir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.removeUpper(id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// List returns the IDs of the sandboxes the runtime knows: those in the OCI
+// runtime's state and half-made ones that still have a bundle dir.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	out, err := r.runtimeCmd(ctx, "list", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var states []runtimeState
+	if len(bytes.TrimSpace(out)) > 0 {
+		if err := json.Unmarshal(out, &states); err != nil {
+			return nil, fmt.Errorf("parse %s list: %w", r.cfg.Runtime, err)
+		}
+	}
+	seen := map[string]bool{}
+	var ids []string
+	for _, s := range states {
+		if !seen[s.ID] {
+			seen[s.ID] = true
+			ids = append(ids, s.ID)
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(r.cfg.Root, "bundles"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("list bundles: %w", err)
+	}
+	for _, e := range ents {
+		if e.IsDir() && !seen[e.Name()] && idPattern.MatchString(e.Name()) {
+			seen[e.Name()] = true
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}

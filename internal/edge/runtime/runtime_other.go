@@ -1,0 +1,27 @@
+//go:build !linux
+
+package runtime
+
+import (
+	"context"
+	"fmt"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Runtime starts and removes container sandboxes; Linux only.
+type Runtime struct{}
+
+// New returns errdefs.ErrNotSupported off Linux.
+func New(cfg Config) (*Runtime, error) {
+	return nil, fmt.Errorf("make container runtime: %w", errdefs.ErrNotSupported)
+}
+
+func (r *Runtime) Init(ctx context.Context) error          { return errdefs.ErrNotSupported }
+func (r *Runtime) Teardown(ctx context.Context) error      { return errdefs.ErrNotSupported }
+func (r *Runtime) Start(ctx context.Context, s Spec) error { return errdefs.ErrNotSupported }
+func (r *Runtime) Status(ctx context.Context, id string) (Status, error) {
+	return Status{}, errdefs.ErrNotSupported
+}
+func (r *Runtime) Delete(ctx context.Context, id string) error { return errdefs.ErrNotSupported }
+func (r *Runtime) List(ctx context.Context) ([]string, error)  { return nil, errdefs.ErrNotSupported }

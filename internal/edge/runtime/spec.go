@@ -1,0 +1,138 @@
+package runtime
+
+import (
+	"math"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Where things are inside a sandbox.
+const (
+	agentMount = "/.dsec/bin"
+	agentPath  = agentMount + "/dsec-agent"
+	cfsPeriod  = 100000 // µs
+
+	nofileLimit = 1 << 16 // open files per process in a sandbox
+)
+
+// capabilities is Docker's default set without NET_RAW: no SYS_ADMIN,
+// SYS_PTRACE, SYS_MODULE, SYS_RAWIO, SYS_RESOURCE (which would override the
+// disk quota), NET_ADMIN, …
+var capabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+	"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+	"/proc/sched_debug", "/proc/scsi", "/proc/kpagecgroup", "/proc/kpageflags",
+	"/proc/kpagecount", "/proc/config.gz",
+	"/sys/firmware", "/sys/kernel", "/sys/devices/virtual/powercap",
+	"/sys/fs/bpf", "/sys/kernel/debug", "/sys/kernel/security",
+}
+
+var readonlyPaths = []string{
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+	// On cgroup v1 runc mounts a writable tmpfs here under the read-only
+	// controller mounts.
+	"/sys/fs/cgroup",
+}
+
+// specInput is what buildSpec needs beyond the caller's Spec.
+type specInput struct {
+	Spec
+	AgentDir    string
+	CgroupsPath string
+	MemorySwap  bool   // the host accounts swap (v1 memsw files exist, or v2)
+	Nofile      uint64 // RLIMIT_NOFILE
+}
+
+func buildSpec(in specInput) *specs.Spec {
+	args := append([]string{agentPath}, in.AgentArgs...)
+	args = append(args, "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5")
+	pids := in.Pids
+	if pids <= 0 {
+		pids = defaultPids
+	}
+	res := &specs.LinuxResources{
+		Devices: devices(),
+		Pids:    &specs.LinuxPids{Limit: pids},
+	}
+	if in.CPUs > 0 {
+		period := uint64(cfsPeriod)
+		quota := int64(math.Ceil(in.CPUs * cfsPeriod))
+		quota = max(quota, 1000) // the kernel's minimum is 1 ms
+		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+	}
+	if in.MemoryBytes > 0 {
+		limit := in.MemoryBytes
+		res.Memory = &specs.LinuxMemory{Limit: &limit}
+		if in.MemorySwap {
+			swap := limit // memory+swap = memory: no swap
+			res.Memory.Swap = &swap
+		}
+	}
+	caps := &specs.LinuxCapabilities{
+		Bounding:  capabilities,
+		Effective: capabilities,
+		Permitted: capabilities,
+	}
+	return &specs.Spec{
+		Version:  specs.Version,
+		Hostname: in.Hostname,
+		Root:     &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{
+			Args:            args,
+			Env:             []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			Cwd:             "/",
+			User:            specs.User{UID: 0, GID: 0},
+			NoNewPrivileges: true,
+			Capabilities:    caps,
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: in.Nofile, Soft: in.Nofile},
+				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+			},
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=67108864"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+			{Destination: agentMount, Type: "bind", Source: in.AgentDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+			},
+			CgroupsPath: in.CgroupsPath,
+			Resources:   res,
+			// The host detaches its copy of the rootfs mount right after the
+			// start; rprivate keeps that unmount out of the container.
+			RootfsPropagation: "rprivate",
+			MaskedPaths:       maskedPaths,
+			ReadonlyPaths:     readonlyPaths,
+			Seccomp:           seccompProfile(),
+		},
+	}
+}
+
+func devices() []specs.LinuxDeviceCgroup {
+	c := func(major, minor int64) specs.LinuxDeviceCgroup {
+		return specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &major, Minor: &minor, Access: "rwm"}
+	}
+	any := int64(-1)
+	return []specs.LinuxDeviceCgroup{
+		{Allow: false, Access: "rwm"},
+		c(1, 3), c(1, 5), c(1, 7), c(1, 8), c(1, 9), // null zero full random urandom
+		c(5, 0), c(5, 2), // tty ptmx
+		{Allow: true, Type: "c", Major: ptr(int64(136)), Minor: &any, Access: "rwm"}, // pts
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,305 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Recover re-adopts every sandbox a previous run of the edge left running,
+// reaps the ones that died or were half made meanwhile, and starts the
+// background loop that enforces TTLs and idle timeouts and watches health.
+func (m *Manager) Recover(ctx context.Context) error {
+	ids, err := m.states.IDs()
+	if err != nil {
+		return err
+	}
+	known := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		known[id] = true
+		m.recoverOne(ctx, id)
+	}
+	// Containers the runtime knows but no record names were made by a
+	// create that crashed before its first save.
+	rtIDs, err := m.rt.List(ctx)
+	if err != nil {
+		m.log.Warn("list runtime containers", "err", err)
+	}
+	for _, id := range rtIDs {
+		if known[id] {
+			continue
+		}
+		if node, err := NodeOf(id); err != nil || node != m.cfg.Node {
+			continue
+		}
+		m.log.Info("removing orphan container", "id", id)
+		if err := m.rt.Delete(ctx, id); err != nil {
+			m.log.Warn("remove orphan container", "id", id, "err", err)
+		}
+	}
+	m.wg.Add(1)
+	go m.loop()
+	return nil
+}
+
+func (m *Manager) recoverOne(ctx context.Context, id string) {
+	rec, err := m.states.Load(id)
+	if err != nil {
+		m.log.Warn("unreadable sandbox record; removing the sandbox", "id", id, "err", err)
+		m.reap(ctx, id)
+		return
+	}
+	if rec.GetState() != dsecv1.State_STATE_RUNNING {
+		m.log.Info("removing sandbox left half made or half stopped", "id", id, "state", rec.GetState().String())
+		m.reap(ctx, id)
+		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_NODE_LOST, "the edge restarted while it was "+strings.ToLower(strings.TrimPrefix(rec.GetState().String(), "STATE_")))
+		return
+	}
+	st, err := m.rt.Status(ctx, id)
+	if err != nil || !st.Running {
+		reason, msg := dsecv1.Reason_REASON_AGENT_LOST, "the sandbox died while the edge was down"
+		if st.OOMKills > 0 {
+			reason, msg = dsecv1.Reason_REASON_OOM, "the sandbox was OOM-killed while the edge was down"
+		}
+		m.reap(ctx, id)
+		m.tombstone(rec, dsecv1.State_STATE_FAILED, reason, msg)
+		return
+	}
+	client := m.dial(m.states.Dir(id) + "/agent.sock")
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = m.waitReadyIn(pctx, client)
+	cancel()
+	if err != nil {
+		m.log.Warn("agent of re-adopted sandbox does not answer; removing it", "id", id, "err", err)
+		m.reap(ctx, id)
+		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_AGENT_LOST, "its agent did not answer after the edge restarted")
+		return
+	}
+	sb := &sandbox{rec: rec, agent: client, lastActive: time.Now()}
+	m.mu.Lock()
+	m.sandboxes[id] = sb
+	m.mu.Unlock()
+	m.log.Info("re-adopted sandbox", "id", id)
+}
+
+func (m *Manager) waitReadyIn(ctx context.Context, client interface {
+	Ping(context.Context, *connect.Request[agentv1.PingRequest]) (*connect.Response[agentv1.PingResponse], error)
+}) error {
+	for {
+		_, err := client.Ping(ctx, connect.NewRequest(&agentv1.PingRequest{}))
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// reap removes whatever is left of a sandbox: container, cgroups, upper, record.
+func (m *Manager) reap(ctx context.Context, id string) {
+	if err := m.rt.Delete(context.WithoutCancel(ctx), id); err != nil {
+		m.log.Warn("remove sandbox", "id", id, "err", err)
+	}
+	if err := m.states.Remove(id); err != nil {
+		m.log.Warn("remove sandbox record", "id", id, "err", err)
+	}
+}
+
+func (m *Manager) tombstone(rec *dsecv1.Sandbox, final dsecv1.State, reason dsecv1.Reason, msg string) {
+	rec.State, rec.Reason, rec.Message = final, reason, msg
+	m.mu.Lock()
+	m.sandboxes[rec.GetId()] = &sandbox{rec: rec, gone: time.Now()}
+	m.mu.Unlock()
+}
+
+// Shutdown stops the edge's background work. Sandboxes keep running and a
+// later Recover re-adopts them.
+func (m *Manager) Shutdown() {
+	select {
+	case <-m.stop:
+	default:
+		close(m.stop)
+	}
+	m.wg.Wait()
+}
+
+// Teardown deletes every sandbox of this node, known or orphaned.
+func (m *Manager) Teardown(ctx context.Context) error {
+	m.Shutdown()
+	var errs []error
+	ids, err := m.states.IDs()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	rtIDs, err := m.rt.List(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	seen := map[string]bool{}
+	for _, id := range append(ids, rtIDs...) {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if err := m.rt.Delete(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := m.states.Remove(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	m.mu.Lock()
+	clear(m.sandboxes)
+	m.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// loop enforces lifetimes and watches health until Shutdown.
+func (m *Manager) loop() {
+	defer m.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	lastPing := time.Time{}
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		ping := now.Sub(lastPing) >= m.cfg.PingInterval
+		if ping {
+			lastPing = now
+		}
+		m.sweep(now, ping)
+	}
+}
+
+func (m *Manager) sweep(now time.Time, ping bool) {
+	ctx := context.Background()
+	m.mu.Lock()
+	var live []*sandbox
+	for id, sb := range m.sandboxes {
+		if !sb.gone.IsZero() {
+			if now.Sub(sb.gone) > m.cfg.TombstoneTTL {
+				delete(m.sandboxes, id)
+			}
+			continue
+		}
+		live = append(live, sb)
+	}
+	m.mu.Unlock()
+
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for _, sb := range live {
+		sb.mu.Lock()
+		rec := sb.rec
+		running := rec.GetState() == dsecv1.State_STATE_RUNNING && !sb.stopping
+		expires := time.UnixMilli(rec.GetExpiresUnixMs())
+		idle := time.Duration(rec.GetSpec().GetIdleTimeoutSeconds()) * time.Second
+		quiet := now.Sub(sb.lastActive)
+		busy := sb.running > 0
+		sb.mu.Unlock()
+		if !running {
+			continue
+		}
+		switch {
+		case rec.GetExpiresUnixMs() > 0 && now.After(expires):
+			go m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_TTL,
+				fmt.Sprintf("its TTL of %ds ran out", rec.GetSpec().GetTtlSeconds()))
+			continue
+		case idle > 0 && quiet > idle && !busy:
+			go m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_IDLE,
+				fmt.Sprintf("idle for %s with nothing running (idle timeout %s)", quiet.Round(time.Second), idle))
+			continue
+		}
+		if ping {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				m.check(ctx, sb)
+			}()
+		}
+	}
+	wg.Wait()
+}
+
+// check pings one agent, refreshes its activity, and fails the sandbox when
+// its agent is gone.
+func (m *Manager) check(ctx context.Context, sb *sandbox) {
+	sb.mu.Lock()
+	client, id := sb.agent, sb.rec.GetId()
+	sb.mu.Unlock()
+	if client == nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	resp, err := client.Ping(pctx, connect.NewRequest(&agentv1.PingRequest{}))
+	cancel()
+	if err == nil {
+		sb.mu.Lock()
+		sb.pingFails = 0
+		sb.running = resp.Msg.GetRunningProcesses()
+		if t := time.UnixMilli(resp.Msg.GetLastActiveUnixMs()); t.After(sb.lastActive) {
+			sb.lastActive = t
+		}
+		if sb.running > 0 {
+			sb.lastActive = time.Now()
+		}
+		sb.rec.LastActiveUnixMs = sb.lastActive.UnixMilli()
+		sb.mu.Unlock()
+		return
+	}
+	sb.mu.Lock()
+	sb.pingFails++
+	fails := sb.pingFails
+	sb.mu.Unlock()
+	st, serr := m.rt.Status(ctx, id)
+	if serr == nil && st.Running && fails < 3 {
+		return
+	}
+	reason, msg := dsecv1.Reason_REASON_AGENT_LOST, fmt.Sprintf("its agent channel was lost: %v", err)
+	if serr == nil && st.OOMKills > 0 && !st.Running {
+		reason, msg = dsecv1.Reason_REASON_OOM, "its agent was OOM-killed"
+	}
+	m.stopSandbox(ctx, sb, dsecv1.State_STATE_FAILED, reason, msg)
+}
+
+// memAvailableMB reads MemAvailable from /proc/meminfo.
+func memAvailableMB() (int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, fmt.Errorf("read meminfo: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("parse MemAvailable: %w", err)
+			}
+			return kb / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("MemAvailable not in /proc/meminfo: %w", errdefs.ErrNotSupported)
+}

@@ -1,0 +1,571 @@
+// Package sandbox is the edge: it owns the sandboxes of one node. It admits
+// or refuses creates, composes each sandbox from its environment's layers,
+// launches it through the container runtime with the agent as pid 1, keeps
+// the channel to the agent, reaps sandboxes past their TTL or idle timeout,
+// notices the ones that died, and persists every record so that a restarted
+// edge re-adopts what is still running.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
+	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/state"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Runtime launches and removes containers. *runtime.Runtime implements it.
+type Runtime interface {
+	Start(ctx context.Context, s runtime.Spec) error
+	Status(ctx context.Context, id string) (runtime.Status, error)
+	Delete(ctx context.Context, id string) error
+	List(ctx context.Context) ([]string, error)
+}
+
+// Images resolves environments to mounted layers. *image.Store implements it.
+type Images interface {
+	ResolveEnvironment(env string) ([]image.Layer, error)
+	Mount(ctx context.Context, digest string) (string, error)
+	RecordEnvironment(env string, digests []string) error
+}
+
+// DialFunc opens the channel to the agent listening at a host socket path.
+type DialFunc func(socketPath string) agentv1connect.AgentServiceClient
+
+// Defaults fill in what a SandboxSpec leaves at zero.
+type Defaults struct {
+	CPUs        float64
+	MemoryMB    int64
+	DiskMB      int64
+	Pids        int64
+	TTL         time.Duration
+	IdleTimeout time.Duration
+	User        string
+}
+
+// Limits bound what one sandbox may ask for and how many a node holds.
+type Limits struct {
+	MaxSandboxes int
+	MaxCPUs      float64
+	MaxMemoryMB  int64
+	MaxDiskMB    int64
+	MaxTTL       time.Duration
+	// MinAvailableMB refuses creates while the node's MemAvailable is lower.
+	MinAvailableMB int64
+}
+
+// Config is the edge's configuration.
+type Config struct {
+	Node     string // node name, part of every sandbox ID
+	StateDir string // where sandbox records and agent sockets live
+	Defaults Defaults
+	Limits   Limits
+	// AgentArgs are extra flags for every agent (e.g. --output-limit).
+	AgentArgs []string
+	// StartTimeout bounds how long a new agent may take to answer.
+	StartTimeout time.Duration
+	// PingInterval is how often each agent's health and activity is polled.
+	PingInterval time.Duration
+	// TombstoneTTL is how long a stopped or failed sandbox stays visible.
+	TombstoneTTL time.Duration
+}
+
+// Manager is the edge of one node. Create it with New, then call Recover
+// once before serving; Shutdown leaves sandboxes running, Teardown removes
+// them all.
+type Manager struct {
+	cfg    Config
+	rt     Runtime
+	images Images
+	dial   DialFunc
+	states *state.Store
+	log    *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+type sandbox struct {
+	mu         sync.Mutex
+	rec        *dsecv1.Sandbox
+	agent      agentv1connect.AgentServiceClient
+	lastActive time.Time
+	// running is the agent's count of live processes at the last ping.
+	running   int32
+	pingFails int
+	gone      time.Time // when it stopped or failed; zero while alive
+	stopping  bool
+}
+
+// New makes a Manager. It does not touch any sandbox until Recover.
+func New(cfg Config, rt Runtime, images Images, dial DialFunc, log *slog.Logger) (*Manager, error) {
+	if cfg.Node == "" || strings.ContainsAny(cfg.Node, "/ ") {
+		return nil, fmt.Errorf("node name %q: %w", cfg.Node, errdefs.ErrInvalidArgument)
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 15 * time.Second
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = 2 * time.Second
+	}
+	if cfg.TombstoneTTL == 0 {
+		cfg.TombstoneTTL = 10 * time.Minute
+	}
+	st, err := state.New(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{
+		cfg: cfg, rt: rt, images: images, dial: dial, states: st, log: log,
+		sandboxes: make(map[string]*sandbox),
+		stop:      make(chan struct{}),
+	}, nil
+}
+
+// Node is the name of the node this edge owns.
+func (m *Manager) Node() string { return m.cfg.Node }
+
+// NewID returns a fresh sandbox ID that names this node.
+func (m *Manager) NewID() string { return NewID(m.cfg.Node) }
+
+// NewID returns a fresh sandbox ID owned by node: sb-<node>-<random>.
+func NewID(node string) string {
+	var b [10]byte
+	rand.Read(b[:])
+	return "sb-" + node + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// NodeOf returns the node encoded in a sandbox ID.
+func NodeOf(id string) (string, error) {
+	rest, ok := strings.CutPrefix(id, "sb-")
+	i := strings.LastIndexByte(rest, '-')
+	if !ok || i <= 0 || i == len(rest)-1 {
+		return "", fmt.Errorf("sandbox id %q is not of the form sb-<node>-<random>: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return rest[:i], nil
+}
+
+// Create makes the sandbox id from spec and returns once its agent answers.
+// On any failure everything made so far is removed.
+func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+	spec, err := m.applyDefaults(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.admit(); err != nil {
+		return nil, err
+	}
+	layers, err := m.images.ResolveEnvironment(spec.GetEnvironment())
+	if err != nil {
+		return nil, fmt.Errorf("resolve environment %q: %w", spec.GetEnvironment(), err)
+	}
+	now := time.Now()
+	rec := &dsecv1.Sandbox{
+		Id: id, Node: m.cfg.Node, Spec: spec, State: dsecv1.State_STATE_CREATING,
+		CreatedUnixMs: now.UnixMilli(),
+	}
+	var lower []string
+	for _, l := range layers {
+		dir, err := m.images.Mount(ctx, l.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("mount layer %s: %w", l.Digest, err)
+		}
+		lower = append(lower, dir)
+		rec.LayerDigests = append(rec.LayerDigests, l.Digest)
+	}
+
+	sb := &sandbox{rec: rec, lastActive: now}
+	m.mu.Lock()
+	if _, dup := m.sandboxes[id]; dup {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrAlreadyExists)
+	}
+	m.sandboxes[id] = sb
+	m.mu.Unlock()
+
+	// Teardown of a half-made sandbox must run even if the caller has gone.
+	cleanup := func(cause error) {
+		cctx := context.WithoutCancel(ctx)
+		if err := m.rt.Delete(cctx, id); err != nil {
+			m.log.Warn("remove half-made sandbox", "id", id, "err", err)
+		}
+		if err := m.states.Remove(id); err != nil {
+			m.log.Warn("remove half-made sandbox record", "id", id, "err", err)
+		}
+		m.mu.Lock()
+		delete(m.sandboxes, id)
+		m.mu.Unlock()
+		m.log.Info("sandbox create failed", "id", id, "err", cause)
+	}
+
+	if err := m.states.Save(rec); err != nil {
+		cleanup(err)
+		return nil, err
+	}
+	client, err := m.launch(ctx, id, spec, lower)
+	if err != nil {
+		cleanup(err)
+		return nil, err
+	}
+	started := time.Now()
+	sb.mu.Lock()
+	sb.agent = client
+	rec.State = dsecv1.State_STATE_RUNNING
+	rec.StartedUnixMs = started.UnixMilli()
+	rec.ExpiresUnixMs = started.Add(time.Duration(spec.GetTtlSeconds()) * time.Second).UnixMilli()
+	rec.LastActiveUnixMs = started.UnixMilli()
+	sb.lastActive = started
+	err = m.states.Save(rec)
+	out := cloneRec(rec)
+	sb.mu.Unlock()
+	if err != nil {
+		cleanup(err)
+		return nil, err
+	}
+	if err := m.images.RecordEnvironment(spec.GetEnvironment(), rec.LayerDigests); err != nil {
+		m.log.Warn("record environment use", "env", spec.GetEnvironment(), "err", err)
+	}
+	m.log.Debug("sandbox running", "id", id, "env", spec.GetEnvironment(), "took", time.Since(now))
+	return out, nil
+}
+
+// launch starts the container with the agent listening on a socket that
+// only the host can reach, and waits for the agent to answer.
+func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpec, lower []string) (agentv1connect.AgentServiceClient, error) {
+	dir := m.states.Dir(id)
+	sock := filepath.Join(dir, "agent.sock")
+	os.Remove(sock)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on agent socket of %s: %w", id, err)
+	}
+	// The socket file must outlive this listener: the agent owns the fd now.
+	ln.SetUnlinkOnClose(false)
+	lnFile, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return nil, fmt.Errorf("agent socket fd of %s: %w", id, err)
+	}
+	defer lnFile.Close()
+
+	args := []string{"serve"}
+	if u := spec.GetUser(); u != "" {
+		args = append(args, "--user", u)
+	}
+	if w := spec.GetWorkdir(); w != "" {
+		args = append(args, "--workdir", w)
+	}
+	if h := spec.GetHostname(); h != "" {
+		args = append(args, "--hostname", h)
+	}
+	keys := make([]string, 0, len(spec.GetEnv()))
+	for k := range spec.GetEnv() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		args = append(args, "--env", k+"="+spec.GetEnv()[k])
+	}
+	args = append(args, m.cfg.AgentArgs...)
+
+	hostname := spec.GetHostname()
+	if hostname == "" {
+		hostname = id
+		if len(hostname) > 63 {
+			hostname = hostname[:63]
+		}
+	}
+	rs := runtime.Spec{
+		ID:          id,
+		Lower:       lower,
+		DiskBytes:   spec.GetDiskMb() << 20,
+		CPUs:        spec.GetCpus(),
+		MemoryBytes: spec.GetMemoryMb() << 20,
+		Pids:        spec.GetPids(),
+		Hostname:    hostname,
+		Listener:    lnFile,
+		AgentArgs:   args,
+		LogPath:     filepath.Join(dir, "agent.log"),
+	}
+	if err := m.rt.Start(ctx, rs); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", id, err)
+	}
+	client := m.dial(sock)
+	if err := m.waitReady(ctx, id, client); err != nil {
+		return nil, err
+	}
+	return client, nil
+}
+
+func (m *Manager) waitReady(ctx context.Context, id string, client agentv1connect.AgentServiceClient) error {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StartTimeout)
+	defer cancel()
+	delay := time.Millisecond
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		_, err := client.Ping(pctx, connect.NewRequest(&agentv1.PingRequest{}))
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s: agent did not answer within %s: %v: %w", id, m.cfg.StartTimeout, err, errdefs.ErrDeadlineExceeded)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 50*time.Millisecond)
+	}
+}
+
+func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, error) {
+	if in == nil {
+		return nil, fmt.Errorf("sandbox spec is missing: %w", errdefs.ErrInvalidArgument)
+	}
+	spec := cloneSpec(in)
+	d, l := m.cfg.Defaults, m.cfg.Limits
+	if spec.GetEnvironment() == "" {
+		return nil, fmt.Errorf("environment is required (BASE[+LAYER...]): %w", errdefs.ErrInvalidArgument)
+	}
+	if len(spec.GetNetworkRules()) > 0 {
+		return nil, fmt.Errorf("network rules are not enforced on node %s yet; refusing to run a sandbox with a different network than asked: %w", m.cfg.Node, errdefs.ErrFailedPrecondition)
+	}
+	if spec.Cpus < 0 || spec.MemoryMb < 0 || spec.DiskMb < 0 || spec.Pids < 0 || spec.TtlSeconds < 0 {
+		return nil, fmt.Errorf("cpus, memory_mb, disk_mb, pids and ttl_seconds must not be negative: %w", errdefs.ErrInvalidArgument)
+	}
+	if spec.Cpus == 0 {
+		spec.Cpus = d.CPUs
+	}
+	if spec.MemoryMb == 0 {
+		spec.MemoryMb = d.MemoryMB
+	}
+	if spec.DiskMb == 0 {
+		spec.DiskMb = d.DiskMB
+	}
+	if spec.Pids == 0 {
+		spec.Pids = d.Pids
+	}
+	if spec.TtlSeconds == 0 {
+		spec.TtlSeconds = int64(d.TTL / time.Second)
+	}
+	if spec.IdleTimeoutSeconds == 0 {
+		spec.IdleTimeoutSeconds = int64(d.IdleTimeout / time.Second)
+	}
+	if spec.User == "" {
+		spec.User = d.User
+	}
+	if spec.Backend == dsecv1.Backend_BACKEND_UNSPECIFIED {
+		spec.Backend = dsecv1.Backend_BACKEND_CONTAINER
+	}
+	if spec.Backend != dsecv1.Backend_BACKEND_CONTAINER {
+		return nil, fmt.Errorf("backend %s is not available on node %s: %w", spec.Backend, m.cfg.Node, errdefs.ErrNotSupported)
+	}
+	switch {
+	case l.MaxCPUs > 0 && spec.Cpus > l.MaxCPUs:
+		return nil, fmt.Errorf("cpus %.2f is over the node's limit of %.2f: %w", spec.Cpus, l.MaxCPUs, errdefs.ErrInvalidArgument)
+	case l.MaxMemoryMB > 0 && spec.MemoryMb > l.MaxMemoryMB:
+		return nil, fmt.Errorf("memory_mb %d is over the node's limit of %d: %w", spec.MemoryMb, l.MaxMemoryMB, errdefs.ErrInvalidArgument)
+	case l.MaxDiskMB > 0 && spec.DiskMb > l.MaxDiskMB:
+		return nil, fmt.Errorf("disk_mb %d is over the node's limit of %d: %w", spec.DiskMb, l.MaxDiskMB, errdefs.ErrInvalidArgument)
+	case l.MaxTTL > 0 && time.Duration(spec.TtlSeconds)*time.Second > l.MaxTTL:
+		return nil, fmt.Errorf("ttl %ds is over the node's limit of %s: %w", spec.TtlSeconds, l.MaxTTL, errdefs.ErrInvalidArgument)
+	}
+	if spec.MemoryMb > 0 && spec.MemoryMb < 16 {
+		return nil, fmt.Errorf("memory_mb %d is below the 16 MiB a sandbox needs: %w", spec.MemoryMb, errdefs.ErrInvalidArgument)
+	}
+	return spec, nil
+}
+
+// admit refuses a create when the node is full or short of memory.
+func (m *Manager) admit() error {
+	m.mu.Lock()
+	live := 0
+	for _, sb := range m.sandboxes {
+		if sb.gone.IsZero() {
+			live++
+		}
+	}
+	m.mu.Unlock()
+	if max := m.cfg.Limits.MaxSandboxes; max > 0 && live >= max {
+		return fmt.Errorf("node %s holds its maximum of %d sandboxes: %w", m.cfg.Node, max, errdefs.ErrResourceExhausted)
+	}
+	if min := m.cfg.Limits.MinAvailableMB; min > 0 {
+		avail, err := memAvailableMB()
+		if err == nil && avail < min {
+			return fmt.Errorf("node %s has %d MiB of memory available, below its floor of %d MiB: %w", m.cfg.Node, avail, min, errdefs.ErrResourceExhausted)
+		}
+	}
+	return nil
+}
+
+// Get returns the sandbox's record, stopped and failed ones included for a
+// while after they ended.
+func (m *Manager) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
+	sb, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return cloneRec(sb.rec), nil
+}
+
+// List returns the sandboxes whose labels include labels and whose state is
+// one of states (any, when empty).
+func (m *Manager) List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error) {
+	m.mu.Lock()
+	all := make([]*sandbox, 0, len(m.sandboxes))
+	for _, sb := range m.sandboxes {
+		all = append(all, sb)
+	}
+	m.mu.Unlock()
+	var out []*dsecv1.Sandbox
+	for _, sb := range all {
+		sb.mu.Lock()
+		rec := sb.rec
+		match := len(states) == 0 || slices.Contains(states, rec.GetState())
+		for k, v := range labels {
+			if got, ok := rec.GetSpec().GetLabels()[k]; !ok || got != v {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, cloneRec(rec))
+		}
+		sb.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].CreatedUnixMs != out[j].CreatedUnixMs {
+			return out[i].CreatedUnixMs < out[j].CreatedUnixMs
+		}
+		return out[i].Id < out[j].Id
+	})
+	return out, nil
+}
+
+// Delete stops the sandbox and removes everything it had. A sandbox that is
+// already gone, or was never known, is not an error.
+func (m *Manager) Delete(ctx context.Context, id string) error {
+	sb, err := m.lookup(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "deleted by request")
+}
+
+// Agent returns the channel to a running sandbox's agent and counts the call
+// as activity for the idle timeout.
+func (m *Manager) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+	sb, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch sb.rec.GetState() {
+	case dsecv1.State_STATE_RUNNING:
+		sb.lastActive = time.Now()
+		return sb.agent, nil
+	case dsecv1.State_STATE_CREATING:
+		return nil, fmt.Errorf("sandbox %s is still being created: %w", id, errdefs.ErrFailedPrecondition)
+	default:
+		return nil, goneError(sb.rec)
+	}
+}
+
+// goneError says why a sandbox cannot be used any more.
+func goneError(rec *dsecv1.Sandbox) error {
+	why := strings.ToLower(strings.TrimPrefix(rec.GetReason().String(), "REASON_"))
+	msg := rec.GetMessage()
+	if msg == "" {
+		msg = why
+	}
+	return fmt.Errorf("sandbox %s is %s (%s): %s: %w", rec.GetId(),
+		strings.ToLower(strings.TrimPrefix(rec.GetState().String(), "STATE_")), why, msg, errdefs.ErrFailedPrecondition)
+}
+
+func (m *Manager) lookup(id string) (*sandbox, error) {
+	m.mu.Lock()
+	sb, ok := m.sandboxes[id]
+	m.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+// stopSandbox removes a sandbox's resources and leaves a tombstone in the
+// given final state. It is safe to call more than once.
+func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.State, reason dsecv1.Reason, msg string) error {
+	ctx = context.WithoutCancel(ctx)
+	sb.mu.Lock()
+	if !sb.gone.IsZero() || sb.stopping {
+		sb.mu.Unlock()
+		return nil
+	}
+	sb.stopping = true
+	id := sb.rec.GetId()
+	sb.rec.State = dsecv1.State_STATE_STOPPING
+	if err := m.states.Save(sb.rec); err != nil {
+		m.log.Warn("save stopping state", "id", id, "err", err)
+	}
+	sb.mu.Unlock()
+
+	if err := m.rt.Delete(ctx, id); err != nil {
+		sb.mu.Lock()
+		sb.stopping = false
+		sb.mu.Unlock()
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	if err := m.states.Remove(id); err != nil {
+		m.log.Warn("remove sandbox record", "id", id, "err", err)
+	}
+	sb.mu.Lock()
+	sb.rec.State = final
+	sb.rec.Reason = reason
+	sb.rec.Message = msg
+	sb.gone = time.Now()
+	sb.stopping = false
+	sb.agent = nil
+	sb.mu.Unlock()
+	level := slog.LevelDebug
+	if final == dsecv1.State_STATE_FAILED {
+		level = slog.LevelWarn
+	}
+	m.log.Log(ctx, level, "sandbox ended", "id", id, "state", final.String(), "reason", reason.String(), "message", msg)
+	return nil
+}
+
+func cloneRec(r *dsecv1.Sandbox) *dsecv1.Sandbox { return proto.Clone(r).(*dsecv1.Sandbox) }
+
+func cloneSpec(s *dsecv1.SandboxSpec) *dsecv1.SandboxSpec {
+	if s == nil {
+		return nil
+	}
+	return proto.Clone(s).(*dsecv1.SandboxSpec)
+}

@@ -1,0 +1,108 @@
+// Package state keeps the edge's record of each sandbox on local disk, one
+// JSON file per sandbox under <root>/<id>/state.json, written atomically. It
+// is what lets a restarted edge re-adopt the sandboxes it left running.
+package state
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+const fileName = "state.json"
+
+// Store reads and writes sandbox records under one directory. It does no
+// locking of its own: the edge owns each sandbox's record.
+type Store struct {
+	root string
+}
+
+// New returns a Store rooted at dir, creating dir.
+func New(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("make state dir %s: %w", dir, err)
+	}
+	return &Store{root: dir}, nil
+}
+
+// Dir is the sandbox's private host directory (not visible inside it).
+func (s *Store) Dir(id string) string { return filepath.Join(s.root, id) }
+
+// Save writes sb's record, replacing the previous one atomically.
+func (s *Store) Save(sb *dsecv1.Sandbox) error {
+	dir := s.Dir(sb.GetId())
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("make sandbox dir %s: %w", dir, err)
+	}
+	data, err := protojson.Marshal(sb)
+	if err != nil {
+		return fmt.Errorf("encode sandbox %s: %w", sb.GetId(), err)
+	}
+	tmp, err := os.CreateTemp(dir, fileName+".*")
+	if err != nil {
+		return fmt.Errorf("save sandbox %s: %w", sb.GetId(), err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("save sandbox %s: %w", sb.GetId(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("save sandbox %s: %w", sb.GetId(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("save sandbox %s: %w", sb.GetId(), err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, fileName)); err != nil {
+		return fmt.Errorf("save sandbox %s: %w", sb.GetId(), err)
+	}
+	return nil
+}
+
+// Load reads one record.
+func (s *Store) Load(id string) (*dsecv1.Sandbox, error) {
+	data, err := os.ReadFile(filepath.Join(s.Dir(id), fileName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("sandbox %s record: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read sandbox %s record: %w", id, err)
+	}
+	sb := &dsecv1.Sandbox{}
+	if err := protojson.Unmarshal(data, sb); err != nil {
+		return nil, fmt.Errorf("decode sandbox %s record: %w", id, err)
+	}
+	return sb, nil
+}
+
+// IDs lists every sandbox directory, with or without a readable record, so
+// that a half-made sandbox is still found and reaped.
+func (s *Store) IDs() ([]string, error) {
+	entries, err := os.ReadDir(s.root)
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox records: %w", err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "sb-") {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// Remove deletes the sandbox's directory and record.
+func (s *Store) Remove(id string) error {
+	if err := os.RemoveAll(s.Dir(id)); err != nil {
+		return fmt.Errorf("remove sandbox %s dir: %w", id, err)
+	}
+	return nil
+}

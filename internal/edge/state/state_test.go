@@ -1,0 +1,44 @@
+package state
+
+import (
+	"errors"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+func TestSaveLoadRemove(t *testing.T) {
+	s, err := New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := &dsecv1.Sandbox{Id: "sb-n1-abc", Node: "n1", State: dsecv1.State_STATE_RUNNING,
+		Spec: &dsecv1.SandboxSpec{Environment: "busybox:test", Labels: map[string]string{"job": "x"}}}
+	if err := s.Save(sb); err != nil {
+		t.Fatal(err)
+	}
+	sb.State = dsecv1.State_STATE_STOPPING
+	if err := s.Save(sb); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load(sb.Id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got, sb) {
+		t.Fatalf("loaded %v, want %v", got, sb)
+	}
+	ids, err := s.IDs()
+	if err != nil || len(ids) != 1 || ids[0] != sb.Id {
+		t.Fatalf("IDs() = %v, %v; want [%s]", ids, err, sb.Id)
+	}
+	if err := s.Remove(sb.Id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Load(sb.Id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("after Remove: %v, want ErrNotFound", err)
+	}
+}

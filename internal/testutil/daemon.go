@@ -1,0 +1,226 @@
+package testutil
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/apiclient"
+)
+
+// RepoRoot is the repository's top directory, found from this file.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// Binaries builds dsecd, dsec and dsec-agent once per test process (or uses
+// $DSEC_BIN_DIR when set) and returns their directory.
+func Binaries(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if d := os.Getenv("DSEC_BIN_DIR"); d != "" {
+			binDir = d
+			return
+		}
+		dir, err := os.MkdirTemp("", "dsec-test-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binDir = dir
+		for _, b := range []struct{ name, pkg string }{
+			{"dsecd", "./cmd/dsecd"}, {"dsec", "./cmd/dsec"}, {"dsec-agent", "./cmd/dsec-agent"},
+		} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.name), b.pkg)
+			cmd.Dir = RepoRoot()
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("build %s: %v\n%s", b.name, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// Daemon is a dsecd started for a test, with its own root and port.
+type Daemon struct {
+	Root    string
+	Addr    string // host:port
+	Bin     string
+	Clients *apiclient.Clients
+	cmd     *exec.Cmd
+	args    []string
+	logPath string
+	t       testing.TB
+}
+
+// StartDaemon starts a dsecd on a fresh root and loopback port; it is
+// stopped and torn down (every sandbox and mount removed) when the test ends.
+func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
+	t.Helper()
+	RequireRoot(t)
+	RequireCommand(t, "runc")
+	RequireCommand(t, "mkfs.erofs")
+	Require(t, fileExists("/bin/busybox"), "busybox-static is not installed (/bin/busybox)")
+	bin := Binaries(t)
+	root, err := os.MkdirTemp("", "dsec-test-root-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &Daemon{Root: root, Addr: freeAddr(t), Bin: bin, t: t, logPath: filepath.Join(root, "dsecd.log")}
+	d.args = append([]string{"--root", root, "--listen", d.Addr, "--node", "t1", "--log-level", "debug"}, extraArgs...)
+	t.Cleanup(func() {
+		d.Kill()
+		out, err := exec.Command(filepath.Join(bin, "dsecd"), "teardown", "--root", root).CombinedOutput()
+		if err != nil {
+			t.Errorf("dsecd teardown: %v\n%s", err, out)
+		}
+		if t.Failed() {
+			if log, err := os.ReadFile(d.logPath); err == nil {
+				t.Logf("dsecd log (last 4 KiB):\n%s", tail(log, 4096))
+			}
+		}
+		os.RemoveAll(root)
+	})
+	d.Start()
+	return d
+}
+
+// Start (re)starts the daemon process on the same root and port.
+func (d *Daemon) Start() {
+	d.t.Helper()
+	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(d.Bin, "dsecd"), d.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.cmd = cmd
+	c, err := apiclient.Dial(d.Addr)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.Clients = c
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.Layers.ListLayers(ctx, connect.NewRequest(&dsecv1.ListLayersRequest{}))
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(d.logPath)
+			d.t.Fatalf("dsecd did not become ready: %v\n%s", err, tail(log, 4096))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Kill stops the daemon with SIGKILL (sandboxes keep running).
+func (d *Daemon) Kill() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	d.cmd.Process.Kill()
+	d.cmd.Wait()
+	d.cmd = nil
+}
+
+// Pid is the daemon's process ID.
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
+// CLI runs the dsec CLI against this daemon and returns stdout, stderr and
+// the exit code.
+func (d *Daemon) CLI(stdin string, args ...string) (string, string, int) {
+	d.t.Helper()
+	cmd := exec.Command(filepath.Join(d.Bin, "dsec"), append([]string{"--addr", d.Addr}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		d.t.Fatalf("run dsec %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// ImportBusybox builds the tiny busybox base and imports it as ref.
+func (d *Daemon) ImportBusybox(ref string) {
+	d.t.Helper()
+	dir := d.t.TempDir()
+	cmd := exec.Command(filepath.Join(RepoRoot(), "scripts", "build-busybox-base.sh"), dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		d.t.Fatalf("build busybox base: %v\n%s", err, out)
+	}
+	if out, errOut, code := d.CLI("", "layer", "import", "--kind", "base", ref, dir); code != 0 {
+		d.t.Fatalf("import busybox base: %s%s", out, errOut)
+	}
+}
+
+func freeAddr(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// Mounts returns the lines of /proc/self/mountinfo that contain substr.
+func Mounts(substr string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), substr) {
+			out = append(out, sc.Text())
+		}
+	}
+	return out
+}

@@ -1,0 +1,164 @@
+package root
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+func TestLayeredEnvironment(t *testing.T) {
+	d := startDaemon(t)
+	ws := t.TempDir()
+	os.MkdirAll(filepath.Join(ws, "work"), 0o755)
+	os.WriteFile(filepath.Join(ws, "work", "task.txt"), []byte("workspace v1\n"), 0o644)
+	os.WriteFile(filepath.Join(ws, "work", "shared.txt"), []byte("from workspace\n"), 0o644)
+	tk := t.TempDir()
+	os.MkdirAll(filepath.Join(tk, "work"), 0o755)
+	os.MkdirAll(filepath.Join(tk, "opt", "tool"), 0o755)
+	os.WriteFile(filepath.Join(tk, "work", "shared.txt"), []byte("from toolkit\n"), 0o644)
+	os.WriteFile(filepath.Join(tk, "opt", "tool", "run"), []byte("#!/bin/sh\necho tool ran\n"), 0o755)
+	for _, l := range []struct{ kind, ref, dir string }{{"workspace", "task:1", ws}, {"toolkit", "tool:1", tk}} {
+		if out, errOut, code := d.CLI("", "layer", "import", "--kind", l.kind, l.ref, l.dir); code != 0 {
+			t.Fatalf("import %s: %s %s", l.ref, out, errOut)
+		}
+	}
+	// The toolkit is named first but stacks on top of the workspace.
+	sb := create(t, d, &dsecv1.SandboxSpec{Environment: env + "+tool:1+task:1"})
+	if len(sb.GetLayerDigests()) != 3 {
+		t.Fatalf("layers %v, want 3", sb.GetLayerDigests())
+	}
+	out := mustSh(t, d, sb.GetId(), "cat /work/task.txt /work/shared.txt; /opt/tool/run")
+	if out != "workspace v1\nfrom toolkit\ntool ran\n" {
+		t.Fatalf("stacked environment: %q", out)
+	}
+	envs, _, code := d.CLI("", "env", "ls")
+	if code != 0 || !strings.Contains(envs, "tool:1") {
+		t.Fatalf("env ls: %q", envs)
+	}
+	// A layer in use cannot be removed.
+	if _, errOut, code := d.CLI("", "layer", "rm", "task:1"); code == 0 {
+		t.Fatalf("removed a layer in use: %s", errOut)
+	}
+}
+
+func TestHostileArchiveRefused(t *testing.T) {
+	d := startDaemon(t)
+	dir := t.TempDir()
+	outside := filepath.Join(dir, "outside")
+	os.MkdirAll(outside, 0o755)
+	// A tar whose entry climbs out of the layer.
+	tarPath := filepath.Join(dir, "evil.tar")
+	writeTar(t, tarPath, []tarEntry{{name: "../../outside/pwned", body: "x"}})
+	_, errOut, code := d.CLI("", "layer", "import", "--kind", "workspace", "evil:1", tarPath)
+	if code == 0 || !strings.Contains(errOut, "pwned") {
+		t.Fatalf("import of a path-traversal tar: code %d, %q", code, errOut)
+	}
+	writeTar(t, tarPath, []tarEntry{{name: "a", link: "/etc", symlink: true}, {name: "a/passwd", body: "root::0:0::/:/bin/sh\n"}})
+	_, errOut, code = d.CLI("", "layer", "import", "--kind", "workspace", "evil:2", tarPath)
+	if code == 0 {
+		t.Fatalf("import of a symlink-escape tar succeeded")
+	}
+	entries, _ := os.ReadDir(outside)
+	if len(entries) != 0 {
+		t.Fatalf("something was written outside the store: %v", entries)
+	}
+	list, _, _ := d.CLI("", "layer", "ls")
+	if strings.Contains(list, "evil") {
+		t.Fatalf("a refused layer is listed: %s", list)
+	}
+}
+
+func TestFilesSessionsAndBackground(t *testing.T) {
+	d := startDaemon(t)
+	sb := create(t, d, nil)
+	id := sb.GetId()
+	ctx := context.Background()
+	sc := d.Clients.Sandboxes
+
+	if _, err := sc.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{SandboxId: id, Path: "/data/x/hello.txt", Data: []byte("hello"), MakeParents: true})); err != nil {
+		t.Fatal(err)
+	}
+	rf, err := sc.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: "/data/x/hello.txt"}))
+	if err != nil || string(rf.Msg.GetData()) != "hello" {
+		t.Fatalf("read back: %v %v", rf, err)
+	}
+	ls, err := sc.ListDir(ctx, connect.NewRequest(&dsecv1.ListDirRequest{SandboxId: id, Path: "/data/x"}))
+	if err != nil || len(ls.Msg.GetEntries()) != 1 || ls.Msg.GetEntries()[0].GetName() != "hello.txt" {
+		t.Fatalf("list: %v %v", ls, err)
+	}
+	if _, err := sc.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: "/nope"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("read missing file: %v, want not_found", err)
+	}
+
+	// cp both ways through the CLI.
+	local := t.TempDir()
+	os.MkdirAll(filepath.Join(local, "proj", "sub"), 0o755)
+	os.WriteFile(filepath.Join(local, "proj", "sub", "f.txt"), []byte("copied"), 0o644)
+	if out, errOut, code := d.CLI("", "cp", filepath.Join(local, "proj"), id+":/in"); code != 0 {
+		t.Fatalf("cp in: %s %s", out, errOut)
+	}
+	if out := mustSh(t, d, id, "cat /in/proj/sub/f.txt"); out != "copied" {
+		t.Fatalf("after cp in: %q", out)
+	}
+	back := t.TempDir()
+	if out, errOut, code := d.CLI("", "cp", id+":/in/proj", back); code != 0 {
+		t.Fatalf("cp out: %s %s", out, errOut)
+	}
+	if data, err := os.ReadFile(filepath.Join(back, "proj", "sub", "f.txt")); err != nil || string(data) != "copied" {
+		t.Fatalf("after cp out: %v %q", err, data)
+	}
+
+	// Sessions keep cd and export.
+	run := func(cmd string) result {
+		stream, err := sc.SessionRun(ctx, connect.NewRequest(&dsecv1.SessionRunRequest{SandboxId: id, Session: "s1", Command: cmd, TimeoutSeconds: 10}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r result
+		for stream.Receive() {
+			if o := stream.Msg().GetStdout(); o != nil {
+				r.stdout += string(o)
+			}
+			if x := stream.Msg().GetExited(); x != nil {
+				r.exit = x
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	run("cd /data && export FOO=bar")
+	if r := run("pwd; echo $FOO"); r.stdout != "/data\nbar\n" {
+		t.Fatalf("session state: %s", r)
+	}
+
+	// A background process outlives its stream and can be reattached.
+	bg, err := sc.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: "for i in 1 2 3; do echo tick $i; sleep 0.3; done", Background: true, Tag: "ticker"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bg.Receive() || bg.Msg().GetStarted() == nil {
+		t.Fatalf("background start: %v", bg.Err())
+	}
+	bg.Close()
+	time.Sleep(1500 * time.Millisecond)
+	at, err := sc.Attach(ctx, connect.NewRequest(&dsecv1.AttachRequest{SandboxId: id, Tag: "ticker"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	for at.Receive() {
+		out += string(at.Msg().GetStdout())
+	}
+	if out != "tick 1\ntick 2\ntick 3\n" {
+		t.Fatalf("reattached output %q (err %v)", out, at.Err())
+	}
+}
