@@ -1,3 +1,5 @@
+//go:build linux
+
 package image
 
 import (
@@ -10,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -201,6 +204,18 @@ func TestBusyboxRootfs(t *testing.T) {
 	if digests[0] != digests[1] {
 		t.Errorf("two busybox builds give digests %s and %s", digests[0], digests[1])
 	}
+	// scripts/build-busybox-base.sh builds the same tree.
+	script := filepath.Join("..", "..", "..", "scripts", "build-busybox-base.sh")
+	if out, err := exec.Command("sh", script, filepath.Join(base, "script")).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", script, err, out)
+	}
+	l, err := s.Import(ctx, "busybox:script", KindBase, filepath.Join(base, "script"), ImportOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Digest != digests[0] {
+		t.Errorf("build-busybox-base.sh gives %s, BuildBusyboxRootfs %s", l.Digest, digests[0])
+	}
 	dir, err := s.Mount(ctx, digests[0])
 	if err != nil {
 		t.Fatal(err)
@@ -227,3 +242,33 @@ func TestBusyboxRootfs(t *testing.T) {
 	}
 }
 
+// TestImportDebianTree imports a tree built by scripts/build-debian-base.sh
+// when DSEC_TEST_DEBIAN_ROOT names one (it takes minutes to build, so the
+// suite does not build it itself) and runs python3 out of the layer.
+func TestImportDebianTree(t *testing.T) {
+	src := os.Getenv("DSEC_TEST_DEBIAN_ROOT")
+	if src == "" {
+		t.Skip("set DSEC_TEST_DEBIAN_ROOT to a tree built by scripts/build-debian-base.sh")
+	}
+	needImport(t)
+	s := newStore(t, filepath.Join(t.TempDir(), "store"))
+	ctx := context.Background()
+	start := time.Now()
+	l, err := s.Import(ctx, "debian:test", KindBase, src, ImportOptions{AllowSetuid: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("imported %s in %v: %d MiB image", l.Digest, time.Since(start).Round(time.Millisecond), l.Size>>20)
+	dir, err := s.Mount(ctx, l.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("chroot", dir, "/usr/bin/python3", "-c", "import ssl, sys; print(sys.version_info[0])").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "3" {
+		t.Errorf("python3 in the layer: %q, %v", out, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(dir, "usr/bin/su"), &st); err != nil || st.Mode&unix.S_ISUID == 0 {
+		t.Errorf("usr/bin/su: mode %o, %v; want setuid kept", st.Mode, err)
+	}
+}

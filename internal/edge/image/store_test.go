@@ -1,3 +1,5 @@
+//go:build linux
+
 package image
 
 import (
@@ -5,6 +7,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -470,7 +473,7 @@ func TestImportRefusesHostileArchives(t *testing.T) {
 	setgid := file("bin/wall", "#!")
 	setgid.hdr.Mode = 0o2755
 	caps := file("bin/ping", "#!")
-	caps.hdr.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": "\x01\x00\x00\x02"}
+	caps.hdr.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": capNetRaw()}
 	trusted := file("f", "x")
 	trusted.hdr.PAXRecords = map[string]string{"SCHILY.xattr.trusted.evil": "1"}
 	big := file("big", strings.Repeat("x", 2048))
@@ -583,7 +586,9 @@ func TestImportDirectoryChecks(t *testing.T) {
 		opts  ImportOptions
 		msg   string // empty: accepted
 	}{
-		{"device node", func(d string) error { return unix.Mknod(filepath.Join(d, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))) }, ImportOptions{}, `"null": character device 1:3`},
+		{"device node", func(d string) error {
+			return unix.Mknod(filepath.Join(d, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
+		}, ImportOptions{}, `"null": character device 1:3`},
 		{"fifo", func(d string) error { return unix.Mkfifo(filepath.Join(d, "p"), 0o644) }, ImportOptions{}, `"p": named pipe`},
 		{"setuid", func(d string) error {
 			if err := os.WriteFile(filepath.Join(d, "su"), []byte("x"), 0o755); err != nil {
@@ -688,4 +693,12 @@ func TestConcurrentStoresShareIndex(t *testing.T) {
 			t.Errorf("List = %d layers, %v; want 8", len(all), err)
 		}
 	}
+}
+
+// capNetRaw is a vfs_cap_data (revision 2, effective) granting CAP_NET_RAW.
+func capNetRaw() string {
+	b := make([]byte, 20)
+	binary.LittleEndian.PutUint32(b[0:], 0x02000001)
+	binary.LittleEndian.PutUint32(b[4:], 1<<unix.CAP_NET_RAW)
+	return string(b)
 }

@@ -1,0 +1,83 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// fakeEdge is an in-memory Edge: sandboxes are records only.
+type fakeEdge struct {
+	node string
+	mu   sync.Mutex
+	sbs  map[string]*dsecv1.Sandbox
+	// failAfter makes every create after this many succeed fail (<0: never).
+	failAfter int
+	creates   int
+}
+
+func newFakeEdge(node string) *fakeEdge {
+	return &fakeEdge{node: node, sbs: map[string]*dsecv1.Sandbox{}, failAfter: -1}
+}
+
+func (f *fakeEdge) Node() string  { return f.node }
+func (f *fakeEdge) NewID() string { return sandbox.NewID(f.node) }
+
+func (f *fakeEdge) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.creates++
+	if f.failAfter >= 0 && f.creates > f.failAfter {
+		return nil, fmt.Errorf("node %s is full: %w", f.node, errdefs.ErrResourceExhausted)
+	}
+	sb := &dsecv1.Sandbox{Id: id, Node: f.node, Spec: spec, State: dsecv1.State_STATE_RUNNING}
+	f.sbs[id] = sb
+	return proto.Clone(sb).(*dsecv1.Sandbox), nil
+}
+
+func (f *fakeEdge) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return proto.Clone(sb).(*dsecv1.Sandbox), nil
+}
+
+func (f *fakeEdge) List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*dsecv1.Sandbox
+	for _, sb := range f.sbs {
+		if sb.State == dsecv1.State_STATE_RUNNING {
+			out = append(out, proto.Clone(sb).(*dsecv1.Sandbox))
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeEdge) Delete(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if sb, ok := f.sbs[id]; ok {
+		sb.State = dsecv1.State_STATE_STOPPED
+	}
+	return nil
+}
+
+func (f *fakeEdge) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+	return nil, fmt.Errorf("fake edge has no agents: %w", errdefs.ErrNotSupported)
+}
+
+func (f *fakeEdge) running() int {
+	n, _ := f.List(context.Background(), nil, nil)
+	return len(n)
+}

@@ -1,0 +1,131 @@
+package apiserver
+
+import (
+	"context"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/store"
+)
+
+func newTestServer(t *testing.T, edges ...Edge) dsecv1connect.SandboxServiceClient {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s := New(Config{CreateConcurrency: 4}, st, nil, edges, slog.New(slog.DiscardHandler))
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(hs.Close)
+	return dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+}
+
+func TestCreateIdempotentUnderConcurrentRetries(t *testing.T) {
+	e := newFakeEdge("n1")
+	c := newTestServer(t, e)
+	req := &dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 3, IdempotencyKey: "k"}
+	var wg sync.WaitGroup
+	ids := make([][]string, 8)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := c.Create(context.Background(), connect.NewRequest(req))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for _, sb := range resp.Msg.GetSandboxes() {
+				ids[i] = append(ids[i], sb.GetId())
+			}
+		}()
+	}
+	wg.Wait()
+	if n := e.running(); n != 3 {
+		t.Fatalf("8 retries of one create made %d sandboxes, want 3", n)
+	}
+	for i := range ids {
+		if len(ids[i]) != 3 || ids[i][0] != ids[0][0] || ids[i][2] != ids[0][2] {
+			t.Fatalf("answer %d differs: %v vs %v", i, ids[i], ids[0])
+		}
+	}
+}
+
+func TestBatchIsAllOrNothing(t *testing.T) {
+	e := newFakeEdge("n1")
+	e.failAfter = 5
+	c := newTestServer(t, e)
+	_, err := c.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
+		Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 10}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("batch over capacity: %v, want resource_exhausted", err)
+	}
+	if n := e.running(); n != 0 {
+		t.Fatalf("a failed batch left %d sandboxes running", n)
+	}
+}
+
+func TestValidationAndRouting(t *testing.T) {
+	c := newTestServer(t, newFakeEdge("n1"))
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		call func() error
+		want connect.Code
+	}{
+		{"no environment", func() error {
+			_, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{}}))
+			return err
+		}, connect.CodeInvalidArgument},
+		{"count too large", func() error {
+			_, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "b:1"}, Count: 100000}))
+			return err
+		}, connect.CodeInvalidArgument},
+		{"malformed id", func() error {
+			_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "nope"}))
+			return err
+		}, connect.CodeInvalidArgument},
+		{"unknown node", func() error {
+			_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "sb-n9-abc"}))
+			return err
+		}, connect.CodeNotFound},
+		{"unknown sandbox", func() error {
+			_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "sb-n1-abc"}))
+			return err
+		}, connect.CodeNotFound},
+		{"exec without command", func() error {
+			s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-n1-abc"}))
+			if err != nil {
+				return err
+			}
+			for s.Receive() {
+			}
+			return s.Err()
+		}, connect.CodeInvalidArgument},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := connect.CodeOf(tc.call()); got != tc.want {
+				t.Fatalf("code %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNodeIDRoundTrip(t *testing.T) {
+	e := newFakeEdge("node-7")
+	id := e.NewID()
+	s := New(Config{}, nil, nil, []Edge{e}, slog.New(slog.DiscardHandler))
+	got, err := s.edgeFor(id)
+	if err != nil || got.Node() != "node-7" {
+		t.Fatalf("route %s: %v %v", id, got, err)
+	}
+}

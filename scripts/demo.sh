@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The README's first command: sets up dsec on this machine and runs its main
+# job, a batch of RL-style rollouts in real container sandboxes.
+#
+#   ./scripts/demo.sh [-n ROLLOUTS]
+#
+# Installs the Debian packages dsec needs, builds the binaries, starts dsecd
+# (state under /var/lib/dsec) unless one already answers, builds and imports
+# a Debian base layer with Python (cached after the first run), imports the
+# demo's workspace and toolkit layers, and runs demo/rollout.py. Everything
+# the demo creates is deleted at the end; dsecd keeps running (stop it with
+# `kill $(cat /var/lib/dsec/dsecd.pid)`; `bin/dsecd teardown` removes all).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "demo.sh: dsec runs containers and mounts file systems; run it as root" >&2
+  exit 1
+fi
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "installing packages"
+need=()
+for cmd in runc mkfs.erofs busybox debootstrap mkfs.btrfs python3 patch; do
+  command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends runc erofs-utils busybox-static debootstrap \
+    btrfs-progs e2fsprogs python3 patch ca-certificates make >/dev/null
+fi
+echo "ok"
+
+step "building dsec"
+make -s build
+echo "bin/dsecd bin/dsec bin/dsec-agent"
+
+root=/var/lib/dsec
+export DSEC_ADDR=unix://$root/dsecd.sock
+step "starting dsecd"
+if bin/dsec ls >/dev/null 2>&1; then
+  echo "dsecd already answers at $DSEC_ADDR"
+else
+  mkdir -p $root
+  nohup bin/dsecd --root $root >>$root/dsecd.log 2>&1 &
+  echo $! > $root/dsecd.pid
+  for _ in $(seq 100); do bin/dsec ls >/dev/null 2>&1 && break; sleep 0.1; done
+  bin/dsec ls >/dev/null || { tail -20 $root/dsecd.log; exit 1; }
+  echo "dsecd pid $(cat $root/dsecd.pid), log $root/dsecd.log"
+fi
+
+have_layer() { bin/dsec layer ls | awk 'NR>1 {print $1}' | tr ',' '\n' | grep -qx "$1"; }
+
+step "base layer: Debian with Python"
+if have_layer demo-debian:latest; then
+  echo "cached"
+else
+  tree=$(mktemp -d /var/tmp/dsec-debian-XXXXXX)
+  trap 'rm -rf "$tree"' EXIT
+  echo "debootstrap into $tree (a few minutes the first time)"
+  scripts/build-debian-base.sh "$tree" >/dev/null
+  bin/dsec layer import --kind base --allow-setuid demo-debian:latest "$tree"
+  rm -rf "$tree"
+  trap - EXIT
+fi
+
+step "workspace and toolkit layers"
+bin/dsec layer import --kind workspace demo-textstats:1 "$repo/demo/workspace"
+bin/dsec layer import --kind toolkit demo-harness:1 "$repo/demo/toolkit"
+
+step "rollouts"
+PYTHONPATH="$repo/sdk/python${PYTHONPATH:+:$PYTHONPATH}" \
+  python3 demo/rollout.py --env "demo-debian:latest+demo-textstats:1+demo-harness:1" "$@"

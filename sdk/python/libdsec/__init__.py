@@ -1,0 +1,31 @@
+"""libdsec: the Python client of dsec, the sandbox infrastructure for agentic RL.
+
+Async first::
+
+    import libdsec
+
+    async with libdsec.AsyncClient() as client:          # $DSEC_ADDR or the local socket
+        async with await client.create("busybox:test", memory_mb=256) as sb:
+            r = await sb.exec("echo hello", timeout=30)
+            print(r.exit_code, r.stdout)
+
+The blocking twin has the same names: ``libdsec.Client``. Errors are typed,
+see :mod:`libdsec.errors`. The paper's API lives in :mod:`libdsec.compat`.
+"""
+
+from . import errors
+from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, Job as AsyncJob, ProcessInfo,
+                   Sandbox as AsyncSandbox, Session as AsyncSession, extract_tar)
+from ._sync import Client, Job, Sandbox, Session
+from ._transport import DEFAULT_ADDR, resolve_addr
+from .errors import (CommandFailed, DsecError, InvalidArgument, NotFound, Overloaded, SandboxGone,
+                     StartupTimeout, Timeout, Unauthenticated, Unavailable)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient", "AsyncSandbox", "AsyncJob", "AsyncSession", "Client", "Sandbox", "Job", "Session",
+    "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "extract_tar", "errors", "DEFAULT_ADDR",
+    "resolve_addr", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
+    "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed",
+]

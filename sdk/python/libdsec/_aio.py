@@ -1,0 +1,804 @@
+"""The asyncio client: AsyncClient, Sandbox, Job, Session and result types."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import math
+import os
+import tarfile
+import uuid
+from dataclasses import dataclass, field
+from typing import (Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping,
+                    Optional, Sequence, Union)
+
+from . import errors
+from ._transport import ServerStream, Transport
+
+SANDBOX = "dsec.v1.SandboxService"
+LAYERS = "dsec.v1.LayerService"
+
+DEFAULT_TIMEOUT = 30.0      # unary calls
+DEFAULT_CREATE_TIMEOUT = 120.0
+EXEC_GRACE = 15.0           # beyond a command's own timeout, for its report to arrive
+
+Command = Union[str, Sequence[str]]
+Data = Union[bytes, bytearray, memoryview, str]
+
+_STATUS = {
+    "EXIT_STATUS_OK": "ok", "EXIT_STATUS_NONZERO": "nonzero", "EXIT_STATUS_TIMEOUT": "timeout",
+    "EXIT_STATUS_OOM": "oom", "EXIT_STATUS_KILLED": "killed", "EXIT_STATUS_START_ERROR": "sandbox_error",
+}
+
+
+def _b64(data: Data) -> str:
+    if isinstance(data, str):
+        data = data.encode()
+    return base64.b64encode(bytes(data)).decode("ascii")
+
+
+def _unb64(s: Optional[str]) -> bytes:
+    if not s:
+        return b""
+    s = s.replace("-", "+").replace("_", "/")
+    return base64.b64decode(s + "=" * (-len(s) % 4))
+
+
+def _lower_enum(v: Optional[str], prefix: str) -> str:
+    if not v:
+        return ""
+    return v[len(prefix):].lower() if v.startswith(prefix) else v.lower()
+
+
+def _state_name(s: str) -> str:
+    s = s.upper()
+    return s if s.startswith("STATE_") else "STATE_" + s
+
+
+def _decode(b: bytes) -> str:
+    return b.decode("utf-8", errors="replace")
+
+
+# --- results -------------------------------------------------------------------
+
+@dataclass
+class ExecResult:
+    """What a finished command did.
+
+    status is "ok", "nonzero", "timeout", "oom", "killed" or "sandbox_error"
+    (the command could not be started). stdout/stderr are text decoded as
+    UTF-8 with errors="replace"; stdout_bytes/stderr_bytes are the raw bytes.
+    truncated says whether retained output was cut at the output limit.
+    A result unpacks as (exit_code, stdout, stderr).
+    """
+    exit_code: int
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    duration_s: float = 0.0
+    truncated: bool = False
+    status: str = "ok"
+    signal: int = 0
+    message: str = ""
+    process_id: str = ""
+    pid: int = 0
+
+    @property
+    def stdout(self) -> str:
+        return _decode(self.stdout_bytes)
+
+    @property
+    def stderr(self) -> str:
+        return _decode(self.stderr_bytes)
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr, as text."""
+        return self.stdout + self.stderr
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def __iter__(self):
+        return iter((self.exit_code, self.stdout, self.stderr))
+
+
+@dataclass
+class ExecEvent:
+    """One event of a streamed command.
+
+    type is "started" (process_id, pid, tag set), "stdout" or "stderr" (data
+    set) or "exited" (result set, with the output gathered so far).
+    """
+    type: str
+    data: bytes = b""
+    process_id: str = ""
+    pid: int = 0
+    tag: str = ""
+    result: Optional[ExecResult] = None
+
+    @property
+    def text(self) -> str:
+        return _decode(self.data)
+
+
+@dataclass
+class FileInfo:
+    name: str
+    path: str
+    size: int
+    mode: int
+    type: str           # "file", "dir", "symlink" or "other"
+    mtime_unix_ms: int = 0
+    link_target: str = ""
+    uid: int = 0
+    gid: int = 0
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "FileInfo":
+        return FileInfo(name=d.get("name", ""), path=d.get("path", ""), size=int(d.get("size", 0)),
+                        mode=int(d.get("mode", 0)), type=d.get("type", ""),
+                        mtime_unix_ms=int(d.get("mtimeUnixMs", 0)), link_target=d.get("linkTarget", ""),
+                        uid=int(d.get("uid", 0)), gid=int(d.get("gid", 0)))
+
+
+@dataclass
+class ProcessInfo:
+    process_id: str
+    pid: int
+    tag: str
+    argv: List[str]
+    running: bool
+    result: Optional[ExecResult] = None
+
+
+class _Collector:
+    """Turns ExecEvent JSON into output buffers and, at the end, an ExecResult."""
+
+    def __init__(self, on_stdout=None, on_stderr=None):
+        self.out = bytearray()
+        self.err = bytearray()
+        self.process_id = ""
+        self.pid = 0
+        self.tag = ""
+        self.result: Optional[ExecResult] = None
+        self.on_stdout = on_stdout
+        self.on_stderr = on_stderr
+
+    def feed(self, ev: Mapping[str, Any]) -> Optional[ExecEvent]:
+        if "started" in ev:
+            s = ev["started"] or {}
+            self.process_id = s.get("processId", "")
+            self.pid = int(s.get("pid", 0))
+            self.tag = s.get("tag", "")
+            return ExecEvent("started", process_id=self.process_id, pid=self.pid, tag=self.tag)
+        if "stdout" in ev:
+            b = _unb64(ev["stdout"])
+            self.out += b
+            if self.on_stdout:
+                self.on_stdout(b)
+            return ExecEvent("stdout", data=b, process_id=self.process_id)
+        if "stderr" in ev:
+            b = _unb64(ev["stderr"])
+            self.err += b
+            if self.on_stderr:
+                self.on_stderr(b)
+            return ExecEvent("stderr", data=b, process_id=self.process_id)
+        if "exited" in ev:
+            x = ev["exited"] or {}
+            self.result = ExecResult(
+                exit_code=int(x.get("exitCode", 0)), stdout_bytes=bytes(self.out), stderr_bytes=bytes(self.err),
+                duration_s=float(x.get("durationSeconds", 0.0)),
+                truncated=bool(x.get("stdoutTruncated") or x.get("stderrTruncated")),
+                status=_STATUS.get(x.get("status", ""), "ok" if int(x.get("exitCode", 0)) == 0 else "nonzero"),
+                signal=int(x.get("signal", 0)), message=x.get("message", ""),
+                process_id=self.process_id, pid=self.pid)
+            return ExecEvent("exited", process_id=self.process_id, result=self.result)
+        return None  # keepalive or unknown
+
+
+async def _drive(stream: ServerStream, col: _Collector, what: str) -> ExecResult:
+    try:
+        while col.result is None:
+            ev = await stream.next()
+            if ev is None:
+                raise errors.Unavailable(f"{what}: the stream ended before the command exited")
+            col.feed(ev)
+        try:
+            await stream.next()  # the end message, so the connection can be reused
+        except errors.DsecError:
+            pass
+    finally:
+        stream.close()
+    return col.result
+
+
+# --- client ------------------------------------------------------------------------
+
+class AsyncClient:
+    """A client of one dsecd (or apiserver).
+
+    addr is unix:///path, http://host:port or host:port; default $DSEC_ADDR,
+    else unix:///var/lib/dsec/dsecd.sock. Use it from one event loop; close()
+    (or ``async with``) drops its connections.
+    """
+
+    def __init__(self, addr: Optional[str] = None, *, timeout: float = DEFAULT_TIMEOUT,
+                 max_idle_connections: int = 32):
+        self._t = Transport(addr, max_idle=max_idle_connections)
+        self.timeout = timeout
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._t.close()
+
+    def _to(self, timeout: Optional[float]) -> Optional[float]:
+        return self.timeout if timeout is None else timeout
+
+    async def _call(self, method: str, msg: Dict[str, Any], timeout: Optional[float], *,
+                    idempotent: bool = False, service: str = SANDBOX) -> Dict[str, Any]:
+        return await self._t.unary(service, method, msg, timeout=self._to(timeout), idempotent=idempotent)
+
+    # --- sandboxes ---
+
+    @staticmethod
+    def _spec(env: str, backend: str, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
+              env_vars, labels, network_rules, hostname, workdir) -> Dict[str, Any]:
+        if backend not in ("container", ""):
+            raise errors.InvalidArgument(f"backend {backend!r} is not known (container)")
+        spec: Dict[str, Any] = {"environment": env, "backend": "BACKEND_CONTAINER"}
+        if cpus:
+            spec["cpus"] = float(cpus)
+        for k, v in (("memoryMb", memory_mb), ("diskMb", disk_mb), ("pids", pids),
+                     ("ttlSeconds", ttl_s), ("idleTimeoutSeconds", idle_timeout_s)):
+            if v:
+                spec[k] = str(int(math.ceil(v)))
+        for k, v in (("user", user), ("hostname", hostname), ("workdir", workdir)):
+            if v:
+                spec[k] = v
+        if env_vars:
+            spec["env"] = {str(k): str(v) for k, v in env_vars.items()}
+        if labels:
+            spec["labels"] = {str(k): str(v) for k, v in labels.items()}
+        if network_rules:
+            spec["networkRules"] = {str(k): bool(v) for k, v in network_rules.items()}
+        return spec
+
+    async def create_many(self, n: int, env: str, *, backend: str = "container",
+                          cpus: Optional[float] = None, memory_mb: Optional[int] = None,
+                          disk_mb: Optional[int] = None, pids: Optional[int] = None,
+                          ttl_s: Optional[float] = None, idle_timeout_s: Optional[float] = None,
+                          user: Optional[str] = None, env_vars: Optional[Mapping[str, str]] = None,
+                          labels: Optional[Mapping[str, str]] = None,
+                          network_rules: Optional[Mapping[str, bool]] = None,
+                          hostname: Optional[str] = None, workdir: Optional[str] = None,
+                          timeout: float = DEFAULT_CREATE_TIMEOUT,
+                          idempotency_key: Optional[str] = None) -> List["Sandbox"]:
+        """Create n sandboxes in one call: all of them, or none.
+
+        The call carries an idempotency key, so retries after a dropped
+        connection never make a second batch. timeout covers waiting for the
+        sandboxes to run; past it StartupTimeout is raised.
+        """
+        if n < 1:
+            raise errors.InvalidArgument("n must be at least 1")
+        spec = self._spec(env, backend, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
+                          env_vars, labels, network_rules, hostname, workdir)
+        msg = {"spec": spec, "count": n, "idempotencyKey": idempotency_key or str(uuid.uuid4()),
+               "waitSeconds": str(max(1, int(timeout)))}
+        # A little beyond the server's wait, so its own verdict arrives first.
+        resp = await self._t.unary(SANDBOX, "Create", msg, timeout=timeout + 2.0,
+                                   idempotent=True, creating=True)
+        return [Sandbox(self, d) for d in resp.get("sandboxes", [])]
+
+    async def create(self, env: str, **kw) -> "Sandbox":
+        """Create one sandbox from env ("BASE[+LAYER...]"); see create_many for the arguments."""
+        return (await self.create_many(1, env, **kw))[0]
+
+    async def get(self, id: str, *, timeout: Optional[float] = None) -> "Sandbox":
+        return Sandbox(self, await self._call("Get", {"id": id}, timeout, idempotent=True))
+
+    def sandbox(self, id: str) -> "Sandbox":
+        """A handle on an existing sandbox by ID, without a call."""
+        return Sandbox(self, {"id": id})
+
+    async def list(self, labels: Optional[Mapping[str, str]] = None,
+                   states: Optional[Iterable[str]] = None, *, timeout: Optional[float] = None) -> List["Sandbox"]:
+        """Sandboxes whose labels all match; states like "running" or "STATE_RUNNING" (any of)."""
+        msg: Dict[str, Any] = {}
+        if labels:
+            msg["labels"] = dict(labels)
+        if states:
+            msg["states"] = [_state_name(s) for s in states]
+        resp = await self._call("List", msg, timeout, idempotent=True)
+        return [Sandbox(self, d) for d in resp.get("sandboxes", [])]
+
+    async def delete(self, id: str, *, timeout: Optional[float] = None) -> None:
+        await self._call("Delete", {"id": id}, timeout, idempotent=True)
+
+    async def reap(self, labels: Optional[Mapping[str, str]] = None, *,
+                   timeout: Optional[float] = None, concurrency: int = 16) -> int:
+        """Delete every live sandbox whose labels match; returns how many."""
+        sbs = await self.list(labels, states=["creating", "running", "stopping"], timeout=timeout)
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(sb):
+            async with sem:
+                await self.delete(sb.id, timeout=timeout)
+
+        await asyncio.gather(*(one(sb) for sb in sbs))
+        return len(sbs)
+
+    # --- layers ---
+
+    async def list_layers(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        resp = await self._call("ListLayers", {}, timeout, idempotent=True, service=LAYERS)
+        return resp.get("layers", [])
+
+    async def import_layer(self, ref: str, path: str, *, kind: str = "base", allow_setuid: bool = False,
+                           timeout: float = 600.0) -> Dict[str, Any]:
+        """Build a layer from a directory or tar archive on the daemon's host."""
+        msg = {"ref": ref, "kind": "LAYER_KIND_" + kind.upper(), "path": path}
+        if allow_setuid:
+            msg["allowSetuid"] = True
+        return await self._call("ImportLayer", msg, timeout, service=LAYERS)
+
+    async def remove_layer(self, ref: str, *, timeout: Optional[float] = None) -> None:
+        await self._call("RemoveLayer", {"ref": ref}, timeout, service=LAYERS)
+
+    async def list_environments(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        resp = await self._call("ListEnvironments", {}, timeout, idempotent=True, service=LAYERS)
+        return resp.get("environments", [])
+
+
+class Sandbox:
+    """One sandbox. ``async with sb:`` deletes it on exit.
+
+    info is the last Sandbox message seen (protojson dict); refresh() updates it.
+    """
+
+    def __init__(self, client: AsyncClient, info: Dict[str, Any]):
+        self.client = client
+        self.info = info
+        self.id: str = info.get("id", "")
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self.state or '?'}>"
+
+    @property
+    def state(self) -> str:
+        return _lower_enum(self.info.get("state"), "STATE_")
+
+    @property
+    def reason(self) -> str:
+        return _lower_enum(self.info.get("reason"), "REASON_")
+
+    @property
+    def message(self) -> str:
+        return self.info.get("message", "")
+
+    @property
+    def node(self) -> str:
+        return self.info.get("node", "")
+
+    @property
+    def labels(self) -> Dict[str, str]:
+        return dict((self.info.get("spec") or {}).get("labels") or {})
+
+    async def __aenter__(self) -> "Sandbox":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.delete()
+
+    async def refresh(self, *, timeout: Optional[float] = None) -> "Sandbox":
+        self.info = await self.client._call("Get", {"id": self.id}, timeout, idempotent=True)
+        return self
+
+    async def delete(self, *, timeout: Optional[float] = None) -> None:
+        await self.client.delete(self.id, timeout=timeout)
+
+    # --- commands ---
+
+    def _exec_msg(self, cmd: Command, timeout, cwd, env, user, stdin, shell=None) -> Dict[str, Any]:
+        msg: Dict[str, Any] = {"sandboxId": self.id}
+        if isinstance(cmd, str):
+            msg["command"] = cmd
+            if shell:
+                msg["shell"] = shell
+        else:
+            msg["argv"] = [str(a) for a in cmd]
+            if not msg["argv"]:
+                raise errors.InvalidArgument("argv is empty")
+        if timeout:
+            msg["timeoutSeconds"] = float(timeout)
+        if cwd:
+            msg["cwd"] = cwd
+        if env:
+            msg["env"] = {str(k): str(v) for k, v in env.items()}
+        if user:
+            msg["user"] = user
+        if stdin is not None:
+            msg["stdin"] = _b64(stdin)
+        return msg
+
+    @staticmethod
+    def _deadline(timeout: Optional[float]) -> Optional[float]:
+        return None if not timeout else timeout + EXEC_GRACE
+
+    async def exec(self, cmd: Command, *, timeout: Optional[float] = None, cwd: Optional[str] = None,
+                   env: Optional[Mapping[str, str]] = None, user: Optional[str] = None,
+                   stdin: Optional[Data] = None, check: bool = False, shell: Optional[str] = None,
+                   on_stdout: Optional[Callable[[bytes], Any]] = None,
+                   on_stderr: Optional[Callable[[bytes], Any]] = None) -> ExecResult:
+        """Run cmd (a str runs under a shell, a list is argv) and wait for it.
+
+        timeout (seconds) is enforced inside the sandbox: the whole process
+        tree is killed and status is "timeout". A non-zero exit is a result,
+        not an error, unless check=True (then CommandFailed). on_stdout and
+        on_stderr are called with each chunk of output as it arrives.
+        """
+        msg = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
+        stream = await self.client._t.stream(SANDBOX, "Exec", msg, timeout=self._deadline(timeout))
+        res = await _drive(stream, _Collector(on_stdout, on_stderr), "Exec")
+        if check and res.status != "ok":
+            raise errors.CommandFailed(res)
+        return res
+
+    async def exec_stream(self, cmd: Command, *, timeout: Optional[float] = None, cwd: Optional[str] = None,
+                          env: Optional[Mapping[str, str]] = None, user: Optional[str] = None,
+                          stdin: Optional[Data] = None, shell: Optional[str] = None) -> AsyncIterator[ExecEvent]:
+        """Run cmd and yield its events: started, stdout/stderr chunks, exited.
+
+        Leaving the loop early cancels the call, which kills the command.
+        """
+        msg = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
+        stream = await self.client._t.stream(SANDBOX, "Exec", msg, timeout=self._deadline(timeout))
+        col = _Collector()
+        try:
+            async for ev in stream:
+                out = col.feed(ev)
+                if out is not None:
+                    yield out
+                if col.result is not None:
+                    return
+            raise errors.Unavailable("Exec: the stream ended before the command exited")
+        finally:
+            stream.close()
+
+    async def spawn(self, cmd: Command, *, tag: Optional[str] = None, cwd: Optional[str] = None,
+                    env: Optional[Mapping[str, str]] = None, user: Optional[str] = None,
+                    stdin: Optional[Data] = None, timeout: Optional[float] = None,
+                    shell: Optional[str] = None, start_timeout: Optional[float] = None) -> "Job":
+        """Start cmd in the background and return once it runs.
+
+        The process keeps running when this connection goes away; Job.wait()
+        and Job.output() reattach to it. timeout, if set, limits the command.
+        """
+        msg = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
+        msg["background"] = True
+        if tag:
+            msg["tag"] = tag
+        stream = await self.client._t.stream(SANDBOX, "Exec", msg, timeout=self.client._to(start_timeout))
+        col = _Collector()
+        try:
+            async for ev in stream:
+                col.feed(ev)
+                if col.process_id or col.result is not None:
+                    break
+        finally:
+            stream.close()
+        if not col.process_id:
+            raise errors.Unavailable("Exec: the stream ended before the process started")
+        return Job(self, col.process_id, col.pid, col.tag or (tag or ""))
+
+    async def job(self, process_id: str = "", *, tag: str = "") -> "Job":
+        """A handle on a background process by process_id or tag."""
+        return Job(self, process_id, 0, tag)
+
+    async def processes(self, *, timeout: Optional[float] = None) -> List[ProcessInfo]:
+        resp = await self.client._call("ListProcesses", {"sandboxId": self.id}, timeout, idempotent=True)
+        out = []
+        for p in resp.get("processes", []):
+            res = None
+            if p.get("exited") is not None:
+                col = _Collector()
+                col.process_id = p.get("processId", "")
+                col.feed({"exited": p["exited"]})
+                res = col.result
+            out.append(ProcessInfo(process_id=p.get("processId", ""), pid=int(p.get("pid", 0)),
+                                   tag=p.get("tag", ""), argv=list(p.get("argv", [])),
+                                   running=bool(p.get("running")), result=res))
+        return out
+
+    def session(self, name: str = "default", *, shell: Optional[str] = None,
+                user: Optional[str] = None) -> "Session":
+        """A named shell session: cwd and exported variables persist between runs."""
+        return Session(self, name, shell, user)
+
+    # --- files ---
+
+    def _fmsg(self, path: str, user: Optional[str], **extra) -> Dict[str, Any]:
+        msg: Dict[str, Any] = {"sandboxId": self.id, "path": path}
+        if user:
+            msg["user"] = user
+        for k, v in extra.items():
+            if v:
+                msg[k] = v
+        return msg
+
+    async def read_file(self, path: str, *, user: Optional[str] = None,
+                        timeout: Optional[float] = None) -> bytes:
+        """The whole content of a file (read in pieces of up to 64 MiB)."""
+        parts: List[bytes] = []
+        offset = 0
+        while True:
+            msg = self._fmsg(path, user, offset=str(offset) if offset else None)
+            resp = await self.client._call("ReadFile", msg, timeout, idempotent=True)
+            data = _unb64(resp.get("data"))
+            parts.append(data)
+            offset += len(data)
+            if not resp.get("truncated") or not data:
+                return b"".join(parts)
+
+    async def write_file(self, path: str, data: Data, *, mode: int = 0o644, append: bool = False,
+                         make_parents: bool = True, user: Optional[str] = None,
+                         timeout: Optional[float] = None) -> int:
+        """Write (or append) data to a file; returns the bytes written."""
+        msg = self._fmsg(path, user, data=_b64(data), mode=mode, append=append, makeParents=make_parents)
+        resp = await self.client._call("WriteFile", msg, timeout)
+        return int(resp.get("written", 0))
+
+    async def list_dir(self, path: str, *, user: Optional[str] = None,
+                       timeout: Optional[float] = None) -> List[FileInfo]:
+        resp = await self.client._call("ListDir", self._fmsg(path, user), timeout, idempotent=True)
+        return [FileInfo.from_json(e) for e in resp.get("entries", [])]
+
+    async def stat(self, path: str, *, user: Optional[str] = None,
+                   timeout: Optional[float] = None) -> FileInfo:
+        resp = await self.client._call("Stat", self._fmsg(path, user), timeout, idempotent=True)
+        return FileInfo.from_json(resp.get("info") or {})
+
+    async def exists(self, path: str, *, user: Optional[str] = None, timeout: Optional[float] = None) -> bool:
+        try:
+            await self.stat(path, user=user, timeout=timeout)
+            return True
+        except errors.NotFound:
+            return False
+
+    async def remove(self, path: str, *, recursive: bool = False, user: Optional[str] = None,
+                     timeout: Optional[float] = None) -> None:
+        await self.client._call("Remove", self._fmsg(path, user, recursive=recursive), timeout, idempotent=True)
+
+    async def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755, user: Optional[str] = None,
+                    timeout: Optional[float] = None) -> None:
+        await self.client._call("MakeDir", self._fmsg(path, user, parents=parents, mode=mode), timeout,
+                                idempotent=True)
+
+    async def upload(self, local_path: str, path: str, *, user: Optional[str] = None,
+                     timeout: Optional[float] = 300.0) -> int:
+        """Copy a local directory's content (or one file) into directory path; returns files written."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            if os.path.isdir(local_path):
+                for name in sorted(os.listdir(local_path)):
+                    tf.add(os.path.join(local_path, name), arcname=name)
+            else:
+                tf.add(local_path, arcname=os.path.basename(local_path))
+        msg = self._fmsg(path, user, tar=_b64(buf.getvalue()))
+        resp = await self.client._call("Upload", msg, timeout)
+        return int(resp.get("files", 0))
+
+    async def upload_bytes(self, files: Mapping[str, Data], path: str, *, user: Optional[str] = None,
+                           timeout: Optional[float] = 300.0) -> int:
+        """Write several files (relative name -> content) under directory path in one call."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            for name, data in files.items():
+                b = data.encode() if isinstance(data, str) else bytes(data)
+                ti = tarfile.TarInfo(name)
+                ti.size, ti.mode = len(b), 0o644
+                tf.addfile(ti, io.BytesIO(b))
+        resp = await self.client._call("Upload", self._fmsg(path, user, tar=_b64(buf.getvalue())), timeout)
+        return int(resp.get("files", 0))
+
+    async def download_tar(self, path: str, *, user: Optional[str] = None,
+                           timeout: Optional[float] = 300.0) -> bytes:
+        """path (file or directory) as an uncompressed tar archive."""
+        stream = await self.client._t.stream(SANDBOX, "Download", self._fmsg(path, user),
+                                             timeout=self.client._to(timeout), idempotent=True)
+        parts = []
+        try:
+            async for chunk in stream:
+                parts.append(_unb64(chunk.get("data")))
+        finally:
+            stream.close()
+        return b"".join(parts)
+
+    async def download(self, path: str, local_dir: str, *, user: Optional[str] = None,
+                       timeout: Optional[float] = 300.0) -> List[str]:
+        """Copy path (file or directory) into local_dir; returns the names extracted.
+
+        Entries that would land outside local_dir, and device files, are refused.
+        """
+        data = await self.download_tar(path, user=user, timeout=timeout)
+        return extract_tar(data, local_dir)
+
+
+def extract_tar(data: bytes, dest: str) -> List[str]:
+    """Extract a tar archive into dest, refusing anything that escapes it."""
+    os.makedirs(dest, exist_ok=True)
+    root = os.path.realpath(dest)
+    names = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+        members = tf.getmembers()
+        for m in members:
+            target = os.path.realpath(os.path.join(root, m.name))
+            if target != root and not target.startswith(root + os.sep):
+                raise errors.InvalidArgument(f"tar entry {m.name!r} leaves the destination")
+            if m.isdev():
+                raise errors.InvalidArgument(f"tar entry {m.name!r} is a device")
+            if m.issym() or m.islnk():
+                link = m.linkname if m.issym() else os.path.join(root, m.linkname)
+                base = os.path.dirname(target) if m.issym() else root
+                lt = os.path.realpath(os.path.join(base, link))
+                if lt != root and not lt.startswith(root + os.sep):
+                    raise errors.InvalidArgument(f"tar link {m.name!r} -> {m.linkname!r} leaves the destination")
+            names.append(m.name)
+        if hasattr(tarfile, "data_filter"):
+            tf.extractall(root, members=members, filter="data")
+        else:  # pragma: no cover - Python without extraction filters
+            for m in members:
+                m.mode &= 0o777
+            tf.extractall(root, members=members)
+    return names
+
+
+class Job:
+    """A background process in a sandbox (see Sandbox.spawn)."""
+
+    def __init__(self, sandbox: Sandbox, process_id: str, pid: int, tag: str):
+        self.sandbox = sandbox
+        self.process_id = process_id
+        self.pid = pid
+        self.tag = tag
+
+    def __repr__(self) -> str:
+        return f"<Job {self.process_id or self.tag} pid={self.pid}>"
+
+    def _ref(self) -> Dict[str, Any]:
+        msg: Dict[str, Any] = {"sandboxId": self.sandbox.id}
+        if self.process_id:
+            msg["processId"] = self.process_id
+        else:
+            msg["tag"] = self.tag
+        return msg
+
+    async def wait(self, timeout: Optional[float] = None) -> ExecResult:
+        """Wait for the process to exit; returns its result with all retained output.
+
+        A broken connection is retried (Attach replays from the start), so a
+        daemon restart does not lose the result. Raises Timeout after timeout.
+        """
+        from ._transport import Deadline
+        deadline = Deadline(timeout)
+        attempt = 0
+        while True:
+            try:
+                stream = await self.sandbox.client._t.stream(SANDBOX, "Attach", self._ref(),
+                                                             timeout=deadline.remaining(), idempotent=True)
+                return await _drive(stream, _Collector(), "Attach")
+            except errors.Unavailable:
+                attempt += 1
+                rem = deadline.remaining()
+                if attempt > 8 or (rem is not None and rem < 0.5):
+                    raise
+                await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
+
+    async def output(self, *, timeout: Optional[float] = None) -> ExecResult:
+        """The output retained so far; the process may still run.
+
+        The result's status is "running" (exit_code -1) while it runs.
+        """
+        for p in await self.sandbox.processes(timeout=timeout):
+            if p.process_id == self.process_id or (not self.process_id and p.tag == self.tag):
+                self.process_id = p.process_id
+                if not p.running:
+                    return await self.wait(timeout=timeout or self.sandbox.client.timeout)
+                break
+        else:
+            raise errors.NotFound(f"process {self.process_id or self.tag} is not in sandbox {self.sandbox.id}")
+        # Running: take the replay, then stop reading once it goes quiet.
+        stream = await self.sandbox.client._t.stream(SANDBOX, "Attach", self._ref(),
+                                                     timeout=self.sandbox.client._to(timeout), idempotent=True)
+        col = _Collector()
+        try:
+            while col.result is None:
+                try:
+                    ev = await asyncio.wait_for(stream.next(), 0.3)
+                except asyncio.TimeoutError:
+                    break
+                if ev is None:
+                    break
+                col.feed(ev)
+        finally:
+            stream.close()
+        if col.result is not None:
+            return col.result
+        return ExecResult(exit_code=-1, stdout_bytes=bytes(col.out), stderr_bytes=bytes(col.err),
+                          status="running", process_id=self.process_id, pid=self.pid)
+
+    async def running(self, *, timeout: Optional[float] = None) -> bool:
+        for p in await self.sandbox.processes(timeout=timeout):
+            if p.process_id == self.process_id or (not self.process_id and p.tag == self.tag):
+                return p.running
+        return False
+
+    async def kill(self, signal: int = 0, *, timeout: Optional[float] = None) -> None:
+        """Send signal to the process; 0 (the default) kills its whole tree."""
+        if not self.process_id:
+            await self.output(timeout=timeout)
+        msg = {"sandboxId": self.sandbox.id, "processId": self.process_id}
+        if signal:
+            msg["signal"] = int(signal)
+        await self.sandbox.client._call("Signal", msg, timeout)
+
+    async def write_stdin(self, data: Data, *, close: bool = False, timeout: Optional[float] = None) -> None:
+        msg: Dict[str, Any] = {"sandboxId": self.sandbox.id, "processId": self.process_id, "data": _b64(data)}
+        if close:
+            msg["close"] = True
+        await self.sandbox.client._call("WriteStdin", msg, timeout)
+
+
+class Session:
+    """A named, stateful shell session in a sandbox."""
+
+    def __init__(self, sandbox: Sandbox, name: str, shell: Optional[str], user: Optional[str]):
+        self.sandbox = sandbox
+        self.name = name
+        self.shell = shell
+        self.user = user
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def run(self, cmd: str, *, timeout: Optional[float] = None, stdin: Optional[Data] = None,
+                  check: bool = False) -> ExecResult:
+        """Run cmd in the session's shell; its cwd and exports stay for the next run."""
+        msg: Dict[str, Any] = {"sandboxId": self.sandbox.id, "session": self.name, "command": cmd}
+        if timeout:
+            msg["timeoutSeconds"] = float(timeout)
+        if stdin is not None:
+            msg["stdin"] = _b64(stdin)
+        if self.shell:
+            msg["shell"] = self.shell
+        if self.user:
+            msg["user"] = self.user
+        stream = await self.sandbox.client._t.stream(SANDBOX, "SessionRun", msg,
+                                                     timeout=Sandbox._deadline(timeout))
+        res = await _drive(stream, _Collector(), "SessionRun")
+        if check and res.status != "ok":
+            raise errors.CommandFailed(res)
+        return res
+
+    async def interrupt(self, *, timeout: Optional[float] = None) -> None:
+        """Send SIGINT to the command running in the session."""
+        await self.sandbox.client._call("SessionInterrupt", {"sandboxId": self.sandbox.id, "session": self.name},
+                                        timeout)
+
+    async def close(self, *, timeout: Optional[float] = None) -> None:
+        await self.sandbox.client._call("SessionClose", {"sandboxId": self.sandbox.id, "session": self.name},
+                                        timeout, idempotent=True)

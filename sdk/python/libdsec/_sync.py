@@ -1,0 +1,245 @@
+"""The blocking client: the same names as the async one, for code without asyncio.
+
+A Client runs an AsyncClient on a private event-loop thread and waits for
+each call. Callbacks (on_stdout, on_stderr) run on that thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Dict, Iterator, List, Mapping, Optional
+
+from . import _aio
+from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, ProcessInfo
+
+
+class _Loop:
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="libdsec-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro):
+        if self.loop.is_closed():
+            coro.close()
+            raise RuntimeError("libdsec: the client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self):
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
+            self.loop.close()
+
+
+class Client:
+    """Blocking twin of AsyncClient; see it for the arguments."""
+
+    def __init__(self, addr: Optional[str] = None, *, timeout: float = _aio.DEFAULT_TIMEOUT,
+                 max_idle_connections: int = 32):
+        self._loop = _Loop()
+        self._a = _aio.AsyncClient(addr, timeout=timeout, max_idle_connections=max_idle_connections)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._a.close())
+        except RuntimeError:
+            pass
+        self._loop.stop()
+
+    def _run(self, coro):
+        return self._loop.run(coro)
+
+    def create(self, env: str, **kw) -> "Sandbox":
+        return Sandbox(self, self._run(self._a.create(env, **kw)))
+
+    def create_many(self, n: int, env: str, **kw) -> List["Sandbox"]:
+        return [Sandbox(self, s) for s in self._run(self._a.create_many(n, env, **kw))]
+
+    def get(self, id: str, *, timeout: Optional[float] = None) -> "Sandbox":
+        return Sandbox(self, self._run(self._a.get(id, timeout=timeout)))
+
+    def sandbox(self, id: str) -> "Sandbox":
+        return Sandbox(self, self._a.sandbox(id))
+
+    def list(self, labels: Optional[Mapping[str, str]] = None, states=None, *,
+             timeout: Optional[float] = None) -> List["Sandbox"]:
+        return [Sandbox(self, s) for s in self._run(self._a.list(labels, states, timeout=timeout))]
+
+    def delete(self, id: str, *, timeout: Optional[float] = None) -> None:
+        self._run(self._a.delete(id, timeout=timeout))
+
+    def reap(self, labels: Optional[Mapping[str, str]] = None, *, timeout: Optional[float] = None) -> int:
+        return self._run(self._a.reap(labels, timeout=timeout))
+
+    def list_layers(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        return self._run(self._a.list_layers(timeout=timeout))
+
+    def import_layer(self, ref: str, path: str, **kw) -> Dict[str, Any]:
+        return self._run(self._a.import_layer(ref, path, **kw))
+
+    def remove_layer(self, ref: str, *, timeout: Optional[float] = None) -> None:
+        self._run(self._a.remove_layer(ref, timeout=timeout))
+
+    def list_environments(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        return self._run(self._a.list_environments(timeout=timeout))
+
+
+class Sandbox:
+    """Blocking twin of the async Sandbox. ``with sb:`` deletes it on exit."""
+
+    def __init__(self, client: Client, a: _aio.Sandbox):
+        self.client = client
+        self._a = a
+        self.id = a.id
+
+    def __repr__(self) -> str:
+        return repr(self._a)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.delete()
+
+    info = property(lambda self: self._a.info)
+    state = property(lambda self: self._a.state)
+    reason = property(lambda self: self._a.reason)
+    message = property(lambda self: self._a.message)
+    node = property(lambda self: self._a.node)
+    labels = property(lambda self: self._a.labels)
+
+    def _run(self, coro):
+        return self.client._run(coro)
+
+    def refresh(self, **kw) -> "Sandbox":
+        self._run(self._a.refresh(**kw))
+        return self
+
+    def delete(self, **kw) -> None:
+        self._run(self._a.delete(**kw))
+
+    def exec(self, cmd: Command, **kw) -> ExecResult:
+        return self._run(self._a.exec(cmd, **kw))
+
+    def exec_stream(self, cmd: Command, **kw) -> Iterator[ExecEvent]:
+        """Yield the command's events; leaving the loop early kills the command."""
+        agen = self._a.exec_stream(cmd, **kw)
+        try:
+            while True:
+                try:
+                    ev = self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield ev
+        finally:
+            try:
+                self._run(agen.aclose())
+            except RuntimeError:
+                pass
+
+    def spawn(self, cmd: Command, **kw) -> "Job":
+        return Job(self, self._run(self._a.spawn(cmd, **kw)))
+
+    def job(self, process_id: str = "", *, tag: str = "") -> "Job":
+        return Job(self, _aio.Job(self._a, process_id, 0, tag))
+
+    def processes(self, **kw) -> List[ProcessInfo]:
+        return self._run(self._a.processes(**kw))
+
+    def session(self, name: str = "default", **kw) -> "Session":
+        return Session(self, self._a.session(name, **kw))
+
+    def read_file(self, path: str, **kw) -> bytes:
+        return self._run(self._a.read_file(path, **kw))
+
+    def write_file(self, path: str, data: Data, **kw) -> int:
+        return self._run(self._a.write_file(path, data, **kw))
+
+    def list_dir(self, path: str, **kw) -> List[FileInfo]:
+        return self._run(self._a.list_dir(path, **kw))
+
+    def stat(self, path: str, **kw) -> FileInfo:
+        return self._run(self._a.stat(path, **kw))
+
+    def exists(self, path: str, **kw) -> bool:
+        return self._run(self._a.exists(path, **kw))
+
+    def remove(self, path: str, **kw) -> None:
+        self._run(self._a.remove(path, **kw))
+
+    def mkdir(self, path: str, **kw) -> None:
+        self._run(self._a.mkdir(path, **kw))
+
+    def upload(self, local_path: str, path: str, **kw) -> int:
+        return self._run(self._a.upload(local_path, path, **kw))
+
+    def upload_bytes(self, files: Mapping[str, Data], path: str, **kw) -> int:
+        return self._run(self._a.upload_bytes(files, path, **kw))
+
+    def download_tar(self, path: str, **kw) -> bytes:
+        return self._run(self._a.download_tar(path, **kw))
+
+    def download(self, path: str, local_dir: str, **kw) -> List[str]:
+        return self._run(self._a.download(path, local_dir, **kw))
+
+
+class Job:
+    """Blocking twin of the async Job."""
+
+    def __init__(self, sandbox: Sandbox, a: _aio.Job):
+        self.sandbox = sandbox
+        self._a = a
+
+    process_id = property(lambda self: self._a.process_id)
+    pid = property(lambda self: self._a.pid)
+    tag = property(lambda self: self._a.tag)
+
+    def __repr__(self) -> str:
+        return repr(self._a)
+
+    def wait(self, timeout: Optional[float] = None) -> ExecResult:
+        return self.sandbox._run(self._a.wait(timeout))
+
+    def output(self, **kw) -> ExecResult:
+        return self.sandbox._run(self._a.output(**kw))
+
+    def running(self, **kw) -> bool:
+        return self.sandbox._run(self._a.running(**kw))
+
+    def kill(self, signal: int = 0, **kw) -> None:
+        self.sandbox._run(self._a.kill(signal, **kw))
+
+    def write_stdin(self, data: Data, **kw) -> None:
+        self.sandbox._run(self._a.write_stdin(data, **kw))
+
+
+class Session:
+    """Blocking twin of the async Session."""
+
+    def __init__(self, sandbox: Sandbox, a: _aio.Session):
+        self.sandbox = sandbox
+        self._a = a
+        self.name = a.name
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(self, cmd: str, **kw) -> ExecResult:
+        return self.sandbox._run(self._a.run(cmd, **kw))
+
+    def interrupt(self, **kw) -> None:
+        self.sandbox._run(self._a.interrupt(**kw))
+
+    def close(self, **kw) -> None:
+        self.sandbox._run(self._a.close(**kw))

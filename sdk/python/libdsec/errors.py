@@ -1,0 +1,182 @@
+"""Typed errors raised by libdsec.
+
+Every error the SDK raises is a :class:`DsecError`. The subclasses say what
+happened, so callers can catch what they can handle::
+
+    try:
+        await sb.exec("make test", timeout=600)
+    except libdsec.errors.SandboxGone as e:
+        print("sandbox ended:", e.reason)      # "oom", "ttl", "idle", ...
+    except libdsec.errors.Timeout:
+        ...
+
+``code`` is the Connect error code the daemon answered with ("not_found",
+"unavailable", ...), or "unavailable" / "deadline_exceeded" for failures of
+the connection itself.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+__all__ = [
+    "DsecError", "NotFound", "AlreadyExists", "SandboxGone", "FailedPrecondition",
+    "Overloaded", "StartupTimeout", "InvalidArgument", "Unauthenticated",
+    "PermissionDenied", "Unavailable", "Timeout", "NotSupported", "Cancelled",
+    "Internal", "CommandFailed", "from_code",
+]
+
+
+class DsecError(Exception):
+    """Base class of every libdsec error."""
+
+    code = "unknown"
+
+    def __init__(self, message: str = "", *, code: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}" if self.message else self.code
+
+
+class NotFound(DsecError):
+    """The sandbox, process, session, file or layer does not exist."""
+    code = "not_found"
+
+
+class AlreadyExists(DsecError):
+    code = "already_exists"
+
+
+class FailedPrecondition(DsecError):
+    """The call does not fit the current state (e.g. a sandbox still starting)."""
+    code = "failed_precondition"
+
+
+class SandboxGone(FailedPrecondition):
+    """The sandbox stopped or failed; ``reason`` says why.
+
+    reason is one of "deleted", "ttl", "idle", "oom", "agent_lost",
+    "start_error", "node_lost" or "" when the daemon did not say.
+    """
+
+    def __init__(self, message: str = "", *, code: Optional[str] = None,
+                 sandbox_id: str = "", state: str = "", reason: str = ""):
+        super().__init__(message, code=code)
+        self.sandbox_id = sandbox_id
+        self.state = state
+        self.reason = reason
+
+
+class Overloaded(DsecError):
+    """The daemon refused the work for lack of capacity; retry later.
+
+    retry_after is the daemon's hint in seconds, or None.
+    """
+    code = "resource_exhausted"
+
+    def __init__(self, message: str = "", *, code: Optional[str] = None,
+                 retry_after: Optional[float] = None):
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class InvalidArgument(DsecError, ValueError):
+    code = "invalid_argument"
+
+
+class Unauthenticated(DsecError):
+    code = "unauthenticated"
+
+
+class PermissionDenied(DsecError):
+    code = "permission_denied"
+
+
+class Unavailable(DsecError, ConnectionError):
+    """The daemon cannot be reached: refused, reset, gone mid-call."""
+    code = "unavailable"
+
+
+class Timeout(DsecError, TimeoutError):
+    """The call's own timeout passed before the daemon answered."""
+    code = "deadline_exceeded"
+
+
+class StartupTimeout(Timeout):
+    """A sandbox did not become ready within the create call's timeout."""
+
+
+class NotSupported(DsecError):
+    code = "unimplemented"
+
+
+class Cancelled(DsecError):
+    code = "canceled"
+
+
+class Internal(DsecError):
+    code = "internal"
+
+
+class CommandFailed(DsecError):
+    """Raised by exec(..., check=True) when the command did not succeed.
+
+    result is the :class:`libdsec.ExecResult`.
+    """
+    code = "command_failed"
+
+    def __init__(self, result):
+        msg = f"command exited with {result.status} (exit code {result.exit_code})"
+        if result.message:
+            msg += f": {result.message}"
+        tail = result.stderr[-2000:].strip()
+        if tail:
+            msg += f"\nstderr: {tail}"
+        super().__init__(msg)
+        self.result = result
+
+
+_BY_CODE = {
+    "not_found": NotFound,
+    "already_exists": AlreadyExists,
+    "failed_precondition": FailedPrecondition,
+    "resource_exhausted": Overloaded,
+    "invalid_argument": InvalidArgument,
+    "out_of_range": InvalidArgument,
+    "unauthenticated": Unauthenticated,
+    "permission_denied": PermissionDenied,
+    "unavailable": Unavailable,
+    "deadline_exceeded": Timeout,
+    "unimplemented": NotSupported,
+    "canceled": Cancelled,
+    "internal": Internal,
+    "data_loss": Internal,
+}
+
+# "sandbox sb-n1-abc is stopped (oom): ..." (edge) or
+# "sandbox sb-n1-abc is STATE_FAILED: ..." (apiserver).
+_GONE = re.compile(
+    r"sandbox (\S+) is (?:STATE_)?(stopped|stopping|failed|STOPPED|STOPPING|FAILED)"
+    r"(?: \((\w+)\))?")
+
+
+def from_code(code: str, message: str, *, retry_after: Optional[float] = None,
+              creating: bool = False) -> DsecError:
+    """Build the typed error for a Connect error code and message."""
+    code = code or "unknown"
+    if code == "failed_precondition":
+        m = _GONE.search(message)
+        if m:
+            return SandboxGone(message, code=code, sandbox_id=m.group(1),
+                               state=m.group(2).lower(), reason=(m.group(3) or "").lower())
+    if code == "deadline_exceeded" and creating:
+        return StartupTimeout(message, code=code)
+    if code == "resource_exhausted" or (code == "unavailable" and retry_after is not None):
+        return Overloaded(message, code=code, retry_after=retry_after)
+    cls = _BY_CODE.get(code, DsecError)
+    return cls(message, code=code)

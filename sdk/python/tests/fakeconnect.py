@@ -1,0 +1,190 @@
+"""A tiny fake Connect server on loopback (or a Unix socket) for offline tests.
+
+Routes map "/dsec.v1.SandboxService/Method" to functions taking a Call; the
+function answers with call.reply / call.error for unary methods, or
+call.send / call.end for server streams, or call.drop() to cut the
+connection without an answer. Every request is recorded in server.requests.
+"""
+
+import base64
+import json
+import os
+import socket
+import socketserver
+import struct
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+def b64(b):
+    if isinstance(b, str):
+        b = b.encode()
+    return base64.b64encode(b).decode()
+
+
+class Call:
+    def __init__(self, handler, path, headers, msg, streaming):
+        self.h = handler
+        self.path = path
+        self.method = path.rsplit("/", 1)[-1]
+        self.headers = headers
+        self.msg = msg
+        self.streaming = streaming
+        self.started = False
+
+    # unary
+    def reply(self, obj, status=200, extra_headers=None):
+        body = json.dumps(obj).encode()
+        self.h.send_response(status)
+        self.h.send_header("Content-Type", "application/json")
+        self.h.send_header("Content-Length", str(len(body)))
+        for k, v in (extra_headers or {}).items():
+            self.h.send_header(k, v)
+        self.h.end_headers()
+        self.h.wfile.write(body)
+        self.h.wfile.flush()
+
+    def error(self, code, message, status=None, extra_headers=None):
+        if self.streaming:
+            self.end({"code": code, "message": message})
+            return
+        status = status or {"not_found": 404, "invalid_argument": 400, "unavailable": 503,
+                            "resource_exhausted": 429, "deadline_exceeded": 504,
+                            "unauthenticated": 401, "failed_precondition": 400}.get(code, 500)
+        self.reply({"code": code, "message": message}, status=status, extra_headers=extra_headers)
+
+    # streams
+    def _start(self):
+        if not self.started:
+            self.started = True
+            self.h.send_response(200)
+            self.h.send_header("Content-Type", "application/connect+json")
+            self.h.send_header("Transfer-Encoding", "chunked")
+            self.h.end_headers()
+
+    def _chunk(self, data):
+        self.h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.h.wfile.flush()
+
+    def send(self, obj, flags=0):
+        self._start()
+        payload = json.dumps(obj).encode()
+        self._chunk(struct.pack(">BI", flags, len(payload)) + payload)
+
+    def end(self, error=None):
+        self.send({"error": error} if error else {}, flags=0x02)
+        self.h.wfile.write(b"0\r\n\r\n")
+        self.h.wfile.flush()
+
+    def drop(self):
+        """Cut the connection with a reset, as a killed daemon would."""
+        self.h.close_connection = True
+        try:
+            self.h.wfile.flush()
+        except OSError:
+            pass
+        s = self.h.connection
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.h.dropped = True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def setup(self):
+        super().setup()
+        self.dropped = False
+        with self.server.lock:
+            self.server.connections += 1
+
+    def log_message(self, *a):
+        pass
+
+    def address_string(self):
+        return "fake"
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(n)
+        ctype = self.headers.get("Content-Type", "")
+        streaming = ctype == "application/connect+json"
+        if streaming:
+            flags, size = struct.unpack(">BI", body[:5])
+            assert flags == 0 and size == len(body) - 5, "bad request envelope"
+            msg = json.loads(body[5:])
+        else:
+            msg = json.loads(body) if body else {}
+        call = Call(self, self.path, dict(self.headers), msg, streaming)
+        with self.server.lock:
+            self.server.requests.append(call)
+        fn = self.server.routes.get(self.path)
+        if fn is None:
+            call.error("unimplemented", f"no route {self.path}", status=404)
+            return
+        fn(call)
+        if call.streaming and not call.started and not self.dropped:
+            call.end()
+        if self.dropped:
+            self.close_connection = True
+
+
+class _TCP(socketserver.ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Unix(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def server_bind(self):
+        socketserver.UnixStreamServer.server_bind(self)
+        self.server_name, self.server_port = "fake", 0
+
+
+class FakeServer:
+    """Start with FakeServer(routes) (TCP) or FakeServer(routes, unix_path=...)."""
+
+    def __init__(self, routes=None, unix_path=None):
+        cls = _Unix if unix_path else _TCP
+        self.srv = cls(unix_path if unix_path else ("127.0.0.1", 0), _Handler)
+        self.srv.routes = dict(routes or {})
+        self.srv.requests = []
+        self.srv.connections = 0
+        self.srv.lock = threading.Lock()
+        self.unix_path = unix_path
+        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def addr(self):
+        if self.unix_path:
+            return "unix://" + self.unix_path
+        return "127.0.0.1:%d" % self.srv.server_address[1]
+
+    @property
+    def routes(self):
+        return self.srv.routes
+
+    @property
+    def requests(self):
+        return self.srv.requests
+
+    @property
+    def connections(self):
+        return self.srv.connections
+
+    def route(self, method, fn, service="dsec.v1.SandboxService"):
+        self.srv.routes[f"/{service}/{method}"] = fn
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+        if self.unix_path and os.path.exists(self.unix_path):
+            os.unlink(self.unix_path)
