@@ -8,6 +8,7 @@ require dsec.dev/dsec/api v0.0.0
 
 require (
 	connectrpc.com/connect v1.19.1 // indirect
+	github.com/creack/pty v1.1.24 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect

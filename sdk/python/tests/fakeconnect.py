@@ -138,10 +138,12 @@ class _Handler(BaseHTTPRequestHandler):
 class _TCP(socketserver.ThreadingMixIn, HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024
 
 
 class _Unix(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+    request_queue_size = 1024
 
     def server_bind(self):
         socketserver.UnixStreamServer.server_bind(self)
@@ -159,7 +161,7 @@ class FakeServer:
         self.srv.connections = 0
         self.srv.lock = threading.Lock()
         self.unix_path = unix_path
-        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.srv.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     @property

@@ -1,0 +1,138 @@
+"""dsec's main job: a batch of RL-style rollouts in real container sandboxes.
+
+Each rollout starts a sandbox from a layered environment (a Debian base with
+Python, a workspace holding a small project whose median() is wrong for
+even-length lists, and a toolkit holding the grader), applies one candidate
+patch (standing in for a policy's action), restores the project's tests from
+the trusted copy on this host (so a patch that edits the tests earns
+nothing), runs the grader, and reads the reward from the grader's result
+file rather than from anything the rollout printed.
+
+    python3 demo/rollout.py --env BASE+WORKSPACE+TOOLKIT [-n 32]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+from libdsec import AsyncClient
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PATCHES = sorted(
+    os.path.join(HERE, "patches", p) for p in os.listdir(os.path.join(HERE, "patches")) if p.endswith(".patch")
+)
+PRISTINE_TESTS = os.path.join(HERE, "workspace", "project", "tests")
+
+
+def pct(values, q):
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q * len(s))) - 1))]
+
+
+class Progress:
+    """One status line, redrawn as rollouts finish."""
+
+    def __init__(self, total):
+        self.total, self.done, self.started, self.reward = total, 0, 0, 0.0
+        self.tty = sys.stdout.isatty()
+        self.t0 = time.monotonic()
+
+    def draw(self, note=""):
+        width = 30
+        filled = int(width * self.done / self.total)
+        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} done, "
+                f"{self.started - self.done} running, mean reward {self.reward / max(1, self.done):.2f}, "
+                f"{time.monotonic() - self.t0:.1f}s {note}")
+        if self.tty:
+            print("\r" + line.ljust(110), end="", flush=True)
+        else:
+            print(line, flush=True)
+
+
+async def rollout(client, args, i, progress, sem):
+    patch_path = PATCHES[i % len(PATCHES)]
+    name = os.path.basename(patch_path)[: -len(".patch")]
+    row = {"rollout": i, "patch": name, "applied": False, "passed": 0, "total": 0, "reward": 0.0,
+           "create_ms": 0.0, "exec_ms": [], "error": ""}
+    async with sem:
+        progress.started += 1
+        t0 = time.monotonic()
+        sb = await client.create(args.env, memory_mb=256, cpus=0.5, ttl_s=600,
+                                 labels={"job": "dsec-demo", "rollout": str(i)}, timeout=120)
+        row["create_ms"] = (time.monotonic() - t0) * 1000
+        try:
+            async def run(cmd, timeout=60):
+                t = time.monotonic()
+                res = await sb.exec(cmd, timeout=timeout)
+                row["exec_ms"].append((time.monotonic() - t) * 1000)
+                return res
+
+            with open(patch_path, "rb") as f:
+                await sb.write_file("/tmp/candidate.patch", f.read())
+            res = await run("cd /project && patch -p1 --batch < /tmp/candidate.patch")
+            row["applied"] = res.exit_code == 0
+            # The grader's tests come from this host, not from the sandbox.
+            await run("rm -rf /project/tests")
+            await sb.upload(PRISTINE_TESTS, "/project")
+            res = await run("python3 /opt/dsec-harness/grade.py /project /tmp/result.json", timeout=120)
+            result = json.loads(await sb.read_file("/tmp/result.json"))
+            row["passed"], row["total"] = result["passed"], result["total"]
+            if result["total"] and not result["load_error"]:
+                row["reward"] = result["passed"] / result["total"]
+        except Exception as exc:  # one broken rollout must not stop the batch
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            await sb.delete()
+    progress.done += 1
+    progress.reward += row["reward"]
+    progress.draw()
+    return row
+
+
+async def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", required=True, help="BASE[+LAYER...] environment")
+    ap.add_argument("-n", "--rollouts", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=32, help="sandboxes alive at once")
+    ap.add_argument("--addr", default=None, help="dsecd address (default $DSEC_ADDR)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
+    args = ap.parse_args()
+
+    async with AsyncClient(args.addr) as client:
+        await client.reap(labels={"job": "dsec-demo"})  # orphans of an interrupted earlier run
+        progress = Progress(args.rollouts)
+        sem = asyncio.Semaphore(args.concurrency)
+        t0 = time.monotonic()
+        print(f"{args.rollouts} rollouts over {len(PATCHES)} candidate patches in {args.env}")
+        rows = await asyncio.gather(*(rollout(client, args, i, progress, sem) for i in range(args.rollouts)))
+        wall = time.monotonic() - t0
+        left = await client.list(labels={"job": "dsec-demo"}, states=["running", "creating"])
+    print()
+    print()
+    print(f"{'#':>3}  {'patch':<22} {'applied':<8} {'tests':>7}  {'reward':>6}  {'create':>8}  error")
+    for r in rows:
+        print(f"{r['rollout']:>3}  {r['patch']:<22} {str(r['applied']).lower():<8} "
+              f"{r['passed']:>3}/{r['total']:<3}  {r['reward']:>6.2f}  {r['create_ms']:>6.0f}ms  {r['error'][:60]}")
+    creates = [r["create_ms"] for r in rows if r["create_ms"]]
+    execs = [e for r in rows for e in r["exec_ms"]]
+    print()
+    print("per patch: " + ", ".join(
+        f"{p}={statistics.mean(r['reward'] for r in rows if r['patch'] == p):.2f}"
+        for p in sorted({r["patch"] for r in rows})))
+    print(f"create latency: p50 {pct(creates, .5):.0f} ms, p90 {pct(creates, .9):.0f} ms, p99 {pct(creates, .99):.0f} ms")
+    print(f"exec latency:   p50 {pct(execs, .5):.0f} ms, p90 {pct(execs, .9):.0f} ms, p99 {pct(execs, .99):.0f} ms")
+    print(f"{len(rows)} rollouts in {wall:.1f}s; errors: {sum(1 for r in rows if r['error'])}; "
+          f"sandboxes left running: {len(left)}")
+    if args.json:
+        print(json.dumps(rows))
+    return 1 if any(r["error"] for r in rows) or left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,415 @@
+// Package dsec is the Go client of dsec, the sandbox infrastructure for
+// agentic RL. It talks to a dsecd (or an apiserver) over Connect, on a Unix
+// socket or loopback TCP:
+//
+//	c, err := dsec.NewClient("") // $DSEC_ADDR, else unix:///var/lib/dsec/dsecd.sock
+//	sb, err := c.Create(ctx, "busybox:test", &dsec.CreateOptions{MemoryMB: 256})
+//	defer sb.Delete(context.WithoutCancel(ctx))
+//	res, err := sb.Exec(ctx, dsec.Sh("echo hello"), &dsec.ExecOptions{Timeout: time.Minute})
+//
+// Every call honours its context; calls whose context has no deadline get
+// the client's default timeout (Exec: the command's own timeout plus a
+// grace period). Idempotent calls (Get, List, Delete, read-only file calls,
+// and Create, which always carries an idempotency key) are retried on
+// transport failures with exponential backoff and jitter. Errors match the
+// kinds in errors.go with errors.Is.
+//
+// The package imports only the public API module, never server code.
+package dsec
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+)
+
+// DefaultAddr is the local daemon's Unix socket.
+const DefaultAddr = "unix:///var/lib/dsec/dsecd.sock"
+
+// Defaults for calls whose context carries no deadline.
+const (
+	DefaultTimeout       = 30 * time.Second
+	DefaultCreateTimeout = 120 * time.Second
+	execGrace            = 15 * time.Second
+)
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithTimeout sets the default timeout of unary calls (default 30 s).
+func WithTimeout(d time.Duration) Option { return func(c *Client) { c.timeout = d } }
+
+// WithMaxRetries sets how often an idempotent call is retried (default 6).
+func WithMaxRetries(n int) Option { return func(c *Client) { c.maxRetries = n } }
+
+// WithHTTPClient replaces the HTTP client (the address is then only used for the base URL).
+func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.hc = hc } }
+
+// Client is a client of one dsecd. It is safe for concurrent use.
+type Client struct {
+	sb         dsecv1connect.SandboxServiceClient
+	layers     dsecv1connect.LayerServiceClient
+	hc         *http.Client
+	baseURL    string
+	timeout    time.Duration
+	maxRetries int
+}
+
+// NewClient makes a client for addr: unix:///path, http://host:port or
+// host:port; "" means $DSEC_ADDR, else DefaultAddr. It does not connect yet.
+func NewClient(addr string, opts ...Option) (*Client, error) {
+	if addr == "" {
+		addr = os.Getenv("DSEC_ADDR")
+	}
+	if addr == "" {
+		addr = DefaultAddr
+	}
+	c := &Client{timeout: DefaultTimeout, maxRetries: 6}
+	for _, o := range opts {
+		o(c)
+	}
+	tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 15 * time.Second}
+	switch {
+	case strings.HasPrefix(addr, "unix://"):
+		path := strings.TrimPrefix(addr, "unix://")
+		if path == "" {
+			return nil, invalid("address %q names no socket", addr)
+		}
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "unix", path)
+		}
+		c.baseURL = "http://dsecd"
+	case strings.HasPrefix(addr, "http://"):
+		c.baseURL = strings.TrimSuffix(addr, "/")
+		tr.DialContext = dialer.DialContext
+	case strings.Contains(addr, "://"):
+		return nil, invalid("address %q: only unix:// and http:// are supported", addr)
+	default:
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, invalid("address %q: %v", addr, err)
+		}
+		c.baseURL = "http://" + addr
+		tr.DialContext = dialer.DialContext
+	}
+	if c.hc == nil {
+		c.hc = &http.Client{Transport: tr}
+	}
+	c.sb = dsecv1connect.NewSandboxServiceClient(c.hc, c.baseURL)
+	c.layers = dsecv1connect.NewLayerServiceClient(c.hc, c.baseURL)
+	return c, nil
+}
+
+// Close drops the client's idle connections.
+func (c *Client) Close() error {
+	c.hc.CloseIdleConnections()
+	return nil
+}
+
+// withTimeout gives ctx the default deadline d when it has none (d <= 0: none).
+func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok || d <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// retry runs call until it succeeds, fails with a non-retryable error, or
+// the retries or the context run out. Only transport failures (unavailable)
+// are retried.
+func (c *Client) retry(ctx context.Context, creating bool, call func(context.Context) error) error {
+	for attempt := 0; ; attempt++ {
+		err := call(ctx)
+		if err == nil {
+			return nil
+		}
+		err = fromConnect(err, creating)
+		var e *Error
+		if !errors.As(err, &e) || e.Code != connect.CodeUnavailable || attempt >= c.maxRetries {
+			return err
+		}
+		delay := backoff(attempt, e.RetryAfter)
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= delay {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+	}
+}
+
+func backoff(attempt int, hint time.Duration) time.Duration {
+	if hint > 0 {
+		return hint
+	}
+	base := math.Min(2, 0.05*math.Pow(2, float64(attempt)))
+	return time.Duration((base/2 + mrand.Float64()*base/2) * float64(time.Second))
+}
+
+func (c *Client) unary(ctx context.Context, idempotent bool, call func(context.Context) error) error {
+	ctx, cancel := withTimeout(ctx, c.timeout)
+	defer cancel()
+	if !idempotent {
+		return fromConnect(call(ctx), false)
+	}
+	return c.retry(ctx, false, call)
+}
+
+// CreateOptions describe new sandboxes. Zero fields take the node's defaults.
+type CreateOptions struct {
+	Backend      string // "container" (default)
+	CPUs         float64
+	MemoryMB     int64
+	DiskMB       int64
+	Pids         int64
+	TTL          time.Duration // hard lifetime
+	IdleTimeout  time.Duration // negative: never
+	User         string        // default user of commands
+	Env          map[string]string
+	Labels       map[string]string
+	NetworkRules map[string]bool
+	Hostname     string
+	Workdir      string
+	// Timeout bounds waiting for the sandboxes to run (default 120 s, or the
+	// context's deadline); past it the call fails with ErrStartupTimeout.
+	Timeout time.Duration
+	// IdempotencyKey; a random one is made when empty.
+	IdempotencyKey string
+}
+
+func (o *CreateOptions) spec(env string) (*dsecv1.SandboxSpec, error) {
+	if o == nil {
+		o = &CreateOptions{}
+	}
+	if o.Backend != "" && o.Backend != "container" {
+		return nil, invalid("backend %q is not known (container)", o.Backend)
+	}
+	return &dsecv1.SandboxSpec{
+		Environment: env, Backend: dsecv1.Backend_BACKEND_CONTAINER, Cpus: o.CPUs,
+		MemoryMb: o.MemoryMB, DiskMb: o.DiskMB, Pids: o.Pids,
+		TtlSeconds: seconds(o.TTL), IdleTimeoutSeconds: seconds(o.IdleTimeout),
+		User: o.User, Env: o.Env, Labels: o.Labels, NetworkRules: o.NetworkRules,
+		Hostname: o.Hostname, Workdir: o.Workdir,
+	}, nil
+}
+
+func seconds(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return int64(math.Ceil(d.Seconds()))
+}
+
+func newKey() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// CreateMany makes n sandboxes from env ("BASE[+LAYER...]") in one call:
+// all of them or none. Retries after a transport failure reuse the call's
+// idempotency key, so they never make a second batch.
+func (c *Client) CreateMany(ctx context.Context, n int, env string, o *CreateOptions) ([]*Sandbox, error) {
+	if n < 1 {
+		return nil, invalid("n must be at least 1")
+	}
+	spec, err := o.spec(env)
+	if err != nil {
+		return nil, err
+	}
+	timeout := DefaultCreateTimeout
+	key := newKey()
+	if o != nil {
+		if o.Timeout > 0 {
+			timeout = o.Timeout
+		}
+		if o.IdempotencyKey != "" {
+			key = o.IdempotencyKey
+		}
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = time.Until(dl)
+	}
+	// The daemon waits timeout; we wait a little longer for its verdict.
+	ctx, cancel := context.WithTimeout(ctx, timeout+2*time.Second)
+	defer cancel()
+	req := &dsecv1.CreateRequest{Spec: spec, Count: int32(n), IdempotencyKey: key,
+		WaitSeconds: max(1, int64(timeout.Seconds()))}
+	var resp *dsecv1.CreateResponse
+	err = c.retry(ctx, true, func(ctx context.Context) error {
+		r, err := c.sb.Create(ctx, connect.NewRequest(req))
+		if err == nil {
+			resp = r.Msg
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create %d sandbox(es) of %s: %w", n, env, err)
+	}
+	out := make([]*Sandbox, 0, len(resp.GetSandboxes()))
+	for _, info := range resp.GetSandboxes() {
+		out = append(out, c.wrap(info))
+	}
+	return out, nil
+}
+
+// Create makes one sandbox; see CreateMany.
+func (c *Client) Create(ctx context.Context, env string, o *CreateOptions) (*Sandbox, error) {
+	sbs, err := c.CreateMany(ctx, 1, env, o)
+	if err != nil {
+		return nil, err
+	}
+	if len(sbs) != 1 {
+		return nil, &Error{Kind: ErrInternal, Message: fmt.Sprintf("create returned %d sandboxes", len(sbs))}
+	}
+	return sbs[0], nil
+}
+
+func (c *Client) wrap(info *dsecv1.Sandbox) *Sandbox {
+	return &Sandbox{ID: info.GetId(), c: c, info: info}
+}
+
+// Sandbox is a handle on an existing sandbox by ID, without a call.
+func (c *Client) Sandbox(id string) *Sandbox {
+	return c.wrap(&dsecv1.Sandbox{Id: id})
+}
+
+// Get fetches a sandbox's current record.
+func (c *Client) Get(ctx context.Context, id string) (*Sandbox, error) {
+	var info *dsecv1.Sandbox
+	err := c.unary(ctx, true, func(ctx context.Context) error {
+		r, err := c.sb.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: id}))
+		if err == nil {
+			info = r.Msg
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	return c.wrap(info), nil
+}
+
+// List returns the sandboxes whose labels all match and whose state is any of states (none: all).
+func (c *Client) List(ctx context.Context, labels map[string]string, states ...dsecv1.State) ([]*Sandbox, error) {
+	var resp *dsecv1.ListResponse
+	err := c.unary(ctx, true, func(ctx context.Context) error {
+		r, err := c.sb.List(ctx, connect.NewRequest(&dsecv1.ListRequest{Labels: labels, States: states}))
+		if err == nil {
+			resp = r.Msg
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	out := make([]*Sandbox, 0, len(resp.GetSandboxes()))
+	for _, info := range resp.GetSandboxes() {
+		out = append(out, c.wrap(info))
+	}
+	return out, nil
+}
+
+// Delete stops a sandbox and removes everything it had; a sandbox already gone is not an error.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	err := c.unary(ctx, true, func(ctx context.Context) error {
+		_, err := c.sb.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Reap deletes every live sandbox whose labels match and returns how many it deleted.
+func (c *Client) Reap(ctx context.Context, labels map[string]string) (int, error) {
+	sbs, err := c.List(ctx, labels, dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_STOPPING)
+	if err != nil {
+		return 0, err
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		sem   = make(chan struct{}, 16)
+	)
+	for _, sb := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if err := sb.Delete(ctx); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return len(sbs), first
+}
+
+// ListLayers lists the node's layers.
+func (c *Client) ListLayers(ctx context.Context) ([]*dsecv1.Layer, error) {
+	var out []*dsecv1.Layer
+	err := c.unary(ctx, true, func(ctx context.Context) error {
+		r, err := c.layers.ListLayers(ctx, connect.NewRequest(&dsecv1.ListLayersRequest{}))
+		if err == nil {
+			out = r.Msg.GetLayers()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list layers: %w", err)
+	}
+	return out, nil
+}
+
+// ImportLayer builds a layer named ref from a directory or tar archive on the daemon's host.
+func (c *Client) ImportLayer(ctx context.Context, ref string, kind dsecv1.LayerKind, path string) (*dsecv1.Layer, error) {
+	ctx, cancel := withTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	r, err := c.layers.ImportLayer(ctx, connect.NewRequest(&dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path}))
+	if err != nil {
+		return nil, fmt.Errorf("import layer %s: %w", ref, fromConnect(err, false))
+	}
+	return r.Msg, nil
+}
+
+// ListEnvironments lists the environments sandboxes were made from.
+func (c *Client) ListEnvironments(ctx context.Context) ([]*dsecv1.Environment, error) {
+	var out []*dsecv1.Environment
+	err := c.unary(ctx, true, func(ctx context.Context) error {
+		r, err := c.layers.ListEnvironments(ctx, connect.NewRequest(&dsecv1.ListEnvironmentsRequest{}))
+		if err == nil {
+			out = r.Msg.GetEnvironments()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list environments: %w", err)
+	}
+	return out, nil
+}

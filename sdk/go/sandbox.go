@@ -1,0 +1,570 @@
+package dsec
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+// Sandbox is one sandbox. Its methods are safe for concurrent use; Info is
+// the last record seen and is updated by Refresh.
+type Sandbox struct {
+	ID   string
+	c    *Client
+	info *dsecv1.Sandbox
+}
+
+// Info is the sandbox's last known record.
+func (s *Sandbox) Info() *dsecv1.Sandbox { return s.info }
+
+// State is the last known state, e.g. "running" or "stopped".
+func (s *Sandbox) State() string {
+	return strings.ToLower(strings.TrimPrefix(s.info.GetState().String(), "STATE_"))
+}
+
+// Reason is why the sandbox stopped, e.g. "oom" or "ttl" ("unspecified" while it runs).
+func (s *Sandbox) Reason() string {
+	return strings.ToLower(strings.TrimPrefix(s.info.GetReason().String(), "REASON_"))
+}
+
+// Refresh fetches the sandbox's current record.
+func (s *Sandbox) Refresh(ctx context.Context) error {
+	n, err := s.c.Get(ctx, s.ID)
+	if err != nil {
+		return err
+	}
+	s.info = n.info
+	return nil
+}
+
+// Delete stops the sandbox and removes everything it had.
+func (s *Sandbox) Delete(ctx context.Context) error { return s.c.Delete(ctx, s.ID) }
+
+// Command is what Exec runs: a shell command line or an argv.
+type Command struct {
+	Shell string   // run under `sh -c` (the static shell of the agent)
+	Argv  []string // run directly
+}
+
+// Sh is a shell command line.
+func Sh(line string) Command { return Command{Shell: line} }
+
+// Argv is a program and its arguments, run without a shell.
+func Argv(argv ...string) Command { return Command{Argv: argv} }
+
+// ExecOptions tune a command. The zero value (or nil) runs it as the
+// sandbox's user, in its workdir, without a timeout.
+type ExecOptions struct {
+	// Timeout is enforced inside the sandbox: the whole process tree is
+	// killed and the status is StatusTimeout.
+	Timeout   time.Duration
+	Cwd       string
+	Env       map[string]string
+	User      string
+	Stdin     []byte
+	ShellPath string // another shell for Command.Shell
+	// OnStdout and OnStderr, if set, get each chunk of output as it arrives.
+	OnStdout func([]byte)
+	OnStderr func([]byte)
+}
+
+// Status says how a command ended.
+type Status string
+
+const (
+	StatusOK           Status = "ok"
+	StatusNonzero      Status = "nonzero"
+	StatusTimeout      Status = "timeout"
+	StatusOOM          Status = "oom"
+	StatusKilled       Status = "killed"
+	StatusSandboxError Status = "sandbox_error" // the command could not be started
+	StatusRunning      Status = "running"       // Job.Output of a process still running
+)
+
+// ExecResult is what a finished command did. A non-zero exit is a result,
+// not an error; Err turns it into one.
+type ExecResult struct {
+	ExitCode  int
+	Stdout    []byte
+	Stderr    []byte
+	Duration  time.Duration
+	Truncated bool // retained output was cut at the output limit
+	Status    Status
+	Signal    int
+	Message   string
+	ProcessID string
+	PID       int
+}
+
+// Err is nil when the command succeeded, else an error matching ErrCommandFailed.
+func (r *ExecResult) Err() error {
+	if r.Status == StatusOK {
+		return nil
+	}
+	msg := fmt.Sprintf("command exited with %s (exit code %d)", r.Status, r.ExitCode)
+	if r.Message != "" {
+		msg += ": " + r.Message
+	}
+	return &Error{Kind: ErrCommandFailed, Message: msg}
+}
+
+func statusOf(s dsecv1.ExitStatus, code int32) Status {
+	switch s {
+	case dsecv1.ExitStatus_EXIT_STATUS_OK:
+		return StatusOK
+	case dsecv1.ExitStatus_EXIT_STATUS_NONZERO:
+		return StatusNonzero
+	case dsecv1.ExitStatus_EXIT_STATUS_TIMEOUT:
+		return StatusTimeout
+	case dsecv1.ExitStatus_EXIT_STATUS_OOM:
+		return StatusOOM
+	case dsecv1.ExitStatus_EXIT_STATUS_KILLED:
+		return StatusKilled
+	case dsecv1.ExitStatus_EXIT_STATUS_START_ERROR:
+		return StatusSandboxError
+	}
+	if code == 0 {
+		return StatusOK
+	}
+	return StatusNonzero
+}
+
+// EventType names the kinds of ExecEvent.
+type EventType string
+
+const (
+	EventStarted EventType = "started"
+	EventStdout  EventType = "stdout"
+	EventStderr  EventType = "stderr"
+	EventExited  EventType = "exited"
+)
+
+// Event is one event of a streamed command.
+type Event struct {
+	Type      EventType
+	Data      []byte      // stdout, stderr
+	ProcessID string      // started
+	PID       int         // started
+	Tag       string      // started
+	Result    *ExecResult // exited, with the output gathered so far
+}
+
+// collector turns ExecEvents into output buffers and, at the end, a result.
+type collector struct {
+	out, errb      []byte
+	processID, tag string
+	pid            int
+	result         *ExecResult
+	onOut, onErr   func([]byte)
+}
+
+func (c *collector) feed(ev *dsecv1.ExecEvent) *Event {
+	switch e := ev.GetEvent().(type) {
+	case *dsecv1.ExecEvent_Started:
+		c.processID, c.pid, c.tag = e.Started.GetProcessId(), int(e.Started.GetPid()), e.Started.GetTag()
+		return &Event{Type: EventStarted, ProcessID: c.processID, PID: c.pid, Tag: c.tag}
+	case *dsecv1.ExecEvent_Stdout:
+		c.out = append(c.out, e.Stdout...)
+		if c.onOut != nil {
+			c.onOut(e.Stdout)
+		}
+		return &Event{Type: EventStdout, Data: e.Stdout, ProcessID: c.processID}
+	case *dsecv1.ExecEvent_Stderr:
+		c.errb = append(c.errb, e.Stderr...)
+		if c.onErr != nil {
+			c.onErr(e.Stderr)
+		}
+		return &Event{Type: EventStderr, Data: e.Stderr, ProcessID: c.processID}
+	case *dsecv1.ExecEvent_Exited:
+		x := e.Exited
+		c.result = &ExecResult{
+			ExitCode: int(x.GetExitCode()), Stdout: c.out, Stderr: c.errb,
+			Duration:  time.Duration(x.GetDurationSeconds() * float64(time.Second)),
+			Truncated: x.GetStdoutTruncated() || x.GetStderrTruncated(),
+			Status:    statusOf(x.GetStatus(), x.GetExitCode()), Signal: int(x.GetSignal()),
+			Message: x.GetMessage(), ProcessID: c.processID, PID: c.pid,
+		}
+		return &Event{Type: EventExited, ProcessID: c.processID, Result: c.result}
+	}
+	return nil // keepalive
+}
+
+func (s *Sandbox) execRequest(cmd Command, o *ExecOptions) (*dsecv1.ExecRequest, error) {
+	if o == nil {
+		o = &ExecOptions{}
+	}
+	if (cmd.Shell == "") == (len(cmd.Argv) == 0) {
+		return nil, invalid("a command needs exactly one of Shell and Argv")
+	}
+	return &dsecv1.ExecRequest{
+		SandboxId: s.ID, Argv: cmd.Argv, Command: cmd.Shell, Shell: o.ShellPath, Env: o.Env,
+		Cwd: o.Cwd, User: o.User, Stdin: o.Stdin, TimeoutSeconds: o.Timeout.Seconds(),
+	}, nil
+}
+
+// execCtx bounds a streamed call: the command's timeout plus a grace period
+// for its report, or the caller's context alone when there is no timeout.
+func execCtx(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return withTimeout(ctx, timeout+execGrace)
+}
+
+// drive reads a stream of ExecEvents until the command exits.
+func drive(stream *connect.ServerStreamForClient[dsecv1.ExecEvent], col *collector) (*ExecResult, error) {
+	defer stream.Close()
+	for col.result == nil && stream.Receive() {
+		col.feed(stream.Msg())
+	}
+	if col.result != nil {
+		return col.result, nil
+	}
+	if err := stream.Err(); err != nil {
+		return nil, fromConnect(err, false)
+	}
+	return nil, &Error{Kind: ErrUnavailable, Code: connect.CodeUnavailable, Message: "the stream ended before the command exited"}
+}
+
+// Exec runs cmd and waits for it.
+func (s *Sandbox) Exec(ctx context.Context, cmd Command, o *ExecOptions) (*ExecResult, error) {
+	req, err := s.execRequest(cmd, o)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := execCtx(ctx, o.timeout())
+	defer cancel()
+	stream, err := s.c.sb.Exec(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, fmt.Errorf("exec in %s: %w", s.ID, fromConnect(err, false))
+	}
+	col := &collector{}
+	if o != nil {
+		col.onOut, col.onErr = o.OnStdout, o.OnStderr
+	}
+	res, err := drive(stream, col)
+	if err != nil {
+		return nil, fmt.Errorf("exec in %s: %w", s.ID, err)
+	}
+	return res, nil
+}
+
+func (o *ExecOptions) timeout() time.Duration {
+	if o == nil {
+		return 0
+	}
+	return o.Timeout
+}
+
+// ExecStream is a running command's event stream. Call Next until it
+// returns false, then Err; Close abandons it (which kills the command).
+type ExecStream struct {
+	stream *connect.ServerStreamForClient[dsecv1.ExecEvent]
+	cancel context.CancelFunc
+	col    collector
+	ev     *Event
+	err    error
+	done   bool
+}
+
+// ExecStream starts cmd and returns its events as they happen.
+func (s *Sandbox) ExecStream(ctx context.Context, cmd Command, o *ExecOptions) (*ExecStream, error) {
+	req, err := s.execRequest(cmd, o)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := execCtx(ctx, o.timeout())
+	stream, err := s.c.sb.Exec(ctx, connect.NewRequest(req))
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("exec in %s: %w", s.ID, fromConnect(err, false))
+	}
+	return &ExecStream{stream: stream, cancel: cancel}, nil
+}
+
+// Next advances to the next event; false at the end or on error.
+func (x *ExecStream) Next() bool {
+	for !x.done {
+		if !x.stream.Receive() {
+			x.done = true
+			if err := x.stream.Err(); err != nil {
+				x.err = fromConnect(err, false)
+			} else if x.col.result == nil {
+				x.err = &Error{Kind: ErrUnavailable, Code: connect.CodeUnavailable, Message: "the stream ended before the command exited"}
+			}
+			x.Close()
+			return false
+		}
+		if ev := x.col.feed(x.stream.Msg()); ev != nil {
+			x.ev = ev
+			if ev.Type == EventExited {
+				x.done = true
+				x.Close()
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// Event is the current event.
+func (x *ExecStream) Event() *Event { return x.ev }
+
+// Err is the error that ended the stream, if any.
+func (x *ExecStream) Err() error { return x.err }
+
+// Close ends the stream.
+func (x *ExecStream) Close() error {
+	x.done = true
+	x.stream.Close()
+	x.cancel()
+	return nil
+}
+
+// SpawnOptions tune a background command.
+type SpawnOptions struct {
+	ExecOptions
+	Tag string // a name to find the process by
+}
+
+// Spawn starts cmd in the background and returns once it runs. The process
+// survives this connection; Job.Wait and Job.Output reattach to it.
+func (s *Sandbox) Spawn(ctx context.Context, cmd Command, o *SpawnOptions) (*Job, error) {
+	if o == nil {
+		o = &SpawnOptions{}
+	}
+	req, err := s.execRequest(cmd, &o.ExecOptions)
+	if err != nil {
+		return nil, err
+	}
+	req.Background, req.Tag = true, o.Tag
+	ctx, cancel := withTimeout(ctx, s.c.timeout)
+	defer cancel()
+	stream, err := s.c.sb.Exec(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, fmt.Errorf("spawn in %s: %w", s.ID, fromConnect(err, false))
+	}
+	defer stream.Close()
+	col := &collector{}
+	for col.processID == "" && col.result == nil && stream.Receive() {
+		col.feed(stream.Msg())
+	}
+	if col.processID == "" {
+		err := fromConnect(stream.Err(), false)
+		if err == nil {
+			err = &Error{Kind: ErrUnavailable, Code: connect.CodeUnavailable, Message: "the stream ended before the process started"}
+		}
+		return nil, fmt.Errorf("spawn in %s: %w", s.ID, err)
+	}
+	tag := col.tag
+	if tag == "" {
+		tag = o.Tag
+	}
+	return &Job{sb: s, ProcessID: col.processID, PID: col.pid, Tag: tag}, nil
+}
+
+// Job is a background process in a sandbox.
+type Job struct {
+	sb        *Sandbox
+	ProcessID string
+	PID       int
+	Tag       string
+}
+
+// Job is a handle on a background process by process ID or tag.
+func (s *Sandbox) Job(processID, tag string) *Job {
+	return &Job{sb: s, ProcessID: processID, Tag: tag}
+}
+
+func (j *Job) attachReq() *dsecv1.AttachRequest {
+	if j.ProcessID != "" {
+		return &dsecv1.AttachRequest{SandboxId: j.sb.ID, ProcessId: j.ProcessID}
+	}
+	return &dsecv1.AttachRequest{SandboxId: j.sb.ID, Tag: j.Tag}
+}
+
+// Wait waits for the process to exit and returns its result with all
+// retained output. A broken connection is retried (the output is replayed),
+// so a daemon restart does not lose the result. Bound it with ctx.
+func (j *Job) Wait(ctx context.Context) (*ExecResult, error) {
+	var res *ExecResult
+	err := j.sb.c.retry(ctx, false, func(ctx context.Context) error {
+		stream, err := j.sb.c.sb.Attach(ctx, connect.NewRequest(j.attachReq()))
+		if err != nil {
+			return err
+		}
+		r, err := drive(stream, &collector{})
+		if err != nil {
+			return err
+		}
+		res = r
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wait for process %s: %w", j.ProcessID+j.Tag, err)
+	}
+	return res, nil
+}
+
+// Output returns the output retained so far. While the process runs, the
+// result's Status is StatusRunning and its ExitCode -1.
+func (j *Job) Output(ctx context.Context) (*ExecResult, error) {
+	info, err := j.info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !info.GetRunning() {
+		ctx, cancel := withTimeout(ctx, j.sb.c.timeout)
+		defer cancel()
+		return j.Wait(ctx)
+	}
+	ctx, cancel := withTimeout(ctx, j.sb.c.timeout)
+	defer cancel()
+	stream, err := j.sb.c.sb.Attach(ctx, connect.NewRequest(j.attachReq()))
+	if err != nil {
+		return nil, fmt.Errorf("attach to process %s: %w", j.ProcessID, fromConnect(err, false))
+	}
+	col := &collector{}
+	events := make(chan *dsecv1.ExecEvent)
+	go func() {
+		defer close(events)
+		for stream.Receive() {
+			events <- stream.Msg()
+		}
+	}()
+	quiet := time.NewTimer(300 * time.Millisecond)
+	defer quiet.Stop()
+loop:
+	for col.result == nil {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				break loop
+			}
+			col.feed(ev)
+			quiet.Reset(300 * time.Millisecond)
+		case <-quiet.C:
+			break loop
+		}
+	}
+	cancel()
+	for range events {
+	}
+	stream.Close()
+	if col.result != nil {
+		return col.result, nil
+	}
+	return &ExecResult{ExitCode: -1, Stdout: col.out, Stderr: col.errb, Status: StatusRunning,
+		ProcessID: j.ProcessID, PID: j.PID}, nil
+}
+
+func (j *Job) info(ctx context.Context) (*dsecv1.ProcessInfo, error) {
+	ps, err := j.sb.Processes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ps {
+		if p.GetProcessId() == j.ProcessID || (j.ProcessID == "" && p.GetTag() == j.Tag) {
+			j.ProcessID = p.GetProcessId()
+			return p, nil
+		}
+	}
+	return nil, &Error{Kind: ErrNotFound, Code: connect.CodeNotFound,
+		Message: fmt.Sprintf("process %s is not in sandbox %s", j.ProcessID+j.Tag, j.sb.ID)}
+}
+
+// Running reports whether the process still runs.
+func (j *Job) Running(ctx context.Context) (bool, error) {
+	p, err := j.info(ctx)
+	if err != nil {
+		return false, err
+	}
+	return p.GetRunning(), nil
+}
+
+// Kill sends sig to the process; 0 kills its whole tree with SIGKILL.
+func (j *Job) Kill(ctx context.Context, sig int) error {
+	if j.ProcessID == "" {
+		if _, err := j.info(ctx); err != nil {
+			return err
+		}
+	}
+	return j.sb.c.unary(ctx, false, func(ctx context.Context) error {
+		_, err := j.sb.c.sb.Signal(ctx, connect.NewRequest(&dsecv1.SignalRequest{SandboxId: j.sb.ID, ProcessId: j.ProcessID, Signal: int32(sig)}))
+		return err
+	})
+}
+
+// WriteStdin writes data to the process's stdin, closing it after when closeAfter is set.
+func (j *Job) WriteStdin(ctx context.Context, data []byte, closeAfter bool) error {
+	return j.sb.c.unary(ctx, false, func(ctx context.Context) error {
+		_, err := j.sb.c.sb.WriteStdin(ctx, connect.NewRequest(&dsecv1.WriteStdinRequest{SandboxId: j.sb.ID, ProcessId: j.ProcessID, Data: data, Close: closeAfter}))
+		return err
+	})
+}
+
+// Processes lists the sandbox's processes started through the API.
+func (s *Sandbox) Processes(ctx context.Context) ([]*dsecv1.ProcessInfo, error) {
+	var out []*dsecv1.ProcessInfo
+	err := s.c.unary(ctx, true, func(ctx context.Context) error {
+		r, err := s.c.sb.ListProcesses(ctx, connect.NewRequest(&dsecv1.ListProcessesRequest{SandboxId: s.ID}))
+		if err == nil {
+			out = r.Msg.GetProcesses()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list processes of %s: %w", s.ID, err)
+	}
+	return out, nil
+}
+
+// Session is a named, stateful shell session: the working directory and
+// exported variables a command leaves behind are what the next one starts with.
+type Session struct {
+	sb    *Sandbox
+	Name  string
+	Shell string // used when the session is made
+	User  string // used when the session is made
+}
+
+// Session returns the session called name (made on first use).
+func (s *Sandbox) Session(name string) *Session { return &Session{sb: s, Name: name} }
+
+// Run runs a command line in the session; timeout 0 means none.
+func (ss *Session) Run(ctx context.Context, cmd string, timeout time.Duration) (*ExecResult, error) {
+	ctx, cancel := execCtx(ctx, timeout)
+	defer cancel()
+	stream, err := ss.sb.c.sb.SessionRun(ctx, connect.NewRequest(&dsecv1.SessionRunRequest{
+		SandboxId: ss.sb.ID, Session: ss.Name, Command: cmd, TimeoutSeconds: timeout.Seconds(),
+		Shell: ss.Shell, User: ss.User}))
+	if err != nil {
+		return nil, fmt.Errorf("run in session %s: %w", ss.Name, fromConnect(err, false))
+	}
+	res, err := drive(stream, &collector{})
+	if err != nil {
+		return nil, fmt.Errorf("run in session %s: %w", ss.Name, err)
+	}
+	return res, nil
+}
+
+// Interrupt sends SIGINT to the command running in the session.
+func (ss *Session) Interrupt(ctx context.Context) error {
+	return ss.sb.c.unary(ctx, false, func(ctx context.Context) error {
+		_, err := ss.sb.c.sb.SessionInterrupt(ctx, connect.NewRequest(&dsecv1.SessionInterruptRequest{SandboxId: ss.sb.ID, Session: ss.Name}))
+		return err
+	})
+}
+
+// Close ends the session and kills what runs in it.
+func (ss *Session) Close(ctx context.Context) error {
+	return ss.sb.c.unary(ctx, true, func(ctx context.Context) error {
+		_, err := ss.sb.c.sb.SessionClose(ctx, connect.NewRequest(&dsecv1.SessionCloseRequest{SandboxId: ss.sb.ID, Session: ss.Name}))
+		return err
+	})
+}

@@ -1,0 +1,589 @@
+"""Offline tests of libdsec's Connect transport against a fake server."""
+
+import _path  # noqa: F401
+import asyncio
+import base64
+import io
+import os
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+import unittest
+
+import libdsec
+from libdsec import errors
+from fakeconnect import FakeServer, b64
+from fakedsecd import FakeDsecd
+
+
+def run(coro, timeout=60):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+class AddrTest(unittest.TestCase):
+    def test_resolve(self):
+        cases = [
+            ("unix:///run/x.sock", ("unix", "/run/x.sock")),
+            ("http://127.0.0.1:8675", ("tcp", ("127.0.0.1", 8675))),
+            ("http://localhost:9/", ("tcp", ("localhost", 9))),
+            ("127.0.0.1:1", ("tcp", ("127.0.0.1", 1))),
+            ("[::1]:80", ("tcp", ("::1", 80))),
+        ]
+        for addr, want in cases:
+            with self.subTest(addr=addr):
+                self.assertEqual(libdsec.resolve_addr(addr), want)
+        for bad in ("unix://", "https://x:1", "nohost"):
+            with self.subTest(addr=bad):
+                with self.assertRaises(errors.InvalidArgument):
+                    libdsec.resolve_addr(bad)
+
+    def test_default_and_env(self):
+        old = os.environ.pop("DSEC_ADDR", None)
+        try:
+            self.assertEqual(libdsec.resolve_addr(None), ("unix", "/var/lib/dsec/dsecd.sock"))
+            os.environ["DSEC_ADDR"] = "127.0.0.1:7"
+            self.assertEqual(libdsec.resolve_addr(None), ("tcp", ("127.0.0.1", 7)))
+        finally:
+            os.environ.pop("DSEC_ADDR", None)
+            if old is not None:
+                os.environ["DSEC_ADDR"] = old
+
+
+class ErrorMappingTest(unittest.TestCase):
+    def test_from_code(self):
+        cases = [
+            ("not_found", "sandbox sb-x: not found", errors.NotFound),
+            ("invalid_argument", "bad", errors.InvalidArgument),
+            ("unauthenticated", "who", errors.Unauthenticated),
+            ("resource_exhausted", "full", errors.Overloaded),
+            ("unavailable", "down", errors.Unavailable),
+            ("deadline_exceeded", "slow", errors.Timeout),
+            ("failed_precondition", "sandbox sb-n-1 is stopped (oom): OOM-killed at 256 MiB", errors.SandboxGone),
+            ("failed_precondition", "sandbox sb-n-1 is STATE_FAILED: agent lost", errors.SandboxGone),
+            ("failed_precondition", "sandbox sb-n-1 is still being created", errors.FailedPrecondition),
+            ("internal", "boom", errors.Internal),
+            ("weird", "?", errors.DsecError),
+        ]
+        for code, msg, cls in cases:
+            with self.subTest(code=code, msg=msg):
+                e = errors.from_code(code, msg)
+                self.assertIs(type(e), cls)
+                self.assertEqual(e.message, msg)
+        e = errors.from_code("failed_precondition", "sandbox sb-n-1 is stopped (oom): x")
+        self.assertEqual((e.sandbox_id, e.state, e.reason), ("sb-n-1", "stopped", "oom"))
+        self.assertIs(type(errors.from_code("deadline_exceeded", "x", creating=True)), errors.StartupTimeout)
+        e = errors.from_code("unavailable", "busy", retry_after=2.0)
+        self.assertIsInstance(e, errors.Overloaded)
+        self.assertEqual(e.retry_after, 2.0)
+        self.assertIsInstance(errors.Timeout("x"), TimeoutError)
+        self.assertIsInstance(errors.Unavailable("x"), ConnectionError)
+
+
+class FakeTestCase(unittest.TestCase):
+    def setUp(self):
+        self.srv = FakeServer()
+        self.addCleanup(self.srv.close)
+
+    def client(self, **kw):
+        return libdsec.AsyncClient(self.srv.addr, **kw)
+
+
+class UnaryTest(FakeTestCase):
+    def test_request_shape_and_reply(self):
+        def get(call):
+            call.reply({"id": call.msg["id"], "state": "STATE_RUNNING", "createdUnixMs": "1700000000000",
+                        "spec": {"labels": {"a": "b"}}})
+        self.srv.route("Get", get)
+
+        async def main():
+            async with self.client() as c:
+                sb = await c.get("sb-n-1", timeout=7)
+                return sb
+        sb = run(main())
+        self.assertEqual((sb.id, sb.state, sb.labels), ("sb-n-1", "running", {"a": "b"}))
+        req = self.srv.requests[0]
+        self.assertEqual(req.path, "/dsec.v1.SandboxService/Get")
+        self.assertEqual(req.headers["Content-Type"], "application/json")
+        self.assertEqual(req.headers["Connect-Protocol-Version"], "1")
+        ms = int(req.headers["Connect-Timeout-Ms"])
+        self.assertTrue(6000 < ms <= 7000, ms)
+        self.assertEqual(req.msg, {"id": "sb-n-1"})
+
+    def test_errors_are_typed(self):
+        cases = [
+            ("not_found", errors.NotFound),
+            ("invalid_argument", errors.InvalidArgument),
+            ("unauthenticated", errors.Unauthenticated),
+            ("resource_exhausted", errors.Overloaded),
+        ]
+        for code, cls in cases:
+            with self.subTest(code=code):
+                self.srv.route("Get", lambda call, code=code: call.error(code, "msg of " + code))
+
+                async def main():
+                    async with self.client() as c:
+                        await c.get("sb-n-1", timeout=5)
+                with self.assertRaises(cls) as cm:
+                    run(main())
+                self.assertEqual(cm.exception.message, "msg of " + code)
+
+    def test_overloaded_retry_after(self):
+        self.srv.route("Create", lambda call: call.error("resource_exhausted", "node full",
+                                                          extra_headers={"Retry-After": "3"}))
+
+        async def main():
+            async with self.client() as c:
+                await c.create("busybox:test", timeout=5)
+        with self.assertRaises(errors.Overloaded) as cm:
+            run(main())
+        self.assertEqual(cm.exception.retry_after, 3.0)
+        self.assertEqual(len(self.srv.requests), 1)  # not retried: the caller decides
+
+    def test_non_json_http_error(self):
+        def handler(call):
+            h = call.h
+            h.send_response(502)
+            h.send_header("Content-Length", "3")
+            h.end_headers()
+            h.wfile.write(b"bad")
+        self.srv.route("Stat", handler)
+
+        async def main():
+            async with self.client() as c:
+                await c.sandbox("sb-n-1").stat("/x", timeout=0.5)
+        with self.assertRaises(errors.Unavailable):
+            run(main())
+
+    def test_deadline(self):
+        ev = threading.Event()
+        self.addCleanup(ev.set)
+        self.srv.route("Get", lambda call: ev.wait(10))
+
+        async def main():
+            async with self.client() as c:
+                await c.get("sb-n-1", timeout=0.5)
+        t0 = time.monotonic()
+        with self.assertRaises(errors.Timeout):
+            run(main())
+        self.assertLess(time.monotonic() - t0, 3)
+
+    def test_keep_alive_reuses_connections(self):
+        self.srv.route("Get", lambda call: call.reply({"id": call.msg["id"]}))
+
+        async def main():
+            async with self.client() as c:
+                for i in range(20):
+                    await c.get(f"sb-n-{i}")
+        run(main())
+        self.assertEqual(self.srv.connections, 1)
+
+    def test_stale_connection_is_replaced(self):
+        self.srv.route("Get", lambda call: call.reply({"id": call.msg["id"]}))
+        state = {"n": 0}
+
+        def write(call):  # closes the connection after answering, without saying so
+            state["n"] += 1
+            call.reply({"written": "1"})
+            call.drop()
+        self.srv.route("WriteFile", write)
+
+        async def main():
+            async with self.client() as c:
+                sb = c.sandbox("sb-n-1")
+                await sb.write_file("/a", b"x")
+                await asyncio.sleep(0.1)
+                await sb.write_file("/b", b"y")
+        run(main())
+        self.assertEqual(state["n"], 2)
+
+
+class RetryTest(FakeTestCase):
+    def test_create_retries_with_same_key(self):
+        attempts = []
+
+        def create(call):
+            attempts.append(call.msg["idempotencyKey"])
+            if len(attempts) < 3:
+                call.drop()
+                return
+            call.reply({"sandboxes": [{"id": "sb-n-1", "state": "STATE_RUNNING"}]})
+        self.srv.route("Create", create)
+
+        async def main():
+            async with self.client() as c:
+                return await c.create("busybox:test", memory_mb=256, labels={"job": "j"}, timeout=10)
+        sb = run(main())
+        self.assertEqual(sb.id, "sb-n-1")
+        self.assertEqual(len(attempts), 3)
+        self.assertEqual(len(set(attempts)), 1)
+        msg = self.srv.requests[0].msg
+        self.assertEqual(msg["spec"]["environment"], "busybox:test")
+        self.assertEqual(msg["spec"]["memoryMb"], "256")  # int64 as a JSON string
+        self.assertEqual(msg["spec"]["labels"], {"job": "j"})
+        self.assertEqual(msg["count"], 1)
+
+    def test_create_keys_differ_between_calls(self):
+        fake = FakeDsecd()
+        self.addCleanup(fake.close)
+
+        async def main():
+            async with libdsec.AsyncClient(fake.addr) as c:
+                return [await c.create("e") for _ in range(2)]
+        a, b = run(main())
+        self.assertNotEqual(a.id, b.id)
+        keys = [r.msg["idempotencyKey"] for r in fake.server.requests if r.method == "Create"]
+        self.assertEqual(len(set(keys)), 2)
+
+    def test_get_retried_on_unavailable(self):
+        n = []
+
+        def get(call):
+            n.append(1)
+            if len(n) == 1:
+                call.error("unavailable", "restarting")
+            else:
+                call.reply({"id": "sb-n-1"})
+        self.srv.route("Get", get)
+
+        async def main():
+            async with self.client() as c:
+                return await c.get("sb-n-1", timeout=5)
+        self.assertEqual(run(main()).id, "sb-n-1")
+        self.assertEqual(len(n), 2)
+
+    def test_exec_not_retried(self):
+        n = []
+
+        def ex(call):
+            n.append(1)
+            call.drop()
+        self.srv.route("Exec", ex)
+
+        async def main():
+            async with self.client() as c:
+                await c.sandbox("sb-n-1").exec("touch /x", timeout=5)
+        with self.assertRaises(errors.Unavailable):
+            run(main())
+        self.assertEqual(len(n), 1)
+
+    def test_write_not_retried(self):
+        n = []
+
+        def w(call):
+            n.append(1)
+            call.error("unavailable", "agent channel lost")
+        self.srv.route("WriteFile", w)
+
+        async def main():
+            async with self.client() as c:
+                await c.sandbox("sb-n-1").write_file("/x", b"1", timeout=5)
+        with self.assertRaises(errors.Unavailable):
+            run(main())
+        self.assertEqual(len(n), 1)
+
+    def test_connection_refused(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+
+        async def main():
+            async with libdsec.AsyncClient(f"127.0.0.1:{port}") as c:
+                await c.get("sb-n-1", timeout=2)
+        t0 = time.monotonic()
+        with self.assertRaises(errors.Unavailable):
+            run(main())
+        self.assertLess(time.monotonic() - t0, 4)
+
+
+class StreamTest(FakeTestCase):
+    def exec_route(self, events, end=None):
+        def ex(call):
+            for e in events:
+                call.send(e)
+            call.end(end)
+        self.srv.route("Exec", ex)
+
+    def test_exec_result(self):
+        self.exec_route([
+            {"started": {"processId": "p1", "pid": 7}},
+            {"keepalive": True},
+            {"stdout": b64("hel")}, {"stderr": b64("warn\n")}, {"stdout": b64("lo\n\xff")},
+            {"exited": {"exitCode": 3, "status": "EXIT_STATUS_NONZERO", "durationSeconds": 0.25,
+                        "stdoutTruncated": True, "stdoutBytes": "9"}},
+        ])
+        seen = []
+
+        async def main():
+            async with self.client() as c:
+                return await c.sandbox("sb-n-1").exec(["sh", "-c", "x"], timeout=9, cwd="/w", env={"A": "1"},
+                                                      stdin="in", on_stdout=seen.append)
+        r = run(main())
+        self.assertEqual((r.exit_code, r.status, r.duration_s, r.truncated), (3, "nonzero", 0.25, True))
+        self.assertEqual(r.stdout_bytes, "hello\n\xff".encode())
+        self.assertEqual(r.stdout, "hello\n\u00ff")
+        self.assertEqual(r.stderr, "warn\n")
+        self.assertEqual((r.process_id, r.pid), ("p1", 7))
+        self.assertEqual(tuple(r), (3, r.stdout, "warn\n"))
+        self.assertEqual(b"".join(seen), r.stdout_bytes)
+        req = self.srv.requests[0]
+        self.assertEqual(req.headers["Content-Type"], "application/connect+json")
+        self.assertEqual(req.msg, {"sandboxId": "sb-n-1", "argv": ["sh", "-c", "x"], "timeoutSeconds": 9.0,
+                                   "cwd": "/w", "env": {"A": "1"}, "stdin": b64("in")})
+        self.assertTrue(9000 < int(req.headers["Connect-Timeout-Ms"]) <= 9000 + 15000)
+
+    def test_statuses_and_check(self):
+        for status, want in [("EXIT_STATUS_OK", "ok"), ("EXIT_STATUS_TIMEOUT", "timeout"),
+                             ("EXIT_STATUS_OOM", "oom"), ("EXIT_STATUS_KILLED", "killed"),
+                             ("EXIT_STATUS_START_ERROR", "sandbox_error")]:
+            with self.subTest(status=status):
+                code = 0 if want == "ok" else -1
+                self.exec_route([{"exited": {"exitCode": code, "status": status}}])
+
+                async def main(check):
+                    async with self.client() as c:
+                        return await c.sandbox("sb-n-1").exec("x", check=check)
+                self.assertEqual(run(main(False)).status, want)
+                if want != "ok":
+                    with self.assertRaises(errors.CommandFailed) as cm:
+                        run(main(True))
+                    self.assertEqual(cm.exception.result.status, want)
+
+    def test_stream_error_is_typed(self):
+        self.exec_route([{"started": {"processId": "p1"}}],
+                        end={"code": "failed_precondition", "message": "sandbox sb-n-1 is failed (oom): OOM"})
+
+        async def main():
+            async with self.client() as c:
+                await c.sandbox("sb-n-1").exec("x")
+        with self.assertRaises(errors.SandboxGone) as cm:
+            run(main())
+        self.assertEqual(cm.exception.reason, "oom")
+
+    def test_exec_stream_events(self):
+        self.exec_route([{"started": {"processId": "p1", "pid": 7}}, {"stdout": b64("a")},
+                         {"stderr": b64("b")}, {"exited": {"status": "EXIT_STATUS_OK"}}])
+
+        async def main():
+            async with self.client() as c:
+                return [ev async for ev in c.sandbox("sb-n-1").exec_stream("x")]
+        evs = run(main())
+        self.assertEqual([e.type for e in evs], ["started", "stdout", "stderr", "exited"])
+        self.assertEqual(evs[1].data, b"a")
+        self.assertEqual(evs[-1].result.stdout, "a")
+
+    def test_server_killed_mid_stream(self):
+        def ex(call):
+            call.send({"started": {"processId": "p1"}})
+            call.send({"stdout": b64("partial")})
+            call.drop()
+        self.srv.route("Exec", ex)
+
+        async def main():
+            async with self.client() as c:
+                await c.sandbox("sb-n-1").exec("sleep 100", timeout=3)
+        t0 = time.monotonic()
+        with self.assertRaises(errors.Unavailable):
+            run(main())
+        self.assertLess(time.monotonic() - t0, 3)
+
+    def test_stalled_stream_times_out(self):
+        ev = threading.Event()
+        self.addCleanup(ev.set)
+
+        def ex(call):
+            call.send({"started": {"processId": "p1"}})
+            ev.wait(30)
+        self.srv.route("Exec", ex)
+
+        async def main():
+            async with self.client() as c:
+                await c.sandbox("sb-n-1").exec("sleep 100", timeout=0.2)
+        libdsec._aio.EXEC_GRACE, old = 0.3, libdsec._aio.EXEC_GRACE
+        try:
+            t0 = time.monotonic()
+            with self.assertRaises(errors.Timeout):
+                run(main())
+            self.assertLess(time.monotonic() - t0, 3)
+        finally:
+            libdsec._aio.EXEC_GRACE = old
+
+    def test_spawn_and_wait(self):
+        def ex(call):
+            assert call.msg["background"] is True and call.msg["tag"] == "train"
+            call.send({"started": {"processId": "p9", "pid": 99, "tag": "train"}})
+            time.sleep(0.2)  # the client hangs up; a background process lives on
+        self.srv.route("Exec", ex)
+        attaches = []
+
+        def attach(call):
+            attaches.append(call.msg)
+            if len(attaches) == 1:
+                call.drop()  # the daemon restarts while we wait
+                return
+            call.send({"started": {"processId": "p9", "pid": 99}})
+            call.send({"stdout": b64("done\n")})
+            call.send({"exited": {"status": "EXIT_STATUS_OK", "durationSeconds": 1.5}})
+            call.end()
+        self.srv.route("Attach", attach)
+        self.srv.route("Signal", lambda call: call.reply({}))
+
+        async def main():
+            async with self.client() as c:
+                job = await c.sandbox("sb-n-1").spawn("python train.py", tag="train")
+                self.assertEqual((job.process_id, job.pid, job.tag), ("p9", 99, "train"))
+                r = await job.wait(timeout=10)
+                await job.kill()
+                return r
+        r = run(main())
+        self.assertEqual((r.stdout, r.status), ("done\n", "ok"))
+        self.assertEqual(attaches[-1], {"sandboxId": "sb-n-1", "processId": "p9"})
+        sig = [q for q in self.srv.requests if q.method == "Signal"][0]
+        self.assertEqual(sig.msg, {"sandboxId": "sb-n-1", "processId": "p9"})
+
+    def test_session_run(self):
+        def run_route(call):
+            call.send({"stdout": b64(call.msg["command"])})
+            call.send({"exited": {"status": "EXIT_STATUS_OK"}})
+            call.end()
+        self.srv.route("SessionRun", run_route)
+        self.srv.route("SessionInterrupt", lambda call: call.reply({}))
+        self.srv.route("SessionClose", lambda call: call.reply({}))
+
+        async def main():
+            async with self.client() as c:
+                async with c.sandbox("sb-n-1").session("main") as s:
+                    r = await s.run("cd /tmp", timeout=5)
+                    await s.interrupt()
+                    return r
+        self.assertEqual(run(main()).stdout, "cd /tmp")
+        methods = [q.method for q in self.srv.requests]
+        self.assertEqual(methods, ["SessionRun", "SessionInterrupt", "SessionClose"])
+        self.assertEqual(self.srv.requests[0].msg["session"], "main")
+
+    def test_download_extracts_safely(self):
+        def tar_of(entries):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tf:
+                for name, data in entries:
+                    ti = tarfile.TarInfo(name)
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+            return buf.getvalue()
+        good = tar_of([("d/a.txt", b"A" * 100000), ("b.txt", b"B")])
+        evil = tar_of([("../escape.txt", b"x")])
+        payload = {"good": good, "evil": evil}
+
+        def dl(call):
+            data = payload[call.msg["path"]]
+            for i in range(0, len(data), 30000):
+                call.send({"data": b64(data[i:i + 30000])})
+            call.end()
+        self.srv.route("Download", dl)
+        with tempfile.TemporaryDirectory() as d:
+            async def main(path, dest):
+                async with self.client() as c:
+                    return await c.sandbox("sb-n-1").download(path, dest)
+            names = run(main("good", os.path.join(d, "out")))
+            self.assertEqual(sorted(names), ["b.txt", "d/a.txt"])
+            with open(os.path.join(d, "out", "d", "a.txt"), "rb") as f:
+                self.assertEqual(f.read(), b"A" * 100000)
+            with self.assertRaises(errors.InvalidArgument):
+                run(main("evil", os.path.join(d, "out2")))
+            self.assertFalse(os.path.exists(os.path.join(d, "escape.txt")))
+
+    def test_upload_sends_tar(self):
+        got = {}
+
+        def up(call):
+            data = base64.b64decode(call.msg["tar"])
+            with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+                for m in tf.getmembers():
+                    if m.isfile():
+                        got[m.name] = tf.extractfile(m).read()
+            call.reply({"files": str(len(got)), "bytes": "3"})
+        self.srv.route("Upload", up)
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "sub"))
+            for p, b in (("x.py", b"x=1"), ("sub/y", b"yy")):
+                with open(os.path.join(d, p), "wb") as f:
+                    f.write(b)
+
+            async def main():
+                async with self.client() as c:
+                    return await c.sandbox("sb-n-1").upload(d, "/work")
+            self.assertEqual(run(main()), 2)
+        self.assertEqual(got, {"x.py": b"x=1", "sub/y": b"yy"})
+        self.assertEqual(self.srv.requests[0].msg["path"], "/work")
+
+
+class ConcurrencyTest(unittest.TestCase):
+    def test_200_sandboxes_from_one_loop(self):
+        fake = FakeDsecd()
+        self.addCleanup(fake.close)
+
+        async def one(c, i):
+            async with await c.create("busybox:test", labels={"batch": "b"}, timeout=30) as sb:
+                r = await sb.exec(f"echo {i}", timeout=30)
+                assert r.stdout == f"{i}\n", r
+                await sb.write_file("/f", str(i))
+                return i
+
+        async def main():
+            async with libdsec.AsyncClient(fake.addr) as c:
+                got = await asyncio.gather(*(one(c, i) for i in range(200)))
+                left = await c.list(labels={"batch": "b"}, states=["running"])
+                return got, left
+        got, left = run(main(), timeout=120)
+        self.assertEqual(got, list(range(200)))
+        self.assertEqual(left, [])
+        self.assertEqual(fake.creates, 200)
+        self.assertEqual([t for t in threading.enumerate() if t.name == "libdsec-loop"], [])
+
+
+class UnixSocketTest(unittest.TestCase):
+    def test_unix_socket(self):
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, "d.sock")
+        fake = FakeDsecd(unix_path=path)
+        self.addCleanup(lambda: (fake.close(), os.rmdir(d)))
+
+        async def main():
+            async with libdsec.AsyncClient("unix://" + path) as c:
+                sb = await c.create("busybox:test")
+                r = await sb.exec(["echo", "over", "unix"])
+                await c.reap()
+                return r
+        self.assertEqual(run(main()).stdout, "over unix\n")
+        self.assertEqual(fake.server.requests[0].headers["Host"], "dsecd")
+
+
+class SyncClientTest(unittest.TestCase):
+    def test_sync_twin(self):
+        fake = FakeDsecd()
+        self.addCleanup(fake.close)
+        with libdsec.Client(fake.addr) as c:
+            with c.create("busybox:test", labels={"k": "v"}) as sb:
+                r = sb.exec("echo hi")
+                self.assertEqual((r.exit_code, r.stdout), (0, "hi\n"))
+                r = sb.exec("exit 4")
+                self.assertEqual((r.exit_code, r.status), (4, "nonzero"))
+                with self.assertRaises(errors.CommandFailed):
+                    sb.exec("exit 4", check=True)
+                self.assertEqual([e.type for e in sb.exec_stream("echo x")], ["started", "stdout", "exited"])
+                sb.write_file("/a", b"data")
+                self.assertEqual(sb.read_file("/a"), b"data")
+                with self.assertRaises(errors.NotFound):
+                    sb.read_file("/missing")
+                self.assertEqual([s.id for s in c.list(labels={"k": "v"})], [sb.id])
+                sbs = c.create_many(3, "busybox:test", labels={"k": "w"})
+                self.assertEqual(len({s.id for s in sbs}), 3)
+                self.assertEqual(c.reap(labels={"k": "w"}), 3)
+            with self.assertRaises(errors.SandboxGone):
+                sb.exec("echo gone")
+
+
+if __name__ == "__main__":
+    unittest.main()
