@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -93,6 +95,11 @@ func fromConnect(err error, creating bool) error {
 	if errors.As(err, &ce) {
 		msg = ce.Message()
 	}
+	if ce != nil && !connect.IsWireError(ce) && code != connect.CodeCanceled && code != connect.CodeDeadlineExceeded && brokenTransport(err) {
+		// The connection broke mid-call (a daemon killed, a reset): connect
+		// reports a truncated stream as a protocol error of its own.
+		code = connect.CodeUnavailable
+	}
 	out := &Error{Code: code, Message: msg, cause: err}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) || code == connect.CodeDeadlineExceeded:
@@ -122,6 +129,20 @@ func fromConnect(err error, creating bool) error {
 		}
 	}
 	return out
+}
+
+func brokenTransport(err error) bool {
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	m := err.Error()
+	for _, s := range []string{"EOF", "incomplete envelope", "connection reset", "connection refused", "broken pipe", "stream error", "GOAWAY", "closed"} {
+		if strings.Contains(m, s) {
+			return true
+		}
+	}
+	return false
 }
 
 func kindOf(code connect.Code) error {

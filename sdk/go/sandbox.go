@@ -446,8 +446,9 @@ loop:
 			if !ok {
 				break loop
 			}
-			col.feed(ev)
-			quiet.Reset(300 * time.Millisecond)
+			if col.feed(ev) != nil { // keepalives do not extend the window
+				quiet.Reset(300 * time.Millisecond)
+			}
 		case <-quiet.C:
 			break loop
 		}

@@ -722,15 +722,21 @@ class Job:
         stream = await self.sandbox.client._t.stream(SANDBOX, "Attach", self._ref(),
                                                      timeout=self.sandbox.client._to(timeout), idempotent=True)
         col = _Collector()
+        loop = asyncio.get_running_loop()
+        quiet_until = loop.time() + 0.3  # keepalives do not extend it
         try:
             while col.result is None:
+                wait = quiet_until - loop.time()
+                if wait <= 0:
+                    break
                 try:
-                    ev = await asyncio.wait_for(stream.next(), 0.3)
+                    ev = await asyncio.wait_for(stream.next(), wait)
                 except asyncio.TimeoutError:
                     break
                 if ev is None:
                     break
-                col.feed(ev)
+                if col.feed(ev) is not None:
+                    quiet_until = loop.time() + 0.3
         finally:
             stream.close()
         if col.result is not None:

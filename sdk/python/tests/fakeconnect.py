@@ -100,6 +100,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
+        if self.connection.family != socket.AF_UNIX:
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.dropped = False
         with self.server.lock:
             self.server.connections += 1

@@ -243,6 +243,18 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(out, [f"{i}\n" for i in range(n)])
 
 
+class DocsLiveTest(unittest.TestCase):
+    def test_doc_examples_run(self):
+        import subprocess
+        import sys
+        from test_docs import blocks
+        env = dict(os.environ, DSEC_ADDR=D.addr, PYTHONPATH=os.path.dirname(_path.HERE))
+        for i, b in enumerate(blocks()):
+            with self.subTest(block=i):
+                r = subprocess.run([sys.executable, "-c", b], env=env, capture_output=True, text=True, timeout=300)
+                self.assertEqual(r.returncode, 0, f"block {i}:\n{b}\n{r.stdout}{r.stderr}")
+
+
 class DaemonDeathTest(unittest.TestCase):
     """A daemon killed mid-call gives a typed error within the call's timeout."""
 

@@ -443,6 +443,31 @@ class StreamTest(FakeTestCase):
         sig = [q for q in self.srv.requests if q.method == "Signal"][0]
         self.assertEqual(sig.msg, {"sandboxId": "sb-n-1", "processId": "p9"})
 
+    def test_job_output_while_running(self):
+        stop = threading.Event()
+        self.addCleanup(stop.set)
+        self.srv.route("ListProcesses", lambda call: call.reply(
+            {"processes": [{"processId": "p1", "pid": 5, "tag": "t", "running": True}]}))
+
+        def attach(call):
+            call.send({"started": {"processId": "p1", "pid": 5}})
+            call.send({"stdout": b64("so far\n")})
+            while not stop.wait(0.05):  # keepalives must not hold output() open
+                try:
+                    call.send({"keepalive": True})
+                except OSError:
+                    return
+        self.srv.route("Attach", attach)
+
+        async def main():
+            async with self.client() as c:
+                return \
+                    await (await c.sandbox("sb-n-1").job(tag="t")).output(timeout=10)
+        t0 = time.monotonic()
+        r = run(main())
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual((r.status, r.exit_code, r.stdout, r.process_id), ("running", -1, "so far\n", "p1"))
+
     def test_session_run(self):
         def run_route(call):
             call.send({"stdout": b64(call.msg["command"])})

@@ -1,0 +1,189 @@
+package proc
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cgroup is one command's child cgroup under the sandbox's cgroup (a freezer
+// cgroup on v1, a unified one on v2).
+type cgroup struct {
+	parent int // the sandbox's cgroup dir fd (not owned)
+	name   string
+	fd     int // O_DIRECTORY fd of the child cgroup
+	v2     bool
+}
+
+// isV2 reports whether dirfd is a cgroup v2 directory.
+func isV2(dirfd int) bool {
+	return unix.Faccessat(dirfd, "cgroup.kill", unix.F_OK, 0) == nil ||
+		unix.Faccessat(dirfd, "cgroup.subtree_control", unix.F_OK, 0) == nil
+}
+
+func newCgroup(parent int, name string) (*cgroup, error) {
+	if err := unix.Mkdirat(parent, name, 0o755); err != nil {
+		return nil, fmt.Errorf("make cgroup %s: %w", name, err)
+	}
+	fd, err := unix.Openat(parent, name, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Unlinkat(parent, name, unix.AT_REMOVEDIR)
+		return nil, fmt.Errorf("open cgroup %s: %w", name, err)
+	}
+	return &cgroup{parent: parent, name: name, fd: fd, v2: isV2(fd)}, nil
+}
+
+func writeAt(dirfd int, file, data string) error {
+	fd, err := unix.Openat(dirfd, file, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	_, err = unix.Write(fd, []byte(data))
+	return err
+}
+
+func readAt(dirfd int, file string) (string, error) {
+	fd, err := unix.Openat(dirfd, file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", err
+	}
+	f := os.NewFile(uintptr(fd), file)
+	defer f.Close()
+	var sb strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := f.Read(buf)
+		sb.Write(buf[:n])
+		if err != nil || n == 0 {
+			break
+		}
+	}
+	return sb.String(), nil
+}
+
+func (c *cgroup) add(pid int) error {
+	if err := writeAt(c.fd, "cgroup.procs", strconv.Itoa(pid)); err != nil {
+		return fmt.Errorf("move pid %d into cgroup %s: %w", pid, c.name, err)
+	}
+	return nil
+}
+
+func (c *cgroup) pids() []int {
+	s, err := readAt(c.fd, "cgroup.procs")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(s) {
+		if p, err := strconv.Atoi(f); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// signal sends sig to every process in the cgroup.
+func (c *cgroup) signal(sig unix.Signal) {
+	for _, p := range c.pids() {
+		unix.Kill(p, sig)
+	}
+}
+
+// kill SIGKILLs every process in the cgroup, including ones forking while it
+// runs: v2 has cgroup.kill; v1 freezes the group so nobody forks between
+// reading cgroup.procs and the kills.
+func (c *cgroup) kill() {
+	if c.v2 {
+		if err := writeAt(c.fd, "cgroup.kill", "1"); err == nil {
+			return
+		}
+		for i := 0; i < 100 && len(c.pids()) > 0; i++ {
+			c.signal(unix.SIGKILL)
+			time.Sleep(10 * time.Millisecond)
+		}
+		return
+	}
+	for i := 0; i < 100; i++ {
+		pids := c.pids()
+		if len(pids) == 0 {
+			return
+		}
+		frozen := writeAt(c.fd, "freezer.state", "FROZEN") == nil
+		if frozen {
+			for j := 0; j < 100; j++ {
+				s, _ := readAt(c.fd, "freezer.state")
+				if strings.TrimSpace(s) == "FROZEN" {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		for _, p := range c.pids() {
+			unix.Kill(p, unix.SIGKILL)
+		}
+		if frozen {
+			writeAt(c.fd, "freezer.state", "THAWED")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// remove deletes the cgroup; it fails while processes remain.
+func (c *cgroup) remove() error {
+	err := unix.Unlinkat(c.parent, c.name, unix.AT_REMOVEDIR)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		if c.fd >= 0 {
+			unix.Close(c.fd)
+			c.fd = -1
+		}
+		return nil
+	}
+	return err
+}
+
+// memCgroup reads the OOM kill count and the memory limit of the sandbox.
+type memCgroup struct{ fd int }
+
+func (m memCgroup) oomKills() int64 {
+	if m.fd < 0 {
+		return 0
+	}
+	for _, file := range []string{"memory.events", "memory.oom_control"} {
+		s, err := readAt(m.fd, file)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(s, "\n") {
+			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// limit is the memory limit in bytes, or 0 when none.
+func (m memCgroup) limit() int64 {
+	if m.fd < 0 {
+		return 0
+	}
+	for _, file := range []string{"memory.max", "memory.limit_in_bytes"} {
+		s, err := readAt(m.fd, file)
+		if err != nil {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err != nil || n >= 1<<60 {
+			return 0
+		}
+		return n
+	}
+	return 0
+}

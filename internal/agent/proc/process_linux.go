@@ -1,0 +1,775 @@
+package proc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// DefaultOutputLimit is the output retained per stream when neither the
+// agent's configuration nor the request says otherwise.
+const DefaultOutputLimit = 16 << 20
+
+// outputGrace is how long a finished process's pipes may stay open (held by
+// children it left running) before the agent stops waiting for their EOF.
+const outputGrace = time.Second
+
+// keptOutputs is how many exited background processes keep their retained
+// output for Attach; older ones keep only their exit record.
+const keptOutputs = 8
+
+// Config configures a Manager.
+type Config struct {
+	// SelfExe is the agent binary re-executed in child mode ("" = /proc/self/exe).
+	SelfExe string
+	// CgroupFD is the sandbox's cgroup dir (freezer on v1, unified on v2), or -1.
+	CgroupFD int
+	// MemoryCgroupFD is the sandbox's memory cgroup dir, or -1.
+	MemoryCgroupFD int
+	// KeepExited bounds how many exited processes ListProcesses remembers.
+	KeepExited int
+	// OnExit is called after every process exit (activity tracking).
+	OnExit func()
+	Log    *slog.Logger
+}
+
+// Manager starts, reaps, tracks and kills the agent's processes. There is
+// one per agent; it owns wait4 for the whole agent process.
+type Manager struct {
+	cfg Config
+	mem memCgroup
+
+	mu       sync.Mutex
+	waiters  map[int]chan unix.WaitStatus
+	procs    map[string]*Process
+	order    []*Process // start order, running and exited
+	leftover []*cgroup  // child cgroups that still had processes at exit
+	kick     chan struct{}
+}
+
+// NewManager makes the manager and starts its reaper. When the agent is not
+// pid 1 it becomes a child subreaper so orphans of its commands come back to it.
+func NewManager(cfg Config) (*Manager, error) {
+	if cfg.SelfExe == "" {
+		cfg.SelfExe = "/proc/self/exe"
+	}
+	if cfg.KeepExited <= 0 {
+		cfg.KeepExited = 256
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if os.Getpid() != 1 {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("become child subreaper: %w", err)
+		}
+	}
+	m := &Manager{
+		cfg:     cfg,
+		mem:     memCgroup{fd: cfg.MemoryCgroupFD},
+		waiters: make(map[int]chan unix.WaitStatus),
+		procs:   make(map[string]*Process),
+		kick:    make(chan struct{}, 1),
+	}
+	go m.reap()
+	return m, nil
+}
+
+// reap waits for every child of the agent: statuses of processes it started
+// go to their waiters, orphans are reaped silently.
+func (m *Manager) reap() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if errors.Is(err, unix.ECHILD) {
+			<-m.kick
+			continue
+		}
+		if err != nil {
+			m.cfg.Log.Error("wait for children", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		m.mu.Lock()
+		ch := m.waiters[pid]
+		delete(m.waiters, pid)
+		left := m.leftover
+		m.leftover = nil
+		m.mu.Unlock()
+		if ch != nil {
+			ch <- ws
+		}
+		var still []*cgroup
+		for _, cg := range left {
+			if cg.remove() != nil {
+				still = append(still, cg)
+			}
+		}
+		if len(still) > 0 {
+			m.mu.Lock()
+			m.leftover = append(m.leftover, still...)
+			m.mu.Unlock()
+		}
+	}
+}
+
+// OOMKills is the sandbox memory cgroup's OOM kill count.
+func (m *Manager) OOMKills() int64 { return m.mem.oomKills() }
+
+// Running counts processes that have not exited.
+func (m *Manager) Running() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, p := range m.order {
+		if !p.Done() {
+			n++
+		}
+	}
+	return n
+}
+
+// Spec says what to start and how.
+type Spec struct {
+	Argv   []string // argv[0] is looked up on the PATH of Env unless it has a slash
+	Env    []string
+	Dir    string
+	UID    uint32
+	GID    uint32
+	Groups []uint32
+
+	Stdin         []byte
+	KeepStdinOpen bool
+	Timeout       time.Duration // 0 = none
+	Background    bool
+	Tag           string
+	OutputLimit   int64 // per stream; 0 = DefaultOutputLimit
+
+	// TTY, when set, is the process's stdin, stdout, stderr and controlling
+	// terminal; output is then not captured (the caller reads the master).
+	TTY *os.File
+	// StateFD, when set, becomes fd 9 of the process (sessions' state pipe).
+	StateFD *os.File
+}
+
+// StateFDNumber is the fd number Spec.StateFD gets in the process.
+const StateFDNumber = 9
+
+// Start starts a process. It closes spec.TTY and spec.StateFD (the parent's
+// copies of the child's ends). A process that could not be executed is
+// returned already done, with status EXIT_STATUS_START_ERROR.
+func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
+	defer func() {
+		if spec.TTY != nil {
+			spec.TTY.Close()
+		}
+		if spec.StateFD != nil {
+			spec.StateFD.Close()
+		}
+	}()
+	if len(spec.Argv) == 0 {
+		return nil, fmt.Errorf("start process: empty argv: %w", errdefs.ErrInvalidArgument)
+	}
+	if spec.Tag != "" {
+		if p, err := m.Get(spec.Tag); err == nil && !p.Done() {
+			return nil, fmt.Errorf("start process: tag %q is used by running process %s: %w", spec.Tag, p.ID, errdefs.ErrAlreadyExists)
+		}
+	}
+	limit := spec.OutputLimit
+	if limit <= 0 {
+		limit = DefaultOutputLimit
+	}
+	p := &Process{
+		m:          m,
+		ID:         newID(),
+		Tag:        spec.Tag,
+		Argv:       spec.Argv,
+		Background: spec.Background,
+		limit:      limit,
+		notify:     make(chan struct{}),
+		done:       make(chan struct{}),
+	}
+
+	var closeAfter []*os.File
+	defer func() {
+		for _, f := range closeAfter {
+			f.Close()
+		}
+	}()
+	pipe := func() (*os.File, *os.File, error) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, nil, fmt.Errorf("make pipe: %w", err)
+		}
+		return r, w, nil
+	}
+	var stdio [3]*os.File
+	var outR, errR *os.File
+	if spec.TTY != nil {
+		stdio = [3]*os.File{spec.TTY, spec.TTY, spec.TTY}
+	} else {
+		inR, inW, err := pipe()
+		if err != nil {
+			return nil, err
+		}
+		closeAfter = append(closeAfter, inR)
+		p.stdin, p.stdinFile = inW, inW
+		oR, oW, err := pipe()
+		if err != nil {
+			inW.Close()
+			return nil, err
+		}
+		closeAfter = append(closeAfter, oW)
+		eR, eW, err := pipe()
+		if err != nil {
+			inW.Close()
+			oR.Close()
+			return nil, err
+		}
+		closeAfter = append(closeAfter, eW)
+		stdio = [3]*os.File{inR, oW, eW}
+		outR, errR = oR, eR
+	}
+	closeOurs := func() {
+		for _, f := range []*os.File{p.stdin, outR, errR} {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	specR, specW, err := pipe()
+	if err != nil {
+		closeOurs()
+		return nil, err
+	}
+	closeAfter = append(closeAfter, specR)
+	errPR, errPW, err := pipe()
+	if err != nil {
+		specW.Close()
+		closeOurs()
+		return nil, err
+	}
+	closeAfter = append(closeAfter, errPW)
+
+	if m.cfg.CgroupFD >= 0 {
+		cg, err := newCgroup(m.cfg.CgroupFD, "dsec-"+p.ID)
+		if err != nil {
+			specW.Close()
+			errPR.Close()
+			closeOurs()
+			return nil, fmt.Errorf("start process: %w", err)
+		}
+		p.cg = cg
+	}
+
+	files := []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd(), specR.Fd(), errPW.Fd()}
+	if spec.StateFD != nil {
+		for len(files) < StateFDNumber {
+			files = append(files, ^uintptr(0))
+		}
+		files = append(files, spec.StateFD.Fd())
+	}
+	attr := &syscall.ProcAttr{
+		Env:   []string{"GOMAXPROCS=1", "GOGC=off"},
+		Files: files,
+		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: spec.TTY != nil, Ctty: 0},
+	}
+	exitCh := make(chan unix.WaitStatus, 1)
+	m.mu.Lock()
+	pid, err := syscall.ForkExec(m.cfg.SelfExe, []string{"dsec-agent", ChildArg}, attr)
+	if err == nil {
+		m.waiters[pid] = exitCh
+	}
+	m.mu.Unlock()
+	if err != nil {
+		specW.Close()
+		errPR.Close()
+		closeOurs()
+		if p.cg != nil {
+			p.cg.remove()
+		}
+		return nil, fmt.Errorf("fork process: %w", err)
+	}
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+	p.Pid = pid
+	for _, f := range closeAfter {
+		f.Close()
+	}
+	closeAfter = nil
+
+	var startErr error
+	if p.cg != nil {
+		startErr = p.cg.add(pid)
+	}
+	if startErr == nil {
+		b, _ := json.Marshal(childSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, UID: spec.UID, GID: spec.GID, Groups: spec.Groups})
+		_, startErr = specW.Write(b)
+	}
+	specW.Close()
+	if startErr != nil {
+		unix.Kill(pid, unix.SIGKILL)
+	} else {
+		msg, _ := io.ReadAll(errPR)
+		if len(msg) > 0 {
+			startErr = errors.New(string(msg))
+		}
+	}
+	errPR.Close()
+
+	p.mem0 = m.mem.oomKills()
+	p.Started = time.Now()
+	m.mu.Lock()
+	m.procs[p.ID] = p
+	m.order = append(m.order, p)
+	m.mu.Unlock()
+
+	if startErr != nil {
+		closeOurs()
+		p.stdin, p.stdinFile = nil, nil
+		<-exitCh
+		p.finish(&dsecv1.ExecExited{ExitCode: 127, Status: dsecv1.ExitStatus_EXIT_STATUS_START_ERROR,
+			Message: "could not start: " + startErr.Error()})
+		return p, nil
+	}
+
+	var readers sync.WaitGroup
+	if outR != nil {
+		readers.Add(2)
+		go p.readOutput(outR, Stdout, &readers)
+		go p.readOutput(errR, Stderr, &readers)
+	}
+	if p.stdin != nil {
+		if len(spec.Stdin) > 0 || !spec.KeepStdinOpen {
+			go func() {
+				if len(spec.Stdin) > 0 {
+					p.WriteStdin(spec.Stdin, !spec.KeepStdinOpen)
+				} else {
+					p.WriteStdin(nil, true)
+				}
+			}()
+		}
+	}
+	if spec.Timeout > 0 {
+		p.timer = time.AfterFunc(spec.Timeout, func() {
+			p.mu.Lock()
+			p.timedOut = true
+			p.mu.Unlock()
+			p.KillTree()
+		})
+	}
+	go p.wait(exitCh, &readers, spec.Timeout)
+	return p, nil
+}
+
+func newID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return "p-" + hex.EncodeToString(b)
+}
+
+// Get finds a process by ID, or by tag (the newest process with that tag).
+func (m *Manager) Get(idOrTag string) (*Process, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.procs[idOrTag]; ok {
+		return p, nil
+	}
+	for i := len(m.order) - 1; i >= 0; i-- {
+		if p := m.order[i]; p.Tag != "" && p.Tag == idOrTag {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("find process %q: %w", idOrTag, errdefs.ErrNotFound)
+}
+
+// List returns running and recently exited processes, oldest first.
+func (m *Manager) List() []*Process {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]*Process(nil), m.order...)
+}
+
+// forget drops exited processes beyond the configured bound and frees the
+// output of all but the newest few exited background processes.
+func (m *Manager) forget() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	exited := 0
+	for _, p := range m.order {
+		if p.Done() {
+			exited++
+		}
+	}
+	kept := m.order[:0]
+	withOutput := 0
+	for i := len(m.order) - 1; i >= 0; i-- {
+		p := m.order[i]
+		if p.Done() && p.Background {
+			withOutput++
+			if withOutput > keptOutputs {
+				p.Release()
+			}
+		}
+	}
+	for _, p := range m.order {
+		if p.Done() && exited > m.cfg.KeepExited {
+			exited--
+			delete(m.procs, p.ID)
+			p.Release()
+			continue
+		}
+		kept = append(kept, p)
+	}
+	for i := len(kept); i < len(m.order); i++ {
+		m.order[i] = nil
+	}
+	m.order = kept
+}
+
+// Process is one started command.
+type Process struct {
+	m          *Manager
+	ID         string
+	Tag        string
+	Pid        int
+	Argv       []string
+	Background bool
+	Started    time.Time
+
+	cg    *cgroup
+	mem0  int64
+	timer *time.Timer
+	limit int64
+
+	stdinFile *os.File // set once at start; closed at exit
+	stdinMu   sync.Mutex
+	stdin     *os.File // nil once closed
+
+	mu        sync.Mutex
+	chunks    []Chunk
+	released  bool
+	retained  [3]int64
+	total     [3]int64
+	truncated [3]bool
+	detached  bool // output no longer retained: the process finished
+	timedOut  bool
+	exited    *dsecv1.ExecExited
+	notify    chan struct{}
+	done      chan struct{}
+}
+
+// Done reports whether the process has exited and its record is final.
+func (p *Process) Done() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// DoneC is closed when the process has exited and its record is final.
+func (p *Process) DoneC() <-chan struct{} { return p.done }
+
+// Exited is the exit record, or nil while running.
+func (p *Process) Exited() *dsecv1.ExecExited {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exited
+}
+
+func (p *Process) readOutput(f *os.File, s Stream, wg *sync.WaitGroup) {
+	defer wg.Done()
+	defer f.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			p.appendOutput(s, buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *Process) appendOutput(s Stream, b []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.detached {
+		return
+	}
+	p.total[s] += int64(len(b))
+	keep := int64(len(b))
+	if room := p.limit - p.retained[s]; keep > room {
+		keep = max(room, 0)
+		p.truncated[s] = true
+	}
+	if keep == 0 {
+		return
+	}
+	p.retained[s] += keep
+	if !p.released {
+		p.chunks = append(p.chunks, Chunk{Stream: s, Data: append([]byte(nil), b[:keep]...)})
+	}
+	close(p.notify)
+	p.notify = make(chan struct{})
+}
+
+// Next returns retained chunks from index from on, waiting up to wait for
+// some to arrive. It returns the index to continue from, and the exit
+// record once every chunk before it has been returned.
+func (p *Process) Next(ctx context.Context, from int, wait time.Duration) ([]Chunk, *dsecv1.ExecExited, int, error) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		if from < len(p.chunks) {
+			c := p.chunks[from:]
+			p.mu.Unlock()
+			return c, nil, from + len(c), nil
+		}
+		if p.exited != nil {
+			e := p.exited
+			p.mu.Unlock()
+			return nil, e, from, nil
+		}
+		ch := p.notify
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, nil, from, ctx.Err()
+		case <-t.C:
+			return nil, nil, from, nil
+		case <-ch:
+		}
+	}
+}
+
+// Release frees the retained output (the exit record stays).
+func (p *Process) Release() {
+	p.mu.Lock()
+	p.chunks = nil
+	p.released = true
+	p.mu.Unlock()
+}
+
+// WriteStdin writes data to the process's stdin and closes it when close is set.
+func (p *Process) WriteStdin(data []byte, closeIt bool) error {
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdin == nil {
+		if len(data) == 0 && closeIt {
+			return nil
+		}
+		return fmt.Errorf("write stdin of %s: stdin is closed: %w", p.ID, errdefs.ErrFailedPrecondition)
+	}
+	var err error
+	if len(data) > 0 {
+		_, err = p.stdin.Write(data)
+	}
+	if closeIt || err != nil {
+		p.stdin.Close()
+		p.stdin = nil
+	}
+	if err != nil {
+		return fmt.Errorf("write stdin of %s: %w: %w", p.ID, err, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// KillTree SIGKILLs the process and everything it started.
+func (p *Process) KillTree() {
+	if p.cg != nil {
+		p.cg.kill()
+		return
+	}
+	pids := descendants(p.Pid)
+	unix.Kill(-p.Pid, unix.SIGKILL)
+	for _, d := range pids {
+		unix.Kill(d, unix.SIGKILL)
+	}
+}
+
+// Signal sends sig to the process's whole tree; 0 means KillTree.
+func (p *Process) Signal(sig unix.Signal) error {
+	if sig == 0 || sig == unix.SIGKILL {
+		p.KillTree()
+		return nil
+	}
+	if p.Done() && (p.cg == nil || len(p.cg.pids()) == 0) {
+		return fmt.Errorf("signal process %s: it has exited: %w", p.ID, errdefs.ErrFailedPrecondition)
+	}
+	if p.cg != nil {
+		p.cg.signal(sig)
+		return nil
+	}
+	if err := unix.Kill(-p.Pid, sig); err != nil {
+		unix.Kill(p.Pid, sig)
+	}
+	for _, d := range descendants(p.Pid) {
+		unix.Kill(d, sig)
+	}
+	return nil
+}
+
+func (p *Process) wait(exitCh chan unix.WaitStatus, readers *sync.WaitGroup, timeout time.Duration) {
+	ws := <-exitCh
+	end := time.Now()
+	readersDone := make(chan struct{})
+	go func() { readers.Wait(); close(readersDone) }()
+	select {
+	case <-readersDone:
+	case <-time.After(outputGrace):
+	}
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	p.mu.Lock()
+	timedOut := p.timedOut
+	p.mu.Unlock()
+	e := &dsecv1.ExecExited{DurationSeconds: end.Sub(p.Started).Seconds()}
+	switch {
+	case ws.Exited():
+		e.ExitCode = int32(ws.ExitStatus())
+		e.Status = dsecv1.ExitStatus_EXIT_STATUS_OK
+		if e.ExitCode != 0 {
+			e.Status = dsecv1.ExitStatus_EXIT_STATUS_NONZERO
+			e.Message = fmt.Sprintf("exited with code %d", e.ExitCode)
+		}
+	case ws.Signaled():
+		e.ExitCode = -1
+		e.Signal = int32(ws.Signal())
+		e.Status = dsecv1.ExitStatus_EXIT_STATUS_KILLED
+		e.Message = fmt.Sprintf("killed by signal %d (%s)", e.Signal, strings.ToUpper(unix.SignalName(ws.Signal())))
+		if ws.Signal() == unix.SIGKILL && p.m.mem.oomKills() > p.mem0 {
+			e.Status = dsecv1.ExitStatus_EXIT_STATUS_OOM
+			e.Message = "killed by the OOM killer"
+			if l := p.m.mem.limit(); l > 0 {
+				e.Message += " (memory limit " + humanBytes(l) + ")"
+			}
+		}
+	}
+	if timedOut {
+		e.Status = dsecv1.ExitStatus_EXIT_STATUS_TIMEOUT
+		e.Message = fmt.Sprintf("killed at its timeout of %s", timeout)
+	}
+	p.finish(e)
+}
+
+func (p *Process) finish(e *dsecv1.ExecExited) {
+	if f := p.stdinFile; f != nil {
+		f.Close() // unblocks a WriteStdin stuck on a full pipe
+	}
+	p.stdinMu.Lock()
+	p.stdin = nil
+	p.stdinMu.Unlock()
+	p.mu.Lock()
+	e.StdoutBytes, e.StderrBytes = p.total[Stdout], p.total[Stderr]
+	e.StdoutTruncated, e.StderrTruncated = p.truncated[Stdout], p.truncated[Stderr]
+	p.detached = true
+	p.exited = e
+	close(p.notify)
+	p.notify = make(chan struct{})
+	p.mu.Unlock()
+	close(p.done)
+	if p.cg != nil && p.cg.remove() != nil {
+		p.m.mu.Lock()
+		p.m.leftover = append(p.m.leftover, p.cg)
+		p.m.mu.Unlock()
+	}
+	p.m.forget()
+	if p.m.cfg.OnExit != nil {
+		p.m.cfg.OnExit()
+	}
+}
+
+// Info is the process's ListProcesses record.
+func (p *Process) Info() *dsecv1.ProcessInfo {
+	e := p.Exited()
+	return &dsecv1.ProcessInfo{
+		ProcessId:     p.ID,
+		Pid:           int32(p.Pid),
+		Tag:           p.Tag,
+		Argv:          p.Argv,
+		Running:       e == nil,
+		Exited:        e,
+		StartedUnixMs: p.Started.UnixMilli(),
+	}
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return strconv.FormatInt(n>>30, 10) + " GiB"
+	case n >= 1<<20:
+		return strconv.FormatInt(n>>20, 10) + " MiB"
+	case n >= 1<<10:
+		return strconv.FormatInt(n>>10, 10) + " KiB"
+	}
+	return strconv.FormatInt(n, 10) + " B"
+}
+
+// descendants lists the live descendants of pid from /proc (best effort: a
+// process whose parent already died was re-parented to the agent).
+func descendants(pid int) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 {
+			continue
+		}
+		pp, _ := strconv.Atoi(f[1])
+		children[pp] = append(children[pp], n)
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		c := queue[0]
+		queue = queue[1:]
+		for _, k := range children[c] {
+			out = append(out, k)
+			queue = append(queue, k)
+		}
+	}
+	return out
+}

@@ -1,0 +1,247 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
+	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// fakeRuntime keeps containers as a set; a test can make one die.
+type fakeRuntime struct {
+	mu       sync.Mutex
+	running  map[string]bool
+	failNext error
+}
+
+func (f *fakeRuntime) Start(ctx context.Context, s runtime.Spec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.failNext; err != nil {
+		f.failNext = nil
+		return err
+	}
+	f.running[s.ID] = true
+	return nil
+}
+
+func (f *fakeRuntime) Status(ctx context.Context, id string) (runtime.Status, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.running[id]
+	if !ok {
+		return runtime.Status{}, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	return runtime.Status{Running: r}, nil
+}
+
+func (f *fakeRuntime) Delete(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.running, id)
+	return nil
+}
+
+func (f *fakeRuntime) List(ctx context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for id := range f.running {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+func (f *fakeRuntime) kill(id string) {
+	f.mu.Lock()
+	f.running[id] = false
+	f.mu.Unlock()
+}
+
+type fakeImages struct{}
+
+func (fakeImages) ResolveEnvironment(env string) ([]image.Layer, error) {
+	if env != "base:1" {
+		return nil, fmt.Errorf("environment %q: %w", env, errdefs.ErrNotFound)
+	}
+	return []image.Layer{{Digest: "sha256:aa", Kind: image.KindBase}}, nil
+}
+func (fakeImages) Mount(ctx context.Context, digest string) (string, error) { return "/layers/" + digest, nil }
+func (fakeImages) RecordEnvironment(env string, digests []string) error    { return nil }
+
+// fakeAgent answers Ping from the runtime's view of its container.
+type fakeAgent struct {
+	agentv1connect.AgentServiceClient
+	rt      *fakeRuntime
+	id      string
+	running *int32
+}
+
+func (a *fakeAgent) Ping(ctx context.Context, req *connect.Request[agentv1.PingRequest]) (*connect.Response[agentv1.PingResponse], error) {
+	st, err := a.rt.Status(ctx, a.id)
+	if err != nil || !st.Running {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("connection refused"))
+	}
+	a.rt.mu.Lock()
+	n := *a.running
+	a.rt.mu.Unlock()
+	return connect.NewResponse(&agentv1.PingResponse{RunningProcesses: n}), nil
+}
+
+func newTestManager(t *testing.T, dir string, rt *fakeRuntime, busy *int32) *Manager {
+	t.Helper()
+	dial := func(sock string) agentv1connect.AgentServiceClient {
+		// The socket path is <dir>/<id>/agent.sock.
+		id := sock[len(dir)+1 : len(sock)-len("/agent.sock")]
+		return &fakeAgent{rt: rt, id: id, running: busy}
+	}
+	m, err := New(Config{Node: "n1", StateDir: dir, PingInterval: 100 * time.Millisecond,
+		Defaults: Defaults{TTL: time.Hour}}, rt, fakeImages{}, dial, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Shutdown)
+	return m
+}
+
+func waitState(t *testing.T, m *Manager, id string, want dsecv1.State, reason dsecv1.Reason) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		sb, err := m.Get(context.Background(), id)
+		if err == nil && sb.GetState() == want {
+			if sb.GetReason() != reason {
+				t.Fatalf("%s is %s for %s, want %s", id, want, sb.GetReason(), reason)
+			}
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sb, _ := m.Get(context.Background(), id)
+	t.Fatalf("%s did not reach %s (%s): %v", id, want, reason, sb)
+}
+
+func TestCreateAndLifetimes(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	m := newTestManager(t, t.TempDir(), rt, &busy)
+	ctx := context.Background()
+
+	sb, err := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 1, IdleTimeoutSeconds: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.GetState() != dsecv1.State_STATE_RUNNING || sb.GetSpec().GetMemoryMb() != 0 {
+		t.Fatalf("created %v", sb)
+	}
+	waitState(t, m, sb.GetId(), dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_TTL)
+	if _, err := m.Agent(ctx, sb.GetId()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("agent of a stopped sandbox: %v", err)
+	}
+
+	// Idle: reaped only while nothing runs inside.
+	rt.mu.Lock()
+	busy = 1
+	rt.mu.Unlock()
+	idle, err := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	if got, _ := m.Get(ctx, idle.GetId()); got.GetState() != dsecv1.State_STATE_RUNNING {
+		t.Fatalf("reaped as idle while a command runs: %v", got)
+	}
+	rt.mu.Lock()
+	busy = 0
+	rt.mu.Unlock()
+	waitState(t, m, idle.GetId(), dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_IDLE)
+
+	// A container that dies is failed with agent_lost and cleaned up.
+	dead, err := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.kill(dead.GetId())
+	waitState(t, m, dead.GetId(), dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_AGENT_LOST)
+	if _, err := rt.Status(ctx, dead.GetId()); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("failed sandbox's container still there: %v", err)
+	}
+}
+
+func TestCreateFailureRollsBack(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}, failNext: errors.New("runc exploded")}
+	var busy int32
+	dir := t.TempDir()
+	m := newTestManager(t, dir, rt, &busy)
+	id := m.NewID()
+	if _, err := m.Create(context.Background(), id, &dsecv1.SandboxSpec{Environment: "base:1"}); err == nil {
+		t.Fatal("create succeeded")
+	}
+	if _, err := m.Get(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("a failed create is still known: %v", err)
+	}
+	if ids, _ := m.states.IDs(); len(ids) != 0 {
+		t.Fatalf("a failed create left records: %v", ids)
+	}
+	if _, err := m.Create(context.Background(), m.NewID(), &dsecv1.SandboxSpec{Environment: "nope:1"}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("unknown environment: %v", err)
+	}
+}
+
+func TestRecoverAdoptsAndReaps(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	dir := t.TempDir()
+	m := newTestManager(t, dir, rt, &busy)
+	ctx := context.Background()
+	alive, _ := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1"})
+	died, _ := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1"})
+	m.Shutdown()
+	rt.kill(died.GetId())
+	rt.running["sb-n1-orphan"] = true // a container whose create never saved a record
+
+	m2 := newTestManager(t, dir, rt, &busy)
+	if got, err := m2.Get(ctx, alive.GetId()); err != nil || got.GetState() != dsecv1.State_STATE_RUNNING {
+		t.Fatalf("alive after recover: %v %v", got, err)
+	}
+	if got, err := m2.Get(ctx, died.GetId()); err != nil || got.GetState() != dsecv1.State_STATE_FAILED {
+		t.Fatalf("died after recover: %v %v", got, err)
+	}
+	if _, err := rt.Status(ctx, "sb-n1-orphan"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("orphan container not removed: %v", err)
+	}
+	if err := m2.Teardown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := rt.List(ctx); len(ids) != 0 {
+		t.Fatalf("teardown left containers: %v", ids)
+	}
+}
+
+func TestNodeOf(t *testing.T) {
+	for id, want := range map[string]string{"sb-n1-abc": "n1", "sb-my-node-x": "my-node"} {
+		if got, err := NodeOf(id); err != nil || got != want {
+			t.Errorf("NodeOf(%q) = %q, %v; want %q", id, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "sb-", "sb-n1", "x-n1-abc", "sb-n1-"} {
+		if _, err := NodeOf(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("NodeOf(%q): %v, want invalid argument", bad, err)
+		}
+	}
+}
