@@ -9,7 +9,7 @@ import math
 import os
 import tarfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import (Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping,
                     Optional, Sequence, Union)
 
@@ -502,7 +502,7 @@ class Sandbox:
             raise errors.Unavailable("Exec: the stream ended before the process started")
         return Job(self, col.process_id, col.pid, col.tag or (tag or ""))
 
-    async def job(self, process_id: str = "", *, tag: str = "") -> "Job":
+    def job(self, process_id: str = "", *, tag: str = "") -> "Job":
         """A handle on a background process by process_id or tag."""
         return Job(self, process_id, 0, tag)
 

@@ -19,7 +19,7 @@ is the idle timeout in seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional
+from typing import Dict, Optional
 
 from ._aio import AsyncClient, ExecResult, Sandbox
 

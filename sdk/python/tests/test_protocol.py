@@ -461,8 +461,8 @@ class StreamTest(FakeTestCase):
 
         async def main():
             async with self.client() as c:
-                return \
-                    await (await c.sandbox("sb-n-1").job(tag="t")).output(timeout=10)
+                job = c.sandbox("sb-n-1").job(tag="t")
+                return await job.output(timeout=10)
         t0 = time.monotonic()
         r = run(main())
         self.assertLess(time.monotonic() - t0, 5)
