@@ -73,8 +73,8 @@ func (f *fakeEdge) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeEdge) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
-	return nil, fmt.Errorf("fake edge has no agents: %w", errdefs.ErrNotSupported)
+func (f *fakeEdge) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, func(), error) {
+	return nil, nil, fmt.Errorf("fake edge has no agents: %w", errdefs.ErrNotSupported)
 }
 
 func (f *fakeEdge) running() int {

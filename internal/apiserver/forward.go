@@ -23,10 +23,11 @@ type unaryCall[Req, Res any] func(context.Context, *connect.Request[Req]) (*conn
 type streamCall[Req, Res any] func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error)
 
 func forwardUnary[Req, Res any](ctx context.Context, s *Server, id string, msg *Req, pick func(agentClient) unaryCall[Req, Res]) (*connect.Response[Res], error) {
-	a, err := s.agent(ctx, id)
+	a, release, err := s.agent(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	resp, err := pick(a)(ctx, connect.NewRequest(msg))
 	if err != nil {
 		return nil, s.agentErr(ctx, id, err)
@@ -35,10 +36,11 @@ func forwardUnary[Req, Res any](ctx context.Context, s *Server, id string, msg *
 }
 
 func forwardStream[Req, Res any](ctx context.Context, s *Server, id string, msg *Req, out *connect.ServerStream[Res], pick func(agentClient) streamCall[Req, Res]) error {
-	a, err := s.agent(ctx, id)
+	a, release, err := s.agent(ctx, id)
 	if err != nil {
 		return err
 	}
+	defer release()
 	in, err := pick(a)(ctx, connect.NewRequest(msg))
 	if err != nil {
 		return s.agentErr(ctx, id, err)
@@ -151,10 +153,11 @@ func (s *Server) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.Sh
 		return fmt.Errorf("the first shell message must be start: %w", errdefs.ErrInvalidArgument)
 	}
 	id := start.GetSandboxId()
-	a, err := s.agent(ctx, id)
+	a, release, err := s.agent(ctx, id)
 	if err != nil {
 		return err
 	}
+	defer release()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	up := a.Shell(ctx)

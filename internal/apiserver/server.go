@@ -7,10 +7,12 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -33,9 +35,9 @@ type Edge interface {
 	Get(ctx context.Context, id string) (*dsecv1.Sandbox, error)
 	List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error)
 	Delete(ctx context.Context, id string) error
-	// Agent returns the channel to the sandbox's agent; the call counts as
-	// activity of the sandbox.
-	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
+	// Agent returns the channel to the sandbox's agent. The sandbox counts
+	// as active until release is called.
+	Agent(ctx context.Context, id string) (client agentv1connect.AgentServiceClient, release func(), err error)
 }
 
 // Idempotency remembers which sandboxes a Create with a key made.
@@ -131,13 +133,13 @@ func (s *Server) place(ctx context.Context) (Edge, error) {
 }
 
 // agent finds the agent channel of a running sandbox.
-func (s *Server) agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+func (s *Server) agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, func(), error) {
 	if id == "" {
-		return nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
 	}
 	e, err := s.edgeFor(id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	return e.Agent(ctx, id)
 }
@@ -145,17 +147,18 @@ func (s *Server) agent(ctx context.Context, id string) (agentv1connect.AgentServ
 // agentErr explains an error from an agent call: when the sandbox ended
 // meanwhile, say so instead of passing on a transport error.
 func (s *Server) agentErr(ctx context.Context, id string, err error) error {
-	code := connect.CodeOf(err)
-	if code != connect.CodeUnavailable && code != connect.CodeUnknown && code != connect.CodeInternal {
-		return err
+	if e, eerr := s.edgeFor(id); eerr == nil {
+		sb, gerr := e.Get(context.WithoutCancel(ctx), id)
+		if gerr == nil && sb.GetState() != dsecv1.State_STATE_RUNNING {
+			why := strings.ToLower(strings.TrimPrefix(sb.GetReason().String(), "REASON_"))
+			return fmt.Errorf("sandbox %s is %s (%s): %s: %w", id,
+				strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "STATE_")), why, sb.GetMessage(), errdefs.ErrFailedPrecondition)
+		}
 	}
-	e, eerr := s.edgeFor(id)
-	if eerr != nil {
-		return err
-	}
-	sb, gerr := e.Get(context.WithoutCancel(ctx), id)
-	if gerr == nil && sb.GetState() != dsecv1.State_STATE_RUNNING {
-		return fmt.Errorf("sandbox %s is %s: %s: %w", id, sb.GetState(), sb.GetMessage(), errdefs.ErrFailedPrecondition)
+	var ce *connect.Error
+	if errors.As(err, &ce) && ce.Code() != connect.CodeUnknown && ce.Code() != connect.CodeInternal &&
+		!strings.Contains(ce.Message(), "protocol error") {
+		return err // the agent's own verdict (not found, invalid argument…)
 	}
 	return fmt.Errorf("sandbox %s: agent channel: %v: %w", id, err, errdefs.ErrUnavailable)
 }

@@ -166,7 +166,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	if err := os.MkdirAll(cfg.Root, 0o711); err != nil {
 		return nil, fmt.Errorf("make root %s: %w", cfg.Root, err)
 	}
-	lock, err := os.OpenFile(filepath.Join(cfg.Root, "dsecd.lock"), os.O_CREATE|os.O_RDWR|os.O_CLOEXEC, 0o600)
+	lock, err := os.OpenFile(filepath.Join(cfg.Root, "dsecd.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open lock file: %w", err)
 	}

@@ -664,12 +664,19 @@ func (p *Process) wait(exitCh chan unix.WaitStatus, readers *sync.WaitGroup, tim
 		e.Signal = int32(ws.Signal())
 		e.Status = dsecv1.ExitStatus_EXIT_STATUS_KILLED
 		e.Message = fmt.Sprintf("killed by signal %d (%s)", e.Signal, strings.ToUpper(unix.SignalName(ws.Signal())))
-		if ws.Signal() == unix.SIGKILL && p.m.mem.oomKills() > p.mem0 {
-			e.Status = dsecv1.ExitStatus_EXIT_STATUS_OOM
-			e.Message = "killed by the OOM killer"
-			if l := p.m.mem.limit(); l > 0 {
-				e.Message += " (memory limit " + humanBytes(l) + ")"
-			}
+	}
+	// A command whose own process, or one it started (a shell's pipeline
+	// member, say), was OOM-killed failed for want of memory, whatever code
+	// its shell then exited with. The sandbox's count is shared, so a kill
+	// in a concurrent command is attributed to this one too.
+	if e.Status != dsecv1.ExitStatus_EXIT_STATUS_OK && p.m.mem.oomKills() > p.mem0 {
+		e.Status = dsecv1.ExitStatus_EXIT_STATUS_OOM
+		e.Message = "killed by the OOM killer"
+		if !ws.Signaled() {
+			e.Message = fmt.Sprintf("a process it started was killed by the OOM killer; it exited with code %d", e.ExitCode)
+		}
+		if l := p.m.mem.limit(); l > 0 {
+			e.Message += " (memory limit " + humanBytes(l) + ")"
 		}
 	}
 	if timedOut {

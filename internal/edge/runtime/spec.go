@@ -96,7 +96,11 @@ func buildSpec(in specInput) *specs.Spec {
 			},
 		},
 		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			// hidepid=ptraceable hides every process the caller may not ptrace
+			// (unlike "invisible", group 0 gets no exemption):
+			// the agent (pid 1, non-dumpable) is not even listed, so its fds
+			// and memory stay out of reach for root inside the sandbox.
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev", "hidepid=ptraceable"}},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=67108864"}},

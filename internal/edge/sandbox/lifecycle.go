@@ -215,7 +215,7 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 		expires := time.UnixMilli(rec.GetExpiresUnixMs())
 		idle := time.Duration(rec.GetSpec().GetIdleTimeoutSeconds()) * time.Second
 		quiet := now.Sub(sb.lastActive)
-		busy := sb.running > 0
+		busy := sb.running > 0 || sb.inflight > 0
 		sb.mu.Unlock()
 		if !running {
 			continue
@@ -226,8 +226,18 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 				fmt.Sprintf("its TTL of %ds ran out", rec.GetSpec().GetTtlSeconds()))
 			continue
 		case idle > 0 && quiet > idle && !busy:
-			go m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_IDLE,
-				fmt.Sprintf("idle for %s with nothing running (idle timeout %s)", quiet.Round(time.Second), idle))
+			// Ask the agent once more: a command may have started since the
+			// last ping.
+			go func() {
+				m.check(ctx, sb)
+				sb.mu.Lock()
+				stillIdle := sb.running == 0 && sb.inflight == 0 && time.Since(sb.lastActive) > idle
+				sb.mu.Unlock()
+				if stillIdle {
+					m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_IDLE,
+						fmt.Sprintf("idle for %s with nothing running (idle timeout %s)", quiet.Round(time.Second), idle))
+				}
+			}()
 			continue
 		}
 		if ping {

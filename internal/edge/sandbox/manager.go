@@ -115,6 +115,7 @@ type sandbox struct {
 	lastActive time.Time
 	// running is the agent's count of live processes at the last ping.
 	running   int32
+	inflight  int // API calls in progress
 	pingFails int
 	gone      time.Time // when it stopped or failed; zero while alive
 	stopping  bool
@@ -478,23 +479,33 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	return m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "deleted by request")
 }
 
-// Agent returns the channel to a running sandbox's agent and counts the call
-// as activity for the idle timeout.
-func (m *Manager) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+// Agent returns the channel to a running sandbox's agent. The call counts
+// as activity for the idle timeout until release is called, so a long
+// stream keeps its sandbox alive.
+func (m *Manager) Agent(ctx context.Context, id string) (client agentv1connect.AgentServiceClient, release func(), err error) {
 	sb, err := m.lookup(id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	switch sb.rec.GetState() {
 	case dsecv1.State_STATE_RUNNING:
 		sb.lastActive = time.Now()
-		return sb.agent, nil
+		sb.inflight++
+		var once sync.Once
+		return sb.agent, func() {
+			once.Do(func() {
+				sb.mu.Lock()
+				sb.inflight--
+				sb.lastActive = time.Now()
+				sb.mu.Unlock()
+			})
+		}, nil
 	case dsecv1.State_STATE_CREATING:
-		return nil, fmt.Errorf("sandbox %s is still being created: %w", id, errdefs.ErrFailedPrecondition)
+		return nil, nil, fmt.Errorf("sandbox %s is still being created: %w", id, errdefs.ErrFailedPrecondition)
 	default:
-		return nil, goneError(sb.rec)
+		return nil, nil, goneError(sb.rec)
 	}
 }
 

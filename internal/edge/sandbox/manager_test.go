@@ -78,8 +78,10 @@ func (fakeImages) ResolveEnvironment(env string) ([]image.Layer, error) {
 	}
 	return []image.Layer{{Digest: "sha256:aa", Kind: image.KindBase}}, nil
 }
-func (fakeImages) Mount(ctx context.Context, digest string) (string, error) { return "/layers/" + digest, nil }
-func (fakeImages) RecordEnvironment(env string, digests []string) error    { return nil }
+func (fakeImages) Mount(ctx context.Context, digest string) (string, error) {
+	return "/layers/" + digest, nil
+}
+func (fakeImages) RecordEnvironment(env string, digests []string) error { return nil }
 
 // fakeAgent answers Ping from the runtime's view of its container.
 type fakeAgent struct {
@@ -150,7 +152,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 		t.Fatalf("created %v", sb)
 	}
 	waitState(t, m, sb.GetId(), dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_TTL)
-	if _, err := m.Agent(ctx, sb.GetId()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, _, err := m.Agent(ctx, sb.GetId()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("agent of a stopped sandbox: %v", err)
 	}
 

@@ -1,0 +1,67 @@
+// Command dsec-agent is the agent inside every sandbox (pid 1 of a container).
+//
+//	dsec-agent serve --listen-fd 3 [--cgroup-fd 4] [--memory-cgroup-fd 5] [--user U]
+//	    [--workdir DIR] [--env K=V]... [--shell PATH] [--output-limit BYTES] [--hostname H]
+//
+// The modes child and state-dump are internal: the agent runs them itself.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"dsec.dev/dsec/internal/agent"
+)
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: dsec-agent serve --listen-fd N [flags]")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "child":
+		os.Exit(agent.ChildMain())
+	case "state-dump":
+		os.Exit(agent.StateDumpMain())
+	case "serve":
+	default:
+		fmt.Fprintf(os.Stderr, "dsec-agent: unknown mode %q\n", os.Args[1])
+		os.Exit(2)
+	}
+
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	cfg := agent.Config{}
+	var env listFlag
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	fs.IntVar(&cfg.ListenFD, "listen-fd", 3, "fd of the listening Unix socket")
+	fs.IntVar(&cfg.CgroupFD, "cgroup-fd", -1, "fd of the sandbox's cgroup dir (freezer on v1, unified on v2)")
+	fs.IntVar(&cfg.MemoryCgroupFD, "memory-cgroup-fd", -1, "fd of the sandbox's memory cgroup dir")
+	fs.StringVar(&cfg.User, "user", "", "default user (name or uid[:gid])")
+	fs.StringVar(&cfg.Workdir, "workdir", "", "default working directory")
+	fs.Var(&env, "env", "K=V added to every command's environment (repeatable)")
+	fs.StringVar(&cfg.Shell, "shell", agent.DefaultShell, "shell for commands and sessions")
+	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per stream in bytes (0 = 16 MiB)")
+	fs.StringVar(&cfg.Hostname, "hostname", "", "hostname to set (pid 1 only)")
+	fs.Parse(os.Args[2:])
+	cfg.Env = env
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(os.Stderr, "dsec-agent: %v\n", err)
+		os.Exit(2)
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := agent.Serve(context.Background(), cfg); err != nil {
+		cfg.Log.Error("agent stopped", "err", err)
+		os.Exit(1)
+	}
+}

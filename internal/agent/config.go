@@ -1,0 +1,23 @@
+package agent
+
+import "log/slog"
+
+// Version is reported by Ping.
+const Version = "0.1.0"
+
+// DefaultShell is the static shell shipped read-only with the agent.
+const DefaultShell = "/.dsec/bin/sh"
+
+// Config is the serve mode's configuration; flags map onto it one to one.
+type Config struct {
+	ListenFD       int      // listening Unix stream socket
+	CgroupFD       int      // sandbox cgroup dir (freezer v1 / unified v2); -1 = none
+	MemoryCgroupFD int      // sandbox memory cgroup dir; -1 = none
+	User           string   // default user of commands and file operations ("" = root)
+	Workdir        string   // default working directory ("" = the user's home, else /)
+	Env            []string // K=V added to every command's environment
+	Shell          string   // shell for commands and sessions ("" = DefaultShell)
+	OutputLimit    int64    // retained output per stream (0 = 16 MiB)
+	Hostname       string   // set as the UTS hostname when pid 1
+	Log            *slog.Logger
+}

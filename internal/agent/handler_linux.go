@@ -1,0 +1,506 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
+	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/account"
+	"dsec.dev/dsec/internal/agent/fs"
+	"dsec.dev/dsec/internal/agent/proc"
+	"dsec.dev/dsec/internal/agent/session"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// keepaliveEvery is the silence after which a stream gets a keepalive.
+const keepaliveEvery = 15 * time.Second
+
+// defaultPath is the PATH of every command unless overridden.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// etcDir is where the sandbox's passwd and group live.
+const etcDir = "/etc"
+
+type handler struct {
+	cfg        Config
+	procs      *proc.Manager
+	sessions   *session.Manager
+	files      *fs.FS
+	lastActive atomic.Int64
+}
+
+var _ agentv1connect.AgentServiceHandler = (*handler)(nil)
+
+func newHandler(cfg Config, agentPath string) (*handler, error) {
+	h := &handler{cfg: cfg, files: &fs.FS{Dir: cfg.Workdir}}
+	h.touch()
+	procs, err := proc.NewManager(proc.Config{
+		CgroupFD:       cfg.CgroupFD,
+		MemoryCgroupFD: cfg.MemoryCgroupFD,
+		OnExit:         h.touch,
+		Log:            cfg.Log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	h.procs = procs
+	h.sessions = session.NewManager(procs, func(user, shell string) (session.Base, error) {
+		return h.spec(user, "", shell, nil, nil, "-")
+	}, agentPath)
+	return h, nil
+}
+
+func (h *handler) touch() { h.lastActive.Store(time.Now().UnixMilli()) }
+
+func (h *handler) account(user string) (account.Account, error) {
+	if user == "" {
+		user = h.cfg.User
+	}
+	return account.Lookup(etcDir, user)
+}
+
+// spec builds the process spec shared by Exec, sessions and Shell. With
+// command set, argv becomes `shell -c command`.
+func (h *handler) spec(user, cwd, shell string, env map[string]string, argv []string, command string) (proc.Spec, error) {
+	switch {
+	case len(argv) > 0 && command != "":
+		return proc.Spec{}, fmt.Errorf("build command: give argv or command, not both: %w", errdefs.ErrInvalidArgument)
+	case len(argv) == 0 && command == "":
+		return proc.Spec{}, fmt.Errorf("build command: argv or command is required: %w", errdefs.ErrInvalidArgument)
+	}
+	a, err := h.account(user)
+	if err != nil {
+		return proc.Spec{}, err
+	}
+	if command != "" {
+		if shell == "" {
+			shell = h.cfg.Shell
+		}
+		argv = []string{shell, "-c", command}
+	}
+	home := a.Home
+	if home == "" {
+		home = "/"
+	}
+	vars := map[string]string{"PATH": defaultPath, "HOME": home}
+	if a.Name != "" {
+		vars["USER"] = a.Name
+		vars["LOGNAME"] = a.Name
+	}
+	for _, kv := range h.cfg.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			vars[k] = v
+		}
+	}
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return proc.Spec{}, fmt.Errorf("build command: bad environment variable %q: %w", k, errdefs.ErrInvalidArgument)
+		}
+		vars[k] = v
+	}
+	keys := make([]string, 0, len(vars))
+	for k := range vars {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	envList := make([]string, 0, len(keys))
+	for _, k := range keys {
+		envList = append(envList, k+"="+vars[k])
+	}
+
+	dir := h.cfg.Workdir
+	if dir == "" {
+		dir = "/"
+		if st, err := os.Stat(a.Home); a.Home != "" && err == nil && st.IsDir() {
+			dir = a.Home
+		}
+	}
+	if cwd != "" {
+		if filepath.IsAbs(cwd) {
+			dir = cwd
+		} else {
+			dir = filepath.Join(dir, cwd)
+		}
+	}
+	return proc.Spec{Argv: argv, Env: envList, Dir: dir, UID: a.UID, GID: a.GID, Groups: a.Groups}, nil
+}
+
+func seconds(s float64) time.Duration {
+	if s <= 0 {
+		return 0
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+func (h *handler) Ping(ctx context.Context, req *connect.Request[agentv1.PingRequest]) (*connect.Response[agentv1.PingResponse], error) {
+	return connect.NewResponse(&agentv1.PingResponse{
+		RunningProcesses: int32(h.procs.Running()),
+		LastActiveUnixMs: h.lastActive.Load(),
+		OomKills:         h.procs.OOMKills(),
+		Version:          Version,
+	}), nil
+}
+
+// follow streams a process: started, retained output from the start, then
+// live output until it exits. beforeExit runs before the exit is sent.
+func follow(ctx context.Context, p *proc.Process, send func(*dsecv1.ExecEvent) error, beforeExit func()) error {
+	if e := p.Exited(); e == nil || e.Status != dsecv1.ExitStatus_EXIT_STATUS_START_ERROR {
+		if err := send(&dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Started{Started: &dsecv1.ExecStarted{
+			ProcessId: p.ID, Pid: int32(p.Pid), Tag: p.Tag}}}); err != nil {
+			return err
+		}
+	}
+	idx := 0
+	for {
+		chunks, exited, next, err := p.Next(ctx, idx, keepaliveEvery)
+		if err != nil {
+			return err
+		}
+		idx = next
+		for _, c := range chunks {
+			ev := &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Stdout{Stdout: c.Data}}
+			if c.Stream == proc.Stderr {
+				ev = &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Stderr{Stderr: c.Data}}
+			}
+			if err := send(ev); err != nil {
+				return err
+			}
+		}
+		if exited != nil {
+			if beforeExit != nil {
+				beforeExit()
+			}
+			return send(&dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Exited{Exited: exited}})
+		}
+		if len(chunks) == 0 {
+			if err := send(&dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Keepalive{Keepalive: true}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (h *handler) outputLimit(n int64) int64 {
+	if n > 0 {
+		return n
+	}
+	return h.cfg.OutputLimit
+}
+
+func (h *handler) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], stream *connect.ServerStream[dsecv1.ExecEvent]) error {
+	r := req.Msg
+	spec, err := h.spec(r.User, r.Cwd, r.Shell, r.Env, r.Argv, r.Command)
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	spec.Stdin, spec.KeepStdinOpen = r.Stdin, r.KeepStdinOpen
+	spec.Timeout = seconds(r.TimeoutSeconds)
+	spec.Background, spec.Tag = r.Background, r.Tag
+	spec.OutputLimit = h.outputLimit(r.OutputLimitBytes)
+	p, err := h.procs.Start(context.WithoutCancel(ctx), spec)
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	if !r.Background {
+		defer func() {
+			if !p.Done() {
+				p.KillTree()
+			}
+			p.Release()
+		}()
+	}
+	return errdefs.ToConnect(follow(ctx, p, stream.Send, nil))
+}
+
+func (h *handler) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], stream *connect.ServerStream[dsecv1.ExecEvent]) error {
+	key := req.Msg.ProcessId
+	if key == "" {
+		key = req.Msg.Tag
+	}
+	if key == "" {
+		return errdefs.ToConnect(fmt.Errorf("attach: process_id or tag is required: %w", errdefs.ErrInvalidArgument))
+	}
+	p, err := h.procs.Get(key)
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	return errdefs.ToConnect(follow(ctx, p, stream.Send, nil))
+}
+
+func (h *handler) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
+	p, err := h.procs.Get(req.Msg.ProcessId)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if err := p.WriteStdin(req.Msg.Data, req.Msg.Close); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.WriteStdinResponse{}), nil
+}
+
+func (h *handler) Signal(ctx context.Context, req *connect.Request[dsecv1.SignalRequest]) (*connect.Response[dsecv1.SignalResponse], error) {
+	p, err := h.procs.Get(req.Msg.ProcessId)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	sig := req.Msg.Signal
+	if sig < 0 || sig > 64 {
+		return nil, errdefs.ToConnect(fmt.Errorf("signal process %s: bad signal %d: %w", p.ID, sig, errdefs.ErrInvalidArgument))
+	}
+	if err := p.Signal(unix.Signal(sig)); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.SignalResponse{}), nil
+}
+
+func (h *handler) ListProcesses(ctx context.Context, req *connect.Request[dsecv1.ListProcessesRequest]) (*connect.Response[dsecv1.ListProcessesResponse], error) {
+	resp := &dsecv1.ListProcessesResponse{}
+	for _, p := range h.procs.List() {
+		resp.Processes = append(resp.Processes, p.Info())
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (h *handler) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], stream *connect.ServerStream[dsecv1.ExecEvent]) error {
+	r := req.Msg
+	if r.Command == "" {
+		return errdefs.ToConnect(fmt.Errorf("run in session: command is required: %w", errdefs.ErrInvalidArgument))
+	}
+	run, err := h.sessions.Start(context.WithoutCancel(ctx), session.RunRequest{
+		Session: r.Session, Command: r.Command, Timeout: seconds(r.TimeoutSeconds), Stdin: r.Stdin,
+		Shell: r.Shell, User: r.User, OutputLimit: h.cfg.OutputLimit,
+	})
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	p := run.Process
+	defer func() {
+		if !p.Done() {
+			p.KillTree()
+		}
+		p.Release()
+	}()
+	return errdefs.ToConnect(follow(ctx, p, stream.Send, func() { <-run.Finished }))
+}
+
+func (h *handler) SessionInterrupt(ctx context.Context, req *connect.Request[dsecv1.SessionInterruptRequest]) (*connect.Response[dsecv1.SessionInterruptResponse], error) {
+	if err := h.sessions.Interrupt(req.Msg.Session); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.SessionInterruptResponse{}), nil
+}
+
+func (h *handler) SessionClose(ctx context.Context, req *connect.Request[dsecv1.SessionCloseRequest]) (*connect.Response[dsecv1.SessionCloseResponse], error) {
+	if err := h.sessions.Close(req.Msg.Session); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.SessionCloseResponse{}), nil
+}
+
+func (h *handler) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.ShellInput, dsecv1.ShellOutput]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		return errdefs.ToConnect(fmt.Errorf("start shell: read start message: %w", err))
+	}
+	start := first.GetStart()
+	if start == nil {
+		return errdefs.ToConnect(fmt.Errorf("start shell: the first message must be start: %w", errdefs.ErrInvalidArgument))
+	}
+	argv := start.Argv
+	if len(argv) == 0 {
+		argv = []string{h.cfg.Shell, "-i"}
+	}
+	env := map[string]string{"TERM": "xterm-256color"}
+	for k, v := range start.Env {
+		env[k] = v
+	}
+	spec, err := h.spec(start.User, start.Cwd, "", env, argv, "")
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	master, tty, err := pty.Open()
+	if err != nil {
+		return errdefs.ToConnect(fmt.Errorf("start shell: open pty: %w", err))
+	}
+	defer master.Close()
+	if sz := start.Size; sz != nil && sz.Rows > 0 && sz.Cols > 0 {
+		pty.Setsize(master, &pty.Winsize{Rows: uint16(sz.Rows), Cols: uint16(sz.Cols)})
+	}
+	spec.TTY = tty
+	p, err := h.procs.Start(context.WithoutCancel(ctx), spec)
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	defer p.Release()
+	if e := p.Exited(); e != nil {
+		return errdefs.ToConnect(stream.Send(&dsecv1.ShellOutput{Output: &dsecv1.ShellOutput_Exited{Exited: e}}))
+	}
+
+	var sendMu sync.Mutex
+	send := func(o *dsecv1.ShellOutput) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(o)
+	}
+	outDone := make(chan struct{})
+	go func() {
+		defer close(outDone)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := master.Read(buf)
+			if n > 0 {
+				if send(&dsecv1.ShellOutput{Output: &dsecv1.ShellOutput_Data{Data: append([]byte(nil), buf[:n]...)}}) != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	inDone := make(chan struct{})
+	go func() {
+		defer close(inDone)
+		for {
+			in, err := stream.Receive()
+			if err != nil {
+				return
+			}
+			switch {
+			case in.GetResize() != nil:
+				sz := in.GetResize()
+				pty.Setsize(master, &pty.Winsize{Rows: uint16(sz.Rows), Cols: uint16(sz.Cols)})
+			case in.GetData() != nil:
+				if _, err := master.Write(in.GetData()); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	select {
+	case <-p.DoneC():
+	case <-ctx.Done():
+	case <-inDone:
+		// The client closed its side: hang up.
+	}
+	p.KillTree()
+	<-p.DoneC()
+	select {
+	case <-outDone:
+	case <-time.After(time.Second):
+		master.Close()
+		<-outDone
+	}
+	if ctx.Err() != nil {
+		return errdefs.ToConnect(ctx.Err())
+	}
+	return errdefs.ToConnect(send(&dsecv1.ShellOutput{Output: &dsecv1.ShellOutput_Exited{Exited: p.Exited()}}))
+}
+
+func (h *handler) ReadFile(ctx context.Context, req *connect.Request[dsecv1.ReadFileRequest]) (*connect.Response[dsecv1.ReadFileResponse], error) {
+	r := req.Msg
+	a, err := h.account(r.User)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	data, size, truncated, err := h.files.ReadFile(a, r.Path, r.Offset, r.Limit)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.ReadFileResponse{Data: data, Size: size, Truncated: truncated}), nil
+}
+
+func (h *handler) WriteFile(ctx context.Context, req *connect.Request[dsecv1.WriteFileRequest]) (*connect.Response[dsecv1.WriteFileResponse], error) {
+	r := req.Msg
+	a, err := h.account(r.User)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	n, err := h.files.WriteFile(a, r.Path, r.Data, r.Mode, r.Append, r.MakeParents)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.WriteFileResponse{Written: n}), nil
+}
+
+func (h *handler) ListDir(ctx context.Context, req *connect.Request[dsecv1.ListDirRequest]) (*connect.Response[dsecv1.ListDirResponse], error) {
+	a, err := h.account(req.Msg.User)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	ents, err := h.files.ListDir(a, req.Msg.Path)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.ListDirResponse{Entries: ents}), nil
+}
+
+func (h *handler) Stat(ctx context.Context, req *connect.Request[dsecv1.StatRequest]) (*connect.Response[dsecv1.StatResponse], error) {
+	a, err := h.account(req.Msg.User)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	fi, err := h.files.Stat(a, req.Msg.Path)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.StatResponse{Info: fi}), nil
+}
+
+func (h *handler) Remove(ctx context.Context, req *connect.Request[dsecv1.RemoveRequest]) (*connect.Response[dsecv1.RemoveResponse], error) {
+	a, err := h.account(req.Msg.User)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if err := h.files.Remove(a, req.Msg.Path, req.Msg.Recursive); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.RemoveResponse{}), nil
+}
+
+func (h *handler) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
+	a, err := h.account(req.Msg.User)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	if err := h.files.MakeDir(a, req.Msg.Path, req.Msg.Parents, req.Msg.Mode); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.MakeDirResponse{}), nil
+}
+
+func (h *handler) Upload(ctx context.Context, req *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {
+	a, err := h.account(req.Msg.User)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	files, n, err := h.files.Upload(a, req.Msg.Path, req.Msg.Tar)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.UploadResponse{Files: files, Bytes: n}), nil
+}
+
+func (h *handler) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], stream *connect.ServerStream[dsecv1.DownloadChunk]) error {
+	a, err := h.account(req.Msg.User)
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	err = h.files.Download(a, req.Msg.Path, func(b []byte) error {
+		return stream.Send(&dsecv1.DownloadChunk{Data: b})
+	})
+	return errdefs.ToConnect(err)
+}
