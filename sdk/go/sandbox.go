@@ -333,7 +333,8 @@ type SpawnOptions struct {
 }
 
 // Spawn starts cmd in the background and returns once it runs. The process
-// survives this connection; Job.Wait and Job.Output reattach to it.
+// survives this connection; Job.Wait and Job.Output reattach to it. Its stdin
+// stays open for Job.WriteStdin until written with close set.
 func (s *Sandbox) Spawn(ctx context.Context, cmd Command, o *SpawnOptions) (*Job, error) {
 	if o == nil {
 		o = &SpawnOptions{}
@@ -342,7 +343,7 @@ func (s *Sandbox) Spawn(ctx context.Context, cmd Command, o *SpawnOptions) (*Job
 	if err != nil {
 		return nil, err
 	}
-	req.Background, req.Tag = true, o.Tag
+	req.Background, req.Tag, req.KeepStdinOpen = true, o.Tag, true
 	ctx, cancel := withTimeout(ctx, s.c.timeout)
 	defer cancel()
 	stream, err := s.c.sb.Exec(ctx, connect.NewRequest(req))

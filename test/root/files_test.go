@@ -162,3 +162,37 @@ func TestFilesSessionsAndBackground(t *testing.T) {
 		t.Fatalf("reattached output %q (err %v)", out, at.Err())
 	}
 }
+
+func TestCLIShellAndJSON(t *testing.T) {
+	d := startDaemon(t)
+	out, errOut, code := d.CLI("", "create", "--label", "cli=1", env)
+	if code != 0 {
+		t.Fatalf("create: %s", errOut)
+	}
+	id := strings.TrimSpace(out)
+	t.Cleanup(func() { d.CLI("", "rm", id) })
+	// A PTY shell driven from a pipe: its output comes back through the terminal.
+	out, errOut, code = d.CLI("echo from-pty; tty; exit 3\n", "shell", id)
+	if code != 3 || !strings.Contains(out, "from-pty") || !strings.Contains(out, "/dev/pts/") {
+		t.Fatalf("shell: code %d, out %q, err %q", code, out, errOut)
+	}
+	out, _, code = d.CLI("", "--json", "ls", "--label", "cli=1")
+	if code != 0 || !strings.Contains(out, `"id": "`+id+`"`) {
+		t.Fatalf("ls --json: %q", out)
+	}
+	out, _, code = d.CLI("", "exec", "-d", "--tag", "bg", id, "--", "sleep", "30")
+	if code != 0 || strings.TrimSpace(out) == "" {
+		t.Fatalf("exec -d: code %d %q", code, out)
+	}
+	_, errOut, code = d.CLI("", "exec", "sb-t1-doesnotexist", "--", "true")
+	if code == 0 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("exec in an unknown sandbox: code %d, %q", code, errOut)
+	}
+	if _, errOut, code := d.CLI("", "rm", "--label", "cli=1"); code != 0 {
+		t.Fatalf("rm --label: %s", errOut)
+	}
+	out, _, _ = d.CLI("", "ls", "--state", "running")
+	if strings.Contains(out, id) {
+		t.Fatalf("rm --label left %s running", id)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,8 +80,31 @@ func ChildMain() int {
 	if err != nil {
 		return fail(err)
 	}
+	resetSignals()
 	err = syscall.Exec(path, s.Argv, s.Env)
 	return fail(fmt.Errorf("execute %s: %w", path, err))
+}
+
+// sigaction is the kernel's struct for rt_sigaction on amd64 and arm64.
+type sigaction struct {
+	handler  uintptr
+	flags    uint64
+	restorer uintptr
+	mask     uint64
+}
+
+// resetSignals gives every signal its default action. The agent ignores
+// SIGINT, SIGTERM, SIGHUP and more (as pid 1 it must), and an ignored signal
+// stays ignored across execve: without this, commands could not be
+// interrupted or terminated.
+func resetSignals() {
+	var dfl sigaction // handler 0 is SIG_DFL
+	for sig := 1; sig <= 64; sig++ {
+		if sig == int(unix.SIGKILL) || sig == int(unix.SIGSTOP) {
+			continue
+		}
+		unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&dfl)), 0, 8, 0, 0)
+	}
 }
 
 // lookPath finds name on the PATH of env, like a shell would.

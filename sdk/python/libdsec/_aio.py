@@ -484,9 +484,11 @@ class Sandbox:
 
         The process keeps running when this connection goes away; Job.wait()
         and Job.output() reattach to it. timeout, if set, limits the command.
+        Its stdin stays open for Job.write_stdin until written with close=True.
         """
         msg = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
         msg["background"] = True
+        msg["keepStdinOpen"] = True
         if tag:
             msg["tag"] = tag
         stream = await self.client._t.stream(SANDBOX, "Exec", msg, timeout=self.client._to(start_timeout))

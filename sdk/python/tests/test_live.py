@@ -169,7 +169,7 @@ class LiveTest(unittest.TestCase):
         sb.write_file("/work/run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
         self.assertEqual(sb.exec("/work/run.sh").stdout, "ran\n")
         st = sb.stat("/work/run.sh")
-        self.assertEqual((st.type, st.mode & 0o777, st.size), ("file", 0o755, 20))
+        self.assertEqual((st.type, st.mode & 0o777, st.size), ("file", 0o755, 19))
         sb.mkdir("/work/d/e")
         self.assertTrue(sb.stat("/work/d/e").is_dir)
         self.assertEqual(sorted(e.name for e in sb.list_dir("/work")), ["a.txt", "d", "run.sh"])
