@@ -59,7 +59,7 @@ async def rollout(client, args, i, progress, sem):
     patch_path = PATCHES[i % len(PATCHES)]
     name = os.path.basename(patch_path)[: -len(".patch")]
     row = {"rollout": i, "patch": name, "applied": False, "passed": 0, "total": 0, "reward": 0.0,
-           "create_ms": 0.0, "exec_ms": [], "error": ""}
+           "create_ms": 0.0, "exec_ms": [], "error": "", "note": ""}
     async with sem:
         progress.started += 1
         t0 = time.monotonic()
@@ -79,11 +79,15 @@ async def rollout(client, args, i, progress, sem):
             row["applied"] = res.exit_code == 0
             # The grader's tests come from this host, not from the sandbox.
             await run("rm -rf /project/tests")
-            await sb.upload(PRISTINE_TESTS, "/project")
+            await sb.upload(PRISTINE_TESTS, "/project/tests")
             res = await run("python3 /opt/dsec-harness/grade.py /project /tmp/result.json", timeout=120)
             result = json.loads(await sb.read_file("/tmp/result.json"))
             row["passed"], row["total"] = result["passed"], result["total"]
-            if result["total"] and not result["load_error"]:
+            if result["load_error"]:
+                row["note"] = "tests did not load"
+            elif result["total"] == 0:
+                raise RuntimeError("the grader found no tests")
+            else:
                 row["reward"] = result["passed"] / result["total"]
         except Exception as exc:  # one broken rollout must not stop the batch
             row["error"] = f"{type(exc).__name__}: {exc}"
@@ -115,10 +119,10 @@ async def main():
         left = await client.list(labels={"job": "dsec-demo"}, states=["running", "creating"])
     print()
     print()
-    print(f"{'#':>3}  {'patch':<22} {'applied':<8} {'tests':>7}  {'reward':>6}  {'create':>8}  error")
+    print(f"{'#':>3}  {'patch':<22} {'applied':<8} {'tests':>7}  {'reward':>6}  {'create':>8}  note")
     for r in rows:
         print(f"{r['rollout']:>3}  {r['patch']:<22} {str(r['applied']).lower():<8} "
-              f"{r['passed']:>3}/{r['total']:<3}  {r['reward']:>6.2f}  {r['create_ms']:>6.0f}ms  {r['error'][:60]}")
+              f"{r['passed']:>3}/{r['total']:<3}  {r['reward']:>6.2f}  {r['create_ms']:>6.0f}ms  {(r['error'] or r['note'])[:60]}")
     creates = [r["create_ms"] for r in rows if r["create_ms"]]
     execs = [e for r in rows for e in r["exec_ms"]]
     print()

@@ -31,7 +31,7 @@ func main() {
 	fs.StringVar(&cfg.Node, "node", "", "node name used in sandbox IDs (default: from the host name)")
 	fs.StringVar(&cfg.Runtime, "runtime", "runc", "OCI runtime: runc or crun")
 	fs.StringVar(&cfg.AgentPath, "agent", "", "dsec-agent binary (default: beside dsecd, else on PATH)")
-	fs.StringVar(&cfg.ShellPath, "shell", "/bin/busybox", "static shell shipped read-only into every sandbox")
+	fs.StringVar(&cfg.ShellPath, "shell", "", "static shell shipped read-only into every sandbox (default /bin/bash-static, else /bin/busybox)")
 	fs.Float64Var(&cfg.Defaults.CPUs, "default-cpus", 1, "CPU cores of a sandbox that asks for none")
 	fs.Int64Var(&cfg.Defaults.MemoryMB, "default-memory-mb", 512, "memory of a sandbox that asks for none")
 	fs.Int64Var(&cfg.Defaults.DiskMB, "default-disk-mb", 1024, "writable-layer size of a sandbox that asks for none")

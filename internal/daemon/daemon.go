@@ -41,7 +41,7 @@ type Config struct {
 	Node      string // node name in sandbox IDs; default from the host name
 	Runtime   string // runc (default) or crun
 	AgentPath string // dsec-agent binary; default beside dsecd, else on PATH
-	ShellPath string // static shell shipped into sandboxes; default /bin/busybox
+	ShellPath string // static shell shipped into sandboxes; default /bin/bash-static, else /bin/busybox
 
 	Defaults sandbox.Defaults
 	Limits   sandbox.Limits
@@ -77,7 +77,7 @@ func (c *Config) fill() error {
 		c.Runtime = "runc"
 	}
 	if c.ShellPath == "" {
-		c.ShellPath = "/bin/busybox"
+		c.ShellPath = defaultShell()
 	}
 	if c.AgentPath == "" {
 		c.AgentPath = findAgent()
@@ -134,6 +134,19 @@ func nodeName() string {
 		n = "local"
 	}
 	return n
+}
+
+// defaultShell is the static shell commands run under: bash-static, whose
+// PATH lookup finds the environment's own tools. busybox's shell would run
+// its built-in applets (ls, patch, tar…) instead of the environment's, so it
+// is only the fallback.
+func defaultShell() string {
+	for _, p := range []string{"/bin/bash-static", "/usr/bin/bash-static", "/bin/busybox"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return "/bin/bash-static"
 }
 
 func findAgent() string {

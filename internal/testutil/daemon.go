@@ -86,6 +86,7 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 	RequireCommand(t, "runc")
 	RequireCommand(t, "mkfs.erofs")
 	Require(t, fileExists("/bin/busybox"), "busybox-static is not installed (/bin/busybox)")
+	Require(t, fileExists("/bin/bash-static"), "bash-static is not installed (/bin/bash-static)")
 	bin := Binaries(t)
 	root, err := os.MkdirTemp("", "dsec-test-root-")
 	if err != nil {
