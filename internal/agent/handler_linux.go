@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -373,10 +375,16 @@ func (h *handler) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.S
 	}()
 	inDone := make(chan struct{})
 	go func() {
-		defer close(inDone)
 		for {
 			in, err := stream.Receive()
+			if errors.Is(err, io.EOF) {
+				// The client has no more input (a pipe ran dry): end the
+				// terminal's input, as ^D would, and let the shell finish.
+				master.Write([]byte{4})
+				return
+			}
 			if err != nil {
+				close(inDone) // the stream broke: hang up
 				return
 			}
 			switch {
@@ -394,7 +402,6 @@ func (h *handler) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.S
 	case <-p.DoneC():
 	case <-ctx.Done():
 	case <-inDone:
-		// The client closed its side: hang up.
 	}
 	p.KillTree()
 	<-p.DoneC()

@@ -4,6 +4,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -102,20 +103,22 @@ func (a *app) rootCommand() *cobra.Command {
 	return root
 }
 
-// printJSON writes one proto message (or a list of them) as JSON.
+// printProto writes one proto message as indented JSON. protojson varies
+// its spacing on purpose; scripts get stable output through encoding/json.
 func (a *app) printProto(m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
+	b, err := protojson.Marshal(m)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(a.stdout, string(b))
+	var compact, out bytes.Buffer
+	if err := json.Compact(&compact, b); err != nil {
+		return err
+	}
+	if err := json.Indent(&out, compact.Bytes(), "", "  "); err != nil {
+		return err
+	}
+	fmt.Fprintln(a.stdout, out.String())
 	return nil
-}
-
-func (a *app) printValue(v any) error {
-	enc := json.NewEncoder(a.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 // parseKV turns K=V flags into a map.
