@@ -342,8 +342,20 @@ func rssOf(comm string) float64 {
 	return kb / 1024
 }
 
+// runCmd runs a command to completion. Its output goes to a file, not a
+// pipe: a detached container inherits the runtime's stdio, and a pipe would
+// stay open for the container's whole life.
 func runCmd(ctx context.Context, name string, args ...string) error {
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	f, err := os.CreateTemp("", "dsec-bench-out-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	err = cmd.Run()
+	out, _ := os.ReadFile(f.Name())
 	if err != nil {
 		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
