@@ -45,6 +45,7 @@ func main() {
 	fs.IntVar(&cfg.ListenFD, "listen-fd", 3, "fd of the listening Unix socket")
 	fs.IntVar(&cfg.CgroupFD, "cgroup-fd", -1, "fd of the sandbox's cgroup dir (freezer on v1, unified on v2)")
 	fs.IntVar(&cfg.MemoryCgroupFD, "memory-cgroup-fd", -1, "fd of the sandbox's memory cgroup dir")
+	fs.IntVar(&cfg.PidsCgroupFD, "pids-cgroup-fd", -1, "fd of the cgroup v1 pids dir every command joins (its limit excludes the agent)")
 	fs.StringVar(&cfg.User, "user", "", "default user (name or uid[:gid])")
 	fs.StringVar(&cfg.Workdir, "workdir", "", "default working directory")
 	fs.Var(&env, "env", "K=V added to every command's environment (repeatable)")

@@ -13,6 +13,7 @@ type Config struct {
 	ListenFD       int      // listening Unix stream socket
 	CgroupFD       int      // sandbox cgroup dir (freezer v1 / unified v2); -1 = none
 	MemoryCgroupFD int      // sandbox memory cgroup dir; -1 = none
+	PidsCgroupFD   int      // cgroup v1 pids dir that caps commands (not the agent); -1 = none
 	User           string   // default user of commands and file operations ("" = root)
 	Workdir        string   // default working directory ("" = the user's home, else /)
 	Env            []string // K=V added to every command's environment

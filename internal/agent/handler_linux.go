@@ -52,6 +52,7 @@ func newHandler(cfg Config, agentPath string) (*handler, error) {
 	procs, err := proc.NewManager(proc.Config{
 		CgroupFD:       cfg.CgroupFD,
 		MemoryCgroupFD: cfg.MemoryCgroupFD,
+		PidsCgroupFD:   cfg.PidsCgroupFD,
 		OnExit:         h.touch,
 		Log:            cfg.Log,
 	})

@@ -65,7 +65,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("make agent non-dumpable: %w", err)
 	}
 	unix.Umask(0o022)
-	for _, fd := range []int{cfg.ListenFD, cfg.CgroupFD, cfg.MemoryCgroupFD} {
+	for _, fd := range []int{cfg.ListenFD, cfg.CgroupFD, cfg.MemoryCgroupFD, cfg.PidsCgroupFD} {
 		if fd >= 0 {
 			unix.CloseOnExec(fd)
 		}

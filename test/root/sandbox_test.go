@@ -173,7 +173,7 @@ func TestLimits(t *testing.T) {
 		if r.exit.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_TIMEOUT {
 			t.Fatalf("fork bomb: %s, want timeout", r)
 		}
-		events, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids/dsec", id, "pids.events"))
+		events, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids/dsec", id, "cmds", "pids.events"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -42,6 +42,11 @@ type Config struct {
 	CgroupFD int
 	// MemoryCgroupFD is the sandbox's memory cgroup dir, or -1.
 	MemoryCgroupFD int
+	// PidsCgroupFD is a cgroup v1 pids dir that every command joins, or -1.
+	// Its limit is the sandbox's; the agent stays in the parent, whose
+	// limit has room to spare, so a fork bomb cannot starve the agent of
+	// the threads it needs.
+	PidsCgroupFD int
 	// KeepExited bounds how many exited processes ListProcesses remembers.
 	KeepExited int
 	// OnExit is called after every process exit (activity tracking).
@@ -322,6 +327,9 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 	var startErr error
 	if p.cg != nil {
 		startErr = p.cg.add(pid)
+	}
+	if startErr == nil && m.cfg.PidsCgroupFD >= 0 {
+		startErr = writeAt(m.cfg.PidsCgroupFD, "cgroup.procs", strconv.Itoa(pid))
 	}
 	if startErr == nil {
 		b, _ := json.Marshal(childSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, UID: spec.UID, GID: spec.GID, Groups: spec.Groups})

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -395,6 +396,19 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 		return err
 	}
 	defer memFd.Close()
+	extra := []*os.File{s.Listener, cgFd, memFd}
+	pidsDir, err := r.layout.CommandPids(rel, pidsLimit(s))
+	if err != nil {
+		return err
+	}
+	if pidsDir != "" {
+		pidsFd, err := openDir(pidsDir)
+		if err != nil {
+			return err
+		}
+		defer pidsFd.Close()
+		extra = append(extra, pidsFd)
+	}
 
 	spec := buildSpec(specInput{
 		Spec:        s,
@@ -402,6 +416,7 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 		CgroupsPath: "/" + rel,
 		MemorySwap:  r.swapAccounting(),
 		Nofile:      nofile(),
+		PidsFD:      pidsDir != "",
 	})
 	cfgJSON, err := json.MarshalIndent(spec, "", "\t")
 	if err != nil {
@@ -418,12 +433,12 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 	defer logFile.Close()
 	runtimeLog := filepath.Join(bundle, "runtime.log")
 	cmd := exec.Command(r.path, "--root", r.stateDir(), "--log", runtimeLog, "--log-format", "json",
-		"run", "--detach", "--bundle", bundle, "--preserve-fds", "3", s.ID)
+		"run", "--detach", "--bundle", bundle, "--preserve-fds", strconv.Itoa(len(extra)), s.ID)
 	// With --detach and no terminal the agent inherits these.
 	cmd.Stdin = nil // /dev/null
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	cmd.ExtraFiles = []*os.File{s.Listener, cgFd, memFd}
+	cmd.ExtraFiles = extra
 	undo.add(func() error {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()

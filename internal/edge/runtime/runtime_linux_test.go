@@ -276,8 +276,11 @@ func TestSandbox(t *testing.T) {
 		if got := readHost(t, lay.Dir("memory", filepath.Join(rel, "memory.limit_in_bytes"))); got != strconv.Itoa(128<<20) {
 			t.Errorf("memory limit = %s", got)
 		}
-		if got := readHost(t, lay.Dir("pids", filepath.Join(rel, "pids.max"))); got != "128" {
-			t.Errorf("pids.max = %s", got)
+		if got := readHost(t, lay.Dir("pids", filepath.Join(rel, "pids.max"))); got != strconv.Itoa(128+agentPids) {
+			t.Errorf("sandbox pids.max = %s, want 128 + %d for the agent", got, agentPids)
+		}
+		if got := readHost(t, lay.Dir("pids", filepath.Join(rel, "cmds", "pids.max"))); got != "128" {
+			t.Errorf("commands' pids.max = %s, want 128", got)
 		}
 		if got := sb.must(t, "cat /proc/self/cgroup | grep freezer"); !strings.HasSuffix(got, ":/") {
 			t.Errorf("cgroup namespace not private: %q", got)
@@ -503,10 +506,15 @@ func TestOOMAndPids(t *testing.T) {
 		sb := n.start(t, s, sock)
 		sb.run(t, "b() { b | b & }; b")
 		pidsFile := n.rt.layout.Dir("pids", filepath.Join(n.cfg.CgroupParent, s.ID, "pids.current"))
+		// Commands share the limit in the cmds child; the sandbox as a whole
+		// (this test agent does not use cmds) gets agentPids more.
+		if got := readHost(t, filepath.Join(filepath.Dir(pidsFile), "cmds", "pids.max")); got != "64" {
+			t.Fatalf("commands' pids.max = %q, want 64", got)
+		}
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			cur, _ := strconv.Atoi(readHost(t, pidsFile))
-			if cur > 64 {
+			if cur > 64+agentPids {
 				t.Fatalf("pids.current = %d past the limit", cur)
 			}
 			events := readHost(t, filepath.Join(filepath.Dir(pidsFile), "pids.events"))

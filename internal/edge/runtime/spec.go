@@ -47,14 +47,29 @@ type specInput struct {
 	CgroupsPath string
 	MemorySwap  bool   // the host accounts swap (v1 memsw files exist, or v2)
 	Nofile      uint64 // RLIMIT_NOFILE
+	PidsFD      bool   // the agent gets fd 6, the commands' pids cgroup
+}
+
+// agentPids is the room for the agent's own threads above a sandbox's pids
+// limit, which its commands share.
+const agentPids = 64
+
+func pidsLimit(s Spec) int64 {
+	if s.Pids > 0 {
+		return s.Pids
+	}
+	return defaultPids
 }
 
 func buildSpec(in specInput) *specs.Spec {
 	args := append([]string{agentPath}, in.AgentArgs...)
 	args = append(args, "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5")
-	pids := in.Pids
-	if pids <= 0 {
-		pids = defaultPids
+	pids := pidsLimit(in.Spec)
+	if in.PidsFD {
+		// Commands are capped at pids in their own cgroup; the sandbox as a
+		// whole gets room on top for the agent's threads.
+		args = append(args, "--pids-cgroup-fd", "6")
+		pids += agentPids
 	}
 	res := &specs.LinuxResources{
 		Devices: devices(),

@@ -184,6 +184,29 @@ func (l *Layout) Create(rel string) (freezer, memory string, err error) {
 	return freezer, memory, nil
 }
 
+// CommandPids makes, on cgroup v1, the pids cgroup <pids>/<rel>/cmds with
+// limit pids.max, and returns its dir: the agent moves every command into
+// it, so commands share the sandbox's pids limit while the agent, left in
+// the parent (whose limit is higher), keeps the room it needs to run. On
+// v2 it returns "" (there the whole sandbox shares one limit).
+func (l *Layout) CommandPids(rel string, max int64) (string, error) {
+	if l.v2 || l.controllers["pids"] == "" {
+		return "", nil
+	}
+	parent := l.Dir("pids", rel)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", fmt.Errorf("make cgroup %s: %w", parent, err)
+	}
+	dir := filepath.Join(parent, "cmds")
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("make cgroup %s: %w", dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.FormatInt(max, 10)), 0); err != nil {
+		return "", fmt.Errorf("limit cgroup %s to %d pids: %w", dir, max, err)
+	}
+	return dir, nil
+}
+
 // Exists reports whether any hierarchy holds rel.
 func (l *Layout) Exists(rel string) bool {
 	for _, h := range l.hierarchies {
