@@ -377,6 +377,11 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 	undo.add(func() error { return detach(rootfs) })
 	tMount := time.Now()
 
+	// The parent is shared by every dsecd on the host, and one's teardown
+	// removes it when empty: make sure it is there.
+	if err := r.layout.EnsureParent(r.cfg.CgroupParent); err != nil {
+		return err
+	}
 	freezerDir, memDir, err := r.layout.Create(rel)
 	undo.add(func() error {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
