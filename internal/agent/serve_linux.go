@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"dsec.dev/dsec/internal/agent/child"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,8 +20,8 @@ import (
 	"dsec.dev/dsec/internal/agent/session"
 )
 
-// ChildMain is the child mode (see package proc).
-func ChildMain() int { return proc.ChildMain() }
+// ChildMain is the child mode (see package child).
+func ChildMain() int { return child.Main() }
 
 // StateDumpMain is the state-dump mode (see package session).
 func StateDumpMain() int { return session.StateDumpMain() }

@@ -345,7 +345,13 @@ func installAgent(dir, agentPath, shellPath string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("make agent dir: %w", err)
 	}
-	for name, src := range map[string]string{"dsec-agent": agentPath, "sh": shellPath} {
+	files := map[string]string{"dsec-agent": agentPath, "sh": shellPath}
+	// dsec-exec starts each command; without it the agent re-executes
+	// itself, which works but costs a few milliseconds more per command.
+	if helper := filepath.Join(filepath.Dir(agentPath), "dsec-exec"); fileExists(helper) {
+		files["dsec-exec"] = helper
+	}
+	for name, src := range files {
 		if err := installFile(filepath.Join(dir, name), src); err != nil {
 			return err
 		}
@@ -386,6 +392,11 @@ func installFile(dst, src string) error {
 		return fmt.Errorf("install %s: %w", filepath.Base(dst), err)
 	}
 	return nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func fileHash(path string) ([32]byte, error) {

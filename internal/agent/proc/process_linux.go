@@ -3,6 +3,7 @@ package proc
 import (
 	"context"
 	"crypto/rand"
+	"dsec.dev/dsec/internal/agent/child"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -38,6 +39,9 @@ const keptOutputs = 8
 type Config struct {
 	// SelfExe is the agent binary re-executed in child mode ("" = /proc/self/exe).
 	SelfExe string
+	// ExecHelper is the small dsec-exec program that starts each command,
+	// much faster than the agent's own child mode; "" uses SelfExe.
+	ExecHelper string
 	// CgroupFD is the sandbox's cgroup dir (freezer on v1, unified on v2), or -1.
 	CgroupFD int
 	// MemoryCgroupFD is the sandbox's memory cgroup dir, or -1.
@@ -300,7 +304,11 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 	}
 	exitCh := make(chan unix.WaitStatus, 1)
 	m.mu.Lock()
-	pid, err := syscall.ForkExec(m.cfg.SelfExe, []string{"dsec-agent", ChildArg}, attr)
+	helper, helperArgv := m.cfg.SelfExe, []string{"dsec-agent", child.Arg}
+	if m.cfg.ExecHelper != "" {
+		helper, helperArgv = m.cfg.ExecHelper, []string{"dsec-exec"}
+	}
+	pid, err := syscall.ForkExec(helper, helperArgv, attr)
 	if err == nil {
 		m.waiters[pid] = exitCh
 	}
@@ -332,7 +340,7 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 		startErr = writeAt(m.cfg.PidsCgroupFD, "cgroup.procs", strconv.Itoa(pid))
 	}
 	if startErr == nil {
-		b, _ := json.Marshal(childSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, UID: spec.UID, GID: spec.GID, Groups: spec.Groups})
+		b, _ := json.Marshal(child.Spec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, UID: spec.UID, GID: spec.GID, Groups: spec.Groups})
 		_, startErr = specW.Write(b)
 	}
 	specW.Close()

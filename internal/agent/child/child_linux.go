@@ -1,4 +1,10 @@
-package proc
+// Package child is the first moment of every command the agent starts: a
+// small static program (dsec-exec, or the agent binary in its child mode)
+// that waits until the agent has put it into the command's cgroups, then
+// takes the command's credentials and directory, resets signals and execs
+// the target. It imports next to nothing, so it starts in about a
+// millisecond.
+package child
 
 import (
 	"encoding/json"
@@ -17,14 +23,16 @@ import (
 // by the parent once the child sits in its cgroup: that is the go signal) and
 // an error pipe on fd 4 (close-on-exec, so EOF means the target was executed).
 const (
-	childSpecFD = 3
-	childErrFD  = 4
-	// ChildArg is the argument that selects the child mode of the agent binary.
-	ChildArg = "child"
+	// SpecFD carries the Spec (JSON); its EOF is the signal to go on.
+	SpecFD = 3
+	// ErrFD gets the reason when the target cannot be executed.
+	ErrFD = 4
+	// Arg is the argument that selects the child mode of the agent binary.
+	Arg = "child"
 )
 
-// childSpec is what the child needs to become the target process.
-type childSpec struct {
+// Spec is what the child needs to become the target process.
+type Spec struct {
 	Argv   []string `json:"argv"`
 	Env    []string `json:"env"`
 	Dir    string   `json:"dir"`
@@ -33,24 +41,23 @@ type childSpec struct {
 	Groups []uint32 `json:"groups"`
 }
 
-// ChildMain is the child mode of the agent binary. It waits for its spec,
-// takes the target's credentials and directory and executes it. It returns
-// only on failure, with the exit code the caller should use.
-func ChildMain() int {
-	unix.CloseOnExec(childSpecFD)
-	unix.CloseOnExec(childErrFD)
-	errw := os.NewFile(childErrFD, "errpipe")
+// Main waits for its spec, takes the target's credentials and directory and
+// executes it. It returns only on failure, with the exit code to use.
+func Main() int {
+	unix.CloseOnExec(SpecFD)
+	unix.CloseOnExec(ErrFD)
+	errw := os.NewFile(ErrFD, "errpipe")
 	fail := func(err error) int {
 		fmt.Fprint(errw, err.Error())
 		return 127
 	}
-	specf := os.NewFile(childSpecFD, "specpipe")
+	specf := os.NewFile(SpecFD, "specpipe")
 	b, err := io.ReadAll(specf)
 	specf.Close()
 	if err != nil {
 		return fail(fmt.Errorf("read spec: %w", err))
 	}
-	var s childSpec
+	var s Spec
 	if err := json.Unmarshal(b, &s); err != nil || len(s.Argv) == 0 {
 		return fail(fmt.Errorf("decode spec: %v", err))
 	}
