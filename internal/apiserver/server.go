@@ -150,9 +150,7 @@ func (s *Server) agentErr(ctx context.Context, id string, err error) error {
 	if e, eerr := s.edgeFor(id); eerr == nil {
 		sb, gerr := e.Get(context.WithoutCancel(ctx), id)
 		if gerr == nil && sb.GetState() != dsecv1.State_STATE_RUNNING {
-			why := strings.ToLower(strings.TrimPrefix(sb.GetReason().String(), "REASON_"))
-			return fmt.Errorf("sandbox %s is %s (%s): %s: %w", id,
-				strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "STATE_")), why, sb.GetMessage(), errdefs.ErrFailedPrecondition)
+			return sandbox.GoneError(sb)
 		}
 	}
 	var ce *connect.Error

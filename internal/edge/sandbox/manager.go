@@ -505,12 +505,12 @@ func (m *Manager) Agent(ctx context.Context, id string) (client agentv1connect.A
 	case dsecv1.State_STATE_CREATING:
 		return nil, nil, fmt.Errorf("sandbox %s is still being created: %w", id, errdefs.ErrFailedPrecondition)
 	default:
-		return nil, nil, goneError(sb.rec)
+		return nil, nil, GoneError(sb.rec)
 	}
 }
 
-// goneError says why a sandbox cannot be used any more.
-func goneError(rec *dsecv1.Sandbox) error {
+// GoneError says why a sandbox that is no longer running cannot be used.
+func GoneError(rec *dsecv1.Sandbox) error {
 	why := strings.ToLower(strings.TrimPrefix(rec.GetReason().String(), "REASON_"))
 	msg := rec.GetMessage()
 	if msg == "" {
