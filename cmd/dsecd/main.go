@@ -9,12 +9,15 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"dsec.dev/dsec/internal/daemon"
+	"dsec.dev/dsec/internal/edge/lazyd"
 )
 
 func main() {
@@ -40,8 +43,25 @@ func main() {
 	fs.IntVar(&cfg.Limits.MaxSandboxes, "max-sandboxes", 2000, "most sandboxes on this node")
 	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per command and stream in bytes (default 16 MiB)")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	fs.StringVar(&cfg.Storage.BlobStore, "blob-store", "", "where layer files live as chunks: a directory or s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&insecure=1] (default <root>/blobstore)")
+	fs.StringVar(&cfg.Storage.Mode, "layer-mode", "ondemand", "how sandboxes load layers: ondemand, eager, local (pre-cached) or tar (baseline)")
+	fs.Int64Var(&cfg.Storage.ChunkSize, "chunk-size", 1<<20, "bytes per layer chunk in the blob store")
+	fs.Int64Var(&cfg.Storage.CacheBytes, "cache-bytes", 10<<30, "on-demand chunk cache limit in bytes")
+	fs.Int64Var(&cfg.Storage.BandwidthBytesPerSec, "blob-bandwidth", 0, "cap on blob store reads in bytes/s, to model a remote store (0: none)")
+	fs.BoolVar(&cfg.Storage.Tars, "layer-tars", false, "also publish layers as tar.gz (tar mode needs them)")
+	var noNetwork bool
+	var upstreams string
+	fs.BoolVar(&noNetwork, "no-network", false, "give sandboxes loopback only and refuse network rules")
+	fs.StringVar(&cfg.Network.Services, "network-services", "", "JSON file of named services and mirrors (merged over what the host's package configuration names)")
+	fs.StringVar(&upstreams, "dns-upstream", "", "comma-separated DNS servers (host:port) the sandboxes' resolver asks (default: the host's)")
+	fs.TextVar(&cfg.Network.Pool, "network-pool", netip.MustParsePrefix("10.213.0.0/16"), "IPv4 prefix sandbox addresses come from")
+	fs.Int64Var(&cfg.Network.EgressBytesPerSec, "sandbox-egress-bytes", 0, "egress bandwidth per sandbox in bytes/s (default 125000000, 1 Gbit/s)")
+	fs.IntVar(&cfg.Network.MaxConns, "sandbox-max-conns", 0, "concurrent connections per sandbox (default 1024)")
 
 	args := os.Args[1:]
+	if len(args) > 0 && args[0] == "lazyfs" {
+		os.Exit(lazyfsMain(args[1:]))
+	}
 	teardown := len(args) > 0 && args[0] == "teardown"
 	if teardown {
 		args = args[1:]
@@ -50,6 +70,10 @@ func main() {
 	if fs.NArg() > 0 {
 		fs.Usage()
 		os.Exit(2)
+	}
+	cfg.Network.Disabled = noNetwork
+	if upstreams != "" {
+		cfg.Network.Upstreams = strings.Split(upstreams, ",")
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -64,4 +88,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, "dsecd:", err)
 		os.Exit(1)
 	}
+}
+
+// lazyfsMain runs `dsecd lazyfs`: the on-demand layer file system in a
+// process of its own, which dsecd starts and which outlives a dsecd restart.
+func lazyfsMain(args []string) int {
+	var cfg lazyd.Config
+	fs := flag.NewFlagSet("dsecd lazyfs", flag.ExitOnError)
+	fs.StringVar(&cfg.Dir, "dir", "", "state directory")
+	fs.StringVar(&cfg.BlobStore, "blob-store", "", "blob store spec")
+	fs.Int64Var(&cfg.CacheBytes, "cache-bytes", 0, "chunk cache limit")
+	fs.Int64Var(&cfg.BandwidthBytesPerSec, "bandwidth", 0, "cap on blob store reads in bytes/s")
+	fs.Parse(args)
+	if cfg.Dir == "" || cfg.BlobStore == "" {
+		fmt.Fprintln(os.Stderr, "dsecd lazyfs: --dir and --blob-store are required")
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := lazyd.Serve(ctx, cfg, log); err != nil {
+		fmt.Fprintln(os.Stderr, "dsecd lazyfs:", err)
+		return 1
+	}
+	return 0
 }

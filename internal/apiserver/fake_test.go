@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -75,6 +77,14 @@ func (f *fakeEdge) Delete(ctx context.Context, id string) error {
 
 func (f *fakeEdge) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, func(), error) {
 	return nil, nil, fmt.Errorf("fake edge has no agents: %w", errdefs.ErrNotSupported)
+}
+
+func (f *fakeEdge) SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error) {
+	return nil, fmt.Errorf("fake edge has no network: %w", errdefs.ErrNotSupported)
+}
+
+func (f *fakeEdge) NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error) {
+	return nil, fmt.Errorf("fake edge has no network: %w", errdefs.ErrNotSupported)
 }
 
 func (f *fakeEdge) running() int {

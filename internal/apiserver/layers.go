@@ -5,21 +5,28 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/edge/layers"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/oci"
 )
 
-// Layers is the node's layer store. *image.Store implements it.
+// Layers is the node's layer service. *layers.Service implements it.
 type Layers interface {
 	Import(ctx context.Context, ref string, kind image.Kind, src string, opts image.ImportOptions) (image.Layer, error)
+	ImportImage(ctx context.Context, ref, source string, opts oci.Options) (oci.Result, error)
 	List() ([]image.Layer, error)
 	Get(refOrDigest string) (image.Layer, error)
 	Remove(refOrDigest string) error
 	Environments() ([]image.Environment, error)
+	Stats(ctx context.Context) (layers.Stats, error)
 }
 
 type layerServer struct{ s *Server }
@@ -103,6 +110,75 @@ func (ls *layerServer) ListEnvironments(ctx context.Context, req *connect.Reques
 	for _, e := range envs {
 		out.Environments = append(out.Environments, &dsecv1.Environment{Name: e.Name, LayerDigests: e.Digests,
 			Sandboxes: e.Sandboxes, LastUsedUnixMs: e.LastUsed.UnixMilli()})
+	}
+	return connect.NewResponse(out), nil
+}
+
+// ImportImage imports an OCI image as an environment, streaming progress.
+func (ls *layerServer) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
+	m := req.Msg
+	if m.GetRef() == "" || m.GetSource() == "" {
+		return fmt.Errorf("import image: ref (name:tag) and source are required: %w", errdefs.ErrInvalidArgument)
+	}
+	src := m.GetSource()
+	for _, p := range []string{"oci:", "docker-archive:"} {
+		if rest, ok := strings.CutPrefix(src, p); ok && !filepath.IsAbs(rest) {
+			return fmt.Errorf("import image: %s path %q must be absolute (a path on the daemon's host): %w", p, rest, errdefs.ErrInvalidArgument)
+		}
+	}
+	// Progress is sent from the import's goroutine; a slow or gone client
+	// must not stall it, so only the latest message waits to be sent.
+	var mu sync.Mutex
+	var sendErr error
+	lastSent := time.Time{}
+	send := func(p *dsecv1.ImportImageProgress, force bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if sendErr != nil || (!force && time.Since(lastSent) < 100*time.Millisecond) {
+			return
+		}
+		lastSent = time.Now()
+		sendErr = out.Send(p)
+	}
+	prevPhase := ""
+	opts := oci.Options{
+		Insecure: m.GetInsecure(), CollapseBelow: m.GetCollapseBelowBytes(),
+		ImportOptions: image.ImportOptions{AllowSetuid: m.GetAllowSetuid()},
+		Progress: func(p oci.Progress) {
+			key := fmt.Sprintf("%s/%d", p.Phase, p.Layer)
+			send(&dsecv1.ImportImageProgress{Phase: p.Phase, Layer: int32(p.Layer), Layers: int32(p.Layers),
+				Bytes: p.Bytes, TotalBytes: p.TotalBytes, Rate: p.Rate}, key != prevPhase)
+			prevPhase = key
+		},
+	}
+	res, err := ls.s.layers.ImportImage(ctx, m.GetRef(), src, opts)
+	if err != nil {
+		return err
+	}
+	send(&dsecv1.ImportImageProgress{Phase: "done", Done: true, LayerDigests: res.Digests, OciLayers: int32(res.Collapsed)}, true)
+	mu.Lock()
+	defer mu.Unlock()
+	return sendErr
+}
+
+// LayerStats reports per layer and environment what sandboxes read.
+func (ls *layerServer) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {
+	st, err := ls.s.layers.Stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &dsecv1.LayerStatsResponse{Mode: string(st.Mode), BlobStore: st.BlobStore}
+	for _, l := range st.Layers {
+		out.Layers = append(out.Layers, &dsecv1.LayerUsage{
+			Digest: l.Digest, Refs: l.Refs, Size: l.Size, BytesRead: l.BytesRead, BytesFetched: l.BytesFetched,
+			ChunksTotal: l.ChunksTotal, ChunksFetched: l.ChunksFetched, CacheHits: l.CacheHits,
+			CacheMisses: l.CacheMisses, FetchErrors: l.FetchErrors, Sandboxes: l.Sandboxes,
+		})
+	}
+	for _, e := range st.Environments {
+		out.Environments = append(out.Environments, &dsecv1.EnvironmentUsage{
+			Name: e.Name, LayerDigests: e.Digests, Size: e.Size, BytesRead: e.BytesRead, Sandboxes: e.Sandboxes,
+		})
 	}
 	return connect.NewResponse(out), nil
 }

@@ -14,12 +14,14 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/store"
@@ -38,6 +40,10 @@ type Edge interface {
 	// Agent returns the channel to the sandbox's agent. The sandbox counts
 	// as active until release is called.
 	Agent(ctx context.Context, id string) (client agentv1connect.AgentServiceClient, release func(), err error)
+	// SetNetworkRules replaces a running sandbox's network rules.
+	SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) (warnings []string, err error)
+	// NetworkLog returns a sandbox's network audit records since a time.
+	NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error)
 }
 
 // Idempotency remembers which sandboxes a Create with a key made.

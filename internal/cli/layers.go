@@ -81,7 +81,7 @@ func (a *app) layerCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(imp, ls, rm)
+	cmd.AddCommand(imp, ls, rm, a.layerStatsCommand())
 	return cmd
 }
 

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,7 +27,11 @@ import (
 
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/apiserver"
+	"dsec.dev/dsec/internal/blob"
 	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/edge/layers"
+	"dsec.dev/dsec/internal/edge/lazyd"
+	"dsec.dev/dsec/internal/edge/netctl"
 	edgeruntime "dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/store"
@@ -47,6 +52,36 @@ type Config struct {
 	Limits   sandbox.Limits
 	// OutputLimit is the retained output per command and stream, in bytes.
 	OutputLimit int64
+
+	Network NetworkConfig
+	Storage StorageConfig
+}
+
+// StorageConfig says where layers are stored and how sandboxes load them.
+type StorageConfig struct {
+	// BlobStore is where layer files live as chunks: a directory or
+	// s3://BUCKET[/PREFIX]?endpoint=HOST:PORT; default <root>/blobstore.
+	BlobStore string
+	Mode      string // ondemand (default), eager, local or tar
+	ChunkSize int64  // bytes per chunk; default 1 MiB
+	// CacheBytes bounds the on-demand chunk cache; 0 = 10 GiB.
+	CacheBytes int64
+	// BandwidthBytesPerSec caps blob store reads (a model of a remote
+	// store); 0 = none.
+	BandwidthBytesPerSec int64
+	// Tars also publishes layers as tar.gz, for tar mode.
+	Tars bool
+}
+
+// NetworkConfig is the node's sandbox networking.
+type NetworkConfig struct {
+	Disabled  bool         // no sandbox networks: network rules are refused
+	Services  string       // operator JSON file of named services and mirrors
+	Upstreams []string     // DNS servers the resolver asks; default the host's
+	Pool      netip.Prefix // sandbox addresses; default 10.213.0.0/16
+	// EgressBytesPerSec and MaxConns are per-sandbox fair-share limits.
+	EgressBytesPerSec int64
+	MaxConns          int
 }
 
 // DefaultAddr is the TCP address dsecd listens on unless told otherwise.
@@ -168,7 +203,9 @@ type node struct {
 	lock   *os.File
 	meta   *store.Store
 	images *image.Store
+	layers *layers.Service
 	rt     *edgeruntime.Runtime
+	net    *netctl.Controller // nil without networking
 	edge   *sandbox.Manager
 }
 
@@ -204,6 +241,9 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	if n.images, err = image.Open(filepath.Join(cfg.Root, "layers"), log.With("component", "image")); err != nil {
 		return nil, err
 	}
+	if n.layers, err = openLayers(ctx, cfg, n.images, log); err != nil {
+		return nil, err
+	}
 	n.rt, err = edgeruntime.New(edgeruntime.Config{
 		Root:       filepath.Join(cfg.Root, "runtime"),
 		UpperRoot:  filepath.Join(cfg.Root, "upper"),
@@ -218,6 +258,21 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	if err := n.rt.Init(ctx); err != nil {
 		return nil, err
 	}
+	var network sandbox.Network
+	if !cfg.Network.Disabled {
+		nc := cfg.Network
+		n.net, err = netctl.Open(ctx, netctl.Config{
+			Dir: filepath.Join(cfg.Root, "net"), Services: nc.Services, Upstreams: nc.Upstreams, Pool: nc.Pool,
+			EgressBytesPerSec: nc.EgressBytesPerSec, MaxConns: nc.MaxConns, Log: log.With("component", "netctl"),
+		})
+		if err != nil {
+			// Without networking the node still serves; rules are refused.
+			log.Warn("sandbox networking is off: network rules will be refused", "err", err)
+			n.net = nil
+		} else {
+			network = n.net
+		}
+	}
 	var agentArgs []string
 	if cfg.OutputLimit > 0 {
 		agentArgs = append(agentArgs, "--output-limit", fmt.Sprint(cfg.OutputLimit))
@@ -228,7 +283,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		Defaults:  cfg.Defaults,
 		Limits:    cfg.Limits,
 		AgentArgs: agentArgs,
-	}, n.rt, n.images, agentclient.Dial, log.With("component", "edge"))
+	}, n.rt, n.layers, network, agentclient.Dial, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
 	}
@@ -258,8 +313,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer n.edge.Shutdown()
+	if n.net != nil {
+		defer n.net.Close()
+	}
 
-	api := apiserver.New(apiserver.Config{}, n.meta, n.images, []apiserver.Edge{n.edge}, log.With("component", "apiserver"))
+	api := apiserver.New(apiserver.Config{}, n.meta, n.layers, []apiserver.Edge{n.edge}, log.With("component", "apiserver"))
 	srv := &http.Server{
 		Handler:           api.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -331,7 +389,16 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := n.rt.Teardown(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	if n.net != nil {
+		if err := n.net.Teardown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := n.images.UnmountAll(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	// The layer mounts sat on the lazy file system's files: it goes last.
+	if err := lazyd.Stop(ctx, filepath.Join(n.cfg.Root, "lazy")); err != nil {
 		errs = append(errs, err)
 	}
 	os.Remove(n.cfg.Socket)
@@ -412,4 +479,46 @@ func fileHash(path string) ([32]byte, error) {
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))
 	return sum, nil
+}
+
+// openLayers opens the blob store and the layer service in the configured
+// mode, connecting to (or starting) the lazy file system for ondemand.
+func openLayers(ctx context.Context, cfg Config, images *image.Store, log *slog.Logger) (*layers.Service, error) {
+	sc := cfg.Storage
+	if sc.BlobStore == "" {
+		sc.BlobStore = filepath.Join(cfg.Root, "blobstore")
+	}
+	if sc.Mode == "" {
+		sc.Mode = string(layers.ModeOnDemand)
+	}
+	mode, err := layers.ParseMode(sc.Mode)
+	if err != nil {
+		return nil, err
+	}
+	blobs, err := blob.Open(ctx, sc.BlobStore)
+	if err != nil {
+		return nil, err
+	}
+	if sc.BandwidthBytesPerSec > 0 {
+		blobs = blob.Throttle(blobs, sc.BandwidthBytesPerSec)
+	}
+	var loader layers.Loader
+	if mode == layers.ModeOnDemand {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find dsecd binary for lazyfs: %w", err)
+		}
+		loader, err = lazyd.Connect(ctx, lazyd.Config{
+			Dir: filepath.Join(cfg.Root, "lazy"), BlobStore: sc.BlobStore,
+			CacheBytes: sc.CacheBytes, BandwidthBytesPerSec: sc.BandwidthBytesPerSec,
+		}, self, log.With("component", "lazyd"))
+		if err != nil {
+			return nil, err
+		}
+	}
+	return layers.New(layers.Config{
+		Mode: mode, Blobs: blobs, BlobSpec: sc.BlobStore, ChunkSize: sc.ChunkSize,
+		Dir: filepath.Join(cfg.Root, "layers-"+string(mode)), Loader: loader, Tars: sc.Tars,
+		Log: log.With("component", "layers"),
+	}, images)
 }

@@ -53,6 +53,13 @@ type extractor struct {
 	entries int64
 	regular map[string]bool // regular files extracted so far: valid hard link targets
 	dirs    map[string]dirMeta
+
+	// whiteouts turns OCI whiteout entries (.wh.NAME, .wh..wh..opq) into
+	// overlayfs ones; set for OCI layer streams, see whiteout_linux.go.
+	whiteouts bool
+	// layerNames holds what entries of the current layer stream created:
+	// OCI whiteouts apply only to earlier layers.
+	layerNames map[string]bool
 }
 
 func newExtractor(stage string, opts ImportOptions) (*extractor, error) {
@@ -120,6 +127,11 @@ func (x *extractor) add(e *entry) error {
 		return refuse(e, "%v", err)
 	}
 	e.name = name
+	if x.whiteouts {
+		if dir, base := path.Split(name); strings.HasPrefix(base, whiteoutPrefix) {
+			return x.whiteout(e, strings.TrimSuffix(dir, "/"), base)
+		}
+	}
 	if err := x.check(e); err != nil {
 		return err
 	}
@@ -140,11 +152,15 @@ func (x *extractor) add(e *entry) error {
 		return err
 	}
 	defer unix.Close(pfd)
-	if err := x.clear(e, pfd, base); err != nil {
+	replacedWhiteout, err := x.clear(e, pfd, base)
+	if err != nil {
 		return err
 	}
 	if err := x.create(e, pfd, base); err != nil {
 		return err
+	}
+	if x.whiteouts {
+		x.markLayer(e.name)
 	}
 	if e.typ == tar.TypeLink {
 		return nil // shares the earlier file's inode and metadata
@@ -154,6 +170,13 @@ func (x *extractor) add(e *entry) error {
 	}
 	switch e.typ {
 	case tar.TypeDir:
+		if replacedWhiteout {
+			// A directory deleted by an earlier layer and made again:
+			// nothing of the lower layers' directory may show through.
+			if err := setOpaque(e, pfd, base); err != nil {
+				return err
+			}
+		}
 		x.dirs[e.name] = dirMeta{mode: uint32(e.mode), mtime: e.mtime}
 		return nil
 	case tar.TypeSymlink:
@@ -180,6 +203,11 @@ func (x *extractor) check(e *entry) error {
 	switch e.typ {
 	case tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeLink:
 	case tar.TypeChar:
+		if x.whiteouts {
+			// OCI layers mark deletions with .wh. entries; the importer makes
+			// the overlay whiteouts itself and takes none from the archive.
+			return refuse(e, "character device %d:%d", e.devmajor, e.devminor)
+		}
 		if e.devmajor != 0 || e.devminor != 0 {
 			return refuse(e, "character device %d:%d (only overlay whiteouts, 0:0, are allowed)", e.devmajor, e.devminor)
 		}
@@ -217,6 +245,8 @@ func (x *extractor) check(e *entry) error {
 	}
 	for _, k := range sortedKeys(e.xattrs) {
 		switch {
+		case k == "trusted.overlay.opaque" && x.whiteouts:
+			return refuse(e, "extended attribute %q (OCI layers mark opaque directories with %s)", k, opaqueMarker)
 		case k == "trusted.overlay.opaque", strings.HasPrefix(k, "user."),
 			k == "system.posix_acl_access", k == "system.posix_acl_default":
 		case k == "security.capability":
@@ -247,9 +277,9 @@ func (x *extractor) openDir(e *entry, rel string, create bool) (int, error) {
 	switch {
 	case errors.Is(err, unix.ELOOP):
 		return -1, refuse(e, "path goes through a symlink")
-	case errors.Is(err, unix.ENOTDIR):
+	case errors.Is(err, unix.ENOTDIR) && !(create && x.whiteouts):
 		return -1, refuse(e, "a parent is not a directory")
-	case errors.Is(err, unix.ENOENT) && create:
+	case (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR)) && create:
 	default:
 		return -1, fmt.Errorf("import entry %q: open parent: %w", e.raw, err)
 	}
@@ -272,6 +302,16 @@ func (x *extractor) openDir(e *entry, rel string, create bool) (int, error) {
 			}
 			next, err = unix.Openat2(fd, c, how)
 		}
+		if errors.Is(err, unix.ENOTDIR) && x.whiteouts {
+			// A directory an earlier layer deleted: replace its whiteout
+			// with an opaque directory.
+			var ok bool
+			if ok, err = x.replaceWhiteoutWithDir(e, fd, c, done); ok {
+				next, err = unix.Openat2(fd, c, how)
+			} else if err == nil {
+				err = unix.ENOTDIR
+			}
+		}
 		unix.Close(fd)
 		switch {
 		case errors.Is(err, unix.ELOOP):
@@ -288,26 +328,32 @@ func (x *extractor) openDir(e *entry, rel string, create bool) (int, error) {
 
 // clear makes room for e at base: a later entry replaces an earlier one,
 // except that only a directory may take a directory's place (and then merges).
-func (x *extractor) clear(e *entry, pfd int, base string) error {
+// With whiteouts on, a later layer may replace an earlier layer's directory.
+// It reports whether it removed an overlay whiteout.
+func (x *extractor) clear(e *entry, pfd int, base string) (bool, error) {
 	var st unix.Stat_t
 	err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
 	if errors.Is(err, unix.ENOENT) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return fmt.Errorf("import entry %q: stat: %w", e.raw, err)
+		return false, fmt.Errorf("import entry %q: stat: %w", e.raw, err)
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		if e.typ == tar.TypeDir {
-			return nil
+			return false, nil
 		}
-		return refuse(e, "replaces a directory")
+		if !x.whiteouts || x.layerNames[e.name] {
+			return false, refuse(e, "replaces a directory")
+		}
+		return false, x.removeTree(e, pfd, base, e.name)
 	}
+	whiteout := x.whiteouts && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
 	delete(x.regular, e.name)
 	if err := unix.Unlinkat(pfd, base, 0); err != nil {
-		return fmt.Errorf("import entry %q: replace: %w", e.raw, err)
+		return false, fmt.Errorf("import entry %q: replace: %w", e.raw, err)
 	}
-	return nil
+	return whiteout, nil
 }
 
 func (x *extractor) create(e *entry, pfd int, base string) error {

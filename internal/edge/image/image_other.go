@@ -30,3 +30,8 @@ func (s *Store) cleanTmp() {}
 func BuildBusyboxRootfs(dir string) error {
 	return fmt.Errorf("build busybox rootfs: %w", errdefs.ErrNotSupported)
 }
+
+// ImportLayers needs Linux, like Import.
+func (s *Store) ImportLayers(ctx context.Context, ref string, kind Kind, srcs []LayerSource, opts ImportOptions) (Layer, error) {
+	return Layer{}, fmt.Errorf("import layers: %w", errdefs.ErrNotSupported)
+}

@@ -30,6 +30,147 @@ import (
 // returns an error wrapping errdefs.ErrInvalidArgument that names it; on any
 // failure nothing becomes visible in the store.
 func (s *Store) Import(ctx context.Context, ref string, kind Kind, src string, opts ImportOptions) (Layer, error) {
+	return s.importLayer(ctx, ref, kind, src, "", opts, func(x *extractor) error {
+		return extractSource(ctx, x, src)
+	})
+}
+
+// ImportLayers builds one layer of the given kind from srcs, uncompressed
+// tar streams applied in order into one tree, as overlayfs would stack them:
+// OCI whiteouts (.wh.NAME, .wh..wh..opq) delete what earlier streams made and
+// stay in the layer as overlay whiteouts and opaque directories, so they also
+// hide what lies below the layer when it is stacked. Device nodes and
+// trusted.overlay.* xattrs in the streams are refused: only the importer
+// makes whiteouts. ref is as for Import.
+//
+// A source whose Name is a sha256: digest is verified against it (the
+// digest of its uncompressed stream, an OCI diff ID; a mismatch wraps
+// errdefs.ErrInvalidArgument). When every source is named so, the store
+// remembers which layer the list built, and importing the same list again
+// returns that layer without rebuilding it (an interrupted image import
+// resumes this way).
+func (s *Store) ImportLayers(ctx context.Context, ref string, kind Kind, srcs []LayerSource, opts ImportOptions) (Layer, error) {
+	if len(srcs) == 0 {
+		return Layer{}, fmt.Errorf("import layers: no sources: %w", errdefs.ErrInvalidArgument)
+	}
+	names := make([]string, len(srcs))
+	for i, src := range srcs {
+		if src.Open == nil {
+			return Layer{}, fmt.Errorf("import layers: source %d (%s) has no Open: %w", i, src.Name, errdefs.ErrInvalidArgument)
+		}
+		names[i] = src.Name
+	}
+	source := "layers " + strings.Join(names, ",")
+	key := buildKey(kind, srcs)
+	if key != "" && kind.valid() {
+		l, ok, err := s.reuseBuild(key, ref)
+		if err != nil {
+			return Layer{}, fmt.Errorf("import layers: %w", err)
+		}
+		if ok {
+			s.log.Info("reused layer", "digest", l.Digest, "ref", ref, "source", source)
+			return l, nil
+		}
+	}
+	return s.importLayer(ctx, ref, kind, source, key, opts, func(x *extractor) error {
+		x.whiteouts = true
+		for _, src := range srcs {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			x.nextLayer()
+			if err := applyStream(ctx, x, src); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// applyStream extracts one layer stream and, when it is named by a digest,
+// reads it to the end and checks it.
+func applyStream(ctx context.Context, x *extractor, src LayerSource) error {
+	rc, err := src.Open()
+	if err != nil {
+		return fmt.Errorf("open layer stream %s: %w", src.Name, err)
+	}
+	defer rc.Close()
+	var r io.Reader = rc
+	h := sha256.New()
+	wantHex, verify := strings.CutPrefix(src.Name, "sha256:")
+	verify = verify && hexRE.MatchString(wantHex)
+	if verify {
+		r = io.TeeReader(rc, h)
+	}
+	if err := extractTar(ctx, x, r, src.Name, true); err != nil {
+		return err
+	}
+	// The tar end marker may precede padding: read the stream to its end
+	// so that it is checked whole.
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return fmt.Errorf("read layer stream %s: %w", src.Name, err)
+	}
+	if verify {
+		if got := hex.EncodeToString(h.Sum(nil)); got != wantHex {
+			return fmt.Errorf("verify layer stream %s: content has digest sha256:%s: %w", src.Name, got, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// buildKey names what ImportLayers builds from srcs, for reuse: "" unless
+// every source is named by its digest.
+func buildKey(kind Kind, srcs []LayerSource) string {
+	parts := make([]string, 0, len(srcs)+1)
+	parts = append(parts, string(kind))
+	for _, src := range srcs {
+		hex, ok := strings.CutPrefix(src.Name, "sha256:")
+		if !ok || !hexRE.MatchString(hex) {
+			return ""
+		}
+		parts = append(parts, src.Name)
+	}
+	return strings.Join(parts, " ")
+}
+
+// reuseBuild returns the layer an earlier ImportLayers built under key, if it
+// is still stored, pointing ref at it.
+func (s *Store) reuseBuild(key, ref string) (Layer, bool, error) {
+	ix, err := s.load()
+	if err != nil {
+		return Layer{}, false, err
+	}
+	if hex, ok := ix.Builds[key]; !ok || ix.Layers[hex] == nil {
+		return Layer{}, false, nil
+	}
+	if ref != "" {
+		var err error
+		if ref, err = normalizeRef(ref); err != nil {
+			return Layer{}, false, err
+		}
+	}
+	var layer Layer
+	found := false
+	err = s.update(true, func(ix *index) error {
+		hex, ok := ix.Builds[key]
+		if !ok || ix.Layers[hex] == nil {
+			return nil
+		}
+		if _, err := os.Stat(s.blobPath(hex)); err != nil {
+			return nil // rebuild
+		}
+		if ref != "" {
+			ix.setRef(ref, hex)
+		}
+		layer, found = ix.layer(hex), true
+		return nil
+	})
+	return layer, found, err
+}
+
+// importLayer stages a tree with fill, builds its EROFS image and publishes
+// it; key, when set, records the build for ImportLayers to reuse.
+func (s *Store) importLayer(ctx context.Context, ref string, kind Kind, src, key string, opts ImportOptions, fill func(x *extractor) error) (Layer, error) {
 	if !kind.valid() {
 		return Layer{}, fmt.Errorf("import layer: kind %q, want base, workspace or toolkit: %w", kind, errdefs.ErrInvalidArgument)
 	}
@@ -55,7 +196,7 @@ func (s *Store) Import(ctx context.Context, ref string, kind Kind, src string, o
 	if err != nil {
 		return Layer{}, fmt.Errorf("import layer: %w", err)
 	}
-	err = extractSource(ctx, x, src)
+	err = fill(x)
 	if err == nil {
 		err = x.finish()
 	}
@@ -100,11 +241,14 @@ func (s *Store) Import(ctx context.Context, ref string, kind Kind, src string, o
 		if rec == nil {
 			ix.Layers[hexDigest] = &layerRecord{Kind: kind, Size: imgSize, Created: time.Now().UTC(), Source: src}
 		}
+		if key != "" {
+			ix.Builds[key] = hexDigest
+		}
 		if ref != "" {
 			if old, ok := ix.Refs[ref]; ok && old != hexDigest {
 				s.log.Info("moved layer ref", "ref", ref, "from", "sha256:"+old, "to", "sha256:"+hexDigest)
 			}
-			ix.Refs[ref] = hexDigest
+			ix.setRef(ref, hexDigest)
 		}
 		layer = ix.layer(hexDigest)
 		return nil

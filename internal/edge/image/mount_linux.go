@@ -26,6 +26,14 @@ const erofsSuperMagic = 0xE0F5E1E2
 // restarts: a layer already mounted there is reused. The mount stays until
 // Remove or UnmountAll.
 func (s *Store) Mount(ctx context.Context, digest string) (string, error) {
+	return s.MountFile(ctx, digest, "")
+}
+
+// MountFile is Mount with the image read from file instead of the store's
+// own copy: a file served on demand, or one pulled whole from a blob store.
+// file "" means the store's copy. A layer already mounted is reused
+// whatever file it came from (they hold the same bytes).
+func (s *Store) MountFile(ctx context.Context, digest, file string) (string, error) {
 	hex, err := parseDigest(digest)
 	if err != nil {
 		return "", fmt.Errorf("mount layer: %w", err)
@@ -55,7 +63,10 @@ func (s *Store) Mount(ctx context.Context, digest string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("mount layer %s: %w", digest, err)
 	}
-	err = unix.Mount(s.blobPath(hex), dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, "")
+	if file == "" {
+		file = s.blobPath(hex)
+	}
+	err = unix.Mount(file, dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, "")
 	if errors.Is(err, unix.ENOENT) {
 		return "", fmt.Errorf("mount layer %s: image file missing: %w", digest, errdefs.ErrNotFound)
 	}
@@ -205,4 +216,23 @@ func unescapeMountPath(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// LayerFile is the path of the store's own copy of a layer's image file.
+// The file may be absent on a node that serves its layers from a blob store.
+func (s *Store) LayerFile(digest string) (string, error) {
+	hex, err := parseDigest(digest)
+	if err != nil {
+		return "", fmt.Errorf("layer file: %w", err)
+	}
+	return s.blobPath(hex), nil
+}
+
+// MountPoint is where Mount puts a layer.
+func (s *Store) MountPoint(digest string) (string, error) {
+	hex, err := parseDigest(digest)
+	if err != nil {
+		return "", fmt.Errorf("layer mount point: %w", err)
+	}
+	return s.mountPath(hex), nil
 }

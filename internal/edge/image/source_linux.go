@@ -57,6 +57,12 @@ func extractArchive(ctx context.Context, x *extractor, src string) error {
 		defer zr.Close()
 		r = zr
 	}
+	return extractTar(ctx, x, r, src, false)
+}
+
+// extractTar feeds the entries of the tar stream r (named src in messages)
+// into x. An archive without entries is refused unless allowEmpty.
+func extractTar(ctx context.Context, x *extractor, r io.Reader, src string, allowEmpty bool) error {
 	tr := tar.NewReader(r)
 	for n := 0; ; n++ {
 		if err := ctx.Err(); err != nil {
@@ -64,7 +70,7 @@ func extractArchive(ctx context.Context, x *extractor, src string) error {
 		}
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			if n == 0 {
+			if n == 0 && !allowEmpty {
 				return fmt.Errorf("read archive %s: no entries: %w", src, errdefs.ErrInvalidArgument)
 			}
 			return nil

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -46,6 +47,7 @@ type Layer struct {
 	Digest  string // "sha256:<hex>" of the EROFS image file
 	Kind    Kind
 	Refs    []string // name:tag refs pointing at it, sorted
+	Images  []string // image refs whose layers include it, sorted
 	Size    int64    // bytes of the image file
 	Created time.Time
 	Source  string // what it was imported from
@@ -87,9 +89,17 @@ type Store struct {
 }
 
 type index struct {
-	Layers       map[string]*layerRecord `json:"layers"`       // by hex digest
-	Refs         map[string]string       `json:"refs"`         // name:tag -> hex digest
-	Environments map[string]*envRecord   `json:"environments"` // by environment name
+	Layers       map[string]*layerRecord `json:"layers"`           // by hex digest
+	Refs         map[string]string       `json:"refs"`             // name:tag -> hex digest
+	Environments map[string]*envRecord   `json:"environments"`     // by environment name
+	Images       map[string]*imageRecord `json:"images,omitempty"` // name:tag -> image; never also in Refs
+	Builds       map[string]string       `json:"builds,omitempty"` // ImportLayers build key -> hex digest
+}
+
+type imageRecord struct {
+	Digests []string    `json:"digests"` // hex, bottom first
+	Config  ImageConfig `json:"config"`
+	Created time.Time   `json:"created"`
 }
 
 type layerRecord struct {
@@ -143,7 +153,8 @@ func (s *Store) tmpDir() string              { return filepath.Join(s.root, "tmp
 func (s *Store) indexPath() string           { return filepath.Join(s.root, "index.json") }
 
 func newIndex() *index {
-	return &index{Layers: map[string]*layerRecord{}, Refs: map[string]string{}, Environments: map[string]*envRecord{}}
+	return &index{Layers: map[string]*layerRecord{}, Refs: map[string]string{}, Environments: map[string]*envRecord{},
+		Images: map[string]*imageRecord{}, Builds: map[string]string{}}
 }
 
 // readIndex reads index.json from disk; a missing file is an empty index.
@@ -173,6 +184,12 @@ func (s *Store) readIndex() (*index, indexKey, error) {
 	}
 	if ix.Environments == nil {
 		ix.Environments = map[string]*envRecord{}
+	}
+	if ix.Images == nil { // index files written before images existed
+		ix.Images = map[string]*imageRecord{}
+	}
+	if ix.Builds == nil {
+		ix.Builds = map[string]string{}
 	}
 	return ix, key, nil
 }
@@ -270,7 +287,7 @@ func syncDir(dir string) error {
 }
 
 var (
-	refNameRE = regexp.MustCompile(`^[a-z0-9]+(?:[._/-][a-z0-9]+)*$`)
+	refNameRE = regexp.MustCompile(`^[a-z0-9]+(?:[._/-]+[a-z0-9]+)*$`)
 	refTagRE  = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
 	hexRE     = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
@@ -335,7 +352,36 @@ func (ix *index) layer(hex string) Layer {
 		}
 	}
 	sort.Strings(l.Refs)
+	l.Images = []string{}
+	for ref, img := range ix.Images {
+		if slices.Contains(img.Digests, hex) {
+			l.Images = append(l.Images, ref)
+		}
+	}
+	sort.Strings(l.Images)
 	return l
+}
+
+// setRef points the layer ref at hex; a ref names a layer or an image, so an
+// image of that name is dropped.
+func (ix *index) setRef(ref, hex string) {
+	delete(ix.Images, ref)
+	ix.Refs[ref] = hex
+}
+
+// usedByImage returns an image ref using the layer hex, or "".
+func (ix *index) usedByImage(hex string) string {
+	var refs []string
+	for ref, img := range ix.Images {
+		if slices.Contains(img.Digests, hex) {
+			refs = append(refs, ref)
+		}
+	}
+	if len(refs) == 0 {
+		return ""
+	}
+	sort.Strings(refs)
+	return refs[0]
 }
 
 // List returns every stored layer, oldest first.
@@ -376,6 +422,13 @@ func (s *Store) Get(refOrDigest string) (Layer, error) {
 // every ref to it. A removed layer is unmounted (lazily, so sandboxes already
 // stacked on it keep their view) and its image file deleted.
 func (s *Store) Remove(refOrDigest string) error {
+	if !strings.HasPrefix(refOrDigest, "sha256:") {
+		if ref, err := normalizeRef(refOrDigest); err == nil {
+			if ix, err := s.load(); err == nil && ix.Images[ref] != nil {
+				return s.removeImage(ref)
+			}
+		}
+	}
 	var gone string
 	err := s.update(true, func(ix *index) error {
 		hex, err := ix.lookup(refOrDigest)
@@ -390,13 +443,19 @@ func (s *Store) Remove(refOrDigest string) error {
 					return nil // other refs keep the layer
 				}
 			}
+			if ix.usedByImage(hex) != "" {
+				return nil // an image keeps the layer
+			}
+		}
+		if img := ix.usedByImage(hex); img != "" {
+			return fmt.Errorf("layer sha256:%s is part of image %s; remove the image: %w", hex, img, errdefs.ErrFailedPrecondition)
 		}
 		for ref, h := range ix.Refs {
 			if h == hex {
 				delete(ix.Refs, ref)
 			}
 		}
-		delete(ix.Layers, hex)
+		ix.dropLayer(hex)
 		gone = hex
 		// Under the index lock, so an import of the same content cannot
 		// slip in between dropping the record and deleting the file.
@@ -420,6 +479,8 @@ func (s *Store) Remove(refOrDigest string) error {
 
 // ResolveEnvironment turns BASE[+LAYER...] into its layers, bottom first:
 // the one base, then workspaces, then toolkits, each kind in the order given.
+// BASE may name an image: its layers, bottom first, are then the base (they
+// keep their order), and no other part may be a base layer.
 // A malformed name, a missing or second base and a repeated layer wrap
 // errdefs.ErrInvalidArgument; an unknown ref or digest wraps errdefs.ErrNotFound.
 func (s *Store) ResolveEnvironment(env string) ([]Layer, error) {
@@ -430,13 +491,30 @@ func (s *Store) ResolveEnvironment(env string) ([]Layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	var layers []Layer
+	var layers, imageLayers []Layer
 	seen := map[string]string{}
 	var base string
 	for _, part := range strings.Split(env, "+") {
 		part = strings.TrimSpace(part)
 		if part == "" {
 			return nil, fmt.Errorf("resolve environment %q: empty layer name, want BASE[+LAYER...]: %w", env, errdefs.ErrInvalidArgument)
+		}
+		if img := ix.image(part); img != nil {
+			if base != "" {
+				return nil, fmt.Errorf("resolve environment %q: two bases, %s and image %s; an environment has exactly one: %w", env, base, part, errdefs.ErrInvalidArgument)
+			}
+			base = part
+			for _, hex := range img.Digests {
+				if ix.Layers[hex] == nil {
+					return nil, fmt.Errorf("resolve environment %q: image %s: layer sha256:%s: %w", env, part, hex, errdefs.ErrNotFound)
+				}
+				if prev, ok := seen[hex]; ok {
+					return nil, fmt.Errorf("resolve environment %q: %s and %s share layer sha256:%s: %w", env, prev, part, hex, errdefs.ErrInvalidArgument)
+				}
+				seen[hex] = part
+				imageLayers = append(imageLayers, ix.layer(hex))
+			}
+			continue
 		}
 		hex, err := ix.lookup(part)
 		if err != nil {
@@ -459,7 +537,7 @@ func (s *Store) ResolveEnvironment(env string) ([]Layer, error) {
 		return nil, fmt.Errorf("resolve environment %q: no base layer; the first part must name a layer of kind base: %w", env, errdefs.ErrInvalidArgument)
 	}
 	sort.SliceStable(layers, func(i, j int) bool { return layers[i].Kind.rank() < layers[j].Kind.rank() })
-	return layers, nil
+	return append(imageLayers, layers...), nil
 }
 
 // RecordEnvironment counts one more sandbox created from env, which resolved

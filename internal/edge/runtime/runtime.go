@@ -57,6 +57,11 @@ type Spec struct {
 	Listener    *os.File // listening Unix socket; becomes fd 3 of the agent
 	AgentArgs   []string // args after /.dsec/bin/dsec-agent; the fd flags are appended
 	LogPath     string   // host file for the agent's stdout and stderr
+	// NetnsPath joins a network namespace the edge made (a networked
+	// sandbox); "" gives the sandbox a new one with loopback only.
+	NetnsPath string
+	// ResolvConf is a host file bind-mounted read-only at /etc/resolv.conf.
+	ResolvConf string
 }
 
 // Status is what Status reports of a sandbox.

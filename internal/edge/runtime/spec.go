@@ -94,7 +94,7 @@ func buildSpec(in specInput) *specs.Spec {
 		Effective: capabilities,
 		Permitted: capabilities,
 	}
-	return &specs.Spec{
+	spec := &specs.Spec{
 		Version:  specs.Version,
 		Hostname: in.Hostname,
 		Root:     &specs.Root{Path: "rootfs"},
@@ -139,6 +139,18 @@ func buildSpec(in specInput) *specs.Spec {
 			Seccomp:           seccompProfile(),
 		},
 	}
+	if in.NetnsPath != "" {
+		for i := range spec.Linux.Namespaces {
+			if spec.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+				spec.Linux.Namespaces[i].Path = in.NetnsPath
+			}
+		}
+	}
+	if in.ResolvConf != "" {
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.ResolvConf,
+			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+	}
+	return spec
 }
 
 func devices() []specs.LinuxDeviceCgroup {

@@ -72,3 +72,36 @@ func TestSeccompProfile(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildSpecNetwork(t *testing.T) {
+	plain := buildSpec(specInput{Spec: Spec{ID: "sb-1"}, AgentDir: "/agent"})
+	for _, ns := range plain.Linux.Namespaces {
+		if ns.Path != "" {
+			t.Errorf("loopback-only sandbox joins namespace %s at %s", ns.Type, ns.Path)
+		}
+	}
+	for _, m := range plain.Mounts {
+		if m.Destination == "/etc/resolv.conf" {
+			t.Error("loopback-only sandbox got a resolv.conf mount")
+		}
+	}
+	s := buildSpec(specInput{Spec: Spec{ID: "sb-1", NetnsPath: "/run/netns/x", ResolvConf: "/r/resolv.conf"}, AgentDir: "/agent"})
+	var joined bool
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace && ns.Path == "/run/netns/x" {
+			joined = true
+		}
+	}
+	if !joined {
+		t.Errorf("network namespace not joined: %+v", s.Linux.Namespaces)
+	}
+	var mounted bool
+	for _, m := range s.Mounts {
+		if m.Destination == "/etc/resolv.conf" && m.Source == "/r/resolv.conf" && slices.Contains(m.Options, "ro") {
+			mounted = true
+		}
+	}
+	if !mounted {
+		t.Error("resolv.conf not bind-mounted read-only")
+	}
+}

@@ -49,6 +49,19 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.log.Warn("remove orphan container", "id", id, "err", err)
 		}
 	}
+	if m.net != nil {
+		keep := map[string]map[string]bool{}
+		m.mu.Lock()
+		for id, sb := range m.sandboxes {
+			if sb.gone.IsZero() && len(sb.rec.GetSpec().GetNetworkRules()) > 0 {
+				keep[id] = sb.rec.GetSpec().GetNetworkRules()
+			}
+		}
+		m.mu.Unlock()
+		if err := m.net.Recover(ctx, keep); err != nil {
+			m.log.Warn("recover sandbox networks", "err", err)
+		}
+	}
 	m.wg.Add(1)
 	go m.loop()
 	return nil
@@ -115,6 +128,12 @@ func (m *Manager) reap(ctx context.Context, id string) {
 	if err := m.rt.Delete(context.WithoutCancel(ctx), id); err != nil {
 		m.log.Warn("remove sandbox", "id", id, "err", err)
 	}
+	if m.net != nil {
+		if err := m.net.Detach(context.WithoutCancel(ctx), id); err != nil {
+			m.log.Warn("detach sandbox network", "id", id, "err", err)
+		}
+	}
+	m.images.Release(context.WithoutCancel(ctx), id)
 	if err := m.states.Remove(id); err != nil {
 		m.log.Warn("remove sandbox record", "id", id, "err", err)
 	}
@@ -160,6 +179,12 @@ func (m *Manager) Teardown(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
+		if m.net != nil {
+			if err := m.net.Detach(ctx, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		m.images.Release(ctx, id)
 		if err := m.states.Remove(id); err != nil {
 			errs = append(errs, err)
 		}
@@ -195,16 +220,23 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 	ctx := context.Background()
 	m.mu.Lock()
 	var live []*sandbox
+	var forgotten []string
 	for id, sb := range m.sandboxes {
 		if !sb.gone.IsZero() {
 			if now.Sub(sb.gone) > m.cfg.TombstoneTTL {
 				delete(m.sandboxes, id)
+				forgotten = append(forgotten, id)
 			}
 			continue
 		}
 		live = append(live, sb)
 	}
 	m.mu.Unlock()
+	if m.net != nil {
+		for _, id := range forgotten {
+			m.net.Forget(id)
+		}
+	}
 
 	sem := make(chan struct{}, 32)
 	var wg sync.WaitGroup

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -29,6 +30,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/edge/state"
 	"dsec.dev/dsec/internal/errdefs"
@@ -42,10 +44,15 @@ type Runtime interface {
 	List(ctx context.Context) ([]string, error)
 }
 
-// Images resolves environments to mounted layers. *image.Store implements it.
+// Images resolves environments to mounted layers. *layers.Service
+// implements it.
 type Images interface {
 	ResolveEnvironment(env string) ([]image.Layer, error)
-	Mount(ctx context.Context, digest string) (string, error)
+	// Mount makes layer digest available to sandbox id and returns the
+	// directory to use as a lower layer.
+	Mount(ctx context.Context, id, digest string) (string, error)
+	// Release drops what Mount made for sandbox id alone.
+	Release(ctx context.Context, id string)
 	RecordEnvironment(env string, digests []string) error
 }
 
@@ -97,6 +104,7 @@ type Manager struct {
 	cfg    Config
 	rt     Runtime
 	images Images
+	net    Network // nil: the node offers loopback only
 	dial   DialFunc
 	states *state.Store
 	log    *slog.Logger
@@ -121,8 +129,9 @@ type sandbox struct {
 	stopping  bool
 }
 
-// New makes a Manager. It does not touch any sandbox until Recover.
-func New(cfg Config, rt Runtime, images Images, dial DialFunc, log *slog.Logger) (*Manager, error) {
+// New makes a Manager. It does not touch any sandbox until Recover. net may
+// be nil: sandboxes then get loopback only and network rules are refused.
+func New(cfg Config, rt Runtime, images Images, net Network, dial DialFunc, log *slog.Logger) (*Manager, error) {
 	if cfg.Node == "" || strings.ContainsAny(cfg.Node, "/ ") {
 		return nil, fmt.Errorf("node name %q: %w", cfg.Node, errdefs.ErrInvalidArgument)
 	}
@@ -140,7 +149,7 @@ func New(cfg Config, rt Runtime, images Images, dial DialFunc, log *slog.Logger)
 		return nil, err
 	}
 	return &Manager{
-		cfg: cfg, rt: rt, images: images, dial: dial, states: st, log: log,
+		cfg: cfg, rt: rt, images: images, net: net, dial: dial, states: st, log: log,
 		sandboxes: make(map[string]*sandbox),
 		stop:      make(chan struct{}),
 	}, nil
@@ -190,7 +199,7 @@ func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 	}
 	var lower []string
 	for _, l := range layers {
-		dir, err := m.images.Mount(ctx, l.Digest)
+		dir, err := m.images.Mount(ctx, id, l.Digest)
 		if err != nil {
 			return nil, fmt.Errorf("mount layer %s: %w", l.Digest, err)
 		}
@@ -213,6 +222,8 @@ func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 		if err := m.rt.Delete(cctx, id); err != nil {
 			m.log.Warn("remove half-made sandbox", "id", id, "err", err)
 		}
+		m.detachNetwork(cctx, rec)
+		m.images.Release(cctx, id)
 		if err := m.states.Remove(id); err != nil {
 			m.log.Warn("remove half-made sandbox record", "id", id, "err", err)
 		}
@@ -226,7 +237,18 @@ func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 		cleanup(err)
 		return nil, err
 	}
-	client, err := m.launch(ctx, id, spec, lower)
+	var att *netctl.Attachment
+	if len(spec.GetNetworkRules()) > 0 {
+		att, err = m.net.Attach(ctx, id, spec.GetNetworkRules())
+		if err != nil {
+			cleanup(err)
+			return nil, fmt.Errorf("attach sandbox %s to the network: %w", id, err)
+		}
+		sb.mu.Lock()
+		rec.Address = att.Addr
+		sb.mu.Unlock()
+	}
+	client, err := m.launch(ctx, id, spec, lower, att)
 	if err != nil {
 		cleanup(err)
 		return nil, err
@@ -255,7 +277,7 @@ func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 
 // launch starts the container with the agent listening on a socket that
 // only the host can reach, and waits for the agent to answer.
-func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpec, lower []string) (agentv1connect.AgentServiceClient, error) {
+func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpec, lower []string, att *netctl.Attachment) (agentv1connect.AgentServiceClient, error) {
 	dir := m.states.Dir(id)
 	sock := filepath.Join(dir, "agent.sock")
 	os.Remove(sock)
@@ -282,13 +304,15 @@ func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 	if h := spec.GetHostname(); h != "" {
 		args = append(args, "--hostname", h)
 	}
-	keys := make([]string, 0, len(spec.GetEnv()))
-	for k := range spec.GetEnv() {
-		keys = append(keys, k)
+	// A mirror's variables (PIP_INDEX_URL and the like) come first, so the
+	// caller's own env wins.
+	env := map[string]string{}
+	if att != nil {
+		maps.Copy(env, att.Env)
 	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		args = append(args, "--env", k+"="+spec.GetEnv()[k])
+	maps.Copy(env, spec.GetEnv())
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		args = append(args, "--env", k+"="+env[k])
 	}
 	args = append(args, m.cfg.AgentArgs...)
 
@@ -310,6 +334,9 @@ func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 		Listener:    lnFile,
 		AgentArgs:   args,
 		LogPath:     filepath.Join(dir, "agent.log"),
+	}
+	if att != nil {
+		rs.NetnsPath, rs.ResolvConf = att.NetnsPath, att.ResolvConf
 	}
 	if err := m.rt.Start(ctx, rs); err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", id, err)
@@ -350,8 +377,8 @@ func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, er
 	if spec.GetEnvironment() == "" {
 		return nil, fmt.Errorf("environment is required (BASE[+LAYER...]): %w", errdefs.ErrInvalidArgument)
 	}
-	if len(spec.GetNetworkRules()) > 0 {
-		return nil, fmt.Errorf("network rules are not enforced on node %s yet; refusing to run a sandbox with a different network than asked: %w", m.cfg.Node, errdefs.ErrFailedPrecondition)
+	if len(spec.GetNetworkRules()) > 0 && m.net == nil {
+		return nil, fmt.Errorf("node %s runs without network support, so it cannot enforce network rules; refusing to run a sandbox with a different network than asked: %w", m.cfg.Node, errdefs.ErrFailedPrecondition)
 	}
 	if spec.Cpus < 0 || spec.MemoryMb < 0 || spec.DiskMb < 0 || spec.Pids < 0 || spec.TtlSeconds < 0 {
 		return nil, fmt.Errorf("cpus, memory_mb, disk_mb, pids and ttl_seconds must not be negative: %w", errdefs.ErrInvalidArgument)
@@ -553,6 +580,8 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 		sb.mu.Unlock()
 		return fmt.Errorf("stop sandbox %s: %w", id, err)
 	}
+	m.detachNetwork(ctx, sb.rec)
+	m.images.Release(ctx, id)
 	if err := m.states.Remove(id); err != nil {
 		m.log.Warn("remove sandbox record", "id", id, "err", err)
 	}

@@ -78,7 +78,9 @@ func (fakeImages) ResolveEnvironment(env string) ([]image.Layer, error) {
 	}
 	return []image.Layer{{Digest: "sha256:aa", Kind: image.KindBase}}, nil
 }
-func (fakeImages) Mount(ctx context.Context, digest string) (string, error) {
+func (fakeImages) Release(ctx context.Context, id string) {}
+
+func (fakeImages) Mount(ctx context.Context, id, digest string) (string, error) {
 	return "/layers/" + digest, nil
 }
 func (fakeImages) RecordEnvironment(env string, digests []string) error { return nil }
@@ -110,7 +112,7 @@ func newTestManager(t *testing.T, dir string, rt *fakeRuntime, busy *int32) *Man
 		return &fakeAgent{rt: rt, id: id, running: busy}
 	}
 	m, err := New(Config{Node: "n1", StateDir: dir, PingInterval: 100 * time.Millisecond,
-		Defaults: Defaults{TTL: time.Hour}}, rt, fakeImages{}, dial, slog.New(slog.DiscardHandler))
+		Defaults: Defaults{TTL: time.Hour}}, rt, fakeImages{}, nil, dial, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

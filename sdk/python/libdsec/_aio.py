@@ -360,6 +360,42 @@ class AsyncClient:
         resp = await self._call("ListEnvironments", {}, timeout, idempotent=True, service=LAYERS)
         return resp.get("environments", [])
 
+    async def import_image(self, ref: str, source: str, *, insecure: bool = False,
+                           collapse_below: int = 0, allow_setuid: bool = False,
+                           on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+                           timeout: Optional[float] = 3600.0) -> Dict[str, Any]:
+        """Import an OCI image as the environment ref (name:tag).
+
+        source is ``oci:DIR[:TAG]`` or ``docker-archive:FILE`` (paths on the
+        daemon's host) or ``docker://HOST[:PORT]/REPO:TAG``. on_progress gets
+        each progress message (phase, layer, layers, bytes, totalBytes, rate).
+        Returns the last message: layerDigests (bottom first) and ociLayers.
+        """
+        msg: Dict[str, Any] = {"ref": ref, "source": source}
+        if insecure:
+            msg["insecure"] = True
+        if collapse_below:
+            msg["collapseBelowBytes"] = str(int(collapse_below))
+        if allow_setuid:
+            msg["allowSetuid"] = True
+        stream = await self._t.stream(LAYERS, "ImportImage", msg, timeout=self._to(timeout))
+        last: Dict[str, Any] = {}
+        try:
+            async for m in stream:
+                last = m
+                if on_progress is not None and not m.get("done"):
+                    on_progress(m)
+        finally:
+            stream.close()
+        if not last.get("done"):
+            raise errors.Internal(f"import of {ref} ended without a result")
+        return last
+
+    async def layer_stats(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Per layer and environment: bytes read vs size, chunks fetched,
+        cache hits and fan-out (the LayerStats message as a dict)."""
+        return await self._call("LayerStats", {}, timeout, idempotent=True, service=LAYERS)
+
 
 class Sandbox:
     """One sandbox. ``async with sb:`` deletes it on exit.
@@ -401,9 +437,51 @@ class Sandbox:
     async def __aexit__(self, *exc) -> None:
         await self.delete()
 
+    @property
+    def address(self) -> str:
+        """The sandbox's IPv4 address if it has network rules, else ""."""
+        return self.info.get("address", "")
+
     async def refresh(self, *, timeout: Optional[float] = None) -> "Sandbox":
         self.info = await self.client._call("Get", {"id": self.id}, timeout, idempotent=True)
         return self
+
+    # --- network ---
+
+    async def set_network_rules(self, rules: Mapping[str, bool], *, cut: bool = False,
+                                timeout: Optional[float] = None) -> List[str]:
+        """Replace the sandbox's network rules (same mapping as create's
+        network_rules). New connections follow them at once; with cut=True
+        established connections no longer allowed are broken. Returns the
+        node's warnings (e.g. a service it knows no hosts for)."""
+        msg: Dict[str, Any] = {"sandboxId": self.id, "rules": {str(k): bool(v) for k, v in rules.items()}}
+        if cut:
+            msg["cut"] = True
+        resp = await self.client._call("SetNetworkRules", msg, timeout, idempotent=True)
+        return list(resp.get("warnings", []))
+
+    async def network_log(self, *, since: Optional[float] = None, limit: Optional[int] = None,
+                          timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        """The sandbox's network audit records, oldest first: dicts with time
+        (unix seconds), kind (connect|dns), verdict (allow|deny), protocol,
+        destination, port, name, bytes_out, bytes_in and rule. since is a unix
+        time in seconds."""
+        msg: Dict[str, Any] = {"sandboxId": self.id}
+        if since:
+            msg["sinceUnixMs"] = str(int(since * 1000))
+        if limit:
+            msg["limit"] = int(limit)
+        resp = await self.client._call("NetworkLog", msg, timeout, idempotent=True)
+        out = []
+        for e in resp.get("events", []):
+            out.append({
+                "time": int(e.get("timeUnixMs", 0)) / 1000.0, "kind": e.get("kind", ""),
+                "verdict": e.get("verdict", ""), "protocol": e.get("protocol", ""),
+                "destination": e.get("destination", ""), "port": int(e.get("port", 0)),
+                "name": e.get("name", ""), "bytes_out": int(e.get("bytesOut", 0)),
+                "bytes_in": int(e.get("bytesIn", 0)), "rule": e.get("rule", ""),
+            })
+        return out
 
     async def delete(self, *, timeout: Optional[float] = None) -> None:
         await self.client.delete(self.id, timeout=timeout)

@@ -91,6 +91,12 @@ class Client:
     def list_environments(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         return self._run(self._a.list_environments(timeout=timeout))
 
+    def import_image(self, ref: str, source: str, **kw) -> Dict[str, Any]:
+        return self._run(self._a.import_image(ref, source, **kw))
+
+    def layer_stats(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        return self._run(self._a.layer_stats(timeout=timeout))
+
 
 class Sandbox:
     """Blocking twin of the async Sandbox. ``with sb:`` deletes it on exit."""
@@ -115,6 +121,7 @@ class Sandbox:
     message = property(lambda self: self._a.message)
     node = property(lambda self: self._a.node)
     labels = property(lambda self: self._a.labels)
+    address = property(lambda self: self._a.address)
 
     def _run(self, coro):
         return self.client._run(coro)
@@ -125,6 +132,12 @@ class Sandbox:
 
     def delete(self, **kw) -> None:
         self._run(self._a.delete(**kw))
+
+    def set_network_rules(self, rules: Mapping[str, bool], **kw) -> List[str]:
+        return self._run(self._a.set_network_rules(rules, **kw))
+
+    def network_log(self, **kw) -> List[Dict[str, Any]]:
+        return self._run(self._a.network_log(**kw))
 
     def exec(self, cmd: Command, **kw) -> ExecResult:
         return self._run(self._a.exec(cmd, **kw))

@@ -322,8 +322,10 @@ type SandboxSpec struct {
 	Labels             map[string]string `protobuf:"bytes,11,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Hostname           string            `protobuf:"bytes,12,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	Workdir            string            `protobuf:"bytes,13,opt,name=workdir,proto3" json:"workdir,omitempty"`
-	// Network rules (service, domain or CIDR -> allow). Not enforced by this
-	// node yet: a non-empty map is refused.
+	// Network rules: each key a service name, a domain (wildcards allowed) or
+	// CIDR[:PORT[/PROTO]], each value allow (true) or deny (false). Empty = no
+	// network at all (loopback only). A node that cannot enforce them refuses
+	// the create.
 	NetworkRules  map[string]bool `protobuf:"bytes,14,rep,name=network_rules,json=networkRules,proto3" json:"network_rules,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -470,6 +472,7 @@ type Sandbox struct {
 	ExpiresUnixMs    int64                  `protobuf:"varint,9,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
 	LastActiveUnixMs int64                  `protobuf:"varint,10,opt,name=last_active_unix_ms,json=lastActiveUnixMs,proto3" json:"last_active_unix_ms,omitempty"`
 	LayerDigests     []string               `protobuf:"bytes,11,rep,name=layer_digests,json=layerDigests,proto3" json:"layer_digests,omitempty"` // bottom first, exactly what it runs on
+	Address          string                 `protobuf:"bytes,12,opt,name=address,proto3" json:"address,omitempty"`                               // IPv4 address of a networked sandbox; "" = loopback only
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -579,6 +582,13 @@ func (x *Sandbox) GetLayerDigests() []string {
 		return x.LayerDigests
 	}
 	return nil
+}
+
+func (x *Sandbox) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
 }
 
 type CreateRequest struct {
@@ -3866,6 +3876,821 @@ func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
 	return nil
 }
 
+type SetNetworkRulesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Rules         map[string]bool        `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // replaces the whole set; empty = no network
+	Cut           bool                   `protobuf:"varint,3,opt,name=cut,proto3" json:"cut,omitempty"`                                                                               // break established connections no longer allowed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNetworkRulesRequest) Reset() {
+	*x = SetNetworkRulesRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNetworkRulesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNetworkRulesRequest) ProtoMessage() {}
+
+func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
+func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *SetNetworkRulesRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SetNetworkRulesRequest) GetRules() map[string]bool {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+func (x *SetNetworkRulesRequest) GetCut() bool {
+	if x != nil {
+		return x.Cut
+	}
+	return false
+}
+
+type SetNetworkRulesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Warnings      []string               `protobuf:"bytes,1,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNetworkRulesResponse) Reset() {
+	*x = SetNetworkRulesResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNetworkRulesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNetworkRulesResponse) ProtoMessage() {}
+
+func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
+func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *SetNetworkRulesResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+type NetworkLogRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	SinceUnixMs   int64                  `protobuf:"varint,2,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	Limit         int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"` // 0 = 1000
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkLogRequest) Reset() {
+	*x = NetworkLogRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkLogRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkLogRequest) ProtoMessage() {}
+
+func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
+func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *NetworkLogRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *NetworkLogRequest) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+func (x *NetworkLogRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type NetworkEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TimeUnixMs    int64                  `protobuf:"varint,1,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`       // connect or dns
+	Verdict       string                 `protobuf:"bytes,3,opt,name=verdict,proto3" json:"verdict,omitempty"` // allow or deny
+	Protocol      string                 `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Destination   string                 `protobuf:"bytes,5,opt,name=destination,proto3" json:"destination,omitempty"` // IP address
+	Port          int32                  `protobuf:"varint,6,opt,name=port,proto3" json:"port,omitempty"`
+	Name          string                 `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"` // DNS name asked, or known for the destination
+	BytesOut      int64                  `protobuf:"varint,8,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	BytesIn       int64                  `protobuf:"varint,9,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	Rule          string                 `protobuf:"bytes,10,opt,name=rule,proto3" json:"rule,omitempty"` // the rules key that decided, if any
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkEvent) Reset() {
+	*x = NetworkEvent{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkEvent) ProtoMessage() {}
+
+func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
+func (*NetworkEvent) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *NetworkEvent) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *NetworkEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *NetworkEvent) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *NetworkEvent) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *NetworkEvent) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *NetworkEvent) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *NetworkEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetworkEvent) GetBytesOut() int64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
+func (x *NetworkEvent) GetBytesIn() int64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *NetworkEvent) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+type NetworkLogResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*NetworkEvent        `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkLogResponse) Reset() {
+	*x = NetworkLogResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkLogResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkLogResponse) ProtoMessage() {}
+
+func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
+func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type ImportImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ref   string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag the environment gets
+	// oci:DIR[:TAG], docker-archive:FILE or docker://HOST[:PORT]/REPO:TAG
+	Source   string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Insecure bool   `protobuf:"varint,3,opt,name=insecure,proto3" json:"insecure,omitempty"` // plain HTTP to the registry
+	// Consecutive OCI layers merge into one EROFS layer while their total stays
+	// below this; 0 = node default (3 GiB); <0 = never merge.
+	CollapseBelowBytes int64 `protobuf:"varint,4,opt,name=collapse_below_bytes,json=collapseBelowBytes,proto3" json:"collapse_below_bytes,omitempty"`
+	AllowSetuid        bool  `protobuf:"varint,5,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ImportImageRequest) Reset() {
+	*x = ImportImageRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportImageRequest) ProtoMessage() {}
+
+func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
+func (*ImportImageRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ImportImageRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *ImportImageRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ImportImageRequest) GetInsecure() bool {
+	if x != nil {
+		return x.Insecure
+	}
+	return false
+}
+
+func (x *ImportImageRequest) GetCollapseBelowBytes() int64 {
+	if x != nil {
+		return x.CollapseBelowBytes
+	}
+	return 0
+}
+
+func (x *ImportImageRequest) GetAllowSetuid() bool {
+	if x != nil {
+		return x.AllowSetuid
+	}
+	return false
+}
+
+type ImportImageProgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Phase         string                 `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`  // resolve, fetch, build, upload, done
+	Layer         int32                  `protobuf:"varint,2,opt,name=layer,proto3" json:"layer,omitempty"` // 1-based OCI layer being worked on
+	Layers        int32                  `protobuf:"varint,3,opt,name=layers,proto3" json:"layers,omitempty"`
+	Bytes         int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	TotalBytes    int64                  `protobuf:"varint,5,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	Rate          float64                `protobuf:"fixed64,6,opt,name=rate,proto3" json:"rate,omitempty"` // bytes per second
+	Done          bool                   `protobuf:"varint,7,opt,name=done,proto3" json:"done,omitempty"`
+	LayerDigests  []string               `protobuf:"bytes,8,rep,name=layer_digests,json=layerDigests,proto3" json:"layer_digests,omitempty"` // with done: the environment's layers, bottom first
+	OciLayers     int32                  `protobuf:"varint,9,opt,name=oci_layers,json=ociLayers,proto3" json:"oci_layers,omitempty"`         // with done
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportImageProgress) Reset() {
+	*x = ImportImageProgress{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportImageProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportImageProgress) ProtoMessage() {}
+
+func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
+func (*ImportImageProgress) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ImportImageProgress) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *ImportImageProgress) GetLayer() int32 {
+	if x != nil {
+		return x.Layer
+	}
+	return 0
+}
+
+func (x *ImportImageProgress) GetLayers() int32 {
+	if x != nil {
+		return x.Layers
+	}
+	return 0
+}
+
+func (x *ImportImageProgress) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ImportImageProgress) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *ImportImageProgress) GetRate() float64 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
+}
+
+func (x *ImportImageProgress) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *ImportImageProgress) GetLayerDigests() []string {
+	if x != nil {
+		return x.LayerDigests
+	}
+	return nil
+}
+
+func (x *ImportImageProgress) GetOciLayers() int32 {
+	if x != nil {
+		return x.OciLayers
+	}
+	return 0
+}
+
+type LayerStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerStatsRequest) Reset() {
+	*x = LayerStatsRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerStatsRequest) ProtoMessage() {}
+
+func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
+func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+}
+
+type LayerUsage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Digest        string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	Refs          []string               `protobuf:"bytes,2,rep,name=refs,proto3" json:"refs,omitempty"`
+	Size          int64                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	BytesRead     int64                  `protobuf:"varint,4,opt,name=bytes_read,json=bytesRead,proto3" json:"bytes_read,omitempty"`          // by the kernel through the on-demand file
+	BytesFetched  int64                  `protobuf:"varint,5,opt,name=bytes_fetched,json=bytesFetched,proto3" json:"bytes_fetched,omitempty"` // from the blob store
+	ChunksTotal   int64                  `protobuf:"varint,6,opt,name=chunks_total,json=chunksTotal,proto3" json:"chunks_total,omitempty"`
+	ChunksFetched int64                  `protobuf:"varint,7,opt,name=chunks_fetched,json=chunksFetched,proto3" json:"chunks_fetched,omitempty"`
+	CacheHits     int64                  `protobuf:"varint,8,opt,name=cache_hits,json=cacheHits,proto3" json:"cache_hits,omitempty"`
+	CacheMisses   int64                  `protobuf:"varint,9,opt,name=cache_misses,json=cacheMisses,proto3" json:"cache_misses,omitempty"`
+	FetchErrors   int64                  `protobuf:"varint,10,opt,name=fetch_errors,json=fetchErrors,proto3" json:"fetch_errors,omitempty"`
+	Sandboxes     int64                  `protobuf:"varint,11,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"` // sandboxes that ran on it since the daemon started
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerUsage) Reset() {
+	*x = LayerUsage{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerUsage) ProtoMessage() {}
+
+func (x *LayerUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
+func (*LayerUsage) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *LayerUsage) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *LayerUsage) GetRefs() []string {
+	if x != nil {
+		return x.Refs
+	}
+	return nil
+}
+
+func (x *LayerUsage) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetBytesRead() int64 {
+	if x != nil {
+		return x.BytesRead
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetBytesFetched() int64 {
+	if x != nil {
+		return x.BytesFetched
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetChunksTotal() int64 {
+	if x != nil {
+		return x.ChunksTotal
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetChunksFetched() int64 {
+	if x != nil {
+		return x.ChunksFetched
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetCacheHits() int64 {
+	if x != nil {
+		return x.CacheHits
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetCacheMisses() int64 {
+	if x != nil {
+		return x.CacheMisses
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetFetchErrors() int64 {
+	if x != nil {
+		return x.FetchErrors
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetSandboxes() int64 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+type EnvironmentUsage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	LayerDigests  []string               `protobuf:"bytes,2,rep,name=layer_digests,json=layerDigests,proto3" json:"layer_digests,omitempty"`
+	Size          int64                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	BytesRead     int64                  `protobuf:"varint,4,opt,name=bytes_read,json=bytesRead,proto3" json:"bytes_read,omitempty"`
+	Sandboxes     int64                  `protobuf:"varint,5,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"` // fan-out: sandboxes made from it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvironmentUsage) Reset() {
+	*x = EnvironmentUsage{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvironmentUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvironmentUsage) ProtoMessage() {}
+
+func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
+func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *EnvironmentUsage) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EnvironmentUsage) GetLayerDigests() []string {
+	if x != nil {
+		return x.LayerDigests
+	}
+	return nil
+}
+
+func (x *EnvironmentUsage) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *EnvironmentUsage) GetBytesRead() int64 {
+	if x != nil {
+		return x.BytesRead
+	}
+	return 0
+}
+
+func (x *EnvironmentUsage) GetSandboxes() int64 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+type LayerStatsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mode          string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"` // ondemand, eager or tar
+	BlobStore     string                 `protobuf:"bytes,2,opt,name=blob_store,json=blobStore,proto3" json:"blob_store,omitempty"`
+	Layers        []*LayerUsage          `protobuf:"bytes,3,rep,name=layers,proto3" json:"layers,omitempty"`
+	Environments  []*EnvironmentUsage    `protobuf:"bytes,4,rep,name=environments,proto3" json:"environments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerStatsResponse) Reset() {
+	*x = LayerStatsResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerStatsResponse) ProtoMessage() {}
+
+func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
+func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *LayerStatsResponse) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *LayerStatsResponse) GetBlobStore() string {
+	if x != nil {
+		return x.BlobStore
+	}
+	return ""
+}
+
+func (x *LayerStatsResponse) GetLayers() []*LayerUsage {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+func (x *LayerStatsResponse) GetEnvironments() []*EnvironmentUsage {
+	if x != nil {
+		return x.Environments
+	}
+	return nil
+}
+
 var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
 
 const file_dsec_v1_dsec_proto_rawDesc = "" +
@@ -3896,7 +4721,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11NetworkRulesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\x8c\x03\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xa6\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12(\n" +
@@ -3909,7 +4734,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x0fexpires_unix_ms\x18\t \x01(\x03R\rexpiresUnixMs\x12-\n" +
 	"\x13last_active_unix_ms\x18\n" +
 	" \x01(\x03R\x10lastActiveUnixMs\x12#\n" +
-	"\rlayer_digests\x18\v \x03(\tR\flayerDigests\"\x9b\x01\n" +
+	"\rlayer_digests\x18\v \x03(\tR\flayerDigests\x12\x18\n" +
+	"\aaddress\x18\f \x01(\tR\aaddress\"\x9b\x01\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12'\n" +
@@ -4157,7 +4983,86 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x11last_used_unix_ms\x18\x04 \x01(\x03R\x0elastUsedUnixMs\"\x19\n" +
 	"\x17ListEnvironmentsRequest\"T\n" +
 	"\x18ListEnvironmentsResponse\x128\n" +
-	"\fenvironments\x18\x01 \x03(\v2\x14.dsec.v1.EnvironmentR\fenvironments*~\n" +
+	"\fenvironments\x18\x01 \x03(\v2\x14.dsec.v1.EnvironmentR\fenvironments\"\xc5\x01\n" +
+	"\x16SetNetworkRulesRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12@\n" +
+	"\x05rules\x18\x02 \x03(\v2*.dsec.v1.SetNetworkRulesRequest.RulesEntryR\x05rules\x12\x10\n" +
+	"\x03cut\x18\x03 \x01(\bR\x03cut\x1a8\n" +
+	"\n" +
+	"RulesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"5\n" +
+	"\x17SetNetworkRulesResponse\x12\x1a\n" +
+	"\bwarnings\x18\x01 \x03(\tR\bwarnings\"l\n" +
+	"\x11NetworkLogRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\"\n" +
+	"\rsince_unix_ms\x18\x02 \x01(\x03R\vsinceUnixMs\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"\x90\x02\n" +
+	"\fNetworkEvent\x12 \n" +
+	"\ftime_unix_ms\x18\x01 \x01(\x03R\n" +
+	"timeUnixMs\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
+	"\averdict\x18\x03 \x01(\tR\averdict\x12\x1a\n" +
+	"\bprotocol\x18\x04 \x01(\tR\bprotocol\x12 \n" +
+	"\vdestination\x18\x05 \x01(\tR\vdestination\x12\x12\n" +
+	"\x04port\x18\x06 \x01(\x05R\x04port\x12\x12\n" +
+	"\x04name\x18\a \x01(\tR\x04name\x12\x1b\n" +
+	"\tbytes_out\x18\b \x01(\x03R\bbytesOut\x12\x19\n" +
+	"\bbytes_in\x18\t \x01(\x03R\abytesIn\x12\x12\n" +
+	"\x04rule\x18\n" +
+	" \x01(\tR\x04rule\"C\n" +
+	"\x12NetworkLogResponse\x12-\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.dsec.v1.NetworkEventR\x06events\"\xaf\x01\n" +
+	"\x12ImportImageRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
+	"\binsecure\x18\x03 \x01(\bR\binsecure\x120\n" +
+	"\x14collapse_below_bytes\x18\x04 \x01(\x03R\x12collapseBelowBytes\x12!\n" +
+	"\fallow_setuid\x18\x05 \x01(\bR\vallowSetuid\"\xfc\x01\n" +
+	"\x13ImportImageProgress\x12\x14\n" +
+	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x14\n" +
+	"\x05layer\x18\x02 \x01(\x05R\x05layer\x12\x16\n" +
+	"\x06layers\x18\x03 \x01(\x05R\x06layers\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x05 \x01(\x03R\n" +
+	"totalBytes\x12\x12\n" +
+	"\x04rate\x18\x06 \x01(\x01R\x04rate\x12\x12\n" +
+	"\x04done\x18\a \x01(\bR\x04done\x12#\n" +
+	"\rlayer_digests\x18\b \x03(\tR\flayerDigests\x12\x1d\n" +
+	"\n" +
+	"oci_layers\x18\t \x01(\x05R\tociLayers\"\x13\n" +
+	"\x11LayerStatsRequest\"\xdd\x02\n" +
+	"\n" +
+	"LayerUsage\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x12\n" +
+	"\x04refs\x18\x02 \x03(\tR\x04refs\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x1d\n" +
+	"\n" +
+	"bytes_read\x18\x04 \x01(\x03R\tbytesRead\x12#\n" +
+	"\rbytes_fetched\x18\x05 \x01(\x03R\fbytesFetched\x12!\n" +
+	"\fchunks_total\x18\x06 \x01(\x03R\vchunksTotal\x12%\n" +
+	"\x0echunks_fetched\x18\a \x01(\x03R\rchunksFetched\x12\x1d\n" +
+	"\n" +
+	"cache_hits\x18\b \x01(\x03R\tcacheHits\x12!\n" +
+	"\fcache_misses\x18\t \x01(\x03R\vcacheMisses\x12!\n" +
+	"\ffetch_errors\x18\n" +
+	" \x01(\x03R\vfetchErrors\x12\x1c\n" +
+	"\tsandboxes\x18\v \x01(\x03R\tsandboxes\"\x9c\x01\n" +
+	"\x10EnvironmentUsage\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
+	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x1d\n" +
+	"\n" +
+	"bytes_read\x18\x04 \x01(\x03R\tbytesRead\x12\x1c\n" +
+	"\tsandboxes\x18\x05 \x01(\x03R\tsandboxes\"\xb3\x01\n" +
+	"\x12LayerStatsResponse\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x1d\n" +
+	"\n" +
+	"blob_store\x18\x02 \x01(\tR\tblobStore\x12+\n" +
+	"\x06layers\x18\x03 \x03(\v2\x13.dsec.v1.LayerUsageR\x06layers\x12=\n" +
+	"\fenvironments\x18\x04 \x03(\v2\x19.dsec.v1.EnvironmentUsageR\fenvironments*~\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -4192,8 +5097,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x16LAYER_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLAYER_KIND_BASE\x10\x01\x12\x18\n" +
 	"\x14LAYER_KIND_WORKSPACE\x10\x02\x12\x16\n" +
-	"\x12LAYER_KIND_TOOLKIT\x10\x032\xc0\n" +
-	"\n" +
+	"\x12LAYER_KIND_TOOLKIT\x10\x032\xe7\v\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -4217,13 +5121,19 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x06Remove\x12\x16.dsec.v1.RemoveRequest\x1a\x17.dsec.v1.RemoveResponse\x12<\n" +
 	"\aMakeDir\x12\x17.dsec.v1.MakeDirRequest\x1a\x18.dsec.v1.MakeDirResponse\x129\n" +
 	"\x06Upload\x12\x16.dsec.v1.UploadRequest\x1a\x17.dsec.v1.UploadResponse\x12>\n" +
-	"\bDownload\x12\x18.dsec.v1.DownloadRequest\x1a\x16.dsec.v1.DownloadChunk0\x012\xbe\x02\n" +
+	"\bDownload\x12\x18.dsec.v1.DownloadRequest\x1a\x16.dsec.v1.DownloadChunk0\x01\x12Y\n" +
+	"\x0fSetNetworkRules\x12\x1f.dsec.v1.SetNetworkRulesRequest\x1a .dsec.v1.SetNetworkRulesResponse\"\x03\x90\x02\x02\x12J\n" +
+	"\n" +
+	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x012\xd6\x03\n" +
 	"\fLayerService\x12:\n" +
 	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12J\n" +
 	"\n" +
 	"ListLayers\x12\x1a.dsec.v1.ListLayersRequest\x1a\x1b.dsec.v1.ListLayersResponse\"\x03\x90\x02\x01\x12H\n" +
 	"\vRemoveLayer\x12\x1b.dsec.v1.RemoveLayerRequest\x1a\x1c.dsec.v1.RemoveLayerResponse\x12\\\n" +
-	"\x10ListEnvironments\x12 .dsec.v1.ListEnvironmentsRequest\x1a!.dsec.v1.ListEnvironmentsResponse\"\x03\x90\x02\x01B&Z$dsec.dev/dsec/api/gen/dsec/v1;dsecv1b\x06proto3"
+	"\x10ListEnvironments\x12 .dsec.v1.ListEnvironmentsRequest\x1a!.dsec.v1.ListEnvironmentsResponse\"\x03\x90\x02\x01\x12J\n" +
+	"\vImportImage\x12\x1b.dsec.v1.ImportImageRequest\x1a\x1c.dsec.v1.ImportImageProgress0\x01\x12J\n" +
+	"\n" +
+	"LayerStats\x12\x1a.dsec.v1.LayerStatsRequest\x1a\x1b.dsec.v1.LayerStatsResponse\"\x03\x90\x02\x01B&Z$dsec.dev/dsec/api/gen/dsec/v1;dsecv1b\x06proto3"
 
 var (
 	file_dsec_v1_dsec_proto_rawDescOnce sync.Once
@@ -4238,7 +5148,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -4301,27 +5211,39 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*Environment)(nil),              // 58: dsec.v1.Environment
 	(*ListEnvironmentsRequest)(nil),  // 59: dsec.v1.ListEnvironmentsRequest
 	(*ListEnvironmentsResponse)(nil), // 60: dsec.v1.ListEnvironmentsResponse
-	nil,                              // 61: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 62: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 63: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 64: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 65: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 66: dsec.v1.ShellStart.EnvEntry
+	(*SetNetworkRulesRequest)(nil),   // 61: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 62: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 63: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 64: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 65: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 66: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 67: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 68: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 69: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 70: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 71: dsec.v1.LayerStatsResponse
+	nil,                              // 72: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 73: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 74: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 75: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 76: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 77: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 78: dsec.v1.SetNetworkRulesRequest.RulesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	2,  // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	61, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	62, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	63, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	72, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	73, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	74, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	5,  // 4: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
 	0,  // 5: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
 	1,  // 6: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
 	5,  // 7: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	6,  // 8: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	64, // 9: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	75, // 9: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,  // 10: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	6,  // 11: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	65, // 12: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	76, // 12: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	16, // 13: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	17, // 14: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	3,  // 15: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
@@ -4329,7 +5251,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	24, // 17: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	32, // 18: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	33, // 19: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	66, // 20: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	77, // 20: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	33, // 21: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	17, // 22: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	35, // 23: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -4338,61 +5260,73 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	4,  // 26: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
 	52, // 27: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
 	58, // 28: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	7,  // 29: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	9,  // 30: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	10, // 31: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	12, // 32: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	14, // 33: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	18, // 34: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	19, // 35: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	21, // 36: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	23, // 37: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	26, // 38: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	27, // 39: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	29, // 40: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	31, // 41: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	36, // 42: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	38, // 43: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	40, // 44: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	42, // 45: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	44, // 46: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	46, // 47: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	48, // 48: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	50, // 49: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	53, // 50: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	54, // 51: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	56, // 52: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	59, // 53: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	8,  // 54: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	6,  // 55: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	11, // 56: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	13, // 57: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	15, // 58: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	15, // 59: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	20, // 60: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	22, // 61: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	25, // 62: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	15, // 63: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	28, // 64: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	30, // 65: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	34, // 66: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	37, // 67: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	39, // 68: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	41, // 69: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	43, // 70: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	45, // 71: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	47, // 72: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	49, // 73: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	51, // 74: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	52, // 75: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	55, // 76: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	57, // 77: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	60, // 78: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	54, // [54:79] is the sub-list for method output_type
-	29, // [29:54] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	78, // 29: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	64, // 30: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	69, // 31: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	70, // 32: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	7,  // 33: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	9,  // 34: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	10, // 35: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	12, // 36: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	14, // 37: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	18, // 38: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	19, // 39: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	21, // 40: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	23, // 41: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	26, // 42: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	27, // 43: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	29, // 44: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	31, // 45: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	36, // 46: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	38, // 47: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	40, // 48: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	42, // 49: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	44, // 50: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	46, // 51: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	48, // 52: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	50, // 53: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	61, // 54: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	63, // 55: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	53, // 56: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	54, // 57: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	56, // 58: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	59, // 59: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	66, // 60: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	68, // 61: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	8,  // 62: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	6,  // 63: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	11, // 64: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	13, // 65: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	15, // 66: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	15, // 67: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	20, // 68: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	22, // 69: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	25, // 70: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	15, // 71: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	28, // 72: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	30, // 73: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	34, // 74: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	37, // 75: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	39, // 76: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	41, // 77: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	43, // 78: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	45, // 79: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	47, // 80: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	49, // 81: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	51, // 82: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	62, // 83: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	65, // 84: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	52, // 85: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	55, // 86: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	57, // 87: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	60, // 88: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	67, // 89: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	71, // 90: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	62, // [62:91] is the sub-list for method output_type
+	33, // [33:62] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -4422,7 +5356,7 @@ func file_dsec_v1_dsec_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   62,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -86,6 +86,12 @@ const (
 	SandboxServiceUploadProcedure = "/dsec.v1.SandboxService/Upload"
 	// SandboxServiceDownloadProcedure is the fully-qualified name of the SandboxService's Download RPC.
 	SandboxServiceDownloadProcedure = "/dsec.v1.SandboxService/Download"
+	// SandboxServiceSetNetworkRulesProcedure is the fully-qualified name of the SandboxService's
+	// SetNetworkRules RPC.
+	SandboxServiceSetNetworkRulesProcedure = "/dsec.v1.SandboxService/SetNetworkRules"
+	// SandboxServiceNetworkLogProcedure is the fully-qualified name of the SandboxService's NetworkLog
+	// RPC.
+	SandboxServiceNetworkLogProcedure = "/dsec.v1.SandboxService/NetworkLog"
 	// LayerServiceImportLayerProcedure is the fully-qualified name of the LayerService's ImportLayer
 	// RPC.
 	LayerServiceImportLayerProcedure = "/dsec.v1.LayerService/ImportLayer"
@@ -97,6 +103,11 @@ const (
 	// LayerServiceListEnvironmentsProcedure is the fully-qualified name of the LayerService's
 	// ListEnvironments RPC.
 	LayerServiceListEnvironmentsProcedure = "/dsec.v1.LayerService/ListEnvironments"
+	// LayerServiceImportImageProcedure is the fully-qualified name of the LayerService's ImportImage
+	// RPC.
+	LayerServiceImportImageProcedure = "/dsec.v1.LayerService/ImportImage"
+	// LayerServiceLayerStatsProcedure is the fully-qualified name of the LayerService's LayerStats RPC.
+	LayerServiceLayerStatsProcedure = "/dsec.v1.LayerService/LayerStats"
 )
 
 // SandboxServiceClient is a client for the dsec.v1.SandboxService service.
@@ -137,6 +148,13 @@ type SandboxServiceClient interface {
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	// Download streams a directory or file of the sandbox as a tar archive.
 	Download(context.Context, *connect.Request[v1.DownloadRequest]) (*connect.ServerStreamForClient[v1.DownloadChunk], error)
+	// SetNetworkRules replaces a running sandbox's network rules. New
+	// connections follow them at once; with cut, established connections the
+	// new rules no longer allow are broken.
+	SetNetworkRules(context.Context, *connect.Request[v1.SetNetworkRulesRequest]) (*connect.Response[v1.SetNetworkRulesResponse], error)
+	// NetworkLog returns a sandbox's audit records: every connection attempt
+	// and DNS query, allowed or denied, oldest first.
+	NetworkLog(context.Context, *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the dsec.v1.SandboxService service. By default,
@@ -279,6 +297,20 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("Download")),
 			connect.WithClientOptions(opts...),
 		),
+		setNetworkRules: connect.NewClient[v1.SetNetworkRulesRequest, v1.SetNetworkRulesResponse](
+			httpClient,
+			baseURL+SandboxServiceSetNetworkRulesProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetNetworkRules")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		networkLog: connect.NewClient[v1.NetworkLogRequest, v1.NetworkLogResponse](
+			httpClient,
+			baseURL+SandboxServiceNetworkLogProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("NetworkLog")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -305,6 +337,8 @@ type sandboxServiceClient struct {
 	makeDir          *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
 	upload           *connect.Client[v1.UploadRequest, v1.UploadResponse]
 	download         *connect.Client[v1.DownloadRequest, v1.DownloadChunk]
+	setNetworkRules  *connect.Client[v1.SetNetworkRulesRequest, v1.SetNetworkRulesResponse]
+	networkLog       *connect.Client[v1.NetworkLogRequest, v1.NetworkLogResponse]
 }
 
 // Create calls dsec.v1.SandboxService.Create.
@@ -412,6 +446,16 @@ func (c *sandboxServiceClient) Download(ctx context.Context, req *connect.Reques
 	return c.download.CallServerStream(ctx, req)
 }
 
+// SetNetworkRules calls dsec.v1.SandboxService.SetNetworkRules.
+func (c *sandboxServiceClient) SetNetworkRules(ctx context.Context, req *connect.Request[v1.SetNetworkRulesRequest]) (*connect.Response[v1.SetNetworkRulesResponse], error) {
+	return c.setNetworkRules.CallUnary(ctx, req)
+}
+
+// NetworkLog calls dsec.v1.SandboxService.NetworkLog.
+func (c *sandboxServiceClient) NetworkLog(ctx context.Context, req *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error) {
+	return c.networkLog.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the dsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes one sandbox, or a batch of spec.count. A repeated call with the
@@ -450,6 +494,13 @@ type SandboxServiceHandler interface {
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	// Download streams a directory or file of the sandbox as a tar archive.
 	Download(context.Context, *connect.Request[v1.DownloadRequest], *connect.ServerStream[v1.DownloadChunk]) error
+	// SetNetworkRules replaces a running sandbox's network rules. New
+	// connections follow them at once; with cut, established connections the
+	// new rules no longer allow are broken.
+	SetNetworkRules(context.Context, *connect.Request[v1.SetNetworkRulesRequest]) (*connect.Response[v1.SetNetworkRulesResponse], error)
+	// NetworkLog returns a sandbox's audit records: every connection attempt
+	// and DNS query, allowed or denied, oldest first.
+	NetworkLog(context.Context, *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -588,6 +639,20 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("Download")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceSetNetworkRulesHandler := connect.NewUnaryHandler(
+		SandboxServiceSetNetworkRulesProcedure,
+		svc.SetNetworkRules,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetNetworkRules")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceNetworkLogHandler := connect.NewUnaryHandler(
+		SandboxServiceNetworkLogProcedure,
+		svc.NetworkLog,
+		connect.WithSchema(sandboxServiceMethods.ByName("NetworkLog")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -632,6 +697,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceUploadHandler.ServeHTTP(w, r)
 		case SandboxServiceDownloadProcedure:
 			sandboxServiceDownloadHandler.ServeHTTP(w, r)
+		case SandboxServiceSetNetworkRulesProcedure:
+			sandboxServiceSetNetworkRulesHandler.ServeHTTP(w, r)
+		case SandboxServiceNetworkLogProcedure:
+			sandboxServiceNetworkLogHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -725,6 +794,14 @@ func (UnimplementedSandboxServiceHandler) Download(context.Context, *connect.Req
 	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Download is not implemented"))
 }
 
+func (UnimplementedSandboxServiceHandler) SetNetworkRules(context.Context, *connect.Request[v1.SetNetworkRulesRequest]) (*connect.Response[v1.SetNetworkRulesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.SetNetworkRules is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) NetworkLog(context.Context, *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.NetworkLog is not implemented"))
+}
+
 // LayerServiceClient is a client for the dsec.v1.LayerService service.
 type LayerServiceClient interface {
 	// ImportLayer builds an EROFS layer from a directory or tar archive that is
@@ -733,6 +810,12 @@ type LayerServiceClient interface {
 	ListLayers(context.Context, *connect.Request[v1.ListLayersRequest]) (*connect.Response[v1.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v1.RemoveLayerRequest]) (*connect.Response[v1.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error)
+	// ImportImage imports an OCI image (an image layout directory or a docker
+	// save archive on the daemon's host, or a registry) as an environment
+	// name:tag, streaming progress; the last message has done set.
+	ImportImage(context.Context, *connect.Request[v1.ImportImageRequest]) (*connect.ServerStreamForClient[v1.ImportImageProgress], error)
+	// LayerStats reports what sandboxes read of each layer and environment.
+	LayerStats(context.Context, *connect.Request[v1.LayerStatsRequest]) (*connect.Response[v1.LayerStatsResponse], error)
 }
 
 // NewLayerServiceClient constructs a client for the dsec.v1.LayerService service. By default, it
@@ -772,6 +855,19 @@ func NewLayerServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		importImage: connect.NewClient[v1.ImportImageRequest, v1.ImportImageProgress](
+			httpClient,
+			baseURL+LayerServiceImportImageProcedure,
+			connect.WithSchema(layerServiceMethods.ByName("ImportImage")),
+			connect.WithClientOptions(opts...),
+		),
+		layerStats: connect.NewClient[v1.LayerStatsRequest, v1.LayerStatsResponse](
+			httpClient,
+			baseURL+LayerServiceLayerStatsProcedure,
+			connect.WithSchema(layerServiceMethods.ByName("LayerStats")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -781,6 +877,8 @@ type layerServiceClient struct {
 	listLayers       *connect.Client[v1.ListLayersRequest, v1.ListLayersResponse]
 	removeLayer      *connect.Client[v1.RemoveLayerRequest, v1.RemoveLayerResponse]
 	listEnvironments *connect.Client[v1.ListEnvironmentsRequest, v1.ListEnvironmentsResponse]
+	importImage      *connect.Client[v1.ImportImageRequest, v1.ImportImageProgress]
+	layerStats       *connect.Client[v1.LayerStatsRequest, v1.LayerStatsResponse]
 }
 
 // ImportLayer calls dsec.v1.LayerService.ImportLayer.
@@ -803,6 +901,16 @@ func (c *layerServiceClient) ListEnvironments(ctx context.Context, req *connect.
 	return c.listEnvironments.CallUnary(ctx, req)
 }
 
+// ImportImage calls dsec.v1.LayerService.ImportImage.
+func (c *layerServiceClient) ImportImage(ctx context.Context, req *connect.Request[v1.ImportImageRequest]) (*connect.ServerStreamForClient[v1.ImportImageProgress], error) {
+	return c.importImage.CallServerStream(ctx, req)
+}
+
+// LayerStats calls dsec.v1.LayerService.LayerStats.
+func (c *layerServiceClient) LayerStats(ctx context.Context, req *connect.Request[v1.LayerStatsRequest]) (*connect.Response[v1.LayerStatsResponse], error) {
+	return c.layerStats.CallUnary(ctx, req)
+}
+
 // LayerServiceHandler is an implementation of the dsec.v1.LayerService service.
 type LayerServiceHandler interface {
 	// ImportLayer builds an EROFS layer from a directory or tar archive that is
@@ -811,6 +919,12 @@ type LayerServiceHandler interface {
 	ListLayers(context.Context, *connect.Request[v1.ListLayersRequest]) (*connect.Response[v1.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v1.RemoveLayerRequest]) (*connect.Response[v1.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error)
+	// ImportImage imports an OCI image (an image layout directory or a docker
+	// save archive on the daemon's host, or a registry) as an environment
+	// name:tag, streaming progress; the last message has done set.
+	ImportImage(context.Context, *connect.Request[v1.ImportImageRequest], *connect.ServerStream[v1.ImportImageProgress]) error
+	// LayerStats reports what sandboxes read of each layer and environment.
+	LayerStats(context.Context, *connect.Request[v1.LayerStatsRequest]) (*connect.Response[v1.LayerStatsResponse], error)
 }
 
 // NewLayerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -846,6 +960,19 @@ func NewLayerServiceHandler(svc LayerServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	layerServiceImportImageHandler := connect.NewServerStreamHandler(
+		LayerServiceImportImageProcedure,
+		svc.ImportImage,
+		connect.WithSchema(layerServiceMethods.ByName("ImportImage")),
+		connect.WithHandlerOptions(opts...),
+	)
+	layerServiceLayerStatsHandler := connect.NewUnaryHandler(
+		LayerServiceLayerStatsProcedure,
+		svc.LayerStats,
+		connect.WithSchema(layerServiceMethods.ByName("LayerStats")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.v1.LayerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LayerServiceImportLayerProcedure:
@@ -856,6 +983,10 @@ func NewLayerServiceHandler(svc LayerServiceHandler, opts ...connect.HandlerOpti
 			layerServiceRemoveLayerHandler.ServeHTTP(w, r)
 		case LayerServiceListEnvironmentsProcedure:
 			layerServiceListEnvironmentsHandler.ServeHTTP(w, r)
+		case LayerServiceImportImageProcedure:
+			layerServiceImportImageHandler.ServeHTTP(w, r)
+		case LayerServiceLayerStatsProcedure:
+			layerServiceLayerStatsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -879,4 +1010,12 @@ func (UnimplementedLayerServiceHandler) RemoveLayer(context.Context, *connect.Re
 
 func (UnimplementedLayerServiceHandler) ListEnvironments(context.Context, *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.LayerService.ListEnvironments is not implemented"))
+}
+
+func (UnimplementedLayerServiceHandler) ImportImage(context.Context, *connect.Request[v1.ImportImageRequest], *connect.ServerStream[v1.ImportImageProgress]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.LayerService.ImportImage is not implemented"))
+}
+
+func (UnimplementedLayerServiceHandler) LayerStats(context.Context, *connect.Request[v1.LayerStatsRequest]) (*connect.Response[v1.LayerStatsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.LayerService.LayerStats is not implemented"))
 }

@@ -1,0 +1,326 @@
+package bench
+
+// This file holds `dsec bench storage`: a burst of sandboxes over several
+// real images, run once per layer mode (pre-cached, on-demand, eager, tar),
+// and a mount-versus-extract micro-benchmark. It owns the report, its
+// table, JSON and SVG, and the targets; storage_linux.go runs it.
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Layer modes of dsecd, in the order the bench runs them.
+const (
+	ModeLocal    = "local" // pre-cached: the node's own copy of each layer file
+	ModeOnDemand = "ondemand"
+	ModeEager    = "eager"
+	ModeTar      = "tar"
+)
+
+// AllStorageModes is the default --modes.
+var AllStorageModes = []string{ModeLocal, ModeOnDemand, ModeEager, ModeTar}
+
+// StorageOptions size and place the storage benchmark.
+type StorageOptions struct {
+	Images      string   // directory of OCI image layouts (scripts/build-bench-images.sh)
+	Sandboxes   int      // sandboxes in each burst
+	Concurrency int      // sandboxes created and run at once
+	Root        string   // scratch directory: one dsecd root per mode below it
+	S3          string   // HOST:PORT of an S3 server; empty = directory blob store
+	BlobDir     string   // directory blob store; default Root/blobs
+	Bandwidth   int64    // blob store read cap, bytes per second; 0 = none
+	Modes       []string // layer modes to run
+	Dsecd       string   // dsecd binary
+	Workspace   string   // tree for the mount-versus-extract figure; default from Images
+	PortBase    int      // first TCP port for the daemons
+	KeepRoots   bool     // leave each mode's root for inspection
+	Progress    io.Writer
+}
+
+// ModeResult is one burst.
+type ModeResult struct {
+	Mode            string  `json:"mode"`
+	Sandboxes       int     `json:"sandboxes"`
+	Errors          int     `json:"errors"`
+	FirstError      string  `json:"first_error,omitempty"`
+	BurstWallS      float64 `json:"burst_wall_s"`
+	StepP50S        float64 `json:"step_p50_s"`
+	StepMaxS        float64 `json:"step_max_s"`
+	BytesFetched    int64   `json:"bytes_fetched"`
+	FetchedMethod   string  `json:"bytes_fetched_method"`
+	DiskWritten     int64   `json:"disk_written_bytes"`
+	DiskMethod      string  `json:"disk_written_method"`
+	RootGrowth      int64   `json:"root_growth_bytes"`
+	ImageBytes      int64   `json:"image_bytes"`
+	BytesRead       int64   `json:"bytes_read"`        // -1 when the mode cannot tell
+	FractionRead    float64 `json:"fraction_read"`     // BytesRead / ImageBytes; -1 when unknown
+	FractionFetched float64 `json:"fraction_fetched"`  // BytesFetched / ImageBytes
+	ImportS         float64 `json:"import_s"`          // importing the images (not part of the burst)
+	Skipped         string  `json:"skipped,omitempty"` // why the mode did not run
+}
+
+// ImageInfo is one image of the burst.
+type ImageInfo struct {
+	Name         string  `json:"name"`
+	Env          string  `json:"env"`
+	Layers       int     `json:"layers"`
+	Size         int64   `json:"size"` // sum of its layer files (EROFS) as dsecd reports them
+	OCIBytes     int64   `json:"oci_uncompressed_bytes"`
+	FractionRead float64 `json:"fraction_read"` // on demand; -1 when unknown
+}
+
+// MountResult is the mount-versus-extract figure.
+type MountResult struct {
+	Tree       string  `json:"tree"`
+	TreeBytes  int64   `json:"tree_bytes"`
+	Files      int     `json:"files"`
+	ErofsBytes int64   `json:"erofs_bytes"`
+	TarGzBytes int64   `json:"tar_gz_bytes"`
+	MountS     float64 `json:"mount_s"`   // mount(2) of the EROFS file plus a first stat, median
+	ExtractS   float64 `json:"extract_s"` // tar -xzf of the same tree, median
+	Runs       int     `json:"runs"`
+	Speedup    float64 `json:"speedup"` // ExtractS / MountS
+	Skipped    string  `json:"skipped,omitempty"`
+}
+
+// Target is one goal of the issue, checked against baselines of the same run.
+type Target struct {
+	Name   string  `json:"name"`
+	Ratio  float64 `json:"ratio"` // -1 when a figure is missing
+	Goal   string  `json:"goal"`  // e.g. "<= 0.15"
+	Pass   bool    `json:"pass"`
+	Detail string  `json:"detail"`
+}
+
+// StorageReport is everything `dsec bench storage` prints.
+type StorageReport struct {
+	BlobStore   string       `json:"blob_store"`
+	RemoteModel string       `json:"remote_model"`
+	Bandwidth   int64        `json:"bandwidth_bytes_per_s"`
+	Sandboxes   int          `json:"sandboxes"`
+	Concurrency int          `json:"concurrency"`
+	Images      []ImageInfo  `json:"images"`
+	Modes       []ModeResult `json:"modes"`
+	Mount       MountResult  `json:"mount_vs_extract"`
+	Targets     []Target     `json:"targets"`
+	Notes       []string     `json:"notes,omitempty"`
+}
+
+// Mode returns the result of mode, or nil.
+func (r *StorageReport) Mode(mode string) *ModeResult {
+	for i := range r.Modes {
+		if r.Modes[i].Mode == mode && r.Modes[i].Skipped == "" {
+			return &r.Modes[i]
+		}
+	}
+	return nil
+}
+
+// ComputeTargets fills r.Targets from the figures of the same run.
+func (r *StorageReport) ComputeTargets() {
+	local, od, eager := r.Mode(ModeLocal), r.Mode(ModeOnDemand), r.Mode(ModeEager)
+	var ts []Target
+
+	t := Target{Name: "on-demand fetches of image bytes", Goal: "<= 0.15", Ratio: -1}
+	if od != nil && od.ImageBytes > 0 {
+		t.Ratio = float64(od.BytesFetched) / float64(od.ImageBytes)
+		t.Pass = t.Ratio <= 0.15
+		t.Detail = fmt.Sprintf("%s fetched of %s", HumanBytes(od.BytesFetched), HumanBytes(od.ImageBytes))
+	}
+	ts = append(ts, t)
+
+	t = Target{Name: "on-demand burst time / pre-cached", Goal: "<= 1.10", Ratio: -1}
+	if od != nil && local != nil && local.BurstWallS > 0 {
+		t.Ratio = od.BurstWallS / local.BurstWallS
+		t.Pass = t.Ratio <= 1.10
+		t.Detail = fmt.Sprintf("%.1f s vs %.1f s", od.BurstWallS, local.BurstWallS)
+	}
+	ts = append(ts, t)
+
+	t = Target{Name: "eager burst time / on-demand", Goal: ">= 1.50", Ratio: -1}
+	if od != nil && eager != nil && od.BurstWallS > 0 {
+		t.Ratio = eager.BurstWallS / od.BurstWallS
+		t.Pass = t.Ratio >= 1.5
+		t.Detail = fmt.Sprintf("%.1f s vs %.1f s", eager.BurstWallS, od.BurstWallS)
+	}
+	ts = append(ts, t)
+
+	t = Target{Name: "on-demand disk writes / eager", Goal: "<= 0.50", Ratio: -1}
+	if od != nil && eager != nil && eager.DiskWritten > 0 {
+		t.Ratio = float64(od.DiskWritten) / float64(eager.DiskWritten)
+		t.Pass = t.Ratio <= 0.5
+		t.Detail = fmt.Sprintf("%s vs %s", HumanBytes(od.DiskWritten), HumanBytes(eager.DiskWritten))
+	}
+	ts = append(ts, t)
+
+	t = Target{Name: "tar.gz extract time / EROFS mount", Goal: ">= 10", Ratio: -1}
+	if r.Mount.Skipped == "" && r.Mount.MountS > 0 {
+		t.Ratio = r.Mount.ExtractS / r.Mount.MountS
+		t.Pass = t.Ratio >= 10
+		t.Detail = fmt.Sprintf("%.3f s vs %.3f s", r.Mount.ExtractS, r.Mount.MountS)
+	}
+	ts = append(ts, t)
+	r.Targets = ts
+}
+
+// JSON writes the report as one JSON object.
+func (r *StorageReport) JSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// Print writes the report as tables.
+func (r *StorageReport) Print(w io.Writer) {
+	fmt.Fprintf(w, "blob store: %s\nremote store model: %s\n", r.BlobStore, r.RemoteModel)
+	fmt.Fprintf(w, "burst: %d sandboxes over %d images, %d at a time\n\n", r.Sandboxes, len(r.Images), r.Concurrency)
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "IMAGE\tENV\tLAYERS\tSIZE\tREAD ON DEMAND")
+	for _, im := range r.Images {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", im.Name, im.Env, im.Layers, HumanBytes(im.Size), percent(im.FractionRead))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODE\tBURST WALL\tSTEP P50\tERRORS\tFETCHED\tFETCHED/IMAGE\tDISK WRITTEN\tROOT GROWTH\tIMAGE READ")
+	for _, m := range r.Modes {
+		if m.Skipped != "" {
+			fmt.Fprintf(tw, "%s\tskipped: %s\t\t\t\t\t\t\t\n", modeLabel(m.Mode), m.Skipped)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%.1f s\t%.1f s\t%d/%d\t%s\t%s\t%s\t%s\t%s\n",
+			modeLabel(m.Mode), m.BurstWallS, m.StepP50S, m.Errors, m.Sandboxes,
+			HumanBytes(m.BytesFetched), percent(m.FractionFetched),
+			HumanBytes(m.DiskWritten), HumanBytes(m.RootGrowth), percent(m.FractionRead))
+	}
+	tw.Flush()
+	for _, m := range r.Modes {
+		if m.FirstError != "" {
+			fmt.Fprintf(w, "  %s first error: %s\n", m.Mode, m.FirstError)
+		}
+	}
+	fmt.Fprintln(w)
+
+	if r.Mount.Skipped != "" {
+		fmt.Fprintf(w, "mount vs extract: skipped: %s\n\n", r.Mount.Skipped)
+	} else {
+		fmt.Fprintf(w, "mount vs extract (%s, %s in %d files; median of %d): EROFS mount+stat %.4f s, tar -xzf %.3f s\n\n",
+			r.Mount.Tree, HumanBytes(r.Mount.TreeBytes), r.Mount.Files, r.Mount.Runs, r.Mount.MountS, r.Mount.ExtractS)
+	}
+
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TARGET\tRATIO\tGOAL\tRESULT\tFIGURES")
+	for _, t := range r.Targets {
+		res, ratio := "MISS", "-"
+		if t.Ratio >= 0 {
+			ratio = fmt.Sprintf("%.3f", t.Ratio)
+			if t.Pass {
+				res = "PASS"
+			}
+		} else {
+			res = "n/a"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Name, ratio, t.Goal, res, t.Detail)
+	}
+	tw.Flush()
+	if len(r.Notes) > 0 {
+		fmt.Fprintln(w)
+		for _, n := range r.Notes {
+			fmt.Fprintln(w, "note:", n)
+		}
+	}
+}
+
+func modeLabel(mode string) string {
+	if mode == ModeLocal {
+		return "pre-cached"
+	}
+	if mode == ModeOnDemand {
+		return "on-demand"
+	}
+	return mode
+}
+
+func percent(f float64) string {
+	if f < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f %%", 100*f)
+}
+
+// HumanBytes prints n in B, KB, MB or GB (powers of 1000).
+func HumanBytes(n int64) string {
+	if n < 0 {
+		return "-"
+	}
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.2f GB", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1f MB", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1f KB", float64(n)/1e3)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// ParseModes splits a --modes value and checks each name.
+func ParseModes(s string) ([]string, error) {
+	var out []string
+	for _, m := range strings.Split(s, ",") {
+		m = strings.TrimSpace(m)
+		if m == "" {
+			continue
+		}
+		switch m {
+		case ModeLocal, ModeOnDemand, ModeEager, ModeTar:
+		case "pre-cached", "precached":
+			m = ModeLocal
+		case "on-demand":
+			m = ModeOnDemand
+		default:
+			return nil, fmt.Errorf("parse modes: unknown mode %q (want local, ondemand, eager, tar): %w", m, errdefs.ErrInvalidArgument)
+		}
+		out = append(out, m)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("parse modes: none given: %w", errdefs.ErrInvalidArgument)
+	}
+	return out, nil
+}
+
+// parseWriteSectors reads the sectors-written field (the 7th) of a
+// /sys/block/DEV/stat line.
+func parseWriteSectors(stat string) (int64, error) {
+	f := strings.Fields(stat)
+	if len(f) < 7 {
+		return 0, fmt.Errorf("parse block stat %q: want at least 7 fields: %w", stat, errdefs.ErrInvalidArgument)
+	}
+	n, err := strconv.ParseInt(f[6], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse block stat: %w", err)
+	}
+	return n, nil
+}
+
+// median of xs (0 for none); xs is left sorted.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+}

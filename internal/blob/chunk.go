@@ -1,0 +1,200 @@
+package blob
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// ErrCorrupt is wrapped by errors about stored data that does not match its
+// digest or length.
+var ErrCorrupt = errors.New("corrupt blob")
+
+// maxIndexSize bounds an index object read from a store (a 1 TiB layer in
+// 1 MiB chunks has an index of about 70 MiB).
+const maxIndexSize = 256 << 20
+
+// PutStats counts what PutLayer did.
+type PutStats struct {
+	Chunks        int   // chunks in the layer
+	Uploaded      int   // chunks written to the store
+	Skipped       int   // chunks already in the store
+	BytesUploaded int64 // bytes of the uploaded chunks
+}
+
+// PutLayer stores the layer file at path in st: it splits the file into
+// chunks of chunkSize bytes (DefaultChunkSize if <= 0), uploads the chunks
+// the store does not hold yet, and writes the layer's index last, so a
+// reader that finds an index finds all its chunks.
+func PutLayer(ctx context.Context, st Store, path string, chunkSize int64) (*Index, PutStats, error) {
+	var stats PutStats
+	if chunkSize <= 0 {
+		chunkSize = DefaultChunkSize
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+	}
+	ix := &Index{Size: fi.Size(), ChunkSize: chunkSize, Chunks: []string{}}
+	whole := sha256.New()
+	buf := make([]byte, chunkSize)
+	for off := int64(0); off < ix.Size; off += chunkSize {
+		n := min(chunkSize, ix.Size-off)
+		if _, err := io.ReadFull(f, buf[:n]); err != nil {
+			return nil, stats, fmt.Errorf("put layer %s: read at %d: %w", path, off, err)
+		}
+		chunk := buf[:n]
+		whole.Write(chunk)
+		sum := sha256.Sum256(chunk)
+		h := hex.EncodeToString(sum[:])
+		ix.Chunks = append(ix.Chunks, h)
+		stats.Chunks++
+
+		key := ChunkKey(h)
+		size, err := st.Stat(ctx, key)
+		switch {
+		case err == nil && size == n:
+			stats.Skipped++
+			continue
+		case err == nil:
+			// A chunk of the wrong size is damage; replace it.
+		case !errors.Is(err, errdefs.ErrNotFound):
+			return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+		}
+		if err := st.Put(ctx, key, bytes.NewReader(chunk), n); err != nil {
+			return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+		}
+		stats.Uploaded++
+		stats.BytesUploaded += n
+	}
+	ix.Digest = "sha256:" + hex.EncodeToString(whole.Sum(nil))
+	if err := PutIndex(ctx, st, ix); err != nil {
+		return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+	}
+	return ix, stats, nil
+}
+
+// PutIndex validates ix and writes it under IndexKey of its digest. Its
+// chunks must already be in st.
+func PutIndex(ctx context.Context, st Store, ix *Index) error {
+	h, err := indexHex(ix)
+	if err != nil {
+		return err
+	}
+	if err := ix.Validate(); err != nil {
+		return fmt.Errorf("put index: %w: %w", errdefs.ErrInvalidArgument, err)
+	}
+	data, err := json.Marshal(ix)
+	if err != nil {
+		return fmt.Errorf("put index %s: %w", ix.Digest, err)
+	}
+	if err := st.Put(ctx, IndexKey(h), bytes.NewReader(data), int64(len(data))); err != nil {
+		return fmt.Errorf("put index %s: %w", ix.Digest, err)
+	}
+	return nil
+}
+
+func indexHex(ix *Index) (string, error) {
+	h, ok := strings.CutPrefix(ix.Digest, "sha256:")
+	if !ok || !hexDigest.MatchString(h) {
+		return "", fmt.Errorf("check index: digest %q is not sha256:<hex>: %w", ix.Digest, errdefs.ErrInvalidArgument)
+	}
+	return h, nil
+}
+
+// GetIndex reads and validates the index of the layer whose sha256 is hex.
+// A missing index wraps errdefs.ErrNotFound; a damaged one wraps ErrCorrupt.
+func GetIndex(ctx context.Context, st Store, hex string) (*Index, error) {
+	if !hexDigest.MatchString(hex) {
+		return nil, fmt.Errorf("get layer index %q: not sha256 hex: %w", hex, errdefs.ErrInvalidArgument)
+	}
+	rc, err := st.Get(ctx, IndexKey(hex))
+	if err != nil {
+		return nil, fmt.Errorf("get layer index %s: %w", hex, err)
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, maxIndexSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("get layer index %s: %w", hex, err)
+	}
+	if len(data) > maxIndexSize {
+		return nil, fmt.Errorf("get layer index %s: larger than %d bytes: %w", hex, maxIndexSize, ErrCorrupt)
+	}
+	var ix Index
+	if err := json.Unmarshal(data, &ix); err != nil {
+		return nil, fmt.Errorf("get layer index %s: decode JSON: %w: %w", hex, ErrCorrupt, err)
+	}
+	if ix.Digest != "sha256:"+hex {
+		return nil, fmt.Errorf("get layer index %s: index names digest %q: %w", hex, ix.Digest, ErrCorrupt)
+	}
+	if err := ix.Validate(); err != nil {
+		return nil, fmt.Errorf("get layer index %s: %w: %w", hex, ErrCorrupt, err)
+	}
+	return &ix, nil
+}
+
+// FetchChunk reads chunk i of the layer and checks its length and sha256;
+// a mismatch wraps ErrCorrupt.
+func FetchChunk(ctx context.Context, st Store, ix *Index, i int) ([]byte, error) {
+	if i < 0 || i >= len(ix.Chunks) {
+		return nil, fmt.Errorf("fetch chunk %d of %s: out of range [0,%d): %w", i, ix.Digest, len(ix.Chunks), errdefs.ErrInvalidArgument)
+	}
+	h := ix.Chunks[i]
+	want := ix.ChunkLen(i)
+	rc, err := st.Get(ctx, ChunkKey(h))
+	if err != nil {
+		return nil, fmt.Errorf("fetch chunk %d of %s: %w", i, ix.Digest, err)
+	}
+	defer rc.Close()
+	// Read one byte more than expected to notice a chunk that is too long.
+	buf := bytes.NewBuffer(make([]byte, 0, want+1))
+	if _, err := io.Copy(buf, io.LimitReader(rc, want+1)); err != nil {
+		return nil, fmt.Errorf("fetch chunk %d of %s: %w", i, ix.Digest, err)
+	}
+	data := buf.Bytes()
+	if int64(len(data)) != want {
+		return nil, fmt.Errorf("fetch chunk %d of %s: %d bytes, want %d: %w", i, ix.Digest, len(data), want, ErrCorrupt)
+	}
+	sum := sha256.Sum256(data)
+	if got := hex.EncodeToString(sum[:]); got != h {
+		return nil, fmt.Errorf("fetch chunk %d of %s: sha256 %s, want %s: %w", i, ix.Digest, got, h, ErrCorrupt)
+	}
+	return data, nil
+}
+
+// GetLayer writes the whole layer file to w, checking every chunk and the
+// whole file's digest.
+func GetLayer(ctx context.Context, st Store, ix *Index, w io.Writer) error {
+	if err := ix.Validate(); err != nil {
+		return fmt.Errorf("get layer: %w: %w", errdefs.ErrInvalidArgument, err)
+	}
+	whole := sha256.New()
+	for i := range ix.Chunks {
+		data, err := FetchChunk(ctx, st, ix, i)
+		if err != nil {
+			return fmt.Errorf("get layer: %w", err)
+		}
+		whole.Write(data)
+		if _, err := w.Write(data); err != nil {
+			return fmt.Errorf("get layer %s: write: %w", ix.Digest, err)
+		}
+	}
+	if got := "sha256:" + hex.EncodeToString(whole.Sum(nil)); got != ix.Digest {
+		return fmt.Errorf("get layer %s: chunks add up to %s: %w", ix.Digest, got, ErrCorrupt)
+	}
+	return nil
+}

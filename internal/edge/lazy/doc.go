@@ -1,0 +1,12 @@
+// Package lazy serves an edge's layer files on demand. Each registered layer
+// (an EROFS image stored in the blob store as fixed-size, sha256-addressed
+// chunks plus an index) appears as a read-only regular file in a FUSE mount;
+// the edge mounts EROFS straight from that file. A read fetches only the
+// chunks it covers, verifies each one's length and digest, and keeps it in a
+// bounded LRU cache on local disk that survives restarts. The chunks holding
+// a layer's EROFS metadata (Index.Meta, found by MetaChunks at import) are
+// fetched when the layer is added and pinned in the cache.
+//
+// An FS owns its mount point and its cache directory: two FS values must not
+// share a CacheDir. Linux only; elsewhere Mount returns errdefs.ErrNotSupported.
+package lazy

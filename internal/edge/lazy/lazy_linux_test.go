@@ -1,0 +1,570 @@
+package lazy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
+
+	"dsec.dev/dsec/internal/blob"
+)
+
+const testChunk = 64 << 10
+
+func TestErofsThroughFUSE(t *testing.T) {
+	ctx := context.Background()
+	img, big := buildErofs(t)
+	st := newMemStore()
+	ix := putLayer(t, st, img, testChunk)
+	f := mountFS(t, Config{Store: st})
+	p, err := f.Add(ctx, ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := os.Stat(p); err != nil || info.Size() != int64(len(img)) || info.Mode() != 0o444 {
+		t.Fatalf("stat layer file: %v %v", info, err)
+	}
+	des, err := os.ReadDir(filepath.Dir(p))
+	if err != nil || len(des) != 1 || des[0].Name() != ix.Digest[7:] {
+		t.Fatalf("read mount root: %v %v", des, err)
+	}
+	if err := os.WriteFile(p, []byte("x"), 0o644); err == nil {
+		t.Fatal("write to layer file succeeded")
+	}
+
+	dir := mountErofs(t, p)
+	// Small files cost a few chunks, not the image.
+	if b, err := os.ReadFile(filepath.Join(dir, "usr/lib/small.bin")); err != nil || len(b) != 70000 {
+		t.Fatalf("read usr/lib/small.bin: %d bytes, %v", len(b), err)
+	}
+	if s := f.Stats(ix.Digest[7:]); s.ChunksFetched == 0 || s.ChunksFetched > s.ChunksTotal/4 {
+		t.Errorf("reading a 70 kB file fetched %d of %d chunks", s.ChunksFetched, s.ChunksTotal)
+	} else {
+		t.Logf("reading a 70 kB file fetched %d of %d chunks", s.ChunksFetched, s.ChunksTotal)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "usr/lib/big.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, big) {
+		t.Fatalf("big.bin through EROFS over FUSE differs (%d bytes, want %d)", len(got), len(big))
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "etc/hostname")); err != nil || string(b) != "sandbox\n" {
+		t.Fatalf("read etc/hostname: %q %v", b, err)
+	}
+	s := f.Stats(ix.Digest[7:])
+	if s.ChunksFetched == 0 || s.ChunksFetched > s.ChunksTotal || s.BytesRead == 0 {
+		t.Fatalf("stats after reading: %+v", s)
+	}
+	t.Logf("image %d bytes, %d chunks; stats %+v", len(img), len(ix.Chunks), s)
+}
+
+func TestReadFetchesCoveredChunks(t *testing.T) {
+	ctx := context.Background()
+	data := randomBytes(1, 16*testChunk+1234) // last chunk is short
+	st := newMemStore()
+	ix := putLayer(t, st, data, testChunk)
+	f := mountFS(t, Config{Store: st})
+	p, err := f.Add(ctx, ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hex := ix.Digest[7:]
+	// Cases touch disjoint chunks, so that each one's fetches are its own.
+	for _, tc := range []struct {
+		name string
+		off  int64
+		n    int
+		want []int
+	}{
+		{"inside one chunk", 3*testChunk + 100, 1000, []int{3}},
+		{"across a boundary", 6*testChunk - 10, 20, []int{5, 6}},
+		{"two whole chunks", 8 * testChunk, 2 * testChunk, []int{8, 9}},
+		{"first byte", 0, 1, []int{0}},
+		{"tail past the end", 16*testChunk + 1000, 4096, []int{16}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.Stats(hex)
+			got, err := preadDirect(p, tc.off, tc.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			end := min(tc.off+int64(tc.n), int64(len(data)))
+			if !bytes.Equal(got, data[tc.off:end]) {
+				t.Fatalf("read %d bytes at %d: content differs (got %d bytes)", tc.n, tc.off, len(got))
+			}
+			var fetched []int
+			for i, n := range st.chunkGets(ix) {
+				if n != 1 {
+					t.Errorf("chunk %d fetched %d times", i, n)
+				}
+				fetched = append(fetched, i)
+			}
+			slices.Sort(fetched)
+			if diff := cmp.Diff(tc.want, fetched); diff != "" {
+				t.Errorf("fetched chunks (-want +got):\n%s", diff)
+			}
+			after := f.Stats(hex)
+			if d := after.ChunksFetched - before.ChunksFetched; d != int64(len(tc.want)) {
+				t.Errorf("ChunksFetched grew by %d, want %d", d, len(tc.want))
+			}
+			if d := after.BytesRead - before.BytesRead; d != end-tc.off {
+				t.Errorf("BytesRead grew by %d, want %d", d, end-tc.off)
+			}
+		})
+	}
+	// Reading the same ranges again is served from the cache.
+	if _, err := preadDirect(p, 3*testChunk, 2*testChunk); err == nil {
+		// chunk 4 was never read: one fetch; chunk 3 is a hit.
+		if diff := cmp.Diff(map[int]int{4: 1}, st.chunkGets(ix)); diff != "" {
+			t.Errorf("second read fetched (-want +got):\n%s", diff)
+		}
+	} else {
+		t.Fatal(err)
+	}
+}
+
+func TestConcurrentReadsFetchOnce(t *testing.T) {
+	ctx := context.Background()
+	data := randomBytes(2, 4*testChunk)
+	st := newMemStore()
+	ix := putLayer(t, st, data, testChunk)
+	f := mountFS(t, Config{Store: st})
+	p, err := f.Add(ctx, ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := blob.ChunkKey(ix.Chunks[2])
+	release := make(chan struct{})
+	st.mu.Lock()
+	st.gate[key] = release
+	st.mu.Unlock()
+
+	const readers = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, readers)
+	for r := range readers {
+		wg.Go(func() {
+			off := int64(2*testChunk + r*1000)
+			got, err := preadDirect(p, off, 500)
+			if err == nil && !bytes.Equal(got, data[off:off+500]) {
+				err = errors.New("content differs")
+			}
+			errs <- err
+		})
+	}
+	<-st.entered // the first fetch is in the store
+	// Give the other readers time to reach the file system and join the
+	// fetch in flight; the assertion holds however many of them did.
+	time.Sleep(200 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if diff := cmp.Diff(map[int]int{2: 1}, st.chunkGets(ix)); diff != "" {
+		t.Errorf("fetches (-want +got):\n%s", diff)
+	}
+	s := f.Stats(ix.Digest[7:])
+	if s.ChunksFetched != 1 || s.CacheMisses+s.CacheHits != readers {
+		t.Errorf("stats: %+v", s)
+	}
+}
+
+func TestCorruptChunkNeverServed(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		bad  func([]byte) []byte
+	}{
+		{"flipped byte", func(b []byte) []byte { c := bytes.Clone(b); c[100] ^= 1; return c }},
+		{"truncated", func(b []byte) []byte { return bytes.Clone(b[:len(b)-1]) }},
+		{"extended", func(b []byte) []byte { return append(bytes.Clone(b), 0) }},
+		{"empty", func(b []byte) []byte { return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := randomBytes(3, 4*testChunk)
+			st := newMemStore()
+			ix := putLayer(t, st, data, testChunk)
+			f := mountFS(t, Config{Store: st, Retries: 2})
+			p, err := f.Add(ctx, ix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := blob.ChunkKey(ix.Chunks[1])
+			st.mu.Lock()
+			st.corrupt[key] = tc.bad(st.objects[key])
+			st.mu.Unlock()
+
+			if _, err := preadDirect(p, testChunk, 4096); !errors.Is(err, syscall.EIO) {
+				t.Fatalf("read corrupt chunk: %v, want EIO", err)
+			}
+			if gets := st.chunkGets(ix); gets[1] != 2 {
+				t.Errorf("corrupt chunk fetched %d times, want 2 (Retries)", gets[1])
+			}
+			if cached, _ := cachedChunks(t, f.cfg.CacheDir); cached[ix.Chunks[1]] {
+				t.Error("corrupt chunk is in the cache")
+			}
+			if s := f.Stats(ix.Digest[7:]); s.FetchErrors != 2 || s.ChunksFetched != 0 {
+				t.Errorf("stats: %+v", s)
+			}
+			// Other chunks are fine meanwhile.
+			if got, err := preadDirect(p, 2*testChunk, 4096); err != nil || !bytes.Equal(got, data[2*testChunk:2*testChunk+4096]) {
+				t.Fatalf("read good chunk: %v", err)
+			}
+
+			st.mu.Lock()
+			delete(st.corrupt, key)
+			st.mu.Unlock()
+			got, err := preadDirect(p, testChunk, testChunk)
+			if err != nil || !bytes.Equal(got, data[testChunk:2*testChunk]) {
+				t.Fatalf("read fixed chunk: %v", err)
+			}
+		})
+	}
+}
+
+func TestStoreDownFailsBoundedAndHeals(t *testing.T) {
+	ctx := context.Background()
+	for _, mode := range []string{"error", "hang"} {
+		t.Run(mode, func(t *testing.T) {
+			st := newMemStore()
+			data := randomBytes(4, 4*testChunk)
+			other := randomBytes(5, 3*testChunk)
+			ix := putLayer(t, st, data, testChunk)
+			oix := putLayer(t, st, other, testChunk)
+			f := mountFS(t, Config{Store: st, Retries: 2, FetchTimeout: 300 * time.Millisecond})
+			p, err := f.Add(ctx, ix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			op, err := f.Add(ctx, oix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.FetchAll(ctx, oix.Digest[7:]); err != nil {
+				t.Fatal(err)
+			}
+
+			st.setMode(mode)
+			done := make(chan error, 1)
+			go func() {
+				_, err := preadDirect(p, 0, 4096)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, syscall.EIO) {
+					t.Fatalf("read with store down: %v, want EIO", err)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatal("read with store down did not fail in 60 s")
+			}
+			if s := f.Stats(ix.Digest[7:]); s.FetchErrors != 2 {
+				t.Errorf("FetchErrors = %d, want 2", s.FetchErrors)
+			}
+			// The file system and the cached layer are fine.
+			if _, err := os.ReadDir(f.cfg.MountPoint); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := preadDirect(op, testChunk, testChunk); err != nil || !bytes.Equal(got, other[testChunk:2*testChunk]) {
+				t.Fatalf("read cached layer with store down: %v", err)
+			}
+
+			st.setMode("")
+			got, err := preadDirect(p, 0, 4096)
+			if err != nil || !bytes.Equal(got, data[:4096]) {
+				t.Fatalf("read after store came back: %v", err)
+			}
+		})
+	}
+}
+
+func TestTinyCacheEvicts(t *testing.T) {
+	ctx := context.Background()
+	data := randomBytes(6, 20*testChunk)
+	st := newMemStore()
+	ix := putLayer(t, st, data, testChunk)
+	const limit = 3 * testChunk
+	f := mountFS(t, Config{Store: st, CacheBytes: limit})
+	p, err := f.Add(ctx, ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pass := range 2 {
+		got, err := preadDirect(p, 0, len(data))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("pass %d: read whole file through a tiny cache: %v", pass, err)
+		}
+		cached, total := cachedChunks(t, f.cfg.CacheDir)
+		if total > limit || len(cached) == 0 {
+			t.Fatalf("pass %d: cache holds %d chunks, %d bytes; limit %d", pass, len(cached), total, limit)
+		}
+	}
+	got, err := os.ReadFile(p) // through the page cache too
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("buffered read: %v", err)
+	}
+	if s := f.Stats(ix.Digest[7:]); s.ChunksFetched < 2*20-3 {
+		t.Errorf("evicted chunks were not refetched: %+v", s)
+	}
+}
+
+func TestRestartReusesCache(t *testing.T) {
+	ctx := context.Background()
+	data := randomBytes(9, 8*testChunk)
+	st := newMemStore()
+	ix := putLayer(t, st, data, testChunk)
+	hex := ix.Digest[7:]
+	cacheDir := t.TempDir()
+
+	f := mountFS(t, Config{Store: st, CacheDir: cacheDir})
+	p, err := f.Add(ctx, ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := preadDirect(p, 0, 5*testChunk); err != nil {
+		t.Fatal(err)
+	}
+	closeFS(t, f)
+	st.chunkGets(ix)
+
+	// A crash left a temp file; a disk error damaged chunk 4.
+	leftover := filepath.Join(cacheDir, "chunks", ".tmp-12345")
+	if err := os.WriteFile(leftover, []byte("partial"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(cacheDir, "chunks", ix.Chunks[4])
+	if err := os.WriteFile(bad, make([]byte, testChunk), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	f = mountFS(t, Config{Store: st, CacheDir: cacheDir})
+	if fileExists(leftover) {
+		t.Error("temp leftover survived the restart")
+	}
+	if p, err = f.Add(ctx, ix); err != nil {
+		t.Fatal(err)
+	}
+	got, err := preadDirect(p, 0, 5*testChunk)
+	if err != nil || !bytes.Equal(got, data[:5*testChunk]) {
+		t.Fatalf("read after restart: %v", err)
+	}
+	if diff := cmp.Diff(map[int]int{4: 1}, st.chunkGets(ix)); diff != "" {
+		t.Errorf("fetches after restart (-want +got):\n%s", diff)
+	}
+	if s := f.Stats(hex); s.CacheHits != 4 || s.ChunksFetched != 1 {
+		t.Errorf("stats after restart: %+v", s)
+	}
+}
+
+func TestTraceAndFetchAll(t *testing.T) {
+	ctx := context.Background()
+	data := randomBytes(10, 10*testChunk)
+	st := newMemStore()
+	ix := putLayer(t, st, data, testChunk)
+	hex := ix.Digest[7:]
+	cacheDir := t.TempDir()
+
+	f := mountFS(t, Config{Store: st, CacheDir: cacheDir})
+	p, err := f.Add(ctx, ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []int{7, 2, 5, 2} {
+		if _, err := preadDirect(p, int64(c)*testChunk+10, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.SaveTrace(hex); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(cacheDir, "traces", hex+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tf traceFile
+	if err := json.Unmarshal(raw, &tf); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int{7, 2, 5}, tf.Chunks); diff != "" {
+		t.Errorf("saved trace (-want +got):\n%s", diff)
+	}
+	closeFS(t, f)
+
+	// A new node with the trace but an empty chunk cache.
+	if err := os.RemoveAll(filepath.Join(cacheDir, "chunks")); err != nil {
+		t.Fatal(err)
+	}
+	st.chunkGets(ix)
+	f = mountFS(t, Config{Store: st, CacheDir: cacheDir})
+	if _, err := f.Add(ctx, ix); err != nil {
+		t.Fatal(err)
+	}
+	n, err := f.PrefetchTrace(ctx, hex)
+	if err != nil || n != 3 {
+		t.Fatalf("PrefetchTrace = %d, %v; want 3", n, err)
+	}
+	if diff := cmp.Diff(map[int]int{2: 1, 5: 1, 7: 1}, st.chunkGets(ix)); diff != "" {
+		t.Errorf("prefetch fetched (-want +got):\n%s", diff)
+	}
+	if err := f.FetchAll(ctx, hex); err != nil {
+		t.Fatal(err)
+	}
+	if gets := st.chunkGets(ix); len(gets) != 7 {
+		t.Errorf("FetchAll fetched %d chunks, want the 7 not prefetched", len(gets))
+	}
+	if got, err := os.ReadFile(filepath.Join(f.cfg.MountPoint, hex)); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read after FetchAll: %v", err)
+	}
+	if gets := st.chunkGets(ix); len(gets) != 0 {
+		t.Errorf("read after FetchAll fetched %v", gets)
+	}
+	if err := f.Prefetch(ctx, hex, []int{10}); err == nil {
+		t.Error("Prefetch of chunk out of range succeeded")
+	}
+
+	f.Remove(hex)
+	if _, err := os.Stat(filepath.Join(f.cfg.MountPoint, hex)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("stat removed layer: %v", err)
+	}
+	if s := f.Stats(hex); s != (LayerStats{}) {
+		t.Errorf("stats of removed layer: %+v", s)
+	}
+}
+
+func TestMetaChunksPinned(t *testing.T) {
+	ctx := context.Background()
+	img, _ := buildErofs(t)
+	st := newMemStore()
+	ix := putLayer(t, st, img, testChunk)
+	hex := ix.Digest[7:]
+
+	f := mountFS(t, Config{Store: st})
+	if _, err := f.Add(ctx, ix); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := MetaChunks(ctx, f, hex, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("metadata chunks: %v of %d", meta, len(ix.Chunks))
+	if len(meta) == 0 || len(meta) >= len(ix.Chunks) || meta[0] != 0 {
+		t.Fatalf("MetaChunks = %v for %d chunks", meta, len(ix.Chunks))
+	}
+	// Running it again finds the same set, even with everything cached.
+	again, err := MetaChunks(ctx, f, hex, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(meta, again); diff != "" {
+		t.Errorf("second MetaChunks (-first +second):\n%s", diff)
+	}
+	closeFS(t, f)
+
+	// A fresh node: Add fetches and pins the metadata; a cache with room for
+	// little more keeps it while file data streams through.
+	withMeta := *ix
+	withMeta.Meta = meta
+	st.chunkGets(ix)
+	limit := int64(len(meta)+2) * testChunk
+	f = mountFS(t, Config{Store: st, CacheBytes: limit})
+	p, err := f.Add(ctx, &withMeta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gets := st.chunkGets(ix)
+	if len(gets) != len(meta) {
+		t.Errorf("Add fetched %v, want the metadata chunks %v", gets, meta)
+	}
+	if got, err := preadDirect(p, 0, len(img)); err != nil || !bytes.Equal(got, img) {
+		t.Fatalf("read whole image: %v", err)
+	}
+	cached, _ := cachedChunks(t, f.cfg.CacheDir)
+	for _, m := range meta {
+		if !cached[ix.Chunks[m]] {
+			t.Errorf("metadata chunk %d was evicted", m)
+		}
+	}
+	st.chunkGets(ix)
+	dir := mountErofs(t, p)
+	if err := walkMeta(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if gets := st.chunkGets(ix); len(gets) != 0 {
+		t.Errorf("walking the tree after Add fetched %v; metadata should be local", gets)
+	}
+}
+
+func TestCloseBusyDetaches(t *testing.T) {
+	ctx := context.Background()
+	img, _ := buildErofs(t)
+	st := newMemStore()
+	ix := putLayer(t, st, img, testChunk)
+	f := mountFS(t, Config{Store: st})
+	p, err := f.Add(ctx, ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := unix.Mount(p, dir, "erofs", unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	erofsMounted := true
+	t.Cleanup(func() {
+		if erofsMounted {
+			unix.Unmount(dir, unix.MNT_DETACH)
+		}
+	})
+
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := f.Close(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close while EROFS uses a layer: %v, want still in use", err)
+	}
+	if mounted(t, f.cfg.MountPoint) {
+		t.Fatal("lazy fs still attached after Close")
+	}
+	// The detached mount still serves its EROFS user.
+	if b, err := os.ReadFile(filepath.Join(dir, "etc/hostname")); err != nil || string(b) != "sandbox\n" {
+		t.Fatalf("read through detached mount: %q %v", b, err)
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	erofsMounted = false
+	wait, cancel2 := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel2()
+	if err := f.Close(wait); err != nil {
+		t.Fatalf("Close after the last user left: %v", err)
+	}
+}
+
+func mounted(t *testing.T, dir string) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if fields := strings.Fields(line); len(fields) > 4 && fields[4] == dir {
+			return true
+		}
+	}
+	return false
+}

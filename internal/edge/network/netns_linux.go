@@ -1,0 +1,103 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// createNetns makes a new network namespace and bind-mounts it at path,
+// which must not exist yet.
+func createNetns(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("create netns file %s: %w", path, err)
+	}
+	f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		// The thread enters the new namespace; if it cannot get back, it
+		// stays locked and dies with this goroutine instead of serving
+		// other goroutines in the wrong namespace.
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("unshare netns: %w", err)
+			return
+		}
+		mountErr := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- errors.Join(mountErr, fmt.Errorf("return to host netns: %w", err))
+			return
+		}
+		runtime.UnlockOSThread()
+		if mountErr != nil {
+			errc <- fmt.Errorf("bind-mount netns at %s: %w", path, mountErr)
+			return
+		}
+		errc <- nil
+	}()
+	if err := <-errc; err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// removeNetns unmounts and removes a namespace made by createNetns. A
+// missing path is not an error.
+func removeNetns(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount netns %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns file %s: %w", path, err)
+	}
+	return nil
+}
+
+// inNetns runs fn on a thread that is inside the namespace at path.
+// Sockets fn creates belong to that namespace and keep working from any
+// thread afterwards.
+func inNetns(path string, fn func() error) error {
+	target, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer target.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter netns %s: %w", path, err)
+			return
+		}
+		fnErr := fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			// Leave the thread locked: it dies with the goroutine.
+			errc <- errors.Join(fnErr, fmt.Errorf("return to host netns: %w", err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- fnErr
+	}()
+	return <-errc
+}

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Builds and runs a local SeaweedFS server with its S3 gateway, for testing
+# dsec's S3 blob store (internal/blob) against a real S3 server.
+#
+#   scripts/seaweedfs.sh build            build weed into $DSEC_CACHE/weed (once)
+#   scripts/seaweedfs.sh start DIR PORT   run weed with data in DIR, S3 on 127.0.0.1:PORT
+#   scripts/seaweedfs.sh stop DIR         stop the weed started with DIR
+#
+# Example: scripts/seaweedfs.sh start /tmp/weed 8333 &&
+#          DSEC_TEST_S3=127.0.0.1:8333 go test ./internal/blob/
+set -euo pipefail
+
+WEED_MODULE="github.com/seaweedfs/seaweedfs"
+WEED_VERSION="v0.0.0-20261109003541-7506e5f91cd6"
+CACHE="${DSEC_CACHE:-/var/cache/dsec}"
+WEED="$CACHE/weed"
+
+usage() {
+  echo "usage: $0 build | start DIR PORT | stop DIR" >&2
+  exit 2
+}
+
+build() {
+  if [ -x "$WEED" ]; then
+    echo "weed already built: $WEED"
+    return 0
+  fi
+  mkdir -p "$CACHE"
+  local json dir
+  json="$(go mod download -json "$WEED_MODULE@$WEED_VERSION")"
+  dir="$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+  if [ -z "$dir" ] || [ ! -d "$dir" ]; then
+    echo "seaweedfs: module directory not found in: $json" >&2
+    exit 1
+  fi
+  BUILD_TMP="$(mktemp -d)"
+  trap 'rm -rf "$BUILD_TMP"' EXIT
+  cp -r "$dir/." "$BUILD_TMP/src"
+  chmod -R u+w "$BUILD_TMP/src"
+  # go install refuses modules whose go.mod has replace directives, so build
+  # inside a writable copy of the module instead.
+  (cd "$BUILD_TMP/src" && go build -o "$BUILD_TMP/weed" ./weed)
+  mv "$BUILD_TMP/weed" "$WEED.tmp"
+  mv "$WEED.tmp" "$WEED"
+  echo "built $WEED"
+}
+
+# port_busy succeeds if something listens on 127.0.0.1:$1.
+port_busy() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# free_port prints a free TCP port on 127.0.0.1 not in the arguments.
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$((20000 + RANDOM % 30000))
+    case " $* " in *" $p "*) continue ;; esac
+    if ! port_busy "$p"; then
+      echo "$p"
+      return 0
+    fi
+  done
+  echo "seaweedfs: no free port found" >&2
+  return 1
+}
+
+start() {
+  local dir="$1" port="$2"
+  if [ ! -x "$WEED" ]; then
+    echo "seaweedfs: $WEED missing; run: $0 build" >&2
+    exit 1
+  fi
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  if [ -f "$dir/weed.pid" ] && kill -0 "$(cat "$dir/weed.pid")" 2>/dev/null; then
+    echo "seaweedfs: already running with pid $(cat "$dir/weed.pid")" >&2
+    exit 1
+  fi
+  if port_busy "$port"; then
+    echo "seaweedfs: 127.0.0.1:$port is already in use" >&2
+    exit 1
+  fi
+  # Each bucket takes several volumes of up to 256 MiB (sparse files), so
+  # allow many; the default of 8 runs out at the second bucket.
+  #
+  # Every gRPC port is its HTTP port + 10000 unless set; pick all of them
+  # explicitly so several servers (and other services) never collide. The
+  # master keeps its state in a directory named after its port, so a restart
+  # reuses the ports of the first start while they are free.
+  local mp="" vp fp mg vg fg sg p
+  if [ -f "$dir/weed.ports" ]; then
+    read -r mp vp fp mg vg fg sg <"$dir/weed.ports" || true
+    for p in $mp $vp $fp $mg $vg $fg $sg; do
+      if [ "$p" = "$port" ] || port_busy "$p"; then
+        mp=""
+      fi
+    done
+  fi
+  if [ -z "$mp" ] || [ -z "${sg:-}" ]; then
+    local used="$port"
+    mp="$(free_port $used)"; used="$used $mp"
+    vp="$(free_port $used)"; used="$used $vp"
+    fp="$(free_port $used)"; used="$used $fp"
+    mg="$(free_port $used)"; used="$used $mg"
+    vg="$(free_port $used)"; used="$used $vg"
+    fg="$(free_port $used)"; used="$used $fg"
+    sg="$(free_port $used)"
+    echo "$mp $vp $fp $mg $vg $fg $sg" >"$dir/weed.ports"
+  fi
+  nohup "$WEED" server \
+    -dir="$dir" \
+    -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+    -master.port="$mp" -master.port.grpc="$mg" \
+    -volume.port="$vp" -volume.port.grpc="$vg" \
+    -filer.port="$fp" -filer.port.grpc="$fg" \
+    -s3 -s3.port="$port" -s3.port.grpc="$sg" \
+    -s3.port.iceberg=0 -s3.port.lance=0 \
+    -master.telemetry=false -master.volumeSizeLimitMB=256 -volume.max=100 \
+    >"$dir/weed.log" 2>&1 </dev/null &
+  local pid=$!
+  echo "$pid" >"$dir/weed.pid"
+  local i
+  for i in $(seq 1 60); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "seaweedfs: weed exited; last log lines:" >&2
+      tail -n 30 "$dir/weed.log" >&2 || true
+      rm -f "$dir/weed.pid"
+      exit 1
+    fi
+    if curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$port/"; then
+      echo "seaweedfs: S3 on 127.0.0.1:$port (pid $pid, log $dir/weed.log)"
+      return 0
+    fi
+    sleep 1
+  done
+  echo "seaweedfs: S3 did not answer on 127.0.0.1:$port within 60 s; last log lines:" >&2
+  tail -n 30 "$dir/weed.log" >&2 || true
+  kill "$pid" 2>/dev/null || true
+  rm -f "$dir/weed.pid"
+  exit 1
+}
+
+stop() {
+  local dir="$1" pid
+  if [ ! -f "$dir/weed.pid" ]; then
+    echo "seaweedfs: no $dir/weed.pid" >&2
+    exit 1
+  fi
+  pid="$(cat "$dir/weed.pid")"
+  if kill "$pid" 2>/dev/null; then
+    local i
+    for i in $(seq 1 20); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/weed.pid"
+  echo "seaweedfs: stopped pid $pid"
+}
+
+case "${1:-}" in
+  build) [ $# -eq 1 ] || usage; build ;;
+  start) [ $# -eq 3 ] || usage; start "$2" "$3" ;;
+  stop) [ $# -eq 2 ] || usage; stop "$2" ;;
+  *) usage ;;
+esac
