@@ -81,9 +81,6 @@ start() {
     echo "seaweedfs: 127.0.0.1:$port is already in use" >&2
     exit 1
   fi
-  # Each bucket takes several volumes of up to 256 MiB (sparse files), so
-  # allow many; the default of 8 runs out at the second bucket.
-  #
   # Every gRPC port is its HTTP port + 10000 unless set; pick all of them
   # explicitly so several servers (and other services) never collide. The
   # master keeps its state in a directory named after its port, so a restart
@@ -108,6 +105,11 @@ start() {
     sg="$(free_port $used)"
     echo "$mp $vp $fp $mg $vg $fg $sg" >"$dir/weed.ports"
   fi
+  # Each bucket takes several volumes of up to 256 MiB (sparse files), so
+  # allow many: the default of 8 runs out at the second bucket. A master that
+  # was killed before saving its state would otherwise refuse to grow volumes
+  # after a restart ("volume growth is frozen"); this server is disposable.
+  WEED_MASTER_VOLUME_GROWTH_FREEZE_ON_TOPOLOGY_MISMATCH=false \
   nohup "$WEED" server \
     -dir="$dir" \
     -ip=127.0.0.1 -ip.bind=127.0.0.1 \

@@ -65,6 +65,7 @@ type ModeResult struct {
 	FractionFetched float64 `json:"fraction_fetched"`  // BytesFetched / ImageBytes
 	ImportS         float64 `json:"import_s"`          // importing the images (not part of the burst)
 	Skipped         string  `json:"skipped,omitempty"` // why the mode did not run
+	Note            string  `json:"note,omitempty"`
 }
 
 // ImageInfo is one image of the burst.
@@ -195,7 +196,7 @@ func (r *StorageReport) Print(w io.Writer) {
 	fmt.Fprintln(tw, "MODE\tBURST WALL\tSTEP P50\tERRORS\tFETCHED\tFETCHED/IMAGE\tDISK WRITTEN\tROOT GROWTH\tIMAGE READ")
 	for _, m := range r.Modes {
 		if m.Skipped != "" {
-			fmt.Fprintf(tw, "%s\tskipped: %s\t\t\t\t\t\t\t\n", modeLabel(m.Mode), m.Skipped)
+			fmt.Fprintf(tw, "%s\tskipped\t-\t-\t-\t-\t-\t-\t-\n", modeLabel(m.Mode))
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%.1f s\t%.1f s\t%d/%d\t%s\t%s\t%s\t%s\t%s\n",
@@ -205,8 +206,14 @@ func (r *StorageReport) Print(w io.Writer) {
 	}
 	tw.Flush()
 	for _, m := range r.Modes {
+		if m.Skipped != "" {
+			fmt.Fprintf(w, "  %s skipped: %s\n", m.Mode, m.Skipped)
+		}
 		if m.FirstError != "" {
 			fmt.Fprintf(w, "  %s first error: %s\n", m.Mode, m.FirstError)
+		}
+		if m.Note != "" {
+			fmt.Fprintf(w, "  %s: %s\n", m.Mode, m.Note)
 		}
 	}
 	fmt.Fprintln(w)

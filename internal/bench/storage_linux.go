@@ -221,8 +221,30 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 		sectorsBefore, devErr = writeSectors(dev)
 	}
 
+	// A tar burst extracts every image once per sandbox; when the disk
+	// cannot hold them all, each sandbox is deleted right after its step.
+	deleteEach := false
+	if mode == ModeTar {
+		need := int64(0)
+		sizes := map[string]int64{}
+		for _, e := range before.GetEnvironments() {
+			sizes[e.GetName()] = e.GetSize()
+		}
+		for i := 0; i < o.Sandboxes; i++ {
+			need += sizes[images[i%len(images)].env]
+		}
+		var fs unix.Statfs_t
+		if unix.Statfs(root, &fs) == nil {
+			avail := int64(fs.Bavail) * fs.Bsize
+			if avail < need+5e9 {
+				deleteEach = true
+				res.Note = fmt.Sprintf("each sandbox deleted right after its step: %s free, the extractions need %s", HumanBytes(avail), HumanBytes(need))
+			}
+		}
+	}
+
 	progress(o.Progress, "   burst of %d sandboxes, %d at a time", o.Sandboxes, o.Concurrency)
-	ids, steps, errs, wall := burst(ctx, c, o, images)
+	ids, steps, errs, wall := burst(ctx, c, o, images, deleteEach)
 	res.BurstWallS = wall.Seconds()
 
 	unix.Sync()
@@ -272,16 +294,12 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	progress(o.Progress, "   %.1f s, %d errors; deleting sandboxes", res.BurstWallS, res.Errors)
 	deleteAll(c, ids)
 
-	envs := map[string]*dsecv1.EnvironmentUsage{}
-	for _, e := range after.GetEnvironments() {
-		envs[e.GetName()] = e
-	}
-	return res, envs
+	return res, envDelta(before, after)
 }
 
 // burst runs o.Sandboxes sandboxes round-robin over images, each running
 // /bench/step.sh, o.Concurrency at a time.
-func burst(ctx context.Context, c *apiclient.Clients, o StorageOptions, images []benchImage) ([]string, []time.Duration, []error, time.Duration) {
+func burst(ctx context.Context, c *apiclient.Clients, o StorageOptions, images []benchImage, deleteEach bool) ([]string, []time.Duration, []error, time.Duration) {
 	var mu sync.Mutex
 	var ids []string
 	var steps []time.Duration
@@ -298,6 +316,11 @@ func burst(ctx context.Context, c *apiclient.Clients, o StorageOptions, images [
 			defer func() { <-sem }()
 			t0 := time.Now()
 			id, err := createAndStep(ctx, c, im.env)
+			d := time.Since(t0)
+			if deleteEach && id != "" {
+				_, _ = c.Sandboxes.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
+				id = ""
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if id != "" {
@@ -307,7 +330,7 @@ func burst(ctx context.Context, c *apiclient.Clients, o StorageOptions, images [
 				errs = append(errs, fmt.Errorf("%s: %w", im.name, err))
 				return
 			}
-			steps = append(steps, time.Since(t0))
+			steps = append(steps, d)
 		}()
 	}
 	wg.Wait()
@@ -419,6 +442,24 @@ func statsDelta(before, after *dsecv1.LayerStatsResponse, images []benchImage) (
 		}
 	}
 	return fetched, read, imageBytes
+}
+
+// envDelta returns each environment's usage with bytes_read and sandboxes
+// counted between two layer stats.
+func envDelta(before, after *dsecv1.LayerStatsResponse) map[string]*dsecv1.EnvironmentUsage {
+	prev := map[string]*dsecv1.EnvironmentUsage{}
+	for _, e := range before.GetEnvironments() {
+		prev[e.GetName()] = e
+	}
+	out := map[string]*dsecv1.EnvironmentUsage{}
+	for _, e := range after.GetEnvironments() {
+		p := prev[e.GetName()]
+		out[e.GetName()] = &dsecv1.EnvironmentUsage{
+			Name: e.GetName(), LayerDigests: e.GetLayerDigests(), Size: e.GetSize(),
+			BytesRead: e.GetBytesRead() - p.GetBytesRead(), Sandboxes: e.GetSandboxes() - p.GetSandboxes(),
+		}
+	}
+	return out
 }
 
 func waitReady(ctx context.Context, c *apiclient.Clients, exited <-chan error) error {

@@ -155,6 +155,9 @@ func writeLayerBlob(ctx context.Context, dir string, overlay bool, blobs string)
 	if err := tmp.Close(); err != nil {
 		return ociBlob{}, fmt.Errorf("write layer %s: %w", dir, err)
 	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return ociBlob{}, fmt.Errorf("write layer %s: %w", dir, err)
+	}
 	b := ociBlob{Digest: "sha256:" + sum(gzHash), DiffID: "sha256:" + sum(tarHash), Size: cw.n}
 	if err := os.Rename(tmp.Name(), filepath.Join(blobs, sum(gzHash))); err != nil {
 		return ociBlob{}, fmt.Errorf("write layer %s: %w", dir, err)

@@ -133,7 +133,7 @@ func setupNetwork(t *testing.T) *netEnv {
 	e.pypi = startTestHost(t, probe, "pypi", 1, "198.18.1.2")
 	e.npm = startTestHost(t, probe, "npm", 2, "198.18.2.2")
 	e.other = startTestHost(t, probe, "other", 3, "198.18.3.2")
-	e.meta = startTestHost(t, probe, "meta", 4, "169.254.169.254")
+	e.meta = startTestHost(t, probe, "meta", 4, "169.254.213.254") // not the VM's own metadata address
 	upstream := startDNS(t, map[string]string{
 		"pypi.test": e.pypi.addr, "files.pypi.test": e.pypi.addr, "npm.test": e.npm.addr, "other.test": e.other.addr,
 	})

@@ -18,10 +18,8 @@ package layers
 
 import (
 	"archive/tar"
-	"bytes"
 	"compress/gzip"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -177,7 +175,7 @@ func (s *Service) publish(ctx context.Context, digest string) error {
 			return fmt.Errorf("publish layer %s: find metadata chunks: %w", digest, err)
 		}
 		ix.Meta = meta
-		if err := putIndex(ctx, s.cfg.Blobs, ix); err != nil {
+		if err := blob.PutIndex(ctx, s.cfg.Blobs, ix); err != nil {
 			return fmt.Errorf("publish layer %s: %w", digest, err)
 		}
 	}
@@ -498,14 +496,6 @@ func (s *Service) extractFor(ctx context.Context, id, digest string) (string, er
 	return dst, nil
 }
 
-// putIndex replaces a layer's index in the blob store.
-func putIndex(ctx context.Context, st blob.Store, ix *blob.Index) error {
-	b, err := json.Marshal(ix)
-	if err != nil {
-		return err
-	}
-	return st.Put(ctx, blob.IndexKey(strings.TrimPrefix(ix.Digest, "sha256:")), bytes.NewReader(b), int64(len(b)))
-}
 
 // List lists the node's layers.
 func (s *Service) List() ([]image.Layer, error) { return s.images.List() }

@@ -50,9 +50,9 @@ func startAuditor(n *Node) (*auditor, error) {
 		return nil, fmt.Errorf("open nflog socket: %w", err)
 	}
 	_ = nl.SetReadBuffer(4 << 20)
-	if err := nflogConfig(nl, nflogGroup, nfulnlCfgCmdBind); err != nil {
+	if err := nflogConfig(nl, a.n.cfg.LogGroup, nfulnlCfgCmdBind); err != nil {
 		nl.Close()
-		return nil, fmt.Errorf("bind nflog group %d: %w", nflogGroup, err)
+		return nil, fmt.Errorf("bind nflog group %d: %w", a.n.cfg.LogGroup, err)
 	}
 	a.nflog = nl
 	ct, err := conntrack.Dial(nil)

@@ -33,6 +33,15 @@ type Config struct {
 	Audit func(netpolicy.Event)
 	// Log is the node's logger. Nil discards.
 	Log *slog.Logger
+
+	// Table names the node's nftables table (family inet) and prefixes the
+	// host veths' aliases; VethPrefix (three characters) starts every host
+	// veth's name; LogGroup is the NFLOG group of the audit records. Two
+	// networks on one host (a node and a test, say) need different values
+	// of all three, and different pools. Zero values: "dsec", "dsv", 2130.
+	Table      string
+	VethPrefix string
+	LogGroup   uint16
 }
 
 // Attachment is what Attach made for one sandbox.
@@ -45,10 +54,9 @@ type Attachment struct {
 }
 
 const (
-	tableName   = "dsec"
-	vethPrefix  = "dsv"
-	aliasPrefix = "dsec:"
-	nflogGroup  = 2130
+	defaultTable      = "dsec"
+	defaultVethPrefix = "dsv"
+	defaultLogGroup   = 2130
 	// sandboxIface is the sandbox side of the veth pair.
 	sandboxIface = "eth0"
 )
@@ -75,6 +83,18 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
+	if c.Table == "" {
+		c.Table = defaultTable
+	}
+	if c.VethPrefix == "" {
+		c.VethPrefix = defaultVethPrefix
+	}
+	if c.LogGroup == 0 {
+		c.LogGroup = defaultLogGroup
+	}
+	if len(c.VethPrefix) != 3 {
+		return c, fmt.Errorf("check config: veth prefix %q must be 3 characters: %w", c.VethPrefix, errdefs.ErrInvalidArgument)
+	}
 	return c, nil
 }
 
@@ -84,7 +104,10 @@ func hashOf(id string) string {
 	return hex.EncodeToString(h[:6])
 }
 
-func vethName(id string) string  { return vethPrefix + hashOf(id) }
+func (c Config) vethName(id string) string { return c.VethPrefix + hashOf(id) }
+
+// aliasPrefix starts the alias of every host veth of this network.
+func (c Config) aliasPrefix() string { return c.Table + ":" }
 func chainName(id string) string { return "sb_" + hashOf(id) }
 func setName(id string) string   { return "r_" + hashOf(id) }
 func setAllName(id string) string {

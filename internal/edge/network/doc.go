@@ -35,7 +35,10 @@
 //     from a sandbox veth (IPv6, unknown source) is dropped, and new
 //     connections towards a sandbox veth are dropped.
 //   - sb_<hash>, in order: drop when the packet did not come in on the
-//     sandbox's own veth (no spoofing of another sandbox's address); reject
+//     sandbox's own veth (no spoofing of another sandbox's address); set the
+//     conntrack mark to the sandbox's address (so its connections can be
+//     listed and flushed without walking the whole conntrack table; dsec
+//     owns the ct mark of sandbox traffic); reject
 //     when the sandbox already has Config.MaxConns tracked connections (ct
 //     count); the policy's CIDR rules whose prefix lies inside a reserved
 //     range; reject the hard-reserved ranges (the pool, so sandbox to sandbox,
@@ -53,9 +56,13 @@
 //     "ra_<hash>" (addr . proto, for every port).
 //   - Denials are "reject" (TCP reset, ICMP admin-prohibited otherwise) so a
 //     sandbox's tools fail fast instead of hanging; the input hook drops.
+//   - The table is inet, so IPv6 from a sandbox is dropped too (sandboxes
+//     get no IPv6 address or route). The node's own addresses are reached
+//     through input and so are closed even to a CIDR rule naming them.
 //
-// Update replaces one sandbox's chain and prunes its resolved sets in one
-// nftables transaction; no other sandbox's rules are touched, so the cost of
+// Update replaces one sandbox's chain and prunes its resolved sets (keeping
+// the addresses whose name is still in the policy's Hosts or whose first
+// matching DomainRule allows it) in one nftables transaction; no other sandbox's rules are touched, so the cost of
 // an Update does not grow with the number of sandboxes. With cut=true the
 // conntrack entries of the sandbox that the new policy no longer allows are
 // deleted, so their next packet is evaluated as new and rejected (TCP gets a
@@ -65,7 +72,8 @@
 // # Audit
 //
 // Every verdict rule of a sandbox chain also logs the packet to NFLOG group
-// 2130 with a prefix "dsec:<A|D>:<rule>", where rule is the deciding
+// 2130 (queue threshold 1, so records are sent at once) with a prefix
+// "dsec:<A|D>:<rule>", where rule is the deciding
 // CIDRRule's Source, "resolved", "reserved", "limit" or "default". Only
 // packets that are not part of an established flow reach the chain, so this
 // is one record per new connection attempt (a retransmitted SYN of a denied

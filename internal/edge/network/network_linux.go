@@ -77,10 +77,10 @@ func Setup(ctx context.Context, cfg Config) (*Node, error) {
 		byAddr:    map[netip.Addr]*sandbox{},
 	}
 	n.next = n.gw.Next()
-	addBase(nft, cfg.Pool)
+	addBase(nft, cfg)
 	if err := nft.Flush(); err != nil {
 		nft.CloseLasting()
-		return nil, fmt.Errorf("install nftables table %s: %w", tableName, err)
+		return nil, fmt.Errorf("install nftables table %s: %w", n.cfg.Table, err)
 	}
 	for _, s := range []struct{ path, value string }{
 		{"/proc/sys/net/ipv4/ip_forward", "1"},
@@ -114,7 +114,7 @@ func (n *Node) learn() error {
 		return fmt.Errorf("list links: %w", err)
 	}
 	for _, l := range links {
-		id, ok := sandboxIDOf(l)
+		id, ok := n.sandboxIDOf(l)
 		if !ok {
 			continue
 		}
@@ -140,13 +140,13 @@ func (n *Node) learn() error {
 }
 
 // sandboxIDOf is the sandbox id of a dsec veth, from its alias.
-func sandboxIDOf(l netlink.Link) (string, bool) {
+func (n *Node) sandboxIDOf(l netlink.Link) (string, bool) {
 	a := l.Attrs()
-	if !strings.HasPrefix(a.Name, vethPrefix) || !strings.HasPrefix(a.Alias, aliasPrefix) {
+	if !strings.HasPrefix(a.Name, n.cfg.VethPrefix) || !strings.HasPrefix(a.Alias, n.cfg.aliasPrefix()) {
 		return "", false
 	}
-	id := strings.TrimPrefix(a.Alias, aliasPrefix)
-	return id, vethName(id) == a.Name
+	id := strings.TrimPrefix(a.Alias, n.cfg.aliasPrefix())
+	return id, n.cfg.vethName(id) == a.Name
 }
 
 // allocate picks a free address of the pool; n.mu is held.
@@ -185,7 +185,7 @@ func (n *Node) Attach(ctx context.Context, id string, pol *netpolicy.Policy) (*A
 	if _, ok := n.sandboxes[id]; ok {
 		return nil, fmt.Errorf("attach sandbox %s: %w", id, errdefs.ErrAlreadyExists)
 	}
-	veth := vethName(id)
+	veth := n.cfg.vethName(id)
 	if _, err := netlink.LinkByName(veth); err == nil {
 		return nil, fmt.Errorf("attach sandbox %s: link %s exists: %w", id, veth, errdefs.ErrAlreadyExists)
 	}
@@ -219,7 +219,7 @@ func (n *Node) Attach(ctx context.Context, id string, pol *netpolicy.Policy) (*A
 	}
 	undo = append(undo, func() { deleteLink(veth) })
 
-	t := table()
+	t := tableOf(n.cfg.Table)
 	ch := n.nft.AddChain(regularChain(t, chainName(id)))
 	if err := n.nft.AddSet(resolvedSet(t, id), nil); err != nil {
 		return nil, fmt.Errorf("attach sandbox %s: add set: %w", id, err)
@@ -227,7 +227,7 @@ func (n *Node) Attach(ctx context.Context, id string, pol *netpolicy.Policy) (*A
 	if err := n.nft.AddSet(resolvedAllSet(t, id), nil); err != nil {
 		return nil, fmt.Errorf("attach sandbox %s: add set: %w", id, err)
 	}
-	addSandboxRules(n.nft, ch, id, veth, addr, sb.steps, n.cfg.MaxConns)
+	addSandboxRules(n.nft, n.cfg, ch, id, veth, addr, sb.steps, n.cfg.MaxConns)
 	if err := n.nft.SetAddElements(sandboxMap(t), []nftables.SetElement{mapElement(addr, ch.Name)}); err != nil {
 		return nil, fmt.Errorf("attach sandbox %s: add map element: %w", id, err)
 	}
@@ -250,7 +250,7 @@ func (n *Node) plumb(sb *sandbox) error {
 	defer nsf.Close()
 	la := netlink.NewLinkAttrs()
 	la.Name = sb.veth
-	la.Alias = aliasPrefix + sb.id
+	la.Alias = n.cfg.aliasPrefix() + sb.id
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: sandboxIface, PeerNamespace: netlink.NsFd(int(nsf.Fd()))}); err != nil {
 		return fmt.Errorf("add veth %s: %w", sb.veth, err)
 	}
@@ -358,7 +358,7 @@ func (n *Node) Update(ctx context.Context, id string, pol *netpolicy.Policy, cut
 
 // install rewrites sb's chain and resolved sets for pol; n.mu is held.
 func (n *Node) install(sb *sandbox, pol *netpolicy.Policy) error {
-	t := table()
+	t := tableOf(n.cfg.Table)
 	steps := plan(pol, n.cfg.Pool)
 	ch := n.nft.AddChain(regularChain(t, chainName(sb.id)))
 	rs, ra := resolvedSet(t, sb.id), resolvedAllSet(t, sb.id)
@@ -369,7 +369,7 @@ func (n *Node) install(sb *sandbox, pol *netpolicy.Policy) error {
 		return fmt.Errorf("add set: %w", err)
 	}
 	n.nft.FlushChain(ch)
-	addSandboxRules(n.nft, ch, sb.id, sb.veth, sb.addr, steps, n.cfg.MaxConns)
+	addSandboxRules(n.nft, n.cfg, ch, sb.id, sb.veth, sb.addr, steps, n.cfg.MaxConns)
 
 	// Keep the resolved addresses the new policy still allows: flush both
 	// sets and put them back with what is left of their timeouts.
@@ -489,7 +489,7 @@ func (n *Node) AllowResolved(id string, addr netip.Addr, ports []netpolicy.Port,
 	if !ok {
 		return fmt.Errorf("allow %s for sandbox %s: %w", addr, id, errdefs.ErrNotFound)
 	}
-	t := table()
+	t := tableOf(n.cfg.Table)
 	now := time.Now()
 	expires := now.Add(ttl)
 	var elems, elemsAll []nftables.SetElement
@@ -534,7 +534,8 @@ func (n *Node) AllowResolved(id string, addr netip.Addr, ports []netpolicy.Port,
 
 // ListenDNS opens a UDP socket and a TCP listener on 127.0.0.53:53 inside
 // sandbox id's namespace, for the node's resolver to serve. The caller owns
-// and closes them; they stop working when the sandbox is detached.
+// them and must close them when the sandbox goes: an open socket keeps the
+// namespace alive after Detach.
 func (n *Node) ListenDNS(id string) (net.PacketConn, net.Listener, error) {
 	n.mu.Lock()
 	sb, ok := n.sandboxes[id]
@@ -585,7 +586,7 @@ func (n *Node) remove(id string, addr netip.Addr) error {
 	if err := n.removeRules(id, addr); err != nil {
 		errs = append(errs, err)
 	}
-	if err := deleteLink(vethName(id)); err != nil {
+	if err := deleteLink(n.cfg.vethName(id)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeNetns(filepath.Join(n.cfg.NetnsDir, id)); err != nil {
@@ -605,14 +606,14 @@ func (n *Node) removeRules(id string, addr netip.Addr) error {
 }
 
 func (n *Node) removeByHash(hash string, addr netip.Addr) error {
-	t := table()
+	t := tableOf(n.cfg.Table)
 	chains, err := n.nft.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return fmt.Errorf("list chains: %w", err)
 	}
 	hasChain := false
 	for _, c := range chains {
-		if c.Table.Name == tableName && c.Name == "sb_"+hash {
+		if c.Table.Name == n.cfg.Table && c.Name == "sb_"+hash {
 			hasChain = true
 		}
 	}
@@ -677,7 +678,7 @@ func (n *Node) Recover(ctx context.Context, keep map[string]*netpolicy.Policy) e
 		return fmt.Errorf("recover: list links: %w", err)
 	}
 	for _, l := range links {
-		if id, ok := sandboxIDOf(l); ok {
+		if id, ok := n.sandboxIDOf(l); ok {
 			if _, kept := keep[id]; !kept {
 				if err := deleteLink(l.Attrs().Name); err != nil {
 					errs = append(errs, err)
@@ -708,6 +709,9 @@ func (n *Node) Recover(ctx context.Context, keep map[string]*netpolicy.Policy) e
 			errs = append(errs, fmt.Errorf("recover sandbox %s: no veth with its address: %w", id, errdefs.ErrNotFound))
 			continue
 		}
+		if _, err := os.Stat(sb.netns); err != nil {
+			errs = append(errs, fmt.Errorf("recover sandbox %s: netns: %w", id, errdefs.ErrNotFound))
+		}
 		if err := n.install(sb, pol); err != nil {
 			errs = append(errs, fmt.Errorf("recover sandbox %s: %w", id, err))
 		}
@@ -716,7 +720,7 @@ func (n *Node) Recover(ctx context.Context, keep map[string]*netpolicy.Policy) e
 }
 
 func (n *Node) removeStrays(keepHash map[string]bool) error {
-	t := table()
+	t := tableOf(n.cfg.Table)
 	elems, err := n.nft.GetSetElements(sandboxMap(t))
 	if err != nil {
 		return fmt.Errorf("list map elements: %w", err)
@@ -736,7 +740,7 @@ func (n *Node) removeStrays(keepHash map[string]bool) error {
 		return fmt.Errorf("list chains: %w", err)
 	}
 	for _, c := range chains {
-		if c.Table.Name == tableName && strings.HasPrefix(c.Name, "sb_") && !keepHash[strings.TrimPrefix(c.Name, "sb_")] {
+		if c.Table.Name == n.cfg.Table && strings.HasPrefix(c.Name, "sb_") && !keepHash[strings.TrimPrefix(c.Name, "sb_")] {
 			n.nft.FlushChain(c)
 			n.nft.DelChain(c)
 		}
@@ -792,7 +796,7 @@ func (n *Node) Teardown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("list links: %w", err))
 	}
 	for _, l := range links {
-		if _, ok := sandboxIDOf(l); ok {
+		if _, ok := n.sandboxIDOf(l); ok {
 			if err := deleteLink(l.Attrs().Name); err != nil {
 				errs = append(errs, err)
 			}
@@ -812,9 +816,9 @@ func (n *Node) Teardown(ctx context.Context) error {
 	for _, sb := range n.sandboxes {
 		deleteFlows(sb.addr)
 	}
-	n.nft.DelTable(table())
+	n.nft.DelTable(tableOf(n.cfg.Table))
 	if err := n.nft.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
-		errs = append(errs, fmt.Errorf("delete table %s: %w", tableName, err))
+		errs = append(errs, fmt.Errorf("delete table %s: %w", n.cfg.Table, err))
 	}
 	n.sandboxes = map[string]*sandbox{}
 	n.byAddr = map[netip.Addr]*sandbox{}

@@ -81,13 +81,28 @@ func (e *events) wait(f func(netpolicy.Event) bool) (netpolicy.Event, bool) {
 	return netpolicy.Event{}, false
 }
 
-func newTestNode(t testing.TB, cfg Config) *Node {
-	t.Helper()
-	dir := t.TempDir()
-	cfg.NetnsDir = filepath.Join(dir, "netns")
+// The tests' network must not meet a dsecd's running on the same host
+// (the end-to-end tests run at the same time): its own table, veth prefix,
+// NFLOG group and pool.
+const (
+	tableName  = "dsectest"
+	vethPrefix = "dst"
+	logGroup   = 2131
+)
+
+func testConfig(cfg Config) Config {
+	cfg.Table, cfg.VethPrefix, cfg.LogGroup = tableName, vethPrefix, logGroup
 	if !cfg.Pool.IsValid() {
 		cfg.Pool = testPool
 	}
+	return cfg
+}
+
+func newTestNode(t testing.TB, cfg Config) *Node {
+	t.Helper()
+	dir := t.TempDir()
+	cfg = testConfig(cfg)
+	cfg.NetnsDir = filepath.Join(dir, "netns")
 	cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	n, err := Setup(context.Background(), cfg)
 	if err != nil {
@@ -107,7 +122,7 @@ func assertClean(t testing.TB, netnsDir string) {
 	t.Helper()
 	out, _ := exec.Command("ip", "-o", "link", "show").CombinedOutput()
 	for _, line := range strings.Split(string(out), "\n") {
-		if strings.Contains(line, ": "+vethPrefix) || strings.Contains(line, "dsec:") {
+		if strings.Contains(line, ": "+vethPrefix) || strings.Contains(line, tableName+":") {
 			t.Errorf("link left behind: %s", line)
 		}
 	}
@@ -699,7 +714,7 @@ func TestRestartRecover(t *testing.T) {
 	requireNet(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	cfg := Config{NetnsDir: filepath.Join(dir, "netns"), Pool: testPool}
+	cfg := testConfig(Config{NetnsDir: filepath.Join(dir, "netns"), Pool: testPool})
 	n1, err := Setup(ctx, cfg)
 	if err != nil {
 		t.Fatalf("Setup: %v", err)
@@ -742,7 +757,7 @@ func TestRestartRecover(t *testing.T) {
 	}
 	must(t, n2.Recover(ctx, map[string]*netpolicy.Policy{"sb-r-keep": pol}))
 	for _, id := range []string{"sb-r-drop1", "sb-r-drop2", "sb-r-new"} {
-		if _, err := netlink.LinkByName(vethName(id)); err == nil {
+		if _, err := netlink.LinkByName(cfg.vethName(id)); err == nil {
 			t.Errorf("veth of %s survived Recover", id)
 		}
 		if _, err := os.Stat(filepath.Join(cfg.NetnsDir, id)); err == nil {
@@ -758,7 +773,7 @@ func TestRestartRecover(t *testing.T) {
 	if !strings.Contains(string(out), chainName("sb-r-keep")) {
 		t.Errorf("chain of the kept sandbox is gone:\n%s", out)
 	}
-	if _, err := netlink.LinkByName(vethName("sb-r-keep")); err != nil {
+	if _, err := netlink.LinkByName(cfg.vethName("sb-r-keep")); err != nil {
 		t.Errorf("veth of the kept sandbox is gone: %v", err)
 	}
 	must(t, n2.Update(ctx, "sb-r-keep", nil, true))
@@ -823,7 +838,7 @@ func TestManySandboxes(t *testing.T) {
 	if after := listChain("sb-many-7"); after != before {
 		t.Errorf("updating sb-many-3 rewrote sb-many-7:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
-	if got := listChain("sb-many-3"); !strings.Contains(got, npmAddr.String()) {
+	if got := listChain("sb-many-3"); !strings.Contains(got, `"dsec:A:npm"`) {
 		t.Errorf("sb-many-3 not updated:\n%s", got)
 	}
 	start = time.Now()

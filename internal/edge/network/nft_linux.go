@@ -31,8 +31,8 @@ var (
 	resolvedAllType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto)
 )
 
-func table() *nftables.Table {
-	return &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
+func tableOf(name string) *nftables.Table {
+	return &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
 }
 
 func regularChain(t *nftables.Table, name string) *nftables.Chain {
@@ -149,10 +149,10 @@ func ctState(bits uint32) []expr.Any {
 	}
 }
 
-func logAs(prefix string) expr.Any {
+func logAs(group uint16, prefix string) expr.Any {
 	return &expr.Log{
 		Key:   1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN | 1<<unix.NFTA_LOG_QTHRESHOLD,
-		Group: nflogGroup,
+		Group: group,
 		// Send each record at once instead of batching for up to a second.
 		QThreshold: 1,
 		Snaplen:    64,
@@ -177,8 +177,9 @@ func cat(parts ...[]expr.Any) []expr.Any {
 // addBase adds (or re-adds) the table, its shared chains and the sandbox
 // map, and rewrites the shared chains' rules. Sandbox chains, their sets and
 // the map's elements are left alone.
-func addBase(c *nftables.Conn, pool netip.Prefix) {
-	t := c.AddTable(table())
+func addBase(c *nftables.Conn, cfg Config) {
+	pool, vethPrefix := cfg.Pool, cfg.VethPrefix
+	t := c.AddTable(tableOf(cfg.Table))
 	accept := nftables.ChainPolicyAccept
 
 	input := c.AddChain(&nftables.Chain{Table: t, Name: chainInput, Type: nftables.ChainTypeFilter,
@@ -224,9 +225,9 @@ func addBase(c *nftables.Conn, pool netip.Prefix) {
 	add(shared[chainDeny], cat(l4proto(protoTCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})...)
 	add(shared[chainDeny], &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
 	for name, rule := range map[string]string{chainDenyDefault: "default", chainDenyReserve: "reserved", chainDenyLimit: "limit"} {
-		add(shared[name], logAs(logPrefix(false, rule)), verdict(expr.VerdictGoto, chainDeny))
+		add(shared[name], logAs(cfg.LogGroup, logPrefix(false, rule)), verdict(expr.VerdictGoto, chainDeny))
 	}
-	add(shared[chainAcceptRes], logAs(logPrefix(true, "resolved")), verdict(expr.VerdictAccept, ""))
+	add(shared[chainAcceptRes], logAs(cfg.LogGroup, logPrefix(true, "resolved")), verdict(expr.VerdictAccept, ""))
 	for _, p := range hardSet(pool) {
 		add(shared[chainHard], cat(addrIn(16, p), []expr.Any{verdict(expr.VerdictGoto, chainDenyReserve)})...)
 	}
@@ -237,7 +238,7 @@ func addBase(c *nftables.Conn, pool netip.Prefix) {
 }
 
 // addSandboxRules fills a sandbox's (already added, empty) chain.
-func addSandboxRules(c *nftables.Conn, ch *nftables.Chain, id, veth string, addr netip.Addr, steps []step, maxConns int) {
+func addSandboxRules(c *nftables.Conn, cfg Config, ch *nftables.Chain, id, veth string, addr netip.Addr, steps []step, maxConns int) {
 	t := ch.Table
 	add := func(exprs ...expr.Any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
@@ -263,7 +264,7 @@ func addSandboxRules(c *nftables.Conn, ch *nftables.Chain, id, veth string, addr
 			if s.port != 0 {
 				m = append(m, dport(s.port)...)
 			}
-			m = append(m, logAs(logPrefix(s.allow, s.rule)))
+			m = append(m, logAs(cfg.LogGroup, logPrefix(s.allow, s.rule)))
 			if s.allow {
 				m = append(m, verdict(expr.VerdictAccept, ""))
 			} else {

@@ -59,10 +59,14 @@ func TestPlanEvaluate(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	id := "sb-node1-0123456789abcdef"
-	if v := vethName(id); len(v) > 15 || v[:3] != "dsv" {
+	cfg, err := Config{NetnsDir: "/x"}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := cfg.vethName(id); len(v) > 15 || v[:3] != "dsv" {
 		t.Errorf("vethName = %q", v)
 	}
-	if vethName(id) == vethName(id+"x") {
+	if cfg.vethName(id) == cfg.vethName(id+"x") {
 		t.Error("vethName does not depend on the id")
 	}
 	for _, bad := range []string{"", "a/b", "..", "."} {
