@@ -129,7 +129,7 @@ func findImages(dir string) ([]benchImage, error) {
 	}
 	var out []benchImage
 	for _, e := range entries {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+		if strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		d := filepath.Join(dir, e.Name())
@@ -236,7 +236,8 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 		var fs unix.Statfs_t
 		if unix.Statfs(root, &fs) == nil {
 			avail := int64(fs.Bavail) * fs.Bsize
-			if avail < need+5e9 {
+			// Leave at least half the free space to everything else.
+			if need > avail/2-5e9 {
 				deleteEach = true
 				res.Note = fmt.Sprintf("each sandbox deleted right after its step: %s free, the extractions need %s", HumanBytes(avail), HumanBytes(need))
 			}

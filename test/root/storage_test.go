@@ -1,0 +1,270 @@
+package root
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"log"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"dsec.dev/dsec/internal/testutil"
+)
+
+// tarOfDir is dir as an uncompressed tar stream (an OCI layer).
+func tarOfDir(t *testing.T, dir string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == "." {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if info.Mode()&fs.ModeSymlink != 0 {
+			link, _ = os.Readlink(p)
+		}
+		h, err := tar.FileInfoHeader(info, link)
+		if err != nil {
+			return err
+		}
+		h.Name = rel
+		if info.IsDir() {
+			h.Name += "/"
+		}
+		h.Mode &^= 0o6000 // no setuid in the test image
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if info.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(tw, f)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+// tarOf builds a layer from name -> body ("" with a trailing / is a dir).
+func tarOf(t *testing.T, files []tarEntry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range files {
+		h := &tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.body)), Typeflag: tar.TypeReg}
+		if strings.HasSuffix(e.name, "/") {
+			h = &tar.Header{Name: e.name, Mode: 0o755, Typeflag: tar.TypeDir}
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(e.body))
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+func layerOf(t *testing.T, b []byte) v1.Layer {
+	t.Helper()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// testImage is a busybox base plus two layers: the second deletes a file
+// of the first and makes a directory opaque.
+func testImage(t *testing.T) v1.Image {
+	t.Helper()
+	bb := t.TempDir()
+	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-busybox-base.sh"), bb).CombinedOutput(); err != nil {
+		t.Fatalf("build busybox base: %v\n%s", err, out)
+	}
+	img, err := mutate.AppendLayers(empty.Image,
+		layerOf(t, tarOfDir(t, bb)),
+		layerOf(t, tarOf(t, []tarEntry{
+			{name: "app/"}, {name: "app/keep.txt", body: "kept\n"}, {name: "app/gone.txt", body: "deleted later\n"},
+			{name: "data/"}, {name: "data/old.txt", body: "hidden by an opaque dir\n"},
+		})),
+		layerOf(t, tarOf(t, []tarEntry{
+			{name: "app/.wh.gone.txt"}, {name: "data/"}, {name: "data/.wh..wh..opq"}, {name: "data/new.txt", body: "new\n"},
+		})),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// layerStats runs `dsec layer stats --json`.
+type layerStats struct {
+	Mode      string `json:"mode"`
+	BlobStore string `json:"blob_store"`
+	Layers    []struct {
+		Digest        string `json:"digest"`
+		Size          int64  `json:"size"`
+		BytesRead     int64  `json:"bytes_read"`
+		BytesFetched  int64  `json:"bytes_fetched"`
+		ChunksTotal   int64  `json:"chunks_total"`
+		ChunksFetched int64  `json:"chunks_fetched"`
+	} `json:"layers"`
+	Environments []struct {
+		Name      string   `json:"name"`
+		Digests   []string `json:"layer_digests"`
+		Size      int64    `json:"size"`
+		BytesRead int64    `json:"bytes_read"`
+		Sandboxes int64    `json:"sandboxes"`
+	} `json:"environments"`
+}
+
+func stats(t *testing.T, d *testutil.Daemon) layerStats {
+	t.Helper()
+	out, errOut, code := d.CLI("", "layer", "stats", "--json")
+	if code != 0 {
+		t.Fatalf("dsec layer stats: %s", errOut)
+	}
+	var s layerStats
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("layer stats JSON: %v\n%s", err, out)
+	}
+	return s
+}
+
+// TestImageFromRegistry imports a real image from a registry on loopback
+// and runs it on demand: whiteouts hold, and the accounting sees the reads.
+func TestImageFromRegistry(t *testing.T) {
+	testutil.RequireRoot(t)
+	d := testutil.StartDaemon(t)
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	ref, err := name.ParseReference(host+"/e2e/tools:1", name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, testImage(t)); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := d.CLI("", "image", "import", "--insecure", "--json", "tools:1", "docker://"+host+"/e2e/tools:1")
+	if code != 0 {
+		t.Fatalf("dsec image import: %s %s", out, errOut)
+	}
+	var res struct {
+		LayerDigests []string `json:"layerDigests"`
+		OciLayers    int      `json:"ociLayers"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("import JSON: %v\n%s", err, out)
+	}
+	if res.OciLayers != 3 || len(res.LayerDigests) == 0 {
+		t.Fatalf("import result %+v", res)
+	}
+	// Importing again reuses every layer and gives the same digests.
+	out2, errOut, code := d.CLI("", "image", "import", "--insecure", "--json", "tools:1", "docker://"+host+"/e2e/tools:1")
+	if code != 0 || !strings.Contains(out2, res.LayerDigests[0]) {
+		t.Fatalf("second import: %s %s", out2, errOut)
+	}
+
+	got, errOut, code := d.CLI("", "run", "tools:1", "--", "sh", "-c",
+		"cat /app/keep.txt; ls /app /data | tr '\\n' ' '; test ! -e /app/gone.txt && test ! -e /data/old.txt && echo whiteouts-hold")
+	if code != 0 {
+		t.Fatalf("run on the imported image: %s %s", got, errOut)
+	}
+	for _, want := range []string{"kept", "new.txt", "whiteouts-hold"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("sandbox output %q lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "gone.txt") || strings.Contains(got, "old.txt") {
+		t.Errorf("deleted files visible: %q", got)
+	}
+
+	s := stats(t, d)
+	if s.Mode != "ondemand" {
+		t.Errorf("mode %q, want ondemand by default", s.Mode)
+	}
+	var env bool
+	for _, e := range s.Environments {
+		if e.Name == "tools:1" {
+			env = true
+			if e.Sandboxes < 1 || e.BytesRead <= 0 || e.BytesRead > e.Size {
+				t.Errorf("environment accounting %+v", e)
+			}
+		}
+	}
+	if !env {
+		t.Errorf("layer stats has no environment tools:1: %+v", s)
+	}
+
+	// A hostile source is refused with a clear error.
+	if _, errOut, code := d.CLI("", "image", "import", "bad:1", "oci:/nonexistent/layout"); code == 0 || !strings.Contains(errOut, "nonexistent") {
+		t.Errorf("import of a missing layout: code %d, %q", code, errOut)
+	}
+}
+
+// TestLayerModes runs a sandbox in each loading mode, the eager and tar
+// modes pulling from the blob store, and (with a real S3 server in CI) the
+// on-demand mode against S3.
+func TestLayerModes(t *testing.T) {
+	testutil.RequireRoot(t)
+	s3 := os.Getenv("DSEC_TEST_S3")
+	testutil.Require(t, s3 != "", "DSEC_TEST_S3 names no S3 server (scripts/seaweedfs.sh start DIR PORT)")
+	bucket := fmt.Sprintf("dsec-e2e-%d", os.Getpid())
+	for _, mode := range []string{"ondemand", "eager", "tar", "local"} {
+		t.Run(mode, func(t *testing.T) {
+			spec := "s3://" + bucket + "/" + mode + "?endpoint=" + s3 + "&insecure=1"
+			d := testutil.StartDaemon(t, "--blob-store", spec, "--layer-mode", mode, "--layer-tars", "--no-network")
+			d.ImportBusybox(env)
+			out, errOut, code := d.CLI("", "run", env, "--", "sh", "-c", "echo hi from "+mode+"; ls /bin | wc -l")
+			if code != 0 || !strings.Contains(out, "hi from "+mode) {
+				t.Fatalf("run in %s mode: %s %s", mode, out, errOut)
+			}
+			s := stats(t, d)
+			if s.Mode != mode || !strings.HasPrefix(s.BlobStore, "s3://") {
+				t.Errorf("stats say mode %q store %q", s.Mode, s.BlobStore)
+			}
+			if mode == "ondemand" {
+				var fetched int64
+				for _, l := range s.Layers {
+					fetched += l.BytesFetched
+				}
+				if fetched == 0 {
+					t.Errorf("on demand fetched nothing from S3: %+v", s.Layers)
+				}
+			}
+		})
+	}
+}
