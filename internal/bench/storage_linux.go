@@ -21,6 +21,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiclient"
+	"dsec.dev/dsec/internal/blob"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -270,7 +271,17 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	res.ImageBytes = imageBytes
 	res.BytesFetched = fetched
 	res.FetchedMethod = "dsecd layer stats bytes_fetched"
-	if fetched == 0 && mode != ModeLocal {
+	envs := envDelta(before, after)
+	if mode == ModeTar {
+		// Tar mode streams each layer's tar.gz from the blob store once
+		// per sandbox; layer stats do not count that.
+		if n, err := tarFetched(ctx, store, envs); err == nil {
+			res.BytesFetched = n
+			res.FetchedMethod = "per sandbox started, the size of the tar.gz of each of its layers in the blob store (tar mode streams them per sandbox)"
+		} else {
+			res.Note = strings.TrimSpace(res.Note + " tar sizes unavailable: " + err.Error())
+		}
+	} else if fetched == 0 && mode != ModeLocal {
 		res.BytesFetched = treeBytes(filepath.Join(root, "layers-"+mode)) - treeBytes(filepath.Join(root, "layers-"+mode, "tar"))
 		res.FetchedMethod = "bytes of the layer files pulled under the root's layers-" + mode + " (layer stats report none)"
 	}
@@ -295,7 +306,7 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	progress(o.Progress, "   %.1f s, %d errors; deleting sandboxes", res.BurstWallS, res.Errors)
 	deleteAll(c, ids)
 
-	return res, envDelta(before, after)
+	return res, envs
 }
 
 // burst runs o.Sandboxes sandboxes round-robin over images, each running
@@ -443,6 +454,29 @@ func statsDelta(before, after *dsecv1.LayerStatsResponse, images []benchImage) (
 		}
 	}
 	return fetched, read, imageBytes
+}
+
+// tarFetched sums, over the sandboxes started from each environment, the
+// sizes of its layers' tar.gz objects in the blob store.
+func tarFetched(ctx context.Context, store string, envs map[string]*dsecv1.EnvironmentUsage) (int64, error) {
+	st, err := blob.Open(ctx, store)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, e := range envs {
+		if e.GetSandboxes() == 0 {
+			continue
+		}
+		for _, d := range e.GetLayerDigests() {
+			size, err := st.Stat(ctx, "tars/sha256/"+strings.TrimPrefix(d, "sha256:")+".tar.gz")
+			if err != nil {
+				return 0, fmt.Errorf("stat tar of %s: %w", d, err)
+			}
+			n += size * e.GetSandboxes()
+		}
+	}
+	return n, nil
 }
 
 // envDelta returns each environment's usage with bytes_read and sandboxes

@@ -48,26 +48,42 @@ func (r *StorageReport) SVG(w io.Writer) error {
 	}
 
 	const (
-		pw, ph   = 260, 260 // panel size
-		top      = 70
+		pw       = 300 // panel width
+		top      = 90
 		left     = 20
 		plotH    = 170
 		barGap   = 12
 		fontAttr = `font-family="sans-serif"`
 	)
 	width := left*2 + pw*len(panels)
-	height := top + ph + 40
+	targetsY := top + 30 + plotH + 44
+	height := targetsY + 18*len(r.Targets) + 10
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d">`+"\n", width, height, width, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	title := fmt.Sprintf("dsec bench storage: %d sandboxes over %d images, %s", r.Sandboxes, len(r.Images), r.RemoteModel)
-	fmt.Fprintf(&b, `<text x="%d" y="28" %s font-size="16" font-weight="bold">%s</text>`+"\n", left, fontAttr, html.EscapeString(title))
+	title := fmt.Sprintf("dsec bench storage: %d sandboxes over %d images, %d at a time", r.Sandboxes, len(r.Images), r.Concurrency)
+	fmt.Fprintf(&b, `<text x="%d" y="26" %s font-size="16" font-weight="bold">%s</text>`+"\n", left, fontAttr, html.EscapeString(title))
+	fmt.Fprintf(&b, `<text x="%d" y="46" %s font-size="12">blob store: %s</text>`+"\n", left, fontAttr, html.EscapeString(r.RemoteModel))
 	// Legend.
 	x := left
 	for _, m := range modes {
-		fmt.Fprintf(&b, `<rect x="%d" y="42" width="12" height="12" fill="%s"/>`, x, modeColors[m.Mode])
-		fmt.Fprintf(&b, `<text x="%d" y="53" %s font-size="12">%s</text>`+"\n", x+16, fontAttr, html.EscapeString(modeLabel(m.Mode)))
+		fmt.Fprintf(&b, `<rect x="%d" y="60" width="12" height="12" fill="%s"/>`, x, modeColors[m.Mode])
+		fmt.Fprintf(&b, `<text x="%d" y="71" %s font-size="12">%s</text>`+"\n", x+16, fontAttr, html.EscapeString(modeLabel(m.Mode)))
 		x += 110
+	}
+	// Targets, below the panels.
+	for i, t := range r.Targets {
+		res, color := "n/a", "#666"
+		if t.Ratio >= 0 {
+			res, color = "MISS", "#c44e52"
+			if t.Pass {
+				res, color = "PASS", "#2e7d32"
+			}
+		}
+		line := fmt.Sprintf("%s: %s (goal %s) %s", t.Name, ratioText(t.Ratio), t.Goal, t.Detail)
+		y := targetsY + 18*i
+		fmt.Fprintf(&b, `<text x="%d" y="%d" %s font-size="12" font-weight="bold" fill="%s">%s</text>`, left, y, fontAttr, color, res)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" %s font-size="12">%s</text>`+"\n", left+44, y, fontAttr, html.EscapeString(line))
 	}
 	for i, p := range panels {
 		px := left + i*pw
@@ -98,12 +114,19 @@ func (r *StorageReport) SVG(w io.Writer) error {
 			}
 			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="%s"/>`+"\n", bx, base-h, bw, h, modeColors[modes[j].Mode])
 			fmt.Fprintf(&b, `<text x="%d" y="%d" %s font-size="11" text-anchor="middle">%s</text>`+"\n", bx+bw/2, base-h-4, fontAttr, label)
-			fmt.Fprintf(&b, `<text x="%d" y="%d" %s font-size="11" text-anchor="middle">%s</text>`+"\n", bx+bw/2, base+14, fontAttr, html.EscapeString(modeLabel(modes[j].Mode)))
+			fmt.Fprintf(&b, `<text x="%d" y="%d" %s font-size="10" text-anchor="middle">%s</text>`+"\n", bx+bw/2, base+14, fontAttr, html.EscapeString(modeLabel(modes[j].Mode)))
 		}
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+func ratioText(r float64) string {
+	if r < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", r)
 }
 
 func formatValue(v float64) string {

@@ -168,6 +168,7 @@ func TestStorageJSON(t *testing.T) {
 
 func TestStorageSVG(t *testing.T) {
 	r := sampleReport()
+	r.ComputeTargets()
 	var b bytes.Buffer
 	if err := r.SVG(&b); err != nil {
 		t.Fatal(err)
@@ -199,7 +200,7 @@ func TestStorageSVG(t *testing.T) {
 	if want := 1 + 3 + 4*3; rects != want {
 		t.Errorf("got %d rects, want %d", rects, want)
 	}
-	for _, want := range []string{"burst wall time", "fetched from blob store", "written to local disk", "image bytes read", "1.00 Gbit/s", "n/a"} {
+	for _, want := range []string{"burst wall time", "fetched from blob store", "written to local disk", "image bytes read", "1.00 Gbit/s", "n/a", "PASS", "tar.gz extract time / EROFS mount"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("SVG lacks %q", want)
 		}

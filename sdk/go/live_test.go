@@ -522,6 +522,48 @@ func TestLiveLayers(t *testing.T) {
 	}
 }
 
+func TestLiveNetwork(t *testing.T) {
+	c := requireLive(t)
+	plain := newSandbox(t, c, nil)
+	if plain.Address() != "" {
+		t.Errorf("sandbox without rules has address %q", plain.Address())
+	}
+	if _, err := plain.SetNetworkRules(t.Context(), map[string]bool{"pypi": true}, false); !errors.Is(err, ErrFailedPrecondition) {
+		t.Errorf("rules on a loopback-only sandbox: %v, want ErrFailedPrecondition", err)
+	}
+	sb := newSandbox(t, c, &CreateOptions{NetworkRules: map[string]bool{"192.0.2.0/24:80/tcp": true}})
+	if sb.Address() == "" {
+		t.Fatal("networked sandbox has no address")
+	}
+	res, err := sb.Exec(t.Context(), Sh("cat /etc/resolv.conf; nslookup denied.invalid >/dev/null 2>&1; true"), nil)
+	if err != nil || !strings.Contains(string(res.Stdout), "127.0.0.53") {
+		t.Fatalf("resolv.conf: %v %v", res, err)
+	}
+	if _, err := sb.SetNetworkRules(t.Context(), map[string]bool{"no-such-service": true}, false); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("unknown service: %v, want ErrInvalidArgument", err)
+	}
+	if _, err := sb.SetNetworkRules(t.Context(), map[string]bool{"example.invalid": true}, true); err != nil {
+		t.Fatal(err)
+	}
+	events, err := sb.NetworkLog(t.Context(), time.Time{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var denied bool
+	for _, e := range events {
+		if e.Kind == "dns" && e.Verdict == "deny" && strings.HasPrefix(e.Name, "denied.invalid") {
+			denied = true
+		}
+	}
+	if !denied {
+		t.Errorf("audit log lacks the denied query: %+v", events)
+	}
+	st, err := c.LayerStats(t.Context())
+	if err != nil || st.GetMode() == "" || len(st.GetLayers()) == 0 {
+		t.Errorf("LayerStats = %v, %v", st, err)
+	}
+}
+
 func TestLiveDaemonKilledMidExec(t *testing.T) {
 	c := requireLive(t)
 	sb := newSandbox(t, c, nil)

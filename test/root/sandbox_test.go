@@ -110,7 +110,9 @@ func TestCreateRefusesBadInput(t *testing.T) {
 		"unknown environment": {Environment: "nope:1"},
 		"negative memory":     {Environment: env, MemoryMb: -1},
 		"too many cpus":       {Environment: env, Cpus: 1000},
-		"network rules":       {Environment: env, NetworkRules: map[string]bool{"pypi": true}},
+		"bad CIDR rule":       {Environment: env, NetworkRules: map[string]bool{"10.0.0.0/33": true}},
+		"unknown service":     {Environment: env, NetworkRules: map[string]bool{"no-such-service": true}},
+		"IPv6 rule":           {Environment: env, NetworkRules: map[string]bool{"2001:db8::/32": true}},
 	} {
 		_, err := d.Clients.Sandboxes.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
 		if err == nil {
@@ -124,6 +126,21 @@ func TestCreateRefusesBadInput(t *testing.T) {
 	list, _ := d.Clients.Sandboxes.List(context.Background(), connect.NewRequest(&dsecv1.ListRequest{}))
 	if n := len(list.Msg.GetSandboxes()); n != 0 {
 		t.Fatalf("refused creates left %d sandboxes", n)
+	}
+}
+
+// A node without networking refuses network rules rather than run a
+// sandbox with a different network than asked.
+func TestNetworkRulesRefusedWithoutNetwork(t *testing.T) {
+	d := startDaemon(t, "--no-network")
+	_, err := d.Clients.Sandboxes.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
+		Spec: &dsecv1.SandboxSpec{Environment: env, NetworkRules: map[string]bool{"pypi": true}}}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("create with rules on a node without networking: %v, want failed_precondition", err)
+	}
+	list, _ := d.Clients.Sandboxes.List(context.Background(), connect.NewRequest(&dsecv1.ListRequest{}))
+	if n := len(list.Msg.GetSandboxes()); n != 0 {
+		t.Fatalf("the refused create left %d sandboxes", n)
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,19 @@ func main() {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
+		return
+	}
+	if os.Args[1] == "render" {
+		var rep bench.StorageReport
+		data, _ := os.ReadFile(os.Args[2])
+		if err := json.Unmarshal(data, &rep); err != nil {
+			panic(err)
+		}
+		rep.ComputeTargets()
+		f, _ := os.Create(os.Args[3])
+		rep.SVG(f)
+		f.Close()
+		rep.Print(os.Stdout)
 		return
 	}
 	fs := flag.NewFlagSet("s", flag.ExitOnError)

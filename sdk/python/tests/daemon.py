@@ -82,7 +82,9 @@ class Daemon:
     def start(self):
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [self.dsecd, "--root", self.root, "--listen", self.addr, "--node", "py", "--log-level", "debug"],
+            [self.dsecd, "--root", self.root, "--listen", self.addr, "--node", "py", "--log-level", "debug",
+             # Listing 1 asks for 4 cores; the test machines have 2.
+             "--max-cpus", "8"],
             stdout=log, stderr=log, start_new_session=True)
         log.close()
         self.wait_ready()
