@@ -247,31 +247,32 @@ class NetworkLiveTest(unittest.TestCase):
     """network_rules on a real node: enforced, live-updated, audited."""
 
     def test_rules_update_and_log(self):
-        with libdsec.Client(D.addr) as c:
-            # No rules: loopback only, no address.
-            plain = c.create(ENV, labels={"test": "net"})
-            self.addCleanup(lambda: c.delete(plain.id))
-            self.assertEqual(plain.address, "")
-            with self.assertRaises(errors.FailedPrecondition):
-                plain.set_network_rules({"pypi": True})
-            # A networked sandbox gets an address; a CIDR deny holds.
-            sb = c.create(ENV, labels={"test": "net"}, network_rules={"192.0.2.0/24:80/tcp": True})
-            self.addCleanup(lambda: c.delete(sb.id))
-            self.assertRegex(sb.address, r"^\d+\.\d+\.\d+\.\d+$")
-            r = sb.exec("ip route | grep -c default; cat /etc/resolv.conf")
-            self.assertEqual(r.exit_code, 0, r.stderr)
-            self.assertIn("127.0.0.53", r.stdout)
-            # A denied name is refused by the sandbox's resolver and logged.
-            sb.exec("nslookup denied.invalid 2>&1 || true", timeout=20)
-            self.assertEqual(sb.set_network_rules({"example.invalid": True}, cut=True), [])
-            with self.assertRaises(errors.InvalidArgument):
-                sb.set_network_rules({"no-such-service": True})
-            with self.assertRaises(errors.InvalidArgument):
-                sb.set_network_rules({"10.0.0.0/33": True})
-            log = sb.network_log()
-            self.assertTrue(any(e["kind"] == "dns" and e["verdict"] == "deny" and
-                                e["name"].startswith("denied.invalid") for e in log), log)
-            self.assertEqual(sb.refresh().info["spec"]["networkRules"], {"example.invalid": True})
+        c = libdsec.Client(D.addr)
+        self.addCleanup(c.close)  # runs last: cleanups run in reverse
+        # No rules: loopback only, no address.
+        plain = c.create(ENV, labels={"test": "net"})
+        self.addCleanup(lambda: c.delete(plain.id))
+        self.assertEqual(plain.address, "")
+        with self.assertRaises(errors.FailedPrecondition):
+            plain.set_network_rules({"pypi": True})
+        # A networked sandbox gets an address; a CIDR deny holds.
+        sb = c.create(ENV, labels={"test": "net"}, network_rules={"192.0.2.0/24:80/tcp": True})
+        self.addCleanup(lambda: c.delete(sb.id))
+        self.assertRegex(sb.address, r"^\d+\.\d+\.\d+\.\d+$")
+        r = sb.exec("ip route | grep -c default; cat /etc/resolv.conf")
+        self.assertEqual(r.exit_code, 0, r.stderr)
+        self.assertIn("127.0.0.53", r.stdout)
+        # A denied name is refused by the sandbox's resolver and logged.
+        sb.exec("nslookup denied.invalid 2>&1 || true", timeout=20)
+        self.assertEqual(sb.set_network_rules({"example.invalid": True}, cut=True), [])
+        with self.assertRaises(errors.InvalidArgument):
+            sb.set_network_rules({"no-such-service": True})
+        with self.assertRaises(errors.InvalidArgument):
+            sb.set_network_rules({"10.0.0.0/33": True})
+        log = sb.network_log()
+        self.assertTrue(any(e["kind"] == "dns" and e["verdict"] == "deny" and
+                            e["name"].startswith("denied.invalid") for e in log), log)
+        self.assertEqual(sb.refresh().info["spec"]["networkRules"], {"example.invalid": True})
 
 
 class Listing1LiveTest(unittest.TestCase):
