@@ -54,6 +54,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&o.Execs, "execs", o.Execs, "execs in one warm sandbox")
 	f.IntVar(&o.Idle, "idle", o.Idle, "idle sandboxes for the memory figure")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand())
 	return cmd
 }
 
@@ -80,4 +81,40 @@ func (a *app) ensureBusybox(ctx context.Context, ref string) error {
 	}
 	_, err = a.c.Layers.ImportLayer(ctx, connect.NewRequest(&dsecv1.ImportLayerRequest{Ref: ref, Kind: dsecv1.LayerKind_LAYER_KIND_BASE, Path: dir}))
 	return err
+}
+
+func (a *app) benchNetworkCommand() *cobra.Command {
+	o := bench.NetworkOptions{Env: benchEnv, Seq: 30, Scale: 500, Updates: 50, Parallel: 8}
+	cmd := &cobra.Command{
+		Use:   "network",
+		Short: "measure what network rules add to create, hold 500 networked sandboxes, time rule updates at that scale",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if o.Env == benchEnv {
+				if err := a.ensureBusybox(ctx, benchEnv); err != nil {
+					return err
+				}
+			}
+			if !a.json {
+				o.Progress = a.stderr
+			}
+			rep, err := bench.RunNetwork(ctx, a.c, o)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return rep.JSON(a.stdout)
+			}
+			rep.Print(a.stdout)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Env, "env", benchEnv, "environment to benchmark")
+	f.IntVar(&o.Seq, "seq", o.Seq, "creates with and without rules (each)")
+	f.IntVar(&o.Scale, "scale", o.Scale, "networked sandboxes held at once")
+	f.IntVar(&o.Updates, "updates", o.Updates, "rule updates to time, alone and at scale")
+	f.IntVar(&o.Parallel, "parallel", o.Parallel, "creates in flight while scaling up")
+	return cmd
 }
