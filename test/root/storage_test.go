@@ -212,6 +212,17 @@ func TestImageFromRegistry(t *testing.T) {
 		t.Errorf("deleted files visible: %q", got)
 	}
 
+	// The sandbox's reads were saved as an access trace for later prefetching.
+	var traced int
+	for _, dg := range res.LayerDigests {
+		if _, err := os.Stat(filepath.Join(d.Root, "lazy", "cache", "traces", strings.TrimPrefix(dg, "sha256:")+".json")); err == nil {
+			traced++
+		}
+	}
+	if traced == 0 {
+		t.Errorf("no access trace saved for any of %v", res.LayerDigests)
+	}
+
 	s := stats(t, d)
 	if s.Mode != "ondemand" {
 		t.Errorf("mode %q, want ondemand by default", s.Mode)

@@ -31,6 +31,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
@@ -65,6 +66,8 @@ func ParseMode(s string) (Mode, error) {
 type Loader interface {
 	Add(ctx context.Context, ix *blob.Index) (string, error)
 	FetchAll(ctx context.Context, hex string) error
+	PrefetchTrace(ctx context.Context, hex string) (int, error)
+	SaveTrace(ctx context.Context, hex string) error
 	Stats(ctx context.Context, hex string) (lazy.LayerStats, error)
 	MetaChunks(ctx context.Context, hex string) ([]int, error)
 }
@@ -90,8 +93,9 @@ type Service struct {
 	flight singleflight.Group
 
 	mu        sync.Mutex
-	sandboxes map[string]int64 // sandboxes started per layer digest since start
-	ready     map[string]bool  // layer digests ready to mount in this mode
+	sandboxes map[string]int64    // sandboxes started per layer digest since start
+	ready     map[string]bool     // layer digests ready to mount in this mode
+	mounted   map[string][]string // layer digests each sandbox mounted
 }
 
 // New makes the service. images is the node's image store.
@@ -114,7 +118,7 @@ func New(cfg Config, images *image.Store) (*Service, error) {
 		}
 	}
 	return &Service{cfg: cfg, images: images, log: cfg.Log,
-		sandboxes: map[string]int64{}, ready: map[string]bool{}}, nil
+		sandboxes: map[string]int64{}, ready: map[string]bool{}, mounted: map[string][]string{}}, nil
 }
 
 // Mode is the service's loading mode.
@@ -272,6 +276,9 @@ func (s *Service) RecordEnvironment(env string, digests []string) error {
 // Mount makes layer digest available to sandbox id in the node's mode and
 // returns the directory to stack.
 func (s *Service) Mount(ctx context.Context, id, digest string) (string, error) {
+	s.mu.Lock()
+	s.mounted[id] = append(s.mounted[id], digest)
+	s.mu.Unlock()
 	switch s.cfg.Mode {
 	case ModeLocal:
 		return s.images.Mount(ctx, digest)
@@ -318,6 +325,17 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 		if file, err = s.cfg.Loader.Add(ctx, ix); err != nil {
 			return fmt.Errorf("prepare layer %s: %w", digest, err)
 		}
+		// What earlier runs on this node read first is fetched in the
+		// background; the sandbox does not wait for it.
+		go func() {
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+			defer cancel()
+			if n, err := s.cfg.Loader.PrefetchTrace(pctx, hex); err != nil {
+				s.log.Warn("prefetch layer from its trace", "digest", digest, "err", err)
+			} else if n > 0 {
+				s.log.Info("prefetched layer from its trace", "digest", digest, "chunks", n)
+			}
+		}()
 	case ModeEager:
 		file = filepath.Join(s.cfg.Dir, "eager", hex)
 		if _, err := os.Stat(file); err != nil {
@@ -356,8 +374,21 @@ func pullFile(ctx context.Context, st blob.Store, ix *blob.Index, dst string) er
 	return os.Rename(f.Name(), dst)
 }
 
-// Release removes what tar mode extracted for sandbox id.
+// Release forgets what sandbox id mounted: on demand, the access trace of
+// its layers is saved for later prefetching; in tar mode its extracted
+// trees are removed.
 func (s *Service) Release(ctx context.Context, id string) {
+	s.mu.Lock()
+	digests := s.mounted[id]
+	delete(s.mounted, id)
+	s.mu.Unlock()
+	if s.cfg.Mode == ModeOnDemand {
+		for _, d := range digests {
+			if err := s.cfg.Loader.SaveTrace(ctx, strings.TrimPrefix(d, "sha256:")); err != nil {
+				s.log.Debug("save layer access trace", "digest", d, "err", err)
+			}
+		}
+	}
 	if s.cfg.Mode != ModeTar {
 		return
 	}
