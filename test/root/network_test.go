@@ -142,6 +142,11 @@ func setupNetwork(t *testing.T) *netEnv {
 	cat := map[string]any{"services": map[string]any{
 		"pypi": map[string]any{"domains": []string{"pypi.test", "*.pypi.test"}, "ports": web},
 		"npm":  map[string]any{"domains": []string{"npm.test"}, "ports": web},
+		// An operator's service served by an internal mirror (the "other"
+		// test host): tasks reach the mirror, never the service's own hosts.
+		"pyindex": map[string]any{"domains": []string{"index.pyindex.test"}, "ports": web,
+			"mirror": map[string]any{"url": "http://mirror.internal.test/simple/", "addrs": []string{"198.18.3.2"},
+				"env": map[string]string{"PIP_INDEX_URL": "http://mirror.internal.test/simple/"}}},
 	}}
 	b, _ := json.Marshal(cat)
 	if err := os.WriteFile(services, b, 0o644); err != nil {
@@ -285,6 +290,25 @@ func TestNetworkPolicy(t *testing.T) {
 			t.Errorf("audit log lacks %s %s %s:%d %s; it has:\n%s", c.kind, c.verdict, c.dest, c.port, c.name, logOut)
 		}
 	}
+}
+
+func TestNetworkMirror(t *testing.T) {
+	e := setupNetwork(t)
+	sb := e.sandbox(t, map[string]bool{"pyindex": true})
+	id := sb.GetId()
+	if out := e.probeOK(t, id, "resolve index.pyindex.test"); strings.TrimSpace(out) != e.other.addr {
+		t.Errorf("the service's domain resolves to %q, want the mirror %s", out, e.other.addr)
+	}
+	if out := e.probeOK(t, id, "get http://mirror.internal.test/simple/"); !strings.Contains(out, "hello from other.test") {
+		t.Errorf("mirror over HTTP: %q", out)
+	}
+	if out := mustSh(t, e.d, id, "echo $PIP_INDEX_URL"); strings.TrimSpace(out) != "http://mirror.internal.test/simple/" {
+		t.Errorf("PIP_INDEX_URL = %q", out)
+	}
+	// The mirror's host is reachable through the mirror only, not by its
+	// own public name, and other services stay closed.
+	e.probeFails(t, id, "resolve other.test")
+	e.probeFails(t, id, "get http://pypi.test/")
 }
 
 // gatewayOf reads the sandbox's default gateway.
