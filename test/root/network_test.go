@@ -292,6 +292,33 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 }
 
+// A networked sandbox keeps its address, rules and DNS across a kill -9 and
+// restart of dsecd, and the audit log goes on.
+func TestNetworkSurvivesDaemonRestart(t *testing.T) {
+	e := setupNetwork(t)
+	sb := e.sandbox(t, map[string]bool{"pypi": true})
+	id := sb.GetId()
+	e.probeOK(t, id, "get http://pypi.test/")
+	e.d.Kill()
+	e.d.Start()
+	got := e.d.CLI
+	out, errOut, code := got("", "inspect", id)
+	if code != 0 || !strings.Contains(out, sb.GetAddress()) {
+		t.Fatalf("inspect after restart: %s %s", out, errOut)
+	}
+	e.probeOK(t, id, "get http://pypi.test/")
+	e.probeFails(t, id, "get http://npm.test/")
+	e.probeFails(t, id, "connect "+e.npm.addr+":80")
+	if _, errOut, code := got("", "net", "set", id, `{"npm": true}`); code != 0 {
+		t.Fatalf("net set after restart: %s", errOut)
+	}
+	e.probeOK(t, id, "get http://npm.test/")
+	logOut, _, _ := got("", "net", "log", id, "--json")
+	if !strings.Contains(logOut, `"npm.test"`) || !strings.Contains(logOut, `"pypi.test"`) {
+		t.Errorf("audit log after restart lacks queries from before and after it:\n%s", logOut)
+	}
+}
+
 func TestNetworkMirror(t *testing.T) {
 	e := setupNetwork(t)
 	sb := e.sandbox(t, map[string]bool{"pyindex": true})

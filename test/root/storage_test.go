@@ -3,6 +3,7 @@ package root
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/md5"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/testutil"
 )
 
@@ -279,3 +281,60 @@ func TestLayerModes(t *testing.T) {
 		})
 	}
 }
+
+// TestBlobStoreOutage takes the blob store away under a running sandbox:
+// reads of chunks not yet cached fail with an I/O error after a bounded
+// retry, while the sandbox, the node and other sandboxes live on; when the
+// store is back, the same reads succeed.
+func TestBlobStoreOutage(t *testing.T) {
+	testutil.RequireRoot(t)
+	store := filepath.Join(t.TempDir(), "blobs")
+	d := testutil.StartDaemon(t, "--blob-store", store, "--no-network")
+	d.ImportBusybox(env)
+	ws := t.TempDir()
+	big := make([]byte, 6<<20)
+	for i := range big {
+		big[i] = byte(i*7 + i>>13)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "big.bin"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := d.CLI("", "layer", "import", "--kind", "workspace", "big:1", ws); code != 0 {
+		t.Fatalf("import workspace: %s %s", out, errOut)
+	}
+	sb := create(t, d, &dsecv1.SandboxSpec{Environment: env + "+big:1"})
+	other := create(t, d, nil)
+
+	away := store + ".away"
+	if err := os.Rename(store, away); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			if err := os.Rename(away, store); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer restore()
+	r := sh(t, d, sb.GetId(), "cat /big.bin > /dev/null")
+	if r.exit.GetStatus() == dsecv1.ExitStatus_EXIT_STATUS_OK || !strings.Contains(strings.ToLower(r.stderr), "input/output error") {
+		t.Errorf("reading uncached chunks with the store gone: %s, want an I/O error", r)
+	}
+	// The sandbox, the node and the other sandbox live on.
+	if out := mustSh(t, d, sb.GetId(), "echo alive"); out != "alive\n" {
+		t.Errorf("sandbox after the failed read: %q", out)
+	}
+	if out := mustSh(t, d, other.GetId(), "echo alive"); out != "alive\n" {
+		t.Errorf("other sandbox: %q", out)
+	}
+	restore()
+	out := mustSh(t, d, sb.GetId(), "md5sum /big.bin")
+	if !strings.HasPrefix(out, fmt.Sprintf("%x", md5sum(big))) {
+		t.Errorf("after the store came back: %q", out)
+	}
+}
+
+func md5sum(b []byte) [16]byte { return md5.Sum(b) }
