@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 
 	"connectrpc.com/connect"
@@ -27,24 +28,9 @@ func (a *app) benchCommand() *cobra.Command {
 			"host memory per idle sandbox. Run it on the daemon's host.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			if o.Env == benchEnv {
-				if err := a.ensureBusybox(ctx, benchEnv); err != nil {
-					return err
-				}
-			}
-			if !a.json {
-				o.Progress = a.stderr
-			}
-			rep, err := bench.Run(ctx, a.c, o)
-			if err != nil {
-				return err
-			}
-			if a.json {
-				return rep.JSON(a.stdout)
-			}
-			rep.Print(a.stdout)
-			return nil
+			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.Run(ctx, a.c, o)
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -56,6 +42,34 @@ func (a *app) benchCommand() *cobra.Command {
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
 	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand())
 	return cmd
+}
+
+// report is a benchmark's result.
+type report interface {
+	Print(io.Writer)
+	JSON(io.Writer) error
+}
+
+// runBench makes sure the default environment exists, sends progress to
+// stderr unless --json, runs the benchmark and prints its report.
+func (a *app) runBench(ctx context.Context, env string, progress *io.Writer, run func(context.Context) (report, error)) error {
+	if env == benchEnv {
+		if err := a.ensureBusybox(ctx, benchEnv); err != nil {
+			return err
+		}
+	}
+	if !a.json {
+		*progress = a.stderr
+	}
+	rep, err := run(ctx)
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return rep.JSON(a.stdout)
+	}
+	rep.Print(a.stdout)
+	return nil
 }
 
 // ensureBusybox imports a busybox base as ref unless the daemon has it.
@@ -90,24 +104,9 @@ func (a *app) benchNetworkCommand() *cobra.Command {
 		Short: "measure what network rules add to create, hold 500 networked sandboxes, time rule updates at that scale",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			if o.Env == benchEnv {
-				if err := a.ensureBusybox(ctx, benchEnv); err != nil {
-					return err
-				}
-			}
-			if !a.json {
-				o.Progress = a.stderr
-			}
-			rep, err := bench.RunNetwork(ctx, a.c, o)
-			if err != nil {
-				return err
-			}
-			if a.json {
-				return rep.JSON(a.stdout)
-			}
-			rep.Print(a.stdout)
-			return nil
+			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.RunNetwork(ctx, a.c, o)
+			})
 		},
 	}
 	f := cmd.Flags()
