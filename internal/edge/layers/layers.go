@@ -527,7 +527,6 @@ func (s *Service) extractFor(ctx context.Context, id, digest string) (string, er
 	return dst, nil
 }
 
-
 // List lists the node's layers.
 func (s *Service) List() ([]image.Layer, error) { return s.images.List() }
 

@@ -108,8 +108,8 @@ func (c Config) vethName(id string) string { return c.VethPrefix + hashOf(id) }
 
 // aliasPrefix starts the alias of every host veth of this network.
 func (c Config) aliasPrefix() string { return c.Table + ":" }
-func chainName(id string) string { return "sb_" + hashOf(id) }
-func setName(id string) string   { return "r_" + hashOf(id) }
+func chainName(id string) string     { return "sb_" + hashOf(id) }
+func setName(id string) string       { return "r_" + hashOf(id) }
 func setAllName(id string) string {
 	return "ra_" + hashOf(id)
 }
