@@ -13,7 +13,6 @@ build:
 	$(GO) build -o $(BIN)/dsecd ./cmd/dsecd
 	$(GO) build -o $(BIN)/dsec ./cmd/dsec
 	CGO_ENABLED=0 $(GO) build -ldflags '-s -w' -o $(BIN)/dsec-agent ./cmd/dsec-agent
-	CGO_ENABLED=0 $(GO) build -ldflags '-s -w' -o $(BIN)/dsec-exec ./cmd/dsec-exec
 
 generate:
 	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(PROTOC_GEN_GO)

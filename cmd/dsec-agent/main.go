@@ -3,7 +3,7 @@
 //	dsec-agent serve --listen-fd 3 [--cgroup-fd 4] [--memory-cgroup-fd 5] [--user U]
 //	    [--workdir DIR] [--env K=V]... [--shell PATH] [--output-limit BYTES] [--hostname H]
 //
-// The modes child and state-dump are internal: the agent runs them itself.
+// The mode state-dump is internal: the agent's sessions run it themselves.
 package main
 
 import (
@@ -28,8 +28,6 @@ func main() {
 		os.Exit(2)
 	}
 	switch os.Args[1] {
-	case "child":
-		os.Exit(agent.ChildMain())
 	case "state-dump":
 		os.Exit(agent.StateDumpMain())
 	case "serve":

@@ -14,8 +14,5 @@ func Serve(ctx context.Context, cfg Config) error {
 	return fmt.Errorf("serve agent: %w", errdefs.ErrNotSupported)
 }
 
-// ChildMain is only implemented on Linux.
-func ChildMain() int { return 127 }
-
 // StateDumpMain is only implemented on Linux.
 func StateDumpMain() int { return 1 }

@@ -46,15 +46,6 @@ type handler struct {
 
 var _ agentv1connect.AgentServiceHandler = (*handler)(nil)
 
-// execHelper is dsec-exec beside the agent binary, when it is there.
-func execHelper(agentPath string) string {
-	p := filepath.Join(filepath.Dir(agentPath), "dsec-exec")
-	if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
-		return p
-	}
-	return ""
-}
-
 func newHandler(cfg Config, agentPath string) (*handler, error) {
 	h := &handler{cfg: cfg, files: &fs.FS{Dir: cfg.Workdir}}
 	h.touch()
@@ -62,7 +53,6 @@ func newHandler(cfg Config, agentPath string) (*handler, error) {
 		CgroupFD:       cfg.CgroupFD,
 		MemoryCgroupFD: cfg.MemoryCgroupFD,
 		PidsCgroupFD:   cfg.PidsCgroupFD,
-		ExecHelper:     execHelper(agentPath),
 		OnExit:         h.touch,
 		Log:            cfg.Log,
 	})

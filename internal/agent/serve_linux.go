@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"dsec.dev/dsec/internal/agent/child"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,20 +19,23 @@ import (
 	"dsec.dev/dsec/internal/agent/session"
 )
 
-// ChildMain is the child mode (see package child).
-func ChildMain() int { return child.Main() }
-
 // StateDumpMain is the state-dump mode (see package session).
 func StateDumpMain() int { return session.StateDumpMain() }
 
-// asyncSignals are ignored by pid 1 so the kernel drops them: a namespace's
-// init only receives signals it handles, and Go's default handlers would
-// otherwise let root inside the sandbox stop the agent.
-var asyncSignals = []os.Signal{
-	unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2,
-	unix.SIGPIPE, unix.SIGTSTP, unix.SIGTTIN, unix.SIGTTOU, unix.SIGALRM, unix.SIGVTALRM,
-	unix.SIGPROF, unix.SIGWINCH, unix.SIGIO, unix.SIGPWR, unix.SIGXCPU, unix.SIGXFSZ,
-	unix.SIGURG, unix.SIGSTKFLT,
+// swallowSignals makes the agent handle the given signals (every signal
+// when none is given) and throw them away. As pid 1 this keeps root inside
+// the sandbox from stopping it with any signal it may send (SIGKILL and
+// SIGSTOP from inside the namespace never reach its init), where Go's default
+// handlers would exit. Handling rather than ignoring matters for commands: a
+// handled signal is reset to its default in a forked child, an ignored one
+// would stay ignored across exec.
+func swallowSignals(sigs ...os.Signal) {
+	ch := make(chan os.Signal, 64)
+	signal.Notify(ch, sigs...)
+	go func() {
+		for range ch {
+		}
+	}()
 }
 
 // Serve runs the agent until ctx ends or the listener fails.
@@ -53,14 +55,14 @@ func Serve(ctx context.Context, cfg Config) error {
 
 	pid1 := os.Getpid() == 1
 	if pid1 {
-		signal.Ignore(asyncSignals...)
+		swallowSignals()
 		if cfg.Hostname != "" {
 			if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 				cfg.Log.Warn("set hostname", "err", err)
 			}
 		}
 	} else {
-		signal.Ignore(unix.SIGPIPE)
+		swallowSignals(unix.SIGPIPE)
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("make agent non-dumpable: %w", err)

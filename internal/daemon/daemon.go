@@ -413,11 +413,6 @@ func installAgent(dir, agentPath, shellPath string) error {
 		return fmt.Errorf("make agent dir: %w", err)
 	}
 	files := map[string]string{"dsec-agent": agentPath, "sh": shellPath}
-	// dsec-exec starts each command; without it the agent re-executes
-	// itself, which works but costs a few milliseconds more per command.
-	if helper := filepath.Join(filepath.Dir(agentPath), "dsec-exec"); fileExists(helper) {
-		files["dsec-exec"] = helper
-	}
 	for name, src := range files {
 		if err := installFile(filepath.Join(dir, name), src); err != nil {
 			return err

@@ -49,7 +49,7 @@ func Binaries(t testing.TB) string {
 		}
 		binDir = dir
 		for _, b := range []struct{ name, pkg string }{
-			{"dsecd", "./cmd/dsecd"}, {"dsec", "./cmd/dsec"}, {"dsec-agent", "./cmd/dsec-agent"}, {"dsec-exec", "./cmd/dsec-exec"},
+			{"dsecd", "./cmd/dsecd"}, {"dsec", "./cmd/dsec"}, {"dsec-agent", "./cmd/dsec-agent"},
 		} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.name), b.pkg)
 			cmd.Dir = RepoRoot()

@@ -3,12 +3,9 @@ package proc
 import (
 	"context"
 	"crypto/rand"
-	"dsec.dev/dsec/internal/agent/child"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -37,11 +34,6 @@ const keptOutputs = 8
 
 // Config configures a Manager.
 type Config struct {
-	// SelfExe is the agent binary re-executed in child mode ("" = /proc/self/exe).
-	SelfExe string
-	// ExecHelper is the small dsec-exec program that starts each command,
-	// much faster than the agent's own child mode; "" uses SelfExe.
-	ExecHelper string
 	// CgroupFD is the sandbox's cgroup dir (freezer on v1, unified on v2), or -1.
 	CgroupFD int
 	// MemoryCgroupFD is the sandbox's memory cgroup dir, or -1.
@@ -63,6 +55,9 @@ type Config struct {
 type Manager struct {
 	cfg Config
 	mem memCgroup
+	// pidsParent is the pids cgroup the agent itself is in: the parent of
+	// cfg.PidsCgroupFD, or -1.
+	pidsParent int
 
 	mu       sync.Mutex
 	waiters  map[int]chan unix.WaitStatus
@@ -75,9 +70,6 @@ type Manager struct {
 // NewManager makes the manager and starts its reaper. When the agent is not
 // pid 1 it becomes a child subreaper so orphans of its commands come back to it.
 func NewManager(cfg Config) (*Manager, error) {
-	if cfg.SelfExe == "" {
-		cfg.SelfExe = "/proc/self/exe"
-	}
 	if cfg.KeepExited <= 0 {
 		cfg.KeepExited = 256
 	}
@@ -90,11 +82,19 @@ func NewManager(cfg Config) (*Manager, error) {
 		}
 	}
 	m := &Manager{
-		cfg:     cfg,
-		mem:     memCgroup{fd: cfg.MemoryCgroupFD},
-		waiters: make(map[int]chan unix.WaitStatus),
-		procs:   make(map[string]*Process),
-		kick:    make(chan struct{}, 1),
+		cfg:        cfg,
+		mem:        memCgroup{fd: cfg.MemoryCgroupFD},
+		pidsParent: -1,
+		waiters:    make(map[int]chan unix.WaitStatus),
+		procs:      make(map[string]*Process),
+		kick:       make(chan struct{}, 1),
+	}
+	if cfg.PidsCgroupFD >= 0 {
+		fd, err := unix.Openat(cfg.PidsCgroupFD, "..", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open the agent's pids cgroup: %w", err)
+		}
+		m.pidsParent = fd
 	}
 	go m.reap()
 	return m, nil
@@ -265,94 +265,74 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 			}
 		}
 	}
-	specR, specW, err := pipe()
-	if err != nil {
-		closeOurs()
-		return nil, err
-	}
-	closeAfter = append(closeAfter, specR)
-	errPR, errPW, err := pipe()
-	if err != nil {
-		specW.Close()
-		closeOurs()
-		return nil, err
-	}
-	closeAfter = append(closeAfter, errPW)
-
 	if m.cfg.CgroupFD >= 0 {
 		cg, err := newCgroup(m.cfg.CgroupFD, "dsec-"+p.ID)
 		if err != nil {
-			specW.Close()
-			errPR.Close()
 			closeOurs()
 			return nil, fmt.Errorf("start process: %w", err)
 		}
 		p.cg = cg
 	}
 
-	files := []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd(), specR.Fd(), errPW.Fd()}
+	files := []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd()}
 	if spec.StateFD != nil {
 		for len(files) < StateFDNumber {
 			files = append(files, ^uintptr(0))
 		}
 		files = append(files, spec.StateFD.Fd())
 	}
-	attr := &syscall.ProcAttr{
-		Env:   []string{"GOMAXPROCS=1", "GOGC=off"},
-		Files: files,
-		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: spec.TTY != nil, Ctty: 0},
-	}
 	exitCh := make(chan unix.WaitStatus, 1)
-	m.mu.Lock()
-	helper, helperArgv := m.cfg.SelfExe, []string{"dsec-agent", child.Arg}
-	if m.cfg.ExecHelper != "" {
-		helper, helperArgv = m.cfg.ExecHelper, []string{"dsec-exec"}
-	}
-	pid, err := syscall.ForkExec(helper, helperArgv, attr)
-	if err == nil {
-		m.waiters[pid] = exitCh
-	}
-	m.mu.Unlock()
-	if err != nil {
-		specW.Close()
-		errPR.Close()
-		closeOurs()
-		if p.cg != nil {
-			p.cg.remove()
+	var startErr error
+	path, err := lookPath(spec.Argv[0], spec.Env, spec.Dir)
+	if err == nil && spec.Dir != "" {
+		if st, serr := os.Stat(spec.Dir); serr != nil {
+			err = fmt.Errorf("change directory to %s: %w", spec.Dir, serr)
+		} else if !st.IsDir() {
+			err = fmt.Errorf("change directory to %s: not a directory", spec.Dir)
 		}
-		return nil, fmt.Errorf("fork process: %w", err)
 	}
-	select {
-	case m.kick <- struct{}{}:
-	default:
+	if err != nil {
+		startErr = err
+	} else {
+		attr := &syscall.ProcAttr{
+			Dir:   spec.Dir,
+			Env:   spec.Env,
+			Files: files,
+			Sys: &syscall.SysProcAttr{
+				Setsid: true, Setctty: spec.TTY != nil, Ctty: 0,
+				Credential: &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: spec.Groups},
+			},
+		}
+		if os.Geteuid() != 0 {
+			if uint32(os.Geteuid()) != spec.UID {
+				startErr = fmt.Errorf("run as uid %d: the agent is not root", spec.UID)
+			}
+			attr.Sys.Credential = nil
+		}
+		if startErr == nil {
+			// The reaper looks waiters up under m.mu: holding it across the
+			// fork means the exit status cannot be reaped before it is expected.
+			m.mu.Lock()
+			pid, err := m.spawn(p.cg, path, spec.Argv, attr)
+			if err == nil {
+				m.waiters[pid] = exitCh
+			}
+			m.mu.Unlock()
+			if err != nil {
+				startErr = fmt.Errorf("execute %s: %w", path, err)
+			} else {
+				select {
+				case m.kick <- struct{}{}:
+				default:
+				}
+				p.Pid = pid
+			}
+		}
 	}
-	p.Pid = pid
 	for _, f := range closeAfter {
 		f.Close()
 	}
 	closeAfter = nil
-
-	var startErr error
-	if p.cg != nil {
-		startErr = p.cg.add(pid)
-	}
-	if startErr == nil && m.cfg.PidsCgroupFD >= 0 {
-		startErr = writeAt(m.cfg.PidsCgroupFD, "cgroup.procs", strconv.Itoa(pid))
-	}
-	if startErr == nil {
-		b, _ := json.Marshal(child.Spec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, UID: spec.UID, GID: spec.GID, Groups: spec.Groups})
-		_, startErr = specW.Write(b)
-	}
-	specW.Close()
-	if startErr != nil {
-		unix.Kill(pid, unix.SIGKILL)
-	} else {
-		msg, _ := io.ReadAll(errPR)
-		if len(msg) > 0 {
-			startErr = errors.New(string(msg))
-		}
-	}
-	errPR.Close()
 
 	p.mem0 = m.mem.oomKills()
 	p.Started = time.Now()
@@ -364,7 +344,6 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 	if startErr != nil {
 		closeOurs()
 		p.stdin, p.stdinFile = nil, nil
-		<-exitCh
 		p.finish(&dsecv1.ExecExited{ExitCode: 127, Status: dsecv1.ExitStatus_EXIT_STATUS_START_ERROR,
 			Message: "could not start: " + startErr.Error()})
 		return p, nil

@@ -1,0 +1,113 @@
+package proc
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// spawn forks and executes path with every process of the command inside
+// its cgroups from its first instruction, so nothing it forks can escape a
+// kill of the tree.
+//
+// On cgroup v2 the child is cloned straight into the command's cgroup
+// (CLONE_INTO_CGROUP). On v1, cgroup membership is per thread: the calling
+// goroutine is locked to its thread, the thread alone joins the command's
+// freezer cgroup and the commands' pids cgroup, forks (the child inherits
+// the thread's cgroups), and goes back. Should going back fail, the thread
+// is left locked and ends with the goroutine, so no agent thread stays in a
+// cgroup that a kill may freeze.
+//
+// The agent handles every signal (see the agent's Serve), and Go resets
+// handled signals to their defaults in the child, so commands start with
+// default dispositions and an empty signal mask.
+func (m *Manager) spawn(cg *cgroup, path string, argv []string, attr *syscall.ProcAttr) (int, error) {
+	if cg != nil && cg.v2 {
+		attr.Sys.UseCgroupFD = true
+		attr.Sys.CgroupFD = cg.fd
+		return syscall.ForkExec(path, argv, attr)
+	}
+	type result struct {
+		pid int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		tid := strconv.Itoa(unix.Gettid())
+		var back []int // cgroup dirs the thread returns to
+		moveBack := func() bool {
+			ok := true
+			for _, fd := range back {
+				if err := writeAt(fd, "tasks", tid); err != nil {
+					m.cfg.Log.Error("return agent thread to its cgroup", "err", err)
+					ok = false
+				}
+			}
+			return ok
+		}
+		join := func(fd, parent int) error {
+			if err := writeAt(fd, "tasks", tid); err != nil {
+				return err
+			}
+			back = append(back, parent)
+			return nil
+		}
+		var err error
+		if cg != nil {
+			err = join(cg.fd, cg.parent)
+		}
+		if err == nil && m.cfg.PidsCgroupFD >= 0 {
+			err = join(m.cfg.PidsCgroupFD, m.pidsParent)
+		}
+		var pid int
+		if err == nil {
+			pid, err = syscall.ForkExec(path, argv, attr)
+		} else {
+			err = fmt.Errorf("join the command's cgroups: %w", err)
+		}
+		if moveBack() {
+			runtime.UnlockOSThread()
+		}
+		done <- result{pid, err}
+	}()
+	r := <-done
+	return r.pid, r.err
+}
+
+// lookPath finds name on the PATH of env, like a shell would; relative
+// PATH entries are taken from dir.
+func lookPath(name string, env []string, dir string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, d := range filepath.SplitList(path) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) && dir != "" {
+			d = filepath.Join(dir, d)
+		}
+		p := filepath.Join(d, name)
+		st, err := os.Stat(p)
+		if err != nil || st.IsDir() {
+			continue
+		}
+		if unix.Access(p, unix.X_OK) == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("find %q: executable file not found in PATH", name)
+}
