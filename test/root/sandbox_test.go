@@ -2,6 +2,8 @@ package root
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -376,5 +378,40 @@ func TestCLIRunExitCodes(t *testing.T) {
 	list, _, _ := d.CLI("", "ls", "--state", "running")
 	if strings.Count(list, "sb-") != 0 {
 		t.Fatalf("dsec run left sandboxes: %s", list)
+	}
+}
+
+// TestAgentThreadsStayOut checks the v1 path of starting commands: the
+// agent's forking thread joins a command's cgroups only for the fork, so
+// after many commands every agent thread is back in the sandbox's own
+// cgroups, where freezing or limiting a command never reaches it.
+func TestAgentThreadsStayOut(t *testing.T) {
+	d := startDaemon(t)
+	sb := create(t, d, nil)
+	for i := 0; i < 30; i++ {
+		mustSh(t, d, sb.GetId(), "true")
+	}
+	out, err := exec.Command("runc", "--root", filepath.Join(d.Root, "runtime", "runc"), "state", sb.GetId()).Output()
+	if err != nil {
+		t.Fatalf("runc state: %v", err)
+	}
+	var st struct{ Pid int }
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("runc state %s: %v", out, err)
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", st.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/cgroup", st.Pid, task.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, line := range strings.Split(string(cg), "\n") {
+			if strings.Contains(line, "/dsec-") || strings.HasSuffix(line, "/cmds") {
+				t.Errorf("agent thread %s is in a command's cgroup: %s", task.Name(), line)
+			}
+		}
 	}
 }
