@@ -249,7 +249,9 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error
 	time.Sleep(3 * time.Second)
 	after := usedMemMiB()
 	side.IdleCount = len(idle)
-	side.IdleMemPerMiB = (after - before) / float64(len(idle))
+	if len(idle) > 0 {
+		side.IdleMemPerMiB = (after - before) / float64(len(idle))
+	}
 	side.IdleMemoryMethod = "(MemTotal-MemAvailable) after minus before, divided by the count"
 	side.DaemonRSSMiB = rssOf("dsecd")
 	for _, id := range idle {
@@ -287,7 +289,9 @@ func (r *Report) Print(w io.Writer) {
 	row("burst throughput", r.Dsec.BurstPerSecond, b.BurstPerSecond, "/s")
 	row("warm exec p50", r.Dsec.WarmExec.P50, b.WarmExec.P50, "ms")
 	row("warm exec p99", r.Dsec.WarmExec.P99, b.WarmExec.P99, "ms")
-	row("host memory per idle sandbox", r.Dsec.IdleMemPerMiB, b.IdleMemPerMiB, "MiB")
+	if r.Dsec.IdleCount > 0 {
+		row("host memory per idle sandbox", r.Dsec.IdleMemPerMiB, b.IdleMemPerMiB, "MiB")
+	}
 	tw.Flush()
 	fmt.Fprintf(w, "burst errors: %d; idle sandboxes answering exec: %d/%d; dsecd RSS at that load: %.0f MiB\n",
 		r.Dsec.BurstErrors, r.Dsec.IdleAnswering, r.Dsec.IdleCount, r.Dsec.DaemonRSSMiB)
