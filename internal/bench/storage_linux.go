@@ -33,6 +33,8 @@ type benchImage struct {
 	name string // directory name, e.g. go
 	dir  string
 	env  string // environment it is imported as
+	// ociBytes is the uncompressed size of its OCI layers.
+	ociBytes int64
 }
 
 // RunStorage runs the storage benchmark: per mode a fresh dsecd on its own
@@ -63,7 +65,7 @@ func RunStorage(ctx context.Context, log *slog.Logger, o StorageOptions) (*Stora
 	}
 	rep := &StorageReport{Sandboxes: o.Sandboxes, Concurrency: o.Concurrency, Bandwidth: o.Bandwidth}
 	for _, im := range images {
-		rep.Images = append(rep.Images, ImageInfo{Name: im.name, Env: im.env, FractionRead: -1, OCIBytes: ociUncompressed(im.dir)})
+		rep.Images = append(rep.Images, ImageInfo{Name: im.name, Env: im.env, FractionRead: -1, OCIBytes: im.ociBytes})
 	}
 	capText := "no bandwidth cap"
 	if o.Bandwidth > 0 {
@@ -89,6 +91,10 @@ func RunStorage(ctx context.Context, log *slog.Logger, o StorageOptions) (*Stora
 		progress(o.Progress, "== mode %s", mode)
 		res, info := runMode(ctx, log, o, rep.BlobStore, mode, o.PortBase+i, images)
 		rep.Modes = append(rep.Modes, res)
+		if res.Skipped == "" {
+			progress(o.Progress, "   %s: wall %.1f s, fetched %s, disk written %s, root growth %s, read %s, errors %d",
+				mode, res.BurstWallS, HumanBytes(res.BytesFetched), HumanBytes(res.DiskWritten), HumanBytes(res.RootGrowth), percent(res.FractionRead), res.Errors)
+		}
 		if mode == ModeOnDemand && res.Skipped == "" {
 			for j := range rep.Images {
 				if e, ok := info[rep.Images[j].Env]; ok {
@@ -137,7 +143,7 @@ func findImages(dir string) ([]benchImage, error) {
 		if _, err := os.Stat(filepath.Join(d, "index.json")); err != nil {
 			continue
 		}
-		out = append(out, benchImage{name: e.Name(), dir: d, env: "bench-" + e.Name() + ":latest"})
+		out = append(out, benchImage{name: e.Name(), dir: d, env: "bench-" + e.Name() + ":latest", ociBytes: ociUncompressed(d)})
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("find images: no OCI layout under %s (run scripts/build-bench-images.sh): %w", dir, errdefs.ErrNotFound)
@@ -200,11 +206,14 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	}
 
 	t0 := time.Now()
+	envLayers := map[string][]string{}
 	for _, im := range images {
 		progress(o.Progress, "   import %s", im.env)
-		if err := importImage(ctx, c, im); err != nil {
+		digests, err := importImage(ctx, c, im)
+		if err != nil {
 			return skip(err)
 		}
+		envLayers[im.env] = digests
 	}
 	res.ImportS = time.Since(t0).Seconds()
 
@@ -227,12 +236,18 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	deleteEach := false
 	if mode == ModeTar {
 		need := int64(0)
-		sizes := map[string]int64{}
-		for _, e := range before.GetEnvironments() {
-			sizes[e.GetName()] = e.GetSize()
+		layerSize := map[string]int64{}
+		for _, l := range before.GetLayers() {
+			layerSize[l.GetDigest()] = l.GetSize()
 		}
 		for i := 0; i < o.Sandboxes; i++ {
-			need += sizes[images[i%len(images)].env]
+			digests := envLayers[images[i%len(images)].env]
+			if len(digests) == 0 {
+				need += images[i%len(images)].ociBytes // not told: the OCI layers' uncompressed size
+			}
+			for _, d := range digests {
+				need += layerSize[d]
+			}
 		}
 		var fs unix.Statfs_t
 		if unix.Statfs(root, &fs) == nil {
@@ -395,27 +410,30 @@ func lastLine(s string) string {
 	return s
 }
 
-func importImage(ctx context.Context, c *apiclient.Clients, im benchImage) error {
+// importImage imports im and returns its layer digests, bottom first.
+func importImage(ctx context.Context, c *apiclient.Clients, im benchImage) ([]string, error) {
 	stream, err := c.Layers.ImportImage(ctx, connect.NewRequest(&dsecv1.ImportImageRequest{
 		Ref: im.env, Source: "oci:" + im.dir, CollapseBelowBytes: -1, AllowSetuid: true,
 	}))
 	if err != nil {
-		return fmt.Errorf("import %s: %w", im.env, err)
+		return nil, fmt.Errorf("import %s: %w", im.env, err)
 	}
 	defer stream.Close()
 	done := false
+	var digests []string
 	for stream.Receive() {
 		if stream.Msg().GetDone() {
 			done = true
+			digests = stream.Msg().GetLayerDigests()
 		}
 	}
 	if err := stream.Err(); err != nil {
-		return fmt.Errorf("import %s: %w", im.env, err)
+		return nil, fmt.Errorf("import %s: %w", im.env, err)
 	}
 	if !done {
-		return fmt.Errorf("import %s: stream ended before done", im.env)
+		return nil, fmt.Errorf("import %s: stream ended before done", im.env)
 	}
-	return nil
+	return digests, nil
 }
 
 func layerStats(ctx context.Context, c *apiclient.Clients) (*dsecv1.LayerStatsResponse, error) {
