@@ -37,6 +37,7 @@ type StorageOptions struct {
 	S3          string   // HOST:PORT of an S3 server; empty = directory blob store
 	BlobDir     string   // directory blob store; default Root/blobs
 	Bandwidth   int64    // blob store read cap, bytes per second; 0 = none
+	ChunkSize   int64    // bytes per layer chunk in the blob store; 0 = dsecd's default
 	Modes       []string // layer modes to run
 	Dsecd       string   // dsecd binary
 	Workspace   string   // tree for the mount-versus-extract figure; default from Images

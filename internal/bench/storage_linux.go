@@ -73,7 +73,12 @@ func RunStorage(ctx context.Context, log *slog.Logger, o StorageOptions) (*Stora
 	}
 	switch {
 	case o.S3 != "":
-		rep.BlobStore = "s3://dsec-bench/blobs?endpoint=" + o.S3 + "&insecure=1"
+		prefix := "blobs"
+		if o.ChunkSize > 0 {
+			// A layer keeps the chunking it was first published with.
+			prefix = fmt.Sprintf("blobs-%d", o.ChunkSize)
+		}
+		rep.BlobStore = "s3://dsec-bench/" + prefix + "?endpoint=" + o.S3 + "&insecure=1"
 		rep.RemoteModel = "S3 server at " + o.S3 + ", " + capText
 	default:
 		if o.BlobDir == "" {
@@ -172,6 +177,9 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 		"--blob-store", store, "--layer-mode", mode}
 	if o.Bandwidth > 0 {
 		args = append(args, "--blob-bandwidth", strconv.FormatInt(o.Bandwidth, 10))
+	}
+	if o.ChunkSize > 0 {
+		args = append(args, "--chunk-size", strconv.FormatInt(o.ChunkSize, 10))
 	}
 	if mode == ModeTar {
 		args = append(args, "--layer-tars")

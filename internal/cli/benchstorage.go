@@ -83,6 +83,7 @@ Needs root; see docs/storage-bench.md.`,
 	f.StringVar(&o.S3, "s3", "", "HOST:PORT of an S3 server for the blob store (e.g. scripts/seaweedfs.sh start)")
 	f.StringVar(&o.BlobDir, "blob-dir", "", "directory blob store when no --s3 (default ROOT/blobs)")
 	f.Int64Var(&o.Bandwidth, "bandwidth", o.Bandwidth, "blob store read cap in bytes per second, modelling a remote store (0 = none)")
+	f.Int64Var(&o.ChunkSize, "chunk-size", 0, "bytes per layer chunk (default: dsecd's, 1 MiB); a layer keeps the chunking it was first published with, so each size gets its own S3 prefix (give a fresh --blob-dir yourself)")
 	f.StringVar(&modes, "modes", strings.Join(bench.AllStorageModes, ","), "layer modes to run, in order")
 	f.StringVar(&svg, "svg", "", "write a bar chart to this SVG file")
 	f.StringVar(&o.Dsecd, "dsecd", "", "dsecd binary (default: beside dsec, else on PATH)")
