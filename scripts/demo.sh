@@ -24,14 +24,14 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "installing packages"
 need=()
-for cmd in runc mkfs.erofs busybox bash-static debootstrap mkfs.btrfs python3 patch; do
+for cmd in runc mkfs.erofs busybox bash-static debootstrap mkfs.btrfs python3 patch nft ip tar; do
   command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends runc erofs-utils busybox-static bash-static debootstrap \
-    btrfs-progs e2fsprogs python3 patch ca-certificates make >/dev/null
+    btrfs-progs e2fsprogs python3 patch nftables iproute2 tar ca-certificates make >/dev/null
 fi
 echo "ok"
 
