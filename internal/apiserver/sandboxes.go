@@ -69,17 +69,11 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 				return nil, fmt.Errorf("wait for the create with idempotency key %q: %w", key, errdefs.ErrDeadlineExceeded)
 			}
 		}
-		sbs, err := s.createBatch(ctx, msg.GetSpec(), count)
-		if err == nil {
-			ids := make([]string, len(sbs))
-			for i, sb := range sbs {
-				ids[i] = sb.GetId()
-			}
-			err = s.idem.PutIdempotency(context.WithoutCancel(ctx), store.Idempotency{Key: key, RequestHash: hash, IDs: ids, Created: time.Now()})
-			if err != nil {
-				s.deleteAll(context.WithoutCancel(ctx), sbs)
-				sbs = nil
-			}
+		// The create that held the key may have finished between the
+		// replay above and taking the key: look again before creating.
+		sbs, err := s.replay(ctx, key, hash)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			sbs, err = s.createAndRecord(ctx, msg.GetSpec(), count, key, hash)
 		}
 		s.inflightMu.Lock()
 		delete(s.inflight, key)
@@ -90,6 +84,25 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 		}
 		return connect.NewResponse(&dsecv1.CreateResponse{Sandboxes: sbs}), nil
 	}
+}
+
+// createAndRecord makes the batch and records it under its idempotency key;
+// a batch that cannot be recorded is deleted again.
+func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, count int, key, hash string) ([]*dsecv1.Sandbox, error) {
+	sbs, err := s.createBatch(ctx, spec, count)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(sbs))
+	for i, sb := range sbs {
+		ids[i] = sb.GetId()
+	}
+	rec := store.Idempotency{Key: key, RequestHash: hash, IDs: ids, Created: time.Now()}
+	if err := s.idem.PutIdempotency(context.WithoutCancel(ctx), rec); err != nil {
+		s.deleteAll(context.WithoutCancel(ctx), sbs)
+		return nil, err
+	}
+	return sbs, nil
 }
 
 // replay answers a repeated create from its idempotency record.
