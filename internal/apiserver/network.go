@@ -14,15 +14,11 @@ import (
 const (
 	defaultLogLimit = 1000
 	maxLogLimit     = 100000
-	maxRules        = 256
 )
 
 // SetNetworkRules replaces a running sandbox's network rules.
 func (s *Server) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
 	m := req.Msg
-	if len(m.GetRules()) > maxRules {
-		return nil, fmt.Errorf("%d network rules, at most %d: %w", len(m.GetRules()), maxRules, errdefs.ErrInvalidArgument)
-	}
 	e, err := s.edgeFor(m.GetSandboxId())
 	if err != nil {
 		return nil, err

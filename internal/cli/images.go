@@ -145,7 +145,7 @@ func (a *app) layerStatsCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "LAYER\tREFS\tSIZE\tREAD\tREAD%\tFETCHED\tCHUNKS\tHITS\tMISSES\tERRORS\tSANDBOXES")
 			for _, l := range m.GetLayers() {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%d\n", short(l.GetDigest()), strings.Join(l.GetRefs(), ","),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%d\n", shortDigest(l.GetDigest()), strings.Join(l.GetRefs(), ","),
 					humanBytes(l.GetSize()), humanBytes(l.GetBytesRead()), percent(l.GetBytesRead(), l.GetSize()),
 					humanBytes(l.GetBytesFetched()), l.GetChunksFetched(), l.GetChunksTotal(), l.GetCacheHits(),
 					l.GetCacheMisses(), l.GetFetchErrors(), l.GetSandboxes())
@@ -208,11 +208,4 @@ func percent(part, whole int64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.1f%%", 100*float64(part)/float64(whole))
-}
-
-func short(digest string) string {
-	if len(digest) > 19 {
-		return digest[:19]
-	}
-	return digest
 }

@@ -25,6 +25,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -198,20 +199,22 @@ func (s *Service) Stats(ctx context.Context) (Stats, error) {
 	sizes := map[string]int64{}
 	read := map[string]int64{}
 	s.mu.Lock()
-	fanout := make(map[string]int64, len(s.sandboxes))
-	for k, v := range s.sandboxes {
-		fanout[k] = v
-	}
+	fanout := maps.Clone(s.sandboxes)
 	s.mu.Unlock()
 	for _, l := range all {
 		u := LayerUsage{Digest: l.Digest, Refs: l.Refs, Size: l.Size, Sandboxes: fanout[l.Digest]}
+		hex := strings.TrimPrefix(l.Digest, "sha256:")
 		if s.cfg.Loader != nil {
-			if st, err := s.cfg.Loader.Stats(ctx, strings.TrimPrefix(l.Digest, "sha256:")); err == nil {
+			if st, err := s.cfg.Loader.Stats(ctx, hex); err == nil {
 				u.LayerStats = st
 			}
 		}
-		if ix, err := blob.GetIndex(ctx, s.cfg.Blobs, strings.TrimPrefix(l.Digest, "sha256:")); err == nil {
-			u.ChunksTotal = int64(len(ix.Chunks))
+		// The lazy file system knows the chunk count of layers it serves;
+		// only the others need their index read from the store.
+		if u.ChunksTotal == 0 {
+			if ix, err := blob.GetIndex(ctx, s.cfg.Blobs, hex); err == nil {
+				u.ChunksTotal = int64(len(ix.Chunks))
+			}
 		}
 		sizes[l.Digest], read[l.Digest] = l.Size, u.BytesRead
 		out.Layers = append(out.Layers, u)
