@@ -23,6 +23,7 @@ type fakeEdge struct {
 	// failAfter makes every create after this many succeed fail (<0: never).
 	failAfter int
 	creates   int
+	pools     []*dsecv1.WarmPool
 }
 
 func newFakeEdge(node string) *fakeEdge {
@@ -32,7 +33,8 @@ func newFakeEdge(node string) *fakeEdge {
 func (f *fakeEdge) Node() string  { return f.node }
 func (f *fakeEdge) NewID() string { return sandbox.NewID(f.node) }
 
-func (f *fakeEdge) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+func (f *fakeEdge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+	id := f.NewID()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.creates++
@@ -73,6 +75,19 @@ func (f *fakeEdge) Delete(ctx context.Context, id string) error {
 		sb.State = dsecv1.State_STATE_STOPPED
 	}
 	return nil
+}
+
+func (f *fakeEdge) SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pools = append(f.pools, &dsecv1.WarmPool{Node: f.node, Spec: spec, Size: int32(size)})
+	return proto.Clone(f.pools[len(f.pools)-1]).(*dsecv1.WarmPool), nil
+}
+
+func (f *fakeEdge) WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pools, nil
 }
 
 func (f *fakeEdge) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, func(), error) {

@@ -163,7 +163,7 @@ func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n in
 				cancel()
 				return
 			}
-			sb, err := e.Create(ctx, e.NewID(), spec)
+			sb, err := e.Create(ctx, spec)
 			if err != nil {
 				errs[i] = err
 				cancel()

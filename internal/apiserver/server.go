@@ -32,8 +32,9 @@ import (
 // implement the same interface.
 type Edge interface {
 	Node() string
-	NewID() string
-	Create(ctx context.Context, id string, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error)
+	// Create makes a sandbox (taking one from a warm pool of its shape when
+	// there is one) and names it: the ID encodes the node.
+	Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error)
 	Get(ctx context.Context, id string) (*dsecv1.Sandbox, error)
 	List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error)
 	Delete(ctx context.Context, id string) error
@@ -44,6 +45,10 @@ type Edge interface {
 	SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) (warnings []string, err error)
 	// NetworkLog returns a sandbox's network audit records since a time.
 	NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error)
+	// SetWarmPool keeps size sandboxes of spec's shape ready on the node.
+	SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error)
+	// WarmPools lists the node's warm pools.
+	WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error)
 }
 
 // Idempotency remembers which sandboxes a Create with a key made.

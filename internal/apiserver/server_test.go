@@ -129,3 +129,41 @@ func TestNodeIDRoundTrip(t *testing.T) {
 		t.Fatalf("route %s: %v %v", id, got, err)
 	}
 }
+
+func TestSetWarmPoolReachesEveryNode(t *testing.T) {
+	a, b := newFakeEdge("n1"), newFakeEdge("n2")
+	c := newTestServer(t, a, b)
+	ctx := context.Background()
+	spec := &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 0.5}
+	for _, tc := range []struct {
+		name string
+		req  *dsecv1.SetWarmPoolRequest
+		want connect.Code
+	}{
+		{"no environment", &dsecv1.SetWarmPoolRequest{Spec: &dsecv1.SandboxSpec{}, Size: 1}, connect.CodeInvalidArgument},
+		{"negative size", &dsecv1.SetWarmPoolRequest{Spec: spec, Size: -1}, connect.CodeInvalidArgument},
+		{"huge size", &dsecv1.SetWarmPoolRequest{Spec: spec, Size: maxWarmPoolSize + 1}, connect.CodeInvalidArgument},
+	} {
+		if _, err := c.SetWarmPool(ctx, connect.NewRequest(tc.req)); connect.CodeOf(err) != tc.want {
+			t.Errorf("%s: code %v, want %v", tc.name, connect.CodeOf(err), tc.want)
+		}
+	}
+	p, err := c.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: spec, Size: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Msg.GetNode() != "n1" || p.Msg.GetSize() != 3 {
+		t.Errorf("answer %v, want the first node's pool of 3", p.Msg)
+	}
+	list, err := c.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, p := range list.Msg.GetPools() {
+		nodes = append(nodes, p.GetNode())
+	}
+	if len(nodes) != 2 || nodes[0] != "n1" || nodes[1] != "n2" {
+		t.Errorf("pools on nodes %v, want n1 and n2", nodes)
+	}
+}

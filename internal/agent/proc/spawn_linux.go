@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -22,7 +21,9 @@ import (
 // freezer cgroup and the commands' pids cgroup, forks (the child inherits
 // the thread's cgroups), and goes back. Should going back fail, the thread
 // is left locked and ends with the goroutine, so no agent thread stays in a
-// cgroup that a kill may freeze.
+// cgroup that a kill may freeze. The thread moves itself by writing "0": the
+// kernel then skips the global lock that moving another task takes, whose
+// RCU grace period costs milliseconds when migrations are rare.
 //
 // The agent handles every signal (see the agent's Serve), and Go resets
 // handled signals to their defaults in the child, so commands start with
@@ -40,12 +41,11 @@ func (m *Manager) spawn(cg *cgroup, path string, argv []string, attr *syscall.Pr
 	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
-		tid := strconv.Itoa(unix.Gettid())
 		var back []int // cgroup dirs the thread returns to
 		moveBack := func() bool {
 			ok := true
 			for _, fd := range back {
-				if err := writeAt(fd, "tasks", tid); err != nil {
+				if err := writeAt(fd, "tasks", "0"); err != nil {
 					m.cfg.Log.Error("return agent thread to its cgroup", "err", err)
 					ok = false
 				}
@@ -53,7 +53,7 @@ func (m *Manager) spawn(cg *cgroup, path string, argv []string, attr *syscall.Pr
 			return ok
 		}
 		join := func(fd, parent int) error {
-			if err := writeAt(fd, "tasks", tid); err != nil {
+			if err := writeAt(fd, "tasks", "0"); err != nil {
 				return err
 			}
 			back = append(back, parent)

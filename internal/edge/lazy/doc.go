@@ -5,7 +5,8 @@
 // chunks it covers, verifies each one's length and digest, and keeps it in a
 // bounded LRU cache on local disk that survives restarts. The chunks holding
 // a layer's EROFS metadata (Index.Meta, found by MetaChunks at import) are
-// fetched when the layer is added and pinned in the cache.
+// pinned in the cache while the layer is registered: fetched on first touch
+// like any chunk, they then stay local.
 //
 // An FS owns its mount point and its cache directory: two FS values must not
 // share a CacheDir. Linux only; elsewhere Mount returns errdefs.ErrNotSupported.

@@ -77,11 +77,12 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 }
 
 func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	got, err := n.f.readAt(ctx, n.l, dest, off)
+	// The kernel cancels ctx when the reading thread gets a signal. Reads
+	// are bounded by the fetch retries anyway, so finish them: a regular
+	// file that fails with EINTR breaks programs, and mount(2) reading a
+	// layer's superblock.
+	got, err := n.f.readAt(context.WithoutCancel(ctx), n.l, dest, off)
 	if err != nil {
-		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			return nil, syscall.EINTR
-		}
 		n.f.log.Error("read layer", "layer", n.l.hex, "offset", off, "bytes", len(dest), "err", err)
 		return nil, syscall.EIO
 	}

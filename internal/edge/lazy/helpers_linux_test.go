@@ -347,6 +347,16 @@ func mountErofs(t *testing.T, src string) string {
 	return dir
 }
 
+// dropCaches empties the page, dentry and inode caches, so that the next
+// read of a mounted layer reaches the FUSE file system again.
+func dropCaches(t *testing.T) {
+	t.Helper()
+	unix.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+		t.Fatalf("drop caches: %v", err)
+	}
+}
+
 // cachedChunks lists the chunk files in the cache dir and their total size.
 func cachedChunks(t *testing.T, cacheDir string) (map[string]bool, int64) {
 	t.Helper()

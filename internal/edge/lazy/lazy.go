@@ -179,10 +179,12 @@ func (f *FS) layer(hex string) (*layer, error) {
 	return l, nil
 }
 
-// Add registers a layer file (read-only, ix.Size bytes), fetches its
-// metadata chunks (ix.Meta) and pins them in the cache, and returns the
-// file's path under the mount point. Adding a registered layer again returns
-// its path.
+// Add registers a layer file (read-only, ix.Size bytes), pins its metadata
+// chunks (ix.Meta) in the cache, and returns the file's path under the mount
+// point. Nothing is fetched here: a metadata chunk is fetched when the kernel
+// first reads it, like any other, and then stays local while the layer is
+// registered. A task that walks one corner of a tree so fetches the metadata
+// of that corner only. Adding a registered layer again returns its path.
 func (f *FS) Add(ctx context.Context, ix *blob.Index) (string, error) {
 	if err := ix.Validate(); err != nil {
 		return "", fmt.Errorf("add layer: %w: %w", err, errdefs.ErrInvalidArgument)
@@ -202,10 +204,6 @@ func (f *FS) Add(ctx context.Context, ix *blob.Index) (string, error) {
 	l := &layer{hex: hex, ix: ix, seen: make([]atomic.Bool, len(ix.Chunks))}
 	for _, m := range ix.Meta {
 		f.cache.pin(ix.Chunks[m])
-	}
-	if err := f.prefetch(ctx, l, ix.Meta); err != nil {
-		f.unpinMeta(l)
-		return "", fmt.Errorf("add layer %s: fetch metadata: %w", hex, err)
 	}
 
 	f.mu.Lock()

@@ -62,8 +62,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.log.Warn("recover sandbox networks", "err", err)
 		}
 	}
-	m.wg.Add(1)
+	m.wg.Add(2)
 	go m.loop()
+	go m.poolLoop()
 	return nil
 }
 
@@ -71,6 +72,11 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 	rec, err := m.states.Load(id)
 	if err != nil {
 		m.log.Warn("unreadable sandbox record; removing the sandbox", "id", id, "err", err)
+		m.reap(ctx, id)
+		return
+	}
+	if rec.GetSpec().GetLabels()[poolLabel] != "" {
+		m.log.Info("removing sandbox left in a warm pool", "id", id)
 		m.reap(ctx, id)
 		return
 	}
@@ -192,6 +198,9 @@ func (m *Manager) Teardown(ctx context.Context) error {
 	m.mu.Lock()
 	clear(m.sandboxes)
 	m.mu.Unlock()
+	m.poolMu.Lock()
+	clear(m.pools)
+	m.poolMu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -221,6 +230,7 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 	m.mu.Lock()
 	var live []*sandbox
 	var forgotten []string
+	pooled := map[*sandbox]bool{}
 	for id, sb := range m.sandboxes {
 		if !sb.gone.IsZero() {
 			if now.Sub(sb.gone) > m.cfg.TombstoneTTL {
@@ -230,6 +240,9 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 			continue
 		}
 		live = append(live, sb)
+		if sb.pool != "" {
+			pooled[sb] = true
+		}
 	}
 	m.mu.Unlock()
 	if m.net != nil {
@@ -253,6 +266,8 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 			continue
 		}
 		switch {
+		case pooled[sb]:
+			// No lifetime until taken; only its health is watched.
 		case rec.GetExpiresUnixMs() > 0 && now.After(expires):
 			go m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_TTL,
 				fmt.Sprintf("its TTL of %ds ran out", rec.GetSpec().GetTtlSeconds()))

@@ -21,6 +21,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -95,6 +96,11 @@ type Config struct {
 	PingInterval time.Duration
 	// TombstoneTTL is how long a stopped or failed sandbox stays visible.
 	TombstoneTTL time.Duration
+	// MaxWarm bounds the sandboxes all warm pools of the node hold
+	// together (default 256); WarmStarts bounds how many a refill starts
+	// at once (default 2).
+	MaxWarm    int
+	WarmStarts int
 }
 
 // Manager is the edge of one node. Create it with New, then call Recover
@@ -112,6 +118,13 @@ type Manager struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 
+	poolMu   sync.Mutex
+	pools    map[string]*pool
+	poolKick chan struct{}
+	// cold counts creates starting a container for a caller; refills wait
+	// while any does.
+	cold atomic.Int32
+
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
@@ -125,8 +138,11 @@ type sandbox struct {
 	running   int32
 	inflight  int // API calls in progress
 	pingFails int
-	gone      time.Time // when it stopped or failed; zero while alive
+	gone      time.Time // when it stopped or failed; zero while alive; written under both mu and Manager.mu
 	stopping  bool
+	// pool is the key of the warm pool the sandbox waits in, "" once taken
+	// (or never pooled). Guarded by Manager.mu, not mu.
+	pool string
 }
 
 // New makes a Manager. It does not touch any sandbox until Recover. net may
@@ -144,6 +160,12 @@ func New(cfg Config, rt Runtime, images Images, net Network, dial DialFunc, log 
 	if cfg.TombstoneTTL == 0 {
 		cfg.TombstoneTTL = 10 * time.Minute
 	}
+	if cfg.MaxWarm == 0 {
+		cfg.MaxWarm = 256
+	}
+	if cfg.WarmStarts == 0 {
+		cfg.WarmStarts = 2
+	}
 	st, err := state.New(cfg.StateDir)
 	if err != nil {
 		return nil, err
@@ -151,6 +173,8 @@ func New(cfg Config, rt Runtime, images Images, net Network, dial DialFunc, log 
 	return &Manager{
 		cfg: cfg, rt: rt, images: images, net: net, dial: dial, states: st, log: log,
 		sandboxes: make(map[string]*sandbox),
+		pools:     make(map[string]*pool),
+		poolKick:  make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 	}, nil
 }
@@ -180,14 +204,32 @@ func NodeOf(id string) (string, error) {
 
 // Create makes the sandbox id from spec and returns once its agent answers.
 // On any failure everything made so far is removed.
-func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
 	spec, err := m.applyDefaults(spec)
 	if err != nil {
 		return nil, err
 	}
+	if rec := m.takeWarm(ctx, spec); rec != nil {
+		return rec, nil
+	}
 	if err := m.admit(); err != nil {
 		return nil, err
 	}
+	m.cold.Add(1)
+	defer m.cold.Add(-1)
+	sb, err := m.start(ctx, m.NewID(), spec, "")
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return cloneRec(sb.rec), nil
+}
+
+// start launches sandbox id from spec (defaults already applied) and
+// returns it running. A non-empty poolKey makes it a member of that warm
+// pool: invisible to Get and List, with no expiry until it is taken.
+func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec, poolKey string) (*sandbox, error) {
 	layers, err := m.images.ResolveEnvironment(spec.GetEnvironment())
 	if err != nil {
 		return nil, fmt.Errorf("resolve environment %q: %w", spec.GetEnvironment(), err)
@@ -198,6 +240,7 @@ func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 		CreatedUnixMs: now.UnixMilli(),
 	}
 	var lower []string
+	tResolved := time.Now()
 	for _, l := range layers {
 		dir, err := m.images.Mount(ctx, id, l.Digest)
 		if err != nil {
@@ -207,7 +250,7 @@ func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 		rec.LayerDigests = append(rec.LayerDigests, l.Digest)
 	}
 
-	sb := &sandbox{rec: rec, lastActive: now}
+	sb := &sandbox{rec: rec, lastActive: now, pool: poolKey}
 	m.mu.Lock()
 	if _, dup := m.sandboxes[id]; dup {
 		m.mu.Unlock()
@@ -248,6 +291,7 @@ func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 		rec.Address = att.Addr
 		sb.mu.Unlock()
 	}
+	tPrepared := time.Now()
 	client, err := m.launch(ctx, id, spec, lower, att)
 	if err != nil {
 		cleanup(err)
@@ -258,21 +302,26 @@ func (m *Manager) Create(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 	sb.agent = client
 	rec.State = dsecv1.State_STATE_RUNNING
 	rec.StartedUnixMs = started.UnixMilli()
-	rec.ExpiresUnixMs = started.Add(time.Duration(spec.GetTtlSeconds()) * time.Second).UnixMilli()
+	if poolKey == "" {
+		rec.ExpiresUnixMs = started.Add(time.Duration(spec.GetTtlSeconds()) * time.Second).UnixMilli()
+	}
 	rec.LastActiveUnixMs = started.UnixMilli()
 	sb.lastActive = started
 	err = m.states.Save(rec)
-	out := cloneRec(rec)
 	sb.mu.Unlock()
 	if err != nil {
 		cleanup(err)
 		return nil, err
 	}
-	if err := m.images.RecordEnvironment(spec.GetEnvironment(), rec.LayerDigests); err != nil {
-		m.log.Warn("record environment use", "env", spec.GetEnvironment(), "err", err)
+	if poolKey == "" {
+		if err := m.images.RecordEnvironment(spec.GetEnvironment(), rec.LayerDigests); err != nil {
+			m.log.Warn("record environment use", "env", spec.GetEnvironment(), "err", err)
+		}
 	}
-	m.log.Debug("sandbox running", "id", id, "env", spec.GetEnvironment(), "took", time.Since(now))
-	return out, nil
+	m.log.Debug("sandbox running", "id", id, "env", spec.GetEnvironment(), "took", time.Since(now),
+		"resolve", tResolved.Sub(now), "layers_and_record", tPrepared.Sub(tResolved), "launch", started.Sub(tPrepared),
+		"warm_pool", poolKey)
+	return sb, nil
 }
 
 // launch starts the container with the agent listening on a socket that
@@ -341,10 +390,15 @@ func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 	if err := m.rt.Start(ctx, rs); err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", id, err)
 	}
+	// Only the agent may hold the listener now: should it die before
+	// accepting, pending connections then fail rather than hang.
+	lnFile.Close()
+	tStarted := time.Now()
 	client := m.dial(sock)
 	if err := m.waitReady(ctx, id, client); err != nil {
 		return nil, err
 	}
+	m.log.Debug("agent answered", "id", id, "after", time.Since(tStarted))
 	return client, nil
 }
 
@@ -379,6 +433,11 @@ func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, er
 	}
 	if len(spec.GetNetworkRules()) > 0 && m.net == nil {
 		return nil, fmt.Errorf("node %s runs without network support, so it cannot enforce network rules; refusing to run a sandbox with a different network than asked: %w", m.cfg.Node, errdefs.ErrFailedPrecondition)
+	}
+	for k := range spec.GetLabels() {
+		if strings.HasPrefix(k, "dsec.dev/") {
+			return nil, fmt.Errorf("label %q: the dsec.dev/ prefix is reserved for dsec itself: %w", k, errdefs.ErrInvalidArgument)
+		}
 	}
 	if spec.Cpus < 0 || spec.MemoryMb < 0 || spec.DiskMb < 0 || spec.Pids < 0 || spec.TtlSeconds < 0 {
 		return nil, fmt.Errorf("cpus, memory_mb, disk_mb, pids and ttl_seconds must not be negative: %w", errdefs.ErrInvalidArgument)
@@ -431,7 +490,7 @@ func (m *Manager) admit() error {
 	m.mu.Lock()
 	live := 0
 	for _, sb := range m.sandboxes {
-		if sb.gone.IsZero() {
+		if sb.gone.IsZero() && sb.pool == "" {
 			live++
 		}
 	}
@@ -466,7 +525,9 @@ func (m *Manager) List(ctx context.Context, labels map[string]string, states []d
 	m.mu.Lock()
 	all := make([]*sandbox, 0, len(m.sandboxes))
 	for _, sb := range m.sandboxes {
-		all = append(all, sb)
+		if sb.pool == "" {
+			all = append(all, sb)
+		}
 	}
 	m.mu.Unlock()
 	var out []*dsecv1.Sandbox
@@ -550,6 +611,9 @@ func GoneError(rec *dsecv1.Sandbox) error {
 func (m *Manager) lookup(id string) (*sandbox, error) {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
+	if ok && sb.pool != "" {
+		ok = false // waiting in a warm pool: nobody's sandbox yet
+	}
 	m.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
@@ -585,6 +649,7 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 	if err := m.states.Remove(id); err != nil {
 		m.log.Warn("remove sandbox record", "id", id, "err", err)
 	}
+	m.mu.Lock() // gone is read under either lock
 	sb.mu.Lock()
 	sb.rec.State = final
 	sb.rec.Reason = reason
@@ -593,6 +658,7 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 	sb.stopping = false
 	sb.agent = nil
 	sb.mu.Unlock()
+	m.mu.Unlock()
 	level := slog.LevelDebug
 	if final == dsecv1.State_STATE_FAILED {
 		level = slog.LevelWarn

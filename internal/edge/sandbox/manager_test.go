@@ -70,20 +70,37 @@ func (f *fakeRuntime) kill(id string) {
 	f.mu.Unlock()
 }
 
-type fakeImages struct{}
+// fakeImages knows one environment, base:1, whose layer a test may change.
+type fakeImages struct {
+	mu     sync.Mutex
+	digest string // "" = sha256:aa
+}
 
-func (fakeImages) ResolveEnvironment(env string) ([]image.Layer, error) {
+func (f *fakeImages) ResolveEnvironment(env string) ([]image.Layer, error) {
 	if env != "base:1" {
 		return nil, fmt.Errorf("environment %q: %w", env, errdefs.ErrNotFound)
 	}
-	return []image.Layer{{Digest: "sha256:aa", Kind: image.KindBase}}, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := f.digest
+	if d == "" {
+		d = "sha256:aa"
+	}
+	return []image.Layer{{Digest: d, Kind: image.KindBase}}, nil
 }
-func (fakeImages) Release(ctx context.Context, id string) {}
 
-func (fakeImages) Mount(ctx context.Context, id, digest string) (string, error) {
+func (f *fakeImages) retag(digest string) {
+	f.mu.Lock()
+	f.digest = digest
+	f.mu.Unlock()
+}
+
+func (*fakeImages) Release(ctx context.Context, id string) {}
+
+func (*fakeImages) Mount(ctx context.Context, id, digest string) (string, error) {
 	return "/layers/" + digest, nil
 }
-func (fakeImages) RecordEnvironment(env string, digests []string) error { return nil }
+func (*fakeImages) RecordEnvironment(env string, digests []string) error { return nil }
 
 // fakeAgent answers Ping from the runtime's view of its container.
 type fakeAgent struct {
@@ -106,13 +123,18 @@ func (a *fakeAgent) Ping(ctx context.Context, req *connect.Request[agentv1.PingR
 
 func newTestManager(t *testing.T, dir string, rt *fakeRuntime, busy *int32) *Manager {
 	t.Helper()
+	return newTestManagerWith(t, dir, rt, busy, &fakeImages{})
+}
+
+func newTestManagerWith(t *testing.T, dir string, rt *fakeRuntime, busy *int32, images *fakeImages) *Manager {
+	t.Helper()
 	dial := func(sock string) agentv1connect.AgentServiceClient {
 		// The socket path is <dir>/<id>/agent.sock.
 		id := sock[len(dir)+1 : len(sock)-len("/agent.sock")]
 		return &fakeAgent{rt: rt, id: id, running: busy}
 	}
 	m, err := New(Config{Node: "n1", StateDir: dir, PingInterval: 100 * time.Millisecond,
-		Defaults: Defaults{TTL: time.Hour}}, rt, fakeImages{}, nil, dial, slog.New(slog.DiscardHandler))
+		Defaults: Defaults{TTL: time.Hour}}, rt, images, nil, dial, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +168,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 	m := newTestManager(t, t.TempDir(), rt, &busy)
 	ctx := context.Background()
 
-	sb, err := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 1, IdleTimeoutSeconds: -1})
+	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 1, IdleTimeoutSeconds: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +184,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 	rt.mu.Lock()
 	busy = 1
 	rt.mu.Unlock()
-	idle, err := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: 1})
+	idle, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +198,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 	waitState(t, m, idle.GetId(), dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_IDLE)
 
 	// A container that dies is failed with agent_lost and cleaned up.
-	dead, err := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1})
+	dead, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,17 +214,19 @@ func TestCreateFailureRollsBack(t *testing.T) {
 	var busy int32
 	dir := t.TempDir()
 	m := newTestManager(t, dir, rt, &busy)
-	id := m.NewID()
-	if _, err := m.Create(context.Background(), id, &dsecv1.SandboxSpec{Environment: "base:1"}); err == nil {
+	if _, err := m.Create(context.Background(), &dsecv1.SandboxSpec{Environment: "base:1"}); err == nil {
 		t.Fatal("create succeeded")
 	}
-	if _, err := m.Get(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Fatalf("a failed create is still known: %v", err)
+	if sbs, _ := m.List(context.Background(), nil, nil); len(sbs) != 0 {
+		t.Fatalf("a failed create is still known: %v", sbs)
+	}
+	if ids, _ := rt.List(context.Background()); len(ids) != 0 {
+		t.Fatalf("a failed create left containers: %v", ids)
 	}
 	if ids, _ := m.states.IDs(); len(ids) != 0 {
 		t.Fatalf("a failed create left records: %v", ids)
 	}
-	if _, err := m.Create(context.Background(), m.NewID(), &dsecv1.SandboxSpec{Environment: "nope:1"}); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := m.Create(context.Background(), &dsecv1.SandboxSpec{Environment: "nope:1"}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("unknown environment: %v", err)
 	}
 }
@@ -213,8 +237,8 @@ func TestRecoverAdoptsAndReaps(t *testing.T) {
 	dir := t.TempDir()
 	m := newTestManager(t, dir, rt, &busy)
 	ctx := context.Background()
-	alive, _ := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1"})
-	died, _ := m.Create(ctx, m.NewID(), &dsecv1.SandboxSpec{Environment: "base:1"})
+	alive, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
+	died, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
 	m.Shutdown()
 	rt.kill(died.GetId())
 	rt.running["sb-n1-orphan"] = true // a container whose create never saved a record

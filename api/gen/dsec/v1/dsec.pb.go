@@ -471,8 +471,9 @@ type Sandbox struct {
 	StartedUnixMs    int64                  `protobuf:"varint,8,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
 	ExpiresUnixMs    int64                  `protobuf:"varint,9,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
 	LastActiveUnixMs int64                  `protobuf:"varint,10,opt,name=last_active_unix_ms,json=lastActiveUnixMs,proto3" json:"last_active_unix_ms,omitempty"`
-	LayerDigests     []string               `protobuf:"bytes,11,rep,name=layer_digests,json=layerDigests,proto3" json:"layer_digests,omitempty"` // bottom first, exactly what it runs on
-	Address          string                 `protobuf:"bytes,12,opt,name=address,proto3" json:"address,omitempty"`                               // IPv4 address of a networked sandbox; "" = loopback only
+	LayerDigests     []string               `protobuf:"bytes,11,rep,name=layer_digests,json=layerDigests,proto3" json:"layer_digests,omitempty"`    // bottom first, exactly what it runs on
+	Address          string                 `protobuf:"bytes,12,opt,name=address,proto3" json:"address,omitempty"`                                  // IPv4 address of a networked sandbox; "" = loopback only
+	FromWarmPool     bool                   `protobuf:"varint,13,opt,name=from_warm_pool,json=fromWarmPool,proto3" json:"from_warm_pool,omitempty"` // taken from a warm pool rather than started for this create
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -589,6 +590,13 @@ func (x *Sandbox) GetAddress() string {
 		return x.Address
 	}
 	return ""
+}
+
+func (x *Sandbox) GetFromWarmPool() bool {
+	if x != nil {
+		return x.FromWarmPool
+	}
+	return false
 }
 
 type CreateRequest struct {
@@ -844,6 +852,246 @@ func (x *ListResponse) GetSandboxes() []*Sandbox {
 	return nil
 }
 
+type SetWarmPoolRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Spec          *SandboxSpec           `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	Size          int32                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"` // sandboxes kept ready; 0 removes the pool
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetWarmPoolRequest) Reset() {
+	*x = SetWarmPoolRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetWarmPoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetWarmPoolRequest) ProtoMessage() {}
+
+func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetWarmPoolRequest.ProtoReflect.Descriptor instead.
+func (*SetWarmPoolRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SetWarmPoolRequest) GetSpec() *SandboxSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *SetWarmPoolRequest) GetSize() int32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type WarmPool struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`                              // the shape's key (a digest of the shape)
+	Spec          *SandboxSpec           `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`                            // the shape, node defaults filled in
+	Size          int32                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`                           // sandboxes kept ready, per node
+	Ready         int32                  `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`                         // started, idle and waiting to be taken
+	Starting      int32                  `protobuf:"varint,5,opt,name=starting,proto3" json:"starting,omitempty"`                   // being started to refill the pool
+	Taken         int64                  `protobuf:"varint,6,opt,name=taken,proto3" json:"taken,omitempty"`                         // creates served from the pool
+	Missed        int64                  `protobuf:"varint,7,opt,name=missed,proto3" json:"missed,omitempty"`                       // creates of this shape that found it empty
+	LastError     string                 `protobuf:"bytes,8,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"` // why the last refill failed; "" when it did not
+	Node          string                 `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`                            // the node holding this pool (every node keeps its own)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmPool) Reset() {
+	*x = WarmPool{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmPool) ProtoMessage() {}
+
+func (x *WarmPool) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
+func (*WarmPool) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *WarmPool) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *WarmPool) GetSpec() *SandboxSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *WarmPool) GetSize() int32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *WarmPool) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *WarmPool) GetStarting() int32 {
+	if x != nil {
+		return x.Starting
+	}
+	return 0
+}
+
+func (x *WarmPool) GetTaken() int64 {
+	if x != nil {
+		return x.Taken
+	}
+	return 0
+}
+
+func (x *WarmPool) GetMissed() int64 {
+	if x != nil {
+		return x.Missed
+	}
+	return 0
+}
+
+func (x *WarmPool) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *WarmPool) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type ListWarmPoolsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWarmPoolsRequest) Reset() {
+	*x = ListWarmPoolsRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWarmPoolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWarmPoolsRequest) ProtoMessage() {}
+
+func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWarmPoolsRequest.ProtoReflect.Descriptor instead.
+func (*ListWarmPoolsRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+}
+
+type ListWarmPoolsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pools         []*WarmPool            `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWarmPoolsResponse) Reset() {
+	*x = ListWarmPoolsResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWarmPoolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWarmPoolsResponse) ProtoMessage() {}
+
+func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWarmPoolsResponse.ProtoReflect.Descriptor instead.
+func (*ListWarmPoolsResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListWarmPoolsResponse) GetPools() []*WarmPool {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
 type DeleteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -853,7 +1101,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +1113,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +1126,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -896,7 +1144,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1156,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1169,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
 }
 
 type ExecRequest struct {
@@ -947,7 +1195,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1207,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1220,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1082,7 +1330,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1342,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1355,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1207,7 +1455,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1467,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1480,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -1273,7 +1521,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1533,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1546,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -1375,7 +1623,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1635,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1648,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -1436,7 +1684,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1696,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1709,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -1500,7 +1748,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +1760,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1773,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
 }
 
 type SignalRequest struct {
@@ -1539,7 +1787,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1799,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1812,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -1596,7 +1844,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1856,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1869,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
 }
 
 type ListProcessesRequest struct {
@@ -1633,7 +1881,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1893,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1906,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1683,7 +1931,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1695,7 +1943,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1708,7 +1956,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -1769,7 +2017,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +2029,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +2042,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1819,7 +2067,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +2079,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +2092,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -1906,7 +2154,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2166,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2179,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -1956,7 +2204,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2216,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2229,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
 }
 
 type SessionCloseRequest struct {
@@ -1994,7 +2242,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2254,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2267,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -2044,7 +2292,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2056,7 +2304,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2069,7 +2317,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
 }
 
 type ShellInput struct {
@@ -2086,7 +2334,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2346,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2359,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -2184,7 +2432,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2444,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2457,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -2264,7 +2512,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2276,7 +2524,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2289,7 +2537,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -2319,7 +2567,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2579,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2592,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -2405,7 +2653,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2665,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2678,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2509,7 +2757,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2521,7 +2769,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2534,7 +2782,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2583,7 +2831,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2595,7 +2843,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2608,7 +2856,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2647,7 +2895,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2659,7 +2907,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2672,7 +2920,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -2733,7 +2981,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2745,7 +2993,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2758,7 +3006,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -2779,7 +3027,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2791,7 +3039,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2804,7 +3052,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2837,7 +3085,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2849,7 +3097,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2862,7 +3110,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2883,7 +3131,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +3143,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +3156,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2941,7 +3189,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2953,7 +3201,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2966,7 +3214,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -2988,7 +3236,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3000,7 +3248,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3013,7 +3261,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -3052,7 +3300,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3064,7 +3312,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3077,7 +3325,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 type MakeDirRequest struct {
@@ -3093,7 +3341,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3105,7 +3353,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3118,7 +3366,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3164,7 +3412,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3176,7 +3424,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3189,7 +3437,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 type UploadRequest struct {
@@ -3204,7 +3452,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3216,7 +3464,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3229,7 +3477,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -3270,7 +3518,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3530,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3543,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -3323,7 +3571,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3335,7 +3583,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3348,7 +3596,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -3381,7 +3629,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3393,7 +3641,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3406,7 +3654,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -3430,7 +3678,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3442,7 +3690,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3455,7 +3703,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Layer) GetDigest() string {
@@ -3512,7 +3760,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3524,7 +3772,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3537,7 +3785,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -3576,7 +3824,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3588,7 +3836,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3601,7 +3849,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 type ListLayersResponse struct {
@@ -3613,7 +3861,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3625,7 +3873,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3638,7 +3886,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -3657,7 +3905,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3669,7 +3917,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3682,7 +3930,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -3700,7 +3948,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3712,7 +3960,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3725,7 +3973,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 type Environment struct {
@@ -3740,7 +3988,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3752,7 +4000,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3765,7 +4013,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Environment) GetName() string {
@@ -3804,7 +4052,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3816,7 +4064,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3829,7 +4077,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 type ListEnvironmentsResponse struct {
@@ -3841,7 +4089,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3853,7 +4101,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3866,7 +4114,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -3887,7 +4135,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3899,7 +4147,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3912,7 +4160,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -3945,7 +4193,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3957,7 +4205,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3970,7 +4218,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -3991,7 +4239,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4003,7 +4251,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4016,7 +4264,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -4058,7 +4306,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4070,7 +4318,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4083,7 +4331,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -4165,7 +4413,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4177,7 +4425,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4190,7 +4438,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -4216,7 +4464,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4228,7 +4476,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4241,7 +4489,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -4296,7 +4544,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4308,7 +4556,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4321,7 +4569,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -4395,7 +4643,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4407,7 +4655,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4420,7 +4668,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 type LayerUsage struct {
@@ -4442,7 +4690,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4454,7 +4702,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4467,7 +4715,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -4560,7 +4808,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4572,7 +4820,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4585,7 +4833,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -4635,7 +4883,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4647,7 +4895,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4660,7 +4908,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -4721,7 +4969,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11NetworkRulesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xa6\x03\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xcc\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12(\n" +
@@ -4735,7 +4983,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x13last_active_unix_ms\x18\n" +
 	" \x01(\x03R\x10lastActiveUnixMs\x12#\n" +
 	"\rlayer_digests\x18\v \x03(\tR\flayerDigests\x12\x18\n" +
-	"\aaddress\x18\f \x01(\tR\aaddress\"\x9b\x01\n" +
+	"\aaddress\x18\f \x01(\tR\aaddress\x12$\n" +
+	"\x0efrom_warm_pool\x18\r \x01(\bR\ffromWarmPool\"\x9b\x01\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12'\n" +
@@ -4753,7 +5002,24 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\fListResponse\x12.\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x10.dsec.v1.SandboxR\tsandboxes\"\x1f\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x10.dsec.v1.SandboxR\tsandboxes\"R\n" +
+	"\x12SetWarmPoolRequest\x12(\n" +
+	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x05R\x04size\"\xed\x01\n" +
+	"\bWarmPool\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
+	"\x04spec\x18\x02 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x05R\x04size\x12\x14\n" +
+	"\x05ready\x18\x04 \x01(\x05R\x05ready\x12\x1a\n" +
+	"\bstarting\x18\x05 \x01(\x05R\bstarting\x12\x14\n" +
+	"\x05taken\x18\x06 \x01(\x03R\x05taken\x12\x16\n" +
+	"\x06missed\x18\a \x01(\x03R\x06missed\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\b \x01(\tR\tlastError\x12\x12\n" +
+	"\x04node\x18\t \x01(\tR\x04node\"\x16\n" +
+	"\x14ListWarmPoolsRequest\"@\n" +
+	"\x15ListWarmPoolsResponse\x12'\n" +
+	"\x05pools\x18\x01 \x03(\v2\x11.dsec.v1.WarmPoolR\x05pools\"\x1f\n" +
 	"\rDeleteRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
 	"\x0eDeleteResponse\"\xc6\x03\n" +
@@ -5097,7 +5363,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x16LAYER_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLAYER_KIND_BASE\x10\x01\x12\x18\n" +
 	"\x14LAYER_KIND_WORKSPACE\x10\x02\x12\x16\n" +
-	"\x12LAYER_KIND_TOOLKIT\x10\x032\xe7\v\n" +
+	"\x12LAYER_KIND_TOOLKIT\x10\x032\x80\r\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -5124,7 +5390,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bDownload\x12\x18.dsec.v1.DownloadRequest\x1a\x16.dsec.v1.DownloadChunk0\x01\x12Y\n" +
 	"\x0fSetNetworkRules\x12\x1f.dsec.v1.SetNetworkRulesRequest\x1a .dsec.v1.SetNetworkRulesResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\n" +
-	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x012\xd6\x03\n" +
+	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12B\n" +
+	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
+	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x012\xd6\x03\n" +
 	"\fLayerService\x12:\n" +
 	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12J\n" +
 	"\n" +
@@ -5148,7 +5416,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -5162,171 +5430,182 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*GetRequest)(nil),               // 9: dsec.v1.GetRequest
 	(*ListRequest)(nil),              // 10: dsec.v1.ListRequest
 	(*ListResponse)(nil),             // 11: dsec.v1.ListResponse
-	(*DeleteRequest)(nil),            // 12: dsec.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 13: dsec.v1.DeleteResponse
-	(*ExecRequest)(nil),              // 14: dsec.v1.ExecRequest
-	(*ExecEvent)(nil),                // 15: dsec.v1.ExecEvent
-	(*ExecStarted)(nil),              // 16: dsec.v1.ExecStarted
-	(*ExecExited)(nil),               // 17: dsec.v1.ExecExited
-	(*AttachRequest)(nil),            // 18: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),        // 19: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 20: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),            // 21: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),           // 22: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),     // 23: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),              // 24: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),    // 25: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),        // 26: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),  // 27: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil), // 28: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),      // 29: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),     // 30: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),               // 31: dsec.v1.ShellInput
-	(*ShellStart)(nil),               // 32: dsec.v1.ShellStart
-	(*TerminalSize)(nil),             // 33: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),              // 34: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                 // 35: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),          // 36: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 37: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 38: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 39: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),           // 40: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 41: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),              // 42: dsec.v1.StatRequest
-	(*StatResponse)(nil),             // 43: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),            // 44: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 45: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),           // 46: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 47: dsec.v1.MakeDirResponse
-	(*UploadRequest)(nil),            // 48: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),           // 49: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),          // 50: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),            // 51: dsec.v1.DownloadChunk
-	(*Layer)(nil),                    // 52: dsec.v1.Layer
-	(*ImportLayerRequest)(nil),       // 53: dsec.v1.ImportLayerRequest
-	(*ListLayersRequest)(nil),        // 54: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 55: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 56: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 57: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 58: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 59: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 60: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 61: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 62: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 63: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 64: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 65: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 66: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 67: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 68: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 69: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 70: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 71: dsec.v1.LayerStatsResponse
-	nil,                              // 72: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 73: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 74: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 75: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 76: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 77: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 78: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	(*SetWarmPoolRequest)(nil),       // 12: dsec.v1.SetWarmPoolRequest
+	(*WarmPool)(nil),                 // 13: dsec.v1.WarmPool
+	(*ListWarmPoolsRequest)(nil),     // 14: dsec.v1.ListWarmPoolsRequest
+	(*ListWarmPoolsResponse)(nil),    // 15: dsec.v1.ListWarmPoolsResponse
+	(*DeleteRequest)(nil),            // 16: dsec.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 17: dsec.v1.DeleteResponse
+	(*ExecRequest)(nil),              // 18: dsec.v1.ExecRequest
+	(*ExecEvent)(nil),                // 19: dsec.v1.ExecEvent
+	(*ExecStarted)(nil),              // 20: dsec.v1.ExecStarted
+	(*ExecExited)(nil),               // 21: dsec.v1.ExecExited
+	(*AttachRequest)(nil),            // 22: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),        // 23: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 24: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),            // 25: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),           // 26: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),     // 27: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),              // 28: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),    // 29: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),        // 30: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),  // 31: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil), // 32: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),      // 33: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),     // 34: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),               // 35: dsec.v1.ShellInput
+	(*ShellStart)(nil),               // 36: dsec.v1.ShellStart
+	(*TerminalSize)(nil),             // 37: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),              // 38: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                 // 39: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),          // 40: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 41: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 42: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 43: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),           // 44: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 45: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),              // 46: dsec.v1.StatRequest
+	(*StatResponse)(nil),             // 47: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),            // 48: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 49: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),           // 50: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 51: dsec.v1.MakeDirResponse
+	(*UploadRequest)(nil),            // 52: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),           // 53: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),          // 54: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),            // 55: dsec.v1.DownloadChunk
+	(*Layer)(nil),                    // 56: dsec.v1.Layer
+	(*ImportLayerRequest)(nil),       // 57: dsec.v1.ImportLayerRequest
+	(*ListLayersRequest)(nil),        // 58: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 59: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 60: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 61: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 62: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 63: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 64: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 65: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 66: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 67: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 68: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 69: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 70: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 71: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 72: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 73: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 74: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 75: dsec.v1.LayerStatsResponse
+	nil,                              // 76: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 77: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 78: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 79: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 80: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 81: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 82: dsec.v1.SetNetworkRulesRequest.RulesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	2,  // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	72, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	73, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	74, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	76, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	77, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	78, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	5,  // 4: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
 	0,  // 5: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
 	1,  // 6: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
 	5,  // 7: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	6,  // 8: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	75, // 9: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	79, // 9: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,  // 10: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	6,  // 11: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	76, // 12: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	16, // 13: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	17, // 14: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	3,  // 15: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	17, // 16: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	24, // 17: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	32, // 18: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	33, // 19: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	77, // 20: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	33, // 21: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	17, // 22: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	35, // 23: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	35, // 24: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	4,  // 25: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	4,  // 26: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	52, // 27: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	58, // 28: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	78, // 29: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	64, // 30: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	69, // 31: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	70, // 32: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	7,  // 33: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	9,  // 34: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	10, // 35: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	12, // 36: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	14, // 37: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	18, // 38: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	19, // 39: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	21, // 40: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	23, // 41: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	26, // 42: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	27, // 43: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	29, // 44: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	31, // 45: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	36, // 46: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	38, // 47: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	40, // 48: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	42, // 49: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	44, // 50: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	46, // 51: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	48, // 52: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	50, // 53: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	61, // 54: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	63, // 55: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	53, // 56: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	54, // 57: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	56, // 58: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	59, // 59: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	66, // 60: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	68, // 61: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	8,  // 62: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	6,  // 63: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	11, // 64: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	13, // 65: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	15, // 66: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	15, // 67: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	20, // 68: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	22, // 69: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	25, // 70: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	15, // 71: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	28, // 72: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	30, // 73: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	34, // 74: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	37, // 75: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	39, // 76: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	41, // 77: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	43, // 78: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	45, // 79: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	47, // 80: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	49, // 81: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	51, // 82: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	62, // 83: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	65, // 84: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	52, // 85: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	55, // 86: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	57, // 87: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	60, // 88: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	67, // 89: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	71, // 90: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	62, // [62:91] is the sub-list for method output_type
-	33, // [33:62] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	5,  // 12: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
+	5,  // 13: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
+	13, // 14: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
+	80, // 15: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	20, // 16: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	21, // 17: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	3,  // 18: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	21, // 19: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	28, // 20: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	36, // 21: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	37, // 22: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	81, // 23: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	37, // 24: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	21, // 25: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	39, // 26: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	39, // 27: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	4,  // 28: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	4,  // 29: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	56, // 30: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	62, // 31: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	82, // 32: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	68, // 33: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	73, // 34: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	74, // 35: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	7,  // 36: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	9,  // 37: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	10, // 38: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	16, // 39: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	18, // 40: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	22, // 41: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	23, // 42: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	25, // 43: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	27, // 44: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	30, // 45: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	31, // 46: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	33, // 47: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	35, // 48: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	40, // 49: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	42, // 50: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	44, // 51: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	46, // 52: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	48, // 53: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	50, // 54: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	52, // 55: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	54, // 56: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	65, // 57: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	67, // 58: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	12, // 59: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	14, // 60: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	57, // 61: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	58, // 62: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	60, // 63: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	63, // 64: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	70, // 65: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	72, // 66: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	8,  // 67: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	6,  // 68: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	11, // 69: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	17, // 70: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	19, // 71: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	19, // 72: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	24, // 73: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	26, // 74: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	29, // 75: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	19, // 76: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	32, // 77: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	34, // 78: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	38, // 79: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	41, // 80: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	43, // 81: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	45, // 82: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	47, // 83: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	49, // 84: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	51, // 85: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	53, // 86: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	55, // 87: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	66, // 88: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	69, // 89: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	13, // 90: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	15, // 91: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	56, // 92: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	59, // 93: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	61, // 94: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	64, // 95: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	71, // 96: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	75, // 97: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	67, // [67:98] is the sub-list for method output_type
+	36, // [36:67] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -5334,19 +5613,19 @@ func file_dsec_v1_dsec_proto_init() {
 	if File_dsec_v1_dsec_proto != nil {
 		return
 	}
-	file_dsec_v1_dsec_proto_msgTypes[10].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[14].OneofWrappers = []any{
 		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Exited)(nil),
 		(*ExecEvent_Keepalive)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[26].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[30].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[29].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[33].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 	}
@@ -5356,7 +5635,7 @@ func file_dsec_v1_dsec_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   74,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

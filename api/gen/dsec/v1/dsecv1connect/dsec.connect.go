@@ -92,6 +92,12 @@ const (
 	// SandboxServiceNetworkLogProcedure is the fully-qualified name of the SandboxService's NetworkLog
 	// RPC.
 	SandboxServiceNetworkLogProcedure = "/dsec.v1.SandboxService/NetworkLog"
+	// SandboxServiceSetWarmPoolProcedure is the fully-qualified name of the SandboxService's
+	// SetWarmPool RPC.
+	SandboxServiceSetWarmPoolProcedure = "/dsec.v1.SandboxService/SetWarmPool"
+	// SandboxServiceListWarmPoolsProcedure is the fully-qualified name of the SandboxService's
+	// ListWarmPools RPC.
+	SandboxServiceListWarmPoolsProcedure = "/dsec.v1.SandboxService/ListWarmPools"
 	// LayerServiceImportLayerProcedure is the fully-qualified name of the LayerService's ImportLayer
 	// RPC.
 	LayerServiceImportLayerProcedure = "/dsec.v1.LayerService/ImportLayer"
@@ -155,6 +161,15 @@ type SandboxServiceClient interface {
 	// NetworkLog returns a sandbox's audit records: every connection attempt
 	// and DNS query, allowed or denied, oldest first.
 	NetworkLog(context.Context, *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error)
+	// SetWarmPool keeps size sandboxes of one shape started and idle, so that a
+	// Create of that shape takes one, in about a millisecond, instead of
+	// starting a container. The shape is the spec without labels, ttl_seconds
+	// and idle_timeout_seconds, after node defaults are filled in; a Create
+	// matches when its spec, treated the same way, is equal. A pool refills in
+	// the background after each take. Size 0 removes the pool and its idle
+	// sandboxes. Sandboxes with network rules cannot be pooled.
+	SetWarmPool(context.Context, *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error)
+	ListWarmPools(context.Context, *connect.Request[v1.ListWarmPoolsRequest]) (*connect.Response[v1.ListWarmPoolsResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the dsec.v1.SandboxService service. By default,
@@ -311,6 +326,20 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		setWarmPool: connect.NewClient[v1.SetWarmPoolRequest, v1.WarmPool](
+			httpClient,
+			baseURL+SandboxServiceSetWarmPoolProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetWarmPool")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		listWarmPools: connect.NewClient[v1.ListWarmPoolsRequest, v1.ListWarmPoolsResponse](
+			httpClient,
+			baseURL+SandboxServiceListWarmPoolsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListWarmPools")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -339,6 +368,8 @@ type sandboxServiceClient struct {
 	download         *connect.Client[v1.DownloadRequest, v1.DownloadChunk]
 	setNetworkRules  *connect.Client[v1.SetNetworkRulesRequest, v1.SetNetworkRulesResponse]
 	networkLog       *connect.Client[v1.NetworkLogRequest, v1.NetworkLogResponse]
+	setWarmPool      *connect.Client[v1.SetWarmPoolRequest, v1.WarmPool]
+	listWarmPools    *connect.Client[v1.ListWarmPoolsRequest, v1.ListWarmPoolsResponse]
 }
 
 // Create calls dsec.v1.SandboxService.Create.
@@ -456,6 +487,16 @@ func (c *sandboxServiceClient) NetworkLog(ctx context.Context, req *connect.Requ
 	return c.networkLog.CallUnary(ctx, req)
 }
 
+// SetWarmPool calls dsec.v1.SandboxService.SetWarmPool.
+func (c *sandboxServiceClient) SetWarmPool(ctx context.Context, req *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error) {
+	return c.setWarmPool.CallUnary(ctx, req)
+}
+
+// ListWarmPools calls dsec.v1.SandboxService.ListWarmPools.
+func (c *sandboxServiceClient) ListWarmPools(ctx context.Context, req *connect.Request[v1.ListWarmPoolsRequest]) (*connect.Response[v1.ListWarmPoolsResponse], error) {
+	return c.listWarmPools.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the dsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes one sandbox, or a batch of spec.count. A repeated call with the
@@ -501,6 +542,15 @@ type SandboxServiceHandler interface {
 	// NetworkLog returns a sandbox's audit records: every connection attempt
 	// and DNS query, allowed or denied, oldest first.
 	NetworkLog(context.Context, *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error)
+	// SetWarmPool keeps size sandboxes of one shape started and idle, so that a
+	// Create of that shape takes one, in about a millisecond, instead of
+	// starting a container. The shape is the spec without labels, ttl_seconds
+	// and idle_timeout_seconds, after node defaults are filled in; a Create
+	// matches when its spec, treated the same way, is equal. A pool refills in
+	// the background after each take. Size 0 removes the pool and its idle
+	// sandboxes. Sandboxes with network rules cannot be pooled.
+	SetWarmPool(context.Context, *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error)
+	ListWarmPools(context.Context, *connect.Request[v1.ListWarmPoolsRequest]) (*connect.Response[v1.ListWarmPoolsResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -653,6 +703,20 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceSetWarmPoolHandler := connect.NewUnaryHandler(
+		SandboxServiceSetWarmPoolProcedure,
+		svc.SetWarmPool,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetWarmPool")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListWarmPoolsHandler := connect.NewUnaryHandler(
+		SandboxServiceListWarmPoolsProcedure,
+		svc.ListWarmPools,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListWarmPools")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -701,6 +765,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceSetNetworkRulesHandler.ServeHTTP(w, r)
 		case SandboxServiceNetworkLogProcedure:
 			sandboxServiceNetworkLogHandler.ServeHTTP(w, r)
+		case SandboxServiceSetWarmPoolProcedure:
+			sandboxServiceSetWarmPoolHandler.ServeHTTP(w, r)
+		case SandboxServiceListWarmPoolsProcedure:
+			sandboxServiceListWarmPoolsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -800,6 +868,14 @@ func (UnimplementedSandboxServiceHandler) SetNetworkRules(context.Context, *conn
 
 func (UnimplementedSandboxServiceHandler) NetworkLog(context.Context, *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.NetworkLog is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetWarmPool(context.Context, *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.SetWarmPool is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListWarmPools(context.Context, *connect.Request[v1.ListWarmPoolsRequest]) (*connect.Response[v1.ListWarmPoolsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.ListWarmPools is not implemented"))
 }
 
 // LayerServiceClient is a client for the dsec.v1.LayerService service.

@@ -1,0 +1,54 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// maxWarmPoolSize bounds one pool's size per node; the edge also bounds all
+// its pools together.
+const maxWarmPoolSize = 1000
+
+// SetWarmPool sets a warm pool on every node: each keeps size sandboxes of
+// the shape ready. It answers with the first node's pool.
+func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.SetWarmPoolRequest]) (*connect.Response[dsecv1.WarmPool], error) {
+	m := req.Msg
+	if m.GetSpec().GetEnvironment() == "" {
+		return nil, fmt.Errorf("spec.environment is required (BASE[+LAYER...]): %w", errdefs.ErrInvalidArgument)
+	}
+	if m.GetSize() < 0 || m.GetSize() > maxWarmPoolSize {
+		return nil, fmt.Errorf("size %d is outside 0..%d: %w", m.GetSize(), maxWarmPoolSize, errdefs.ErrInvalidArgument)
+	}
+	if len(s.order) == 0 {
+		return nil, fmt.Errorf("set warm pool: no node is available: %w", errdefs.ErrUnavailable)
+	}
+	var first *dsecv1.WarmPool
+	for _, node := range s.order {
+		p, err := s.edges[node].SetWarmPool(ctx, m.GetSpec(), int(m.GetSize()))
+		if err != nil {
+			return nil, fmt.Errorf("set warm pool on node %s: %w", node, err)
+		}
+		if first == nil {
+			first = p
+		}
+	}
+	return connect.NewResponse(first), nil
+}
+
+// ListWarmPools lists every node's warm pools.
+func (s *Server) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.ListWarmPoolsRequest]) (*connect.Response[dsecv1.ListWarmPoolsResponse], error) {
+	out := &dsecv1.ListWarmPoolsResponse{}
+	for _, node := range s.order {
+		ps, err := s.edges[node].WarmPools(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list warm pools of node %s: %w", node, err)
+		}
+		out.Pools = append(out.Pools, ps...)
+	}
+	return connect.NewResponse(out), nil
+}

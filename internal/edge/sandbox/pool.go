@@ -1,0 +1,372 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Warm pools keep sandboxes of one shape started and idle, so that a create
+// of that shape takes one instead of starting a container: starting one
+// costs tens of milliseconds of runc, taking one a record write. A member
+// is an ordinary sandbox of the manager (pinged, persisted, torn down like
+// any other) that Get, List and Delete do not see until it is taken. Its
+// record carries poolLabel, so an edge that restarts removes the members
+// it finds instead of adopting them: the pools are configuration of the
+// running edge, set again by whoever asked for them.
+
+// poolLabel marks the record of a sandbox waiting in a warm pool; its value
+// is the pool's key.
+const poolLabel = "dsec.dev/warm-pool"
+
+type pool struct {
+	key      string
+	shape    *dsecv1.SandboxSpec // defaults filled in; no labels, TTL or idle timeout
+	size     int
+	ready    []*sandbox // oldest first
+	starting int
+	taken    int64
+	missed   int64
+	lastErr  string
+	failures int
+	retryAt  time.Time // no refill before this after failures
+}
+
+func (p *pool) status(node string) *dsecv1.WarmPool {
+	return &dsecv1.WarmPool{
+		Key: p.key, Spec: cloneSpec(p.shape), Size: int32(p.size),
+		Ready: int32(len(p.ready)), Starting: int32(p.starting),
+		Taken: p.taken, Missed: p.missed, LastError: p.lastErr, Node: node,
+	}
+}
+
+// shapeOf is what a create must match to take a pooled sandbox: the spec
+// with defaults applied, minus what is set at take time.
+func shapeOf(spec *dsecv1.SandboxSpec) *dsecv1.SandboxSpec {
+	s := cloneSpec(spec)
+	s.Labels = nil
+	s.TtlSeconds = 0
+	s.IdleTimeoutSeconds = 0
+	return s
+}
+
+func shapeKey(shape *dsecv1.SandboxSpec) string {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(shape)
+	if err != nil {
+		panic(fmt.Sprintf("marshal sandbox spec: %v", err)) // a valid message always marshals
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// alive reports whether a pooled sandbox can still be handed out.
+func (sb *sandbox) alive() bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.gone.IsZero() && !sb.stopping && sb.rec.GetState() == dsecv1.State_STATE_RUNNING
+}
+
+// SetWarmPool keeps size sandboxes of spec's shape ready on this node and
+// returns the pool's state. Size 0 removes the pool; its idle sandboxes are
+// deleted.
+func (m *Manager) SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("warm pool size %d is negative: %w", size, errdefs.ErrInvalidArgument)
+	}
+	spec, err := m.applyDefaults(spec)
+	if err != nil {
+		return nil, err
+	}
+	if len(spec.GetNetworkRules()) > 0 {
+		return nil, fmt.Errorf("warm pools hold sandboxes without network rules: %w", errdefs.ErrInvalidArgument)
+	}
+	if size > 0 {
+		if _, err := m.images.ResolveEnvironment(spec.GetEnvironment()); err != nil {
+			return nil, fmt.Errorf("resolve environment %q: %w", spec.GetEnvironment(), err)
+		}
+	}
+	shape := shapeOf(spec)
+	key := shapeKey(shape)
+
+	m.poolMu.Lock()
+	others := 0
+	for k, p := range m.pools {
+		if k != key {
+			others += p.size
+		}
+	}
+	if others+size > m.cfg.MaxWarm {
+		m.poolMu.Unlock()
+		return nil, fmt.Errorf("warm pools of node %s may hold %d sandboxes in all; %d are taken by other pools: %w",
+			m.cfg.Node, m.cfg.MaxWarm, others, errdefs.ErrResourceExhausted)
+	}
+	p := m.pools[key]
+	if p == nil {
+		p = &pool{key: key, shape: shape}
+		if size > 0 {
+			m.pools[key] = p
+		}
+	}
+	p.size = size
+	p.failures, p.retryAt = 0, time.Time{}
+	st := p.status(m.cfg.Node)
+	m.poolMu.Unlock()
+	m.log.Info("warm pool set", "key", key, "env", shape.GetEnvironment(), "size", size)
+	m.kickPools()
+	return st, nil
+}
+
+// WarmPools returns the state of every warm pool of this node.
+func (m *Manager) WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {
+	m.poolMu.Lock()
+	defer m.poolMu.Unlock()
+	out := make([]*dsecv1.WarmPool, 0, len(m.pools))
+	for _, p := range m.pools {
+		out = append(out, p.status(m.cfg.Node))
+	}
+	slices.SortFunc(out, func(a, b *dsecv1.WarmPool) int {
+		if c := cmpString(a.GetSpec().GetEnvironment(), b.GetSpec().GetEnvironment()); c != 0 {
+			return c
+		}
+		return cmpString(a.GetKey(), b.GetKey())
+	})
+	return out, nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (m *Manager) kickPools() {
+	select {
+	case m.poolKick <- struct{}{}:
+	default:
+	}
+}
+
+// takeWarm hands a pooled sandbox of spec's shape to the caller, or returns
+// nil when the pool is empty or missing (the caller then starts one).
+func (m *Manager) takeWarm(ctx context.Context, spec *dsecv1.SandboxSpec) *dsecv1.Sandbox {
+	if len(spec.GetNetworkRules()) > 0 {
+		return nil
+	}
+	key := shapeKey(shapeOf(spec))
+	m.poolMu.Lock()
+	p := m.pools[key]
+	if p == nil || p.size == 0 {
+		m.poolMu.Unlock()
+		return nil
+	}
+	var sb *sandbox
+	for sb == nil && len(p.ready) > 0 {
+		c := p.ready[0]
+		p.ready = p.ready[1:]
+		if c.alive() {
+			sb = c
+		}
+	}
+	if sb == nil {
+		p.missed++
+	} else {
+		p.taken++
+	}
+	m.poolMu.Unlock()
+	m.kickPools()
+	if sb == nil {
+		return nil
+	}
+	rec, err := m.claim(ctx, sb, spec)
+	if err == nil {
+		return rec
+	}
+	if errors.Is(err, errStale) {
+		m.log.Info("warm pool holds an older version of its environment; emptying it", "key", key, "env", spec.GetEnvironment())
+		m.flushPool(ctx, key)
+	} else {
+		m.log.Warn("take sandbox from warm pool", "key", key, "err", err)
+	}
+	go m.stopSandbox(context.WithoutCancel(ctx), sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "dropped from its warm pool")
+	m.poolMu.Lock()
+	p.taken--
+	p.missed++
+	m.poolMu.Unlock()
+	return nil
+}
+
+var errStale = errors.New("the pooled sandbox runs other layers than its environment now names")
+
+// claim turns a pooled sandbox into the caller's: its record takes the
+// caller's spec (labels, TTL and idle timeout included) and starts its
+// lifetime now.
+func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+	layers, err := m.images.ResolveEnvironment(spec.GetEnvironment())
+	if err != nil {
+		return nil, err
+	}
+	digests := make([]string, len(layers))
+	for i, l := range layers {
+		digests[i] = l.Digest
+	}
+	now := time.Now()
+	sb.mu.Lock()
+	rec := sb.rec
+	if !slices.Equal(digests, rec.GetLayerDigests()) {
+		sb.mu.Unlock()
+		return nil, errStale
+	}
+	rec.Spec = cloneSpec(spec)
+	rec.CreatedUnixMs = now.UnixMilli()
+	rec.StartedUnixMs = now.UnixMilli()
+	rec.ExpiresUnixMs = now.Add(time.Duration(spec.GetTtlSeconds()) * time.Second).UnixMilli()
+	rec.LastActiveUnixMs = now.UnixMilli()
+	rec.FromWarmPool = true
+	sb.lastActive = now
+	err = m.states.Save(rec)
+	out := cloneRec(rec)
+	sb.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	sb.pool = ""
+	m.mu.Unlock()
+	if err := m.images.RecordEnvironment(spec.GetEnvironment(), rec.LayerDigests); err != nil {
+		m.log.Warn("record environment use", "env", spec.GetEnvironment(), "err", err)
+	}
+	m.log.Debug("sandbox taken from warm pool", "id", out.GetId(), "env", spec.GetEnvironment(), "took", time.Since(now))
+	return out, nil
+}
+
+// flushPool deletes the idle sandboxes of one pool; the refill starts new ones.
+func (m *Manager) flushPool(ctx context.Context, key string) {
+	m.poolMu.Lock()
+	var drop []*sandbox
+	if p := m.pools[key]; p != nil {
+		drop, p.ready = p.ready, nil
+	}
+	m.poolMu.Unlock()
+	for _, sb := range drop {
+		go m.stopSandbox(context.WithoutCancel(ctx), sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "dropped from its warm pool")
+	}
+	m.kickPools()
+}
+
+// poolLoop refills the warm pools until Shutdown.
+func (m *Manager) poolLoop() {
+	defer m.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.poolKick:
+		case <-tick.C:
+		}
+		m.refill()
+	}
+}
+
+// refill drops dead and surplus members and starts what the pools lack,
+// at most cfg.WarmStarts at a time, and none while a caller's create is
+// starting a container: the caller waits on that one, nobody on a refill.
+func (m *Manager) refill() {
+	var drop []*sandbox
+	now := time.Now()
+	m.poolMu.Lock()
+	total, starting := 0, 0
+	for _, p := range m.pools {
+		p.ready = slices.DeleteFunc(p.ready, func(sb *sandbox) bool { return !sb.alive() })
+		for len(p.ready) > p.size {
+			drop = append(drop, p.ready[len(p.ready)-1])
+			p.ready = p.ready[:len(p.ready)-1]
+		}
+		total += len(p.ready) + p.starting
+		starting += p.starting
+	}
+	keys := make([]string, 0, len(m.pools))
+	for k := range m.pools {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		p := m.pools[k]
+		if p.size == 0 && p.starting == 0 && len(p.ready) == 0 {
+			delete(m.pools, k)
+			continue
+		}
+		for p.size > len(p.ready)+p.starting && starting < m.cfg.WarmStarts && total < m.cfg.MaxWarm &&
+			m.cold.Load() == 0 && !now.Before(p.retryAt) && m.admitWarm() == nil {
+			p.starting++
+			starting++
+			total++
+			m.wg.Add(1)
+			go m.refillOne(p)
+		}
+	}
+	m.poolMu.Unlock()
+	for _, sb := range drop {
+		m.stopSandbox(context.Background(), sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "its warm pool shrank")
+	}
+}
+
+// admitWarm is admit for a pool member: members count against the node's
+// sandbox limit too, so that a refill never fills the node.
+func (m *Manager) admitWarm() error {
+	m.mu.Lock()
+	live := 0
+	for _, sb := range m.sandboxes {
+		if sb.gone.IsZero() {
+			live++
+		}
+	}
+	m.mu.Unlock()
+	if max := m.cfg.Limits.MaxSandboxes; max > 0 && live >= max {
+		return fmt.Errorf("node %s holds its maximum of %d sandboxes: %w", m.cfg.Node, max, errdefs.ErrResourceExhausted)
+	}
+	return m.admit()
+}
+
+func (m *Manager) refillOne(p *pool) {
+	defer m.wg.Done()
+	spec := cloneSpec(p.shape)
+	spec.Labels = map[string]string{poolLabel: p.key}
+	sb, err := m.start(context.Background(), m.NewID(), spec, p.key)
+	m.poolMu.Lock()
+	p.starting--
+	keep := err == nil && m.pools[p.key] == p && len(p.ready) < p.size
+	if err != nil {
+		p.failures++
+		p.lastErr = err.Error()
+		p.retryAt = time.Now().Add(min(time.Second<<min(p.failures, 6), time.Minute))
+	} else {
+		p.failures, p.lastErr = 0, ""
+	}
+	if keep {
+		p.ready = append(p.ready, sb)
+	}
+	m.poolMu.Unlock()
+	if err != nil {
+		m.log.Warn("refill warm pool", "key", p.key, "env", p.shape.GetEnvironment(), "err", err)
+		return
+	}
+	if !keep {
+		m.stopSandbox(context.Background(), sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "its warm pool shrank")
+	}
+	m.kickPools()
+}

@@ -1,0 +1,244 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// waitPool waits until the only warm pool has ready sandboxes ready and
+// none starting, and the runtime holds containers containers.
+func waitPool(t *testing.T, m *Manager, rt *fakeRuntime, ready, containers int) *dsecv1.WarmPool {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	var last []*dsecv1.WarmPool
+	for time.Now().Before(deadline) {
+		last, _ = m.WarmPools(context.Background())
+		ids, _ := rt.List(context.Background())
+		if len(last) == 1 && last[0].GetReady() == int32(ready) && last[0].GetStarting() == 0 && len(ids) == containers {
+			return last[0]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ids, _ := rt.List(context.Background())
+	t.Fatalf("pools %v with %d containers; want %d ready and %d containers", last, len(ids), ready, containers)
+	return nil
+}
+
+func TestWarmPoolServesAndRefills(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	m := newTestManager(t, t.TempDir(), rt, &busy)
+	ctx := context.Background()
+	shape := &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 0.5, MemoryMb: 64}
+
+	p, err := m.SetWarmPool(ctx, shape, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.GetSize() != 2 || p.GetSpec().GetTtlSeconds() != 0 || p.GetSpec().GetCpus() != 0.5 {
+		t.Errorf("pool %v: want size 2 and the shape without a TTL", p)
+	}
+	waitPool(t, m, rt, 2, 2)
+	members, _ := rt.List(ctx)
+	if sbs, _ := m.List(ctx, nil, nil); len(sbs) != 0 {
+		t.Fatalf("List shows pooled sandboxes: %v", sbs)
+	}
+	for _, id := range members {
+		if _, err := m.Get(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("Get of pooled %s: %v, want not found", id, err)
+		}
+		if _, _, err := m.Agent(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("Agent of pooled %s: %v, want not found", id, err)
+		}
+		if err := m.Delete(ctx, id); err != nil {
+			t.Errorf("Delete of pooled %s: %v", id, err)
+		}
+	}
+	waitPool(t, m, rt, 2, 2) // Delete of an unknown ID removed nothing
+
+	// Same shape, other labels, TTL and idle timeout: taken from the pool.
+	ask := &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 0.5, MemoryMb: 64, TtlSeconds: 60,
+		IdleTimeoutSeconds: -1, Labels: map[string]string{"job": "a"}}
+	before := time.Now()
+	got, err := m.Create(ctx, ask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.GetFromWarmPool() || !slices.Contains(members, got.GetId()) {
+		t.Fatalf("create got %s (from pool %v); pool held %v", got.GetId(), got.GetFromWarmPool(), members)
+	}
+	if got.GetSpec().GetLabels()["job"] != "a" || got.GetSpec().GetLabels()[poolLabel] != "" {
+		t.Errorf("labels %v, want the caller's only", got.GetSpec().GetLabels())
+	}
+	if exp := time.UnixMilli(got.GetExpiresUnixMs()); exp.Before(before.Add(59*time.Second)) || exp.After(time.Now().Add(61*time.Second)) {
+		t.Errorf("expires %v, want about a minute after the take", exp)
+	}
+	if g, err := m.Get(ctx, got.GetId()); err != nil || g.GetState() != dsecv1.State_STATE_RUNNING {
+		t.Fatalf("Get of taken sandbox: %v %v", g, err)
+	}
+	if rec, err := m.states.Load(got.GetId()); err != nil || rec.GetSpec().GetLabels()[poolLabel] != "" || !rec.GetFromWarmPool() {
+		t.Fatalf("saved record of taken sandbox: %v %v", rec, err)
+	}
+	st := waitPool(t, m, rt, 2, 3) // refilled
+	if st.GetTaken() != 1 || st.GetMissed() != 0 {
+		t.Errorf("taken %d missed %d, want 1 and 0", st.GetTaken(), st.GetMissed())
+	}
+
+	// Another shape starts its own sandbox.
+	other, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 1})
+	if err != nil || other.GetFromWarmPool() {
+		t.Fatalf("other shape: %v from pool %v", err, other.GetFromWarmPool())
+	}
+
+	// A dead member is replaced.
+	var victim string
+	for _, id := range mustList(t, rt) {
+		if id != got.GetId() && id != other.GetId() {
+			victim = id
+			break
+		}
+	}
+	rt.kill(victim)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ids := mustList(t, rt)
+		ps, _ := m.WarmPools(ctx)
+		if !slices.Contains(ids, victim) && len(ps) == 1 && ps[0].GetReady() == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead member %s not replaced: containers %v, pools %v", victim, ids, ps)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// Size 0 removes the pool and its members; taken sandboxes stay.
+	if _, err := m.SetWarmPool(ctx, shape, 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		ids := mustList(t, rt)
+		ps, _ := m.WarmPools(ctx)
+		if len(ps) == 0 && len(ids) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool not removed: containers %v, pools %v", ids, ps)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if miss, err := m.Create(ctx, ask); err != nil || miss.GetFromWarmPool() {
+		t.Fatalf("create after the pool was removed: %v, from pool %v", err, miss.GetFromWarmPool())
+	}
+}
+
+func mustList(t *testing.T, rt *fakeRuntime) []string {
+	t.Helper()
+	ids, err := rt.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func TestWarmPoolRefusesBadShapes(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	m := newTestManager(t, t.TempDir(), rt, &busy)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		spec *dsecv1.SandboxSpec
+		size int
+		want error
+	}{
+		{"unknown environment", &dsecv1.SandboxSpec{Environment: "nope:1"}, 1, errdefs.ErrNotFound},
+		{"negative size", &dsecv1.SandboxSpec{Environment: "base:1"}, -1, errdefs.ErrInvalidArgument},
+		{"network rules", &dsecv1.SandboxSpec{Environment: "base:1", NetworkRules: map[string]bool{"pypi": true}}, 1, errdefs.ErrFailedPrecondition},
+		{"over the node's cap", &dsecv1.SandboxSpec{Environment: "base:1"}, 257, errdefs.ErrResourceExhausted},
+		{"reserved label", &dsecv1.SandboxSpec{Environment: "base:1", Labels: map[string]string{poolLabel: "x"}}, 1, errdefs.ErrInvalidArgument},
+	} {
+		if _, err := m.SetWarmPool(ctx, tc.spec, tc.size); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if _, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Labels: map[string]string{poolLabel: "x"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("create with the pool label: %v, want invalid argument", err)
+	}
+	if ps, _ := m.WarmPools(ctx); len(ps) != 0 {
+		t.Errorf("refused pools were kept: %v", ps)
+	}
+}
+
+func TestWarmPoolDropsStaleEnvironment(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	images := &fakeImages{}
+	m := newTestManagerWith(t, t.TempDir(), rt, &busy, images)
+	ctx := context.Background()
+	shape := &dsecv1.SandboxSpec{Environment: "base:1"}
+	if _, err := m.SetWarmPool(ctx, shape, 2); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, m, rt, 2, 2)
+	old := mustList(t, rt)
+
+	images.retag("sha256:bb") // base:1 now names another layer
+	sb, err := m.Create(ctx, shape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.GetFromWarmPool() || slices.Contains(old, sb.GetId()) || sb.GetLayerDigests()[0] != "sha256:bb" {
+		t.Fatalf("create after retag got %s on %v (from pool %v); stale members were %v", sb.GetId(), sb.GetLayerDigests(), sb.GetFromWarmPool(), old)
+	}
+	waitPool(t, m, rt, 2, 3)
+	for _, id := range old {
+		if slices.Contains(mustList(t, rt), id) {
+			t.Errorf("stale member %s still runs", id)
+		}
+	}
+	again, err := m.Create(ctx, shape)
+	if err != nil || !again.GetFromWarmPool() || again.GetLayerDigests()[0] != "sha256:bb" {
+		t.Fatalf("create from the refilled pool: %v %v", again, err)
+	}
+}
+
+func TestRecoverRemovesPooledSandboxes(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	dir := t.TempDir()
+	m := newTestManager(t, dir, rt, &busy)
+	ctx := context.Background()
+	shape := &dsecv1.SandboxSpec{Environment: "base:1"}
+	if _, err := m.SetWarmPool(ctx, shape, 2); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, m, rt, 2, 2)
+	taken, err := m.Create(ctx, shape)
+	if err != nil || !taken.GetFromWarmPool() {
+		t.Fatalf("take: %v %v", taken, err)
+	}
+	waitPool(t, m, rt, 2, 3)
+	m.Shutdown()
+
+	m2 := newTestManager(t, dir, rt, &busy)
+	if ids := mustList(t, rt); len(ids) != 1 || ids[0] != taken.GetId() {
+		t.Fatalf("after recover the runtime holds %v, want only the taken %s", ids, taken.GetId())
+	}
+	if got, err := m2.Get(ctx, taken.GetId()); err != nil || got.GetState() != dsecv1.State_STATE_RUNNING {
+		t.Fatalf("taken sandbox after recover: %v %v", got, err)
+	}
+	if ps, _ := m2.WarmPools(ctx); len(ps) != 0 {
+		t.Fatalf("pools survived a restart: %v", ps)
+	}
+	if err := m2.Teardown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
