@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
@@ -92,7 +93,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 
 	mux := http.NewServeMux()
-	path, handler := agentv1connect.NewAgentServiceHandler(h)
+	// The edge's client asks for no compression; should another ask, only
+	// large messages are worth it on a local socket.
+	path, handler := agentv1connect.NewAgentServiceHandler(h, connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, handler)
 	pingPath := agentv1connect.AgentServicePingProcedure
 	protocols := new(http.Protocols)

@@ -32,6 +32,7 @@ type Options struct {
 	Burst    int    // concurrent creates in the burst
 	Execs    int    // execs in one warm sandbox
 	Idle     int    // idle sandboxes for the memory figure
+	Warm     int    // warm pool size for the pooled create figure; 0 skips it
 	Baseline bool   // also measure bare runc
 	Runtime  string // runc binary for the baseline
 	Progress io.Writer
@@ -48,6 +49,8 @@ type Latency struct {
 // Side is one system's figures.
 type Side struct {
 	CreateToExec     Latency `json:"create_to_first_exec"`
+	WarmCreateToExec Latency `json:"create_to_first_exec_warm_pool,omitzero"`
+	WarmPoolHits     int     `json:"warm_pool_hits,omitempty"`
 	BurstCreateExec  Latency `json:"burst_create_to_first_exec"`
 	BurstWallS       float64 `json:"burst_wall_s"`
 	BurstPerSecond   float64 `json:"burst_per_second"`
@@ -180,6 +183,12 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error
 	}
 	side.CreateToExec = summarize(lat)
 
+	if o.Warm > 0 {
+		if err := runWarm(ctx, c, o, spec, side); err != nil {
+			return nil, err
+		}
+	}
+
 	// Burst.
 	o.logf("dsec: burst of %d concurrent creates", o.Burst)
 	ids := make([]string, o.Burst)
@@ -263,6 +272,67 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error
 	return side, nil
 }
 
+// runWarm measures create → first exec from a warm pool of o.Warm
+// sandboxes of spec's shape: the pool is filled first, and each round waits
+// until the refill has put a sandbox back, as a trainer whose creates come
+// slower than the pool refills would see. The pool is removed at the end.
+func runWarm(ctx context.Context, c *apiclient.Clients, o Options, spec *dsecv1.SandboxSpec, side *Side) error {
+	o.logf("dsec: %d sequential create → exec from a warm pool of %d", o.Seq, o.Warm)
+	setPool := func(size int) error {
+		_, err := c.Sandboxes.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: spec, Size: int32(size)}))
+		return err
+	}
+	if err := setPool(o.Warm); err != nil {
+		return fmt.Errorf("set warm pool: %w", err)
+	}
+	defer setPool(0)
+	waitReady := func(n int32) error {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			resp, err := c.Sandboxes.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
+			if err != nil {
+				return err
+			}
+			for _, p := range resp.Msg.GetPools() {
+				if p.GetSpec().GetEnvironment() == spec.GetEnvironment() && p.GetReady() >= n {
+					return nil
+				}
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("warm pool did not reach %d ready sandboxes in 2 minutes: %v", n, resp.Msg.GetPools())
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	if err := waitReady(int32(o.Warm)); err != nil {
+		return err
+	}
+	var lat []time.Duration
+	for range o.Seq {
+		if err := waitReady(1); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
+		if err != nil {
+			return fmt.Errorf("create from warm pool: %w", err)
+		}
+		sb := resp.Msg.GetSandboxes()[0]
+		err = execTrue(ctx, c, sb.GetId())
+		d := time.Since(t0)
+		deleteAll(c, []string{sb.GetId()})
+		if err != nil {
+			return err
+		}
+		if sb.GetFromWarmPool() {
+			side.WarmPoolHits++
+		}
+		lat = append(lat, d)
+	}
+	side.WarmCreateToExec = summarize(lat)
+	return nil
+}
+
 // Print writes the report as a table.
 func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
@@ -284,6 +354,10 @@ func (r *Report) Print(w io.Writer) {
 	}
 	row("create→first exec p50", r.Dsec.CreateToExec.P50, b.CreateToExec.P50, "ms")
 	row("create→first exec p99", r.Dsec.CreateToExec.P99, b.CreateToExec.P99, "ms")
+	if r.Dsec.WarmCreateToExec.N > 0 {
+		row("warm pool create→first exec p50", r.Dsec.WarmCreateToExec.P50, b.CreateToExec.P50, "ms")
+		row("warm pool create→first exec p99", r.Dsec.WarmCreateToExec.P99, b.CreateToExec.P99, "ms")
+	}
 	row(fmt.Sprintf("burst(%d) create→exec p50", r.Burst), r.Dsec.BurstCreateExec.P50, b.BurstCreateExec.P50, "ms")
 	row(fmt.Sprintf("burst(%d) create→exec p99", r.Burst), r.Dsec.BurstCreateExec.P99, b.BurstCreateExec.P99, "ms")
 	row("burst throughput", r.Dsec.BurstPerSecond, b.BurstPerSecond, "/s")
@@ -295,6 +369,10 @@ func (r *Report) Print(w io.Writer) {
 	tw.Flush()
 	fmt.Fprintf(w, "burst errors: %d; idle sandboxes answering exec: %d/%d; dsecd RSS at that load: %.0f MiB\n",
 		r.Dsec.BurstErrors, r.Dsec.IdleAnswering, r.Dsec.IdleCount, r.Dsec.DaemonRSSMiB)
+	if n := r.Dsec.WarmCreateToExec.N; n > 0 {
+		fmt.Fprintf(w, "warm pool rows: %d of %d creates were served by the pool (each round waits for the refill); the other rows start a container per create.\n",
+			r.Dsec.WarmPoolHits, n)
+	}
 	fmt.Fprintln(w, "runc column: bare `runc run` / `runc exec` of an equivalent busybox bundle, measured in this run.")
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)

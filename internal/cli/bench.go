@@ -19,7 +19,7 @@ import (
 const benchEnv = "busybox:bench"
 
 func (a *app) benchCommand() *cobra.Command {
-	o := bench.Options{Env: benchEnv, Seq: 20, Burst: 50, Execs: 200, Idle: 100, Baseline: true, Runtime: "runc"}
+	o := bench.Options{Env: benchEnv, Seq: 20, Burst: 50, Execs: 200, Idle: 100, Warm: 4, Baseline: true, Runtime: "runc"}
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "measure create, exec and memory figures against bare runc in the same run",
@@ -38,6 +38,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&o.Seq, "seq", o.Seq, "sequential create → exec rounds")
 	f.IntVar(&o.Burst, "burst", o.Burst, "concurrent creates in the burst")
 	f.IntVar(&o.Execs, "execs", o.Execs, "execs in one warm sandbox")
+	f.IntVar(&o.Warm, "warm-pool", o.Warm, "warm pool size for the pooled create → exec rounds (0: skip them)")
 	f.IntVar(&o.Idle, "idle", o.Idle, "idle sandboxes for the memory figure")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
 	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand())

@@ -32,19 +32,26 @@ type specFlags struct {
 }
 
 func (f *specFlags) add(cmd *cobra.Command) {
+	f.addShape(cmd)
+	fl := cmd.Flags()
+	fl.DurationVar(&f.ttl, "ttl", 0, "hard lifetime, e.g. 30m (default: the node's)")
+	fl.DurationVar(&f.idle, "idle-timeout", 0, "stop after this long with no calls and nothing running (default: the node's)")
+	fl.StringArrayVar(&f.labels, "label", nil, "label K=V (repeatable)")
+	fl.StringVar(&f.netRules, "network-rules", "", `network rules as JSON, e.g. {"pypi": true}`)
+}
+
+// addShape adds the flags that make a sandbox's shape: everything but
+// labels, lifetimes and network rules. Warm pools are keyed by it.
+func (f *specFlags) addShape(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.Float64Var(&f.cpus, "cpus", 0, "CPU cores (fractional; default: the node's)")
 	fl.Int64Var(&f.memoryMB, "memory-mb", 0, "memory limit in MiB (default: the node's)")
 	fl.Int64Var(&f.diskMB, "disk-mb", 0, "writable-layer limit in MiB (default: the node's)")
 	fl.Int64Var(&f.pids, "pids", 0, "process limit (default: the node's)")
-	fl.DurationVar(&f.ttl, "ttl", 0, "hard lifetime, e.g. 30m (default: the node's)")
-	fl.DurationVar(&f.idle, "idle-timeout", 0, "stop after this long with no calls and nothing running (default: the node's)")
 	fl.StringVar(&f.user, "user", "", "default user for commands (name or uid[:gid])")
 	fl.StringVar(&f.workdir, "workdir", "", "default working directory for commands")
 	fl.StringVar(&f.hostname, "hostname", "", "host name inside the sandbox")
 	fl.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every command (repeatable)")
-	fl.StringArrayVar(&f.labels, "label", nil, "label K=V (repeatable)")
-	fl.StringVar(&f.netRules, "network-rules", "", `network rules as JSON, e.g. {"pypi": true}`)
 }
 
 func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {

@@ -25,11 +25,13 @@ import (
 // fakeService answers the SandboxService calls a test sets; the rest are unimplemented.
 type fakeService struct {
 	dsecv1connect.UnimplementedSandboxServiceHandler
-	create func(context.Context, *dsecv1.CreateRequest) (*dsecv1.CreateResponse, error)
-	get    func(context.Context, *dsecv1.GetRequest) (*dsecv1.Sandbox, error)
-	exec   func(context.Context, *dsecv1.ExecRequest, *connect.ServerStream[dsecv1.ExecEvent]) error
-	attach func(context.Context, *dsecv1.AttachRequest, *connect.ServerStream[dsecv1.ExecEvent]) error
-	write  func(context.Context, *dsecv1.WriteFileRequest) error
+	create        func(context.Context, *dsecv1.CreateRequest) (*dsecv1.CreateResponse, error)
+	get           func(context.Context, *dsecv1.GetRequest) (*dsecv1.Sandbox, error)
+	exec          func(context.Context, *dsecv1.ExecRequest, *connect.ServerStream[dsecv1.ExecEvent]) error
+	attach        func(context.Context, *dsecv1.AttachRequest, *connect.ServerStream[dsecv1.ExecEvent]) error
+	write         func(context.Context, *dsecv1.WriteFileRequest) error
+	setWarmPool   func(context.Context, *dsecv1.SetWarmPoolRequest) (*dsecv1.WarmPool, error)
+	listWarmPools func(context.Context) (*dsecv1.ListWarmPoolsResponse, error)
 }
 
 func (f *fakeService) Create(ctx context.Context, r *connect.Request[dsecv1.CreateRequest]) (*connect.Response[dsecv1.CreateResponse], error) {

@@ -564,6 +564,69 @@ func TestLiveNetwork(t *testing.T) {
 	}
 }
 
+func TestLiveWarmPool(t *testing.T) {
+	c := requireLive(t)
+	shape := func() *CreateOptions { return &CreateOptions{Env: map[string]string{"POOL": "warm"}} }
+	p, err := c.SetWarmPool(t.Context(), liveEnv, 1, shape())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.SetWarmPool(context.Background(), liveEnv, 0, shape()) })
+	if p.Size != 1 || p.Key == "" || p.Environment != liveEnv {
+		t.Fatalf("SetWarmPool = %+v", p)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for ready := false; !ready; {
+		pools, err := c.WarmPools(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range pools {
+			if q.Key == p.Key {
+				ready = q.Ready == 1
+				if !ready && time.Now().After(deadline) {
+					t.Fatalf("pool not ready after 30s: %+v", q)
+				}
+			}
+		}
+		if !ready {
+			if time.Now().After(deadline) {
+				t.Fatalf("pool %s is not listed: %+v", p.Key, pools)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// Labels and TTL are not part of the shape.
+	o := shape()
+	o.TTL = 10 * time.Minute
+	sb := newSandbox(t, c, o)
+	if !sb.FromWarmPool() {
+		t.Fatalf("sandbox %s was not taken from the pool", sb.ID)
+	}
+	res, err := sb.Exec(t.Context(), Sh("echo $POOL"), nil)
+	if err != nil || string(res.Stdout) != "warm\n" {
+		t.Fatalf("Exec in a pooled sandbox: %v %v", res, err)
+	}
+	if other := newSandbox(t, c, nil); other.FromWarmPool() {
+		t.Errorf("sandbox %s of another shape came from the pool", other.ID)
+	}
+	if _, err := c.SetWarmPool(t.Context(), liveEnv, 0, shape()); err != nil {
+		t.Fatal(err)
+	}
+	pools, err := c.WarmPools(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range pools {
+		if q.Key == p.Key && q.Size != 0 {
+			t.Errorf("pool still listed after size 0: %+v", q)
+		}
+	}
+	if _, err := c.SetWarmPool(t.Context(), liveEnv, 1, &CreateOptions{NetworkRules: map[string]bool{"pypi": true}}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("pool with network rules: %v, want ErrInvalidArgument", err)
+	}
+}
+
 func TestLiveDaemonKilledMidExec(t *testing.T) {
 	c := requireLive(t)
 	sb := newSandbox(t, c, nil)

@@ -121,6 +121,7 @@ type Manager struct {
 	poolMu   sync.Mutex
 	pools    map[string]*pool
 	poolKick chan struct{}
+	lastTake time.Time // guarded by poolMu
 	// cold counts creates starting a container for a caller; refills wait
 	// while any does.
 	cold atomic.Int32

@@ -184,6 +184,7 @@ func (m *Manager) takeWarm(ctx context.Context, spec *dsecv1.SandboxSpec) *dsecv
 		p.missed++
 	} else {
 		p.taken++
+		m.lastTake = time.Now()
 	}
 	m.poolMu.Unlock()
 	m.kickPools()
@@ -245,9 +246,12 @@ func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSp
 	m.mu.Lock()
 	sb.pool = ""
 	m.mu.Unlock()
-	if err := m.images.RecordEnvironment(spec.GetEnvironment(), rec.LayerDigests); err != nil {
-		m.log.Warn("record environment use", "env", spec.GetEnvironment(), "err", err)
-	}
+	// Use accounting rewrites the layer index: not on the caller's clock.
+	go func() {
+		if err := m.images.RecordEnvironment(spec.GetEnvironment(), digests); err != nil {
+			m.log.Warn("record environment use", "env", spec.GetEnvironment(), "err", err)
+		}
+	}()
 	m.log.Debug("sandbox taken from warm pool", "id", out.GetId(), "env", spec.GetEnvironment(), "took", time.Since(now))
 	return out, nil
 }
@@ -282,13 +286,24 @@ func (m *Manager) poolLoop() {
 	}
 }
 
+// refillDelay is how long after a take refills wait.
+const refillDelay = 100 * time.Millisecond
+
 // refill drops dead and surplus members and starts what the pools lack,
-// at most cfg.WarmStarts at a time, and none while a caller's create is
-// starting a container: the caller waits on that one, nobody on a refill.
+// at most cfg.WarmStarts at a time, none while a caller's create is
+// starting a container (the caller waits on that one, nobody on a refill),
+// and none within refillDelay of a take.
 func (m *Manager) refill() {
 	var drop []*sandbox
 	now := time.Now()
 	m.poolMu.Lock()
+	// Whoever just took a sandbox runs its first command now: let it have
+	// the CPU a refill's runc would take.
+	if wait := refillDelay - now.Sub(m.lastTake); wait > 0 {
+		m.poolMu.Unlock()
+		time.AfterFunc(wait, m.kickPools)
+		return
+	}
 	total, starting := 0, 0
 	for _, p := range m.pools {
 		p.ready = slices.DeleteFunc(p.ready, func(sb *sandbox) bool { return !sb.alive() })

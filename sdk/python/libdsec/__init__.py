@@ -15,7 +15,7 @@ see :mod:`libdsec.errors`. The paper's API lives in :mod:`libdsec.compat`.
 
 from . import errors
 from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, Job as AsyncJob, ProcessInfo,
-                   Sandbox as AsyncSandbox, Session as AsyncSession, extract_tar)
+                   Sandbox as AsyncSandbox, Session as AsyncSession, WarmPool, extract_tar)
 from ._sync import Client, Job, Sandbox, Session
 from ._transport import DEFAULT_ADDR, resolve_addr
 from .errors import (CommandFailed, DsecError, InvalidArgument, NotFound, Overloaded, SandboxGone,
@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncJob", "AsyncSession", "Client", "Sandbox", "Job", "Session",
-    "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "extract_tar", "errors", "DEFAULT_ADDR",
-    "resolve_addr", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
+    "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
+    "DEFAULT_ADDR", "resolve_addr", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
     "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed",
 ]

@@ -157,6 +157,29 @@ class ProcessInfo:
     result: Optional[ExecResult] = None
 
 
+@dataclass
+class WarmPool:
+    """A node's pool of started, idle sandboxes of one shape (see set_warm_pool)."""
+    key: str            # the shape's key (a digest of the shape)
+    node: str           # the node holding the pool; every node keeps its own
+    environment: str
+    spec: Dict[str, Any]  # the shape (SandboxSpec as a dict), node defaults filled in
+    size: int           # sandboxes kept ready
+    ready: int = 0      # started, idle and waiting to be taken
+    starting: int = 0   # being started to refill the pool
+    taken: int = 0      # creates served from the pool
+    missed: int = 0     # creates of this shape that found it empty
+    last_error: str = ""  # why the last refill failed; "" when it did not
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "WarmPool":
+        spec = dict(d.get("spec") or {})
+        return WarmPool(key=d.get("key", ""), node=d.get("node", ""), environment=spec.get("environment", ""),
+                        spec=spec, size=int(d.get("size", 0)), ready=int(d.get("ready", 0)),
+                        starting=int(d.get("starting", 0)), taken=int(d.get("taken", 0)),
+                        missed=int(d.get("missed", 0)), last_error=d.get("lastError", ""))
+
+
 class _Collector:
     """Turns ExecEvent JSON into output buffers and, at the end, an ExecResult."""
 
@@ -339,6 +362,39 @@ class AsyncClient:
         await asyncio.gather(*(one(sb) for sb in sbs))
         return len(sbs)
 
+    # --- warm pools ---
+
+    async def set_warm_pool(self, env: str, size: int, *, backend: str = "container",
+                            cpus: Optional[float] = None, memory_mb: Optional[int] = None,
+                            disk_mb: Optional[int] = None, pids: Optional[int] = None,
+                            ttl_s: Optional[float] = None, idle_timeout_s: Optional[float] = None,
+                            user: Optional[str] = None, env_vars: Optional[Mapping[str, str]] = None,
+                            labels: Optional[Mapping[str, str]] = None,
+                            network_rules: Optional[Mapping[str, bool]] = None,
+                            hostname: Optional[str] = None, workdir: Optional[str] = None,
+                            timeout: Optional[float] = None) -> WarmPool:
+        """Keep size sandboxes of env's shape started and idle on the node.
+
+        A create with the same environment and shape then takes one at once
+        instead of starting a container; the pool refills in the background.
+        The shape is the spec without labels, ttl_s and idle_timeout_s (after
+        node defaults), so the arguments are create's and those three are
+        accepted but do not matter. size 0 removes the pool and its idle
+        sandboxes. Sandboxes with network_rules cannot be pooled
+        (InvalidArgument).
+        """
+        if size < 0:
+            raise errors.InvalidArgument("warm pool size must not be negative")
+        spec = self._spec(env, backend, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
+                          env_vars, labels, network_rules, hostname, workdir)
+        resp = await self._call("SetWarmPool", {"spec": spec, "size": int(size)}, timeout, idempotent=True)
+        return WarmPool.from_json(resp)
+
+    async def warm_pools(self, *, timeout: Optional[float] = None) -> List[WarmPool]:
+        """The warm pools of every node and how full they are."""
+        resp = await self._call("ListWarmPools", {}, timeout, idempotent=True)
+        return [WarmPool.from_json(d) for d in resp.get("pools", [])]
+
     # --- layers ---
 
     async def list_layers(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
@@ -441,6 +497,11 @@ class Sandbox:
     def address(self) -> str:
         """The sandbox's IPv4 address if it has network rules, else ""."""
         return self.info.get("address", "")
+
+    @property
+    def from_warm_pool(self) -> bool:
+        """Whether the sandbox was taken from a warm pool rather than started for its create."""
+        return bool(self.info.get("fromWarmPool", False))
 
     async def refresh(self, *, timeout: Optional[float] = None) -> "Sandbox":
         self.info = await self.client._call("Get", {"id": self.id}, timeout, idempotent=True)

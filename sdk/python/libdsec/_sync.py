@@ -11,7 +11,7 @@ import threading
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from . import _aio
-from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, ProcessInfo
+from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, ProcessInfo, WarmPool
 
 
 class _Loop:
@@ -79,6 +79,12 @@ class Client:
     def reap(self, labels: Optional[Mapping[str, str]] = None, *, timeout: Optional[float] = None) -> int:
         return self._run(self._a.reap(labels, timeout=timeout))
 
+    def set_warm_pool(self, env: str, size: int, **kw) -> WarmPool:
+        return self._run(self._a.set_warm_pool(env, size, **kw))
+
+    def warm_pools(self, *, timeout: Optional[float] = None) -> List[WarmPool]:
+        return self._run(self._a.warm_pools(timeout=timeout))
+
     def list_layers(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         return self._run(self._a.list_layers(timeout=timeout))
 
@@ -122,6 +128,7 @@ class Sandbox:
     node = property(lambda self: self._a.node)
     labels = property(lambda self: self._a.labels)
     address = property(lambda self: self._a.address)
+    from_warm_pool = property(lambda self: self._a.from_warm_pool)
 
     def _run(self, coro):
         return self.client._run(coro)

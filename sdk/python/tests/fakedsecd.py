@@ -1,11 +1,21 @@
 """An in-memory imitation of dsecd's SandboxService on top of FakeServer,
 enough for protocol, concurrency and compat tests without a daemon."""
 
+import hashlib
 import itertools
+import json
 import shlex
 import threading
 
 from fakeconnect import FakeServer, b64
+
+
+_NOT_SHAPE = ("labels", "ttlSeconds", "idleTimeoutSeconds")
+
+
+def _shape_key(spec):
+    shape = {k: v for k, v in spec.items() if k not in _NOT_SHAPE}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
 
 
 class FakeDsecd:
@@ -16,7 +26,9 @@ class FakeDsecd:
         self.keys = {}
         self.creates = 0
         self.ids = itertools.count(1)
-        for m in ("Create", "Get", "List", "Delete", "Exec", "ReadFile", "WriteFile"):
+        self.pools = {}
+        for m in ("Create", "Get", "List", "Delete", "Exec", "ReadFile", "WriteFile", "SetWarmPool",
+                  "ListWarmPools"):
             self.server.route(m, getattr(self, m.lower()))
         self.server.route("ListLayers", lambda c: c.reply({"layers": []}), service="dsec.v1.LayerService")
 
@@ -39,11 +51,40 @@ class FakeDsecd:
                 sid = "sb-fake-%06d" % next(self.ids)
                 sb = {"id": sid, "node": "fake", "spec": call.msg.get("spec", {}), "state": "STATE_RUNNING",
                       "createdUnixMs": "1700000000000", "files": {}}
+                pool = self.pools.get(_shape_key(sb["spec"]))
+                if pool is not None:
+                    # The fake's pools refill at once, so a pool of size > 0 is never empty.
+                    pool["taken"] = str(int(pool["taken"]) + 1)
+                    sb["fromWarmPool"] = True
                 self.sandboxes[sid] = sb
                 out.append(sb)
             if key:
                 self.keys[key] = [s["id"] for s in out]
         call.reply({"sandboxes": out})
+
+    def setwarmpool(self, call):
+        spec = call.msg.get("spec", {})
+        size = int(call.msg.get("size", 0))
+        if not spec.get("environment"):
+            call.error("invalid_argument", "spec.environment is required (BASE[+LAYER...])")
+            return
+        if spec.get("networkRules"):
+            call.error("invalid_argument", "warm pools hold sandboxes without network rules")
+            return
+        key = _shape_key(spec)
+        shape = {k: v for k, v in spec.items() if k not in _NOT_SHAPE}
+        with self.lock:
+            pool = self.pools.get(key) or {"key": key, "node": "fake", "spec": shape, "taken": "0", "missed": "0"}
+            pool = dict(pool, size=size, ready=size)
+            if size == 0:
+                self.pools.pop(key, None)
+            else:
+                self.pools[key] = pool
+        call.reply(pool)
+
+    def listwarmpools(self, call):
+        with self.lock:
+            call.reply({"pools": list(self.pools.values())})
 
     def _sb(self, call, id_field="sandboxId"):
         sid = call.msg.get(id_field, "")

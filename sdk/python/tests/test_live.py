@@ -275,6 +275,40 @@ class NetworkLiveTest(unittest.TestCase):
         self.assertEqual(sb.refresh().info["spec"]["networkRules"], {"example.invalid": True})
 
 
+class WarmPoolLiveTest(unittest.TestCase):
+    """A warm pool on a real node: fills, serves a create of its shape, goes away at size 0."""
+
+    def test_pool_serves_create(self):
+        c = libdsec.Client(D.addr)
+        self.addCleanup(c.close)  # runs last: cleanups run in reverse
+        shape = {"env_vars": {"POOL": "warm"}}
+        pool = c.set_warm_pool(ENV, 1, **shape)
+        self.addCleanup(lambda: c.set_warm_pool(ENV, 0, **shape))
+        self.assertEqual((pool.size, pool.environment), (1, ENV))
+        self.assertTrue(pool.key)
+        deadline = time.monotonic() + 30
+        while True:
+            mine = [p for p in c.warm_pools() if p.key == pool.key]
+            self.assertEqual(len(mine), 1, "the pool is not listed")
+            if mine[0].ready == 1:
+                break
+            if time.monotonic() > deadline:
+                self.fail(f"pool not ready after 30 s: {mine[0]}")
+            time.sleep(0.1)
+        # Labels and lifetimes are not part of the shape.
+        sb = c.create(ENV, labels={"test": "warm"}, ttl_s=600, **shape)
+        self.addCleanup(lambda: c.delete(sb.id))
+        self.assertTrue(sb.from_warm_pool, sb.info)
+        self.assertEqual(sb.exec("echo $POOL").stdout, "warm\n")
+        other = c.create(ENV, labels={"test": "warm"})
+        self.addCleanup(lambda: c.delete(other.id))
+        self.assertFalse(other.from_warm_pool)
+        with self.assertRaises(errors.InvalidArgument):
+            c.set_warm_pool(ENV, 1, network_rules={"pypi": True})
+        self.assertEqual(c.set_warm_pool(ENV, 0, **shape).size, 0)
+        self.assertEqual([p for p in c.warm_pools() if p.key == pool.key and p.size != 0], [])
+
+
 class Listing1LiveTest(unittest.TestCase):
     """The paper's Listing 1, verbatim, against a real dsecd."""
 

@@ -585,6 +585,62 @@ class UnixSocketTest(unittest.TestCase):
         self.assertEqual(fake.server.requests[0].headers["Host"], "dsecd")
 
 
+class WarmPoolTest(FakeTestCase):
+    def test_request_shape_and_reply(self):
+        def set_pool(call):
+            call.reply({"key": "k1", "node": "n1", "spec": dict(call.msg["spec"], cpus=1), "size": call.msg["size"],
+                        "starting": call.msg["size"], "taken": "7", "missed": "2", "lastError": "boom"})
+        self.srv.route("SetWarmPool", set_pool)
+        self.srv.route("ListWarmPools", lambda call: call.reply({"pools": [
+            {"key": "k1", "node": "n1", "spec": {"environment": "busybox:test"}, "size": 2, "ready": 1},
+            {"key": "k2", "node": "n2", "spec": {"environment": "alpine:3"}},
+        ]}))
+
+        async def main():
+            async with self.client() as c:
+                p = await c.set_warm_pool("busybox:test", 2, memory_mb=256, env_vars={"A": "b"}, workdir="/w")
+                return p, await c.warm_pools()
+        p, pools = run(main())
+        self.assertEqual(self.srv.requests[0].path, "/dsec.v1.SandboxService/SetWarmPool")
+        self.assertEqual(self.srv.requests[0].msg, {"size": 2, "spec": {
+            "environment": "busybox:test", "backend": "BACKEND_CONTAINER", "memoryMb": "256", "env": {"A": "b"},
+            "workdir": "/w"}})
+        self.assertEqual((p.key, p.node, p.environment, p.size, p.ready, p.starting, p.taken, p.missed, p.last_error),
+                         ("k1", "n1", "busybox:test", 2, 0, 2, 7, 2, "boom"))
+        self.assertEqual(p.spec["cpus"], 1)
+        self.assertEqual([(q.key, q.node, q.environment, q.size, q.ready) for q in pools],
+                         [("k1", "n1", "busybox:test", 2, 1), ("k2", "n2", "alpine:3", 0, 0)])
+
+    def test_negative_size_is_refused_locally(self):
+        async def main():
+            async with self.client() as c:
+                await c.set_warm_pool("busybox:test", -1)
+        with self.assertRaises(errors.InvalidArgument):
+            run(main())
+        self.assertEqual(self.srv.requests, [])
+
+    def test_pool_serves_creates_of_its_shape(self):
+        fake = FakeDsecd()
+        self.addCleanup(fake.close)
+        with libdsec.Client(fake.addr) as c:
+            p = c.set_warm_pool("busybox:test", 1, memory_mb=256)
+            self.assertEqual((p.size, p.environment), (1, "busybox:test"))
+            self.assertEqual([q.key for q in c.warm_pools()], [p.key])
+            # Labels and lifetimes are not part of the shape.
+            with c.create("busybox:test", memory_mb=256, labels={"k": "v"}, ttl_s=60) as sb:
+                self.assertTrue(sb.from_warm_pool)
+                self.assertTrue(c.get(sb.id).from_warm_pool)
+                self.assertEqual(sb.exec("echo hi").stdout, "hi\n")
+            with c.create("busybox:test", memory_mb=512) as other:
+                self.assertFalse(other.from_warm_pool)
+            self.assertEqual(c.warm_pools()[0].taken, 1)
+            with self.assertRaises(errors.InvalidArgument):
+                c.set_warm_pool("busybox:test", 1, network_rules={"pypi": True})
+            self.assertEqual(c.set_warm_pool("busybox:test", 0, memory_mb=256).size, 0)
+            self.assertEqual(c.warm_pools(), [])
+            self.assertFalse(c.sandbox("sb-x").from_warm_pool)
+
+
 class SyncClientTest(unittest.TestCase):
     def test_sync_twin(self):
         fake = FakeDsecd()
