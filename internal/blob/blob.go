@@ -2,7 +2,8 @@
 // of immutable objects, with a local-directory and an S3 implementation, and
 // the chunked layout that layer files are stored in (fixed-size chunks
 // addressed by their sha256, so identical chunks across layers are stored once,
-// plus one index object per layer listing its chunks).
+// optionally zstd-compressed, plus one index object per layer listing its
+// chunks).
 package blob
 
 import (
@@ -37,14 +38,19 @@ const DefaultChunkSize = 1 << 20
 
 var hexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
-// ChunkKey is the key of the chunk whose sha256 is hex.
+// ChunkKey is the key of the raw (uncompressed) chunk whose sha256 is hex;
+// ChunkKeyFor gives the key for any compression.
 func ChunkKey(hex string) string { return "chunks/sha256/" + hex }
 
 // IndexKey is the key of the index of the layer file whose sha256 is hex.
 func IndexKey(hex string) string { return "layers/sha256/" + hex + ".json" }
 
 // Index lists the chunks of one layer file, in file order. Every chunk but
-// the last is ChunkSize bytes long.
+// the last is ChunkSize bytes long. Chunk digests, sizes and ChunkLen are of
+// the plain (uncompressed) bytes whatever the Compression, so identical
+// chunks dedupe across layers and are verified after decoding; Compression
+// only says how each chunk object is encoded in the store and under which
+// key (ChunkKeyFor).
 type Index struct {
 	Digest    string   `json:"digest"`     // "sha256:<hex>" of the whole file
 	Size      int64    `json:"size"`       // bytes of the whole file
@@ -53,7 +59,14 @@ type Index struct {
 	// Meta lists the chunk numbers holding the file system's metadata
 	// (superblock, inodes, directories), which the edge keeps local.
 	Meta []int `json:"meta,omitempty"`
+	// Compression is how the chunk objects are encoded: CompressionNone
+	// ("", plain bytes under ChunkKey, the only format before compression
+	// existed) or CompressionZstd ("zstd", one zstd frame per chunk).
+	Compression string `json:"compression,omitempty"`
 }
+
+// ChunkKey is the key of the object of chunk i.
+func (ix *Index) ChunkKey(i int) string { return ChunkKeyFor(ix.Compression, ix.Chunks[i]) }
 
 // ChunkLen is the length of chunk i.
 func (ix *Index) ChunkLen(i int) int64 {
@@ -77,6 +90,9 @@ func (ix *Index) Validate() error {
 		if !hexDigest.MatchString(c) {
 			return fmt.Errorf("layer index %s: chunk %d digest %q is not sha256 hex", ix.Digest, i, c)
 		}
+	}
+	if err := checkCompression(ix.Compression); err != nil {
+		return fmt.Errorf("layer index %s: %w", ix.Digest, err)
 	}
 	for _, m := range ix.Meta {
 		if m < 0 || m >= len(ix.Chunks) {

@@ -28,17 +28,34 @@ type PutStats struct {
 	Chunks        int   // chunks in the layer
 	Uploaded      int   // chunks written to the store
 	Skipped       int   // chunks already in the store
-	BytesUploaded int64 // bytes of the uploaded chunks
+	BytesUploaded int64 // plain (uncompressed) bytes of the uploaded chunks
+	StoredBytes   int64 // bytes written to the store for them (compressed)
 }
 
-// PutLayer stores the layer file at path in st: it splits the file into
-// chunks of chunkSize bytes (DefaultChunkSize if <= 0), uploads the chunks
-// the store does not hold yet, and writes the layer's index last, so a
-// reader that finds an index finds all its chunks.
+// PutOptions are the choices of PutLayerWith.
+type PutOptions struct {
+	ChunkSize   int64  // bytes per chunk; <= 0: DefaultChunkSize
+	Compression string // CompressionZstd or CompressionNone (raw chunks)
+}
+
+// PutLayer stores the layer file at path in st as zstd-compressed chunks of
+// chunkSize bytes (DefaultChunkSize if <= 0); see PutLayerWith.
 func PutLayer(ctx context.Context, st Store, path string, chunkSize int64) (*Index, PutStats, error) {
+	return PutLayerWith(ctx, st, path, PutOptions{ChunkSize: chunkSize, Compression: CompressionZstd})
+}
+
+// PutLayerWith stores the layer file at path in st: it splits the file into
+// chunks of opts.ChunkSize bytes, encodes them with opts.Compression, uploads
+// the chunk objects the store does not hold yet, and writes the layer's
+// index last, so a reader that finds an index finds all its chunks.
+func PutLayerWith(ctx context.Context, st Store, path string, opts PutOptions) (*Index, PutStats, error) {
 	var stats PutStats
+	chunkSize := opts.ChunkSize
 	if chunkSize <= 0 {
 		chunkSize = DefaultChunkSize
+	}
+	if err := checkCompression(opts.Compression); err != nil {
+		return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -49,7 +66,7 @@ func PutLayer(ctx context.Context, st Store, path string, chunkSize int64) (*Ind
 	if err != nil {
 		return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
 	}
-	ix := &Index{Size: fi.Size(), ChunkSize: chunkSize, Chunks: []string{}}
+	ix := &Index{Size: fi.Size(), ChunkSize: chunkSize, Chunks: []string{}, Compression: opts.Compression}
 	whole := sha256.New()
 	buf := make([]byte, chunkSize)
 	for off := int64(0); off < ix.Size; off += chunkSize {
@@ -64,22 +81,28 @@ func PutLayer(ctx context.Context, st Store, path string, chunkSize int64) (*Ind
 		ix.Chunks = append(ix.Chunks, h)
 		stats.Chunks++
 
-		key := ChunkKey(h)
+		stored, err := EncodeChunk(ix.Compression, chunk)
+		if err != nil {
+			return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+		}
+		key := ChunkKeyFor(ix.Compression, h)
 		size, err := st.Stat(ctx, key)
 		switch {
-		case err == nil && size == n:
+		case err == nil && size == int64(len(stored)):
 			stats.Skipped++
 			continue
 		case err == nil:
-			// A chunk of the wrong size is damage; replace it.
+			// A chunk object of another size is damage (or the work of
+			// another encoder version); replace it.
 		case !errors.Is(err, errdefs.ErrNotFound):
 			return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
 		}
-		if err := st.Put(ctx, key, bytes.NewReader(chunk), n); err != nil {
+		if err := st.Put(ctx, key, bytes.NewReader(stored), int64(len(stored))); err != nil {
 			return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
 		}
 		stats.Uploaded++
 		stats.BytesUploaded += n
+		stats.StoredBytes += int64(len(stored))
 	}
 	ix.Digest = "sha256:" + hex.EncodeToString(whole.Sum(nil))
 	if err := PutIndex(ctx, st, ix); err != nil {
@@ -147,33 +170,45 @@ func GetIndex(ctx context.Context, st Store, hex string) (*Index, error) {
 	return &ix, nil
 }
 
-// FetchChunk reads chunk i of the layer and checks its length and sha256;
-// a mismatch wraps ErrCorrupt.
+// FetchChunk reads chunk i of the layer, decodes it and checks its length
+// and sha256 (DecodeChunk); a mismatch wraps ErrCorrupt.
 func FetchChunk(ctx context.Context, st Store, ix *Index, i int) ([]byte, error) {
 	if i < 0 || i >= len(ix.Chunks) {
 		return nil, fmt.Errorf("fetch chunk %d of %s: out of range [0,%d): %w", i, ix.Digest, len(ix.Chunks), errdefs.ErrInvalidArgument)
 	}
-	h := ix.Chunks[i]
-	want := ix.ChunkLen(i)
-	rc, err := st.Get(ctx, ChunkKey(h))
+	stored, err := ReadChunkObject(ctx, st, ix, i)
 	if err != nil {
 		return nil, fmt.Errorf("fetch chunk %d of %s: %w", i, ix.Digest, err)
 	}
-	defer rc.Close()
-	// Read one byte more than expected to notice a chunk that is too long.
-	buf := bytes.NewBuffer(make([]byte, 0, want+1))
-	if _, err := io.Copy(buf, io.LimitReader(rc, want+1)); err != nil {
+	data, err := DecodeChunk(ix, i, stored)
+	if err != nil {
 		return nil, fmt.Errorf("fetch chunk %d of %s: %w", i, ix.Digest, err)
 	}
-	data := buf.Bytes()
-	if int64(len(data)) != want {
-		return nil, fmt.Errorf("fetch chunk %d of %s: %d bytes, want %d: %w", i, ix.Digest, len(data), want, ErrCorrupt)
-	}
-	sum := sha256.Sum256(data)
-	if got := hex.EncodeToString(sum[:]); got != h {
-		return nil, fmt.Errorf("fetch chunk %d of %s: sha256 %s, want %s: %w", i, ix.Digest, got, h, ErrCorrupt)
-	}
 	return data, nil
+}
+
+// ReadChunkObject reads the stored (possibly compressed) object of chunk i
+// of the layer, undecoded and unverified; pass it to DecodeChunk. An object
+// longer than MaxStoredChunkLen wraps ErrCorrupt without being read whole.
+func ReadChunkObject(ctx context.Context, st Store, ix *Index, i int) ([]byte, error) {
+	if i < 0 || i >= len(ix.Chunks) {
+		return nil, fmt.Errorf("read chunk %d of %s: out of range [0,%d): %w", i, ix.Digest, len(ix.Chunks), errdefs.ErrInvalidArgument)
+	}
+	limit := MaxStoredChunkLen(ix.Compression, ix.ChunkLen(i))
+	rc, err := st.Get(ctx, ix.ChunkKey(i))
+	if err != nil {
+		return nil, fmt.Errorf("read chunk %s: %w", ix.Chunks[i], err)
+	}
+	defer rc.Close()
+	// Read one byte more than allowed to notice an object that is too long.
+	buf := bytes.NewBuffer(make([]byte, 0, ix.ChunkLen(i)+1))
+	if _, err := io.Copy(buf, io.LimitReader(rc, limit+1)); err != nil {
+		return nil, fmt.Errorf("read chunk %s: %w", ix.Chunks[i], err)
+	}
+	if int64(buf.Len()) > limit {
+		return nil, fmt.Errorf("read chunk %s: more than %d stored bytes: %w", ix.Chunks[i], limit, ErrCorrupt)
+	}
+	return buf.Bytes(), nil
 }
 
 // GetLayer writes the whole layer file to w, checking every chunk and the

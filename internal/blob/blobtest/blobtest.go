@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -444,104 +445,190 @@ func countKeys(t *testing.T, st blob.Store, prefix string) int {
 	return len(keys(t, st, prefix))
 }
 
+// compressions are the chunk encodings every layer test runs with.
+var compressions = []struct{ name, c string }{
+	{"raw", blob.CompressionNone},
+	{"zstd", blob.CompressionZstd},
+}
+
+func putLayer(t *testing.T, st blob.Store, data []byte, cs int64, compression string) (*blob.Index, blob.PutStats) {
+	t.Helper()
+	ix, stats, err := blob.PutLayerWith(t.Context(), st, writeFile(t, data), blob.PutOptions{ChunkSize: cs, Compression: compression})
+	if err != nil {
+		t.Fatalf("PutLayerWith: %v", err)
+	}
+	if ix.Compression != compression {
+		t.Fatalf("index compression %q, want %q", ix.Compression, compression)
+	}
+	return ix, stats
+}
+
+// compressible returns n bytes of text-like data that zstd shrinks a few
+// times but that has no long repeats.
+func compressible(t *testing.T, n int) []byte {
+	t.Helper()
+	words := []string{"alpha ", "beta ", "gamma ", "delta ", "epsilon\n", "zeta ", "eta ", "theta ", "iota ", "kappa\n"}
+	r := randBytes(t, n)
+	var b bytes.Buffer
+	for i := 0; b.Len() < n; i++ {
+		b.WriteString(words[int(r[i%n])%len(words)])
+		if i%n == n-1 {
+			r = randBytes(t, n)
+		}
+	}
+	return b.Bytes()[:n]
+}
+
 func testPutLayerDedup(t *testing.T, st blob.Store) {
+	for _, comp := range compressions {
+		t.Run(comp.name, func(t *testing.T) {
+			// Both encodings share the store: each has its own key prefix.
+			testPutLayerDedupWith(t, st, comp.c)
+		})
+	}
+}
+
+func testPutLayerDedupWith(t *testing.T, st blob.Store, compression string) {
 	const cs = 64 << 10
 	x, y, z, w := randBytes(t, cs), randBytes(t, cs), randBytes(t, cs/2), randBytes(t, cs)
 	// Layer A: x y x z (x repeats inside the layer); layer B: x y w w.
 	a := slices.Concat(x, y, x, z)
 	b := slices.Concat(x, y, w, w)
-	ixA, statsA, err := blob.PutLayer(t.Context(), st, writeFile(t, a), cs)
-	if err != nil {
-		t.Fatalf("PutLayer A: %v", err)
-	}
-	if want := (blob.PutStats{Chunks: 4, Uploaded: 3, Skipped: 1, BytesUploaded: 2*cs + cs/2}); statsA != want {
+	prefix := strings.TrimSuffix(blob.ChunkKeyFor(compression, "x"), "x")
+	ixA, statsA := putLayer(t, st, a, cs, compression)
+	if want := (blob.PutStats{Chunks: 4, Uploaded: 3, Skipped: 1, BytesUploaded: 2*cs + cs/2}); statsA.Chunks != want.Chunks ||
+		statsA.Uploaded != want.Uploaded || statsA.Skipped != want.Skipped || statsA.BytesUploaded != want.BytesUploaded {
 		t.Errorf("PutLayer A stats = %+v, want %+v", statsA, want)
+	}
+	if stored := sumSizes(t, st, prefix); statsA.StoredBytes != stored {
+		t.Errorf("PutLayer A stored %d bytes, store holds %d under %s", statsA.StoredBytes, stored, prefix)
+	}
+	if compression == blob.CompressionNone && statsA.StoredBytes != statsA.BytesUploaded {
+		t.Errorf("raw PutLayer stored %d bytes for %d plain", statsA.StoredBytes, statsA.BytesUploaded)
 	}
 	if ixA.Size != int64(len(a)) || len(ixA.Chunks) != 4 || ixA.ChunkLen(3) != cs/2 {
 		t.Errorf("index A = size %d, %d chunks, last %d bytes", ixA.Size, len(ixA.Chunks), ixA.ChunkLen(3))
 	}
-	_, statsB, err := blob.PutLayer(t.Context(), st, writeFile(t, b), cs)
-	if err != nil {
-		t.Fatalf("PutLayer B: %v", err)
-	}
-	if want := (blob.PutStats{Chunks: 4, Uploaded: 1, Skipped: 3, BytesUploaded: cs}); statsB != want {
-		t.Errorf("PutLayer B stats = %+v, want %+v", statsB, want)
+	_, statsB := putLayer(t, st, b, cs, compression)
+	if statsB.Chunks != 4 || statsB.Uploaded != 1 || statsB.Skipped != 3 || statsB.BytesUploaded != cs {
+		t.Errorf("PutLayer B stats = %+v, want 4 chunks, 1 uploaded (%d bytes), 3 skipped", statsB, cs)
 	}
 	// x, y, z, w: each stored once.
-	if n := countKeys(t, st, "chunks/sha256/"); n != 4 {
-		t.Errorf("store holds %d chunks, want 4", n)
-	}
-	if n := countKeys(t, st, "layers/sha256/"); n != 2 {
-		t.Errorf("store holds %d layer indexes, want 2", n)
+	if n := countKeys(t, st, prefix); n != 4 {
+		t.Errorf("store holds %d chunks under %s, want 4", n, prefix)
 	}
 	// Putting A again uploads nothing.
-	_, again, err := blob.PutLayer(t.Context(), st, writeFile(t, a), cs)
-	if err != nil {
-		t.Fatalf("PutLayer A again: %v", err)
-	}
-	if again.Uploaded != 0 || again.Skipped != 4 {
+	_, again := putLayer(t, st, a, cs, compression)
+	if again.Uploaded != 0 || again.Skipped != 4 || again.StoredBytes != 0 {
 		t.Errorf("PutLayer A again stats = %+v, want all skipped", again)
 	}
 }
 
+func sumSizes(t *testing.T, st blob.Store, prefix string) int64 {
+	t.Helper()
+	var n int64
+	if err := st.List(t.Context(), prefix, func(_ string, size int64) error {
+		n += size
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func testLayerRoundTrip(t *testing.T, st blob.Store) {
-	for _, tc := range []struct {
-		name string
-		size int
-		cs   int64
-	}{
-		{"empty", 0, 4096},
-		{"one partial chunk", 100, 4096},
-		{"exact chunks", 3 * 4096, 4096},
-		{"default chunk size", blob.DefaultChunkSize + 17, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			data := randBytes(t, tc.size)
-			ix, _, err := blob.PutLayer(t.Context(), st, writeFile(t, data), tc.cs)
-			if err != nil {
-				t.Fatalf("PutLayer: %v", err)
-			}
-			hex := ix.Digest[len("sha256:"):]
-			got, err := blob.GetIndex(t.Context(), st, hex)
-			if err != nil {
-				t.Fatalf("GetIndex: %v", err)
-			}
-			if got.Digest != ix.Digest || got.Size != int64(tc.size) || !slices.Equal(got.Chunks, ix.Chunks) {
-				t.Fatalf("GetIndex = %+v, want %+v", got, ix)
-			}
-			var buf bytes.Buffer
-			if err := blob.GetLayer(t.Context(), st, got, &buf); err != nil {
-				t.Fatalf("GetLayer: %v", err)
-			}
-			if !bytes.Equal(buf.Bytes(), data) {
-				t.Fatalf("GetLayer returned %d bytes differing from the %d put", buf.Len(), len(data))
-			}
-			for i := range got.Chunks {
-				c, err := blob.FetchChunk(t.Context(), st, got, i)
+	for _, comp := range compressions {
+		for _, tc := range []struct {
+			name string
+			size int
+			cs   int64
+			text bool
+		}{
+			{"empty", 0, 4096, false},
+			{"one partial chunk", 100, 4096, false},
+			{"exact chunks", 3 * 4096, 4096, false},
+			{"compressible", 3*4096 + 5, 4096, true},
+			{"default chunk size", blob.DefaultChunkSize + 17, 0, false},
+		} {
+			t.Run(comp.name+"/"+tc.name, func(t *testing.T) {
+				data := randBytes(t, tc.size)
+				if tc.text {
+					data = compressible(t, tc.size)
+				}
+				ix, stats := putLayer(t, st, data, tc.cs, comp.c)
+				hex := ix.Digest[len("sha256:"):]
+				got, err := blob.GetIndex(t.Context(), st, hex)
 				if err != nil {
-					t.Fatalf("FetchChunk %d: %v", i, err)
+					t.Fatalf("GetIndex: %v", err)
 				}
-				off := int64(i) * got.ChunkSize
-				if !bytes.Equal(c, data[off:off+got.ChunkLen(i)]) {
-					t.Fatalf("FetchChunk %d differs from the file", i)
+				if got.Digest != ix.Digest || got.Size != int64(tc.size) || !slices.Equal(got.Chunks, ix.Chunks) || got.Compression != comp.c {
+					t.Fatalf("GetIndex = %+v, want %+v", got, ix)
 				}
-			}
-			if _, err := blob.FetchChunk(t.Context(), st, got, len(got.Chunks)); !errors.Is(err, errdefs.ErrInvalidArgument) {
-				t.Fatalf("FetchChunk past the end: %v, want invalid argument", err)
-			}
-		})
+				if tc.text && comp.c == blob.CompressionZstd {
+					// Every full chunk's object is smaller than the chunk.
+					for i := range got.Chunks[:len(got.Chunks)-1] {
+						size, err := st.Stat(t.Context(), got.ChunkKey(i))
+						if err != nil {
+							t.Fatal(err)
+						}
+						if size >= got.ChunkLen(i) {
+							t.Errorf("chunk %d stored in %d bytes, plain %d", i, size, got.ChunkLen(i))
+						}
+					}
+					if stats.StoredBytes*2 > stats.BytesUploaded {
+						t.Errorf("compressible layer stored %d bytes for %d plain, want under half", stats.StoredBytes, stats.BytesUploaded)
+					}
+				}
+				var buf bytes.Buffer
+				if err := blob.GetLayer(t.Context(), st, got, &buf); err != nil {
+					t.Fatalf("GetLayer: %v", err)
+				}
+				if !bytes.Equal(buf.Bytes(), data) {
+					t.Fatalf("GetLayer returned %d bytes differing from the %d put", buf.Len(), len(data))
+				}
+				for i := range got.Chunks {
+					c, err := blob.FetchChunk(t.Context(), st, got, i)
+					if err != nil {
+						t.Fatalf("FetchChunk %d: %v", i, err)
+					}
+					off := int64(i) * got.ChunkSize
+					if !bytes.Equal(c, data[off:off+got.ChunkLen(i)]) {
+						t.Fatalf("FetchChunk %d differs from the file", i)
+					}
+				}
+				if _, err := blob.FetchChunk(t.Context(), st, got, len(got.Chunks)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+					t.Fatalf("FetchChunk past the end: %v, want invalid argument", err)
+				}
+			})
+		}
 	}
 }
 
 func testCorruptChunk(t *testing.T, st blob.Store) {
+	for _, comp := range compressions {
+		t.Run(comp.name, func(t *testing.T) {
+			testCorruptChunkWith(t, st, comp.c)
+		})
+	}
+	t.Run("zstd frames", func(t *testing.T) { testCorruptZstd(t, st) })
+	t.Run("encodings apart", func(t *testing.T) { testEncodingsApart(t, st) })
+}
+
+func encode(t *testing.T, compression string, data []byte) []byte {
+	t.Helper()
+	b, err := blob.EncodeChunk(compression, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func testCorruptChunkWith(t *testing.T, st blob.Store, compression string) {
 	const cs = 4096
 	data := randBytes(t, 3*cs)
-	ix, _, err := blob.PutLayer(t.Context(), st, writeFile(t, data), cs)
-	if err != nil {
-		t.Fatalf("PutLayer: %v", err)
-	}
+	ix, _ := putLayer(t, st, data, cs, compression)
 	// Same length, other bytes.
-	put(t, st, blob.ChunkKey(ix.Chunks[1]), randBytes(t, cs))
+	put(t, st, ix.ChunkKey(1), encode(t, compression, randBytes(t, cs)))
 	if _, err := blob.FetchChunk(t.Context(), st, ix, 1); !errors.Is(err, blob.ErrCorrupt) {
 		t.Fatalf("FetchChunk of a changed chunk: %v, want ErrCorrupt", err)
 	}
@@ -550,17 +637,76 @@ func testCorruptChunk(t *testing.T, st blob.Store) {
 	}
 	// Truncated, and too long.
 	for _, bad := range [][]byte{data[2*cs : 2*cs+10], append(slices.Clone(data[2*cs:]), 'x')} {
-		put(t, st, blob.ChunkKey(ix.Chunks[2]), bad)
+		put(t, st, ix.ChunkKey(2), encode(t, compression, bad))
 		if _, err := blob.FetchChunk(t.Context(), st, ix, 2); !errors.Is(err, blob.ErrCorrupt) {
 			t.Fatalf("FetchChunk of a %d-byte chunk: %v, want ErrCorrupt", len(bad), err)
 		}
 	}
 	// Missing.
-	if err := st.Delete(t.Context(), blob.ChunkKey(ix.Chunks[0])); err != nil {
+	if err := st.Delete(t.Context(), ix.ChunkKey(0)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := blob.FetchChunk(t.Context(), st, ix, 0); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("FetchChunk of a missing chunk: %v, want not found", err)
+	}
+}
+
+// testCorruptZstd stores damaged zstd objects for a chunk: each must be
+// refused with ErrCorrupt.
+func testCorruptZstd(t *testing.T, st blob.Store) {
+	const cs = 4096
+	data := compressible(t, 2*cs)
+	ix, _ := putLayer(t, st, data, cs, blob.CompressionZstd)
+	good := encode(t, blob.CompressionZstd, data[:cs])
+	flipped := slices.Clone(good)
+	flipped[len(flipped)/2] ^= 0xff
+	for _, tc := range []struct {
+		name string
+		obj  []byte
+	}{
+		{"garbage", randBytes(t, 100)},
+		{"empty", []byte{}},
+		{"raw chunk", data[:cs]},
+		{"truncated frame", good[:len(good)-5]},
+		{"flipped byte", flipped},
+		{"frame of other bytes", encode(t, blob.CompressionZstd, compressible(t, cs))},
+		{"frame of a prefix", encode(t, blob.CompressionZstd, data[:cs-1])},
+		{"frame of more bytes", encode(t, blob.CompressionZstd, data[:cs+1])},
+		{"two frames", slices.Concat(good, good)},
+		{"bomb", encode(t, blob.CompressionZstd, make([]byte, 64<<20))},
+		{"too long", slices.Concat(good, make([]byte, 2*cs))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			put(t, st, ix.ChunkKey(0), tc.obj)
+			if _, err := blob.FetchChunk(t.Context(), st, ix, 0); !errors.Is(err, blob.ErrCorrupt) {
+				t.Fatalf("FetchChunk: %v, want ErrCorrupt", err)
+			}
+		})
+	}
+	put(t, st, ix.ChunkKey(0), good)
+	if got, err := blob.FetchChunk(t.Context(), st, ix, 0); err != nil || !bytes.Equal(got, data[:cs]) {
+		t.Fatalf("FetchChunk of the repaired chunk: %v", err)
+	}
+}
+
+// testEncodingsApart checks that a raw and a zstd index of the same file
+// read their own objects: damaging one encoding's object does not affect
+// readers of the other.
+func testEncodingsApart(t *testing.T, st blob.Store) {
+	const cs = 4096
+	data := compressible(t, 2*cs+1)
+	raw, _ := putLayer(t, st, data, cs, blob.CompressionNone)
+	z, _ := putLayer(t, st, data, cs, blob.CompressionZstd)
+	if raw.ChunkKey(0) == z.ChunkKey(0) || !slices.Equal(raw.Chunks, z.Chunks) {
+		t.Fatalf("raw key %s, zstd key %s; chunks equal %v", raw.ChunkKey(0), z.ChunkKey(0), slices.Equal(raw.Chunks, z.Chunks))
+	}
+	put(t, st, raw.ChunkKey(0), []byte("damaged"))
+	var buf bytes.Buffer
+	if err := blob.GetLayer(t.Context(), st, z, &buf); err != nil || !bytes.Equal(buf.Bytes(), data) {
+		t.Fatalf("GetLayer zstd after damaging the raw object: %v", err)
+	}
+	if _, err := blob.FetchChunk(t.Context(), st, raw, 0); !errors.Is(err, blob.ErrCorrupt) {
+		t.Fatalf("FetchChunk raw: %v, want ErrCorrupt", err)
 	}
 }
 
@@ -577,6 +723,7 @@ func testCorruptIndex(t *testing.T, st blob.Store) {
 		{"other digest", `{"digest":"sha256:` + h[:63] + `b","size":0,"chunk_size":4096,"chunks":[]}`},
 		{"chunk count", `{"digest":"sha256:` + h + `","size":5000,"chunk_size":4096,"chunks":["` + h + `"]}`},
 		{"bad chunk digest", `{"digest":"sha256:` + h + `","size":10,"chunk_size":4096,"chunks":["xyz"]}`},
+		{"unknown compression", `{"digest":"sha256:` + h + `","size":10,"chunk_size":4096,"chunks":["` + h + `"],"compression":"lz4"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			put(t, st, blob.IndexKey(h), []byte(tc.body))

@@ -185,7 +185,8 @@ func (s *Service) publish(ctx context.Context, digest string) error {
 		}
 	}
 	s.log.Info("published layer", "digest", digest, "chunks", st.Chunks, "uploaded", st.Uploaded,
-		"skipped", st.Skipped, "bytes", st.BytesUploaded, "meta_chunks", len(ix.Meta))
+		"skipped", st.Skipped, "bytes", st.BytesUploaded, "stored_bytes", st.StoredBytes,
+		"compression", ix.Compression, "meta_chunks", len(ix.Meta))
 	return s.publishTar(ctx, digest)
 }
 

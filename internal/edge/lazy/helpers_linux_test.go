@@ -160,8 +160,8 @@ func (s *memStore) chunkGets(ix *blob.Index) map[int]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[int]int{}
-	for i, c := range ix.Chunks {
-		if n := s.gets[blob.ChunkKey(c)]; n > 0 {
+	for i := range ix.Chunks {
+		if n := s.gets[ix.ChunkKey(i)]; n > 0 {
 			out[i] = n
 		}
 	}
@@ -169,7 +169,8 @@ func (s *memStore) chunkGets(ix *blob.Index) map[int]int {
 	return out
 }
 
-// putLayer chunks data into the store and returns its index.
+// putLayer chunks data into the store as raw chunks (the layout of indexes
+// without compression) and returns its index.
 func putLayer(t *testing.T, st blob.Store, data []byte, chunkSize int64) *blob.Index {
 	t.Helper()
 	ctx := context.Background()

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -43,14 +42,19 @@ const (
 
 // LayerStats are one layer's counters since it was added.
 type LayerStats struct {
-	Size          int64 // bytes of the layer file
-	BytesRead     int64 // bytes returned to readers of the file
-	BytesFetched  int64 // bytes fetched from the store (verified)
-	ChunksTotal   int64
-	ChunksFetched int64 // chunks fetched from the store (verified)
-	CacheHits     int64 // chunk reads served from the local cache
-	CacheMisses   int64 // chunk reads that had to wait for a fetch
-	FetchErrors   int64 // failed fetch attempts (store errors, timeouts, bad chunks)
+	Size      int64 // bytes of the layer file
+	BytesRead int64 // bytes returned to readers of the file
+	// BytesFetched is the bytes of verified chunk objects read from the
+	// store: what crossed the network, compressed for a zstd layer.
+	BytesFetched int64
+	// BytesFetchedPlain is the plain (uncompressed) bytes of those chunks;
+	// equal to BytesFetched for a raw layer.
+	BytesFetchedPlain int64
+	ChunksTotal       int64
+	ChunksFetched     int64 // chunks fetched from the store (verified)
+	CacheHits         int64 // chunk reads served from the local cache
+	CacheMisses       int64 // chunk reads that had to wait for a fetch
+	FetchErrors       int64 // failed fetch attempts (store errors, timeouts, bad chunks)
 }
 
 // FS is a mounted lazy layer file system. Its methods are safe for
@@ -79,6 +83,7 @@ type layer struct {
 	ix  *blob.Index
 
 	bytesRead, bytesFetched, chunksFetched atomic.Int64
+	bytesFetchedPlain                      atomic.Int64
 	cacheHits, cacheMisses, fetchErrors    atomic.Int64
 
 	// seen marks chunks read since the trace was last reset; order lists
@@ -366,14 +371,15 @@ func (f *FS) Stats(hex string) LayerStats {
 		return LayerStats{}
 	}
 	return LayerStats{
-		Size:          l.ix.Size,
-		BytesRead:     l.bytesRead.Load(),
-		BytesFetched:  l.bytesFetched.Load(),
-		ChunksTotal:   int64(len(l.ix.Chunks)),
-		ChunksFetched: l.chunksFetched.Load(),
-		CacheHits:     l.cacheHits.Load(),
-		CacheMisses:   l.cacheMisses.Load(),
-		FetchErrors:   l.fetchErrors.Load(),
+		Size:              l.ix.Size,
+		BytesRead:         l.bytesRead.Load(),
+		BytesFetched:      l.bytesFetched.Load(),
+		BytesFetchedPlain: l.bytesFetchedPlain.Load(),
+		ChunksTotal:       int64(len(l.ix.Chunks)),
+		ChunksFetched:     l.chunksFetched.Load(),
+		CacheHits:         l.cacheHits.Load(),
+		CacheMisses:       l.cacheMisses.Load(),
+		FetchErrors:       l.fetchErrors.Load(),
 	}
 }
 
@@ -449,10 +455,11 @@ func (f *FS) fetchRetry(l *layer, i int) ([]byte, error) {
 	var lastErr error
 	backoff := 50 * time.Millisecond
 	for attempt := 1; attempt <= f.cfg.Retries; attempt++ {
-		data, err := f.fetchOnce(l, i)
+		data, stored, err := f.fetchOnce(l, i)
 		if err == nil {
 			l.chunksFetched.Add(1)
-			l.bytesFetched.Add(int64(len(data)))
+			l.bytesFetched.Add(stored)
+			l.bytesFetchedPlain.Add(int64(len(data)))
 			return data, nil
 		}
 		l.fetchErrors.Add(1)
@@ -471,30 +478,32 @@ func (f *FS) fetchRetry(l *layer, i int) ([]byte, error) {
 	return nil, fmt.Errorf("fetch chunk %d of layer %s after %d attempts: %w", i, l.hex, f.cfg.Retries, lastErr)
 }
 
-// errCorrupt marks a chunk whose bytes do not match its index entry.
+// errCorrupt marks a chunk whose stored object does not decode to the bytes
+// its index entry names (the error also wraps blob.ErrCorrupt).
 var errCorrupt = errors.New("chunk does not match its digest")
 
-func (f *FS) fetchOnce(l *layer, i int) ([]byte, error) {
+// fetchOnce reads chunk i's object from the store, decodes it (bounded by
+// the chunk's length) and verifies it. It returns the chunk and the number
+// of bytes read from the store.
+func (f *FS) fetchOnce(l *layer, i int) ([]byte, int64, error) {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.FetchTimeout)
 	defer cancel()
 	hex := l.ix.Chunks[i]
-	want := l.ix.ChunkLen(i)
-	rc, err := f.cfg.Store.Get(ctx, blob.ChunkKey(hex))
+	stored, err := blob.ReadChunkObject(ctx, f.cfg.Store, l.ix, i)
+	if errors.Is(err, blob.ErrCorrupt) {
+		return nil, 0, fmt.Errorf("verify chunk %s: %w: %w", hex, errCorrupt, err)
+	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, want+1))
+	data, err := blob.DecodeChunk(l.ix, i, stored)
+	if errors.Is(err, blob.ErrCorrupt) {
+		return nil, 0, fmt.Errorf("verify chunk %s: %w: %w", hex, errCorrupt, err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("read chunk %s: %w", hex, err)
+		return nil, 0, err
 	}
-	if int64(len(data)) != want {
-		return nil, fmt.Errorf("verify chunk %s: %d bytes, want %d: %w", hex, len(data), want, errCorrupt)
-	}
-	if got := digestHex(data); got != hex {
-		return nil, fmt.Errorf("verify chunk %s: sha256 %s: %w", hex, got, errCorrupt)
-	}
-	return data, nil
+	return data, int64(len(stored)), nil
 }
 
 // writeFileAtomic writes data to path through a temp file and a rename.
