@@ -52,6 +52,8 @@ type Config struct {
 	Limits   sandbox.Limits
 	// OutputLimit is the retained output per command and stream, in bytes.
 	OutputLimit int64
+	// MaxWarm bounds the sandboxes all warm pools hold together; 0 = 256.
+	MaxWarm int
 
 	Network NetworkConfig
 	Storage StorageConfig
@@ -283,6 +285,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		Defaults:  cfg.Defaults,
 		Limits:    cfg.Limits,
 		AgentArgs: agentArgs,
+		MaxWarm:   cfg.MaxWarm,
 	}, n.rt, n.layers, network, agentclient.Dial, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
