@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -346,6 +348,43 @@ func mountErofs(t *testing.T, src string) string {
 		}
 	})
 	return dir
+}
+
+// checkCorruptChunkNeverServed makes the store serve bad(object) for chunk 1
+// of the layer at p (data is the whole layer file) and checks that reads of
+// it fail with EIO after the retries, that nothing corrupt is cached or
+// counted as fetched, that other chunks read meanwhile, and that the chunk
+// reads once the store serves it right again.
+func checkCorruptChunkNeverServed(t *testing.T, st *memStore, f *FS, p string, ix *blob.Index, data []byte, bad func([]byte) []byte) {
+	t.Helper()
+	key := ix.ChunkKey(1)
+	st.mu.Lock()
+	st.corrupt[key] = bad(st.objects[key])
+	st.mu.Unlock()
+
+	if _, err := preadDirect(p, testChunk, 4096); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read corrupt chunk: %v, want EIO", err)
+	}
+	if gets := st.chunkGets(ix); gets[1] != 2 {
+		t.Errorf("corrupt chunk fetched %d times, want 2 (Retries)", gets[1])
+	}
+	if cached, _ := cachedChunks(t, f.cfg.CacheDir); cached[ix.Chunks[1]] {
+		t.Error("corrupt chunk is in the cache")
+	}
+	if s := f.Stats(ix.Digest[7:]); s.FetchErrors != 2 || s.ChunksFetched != 0 || s.BytesFetched != 0 {
+		t.Errorf("stats: %+v", s)
+	}
+	if got, err := preadDirect(p, 2*testChunk, 4096); err != nil || !bytes.Equal(got, data[2*testChunk:2*testChunk+4096]) {
+		t.Fatalf("read good chunk: %v", err)
+	}
+
+	st.mu.Lock()
+	delete(st.corrupt, key)
+	st.mu.Unlock()
+	got, err := preadDirect(p, testChunk, testChunk)
+	if err != nil || !bytes.Equal(got, data[testChunk:2*testChunk]) {
+		t.Fatalf("read fixed chunk: %v", err)
+	}
 }
 
 // dropCaches empties the page, dentry and inode caches, so that the next

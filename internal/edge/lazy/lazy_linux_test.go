@@ -208,35 +208,7 @@ func TestCorruptChunkNeverServed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			key := blob.ChunkKey(ix.Chunks[1])
-			st.mu.Lock()
-			st.corrupt[key] = tc.bad(st.objects[key])
-			st.mu.Unlock()
-
-			if _, err := preadDirect(p, testChunk, 4096); !errors.Is(err, syscall.EIO) {
-				t.Fatalf("read corrupt chunk: %v, want EIO", err)
-			}
-			if gets := st.chunkGets(ix); gets[1] != 2 {
-				t.Errorf("corrupt chunk fetched %d times, want 2 (Retries)", gets[1])
-			}
-			if cached, _ := cachedChunks(t, f.cfg.CacheDir); cached[ix.Chunks[1]] {
-				t.Error("corrupt chunk is in the cache")
-			}
-			if s := f.Stats(ix.Digest[7:]); s.FetchErrors != 2 || s.ChunksFetched != 0 {
-				t.Errorf("stats: %+v", s)
-			}
-			// Other chunks are fine meanwhile.
-			if got, err := preadDirect(p, 2*testChunk, 4096); err != nil || !bytes.Equal(got, data[2*testChunk:2*testChunk+4096]) {
-				t.Fatalf("read good chunk: %v", err)
-			}
-
-			st.mu.Lock()
-			delete(st.corrupt, key)
-			st.mu.Unlock()
-			got, err := preadDirect(p, testChunk, testChunk)
-			if err != nil || !bytes.Equal(got, data[testChunk:2*testChunk]) {
-				t.Fatalf("read fixed chunk: %v", err)
-			}
+			checkCorruptChunkNeverServed(t, st, f, p, ix, data, tc.bad)
 		})
 	}
 }

@@ -3,11 +3,9 @@ package lazy
 import (
 	"bytes"
 	"context"
-	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 
 	"dsec.dev/dsec/internal/blob"
@@ -148,31 +146,7 @@ func TestZstdCorruptChunkNeverServed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			key := ix.ChunkKey(1)
-			st.mu.Lock()
-			st.corrupt[key] = tc.bad(st.objects[key])
-			st.mu.Unlock()
-
-			if _, err := preadDirect(p, testChunk, 4096); !errors.Is(err, syscall.EIO) {
-				t.Fatalf("read corrupt chunk: %v, want EIO", err)
-			}
-			if gets := st.chunkGets(ix); gets[1] != 2 {
-				t.Errorf("corrupt chunk fetched %d times, want 2 (Retries)", gets[1])
-			}
-			if cached, _ := cachedChunks(t, f.cfg.CacheDir); cached[ix.Chunks[1]] {
-				t.Error("corrupt chunk is in the cache")
-			}
-			if s := f.Stats(ix.Digest[7:]); s.FetchErrors != 2 || s.ChunksFetched != 0 || s.BytesFetched != 0 {
-				t.Errorf("stats: %+v", s)
-			}
-
-			st.mu.Lock()
-			delete(st.corrupt, key)
-			st.mu.Unlock()
-			got, err := preadDirect(p, testChunk, testChunk)
-			if err != nil || !bytes.Equal(got, chunk1) {
-				t.Fatalf("read fixed chunk: %v", err)
-			}
+			checkCorruptChunkNeverServed(t, st, f, p, ix, data, tc.bad)
 		})
 	}
 }

@@ -105,37 +105,37 @@ func TestWarmPoolServesAndRefills(t *testing.T) {
 		}
 	}
 	rt.kill(victim)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ids := mustList(t, rt)
-		ps, _ := m.WarmPools(ctx)
-		if !slices.Contains(ids, victim) && len(ps) == 1 && ps[0].GetReady() == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dead member %s not replaced: containers %v, pools %v", victim, ids, ps)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitPools(t, m, rt, "dead member "+victim+" replaced", func(ids []string, ps []*dsecv1.WarmPool) bool {
+		return !slices.Contains(ids, victim) && len(ps) == 1 && ps[0].GetReady() == 2
+	})
 
 	// Size 0 removes the pool and its members; taken sandboxes stay.
 	if _, err := m.SetWarmPool(ctx, shape, 0); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(5 * time.Second)
-	for {
-		ids := mustList(t, rt)
-		ps, _ := m.WarmPools(ctx)
-		if len(ps) == 0 && len(ids) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pool not removed: containers %v, pools %v", ids, ps)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitPools(t, m, rt, "pool removed", func(ids []string, ps []*dsecv1.WarmPool) bool {
+		return len(ps) == 0 && len(ids) == 2
+	})
 	if miss, err := m.Create(ctx, ask); err != nil || miss.GetFromWarmPool() {
 		t.Fatalf("create after the pool was removed: %v, from pool %v", err, miss.GetFromWarmPool())
+	}
+}
+
+// waitPools waits until ok holds for the runtime's containers and the
+// manager's pools.
+func waitPools(t *testing.T, m *Manager, rt *fakeRuntime, what string, ok func(ids []string, ps []*dsecv1.WarmPool) bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ids := mustList(t, rt)
+		ps, _ := m.WarmPools(context.Background())
+		if ok(ids, ps) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s: containers %v, pools %v", what, ids, ps)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
