@@ -55,17 +55,37 @@ class Progress:
             print(line, flush=True)
 
 
+# What every rollout's sandbox asks for; a warm pool of this shape serves them.
+SHAPE = {"memory_mb": 256, "cpus": 0.5}
+
+
+async def fill_warm_pool(client, args):
+    """Keeps args.warm_pool sandboxes of the rollouts' shape started, and
+    waits (up to a minute) until they are."""
+    await client.set_warm_pool(args.env, args.warm_pool, **SHAPE)
+    deadline = time.monotonic() + 60
+    while True:
+        pools = [p for p in await client.warm_pools() if p.environment == args.env]
+        ready = pools[0].ready if pools else 0
+        print(f"\rwarm pool: {ready}/{args.warm_pool} sandboxes started", end="", flush=True)
+        if ready >= args.warm_pool or time.monotonic() > deadline:
+            print()
+            return
+        await asyncio.sleep(0.2)
+
+
 async def rollout(client, args, i, progress, sem):
     patch_path = PATCHES[i % len(PATCHES)]
     name = os.path.basename(patch_path)[: -len(".patch")]
     row = {"rollout": i, "patch": name, "applied": False, "passed": 0, "total": 0, "reward": 0.0,
-           "create_ms": 0.0, "exec_ms": [], "error": "", "note": ""}
+           "create_ms": 0.0, "warm": False, "exec_ms": [], "error": "", "note": ""}
     async with sem:
         progress.started += 1
         t0 = time.monotonic()
-        sb = await client.create(args.env, memory_mb=256, cpus=0.5, ttl_s=600,
+        sb = await client.create(args.env, **SHAPE, ttl_s=600,
                                  labels={"job": "dsec-demo", "rollout": str(i)}, timeout=120)
         row["create_ms"] = (time.monotonic() - t0) * 1000
+        row["warm"] = sb.from_warm_pool
         try:
             async def run(cmd, timeout=60):
                 t = time.monotonic()
@@ -106,16 +126,24 @@ async def main():
     ap.add_argument("--concurrency", type=int, default=32, help="sandboxes alive at once")
     ap.add_argument("--addr", default=None, help="dsecd address (default $DSEC_ADDR)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
+    ap.add_argument("--warm-pool", type=int, default=8,
+                    help="sandboxes of the rollouts' shape kept started beforehand (0: none)")
     args = ap.parse_args()
 
     async with AsyncClient(args.addr) as client:
         await client.reap(labels={"job": "dsec-demo"})  # orphans of an interrupted earlier run
-        progress = Progress(args.rollouts)
-        sem = asyncio.Semaphore(args.concurrency)
-        t0 = time.monotonic()
-        print(f"{args.rollouts} rollouts over {len(PATCHES)} candidate patches in {args.env}")
-        rows = await asyncio.gather(*(rollout(client, args, i, progress, sem) for i in range(args.rollouts)))
-        wall = time.monotonic() - t0
+        if args.warm_pool > 0:
+            await fill_warm_pool(client, args)
+        try:
+            progress = Progress(args.rollouts)
+            sem = asyncio.Semaphore(args.concurrency)
+            t0 = time.monotonic()
+            print(f"{args.rollouts} rollouts over {len(PATCHES)} candidate patches in {args.env}")
+            rows = await asyncio.gather(*(rollout(client, args, i, progress, sem) for i in range(args.rollouts)))
+            wall = time.monotonic() - t0
+        finally:
+            if args.warm_pool > 0:
+                await client.set_warm_pool(args.env, 0, **SHAPE)
         left = await client.list(labels={"job": "dsec-demo"}, states=["running", "creating"])
     print()
     print()
@@ -130,6 +158,10 @@ async def main():
         f"{p}={statistics.mean(r['reward'] for r in rows if r['patch'] == p):.2f}"
         for p in sorted({r["patch"] for r in rows})))
     print(f"create latency: p50 {pct(creates, .5):.0f} ms, p90 {pct(creates, .9):.0f} ms, p99 {pct(creates, .99):.0f} ms")
+    warm = [r["create_ms"] for r in rows if r["warm"]]
+    if warm:
+        print(f"  {len(warm)} of {len(rows)} creates taken from the warm pool: p50 {pct(warm, .5):.0f} ms; "
+              f"the others started a container: p50 {pct([r['create_ms'] for r in rows if r['create_ms'] and not r['warm']], .5):.0f} ms")
     print(f"exec latency:   p50 {pct(execs, .5):.0f} ms, p90 {pct(execs, .9):.0f} ms, p99 {pct(execs, .99):.0f} ms")
     print(f"{len(rows)} rollouts in {wall:.1f}s; errors: {sum(1 for r in rows if r['error'])}; "
           f"sandboxes left running: {len(left)}")

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"dsec.dev/dsec/internal/testutil"
 )
@@ -50,6 +51,7 @@ func TestDemoRollouts(t *testing.T) {
 		Patch  string  `json:"patch"`
 		Reward float64 `json:"reward"`
 		Error  string  `json:"error"`
+		Warm   bool    `json:"warm"`
 	}
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rows); err != nil {
 		t.Fatalf("rollout JSON: %v\n%s", err, out)
@@ -63,12 +65,35 @@ func TestDemoRollouts(t *testing.T) {
 		"05-statistics-module": func(r float64) bool { return r == 1 },
 		"06-edits-the-test":    func(r float64) bool { return r < 1 }, // the grader restores the tests
 	}
+	warm := 0
 	for _, r := range rows {
+		if r.Warm {
+			warm++
+		}
 		if r.Error != "" {
 			t.Errorf("%s: %s", r.Patch, r.Error)
 		}
 		if ok, known := want[r.Patch]; known && !ok(r.Reward) {
 			t.Errorf("%s earned %.2f", r.Patch, r.Reward)
 		}
+	}
+	// The demo fills a warm pool of 8 before its 12 rollouts start.
+	if warm == 0 {
+		t.Errorf("no rollout took its sandbox from the warm pool\n%s", out)
+	}
+	// Its pool is removed at the end: the members drain in the background.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, errOut, code := d.CLI("", "pool", "ls", "--json")
+		if code != 0 {
+			t.Fatalf("pool ls after the demo: %s", errOut)
+		}
+		if !strings.Contains(out, "debian:test") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the demo left its warm pool: %s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -3,6 +3,7 @@ package root
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -169,5 +170,39 @@ func TestWarmPoolAcrossRestart(t *testing.T) {
 	}
 	if resp, err := d.Clients.Sandboxes.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{})); err != nil || len(resp.Msg.GetPools()) != 0 {
 		t.Fatalf("pools after restart: %v %v, want none until set again", resp.Msg.GetPools(), err)
+	}
+}
+
+// `dsecd teardown` after a kill -9 removes everything: sandboxes left
+// running on a node with networking (they have none to detach), a warm
+// pool's members, and members being deleted when the daemon died.
+func TestTeardownAfterKill(t *testing.T) {
+	d := startDaemon(t)
+	ctx := context.Background()
+	for range 2 {
+		if _, err := d.Clients.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: env}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shape := &dsecv1.SandboxSpec{Environment: env}
+	if _, err := d.Clients.Sandboxes.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: shape, Size: 3})); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitWarm(t, d, 3); len(got) != 5 {
+		t.Fatalf("runtime holds %v, want 2 sandboxes and 3 pool members", got)
+	}
+	if _, err := d.Clients.Sandboxes.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: shape, Size: 0})); err != nil {
+		t.Fatal(err)
+	}
+	d.Kill()
+	out, err := exec.Command(filepath.Join(d.Bin, "dsecd"), "teardown", "--root", d.Root).CombinedOutput()
+	if err != nil {
+		t.Fatalf("dsecd teardown: %v\n%s", err, out)
+	}
+	if left := runtimeContainers(t, d); len(left) != 0 {
+		t.Fatalf("teardown left containers %v", left)
+	}
+	if mounts := testutil.Mounts(d.Root); len(mounts) != 0 {
+		t.Fatalf("teardown left mounts %v", mounts)
 	}
 }

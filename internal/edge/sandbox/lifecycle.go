@@ -135,7 +135,7 @@ func (m *Manager) reap(ctx context.Context, id string) {
 		m.log.Warn("remove sandbox", "id", id, "err", err)
 	}
 	if m.net != nil {
-		if err := m.net.Detach(context.WithoutCancel(ctx), id); err != nil {
+		if err := m.net.Detach(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			m.log.Warn("detach sandbox network", "id", id, "err", err)
 		}
 	}
@@ -186,7 +186,8 @@ func (m *Manager) Teardown(ctx context.Context) error {
 			continue
 		}
 		if m.net != nil {
-			if err := m.net.Detach(ctx, id); err != nil {
+			// Most sandboxes have no network to detach.
+			if err := m.net.Detach(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				errs = append(errs, err)
 			}
 		}
