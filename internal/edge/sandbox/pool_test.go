@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -240,5 +241,52 @@ func TestRecoverRemovesPooledSandboxes(t *testing.T) {
 	}
 	if err := m2.Teardown(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Concurrent creates never get the same pooled sandbox, and the pool's
+// counts add up.
+func TestWarmPoolConcurrentTakes(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	m := newTestManager(t, t.TempDir(), rt, &busy)
+	ctx := context.Background()
+	shape := &dsecv1.SandboxSpec{Environment: "base:1"}
+	if _, err := m.SetWarmPool(ctx, shape, 5); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, m, rt, 5, 5)
+	const n = 20
+	ids := make([]string, n)
+	warm := make([]bool, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			sb, err := m.Create(ctx, shape)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids[i], warm[i] = sb.GetId(), sb.GetFromWarmPool()
+		})
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	fromPool := 0
+	for i, id := range ids {
+		if seen[id] {
+			t.Fatalf("sandbox %s handed out twice", id)
+		}
+		seen[id] = true
+		if warm[i] {
+			fromPool++
+		}
+	}
+	if fromPool == 0 {
+		t.Error("no create was served by a full pool of 5")
+	}
+	ps, _ := m.WarmPools(ctx)
+	if len(ps) != 1 || ps[0].GetTaken() != int64(fromPool) || ps[0].GetTaken()+ps[0].GetMissed() != n {
+		t.Errorf("pool counts %v; want taken %d and taken+missed %d", ps, fromPool, n)
 	}
 }
