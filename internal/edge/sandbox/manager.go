@@ -203,8 +203,9 @@ func NodeOf(id string) (string, error) {
 	return rest[:i], nil
 }
 
-// Create makes the sandbox id from spec and returns once its agent answers.
-// On any failure everything made so far is removed.
+// Create makes a sandbox from spec and names it: it takes one from the warm
+// pool of spec's shape when that holds one, else starts one, and returns
+// once its agent answers. On any failure everything made so far is removed.
 func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
 	spec, err := m.applyDefaults(spec)
 	if err != nil {
