@@ -1,5 +1,6 @@
-// Package sandbox is the edge: it owns the sandboxes of one node. It admits
-// or refuses creates, composes each sandbox from its environment's layers,
+// Package sandbox is the edge: it owns the sandboxes of one node. It names
+// and admits or refuses creates, keeps warm pools of started sandboxes that
+// matching creates take, composes each sandbox from its environment's layers,
 // launches it through the container runtime with the agent as pid 1, keeps
 // the channel to the agent, reaps sandboxes past their TTL or idle timeout,
 // notices the ones that died, and persists every record so that a restarted
