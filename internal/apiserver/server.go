@@ -1,7 +1,7 @@
 // Package apiserver is the only door into dsec: it serves the public Connect
-// services, validates requests, names new sandboxes, makes creates
-// idempotent, and forwards every later call to the edge that owns the
-// sandbox. It keeps no per-sandbox state: the node is read from the sandbox
+// services, validates requests, places new sandboxes on edges (which name
+// them), makes creates idempotent, sets warm pools on every edge, and
+// forwards every later call to the edge that owns the sandbox. It keeps no per-sandbox state: the node is read from the sandbox
 // ID, so any number of replicas can serve the same cluster.
 package apiserver
 
