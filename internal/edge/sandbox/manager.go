@@ -215,7 +215,7 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1
 	if rec := m.takeWarm(ctx, spec); rec != nil {
 		return rec, nil
 	}
-	if err := m.admit(); err != nil {
+	if err := m.admit(false); err != nil {
 		return nil, err
 	}
 	m.cold.Add(1)
@@ -488,12 +488,14 @@ func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, er
 	return spec, nil
 }
 
-// admit refuses a create when the node is full or short of memory.
-func (m *Manager) admit() error {
+// admit refuses a create when the node is full or short of memory. Warm
+// pool members count towards full only for a refill (countPooled), so they
+// never keep a caller's create out.
+func (m *Manager) admit(countPooled bool) error {
 	m.mu.Lock()
 	live := 0
 	for _, sb := range m.sandboxes {
-		if sb.gone.IsZero() && sb.pool == "" {
+		if sb.gone.IsZero() && (countPooled || sb.pool == "") {
 			live++
 		}
 	}

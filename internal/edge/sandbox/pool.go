@@ -326,7 +326,7 @@ func (m *Manager) refill() {
 			continue
 		}
 		for p.size > len(p.ready)+p.starting && starting < m.cfg.WarmStarts && total < m.cfg.MaxWarm &&
-			m.cold.Load() == 0 && !now.Before(p.retryAt) && m.admitWarm() == nil {
+			m.cold.Load() == 0 && !now.Before(p.retryAt) && m.admit(true) == nil {
 			p.starting++
 			starting++
 			total++
@@ -338,23 +338,6 @@ func (m *Manager) refill() {
 	for _, sb := range drop {
 		m.stopSandbox(context.Background(), sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "its warm pool shrank")
 	}
-}
-
-// admitWarm is admit for a pool member: members count against the node's
-// sandbox limit too, so that a refill never fills the node.
-func (m *Manager) admitWarm() error {
-	m.mu.Lock()
-	live := 0
-	for _, sb := range m.sandboxes {
-		if sb.gone.IsZero() {
-			live++
-		}
-	}
-	m.mu.Unlock()
-	if max := m.cfg.Limits.MaxSandboxes; max > 0 && live >= max {
-		return fmt.Errorf("node %s holds its maximum of %d sandboxes: %w", m.cfg.Node, max, errdefs.ErrResourceExhausted)
-	}
-	return m.admit()
 }
 
 func (m *Manager) refillOne(p *pool) {
