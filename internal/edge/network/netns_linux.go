@@ -17,37 +17,18 @@ func createNetns(path string) error {
 		return fmt.Errorf("create netns file %s: %w", path, err)
 	}
 	f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		// The thread enters the new namespace; if it cannot get back, it
-		// stays locked and dies with this goroutine instead of serving
-		// other goroutines in the wrong namespace.
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open current netns: %w", err)
-			return
-		}
-		defer orig.Close()
+	err = onOtherNetns(func() error {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("unshare netns: %w", err)
-			return
+			return fmt.Errorf("unshare netns: %w", err)
 		}
-		mountErr := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(mountErr, fmt.Errorf("return to host netns: %w", err))
-			return
+		return nil
+	}, func() error {
+		if err := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind-mount netns at %s: %w", path, err)
 		}
-		runtime.UnlockOSThread()
-		if mountErr != nil {
-			errc <- fmt.Errorf("bind-mount netns at %s: %w", path, mountErr)
-			return
-		}
-		errc <- nil
-	}()
-	if err := <-errc; err != nil {
+		return nil
+	})
+	if err != nil {
 		os.Remove(path)
 		return err
 	}
@@ -75,6 +56,19 @@ func inNetns(path string, fn func() error) error {
 		return fmt.Errorf("open netns %s: %w", path, err)
 	}
 	defer target.Close()
+	return onOtherNetns(func() error {
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("enter netns %s: %w", path, err)
+		}
+		return nil
+	}, fn)
+}
+
+// onOtherNetns runs fn on a thread that enter has moved into another
+// network namespace, then moves the thread back. A thread that cannot get
+// back stays locked and dies with its goroutine instead of serving other
+// goroutines in the wrong namespace.
+func onOtherNetns(enter, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -85,14 +79,13 @@ func inNetns(path string, fn func() error) error {
 			return
 		}
 		defer orig.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		if err := enter(); err != nil {
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter netns %s: %w", path, err)
+			errc <- err
 			return
 		}
 		fnErr := fn()
 		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			// Leave the thread locked: it dies with the goroutine.
 			errc <- errors.Join(fnErr, fmt.Errorf("return to host netns: %w", err))
 			return
 		}
