@@ -380,10 +380,13 @@ func (r *Report) Print(w io.Writer) {
 }
 
 // JSON writes the report as one JSON object.
-func (r *Report) JSON(w io.Writer) error {
+func (r *Report) JSON(w io.Writer) error { return writeJSON(w, r) }
+
+// writeJSON writes v as one indented JSON object.
+func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(r)
+	return enc.Encode(v)
 }
 
 func usedMemMiB() float64 {

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sync"
@@ -189,11 +188,7 @@ func (r *NetworkReport) Print(w io.Writer) {
 }
 
 // JSON writes the report as one JSON object.
-func (r *NetworkReport) JSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
-}
+func (r *NetworkReport) JSON(w io.Writer) error { return writeJSON(w, r) }
 
 func ratio(a, b float64) float64 {
 	if b == 0 {

@@ -6,7 +6,6 @@ package bench
 // table, JSON and SVG, and the targets; storage_linux.go runs it.
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -174,11 +173,7 @@ func (r *StorageReport) ComputeTargets() {
 }
 
 // JSON writes the report as one JSON object.
-func (r *StorageReport) JSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
-}
+func (r *StorageReport) JSON(w io.Writer) error { return writeJSON(w, r) }
 
 // Print writes the report as tables.
 func (r *StorageReport) Print(w io.Writer) {
