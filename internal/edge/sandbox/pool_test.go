@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -16,19 +17,15 @@ import (
 // none starting, and the runtime holds containers containers.
 func waitPool(t *testing.T, m *Manager, rt *fakeRuntime, ready, containers int) *dsecv1.WarmPool {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	var last []*dsecv1.WarmPool
-	for time.Now().Before(deadline) {
-		last, _ = m.WarmPools(context.Background())
-		ids, _ := rt.List(context.Background())
-		if len(last) == 1 && last[0].GetReady() == int32(ready) && last[0].GetStarting() == 0 && len(ids) == containers {
-			return last[0]
+	var pool *dsecv1.WarmPool
+	waitPools(t, m, rt, fmt.Sprintf("%d ready with %d containers", ready, containers), func(ids []string, ps []*dsecv1.WarmPool) bool {
+		if len(ps) == 1 && ps[0].GetReady() == int32(ready) && ps[0].GetStarting() == 0 && len(ids) == containers {
+			pool = ps[0]
+			return true
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	ids, _ := rt.List(context.Background())
-	t.Fatalf("pools %v with %d containers; want %d ready and %d containers", last, len(ids), ready, containers)
-	return nil
+		return false
+	})
+	return pool
 }
 
 func TestWarmPoolServesAndRefills(t *testing.T) {
