@@ -387,6 +387,18 @@ func checkCorruptChunkNeverServed(t *testing.T, st *memStore, f *FS, p string, i
 	}
 }
 
+// mountLayer mounts a file system with cfg and adds the layer ix to it,
+// returning the file system and the layer file's path.
+func mountLayer(t *testing.T, cfg Config, ix *blob.Index) (*FS, string) {
+	t.Helper()
+	f := mountFS(t, cfg)
+	p, err := f.Add(context.Background(), ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, p
+}
+
 // dropCaches empties the page, dentry and inode caches, so that the next
 // read of a mounted layer reaches the FUSE file system again.
 func dropCaches(t *testing.T) {

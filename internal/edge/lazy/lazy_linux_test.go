@@ -26,15 +26,10 @@ import (
 const testChunk = 64 << 10
 
 func TestErofsThroughFUSE(t *testing.T) {
-	ctx := context.Background()
 	img, big := buildErofs(t)
 	st := newMemStore()
 	ix := putLayer(t, st, img, testChunk)
-	f := mountFS(t, Config{Store: st})
-	p, err := f.Add(ctx, ix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, p := mountLayer(t, Config{Store: st}, ix)
 	if info, err := os.Stat(p); err != nil || info.Size() != int64(len(img)) || info.Mode() != 0o444 {
 		t.Fatalf("stat layer file: %v %v", info, err)
 	}
@@ -74,15 +69,10 @@ func TestErofsThroughFUSE(t *testing.T) {
 }
 
 func TestReadFetchesCoveredChunks(t *testing.T) {
-	ctx := context.Background()
 	data := randomBytes(1, 16*testChunk+1234) // last chunk is short
 	st := newMemStore()
 	ix := putLayer(t, st, data, testChunk)
-	f := mountFS(t, Config{Store: st})
-	p, err := f.Add(ctx, ix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, p := mountLayer(t, Config{Store: st}, ix)
 	hex := ix.Digest[7:]
 	// Cases touch disjoint chunks, so that each one's fetches are its own.
 	for _, tc := range []struct {
@@ -139,15 +129,10 @@ func TestReadFetchesCoveredChunks(t *testing.T) {
 }
 
 func TestConcurrentReadsFetchOnce(t *testing.T) {
-	ctx := context.Background()
 	data := randomBytes(2, 4*testChunk)
 	st := newMemStore()
 	ix := putLayer(t, st, data, testChunk)
-	f := mountFS(t, Config{Store: st})
-	p, err := f.Add(ctx, ix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, p := mountLayer(t, Config{Store: st}, ix)
 	key := blob.ChunkKey(ix.Chunks[2])
 	release := make(chan struct{})
 	st.mu.Lock()
@@ -189,7 +174,6 @@ func TestConcurrentReadsFetchOnce(t *testing.T) {
 }
 
 func TestCorruptChunkNeverServed(t *testing.T) {
-	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
 		bad  func([]byte) []byte
@@ -203,11 +187,7 @@ func TestCorruptChunkNeverServed(t *testing.T) {
 			data := randomBytes(3, 4*testChunk)
 			st := newMemStore()
 			ix := putLayer(t, st, data, testChunk)
-			f := mountFS(t, Config{Store: st, Retries: 2})
-			p, err := f.Add(ctx, ix)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f, p := mountLayer(t, Config{Store: st, Retries: 2}, ix)
 			checkCorruptChunkNeverServed(t, st, f, p, ix, data, tc.bad)
 		})
 	}
@@ -222,11 +202,7 @@ func TestStoreDownFailsBoundedAndHeals(t *testing.T) {
 			other := randomBytes(5, 3*testChunk)
 			ix := putLayer(t, st, data, testChunk)
 			oix := putLayer(t, st, other, testChunk)
-			f := mountFS(t, Config{Store: st, Retries: 2, FetchTimeout: 300 * time.Millisecond})
-			p, err := f.Add(ctx, ix)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f, p := mountLayer(t, Config{Store: st, Retries: 2, FetchTimeout: 300 * time.Millisecond}, ix)
 			op, err := f.Add(ctx, oix)
 			if err != nil {
 				t.Fatal(err)
@@ -270,16 +246,11 @@ func TestStoreDownFailsBoundedAndHeals(t *testing.T) {
 }
 
 func TestTinyCacheEvicts(t *testing.T) {
-	ctx := context.Background()
 	data := randomBytes(6, 20*testChunk)
 	st := newMemStore()
 	ix := putLayer(t, st, data, testChunk)
 	const limit = 3 * testChunk
-	f := mountFS(t, Config{Store: st, CacheBytes: limit})
-	p, err := f.Add(ctx, ix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, p := mountLayer(t, Config{Store: st, CacheBytes: limit}, ix)
 	for pass := range 2 {
 		got, err := preadDirect(p, 0, len(data))
 		if err != nil || !bytes.Equal(got, data) {
@@ -307,11 +278,7 @@ func TestRestartReusesCache(t *testing.T) {
 	hex := ix.Digest[7:]
 	cacheDir := t.TempDir()
 
-	f := mountFS(t, Config{Store: st, CacheDir: cacheDir})
-	p, err := f.Add(ctx, ix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, p := mountLayer(t, Config{Store: st, CacheDir: cacheDir}, ix)
 	if _, err := preadDirect(p, 0, 5*testChunk); err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +299,8 @@ func TestRestartReusesCache(t *testing.T) {
 	if fileExists(leftover) {
 		t.Error("temp leftover survived the restart")
 	}
-	if p, err = f.Add(ctx, ix); err != nil {
+	p, err := f.Add(ctx, ix)
+	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := preadDirect(p, 0, 5*testChunk)
@@ -355,11 +323,7 @@ func TestTraceAndFetchAll(t *testing.T) {
 	hex := ix.Digest[7:]
 	cacheDir := t.TempDir()
 
-	f := mountFS(t, Config{Store: st, CacheDir: cacheDir})
-	p, err := f.Add(ctx, ix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, p := mountLayer(t, Config{Store: st, CacheDir: cacheDir}, ix)
 	for _, c := range []int{7, 2, 5, 2} {
 		if _, err := preadDirect(p, int64(c)*testChunk+10, 10); err != nil {
 			t.Fatal(err)
@@ -498,11 +462,7 @@ func TestCloseBusyDetaches(t *testing.T) {
 	img, _ := buildErofs(t)
 	st := newMemStore()
 	ix := putLayer(t, st, img, testChunk)
-	f := mountFS(t, Config{Store: st})
-	p, err := f.Add(ctx, ix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, p := mountLayer(t, Config{Store: st}, ix)
 	dir := t.TempDir()
 	if err := unix.Mount(p, dir, "erofs", unix.MS_RDONLY, ""); err != nil {
 		t.Fatal(err)
@@ -555,15 +515,10 @@ func mounted(t *testing.T, dir string) bool {
 // fail the read: programs (and mount(2) reading a superblock) do not expect
 // EINTR from a regular file. The fetch goes on and the read returns data.
 func TestReadSurvivesSignals(t *testing.T) {
-	ctx := context.Background()
 	data := randomBytes(3, 2*testChunk)
 	st := newMemStore()
 	ix := putLayer(t, st, data, testChunk)
-	f := mountFS(t, Config{Store: st})
-	p, err := f.Add(ctx, ix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, p := mountLayer(t, Config{Store: st}, ix)
 	release := make(chan struct{})
 	st.mu.Lock()
 	st.gate[blob.ChunkKey(ix.Chunks[1])] = release

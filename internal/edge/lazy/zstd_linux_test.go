@@ -46,11 +46,7 @@ func TestZstdLayerReadsThroughFUSE(t *testing.T) {
 	data := textBytes(7, 8*testChunk+999) // last chunk is short
 	st := newMemStore()
 	ix := putZstdLayer(t, st, data, testChunk)
-	f := mountFS(t, Config{Store: st})
-	p, err := f.Add(ctx, ix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, p := mountLayer(t, Config{Store: st}, ix)
 	hex := ix.Digest[7:]
 
 	// Two chunks first: only their objects count.
@@ -115,7 +111,6 @@ func TestZstdLayerReadsThroughFUSE(t *testing.T) {
 }
 
 func TestZstdCorruptChunkNeverServed(t *testing.T) {
-	ctx := context.Background()
 	encode := func(b []byte) []byte {
 		e, err := blob.EncodeChunk(blob.CompressionZstd, b)
 		if err != nil {
@@ -141,11 +136,7 @@ func TestZstdCorruptChunkNeverServed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			st := newMemStore()
 			ix := putZstdLayer(t, st, data, testChunk)
-			f := mountFS(t, Config{Store: st, Retries: 2})
-			p, err := f.Add(ctx, ix)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f, p := mountLayer(t, Config{Store: st, Retries: 2}, ix)
 			checkCorruptChunkNeverServed(t, st, f, p, ix, data, tc.bad)
 		})
 	}
