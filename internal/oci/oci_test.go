@@ -383,24 +383,6 @@ func TestWhiteoutsThroughOverlay(t *testing.T) {
 	}
 }
 
-// snapshot lists dir's tree with modes and sizes.
-func snapshot(t *testing.T, dir string) string {
-	t.Helper()
-	var lines []string
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		lines = append(lines, p+" "+fi.Mode().String()+" "+fi.ModTime().String())
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(lines)
-	return strings.Join(lines, "\n")
-}
-
 func TestImportRefusesHostileImages(t *testing.T) {
 	needImport(t)
 	base := t.TempDir()
@@ -411,7 +393,7 @@ func TestImportRefusesHostileImages(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(outside, "passwd"), []byte("sentinel"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	before := snapshot(t, outside)
+	before := testutil.TreeSnapshot(t, outside)
 	s := newStore(t, filepath.Join(base, "store"))
 	ok := []ent{reg("ok", "fine\n")}
 
@@ -499,7 +481,7 @@ func TestImportRefusesHostileImages(t *testing.T) {
 			if _, err := s.Image("bad:1"); !errors.Is(err, errdefs.ErrNotFound) {
 				t.Errorf("Image(bad:1) = %v; want not found", err)
 			}
-			if after := snapshot(t, outside); after != before {
+			if after := testutil.TreeSnapshot(t, outside); after != before {
 				t.Errorf("outside changed:\n%s\nwas\n%s", after, before)
 			}
 			if ents, _ := os.ReadDir(filepath.Join(base, "store", "tmp")); len(ents) != 0 {

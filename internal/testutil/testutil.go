@@ -5,6 +5,9 @@ package testutil
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
 	"testing"
 )
 
@@ -37,4 +40,24 @@ func RequireCommand(t testing.TB, name string) string {
 	p, err := exec.LookPath(name)
 	Require(t, err == nil, name+" is not installed")
 	return p
+}
+
+// TreeSnapshot lists every path under dir with its mode and mtime, one per
+// line, sorted: two snapshots differ when anything under dir was added,
+// removed, retyped or written.
+func TreeSnapshot(t testing.TB, dir string) string {
+	t.Helper()
+	var lines []string
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		lines = append(lines, p+" "+fi.Mode().String()+" "+fi.ModTime().String())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
 }

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -436,24 +435,6 @@ func TestResolveEnvironment(t *testing.T) {
 	}
 }
 
-// snapshot lists every path under dir with its type, size and mtime.
-func snapshot(t *testing.T, dir string) string {
-	t.Helper()
-	var lines []string
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		lines = append(lines, p+" "+fi.Mode().String()+" "+fi.ModTime().String())
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(lines)
-	return strings.Join(lines, "\n")
-}
-
 func TestImportRefusesHostileArchives(t *testing.T) {
 	needImport(t)
 	base := t.TempDir()
@@ -464,7 +445,7 @@ func TestImportRefusesHostileArchives(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(outside, "passwd"), []byte("sentinel"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	before := snapshot(t, outside)
+	before := testutil.TreeSnapshot(t, outside)
 	s := newStore(t, filepath.Join(base, "store"))
 	ctx := context.Background()
 
@@ -526,7 +507,7 @@ func TestImportRefusesHostileArchives(t *testing.T) {
 					t.Errorf("Import(gzip=%v) = %v; want ErrInvalidArgument containing %q", gz, err, tc.msg)
 				}
 			}
-			if after := snapshot(t, outside); after != before {
+			if after := testutil.TreeSnapshot(t, outside); after != before {
 				sentinelOK = false
 				t.Errorf("outside changed:\n%s\nwant\n%s", after, before)
 			}
