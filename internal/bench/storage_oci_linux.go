@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/tarfile"
 )
 
 // OCIBuildOptions name the trees of one bench image.
@@ -192,51 +193,26 @@ func writeTree(ctx context.Context, tw *tar.Writer, dir string, overlay bool) er
 		if mode&(fs.ModeDevice|fs.ModeNamedPipe|fs.ModeSocket) != 0 {
 			return nil // a layer carries no special files
 		}
-		link := ""
-		if mode&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(path); err != nil {
-				return err
+		err = tarfile.WriteEntry(tw, path, rel, info, func(hdr *tar.Header) {
+			hdr.Format = tar.FormatPAX
+			if st == nil {
+				return
 			}
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = rel
-		hdr.Uname, hdr.Gname = "", ""
-		hdr.Format = tar.FormatPAX
-		if st != nil {
 			hdr.Uid, hdr.Gid = int(st.Uid), int(st.Gid)
 			if mode.IsRegular() && st.Nlink > 1 {
 				key := [2]uint64{uint64(st.Dev), st.Ino}
 				if first, ok := links[key]; ok {
 					hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
-					return tw.WriteHeader(hdr)
+					return
 				}
 				links[key] = rel
 			}
-		}
-		if d.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if d.IsDir() && overlay && isOpaque(path) {
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: filepath.Join(rel, ".wh..wh..opq"), Mode: 0o644}); err != nil {
-				return err
-			}
-		}
-		if !mode.IsRegular() {
-			return nil
-		}
-		f, err := os.Open(path)
+		})
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		if _, err := io.Copy(tw, f); err != nil {
-			return err
+		if d.IsDir() && overlay && isOpaque(path) {
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: filepath.Join(rel, ".wh..wh..opq"), Mode: 0o644})
 		}
 		return nil
 	})

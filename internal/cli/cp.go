@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/tarfile"
 )
 
 func (a *app) cpCommand() *cobra.Command {
@@ -61,39 +62,11 @@ func (a *app) upload(cmd *cobra.Command, local, id, dir string) error {
 		if err != nil {
 			return err
 		}
-		link := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
 		rel, err := filepath.Rel(base, p)
 		if err != nil {
 			return err
 		}
-		hdr.Name = filepath.ToSlash(rel)
-		if info.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname = "", ""
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if info.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			if _, err := io.Copy(tw, f); err != nil {
-				return err
-			}
-		}
-		return nil
+		return tarfile.WriteEntry(tw, p, rel, info, nil)
 	})
 	if err != nil {
 		return fmt.Errorf("pack %s: %w", local, err)

@@ -25,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/tarfile"
 	"dsec.dev/dsec/internal/testutil"
 )
 
@@ -45,32 +46,9 @@ func tarOfDir(t *testing.T, dir string) []byte {
 		if err != nil {
 			return err
 		}
-		link := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			link, _ = os.Readlink(p)
-		}
-		h, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		h.Name = rel
-		if info.IsDir() {
-			h.Name += "/"
-		}
-		h.Mode &^= 0o6000 // no setuid in the test image
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if info.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = io.Copy(tw, f)
-			return err
-		}
-		return nil
+		return tarfile.WriteEntry(tw, p, rel, info, func(h *tar.Header) {
+			h.Mode &^= 0o6000 // no setuid in the test image
+		})
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -42,6 +42,7 @@ import (
 	"dsec.dev/dsec/internal/edge/lazy"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/oci"
+	"dsec.dev/dsec/internal/tarfile"
 )
 
 // Mode is how a node loads layers.
@@ -458,37 +459,13 @@ func writeTree(ctx context.Context, w io.Writer, dir string) error {
 		if err != nil {
 			return err
 		}
-		link := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
+		return tarfile.WriteEntry(tw, p, rel, info, func(hdr *tar.Header) {
+			if info.IsDir() {
+				if v, err := getxattr(p, "trusted.overlay.opaque"); err == nil && v == "y" {
+					hdr.PAXRecords = map[string]string{"SCHILY.xattr.trusted.overlay.opaque": "y"}
+				}
 			}
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = rel
-		hdr.Uname, hdr.Gname = "", ""
-		if info.IsDir() {
-			hdr.Name += "/"
-			if v, err := getxattr(p, "trusted.overlay.opaque"); err == nil && v == "y" {
-				hdr.PAXRecords = map[string]string{"SCHILY.xattr.trusted.overlay.opaque": "y"}
-			}
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if info.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, f)
-			f.Close()
-			return err
-		}
-		return nil
+		})
 	})
 	if err != nil {
 		return err
