@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -134,22 +135,12 @@ func (m *Manager) WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {
 		out = append(out, p.status(m.cfg.Node))
 	}
 	slices.SortFunc(out, func(a, b *dsecv1.WarmPool) int {
-		if c := cmpString(a.GetSpec().GetEnvironment(), b.GetSpec().GetEnvironment()); c != 0 {
+		if c := strings.Compare(a.GetSpec().GetEnvironment(), b.GetSpec().GetEnvironment()); c != 0 {
 			return c
 		}
-		return cmpString(a.GetKey(), b.GetKey())
+		return strings.Compare(a.GetKey(), b.GetKey())
 	})
 	return out, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (m *Manager) kickPools() {
