@@ -73,34 +73,20 @@ func device(name string, typ byte, major, minor int64) tarEntry {
 // writeTar writes entries as a tar archive (gzip'd when gz) and returns its path.
 func writeTar(t *testing.T, dir, name string, gz bool, entries []tarEntry) string {
 	t.Helper()
-	var buf bytes.Buffer
-	var w io.Writer = &buf
-	var zw *gzip.Writer
+	data := tarBytes(t, entries)
 	if gz {
-		zw = gzip.NewWriter(&buf)
-		w = zw
-	}
-	tw := tar.NewWriter(w)
-	for _, e := range entries {
-		hdr := e.hdr
-		hdr.Format = tar.FormatPAX
-		if err := tw.WriteHeader(&hdr); err != nil {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		if _, err := zw.Write(data); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := io.WriteString(tw, e.body); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if zw != nil {
 		if err := zw.Close(); err != nil {
 			t.Fatal(err)
 		}
+		data = buf.Bytes()
 	}
 	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(p, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p
