@@ -149,26 +149,7 @@ func TestWhiteoutHidesBaseFile(t *testing.T) {
 	if layers[0].Digest != lower.Digest || layers[1].Digest != upper.Digest {
 		t.Fatalf("resolved %v", layers)
 	}
-	var lowerdirs []string
-	for _, l := range layers {
-		d, err := s.Mount(ctx, l.Digest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lowerdirs = append([]string{d}, lowerdirs...) // overlay lists the top first
-	}
-	merged := filepath.Join(base, "merged")
-	if err := os.Mkdir(merged, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("overlay", merged, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lowerdirs, ":")); err != nil {
-		t.Fatalf("mount overlay: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(merged, 0); err != nil {
-			t.Errorf("unmount overlay: %v", err)
-		}
-	})
+	merged := overlay(t, s, base, layers)
 	if _, err := os.Lstat(filepath.Join(merged, "etc/secret")); !os.IsNotExist(err) {
 		t.Errorf("etc/secret through overlay: %v; want hidden by the whiteout", err)
 	}
