@@ -25,6 +25,7 @@ import (
 	"dsec.dev/dsec/internal/agent/proc"
 	"dsec.dev/dsec/internal/agent/session"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/flushhold"
 )
 
 // keepaliveEvery is the silence after which a stream gets a keepalive.
@@ -186,6 +187,8 @@ func follow(ctx context.Context, p *proc.Process, send func(*dsecv1.ExecEvent) e
 			if beforeExit != nil {
 				beforeExit()
 			}
+			// The exit is the last message: it leaves with the end of the stream.
+			flushhold.Hold(ctx)
 			return send(&dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Exited{Exited: exited}})
 		}
 		if len(chunks) == 0 {

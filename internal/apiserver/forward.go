@@ -11,6 +11,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/flushhold"
 )
 
 // The calls below run inside a sandbox: each is handed, unchanged, to the
@@ -47,6 +48,10 @@ func forwardStream[Req, Res any](ctx context.Context, s *Server, id string, msg 
 	}
 	defer in.Close()
 	for in.Receive() {
+		// An exit is the last event: it leaves with the end of the stream.
+		if e, ok := any(in.Msg()).(interface{ GetExited() *dsecv1.ExecExited }); ok && e.GetExited() != nil {
+			flushhold.Hold(ctx)
+		}
 		if err := out.Send(in.Msg()); err != nil {
 			return err
 		}

@@ -24,6 +24,7 @@ import (
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/flushhold"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -105,7 +106,8 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
 	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerServer{s: s}, opts...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
-	return mux
+	// Streams of exec events end with the exit: see forwardStream.
+	return flushhold.Handler(mux)
 }
 
 // edgeFor routes a sandbox ID to its node's edge.

@@ -65,6 +65,9 @@ type Manager struct {
 	order    []*Process // start order, running and exited
 	leftover []*cgroup  // child cgroups that still had processes at exit
 	kick     chan struct{}
+	// readBufs are the output readers' buffers: two per command would
+	// otherwise be 64 KiB of garbage for every exec.
+	readBufs sync.Pool
 }
 
 // NewManager makes the manager and starts its reaper. When the agent is not
@@ -88,6 +91,10 @@ func NewManager(cfg Config) (*Manager, error) {
 		waiters:    make(map[int]chan unix.WaitStatus),
 		procs:      make(map[string]*Process),
 		kick:       make(chan struct{}, 1),
+	}
+	m.readBufs.New = func() any {
+		b := make([]byte, 32<<10)
+		return &b
 	}
 	if cfg.PidsCgroupFD >= 0 {
 		fd, err := unix.Openat(cfg.PidsCgroupFD, "..", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -498,7 +505,9 @@ func (p *Process) Exited() *dsecv1.ExecExited {
 func (p *Process) readOutput(f *os.File, s Stream, wg *sync.WaitGroup) {
 	defer wg.Done()
 	defer f.Close()
-	buf := make([]byte, 32<<10)
+	bp := p.m.readBufs.Get().(*[]byte)
+	defer p.m.readBufs.Put(bp)
+	buf := *bp
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {
