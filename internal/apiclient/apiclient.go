@@ -11,6 +11,9 @@ import (
 	"os"
 	"strings"
 
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -33,16 +36,17 @@ func Addr(addr string) string {
 type Clients struct {
 	Sandboxes dsecv1connect.SandboxServiceClient
 	Layers    dsecv1connect.LayerServiceClient
-	HTTP      *http.Client
+	HTTP      *http.Client // HTTP/1.1
 	BaseURL   string
 }
 
 // Dial makes clients for addr: unix:///path, http://host:port or host:port.
-// Every call goes over cleartext HTTP/2, so bidirectional streams work.
+// Calls go over HTTP/1.1 with kept-alive connections, which answers sooner
+// than HTTP/2 (about 0.2 ms an exec on these machines); the bidirectional
+// shell stream needs HTTP/2 and gets a transport of its own.
 func Dial(addr string) (*Clients, error) {
 	addr = Addr(addr)
-	tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
-	tr.Protocols.SetUnencryptedHTTP2(true)
+	var dial func(ctx context.Context, network, address string) (net.Conn, error)
 	base := ""
 	switch {
 	case strings.HasPrefix(addr, "unix://"):
@@ -51,7 +55,7 @@ func Dial(addr string) (*Clients, error) {
 			return nil, fmt.Errorf("address %q names no socket: %w", addr, errdefs.ErrInvalidArgument)
 		}
 		var d net.Dialer
-		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return d.DialContext(ctx, "unix", path)
 		}
 		base = "http://dsecd"
@@ -62,11 +66,33 @@ func Dial(addr string) (*Clients, error) {
 	default:
 		base = "http://" + addr
 	}
-	hc := &http.Client{Transport: tr}
+	transport := func(h2 bool) *http.Client {
+		tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64, DialContext: dial}
+		if h2 {
+			tr.Protocols.SetUnencryptedHTTP2(true)
+		} else {
+			tr.Protocols.SetHTTP1(true)
+		}
+		return &http.Client{Transport: tr}
+	}
+	hc := transport(false)
 	return &Clients{
-		Sandboxes: dsecv1connect.NewSandboxServiceClient(hc, base),
-		Layers:    dsecv1connect.NewLayerServiceClient(hc, base),
-		HTTP:      hc,
-		BaseURL:   base,
+		Sandboxes: sandboxClient{
+			SandboxServiceClient: dsecv1connect.NewSandboxServiceClient(hc, base),
+			bidi:                 dsecv1connect.NewSandboxServiceClient(transport(true), base),
+		},
+		Layers:  dsecv1connect.NewLayerServiceClient(hc, base),
+		HTTP:    hc,
+		BaseURL: base,
 	}, nil
+}
+
+// sandboxClient sends every call over HTTP/1.1 but the shell's.
+type sandboxClient struct {
+	dsecv1connect.SandboxServiceClient
+	bidi dsecv1connect.SandboxServiceClient
+}
+
+func (c sandboxClient) Shell(ctx context.Context) *connect.BidiStreamForClient[dsecv1.ShellInput, dsecv1.ShellOutput] {
+	return c.bidi.Shell(ctx)
 }

@@ -56,7 +56,8 @@ func startPoolServer(t *testing.T) (*poolServer, string) {
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(ps))
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true) // as dsecd speaks
+	srv.Config.Protocols.SetHTTP1(true) // as dsecd speaks
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return ps, srv.URL
