@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/edge/runtime"
 )
 
 // runBaseline measures bare runc on a busybox bundle equivalent to the
-// sandboxes above: runc run for create → first exec, runc exec for a warm
-// exec, and idle `sleep` containers for memory.
+// sandboxes above (see runtime.BareSpec): runc run for create → first exec,
+// runc exec for a warm exec, and idle `sleep` containers for memory.
 func runBaseline(ctx context.Context, o Options) (*Side, error) {
 	rt := o.Runtime
 	if rt == "" {
@@ -31,29 +32,23 @@ func runBaseline(ctx context.Context, o Options) (*Side, error) {
 	if err := image.BuildBusyboxRootfs(rootfs); err != nil {
 		return nil, fmt.Errorf("build busybox rootfs: %w", err)
 	}
+	// The bundles are made like the sandboxes measured beside them: the
+	// same namespaces, capabilities, seccomp profile, masked paths and
+	// limits, so that both sides pay for the same filters and throttling.
 	bundle := func(name string, args ...string) (string, error) {
 		b := filepath.Join(dir, name)
 		if err := os.MkdirAll(b, 0o755); err != nil {
 			return "", err
 		}
-		if err := runCmd(ctx, rt, "spec", "--bundle", b); err != nil {
-			return "", err
+		spec, err := runtime.BareSpec(runtime.Spec{CPUs: benchCPUs, MemoryBytes: benchMemoryMB << 20}, rootfs, args)
+		if err != nil {
+			return "", fmt.Errorf("make the runc bundle: %w", err)
 		}
-		path := filepath.Join(b, "config.json")
-		data, err := os.ReadFile(path)
+		out, err := json.Marshal(spec)
 		if err != nil {
 			return "", err
 		}
-		var spec map[string]any
-		if err := json.Unmarshal(data, &spec); err != nil {
-			return "", err
-		}
-		spec["root"] = map[string]any{"path": rootfs, "readonly": true}
-		proc := spec["process"].(map[string]any)
-		proc["terminal"] = false
-		proc["args"] = args
-		out, _ := json.Marshal(spec)
-		return b, os.WriteFile(path, out, 0o644)
+		return b, os.WriteFile(filepath.Join(b, "config.json"), out, 0o644)
 	}
 	runB, err := bundle("run", "true")
 	if err != nil {

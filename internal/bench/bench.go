@@ -25,6 +25,13 @@ import (
 	"dsec.dev/dsec/internal/apiclient"
 )
 
+// The limits of every benchmarked sandbox, and of the runc bundles measured
+// beside them.
+const (
+	benchCPUs     = 1
+	benchMemoryMB = 64
+)
+
 // Options size the benchmark.
 type Options struct {
 	Env      string // environment to run; imported from busybox when it is the default and missing
@@ -168,7 +175,7 @@ func deleteAll(c *apiclient.Clients, ids []string) {
 }
 
 func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error) {
-	spec := &dsecv1.SandboxSpec{Environment: o.Env, Labels: map[string]string{"dsec-bench": "1"}, MemoryMb: 64, Cpus: 0.5}
+	spec := &dsecv1.SandboxSpec{Environment: o.Env, Labels: map[string]string{"dsec-bench": "1"}, MemoryMb: benchMemoryMB, Cpus: benchCPUs}
 	side := &Side{}
 	// Sequential.
 	o.logf("dsec: %d sequential create → exec", o.Seq)

@@ -13,11 +13,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/internal/edge/runtime/cgroups"
@@ -732,4 +734,23 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 		}
 	}
 	return ids, nil
+}
+
+// BareSpec is the OCI config of a container made like a sandbox of s (the
+// same namespaces, capabilities, seccomp profile, masked paths, rlimits and
+// cgroup limits) that runs args from rootfs, read-only, in place of the
+// agent and without the agent's mount. The runtime makes its cgroups, named
+// after the container. The benchmarks run it under a bare runc, so that
+// both sides of a comparison carry the same limits and filters.
+func BareSpec(s Spec, rootfs string, args []string) (*specs.Spec, error) {
+	layout, err := cgroups.Detect()
+	if err != nil {
+		return nil, err
+	}
+	r := &Runtime{layout: layout}
+	spec := buildSpec(specInput{Spec: s, MemorySwap: r.swapAccounting(), Nofile: nofile()})
+	spec.Root = &specs.Root{Path: rootfs, Readonly: true}
+	spec.Process.Args = args
+	spec.Mounts = slices.DeleteFunc(spec.Mounts, func(m specs.Mount) bool { return m.Destination == agentMount })
+	return spec, nil
 }

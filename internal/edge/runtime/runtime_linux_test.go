@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -586,5 +588,41 @@ func TestCgroupLayout(t *testing.T) {
 	}
 	if l.V2() != (st.Type == unix.CGROUP2_SUPER_MAGIC) {
 		t.Errorf("V2() = %v on fs type %x", l.V2(), st.Type)
+	}
+}
+
+// TestBareSpec checks that the benchmarks' bare container is made like a
+// sandbox in everything but its process, root and the agent's mount.
+func TestBareSpec(t *testing.T) {
+	s := Spec{CPUs: 0.5, MemoryBytes: 64 << 20}
+	bare, err := BareSpec(s, "/bench/rootfs", []string{"sleep", "3600"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := buildSpec(specInput{Spec: s, AgentDir: "/agent", Nofile: nofile(),
+		MemorySwap: bare.Linux.Resources.Memory.Swap != nil})
+	if !reflect.DeepEqual(bare.Linux, want.Linux) {
+		t.Errorf("linux section differs from a sandbox's:\n%+v\nwant\n%+v", bare.Linux, want.Linux)
+	}
+	if !reflect.DeepEqual(bare.Process.Capabilities, want.Process.Capabilities) || !bare.Process.NoNewPrivileges ||
+		!reflect.DeepEqual(bare.Process.Rlimits, want.Process.Rlimits) {
+		t.Errorf("process privileges differ from a sandbox's: %+v", bare.Process)
+	}
+	if !slices.Equal(bare.Process.Args, []string{"sleep", "3600"}) {
+		t.Errorf("args = %v", bare.Process.Args)
+	}
+	if bare.Root == nil || bare.Root.Path != "/bench/rootfs" || !bare.Root.Readonly {
+		t.Errorf("root = %+v", bare.Root)
+	}
+	if len(bare.Mounts) != len(want.Mounts)-1 {
+		t.Errorf("%d mounts, want the sandbox's %d but the agent's", len(bare.Mounts), len(want.Mounts))
+	}
+	for _, m := range bare.Mounts {
+		if m.Destination == agentMount {
+			t.Errorf("bare container mounts the agent dir: %+v", m)
+		}
+	}
+	if q := bare.Linux.Resources.CPU.Quota; q == nil || *q != 50000 {
+		t.Errorf("cpu quota = %v", q)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/opencontainers/runtime-spec/specs-go"
+
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -25,3 +27,8 @@ func (r *Runtime) Status(ctx context.Context, id string) (Status, error) {
 }
 func (r *Runtime) Delete(ctx context.Context, id string) error { return errdefs.ErrNotSupported }
 func (r *Runtime) List(ctx context.Context) ([]string, error)  { return nil, errdefs.ErrNotSupported }
+
+// BareSpec returns errdefs.ErrNotSupported off Linux.
+func BareSpec(s Spec, rootfs string, args []string) (*specs.Spec, error) {
+	return nil, errdefs.ErrNotSupported
+}
