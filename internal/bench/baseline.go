@@ -14,30 +14,44 @@ import (
 	"dsec.dev/dsec/internal/edge/runtime"
 )
 
-// runBaseline measures bare runc on a busybox bundle equivalent to the
-// sandboxes above (see runtime.BareSpec): runc run for create → first exec,
-// runc exec for a warm exec, and idle `sleep` containers for memory.
-func runBaseline(ctx context.Context, o Options) (*Side, error) {
-	rt := o.Runtime
-	if rt == "" {
-		rt = "runc"
+// baseline is a bare runc (or the runtime of Options.Runtime) with busybox
+// bundles made like the sandboxes it is compared with: the same
+// namespaces, capabilities, seccomp profile, masked paths and limits (see
+// runtime.BareSpec), so that both sides pay for the same filters and
+// throttling.
+type baseline struct {
+	rt     string // runtime binary
+	dir    string // bundles, rootfs and the runtime's state
+	state  string
+	runB   string // bundle whose process is `true`
+	sleepB string // bundle whose process sleeps
+
+	mu      sync.Mutex
+	n       int
+	created []string // detached containers to delete at close
+}
+
+func newBaseline(o Options) (*baseline, error) {
+	b := &baseline{rt: o.Runtime}
+	if b.rt == "" {
+		b.rt = "runc"
+	}
+	if _, err := exec.LookPath(b.rt); err != nil {
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "dsec-bench-runc-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	state := filepath.Join(dir, "state")
+	b.dir, b.state = dir, filepath.Join(dir, "state")
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := image.BuildBusyboxRootfs(rootfs); err != nil {
+		os.RemoveAll(dir)
 		return nil, fmt.Errorf("build busybox rootfs: %w", err)
 	}
-	// The bundles are made like the sandboxes measured beside them: the
-	// same namespaces, capabilities, seccomp profile, masked paths and
-	// limits, so that both sides pay for the same filters and throttling.
 	bundle := func(name string, args ...string) (string, error) {
-		b := filepath.Join(dir, name)
-		if err := os.MkdirAll(b, 0o755); err != nil {
+		bd := filepath.Join(dir, name)
+		if err := os.MkdirAll(bd, 0o755); err != nil {
 			return "", err
 		}
 		spec, err := runtime.BareSpec(runtime.Spec{CPUs: benchCPUs, MemoryBytes: benchMemoryMB << 20}, rootfs, args)
@@ -48,39 +62,76 @@ func runBaseline(ctx context.Context, o Options) (*Side, error) {
 		if err != nil {
 			return "", err
 		}
-		return b, os.WriteFile(filepath.Join(b, "config.json"), out, 0o644)
+		return bd, os.WriteFile(filepath.Join(bd, "config.json"), out, 0o644)
 	}
-	runB, err := bundle("run", "true")
+	if b.runB, err = bundle("run", "true"); err == nil {
+		b.sleepB, err = bundle("sleep", "sleep", "3600")
+	}
 	if err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
-	sleepB, err := bundle("sleep", "sleep", "3600")
-	if err != nil {
-		return nil, err
+	return b, nil
+}
+
+// close deletes every container left and the bundles.
+func (b *baseline) close() {
+	b.mu.Lock()
+	ids := b.created
+	b.created = nil
+	b.mu.Unlock()
+	for _, id := range ids {
+		exec.Command(b.rt, "--root", b.state, "delete", "-f", id).Run()
 	}
-	var created []string
-	var mu sync.Mutex
-	defer func() {
-		for _, id := range created {
-			exec.Command(rt, "--root", state, "delete", "-f", id).Run()
-		}
-	}()
-	track := func(id string) { mu.Lock(); created = append(created, id); mu.Unlock() }
-	n := 0
-	nextID := func() string { mu.Lock(); defer mu.Unlock(); n++; return fmt.Sprintf("bench-%d", n) }
-	runOnce := func() (time.Duration, error) {
-		id := nextID()
-		t := time.Now()
-		err := runCmd(ctx, rt, "--root", state, "run", "--bundle", runB, id)
-		d := time.Since(t)
-		exec.Command(rt, "--root", state, "delete", "-f", id).Run()
-		return d, err
+	os.RemoveAll(b.dir)
+}
+
+func (b *baseline) nextID() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.n++
+	return fmt.Sprintf("bench-%d-%d", os.Getpid(), b.n)
+}
+
+// run times `runc run` of a container whose process is `true`, then
+// deletes it.
+func (b *baseline) run(ctx context.Context) (time.Duration, error) {
+	id := b.nextID()
+	t := time.Now()
+	err := runCmd(ctx, b.rt, "--root", b.state, "run", "--bundle", b.runB, id)
+	d := time.Since(t)
+	exec.Command(b.rt, "--root", b.state, "delete", "-f", id).Run()
+	return d, err
+}
+
+// startSleeper starts a detached container that sleeps; close deletes it.
+func (b *baseline) startSleeper(ctx context.Context) (string, error) {
+	id := b.nextID()
+	if err := runCmd(ctx, b.rt, "--root", b.state, "run", "--detach", "--bundle", b.sleepB, id); err != nil {
+		return "", err
 	}
+	b.mu.Lock()
+	b.created = append(b.created, id)
+	b.mu.Unlock()
+	return id, nil
+}
+
+// exec times `runc exec` of `true` in container id.
+func (b *baseline) exec(ctx context.Context, id string) (time.Duration, error) {
+	t := time.Now()
+	err := runCmd(ctx, b.rt, "--root", b.state, "exec", id, "true")
+	return time.Since(t), err
+}
+
+// runBaseline measures b beside the sandboxes: runc run for create → first
+// exec, alone and in a burst, and idle `sleep` containers for memory. The
+// warm exec is measured with dsec's, alternating (see warmExecs).
+func runBaseline(ctx context.Context, o Options, b *baseline) (*Side, error) {
 	side := &Side{}
 	o.logf("runc: %d sequential runc run", o.Seq)
 	var lat []time.Duration
 	for range o.Seq {
-		d, err := runOnce()
+		d, err := b.run(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -95,7 +146,7 @@ func runBaseline(ctx context.Context, o Options) (*Side, error) {
 	t0 := time.Now()
 	for i := range o.Burst {
 		wg.Add(1)
-		go func() { defer wg.Done(); lats[i], errs[i] = runOnce() }()
+		go func() { defer wg.Done(); lats[i], errs[i] = b.run(ctx) }()
 	}
 	wg.Wait()
 	wall := time.Since(t0)
@@ -111,32 +162,14 @@ func runBaseline(ctx context.Context, o Options) (*Side, error) {
 	side.BurstWallS = wall.Seconds()
 	side.BurstPerSecond = float64(len(lat)) / wall.Seconds()
 
-	o.logf("runc: %d runc exec in a running container", o.Execs)
-	warm := nextID()
-	if err := runCmd(ctx, rt, "--root", state, "run", "--detach", "--bundle", sleepB, warm); err != nil {
-		return nil, err
-	}
-	track(warm)
-	lat = lat[:0]
-	for range o.Execs {
-		t := time.Now()
-		if err := runCmd(ctx, rt, "--root", state, "exec", warm, "true"); err != nil {
-			return nil, err
-		}
-		lat = append(lat, time.Since(t))
-	}
-	side.WarmExec = summarize(lat)
-
 	idle := min(o.Idle, 200)
 	o.logf("runc: %d idle sleep containers for memory", idle)
 	time.Sleep(time.Second)
 	before := usedMemMiB()
 	for range idle {
-		id := nextID()
-		if err := runCmd(ctx, rt, "--root", state, "run", "--detach", "--bundle", sleepB, id); err != nil {
+		if _, err := b.startSleeper(ctx); err != nil {
 			return nil, err
 		}
-		track(id)
 	}
 	time.Sleep(3 * time.Second)
 	side.IdleCount = idle

@@ -99,24 +99,32 @@ func (o *Options) logf(format string, args ...any) {
 	}
 }
 
-// Run measures dsec through c, then (when asked) the bare runtime.
+// Run measures dsec through c and, when asked, the bare runtime beside it.
 func Run(ctx context.Context, c *apiclient.Clients, o Options) (*Report, error) {
 	rep := &Report{Env: o.Env, Burst: o.Burst}
-	d, err := runDsec(ctx, c, o)
+	var b *baseline
+	if o.Baseline {
+		if os.Geteuid() != 0 {
+			rep.Notes = append(rep.Notes, "baseline skipped: measuring bare runc needs root")
+		} else if nb, err := newBaseline(o); err != nil {
+			rep.Notes = append(rep.Notes, "baseline failed: "+err.Error())
+		} else {
+			b = nb
+			defer b.close()
+		}
+	}
+	d, runcExec, err := runDsec(ctx, c, o, b)
 	if err != nil {
 		return nil, err
 	}
 	rep.Dsec = *d
-	if o.Baseline {
-		if os.Geteuid() != 0 {
-			rep.Notes = append(rep.Notes, "baseline skipped: measuring bare runc needs root")
+	if b != nil {
+		side, err := runBaseline(ctx, o, b)
+		if err != nil {
+			rep.Notes = append(rep.Notes, "baseline failed: "+err.Error())
 		} else {
-			b, err := runBaseline(ctx, o)
-			if err != nil {
-				rep.Notes = append(rep.Notes, "baseline failed: "+err.Error())
-			} else {
-				rep.Baseline = b
-			}
+			side.WarmExec = runcExec
+			rep.Baseline = side
 		}
 	}
 	return rep, nil
@@ -174,7 +182,9 @@ func deleteAll(c *apiclient.Clients, ids []string) {
 	wg.Wait()
 }
 
-func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error) {
+// runDsec measures dsec; with b, the warm exec alternates with b's, whose
+// figure it returns too.
+func runDsec(ctx context.Context, c *apiclient.Clients, o Options, b *baseline) (*Side, Latency, error) {
 	spec := &dsecv1.SandboxSpec{Environment: o.Env, Labels: map[string]string{"dsec-bench": "1"}, MemoryMb: benchMemoryMB, Cpus: benchCPUs}
 	side := &Side{}
 	// Sequential.
@@ -184,7 +194,7 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error
 		id, d, err := createExec(ctx, c, spec)
 		deleteAll(c, []string{id})
 		if err != nil {
-			return nil, fmt.Errorf("sequential create: %w", err)
+			return nil, Latency{}, fmt.Errorf("sequential create: %w", err)
 		}
 		lat = append(lat, d)
 	}
@@ -192,7 +202,7 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error
 
 	if o.Warm > 0 {
 		if err := runWarm(ctx, c, o, spec, side); err != nil {
-			return nil, err
+			return nil, Latency{}, err
 		}
 	}
 
@@ -228,23 +238,13 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error
 	side.BurstWallS = wall.Seconds()
 	side.BurstPerSecond = float64(len(lat)) / wall.Seconds()
 
-	// Warm exec.
-	o.logf("dsec: %d execs in a warm sandbox", o.Execs)
-	id, _, err := createExec(ctx, c, spec)
+	// Warm exec, alternating with the baseline's so that both see the
+	// machine in the same state.
+	warm, runcExec, err := warmExecs(ctx, c, o, spec, b)
 	if err != nil {
-		return nil, fmt.Errorf("warm sandbox: %w", err)
+		return nil, Latency{}, err
 	}
-	lat = lat[:0]
-	for range o.Execs {
-		t := time.Now()
-		if err := execTrue(ctx, c, id); err != nil {
-			deleteAll(c, []string{id})
-			return nil, err
-		}
-		lat = append(lat, time.Since(t))
-	}
-	deleteAll(c, []string{id})
-	side.WarmExec = summarize(lat)
+	side.WarmExec = warm
 
 	// Idle memory.
 	o.logf("dsec: %d idle sandboxes for memory", o.Idle)
@@ -256,7 +256,7 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error
 		resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec, Count: int32(n), WaitSeconds: 300}))
 		if err != nil {
 			deleteAll(c, idle)
-			return nil, fmt.Errorf("idle sandboxes after %d: %w", len(idle), err)
+			return nil, Latency{}, fmt.Errorf("idle sandboxes after %d: %w", len(idle), err)
 		}
 		for _, sb := range resp.Msg.GetSandboxes() {
 			idle = append(idle, sb.GetId())
@@ -276,7 +276,7 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options) (*Side, error
 		}
 	}
 	deleteAll(c, idle)
-	return side, nil
+	return side, runcExec, nil
 }
 
 // runWarm measures create → first exec from a warm pool of o.Warm
@@ -380,7 +380,8 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "warm pool rows: %d of %d creates were served by the pool (each round waits for the refill); the other rows start a container per create.\n",
 			r.Dsec.WarmPoolHits, n)
 	}
-	fmt.Fprintln(w, "runc column: bare `runc run` / `runc exec` of an equivalent busybox bundle, measured in this run.")
+	fmt.Fprintln(w, "runc column: bare `runc run` / `runc exec` of a busybox bundle made like the sandboxes (same seccomp")
+	fmt.Fprintln(w, "profile, capabilities and limits), measured in this run; the warm execs of both columns go in turns.")
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
 	}
@@ -453,3 +454,50 @@ func runCmd(ctx context.Context, name string, args ...string) error {
 	}
 	return nil
 }
+
+// warmExecs times o.Execs execs of `true` in one running sandbox and, with
+// b, as many `runc exec` of `true` in a running container of b. The two go
+// in turns of execBlock, so that a slow spell of the machine hits both
+// columns alike; within a turn execs follow each other, as in a rollout.
+// (Alternating one by one would not do: each runc exec leaves the machine
+// busy for the exec after it.)
+func warmExecs(ctx context.Context, c *apiclient.Clients, o Options, spec *dsecv1.SandboxSpec, b *baseline) (dsec, runc Latency, err error) {
+	o.logf("dsec: %d execs in a warm sandbox", o.Execs)
+	id, _, err := createExec(ctx, c, spec)
+	if err != nil {
+		return Latency{}, Latency{}, fmt.Errorf("warm sandbox: %w", err)
+	}
+	defer deleteAll(c, []string{id})
+	container := ""
+	if b != nil {
+		o.logf("runc: %d runc exec in a running container, in turns of %d with dsec's", o.Execs, execBlock)
+		if container, err = b.startSleeper(ctx); err != nil {
+			return Latency{}, Latency{}, fmt.Errorf("warm runc container: %w", err)
+		}
+	}
+	var dl, rl []time.Duration
+	for len(dl) < o.Execs {
+		n := min(execBlock, o.Execs-len(dl))
+		for range n {
+			t := time.Now()
+			if err := execTrue(ctx, c, id); err != nil {
+				return Latency{}, Latency{}, err
+			}
+			dl = append(dl, time.Since(t))
+		}
+		if container == "" {
+			continue
+		}
+		for range n {
+			d, err := b.exec(ctx, container)
+			if err != nil {
+				return Latency{}, Latency{}, fmt.Errorf("runc exec: %w", err)
+			}
+			rl = append(rl, d)
+		}
+	}
+	return summarize(dl), summarize(rl), nil
+}
+
+// execBlock is how many warm execs one column runs before the other's turn.
+const execBlock = 50

@@ -1,0 +1,56 @@
+package root
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"dsec.dev/dsec/internal/bench"
+)
+
+// TestBench runs a small `dsec bench` end to end, runc column included,
+// and checks that every figure was measured and nothing is left behind.
+func TestBench(t *testing.T) {
+	d := startDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := bench.Run(ctx, d.Clients, bench.Options{Env: env, Seq: 2, Burst: 3, Execs: 60, Idle: 2, Warm: 1, Baseline: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Notes) > 0 {
+		t.Fatalf("notes: %v", rep.Notes)
+	}
+	ds, rc := rep.Dsec, rep.Baseline
+	if rc == nil {
+		t.Fatal("no runc column")
+	}
+	if ds.CreateToExec.N != 2 || ds.WarmCreateToExec.N != 2 || ds.BurstCreateExec.N != 3 || ds.BurstErrors != 0 ||
+		ds.WarmExec.N != 60 || ds.IdleAnswering != 2 {
+		t.Errorf("dsec column incomplete: %+v", ds)
+	}
+	if rc.CreateToExec.N != 2 || rc.BurstCreateExec.N != 3 || rc.BurstErrors != 0 || rc.WarmExec.N != 60 || rc.IdleCount != 2 {
+		t.Errorf("runc column incomplete: %+v", rc)
+	}
+	for name, l := range map[string]bench.Latency{"dsec exec": ds.WarmExec, "runc exec": rc.WarmExec, "dsec create": ds.CreateToExec} {
+		if l.P50 <= 0 || l.P99 < l.P50 || l.Max < l.P99 {
+			t.Errorf("%s latency not a distribution: %+v", name, l)
+		}
+	}
+	// The baseline's containers and their cgroups are gone.
+	for _, ctrl := range []string{"freezer", "memory", "pids", "cpu"} {
+		left, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", ctrl, "bench-*"))
+		if len(left) > 0 {
+			t.Errorf("runc baseline left cgroups: %v", left)
+		}
+	}
+	tmp, _ := os.ReadDir(os.TempDir())
+	for _, e := range tmp {
+		if strings.HasPrefix(e.Name(), "dsec-bench-runc-") {
+			t.Errorf("runc baseline left %s", filepath.Join(os.TempDir(), e.Name()))
+		}
+	}
+}
