@@ -58,6 +58,7 @@ type Manager struct {
 	// pidsParent is the pids cgroup the agent itself is in: the parent of
 	// cfg.PidsCgroupFD, or -1.
 	pidsParent int
+	tasks      tasksFiles
 
 	mu       sync.Mutex
 	waiters  map[int]chan unix.WaitStatus
@@ -103,6 +104,15 @@ func NewManager(cfg Config) (*Manager, error) {
 		}
 		m.pidsParent = fd
 	}
+	freezer := -1 // the v1 cgroup that commands' cgroups are made in
+	if cfg.CgroupFD >= 0 && !isV2(cfg.CgroupFD) {
+		freezer = cfg.CgroupFD
+	}
+	t, err := openTasksFiles(freezer, cfg.PidsCgroupFD, m.pidsParent)
+	if err != nil {
+		return nil, err
+	}
+	m.tasks = t
 	go m.reap()
 	return m, nil
 }

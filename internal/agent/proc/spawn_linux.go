@@ -41,30 +41,27 @@ func (m *Manager) spawn(cg *cgroup, path string, argv []string, attr *syscall.Pr
 	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
-		var back []int // cgroup dirs the thread returns to
+		var back []int // tasks files of the cgroups the thread returns to
 		moveBack := func() bool {
 			ok := true
 			for _, fd := range back {
-				if err := writeAt(fd, "tasks", "0"); err != nil {
+				if err := enter(fd); err != nil {
 					m.cfg.Log.Error("return agent thread to its cgroup", "err", err)
 					ok = false
 				}
 			}
 			return ok
 		}
-		join := func(fd, parent int) error {
-			if err := writeAt(fd, "tasks", "0"); err != nil {
-				return err
-			}
-			back = append(back, parent)
-			return nil
-		}
 		var err error
 		if cg != nil {
-			err = join(cg.fd, cg.parent)
+			if err = writeAt(cg.fd, "tasks", "0"); err == nil {
+				back = append(back, m.tasks.freezerBack)
+			}
 		}
-		if err == nil && m.cfg.PidsCgroupFD >= 0 {
-			err = join(m.cfg.PidsCgroupFD, m.pidsParent)
+		if err == nil && m.tasks.pids >= 0 {
+			if err = enter(m.tasks.pids); err == nil {
+				back = append(back, m.tasks.pidsBack)
+			}
 		}
 		var pid int
 		if err == nil {
@@ -79,6 +76,41 @@ func (m *Manager) spawn(cg *cgroup, path string, argv []string, attr *syscall.Pr
 	}()
 	r := <-done
 	return r.pid, r.err
+}
+
+// tasksFiles are the cgroup v1 tasks files the forking thread moves itself
+// through for every command, opened once: the commands' pids cgroup, the
+// agent's own pids cgroup, and the sandbox's freezer cgroup, parent of
+// every command's. -1 where there is none.
+type tasksFiles struct{ pids, pidsBack, freezerBack int }
+
+func openTasksFiles(cgroupFD, pidsFD, pidsParentFD int) (tasksFiles, error) {
+	t := tasksFiles{-1, -1, -1}
+	open := func(dirfd int) (int, error) {
+		if dirfd < 0 {
+			return -1, nil
+		}
+		fd, err := unix.Openat(dirfd, "tasks", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("open cgroup tasks file: %w", err)
+		}
+		return fd, nil
+	}
+	var err error
+	if t.pids, err = open(pidsFD); err != nil {
+		return t, err
+	}
+	if t.pidsBack, err = open(pidsParentFD); err != nil {
+		return t, err
+	}
+	t.freezerBack, err = open(cgroupFD)
+	return t, err
+}
+
+// enter moves the calling thread into the cgroup of the tasks file fd.
+func enter(fd int) error {
+	_, err := unix.Write(fd, []byte("0"))
+	return err
 }
 
 // lookPath finds name on the PATH of env, like a shell would; relative
