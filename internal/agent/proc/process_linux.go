@@ -58,6 +58,7 @@ type Manager struct {
 	// pidsParent is the pids cgroup the agent itself is in: the parent of
 	// cfg.PidsCgroupFD, or -1.
 	pidsParent int
+	devNull    *os.File // stdin of commands given none; nil if /dev/null is missing
 	tasks      tasksFiles
 
 	mu       sync.Mutex
@@ -103,6 +104,9 @@ func NewManager(cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("open the agent's pids cgroup: %w", err)
 		}
 		m.pidsParent = fd
+	}
+	if f, err := os.Open(os.DevNull); err == nil {
+		m.devNull = f
 	}
 	freezer := -1 // the v1 cgroup that commands' cgroups are made in
 	if cfg.CgroupFD >= 0 && !isV2(cfg.CgroupFD) {
@@ -253,21 +257,32 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 	if spec.TTY != nil {
 		stdio = [3]*os.File{spec.TTY, spec.TTY, spec.TTY}
 	} else {
-		inR, inW, err := pipe()
-		if err != nil {
-			return nil, err
+		// Without input to give, stdin is /dev/null rather than a pipe
+		// closed at once: both read as end of file.
+		inR := m.devNull
+		if inR == nil || len(spec.Stdin) > 0 || spec.KeepStdinOpen {
+			r, w, err := pipe()
+			if err != nil {
+				return nil, err
+			}
+			closeAfter = append(closeAfter, r)
+			p.stdin, p.stdinFile = w, w
+			inR = r
 		}
-		closeAfter = append(closeAfter, inR)
-		p.stdin, p.stdinFile = inW, inW
+		closeIn := func() {
+			if p.stdin != nil {
+				p.stdin.Close()
+			}
+		}
 		oR, oW, err := pipe()
 		if err != nil {
-			inW.Close()
+			closeIn()
 			return nil, err
 		}
 		closeAfter = append(closeAfter, oW)
 		eR, eW, err := pipe()
 		if err != nil {
-			inW.Close()
+			closeIn()
 			oR.Close()
 			return nil, err
 		}
