@@ -164,17 +164,15 @@ func runBaseline(ctx context.Context, o Options, b *baseline) (*Side, error) {
 
 	idle := min(o.Idle, 200)
 	o.logf("runc: %d idle sleep containers for memory", idle)
-	time.Sleep(time.Second)
-	before := usedMemMiB()
+	before := settledMemMiB()
 	for range idle {
 		if _, err := b.startSleeper(ctx); err != nil {
 			return nil, err
 		}
 	}
-	time.Sleep(3 * time.Second)
 	side.IdleCount = idle
 	side.IdleAnswering = idle
-	side.IdleMemPerMiB = (usedMemMiB() - before) / float64(idle)
-	side.IdleMemoryMethod = "(MemTotal-MemAvailable) after minus before, divided by the count"
+	side.IdleMemPerMiB = (settledMemMiB() - before) / float64(idle)
+	side.IdleMemoryMethod = "(MemTotal-MemAvailable) once settled, after minus before, divided by the count"
 	return side, nil
 }
