@@ -53,13 +53,10 @@ type Config struct {
 // Manager starts, reaps, tracks and kills the agent's processes. There is
 // one per agent; it owns wait4 for the whole agent process.
 type Manager struct {
-	cfg Config
-	mem memCgroup
-	// pidsParent is the pids cgroup the agent itself is in: the parent of
-	// cfg.PidsCgroupFD, or -1.
-	pidsParent int
-	devNull    *os.File // stdin of commands given none; nil if /dev/null is missing
-	tasks      tasksFiles
+	cfg     Config
+	mem     memCgroup
+	devNull *os.File // stdin of commands given none; nil if /dev/null is missing
+	tasks   tasksFiles
 
 	mu       sync.Mutex
 	waiters  map[int]chan unix.WaitStatus
@@ -87,23 +84,15 @@ func NewManager(cfg Config) (*Manager, error) {
 		}
 	}
 	m := &Manager{
-		cfg:        cfg,
-		mem:        memCgroup{fd: cfg.MemoryCgroupFD},
-		pidsParent: -1,
-		waiters:    make(map[int]chan unix.WaitStatus),
-		procs:      make(map[string]*Process),
-		kick:       make(chan struct{}, 1),
+		cfg:     cfg,
+		mem:     memCgroup{fd: cfg.MemoryCgroupFD},
+		waiters: make(map[int]chan unix.WaitStatus),
+		procs:   make(map[string]*Process),
+		kick:    make(chan struct{}, 1),
 	}
 	m.readBufs.New = func() any {
 		b := make([]byte, 32<<10)
 		return &b
-	}
-	if cfg.PidsCgroupFD >= 0 {
-		fd, err := unix.Openat(cfg.PidsCgroupFD, "..", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("open the agent's pids cgroup: %w", err)
-		}
-		m.pidsParent = fd
 	}
 	if f, err := os.Open(os.DevNull); err == nil {
 		m.devNull = f
@@ -112,7 +101,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.CgroupFD >= 0 && !isV2(cfg.CgroupFD) {
 		freezer = cfg.CgroupFD
 	}
-	t, err := openTasksFiles(freezer, cfg.PidsCgroupFD, m.pidsParent)
+	t, err := openTasksFiles(freezer, cfg.PidsCgroupFD)
 	if err != nil {
 		return nil, err
 	}

@@ -80,30 +80,30 @@ func (m *Manager) spawn(cg *cgroup, path string, argv []string, attr *syscall.Pr
 
 // tasksFiles are the cgroup v1 tasks files the forking thread moves itself
 // through for every command, opened once: the commands' pids cgroup, the
-// agent's own pids cgroup, and the sandbox's freezer cgroup, parent of
-// every command's. -1 where there is none.
+// agent's own pids cgroup (its parent), and the sandbox's freezer cgroup,
+// parent of every command's. -1 where there is none.
 type tasksFiles struct{ pids, pidsBack, freezerBack int }
 
-func openTasksFiles(cgroupFD, pidsFD, pidsParentFD int) (tasksFiles, error) {
+func openTasksFiles(freezerFD, pidsFD int) (tasksFiles, error) {
 	t := tasksFiles{-1, -1, -1}
-	open := func(dirfd int) (int, error) {
+	open := func(dirfd int, name string) (int, error) {
 		if dirfd < 0 {
 			return -1, nil
 		}
-		fd, err := unix.Openat(dirfd, "tasks", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		fd, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return -1, fmt.Errorf("open cgroup tasks file: %w", err)
+			return -1, fmt.Errorf("open cgroup tasks file %s: %w", name, err)
 		}
 		return fd, nil
 	}
 	var err error
-	if t.pids, err = open(pidsFD); err != nil {
+	if t.pids, err = open(pidsFD, "tasks"); err != nil {
 		return t, err
 	}
-	if t.pidsBack, err = open(pidsParentFD); err != nil {
+	if t.pidsBack, err = open(pidsFD, "../tasks"); err != nil {
 		return t, err
 	}
-	t.freezerBack, err = open(cgroupFD)
+	t.freezerBack, err = open(freezerFD, "tasks")
 	return t, err
 }
 
