@@ -26,7 +26,9 @@ func isV2(dirfd int) bool {
 		unix.Faccessat(dirfd, "cgroup.subtree_control", unix.F_OK, 0) == nil
 }
 
-func newCgroup(parent int, name string) (*cgroup, error) {
+// newCgroup makes the child cgroup name under parent; v2 says which
+// hierarchy parent is on, which the child shares.
+func newCgroup(parent int, name string, v2 bool) (*cgroup, error) {
 	if err := unix.Mkdirat(parent, name, 0o755); err != nil {
 		return nil, fmt.Errorf("make cgroup %s: %w", name, err)
 	}
@@ -35,7 +37,7 @@ func newCgroup(parent int, name string) (*cgroup, error) {
 		unix.Unlinkat(parent, name, unix.AT_REMOVEDIR)
 		return nil, fmt.Errorf("open cgroup %s: %w", name, err)
 	}
-	return &cgroup{parent: parent, name: name, fd: fd, v2: isV2(fd)}, nil
+	return &cgroup{parent: parent, name: name, fd: fd, v2: v2}, nil
 }
 
 func writeAt(dirfd int, file, data string) error {

@@ -57,6 +57,9 @@ type Manager struct {
 	mem     memCgroup
 	devNull *os.File // stdin of commands given none; nil if /dev/null is missing
 	tasks   tasksFiles
+	// cgroupV2 says cfg.CgroupFD is on cgroup v2, read once: commands'
+	// cgroups are on the same hierarchy.
+	cgroupV2 bool
 
 	mu       sync.Mutex
 	waiters  map[int]chan unix.WaitStatus
@@ -97,8 +100,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	if f, err := os.Open(os.DevNull); err == nil {
 		m.devNull = f
 	}
+	m.cgroupV2 = cfg.CgroupFD >= 0 && isV2(cfg.CgroupFD)
 	freezer := -1 // the v1 cgroup that commands' cgroups are made in
-	if cfg.CgroupFD >= 0 && !isV2(cfg.CgroupFD) {
+	if cfg.CgroupFD >= 0 && !m.cgroupV2 {
 		freezer = cfg.CgroupFD
 	}
 	t, err := openTasksFiles(freezer, cfg.PidsCgroupFD)
@@ -287,7 +291,7 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 		}
 	}
 	if m.cfg.CgroupFD >= 0 {
-		cg, err := newCgroup(m.cfg.CgroupFD, "dsec-"+p.ID)
+		cg, err := newCgroup(m.cfg.CgroupFD, "dsec-"+p.ID, m.cgroupV2)
 		if err != nil {
 			closeOurs()
 			return nil, fmt.Errorf("start process: %w", err)
