@@ -21,7 +21,6 @@ import (
 	"connectrpc.com/connect"
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
-	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/testutil"
@@ -57,7 +56,7 @@ func TestMain(m *testing.M) {
 }
 
 type agentProc struct {
-	client agentv1connect.AgentServiceClient
+	client agentclient.Client
 	cmd    *exec.Cmd
 	stderr *bytes.Buffer
 }
@@ -199,7 +198,7 @@ type result struct {
 	exited  *dsecv1.ExecExited
 }
 
-func collect(t *testing.T, s *connect.ServerStreamForClient[dsecv1.ExecEvent]) result {
+func collect(t *testing.T, s agentclient.ExecStream) result {
 	t.Helper()
 	var r result
 	var out, errb strings.Builder
@@ -225,7 +224,20 @@ func collect(t *testing.T, s *connect.ServerStreamForClient[dsecv1.ExecEvent]) r
 	return r
 }
 
+// exec runs a command the way the edge does: over the framed path.
 func (a *agentProc) exec(t *testing.T, req *dsecv1.ExecRequest) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := a.client.ExecEvents(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return collect(t, s)
+}
+
+// execConnect runs a command through the Connect service's Exec.
+func (a *agentProc) execConnect(t *testing.T, req *dsecv1.ExecRequest) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -263,22 +275,25 @@ func TestExec(t *testing.T) {
 	if os.Getenv("HOME") == "" {
 		t.Skip("HOME is not set")
 	}
+	paths := map[string]func(*testing.T, *dsecv1.ExecRequest) result{"framed": a.exec, "connect": a.execConnect}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := a.exec(t, tt.req)
-			if r.stdout != tt.stdout || r.stderr != tt.stderr {
-				t.Errorf("stdout %q stderr %q, want %q %q", r.stdout, r.stderr, tt.stdout, tt.stderr)
-			}
-			if r.exited.ExitCode != tt.code || r.exited.Status != tt.status {
-				t.Errorf("exit %d %v, want %d %v (%s)", r.exited.ExitCode, r.exited.Status, tt.code, tt.status, r.exited.Message)
-			}
-			if !strings.Contains(r.exited.Message, tt.msgContain) {
-				t.Errorf("message %q does not contain %q", r.exited.Message, tt.msgContain)
-			}
-			if tt.status != dsecv1.ExitStatus_EXIT_STATUS_START_ERROR && (r.started == nil || r.started.Pid <= 0) {
-				t.Errorf("no started event: %v", r.started)
-			}
-		})
+		for path, exec := range paths {
+			t.Run(path+"/"+tt.name, func(t *testing.T) {
+				r := exec(t, tt.req)
+				if r.stdout != tt.stdout || r.stderr != tt.stderr {
+					t.Errorf("stdout %q stderr %q, want %q %q", r.stdout, r.stderr, tt.stdout, tt.stderr)
+				}
+				if r.exited.ExitCode != tt.code || r.exited.Status != tt.status {
+					t.Errorf("exit %d %v, want %d %v (%s)", r.exited.ExitCode, r.exited.Status, tt.code, tt.status, r.exited.Message)
+				}
+				if !strings.Contains(r.exited.Message, tt.msgContain) {
+					t.Errorf("message %q does not contain %q", r.exited.Message, tt.msgContain)
+				}
+				if tt.status != dsecv1.ExitStatus_EXIT_STATUS_START_ERROR && (r.started == nil || r.started.Pid <= 0) {
+					t.Errorf("no started event: %v", r.started)
+				}
+			})
+		}
 	}
 
 	t.Run("invalid request", func(t *testing.T) {
@@ -289,7 +304,16 @@ func TestExec(t *testing.T) {
 			err = s.Err()
 		}
 		if connect.CodeOf(err) != connect.CodeInvalidArgument {
-			t.Fatalf("got %v, want InvalidArgument", err)
+			t.Fatalf("connect: got %v, want InvalidArgument", err)
+		}
+		fs, err := a.client.ExecEvents(context.Background(), &dsecv1.ExecRequest{})
+		if err == nil {
+			for fs.Receive() {
+			}
+			err = fs.Err()
+		}
+		if connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Fatalf("framed: got %v, want InvalidArgument", err)
 		}
 	})
 
@@ -309,7 +333,7 @@ func TestExec(t *testing.T) {
 	t.Run("foreground cancel kills", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		s, err := a.client.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{Argv: []string{"/bin/busybox", "sleep", "1000"}}))
+		s, err := a.client.ExecEvents(ctx, &dsecv1.ExecRequest{Argv: []string{"/bin/busybox", "sleep", "1000"}})
 		if err != nil {
 			t.Fatal(err)
 		}

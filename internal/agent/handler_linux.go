@@ -207,7 +207,17 @@ func (h *handler) outputLimit(n int64) int64 {
 }
 
 func (h *handler) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], stream *connect.ServerStream[dsecv1.ExecEvent]) error {
-	r := req.Msg
+	return h.exec(ctx, req.Msg, stream.Send)
+}
+
+// execFramed serves Exec on the channel's framed path (package execwire).
+func (h *handler) execFramed(ctx context.Context, r *dsecv1.ExecRequest, send func(*dsecv1.ExecEvent) error) error {
+	h.touch()
+	return h.exec(ctx, r, send)
+}
+
+// exec runs a command and streams it; a foreground command dies with ctx.
+func (h *handler) exec(ctx context.Context, r *dsecv1.ExecRequest, send func(*dsecv1.ExecEvent) error) error {
 	spec, err := h.spec(r.User, r.Cwd, r.Shell, r.Env, r.Argv, r.Command)
 	if err != nil {
 		return errdefs.ToConnect(err)
@@ -228,7 +238,7 @@ func (h *handler) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequ
 			p.Release()
 		}()
 	}
-	return errdefs.ToConnect(follow(ctx, p, stream.Send, nil))
+	return errdefs.ToConnect(follow(ctx, p, send, nil))
 }
 
 func (h *handler) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], stream *connect.ServerStream[dsecv1.ExecEvent]) error {

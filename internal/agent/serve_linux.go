@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/agent/proc"
 	"dsec.dev/dsec/internal/agent/session"
 	"dsec.dev/dsec/internal/flushhold"
@@ -116,6 +117,10 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+
+	// Exec calls may come framed, without HTTP (package execwire); every
+	// other connection is the Connect service's.
+	ln = execwire.Split(ln, func(c net.Conn) { execwire.ServeConn(ctx, c, h.execFramed, cfg.Log) }, cfg.Log)
 
 	mux := http.NewServeMux()
 	// The edge's client asks for no compression; should another ask, only

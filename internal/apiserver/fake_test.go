@@ -8,8 +8,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
@@ -90,7 +90,7 @@ func (f *fakeEdge) WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {
 	return f.pools, nil
 }
 
-func (f *fakeEdge) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, func(), error) {
+func (f *fakeEdge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
 	return nil, nil, fmt.Errorf("fake edge has no agents: %w", errdefs.ErrNotSupported)
 }
 

@@ -8,8 +8,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
 )
@@ -17,11 +17,31 @@ import (
 // The calls below run inside a sandbox: each is handed, unchanged, to the
 // sandbox's agent through its edge.
 
-type agentClient = agentv1connect.AgentServiceClient
+type agentClient = agentclient.Client
 
 type unaryCall[Req, Res any] func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)
 
-type streamCall[Req, Res any] func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error)
+// clientStream is a stream of messages from the agent: a Connect server
+// stream, or a framed exec (package execwire).
+type clientStream[Res any] interface {
+	Receive() bool
+	Msg() *Res
+	Err() error
+	Close() error
+}
+
+type streamCall[Req, Res any] func(context.Context, *Req) (clientStream[Res], error)
+
+// connectStream adapts a Connect server-streaming call.
+func connectStream[Req, Res any](call func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error)) streamCall[Req, Res] {
+	return func(ctx context.Context, msg *Req) (clientStream[Res], error) {
+		s, err := call(ctx, connect.NewRequest(msg))
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+}
 
 func forwardUnary[Req, Res any](ctx context.Context, s *Server, id string, msg *Req, pick func(agentClient) unaryCall[Req, Res]) (*connect.Response[Res], error) {
 	a, release, err := s.agent(ctx, id)
@@ -42,7 +62,7 @@ func forwardStream[Req, Res any](ctx context.Context, s *Server, id string, msg 
 		return err
 	}
 	defer release()
-	in, err := pick(a)(ctx, connect.NewRequest(msg))
+	in, err := pick(a)(ctx, msg)
 	if err != nil {
 		return s.agentErr(ctx, id, err)
 	}
@@ -73,22 +93,31 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecReque
 	if m.GetTimeoutSeconds() < 0 {
 		return fmt.Errorf("timeout_seconds must not be negative: %w", errdefs.ErrInvalidArgument)
 	}
-	return forwardStream(ctx, s, m.GetSandboxId(), m, out, func(a agentClient) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] { return a.Exec })
+	// Exec takes the agent channel's framed path, the fastest.
+	return forwardStream(ctx, s, m.GetSandboxId(), m, out, func(a agentClient) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
+		return func(ctx context.Context, req *dsecv1.ExecRequest) (clientStream[dsecv1.ExecEvent], error) {
+			return a.ExecEvents(ctx, req)
+		}
+	})
 }
 
 func (s *Server) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.AttachRequest, dsecv1.ExecEvent] { return a.Attach })
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.AttachRequest, dsecv1.ExecEvent] { return connectStream(a.Attach) })
 }
 
 func (s *Server) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
 	if req.Msg.GetSession() == "" {
 		return fmt.Errorf("session name is required: %w", errdefs.ErrInvalidArgument)
 	}
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] { return a.SessionRun })
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] {
+		return connectStream(a.SessionRun)
+	})
 }
 
 func (s *Server) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] { return a.Download })
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] {
+		return connectStream(a.Download)
+	})
 }
 
 func (s *Server) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {

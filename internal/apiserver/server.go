@@ -18,9 +18,9 @@ import (
 
 	"connectrpc.com/connect"
 
-	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
@@ -41,7 +41,7 @@ type Edge interface {
 	Delete(ctx context.Context, id string) error
 	// Agent returns the channel to the sandbox's agent. The sandbox counts
 	// as active until release is called.
-	Agent(ctx context.Context, id string) (client agentv1connect.AgentServiceClient, release func(), err error)
+	Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
 	// SetNetworkRules replaces a running sandbox's network rules.
 	SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) (warnings []string, err error)
 	// NetworkLog returns a sandbox's network audit records since a time.
@@ -148,7 +148,7 @@ func (s *Server) place(ctx context.Context) (Edge, error) {
 }
 
 // agent finds the agent channel of a running sandbox.
-func (s *Server) agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, func(), error) {
+func (s *Server) agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
 	if id == "" {
 		return nil, nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
 	}

@@ -31,6 +31,7 @@ import (
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/runtime"
@@ -59,7 +60,7 @@ type Images interface {
 }
 
 // DialFunc opens the channel to the agent listening at a host socket path.
-type DialFunc func(socketPath string) agentv1connect.AgentServiceClient
+type DialFunc func(socketPath string) agentclient.Client
 
 // Defaults fill in what a SandboxSpec leaves at zero.
 type Defaults struct {
@@ -134,7 +135,7 @@ type Manager struct {
 type sandbox struct {
 	mu         sync.Mutex
 	rec        *dsecv1.Sandbox
-	agent      agentv1connect.AgentServiceClient
+	agent      agentclient.Client
 	lastActive time.Time
 	// running is the agent's count of live processes at the last ping.
 	running   int32
@@ -329,7 +330,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 
 // launch starts the container with the agent listening on a socket that
 // only the host can reach, and waits for the agent to answer.
-func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpec, lower []string, att *netctl.Attachment) (agentv1connect.AgentServiceClient, error) {
+func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpec, lower []string, att *netctl.Attachment) (agentclient.Client, error) {
 	dir := m.states.Dir(id)
 	sock := filepath.Join(dir, "agent.sock")
 	os.Remove(sock)
@@ -575,7 +576,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 // Agent returns the channel to a running sandbox's agent. The call counts
 // as activity for the idle timeout until release is called, so a long
 // stream keeps its sandbox alive.
-func (m *Manager) Agent(ctx context.Context, id string) (client agentv1connect.AgentServiceClient, release func(), err error) {
+func (m *Manager) Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error) {
 	sb, err := m.lookup(id)
 	if err != nil {
 		return nil, nil, err
@@ -661,6 +662,9 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 	sb.rec.Message = msg
 	sb.gone = time.Now()
 	sb.stopping = false
+	if sb.agent != nil {
+		sb.agent.Close()
+	}
 	sb.agent = nil
 	sb.mu.Unlock()
 	m.mu.Unlock()

@@ -12,8 +12,8 @@ import (
 	"connectrpc.com/connect"
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
-	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/errdefs"
@@ -104,11 +104,14 @@ func (*fakeImages) RecordEnvironment(env string, digests []string) error { retur
 
 // fakeAgent answers Ping from the runtime's view of its container.
 type fakeAgent struct {
-	agentv1connect.AgentServiceClient
+	agentclient.Client
 	rt      *fakeRuntime
 	id      string
 	running *int32
 }
+
+// Close has no connections to drop.
+func (a *fakeAgent) Close() {}
 
 func (a *fakeAgent) Ping(ctx context.Context, req *connect.Request[agentv1.PingRequest]) (*connect.Response[agentv1.PingResponse], error) {
 	st, err := a.rt.Status(ctx, a.id)
@@ -128,7 +131,7 @@ func newTestManager(t *testing.T, dir string, rt *fakeRuntime, busy *int32) *Man
 
 func newTestManagerWith(t *testing.T, dir string, rt *fakeRuntime, busy *int32, images *fakeImages) *Manager {
 	t.Helper()
-	dial := func(sock string) agentv1connect.AgentServiceClient {
+	dial := func(sock string) agentclient.Client {
 		// The socket path is <dir>/<id>/agent.sock.
 		id := sock[len(dir)+1 : len(sock)-len("/agent.sock")]
 		return &fakeAgent{rt: rt, id: id, running: busy}
