@@ -42,13 +42,14 @@ type handler struct {
 	procs      *proc.Manager
 	sessions   *session.Manager
 	files      *fs.FS
+	accounts   *account.Cache
 	lastActive atomic.Int64
 }
 
 var _ agentv1connect.AgentServiceHandler = (*handler)(nil)
 
 func newHandler(cfg Config, agentPath string) (*handler, error) {
-	h := &handler{cfg: cfg, files: &fs.FS{Dir: cfg.Workdir}}
+	h := &handler{cfg: cfg, files: &fs.FS{Dir: cfg.Workdir}, accounts: account.NewCache(etcDir)}
 	h.touch()
 	procs, err := proc.NewManager(proc.Config{
 		CgroupFD:       cfg.CgroupFD,
@@ -73,7 +74,7 @@ func (h *handler) account(user string) (account.Account, error) {
 	if user == "" {
 		user = h.cfg.User
 	}
-	return account.Lookup(etcDir, user)
+	return h.accounts.Lookup(user)
 }
 
 // spec builds the process spec shared by Exec, sessions and Shell. With
