@@ -150,22 +150,40 @@ func (c *cgroup) remove() error {
 }
 
 // memCgroup reads the OOM kill count and the memory limit of the sandbox.
-type memCgroup struct{ fd int }
+// The file with the count is opened once and re-read from its start for
+// every command: opening it each time cost a few syscalls per exec.
+type memCgroup struct {
+	fd     int // the sandbox's memory cgroup directory, or -1
+	events int // memory.events (v2) or memory.oom_control (v1), or -1
+}
 
-func (m memCgroup) oomKills() int64 {
-	if m.fd < 0 {
-		return 0
+func openMemCgroup(dirfd int) memCgroup {
+	m := memCgroup{fd: dirfd, events: -1}
+	if dirfd < 0 {
+		return m
 	}
 	for _, file := range []string{"memory.events", "memory.oom_control"} {
-		s, err := readAt(m.fd, file)
-		if err != nil {
-			continue
+		if fd, err := unix.Openat(dirfd, file, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			m.events = fd
+			break
 		}
-		for _, line := range strings.Split(s, "\n") {
-			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				return n
-			}
+	}
+	return m
+}
+
+func (m memCgroup) oomKills() int64 {
+	if m.events < 0 {
+		return 0
+	}
+	var buf [1024]byte
+	n, err := unix.Pread(m.events, buf[:], 0)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(buf[:n]), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			k, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return k
 		}
 	}
 	return 0
