@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,7 +89,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg:     cfg,
-		mem:     memCgroup{fd: cfg.MemoryCgroupFD},
+		mem:     openMemCgroup(cfg.MemoryCgroupFD),
 		waiters: make(map[int]chan unix.WaitStatus),
 		procs:   make(map[string]*Process),
 		kick:    make(chan struct{}, 1),
@@ -724,6 +725,10 @@ func (p *Process) finish(e *dsecv1.ExecExited) {
 	p.notify = make(chan struct{})
 	p.mu.Unlock()
 	close(p.done)
+	// Let the goroutine that streams the process send its exit before the
+	// cleanup below (the rmdir of its cgroup takes 0.05 ms): the agent has
+	// one P, and the waker would otherwise run on.
+	runtime.Gosched()
 	if p.cg != nil && p.cg.remove() != nil {
 		p.m.mu.Lock()
 		p.m.leftover = append(p.m.leftover, p.cg)
