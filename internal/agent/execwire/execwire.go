@@ -44,6 +44,10 @@ const FlagEnd = 0x02
 // its stdin, so this is also the largest stdin an exec can be given.
 const MaxFrame = 64 << 20
 
+// maxKept is the largest frame buffer a connection keeps for its next
+// frame; larger frames get a buffer of their own.
+const maxKept = 64 << 10
+
 // errFrameTooLarge is returned for a frame longer than MaxFrame.
 var errFrameTooLarge = fmt.Errorf("frame larger than %d bytes", MaxFrame)
 
@@ -103,8 +107,8 @@ func parseEnd(payload []byte) error {
 	return connect.NewError(code, errors.New(p.Message))
 }
 
-// readFrame reads one frame into buf (grown as needed) and returns its
-// flags and payload, which aliases buf.
+// readFrame reads one frame and returns its flags and payload, which may
+// alias buf, and the buffer to pass next time.
 func readFrame(r *bufio.Reader, buf []byte) (flags byte, payload, grown []byte, err error) {
 	var hdr [5]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
@@ -114,10 +118,15 @@ func readFrame(r *bufio.Reader, buf []byte) (flags byte, payload, grown []byte, 
 	if n > MaxFrame {
 		return 0, nil, buf, fmt.Errorf("frame of %d bytes: %w", n, errFrameTooLarge)
 	}
-	if cap(buf) < int(n) {
+	switch {
+	case int(n) <= cap(buf):
+		payload = buf[:n]
+	case n <= maxKept:
 		buf = make([]byte, n)
+		payload = buf
+	default:
+		payload = make([]byte, n) // a large stdin is not kept for the next call
 	}
-	payload = buf[:n]
 	if _, err := io.ReadFull(r, payload); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
