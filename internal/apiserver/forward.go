@@ -10,6 +10,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
 )
@@ -92,6 +93,10 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecReque
 	}
 	if m.GetTimeoutSeconds() < 0 {
 		return fmt.Errorf("timeout_seconds must not be negative: %w", errdefs.ErrInvalidArgument)
+	}
+	if n := len(m.GetStdin()); n > execwire.MaxStdin {
+		return fmt.Errorf("stdin of %d bytes is over the %d MiB an exec can carry; write larger input to a file: %w",
+			n, execwire.MaxStdin>>20, errdefs.ErrInvalidArgument)
 	}
 	// Exec takes the agent channel's framed path, the fastest.
 	return forwardStream(ctx, s, m.GetSandboxId(), m, out, func(a agentClient) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {

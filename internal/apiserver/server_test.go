@@ -12,6 +12,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -103,6 +104,16 @@ func TestValidationAndRouting(t *testing.T) {
 		}, connect.CodeNotFound},
 		{"exec without command", func() error {
 			s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-n1-abc"}))
+			if err != nil {
+				return err
+			}
+			for s.Receive() {
+			}
+			return s.Err()
+		}, connect.CodeInvalidArgument},
+		{"exec stdin over the limit", func() error {
+			s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-n1-abc", Argv: []string{"cat"},
+				Stdin: make([]byte, execwire.MaxStdin+1)}))
 			if err != nil {
 				return err
 			}

@@ -40,9 +40,12 @@ const Preface = "DSECX/1\n"
 // FlagEnd marks the frame that ends a call.
 const FlagEnd = 0x02
 
-// MaxFrame bounds one frame, in either direction. An exec request carries
-// its stdin, so this is also the largest stdin an exec can be given.
+// MaxFrame bounds one frame, in either direction.
 const MaxFrame = 64 << 20
+
+// MaxStdin is the largest stdin an exec request may carry: the frame of
+// the request holds it, with room for the rest of the request.
+const MaxStdin = MaxFrame - 1<<20
 
 // maxKept is the largest frame buffer a connection keeps for its next
 // frame; larger frames get a buffer of their own.
