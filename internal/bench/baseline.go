@@ -172,7 +172,6 @@ func runBaseline(ctx context.Context, o Options, b *baseline) (*Side, error) {
 	}
 	side.IdleCount = idle
 	side.IdleAnswering = idle
-	side.IdleMemPerMiB = (settledMemMiB() - before) / float64(idle)
-	side.IdleMemoryMethod = "(MemTotal-MemAvailable) once settled, after minus before, divided by the count"
+	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(before, settledMemMiB(), idle)
 	return side, nil
 }

@@ -262,12 +262,8 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options, b *baseline) 
 			idle = append(idle, sb.GetId())
 		}
 	}
-	after := settledMemMiB()
 	side.IdleCount = len(idle)
-	if len(idle) > 0 {
-		side.IdleMemPerMiB = (after - before) / float64(len(idle))
-	}
-	side.IdleMemoryMethod = "(MemTotal-MemAvailable) once settled, after minus before, divided by the count"
+	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(before, settledMemMiB(), len(idle))
 	side.DaemonRSSMiB = rssOf("dsecd")
 	for _, id := range idle {
 		if execTrue(ctx, c, id) == nil {
@@ -394,6 +390,23 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// idleMemoryMethod says how the idle memory figures are measured.
+const idleMemoryMethod = "(MemTotal-MemAvailable) once settled, after minus before, divided by the count"
+
+// perSandboxMiB divides the host memory n sandboxes added among them. When
+// the host's use did not grow (other work freed more than they took, which
+// the runc column's 200 small containers are prone to), there is no
+// figure: 0, and a method that says why.
+func perSandboxMiB(before, after float64, n int) (float64, string) {
+	if n <= 0 {
+		return 0, idleMemoryMethod
+	}
+	if after <= before {
+		return 0, idleMemoryMethod + "; not measured: the host's used memory did not grow (other activity freed memory meanwhile)"
+	}
+	return (after - before) / float64(n), idleMemoryMethod
 }
 
 // settledMemMiB is the host's used memory once it stops moving: two
