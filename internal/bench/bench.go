@@ -343,16 +343,28 @@ func (r *Report) Print(w io.Writer) {
 	if b == nil {
 		b = &Side{}
 	}
+	// Small figures get two decimals, and a ratio well under one reads as
+	// a fraction: "1/15.2" is exec's "15.2 times faster".
+	num := func(v float64) string {
+		if v < 10 {
+			return fmt.Sprintf("%.2f", v)
+		}
+		return fmt.Sprintf("%.1f", v)
+	}
 	row := func(name string, d, base float64, unit string) {
 		ratio := "-"
-		if base > 0 && d > 0 {
+		switch {
+		case base <= 0 || d <= 0:
+		case d/base < 0.5:
+			ratio = fmt.Sprintf("1/%.1f", base/d)
+		default:
 			ratio = fmt.Sprintf("%.2f×", d/base)
 		}
 		bs := "-"
 		if base > 0 {
-			bs = fmt.Sprintf("%.1f %s", base, unit)
+			bs = num(base) + " " + unit
 		}
-		fmt.Fprintf(tw, "%s\t%.1f %s\t%s\t%s\t\n", name, d, unit, bs, ratio)
+		fmt.Fprintf(tw, "%s\t%s %s\t%s\t%s\t\n", name, num(d), unit, bs, ratio)
 	}
 	row("create→first exec p50", r.Dsec.CreateToExec.P50, b.CreateToExec.P50, "ms")
 	row("create→first exec p99", r.Dsec.CreateToExec.P99, b.CreateToExec.P99, "ms")
