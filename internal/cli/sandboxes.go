@@ -97,7 +97,10 @@ func (f *execFlags) add(cmd *cobra.Command, withUserDir bool) {
 	}
 }
 
-func (a *app) execRequest(id string, f *execFlags, argv []string) (*dsecv1.ExecRequest, error) {
+// execRequest builds an exec request. With -i, a request whose stdin will be
+// streamed (see streamExec) keeps the command's stdin open; any other
+// carries the whole of this program's stdin.
+func (a *app) execRequest(id string, f *execFlags, argv []string, streamStdin bool) (*dsecv1.ExecRequest, error) {
 	env, err := parseKV("--exec-env", f.env)
 	if err != nil {
 		return nil, err
@@ -109,7 +112,9 @@ func (a *app) execRequest(id string, f *execFlags, argv []string) (*dsecv1.ExecR
 	} else {
 		req.Argv = argv
 	}
-	if f.stdin {
+	if f.stdin && streamStdin {
+		req.KeepStdinOpen = true
+	} else if f.stdin {
 		data, err := io.ReadAll(a.stdin)
 		if err != nil {
 			return nil, fmt.Errorf("read stdin: %w", err)
@@ -120,8 +125,12 @@ func (a *app) execRequest(id string, f *execFlags, argv []string) (*dsecv1.ExecR
 }
 
 // streamExec copies an exec stream to stdout and stderr and turns its end
-// into the exit code convention of `dsec run` and `dsec exec`.
+// into the exit code convention of `dsec run` and `dsec exec`. A request
+// that keeps stdin open gets this program's stdin, streamed in chunks once
+// the command has started, so its size is not bounded by one request.
 func (a *app) streamExec(ctx context.Context, req *dsecv1.ExecRequest) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	stream, err := a.c.Sandboxes.Exec(ctx, connect.NewRequest(req))
 	if err != nil {
 		return err
@@ -131,6 +140,10 @@ func (a *app) streamExec(ctx context.Context, req *dsecv1.ExecRequest) error {
 	for stream.Receive() {
 		ev := stream.Msg()
 		switch e := ev.Event.(type) {
+		case *dsecv1.ExecEvent_Started:
+			if req.GetKeepStdinOpen() {
+				go a.pumpStdin(ctx, req.GetSandboxId(), e.Started.GetProcessId())
+			}
 		case *dsecv1.ExecEvent_Stdout:
 			a.stdout.Write(e.Stdout)
 		case *dsecv1.ExecEvent_Stderr:
@@ -146,6 +159,30 @@ func (a *app) streamExec(ctx context.Context, req *dsecv1.ExecRequest) error {
 		return fmt.Errorf("the command's stream ended without an exit status")
 	}
 	return exitFor(exited)
+}
+
+// stdinChunk is how much of stdin one WriteStdin call carries.
+const stdinChunk = 256 << 10
+
+// pumpStdin copies this program's stdin into a command's, then closes the
+// command's stdin. It stops quietly once the command no longer takes input
+// (it exited, or closed its stdin): the exit status tells the rest.
+func (a *app) pumpStdin(ctx context.Context, sandboxID, processID string) {
+	buf := make([]byte, stdinChunk)
+	for {
+		n, rerr := a.stdin.Read(buf)
+		if n > 0 {
+			if _, err := a.c.Sandboxes.WriteStdin(ctx, connect.NewRequest(&dsecv1.WriteStdinRequest{
+				SandboxId: sandboxID, ProcessId: processID, Data: buf[:n]})); err != nil {
+				return
+			}
+		}
+		if rerr != nil {
+			a.c.Sandboxes.WriteStdin(ctx, connect.NewRequest(&dsecv1.WriteStdinRequest{
+				SandboxId: sandboxID, ProcessId: processID, Close: true}))
+			return
+		}
+	}
 }
 
 // exitFor maps a command's end onto this program's exit: its own code, 124
@@ -214,7 +251,7 @@ func (a *app) runCommand() *cobra.Command {
 					fmt.Fprintf(a.stderr, "dsec: delete %s: %s\n", id, describe(err))
 				}
 			}()
-			req, err := a.execRequest(id, &ef, args[1:])
+			req, err := a.execRequest(id, &ef, args[1:], true)
 			if err != nil {
 				return err
 			}
@@ -265,7 +302,7 @@ func (a *app) execCommand() *cobra.Command {
 		Short: "run a command in a sandbox, streaming its output; exits with its code",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req, err := a.execRequest(args[0], &ef, args[1:])
+			req, err := a.execRequest(args[0], &ef, args[1:], !background)
 			if err != nil {
 				return err
 			}

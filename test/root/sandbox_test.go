@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -370,6 +371,16 @@ func TestCLIRunExitCodes(t *testing.T) {
 	_, errOut, code = d.CLI("", "run", "--memory-mb", "32", env, "--", "sh", "-c", "head -c 200m /dev/zero | tail")
 	if code != 137 || !strings.Contains(errOut, "OOM") {
 		t.Fatalf("oom: code %d, stderr %q", code, errOut)
+	}
+	// -i streams stdin in chunks: more than one exec request may carry.
+	big := strings.Repeat("0123456789abcdef", (70<<20)/16)
+	out, errOut, code = d.CLI(big, "run", "-i", env, "--", "wc", "-c")
+	if strings.TrimSpace(out) != strconv.Itoa(len(big)) || code != 0 {
+		t.Fatalf("run -i with %d bytes: %q code %d, stderr %q", len(big), out, code, errOut)
+	}
+	out, _, code = d.CLI("line one\nline two\n", "run", "-i", env, "--", "sh", "-c", "read first; echo got $first; exit 3")
+	if out != "got line one\n" || code != 3 {
+		t.Fatalf("run -i, command reads part of stdin: %q code %d", out, code)
 	}
 	_, errOut, code = d.CLI("", "run", "nope:1", "--", "true")
 	if code == 0 || errOut == "" {
