@@ -66,6 +66,7 @@ func (c *Client) Exec(ctx context.Context, req *dsecv1.ExecRequest) (*Stream, er
 		if cn, err = c.dial(ctx); err != nil {
 			return nil, err
 		}
+		reused = false
 		frame = append([]byte(Preface), frame...)
 		if _, err := cn.Write(frame); err != nil {
 			cn.Close()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +26,19 @@ type agent struct {
 	path   string
 	conns  atomic.Int32 // framed connections served
 	closed atomic.Int32 // framed connections ended
+
+	mu   sync.Mutex
+	open []net.Conn // framed connections, for drop
+}
+
+// drop closes the agent's side of every framed connection.
+func (a *agent) drop() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.open {
+		c.Close()
+	}
+	a.open = nil
 }
 
 func startAgent(t *testing.T, exec ExecFunc) *agent {
@@ -39,6 +53,9 @@ func startAgent(t *testing.T, exec ExecFunc) *agent {
 	split := Split(ln, func(c net.Conn) {
 		a.conns.Add(1)
 		defer a.closed.Add(1)
+		a.mu.Lock()
+		a.open = append(a.open, c)
+		a.mu.Unlock()
 		ServeConn(ctx, c, exec, log)
 	}, log)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -118,6 +135,27 @@ func TestExecAndHTTPShareTheSocket(t *testing.T) {
 	waitFor(t, "the agent to see the idle connection close", func() bool { return a.closed.Load() == 1 })
 	if _, err := c.Exec(context.Background(), &dsecv1.ExecRequest{}); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("exec on a closed client: %v", err)
+	}
+}
+
+func TestDroppedIdleConnectionIsReplaced(t *testing.T) {
+	a := startAgent(t, echo)
+	c := NewClient(a.path)
+	defer c.Close()
+	for i := range 2 {
+		s, err := c.Exec(context.Background(), &dsecv1.ExecRequest{Argv: []string{"x"}})
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if out, _, err := drain(t, s); err != nil || out != "x" {
+			t.Fatalf("call %d: %q %v", i, out, err)
+		}
+		// The agent drops the connection the client keeps idle.
+		a.drop()
+		waitFor(t, "the agent to end the connection", func() bool { return a.closed.Load() == int32(i+1) })
+	}
+	if n := a.conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2: the second call must have made a new one", n)
 	}
 }
 
