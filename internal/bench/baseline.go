@@ -81,16 +81,21 @@ func (b *baseline) close() {
 	b.created = nil
 	b.mu.Unlock()
 	for _, id := range ids {
-		exec.Command(b.rt, "--root", b.state, "delete", "-f", id).Run()
+		b.deleteContainer(id)
 	}
 	os.RemoveAll(b.dir)
+}
+
+// deleteContainer force-deletes one container, whatever its state.
+func (b *baseline) deleteContainer(id string) {
+	exec.Command(b.rt, "--root", b.state, "delete", "-f", id).Run()
 }
 
 // deleteContainers deletes containers this baseline started.
 func (b *baseline) deleteContainers(ids []string) {
 	gone := make(map[string]bool, len(ids))
 	for _, id := range ids {
-		exec.Command(b.rt, "--root", b.state, "delete", "-f", id).Run()
+		b.deleteContainer(id)
 		gone[id] = true
 	}
 	b.mu.Lock()
@@ -118,7 +123,7 @@ func (b *baseline) run(ctx context.Context) (time.Duration, error) {
 	t := time.Now()
 	err := runCmd(ctx, b.rt, "--root", b.state, "run", "--bundle", b.runB, id)
 	d := time.Since(t)
-	exec.Command(b.rt, "--root", b.state, "delete", "-f", id).Run()
+	b.deleteContainer(id)
 	return d, err
 }
 
@@ -201,7 +206,7 @@ func runBaseline(ctx context.Context, o Options, b *baseline) (*Side, error) {
 	after := settledMemMiB()
 	side.IdleCount = idle
 	side.IdleAnswering = idle
-	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(0, ((running-before)+(running-after))/2, idle)
+	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(((running-before)+(running-after))/2, idle)
 	side.IdleMemoryMethod += "; for runc, the mean of the rise as the containers start and the fall as they are deleted"
 	return side, nil
 }

@@ -263,7 +263,7 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options, b *baseline) 
 		}
 	}
 	side.IdleCount = len(idle)
-	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(before, settledMemMiB(), len(idle))
+	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(settledMemMiB()-before, len(idle))
 	side.DaemonRSSMiB = rssOf("dsecd")
 	for _, id := range idle {
 		if execTrue(ctx, c, id) == nil {
@@ -407,18 +407,18 @@ func writeJSON(w io.Writer, v any) error {
 // idleMemoryMethod says how the idle memory figures are measured.
 const idleMemoryMethod = "(MemTotal-MemAvailable) once settled, after minus before, divided by the count"
 
-// perSandboxMiB divides the host memory n sandboxes added among them. When
-// the host's use did not grow (other work freed more than they took, which
-// the runc column's 200 small containers are prone to), there is no
-// figure: 0, and a method that says why.
-func perSandboxMiB(before, after float64, n int) (float64, string) {
+// perSandboxMiB divides grown, the host memory n sandboxes added, among
+// them. When the host's use did not grow (other work freed more than they
+// took, which the runc column's 200 small containers are prone to), there
+// is no figure: 0, and a method that says why.
+func perSandboxMiB(grown float64, n int) (float64, string) {
 	if n <= 0 {
 		return 0, idleMemoryMethod
 	}
-	if after <= before {
+	if grown <= 0 {
 		return 0, idleMemoryMethod + "; not measured: the host's used memory did not grow (other activity freed memory meanwhile)"
 	}
-	return (after - before) / float64(n), idleMemoryMethod
+	return grown / float64(n), idleMemoryMethod
 }
 
 // settledMemMiB is the host's used memory once it stops moving: two
