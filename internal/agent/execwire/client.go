@@ -53,25 +53,18 @@ func (c *Client) Exec(ctx context.Context, req *dsecv1.ExecRequest) (*Stream, er
 	if err != nil {
 		return nil, err
 	}
-	if !reused {
-		frame = append([]byte(Preface), frame...)
-	}
-	if _, err := cn.Write(frame); err != nil {
-		cn.Close()
-		if !reused {
-			return nil, fmt.Errorf("send exec request: %w", err)
-		}
+	err = cn.send(frame, !reused)
+	if err != nil && reused {
 		// The agent dropped an idle connection: nothing of this call
 		// reached it, so try once on a new one.
 		if cn, err = c.dial(ctx); err != nil {
 			return nil, err
 		}
 		reused = false
-		frame = append([]byte(Preface), frame...)
-		if _, err := cn.Write(frame); err != nil {
-			cn.Close()
-			return nil, fmt.Errorf("send exec request: %w", err)
-		}
+		err = cn.send(frame, true)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("send exec request: %w", err)
 	}
 	s := &Stream{client: c, cn: cn, ctx: ctx}
 	s.stop = context.AfterFunc(ctx, func() { cn.Close() })
@@ -92,6 +85,19 @@ const httpReply = "HTTP/"
 // ErrNotFramed means the agent does not speak the framed path: it is older
 // than it, and Connect's Exec must be used instead.
 var ErrNotFramed = errors.New("agent does not speak the framed exec path")
+
+// send writes a request frame, after the preface on a new connection. A
+// connection that fails to take it is closed.
+func (cn *conn) send(frame []byte, isNew bool) error {
+	if isNew {
+		frame = append([]byte(Preface), frame...)
+	}
+	if _, err := cn.Write(frame); err != nil {
+		cn.Close()
+		return err
+	}
+	return nil
+}
 
 // get returns an idle connection, or a new one.
 func (c *Client) get(ctx context.Context) (cn *conn, reused bool, err error) {
