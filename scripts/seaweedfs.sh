@@ -50,11 +50,20 @@ port_busy() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-# free_port prints a free TCP port on 127.0.0.1 not in the arguments.
+# free_port prints a free TCP port on 127.0.0.1 not in the arguments. It
+# picks below the kernel's ephemeral range: weed's own parts connect to each
+# other before they all listen, and an outgoing connection's local port taken
+# from that range can land on a port chosen here ("bind: address already in
+# use").
 free_port() {
-  local p
+  local p lo=32768 hi
+  read -r lo hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  if [ "$lo" -le 12000 ]; then
+    echo "seaweedfs: the ephemeral port range starts at $lo; no room below it" >&2
+    return 1
+  fi
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 30000))
+    p=$((10000 + RANDOM % (lo - 10000)))
     case " $* " in *" $p "*) continue ;; esac
     if ! port_busy "$p"; then
       echo "$p"
@@ -81,6 +90,28 @@ start() {
     echo "seaweedfs: 127.0.0.1:$port is already in use" >&2
     exit 1
   fi
+  # A port can still be taken between the check and weed's bind; then weed
+  # exits saying so, and a second try with new ports is the cure.
+  local attempt rc
+  for attempt in 1 2 3; do
+    rc=0
+    launch "$dir" "$port" || rc=$?
+    case "$rc" in
+      0) return 0 ;;
+      2) echo "seaweedfs: a port was taken as weed started (try $attempt of 3); picking new ports" >&2
+         rm -f "$dir/weed.ports" ;;
+      *) exit 1 ;;
+    esac
+  done
+  echo "seaweedfs: weed could not bind its ports in 3 tries" >&2
+  exit 1
+}
+
+# launch runs weed once and waits for its S3 gateway. It returns 0 when S3
+# answers, 2 when weed exited because a port was in use, 1 on any other
+# failure.
+launch() {
+  local dir="$1" port="$2"
   # Every gRPC port is its HTTP port + 10000 unless set; pick all of them
   # explicitly so several servers (and other services) never collide. The
   # master keeps its state in a directory named after its port, so a restart
@@ -96,13 +127,13 @@ start() {
   fi
   if [ -z "$mp" ] || [ -z "${sg:-}" ]; then
     local used="$port"
-    mp="$(free_port $used)"; used="$used $mp"
-    vp="$(free_port $used)"; used="$used $vp"
-    fp="$(free_port $used)"; used="$used $fp"
-    mg="$(free_port $used)"; used="$used $mg"
-    vg="$(free_port $used)"; used="$used $vg"
-    fg="$(free_port $used)"; used="$used $fg"
-    sg="$(free_port $used)"
+    mp="$(free_port $used)" || return 1; used="$used $mp"
+    vp="$(free_port $used)" || return 1; used="$used $vp"
+    fp="$(free_port $used)" || return 1; used="$used $fp"
+    mg="$(free_port $used)" || return 1; used="$used $mg"
+    vg="$(free_port $used)" || return 1; used="$used $vg"
+    fg="$(free_port $used)" || return 1; used="$used $fg"
+    sg="$(free_port $used)" || return 1
     echo "$mp $vp $fp $mg $vg $fg $sg" >"$dir/weed.ports"
   fi
   # Each bucket takes several volumes of up to 256 MiB (sparse files), so
@@ -125,10 +156,14 @@ start() {
   local i
   for i in $(seq 1 60); do
     if ! kill -0 "$pid" 2>/dev/null; then
+      rm -f "$dir/weed.pid"
+      if grep -q "address already in use" "$dir/weed.log"; then
+        grep "address already in use" "$dir/weed.log" | head -n 3 >&2
+        return 2
+      fi
       echo "seaweedfs: weed exited; last log lines:" >&2
       tail -n 30 "$dir/weed.log" >&2 || true
-      rm -f "$dir/weed.pid"
-      exit 1
+      return 1
     fi
     if curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$port/"; then
       echo "seaweedfs: S3 on 127.0.0.1:$port (pid $pid, log $dir/weed.log)"
@@ -140,7 +175,7 @@ start() {
   tail -n 30 "$dir/weed.log" >&2 || true
   kill "$pid" 2>/dev/null || true
   rm -f "$dir/weed.pid"
-  exit 1
+  return 1
 }
 
 stop() {
