@@ -3,6 +3,7 @@ package cli
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -22,9 +23,17 @@ import (
 func (a *app) cpCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "cp SRC DST",
-		Short: "copy files in or out: `cp LOCAL ID:DIR` or `cp ID:PATH LOCALDIR`",
-		Long: "Copies a file or directory into or out of a sandbox. LOCAL is copied into the sandbox's\n" +
-			"directory DIR (made if missing) under its own name; ID:PATH is copied into LOCALDIR under its own name.",
+		Short: "copy files in or out: `cp LOCAL ID:PATH` or `cp ID:PATH LOCAL`",
+		Long: `Copies a file or directory between this machine and a sandbox. One of SRC and DST
+is ID:PATH (a relative PATH is taken from the sandbox's working directory). As with
+docker cp:
+  - when DST is an existing directory, or ends in /, SRC is copied into it under its
+    own name (DST is made if missing);
+  - otherwise SRC is copied as DST: a file replaces the file DST, a directory becomes
+    DST (a directory never replaces a file);
+  - when SRC is a directory and ends in /., its contents are copied, not itself;
+  - LOCAL - reads a tar archive from stdin, extracted into the directory DST, or
+    writes SRC as a tar archive to stdout.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srcID, srcPath, srcRemote := splitRemote(args[0])
@@ -41,20 +50,72 @@ func (a *app) cpCommand() *cobra.Command {
 	}
 }
 
-// splitRemote recognises ID:PATH where ID is a sandbox ID.
+// splitRemote recognises ID:PATH where ID is a sandbox ID. An empty PATH is
+// the sandbox's working directory.
 func splitRemote(s string) (id, p string, ok bool) {
 	id, p, ok = strings.Cut(s, ":")
 	if !ok || !strings.HasPrefix(id, "sb-") {
 		return "", "", false
 	}
+	if p == "" {
+		p = "."
+	}
 	return id, p, true
 }
 
-func (a *app) upload(cmd *cobra.Command, local, id, dir string) error {
+// contentsOf reports whether p names a directory's contents: it ends in "/.".
+func contentsOf(p string) bool {
+	return strings.HasSuffix(p, "/.") || p == "."
+}
+
+// remoteType returns the type of p in the sandbox ("file", "dir", "symlink",
+// "other"), or "" when p does not exist.
+func (a *app) remoteType(ctx context.Context, id, p string) (string, error) {
+	resp, err := a.c.Sandboxes.Stat(ctx, connect.NewRequest(&dsecv1.StatRequest{SandboxId: id, Path: p}))
+	if connect.CodeOf(err) == connect.CodeNotFound {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return resp.Msg.GetInfo().GetType(), nil
+}
+
+func (a *app) upload(cmd *cobra.Command, local, id, dst string) error {
+	ctx := cmd.Context()
+	if local == "-" {
+		data, err := io.ReadAll(cmd.InOrStdin())
+		if err != nil {
+			return fmt.Errorf("read the archive from stdin: %w", err)
+		}
+		return a.sendTar(cmd, id, dst, data)
+	}
+	info, err := os.Lstat(local)
+	if err != nil {
+		return err
+	}
+	kind, err := a.remoteType(ctx, id, dst)
+	if err != nil {
+		return err
+	}
+	// dir is where the archive is extracted; name is what local is called
+	// there ("" when its contents go in directly).
+	var dir, name string
+	switch {
+	case kind == "symlink":
+		return fmt.Errorf("%s:%s is a symlink; name the directory it points to", id, dst)
+	case kind != "" && kind != "dir" && (info.IsDir() || strings.HasSuffix(dst, "/")):
+		return fmt.Errorf("cannot copy %s over %s:%s, which is not a directory", local, id, dst)
+	case info.IsDir() && contentsOf(local):
+		dir = dst
+	case kind == "dir" || strings.HasSuffix(dst, "/"):
+		dir, name = dst, filepath.Base(filepath.Clean(local))
+	default:
+		dir, name = path.Dir(path.Clean(dst)), path.Base(path.Clean(dst))
+	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	base := filepath.Dir(filepath.Clean(local))
-	err := filepath.WalkDir(local, func(p string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(local, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -62,11 +123,15 @@ func (a *app) upload(cmd *cobra.Command, local, id, dir string) error {
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(base, p)
+		rel, err := filepath.Rel(local, p)
 		if err != nil {
 			return err
 		}
-		return tarfile.WriteEntry(tw, p, rel, info, nil)
+		entry := path.Join(name, filepath.ToSlash(rel))
+		if entry == "." {
+			return nil // the contents' own directory: dir already is it
+		}
+		return tarfile.WriteEntry(tw, p, entry, info, nil)
 	})
 	if err != nil {
 		return fmt.Errorf("pack %s: %w", local, err)
@@ -74,7 +139,11 @@ func (a *app) upload(cmd *cobra.Command, local, id, dir string) error {
 	if err := tw.Close(); err != nil {
 		return err
 	}
-	resp, err := a.c.Sandboxes.Upload(cmd.Context(), connect.NewRequest(&dsecv1.UploadRequest{SandboxId: id, Path: dir, Tar: buf.Bytes()}))
+	return a.sendTar(cmd, id, dir, buf.Bytes())
+}
+
+func (a *app) sendTar(cmd *cobra.Command, id, dir string, data []byte) error {
+	resp, err := a.c.Sandboxes.Upload(cmd.Context(), connect.NewRequest(&dsecv1.UploadRequest{SandboxId: id, Path: dir, Tar: data}))
 	if err != nil {
 		return err
 	}
@@ -84,8 +153,16 @@ func (a *app) upload(cmd *cobra.Command, local, id, dir string) error {
 	return nil
 }
 
-func (a *app) download(cmd *cobra.Command, id, remote, localDir string) error {
-	stream, err := a.c.Sandboxes.Download(cmd.Context(), connect.NewRequest(&dsecv1.DownloadRequest{SandboxId: id, Path: remote}))
+func (a *app) download(cmd *cobra.Command, id, src, local string) error {
+	ctx := cmd.Context()
+	kind, err := a.remoteType(ctx, id, src)
+	if err != nil {
+		return err
+	}
+	if kind == "" {
+		return fmt.Errorf("%s:%s does not exist", id, src)
+	}
+	stream, err := a.c.Sandboxes.Download(ctx, connect.NewRequest(&dsecv1.DownloadRequest{SandboxId: id, Path: src}))
 	if err != nil {
 		return err
 	}
@@ -99,14 +176,49 @@ func (a *app) download(cmd *cobra.Command, id, remote, localDir string) error {
 		}
 		pw.CloseWithError(stream.Err())
 	}()
-	err = extractTar(pr, localDir)
+	if local == "-" {
+		_, err = io.Copy(cmd.OutOrStdout(), pr)
+		pr.CloseWithError(err)
+		return err
+	}
+
+	// The agent names entries after src's base name ("." for the root).
+	// rename maps them to their local names below dir.
+	from := path.Base(path.Clean(src))
+	st, statErr := os.Stat(local)
+	exists := statErr == nil
+	trailing := strings.HasSuffix(local, "/") || strings.HasSuffix(local, string(filepath.Separator))
+	var dir, to string
+	switch {
+	case exists && !st.IsDir() && (kind == "dir" || trailing):
+		return fmt.Errorf("cannot copy %s:%s over %s, which is not a directory", id, src, local)
+	case kind == "dir" && (contentsOf(src) || from == "/"):
+		dir, to = local, ""
+	case exists && st.IsDir() || trailing:
+		dir, to = local, from
+	default:
+		dir, to = filepath.Dir(filepath.Clean(local)), filepath.Base(filepath.Clean(local))
+	}
+	rename := func(name string) (string, error) {
+		if from == "." || from == "/" {
+			return path.Join(to, name), nil
+		}
+		if name == from {
+			return path.Join(to, "."), nil
+		}
+		if rest, ok := strings.CutPrefix(name, from+"/"); ok {
+			return path.Join(to, rest), nil
+		}
+		return "", fmt.Errorf("archive entry %q is not below %q", name, from)
+	}
+	err = extractTar(pr, dir, rename)
 	pr.CloseWithError(err)
 	return err
 }
 
-// extractTar unpacks r into dir, refusing names that leave dir and never
-// writing through a symlink.
-func extractTar(r io.Reader, dir string) error {
+// extractTar unpacks r into dir, each entry under the name rename gives it,
+// refusing names that leave dir and never writing through a symlink.
+func extractTar(r io.Reader, dir string, rename func(string) (string, error)) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -119,7 +231,16 @@ func extractTar(r io.Reader, dir string) error {
 		if err != nil {
 			return fmt.Errorf("read archive: %w", err)
 		}
-		name := path.Clean(hdr.Name)
+		name, err := rename(path.Clean(hdr.Name))
+		if err != nil {
+			return err
+		}
+		if name == "." {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			continue
+		}
 		if path.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
 			return fmt.Errorf("archive entry %q leaves the target directory", hdr.Name)
 		}

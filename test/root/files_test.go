@@ -98,22 +98,7 @@ func TestFilesSessionsAndBackground(t *testing.T) {
 	}
 
 	// cp both ways through the CLI.
-	local := t.TempDir()
-	os.MkdirAll(filepath.Join(local, "proj", "sub"), 0o755)
-	os.WriteFile(filepath.Join(local, "proj", "sub", "f.txt"), []byte("copied"), 0o644)
-	if out, errOut, code := d.CLI("", "cp", filepath.Join(local, "proj"), id+":/in"); code != 0 {
-		t.Fatalf("cp in: %s %s", out, errOut)
-	}
-	if out := mustSh(t, d, id, "cat /in/proj/sub/f.txt"); out != "copied" {
-		t.Fatalf("after cp in: %q", out)
-	}
-	back := t.TempDir()
-	if out, errOut, code := d.CLI("", "cp", id+":/in/proj", back); code != 0 {
-		t.Fatalf("cp out: %s %s", out, errOut)
-	}
-	if data, err := os.ReadFile(filepath.Join(back, "proj", "sub", "f.txt")); err != nil || string(data) != "copied" {
-		t.Fatalf("after cp out: %v %q", err, data)
-	}
+	testCopy(t, d, id)
 
 	// Sessions keep cd and export.
 	run := func(cmd string) result {
