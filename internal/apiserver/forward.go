@@ -95,7 +95,7 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecReque
 		return fmt.Errorf("timeout_seconds must not be negative: %w", errdefs.ErrInvalidArgument)
 	}
 	if n := len(m.GetStdin()); n > execwire.MaxStdin {
-		return fmt.Errorf("stdin of %d bytes is over the %d MiB an exec can carry; write larger input to a file: %w",
+		return fmt.Errorf("stdin of %d bytes is over the %d MiB an exec can carry; set keep_stdin_open and stream it with WriteStdin, or write it to a file: %w",
 			n, execwire.MaxStdin>>20, errdefs.ErrInvalidArgument)
 	}
 	// Exec takes the agent channel's framed path, the fastest.

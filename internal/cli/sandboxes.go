@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -97,10 +96,10 @@ func (f *execFlags) add(cmd *cobra.Command, withUserDir bool) {
 	}
 }
 
-// execRequest builds an exec request. With -i, a request whose stdin will be
-// streamed (see streamExec) keeps the command's stdin open; any other
-// carries the whole of this program's stdin.
-func (a *app) execRequest(id string, f *execFlags, argv []string, streamStdin bool) (*dsecv1.ExecRequest, error) {
+// execRequest builds an exec request. With -i it keeps the command's stdin
+// open, for this program's stdin to be streamed into it once it has started
+// (see streamExec and exec -d).
+func (a *app) execRequest(id string, f *execFlags, argv []string) (*dsecv1.ExecRequest, error) {
 	env, err := parseKV("--exec-env", f.env)
 	if err != nil {
 		return nil, err
@@ -112,15 +111,7 @@ func (a *app) execRequest(id string, f *execFlags, argv []string, streamStdin bo
 	} else {
 		req.Argv = argv
 	}
-	if f.stdin && streamStdin {
-		req.KeepStdinOpen = true
-	} else if f.stdin {
-		data, err := io.ReadAll(a.stdin)
-		if err != nil {
-			return nil, fmt.Errorf("read stdin: %w", err)
-		}
-		req.Stdin = data
-	}
+	req.KeepStdinOpen = f.stdin
 	return req, nil
 }
 
@@ -251,7 +242,7 @@ func (a *app) runCommand() *cobra.Command {
 					fmt.Fprintf(a.stderr, "dsec: delete %s: %s\n", id, describe(err))
 				}
 			}()
-			req, err := a.execRequest(id, &ef, args[1:], true)
+			req, err := a.execRequest(id, &ef, args[1:])
 			if err != nil {
 				return err
 			}
@@ -302,7 +293,7 @@ func (a *app) execCommand() *cobra.Command {
 		Short: "run a command in a sandbox, streaming its output; exits with its code",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req, err := a.execRequest(args[0], &ef, args[1:], !background)
+			req, err := a.execRequest(args[0], &ef, args[1:])
 			if err != nil {
 				return err
 			}
@@ -317,6 +308,11 @@ func (a *app) execCommand() *cobra.Command {
 			defer stream.Close()
 			for stream.Receive() {
 				if st := stream.Msg().GetStarted(); st != nil {
+					if req.GetKeepStdinOpen() {
+						// -i: all of stdin goes in before the process ID is
+						// printed, so a script can rely on it being there.
+						a.pumpStdin(cmd.Context(), req.GetSandboxId(), st.GetProcessId())
+					}
 					if a.json {
 						return a.printProto(st)
 					}

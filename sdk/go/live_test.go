@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -336,6 +337,50 @@ func TestLiveExec(t *testing.T) {
 	}
 	if x.Err() != nil || out.String() != "x\n" || last != EventExited {
 		t.Fatalf("stream: %q, last %s, %v", out.String(), last, x.Err())
+	}
+}
+
+// TestLiveLargeStdin: stdin over the 63 MiB an exec request may carry is
+// streamed after the command starts, for Exec, ExecStream and Spawn.
+func TestLiveLargeStdin(t *testing.T) {
+	c := requireLive(t)
+	ctx := t.Context()
+	sb := newSandbox(t, c, nil)
+	big := bytes.Repeat([]byte("0123456789abcdef"), (70<<20)/16)
+	want := strconv.Itoa(len(big))
+	res, err := sb.Exec(ctx, Argv("wc", "-c"), &ExecOptions{Stdin: big})
+	if err != nil || strings.TrimSpace(string(res.Stdout)) != want {
+		t.Fatalf("Exec with %d bytes of stdin: %+v %v", len(big), res, err)
+	}
+	// A command that reads a little and exits leaves the rest unwritten;
+	// its result is what it did, not an error about stdin.
+	res, err = sb.Exec(ctx, Sh("head -c 5; exit 3"), &ExecOptions{Stdin: big})
+	if err != nil || res.ExitCode != 3 || string(res.Stdout) != "01234" {
+		t.Fatalf("Exec reading one line of %d bytes: %+v (stdout %q) %v", len(big), res, res.Stdout, err)
+	}
+	x, err := sb.ExecStream(ctx, Argv("wc", "-c"), &ExecOptions{Stdin: big})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	for x.Next() {
+		if x.Event().Type == EventStdout {
+			out.Write(x.Event().Data)
+		}
+	}
+	if x.Err() != nil || strings.TrimSpace(out.String()) != want {
+		t.Fatalf("ExecStream with %d bytes of stdin: %q %v", len(big), out.String(), x.Err())
+	}
+	job, err := sb.Spawn(ctx, Argv("wc", "-c"), &SpawnOptions{ExecOptions: ExecOptions{Stdin: big}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := job.WriteStdin(ctx, []byte("tail"), true); err != nil {
+		t.Fatal(err)
+	}
+	res, err = job.Wait(ctx)
+	if err != nil || strings.TrimSpace(string(res.Stdout)) != strconv.Itoa(len(big)+4) {
+		t.Fatalf("Spawn with %d bytes of stdin: %+v %v", len(big), res, err)
 	}
 }
 

@@ -62,10 +62,13 @@ func Argv(argv ...string) Command { return Command{Argv: argv} }
 type ExecOptions struct {
 	// Timeout is enforced inside the sandbox: the whole process tree is
 	// killed and the status is StatusTimeout.
-	Timeout   time.Duration
-	Cwd       string
-	Env       map[string]string
-	User      string
+	Timeout time.Duration
+	Cwd     string
+	Env     map[string]string
+	User    string
+	// Stdin is the command's whole input; its stdin is closed after it. Up
+	// to 1 MiB goes in the exec request, more is streamed once the command
+	// has started, so its size is not bounded by one request.
 	Stdin     []byte
 	ShellPath string // another shell for Command.Shell
 	// OnStdout and OnStderr, if set, get each chunk of output as it arrives.
@@ -161,12 +164,16 @@ type collector struct {
 	pid            int
 	result         *ExecResult
 	onOut, onErr   func([]byte)
+	onStarted      func(processID string)
 }
 
 func (c *collector) feed(ev *dsecv1.ExecEvent) *Event {
 	switch e := ev.GetEvent().(type) {
 	case *dsecv1.ExecEvent_Started:
 		c.processID, c.pid, c.tag = e.Started.GetProcessId(), int(e.Started.GetPid()), e.Started.GetTag()
+		if c.onStarted != nil {
+			c.onStarted(c.processID)
+		}
 		return &Event{Type: EventStarted, ProcessID: c.processID, PID: c.pid, Tag: c.tag}
 	case *dsecv1.ExecEvent_Stdout:
 		c.out = append(c.out, e.Stdout...)
@@ -201,10 +208,69 @@ func (s *Sandbox) execRequest(cmd Command, o *ExecOptions) (*dsecv1.ExecRequest,
 	if (cmd.Shell == "") == (len(cmd.Argv) == 0) {
 		return nil, invalid("a command needs exactly one of Shell and Argv")
 	}
-	return &dsecv1.ExecRequest{
+	req := &dsecv1.ExecRequest{
 		SandboxId: s.ID, Argv: cmd.Argv, Command: cmd.Shell, Shell: o.ShellPath, Env: o.Env,
 		Cwd: o.Cwd, User: o.User, Stdin: o.Stdin, TimeoutSeconds: o.Timeout.Seconds(),
-	}, nil
+	}
+	if len(o.Stdin) > stdinInline {
+		req.Stdin, req.KeepStdinOpen = nil, true
+	}
+	return req, nil
+}
+
+// stdinInline is the most stdin an exec request carries itself (the API
+// takes at most 63 MiB in one); more is streamed with WriteStdin in chunks
+// of stdinChunk once the command has started.
+const (
+	stdinInline = 1 << 20
+	stdinChunk  = 1 << 20
+)
+
+// stdinFeed streams a large stdin into a started command and closes it.
+// Errors end it quietly: a command that exits or closes its stdin early
+// takes no more input, and its exit status tells the rest.
+type stdinFeed struct {
+	sb     *Sandbox
+	data   []byte
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// newStdinFeed returns a feed for the options' stdin, or nil when the
+// request carries it.
+func (s *Sandbox) newStdinFeed(o *ExecOptions) *stdinFeed {
+	if o == nil || len(o.Stdin) <= stdinInline {
+		return nil
+	}
+	return &stdinFeed{sb: s, data: o.Stdin}
+}
+
+// hook returns the collector's onStarted for the feed, which starts it.
+func (f *stdinFeed) hook(ctx context.Context) func(string) {
+	if f == nil {
+		return nil
+	}
+	return func(processID string) {
+		if f.done != nil {
+			return
+		}
+		ctx, f.cancel = context.WithCancel(ctx)
+		f.done = make(chan struct{})
+		go func() {
+			defer close(f.done)
+			job := &Job{sb: f.sb, ProcessID: processID}
+			job.WriteStdin(ctx, f.data, true)
+		}()
+	}
+}
+
+// stop ends the feed, if it is still writing, and waits for it.
+func (f *stdinFeed) stop() {
+	if f == nil || f.done == nil {
+		return
+	}
+	f.cancel()
+	<-f.done
 }
 
 // execCtx bounds a streamed call: the command's timeout plus a grace period
@@ -243,7 +309,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Command, o *ExecOptions) (*ExecR
 	if err != nil {
 		return nil, fmt.Errorf("exec in %s: %w", s.ID, fromConnect(err, false))
 	}
-	col := &collector{}
+	feed := s.newStdinFeed(o)
+	defer feed.stop()
+	col := &collector{onStarted: feed.hook(ctx)}
 	if o != nil {
 		col.onOut, col.onErr = o.OnStdout, o.OnStderr
 	}
@@ -266,6 +334,7 @@ func (o *ExecOptions) timeout() time.Duration {
 type ExecStream struct {
 	stream *connect.ServerStreamForClient[dsecv1.ExecEvent]
 	cancel context.CancelFunc
+	feed   *stdinFeed
 	col    collector
 	ev     *Event
 	err    error
@@ -284,7 +353,9 @@ func (s *Sandbox) ExecStream(ctx context.Context, cmd Command, o *ExecOptions) (
 		cancel()
 		return nil, fmt.Errorf("exec in %s: %w", s.ID, fromConnect(err, false))
 	}
-	return &ExecStream{stream: stream, cancel: cancel}, nil
+	x := &ExecStream{stream: stream, cancel: cancel, feed: s.newStdinFeed(o)}
+	x.col.onStarted = x.feed.hook(ctx)
+	return x, nil
 }
 
 // Next advances to the next event; false at the end or on error.
@@ -323,6 +394,7 @@ func (x *ExecStream) Close() error {
 	x.done = true
 	x.stream.Close()
 	x.cancel()
+	x.feed.stop()
 	return nil
 }
 
@@ -366,7 +438,14 @@ func (s *Sandbox) Spawn(ctx context.Context, cmd Command, o *SpawnOptions) (*Job
 	if tag == "" {
 		tag = o.Tag
 	}
-	return &Job{sb: s, ProcessID: col.processID, PID: col.pid, Tag: tag}, nil
+	job := &Job{sb: s, ProcessID: col.processID, PID: col.pid, Tag: tag}
+	if len(o.Stdin) > stdinInline {
+		// The request carried none of it; the process's stdin stays open.
+		if err := job.WriteStdin(ctx, o.Stdin, false); err != nil {
+			return job, fmt.Errorf("spawn in %s: write stdin: %w", s.ID, err)
+		}
+	}
+	return job, nil
 }
 
 // Job is a background process in a sandbox.
@@ -502,12 +581,22 @@ func (j *Job) Kill(ctx context.Context, sig int) error {
 	})
 }
 
-// WriteStdin writes data to the process's stdin, closing it after when closeAfter is set.
+// WriteStdin writes data to the process's stdin, in requests of at most
+// 1 MiB, closing it after when closeAfter is set.
 func (j *Job) WriteStdin(ctx context.Context, data []byte, closeAfter bool) error {
-	return j.sb.c.unary(ctx, false, func(ctx context.Context) error {
-		_, err := j.sb.c.sb.WriteStdin(ctx, connect.NewRequest(&dsecv1.WriteStdinRequest{SandboxId: j.sb.ID, ProcessId: j.ProcessID, Data: data, Close: closeAfter}))
-		return err
-	})
+	for {
+		n := min(len(data), stdinChunk)
+		last := n == len(data)
+		err := j.sb.c.unary(ctx, false, func(ctx context.Context) error {
+			_, err := j.sb.c.sb.WriteStdin(ctx, connect.NewRequest(&dsecv1.WriteStdinRequest{
+				SandboxId: j.sb.ID, ProcessId: j.ProcessID, Data: data[:n], Close: last && closeAfter}))
+			return err
+		})
+		if err != nil || last {
+			return err
+		}
+		data = data[n:]
+	}
 }
 
 // Processes lists the sandbox's processes started through the API.

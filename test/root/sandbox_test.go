@@ -382,6 +382,30 @@ func TestCLIRunExitCodes(t *testing.T) {
 	if out != "got line one\n" || code != 3 {
 		t.Fatalf("run -i, command reads part of stdin: %q code %d", out, code)
 	}
+	// exec -d -i streams too, and all of stdin is in before the process ID
+	// is printed.
+	id, errOut, code := d.CLI("", "create", env)
+	id = strings.TrimSpace(id)
+	if code != 0 {
+		t.Fatalf("create: %s", errOut)
+	}
+	pid, errOut, code := d.CLI(big, "exec", "-d", "-i", id, "--", "sh", "-c", "wc -c > /tmp/n.part; mv /tmp/n.part /tmp/n")
+	if code != 0 || strings.TrimSpace(pid) == "" {
+		t.Fatalf("exec -d -i: %q code %d, stderr %q", pid, code, errOut)
+	}
+	counted := ""
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if out, _, code := d.CLI("", "exec", id, "--", "cat", "/tmp/n"); code == 0 {
+			counted = strings.TrimSpace(out)
+			break
+		}
+	}
+	if counted != strconv.Itoa(len(big)) {
+		t.Fatalf("exec -d -i with %d bytes: the command counted %q", len(big), counted)
+	}
+	if _, errOut, code := d.CLI("", "rm", id); code != 0 {
+		t.Fatalf("rm: %s", errOut)
+	}
 	_, errOut, code = d.CLI("", "run", "nope:1", "--", "true")
 	if code == 0 || errOut == "" {
 		t.Fatalf("unknown env: code %d, stderr %q", code, errOut)
