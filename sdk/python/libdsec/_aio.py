@@ -11,7 +11,7 @@ import tarfile
 import uuid
 from dataclasses import dataclass
 from typing import (Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping,
-                    Optional, Sequence, Union)
+                    Optional, Sequence, Tuple, Union)
 
 from . import errors
 from ._transport import ServerStream, Transport
@@ -22,6 +22,11 @@ LAYERS = "dsec.v1.LayerService"
 DEFAULT_TIMEOUT = 30.0      # unary calls
 DEFAULT_CREATE_TIMEOUT = 120.0
 EXEC_GRACE = 15.0           # beyond a command's own timeout, for its report to arrive
+# Stdin up to STDIN_INLINE bytes goes in the exec request; more is streamed
+# with WriteStdin, STDIN_CHUNK bytes a call, once the command has started (the
+# API takes at most 63 MiB in one request).
+STDIN_INLINE = 1 << 20
+STDIN_CHUNK = 1 << 20
 
 Command = Union[str, Sequence[str]]
 Data = Union[bytes, bytearray, memoryview, str]
@@ -32,10 +37,14 @@ _STATUS = {
 }
 
 
-def _b64(data: Data) -> str:
+def _bytes(data: Data) -> bytes:
     if isinstance(data, str):
-        data = data.encode()
-    return base64.b64encode(bytes(data)).decode("ascii")
+        return data.encode()
+    return bytes(data)
+
+
+def _b64(data: Data) -> str:
+    return base64.b64encode(_bytes(data)).decode("ascii")
 
 
 def _unb64(s: Optional[str]) -> bytes:
@@ -192,6 +201,7 @@ class _Collector:
         self.result: Optional[ExecResult] = None
         self.on_stdout = on_stdout
         self.on_stderr = on_stderr
+        self.on_started: Optional[Callable[[str], Any]] = None
 
     def feed(self, ev: Mapping[str, Any]) -> Optional[ExecEvent]:
         if "started" in ev:
@@ -199,6 +209,8 @@ class _Collector:
             self.process_id = s.get("processId", "")
             self.pid = int(s.get("pid", 0))
             self.tag = s.get("tag", "")
+            if self.on_started:
+                self.on_started(self.process_id)
             return ExecEvent("started", process_id=self.process_id, pid=self.pid, tag=self.tag)
         if "stdout" in ev:
             b = _unb64(ev["stdout"])
@@ -223,6 +235,40 @@ class _Collector:
                 process_id=self.process_id, pid=self.pid)
             return ExecEvent("exited", process_id=self.process_id, result=self.result)
         return None  # keepalive or unknown
+
+
+class _StdinFeed:
+    """Streams a large stdin into a started command, then closes it.
+
+    Errors end it quietly: a command that exits or closes its stdin early
+    takes no more input, and its exit status tells the rest.
+    """
+
+    def __init__(self, sandbox: "Sandbox", data: bytes):
+        self.sandbox = sandbox
+        self.data = data
+        self.task: Optional[asyncio.Task] = None
+
+    def start(self, process_id: str) -> None:
+        if self.task is None:
+            job = Job(self.sandbox, process_id, 0, "")
+            self.task = asyncio.ensure_future(self._write(job))
+
+    async def _write(self, job: "Job") -> None:
+        try:
+            await job.write_stdin(self.data, close=True)
+        except errors.DsecError:
+            pass
+
+    async def stop(self) -> None:
+        """Ends the feed if it is still writing, and waits for it."""
+        if self.task is None:
+            return
+        if not self.task.done():
+            self.task.cancel()
+        await asyncio.wait({self.task})
+        if not self.task.cancelled() and self.task.exception() is not None:
+            raise self.task.exception()
 
 
 async def _drive(stream: ServerStream, col: _Collector, what: str) -> ExecResult:
@@ -549,7 +595,9 @@ class Sandbox:
 
     # --- commands ---
 
-    def _exec_msg(self, cmd: Command, timeout, cwd, env, user, stdin, shell=None) -> Dict[str, Any]:
+    def _exec_msg(self, cmd: Command, timeout, cwd, env, user, stdin,
+                  shell=None) -> Tuple[Dict[str, Any], Optional[_StdinFeed]]:
+        """The Exec request, and the feed for a stdin too large to carry."""
         msg: Dict[str, Any] = {"sandboxId": self.id}
         if isinstance(cmd, str):
             msg["command"] = cmd
@@ -567,9 +615,15 @@ class Sandbox:
             msg["env"] = {str(k): str(v) for k, v in env.items()}
         if user:
             msg["user"] = user
+        feed = None
         if stdin is not None:
-            msg["stdin"] = _b64(stdin)
-        return msg
+            data = _bytes(stdin)
+            if len(data) > STDIN_INLINE:
+                feed = _StdinFeed(self, data)
+                msg["keepStdinOpen"] = True
+            else:
+                msg["stdin"] = _b64(data)
+        return msg, feed
 
     @staticmethod
     def _deadline(timeout: Optional[float]) -> Optional[float]:
@@ -585,11 +639,19 @@ class Sandbox:
         timeout (seconds) is enforced inside the sandbox: the whole process
         tree is killed and status is "timeout". A non-zero exit is a result,
         not an error, unless check=True (then CommandFailed). on_stdout and
-        on_stderr are called with each chunk of output as it arrives.
+        on_stderr are called with each chunk of output as it arrives. stdin
+        over 1 MiB is streamed once the command has started.
         """
-        msg = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
+        msg, feed = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
         stream = await self.client._t.stream(SANDBOX, "Exec", msg, timeout=self._deadline(timeout))
-        res = await _drive(stream, _Collector(on_stdout, on_stderr), "Exec")
+        col = _Collector(on_stdout, on_stderr)
+        if feed:
+            col.on_started = feed.start
+        try:
+            res = await _drive(stream, col, "Exec")
+        finally:
+            if feed:
+                await feed.stop()
         if check and res.status != "ok":
             raise errors.CommandFailed(res)
         return res
@@ -601,9 +663,11 @@ class Sandbox:
 
         Leaving the loop early cancels the call, which kills the command.
         """
-        msg = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
+        msg, feed = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
         stream = await self.client._t.stream(SANDBOX, "Exec", msg, timeout=self._deadline(timeout))
         col = _Collector()
+        if feed:
+            col.on_started = feed.start
         try:
             async for ev in stream:
                 out = col.feed(ev)
@@ -614,6 +678,8 @@ class Sandbox:
             raise errors.Unavailable("Exec: the stream ended before the command exited")
         finally:
             stream.close()
+            if feed:
+                await feed.stop()
 
     async def spawn(self, cmd: Command, *, tag: Optional[str] = None, cwd: Optional[str] = None,
                     env: Optional[Mapping[str, str]] = None, user: Optional[str] = None,
@@ -625,7 +691,7 @@ class Sandbox:
         and Job.output() reattach to it. timeout, if set, limits the command.
         Its stdin stays open for Job.write_stdin until written with close=True.
         """
-        msg = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
+        msg, feed = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
         msg["background"] = True
         msg["keepStdinOpen"] = True
         if tag:
@@ -641,7 +707,11 @@ class Sandbox:
             stream.close()
         if not col.process_id:
             raise errors.Unavailable("Exec: the stream ended before the process started")
-        return Job(self, col.process_id, col.pid, col.tag or (tag or ""))
+        job = Job(self, col.process_id, col.pid, col.tag or (tag or ""))
+        if feed:
+            # The request carried none of it; the process's stdin stays open.
+            await job.write_stdin(feed.data)
+        return job
 
     def job(self, process_id: str = "", *, tag: str = "") -> "Job":
         """A handle on a background process by process_id or tag."""
@@ -901,10 +971,20 @@ class Job:
         await self.sandbox.client._call("Signal", msg, timeout)
 
     async def write_stdin(self, data: Data, *, close: bool = False, timeout: Optional[float] = None) -> None:
-        msg: Dict[str, Any] = {"sandboxId": self.sandbox.id, "processId": self.process_id, "data": _b64(data)}
-        if close:
-            msg["close"] = True
-        await self.sandbox.client._call("WriteStdin", msg, timeout)
+        """Write data to the process's stdin (in calls of at most 1 MiB), then close it if asked."""
+        data = _bytes(data)
+        off = 0
+        while True:
+            chunk = data[off:off + STDIN_CHUNK]
+            off += len(chunk)
+            last = off >= len(data)
+            msg: Dict[str, Any] = {"sandboxId": self.sandbox.id, "processId": self.process_id,
+                                   "data": _b64(chunk)}
+            if close and last:
+                msg["close"] = True
+            await self.sandbox.client._call("WriteStdin", msg, timeout)
+            if last:
+                return
 
 
 class Session:

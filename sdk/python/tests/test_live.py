@@ -119,6 +119,20 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(b"".join(e.data for e in evs if e.type == "stdout"), b"x\n")
         self.assertEqual(b"".join(e.data for e in evs if e.type == "stderr"), b"y\n")
 
+    def test_large_stdin(self):
+        # More stdin than one exec request may carry (63 MiB) is streamed
+        # once the command has started: exec, exec_stream and spawn.
+        sb = self.sandbox()
+        big = b"0123456789abcdef" * ((70 << 20) // 16)
+        self.assertEqual(sb.exec(["wc", "-c"], stdin=big).stdout.strip(), str(len(big)))
+        r = sb.exec("head -c 5; exit 3", stdin=big)  # reads a little, exits
+        self.assertEqual((r.exit_code, r.stdout), (3, "01234"))
+        evs = list(sb.exec_stream(["wc", "-c"], stdin=big))
+        self.assertEqual(b"".join(e.data for e in evs if e.type == "stdout").strip(), str(len(big)).encode())
+        job = sb.spawn(["wc", "-c"], stdin=big)
+        job.write_stdin(b"tail", close=True)
+        self.assertEqual(job.wait(timeout=60).stdout.strip(), str(len(big) + 4))
+
     def test_oom_is_reported(self):
         sb = self.sandbox(memory_mb=32)
         r = sb.exec("dd if=/dev/zero of=/dev/null bs=128M count=1", timeout=60)
