@@ -66,9 +66,10 @@ type ExecOptions struct {
 	Cwd     string
 	Env     map[string]string
 	User    string
-	// Stdin is the command's whole input; its stdin is closed after it. Up
-	// to 1 MiB goes in the exec request, more is streamed once the command
-	// has started, so its size is not bounded by one request.
+	// Stdin is written to the command's stdin, which is then closed (Spawn
+	// leaves it open for Job.WriteStdin). Up to 1 MiB goes in the exec
+	// request, more is streamed once the command has started, so its size
+	// is not bounded by one request.
 	Stdin     []byte
 	ShellPath string // another shell for Command.Shell
 	// OnStdout and OnStderr, if set, get each chunk of output as it arrives.
