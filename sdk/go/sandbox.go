@@ -202,21 +202,24 @@ func (c *collector) feed(ev *dsecv1.ExecEvent) *Event {
 	return nil // keepalive
 }
 
-func (s *Sandbox) execRequest(cmd Command, o *ExecOptions) (*dsecv1.ExecRequest, error) {
+// execRequest builds the Exec request, and the feed of a stdin too large
+// for it (nil when the request carries all of it).
+func (s *Sandbox) execRequest(cmd Command, o *ExecOptions) (*dsecv1.ExecRequest, *stdinFeed, error) {
 	if o == nil {
 		o = &ExecOptions{}
 	}
 	if (cmd.Shell == "") == (len(cmd.Argv) == 0) {
-		return nil, invalid("a command needs exactly one of Shell and Argv")
+		return nil, nil, invalid("a command needs exactly one of Shell and Argv")
 	}
 	req := &dsecv1.ExecRequest{
 		SandboxId: s.ID, Argv: cmd.Argv, Command: cmd.Shell, Shell: o.ShellPath, Env: o.Env,
 		Cwd: o.Cwd, User: o.User, Stdin: o.Stdin, TimeoutSeconds: o.Timeout.Seconds(),
 	}
-	if len(o.Stdin) > stdinInline {
-		req.Stdin, req.KeepStdinOpen = nil, true
+	if len(o.Stdin) <= stdinInline {
+		return req, nil, nil
 	}
-	return req, nil
+	req.Stdin, req.KeepStdinOpen = nil, true
+	return req, &stdinFeed{sb: s, data: o.Stdin}, nil
 }
 
 // stdinInline is the most stdin an exec request carries itself (the API
@@ -235,15 +238,6 @@ type stdinFeed struct {
 	data   []byte
 	cancel context.CancelFunc
 	done   chan struct{}
-}
-
-// newStdinFeed returns a feed for the options' stdin, or nil when the
-// request carries it.
-func (s *Sandbox) newStdinFeed(o *ExecOptions) *stdinFeed {
-	if o == nil || len(o.Stdin) <= stdinInline {
-		return nil
-	}
-	return &stdinFeed{sb: s, data: o.Stdin}
 }
 
 // hook returns the collector's onStarted for the feed, which starts it.
@@ -300,7 +294,7 @@ func drive(stream *connect.ServerStreamForClient[dsecv1.ExecEvent], col *collect
 
 // Exec runs cmd and waits for it.
 func (s *Sandbox) Exec(ctx context.Context, cmd Command, o *ExecOptions) (*ExecResult, error) {
-	req, err := s.execRequest(cmd, o)
+	req, feed, err := s.execRequest(cmd, o)
 	if err != nil {
 		return nil, err
 	}
@@ -310,7 +304,6 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Command, o *ExecOptions) (*ExecR
 	if err != nil {
 		return nil, fmt.Errorf("exec in %s: %w", s.ID, fromConnect(err, false))
 	}
-	feed := s.newStdinFeed(o)
 	defer feed.stop()
 	col := &collector{onStarted: feed.hook(ctx)}
 	if o != nil {
@@ -344,7 +337,7 @@ type ExecStream struct {
 
 // ExecStream starts cmd and returns its events as they happen.
 func (s *Sandbox) ExecStream(ctx context.Context, cmd Command, o *ExecOptions) (*ExecStream, error) {
-	req, err := s.execRequest(cmd, o)
+	req, feed, err := s.execRequest(cmd, o)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +347,7 @@ func (s *Sandbox) ExecStream(ctx context.Context, cmd Command, o *ExecOptions) (
 		cancel()
 		return nil, fmt.Errorf("exec in %s: %w", s.ID, fromConnect(err, false))
 	}
-	x := &ExecStream{stream: stream, cancel: cancel, feed: s.newStdinFeed(o)}
+	x := &ExecStream{stream: stream, cancel: cancel, feed: feed}
 	x.col.onStarted = x.feed.hook(ctx)
 	return x, nil
 }
@@ -412,7 +405,7 @@ func (s *Sandbox) Spawn(ctx context.Context, cmd Command, o *SpawnOptions) (*Job
 	if o == nil {
 		o = &SpawnOptions{}
 	}
-	req, err := s.execRequest(cmd, &o.ExecOptions)
+	req, feed, err := s.execRequest(cmd, &o.ExecOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -440,9 +433,9 @@ func (s *Sandbox) Spawn(ctx context.Context, cmd Command, o *SpawnOptions) (*Job
 		tag = o.Tag
 	}
 	job := &Job{sb: s, ProcessID: col.processID, PID: col.pid, Tag: tag}
-	if len(o.Stdin) > stdinInline {
+	if feed != nil {
 		// The request carried none of it; the process's stdin stays open.
-		if err := job.WriteStdin(ctx, o.Stdin, false); err != nil {
+		if err := job.WriteStdin(ctx, feed.data, false); err != nil {
 			return job, fmt.Errorf("spawn in %s: write stdin: %w", s.ID, err)
 		}
 	}
