@@ -84,7 +84,7 @@ func (a *app) remoteType(ctx context.Context, id, p string) (string, error) {
 func (a *app) upload(cmd *cobra.Command, local, id, dst string) error {
 	ctx := cmd.Context()
 	if local == "-" {
-		data, err := io.ReadAll(cmd.InOrStdin())
+		data, err := io.ReadAll(a.stdin)
 		if err != nil {
 			return fmt.Errorf("read the archive from stdin: %w", err)
 		}
@@ -177,7 +177,7 @@ func (a *app) download(cmd *cobra.Command, id, src, local string) error {
 		pw.CloseWithError(stream.Err())
 	}()
 	if local == "-" {
-		_, err = io.Copy(cmd.OutOrStdout(), pr)
+		_, err = io.Copy(a.stdout, pr)
 		pr.CloseWithError(err)
 		return err
 	}
