@@ -474,8 +474,11 @@ type Sandbox struct {
 	LayerDigests     []string               `protobuf:"bytes,11,rep,name=layer_digests,json=layerDigests,proto3" json:"layer_digests,omitempty"`    // bottom first, exactly what it runs on
 	Address          string                 `protobuf:"bytes,12,opt,name=address,proto3" json:"address,omitempty"`                                  // IPv4 address of a networked sandbox; "" = loopback only
 	FromWarmPool     bool                   `protobuf:"varint,13,opt,name=from_warm_pool,json=fromWarmPool,proto3" json:"from_warm_pool,omitempty"` // taken from a warm pool rather than started for this create
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// What the node warned about when it made the sandbox, e.g. a network rule
+	// that allows nothing on this node. Nothing was refused for them.
+	Warnings      []string `protobuf:"bytes,14,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -597,6 +600,13 @@ func (x *Sandbox) GetFromWarmPool() bool {
 		return x.FromWarmPool
 	}
 	return false
+}
+
+func (x *Sandbox) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 type CreateRequest struct {
@@ -1613,10 +1623,13 @@ func (x *ExecExited) GetMessage() string {
 }
 
 type AttachRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	ProcessId     string                 `protobuf:"bytes,2,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"` // or tag
-	Tag           string                 `protobuf:"bytes,3,opt,name=tag,proto3" json:"tag,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ProcessId string                 `protobuf:"bytes,2,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"` // or tag
+	Tag       string                 `protobuf:"bytes,3,opt,name=tag,proto3" json:"tag,omitempty"`
+	// no_follow replays the retained output and ends at once: with the exit
+	// event when the process has exited, without one while it runs.
+	NoFollow      bool `protobuf:"varint,4,opt,name=no_follow,json=noFollow,proto3" json:"no_follow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1670,6 +1683,13 @@ func (x *AttachRequest) GetTag() string {
 		return x.Tag
 	}
 	return ""
+}
+
+func (x *AttachRequest) GetNoFollow() bool {
+	if x != nil {
+		return x.NoFollow
+	}
+	return false
 }
 
 type WriteStdinRequest struct {
@@ -4969,7 +4989,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11NetworkRulesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xcc\x03\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xe8\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12(\n" +
@@ -4984,7 +5004,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	" \x01(\x03R\x10lastActiveUnixMs\x12#\n" +
 	"\rlayer_digests\x18\v \x03(\tR\flayerDigests\x12\x18\n" +
 	"\aaddress\x18\f \x01(\tR\aaddress\x12$\n" +
-	"\x0efrom_warm_pool\x18\r \x01(\bR\ffromWarmPool\"\x9b\x01\n" +
+	"\x0efrom_warm_pool\x18\r \x01(\bR\ffromWarmPool\x12\x1a\n" +
+	"\bwarnings\x18\x0e \x03(\tR\bwarnings\"\x9b\x01\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12'\n" +
@@ -5066,13 +5087,14 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x10stderr_truncated\x18\x06 \x01(\bR\x0fstderrTruncated\x12!\n" +
 	"\fstdout_bytes\x18\a \x01(\x03R\vstdoutBytes\x12!\n" +
 	"\fstderr_bytes\x18\b \x01(\x03R\vstderrBytes\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"_\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"|\n" +
 	"\rAttachRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
 	"\n" +
 	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x10\n" +
-	"\x03tag\x18\x03 \x01(\tR\x03tag\"{\n" +
+	"\x03tag\x18\x03 \x01(\tR\x03tag\x12\x1b\n" +
+	"\tno_follow\x18\x04 \x01(\bR\bnoFollow\"{\n" +
 	"\x11WriteStdinRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
