@@ -1,7 +1,7 @@
 // Command dsec-agent is the agent inside every sandbox (pid 1 of a container).
 //
 //	dsec-agent serve --listen-fd 3 [--cgroup-fd 4] [--memory-cgroup-fd 5] [--user U]
-//	    [--workdir DIR] [--env K=V]... [--shell PATH] [--output-limit BYTES] [--hostname H]
+//	    [--workdir DIR] [--env K=V]... [--shell PATH] [--output-limit BYTES] [--hostname H] [--address IP]
 //
 // The mode state-dump is internal: the agent's sessions run it themselves.
 package main
@@ -50,6 +50,7 @@ func main() {
 	fs.StringVar(&cfg.Shell, "shell", agent.DefaultShell, "shell for commands and sessions")
 	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per stream in bytes (0 = 16 MiB)")
 	fs.StringVar(&cfg.Hostname, "hostname", "", "hostname to set (pid 1 only)")
+	fs.StringVar(&cfg.Address, "address", "", "the sandbox's IPv4 address, written to /etc/hosts for its host name (pid 1 only)")
 	fs.Parse(os.Args[2:])
 	cfg.Env = env
 

@@ -20,5 +20,6 @@ type Config struct {
 	Shell          string   // shell for commands and sessions ("" = DefaultShell)
 	OutputLimit    int64    // retained output per stream (0 = 16 MiB)
 	Hostname       string   // set as the UTS hostname when pid 1
+	Address        string   // the sandbox's IPv4 address, for /etc/hosts ("" = loopback only)
 	Log            *slog.Logger
 }

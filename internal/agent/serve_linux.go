@@ -88,6 +88,10 @@ func Serve(ctx context.Context, cfg Config) error {
 				cfg.Log.Warn("set hostname", "err", err)
 			}
 		}
+		if err := writeHostFiles(currentHostname(), cfg.Address); err != nil {
+			// A sandbox without them still runs; "localhost" may not resolve.
+			cfg.Log.Warn("write /etc/hosts and /etc/hostname", "err", err)
+		}
 	} else {
 		swallowSignals(unix.SIGPIPE)
 	}

@@ -206,6 +206,10 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Fatal("networked sandbox has no address")
 	}
 	id := sb.GetId()
+	// Its host name is its address, in its own /etc/hosts, not a DNS query.
+	if out := strings.TrimSpace(e.probeOK(t, id, "resolve "+id)); out != sb.GetAddress() {
+		t.Errorf("the sandbox's host name resolves to %q, want its address %s", out, sb.GetAddress())
+	}
 	if out := e.probeOK(t, id, "get http://pypi.test/"); !strings.Contains(out, "hello from pypi.test") {
 		t.Errorf("pypi over HTTP: %q", out)
 	}

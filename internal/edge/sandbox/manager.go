@@ -357,6 +357,9 @@ func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 	if h := spec.GetHostname(); h != "" {
 		args = append(args, "--hostname", h)
 	}
+	if att != nil && att.Addr != "" {
+		args = append(args, "--address", att.Addr)
+	}
 	// A mirror's variables (PIP_INDEX_URL and the like) come first, so the
 	// caller's own env wins.
 	env := map[string]string{}

@@ -8,6 +8,7 @@
 //	netprobe resolve NAME        print the IPv4 addresses of NAME
 //	netprobe hold HOST:PORT      connect, print "connected", then report when the peer cuts
 //	netprobe serve NAME          serve HTTP on :80 and HTTPS on :443 answering NAME
+//	netprobe self NAME           listen on loopback, then dial NAME at that port (does NAME reach this host?)
 package main
 
 import (
@@ -57,12 +58,47 @@ func main() {
 		err = hold(os.Args[2])
 	case "serve":
 		err = serve(os.Args[2])
+	case "self":
+		err = self(os.Args[2])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "netprobe:", err)
 		os.Exit(1)
+	}
+}
+
+// self listens on both loopback addresses at one port and dials name there,
+// as a test suite that serves on localhost and connects to it does.
+func self(name string) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	if ln6, err := net.Listen("tcp", "[::1]:"+port); err == nil {
+		defer ln6.Close()
+		go accept(ln6)
+	}
+	go accept(ln)
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(name, port), 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Println("connected to", c.RemoteAddr())
+	return nil
+}
+
+func accept(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c.Close()
 	}
 }
 
