@@ -163,8 +163,7 @@ func (h *handler) Ping(ctx context.Context, req *connect.Request[agentv1.PingReq
 // live output until it exits. beforeExit runs before the exit is sent.
 func follow(ctx context.Context, p *proc.Process, send func(*dsecv1.ExecEvent) error, beforeExit func()) error {
 	if e := p.Exited(); e == nil || e.Status != dsecv1.ExitStatus_EXIT_STATUS_START_ERROR {
-		if err := send(&dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Started{Started: &dsecv1.ExecStarted{
-			ProcessId: p.ID, Pid: int32(p.Pid), Tag: p.Tag}}}); err != nil {
+		if err := send(startedEvent(p)); err != nil {
 			return err
 		}
 	}
@@ -176,11 +175,7 @@ func follow(ctx context.Context, p *proc.Process, send func(*dsecv1.ExecEvent) e
 		}
 		idx = next
 		for _, c := range chunks {
-			ev := &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Stdout{Stdout: c.Data}}
-			if c.Stream == proc.Stderr {
-				ev = &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Stderr{Stderr: c.Data}}
-			}
-			if err := send(ev); err != nil {
+			if err := send(chunkEvent(c)); err != nil {
 				return err
 			}
 		}
@@ -198,6 +193,18 @@ func follow(ctx context.Context, p *proc.Process, send func(*dsecv1.ExecEvent) e
 			}
 		}
 	}
+}
+
+func startedEvent(p *proc.Process) *dsecv1.ExecEvent {
+	return &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Started{Started: &dsecv1.ExecStarted{
+		ProcessId: p.ID, Pid: int32(p.Pid), Tag: p.Tag}}}
+}
+
+func chunkEvent(c proc.Chunk) *dsecv1.ExecEvent {
+	if c.Stream == proc.Stderr {
+		return &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Stderr{Stderr: c.Data}}
+	}
+	return &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Stdout{Stdout: c.Data}}
 }
 
 func (h *handler) outputLimit(n int64) int64 {
@@ -254,7 +261,37 @@ func (h *handler) Attach(ctx context.Context, req *connect.Request[dsecv1.Attach
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
+	if req.Msg.NoFollow {
+		return errdefs.ToConnect(replay(ctx, p, stream.Send))
+	}
 	return errdefs.ToConnect(follow(ctx, p, stream.Send, nil))
+}
+
+// replay sends what follow would, up to now: the start, the retained output,
+// and the exit if the process has exited. It never waits for more.
+func replay(ctx context.Context, p *proc.Process, send func(*dsecv1.ExecEvent) error) error {
+	if err := send(startedEvent(p)); err != nil {
+		return err
+	}
+	idx := 0
+	for {
+		chunks, exited, next, err := p.Next(ctx, idx, 0)
+		if err != nil {
+			return err
+		}
+		idx = next
+		for _, c := range chunks {
+			if err := send(chunkEvent(c)); err != nil {
+				return err
+			}
+		}
+		if exited != nil {
+			return send(&dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Exited{Exited: exited}})
+		}
+		if len(chunks) == 0 {
+			return nil
+		}
+	}
 }
 
 func (h *handler) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {

@@ -223,10 +223,28 @@ func (s *Server) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest
 	return connect.NewResponse(sb), nil
 }
 
+// liveStates are the states of a sandbox that still holds resources: what
+// List returns unless asked for others.
+func liveStates() []dsecv1.State {
+	return []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_STOPPING}
+}
+
 func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
+	states := req.Msg.GetStates()
+	switch {
+	case len(states) > 0 && req.Msg.GetAll():
+		return nil, fmt.Errorf("list: states and all both given; name one: %w", errdefs.ErrInvalidArgument)
+	case len(states) == 0 && !req.Msg.GetAll():
+		states = liveStates()
+	}
+	for _, st := range states {
+		if _, ok := dsecv1.State_name[int32(st)]; !ok || st == dsecv1.State_STATE_UNSPECIFIED {
+			return nil, fmt.Errorf("list: state %d is not a sandbox state: %w", st, errdefs.ErrInvalidArgument)
+		}
+	}
 	out := &dsecv1.ListResponse{}
 	for _, n := range s.order {
-		sbs, err := s.edges[n].List(ctx, req.Msg.GetLabels(), req.Msg.GetStates())
+		sbs, err := s.edges[n].List(ctx, req.Msg.GetLabels(), states)
 		if err != nil {
 			return nil, fmt.Errorf("list sandboxes of node %s: %w", n, err)
 		}

@@ -103,6 +103,9 @@ func (s *Server) Handler() http.Handler {
 	// Clients accept gzip by default; compressing small messages costs
 	// more time than it saves, even off loopback.
 	opts := []connect.HandlerOption{connect.WithInterceptors(errorInterceptor{}), connect.WithCompressMinBytes(16 << 10)}
+	for _, c := range jsonCodecs() {
+		opts = append(opts, connect.WithCodec(c))
+	}
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
 	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerServer{s: s}, opts...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })

@@ -98,6 +98,7 @@ func (a *app) rootCommand() *cobra.Command {
 	root.AddCommand(
 		a.runCommand(), a.createCommand(), a.execCommand(), a.shellCommand(),
 		a.lsCommand(), a.inspectCommand(), a.rmCommand(), a.cpCommand(),
+		a.psCommand(), a.attachCommand(), a.killCommand(),
 		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.imageCommand(), a.poolCommand(),
 	)
 	return root

@@ -25,9 +25,12 @@ func (a *app) netSetCommand() *cobra.Command {
 		Short: `replace a running sandbox's network rules, e.g. dsec net set ID '{"pypi": true}'`,
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var rules map[string]bool
-			if err := json.Unmarshal([]byte(args[1]), &rules); err != nil {
-				return fmt.Errorf(`rules: want a JSON object of name to true/false, e.g. {"pypi": true}: %w`, err)
+			rules, err := parseRules("rules", args[1])
+			if err != nil {
+				return err
+			}
+			if rules == nil {
+				rules = map[string]bool{}
 			}
 			res, err := a.c.Sandboxes.SetNetworkRules(cmd.Context(), connect.NewRequest(&dsecv1.SetNetworkRulesRequest{
 				SandboxId: args[0], Rules: rules, Cut: cut,

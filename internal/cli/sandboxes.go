@@ -62,7 +62,7 @@ func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	rules, err := parseRules(f.netRules)
+	rules, err := parseRules("--network-rules", f.netRules)
 	if err != nil {
 		return nil, err
 	}
@@ -90,9 +90,26 @@ func (f *execFlags) add(cmd *cobra.Command, withUserDir bool) {
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "send this program's stdin to the command")
 	fl.BoolVar(&f.shell, "sh", false, "run the arguments as one shell command line under the platform's static shell")
 	if withUserDir {
-		fl.StringArrayVar(&f.env, "exec-env", nil, "environment variable K=V for this command only (repeatable)")
+		fl.StringArrayVarP(&f.env, "env", "e", nil, "environment variable K=V for this command only (repeatable)")
+		// The name it had before exec took run's --env; kept for scripts.
+		fl.StringArrayVar(&f.env, "exec-env", nil, "old name of --env")
+		fl.MarkHidden("exec-env")
 		fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory")
 		fl.StringVarP(&f.user, "user", "u", "", "user (name or uid[:gid])")
+	}
+}
+
+// commandArgs checks the positional arguments of run and exec (WHAT then
+// the command), saying what is missing rather than how many are.
+func commandArgs(use, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		switch len(args) {
+		case 0:
+			return fmt.Errorf("name the %s and the command to run: dsec %s", what, use)
+		case 1:
+			return fmt.Errorf("no command to run in %s: dsec %s", args[0], strings.Replace(use, what, args[0], 1))
+		}
+		return nil
 	}
 }
 
@@ -100,7 +117,7 @@ func (f *execFlags) add(cmd *cobra.Command, withUserDir bool) {
 // open, for this program's stdin to be streamed into it once it has started
 // (see streamExec and exec -d).
 func (a *app) execRequest(id string, f *execFlags, argv []string) (*dsecv1.ExecRequest, error) {
-	env, err := parseKV("--exec-env", f.env)
+	env, err := parseKV("--env", f.env)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +219,12 @@ func exitFor(x *dsecv1.ExecExited) error {
 	case dsecv1.ExitStatus_EXIT_STATUS_KILLED:
 		return &exitCode{code: 128 + int(x.GetSignal()), msg: fmt.Sprintf("command was killed by signal %d%s", x.GetSignal(), trunc)}
 	case dsecv1.ExitStatus_EXIT_STATUS_START_ERROR:
-		return &exitCode{code: 127, msg: "command could not start: " + x.GetMessage()}
+		// The agent's message says "could not start: <why>" already.
+		msg := x.GetMessage()
+		if !strings.HasPrefix(msg, "could not start") {
+			msg = "could not start: " + msg
+		}
+		return &exitCode{code: 127, msg: "command " + msg}
 	}
 	return &exitCode{code: 1, msg: "command ended with an unknown status: " + x.GetMessage()}
 }
@@ -214,7 +236,18 @@ func (a *app) create(ctx context.Context, spec *dsecv1.SandboxSpec, count int) (
 	if err != nil {
 		return nil, err
 	}
-	return resp.Msg.GetSandboxes(), nil
+	sbs := resp.Msg.GetSandboxes()
+	// A batch has one spec, so its sandboxes share their warnings.
+	seen := map[string]bool{}
+	for _, sb := range sbs {
+		for _, w := range sb.GetWarnings() {
+			if !seen[w] {
+				seen[w] = true
+				fmt.Fprintln(a.stderr, "dsec: warning:", w)
+			}
+		}
+	}
+	return sbs, nil
 }
 
 func (a *app) runCommand() *cobra.Command {
@@ -223,7 +256,7 @@ func (a *app) runCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run [flags] ENV -- CMD [ARGS...]",
 		Short: "create a sandbox, run one command in it, delete it; exits with the command's code",
-		Args:  cobra.MinimumNArgs(2),
+		Args:  commandArgs("run ENV -- CMD [ARGS...]", "ENV"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			spec, err := sf.spec(args[0])
@@ -291,7 +324,7 @@ func (a *app) execCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "exec [flags] ID -- CMD [ARGS...]",
 		Short: "run a command in a sandbox, streaming its output; exits with its code",
-		Args:  cobra.MinimumNArgs(2),
+		Args:  commandArgs("exec ID -- CMD [ARGS...]", "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req, err := a.execRequest(args[0], &ef, args[1:])
 			if err != nil {
@@ -327,7 +360,7 @@ func (a *app) execCommand() *cobra.Command {
 		},
 	}
 	ef.add(cmd, true)
-	cmd.Flags().BoolVarP(&background, "detach", "d", false, "run in the background and print its process ID")
+	cmd.Flags().BoolVarP(&background, "detach", "d", false, "run in the background and print its process ID (see dsec ps, attach, kill)")
 	cmd.Flags().StringVar(&tag, "tag", "", "name for a background command")
 	return cmd
 }
@@ -335,9 +368,10 @@ func (a *app) execCommand() *cobra.Command {
 func (a *app) lsCommand() *cobra.Command {
 	var labels []string
 	var states []string
+	var all bool
 	cmd := &cobra.Command{
 		Use:   "ls",
-		Short: "list sandboxes",
+		Short: "list live sandboxes (--all: stopped and failed ones too, while the node keeps them)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			lm, err := parseKV("--label", labels)
@@ -347,11 +381,15 @@ func (a *app) lsCommand() *cobra.Command {
 			req := &dsecv1.ListRequest{Labels: lm}
 			for _, s := range states {
 				v, ok := dsecv1.State_value["STATE_"+strings.ToUpper(s)]
-				if !ok {
+				if !ok || v == 0 {
 					return fmt.Errorf("--state %q: want creating, running, stopping, stopped or failed", s)
 				}
 				req.States = append(req.States, dsecv1.State(v))
 			}
+			if len(req.States) > 0 && all {
+				return fmt.Errorf("--all and --state: name one")
+			}
+			req.All = all
 			resp, err := a.c.Sandboxes.List(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
@@ -374,7 +412,8 @@ func (a *app) lsCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with label K=V (repeatable)")
-	cmd.Flags().StringArrayVar(&states, "state", nil, "only sandboxes in this state (repeatable)")
+	cmd.Flags().StringArrayVar(&states, "state", nil, "only sandboxes in this state (repeatable): creating, running, stopping, stopped, failed")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "also list stopped and failed sandboxes (kept for the node's retention period)")
 	return cmd
 }
 

@@ -3,8 +3,11 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -13,14 +16,25 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 )
 
-// parseRules reads the network-rules JSON mapping (name -> allow).
-func parseRules(s string) (map[string]bool, error) {
+// parseRules reads the network-rules JSON mapping (name -> allow). Rules
+// are security policy: each value must be the JSON boolean true or false,
+// and anything else (the string "false" included) is refused by name.
+func parseRules(what, s string) (map[string]bool, error) {
 	if s == "" {
 		return nil, nil
 	}
-	var rules map[string]bool
-	if err := json.Unmarshal([]byte(s), &rules); err != nil {
-		return nil, fmt.Errorf(`--network-rules: want a JSON object of name to true/false, e.g. {"pypi": true}: %w`, err)
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return nil, fmt.Errorf(`%s: want a JSON object of name to true/false, e.g. {"pypi": true}: %w`, what, err)
+	}
+	rules := make(map[string]bool, len(raw))
+	for _, k := range slices.Sorted(maps.Keys(raw)) {
+		switch v := strings.TrimSpace(string(raw[k])); v {
+		case "true", "false":
+			rules[k] = v == "true"
+		default:
+			return nil, fmt.Errorf(`%s: network rule %q: want true or false (a JSON boolean), not %s`, what, k, v)
+		}
 	}
 	return rules, nil
 }

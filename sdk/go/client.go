@@ -311,11 +311,23 @@ func (c *Client) Get(ctx context.Context, id string) (*Sandbox, error) {
 	return c.wrap(info), nil
 }
 
-// List returns the sandboxes whose labels all match and whose state is any of states (none: all).
+// List returns the sandboxes whose labels all match and whose state is any
+// of states; with no states, the live ones (creating, running, stopping).
+// ListAll includes the stopped and failed ones the node still keeps.
 func (c *Client) List(ctx context.Context, labels map[string]string, states ...dsecv1.State) ([]*Sandbox, error) {
+	return c.list(ctx, &dsecv1.ListRequest{Labels: labels, States: states})
+}
+
+// ListAll returns every sandbox whose labels all match, whatever its state:
+// stopped and failed ones stay listed for the node's retention period.
+func (c *Client) ListAll(ctx context.Context, labels map[string]string) ([]*Sandbox, error) {
+	return c.list(ctx, &dsecv1.ListRequest{Labels: labels, All: true})
+}
+
+func (c *Client) list(ctx context.Context, req *dsecv1.ListRequest) ([]*Sandbox, error) {
 	var resp *dsecv1.ListResponse
 	err := c.unary(ctx, true, func(ctx context.Context) error {
-		r, err := c.sb.List(ctx, connect.NewRequest(&dsecv1.ListRequest{Labels: labels, States: states}))
+		r, err := c.sb.List(ctx, connect.NewRequest(req))
 		if err == nil {
 			resp = r.Msg
 		}

@@ -14,6 +14,11 @@ import (
 // rules, else "" (loopback only).
 func (s *Sandbox) Address() string { return s.info.GetAddress() }
 
+// Warnings are what the node warned about when it made the sandbox, e.g. a
+// network rule that allows nothing on that node. Nothing was refused for
+// them, but the sandbox may reach less than its rules read as.
+func (s *Sandbox) Warnings() []string { return s.info.GetWarnings() }
+
 // SetNetworkRules replaces the sandbox's network rules (the same mapping as
 // CreateOptions.NetworkRules). New connections follow them at once; with cut,
 // established connections no longer allowed are broken. It returns the

@@ -485,57 +485,42 @@ func (j *Job) Wait(ctx context.Context) (*ExecResult, error) {
 	return res, nil
 }
 
-// Output returns the output retained so far. While the process runs, the
-// result's Status is StatusRunning and its ExitCode -1.
+// Output returns the output retained so far, at once: it does not wait for
+// more. While the process runs, the result's Status is StatusRunning and its
+// ExitCode -1.
 func (j *Job) Output(ctx context.Context) (*ExecResult, error) {
-	info, err := j.info(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if !info.GetRunning() {
-		ctx, cancel := withTimeout(ctx, j.sb.c.timeout)
-		defer cancel()
-		return j.Wait(ctx)
-	}
 	ctx, cancel := withTimeout(ctx, j.sb.c.timeout)
 	defer cancel()
-	stream, err := j.sb.c.sb.Attach(ctx, connect.NewRequest(j.attachReq()))
-	if err != nil {
-		return nil, fmt.Errorf("attach to process %s: %w", j.ProcessID, fromConnect(err, false))
-	}
-	col := &collector{}
-	events := make(chan *dsecv1.ExecEvent)
-	go func() {
-		defer close(events)
+	req := j.attachReq()
+	req.NoFollow = true
+	var res *ExecResult
+	err := j.sb.c.retry(ctx, false, func(ctx context.Context) error {
+		stream, err := j.sb.c.sb.Attach(ctx, connect.NewRequest(req))
+		if err != nil {
+			return err
+		}
+		defer stream.Close()
+		col := &collector{}
 		for stream.Receive() {
-			events <- stream.Msg()
+			col.feed(stream.Msg())
 		}
-	}()
-	quiet := time.NewTimer(300 * time.Millisecond)
-	defer quiet.Stop()
-loop:
-	for col.result == nil {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				break loop
-			}
-			if col.feed(ev) != nil { // keepalives do not extend the window
-				quiet.Reset(300 * time.Millisecond)
-			}
-		case <-quiet.C:
-			break loop
+		if err := stream.Err(); err != nil {
+			return err
 		}
+		if col.processID != "" {
+			j.ProcessID, j.PID = col.processID, col.pid
+		}
+		res = col.result
+		if res == nil {
+			res = &ExecResult{ExitCode: -1, Stdout: col.out, Stderr: col.errb, Status: StatusRunning,
+				ProcessID: j.ProcessID, PID: j.PID}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("output of process %s: %w", j.ProcessID+j.Tag, err)
 	}
-	cancel()
-	for range events {
-	}
-	stream.Close()
-	if col.result != nil {
-		return col.result, nil
-	}
-	return &ExecResult{ExitCode: -1, Stdout: col.out, Stderr: col.errb, Status: StatusRunning,
-		ProcessID: j.ProcessID, PID: j.PID}, nil
+	return res, nil
 }
 
 func (j *Job) info(ctx context.Context) (*dsecv1.ProcessInfo, error) {

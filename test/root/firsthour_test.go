@@ -75,3 +75,99 @@ func TestHostFiles(t *testing.T) {
 		})
 	}
 }
+
+// TestCLIFirstHour walks the CLI as a new user does, through a real node:
+// a typo'd environment, a command that cannot start, background commands
+// and the commands that find, follow and kill them, and ls after rm.
+func TestCLIFirstHour(t *testing.T) {
+	d := startDaemon(t)
+
+	// A typo: said once, with the nearest names.
+	_, errOut, code := d.CLI("", "run", "busybox:tset", "--", "true")
+	if code == 0 || !strings.Contains(errOut, "no layer or image is named busybox:tset; did you mean busybox:test?") ||
+		strings.Count(errOut, "busybox:tset") != 1 {
+		t.Errorf("run on a typo'd environment: exit %d, stderr %q", code, errOut)
+	}
+	// A command that cannot start: "could not start" once.
+	_, errOut, code = d.CLI("", "run", env, "--", "/no/such/program")
+	if code != 127 || strings.Count(errOut, "could not start") != 1 {
+		t.Errorf("run of a missing program: exit %d, stderr %q", code, errOut)
+	}
+
+	out, errOut, code := d.CLI("", "create", env)
+	if code != 0 {
+		t.Fatalf("create: %s", errOut)
+	}
+	id := strings.TrimSpace(out)
+	t.Cleanup(func() { d.CLI("", "rm", id) })
+
+	// exec takes --env, as run and create do.
+	if out, errOut, code := d.CLI("", "exec", "--env", "GREETING=hi", id, "--", "sh", "-c", "echo $GREETING"); code != 0 || out != "hi\n" {
+		t.Errorf("exec --env: %q %q %d", out, errOut, code)
+	}
+
+	// A background command: ps lists it, attach --no-follow returns what it
+	// printed so far at once, kill ends it, attach then gives its end.
+	out, errOut, code = d.CLI("", "exec", "-d", "--tag", "ticker", id, "--", "sh", "-c", "echo first; while :; do echo tick; sleep 0.1; done")
+	if code != 0 {
+		t.Fatalf("exec -d: %s", errOut)
+	}
+	pid := strings.TrimSpace(out)
+	if !strings.HasPrefix(pid, "p-") {
+		t.Fatalf("exec -d printed %q, want a process ID", out)
+	}
+	waitFor(t, 10*time.Second, "the ticker to print", func() bool {
+		out, _, _ := d.CLI("", "attach", "--no-follow", id, pid)
+		return strings.Count(out, "tick") >= 2
+	})
+	out, errOut, code = d.CLI("", "ps", id)
+	if code != 0 || !strings.Contains(out, pid) || !strings.Contains(out, "ticker") || !strings.Contains(out, "running") {
+		t.Errorf("ps: %q %q %d", out, errOut, code)
+	}
+	start := time.Now()
+	out, errOut, code = d.CLI("", "attach", "--no-follow", id, "ticker")
+	if code != 0 || !strings.HasPrefix(out, "first\ntick\n") || time.Since(start) > 5*time.Second {
+		t.Errorf("attach --no-follow by tag of a running process: %q %q %d after %s", out, errOut, code, time.Since(start))
+	}
+	if _, errOut, code := d.CLI("", "kill", id, "ticker"); code != 0 {
+		t.Fatalf("kill: %s", errOut)
+	}
+	out, errOut, code = d.CLI("", "attach", id, pid)
+	if code != 137 || !strings.HasPrefix(out, "first\ntick\n") || !strings.Contains(errOut, "killed by signal 9") {
+		t.Errorf("attach after kill: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if out, _, _ := d.CLI("", "ps", id); !strings.Contains(out, "killed (signal 9)") {
+		t.Errorf("ps after kill: %q", out)
+	}
+	// A finished command: attach exits with its code.
+	out, _, _ = d.CLI("", "exec", "-d", id, "--", "sh", "-c", "echo bye; exit 3")
+	waitFor(t, 10*time.Second, "the command to exit", func() bool {
+		o, _, _ := d.CLI("", "ps", id)
+		return strings.Contains(o, "exited 3")
+	})
+	if got, _, code := d.CLI("", "attach", id, strings.TrimSpace(out)); code != 3 || got != "bye\n" {
+		t.Errorf("attach to a finished command: exit %d, stdout %q", code, got)
+	}
+
+	// ls shows live sandboxes; a removed one only with --all.
+	if _, errOut, code := d.CLI("", "rm", id); code != 0 {
+		t.Fatalf("rm: %s", errOut)
+	}
+	if out, _, _ := d.CLI("", "ls"); strings.Contains(out, id) {
+		t.Errorf("ls lists a removed sandbox:\n%s", out)
+	}
+	if out, _, _ := d.CLI("", "ls", "--all"); !strings.Contains(out, id) || !strings.Contains(out, "stopped") {
+		t.Errorf("ls --all does not list the removed sandbox:\n%s", out)
+	}
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", limit, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

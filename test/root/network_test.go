@@ -142,6 +142,8 @@ func setupNetwork(t *testing.T) *netEnv {
 	cat := map[string]any{"services": map[string]any{
 		"pypi": map[string]any{"domains": []string{"pypi.test", "*.pypi.test"}, "ports": web},
 		"npm":  map[string]any{"domains": []string{"npm.test"}, "ports": web},
+		// A service this node knows no hosts for: a rule allowing it allows nothing.
+		"intranet": map[string]any{},
 		// An operator's service served by an internal mirror (the "other"
 		// test host): tasks reach the mirror, never the service's own hosts.
 		"pyindex": map[string]any{"domains": []string{"index.pyindex.test"}, "ports": web,
@@ -206,6 +208,24 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Fatal("networked sandbox has no address")
 	}
 	id := sb.GetId()
+	if len(sb.GetWarnings()) != 0 {
+		t.Errorf("rules that all mean something got warnings %q", sb.GetWarnings())
+	}
+	// A rule that allows nothing here is not refused, but said at create:
+	// in the record and on the CLI's stderr.
+	out, errOut, code := e.d.CLI("", "create", "--network-rules", `{"intranet": true, "pypi": true}`, env)
+	if code != 0 {
+		t.Fatalf("create with a rule that allows nothing: %s", errOut)
+	}
+	warned := strings.TrimSpace(out)
+	t.Cleanup(func() { e.d.CLI("", "rm", warned) })
+	const warning = `service "intranet" has no domains or CIDRs on this node; allowing it allows nothing`
+	if errOut != "dsec: warning: "+warning+"\n" {
+		t.Errorf("create's stderr = %q, want the warning", errOut)
+	}
+	if out, _, _ := e.d.CLI("", "inspect", warned); !strings.Contains(out, strings.ReplaceAll(warning, `"`, `\"`)) {
+		t.Errorf("inspect of %s lacks the warning:\n%s", warned, out)
+	}
 	// Its host name is its address, in its own /etc/hosts, not a DNS query.
 	if out := strings.TrimSpace(e.probeOK(t, id, "resolve "+id)); out != sb.GetAddress() {
 		t.Errorf("the sandbox's host name resolves to %q, want its address %s", out, sb.GetAddress())
@@ -249,7 +269,7 @@ func TestNetworkPolicy(t *testing.T) {
 	_, hostPort, _ := net.SplitHostPort(hostLn.Addr().String())
 	gw := gatewayOf(t, e, id)
 	_, apiPort, _ := net.SplitHostPort(e.d.Addr)
-	out := e.probeOK(t, id, fmt.Sprintf("scan %s 1-1024 %s %s", gw, hostPort, apiPort))
+	out = e.probeOK(t, id, fmt.Sprintf("scan %s 1-1024 %s %s", gw, hostPort, apiPort))
 	if strings.TrimSpace(out) != "" {
 		t.Errorf("port scan of the node from a sandbox found open ports: %q", out)
 	}

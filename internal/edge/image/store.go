@@ -338,9 +338,82 @@ func (ix *index) lookup(refOrDigest string) (string, error) {
 	}
 	hex, ok := ix.Refs[ref]
 	if !ok || ix.Layers[hex] == nil {
-		return "", fmt.Errorf("find layer %s: no such ref: %w", ref, errdefs.ErrNotFound)
+		return "", ix.notFound(ref)
 	}
 	return hex, nil
+}
+
+// notFound says that no layer or image is named ref, and which known names
+// are nearest to it: a typo'd environment is the usual cause.
+func (ix *index) notFound(ref string) error {
+	known := make([]string, 0, len(ix.Refs)+len(ix.Images))
+	for r, hex := range ix.Refs {
+		if ix.Layers[hex] != nil {
+			known = append(known, r)
+		}
+	}
+	for r := range ix.Images {
+		known = append(known, r)
+	}
+	msg := "no layer or image is named " + ref
+	if near := nearest(ref, known, 3); len(near) > 0 {
+		msg += "; did you mean " + strings.Join(near, " or ") + "?"
+	}
+	msg += " (dsec layer ls and dsec image ls list what this node has)"
+	return fmt.Errorf("%s: %w", msg, errdefs.ErrNotFound)
+}
+
+// nearest returns up to n of known closest to name by edit distance, closest
+// first, leaving out any too far off to be a typo of it.
+func nearest(name string, known []string, n int) []string {
+	type cand struct {
+		name string
+		d    int
+	}
+	limit := max(2, len(name)/4)
+	var cs []cand
+	for _, k := range known {
+		if d := editDistance(name, k); d <= limit {
+			cs = append(cs, cand{k, d})
+		}
+	}
+	sort.Slice(cs, func(i, j int) bool {
+		if cs[i].d != cs[j].d {
+			return cs[i].d < cs[j].d
+		}
+		return cs[i].name < cs[j].name
+	})
+	var out []string
+	for i := 0; i < len(cs) && i < n; i++ {
+		out = append(out, cs[i].name)
+	}
+	return out
+}
+
+// editDistance is the Damerau–Levenshtein distance (adjacent swaps count
+// as one edit) between a and b, by bytes.
+func editDistance(a, b string) int {
+	prev2 := make([]int, len(b)+1)
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }
 
 func (ix *index) layer(hex string) Layer {
@@ -518,7 +591,10 @@ func (s *Store) ResolveEnvironment(env string) ([]Layer, error) {
 		}
 		hex, err := ix.lookup(part)
 		if err != nil {
-			return nil, fmt.Errorf("resolve environment %q: %w", env, err)
+			if part == strings.TrimSpace(env) {
+				return nil, err // the message names it already
+			}
+			return nil, fmt.Errorf("environment %q: %w", env, err)
 		}
 		if prev, ok := seen[hex]; ok {
 			return nil, fmt.Errorf("resolve environment %q: %s and %s are the same layer: %w", env, prev, part, errdefs.ErrInvalidArgument)

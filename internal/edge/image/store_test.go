@@ -399,10 +399,17 @@ func TestResolveEnvironment(t *testing.T) {
 		{"", errdefs.ErrInvalidArgument, "empty name"},
 		{"debian:12+repo:a+repo:a", errdefs.ErrInvalidArgument, "same layer"},
 		{"debian:12+sha256:abc", errdefs.ErrInvalidArgument, "sha256:abc"},
+		// A typo: said once, with the nearest names and where to list them.
+		{"debain:12", errdefs.ErrNotFound, "no layer or image is named debain:12; did you mean debian:12? (dsec layer ls"},
+		{"debian:12+rep:b", errdefs.ErrNotFound, `environment "debian:12+rep:b": no layer or image is named rep:b; did you mean repo:b or repo:a?`},
+		{"zzzzzz:9", errdefs.ErrNotFound, "no layer or image is named zzzzzz:9 (dsec layer ls"},
 	} {
 		_, err := s.ResolveEnvironment(tc.env)
 		if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("ResolveEnvironment(%q) = %v; want %v mentioning %q", tc.env, err, tc.kind, tc.msg)
+		}
+		if err != nil && tc.env != "" && strings.Count(err.Error(), tc.env) > 1 {
+			t.Errorf("ResolveEnvironment(%q) = %v: names the environment more than once", tc.env, err)
 		}
 	}
 

@@ -46,6 +46,9 @@ type Attachment struct {
 	Addr       string            // the sandbox's address
 	ResolvConf string            // host file to mount at /etc/resolv.conf
 	Env        map[string]string // variables of the mirrors its rules allow
+	// Warnings say which rules do less than they read as on this node
+	// (e.g. a service it knows no hosts for); the caller sees them.
+	Warnings []string
 }
 
 // Controller owns the node's sandbox networks.
@@ -154,7 +157,7 @@ func (c *Controller) Attach(ctx context.Context, id string, rules map[string]boo
 		c.node.Detach(context.WithoutCancel(ctx), id)
 		return nil, err
 	}
-	return &Attachment{NetnsPath: a.NetnsPath, Addr: a.Addr.String(), ResolvConf: c.resolv, Env: pol.Env}, nil
+	return &Attachment{NetnsPath: a.NetnsPath, Addr: a.Addr.String(), ResolvConf: c.resolv, Env: pol.Env, Warnings: warnings}, nil
 }
 
 func (c *Controller) serveDNS(id string, pol *netpolicy.Policy) error {

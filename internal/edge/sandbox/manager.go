@@ -234,9 +234,10 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1
 // returns it running. A non-empty poolKey makes it a member of that warm
 // pool: invisible to Get and List, with no expiry until it is taken.
 func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec, poolKey string) (*sandbox, error) {
+	// The image store's errors name the environment and what is wrong with it.
 	layers, err := m.images.ResolveEnvironment(spec.GetEnvironment())
 	if err != nil {
-		return nil, fmt.Errorf("resolve environment %q: %w", spec.GetEnvironment(), err)
+		return nil, err
 	}
 	now := time.Now()
 	rec := &dsecv1.Sandbox{
@@ -293,6 +294,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		}
 		sb.mu.Lock()
 		rec.Address = att.Addr
+		rec.Warnings = att.Warnings
 		sb.mu.Unlock()
 	}
 	tPrepared := time.Now()

@@ -10,7 +10,9 @@ Async first::
             print(r.exit_code, r.stdout)
 
 The blocking twin has the same names: ``libdsec.Client``. Errors are typed,
-see :mod:`libdsec.errors`. The paper's API lives in :mod:`libdsec.compat`.
+see :mod:`libdsec.errors`. The paper's names (``DSecClient``,
+``DSecContainerRunArgs``, ``DSecSandbox``) are importable from here too; they
+live in :mod:`libdsec.compat`.
 """
 
 from . import errors
@@ -18,6 +20,7 @@ from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, Job as AsyncJob
                    Sandbox as AsyncSandbox, Session as AsyncSession, WarmPool, extract_tar)
 from ._sync import Client, Job, Sandbox, Session
 from ._transport import DEFAULT_ADDR, resolve_addr
+from .compat import DSecClient, DSecContainerRunArgs, DSecSandbox
 from .errors import (CommandFailed, DsecError, InvalidArgument, NotFound, Overloaded, SandboxGone,
                      StartupTimeout, Timeout, Unauthenticated, Unavailable)
 
@@ -28,4 +31,5 @@ __all__ = [
     "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
     "DEFAULT_ADDR", "resolve_addr", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
     "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed",
+    "DSecClient", "DSecContainerRunArgs", "DSecSandbox",
 ]

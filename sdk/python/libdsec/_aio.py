@@ -54,6 +54,19 @@ def _unb64(s: Optional[str]) -> bytes:
     return base64.b64decode(s + "=" * (-len(s) % 4))
 
 
+def _rules(rules: Mapping[str, bool]) -> Dict[str, bool]:
+    """Network rules as sent: each value must be True or False. Rules are
+    security policy, so "false" (a string, truthy in Python) or 0 is refused
+    by name rather than read as allow."""
+    out: Dict[str, bool] = {}
+    for k, v in rules.items():
+        if not isinstance(v, bool):
+            raise errors.InvalidArgument(
+                f"network rule {str(k)!r}: want True or False, not {type(v).__name__} {v!r}")
+        out[str(k)] = v
+    return out
+
+
 def _lower_enum(v: Optional[str], prefix: str) -> str:
     if not v:
         return ""
@@ -340,7 +353,7 @@ class AsyncClient:
         if labels:
             spec["labels"] = {str(k): str(v) for k, v in labels.items()}
         if network_rules:
-            spec["networkRules"] = {str(k): bool(v) for k, v in network_rules.items()}
+            spec["networkRules"] = _rules(network_rules)
         return spec
 
     async def create_many(self, n: int, env: str, *, backend: str = "container",
@@ -382,13 +395,21 @@ class AsyncClient:
         return Sandbox(self, {"id": id})
 
     async def list(self, labels: Optional[Mapping[str, str]] = None,
-                   states: Optional[Iterable[str]] = None, *, timeout: Optional[float] = None) -> List["Sandbox"]:
-        """Sandboxes whose labels all match; states like "running" or "STATE_RUNNING" (any of)."""
+                   states: Optional[Iterable[str]] = None, *, all: bool = False,
+                   timeout: Optional[float] = None) -> List["Sandbox"]:
+        """Sandboxes whose labels all match, in any of states ("running" or
+        "STATE_RUNNING"...). By default the live ones (creating, running,
+        stopping); all=True includes the stopped and failed ones the node
+        keeps for its retention period."""
         msg: Dict[str, Any] = {}
         if labels:
             msg["labels"] = dict(labels)
+        if states and all:
+            raise errors.InvalidArgument("give states or all=True, not both")
         if states:
             msg["states"] = [_state_name(s) for s in states]
+        if all:
+            msg["all"] = True
         resp = await self._call("List", msg, timeout, idempotent=True)
         return [Sandbox(self, d) for d in resp.get("sandboxes", [])]
 
@@ -545,6 +566,12 @@ class Sandbox:
         return self.info.get("address", "")
 
     @property
+    def warnings(self) -> List[str]:
+        """What the node warned about when it made the sandbox, e.g. a network
+        rule that allows nothing on that node (the create was not refused)."""
+        return list(self.info.get("warnings") or [])
+
+    @property
     def from_warm_pool(self) -> bool:
         """Whether the sandbox was taken from a warm pool rather than started for its create."""
         return bool(self.info.get("fromWarmPool", False))
@@ -561,7 +588,7 @@ class Sandbox:
         network_rules). New connections follow them at once; with cut=True
         established connections no longer allowed are broken. Returns the
         node's warnings (e.g. a service it knows no hosts for)."""
-        msg: Dict[str, Any] = {"sandboxId": self.id, "rules": {str(k): bool(v) for k, v in rules.items()}}
+        msg: Dict[str, Any] = {"sandboxId": self.id, "rules": _rules(rules)}
         if cut:
             msg["cut"] = True
         resp = await self.client._call("SetNetworkRules", msg, timeout, idempotent=True)
@@ -917,39 +944,23 @@ class Job:
                 await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
 
     async def output(self, *, timeout: Optional[float] = None) -> ExecResult:
-        """The output retained so far; the process may still run.
+        """The output retained so far, at once: the process may still run.
 
-        The result's status is "running" (exit_code -1) while it runs.
+        The result's status is "running" (exit_code -1) while it runs; once
+        it has exited, its result as wait() gives it.
         """
-        for p in await self.sandbox.processes(timeout=timeout):
-            if p.process_id == self.process_id or (not self.process_id and p.tag == self.tag):
-                self.process_id = p.process_id
-                if not p.running:
-                    return await self.wait(timeout=timeout or self.sandbox.client.timeout)
-                break
-        else:
-            raise errors.NotFound(f"process {self.process_id or self.tag} is not in sandbox {self.sandbox.id}")
-        # Running: take the replay, then stop reading once it goes quiet.
-        stream = await self.sandbox.client._t.stream(SANDBOX, "Attach", self._ref(),
+        msg = self._ref()
+        msg["noFollow"] = True
+        stream = await self.sandbox.client._t.stream(SANDBOX, "Attach", msg,
                                                      timeout=self.sandbox.client._to(timeout), idempotent=True)
         col = _Collector()
-        loop = asyncio.get_running_loop()
-        quiet_until = loop.time() + 0.3  # keepalives do not extend it
         try:
-            while col.result is None:
-                wait = quiet_until - loop.time()
-                if wait <= 0:
-                    break
-                try:
-                    ev = await asyncio.wait_for(stream.next(), wait)
-                except asyncio.TimeoutError:
-                    break
-                if ev is None:
-                    break
-                if col.feed(ev) is not None:
-                    quiet_until = loop.time() + 0.3
+            async for ev in stream:
+                col.feed(ev)
         finally:
             stream.close()
+        if col.process_id:
+            self.process_id, self.pid = col.process_id, col.pid or self.pid
         if col.result is not None:
             return col.result
         return ExecResult(exit_code=-1, stdout_bytes=bytes(col.out), stderr_bytes=bytes(col.err),

@@ -69,9 +69,9 @@ class Client:
     def sandbox(self, id: str) -> "Sandbox":
         return Sandbox(self, self._a.sandbox(id))
 
-    def list(self, labels: Optional[Mapping[str, str]] = None, states=None, *,
+    def list(self, labels: Optional[Mapping[str, str]] = None, states=None, *, all: bool = False,
              timeout: Optional[float] = None) -> List["Sandbox"]:
-        return [Sandbox(self, s) for s in self._run(self._a.list(labels, states, timeout=timeout))]
+        return [Sandbox(self, s) for s in self._run(self._a.list(labels, states, all=all, timeout=timeout))]
 
     def delete(self, id: str, *, timeout: Optional[float] = None) -> None:
         self._run(self._a.delete(id, timeout=timeout))
@@ -129,6 +129,7 @@ class Sandbox:
     labels = property(lambda self: self._a.labels)
     address = property(lambda self: self._a.address)
     from_warm_pool = property(lambda self: self._a.from_warm_pool)
+    warnings = property(lambda self: self._a.warnings)
 
     def _run(self, coro):
         return self.client._run(coro)

@@ -767,9 +767,13 @@ func (x *GetRequest) GetId() string {
 }
 
 type ListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // all must match
-	States        []State                `protobuf:"varint,2,rep,packed,name=states,proto3,enum=dsec.v1.State" json:"states,omitempty"`                                                // any; empty = all
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Labels map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // all must match
+	// Any of these states. Empty: the live ones (creating, running,
+	// stopping), unless all is set. A stopped or failed sandbox is kept for
+	// the node's retention period (dsecd --retention), then forgotten.
+	States        []State `protobuf:"varint,2,rep,packed,name=states,proto3,enum=dsec.v1.State" json:"states,omitempty"`
+	All           bool    `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"` // every state, stopped and failed included
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -816,6 +820,13 @@ func (x *ListRequest) GetStates() []State {
 		return x.States
 	}
 	return nil
+}
+
+func (x *ListRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
 }
 
 type ListResponse struct {
@@ -5015,10 +5026,11 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\tsandboxes\x18\x01 \x03(\v2\x10.dsec.v1.SandboxR\tsandboxes\"\x1c\n" +
 	"\n" +
 	"GetRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xaa\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xbc\x01\n" +
 	"\vListRequest\x128\n" +
 	"\x06labels\x18\x01 \x03(\v2 .dsec.v1.ListRequest.LabelsEntryR\x06labels\x12&\n" +
-	"\x06states\x18\x02 \x03(\x0e2\x0e.dsec.v1.StateR\x06states\x1a9\n" +
+	"\x06states\x18\x02 \x03(\x0e2\x0e.dsec.v1.StateR\x06states\x12\x10\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +

@@ -1,0 +1,246 @@
+package cli
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+)
+
+// fakeSandboxes answers the sandbox calls the CLI makes like a node would,
+// and keeps every request it got.
+type fakeSandboxes struct {
+	dsecv1connect.UnimplementedSandboxServiceHandler
+	mu       sync.Mutex
+	requests []any
+	warnings []string
+}
+
+func (f *fakeSandboxes) got(m any) {
+	f.mu.Lock()
+	f.requests = append(f.requests, m)
+	f.mu.Unlock()
+}
+
+func (f *fakeSandboxes) Create(ctx context.Context, r *connect.Request[dsecv1.CreateRequest]) (*connect.Response[dsecv1.CreateResponse], error) {
+	f.got(r.Msg)
+	n := max(1, int(r.Msg.GetCount()))
+	resp := &dsecv1.CreateResponse{}
+	for i := range n {
+		resp.Sandboxes = append(resp.Sandboxes, &dsecv1.Sandbox{Id: "sb-n1-" + string(rune('a'+i)), Spec: r.Msg.GetSpec(),
+			State: dsecv1.State_STATE_RUNNING, Warnings: f.warnings})
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (f *fakeSandboxes) Delete(ctx context.Context, r *connect.Request[dsecv1.DeleteRequest]) (*connect.Response[dsecv1.DeleteResponse], error) {
+	f.got(r.Msg)
+	return connect.NewResponse(&dsecv1.DeleteResponse{}), nil
+}
+
+func (f *fakeSandboxes) List(ctx context.Context, r *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
+	f.got(r.Msg)
+	return connect.NewResponse(&dsecv1.ListResponse{}), nil
+}
+
+func (f *fakeSandboxes) Exec(ctx context.Context, r *connect.Request[dsecv1.ExecRequest], s *connect.ServerStream[dsecv1.ExecEvent]) error {
+	f.got(r.Msg)
+	return s.Send(&dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Exited{Exited: &dsecv1.ExecExited{Status: dsecv1.ExitStatus_EXIT_STATUS_OK}}})
+}
+
+func (f *fakeSandboxes) SetNetworkRules(ctx context.Context, r *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
+	f.got(r.Msg)
+	return connect.NewResponse(&dsecv1.SetNetworkRulesResponse{}), nil
+}
+
+func (f *fakeSandboxes) Signal(ctx context.Context, r *connect.Request[dsecv1.SignalRequest]) (*connect.Response[dsecv1.SignalResponse], error) {
+	f.got(r.Msg)
+	return connect.NewResponse(&dsecv1.SignalResponse{}), nil
+}
+
+func (f *fakeSandboxes) last() any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.requests) == 0 {
+		return nil
+	}
+	return f.requests[len(f.requests)-1]
+}
+
+func startFake(t *testing.T) (*fakeSandboxes, string) {
+	t.Helper()
+	f := &fakeSandboxes{}
+	mux := http.NewServeMux()
+	mux.Handle(dsecv1connect.NewSandboxServiceHandler(f))
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return f, srv.URL
+}
+
+// runCLIErr runs the CLI and returns stdout, stderr and its error.
+func runCLIErr(t *testing.T, addr string, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errOut strings.Builder
+	a := &app{stdin: strings.NewReader(""), stdout: &out, stderr: &errOut}
+	root := a.rootCommand()
+	root.SetArgs(append([]string{"--addr", addr}, args...))
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	err := root.ExecuteContext(t.Context())
+	return out.String(), errOut.String(), err
+}
+
+// TestNetworkRulesMustBeBooleans: a rule's value is true or false; "false"
+// as a string is refused by name before anything is sent.
+func TestNetworkRulesMustBeBooleans(t *testing.T) {
+	f, addr := startFake(t)
+	for _, args := range [][]string{
+		{"create", "--network-rules", `{"github": true, "pypi": "false"}`, "b:1"},
+		{"run", "--network-rules", `{"pypi": "false"}`, "b:1", "--", "true"},
+		{"net", "set", "sb-n1-a", `{"pypi": "false"}`},
+	} {
+		_, _, err := runCLIErr(t, addr, args...)
+		if err == nil || !strings.Contains(err.Error(), `network rule "pypi": want true or false (a JSON boolean), not "false"`) {
+			t.Errorf("dsec %s: %v", strings.Join(args, " "), err)
+		}
+	}
+	for _, args := range [][]string{
+		{"create", "--network-rules", `{"pypi": 0}`, "b:1"},
+		{"create", "--network-rules", `{"pypi": null}`, "b:1"},
+	} {
+		if _, _, err := runCLIErr(t, addr, args...); err == nil || !strings.Contains(err.Error(), `network rule "pypi"`) {
+			t.Errorf("dsec %s: %v", strings.Join(args, " "), err)
+		}
+	}
+	if r := f.last(); r != nil {
+		t.Fatalf("a refused rule set was sent: %v", r)
+	}
+	if _, _, err := runCLIErr(t, addr, "create", "--network-rules", `{"pypi": false, "github": true}`, "b:1"); err != nil {
+		t.Fatal(err)
+	}
+	rules := f.last().(*dsecv1.CreateRequest).GetSpec().GetNetworkRules()
+	if len(rules) != 2 || rules["pypi"] || !rules["github"] {
+		t.Errorf("sent rules %v", rules)
+	}
+}
+
+// TestCreateWarnings: what the node warned about at create reaches stderr,
+// once per batch, while the IDs go to stdout.
+func TestCreateWarnings(t *testing.T) {
+	f, addr := startFake(t)
+	f.warnings = []string{`service "pypi" has no domains or CIDRs on this node; allowing it allows nothing`}
+	out, errOut, err := runCLIErr(t, addr, "create", "-n", "3", "--network-rules", `{"pypi": true}`, "b:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(out, "sb-n1-") != 3 || strings.Contains(out, "warning") {
+		t.Errorf("stdout %q", out)
+	}
+	if want := "dsec: warning: " + f.warnings[0] + "\n"; errOut != want {
+		t.Errorf("stderr %q, want %q", errOut, want)
+	}
+	if _, errOut, err = runCLIErr(t, addr, "run", "--network-rules", `{"pypi": true}`, "b:1", "--", "true"); err != nil ||
+		!strings.Contains(errOut, "allowing it allows nothing") {
+		t.Errorf("run: stderr %q, %v", errOut, err)
+	}
+}
+
+// TestCommandArgs: run and exec say what is missing.
+func TestCommandArgs(t *testing.T) {
+	_, addr := startFake(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run"}, "name the ENV and the command to run: dsec run ENV -- CMD [ARGS...]"},
+		{[]string{"run", "busybox:1"}, "no command to run in busybox:1: dsec run busybox:1 -- CMD [ARGS...]"},
+		{[]string{"exec", "sb-n1-a"}, "no command to run in sb-n1-a: dsec exec sb-n1-a -- CMD [ARGS...]"},
+		{[]string{"exec"}, "name the ID and the command to run"},
+	} {
+		_, _, err := runCLIErr(t, addr, tc.args...)
+		if err == nil || err.Error() != tc.want && !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("dsec %s: %v, want %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+}
+
+// TestExecEnvFlag: exec takes --env (-e) like run and create; the old
+// --exec-env still works.
+func TestExecEnvFlag(t *testing.T) {
+	f, addr := startFake(t)
+	for _, args := range [][]string{
+		{"exec", "--env", "A=1", "-e", "B=2", "sb-n1-a", "--", "env"},
+		{"exec", "--exec-env", "A=1", "--exec-env", "B=2", "sb-n1-a", "--", "env"},
+	} {
+		if _, _, err := runCLIErr(t, addr, args...); err != nil {
+			t.Fatalf("dsec %s: %v", strings.Join(args, " "), err)
+		}
+		env := f.last().(*dsecv1.ExecRequest).GetEnv()
+		if len(env) != 2 || env["A"] != "1" || env["B"] != "2" {
+			t.Errorf("dsec %s: sent env %v", strings.Join(args, " "), env)
+		}
+	}
+}
+
+// TestLsShowsLiveByDefault: ls asks for live sandboxes; --all and --state
+// for the rest.
+func TestLsShowsLiveByDefault(t *testing.T) {
+	f, addr := startFake(t)
+	for _, tc := range []struct {
+		args   []string
+		all    bool
+		states []dsecv1.State
+	}{
+		{[]string{"ls"}, false, nil},
+		{[]string{"ls", "--all"}, true, nil},
+		{[]string{"ls", "--state", "stopped", "--state", "failed"}, false, []dsecv1.State{dsecv1.State_STATE_STOPPED, dsecv1.State_STATE_FAILED}},
+	} {
+		if _, _, err := runCLIErr(t, addr, tc.args...); err != nil {
+			t.Fatal(err)
+		}
+		req := f.last().(*dsecv1.ListRequest)
+		if req.GetAll() != tc.all || len(req.GetStates()) != len(tc.states) {
+			t.Errorf("dsec %s sent %v", strings.Join(tc.args, " "), req)
+		}
+	}
+	for _, args := range [][]string{{"ls", "--all", "--state", "stopped"}, {"ls", "--state", "unspecified"}, {"ls", "--state", "zombie"}} {
+		if _, _, err := runCLIErr(t, addr, args...); err == nil {
+			t.Errorf("dsec %s: no error", strings.Join(args, " "))
+		}
+	}
+}
+
+func TestKillSignals(t *testing.T) {
+	f, addr := startFake(t)
+	for _, tc := range []struct {
+		args []string
+		want int32
+	}{
+		{[]string{"kill", "sb-n1-a", "p-1"}, 0},
+		{[]string{"kill", "-s", "TERM", "sb-n1-a", "p-1"}, 15},
+		{[]string{"kill", "--signal", "SIGINT", "sb-n1-a", "build"}, 2},
+		{[]string{"kill", "-s", "9", "sb-n1-a", "p-1"}, 9},
+	} {
+		if _, _, err := runCLIErr(t, addr, tc.args...); err != nil {
+			t.Fatal(err)
+		}
+		req := f.last().(*dsecv1.SignalRequest)
+		if req.GetSignal() != tc.want || req.GetProcessId() != tc.args[len(tc.args)-1] {
+			t.Errorf("dsec %s sent %v", strings.Join(tc.args, " "), req)
+		}
+	}
+	if _, _, err := runCLIErr(t, addr, "kill", "-s", "NOPE", "sb-n1-a", "p-1"); err == nil {
+		t.Error("kill -s NOPE: no error")
+	}
+}
