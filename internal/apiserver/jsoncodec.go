@@ -25,7 +25,7 @@ func jsonCodecs() []jsonCodec {
 	return []jsonCodec{{name: "json"}, {name: "json; charset=utf-8"}}
 }
 
-func (c jsonCodec) Name() string  { return c.name }
+func (c jsonCodec) Name() string   { return c.name }
 func (c jsonCodec) IsBinary() bool { return false }
 
 func (c jsonCodec) Marshal(m any) ([]byte, error) {
