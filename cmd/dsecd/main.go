@@ -43,6 +43,7 @@ func main() {
 	fs.IntVar(&cfg.Limits.MaxSandboxes, "max-sandboxes", 2000, "most sandboxes on this node")
 	fs.Float64Var(&cfg.Limits.MaxCPUs, "max-cpus", 0, "most CPU cores one sandbox may ask for (default: the node's core count)")
 	fs.IntVar(&cfg.MaxWarm, "max-warm", 0, "most sandboxes all warm pools of this node hold together (default 256)")
+	fs.DurationVar(&cfg.Retention, "retention", 0, "how long a stopped or failed sandbox stays listed (dsec ls --all) after it ended (default 10m)")
 	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per command and stream in bytes (default 16 MiB)")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.StringVar(&cfg.Storage.BlobStore, "blob-store", "", "where layer files live as chunks: a directory or s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&insecure=1] (default <root>/blobstore)")

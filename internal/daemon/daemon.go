@@ -54,6 +54,9 @@ type Config struct {
 	OutputLimit int64
 	// MaxWarm bounds the sandboxes all warm pools hold together; 0 = 256.
 	MaxWarm int
+	// Retention is how long a stopped or failed sandbox's record stays
+	// listed (ls --all) after it ended; 0 = 10 minutes.
+	Retention time.Duration
 
 	Network NetworkConfig
 	Storage StorageConfig
@@ -153,6 +156,9 @@ func (c *Config) fill() error {
 	}
 	if l.MinAvailableMB == 0 {
 		l.MinAvailableMB = 256
+	}
+	if c.Retention == 0 {
+		c.Retention = 10 * time.Minute
 	}
 	return nil
 }
@@ -280,12 +286,13 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		agentArgs = append(agentArgs, "--output-limit", fmt.Sprint(cfg.OutputLimit))
 	}
 	n.edge, err = sandbox.New(sandbox.Config{
-		Node:      cfg.Node,
-		StateDir:  filepath.Join(cfg.Root, "sandboxes"),
-		Defaults:  cfg.Defaults,
-		Limits:    cfg.Limits,
-		AgentArgs: agentArgs,
-		MaxWarm:   cfg.MaxWarm,
+		Node:         cfg.Node,
+		StateDir:     filepath.Join(cfg.Root, "sandboxes"),
+		Defaults:     cfg.Defaults,
+		Limits:       cfg.Limits,
+		AgentArgs:    agentArgs,
+		MaxWarm:      cfg.MaxWarm,
+		TombstoneTTL: cfg.Retention,
 	}, n.rt, n.layers, network, agentclient.Dial, log.With("component", "edge"))
 	if err != nil {
 		return nil, err

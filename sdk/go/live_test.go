@@ -271,6 +271,13 @@ func TestLiveLifecycle(t *testing.T) {
 	if _, err := c.Get(ctx, "sb-go-doesnotexist"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Get of a missing sandbox: %v", err)
 	}
+	// List shows live sandboxes; a deleted one only in ListAll.
+	if list, err := c.List(ctx, map[string]string{"test": "lifecycle"}); err != nil || len(list) != 0 {
+		t.Errorf("List after Delete = %v, %v; want none", list, err)
+	}
+	if list, err := c.ListAll(ctx, map[string]string{"test": "lifecycle"}); err != nil || len(list) != 1 || list[0].State() != "stopped" {
+		t.Errorf("ListAll after Delete = %v, %v; want the stopped sandbox", list, err)
+	}
 }
 
 func TestLiveCreateManyAndReap(t *testing.T) {
@@ -415,6 +422,32 @@ func TestLiveSpawnAndSession(t *testing.T) {
 	}
 	if out, err := sb.Job("", "bg").Output(ctx); err != nil || string(out.Stdout) != "started\nfinished\n" {
 		t.Fatalf("Output by tag: %+v %v", out, err)
+	}
+	// A job that prints without pause: Output returns what it has at once.
+	ticker, err := sb.Spawn(ctx, Sh("echo first; while :; do echo tick; sleep 0.05; done"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, err := ticker.Output(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Count(string(out.Stdout), "tick") >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ticker printed %q in 10 s", out.Stdout)
+		}
+	}
+	start := time.Now()
+	out, err := ticker.Output(ctx)
+	if err != nil || out.Status != StatusRunning || out.ExitCode != -1 || !strings.HasPrefix(string(out.Stdout), "first\ntick\n") ||
+		time.Since(start) > 5*time.Second {
+		t.Fatalf("Output of a running job: %+v %v after %s", out, err, time.Since(start))
+	}
+	if err := ticker.Kill(ctx, 0); err != nil {
+		t.Fatal(err)
 	}
 	long, err := sb.Spawn(ctx, Sh("sleep 300"), nil)
 	if err != nil {

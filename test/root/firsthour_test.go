@@ -171,3 +171,27 @@ func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestRetention: a stopped sandbox stays listed with ls --all for the
+// node's retention period, then is forgotten.
+func TestRetention(t *testing.T) {
+	d := startDaemon(t, "--retention", "1s")
+	out, errOut, code := d.CLI("", "create", env)
+	if code != 0 {
+		t.Fatalf("create: %s", errOut)
+	}
+	id := strings.TrimSpace(out)
+	if _, errOut, code := d.CLI("", "rm", id); code != 0 {
+		t.Fatalf("rm: %s", errOut)
+	}
+	if out, _, _ := d.CLI("", "ls", "--all"); !strings.Contains(out, id) {
+		t.Fatalf("ls --all right after rm does not list %s:\n%s", id, out)
+	}
+	waitFor(t, 15*time.Second, "the stopped sandbox to be forgotten", func() bool {
+		out, _, _ := d.CLI("", "ls", "--all")
+		return !strings.Contains(out, id)
+	})
+	if _, errOut, code := d.CLI("", "inspect", id); code == 0 || !strings.Contains(errOut, "not_found") {
+		t.Errorf("inspect of a forgotten sandbox: exit %d, %q", code, errOut)
+	}
+}

@@ -105,6 +105,8 @@ class FakeDsecd:
     def list(self, call):
         labels = call.msg.get("labels", {})
         states = call.msg.get("states", [])
+        if not states and not call.msg.get("all"):
+            states = ["STATE_CREATING", "STATE_RUNNING", "STATE_STOPPING"]  # as dsecd: the live ones
         with self.lock:
             out = [s for s in self.sandboxes.values()
                    if all(s["spec"].get("labels", {}).get(k) == v for k, v in labels.items())

@@ -23,6 +23,18 @@ async def listing_1():
     return result
 
 
+class TopLevelNamesTest(unittest.TestCase):
+    def test_paper_names_import_from_the_package(self):
+        import libdsec
+        import libdsec.compat
+        from libdsec import DSecClient, DSecContainerRunArgs, DSecSandbox
+        self.assertIs(DSecClient, libdsec.compat.DSecClient)
+        self.assertIs(DSecContainerRunArgs, libdsec.compat.DSecContainerRunArgs)
+        self.assertIs(DSecSandbox, libdsec.compat.DSecSandbox)
+        for name in ("DSecClient", "DSecContainerRunArgs", "DSecSandbox"):
+            self.assertIn(name, libdsec.__all__)
+
+
 class Listing1Test(unittest.TestCase):
     def test_listing_1(self):
         fake = FakeDsecd()

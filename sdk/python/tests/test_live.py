@@ -69,6 +69,11 @@ class LiveTest(unittest.TestCase):
         with self.assertRaises(errors.SandboxGone) as cm:
             sb.exec("true")
         self.assertEqual(cm.exception.reason, "deleted")
+        # list() shows live sandboxes; a deleted one only with all=True.
+        labels = {"test": "test_lifecycle"}
+        self.assertNotIn(sb.id, [s.id for s in self.c.list(labels=labels)])
+        self.assertIn(sb.id, [s.id for s in self.c.list(labels=labels, all=True)])
+        self.assertIn(sb.id, [s.id for s in self.c.list(labels=labels, states=["stopped"])])
 
     def test_not_found(self):
         with self.assertRaises(errors.NotFound):
@@ -154,6 +159,20 @@ class LiveTest(unittest.TestCase):
         cat = sb.spawn(["cat"], stdin=None)
         cat.write_stdin(b"hello", close=True)
         self.assertEqual(cat.wait(timeout=30).stdout, "hello")
+        # A job that prints without pause: output() returns what it has at once.
+        ticker = sb.spawn("echo first; while :; do echo tick; sleep 0.05; done", tag="ticker")
+        deadline = time.monotonic() + 10
+        while ticker.output().stdout.count("tick") < 3:
+            self.assertLess(time.monotonic(), deadline, "the ticker printed nothing")
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        r = sb.job(tag="ticker").output(timeout=20)
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual((r.status, r.exit_code), ("running", -1))
+        self.assertTrue(r.stdout.startswith("first\ntick\n"), r.stdout)
+        ticker.kill()
+        self.assertIn(ticker.wait(timeout=30).status, ("killed", "nonzero"))
+        self.assertIn(ticker.output().status, ("killed", "nonzero"))
 
     def test_session(self):
         sb = self.sandbox()
@@ -270,7 +289,7 @@ class NetworkLiveTest(unittest.TestCase):
         with self.assertRaises(errors.FailedPrecondition):
             plain.set_network_rules({"pypi": True})
         # A networked sandbox gets an address; a CIDR deny holds.
-        sb = c.create(ENV, labels={"test": "net"}, network_rules={"192.0.2.0/24:80/tcp": True})
+        sb = c.create(ENV, labels={"test": "net"}, network_rules={"198.18.0.0/24:80/tcp": True})
         self.addCleanup(lambda: c.delete(sb.id))
         self.assertRegex(sb.address, r"^\d+\.\d+\.\d+\.\d+$")
         r = sb.exec("ip route | grep -c default; cat /etc/resolv.conf")

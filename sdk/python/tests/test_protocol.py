@@ -444,17 +444,20 @@ class StreamTest(FakeTestCase):
         self.assertEqual(sig.msg, {"sandboxId": "sb-n-1", "processId": "p9"})
 
     def test_job_output_while_running(self):
+        # A job that prints without pause: output() must return what it has
+        # so far at once (it once waited for a quiet moment that never came).
         stop = threading.Event()
         self.addCleanup(stop.set)
-        self.srv.route("ListProcesses", lambda call: call.reply(
-            {"processes": [{"processId": "p1", "pid": 5, "tag": "t", "running": True}]}))
 
         def attach(call):
-            call.send({"started": {"processId": "p1", "pid": 5}})
+            call.send({"started": {"processId": "p1", "pid": 5, "tag": "t"}})
             call.send({"stdout": b64("so far\n")})
-            while not stop.wait(0.05):  # keepalives must not hold output() open
+            if call.msg.get("noFollow"):
+                call.end()
+                return
+            while not stop.wait(0.05):
                 try:
-                    call.send({"keepalive": True})
+                    call.send({"stdout": b64("more\n")})
                 except OSError:
                     return
         self.srv.route("Attach", attach)
@@ -462,11 +465,28 @@ class StreamTest(FakeTestCase):
         async def main():
             async with self.client() as c:
                 job = c.sandbox("sb-n-1").job(tag="t")
-                return await job.output(timeout=10)
+                return job, await job.output(timeout=10)
         t0 = time.monotonic()
-        r = run(main())
+        job, r = run(main())
         self.assertLess(time.monotonic() - t0, 5)
         self.assertEqual((r.status, r.exit_code, r.stdout, r.process_id), ("running", -1, "so far\n", "p1"))
+        self.assertEqual(job.process_id, "p1")
+        att = [q for q in self.srv.requests if q.method == "Attach"][-1]
+        self.assertEqual(att.msg, {"sandboxId": "sb-n-1", "tag": "t", "noFollow": True})
+
+    def test_job_output_after_exit(self):
+        def attach(call):
+            call.send({"started": {"processId": "p1", "pid": 5}})
+            call.send({"stdout": b64("all\n")})
+            call.send({"exited": {"exitCode": 3, "status": "EXIT_STATUS_NONZERO"}})
+            call.end()
+        self.srv.route("Attach", attach)
+
+        async def main():
+            async with self.client() as c:
+                return await c.sandbox("sb-n-1").job("p1").output()
+        r = run(main())
+        self.assertEqual((r.status, r.exit_code, r.stdout), ("nonzero", 3, "all\n"))
 
     def test_session_run(self):
         def run_route(call):
@@ -542,6 +562,61 @@ class StreamTest(FakeTestCase):
             self.assertEqual(run(main()), 2)
         self.assertEqual(got, {"x.py": b"x=1", "sub/y": b"yy"})
         self.assertEqual(self.srv.requests[0].msg["path"], "/work")
+
+
+class NewUserTest(FakeTestCase):
+    """The rough edges a new user hit, against the fake server."""
+
+    def test_network_rules_must_be_booleans(self):
+        async def main():
+            async with self.client() as c:
+                for bad in ({"pypi": "false"}, {"pypi": 0}, {"pypi": None}, {"github": True, "pypi": "no"}):
+                    with self.subTest(rules=bad):
+                        with self.assertRaisesRegex(errors.InvalidArgument, r"network rule 'pypi': want True or False"):
+                            await c.create("b:1", network_rules=bad)
+                        with self.assertRaisesRegex(errors.InvalidArgument, r"network rule 'pypi'"):
+                            await c.sandbox("sb-n-1").set_network_rules(bad)
+                        with self.assertRaisesRegex(errors.InvalidArgument, r"network rule 'pypi'"):
+                            await c.set_warm_pool("b:1", 1, network_rules=bad)
+        run(main())
+        self.assertEqual(self.srv.requests, [], "a refused rule set was sent")
+
+        self.srv.route("Create", lambda call: call.reply({"sandboxes": [
+            {"id": "sb-n-1", "state": "STATE_RUNNING", "spec": call.msg["spec"]}]}))
+
+        async def ok():
+            async with self.client() as c:
+                return await c.create("b:1", network_rules={"pypi": False, "github": True})
+        run(ok())
+        self.assertEqual(self.srv.requests[-1].msg["spec"]["networkRules"], {"pypi": False, "github": True})
+
+    def test_create_warnings(self):
+        warning = 'service "pypi" has no domains or CIDRs on this node; allowing it allows nothing'
+        self.srv.route("Create", lambda call: call.reply({"sandboxes": [
+            {"id": "sb-n-1", "state": "STATE_RUNNING", "warnings": [warning]}]}))
+
+        async def main():
+            async with self.client() as c:
+                return await c.create("b:1", network_rules={"pypi": True})
+        sb = run(main())
+        self.assertEqual(sb.warnings, [warning])
+        with libdsec.Client(self.srv.addr) as c:
+            self.assertEqual(c.create("b:1", network_rules={"pypi": True}).warnings, [warning])
+            self.assertEqual(c.sandbox("sb-n-2").warnings, [])
+
+    def test_list_is_live_by_default(self):
+        self.srv.route("List", lambda call: call.reply({"sandboxes": []}))
+
+        async def main():
+            async with self.client() as c:
+                await c.list()
+                await c.list(all=True)
+                await c.list(states=["stopped"])
+                with self.assertRaises(errors.InvalidArgument):
+                    await c.list(states=["stopped"], all=True)
+        run(main())
+        self.assertEqual([q.msg for q in self.srv.requests],
+                         [{}, {"all": True}, {"states": ["STATE_STOPPED"]}])
 
 
 class ConcurrencyTest(unittest.TestCase):
