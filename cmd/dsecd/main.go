@@ -42,6 +42,7 @@ func main() {
 	fs.DurationVar(&cfg.Defaults.IdleTimeout, "default-idle-timeout", 15*time.Minute, "idle timeout of a sandbox that asks for none")
 	fs.IntVar(&cfg.Limits.MaxSandboxes, "max-sandboxes", 2000, "most sandboxes on this node")
 	fs.Float64Var(&cfg.Limits.MaxCPUs, "max-cpus", 0, "most CPU cores one sandbox may ask for (default: the node's core count)")
+	fs.Int64Var(&cfg.Limits.MaxMemoryMB, "max-memory-mb", 0, "most memory in MiB one sandbox may ask for (default: the node's physical memory)")
 	fs.IntVar(&cfg.MaxWarm, "max-warm", 0, "most sandboxes all warm pools of this node hold together (default 256)")
 	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per command and stream in bytes (default 16 MiB)")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")

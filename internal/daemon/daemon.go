@@ -49,7 +49,9 @@ type Config struct {
 	ShellPath string // static shell shipped into sandboxes; default /bin/bash-static, else /bin/busybox
 
 	Defaults sandbox.Defaults
-	Limits   sandbox.Limits
+	// Limits left at 0 are derived from the node: MaxCPUs is its core
+	// count, MaxMemoryMB its physical memory (MemTotal).
+	Limits sandbox.Limits
 	// OutputLimit is the retained output per command and stream, in bytes.
 	OutputLimit int64
 	// MaxWarm bounds the sandboxes all warm pools hold together; 0 = 256.
@@ -144,6 +146,15 @@ func (c *Config) fill() error {
 	}
 	if l.MaxCPUs == 0 {
 		l.MaxCPUs = float64(runtime.NumCPU())
+	}
+	if l.MaxMemoryMB == 0 {
+		// A memory limit caps a sandbox, it reserves nothing: one may ask
+		// for all of the node's memory, not for more.
+		total, err := sandbox.MemTotalMB()
+		if err != nil {
+			return fmt.Errorf("read the node's memory for the default of --max-memory-mb: %w", err)
+		}
+		l.MaxMemoryMB = total
 	}
 	if l.MaxDiskMB == 0 {
 		l.MaxDiskMB = 64 << 10

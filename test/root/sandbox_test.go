@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/sandbox"
 )
 
 func TestLifecycleAndExec(t *testing.T) {
@@ -130,6 +131,29 @@ func TestCreateRefusesBadInput(t *testing.T) {
 	if n := len(list.Msg.GetSandboxes()); n != 0 {
 		t.Fatalf("refused creates left %d sandboxes", n)
 	}
+}
+
+// A create over a limit of the node is refused with the limit and the flag
+// that raises it, for memory as for CPUs: by default the node's physical
+// memory bounds what one sandbox may ask for.
+func TestCreateOverNodeLimits(t *testing.T) {
+	d := startDaemon(t, "--no-network")
+	total, err := sandbox.MemTotalMB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Clients.Sandboxes.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
+		Spec: &dsecv1.SandboxSpec{Environment: env, MemoryMb: 1_000_000_000}}))
+	want := fmt.Sprintf("memory_mb 1000000000 is over the node's limit of %d (dsecd --max-memory-mb)", total)
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), want) {
+		t.Fatalf("create with memory_mb 10^9: %v; want invalid_argument containing %q", err, want)
+	}
+	_, errOut, code := d.CLI("", "create", "--cpus", "1000", env)
+	if code == 0 || !strings.Contains(errOut, "is over the node's limit of") || !strings.Contains(errOut, "dsecd --max-cpus") {
+		t.Fatalf("dsec create --cpus 1000: code %d, stderr %q; want the limit and its flag", code, errOut)
+	}
+	// The limit itself is accepted.
+	create(t, d, &dsecv1.SandboxSpec{MemoryMb: total})
 }
 
 // A node without networking refuses network rules rather than run a
