@@ -40,7 +40,7 @@ func main() {
 	fs.Int64Var(&cfg.Defaults.DiskMB, "default-disk-mb", 1024, "writable-layer size of a sandbox that asks for none")
 	fs.DurationVar(&cfg.Defaults.TTL, "default-ttl", time.Hour, "lifetime of a sandbox that asks for none")
 	fs.DurationVar(&cfg.Defaults.IdleTimeout, "default-idle-timeout", 15*time.Minute, "idle timeout of a sandbox that asks for none")
-	fs.IntVar(&cfg.Limits.MaxSandboxes, "max-sandboxes", 2000, "most sandboxes on this node")
+	fs.IntVar(&cfg.Limits.MaxSandboxes, "max-sandboxes", 0, "most sandboxes on this node (default: its physical memory / 4 MiB, at least 64)")
 	fs.Float64Var(&cfg.Limits.MaxCPUs, "max-cpus", 0, "most CPU cores one sandbox may ask for (default: the node's core count)")
 	fs.Int64Var(&cfg.Limits.MaxMemoryMB, "max-memory-mb", 0, "most memory in MiB one sandbox may ask for (default: the node's physical memory)")
 	fs.IntVar(&cfg.MaxWarm, "max-warm", 0, "most sandboxes all warm pools of this node hold together (default 256)")

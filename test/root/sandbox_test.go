@@ -156,6 +156,22 @@ func TestCreateOverNodeLimits(t *testing.T) {
 	create(t, d, &dsecv1.SandboxSpec{MemoryMb: total})
 }
 
+// A full node refuses a create with ResourceExhausted and names the flag
+// that raises its maximum.
+func TestCreateOnFullNode(t *testing.T) {
+	d := startDaemon(t, "--no-network", "--max-sandboxes", "1")
+	id, errOut, code := d.CLI("", "create", env)
+	if code != 0 {
+		t.Fatalf("first create: code %d, stderr %q", code, errOut)
+	}
+	t.Cleanup(func() { d.CLI("", "rm", strings.TrimSpace(id)) })
+	_, errOut, code = d.CLI("", "create", env)
+	want := "node t1 holds its maximum of 1 sandboxes (dsecd --max-sandboxes raises it)"
+	if code == 0 || !strings.Contains(errOut, want) || !strings.Contains(errOut, "resource_exhausted") {
+		t.Fatalf("second create: code %d, stderr %q; want resource_exhausted containing %q", code, errOut, want)
+	}
+}
+
 // A node without networking refuses network rules rather than run a
 // sandbox with a different network than asked.
 func TestNetworkRulesRefusedWithoutNetwork(t *testing.T) {

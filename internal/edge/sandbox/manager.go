@@ -77,7 +77,7 @@ type Defaults struct {
 // leaves a limit unchecked. dsecd derives them from the node unless its
 // flags set them (see daemon.Config), and a refusal names the flag.
 type Limits struct {
-	MaxSandboxes int
+	MaxSandboxes int     // dsecd --max-sandboxes; warm pool members count only for refills
 	MaxCPUs      float64 // dsecd --max-cpus
 	MaxMemoryMB  int64   // dsecd --max-memory-mb
 	MaxDiskMB    int64
@@ -504,7 +504,7 @@ func (m *Manager) admit(countPooled bool) error {
 	}
 	m.mu.Unlock()
 	if max := m.cfg.Limits.MaxSandboxes; max > 0 && live >= max {
-		return fmt.Errorf("node %s holds its maximum of %d sandboxes: %w", m.cfg.Node, max, errdefs.ErrResourceExhausted)
+		return fmt.Errorf("node %s holds its maximum of %d sandboxes (dsecd --max-sandboxes raises it): %w", m.cfg.Node, max, errdefs.ErrResourceExhausted)
 	}
 	if min := m.cfg.Limits.MinAvailableMB; min > 0 {
 		avail, err := memAvailableMB()

@@ -325,6 +325,36 @@ func TestCreateRefusesOverNodeLimits(t *testing.T) {
 	}
 }
 
+// A full node refuses a caller's create and names the flag that raises
+// its maximum; warm pool members are not counted against a caller.
+func TestCreateRefusedOnFullNode(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	m := newTestManagerWith(t, t.TempDir(), rt, &busy, &fakeImages{}, func(c *Config) {
+		c.Limits.MaxSandboxes = 2
+	})
+	ctx := context.Background()
+	shape := &dsecv1.SandboxSpec{Environment: "base:1", MemoryMb: 64}
+	if _, err := m.SetWarmPool(ctx, shape, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, m, rt, 1, 1)
+	for range 2 {
+		if _, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}); err != nil {
+			t.Fatalf("create on a node holding fewer than its maximum: %v", err)
+		}
+	}
+	_, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
+	const want = "node n1 holds its maximum of 2 sandboxes (dsecd --max-sandboxes raises it)"
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("create on a full node: %v; want resource exhausted containing %q", err, want)
+	}
+	// The pool's member still serves its shape.
+	if sb, err := m.Create(ctx, shape); err != nil || !sb.GetFromWarmPool() {
+		t.Fatalf("create of the pool's shape on a full node: %v, %v; want the pooled sandbox", sb, err)
+	}
+}
+
 func TestParseMeminfo(t *testing.T) {
 	const meminfo = "MemTotal:       24683872 kB\nMemFree:        22304292 kB\nMemAvailable:   24188140 kB\n"
 	for _, tc := range []struct {
