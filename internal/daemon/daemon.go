@@ -343,6 +343,14 @@ func (n *node) close() {
 // Run serves dsecd until ctx is cancelled. Sandboxes keep running after it
 // returns; the next Run re-adopts them.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.fill(); err != nil {
+		return err
+	}
+	// Before anything is mounted or started: with an agent that cannot run
+	// in a sandbox, every create would fail only after its start timeout.
+	if err := checkAgent(cfg.AgentPath); err != nil {
+		return err
+	}
 	n, err := open(ctx, cfg, log)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 func TestLifecycleAndExec(t *testing.T) {
@@ -169,6 +170,45 @@ func TestCreateOnFullNode(t *testing.T) {
 	want := "node t1 holds its maximum of 1 sandboxes (dsecd --max-sandboxes raises it)"
 	if code == 0 || !strings.Contains(errOut, want) || !strings.Contains(errOut, "resource_exhausted") {
 		t.Fatalf("second create: code %d, stderr %q; want resource_exhausted containing %q", code, errOut, want)
+	}
+}
+
+// dsecd refuses at once to start with an agent that cannot run in a
+// sandbox, saying how to build one that can, instead of serving creates
+// that each time out waiting for it.
+func TestDynamicAgentRefused(t *testing.T) {
+	bin := testutil.Binaries(t)
+	agent := testutil.DynamicExecutable(t)
+	root, err := os.MkdirTemp("", "dsec-test-root-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// A dsecd that got past the check mounted and started things.
+		if ents, _ := os.ReadDir(root); len(ents) > 0 {
+			if out, err := exec.Command(filepath.Join(bin, "dsecd"), "teardown", "--root", root, "--no-network").CombinedOutput(); err != nil {
+				t.Errorf("dsecd teardown: %v\n%s", err, out)
+			}
+		}
+		os.RemoveAll(root)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "dsecd"), "--root", root, "--listen", "none", "--no-network", "--agent", agent)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("dsecd with a dynamically linked agent was still running after 30 s:\n%s", out)
+	}
+	if err == nil {
+		t.Fatalf("dsecd with a dynamically linked agent exited 0:\n%s", out)
+	}
+	for _, want := range []string{"dsecd: check agent " + agent + ": it is dynamically linked", "make build", "CGO_ENABLED=0"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("dsecd said %q; want it to say %q", out, want)
+		}
+	}
+	if ents, _ := os.ReadDir(root); len(ents) != 0 {
+		t.Errorf("dsecd made %d entries in its root before refusing", len(ents))
 	}
 }
 
