@@ -8,9 +8,10 @@
 # set DEBIAN_MIRROR to override it. SUITE defaults to this machine's
 # VERSION_CODENAME from /etc/os-release.
 #
-# Device nodes under OUTDIR/dev and apt's caches and lists are removed, so the
-# tree imports cleanly. Debian ships setuid programs (su, passwd, mount...), so
-# import it with setuid allowed:
+# Device nodes under OUTDIR/dev (which an import leaves out anyway: every
+# sandbox gets its own /dev) and apt's caches and lists are removed. Debian
+# ships setuid programs (su, passwd, mount...), so import it with setuid
+# allowed:
 #
 #   sudo scripts/build-debian-base.sh /tmp/debian-root
 #   dsec layer import --kind base --allow-setuid debian:12 /tmp/debian-root
@@ -91,7 +92,7 @@ start=$(date +%s)
 mkdir -p "$out"
 debootstrap --variant=minbase --include="$PACKAGES" "$suite" "$out" "$mirror"
 
-# What a layer must not carry: device nodes (the runtime provides /dev) and
+# What a layer need not carry: device nodes (the runtime provides /dev) and
 # downloaded package files and indexes.
 find "$out/dev" -mindepth 1 -maxdepth 1 -exec rm -rf {} +
 rm -rf "$out"/var/cache/apt/archives/*.deb "$out"/var/cache/apt/*.bin "$out"/var/lib/apt/lists/*

@@ -3,12 +3,14 @@ package testutil
 import (
 	"bufio"
 	"context"
+	"debug/elf"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -64,6 +66,42 @@ func Binaries(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binDir
+}
+
+// DynamicExecutable returns a dynamically linked executable: a tiny cgo
+// program built into a temporary directory when go and a C compiler are
+// installed (what `go build` without CGO_ENABLED=0 makes of the agent),
+// else one of the host's own dynamically linked commands.
+func DynamicExecutable(t testing.TB) string {
+	t.Helper()
+	if _, err := exec.LookPath("cc"); err == nil {
+		if _, err := exec.LookPath("go"); err == nil {
+			dir := t.TempDir()
+			src := filepath.Join(dir, "main.go")
+			if err := os.WriteFile(src, []byte("package main\n\n// int answer(void) { return 42; }\nimport \"C\"\n\nfunc main() { _ = C.answer() }\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			bin := filepath.Join(dir, "dynamic")
+			cmd := exec.Command("go", "build", "-o", bin, src)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS=")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("build a cgo program: %v\n%s", err, out)
+			}
+			return bin
+		}
+	}
+	for _, p := range []string{"/usr/bin/env", "/bin/ls", "/usr/bin/ls"} {
+		if f, err := elf.Open(p); err == nil {
+			dynamic := slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
+			f.Close()
+			if dynamic {
+				return p
+			}
+		}
+	}
+	Require(t, false, "no C compiler and no dynamically linked command on this host")
+	return ""
 }
 
 // Daemon is a dsecd started for a test, with its own root and port.

@@ -3,14 +3,17 @@ package root
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 func TestLayeredEnvironment(t *testing.T) {
@@ -72,6 +75,56 @@ func TestHostileArchiveRefused(t *testing.T) {
 	list, _, _ := d.CLI("", "layer", "ls")
 	if strings.Contains(list, "evil") {
 		t.Fatalf("a refused layer is listed: %s", list)
+	}
+}
+
+// A root file system with device nodes under /dev, as debootstrap makes
+// one, imports with those left out (the sandbox gets its own /dev) and
+// runs; a setuid file is refused with the flag that accepts it.
+func TestImportTreeWithDevNodes(t *testing.T) {
+	d := testutil.StartDaemon(t, "--no-network")
+	dir := t.TempDir()
+	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-busybox-base.sh"), dir).CombinedOutput(); err != nil {
+		t.Fatalf("build busybox base: %v\n%s", err, out)
+	}
+	for _, n := range []struct {
+		name       string
+		mode       uint32
+		major, min uint32
+	}{{"console", unix.S_IFCHR | 0o600, 5, 1}, {"null", unix.S_IFCHR | 0o666, 1, 3}} {
+		if err := unix.Mknod(filepath.Join(dir, "dev", n.name), n.mode, int(unix.Mkdev(n.major, n.min))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errOut, code := d.CLI("", "layer", "import", "--kind", "base", "devbox:1", dir)
+	if code != 0 || !strings.HasPrefix(out, "devbox:1 sha256:") {
+		t.Fatalf("layer import of a tree with /dev/console: code %d, %q %q", code, out, errOut)
+	}
+	log, err := os.ReadFile(filepath.Join(d.Root, "dsecd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "left out 2 device nodes or other special files under /dev (/dev/console, /dev/null)") {
+		t.Errorf("dsecd's log does not say what the import left out")
+	}
+	out, errOut, code = d.CLI("", "run", "devbox:1", "--", "ls", "/dev")
+	if code != 0 || !strings.Contains(out, "null") || !strings.Contains(out, "pts") {
+		t.Fatalf("run ls /dev: code %d, %q %q", code, out, errOut)
+	}
+
+	suid := filepath.Join(dir, "usr", "bin", "suid-tool")
+	if err := os.WriteFile(suid, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Chmod(suid, 0o4755); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = d.CLI("", "layer", "import", "--kind", "base", "devbox:2", dir)
+	if code == 0 || !strings.Contains(errOut, `"usr/bin/suid-tool": setuid/setgid file (mode 4755); import with --allow-setuid`) {
+		t.Fatalf("layer import of a setuid file: code %d, stderr %q; want the refusal naming --allow-setuid", code, errOut)
+	}
+	if _, errOut, code = d.CLI("", "layer", "import", "--kind", "base", "--allow-setuid", "devbox:2", dir); code != 0 {
+		t.Fatalf("layer import --allow-setuid: code %d, stderr %q", code, errOut)
 	}
 }
 

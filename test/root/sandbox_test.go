@@ -15,6 +15,8 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 func TestLifecycleAndExec(t *testing.T) {
@@ -129,6 +131,84 @@ func TestCreateRefusesBadInput(t *testing.T) {
 	list, _ := d.Clients.Sandboxes.List(context.Background(), connect.NewRequest(&dsecv1.ListRequest{}))
 	if n := len(list.Msg.GetSandboxes()); n != 0 {
 		t.Fatalf("refused creates left %d sandboxes", n)
+	}
+}
+
+// A create over a limit of the node is refused with the limit and the flag
+// that raises it, for memory as for CPUs: by default the node's physical
+// memory bounds what one sandbox may ask for.
+func TestCreateOverNodeLimits(t *testing.T) {
+	d := startDaemon(t, "--no-network")
+	total, err := sandbox.MemTotalMB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Clients.Sandboxes.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
+		Spec: &dsecv1.SandboxSpec{Environment: env, MemoryMb: 1_000_000_000}}))
+	want := fmt.Sprintf("memory_mb 1000000000 is over the node's limit of %d (dsecd --max-memory-mb)", total)
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), want) {
+		t.Fatalf("create with memory_mb 10^9: %v; want invalid_argument containing %q", err, want)
+	}
+	_, errOut, code := d.CLI("", "create", "--cpus", "1000", env)
+	if code == 0 || !strings.Contains(errOut, "is over the node's limit of") || !strings.Contains(errOut, "dsecd --max-cpus") {
+		t.Fatalf("dsec create --cpus 1000: code %d, stderr %q; want the limit and its flag", code, errOut)
+	}
+	// The limit itself is accepted.
+	create(t, d, &dsecv1.SandboxSpec{MemoryMb: total})
+}
+
+// A full node refuses a create with ResourceExhausted and names the flag
+// that raises its maximum.
+func TestCreateOnFullNode(t *testing.T) {
+	d := startDaemon(t, "--no-network", "--max-sandboxes", "1")
+	id, errOut, code := d.CLI("", "create", env)
+	if code != 0 {
+		t.Fatalf("first create: code %d, stderr %q", code, errOut)
+	}
+	t.Cleanup(func() { d.CLI("", "rm", strings.TrimSpace(id)) })
+	_, errOut, code = d.CLI("", "create", env)
+	want := "node t1 holds its maximum of 1 sandboxes (dsecd --max-sandboxes raises it)"
+	if code == 0 || !strings.Contains(errOut, want) || !strings.Contains(errOut, "resource_exhausted") {
+		t.Fatalf("second create: code %d, stderr %q; want resource_exhausted containing %q", code, errOut, want)
+	}
+}
+
+// dsecd refuses at once to start with an agent that cannot run in a
+// sandbox, saying how to build one that can, instead of serving creates
+// that each time out waiting for it.
+func TestDynamicAgentRefused(t *testing.T) {
+	bin := testutil.Binaries(t)
+	agent := testutil.DynamicExecutable(t)
+	root, err := os.MkdirTemp("", "dsec-test-root-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// A dsecd that got past the check mounted and started things.
+		if ents, _ := os.ReadDir(root); len(ents) > 0 {
+			if out, err := exec.Command(filepath.Join(bin, "dsecd"), "teardown", "--root", root, "--no-network").CombinedOutput(); err != nil {
+				t.Errorf("dsecd teardown: %v\n%s", err, out)
+			}
+		}
+		os.RemoveAll(root)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "dsecd"), "--root", root, "--listen", "none", "--no-network", "--agent", agent)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("dsecd with a dynamically linked agent was still running after 30 s:\n%s", out)
+	}
+	if err == nil {
+		t.Fatalf("dsecd with a dynamically linked agent exited 0:\n%s", out)
+	}
+	for _, want := range []string{"dsecd: check agent " + agent + ": it is dynamically linked", "make build", "CGO_ENABLED=0"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("dsecd said %q; want it to say %q", out, want)
+		}
+	}
+	if ents, _ := os.ReadDir(root); len(ents) != 0 {
+		t.Errorf("dsecd made %d entries in its root before refusing", len(ents))
 	}
 }
 

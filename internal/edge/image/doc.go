@@ -30,5 +30,7 @@
 // Import treats its source as hostile: it stages under tmp/, never follows a
 // symlink while extracting, refuses entries that would escape the layer, device
 // nodes other than overlay whiteouts, and setuid files unless allowed, and
-// publishes a layer only once its image is complete and synced.
+// publishes a layer only once its image is complete and synced. Device nodes
+// and other special files under /dev are left out rather than refused (the
+// runtime mounts a fresh /dev), and the returned Layer's Warnings say so.
 package image

@@ -60,6 +60,11 @@ type extractor struct {
 	// layerNames holds what entries of the current layer stream created:
 	// OCI whiteouts apply only to earlier layers.
 	layerNames map[string]bool
+
+	// skipped counts the special files under /dev left out (see skipDev);
+	// skippedNames holds the first few.
+	skipped      int
+	skippedNames []string
 }
 
 func newExtractor(stage string, opts ImportOptions) (*extractor, error) {
@@ -85,6 +90,9 @@ func newExtractor(stage string, opts ImportOptions) (*extractor, error) {
 }
 
 func (x *extractor) close() { unix.Close(x.root) }
+
+// allowSetuidHint names every way to pass ImportOptions.AllowSetuid.
+const allowSetuidHint = "import with --allow-setuid (dsec layer import, dsec image import) or allow_setuid / AllowSetuid (API and SDKs)"
 
 // refuse builds the error for a rejected entry.
 func refuse(e *entry, format string, args ...any) error {
@@ -131,6 +139,13 @@ func (x *extractor) add(e *entry) error {
 		if dir, base := path.Split(name); strings.HasPrefix(base, whiteoutPrefix) {
 			return x.whiteout(e, strings.TrimSuffix(dir, "/"), base)
 		}
+	}
+	if x.skipDev(e) {
+		x.skipped++
+		if len(x.skippedNames) < maxSkippedNames {
+			x.skippedNames = append(x.skippedNames, "/"+e.name)
+		}
+		return nil
 	}
 	if err := x.check(e); err != nil {
 		return err
@@ -192,6 +207,43 @@ func (x *extractor) add(e *entry) error {
 	return nil
 }
 
+// devNote says why device nodes under /dev are skipped, not refused.
+const devNote = "those under /dev are skipped, as every sandbox gets its own /dev"
+
+// skipDev reports whether e is a special file (device node, named pipe or
+// socket) under /dev, which the importer leaves out: the runtime mounts a
+// fresh /dev over the layer's, so nothing of it would be seen, and a root
+// file system made by debootstrap or copied from a machine has them
+// (/dev/console, /dev/null…). Overlay whiteouts (0:0) are not devices and
+// are kept.
+func (x *extractor) skipDev(e *entry) bool {
+	if !strings.HasPrefix(e.name, "dev/") {
+		return false
+	}
+	switch e.typ {
+	case tar.TypeBlock, tar.TypeFifo, 's':
+		return true
+	case tar.TypeChar:
+		return x.whiteouts || e.devmajor != 0 || e.devminor != 0
+	}
+	return false
+}
+
+// maxSkippedNames is how many skipped files a warning names.
+const maxSkippedNames = 8
+
+// warnings says what the extraction left out; none when it left out nothing.
+func (x *extractor) warnings() []string {
+	if x.skipped == 0 {
+		return nil
+	}
+	list := strings.Join(x.skippedNames, ", ")
+	if more := x.skipped - len(x.skippedNames); more > 0 {
+		list += fmt.Sprintf(" and %d more", more)
+	}
+	return []string{fmt.Sprintf("left out %d device nodes or other special files under /dev (%s): every sandbox gets its own /dev", x.skipped, list)}
+}
+
 // check applies the content rules that do not depend on the tree so far.
 func (x *extractor) check(e *entry) error {
 	if e.mode < 0 || e.mode > 0o7777 {
@@ -206,22 +258,22 @@ func (x *extractor) check(e *entry) error {
 		if x.whiteouts {
 			// OCI layers mark deletions with .wh. entries; the importer makes
 			// the overlay whiteouts itself and takes none from the archive.
-			return refuse(e, "character device %d:%d", e.devmajor, e.devminor)
+			return refuse(e, "character device %d:%d outside /dev (a layer holds no device nodes; %s)", e.devmajor, e.devminor, devNote)
 		}
 		if e.devmajor != 0 || e.devminor != 0 {
-			return refuse(e, "character device %d:%d (only overlay whiteouts, 0:0, are allowed)", e.devmajor, e.devminor)
+			return refuse(e, "character device %d:%d outside /dev (a layer holds no device nodes but overlay whiteouts, 0:0; %s)", e.devmajor, e.devminor, devNote)
 		}
 	case tar.TypeBlock:
-		return refuse(e, "block device %d:%d", e.devmajor, e.devminor)
+		return refuse(e, "block device %d:%d outside /dev (a layer holds no device nodes; %s)", e.devmajor, e.devminor, devNote)
 	case tar.TypeFifo:
-		return refuse(e, "named pipe")
+		return refuse(e, "named pipe outside /dev (%s)", devNote)
 	case 's':
-		return refuse(e, "socket")
+		return refuse(e, "socket outside /dev (%s)", devNote)
 	default:
 		return refuse(e, "unsupported entry type %q", string(e.typ))
 	}
 	if e.typ == tar.TypeReg && e.mode&0o6000 != 0 && !x.opts.AllowSetuid {
-		return refuse(e, "setuid/setgid file (mode %04o); import with AllowSetuid to accept it", e.mode)
+		return refuse(e, "setuid/setgid file (mode %04o); %s to accept it", e.mode, allowSetuidHint)
 	}
 	if e.typ == tar.TypeReg {
 		if e.size < 0 {
@@ -251,7 +303,7 @@ func (x *extractor) check(e *entry) error {
 			k == "system.posix_acl_access", k == "system.posix_acl_default":
 		case k == "security.capability":
 			if !x.opts.AllowSetuid {
-				return refuse(e, "file capabilities (security.capability); import with AllowSetuid to accept them")
+				return refuse(e, "file capabilities (security.capability); %s to accept them", allowSetuidHint)
 			}
 		default:
 			return refuse(e, "unsupported extended attribute %q", k)

@@ -28,7 +28,8 @@ import (
 // defaulting to latest; empty for none) at it. Importing identical content
 // again gives the same digest and reuses the stored image. A refused entry
 // returns an error wrapping errdefs.ErrInvalidArgument that names it; on any
-// failure nothing becomes visible in the store.
+// failure nothing becomes visible in the store. Special files under /dev are
+// left out, logged and named in the returned Layer's Warnings.
 func (s *Store) Import(ctx context.Context, ref string, kind Kind, src string, opts ImportOptions) (Layer, error) {
 	return s.importLayer(ctx, ref, kind, src, "", opts, func(x *extractor) error {
 		return extractSource(ctx, x, src)
@@ -39,9 +40,10 @@ func (s *Store) Import(ctx context.Context, ref string, kind Kind, src string, o
 // tar streams applied in order into one tree, as overlayfs would stack them:
 // OCI whiteouts (.wh.NAME, .wh..wh..opq) delete what earlier streams made and
 // stay in the layer as overlay whiteouts and opaque directories, so they also
-// hide what lies below the layer when it is stacked. Device nodes and
-// trusted.overlay.* xattrs in the streams are refused: only the importer
-// makes whiteouts. ref is as for Import.
+// hide what lies below the layer when it is stacked. Device nodes (outside
+// /dev; under it they are left out, as by Import) and trusted.overlay.*
+// xattrs in the streams are refused: only the importer makes whiteouts. ref
+// is as for Import.
 //
 // A source whose Name is a sha256: digest is verified against it (the
 // digest of its uncompressed stream, an OCI diff ID; a mismatch wraps
@@ -200,7 +202,7 @@ func (s *Store) importLayer(ctx context.Context, ref string, kind Kind, src, key
 	if err == nil {
 		err = x.finish()
 	}
-	entries, size := x.entries, x.bytes
+	entries, size, warnings := x.entries, x.bytes, x.warnings()
 	x.close()
 	if err != nil {
 		return Layer{}, fmt.Errorf("import layer from %s: %w", src, err)
@@ -256,6 +258,10 @@ func (s *Store) importLayer(ctx context.Context, ref string, kind Kind, src, key
 	if err != nil {
 		return Layer{}, fmt.Errorf("import layer from %s: %w", src, err)
 	}
+	for _, w := range warnings {
+		s.log.Info("import warning", "digest", layer.Digest, "ref", ref, "source", src, "warning", w)
+	}
+	layer.Warnings = warnings
 	s.log.Info("imported layer", "digest", layer.Digest, "ref", ref, "kind", kind, "source", src,
 		"entries", entries, "content_bytes", size, "image_bytes", imgSize, "took", time.Since(start).Round(time.Millisecond))
 	return layer, nil

@@ -151,7 +151,7 @@ func TestImportLayersRefuses(t *testing.T) {
 		srcs []LayerSource
 		want string
 	}{
-		{"device from the archive", streams([][]byte{tarBytes(t, []tarEntry{device("w", tar.TypeChar, 0, 0)})}, new(int)), "character device"},
+		{"device from the archive", streams([][]byte{tarBytes(t, []tarEntry{device("w", tar.TypeChar, 0, 0)})}, new(int)), "character device 0:0 outside /dev"},
 		{"opaque xattr from the archive", streams([][]byte{tarBytes(t, []tarEntry{opaqueXattr})}, new(int)), "trusted.overlay.opaque"},
 		{"whiteout of ..", streams([][]byte{tarBytes(t, []tarEntry{file("a/.wh...", "")})}, new(int)), "whiteout names no file"},
 		{"traversal", streams([][]byte{tarBytes(t, []tarEntry{file("../x", "")})}, new(int)), ".."},
@@ -169,6 +169,21 @@ func TestImportLayersRefuses(t *testing.T) {
 			}
 			assertTmpEmpty(t, s)
 		})
+	}
+}
+
+// An OCI layer's device nodes under /dev are left out, as Import leaves
+// out a tree's.
+func TestImportLayersSkipsDevNodes(t *testing.T) {
+	needImport(t)
+	s := newStore(t, filepath.Join(t.TempDir(), "store"))
+	layer := tarBytes(t, []tarEntry{dirEnt("dev/"), device("dev/console", tar.TypeChar, 5, 1), device("dev/w", tar.TypeChar, 0, 0), file("f", "x")})
+	l, err := s.ImportLayers(context.Background(), "oci:1", KindBase, streams([][]byte{layer}, new(int)), ImportOptions{})
+	if err != nil {
+		t.Fatalf("ImportLayers: %v", err)
+	}
+	if len(l.Warnings) != 1 || !strings.Contains(l.Warnings[0], "left out 2 device nodes or other special files under /dev (/dev/console, /dev/w)") {
+		t.Errorf("Warnings = %q; want /dev/console and /dev/w left out", l.Warnings)
 	}
 }
 

@@ -51,6 +51,10 @@ type Layer struct {
 	Size    int64    // bytes of the image file
 	Created time.Time
 	Source  string // what it was imported from
+	// Warnings say what the import that returned the layer left out and
+	// why (special files under /dev); nothing was refused for them. Not
+	// stored: only Import's result carries them.
+	Warnings []string
 }
 
 // ImportOptions bound what Import accepts.

@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -474,12 +475,14 @@ func TestImportRefusesHostileArchives(t *testing.T) {
 		{"hardlink to nothing", []tarEntry{hardlink("l", "missing")}, ImportOptions{}, "not an earlier regular file"},
 		{"hardlink to directory", []tarEntry{dirEnt("d"), hardlink("l", "d")}, ImportOptions{}, "not an earlier regular file"},
 		{"hardlink to symlink", []tarEntry{symlink("s", "/etc/passwd"), hardlink("l", "s")}, ImportOptions{}, "not an earlier regular file"},
-		{"char device", []tarEntry{device("dev/mem", tar.TypeChar, 1, 1)}, ImportOptions{}, `"dev/mem": character device 1:1`},
-		{"block device", []tarEntry{device("dev/sda", tar.TypeBlock, 8, 0)}, ImportOptions{}, "block device 8:0"},
-		{"fifo", []tarEntry{device("p", tar.TypeFifo, 0, 0)}, ImportOptions{}, `"p": named pipe`},
-		{"setuid", []tarEntry{setuid}, ImportOptions{}, `"bin/su": setuid/setgid file (mode 4755)`},
+		{"char device", []tarEntry{device("etc/x", tar.TypeChar, 1, 3)}, ImportOptions{}, `"etc/x": character device 1:3 outside /dev`},
+		{"char device beside /dev", []tarEntry{device("devices/mem", tar.TypeChar, 1, 1)}, ImportOptions{}, `"devices/mem": character device 1:1 outside /dev`},
+		{"char device as /dev", []tarEntry{device("dev", tar.TypeChar, 1, 1)}, ImportOptions{}, `"dev": character device 1:1 outside /dev`},
+		{"block device", []tarEntry{device("var/sda", tar.TypeBlock, 8, 0)}, ImportOptions{}, "block device 8:0 outside /dev"},
+		{"fifo", []tarEntry{device("p", tar.TypeFifo, 0, 0)}, ImportOptions{}, `"p": named pipe outside /dev`},
+		{"setuid", []tarEntry{setuid}, ImportOptions{}, `"bin/su": setuid/setgid file (mode 4755); import with --allow-setuid (dsec layer import, dsec image import) or allow_setuid`},
 		{"setgid", []tarEntry{setgid}, ImportOptions{}, "setuid/setgid file (mode 2755)"},
-		{"file capabilities", []tarEntry{caps}, ImportOptions{}, "security.capability"},
+		{"file capabilities", []tarEntry{caps}, ImportOptions{}, "security.capability); import with --allow-setuid"},
 		{"trusted xattr", []tarEntry{trusted}, ImportOptions{}, `unsupported extended attribute "trusted.evil"`},
 		{"tar bomb one file", []tarEntry{big}, ImportOptions{MaxBytes: 1024}, `"big": content exceeds 1024 bytes`},
 		{"tar bomb many files", []tarEntry{file("a", strings.Repeat("x", 600)), file("b", strings.Repeat("x", 600))}, ImportOptions{MaxBytes: 1024}, `"b": content exceeds`},
@@ -562,8 +565,14 @@ func TestImportDirectoryChecks(t *testing.T) {
 	}{
 		{"device node", func(d string) error {
 			return unix.Mknod(filepath.Join(d, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
-		}, ImportOptions{}, `"null": character device 1:3`},
-		{"fifo", func(d string) error { return unix.Mkfifo(filepath.Join(d, "p"), 0o644) }, ImportOptions{}, `"p": named pipe`},
+		}, ImportOptions{}, `"null": character device 1:3 outside /dev`},
+		{"device node in /etc", func(d string) error {
+			if err := os.Mkdir(filepath.Join(d, "etc"), 0o755); err != nil {
+				return err
+			}
+			return unix.Mknod(filepath.Join(d, "etc", "x"), unix.S_IFCHR|0o600, int(unix.Mkdev(5, 1)))
+		}, ImportOptions{}, `"etc/x": character device 5:1 outside /dev`},
+		{"fifo", func(d string) error { return unix.Mkfifo(filepath.Join(d, "p"), 0o644) }, ImportOptions{}, `"p": named pipe outside /dev`},
 		{"setuid", func(d string) error {
 			if err := os.WriteFile(filepath.Join(d, "su"), []byte("x"), 0o755); err != nil {
 				return err
@@ -610,6 +619,92 @@ func TestImportDirectoryChecks(t *testing.T) {
 		t.Errorf("not a tar: %v, want ErrInvalidArgument", err)
 	}
 	assertTmpEmpty(t, s)
+}
+
+// Device nodes and other special files under /dev are left out with a
+// warning, from a tar archive as from a directory (a debootstrap tree has
+// /dev/console): every sandbox gets its own /dev.
+func TestImportSkipsSpecialFilesUnderDev(t *testing.T) {
+	needImport(t)
+	base := t.TempDir()
+	s := newStore(t, filepath.Join(base, "store"))
+	ctx := context.Background()
+	tree := filepath.Join(base, "tree")
+	for _, d := range []string{"etc", "dev/pts"} {
+		if err := os.MkdirAll(filepath.Join(tree, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(tree, "etc/hello"), []byte("hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "dev/README"), []byte("kept\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []struct {
+		name string
+		mode uint32
+		dev  int
+	}{
+		{"dev/console", unix.S_IFCHR | 0o600, int(unix.Mkdev(5, 1))},
+		{"dev/null", unix.S_IFCHR | 0o666, int(unix.Mkdev(1, 3))},
+		{"dev/loop0", unix.S_IFBLK | 0o660, int(unix.Mkdev(7, 0))},
+		{"dev/pts/ptmx", unix.S_IFCHR | 0o666, int(unix.Mkdev(5, 2))},
+		{"dev/initctl", unix.S_IFIFO | 0o600, 0},
+	} {
+		if err := unix.Mknod(filepath.Join(tree, n.name), n.mode, n.dev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entries := []tarEntry{
+		dirEnt("etc/"), file("etc/hello", "hello\n"),
+		dirEnt("dev/"), file("dev/README", "kept\n"), dirEnt("dev/pts/"),
+		device("dev/console", tar.TypeChar, 5, 1), device("dev/null", tar.TypeChar, 1, 3),
+		device("dev/loop0", tar.TypeBlock, 7, 0), device("dev/pts/ptmx", tar.TypeChar, 5, 2),
+		device("dev/initctl", tar.TypeFifo, 0, 0),
+	}
+	for _, tc := range []struct {
+		name, src string
+	}{
+		{"tar", writeTar(t, base, "rootfs.tar", false, entries)},
+		{"tar.gz", writeTar(t, base, "rootfs.tar.gz", true, entries)},
+		{"directory", tree},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := s.Import(ctx, "rootfs:"+strings.ReplaceAll(tc.name, ".", "-"), KindBase, tc.src, ImportOptions{})
+			if err != nil {
+				t.Fatalf("Import: %v", err)
+			}
+			if len(l.Warnings) != 1 || !strings.HasPrefix(l.Warnings[0], "left out 5 device nodes or other special files under /dev (") ||
+				!strings.Contains(l.Warnings[0], "/dev/console") || !strings.Contains(l.Warnings[0], "/dev/pts/ptmx") ||
+				!strings.Contains(l.Warnings[0], "every sandbox gets its own /dev") {
+				t.Errorf("Warnings = %q; want one naming the 5 files left out", l.Warnings)
+			}
+			dir, err := s.Mount(ctx, l.Digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, want := range map[string]string{"etc/hello": "hello\n", "dev/README": "kept\n"} {
+				if b, err := os.ReadFile(filepath.Join(dir, name)); err != nil || string(b) != want {
+					t.Errorf("%s = %q, %v; want %q", name, b, err, want)
+				}
+			}
+			for _, name := range []string{"dev/console", "dev/null", "dev/loop0", "dev/pts/ptmx", "dev/initctl"} {
+				if _, err := os.Lstat(filepath.Join(dir, name)); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("%s in the layer: %v; want it left out", name, err)
+				}
+			}
+			if got, err := s.Get(l.Digest); err != nil || got.Warnings != nil {
+				t.Errorf("Get = %+v, %v; want the layer without warnings (they are not stored)", got, err)
+			}
+			assertTmpEmpty(t, s)
+		})
+	}
+	// Nothing left out, no warning.
+	l, err := s.Import(ctx, "plain:1", KindBase, writeTar(t, base, "plain.tar", false, []tarEntry{file("f", "x")}), ImportOptions{})
+	if err != nil || l.Warnings != nil {
+		t.Errorf("Import of a tree without special files: %+v, %v; want no warnings", l, err)
+	}
 }
 
 func TestOpenCleansDeadImports(t *testing.T) {

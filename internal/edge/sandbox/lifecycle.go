@@ -1,12 +1,9 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -340,24 +337,4 @@ func (m *Manager) check(ctx context.Context, sb *sandbox) {
 		reason, msg = dsecv1.Reason_REASON_OOM, "its agent was OOM-killed"
 	}
 	m.stopSandbox(ctx, sb, dsecv1.State_STATE_FAILED, reason, msg)
-}
-
-// memAvailableMB reads MemAvailable from /proc/meminfo.
-func memAvailableMB() (int64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, fmt.Errorf("read meminfo: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("parse MemAvailable: %w", err)
-			}
-			return kb / 1024, nil
-		}
-	}
-	return 0, fmt.Errorf("MemAvailable not in /proc/meminfo: %w", errdefs.ErrNotSupported)
 }

@@ -73,11 +73,13 @@ type Defaults struct {
 	User        string
 }
 
-// Limits bound what one sandbox may ask for and how many a node holds.
+// Limits bound what one sandbox may ask for and how many a node holds; 0
+// leaves a limit unchecked. dsecd derives them from the node unless its
+// flags set them (see daemon.Config), and a refusal names the flag.
 type Limits struct {
-	MaxSandboxes int
-	MaxCPUs      float64
-	MaxMemoryMB  int64
+	MaxSandboxes int     // dsecd --max-sandboxes; warm pool members count only for refills
+	MaxCPUs      float64 // dsecd --max-cpus
+	MaxMemoryMB  int64   // dsecd --max-memory-mb
 	MaxDiskMB    int64
 	MaxTTL       time.Duration
 	// MinAvailableMB refuses creates while the node's MemAvailable is lower.
@@ -480,9 +482,9 @@ func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, er
 	}
 	switch {
 	case l.MaxCPUs > 0 && spec.Cpus > l.MaxCPUs:
-		return nil, fmt.Errorf("cpus %.2f is over the node's limit of %.2f: %w", spec.Cpus, l.MaxCPUs, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("cpus %.2f is over the node's limit of %.2f (dsecd --max-cpus): %w", spec.Cpus, l.MaxCPUs, errdefs.ErrInvalidArgument)
 	case l.MaxMemoryMB > 0 && spec.MemoryMb > l.MaxMemoryMB:
-		return nil, fmt.Errorf("memory_mb %d is over the node's limit of %d: %w", spec.MemoryMb, l.MaxMemoryMB, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("memory_mb %d is over the node's limit of %d (dsecd --max-memory-mb): %w", spec.MemoryMb, l.MaxMemoryMB, errdefs.ErrInvalidArgument)
 	case l.MaxDiskMB > 0 && spec.DiskMb > l.MaxDiskMB:
 		return nil, fmt.Errorf("disk_mb %d is over the node's limit of %d: %w", spec.DiskMb, l.MaxDiskMB, errdefs.ErrInvalidArgument)
 	case l.MaxTTL > 0 && time.Duration(spec.TtlSeconds)*time.Second > l.MaxTTL:
@@ -507,7 +509,7 @@ func (m *Manager) admit(countPooled bool) error {
 	}
 	m.mu.Unlock()
 	if max := m.cfg.Limits.MaxSandboxes; max > 0 && live >= max {
-		return fmt.Errorf("node %s holds its maximum of %d sandboxes: %w", m.cfg.Node, max, errdefs.ErrResourceExhausted)
+		return fmt.Errorf("node %s holds its maximum of %d sandboxes (dsecd --max-sandboxes raises it): %w", m.cfg.Node, max, errdefs.ErrResourceExhausted)
 	}
 	if min := m.cfg.Limits.MinAvailableMB; min > 0 {
 		avail, err := memAvailableMB()

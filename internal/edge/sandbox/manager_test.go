@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -126,18 +128,23 @@ func (a *fakeAgent) Ping(ctx context.Context, req *connect.Request[agentv1.PingR
 
 func newTestManager(t *testing.T, dir string, rt *fakeRuntime, busy *int32) *Manager {
 	t.Helper()
-	return newTestManagerWith(t, dir, rt, busy, &fakeImages{})
+	return newTestManagerWith(t, dir, rt, busy, &fakeImages{}, nil)
 }
 
-func newTestManagerWith(t *testing.T, dir string, rt *fakeRuntime, busy *int32, images *fakeImages) *Manager {
+// newTestManagerWith makes a Manager on images; edit, if set, changes its
+// configuration first.
+func newTestManagerWith(t *testing.T, dir string, rt *fakeRuntime, busy *int32, images *fakeImages, edit func(*Config)) *Manager {
 	t.Helper()
 	dial := func(sock string) agentclient.Client {
 		// The socket path is <dir>/<id>/agent.sock.
 		id := sock[len(dir)+1 : len(sock)-len("/agent.sock")]
 		return &fakeAgent{rt: rt, id: id, running: busy}
 	}
-	m, err := New(Config{Node: "n1", StateDir: dir, PingInterval: 100 * time.Millisecond,
-		Defaults: Defaults{TTL: time.Hour}}, rt, images, nil, dial, slog.New(slog.DiscardHandler))
+	cfg := Config{Node: "n1", StateDir: dir, PingInterval: 100 * time.Millisecond, Defaults: Defaults{TTL: time.Hour}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	m, err := New(cfg, rt, images, nil, dial, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,6 +280,97 @@ func TestNodeOf(t *testing.T) {
 	for _, bad := range []string{"", "sb-", "sb-n1", "x-n1-abc", "sb-n1-"} {
 		if _, err := NodeOf(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("NodeOf(%q): %v, want invalid argument", bad, err)
+		}
+	}
+}
+
+func TestCreateRefusesOverNodeLimits(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	m := newTestManagerWith(t, t.TempDir(), rt, &busy, &fakeImages{}, func(c *Config) {
+		c.Limits = Limits{MaxCPUs: 2, MaxMemoryMB: 4096, MaxDiskMB: 8192, MaxTTL: time.Hour}
+	})
+	for _, tc := range []struct {
+		name string
+		spec *dsecv1.SandboxSpec
+		msg  string // "" = admitted
+	}{
+		{"at every limit", &dsecv1.SandboxSpec{Cpus: 2, MemoryMb: 4096, DiskMb: 8192, TtlSeconds: 3600}, ""},
+		{"memory_mb 10^9", &dsecv1.SandboxSpec{MemoryMb: 1_000_000_000},
+			"memory_mb 1000000000 is over the node's limit of 4096 (dsecd --max-memory-mb)"},
+		{"memory one over", &dsecv1.SandboxSpec{MemoryMb: 4097}, "memory_mb 4097 is over the node's limit of 4096"},
+		{"cpus", &dsecv1.SandboxSpec{Cpus: 3}, "cpus 3.00 is over the node's limit of 2.00 (dsecd --max-cpus)"},
+		{"disk", &dsecv1.SandboxSpec{DiskMb: 8193}, "disk_mb 8193 is over the node's limit of 8192"},
+		{"ttl", &dsecv1.SandboxSpec{TtlSeconds: 3601}, "ttl 3601s is over the node's limit of 1h0m0s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.spec.Environment = "base:1"
+			sb, err := m.Create(context.Background(), tc.spec)
+			if tc.msg == "" {
+				if err != nil {
+					t.Fatalf("Create: %v", err)
+				}
+				if err := m.Delete(context.Background(), sb.GetId()); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("Create = %v; want invalid argument containing %q", err, tc.msg)
+			}
+		})
+	}
+	if ids, _ := rt.List(context.Background()); len(ids) != 0 {
+		t.Errorf("refused creates left containers: %v", ids)
+	}
+}
+
+// A full node refuses a caller's create and names the flag that raises
+// its maximum; warm pool members are not counted against a caller.
+func TestCreateRefusedOnFullNode(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	m := newTestManagerWith(t, t.TempDir(), rt, &busy, &fakeImages{}, func(c *Config) {
+		c.Limits.MaxSandboxes = 2
+	})
+	ctx := context.Background()
+	shape := &dsecv1.SandboxSpec{Environment: "base:1", MemoryMb: 64}
+	if _, err := m.SetWarmPool(ctx, shape, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, m, rt, 1, 1)
+	for range 2 {
+		if _, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}); err != nil {
+			t.Fatalf("create on a node holding fewer than its maximum: %v", err)
+		}
+	}
+	_, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
+	const want = "node n1 holds its maximum of 2 sandboxes (dsecd --max-sandboxes raises it)"
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("create on a full node: %v; want resource exhausted containing %q", err, want)
+	}
+	// The pool's member still serves its shape.
+	if sb, err := m.Create(ctx, shape); err != nil || !sb.GetFromWarmPool() {
+		t.Fatalf("create of the pool's shape on a full node: %v, %v; want the pooled sandbox", sb, err)
+	}
+}
+
+func TestParseMeminfo(t *testing.T) {
+	const meminfo = "MemTotal:       24683872 kB\nMemFree:        22304292 kB\nMemAvailable:   24188140 kB\n"
+	for _, tc := range []struct {
+		text, key string
+		want      int64
+		err       error
+	}{
+		{meminfo, "MemTotal", 24105, nil},
+		{meminfo, "MemAvailable", 23621, nil},
+		{meminfo, "Mem", 0, errdefs.ErrNotSupported}, // a prefix of a key is not the key
+		{"MemTotal: lots kB\n", "MemTotal", 0, strconv.ErrSyntax},
+		{"", "MemTotal", 0, errdefs.ErrNotSupported},
+	} {
+		got, err := parseMeminfo(strings.NewReader(tc.text), tc.key)
+		if got != tc.want || !errors.Is(err, tc.err) {
+			t.Errorf("parseMeminfo(%q, %s) = %d, %v; want %d, %v", tc.text, tc.key, got, err, tc.want, tc.err)
 		}
 	}
 }

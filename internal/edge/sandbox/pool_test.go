@@ -179,7 +179,7 @@ func TestWarmPoolDropsStaleEnvironment(t *testing.T) {
 	rt := &fakeRuntime{running: map[string]bool{}}
 	var busy int32
 	images := &fakeImages{}
-	m := newTestManagerWith(t, t.TempDir(), rt, &busy, images)
+	m := newTestManagerWith(t, t.TempDir(), rt, &busy, images, nil)
 	ctx := context.Background()
 	shape := &dsecv1.SandboxSpec{Environment: "base:1"}
 	if _, err := m.SetWarmPool(ctx, shape, 2); err != nil {
