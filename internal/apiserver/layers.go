@@ -38,7 +38,8 @@ var kinds = map[dsecv1.LayerKind]image.Kind{
 }
 
 func layerToProto(l image.Layer) *dsecv1.Layer {
-	out := &dsecv1.Layer{Digest: l.Digest, Refs: l.Refs, Size: l.Size, CreatedUnixMs: l.Created.UnixMilli(), Source: l.Source}
+	out := &dsecv1.Layer{Digest: l.Digest, Refs: l.Refs, Size: l.Size, CreatedUnixMs: l.Created.UnixMilli(), Source: l.Source,
+		Warnings: l.Warnings}
 	for k, v := range kinds {
 		if v == l.Kind {
 			out.Kind = k
@@ -155,7 +156,7 @@ func (ls *layerServer) ImportImage(ctx context.Context, req *connect.Request[dse
 	if err != nil {
 		return err
 	}
-	send(&dsecv1.ImportImageProgress{Phase: "done", Done: true, LayerDigests: res.Digests, OciLayers: int32(res.Collapsed)}, true)
+	send(&dsecv1.ImportImageProgress{Phase: "done", Done: true, LayerDigests: res.Digests, OciLayers: int32(res.Collapsed), Warnings: res.Warnings}, true)
 	mu.Lock()
 	defer mu.Unlock()
 	return sendErr

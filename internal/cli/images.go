@@ -62,6 +62,7 @@ layers it had finished.`,
 			if last == nil || !last.GetDone() {
 				return fmt.Errorf("import of %s ended without a result", args[0])
 			}
+			a.warn(last.GetWarnings())
 			if a.json {
 				return a.printProto(last)
 			}

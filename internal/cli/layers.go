@@ -35,6 +35,7 @@ func (a *app) layerCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			a.warn(resp.Msg.GetWarnings())
 			if a.json {
 				return a.printProto(resp.Msg)
 			}

@@ -238,16 +238,24 @@ func (a *app) create(ctx context.Context, spec *dsecv1.SandboxSpec, count int) (
 	}
 	sbs := resp.Msg.GetSandboxes()
 	// A batch has one spec, so its sandboxes share their warnings.
-	seen := map[string]bool{}
+	var warnings []string
 	for _, sb := range sbs {
-		for _, w := range sb.GetWarnings() {
-			if !seen[w] {
-				seen[w] = true
-				fmt.Fprintln(a.stderr, "dsec: warning:", w)
-			}
+		warnings = append(warnings, sb.GetWarnings()...)
+	}
+	a.warn(warnings)
+	return sbs, nil
+}
+
+// warn prints what the node warned about to stderr, each warning once, so
+// that stdout keeps only the command's result.
+func (a *app) warn(warnings []string) {
+	seen := map[string]bool{}
+	for _, w := range warnings {
+		if !seen[w] {
+			seen[w] = true
+			fmt.Fprintln(a.stderr, "dsec: warning:", w)
 		}
 	}
-	return sbs, nil
 }
 
 func (a *app) runCommand() *cobra.Command {

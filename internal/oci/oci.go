@@ -61,6 +61,8 @@ type Result struct {
 	Digests   []string // EROFS layers, bottom first
 	Config    image.ImageConfig
 	Collapsed int // OCI layers read
+	// Warnings say what the import left out (device nodes under /dev…).
+	Warnings []string
 	Layers    int // EROFS layers made of them
 }
 
@@ -158,6 +160,7 @@ func Import(ctx context.Context, st *image.Store, ref, source string, opts Optio
 				nref, source, prev+1, len(res.Digests)+1, layer.Digest, errdefs.ErrFailedPrecondition)
 		}
 		seen[layer.Digest] = len(res.Digests)
+		res.Warnings = append(res.Warnings, layer.Warnings...)
 		res.Digests = append(res.Digests, layer.Digest)
 	}
 	res.Layers = len(res.Digests)

@@ -402,11 +402,24 @@ func (c *Client) ListLayers(ctx context.Context) ([]*dsecv1.Layer, error) {
 	return out, nil
 }
 
-// ImportLayer builds a layer named ref from a directory or tar archive on the daemon's host.
-func (c *Client) ImportLayer(ctx context.Context, ref string, kind dsecv1.LayerKind, path string) (*dsecv1.Layer, error) {
+// LayerOptions tune ImportLayer; nil takes the defaults.
+type LayerOptions struct {
+	// AllowSetuid keeps setuid and setgid files and file capabilities,
+	// which an import refuses otherwise.
+	AllowSetuid bool
+}
+
+// ImportLayer builds a layer named ref from a directory or tar archive on
+// the daemon's host. The layer's Warnings say what the import left out
+// (device nodes under /dev: every sandbox gets its own).
+func (c *Client) ImportLayer(ctx context.Context, ref string, kind dsecv1.LayerKind, path string, o *LayerOptions) (*dsecv1.Layer, error) {
 	ctx, cancel := withTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	r, err := c.layers.ImportLayer(ctx, connect.NewRequest(&dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path}))
+	req := &dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path}
+	if o != nil {
+		req.AllowSetuid = o.AllowSetuid
+	}
+	r, err := c.layers.ImportLayer(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("import layer %s: %w", ref, fromConnect(err, false))
 	}

@@ -173,7 +173,7 @@ func (d *liveDaemon) importBase() error {
 		return err
 	}
 	defer c.Close()
-	_, err = c.ImportLayer(context.Background(), liveEnv, dsecv1.LayerKind_LAYER_KIND_BASE, tree)
+	_, err = c.ImportLayer(context.Background(), liveEnv, dsecv1.LayerKind_LAYER_KIND_BASE, tree, nil)
 	return err
 }
 

@@ -104,8 +104,12 @@ func TestImportTreeWithDevNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(log), "left out 2 device nodes or other special files under /dev (/dev/console, /dev/null)") {
+	const note = "left out 2 device nodes or other special files under /dev (/dev/console, /dev/null)"
+	if !strings.Contains(string(log), note) {
 		t.Errorf("dsecd's log does not say what the import left out")
+	}
+	if !strings.HasPrefix(errOut, "dsec: warning: ") || !strings.Contains(errOut, note) {
+		t.Errorf("layer import's stderr does not say what it left out: %q", errOut)
 	}
 	out, errOut, code = d.CLI("", "run", "devbox:1", "--", "ls", "/dev")
 	if code != 0 || !strings.Contains(out, "null") || !strings.Contains(out, "pts") {

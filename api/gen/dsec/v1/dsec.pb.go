@@ -3703,6 +3703,9 @@ type Layer struct {
 	Size          int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
 	CreatedUnixMs int64                  `protobuf:"varint,5,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	Source        string                 `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	// With the ImportLayer that built it: what the import left out, e.g.
+	// device nodes under /dev (the runtime gives every sandbox its own /dev).
+	Warnings      []string `protobuf:"bytes,7,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3777,6 +3780,13 @@ func (x *Layer) GetSource() string {
 		return x.Source
 	}
 	return ""
+}
+
+func (x *Layer) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 type ImportLayerRequest struct {
@@ -4569,6 +4579,7 @@ type ImportImageProgress struct {
 	Done          bool                   `protobuf:"varint,7,opt,name=done,proto3" json:"done,omitempty"`
 	LayerDigests  []string               `protobuf:"bytes,8,rep,name=layer_digests,json=layerDigests,proto3" json:"layer_digests,omitempty"` // with done: the environment's layers, bottom first
 	OciLayers     int32                  `protobuf:"varint,9,opt,name=oci_layers,json=ociLayers,proto3" json:"oci_layers,omitempty"`         // with done
+	Warnings      []string               `protobuf:"bytes,10,rep,name=warnings,proto3" json:"warnings,omitempty"`                            // with done: what the import left out (device nodes under /dev…)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4664,6 +4675,13 @@ func (x *ImportImageProgress) GetOciLayers() int32 {
 		return x.OciLayers
 	}
 	return 0
+}
+
+func (x *ImportImageProgress) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 type LayerStatsRequest struct {
@@ -5257,14 +5275,15 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04user\x18\x03 \x01(\tR\x04user\"#\n" +
 	"\rDownloadChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xaf\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\xcb\x01\n" +
 	"\x05Layer\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
 	"\x04refs\x18\x03 \x03(\tR\x04refs\x12\x12\n" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\x85\x01\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\x12\x1a\n" +
+	"\bwarnings\x18\a \x03(\tR\bwarnings\"\x85\x01\n" +
 	"\x12ImportLayerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
@@ -5320,7 +5339,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
 	"\binsecure\x18\x03 \x01(\bR\binsecure\x120\n" +
 	"\x14collapse_below_bytes\x18\x04 \x01(\x03R\x12collapseBelowBytes\x12!\n" +
-	"\fallow_setuid\x18\x05 \x01(\bR\vallowSetuid\"\xfc\x01\n" +
+	"\fallow_setuid\x18\x05 \x01(\bR\vallowSetuid\"\x98\x02\n" +
 	"\x13ImportImageProgress\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x14\n" +
 	"\x05layer\x18\x02 \x01(\x05R\x05layer\x12\x16\n" +
@@ -5332,7 +5351,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04done\x18\a \x01(\bR\x04done\x12#\n" +
 	"\rlayer_digests\x18\b \x03(\tR\flayerDigests\x12\x1d\n" +
 	"\n" +
-	"oci_layers\x18\t \x01(\x05R\tociLayers\"\x13\n" +
+	"oci_layers\x18\t \x01(\x05R\tociLayers\x12\x1a\n" +
+	"\bwarnings\x18\n" +
+	" \x03(\tR\bwarnings\"\x13\n" +
 	"\x11LayerStatsRequest\"\xdd\x02\n" +
 	"\n" +
 	"LayerUsage\x12\x16\n" +
