@@ -73,6 +73,9 @@ func describe(err error) string {
 		if ce.Code() == connect.CodeUnavailable && strings.Contains(msg, "connect:") {
 			return "cannot reach dsecd (" + msg + "); is it running? (address from --addr or $DSEC_ADDR)"
 		}
+		// The server's message ends with its error kind in words ("…: not
+		// found"); the code in brackets says it already.
+		msg = strings.TrimSuffix(msg, ": "+strings.ReplaceAll(ce.Code().String(), "_", " "))
 		return fmt.Sprintf("%s (%s)", msg, ce.Code())
 	}
 	return err.Error()

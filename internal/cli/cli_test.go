@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -242,5 +243,22 @@ func TestKillSignals(t *testing.T) {
 	}
 	if _, _, err := runCLIErr(t, addr, "kill", "-s", "NOPE", "sb-n1-a", "p-1"); err == nil {
 		t.Error("kill -s NOPE: no error")
+	}
+}
+
+// TestDescribeSaysTheKindOnce: "…: not found (not_found)" becomes "… (not_found)".
+func TestDescribeSaysTheKindOnce(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{connect.NewError(connect.CodeResourceExhausted, errors.New("node t1 holds its maximum of 1 sandboxes (dsecd --max-sandboxes raises it): resource exhausted")),
+			"node t1 holds its maximum of 1 sandboxes (dsecd --max-sandboxes raises it) (resource_exhausted)"},
+		{connect.NewError(connect.CodeNotFound, errors.New("no layer or image is named x:1: not found")), "no layer or image is named x:1 (not_found)"},
+		{connect.NewError(connect.CodeInvalidArgument, errors.New("bad: want true")), "bad: want true (invalid_argument)"},
+	} {
+		if got := describe(tc.err); got != tc.want {
+			t.Errorf("describe(%v) = %q, want %q", tc.err, got, tc.want)
+		}
 	}
 }
