@@ -21,7 +21,7 @@ generate:
 	cd api && PATH=$(CURDIR)/$(BIN)/tools:$$PATH protoc -I . \
 		--go_out=. --go_opt=module=dsec.dev/dsec/api \
 		--connect-go_out=. --connect-go_opt=module=dsec.dev/dsec/api \
-		dsec/v1/dsec.proto dsec/agent/v1/agent.proto
+		dsec/v1/dsec.proto dsec/agent/v1/agent.proto dsec/edge/v1/edge.proto
 
 test:
 	./scripts/test.sh

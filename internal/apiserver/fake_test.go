@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -10,9 +11,11 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/sandboxid"
 )
 
 // fakeEdge is an in-memory Edge: sandboxes are records only.
@@ -31,7 +34,11 @@ func newFakeEdge(node string) *fakeEdge {
 }
 
 func (f *fakeEdge) Node() string  { return f.node }
-func (f *fakeEdge) NewID() string { return sandbox.NewID(f.node) }
+func (f *fakeEdge) NewID() string { return sandboxid.New(f.node) }
+
+func (f *fakeEdge) Status() sandbox.Status {
+	return sandbox.Status{Node: f.node, Live: f.running(), At: time.Now()}
+}
 
 func (f *fakeEdge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
 	id := f.NewID()
@@ -105,4 +112,14 @@ func (f *fakeEdge) NetworkLog(ctx context.Context, id string, since time.Time, l
 func (f *fakeEdge) running() int {
 	n, _ := f.List(context.Background(), nil, nil)
 	return len(n)
+}
+
+// nodesOf serves fake edges through the real edge service, in-process, as
+// the all-in-one dsecd does.
+func nodesOf(edges ...*fakeEdge) []Node {
+	var out []Node
+	for _, e := range edges {
+		out = append(out, Node{Name: e.node, Edge: edgesvc.New(e, slog.New(slog.DiscardHandler))})
+	}
+	return out
 }

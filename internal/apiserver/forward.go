@@ -2,86 +2,23 @@ package apiserver
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/agent/agentclient"
-	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/errdefs"
-	"dsec.dev/dsec/internal/flushhold"
 )
 
-// The calls below run inside a sandbox: each is handed, unchanged, to the
-// sandbox's agent through its edge.
+// maxExecStdin is the most stdin one exec request may carry: what the
+// agent channel's framed path (package execwire) takes in one frame, less
+// room for the rest of the request. Larger stdin is streamed with
+// WriteStdin.
+const maxExecStdin = 63 << 20
 
-type agentClient = agentclient.Client
-
-type unaryCall[Req, Res any] func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)
-
-// clientStream is a stream of messages from the agent: a Connect server
-// stream, or a framed exec (package execwire).
-type clientStream[Res any] interface {
-	Receive() bool
-	Msg() *Res
-	Err() error
-	Close() error
-}
-
-type streamCall[Req, Res any] func(context.Context, *Req) (clientStream[Res], error)
-
-// connectStream adapts a Connect server-streaming call.
-func connectStream[Req, Res any](call func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error)) streamCall[Req, Res] {
-	return func(ctx context.Context, msg *Req) (clientStream[Res], error) {
-		s, err := call(ctx, connect.NewRequest(msg))
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
-	}
-}
-
-func forwardUnary[Req, Res any](ctx context.Context, s *Server, id string, msg *Req, pick func(agentClient) unaryCall[Req, Res]) (*connect.Response[Res], error) {
-	a, release, err := s.agent(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	resp, err := pick(a)(ctx, connect.NewRequest(msg))
-	if err != nil {
-		return nil, s.agentErr(ctx, id, err)
-	}
-	return connect.NewResponse(resp.Msg), nil
-}
-
-func forwardStream[Req, Res any](ctx context.Context, s *Server, id string, msg *Req, out *connect.ServerStream[Res], pick func(agentClient) streamCall[Req, Res]) error {
-	a, release, err := s.agent(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer release()
-	in, err := pick(a)(ctx, msg)
-	if err != nil {
-		return s.agentErr(ctx, id, err)
-	}
-	defer in.Close()
-	for in.Receive() {
-		// An exit is the last event: it leaves with the end of the stream.
-		if e, ok := any(in.Msg()).(interface{ GetExited() *dsecv1.ExecExited }); ok && e.GetExited() != nil {
-			flushhold.Hold(ctx)
-		}
-		if err := out.Send(in.Msg()); err != nil {
-			return err
-		}
-	}
-	if err := in.Err(); err != nil {
-		return s.agentErr(ctx, id, err)
-	}
-	return nil
-}
+// The calls below run inside a sandbox: each is checked, then handed
+// unchanged to the edge that holds the sandbox, which hands it to the
+// sandbox's agent. An in-process edge gets the caller's own stream.
 
 func (s *Server) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
 	m := req.Msg
@@ -94,94 +31,145 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecReque
 	if m.GetTimeoutSeconds() < 0 {
 		return fmt.Errorf("timeout_seconds must not be negative: %w", errdefs.ErrInvalidArgument)
 	}
-	if n := len(m.GetStdin()); n > execwire.MaxStdin {
+	if n := len(m.GetStdin()); n > maxExecStdin {
 		return fmt.Errorf("stdin of %d bytes is over the %d MiB an exec can carry; set keep_stdin_open and stream it with WriteStdin, or write it to a file: %w",
-			n, execwire.MaxStdin>>20, errdefs.ErrInvalidArgument)
+			n, maxExecStdin>>20, errdefs.ErrInvalidArgument)
 	}
-	// Exec takes the agent channel's framed path, the fastest.
-	return forwardStream(ctx, s, m.GetSandboxId(), m, out, func(a agentClient) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
-		return func(ctx context.Context, req *dsecv1.ExecRequest) (clientStream[dsecv1.ExecEvent], error) {
-			return a.ExecEvents(ctx, req)
-		}
-	})
+	e, err := s.edgeFor(m.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	return e.Exec(ctx, req, out)
 }
 
 func (s *Server) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.AttachRequest, dsecv1.ExecEvent] { return connectStream(a.Attach) })
+	if req.Msg.GetProcessId() == "" && req.Msg.GetTag() == "" {
+		return fmt.Errorf("attach: process_id or tag is required: %w", errdefs.ErrInvalidArgument)
+	}
+	e, err := s.edgeFor(req.Msg.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	return e.Attach(ctx, req, out)
 }
 
 func (s *Server) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
 	if req.Msg.GetSession() == "" {
 		return fmt.Errorf("session name is required: %w", errdefs.ErrInvalidArgument)
 	}
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] {
-		return connectStream(a.SessionRun)
-	})
+	e, err := s.edgeFor(req.Msg.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	return e.SessionRun(ctx, req, out)
 }
 
 func (s *Server) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentClient) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] {
-		return connectStream(a.Download)
-	})
+	e, err := s.edgeFor(req.Msg.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	return e.Download(ctx, req, out)
+}
+
+// forward hands a unary call to the edge of the sandbox it names.
+func forward[Req, Res any](ctx context.Context, s *Server, id string, req *connect.Request[Req], pick func(Edge) func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
+	e, err := s.edgeFor(id)
+	if err != nil {
+		return nil, err
+	}
+	return pick(e)(ctx, req)
 }
 
 func (s *Server) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.WriteStdinRequest, dsecv1.WriteStdinResponse] {
-		return a.WriteStdin
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
+		return e.WriteStdin
 	})
 }
 
 func (s *Server) Signal(ctx context.Context, req *connect.Request[dsecv1.SignalRequest]) (*connect.Response[dsecv1.SignalResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.SignalRequest, dsecv1.SignalResponse] { return a.Signal })
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.SignalRequest]) (*connect.Response[dsecv1.SignalResponse], error) {
+		return e.Signal
+	})
 }
 
 func (s *Server) ListProcesses(ctx context.Context, req *connect.Request[dsecv1.ListProcessesRequest]) (*connect.Response[dsecv1.ListProcessesResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.ListProcessesRequest, dsecv1.ListProcessesResponse] {
-		return a.ListProcesses
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.ListProcessesRequest]) (*connect.Response[dsecv1.ListProcessesResponse], error) {
+		return e.ListProcesses
 	})
 }
 
 func (s *Server) SessionInterrupt(ctx context.Context, req *connect.Request[dsecv1.SessionInterruptRequest]) (*connect.Response[dsecv1.SessionInterruptResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.SessionInterruptRequest, dsecv1.SessionInterruptResponse] {
-		return a.SessionInterrupt
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.SessionInterruptRequest]) (*connect.Response[dsecv1.SessionInterruptResponse], error) {
+		return e.SessionInterrupt
 	})
 }
 
 func (s *Server) SessionClose(ctx context.Context, req *connect.Request[dsecv1.SessionCloseRequest]) (*connect.Response[dsecv1.SessionCloseResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.SessionCloseRequest, dsecv1.SessionCloseResponse] {
-		return a.SessionClose
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.SessionCloseRequest]) (*connect.Response[dsecv1.SessionCloseResponse], error) {
+		return e.SessionClose
 	})
 }
 
 func (s *Server) ReadFile(ctx context.Context, req *connect.Request[dsecv1.ReadFileRequest]) (*connect.Response[dsecv1.ReadFileResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.ReadFileRequest, dsecv1.ReadFileResponse] { return a.ReadFile })
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.ReadFileRequest]) (*connect.Response[dsecv1.ReadFileResponse], error) {
+		return e.ReadFile
+	})
 }
 
 func (s *Server) WriteFile(ctx context.Context, req *connect.Request[dsecv1.WriteFileRequest]) (*connect.Response[dsecv1.WriteFileResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.WriteFileRequest, dsecv1.WriteFileResponse] { return a.WriteFile })
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.WriteFileRequest]) (*connect.Response[dsecv1.WriteFileResponse], error) {
+		return e.WriteFile
+	})
 }
 
 func (s *Server) ListDir(ctx context.Context, req *connect.Request[dsecv1.ListDirRequest]) (*connect.Response[dsecv1.ListDirResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.ListDirRequest, dsecv1.ListDirResponse] { return a.ListDir })
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.ListDirRequest]) (*connect.Response[dsecv1.ListDirResponse], error) {
+		return e.ListDir
+	})
 }
 
 func (s *Server) Stat(ctx context.Context, req *connect.Request[dsecv1.StatRequest]) (*connect.Response[dsecv1.StatResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.StatRequest, dsecv1.StatResponse] { return a.Stat })
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.StatRequest]) (*connect.Response[dsecv1.StatResponse], error) {
+		return e.Stat
+	})
 }
 
 func (s *Server) Remove(ctx context.Context, req *connect.Request[dsecv1.RemoveRequest]) (*connect.Response[dsecv1.RemoveResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.RemoveRequest, dsecv1.RemoveResponse] { return a.Remove })
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.RemoveRequest]) (*connect.Response[dsecv1.RemoveResponse], error) {
+		return e.Remove
+	})
 }
 
 func (s *Server) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.MakeDirRequest, dsecv1.MakeDirResponse] { return a.MakeDir })
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
+		return e.MakeDir
+	})
 }
 
 func (s *Server) Upload(ctx context.Context, req *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentClient) unaryCall[dsecv1.UploadRequest, dsecv1.UploadResponse] { return a.Upload })
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {
+		return e.Upload
+	})
 }
 
-// Shell pumps a bidirectional PTY stream between the caller and the agent.
+// ShellStream is the server half of a shell's bidirectional stream.
+// (An alias of a type literal, so that the apiserver's and the edges'
+// declarations are one type.)
+type ShellStream = interface {
+	Receive() (*dsecv1.ShellInput, error)
+	Send(*dsecv1.ShellOutput) error
+}
+
+// shellRouter is what an Edge offers beyond EdgeService for shells: the
+// apiserver reads the stream's first message to route it, and the edge
+// takes the stream from there. Both edgesvc.Service and edgeclient.Remote
+// have it.
+type shellRouter interface {
+	ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream ShellStream) error
+}
+
+// Shell routes a PTY stream by the sandbox its first message names.
 func (s *Server) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.ShellInput, dsecv1.ShellOutput]) error {
 	first, err := stream.Receive()
 	if err != nil {
@@ -191,41 +179,13 @@ func (s *Server) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.Sh
 	if start == nil {
 		return fmt.Errorf("the first shell message must be start: %w", errdefs.ErrInvalidArgument)
 	}
-	id := start.GetSandboxId()
-	a, release, err := s.agent(ctx, id)
+	e, err := s.edgeFor(start.GetSandboxId())
 	if err != nil {
 		return err
 	}
-	defer release()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	up := a.Shell(ctx)
-	if err := up.Send(first); err != nil {
-		return s.agentErr(ctx, id, err)
+	r, ok := e.(shellRouter)
+	if !ok {
+		return fmt.Errorf("shell: the edge of sandbox %s cannot take a routed stream: %w", start.GetSandboxId(), errdefs.ErrNotSupported)
 	}
-	go func() {
-		defer up.CloseRequest()
-		for {
-			in, err := stream.Receive()
-			if err != nil {
-				return
-			}
-			if err := up.Send(in); err != nil {
-				return
-			}
-		}
-	}()
-	for {
-		msg, err := up.Receive()
-		if err != nil {
-			up.CloseResponse()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return s.agentErr(ctx, id, err)
-		}
-		if err := stream.Send(msg); err != nil {
-			return err
-		}
-	}
+	return r.ShellFrom(ctx, first, stream)
 }

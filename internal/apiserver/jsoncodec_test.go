@@ -24,7 +24,7 @@ func TestNetworkRulesMustBeBooleans(t *testing.T) {
 	}
 	defer st.Close()
 	edge := newFakeEdge("n1")
-	hs := httptest.NewServer(New(Config{}, st, nil, []Edge{edge}, slog.New(slog.DiscardHandler)).Handler())
+	hs := httptest.NewServer(New(Config{}, st, nil, nodesOf(edge), slog.New(slog.DiscardHandler)).Handler())
 	defer hs.Close()
 
 	post := func(method, body string) (int, map[string]any) {

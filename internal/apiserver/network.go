@@ -3,7 +3,6 @@ package apiserver
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"connectrpc.com/connect"
 
@@ -18,16 +17,11 @@ const (
 
 // SetNetworkRules replaces a running sandbox's network rules.
 func (s *Server) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
-	m := req.Msg
-	e, err := s.edgeFor(m.GetSandboxId())
+	e, err := s.edgeFor(req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
-	warnings, err := e.SetNetworkRules(ctx, m.GetSandboxId(), m.GetRules(), m.GetCut())
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&dsecv1.SetNetworkRulesResponse{Warnings: warnings}), nil
+	return e.SetNetworkRules(ctx, req)
 }
 
 // NetworkLog returns a sandbox's network audit records, oldest first.
@@ -46,24 +40,6 @@ func (s *Server) NetworkLog(ctx context.Context, req *connect.Request[dsecv1.Net
 	if err != nil {
 		return nil, err
 	}
-	var since time.Time
-	if m.GetSinceUnixMs() > 0 {
-		since = time.UnixMilli(m.GetSinceUnixMs())
-	}
-	events, err := e.NetworkLog(ctx, m.GetSandboxId(), since, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := &dsecv1.NetworkLogResponse{}
-	for _, ev := range events {
-		pe := &dsecv1.NetworkEvent{
-			TimeUnixMs: ev.Time.UnixMilli(), Kind: ev.Kind, Verdict: ev.Verdict, Protocol: ev.Proto,
-			Port: int32(ev.Port), Name: ev.Name, BytesOut: ev.BytesOut, BytesIn: ev.BytesIn, Rule: ev.Rule,
-		}
-		if ev.Dest.IsValid() {
-			pe.Destination = ev.Dest.String()
-		}
-		out.Events = append(out.Events, pe)
-	}
-	return connect.NewResponse(out), nil
+	return e.NetworkLog(ctx, connect.NewRequest(&dsecv1.NetworkLogRequest{
+		SandboxId: m.GetSandboxId(), SinceUnixMs: m.GetSinceUnixMs(), Limit: int32(limit)}))
 }

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/store"
@@ -157,19 +158,19 @@ func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n in
 				return
 			}
 			defer func() { <-sem }()
-			e, err := s.place(ctx)
+			_, e, err := s.place(ctx)
 			if err != nil {
 				errs[i] = err
 				cancel()
 				return
 			}
-			sb, err := e.Create(ctx, spec)
+			resp, err := e.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec}))
 			if err != nil {
 				errs[i] = err
 				cancel()
 				return
 			}
-			out[i] = sb
+			out[i] = resp.Msg
 		}()
 	}
 	wg.Wait()
@@ -198,7 +199,7 @@ func (s *Server) deleteAll(ctx context.Context, sbs []*dsecv1.Sandbox) {
 		if err != nil {
 			continue
 		}
-		if err := e.Delete(ctx, sb.GetId()); err != nil {
+		if _, err := e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: sb.GetId()})); err != nil {
 			s.log.Warn("remove sandbox of a failed batch", "id", sb.GetId(), "err", err)
 		}
 	}
@@ -212,7 +213,11 @@ func (s *Server) getSandbox(ctx context.Context, id string) (*dsecv1.Sandbox, er
 	if err != nil {
 		return nil, err
 	}
-	return e.Get(ctx, id)
+	resp, err := e.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: id}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
 }
 
 func (s *Server) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {
@@ -244,11 +249,11 @@ func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListReque
 	}
 	out := &dsecv1.ListResponse{}
 	for _, n := range s.order {
-		sbs, err := s.edges[n].List(ctx, req.Msg.GetLabels(), states)
+		resp, err := s.edges[n].List(ctx, connect.NewRequest(&dsecv1.ListRequest{Labels: req.Msg.GetLabels(), States: states}))
 		if err != nil {
 			return nil, fmt.Errorf("list sandboxes of node %s: %w", n, err)
 		}
-		out.Sandboxes = append(out.Sandboxes, sbs...)
+		out.Sandboxes = append(out.Sandboxes, resp.Msg.GetSandboxes()...)
 	}
 	return connect.NewResponse(out), nil
 }
@@ -262,8 +267,5 @@ func (s *Server) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteR
 	if err != nil {
 		return nil, err
 	}
-	if err := e.Delete(ctx, id); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&dsecv1.DeleteResponse{}), nil
+	return e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
 }

@@ -7,49 +7,34 @@ package apiserver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 
-	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
+	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
-	"dsec.dev/dsec/internal/agent/agentclient"
-	"dsec.dev/dsec/internal/edge/netpolicy"
-	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
+	"dsec.dev/dsec/internal/sandboxid"
 	"dsec.dev/dsec/internal/store"
 )
 
-// Edge is what the apiserver needs of a node. The in-process edge
-// (*sandbox.Manager) implements it; a network client of a remote edge will
-// implement the same interface.
-type Edge interface {
-	Node() string
-	// Create makes a sandbox (taking one from a warm pool of its shape when
-	// there is one) and names it: the ID encodes the node.
-	Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error)
-	Get(ctx context.Context, id string) (*dsecv1.Sandbox, error)
-	List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error)
-	Delete(ctx context.Context, id string) error
-	// Agent returns the channel to the sandbox's agent. The sandbox counts
-	// as active until release is called.
-	Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
-	// SetNetworkRules replaces a running sandbox's network rules.
-	SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) (warnings []string, err error)
-	// NetworkLog returns a sandbox's network audit records since a time.
-	NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error)
-	// SetWarmPool keeps size sandboxes of spec's shape ready on the node.
-	SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error)
-	// WarmPools lists the node's warm pools.
-	WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error)
+// Edge is one node's edge as the apiserver calls it: EdgeService, with the
+// public API's messages only. The all-in-one dsecd passes its in-process
+// edge (package edgesvc), handing it the apiserver's own streams; a cluster
+// passes a client of each remote edge (package edgeclient). Errors are
+// errdefs kinds either way.
+type Edge = edgev1connect.EdgeServiceHandler
+
+// Node is an edge and the node name its sandbox IDs carry.
+type Node struct {
+	Name string
+	Edge Edge
 }
 
 // Idempotency remembers which sandboxes a Create with a key made.
@@ -72,26 +57,30 @@ type Server struct {
 	edges  map[string]Edge
 	order  []string
 	idem   Idempotency
-	layers Layers
+	layers dsecv1connect.LayerServiceHandler
 	log    *slog.Logger
 
 	inflightMu sync.Mutex
 	inflight   map[string]chan struct{} // idempotency keys being created
 }
 
-// New returns a Server routing to edges.
-func New(cfg Config, idem Idempotency, layers Layers, edges []Edge, log *slog.Logger) *Server {
+// New returns a Server routing to the nodes' edges. layers serves the
+// LayerService (the all-in-one node's layer store).
+func New(cfg Config, idem Idempotency, layers dsecv1connect.LayerServiceHandler, nodes []Node, log *slog.Logger) *Server {
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = 1000
 	}
 	if cfg.CreateConcurrency == 0 {
 		cfg.CreateConcurrency = 8
 	}
+	if layers == nil {
+		layers = dsecv1connect.UnimplementedLayerServiceHandler{}
+	}
 	s := &Server{cfg: cfg, edges: map[string]Edge{}, idem: idem, layers: layers, log: log,
 		inflight: map[string]chan struct{}{}}
-	for _, e := range edges {
-		s.edges[e.Node()] = e
-		s.order = append(s.order, e.Node())
+	for _, n := range nodes {
+		s.edges[n.Name] = n.Edge
+		s.order = append(s.order, n.Name)
 	}
 	sort.Strings(s.order)
 	return s
@@ -107,7 +96,7 @@ func (s *Server) Handler() http.Handler {
 		opts = append(opts, connect.WithCodec(c))
 	}
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
-	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerServer{s: s}, opts...))
+	mux.Handle(dsecv1connect.NewLayerServiceHandler(s.layers, opts...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	// Streams of exec events end with the exit: see forwardStream.
 	return flushhold.Handler(mux)
@@ -115,7 +104,10 @@ func (s *Server) Handler() http.Handler {
 
 // edgeFor routes a sandbox ID to its node's edge.
 func (s *Server) edgeFor(id string) (Edge, error) {
-	node, err := sandbox.NodeOf(id)
+	if id == "" {
+		return nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	node, err := sandboxid.Node(id)
 	if err != nil {
 		return nil, err
 	}
@@ -128,55 +120,27 @@ func (s *Server) edgeFor(id string) (Edge, error) {
 
 // place picks the edge for a new sandbox: the one with the fewest live
 // sandboxes. With one node that is always the local edge.
-func (s *Server) place(ctx context.Context) (Edge, error) {
+func (s *Server) place(ctx context.Context) (string, Edge, error) {
 	if len(s.order) == 0 {
-		return nil, fmt.Errorf("no edge is registered: %w", errdefs.ErrUnavailable)
+		return "", nil, fmt.Errorf("no edge is registered: %w", errdefs.ErrUnavailable)
 	}
-	var best Edge
-	bestN := -1
+	if len(s.order) == 1 {
+		return s.order[0], s.edges[s.order[0]], nil
+	}
+	best, bestN := "", -1
 	for _, n := range s.order {
-		e := s.edges[n]
-		live, err := e.List(ctx, nil, []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING})
+		st, err := s.edges[n].Status(ctx, connect.NewRequest(&edgev1.StatusRequest{}))
 		if err != nil {
 			continue
 		}
-		if bestN < 0 || len(live) < bestN {
-			best, bestN = e, len(live)
+		if live := int(st.Msg.GetLive()); bestN < 0 || live < bestN {
+			best, bestN = n, live
 		}
 	}
-	if best == nil {
-		return nil, fmt.Errorf("no edge answered: %w", errdefs.ErrUnavailable)
+	if best == "" {
+		return "", nil, fmt.Errorf("no edge answered: %w", errdefs.ErrUnavailable)
 	}
-	return best, nil
-}
-
-// agent finds the agent channel of a running sandbox.
-func (s *Server) agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
-	if id == "" {
-		return nil, nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
-	}
-	e, err := s.edgeFor(id)
-	if err != nil {
-		return nil, nil, err
-	}
-	return e.Agent(ctx, id)
-}
-
-// agentErr explains an error from an agent call: when the sandbox ended
-// meanwhile, say so instead of passing on a transport error.
-func (s *Server) agentErr(ctx context.Context, id string, err error) error {
-	if e, eerr := s.edgeFor(id); eerr == nil {
-		sb, gerr := e.Get(context.WithoutCancel(ctx), id)
-		if gerr == nil && sb.GetState() != dsecv1.State_STATE_RUNNING {
-			return sandbox.GoneError(sb)
-		}
-	}
-	var ce *connect.Error
-	if errors.As(err, &ce) && ce.Code() != connect.CodeUnknown && ce.Code() != connect.CodeInternal &&
-		!strings.Contains(ce.Message(), "protocol error") {
-		return err // the agent's own verdict (not found, invalid argument…)
-	}
-	return fmt.Errorf("sandbox %s: agent channel: %v: %w", id, err, errdefs.ErrUnavailable)
+	return best, s.edges[best], nil
 }
 
 // errorInterceptor turns errdefs kinds into Connect codes at the API edge.

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"sync"
@@ -12,169 +13,213 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
-	"dsec.dev/dsec/internal/agent/execwire"
+	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edgeclient"
 	"dsec.dev/dsec/internal/store"
 )
 
-func newTestServer(t *testing.T, edges ...Edge) dsecv1connect.SandboxServiceClient {
+func newTestServer(t *testing.T, edges ...*fakeEdge) dsecv1connect.SandboxServiceClient {
+	return newTestServerOver(t, false, edges...)
+}
+
+// newTestServerOver serves the fake edges through the edge service either
+// in-process (as the all-in-one dsecd does) or over Connect through
+// edgeclient (as a cluster's apiserver reaches a remote edge), and returns a
+// client of an apiserver in front of them.
+func newTestServerOver(t *testing.T, remote bool, edges ...*fakeEdge) dsecv1connect.SandboxServiceClient {
 	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "meta.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	s := New(Config{CreateConcurrency: 4}, st, nil, edges, slog.New(slog.DiscardHandler))
+	nodes := nodesOf(edges...)
+	if remote {
+		for i, n := range nodes {
+			mux := http.NewServeMux()
+			mux.Handle(n.Edge.(*edgesvc.Service).Handler())
+			es := httptest.NewUnstartedServer(mux)
+			es.EnableHTTP2 = true
+			es.StartTLS()
+			t.Cleanup(es.Close)
+			nodes[i].Edge = edgeclient.New(es.Client(), es.URL)
+		}
+	}
+	s := New(Config{CreateConcurrency: 4}, st, nil, nodes, slog.New(slog.DiscardHandler))
 	hs := httptest.NewServer(s.Handler())
 	t.Cleanup(hs.Close)
 	return dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
 }
 
-func TestCreateIdempotentUnderConcurrentRetries(t *testing.T) {
-	e := newFakeEdge("n1")
-	c := newTestServer(t, e)
-	req := &dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 3, IdempotencyKey: "k"}
-	var wg sync.WaitGroup
-	ids := make([][]string, 8)
-	for i := range ids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := c.Create(context.Background(), connect.NewRequest(req))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			for _, sb := range resp.Msg.GetSandboxes() {
-				ids[i] = append(ids[i], sb.GetId())
-			}
-		}()
-	}
-	wg.Wait()
-	if n := e.running(); n != 3 {
-		t.Fatalf("8 retries of one create made %d sandboxes, want 3", n)
-	}
-	for i := range ids {
-		if len(ids[i]) != 3 || ids[i][0] != ids[0][0] || ids[i][2] != ids[0][2] {
-			t.Fatalf("answer %d differs: %v vs %v", i, ids[i], ids[0])
+// overBoth runs a test against edges in-process and remote.
+func overBoth(t *testing.T, test func(t *testing.T, newServer func(edges ...*fakeEdge) dsecv1connect.SandboxServiceClient)) {
+	for _, remote := range []bool{false, true} {
+		name := "in-process"
+		if remote {
+			name = "remote"
 		}
+		t.Run(name, func(t *testing.T) {
+			test(t, func(edges ...*fakeEdge) dsecv1connect.SandboxServiceClient {
+				return newTestServerOver(t, remote, edges...)
+			})
+		})
 	}
+}
+
+func TestCreateIdempotentUnderConcurrentRetries(t *testing.T) {
+	overBoth(t, func(t *testing.T, newServer func(edges ...*fakeEdge) dsecv1connect.SandboxServiceClient) {
+		e := newFakeEdge("n1")
+		c := newServer(e)
+		req := &dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 3, IdempotencyKey: "k"}
+		var wg sync.WaitGroup
+		ids := make([][]string, 8)
+		for i := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := c.Create(context.Background(), connect.NewRequest(req))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, sb := range resp.Msg.GetSandboxes() {
+					ids[i] = append(ids[i], sb.GetId())
+				}
+			}()
+		}
+		wg.Wait()
+		if n := e.running(); n != 3 {
+			t.Fatalf("8 retries of one create made %d sandboxes, want 3", n)
+		}
+		for i := range ids {
+			if len(ids[i]) != 3 || ids[i][0] != ids[0][0] || ids[i][2] != ids[0][2] {
+				t.Fatalf("answer %d differs: %v vs %v", i, ids[i], ids[0])
+			}
+		}
+	})
 }
 
 func TestBatchIsAllOrNothing(t *testing.T) {
-	e := newFakeEdge("n1")
-	e.failAfter = 5
-	c := newTestServer(t, e)
-	_, err := c.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
-		Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 10}))
-	if connect.CodeOf(err) != connect.CodeResourceExhausted {
-		t.Fatalf("batch over capacity: %v, want resource_exhausted", err)
-	}
-	if n := e.running(); n != 0 {
-		t.Fatalf("a failed batch left %d sandboxes running", n)
-	}
+	overBoth(t, func(t *testing.T, newServer func(edges ...*fakeEdge) dsecv1connect.SandboxServiceClient) {
+		e := newFakeEdge("n1")
+		e.failAfter = 5
+		c := newServer(e)
+		_, err := c.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
+			Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 10}))
+		if connect.CodeOf(err) != connect.CodeResourceExhausted {
+			t.Fatalf("batch over capacity: %v, want resource_exhausted", err)
+		}
+		if n := e.running(); n != 0 {
+			t.Fatalf("a failed batch left %d sandboxes running", n)
+		}
+	})
 }
 
 func TestValidationAndRouting(t *testing.T) {
-	c := newTestServer(t, newFakeEdge("n1"))
-	ctx := context.Background()
-	cases := []struct {
-		name string
-		call func() error
-		want connect.Code
-	}{
-		{"no environment", func() error {
-			_, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{}}))
-			return err
-		}, connect.CodeInvalidArgument},
-		{"count too large", func() error {
-			_, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "b:1"}, Count: 100000}))
-			return err
-		}, connect.CodeInvalidArgument},
-		{"malformed id", func() error {
-			_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "nope"}))
-			return err
-		}, connect.CodeInvalidArgument},
-		{"unknown node", func() error {
-			_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "sb-n9-abc"}))
-			return err
-		}, connect.CodeNotFound},
-		{"unknown sandbox", func() error {
-			_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "sb-n1-abc"}))
-			return err
-		}, connect.CodeNotFound},
-		{"exec without command", func() error {
-			s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-n1-abc"}))
-			if err != nil {
+	overBoth(t, func(t *testing.T, newServer func(edges ...*fakeEdge) dsecv1connect.SandboxServiceClient) {
+		c := newServer(newFakeEdge("n1"))
+		ctx := context.Background()
+		cases := []struct {
+			name string
+			call func() error
+			want connect.Code
+		}{
+			{"no environment", func() error {
+				_, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{}}))
 				return err
-			}
-			for s.Receive() {
-			}
-			return s.Err()
-		}, connect.CodeInvalidArgument},
-		{"exec stdin over the limit", func() error {
-			s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-n1-abc", Argv: []string{"cat"},
-				Stdin: make([]byte, execwire.MaxStdin+1)}))
-			if err != nil {
+			}, connect.CodeInvalidArgument},
+			{"count too large", func() error {
+				_, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "b:1"}, Count: 100000}))
 				return err
-			}
-			for s.Receive() {
-			}
-			return s.Err()
-		}, connect.CodeInvalidArgument},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := connect.CodeOf(tc.call()); got != tc.want {
-				t.Fatalf("code %v, want %v", got, tc.want)
-			}
-		})
-	}
+			}, connect.CodeInvalidArgument},
+			{"malformed id", func() error {
+				_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "nope"}))
+				return err
+			}, connect.CodeInvalidArgument},
+			{"unknown node", func() error {
+				_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "sb-n9-abc"}))
+				return err
+			}, connect.CodeNotFound},
+			{"unknown sandbox", func() error {
+				_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "sb-n1-abc"}))
+				return err
+			}, connect.CodeNotFound},
+			{"exec without command", func() error {
+				s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-n1-abc"}))
+				if err != nil {
+					return err
+				}
+				for s.Receive() {
+				}
+				return s.Err()
+			}, connect.CodeInvalidArgument},
+			{"exec stdin over the limit", func() error {
+				s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-n1-abc", Argv: []string{"cat"},
+					Stdin: make([]byte, maxExecStdin+1)}))
+				if err != nil {
+					return err
+				}
+				for s.Receive() {
+				}
+				return s.Err()
+			}, connect.CodeInvalidArgument},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				if got := connect.CodeOf(tc.call()); got != tc.want {
+					t.Fatalf("code %v, want %v", got, tc.want)
+				}
+			})
+		}
+	})
 }
 
 func TestNodeIDRoundTrip(t *testing.T) {
 	e := newFakeEdge("node-7")
 	id := e.NewID()
-	s := New(Config{}, nil, nil, []Edge{e}, slog.New(slog.DiscardHandler))
+	s := New(Config{}, nil, nil, nodesOf(e), slog.New(slog.DiscardHandler))
 	got, err := s.edgeFor(id)
-	if err != nil || got.Node() != "node-7" {
+	if err != nil || got != s.edges["node-7"] {
 		t.Fatalf("route %s: %v %v", id, got, err)
 	}
 }
 
 func TestSetWarmPoolReachesEveryNode(t *testing.T) {
-	a, b := newFakeEdge("n1"), newFakeEdge("n2")
-	c := newTestServer(t, a, b)
-	ctx := context.Background()
-	spec := &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 0.5}
-	for _, tc := range []struct {
-		name string
-		req  *dsecv1.SetWarmPoolRequest
-		want connect.Code
-	}{
-		{"no environment", &dsecv1.SetWarmPoolRequest{Spec: &dsecv1.SandboxSpec{}, Size: 1}, connect.CodeInvalidArgument},
-		{"negative size", &dsecv1.SetWarmPoolRequest{Spec: spec, Size: -1}, connect.CodeInvalidArgument},
-		{"huge size", &dsecv1.SetWarmPoolRequest{Spec: spec, Size: maxWarmPoolSize + 1}, connect.CodeInvalidArgument},
-	} {
-		if _, err := c.SetWarmPool(ctx, connect.NewRequest(tc.req)); connect.CodeOf(err) != tc.want {
-			t.Errorf("%s: code %v, want %v", tc.name, connect.CodeOf(err), tc.want)
+	overBoth(t, func(t *testing.T, newServer func(edges ...*fakeEdge) dsecv1connect.SandboxServiceClient) {
+		a, b := newFakeEdge("n1"), newFakeEdge("n2")
+		c := newServer(a, b)
+		ctx := context.Background()
+		spec := &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 0.5}
+		for _, tc := range []struct {
+			name string
+			req  *dsecv1.SetWarmPoolRequest
+			want connect.Code
+		}{
+			{"no environment", &dsecv1.SetWarmPoolRequest{Spec: &dsecv1.SandboxSpec{}, Size: 1}, connect.CodeInvalidArgument},
+			{"negative size", &dsecv1.SetWarmPoolRequest{Spec: spec, Size: -1}, connect.CodeInvalidArgument},
+			{"huge size", &dsecv1.SetWarmPoolRequest{Spec: spec, Size: maxWarmPoolSize + 1}, connect.CodeInvalidArgument},
+		} {
+			if _, err := c.SetWarmPool(ctx, connect.NewRequest(tc.req)); connect.CodeOf(err) != tc.want {
+				t.Errorf("%s: code %v, want %v", tc.name, connect.CodeOf(err), tc.want)
+			}
 		}
-	}
-	p, err := c.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: spec, Size: 3}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.Msg.GetNode() != "n1" || p.Msg.GetSize() != 3 {
-		t.Errorf("answer %v, want the first node's pool of 3", p.Msg)
-	}
-	list, err := c.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodes []string
-	for _, p := range list.Msg.GetPools() {
-		nodes = append(nodes, p.GetNode())
-	}
-	if len(nodes) != 2 || nodes[0] != "n1" || nodes[1] != "n2" {
-		t.Errorf("pools on nodes %v, want n1 and n2", nodes)
-	}
+		p, err := c.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: spec, Size: 3}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Msg.GetNode() != "n1" || p.Msg.GetSize() != 3 {
+			t.Errorf("answer %v, want the first node's pool of 3", p.Msg)
+		}
+		list, err := c.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var nodes []string
+		for _, p := range list.Msg.GetPools() {
+			nodes = append(nodes, p.GetNode())
+		}
+		if len(nodes) != 2 || nodes[0] != "n1" || nodes[1] != "n2" {
+			t.Errorf("pools on nodes %v, want n1 and n2", nodes)
+		}
+	})
 }

@@ -29,12 +29,12 @@ func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.Se
 	}
 	var first *dsecv1.WarmPool
 	for _, node := range s.order {
-		p, err := s.edges[node].SetWarmPool(ctx, m.GetSpec(), int(m.GetSize()))
+		p, err := s.edges[node].SetWarmPool(ctx, connect.NewRequest(m))
 		if err != nil {
 			return nil, fmt.Errorf("set warm pool on node %s: %w", node, err)
 		}
 		if first == nil {
-			first = p
+			first = p.Msg
 		}
 	}
 	return connect.NewResponse(first), nil
@@ -44,11 +44,11 @@ func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.Se
 func (s *Server) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.ListWarmPoolsRequest]) (*connect.Response[dsecv1.ListWarmPoolsResponse], error) {
 	out := &dsecv1.ListWarmPoolsResponse{}
 	for _, node := range s.order {
-		ps, err := s.edges[node].WarmPools(ctx)
+		ps, err := s.edges[node].ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
 		if err != nil {
 			return nil, fmt.Errorf("list warm pools of node %s: %w", node, err)
 		}
-		out.Pools = append(out.Pools, ps...)
+		out.Pools = append(out.Pools, ps.Msg.GetPools()...)
 	}
 	return connect.NewResponse(out), nil
 }

@@ -19,15 +19,18 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/blob"
+	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/layers"
 	"dsec.dev/dsec/internal/edge/lazyd"
@@ -338,6 +341,21 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	return n, nil
 }
 
+// layerInUse names a live sandbox of the node that runs on layer digest, or
+// "" when none does: a layer in use is not removed.
+func (n *node) layerInUse(ctx context.Context, digest string) (string, error) {
+	live, err := n.edge.List(ctx, nil, []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_STOPPING})
+	if err != nil {
+		return "", err
+	}
+	for _, sb := range live {
+		if slices.Contains(sb.GetLayerDigests(), digest) {
+			return sb.GetId(), nil
+		}
+	}
+	return "", nil
+}
+
 func (n *node) close() {
 	if n.meta != nil {
 		n.meta.Close()
@@ -372,7 +390,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer n.net.Close()
 	}
 
-	api := apiserver.New(apiserver.Config{}, n.meta, n.layers, []apiserver.Edge{n.edge}, log.With("component", "apiserver"))
+	// The apiserver calls the node's edge in-process, through the same
+	// EdgeService an apiserver of a cluster calls remote edges by.
+	edge := edgesvc.New(n.edge, log.With("component", "edgesvc"))
+	api := apiserver.New(apiserver.Config{}, n.meta, layers.NewHandler(n.layers, n.layerInUse),
+		[]apiserver.Node{{Name: n.edge.Node(), Edge: edge}}, log.With("component", "apiserver"))
 	srv := &http.Server{
 		Handler:           api.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,

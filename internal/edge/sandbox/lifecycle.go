@@ -13,6 +13,7 @@ import (
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/sandboxid"
 )
 
 // Recover re-adopts every sandbox a previous run of the edge left running,
@@ -38,7 +39,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		if known[id] {
 			continue
 		}
-		if node, err := NodeOf(id); err != nil || node != m.cfg.Node {
+		if node, err := sandboxid.Node(id); err != nil || node != m.cfg.Node {
 			continue
 		}
 		m.log.Info("removing orphan container", "id", id)

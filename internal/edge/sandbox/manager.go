@@ -9,8 +9,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base32"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,6 +35,7 @@ import (
 	"dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/edge/state"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/sandboxid"
 )
 
 // Runtime launches and removes containers. *runtime.Runtime implements it.
@@ -188,24 +187,7 @@ func New(cfg Config, rt Runtime, images Images, net Network, dial DialFunc, log 
 func (m *Manager) Node() string { return m.cfg.Node }
 
 // NewID returns a fresh sandbox ID that names this node.
-func (m *Manager) NewID() string { return NewID(m.cfg.Node) }
-
-// NewID returns a fresh sandbox ID owned by node: sb-<node>-<random>.
-func NewID(node string) string {
-	var b [10]byte
-	rand.Read(b[:])
-	return "sb-" + node + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
-}
-
-// NodeOf returns the node encoded in a sandbox ID.
-func NodeOf(id string) (string, error) {
-	rest, ok := strings.CutPrefix(id, "sb-")
-	i := strings.LastIndexByte(rest, '-')
-	if !ok || i <= 0 || i == len(rest)-1 {
-		return "", fmt.Errorf("sandbox id %q is not of the form sb-<node>-<random>: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return rest[:i], nil
-}
+func (m *Manager) NewID() string { return sandboxid.New(m.cfg.Node) }
 
 // Create makes a sandbox from spec and names it: it takes one from the warm
 // pool of spec's shape when that holds one, else starts one, and returns
@@ -690,4 +672,49 @@ func cloneSpec(s *dsecv1.SandboxSpec) *dsecv1.SandboxSpec {
 		return nil
 	}
 	return proto.Clone(s).(*dsecv1.SandboxSpec)
+}
+
+// Status is the node's load as the apiservers' watchers see it.
+type Status struct {
+	Node           string
+	MaxSandboxes   int
+	Live           int // creating or running for callers
+	Creating       int
+	Pooled         int // idle in warm pools
+	MaxCPUs        float64
+	MaxMemoryMB    int64
+	MemAvailableMB int64
+	// Refusing says why admission refuses creates now; "" when it takes them.
+	Refusing string
+	At       time.Time
+}
+
+// Status reports the node's capacity and load now.
+func (m *Manager) Status() Status {
+	st := Status{Node: m.cfg.Node, MaxSandboxes: m.cfg.Limits.MaxSandboxes, MaxCPUs: m.cfg.Limits.MaxCPUs,
+		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now()}
+	m.mu.Lock()
+	for _, sb := range m.sandboxes {
+		if !sb.gone.IsZero() {
+			continue
+		}
+		if sb.pool != "" {
+			st.Pooled++
+			continue
+		}
+		st.Live++
+		sb.mu.Lock()
+		if sb.rec.GetState() == dsecv1.State_STATE_CREATING {
+			st.Creating++
+		}
+		sb.mu.Unlock()
+	}
+	m.mu.Unlock()
+	if avail, err := memAvailableMB(); err == nil {
+		st.MemAvailableMB = avail
+	}
+	if err := m.admit(false); err != nil {
+		st.Refusing = err.Error()
+	}
+	return st
 }

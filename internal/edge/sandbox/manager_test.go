@@ -271,19 +271,6 @@ func TestRecoverAdoptsAndReaps(t *testing.T) {
 	}
 }
 
-func TestNodeOf(t *testing.T) {
-	for id, want := range map[string]string{"sb-n1-abc": "n1", "sb-my-node-x": "my-node"} {
-		if got, err := NodeOf(id); err != nil || got != want {
-			t.Errorf("NodeOf(%q) = %q, %v; want %q", id, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "sb-", "sb-n1", "x-n1-abc", "sb-n1-"} {
-		if _, err := NodeOf(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
-			t.Errorf("NodeOf(%q): %v, want invalid argument", bad, err)
-		}
-	}
-}
-
 func TestCreateRefusesOverNodeLimits(t *testing.T) {
 	rt := &fakeRuntime{running: map[string]bool{}}
 	var busy int32

@@ -1,10 +1,9 @@
-package apiserver
+package layers
 
 import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -12,24 +11,27 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/edge/image"
-	"dsec.dev/dsec/internal/edge/layers"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/oci"
 )
 
-// Layers is the node's layer service. *layers.Service implements it.
-type Layers interface {
-	Import(ctx context.Context, ref string, kind image.Kind, src string, opts image.ImportOptions) (image.Layer, error)
-	ImportImage(ctx context.Context, ref, source string, opts oci.Options) (oci.Result, error)
-	List() ([]image.Layer, error)
-	Get(refOrDigest string) (image.Layer, error)
-	Remove(refOrDigest string) error
-	Environments() ([]image.Environment, error)
-	Stats(ctx context.Context) (layers.Stats, error)
+// Handler serves the public LayerService from a node's layer service. In
+// the all-in-one dsecd the apiserver mounts it as it is.
+type Handler struct {
+	dsecv1connect.UnimplementedLayerServiceHandler
+	svc *Service
+	// inUse names a live sandbox that runs on the layer digest, "" for
+	// none: a layer in use is not removed.
+	inUse func(ctx context.Context, digest string) (string, error)
 }
 
-type layerServer struct{ s *Server }
+// NewHandler returns the LayerService of svc. inUse says which live
+// sandbox, if any, runs on a layer.
+func NewHandler(svc *Service, inUse func(ctx context.Context, digest string) (string, error)) *Handler {
+	return &Handler{svc: svc, inUse: inUse}
+}
 
 var kinds = map[dsecv1.LayerKind]image.Kind{
 	dsecv1.LayerKind_LAYER_KIND_BASE:      image.KindBase,
@@ -48,7 +50,7 @@ func layerToProto(l image.Layer) *dsecv1.Layer {
 	return out
 }
 
-func (ls *layerServer) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+func (ls *Handler) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
 	m := req.Msg
 	kind, ok := kinds[m.GetKind()]
 	if !ok {
@@ -57,15 +59,15 @@ func (ls *layerServer) ImportLayer(ctx context.Context, req *connect.Request[dse
 	if !filepath.IsAbs(m.GetPath()) {
 		return nil, fmt.Errorf("import path %q must be absolute (a path on the daemon's host): %w", m.GetPath(), errdefs.ErrInvalidArgument)
 	}
-	l, err := ls.s.layers.Import(ctx, m.GetRef(), kind, m.GetPath(), image.ImportOptions{AllowSetuid: m.GetAllowSetuid()})
+	l, err := ls.svc.Import(ctx, m.GetRef(), kind, m.GetPath(), image.ImportOptions{AllowSetuid: m.GetAllowSetuid()})
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(layerToProto(l)), nil
 }
 
-func (ls *layerServer) ListLayers(ctx context.Context, req *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
-	all, err := ls.s.layers.List()
+func (ls *Handler) ListLayers(ctx context.Context, req *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
+	all, err := ls.svc.List()
 	if err != nil {
 		return nil, err
 	}
@@ -77,33 +79,29 @@ func (ls *layerServer) ListLayers(ctx context.Context, req *connect.Request[dsec
 }
 
 // RemoveLayer refuses to remove a layer that a live sandbox runs on.
-func (ls *layerServer) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
-	l, err := ls.s.layers.Get(req.Msg.GetRef())
+func (ls *Handler) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
+	l, err := ls.svc.Get(req.Msg.GetRef())
 	if err != nil {
 		return nil, err
 	}
 	lastRef := len(l.Refs) <= 1 || req.Msg.GetRef() == l.Digest
-	if lastRef {
-		for _, n := range ls.s.order {
-			live, err := ls.s.edges[n].List(ctx, nil, []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING})
-			if err != nil {
-				return nil, err
-			}
-			for _, sb := range live {
-				if slices.Contains(sb.GetLayerDigests(), l.Digest) {
-					return nil, fmt.Errorf("layer %s is in use by sandbox %s: %w", req.Msg.GetRef(), sb.GetId(), errdefs.ErrFailedPrecondition)
-				}
-			}
+	if lastRef && ls.inUse != nil {
+		id, err := ls.inUse(ctx, l.Digest)
+		if err != nil {
+			return nil, err
+		}
+		if id != "" {
+			return nil, fmt.Errorf("layer %s is in use by sandbox %s: %w", req.Msg.GetRef(), id, errdefs.ErrFailedPrecondition)
 		}
 	}
-	if err := ls.s.layers.Remove(req.Msg.GetRef()); err != nil {
+	if err := ls.svc.Remove(req.Msg.GetRef()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.RemoveLayerResponse{}), nil
 }
 
-func (ls *layerServer) ListEnvironments(ctx context.Context, req *connect.Request[dsecv1.ListEnvironmentsRequest]) (*connect.Response[dsecv1.ListEnvironmentsResponse], error) {
-	envs, err := ls.s.layers.Environments()
+func (ls *Handler) ListEnvironments(ctx context.Context, req *connect.Request[dsecv1.ListEnvironmentsRequest]) (*connect.Response[dsecv1.ListEnvironmentsResponse], error) {
+	envs, err := ls.svc.Environments()
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +114,7 @@ func (ls *layerServer) ListEnvironments(ctx context.Context, req *connect.Reques
 }
 
 // ImportImage imports an OCI image as an environment, streaming progress.
-func (ls *layerServer) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
+func (ls *Handler) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
 	m := req.Msg
 	if m.GetRef() == "" || m.GetSource() == "" {
 		return fmt.Errorf("import image: ref (name:tag) and source are required: %w", errdefs.ErrInvalidArgument)
@@ -152,7 +150,7 @@ func (ls *layerServer) ImportImage(ctx context.Context, req *connect.Request[dse
 			prevPhase = key
 		},
 	}
-	res, err := ls.s.layers.ImportImage(ctx, m.GetRef(), src, opts)
+	res, err := ls.svc.ImportImage(ctx, m.GetRef(), src, opts)
 	if err != nil {
 		return err
 	}
@@ -163,8 +161,8 @@ func (ls *layerServer) ImportImage(ctx context.Context, req *connect.Request[dse
 }
 
 // LayerStats reports per layer and environment what sandboxes read.
-func (ls *layerServer) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {
-	st, err := ls.s.layers.Stats(ctx)
+func (ls *Handler) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {
+	st, err := ls.svc.Stats(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,257 @@
+package edgesvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/flushhold"
+)
+
+// The calls below run inside a sandbox: each is handed, unchanged, to the
+// sandbox's agent, and the sandbox counts as active while it lasts.
+
+type unaryCall[Req, Res any] func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)
+
+// clientStream is a stream of messages from the agent: a Connect server
+// stream, or a framed exec (package execwire).
+type clientStream[Res any] interface {
+	Receive() bool
+	Msg() *Res
+	Err() error
+	Close() error
+}
+
+type streamCall[Req, Res any] func(context.Context, *Req) (clientStream[Res], error)
+
+// connectStream adapts a Connect server-streaming call.
+func connectStream[Req, Res any](call func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error)) streamCall[Req, Res] {
+	return func(ctx context.Context, msg *Req) (clientStream[Res], error) {
+		s, err := call(ctx, connect.NewRequest(msg))
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+}
+
+// agent finds the agent channel of a running sandbox.
+func (s *Service) agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
+	if id == "" {
+		return nil, nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	return s.edge.Agent(ctx, id)
+}
+
+func forwardUnary[Req, Res any](ctx context.Context, s *Service, id string, msg *Req, pick func(agentclient.Client) unaryCall[Req, Res]) (*connect.Response[Res], error) {
+	a, release, err := s.agent(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	resp, err := pick(a)(ctx, connect.NewRequest(msg))
+	if err != nil {
+		return nil, s.agentErr(ctx, id, err)
+	}
+	return connect.NewResponse(resp.Msg), nil
+}
+
+// sender is the sending half of a server stream: a Connect handler's, or
+// the all-in-one apiserver's own, handed in unchanged.
+type sender[Res any] interface {
+	Send(*Res) error
+}
+
+func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg *Req, out sender[Res], pick func(agentclient.Client) streamCall[Req, Res]) error {
+	a, release, err := s.agent(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	in, err := pick(a)(ctx, msg)
+	if err != nil {
+		return s.agentErr(ctx, id, err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		// An exit is the last event: it leaves with the end of the stream.
+		if e, ok := any(in.Msg()).(interface{ GetExited() *dsecv1.ExecExited }); ok && e.GetExited() != nil {
+			flushhold.Hold(ctx)
+		}
+		if err := out.Send(in.Msg()); err != nil {
+			return err
+		}
+	}
+	if err := in.Err(); err != nil {
+		return s.agentErr(ctx, id, err)
+	}
+	return nil
+}
+
+// Exec takes the agent channel's framed path, the fastest.
+func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
+		return func(ctx context.Context, req *dsecv1.ExecRequest) (clientStream[dsecv1.ExecEvent], error) {
+			return a.ExecEvents(ctx, req)
+		}
+	})
+}
+
+func (s *Service) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.AttachRequest, dsecv1.ExecEvent] {
+		return connectStream(a.Attach)
+	})
+}
+
+func (s *Service) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] {
+		return connectStream(a.SessionRun)
+	})
+}
+
+func (s *Service) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] {
+		return connectStream(a.Download)
+	})
+}
+
+func (s *Service) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.WriteStdinRequest, dsecv1.WriteStdinResponse] {
+		return a.WriteStdin
+	})
+}
+
+func (s *Service) Signal(ctx context.Context, req *connect.Request[dsecv1.SignalRequest]) (*connect.Response[dsecv1.SignalResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.SignalRequest, dsecv1.SignalResponse] {
+		return a.Signal
+	})
+}
+
+func (s *Service) ListProcesses(ctx context.Context, req *connect.Request[dsecv1.ListProcessesRequest]) (*connect.Response[dsecv1.ListProcessesResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.ListProcessesRequest, dsecv1.ListProcessesResponse] {
+		return a.ListProcesses
+	})
+}
+
+func (s *Service) SessionInterrupt(ctx context.Context, req *connect.Request[dsecv1.SessionInterruptRequest]) (*connect.Response[dsecv1.SessionInterruptResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.SessionInterruptRequest, dsecv1.SessionInterruptResponse] {
+		return a.SessionInterrupt
+	})
+}
+
+func (s *Service) SessionClose(ctx context.Context, req *connect.Request[dsecv1.SessionCloseRequest]) (*connect.Response[dsecv1.SessionCloseResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.SessionCloseRequest, dsecv1.SessionCloseResponse] {
+		return a.SessionClose
+	})
+}
+
+func (s *Service) ReadFile(ctx context.Context, req *connect.Request[dsecv1.ReadFileRequest]) (*connect.Response[dsecv1.ReadFileResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.ReadFileRequest, dsecv1.ReadFileResponse] {
+		return a.ReadFile
+	})
+}
+
+func (s *Service) WriteFile(ctx context.Context, req *connect.Request[dsecv1.WriteFileRequest]) (*connect.Response[dsecv1.WriteFileResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.WriteFileRequest, dsecv1.WriteFileResponse] {
+		return a.WriteFile
+	})
+}
+
+func (s *Service) ListDir(ctx context.Context, req *connect.Request[dsecv1.ListDirRequest]) (*connect.Response[dsecv1.ListDirResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.ListDirRequest, dsecv1.ListDirResponse] {
+		return a.ListDir
+	})
+}
+
+func (s *Service) Stat(ctx context.Context, req *connect.Request[dsecv1.StatRequest]) (*connect.Response[dsecv1.StatResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.StatRequest, dsecv1.StatResponse] {
+		return a.Stat
+	})
+}
+
+func (s *Service) Remove(ctx context.Context, req *connect.Request[dsecv1.RemoveRequest]) (*connect.Response[dsecv1.RemoveResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.RemoveRequest, dsecv1.RemoveResponse] {
+		return a.Remove
+	})
+}
+
+func (s *Service) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.MakeDirRequest, dsecv1.MakeDirResponse] {
+		return a.MakeDir
+	})
+}
+
+func (s *Service) Upload(ctx context.Context, req *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.UploadRequest, dsecv1.UploadResponse] {
+		return a.Upload
+	})
+}
+
+// Shell pumps a bidirectional PTY stream between the caller and the agent.
+func (s *Service) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.ShellInput, dsecv1.ShellOutput]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		return fmt.Errorf("read shell start: %w", err)
+	}
+	return s.ShellFrom(ctx, first, stream)
+}
+
+// ShellStream is the server half of a shell's bidirectional stream.
+// (An alias of a type literal, so that the apiserver's and the edges'
+// declarations are one type.)
+type ShellStream = interface {
+	Receive() (*dsecv1.ShellInput, error)
+	Send(*dsecv1.ShellOutput) error
+}
+
+// ShellFrom is Shell for a caller that has read the stream's first message
+// already (the apiserver reads it to route the stream).
+func (s *Service) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream ShellStream) error {
+	start := first.GetStart()
+	if start == nil {
+		return fmt.Errorf("the first shell message must be start: %w", errdefs.ErrInvalidArgument)
+	}
+	id := start.GetSandboxId()
+	a, release, err := s.agent(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up := a.Shell(ctx)
+	if err := up.Send(first); err != nil {
+		return s.agentErr(ctx, id, err)
+	}
+	go func() {
+		defer up.CloseRequest()
+		for {
+			in, err := stream.Receive()
+			if err != nil {
+				return
+			}
+			if err := up.Send(in); err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		msg, err := up.Receive()
+		if err != nil {
+			up.CloseResponse()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return s.agentErr(ctx, id, err)
+		}
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,270 @@
+// Package edgesvc is the edge's face to the apiservers: it implements
+// EdgeService (api/dsec/edge/v1) over one node's edge (package sandbox),
+// taking and returning the public API's messages only. The all-in-one dsecd
+// calls it in-process, handing it the apiserver's own streams; a node of a
+// cluster serves the same value over Connect with mutual TLS (Handler). It
+// owns what the apiserver must not: the channel to each sandbox's agent,
+// the activity accounting of every call that runs in a sandbox, and the
+// deduplication of creates an apiserver retries.
+package edgesvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
+	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/netpolicy"
+	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/flushhold"
+)
+
+// Edge is what the service needs of the node's edge. *sandbox.Manager
+// implements it; a hollow edge for scale tests implements it too.
+type Edge interface {
+	Node() string
+	Status() sandbox.Status
+	Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error)
+	Get(ctx context.Context, id string) (*dsecv1.Sandbox, error)
+	List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error)
+	Delete(ctx context.Context, id string) error
+	// Agent returns the channel to the sandbox's agent; the sandbox counts
+	// as active until release is called.
+	Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
+	SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error)
+	NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error)
+	SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error)
+	WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error)
+}
+
+// Version is reported by Status.
+const Version = "0.2.0"
+
+// tokenTTL is how long a create token is remembered: far longer than any
+// apiserver waits before retrying a create.
+const tokenTTL = time.Hour
+
+// Service implements edgev1connect.EdgeServiceHandler. It is safe for
+// concurrent use.
+type Service struct {
+	edgev1connect.UnimplementedEdgeServiceHandler
+	edge Edge
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	tokens map[string]*tokenEntry // create token -> the create it names
+}
+
+type tokenEntry struct {
+	done chan struct{} // closed once sb or err is set
+	sb   *dsecv1.Sandbox
+	err  error
+	at   time.Time
+}
+
+// New returns the service of edge e.
+func New(e Edge, log *slog.Logger) *Service {
+	return &Service{edge: e, log: log, tokens: map[string]*tokenEntry{}}
+}
+
+// Node is the name of the node the service's edge owns.
+func (s *Service) Node() string { return s.edge.Node() }
+
+// Handler serves the service over Connect (HTTP/2 with the cluster's TLS in
+// front, set up by the caller), errors mapped to Connect codes.
+func (s *Service) Handler() (string, http.Handler) {
+	path, h := edgev1connect.NewEdgeServiceHandler(s, connect.WithInterceptors(errorInterceptor{}),
+		connect.WithCompressMinBytes(16<<10))
+	return path, flushhold.Handler(h)
+}
+
+func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.StatusRequest]) (*connect.Response[edgev1.NodeStatus], error) {
+	st := s.edge.Status()
+	return connect.NewResponse(&edgev1.NodeStatus{
+		Node: st.Node, Backends: []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER},
+		MaxSandboxes: int32(st.MaxSandboxes), Live: int32(st.Live), Creating: int32(st.Creating), Pooled: int32(st.Pooled),
+		MaxCpus: st.MaxCPUs, MaxMemoryMb: st.MaxMemoryMB, MemAvailableMb: st.MemAvailableMB,
+		ReportedUnixMs: st.At.UnixMilli(), Version: Version, Refusing: st.Refusing,
+	}), nil
+}
+
+// Create makes a sandbox. A create token seen before returns what its first
+// call made (or is waiting for it), so a retried create never makes two.
+func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.CreateRequest]) (*connect.Response[dsecv1.Sandbox], error) {
+	token := req.Msg.GetCreateToken()
+	if token == "" {
+		sb, err := s.edge.Create(ctx, req.Msg.GetSpec())
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(sb), nil
+	}
+	s.mu.Lock()
+	s.forgetTokens(time.Now())
+	e, seen := s.tokens[token]
+	if !seen {
+		e = &tokenEntry{done: make(chan struct{}), at: time.Now()}
+		s.tokens[token] = e
+	}
+	s.mu.Unlock()
+	if seen {
+		select {
+		case <-e.done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait for the create with token %q: %w", token, errdefs.ErrDeadlineExceeded)
+		}
+		if e.err != nil {
+			return nil, e.err
+		}
+		sb, err := s.edge.Get(ctx, e.sb.GetId())
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(sb), nil
+	}
+	// The create runs to its end even if this caller goes: a retry with the
+	// same token then finds the sandbox it made.
+	sb, err := s.edge.Create(context.WithoutCancel(ctx), req.Msg.GetSpec())
+	s.mu.Lock()
+	e.sb, e.err = sb, err
+	if err != nil {
+		delete(s.tokens, token) // a failed create may be tried again
+	}
+	s.mu.Unlock()
+	close(e.done)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(sb), nil
+}
+
+// forgetTokens drops tokens older than tokenTTL. The caller holds s.mu.
+func (s *Service) forgetTokens(now time.Time) {
+	for t, e := range s.tokens {
+		select {
+		case <-e.done:
+			if now.Sub(e.at) > tokenTTL {
+				delete(s.tokens, t)
+			}
+		default:
+		}
+	}
+}
+
+func (s *Service) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {
+	sb, err := s.edge.Get(ctx, req.Msg.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(sb), nil
+}
+
+func (s *Service) List(ctx context.Context, req *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
+	sbs, err := s.edge.List(ctx, req.Msg.GetLabels(), req.Msg.GetStates())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.ListResponse{Sandboxes: sbs}), nil
+}
+
+func (s *Service) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteRequest]) (*connect.Response[dsecv1.DeleteResponse], error) {
+	if err := s.edge.Delete(ctx, req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.DeleteResponse{}), nil
+}
+
+func (s *Service) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
+	m := req.Msg
+	warnings, err := s.edge.SetNetworkRules(ctx, m.GetSandboxId(), m.GetRules(), m.GetCut())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.SetNetworkRulesResponse{Warnings: warnings}), nil
+}
+
+func (s *Service) NetworkLog(ctx context.Context, req *connect.Request[dsecv1.NetworkLogRequest]) (*connect.Response[dsecv1.NetworkLogResponse], error) {
+	m := req.Msg
+	var since time.Time
+	if m.GetSinceUnixMs() > 0 {
+		since = time.UnixMilli(m.GetSinceUnixMs())
+	}
+	events, err := s.edge.NetworkLog(ctx, m.GetSandboxId(), since, int(m.GetLimit()))
+	if err != nil {
+		return nil, err
+	}
+	out := &dsecv1.NetworkLogResponse{}
+	for _, ev := range events {
+		pe := &dsecv1.NetworkEvent{
+			TimeUnixMs: ev.Time.UnixMilli(), Kind: ev.Kind, Verdict: ev.Verdict, Protocol: ev.Proto,
+			Port: int32(ev.Port), Name: ev.Name, BytesOut: ev.BytesOut, BytesIn: ev.BytesIn, Rule: ev.Rule,
+		}
+		if ev.Dest.IsValid() {
+			pe.Destination = ev.Dest.String()
+		}
+		out.Events = append(out.Events, pe)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *Service) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.SetWarmPoolRequest]) (*connect.Response[dsecv1.WarmPool], error) {
+	p, err := s.edge.SetWarmPool(ctx, req.Msg.GetSpec(), int(req.Msg.GetSize()))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(p), nil
+}
+
+func (s *Service) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.ListWarmPoolsRequest]) (*connect.Response[dsecv1.ListWarmPoolsResponse], error) {
+	ps, err := s.edge.WarmPools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.ListWarmPoolsResponse{Pools: ps}), nil
+}
+
+// agentErr explains an error from an agent call: when the sandbox ended
+// meanwhile, say so instead of passing on a transport error.
+func (s *Service) agentErr(ctx context.Context, id string, err error) error {
+	sb, gerr := s.edge.Get(context.WithoutCancel(ctx), id)
+	if gerr == nil && sb.GetState() != dsecv1.State_STATE_RUNNING {
+		return sandbox.GoneError(sb)
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) && ce.Code() != connect.CodeUnknown && ce.Code() != connect.CodeInternal &&
+		!strings.Contains(ce.Message(), "protocol error") {
+		return err // the agent's own verdict (not found, invalid argument…)
+	}
+	return fmt.Errorf("sandbox %s: agent channel: %v: %w", id, err, errdefs.ErrUnavailable)
+}
+
+// errorInterceptor turns errdefs kinds into Connect codes.
+type errorInterceptor struct{}
+
+func (errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		return resp, errdefs.ToConnect(err)
+	}
+}
+
+func (errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		return errdefs.ToConnect(next(ctx, conn))
+	}
+}

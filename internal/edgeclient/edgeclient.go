@@ -1,0 +1,213 @@
+// Package edgeclient is an apiserver's side of EdgeService for an edge on
+// another machine: Remote implements the service's handler interface by
+// calling the edge over Connect, so the apiserver calls a remote edge and
+// the all-in-one dsecd's in-process one (package edgesvc) the same way.
+// Errors come back as errdefs kinds (errors.Is works across the wire), and
+// streams are relayed message by message, an exec's exit leaving with the
+// end of the caller's stream.
+package edgeclient
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
+	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/flushhold"
+)
+
+// Remote is one edge reached over the network. It is safe for concurrent use.
+type Remote struct {
+	c edgev1connect.EdgeServiceClient
+}
+
+var _ edgev1connect.EdgeServiceHandler = (*Remote)(nil)
+
+// New returns the client of the edge serving at baseURL (https://HOST:PORT)
+// through hc, whose transport carries the cluster's TLS.
+func New(hc *http.Client, baseURL string) *Remote {
+	return &Remote{c: edgev1connect.NewEdgeServiceClient(hc, baseURL, connect.WithAcceptCompression("gzip", nil, nil))}
+}
+
+func unary[Req, Res any](ctx context.Context, call func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *connect.Request[Req]) (*connect.Response[Res], error) {
+	resp, err := call(ctx, connect.NewRequest(req.Msg))
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	return connect.NewResponse(resp.Msg), nil
+}
+
+func relay[Req, Res any](ctx context.Context, call func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error), req *connect.Request[Req], out *connect.ServerStream[Res]) error {
+	in, err := call(ctx, connect.NewRequest(req.Msg))
+	if err != nil {
+		return errdefs.FromConnect(err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		if e, ok := any(in.Msg()).(interface{ GetExited() *dsecv1.ExecExited }); ok && e.GetExited() != nil {
+			flushhold.Hold(ctx)
+		}
+		if err := out.Send(in.Msg()); err != nil {
+			return err
+		}
+	}
+	return errdefs.FromConnect(in.Err())
+}
+
+func (r *Remote) Status(ctx context.Context, req *connect.Request[edgev1.StatusRequest]) (*connect.Response[edgev1.NodeStatus], error) {
+	return unary(ctx, r.c.Status, req)
+}
+
+func (r *Remote) Create(ctx context.Context, req *connect.Request[edgev1.CreateRequest]) (*connect.Response[dsecv1.Sandbox], error) {
+	return unary(ctx, r.c.Create, req)
+}
+
+func (r *Remote) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {
+	return unary(ctx, r.c.Get, req)
+}
+
+func (r *Remote) List(ctx context.Context, req *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
+	return unary(ctx, r.c.List, req)
+}
+
+func (r *Remote) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteRequest]) (*connect.Response[dsecv1.DeleteResponse], error) {
+	return unary(ctx, r.c.Delete, req)
+}
+
+func (r *Remote) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
+	return unary(ctx, r.c.SetNetworkRules, req)
+}
+
+func (r *Remote) NetworkLog(ctx context.Context, req *connect.Request[dsecv1.NetworkLogRequest]) (*connect.Response[dsecv1.NetworkLogResponse], error) {
+	return unary(ctx, r.c.NetworkLog, req)
+}
+
+func (r *Remote) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.SetWarmPoolRequest]) (*connect.Response[dsecv1.WarmPool], error) {
+	return unary(ctx, r.c.SetWarmPool, req)
+}
+
+func (r *Remote) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.ListWarmPoolsRequest]) (*connect.Response[dsecv1.ListWarmPoolsResponse], error) {
+	return unary(ctx, r.c.ListWarmPools, req)
+}
+
+func (r *Remote) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
+	return relay(ctx, r.c.Exec, req, out)
+}
+
+func (r *Remote) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
+	return relay(ctx, r.c.Attach, req, out)
+}
+
+func (r *Remote) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
+	return relay(ctx, r.c.SessionRun, req, out)
+}
+
+func (r *Remote) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
+	return relay(ctx, r.c.Download, req, out)
+}
+
+func (r *Remote) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
+	return unary(ctx, r.c.WriteStdin, req)
+}
+
+func (r *Remote) Signal(ctx context.Context, req *connect.Request[dsecv1.SignalRequest]) (*connect.Response[dsecv1.SignalResponse], error) {
+	return unary(ctx, r.c.Signal, req)
+}
+
+func (r *Remote) ListProcesses(ctx context.Context, req *connect.Request[dsecv1.ListProcessesRequest]) (*connect.Response[dsecv1.ListProcessesResponse], error) {
+	return unary(ctx, r.c.ListProcesses, req)
+}
+
+func (r *Remote) SessionInterrupt(ctx context.Context, req *connect.Request[dsecv1.SessionInterruptRequest]) (*connect.Response[dsecv1.SessionInterruptResponse], error) {
+	return unary(ctx, r.c.SessionInterrupt, req)
+}
+
+func (r *Remote) SessionClose(ctx context.Context, req *connect.Request[dsecv1.SessionCloseRequest]) (*connect.Response[dsecv1.SessionCloseResponse], error) {
+	return unary(ctx, r.c.SessionClose, req)
+}
+
+func (r *Remote) ReadFile(ctx context.Context, req *connect.Request[dsecv1.ReadFileRequest]) (*connect.Response[dsecv1.ReadFileResponse], error) {
+	return unary(ctx, r.c.ReadFile, req)
+}
+
+func (r *Remote) WriteFile(ctx context.Context, req *connect.Request[dsecv1.WriteFileRequest]) (*connect.Response[dsecv1.WriteFileResponse], error) {
+	return unary(ctx, r.c.WriteFile, req)
+}
+
+func (r *Remote) ListDir(ctx context.Context, req *connect.Request[dsecv1.ListDirRequest]) (*connect.Response[dsecv1.ListDirResponse], error) {
+	return unary(ctx, r.c.ListDir, req)
+}
+
+func (r *Remote) Stat(ctx context.Context, req *connect.Request[dsecv1.StatRequest]) (*connect.Response[dsecv1.StatResponse], error) {
+	return unary(ctx, r.c.Stat, req)
+}
+
+func (r *Remote) Remove(ctx context.Context, req *connect.Request[dsecv1.RemoveRequest]) (*connect.Response[dsecv1.RemoveResponse], error) {
+	return unary(ctx, r.c.Remove, req)
+}
+
+func (r *Remote) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
+	return unary(ctx, r.c.MakeDir, req)
+}
+
+func (r *Remote) Upload(ctx context.Context, req *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {
+	return unary(ctx, r.c.Upload, req)
+}
+
+// Shell relays a bidirectional PTY stream between the caller and the edge.
+func (r *Remote) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.ShellInput, dsecv1.ShellOutput]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		return err
+	}
+	return r.ShellFrom(ctx, first, stream)
+}
+
+// ShellStream is the server half of a shell's bidirectional stream.
+// (An alias of a type literal, so that the apiserver's and the edges'
+// declarations are one type.)
+type ShellStream = interface {
+	Receive() (*dsecv1.ShellInput, error)
+	Send(*dsecv1.ShellOutput) error
+}
+
+// ShellFrom is Shell for a caller that has read the first message already.
+func (r *Remote) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream ShellStream) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up := r.c.Shell(ctx)
+	if err := up.Send(first); err != nil {
+		return errdefs.FromConnect(err)
+	}
+	go func() {
+		defer up.CloseRequest()
+		for {
+			in, err := stream.Receive()
+			if err != nil {
+				return
+			}
+			if err := up.Send(in); err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		msg, err := up.Receive()
+		if err != nil {
+			up.CloseResponse()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return errdefs.FromConnect(err)
+		}
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+	}
+}
