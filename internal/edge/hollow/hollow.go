@@ -1,0 +1,227 @@
+// Package hollow is an edge that starts nothing: it registers, admits,
+// names sandboxes, reports its load and answers the control calls like a
+// real edge, from records in memory, so the control plane (apiservers,
+// placement, the watcher, PostgreSQL) can be measured alone at the scale of
+// a whole fleet on one machine, as kubemark's hollow kubelets do for
+// Kubernetes. Calls that run inside a sandbox are refused: there is none.
+// `dsecd edge --runtime fake` serves one; a scale test runs many in one
+// process.
+package hollow
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/netpolicy"
+	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/sandboxid"
+)
+
+// Config shapes a hollow edge.
+type Config struct {
+	Node         string
+	MaxSandboxes int           // admission's cap; 0 = 200
+	StartDelay   time.Duration // how long a create "starts" for; 0 = none
+	// MaxStarting bounds creates starting at once, as a real node's start
+	// concurrency does; 0 = no bound.
+	MaxStarting int
+	// Retention is how long a deleted sandbox's record stays; 0 = 10 min.
+	Retention time.Duration
+}
+
+// Edge is a hollow edge. It is safe for concurrent use.
+type Edge struct {
+	cfg Config
+
+	mu       sync.Mutex
+	sbs      map[string]*dsecv1.Sandbox
+	gone     map[string]time.Time
+	starting int
+	pools    []*dsecv1.WarmPool
+}
+
+// New returns a hollow edge for node cfg.Node.
+func New(cfg Config) *Edge {
+	if cfg.MaxSandboxes == 0 {
+		cfg.MaxSandboxes = 200
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = 10 * time.Minute
+	}
+	return &Edge{cfg: cfg, sbs: map[string]*dsecv1.Sandbox{}, gone: map[string]time.Time{}}
+}
+
+func (e *Edge) Node() string { return e.cfg.Node }
+
+// live counts sandboxes not stopped; the caller holds e.mu.
+func (e *Edge) live() int { return len(e.sbs) - len(e.gone) }
+
+func (e *Edge) Status() sandbox.Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := sandbox.Status{Node: e.cfg.Node, MaxSandboxes: e.cfg.MaxSandboxes, Live: e.live(), Creating: e.starting, At: time.Now()}
+	if st.Live >= e.cfg.MaxSandboxes {
+		st.Refusing = e.fullError().Error()
+	}
+	return st
+}
+
+func (e *Edge) fullError() error {
+	return fmt.Errorf("node %s holds its maximum of %d sandboxes (dsecd --max-sandboxes raises it): %w", e.cfg.Node, e.cfg.MaxSandboxes, errdefs.ErrResourceExhausted)
+}
+
+// Create admits and records a sandbox, after StartDelay.
+func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+	if spec.GetEnvironment() == "" {
+		return nil, fmt.Errorf("environment is required (BASE[+LAYER...]): %w", errdefs.ErrInvalidArgument)
+	}
+	e.mu.Lock()
+	e.forget(time.Now())
+	if e.live() >= e.cfg.MaxSandboxes {
+		e.mu.Unlock()
+		return nil, e.fullError()
+	}
+	if e.cfg.MaxStarting > 0 && e.starting >= e.cfg.MaxStarting {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("node %s is starting %d sandboxes, its most at once: %w", e.cfg.Node, e.starting, errdefs.ErrResourceExhausted)
+	}
+	now := time.Now()
+	sb := &dsecv1.Sandbox{Id: sandboxid.New(e.cfg.Node), Node: e.cfg.Node, Spec: proto.Clone(spec).(*dsecv1.SandboxSpec),
+		State: dsecv1.State_STATE_CREATING, CreatedUnixMs: now.UnixMilli()}
+	e.sbs[sb.Id] = sb
+	e.starting++
+	e.mu.Unlock()
+	if e.cfg.StartDelay > 0 {
+		t := time.NewTimer(e.cfg.StartDelay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.starting--
+	if err := ctx.Err(); err != nil {
+		delete(e.sbs, sb.Id)
+		return nil, fmt.Errorf("start sandbox %s: %w", sb.Id, errdefs.ErrDeadlineExceeded)
+	}
+	started := time.Now()
+	sb.State = dsecv1.State_STATE_RUNNING
+	sb.StartedUnixMs, sb.LastActiveUnixMs = started.UnixMilli(), started.UnixMilli()
+	if ttl := spec.GetTtlSeconds(); ttl > 0 {
+		sb.ExpiresUnixMs = started.Add(time.Duration(ttl) * time.Second).UnixMilli()
+	}
+	return proto.Clone(sb).(*dsecv1.Sandbox), nil
+}
+
+// forget drops records deleted longer ago than Retention; the caller holds e.mu.
+func (e *Edge) forget(now time.Time) {
+	for id, at := range e.gone {
+		if now.Sub(at) > e.cfg.Retention {
+			delete(e.gone, id)
+			delete(e.sbs, id)
+		}
+	}
+}
+
+func (e *Edge) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sb, ok := e.sbs[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return proto.Clone(sb).(*dsecv1.Sandbox), nil
+}
+
+func (e *Edge) List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*dsecv1.Sandbox
+	for _, sb := range e.sbs {
+		if len(states) > 0 && !slices.Contains(states, sb.GetState()) {
+			continue
+		}
+		match := true
+		for k, v := range labels {
+			if sb.GetSpec().GetLabels()[k] != v {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, proto.Clone(sb).(*dsecv1.Sandbox))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetId() < out[j].GetId() })
+	return out, nil
+}
+
+func (e *Edge) Delete(ctx context.Context, id string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sb, ok := e.sbs[id]
+	if !ok || sb.GetState() == dsecv1.State_STATE_STOPPED {
+		return nil
+	}
+	sb.State, sb.Reason, sb.Message = dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "deleted by request"
+	e.gone[id] = time.Now()
+	return nil
+}
+
+// Agent refuses: a hollow sandbox has no agent.
+func (e *Edge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
+	if _, err := e.Get(ctx, id); err != nil {
+		return nil, nil, err
+	}
+	return nil, nil, fmt.Errorf("sandbox %s is on hollow node %s, which runs no commands: %w", id, e.cfg.Node, errdefs.ErrNotSupported)
+}
+
+func (e *Edge) SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sb, ok := e.sbs[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	sb.Spec.NetworkRules = maps.Clone(rules)
+	return nil, nil
+}
+
+func (e *Edge) NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error) {
+	if _, err := e.Get(ctx, id); err != nil {
+		return nil, err
+	}
+	return nil, nil
+}
+
+func (e *Edge) SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p := &dsecv1.WarmPool{Node: e.cfg.Node, Spec: proto.Clone(spec).(*dsecv1.SandboxSpec), Size: int32(size), Ready: int32(size)}
+	e.pools = slices.DeleteFunc(e.pools, func(q *dsecv1.WarmPool) bool { return proto.Equal(q.GetSpec(), spec) })
+	if size > 0 {
+		e.pools = append(e.pools, p)
+	}
+	return proto.Clone(p).(*dsecv1.WarmPool), nil
+}
+
+func (e *Edge) WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*dsecv1.WarmPool
+	for _, p := range e.pools {
+		out = append(out, proto.Clone(p).(*dsecv1.WarmPool))
+	}
+	return out, nil
+}

@@ -1,0 +1,113 @@
+package hollow
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/sandboxid"
+)
+
+// TestHollowEdgeThroughEdgeService: a hollow edge behind the real edge
+// service admits up to its cap, refuses past it with ResourceExhausted,
+// reports its load, names sandboxes for its node and refuses commands.
+func TestHollowEdgeThroughEdgeService(t *testing.T) {
+	ctx := context.Background()
+	svc := edgesvc.New(New(Config{Node: "h7", MaxSandboxes: 50}), slog.New(slog.DiscardHandler))
+	spec := &dsecv1.SandboxSpec{Environment: "base:1"}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ids []string
+	var refused int
+	for range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := svc.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec}))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ids = append(ids, resp.Msg.GetId())
+			case errors.Is(err, errdefs.ErrResourceExhausted):
+				refused++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(ids) != 50 || refused != 10 {
+		t.Fatalf("60 creates on a node of 50: %d made, %d refused", len(ids), refused)
+	}
+	if node, err := sandboxid.Node(ids[0]); err != nil || node != "h7" {
+		t.Errorf("ID %s names node %q", ids[0], node)
+	}
+	st, err := svc.Status(ctx, connect.NewRequest(&edgev1.StatusRequest{}))
+	if err != nil || st.Msg.GetLive() != 50 || st.Msg.GetMaxSandboxes() != 50 || st.Msg.GetRefusing() == "" {
+		t.Fatalf("status %v, %v", st.Msg, err)
+	}
+	if _, err := svc.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: ids[0]})); err != nil {
+		t.Fatal(err)
+	}
+	got, err := svc.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: ids[0]}))
+	if err != nil || got.Msg.GetState() != dsecv1.State_STATE_STOPPED {
+		t.Fatalf("deleted sandbox: %v, %v", got.Msg, err)
+	}
+	if _, err := svc.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec})); err != nil {
+		t.Fatalf("create after a delete freed room: %v", err)
+	}
+	if _, err := svc.ListProcesses(ctx, connect.NewRequest(&dsecv1.ListProcessesRequest{SandboxId: ids[1]})); !errors.Is(err, errdefs.ErrNotSupported) {
+		t.Errorf("a call inside a hollow sandbox: %v, want not supported", err)
+	}
+	live, err := svc.List(ctx, connect.NewRequest(&dsecv1.ListRequest{States: []dsecv1.State{dsecv1.State_STATE_RUNNING}}))
+	if err != nil || len(live.Msg.GetSandboxes()) != 50 {
+		t.Fatalf("list running: %d, %v", len(live.Msg.GetSandboxes()), err)
+	}
+}
+
+// TestCreateTokens: a create retried with its token returns the first
+// create's sandbox, concurrently too; a failed create may be retried.
+func TestCreateTokens(t *testing.T) {
+	ctx := context.Background()
+	e := New(Config{Node: "h1", MaxSandboxes: 1})
+	svc := edgesvc.New(e, slog.New(slog.DiscardHandler))
+	req := &edgev1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, CreateToken: "key#0"}
+	var wg sync.WaitGroup
+	ids := make([]string, 8)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := svc.Create(ctx, connect.NewRequest(req))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids[i] = resp.Msg.GetId()
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if id != ids[0] {
+			t.Fatalf("8 creates with one token made %v", ids)
+		}
+	}
+	// The node is full now: another token is refused, and stays retryable.
+	other := &edgev1.CreateRequest{Spec: req.Spec, CreateToken: "key#1"}
+	if _, err := svc.Create(ctx, connect.NewRequest(other)); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("create on a full node: %v", err)
+	}
+	e.Delete(ctx, ids[0])
+	if _, err := svc.Create(ctx, connect.NewRequest(other)); err != nil {
+		t.Fatalf("retry of a refused token once there is room: %v", err)
+	}
+}
