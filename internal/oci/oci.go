@@ -63,7 +63,7 @@ type Result struct {
 	Collapsed int // OCI layers read
 	// Warnings say what the import left out (device nodes under /dev…).
 	Warnings []string
-	Layers    int // EROFS layers made of them
+	Layers   int // EROFS layers made of them
 }
 
 const (
