@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -61,6 +62,14 @@ func main() {
 	fs.TextVar(&cfg.Network.Pool, "network-pool", netip.MustParsePrefix("10.213.0.0/16"), "IPv4 prefix sandbox addresses come from")
 	fs.Int64Var(&cfg.Network.EgressBytesPerSec, "sandbox-egress-bytes", 0, "egress bandwidth per sandbox in bytes/s (default 125000000, 1 Gbit/s)")
 	fs.IntVar(&cfg.Network.MaxConns, "sandbox-max-conns", 0, "concurrent connections per sandbox (default 1024)")
+	fs.StringVar(&cfg.Network.Table, "nft-table", "", "nftables table of this node's sandbox network (default dsec); nodes sharing a host need different ones")
+	fs.StringVar(&cfg.Network.VethPrefix, "veth-prefix", "", "three characters starting this node's host veth names (default dsv)")
+	fs.Func("nflog-group", "NFLOG group of this node's network audit (default 2130)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 16)
+		cfg.Network.LogGroup = uint16(n)
+		return err
+	})
+	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "cgroup under which this node's sandboxes live (default dsec)")
 
 	args := os.Args[1:]
 	if len(args) > 0 && args[0] == "lazyfs" {

@@ -34,7 +34,7 @@ func newFakeEdge(node string) *fakeEdge {
 }
 
 func (f *fakeEdge) Node() string  { return f.node }
-func (f *fakeEdge) NewID() string { return sandboxid.New(f.node) }
+func (f *fakeEdge) NewID() string { return sandboxid.New(f.node, 0, 0) }
 
 func (f *fakeEdge) Status() sandbox.Status {
 	return sandbox.Status{Node: f.node, Live: f.running(), At: time.Now()}

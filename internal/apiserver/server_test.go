@@ -15,6 +15,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edgeclient"
+	"dsec.dev/dsec/internal/sandboxid"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -137,15 +138,15 @@ func TestValidationAndRouting(t *testing.T) {
 				return err
 			}, connect.CodeInvalidArgument},
 			{"unknown node", func() error {
-				_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "sb-n9-abc"}))
+				_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: sandboxid.New("n9", 0, 0)}))
 				return err
 			}, connect.CodeNotFound},
 			{"unknown sandbox", func() error {
-				_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "sb-n1-abc"}))
+				_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: sandboxid.New("n1", 0, 0)}))
 				return err
 			}, connect.CodeNotFound},
 			{"exec without command", func() error {
-				s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-n1-abc"}))
+				s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: sandboxid.New("n1", 0, 0)}))
 				if err != nil {
 					return err
 				}
@@ -154,7 +155,7 @@ func TestValidationAndRouting(t *testing.T) {
 				return s.Err()
 			}, connect.CodeInvalidArgument},
 			{"exec stdin over the limit", func() error {
-				s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-n1-abc", Argv: []string{"cat"},
+				s, err := c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: sandboxid.New("n1", 0, 0), Argv: []string{"cat"},
 					Stdin: make([]byte, maxExecStdin+1)}))
 				if err != nil {
 					return err

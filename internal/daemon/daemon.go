@@ -43,13 +43,16 @@ import (
 // Config is dsecd's configuration. Zero values take the defaults below,
 // which work on a fresh machine.
 type Config struct {
-	Root      string // state directory; default /var/lib/dsec
-	Listen    string // loopback TCP address; default 127.0.0.1:8675; "none" to disable
-	Socket    string // Unix socket; default <Root>/dsecd.sock
-	Node      string // node name in sandbox IDs; default from the host name
-	Runtime   string // runc (default) or crun
-	AgentPath string // dsec-agent binary; default beside dsecd, else on PATH
-	ShellPath string // static shell shipped into sandboxes; default /bin/bash-static, else /bin/busybox
+	Root    string // state directory; default /var/lib/dsec
+	Listen  string // loopback TCP address; default 127.0.0.1:8675; "none" to disable
+	Socket  string // Unix socket; default <Root>/dsecd.sock
+	Node    string // node name in sandbox IDs; default from the host name
+	Runtime string // runc (default) or crun
+	// CgroupParent is the cgroup under which this node's sandboxes live;
+	// two nodes on one host need different ones. Default "dsec".
+	CgroupParent string
+	AgentPath    string // dsec-agent binary; default beside dsecd, else on PATH
+	ShellPath    string // static shell shipped into sandboxes; default /bin/bash-static, else /bin/busybox
 
 	Defaults sandbox.Defaults
 	// Limits left at 0 are derived from the node: MaxCPUs is its core
@@ -93,6 +96,13 @@ type NetworkConfig struct {
 	// EgressBytesPerSec and MaxConns are per-sandbox fair-share limits.
 	EgressBytesPerSec int64
 	MaxConns          int
+	// Table, VethPrefix and LogGroup name this node's nftables table, host
+	// veths and NFLOG group; two nodes on one host (a cluster on one
+	// machine) need different ones, and different pools. Zero: dsec, dsv,
+	// 2130.
+	Table      string
+	VethPrefix string
+	LogGroup   uint16
 }
 
 // sandboxBudgetMB is the node memory one sandbox is counted at when dsecd
@@ -293,12 +303,13 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		return nil, err
 	}
 	n.rt, err = edgeruntime.New(edgeruntime.Config{
-		Root:       filepath.Join(cfg.Root, "runtime"),
-		UpperRoot:  filepath.Join(cfg.Root, "upper"),
-		UpperImage: filepath.Join(cfg.Root, "upper.img"),
-		Runtime:    cfg.Runtime,
-		AgentDir:   agentDir,
-		Log:        log.With("component", "runtime"),
+		Root:         filepath.Join(cfg.Root, "runtime"),
+		UpperRoot:    filepath.Join(cfg.Root, "upper"),
+		UpperImage:   filepath.Join(cfg.Root, "upper.img"),
+		Runtime:      cfg.Runtime,
+		CgroupParent: cfg.CgroupParent,
+		AgentDir:     agentDir,
+		Log:          log.With("component", "runtime"),
 	})
 	if err != nil {
 		return nil, err
@@ -311,7 +322,8 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		nc := cfg.Network
 		n.net, err = netctl.Open(ctx, netctl.Config{
 			Dir: filepath.Join(cfg.Root, "net"), Services: nc.Services, Upstreams: nc.Upstreams, Pool: nc.Pool,
-			EgressBytesPerSec: nc.EgressBytesPerSec, MaxConns: nc.MaxConns, Log: log.With("component", "netctl"),
+			EgressBytesPerSec: nc.EgressBytesPerSec, MaxConns: nc.MaxConns,
+			Table: nc.Table, VethPrefix: nc.VethPrefix, LogGroup: nc.LogGroup, Log: log.With("component", "netctl"),
 		})
 		if err != nil {
 			// Without networking the node still serves; rules are refused.

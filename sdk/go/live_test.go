@@ -268,7 +268,7 @@ func TestLiveLifecycle(t *testing.T) {
 	if !errors.Is(err, ErrSandboxGone) || !errors.As(err, &e) || e.Reason != "deleted" {
 		t.Fatalf("Exec after Delete: %v", err)
 	}
-	if _, err := c.Get(ctx, "sb-go-doesnotexist"); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Get(ctx, "sb-go-"+strings.Repeat("a", 23)); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Get of a missing sandbox: %v", err)
 	}
 	// List shows live sandboxes; a deleted one only in ListAll.

@@ -226,9 +226,13 @@ func TestCLIShellAndJSON(t *testing.T) {
 	if code != 0 || strings.TrimSpace(out) == "" {
 		t.Fatalf("exec -d: code %d %q", code, out)
 	}
-	_, errOut, code = d.CLI("", "exec", "sb-t1-doesnotexist", "--", "true")
+	_, errOut, code = d.CLI("", "exec", "sb-t1-"+strings.Repeat("a", 23), "--", "true")
 	if code == 0 || !strings.Contains(errOut, "not_found") {
 		t.Fatalf("exec in an unknown sandbox: code %d, %q", code, errOut)
+	}
+	_, errOut, code = d.CLI("", "exec", "sb-t1-doesnotexist", "--", "true")
+	if code == 0 || !strings.Contains(errOut, "invalid_argument") || !strings.Contains(errOut, "is not of the form") {
+		t.Fatalf("exec in a malformed sandbox ID: code %d, %q", code, errOut)
 	}
 	if _, errOut, code := d.CLI("", "rm", "--label", "cli=1"); code != 0 {
 		t.Fatalf("rm --label: %s", errOut)

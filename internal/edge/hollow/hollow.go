@@ -30,6 +30,8 @@ import (
 // Config shapes a hollow edge.
 type Config struct {
 	Node         string
+	Slot         uint16 // the node's registry slot and generation, in its IDs
+	Generation   uint32
 	MaxSandboxes int           // admission's cap; 0 = 200
 	StartDelay   time.Duration // how long a create "starts" for; 0 = none
 	// MaxStarting bounds creates starting at once, as a real node's start
@@ -96,7 +98,7 @@ func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sa
 		return nil, fmt.Errorf("node %s is starting %d sandboxes, its most at once: %w", e.cfg.Node, e.starting, errdefs.ErrResourceExhausted)
 	}
 	now := time.Now()
-	sb := &dsecv1.Sandbox{Id: sandboxid.New(e.cfg.Node), Node: e.cfg.Node, Spec: proto.Clone(spec).(*dsecv1.SandboxSpec),
+	sb := &dsecv1.Sandbox{Id: sandboxid.New(e.cfg.Node, e.cfg.Slot, e.cfg.Generation), Node: e.cfg.Node, Spec: proto.Clone(spec).(*dsecv1.SandboxSpec),
 		State: dsecv1.State_STATE_CREATING, CreatedUnixMs: now.UnixMilli()}
 	e.sbs[sb.Id] = sb
 	e.starting++

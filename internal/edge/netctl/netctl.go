@@ -37,7 +37,13 @@ type Config struct {
 	EgressBytesPerSec int64        // per sandbox; 0 = default
 	MaxConns          int          // concurrent connections per sandbox; 0 = default
 	AuditPerSandbox   int          // audit records kept per sandbox; 0 = 10000
-	Log               *slog.Logger
+	// Table, VethPrefix and LogGroup name the node's nftables table, host
+	// veths and NFLOG group (see network.Config); two edges on one host
+	// need different ones, and different pools. Zero = the defaults.
+	Table      string
+	VethPrefix string
+	LogGroup   uint16
+	Log        *slog.Logger
 }
 
 // Attachment is what a sandbox needs from its network to start.
@@ -110,6 +116,7 @@ func Open(ctx context.Context, cfg Config) (*Controller, error) {
 	node, err := network.Setup(ctx, network.Config{
 		NetnsDir: filepath.Join(cfg.Dir, "netns"), Pool: cfg.Pool,
 		EgressBytesPerSec: cfg.EgressBytesPerSec, MaxConns: cfg.MaxConns,
+		Table: cfg.Table, VethPrefix: cfg.VethPrefix, LogGroup: cfg.LogGroup,
 		Audit: c.audit.Record, Log: cfg.Log.With("component", "network"),
 	})
 	if err != nil {

@@ -87,10 +87,14 @@ type Limits struct {
 
 // Config is the edge's configuration.
 type Config struct {
-	Node     string // node name, part of every sandbox ID
-	StateDir string // where sandbox records and agent sockets live
-	Defaults Defaults
-	Limits   Limits
+	Node string // node name, part of every sandbox ID
+	// Slot and Generation are the node's place in the cluster's registry,
+	// also in every sandbox ID (package sandboxid); 0 without a registry.
+	Slot       uint16
+	Generation uint32
+	StateDir   string // where sandbox records and agent sockets live
+	Defaults   Defaults
+	Limits     Limits
 	// AgentArgs are extra flags for every agent (e.g. --output-limit).
 	AgentArgs []string
 	// StartTimeout bounds how long a new agent may take to answer.
@@ -187,7 +191,7 @@ func New(cfg Config, rt Runtime, images Images, net Network, dial DialFunc, log 
 func (m *Manager) Node() string { return m.cfg.Node }
 
 // NewID returns a fresh sandbox ID that names this node.
-func (m *Manager) NewID() string { return sandboxid.New(m.cfg.Node) }
+func (m *Manager) NewID() string { return sandboxid.New(m.cfg.Node, m.cfg.Slot, m.cfg.Generation) }
 
 // Create makes a sandbox from spec and names it: it takes one from the warm
 // pool of spec's shape when that holds one, else starts one, and returns

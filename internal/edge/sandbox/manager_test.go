@@ -19,6 +19,7 @@ import (
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/sandboxid"
 )
 
 // fakeRuntime keeps containers as a set; a test can make one die.
@@ -251,7 +252,8 @@ func TestRecoverAdoptsAndReaps(t *testing.T) {
 	died, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
 	m.Shutdown()
 	rt.kill(died.GetId())
-	rt.running["sb-n1-orphan"] = true // a container whose create never saved a record
+	orphan := sandboxid.New("n1", 0, 0)
+	rt.running[orphan] = true // a container whose create never saved a record
 
 	m2 := newTestManager(t, dir, rt, &busy)
 	if got, err := m2.Get(ctx, alive.GetId()); err != nil || got.GetState() != dsecv1.State_STATE_RUNNING {
@@ -260,7 +262,7 @@ func TestRecoverAdoptsAndReaps(t *testing.T) {
 	if got, err := m2.Get(ctx, died.GetId()); err != nil || got.GetState() != dsecv1.State_STATE_FAILED {
 		t.Fatalf("died after recover: %v %v", got, err)
 	}
-	if _, err := rt.Status(ctx, "sb-n1-orphan"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := rt.Status(ctx, orphan); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("orphan container not removed: %v", err)
 	}
 	if err := m2.Teardown(ctx); err != nil {

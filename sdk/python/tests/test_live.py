@@ -77,7 +77,9 @@ class LiveTest(unittest.TestCase):
 
     def test_not_found(self):
         with self.assertRaises(errors.NotFound):
-            self.c.get("sb-py-doesnotexist")
+            self.c.get("sb-py-" + "a" * 23)   # well formed, never made
+        with self.assertRaises(errors.InvalidArgument):
+            self.c.get("sb-py-doesnotexist")  # not an ID at all
         with self.assertRaises(errors.InvalidArgument):
             self.c.create("")
 
