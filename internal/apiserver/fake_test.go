@@ -16,6 +16,7 @@ import (
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/sandboxid"
+	"dsec.dev/dsec/internal/watcher"
 )
 
 // fakeEdge is an in-memory Edge: sandboxes are records only.
@@ -116,10 +117,10 @@ func (f *fakeEdge) running() int {
 
 // nodesOf serves fake edges through the real edge service, in-process, as
 // the all-in-one dsecd does.
-func nodesOf(edges ...*fakeEdge) []Node {
-	var out []Node
+func nodesOf(edges ...*fakeEdge) []watcher.Node {
+	var out []watcher.Node
 	for _, e := range edges {
-		out = append(out, Node{Name: e.node, Edge: edgesvc.New(e, slog.New(slog.DiscardHandler))})
+		out = append(out, watcher.Node{Member: watcher.Member{Name: e.node}, Edge: edgesvc.New(e, slog.New(slog.DiscardHandler))})
 	}
 	return out
 }

@@ -248,10 +248,12 @@ func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListReque
 		}
 	}
 	out := &dsecv1.ListResponse{}
-	for _, n := range s.order {
-		resp, err := s.edges[n].List(ctx, connect.NewRequest(&dsecv1.ListRequest{Labels: req.Msg.GetLabels(), States: states}))
+	// An unreachable node's sandboxes cannot be listed; its calls fail
+	// with Unavailable naming it.
+	for _, n := range s.routable() {
+		resp, err := n.Edge.List(ctx, connect.NewRequest(&dsecv1.ListRequest{Labels: req.Msg.GetLabels(), States: states}))
 		if err != nil {
-			return nil, fmt.Errorf("list sandboxes of node %s: %w", n, err)
+			return nil, fmt.Errorf("list sandboxes of node %s: %w", n.Name, err)
 		}
 		out.Sandboxes = append(out.Sandboxes, resp.Msg.GetSandboxes()...)
 	}

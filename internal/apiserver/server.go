@@ -10,18 +10,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sort"
 	"sync"
 
 	"connectrpc.com/connect"
 
-	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
-	"dsec.dev/dsec/internal/sandboxid"
 	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/watcher"
 )
 
 // Edge is one node's edge as the apiserver calls it: EdgeService, with the
@@ -31,10 +29,17 @@ import (
 // errdefs kinds either way.
 type Edge = edgev1connect.EdgeServiceHandler
 
-// Node is an edge and the node name its sandbox IDs carry.
-type Node struct {
-	Name string
-	Edge Edge
+// Fleet is the set of edges an apiserver routes to and places on: a
+// watcher of the cluster's registry, or a fixed set (the all-in-one node).
+type Fleet interface {
+	// Route returns the edge holding the sandbox an ID names: NotFound
+	// when its node is not (or no longer) in the fleet, Unavailable naming
+	// the node when it is unreachable.
+	Route(id string) (Edge, error)
+	// Edge returns the edge of a node, with the same errors.
+	Edge(node string) (Edge, error)
+	// Nodes is the fleet as last seen.
+	Nodes() []watcher.Node
 }
 
 // Idempotency remembers which sandboxes a Create with a key made.
@@ -54,8 +59,7 @@ type Config struct {
 // Server implements the public services.
 type Server struct {
 	cfg    Config
-	edges  map[string]Edge
-	order  []string
+	fleet  Fleet
 	idem   Idempotency
 	layers dsecv1connect.LayerServiceHandler
 	log    *slog.Logger
@@ -64,9 +68,9 @@ type Server struct {
 	inflight   map[string]chan struct{} // idempotency keys being created
 }
 
-// New returns a Server routing to the nodes' edges. layers serves the
+// New returns a Server routing to the fleet's edges. layers serves the
 // LayerService (the all-in-one node's layer store).
-func New(cfg Config, idem Idempotency, layers dsecv1connect.LayerServiceHandler, nodes []Node, log *slog.Logger) *Server {
+func New(cfg Config, idem Idempotency, layers dsecv1connect.LayerServiceHandler, fleet Fleet, log *slog.Logger) *Server {
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = 1000
 	}
@@ -76,14 +80,8 @@ func New(cfg Config, idem Idempotency, layers dsecv1connect.LayerServiceHandler,
 	if layers == nil {
 		layers = dsecv1connect.UnimplementedLayerServiceHandler{}
 	}
-	s := &Server{cfg: cfg, edges: map[string]Edge{}, idem: idem, layers: layers, log: log,
+	return &Server{cfg: cfg, fleet: fleet, idem: idem, layers: layers, log: log,
 		inflight: map[string]chan struct{}{}}
-	for _, n := range nodes {
-		s.edges[n.Name] = n.Edge
-		s.order = append(s.order, n.Name)
-	}
-	sort.Strings(s.order)
-	return s
 }
 
 // Handler returns the HTTP handler serving every service, plus /healthz.
@@ -107,40 +105,38 @@ func (s *Server) edgeFor(id string) (Edge, error) {
 	if id == "" {
 		return nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
 	}
-	node, err := sandboxid.Node(id)
-	if err != nil {
-		return nil, err
-	}
-	e, ok := s.edges[node]
-	if !ok {
-		return nil, fmt.Errorf("sandbox %s: node %q is not part of this cluster: %w", id, node, errdefs.ErrNotFound)
-	}
-	return e, nil
+	return s.fleet.Route(id)
 }
 
-// place picks the edge for a new sandbox: the one with the fewest live
-// sandboxes. With one node that is always the local edge.
+// routable is the fleet's nodes that answer now.
+func (s *Server) routable() []watcher.Node {
+	var out []watcher.Node
+	for _, n := range s.fleet.Nodes() {
+		if n.Healthy {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// place picks the edge for a new sandbox: the routable node with the
+// fewest live sandboxes in its last report. With one node that is always
+// the local edge.
 func (s *Server) place(ctx context.Context) (string, Edge, error) {
-	if len(s.order) == 0 {
-		return "", nil, fmt.Errorf("no edge is registered: %w", errdefs.ErrUnavailable)
+	nodes := s.routable()
+	switch len(nodes) {
+	case 0:
+		return "", nil, fmt.Errorf("no edge is routable: %w", errdefs.ErrUnavailable)
+	case 1:
+		return nodes[0].Name, nodes[0].Edge, nil
 	}
-	if len(s.order) == 1 {
-		return s.order[0], s.edges[s.order[0]], nil
-	}
-	best, bestN := "", -1
-	for _, n := range s.order {
-		st, err := s.edges[n].Status(ctx, connect.NewRequest(&edgev1.StatusRequest{}))
-		if err != nil {
-			continue
-		}
-		if live := int(st.Msg.GetLive()); bestN < 0 || live < bestN {
-			best, bestN = n, live
+	best := -1
+	for i, n := range nodes {
+		if best < 0 || n.Status.GetLive() < nodes[best].Status.GetLive() {
+			best = i
 		}
 	}
-	if best == "" {
-		return "", nil, fmt.Errorf("no edge answered: %w", errdefs.ErrUnavailable)
-	}
-	return best, s.edges[best], nil
+	return nodes[best].Name, nodes[best].Edge, nil
 }
 
 // errorInterceptor turns errdefs kinds into Connect codes at the API edge.

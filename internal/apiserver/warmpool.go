@@ -24,14 +24,15 @@ func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.Se
 	if m.GetSize() < 0 || m.GetSize() > maxWarmPoolSize {
 		return nil, fmt.Errorf("size %d is outside 0..%d: %w", m.GetSize(), maxWarmPoolSize, errdefs.ErrInvalidArgument)
 	}
-	if len(s.order) == 0 {
+	nodes := s.routable()
+	if len(nodes) == 0 {
 		return nil, fmt.Errorf("set warm pool: no node is available: %w", errdefs.ErrUnavailable)
 	}
 	var first *dsecv1.WarmPool
-	for _, node := range s.order {
-		p, err := s.edges[node].SetWarmPool(ctx, connect.NewRequest(m))
+	for _, n := range nodes {
+		p, err := n.Edge.SetWarmPool(ctx, connect.NewRequest(m))
 		if err != nil {
-			return nil, fmt.Errorf("set warm pool on node %s: %w", node, err)
+			return nil, fmt.Errorf("set warm pool on node %s: %w", n.Name, err)
 		}
 		if first == nil {
 			first = p.Msg
@@ -43,10 +44,10 @@ func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.Se
 // ListWarmPools lists every node's warm pools.
 func (s *Server) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.ListWarmPoolsRequest]) (*connect.Response[dsecv1.ListWarmPoolsResponse], error) {
 	out := &dsecv1.ListWarmPoolsResponse{}
-	for _, node := range s.order {
-		ps, err := s.edges[node].ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
+	for _, n := range s.routable() {
+		ps, err := n.Edge.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
 		if err != nil {
-			return nil, fmt.Errorf("list warm pools of node %s: %w", node, err)
+			return nil, fmt.Errorf("list warm pools of node %s: %w", n.Name, err)
 		}
 		out.Pools = append(out.Pools, ps.Msg.GetPools()...)
 	}

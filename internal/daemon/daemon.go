@@ -38,6 +38,7 @@ import (
 	edgeruntime "dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/watcher"
 )
 
 // Config is dsecd's configuration. Zero values take the defaults below,
@@ -405,8 +406,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The apiserver calls the node's edge in-process, through the same
 	// EdgeService an apiserver of a cluster calls remote edges by.
 	edge := edgesvc.New(n.edge, log.With("component", "edgesvc"))
-	api := apiserver.New(apiserver.Config{}, n.meta, layers.NewHandler(n.layers, n.layerInUse),
-		[]apiserver.Node{{Name: n.edge.Node(), Edge: edge}}, log.With("component", "apiserver"))
+	fleet := watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: n.edge.Node()}, Edge: edge})
+	api := apiserver.New(apiserver.Config{}, n.meta, layers.NewHandler(n.layers, n.layerInUse), fleet,
+		log.With("component", "apiserver"))
 	srv := &http.Server{
 		Handler:           api.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
