@@ -120,7 +120,7 @@ func (f *fakeEdge) running() int {
 func nodesOf(edges ...*fakeEdge) []watcher.Node {
 	var out []watcher.Node
 	for _, e := range edges {
-		out = append(out, watcher.Node{Member: watcher.Member{Name: e.node}, Edge: edgesvc.New(e, slog.New(slog.DiscardHandler))})
+		out = append(out, watcher.Node{Member: watcher.Member{Name: e.node}, Edge: edgesvc.New(e, nil, slog.New(slog.DiscardHandler))})
 	}
 	return out
 }

@@ -25,7 +25,7 @@ func TestNetworkRulesMustBeBooleans(t *testing.T) {
 	}
 	defer st.Close()
 	edge := newFakeEdge("n1")
-	hs := httptest.NewServer(New(Config{}, st, nil, watcher.NewFixed(nodesOf(edge)...), slog.New(slog.DiscardHandler)).Handler())
+	hs := httptest.NewServer(New(Config{}, st, watcher.NewFixed(nodesOf(edge)...), slog.New(slog.DiscardHandler)).Handler())
 	defer hs.Close()
 
 	post := func(method, body string) (int, map[string]any) {

@@ -58,30 +58,24 @@ type Config struct {
 
 // Server implements the public services.
 type Server struct {
-	cfg    Config
-	fleet  Fleet
-	idem   Idempotency
-	layers dsecv1connect.LayerServiceHandler
-	log    *slog.Logger
+	cfg   Config
+	fleet Fleet
+	idem  Idempotency
+	log   *slog.Logger
 
 	inflightMu sync.Mutex
 	inflight   map[string]chan struct{} // idempotency keys being created
 }
 
-// New returns a Server routing to the fleet's edges. layers serves the
-// LayerService (the all-in-one node's layer store).
-func New(cfg Config, idem Idempotency, layers dsecv1connect.LayerServiceHandler, fleet Fleet, log *slog.Logger) *Server {
+// New returns a Server routing to the fleet's edges.
+func New(cfg Config, idem Idempotency, fleet Fleet, log *slog.Logger) *Server {
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = 1000
 	}
 	if cfg.CreateConcurrency == 0 {
 		cfg.CreateConcurrency = 8
 	}
-	if layers == nil {
-		layers = dsecv1connect.UnimplementedLayerServiceHandler{}
-	}
-	return &Server{cfg: cfg, fleet: fleet, idem: idem, layers: layers, log: log,
-		inflight: map[string]chan struct{}{}}
+	return &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{}}
 }
 
 // Handler returns the HTTP handler serving every service, plus /healthz.
@@ -94,7 +88,7 @@ func (s *Server) Handler() http.Handler {
 		opts = append(opts, connect.WithCodec(c))
 	}
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
-	mux.Handle(dsecv1connect.NewLayerServiceHandler(s.layers, opts...))
+	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerService{s: s}, opts...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	// Streams of exec events end with the exit: see forwardStream.
 	return flushhold.Handler(mux)

@@ -47,7 +47,7 @@ func newTestServerOver(t *testing.T, remote bool, edges ...*fakeEdge) dsecv1conn
 			nodes[i].Edge = edgeclient.New(es.Client(), es.URL)
 		}
 	}
-	s := New(Config{CreateConcurrency: 4}, st, nil, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
+	s := New(Config{CreateConcurrency: 4}, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
 	hs := httptest.NewServer(s.Handler())
 	t.Cleanup(hs.Close)
 	return dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
@@ -179,7 +179,7 @@ func TestValidationAndRouting(t *testing.T) {
 func TestNodeIDRoundTrip(t *testing.T) {
 	e := newFakeEdge("node-7")
 	id := e.NewID()
-	s := New(Config{}, nil, nil, watcher.NewFixed(nodesOf(e)...), slog.New(slog.DiscardHandler))
+	s := New(Config{}, nil, watcher.NewFixed(nodesOf(e)...), slog.New(slog.DiscardHandler))
 	got, err := s.edgeFor(id)
 	if want, _ := s.fleet.Edge("node-7"); err != nil || got != want {
 		t.Fatalf("route %s: %v %v", id, got, err)

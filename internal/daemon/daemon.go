@@ -405,10 +405,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	// The apiserver calls the node's edge in-process, through the same
 	// EdgeService an apiserver of a cluster calls remote edges by.
-	edge := edgesvc.New(n.edge, log.With("component", "edgesvc"))
+	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
 	fleet := watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: n.edge.Node()}, Edge: edge})
-	api := apiserver.New(apiserver.Config{}, n.meta, layers.NewHandler(n.layers, n.layerInUse), fleet,
-		log.With("component", "apiserver"))
+	api := apiserver.New(apiserver.Config{}, n.meta, fleet, log.With("component", "apiserver"))
 	srv := &http.Server{
 		Handler:           api.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -96,6 +96,45 @@ func (r *Remote) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.
 	return unary(ctx, r.c.ListWarmPools, req)
 }
 
+func (r *Remote) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	return unary(ctx, r.c.ImportLayer, req)
+}
+
+func (r *Remote) ListLayers(ctx context.Context, req *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
+	return unary(ctx, r.c.ListLayers, req)
+}
+
+func (r *Remote) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
+	return unary(ctx, r.c.RemoveLayer, req)
+}
+
+func (r *Remote) ListEnvironments(ctx context.Context, req *connect.Request[dsecv1.ListEnvironmentsRequest]) (*connect.Response[dsecv1.ListEnvironmentsResponse], error) {
+	return unary(ctx, r.c.ListEnvironments, req)
+}
+
+func (r *Remote) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
+	return relay(ctx, r.c.ImportImage, req, out)
+}
+
+// ImportImageTo is ImportImage with progress sent through send.
+func (r *Remote) ImportImageTo(ctx context.Context, m *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) error {
+	in, err := r.c.ImportImage(ctx, connect.NewRequest(m))
+	if err != nil {
+		return errdefs.FromConnect(err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		if err := send(in.Msg()); err != nil {
+			return err
+		}
+	}
+	return errdefs.FromConnect(in.Err())
+}
+
+func (r *Remote) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {
+	return unary(ctx, r.c.LayerStats, req)
+}
+
 func (r *Remote) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
 	return relay(ctx, r.c.Exec, req, out)
 }

@@ -40,7 +40,7 @@ func TestWatcher(t *testing.T) {
 	members := []Member{}
 	for i, name := range []string{"a", "b"} {
 		h := hollow.New(hollow.Config{Node: name, Slot: uint16(i + 1), Generation: 1})
-		edges[name] = &stoppable{Edge: edgesvc.New(h, slog.New(slog.DiscardHandler))}
+		edges[name] = &stoppable{Edge: edgesvc.New(h, nil, slog.New(slog.DiscardHandler))}
 		members = append(members, Member{Name: name, Addr: "x", Slot: uint16(i + 1), Generation: 1})
 	}
 	var returned atomic.Int32
@@ -135,7 +135,7 @@ func TestRunDetectsAStoppedEdgeWithin3s(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes seconds")
 	}
-	e := &stoppable{Edge: edgesvc.New(hollow.New(hollow.Config{Node: "a"}), slog.New(slog.DiscardHandler))}
+	e := &stoppable{Edge: edgesvc.New(hollow.New(hollow.Config{Node: "a"}), nil, slog.New(slog.DiscardHandler))}
 	w := New(Config{
 		Members: func(ctx context.Context) ([]Member, error) { return []Member{{Name: "a"}}, nil },
 		Dial:    func(m Member) (Edge, error) { return e, nil },

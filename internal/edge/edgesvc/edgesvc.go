@@ -23,6 +23,7 @@ import (
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
@@ -59,8 +60,9 @@ const tokenTTL = time.Hour
 // concurrent use.
 type Service struct {
 	edgev1connect.UnimplementedEdgeServiceHandler
-	edge Edge
-	log  *slog.Logger
+	edge   Edge
+	layers dsecv1connect.LayerServiceHandler
+	log    *slog.Logger
 
 	mu     sync.Mutex
 	tokens map[string]*tokenEntry // create token -> the create it names
@@ -73,9 +75,14 @@ type tokenEntry struct {
 	at   time.Time
 }
 
-// New returns the service of edge e.
-func New(e Edge, log *slog.Logger) *Service {
-	return &Service{edge: e, log: log, tokens: map[string]*tokenEntry{}}
+// New returns the service of edge e, whose layers layers serves (nil: a
+// node without layers, such as a hollow one, answers their calls with
+// Unimplemented).
+func New(e Edge, layers dsecv1connect.LayerServiceHandler, log *slog.Logger) *Service {
+	if layers == nil {
+		layers = dsecv1connect.UnimplementedLayerServiceHandler{}
+	}
+	return &Service{edge: e, layers: layers, log: log, tokens: map[string]*tokenEntry{}}
 }
 
 // Node is the name of the node the service's edge owns.
@@ -232,6 +239,42 @@ func (s *Service) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.ListWarmPoolsResponse{Pools: ps}), nil
+}
+
+func (s *Service) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	return s.layers.ImportLayer(ctx, req)
+}
+
+func (s *Service) ListLayers(ctx context.Context, req *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
+	return s.layers.ListLayers(ctx, req)
+}
+
+func (s *Service) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
+	return s.layers.RemoveLayer(ctx, req)
+}
+
+func (s *Service) ListEnvironments(ctx context.Context, req *connect.Request[dsecv1.ListEnvironmentsRequest]) (*connect.Response[dsecv1.ListEnvironmentsResponse], error) {
+	return s.layers.ListEnvironments(ctx, req)
+}
+
+func (s *Service) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
+	return s.layers.ImportImage(ctx, req, out)
+}
+
+// ImportImageTo is ImportImage with progress sent through send (see
+// layers.Handler.ImportImageTo).
+func (s *Service) ImportImageTo(ctx context.Context, m *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) error {
+	to, ok := s.layers.(interface {
+		ImportImageTo(context.Context, *dsecv1.ImportImageRequest, func(*dsecv1.ImportImageProgress) error) error
+	})
+	if !ok {
+		return fmt.Errorf("import image on node %s: this node keeps no layers: %w", s.edge.Node(), errdefs.ErrNotSupported)
+	}
+	return to.ImportImageTo(ctx, m, send)
+}
+
+func (s *Service) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {
+	return s.layers.LayerStats(ctx, req)
 }
 
 // agentErr explains an error from an agent call: when the sandbox ended

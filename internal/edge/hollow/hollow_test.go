@@ -21,7 +21,7 @@ import (
 // reports its load, names sandboxes for its node and refuses commands.
 func TestHollowEdgeThroughEdgeService(t *testing.T) {
 	ctx := context.Background()
-	svc := edgesvc.New(New(Config{Node: "h7", MaxSandboxes: 50}), slog.New(slog.DiscardHandler))
+	svc := edgesvc.New(New(Config{Node: "h7", MaxSandboxes: 50}), nil, slog.New(slog.DiscardHandler))
 	spec := &dsecv1.SandboxSpec{Environment: "base:1"}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -79,7 +79,7 @@ func TestHollowEdgeThroughEdgeService(t *testing.T) {
 func TestCreateTokens(t *testing.T) {
 	ctx := context.Background()
 	e := New(Config{Node: "h1", MaxSandboxes: 1})
-	svc := edgesvc.New(e, slog.New(slog.DiscardHandler))
+	svc := edgesvc.New(e, nil, slog.New(slog.DiscardHandler))
 	req := &edgev1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, CreateToken: "key#0"}
 	var wg sync.WaitGroup
 	ids := make([]string, 8)

@@ -115,7 +115,13 @@ func (ls *Handler) ListEnvironments(ctx context.Context, req *connect.Request[ds
 
 // ImportImage imports an OCI image as an environment, streaming progress.
 func (ls *Handler) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
-	m := req.Msg
+	return ls.ImportImageTo(ctx, req.Msg, out.Send)
+}
+
+// ImportImageTo is ImportImage with progress sent through send, for a
+// caller without a stream of its own to hand over (an apiserver importing on
+// several edges at once).
+func (ls *Handler) ImportImageTo(ctx context.Context, m *dsecv1.ImportImageRequest, sendMsg func(*dsecv1.ImportImageProgress) error) error {
 	if m.GetRef() == "" || m.GetSource() == "" {
 		return fmt.Errorf("import image: ref (name:tag) and source are required: %w", errdefs.ErrInvalidArgument)
 	}
@@ -137,7 +143,7 @@ func (ls *Handler) ImportImage(ctx context.Context, req *connect.Request[dsecv1.
 			return
 		}
 		lastSent = time.Now()
-		sendErr = out.Send(p)
+		sendErr = sendMsg(p)
 	}
 	prevPhase := ""
 	opts := oci.Options{

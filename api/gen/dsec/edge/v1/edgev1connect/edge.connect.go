@@ -61,6 +61,19 @@ const (
 	// EdgeServiceListWarmPoolsProcedure is the fully-qualified name of the EdgeService's ListWarmPools
 	// RPC.
 	EdgeServiceListWarmPoolsProcedure = "/dsec.edge.v1.EdgeService/ListWarmPools"
+	// EdgeServiceImportLayerProcedure is the fully-qualified name of the EdgeService's ImportLayer RPC.
+	EdgeServiceImportLayerProcedure = "/dsec.edge.v1.EdgeService/ImportLayer"
+	// EdgeServiceListLayersProcedure is the fully-qualified name of the EdgeService's ListLayers RPC.
+	EdgeServiceListLayersProcedure = "/dsec.edge.v1.EdgeService/ListLayers"
+	// EdgeServiceRemoveLayerProcedure is the fully-qualified name of the EdgeService's RemoveLayer RPC.
+	EdgeServiceRemoveLayerProcedure = "/dsec.edge.v1.EdgeService/RemoveLayer"
+	// EdgeServiceListEnvironmentsProcedure is the fully-qualified name of the EdgeService's
+	// ListEnvironments RPC.
+	EdgeServiceListEnvironmentsProcedure = "/dsec.edge.v1.EdgeService/ListEnvironments"
+	// EdgeServiceImportImageProcedure is the fully-qualified name of the EdgeService's ImportImage RPC.
+	EdgeServiceImportImageProcedure = "/dsec.edge.v1.EdgeService/ImportImage"
+	// EdgeServiceLayerStatsProcedure is the fully-qualified name of the EdgeService's LayerStats RPC.
+	EdgeServiceLayerStatsProcedure = "/dsec.edge.v1.EdgeService/LayerStats"
 	// EdgeServiceExecProcedure is the fully-qualified name of the EdgeService's Exec RPC.
 	EdgeServiceExecProcedure = "/dsec.edge.v1.EdgeService/Exec"
 	// EdgeServiceAttachProcedure is the fully-qualified name of the EdgeService's Attach RPC.
@@ -119,6 +132,17 @@ type EdgeServiceClient interface {
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
+	// The node's layers, as the public LayerService has them. An apiserver
+	// hands an import to every edge (each builds the same EROFS layer from
+	// the same source, so the digest is the same, and the shared blob store
+	// keeps one copy of its chunks) and merges what they list. A layer is
+	// removed only where no live sandbox runs on it.
+	ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error)
+	ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error)
+	RemoveLayer(context.Context, *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error)
+	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
+	ImportImage(context.Context, *connect.Request[v11.ImportImageRequest]) (*connect.ServerStreamForClient[v11.ImportImageProgress], error)
+	LayerStats(context.Context, *connect.Request[v11.LayerStatsRequest]) (*connect.Response[v11.LayerStatsResponse], error)
 	// The calls that run inside a sandbox, as the public SandboxService has
 	// them: the edge hands each to the sandbox's agent and counts it as the
 	// sandbox's activity.
@@ -211,6 +235,45 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceListWarmPoolsProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("ListWarmPools")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		importLayer: connect.NewClient[v11.ImportLayerRequest, v11.Layer](
+			httpClient,
+			baseURL+EdgeServiceImportLayerProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("ImportLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		listLayers: connect.NewClient[v11.ListLayersRequest, v11.ListLayersResponse](
+			httpClient,
+			baseURL+EdgeServiceListLayersProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("ListLayers")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		removeLayer: connect.NewClient[v11.RemoveLayerRequest, v11.RemoveLayerResponse](
+			httpClient,
+			baseURL+EdgeServiceRemoveLayerProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("RemoveLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		listEnvironments: connect.NewClient[v11.ListEnvironmentsRequest, v11.ListEnvironmentsResponse](
+			httpClient,
+			baseURL+EdgeServiceListEnvironmentsProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("ListEnvironments")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		importImage: connect.NewClient[v11.ImportImageRequest, v11.ImportImageProgress](
+			httpClient,
+			baseURL+EdgeServiceImportImageProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("ImportImage")),
+			connect.WithClientOptions(opts...),
+		),
+		layerStats: connect.NewClient[v11.LayerStatsRequest, v11.LayerStatsResponse](
+			httpClient,
+			baseURL+EdgeServiceLayerStatsProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("LayerStats")),
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
@@ -330,6 +393,12 @@ type edgeServiceClient struct {
 	networkLog       *connect.Client[v11.NetworkLogRequest, v11.NetworkLogResponse]
 	setWarmPool      *connect.Client[v11.SetWarmPoolRequest, v11.WarmPool]
 	listWarmPools    *connect.Client[v11.ListWarmPoolsRequest, v11.ListWarmPoolsResponse]
+	importLayer      *connect.Client[v11.ImportLayerRequest, v11.Layer]
+	listLayers       *connect.Client[v11.ListLayersRequest, v11.ListLayersResponse]
+	removeLayer      *connect.Client[v11.RemoveLayerRequest, v11.RemoveLayerResponse]
+	listEnvironments *connect.Client[v11.ListEnvironmentsRequest, v11.ListEnvironmentsResponse]
+	importImage      *connect.Client[v11.ImportImageRequest, v11.ImportImageProgress]
+	layerStats       *connect.Client[v11.LayerStatsRequest, v11.LayerStatsResponse]
 	exec             *connect.Client[v11.ExecRequest, v11.ExecEvent]
 	attach           *connect.Client[v11.AttachRequest, v11.ExecEvent]
 	writeStdin       *connect.Client[v11.WriteStdinRequest, v11.WriteStdinResponse]
@@ -392,6 +461,36 @@ func (c *edgeServiceClient) SetWarmPool(ctx context.Context, req *connect.Reques
 // ListWarmPools calls dsec.edge.v1.EdgeService.ListWarmPools.
 func (c *edgeServiceClient) ListWarmPools(ctx context.Context, req *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error) {
 	return c.listWarmPools.CallUnary(ctx, req)
+}
+
+// ImportLayer calls dsec.edge.v1.EdgeService.ImportLayer.
+func (c *edgeServiceClient) ImportLayer(ctx context.Context, req *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error) {
+	return c.importLayer.CallUnary(ctx, req)
+}
+
+// ListLayers calls dsec.edge.v1.EdgeService.ListLayers.
+func (c *edgeServiceClient) ListLayers(ctx context.Context, req *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error) {
+	return c.listLayers.CallUnary(ctx, req)
+}
+
+// RemoveLayer calls dsec.edge.v1.EdgeService.RemoveLayer.
+func (c *edgeServiceClient) RemoveLayer(ctx context.Context, req *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error) {
+	return c.removeLayer.CallUnary(ctx, req)
+}
+
+// ListEnvironments calls dsec.edge.v1.EdgeService.ListEnvironments.
+func (c *edgeServiceClient) ListEnvironments(ctx context.Context, req *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error) {
+	return c.listEnvironments.CallUnary(ctx, req)
+}
+
+// ImportImage calls dsec.edge.v1.EdgeService.ImportImage.
+func (c *edgeServiceClient) ImportImage(ctx context.Context, req *connect.Request[v11.ImportImageRequest]) (*connect.ServerStreamForClient[v11.ImportImageProgress], error) {
+	return c.importImage.CallServerStream(ctx, req)
+}
+
+// LayerStats calls dsec.edge.v1.EdgeService.LayerStats.
+func (c *edgeServiceClient) LayerStats(ctx context.Context, req *connect.Request[v11.LayerStatsRequest]) (*connect.Response[v11.LayerStatsResponse], error) {
+	return c.layerStats.CallUnary(ctx, req)
 }
 
 // Exec calls dsec.edge.v1.EdgeService.Exec.
@@ -498,6 +597,17 @@ type EdgeServiceHandler interface {
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
+	// The node's layers, as the public LayerService has them. An apiserver
+	// hands an import to every edge (each builds the same EROFS layer from
+	// the same source, so the digest is the same, and the shared blob store
+	// keeps one copy of its chunks) and merges what they list. A layer is
+	// removed only where no live sandbox runs on it.
+	ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error)
+	ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error)
+	RemoveLayer(context.Context, *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error)
+	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
+	ImportImage(context.Context, *connect.Request[v11.ImportImageRequest], *connect.ServerStream[v11.ImportImageProgress]) error
+	LayerStats(context.Context, *connect.Request[v11.LayerStatsRequest]) (*connect.Response[v11.LayerStatsResponse], error)
 	// The calls that run inside a sandbox, as the public SandboxService has
 	// them: the edge hands each to the sandbox's agent and counts it as the
 	// sandbox's activity.
@@ -586,6 +696,45 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceListWarmPoolsProcedure,
 		svc.ListWarmPools,
 		connect.WithSchema(edgeServiceMethods.ByName("ListWarmPools")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceImportLayerHandler := connect.NewUnaryHandler(
+		EdgeServiceImportLayerProcedure,
+		svc.ImportLayer,
+		connect.WithSchema(edgeServiceMethods.ByName("ImportLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceListLayersHandler := connect.NewUnaryHandler(
+		EdgeServiceListLayersProcedure,
+		svc.ListLayers,
+		connect.WithSchema(edgeServiceMethods.ByName("ListLayers")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceRemoveLayerHandler := connect.NewUnaryHandler(
+		EdgeServiceRemoveLayerProcedure,
+		svc.RemoveLayer,
+		connect.WithSchema(edgeServiceMethods.ByName("RemoveLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceListEnvironmentsHandler := connect.NewUnaryHandler(
+		EdgeServiceListEnvironmentsProcedure,
+		svc.ListEnvironments,
+		connect.WithSchema(edgeServiceMethods.ByName("ListEnvironments")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceImportImageHandler := connect.NewServerStreamHandler(
+		EdgeServiceImportImageProcedure,
+		svc.ImportImage,
+		connect.WithSchema(edgeServiceMethods.ByName("ImportImage")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceLayerStatsHandler := connect.NewUnaryHandler(
+		EdgeServiceLayerStatsProcedure,
+		svc.LayerStats,
+		connect.WithSchema(edgeServiceMethods.ByName("LayerStats")),
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -711,6 +860,18 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceSetWarmPoolHandler.ServeHTTP(w, r)
 		case EdgeServiceListWarmPoolsProcedure:
 			edgeServiceListWarmPoolsHandler.ServeHTTP(w, r)
+		case EdgeServiceImportLayerProcedure:
+			edgeServiceImportLayerHandler.ServeHTTP(w, r)
+		case EdgeServiceListLayersProcedure:
+			edgeServiceListLayersHandler.ServeHTTP(w, r)
+		case EdgeServiceRemoveLayerProcedure:
+			edgeServiceRemoveLayerHandler.ServeHTTP(w, r)
+		case EdgeServiceListEnvironmentsProcedure:
+			edgeServiceListEnvironmentsHandler.ServeHTTP(w, r)
+		case EdgeServiceImportImageProcedure:
+			edgeServiceImportImageHandler.ServeHTTP(w, r)
+		case EdgeServiceLayerStatsProcedure:
+			edgeServiceLayerStatsHandler.ServeHTTP(w, r)
 		case EdgeServiceExecProcedure:
 			edgeServiceExecHandler.ServeHTTP(w, r)
 		case EdgeServiceAttachProcedure:
@@ -788,6 +949,30 @@ func (UnimplementedEdgeServiceHandler) SetWarmPool(context.Context, *connect.Req
 
 func (UnimplementedEdgeServiceHandler) ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.ListWarmPools is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.ImportLayer is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.ListLayers is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) RemoveLayer(context.Context, *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.RemoveLayer is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.ListEnvironments is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) ImportImage(context.Context, *connect.Request[v11.ImportImageRequest], *connect.ServerStream[v11.ImportImageProgress]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.ImportImage is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) LayerStats(context.Context, *connect.Request[v11.LayerStatsRequest]) (*connect.Response[v11.LayerStatsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.LayerStats is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) Exec(context.Context, *connect.Request[v11.ExecRequest], *connect.ServerStream[v11.ExecEvent]) error {
