@@ -17,23 +17,59 @@ import (
 	"syscall"
 	"time"
 
+	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/daemon"
 	"dsec.dev/dsec/internal/edge/lazyd"
 )
 
+const usage = `usage:
+  dsecd [flags]                the whole dsec on this machine: apiserver, edge and embedded store
+  dsecd teardown [flags]       remove every sandbox of the node and unmount what dsecd mounted
+  dsecd edge [flags]           one node of a cluster: serves EdgeService to apiservers (mutual TLS)
+  dsecd apiserver [flags]      a stateless apiserver of a cluster, in front of its edges
+  dsecd init-cluster [flags]   make the cluster's CA and the certificates of its apiservers and edges
+
+Run "dsecd COMMAND -h" for a command's flags.
+`
+
 func main() {
-	var cfg daemon.Config
-	var level slog.Level
-	fs := flag.NewFlagSet("dsecd", flag.ExitOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: dsecd [flags]           run the node\n       dsecd teardown [flags]  remove every sandbox and unmount what dsecd mounted\n\nflags:\n")
-		fs.PrintDefaults()
+	args := os.Args[1:]
+	cmd := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
 	}
+	var code int
+	switch cmd {
+	case "":
+		code = nodeMain("dsecd", args, false)
+	case "teardown":
+		code = nodeMain("dsecd teardown", args, true)
+	case "edge":
+		code = edgeMain(args)
+	case "apiserver":
+		code = apiserverMain(args)
+	case "init-cluster":
+		code = initClusterMain(args)
+	case "lazyfs":
+		code = lazyfsMain(args)
+	default:
+		fmt.Fprint(os.Stderr, usage)
+		code = 2
+	}
+	os.Exit(code)
+}
+
+// nodeFlags are the settings of a node: the all-in-one dsecd's and an
+// edge's.
+type nodeFlags struct {
+	noNetwork bool
+	upstreams string
+}
+
+func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.StringVar(&cfg.Root, "root", daemon.DefaultRoot, "state directory")
-	fs.StringVar(&cfg.Listen, "listen", daemon.DefaultAddr, `loopback TCP address to serve the API on ("none" to disable)`)
-	fs.StringVar(&cfg.Socket, "socket", "", "Unix socket to serve the API on (default <root>/dsecd.sock)")
 	fs.StringVar(&cfg.Node, "node", "", "node name used in sandbox IDs (default: from the host name)")
-	fs.StringVar(&cfg.Runtime, "runtime", "runc", "OCI runtime: runc or crun")
+	fs.StringVar(&cfg.Runtime, "runtime", "runc", "OCI runtime: runc or crun (an edge also takes fake: a hollow node that starts nothing)")
 	fs.StringVar(&cfg.AgentPath, "agent", "", "dsec-agent binary (default: beside dsecd, else on PATH)")
 	fs.StringVar(&cfg.ShellPath, "shell", "", "static shell shipped read-only into every sandbox (default /bin/bash-static, else /bin/busybox)")
 	fs.Float64Var(&cfg.Defaults.CPUs, "default-cpus", 1, "CPU cores of a sandbox that asks for none")
@@ -47,18 +83,15 @@ func main() {
 	fs.IntVar(&cfg.MaxWarm, "max-warm", 0, "most sandboxes all warm pools of this node hold together (default 256)")
 	fs.DurationVar(&cfg.Retention, "retention", 0, "how long a stopped or failed sandbox stays listed (dsec ls --all) after it ended (default 10m)")
 	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per command and stream in bytes (default 16 MiB)")
-	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.StringVar(&cfg.Storage.BlobStore, "blob-store", "", "where layer files live as chunks: a directory or s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&insecure=1] (default <root>/blobstore)")
 	fs.StringVar(&cfg.Storage.Mode, "layer-mode", "ondemand", "how sandboxes load layers: ondemand, eager, local (pre-cached) or tar (baseline)")
 	fs.Int64Var(&cfg.Storage.ChunkSize, "chunk-size", 1<<20, "bytes per layer chunk in the blob store")
 	fs.Int64Var(&cfg.Storage.CacheBytes, "cache-bytes", 10<<30, "on-demand chunk cache limit in bytes")
 	fs.Int64Var(&cfg.Storage.BandwidthBytesPerSec, "blob-bandwidth", 0, "cap on blob store reads in bytes/s, to model a remote store (0: none)")
 	fs.BoolVar(&cfg.Storage.Tars, "layer-tars", false, "also publish layers as tar.gz (tar mode needs them)")
-	var noNetwork bool
-	var upstreams string
-	fs.BoolVar(&noNetwork, "no-network", false, "give sandboxes loopback only and refuse network rules")
+	fs.BoolVar(&nf.noNetwork, "no-network", false, "give sandboxes loopback only and refuse network rules")
 	fs.StringVar(&cfg.Network.Services, "network-services", "", "JSON file of named services and mirrors (merged over what the host's package configuration names)")
-	fs.StringVar(&upstreams, "dns-upstream", "", "comma-separated DNS servers (host:port) the sandboxes' resolver asks (default: the host's)")
+	fs.StringVar(&nf.upstreams, "dns-upstream", "", "comma-separated DNS servers (host:port) the sandboxes' resolver asks (default: the host's)")
 	fs.TextVar(&cfg.Network.Pool, "network-pool", netip.MustParsePrefix("10.213.0.0/16"), "IPv4 prefix sandbox addresses come from")
 	fs.Int64Var(&cfg.Network.EgressBytesPerSec, "sandbox-egress-bytes", 0, "egress bandwidth per sandbox in bytes/s (default 125000000, 1 Gbit/s)")
 	fs.IntVar(&cfg.Network.MaxConns, "sandbox-max-conns", 0, "concurrent connections per sandbox (default 1024)")
@@ -71,37 +104,189 @@ func main() {
 	})
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "cgroup under which this node's sandboxes live (default dsec)")
 
-	args := os.Args[1:]
-	if len(args) > 0 && args[0] == "lazyfs" {
-		os.Exit(lazyfsMain(args[1:]))
-	}
-	teardown := len(args) > 0 && args[0] == "teardown"
-	if teardown {
-		args = args[1:]
-	}
-	fs.Parse(args)
-	if fs.NArg() > 0 {
-		fs.Usage()
-		os.Exit(2)
-	}
-	cfg.Network.Disabled = noNetwork
-	if upstreams != "" {
-		cfg.Network.Upstreams = strings.Split(upstreams, ",")
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
-	if teardown {
-		err = daemon.Teardown(ctx, cfg, log)
-	} else {
-		err = daemon.Run(ctx, cfg, log)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "dsecd:", err)
-		os.Exit(1)
+}
+
+func (nf *nodeFlags) apply(cfg *daemon.Config) {
+	cfg.Network.Disabled = nf.noNetwork
+	if nf.upstreams != "" {
+		cfg.Network.Upstreams = strings.Split(nf.upstreams, ",")
 	}
 }
+
+func logger(level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// run runs fn until SIGINT or SIGTERM and returns the process's exit code.
+func run(name string, fn func(ctx context.Context) error) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := fn(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		return 1
+	}
+	return 0
+}
+
+func parse(fs *flag.FlagSet, args []string) bool {
+	if fs.Parse(args) != nil {
+		return false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		fs.Usage()
+		return false
+	}
+	return true
+}
+
+func nodeMain(name string, args []string, teardown bool) int {
+	var cfg daemon.Config
+	var nf nodeFlags
+	var level slog.Level
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage+"\nflags of "+name+":\n")
+		fs.PrintDefaults()
+	}
+	addNodeFlags(fs, &cfg, &nf)
+	fs.StringVar(&cfg.Listen, "listen", daemon.DefaultAddr, `loopback TCP address to serve the API on ("none" to disable)`)
+	fs.StringVar(&cfg.Socket, "socket", "", "Unix socket to serve the API on (default <root>/dsecd.sock)")
+	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	if !parse(fs, args) {
+		return 2
+	}
+	nf.apply(&cfg)
+	log := logger(level)
+	return run("dsecd", func(ctx context.Context) error {
+		if teardown {
+			return daemon.Teardown(ctx, cfg, log)
+		}
+		return daemon.Run(ctx, cfg, log)
+	})
+}
+
+func edgeMain(args []string) int {
+	var cfg daemon.EdgeConfig
+	var nf nodeFlags
+	var level slog.Level
+	var tlsDir string
+	fs := flag.NewFlagSet("dsecd edge", flag.ContinueOnError)
+	addNodeFlags(fs, &cfg.Node, &nf)
+	fs.StringVar(&cfg.Listen, "listen", daemon.DefaultEdgeAddr, "TCP address to serve EdgeService on, to apiservers only (mutual TLS)")
+	fs.StringVar(&tlsDir, "tls-dir", "", "directory dsecd init-cluster wrote: ca.crt and edge-NODE.{crt,key}")
+	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "the edge's certificate (default <tls-dir>/edge-NODE.crt)")
+	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "its key (default <tls-dir>/edge-NODE.key)")
+	fs.StringVar(&cfg.TLS.CABundle, "tls-ca", "", "the cluster's CA bundle (default <tls-dir>/ca.crt)")
+	fs.IntVar(&cfg.Hollow.MaxSandboxes, "hollow-max-sandboxes", 200, "with --runtime fake: sandboxes the hollow node admits")
+	fs.DurationVar(&cfg.Hollow.StartDelay, "hollow-start-delay", 0, "with --runtime fake: how long a hollow create takes")
+	fs.IntVar(&cfg.Hollow.MaxStarting, "hollow-max-starting", 0, "with --runtime fake: creates it starts at once (0: no bound)")
+	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	if !parse(fs, args) {
+		return 2
+	}
+	nf.apply(&cfg.Node)
+	if cfg.Node.Node == "" {
+		fmt.Fprintln(os.Stderr, "dsecd edge: --node is required (the name in its certificate and sandbox IDs)")
+		return 2
+	}
+	if tlsDir != "" {
+		def := clustertls.ComponentFiles(tlsDir, clustertls.RoleEdge, cfg.Node.Node)
+		cfg.TLS = orFiles(cfg.TLS, def)
+	}
+	log := logger(level)
+	return run("dsecd edge", func(ctx context.Context) error { return daemon.RunEdge(ctx, cfg, log) })
+}
+
+func apiserverMain(args []string) int {
+	var cfg daemon.APIServerConfig
+	var level slog.Level
+	var tlsDir string
+	var edges listFlag
+	fs := flag.NewFlagSet("dsecd apiserver", flag.ContinueOnError)
+	fs.StringVar(&cfg.Name, "name", "", "this replica's name, as its certificate has it (default: from the host name)")
+	fs.StringVar(&cfg.Listen, "listen", daemon.DefaultAddr, "TCP address to serve the public API on")
+	fs.StringVar(&cfg.Socket, "socket", "", "Unix socket to serve the public API on too")
+	fs.StringVar(&cfg.DB, "db", "", "the metadata store all replicas share: postgres://… (or a SQLite file for a lone replica)")
+	fs.Var(&edges, "edge", "an edge, NAME=https://HOST:PORT (repeatable)")
+	fs.IntVar(&cfg.Replicas, "replicas", 1, "how many apiservers place onto these edges (placement weighs its own recent placements by it)")
+	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "how often the watcher polls each edge (default 800ms)")
+	fs.StringVar(&tlsDir, "tls-dir", "", "directory dsecd init-cluster wrote: ca.crt and apiserver-NAME.{crt,key}")
+	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "the apiserver's certificate (default <tls-dir>/apiserver-NAME.crt)")
+	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "its key (default <tls-dir>/apiserver-NAME.key)")
+	fs.StringVar(&cfg.TLS.CABundle, "tls-ca", "", "the cluster's CA bundle (default <tls-dir>/ca.crt)")
+	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	if !parse(fs, args) {
+		return 2
+	}
+	for _, e := range edges {
+		se, err := daemon.ParseStaticEdge(e)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dsecd apiserver:", err)
+			return 2
+		}
+		cfg.Edges = append(cfg.Edges, se)
+	}
+	if tlsDir != "" {
+		name := cfg.Name
+		if name == "" {
+			fmt.Fprintln(os.Stderr, "dsecd apiserver: --tls-dir needs --name (the name in its certificate)")
+			return 2
+		}
+		cfg.TLS = orFiles(cfg.TLS, clustertls.ComponentFiles(tlsDir, clustertls.RoleAPIServer, name))
+	}
+	log := logger(level)
+	return run("dsecd apiserver", func(ctx context.Context) error { return daemon.RunAPIServer(ctx, cfg, log) })
+}
+
+func initClusterMain(args []string) int {
+	var dir string
+	var apiservers, edges listFlag
+	fs := flag.NewFlagSet("dsecd init-cluster", flag.ContinueOnError)
+	fs.StringVar(&dir, "dir", "", "where the CA and certificates go (made 0700); an existing CA there is kept and used")
+	fs.Var(&apiservers, "apiserver", "an apiserver's name (repeatable)")
+	fs.Var(&edges, "edge", "an edge: NAME or NAME=HOST[,HOST...], the host names and addresses it serves on (repeatable)")
+	if !parse(fs, args) {
+		return 2
+	}
+	if dir == "" {
+		fmt.Fprintln(os.Stderr, "dsecd init-cluster: --dir is required")
+		return 2
+	}
+	var specs []clustertls.EdgeSpec
+	for _, e := range edges {
+		name, hosts, _ := strings.Cut(e, "=")
+		spec := clustertls.EdgeSpec{Name: name}
+		if hosts != "" {
+			spec.Hosts = strings.Split(hosts, ",")
+		}
+		specs = append(specs, spec)
+	}
+	if err := clustertls.InitCluster(dir, apiservers, specs); err != nil {
+		fmt.Fprintln(os.Stderr, "dsecd init-cluster:", err)
+		return 1
+	}
+	return 0
+}
+
+// orFiles fills the files not named with the defaults.
+func orFiles(f, def clustertls.Files) clustertls.Files {
+	if f.Cert == "" {
+		f.Cert = def.Cert
+	}
+	if f.Key == "" {
+		f.Key = def.Key
+	}
+	if f.CABundle == "" {
+		f.CABundle = def.CABundle
+	}
+	return f
+}
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 // lazyfsMain runs `dsecd lazyfs`: the on-demand layer file system in a
 // process of its own, which dsecd starts and which outlives a dsecd restart.

@@ -15,6 +15,7 @@ import (
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -41,7 +42,7 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 
 	key := msg.GetIdempotencyKey()
 	if key == "" {
-		sbs, err := s.createBatch(ctx, msg.GetSpec(), count)
+		sbs, err := s.createBatch(ctx, msg.GetSpec(), count, "")
 		if err != nil {
 			return nil, err
 		}
@@ -90,7 +91,7 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 // createAndRecord makes the batch and records it under its idempotency key;
 // a batch that cannot be recorded is deleted again.
 func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, count int, key, hash string) ([]*dsecv1.Sandbox, error) {
-	sbs, err := s.createBatch(ctx, spec, count)
+	sbs, err := s.createBatch(ctx, spec, count, key)
 	if err != nil {
 		return nil, err
 	}
@@ -138,9 +139,19 @@ func requestHash(msg *dsecv1.CreateRequest) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// createBatch starts n sandboxes with bounded concurrency; if any fails, the
-// others are removed and the first error is returned.
-func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n int) ([]*dsecv1.Sandbox, error) {
+// createBatch places n sandboxes in one decision round and starts them with
+// bounded concurrency. A node's refusal (ResourceExhausted: it is full) or
+// failure sends that sandbox elsewhere, at most maxHops tries in all. If any
+// sandbox cannot be made, the others are removed and its error returned.
+// With a key, each sandbox's create carries a token derived from it, so a
+// retried create gets the sandboxes the first one made.
+func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n int, key string) ([]*dsecv1.Sandbox, error) {
+	view := s.placementView()
+	req := placement.Request{Backend: backendName(spec.GetBackend()), Count: n}
+	nodes, err := s.placer.Place(view, req, nil)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]*dsecv1.Sandbox, n)
 	errs := make([]error, n)
 	sem := make(chan struct{}, s.cfg.CreateConcurrency)
@@ -154,23 +165,15 @@ func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n in
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
+				s.placer.Done(nodes[i], 1, false)
 				errs[i] = ctx.Err()
 				return
 			}
 			defer func() { <-sem }()
-			_, e, err := s.place(ctx)
-			if err != nil {
-				errs[i] = err
+			out[i], errs[i] = s.createOne(ctx, spec, nodes[i], createToken(key, i))
+			if errs[i] != nil {
 				cancel()
-				return
 			}
-			resp, err := e.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec}))
-			if err != nil {
-				errs[i] = err
-				cancel()
-				return
-			}
-			out[i] = resp.Msg
 		}()
 	}
 	wg.Wait()
@@ -188,6 +191,57 @@ func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n in
 		return nil, first
 	}
 	return out, nil
+}
+
+// maxHops bounds the nodes one sandbox's create tries.
+const maxHops = 3
+
+// createOne makes one sandbox on node (placed and reserved already),
+// placing it again elsewhere when the node refuses or fails.
+func (s *Server) createOne(ctx context.Context, spec *dsecv1.SandboxSpec, node, token string) (*dsecv1.Sandbox, error) {
+	var retry placement.Retry
+	for hop := 1; ; hop++ {
+		sb, err := s.createOn(ctx, spec, node, token)
+		s.placer.Done(node, 1, err == nil)
+		if err == nil {
+			return sb, nil
+		}
+		if !retry.Again(node, err) {
+			return nil, err
+		}
+		if hop == maxHops {
+			return nil, fmt.Errorf("create a sandbox: %d nodes tried (%d refused, %d failed); the last: %w",
+				hop, retry.Refusals, retry.Failures, err)
+		}
+		s.log.Debug("create goes elsewhere", "node", node, "err", err)
+		picked, perr := s.placer.Place(s.placementView(), placement.Request{Backend: backendName(spec.GetBackend()), Count: 1}, retry.Exclude)
+		if perr != nil {
+			return nil, fmt.Errorf("create a sandbox after %s said %v: %w", node, err, perr)
+		}
+		node = picked[0]
+	}
+}
+
+func (s *Server) createOn(ctx context.Context, spec *dsecv1.SandboxSpec, node, token string) (*dsecv1.Sandbox, error) {
+	e, err := s.fleet.Edge(node)
+	if err != nil {
+		return nil, err
+	}
+	if token != "" {
+		token += "@" + node // a token names one create on one node
+	}
+	resp, err := e.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec, CreateToken: token}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+func createToken(key string, i int) string {
+	if key == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s#%d", key, i)
 }
 
 func (s *Server) deleteAll(ctx context.Context, sbs []*dsecv1.Sandbox) {

@@ -10,14 +10,18 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
 	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
+	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -52,16 +56,20 @@ type Idempotency interface {
 type Config struct {
 	// MaxBatch is the largest count one Create may ask for.
 	MaxBatch int
+	// Replicas is how many apiservers place onto the same nodes; placement
+	// weighs its own unreported placements by it (package placement).
+	Replicas int
 	// CreateConcurrency bounds how many sandboxes one batch starts at once.
 	CreateConcurrency int
 }
 
 // Server implements the public services.
 type Server struct {
-	cfg   Config
-	fleet Fleet
-	idem  Idempotency
-	log   *slog.Logger
+	cfg    Config
+	fleet  Fleet
+	placer *placement.Placer
+	idem   Idempotency
+	log    *slog.Logger
 
 	inflightMu sync.Mutex
 	inflight   map[string]chan struct{} // idempotency keys being created
@@ -75,7 +83,8 @@ func New(cfg Config, idem Idempotency, fleet Fleet, log *slog.Logger) *Server {
 	if cfg.CreateConcurrency == 0 {
 		cfg.CreateConcurrency = 8
 	}
-	return &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{}}
+	return &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{},
+		placer: placement.New(placement.Config{Replicas: cfg.Replicas})}
 }
 
 // Handler returns the HTTP handler serving every service, plus /healthz.
@@ -113,25 +122,38 @@ func (s *Server) routable() []watcher.Node {
 	return out
 }
 
-// place picks the edge for a new sandbox: the routable node with the
-// fewest live sandboxes in its last report. With one node that is always
-// the local edge.
-func (s *Server) place(ctx context.Context) (string, Edge, error) {
-	nodes := s.routable()
-	switch len(nodes) {
-	case 0:
-		return "", nil, fmt.Errorf("no edge is routable: %w", errdefs.ErrUnavailable)
-	case 1:
-		return nodes[0].Name, nodes[0].Edge, nil
-	}
-	best := -1
-	for i, n := range nodes {
-		if best < 0 || n.Status.GetLive() < nodes[best].Status.GetLive() {
-			best = i
+// placementView is the fleet as placement sees it: each node's capacity and
+// live count as of its last report (a node of a fixed fleet, which is not
+// polled, has room without bound).
+func (s *Server) placementView() []placement.Node {
+	nodes := s.fleet.Nodes()
+	out := make([]placement.Node, 0, len(nodes))
+	for _, n := range nodes {
+		pn := placement.Node{Name: n.Name, Healthy: n.Healthy, Backends: []string{placement.DefaultBackend},
+			Capacity: 1 << 30, ReportedAt: n.LastSeen}
+		if st := n.Status; st != nil {
+			pn.Capacity, pn.Live = int(st.GetMaxSandboxes()), int(st.GetLive())
+			pn.Backends = pn.Backends[:0]
+			for _, b := range st.GetBackends() {
+				pn.Backends = append(pn.Backends, backendName(b))
+			}
 		}
+		out = append(out, pn)
 	}
-	return nodes[best].Name, nodes[best].Edge, nil
+	return out
 }
+
+// backendName is a backend as placement names it ("container").
+func backendName(b dsecv1.Backend) string {
+	if b == dsecv1.Backend_BACKEND_UNSPECIFIED {
+		return placement.DefaultBackend
+	}
+	return strings.ToLower(strings.TrimPrefix(b.String(), "BACKEND_"))
+}
+
+// Observe tells placement that node reported its load now, so placements
+// made before it stop counting twice. The watcher calls it on every report.
+func (s *Server) Observe(node string) { s.placer.Observe(node, time.Now()) }
 
 // errorInterceptor turns errdefs kinds into Connect codes at the API edge.
 type errorInterceptor struct{}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -222,6 +223,54 @@ func TestSetWarmPoolReachesEveryNode(t *testing.T) {
 		}
 		if len(nodes) != 2 || nodes[0] != "n1" || nodes[1] != "n2" {
 			t.Errorf("pools on nodes %v, want n1 and n2", nodes)
+		}
+	})
+}
+
+// TestBatchSpreadsOverNodes: a batch is placed in one round, so 300
+// sandboxes over 3 equal nodes land evenly (no node over 1.5× its share).
+func TestBatchSpreadsOverNodes(t *testing.T) {
+	overBoth(t, func(t *testing.T, newServer func(edges ...*fakeEdge) dsecv1connect.SandboxServiceClient) {
+		a, b, c := newFakeEdge("a"), newFakeEdge("b"), newFakeEdge("c")
+		cl := newServer(a, b, c)
+		resp, err := cl.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
+			Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 300, IdempotencyKey: "spread"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Msg.GetSandboxes()) != 300 {
+			t.Fatalf("%d sandboxes", len(resp.Msg.GetSandboxes()))
+		}
+		for _, e := range []*fakeEdge{a, b, c} {
+			if n := e.running(); n > 150 || n < 50 {
+				t.Errorf("node %s got %d of 300", e.node, n)
+			}
+		}
+	})
+}
+
+// TestRefusedCreatesGoElsewhere: a full node's refusal is no failure: the
+// sandbox is made on another node.
+func TestRefusedCreatesGoElsewhere(t *testing.T) {
+	overBoth(t, func(t *testing.T, newServer func(edges ...*fakeEdge) dsecv1connect.SandboxServiceClient) {
+		full, free := newFakeEdge("a"), newFakeEdge("b")
+		full.failAfter = 0
+		cl := newServer(full, free)
+		resp, err := cl.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
+			Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 20}))
+		if err != nil {
+			t.Fatalf("20 creates with one node full: %v", err)
+		}
+		for _, sb := range resp.Msg.GetSandboxes() {
+			if sb.GetNode() != "b" {
+				t.Errorf("sandbox %s on the full node", sb.GetId())
+			}
+		}
+		// Every node full: a typed error naming what ran out.
+		free.failAfter = 0
+		_, err = cl.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}}))
+		if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "is full") {
+			t.Errorf("create with every node full: %v", err)
 		}
 	})
 }

@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -408,24 +407,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
 	fleet := watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: n.edge.Node()}, Edge: edge})
 	api := apiserver.New(apiserver.Config{}, n.meta, fleet, log.With("component", "apiserver"))
-	srv := &http.Server{
-		Handler:           api.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		Protocols:         new(http.Protocols),
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
-
 	var lns []net.Listener
-	os.Remove(cfg.Socket)
-	uln, err := net.Listen("unix", cfg.Socket)
+	uln, err := listenUnix(cfg.Socket)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Socket, err)
-	}
-	if err := os.Chmod(cfg.Socket, 0o660); err != nil {
-		uln.Close()
-		return fmt.Errorf("chmod %s: %w", cfg.Socket, err)
+		return err
 	}
 	lns = append(lns, uln)
 	if cfg.Listen != "none" {
@@ -436,29 +421,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		lns = append(lns, tln)
 	}
-	errc := make(chan error, len(lns))
-	var wg sync.WaitGroup
-	for _, ln := range lns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("serve %s: %w", ln.Addr(), err)
-			}
-		}()
-	}
 	log.Info("dsecd ready", "node", cfg.Node, "root", cfg.Root, "socket", cfg.Socket, "listen", cfg.Listen, "runtime", cfg.Runtime)
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-errc:
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		srv.Close()
-	}
-	wg.Wait()
+	serveErr := serve(ctx, log, api.Handler(), nil, lns...)
 	log.Info("dsecd stopped; sandboxes keep running")
 	return serveErr
 }
