@@ -57,10 +57,10 @@ type Config struct {
 	// Dial returns the EdgeService client of a member; it is called once
 	// per member (and again when its address changes).
 	Dial func(m Member) (Edge, error)
-	// Interval between polls; default 800 ms. Timeout bounds one poll;
+	// Interval between polls; default 750 ms. Timeout bounds one poll;
 	// default 60 % of Interval. MissLimit polls missed in a row make a
 	// node unroutable; default 3. With the defaults a node that stops
-	// answering is unroutable within 2.9 s: the first poll after it stopped
+	// answering is unroutable within 2.7 s: the first poll after it stopped
 	// starts within an interval, and the third miss ends a timeout after
 	// the third poll starts.
 	Interval  time.Duration
@@ -87,7 +87,7 @@ type Watcher struct {
 // New returns a Watcher; call Run to keep it current, or Poll for one round.
 func New(cfg Config) *Watcher {
 	if cfg.Interval == 0 {
-		cfg.Interval = 800 * time.Millisecond
+		cfg.Interval = 750 * time.Millisecond
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = cfg.Interval * 6 / 10

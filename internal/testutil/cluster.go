@@ -1,0 +1,177 @@
+package testutil
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/apiclient"
+)
+
+// Proc is a dsecd role a test started, stopped when the test ends.
+type Proc struct {
+	Name string
+	Addr string // host:port it serves on
+	cmd  *exec.Cmd
+	log  string
+	t    testing.TB
+}
+
+// Pid is the process's ID.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Stop freezes the process (SIGSTOP), as a hung machine would; Cont thaws it.
+func (p *Proc) Stop() { p.cmd.Process.Signal(syscall.SIGSTOP) }
+func (p *Proc) Cont() { p.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Kill ends the process with SIGKILL.
+func (p *Proc) Kill() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGCONT)
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
+
+// Log is what the process has written so far.
+func (p *Proc) Log() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+// Cluster is a cluster on one machine: apiservers and edges as processes
+// of their own, with their own certificates from a throwaway CA.
+type Cluster struct {
+	Dir        string
+	Bin        string
+	APIServers []*Proc
+	Edges      []*Proc
+	t          testing.TB
+}
+
+// ClusterOptions shape StartCluster's cluster.
+type ClusterOptions struct {
+	APIServers int
+	Edges      int
+	// EdgeArgs are extra flags of every edge, e.g. --runtime fake.
+	EdgeArgs []string
+	// APIServerArgs are extra flags of every apiserver.
+	APIServerArgs []string
+	// DB is the apiservers' metadata store; "" = one SQLite file each.
+	DB string
+}
+
+// StartCluster starts a cluster and waits until every apiserver answers
+// and routes to every edge.
+func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
+	t.Helper()
+	bin := Binaries(t)
+	dir := t.TempDir()
+	c := &Cluster{Dir: dir, Bin: bin, t: t}
+	args := []string{"init-cluster", "--dir", filepath.Join(dir, "pki")}
+	for i := range o.APIServers {
+		args = append(args, "--apiserver", fmt.Sprintf("api%d", i+1))
+	}
+	for i := range o.Edges {
+		args = append(args, "--edge", fmt.Sprintf("e%d=127.0.0.1", i+1))
+	}
+	if out, err := exec.Command(filepath.Join(bin, "dsecd"), args...).CombinedOutput(); err != nil {
+		t.Fatalf("dsecd init-cluster: %v\n%s", err, out)
+	}
+	var edgeFlags []string
+	for i := range o.Edges {
+		name := fmt.Sprintf("e%d", i+1)
+		addr := freeAddr(t)
+		p := c.start(name, append([]string{"edge", "--node", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"),
+			"--root", filepath.Join(dir, name)}, o.EdgeArgs...), addr)
+		c.Edges = append(c.Edges, p)
+		edgeFlags = append(edgeFlags, "--edge", name+"=https://"+addr)
+	}
+	for i := range o.APIServers {
+		name := fmt.Sprintf("api%d", i+1)
+		addr := freeAddr(t)
+		db := o.DB
+		if db == "" {
+			db = filepath.Join(dir, name+".db")
+		}
+		args := append([]string{"apiserver", "--name", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"),
+			"--db", db, "--replicas", fmt.Sprint(o.APIServers)}, edgeFlags...)
+		c.APIServers = append(c.APIServers, c.start(name, append(args, o.APIServerArgs...), addr))
+	}
+	for _, a := range c.APIServers {
+		c.waitRoutable(a, o.Edges)
+	}
+	return c
+}
+
+func (c *Cluster) start(name string, args []string, addr string) *Proc {
+	c.t.Helper()
+	logPath := filepath.Join(c.Dir, name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(c.Bin, "dsecd"), append(args, "--log-level", "debug")...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	p := &Proc{Name: name, Addr: addr, cmd: cmd, log: logPath, t: c.t}
+	c.t.Cleanup(func() {
+		p.Kill()
+		if c.t.Failed() {
+			c.t.Logf("%s log (last 3 KiB):\n%s", name, tail([]byte(p.Log()), 3072))
+		}
+	})
+	return p
+}
+
+// waitRoutable waits until apiserver a lists sandboxes on every edge
+// (a List fans out to routable edges only, so it cannot tell; the
+// apiserver logs each edge it can route to).
+func (c *Cluster) waitRoutable(a *Proc, edges int) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if strings.Count(a.Log(), `msg="node routable"`) >= edges {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("apiserver %s did not route to its %d edges in 30 s:\n%s", a.Name, edges, tail([]byte(a.Log()), 3072))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Client returns API clients of apiserver i.
+func (c *Cluster) Client(i int) *apiclient.Clients {
+	c.t.Helper()
+	cl, err := apiclient.Dial(c.APIServers[i].Addr)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return cl
+}
+
+// Create makes n sandboxes of spec through apiserver i.
+func (c *Cluster) Create(i int, spec *dsecv1.SandboxSpec, n int) ([]*dsecv1.Sandbox, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	resp, err := c.Client(i).Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec, Count: int32(n)}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.GetSandboxes(), nil
+}
