@@ -259,7 +259,7 @@ func findAgent() string {
 type node struct {
 	cfg    Config
 	lock   *os.File
-	meta   *store.Store
+	meta   store.Store
 	images *image.Store
 	layers *layers.Service
 	rt     *edgeruntime.Runtime

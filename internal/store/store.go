@@ -1,50 +1,136 @@
-// Package store is the metadata store of the control plane. Today it holds
-// idempotency records for Create, so a retried request never makes a second
-// batch of sandboxes; the IAM and catalogue tables join it later. It is an
-// embedded SQLite database by default (one file under the daemon's root).
+// Package store is the metadata store of the control plane: the one place
+// that holds durable state shared by every apiserver replica. It keeps
+//
+//   - create reservations and idempotency records, so a retried Create makes
+//     no second batch of sandboxes, whichever replica it reaches;
+//   - the rows of the sandboxes those creates made;
+//   - the node registry: each edge's slot, the slot's generation, its address,
+//     backends, capacity and certificate fingerprint, and when it was last seen;
+//   - projects, principals and their API tokens (stored as SHA-256 only).
+//
+// Store is the pluggable backend interface. Open picks an implementation by
+// its DSN: SQLite (one file, what the all-in-one dsecd uses under its root)
+// or PostgreSQL (what a cluster of apiservers shares). Both apply their
+// schema as goose migrations embedded in the binary (migrations/sqlite,
+// migrations/postgres) before Open returns. The conformance suite in
+// storetest is what both must pass.
 package store
 
 import (
 	"context"
-	"database/sql"
-	"errors"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"time"
 
-	_ "modernc.org/sqlite" // the database/sql driver "sqlite"
-
 	"dsec.dev/dsec/internal/errdefs"
 )
 
-// Store is safe for concurrent use. Close it when the daemon exits.
-type Store struct {
-	db *sql.DB
-}
+// Store is the metadata backend.
+//
+// Lifecycle: Open returns a Store whose schema is migrated to the version
+// this binary knows; it holds a pool of connections until Close, and no
+// method may be called after Close returns. Several Stores may share one
+// database at once: any number of processes (apiserver replicas) on one
+// PostgreSQL database, or handles on one SQLite file on one machine. Every
+// guarantee below holds across them, not only within one Store.
+//
+// Concurrency: every method is safe to call from many goroutines, and each
+// is atomic: it takes effect whole or not at all. An error wrapping
+// errdefs.ErrUnavailable means the database could not be reached or the
+// connection dropped before the answer came: the call may or may not have
+// taken effect. Every method but ReserveCreate, CreatePrincipal, IssueToken,
+// ExpireIdempotency and RemoveNode does the same when repeated, so callers
+// may simply try again; ReserveCreate's caller finds its own reservation
+// (reserved false, Owner its own name) on a retry.
+//
+// Times are kept to the millisecond. Errors wrap the kinds in errdefs.
+type Store interface {
+	// GetIdempotency returns the outcome recorded for key, or
+	// errdefs.ErrNotFound when there is none. A pending reservation has no
+	// outcome yet and is reported as not found.
+	GetIdempotency(ctx context.Context, key string) (Idempotency, error)
+	// PutIdempotency records the outcome of a create made under a key without
+	// a reservation (a single apiserver), replacing any record for the key.
+	PutIdempotency(ctx context.Context, rec Idempotency) error
+	// ExpireIdempotency forgets the done records (and completed reservations)
+	// created before olderThan, and returns how many it removed. Pending
+	// reservations are left alone.
+	ExpireIdempotency(ctx context.Context, olderThan time.Time) (int, error)
 
-// Open opens (creating if needed) the SQLite database at path.
-func Open(ctx context.Context, path string) (*Store, error) {
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
-	if err != nil {
-		return nil, fmt.Errorf("open metadata store %s: %w", path, err)
-	}
-	db.SetMaxOpenConns(4)
-	const schema = `
-CREATE TABLE IF NOT EXISTS idempotency (
-	key          TEXT PRIMARY KEY,
-	request_hash TEXT NOT NULL,
-	ids          TEXT NOT NULL,
-	created_ms   INTEGER NOT NULL
-);`
-	if _, err := db.ExecContext(ctx, schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("create metadata schema in %s: %w", path, err)
-	}
-	return &Store{db: db}, nil
-}
+	// ReserveCreate reserves r.Key for a create about to start. If the key
+	// is new it stores r as a pending reservation (State, IDs and Updated are
+	// set by the store; Created too when zero) and returns it with reserved
+	// true; of any number of concurrent callers, in any number of processes,
+	// exactly one gets reserved true. Otherwise it returns the existing
+	// reservation unchanged with reserved false. An existing key with a
+	// different RequestHash is errdefs.ErrInvalidArgument.
+	ReserveCreate(ctx context.Context, r CreateReservation) (got CreateReservation, reserved bool, err error)
+	// CompleteCreate records the sandboxes a reserved create made and marks
+	// its reservation done with their IDs, in one transaction: on error
+	// neither the rows nor the done state are stored. Completing a done key
+	// again with the same IDs is a no-op; with other IDs it is
+	// errdefs.ErrAlreadyExists, as is a sandbox ID already recorded. An
+	// unknown key is errdefs.ErrNotFound.
+	CompleteCreate(ctx context.Context, key string, sbs []SandboxRow) error
+	// ReleaseCreate removes the pending reservation of key (its batch
+	// failed), so a retry can reserve it again. Releasing an unknown key is a
+	// no-op; a done reservation is never released (errdefs.ErrFailedPrecondition).
+	ReleaseCreate(ctx context.Context, key string) error
+	// SandboxRows lists the sandbox rows a completed create recorded under
+	// key, in ID order.
+	SandboxRows(ctx context.Context, key string) ([]SandboxRow, error)
+	// DeleteSandboxRows removes the rows of the given sandboxes; unknown IDs
+	// are ignored.
+	DeleteSandboxRows(ctx context.Context, ids []string) error
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+	// RegisterNode registers an edge and returns its record. A new name
+	// gets the lowest free slot and that slot's next generation (a per-slot
+	// counter that only grows, kept when the slot is freed). The same name
+	// with the same Identity keeps its slot and generation and updates its
+	// address, backends, capacity and LastSeen. The same name with another
+	// Identity is refused (errdefs.ErrAlreadyExists) while the registered
+	// node was seen within liveWindow; after that it takes the slot over with
+	// the next generation. The registration happens at n.LastSeen, or now
+	// when that is zero; n's Slot, Generation and Registered are ignored.
+	RegisterNode(ctx context.Context, n Node, liveWindow time.Duration) (Node, error)
+	// Heartbeat records that the node was seen at at. It is
+	// errdefs.ErrNotFound for an unknown node and
+	// errdefs.ErrFailedPrecondition when generation is not the node's current
+	// one (its slot was taken over). LastSeen never moves backwards.
+	Heartbeat(ctx context.Context, name string, generation int64, at time.Time) error
+	// Nodes lists the registered nodes by slot.
+	Nodes(ctx context.Context) ([]Node, error)
+	// NodeBySlot returns the node holding slot, or errdefs.ErrNotFound.
+	NodeBySlot(ctx context.Context, slot int) (Node, error)
+	// RemoveNode forgets a node and frees its slot; the slot's generation
+	// counter is kept. An unknown name is errdefs.ErrNotFound.
+	RemoveNode(ctx context.Context, name string) error
+
+	// CreatePrincipal makes a principal (in the root project); a name
+	// already taken is errdefs.ErrAlreadyExists.
+	CreatePrincipal(ctx context.Context, name string) (Principal, error)
+	// IssueToken mints an API token for the named principal, valid for ttl
+	// (0: no expiry). The token is returned once and only its SHA-256 is
+	// stored.
+	IssueToken(ctx context.Context, principal string, ttl time.Duration) (token string, info TokenInfo, err error)
+	// Authenticate returns the principal a token was issued to. An unknown,
+	// malformed, expired or revoked token is errdefs.ErrUnauthenticated.
+	Authenticate(ctx context.Context, token string) (Principal, error)
+	// RevokeToken revokes a token by its ID; revoking it again is a no-op.
+	// An unknown ID is errdefs.ErrNotFound.
+	RevokeToken(ctx context.Context, tokenID string) error
+	// ListTokens lists a principal's tokens, revoked and expired ones
+	// included, oldest first.
+	ListTokens(ctx context.Context, principal string) ([]TokenInfo, error)
+
+	// Close releases the store's connections.
+	Close() error
+}
 
 // Idempotency is the outcome recorded for one idempotency key.
 type Idempotency struct {
@@ -54,42 +140,301 @@ type Idempotency struct {
 	Created     time.Time
 }
 
-// GetIdempotency returns the record for key, or errdefs.ErrNotFound.
-func (s *Store) GetIdempotency(ctx context.Context, key string) (Idempotency, error) {
-	var rec Idempotency
-	var ids string
-	var created int64
-	err := s.db.QueryRowContext(ctx,
-		`SELECT key, request_hash, ids, created_ms FROM idempotency WHERE key = ?`, key).
-		Scan(&rec.Key, &rec.RequestHash, &ids, &created)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Idempotency{}, fmt.Errorf("idempotency key %q: %w", key, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return Idempotency{}, fmt.Errorf("read idempotency key %q: %w", key, err)
-	}
-	if ids != "" {
-		rec.IDs = strings.Split(ids, ",")
-	}
-	rec.Created = time.UnixMilli(created)
-	return rec, nil
+// Reservation states.
+const (
+	StatePending = "pending" // reserved, batch being made
+	StateDone    = "done"    // batch made, IDs recorded
+)
+
+// CreateReservation is a create in flight (or done) under an idempotency key.
+type CreateReservation struct {
+	Key         string
+	RequestHash string
+	// Owner names the apiserver replica that reserved the key.
+	Owner string
+	// Placements is the node chosen for each sandbox index of the batch.
+	Placements []string
+	State      string // StatePending or StateDone
+	IDs        []string
+	Created    time.Time
+	Updated    time.Time
 }
 
-// PutIdempotency records the sandboxes a request made under its key.
-func (s *Store) PutIdempotency(ctx context.Context, rec Idempotency) error {
-	_, err := s.db.ExecContext(ctx,
-		`INSERT OR REPLACE INTO idempotency (key, request_hash, ids, created_ms) VALUES (?, ?, ?, ?)`,
-		rec.Key, rec.RequestHash, strings.Join(rec.IDs, ","), rec.Created.UnixMilli())
+// SandboxRow is the store's record of one sandbox a create made.
+type SandboxRow struct {
+	ID   string
+	Node string
+	// Key is the idempotency key of the create that made it; CompleteCreate
+	// fills it in when empty.
+	Key     string
+	Created time.Time
+}
+
+// Node is one edge in the registry.
+type Node struct {
+	Name string
+	// Slot (1..65535) and Generation are what a sandbox ID made on the node
+	// encodes; a slot's generation grows each time the slot changes hands.
+	Slot         int
+	Generation   int64
+	Addr         string
+	Backends     []string
+	MaxSandboxes int
+	CPUs         float64
+	MemoryMB     int64
+	// Identity is the fingerprint of the TLS certificate the node registered
+	// with.
+	Identity   string
+	Registered time.Time
+	LastSeen   time.Time
+}
+
+// MaxSlot is the highest node slot.
+const MaxSlot = 65535
+
+// Principal is an identity that holds API tokens.
+type Principal struct {
+	ID      string
+	Project string // the project's ID
+	Name    string
+	Created time.Time
+}
+
+// RootProject is the ID of the project every principal belongs to until
+// projects can be nested.
+const RootProject = "root"
+
+// TokenInfo describes an API token; the token itself is never stored.
+type TokenInfo struct {
+	ID        string
+	Principal string // the principal's name
+	Created   time.Time
+	Expires   time.Time // zero: never
+	Revoked   time.Time // zero: not revoked
+}
+
+// Open opens the store named by dsn, creating and migrating its schema:
+//
+//	/path/to/meta.db, sqlite:/path/to/meta.db    SQLite file
+//	postgres://… or postgresql://…               PostgreSQL URL
+//	host=… dbname=… (libpq keywords)            PostgreSQL
+//
+// PostgreSQL DSNs take pgx's options too (pool_max_conns=N).
+func Open(ctx context.Context, dsn string) (Store, error) {
+	kind, target, err := parseDSN(dsn)
 	if err != nil {
-		return fmt.Errorf("write idempotency key %q: %w", rec.Key, err)
+		return nil, err
+	}
+	if kind == dialectPostgres {
+		return openPostgres(ctx, target)
+	}
+	return openSQLite(ctx, target)
+}
+
+const (
+	dialectSQLite   = "sqlite"
+	dialectPostgres = "postgres"
+)
+
+// parseDSN says which backend dsn names and what to hand it.
+func parseDSN(dsn string) (dialect, target string, err error) {
+	switch {
+	case strings.TrimSpace(dsn) == "":
+		return "", "", fmt.Errorf("open metadata store: empty DSN: %w", errdefs.ErrInvalidArgument)
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		return dialectPostgres, dsn, nil
+	case strings.HasPrefix(dsn, "sqlite:"):
+		path := strings.TrimPrefix(dsn, "sqlite:")
+		if path == "" {
+			return "", "", fmt.Errorf("open metadata store %q: no file path: %w", dsn, errdefs.ErrInvalidArgument)
+		}
+		return dialectSQLite, path, nil
+	case isKeywordDSN(dsn):
+		return dialectPostgres, dsn, nil
+	}
+	return dialectSQLite, dsn, nil
+}
+
+// isKeywordDSN reports whether s reads as a libpq keyword/value string
+// naming a host ("host=/run/pg dbname=dsec").
+func isKeywordDSN(s string) bool {
+	for _, f := range strings.Fields(s) {
+		if strings.HasPrefix(f, "host=") {
+			return true
+		}
+	}
+	return false
+}
+
+// tokenPrefix starts every API token, so a leaked one is easy to recognise.
+const tokenPrefix = "dsec_"
+
+// tokenBytes is how much randomness a token carries.
+const tokenBytes = 32
+
+// newToken returns a fresh API token and its SHA-256.
+func newToken() (string, []byte) {
+	b := make([]byte, tokenBytes)
+	rand.Read(b) // never returns an error (crypto/rand)
+	tok := tokenPrefix + base64.RawURLEncoding.EncodeToString(b)
+	return tok, hashToken(tok)
+}
+
+func hashToken(tok string) []byte {
+	sum := sha256.Sum256([]byte(tok))
+	return sum[:]
+}
+
+// wellFormedToken reports whether tok can be a token newToken made; others
+// are refused before a database look-up.
+func wellFormedToken(tok string) bool {
+	rest, ok := strings.CutPrefix(tok, tokenPrefix)
+	if !ok || len(rest) != base64.RawURLEncoding.EncodedLen(tokenBytes) {
+		return false
+	}
+	_, err := base64.RawURLEncoding.DecodeString(rest)
+	return err == nil
+}
+
+// newID returns prefix followed by 16 random hex digits.
+func newID(prefix string) string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// unauthenticated is the one answer to every token that is not valid now,
+// whatever the reason.
+func unauthenticated() error {
+	return fmt.Errorf("invalid, expired or revoked token: %w", errdefs.ErrUnauthenticated)
+}
+
+func nilIfEmpty(l []string) []string {
+	if len(l) == 0 {
+		return nil
+	}
+	return l
+}
+
+// ms truncates t to the store's precision; the zero time stays zero.
+func ms(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return time.UnixMilli(t.UnixMilli())
+}
+
+// nowOr is t, or now when t is zero, to the store's precision.
+func nowOr(t time.Time) time.Time {
+	if t.IsZero() {
+		t = time.Now()
+	}
+	return ms(t)
+}
+
+// newReservation checks r and fills in what ReserveCreate sets.
+func newReservation(r CreateReservation) (CreateReservation, error) {
+	if r.Key == "" {
+		return CreateReservation{}, fmt.Errorf("reserve create: empty idempotency key: %w", errdefs.ErrInvalidArgument)
+	}
+	r.State, r.IDs = StatePending, nil
+	r.Placements = nilIfEmpty(r.Placements)
+	r.Created = nowOr(r.Created)
+	r.Updated = r.Created
+	return r, nil
+}
+
+func differentRequest(key string) error {
+	return fmt.Errorf("idempotency key %q was used for a different request: %w", key, errdefs.ErrInvalidArgument)
+}
+
+// completeRows checks sbs for CompleteCreate and fills in their key and
+// creation time.
+func completeRows(key string, sbs []SandboxRow) ([]SandboxRow, []string, error) {
+	if key == "" {
+		return nil, nil, fmt.Errorf("complete create: empty idempotency key: %w", errdefs.ErrInvalidArgument)
+	}
+	out := make([]SandboxRow, len(sbs))
+	ids := make([]string, len(sbs))
+	now := ms(time.Now())
+	for i, sb := range sbs {
+		if sb.ID == "" {
+			return nil, nil, fmt.Errorf("complete create %q: sandbox %d has no ID: %w", key, i, errdefs.ErrInvalidArgument)
+		}
+		if sb.Key != "" && sb.Key != key {
+			return nil, nil, fmt.Errorf("complete create %q: sandbox %s carries idempotency key %q: %w", key, sb.ID, sb.Key, errdefs.ErrInvalidArgument)
+		}
+		sb.Key = key
+		if sb.Created.IsZero() {
+			sb.Created = now
+		}
+		sb.Created = ms(sb.Created)
+		out[i], ids[i] = sb, sb.ID
+	}
+	return out, ids, nil
+}
+
+func otherIDs(key string) error {
+	return fmt.Errorf("complete create %q: the key is already done with other sandboxes: %w", key, errdefs.ErrAlreadyExists)
+}
+
+func checkNode(n Node, liveWindow time.Duration) error {
+	switch {
+	case n.Name == "":
+		return fmt.Errorf("register node: empty name: %w", errdefs.ErrInvalidArgument)
+	case n.Identity == "":
+		return fmt.Errorf("register node %s: empty identity: %w", n.Name, errdefs.ErrInvalidArgument)
+	case liveWindow < 0:
+		return fmt.Errorf("register node %s: negative live window %s: %w", n.Name, liveWindow, errdefs.ErrInvalidArgument)
+	case n.MaxSandboxes < 0 || n.CPUs < 0 || n.MemoryMB < 0:
+		return fmt.Errorf("register node %s: negative capacity: %w", n.Name, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
 
-// ExpireIdempotency forgets records older than before.
-func (s *Store) ExpireIdempotency(ctx context.Context, before time.Time) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE created_ms < ?`, before.UnixMilli()); err != nil {
-		return fmt.Errorf("expire idempotency records: %w", err)
+func identityConflict(name string, seen time.Time, at time.Time) error {
+	return fmt.Errorf("register node %s: the name is held by an edge with another identity, seen %s ago: %w",
+		name, at.Sub(seen).Round(time.Millisecond), errdefs.ErrAlreadyExists)
+}
+
+func staleGeneration(name string, have, current int64) error {
+	return fmt.Errorf("heartbeat from node %s: generation %d is not current (%d): its slot was taken over: %w",
+		name, have, current, errdefs.ErrFailedPrecondition)
+}
+
+func slotsFull() error {
+	return fmt.Errorf("register node: all %d node slots are taken: %w", MaxSlot, errdefs.ErrResourceExhausted)
+}
+
+func checkTTL(principal string, ttl time.Duration) error {
+	if ttl < 0 {
+		return fmt.Errorf("issue token for %s: negative ttl %s: %w", principal, ttl, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func expiresAt(created time.Time, ttl time.Duration) time.Time {
+	if ttl == 0 {
+		return time.Time{}
+	}
+	return ms(created.Add(ttl))
+}
+
+// tokenValid reports whether a token row found by its hash may be used now.
+func tokenValid(stored, want []byte, expires, revoked time.Time, now time.Time) bool {
+	if subtle.ConstantTimeCompare(stored, want) != 1 {
+		return false
+	}
+	if !revoked.IsZero() {
+		return false
+	}
+	return expires.IsZero() || now.Before(expires)
+}
+
+// checkPrincipalName refuses names that cannot be displayed or typed.
+func checkPrincipalName(name string) error {
+	if name == "" || strings.TrimSpace(name) != name || strings.ContainsFunc(name, func(r rune) bool { return r < ' ' }) {
+		return fmt.Errorf("create principal %q: a name is non-empty printable text without surrounding spaces: %w", name, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -1,5 +1,6 @@
 // Package testutil holds helpers shared by dsec's tests: gating on root and
-// kernel features, and finding the binaries and test layers the suites use.
+// kernel features, finding the binaries and test layers the suites use,
+// starting a test daemon, and throwaway PostgreSQL clusters.
 package testutil
 
 import (

@@ -1,0 +1,4 @@
+package store
+
+// TokenHashForTest is what the store keeps of a token.
+func TokenHashForTest(tok string) []byte { return hashToken(tok) }
