@@ -43,11 +43,15 @@ import (
 // Config is dsecd's configuration. Zero values take the defaults below,
 // which work on a fresh machine.
 type Config struct {
-	Root    string // state directory; default /var/lib/dsec
-	Listen  string // loopback TCP address; default 127.0.0.1:8675; "none" to disable
-	Socket  string // Unix socket; default <Root>/dsecd.sock
-	Node    string // node name in sandbox IDs; default from the host name
-	Runtime string // runc (default) or crun
+	Root   string // state directory; default /var/lib/dsec
+	Listen string // loopback TCP address; default 127.0.0.1:8675; "none" to disable
+	Socket string // Unix socket; default <Root>/dsecd.sock
+	Node   string // node name in sandbox IDs; default from the host name
+	// Slot and Generation are the node's place in a cluster's registry, in
+	// every sandbox ID; 0 for the all-in-one dsecd.
+	Slot       uint16
+	Generation uint32
+	Runtime    string // runc (default) or crun
 	// CgroupParent is the cgroup under which this node's sandboxes live;
 	// two nodes on one host need different ones. Default "dsec".
 	CgroupParent string
@@ -339,6 +343,8 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	}
 	n.edge, err = sandbox.New(sandbox.Config{
 		Node:         cfg.Node,
+		Slot:         cfg.Slot,
+		Generation:   cfg.Generation,
 		StateDir:     filepath.Join(cfg.Root, "sandboxes"),
 		Defaults:     cfg.Defaults,
 		Limits:       cfg.Limits,

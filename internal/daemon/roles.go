@@ -3,10 +3,14 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -44,6 +48,16 @@ type EdgeConfig struct {
 	TLS clustertls.Files
 	// Hollow shapes a fake-runtime edge.
 	Hollow hollow.Config
+	// Registry is the cluster's metadata store (postgres://…), where the
+	// edge registers and heartbeats: it gets its slot and generation there,
+	// which every sandbox ID it mints carries. "" = not registered; the
+	// apiservers are told of it (--edge) and its IDs carry slot 0.
+	Registry string
+	// Advertise is the URL apiservers reach it at; default
+	// https://<Listen>.
+	Advertise string
+	// Heartbeat is how often it tells the registry it lives; default 2 s.
+	Heartbeat time.Duration
 }
 
 func (c *EdgeConfig) fill() error {
@@ -57,7 +71,77 @@ func (c *EdgeConfig) fill() error {
 		return fmt.Errorf("edge %s: a certificate, its key and the cluster's CA bundle are required (dsecd init-cluster makes them): %w",
 			c.Node.Node, errdefs.ErrInvalidArgument)
 	}
+	if c.Advertise == "" {
+		c.Advertise = "https://" + c.Listen
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 2 * time.Second
+	}
 	return nil
+}
+
+// liveWindow is how long a registered node's name stays its own after its
+// last heartbeat: another machine claiming it sooner is refused.
+const liveWindow = 30 * time.Second
+
+// register puts the edge in the registry under the identity of its
+// certificate and returns its record (slot, generation).
+func register(ctx context.Context, reg store.Store, cfg EdgeConfig, backends []string, maxSandboxes int) (store.Node, error) {
+	id, err := certIdentity(cfg.TLS.Cert)
+	if err != nil {
+		return store.Node{}, err
+	}
+	if id.Role != clustertls.RoleEdge || id.Name != cfg.Node.Node {
+		return store.Node{}, fmt.Errorf("register edge %s: its certificate is %s's: %w", cfg.Node.Node, id, errdefs.ErrInvalidArgument)
+	}
+	n, err := reg.RegisterNode(ctx, store.Node{Name: cfg.Node.Node, Addr: cfg.Advertise, Backends: backends,
+		MaxSandboxes: maxSandboxes, Identity: id.Fingerprint}, liveWindow)
+	if err != nil {
+		return store.Node{}, fmt.Errorf("register edge %s: %w", cfg.Node.Node, err)
+	}
+	if n.Slot > 65535 || n.Generation > 1<<32-1 {
+		return store.Node{}, fmt.Errorf("register edge %s: slot %d generation %d do not fit a sandbox ID: %w", n.Name, n.Slot, n.Generation, errdefs.ErrInternal)
+	}
+	return n, nil
+}
+
+func certIdentity(path string) (clustertls.Identity, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return clustertls.Identity{}, fmt.Errorf("read certificate %s: %w", path, err)
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return clustertls.Identity{}, fmt.Errorf("read certificate %s: no PEM block: %w", path, errdefs.ErrInvalidArgument)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return clustertls.Identity{}, fmt.Errorf("read certificate %s: %w", path, err)
+	}
+	return clustertls.ParseIdentity(cert)
+}
+
+// heartbeat tells the registry the edge lives until ctx ends. Losing the
+// registry for a while is survivable (apiservers poll the edge itself);
+// losing the slot to another machine is not: the edge must stop serving.
+func heartbeat(ctx context.Context, reg store.Store, n store.Node, every time.Duration, log *slog.Logger) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		err := reg.Heartbeat(ctx, n.Name, n.Generation, time.Now())
+		switch {
+		case err == nil:
+		case errors.Is(err, errdefs.ErrFailedPrecondition), errors.Is(err, errdefs.ErrNotFound):
+			return fmt.Errorf("edge %s lost its registration (slot %d, generation %d): %w", n.Name, n.Slot, n.Generation, err)
+		case ctx.Err() == nil:
+			log.Warn("heartbeat", "err", err)
+		}
+	}
 }
 
 // RunEdge serves one node's EdgeService until ctx ends. Sandboxes keep
@@ -70,10 +154,24 @@ func RunEdge(ctx context.Context, cfg EdgeConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var reg store.Store
+	var rec store.Node
+	if cfg.Registry != "" {
+		if reg, err = store.Open(ctx, cfg.Registry); err != nil {
+			return err
+		}
+		defer reg.Close()
+	}
 	var svc *edgesvc.Service
 	if cfg.Node.Runtime == "fake" {
 		h := cfg.Hollow
 		h.Node = cfg.Node.Node
+		if reg != nil {
+			if rec, err = register(ctx, reg, cfg, []string{"container"}, h.MaxSandboxes); err != nil {
+				return err
+			}
+			h.Slot, h.Generation = uint16(rec.Slot), uint32(rec.Generation)
+		}
 		svc = edgesvc.New(hollow.New(h), nil, log.With("component", "edgesvc"))
 	} else {
 		ncfg := cfg.Node
@@ -82,6 +180,12 @@ func RunEdge(ctx context.Context, cfg EdgeConfig, log *slog.Logger) error {
 		}
 		if err := checkAgent(ncfg.AgentPath); err != nil {
 			return err
+		}
+		if reg != nil {
+			if rec, err = register(ctx, reg, cfg, []string{"container"}, ncfg.Limits.MaxSandboxes); err != nil {
+				return err
+			}
+			ncfg.Slot, ncfg.Generation = uint16(rec.Slot), uint32(rec.Generation)
 		}
 		n, err := open(ctx, ncfg, log)
 		if err != nil {
@@ -103,8 +207,21 @@ func RunEdge(ctx context.Context, cfg EdgeConfig, log *slog.Logger) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(svc.Handler())
-	log.Info("edge ready", "node", cfg.Node.Node, "listen", ln.Addr().String(), "runtime", cfg.Node.Runtime)
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	if reg != nil {
+		go func() {
+			if err := heartbeat(ctx, reg, rec, cfg.Heartbeat, log); err != nil {
+				stop(err)
+			}
+		}()
+	}
+	log.Info("edge ready", "node", cfg.Node.Node, "listen", ln.Addr().String(), "runtime", cfg.Node.Runtime,
+		"slot", rec.Slot, "generation", rec.Generation)
 	err = serve(ctx, log, mux, tlsConfig, ln)
+	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
 	log.Info("edge stopped; sandboxes keep running")
 	return err
 }
@@ -162,10 +279,22 @@ func (c *APIServerConfig) fill() error {
 	if c.DB == "" {
 		return fmt.Errorf("apiserver %s: a metadata store is required (--db postgres://… or a SQLite file): %w", c.Name, errdefs.ErrInvalidArgument)
 	}
-	if len(c.Edges) == 0 {
-		return fmt.Errorf("apiserver %s: no edges are named: %w", c.Name, errdefs.ErrInvalidArgument)
-	}
 	return nil
+}
+
+// registryMembers lists the registered edges as the watcher's members.
+func registryMembers(reg store.Store) func(ctx context.Context) ([]watcher.Member, error) {
+	return func(ctx context.Context) ([]watcher.Member, error) {
+		nodes, err := reg.Nodes(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]watcher.Member, 0, len(nodes))
+		for _, n := range nodes {
+			out = append(out, watcher.Member{Name: n.Name, Addr: n.Addr, Slot: uint16(n.Slot), Generation: uint32(n.Generation)})
+		}
+		return out, nil
+	}
 }
 
 // RunAPIServer serves the public API in front of the cluster's edges until
@@ -179,15 +308,18 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		return err
 	}
 	defer meta.Close()
-	members := make([]watcher.Member, 0, len(cfg.Edges))
-	urls := map[string]string{}
-	for _, e := range cfg.Edges {
-		members = append(members, watcher.Member{Name: e.Name, Addr: e.URL})
-		urls[e.Name] = e.URL
+	// Edges named on the command line, else the registry's.
+	members := registryMembers(meta)
+	if len(cfg.Edges) > 0 {
+		static := make([]watcher.Member, 0, len(cfg.Edges))
+		for _, e := range cfg.Edges {
+			static = append(static, watcher.Member{Name: e.Name, Addr: e.URL})
+		}
+		members = func(context.Context) ([]watcher.Member, error) { return static, nil }
 	}
 	var api *apiserver.Server
 	w := watcher.New(watcher.Config{
-		Members:  func(context.Context) ([]watcher.Member, error) { return members, nil },
+		Members:  members,
 		Dial:     func(m watcher.Member) (watcher.Edge, error) { return dialEdge(cfg.TLS, m) },
 		Interval: cfg.PollInterval,
 		OnReport: func(node string, _ *edgev1.NodeStatus) { api.Observe(node) },
@@ -215,7 +347,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	lns = append(lns, tln)
-	log.Info("apiserver ready", "name", cfg.Name, "listen", tln.Addr().String(), "edges", len(members))
+	log.Info("apiserver ready", "name", cfg.Name, "listen", tln.Addr().String(), "edges", len(w.Nodes()))
 	return serve(ctx, log, api.Handler(), nil, lns...)
 }
 

@@ -69,12 +69,18 @@ type ClusterOptions struct {
 	APIServerArgs []string
 	// DB is the apiservers' metadata store; "" = one SQLite file each.
 	DB string
+	// Registry makes the edges register in DB (a PostgreSQL DSN, which
+	// Registry requires), and the apiservers find them there.
+	Registry bool
 }
 
 // StartCluster starts a cluster and waits until every apiserver answers
 // and routes to every edge.
 func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 	t.Helper()
+	if o.Registry && o.DB == "" {
+		t.Fatal("StartCluster: Registry needs DB, a PostgreSQL DSN")
+	}
 	bin := Binaries(t)
 	dir := t.TempDir()
 	c := &Cluster{Dir: dir, Bin: bin, t: t}
@@ -92,10 +98,13 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 	for i := range o.Edges {
 		name := fmt.Sprintf("e%d", i+1)
 		addr := freeAddr(t)
-		p := c.start(name, append([]string{"edge", "--node", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"),
-			"--root", filepath.Join(dir, name)}, o.EdgeArgs...), addr)
-		c.Edges = append(c.Edges, p)
-		edgeFlags = append(edgeFlags, "--edge", name+"=https://"+addr)
+		args := []string{"edge", "--node", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"), "--root", filepath.Join(dir, name)}
+		if o.Registry {
+			args = append(args, "--registry", o.DB)
+		} else {
+			edgeFlags = append(edgeFlags, "--edge", name+"=https://"+addr)
+		}
+		c.Edges = append(c.Edges, c.start(name, append(args, o.EdgeArgs...), addr))
 	}
 	for i := range o.APIServers {
 		name := fmt.Sprintf("api%d", i+1)

@@ -187,3 +187,59 @@ func TestEdgeAcceptsOnlyApiservers(t *testing.T) {
 		t.Error("no error")
 	}
 }
+
+// TestRegistry: edges register in PostgreSQL and apiservers find them
+// there; IDs carry each edge's slot and generation; an edge claiming a
+// live node's name with another certificate is refused and says so.
+func TestRegistry(t *testing.T) {
+	pg := testutil.StartPostgres(t)
+	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 2, Edges: 2, EdgeArgs: hollow, DB: pg, Registry: true})
+	sbs, err := c.Create(1, &dsecv1.SandboxSpec{Environment: "base:1"}, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots := map[string]uint16{}
+	for _, sb := range sbs {
+		id, err := sandboxid.Parse(sb.GetId())
+		if err != nil || id.Slot == 0 || id.Generation == 0 {
+			t.Fatalf("ID %s: %+v, %v; want a slot and generation", sb.GetId(), id, err)
+		}
+		if s, ok := slots[id.Node]; ok && s != id.Slot {
+			t.Errorf("node %s minted slots %d and %d", id.Node, s, id.Slot)
+		}
+		slots[id.Node] = id.Slot
+		if _, err := c.Client(0).Sandboxes.Get(context.Background(), connect.NewRequest(&dsecv1.GetRequest{Id: sb.GetId()})); err != nil {
+			t.Errorf("get %s through the other apiserver: %v", sb.GetId(), err)
+		}
+	}
+	if len(slots) != 2 || slots["e1"] == slots["e2"] {
+		t.Errorf("slots %v, want two distinct", slots)
+	}
+	// An ID of the same node name at another generation is not routed.
+	stale := sandboxid.New("e1", slots["e1"], 99)
+	if _, err := c.Client(0).Sandboxes.Get(context.Background(), connect.NewRequest(&dsecv1.GetRequest{Id: stale})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("get of an ID from another generation of e1's slot: %v", err)
+	}
+
+	// Another machine claims e1's name with a certificate of its own.
+	pki := filepath.Join(c.Dir, "pki")
+	ca, err := clustertls.LoadCA(pki)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, key, err := ca.Issue(clustertls.RoleEdge, "e1", []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	impostor := t.TempDir()
+	if err := clustertls.WriteCert(impostor, "edge-e1", crt, key); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(c.Bin, "dsecd"), "edge", "--node", "e1", "--runtime", "fake", "--listen", "127.0.0.1:0",
+		"--registry", pg, "--tls-cert", filepath.Join(impostor, "edge-e1.crt"), "--tls-key", filepath.Join(impostor, "edge-e1.key"),
+		"--tls-ca", filepath.Join(pki, "ca.crt"))
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "e1") || !strings.Contains(string(out), "already exists") {
+		t.Errorf("an edge claiming a live node's name: %v\n%s", err, out)
+	}
+}
