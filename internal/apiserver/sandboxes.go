@@ -42,7 +42,7 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 
 	key := msg.GetIdempotencyKey()
 	if key == "" {
-		sbs, err := s.createBatch(ctx, msg.GetSpec(), count, "")
+		sbs, err := s.createBatch(ctx, msg.GetSpec(), count)
 		if err != nil {
 			return nil, err
 		}
@@ -88,23 +88,68 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 	}
 }
 
-// createAndRecord makes the batch and records it under its idempotency key;
-// a batch that cannot be recorded is deleted again.
+// createAndRecord makes the batch under its idempotency key, across
+// replicas: the key and the batch's placements are reserved in the
+// metadata store first, so a replica retrying the same request (after this
+// one crashed, say) follows the same plan; each sandbox's create carries a
+// token of the key, so an edge hands both the same sandbox. The key's
+// record and the sandboxes' rows are written in one transaction; a batch
+// that cannot be recorded is deleted again.
 func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, count int, key, hash string) ([]*dsecv1.Sandbox, error) {
-	sbs, err := s.createBatch(ctx, spec, count, key)
+	req := placement.Request{Backend: backendName(spec.GetBackend()), Count: count}
+	nodes, err := s.placer.Place(s.placementView(), req, nil)
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]string, len(sbs))
-	for i, sb := range sbs {
-		ids[i] = sb.GetId()
+	got, reserved, err := s.idem.ReserveCreate(ctx, store.CreateReservation{Key: key, RequestHash: hash, Owner: s.cfg.Name, Placements: nodes})
+	if err != nil {
+		s.unplace(nodes)
+		return nil, err
 	}
-	rec := store.Idempotency{Key: key, RequestHash: hash, IDs: ids, Created: time.Now()}
-	if err := s.idem.PutIdempotency(context.WithoutCancel(ctx), rec); err != nil {
+	if !reserved {
+		s.unplace(nodes)
+		if got.State == store.StateDone {
+			return s.replay(ctx, key, hash)
+		}
+		// Another replica holds the key: follow its plan, with the same
+		// tokens, so that both get the same sandboxes.
+		if len(got.Placements) != count {
+			return nil, fmt.Errorf("idempotency key %q: its reservation plans %d sandboxes, not %d: %w", key, len(got.Placements), count, errdefs.ErrInternal)
+		}
+		nodes = got.Placements
+		s.log.Debug("following another replica's create", "key", key, "owner", got.Owner)
+	}
+	sbs, err := s.createPlaced(ctx, spec, nodes, key)
+	if err != nil {
+		if reserved {
+			if rerr := s.idem.ReleaseCreate(context.WithoutCancel(ctx), key); rerr != nil {
+				s.log.Warn("release the reservation of a failed create", "key", key, "err", rerr)
+			}
+		}
+		return nil, err
+	}
+	rows := make([]store.SandboxRow, len(sbs))
+	for i, sb := range sbs {
+		rows[i] = store.SandboxRow{ID: sb.GetId(), Node: sb.GetNode(), Key: key, Created: time.Now()}
+	}
+	if err := s.idem.CompleteCreate(context.WithoutCancel(ctx), key, rows); err != nil {
+		if errors.Is(err, errdefs.ErrAlreadyExists) {
+			// Another replica recorded other sandboxes for the key first
+			// (a create that went elsewhere after a refusal): theirs stand.
+			s.deleteAll(context.WithoutCancel(ctx), sbs)
+			return s.replay(ctx, key, hash)
+		}
 		s.deleteAll(context.WithoutCancel(ctx), sbs)
 		return nil, err
 	}
 	return sbs, nil
+}
+
+// unplace gives back placements that will not be used.
+func (s *Server) unplace(nodes []string) {
+	for _, n := range nodes {
+		s.placer.Done(n, 1, false)
+	}
 }
 
 // replay answers a repeated create from its idempotency record.
@@ -139,19 +184,23 @@ func requestHash(msg *dsecv1.CreateRequest) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// createBatch places n sandboxes in one decision round and starts them with
-// bounded concurrency. A node's refusal (ResourceExhausted: it is full) or
-// failure sends that sandbox elsewhere, at most maxHops tries in all. If any
-// sandbox cannot be made, the others are removed and its error returned.
-// With a key, each sandbox's create carries a token derived from it, so a
-// retried create gets the sandboxes the first one made.
-func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n int, key string) ([]*dsecv1.Sandbox, error) {
-	view := s.placementView()
-	req := placement.Request{Backend: backendName(spec.GetBackend()), Count: n}
-	nodes, err := s.placer.Place(view, req, nil)
+// createBatch places n sandboxes in one decision round and makes them.
+func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n int) ([]*dsecv1.Sandbox, error) {
+	nodes, err := s.placer.Place(s.placementView(), placement.Request{Backend: backendName(spec.GetBackend()), Count: n}, nil)
 	if err != nil {
 		return nil, err
 	}
+	return s.createPlaced(ctx, spec, nodes, "")
+}
+
+// createPlaced starts one sandbox on each of nodes (placed and reserved
+// already) with bounded concurrency. A node's refusal (ResourceExhausted:
+// it is full) or failure sends that sandbox elsewhere, at most maxHops
+// tries in all. If any sandbox cannot be made, the others are removed and
+// its error returned. With a key, each sandbox's create carries a token
+// derived from it, so a retried create gets the sandboxes the first made.
+func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nodes []string, key string) ([]*dsecv1.Sandbox, error) {
+	n := len(nodes)
 	out := make([]*dsecv1.Sandbox, n)
 	errs := make([]error, n)
 	sem := make(chan struct{}, s.cfg.CreateConcurrency)

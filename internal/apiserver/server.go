@@ -46,14 +46,20 @@ type Fleet interface {
 	Nodes() []watcher.Node
 }
 
-// Idempotency remembers which sandboxes a Create with a key made.
+// Idempotency remembers which sandboxes a Create with a key made, across
+// replicas: the metadata store (package store) implements it.
 type Idempotency interface {
 	GetIdempotency(ctx context.Context, key string) (store.Idempotency, error)
-	PutIdempotency(ctx context.Context, rec store.Idempotency) error
+	ReserveCreate(ctx context.Context, r store.CreateReservation) (got store.CreateReservation, reserved bool, err error)
+	CompleteCreate(ctx context.Context, key string, sbs []store.SandboxRow) error
+	ReleaseCreate(ctx context.Context, key string) error
 }
 
 // Config tunes the apiserver.
 type Config struct {
+	// Name is this replica's name, recorded as the owner of the creates it
+	// reserves.
+	Name string
 	// MaxBatch is the largest count one Create may ask for.
 	MaxBatch int
 	// Replicas is how many apiservers place onto the same nodes; placement

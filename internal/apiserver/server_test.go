@@ -274,3 +274,75 @@ func TestRefusedCreatesGoElsewhere(t *testing.T) {
 		}
 	})
 }
+
+// TestIdempotentAcrossReplicas: two apiservers over one metadata store and
+// the same edges: the same keyed request through both, many times at once,
+// makes the batch once; a reservation left by a replica that died before
+// creating anything is followed, not duplicated.
+func TestIdempotentAcrossReplicas(t *testing.T) {
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	a, b := newFakeEdge("n1"), newFakeEdge("n2")
+	nodes := nodesOf(a, b) // one edge service each, shared by both replicas, as one process per node
+	var clients []dsecv1connect.SandboxServiceClient
+	for _, name := range []string{"api1", "api2"} {
+		s := New(Config{Name: name, Replicas: 2}, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
+		hs := httptest.NewServer(s.Handler())
+		defer hs.Close()
+		clients = append(clients, dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL))
+	}
+	req := &dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 4, IdempotencyKey: "k1"}
+	var wg sync.WaitGroup
+	answers := make([][]string, 16)
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := clients[i%2].Create(context.Background(), connect.NewRequest(req))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for _, sb := range resp.Msg.GetSandboxes() {
+				answers[i] = append(answers[i], sb.GetId())
+			}
+		}()
+	}
+	wg.Wait()
+	if n := a.running() + b.running(); n != 4 {
+		t.Fatalf("16 calls with one key through two replicas made %d sandboxes, want 4", n)
+	}
+	for i := range answers {
+		if strings.Join(answers[i], ",") != strings.Join(answers[0], ",") {
+			t.Fatalf("answers differ: %v and %v", answers[i], answers[0])
+		}
+	}
+
+	// A replica reserved k2 for n2 twice and died before any create: the
+	// retry through the other follows that plan.
+	req2 := &dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 2, IdempotencyKey: "k2"}
+	if _, reserved, err := st.ReserveCreate(context.Background(), store.CreateReservation{Key: "k2", RequestHash: requestHash(req2),
+		Owner: "api-dead", Placements: []string{"n2", "n2"}}); err != nil || !reserved {
+		t.Fatalf("reserve: %v %v", reserved, err)
+	}
+	before := b.running()
+	resp, err := clients[0].Create(context.Background(), connect.NewRequest(req2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range resp.Msg.GetSandboxes() {
+		if sb.GetNode() != "n2" {
+			t.Errorf("sandbox %s on %s, want the reservation's n2", sb.GetId(), sb.GetNode())
+		}
+	}
+	if b.running() != before+2 {
+		t.Errorf("n2 runs %d, want %d", b.running(), before+2)
+	}
+	again, err := clients[1].Create(context.Background(), connect.NewRequest(req2))
+	if err != nil || again.Msg.GetSandboxes()[0].GetId() != resp.Msg.GetSandboxes()[0].GetId() {
+		t.Errorf("replay through the other replica: %v", err)
+	}
+}

@@ -412,7 +412,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// EdgeService an apiserver of a cluster calls remote edges by.
 	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
 	fleet := watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: n.edge.Node()}, Edge: edge})
-	api := apiserver.New(apiserver.Config{}, n.meta, fleet, log.With("component", "apiserver"))
+	api := apiserver.New(apiserver.Config{Name: cfg.Node}, n.meta, fleet, log.With("component", "apiserver"))
 	var lns []net.Listener
 	uln, err := listenUnix(cfg.Socket)
 	if err != nil {
