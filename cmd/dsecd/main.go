@@ -28,6 +28,7 @@ const usage = `usage:
   dsecd edge [flags]           one node of a cluster: serves EdgeService to apiservers (mutual TLS)
   dsecd apiserver [flags]      a stateless apiserver of a cluster, in front of its edges
   dsecd init-cluster [flags]   make the cluster's CA and the certificates of its apiservers and edges
+  dsecd hollow-fleet [flags]   many hollow edges in one process, for control-plane scale tests
 
 Run "dsecd COMMAND -h" for a command's flags.
 `
@@ -50,6 +51,8 @@ func main() {
 		code = apiserverMain(args)
 	case "init-cluster":
 		code = initClusterMain(args)
+	case "hollow-fleet":
+		code = hollowFleetMain(args)
 	case "lazyfs":
 		code = lazyfsMain(args)
 	default:
@@ -269,6 +272,25 @@ func initClusterMain(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+func hollowFleetMain(args []string) int {
+	var cfg daemon.HollowFleetConfig
+	var level slog.Level
+	fs := flag.NewFlagSet("dsecd hollow-fleet", flag.ContinueOnError)
+	fs.IntVar(&cfg.Count, "count", 160, "hollow edges to run")
+	fs.StringVar(&cfg.Prefix, "prefix", "h", "their names: PREFIX1…PREFIXn (dsecd init-cluster must have made their certificates)")
+	fs.StringVar(&cfg.TLSDir, "tls-dir", "", "dsecd init-cluster's directory")
+	fs.StringVar(&cfg.Registry, "registry", "", "the cluster's metadata store (postgres://…)")
+	fs.IntVar(&cfg.Hollow.MaxSandboxes, "max-sandboxes", 200, "sandboxes each admits")
+	fs.DurationVar(&cfg.Hollow.StartDelay, "start-delay", 0, "how long each create takes")
+	fs.IntVar(&cfg.Hollow.MaxStarting, "max-starting", 0, "creates each starts at once (0: no bound)")
+	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	if !parse(fs, args) {
+		return 2
+	}
+	log := logger(level)
+	return run("dsecd hollow-fleet", func(ctx context.Context) error { return daemon.RunHollowFleet(ctx, cfg, log) })
 }
 
 // orFiles fills the files not named with the defaults.

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
@@ -70,9 +71,6 @@ func (c *EdgeConfig) fill() error {
 	if c.TLS.Cert == "" || c.TLS.Key == "" || c.TLS.CABundle == "" {
 		return fmt.Errorf("edge %s: a certificate, its key and the cluster's CA bundle are required (dsecd init-cluster makes them): %w",
 			c.Node.Node, errdefs.ErrInvalidArgument)
-	}
-	if c.Advertise == "" {
-		c.Advertise = "https://" + c.Listen
 	}
 	if c.Heartbeat == 0 {
 		c.Heartbeat = 2 * time.Second
@@ -147,6 +145,19 @@ func heartbeat(ctx context.Context, reg store.Store, n store.Node, every time.Du
 // RunEdge serves one node's EdgeService until ctx ends. Sandboxes keep
 // running after it returns, as with the all-in-one dsecd.
 func RunEdge(ctx context.Context, cfg EdgeConfig, log *slog.Logger) error {
+	var reg store.Store
+	if cfg.Registry != "" {
+		var err error
+		if reg, err = store.Open(ctx, cfg.Registry); err != nil {
+			return err
+		}
+		defer reg.Close()
+	}
+	return runEdge(ctx, cfg, reg, log)
+}
+
+// runEdge is RunEdge with the registry open already (nil: none).
+func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Logger) error {
 	if err := cfg.fill(); err != nil {
 		return err
 	}
@@ -154,14 +165,16 @@ func RunEdge(ctx context.Context, cfg EdgeConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var reg store.Store
-	var rec store.Node
-	if cfg.Registry != "" {
-		if reg, err = store.Open(ctx, cfg.Registry); err != nil {
-			return err
-		}
-		defer reg.Close()
+	// Listen first: with port 0 the address to advertise is known only now.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	defer ln.Close()
+	if cfg.Advertise == "" || strings.HasSuffix(cfg.Advertise, ":0") {
+		cfg.Advertise = "https://" + ln.Addr().String()
+	}
+	var rec store.Node
 	var svc *edgesvc.Service
 	if cfg.Node.Runtime == "fake" {
 		h := cfg.Hollow
@@ -200,10 +213,6 @@ func RunEdge(ctx context.Context, cfg EdgeConfig, log *slog.Logger) error {
 			defer n.net.Close()
 		}
 		svc = edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle(svc.Handler())
@@ -372,4 +381,55 @@ func edgeTransport(tc *tls.Config) *http.Transport {
 	tr.Protocols = new(http.Protocols)
 	tr.Protocols.SetHTTP2(true)
 	return tr
+}
+
+// HollowFleetConfig is `dsecd hollow-fleet`'s configuration: many hollow
+// edges in one process, each with its own certificate, listener and
+// registration, for measuring the control plane at the scale of a fleet on
+// one machine.
+type HollowFleetConfig struct {
+	Count    int    // edges; default 160
+	Prefix   string // their names are PREFIX1…PREFIXn; default "h"
+	TLSDir   string // dsecd init-cluster's directory, with a certificate per edge
+	Registry string // the cluster's metadata store (postgres://…), shared by all
+	Hollow   hollow.Config
+}
+
+// RunHollowFleet serves the fleet until ctx ends or an edge fails.
+func RunHollowFleet(ctx context.Context, cfg HollowFleetConfig, log *slog.Logger) error {
+	if cfg.Count == 0 {
+		cfg.Count = 160
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "h"
+	}
+	if cfg.Registry == "" || cfg.TLSDir == "" {
+		return fmt.Errorf("hollow fleet: --registry and --tls-dir are required: %w", errdefs.ErrInvalidArgument)
+	}
+	reg, err := store.Open(ctx, cfg.Registry)
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for i := range cfg.Count {
+		name := fmt.Sprintf("%s%d", cfg.Prefix, i+1)
+		ecfg := EdgeConfig{Node: Config{Node: name, Runtime: "fake"}, Listen: "127.0.0.1:0", Hollow: cfg.Hollow,
+			TLS: clustertls.ComponentFiles(cfg.TLSDir, clustertls.RoleEdge, name)}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := runEdge(ctx, ecfg, reg, log.With("node", name)); err != nil {
+				cancel(fmt.Errorf("hollow edge %s: %w", name, err))
+			}
+		}()
+	}
+	log.Info("hollow fleet started", "edges", cfg.Count)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
 }
