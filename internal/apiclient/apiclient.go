@@ -1,21 +1,47 @@
 // Package apiclient connects Go code inside this repository (the CLI, the
-// benchmarks, the end-to-end tests) to a dsecd. Users' programs use the Go
-// SDK under sdk/go instead.
+// benchmarks, the end-to-end tests) to a dsecd or a cluster of apiservers.
+// Users' programs use the Go SDK under sdk/go instead.
+//
+// An address is one address or a comma-separated list of them, each
+// unix:///path, http://host:port, https://host:port or host:port (http).
+// The clients keep a current address, the first to begin with, and move to
+// the next when one fails:
+//
+//   - A call that cannot reach a server (the dial is refused or times out,
+//     the TLS handshake fails) goes on to the next address at once, whatever
+//     the call, Exec and Shell included: no server has seen it.
+//   - A call that reached a server and got Unavailable back (or a proxy's
+//     502, 503 or 504, or a connection broken before the answer) goes on to
+//     the next address only if it may repeat: the calls the API marks free of
+//     side effects or idempotent (Get, List, Delete, SetNetworkRules,
+//     NetworkLog, SetWarmPool, ListWarmPools, ListLayers, ListEnvironments,
+//     LayerStats), Create with an idempotency key (the same key is sent
+//     again), the reads ReadFile, ListDir, Stat, ListProcesses, Attach and
+//     Download (a stream only until its first message), and Remove and
+//     MakeDir. Exec, WriteStdin, WriteFile, Signal, the Session calls,
+//     Upload, Shell, ImportLayer, RemoveLayer and ImportImage never are.
+//
+// A call tries each address at most once; nothing here waits and tries
+// again, so with one address a failed call fails as it always did.
+//
+// Every request carries "Authorization: Bearer <token>", the token being
+// Options.Token, else $DSEC_TOKEN, else the contents of the file named by
+// $DSEC_TOKEN_FILE (which must be readable), else those of DefaultTokenFile
+// when it exists and is readable, else none. It is read once, by Dial, and
+// never appears in an error: the message of an Unauthenticated answer says
+// where the token came from instead. https:// addresses are verified with
+// the system roots, or with Options.CAFile, else $DSEC_CA_FILE, when set.
 package apiclient
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"strings"
 
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
-	"dsec.dev/dsec/internal/errdefs"
 )
 
 // DefaultAddr is the local daemon's Unix socket.
@@ -32,56 +58,77 @@ func Addr(addr string) string {
 	return DefaultAddr
 }
 
-// Clients are the services of one dsecd.
+// Options are how Dial finds and proves itself to the servers; the zero
+// value reads the environment.
+type Options struct {
+	// Token is the bearer token; "" looks in the environment and the node's
+	// token file.
+	Token string
+	// TokenName is what messages call Token (the CLI's "--token"); "" means
+	// "Options.Token".
+	TokenName string
+	// CAFile is a PEM bundle to verify https:// servers with; "" means
+	// $DSEC_CA_FILE, else the system roots.
+	CAFile string
+}
+
+// Clients are the services of a dsecd or of a cluster of apiservers.
 type Clients struct {
 	Sandboxes dsecv1connect.SandboxServiceClient
 	Layers    dsecv1connect.LayerServiceClient
-	HTTP      *http.Client // HTTP/1.1
-	BaseURL   string
+	// HTTP sends requests for BaseURL over HTTP/1.1 to the current address,
+	// with the token, going on to the next one as the calls do when a
+	// request cannot reach a server.
+	HTTP    *http.Client
+	BaseURL string // the first address's
 }
 
-// Dial makes clients for addr: unix:///path, http://host:port or host:port.
-// Calls go over HTTP/1.1 with kept-alive connections, which answers sooner
-// than HTTP/2 (about 0.2 ms an exec on these machines); the bidirectional
-// shell stream needs HTTP/2 and gets a transport of its own.
-func Dial(addr string) (*Clients, error) {
-	addr = Addr(addr)
-	var dial func(ctx context.Context, network, address string) (net.Conn, error)
-	base := ""
-	switch {
-	case strings.HasPrefix(addr, "unix://"):
-		path := strings.TrimPrefix(addr, "unix://")
-		if path == "" {
-			return nil, fmt.Errorf("address %q names no socket: %w", addr, errdefs.ErrInvalidArgument)
-		}
-		var d net.Dialer
-		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "unix", path)
-		}
-		base = "http://dsecd"
-	case strings.HasPrefix(addr, "http://"):
-		base = strings.TrimSuffix(addr, "/")
-	case strings.Contains(addr, "://"):
-		return nil, fmt.Errorf("address %q: only unix:// and http:// are supported: %w", addr, errdefs.ErrInvalidArgument)
-	default:
-		base = "http://" + addr
+// Dial makes clients for addr (see the package doc) with the token and CA
+// bundle of the environment. It does not connect yet.
+func Dial(addr string) (*Clients, error) { return DialWith(addr, Options{}) }
+
+// DialWith makes clients for addr with o. Calls go over HTTP/1.1 with
+// kept-alive connections, which answers sooner than HTTP/2 (about 0.2 ms an
+// exec on these machines); the bidirectional shell stream needs HTTP/2 and
+// gets transports of its own.
+func DialWith(addr string, o Options) (*Clients, error) {
+	addrs, err := splitAddrs(Addr(addr))
+	if err != nil {
+		return nil, err
 	}
-	transport := func(h2 bool) *http.Client {
-		tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64, DialContext: dial}
-		if h2 {
-			tr.Protocols.SetUnencryptedHTTP2(true)
-		} else {
-			tr.Protocols.SetHTTP1(true)
-		}
-		return &http.Client{Transport: tr}
+	name := o.TokenName
+	if name == "" {
+		name = "Options.Token"
 	}
-	hc := transport(false)
+	cred, err := loadCredential(o.Token, name)
+	if err != nil {
+		return nil, err
+	}
+	tlsConf, err := tlsConfig(o.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	p := &pool{cred: cred}
+	for _, a := range addrs {
+		ep, socket, err := parseEndpoint(a)
+		if err != nil {
+			return nil, err
+		}
+		ep.h1, ep.h2 = newTransport(ep, socket, tlsConf, false), newTransport(ep, socket, tlsConf, true)
+		p.eps = append(p.eps, ep)
+	}
+	first := p.eps[0]
+	p.basePath = first.prefix
+	base := first.scheme + "://" + first.host + first.prefix
+	hc := &http.Client{Transport: via{p: p}}
+	ic := connect.WithInterceptors(interceptor{p})
 	return &Clients{
 		Sandboxes: sandboxClient{
-			SandboxServiceClient: dsecv1connect.NewSandboxServiceClient(hc, base),
-			bidi:                 dsecv1connect.NewSandboxServiceClient(transport(true), base),
+			SandboxServiceClient: dsecv1connect.NewSandboxServiceClient(hc, base, ic),
+			bidi:                 dsecv1connect.NewSandboxServiceClient(&http.Client{Transport: via{p: p, h2: true}}, base, ic),
+			p:                    p,
 		},
-		Layers:  dsecv1connect.NewLayerServiceClient(hc, base),
+		Layers:  dsecv1connect.NewLayerServiceClient(hc, base, ic),
 		HTTP:    hc,
 		BaseURL: base,
 	}, nil
@@ -91,6 +138,7 @@ func Dial(addr string) (*Clients, error) {
 type sandboxClient struct {
 	dsecv1connect.SandboxServiceClient
 	bidi dsecv1connect.SandboxServiceClient
+	p    *pool // the calls' addresses
 }
 
 func (c sandboxClient) Shell(ctx context.Context) *connect.BidiStreamForClient[dsecv1.ShellInput, dsecv1.ShellOutput] {

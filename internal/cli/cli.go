@@ -26,6 +26,8 @@ import (
 // app holds what every command shares.
 type app struct {
 	addr   string
+	token  string // --token; never printed
+	caFile string
 	json   bool
 	stdin  io.Reader
 	stdout io.Writer
@@ -70,7 +72,7 @@ func describe(err error) string {
 	var ce *connect.Error
 	if errors.As(err, &ce) {
 		msg := ce.Message()
-		if ce.Code() == connect.CodeUnavailable && strings.Contains(msg, "connect:") {
+		if ce.Code() == connect.CodeUnavailable && (apiclient.Unreachable(err) || strings.Contains(msg, "connect:")) {
 			return "cannot reach dsecd (" + msg + "); is it running? (address from --addr or $DSEC_ADDR)"
 		}
 		// The server's message ends with its error kind in words ("…: not
@@ -88,7 +90,7 @@ func (a *app) rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiclient.Dial(a.addr)
+			c, err := apiclient.DialWith(a.addr, apiclient.Options{Token: a.token, TokenName: "--token", CAFile: a.caFile})
 			if err != nil {
 				return err
 			}
@@ -96,7 +98,9 @@ func (a *app) rootCommand() *cobra.Command {
 			return nil
 		},
 	}
-	root.PersistentFlags().StringVar(&a.addr, "addr", "", "dsecd address: unix:///path, host:port or http://host:port (default $DSEC_ADDR, else "+apiclient.DefaultAddr+")")
+	root.PersistentFlags().StringVar(&a.addr, "addr", "", "dsecd or apiserver address, or a comma-separated list to fail over between: unix:///path, host:port, http://host:port or https://host:port (default $DSEC_ADDR, else "+apiclient.DefaultAddr+")")
+	root.PersistentFlags().StringVar(&a.token, "token", "", "bearer token (default $DSEC_TOKEN, else the file $DSEC_TOKEN_FILE, else "+apiclient.DefaultTokenFile+" if readable)")
+	root.PersistentFlags().StringVar(&a.caFile, "ca-file", "", "PEM bundle to verify https:// addresses with (default $DSEC_CA_FILE, else the system roots)")
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON for scripts")
 	root.AddCommand(
 		a.runCommand(), a.createCommand(), a.execCommand(), a.shellCommand(),

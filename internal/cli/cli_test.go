@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -260,5 +261,63 @@ func TestDescribeSaysTheKindOnce(t *testing.T) {
 		if got := describe(tc.err); got != tc.want {
 			t.Errorf("describe(%v) = %q, want %q", tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestAddressListAndToken: --addr takes a list and goes past an address
+// that refuses; --token goes on every call; an Unauthenticated answer says
+// where the token came from, not what it is.
+func TestAddressListAndToken(t *testing.T) {
+	t.Setenv("DSEC_TOKEN", "")
+	t.Setenv("DSEC_TOKEN_FILE", "")
+	f := &fakeSandboxes{}
+	var (
+		mu   sync.Mutex
+		auth []string
+	)
+	mux := http.NewServeMux()
+	mux.Handle(dsecv1connect.NewSandboxServiceHandler(f))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auth = append(auth, r.Header.Get("Authorization"))
+		mu.Unlock()
+		mux.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+
+	for _, args := range [][]string{{"create", "b:1"}, {"exec", "sb-n1-a", "--", "true"}, {"rm", "sb-n1-a"}} {
+		if _, _, err := runCLIErr(t, closed+","+srv.URL, append([]string{"--token", "tok-1"}, args...)...); err != nil {
+			t.Fatalf("dsec %s: %v", strings.Join(args, " "), err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(auth) != 3 {
+		t.Fatalf("the server got %d calls, want 3", len(auth))
+	}
+	for _, a := range auth {
+		if a != "Bearer tok-1" {
+			t.Fatalf("Authorization %q", a)
+		}
+	}
+
+	refuse := connect.UnaryInterceptorFunc(func(connect.UnaryFunc) connect.UnaryFunc {
+		return func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) {
+			return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("bad token: unauthenticated"))
+		}
+	})
+	mux2 := http.NewServeMux()
+	mux2.Handle(dsecv1connect.NewSandboxServiceHandler(f, connect.WithInterceptors(refuse)))
+	srv2 := httptest.NewServer(mux2)
+	t.Cleanup(srv2.Close)
+	_, _, err = runCLIErr(t, srv2.URL, "--token", "s3cret", "ls")
+	if got, want := describe(err), "bad token (token from --token) (unauthenticated)"; got != want {
+		t.Fatalf("describe = %q, want %q", got, want)
 	}
 }

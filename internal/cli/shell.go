@@ -2,7 +2,9 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"os/signal"
@@ -94,9 +96,11 @@ func (a *app) shellCommand() *cobra.Command {
 				}()
 			}
 			var exited *dsecv1.ExecExited
+			var recvErr error
 			for {
 				out, err := stream.Receive()
 				if err != nil {
+					recvErr = err
 					break
 				}
 				switch o := out.Output.(type) {
@@ -108,6 +112,9 @@ func (a *app) shellCommand() *cobra.Command {
 			}
 			stream.CloseResponse()
 			if exited == nil {
+				if recvErr != nil && !errors.Is(recvErr, io.EOF) {
+					return recvErr
+				}
 				return fmt.Errorf("the shell ended without an exit status")
 			}
 			if exited.GetStatus() == dsecv1.ExitStatus_EXIT_STATUS_OK {

@@ -1,6 +1,6 @@
 // Package dsec is the Go client of dsec, the sandbox infrastructure for
-// agentic RL. It talks to a dsecd (or an apiserver) over Connect, on a Unix
-// socket or loopback TCP:
+// agentic RL. It talks to a dsecd, or to a cluster of apiservers, over
+// Connect, on a Unix socket, TCP or TLS:
 //
 //	c, err := dsec.NewClient("") // $DSEC_ADDR, else unix:///var/lib/dsec/dsecd.sock
 //	sb, err := c.Create(ctx, "busybox:test", &dsec.CreateOptions{MemoryMB: 256})
@@ -9,10 +9,49 @@
 //
 // Every call honours its context; calls whose context has no deadline get
 // the client's default timeout (Exec: the command's own timeout plus a
-// grace period). Idempotent calls (Get, List, Delete, read-only file calls,
-// and Create, which always carries an idempotency key) are retried on
-// transport failures with exponential backoff and jitter. Errors match the
-// kinds in errors.go with errors.Is.
+// grace period). Errors match the kinds in errors.go with errors.Is.
+//
+// # Addresses and failover
+//
+// The address is one address or a comma-separated list of them (several
+// apiservers, or one load-balanced address), each unix:///path,
+// http://host:port, https://host:port or host:port (http). The client keeps
+// a current address, the first to begin with, and moves to the next when
+// one fails:
+//
+//   - A call that cannot reach a server (the dial is refused or times out,
+//     the TLS handshake fails) goes on to the next address at once, whatever
+//     the call, Exec included: no server has seen it. Each address is tried
+//     once this way per attempt.
+//   - A call that reached a server and got Unavailable back (or a proxy's
+//     502, 503 or 504, or a connection broken before the answer) is tried
+//     again, on the next address, only if it may repeat: Get, List, Delete,
+//     SetNetworkRules, NetworkLog, SetWarmPool, WarmPools, ListLayers,
+//     ListEnvironments, LayerStats (the calls the API marks free of side
+//     effects or idempotent); Create, which always carries an idempotency
+//     key and sends the same key on every attempt, so it never makes a
+//     second batch; the reads ReadFile, ListDir, Stat, Processes, Job.Wait
+//     and Job.Output (Attach replays the output from the start) and
+//     Download; and Remove and MkdirAll. Exec, ExecStream, Spawn,
+//     WriteStdin, WriteFile, AppendFile, Kill, the Session calls, Upload,
+//     ImportLayer and ImportImage are never sent again once a server had them.
+//
+// Such retries count against WithMaxRetries (6 by default); the first pass
+// over addresses not yet tried by the call is immediate, later attempts
+// back off exponentially with jitter (or by the server's Retry-After).
+//
+// # Token
+//
+// Every call carries "Authorization: Bearer <token>", the token being the
+// WithToken option, else $DSEC_TOKEN, else the contents of the file named by
+// $DSEC_TOKEN_FILE (which must be readable), else the contents of
+// DefaultTokenFile (/var/lib/dsec/admin.token, written by the all-in-one
+// dsecd) when it exists and is readable, else none. The token is read once,
+// by NewClient, and never appears in an error: an Unauthenticated answer
+// is not retried and its message says where the token came from instead.
+//
+// https:// addresses are verified with the system roots, or with the PEM
+// bundle of WithCAFile, else $DSEC_CA_FILE, when set.
 //
 // The package imports only the public API module, never server code.
 package dsec
@@ -20,15 +59,14 @@ package dsec
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -54,24 +92,39 @@ type Option func(*Client)
 // WithTimeout sets the default timeout of unary calls (default 30 s).
 func WithTimeout(d time.Duration) Option { return func(c *Client) { c.timeout = d } }
 
-// WithMaxRetries sets how often an idempotent call is retried (default 6).
+// WithMaxRetries sets how often a call that may repeat is retried (default 6).
 func WithMaxRetries(n int) Option { return func(c *Client) { c.maxRetries = n } }
 
-// WithHTTPClient replaces the HTTP client (the address is then only used for the base URL).
+// WithHTTPClient replaces the HTTP client: every address is then reached
+// through its Transport (http.DefaultTransport if nil), which must dial Unix
+// sockets itself, and WithCAFile does not apply. The token is still added.
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.hc = hc } }
 
-// Client is a client of one dsecd. It is safe for concurrent use.
+// WithToken sets the bearer token sent on every call, instead of
+// $DSEC_TOKEN, $DSEC_TOKEN_FILE or DefaultTokenFile.
+func WithToken(token string) Option { return func(c *Client) { c.token = token } }
+
+// WithCAFile verifies https:// apiservers with the PEM bundle at path
+// instead of $DSEC_CA_FILE or the system roots.
+func WithCAFile(path string) Option { return func(c *Client) { c.caFile = path } }
+
+// Client is a client of a dsecd or of a cluster of apiservers. It is safe
+// for concurrent use.
 type Client struct {
 	sb         dsecv1connect.SandboxServiceClient
 	layers     dsecv1connect.LayerServiceClient
 	hc         *http.Client
-	baseURL    string
+	pool       *pool
 	timeout    time.Duration
 	maxRetries int
+	token      string
+	caFile     string
 }
 
-// NewClient makes a client for addr: unix:///path, http://host:port or
-// host:port; "" means $DSEC_ADDR, else DefaultAddr. It does not connect yet.
+// NewClient makes a client for addr, one address or a comma-separated
+// list of them, each unix:///path, http://host:port, https://host:port or
+// host:port (http); "" means $DSEC_ADDR, else DefaultAddr. It reads the
+// token and the CA bundle (see the package doc) but does not connect yet.
 func NewClient(addr string, opts ...Option) (*Client, error) {
 	if addr == "" {
 		addr = os.Getenv("DSEC_ADDR")
@@ -83,45 +136,60 @@ func NewClient(addr string, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(c)
 	}
-	// HTTP/1.1 with kept-alive connections: every call of the SDK is unary
-	// or server-streaming, and on a node an exec answers about 0.2 ms sooner
-	// than over HTTP/2.
-	tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
-	tr.Protocols.SetHTTP1(true)
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 15 * time.Second}
-	switch {
-	case strings.HasPrefix(addr, "unix://"):
-		path := strings.TrimPrefix(addr, "unix://")
-		if path == "" {
-			return nil, invalid("address %q names no socket", addr)
-		}
-		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, "unix", path)
-		}
-		c.baseURL = "http://dsecd"
-	case strings.HasPrefix(addr, "http://"):
-		c.baseURL = strings.TrimSuffix(addr, "/")
-		tr.DialContext = dialer.DialContext
-	case strings.Contains(addr, "://"):
-		return nil, invalid("address %q: only unix:// and http:// are supported", addr)
-	default:
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return nil, invalid("address %q: %v", addr, err)
-		}
-		c.baseURL = "http://" + addr
-		tr.DialContext = dialer.DialContext
+	addrs, err := splitAddrs(addr)
+	if err != nil {
+		return nil, err
 	}
-	if c.hc == nil {
-		c.hc = &http.Client{Transport: tr}
+	cred, err := loadCredential(c.token, "the WithToken option")
+	if err != nil {
+		return nil, err
 	}
-	c.sb = dsecv1connect.NewSandboxServiceClient(c.hc, c.baseURL)
-	c.layers = dsecv1connect.NewLayerServiceClient(c.hc, c.baseURL)
+	c.token = ""
+	tlsConf, err := tlsConfig(c.caFile)
+	if err != nil {
+		return nil, err
+	}
+	p := &pool{cred: cred}
+	for _, a := range addrs {
+		ep, socket, err := parseEndpoint(a)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case c.hc == nil:
+			// HTTP/1.1 with kept-alive connections: every call of the SDK is
+			// unary or server-streaming, and on a node an exec answers about
+			// 0.2 ms sooner than over HTTP/2.
+			ep.rt = newTransport(socket, tlsConf)
+		case c.hc.Transport != nil:
+			ep.rt = c.hc.Transport
+		default:
+			ep.rt = http.DefaultTransport
+		}
+		p.eps = append(p.eps, ep)
+	}
+	c.pool = p
+	first := p.eps[0]
+	p.basePath = first.prefix
+	base := first.scheme + "://" + first.host + first.prefix
+	hc := &http.Client{Transport: p}
+	if c.hc != nil {
+		hc.Timeout, hc.CheckRedirect, hc.Jar = c.hc.Timeout, c.hc.CheckRedirect, c.hc.Jar
+	}
+	c.hc = hc
+	ic := connect.WithInterceptors(interceptor{p})
+	c.sb = dsecv1connect.NewSandboxServiceClient(hc, base, ic)
+	c.layers = dsecv1connect.NewLayerServiceClient(hc, base, ic)
 	return c, nil
 }
 
 // Close drops the client's idle connections.
 func (c *Client) Close() error {
-	c.hc.CloseIdleConnections()
+	for _, ep := range c.pool.eps {
+		if t, ok := ep.rt.(interface{ CloseIdleConnections() }); ok {
+			t.CloseIdleConnections()
+		}
+	}
 	return nil
 }
 
@@ -134,9 +202,13 @@ func withTimeout(ctx context.Context, d time.Duration) (context.Context, context
 }
 
 // retry runs call until it succeeds, fails with a non-retryable error, or
-// the retries or the context run out. Only transport failures (unavailable)
-// are retried.
+// the retries or the context run out. Only unavailable is retried: a server
+// unreachable, a connection broken, an answer of Unavailable (or a proxy's
+// 502, 503, 504). Every attempt counts; an attempt after an answer of
+// Unavailable goes to the next address, at once while this call has
+// addresses left that it has not tried, else after a backoff.
 func (c *Client) retry(ctx context.Context, creating bool, call func(context.Context) error) error {
+	ctx, ct := c.pool.trace(ctx)
 	for attempt := 0; ; attempt++ {
 		err := call(ctx)
 		if err == nil {
@@ -147,7 +219,22 @@ func (c *Client) retry(ctx context.Context, creating bool, call func(context.Con
 		if !errors.As(err, &e) || e.Code != connect.CodeUnavailable || attempt >= c.maxRetries {
 			return err
 		}
+		var cve *tls.CertificateVerificationError
+		if errors.As(err, &cve) {
+			return err // a certificate that does not verify will not a moment later
+		}
 		delay := backoff(attempt, e.RetryAfter)
+		if i := ct.lastReached(); i >= 0 {
+			// A server had the request (its answer, or a connection it
+			// broke): the next attempt goes elsewhere.
+			c.pool.advance(i)
+			if ct.untried() {
+				delay = 0
+			}
+		}
+		if delay == 0 {
+			continue
+		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= delay {
 			return err
 		}

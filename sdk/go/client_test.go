@@ -84,17 +84,20 @@ func startFake(t *testing.T, f *fakeService) (*httptest.Server, *Client) {
 }
 
 func TestNewClientAddresses(t *testing.T) {
+	noToken(t)
 	tests := []struct {
 		addr, base string
 		bad        bool
 	}{
 		{addr: "unix:///run/d.sock", base: "http://dsecd"},
 		{addr: "http://127.0.0.1:8675/", base: "http://127.0.0.1:8675"},
+		{addr: "https://x:1", base: "https://x:1"},
 		{addr: "127.0.0.1:8675", base: "http://127.0.0.1:8675"},
 		{addr: "unix://", bad: true},
-		{addr: "https://x:1", bad: true},
+		{addr: "ftp://x:1", bad: true},
 		{addr: "nohost", bad: true},
 	}
+	base := func(c *Client) string { ep := c.pool.eps[0]; return ep.scheme + "://" + ep.host + ep.prefix }
 	for _, tt := range tests {
 		t.Run(tt.addr, func(t *testing.T) {
 			c, err := NewClient(tt.addr)
@@ -104,13 +107,13 @@ func TestNewClientAddresses(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || c.baseURL != tt.base {
-				t.Fatalf("NewClient(%q): base %q, %v; want %q", tt.addr, c.baseURL, err, tt.base)
+			if err != nil || base(c) != tt.base {
+				t.Fatalf("NewClient(%q): %v; want base %q", tt.addr, err, tt.base)
 			}
 		})
 	}
 	t.Setenv("DSEC_ADDR", "127.0.0.1:9")
-	if c, err := NewClient(""); err != nil || c.baseURL != "http://127.0.0.1:9" {
+	if c, err := NewClient(""); err != nil || base(c) != "http://127.0.0.1:9" {
 		t.Fatalf("NewClient with $DSEC_ADDR: %v", err)
 	}
 }

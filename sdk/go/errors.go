@@ -51,14 +51,21 @@ type Error struct {
 	SandboxID, State, Reason string
 	// RetryAfter is the daemon's hint for ErrOverloaded (0: none).
 	RetryAfter time.Duration
-	cause      error
+	// Token says, for ErrUnauthenticated, where the token sent came from
+	// ("token from $DSEC_TOKEN") or why none was; never the token itself.
+	Token string
+	cause error
 }
 
 func (e *Error) Error() string {
-	if e.Message == "" {
-		return e.Kind.Error()
+	s := e.Kind.Error()
+	if e.Message != "" {
+		s += ": " + e.Message
 	}
-	return e.Kind.Error() + ": " + e.Message
+	if e.Token != "" {
+		s += " (" + e.Token + ")"
+	}
+	return s
 }
 
 // Unwrap lets errors.Is see the kind, its parent kinds, and the cause.
@@ -101,6 +108,10 @@ func fromConnect(err error, creating bool) error {
 		code = connect.CodeUnavailable
 	}
 	out := &Error{Code: code, Message: msg, cause: err}
+	var ua *unauthenticated
+	if errors.As(err, &ua) {
+		out.Token = ua.source
+	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) || code == connect.CodeDeadlineExceeded:
 		out.Kind = ErrTimeout

@@ -633,7 +633,7 @@ func (ss *Session) Interrupt(ctx context.Context) error {
 
 // Close ends the session and kills what runs in it.
 func (ss *Session) Close(ctx context.Context) error {
-	return ss.sb.c.unary(ctx, true, func(ctx context.Context) error {
+	return ss.sb.c.unary(ctx, false, func(ctx context.Context) error {
 		_, err := ss.sb.c.sb.SessionClose(ctx, connect.NewRequest(&dsecv1.SessionCloseRequest{SandboxId: ss.sb.ID, Session: ss.Name}))
 		return err
 	})

@@ -19,7 +19,7 @@ from . import errors
 from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, Job as AsyncJob, ProcessInfo,
                    Sandbox as AsyncSandbox, Session as AsyncSession, WarmPool, extract_tar)
 from ._sync import Client, Job, Sandbox, Session
-from ._transport import DEFAULT_ADDR, resolve_addr
+from ._transport import DEFAULT_ADDR, DEFAULT_TOKEN_FILE, resolve_addr, resolve_addrs
 from .compat import DSecClient, DSecContainerRunArgs, DSecSandbox
 from .errors import (CommandFailed, DsecError, InvalidArgument, NotFound, Overloaded, SandboxGone,
                      StartupTimeout, Timeout, Unauthenticated, Unavailable)
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncJob", "AsyncSession", "Client", "Sandbox", "Job", "Session",
     "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
-    "DEFAULT_ADDR", "resolve_addr", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
+    "DEFAULT_ADDR", "DEFAULT_TOKEN_FILE", "resolve_addr", "resolve_addrs", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
     "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed",
     "DSecClient", "DSecContainerRunArgs", "DSecSandbox",
 ]

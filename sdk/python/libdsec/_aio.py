@@ -303,17 +303,28 @@ async def _drive(stream: ServerStream, col: _Collector, what: str) -> ExecResult
 # --- client ------------------------------------------------------------------------
 
 class AsyncClient:
-    """A client of one dsecd (or apiserver).
+    """A client of a dsecd, or of a cluster of apiservers.
 
-    addr is unix:///path, http://host:port or host:port; default $DSEC_ADDR,
-    else unix:///var/lib/dsec/dsecd.sock. Use it from one event loop; close()
-    (or ``async with``) drops its connections.
+    addr is one address or a comma-separated list of them, each
+    unix:///path, http://host:port, https://host:port or host:port; default
+    $DSEC_ADDR, else unix:///var/lib/dsec/dsecd.sock. With several, calls
+    fail over from one to the next (see docs/python.md for which calls may be
+    sent again). token is the bearer token sent on every call; default
+    $DSEC_TOKEN, else the file $DSEC_TOKEN_FILE names, else
+    /var/lib/dsec/admin.token when readable. ca_file is a PEM bundle to
+    verify https:// servers with; default $DSEC_CA_FILE, else the system's
+    roots. Use it from one event loop; close() (or ``async with``) drops its
+    connections.
     """
 
     def __init__(self, addr: Optional[str] = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 max_idle_connections: int = 32):
-        self._t = Transport(addr, max_idle=max_idle_connections)
+                 max_idle_connections: int = 32, token: Optional[str] = None,
+                 ca_file: Optional[str] = None):
+        self._t = Transport(addr, max_idle=max_idle_connections, token=token, ca_file=ca_file)
         self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self._t.describe()!r})"
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -1039,4 +1050,4 @@ class Session:
 
     async def close(self, *, timeout: Optional[float] = None) -> None:
         await self.sandbox.client._call("SessionClose", {"sandboxId": self.sandbox.id, "session": self.name},
-                                        timeout, idempotent=True)
+                                        timeout)

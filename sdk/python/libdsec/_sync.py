@@ -37,9 +37,11 @@ class Client:
     """Blocking twin of AsyncClient; see it for the arguments."""
 
     def __init__(self, addr: Optional[str] = None, *, timeout: float = _aio.DEFAULT_TIMEOUT,
-                 max_idle_connections: int = 32):
+                 max_idle_connections: int = 32, token: Optional[str] = None,
+                 ca_file: Optional[str] = None):
+        self._a = _aio.AsyncClient(addr, timeout=timeout, max_idle_connections=max_idle_connections,
+                                   token=token, ca_file=ca_file)
         self._loop = _Loop()
-        self._a = _aio.AsyncClient(addr, timeout=timeout, max_idle_connections=max_idle_connections)
 
     def __enter__(self) -> "Client":
         return self

@@ -1,14 +1,30 @@
 """Connect-protocol transport over HTTP/1.1 (asyncio streams, standard library).
 
-The transport owns a small pool of keep-alive connections to one dsecd, over
-TCP or a Unix socket. It speaks the Connect protocol with JSON: unary calls
-are a POST with an application/json body; server streams are a POST with one
-enveloped message, answered by a sequence of envelopes whose last one
-(flag 0x02) carries the end of the stream and maybe an error.
+The transport owns small pools of keep-alive connections to one dsecd or to
+a list of apiservers, over TCP, TLS or a Unix socket. It speaks the Connect
+protocol with JSON: unary calls are a POST with an application/json body;
+server streams are a POST with one enveloped message, answered by a sequence
+of envelopes whose last one (flag 0x02) carries the end of the stream and
+maybe an error.
 
 Every call has a deadline. Each read and write waits at most until that
 deadline, so a daemon that dies or stalls mid-call gives a typed error
 (Unavailable or Timeout) and never a hang.
+
+Addresses and failover: the transport keeps a current address, the first
+to begin with, and moves to the next when one fails. A call that cannot
+reach a server (the connection is refused or times out, the TLS handshake
+fails, a kept-alive connection turns out closed before any answer) goes on
+to the next address at once, whatever the call: no server has seen it. A
+call that reached a server and got Unavailable back (or a proxy's 502, 503,
+504, or a connection broken before the answer) goes on to the next address
+only if it may repeat (idempotent=True); the first pass over the addresses
+this call has not tried is immediate, later attempts back off. Every
+attempt counts against max_retries.
+
+Every request carries "Authorization: Bearer <token>": the token argument,
+else $DSEC_TOKEN, else the file named by $DSEC_TOKEN_FILE, else
+DEFAULT_TOKEN_FILE when it exists and is readable, else none.
 """
 
 from __future__ import annotations
@@ -18,37 +34,154 @@ import collections
 import json
 import os
 import random
+import ssl
 import struct
 import time
-from typing import Any, AsyncIterator, Dict, Optional, Tuple
+import urllib.parse
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from . import errors
 
 DEFAULT_ADDR = "unix:///var/lib/dsec/dsecd.sock"
+DEFAULT_TOKEN_FILE = "/var/lib/dsec/admin.token"
 
 _TRANSPORT_ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, ConnectionError)
 
 
-def resolve_addr(addr: Optional[str] = None) -> Tuple[str, Any]:
-    """Parse an address: unix:///path, http://host:port or host:port.
+class _Endpoint:
+    """One address: where it is, and its idle connections."""
 
-    With no address it uses $DSEC_ADDR, else the local daemon's socket.
-    Returns ("unix", path) or ("tcp", (host, port)).
-    """
-    addr = addr or os.environ.get("DSEC_ADDR") or DEFAULT_ADDR
+    def __init__(self, addr: str, kind: str, where: Any, tls: bool = False, prefix: str = ""):
+        self.addr = addr
+        self.kind = kind            # "unix" or "tcp"
+        self.where = where          # the socket's path, or (host, port)
+        self.tls = tls
+        self.prefix = prefix        # path before the procedure, without a trailing slash
+        if kind == "unix":
+            self.host_header = "dsecd"
+        else:
+            host, port = where
+            self.host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.idle: "collections.deque[_Conn]" = collections.deque()
+
+    def describe(self) -> str:
+        if self.kind == "unix":
+            return f"unix://{self.where}"
+        return ("https://" if self.tls else "") + self.host_header
+
+
+def _split(spec: str) -> List[str]:
+    parts = [a.strip() for a in spec.split(",")]
+    if any(not a for a in parts):
+        raise errors.InvalidArgument(f"address list {spec!r} has an empty entry")
+    return parts
+
+
+def _parse(addr: str) -> _Endpoint:
+    if "," in addr:
+        raise errors.InvalidArgument(f"address {addr!r} is a list; see resolve_addrs")
     if addr.startswith("unix://"):
         path = addr[len("unix://"):]
         if not path:
             raise errors.InvalidArgument(f"address {addr!r} names no socket")
-        return "unix", path
-    if addr.startswith("http://"):
-        addr = addr[len("http://"):].rstrip("/")
+        return _Endpoint(addr, "unix", path)
+    tls, prefix, rest = False, "", addr
+    if addr.startswith(("http://", "https://")):
+        u = urllib.parse.urlsplit(addr)
+        if not u.netloc or u.query or u.fragment or "@" in u.netloc:
+            raise errors.InvalidArgument(f"address {addr!r} is not a URL of the form scheme://host:port[/path]")
+        tls, rest, prefix = u.scheme == "https", u.netloc, u.path.rstrip("/")
     elif "://" in addr:
-        raise errors.InvalidArgument(f"address {addr!r}: only unix:// and http:// are supported")
-    host, sep, port = addr.rpartition(":")
+        raise errors.InvalidArgument(f"address {addr!r}: only unix://, http:// and https:// are supported")
+    host, sep, port = rest.rpartition(":")
     if not sep or not port.isdigit():
         raise errors.InvalidArgument(f"address {addr!r} has no port")
-    return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
+    return _Endpoint(addr, "tcp", (host.strip("[]") or "127.0.0.1", int(port)), tls, prefix)
+
+
+def resolve_addr(addr: Optional[str] = None) -> Tuple[str, Any]:
+    """Parse one address: unix:///path, http://host:port, https://host:port or host:port.
+
+    With no address it uses $DSEC_ADDR, else the local daemon's socket.
+    Returns ("unix", path), ("tcp", (host, port)) or, for https,
+    ("tls", (host, port)). A list of addresses is resolve_addrs's.
+    """
+    ep = _parse(addr or os.environ.get("DSEC_ADDR") or DEFAULT_ADDR)
+    return ("tls" if ep.tls else ep.kind), ep.where
+
+
+def resolve_addrs(addr: Optional[str] = None) -> List[Tuple[str, Any]]:
+    """Parse one address or a comma-separated list of them; see resolve_addr."""
+    spec = addr or os.environ.get("DSEC_ADDR") or DEFAULT_ADDR
+    return [resolve_addr(a) for a in _split(spec)]
+
+
+class _Credential:
+    """The bearer token and where it came from; only the latter goes into messages."""
+
+    def __init__(self, token: str = "", source: str = "", note: str = ""):
+        self.token = token
+        self.source = source
+        self.note = note
+
+    def __repr__(self) -> str:
+        return f"_Credential({self.describe()})"
+
+    @classmethod
+    def load(cls, explicit: Optional[str], token_file: str) -> "_Credential":
+        if explicit:
+            return cls._check(explicit, "the token argument")
+        env = os.environ.get("DSEC_TOKEN")
+        if env:
+            return cls._check(env, "$DSEC_TOKEN")
+        path = os.environ.get("DSEC_TOKEN_FILE")
+        if path:
+            source = f"token file {path} ($DSEC_TOKEN_FILE)"
+            try:
+                with open(path) as f:
+                    data = f.read()
+            except OSError as e:
+                raise errors.InvalidArgument(f"read {source}: {e.strerror or e}") from None
+            return cls._check(data, source)
+        try:
+            with open(token_file) as f:
+                data = f.read()
+        except FileNotFoundError:
+            return cls()
+        except OSError as e:
+            return cls(note=f"{token_file} is not readable: {e.strerror or e}")
+        if not data.strip():
+            return cls(note=f"{token_file} is empty")
+        return cls._check(data, f"token file {token_file}")
+
+    @classmethod
+    def _check(cls, token: str, source: str) -> "_Credential":
+        token = token.strip()
+        if not token:
+            raise errors.InvalidArgument(f"the token from {source} is empty")
+        if any(c <= " " or c == "\x7f" or not c.isprintable() for c in token):
+            raise errors.InvalidArgument(f"the token from {source} holds a space or control character")
+        return cls(token, source)
+
+    def describe(self) -> str:
+        if self.token:
+            return f"token from {self.source}"
+        s = "no token sent: set $DSEC_TOKEN or $DSEC_TOKEN_FILE, or pass token="
+        return f"{s}; {self.note}" if self.note else s
+
+    def redact(self, msg: str) -> str:
+        return msg.replace(self.token, "[token]") if self.token else msg
+
+
+def _ssl_context(ca_file: Optional[str]) -> ssl.SSLContext:
+    source = ca_file
+    if not ca_file:
+        ca_file = os.environ.get("DSEC_CA_FILE") or None
+        source = f"{ca_file} ($DSEC_CA_FILE)"
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        raise errors.InvalidArgument(f"read CA file {source}: {getattr(e, 'strerror', None) or e}") from None
 
 
 class Deadline:
@@ -85,9 +218,10 @@ class Deadline:
 
 
 class _Conn:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ep: "_Endpoint"):
         self.reader = reader
         self.writer = writer
+        self.ep = ep
         self.used = time.monotonic()
         self.reused = False
 
@@ -162,15 +296,29 @@ class _Response:
 
 
 class _Call:
-    """Tracks how far one attempt got, to decide whether it may be retried."""
+    """Tracks one call across its attempts and addresses: which addresses it
+    tried, and which one the last attempt reached (None: none)."""
 
-    def __init__(self):
-        self.fresh_conn = False  # the request went out on a brand new connection
-        self.got_response = False
+    def __init__(self, n: int):
+        self.tried = [False] * n
+        self.reached: Optional[int] = None
+
+    def untried(self) -> bool:
+        return not all(self.tried)
+
+
+class _Unreached(Exception):
+    """An attempt did not reach a server; error is what the caller would see."""
+
+    def __init__(self, error: errors.DsecError, cert: bool = False):
+        super().__init__(error.message)
+        self.error = error
+        self.cert = cert
 
 
 class Transport:
-    """A pool of HTTP/1.1 connections to one dsecd, speaking Connect/JSON.
+    """Pools of HTTP/1.1 connections to one dsecd or a list of apiservers,
+    speaking Connect/JSON.
 
     A Transport is bound to the event loop that first uses it; used from
     another loop it drops its idle connections and starts over.
@@ -178,27 +326,79 @@ class Transport:
 
     def __init__(self, addr: Optional[str] = None, *, max_idle: int = 32,
                  connect_timeout: float = 10.0, max_retries: int = 6,
-                 idle_ttl: float = 30.0):
-        self.kind, self.where = resolve_addr(addr)
-        self.host_header = "dsecd" if self.kind == "unix" else f"{self.where[0]}:{self.where[1]}"
+                 idle_ttl: float = 30.0, token: Optional[str] = None,
+                 ca_file: Optional[str] = None):
+        spec = addr or os.environ.get("DSEC_ADDR") or DEFAULT_ADDR
+        self.endpoints = [_parse(a) for a in _split(spec)]
+        self.cur = 0  # index of the current address
+        first = self.endpoints[0]
+        self.kind, self.where, self.host_header = first.kind, first.where, first.host_header
+        self._cred = _Credential.load(token, DEFAULT_TOKEN_FILE)
+        self._ssl: Optional[ssl.SSLContext] = None
+        if ca_file or os.environ.get("DSEC_CA_FILE") or any(ep.tls for ep in self.endpoints):
+            self._ssl = _ssl_context(ca_file)
         self.max_idle = max_idle
         self.connect_timeout = connect_timeout
         self.max_retries = max_retries
         self.idle_ttl = idle_ttl
-        self._idle: "collections.deque[_Conn]" = collections.deque()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.connections_opened = 0
 
+    def __repr__(self) -> str:
+        return f"Transport({', '.join(ep.addr for ep in self.endpoints)})"
+
+    # --- addresses -----------------------------------------------------------
+
+    def _advance(self, i: int) -> None:
+        """Move the current address past i, unless another call moved it already."""
+        if self.cur == i:
+            self.cur = (i + 1) % len(self.endpoints)
+
+    def _order(self, call: _Call) -> List[int]:
+        """The addresses an attempt tries in turn: from the current one on,
+        those this call has not tried yet first."""
+        n = len(self.endpoints)
+        ring = [(self.cur + k) % n for k in range(n)]
+        return [i for i in ring if not call.tried[i]] + [i for i in ring if call.tried[i]]
+
+    async def _attempt(self, call: _Call, what: str, fn: Callable[[_Endpoint, int], Any]):
+        """Run fn on the addresses in turn until one reaches a server; the
+        result (or error) of that one stands. Raises Unavailable when none
+        could be reached."""
+        unreached: List[_Unreached] = []
+        for i in self._order(call):
+            ep = self.endpoints[i]
+            call.tried[i] = True
+            while True:
+                call.reached = None
+                try:
+                    return await fn(ep, i)
+                except _StaleConn:
+                    continue  # the server closed an idle connection under us; nothing was done
+                except _Unreached as u:
+                    call.reached = None
+                    unreached.append(u)
+                    self._advance(i)
+                    break
+        if len(unreached) == 1:
+            err = unreached[0].error
+        else:
+            err = errors.Unavailable(f"{what}: none of {len(unreached)} apiservers could be reached: "
+                                     + "; ".join(u.error.message.split(": ", 1)[-1] for u in unreached))
+        err.cert_error = all(u.cert for u in unreached)
+        raise err
+
     # --- connections -----------------------------------------------------
 
-    async def _acquire(self, deadline: Deadline, what: str) -> _Conn:
+    async def _acquire(self, ep: _Endpoint, deadline: Deadline, what: str) -> "_Conn":
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._idle.clear()
+            for e in self.endpoints:
+                e.idle.clear()
             self._loop = loop
         now = time.monotonic()
-        while self._idle:
-            c = self._idle.pop()
+        while ep.idle:
+            c = ep.idle.pop()
             if c.alive() and now - c.used < self.idle_ttl:
                 c.reused = True
                 return c
@@ -207,56 +407,76 @@ class Transport:
         limit = self.connect_timeout if rem is None else min(rem, self.connect_timeout)
         d = Deadline(limit)
         try:
-            if self.kind == "unix":
-                reader, writer = await d.wait(asyncio.open_unix_connection(self.where, limit=1 << 22), what)
+            if ep.kind == "unix":
+                reader, writer = await d.wait(asyncio.open_unix_connection(ep.where, limit=1 << 22), what)
+            elif ep.tls:
+                reader, writer = await d.wait(asyncio.open_connection(
+                    ep.where[0], ep.where[1], limit=1 << 22, ssl=self._ssl, server_hostname=ep.where[0],
+                    ssl_handshake_timeout=max(0.1, limit)), what)
             else:
                 reader, writer = await d.wait(
-                    asyncio.open_connection(self.where[0], self.where[1], limit=1 << 22), what)
+                    asyncio.open_connection(ep.where[0], ep.where[1], limit=1 << 22), what)
         except errors.Timeout:
             if deadline.remaining() is not None and deadline.remaining() <= 0:
                 raise
-            raise errors.Unavailable(f"{what}: connect to {self.describe()}: timed out") from None
+            raise _Unreached(errors.Unavailable(f"{what}: connect to {ep.describe()}: timed out")) from None
+        except ssl.SSLCertVerificationError as e:
+            raise _Unreached(errors.Unavailable(f"{what}: connect to {ep.describe()}: {e}"), cert=True) from None
         except _TRANSPORT_ERRORS as e:
-            raise errors.Unavailable(f"{what}: connect to {self.describe()}: {e}") from None
+            raise _Unreached(errors.Unavailable(f"{what}: connect to {ep.describe()}: {e}")) from None
         self.connections_opened += 1
-        return _Conn(reader, writer)
+        return _Conn(reader, writer, ep)
 
-    def _release(self, c: _Conn) -> None:
-        if c.alive() and len(self._idle) < self.max_idle and asyncio.get_running_loop() is self._loop:
+    def _release(self, c: "_Conn") -> None:
+        if c.alive() and len(c.ep.idle) < self.max_idle and asyncio.get_running_loop() is self._loop:
             c.used = time.monotonic()
             c.reused = False
-            self._idle.append(c)
+            c.ep.idle.append(c)
         else:
             c.close()
 
     def describe(self) -> str:
-        return f"unix://{self.where}" if self.kind == "unix" else f"{self.where[0]}:{self.where[1]}"
+        return ",".join(ep.describe() for ep in self.endpoints)
 
     async def close(self) -> None:
-        while self._idle:
-            self._idle.pop().close()
+        conns = []
+        for ep in self.endpoints:
+            while ep.idle:
+                c = ep.idle.pop()
+                c.close()
+                conns.append(c)
+        if conns and asyncio.get_running_loop() is self._loop:
+            # A TLS connection says goodbye before it is closed; let it.
+            waits = [c.writer.wait_closed() for c in conns]
+            try:
+                await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 1.0)
+            except asyncio.TimeoutError:
+                pass
 
     # --- one HTTP exchange -------------------------------------------------
 
-    async def _send(self, path: str, ctype: str, body: bytes, deadline: Deadline,
+    async def _send(self, ep: _Endpoint, i: int, path: str, ctype: str, body: bytes, deadline: Deadline,
                     call: _Call, what: str) -> _Response:
         """Send a POST and read the response head. Raises typed errors."""
-        conn = await self._acquire(deadline, what)
-        call.fresh_conn = not conn.reused
-        head = [f"POST {path} HTTP/1.1", f"Host: {self.host_header}",
+        conn = await self._acquire(ep, deadline, what)
+        call.reached = i
+        head = [f"POST {ep.prefix}{path} HTTP/1.1", f"Host: {ep.host_header}",
                 f"Content-Type: {ctype}", f"Content-Length: {len(body)}",
                 "Connect-Protocol-Version: 1", "User-Agent: libdsec-python"]
+        if self._cred.token:
+            head.append(f"Authorization: Bearer {self._cred.token}")
         ms = deadline.header_ms()
         if ms is not None:
             head.append(f"Connect-Timeout-Ms: {ms}")
         data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        got_response = False
         try:
             conn.writer.write(data)
             await deadline.wait(conn.writer.drain(), what)
             line = await deadline.wait(conn.reader.readline(), what)
             if not line:
                 raise EOFError("connection closed before the response")
-            call.got_response = True
+            got_response = True
             parts = line.decode("latin-1").split(" ", 2)
             if len(parts) < 2 or not parts[0].startswith("HTTP/"):
                 raise EOFError(f"bad response line {line[:80]!r}")
@@ -275,9 +495,9 @@ class Transport:
             raise
         except _TRANSPORT_ERRORS as e:
             conn.close()
-            if conn.reused and not call.got_response:
+            if conn.reused and not got_response:
                 raise _StaleConn() from None
-            raise errors.Unavailable(f"{what}: {self.describe()}: {e or type(e).__name__}") from None
+            raise errors.Unavailable(f"{what}: {ep.describe()}: {e or type(e).__name__}") from None
         except BaseException:
             conn.close()
             raise
@@ -289,41 +509,69 @@ class Transport:
         else:
             resp.conn.close()
 
+    def _failed(self, call: _Call, e: errors.DsecError) -> errors.DsecError:
+        """What a reached server's error means for the addresses, and for
+        the message: an Unavailable server is left for the next address; an
+        Unauthenticated answer says where the token came from."""
+        if isinstance(e, (errors.Unavailable, errors.Overloaded)) and e.code == "unavailable" \
+                and call.reached is not None:
+            self._advance(call.reached)
+        if isinstance(e, errors.Unauthenticated):
+            e.message = self._cred.redact(e.message)
+            e.args = (e.message,)
+            e.token = self._cred.describe()
+        return e
+
+    def _next_delay(self, call: _Call, e: errors.DsecError, attempt: int, idempotent: bool,
+                    deadline: Deadline) -> Optional[float]:
+        """How long to wait before the next attempt after e, or None: no next attempt."""
+        if not idempotent or attempt >= self.max_retries or getattr(e, "cert_error", False):
+            return None
+        if isinstance(e, errors.Overloaded) and e.code == "resource_exhausted":
+            return None
+        if call.reached is not None and call.untried():
+            return 0.0
+        delay = _backoff(attempt, getattr(e, "retry_after", None))
+        rem = deadline.remaining()
+        if rem is not None and rem <= delay:
+            return None
+        return delay
+
     # --- Connect unary -------------------------------------------------------
 
     async def unary(self, service: str, method: str, msg: Dict[str, Any], *,
                     timeout: Optional[float], idempotent: bool = False,
                     creating: bool = False) -> Dict[str, Any]:
-        """Call a unary RPC; idempotent calls are retried on transport failures."""
+        """Call a unary RPC. Every call goes on to the next address when it
+        cannot reach a server; idempotent ones are also retried after an
+        Unavailable answer or a broken connection."""
         what = f"{method}"
         path = f"/{service}/{method}"
         body = json.dumps(msg, separators=(",", ":")).encode()
         deadline = Deadline(timeout)
+        call = _Call(len(self.endpoints))
         attempt = 0
         while True:
-            call = _Call()
             try:
-                return await self._unary_once(path, body, deadline, call, what, creating)
-            except _StaleConn:
-                continue  # the server closed an idle connection under us; nothing was done
+                return await self._attempt(call, what, lambda ep, i: self._unary_once(
+                    ep, i, path, body, deadline, call, what, creating))
             except (errors.Unavailable, errors.Overloaded) as e:
-                if not idempotent or attempt >= self.max_retries:
+                self._failed(call, e)
+                delay = self._next_delay(call, e, attempt, idempotent, deadline)
+                if delay is None:
                     raise
-                if isinstance(e, errors.Overloaded) and e.code == "resource_exhausted":
-                    raise
-                delay = _backoff(attempt, getattr(e, "retry_after", None))
-                rem = deadline.remaining()
-                if rem is not None and rem <= delay:
-                    raise
-                await asyncio.sleep(delay)
+                if delay:
+                    await asyncio.sleep(delay)
                 attempt += 1
+            except errors.Unauthenticated as e:
+                raise self._failed(call, e)
             except errors.Timeout as e:
                 if creating:
                     raise errors.StartupTimeout(e.message) from None
                 raise
 
-    async def _unary_once(self, path, body, deadline, call, what, creating) -> Dict[str, Any]:
-        resp = await self._send(path, "application/json", body, deadline, call, what)
+    async def _unary_once(self, ep, i, path, body, deadline, call, what, creating) -> Dict[str, Any]:
+        resp = await self._send(ep, i, path, "application/json", body, deadline, call, what)
         try:
             data = await resp.read_all()
         except errors.Timeout:
@@ -331,7 +579,7 @@ class Transport:
             raise
         except _TRANSPORT_ERRORS as e:
             resp.conn.close()
-            raise errors.Unavailable(f"{what}: {self.describe()}: {e or type(e).__name__}") from None
+            raise errors.Unavailable(f"{what}: {ep.describe()}: {e or type(e).__name__}") from None
         except BaseException:
             resp.conn.close()
             raise
@@ -347,30 +595,51 @@ class Transport:
 
     async def stream(self, service: str, method: str, msg: Dict[str, Any], *,
                      timeout: Optional[float], idempotent: bool = False) -> "ServerStream":
-        """Open a server stream. Opening (up to the response head) is retried
-        for idempotent calls; the messages themselves never are."""
+        """Open a server stream. Every stream goes on to the next address when
+        it cannot reach a server; opening an idempotent one (up to the
+        response head) is also retried after an Unavailable answer. The
+        messages themselves never are."""
         what = method
         path = f"/{service}/{method}"
         payload = json.dumps(msg, separators=(",", ":")).encode()
         body = struct.pack(">BI", 0, len(payload)) + payload
         deadline = Deadline(timeout)
-        attempt = 0
-        while True:
-            call = _Call()
-            try:
-                resp = await self._send(path, "application/connect+json", body, deadline, call, what)
-                break
-            except _StaleConn:
-                continue
-            except errors.Unavailable:
-                if not idempotent or attempt >= self.max_retries:
-                    raise
-                delay = _backoff(attempt, None)
-                rem = deadline.remaining()
-                if rem is not None and rem <= delay:
-                    raise
+        call = _Call(len(self.endpoints))
+        attempts = [0]
+
+        async def pause(e: errors.DsecError) -> None:
+            # Raises e when there is no next attempt.
+            self._failed(call, e)
+            delay = self._next_delay(call, e, attempts[0], idempotent, deadline)
+            if delay is None:
+                raise e
+            if delay:
                 await asyncio.sleep(delay)
-                attempt += 1
+            attempts[0] += 1
+
+        async def open_() -> "ServerStream":
+            while True:
+                try:
+                    return await self._attempt(call, what, lambda ep, i: self._open(
+                        ep, i, path, body, deadline, call, what))
+                except (errors.Unavailable, errors.Overloaded) as e:
+                    await pause(e)
+                except errors.Unauthenticated as e:
+                    raise self._failed(call, e)
+
+        async def again(e: errors.DsecError) -> "ServerStream":
+            await pause(e)
+            return await open_()
+
+        stream = await open_()
+        if idempotent:
+            # A Connect server answers a stream's errors in its body: until
+            # the first message, an Unavailable one is another attempt too.
+            stream._again = again
+        return stream
+
+    async def _open(self, ep, i, path, body, deadline, call, what) -> "ServerStream":
+        resp = await self._send(ep, i, path, "application/connect+json", body, deadline, call, what)
         if resp.status != 200:
             try:
                 data = await resp.read_all()
@@ -379,7 +648,7 @@ class Transport:
             finally:
                 resp.conn.close()
             raise _http_error(resp.status, resp.headers, data, False)
-        return ServerStream(self, resp)
+        return ServerStream(self, resp, i)
 
 
 class ServerStream:
@@ -389,9 +658,12 @@ class ServerStream:
     (that closes its connection, which cancels the call on the server).
     """
 
-    def __init__(self, transport: Transport, resp: _Response):
+    def __init__(self, transport: Transport, resp: _Response, index: int = 0):
         self._t = transport
         self._resp = resp
+        self._index = index  # the address it came from
+        self._again: Optional[Callable[[errors.DsecError], Any]] = None  # reopens it elsewhere
+        self._yielded = False
         self._buf = bytearray()
         self._ended = False
         self._released = False
@@ -415,18 +687,37 @@ class ServerStream:
                 raise
             except _TRANSPORT_ERRORS as e:
                 self.close()
+                self._t._advance(self._index)
                 raise errors.Unavailable(
-                    f"{r.what}: stream from {self._t.describe()} broke: {e or type(e).__name__}") from None
+                    f"{r.what}: stream from {self._ep().describe()} broke: {e or type(e).__name__}") from None
             except BaseException:
                 self.close()
                 raise
             if not data:
                 self.close()
-                raise errors.Unavailable(f"{r.what}: stream from {self._t.describe()} ended without its end message")
+                self._t._advance(self._index)
+                raise errors.Unavailable(f"{r.what}: stream from {self._ep().describe()} ended without its end message")
             self._buf += data
 
     async def next(self) -> Optional[Dict[str, Any]]:
-        """The next message, or None at a clean end. Raises the stream's error."""
+        """The next message, or None at a clean end. Raises the stream's error.
+
+        A stream that may repeat is opened again on the next address when it
+        fails with Unavailable before its first message."""
+        while True:
+            try:
+                msg = await self._next()
+            except (errors.Unavailable, errors.Overloaded) as e:
+                if self._yielded or self._again is None:
+                    raise
+                s = await self._again(e)
+                self._resp, self._index, self._buf = s._resp, s._index, s._buf
+                self._ended = self._released = False
+                continue
+            self._yielded = True
+            return msg
+
+    async def _next(self) -> Optional[Dict[str, Any]]:
         if self._ended:
             return None
         await self._fill(5)
@@ -447,10 +738,16 @@ class ServerStream:
             await self._drain()
             err = obj.get("error")
             if err:
-                raise errors.from_code(err.get("code", "unknown"), err.get("message", ""),
-                                       retry_after=_retry_after(self._resp.headers))
+                call = _Call(len(self._t.endpoints))
+                call.reached = self._index
+                raise self._t._failed(call, errors.from_code(
+                    err.get("code", "unknown"), err.get("message", ""),
+                    retry_after=_retry_after(self._resp.headers)))
             return None
         return obj
+
+    def _ep(self) -> _Endpoint:
+        return self._t.endpoints[self._index]
 
     async def _drain(self) -> None:
         r = self._resp

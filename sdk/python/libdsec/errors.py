@@ -90,7 +90,20 @@ class InvalidArgument(DsecError, ValueError):
 
 
 class Unauthenticated(DsecError):
+    """The server refused the token, or wanted one.
+
+    token says where the token sent came from ("token from $DSEC_TOKEN"),
+    or why none was sent; never the token itself.
+    """
     code = "unauthenticated"
+
+    def __init__(self, message: str = "", *, code: Optional[str] = None, token: str = ""):
+        super().__init__(message, code=code)
+        self.token = token
+
+    def __str__(self) -> str:
+        s = super().__str__()
+        return f"{s} ({self.token})" if self.token else s
 
 
 class PermissionDenied(DsecError):

@@ -3,7 +3,10 @@
 Routes map "/dsec.v1.SandboxService/Method" to functions taking a Call; the
 function answers with call.reply / call.error for unary methods, or
 call.send / call.end for server streams, or call.drop() to cut the
-connection without an answer. Every request is recorded in server.requests.
+connection without an answer; server.default, if set, answers the paths
+without a route. Every request is recorded in server.requests.
+FakeServer(tls=True) serves HTTPS with testdata/localhost.pem (CERT), a
+self-signed certificate for localhost and 127.0.0.1.
 """
 
 import base64
@@ -11,6 +14,7 @@ import json
 import os
 import socket
 import socketserver
+import ssl
 import struct
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -126,7 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
         call = Call(self, self.path, dict(self.headers), msg, streaming)
         with self.server.lock:
             self.server.requests.append(call)
-        fn = self.server.routes.get(self.path)
+        fn = self.server.routes.get(self.path) or self.server.default
         if fn is None:
             call.error("unimplemented", f"no route {self.path}", status=404)
             return
@@ -152,13 +156,25 @@ class _Unix(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.server_name, self.server_port = "fake", 0
 
 
-class FakeServer:
-    """Start with FakeServer(routes) (TCP) or FakeServer(routes, unix_path=...)."""
+CERT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "localhost.pem")
+KEY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "localhost.key")
 
-    def __init__(self, routes=None, unix_path=None):
+
+class FakeServer:
+    """Start with FakeServer(routes) (TCP), FakeServer(routes, tls=True)
+    (HTTPS) or FakeServer(routes, unix_path=...)."""
+
+    def __init__(self, routes=None, unix_path=None, tls=False):
         cls = _Unix if unix_path else _TCP
         self.srv = cls(unix_path if unix_path else ("127.0.0.1", 0), _Handler)
+        self.tls = tls
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(CERT, KEY)
+            # The handshake happens at accept; one that fails is dropped there.
+            self.srv.socket = ctx.wrap_socket(self.srv.socket, server_side=True)
         self.srv.routes = dict(routes or {})
+        self.srv.default = None
         self.srv.requests = []
         self.srv.connections = 0
         self.srv.lock = threading.Lock()
@@ -170,6 +186,8 @@ class FakeServer:
     def addr(self):
         if self.unix_path:
             return "unix://" + self.unix_path
+        if self.tls:
+            return "https://127.0.0.1:%d" % self.srv.server_address[1]
         return "127.0.0.1:%d" % self.srv.server_address[1]
 
     @property
@@ -186,6 +204,19 @@ class FakeServer:
 
     def route(self, method, fn, service="dsec.v1.SandboxService"):
         self.srv.routes[f"/{service}/{method}"] = fn
+
+    @property
+    def default(self):
+        return self.srv.default
+
+    @default.setter
+    def default(self, fn):
+        self.srv.default = fn
+
+    def methods(self):
+        """The methods called so far, in order."""
+        with self.srv.lock:
+            return [c.method for c in self.srv.requests]
 
     def close(self):
         self.srv.shutdown()

@@ -30,11 +30,12 @@ class AddrTest(unittest.TestCase):
             ("http://localhost:9/", ("tcp", ("localhost", 9))),
             ("127.0.0.1:1", ("tcp", ("127.0.0.1", 1))),
             ("[::1]:80", ("tcp", ("::1", 80))),
+            ("https://x:1", ("tls", ("x", 1))),
         ]
         for addr, want in cases:
             with self.subTest(addr=addr):
                 self.assertEqual(libdsec.resolve_addr(addr), want)
-        for bad in ("unix://", "https://x:1", "nohost"):
+        for bad in ("unix://", "ftp://x:1", "nohost", "a:1,b:2"):
             with self.subTest(addr=bad):
                 with self.assertRaises(errors.InvalidArgument):
                     libdsec.resolve_addr(bad)
