@@ -29,6 +29,7 @@ const usage = `usage:
   dsecd apiserver [flags]      a stateless apiserver of a cluster, in front of its edges
   dsecd init-cluster [flags]   make the cluster's CA and the certificates of its apiservers and edges
   dsecd hollow-fleet [flags]   many hollow edges in one process, for control-plane scale tests
+  dsecd token [flags]          mint an API token in a metadata store and print it
 
 Run "dsecd COMMAND -h" for a command's flags.
 `
@@ -53,6 +54,8 @@ func main() {
 		code = initClusterMain(args)
 	case "hollow-fleet":
 		code = hollowFleetMain(args)
+	case "token":
+		code = tokenMain(args)
 	case "lazyfs":
 		code = lazyfsMain(args)
 	default:
@@ -272,6 +275,29 @@ func initClusterMain(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+func tokenMain(args []string) int {
+	var db, principal string
+	var ttl time.Duration
+	fs := flag.NewFlagSet("dsecd token", flag.ContinueOnError)
+	fs.StringVar(&db, "db", "", "the metadata store: postgres://… (a cluster's) or the all-in-one's <root>/meta.db")
+	fs.StringVar(&principal, "principal", daemon.AdminPrincipal, "who the token is for (made if new)")
+	fs.DurationVar(&ttl, "ttl", 0, "how long the token is valid (default: until revoked)")
+	if !parse(fs, args) {
+		return 2
+	}
+	if db == "" {
+		fmt.Fprintln(os.Stderr, "dsecd token: --db is required")
+		return 2
+	}
+	return run("dsecd token", func(ctx context.Context) error {
+		tok, err := daemon.IssueToken(ctx, db, principal, ttl)
+		if err == nil {
+			fmt.Println(tok)
+		}
+		return err
+	})
 }
 
 func hollowFleetMain(args []string) int {

@@ -65,6 +65,9 @@ type Config struct {
 	// Replicas is how many apiservers place onto the same nodes; placement
 	// weighs its own unreported placements by it (package placement).
 	Replicas int
+	// Auth, when set, checks the bearer token of every call that does not
+	// come over a Unix socket (see ConnContext); nil trusts every caller.
+	Auth Authenticator
 	// CreateConcurrency bounds how many sandboxes one batch starts at once.
 	CreateConcurrency int
 }
@@ -98,7 +101,11 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	// Clients accept gzip by default; compressing small messages costs
 	// more time than it saves, even off loopback.
-	opts := []connect.HandlerOption{connect.WithInterceptors(errorInterceptor{}), connect.WithCompressMinBytes(16 << 10)}
+	interceptors := []connect.Interceptor{errorInterceptor{}}
+	if s.cfg.Auth != nil {
+		interceptors = append(interceptors, authInterceptor{auth: s.cfg.Auth, log: s.log})
+	}
+	opts := []connect.HandlerOption{connect.WithInterceptors(interceptors...), connect.WithCompressMinBytes(16 << 10)}
 	for _, c := range jsonCodecs() {
 		opts = append(opts, connect.WithCodec(c))
 	}

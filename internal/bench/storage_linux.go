@@ -205,7 +205,8 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 		}
 	}()
 
-	c, err := apiclient.Dial(addr)
+	// The Unix socket needs no token (the TCP port would).
+	c, err := apiclient.Dial("unix://" + filepath.Join(root, "dsecd.sock"))
 	if err != nil {
 		return skip(err)
 	}

@@ -412,7 +412,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// EdgeService an apiserver of a cluster calls remote edges by.
 	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
 	fleet := watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: n.edge.Node()}, Edge: edge})
-	api := apiserver.New(apiserver.Config{Name: cfg.Node}, n.meta, fleet, log.With("component", "apiserver"))
+	// The loopback TCP port needs a token; the node's own users find it in
+	// <root>/admin.token (the CLI and SDKs read it there by default).
+	if err := ensureAdminToken(ctx, n.meta, filepath.Join(cfg.Root, AdminTokenFile)); err != nil {
+		return err
+	}
+	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: n.meta}, n.meta, fleet, log.With("component", "apiserver"))
 	var lns []net.Listener
 	uln, err := listenUnix(cfg.Socket)
 	if err != nil {

@@ -334,7 +334,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		OnReport: func(node string, _ *edgev1.NodeStatus) { api.Observe(node) },
 		Log:      log.With("component", "watcher"),
 	})
-	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas}, meta, w, log.With("component", "apiserver"))
+	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, Auth: meta}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.Poll(ctx) // routable edges from the first call on

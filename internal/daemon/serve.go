@@ -11,6 +11,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"dsec.dev/dsec/internal/apiserver"
 )
 
 // serve serves h on every listener until ctx ends or one fails, then shuts
@@ -22,6 +24,9 @@ func serve(ctx context.Context, log *slog.Logger, h http.Handler, tlsConfig *tls
 		ReadHeaderTimeout: 10 * time.Second,
 		Protocols:         new(http.Protocols),
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		// Calls on a Unix socket are trusted by its file mode; the others
+		// need a token where the apiserver checks them.
+		ConnContext: apiserver.ConnContext,
 	}
 	srv.Protocols.SetHTTP1(true)
 	if tlsConfig != nil {

@@ -19,8 +19,9 @@ import (
 
 // Proc is a dsecd role a test started, stopped when the test ends.
 type Proc struct {
-	Name string
-	Addr string // host:port it serves on
+	Name  string
+	Addr  string // host:port it serves on
+	Token string // an apiserver's: a token of its metadata store
 	cmd  *exec.Cmd
 	log  string
 	t    testing.TB
@@ -115,7 +116,13 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 		}
 		args := append([]string{"apiserver", "--name", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"),
 			"--db", db, "--replicas", fmt.Sprint(o.APIServers)}, edgeFlags...)
-		c.APIServers = append(c.APIServers, c.start(name, append(args, o.APIServerArgs...), addr))
+		out, err := exec.Command(filepath.Join(bin, "dsecd"), "token", "--db", db, "--principal", "test").CombinedOutput()
+		if err != nil {
+			t.Fatalf("dsecd token: %v\n%s", err, out)
+		}
+		p := c.start(name, append(args, o.APIServerArgs...), addr)
+		p.Token = strings.TrimSpace(string(out))
+		c.APIServers = append(c.APIServers, p)
 	}
 	for _, a := range c.APIServers {
 		c.waitRoutable(a, o.Edges)
@@ -167,7 +174,7 @@ func (c *Cluster) waitRoutable(a *Proc, edges int) {
 // Client returns API clients of apiserver i.
 func (c *Cluster) Client(i int) *apiclient.Clients {
 	c.t.Helper()
-	cl, err := apiclient.Dial(c.APIServers[i].Addr)
+	cl, err := apiclient.DialWith(c.APIServers[i].Addr, apiclient.Options{Token: c.APIServers[i].Token})
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -164,12 +164,23 @@ func (d *Daemon) Start() {
 		d.t.Fatal(err)
 	}
 	d.cmd = cmd
-	c, err := apiclient.Dial(d.Addr)
+	deadline := time.Now().Add(30 * time.Second)
+	// The daemon writes its admin token at start; the TCP port needs it.
+	for {
+		if tok, err := os.ReadFile(d.TokenFile()); err == nil && len(tok) > 0 {
+			break
+		}
+		if time.Now().After(deadline) || (cmd.ProcessState != nil) {
+			log, _ := os.ReadFile(d.logPath)
+			d.t.Fatalf("dsecd wrote no token: %s", tail(log, 4096))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c, err := apiclient.DialWith(d.Addr, apiclient.Options{Token: d.Token()})
 	if err != nil {
 		d.t.Fatal(err)
 	}
 	d.Clients = c
-	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err := c.Layers.ListLayers(ctx, connect.NewRequest(&dsecv1.ListLayersRequest{}))
@@ -183,6 +194,18 @@ func (d *Daemon) Start() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TokenFile is where the daemon keeps its admin token.
+func (d *Daemon) TokenFile() string { return filepath.Join(d.Root, "admin.token") }
+
+// Token is the daemon's admin token, for calls on its TCP port.
+func (d *Daemon) Token() string {
+	b, err := os.ReadFile(d.TokenFile())
+	if err != nil {
+		d.t.Fatalf("read the daemon's token: %v", err)
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // Kill stops the daemon with SIGKILL (sandboxes keep running).
@@ -203,6 +226,7 @@ func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
 func (d *Daemon) CLI(stdin string, args ...string) (string, string, int) {
 	d.t.Helper()
 	cmd := exec.Command(filepath.Join(d.Bin, "dsec"), append([]string{"--addr", d.Addr}, args...)...)
+	cmd.Env = append(os.Environ(), "DSEC_TOKEN_FILE="+d.TokenFile())
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb

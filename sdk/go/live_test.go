@@ -126,12 +126,25 @@ func (d *liveDaemon) start() error {
 		return fmt.Errorf("start dsecd: %w", err)
 	}
 	d.cmd = cmd
+	deadline := time.Now().Add(30 * time.Second)
+	// The TCP port needs the token dsecd writes at start; this test's
+	// clients and CLI runs read it from there.
+	tokenFile := filepath.Join(d.root, "admin.token")
+	for {
+		if _, err := os.Stat(tokenFile); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("dsecd wrote no token in %s", tokenFile)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	os.Setenv("DSEC_TOKEN_FILE", tokenFile)
 	c, err := NewClient(d.addr)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err := c.ListLayers(ctx)

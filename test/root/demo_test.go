@@ -41,7 +41,7 @@ func TestDemoRollouts(t *testing.T) {
 
 	cmd := exec.Command(python, filepath.Join(repo, "demo", "rollout.py"),
 		"--addr", d.Addr, "--env", "debian:test+textstats:1+harness:1", "-n", "12", "--json")
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(repo, "sdk", "python"))
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(repo, "sdk", "python"), "DSEC_TOKEN_FILE="+d.TokenFile())
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("rollout: %v\n%s", err, out)

@@ -97,6 +97,13 @@ class Daemon:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
+            # The TCP port needs the token dsecd writes at start; the
+            # clients and the CLI of these tests read it from there.
+            token_file = os.path.join(self.root, "admin.token")
+            if not os.path.exists(token_file):
+                time.sleep(0.05)
+                continue
+            os.environ["DSEC_TOKEN_FILE"] = token_file
             try:
                 async def probe():
                     async with libdsec.AsyncClient(self.addr) as c:

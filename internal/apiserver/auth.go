@@ -1,0 +1,89 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/store"
+)
+
+// Authenticator checks a bearer token; the metadata store is one.
+type Authenticator interface {
+	Authenticate(ctx context.Context, token string) (store.Principal, error)
+}
+
+type trustedKey struct{}
+type principalKey struct{}
+
+// ConnContext marks the calls of a connection on a Unix socket as trusted:
+// the socket's file mode already says who may connect (the local node's
+// users). Every other connection must carry a bearer token. Set it as the
+// http.Server's ConnContext.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if c.LocalAddr().Network() == "unix" {
+		return context.WithValue(ctx, trustedKey{}, true)
+	}
+	return ctx
+}
+
+// PrincipalOf is who made the call, when a token said so.
+func PrincipalOf(ctx context.Context) (store.Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(store.Principal)
+	return p, ok
+}
+
+// authInterceptor refuses calls from untrusted connections without a valid
+// bearer token. The refusal never echoes the token; forged, expired and
+// revoked tokens are logged with the peer's address.
+type authInterceptor struct {
+	auth Authenticator
+	log  *slog.Logger
+}
+
+func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer connect.Peer, h interface{ Get(string) string }) (context.Context, error) {
+	if trusted, _ := ctx.Value(trustedKey{}).(bool); trusted {
+		return ctx, nil
+	}
+	raw := h.Get("Authorization")
+	tok, ok := strings.CutPrefix(raw, "Bearer ")
+	if !ok || strings.TrimSpace(tok) == "" {
+		return nil, fmt.Errorf("%s needs a bearer token on this address (set DSEC_TOKEN, or DSEC_TOKEN_FILE to a file holding one): %w",
+			spec.Procedure, errdefs.ErrUnauthenticated)
+	}
+	p, err := a.auth.Authenticate(ctx, strings.TrimSpace(tok))
+	if err != nil {
+		a.log.Warn("token refused", "peer", peer.Addr, "procedure", spec.Procedure, "err", err)
+		return nil, fmt.Errorf("the bearer token was refused (unknown, expired or revoked): %w", errdefs.ErrUnauthenticated)
+	}
+	return context.WithValue(ctx, principalKey{}, p), nil
+}
+
+func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		ctx, err := a.check(ctx, req.Spec(), req.Peer(), req.Header())
+		if err != nil {
+			return nil, errdefs.ToConnect(err)
+		}
+		return next(ctx, req)
+	}
+}
+
+func (a authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		ctx, err := a.check(ctx, conn.Spec(), conn.Peer(), conn.RequestHeader())
+		if err != nil {
+			return errdefs.ToConnect(err)
+		}
+		return next(ctx, conn)
+	}
+}
