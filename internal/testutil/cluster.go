@@ -22,9 +22,9 @@ type Proc struct {
 	Name  string
 	Addr  string // host:port it serves on
 	Token string // an apiserver's: a token of its metadata store
-	cmd  *exec.Cmd
-	log  string
-	t    testing.TB
+	cmd   *exec.Cmd
+	log   string
+	t     testing.TB
 }
 
 // Pid is the process's ID.
