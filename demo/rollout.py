@@ -13,6 +13,7 @@ file rather than from anything the rollout printed.
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import statistics
@@ -78,7 +79,7 @@ async def rollout(client, args, i, progress, sem):
     patch_path = PATCHES[i % len(PATCHES)]
     name = os.path.basename(patch_path)[: -len(".patch")]
     row = {"rollout": i, "patch": name, "applied": False, "passed": 0, "total": 0, "reward": 0.0,
-           "create_ms": 0.0, "warm": False, "exec_ms": [], "error": "", "note": ""}
+           "create_ms": 0.0, "warm": False, "node": "", "exec_ms": [], "error": "", "note": ""}
     async with sem:
         progress.started += 1
         t0 = time.monotonic()
@@ -86,6 +87,7 @@ async def rollout(client, args, i, progress, sem):
                                  labels={"job": "dsec-demo", "rollout": str(i)}, timeout=120)
         row["create_ms"] = (time.monotonic() - t0) * 1000
         row["warm"] = sb.from_warm_pool
+        row["node"] = sb.node
         try:
             async def run(cmd, timeout=60):
                 t = time.monotonic()
@@ -157,6 +159,9 @@ async def main():
     print("per patch: " + ", ".join(
         f"{p}={statistics.mean(r['reward'] for r in rows if r['patch'] == p):.2f}"
         for p in sorted({r["patch"] for r in rows})))
+    nodes = collections.Counter(r["node"] for r in rows if r["node"])
+    if len(nodes) > 1:
+        print("sandboxes per node: " + ", ".join(f"{n} {c}" for n, c in sorted(nodes.items())))
     print(f"create latency: p50 {pct(creates, .5):.0f} ms, p90 {pct(creates, .9):.0f} ms, p99 {pct(creates, .99):.0f} ms")
     warm = [r["create_ms"] for r in rows if r["warm"]]
     if warm:

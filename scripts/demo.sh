@@ -5,7 +5,8 @@
 #   ./scripts/demo.sh [-n ROLLOUTS]
 #
 # Installs the Debian packages dsec needs, builds the binaries, starts dsecd
-# (state under /var/lib/dsec) unless one already answers, builds and imports
+# (state under /var/lib/dsec) unless one already answers (or $DSEC_ADDR,
+# with $DSEC_TOKEN, names another dsec: a cluster, say), builds and imports
 # a Debian base layer with Python (cached after the first run), imports the
 # demo's workspace and toolkit layers, and runs demo/rollout.py. Everything
 # the demo creates is deleted at the end; dsecd keeps running (stop it with
@@ -40,11 +41,16 @@ make -s build
 echo "bin/dsecd bin/dsec bin/dsec-agent"
 
 root=/var/lib/dsec
-export DSEC_ADDR=unix://$root/dsecd.sock
 step "starting dsecd"
-if bin/dsec ls >/dev/null 2>&1; then
+if [ -n "${DSEC_ADDR:-}" ]; then
+  # Run against the dsec the caller names (scripts/cluster.sh up --demo).
+  bin/dsec ls >/dev/null || { echo "demo.sh: nothing answers at DSEC_ADDR=$DSEC_ADDR" >&2; exit 1; }
+  echo "using the dsec at $DSEC_ADDR"
+elif DSEC_ADDR=unix://$root/dsecd.sock bin/dsec ls >/dev/null 2>&1; then
+  export DSEC_ADDR=unix://$root/dsecd.sock
   echo "dsecd already answers at $DSEC_ADDR"
 else
+  export DSEC_ADDR=unix://$root/dsecd.sock
   mkdir -p $root
   nohup bin/dsecd --root $root >>$root/dsecd.log 2>&1 &
   echo $! > $root/dsecd.pid

@@ -142,6 +142,8 @@ class Daemon:
     def stop(self):
         """Kill the daemon, tear its node down, remove its root."""
         self.kill()
+        if os.environ.get("DSEC_TOKEN_FILE", "").startswith(self.root):
+            del os.environ["DSEC_TOKEN_FILE"]  # the tests after these run against fakes
         r = subprocess.run([self.dsecd, "teardown", "--root", self.root], capture_output=True, text=True,
                            timeout=300)
         if r.returncode != 0:
