@@ -20,5 +20,6 @@ type Config struct {
 	Shell          string   // shell for commands and sessions ("" = DefaultShell)
 	OutputLimit    int64    // retained output per stream (0 = 16 MiB)
 	Hostname       string   // set as the UTS hostname when pid 1
+	DiskQgroup     string   // sysfs dir of the btrfs qgroup capping the writable layer: statfs of / reports it (package diskfree)
 	Log            *slog.Logger
 }
