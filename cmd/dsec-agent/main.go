@@ -2,6 +2,7 @@
 //
 //	dsec-agent serve --listen-fd 3 [--cgroup-fd 4] [--memory-cgroup-fd 5] [--user U]
 //	    [--workdir DIR] [--env K=V]... [--shell PATH] [--output-limit BYTES] [--hostname H] [--address IP]
+//	    [--disk-qgroup DIR]
 //
 // The mode state-dump is internal: the agent's sessions run it themselves.
 package main
@@ -51,6 +52,7 @@ func main() {
 	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per stream in bytes (0 = 16 MiB)")
 	fs.StringVar(&cfg.Hostname, "hostname", "", "hostname to set (pid 1 only)")
 	fs.StringVar(&cfg.Address, "address", "", "the sandbox's IPv4 address, written to /etc/hosts for its host name (pid 1 only)")
+	fs.StringVar(&cfg.DiskQgroup, "disk-qgroup", "", "sysfs dir of the btrfs qgroup capping the writable layer: statfs of / then reports its limit")
 	fs.Parse(os.Args[2:])
 	cfg.Env = env
 

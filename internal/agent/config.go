@@ -21,5 +21,6 @@ type Config struct {
 	OutputLimit    int64    // retained output per stream (0 = 16 MiB)
 	Hostname       string   // set as the UTS hostname when pid 1
 	Address        string   // the sandbox's IPv4 address, for /etc/hosts ("" = loopback only)
+	DiskQgroup     string   // sysfs dir of the btrfs qgroup capping the writable layer: statfs of / reports it (package diskfree)
 	Log            *slog.Logger
 }

@@ -11,12 +11,15 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	"dsec.dev/dsec/internal/agent/diskfree"
 	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/agent/proc"
 	"dsec.dev/dsec/internal/agent/session"
@@ -60,6 +63,42 @@ func fatalSignals() []os.Signal {
 	return sigs
 }
 
+// confinePtrace keeps CAP_SYS_PTRACE, which a sandbox grants the agent for
+// its statfs supervisor alone (package diskfree), from everything else: it
+// leaves the bounding and inheritable sets of every thread, so no command
+// can hold it after execve (root's permitted set after execve is the two
+// combined), and the effective set of every thread, so only the
+// supervisor's thread, which raises it again, uses it. An agent that
+// cannot drop it refuses to run.
+func confinePtrace() error {
+	const bit = 1 << unix.CAP_SYS_PTRACE
+	bounding, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, unix.CAP_SYS_PTRACE, 0, 0, 0)
+	if err != nil {
+		return fmt.Errorf("read the bounding set: %w", err)
+	}
+	// Capabilities are per thread: change every thread of the agent.
+	if bounding == 1 {
+		if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SYS_PTRACE, 0); e != 0 {
+			return fmt.Errorf("drop CAP_SYS_PTRACE from the bounding set: %w", e)
+		}
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var caps [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &caps[0]); err != nil {
+		return fmt.Errorf("read capabilities: %w", err)
+	}
+	if (caps[0].Effective|caps[0].Inheritable)&bit == 0 {
+		return nil
+	}
+	caps[0].Effective &^= bit
+	caps[0].Inheritable &^= bit // and so the ambient set
+	_, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&caps[0])), 0)
+	if e != 0 {
+		return fmt.Errorf("drop CAP_SYS_PTRACE from the effective and inheritable sets: %w", e)
+	}
+	return nil
+}
+
 // Serve runs the agent until ctx ends or the listener fails.
 func Serve(ctx context.Context, cfg Config) error {
 	if cfg.Log == nil {
@@ -97,6 +136,15 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("make agent non-dumpable: %w", err)
+	}
+	if err := confinePtrace(); err != nil {
+		return err
+	}
+	// Before any command starts: commands inherit the filter it installs.
+	if cfg.DiskQgroup != "" {
+		if err := diskfree.Start(diskfree.Config{Root: "/", Qgroup: cfg.DiskQgroup, Log: cfg.Log}); err != nil {
+			cfg.Log.Warn("statfs in the sandbox reports the node's disk, not the sandbox's limit", "err", err)
+		}
 	}
 	unix.Umask(0o022)
 	for _, fd := range []int{cfg.ListenFD, cfg.CgroupFD, cfg.MemoryCgroupFD, cfg.PidsCgroupFD} {

@@ -363,7 +363,7 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 	}
 	undo.add(func() error { return removeBundle(bundle) })
 
-	upper, work, err := r.makeUpper(s)
+	upper, work, qgroup, err := r.makeUpper(s)
 	undo.add(func() error { return r.removeUpper(s.ID) })
 	if err != nil {
 		return err
@@ -424,6 +424,7 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 		MemorySwap:  r.swapAccounting(),
 		Nofile:      nofile(),
 		PidsFD:      pidsDir != "",
+		DiskQgroup:  qgroup,
 	})
 	cfgJSON, err := json.MarshalIndent(spec, "", "\t")
 	if err != nil {
@@ -505,23 +506,31 @@ func (r *Runtime) swapAccounting() bool {
 
 // makeUpper makes <UpperRoot>/<id>, limited to s's disk and inode limits,
 // and upper/ and work/ inside it, so overlayfs's copy-up renames between
-// work and upper stay within one limited dir.
-func (r *Runtime) makeUpper(s Spec) (upper, work string, err error) {
+// work and upper stay within one limited dir. When the limit is a btrfs
+// qgroup, qgroup is its sysfs directory, from which the agent answers
+// statfs (btrfs's own statfs ignores qgroups); under project quotas the
+// kernel's statfs already reports the limit, and qgroup is "".
+func (r *Runtime) makeUpper(s Spec) (upper, work, qgroup string, err error) {
 	q, err := r.quotaManager()
 	if err != nil {
-		return "", "", fmt.Errorf("make upper of %s: %w", s.ID, err)
+		return "", "", "", fmt.Errorf("make upper of %s: %w", s.ID, err)
 	}
 	dir, err := q.Create(s.ID, quota.Limit{Bytes: s.DiskBytes, Inodes: inodeLimit(s)})
 	if err != nil {
-		return "", "", fmt.Errorf("make upper of %s: %w", s.ID, err)
+		return "", "", "", fmt.Errorf("make upper of %s: %w", s.ID, err)
+	}
+	if s.DiskBytes > 0 {
+		if qgroup, err = q.Qgroup(s.ID); err != nil {
+			return "", "", "", fmt.Errorf("make upper of %s: %w", s.ID, err)
+		}
 	}
 	upper, work = filepath.Join(dir, "upper"), filepath.Join(dir, "work")
 	for _, d := range []string{upper, work} {
 		if err := os.Mkdir(d, 0o755); err != nil {
-			return "", "", fmt.Errorf("make %s: %w", d, err)
+			return "", "", "", fmt.Errorf("make %s: %w", d, err)
 		}
 	}
-	return upper, work, nil
+	return upper, work, qgroup, nil
 }
 
 // removeUpper removes sandbox id's writable layer and frees its quota.

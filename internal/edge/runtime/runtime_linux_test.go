@@ -21,6 +21,7 @@ import (
 
 	"dsec.dev/dsec/internal/edge/runtime/cgroups"
 	"dsec.dev/dsec/internal/edge/runtime/mountinfo"
+	"dsec.dev/dsec/internal/edge/runtime/quota"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/testutil"
 )
@@ -294,6 +295,16 @@ func TestSandbox(t *testing.T) {
 		for _, c := range []int{0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 27, 29, 31} {
 			want |= 1 << c
 		}
+		// Under a btrfs qgroup the agent also gets CAP_SYS_PTRACE, for its
+		// statfs supervisor; the real agent keeps it from its commands (its
+		// own tests check that), this stand-in does not.
+		q, err := n.rt.quotaManager()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Kind() == quota.KindBtrfs {
+			want |= 1 << unix.CAP_SYS_PTRACE
+		}
 		status := sb.must(t, "cat /proc/self/status")
 		for _, field := range []string{"CapEff", "CapPrm", "CapBnd"} {
 			got := statusField(status, field)
@@ -368,6 +379,23 @@ func TestSandbox(t *testing.T) {
 	})
 
 	t.Run("disk quota", func(t *testing.T) {
+		// Under a btrfs qgroup the agent is told where the qgroup's sysfs
+		// files are, and they are readable inside.
+		q, err := n.rt.quotaManager()
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := sb.must(t, "tr '\\0' ' ' < /proc/1/cmdline")
+		_, dir, found := strings.Cut(args, " --disk-qgroup ")
+		if found != (q.Kind() == quota.KindBtrfs) {
+			t.Fatalf("agent args %q on a %s node", args, q.Kind())
+		}
+		if found {
+			dir, _, _ = strings.Cut(dir, " ")
+			if got := sb.must(t, "cat "+dir+"/max_referenced"); got != strconv.Itoa(32<<20) {
+				t.Errorf("%s/max_referenced inside = %s, want the 32 MiB limit", dir, got)
+			}
+		}
 		out, code := sb.run(t, "dd if=/dev/zero of=/big bs=1M count=64")
 		if code == 0 || !(strings.Contains(out, "quota") || strings.Contains(out, "space")) {
 			t.Errorf("writing 64 MiB into 32 MiB: exit %d: %s", code, out)

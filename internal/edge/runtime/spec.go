@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"math"
+	"slices"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -48,7 +49,20 @@ type specInput struct {
 	MemorySwap  bool   // the host accounts swap (v1 memsw files exist, or v2)
 	Nofile      uint64 // RLIMIT_NOFILE
 	PidsFD      bool   // the agent gets fd 6, the commands' pids cgroup
+	// DiskQgroup is the sysfs dir of the btrfs qgroup that caps the
+	// writable layer; the agent answers statfs of / from it (see
+	// ptraceCapability).
+	DiskQgroup string
 }
+
+// ptraceCapability is granted to the agent of a sandbox whose disk limit
+// it reports (DiskQgroup) so that its statfs supervisor can read the
+// /proc/PID files of other users' processes, which hidepid=ptraceable
+// hides from root without it. The agent drops it from its bounding and
+// inheritable sets before it runs anything (so no command, which it starts
+// with execve, can hold it) and from the effective set of every thread but
+// the supervisor's.
+const ptraceCapability = "CAP_SYS_PTRACE"
 
 // agentPids is the room for the agent's own threads above a sandbox's pids
 // limit, which its commands share.
@@ -89,10 +103,15 @@ func buildSpec(in specInput) *specs.Spec {
 			res.Memory.Swap = &swap
 		}
 	}
+	agentCaps := capabilities
+	if in.DiskQgroup != "" {
+		args = append(args, "--disk-qgroup", in.DiskQgroup)
+		agentCaps = append(slices.Clip(capabilities), ptraceCapability)
+	}
 	caps := &specs.LinuxCapabilities{
-		Bounding:  capabilities,
-		Effective: capabilities,
-		Permitted: capabilities,
+		Bounding:  agentCaps,
+		Effective: agentCaps,
+		Permitted: agentCaps,
 	}
 	spec := &specs.Spec{
 		Version:  specs.Version,

@@ -29,6 +29,21 @@ func TestBuildSpec(t *testing.T) {
 			t.Errorf("bounding set has %s", c)
 		}
 	}
+	// With a qgroup to report, the agent gets the flag and CAP_SYS_PTRACE
+	// for its statfs supervisor, never as inheritable or ambient.
+	q := buildSpec(specInput{Spec: Spec{ID: "sb-1", AgentArgs: []string{"serve"}}, AgentDir: "/agent",
+		DiskQgroup: "/sys/fs/btrfs/x/qgroups/0_256"})
+	if !slices.Equal(q.Process.Args[len(q.Process.Args)-2:], []string{"--disk-qgroup", "/sys/fs/btrfs/x/qgroups/0_256"}) {
+		t.Errorf("args with a qgroup = %v", q.Process.Args)
+	}
+	c := q.Process.Capabilities
+	if !slices.Contains(c.Bounding, "CAP_SYS_PTRACE") || !slices.Contains(c.Permitted, "CAP_SYS_PTRACE") ||
+		slices.Contains(c.Inheritable, "CAP_SYS_PTRACE") || slices.Contains(c.Ambient, "CAP_SYS_PTRACE") {
+		t.Errorf("capabilities with a qgroup = %+v", c)
+	}
+	if slices.Contains(capabilities, "CAP_SYS_PTRACE") || len(c.Bounding) != len(capabilities)+1 {
+		t.Errorf("the default set changed: %v", capabilities)
+	}
 	if !s.Process.NoNewPrivileges || s.Linux.RootfsPropagation != "rprivate" {
 		t.Error("no_new_privileges or rprivate missing")
 	}

@@ -111,6 +111,28 @@ func (m *Manager) freeProject(name string) (uint32, error) {
 	return 0, fmt.Errorf("pick quota project for %s: %w", name, errdefs.ErrResourceExhausted)
 }
 
+// Qgroup returns the sysfs directory of the btrfs qgroup that limits
+// <root>/<name>, /sys/fs/btrfs/<fsid>/qgroups/0_<subvolume id>, whose files
+// hold its limit (max_referenced) and usage (referenced, and the rsv_*
+// reservations of writes not yet committed). Under project quotas it
+// returns "": the kernel's statfs of a directory in a project with limits
+// already reports the project's limit and usage.
+func (m *Manager) Qgroup(name string) (string, error) {
+	if m.kind != KindBtrfs {
+		return "", nil
+	}
+	dir := filepath.Join(m.root, name)
+	fsid, err := btrfsUUID(dir)
+	if err != nil {
+		return "", err
+	}
+	id, err := subvolumeID(dir)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("/sys/fs/btrfs/%s/qgroups/0_%d", fsid, id), nil
+}
+
 // Remove removes <root>/<name> with its contents and frees its quota. A
 // missing directory is fine.
 func (m *Manager) Remove(name string) error {
@@ -232,20 +254,35 @@ func createSubvolume(parent, name string) error {
 	return nil
 }
 
+// subvolumeID is the ID of the subvolume dir is the top of, which is also
+// the ID of its level-0 qgroup.
+func subvolumeID(dir string) (uint64, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return 0, fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer f.Close()
+	look := btrfsInoLookupArgs{ObjectID: btrfsFirstFreeObject}
+	if err := ioctl(f, btrfsIocInoLookup, unsafe.Pointer(&look)); err != nil {
+		return 0, fmt.Errorf("look up subvolume id of %s: %w", dir, err)
+	}
+	return look.TreeID, nil
+}
+
 func limitSubvolume(dir string, bytes int64) error {
+	id, err := subvolumeID(dir)
+	if err != nil {
+		return err
+	}
+	if bytes <= 0 {
+		return nil
+	}
 	f, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dir, err)
 	}
 	defer f.Close()
-	look := btrfsInoLookupArgs{ObjectID: btrfsFirstFreeObject}
-	if err := ioctl(f, btrfsIocInoLookup, unsafe.Pointer(&look)); err != nil {
-		return fmt.Errorf("look up subvolume id of %s: %w", dir, err)
-	}
-	if bytes <= 0 {
-		return nil
-	}
-	lim := btrfsQgroupLimitArgs{QgroupID: look.TreeID, Flags: btrfsLimitMaxRfer, MaxRfer: uint64(bytes)}
+	lim := btrfsQgroupLimitArgs{QgroupID: id, Flags: btrfsLimitMaxRfer, MaxRfer: uint64(bytes)}
 	if err := ioctl(f, btrfsIocQgroupLimit, unsafe.Pointer(&lim)); err != nil {
 		return fmt.Errorf("limit subvolume %s: %w", dir, err)
 	}
