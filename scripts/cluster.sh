@@ -6,6 +6,10 @@
 # NFLOG group and cgroup.
 #
 #   scripts/cluster.sh up [--demo] [--edges N] [--apiservers N] [--dir DIR]
+#   scripts/cluster.sh up --hollow N [--max-sandboxes M]
+#                                          N hollow edges in one process (they start
+#                                          nothing): the control plane alone, for
+#                                          `dsec bench cluster`
 #   scripts/cluster.sh env [--dir DIR]     print the DSEC_ADDR and DSEC_TOKEN lines again
 #   scripts/cluster.sh down [--dir DIR]    stop everything, remove every sandbox and DIR
 #
@@ -25,8 +29,12 @@ dir=/var/lib/dsec-cluster
 edges=3
 apiservers=2
 demo=0
+hollow=0
+hollow_max=4000
 while [ $# -gt 0 ]; do
   case "$1" in
+    --hollow) hollow=$2; shift 2 ;;
+    --max-sandboxes) hollow_max=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --edges) edges=$2; shift 2 ;;
     --apiservers) apiservers=$2; shift 2 ;;
@@ -81,6 +89,7 @@ stop_pid() { # NAME
 
 print_env() {
   local addrs="" i
+  [ -f "$dir/apiservers" ] && apiservers=$(cat "$dir/apiservers")
   for i in $(seq "$apiservers"); do addrs="${addrs:+$addrs,}127.0.0.1:$(apiport "$i")"; done
   echo "export DSEC_ADDR=$addrs"
   echo "export DSEC_TOKEN=$(cat "$dir/token")"
@@ -115,26 +124,39 @@ up() {
   mkdir -p "$dir/pg" "$dir/pgsock"
   chown postgres "$dir/pg" "$dir/pgsock"
   runuser -u postgres -- "$pg/initdb" -D "$dir/pg" -A trust -U postgres >/dev/null
-  runuser -u postgres -- "$pg/pg_ctl" -D "$dir/pg" -l "$dir/pg.log" -w \
+  runuser -u postgres -- "$pg/pg_ctl" -D "$dir/pg" -l "$dir/pgsock/pg.log" -w \
     -o "-k $dir/pgsock -c listen_addresses=''" start >/dev/null
   runuser -u postgres -- "$pg/createdb" -h "$dir/pgsock" dsec
 
-  say "== SeaweedFS (the shared blob store)"
-  scripts/seaweedfs.sh build >&2
-  scripts/seaweedfs.sh start "$dir/weed" "$s3port" >&2
+  if [ "$hollow" -eq 0 ]; then
+    say "== SeaweedFS (the shared blob store)"
+    scripts/seaweedfs.sh build >&2
+    scripts/seaweedfs.sh start "$dir/weed" "$s3port" >&2
+  fi
 
   say "== certificates"
   local args=(init-cluster --dir "$dir/pki") i
   for i in $(seq "$apiservers"); do args+=(--apiserver "api$i"); done
-  for i in $(seq "$edges"); do args+=(--edge "e$i=127.0.0.1"); done
+  if [ "$hollow" -gt 0 ]; then
+    edges=$hollow
+    for i in $(seq "$hollow"); do args+=(--edge "h$i=127.0.0.1"); done
+  else
+    for i in $(seq "$edges"); do args+=(--edge "e$i=127.0.0.1"); done
+  fi
   bin/dsecd "${args[@]}"
 
-  say "== $edges edges"
-  for i in $(seq "$edges"); do
-    # shellcheck disable=SC2046
-    start_bg "e$i" "$dir/e$i.log" bin/dsecd edge $(edge_node_flags "$i") \
-      --listen "127.0.0.1:$(edgeport "$i")" --tls-dir "$dir/pki" --registry "$(dsn)"
-  done
+  if [ "$hollow" -gt 0 ]; then
+    say "== $hollow hollow edges, in one process"
+    start_bg fleet "$dir/fleet.log" bin/dsecd hollow-fleet --count "$hollow" --tls-dir "$dir/pki" \
+      --registry "$(dsn)" --max-sandboxes "$hollow_max"
+  else
+    say "== $edges edges"
+    for i in $(seq "$edges"); do
+      # shellcheck disable=SC2046
+      start_bg "e$i" "$dir/e$i.log" bin/dsecd edge $(edge_node_flags "$i") \
+        --listen "127.0.0.1:$(edgeport "$i")" --tls-dir "$dir/pki" --registry "$(dsn)"
+    done
+  fi
   say "== $apiservers apiservers"
   for i in $(seq "$apiservers"); do
     start_bg "api$i" "$dir/api$i.log" bin/dsecd apiserver --name "api$i" --listen "127.0.0.1:$(apiport "$i")" \
@@ -144,7 +166,7 @@ up() {
   chmod 600 "$dir/token"
 
   eval "$(print_env)"
-  for _ in $(seq 300); do
+  for _ in $(seq 600); do
     local routed=0
     for i in $(seq "$apiservers"); do
       [ "$(grep -c 'msg="node routable"' "$dir/api$i.log" 2>/dev/null || true)" -ge "$edges" ] && routed=$((routed + 1))
@@ -153,6 +175,7 @@ up() {
     sleep 0.1
   done
   bin/dsec ls >/dev/null || { tail -5 "$dir"/*.log >&2; die "the cluster does not answer"; }
+  echo "$apiservers" >"$dir/apiservers"
   say "cluster up: $apiservers apiservers, $edges edges, state in $dir"
   print_env
   if [ "$demo" -eq 1 ]; then
@@ -165,6 +188,7 @@ down() {
   [ -d "$dir" ] || { say "no cluster in $dir"; return; }
   local i
   for f in "$dir"/api*.pid; do [ -e "$f" ] && stop_pid "$(basename "$f" .pid)"; done
+  stop_pid fleet
   for i in $(seq 64); do
     [ -d "$dir/e$i" ] || continue
     stop_pid "e$i"

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/bench"
 	"dsec.dev/dsec/internal/edge/image"
 )
@@ -41,7 +44,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&o.Warm, "warm-pool", o.Warm, "warm pool size for the pooled create → exec rounds (0: skip them)")
 	f.IntVar(&o.Idle, "idle", o.Idle, "idle sandboxes for the memory figure")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
-	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand())
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand())
 	return cmd
 }
 
@@ -116,5 +119,51 @@ func (a *app) benchNetworkCommand() *cobra.Command {
 	f.IntVar(&o.Scale, "scale", o.Scale, "networked sandboxes held at once")
 	f.IntVar(&o.Updates, "updates", o.Updates, "rule updates to time, alone and at scale")
 	f.IntVar(&o.Parallel, "parallel", o.Parallel, "creates in flight while scaling up")
+	return cmd
+}
+
+func (a *app) benchClusterCommand() *cobra.Command {
+	o := bench.ClusterOptions{Env: "base:1", Duration: 60 * time.Second, Batch: 50, BatchWorkers: 8, SingleWorkers: 32,
+		SimulateSeeds: 3, SimulateNodes: 160, SimulateFillTo: 0.8}
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "keyed creates against a cluster's apiservers (batches and singles at once): rates, latency, spread",
+		Long: "Drives a closed-loop load of keyed creates through every apiserver of --addr (a comma-separated\n" +
+			"list), as the SDKs send them, for --duration, and reports sandboxes created per second, single\n" +
+			"create calls per second and their latency, errors and the spread over edges; then, in the same\n" +
+			"run, the placement simulation of 160 nodes at 80 % fill with 2 s stale reports, against random\n" +
+			"placement. Meant for a cluster of hollow edges (scripts/cluster.sh up --hollow 160), where a\n" +
+			"create starts nothing, so the control plane is measured alone.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var clients []*apiclient.Clients
+			for _, addr := range strings.Split(apiclient.Addr(a.addr), ",") {
+				c, err := apiclient.DialWith(strings.TrimSpace(addr), apiclient.Options{Token: a.token, TokenName: "--token", CAFile: a.caFile})
+				if err != nil {
+					return err
+				}
+				clients = append(clients, c)
+			}
+			if !a.json {
+				o.Progress = a.stderr
+			}
+			rep, err := bench.RunCluster(cmd.Context(), clients, o)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return rep.JSON(a.stdout)
+			}
+			rep.Print(a.stdout)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Env, "env", o.Env, "environment the creates name (hollow edges accept any)")
+	f.DurationVar(&o.Duration, "duration", o.Duration, "how long the load runs")
+	f.IntVar(&o.Batch, "batch", o.Batch, "sandboxes per batch create")
+	f.IntVar(&o.BatchWorkers, "batch-workers", o.BatchWorkers, "callers issuing batch creates, one at a time each")
+	f.IntVar(&o.SingleWorkers, "single-workers", o.SingleWorkers, "callers issuing single creates")
+	f.IntVar(&o.SimulateSeeds, "sim-seeds", o.SimulateSeeds, "placement simulations (their worst is reported)")
 	return cmd
 }

@@ -1,0 +1,204 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/google/uuid"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/apiclient"
+	"dsec.dev/dsec/internal/placement"
+)
+
+// ClusterOptions shape `dsec bench cluster`: a closed-loop load of keyed
+// creates (as the SDKs send them) against a cluster's apiservers, batches
+// and single creates at once, for Duration.
+type ClusterOptions struct {
+	Env            string
+	Duration       time.Duration
+	Batch          int // sandboxes per batch create
+	BatchWorkers   int // callers issuing batch creates, each one at a time
+	SingleWorkers  int // callers issuing single creates
+	Progress       io.Writer
+	SimulateSeeds  int // placement simulations of the balance target, in the same run
+	SimulateNodes  int
+	SimulateFillTo float64
+}
+
+// ClusterReport is what the load achieved, and the placement simulation.
+type ClusterReport struct {
+	Apiservers      int            `json:"apiservers"`
+	Seconds         float64        `json:"seconds"`
+	Sandboxes       int64          `json:"sandboxes"`
+	SandboxesPerSec float64        `json:"sandboxes_per_sec"`
+	BatchCalls      int64          `json:"batch_calls"`
+	SingleCalls     int64          `json:"single_calls"`
+	SinglePerSec    float64        `json:"single_calls_per_sec"`
+	Single          Latency        `json:"single_latency"`
+	BatchLatency    Latency        `json:"batch_latency"`
+	Errors          int64          `json:"errors"`
+	FirstError      string         `json:"first_error,omitempty"`
+	Nodes           int            `json:"nodes"`
+	MaxOverMean     float64        `json:"max_over_mean"`
+	PerNode         map[string]int `json:"-"`
+	// The balance target at 80 % fill with 2 s stale reports, simulated
+	// with the same placement code: power of k with in-flight accounting
+	// against random placement, max ÷ mean node load.
+	SimPowerOfK float64 `json:"sim_power_of_k_max_over_mean"`
+	SimRandom   float64 `json:"sim_random_max_over_mean"`
+	SimNodes    int     `json:"sim_nodes"`
+}
+
+// RunCluster drives the load through clients, one per apiserver, each
+// worker keeping to one apiserver.
+func RunCluster(ctx context.Context, clients []*apiclient.Clients, o ClusterOptions) (*ClusterReport, error) {
+	if len(clients) == 0 {
+		return nil, fmt.Errorf("bench cluster: no apiserver")
+	}
+	spec := &dsecv1.SandboxSpec{Environment: o.Env}
+	rep := &ClusterReport{Apiservers: len(clients), PerNode: map[string]int{}}
+	var mu sync.Mutex
+	var singles, batches []time.Duration
+	var sandboxes, batchCalls, singleCalls, errCount atomic.Int64
+	record := func(sbs []*dsecv1.Sandbox) {
+		mu.Lock()
+		for _, sb := range sbs {
+			rep.PerNode[sb.GetNode()]++
+		}
+		mu.Unlock()
+	}
+	fail := func(err error) {
+		if errCount.Add(1) == 1 {
+			mu.Lock()
+			rep.FirstError = err.Error()
+			mu.Unlock()
+		}
+	}
+	create := func(c *apiclient.Clients, n int) ([]*dsecv1.Sandbox, time.Duration, error) {
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		start := time.Now()
+		resp, err := c.Sandboxes.Create(cctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec, Count: int32(n),
+			IdempotencyKey: uuid.NewString()}))
+		if err != nil {
+			return nil, 0, err
+		}
+		return resp.Msg.GetSandboxes(), time.Since(start), nil
+	}
+	deadline := time.Now().Add(o.Duration)
+	var wg sync.WaitGroup
+	worker := func(i, n int) {
+		defer wg.Done()
+		c := clients[i%len(clients)]
+		for time.Now().Before(deadline) && ctx.Err() == nil {
+			sbs, took, err := create(c, n)
+			if err != nil {
+				fail(err)
+				continue
+			}
+			sandboxes.Add(int64(len(sbs)))
+			record(sbs)
+			mu.Lock()
+			if n == 1 {
+				singleCalls.Add(1)
+				singles = append(singles, took)
+			} else {
+				batchCalls.Add(1)
+				batches = append(batches, took)
+			}
+			mu.Unlock()
+		}
+	}
+	start := time.Now()
+	for i := range o.BatchWorkers {
+		wg.Add(1)
+		go worker(i, o.Batch)
+	}
+	for i := range o.SingleWorkers {
+		wg.Add(1)
+		go worker(i, 1)
+	}
+	if o.Progress != nil {
+		go func() {
+			t := time.NewTicker(5 * time.Second)
+			defer t.Stop()
+			for time.Now().Before(deadline) {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					el := time.Since(start).Seconds()
+					fmt.Fprintf(o.Progress, "%4.0fs: %d sandboxes (%.0f/s), %d single calls, %d errors\n",
+						el, sandboxes.Load(), float64(sandboxes.Load())/el, singleCalls.Load(), errCount.Load())
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	rep.Seconds = el
+	rep.Sandboxes = sandboxes.Load()
+	rep.SandboxesPerSec = float64(rep.Sandboxes) / el
+	rep.BatchCalls, rep.SingleCalls = batchCalls.Load(), singleCalls.Load()
+	rep.SinglePerSec = float64(rep.SingleCalls) / el
+	rep.Single, rep.BatchLatency = summarize(singles), summarize(batches)
+	rep.Errors = errCount.Load()
+	rep.Nodes = len(rep.PerNode)
+	if rep.Nodes > 0 {
+		maxN, sum := 0, 0
+		for _, n := range rep.PerNode {
+			maxN = max(maxN, n)
+			sum += n
+		}
+		rep.MaxOverMean = float64(maxN) / (float64(sum) / float64(rep.Nodes))
+	}
+	rep.SimNodes = o.SimulateNodes
+	for seed := 1; seed <= o.SimulateSeeds; seed++ {
+		res := placement.Simulate(placement.SimConfig{Seed: uint64(seed), Nodes: o.SimulateNodes, Fill: o.SimulateFillTo,
+			Apiservers: len(clients)})
+		rep.SimPowerOfK = max(rep.SimPowerOfK, res.InFlight.MaxOverMean)
+		rep.SimRandom = max(rep.SimRandom, res.Random.MaxOverMean)
+	}
+	return rep, nil
+}
+
+// Print writes the report as a table with the targets beside it.
+func (r *ClusterReport) Print(w io.Writer) {
+	fmt.Fprintf(w, "dsec bench cluster: %d apiservers, %d edges that took sandboxes, %.0f s\n\n", r.Apiservers, r.Nodes, r.Seconds)
+	fmt.Fprintf(w, "%-52s %14s   %s\n", "metric", "measured", "target")
+	fmt.Fprintf(w, "%-52s %14.0f   ≥ 5,000\n", "sandboxes created per second (batches count each)", r.SandboxesPerSec)
+	fmt.Fprintf(w, "%-52s %14.0f   ≥ 1,000\n", "single-sandbox create calls per second", r.SinglePerSec)
+	fmt.Fprintf(w, "%-52s %8.1f / %4.1f ms   p99 ≤ 100 ms\n", "single create latency p50 / p99", r.Single.P50, r.Single.P99)
+	fmt.Fprintf(w, "%-52s %8.1f / %4.1f ms\n", fmt.Sprintf("batch create latency p50 / p99 (%d calls)", r.BatchCalls), r.BatchLatency.P50, r.BatchLatency.P99)
+	fmt.Fprintf(w, "%-52s %14d   0\n", "errors", r.Errors)
+	fmt.Fprintf(w, "%-52s %14.3f\n", "max ÷ mean sandboxes per edge, this run", r.MaxOverMean)
+	fmt.Fprintf(w, "%-52s %14.3f   ≤ 1.10\n", fmt.Sprintf("simulated, %d nodes at 80%% fill, 2 s stale: p-o-k", r.SimNodes), r.SimPowerOfK)
+	fmt.Fprintf(w, "%-52s %14.3f   p-o-k ≥ 2× better\n", "  the same, random placement", r.SimRandom)
+	if r.SimRandom > 1 {
+		fmt.Fprintf(w, "%-52s %14.1f×\n", "  excess over 1.0, random ÷ p-o-k", (r.SimRandom-1)/(r.SimPowerOfK-1))
+	}
+	if r.FirstError != "" {
+		fmt.Fprintf(w, "\nfirst error: %s\n", r.FirstError)
+	}
+	names := make([]string, 0, len(r.PerNode))
+	for n := range r.PerNode {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(names) > 0 && len(names) <= 8 {
+		for _, n := range names {
+			fmt.Fprintf(w, "  %s: %d\n", n, r.PerNode[n])
+		}
+	}
+}
+
+// JSON writes the report as JSON.
+func (r *ClusterReport) JSON(w io.Writer) error { return writeJSON(w, r) }
+
