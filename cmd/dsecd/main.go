@@ -218,6 +218,7 @@ func apiserverMain(args []string) int {
 	fs.StringVar(&cfg.DB, "db", "", "the metadata store all replicas share: postgres://… (or a SQLite file for a lone replica)")
 	fs.Var(&edges, "edge", "an edge, NAME=https://HOST:PORT (repeatable; default: the edges registered in --db)")
 	fs.IntVar(&cfg.Replicas, "replicas", 1, "how many apiservers place onto these edges (placement weighs its own recent placements by it)")
+	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "how often the watcher polls each edge (default 750ms; three missed polls make an edge unroutable)")
 	fs.StringVar(&tlsDir, "tls-dir", "", "directory dsecd init-cluster wrote: ca.crt and apiserver-NAME.{crt,key}")
 	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "the apiserver's certificate (default <tls-dir>/apiserver-NAME.crt)")

@@ -45,7 +45,7 @@ func newTestServerOver(t *testing.T, remote bool, edges ...*fakeEdge) dsecv1conn
 			es.EnableHTTP2 = true
 			es.StartTLS()
 			t.Cleanup(es.Close)
-			nodes[i].Edge = edgeclient.New(es.Client(), es.URL)
+			nodes[i].Edge = edgeclient.New(es.Client(), es.Client(), es.URL)
 		}
 	}
 	s := New(Config{CreateConcurrency: 4}, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))

@@ -123,7 +123,7 @@ func (a *app) benchNetworkCommand() *cobra.Command {
 }
 
 func (a *app) benchClusterCommand() *cobra.Command {
-	o := bench.ClusterOptions{Env: "base:1", Duration: 60 * time.Second, Batch: 50, BatchWorkers: 8, SingleWorkers: 32,
+	o := bench.ClusterOptions{Env: "base:1", Duration: 60 * time.Second, Batch: 50, BatchWorkers: 6, SingleWorkers: 40,
 		SimulateSeeds: 3, SimulateNodes: 160, SimulateFillTo: 0.8}
 	cmd := &cobra.Command{
 		Use:   "cluster",

@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -272,6 +274,9 @@ type APIServerConfig struct {
 	PollInterval time.Duration
 	// Replicas is how many apiservers place onto these edges; default 1.
 	Replicas int
+	// DebugListen, if set, serves Go's profiles (net/http/pprof) on this
+	// address; keep it on loopback.
+	DebugListen string
 }
 
 func (c *APIServerConfig) fill() error {
@@ -312,6 +317,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	if err := cfg.fill(); err != nil {
 		return err
 	}
+	lessGC()
 	meta, err := store.Open(ctx, cfg.DB)
 	if err != nil {
 		return err
@@ -356,30 +362,37 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	lns = append(lns, tln)
+	if cfg.DebugListen != "" {
+		go servePprof(ctx, cfg.DebugListen, log)
+	}
 	log.Info("apiserver ready", "name", cfg.Name, "listen", tln.Addr().String(), "edges", len(w.Nodes()))
 	return serve(ctx, log, api.Handler(), nil, lns...)
 }
 
-// dialEdge returns the EdgeService client of an edge, over HTTP/2 with the
-// apiserver's certificate, checking that the peer is that very node.
+// dialEdge returns the EdgeService client of an edge, with the apiserver's
+// certificate, checking that the peer is that very node: HTTP/1.1 with
+// kept-alive connections for every call but the shell's, HTTP/2 for it.
 func dialEdge(files clustertls.Files, m watcher.Member) (watcher.Edge, error) {
 	tc, err := clustertls.ClientConfig(files, clustertls.RoleEdge, m.Name)
 	if err != nil {
 		return nil, err
 	}
-	return edgeclient.New(&http.Client{Transport: edgeTransport(tc)}, m.Addr), nil
+	return edgeclient.New(&http.Client{Transport: edgeTransport(tc, false)}, &http.Client{Transport: edgeTransport(tc, true)}, m.Addr), nil
 }
 
-func edgeTransport(tc *tls.Config) *http.Transport {
+func edgeTransport(tc *tls.Config, h2 bool) *http.Transport {
 	tr := &http.Transport{
-		TLSClientConfig:     tc,
-		ForceAttemptHTTP2:   true,
-		MaxIdleConnsPerHost: 16,
+		TLSClientConfig:     tc.Clone(),
+		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 5 * time.Second,
+		Protocols:           new(http.Protocols),
 	}
-	tr.Protocols = new(http.Protocols)
-	tr.Protocols.SetHTTP2(true)
+	if h2 {
+		tr.Protocols.SetHTTP2(true)
+	} else {
+		tr.Protocols.SetHTTP1(true)
+	}
 	return tr
 }
 
@@ -406,6 +419,7 @@ func RunHollowFleet(ctx context.Context, cfg HollowFleetConfig, log *slog.Logger
 	if cfg.Registry == "" || cfg.TLSDir == "" {
 		return fmt.Errorf("hollow fleet: --registry and --tls-dir are required: %w", errdefs.ErrInvalidArgument)
 	}
+	lessGC()
 	reg, err := store.Open(ctx, cfg.Registry)
 	if err != nil {
 		return err
@@ -432,4 +446,31 @@ func RunHollowFleet(ctx context.Context, cfg HollowFleetConfig, log *slog.Logger
 		return err
 	}
 	return nil
+}
+
+// servePprof serves Go's profiles at addr until ctx ends.
+func servePprof(ctx context.Context, addr string, log *slog.Logger) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("serve profiles", "addr", addr, "err", err)
+	}
+}
+
+// lessGC lets a process whose heap is small and short-lived (an apiserver
+// keeps no per-sandbox state) collect garbage less often, unless GOGC says
+// otherwise: in a burst of creates on two cores, garbage collection at the
+// default pace took about a tenth of an apiserver's CPU, and raising it to
+// 400 lifted the cluster's create rate by about 10 %.
+func lessGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
 }

@@ -66,6 +66,7 @@ type Service struct {
 
 	mu     sync.Mutex
 	tokens map[string]*tokenEntry // create token -> the create it names
+	order  []string               // tokens, oldest first, for forgetting them in O(1)
 }
 
 type tokenEntry struct {
@@ -123,6 +124,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.Create
 	if !seen {
 		e = &tokenEntry{done: make(chan struct{}), at: time.Now()}
 		s.tokens[token] = e
+		s.order = append(s.order, token)
 	}
 	s.mu.Unlock()
 	if seen {
@@ -156,17 +158,28 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.Create
 	return connect.NewResponse(sb), nil
 }
 
-// forgetTokens drops tokens older than tokenTTL. The caller holds s.mu.
+// forgetTokens drops tokens older than tokenTTL whose create has ended,
+// oldest first: each call forgets what expired since the last. The caller
+// holds s.mu.
 func (s *Service) forgetTokens(now time.Time) {
-	for t, e := range s.tokens {
+	n := 0
+	for ; n < len(s.order); n++ {
+		e := s.tokens[s.order[n]]
+		if e == nil {
+			continue // forgotten already: its create failed
+		}
+		ended := false
 		select {
 		case <-e.done:
-			if now.Sub(e.at) > tokenTTL {
-				delete(s.tokens, t)
-			}
+			ended = true
 		default:
 		}
+		if now.Sub(e.at) <= tokenTTL || !ended {
+			break
+		}
+		delete(s.tokens, s.order[n])
 	}
+	s.order = s.order[n:]
 }
 
 func (s *Service) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {

@@ -48,6 +48,7 @@ type Edge struct {
 	mu       sync.Mutex
 	sbs      map[string]*dsecv1.Sandbox
 	gone     map[string]time.Time
+	goneSeq  []string // deleted IDs, oldest first
 	starting int
 	pools    []*dsecv1.WarmPool
 }
@@ -127,14 +128,19 @@ func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sa
 	return proto.Clone(sb).(*dsecv1.Sandbox), nil
 }
 
-// forget drops records deleted longer ago than Retention; the caller holds e.mu.
+// forget drops records deleted longer ago than Retention, oldest first;
+// the caller holds e.mu.
 func (e *Edge) forget(now time.Time) {
-	for id, at := range e.gone {
-		if now.Sub(at) > e.cfg.Retention {
-			delete(e.gone, id)
-			delete(e.sbs, id)
+	n := 0
+	for ; n < len(e.goneSeq); n++ {
+		id := e.goneSeq[n]
+		if now.Sub(e.gone[id]) <= e.cfg.Retention {
+			break
 		}
+		delete(e.gone, id)
+		delete(e.sbs, id)
 	}
+	e.goneSeq = e.goneSeq[n:]
 }
 
 func (e *Edge) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
@@ -178,6 +184,7 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 	}
 	sb.State, sb.Reason, sb.Message = dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "deleted by request"
 	e.gone[id] = time.Now()
+	e.goneSeq = append(e.goneSeq, id)
 	return nil
 }
 
