@@ -201,4 +201,3 @@ func (r *ClusterReport) Print(w io.Writer) {
 
 // JSON writes the report as JSON.
 func (r *ClusterReport) JSON(w io.Writer) error { return writeJSON(w, r) }
-

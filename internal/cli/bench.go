@@ -44,7 +44,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&o.Warm, "warm-pool", o.Warm, "warm pool size for the pooled create → exec rounds (0: skip them)")
 	f.IntVar(&o.Idle, "idle", o.Idle, "idle sandboxes for the memory figure")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
-	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand())
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand())
 	return cmd
 }
 
@@ -165,5 +165,43 @@ func (a *app) benchClusterCommand() *cobra.Command {
 	f.IntVar(&o.BatchWorkers, "batch-workers", o.BatchWorkers, "callers issuing batch creates, one at a time each")
 	f.IntVar(&o.SingleWorkers, "single-workers", o.SingleWorkers, "callers issuing single creates")
 	f.IntVar(&o.SimulateSeeds, "sim-seeds", o.SimulateSeeds, "placement simulations (their worst is reported)")
+	return cmd
+}
+
+func (a *app) benchExecHopCommand() *cobra.Command {
+	var via, viaToken, env string
+	var n int
+	cmd := &cobra.Command{
+		Use:   "exec-hop --via APISERVER",
+		Short: "exec latency of the all-in-one dsecd (--addr) beside a cluster's apiserver → edge in another process (--via), in turns",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if via == "" {
+				return fmt.Errorf("--via names the cluster's apiserver")
+			}
+			cl, err := apiclient.DialWith(via, apiclient.Options{Token: viaToken, TokenName: "--via-token"})
+			if err != nil {
+				return err
+			}
+			var progress io.Writer
+			if !a.json {
+				progress = a.stderr
+			}
+			rep, err := bench.RunExecHop(cmd.Context(), a.c, cl, env, n, progress)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return rep.JSON(a.stdout)
+			}
+			rep.Print(a.stdout)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&via, "via", "", "the cluster's apiserver")
+	f.StringVar(&viaToken, "via-token", "", "its token (default $DSEC_TOKEN)")
+	f.StringVar(&env, "env", "busybox:test", "environment on both sides")
+	f.IntVar(&n, "execs", 500, "execs on each side")
 	return cmd
 }

@@ -73,6 +73,19 @@ type ClusterOptions struct {
 	// Registry makes the edges register in DB (a PostgreSQL DSN, which
 	// Registry requires), and the apiservers find them there.
 	Registry bool
+	// RealEdges makes each edge a node with real runc sandboxes (root),
+	// with its own root, address pool, nftables table, veth prefix, NFLOG
+	// group and cgroup, and one blob store directory for all; each is torn
+	// down when the test ends.
+	RealEdges bool
+}
+
+// nodeFlags are what makes real edge i a node of its own on this host;
+// dsecd teardown takes the same ones.
+func nodeFlags(root string, i int, blobs string) []string {
+	return []string{"--root", root, "--network-pool", fmt.Sprintf("10.%d.0.0/16", 230+i), "--nft-table", fmt.Sprintf("dsect_e%d", i),
+		"--veth-prefix", fmt.Sprintf("t%dv", i), "--nflog-group", fmt.Sprint(2150 + i), "--cgroup-parent", fmt.Sprintf("dsec-te%d", i),
+		"--blob-store", blobs}
 }
 
 // StartCluster starts a cluster and waits until every apiserver answers
@@ -96,10 +109,38 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 		t.Fatalf("dsecd init-cluster: %v\n%s", err, out)
 	}
 	var edgeFlags []string
+	if o.RealEdges {
+		RequireRoot(t)
+		RequireCommand(t, "runc")
+		RequireCommand(t, "mkfs.erofs")
+	}
+	// Real edges' roots carry the prefix the root suite's leak check looks for.
+	rootsDir := dir
+	if o.RealEdges {
+		var err error
+		if rootsDir, err = os.MkdirTemp("", "dsec-test-root-cluster-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(rootsDir) })
+	}
+	blobs := filepath.Join(rootsDir, "blobstore")
 	for i := range o.Edges {
 		name := fmt.Sprintf("e%d", i+1)
 		addr := freeAddr(t)
-		args := []string{"edge", "--node", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"), "--root", filepath.Join(dir, name)}
+		root := filepath.Join(rootsDir, name)
+		args := []string{"edge", "--node", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"), "--root", root}
+		if o.RealEdges {
+			flags := nodeFlags(root, i+1, blobs)
+			args = append([]string{"edge", "--node", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki")}, flags...)
+			// Registered before the edge starts, so it runs after the
+			// edge is killed (cleanups run last first).
+			t.Cleanup(func() {
+				out, err := exec.Command(filepath.Join(bin, "dsecd"), append([]string{"teardown", "--node", name}, flags...)...).CombinedOutput()
+				if err != nil {
+					t.Errorf("dsecd teardown of edge %s: %v\n%s", name, err, out)
+				}
+			})
+		}
 		if o.Registry {
 			args = append(args, "--registry", o.DB)
 		} else {
@@ -175,6 +216,21 @@ func (c *Cluster) waitRoutable(a *Proc, edges int) {
 func (c *Cluster) Client(i int) *apiclient.Clients {
 	c.t.Helper()
 	cl, err := apiclient.DialWith(c.APIServers[i].Addr, apiclient.Options{Token: c.APIServers[i].Token})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return cl
+}
+
+// ClientAll returns API clients of every apiserver, failing over between
+// them as the CLI and SDKs do.
+func (c *Cluster) ClientAll() *apiclient.Clients {
+	c.t.Helper()
+	var addrs []string
+	for _, a := range c.APIServers {
+		addrs = append(addrs, a.Addr)
+	}
+	cl, err := apiclient.DialWith(strings.Join(addrs, ","), apiclient.Options{Token: c.APIServers[0].Token})
 	if err != nil {
 		c.t.Fatal(err)
 	}

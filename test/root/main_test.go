@@ -41,6 +41,15 @@ func leftovers() []string {
 			}
 		}
 	}
+	// The cgroups of a cluster test's edges (testutil.StartCluster).
+	for _, ctrl := range []string{"freezer", "memory", "pids", "cpu"} {
+		entries, _ := os.ReadDir("/sys/fs/cgroup/" + ctrl)
+		for _, e := range entries {
+			if e.IsDir() && strings.HasPrefix(e.Name(), "dsec-te") {
+				out = append(out, "cgroup "+ctrl+"/"+e.Name())
+			}
+		}
+	}
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
 		cmdline, err := os.ReadFile("/proc/" + p.Name() + "/cmdline")

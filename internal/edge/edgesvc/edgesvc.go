@@ -118,16 +118,19 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.Create
 		}
 		return connect.NewResponse(sb), nil
 	}
-	s.mu.Lock()
-	s.forgetTokens(time.Now())
-	e, seen := s.tokens[token]
-	if !seen {
-		e = &tokenEntry{done: make(chan struct{}), at: time.Now()}
-		s.tokens[token] = e
-		s.order = append(s.order, token)
-	}
-	s.mu.Unlock()
-	if seen {
+	for {
+		s.mu.Lock()
+		s.forgetTokens(time.Now())
+		e, seen := s.tokens[token]
+		if !seen {
+			e = &tokenEntry{done: make(chan struct{}), at: time.Now()}
+			s.tokens[token] = e
+			s.order = append(s.order, token)
+		}
+		s.mu.Unlock()
+		if !seen {
+			return s.createFor(ctx, req.Msg.GetSpec(), token, e)
+		}
 		select {
 		case <-e.done:
 		case <-ctx.Done():
@@ -137,17 +140,32 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.Create
 			return nil, e.err
 		}
 		sb, err := s.edge.Get(ctx, e.sb.GetId())
-		if err != nil {
-			return nil, err
+		if err == nil && live(sb) {
+			return connect.NewResponse(sb), nil
 		}
-		return connect.NewResponse(sb), nil
+		// The token's sandbox is gone (the apiserver deleted it when it
+		// could not record the create): the retry makes a new one.
+		s.mu.Lock()
+		if s.tokens[token] == e {
+			delete(s.tokens, token)
+		}
+		s.mu.Unlock()
 	}
+}
+
+func live(sb *dsecv1.Sandbox) bool {
+	st := sb.GetState()
+	return st == dsecv1.State_STATE_CREATING || st == dsecv1.State_STATE_RUNNING
+}
+
+// createFor runs the create a token names and records its outcome in e.
+func (s *Service) createFor(ctx context.Context, spec *dsecv1.SandboxSpec, token string, e *tokenEntry) (*connect.Response[dsecv1.Sandbox], error) {
 	// The create runs to its end even if this caller goes: a retry with the
 	// same token then finds the sandbox it made.
-	sb, err := s.edge.Create(context.WithoutCancel(ctx), req.Msg.GetSpec())
+	sb, err := s.edge.Create(context.WithoutCancel(ctx), spec)
 	s.mu.Lock()
 	e.sb, e.err = sb, err
-	if err != nil {
+	if err != nil && s.tokens[token] == e {
 		delete(s.tokens, token) // a failed create may be tried again
 	}
 	s.mu.Unlock()

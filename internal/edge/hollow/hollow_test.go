@@ -107,7 +107,15 @@ func TestCreateTokens(t *testing.T) {
 		t.Fatalf("create on a full node: %v", err)
 	}
 	e.Delete(ctx, ids[0])
-	if _, err := svc.Create(ctx, connect.NewRequest(other)); err != nil {
+	made, err := svc.Create(ctx, connect.NewRequest(other))
+	if err != nil {
 		t.Fatalf("retry of a refused token once there is room: %v", err)
+	}
+	// A token whose sandbox was deleted since (its apiserver could not
+	// record the create) makes a new one on retry.
+	e.Delete(ctx, made.Msg.GetId())
+	again, err := svc.Create(ctx, connect.NewRequest(other))
+	if err != nil || again.Msg.GetId() == made.Msg.GetId() || again.Msg.GetState() != dsecv1.State_STATE_RUNNING {
+		t.Fatalf("retry of a token whose sandbox is gone: %v %v", again.Msg, err)
 	}
 }
