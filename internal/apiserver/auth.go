@@ -2,10 +2,14 @@ package apiserver
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -40,10 +44,51 @@ func PrincipalOf(ctx context.Context) (store.Principal, bool) {
 
 // authInterceptor refuses calls from untrusted connections without a valid
 // bearer token. The refusal never echoes the token; forged, expired and
-// revoked tokens are logged with the peer's address.
+// revoked tokens are logged with the peer's address. A token the store
+// accepted is trusted again for authCacheTTL without asking the store (a
+// round trip to PostgreSQL on every exec would cost more than the exec's own
+// hop to its edge), so a revocation takes effect within that time.
 type authInterceptor struct {
-	auth Authenticator
-	log  *slog.Logger
+	auth  Authenticator
+	log   *slog.Logger
+	cache *authCache
+}
+
+// authCacheTTL bounds how long a revoked token may still be let in.
+const authCacheTTL = 10 * time.Second
+
+// authCache remembers tokens the store accepted, by their SHA-256.
+type authCache struct {
+	mu sync.Mutex
+	m  map[[32]byte]authEntry
+}
+
+type authEntry struct {
+	p  store.Principal
+	at time.Time
+}
+
+const authCacheMax = 10000
+
+func (c *authCache) get(tok string, now time.Time) (store.Principal, bool) {
+	k := sha256.Sum256([]byte(tok))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[k]
+	if !ok || now.Sub(e.at) > authCacheTTL {
+		return store.Principal{}, false
+	}
+	return e.p, true
+}
+
+func (c *authCache) put(tok string, p store.Principal, now time.Time) {
+	k := sha256.Sum256([]byte(tok))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= authCacheMax {
+		c.m = map[[32]byte]authEntry{} // a flood of tokens: start over
+	}
+	c.m[k] = authEntry{p: p, at: now}
 }
 
 func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer connect.Peer, h interface{ Get(string) string }) (context.Context, error) {
@@ -56,11 +101,20 @@ func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer conn
 		return nil, fmt.Errorf("%s needs a bearer token on this address (set DSEC_TOKEN, or DSEC_TOKEN_FILE to a file holding one): %w",
 			spec.Procedure, errdefs.ErrUnauthenticated)
 	}
-	p, err := a.auth.Authenticate(ctx, strings.TrimSpace(tok))
-	if err != nil {
-		a.log.Warn("token refused", "peer", peer.Addr, "procedure", spec.Procedure, "err", err)
-		return nil, fmt.Errorf("the bearer token was refused (unknown, expired or revoked): %w", errdefs.ErrUnauthenticated)
+	tok = strings.TrimSpace(tok)
+	now := time.Now()
+	if p, ok := a.cache.get(tok, now); ok {
+		return context.WithValue(ctx, principalKey{}, p), nil
 	}
+	p, err := a.auth.Authenticate(ctx, tok)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrUnauthenticated) {
+			a.log.Warn("token refused", "peer", peer.Addr, "procedure", spec.Procedure, "err", err)
+			return nil, fmt.Errorf("the bearer token was refused (unknown, expired or revoked): %w", errdefs.ErrUnauthenticated)
+		}
+		return nil, fmt.Errorf("check the bearer token: %w", err) // the store is away: Unavailable
+	}
+	a.cache.put(tok, p, now)
 	return context.WithValue(ctx, principalKey{}, p), nil
 }
 

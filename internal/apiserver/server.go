@@ -105,7 +105,7 @@ func (s *Server) Handler() http.Handler {
 	// more time than it saves, even off loopback.
 	interceptors := []connect.Interceptor{errorInterceptor{}}
 	if s.cfg.Auth != nil {
-		interceptors = append(interceptors, authInterceptor{auth: s.cfg.Auth, log: s.log})
+		interceptors = append(interceptors, authInterceptor{auth: s.cfg.Auth, log: s.log, cache: &authCache{}})
 	}
 	opts := []connect.HandlerOption{connect.WithInterceptors(interceptors...), connect.WithCompressMinBytes(16 << 10)}
 	for _, c := range jsonCodecs() {
