@@ -103,7 +103,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	// Clients accept gzip by default; compressing small messages costs
 	// more time than it saves, even off loopback.
-	interceptors := []connect.Interceptor{errorInterceptor{}}
+	interceptors := []connect.Interceptor{errdefs.Interceptor{}}
 	if s.cfg.Auth != nil {
 		interceptors = append(interceptors, authInterceptor{auth: s.cfg.Auth, log: s.log, cache: &authCache{}})
 	}
@@ -189,23 +189,3 @@ func backendName(b dsecv1.Backend) string {
 // Observe tells placement that node reported its load now, so placements
 // made before it stop counting twice. The watcher calls it on every report.
 func (s *Server) Observe(node string) { s.placer.Observe(node, time.Now()) }
-
-// errorInterceptor turns errdefs kinds into Connect codes at the API edge.
-type errorInterceptor struct{}
-
-func (errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		resp, err := next(ctx, req)
-		return resp, errdefs.ToConnect(err)
-	}
-}
-
-func (errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-
-func (errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		return errdefs.ToConnect(next(ctx, conn))
-	}
-}

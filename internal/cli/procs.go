@@ -86,18 +86,8 @@ func (a *app) attachCommand() *cobra.Command {
 				return err
 			}
 			defer stream.Close()
-			var exited *dsecv1.ExecExited
-			for stream.Receive() {
-				switch e := stream.Msg().Event.(type) {
-				case *dsecv1.ExecEvent_Stdout:
-					a.stdout.Write(e.Stdout)
-				case *dsecv1.ExecEvent_Stderr:
-					a.stderr.Write(e.Stderr)
-				case *dsecv1.ExecEvent_Exited:
-					exited = e.Exited
-				}
-			}
-			if err := stream.Err(); err != nil {
+			exited, err := a.copyEvents(stream, nil)
+			if err != nil {
 				return err
 			}
 			if exited == nil {

@@ -144,13 +144,30 @@ func (a *app) streamExec(ctx context.Context, req *dsecv1.ExecRequest) error {
 		return err
 	}
 	defer stream.Close()
+	exited, err := a.copyEvents(stream, func(st *dsecv1.ExecStarted) {
+		if req.GetKeepStdinOpen() {
+			go a.pumpStdin(ctx, req.GetSandboxId(), st.GetProcessId())
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if exited == nil {
+		return fmt.Errorf("the command's stream ended without an exit status")
+	}
+	return exitFor(exited)
+}
+
+// copyEvents copies a stream of exec events to stdout and stderr until it
+// ends, calling started (if set) at the start event, and returns the exit
+// event (nil when the stream ended without one).
+func (a *app) copyEvents(stream *connect.ServerStreamForClient[dsecv1.ExecEvent], started func(*dsecv1.ExecStarted)) (*dsecv1.ExecExited, error) {
 	var exited *dsecv1.ExecExited
 	for stream.Receive() {
-		ev := stream.Msg()
-		switch e := ev.Event.(type) {
+		switch e := stream.Msg().Event.(type) {
 		case *dsecv1.ExecEvent_Started:
-			if req.GetKeepStdinOpen() {
-				go a.pumpStdin(ctx, req.GetSandboxId(), e.Started.GetProcessId())
+			if started != nil {
+				started(e.Started)
 			}
 		case *dsecv1.ExecEvent_Stdout:
 			a.stdout.Write(e.Stdout)
@@ -160,13 +177,7 @@ func (a *app) streamExec(ctx context.Context, req *dsecv1.ExecRequest) error {
 			exited = e.Exited
 		}
 	}
-	if err := stream.Err(); err != nil {
-		return err
-	}
-	if exited == nil {
-		return fmt.Errorf("the command's stream ended without an exit status")
-	}
-	return exitFor(exited)
+	return exited, stream.Err()
 }
 
 // stdinChunk is how much of stdin one WriteStdin call carries.

@@ -117,3 +117,24 @@ type wrapped struct {
 
 func (w *wrapped) Error() string { return w.msg }
 func (w *wrapped) Unwrap() error { return w.kind }
+
+// Interceptor turns the kinds above into Connect codes for every call a
+// Connect handler serves: the API's edge, where the mapping belongs.
+type Interceptor struct{}
+
+func (Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		return resp, ToConnect(err)
+	}
+}
+
+func (Interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		return ToConnect(next(ctx, conn))
+	}
+}

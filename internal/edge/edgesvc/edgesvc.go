@@ -92,7 +92,7 @@ func (s *Service) Node() string { return s.edge.Node() }
 // Handler serves the service over Connect (HTTP/2 with the cluster's TLS in
 // front, set up by the caller), errors mapped to Connect codes.
 func (s *Service) Handler() (string, http.Handler) {
-	path, h := edgev1connect.NewEdgeServiceHandler(s, connect.WithInterceptors(errorInterceptor{}),
+	path, h := edgev1connect.NewEdgeServiceHandler(s, connect.WithInterceptors(errdefs.Interceptor{}),
 		connect.WithCompressMinBytes(16<<10))
 	return path, flushhold.Handler(h)
 }
@@ -321,24 +321,4 @@ func (s *Service) agentErr(ctx context.Context, id string, err error) error {
 		return err // the agent's own verdict (not found, invalid argument…)
 	}
 	return fmt.Errorf("sandbox %s: agent channel: %v: %w", id, err, errdefs.ErrUnavailable)
-}
-
-// errorInterceptor turns errdefs kinds into Connect codes.
-type errorInterceptor struct{}
-
-func (errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		resp, err := next(ctx, req)
-		return resp, errdefs.ToConnect(err)
-	}
-}
-
-func (errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-
-func (errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		return errdefs.ToConnect(next(ctx, conn))
-	}
 }
