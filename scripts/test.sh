@@ -14,6 +14,10 @@ echo "== go vet"
 go vet ./... || status=1
 echo "== go test (dsec)"
 go test -count=1 -timeout 45m ./... || status=1
+# The same end-to-end suites again, through a cluster of one: dsecd edge
+# behind dsecd apiserver, mutual TLS and a token between them and the tests.
+echo "== go test (end-to-end suites through a cluster: apiserver -> edge)"
+DSEC_TEST_CLUSTER=1 go test -count=1 -timeout 30m ./test/root || status=1
 echo "== go test (api)"
 (cd api && go build ./...) || status=1
 if [ -f sdk/go/go.mod ]; then

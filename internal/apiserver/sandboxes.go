@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -97,7 +98,7 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 // that cannot be recorded is deleted again.
 func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, count int, key, hash string) ([]*dsecv1.Sandbox, error) {
 	req := placement.Request{Backend: backendName(spec.GetBackend()), Count: count}
-	nodes, err := s.placer.Place(s.placementView(), req, nil)
+	nodes, err := s.place(req, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +187,7 @@ func requestHash(msg *dsecv1.CreateRequest) string {
 
 // createBatch places n sandboxes in one decision round and makes them.
 func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n int) ([]*dsecv1.Sandbox, error) {
-	nodes, err := s.placer.Place(s.placementView(), placement.Request{Backend: backendName(spec.GetBackend()), Count: n}, nil)
+	nodes, err := s.place(placement.Request{Backend: backendName(spec.GetBackend()), Count: n}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -242,6 +243,29 @@ func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 	return out, nil
 }
 
+// place asks placement for nodes. When nothing has room, the error says
+// why in the nodes' own words too: each full node's admission reason from
+// its last report (which names the flag that raises its limit).
+func (s *Server) place(req placement.Request, exclude map[string]bool) ([]string, error) {
+	nodes, err := s.placer.Place(s.placementView(), req, exclude)
+	var ex *placement.ExhaustedError
+	if err == nil || !errors.As(err, &ex) {
+		return nodes, err
+	}
+	var why []string
+	for _, n := range s.fleet.Nodes() {
+		if r := n.Status.GetRefusing(); n.Healthy && r != "" && len(why) < 3 {
+			why = append(why, strings.TrimSuffix(r, ": "+errdefs.ErrResourceExhausted.Error()))
+		}
+	}
+	if len(why) == 0 {
+		// The reports predate this apiserver's own placements, which
+		// filled the nodes: say which flag raises a node's limit.
+		return nil, fmt.Errorf("%w (dsecd --max-sandboxes raises an edge's limit)", err)
+	}
+	return nil, fmt.Errorf("%w: %s", err, strings.Join(why, "; "))
+}
+
 // maxHops bounds the nodes one sandbox's create tries.
 const maxHops = 3
 
@@ -263,7 +287,7 @@ func (s *Server) createOne(ctx context.Context, spec *dsecv1.SandboxSpec, node, 
 				hop, retry.Refusals, retry.Failures, err)
 		}
 		s.log.Debug("create goes elsewhere", "node", node, "err", err)
-		picked, perr := s.placer.Place(s.placementView(), placement.Request{Backend: backendName(spec.GetBackend()), Count: 1}, retry.Exclude)
+		picked, perr := s.place(placement.Request{Backend: backendName(spec.GetBackend()), Count: 1}, retry.Exclude)
 		if perr != nil {
 			return nil, fmt.Errorf("create a sandbox after %s said %v: %w", node, err, perr)
 		}

@@ -104,17 +104,29 @@ func DynamicExecutable(t testing.TB) string {
 	return ""
 }
 
-// Daemon is a dsecd started for a test, with its own root and port.
+// Daemon is a dsecd started for a test, with its own root and port. With
+// DSEC_TEST_CLUSTER=1 it is a cluster of one instead: `dsecd edge` on the
+// root, behind `dsecd apiserver` on the port (mutual TLS between them, a
+// token on the port), so the end-to-end suites run through the cluster's
+// code path unchanged; both log to the same file.
 type Daemon struct {
 	Root    string
 	Addr    string // host:port
 	Bin     string
 	Clients *apiclient.Clients
 	cmd     *exec.Cmd
+	api     *exec.Cmd // the apiserver, in cluster mode
 	args    []string
 	logPath string
 	t       testing.TB
+
+	cluster  bool
+	edgeAddr string
 }
+
+// ClusterMode says whether the end-to-end suites run against a cluster of
+// one (DSEC_TEST_CLUSTER=1) rather than the all-in-one dsecd.
+func ClusterMode() bool { return os.Getenv("DSEC_TEST_CLUSTER") == "1" }
 
 // StartDaemon starts a dsecd on a fresh root and loopback port; it is
 // stopped and torn down (every sandbox and mount removed) when the test ends.
@@ -130,8 +142,14 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &Daemon{Root: root, Addr: freeAddr(t), Bin: bin, t: t, logPath: filepath.Join(root, "dsecd.log")}
+	d := &Daemon{Root: root, Addr: freeAddr(t), Bin: bin, t: t, logPath: filepath.Join(root, "dsecd.log"), cluster: ClusterMode()}
 	d.args = append([]string{"--root", root, "--listen", d.Addr, "--node", "t1", "--log-level", "debug"}, extraArgs...)
+	if d.cluster {
+		d.edgeAddr = freeAddr(t)
+		d.args = append([]string{"edge", "--root", root, "--listen", d.edgeAddr, "--node", "t1", "--log-level", "debug",
+			"--tls-dir", filepath.Join(root, "pki")}, extraArgs...)
+		d.initCluster()
+	}
 	t.Cleanup(func() {
 		d.Kill()
 		out, err := exec.Command(filepath.Join(bin, "dsecd"), "teardown", "--root", root).CombinedOutput()
@@ -164,6 +182,17 @@ func (d *Daemon) Start() {
 		d.t.Fatal(err)
 	}
 	d.cmd = cmd
+	if d.cluster {
+		api := exec.Command(filepath.Join(d.Bin, "dsecd"), "apiserver", "--name", "api", "--listen", d.Addr,
+			"--db", filepath.Join(d.Root, "api.db"), "--tls-dir", filepath.Join(d.Root, "pki"),
+			"--edge", "t1=https://"+d.edgeAddr, "--log-level", "debug")
+		api.Stdout, api.Stderr = logf, logf
+		api.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := api.Start(); err != nil {
+			d.t.Fatal(err)
+		}
+		d.api = api
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	// The daemon writes its admin token at start; the TCP port needs it.
 	for {
@@ -208,14 +237,38 @@ func (d *Daemon) Token() string {
 	return strings.TrimSpace(string(b))
 }
 
-// Kill stops the daemon with SIGKILL (sandboxes keep running).
+// Kill stops the daemon with SIGKILL (sandboxes keep running): in cluster
+// mode, the edge and the apiserver.
 func (d *Daemon) Kill() {
+	if d.api != nil && d.api.Process != nil {
+		d.api.Process.Kill()
+		d.api.Wait()
+		d.api = nil
+	}
 	if d.cmd == nil || d.cmd.Process == nil {
 		return
 	}
 	d.cmd.Process.Kill()
 	d.cmd.Wait()
 	d.cmd = nil
+}
+
+// initCluster makes a cluster of one's certificates and the apiserver's
+// token, which it keeps where the all-in-one dsecd keeps its own.
+func (d *Daemon) initCluster() {
+	d.t.Helper()
+	dsecd := filepath.Join(d.Bin, "dsecd")
+	if out, err := exec.Command(dsecd, "init-cluster", "--dir", filepath.Join(d.Root, "pki"), "--apiserver", "api",
+		"--edge", "t1=127.0.0.1").CombinedOutput(); err != nil {
+		d.t.Fatalf("dsecd init-cluster: %v\n%s", err, out)
+	}
+	out, err := exec.Command(dsecd, "token", "--db", filepath.Join(d.Root, "api.db"), "--principal", "test").Output()
+	if err != nil {
+		d.t.Fatalf("dsecd token: %v", err)
+	}
+	if err := os.WriteFile(d.TokenFile(), out, 0o600); err != nil {
+		d.t.Fatal(err)
+	}
 }
 
 // Pid is the daemon's process ID.
