@@ -31,7 +31,9 @@ const usage = `usage:
   dsecd hollow-fleet [flags]   many hollow edges in one process, for control-plane scale tests
   dsecd token [flags]          mint an API token in a metadata store and print it
 
-Run "dsecd COMMAND -h" for a command's flags.
+Run "dsecd COMMAND -h" for a command's flags. Every flag can also be set
+in the environment: --max-sandboxes as DSECD_MAX_SANDBOXES, and so on; the
+command line wins.
 `
 
 func main() {
@@ -134,7 +136,32 @@ func run(name string, fn func(ctx context.Context) error) int {
 	return 0
 }
 
+// envName is the environment variable that sets a flag: DSECD_ and its
+// name, upper case, dashes as underscores (--max-sandboxes:
+// DSECD_MAX_SANDBOXES).
+func envName(flagName string) string {
+	return "DSECD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// fromEnv sets every flag its environment variable names; the command
+// line, parsed after, wins.
+func fromEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if v := getenv(envName(f.Name)); v != "" && err == nil {
+			if serr := f.Value.Set(v); serr != nil {
+				err = fmt.Errorf("%s=%q: %w", envName(f.Name), v, serr)
+			}
+		}
+	})
+	return err
+}
+
 func parse(fs *flag.FlagSet, args []string) bool {
+	if err := fromEnv(fs, os.Getenv); err != nil {
+		fmt.Fprintf(fs.Output(), "%s: %v\n", fs.Name(), err)
+		return false
+	}
 	if fs.Parse(args) != nil {
 		return false
 	}
