@@ -69,7 +69,14 @@ func onEach[Res any](ls *layerService, call func(e watcher.Edge) (*connect.Respo
 	return out, errors.Join(errs...)
 }
 
+// maxArchive bounds an import's archive sent in its request.
+const maxArchive = 1 << 30
+
 func (ls *layerService) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	if n := len(req.Msg.GetArchive()); n > maxArchive {
+		return nil, fmt.Errorf("import layer %s: an archive of %d MiB is over the %d MiB a request carries; name a path on the nodes or import an OCI image: %w",
+			req.Msg.GetRef(), n>>20, maxArchive>>20, errdefs.ErrInvalidArgument)
+	}
 	all, err := onEach(ls, func(e watcher.Edge) (*connect.Response[dsecv1.Layer], error) { return e.ImportLayer(ctx, req) })
 	if err != nil {
 		return nil, err
@@ -77,7 +84,7 @@ func (ls *layerService) ImportLayer(ctx context.Context, req *connect.Request[ds
 	out := all[0]
 	for _, l := range all[1:] {
 		if l.GetDigest() != out.GetDigest() {
-			return nil, fmt.Errorf("import layer %s: the nodes built different layers (%s and %s) from one source; is the path the same on every node?: %w",
+			return nil, fmt.Errorf("import layer %s: the nodes built different layers (%s and %s) from one source; is the path the same on every node? (--upload sends the tree to each): %w",
 				req.Msg.GetRef(), out.GetDigest(), l.GetDigest(), errdefs.ErrFailedPrecondition)
 		}
 		out.Warnings = mergeStrings(out.Warnings, l.GetWarnings())

@@ -113,9 +113,19 @@ func (a *app) upload(cmd *cobra.Command, local, id, dst string) error {
 	default:
 		dir, name = path.Dir(path.Clean(dst)), path.Base(path.Clean(dst))
 	}
+	data, err := packTree(local, name)
+	if err != nil {
+		return err
+	}
+	return a.sendTar(cmd, id, dir, data)
+}
+
+// packTree packs local (a file or a directory tree) as a tar archive whose
+// entries are under name ("": local's contents at the top).
+func packTree(local, name string) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	err = filepath.WalkDir(local, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(local, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -129,17 +139,17 @@ func (a *app) upload(cmd *cobra.Command, local, id, dst string) error {
 		}
 		entry := path.Join(name, filepath.ToSlash(rel))
 		if entry == "." {
-			return nil // the contents' own directory: dir already is it
+			return nil // the contents' own directory: the target already is it
 		}
 		return tarfile.WriteEntry(tw, p, entry, info, nil)
 	})
 	if err != nil {
-		return fmt.Errorf("pack %s: %w", local, err)
+		return nil, fmt.Errorf("pack %s: %w", local, err)
 	}
 	if err := tw.Close(); err != nil {
-		return err
+		return nil, err
 	}
-	return a.sendTar(cmd, id, dir, buf.Bytes())
+	return buf.Bytes(), nil
 }
 
 func (a *app) sendTar(cmd *cobra.Command, id, dir string, data []byte) error {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -16,7 +17,7 @@ import (
 func (a *app) layerCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "layer", Short: "manage the node's layers"}
 	var kind string
-	var allowSetuid bool
+	var allowSetuid, upload bool
 	imp := &cobra.Command{
 		Use:   "import --kind base|workspace|toolkit NAME:TAG PATH",
 		Short: "build an EROFS layer from a directory or tar archive on the daemon's host",
@@ -30,8 +31,14 @@ func (a *app) layerCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := a.c.Layers.ImportLayer(cmd.Context(), connect.NewRequest(&dsecv1.ImportLayerRequest{
-				Ref: args[0], Kind: dsecv1.LayerKind(k), Path: p, AllowSetuid: allowSetuid}))
+			req := &dsecv1.ImportLayerRequest{Ref: args[0], Kind: dsecv1.LayerKind(k), Path: p, AllowSetuid: allowSetuid}
+			if upload {
+				if req.Archive, err = archiveOf(p); err != nil {
+					return err
+				}
+				req.Path = ""
+			}
+			resp, err := a.c.Layers.ImportLayer(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -45,6 +52,7 @@ func (a *app) layerCommand() *cobra.Command {
 	}
 	imp.Flags().StringVar(&kind, "kind", "base", "layer kind: base, workspace or toolkit")
 	imp.Flags().BoolVar(&allowSetuid, "allow-setuid", false, "keep setuid and setgid files")
+	imp.Flags().BoolVar(&upload, "upload", false, "send PATH (a tree, or a tar archive) from this machine, rather than name a path on the daemon's (at most 1 GiB)")
 
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -133,4 +141,29 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// maxUpload is the most an import sends in its request.
+const maxUpload = 1 << 30
+
+// archiveOf is what `layer import --upload` sends: a tar archive file as it
+// is, or a directory tree packed as one.
+func archiveOf(p string) ([]byte, error) {
+	info, err := os.Stat(p)
+	if err != nil {
+		return nil, err
+	}
+	var data []byte
+	if info.IsDir() {
+		data, err = packTree(p, "")
+	} else {
+		data, err = os.ReadFile(p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxUpload {
+		return nil, fmt.Errorf("%s packs to %d MiB, over the %d MiB an import may send; name a path on the daemon's host or import an OCI image", p, len(data)>>20, maxUpload>>20)
+	}
+	return data, nil
 }

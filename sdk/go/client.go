@@ -494,6 +494,10 @@ type LayerOptions struct {
 	// AllowSetuid keeps setuid and setgid files and file capabilities,
 	// which an import refuses otherwise.
 	AllowSetuid bool
+	// Upload sends path from this machine (a directory packed as a tar
+	// archive, or an archive file as it is; at most 1 GiB) instead of
+	// naming a path on the daemon's host: a cluster's client does this.
+	Upload bool
 }
 
 // ImportLayer builds a layer named ref from a directory or tar archive on
@@ -505,6 +509,13 @@ func (c *Client) ImportLayer(ctx context.Context, ref string, kind dsecv1.LayerK
 	req := &dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path}
 	if o != nil {
 		req.AllowSetuid = o.AllowSetuid
+		if o.Upload {
+			archive, err := archiveOf(path)
+			if err != nil {
+				return nil, fmt.Errorf("import layer %s: %w", ref, err)
+			}
+			req.Path, req.Archive = "", archive
+		}
 	}
 	r, err := c.layers.ImportLayer(ctx, connect.NewRequest(req))
 	if err != nil {

@@ -309,3 +309,26 @@ func ExtractTar(r io.Reader, dest string) ([]string, error) {
 		names = append(names, hdr.Name)
 	}
 }
+
+// archiveOf packs a directory's contents as a tar archive, or reads an
+// archive file as it is, for an import that sends it.
+func archiveOf(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	var data []byte
+	if st.IsDir() {
+		var buf bytes.Buffer
+		if err := writeTar(&buf, path); err != nil {
+			return nil, fmt.Errorf("pack %s: %w", path, err)
+		}
+		data = buf.Bytes()
+	} else if data, err = os.ReadFile(path); err != nil {
+		return nil, err
+	}
+	if len(data) > 1<<30 {
+		return nil, fmt.Errorf("%s packs to %d MiB, over the 1024 MiB an import may send", path, len(data)>>20)
+	}
+	return data, nil
+}

@@ -44,8 +44,9 @@ func TestClusterEndToEnd(t *testing.T) {
 	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-busybox-base.sh"), tree).CombinedOutput(); err != nil {
 		t.Fatalf("build busybox base: %v\n%s", err, out)
 	}
-	if out, errOut, code := cli(0, "layer", "import", "--kind", "base", env, tree); code != 0 {
-		t.Fatalf("layer import through an apiserver: %s %s", out, errOut)
+	// Sent from the client, as from another machine: each edge gets it.
+	if out, errOut, code := cli(0, "layer", "import", "--upload", "--kind", "base", env, tree); code != 0 {
+		t.Fatalf("layer import --upload through an apiserver: %s %s", out, errOut)
 	}
 	if out, _, _ := cli(1, "layer", "ls"); !strings.Contains(out, env) {
 		t.Fatalf("the other apiserver does not list the layer:\n%s", out)

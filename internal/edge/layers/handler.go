@@ -3,6 +3,7 @@ package layers
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -56,10 +57,30 @@ func (ls *Handler) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.
 	if !ok {
 		return nil, fmt.Errorf("layer kind must be base, workspace or toolkit: %w", errdefs.ErrInvalidArgument)
 	}
-	if !filepath.IsAbs(m.GetPath()) {
-		return nil, fmt.Errorf("import path %q must be absolute (a path on the daemon's host): %w", m.GetPath(), errdefs.ErrInvalidArgument)
+	src := m.GetPath()
+	switch {
+	case len(m.GetArchive()) > 0 && src != "":
+		return nil, fmt.Errorf("import layer %s: give a path or an archive, not both: %w", m.GetRef(), errdefs.ErrInvalidArgument)
+	case len(m.GetArchive()) > 0:
+		// The archive goes through a file of this host's, which the import
+		// reads as it reads any tar archive (every check applies).
+		f, err := os.CreateTemp("", "dsec-import-*.tar")
+		if err != nil {
+			return nil, fmt.Errorf("import layer %s: %w", m.GetRef(), err)
+		}
+		defer os.Remove(f.Name())
+		_, werr := f.Write(m.GetArchive())
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return nil, fmt.Errorf("import layer %s: keep the archive: %w", m.GetRef(), werr)
+		}
+		src = f.Name()
+	case !filepath.IsAbs(src):
+		return nil, fmt.Errorf("import path %q must be absolute (a path on the daemon's host): %w", src, errdefs.ErrInvalidArgument)
 	}
-	l, err := ls.svc.Import(ctx, m.GetRef(), kind, m.GetPath(), image.ImportOptions{AllowSetuid: m.GetAllowSetuid()})
+	l, err := ls.svc.Import(ctx, m.GetRef(), kind, src, image.ImportOptions{AllowSetuid: m.GetAllowSetuid()})
 	if err != nil {
 		return nil, err
 	}

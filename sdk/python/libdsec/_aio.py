@@ -480,9 +480,25 @@ class AsyncClient:
         return resp.get("layers", [])
 
     async def import_layer(self, ref: str, path: str, *, kind: str = "base", allow_setuid: bool = False,
-                           timeout: float = 600.0) -> Dict[str, Any]:
-        """Build a layer from a directory or tar archive on the daemon's host."""
+                           upload: bool = False, timeout: float = 600.0) -> Dict[str, Any]:
+        """Build a layer from a directory or tar archive on the daemon's host,
+        or, with upload=True, on this machine: the tree is sent as a tar
+        archive (at most 1 GiB), as a client of a cluster does."""
         msg = {"ref": ref, "kind": "LAYER_KIND_" + kind.upper(), "path": path}
+        if upload:
+            del msg["path"]
+            if os.path.isdir(path):
+                buf = io.BytesIO()
+                with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+                    for name in sorted(os.listdir(path)):
+                        tf.add(os.path.join(path, name), arcname=name)
+                data = buf.getvalue()
+            else:
+                with open(path, "rb") as f:
+                    data = f.read()
+            if len(data) > (1 << 30):
+                raise errors.InvalidArgument(f"{path} packs to {len(data) >> 20} MiB, over the 1024 MiB an import may send")
+            msg["archive"] = _b64(data)
         if allow_setuid:
             msg["allowSetuid"] = True
         return await self._call("ImportLayer", msg, timeout, service=LAYERS)

@@ -242,6 +242,16 @@ class LiveTest(unittest.TestCase):
         self.assertIn(ENV, refs)
         self.sandbox()
         self.assertIn(ENV, [e["name"] for e in self.c.list_environments()])
+        # A workspace sent from this machine rather than named on the daemon's.
+        with tempfile.TemporaryDirectory() as tree:
+            os.makedirs(os.path.join(tree, "work"))
+            with open(os.path.join(tree, "work", "hello.txt"), "w") as f:
+                f.write("sent\n")
+            layer = self.c.import_layer("upload:1", tree, kind="workspace", upload=True)
+        self.assertIn("upload:1", layer.get("refs", []))
+        sb = self.c.create(ENV + "+upload:1", labels={"test": "test_layers"})
+        self.addCleanup(lambda: self.c.delete(sb.id))
+        self.assertEqual(sb.exec("cat /work/hello.txt").stdout, "sent\n")
 
     def test_unix_socket(self):
         with libdsec.Client(D.unix_addr) as c:

@@ -3790,11 +3790,15 @@ func (x *Layer) GetWarnings() []string {
 }
 
 type ImportLayerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag
-	Kind          LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
-	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // directory or tar archive on the daemon's host
-	AllowSetuid   bool                   `protobuf:"varint,4,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Ref         string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag
+	Kind        LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
+	Path        string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // directory or tar archive on the daemon's host
+	AllowSetuid bool                   `protobuf:"varint,4,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	// Or the tree itself, as a tar archive (plain or gzip) the caller sends:
+	// to import from another machine than the daemon's (a cluster's nodes).
+	// At most 1 GiB; larger trees go in by path or as an OCI image.
+	Archive       []byte `protobuf:"bytes,5,opt,name=archive,proto3" json:"archive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3855,6 +3859,13 @@ func (x *ImportLayerRequest) GetAllowSetuid() bool {
 		return x.AllowSetuid
 	}
 	return false
+}
+
+func (x *ImportLayerRequest) GetArchive() []byte {
+	if x != nil {
+		return x.Archive
+	}
+	return nil
 }
 
 type ListLayersRequest struct {
@@ -5283,12 +5294,13 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12\x16\n" +
 	"\x06source\x18\x06 \x01(\tR\x06source\x12\x1a\n" +
-	"\bwarnings\x18\a \x03(\tR\bwarnings\"\x85\x01\n" +
+	"\bwarnings\x18\a \x03(\tR\bwarnings\"\x9f\x01\n" +
 	"\x12ImportLayerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12!\n" +
-	"\fallow_setuid\x18\x04 \x01(\bR\vallowSetuid\"\x13\n" +
+	"\fallow_setuid\x18\x04 \x01(\bR\vallowSetuid\x12\x18\n" +
+	"\aarchive\x18\x05 \x01(\fR\aarchive\"\x13\n" +
 	"\x11ListLayersRequest\"<\n" +
 	"\x12ListLayersResponse\x12&\n" +
 	"\x06layers\x18\x01 \x03(\v2\x0e.dsec.v1.LayerR\x06layers\"&\n" +
