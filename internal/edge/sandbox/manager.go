@@ -494,14 +494,22 @@ func (m *Manager) admit(countPooled bool) error {
 		}
 	}
 	m.mu.Unlock()
+	if min := m.cfg.Limits.MinAvailableMB; min > 0 {
+		if avail, err := memAvailableMB(); err == nil {
+			return m.admission(live, avail)
+		}
+	}
+	return m.admission(live, -1)
+}
+
+// admission is admit's verdict on a node holding live sandboxes with
+// availMB of memory available (<0: not known).
+func (m *Manager) admission(live int, availMB int64) error {
 	if max := m.cfg.Limits.MaxSandboxes; max > 0 && live >= max {
 		return fmt.Errorf("node %s holds its maximum of %d sandboxes (dsecd --max-sandboxes raises it): %w", m.cfg.Node, max, errdefs.ErrResourceExhausted)
 	}
-	if min := m.cfg.Limits.MinAvailableMB; min > 0 {
-		avail, err := memAvailableMB()
-		if err == nil && avail < min {
-			return fmt.Errorf("node %s has %d MiB of memory available, below its floor of %d MiB: %w", m.cfg.Node, avail, min, errdefs.ErrResourceExhausted)
-		}
+	if min := m.cfg.Limits.MinAvailableMB; min > 0 && availMB >= 0 && availMB < min {
+		return fmt.Errorf("node %s has %d MiB of memory available, below its floor of %d MiB: %w", m.cfg.Node, availMB, min, errdefs.ErrResourceExhausted)
 	}
 	return nil
 }
@@ -714,10 +722,12 @@ func (m *Manager) Status() Status {
 		sb.mu.Unlock()
 	}
 	m.mu.Unlock()
-	if avail, err := memAvailableMB(); err == nil {
-		st.MemAvailableMB = avail
+	avail := int64(-1)
+	if a, err := memAvailableMB(); err == nil {
+		avail, st.MemAvailableMB = a, a
 	}
-	if err := m.admit(false); err != nil {
+	// The counts and the memory just read, not a second pass of admit.
+	if err := m.admission(st.Live, avail); err != nil {
 		st.Refusing = err.Error()
 	}
 	return st
