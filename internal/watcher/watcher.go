@@ -226,7 +226,7 @@ func (w *Watcher) Route(id string) (Edge, error) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	n := w.nodes[p.Node]
-	if n == nil || (p.Slot != 0 && (n.Slot != p.Slot || n.Generation != p.Generation)) {
+	if !n.minted(p) {
 		return nil, fmt.Errorf("sandbox %s: node %q (slot %d, generation %d) is not part of this cluster any more: %w",
 			id, p.Node, p.Slot, p.Generation, errdefs.ErrNotFound)
 	}
@@ -234,6 +234,12 @@ func (w *Watcher) Route(id string) (Edge, error) {
 		return nil, unroutable(n)
 	}
 	return n.Edge, nil
+}
+
+// minted says whether n (nil: no such member) is the node that made an ID:
+// the same name and, when the ID carries one, the same slot and generation.
+func (n *Node) minted(p sandboxid.ID) bool {
+	return n != nil && (p.Slot == 0 || (n.Slot == p.Slot && n.Generation == p.Generation))
 }
 
 func unroutable(n *Node) error {
@@ -294,7 +300,7 @@ func (f *Fixed) Route(id string) (Edge, error) {
 		return nil, err
 	}
 	n := f.nodes[p.Node]
-	if n == nil || (p.Slot != 0 && (n.Slot != p.Slot || n.Generation != p.Generation)) {
+	if !n.minted(p) {
 		return nil, fmt.Errorf("sandbox %s: node %q is not part of this cluster: %w", id, p.Node, errdefs.ErrNotFound)
 	}
 	return n.Edge, nil
