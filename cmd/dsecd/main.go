@@ -207,10 +207,7 @@ func edgeMain(args []string) int {
 	fs := flag.NewFlagSet("dsecd edge", flag.ContinueOnError)
 	addNodeFlags(fs, &cfg.Node, &nf)
 	fs.StringVar(&cfg.Listen, "listen", daemon.DefaultEdgeAddr, "TCP address to serve EdgeService on, to apiservers only (mutual TLS)")
-	fs.StringVar(&tlsDir, "tls-dir", "", "directory dsecd init-cluster wrote: ca.crt and edge-NODE.{crt,key}")
-	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "the edge's certificate (default <tls-dir>/edge-NODE.crt)")
-	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "its key (default <tls-dir>/edge-NODE.key)")
-	fs.StringVar(&cfg.TLS.CABundle, "tls-ca", "", "the cluster's CA bundle (default <tls-dir>/ca.crt)")
+	addTLSFlags(fs, &cfg.TLS, &tlsDir, "edge", "NODE")
 	fs.StringVar(&cfg.Registry, "registry", "", "the cluster's metadata store (postgres://…) to register in and heartbeat to (default: none; apiservers are told of this edge with --edge)")
 	fs.StringVar(&cfg.Advertise, "advertise", "", "the URL apiservers reach this edge at (default https://<listen>)")
 	fs.IntVar(&cfg.Hollow.MaxSandboxes, "hollow-max-sandboxes", 200, "with --runtime fake: sandboxes the hollow node admits")
@@ -247,10 +244,7 @@ func apiserverMain(args []string) int {
 	fs.IntVar(&cfg.Replicas, "replicas", 1, "how many apiservers place onto these edges (placement weighs its own recent placements by it)")
 	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "how often the watcher polls each edge (default 750ms; three missed polls make an edge unroutable)")
-	fs.StringVar(&tlsDir, "tls-dir", "", "directory dsecd init-cluster wrote: ca.crt and apiserver-NAME.{crt,key}")
-	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "the apiserver's certificate (default <tls-dir>/apiserver-NAME.crt)")
-	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "its key (default <tls-dir>/apiserver-NAME.key)")
-	fs.StringVar(&cfg.TLS.CABundle, "tls-ca", "", "the cluster's CA bundle (default <tls-dir>/ca.crt)")
+	addTLSFlags(fs, &cfg.TLS, &tlsDir, "apiserver", "NAME")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if !parse(fs, args) {
 		return 2
@@ -345,6 +339,16 @@ func hollowFleetMain(args []string) int {
 	}
 	log := logger(level)
 	return run("dsecd hollow-fleet", func(ctx context.Context) error { return daemon.RunHollowFleet(ctx, cfg, log) })
+}
+
+// addTLSFlags adds a role's certificate flags: the directory init-cluster
+// wrote, or each file named.
+func addTLSFlags(fs *flag.FlagSet, files *clustertls.Files, dir *string, role, name string) {
+	base := role + "-" + name
+	fs.StringVar(dir, "tls-dir", "", "directory dsecd init-cluster wrote: ca.crt and "+base+".{crt,key}")
+	fs.StringVar(&files.Cert, "tls-cert", "", "the "+role+"'s certificate (default <tls-dir>/"+base+".crt)")
+	fs.StringVar(&files.Key, "tls-key", "", "its key (default <tls-dir>/"+base+".key)")
+	fs.StringVar(&files.CABundle, "tls-ca", "", "the cluster's CA bundle (default <tls-dir>/ca.crt)")
 }
 
 // orFiles fills the files not named with the defaults.

@@ -97,8 +97,7 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 // record and the sandboxes' rows are written in one transaction; a batch
 // that cannot be recorded is deleted again.
 func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, count int, key, hash string) ([]*dsecv1.Sandbox, error) {
-	req := placement.Request{Backend: backendName(spec.GetBackend()), Count: count}
-	nodes, err := s.place(req, nil)
+	nodes, err := s.place(placeRequest(spec, count), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +186,7 @@ func requestHash(msg *dsecv1.CreateRequest) string {
 
 // createBatch places n sandboxes in one decision round and makes them.
 func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n int) ([]*dsecv1.Sandbox, error) {
-	nodes, err := s.place(placement.Request{Backend: backendName(spec.GetBackend()), Count: n}, nil)
+	nodes, err := s.place(placeRequest(spec, n), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -243,6 +242,11 @@ func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 	return out, nil
 }
 
+// placeRequest is what placement is asked for n sandboxes of spec.
+func placeRequest(spec *dsecv1.SandboxSpec, n int) placement.Request {
+	return placement.Request{Backend: backendName(spec.GetBackend()), Count: n}
+}
+
 // place asks placement for nodes. When nothing has room, the error says
 // why in the nodes' own words too: each full node's admission reason from
 // its last report (which names the flag that raises its limit).
@@ -287,7 +291,7 @@ func (s *Server) createOne(ctx context.Context, spec *dsecv1.SandboxSpec, node, 
 				hop, retry.Refusals, retry.Failures, err)
 		}
 		s.log.Debug("create goes elsewhere", "node", node, "err", err)
-		picked, perr := s.place(placement.Request{Backend: backendName(spec.GetBackend()), Count: 1}, retry.Exclude)
+		picked, perr := s.place(placeRequest(spec, 1), retry.Exclude)
 		if perr != nil {
 			return nil, fmt.Errorf("create a sandbox after %s said %v: %w", node, err, perr)
 		}
