@@ -263,7 +263,6 @@ func findAgent() string {
 type node struct {
 	cfg    Config
 	lock   *os.File
-	meta   store.Store
 	images *image.Store
 	layers *layers.Service
 	rt     *edgeruntime.Runtime
@@ -295,9 +294,6 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	}()
 	agentDir := filepath.Join(cfg.Root, "agent")
 	if err := installAgent(agentDir, cfg.AgentPath, cfg.ShellPath); err != nil {
-		return nil, err
-	}
-	if n.meta, err = store.Open(ctx, filepath.Join(cfg.Root, "meta.db")); err != nil {
 		return nil, err
 	}
 	if n.images, err = image.Open(filepath.Join(cfg.Root, "layers"), log.With("component", "image")); err != nil {
@@ -375,9 +371,6 @@ func (n *node) layerInUse(ctx context.Context, digest string) (string, error) {
 }
 
 func (n *node) close() {
-	if n.meta != nil {
-		n.meta.Close()
-	}
 	if n.lock != nil {
 		n.lock.Close()
 	}
@@ -412,12 +405,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// EdgeService an apiserver of a cluster calls remote edges by.
 	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
 	fleet := watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: n.edge.Node()}, Edge: edge})
-	// The loopback TCP port needs a token; the node's own users find it in
-	// <root>/admin.token (the CLI and SDKs read it there by default).
-	if err := ensureAdminToken(ctx, n.meta, filepath.Join(cfg.Root, AdminTokenFile)); err != nil {
+	// The metadata store is the apiserver's: an edge of a cluster, which
+	// opens the same node, has none of its own.
+	meta, err := store.Open(ctx, filepath.Join(cfg.Root, "meta.db"))
+	if err != nil {
 		return err
 	}
-	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: n.meta}, n.meta, fleet, log.With("component", "apiserver"))
+	defer meta.Close()
+	// The loopback TCP port needs a token; the node's own users find it in
+	// <root>/admin.token (the CLI and SDKs read it there by default).
+	if err := ensureAdminToken(ctx, meta, filepath.Join(cfg.Root, AdminTokenFile)); err != nil {
+		return err
+	}
+	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta}, meta, fleet, log.With("component", "apiserver"))
 	var lns []net.Listener
 	uln, err := listenUnix(cfg.Socket)
 	if err != nil {
