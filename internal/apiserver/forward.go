@@ -8,6 +8,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/shellrelay"
 )
 
 // maxExecStdin is the most stdin one exec request may carry: what the
@@ -153,20 +154,12 @@ func (s *Server) Upload(ctx context.Context, req *connect.Request[dsecv1.UploadR
 	})
 }
 
-// ShellStream is the server half of a shell's bidirectional stream.
-// (An alias of a type literal, so that the apiserver's and the edges'
-// declarations are one type.)
-type ShellStream = interface {
-	Receive() (*dsecv1.ShellInput, error)
-	Send(*dsecv1.ShellOutput) error
-}
-
 // shellRouter is what an Edge offers beyond EdgeService for shells: the
 // apiserver reads the stream's first message to route it, and the edge
 // takes the stream from there. Both edgesvc.Service and edgeclient.Remote
 // have it.
 type shellRouter interface {
-	ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream ShellStream) error
+	ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream shellrelay.Stream) error
 }
 
 // Shell routes a PTY stream by the sandbox its first message names.

@@ -9,8 +9,6 @@ package edgeclient
 
 import (
 	"context"
-	"errors"
-	"io"
 	"net/http"
 
 	"connectrpc.com/connect"
@@ -20,6 +18,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
+	"dsec.dev/dsec/internal/shellrelay"
 )
 
 // Remote is one edge reached over the network. It is safe for concurrent use.
@@ -215,45 +214,7 @@ func (r *Remote) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.Sh
 	return r.ShellFrom(ctx, first, stream)
 }
 
-// ShellStream is the server half of a shell's bidirectional stream.
-// (An alias of a type literal, so that the apiserver's and the edges'
-// declarations are one type.)
-type ShellStream = interface {
-	Receive() (*dsecv1.ShellInput, error)
-	Send(*dsecv1.ShellOutput) error
-}
-
 // ShellFrom is Shell for a caller that has read the first message already.
-func (r *Remote) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream ShellStream) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	up := r.bidi.Shell(ctx)
-	if err := up.Send(first); err != nil {
-		return errdefs.FromConnect(err)
-	}
-	go func() {
-		defer up.CloseRequest()
-		for {
-			in, err := stream.Receive()
-			if err != nil {
-				return
-			}
-			if err := up.Send(in); err != nil {
-				return
-			}
-		}
-	}()
-	for {
-		msg, err := up.Receive()
-		if err != nil {
-			up.CloseResponse()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return errdefs.FromConnect(err)
-		}
-		if err := stream.Send(msg); err != nil {
-			return err
-		}
-	}
+func (r *Remote) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream shellrelay.Stream) error {
+	return shellrelay.Relay(ctx, first, stream, r.bidi.Shell, errdefs.FromConnect)
 }

@@ -2,9 +2,7 @@ package edgesvc
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 
 	"connectrpc.com/connect"
 
@@ -12,6 +10,7 @@ import (
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
+	"dsec.dev/dsec/internal/shellrelay"
 )
 
 // The calls below run inside a sandbox: each is handed, unchanged, to the
@@ -202,17 +201,9 @@ func (s *Service) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.S
 	return s.ShellFrom(ctx, first, stream)
 }
 
-// ShellStream is the server half of a shell's bidirectional stream.
-// (An alias of a type literal, so that the apiserver's and the edges'
-// declarations are one type.)
-type ShellStream = interface {
-	Receive() (*dsecv1.ShellInput, error)
-	Send(*dsecv1.ShellOutput) error
-}
-
 // ShellFrom is Shell for a caller that has read the stream's first message
 // already (the apiserver reads it to route the stream).
-func (s *Service) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream ShellStream) error {
+func (s *Service) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream shellrelay.Stream) error {
 	start := first.GetStart()
 	if start == nil {
 		return fmt.Errorf("the first shell message must be start: %w", errdefs.ErrInvalidArgument)
@@ -223,35 +214,5 @@ func (s *Service) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, strea
 		return err
 	}
 	defer release()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	up := a.Shell(ctx)
-	if err := up.Send(first); err != nil {
-		return s.agentErr(ctx, id, err)
-	}
-	go func() {
-		defer up.CloseRequest()
-		for {
-			in, err := stream.Receive()
-			if err != nil {
-				return
-			}
-			if err := up.Send(in); err != nil {
-				return
-			}
-		}
-	}()
-	for {
-		msg, err := up.Receive()
-		if err != nil {
-			up.CloseResponse()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return s.agentErr(ctx, id, err)
-		}
-		if err := stream.Send(msg); err != nil {
-			return err
-		}
-	}
+	return shellrelay.Relay(ctx, first, stream, a.Shell, func(err error) error { return s.agentErr(ctx, id, err) })
 }
