@@ -111,3 +111,14 @@ func PeerIdentity(state tls.ConnectionState) (Identity, error) {
 	}
 	return ParseIdentity(state.PeerCertificates[0])
 }
+
+// FileIdentity is the identity of the leaf certificate in a PEM file (its
+// first certificate): a component reads its own this way, to register
+// under it.
+func FileIdentity(path string) (Identity, error) {
+	certs, err := readCerts(path)
+	if err != nil {
+		return Identity{}, err
+	}
+	return ParseIdentity(certs[0])
+}

@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,7 +85,7 @@ const liveWindow = 30 * time.Second
 // register puts the edge in the registry under the identity of its
 // certificate and returns its record (slot, generation).
 func register(ctx context.Context, reg store.Store, cfg EdgeConfig, backends []string, maxSandboxes int) (store.Node, error) {
-	id, err := certIdentity(cfg.TLS.Cert)
+	id, err := clustertls.FileIdentity(cfg.TLS.Cert)
 	if err != nil {
 		return store.Node{}, err
 	}
@@ -103,22 +101,6 @@ func register(ctx context.Context, reg store.Store, cfg EdgeConfig, backends []s
 		return store.Node{}, fmt.Errorf("register edge %s: slot %d generation %d do not fit a sandbox ID: %w", n.Name, n.Slot, n.Generation, errdefs.ErrInternal)
 	}
 	return n, nil
-}
-
-func certIdentity(path string) (clustertls.Identity, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return clustertls.Identity{}, fmt.Errorf("read certificate %s: %w", path, err)
-	}
-	block, _ := pem.Decode(data)
-	if block == nil {
-		return clustertls.Identity{}, fmt.Errorf("read certificate %s: no PEM block: %w", path, errdefs.ErrInvalidArgument)
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return clustertls.Identity{}, fmt.Errorf("read certificate %s: %w", path, err)
-	}
-	return clustertls.ParseIdentity(cert)
 }
 
 // heartbeat tells the registry the edge lives until ctx ends. Losing the
