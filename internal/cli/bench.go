@@ -144,18 +144,9 @@ func (a *app) benchClusterCommand() *cobra.Command {
 				}
 				clients = append(clients, c)
 			}
-			if !a.json {
-				o.Progress = a.stderr
-			}
-			rep, err := bench.RunCluster(cmd.Context(), clients, o)
-			if err != nil {
-				return err
-			}
-			if a.json {
-				return rep.JSON(a.stdout)
-			}
-			rep.Print(a.stdout)
-			return nil
+			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.RunCluster(ctx, clients, o)
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -184,18 +175,9 @@ func (a *app) benchExecHopCommand() *cobra.Command {
 				return err
 			}
 			var progress io.Writer
-			if !a.json {
-				progress = a.stderr
-			}
-			rep, err := bench.RunExecHop(cmd.Context(), a.c, cl, env, n, progress)
-			if err != nil {
-				return err
-			}
-			if a.json {
-				return rep.JSON(a.stdout)
-			}
-			rep.Print(a.stdout)
-			return nil
+			return a.runBench(cmd.Context(), env, &progress, func(ctx context.Context) (report, error) {
+				return bench.RunExecHop(ctx, a.c, cl, env, n, progress)
+			})
 		},
 	}
 	f := cmd.Flags()
