@@ -98,16 +98,14 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 	bin := Binaries(t)
 	dir := t.TempDir()
 	c := &Cluster{Dir: dir, Bin: bin, t: t}
-	args := []string{"init-cluster", "--dir", filepath.Join(dir, "pki")}
+	var apis, edges []string
 	for i := range o.APIServers {
-		args = append(args, "--apiserver", fmt.Sprintf("api%d", i+1))
+		apis = append(apis, fmt.Sprintf("api%d", i+1))
 	}
 	for i := range o.Edges {
-		args = append(args, "--edge", fmt.Sprintf("e%d=127.0.0.1", i+1))
+		edges = append(edges, fmt.Sprintf("e%d", i+1))
 	}
-	if out, err := exec.Command(filepath.Join(bin, "dsecd"), args...).CombinedOutput(); err != nil {
-		t.Fatalf("dsecd init-cluster: %v\n%s", err, out)
-	}
+	initPKI(t, bin, filepath.Join(dir, "pki"), apis, edges)
 	var edgeFlags []string
 	if o.RealEdges {
 		RequireRoot(t)
@@ -157,12 +155,9 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 		}
 		args := append([]string{"apiserver", "--name", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"),
 			"--db", db, "--replicas", fmt.Sprint(o.APIServers)}, edgeFlags...)
-		out, err := exec.Command(filepath.Join(bin, "dsecd"), "token", "--db", db, "--principal", "test").CombinedOutput()
-		if err != nil {
-			t.Fatalf("dsecd token: %v\n%s", err, out)
-		}
+		token := mintToken(t, bin, db)
 		p := c.start(name, append(args, o.APIServerArgs...), addr)
-		p.Token = strings.TrimSpace(string(out))
+		p.Token = token
 		c.APIServers = append(c.APIServers, p)
 	}
 	for _, a := range c.APIServers {
@@ -246,4 +241,30 @@ func (c *Cluster) Create(i int, spec *dsecv1.SandboxSpec, n int) ([]*dsecv1.Sand
 		return nil, err
 	}
 	return resp.Msg.GetSandboxes(), nil
+}
+
+// initPKI makes a cluster CA in dir and the certificates of the named
+// apiservers and edges (served on 127.0.0.1), with dsecd init-cluster.
+func initPKI(t testing.TB, bin, dir string, apiservers, edges []string) {
+	t.Helper()
+	args := []string{"init-cluster", "--dir", dir}
+	for _, a := range apiservers {
+		args = append(args, "--apiserver", a)
+	}
+	for _, e := range edges {
+		args = append(args, "--edge", e+"=127.0.0.1")
+	}
+	if out, err := exec.Command(filepath.Join(bin, "dsecd"), args...).CombinedOutput(); err != nil {
+		t.Fatalf("dsecd init-cluster: %v\n%s", err, out)
+	}
+}
+
+// mintToken mints a token in the metadata store db, with dsecd token.
+func mintToken(t testing.TB, bin, db string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(bin, "dsecd"), "token", "--db", db, "--principal", "test").Output()
+	if err != nil {
+		t.Fatalf("dsecd token: %v", err)
+	}
+	return strings.TrimSpace(string(out))
 }

@@ -257,16 +257,9 @@ func (d *Daemon) Kill() {
 // token, which it keeps where the all-in-one dsecd keeps its own.
 func (d *Daemon) initCluster() {
 	d.t.Helper()
-	dsecd := filepath.Join(d.Bin, "dsecd")
-	if out, err := exec.Command(dsecd, "init-cluster", "--dir", filepath.Join(d.Root, "pki"), "--apiserver", "api",
-		"--edge", "t1=127.0.0.1").CombinedOutput(); err != nil {
-		d.t.Fatalf("dsecd init-cluster: %v\n%s", err, out)
-	}
-	out, err := exec.Command(dsecd, "token", "--db", filepath.Join(d.Root, "api.db"), "--principal", "test").Output()
-	if err != nil {
-		d.t.Fatalf("dsecd token: %v", err)
-	}
-	if err := os.WriteFile(d.TokenFile(), out, 0o600); err != nil {
+	initPKI(d.t, d.Bin, filepath.Join(d.Root, "pki"), []string{"api"}, []string{"t1"})
+	token := mintToken(d.t, d.Bin, filepath.Join(d.Root, "api.db"))
+	if err := os.WriteFile(d.TokenFile(), []byte(token+"\n"), 0o600); err != nil {
 		d.t.Fatal(err)
 	}
 }
