@@ -121,6 +121,9 @@ func (ls *layerService) RemoveLayer(ctx context.Context, req *connect.Request[ds
 	if err != nil {
 		return nil, err
 	}
+	if len(nodes) == 1 {
+		return nodes[0].Edge.RemoveLayer(ctx, req) // its own words
+	}
 	removed := false
 	var errs []error
 	for _, n := range nodes {
@@ -128,13 +131,7 @@ func (ls *layerService) RemoveLayer(ctx context.Context, req *connect.Request[ds
 		switch {
 		case err == nil:
 			removed = true
-		case errors.Is(err, errdefs.ErrNotFound):
-			if len(nodes) == 1 {
-				return nil, err
-			}
-		case len(nodes) == 1:
-			return nil, err
-		default:
+		case !errors.Is(err, errdefs.ErrNotFound):
 			errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
 		}
 	}
