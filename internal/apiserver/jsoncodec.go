@@ -33,6 +33,19 @@ func (c jsonCodec) Marshal(m any) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("marshal %T: not a protobuf message", m)
 	}
+	if len(pm.ProtoReflect().GetUnknown()) > 0 {
+		// A message relayed from a remote edge undecoded (its fields are
+		// the edge's wire bytes, kept as unknown fields): decode it for JSON.
+		full := pm.ProtoReflect().New().Interface()
+		b, err := proto.Marshal(pm)
+		if err == nil {
+			err = proto.Unmarshal(b, full)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("marshal %T: decode its relayed bytes: %w", m, err)
+		}
+		pm = full
+	}
 	return protojson.MarshalOptions{}.Marshal(pm)
 }
 

@@ -11,6 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -85,5 +89,25 @@ func TestNetworkRulesMustBeBooleans(t *testing.T) {
 		if rules["pypi"] != false || rules["github"] != true {
 			t.Errorf("rules stored as %v", rules)
 		}
+	}
+}
+
+// TestJSONOfRelayedMessage: a message relayed from a remote edge undecoded
+// (its fields held as raw wire bytes) is written as JSON with its fields.
+func TestJSONOfRelayedMessage(t *testing.T) {
+	ev := &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Exited{Exited: &dsecv1.ExecExited{ExitCode: 3}}}
+	wire, err := proto.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayed := &dsecv1.ExecEvent{}
+	relayed.ProtoReflect().SetUnknown(wire)
+	got, err := jsonCodec{name: "json"}.Marshal(relayed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := protojson.Marshal(ev)
+	if string(got) != string(want) {
+		t.Fatalf("JSON of a relayed event: %s, want %s", got, want)
 	}
 }

@@ -3,8 +3,8 @@
 // calling the edge over Connect, so the apiserver calls a remote edge and
 // the all-in-one dsecd's in-process one (package edgesvc) the same way.
 // Errors come back as errdefs kinds (errors.Is works across the wire), and
-// streams are relayed message by message, an exec's exit leaving with the
-// end of the caller's stream.
+// streams are relayed message by message, each as the edge framed it
+// (passCodec), an exec's exit leaving with the end of the caller's stream.
 package edgeclient
 
 import (
@@ -12,6 +12,8 @@ import (
 	"net/http"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
@@ -24,6 +26,7 @@ import (
 // Remote is one edge reached over the network. It is safe for concurrent use.
 type Remote struct {
 	c    edgev1connect.EdgeServiceClient
+	pass edgev1connect.EdgeServiceClient // c's twin whose streams pass through undecoded (passCodec)
 	bidi edgev1connect.EdgeServiceClient // for the shell, which needs HTTP/2
 }
 
@@ -38,8 +41,16 @@ var _ edgev1connect.EdgeServiceHandler = (*Remote)(nil)
 // a create burst went to those writes).
 func New(hc, bidi *http.Client, baseURL string) *Remote {
 	opt := connect.WithAcceptCompression("gzip", nil, nil)
-	return &Remote{c: edgev1connect.NewEdgeServiceClient(hc, baseURL, opt), bidi: edgev1connect.NewEdgeServiceClient(bidi, baseURL, opt)}
+	return &Remote{
+		c:    edgev1connect.NewEdgeServiceClient(hc, baseURL, opt),
+		pass: edgev1connect.NewEdgeServiceClient(hc, baseURL, opt, connect.WithCodec(passCodec{})),
+		bidi: edgev1connect.NewEdgeServiceClient(bidi, baseURL, opt),
+	}
 }
+
+// execExited is the number of ExecEvent's exited field: the last event of
+// an exec's stream.
+const execExited protowire.Number = 4
 
 func unary[Req, Res any](ctx context.Context, call func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *connect.Request[Req]) (*connect.Response[Res], error) {
 	resp, err := call(ctx, connect.NewRequest(req.Msg))
@@ -49,14 +60,20 @@ func unary[Req, Res any](ctx context.Context, call func(context.Context, *connec
 	return connect.NewResponse(resp.Msg), nil
 }
 
-func relay[Req, Res any](ctx context.Context, call func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error), req *connect.Request[Req], out *connect.ServerStream[Res]) error {
+// relay hands a stream from the edge to the caller's, each message as the
+// edge framed it (call is a method of the pass client). A message with the
+// field numbered last ends the stream: it leaves with the stream's end.
+func relay[Req, Res any, PRes interface {
+	*Res
+	proto.Message
+}](ctx context.Context, call func(context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error), req *connect.Request[Req], out *connect.ServerStream[Res], last protowire.Number) error {
 	in, err := call(ctx, connect.NewRequest(req.Msg))
 	if err != nil {
 		return errdefs.FromConnect(err)
 	}
 	defer in.Close()
 	for in.Receive() {
-		if e, ok := any(in.Msg()).(interface{ GetExited() *dsecv1.ExecExited }); ok && e.GetExited() != nil {
+		if last != 0 && hasField(PRes(in.Msg()), last) {
 			flushhold.Hold(ctx)
 		}
 		if err := out.Send(in.Msg()); err != nil {
@@ -119,7 +136,7 @@ func (r *Remote) ListEnvironments(ctx context.Context, req *connect.Request[dsec
 }
 
 func (r *Remote) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
-	return relay(ctx, r.c.ImportImage, req, out)
+	return relay(ctx, r.c.ImportImage, req, out, 0)
 }
 
 // ImportImageTo is ImportImage with progress sent through send.
@@ -142,19 +159,19 @@ func (r *Remote) LayerStats(ctx context.Context, req *connect.Request[dsecv1.Lay
 }
 
 func (r *Remote) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return relay(ctx, r.c.Exec, req, out)
+	return relay(ctx, r.pass.Exec, req, out, execExited)
 }
 
 func (r *Remote) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return relay(ctx, r.c.Attach, req, out)
+	return relay(ctx, r.pass.Attach, req, out, execExited)
 }
 
 func (r *Remote) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return relay(ctx, r.c.SessionRun, req, out)
+	return relay(ctx, r.pass.SessionRun, req, out, execExited)
 }
 
 func (r *Remote) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
-	return relay(ctx, r.c.Download, req, out)
+	return relay(ctx, r.pass.Download, req, out, 0)
 }
 
 func (r *Remote) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
