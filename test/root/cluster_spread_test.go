@@ -1,0 +1,92 @@
+package root
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/sandboxid"
+	"dsec.dev/dsec/internal/testutil"
+)
+
+// TestBatchSpreadsOverRealEdges: one batch of 300 real sandboxes through an
+// apiserver in front of three edges with real runc sandboxes gives no edge
+// more than 1.5× its share, and every sandbox runs a command.
+func TestBatchSpreadsOverRealEdges(t *testing.T) {
+	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 1, Edges: 3, RealEdges: true})
+	tree := t.TempDir()
+	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-busybox-base.sh"), tree).CombinedOutput(); err != nil {
+		t.Fatalf("build busybox base: %v\n%s", err, out)
+	}
+	imp := exec.Command(filepath.Join(c.Bin, "dsec"), "--addr", c.APIServers[0].Addr, "layer", "import", "--upload", "--kind", "base", env, tree)
+	imp.Env = append(imp.Environ(), "DSEC_TOKEN="+c.APIServers[0].Token)
+	if out, err := imp.CombinedOutput(); err != nil {
+		t.Fatalf("layer import --upload: %v\n%s", err, out)
+	}
+
+	cl := c.Client(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const n = 300
+	start := time.Now()
+	resp, err := cl.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{
+		Spec: &dsecv1.SandboxSpec{Environment: env, MemoryMb: 32, Cpus: 0.1}, Count: n}))
+	if err != nil {
+		t.Fatalf("create %d: %v", n, err)
+	}
+	sbs := resp.Msg.GetSandboxes()
+	t.Logf("%d real sandboxes over 3 edges in %s", len(sbs), time.Since(start).Round(time.Millisecond))
+	ids := make([]string, len(sbs))
+	per := map[string]int{}
+	for i, sb := range sbs {
+		ids[i] = sb.GetId()
+		node, err := sandboxid.Node(sb.GetId())
+		if err != nil || node != sb.GetNode() {
+			t.Fatalf("sandbox %s says node %s: %v", sb.GetId(), sb.GetNode(), err)
+		}
+		per[node]++
+	}
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer dcancel()
+		for _, id := range ids {
+			if _, err := cl.Sandboxes.Delete(dctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id})); err != nil {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+	}()
+	if len(sbs) != n {
+		t.Fatalf("created %d sandboxes, want %d", len(sbs), n)
+	}
+	t.Logf("per edge: %v", per)
+	for _, e := range c.Edges {
+		if per[e.Name] > n/3*3/2 {
+			t.Errorf("edge %s got %d of %d (share %d, at most %d)", e.Name, per[e.Name], n, n/3, n/3*3/2)
+		}
+	}
+	// Each edge's sandboxes are real: one per edge runs a command.
+	seen := map[string]bool{}
+	for _, sb := range sbs {
+		if seen[sb.GetNode()] {
+			continue
+		}
+		seen[sb.GetNode()] = true
+		st, err := cl.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: sb.GetId(), Argv: []string{"cat", "/etc/hostname"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []byte
+		for st.Receive() {
+			out = append(out, st.Msg().GetStdout()...)
+		}
+		st.Close()
+		if err := st.Err(); err != nil || len(out) == 0 {
+			t.Errorf("exec in %s on %s: %v, output %q", sb.GetId(), sb.GetNode(), err, out)
+		}
+	}
+}
