@@ -29,6 +29,7 @@ package runtime
 import (
 	"log/slog"
 	"os"
+	"time"
 )
 
 // Config configures a Runtime. Zero values get the defaults described.
@@ -70,6 +71,25 @@ type Status struct {
 	Pid         int // host pid of the agent while Running
 	OOMKills    int64
 	MemoryBytes int64
+}
+
+// PauseStats is what Pause did.
+type PauseStats struct {
+	Frozen  time.Duration // from the call to every process frozen
+	Reclaim time.Duration // pushing memory out of RAM, after the freeze
+	// Resident and Released are the sandbox's memory in RAM before the
+	// pause and what left RAM; Swapped is what of it went to swap (the
+	// rest was page cache, dropped).
+	Resident, Released, Swapped int64
+}
+
+// ResumeStats is what Resume did.
+type ResumeStats struct {
+	Prefetch time.Duration // reading swapped memory back, while still frozen
+	Thaw     time.Duration
+	// Advised is the bytes of anonymous mappings the kernel was asked to
+	// bring back.
+	Advised int64
 }
 
 const (

@@ -32,3 +32,15 @@ func (r *Runtime) List(ctx context.Context) ([]string, error)  { return nil, err
 func BareSpec(s Spec, rootfs string, args []string) (*specs.Spec, error) {
 	return nil, errdefs.ErrNotSupported
 }
+
+func (r *Runtime) Freeze(ctx context.Context, id string) error { return errdefs.ErrNotSupported }
+func (r *Runtime) Thaw(ctx context.Context, id string) error   { return errdefs.ErrNotSupported }
+func (r *Runtime) Frozen(ctx context.Context, id string) (bool, error) {
+	return false, errdefs.ErrNotSupported
+}
+func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (PauseStats, error) {
+	return PauseStats{}, errdefs.ErrNotSupported
+}
+func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (ResumeStats, error) {
+	return ResumeStats{}, errdefs.ErrNotSupported
+}
