@@ -4,7 +4,11 @@
 //	    [--workdir DIR] [--env K=V]... [--shell PATH] [--output-limit BYTES] [--hostname H] [--address IP]
 //	    [--disk-qgroup DIR]
 //
+//	dsec-agent hold-memory MIB [DIR]
+//
 // The mode state-dump is internal: the agent's sessions run it themselves.
+// hold-memory is a helper for pause tests and benchmarks, run as a command
+// in a sandbox (see agent.HoldMemoryMain).
 package main
 
 import (
@@ -31,6 +35,8 @@ func main() {
 	switch os.Args[1] {
 	case "state-dump":
 		os.Exit(agent.StateDumpMain())
+	case "hold-memory":
+		os.Exit(agent.HoldMemoryMain(os.Args[2:]))
 	case "serve":
 	default:
 		fmt.Fprintf(os.Stderr, "dsec-agent: unknown mode %q\n", os.Args[1])

@@ -19,6 +19,7 @@ import (
 
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/daemon"
+	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/edge/lazyd"
 )
 
@@ -90,6 +91,12 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.Int64Var(&cfg.Limits.MaxMemoryMB, "max-memory-mb", 0, "most memory in MiB one sandbox may ask for (default: the node's physical memory)")
 	fs.IntVar(&cfg.MaxWarm, "max-warm", 0, "most sandboxes all warm pools of this node hold together (default 256)")
 	fs.DurationVar(&cfg.Retention, "retention", 0, "how long a stopped or failed sandbox stays listed (dsec ls --all) after it ended (default 10m)")
+	fs.DurationVar(&cfg.PausedRetention, "paused-retention", 0, "how long a sandbox may stay paused before it is stopped (default 168h)")
+	fs.Func("swap", "swap of the node's own, so a pause can take sandboxes' anonymous memory out of RAM: none, file:SIZE (a swap file under the root) or zram:SIZE (default none: a pause releases the page cache only; a swap the host has is used, never changed)", func(v string) error {
+		c, err := swap.Parse(v)
+		cfg.Swap = c
+		return err
+	})
 	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per command and stream in bytes (default 16 MiB)")
 	fs.StringVar(&cfg.Storage.BlobStore, "blob-store", "", "where layer files live as chunks: a directory or s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&insecure=1] (default <root>/blobstore)")
 	fs.StringVar(&cfg.Storage.Mode, "layer-mode", "ondemand", "how sandboxes load layers: ondemand, eager, local (pre-cached) or tar (baseline)")

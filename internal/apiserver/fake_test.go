@@ -98,6 +98,14 @@ func (f *fakeEdge) WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {
 	return f.pools, nil
 }
 
+func (f *fakeEdge) Pause(ctx context.Context, id string, keepMemory bool) (*dsecv1.Sandbox, bool, error) {
+	return nil, false, fmt.Errorf("fake edge cannot pause: %w", errdefs.ErrNotSupported)
+}
+
+func (f *fakeEdge) Resume(ctx context.Context, id string, skipPrefetch bool) (*dsecv1.Sandbox, bool, time.Duration, error) {
+	return nil, false, 0, fmt.Errorf("fake edge cannot resume: %w", errdefs.ErrNotSupported)
+}
+
 func (f *fakeEdge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
 	return nil, nil, fmt.Errorf("fake edge has no agents: %w", errdefs.ErrNotSupported)
 }

@@ -362,7 +362,8 @@ func (s *Server) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest
 // liveStates are the states of a sandbox that still holds resources: what
 // List returns unless asked for others.
 func liveStates() []dsecv1.State {
-	return []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_STOPPING}
+	return []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_STOPPING,
+		dsecv1.State_STATE_PAUSING, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RESUMING}
 }
 
 func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {

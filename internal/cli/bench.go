@@ -44,7 +44,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&o.Warm, "warm-pool", o.Warm, "warm pool size for the pooled create → exec rounds (0: skip them)")
 	f.IntVar(&o.Idle, "idle", o.Idle, "idle sandboxes for the memory figure")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
-	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand())
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchLifecycleCommand())
 	return cmd
 }
 
@@ -185,5 +185,28 @@ func (a *app) benchExecHopCommand() *cobra.Command {
 	f.StringVar(&viaToken, "via-token", "", "its token (default $DSEC_TOKEN)")
 	f.StringVar(&env, "env", "busybox:test", "environment on both sides")
 	f.IntVar(&n, "execs", 500, "execs on each side")
+	return cmd
+}
+
+func (a *app) benchLifecycleCommand() *cobra.Command {
+	o := bench.LifecycleOptions{Env: benchEnv, Rounds: 10, MemoryMiB: 512}
+	cmd := &cobra.Command{
+		Use:   "lifecycle",
+		Short: "pause and resume of a sandbox holding memory: time to frozen, memory released, resume to first exec, what the prefetch saves",
+		Long: "Pauses and resumes one sandbox of the daemon at --addr holding --memory-mib MiB (dsec-agent\n" +
+			"hold-memory), --rounds times each way: full pauses (memory pushed out, then resumed with and\n" +
+			"without the prefetch in alternate rounds) and freeze-only ones. Without swap on the node\n" +
+			"(dsecd --swap) anonymous memory cannot leave RAM, and the report says so.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.RunLifecycle(ctx, a.c, o)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Env, "env", benchEnv, "environment of the sandbox")
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "pauses of each kind")
+	f.IntVar(&o.MemoryMiB, "memory-mib", o.MemoryMiB, "memory the sandbox holds")
 	return cmd
 }

@@ -28,6 +28,9 @@ type specFlags struct {
 	env      []string
 	labels   []string
 	netRules string
+	// onTimeout and noAutoResume are lifecycle settings, not shape.
+	onTimeout    string
+	noAutoResume bool
 }
 
 func (f *specFlags) add(cmd *cobra.Command) {
@@ -37,6 +40,8 @@ func (f *specFlags) add(cmd *cobra.Command) {
 	fl.DurationVar(&f.idle, "idle-timeout", 0, "stop after this long with no calls and nothing running (default: the node's)")
 	fl.StringArrayVar(&f.labels, "label", nil, "label K=V (repeatable)")
 	fl.StringVar(&f.netRules, "network-rules", "", `network rules as JSON, e.g. {"pypi": true}`)
+	fl.StringVar(&f.onTimeout, "on-timeout", "", "what the TTL or idle timeout does: stop (default) or pause")
+	fl.BoolVar(&f.noAutoResume, "no-auto-resume", false, "refuse calls while paused instead of resuming first")
 }
 
 // addShape adds the flags that make a sandbox's shape: everything but
@@ -66,12 +71,24 @@ func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &dsecv1.SandboxSpec{
+	spec := &dsecv1.SandboxSpec{
 		Environment: env, Cpus: f.cpus, MemoryMb: f.memoryMB, DiskMb: f.diskMB, Pids: f.pids,
 		TtlSeconds: int64(f.ttl / time.Second), IdleTimeoutSeconds: int64(f.idle / time.Second),
 		User: f.user, Workdir: f.workdir, Hostname: f.hostname, Env: envVars, Labels: labels,
 		NetworkRules: rules,
-	}, nil
+	}
+	switch f.onTimeout {
+	case "", "stop":
+	case "pause":
+		spec.OnTimeout = dsecv1.OnTimeout_ON_TIMEOUT_PAUSE
+	default:
+		return nil, fmt.Errorf("--on-timeout %q: want stop or pause", f.onTimeout)
+	}
+	if f.noAutoResume {
+		no := false
+		spec.AutoResume = &no
+	}
+	return spec, nil
 }
 
 // execFlags are the per-command settings of run and exec.
@@ -451,28 +468,46 @@ func (a *app) inspectCommand() *cobra.Command {
 	}
 }
 
+// liveStates are the states of a sandbox that holds resources.
+var liveStates = []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING,
+	dsecv1.State_STATE_PAUSING, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RESUMING}
+
+// selectIDs is the sandboxes a command names: its arguments, or with
+// --label every sandbox in one of states whose labels match.
+func (a *app) selectIDs(ctx context.Context, args, labels []string, states []dsecv1.State) ([]string, error) {
+	if len(labels) == 0 {
+		if len(args) == 0 {
+			return nil, fmt.Errorf("name sandbox IDs or --label")
+		}
+		return args, nil
+	}
+	if len(args) > 0 {
+		return nil, fmt.Errorf("name sandbox IDs or --label, not both")
+	}
+	lm, err := parseKV("--label", labels)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := a.c.Sandboxes.List(ctx, connect.NewRequest(&dsecv1.ListRequest{Labels: lm, States: states}))
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, sb := range resp.Msg.GetSandboxes() {
+		ids = append(ids, sb.GetId())
+	}
+	return ids, nil
+}
+
 func (a *app) rmCommand() *cobra.Command {
 	var labels []string
 	cmd := &cobra.Command{
 		Use:   "rm ID... | rm --label K=V",
 		Short: "delete sandboxes",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ids := args
-			if len(labels) > 0 {
-				lm, err := parseKV("--label", labels)
-				if err != nil {
-					return err
-				}
-				resp, err := a.c.Sandboxes.List(cmd.Context(), connect.NewRequest(&dsecv1.ListRequest{Labels: lm,
-					States: []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING}}))
-				if err != nil {
-					return err
-				}
-				for _, sb := range resp.Msg.GetSandboxes() {
-					ids = append(ids, sb.GetId())
-				}
-			} else if len(ids) == 0 {
-				return fmt.Errorf("name sandbox IDs or --label")
+			ids, err := a.selectIDs(cmd.Context(), args, labels, liveStates)
+			if err != nil {
+				return err
 			}
 			failed := 0
 			for _, id := range ids {

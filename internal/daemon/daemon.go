@@ -36,6 +36,7 @@ import (
 	"dsec.dev/dsec/internal/edge/netctl"
 	edgeruntime "dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -70,6 +71,11 @@ type Config struct {
 	// Retention is how long a stopped or failed sandbox's record stays
 	// listed (ls --all) after it ended; 0 = 10 minutes.
 	Retention time.Duration
+	// PausedRetention is how long a sandbox may stay paused; 0 = 7 days.
+	PausedRetention time.Duration
+	// Swap is swap of the node's own for pauses (package swap); none by
+	// default.
+	Swap swap.Config
 
 	Network NetworkConfig
 	Storage StorageConfig
@@ -317,6 +323,20 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	if err := n.rt.Init(ctx); err != nil {
 		return nil, err
 	}
+	// A node that cannot make the swap it was told to still serves: its
+	// pauses release the page cache only, as it says.
+	swapDir := filepath.Join(cfg.Root, "swap")
+	if _, err := swap.Provision(ctx, swapDir, cfg.Swap, log.With("component", "swap")); err != nil {
+		log.Warn("no swap of the node's own: pauses keep anonymous memory in RAM", "swap", cfg.Swap.String(), "err", err)
+	}
+	pauseReleases := func() string {
+		sw, err := swap.Describe(swapDir)
+		if err != nil {
+			return ""
+		}
+		return sw.Releases()
+	}
+	log.Info("what a pause can release on this node", "releases", pauseReleases())
 	var network sandbox.Network
 	if !cfg.Network.Disabled {
 		nc := cfg.Network
@@ -345,8 +365,10 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		Defaults:     cfg.Defaults,
 		Limits:       cfg.Limits,
 		AgentArgs:    agentArgs,
-		MaxWarm:      cfg.MaxWarm,
-		TombstoneTTL: cfg.Retention,
+		MaxWarm:         cfg.MaxWarm,
+		TombstoneTTL:    cfg.Retention,
+		PausedRetention: cfg.PausedRetention,
+		PauseReleases:   pauseReleases,
 	}, n.rt, n.layers, network, agentclient.Dial, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
@@ -358,7 +380,8 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 // layerInUse names a live sandbox of the node that runs on layer digest, or
 // "" when none does: a layer in use is not removed.
 func (n *node) layerInUse(ctx context.Context, digest string) (string, error) {
-	live, err := n.edge.List(ctx, nil, []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_STOPPING})
+	live, err := n.edge.List(ctx, nil, []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_STOPPING,
+		dsecv1.State_STATE_PAUSING, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RESUMING})
 	if err != nil {
 		return "", err
 	}
@@ -458,6 +481,10 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err := n.net.Teardown(ctx); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	// Paused sandboxes' memory lived in the node's swap: they are gone now.
+	if err := swap.Remove(filepath.Join(n.cfg.Root, "swap")); err != nil {
+		errs = append(errs, err)
 	}
 	if err := n.images.UnmountAll(ctx); err != nil {
 		errs = append(errs, err)

@@ -103,6 +103,14 @@ func (r *Remote) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteR
 	return unary(ctx, r.c.Delete, req)
 }
 
+func (r *Remote) Pause(ctx context.Context, req *connect.Request[dsecv1.PauseRequest]) (*connect.Response[dsecv1.PauseResponse], error) {
+	return unary(ctx, r.c.Pause, req)
+}
+
+func (r *Remote) Resume(ctx context.Context, req *connect.Request[dsecv1.ResumeRequest]) (*connect.Response[dsecv1.ResumeResponse], error) {
+	return unary(ctx, r.c.Resume, req)
+}
+
 func (r *Remote) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
 	return unary(ctx, r.c.SetNetworkRules, req)
 }

@@ -283,6 +283,12 @@ type CreateOptions struct {
 	Timeout time.Duration
 	// IdempotencyKey; a random one is made when empty.
 	IdempotencyKey string
+	// PauseOnTimeout makes the TTL and idle timeout pause the sandbox
+	// rather than stop it; a paused sandbox's clocks stand still.
+	PauseOnTimeout bool
+	// NoAutoResume makes calls to a paused sandbox fail
+	// (ErrFailedPrecondition) instead of resuming it first.
+	NoAutoResume bool
 }
 
 func (o *CreateOptions) spec(env string) (*dsecv1.SandboxSpec, error) {
@@ -292,13 +298,21 @@ func (o *CreateOptions) spec(env string) (*dsecv1.SandboxSpec, error) {
 	if o.Backend != "" && o.Backend != "container" {
 		return nil, invalid("backend %q is not known (container)", o.Backend)
 	}
-	return &dsecv1.SandboxSpec{
+	spec := &dsecv1.SandboxSpec{
 		Environment: env, Backend: dsecv1.Backend_BACKEND_CONTAINER, Cpus: o.CPUs,
 		MemoryMb: o.MemoryMB, DiskMb: o.DiskMB, Pids: o.Pids,
 		TtlSeconds: seconds(o.TTL), IdleTimeoutSeconds: seconds(o.IdleTimeout),
 		User: o.User, Env: o.Env, Labels: o.Labels, NetworkRules: o.NetworkRules,
 		Hostname: o.Hostname, Workdir: o.Workdir,
-	}, nil
+	}
+	if o.PauseOnTimeout {
+		spec.OnTimeout = dsecv1.OnTimeout_ON_TIMEOUT_PAUSE
+	}
+	if o.NoAutoResume {
+		no := false
+		spec.AutoResume = &no
+	}
+	return spec, nil
 }
 
 func seconds(d time.Duration) int64 {
@@ -431,6 +445,51 @@ func (c *Client) list(ctx context.Context, req *dsecv1.ListRequest) ([]*Sandbox,
 }
 
 // Delete stops a sandbox and removes everything it had; a sandbox already gone is not an error.
+// PauseResult is what a pause did.
+type PauseResult struct {
+	AlreadyPaused bool          // it was paused before; nothing was done
+	Frozen        time.Duration // from the call to every process frozen
+	Reclaim       time.Duration // pushing memory out of RAM after the freeze
+	// Resident is the sandbox's memory in RAM before; Released what left
+	// RAM; Swapped what of that went to swap (the rest was page cache).
+	Resident, Released, Swapped int64
+}
+
+// Pause freezes sandbox id and pushes its memory out of RAM (keepMemory:
+// freeze only). It stays paused across a restart of its node; any call
+// that runs in it resumes it first, unless made with NoAutoResume.
+func (c *Client) Pause(ctx context.Context, id string, keepMemory bool) (*Sandbox, *PauseResult, error) {
+	var resp *connect.Response[dsecv1.PauseResponse]
+	err := c.unary(ctx, true, func(ctx context.Context) (err error) {
+		resp, err = c.sb.Pause(ctx, connect.NewRequest(&dsecv1.PauseRequest{SandboxId: id, KeepMemory: keepMemory}))
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	st := resp.Msg.GetSandbox().GetLastPause()
+	return c.wrap(resp.Msg.GetSandbox()), &PauseResult{
+		AlreadyPaused: resp.Msg.GetAlreadyPaused(),
+		Frozen:        time.Duration(st.GetFrozenUs()) * time.Microsecond,
+		Reclaim:       time.Duration(st.GetReclaimMs()) * time.Millisecond,
+		Resident:      st.GetResidentBytes(), Released: st.GetReleasedBytes(), Swapped: st.GetSwappedBytes(),
+	}, nil
+}
+
+// Resume brings a paused sandbox's memory back and lets it run; already
+// says it was running.
+func (c *Client) Resume(ctx context.Context, id string) (sb *Sandbox, already bool, err error) {
+	var resp *connect.Response[dsecv1.ResumeResponse]
+	err = c.unary(ctx, true, func(ctx context.Context) (err error) {
+		resp, err = c.sb.Resume(ctx, connect.NewRequest(&dsecv1.ResumeRequest{SandboxId: id}))
+		return err
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	return c.wrap(resp.Msg.GetSandbox()), resp.Msg.GetAlreadyRunning(), nil
+}
+
 func (c *Client) Delete(ctx context.Context, id string) error {
 	err := c.unary(ctx, true, func(ctx context.Context) error {
 		_, err := c.sb.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))

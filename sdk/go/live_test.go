@@ -293,6 +293,41 @@ func TestLiveLifecycle(t *testing.T) {
 	}
 }
 
+func TestLivePauseResume(t *testing.T) {
+	c := requireLive(t)
+	ctx := t.Context()
+	sb := newSandbox(t, c, &CreateOptions{Labels: map[string]string{"test": "pause"}})
+	if _, err := sb.Exec(ctx, Sh("echo kept > /tmp/f"), nil); err != nil {
+		t.Fatal(err)
+	}
+	res, err := sb.Pause(ctx, false)
+	if err != nil || res.AlreadyPaused || sb.State() != "paused" || res.Resident == 0 {
+		t.Fatalf("Pause = %+v, %v (state %s)", res, err, sb.State())
+	}
+	if again, err := sb.Pause(ctx, false); err != nil || !again.AlreadyPaused {
+		t.Fatalf("second Pause = %+v, %v; want already paused", again, err)
+	}
+	// A call resumes it.
+	out, err := sb.Exec(ctx, Sh("cat /tmp/f"), nil)
+	if err != nil || string(out.Stdout) != "kept\n" {
+		t.Fatalf("Exec on a paused sandbox: %v %v", out, err)
+	}
+	if already, err := sb.Resume(ctx); err != nil || !already {
+		t.Fatalf("Resume of a running sandbox = %v, %v; want already running", already, err)
+	}
+	// With NoAutoResume a call is refused while paused.
+	strict := newSandbox(t, c, &CreateOptions{NoAutoResume: true, Labels: map[string]string{"test": "pause"}})
+	if _, err := strict.Pause(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := strict.Exec(ctx, Sh("true"), nil); !errors.Is(err, ErrFailedPrecondition) {
+		t.Fatalf("Exec on a paused NoAutoResume sandbox: %v, want ErrFailedPrecondition", err)
+	}
+	if already, err := strict.Resume(ctx); err != nil || already {
+		t.Fatalf("Resume = %v, %v", already, err)
+	}
+}
+
 func TestLiveCreateManyAndReap(t *testing.T) {
 	c := requireLive(t)
 	labels := map[string]string{"batch": "go-many"}

@@ -45,6 +45,27 @@ func (s *Sandbox) Refresh(ctx context.Context) error {
 // Delete stops the sandbox and removes everything it had.
 func (s *Sandbox) Delete(ctx context.Context) error { return s.c.Delete(ctx, s.ID) }
 
+// Pause freezes the sandbox and pushes its memory out of RAM; see
+// Client.Pause.
+func (s *Sandbox) Pause(ctx context.Context, keepMemory bool) (*PauseResult, error) {
+	n, res, err := s.c.Pause(ctx, s.ID, keepMemory)
+	if err != nil {
+		return nil, err
+	}
+	s.info = n.info
+	return res, nil
+}
+
+// Resume lets a paused sandbox run again; already says it was running.
+func (s *Sandbox) Resume(ctx context.Context) (already bool, err error) {
+	n, already, err := s.c.Resume(ctx, s.ID)
+	if err != nil {
+		return false, err
+	}
+	s.info = n.info
+	return already, nil
+}
+
 // Command is what Exec runs: a shell command line or an argv.
 type Command struct {
 	Shell string   // run under `sh -c` (the static shell of the agent)

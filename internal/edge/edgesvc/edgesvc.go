@@ -40,6 +40,10 @@ type Edge interface {
 	Get(ctx context.Context, id string) (*dsecv1.Sandbox, error)
 	List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error)
 	Delete(ctx context.Context, id string) error
+	// Pause freezes a sandbox and releases its memory (keepMemory: freeze
+	// only); already says it was paused before. Resume undoes it.
+	Pause(ctx context.Context, id string, keepMemory bool) (sb *dsecv1.Sandbox, already bool, err error)
+	Resume(ctx context.Context, id string, skipPrefetch bool) (sb *dsecv1.Sandbox, already bool, prefetch time.Duration, err error)
 	// Agent returns the channel to the sandbox's agent; the sandbox counts
 	// as active until release is called.
 	Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
@@ -154,8 +158,12 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.Create
 }
 
 func live(sb *dsecv1.Sandbox) bool {
-	st := sb.GetState()
-	return st == dsecv1.State_STATE_CREATING || st == dsecv1.State_STATE_RUNNING
+	switch sb.GetState() {
+	case dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING,
+		dsecv1.State_STATE_PAUSING, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RESUMING:
+		return true
+	}
+	return false
 }
 
 // createFor runs the create a token names and records its outcome in e.
@@ -221,6 +229,22 @@ func (s *Service) Delete(ctx context.Context, req *connect.Request[dsecv1.Delete
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.DeleteResponse{}), nil
+}
+
+func (s *Service) Pause(ctx context.Context, req *connect.Request[dsecv1.PauseRequest]) (*connect.Response[dsecv1.PauseResponse], error) {
+	sb, already, err := s.edge.Pause(ctx, req.Msg.GetSandboxId(), req.Msg.GetKeepMemory())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.PauseResponse{Sandbox: sb, AlreadyPaused: already}), nil
+}
+
+func (s *Service) Resume(ctx context.Context, req *connect.Request[dsecv1.ResumeRequest]) (*connect.Response[dsecv1.ResumeResponse], error) {
+	sb, already, prefetch, err := s.edge.Resume(ctx, req.Msg.GetSandboxId(), req.Msg.GetSkipPrefetch())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.ResumeResponse{Sandbox: sb, AlreadyRunning: already, PrefetchMs: prefetch.Milliseconds()}), nil
 }
 
 func (s *Service) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
@@ -312,7 +336,7 @@ func (s *Service) LayerStats(ctx context.Context, req *connect.Request[dsecv1.La
 // meanwhile, say so instead of passing on a transport error.
 func (s *Service) agentErr(ctx context.Context, id string, err error) error {
 	sb, gerr := s.edge.Get(context.WithoutCancel(ctx), id)
-	if gerr == nil && sb.GetState() != dsecv1.State_STATE_RUNNING {
+	if gerr == nil && !live(sb) {
 		return sandbox.GoneError(sb)
 	}
 	var ce *connect.Error

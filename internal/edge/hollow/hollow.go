@@ -188,6 +188,39 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
+// Pause marks a running sandbox paused; there is nothing to freeze.
+func (e *Edge) Pause(ctx context.Context, id string, keepMemory bool) (*dsecv1.Sandbox, bool, error) {
+	return e.flip(id, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED)
+}
+
+// Resume marks a paused sandbox running.
+func (e *Edge) Resume(ctx context.Context, id string, skipPrefetch bool) (*dsecv1.Sandbox, bool, time.Duration, error) {
+	sb, already, err := e.flip(id, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RUNNING)
+	return sb, already, 0, err
+}
+
+// flip moves a sandbox from state from to state to; already when it is in
+// to.
+func (e *Edge) flip(id string, from, to dsecv1.State) (*dsecv1.Sandbox, bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sb, ok := e.sbs[id]
+	if !ok {
+		return nil, false, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	switch sb.GetState() {
+	case to:
+		return proto.Clone(sb).(*dsecv1.Sandbox), true, nil
+	case from:
+		sb.State = to
+		if to == dsecv1.State_STATE_PAUSED {
+			sb.PausedUnixMs = time.Now().UnixMilli()
+		}
+		return proto.Clone(sb).(*dsecv1.Sandbox), false, nil
+	}
+	return nil, false, sandbox.GoneError(sb)
+}
+
 // Agent refuses: a hollow sandbox has no agent.
 func (e *Edge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
 	if _, err := e.Get(ctx, id); err != nil {

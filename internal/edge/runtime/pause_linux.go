@@ -14,6 +14,10 @@ import (
 	"dsec.dev/dsec/internal/errdefs"
 )
 
+// freezeTimeout bounds a freeze: a sandbox whose processes cannot all be
+// frozen by then is thawed again and the pause refused.
+const freezeTimeout = 10 * time.Second
+
 // Freeze stops every process of sandbox id (its cgroup tree, the agent's
 // per-command children included) and returns once all are frozen. It
 // does not touch memory: Pause does that.
@@ -24,7 +28,12 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	if !r.layout.Exists(r.cgroupRel(id)) {
 		return fmt.Errorf("freeze sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
-	return r.layout.Freeze(ctx, r.cgroupRel(id))
+	ctx, cancel := context.WithTimeout(ctx, freezeTimeout)
+	defer cancel()
+	if err := r.layout.Freeze(ctx, r.cgroupRel(id)); err != nil {
+		return fmt.Errorf("freeze sandbox %s: %w", id, err)
+	}
+	return nil
 }
 
 // Thaw lets sandbox id's processes run again.

@@ -3,8 +3,6 @@ package runtime
 import (
 	"context"
 	"log/slog"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,14 +12,12 @@ import (
 	"dsec.dev/dsec/internal/testutil"
 )
 
-// buildMemhog puts the memhog test program into the node's busybox rootfs.
+// buildMemhog puts dsec-agent, whose hold-memory mode the test runs as
+// memhog, into the node's busybox rootfs (the node's own agent is a test
+// double).
 func buildMemhog(t *testing.T, n *node) {
 	t.Helper()
-	cmd := exec.Command("go", "build", "-o", filepath.Join(n.lower, "bin", "memhog"), "./testdata/memhog")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build memhog: %v\n%s", err, out)
-	}
+	copyFile(t, filepath.Join(testutil.Binaries(t), "dsec-agent"), filepath.Join(n.lower, "bin", "dsec-agent"))
 }
 
 // waitFile waits for a sandbox file to hold a line.
@@ -52,15 +48,15 @@ func TestPause(t *testing.T) {
 	s, sock := n.spec(t, "sb-pause")
 	s.MemoryBytes = 256 << 20
 	sb := n.start(t, s, sock)
-	sb.must(t, "memhog 96 >/dev/null 2>&1 &")
+	sb.must(t, "dsec-agent hold-memory 96 >/dev/null 2>&1 &")
 	sum := waitFile(t, sb, "/tmp/memhog.sum")
 	// Page cache of its own, too.
 	sb.must(t, "dd if=/dev/zero of=/tmp/cache bs=1M count=16 2>/dev/null && cat /tmp/cache >/dev/null")
 
 	check := func(t *testing.T) {
 		t.Helper()
-		sb.must(t, "rm -f /tmp/memhog.check; kill -USR1 $(pidof memhog)")
-		if got := waitFile(t, sb, "/tmp/memhog.check"); got != sum {
+		sb.must(t, "rm -f /tmp/memhog.check; kill -USR1 $(cat /tmp/memhog.pid)")
+		if got, _, _ := strings.Cut(waitFile(t, sb, "/tmp/memhog.check"), " "); got != sum {
 			t.Fatalf("memory changed across the pause: checksum %s, was %s", got, sum)
 		}
 	}

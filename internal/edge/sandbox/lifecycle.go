@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
@@ -43,9 +41,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			continue
 		}
 		m.log.Info("removing orphan container", "id", id)
-		if err := m.rt.Delete(ctx, id); err != nil {
-			m.log.Warn("remove orphan container", "id", id, "err", err)
-		}
+		m.reap(ctx, id)
 	}
 	if m.net != nil {
 		keep := map[string]map[string]bool{}
@@ -78,10 +74,12 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 		m.reap(ctx, id)
 		return
 	}
-	if rec.GetState() != dsecv1.State_STATE_RUNNING {
+	switch rec.GetState() {
+	case dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_PAUSING, dsecv1.State_STATE_RESUMING:
+	default:
 		m.log.Info("removing sandbox left half made or half stopped", "id", id, "state", rec.GetState().String())
 		m.reap(ctx, id)
-		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_NODE_LOST, "the edge restarted while it was "+strings.ToLower(strings.TrimPrefix(rec.GetState().String(), "STATE_")))
+		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_NODE_LOST, "the edge restarted while it was "+stateWord(rec.GetState()))
 		return
 	}
 	st, err := m.rt.Status(ctx, id)
@@ -94,6 +92,34 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 		m.tombstone(rec, dsecv1.State_STATE_FAILED, reason, msg)
 		return
 	}
+	// A sandbox frozen by a pause (finished, or cut short by the restart)
+	// stays paused: its agent cannot answer until resumed. One that was
+	// thawed already is running.
+	if frozen, err := m.rt.Frozen(ctx, id); err == nil && frozen {
+		if rec.GetState() != dsecv1.State_STATE_PAUSED {
+			m.log.Info("sandbox was frozen when the edge stopped; it stays paused", "id", id, "state", rec.GetState().String())
+			rec.State = dsecv1.State_STATE_PAUSED
+			if rec.PausedUnixMs == 0 {
+				rec.PausedUnixMs = time.Now().UnixMilli()
+			}
+			if err := m.states.Save(rec); err != nil {
+				m.log.Warn("save paused state", "id", id, "err", err)
+			}
+		}
+		sb := &sandbox{rec: rec, agent: m.dial(m.states.Dir(id) + "/agent.sock"), lastActive: time.Now(), td: m.teardownOf(id)}
+		m.mu.Lock()
+		m.sandboxes[id] = sb
+		m.mu.Unlock()
+		m.log.Info("re-adopted paused sandbox", "id", id)
+		return
+	}
+	if rec.GetState() != dsecv1.State_STATE_RUNNING {
+		m.log.Info("sandbox was thawed when the edge stopped; it is running", "id", id, "state", rec.GetState().String())
+		m.resumed(rec, time.Now())
+		if err := m.states.Save(rec); err != nil {
+			m.log.Warn("save running state", "id", id, "err", err)
+		}
+	}
 	client := m.dial(m.states.Dir(id) + "/agent.sock")
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = m.waitReadyIn(pctx, client)
@@ -104,7 +130,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_AGENT_LOST, "its agent did not answer after the edge restarted")
 		return
 	}
-	sb := &sandbox{rec: rec, agent: client, lastActive: time.Now()}
+	sb := &sandbox{rec: rec, agent: client, lastActive: time.Now(), td: m.teardownOf(id)}
 	m.mu.Lock()
 	m.sandboxes[id] = sb
 	m.mu.Unlock()
@@ -127,19 +153,12 @@ func (m *Manager) waitReadyIn(ctx context.Context, client interface {
 	}
 }
 
-// reap removes whatever is left of a sandbox: container, cgroups, upper, record.
+// reap removes whatever is left of a sandbox this process did not make:
+// container, cgroups, upper, network, layers, record.
 func (m *Manager) reap(ctx context.Context, id string) {
-	if err := m.rt.Delete(context.WithoutCancel(ctx), id); err != nil {
+	td := m.teardownOf(id)
+	if err := td.run(ctx); err != nil {
 		m.log.Warn("remove sandbox", "id", id, "err", err)
-	}
-	if m.net != nil {
-		if err := m.net.Detach(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			m.log.Warn("detach sandbox network", "id", id, "err", err)
-		}
-	}
-	m.images.Release(context.WithoutCancel(ctx), id)
-	if err := m.states.Remove(id); err != nil {
-		m.log.Warn("remove sandbox record", "id", id, "err", err)
 	}
 }
 
@@ -179,19 +198,9 @@ func (m *Manager) Teardown(ctx context.Context) error {
 			continue
 		}
 		seen[id] = true
-		if err := m.rt.Delete(ctx, id); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if m.net != nil {
-			// Most sandboxes have no network to detach.
-			if err := m.net.Detach(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				errs = append(errs, err)
-			}
-		}
-		m.images.Release(ctx, id)
-		if err := m.states.Remove(id); err != nil {
-			errs = append(errs, err)
+		td := m.teardownOf(id)
+		if err := td.run(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("sandbox %s: %w", id, err))
 		}
 	}
 	m.mu.Lock()
@@ -255,20 +264,28 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 	for _, sb := range live {
 		sb.mu.Lock()
 		rec := sb.rec
-		running := rec.GetState() == dsecv1.State_STATE_RUNNING && !sb.stopping
+		state := rec.GetState()
 		expires := time.UnixMilli(rec.GetExpiresUnixMs())
+		pausedFor := now.Sub(time.UnixMilli(rec.GetPausedUnixMs()))
 		idle := time.Duration(rec.GetSpec().GetIdleTimeoutSeconds()) * time.Second
 		quiet := now.Sub(sb.lastActive)
 		busy := sb.running > 0 || sb.inflight > 0
+		pauseOnTimeout := rec.GetSpec().GetOnTimeout() == dsecv1.OnTimeout_ON_TIMEOUT_PAUSE
 		sb.mu.Unlock()
-		if !running {
+		// A paused sandbox's clocks stand still but for its retention.
+		if state == dsecv1.State_STATE_PAUSED && pausedFor > m.cfg.PausedRetention {
+			go m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_PAUSED_TOO_LONG,
+				fmt.Sprintf("paused for %s, longer than the node keeps paused sandboxes (dsecd --paused-retention %s)", pausedFor.Round(time.Second), m.cfg.PausedRetention))
+			continue
+		}
+		if state != dsecv1.State_STATE_RUNNING {
 			continue
 		}
 		switch {
 		case pooled[sb]:
 			// No lifetime until taken; only its health is watched.
 		case rec.GetExpiresUnixMs() > 0 && now.After(expires):
-			go m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_TTL,
+			go m.timeout(ctx, sb, pauseOnTimeout, dsecv1.Reason_REASON_TTL,
 				fmt.Sprintf("its TTL of %ds ran out", rec.GetSpec().GetTtlSeconds()))
 			continue
 		case idle > 0 && quiet > idle && !busy:
@@ -280,7 +297,7 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 				stillIdle := sb.running == 0 && sb.inflight == 0 && time.Since(sb.lastActive) > idle
 				sb.mu.Unlock()
 				if stillIdle {
-					m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_IDLE,
+					m.timeout(ctx, sb, pauseOnTimeout, dsecv1.Reason_REASON_IDLE,
 						fmt.Sprintf("idle for %s with nothing running (idle timeout %s)", quiet.Round(time.Second), idle))
 				}
 			}()
@@ -297,6 +314,22 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 		}
 	}
 	wg.Wait()
+}
+
+// timeout carries out a TTL or idle timeout: a pause when the sandbox's
+// spec says on_timeout pause, else a stop.
+func (m *Manager) timeout(ctx context.Context, sb *sandbox, pause bool, reason dsecv1.Reason, why string) {
+	if !pause {
+		if err := m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, reason, why); err != nil {
+			m.log.Warn("stop sandbox", "id", sb.rec.GetId(), "why", why, "err", err)
+		}
+		return
+	}
+	if _, _, err := m.pause(ctx, sb, false); err != nil {
+		m.log.Warn("pause sandbox on timeout", "why", why, "err", err)
+		return
+	}
+	m.log.Info("sandbox paused on timeout", "id", sb.rec.GetId(), "why", why)
 }
 
 // check pings one agent, refreshes its activity, and fails the sandbox when
@@ -326,6 +359,10 @@ func (m *Manager) check(ctx context.Context, sb *sandbox) {
 		return
 	}
 	sb.mu.Lock()
+	if sb.rec.GetState() != dsecv1.State_STATE_RUNNING {
+		sb.mu.Unlock()
+		return // paused meanwhile: a frozen agent cannot answer
+	}
 	sb.pingFails++
 	fails := sb.pingFails
 	sb.mu.Unlock()

@@ -44,6 +44,11 @@ type Runtime interface {
 	Status(ctx context.Context, id string) (runtime.Status, error)
 	Delete(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
+	// Pause freezes the container and, with reclaim, pushes its memory
+	// out of RAM; Resume prefetches it (with prefetch) and thaws.
+	Pause(ctx context.Context, id string, reclaim bool) (runtime.PauseStats, error)
+	Resume(ctx context.Context, id string, prefetch bool) (runtime.ResumeStats, error)
+	Frozen(ctx context.Context, id string) (bool, error)
 }
 
 // Images resolves environments to mounted layers. *layers.Service
@@ -108,6 +113,12 @@ type Config struct {
 	// at once (default 2).
 	MaxWarm    int
 	WarmStarts int
+	// PausedRetention is how long a sandbox may stay paused before it is
+	// stopped (REASON_PAUSED_TOO_LONG); 0 = 7 days.
+	PausedRetention time.Duration
+	// PauseReleases says in words what a pause can release on this node
+	// (see package swap); nil = not known.
+	PauseReleases func() string
 }
 
 // Manager is the edge of one node. Create it with New, then call Recover
@@ -138,6 +149,11 @@ type Manager struct {
 }
 
 type sandbox struct {
+	// op serializes the sandbox's transitions (pause, resume, snapshot,
+	// stop); it is taken before mu, never while holding it.
+	op sync.Mutex
+	td teardown // what the sandbox holds; guarded by op once it runs
+
 	mu         sync.Mutex
 	rec        *dsecv1.Sandbox
 	agent      agentclient.Client
@@ -147,7 +163,6 @@ type sandbox struct {
 	inflight  int // API calls in progress
 	pingFails int
 	gone      time.Time // when it stopped or failed; zero while alive; written under both mu and Manager.mu
-	stopping  bool
 	// pool is the key of the warm pool the sandbox waits in, "" once taken
 	// (or never pooled). Guarded by Manager.mu, not mu.
 	pool string
@@ -173,6 +188,9 @@ func New(cfg Config, rt Runtime, images Images, net Network, dial DialFunc, log 
 	}
 	if cfg.WarmStarts == 0 {
 		cfg.WarmStarts = 2
+	}
+	if cfg.PausedRetention == 0 {
+		cfg.PausedRetention = 7 * 24 * time.Hour
 	}
 	st, err := state.New(cfg.StateDir)
 	if err != nil {
@@ -232,18 +250,11 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		Id: id, Node: m.cfg.Node, Spec: spec, State: dsecv1.State_STATE_CREATING,
 		CreatedUnixMs: now.UnixMilli(),
 	}
-	var lower []string
-	tResolved := time.Now()
-	for _, l := range layers {
-		dir, err := m.images.Mount(ctx, id, l.Digest)
-		if err != nil {
-			return nil, fmt.Errorf("mount layer %s: %w", l.Digest, err)
-		}
-		lower = append(lower, dir)
-		rec.LayerDigests = append(rec.LayerDigests, l.Digest)
-	}
-
 	sb := &sandbox{rec: rec, lastActive: now, pool: poolKey}
+	// The create is the sandbox's first transition: a delete or pause
+	// meanwhile waits for it.
+	sb.op.Lock()
+	defer sb.op.Unlock()
 	m.mu.Lock()
 	if _, dup := m.sandboxes[id]; dup {
 		m.mu.Unlock()
@@ -252,33 +263,43 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	m.sandboxes[id] = sb
 	m.mu.Unlock()
 
-	// Teardown of a half-made sandbox must run even if the caller has gone.
-	cleanup := func(cause error) {
-		cctx := context.WithoutCancel(ctx)
-		if err := m.rt.Delete(cctx, id); err != nil {
+	// Each resource is registered in the sandbox's teardown as it is
+	// acquired; a failure releases what there is, in reverse, even if
+	// the caller has gone.
+	td := &sb.td
+	fail := func(cause error) error {
+		if err := td.run(ctx); err != nil {
 			m.log.Warn("remove half-made sandbox", "id", id, "err", err)
-		}
-		m.detachNetwork(cctx, rec)
-		m.images.Release(cctx, id)
-		if err := m.states.Remove(id); err != nil {
-			m.log.Warn("remove half-made sandbox record", "id", id, "err", err)
 		}
 		m.mu.Lock()
 		delete(m.sandboxes, id)
 		m.mu.Unlock()
 		m.log.Info("sandbox create failed", "id", id, "err", cause)
+		return cause
 	}
-
+	td.add("record", func(ctx context.Context) error { return m.states.Remove(id) })
 	if err := m.states.Save(rec); err != nil {
-		cleanup(err)
-		return nil, err
+		return nil, fail(err)
+	}
+	tResolved := time.Now()
+	td.add("layers", func(ctx context.Context) error { m.images.Release(ctx, id); return nil })
+	var lower []string
+	for _, l := range layers {
+		dir, err := m.images.Mount(ctx, id, l.Digest)
+		if err != nil {
+			return nil, fail(fmt.Errorf("mount layer %s: %w", l.Digest, err))
+		}
+		lower = append(lower, dir)
+		sb.mu.Lock()
+		rec.LayerDigests = append(rec.LayerDigests, l.Digest)
+		sb.mu.Unlock()
 	}
 	var att *netctl.Attachment
 	if len(spec.GetNetworkRules()) > 0 {
+		td.add("network", func(ctx context.Context) error { return m.detach(ctx, id) })
 		att, err = m.net.Attach(ctx, id, spec.GetNetworkRules())
 		if err != nil {
-			cleanup(err)
-			return nil, fmt.Errorf("attach sandbox %s to the network: %w", id, err)
+			return nil, fail(fmt.Errorf("attach sandbox %s to the network: %w", id, err))
 		}
 		sb.mu.Lock()
 		rec.Address = att.Addr
@@ -286,10 +307,10 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		sb.mu.Unlock()
 	}
 	tPrepared := time.Now()
+	td.add("container", func(ctx context.Context) error { return m.rt.Delete(ctx, id) })
 	client, err := m.launch(ctx, id, spec, lower, att)
 	if err != nil {
-		cleanup(err)
-		return nil, err
+		return nil, fail(err)
 	}
 	started := time.Now()
 	sb.mu.Lock()
@@ -304,8 +325,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	err = m.states.Save(rec)
 	sb.mu.Unlock()
 	if err != nil {
-		cleanup(err)
-		return nil, err
+		return nil, fail(err)
 	}
 	if poolKey == "" {
 		if err := m.images.RecordEnvironment(spec.GetEnvironment(), rec.LayerDigests); err != nil {
@@ -522,8 +542,12 @@ func (m *Manager) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
 		return nil, err
 	}
 	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return cloneRec(sb.rec), nil
+	rec := cloneRec(sb.rec)
+	sb.mu.Unlock()
+	if m.cfg.PauseReleases != nil && rec.GetState() != dsecv1.State_STATE_STOPPED && rec.GetState() != dsecv1.State_STATE_FAILED {
+		rec.PauseReleases = m.cfg.PauseReleases()
+	}
+	return rec, nil
 }
 
 // List returns the sandboxes whose labels include labels and whose state is
@@ -578,30 +602,25 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 // as activity for the idle timeout until release is called, so a long
 // stream keeps its sandbox alive.
 func (m *Manager) Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error) {
-	sb, err := m.lookup(id)
-	if err != nil {
-		return nil, nil, err
-	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	switch sb.rec.GetState() {
-	case dsecv1.State_STATE_RUNNING:
+	err = m.use(ctx, id, func(sb *sandbox) error {
 		sb.lastActive = time.Now()
 		sb.inflight++
+		client = sb.agent
 		var once sync.Once
-		return sb.agent, func() {
+		release = func() {
 			once.Do(func() {
 				sb.mu.Lock()
 				sb.inflight--
 				sb.lastActive = time.Now()
 				sb.mu.Unlock()
 			})
-		}, nil
-	case dsecv1.State_STATE_CREATING:
-		return nil, nil, fmt.Errorf("sandbox %s is still being created: %w", id, errdefs.ErrFailedPrecondition)
-	default:
-		return nil, nil, GoneError(sb.rec)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
+	return client, release, nil
 }
 
 // GoneError says why a sandbox that is no longer running cannot be used.
@@ -611,8 +630,7 @@ func GoneError(rec *dsecv1.Sandbox) error {
 	if msg == "" {
 		msg = why
 	}
-	return fmt.Errorf("sandbox %s is %s (%s): %s: %w", rec.GetId(),
-		strings.ToLower(strings.TrimPrefix(rec.GetState().String(), "STATE_")), why, msg, errdefs.ErrFailedPrecondition)
+	return fmt.Errorf("sandbox %s is %s (%s): %s: %w", rec.GetId(), stateWord(rec.GetState()), why, msg, errdefs.ErrFailedPrecondition)
 }
 
 func (m *Manager) lookup(id string) (*sandbox, error) {
@@ -628,16 +646,20 @@ func (m *Manager) lookup(id string) (*sandbox, error) {
 	return sb, nil
 }
 
-// stopSandbox removes a sandbox's resources and leaves a tombstone in the
-// given final state. It is safe to call more than once.
+// stopSandbox releases a sandbox's resources (its teardown, last acquired
+// first) and leaves a tombstone in the given final state. It is safe to
+// call more than once and at any point of the sandbox's life: a paused
+// sandbox is thawed and killed; a teardown step that fails stays
+// registered, the sandbox stays stopping, and the next call tries again.
 func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.State, reason dsecv1.Reason, msg string) error {
 	ctx = context.WithoutCancel(ctx)
+	sb.op.Lock()
+	defer sb.op.Unlock()
 	sb.mu.Lock()
-	if !sb.gone.IsZero() || sb.stopping {
+	if !sb.gone.IsZero() {
 		sb.mu.Unlock()
 		return nil
 	}
-	sb.stopping = true
 	id := sb.rec.GetId()
 	sb.rec.State = dsecv1.State_STATE_STOPPING
 	if err := m.states.Save(sb.rec); err != nil {
@@ -645,16 +667,8 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 	}
 	sb.mu.Unlock()
 
-	if err := m.rt.Delete(ctx, id); err != nil {
-		sb.mu.Lock()
-		sb.stopping = false
-		sb.mu.Unlock()
+	if err := sb.td.run(ctx); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", id, err)
-	}
-	m.detachNetwork(ctx, sb.rec)
-	m.images.Release(ctx, id)
-	if err := m.states.Remove(id); err != nil {
-		m.log.Warn("remove sandbox record", "id", id, "err", err)
 	}
 	m.mu.Lock() // gone is read under either lock
 	sb.mu.Lock()
@@ -662,7 +676,6 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 	sb.rec.Reason = reason
 	sb.rec.Message = msg
 	sb.gone = time.Now()
-	sb.stopping = false
 	if sb.agent != nil {
 		sb.agent.Close()
 	}

@@ -22,11 +22,52 @@ import (
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
-// fakeRuntime keeps containers as a set; a test can make one die.
+// fakeRuntime keeps containers as a set; a test can make one die. A
+// frozen container's agent does not answer. hold, when set, is waited on
+// by every Pause and Resume (a test holds a transition midway).
 type fakeRuntime struct {
 	mu       sync.Mutex
 	running  map[string]bool
+	frozen   map[string]bool
 	failNext error
+	hold     chan struct{}
+}
+
+func (f *fakeRuntime) Pause(ctx context.Context, id string, reclaim bool) (runtime.PauseStats, error) {
+	f.wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.running[id] {
+		return runtime.PauseStats{}, fmt.Errorf("freeze %s: %w", id, errdefs.ErrNotFound)
+	}
+	if f.frozen == nil {
+		f.frozen = map[string]bool{}
+	}
+	f.frozen[id] = true
+	return runtime.PauseStats{Frozen: time.Millisecond, Resident: 100 << 20, Released: 95 << 20}, nil
+}
+
+func (f *fakeRuntime) Resume(ctx context.Context, id string, prefetch bool) (runtime.ResumeStats, error) {
+	f.wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.frozen, id)
+	return runtime.ResumeStats{}, nil
+}
+
+func (f *fakeRuntime) Frozen(ctx context.Context, id string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.frozen[id], nil
+}
+
+func (f *fakeRuntime) wait() {
+	f.mu.Lock()
+	h := f.hold
+	f.mu.Unlock()
+	if h != nil {
+		<-h
+	}
 }
 
 func (f *fakeRuntime) Start(ctx context.Context, s runtime.Spec) error {
@@ -54,6 +95,7 @@ func (f *fakeRuntime) Delete(ctx context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.running, id)
+	delete(f.frozen, id)
 	return nil
 }
 
@@ -120,6 +162,9 @@ func (a *fakeAgent) Ping(ctx context.Context, req *connect.Request[agentv1.PingR
 	st, err := a.rt.Status(ctx, a.id)
 	if err != nil || !st.Running {
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("connection refused"))
+	}
+	if frozen, _ := a.rt.Frozen(ctx, a.id); frozen {
+		return nil, connect.NewError(connect.CodeDeadlineExceeded, errors.New("frozen agent: no answer"))
 	}
 	a.rt.mu.Lock()
 	n := *a.running

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"time"
 
-	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/errdefs"
@@ -26,46 +25,31 @@ type Network interface {
 	Recover(ctx context.Context, keep map[string]map[string]bool) error
 }
 
-func (m *Manager) detachNetwork(ctx context.Context, rec *dsecv1.Sandbox) {
-	if m.net == nil || len(rec.GetSpec().GetNetworkRules()) == 0 {
-		return
-	}
-	if err := m.net.Detach(ctx, rec.GetId()); err != nil {
-		m.log.Warn("detach sandbox network", "id", rec.GetId(), "err", err)
-	}
-}
-
 // SetNetworkRules replaces the network rules of a running sandbox. A sandbox
 // made without rules has no network of its own and cannot be given one; make
 // it with a rule (even a deny-all one such as {"0.0.0.0/0": false}) to change
 // its rules later.
-func (m *Manager) SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error) {
-	sb, err := m.lookup(id)
-	if err != nil {
-		return nil, err
-	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if !sb.gone.IsZero() || sb.stopping || sb.rec.GetState() != dsecv1.State_STATE_RUNNING {
-		return nil, fmt.Errorf("set network rules: %w", GoneError(sb.rec))
-	}
-	if len(sb.rec.GetSpec().GetNetworkRules()) == 0 || m.net == nil {
-		return nil, fmt.Errorf("sandbox %s was made without network rules, so it has loopback only and no network to apply rules to; create it with rules (a deny-all {\"0.0.0.0/0\": false} will do) to change them later: %w", id, errdefs.ErrFailedPrecondition)
-	}
-	if len(rules) == 0 {
-		// No rules on a networked sandbox means nothing allowed, as at create.
-		rules = map[string]bool{"0.0.0.0/0": false}
-	}
-	warnings, err := m.net.Update(ctx, id, rules, cut)
-	if err != nil {
-		return nil, fmt.Errorf("set network rules of %s: %w", id, err)
-	}
-	sb.rec.Spec.NetworkRules = maps.Clone(rules)
-	if err := m.states.Save(sb.rec); err != nil {
-		return warnings, fmt.Errorf("set network rules of %s: the rules apply but were not saved: %w", id, err)
-	}
-	sb.lastActive = time.Now()
-	return warnings, nil
+func (m *Manager) SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) (warnings []string, err error) {
+	err = m.use(ctx, id, func(sb *sandbox) error {
+		if len(sb.rec.GetSpec().GetNetworkRules()) == 0 || m.net == nil {
+			return fmt.Errorf("sandbox %s was made without network rules, so it has loopback only and no network to apply rules to; create it with rules (a deny-all {\"0.0.0.0/0\": false} will do) to change them later: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		if len(rules) == 0 {
+			// No rules on a networked sandbox means nothing allowed, as at create.
+			rules = map[string]bool{"0.0.0.0/0": false}
+		}
+		warnings, err = m.net.Update(ctx, id, rules, cut)
+		if err != nil {
+			return fmt.Errorf("set network rules of %s: %w", id, err)
+		}
+		sb.rec.Spec.NetworkRules = maps.Clone(rules)
+		if err := m.states.Save(sb.rec); err != nil {
+			return fmt.Errorf("set network rules of %s: the rules apply but were not saved: %w", id, err)
+		}
+		sb.lastActive = time.Now()
+		return nil
+	})
+	return warnings, err
 }
 
 // NetworkLog returns a sandbox's network audit records since the given time.

@@ -73,7 +73,7 @@ func shapeKey(shape *dsecv1.SandboxSpec) string {
 func (sb *sandbox) alive() bool {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	return sb.gone.IsZero() && !sb.stopping && sb.rec.GetState() == dsecv1.State_STATE_RUNNING
+	return sb.gone.IsZero() && sb.rec.GetState() == dsecv1.State_STATE_RUNNING
 }
 
 // SetWarmPool keeps size sandboxes of spec's shape ready on this node and

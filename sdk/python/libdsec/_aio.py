@@ -73,6 +73,20 @@ def _lower_enum(v: Optional[str], prefix: str) -> str:
     return v[len(prefix):].lower() if v.startswith(prefix) else v.lower()
 
 
+_LIVE_STATES = ["creating", "running", "pausing", "paused", "resuming", "stopping"]
+
+
+async def _each(items, concurrency: int, call) -> None:
+    """Run call on every item, at most concurrency at once; raise the first error."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(item):
+        async with sem:
+            await call(item)
+
+    await asyncio.gather(*(one(x) for x in items))
+
+
 def _state_name(s: str) -> str:
     s = s.upper()
     return s if s.startswith("STATE_") else "STATE_" + s
@@ -346,10 +360,19 @@ class AsyncClient:
 
     @staticmethod
     def _spec(env: str, backend: str, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
-              env_vars, labels, network_rules, hostname, workdir) -> Dict[str, Any]:
+              env_vars, labels, network_rules, hostname, workdir, on_timeout=None,
+              auto_resume=None) -> Dict[str, Any]:
         if backend not in ("container", ""):
             raise errors.InvalidArgument(f"backend {backend!r} is not known (container)")
         spec: Dict[str, Any] = {"environment": env, "backend": "BACKEND_CONTAINER"}
+        if on_timeout not in (None, "stop", "pause"):
+            raise errors.InvalidArgument(f"on_timeout {on_timeout!r}: want 'stop' or 'pause'")
+        if on_timeout:
+            spec["onTimeout"] = "ON_TIMEOUT_" + on_timeout.upper()
+        if auto_resume is not None:
+            if not isinstance(auto_resume, bool):
+                raise errors.InvalidArgument(f"auto_resume must be True or False, not {auto_resume!r}")
+            spec["autoResume"] = auto_resume
         if cpus:
             spec["cpus"] = float(cpus)
         for k, v in (("memoryMb", memory_mb), ("diskMb", disk_mb), ("pids", pids),
@@ -376,17 +399,23 @@ class AsyncClient:
                           network_rules: Optional[Mapping[str, bool]] = None,
                           hostname: Optional[str] = None, workdir: Optional[str] = None,
                           timeout: float = DEFAULT_CREATE_TIMEOUT,
-                          idempotency_key: Optional[str] = None) -> List["Sandbox"]:
+                          idempotency_key: Optional[str] = None,
+                          on_timeout: Optional[str] = None,
+                          auto_resume: Optional[bool] = None) -> List["Sandbox"]:
         """Create n sandboxes in one call: all of them, or none.
 
         The call carries an idempotency key, so retries after a dropped
         connection never make a second batch. timeout covers waiting for the
-        sandboxes to run; past it StartupTimeout is raised.
+        sandboxes to run; past it StartupTimeout is raised. on_timeout
+        ("stop", the default, or "pause") is what the TTL and idle timeout
+        do; a paused sandbox's clocks stand still. auto_resume=False makes
+        calls to a paused sandbox fail (FailedPrecondition) instead of
+        resuming it first.
         """
         if n < 1:
             raise errors.InvalidArgument("n must be at least 1")
         spec = self._spec(env, backend, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
-                          env_vars, labels, network_rules, hostname, workdir)
+                          env_vars, labels, network_rules, hostname, workdir, on_timeout, auto_resume)
         msg = {"spec": spec, "count": n, "idempotencyKey": idempotency_key or str(uuid.uuid4()),
                "waitSeconds": str(max(1, int(timeout)))}
         # A little beyond the server's wait, so its own verdict arrives first.
@@ -430,15 +459,33 @@ class AsyncClient:
     async def reap(self, labels: Optional[Mapping[str, str]] = None, *,
                    timeout: Optional[float] = None, concurrency: int = 16) -> int:
         """Delete every live sandbox whose labels match; returns how many."""
-        sbs = await self.list(labels, states=["creating", "running", "stopping"], timeout=timeout)
-        sem = asyncio.Semaphore(concurrency)
-
-        async def one(sb):
-            async with sem:
-                await self.delete(sb.id, timeout=timeout)
-
-        await asyncio.gather(*(one(sb) for sb in sbs))
+        sbs = await self.list(labels, states=_LIVE_STATES, timeout=timeout)
+        await _each(sbs, concurrency, lambda sb: self.delete(sb.id, timeout=timeout))
         return len(sbs)
+
+    async def pause(self, id: str, *, keep_memory: bool = False,
+                    timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Pause a sandbox; see Sandbox.pause."""
+        return await self.sandbox(id).pause(keep_memory=keep_memory, timeout=timeout)
+
+    async def resume(self, id: str, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Resume a paused sandbox; see Sandbox.resume."""
+        return await self.sandbox(id).resume(timeout=timeout)
+
+    async def pause_all(self, labels: Mapping[str, str], *, keep_memory: bool = False,
+                        timeout: Optional[float] = None, concurrency: int = 32) -> List["Sandbox"]:
+        """Pause every running sandbox whose labels match (a preempted
+        trainer pauses its job's sandboxes this way) and return them."""
+        sbs = await self.list(labels, states=["running"], timeout=timeout)
+        await _each(sbs, concurrency, lambda sb: sb.pause(keep_memory=keep_memory, timeout=timeout))
+        return sbs
+
+    async def resume_all(self, labels: Mapping[str, str], *, timeout: Optional[float] = None,
+                         concurrency: int = 32) -> List["Sandbox"]:
+        """Resume every paused sandbox whose labels match and return them."""
+        sbs = await self.list(labels, states=["paused"], timeout=timeout)
+        await _each(sbs, concurrency, lambda sb: sb.resume(timeout=timeout))
+        return sbs
 
     # --- warm pools ---
 
@@ -646,6 +693,44 @@ class Sandbox:
 
     async def delete(self, *, timeout: Optional[float] = None) -> None:
         await self.client.delete(self.id, timeout=timeout)
+
+    # --- lifecycle ---
+
+    async def pause(self, *, keep_memory: bool = False, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Freeze the sandbox and push its memory out of RAM (page cache
+        dropped, anonymous memory to swap where the node has it;
+        keep_memory=True only freezes). It stays paused across a restart of
+        its node; any call that runs in it resumes it first (unless it was
+        made with auto_resume=False). Returns what the pause did:
+        already_paused, frozen_ms, reclaim_ms, resident_bytes,
+        released_bytes, swapped_bytes."""
+        msg: Dict[str, Any] = {"sandboxId": self.id}
+        if keep_memory:
+            msg["keepMemory"] = True
+        resp = await self.client._call("Pause", msg, timeout, idempotent=True)
+        self.info = resp.get("sandbox", self.info)
+        st = self.info.get("lastPause") or {}
+        return {
+            "already_paused": bool(resp.get("alreadyPaused", False)),
+            "frozen_ms": int(st.get("frozenUs", 0)) / 1000.0,
+            "reclaim_ms": int(st.get("reclaimMs", 0)),
+            "resident_bytes": int(st.get("residentBytes", 0)),
+            "released_bytes": int(st.get("releasedBytes", 0)),
+            "swapped_bytes": int(st.get("swappedBytes", 0)),
+        }
+
+    async def resume(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Bring a paused sandbox's memory back and let it run. Returns
+        already_running and prefetch_ms."""
+        resp = await self.client._call("Resume", {"sandboxId": self.id}, timeout, idempotent=True)
+        self.info = resp.get("sandbox", self.info)
+        return {"already_running": bool(resp.get("alreadyRunning", False)),
+                "prefetch_ms": int(resp.get("prefetchMs", 0))}
+
+    @property
+    def pause_releases(self) -> str:
+        """What a pause can release on the sandbox's node, in words (from the last refresh())."""
+        return self.info.get("pauseReleases", "")
 
     # --- commands ---
 

@@ -81,6 +81,18 @@ class Client:
     def reap(self, labels: Optional[Mapping[str, str]] = None, *, timeout: Optional[float] = None) -> int:
         return self._run(self._a.reap(labels, timeout=timeout))
 
+    def pause(self, id: str, **kw) -> Dict[str, Any]:
+        return self._run(self._a.pause(id, **kw))
+
+    def resume(self, id: str, **kw) -> Dict[str, Any]:
+        return self._run(self._a.resume(id, **kw))
+
+    def pause_all(self, labels: Mapping[str, str], **kw) -> List["Sandbox"]:
+        return [Sandbox(self, s) for s in self._run(self._a.pause_all(labels, **kw))]
+
+    def resume_all(self, labels: Mapping[str, str], **kw) -> List["Sandbox"]:
+        return [Sandbox(self, s) for s in self._run(self._a.resume_all(labels, **kw))]
+
     def set_warm_pool(self, env: str, size: int, **kw) -> WarmPool:
         return self._run(self._a.set_warm_pool(env, size, **kw))
 
@@ -132,6 +144,7 @@ class Sandbox:
     address = property(lambda self: self._a.address)
     from_warm_pool = property(lambda self: self._a.from_warm_pool)
     warnings = property(lambda self: self._a.warnings)
+    pause_releases = property(lambda self: self._a.pause_releases)
 
     def _run(self, coro):
         return self.client._run(coro)
@@ -142,6 +155,12 @@ class Sandbox:
 
     def delete(self, **kw) -> None:
         self._run(self._a.delete(**kw))
+
+    def pause(self, **kw) -> Dict[str, Any]:
+        return self._run(self._a.pause(**kw))
+
+    def resume(self, **kw) -> Dict[str, Any]:
+        return self._run(self._a.resume(**kw))
 
     def set_network_rules(self, rules: Mapping[str, bool], **kw) -> List[str]:
         return self._run(self._a.set_network_rules(rules, **kw))

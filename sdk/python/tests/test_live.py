@@ -75,6 +75,33 @@ class LiveTest(unittest.TestCase):
         self.assertIn(sb.id, [s.id for s in self.c.list(labels=labels, all=True)])
         self.assertIn(sb.id, [s.id for s in self.c.list(labels=labels, states=["stopped"])])
 
+    def test_pause_resume(self):
+        sb = self.sandbox()
+        sb.exec("echo kept > /tmp/f")
+        st = sb.pause()
+        self.assertEqual(sb.state, "paused")
+        self.assertFalse(st["already_paused"])
+        self.assertGreater(st["resident_bytes"], 0)
+        self.assertTrue(sb.pause()["already_paused"])
+        self.assertNotEqual(sb.refresh().pause_releases, "")
+        # Any call resumes it.
+        self.assertEqual(sb.exec("cat /tmp/f").stdout, "kept\n")
+        self.assertTrue(sb.resume()["already_running"])
+        strict = self.sandbox(auto_resume=False, on_timeout="pause")
+        self.assertEqual(strict.info["spec"].get("onTimeout"), "ON_TIMEOUT_PAUSE")
+        strict.pause(keep_memory=True)
+        with self.assertRaises(errors.FailedPrecondition):
+            strict.exec("true")
+        self.assertFalse(strict.resume()["already_running"])
+        # A job's sandboxes paused and resumed by label.
+        paused = self.c.pause_all({"test": "test_pause_resume"})
+        self.assertEqual({s.id for s in paused}, {sb.id, strict.id})
+        self.assertEqual({s.id for s in self.c.list({"test": "test_pause_resume"}, states=["paused"])}, {sb.id, strict.id})
+        self.assertEqual(len(self.c.resume_all({"test": "test_pause_resume"})), 2)
+        self.assertEqual(strict.exec("echo ok").stdout, "ok\n")
+        with self.assertRaises(errors.InvalidArgument):
+            self.c.create(ENV, on_timeout="hibernate")
+
     def test_not_found(self):
         with self.assertRaises(errors.NotFound):
             self.c.get("sb-py-" + "a" * 23)   # well formed, never made

@@ -33,6 +33,12 @@ const (
 	State_STATE_STOPPING    State = 3
 	State_STATE_STOPPED     State = 4
 	State_STATE_FAILED      State = 5
+	// Frozen, its memory on its way out of RAM (pausing) or back (resuming).
+	State_STATE_PAUSING State = 6
+	// Frozen; what memory the node could release is out of RAM. Any call that
+	// runs in the sandbox resumes it first, unless spec.auto_resume is false.
+	State_STATE_PAUSED   State = 7
+	State_STATE_RESUMING State = 8
 )
 
 // Enum value maps for State.
@@ -44,6 +50,9 @@ var (
 		3: "STATE_STOPPING",
 		4: "STATE_STOPPED",
 		5: "STATE_FAILED",
+		6: "STATE_PAUSING",
+		7: "STATE_PAUSED",
+		8: "STATE_RESUMING",
 	}
 	State_value = map[string]int32{
 		"STATE_UNSPECIFIED": 0,
@@ -52,6 +61,9 @@ var (
 		"STATE_STOPPING":    3,
 		"STATE_STOPPED":     4,
 		"STATE_FAILED":      5,
+		"STATE_PAUSING":     6,
+		"STATE_PAUSED":      7,
+		"STATE_RESUMING":    8,
 	}
 )
 
@@ -94,6 +106,9 @@ const (
 	Reason_REASON_AGENT_LOST  Reason = 5
 	Reason_REASON_START_ERROR Reason = 6
 	Reason_REASON_NODE_LOST   Reason = 7
+	// It stayed paused longer than the node keeps paused sandboxes
+	// (dsecd --paused-retention).
+	Reason_REASON_PAUSED_TOO_LONG Reason = 8
 )
 
 // Enum value maps for Reason.
@@ -107,16 +122,18 @@ var (
 		5: "REASON_AGENT_LOST",
 		6: "REASON_START_ERROR",
 		7: "REASON_NODE_LOST",
+		8: "REASON_PAUSED_TOO_LONG",
 	}
 	Reason_value = map[string]int32{
-		"REASON_UNSPECIFIED": 0,
-		"REASON_DELETED":     1,
-		"REASON_TTL":         2,
-		"REASON_IDLE":        3,
-		"REASON_OOM":         4,
-		"REASON_AGENT_LOST":  5,
-		"REASON_START_ERROR": 6,
-		"REASON_NODE_LOST":   7,
+		"REASON_UNSPECIFIED":     0,
+		"REASON_DELETED":         1,
+		"REASON_TTL":             2,
+		"REASON_IDLE":            3,
+		"REASON_OOM":             4,
+		"REASON_AGENT_LOST":      5,
+		"REASON_START_ERROR":     6,
+		"REASON_NODE_LOST":       7,
+		"REASON_PAUSED_TOO_LONG": 8,
 	}
 )
 
@@ -145,6 +162,56 @@ func (x Reason) Number() protoreflect.EnumNumber {
 // Deprecated: Use Reason.Descriptor instead.
 func (Reason) EnumDescriptor() ([]byte, []int) {
 	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{1}
+}
+
+// What a sandbox's TTL or idle timeout does when it runs out.
+type OnTimeout int32
+
+const (
+	OnTimeout_ON_TIMEOUT_UNSPECIFIED OnTimeout = 0 // stop
+	OnTimeout_ON_TIMEOUT_STOP        OnTimeout = 1
+	OnTimeout_ON_TIMEOUT_PAUSE       OnTimeout = 2
+)
+
+// Enum value maps for OnTimeout.
+var (
+	OnTimeout_name = map[int32]string{
+		0: "ON_TIMEOUT_UNSPECIFIED",
+		1: "ON_TIMEOUT_STOP",
+		2: "ON_TIMEOUT_PAUSE",
+	}
+	OnTimeout_value = map[string]int32{
+		"ON_TIMEOUT_UNSPECIFIED": 0,
+		"ON_TIMEOUT_STOP":        1,
+		"ON_TIMEOUT_PAUSE":       2,
+	}
+)
+
+func (x OnTimeout) Enum() *OnTimeout {
+	p := new(OnTimeout)
+	*p = x
+	return p
+}
+
+func (x OnTimeout) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OnTimeout) Descriptor() protoreflect.EnumDescriptor {
+	return file_dsec_v1_dsec_proto_enumTypes[2].Descriptor()
+}
+
+func (OnTimeout) Type() protoreflect.EnumType {
+	return &file_dsec_v1_dsec_proto_enumTypes[2]
+}
+
+func (x OnTimeout) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OnTimeout.Descriptor instead.
+func (OnTimeout) EnumDescriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
 }
 
 type Backend int32
@@ -177,11 +244,11 @@ func (x Backend) String() string {
 }
 
 func (Backend) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[2].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[3].Descriptor()
 }
 
 func (Backend) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[2]
+	return &file_dsec_v1_dsec_proto_enumTypes[3]
 }
 
 func (x Backend) Number() protoreflect.EnumNumber {
@@ -190,7 +257,7 @@ func (x Backend) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Backend.Descriptor instead.
 func (Backend) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
 }
 
 type ExitStatus int32
@@ -238,11 +305,11 @@ func (x ExitStatus) String() string {
 }
 
 func (ExitStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[3].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[4].Descriptor()
 }
 
 func (ExitStatus) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[3]
+	return &file_dsec_v1_dsec_proto_enumTypes[4]
 }
 
 func (x ExitStatus) Number() protoreflect.EnumNumber {
@@ -251,7 +318,7 @@ func (x ExitStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExitStatus.Descriptor instead.
 func (ExitStatus) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
 }
 
 type LayerKind int32
@@ -290,11 +357,11 @@ func (x LayerKind) String() string {
 }
 
 func (LayerKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[4].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[5].Descriptor()
 }
 
 func (LayerKind) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[4]
+	return &file_dsec_v1_dsec_proto_enumTypes[5]
 }
 
 func (x LayerKind) Number() protoreflect.EnumNumber {
@@ -303,7 +370,7 @@ func (x LayerKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LayerKind.Descriptor instead.
 func (LayerKind) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
 }
 
 type SandboxSpec struct {
@@ -326,7 +393,14 @@ type SandboxSpec struct {
 	// CIDR[:PORT[/PROTO]], each value allow (true) or deny (false). Empty = no
 	// network at all (loopback only). A node that cannot enforce them refuses
 	// the create.
-	NetworkRules  map[string]bool `protobuf:"bytes,14,rep,name=network_rules,json=networkRules,proto3" json:"network_rules,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	NetworkRules map[string]bool `protobuf:"bytes,14,rep,name=network_rules,json=networkRules,proto3" json:"network_rules,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Whether a call that runs in the sandbox (exec, files, shell, network
+	// rules, snapshot) resumes it when it is paused; unset = true. With false
+	// such a call is refused with FailedPrecondition while it is paused.
+	AutoResume *bool `protobuf:"varint,15,opt,name=auto_resume,json=autoResume,proto3,oneof" json:"auto_resume,omitempty"`
+	// What the TTL or idle timeout does: stop (the default) or pause. A
+	// paused sandbox's clocks stand still: ttl_seconds counts running time.
+	OnTimeout     OnTimeout `protobuf:"varint,16,opt,name=on_timeout,json=onTimeout,proto3,enum=dsec.v1.OnTimeout" json:"on_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -459,6 +533,20 @@ func (x *SandboxSpec) GetNetworkRules() map[string]bool {
 	return nil
 }
 
+func (x *SandboxSpec) GetAutoResume() bool {
+	if x != nil && x.AutoResume != nil {
+		return *x.AutoResume
+	}
+	return false
+}
+
+func (x *SandboxSpec) GetOnTimeout() OnTimeout {
+	if x != nil {
+		return x.OnTimeout
+	}
+	return OnTimeout_ON_TIMEOUT_UNSPECIFIED
+}
+
 type Sandbox struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Id               string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -476,7 +564,12 @@ type Sandbox struct {
 	FromWarmPool     bool                   `protobuf:"varint,13,opt,name=from_warm_pool,json=fromWarmPool,proto3" json:"from_warm_pool,omitempty"` // taken from a warm pool rather than started for this create
 	// What the node warned about when it made the sandbox, e.g. a network rule
 	// that allows nothing on this node. Nothing was refused for them.
-	Warnings      []string `protobuf:"bytes,14,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Warnings     []string    `protobuf:"bytes,14,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	PausedUnixMs int64       `protobuf:"varint,15,opt,name=paused_unix_ms,json=pausedUnixMs,proto3" json:"paused_unix_ms,omitempty"` // when it was last paused; 0 = never
+	LastPause    *PauseStats `protobuf:"bytes,16,opt,name=last_pause,json=lastPause,proto3" json:"last_pause,omitempty"`             // what its last pause did
+	// What a pause can release on the sandbox's node, in words (page cache
+	// only without swap). Filled in by Get.
+	PauseReleases string `protobuf:"bytes,17,opt,name=pause_releases,json=pauseReleases,proto3" json:"pause_releases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -609,6 +702,324 @@ func (x *Sandbox) GetWarnings() []string {
 	return nil
 }
 
+func (x *Sandbox) GetPausedUnixMs() int64 {
+	if x != nil {
+		return x.PausedUnixMs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetLastPause() *PauseStats {
+	if x != nil {
+		return x.LastPause
+	}
+	return nil
+}
+
+func (x *Sandbox) GetPauseReleases() string {
+	if x != nil {
+		return x.PauseReleases
+	}
+	return ""
+}
+
+// What a pause did to a sandbox's memory.
+type PauseStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FrozenUs      int64                  `protobuf:"varint,1,opt,name=frozen_us,json=frozenUs,proto3" json:"frozen_us,omitempty"`                // from the call to every process frozen
+	ReclaimMs     int64                  `protobuf:"varint,2,opt,name=reclaim_ms,json=reclaimMs,proto3" json:"reclaim_ms,omitempty"`             // pushing memory out of RAM after the freeze
+	ResidentBytes int64                  `protobuf:"varint,3,opt,name=resident_bytes,json=residentBytes,proto3" json:"resident_bytes,omitempty"` // in RAM before
+	ReleasedBytes int64                  `protobuf:"varint,4,opt,name=released_bytes,json=releasedBytes,proto3" json:"released_bytes,omitempty"` // left RAM (page cache dropped, anonymous memory swapped)
+	SwappedBytes  int64                  `protobuf:"varint,5,opt,name=swapped_bytes,json=swappedBytes,proto3" json:"swapped_bytes,omitempty"`    // of those, in swap
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseStats) Reset() {
+	*x = PauseStats{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseStats) ProtoMessage() {}
+
+func (x *PauseStats) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseStats.ProtoReflect.Descriptor instead.
+func (*PauseStats) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PauseStats) GetFrozenUs() int64 {
+	if x != nil {
+		return x.FrozenUs
+	}
+	return 0
+}
+
+func (x *PauseStats) GetReclaimMs() int64 {
+	if x != nil {
+		return x.ReclaimMs
+	}
+	return 0
+}
+
+func (x *PauseStats) GetResidentBytes() int64 {
+	if x != nil {
+		return x.ResidentBytes
+	}
+	return 0
+}
+
+func (x *PauseStats) GetReleasedBytes() int64 {
+	if x != nil {
+		return x.ReleasedBytes
+	}
+	return 0
+}
+
+func (x *PauseStats) GetSwappedBytes() int64 {
+	if x != nil {
+		return x.SwappedBytes
+	}
+	return 0
+}
+
+type PauseRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Keep its memory in RAM: freeze only (a pause of a few seconds).
+	KeepMemory    bool `protobuf:"varint,2,opt,name=keep_memory,json=keepMemory,proto3" json:"keep_memory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRequest) Reset() {
+	*x = PauseRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRequest) ProtoMessage() {}
+
+func (x *PauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
+func (*PauseRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PauseRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *PauseRequest) GetKeepMemory() bool {
+	if x != nil {
+		return x.KeepMemory
+	}
+	return false
+}
+
+type PauseResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// It was paused already; nothing was done.
+	AlreadyPaused bool `protobuf:"varint,2,opt,name=already_paused,json=alreadyPaused,proto3" json:"already_paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseResponse) Reset() {
+	*x = PauseResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseResponse) ProtoMessage() {}
+
+func (x *PauseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
+func (*PauseResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PauseResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *PauseResponse) GetAlreadyPaused() bool {
+	if x != nil {
+		return x.AlreadyPaused
+	}
+	return false
+}
+
+type ResumeRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Thaw without reading swapped-out memory back first, so the first
+	// touches fault it in page by page: for measuring what the prefetch saves.
+	SkipPrefetch  bool `protobuf:"varint,2,opt,name=skip_prefetch,json=skipPrefetch,proto3" json:"skip_prefetch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ResumeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ResumeRequest) GetSkipPrefetch() bool {
+	if x != nil {
+		return x.SkipPrefetch
+	}
+	return false
+}
+
+type ResumeResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox        *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	AlreadyRunning bool                   `protobuf:"varint,2,opt,name=already_running,json=alreadyRunning,proto3" json:"already_running,omitempty"`
+	PrefetchMs     int64                  `protobuf:"varint,3,opt,name=prefetch_ms,json=prefetchMs,proto3" json:"prefetch_ms,omitempty"` // reading swapped memory back before the thaw
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ResumeResponse) Reset() {
+	*x = ResumeResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeResponse) ProtoMessage() {}
+
+func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
+func (*ResumeResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ResumeResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ResumeResponse) GetAlreadyRunning() bool {
+	if x != nil {
+		return x.AlreadyRunning
+	}
+	return false
+}
+
+func (x *ResumeResponse) GetPrefetchMs() int64 {
+	if x != nil {
+		return x.PrefetchMs
+	}
+	return 0
+}
+
 type CreateRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Spec           *SandboxSpec           `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -622,7 +1033,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +1045,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +1058,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateRequest) GetSpec() *SandboxSpec {
@@ -687,7 +1098,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +1110,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +1123,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateResponse) GetSandboxes() []*Sandbox {
@@ -731,7 +1142,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +1154,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +1167,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetRequest) GetId() string {
@@ -780,7 +1191,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +1203,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +1216,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -838,7 +1249,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +1261,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +1274,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -883,7 +1294,7 @@ type SetWarmPoolRequest struct {
 
 func (x *SetWarmPoolRequest) Reset() {
 	*x = SetWarmPoolRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +1306,7 @@ func (x *SetWarmPoolRequest) String() string {
 func (*SetWarmPoolRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1319,7 @@ func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetWarmPoolRequest) GetSpec() *SandboxSpec {
@@ -942,7 +1353,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1365,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1378,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WarmPool) GetKey() string {
@@ -1041,7 +1452,7 @@ type ListWarmPoolsRequest struct {
 
 func (x *ListWarmPoolsRequest) Reset() {
 	*x = ListWarmPoolsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1464,7 @@ func (x *ListWarmPoolsRequest) String() string {
 func (*ListWarmPoolsRequest) ProtoMessage() {}
 
 func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1477,7 @@ func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
 }
 
 type ListWarmPoolsResponse struct {
@@ -1078,7 +1489,7 @@ type ListWarmPoolsResponse struct {
 
 func (x *ListWarmPoolsResponse) Reset() {
 	*x = ListWarmPoolsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1501,7 @@ func (x *ListWarmPoolsResponse) String() string {
 func (*ListWarmPoolsResponse) ProtoMessage() {}
 
 func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1514,7 @@ func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListWarmPoolsResponse) GetPools() []*WarmPool {
@@ -1122,7 +1533,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1545,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1558,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -1165,7 +1576,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1177,7 +1588,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1190,7 +1601,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
 }
 
 type ExecRequest struct {
@@ -1216,7 +1627,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1639,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1652,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1351,7 +1762,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1774,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1787,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1476,7 +1887,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1899,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1912,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -1542,7 +1953,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1554,7 +1965,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1567,7 +1978,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -1647,7 +2058,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +2070,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +2083,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -1715,7 +2126,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +2138,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +2151,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -1779,7 +2190,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +2202,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +2215,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
 }
 
 type SignalRequest struct {
@@ -1818,7 +2229,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +2241,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +2254,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -1875,7 +2286,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1887,7 +2298,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1900,7 +2311,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
 }
 
 type ListProcessesRequest struct {
@@ -1912,7 +2323,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +2335,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2348,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1962,7 +2373,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2385,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2398,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -2048,7 +2459,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2471,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2484,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -2098,7 +2509,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2110,7 +2521,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2123,7 +2534,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -2185,7 +2596,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2608,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2621,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -2235,7 +2646,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2247,7 +2658,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2260,7 +2671,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 type SessionCloseRequest struct {
@@ -2273,7 +2684,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2285,7 +2696,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2298,7 +2709,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -2323,7 +2734,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2335,7 +2746,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2348,7 +2759,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 type ShellInput struct {
@@ -2365,7 +2776,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2788,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2801,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -2463,7 +2874,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2475,7 +2886,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2488,7 +2899,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -2543,7 +2954,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2555,7 +2966,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2568,7 +2979,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -2598,7 +3009,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +3021,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +3034,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -2684,7 +3095,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2696,7 +3107,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2709,7 +3120,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2788,7 +3199,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2800,7 +3211,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2813,7 +3224,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2862,7 +3273,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2874,7 +3285,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2887,7 +3298,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2926,7 +3337,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2938,7 +3349,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2951,7 +3362,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -3012,7 +3423,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3024,7 +3435,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3037,7 +3448,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -3058,7 +3469,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3070,7 +3481,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3083,7 +3494,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -3116,7 +3527,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3128,7 +3539,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3141,7 +3552,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -3162,7 +3573,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3174,7 +3585,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3187,7 +3598,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -3220,7 +3631,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3232,7 +3643,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3245,7 +3656,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -3267,7 +3678,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3690,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3703,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -3331,7 +3742,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3343,7 +3754,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3356,7 +3767,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 type MakeDirRequest struct {
@@ -3372,7 +3783,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3384,7 +3795,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3397,7 +3808,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3443,7 +3854,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3455,7 +3866,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3468,7 +3879,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 type UploadRequest struct {
@@ -3483,7 +3894,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3495,7 +3906,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3508,7 +3919,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -3549,7 +3960,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3561,7 +3972,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3574,7 +3985,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -3602,7 +4013,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +4025,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +4038,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -3660,7 +4071,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +4083,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +4096,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -3712,7 +4123,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3724,7 +4135,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3737,7 +4148,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Layer) GetDigest() string {
@@ -3805,7 +4216,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3817,7 +4228,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3830,7 +4241,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -3876,7 +4287,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3888,7 +4299,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3901,7 +4312,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 type ListLayersResponse struct {
@@ -3913,7 +4324,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3925,7 +4336,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3938,7 +4349,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -3957,7 +4368,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3969,7 +4380,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3982,7 +4393,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -4000,7 +4411,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4012,7 +4423,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4025,7 +4436,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 type Environment struct {
@@ -4040,7 +4451,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4052,7 +4463,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4065,7 +4476,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Environment) GetName() string {
@@ -4104,7 +4515,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4116,7 +4527,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4129,7 +4540,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 type ListEnvironmentsResponse struct {
@@ -4141,7 +4552,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4153,7 +4564,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4166,7 +4577,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -4187,7 +4598,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4199,7 +4610,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4212,7 +4623,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -4245,7 +4656,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4257,7 +4668,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4270,7 +4681,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -4291,7 +4702,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4303,7 +4714,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4316,7 +4727,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -4358,7 +4769,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4370,7 +4781,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4383,7 +4794,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -4465,7 +4876,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4477,7 +4888,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4490,7 +4901,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -4516,7 +4927,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4528,7 +4939,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4541,7 +4952,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -4597,7 +5008,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4609,7 +5020,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4622,7 +5033,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -4703,7 +5114,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4715,7 +5126,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4728,7 +5139,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 type LayerUsage struct {
@@ -4750,7 +5161,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4762,7 +5173,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4775,7 +5186,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -4868,7 +5279,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4880,7 +5291,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4893,7 +5304,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -4943,7 +5354,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4955,7 +5366,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4968,7 +5379,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -5003,7 +5414,7 @@ var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
 
 const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
-	"\x12dsec/v1/dsec.proto\x12\adsec.v1\"\xc2\x05\n" +
+	"\x12dsec/v1/dsec.proto\x12\adsec.v1\"\xab\x06\n" +
 	"\vSandboxSpec\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12*\n" +
 	"\abackend\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\abackend\x12\x12\n" +
@@ -5020,7 +5431,11 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x06labels\x18\v \x03(\v2 .dsec.v1.SandboxSpec.LabelsEntryR\x06labels\x12\x1a\n" +
 	"\bhostname\x18\f \x01(\tR\bhostname\x12\x18\n" +
 	"\aworkdir\x18\r \x01(\tR\aworkdir\x12K\n" +
-	"\rnetwork_rules\x18\x0e \x03(\v2&.dsec.v1.SandboxSpec.NetworkRulesEntryR\fnetworkRules\x1a6\n" +
+	"\rnetwork_rules\x18\x0e \x03(\v2&.dsec.v1.SandboxSpec.NetworkRulesEntryR\fnetworkRules\x12$\n" +
+	"\vauto_resume\x18\x0f \x01(\bH\x00R\n" +
+	"autoResume\x88\x01\x01\x121\n" +
+	"\n" +
+	"on_timeout\x18\x10 \x01(\x0e2\x12.dsec.v1.OnTimeoutR\tonTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -5029,7 +5444,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11NetworkRulesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xe8\x03\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01B\x0e\n" +
+	"\f_auto_resume\"\xe9\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12(\n" +
@@ -5045,7 +5461,36 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\rlayer_digests\x18\v \x03(\tR\flayerDigests\x12\x18\n" +
 	"\aaddress\x18\f \x01(\tR\aaddress\x12$\n" +
 	"\x0efrom_warm_pool\x18\r \x01(\bR\ffromWarmPool\x12\x1a\n" +
-	"\bwarnings\x18\x0e \x03(\tR\bwarnings\"\x9b\x01\n" +
+	"\bwarnings\x18\x0e \x03(\tR\bwarnings\x12$\n" +
+	"\x0epaused_unix_ms\x18\x0f \x01(\x03R\fpausedUnixMs\x122\n" +
+	"\n" +
+	"last_pause\x18\x10 \x01(\v2\x13.dsec.v1.PauseStatsR\tlastPause\x12%\n" +
+	"\x0epause_releases\x18\x11 \x01(\tR\rpauseReleases\"\xbb\x01\n" +
+	"\n" +
+	"PauseStats\x12\x1b\n" +
+	"\tfrozen_us\x18\x01 \x01(\x03R\bfrozenUs\x12\x1d\n" +
+	"\n" +
+	"reclaim_ms\x18\x02 \x01(\x03R\treclaimMs\x12%\n" +
+	"\x0eresident_bytes\x18\x03 \x01(\x03R\rresidentBytes\x12%\n" +
+	"\x0ereleased_bytes\x18\x04 \x01(\x03R\rreleasedBytes\x12#\n" +
+	"\rswapped_bytes\x18\x05 \x01(\x03R\fswappedBytes\"N\n" +
+	"\fPauseRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
+	"\vkeep_memory\x18\x02 \x01(\bR\n" +
+	"keepMemory\"b\n" +
+	"\rPauseResponse\x12*\n" +
+	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\x12%\n" +
+	"\x0ealready_paused\x18\x02 \x01(\bR\ralreadyPaused\"S\n" +
+	"\rResumeRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
+	"\rskip_prefetch\x18\x02 \x01(\bR\fskipPrefetch\"\x86\x01\n" +
+	"\x0eResumeResponse\x12*\n" +
+	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\x12'\n" +
+	"\x0falready_running\x18\x02 \x01(\bR\x0ealreadyRunning\x12\x1f\n" +
+	"\vprefetch_ms\x18\x03 \x01(\x03R\n" +
+	"prefetchMs\"\x9b\x01\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12'\n" +
@@ -5395,14 +5840,17 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"blob_store\x18\x02 \x01(\tR\tblobStore\x12+\n" +
 	"\x06layers\x18\x03 \x03(\v2\x13.dsec.v1.LayerUsageR\x06layers\x12=\n" +
-	"\fenvironments\x18\x04 \x03(\v2\x19.dsec.v1.EnvironmentUsageR\fenvironments*~\n" +
+	"\fenvironments\x18\x04 \x03(\v2\x19.dsec.v1.EnvironmentUsageR\fenvironments*\xb7\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
 	"\rSTATE_RUNNING\x10\x02\x12\x12\n" +
 	"\x0eSTATE_STOPPING\x10\x03\x12\x11\n" +
 	"\rSTATE_STOPPED\x10\x04\x12\x10\n" +
-	"\fSTATE_FAILED\x10\x05*\xaa\x01\n" +
+	"\fSTATE_FAILED\x10\x05\x12\x11\n" +
+	"\rSTATE_PAUSING\x10\x06\x12\x10\n" +
+	"\fSTATE_PAUSED\x10\a\x12\x12\n" +
+	"\x0eSTATE_RESUMING\x10\b*\xc6\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eREASON_DELETED\x10\x01\x12\x0e\n" +
@@ -5413,7 +5861,12 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"REASON_OOM\x10\x04\x12\x15\n" +
 	"\x11REASON_AGENT_LOST\x10\x05\x12\x16\n" +
 	"\x12REASON_START_ERROR\x10\x06\x12\x14\n" +
-	"\x10REASON_NODE_LOST\x10\a*9\n" +
+	"\x10REASON_NODE_LOST\x10\a\x12\x1a\n" +
+	"\x16REASON_PAUSED_TOO_LONG\x10\b*R\n" +
+	"\tOnTimeout\x12\x1a\n" +
+	"\x16ON_TIMEOUT_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fON_TIMEOUT_STOP\x10\x01\x12\x14\n" +
+	"\x10ON_TIMEOUT_PAUSE\x10\x02*9\n" +
 	"\aBackend\x12\x17\n" +
 	"\x13BACKEND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11BACKEND_CONTAINER\x10\x01*\xb9\x01\n" +
@@ -5430,12 +5883,14 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x16LAYER_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLAYER_KIND_BASE\x10\x01\x12\x18\n" +
 	"\x14LAYER_KIND_WORKSPACE\x10\x02\x12\x16\n" +
-	"\x12LAYER_KIND_TOOLKIT\x10\x032\x80\r\n" +
+	"\x12LAYER_KIND_TOOLKIT\x10\x032\xfd\r\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
 	"\x04List\x12\x14.dsec.v1.ListRequest\x1a\x15.dsec.v1.ListResponse\"\x03\x90\x02\x01\x12>\n" +
-	"\x06Delete\x12\x16.dsec.v1.DeleteRequest\x1a\x17.dsec.v1.DeleteResponse\"\x03\x90\x02\x02\x122\n" +
+	"\x06Delete\x12\x16.dsec.v1.DeleteRequest\x1a\x17.dsec.v1.DeleteResponse\"\x03\x90\x02\x02\x12;\n" +
+	"\x05Pause\x12\x15.dsec.v1.PauseRequest\x1a\x16.dsec.v1.PauseResponse\"\x03\x90\x02\x02\x12>\n" +
+	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x122\n" +
 	"\x04Exec\x12\x14.dsec.v1.ExecRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x126\n" +
 	"\x06Attach\x12\x16.dsec.v1.AttachRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x12E\n" +
 	"\n" +
@@ -5482,197 +5937,211 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 	return file_dsec_v1_dsec_proto_rawDescData
 }
 
-var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
-	(Backend)(0),                     // 2: dsec.v1.Backend
-	(ExitStatus)(0),                  // 3: dsec.v1.ExitStatus
-	(LayerKind)(0),                   // 4: dsec.v1.LayerKind
-	(*SandboxSpec)(nil),              // 5: dsec.v1.SandboxSpec
-	(*Sandbox)(nil),                  // 6: dsec.v1.Sandbox
-	(*CreateRequest)(nil),            // 7: dsec.v1.CreateRequest
-	(*CreateResponse)(nil),           // 8: dsec.v1.CreateResponse
-	(*GetRequest)(nil),               // 9: dsec.v1.GetRequest
-	(*ListRequest)(nil),              // 10: dsec.v1.ListRequest
-	(*ListResponse)(nil),             // 11: dsec.v1.ListResponse
-	(*SetWarmPoolRequest)(nil),       // 12: dsec.v1.SetWarmPoolRequest
-	(*WarmPool)(nil),                 // 13: dsec.v1.WarmPool
-	(*ListWarmPoolsRequest)(nil),     // 14: dsec.v1.ListWarmPoolsRequest
-	(*ListWarmPoolsResponse)(nil),    // 15: dsec.v1.ListWarmPoolsResponse
-	(*DeleteRequest)(nil),            // 16: dsec.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 17: dsec.v1.DeleteResponse
-	(*ExecRequest)(nil),              // 18: dsec.v1.ExecRequest
-	(*ExecEvent)(nil),                // 19: dsec.v1.ExecEvent
-	(*ExecStarted)(nil),              // 20: dsec.v1.ExecStarted
-	(*ExecExited)(nil),               // 21: dsec.v1.ExecExited
-	(*AttachRequest)(nil),            // 22: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),        // 23: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 24: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),            // 25: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),           // 26: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),     // 27: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),              // 28: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),    // 29: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),        // 30: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),  // 31: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil), // 32: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),      // 33: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),     // 34: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),               // 35: dsec.v1.ShellInput
-	(*ShellStart)(nil),               // 36: dsec.v1.ShellStart
-	(*TerminalSize)(nil),             // 37: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),              // 38: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                 // 39: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),          // 40: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 41: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 42: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 43: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),           // 44: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 45: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),              // 46: dsec.v1.StatRequest
-	(*StatResponse)(nil),             // 47: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),            // 48: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 49: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),           // 50: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 51: dsec.v1.MakeDirResponse
-	(*UploadRequest)(nil),            // 52: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),           // 53: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),          // 54: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),            // 55: dsec.v1.DownloadChunk
-	(*Layer)(nil),                    // 56: dsec.v1.Layer
-	(*ImportLayerRequest)(nil),       // 57: dsec.v1.ImportLayerRequest
-	(*ListLayersRequest)(nil),        // 58: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 59: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 60: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 61: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 62: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 63: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 64: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 65: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 66: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 67: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 68: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 69: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 70: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 71: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 72: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 73: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 74: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 75: dsec.v1.LayerStatsResponse
-	nil,                              // 76: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 77: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 78: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 79: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 80: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 81: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 82: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	(OnTimeout)(0),                   // 2: dsec.v1.OnTimeout
+	(Backend)(0),                     // 3: dsec.v1.Backend
+	(ExitStatus)(0),                  // 4: dsec.v1.ExitStatus
+	(LayerKind)(0),                   // 5: dsec.v1.LayerKind
+	(*SandboxSpec)(nil),              // 6: dsec.v1.SandboxSpec
+	(*Sandbox)(nil),                  // 7: dsec.v1.Sandbox
+	(*PauseStats)(nil),               // 8: dsec.v1.PauseStats
+	(*PauseRequest)(nil),             // 9: dsec.v1.PauseRequest
+	(*PauseResponse)(nil),            // 10: dsec.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 11: dsec.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 12: dsec.v1.ResumeResponse
+	(*CreateRequest)(nil),            // 13: dsec.v1.CreateRequest
+	(*CreateResponse)(nil),           // 14: dsec.v1.CreateResponse
+	(*GetRequest)(nil),               // 15: dsec.v1.GetRequest
+	(*ListRequest)(nil),              // 16: dsec.v1.ListRequest
+	(*ListResponse)(nil),             // 17: dsec.v1.ListResponse
+	(*SetWarmPoolRequest)(nil),       // 18: dsec.v1.SetWarmPoolRequest
+	(*WarmPool)(nil),                 // 19: dsec.v1.WarmPool
+	(*ListWarmPoolsRequest)(nil),     // 20: dsec.v1.ListWarmPoolsRequest
+	(*ListWarmPoolsResponse)(nil),    // 21: dsec.v1.ListWarmPoolsResponse
+	(*DeleteRequest)(nil),            // 22: dsec.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 23: dsec.v1.DeleteResponse
+	(*ExecRequest)(nil),              // 24: dsec.v1.ExecRequest
+	(*ExecEvent)(nil),                // 25: dsec.v1.ExecEvent
+	(*ExecStarted)(nil),              // 26: dsec.v1.ExecStarted
+	(*ExecExited)(nil),               // 27: dsec.v1.ExecExited
+	(*AttachRequest)(nil),            // 28: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),        // 29: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 30: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),            // 31: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),           // 32: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),     // 33: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),              // 34: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),    // 35: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),        // 36: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),  // 37: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil), // 38: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),      // 39: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),     // 40: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),               // 41: dsec.v1.ShellInput
+	(*ShellStart)(nil),               // 42: dsec.v1.ShellStart
+	(*TerminalSize)(nil),             // 43: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),              // 44: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                 // 45: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),          // 46: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 47: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 48: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 49: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),           // 50: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 51: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),              // 52: dsec.v1.StatRequest
+	(*StatResponse)(nil),             // 53: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),            // 54: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 55: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),           // 56: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 57: dsec.v1.MakeDirResponse
+	(*UploadRequest)(nil),            // 58: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),           // 59: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),          // 60: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),            // 61: dsec.v1.DownloadChunk
+	(*Layer)(nil),                    // 62: dsec.v1.Layer
+	(*ImportLayerRequest)(nil),       // 63: dsec.v1.ImportLayerRequest
+	(*ListLayersRequest)(nil),        // 64: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 65: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 66: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 67: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 68: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 69: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 70: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 71: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 72: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 73: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 74: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 75: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 76: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 77: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 78: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 79: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 80: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 81: dsec.v1.LayerStatsResponse
+	nil,                              // 82: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 83: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 84: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 85: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 86: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 87: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 88: dsec.v1.SetNetworkRulesRequest.RulesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
-	2,  // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	76, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	77, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	78, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
-	5,  // 4: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
-	0,  // 5: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
-	1,  // 6: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
-	5,  // 7: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	6,  // 8: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	79, // 9: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
-	0,  // 10: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
-	6,  // 11: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	5,  // 12: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
-	5,  // 13: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
-	13, // 14: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	80, // 15: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	20, // 16: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	21, // 17: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	3,  // 18: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	21, // 19: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	28, // 20: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	36, // 21: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	37, // 22: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	81, // 23: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	37, // 24: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	21, // 25: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	39, // 26: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	39, // 27: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	4,  // 28: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	4,  // 29: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	56, // 30: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	62, // 31: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	82, // 32: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	68, // 33: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	73, // 34: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	74, // 35: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	7,  // 36: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	9,  // 37: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	10, // 38: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	16, // 39: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	18, // 40: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	22, // 41: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	23, // 42: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	25, // 43: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	27, // 44: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	30, // 45: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	31, // 46: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	33, // 47: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	35, // 48: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	40, // 49: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	42, // 50: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	44, // 51: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	46, // 52: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	48, // 53: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	50, // 54: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	52, // 55: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	54, // 56: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	65, // 57: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	67, // 58: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	12, // 59: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	14, // 60: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	57, // 61: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	58, // 62: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	60, // 63: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	63, // 64: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	70, // 65: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	72, // 66: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	8,  // 67: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	6,  // 68: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	11, // 69: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	17, // 70: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	19, // 71: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	19, // 72: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	24, // 73: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	26, // 74: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	29, // 75: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	19, // 76: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	32, // 77: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	34, // 78: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	38, // 79: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	41, // 80: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	43, // 81: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	45, // 82: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	47, // 83: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	49, // 84: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	51, // 85: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	53, // 86: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	55, // 87: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	66, // 88: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	69, // 89: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	13, // 90: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	15, // 91: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	56, // 92: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	59, // 93: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	61, // 94: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	64, // 95: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	71, // 96: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	75, // 97: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	67, // [67:98] is the sub-list for method output_type
-	36, // [36:67] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	3,  // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
+	82, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	83, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	84, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	2,  // 4: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
+	6,  // 5: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
+	0,  // 6: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
+	1,  // 7: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
+	8,  // 8: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
+	7,  // 9: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	7,  // 10: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
+	6,  // 11: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	7,  // 12: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	85, // 13: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	0,  // 14: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
+	7,  // 15: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	6,  // 16: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
+	6,  // 17: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
+	19, // 18: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
+	86, // 19: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	26, // 20: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	27, // 21: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	4,  // 22: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	27, // 23: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	34, // 24: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	42, // 25: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	43, // 26: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	87, // 27: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	43, // 28: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	27, // 29: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	45, // 30: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	45, // 31: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	5,  // 32: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	5,  // 33: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	62, // 34: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	68, // 35: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	88, // 36: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	74, // 37: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	79, // 38: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	80, // 39: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	13, // 40: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	15, // 41: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	16, // 42: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	22, // 43: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	9,  // 44: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	11, // 45: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	24, // 46: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	28, // 47: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	29, // 48: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	31, // 49: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	33, // 50: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	36, // 51: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	37, // 52: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	39, // 53: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	41, // 54: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	46, // 55: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	48, // 56: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	50, // 57: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	52, // 58: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	54, // 59: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	56, // 60: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	58, // 61: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	60, // 62: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	71, // 63: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	73, // 64: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	18, // 65: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	20, // 66: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	63, // 67: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	64, // 68: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	66, // 69: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	69, // 70: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	76, // 71: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	78, // 72: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	14, // 73: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	7,  // 74: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	17, // 75: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	23, // 76: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	10, // 77: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	12, // 78: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	25, // 79: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	25, // 80: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	30, // 81: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	32, // 82: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	35, // 83: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	25, // 84: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	38, // 85: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	40, // 86: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	44, // 87: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	47, // 88: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	49, // 89: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	51, // 90: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	53, // 91: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	55, // 92: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	57, // 93: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	59, // 94: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	61, // 95: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	72, // 96: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	75, // 97: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	19, // 98: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	21, // 99: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	62, // 100: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	65, // 101: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	67, // 102: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	70, // 103: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	77, // 104: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	81, // 105: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	73, // [73:106] is the sub-list for method output_type
+	40, // [40:73] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -5680,19 +6149,20 @@ func file_dsec_v1_dsec_proto_init() {
 	if File_dsec_v1_dsec_proto != nil {
 		return
 	}
-	file_dsec_v1_dsec_proto_msgTypes[14].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[0].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[19].OneofWrappers = []any{
 		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Exited)(nil),
 		(*ExecEvent_Keepalive)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[30].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[35].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[33].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[38].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 	}
@@ -5701,8 +6171,8 @@ func file_dsec_v1_dsec_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   78,
+			NumEnums:      6,
+			NumMessages:   83,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

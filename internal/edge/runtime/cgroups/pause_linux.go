@@ -17,31 +17,46 @@ import (
 // Freeze stops every task in rel's cgroup tree and returns once the kernel
 // reports the whole tree frozen. If ctx ends first the tree is thawed again
 // and the error says so: a sandbox is never left half frozen.
+//
+// On v1 a tree can stay FREEZING: a task forking or in an uninterruptible
+// sleep when the freeze was asked is not frozen later by itself. The
+// request is written again until it takes, and now and then the tree is
+// thawed for a moment so that such a task can move on.
 func (l *Layout) Freeze(ctx context.Context, rel string) error {
 	file, value := l.freezeFile(rel), "FROZEN"
 	if l.v2 {
 		value = "1"
 	}
-	if err := os.WriteFile(file, []byte(value), 0); err != nil {
-		return fmt.Errorf("freeze cgroup %s: %w", rel, err)
+	fail := func(err error) error {
+		_ = l.Thaw(context.WithoutCancel(ctx), rel)
+		return err
 	}
-	delay := 100 * time.Microsecond
-	for {
+	delay := 50 * time.Microsecond
+	for try := 1; ; try++ {
+		if !l.v2 && try%64 == 0 {
+			if err := os.WriteFile(file, []byte("THAWED"), 0); err != nil {
+				return fail(fmt.Errorf("freeze cgroup %s: %w", rel, err))
+			}
+			time.Sleep(delay)
+		}
+		if try == 1 || !l.v2 {
+			if err := os.WriteFile(file, []byte(value), 0); err != nil {
+				return fail(fmt.Errorf("freeze cgroup %s: %w", rel, err))
+			}
+		}
 		frozen, err := l.Frozen(rel)
 		if err != nil {
-			_ = l.Thaw(context.WithoutCancel(ctx), rel)
-			return err
+			return fail(err)
 		}
 		if frozen {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			_ = l.Thaw(context.WithoutCancel(ctx), rel)
-			return fmt.Errorf("freeze cgroup %s: not frozen when %w; thawed it again", rel, ctx.Err())
+			return fail(fmt.Errorf("freeze cgroup %s: not frozen after %d tries when %w; thawed it again", rel, try, ctx.Err()))
 		case <-time.After(delay):
 		}
-		delay = min(2*delay, 10*time.Millisecond)
+		delay = min(2*delay, 5*time.Millisecond)
 	}
 }
 

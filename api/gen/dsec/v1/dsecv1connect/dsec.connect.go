@@ -46,6 +46,10 @@ const (
 	SandboxServiceListProcedure = "/dsec.v1.SandboxService/List"
 	// SandboxServiceDeleteProcedure is the fully-qualified name of the SandboxService's Delete RPC.
 	SandboxServiceDeleteProcedure = "/dsec.v1.SandboxService/Delete"
+	// SandboxServicePauseProcedure is the fully-qualified name of the SandboxService's Pause RPC.
+	SandboxServicePauseProcedure = "/dsec.v1.SandboxService/Pause"
+	// SandboxServiceResumeProcedure is the fully-qualified name of the SandboxService's Resume RPC.
+	SandboxServiceResumeProcedure = "/dsec.v1.SandboxService/Resume"
 	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
 	SandboxServiceExecProcedure = "/dsec.v1.SandboxService/Exec"
 	// SandboxServiceAttachProcedure is the fully-qualified name of the SandboxService's Attach RPC.
@@ -126,6 +130,13 @@ type SandboxServiceClient interface {
 	// Delete stops a sandbox and removes everything it had. Deleting a sandbox
 	// that is already gone is not an error.
 	Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error)
+	// Pause freezes a sandbox and releases its memory; it survives a restart
+	// of its node's dsecd, paused. Pausing a paused sandbox does nothing and
+	// says so.
+	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
+	// Resume brings a paused sandbox's memory back and thaws it. Resuming a
+	// running sandbox does nothing and says so.
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
 	// Exec runs a command and streams its output. A foreground command is
 	// killed (with its whole process tree) when the stream is cancelled; a
 	// background one keeps running and can be reattached with Attach.
@@ -207,6 +218,20 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceDeleteProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("Delete")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		pause: connect.NewClient[v1.PauseRequest, v1.PauseResponse](
+			httpClient,
+			baseURL+SandboxServicePauseProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Pause")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		resume: connect.NewClient[v1.ResumeRequest, v1.ResumeResponse](
+			httpClient,
+			baseURL+SandboxServiceResumeProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
@@ -349,6 +374,8 @@ type sandboxServiceClient struct {
 	get              *connect.Client[v1.GetRequest, v1.Sandbox]
 	list             *connect.Client[v1.ListRequest, v1.ListResponse]
 	delete           *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
+	pause            *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	resume           *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
 	exec             *connect.Client[v1.ExecRequest, v1.ExecEvent]
 	attach           *connect.Client[v1.AttachRequest, v1.ExecEvent]
 	writeStdin       *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
@@ -390,6 +417,16 @@ func (c *sandboxServiceClient) List(ctx context.Context, req *connect.Request[v1
 // Delete calls dsec.v1.SandboxService.Delete.
 func (c *sandboxServiceClient) Delete(ctx context.Context, req *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error) {
 	return c.delete.CallUnary(ctx, req)
+}
+
+// Pause calls dsec.v1.SandboxService.Pause.
+func (c *sandboxServiceClient) Pause(ctx context.Context, req *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error) {
+	return c.pause.CallUnary(ctx, req)
+}
+
+// Resume calls dsec.v1.SandboxService.Resume.
+func (c *sandboxServiceClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return c.resume.CallUnary(ctx, req)
 }
 
 // Exec calls dsec.v1.SandboxService.Exec.
@@ -507,6 +544,13 @@ type SandboxServiceHandler interface {
 	// Delete stops a sandbox and removes everything it had. Deleting a sandbox
 	// that is already gone is not an error.
 	Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error)
+	// Pause freezes a sandbox and releases its memory; it survives a restart
+	// of its node's dsecd, paused. Pausing a paused sandbox does nothing and
+	// says so.
+	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
+	// Resume brings a paused sandbox's memory back and thaws it. Resuming a
+	// running sandbox does nothing and says so.
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
 	// Exec runs a command and streams its output. A foreground command is
 	// killed (with its whole process tree) when the stream is cancelled; a
 	// background one keeps running and can be reattached with Attach.
@@ -584,6 +628,20 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceDeleteProcedure,
 		svc.Delete,
 		connect.WithSchema(sandboxServiceMethods.ByName("Delete")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServicePauseHandler := connect.NewUnaryHandler(
+		SandboxServicePauseProcedure,
+		svc.Pause,
+		connect.WithSchema(sandboxServiceMethods.ByName("Pause")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResumeHandler := connect.NewUnaryHandler(
+		SandboxServiceResumeProcedure,
+		svc.Resume,
+		connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -727,6 +785,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListHandler.ServeHTTP(w, r)
 		case SandboxServiceDeleteProcedure:
 			sandboxServiceDeleteHandler.ServeHTTP(w, r)
+		case SandboxServicePauseProcedure:
+			sandboxServicePauseHandler.ServeHTTP(w, r)
+		case SandboxServiceResumeProcedure:
+			sandboxServiceResumeHandler.ServeHTTP(w, r)
 		case SandboxServiceExecProcedure:
 			sandboxServiceExecHandler.ServeHTTP(w, r)
 		case SandboxServiceAttachProcedure:
@@ -792,6 +854,14 @@ func (UnimplementedSandboxServiceHandler) List(context.Context, *connect.Request
 
 func (UnimplementedSandboxServiceHandler) Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Delete is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Pause is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Resume is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecEvent]) error {

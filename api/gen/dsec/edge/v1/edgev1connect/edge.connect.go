@@ -51,6 +51,10 @@ const (
 	EdgeServiceListProcedure = "/dsec.edge.v1.EdgeService/List"
 	// EdgeServiceDeleteProcedure is the fully-qualified name of the EdgeService's Delete RPC.
 	EdgeServiceDeleteProcedure = "/dsec.edge.v1.EdgeService/Delete"
+	// EdgeServicePauseProcedure is the fully-qualified name of the EdgeService's Pause RPC.
+	EdgeServicePauseProcedure = "/dsec.edge.v1.EdgeService/Pause"
+	// EdgeServiceResumeProcedure is the fully-qualified name of the EdgeService's Resume RPC.
+	EdgeServiceResumeProcedure = "/dsec.edge.v1.EdgeService/Resume"
 	// EdgeServiceSetNetworkRulesProcedure is the fully-qualified name of the EdgeService's
 	// SetNetworkRules RPC.
 	EdgeServiceSetNetworkRulesProcedure = "/dsec.edge.v1.EdgeService/SetNetworkRules"
@@ -128,6 +132,8 @@ type EdgeServiceClient interface {
 	// List takes states as the public API does, except that empty means all.
 	List(context.Context, *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error)
 	Delete(context.Context, *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error)
+	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
+	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
@@ -207,6 +213,20 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceDeleteProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("Delete")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		pause: connect.NewClient[v11.PauseRequest, v11.PauseResponse](
+			httpClient,
+			baseURL+EdgeServicePauseProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Pause")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		resume: connect.NewClient[v11.ResumeRequest, v11.ResumeResponse](
+			httpClient,
+			baseURL+EdgeServiceResumeProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Resume")),
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
@@ -389,6 +409,8 @@ type edgeServiceClient struct {
 	get              *connect.Client[v11.GetRequest, v11.Sandbox]
 	list             *connect.Client[v11.ListRequest, v11.ListResponse]
 	delete           *connect.Client[v11.DeleteRequest, v11.DeleteResponse]
+	pause            *connect.Client[v11.PauseRequest, v11.PauseResponse]
+	resume           *connect.Client[v11.ResumeRequest, v11.ResumeResponse]
 	setNetworkRules  *connect.Client[v11.SetNetworkRulesRequest, v11.SetNetworkRulesResponse]
 	networkLog       *connect.Client[v11.NetworkLogRequest, v11.NetworkLogResponse]
 	setWarmPool      *connect.Client[v11.SetWarmPoolRequest, v11.WarmPool]
@@ -441,6 +463,16 @@ func (c *edgeServiceClient) List(ctx context.Context, req *connect.Request[v11.L
 // Delete calls dsec.edge.v1.EdgeService.Delete.
 func (c *edgeServiceClient) Delete(ctx context.Context, req *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error) {
 	return c.delete.CallUnary(ctx, req)
+}
+
+// Pause calls dsec.edge.v1.EdgeService.Pause.
+func (c *edgeServiceClient) Pause(ctx context.Context, req *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error) {
+	return c.pause.CallUnary(ctx, req)
+}
+
+// Resume calls dsec.edge.v1.EdgeService.Resume.
+func (c *edgeServiceClient) Resume(ctx context.Context, req *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error) {
+	return c.resume.CallUnary(ctx, req)
 }
 
 // SetNetworkRules calls dsec.edge.v1.EdgeService.SetNetworkRules.
@@ -593,6 +625,8 @@ type EdgeServiceHandler interface {
 	// List takes states as the public API does, except that empty means all.
 	List(context.Context, *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error)
 	Delete(context.Context, *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error)
+	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
+	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
@@ -668,6 +702,20 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceDeleteProcedure,
 		svc.Delete,
 		connect.WithSchema(edgeServiceMethods.ByName("Delete")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServicePauseHandler := connect.NewUnaryHandler(
+		EdgeServicePauseProcedure,
+		svc.Pause,
+		connect.WithSchema(edgeServiceMethods.ByName("Pause")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceResumeHandler := connect.NewUnaryHandler(
+		EdgeServiceResumeProcedure,
+		svc.Resume,
+		connect.WithSchema(edgeServiceMethods.ByName("Resume")),
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -852,6 +900,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceListHandler.ServeHTTP(w, r)
 		case EdgeServiceDeleteProcedure:
 			edgeServiceDeleteHandler.ServeHTTP(w, r)
+		case EdgeServicePauseProcedure:
+			edgeServicePauseHandler.ServeHTTP(w, r)
+		case EdgeServiceResumeProcedure:
+			edgeServiceResumeHandler.ServeHTTP(w, r)
 		case EdgeServiceSetNetworkRulesProcedure:
 			edgeServiceSetNetworkRulesHandler.ServeHTTP(w, r)
 		case EdgeServiceNetworkLogProcedure:
@@ -933,6 +985,14 @@ func (UnimplementedEdgeServiceHandler) List(context.Context, *connect.Request[v1
 
 func (UnimplementedEdgeServiceHandler) Delete(context.Context, *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Delete is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Pause is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Resume is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error) {

@@ -1,0 +1,32 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Pause and Resume are the sandbox's node's to carry out: it holds the
+// state machine and the memory.
+
+func (s *Server) Pause(ctx context.Context, req *connect.Request[dsecv1.PauseRequest]) (*connect.Response[dsecv1.PauseResponse], error) {
+	if req.Msg.GetSandboxId() == "" {
+		return nil, fmt.Errorf("pause: sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.PauseRequest]) (*connect.Response[dsecv1.PauseResponse], error) {
+		return e.Pause
+	})
+}
+
+func (s *Server) Resume(ctx context.Context, req *connect.Request[dsecv1.ResumeRequest]) (*connect.Response[dsecv1.ResumeResponse], error) {
+	if req.Msg.GetSandboxId() == "" {
+		return nil, fmt.Errorf("resume: sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.ResumeRequest]) (*connect.Response[dsecv1.ResumeResponse], error) {
+		return e.Resume
+	})
+}

@@ -1,0 +1,203 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Pause freezes sandbox id and, unless keepMemory, pushes its memory out of
+// RAM (page cache dropped, anonymous memory to swap where the node has
+// it). It returns the paused record, or already true and the record as it
+// is when the sandbox was paused before. The sandbox stays paused across a
+// restart of the edge.
+func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) (rec *dsecv1.Sandbox, already bool, err error) {
+	sb, err := m.lookup(id)
+	if err != nil {
+		return nil, false, err
+	}
+	return m.pause(ctx, sb, keepMemory)
+}
+
+func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dsecv1.Sandbox, bool, error) {
+	ctx = context.WithoutCancel(ctx) // a pause half done helps nobody
+	if err := refuseNow(sb, callPause); err != nil {
+		return nil, false, err
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	sb.mu.Lock()
+	switch v := decide(sb.rec.GetState(), callPause); v {
+	case allow:
+	case noop:
+		defer sb.mu.Unlock()
+		return cloneRec(sb.rec), true, nil
+	default:
+		defer sb.mu.Unlock()
+		return nil, false, refusal(sb.rec, v, callPause)
+	}
+	id := sb.rec.GetId()
+	sb.rec.State = dsecv1.State_STATE_PAUSING
+	m.save(sb.rec)
+	sb.mu.Unlock()
+
+	st, err := m.rt.Pause(ctx, id, !keepMemory)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err != nil {
+		if frozen, ferr := m.rt.Frozen(ctx, id); ferr != nil || !frozen {
+			sb.rec.State = dsecv1.State_STATE_RUNNING
+			m.save(sb.rec)
+			return nil, false, fmt.Errorf("pause sandbox %s: %w", id, err)
+		}
+		// Frozen, but its memory could not be pushed out: it is paused
+		// all the same, and the stats say what stayed.
+		m.log.Warn("paused sandbox keeps its memory in RAM", "id", id, "err", err)
+	}
+	now := time.Now()
+	sb.rec.State = dsecv1.State_STATE_PAUSED
+	sb.rec.PausedUnixMs = now.UnixMilli()
+	sb.rec.LastPause = pauseStats(st)
+	m.save(sb.rec)
+	m.log.Info("sandbox paused", "id", id, "frozen", st.Frozen, "reclaim", st.Reclaim,
+		"resident_mb", st.Resident>>20, "released_mb", st.Released>>20, "swapped_mb", st.Swapped>>20)
+	return cloneRec(sb.rec), false, nil
+}
+
+func pauseStats(st runtime.PauseStats) *dsecv1.PauseStats {
+	return &dsecv1.PauseStats{
+		FrozenUs: st.Frozen.Microseconds(), ReclaimMs: st.Reclaim.Milliseconds(),
+		ResidentBytes: st.Resident, ReleasedBytes: st.Released, SwappedBytes: st.Swapped,
+	}
+}
+
+// Resume brings a paused sandbox's memory back and thaws it. It returns the
+// running record, or already true when it was running, and how long the
+// prefetch of its memory took.
+// With skipPrefetch the thaw comes at once and the first touches fault the
+// memory back in.
+func (m *Manager) Resume(ctx context.Context, id string, skipPrefetch bool) (rec *dsecv1.Sandbox, already bool, prefetch time.Duration, err error) {
+	sb, err := m.lookup(id)
+	if err != nil {
+		return nil, false, 0, err
+	}
+	return m.resume(ctx, sb, !skipPrefetch)
+}
+
+func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsecv1.Sandbox, bool, time.Duration, error) {
+	ctx = context.WithoutCancel(ctx)
+	if err := refuseNow(sb, callResume); err != nil {
+		return nil, false, 0, err
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	sb.mu.Lock()
+	switch v := decide(sb.rec.GetState(), callResume); v {
+	case allow:
+	case noop:
+		defer sb.mu.Unlock()
+		return cloneRec(sb.rec), true, 0, nil
+	default:
+		defer sb.mu.Unlock()
+		return nil, false, 0, refusal(sb.rec, v, callResume)
+	}
+	id := sb.rec.GetId()
+	sb.rec.State = dsecv1.State_STATE_RESUMING
+	m.save(sb.rec)
+	sb.mu.Unlock()
+
+	st, err := m.rt.Resume(ctx, id, prefetch)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err != nil {
+		if frozen, ferr := m.rt.Frozen(ctx, id); ferr != nil || frozen {
+			sb.rec.State = dsecv1.State_STATE_PAUSED
+			m.save(sb.rec)
+			return nil, false, 0, fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+	}
+	now := time.Now()
+	m.resumed(sb.rec, now)
+	sb.lastActive = now
+	sb.pingFails = 0
+	m.save(sb.rec)
+	m.log.Info("sandbox resumed", "id", id, "prefetch", st.Prefetch, "thaw", st.Thaw)
+	return cloneRec(sb.rec), false, st.Prefetch, nil
+}
+
+// refuseNow answers a call the table refuses in the sandbox's state at
+// once, without waiting for the op lock (which a create holds throughout).
+func refuseNow(sb *sandbox, c call) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if v := decide(sb.rec.GetState(), c); v == refuseNew || v == refuseGone {
+		return refusal(sb.rec, v, c)
+	}
+	return nil
+}
+
+// resumed makes a record that was paused running again at now. Its clocks
+// stood still while paused: the TTL's end moves by the time paused (a TTL
+// that ran out and paused it starts afresh), and the idle clock starts now.
+func (m *Manager) resumed(rec *dsecv1.Sandbox, now time.Time) {
+	rec.State = dsecv1.State_STATE_RUNNING
+	if p, exp := rec.GetPausedUnixMs(), rec.GetExpiresUnixMs(); p > 0 && exp > 0 {
+		left := exp - p
+		if left <= 0 {
+			left = rec.GetSpec().GetTtlSeconds() * 1000
+		}
+		rec.ExpiresUnixMs = now.UnixMilli() + left
+	}
+	rec.LastActiveUnixMs = now.UnixMilli()
+}
+
+// save writes a record, logging a failure: the record on disk is what a
+// restarted edge goes by, and Recover checks it against the runtime.
+func (m *Manager) save(rec *dsecv1.Sandbox) {
+	if err := m.states.Save(rec); err != nil {
+		m.log.Warn("save sandbox record", "id", rec.GetId(), "state", rec.GetState().String(), "err", err)
+	}
+}
+
+// use finds a sandbox for a call that runs in it and calls f with the
+// sandbox running and its mu held: a paused sandbox is resumed first
+// (refused instead when its spec says auto_resume false), a transition
+// under way is waited for.
+func (m *Manager) use(ctx context.Context, id string, f func(sb *sandbox) error) error {
+	sb, err := m.lookup(id)
+	if err != nil {
+		return err
+	}
+	for {
+		sb.mu.Lock()
+		v := decide(sb.rec.GetState(), callUse)
+		switch v {
+		case allow:
+			defer sb.mu.Unlock()
+			return f(sb)
+		case resumeFirst:
+			auto := sb.rec.GetSpec().AutoResume == nil || sb.rec.GetSpec().GetAutoResume()
+			sb.mu.Unlock()
+			if !auto {
+				return fmt.Errorf("sandbox %s is paused and its spec says auto_resume false: resume it first: %w", id, errdefs.ErrFailedPrecondition)
+			}
+			if _, _, _, err := m.resume(ctx, sb, true); err != nil {
+				return err
+			}
+		case waitFor:
+			sb.mu.Unlock()
+			sb.op.Lock() // held by the transition under way
+			sb.op.Unlock()
+		default:
+			defer sb.mu.Unlock()
+			return refusal(sb.rec, v, callUse)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
