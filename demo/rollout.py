@@ -8,7 +8,12 @@ the trusted copy on this host (so a patch that edits the tests earns
 nothing), runs the grader, and reads the reward from the grader's result
 file rather than from anything the rollout printed.
 
-    python3 demo/rollout.py --env BASE+WORKSPACE+TOOLKIT [-n 32]
+Midway the trainer is preempted (as GPU jobs are): it pauses every sandbox
+of the batch by label, which freezes them and releases their memory, and
+resumes them a moment later; rollouts caught mid-command carry on where
+they were.
+
+    python3 demo/rollout.py --env BASE+WORKSPACE+TOOLKIT [-n 32] [--no-preempt]
 """
 
 import argparse
@@ -121,6 +126,23 @@ async def rollout(client, args, i, progress, sem):
     return row
 
 
+async def preempt(client, progress, args, report):
+    """Once a quarter of the batch is done, pause every sandbox of the job
+    (the trainer's preemption), hold a second, and resume them."""
+    while progress.done < max(1, args.rollouts // 4):
+        await asyncio.sleep(0.05)
+    t0 = time.monotonic()
+    paused = await client.pause_all({"job": "dsec-demo"})
+    report["paused"] = len(paused)
+    report["pause_s"] = time.monotonic() - t0
+    report["released_mib"] = sum(int((sb.info.get("lastPause") or {}).get("releasedBytes", 0)) for sb in paused) / (1 << 20)
+    progress.draw(f"(preempted: {len(paused)} sandboxes paused)")
+    await asyncio.sleep(1.0)
+    t1 = time.monotonic()
+    report["resumed"] = len(await client.resume_all({"job": "dsec-demo"}))
+    report["resume_s"] = time.monotonic() - t1
+
+
 async def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", required=True, help="BASE[+LAYER...] environment")
@@ -130,6 +152,8 @@ async def main():
     ap.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
     ap.add_argument("--warm-pool", type=int, default=8,
                     help="sandboxes of the rollouts' shape kept started beforehand (0: none)")
+    ap.add_argument("--no-preempt", action="store_true",
+                    help="do not pause and resume the batch midway")
     args = ap.parse_args()
 
     async with AsyncClient(args.addr) as client:
@@ -141,8 +165,17 @@ async def main():
             sem = asyncio.Semaphore(args.concurrency)
             t0 = time.monotonic()
             print(f"{args.rollouts} rollouts over {len(PATCHES)} candidate patches in {args.env}")
+            pre = {}
+            pre_task = None if args.no_preempt else asyncio.create_task(preempt(client, progress, args, pre))
             rows = await asyncio.gather(*(rollout(client, args, i, progress, sem) for i in range(args.rollouts)))
             wall = time.monotonic() - t0
+            if pre_task is not None:
+                if not pre_task.done():
+                    pre_task.cancel()
+                try:
+                    await pre_task
+                except asyncio.CancelledError:
+                    pass
         finally:
             if args.warm_pool > 0:
                 await client.set_warm_pool(args.env, 0, **SHAPE)
@@ -168,6 +201,9 @@ async def main():
         print(f"  {len(warm)} of {len(rows)} creates taken from the warm pool: p50 {pct(warm, .5):.0f} ms; "
               f"the others started a container: p50 {pct([r['create_ms'] for r in rows if r['create_ms'] and not r['warm']], .5):.0f} ms")
     print(f"exec latency:   p50 {pct(execs, .5):.0f} ms, p90 {pct(execs, .9):.0f} ms, p99 {pct(execs, .99):.0f} ms")
+    if pre.get("paused"):
+        print(f"preemption: {pre['paused']} sandboxes paused in {pre['pause_s']:.2f}s, releasing "
+              f"{pre['released_mib']:.0f} MiB; {pre['resumed']} resumed in {pre['resume_s']:.2f}s, and their rollouts carried on")
     print(f"{len(rows)} rollouts in {wall:.1f}s; errors: {sum(1 for r in rows if r['error'])}; "
           f"sandboxes left running: {len(left)}")
     if args.json:

@@ -52,7 +52,9 @@ elif DSEC_ADDR=unix://$root/dsecd.sock bin/dsec ls >/dev/null 2>&1; then
 else
   export DSEC_ADDR=unix://$root/dsecd.sock
   mkdir -p $root
-  nohup bin/dsecd --root $root >>$root/dsecd.log 2>&1 &
+  # A swap file of its own lets the preemption's pause take the sandboxes'
+  # memory out of RAM (removed again by `bin/dsecd teardown`).
+  nohup bin/dsecd --root $root --swap file:2G >>$root/dsecd.log 2>&1 &
   echo $! > $root/dsecd.pid
   for _ in $(seq 100); do bin/dsec ls >/dev/null 2>&1 && break; sleep 0.1; done
   bin/dsec ls >/dev/null || { tail -20 $root/dsecd.log; exit 1; }

@@ -56,8 +56,13 @@ func HoldMemoryMain(args []string) int {
 	}
 	for range sigs {
 		start := time.Now()
+		var x byte
+		for i := 0; i < len(buf); i += 4096 {
+			x ^= buf[i]
+		}
+		touched := time.Since(start)
 		sum := sha256.Sum256(buf)
-		line := fmt.Sprintf("%s %d\n", hex.EncodeToString(sum[:]), time.Since(start).Nanoseconds())
+		line := fmt.Sprintf("%s %d %d\n", hex.EncodeToString(sum[:]), touched.Nanoseconds(), x)
 		if err := writeAtomic(filepath.Join(dir, "memhog.check"), line); err != nil {
 			fmt.Fprintln(os.Stderr, "dsec-agent hold-memory:", err)
 			return 1

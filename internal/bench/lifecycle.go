@@ -177,7 +177,7 @@ func touchHeld(ctx context.Context, c *apiclient.Clients, id string) (time.Durat
 		out, err := readFile(ctx, c, id, "/tmp/memhog.check")
 		if err == nil && out != "" {
 			f := strings.Fields(out)
-			if len(f) != 2 {
+			if len(f) < 2 {
 				return 0, fmt.Errorf("hold-memory wrote %q", out)
 			}
 			ns, err := strconv.ParseInt(f[1], 10, 64)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,11 @@ func TestDemoRollouts(t *testing.T) {
 		if ok, known := want[r.Patch]; known && !ok(r.Reward) {
 			t.Errorf("%s earned %.2f", r.Patch, r.Reward)
 		}
+	}
+	// Midway it is preempted: it pauses the batch and resumes it, and the
+	// rollouts caught mid-command carry on (no errors above).
+	if !regexp.MustCompile(`preemption: [1-9][0-9]* sandboxes paused in .* resumed in`).Match(out) {
+		t.Errorf("the demo did not pause and resume its batch:\n%s", out)
 	}
 	// The demo fills a warm pool of 8 before its 12 rollouts start.
 	if warm == 0 {

@@ -76,6 +76,25 @@ def _lower_enum(v: Optional[str], prefix: str) -> str:
 _LIVE_STATES = ["creating", "running", "pausing", "paused", "resuming", "stopping"]
 
 
+async def _each_live(sbs, concurrency: int, call) -> List["Sandbox"]:
+    """Run call on every sandbox, at most concurrency at once, and return
+    those it succeeded on: a sandbox that ended or vanished meanwhile is
+    skipped, any other error raised."""
+    sem = asyncio.Semaphore(concurrency)
+    ok: List[bool] = [False] * len(sbs)
+
+    async def one(i, sb):
+        async with sem:
+            try:
+                await call(sb)
+                ok[i] = True
+            except (errors.SandboxGone, errors.NotFound):
+                pass
+
+    await asyncio.gather(*(one(i, sb) for i, sb in enumerate(sbs)))
+    return [sb for i, sb in enumerate(sbs) if ok[i]]
+
+
 async def _each(items, concurrency: int, call) -> None:
     """Run call on every item, at most concurrency at once; raise the first error."""
     sem = asyncio.Semaphore(concurrency)
@@ -475,17 +494,18 @@ class AsyncClient:
     async def pause_all(self, labels: Mapping[str, str], *, keep_memory: bool = False,
                         timeout: Optional[float] = None, concurrency: int = 32) -> List["Sandbox"]:
         """Pause every running sandbox whose labels match (a preempted
-        trainer pauses its job's sandboxes this way) and return them."""
+        trainer pauses its job's sandboxes this way) and return those it
+        paused; one that ended meanwhile is left out."""
         sbs = await self.list(labels, states=["running"], timeout=timeout)
-        await _each(sbs, concurrency, lambda sb: sb.pause(keep_memory=keep_memory, timeout=timeout))
-        return sbs
+        done = await _each_live(sbs, concurrency, lambda sb: sb.pause(keep_memory=keep_memory, timeout=timeout))
+        return done
 
     async def resume_all(self, labels: Mapping[str, str], *, timeout: Optional[float] = None,
                          concurrency: int = 32) -> List["Sandbox"]:
-        """Resume every paused sandbox whose labels match and return them."""
+        """Resume every paused sandbox whose labels match and return those
+        it resumed; one that ended meanwhile is left out."""
         sbs = await self.list(labels, states=["paused"], timeout=timeout)
-        await _each(sbs, concurrency, lambda sb: sb.resume(timeout=timeout))
-        return sbs
+        return await _each_live(sbs, concurrency, lambda sb: sb.resume(timeout=timeout))
 
     # --- warm pools ---
 
