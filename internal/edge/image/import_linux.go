@@ -348,6 +348,11 @@ func BuildLayerFile(ctx context.Context, dir, out string) (string, int64, error)
 	if err != nil {
 		return "", 0, err
 	}
+	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600) // mkfs.erofs 1.5 creates none
+	if err != nil {
+		return "", 0, fmt.Errorf("build layer from %s: %w", dir, err)
+	}
+	f.Close()
 	if err := buildErofs(ctx, mkfs, out, dir); err != nil {
 		return "", 0, fmt.Errorf("build layer from %s: %w", dir, err)
 	}
