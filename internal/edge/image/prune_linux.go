@@ -117,20 +117,14 @@ func (p *pruner) whiteout(d *os.File, name, full string, below []*os.File) (bool
 	if !isWhiteout(&st) {
 		return false, nil
 	}
-	for _, b := range below {
-		var bst unix.Stat_t
-		err := unix.Fstatat(int(b.Fd()), name, &bst, unix.AT_SYMLINK_NOFOLLOW)
-		if errors.Is(err, unix.ENOENT) {
-			continue
-		}
-		if err != nil {
-			return false, fmt.Errorf("look up %q below: %w", full, err)
-		}
-		if !isWhiteout(&bst) {
-			return false, nil // hides this
-		}
-		break // already hidden by a higher layer's whiteout
+	i, bst, err := firstBelow(below, name)
+	if err != nil {
+		return false, fmt.Errorf("look up %q below: %w", full, err)
 	}
+	if i >= 0 && !isWhiteout(&bst) {
+		return false, nil // hides what the first layer below holds
+	}
+	// Nothing below, or a lower whiteout hides the name already.
 	if err := unix.Unlinkat(int(d.Fd()), name, 0); err != nil {
 		return false, fmt.Errorf("remove whiteout %q: %w", full, err)
 	}
@@ -155,19 +149,15 @@ func (p *pruner) child(d *os.File, name, full string, below []*os.File) error {
 			f.Close()
 		}
 	}()
-	for _, b := range below {
-		var bst unix.Stat_t
-		err := unix.Fstatat(int(b.Fd()), name, &bst, unix.AT_SYMLINK_NOFOLLOW)
-		if errors.Is(err, unix.ENOENT) {
-			continue
-		}
+	for rest := below; ; {
+		i, bst, err := firstBelow(rest, name)
 		if err != nil {
 			return fmt.Errorf("look up %q below: %w", full, err)
 		}
-		if bst.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if i < 0 || bst.Mode&unix.S_IFMT != unix.S_IFDIR {
 			break // a file or whiteout ends the lookup
 		}
-		bc, err := openTreeDir(int(b.Fd()), name)
+		bc, err := openTreeDir(int(rest[i].Fd()), name)
 		if err != nil {
 			return fmt.Errorf("open %q below: %w", full, err)
 		}
@@ -177,6 +167,7 @@ func (p *pruner) child(d *os.File, name, full string, below []*os.File) error {
 		} else if o {
 			break
 		}
+		rest = rest[i+1:]
 	}
 	if opaque {
 		if len(next) == 0 {
@@ -188,6 +179,20 @@ func (p *pruner) child(d *os.File, name, full string, below []*os.File) error {
 		return p.prune(c, full, nil)
 	}
 	return p.prune(c, full, next)
+}
+
+// firstBelow finds name in the directories below (top first) and returns
+// the index of the first that holds it, with its stat, or -1.
+func firstBelow(below []*os.File, name string) (int, unix.Stat_t, error) {
+	var st unix.Stat_t
+	for i, b := range below {
+		err := unix.Fstatat(int(b.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		return i, st, err
+	}
+	return -1, st, nil
 }
 
 // openTreeDir opens the directory name in dirfd without following a
