@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"dsec.dev/dsec/internal/edge/btrfs"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -73,16 +74,59 @@ func capture(ctx context.Context, upper, dst string) (*Tree, error) {
 		return nil, err
 	}
 	if ok {
-		err := snapshotSubvolume(subvol, dst)
+		err := btrfs.Snapshot(subvol, dst)
 		if err == nil {
 			return &Tree{Dir: filepath.Join(dst, rel), Method: MethodBtrfs, root: dst}, nil
 		}
-		if !errors.Is(err, unix.EXDEV) {
+		// dst on another btrfs (EXDEV) or another kind of file system,
+		// which knows no btrfs ioctl: walk.
+		if !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EOPNOTSUPP) {
 			return nil, err
 		}
-		// dst is on another file system: walk.
 	}
 	return walkCopy(ctx, upper, dst, &st)
+}
+
+// subvolumeOf returns the root of the btrfs subvolume holding upper and
+// upper's path inside it, when that subvolume is upper itself or its parent
+// (as the runtime makes each sandbox's <UpperRoot>/<id>) and not the file
+// system's top level; ok is false otherwise, as a snapshot would then hold
+// more than the sandbox's layer.
+func subvolumeOf(upper string) (root, rel string, ok bool, err error) {
+	root, rel = upper, "."
+	sub, err := btrfs.IsSubvolume(upper)
+	if err == nil && !sub {
+		root, rel = filepath.Dir(upper), filepath.Base(upper)
+		sub, err = btrfs.IsSubvolume(root)
+	}
+	if err != nil || !sub {
+		return "", "", false, err
+	}
+	id, err := btrfs.SubvolumeID(root)
+	if err != nil {
+		return "", "", false, err
+	}
+	return root, rel, id != btrfs.TopLevel, nil
+}
+
+// RemoveCapture deletes what Capture left at dst: the btrfs snapshot, or
+// the copied tree. A missing dst is fine. It is what Tree.Remove does, for
+// a caller that finds a capture again by its path (after a restart).
+func RemoveCapture(dst string) error {
+	sub, err := btrfs.IsSubvolume(dst)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove capture %s: %w", dst, err)
+	}
+	if sub {
+		return btrfs.DeleteSubvolume(dst)
+	}
+	if err := os.RemoveAll(dst); err != nil {
+		return fmt.Errorf("remove capture %s: %w", dst, err)
+	}
+	return nil
 }
 
 // walkCopy copies the tree at upper (whose stat is st) to a new dst.
