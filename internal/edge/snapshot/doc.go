@@ -42,7 +42,11 @@
 //     stay);
 //   - sparse files stored at their full size (the store's mkfs.erofs
 //     settings keep no holes), which Pack bounds with PackOptions.MaxBytes
-//     and the free space at the output.
+//     and the free space at the output; PackOptions.MaxEntries bounds the
+//     objects, as mkfs.erofs holds its whole tree in memory (the package's
+//     own walks hold one directory per level and the hard-linked inodes);
+//   - names of 255 bytes refused: mkfs.erofs 1.5 stores at most 254;
+//   - change and birth times, atimes and inode flags not kept.
 //
 // Exclude takes paths inside the sandbox, literally (no symlink is
 // followed): each is removed from the snapshot with everything under it,

@@ -37,8 +37,9 @@ import (
 //     removed (image.PruneWhiteouts).
 //
 // Every edit is the same when repeated, so after a failure Pack may run
-// again on t. Directories keep their mtimes. A content total over
-// opts.MaxBytes, or over the free space at out, is refused with
+// again on t. Directories keep their mtimes. More objects than
+// opts.MaxEntries, a content total over opts.MaxBytes, or over the free
+// space at out, is refused with
 // errdefs.ErrResourceExhausted before mkfs.erofs runs; so is a full disk
 // meanwhile. An exclude path that is not absolute or has a ".." component
 // is refused with errdefs.ErrInvalidArgument before anything is touched.
@@ -93,9 +94,15 @@ func pack(ctx context.Context, t *Tree, out string, excludes []string, opts Pack
 	res.Entries, res.ContentBytes = c.entries-res.Pruned.Whiteouts, c.bytes
 	res.StrippedXattrs, res.Warnings = c.stripped, c.warnings()
 
-	maxBytes := opts.MaxBytes
+	maxBytes, maxEntries := opts.MaxBytes, opts.MaxEntries
 	if maxBytes <= 0 {
 		maxBytes = defaultMaxBytes
+	}
+	if maxEntries <= 0 {
+		maxEntries = defaultMaxEntries
+	}
+	if res.Entries > maxEntries {
+		return Packed{}, fmt.Errorf("the upper holds %d objects, over the limit of %d: %w", res.Entries, maxEntries, errdefs.ErrResourceExhausted)
 	}
 	if c.bytes > maxBytes {
 		return Packed{}, fmt.Errorf("the upper holds %d bytes of file content (sparse files at their full size, which a layer stores), over the limit of %d: %w", c.bytes, maxBytes, errdefs.ErrResourceExhausted)

@@ -60,9 +60,16 @@ type PackOptions struct {
 	// file at its full size (the layer stores its holes as zeros); 0 means
 	// 64 GiB.
 	MaxBytes int64
+	// MaxEntries caps the objects the layer may hold; 0 means 2M, as for
+	// an import. (mkfs.erofs holds its whole tree in memory: about 5 GiB
+	// for a million files.)
+	MaxEntries int64
 }
 
-const defaultMaxBytes = 64 << 30
+const (
+	defaultMaxBytes   = 64 << 30
+	defaultMaxEntries = 2_000_000
+)
 
 // Packed describes the layer file Pack built.
 type Packed struct {

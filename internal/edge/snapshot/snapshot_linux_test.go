@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -128,6 +129,7 @@ func change(t testing.TB, m string) {
 	mustDo(t, unix.Setxattr(p("new.txt"), "trusted.overlay.mine", []byte("escaped"), 0))
 	mustDo(t, unix.Setxattr(p("data/xattrs"), "user.lower", []byte("changed"), 0))
 	mustDo(t, unix.Lsetxattr(p("links/abs"), "trusted.onlink", []byte("l"), 0))
+	mustDo(t, unix.Setxattr(p("new.txt"), "system.posix_acl_access", aclUserReads(1000), 0))
 	// Owners and modes: setuid, setgid, sticky; a lower file's owner.
 	w("usr/local/bin/suidnew", "setuid\n", 0o4755)
 	mustDo(t, os.Mkdir(p("shared"), 0o755))
@@ -156,6 +158,21 @@ func change(t testing.TB, m string) {
 	w("excl/keep-below", "changed by the sandbox\n", 0o644)
 	old := time.Unix(1500000000, 5)
 	mustDo(t, os.Chtimes(p("new.txt"), old, old))
+}
+
+// aclUserReads is a POSIX access ACL (the kernel's xattr form) that lets
+// uid read besides the owner, group and others of mode 0644.
+func aclUserReads(uid uint32) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, 2) // version
+	for _, e := range []struct {
+		tag, perm uint16
+		id        uint32
+	}{{0x01, 6, ^uint32(0)}, {0x02, 4, uid}, {0x04, 4, ^uint32(0)}, {0x10, 4, ^uint32(0)}, {0x20, 4, ^uint32(0)}} {
+		b = binary.LittleEndian.AppendUint16(b, e.tag)
+		b = binary.LittleEndian.AppendUint16(b, e.perm)
+		b = binary.LittleEndian.AppendUint32(b, e.id)
+	}
+	return b
 }
 
 // sandbox is a lower layer and an overlay upper on it, changed as a
@@ -299,6 +316,27 @@ func TestCaptureAndPack(t *testing.T) {
 				t.Errorf("hard links of the restored view (-sandbox +restored):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestCaptureElsewhere captures a btrfs subvolume's upper onto other file
+// systems: the walk copies it.
+func TestCaptureElsewhere(t *testing.T) {
+	needRoot(t)
+	upper := smallTree(t, filepath.Join(subvolume(t, filepath.Join(btrfsFS(t, 256<<20), "sb-1")), "upper"), 1<<10)
+	for name, dir := range map[string]string{"ext4": t.TempDir(), "tmpfs": tmpfs(t, 1<<20), "another btrfs": btrfsFS(t, 256<<20)} {
+		tree, err := Capture(context.Background(), upper, filepath.Join(dir, "capture"))
+		if err != nil {
+			t.Errorf("capture onto %s: %v", name, err)
+			continue
+		}
+		if tree.Method != MethodCopy {
+			t.Errorf("capture onto %s by %s; want %s", name, tree.Method, MethodCopy)
+		}
+		if diff := cmp.Diff(describe(t, upper), describe(t, tree.Dir)); diff != "" {
+			t.Errorf("capture onto %s differs (-upper +capture):\n%s", name, diff)
+		}
+		mustDo(t, tree.Remove())
 	}
 }
 
@@ -467,6 +505,9 @@ func TestPackRefuses(t *testing.T) {
 		out := filepath.Join(t.TempDir(), "snap.erofs")
 		if _, err := Pack(context.Background(), tree, out, PackOptions{MaxBytes: 1 << 20}); !errors.Is(err, errdefs.ErrResourceExhausted) {
 			t.Errorf("Pack over MaxBytes: %v; want resource exhausted", err)
+		}
+		if _, err := Pack(context.Background(), tree, out, PackOptions{MaxEntries: 2}); !errors.Is(err, errdefs.ErrResourceExhausted) {
+			t.Errorf("Pack over MaxEntries: %v; want resource exhausted", err)
 		}
 		if _, err := Pack(context.Background(), tree, filepath.Join(tmpfs(t, 1<<20), "snap.erofs"), PackOptions{}); !errors.Is(err, errdefs.ErrResourceExhausted) {
 			t.Errorf("Pack onto a small file system: %v; want resource exhausted", err)
