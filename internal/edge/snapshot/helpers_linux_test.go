@@ -137,6 +137,7 @@ func btrfsFS(t testing.TB, size int64) string {
 // subvolume makes the btrfs subvolume dir.
 func subvolume(t testing.TB, dir string) string {
 	t.Helper()
+	testutil.RequireCommand(t, "btrfs")
 	if out, err := exec.Command("btrfs", "-q", "subvolume", "create", dir).CombinedOutput(); err != nil {
 		t.Fatalf("btrfs subvolume create %s: %v: %s", dir, err, out)
 	}
