@@ -3,7 +3,9 @@
 // `docker save` archive or a registry, checks every blob against its digest,
 // applies its layers (whiteouts included) into EROFS layers, merging
 // consecutive small layers into one, and records the image (its layers and
-// config) under a name:tag in the store.
+// config) under a name:tag in the store. An EROFS layer keeps only the
+// whiteouts that hide something in the EROFS layers below it: the bottom
+// one keeps none (overlayfs would list a whiteout that hides nothing).
 //
 // Every EROFS layer of an imported image is of kind base: together they are
 // the base of an environment, so "IMAGE+toolkit:1" stacks a toolkit on top of
@@ -23,6 +25,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -144,7 +147,11 @@ func Import(ctx context.Context, st *image.Store, ref, source string, opts Optio
 			}
 		}
 		before := pr.bytes
-		layer, err := st.ImportLayers(ctx, "", image.KindBase, srcs, opts.ImportOptions)
+		// Each group is stacked on the groups before it: whiteouts that hide
+		// nothing there are left out (the first group keeps none).
+		iopts := opts.ImportOptions
+		iopts.Below = slices.Clone(res.Digests)
+		layer, err := st.ImportLayers(ctx, "", image.KindBase, srcs, iopts)
 		if err != nil {
 			return Result{}, fmt.Errorf("import image %s from %s: %w", nref, source, err)
 		}

@@ -13,6 +13,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"math/rand/v2"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -379,7 +380,61 @@ func TestWhiteoutsThroughOverlay(t *testing.T) {
 			if err != nil || len(ents) != 1 || ents[0].Name() != "new" {
 				t.Errorf("opq holds %v, %v; want only the upper layer's new", ents, err)
 			}
+			// A collapsed layer is the only one holding etc/: a whiteout
+			// left in it would be listed there and fail to stat.
+			if got := ls(t, filepath.Join(merged, "etc")); got != "added keep link" {
+				t.Errorf("ls etc = %s; want added keep link", got)
+			}
+			testutil.CheckListable(t, merged)
 		})
+	}
+}
+
+// ls lists a directory's names, sorted, space-separated.
+func ls(t *testing.T, dir string) string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return strings.Join(names, " ")
+}
+
+// TestCollapsedGroupOverLayers collapses the upper two of three OCI layers
+// into one EROFS layer over the first: whiteouts of files the group made
+// itself hide nothing below it and are left out; those hiding the first
+// layer's files stay.
+func TestCollapsedGroupOverLayers(t *testing.T) {
+	needImport(t)
+	base := t.TempDir()
+	noise := make([]byte, 256<<10) // incompressible, so the first layer is a group of its own
+	rand.NewChaCha8([32]byte{}).Read(noise)
+	img := imageOf(t,
+		[]ent{dir("etc/"), reg("etc/base", "base\n"), reg("noise", string(noise))},
+		[]ent{dir("opt/"), dir("opt/app/"), reg("opt/app/tmp", "l2\n"), reg("opt/app/bin", "l2\n"), reg("etc/l2", "l2\n")},
+		[]ent{reg("opt/app/.wh.tmp", ""), reg("etc/.wh.l2", ""), reg("etc/.wh.base", "")},
+	)
+	src := "oci:" + writeLayout(t, filepath.Join(base, "layout"), img, "v1")
+	dir := t.TempDir()
+	s := newStore(t, filepath.Join(dir, "store"))
+	res, err := Import(context.Background(), s, "app:v1", src, Options{CollapseBelow: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Layers != 2 {
+		t.Fatalf("%d EROFS layers; want 2 (the first OCI layer, then the other two collapsed)", res.Layers)
+	}
+	merged := mountImage(t, s, "app:v1", dir)
+	testutil.CheckListable(t, merged)
+	if got := ls(t, filepath.Join(merged, "opt/app")); got != "bin" {
+		t.Errorf("ls opt/app = %s; want bin", got)
+	}
+	if got := ls(t, filepath.Join(merged, "etc")); got != "" {
+		t.Errorf("ls etc = %s; want nothing (etc/base deleted by the top layer)", got)
 	}
 }
 

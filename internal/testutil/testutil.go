@@ -4,6 +4,7 @@
 package testutil
 
 import (
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,4 +62,24 @@ func TreeSnapshot(t testing.TB, dir string) string {
 	}
 	sort.Strings(lines)
 	return strings.Join(lines, "\n")
+}
+
+// CheckListable fails t for every entry under dir that readdir lists but
+// lstat cannot find, which is how a whiteout that hides nothing shows
+// through overlayfs.
+func CheckListable(t testing.TB, dir string) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			t.Errorf("walk %s: %v", p, err)
+			return nil
+		}
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("%s is listed but: %v", p, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

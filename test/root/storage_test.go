@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -107,6 +108,47 @@ func testImage(t *testing.T) v1.Image {
 		t.Fatal(err)
 	}
 	return img
+}
+
+// TestImageDeletionNotListed imports an OCI image (from a layout) whose
+// upper layer deletes /etc/gone and /app/gone.txt, collapsed into one EROFS
+// layer and as separate ones, and lists the directories in a sandbox: the
+// deleted names are neither listed nor reported. (/etc is copied up when the
+// agent writes /etc/hosts, which merges it; /app stays in one layer, where
+// overlayfs lists whatever whiteout the layer holds.)
+func TestImageDeletionNotListed(t *testing.T) {
+	testutil.RequireRoot(t)
+	bb := t.TempDir()
+	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-busybox-base.sh"), bb).CombinedOutput(); err != nil {
+		t.Fatalf("build busybox base: %v\n%s", err, out)
+	}
+	img, err := mutate.AppendLayers(empty.Image,
+		layerOf(t, tarOfDir(t, bb)),
+		layerOf(t, tarOf(t, []tarEntry{{name: "etc/gone", body: "deleted later\n"}, {name: "app/"}, {name: "app/gone.txt", body: "deleted later\n"}, {name: "app/keep.txt", body: "kept\n"}})),
+		layerOf(t, tarOf(t, []tarEntry{{name: "etc/.wh.gone"}, {name: "app/.wh.gone.txt"}})),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "layout")
+	lp, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	d := testutil.StartDaemon(t, "--no-network")
+	for _, collapse := range []string{"0", "-1"} {
+		ref := "deleted:" + map[string]string{"0": "collapsed", "-1": "separate"}[collapse]
+		if out, errOut, code := d.CLI("", "image", "import", "--collapse-below", collapse, ref, "oci:"+dir); code != 0 {
+			t.Fatalf("dsec image import %s: %s %s", ref, out, errOut)
+		}
+		out, errOut, code := d.CLI("", "run", ref, "--", "ls", "/etc", "/app")
+		if code != 0 || errOut != "" || strings.Contains(out, "gone") || !strings.Contains(out, "passwd") || !strings.Contains(out, "keep.txt") {
+			t.Errorf("%s: dsec run ls /etc /app: exit %d, stdout %q, stderr %q; want passwd and keep.txt listed, nothing gone", ref, code, out, errOut)
+		}
+	}
 }
 
 // layerStats runs `dsec layer stats --json`.

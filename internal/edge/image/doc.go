@@ -25,7 +25,11 @@
 // ImportLayers applies several tar streams (OCI layers) into one layer,
 // turning OCI whiteouts into overlayfs whiteouts (0:0 character devices) and
 // opaque directories (trusted.overlay.opaque=y), which mkfs.erofs keeps and
-// overlayfs honours when the layer is stacked.
+// overlayfs honours when the layer is stacked. Of those it keeps only what
+// hides something in the layers the built one is stacked on (PruneWhiteouts;
+// ImportOptions.Below). BuildLayerFile is the store's mkfs.erofs step on its
+// own, for layers made elsewhere (internal/edge/snapshot packs sandbox
+// uppers with it).
 //
 // Import treats its source as hostile: it stages under tmp/, never follows a
 // symlink while extracting, refuses entries that would escape the layer, device

@@ -35,3 +35,13 @@ func BuildBusyboxRootfs(dir string) error {
 func (s *Store) ImportLayers(ctx context.Context, ref string, kind Kind, srcs []LayerSource, opts ImportOptions) (Layer, error) {
 	return Layer{}, fmt.Errorf("import layers: %w", errdefs.ErrNotSupported)
 }
+
+// PruneWhiteouts needs Linux.
+func PruneWhiteouts(ctx context.Context, dir string, lower []string) (Pruned, error) {
+	return Pruned{}, fmt.Errorf("prune whiteouts in %s: %w", dir, errdefs.ErrNotSupported)
+}
+
+// BuildLayerFile needs Linux (mkfs.erofs).
+func BuildLayerFile(ctx context.Context, dir, out string) (string, int64, error) {
+	return "", 0, fmt.Errorf("build layer from %s: %w", dir, errdefs.ErrNotSupported)
+}

@@ -63,7 +63,7 @@ func (s *Store) ImportLayers(ctx context.Context, ref string, kind Kind, srcs []
 		names[i] = src.Name
 	}
 	source := "layers " + strings.Join(names, ",")
-	key := buildKey(kind, srcs)
+	key := buildKey(kind, opts.Below, srcs)
 	if key != "" && kind.valid() {
 		l, ok, err := s.reuseBuild(key, ref)
 		if err != nil {
@@ -85,8 +85,76 @@ func (s *Store) ImportLayers(ctx context.Context, ref string, kind Kind, srcs []
 				return err
 			}
 		}
-		return nil
+		return s.pruneBelow(ctx, x.stage, kind, opts.Below)
 	})
+}
+
+// pruneBelow drops from the staged tree the whiteouts and opaque marks that
+// hide nothing in the layers below (digests, bottom first), which it mounts
+// for the lookup; a base layer with nothing below keeps none. A layer of
+// another kind with nothing named below keeps all: what it will be stacked
+// on is not known.
+func (s *Store) pruneBelow(ctx context.Context, stage string, kind Kind, below []string) error {
+	if len(below) == 0 && kind != KindBase {
+		return nil
+	}
+	dirs, unmount, err := s.mountBelow(below)
+	if err != nil {
+		return err
+	}
+	defer unmount()
+	n, err := PruneWhiteouts(ctx, stage, dirs)
+	if err != nil {
+		return err
+	}
+	if n.Whiteouts > 0 || n.OpaqueMarks > 0 {
+		s.log.Debug("dropped whiteouts that hide nothing below", "whiteouts", n.Whiteouts, "opaque_marks", n.OpaqueMarks, "below", below)
+	}
+	return nil
+}
+
+// mountBelow mounts the stored layers digests read-only in private
+// directories under tmp/ (named for this process, so cleanTmp unmounts
+// what a dead importer left) and returns the directories, in order, and a
+// function that unmounts them.
+func (s *Store) mountBelow(digests []string) ([]string, func(), error) {
+	var dirs []string
+	unmount := func() {
+		for _, d := range dirs {
+			if err := unix.Unmount(d, unix.MNT_DETACH); err != nil {
+				s.log.Warn("unmount layer below an import", "dir", d, "err", err)
+				continue
+			}
+			os.Remove(d)
+		}
+	}
+	ix, err := s.load()
+	if err != nil {
+		return nil, nil, fmt.Errorf("mount layers below: %w", err)
+	}
+	for _, dg := range digests {
+		hex, err := parseDigest(dg)
+		if err != nil {
+			unmount()
+			return nil, nil, fmt.Errorf("mount layer below: %w", err)
+		}
+		if ix.Layers[hex] == nil {
+			unmount()
+			return nil, nil, fmt.Errorf("mount layer below %s: %w", dg, errdefs.ErrNotFound)
+		}
+		d, err := os.MkdirTemp(s.tmpDir(), strconv.Itoa(os.Getpid())+"-below-")
+		if err != nil {
+			unmount()
+			return nil, nil, fmt.Errorf("mount layer below %s: %w", dg, err)
+		}
+		if err := unix.Mount(s.blobPath(hex), d, "erofs", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
+			os.Remove(d)
+			unmount()
+			return nil, nil, fmt.Errorf("mount layer below %s: %w", dg, err)
+		}
+		dirs = append(dirs, d)
+	}
+	return dirs, unmount, nil
 }
 
 // applyStream extracts one layer stream and, when it is named by a digest,
@@ -120,11 +188,13 @@ func applyStream(ctx context.Context, x *extractor, src LayerSource) error {
 	return nil
 }
 
-// buildKey names what ImportLayers builds from srcs, for reuse: "" unless
-// every source is named by its digest.
-func buildKey(kind Kind, srcs []LayerSource) string {
-	parts := make([]string, 0, len(srcs)+1)
-	parts = append(parts, string(kind))
+// buildKey names what ImportLayers builds from srcs over the layers below,
+// for reuse: "" unless every source is named by its digest. (Keys without
+// the below part name builds that kept whiteouts hiding nothing; they are
+// never matched again.)
+func buildKey(kind Kind, below []string, srcs []LayerSource) string {
+	parts := make([]string, 0, len(srcs)+2)
+	parts = append(parts, string(kind), "below:"+strings.Join(below, ","))
 	for _, src := range srcs {
 		hex, ok := strings.CutPrefix(src.Name, "sha256:")
 		if !ok || !hexRE.MatchString(hex) {
@@ -267,6 +337,32 @@ func (s *Store) importLayer(ctx context.Context, ref string, kind Kind, src, key
 	return layer, nil
 }
 
+// BuildLayerFile builds the EROFS layer file out from the tree dir with the
+// settings of every layer in the store (see buildErofs) and makes it
+// reproducible (see sealImage); it returns the file's digest ("sha256:<hex>")
+// and size. The tree is read as it is: whiteouts, opaque marks, owners,
+// modes, mtimes and xattrs go into the layer unchanged. out is created or
+// truncated; on failure it may hold a partial image, which the caller removes.
+func BuildLayerFile(ctx context.Context, dir, out string) (string, int64, error) {
+	mkfs, err := findMkfs()
+	if err != nil {
+		return "", 0, err
+	}
+	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600) // mkfs.erofs 1.5 creates none
+	if err != nil {
+		return "", 0, fmt.Errorf("build layer from %s: %w", dir, err)
+	}
+	f.Close()
+	if err := buildErofs(ctx, mkfs, out, dir); err != nil {
+		return "", 0, fmt.Errorf("build layer from %s: %w", dir, err)
+	}
+	hex, size, err := sealImage(out)
+	if err != nil {
+		return "", 0, fmt.Errorf("build layer from %s: %w", dir, err)
+	}
+	return "sha256:" + hex, size, nil
+}
+
 // findMkfs locates mkfs.erofs, also in the sbin directories a daemon's PATH
 // may lack.
 func findMkfs() (string, error) {
@@ -389,6 +485,7 @@ func (s *Store) cleanTmp() {
 			continue // still running
 		}
 		p := filepath.Join(s.tmpDir(), e.Name())
+		unix.Unmount(p, unix.MNT_DETACH) // a layer mounted below an import; EINVAL when not a mount
 		if err := os.RemoveAll(p); err != nil {
 			s.log.Warn("remove leftover import", "path", p, "err", err)
 			continue

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 // tarBytes returns entries as an uncompressed tar stream.
@@ -282,5 +283,93 @@ func TestImagesInIndex(t *testing.T) {
 	}
 	if _, err := s.Image("img2"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Image(img2) after a layer took its name: %v", err)
+	}
+}
+
+// whiteoutsIn lists the whiteouts and opaque directories of a layer.
+func whiteoutsIn(t *testing.T, s *Store, l Layer) []string {
+	t.Helper()
+	dir, err := s.Mount(context.Background(), l.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range describe(t, dir) {
+		if strings.HasSuffix(e, "!") || strings.HasSuffix(e, "/+") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func TestImportLayersDropsWhiteoutsHidingNothing(t *testing.T) {
+	needImport(t)
+	base := t.TempDir()
+	s := newStore(t, filepath.Join(base, "store"))
+	ctx := context.Background()
+	below, err := s.Import(ctx, "below:1", KindBase, writeTar(t, base, "below.tar", false, []tarEntry{
+		file("a/x", "below x\n"), file("keep", "below keep\n"),
+	}), ImportOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l1 := tarBytes(t, []tarEntry{file("n/only", "l1\n"), file("a/y", "l1\n"), file("a/z", "l1\n"), file("o/old", "l1\n")})
+	l2 := tarBytes(t, []tarEntry{
+		file("n/.wh.only", ""), // hides l1's file only: nothing below the built layer
+		file("a/.wh.x", ""),    // hides the layer below
+		file("a/.wh.z", ""),
+		dirEnt("o/"), file("o/.wh..wh..opq", ""), file("o/new", "l2\n"), // opaque over nothing below
+	})
+	opened := 0
+	for _, tc := range []struct {
+		name  string
+		kind  Kind
+		below []Layer
+		want  []string // whiteouts and opaque directories in the built layer
+	}{
+		{"stacked on a layer", KindToolkit, []Layer{below}, []string{"a/x!"}},
+		{"bottom-most", KindBase, nil, nil},
+		{"stacked on what is not known", KindToolkit, nil, []string{"a/x!", "a/z!", "n/only!", "o/+"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var digests []string
+			for _, l := range tc.below {
+				digests = append(digests, l.Digest)
+			}
+			before := opened
+			l, err := s.ImportLayers(ctx, "", tc.kind, streams([][]byte{l1, l2}, &opened), ImportOptions{Below: digests})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if opened != before+2 {
+				t.Errorf("built from %d streams; want 2 (no reuse of a build over other layers)", opened-before)
+			}
+			assertTmpEmpty(t, s)
+			if got := whiteoutsIn(t, s, l); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("whiteouts and opaque dirs in the layer: %v; want %v", got, tc.want)
+			}
+			if tc.below == nil {
+				return
+			}
+			dir := t.TempDir()
+			merged := overlay(t, s, dir, append(tc.below, l))
+			testutil.CheckListable(t, merged)
+			for name, want := range map[string]string{"a/y": "l1\n", "keep": "below keep\n", "o/new": "l2\n"} {
+				if b, err := os.ReadFile(filepath.Join(merged, name)); err != nil || string(b) != want {
+					t.Errorf("%s = %q, %v; want %q", name, b, err, want)
+				}
+			}
+			for _, d := range []string{"n", "a", "o"} {
+				ents, err := os.ReadDir(filepath.Join(merged, d))
+				var names []string
+				for _, e := range ents {
+					names = append(names, e.Name())
+				}
+				want := map[string]string{"n": "", "a": "y", "o": "new"}[d]
+				if err != nil || strings.Join(names, " ") != want {
+					t.Errorf("ls %s = %v, %v; want [%s]", d, names, err, want)
+				}
+			}
+		})
 	}
 }

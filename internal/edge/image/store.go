@@ -62,6 +62,11 @@ type ImportOptions struct {
 	AllowSetuid bool  // accept setuid/setgid files and file capabilities
 	MaxBytes    int64 // total file content; 0 = 64 GiB
 	MaxEntries  int64 // files, directories, links; 0 = 2M
+	// Below, for ImportLayers only, names the stored layers (digests,
+	// bottom first) the built layer will be stacked on. Whiteouts and
+	// opaque marks that hide nothing in them are left out of it (overlayfs
+	// would list such a whiteout); a base layer with none below keeps none.
+	Below []string
 }
 
 const (

@@ -10,10 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
-
+	"dsec.dev/dsec/internal/edge/btrfs"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -52,10 +50,10 @@ func (m *Manager) Kind() string { return m.kind }
 func (m *Manager) Create(name string, l Limit) (string, error) {
 	dir := filepath.Join(m.root, name)
 	if m.kind == KindBtrfs {
-		if err := createSubvolume(m.root, name); err != nil {
+		if err := btrfs.CreateSubvolume(m.root, name); err != nil {
 			return "", err
 		}
-		if err := limitSubvolume(dir, l.Bytes); err != nil {
+		if err := btrfs.LimitSubvolume(dir, l.Bytes); err != nil {
 			return "", errors.Join(err, m.Remove(name))
 		}
 		return dir, nil
@@ -122,11 +120,11 @@ func (m *Manager) Qgroup(name string) (string, error) {
 		return "", nil
 	}
 	dir := filepath.Join(m.root, name)
-	fsid, err := btrfsUUID(dir)
+	fsid, err := btrfs.FSID(dir)
 	if err != nil {
 		return "", err
 	}
-	id, err := subvolumeID(dir)
+	id, err := btrfs.SubvolumeID(dir)
 	if err != nil {
 		return "", err
 	}
@@ -153,48 +151,15 @@ func (m *Manager) Remove(name string) error {
 	return setProjectLimit(m.root, uint32(p), Limit{})
 }
 
-// btrfs ioctls (linux/btrfs.h).
-const (
-	btrfsIocSubvolCreate = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
-	btrfsIocInoLookup    = 0xd0009412 // _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)
-	btrfsIocQuotaCtl     = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
-	btrfsIocQgroupLimit  = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
-	btrfsIocFSInfo       = 0x8400941f // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
-	btrfsQuotaCtlEnable  = 1
-	btrfsLimitMaxRfer    = 1
-	btrfsFirstFreeObject = 256
-	btrfsSuperMagic      = 0x9123683e
-)
-
-type btrfsVolArgs struct {
-	Fd   int64
-	Name [4088]byte
-}
-
-type btrfsInoLookupArgs struct {
-	TreeID   uint64
-	ObjectID uint64
-	Name     [4080]byte
-}
-
-type btrfsQgroupLimitArgs struct {
-	QgroupID uint64
-	Flags    uint64
-	MaxRfer  uint64
-	MaxExcl  uint64
-	RsvRfer  uint64
-	RsvExcl  uint64
-}
-
 func btrfsSupported(path string) error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		return fmt.Errorf("statfs %s: %w", path, err)
+	ok, err := btrfs.Is(path)
+	if err != nil {
+		return err
 	}
-	if st.Type != btrfsSuperMagic {
+	if !ok {
 		return fmt.Errorf("check btrfs qgroups on %s: not btrfs: %w", path, errdefs.ErrNotSupported)
 	}
-	uuid, err := btrfsUUID(path)
+	uuid, err := btrfs.FSID(path)
 	if err != nil {
 		return err
 	}
@@ -204,87 +169,6 @@ func btrfsSupported(path string) error {
 	return nil
 }
 
-// btrfsUUID returns the UUID of the btrfs holding path, as sysfs names it.
-func btrfsUUID(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	var info [1024]byte // struct btrfs_ioctl_fs_info_args; fsid at 16
-	if err := ioctl(f, btrfsIocFSInfo, unsafe.Pointer(&info)); err != nil {
-		return "", fmt.Errorf("get btrfs info of %s: %w", path, err)
-	}
-	u := info[16:32]
-	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]), nil
-}
-
 // EnableBtrfs turns on qgroups on the btrfs mounted at root. It is a no-op
 // when they are on already.
-func EnableBtrfs(root string) error {
-	f, err := os.Open(root)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", root, err)
-	}
-	defer f.Close()
-	args := [2]uint64{btrfsQuotaCtlEnable, 0}
-	if err := ioctl(f, btrfsIocQuotaCtl, unsafe.Pointer(&args)); err != nil {
-		return fmt.Errorf("enable btrfs quotas on %s: %w", root, err)
-	}
-	return nil
-}
-
-func createSubvolume(parent, name string) error {
-	if len(name) >= 4088 || strings.Contains(name, "/") {
-		return fmt.Errorf("make subvolume %q: %w", name, errdefs.ErrInvalidArgument)
-	}
-	f, err := os.Open(parent)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", parent, err)
-	}
-	defer f.Close()
-	var a btrfsVolArgs
-	copy(a.Name[:], name)
-	if err := ioctl(f, btrfsIocSubvolCreate, unsafe.Pointer(&a)); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("make subvolume %s: %w", name, errdefs.ErrAlreadyExists)
-		}
-		return fmt.Errorf("make subvolume %s: %w", name, err)
-	}
-	return nil
-}
-
-// subvolumeID is the ID of the subvolume dir is the top of, which is also
-// the ID of its level-0 qgroup.
-func subvolumeID(dir string) (uint64, error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return 0, fmt.Errorf("open %s: %w", dir, err)
-	}
-	defer f.Close()
-	look := btrfsInoLookupArgs{ObjectID: btrfsFirstFreeObject}
-	if err := ioctl(f, btrfsIocInoLookup, unsafe.Pointer(&look)); err != nil {
-		return 0, fmt.Errorf("look up subvolume id of %s: %w", dir, err)
-	}
-	return look.TreeID, nil
-}
-
-func limitSubvolume(dir string, bytes int64) error {
-	id, err := subvolumeID(dir)
-	if err != nil {
-		return err
-	}
-	if bytes <= 0 {
-		return nil
-	}
-	f, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", dir, err)
-	}
-	defer f.Close()
-	lim := btrfsQgroupLimitArgs{QgroupID: id, Flags: btrfsLimitMaxRfer, MaxRfer: uint64(bytes)}
-	if err := ioctl(f, btrfsIocQgroupLimit, unsafe.Pointer(&lim)); err != nil {
-		return fmt.Errorf("limit subvolume %s: %w", dir, err)
-	}
-	return nil
-}
+func EnableBtrfs(root string) error { return btrfs.EnableQuota(root) }

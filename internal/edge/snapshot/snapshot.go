@@ -1,0 +1,133 @@
+package snapshot
+
+import (
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Method names how Capture copied an upper.
+type Method string
+
+const (
+	// MethodBtrfs is a writable btrfs snapshot of the subvolume holding the
+	// upper: constant time, whatever the upper holds.
+	MethodBtrfs Method = "btrfs-snapshot"
+	// MethodReflink is a walk of the upper that clones every file's extents
+	// (FICLONE) instead of copying them.
+	MethodReflink Method = "reflink"
+	// MethodCopy is a walk of the upper that copies file contents
+	// (copy_file_range, holes kept).
+	MethodCopy Method = "copy"
+)
+
+// Tree is a captured upper: a private copy of a sandbox's writable layer,
+// owned by the caller of Capture until Remove. Pack reads and edits it.
+type Tree struct {
+	// Dir holds the copy of the upper dir's contents.
+	Dir    string
+	Method Method
+	// Took is how long Capture ran: the part of a snapshot during which
+	// the sandbox must stay frozen.
+	Took time.Duration
+	// Entries and Bytes count the objects and file content (apparent
+	// size, each inode once) a walk copied or cloned; both are 0 for a
+	// btrfs snapshot, which walks nothing.
+	Entries, Bytes int64
+
+	root string // what Remove deletes: Capture's dst
+}
+
+// Remove deletes the captured tree (a btrfs snapshot is destroyed as a
+// whole). It is cleanup and not cancellable; the Tree must not be used
+// after it.
+func (t *Tree) Remove() error { return RemoveCapture(t.root) }
+
+// PackOptions say how Pack turns a Tree into a layer.
+type PackOptions struct {
+	// Lower holds the root directories of the mounted layers the packed
+	// layer will be stacked on, bottom first: the sandbox's own lower
+	// layers. Whiteouts that hide nothing in them are left out.
+	Lower []string
+	// Exclude lists paths inside the sandbox (absolute, no ".." component)
+	// whose changes are left out of the layer, with everything under them.
+	Exclude []string
+	// MaxBytes caps the file content the layer may hold, counting a sparse
+	// file at its full size (the layer stores its holes as zeros); 0 means
+	// 64 GiB.
+	MaxBytes int64
+	// MaxEntries caps the objects the layer may hold; 0 means 2M, as for
+	// an import. (mkfs.erofs holds its whole tree in memory: about 5 GiB
+	// for a million files.)
+	MaxEntries int64
+}
+
+const (
+	defaultMaxBytes   = 64 << 30
+	defaultMaxEntries = 2_000_000
+)
+
+// Packed describes the layer file Pack built.
+type Packed struct {
+	File   string // the EROFS layer file
+	Digest string // "sha256:<hex>" of File
+	Size   int64  // bytes of File
+	// Entries and ContentBytes count what the layer holds: objects, and
+	// file content (each inode once, sparse files at their full size).
+	Entries, ContentBytes int64
+	// Excluded lists the paths of PackOptions.Exclude that the upper
+	// held, which were left out.
+	Excluded []string
+	// Pruned counts the whiteouts and opaque marks left out because they
+	// hide nothing below; StrippedXattrs the overlayfs-private extended
+	// attributes removed.
+	Pruned         image.Pruned
+	StrippedXattrs int64
+	// Warnings say what was left out besides (sockets, device nodes).
+	Warnings []string
+	// Took is the whole Pack; Build its mkfs.erofs part.
+	Took, Build time.Duration
+}
+
+// cleanExcludes checks exclude paths and returns them cleaned and relative
+// to the tree's root, in order, without duplicates.
+func cleanExcludes(paths []string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	for _, p := range paths {
+		rel, err := cleanExclude(p)
+		if err != nil {
+			return nil, fmt.Errorf("exclude %q: %w: %w", p, err, errdefs.ErrInvalidArgument)
+		}
+		if !seen[rel] {
+			seen[rel] = true
+			out = append(out, rel)
+		}
+	}
+	return out, nil
+}
+
+func cleanExclude(p string) (string, error) {
+	switch {
+	case p == "":
+		return "", fmt.Errorf("empty path")
+	case strings.ContainsRune(p, 0):
+		return "", fmt.Errorf("path contains a NUL byte")
+	case !strings.HasPrefix(p, "/"):
+		return "", fmt.Errorf("not an absolute path inside the sandbox")
+	}
+	for _, c := range strings.Split(p, "/") {
+		if c == ".." {
+			return "", fmt.Errorf("path has a .. component")
+		}
+	}
+	rel := strings.TrimPrefix(path.Clean(p), "/")
+	if rel == "" {
+		return "", fmt.Errorf("excludes the whole file system")
+	}
+	return rel, nil
+}

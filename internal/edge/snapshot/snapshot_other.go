@@ -1,0 +1,25 @@
+//go:build !linux
+
+package snapshot
+
+import (
+	"context"
+	"fmt"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Capture needs Linux (overlayfs uppers, btrfs, FICLONE).
+func Capture(ctx context.Context, upper, dst string) (*Tree, error) {
+	return nil, fmt.Errorf("capture upper %s: %w", upper, errdefs.ErrNotSupported)
+}
+
+// Pack needs Linux (mkfs.erofs, overlay whiteouts).
+func Pack(ctx context.Context, t *Tree, out string, opts PackOptions) (Packed, error) {
+	return Packed{}, fmt.Errorf("pack %s: %w", t.Dir, errdefs.ErrNotSupported)
+}
+
+// RemoveCapture needs Linux: nothing can have been captured elsewhere.
+func RemoveCapture(dst string) error {
+	return fmt.Errorf("remove capture %s: %w", dst, errdefs.ErrNotSupported)
+}
