@@ -19,8 +19,8 @@ import (
 
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/daemon"
-	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/edge/lazyd"
+	"dsec.dev/dsec/internal/edge/swap"
 )
 
 const usage = `usage:

@@ -358,13 +358,13 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		agentArgs = append(agentArgs, "--output-limit", fmt.Sprint(cfg.OutputLimit))
 	}
 	n.edge, err = sandbox.New(sandbox.Config{
-		Node:         cfg.Node,
-		Slot:         cfg.Slot,
-		Generation:   cfg.Generation,
-		StateDir:     filepath.Join(cfg.Root, "sandboxes"),
-		Defaults:     cfg.Defaults,
-		Limits:       cfg.Limits,
-		AgentArgs:    agentArgs,
+		Node:            cfg.Node,
+		Slot:            cfg.Slot,
+		Generation:      cfg.Generation,
+		StateDir:        filepath.Join(cfg.Root, "sandboxes"),
+		Defaults:        cfg.Defaults,
+		Limits:          cfg.Limits,
+		AgentArgs:       agentArgs,
 		MaxWarm:         cfg.MaxWarm,
 		TombstoneTTL:    cfg.Retention,
 		PausedRetention: cfg.PausedRetention,
