@@ -106,6 +106,10 @@ func (f *fakeEdge) Resume(ctx context.Context, id string, skipPrefetch bool) (*d
 	return nil, false, 0, fmt.Errorf("fake edge cannot resume: %w", errdefs.ErrNotSupported)
 }
 
+func (f *fakeEdge) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
+	return nil, fmt.Errorf("fake edge cannot snapshot: %w", errdefs.ErrNotSupported)
+}
+
 func (f *fakeEdge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
 	return nil, nil, fmt.Errorf("fake edge has no agents: %w", errdefs.ErrNotSupported)
 }

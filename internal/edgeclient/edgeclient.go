@@ -111,6 +111,10 @@ func (r *Remote) Resume(ctx context.Context, req *connect.Request[dsecv1.ResumeR
 	return unary(ctx, r.c.Resume, req)
 }
 
+func (r *Remote) Snapshot(ctx context.Context, req *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
+	return unary(ctx, r.c.Snapshot, req)
+}
+
 func (r *Remote) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
 	return unary(ctx, r.c.SetNetworkRules, req)
 }

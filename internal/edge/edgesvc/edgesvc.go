@@ -44,6 +44,8 @@ type Edge interface {
 	// only); already says it was paused before. Resume undoes it.
 	Pause(ctx context.Context, id string, keepMemory bool) (sb *dsecv1.Sandbox, already bool, err error)
 	Resume(ctx context.Context, id string, skipPrefetch bool) (sb *dsecv1.Sandbox, already bool, prefetch time.Duration, err error)
+	// Snapshot packs the sandbox's writable layer into layer snap:NAME.
+	Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error)
 	// Agent returns the channel to the sandbox's agent; the sandbox counts
 	// as active until release is called.
 	Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
@@ -245,6 +247,14 @@ func (s *Service) Resume(ctx context.Context, req *connect.Request[dsecv1.Resume
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.ResumeResponse{Sandbox: sb, AlreadyRunning: already, PrefetchMs: prefetch.Milliseconds()}), nil
+}
+
+func (s *Service) Snapshot(ctx context.Context, req *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
+	info, err := s.edge.Snapshot(ctx, req.Msg.GetSandboxId(), req.Msg.GetName(), req.Msg.GetExclude())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(info), nil
 }
 
 func (s *Service) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {

@@ -221,6 +221,14 @@ func (e *Edge) flip(id string, from, to dsecv1.State) (*dsecv1.Sandbox, bool, er
 	return nil, false, sandbox.GoneError(sb)
 }
 
+// Snapshot refuses: a hollow sandbox has no file system.
+func (e *Edge) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
+	if _, err := e.Get(ctx, id); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("sandbox %s is on hollow node %s, which keeps no files: %w", id, e.cfg.Node, errdefs.ErrNotSupported)
+}
+
 // Agent refuses: a hollow sandbox has no agent.
 func (e *Edge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
 	if _, err := e.Get(ctx, id); err != nil {

@@ -117,7 +117,10 @@ func (r *Runtime) Init(ctx context.Context) error {
 	if err := raiseNofile(); err != nil {
 		r.log.Warn("sandboxes get fewer open files", "err", err)
 	}
-	return r.initUpperFS(ctx)
+	if err := r.initUpperFS(ctx); err != nil {
+		return err
+	}
+	return r.clearCaptures()
 }
 
 func (r *Runtime) initUpperFS(ctx context.Context) error {
@@ -280,6 +283,9 @@ func run(ctx context.Context, name string, args ...string) error {
 // device) and removes the cgroup parent. The image file is kept.
 func (r *Runtime) Teardown(ctx context.Context) error {
 	var errs []error
+	if err := r.clearCaptures(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := r.unmountUpperFS(); err != nil {
 		errs = append(errs, err)
 	}

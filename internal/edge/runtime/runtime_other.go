@@ -44,3 +44,6 @@ func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (PauseStat
 func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (ResumeStats, error) {
 	return ResumeStats{}, errdefs.ErrNotSupported
 }
+
+func (r *Runtime) Upper(id string) (string, error) { return "", errdefs.ErrNotSupported }
+func (r *Runtime) CaptureDir() string              { return "" }

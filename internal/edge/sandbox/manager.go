@@ -49,6 +49,14 @@ type Runtime interface {
 	Pause(ctx context.Context, id string, reclaim bool) (runtime.PauseStats, error)
 	Resume(ctx context.Context, id string, prefetch bool) (runtime.ResumeStats, error)
 	Frozen(ctx context.Context, id string) (bool, error)
+	// Freeze and Thaw stop and restart the container's processes, memory
+	// untouched (a snapshot's capture).
+	Freeze(ctx context.Context, id string) error
+	Thaw(ctx context.Context, id string) error
+	// Upper is the container's writable layer; CaptureDir where a
+	// snapshot captures it.
+	Upper(id string) (string, error)
+	CaptureDir() string
 }
 
 // Images resolves environments to mounted layers. *layers.Service
@@ -128,7 +136,8 @@ type Manager struct {
 	cfg    Config
 	rt     Runtime
 	images Images
-	net    Network // nil: the node offers loopback only
+	net    Network   // nil: the node offers loopback only
+	snaps  Snapshots // nil: snapshots are refused
 	dial   DialFunc
 	states *state.Store
 	log    *slog.Logger
@@ -196,13 +205,19 @@ func New(cfg Config, rt Runtime, images Images, net Network, dial DialFunc, log 
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{
+	m := &Manager{
 		cfg: cfg, rt: rt, images: images, net: net, dial: dial, states: st, log: log,
 		sandboxes: make(map[string]*sandbox),
 		pools:     make(map[string]*pool),
 		poolKick:  make(chan struct{}, 1),
 		stop:      make(chan struct{}),
-	}, nil
+	}
+	// A layer service that can take snapshot layers makes snapshots
+	// possible.
+	if sn, ok := images.(Snapshots); ok {
+		m.snaps = sn
+	}
+	return m, nil
 }
 
 // Node is the name of the node this edge owns.

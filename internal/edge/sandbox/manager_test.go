@@ -61,6 +61,11 @@ func (f *fakeRuntime) Frozen(ctx context.Context, id string) (bool, error) {
 	return f.frozen[id], nil
 }
 
+func (f *fakeRuntime) Freeze(ctx context.Context, id string) error { return nil }
+func (f *fakeRuntime) Thaw(ctx context.Context, id string) error   { return nil }
+func (f *fakeRuntime) Upper(id string) (string, error)             { return "/upper/" + id, nil }
+func (f *fakeRuntime) CaptureDir() string                          { return "/captures" }
+
 func (f *fakeRuntime) wait() {
 	f.mu.Lock()
 	h := f.hold

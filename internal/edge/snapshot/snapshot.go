@@ -131,3 +131,10 @@ func cleanExclude(p string) (string, error) {
 	}
 	return rel, nil
 }
+
+// CheckExclude refuses exclude paths Pack would refuse (errdefs.
+// ErrInvalidArgument), so a caller can say so before it freezes anything.
+func CheckExclude(paths []string) error {
+	_, err := cleanExcludes(paths)
+	return err
+}

@@ -328,6 +328,9 @@ const (
 	LayerKind_LAYER_KIND_BASE        LayerKind = 1
 	LayerKind_LAYER_KIND_WORKSPACE   LayerKind = 2
 	LayerKind_LAYER_KIND_TOOLKIT     LayerKind = 3
+	// A sandbox's writable layer packed by Snapshot: it goes on top of the
+	// layers the sandbox ran on (see Snapshot.environment).
+	LayerKind_LAYER_KIND_SNAPSHOT LayerKind = 4
 )
 
 // Enum value maps for LayerKind.
@@ -337,12 +340,14 @@ var (
 		1: "LAYER_KIND_BASE",
 		2: "LAYER_KIND_WORKSPACE",
 		3: "LAYER_KIND_TOOLKIT",
+		4: "LAYER_KIND_SNAPSHOT",
 	}
 	LayerKind_value = map[string]int32{
 		"LAYER_KIND_UNSPECIFIED": 0,
 		"LAYER_KIND_BASE":        1,
 		"LAYER_KIND_WORKSPACE":   2,
 		"LAYER_KIND_TOOLKIT":     3,
+		"LAYER_KIND_SNAPSHOT":    4,
 	}
 )
 
@@ -4116,7 +4121,9 @@ type Layer struct {
 	Source        string                 `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
 	// With the ImportLayer that built it: what the import left out, e.g.
 	// device nodes under /dev (the runtime gives every sandbox its own /dev).
-	Warnings      []string `protobuf:"bytes,7,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Warnings []string `protobuf:"bytes,7,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// For a snapshot layer (kind snapshot): what it was taken from.
+	Snapshot      *SnapshotInfo `protobuf:"bytes,8,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4200,6 +4207,558 @@ func (x *Layer) GetWarnings() []string {
 	return nil
 }
 
+func (x *Layer) GetSnapshot() *SnapshotInfo {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+// A snapshot: a sandbox's file system at one point, kept as a layer
+// (snap:NAME) in the blob store, usable on every node that shares it. No
+// processes and no memory are kept: a sandbox made from it starts fresh
+// processes on that file system.
+type SnapshotInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Layer string                 `protobuf:"bytes,2,opt,name=layer,proto3" json:"layer,omitempty"` // the layer's ref: "snap:NAME"
+	// What restores it: the source's environment with the snapshot on top,
+	// "BASE[+LAYER...]+snap:NAME", for create(env=...).
+	Environment   string   `protobuf:"bytes,3,opt,name=environment,proto3" json:"environment,omitempty"`
+	Digest        string   `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`
+	Size          int64    `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"` // bytes of the layer file
+	SourceSandbox string   `protobuf:"bytes,6,opt,name=source_sandbox,json=sourceSandbox,proto3" json:"source_sandbox,omitempty"`
+	Node          string   `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"` // where it was taken
+	CreatedUnixMs int64    `protobuf:"varint,8,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	FrozenUs      int64    `protobuf:"varint,9,opt,name=frozen_us,json=frozenUs,proto3" json:"frozen_us,omitempty"`                // how long the source stood still for the capture
+	CaptureMethod string   `protobuf:"bytes,10,opt,name=capture_method,json=captureMethod,proto3" json:"capture_method,omitempty"` // btrfs-snapshot, reflink or copy
+	PackMs        int64    `protobuf:"varint,11,opt,name=pack_ms,json=packMs,proto3" json:"pack_ms,omitempty"`                     // building the layer, after the source ran on
+	Excluded      []string `protobuf:"bytes,12,rep,name=excluded,proto3" json:"excluded,omitempty"`                                // paths of exclude the sandbox had changed, left out
+	Warnings      []string `protobuf:"bytes,13,rep,name=warnings,proto3" json:"warnings,omitempty"`                                // what was left out besides (sockets, device nodes)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotInfo) Reset() {
+	*x = SnapshotInfo{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotInfo) ProtoMessage() {}
+
+func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
+func (*SnapshotInfo) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *SnapshotInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetLayer() string {
+	if x != nil {
+		return x.Layer
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetEnvironment() string {
+	if x != nil {
+		return x.Environment
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetSourceSandbox() string {
+	if x != nil {
+		return x.SourceSandbox
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetFrozenUs() int64 {
+	if x != nil {
+		return x.FrozenUs
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetCaptureMethod() string {
+	if x != nil {
+		return x.CaptureMethod
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetPackMs() int64 {
+	if x != nil {
+		return x.PackMs
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetExcluded() []string {
+	if x != nil {
+		return x.Excluded
+	}
+	return nil
+}
+
+func (x *SnapshotInfo) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+type SnapshotRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The snapshot's name; its layer is snap:NAME. An existing name is
+	// AlreadyExists. Letters, digits and . _ - only.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Paths inside the sandbox whose changes are left out (build residue,
+	// reference answers, caches), with everything under them. Absolute, no
+	// "..": anything else is InvalidArgument.
+	Exclude       []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRequest) Reset() {
+	*x = SnapshotRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRequest) ProtoMessage() {}
+
+func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *SnapshotRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SnapshotRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotRequest) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+type ListSnapshotsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsRequest) Reset() {
+	*x = ListSnapshotsRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsRequest) ProtoMessage() {}
+
+func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+}
+
+type ListSnapshotsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots     []*SnapshotInfo        `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsResponse) Reset() {
+	*x = ListSnapshotsResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsResponse) ProtoMessage() {}
+
+func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+type DeleteSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotRequest) Reset() {
+	*x = DeleteSnapshotRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotRequest) ProtoMessage() {}
+
+func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *DeleteSnapshotRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotResponse) Reset() {
+	*x = DeleteSnapshotResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotResponse) ProtoMessage() {}
+
+func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+}
+
+type ForkRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Count     int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`    // 1 to 16 children
+	Exclude   []string               `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"` // as for Snapshot
+	// The snapshot's name; default fork-<sandbox>-<time>.
+	Name          string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *ForkRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkRequest) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+func (x *ForkRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// One child of a fork: its sandbox, or why it could not be made.
+type ForkChild struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkChild) Reset() {
+	*x = ForkChild{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkChild) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkChild) ProtoMessage() {}
+
+func (x *ForkChild) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
+func (*ForkChild) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *ForkChild) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ForkChild) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type ForkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      *SnapshotInfo          `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Children      []*ForkChild           `protobuf:"bytes,2,rep,name=children,proto3" json:"children,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetChildren() []*ForkChild {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
 type ImportLayerRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Ref         string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag
@@ -4216,7 +4775,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4228,7 +4787,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4241,7 +4800,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -4287,7 +4846,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4299,7 +4858,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4312,7 +4871,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 type ListLayersResponse struct {
@@ -4324,7 +4883,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4336,7 +4895,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4349,7 +4908,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -4368,7 +4927,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4380,7 +4939,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4393,7 +4952,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -4411,7 +4970,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4423,7 +4982,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4436,7 +4995,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 type Environment struct {
@@ -4451,7 +5010,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4463,7 +5022,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4476,7 +5035,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *Environment) GetName() string {
@@ -4515,7 +5074,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4527,7 +5086,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4540,7 +5099,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 type ListEnvironmentsResponse struct {
@@ -4552,7 +5111,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4564,7 +5123,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4577,7 +5136,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -4598,7 +5157,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4610,7 +5169,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4623,7 +5182,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -4656,7 +5215,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +5227,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +5240,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -4702,7 +5261,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4714,7 +5273,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4727,7 +5286,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -4769,7 +5328,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4781,7 +5340,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4794,7 +5353,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -4876,7 +5435,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4888,7 +5447,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4901,7 +5460,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -4927,7 +5486,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4939,7 +5498,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4952,7 +5511,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -5008,7 +5567,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5020,7 +5579,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5033,7 +5592,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -5114,7 +5673,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5126,7 +5685,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5139,7 +5698,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 type LayerUsage struct {
@@ -5161,7 +5720,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5173,7 +5732,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5186,7 +5745,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -5279,7 +5838,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5291,7 +5850,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5304,7 +5863,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -5354,7 +5913,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5366,7 +5925,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5379,7 +5938,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -5731,7 +6290,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04user\x18\x03 \x01(\tR\x04user\"#\n" +
 	"\rDownloadChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xcb\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\xfe\x01\n" +
 	"\x05Layer\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
@@ -5739,7 +6298,46 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12\x16\n" +
 	"\x06source\x18\x06 \x01(\tR\x06source\x12\x1a\n" +
-	"\bwarnings\x18\a \x03(\tR\bwarnings\"\x9f\x01\n" +
+	"\bwarnings\x18\a \x03(\tR\bwarnings\x121\n" +
+	"\bsnapshot\x18\b \x01(\v2\x15.dsec.v1.SnapshotInfoR\bsnapshot\"\xfe\x02\n" +
+	"\fSnapshotInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05layer\x18\x02 \x01(\tR\x05layer\x12 \n" +
+	"\venvironment\x18\x03 \x01(\tR\venvironment\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\x12\x12\n" +
+	"\x04size\x18\x05 \x01(\x03R\x04size\x12%\n" +
+	"\x0esource_sandbox\x18\x06 \x01(\tR\rsourceSandbox\x12\x12\n" +
+	"\x04node\x18\a \x01(\tR\x04node\x12&\n" +
+	"\x0fcreated_unix_ms\x18\b \x01(\x03R\rcreatedUnixMs\x12\x1b\n" +
+	"\tfrozen_us\x18\t \x01(\x03R\bfrozenUs\x12%\n" +
+	"\x0ecapture_method\x18\n" +
+	" \x01(\tR\rcaptureMethod\x12\x17\n" +
+	"\apack_ms\x18\v \x01(\x03R\x06packMs\x12\x1a\n" +
+	"\bexcluded\x18\f \x03(\tR\bexcluded\x12\x1a\n" +
+	"\bwarnings\x18\r \x03(\tR\bwarnings\"^\n" +
+	"\x0fSnapshotRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
+	"\aexclude\x18\x03 \x03(\tR\aexclude\"\x16\n" +
+	"\x14ListSnapshotsRequest\"L\n" +
+	"\x15ListSnapshotsResponse\x123\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\"+\n" +
+	"\x15DeleteSnapshotRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
+	"\x16DeleteSnapshotResponse\"p\n" +
+	"\vForkRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x18\n" +
+	"\aexclude\x18\x03 \x03(\tR\aexclude\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"M\n" +
+	"\tForkChild\x12*\n" +
+	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"q\n" +
+	"\fForkResponse\x121\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x15.dsec.v1.SnapshotInfoR\bsnapshot\x12.\n" +
+	"\bchildren\x18\x02 \x03(\v2\x12.dsec.v1.ForkChildR\bchildren\"\x9f\x01\n" +
 	"\x12ImportLayerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
@@ -5878,19 +6476,24 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x13EXIT_STATUS_TIMEOUT\x10\x03\x12\x13\n" +
 	"\x0fEXIT_STATUS_OOM\x10\x04\x12\x16\n" +
 	"\x12EXIT_STATUS_KILLED\x10\x05\x12\x1b\n" +
-	"\x17EXIT_STATUS_START_ERROR\x10\x06*n\n" +
+	"\x17EXIT_STATUS_START_ERROR\x10\x06*\x87\x01\n" +
 	"\tLayerKind\x12\x1a\n" +
 	"\x16LAYER_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLAYER_KIND_BASE\x10\x01\x12\x18\n" +
 	"\x14LAYER_KIND_WORKSPACE\x10\x02\x12\x16\n" +
-	"\x12LAYER_KIND_TOOLKIT\x10\x032\xfd\r\n" +
+	"\x12LAYER_KIND_TOOLKIT\x10\x03\x12\x17\n" +
+	"\x13LAYER_KIND_SNAPSHOT\x10\x042\x9c\x10\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
 	"\x04List\x12\x14.dsec.v1.ListRequest\x1a\x15.dsec.v1.ListResponse\"\x03\x90\x02\x01\x12>\n" +
 	"\x06Delete\x12\x16.dsec.v1.DeleteRequest\x1a\x17.dsec.v1.DeleteResponse\"\x03\x90\x02\x02\x12;\n" +
 	"\x05Pause\x12\x15.dsec.v1.PauseRequest\x1a\x16.dsec.v1.PauseResponse\"\x03\x90\x02\x02\x12>\n" +
-	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x122\n" +
+	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x12;\n" +
+	"\bSnapshot\x12\x18.dsec.v1.SnapshotRequest\x1a\x15.dsec.v1.SnapshotInfo\x12S\n" +
+	"\rListSnapshots\x12\x1d.dsec.v1.ListSnapshotsRequest\x1a\x1e.dsec.v1.ListSnapshotsResponse\"\x03\x90\x02\x01\x12V\n" +
+	"\x0eDeleteSnapshot\x12\x1e.dsec.v1.DeleteSnapshotRequest\x1a\x1f.dsec.v1.DeleteSnapshotResponse\"\x03\x90\x02\x02\x123\n" +
+	"\x04Fork\x12\x14.dsec.v1.ForkRequest\x1a\x15.dsec.v1.ForkResponse\x122\n" +
 	"\x04Exec\x12\x14.dsec.v1.ExecRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x126\n" +
 	"\x06Attach\x12\x16.dsec.v1.AttachRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x12E\n" +
 	"\n" +
@@ -5938,7 +6541,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 92)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -6003,38 +6606,47 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*DownloadRequest)(nil),          // 60: dsec.v1.DownloadRequest
 	(*DownloadChunk)(nil),            // 61: dsec.v1.DownloadChunk
 	(*Layer)(nil),                    // 62: dsec.v1.Layer
-	(*ImportLayerRequest)(nil),       // 63: dsec.v1.ImportLayerRequest
-	(*ListLayersRequest)(nil),        // 64: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 65: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 66: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 67: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 68: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 69: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 70: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 71: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 72: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 73: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 74: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 75: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 76: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 77: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 78: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 79: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 80: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 81: dsec.v1.LayerStatsResponse
-	nil,                              // 82: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 83: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 84: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 85: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 86: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 87: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 88: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	(*SnapshotInfo)(nil),             // 63: dsec.v1.SnapshotInfo
+	(*SnapshotRequest)(nil),          // 64: dsec.v1.SnapshotRequest
+	(*ListSnapshotsRequest)(nil),     // 65: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 66: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),    // 67: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 68: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),              // 69: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                // 70: dsec.v1.ForkChild
+	(*ForkResponse)(nil),             // 71: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),       // 72: dsec.v1.ImportLayerRequest
+	(*ListLayersRequest)(nil),        // 73: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 74: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 75: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 76: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 77: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 78: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 79: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 80: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 81: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 82: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 83: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 84: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 85: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 86: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 87: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 88: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 89: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 90: dsec.v1.LayerStatsResponse
+	nil,                              // 91: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 92: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 93: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 94: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 95: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 96: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 97: dsec.v1.SetNetworkRulesRequest.RulesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	3,  // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	82, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	83, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	84, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	91, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	92, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	93, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	2,  // 4: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	6,  // 5: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
 	0,  // 6: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
@@ -6044,13 +6656,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	7,  // 10: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
 	6,  // 11: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	7,  // 12: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	85, // 13: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	94, // 13: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,  // 14: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	7,  // 15: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	6,  // 16: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	6,  // 17: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	19, // 18: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	86, // 19: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	95, // 19: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	26, // 20: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	27, // 21: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	4,  // 22: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
@@ -6058,90 +6670,103 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	34, // 24: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	42, // 25: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	43, // 26: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	87, // 27: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	96, // 27: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	43, // 28: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	27, // 29: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	45, // 30: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
 	45, // 31: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
 	5,  // 32: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	5,  // 33: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	62, // 34: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	68, // 35: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	88, // 36: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	74, // 37: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	79, // 38: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	80, // 39: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	13, // 40: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	15, // 41: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	16, // 42: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	22, // 43: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	9,  // 44: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	11, // 45: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	24, // 46: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	28, // 47: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	29, // 48: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	31, // 49: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	33, // 50: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	36, // 51: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	37, // 52: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	39, // 53: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	41, // 54: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	46, // 55: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	48, // 56: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	50, // 57: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	52, // 58: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	54, // 59: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	56, // 60: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	58, // 61: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	60, // 62: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	71, // 63: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	73, // 64: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	18, // 65: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	20, // 66: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	63, // 67: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	64, // 68: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	66, // 69: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	69, // 70: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	76, // 71: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	78, // 72: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	14, // 73: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	7,  // 74: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	17, // 75: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	23, // 76: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	10, // 77: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	12, // 78: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	25, // 79: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	25, // 80: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	30, // 81: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	32, // 82: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	35, // 83: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	25, // 84: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	38, // 85: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	40, // 86: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	44, // 87: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	47, // 88: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	49, // 89: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	51, // 90: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	53, // 91: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	55, // 92: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	57, // 93: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	59, // 94: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	61, // 95: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	72, // 96: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	75, // 97: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	19, // 98: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	21, // 99: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	62, // 100: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	65, // 101: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	67, // 102: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	70, // 103: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	77, // 104: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	81, // 105: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	73, // [73:106] is the sub-list for method output_type
-	40, // [40:73] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	63, // 33: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	63, // 34: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	7,  // 35: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	63, // 36: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	70, // 37: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	5,  // 38: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	62, // 39: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	77, // 40: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	97, // 41: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	83, // 42: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	88, // 43: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	89, // 44: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	13, // 45: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	15, // 46: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	16, // 47: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	22, // 48: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	9,  // 49: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	11, // 50: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	64, // 51: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	65, // 52: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	67, // 53: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	69, // 54: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	24, // 55: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	28, // 56: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	29, // 57: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	31, // 58: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	33, // 59: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	36, // 60: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	37, // 61: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	39, // 62: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	41, // 63: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	46, // 64: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	48, // 65: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	50, // 66: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	52, // 67: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	54, // 68: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	56, // 69: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	58, // 70: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	60, // 71: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	80, // 72: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	82, // 73: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	18, // 74: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	20, // 75: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	72, // 76: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	73, // 77: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	75, // 78: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	78, // 79: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	85, // 80: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	87, // 81: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	14, // 82: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	7,  // 83: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	17, // 84: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	23, // 85: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	10, // 86: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	12, // 87: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	63, // 88: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	66, // 89: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	68, // 90: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	71, // 91: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	25, // 92: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	25, // 93: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	30, // 94: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	32, // 95: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	35, // 96: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	25, // 97: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	38, // 98: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	40, // 99: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	44, // 100: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	47, // 101: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	49, // 102: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	51, // 103: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	53, // 104: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	55, // 105: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	57, // 106: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	59, // 107: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	61, // 108: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	81, // 109: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	84, // 110: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	19, // 111: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	21, // 112: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	62, // 113: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	74, // 114: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	76, // 115: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	79, // 116: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	86, // 117: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	90, // 118: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	82, // [82:119] is the sub-list for method output_type
+	45, // [45:82] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -6172,7 +6797,7 @@ func file_dsec_v1_dsec_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   83,
+			NumMessages:   92,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -276,7 +276,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\brefusing\x18\f \x01(\tR\brefusing\"\\\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12!\n" +
-	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken2\x86\x12\n" +
+	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken2\xc3\x12\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x121\n" +
@@ -284,7 +284,8 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x04List\x12\x14.dsec.v1.ListRequest\x1a\x15.dsec.v1.ListResponse\"\x03\x90\x02\x01\x12>\n" +
 	"\x06Delete\x12\x16.dsec.v1.DeleteRequest\x1a\x17.dsec.v1.DeleteResponse\"\x03\x90\x02\x02\x12;\n" +
 	"\x05Pause\x12\x15.dsec.v1.PauseRequest\x1a\x16.dsec.v1.PauseResponse\"\x03\x90\x02\x02\x12>\n" +
-	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x12Y\n" +
+	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x12;\n" +
+	"\bSnapshot\x12\x18.dsec.v1.SnapshotRequest\x1a\x15.dsec.v1.SnapshotInfo\x12Y\n" +
 	"\x0fSetNetworkRules\x12\x1f.dsec.v1.SetNetworkRulesRequest\x1a .dsec.v1.SetNetworkRulesResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\n" +
 	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12B\n" +
@@ -342,63 +343,65 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*v1.DeleteRequest)(nil),            // 7: dsec.v1.DeleteRequest
 	(*v1.PauseRequest)(nil),             // 8: dsec.v1.PauseRequest
 	(*v1.ResumeRequest)(nil),            // 9: dsec.v1.ResumeRequest
-	(*v1.SetNetworkRulesRequest)(nil),   // 10: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),        // 11: dsec.v1.NetworkLogRequest
-	(*v1.SetWarmPoolRequest)(nil),       // 12: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),     // 13: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),       // 14: dsec.v1.ImportLayerRequest
-	(*v1.ListLayersRequest)(nil),        // 15: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),       // 16: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),  // 17: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),       // 18: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),        // 19: dsec.v1.LayerStatsRequest
-	(*v1.ExecRequest)(nil),              // 20: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 21: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 22: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 23: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 24: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 25: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 26: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 27: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 28: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 29: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 30: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 31: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 32: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 33: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 34: dsec.v1.MakeDirRequest
-	(*v1.UploadRequest)(nil),            // 35: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 36: dsec.v1.DownloadRequest
-	(*v1.Sandbox)(nil),                  // 37: dsec.v1.Sandbox
-	(*v1.ListResponse)(nil),             // 38: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),           // 39: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),            // 40: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),           // 41: dsec.v1.ResumeResponse
-	(*v1.SetNetworkRulesResponse)(nil),  // 42: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),       // 43: dsec.v1.NetworkLogResponse
-	(*v1.WarmPool)(nil),                 // 44: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),    // 45: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                    // 46: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),       // 47: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),      // 48: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil), // 49: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),      // 50: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),       // 51: dsec.v1.LayerStatsResponse
-	(*v1.ExecEvent)(nil),                // 52: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 53: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 54: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 55: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 56: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 57: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 58: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 59: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 60: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 61: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 62: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 63: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 64: dsec.v1.MakeDirResponse
-	(*v1.UploadResponse)(nil),           // 65: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 66: dsec.v1.DownloadChunk
+	(*v1.SnapshotRequest)(nil),          // 10: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),   // 11: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),        // 12: dsec.v1.NetworkLogRequest
+	(*v1.SetWarmPoolRequest)(nil),       // 13: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),     // 14: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),       // 15: dsec.v1.ImportLayerRequest
+	(*v1.ListLayersRequest)(nil),        // 16: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),       // 17: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),  // 18: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),       // 19: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),        // 20: dsec.v1.LayerStatsRequest
+	(*v1.ExecRequest)(nil),              // 21: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 22: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 23: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 24: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 25: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 26: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 27: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 28: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 29: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 30: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 31: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 32: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 33: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 34: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 35: dsec.v1.MakeDirRequest
+	(*v1.UploadRequest)(nil),            // 36: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 37: dsec.v1.DownloadRequest
+	(*v1.Sandbox)(nil),                  // 38: dsec.v1.Sandbox
+	(*v1.ListResponse)(nil),             // 39: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),           // 40: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),            // 41: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),           // 42: dsec.v1.ResumeResponse
+	(*v1.SnapshotInfo)(nil),             // 43: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),  // 44: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),       // 45: dsec.v1.NetworkLogResponse
+	(*v1.WarmPool)(nil),                 // 46: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),    // 47: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                    // 48: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),       // 49: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),      // 50: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil), // 51: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),      // 52: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),       // 53: dsec.v1.LayerStatsResponse
+	(*v1.ExecEvent)(nil),                // 54: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 55: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 56: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 57: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 58: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 59: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 60: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 61: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 62: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 63: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 64: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 65: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 66: dsec.v1.MakeDirResponse
+	(*v1.UploadResponse)(nil),           // 67: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 68: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
 	3,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
@@ -410,69 +413,71 @@ var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
 	7,  // 6: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
 	8,  // 7: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
 	9,  // 8: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	10, // 9: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	11, // 10: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	12, // 11: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	13, // 12: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	14, // 13: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	15, // 14: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	16, // 15: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	17, // 16: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	18, // 17: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	19, // 18: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	20, // 19: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	21, // 20: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	22, // 21: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	23, // 22: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	24, // 23: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	25, // 24: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	26, // 25: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	27, // 26: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	28, // 27: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	29, // 28: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	30, // 29: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	31, // 30: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	32, // 31: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	33, // 32: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	34, // 33: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	35, // 34: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	36, // 35: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	1,  // 36: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	37, // 37: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	37, // 38: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	38, // 39: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	39, // 40: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	40, // 41: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	41, // 42: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	42, // 43: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	43, // 44: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	44, // 45: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	45, // 46: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	46, // 47: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	47, // 48: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	48, // 49: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	49, // 50: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	50, // 51: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	51, // 52: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	52, // 53: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	52, // 54: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	53, // 55: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	54, // 56: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	55, // 57: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	52, // 58: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	56, // 59: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	57, // 60: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	58, // 61: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	59, // 62: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	60, // 63: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	61, // 64: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	62, // 65: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	63, // 66: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	64, // 67: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	65, // 68: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	66, // 69: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	36, // [36:70] is the sub-list for method output_type
-	2,  // [2:36] is the sub-list for method input_type
+	10, // 9: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	11, // 10: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	12, // 11: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	13, // 12: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	14, // 13: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	15, // 14: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	16, // 15: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	17, // 16: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	18, // 17: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	19, // 18: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	20, // 19: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	21, // 20: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	22, // 21: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	23, // 22: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	24, // 23: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	25, // 24: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	26, // 25: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	27, // 26: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	28, // 27: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	29, // 28: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	30, // 29: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	31, // 30: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	32, // 31: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	33, // 32: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	34, // 33: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	35, // 34: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	36, // 35: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	37, // 36: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	1,  // 37: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	38, // 38: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	38, // 39: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	39, // 40: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	40, // 41: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	41, // 42: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	42, // 43: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	43, // 44: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	44, // 45: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	45, // 46: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	46, // 47: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	47, // 48: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	48, // 49: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	49, // 50: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	50, // 51: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	51, // 52: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	52, // 53: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	53, // 54: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	54, // 55: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	54, // 56: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	55, // 57: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	56, // 58: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	57, // 59: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	54, // 60: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	58, // 61: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	59, // 62: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	60, // 63: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	61, // 64: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	62, // 65: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	63, // 66: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	64, // 67: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	65, // 68: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	66, // 69: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	67, // 70: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	68, // 71: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	37, // [37:72] is the sub-list for method output_type
+	2,  // [2:37] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name

@@ -50,6 +50,16 @@ const (
 	SandboxServicePauseProcedure = "/dsec.v1.SandboxService/Pause"
 	// SandboxServiceResumeProcedure is the fully-qualified name of the SandboxService's Resume RPC.
 	SandboxServiceResumeProcedure = "/dsec.v1.SandboxService/Resume"
+	// SandboxServiceSnapshotProcedure is the fully-qualified name of the SandboxService's Snapshot RPC.
+	SandboxServiceSnapshotProcedure = "/dsec.v1.SandboxService/Snapshot"
+	// SandboxServiceListSnapshotsProcedure is the fully-qualified name of the SandboxService's
+	// ListSnapshots RPC.
+	SandboxServiceListSnapshotsProcedure = "/dsec.v1.SandboxService/ListSnapshots"
+	// SandboxServiceDeleteSnapshotProcedure is the fully-qualified name of the SandboxService's
+	// DeleteSnapshot RPC.
+	SandboxServiceDeleteSnapshotProcedure = "/dsec.v1.SandboxService/DeleteSnapshot"
+	// SandboxServiceForkProcedure is the fully-qualified name of the SandboxService's Fork RPC.
+	SandboxServiceForkProcedure = "/dsec.v1.SandboxService/Fork"
 	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
 	SandboxServiceExecProcedure = "/dsec.v1.SandboxService/Exec"
 	// SandboxServiceAttachProcedure is the fully-qualified name of the SandboxService's Attach RPC.
@@ -137,6 +147,18 @@ type SandboxServiceClient interface {
 	// Resume brings a paused sandbox's memory back and thaws it. Resuming a
 	// running sandbox does nothing and says so.
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// Snapshot freezes the sandbox for as long as it takes to capture its
+	// writable layer (a paused one is resumed first), thaws it, and packs the
+	// capture into a layer, snap:NAME, in the blob store: a sandbox made from
+	// SnapshotInfo.environment carries on from that file system, on any node.
+	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotInfo], error)
+	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
+	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
+	// Fork takes one snapshot of the sandbox and makes count new sandboxes
+	// from it, with the source's spec: one result per child. A file-system
+	// fork: the children start fresh processes (this kernel cannot checkpoint
+	// memory).
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Exec runs a command and streams its output. A foreground command is
 	// killed (with its whole process tree) when the stream is cancelled; a
 	// background one keeps running and can be reattached with Attach.
@@ -233,6 +255,32 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			baseURL+SandboxServiceResumeProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotInfo](
+			httpClient,
+			baseURL+SandboxServiceSnapshotProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Snapshot")),
+			connect.WithClientOptions(opts...),
+		),
+		listSnapshots: connect.NewClient[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse](
+			httpClient,
+			baseURL+SandboxServiceListSnapshotsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListSnapshots")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		deleteSnapshot: connect.NewClient[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse](
+			httpClient,
+			baseURL+SandboxServiceDeleteSnapshotProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("DeleteSnapshot")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		fork: connect.NewClient[v1.ForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+SandboxServiceForkProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
 			connect.WithClientOptions(opts...),
 		),
 		exec: connect.NewClient[v1.ExecRequest, v1.ExecEvent](
@@ -376,6 +424,10 @@ type sandboxServiceClient struct {
 	delete           *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
 	pause            *connect.Client[v1.PauseRequest, v1.PauseResponse]
 	resume           *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	snapshot         *connect.Client[v1.SnapshotRequest, v1.SnapshotInfo]
+	listSnapshots    *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
+	deleteSnapshot   *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
+	fork             *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	exec             *connect.Client[v1.ExecRequest, v1.ExecEvent]
 	attach           *connect.Client[v1.AttachRequest, v1.ExecEvent]
 	writeStdin       *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
@@ -427,6 +479,26 @@ func (c *sandboxServiceClient) Pause(ctx context.Context, req *connect.Request[v
 // Resume calls dsec.v1.SandboxService.Resume.
 func (c *sandboxServiceClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
 	return c.resume.CallUnary(ctx, req)
+}
+
+// Snapshot calls dsec.v1.SandboxService.Snapshot.
+func (c *sandboxServiceClient) Snapshot(ctx context.Context, req *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotInfo], error) {
+	return c.snapshot.CallUnary(ctx, req)
+}
+
+// ListSnapshots calls dsec.v1.SandboxService.ListSnapshots.
+func (c *sandboxServiceClient) ListSnapshots(ctx context.Context, req *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error) {
+	return c.listSnapshots.CallUnary(ctx, req)
+}
+
+// DeleteSnapshot calls dsec.v1.SandboxService.DeleteSnapshot.
+func (c *sandboxServiceClient) DeleteSnapshot(ctx context.Context, req *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error) {
+	return c.deleteSnapshot.CallUnary(ctx, req)
+}
+
+// Fork calls dsec.v1.SandboxService.Fork.
+func (c *sandboxServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.fork.CallUnary(ctx, req)
 }
 
 // Exec calls dsec.v1.SandboxService.Exec.
@@ -551,6 +623,18 @@ type SandboxServiceHandler interface {
 	// Resume brings a paused sandbox's memory back and thaws it. Resuming a
 	// running sandbox does nothing and says so.
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// Snapshot freezes the sandbox for as long as it takes to capture its
+	// writable layer (a paused one is resumed first), thaws it, and packs the
+	// capture into a layer, snap:NAME, in the blob store: a sandbox made from
+	// SnapshotInfo.environment carries on from that file system, on any node.
+	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotInfo], error)
+	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
+	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
+	// Fork takes one snapshot of the sandbox and makes count new sandboxes
+	// from it, with the source's spec: one result per child. A file-system
+	// fork: the children start fresh processes (this kernel cannot checkpoint
+	// memory).
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Exec runs a command and streams its output. A foreground command is
 	// killed (with its whole process tree) when the stream is cancelled; a
 	// background one keeps running and can be reattached with Attach.
@@ -643,6 +727,32 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		svc.Resume,
 		connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSnapshotHandler := connect.NewUnaryHandler(
+		SandboxServiceSnapshotProcedure,
+		svc.Snapshot,
+		connect.WithSchema(sandboxServiceMethods.ByName("Snapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListSnapshotsHandler := connect.NewUnaryHandler(
+		SandboxServiceListSnapshotsProcedure,
+		svc.ListSnapshots,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListSnapshots")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceDeleteSnapshotHandler := connect.NewUnaryHandler(
+		SandboxServiceDeleteSnapshotProcedure,
+		svc.DeleteSnapshot,
+		connect.WithSchema(sandboxServiceMethods.ByName("DeleteSnapshot")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceForkHandler := connect.NewUnaryHandler(
+		SandboxServiceForkProcedure,
+		svc.Fork,
+		connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceExecHandler := connect.NewServerStreamHandler(
@@ -789,6 +899,14 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServicePauseHandler.ServeHTTP(w, r)
 		case SandboxServiceResumeProcedure:
 			sandboxServiceResumeHandler.ServeHTTP(w, r)
+		case SandboxServiceSnapshotProcedure:
+			sandboxServiceSnapshotHandler.ServeHTTP(w, r)
+		case SandboxServiceListSnapshotsProcedure:
+			sandboxServiceListSnapshotsHandler.ServeHTTP(w, r)
+		case SandboxServiceDeleteSnapshotProcedure:
+			sandboxServiceDeleteSnapshotHandler.ServeHTTP(w, r)
+		case SandboxServiceForkProcedure:
+			sandboxServiceForkHandler.ServeHTTP(w, r)
 		case SandboxServiceExecProcedure:
 			sandboxServiceExecHandler.ServeHTTP(w, r)
 		case SandboxServiceAttachProcedure:
@@ -862,6 +980,22 @@ func (UnimplementedSandboxServiceHandler) Pause(context.Context, *connect.Reques
 
 func (UnimplementedSandboxServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Resume is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotInfo], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Snapshot is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.ListSnapshots is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.DeleteSnapshot is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Fork is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecEvent]) error {

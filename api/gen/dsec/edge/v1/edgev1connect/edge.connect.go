@@ -55,6 +55,8 @@ const (
 	EdgeServicePauseProcedure = "/dsec.edge.v1.EdgeService/Pause"
 	// EdgeServiceResumeProcedure is the fully-qualified name of the EdgeService's Resume RPC.
 	EdgeServiceResumeProcedure = "/dsec.edge.v1.EdgeService/Resume"
+	// EdgeServiceSnapshotProcedure is the fully-qualified name of the EdgeService's Snapshot RPC.
+	EdgeServiceSnapshotProcedure = "/dsec.edge.v1.EdgeService/Snapshot"
 	// EdgeServiceSetNetworkRulesProcedure is the fully-qualified name of the EdgeService's
 	// SetNetworkRules RPC.
 	EdgeServiceSetNetworkRulesProcedure = "/dsec.edge.v1.EdgeService/SetNetworkRules"
@@ -134,6 +136,7 @@ type EdgeServiceClient interface {
 	Delete(context.Context, *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error)
 	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
+	Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
@@ -228,6 +231,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			baseURL+EdgeServiceResumeProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("Resume")),
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		snapshot: connect.NewClient[v11.SnapshotRequest, v11.SnapshotInfo](
+			httpClient,
+			baseURL+EdgeServiceSnapshotProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Snapshot")),
 			connect.WithClientOptions(opts...),
 		),
 		setNetworkRules: connect.NewClient[v11.SetNetworkRulesRequest, v11.SetNetworkRulesResponse](
@@ -411,6 +420,7 @@ type edgeServiceClient struct {
 	delete           *connect.Client[v11.DeleteRequest, v11.DeleteResponse]
 	pause            *connect.Client[v11.PauseRequest, v11.PauseResponse]
 	resume           *connect.Client[v11.ResumeRequest, v11.ResumeResponse]
+	snapshot         *connect.Client[v11.SnapshotRequest, v11.SnapshotInfo]
 	setNetworkRules  *connect.Client[v11.SetNetworkRulesRequest, v11.SetNetworkRulesResponse]
 	networkLog       *connect.Client[v11.NetworkLogRequest, v11.NetworkLogResponse]
 	setWarmPool      *connect.Client[v11.SetWarmPoolRequest, v11.WarmPool]
@@ -473,6 +483,11 @@ func (c *edgeServiceClient) Pause(ctx context.Context, req *connect.Request[v11.
 // Resume calls dsec.edge.v1.EdgeService.Resume.
 func (c *edgeServiceClient) Resume(ctx context.Context, req *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error) {
 	return c.resume.CallUnary(ctx, req)
+}
+
+// Snapshot calls dsec.edge.v1.EdgeService.Snapshot.
+func (c *edgeServiceClient) Snapshot(ctx context.Context, req *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error) {
+	return c.snapshot.CallUnary(ctx, req)
 }
 
 // SetNetworkRules calls dsec.edge.v1.EdgeService.SetNetworkRules.
@@ -627,6 +642,7 @@ type EdgeServiceHandler interface {
 	Delete(context.Context, *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error)
 	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
+	Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
@@ -717,6 +733,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		svc.Resume,
 		connect.WithSchema(edgeServiceMethods.ByName("Resume")),
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceSnapshotHandler := connect.NewUnaryHandler(
+		EdgeServiceSnapshotProcedure,
+		svc.Snapshot,
+		connect.WithSchema(edgeServiceMethods.ByName("Snapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServiceSetNetworkRulesHandler := connect.NewUnaryHandler(
@@ -904,6 +926,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServicePauseHandler.ServeHTTP(w, r)
 		case EdgeServiceResumeProcedure:
 			edgeServiceResumeHandler.ServeHTTP(w, r)
+		case EdgeServiceSnapshotProcedure:
+			edgeServiceSnapshotHandler.ServeHTTP(w, r)
 		case EdgeServiceSetNetworkRulesProcedure:
 			edgeServiceSetNetworkRulesHandler.ServeHTTP(w, r)
 		case EdgeServiceNetworkLogProcedure:
@@ -993,6 +1017,10 @@ func (UnimplementedEdgeServiceHandler) Pause(context.Context, *connect.Request[v
 
 func (UnimplementedEdgeServiceHandler) Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Resume is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Snapshot is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error) {

@@ -1,0 +1,134 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/snapshot"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Snapshots is what the edge needs to turn a packed writable layer into a
+// layer every node can start sandboxes on. *layers.Service implements it.
+type Snapshots interface {
+	// HasRef reports whether a layer is named ref.
+	HasRef(ref string) bool
+	// AddSnapshot adds the EROFS file as layer ref of kind snapshot (taking
+	// the file: it is moved, not copied), records info with it, and
+	// publishes it to the blob store.
+	AddSnapshot(ctx context.Context, ref, file string, info *dsecv1.SnapshotInfo) error
+}
+
+var snapshotName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
+
+// SnapshotLayer is the ref of snapshot name's layer.
+func SnapshotLayer(name string) string { return "snap:" + name }
+
+// Snapshot captures sandbox id's writable layer and publishes it as layer
+// snap:NAME, leaving out the changes under exclude. The sandbox stands still
+// only while its upper is captured (a btrfs snapshot, a reflink walk or a
+// copy); the layer is built afterwards while it runs on. A paused sandbox is
+// resumed first, as for any call that runs in it.
+func (m *Manager) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
+	if m.snaps == nil {
+		return nil, fmt.Errorf("snapshot: node %s keeps no layers: %w", m.cfg.Node, errdefs.ErrNotSupported)
+	}
+	if !snapshotName.MatchString(name) {
+		return nil, fmt.Errorf("snapshot name %q: letters, digits and . _ - only, at most 100, starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
+	}
+	if err := snapshot.CheckExclude(exclude); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	ref := SnapshotLayer(name)
+	if m.snaps.HasRef(ref) {
+		return nil, fmt.Errorf("snapshot %s: a layer is named %s already: %w", name, ref, errdefs.ErrAlreadyExists)
+	}
+	var sb *sandbox
+	if err := m.use(ctx, id, func(s *sandbox) error { sb = s; return nil }); err != nil {
+		return nil, err
+	}
+	tree, rec, frozen, err := m.capture(ctx, sb, name)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := tree.Remove(); err != nil {
+			m.log.Warn("remove snapshot capture", "snapshot", name, "err", err)
+		}
+	}()
+
+	// The layers below are mounted for the snapshot on their own: the
+	// sandbox may go while its layer is built.
+	job := id + ".snap." + name
+	defer m.images.Release(context.WithoutCancel(ctx), job)
+	var lower []string
+	for _, d := range rec.GetLayerDigests() {
+		dir, err := m.images.Mount(ctx, job, d)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot %s: mount layer %s: %w", name, d, err)
+		}
+		lower = append(lower, dir)
+	}
+	out := filepath.Join(filepath.Dir(tree.Dir), "."+name+".erofs")
+	packed, err := snapshot.Pack(ctx, tree, out, snapshot.PackOptions{Lower: lower, Exclude: exclude})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s of %s: %w", name, id, err)
+	}
+	defer os.Remove(out) // moved away on success
+	info := &dsecv1.SnapshotInfo{
+		Name: name, Layer: ref, Environment: rec.GetSpec().GetEnvironment() + "+" + ref,
+		Digest: packed.Digest, Size: packed.Size, SourceSandbox: id, Node: m.cfg.Node,
+		CreatedUnixMs: time.Now().UnixMilli(), FrozenUs: frozen.Microseconds(),
+		CaptureMethod: string(tree.Method), PackMs: packed.Took.Milliseconds(),
+		Excluded: packed.Excluded, Warnings: packed.Warnings,
+	}
+	if err := m.snaps.AddSnapshot(ctx, ref, packed.File, info); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	m.log.Info("snapshot taken", "id", id, "snapshot", name, "digest", packed.Digest, "frozen", frozen,
+		"method", tree.Method, "entries", packed.Entries, "pack", packed.Took)
+	return info, nil
+}
+
+// capture freezes the running sandbox, captures its upper into the
+// runtime's capture dir and thaws it, as one transition: a pause, resume
+// or stop meanwhile waits. It returns the capture, the sandbox's record and
+// how long it stood still.
+func (m *Manager) capture(ctx context.Context, sb *sandbox, name string) (*snapshot.Tree, *dsecv1.Sandbox, time.Duration, error) {
+	ctx = context.WithoutCancel(ctx) // a frozen sandbox must be thawed
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	sb.mu.Lock()
+	rec := cloneRec(sb.rec)
+	v := decide(rec.GetState(), callUse)
+	sb.mu.Unlock()
+	if v != allow {
+		// Paused or stopped since use() looked.
+		return nil, nil, 0, fmt.Errorf("snapshot %s: %w", name, refusal(rec, refuseGone, callUse))
+	}
+	id := rec.GetId()
+	upper, err := m.rt.Upper(id)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	dst := filepath.Join(m.rt.CaptureDir(), id+"."+name)
+	start := time.Now()
+	if err := m.rt.Freeze(ctx, id); err != nil {
+		return nil, nil, 0, fmt.Errorf("snapshot %s of %s: %w", name, id, err)
+	}
+	tree, cerr := snapshot.Capture(ctx, upper, dst)
+	terr := m.rt.Thaw(ctx, id)
+	frozen := time.Since(start)
+	if terr != nil {
+		m.log.Error("thaw after a snapshot's capture failed: the sandbox stays frozen", "id", id, "err", terr)
+	}
+	if cerr != nil {
+		return nil, nil, 0, fmt.Errorf("snapshot %s of %s: %w", name, id, cerr)
+	}
+	return tree, rec, frozen, nil
+}
