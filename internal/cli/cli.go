@@ -104,7 +104,7 @@ func (a *app) rootCommand() *cobra.Command {
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON for scripts")
 	root.AddCommand(
 		a.runCommand(), a.createCommand(), a.execCommand(), a.shellCommand(),
-		a.lsCommand(), a.inspectCommand(), a.rmCommand(), a.pauseCommand(), a.resumeCommand(), a.cpCommand(),
+		a.lsCommand(), a.inspectCommand(), a.rmCommand(), a.pauseCommand(), a.resumeCommand(), a.snapshotCommand(), a.forkCommand(), a.cpCommand(),
 		a.psCommand(), a.attachCommand(), a.killCommand(),
 		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.imageCommand(), a.poolCommand(),
 	)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"connectrpc.com/connect"
@@ -125,4 +126,107 @@ func (a *app) each(ctx context.Context, verb string, ids []string, call func(ctx
 		return &exitCode{code: 1}
 	}
 	return nil
+}
+
+func (a *app) snapshotCommand() *cobra.Command {
+	var exclude []string
+	cmd := &cobra.Command{
+		Use:   "snapshot [--exclude PATH]... ID NAME | snapshot ls | snapshot rm NAME...",
+		Short: "pack a sandbox's file system into a layer, snap:NAME, that new sandboxes start from",
+		Long: `Snapshot freezes the sandbox while its writable layer is captured (a paused
+one is resumed first), thaws it, and packs the capture into a layer, snap:NAME,
+in the blob store. It prints the environment that restores it,
+BASE[+LAYER...]+snap:NAME, for dsec create or run, on any node that shares the
+blob store. --exclude leaves out the sandbox's changes under a path (build
+residue, reference answers, caches). No processes or memory are kept.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := a.c.Sandboxes.Snapshot(cmd.Context(), connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: args[0], Name: args[1], Exclude: exclude}))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(resp.Msg)
+			}
+			for _, w := range resp.Msg.GetWarnings() {
+				fmt.Fprintln(a.stderr, "dsec: warning:", w)
+			}
+			fmt.Fprintln(a.stdout, resp.Msg.GetEnvironment())
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVar(&exclude, "exclude", nil, "leave out the sandbox's changes under PATH (repeatable)")
+	cmd.AddCommand(&cobra.Command{
+		Use:   "ls",
+		Short: "list snapshots",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := a.c.Sandboxes.ListSnapshots(cmd.Context(), connect.NewRequest(&dsecv1.ListSnapshotsRequest{}))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(resp.Msg)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSIZE\tFROM\tFROZEN\tCREATED\tENVIRONMENT")
+			for _, s := range resp.Msg.GetSnapshots() {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetName(), humanBytes(s.GetSize()), s.GetSourceSandbox(),
+					(time.Duration(s.GetFrozenUs()) * time.Microsecond).Round(time.Millisecond),
+					time.UnixMilli(s.GetCreatedUnixMs()).Format(time.DateTime), s.GetEnvironment())
+			}
+			return tw.Flush()
+		},
+	}, &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "remove snapshots (sandboxes running on one keep it until they go)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.each(cmd.Context(), "remove snapshot", args, func(ctx context.Context, name string) (proto.Message, string, error) {
+				resp, err := a.c.Sandboxes.DeleteSnapshot(ctx, connect.NewRequest(&dsecv1.DeleteSnapshotRequest{Name: name}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg, name, nil
+			})
+		},
+	})
+	return cmd
+}
+
+func (a *app) forkCommand() *cobra.Command {
+	var exclude []string
+	var n int
+	var name string
+	cmd := &cobra.Command{
+		Use:   "fork [-n N] [--exclude PATH]... [--name NAME] ID",
+		Short: "snapshot a sandbox once and start N new sandboxes from it (fresh processes on its file system)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := a.c.Sandboxes.Fork(cmd.Context(), connect.NewRequest(&dsecv1.ForkRequest{SandboxId: args[0], Count: int32(n), Exclude: exclude, Name: name}))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(resp.Msg)
+			}
+			failed := 0
+			for i, c := range resp.Msg.GetChildren() {
+				if c.GetError() != "" {
+					fmt.Fprintf(a.stderr, "dsec: fork child %d: %s\n", i, c.GetError())
+					failed++
+					continue
+				}
+				fmt.Fprintln(a.stdout, c.GetSandbox().GetId())
+			}
+			if failed > 0 {
+				return &exitCode{code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&n, "count", "n", 1, "children (at most 16)")
+	cmd.Flags().StringArrayVar(&exclude, "exclude", nil, "leave out the source's changes under PATH (repeatable)")
+	cmd.Flags().StringVar(&name, "name", "", "the snapshot's name (default fork-ID-TIME)")
+	return cmd
 }

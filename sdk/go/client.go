@@ -490,6 +490,68 @@ func (c *Client) Resume(ctx context.Context, id string) (sb *Sandbox, already bo
 	return c.wrap(resp.Msg.GetSandbox()), resp.Msg.GetAlreadyRunning(), nil
 }
 
+// Snapshot packs sandbox id's file system into layer snap:NAME (the
+// paper's pack_diff), leaving out its changes under exclude. The sandbox
+// stands still only while its writable layer is captured. The result's
+// Environment restores it: Create(ctx, info.GetEnvironment(), ...).
+func (c *Client) Snapshot(ctx context.Context, id, name string, exclude ...string) (*dsecv1.SnapshotInfo, error) {
+	resp, err := c.sb.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: id, Name: name, Exclude: exclude}))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot sandbox %s as %s: %w", id, name, fromConnect(err, false))
+	}
+	return resp.Msg, nil
+}
+
+// ListSnapshots lists every snapshot.
+func (c *Client) ListSnapshots(ctx context.Context) ([]*dsecv1.SnapshotInfo, error) {
+	var resp *connect.Response[dsecv1.ListSnapshotsResponse]
+	err := c.unary(ctx, true, func(ctx context.Context) (err error) {
+		resp, err = c.sb.ListSnapshots(ctx, connect.NewRequest(&dsecv1.ListSnapshotsRequest{}))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	return resp.Msg.GetSnapshots(), nil
+}
+
+// DeleteSnapshot removes a snapshot's layer from every node.
+func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
+	err := c.unary(ctx, true, func(ctx context.Context) error {
+		_, err := c.sb.DeleteSnapshot(ctx, connect.NewRequest(&dsecv1.DeleteSnapshotRequest{Name: name}))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", name, err)
+	}
+	return nil
+}
+
+// ForkChild is one child of a fork: its sandbox, or why it was not made.
+type ForkChild struct {
+	Sandbox *Sandbox
+	Err     error
+}
+
+// Fork takes one snapshot of sandbox id and starts n (at most 16) sandboxes
+// from it with its spec: a file-system fork, the children start fresh
+// processes.
+func (c *Client) Fork(ctx context.Context, id string, n int, exclude ...string) (*dsecv1.SnapshotInfo, []ForkChild, error) {
+	resp, err := c.sb.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: id, Count: int32(n), Exclude: exclude}))
+	if err != nil {
+		return nil, nil, fmt.Errorf("fork sandbox %s: %w", id, fromConnect(err, false))
+	}
+	out := make([]ForkChild, len(resp.Msg.GetChildren()))
+	for i, ch := range resp.Msg.GetChildren() {
+		if ch.GetError() != "" {
+			out[i].Err = fmt.Errorf("fork child %d of %s: %s", i, id, ch.GetError())
+			continue
+		}
+		out[i].Sandbox = c.wrap(ch.GetSandbox())
+	}
+	return resp.Msg.GetSnapshot(), out, nil
+}
+
 func (c *Client) Delete(ctx context.Context, id string) error {
 	err := c.unary(ctx, true, func(ctx context.Context) error {
 		_, err := c.sb.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))

@@ -56,6 +56,17 @@ func (s *Sandbox) Pause(ctx context.Context, keepMemory bool) (*PauseResult, err
 	return res, nil
 }
 
+// Snapshot packs the sandbox's file system into layer snap:NAME; see
+// Client.Snapshot.
+func (s *Sandbox) Snapshot(ctx context.Context, name string, exclude ...string) (*dsecv1.SnapshotInfo, error) {
+	return s.c.Snapshot(ctx, s.ID, name, exclude...)
+}
+
+// Fork starts n sandboxes from one snapshot of this one; see Client.Fork.
+func (s *Sandbox) Fork(ctx context.Context, n int, exclude ...string) (*dsecv1.SnapshotInfo, []ForkChild, error) {
+	return s.c.Fork(ctx, s.ID, n, exclude...)
+}
+
 // Resume lets a paused sandbox run again; already says it was running.
 func (s *Sandbox) Resume(ctx context.Context) (already bool, err error) {
 	n, already, err := s.c.Resume(ctx, s.ID)

@@ -507,6 +507,19 @@ class AsyncClient:
         sbs = await self.list(labels, states=["paused"], timeout=timeout)
         return await _each_live(sbs, concurrency, lambda sb: sb.resume(timeout=timeout))
 
+    # --- snapshots ---
+
+    async def list_snapshots(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        """Every snapshot (the SnapshotInfo message as a dict: name, layer,
+        environment, digest, size, sourceSandbox, node, frozenUs, ...)."""
+        resp = await self._call("ListSnapshots", {}, timeout, idempotent=True)
+        return list(resp.get("snapshots", []))
+
+    async def delete_snapshot(self, name: str, *, timeout: Optional[float] = None) -> None:
+        """Remove a snapshot's layer from every node (sandboxes running on
+        it keep it until they go)."""
+        await self._call("DeleteSnapshot", {"name": name}, timeout, idempotent=True)
+
     # --- warm pools ---
 
     async def set_warm_pool(self, env: str, size: int, *, backend: str = "container",
@@ -746,6 +759,38 @@ class Sandbox:
         self.info = resp.get("sandbox", self.info)
         return {"already_running": bool(resp.get("alreadyRunning", False)),
                 "prefetch_ms": int(resp.get("prefetchMs", 0))}
+
+    async def snapshot(self, name: str, *, exclude: Optional[Iterable[str]] = None,
+                       timeout: Optional[float] = 600) -> Dict[str, Any]:
+        """Pack the sandbox's file system into layer snap:NAME (the paper's
+        pack_diff). The sandbox stands still only while its writable layer
+        is captured; exclude leaves out its changes under those paths.
+        Returns the SnapshotInfo as a dict; its "environment" restores it:
+        client.create(info["environment"])."""
+        msg: Dict[str, Any] = {"sandboxId": self.id, "name": name}
+        if exclude:
+            msg["exclude"] = list(exclude)
+        return await self.client._call("Snapshot", msg, timeout)
+
+    async def fork(self, n: int, *, exclude: Optional[Iterable[str]] = None, name: Optional[str] = None,
+                   timeout: Optional[float] = 600) -> List[Union["Sandbox", errors.DsecError]]:
+        """One snapshot, then n (at most 16) new sandboxes from it with this
+        sandbox's spec: one result per child, a Sandbox or the error that
+        kept it from being made. A file-system fork: the children start
+        fresh processes."""
+        msg: Dict[str, Any] = {"sandboxId": self.id, "count": int(n)}
+        if exclude:
+            msg["exclude"] = list(exclude)
+        if name:
+            msg["name"] = name
+        resp = await self.client._call("Fork", msg, timeout)
+        out: List[Union["Sandbox", errors.DsecError]] = []
+        for c in resp.get("children", []):
+            if c.get("error"):
+                out.append(errors.DsecError(c["error"]))
+            else:
+                out.append(Sandbox(self.client, c.get("sandbox", {})))
+        return out
 
     @property
     def pause_releases(self) -> str:

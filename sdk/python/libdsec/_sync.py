@@ -81,6 +81,12 @@ class Client:
     def reap(self, labels: Optional[Mapping[str, str]] = None, *, timeout: Optional[float] = None) -> int:
         return self._run(self._a.reap(labels, timeout=timeout))
 
+    def list_snapshots(self, **kw) -> List[Dict[str, Any]]:
+        return self._run(self._a.list_snapshots(**kw))
+
+    def delete_snapshot(self, name: str, **kw) -> None:
+        self._run(self._a.delete_snapshot(name, **kw))
+
     def pause(self, id: str, **kw) -> Dict[str, Any]:
         return self._run(self._a.pause(id, **kw))
 
@@ -161,6 +167,13 @@ class Sandbox:
 
     def resume(self, **kw) -> Dict[str, Any]:
         return self._run(self._a.resume(**kw))
+
+    def snapshot(self, name: str, **kw) -> Dict[str, Any]:
+        return self._run(self._a.snapshot(name, **kw))
+
+    def fork(self, n: int, **kw) -> list:
+        return [Sandbox(self.client, c) if isinstance(c, _aio.Sandbox) else c
+                for c in self._run(self._a.fork(n, **kw))]
 
     def set_network_rules(self, rules: Mapping[str, bool], **kw) -> List[str]:
         return self._run(self._a.set_network_rules(rules, **kw))

@@ -54,6 +54,19 @@ class DSecSandbox:
     async def stop(self) -> None:
         await self.sandbox.delete()
 
+    async def pause(self) -> None:
+        await self.sandbox.pause()
+
+    async def resume(self) -> None:
+        await self.sandbox.resume()
+
+    async def pack_diff(self, name: str, exclude=None) -> str:
+        """The paper's pack_diff: an incremental snapshot of the sandbox's
+        file system as layer snap:NAME, residue under exclude wiped first.
+        Returns the container_image that restores it."""
+        info = await self.sandbox.snapshot(name, exclude=exclude)
+        return info["environment"]
+
 
 class DSecClient:
     def __init__(self, addr: Optional[str] = None):
