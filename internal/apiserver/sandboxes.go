@@ -132,7 +132,7 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 	for i, sb := range sbs {
 		rows[i] = store.SandboxRow{ID: sb.GetId(), Node: sb.GetNode(), Key: key, Created: time.Now()}
 	}
-	if err := s.idem.CompleteCreate(context.WithoutCancel(ctx), key, rows); err != nil {
+	if err := s.idem.CompleteCreate(context.WithoutCancel(ctx), key, got.Nonce, rows); err != nil {
 		if errors.Is(err, errdefs.ErrAlreadyExists) {
 			// Another replica recorded other sandboxes for the key first
 			// (a create that went elsewhere after a refusal): theirs stand.

@@ -52,7 +52,7 @@ type Fleet interface {
 type Idempotency interface {
 	GetIdempotency(ctx context.Context, key string) (store.Idempotency, error)
 	ReserveCreate(ctx context.Context, r store.CreateReservation) (got store.CreateReservation, reserved bool, err error)
-	CompleteCreate(ctx context.Context, key string, sbs []store.SandboxRow) error
+	CompleteCreate(ctx context.Context, key, nonce string, sbs []store.SandboxRow) error
 	ReleaseCreate(ctx context.Context, key string) error
 }
 
