@@ -77,10 +77,13 @@ func (f *fakeEdge) freeze() {
 	f.mu.Unlock()
 }
 
+// thaw lets waiting creates go on; thawing a thawed edge is a no-op.
 func (f *fakeEdge) thaw() {
 	f.mu.Lock()
-	close(f.hold)
-	f.hold = nil
+	if f.hold != nil {
+		close(f.hold)
+		f.hold = nil
+	}
 	f.mu.Unlock()
 }
 
