@@ -304,9 +304,8 @@ func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n in
 // createPlaced starts one sandbox on each of nodes (placed and reserved
 // already) with bounded concurrency. A node's refusal (ResourceExhausted:
 // it is full) or failure sends that sandbox elsewhere, at most maxHops
-// tries in all. If any sandbox cannot be made, the others are removed and
-// its error returned with the sandboxes made (nil where none was), for
-// the caller to remove. Sandbox i's create on node N carries the token
+// tries in all. If any sandbox cannot be made, its error is returned with
+// the sandboxes that were (nil where none was), for the caller to remove. Sandbox i's create on node N carries the token
 // BATCH#i@N (createToken), so a retried create of a keyed batch (whose
 // batch name is its reservation's) gets the sandboxes the first made, and
 // reconciliation can find what a given-up create made; key is the batch's

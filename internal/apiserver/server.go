@@ -115,10 +115,10 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 	if cfg.CreateConcurrency == 0 {
 		cfg.CreateConcurrency = 8
 	}
-	if cfg.ReconcileInterval == 0 {
+	if cfg.ReconcileInterval <= 0 {
 		cfg.ReconcileInterval = 30 * time.Second
 	}
-	if cfg.AbandonAfter == 0 {
+	if cfg.AbandonAfter <= 0 {
 		cfg.AbandonAfter = DefaultAbandonAfter
 	}
 	return &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{},
