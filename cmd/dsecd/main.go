@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/daemon"
 	"dsec.dev/dsec/internal/edge/lazyd"
@@ -251,6 +252,8 @@ func apiserverMain(args []string) int {
 	fs.IntVar(&cfg.Replicas, "replicas", 1, "how many apiservers place onto these edges (placement weighs its own recent placements by it)")
 	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "how often the watcher polls each edge (default 750ms; three missed polls make an edge unroutable)")
+	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 30*time.Second, "how often to settle creates left in doubt, abandon stale reservations and check sandbox rows against the edges")
+	fs.DurationVar(&cfg.AbandonAfter, "abandon-after", apiserver.DefaultAbandonAfter, "how long a pending idempotent create may go without renewing its lease before any apiserver abandons it and reaps its sandboxes")
 	addTLSFlags(fs, &cfg.TLS, &tlsDir, "apiserver", "NAME")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if !parse(fs, args) {

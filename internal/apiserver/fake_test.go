@@ -21,17 +21,23 @@ import (
 
 // fakeEdge is an in-memory Edge: sandboxes are records only.
 type fakeEdge struct {
-	node string
-	mu   sync.Mutex
-	sbs  map[string]*dsecv1.Sandbox
+	node   string
+	mu     sync.Mutex
+	sbs    map[string]*dsecv1.Sandbox
+	tokens map[string]string // create token -> sandbox ID
 	// failAfter makes every create after this many succeed fail (<0: never).
 	failAfter int
 	creates   int
 	pools     []*dsecv1.WarmPool
+	// hold, while set, makes creates wait until it is closed, as on a
+	// frozen node; entered gets a value as each create starts waiting.
+	hold    chan struct{}
+	entered chan struct{}
 }
 
 func newFakeEdge(node string) *fakeEdge {
-	return &fakeEdge{node: node, sbs: map[string]*dsecv1.Sandbox{}, failAfter: -1}
+	return &fakeEdge{node: node, sbs: map[string]*dsecv1.Sandbox{}, tokens: map[string]string{}, failAfter: -1,
+		entered: make(chan struct{}, 1000)}
 }
 
 func (f *fakeEdge) Node() string  { return f.node }
@@ -41,8 +47,15 @@ func (f *fakeEdge) Status() sandbox.Status {
 	return sandbox.Status{Node: f.node, Live: f.running(), At: time.Now()}
 }
 
-func (f *fakeEdge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+func (f *fakeEdge) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
 	id := f.NewID()
+	f.mu.Lock()
+	hold := f.hold
+	f.mu.Unlock()
+	if hold != nil {
+		f.entered <- struct{}{}
+		<-hold
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.creates++
@@ -51,7 +64,49 @@ func (f *fakeEdge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv
 	}
 	sb := &dsecv1.Sandbox{Id: id, Node: f.node, Spec: spec, State: dsecv1.State_STATE_RUNNING}
 	f.sbs[id] = sb
+	if token != "" {
+		f.tokens[token] = id
+	}
 	return proto.Clone(sb).(*dsecv1.Sandbox), nil
+}
+
+// freeze makes creates wait from now on, until thaw.
+func (f *fakeEdge) freeze() {
+	f.mu.Lock()
+	f.hold = make(chan struct{})
+	f.mu.Unlock()
+}
+
+// thaw lets waiting creates go on; thawing a thawed edge is a no-op.
+func (f *fakeEdge) thaw() {
+	f.mu.Lock()
+	if f.hold != nil {
+		close(f.hold)
+		f.hold = nil
+	}
+	f.mu.Unlock()
+}
+
+func (f *fakeEdge) SandboxOf(token string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id, ok := f.tokens[token]
+	if !ok || f.sbs[id].GetState() != dsecv1.State_STATE_RUNNING {
+		return "", false
+	}
+	return id, true
+}
+
+func (f *fakeEdge) Tokens() map[string]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]string{}
+	for tok, id := range f.tokens {
+		if f.sbs[id].GetState() == dsecv1.State_STATE_RUNNING {
+			out[tok] = id
+		}
+	}
+	return out
 }
 
 func (f *fakeEdge) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {

@@ -2,10 +2,12 @@ package apiserver
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -93,15 +95,17 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 // replicas: the key and the batch's placements are reserved in the
 // metadata store first, so a replica retrying the same request (after this
 // one crashed, say) follows the same plan; each sandbox's create carries a
-// token of the key, so an edge hands both the same sandbox. The key's
-// record and the sandboxes' rows are written in one transaction; a batch
-// that cannot be recorded is deleted again.
+// token of the reservation, so an edge hands both the same sandbox. While
+// the batch is made its creates hold the reservation's lease (holdLease),
+// so no apiserver abandons it. The key's record and the sandboxes' rows are
+// written in one transaction; a batch that cannot be recorded is deleted
+// again.
 func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, count int, key, hash string) ([]*dsecv1.Sandbox, error) {
 	nodes, err := s.place(placeRequest(spec, count), nil)
 	if err != nil {
 		return nil, err
 	}
-	got, reserved, err := s.idem.ReserveCreate(ctx, store.CreateReservation{Key: key, RequestHash: hash, Owner: s.cfg.Name, Placements: nodes})
+	got, reserved, err := s.reserve(ctx, store.CreateReservation{Key: key, RequestHash: hash, Owner: s.cfg.Name, Placements: nodes})
 	if err != nil {
 		s.unplace(nodes)
 		return nil, err
@@ -119,30 +123,128 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 		nodes = got.Placements
 		s.log.Debug("following another replica's create", "key", key, "owner", got.Owner)
 	}
-	sbs, err := s.createPlaced(ctx, spec, nodes, key)
+	lctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	stop := s.holdLease(lctx, key, got.Nonce, lost)
+	batch := batchOf(got)
+	sbs, err := s.createPlaced(lctx, spec, nodes, batch, key)
+	stop()
+	wctx := context.WithoutCancel(ctx)
 	if err != nil {
-		if reserved {
-			if rerr := s.idem.ReleaseCreate(context.WithoutCancel(ctx), key); rerr != nil {
-				s.log.Warn("release the reservation of a failed create", "key", key, "err", rerr)
-			}
+		if cause := context.Cause(lctx); errors.Is(cause, errdefs.ErrUnavailable) {
+			err = cause // the lease was lost, not the caller
 		}
+		s.discard(wctx, sbs, batch, key, reserved)
 		return nil, err
 	}
 	rows := make([]store.SandboxRow, len(sbs))
 	for i, sb := range sbs {
 		rows[i] = store.SandboxRow{ID: sb.GetId(), Node: sb.GetNode(), Key: key, Created: time.Now()}
 	}
-	if err := s.idem.CompleteCreate(context.WithoutCancel(ctx), key, rows); err != nil {
-		if errors.Is(err, errdefs.ErrAlreadyExists) {
-			// Another replica recorded other sandboxes for the key first
-			// (a create that went elsewhere after a refusal): theirs stand.
-			s.deleteAll(context.WithoutCancel(ctx), sbs)
-			return s.replay(ctx, key, hash)
+	err = s.idem.CompleteCreate(wctx, key, got.Nonce, rows)
+	switch {
+	case err == nil:
+		return sbs, nil
+	case errors.Is(err, errdefs.ErrAlreadyExists):
+		// Another replica recorded other sandboxes for the key first (a
+		// create that went elsewhere after a refusal): theirs stand, and
+		// ours that are not among them go.
+		rec, gerr := s.idem.GetIdempotency(wctx, key)
+		if gerr != nil {
+			s.doubtAll(wctx, sbs, batch, key, gerr)
+			return nil, gerr
 		}
-		s.deleteAll(context.WithoutCancel(ctx), sbs)
-		return nil, err
+		for i, sb := range sbs {
+			if slices.Contains(rec.IDs, sb.GetId()) {
+				sbs[i] = nil
+			}
+		}
+		s.deleteAll(wctx, sbs, batch, key)
+		return s.replay(ctx, key, hash)
+	case errors.Is(err, errdefs.ErrNotFound):
+		// The reservation is gone for good (its nonce is never used
+		// again): nobody can complete it with these sandboxes.
+		s.deleteAll(wctx, sbs, batch, key)
+		return nil, fmt.Errorf("create with idempotency key %q: its reservation ended while the create ran (released, or abandoned after %s untouched); nothing was kept, try again: %w",
+			key, s.cfg.AbandonAfter, errdefs.ErrUnavailable)
 	}
-	return sbs, nil
+	// The completion may or may not have been stored.
+	s.discard(wctx, sbs, batch, key, reserved)
+	return nil, err
+}
+
+// discard gives up the sandboxes a keyed batch made. Another create may be
+// following the same reservation with the same tokens, and so share some
+// of them, and complete it: only the owner, once it has released the
+// reservation, deletes them now. Otherwise (a follower, or a release that
+// failed) they are left as doubts, which reconciliation settles once the
+// key is done (sparing the sandboxes it recorded) or gone.
+func (s *Server) discard(ctx context.Context, sbs []*dsecv1.Sandbox, batch, key string, owner bool) {
+	if owner {
+		err := s.idem.ReleaseCreate(ctx, key)
+		if err == nil {
+			s.deleteAll(ctx, sbs, batch, key)
+			return
+		}
+		s.log.Warn("release the reservation of a failed create", "key", key, "err", err)
+	}
+	s.doubtAll(ctx, sbs, batch, key, errors.New("the batch failed"))
+}
+
+// reserve reserves r.Key, or returns the reservation that holds it. A
+// pending one another create holds is touched before it is followed, so
+// that no apiserver abandons it under this create; one that ended in
+// between is looked up again.
+func (s *Server) reserve(ctx context.Context, r store.CreateReservation) (store.CreateReservation, bool, error) {
+	for attempt := 1; ; attempt++ {
+		got, reserved, err := s.idem.ReserveCreate(ctx, r)
+		if err != nil || reserved || got.State == store.StateDone {
+			return got, reserved, err
+		}
+		err = s.idem.TouchCreate(ctx, r.Key, got.Nonce)
+		if err == nil || !errors.Is(err, errdefs.ErrNotFound) || attempt == 3 {
+			return got, false, err
+		}
+	}
+}
+
+// holdLease renews the lease of the reservation (key, nonce) while its
+// create runs, every quarter of AbandonAfter, until stop is called. Should
+// the reservation be gone (an apiserver abandoned it: this one could not
+// renew it in time), it ends the create through lost, with Unavailable: the
+// caller may try again. A store that cannot be reached is tried again at
+// the next renewal.
+func (s *Server) holdLease(ctx context.Context, key, nonce string, lost context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(s.cfg.AbandonAfter / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := s.idem.TouchCreate(ctx, key, nonce)
+			if errors.Is(err, errdefs.ErrNotFound) {
+				lost(fmt.Errorf("create with idempotency key %q: its reservation ended while the create ran (abandoned after %s untouched, or released): %w",
+					key, s.cfg.AbandonAfter, errdefs.ErrUnavailable))
+				return
+			}
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("renew the lease of a reservation", "key", key, "err", err)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
 }
 
 // unplace gives back placements that will not be used.
@@ -190,16 +292,25 @@ func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n in
 	if err != nil {
 		return nil, err
 	}
-	return s.createPlaced(ctx, spec, nodes, "")
+	batch := newBatch()
+	sbs, err := s.createPlaced(ctx, spec, nodes, batch, "")
+	if err != nil {
+		s.deleteAll(context.WithoutCancel(ctx), sbs, batch, "")
+		return nil, err
+	}
+	return sbs, nil
 }
 
 // createPlaced starts one sandbox on each of nodes (placed and reserved
 // already) with bounded concurrency. A node's refusal (ResourceExhausted:
 // it is full) or failure sends that sandbox elsewhere, at most maxHops
-// tries in all. If any sandbox cannot be made, the others are removed and
-// its error returned. With a key, each sandbox's create carries a token
-// derived from it, so a retried create gets the sandboxes the first made.
-func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nodes []string, key string) ([]*dsecv1.Sandbox, error) {
+// tries in all. If any sandbox cannot be made, its error is returned with
+// the sandboxes that were (nil where none was), for the caller to remove. Sandbox i's create on node N carries the token
+// BATCH#i@N (createToken), so a retried create of a keyed batch (whose
+// batch name is its reservation's) gets the sandboxes the first made, and
+// reconciliation can find what a given-up create made; key is the batch's
+// idempotency key, "" for none.
+func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nodes []string, batch, key string) ([]*dsecv1.Sandbox, error) {
 	n := len(nodes)
 	out := make([]*dsecv1.Sandbox, n)
 	errs := make([]error, n)
@@ -219,7 +330,7 @@ func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 				return
 			}
 			defer func() { <-sem }()
-			out[i], errs[i] = s.createOne(ctx, spec, nodes[i], createToken(key, i))
+			out[i], errs[i] = s.createOne(ctx, spec, nodes[i], createToken(batch, i), key)
 			if errs[i] != nil {
 				cancel()
 			}
@@ -233,11 +344,10 @@ func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 		}
 	}
 	if first != nil {
-		s.deleteAll(context.WithoutCancel(ctx), out)
 		if n > 1 {
-			return nil, fmt.Errorf("create %d sandboxes (none kept): %w", n, first)
+			return out, fmt.Errorf("create %d sandboxes (none kept): %w", n, first)
 		}
-		return nil, first
+		return out, first
 	}
 	return out, nil
 }
@@ -275,10 +385,10 @@ const maxHops = 3
 
 // createOne makes one sandbox on node (placed and reserved already),
 // placing it again elsewhere when the node refuses or fails.
-func (s *Server) createOne(ctx context.Context, spec *dsecv1.SandboxSpec, node, token string) (*dsecv1.Sandbox, error) {
+func (s *Server) createOne(ctx context.Context, spec *dsecv1.SandboxSpec, node, token, key string) (*dsecv1.Sandbox, error) {
 	var retry placement.Retry
 	for hop := 1; ; hop++ {
-		sb, err := s.createOn(ctx, spec, node, token)
+		sb, err := s.createOn(ctx, spec, node, token, key)
 		s.placer.Done(node, 1, err == nil)
 		if err == nil {
 			return sb, nil
@@ -299,39 +409,77 @@ func (s *Server) createOne(ctx context.Context, spec *dsecv1.SandboxSpec, node, 
 	}
 }
 
-func (s *Server) createOn(ctx context.Context, spec *dsecv1.SandboxSpec, node, token string) (*dsecv1.Sandbox, error) {
+// createOn sends one create to node, its token naming that node too. When
+// the call ends without the node's verdict (it timed out, the connection
+// dropped, the caller gave up) the node may yet make the sandbox: the
+// create is recorded as a doubt for reconciliation to settle.
+func (s *Server) createOn(ctx context.Context, spec *dsecv1.SandboxSpec, node, token, key string) (*dsecv1.Sandbox, error) {
 	e, err := s.fleet.Edge(node)
 	if err != nil {
-		return nil, err
+		return nil, err // nothing was sent
 	}
-	if token != "" {
-		token += "@" + node // a token names one create on one node
-	}
+	token = nodeToken(token, node)
 	resp, err := e.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec, CreateToken: token}))
 	if err != nil {
+		if outcomeUnknown(err) {
+			s.doubt(ctx, store.Doubt{Node: node, Token: token, Key: key}, err)
+		}
 		return nil, err
 	}
 	return resp.Msg, nil
 }
 
-func createToken(key string, i int) string {
-	if key == "" {
-		return ""
-	}
-	return fmt.Sprintf("%s#%d", key, i)
+// createToken names sandbox i of a batch; nodeToken adds the node it is
+// sent to (a token names one create on one node): BATCH#i@NODE.
+func createToken(batch string, i int) string { return fmt.Sprintf("%s#%d", batch, i) }
+
+func nodeToken(token, node string) string { return token + "@" + node }
+
+// batchPrefix is what the tokens of every create of a batch start with.
+func batchPrefix(batch string) string { return batch + "#" }
+
+// newBatch names a batch without an idempotency key: 16 random hex digits.
+func newBatch() string {
+	b := make([]byte, 8)
+	rand.Read(b) // never returns an error (crypto/rand)
+	return hex.EncodeToString(b)
 }
 
-func (s *Server) deleteAll(ctx context.Context, sbs []*dsecv1.Sandbox) {
-	for _, sb := range sbs {
+// batchOf names a keyed batch by its reservation's nonce, so no other
+// reservation of the key (after this one was released or abandoned) sends
+// the same tokens; reservations made before nonces existed use the key.
+func batchOf(r store.CreateReservation) string {
+	if r.Nonce == "" {
+		return r.Key
+	}
+	return r.Nonce
+}
+
+// doubtAll records every sandbox of sbs made (index i of sbs is sandbox i;
+// nil ones were not made) as a doubt, for reconciliation to settle.
+func (s *Server) doubtAll(ctx context.Context, sbs []*dsecv1.Sandbox, batch, key string, why error) {
+	for i, sb := range sbs {
+		if sb != nil {
+			s.doubt(ctx, store.Doubt{Node: sb.GetNode(), Token: nodeToken(createToken(batch, i), sb.GetNode()), Key: key}, why)
+		}
+	}
+}
+
+// deleteAll removes the sandboxes of a batch that will not be kept (index
+// i of sbs is sandbox i; nil ones were not made). A delete that fails
+// leaves a doubt, so reconciliation removes the sandbox later.
+func (s *Server) deleteAll(ctx context.Context, sbs []*dsecv1.Sandbox, batch, key string) {
+	for i, sb := range sbs {
 		if sb == nil {
 			continue
 		}
 		e, err := s.edgeFor(sb.GetId())
-		if err != nil {
-			continue
+		if err == nil {
+			_, err = e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: sb.GetId()}))
 		}
-		if _, err := e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: sb.GetId()})); err != nil {
+		if err != nil {
 			s.log.Warn("remove sandbox of a failed batch", "id", sb.GetId(), "err", err)
+			s.doubt(ctx, store.Doubt{Node: sb.GetNode(), Token: nodeToken(createToken(batch, i), sb.GetNode()), Key: key}, err)
 		}
 	}
 }

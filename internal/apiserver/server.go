@@ -47,13 +47,26 @@ type Fleet interface {
 	Nodes() []watcher.Node
 }
 
-// Idempotency remembers which sandboxes a Create with a key made, across
-// replicas: the metadata store (package store) implements it.
-type Idempotency interface {
+// Creates is the apiserver's durable record of creates, shared by every
+// replica: which sandboxes a Create with a key made (reservations, their
+// leases, idempotency records and sandbox rows) and which creates it sent
+// without learning their outcome (doubts). The metadata store (package
+// store) implements it; its methods are documented there.
+type Creates interface {
 	GetIdempotency(ctx context.Context, key string) (store.Idempotency, error)
 	ReserveCreate(ctx context.Context, r store.CreateReservation) (got store.CreateReservation, reserved bool, err error)
-	CompleteCreate(ctx context.Context, key string, sbs []store.SandboxRow) error
+	CompleteCreate(ctx context.Context, key, nonce string, sbs []store.SandboxRow) error
 	ReleaseCreate(ctx context.Context, key string) error
+	Reservation(ctx context.Context, key string) (store.CreateReservation, error)
+	TouchCreate(ctx context.Context, key, nonce string) error
+	StaleCreates(ctx context.Context, before time.Time, limit int) ([]store.CreateReservation, error)
+	AbandonCreate(ctx context.Context, key, nonce string, before time.Time, doubts []store.Doubt) (bool, error)
+	SandboxRows(ctx context.Context, key string) ([]store.SandboxRow, error)
+	NodeSandboxRows(ctx context.Context, node string) ([]store.SandboxRow, error)
+	DeleteSandboxRows(ctx context.Context, ids []string) error
+	AddDoubts(ctx context.Context, doubts []store.Doubt) error
+	Doubts(ctx context.Context) ([]store.Doubt, error)
+	ClearDoubts(ctx context.Context, doubts []store.Doubt) error
 }
 
 // Config tunes the apiserver.
@@ -71,6 +84,12 @@ type Config struct {
 	Auth Authenticator
 	// CreateConcurrency bounds how many sandboxes one batch starts at once.
 	CreateConcurrency int
+	// ReconcileInterval is how often RunReconciler sweeps (doubts, stale
+	// reservations, sandbox rows); default 30 s. AbandonAfter is how long
+	// a pending reservation may go untouched before any apiserver abandons
+	// it; default DefaultAbandonAfter. See reconcile.go.
+	ReconcileInterval time.Duration
+	AbandonAfter      time.Duration
 }
 
 // Server implements the public services.
@@ -79,26 +98,36 @@ type Server struct {
 	fleet  Fleet
 	placer *placement.Placer
 	view   atomic.Pointer[cachedView]
-	idem   Idempotency
+	idem   Creates
 	log    *slog.Logger
 
 	inflightMu sync.Mutex
 	inflight   map[string]chan struct{} // idempotency keys being created
+
+	rec reconciler
 }
 
 // New returns a Server routing to the fleet's edges.
-func New(cfg Config, idem Idempotency, fleet Fleet, log *slog.Logger) *Server {
+func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = 1000
 	}
 	if cfg.CreateConcurrency == 0 {
 		cfg.CreateConcurrency = 8
 	}
+	if cfg.ReconcileInterval <= 0 {
+		cfg.ReconcileInterval = 30 * time.Second
+	}
+	if cfg.AbandonAfter <= 0 {
+		cfg.AbandonAfter = DefaultAbandonAfter
+	}
 	return &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{},
-		placer: placement.New(placement.Config{Replicas: cfg.Replicas})}
+		placer: placement.New(placement.Config{Replicas: cfg.Replicas}), rec: newReconciler()}
 }
 
-// Handler returns the HTTP handler serving every service, plus /healthz.
+// Handler returns the HTTP handler serving every service, plus /healthz
+// and /metrics (the reconciliation counters, in Prometheus's text format),
+// which need no token.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	// Clients accept gzip by default; compressing small messages costs
@@ -114,6 +143,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
 	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerService{s: s}, opts...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/metrics", s.serveMetrics)
 	// Streams of exec events end with the exit: see forwardStream.
 	return flushhold.Handler(mux)
 }

@@ -31,6 +31,14 @@ func newTestServer(t *testing.T, edges ...*fakeEdge) dsecv1connect.SandboxServic
 // client of an apiserver in front of them.
 func newTestServerOver(t *testing.T, remote bool, edges ...*fakeEdge) dsecv1connect.SandboxServiceClient {
 	t.Helper()
+	_, _, c := newRig(t, remote, Config{CreateConcurrency: 4}, edges...)
+	return c
+}
+
+// newRig is newTestServerOver with cfg, returning the server and its store
+// too.
+func newRig(t *testing.T, remote bool, cfg Config, edges ...*fakeEdge) (*Server, store.Store, dsecv1connect.SandboxServiceClient) {
+	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "meta.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -48,10 +56,10 @@ func newTestServerOver(t *testing.T, remote bool, edges ...*fakeEdge) dsecv1conn
 			nodes[i].Edge = edgeclient.New(es.Client(), es.Client(), es.URL)
 		}
 	}
-	s := New(Config{CreateConcurrency: 4}, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
+	s := New(cfg, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
 	hs := httptest.NewServer(s.Handler())
 	t.Cleanup(hs.Close)
-	return dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+	return s, st, dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
 }
 
 // overBoth runs a test against edges in-process and remote.

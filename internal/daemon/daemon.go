@@ -441,6 +441,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta}, meta, fleet, log.With("component", "apiserver"))
+	// A reservation left pending by a dsecd that died mid-create, say, is
+	// reconciled here as in a cluster.
+	stopReconciler := runReconciler(ctx, api)
+	defer stopReconciler()
 	var lns []net.Listener
 	uln, err := listenUnix(cfg.Socket)
 	if err != nil {

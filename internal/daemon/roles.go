@@ -259,6 +259,10 @@ type APIServerConfig struct {
 	// DebugListen, if set, serves Go's profiles (net/http/pprof) on this
 	// address; keep it on loopback.
 	DebugListen string
+	// ReconcileInterval and AbandonAfter tune reconciliation (see
+	// apiserver.Config); 0 = their defaults.
+	ReconcileInterval time.Duration
+	AbandonAfter      time.Duration
 }
 
 func (c *APIServerConfig) fill() error {
@@ -320,13 +324,22 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		Dial:     func(m watcher.Member) (watcher.Edge, error) { return dialEdge(cfg.TLS, m) },
 		Interval: cfg.PollInterval,
 		OnReport: func(node string, _ *edgev1.NodeStatus) { api.Observe(node) },
-		Log:      log.With("component", "watcher"),
+		// Reconciliation runs apart: a node is routable at once, and the
+		// poll round waits for nobody's reaping.
+		OnReturn: func(_ context.Context, n watcher.Node) error {
+			api.NodeReturned(n)
+			return nil
+		},
+		Log: log.With("component", "watcher"),
 	})
-	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, Auth: meta}, meta, w, log.With("component", "apiserver"))
+	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, Auth: meta,
+		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.Poll(ctx) // routable edges from the first call on
 	go w.Run(wctx)
+	stopReconciler := runReconciler(ctx, api)
+	defer stopReconciler()
 
 	var lns []net.Listener
 	if cfg.Socket != "" {
@@ -349,6 +362,21 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	}
 	log.Info("apiserver ready", "name", cfg.Name, "listen", tln.Addr().String(), "edges", len(w.Nodes()))
 	return serve(ctx, log, api.Handler(), nil, lns...)
+}
+
+// runReconciler runs the apiserver's reconciliation until the returned
+// stop is called, which waits for it to end (before the store closes).
+func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		api.RunReconciler(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // dialEdge returns the EdgeService client of an edge, with the apiserver's

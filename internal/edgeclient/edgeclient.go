@@ -131,6 +131,14 @@ func (r *Remote) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.
 	return unary(ctx, r.c.ListWarmPools, req)
 }
 
+func (r *Remote) Reap(ctx context.Context, req *connect.Request[edgev1.ReapRequest]) (*connect.Response[edgev1.ReapResponse], error) {
+	return unary(ctx, r.c.Reap, req)
+}
+
+func (r *Remote) Gone(ctx context.Context, req *connect.Request[edgev1.GoneRequest]) (*connect.Response[edgev1.GoneResponse], error) {
+	return unary(ctx, r.c.Gone, req)
+}
+
 func (r *Remote) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
 	return unary(ctx, r.c.ImportLayer, req)
 }

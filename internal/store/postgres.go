@@ -164,11 +164,11 @@ func tsOf(t *time.Time) time.Time {
 
 // --- idempotency and reservations
 
-const pgReservationCols = `key, request_hash, owner, placements, state, ids, created, updated`
+const pgReservationCols = `key, request_hash, owner, placements, state, ids, created, updated, nonce`
 
 func scanPGReservation(row pgx.Row, extra ...any) (CreateReservation, error) {
 	var r CreateReservation
-	dst := append(extra, &r.Key, &r.RequestHash, &r.Owner, &r.Placements, &r.State, &r.IDs, &r.Created, &r.Updated)
+	dst := append(extra, &r.Key, &r.RequestHash, &r.Owner, &r.Placements, &r.State, &r.IDs, &r.Created, &r.Updated, &r.Nonce)
 	if err := row.Scan(dst...); err != nil {
 		return CreateReservation{}, err
 	}
@@ -197,9 +197,9 @@ func (s *pgStore) PutIdempotency(ctx context.Context, rec Idempotency) error {
 	created := nowOr(rec.Created)
 	err := s.retry(ctx, true, func(ctx context.Context) error {
 		_, err := s.pool.Exec(ctx, `INSERT INTO idempotency (`+pgReservationCols+`)
-			VALUES ($1, $2, '', '{}', 'done', $3, $4, $4)
+			VALUES ($1, $2, '', '{}', 'done', $3, $4, $4, '')
 			ON CONFLICT (key) DO UPDATE SET request_hash = EXCLUDED.request_hash, owner = '', placements = '{}',
-				state = 'done', ids = EXCLUDED.ids, created = EXCLUDED.created, updated = EXCLUDED.updated`,
+				state = 'done', ids = EXCLUDED.ids, created = EXCLUDED.created, updated = EXCLUDED.updated, nonce = ''`,
 			rec.Key, rec.RequestHash, nonNil(rec.IDs), created)
 		return err
 	})
@@ -230,7 +230,7 @@ func (s *pgStore) ExpireIdempotency(ctx context.Context, olderThan time.Time) (i
 const pgReserveSQL = `
 WITH ins AS (
 	INSERT INTO idempotency (` + pgReservationCols + `)
-	VALUES ($1, $2, $3, $4, 'pending', '{}', $5, $5)
+	VALUES ($1, $2, $3, $4, 'pending', '{}', $5, $5, $6)
 	ON CONFLICT (key) DO NOTHING
 	RETURNING ` + pgReservationCols + `)
 SELECT true, * FROM ins
@@ -248,7 +248,7 @@ func (s *pgStore) ReserveCreate(ctx context.Context, r CreateReservation) (Creat
 		for range 10 {
 			var err error
 			got, err = scanPGReservation(s.pool.QueryRow(ctx, pgReserveSQL,
-				r.Key, r.RequestHash, r.Owner, nonNil(r.Placements), r.Created), &reserved)
+				r.Key, r.RequestHash, r.Owner, nonNil(r.Placements), r.Created, r.Nonce), &reserved)
 			if !errors.Is(err, pgx.ErrNoRows) {
 				return err
 			}
@@ -270,7 +270,7 @@ func (s *pgStore) ReserveCreate(ctx context.Context, r CreateReservation) (Creat
 const pgCompleteSQL = `
 WITH done AS (
 	UPDATE idempotency SET state = 'done', ids = $2, updated = $3
-	WHERE key = $1 AND state = 'pending'
+	WHERE key = $1 AND state = 'pending' AND nonce = $6
 	RETURNING 1),
 ins AS (
 	INSERT INTO sandboxes (id, node, idempotency_key, created)
@@ -279,7 +279,7 @@ ins AS (
 	RETURNING 1)
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM ins)`
 
-func (s *pgStore) CompleteCreate(ctx context.Context, key string, sbs []SandboxRow) error {
+func (s *pgStore) CompleteCreate(ctx context.Context, key, nonce string, sbs []SandboxRow) error {
 	rows, ids, err := completeRows(key, sbs)
 	if err != nil {
 		return err
@@ -292,31 +292,28 @@ func (s *pgStore) CompleteCreate(ctx context.Context, key string, sbs []SandboxR
 	// Completing is idempotent (a second run finds the key done with the
 	// same IDs), so a lost connection is retried.
 	err = s.retry(ctx, true, func(ctx context.Context) error {
-		for range 10 {
-			var marked, inserted int64
-			err := s.pool.QueryRow(ctx, pgCompleteSQL, key, nonNil(ids), ms(time.Now()), nodes, created).Scan(&marked, &inserted)
-			if pgUnique(err) {
-				return fmt.Errorf("a sandbox ID is already recorded: %w: %w", errdefs.ErrAlreadyExists, err)
-			}
-			if err != nil || marked == 1 {
-				return err
-			}
-			var state string
-			var have []string
-			err = s.pool.QueryRow(ctx, `SELECT state, ids FROM idempotency WHERE key = $1`, key).Scan(&state, &have)
-			switch {
-			case errors.Is(err, pgx.ErrNoRows):
-				return fmt.Errorf("no reservation: %w", errdefs.ErrNotFound)
-			case err != nil:
-				return err
-			case state == StateDone && !slices.Equal(have, ids):
-				return fmt.Errorf("the key is already done with other sandboxes: %w", errdefs.ErrAlreadyExists)
-			case state == StateDone:
-				return nil
-			}
-			// Released and reserved again in between: try again.
+		var marked, inserted int64
+		err := s.pool.QueryRow(ctx, pgCompleteSQL, key, nonNil(ids), ms(time.Now()), nodes, created, nonce).Scan(&marked, &inserted)
+		if pgUnique(err) {
+			return fmt.Errorf("a sandbox ID is already recorded: %w: %w", errdefs.ErrAlreadyExists, err)
 		}
-		return fmt.Errorf("the key is reserved and released over and over: %w", errdefs.ErrUnavailable)
+		if err != nil || marked == 1 {
+			return err
+		}
+		var state string
+		var have []string
+		err = s.pool.QueryRow(ctx, `SELECT state, ids FROM idempotency WHERE key = $1`, key).Scan(&state, &have)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("no reservation: %w", errdefs.ErrNotFound)
+		case err != nil:
+			return err
+		case state == StateDone && !slices.Equal(have, ids):
+			return fmt.Errorf("the key is already done with other sandboxes: %w", errdefs.ErrAlreadyExists)
+		case state == StateDone:
+			return nil
+		}
+		return reservedAgain()
 	})
 	if err != nil {
 		return fmt.Errorf("complete create %q: %w", key, pgKind(err))
@@ -349,11 +346,115 @@ func (s *pgStore) ReleaseCreate(ctx context.Context, key string) error {
 	return nil
 }
 
+func (s *pgStore) Reservation(ctx context.Context, key string) (CreateReservation, error) {
+	var r CreateReservation
+	err := s.retry(ctx, true, func(ctx context.Context) error {
+		var err error
+		r, err = scanPGReservation(s.pool.QueryRow(ctx, `SELECT `+pgReservationCols+` FROM idempotency WHERE key = $1`, key))
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return CreateReservation{}, fmt.Errorf("reservation %q: %w", key, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return CreateReservation{}, fmt.Errorf("read reservation %q: %w", key, pgKind(err))
+	}
+	return r, nil
+}
+
+func (s *pgStore) TouchCreate(ctx context.Context, key, nonce string) error {
+	now := ms(time.Now())
+	var n int64
+	err := s.retry(ctx, true, func(ctx context.Context) error {
+		tag, err := s.pool.Exec(ctx, `UPDATE idempotency SET updated = GREATEST(updated, $3)
+			WHERE key = $1 AND nonce = $2 AND state = 'pending'`, key, nonce, now)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("touch reservation %q: %w", key, pgKind(err))
+	}
+	if n == 0 {
+		return noPendingReservation(key)
+	}
+	return nil
+}
+
+func (s *pgStore) StaleCreates(ctx context.Context, before time.Time, limit int) ([]CreateReservation, error) {
+	var out []CreateReservation
+	err := s.retry(ctx, true, func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `SELECT `+pgReservationCols+` FROM idempotency
+			WHERE state = 'pending' AND updated < $1 ORDER BY updated, key LIMIT $2`, before, limit)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (CreateReservation, error) { return scanPGReservation(row) })
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list stale reservations: %w", pgKind(err))
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
+}
+
+// pgAbandonSQL removes a pending reservation untouched since $3 and, only
+// if it did, records the doubts, in one statement. It returns how many
+// reservations it removed (0 or 1).
+const pgAbandonSQL = `
+WITH gone AS (
+	DELETE FROM idempotency WHERE key = $1 AND nonce = $2 AND state = 'pending' AND updated < $3
+	RETURNING 1),
+ins AS (
+	INSERT INTO create_doubts (node, token, prefix, idempotency_key, created)
+	SELECT d.node, d.token, d.prefix, d.key, d.created
+	FROM unnest($4::text[], $5::text[], $6::boolean[], $7::text[], $8::timestamptz[]) AS d (node, token, prefix, key, created)
+	WHERE EXISTS (SELECT 1 FROM gone)
+	ON CONFLICT (node, token) DO NOTHING
+	RETURNING 1)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM ins)`
+
+func (s *pgStore) AbandonCreate(ctx context.Context, key, nonce string, before time.Time, doubts []Doubt) (bool, error) {
+	ds, err := checkDoubts(doubts)
+	if err != nil {
+		return false, err
+	}
+	a := pgDoubtArrays(ds)
+	var removed, inserted int64
+	err = s.retry(ctx, false, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, pgAbandonSQL, key, nonce, before, a.nodes, a.tokens, a.prefixes, a.keys, a.created).
+			Scan(&removed, &inserted)
+	})
+	if err != nil {
+		return false, fmt.Errorf("abandon reservation %q: %w", key, pgKind(err))
+	}
+	return removed == 1, nil
+}
+
 func (s *pgStore) SandboxRows(ctx context.Context, key string) ([]SandboxRow, error) {
+	out, err := s.sandboxRows(ctx, `idempotency_key`, key)
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox rows of %q: %w", key, pgKind(err))
+	}
+	return out, nil
+}
+
+func (s *pgStore) NodeSandboxRows(ctx context.Context, node string) ([]SandboxRow, error) {
+	out, err := s.sandboxRows(ctx, `node`, node)
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox rows of node %s: %w", node, pgKind(err))
+	}
+	return out, nil
+}
+
+// sandboxRows lists the rows whose column col (a constant) is v, by ID.
+func (s *pgStore) sandboxRows(ctx context.Context, col, v string) ([]SandboxRow, error) {
 	var out []SandboxRow
 	err := s.retry(ctx, true, func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx,
-			`SELECT id, node, idempotency_key, created FROM sandboxes WHERE idempotency_key = $1 ORDER BY id`, key)
+			`SELECT id, node, idempotency_key, created FROM sandboxes WHERE `+col+` = $1 ORDER BY id`, v)
 		if err != nil {
 			return err
 		}
@@ -364,13 +465,10 @@ func (s *pgStore) SandboxRows(ctx context.Context, key string) ([]SandboxRow, er
 		})
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("list sandbox rows of %q: %w", key, pgKind(err))
-	}
 	if len(out) == 0 {
-		return nil, nil
+		return nil, err
 	}
-	return out, nil
+	return out, err
 }
 
 func (s *pgStore) DeleteSandboxRows(ctx context.Context, ids []string) error {
@@ -383,6 +481,81 @@ func (s *pgStore) DeleteSandboxRows(ctx context.Context, ids []string) error {
 	})
 	if err != nil {
 		return fmt.Errorf("delete %d sandbox rows: %w", len(ids), pgKind(err))
+	}
+	return nil
+}
+
+// --- doubts
+
+type pgDoubts struct {
+	nodes, tokens, keys []string
+	prefixes            []bool
+	created             []time.Time
+}
+
+func pgDoubtArrays(ds []Doubt) pgDoubts {
+	a := pgDoubts{nodes: []string{}, tokens: []string{}, keys: []string{}, prefixes: []bool{}, created: []time.Time{}}
+	for _, d := range ds {
+		a.nodes, a.tokens, a.keys = append(a.nodes, d.Node), append(a.tokens, d.Token), append(a.keys, d.Key)
+		a.prefixes, a.created = append(a.prefixes, d.Prefix), append(a.created, d.Created)
+	}
+	return a
+}
+
+func (s *pgStore) AddDoubts(ctx context.Context, doubts []Doubt) error {
+	ds, err := checkDoubts(doubts)
+	if err != nil || len(ds) == 0 {
+		return err
+	}
+	a := pgDoubtArrays(ds)
+	err = s.retry(ctx, true, func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, `INSERT INTO create_doubts (node, token, prefix, idempotency_key, created)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::boolean[], $4::text[], $5::timestamptz[])
+			ON CONFLICT (node, token) DO NOTHING`, a.nodes, a.tokens, a.prefixes, a.keys, a.created)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record %d doubts: %w", len(ds), pgKind(err))
+	}
+	return nil
+}
+
+func (s *pgStore) Doubts(ctx context.Context) ([]Doubt, error) {
+	var out []Doubt
+	err := s.retry(ctx, true, func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `SELECT node, token, prefix, idempotency_key, created FROM create_doubts
+			ORDER BY node, created, token`)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Doubt, error) {
+			var d Doubt
+			err := row.Scan(&d.Node, &d.Token, &d.Prefix, &d.Key, &d.Created)
+			return d, err
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list doubts: %w", pgKind(err))
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
+}
+
+func (s *pgStore) ClearDoubts(ctx context.Context, doubts []Doubt) error {
+	if len(doubts) == 0 {
+		return nil
+	}
+	a := pgDoubtArrays(doubts)
+	err := s.retry(ctx, true, func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, `DELETE FROM create_doubts
+			WHERE (node, token) IN (SELECT * FROM unnest($1::text[], $2::text[]))`, a.nodes, a.tokens)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("clear %d doubts: %w", len(doubts), pgKind(err))
 	}
 	return nil
 }

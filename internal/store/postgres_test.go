@@ -151,11 +151,12 @@ func TestPostgresRestart(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			key := fmt.Sprintf("after-%d", i)
-			if _, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: key, RequestHash: "h"}); err != nil || !reserved {
+			res, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: key, RequestHash: "h"})
+			if err != nil || !reserved {
 				t.Errorf("ReserveCreate %s after restart: reserved=%v, %v", key, reserved, err)
 				return
 			}
-			if err := st.CompleteCreate(ctx, key, []store.SandboxRow{{ID: "sb-" + key, Node: "n1"}}); err != nil {
+			if err := st.CompleteCreate(ctx, key, res.Nonce, []store.SandboxRow{{ID: "sb-" + key, Node: "n1"}}); err != nil {
 				t.Errorf("CompleteCreate %s after restart: %v", key, err)
 			}
 		}()
@@ -219,14 +220,15 @@ func BenchmarkCreateBatch(b *testing.B) {
 				create := func() {
 					i := seq.Add(1)
 					key := fmt.Sprintf("bench-%d", i)
-					if _, _, err := st.ReserveCreate(ctx, store.CreateReservation{Key: key, RequestHash: "h", Owner: "api-1"}); err != nil {
+					res, _, err := st.ReserveCreate(ctx, store.CreateReservation{Key: key, RequestHash: "h", Owner: "api-1"})
+					if err != nil {
 						b.Fatal(err)
 					}
 					rows := make([]store.SandboxRow, batch)
 					for j := range rows {
 						rows[j] = store.SandboxRow{ID: fmt.Sprintf("sb-%d-%d", i, j), Node: fmt.Sprintf("n%d", j%8)}
 					}
-					if err := st.CompleteCreate(ctx, key, rows); err != nil {
+					if err := st.CompleteCreate(ctx, key, res.Nonce, rows); err != nil {
 						b.Fatal(err)
 					}
 				}

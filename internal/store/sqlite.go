@@ -108,13 +108,13 @@ func msNull(t time.Time) sql.NullInt64 {
 
 // --- idempotency and reservations
 
-const sqliteReservationCols = `key, request_hash, owner, placements, state, ids, created_ms, updated_ms`
+const sqliteReservationCols = `key, request_hash, owner, placements, state, ids, created_ms, updated_ms, nonce`
 
 func scanSQLiteReservation(row interface{ Scan(...any) error }) (CreateReservation, error) {
 	var r CreateReservation
 	var placements, ids string
 	var created, updated int64
-	if err := row.Scan(&r.Key, &r.RequestHash, &r.Owner, &placements, &r.State, &ids, &created, &updated); err != nil {
+	if err := row.Scan(&r.Key, &r.RequestHash, &r.Owner, &placements, &r.State, &ids, &created, &updated, &r.Nonce); err != nil {
 		return CreateReservation{}, err
 	}
 	var err error
@@ -143,7 +143,7 @@ func (s *sqliteStore) GetIdempotency(ctx context.Context, key string) (Idempoten
 func (s *sqliteStore) PutIdempotency(ctx context.Context, rec Idempotency) error {
 	created := nowOr(rec.Created)
 	_, err := s.db.ExecContext(ctx,
-		`INSERT OR REPLACE INTO idempotency (`+sqliteReservationCols+`) VALUES (?, ?, '', '[]', 'done', ?, ?, ?)`,
+		`INSERT OR REPLACE INTO idempotency (`+sqliteReservationCols+`) VALUES (?, ?, '', '[]', 'done', ?, ?, ?, '')`,
 		rec.Key, rec.RequestHash, encodeList(rec.IDs), created.UnixMilli(), created.UnixMilli())
 	if err != nil {
 		return fmt.Errorf("write idempotency key %q: %w", rec.Key, sqliteKind(err))
@@ -177,8 +177,8 @@ func (s *sqliteStore) ReserveCreate(ctx context.Context, r CreateReservation) (C
 		if !errors.Is(err, sql.ErrNoRows) {
 			return sqliteKind(err)
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO idempotency (`+sqliteReservationCols+`) VALUES (?, ?, ?, ?, 'pending', '[]', ?, ?)`,
-			r.Key, r.RequestHash, r.Owner, encodeList(r.Placements), r.Created.UnixMilli(), r.Updated.UnixMilli())
+		_, err = tx.ExecContext(ctx, `INSERT INTO idempotency (`+sqliteReservationCols+`) VALUES (?, ?, ?, ?, 'pending', '[]', ?, ?, ?)`,
+			r.Key, r.RequestHash, r.Owner, encodeList(r.Placements), r.Created.UnixMilli(), r.Updated.UnixMilli(), r.Nonce)
 		if err != nil {
 			return sqliteKind(err)
 		}
@@ -194,14 +194,14 @@ func (s *sqliteStore) ReserveCreate(ctx context.Context, r CreateReservation) (C
 	return got, reserved, nil
 }
 
-func (s *sqliteStore) CompleteCreate(ctx context.Context, key string, sbs []SandboxRow) error {
+func (s *sqliteStore) CompleteCreate(ctx context.Context, key, nonce string, sbs []SandboxRow) error {
 	rows, ids, err := completeRows(key, sbs)
 	if err != nil {
 		return err
 	}
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		var state, done string
-		err := tx.QueryRowContext(ctx, `SELECT state, ids FROM idempotency WHERE key = ?`, key).Scan(&state, &done)
+		var state, done, current string
+		err := tx.QueryRowContext(ctx, `SELECT state, ids, nonce FROM idempotency WHERE key = ?`, key).Scan(&state, &done, &current)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("complete create %q: no reservation: %w", key, errdefs.ErrNotFound)
 		}
@@ -217,6 +217,9 @@ func (s *sqliteStore) CompleteCreate(ctx context.Context, key string, sbs []Sand
 				return otherIDs(key)
 			}
 			return nil
+		}
+		if current != nonce {
+			return fmt.Errorf("complete create %q: %w", key, reservedAgain())
 		}
 		ins, err := tx.PrepareContext(ctx, `INSERT INTO sandboxes (id, node, idempotency_key, created_ms) VALUES (?, ?, ?, ?)`)
 		if err != nil {
@@ -264,11 +267,97 @@ func releaseDone(key string) error {
 	return fmt.Errorf("release idempotency key %q: its create is done: %w", key, errdefs.ErrFailedPrecondition)
 }
 
-func (s *sqliteStore) SandboxRows(ctx context.Context, key string) ([]SandboxRow, error) {
-	rows, err := s.db.QueryContext(ctx,
-		`SELECT id, node, idempotency_key, created_ms FROM sandboxes WHERE idempotency_key = ? ORDER BY id`, key)
+func (s *sqliteStore) Reservation(ctx context.Context, key string) (CreateReservation, error) {
+	r, err := scanSQLiteReservation(s.db.QueryRowContext(ctx,
+		`SELECT `+sqliteReservationCols+` FROM idempotency WHERE key = ?`, key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return CreateReservation{}, fmt.Errorf("reservation %q: %w", key, errdefs.ErrNotFound)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("list sandbox rows of %q: %w", key, sqliteKind(err))
+		return CreateReservation{}, fmt.Errorf("read reservation %q: %w", key, sqliteKind(err))
+	}
+	return r, nil
+}
+
+func (s *sqliteStore) TouchCreate(ctx context.Context, key, nonce string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE idempotency SET updated_ms = max(updated_ms, ?)
+		WHERE key = ? AND nonce = ? AND state = 'pending'`, time.Now().UnixMilli(), key, nonce)
+	if err != nil {
+		return fmt.Errorf("touch reservation %q: %w", key, sqliteKind(err))
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return noPendingReservation(key)
+	}
+	return nil
+}
+
+func (s *sqliteStore) StaleCreates(ctx context.Context, before time.Time, limit int) ([]CreateReservation, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sqliteReservationCols+` FROM idempotency
+		WHERE state = 'pending' AND updated_ms < ? ORDER BY updated_ms, key LIMIT ?`, before.UnixMilli(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("list stale reservations: %w", sqliteKind(err))
+	}
+	defer rows.Close()
+	var out []CreateReservation
+	for rows.Next() {
+		r, err := scanSQLiteReservation(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list stale reservations: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list stale reservations: %w", sqliteKind(err))
+	}
+	return out, nil
+}
+
+func (s *sqliteStore) AbandonCreate(ctx context.Context, key, nonce string, before time.Time, doubts []Doubt) (bool, error) {
+	ds, err := checkDoubts(doubts)
+	if err != nil {
+		return false, err
+	}
+	removed := false
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM idempotency WHERE key = ? AND nonce = ? AND state = 'pending' AND updated_ms < ?`,
+			key, nonce, before.UnixMilli())
+		if err != nil {
+			return sqliteKind(err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return nil
+		}
+		removed = true
+		return insertDoubts(ctx, tx, ds)
+	})
+	if err != nil {
+		return false, fmt.Errorf("abandon reservation %q: %w", key, err)
+	}
+	return removed, nil
+}
+
+func (s *sqliteStore) SandboxRows(ctx context.Context, key string) ([]SandboxRow, error) {
+	out, err := s.sandboxRows(ctx, `idempotency_key`, key)
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox rows of %q: %w", key, err)
+	}
+	return out, nil
+}
+
+func (s *sqliteStore) NodeSandboxRows(ctx context.Context, node string) ([]SandboxRow, error) {
+	out, err := s.sandboxRows(ctx, `node`, node)
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox rows of node %s: %w", node, err)
+	}
+	return out, nil
+}
+
+// sandboxRows lists the rows whose column col (a constant) is v, by ID.
+func (s *sqliteStore) sandboxRows(ctx context.Context, col, v string) ([]SandboxRow, error) {
+	rows, err := s.db.QueryContext(ctx,
+		`SELECT id, node, idempotency_key, created_ms FROM sandboxes WHERE `+col+` = ? ORDER BY id`, v)
+	if err != nil {
+		return nil, sqliteKind(err)
 	}
 	defer rows.Close()
 	var out []SandboxRow
@@ -276,15 +365,12 @@ func (s *sqliteStore) SandboxRows(ctx context.Context, key string) ([]SandboxRow
 		var sb SandboxRow
 		var created int64
 		if err := rows.Scan(&sb.ID, &sb.Node, &sb.Key, &created); err != nil {
-			return nil, fmt.Errorf("list sandbox rows of %q: %w", key, err)
+			return nil, err
 		}
 		sb.Created = msTime(created)
 		out = append(out, sb)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list sandbox rows of %q: %w", key, sqliteKind(err))
-	}
-	return out, nil
+	return out, sqliteKind(rows.Err())
 }
 
 func (s *sqliteStore) DeleteSandboxRows(ctx context.Context, ids []string) error {
@@ -294,6 +380,84 @@ func (s *sqliteStore) DeleteSandboxRows(ctx context.Context, ids []string) error
 	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id IN (SELECT value FROM json_each(?))`, encodeList(ids))
 	if err != nil {
 		return fmt.Errorf("delete %d sandbox rows: %w", len(ids), sqliteKind(err))
+	}
+	return nil
+}
+
+// --- doubts
+
+// insertDoubts records doubts in tx, keeping any already recorded.
+func insertDoubts(ctx context.Context, tx *sql.Tx, ds []Doubt) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	ins, err := tx.PrepareContext(ctx, `INSERT INTO create_doubts (node, token, prefix, idempotency_key, created_ms)
+		VALUES (?, ?, ?, ?, ?) ON CONFLICT (node, token) DO NOTHING`)
+	if err != nil {
+		return sqliteKind(err)
+	}
+	defer ins.Close()
+	for _, d := range ds {
+		if _, err := ins.ExecContext(ctx, d.Node, d.Token, d.Prefix, d.Key, d.Created.UnixMilli()); err != nil {
+			return sqliteKind(err)
+		}
+	}
+	return nil
+}
+
+func (s *sqliteStore) AddDoubts(ctx context.Context, doubts []Doubt) error {
+	ds, err := checkDoubts(doubts)
+	if err != nil || len(ds) == 0 {
+		return err
+	}
+	if err := s.inTx(ctx, func(tx *sql.Tx) error { return insertDoubts(ctx, tx, ds) }); err != nil {
+		return fmt.Errorf("record %d doubts: %w", len(ds), err)
+	}
+	return nil
+}
+
+func (s *sqliteStore) Doubts(ctx context.Context) ([]Doubt, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT node, token, prefix, idempotency_key, created_ms FROM create_doubts
+		ORDER BY node, created_ms, token`)
+	if err != nil {
+		return nil, fmt.Errorf("list doubts: %w", sqliteKind(err))
+	}
+	defer rows.Close()
+	var out []Doubt
+	for rows.Next() {
+		var d Doubt
+		var created int64
+		if err := rows.Scan(&d.Node, &d.Token, &d.Prefix, &d.Key, &created); err != nil {
+			return nil, fmt.Errorf("list doubts: %w", err)
+		}
+		d.Created = msTime(created)
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list doubts: %w", sqliteKind(err))
+	}
+	return out, nil
+}
+
+func (s *sqliteStore) ClearDoubts(ctx context.Context, doubts []Doubt) error {
+	if len(doubts) == 0 {
+		return nil
+	}
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		del, err := tx.PrepareContext(ctx, `DELETE FROM create_doubts WHERE node = ? AND token = ?`)
+		if err != nil {
+			return sqliteKind(err)
+		}
+		defer del.Close()
+		for _, d := range doubts {
+			if _, err := del.ExecContext(ctx, d.Node, d.Token); err != nil {
+				return sqliteKind(err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("clear %d doubts: %w", len(doubts), err)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@
 //   - create reservations and idempotency records, so a retried Create makes
 //     no second batch of sandboxes, whichever replica it reaches;
 //   - the rows of the sandboxes those creates made;
+//   - doubts: creates an apiserver sent to a node without learning whether
+//     they made a sandbox, until an apiserver has settled them with the node;
 //   - the node registry: each edge's slot, the slot's generation, its address,
 //     backends, capacity and certificate fingerprint, and when it was last seen;
 //   - projects, principals and their API tokens (stored as SHA-256 only).
@@ -43,10 +45,11 @@ import (
 // is atomic: it takes effect whole or not at all. An error wrapping
 // errdefs.ErrUnavailable means the database could not be reached or the
 // connection dropped before the answer came: the call may or may not have
-// taken effect. Every method but ReserveCreate, CreatePrincipal, IssueToken,
-// ExpireIdempotency and RemoveNode does the same when repeated, so callers
-// may simply try again; ReserveCreate's caller finds its own reservation
-// (reserved false, Owner its own name) on a retry.
+// taken effect. Every method but ReserveCreate, AbandonCreate,
+// CreatePrincipal, IssueToken, ExpireIdempotency and RemoveNode does the same
+// when repeated, so callers may simply try again; ReserveCreate's caller finds
+// its own reservation (reserved false, Owner its own name) on a retry, and
+// AbandonCreate's finds the reservation gone.
 //
 // Times are kept to the millisecond. Errors wrap the kinds in errdefs.
 type Store interface {
@@ -63,30 +66,65 @@ type Store interface {
 	ExpireIdempotency(ctx context.Context, olderThan time.Time) (int, error)
 
 	// ReserveCreate reserves r.Key for a create about to start. If the key
-	// is new it stores r as a pending reservation (State, IDs and Updated are
-	// set by the store; Created too when zero) and returns it with reserved
-	// true; of any number of concurrent callers, in any number of processes,
+	// is new it stores r as a pending reservation (State, IDs, Nonce and
+	// Updated are set by the store; Created too when zero) and returns it
+	// with reserved true; of any number of concurrent callers, in any number of processes,
 	// exactly one gets reserved true. Otherwise it returns the existing
 	// reservation unchanged with reserved false. An existing key with a
 	// different RequestHash is errdefs.ErrInvalidArgument.
 	ReserveCreate(ctx context.Context, r CreateReservation) (got CreateReservation, reserved bool, err error)
 	// CompleteCreate records the sandboxes a reserved create made and marks
-	// its reservation done with their IDs, in one transaction: on error
-	// neither the rows nor the done state are stored. Completing a done key
-	// again with the same IDs is a no-op; with other IDs it is
-	// errdefs.ErrAlreadyExists, as is a sandbox ID already recorded. An
-	// unknown key is errdefs.ErrNotFound.
-	CompleteCreate(ctx context.Context, key string, sbs []SandboxRow) error
+	// its reservation (key, with the nonce ReserveCreate gave it) done with
+	// their IDs, in one transaction: on error neither the rows nor the done
+	// state are stored. Completing a done key again with the same IDs is a
+	// no-op; with other IDs it is errdefs.ErrAlreadyExists, as is a sandbox ID
+	// already recorded. An unknown key, or one pending under another nonce
+	// (its reservation was abandoned or released and the key reserved
+	// again), is errdefs.ErrNotFound: only a reservation's own creates
+	// complete it.
+	CompleteCreate(ctx context.Context, key, nonce string, sbs []SandboxRow) error
 	// ReleaseCreate removes the pending reservation of key (its batch
 	// failed), so a retry can reserve it again. Releasing an unknown key is a
 	// no-op; a done reservation is never released (errdefs.ErrFailedPrecondition).
 	ReleaseCreate(ctx context.Context, key string) error
+	// Reservation returns key's reservation, pending or done, or
+	// errdefs.ErrNotFound.
+	Reservation(ctx context.Context, key string) (CreateReservation, error)
+	// TouchCreate renews the lease of the pending reservation of key with
+	// nonce: its Updated becomes now (never earlier than it was). The
+	// creates working for a reservation touch it while they run, so that
+	// AbandonCreate leaves it alone. errdefs.ErrNotFound when there is no
+	// such pending reservation (done, released, abandoned, or the key
+	// reserved again since).
+	TouchCreate(ctx context.Context, key, nonce string) error
+	// StaleCreates lists at most limit pending reservations last touched
+	// before before, least recently touched first.
+	StaleCreates(ctx context.Context, before time.Time, limit int) ([]CreateReservation, error)
+	// AbandonCreate removes the pending reservation of key with nonce if it
+	// was last touched before before, and records doubts, in one
+	// transaction; it reports whether it did (false: the reservation was
+	// touched, completed, released or abandoned meanwhile, and nothing was
+	// stored). A CompleteCreate racing it either wins, and AbandonCreate
+	// does nothing, or finds the reservation gone.
+	AbandonCreate(ctx context.Context, key, nonce string, before time.Time, doubts []Doubt) (bool, error)
 	// SandboxRows lists the sandbox rows a completed create recorded under
 	// key, in ID order.
 	SandboxRows(ctx context.Context, key string) ([]SandboxRow, error)
+	// NodeSandboxRows lists the sandbox rows of the sandboxes on node, in ID
+	// order.
+	NodeSandboxRows(ctx context.Context, node string) ([]SandboxRow, error)
 	// DeleteSandboxRows removes the rows of the given sandboxes; unknown IDs
 	// are ignored.
 	DeleteSandboxRows(ctx context.Context, ids []string) error
+
+	// AddDoubts records doubts. A doubt already recorded (the same node and
+	// token) is kept as it was.
+	AddDoubts(ctx context.Context, doubts []Doubt) error
+	// Doubts lists every recorded doubt, by node, then oldest first.
+	Doubts(ctx context.Context) ([]Doubt, error)
+	// ClearDoubts forgets doubts, named by node and token; unknown ones are
+	// ignored.
+	ClearDoubts(ctx context.Context, doubts []Doubt) error
 
 	// RegisterNode registers an edge and returns its record. A new name
 	// gets the lowest free slot and that slot's next generation (a per-slot
@@ -156,8 +194,32 @@ type CreateReservation struct {
 	Placements []string
 	State      string // StatePending or StateDone
 	IDs        []string
-	Created    time.Time
-	Updated    time.Time
+	// Nonce is random, chosen by the store when the key is reserved: it
+	// names this reservation, and no other of the same key, in the create
+	// tokens of its sandboxes (package apiserver). Reservations made before
+	// nonces existed have "".
+	Nonce   string
+	Created time.Time
+	// Updated is when the reservation last changed or was touched
+	// (TouchCreate): the lease its creates hold.
+	Updated time.Time
+}
+
+// Doubt is a create an apiserver sent to a node without learning whether
+// it made a sandbox (the call timed out, the connection dropped, the caller
+// gave up), or a batch whose reservation was abandoned: the node may hold a
+// sandbox nobody was told of. An apiserver settles it once the node answers
+// (the node reaps the sandboxes the token names, but never one the key's
+// completed create recorded), then clears it.
+type Doubt struct {
+	Node string
+	// Token is the create token, or with Prefix a prefix of the tokens of
+	// every create of one batch.
+	Token  string
+	Prefix bool
+	// Key is the idempotency key of the create, "" for none.
+	Key     string
+	Created time.Time
 }
 
 // SandboxRow is the store's record of one sandbox a create made.
@@ -296,6 +358,27 @@ func wellFormedToken(tok string) bool {
 	return err == nil
 }
 
+// newNonce returns a reservation's nonce: 16 random hex digits.
+func newNonce() string { return newID("") }
+
+// checkDoubts refuses doubts that name no node or token, and fills in
+// their creation time.
+func checkDoubts(doubts []Doubt) ([]Doubt, error) {
+	out := make([]Doubt, len(doubts))
+	now := ms(time.Now())
+	for i, d := range doubts {
+		if d.Node == "" || d.Token == "" {
+			return nil, fmt.Errorf("record doubt %d: a node and a token are required: %w", i, errdefs.ErrInvalidArgument)
+		}
+		if d.Created.IsZero() {
+			d.Created = now
+		}
+		d.Created = ms(d.Created)
+		out[i] = d
+	}
+	return out, nil
+}
+
 // newID returns prefix followed by 16 random hex digits.
 func newID(prefix string) string {
 	b := make([]byte, 8)
@@ -337,7 +420,7 @@ func newReservation(r CreateReservation) (CreateReservation, error) {
 	if r.Key == "" {
 		return CreateReservation{}, fmt.Errorf("reserve create: empty idempotency key: %w", errdefs.ErrInvalidArgument)
 	}
-	r.State, r.IDs = StatePending, nil
+	r.State, r.IDs, r.Nonce = StatePending, nil, newNonce()
 	r.Placements = nilIfEmpty(r.Placements)
 	r.Created = nowOr(r.Created)
 	r.Updated = r.Created
@@ -372,6 +455,14 @@ func completeRows(key string, sbs []SandboxRow) ([]SandboxRow, []string, error) 
 		out[i], ids[i] = sb, sb.ID
 	}
 	return out, ids, nil
+}
+
+func reservedAgain() error {
+	return fmt.Errorf("the key was reserved again by another create since: %w", errdefs.ErrNotFound)
+}
+
+func noPendingReservation(key string) error {
+	return fmt.Errorf("reservation %q: no such pending reservation: %w", key, errdefs.ErrNotFound)
 }
 
 func otherIDs(key string) error {

@@ -4,8 +4,10 @@
 // calls it in-process, handing it the apiserver's own streams; a node of a
 // cluster serves the same value over Connect with mutual TLS (Handler). It
 // owns what the apiserver must not: the channel to each sandbox's agent,
-// the activity accounting of every call that runs in a sandbox, and the
-// deduplication of creates an apiserver retries.
+// the activity accounting of every call that runs in a sandbox, the
+// deduplication of creates an apiserver retries (by the create token the
+// edge keeps with each sandbox), and the reaping of sandboxes whose create
+// an apiserver gave up on (Reap).
 package edgesvc
 
 import (
@@ -13,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,7 +40,17 @@ import (
 type Edge interface {
 	Node() string
 	Status() sandbox.Status
-	Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error)
+	// Create makes a sandbox for the create token names ("" for none) and
+	// keeps the token with it while it lives (on disk too, where the edge
+	// keeps its sandboxes across restarts); it records the token before it
+	// returns.
+	Create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error)
+	// SandboxOf returns the live (creating or running) sandbox a create
+	// token made.
+	SandboxOf(token string) (id string, ok bool)
+	// Tokens returns the create token of every live sandbox that has one,
+	// token to sandbox ID.
+	Tokens() map[string]string
 	Get(ctx context.Context, id string) (*dsecv1.Sandbox, error)
 	List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error)
 	Delete(ctx context.Context, id string) error
@@ -58,9 +72,11 @@ type Edge interface {
 // Version is reported by Status.
 const Version = "0.2.0"
 
-// tokenTTL is how long a create token is remembered: far longer than any
-// apiserver waits before retrying a create.
-const tokenTTL = time.Hour
+// reapedTTL is how long a reaped create token (or prefix) stays refused:
+// far longer than a create can wait in a node's queue. A create sent to a
+// frozen node waits in its socket until the node thaws, and runs within
+// moments of it; an apiserver reaps its token only once the node answers.
+const reapedTTL = time.Hour
 
 // Service implements edgev1connect.EdgeServiceHandler. It is safe for
 // concurrent use.
@@ -70,16 +86,19 @@ type Service struct {
 	layers dsecv1connect.LayerServiceHandler
 	log    *slog.Logger
 
-	mu     sync.Mutex
-	tokens map[string]*tokenEntry // create token -> the create it names
-	order  []string               // tokens, oldest first, for forgetting them in O(1)
+	mu       sync.Mutex
+	inflight map[string]chan struct{} // create tokens whose create runs now; closed when it ends
+	// Tokens and token prefixes Reap killed, refused from then on, and
+	// both oldest first for forgetting them in O(1). Prefixes are few: one
+	// per abandoned batch.
+	reapedTokens   map[string]time.Time
+	reapedPrefixes map[string]time.Time
+	order          []reapMark
 }
 
-type tokenEntry struct {
-	done chan struct{} // closed once sb or err is set
-	sb   *dsecv1.Sandbox
-	err  error
-	at   time.Time
+type reapMark struct {
+	token  string
+	prefix bool
 }
 
 // New returns the service of edge e, whose layers layers serves (nil: a
@@ -89,7 +108,8 @@ func New(e Edge, layers dsecv1connect.LayerServiceHandler, log *slog.Logger) *Se
 	if layers == nil {
 		layers = dsecv1connect.UnimplementedLayerServiceHandler{}
 	}
-	return &Service{edge: e, layers: layers, log: log, tokens: map[string]*tokenEntry{}}
+	return &Service{edge: e, layers: layers, log: log, inflight: map[string]chan struct{}{},
+		reapedTokens: map[string]time.Time{}, reapedPrefixes: map[string]time.Time{}}
 }
 
 // Node is the name of the node the service's edge owns.
@@ -113,101 +133,187 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 	}), nil
 }
 
-// Create makes a sandbox. A create token seen before returns what its first
-// call made (or is waiting for it), so a retried create never makes two.
+// Create makes a sandbox. A create token whose sandbox lives returns that
+// sandbox (or waits for the create making it), so a retried create never
+// makes two; a token Reap killed is refused.
 func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.CreateRequest]) (*connect.Response[dsecv1.Sandbox], error) {
-	token := req.Msg.GetCreateToken()
+	token, spec := req.Msg.GetCreateToken(), req.Msg.GetSpec()
 	if token == "" {
-		sb, err := s.edge.Create(ctx, req.Msg.GetSpec())
+		sb, err := s.edge.Create(ctx, spec, "")
 		if err != nil {
 			return nil, err
 		}
 		return connect.NewResponse(sb), nil
 	}
 	for {
+		// Under s.mu, a token is in flight or its sandbox is known to the
+		// edge (Create records the token before it returns): two calls with
+		// one token never both start a create.
 		s.mu.Lock()
-		s.forgetTokens(time.Now())
-		e, seen := s.tokens[token]
-		if !seen {
-			e = &tokenEntry{done: make(chan struct{}), at: time.Now()}
-			s.tokens[token] = e
-			s.order = append(s.order, token)
+		s.forgetReaped(time.Now())
+		if s.isReaped(token) {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("create token %q was reaped on node %s: its create was given up: %w", token, s.edge.Node(), errdefs.ErrFailedPrecondition)
 		}
+		if done, busy := s.inflight[token]; busy {
+			s.mu.Unlock()
+			select {
+			case <-done:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("wait for the create with token %q: %w", token, errdefs.ErrDeadlineExceeded)
+			}
+		}
+		if id, ok := s.edge.SandboxOf(token); ok {
+			s.mu.Unlock()
+			sb, err := s.edge.Get(ctx, id)
+			if err == nil && live(sb) {
+				return connect.NewResponse(sb), nil
+			}
+			continue // it ended just now: the retry makes a new one
+		}
+		done := make(chan struct{})
+		s.inflight[token] = done
 		s.mu.Unlock()
-		if !seen {
-			return s.createFor(ctx, req.Msg.GetSpec(), token, e)
-		}
-		select {
-		case <-e.done:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("wait for the create with token %q: %w", token, errdefs.ErrDeadlineExceeded)
-		}
-		if e.err != nil {
-			return nil, e.err
-		}
-		sb, err := s.edge.Get(ctx, e.sb.GetId())
-		if err == nil && live(sb) {
-			return connect.NewResponse(sb), nil
-		}
-		// The token's sandbox is gone (the apiserver deleted it when it
-		// could not record the create): the retry makes a new one.
+		// The create runs to its end even if this caller goes: a retry with
+		// the same token then finds the sandbox it made, and a reconciling
+		// apiserver can reap it.
+		sb, err := s.edge.Create(context.WithoutCancel(ctx), spec, token)
 		s.mu.Lock()
-		if s.tokens[token] == e {
-			delete(s.tokens, token)
-		}
+		delete(s.inflight, token)
 		s.mu.Unlock()
+		close(done)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(sb), nil
 	}
 }
 
-func live(sb *dsecv1.Sandbox) bool {
-	switch sb.GetState() {
-	case dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING,
-		dsecv1.State_STATE_PAUSING, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RESUMING:
+func live(sb *dsecv1.Sandbox) bool { return sandbox.Live(sb.GetState()) }
+
+// isReaped says whether Reap killed token or a prefix of it; the caller
+// holds s.mu.
+func (s *Service) isReaped(token string) bool {
+	if _, ok := s.reapedTokens[token]; ok {
 		return true
+	}
+	for p := range s.reapedPrefixes {
+		if strings.HasPrefix(token, p) {
+			return true
+		}
 	}
 	return false
 }
 
-// createFor runs the create a token names and records its outcome in e.
-func (s *Service) createFor(ctx context.Context, spec *dsecv1.SandboxSpec, token string, e *tokenEntry) (*connect.Response[dsecv1.Sandbox], error) {
-	// The create runs to its end even if this caller goes: a retry with the
-	// same token then finds the sandbox it made.
-	sb, err := s.edge.Create(context.WithoutCancel(ctx), spec)
-	s.mu.Lock()
-	e.sb, e.err = sb, err
-	if err != nil && s.tokens[token] == e {
-		delete(s.tokens, token) // a failed create may be tried again
+// marks returns the map of reaped tokens or of reaped prefixes m belongs to.
+func (s *Service) marks(m reapMark) map[string]time.Time {
+	if m.prefix {
+		return s.reapedPrefixes
 	}
-	s.mu.Unlock()
-	close(e.done)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(sb), nil
+	return s.reapedTokens
 }
 
-// forgetTokens drops tokens older than tokenTTL whose create has ended,
-// oldest first: each call forgets what expired since the last. The caller
-// holds s.mu.
-func (s *Service) forgetTokens(now time.Time) {
+// forgetReaped drops the reaped marks older than reapedTTL, oldest first:
+// each call forgets what expired since the last. The caller holds s.mu.
+func (s *Service) forgetReaped(now time.Time) {
 	n := 0
 	for ; n < len(s.order); n++ {
-		e := s.tokens[s.order[n]]
-		if e == nil {
-			continue // forgotten already: its create failed
-		}
-		ended := false
-		select {
-		case <-e.done:
-			ended = true
-		default:
-		}
-		if now.Sub(e.at) <= tokenTTL || !ended {
+		m := s.order[n]
+		marks := s.marks(m)
+		if now.Sub(marks[m.token]) <= reapedTTL {
 			break
 		}
-		delete(s.tokens, s.order[n])
+		delete(marks, m.token)
 	}
 	s.order = s.order[n:]
+}
+
+// Reap removes the live sandboxes made by creates of the given tokens or
+// token prefixes, except keep_ids. It marks them reaped first, so that no
+// create of theirs starts any more, and waits for those already running.
+func (s *Service) Reap(ctx context.Context, req *connect.Request[edgev1.ReapRequest]) (*connect.Response[edgev1.ReapResponse], error) {
+	tokens, prefixes := req.Msg.GetTokens(), req.Msg.GetTokenPrefixes()
+	for _, t := range append(slices.Clip(tokens), prefixes...) {
+		if t == "" {
+			return nil, fmt.Errorf("reap: an empty token or token prefix: %w", errdefs.ErrInvalidArgument)
+		}
+	}
+	now := time.Now()
+	var running []chan struct{}
+	s.mu.Lock()
+	s.forgetReaped(now)
+	mark := func(m reapMark) {
+		if marks := s.marks(m); marks[m.token].IsZero() {
+			marks[m.token] = now
+			s.order = append(s.order, m)
+		}
+	}
+	for _, t := range tokens {
+		mark(reapMark{token: t})
+		if done, ok := s.inflight[t]; ok {
+			running = append(running, done)
+		}
+	}
+	for _, p := range prefixes {
+		mark(reapMark{token: p, prefix: true})
+		for t, done := range s.inflight {
+			if strings.HasPrefix(t, p) {
+				running = append(running, done)
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, done := range running {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("reap: wait for %d creates in progress: %w", len(running), errdefs.ErrDeadlineExceeded)
+		}
+	}
+	// No create of these tokens runs now, nor will one start.
+	victims := map[string]bool{}
+	for _, t := range tokens {
+		if id, ok := s.edge.SandboxOf(t); ok {
+			victims[id] = true
+		}
+	}
+	if len(prefixes) > 0 {
+		for t, id := range s.edge.Tokens() {
+			if slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(t, p) }) {
+				victims[id] = true
+			}
+		}
+	}
+	for _, id := range req.Msg.GetKeepIds() {
+		delete(victims, id)
+	}
+	out := &edgev1.ReapResponse{}
+	for _, id := range slices.Sorted(maps.Keys(victims)) {
+		if err := s.edge.Delete(ctx, id); err != nil {
+			return nil, fmt.Errorf("reap sandbox %s: %w", id, err)
+		}
+		out.RemovedIds = append(out.RemovedIds, id)
+	}
+	if len(out.RemovedIds) > 0 {
+		s.log.Info("reaped sandboxes of creates given up", "removed", len(out.RemovedIds), "tokens", len(tokens), "prefixes", len(prefixes))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// Gone answers which of the given IDs the node holds no live sandbox for.
+func (s *Service) Gone(ctx context.Context, req *connect.Request[edgev1.GoneRequest]) (*connect.Response[edgev1.GoneResponse], error) {
+	out := &edgev1.GoneResponse{}
+	for _, id := range req.Msg.GetIds() {
+		sb, err := s.edge.Get(ctx, id)
+		switch {
+		case errors.Is(err, errdefs.ErrNotFound), err == nil && !live(sb):
+			out.Ids = append(out.Ids, id)
+		case err != nil:
+			return nil, err
+		}
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (s *Service) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {

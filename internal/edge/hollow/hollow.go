@@ -47,6 +47,8 @@ type Edge struct {
 
 	mu       sync.Mutex
 	sbs      map[string]*dsecv1.Sandbox
+	tokens   map[string]string // create token -> the live sandbox it made
+	tokenOf  map[string]string // and back
 	gone     map[string]time.Time
 	goneSeq  []string // deleted IDs, oldest first
 	starting int
@@ -61,7 +63,7 @@ func New(cfg Config) *Edge {
 	if cfg.Retention == 0 {
 		cfg.Retention = 10 * time.Minute
 	}
-	return &Edge{cfg: cfg, sbs: map[string]*dsecv1.Sandbox{}, gone: map[string]time.Time{}}
+	return &Edge{cfg: cfg, sbs: map[string]*dsecv1.Sandbox{}, tokens: map[string]string{}, tokenOf: map[string]string{}, gone: map[string]time.Time{}}
 }
 
 func (e *Edge) Node() string { return e.cfg.Node }
@@ -83,8 +85,9 @@ func (e *Edge) fullError() error {
 	return fmt.Errorf("node %s holds its maximum of %d sandboxes (dsecd --max-sandboxes raises it): %w", e.cfg.Node, e.cfg.MaxSandboxes, errdefs.ErrResourceExhausted)
 }
 
-// Create admits and records a sandbox, after StartDelay.
-func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+// Create admits and records a sandbox for the create token names ("" for
+// none), after StartDelay.
+func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
 	if spec.GetEnvironment() == "" {
 		return nil, fmt.Errorf("environment is required (BASE[+LAYER...]): %w", errdefs.ErrInvalidArgument)
 	}
@@ -102,6 +105,9 @@ func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sa
 	sb := &dsecv1.Sandbox{Id: sandboxid.New(e.cfg.Node, e.cfg.Slot, e.cfg.Generation), Node: e.cfg.Node, Spec: proto.Clone(spec).(*dsecv1.SandboxSpec),
 		State: dsecv1.State_STATE_CREATING, CreatedUnixMs: now.UnixMilli()}
 	e.sbs[sb.Id] = sb
+	if token != "" {
+		e.tokens[token], e.tokenOf[sb.Id] = sb.Id, token
+	}
 	e.starting++
 	e.mu.Unlock()
 	if e.cfg.StartDelay > 0 {
@@ -117,6 +123,7 @@ func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sa
 	e.starting--
 	if err := ctx.Err(); err != nil {
 		delete(e.sbs, sb.Id)
+		e.dropToken(sb.Id)
 		return nil, fmt.Errorf("start sandbox %s: %w", sb.Id, errdefs.ErrDeadlineExceeded)
 	}
 	started := time.Now()
@@ -141,6 +148,30 @@ func (e *Edge) forget(now time.Time) {
 		delete(e.sbs, id)
 	}
 	e.goneSeq = e.goneSeq[n:]
+}
+
+// dropToken forgets the token of sandbox id, which is no longer live; the
+// caller holds e.mu.
+func (e *Edge) dropToken(id string) {
+	if tok, ok := e.tokenOf[id]; ok {
+		delete(e.tokenOf, id)
+		delete(e.tokens, tok)
+	}
+}
+
+// SandboxOf returns the live sandbox a create token made.
+func (e *Edge) SandboxOf(token string) (string, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	id, ok := e.tokens[token]
+	return id, ok
+}
+
+// Tokens returns the create token of every live sandbox that has one.
+func (e *Edge) Tokens() map[string]string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.tokens)
 }
 
 func (e *Edge) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
@@ -183,6 +214,7 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 		return nil
 	}
 	sb.State, sb.Reason, sb.Message = dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "deleted by request"
+	e.dropToken(id)
 	e.gone[id] = time.Now()
 	e.goneSeq = append(e.goneSeq, id)
 	return nil

@@ -106,7 +106,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 				m.log.Warn("save paused state", "id", id, "err", err)
 			}
 		}
-		sb := &sandbox{rec: rec, agent: m.dial(m.states.Dir(id) + "/agent.sock"), lastActive: time.Now(), td: m.teardownOf(id)}
+		sb := &sandbox{rec: rec, agent: m.dial(m.states.Dir(id) + "/agent.sock"), lastActive: time.Now(), td: m.teardownOf(id), token: m.tokenOf(id)}
 		m.mu.Lock()
 		m.sandboxes[id] = sb
 		m.mu.Unlock()
@@ -130,11 +130,21 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_AGENT_LOST, "its agent did not answer after the edge restarted")
 		return
 	}
-	sb := &sandbox{rec: rec, agent: client, lastActive: time.Now(), td: m.teardownOf(id)}
+	sb := &sandbox{rec: rec, agent: client, lastActive: time.Now(), td: m.teardownOf(id), token: m.tokenOf(id)}
 	m.mu.Lock()
 	m.sandboxes[id] = sb
 	m.mu.Unlock()
 	m.log.Info("re-adopted sandbox", "id", id)
+}
+
+// tokenOf reads the create token a re-adopted sandbox was made for.
+func (m *Manager) tokenOf(id string) string {
+	token, err := m.states.Token(id)
+	if err != nil {
+		// The sandbox runs on; only an apiserver's reconciliation cannot find it by its token.
+		m.log.Warn("read create token of re-adopted sandbox", "id", id, "err", err)
+	}
+	return token
 }
 
 func (m *Manager) waitReadyIn(ctx context.Context, client interface {

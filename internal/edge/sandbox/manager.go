@@ -175,6 +175,10 @@ type sandbox struct {
 	// pool is the key of the warm pool the sandbox waits in, "" once taken
 	// (or never pooled). Guarded by Manager.mu, not mu.
 	pool string
+	// token is the create token of the create that made (or took) it, ""
+	// for none; kept on disk beside the record (state.SaveToken). Guarded by
+	// Manager.mu, not mu.
+	token string
 }
 
 // New makes a Manager. It does not touch any sandbox until Recover. net may
@@ -229,12 +233,14 @@ func (m *Manager) NewID() string { return sandboxid.New(m.cfg.Node, m.cfg.Slot, 
 // Create makes a sandbox from spec and names it: it takes one from the warm
 // pool of spec's shape when that holds one, else starts one, and returns
 // once its agent answers. On any failure everything made so far is removed.
-func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+// The sandbox keeps token (the create's, "" for none) for SandboxOf and
+// Tokens, on disk too, so a restarted edge still knows it.
+func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
 	spec, err := m.applyDefaults(spec)
 	if err != nil {
 		return nil, err
 	}
-	if rec := m.takeWarm(ctx, spec); rec != nil {
+	if rec := m.takeWarm(ctx, spec, token); rec != nil {
 		return rec, nil
 	}
 	if err := m.admit(false); err != nil {
@@ -242,7 +248,7 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1
 	}
 	m.cold.Add(1)
 	defer m.cold.Add(-1)
-	sb, err := m.start(ctx, m.NewID(), spec, "")
+	sb, err := m.start(ctx, m.NewID(), spec, "", token)
 	if err != nil {
 		return nil, err
 	}
@@ -251,10 +257,11 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec) (*dsecv1
 	return cloneRec(sb.rec), nil
 }
 
-// start launches sandbox id from spec (defaults already applied) and
-// returns it running. A non-empty poolKey makes it a member of that warm
-// pool: invisible to Get and List, with no expiry until it is taken.
-func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec, poolKey string) (*sandbox, error) {
+// start launches sandbox id from spec (defaults already applied) for the
+// create token names, and returns it running. A non-empty poolKey makes it
+// a member of that warm pool: invisible to Get and List, with no expiry
+// until it is taken.
+func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec, poolKey, token string) (*sandbox, error) {
 	// The image store's errors name the environment and what is wrong with it.
 	layers, err := m.images.ResolveEnvironment(spec.GetEnvironment())
 	if err != nil {
@@ -265,7 +272,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		Id: id, Node: m.cfg.Node, Spec: spec, State: dsecv1.State_STATE_CREATING,
 		CreatedUnixMs: now.UnixMilli(),
 	}
-	sb := &sandbox{rec: rec, lastActive: now, pool: poolKey}
+	sb := &sandbox{rec: rec, lastActive: now, pool: poolKey, token: token}
 	// The create is the sandbox's first transition: a delete or pause
 	// meanwhile waits for it.
 	sb.op.Lock()
@@ -293,6 +300,11 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		return cause
 	}
 	td.add("record", func(ctx context.Context) error { return m.states.Remove(id) })
+	if token != "" {
+		if err := m.states.SaveToken(id, token); err != nil {
+			return nil, fail(err)
+		}
+	}
 	if err := m.states.Save(rec); err != nil {
 		return nil, fail(err)
 	}
@@ -646,6 +658,43 @@ func GoneError(rec *dsecv1.Sandbox) error {
 		msg = why
 	}
 	return fmt.Errorf("sandbox %s is %s (%s): %s: %w", rec.GetId(), stateWord(rec.GetState()), why, msg, errdefs.ErrFailedPrecondition)
+}
+
+// SandboxOf returns the ID of the live sandbox (not stopping or ended) the
+// create token made.
+func (m *Manager) SandboxOf(token string) (string, bool) {
+	if token == "" {
+		return "", false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, sb := range m.sandboxes {
+		if sb.token == token && sb.pool == "" && sb.live() {
+			return id, true
+		}
+	}
+	return "", false
+}
+
+// Tokens returns the create token of every live sandbox that has one,
+// token to sandbox ID.
+func (m *Manager) Tokens() map[string]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]string{}
+	for id, sb := range m.sandboxes {
+		if sb.token != "" && sb.pool == "" && sb.live() {
+			out[sb.token] = id
+		}
+	}
+	return out
+}
+
+// live says whether the sandbox is live (see Live).
+func (sb *sandbox) live() bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.gone.IsZero() && Live(sb.rec.GetState())
 }
 
 func (m *Manager) lookup(id string) (*sandbox, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -229,7 +230,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 	m := newTestManager(t, t.TempDir(), rt, &busy)
 	ctx := context.Background()
 
-	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 1, IdleTimeoutSeconds: -1})
+	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 1, IdleTimeoutSeconds: -1}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +246,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 	rt.mu.Lock()
 	busy = 1
 	rt.mu.Unlock()
-	idle, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: 1})
+	idle, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: 1}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +260,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 	waitState(t, m, idle.GetId(), dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_IDLE)
 
 	// A container that dies is failed with agent_lost and cleaned up.
-	dead, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1})
+	dead, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +276,7 @@ func TestCreateFailureRollsBack(t *testing.T) {
 	var busy int32
 	dir := t.TempDir()
 	m := newTestManager(t, dir, rt, &busy)
-	if _, err := m.Create(context.Background(), &dsecv1.SandboxSpec{Environment: "base:1"}); err == nil {
+	if _, err := m.Create(context.Background(), &dsecv1.SandboxSpec{Environment: "base:1"}, ""); err == nil {
 		t.Fatal("create succeeded")
 	}
 	if sbs, _ := m.List(context.Background(), nil, nil); len(sbs) != 0 {
@@ -287,7 +288,7 @@ func TestCreateFailureRollsBack(t *testing.T) {
 	if ids, _ := m.states.IDs(); len(ids) != 0 {
 		t.Fatalf("a failed create left records: %v", ids)
 	}
-	if _, err := m.Create(context.Background(), &dsecv1.SandboxSpec{Environment: "nope:1"}); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := m.Create(context.Background(), &dsecv1.SandboxSpec{Environment: "nope:1"}, ""); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("unknown environment: %v", err)
 	}
 }
@@ -298,8 +299,8 @@ func TestRecoverAdoptsAndReaps(t *testing.T) {
 	dir := t.TempDir()
 	m := newTestManager(t, dir, rt, &busy)
 	ctx := context.Background()
-	alive, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
-	died, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
+	alive, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
+	died, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
 	m.Shutdown()
 	rt.kill(died.GetId())
 	orphan := sandboxid.New("n1", 0, 0)
@@ -344,7 +345,7 @@ func TestCreateRefusesOverNodeLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.spec.Environment = "base:1"
-			sb, err := m.Create(context.Background(), tc.spec)
+			sb, err := m.Create(context.Background(), tc.spec, "")
 			if tc.msg == "" {
 				if err != nil {
 					t.Fatalf("Create: %v", err)
@@ -379,17 +380,17 @@ func TestCreateRefusedOnFullNode(t *testing.T) {
 	}
 	waitPool(t, m, rt, 1, 1)
 	for range 2 {
-		if _, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}); err != nil {
+		if _, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, ""); err != nil {
 			t.Fatalf("create on a node holding fewer than its maximum: %v", err)
 		}
 	}
-	_, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
+	_, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
 	const want = "node n1 holds its maximum of 2 sandboxes (dsecd --max-sandboxes raises it)"
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("create on a full node: %v; want resource exhausted containing %q", err, want)
 	}
 	// The pool's member still serves its shape.
-	if sb, err := m.Create(ctx, shape); err != nil || !sb.GetFromWarmPool() {
+	if sb, err := m.Create(ctx, shape, ""); err != nil || !sb.GetFromWarmPool() {
 		t.Fatalf("create of the pool's shape on a full node: %v, %v; want the pooled sandbox", sb, err)
 	}
 }
@@ -411,5 +412,64 @@ func TestParseMeminfo(t *testing.T) {
 		if got != tc.want || !errors.Is(err, tc.err) {
 			t.Errorf("parseMeminfo(%q, %s) = %d, %v; want %d, %v", tc.text, tc.key, got, err, tc.want, tc.err)
 		}
+	}
+}
+
+// TestTokensSurviveRecover: a sandbox keeps the create token it was made
+// (or taken from a warm pool) for, across a restart of the edge; a stopped
+// one answers for its token no more.
+func TestTokensSurviveRecover(t *testing.T) {
+	rt := &fakeRuntime{running: map[string]bool{}}
+	var busy int32
+	dir := t.TempDir()
+	m := newTestManager(t, dir, rt, &busy)
+	ctx := context.Background()
+	cold, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 1}, "b1#0@n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shape := &dsecv1.SandboxSpec{Environment: "base:1"}
+	if _, err := m.SetWarmPool(ctx, shape, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, m, rt, 1, 2)
+	warm, err := m.Create(ctx, shape, "b1#1@n1")
+	if err != nil || !warm.GetFromWarmPool() {
+		t.Fatalf("take from the pool: %v %v", warm, err)
+	}
+	plain, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 1}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 1}, "b2#0@n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Delete(ctx, stopped.GetId()); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"b1#0@n1": cold.GetId(), "b1#1@n1": warm.GetId()}
+	if got := m.Tokens(); !maps.Equal(got, want) {
+		t.Fatalf("tokens %v, want %v", got, want)
+	}
+	m.Shutdown()
+
+	m2 := newTestManager(t, dir, rt, &busy)
+	if got := m2.Tokens(); !maps.Equal(got, want) {
+		t.Fatalf("tokens after recover %v, want %v", got, want)
+	}
+	if id, ok := m2.SandboxOf("b1#1@n1"); !ok || id != warm.GetId() {
+		t.Fatalf("SandboxOf the warm one's token: %q %v", id, ok)
+	}
+	for _, tok := range []string{"b2#0@n1", "", "unknown"} {
+		if id, ok := m2.SandboxOf(tok); ok {
+			t.Errorf("SandboxOf(%q) = %s", tok, id)
+		}
+	}
+	if _, err := m2.Get(ctx, plain.GetId()); err != nil {
+		t.Errorf("the sandbox without a token after recover: %v", err)
+	}
+	if err := m2.Teardown(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

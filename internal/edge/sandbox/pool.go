@@ -150,9 +150,10 @@ func (m *Manager) kickPools() {
 	}
 }
 
-// takeWarm hands a pooled sandbox of spec's shape to the caller, or returns
-// nil when the pool is empty or missing (the caller then starts one).
-func (m *Manager) takeWarm(ctx context.Context, spec *dsecv1.SandboxSpec) *dsecv1.Sandbox {
+// takeWarm hands a pooled sandbox of spec's shape to the caller (the create
+// token names), or returns nil when the pool is empty or missing (the
+// caller then starts one).
+func (m *Manager) takeWarm(ctx context.Context, spec *dsecv1.SandboxSpec, token string) *dsecv1.Sandbox {
 	if len(spec.GetNetworkRules()) > 0 {
 		return nil
 	}
@@ -182,7 +183,7 @@ func (m *Manager) takeWarm(ctx context.Context, spec *dsecv1.SandboxSpec) *dsecv
 	if sb == nil {
 		return nil
 	}
-	rec, err := m.claim(ctx, sb, spec)
+	rec, err := m.claim(ctx, sb, spec, token)
 	if err == nil {
 		return rec
 	}
@@ -203,9 +204,9 @@ func (m *Manager) takeWarm(ctx context.Context, spec *dsecv1.SandboxSpec) *dsecv
 var errStale = errors.New("the pooled sandbox runs other layers than its environment now names")
 
 // claim turns a pooled sandbox into the caller's: its record takes the
-// caller's spec (labels, TTL and idle timeout included) and starts its
-// lifetime now.
-func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error) {
+// caller's spec (labels, TTL and idle timeout included) and the create's
+// token, and starts its lifetime now.
+func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
 	layers, err := m.images.ResolveEnvironment(spec.GetEnvironment())
 	if err != nil {
 		return nil, err
@@ -228,14 +229,19 @@ func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSp
 	rec.LastActiveUnixMs = now.UnixMilli()
 	rec.FromWarmPool = true
 	sb.lastActive = now
-	err = m.states.Save(rec)
+	if token != "" {
+		err = m.states.SaveToken(rec.GetId(), token)
+	}
+	if err == nil {
+		err = m.states.Save(rec)
+	}
 	out := cloneRec(rec)
 	sb.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
-	sb.pool = ""
+	sb.pool, sb.token = "", token
 	m.mu.Unlock()
 	// Use accounting rewrites the layer index: not on the caller's clock.
 	go func() {
@@ -335,7 +341,7 @@ func (m *Manager) refillOne(p *pool) {
 	defer m.wg.Done()
 	spec := cloneSpec(p.shape)
 	spec.Labels = map[string]string{poolLabel: p.key}
-	sb, err := m.start(context.Background(), m.NewID(), spec, p.key)
+	sb, err := m.start(context.Background(), m.NewID(), spec, p.key, "")
 	m.poolMu.Lock()
 	p.starting--
 	keep := err == nil && m.pools[p.key] == p && len(p.ready) < p.size

@@ -64,7 +64,7 @@ func TestWarmPoolServesAndRefills(t *testing.T) {
 	ask := &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 0.5, MemoryMb: 64, TtlSeconds: 60,
 		IdleTimeoutSeconds: -1, Labels: map[string]string{"job": "a"}}
 	before := time.Now()
-	got, err := m.Create(ctx, ask)
+	got, err := m.Create(ctx, ask, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestWarmPoolServesAndRefills(t *testing.T) {
 	}
 
 	// Another shape starts its own sandbox.
-	other, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 1})
+	other, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 1}, "")
 	if err != nil || other.GetFromWarmPool() {
 		t.Fatalf("other shape: %v from pool %v", err, other.GetFromWarmPool())
 	}
@@ -114,7 +114,7 @@ func TestWarmPoolServesAndRefills(t *testing.T) {
 	waitPools(t, m, rt, "pool removed", func(ids []string, ps []*dsecv1.WarmPool) bool {
 		return len(ps) == 0 && len(ids) == 2
 	})
-	if miss, err := m.Create(ctx, ask); err != nil || miss.GetFromWarmPool() {
+	if miss, err := m.Create(ctx, ask, ""); err != nil || miss.GetFromWarmPool() {
 		t.Fatalf("create after the pool was removed: %v, from pool %v", err, miss.GetFromWarmPool())
 	}
 }
@@ -167,7 +167,7 @@ func TestWarmPoolRefusesBadShapes(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if _, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Labels: map[string]string{poolLabel: "x"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Labels: map[string]string{poolLabel: "x"}}, ""); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("create with the pool label: %v, want invalid argument", err)
 	}
 	if ps, _ := m.WarmPools(ctx); len(ps) != 0 {
@@ -189,7 +189,7 @@ func TestWarmPoolDropsStaleEnvironment(t *testing.T) {
 	old := mustList(t, rt)
 
 	images.retag("sha256:bb") // base:1 now names another layer
-	sb, err := m.Create(ctx, shape)
+	sb, err := m.Create(ctx, shape, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestWarmPoolDropsStaleEnvironment(t *testing.T) {
 			t.Errorf("stale member %s still runs", id)
 		}
 	}
-	again, err := m.Create(ctx, shape)
+	again, err := m.Create(ctx, shape, "")
 	if err != nil || !again.GetFromWarmPool() || again.GetLayerDigests()[0] != "sha256:bb" {
 		t.Fatalf("create from the refilled pool: %v %v", again, err)
 	}
@@ -219,7 +219,7 @@ func TestRecoverRemovesPooledSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPool(t, m, rt, 2, 2)
-	taken, err := m.Create(ctx, shape)
+	taken, err := m.Create(ctx, shape, "")
 	if err != nil || !taken.GetFromWarmPool() {
 		t.Fatalf("take: %v %v", taken, err)
 	}
@@ -259,7 +259,7 @@ func TestWarmPoolConcurrentTakes(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			sb, err := m.Create(ctx, shape)
+			sb, err := m.Create(ctx, shape, "")
 			if err != nil {
 				t.Error(err)
 				return

@@ -20,6 +20,17 @@ import (
 // at a time under its op lock; the intermediate states (pausing, resuming,
 // stopping) are what other callers see meanwhile.
 
+// Live says whether a sandbox in state st is live: creating, running,
+// pausing, paused or resuming (not stopping or ended).
+func Live(st dsecv1.State) bool {
+	switch st {
+	case dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING,
+		dsecv1.State_STATE_PAUSING, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RESUMING:
+		return true
+	}
+	return false
+}
+
 // call is what a caller asks of a sandbox, as the table sees it.
 type call int
 

@@ -188,7 +188,7 @@ func TestPauseSurvivesRestartAndResumesOnUse(t *testing.T) {
 	dir := t.TempDir()
 	m := newTestManager(t, dir, rt, &busy)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1})
+	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,8 +227,8 @@ func TestRecoverFindsInterruptedPause(t *testing.T) {
 	dir := t.TempDir()
 	m := newTestManager(t, dir, rt, &busy)
 	ctx := context.Background()
-	frozen, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
-	thawed, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
+	frozen, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
+	thawed, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
 	m.Shutdown()
 	// The edge died midway: one pause had frozen its sandbox, one resume
 	// had thawed its sandbox, and neither record says how it ended.
@@ -258,7 +258,7 @@ func TestOnTimeoutPause(t *testing.T) {
 	m := newTestManager(t, t.TempDir(), rt, &busy)
 	ctx := context.Background()
 	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 1, IdleTimeoutSeconds: -1,
-		OnTimeout: dsecv1.OnTimeout_ON_TIMEOUT_PAUSE})
+		OnTimeout: dsecv1.OnTimeout_ON_TIMEOUT_PAUSE}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestAutoResumeFalseRefuses(t *testing.T) {
 	m := newTestManager(t, t.TempDir(), rt, &busy)
 	ctx := context.Background()
 	no := false
-	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", AutoResume: &no})
+	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", AutoResume: &no}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func TestPausedRetention(t *testing.T) {
 	var busy int32
 	m := newTestManagerWith(t, t.TempDir(), rt, &busy, &fakeImages{}, func(c *Config) { c.PausedRetention = time.Second })
 	ctx := context.Background()
-	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"})
+	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 // Package state keeps the edge's record of each sandbox on local disk, one
-// JSON file per sandbox under <root>/<id>/state.json, written atomically. It
-// is what lets a restarted edge re-adopt the sandboxes it left running.
+// JSON file per sandbox under <root>/<id>/state.json, written atomically,
+// and beside it the create token of the create that made it (create_token),
+// when it has one. It is what lets a restarted edge re-adopt the sandboxes
+// it left running, and still answer for their tokens.
 package state
 
 import (
@@ -16,7 +18,10 @@ import (
 	"dsec.dev/dsec/internal/errdefs"
 )
 
-const fileName = "state.json"
+const (
+	fileName  = "state.json"
+	tokenName = "create_token"
+)
 
 // Store reads and writes sandbox records under one directory. It does no
 // locking of its own: the edge owns each sandbox's record.
@@ -49,22 +54,50 @@ func (s *Store) Save(sb *dsecv1.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("encode sandbox %s: %w", sb.GetId(), err)
 	}
-	tmp, err := os.CreateTemp(dir, fileName+".*")
+	return writeAtomic(dir, fileName, data, sb.GetId())
+}
+
+// writeAtomic replaces dir/name with data through a rename.
+func writeAtomic(dir, name string, data []byte, id string) error {
+	tmp, err := os.CreateTemp(dir, name+".*")
 	if err != nil {
-		return fmt.Errorf("save sandbox %s: %w", sb.GetId(), err)
+		return fmt.Errorf("save sandbox %s %s: %w", id, name, err)
 	}
 	defer os.Remove(tmp.Name())
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
-		return fmt.Errorf("save sandbox %s: %w", sb.GetId(), err)
+		return fmt.Errorf("save sandbox %s %s: %w", id, name, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("save sandbox %s: %w", sb.GetId(), err)
+		return fmt.Errorf("save sandbox %s %s: %w", id, name, err)
 	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, fileName)); err != nil {
-		return fmt.Errorf("save sandbox %s: %w", sb.GetId(), err)
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("save sandbox %s %s: %w", id, name, err)
 	}
 	return nil
+}
+
+// SaveToken records the create token of sandbox id's create. The token is
+// kept apart from the record, which is the public API's message: it is the
+// edge's and the apiservers' business only. Like Save it does not fsync.
+func (s *Store) SaveToken(id, token string) error {
+	dir := s.Dir(id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("make sandbox dir %s: %w", dir, err)
+	}
+	return writeAtomic(dir, tokenName, []byte(token), id)
+}
+
+// Token reads the create token of sandbox id; "" when it has none.
+func (s *Store) Token(id string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(s.Dir(id), tokenName))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read sandbox %s create token: %w", id, err)
+	}
+	return string(data), nil
 }
 
 // Load reads one record.

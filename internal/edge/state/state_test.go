@@ -42,3 +42,25 @@ func TestSaveLoadRemove(t *testing.T) {
 		t.Fatalf("after Remove: %v, want ErrNotFound", err)
 	}
 }
+
+func TestToken(t *testing.T) {
+	s, err := New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := s.Token("sb-n1-none"); err != nil || tok != "" {
+		t.Fatalf("token of a sandbox without one: %q, %v", tok, err)
+	}
+	if err := s.SaveToken("sb-n1-abc", "0123456789abcdef#3@n1"); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := s.Token("sb-n1-abc"); err != nil || tok != "0123456789abcdef#3@n1" {
+		t.Fatalf("token: %q, %v", tok, err)
+	}
+	if err := s.Remove("sb-n1-abc"); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := s.Token("sb-n1-abc"); err != nil || tok != "" {
+		t.Fatalf("token after Remove: %q, %v", tok, err)
+	}
+}

@@ -42,6 +42,13 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"CompleteConcurrent", testCompleteConcurrent},
 		{"Release", testRelease},
 		{"DeleteSandboxRows", testDeleteSandboxRows},
+		{"NodeSandboxRows", testNodeSandboxRows},
+		{"ReservationNonce", testReservationNonce},
+		{"CompleteOtherNonce", testCompleteOtherNonce},
+		{"TouchCreate", testTouchCreate},
+		{"StaleCreates", testStaleCreates},
+		{"AbandonCreate", testAbandonCreate},
+		{"Doubts", testDoubts},
 		{"InvalidArguments", testInvalidArguments},
 		{"RegisterSlots", testRegisterSlots},
 		{"RegisterAgain", testRegisterAgain},
@@ -75,6 +82,7 @@ func RunReplicas(t *testing.T, open func(t *testing.T) (a, b store.Store)) {
 		{"ReserveConcurrent", testReplicasReserveConcurrent},
 		{"CompleteSeenByOther", testReplicasCompleteSeen},
 		{"CompleteConcurrent", testReplicasCompleteConcurrent},
+		{"AbandonVersusComplete", testReplicasAbandonVersusComplete},
 		{"RegisterConcurrent", testReplicasRegisterConcurrent},
 		{"RegisterIdentityConflict", testReplicasIdentityConflict},
 		{"TokenSeenByOther", testReplicasToken},
@@ -215,9 +223,12 @@ func testReserveNew(t *testing.T, st store.Store) {
 	got := reserve(t, st, "k", "h")
 	after := time.Now()
 	want := store.CreateReservation{Key: "k", RequestHash: "h", Owner: "api-1", Placements: []string{"n1", "n2"},
-		State: store.StatePending, Created: got.Created, Updated: got.Created}
+		State: store.StatePending, Nonce: got.Nonce, Created: got.Created, Updated: got.Created}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("reservation (-want +got):\n%s", diff)
+	}
+	if len(got.Nonce) != 16 {
+		t.Fatalf("nonce %q, want 16 hex digits", got.Nonce)
 	}
 	within(t, "Created", got.Created, before, after)
 	stillPending(t, st, "k", "h")
@@ -304,7 +315,7 @@ func testComplete(t *testing.T, st store.Store) {
 	ctx := t.Context()
 	res := reserve(t, st, "k", "h")
 	before := time.Now()
-	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", rows("k", "sb-1", "sb-2", "sb-3")))
+	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", res.Nonce, rows("k", "sb-1", "sb-2", "sb-3")))
 	after := time.Now()
 
 	rec, err := st.GetIdempotency(ctx, "k")
@@ -332,9 +343,9 @@ func testComplete(t *testing.T, st store.Store) {
 		within(t, "row Created", r.Created, before, after)
 	}
 	// A row's own creation time is kept.
-	reserve(t, st, "k2", "h")
+	res2 := reserve(t, st, "k2", "h")
 	at := ms(time.Now().Add(-time.Minute))
-	must(t, "CompleteCreate k2", st.CompleteCreate(ctx, "k2", []store.SandboxRow{{ID: "sb-9", Node: "n1", Key: "k2", Created: at}}))
+	must(t, "CompleteCreate k2", st.CompleteCreate(ctx, "k2", res2.Nonce, []store.SandboxRow{{ID: "sb-9", Node: "n1", Key: "k2", Created: at}}))
 	if rs, _ := st.SandboxRows(ctx, "k2"); len(rs) != 1 || !rs[0].Created.Equal(at) {
 		t.Fatalf("SandboxRows k2: %+v, want one created at %v", rs, at)
 	}
@@ -342,16 +353,16 @@ func testComplete(t *testing.T, st store.Store) {
 
 func testCompleteAgain(t *testing.T, st store.Store) {
 	ctx := t.Context()
-	reserve(t, st, "k", "h")
-	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", rows("k", "sb-1", "sb-2")))
+	res := reserve(t, st, "k", "h")
+	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", res.Nonce, rows("k", "sb-1", "sb-2")))
 	// The same completion again (a retry that lost the first answer).
-	must(t, "CompleteCreate again", st.CompleteCreate(ctx, "k", rows("k", "sb-1", "sb-2")))
-	err := st.CompleteCreate(ctx, "k", rows("k", "sb-1", "sb-3"))
+	must(t, "CompleteCreate again", st.CompleteCreate(ctx, "k", res.Nonce, rows("k", "sb-1", "sb-2")))
+	err := st.CompleteCreate(ctx, "k", res.Nonce, rows("k", "sb-1", "sb-3"))
 	wantKind(t, "CompleteCreate with other IDs", err, errdefs.ErrAlreadyExists)
 	if ids := sandboxIDs(t, st, "k"); !cmp.Equal(ids, []string{"sb-1", "sb-2"}) {
 		t.Fatalf("rows after a refused completion: %v", ids)
 	}
-	err = st.CompleteCreate(ctx, "unknown", rows("unknown", "sb-4"))
+	err = st.CompleteCreate(ctx, "unknown", "", rows("unknown", "sb-4"))
 	wantKind(t, "CompleteCreate of an unknown key", err, errdefs.ErrNotFound)
 	if ids := sandboxIDs(t, st, "unknown"); len(ids) != 0 {
 		t.Fatalf("rows recorded for an unknown key: %v", ids)
@@ -360,10 +371,10 @@ func testCompleteAgain(t *testing.T, st store.Store) {
 
 func testCompleteAtomic(t *testing.T, st store.Store) {
 	ctx := t.Context()
-	reserve(t, st, "first", "h")
-	must(t, "CompleteCreate first", st.CompleteCreate(ctx, "first", rows("first", "sb-dup")))
+	first := reserve(t, st, "first", "h")
+	must(t, "CompleteCreate first", st.CompleteCreate(ctx, "first", first.Nonce, rows("first", "sb-dup")))
 
-	reserve(t, st, "k", "h")
+	res := reserve(t, st, "k", "h")
 	for _, tc := range []struct {
 		name string
 		ids  []string
@@ -373,7 +384,7 @@ func testCompleteAtomic(t *testing.T, st store.Store) {
 		{"one ID twice in the batch", []string{"sb-1", "sb-2", "sb-1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := st.CompleteCreate(ctx, "k", rows("k", tc.ids...))
+			err := st.CompleteCreate(ctx, "k", res.Nonce, rows("k", tc.ids...))
 			wantKind(t, "CompleteCreate", err, errdefs.ErrAlreadyExists)
 			stillPending(t, st, "k", "h")
 			if ids := sandboxIDs(t, st, "first"); !cmp.Equal(ids, []string{"sb-dup"}) {
@@ -382,7 +393,7 @@ func testCompleteAtomic(t *testing.T, st store.Store) {
 		})
 	}
 	// The reservation is intact: a completion with fresh IDs goes through.
-	must(t, "CompleteCreate with fresh IDs", st.CompleteCreate(ctx, "k", rows("k", "sb-1", "sb-2")))
+	must(t, "CompleteCreate with fresh IDs", st.CompleteCreate(ctx, "k", res.Nonce, rows("k", "sb-1", "sb-2")))
 	if ids := sandboxIDs(t, st, "k"); !cmp.Equal(ids, []string{"sb-1", "sb-2"}) {
 		t.Fatalf("rows: %v", ids)
 	}
@@ -398,7 +409,7 @@ func testCompleteConcurrent(t *testing.T, st store.Store) {
 func completeRace(t *testing.T, stores []store.Store) {
 	t.Helper()
 	ctx := t.Context()
-	reserve(t, stores[0], "k", "h")
+	res := reserve(t, stores[0], "k", "h")
 	const n = 16
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -409,7 +420,7 @@ func completeRace(t *testing.T, stores []store.Store) {
 			defer wg.Done()
 			<-start
 			batch := i % 2 // two candidate batches
-			errs[i] = stores[i%len(stores)].CompleteCreate(ctx, "k",
+			errs[i] = stores[i%len(stores)].CompleteCreate(ctx, "k", res.Nonce,
 				rows("k", fmt.Sprintf("sb-%d-a", batch), fmt.Sprintf("sb-%d-b", batch)))
 		}()
 	}
@@ -435,10 +446,10 @@ func testRelease(t *testing.T, st store.Store) {
 	reserve(t, st, "k", "h")
 	must(t, "ReleaseCreate", st.ReleaseCreate(ctx, "k"))
 	// The key is free again: a retry reserves it afresh.
-	reserve(t, st, "k", "h")
+	res := reserve(t, st, "k", "h")
 	must(t, "ReleaseCreate of an unknown key", st.ReleaseCreate(ctx, "unknown"))
 
-	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", rows("k", "sb-1")))
+	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", res.Nonce, rows("k", "sb-1")))
 	err := st.ReleaseCreate(ctx, "k")
 	wantKind(t, "ReleaseCreate of a done key", err, errdefs.ErrFailedPrecondition)
 	if rec, err := st.GetIdempotency(ctx, "k"); err != nil || !cmp.Equal(rec.IDs, []string{"sb-1"}) {
@@ -450,8 +461,8 @@ func testRelease(t *testing.T, st store.Store) {
 
 func testDeleteSandboxRows(t *testing.T, st store.Store) {
 	ctx := t.Context()
-	reserve(t, st, "k", "h")
-	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", rows("k", "sb-1", "sb-2", "sb-3")))
+	res := reserve(t, st, "k", "h")
+	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", res.Nonce, rows("k", "sb-1", "sb-2", "sb-3")))
 	must(t, "DeleteSandboxRows", st.DeleteSandboxRows(ctx, []string{"sb-1", "sb-3", "sb-unknown"}))
 	if ids := sandboxIDs(t, st, "k"); !cmp.Equal(ids, []string{"sb-2"}) {
 		t.Fatalf("rows after delete: %v, want [sb-2]", ids)
@@ -463,9 +474,237 @@ func testDeleteSandboxRows(t *testing.T, st store.Store) {
 	}
 }
 
+func testNodeSandboxRows(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	a := reserve(t, st, "a", "h")
+	must(t, "CompleteCreate a", st.CompleteCreate(ctx, "a", a.Nonce, rows("a", "sb-a1", "sb-a2", "sb-a3")))
+	b := reserve(t, st, "b", "h")
+	must(t, "CompleteCreate b", st.CompleteCreate(ctx, "b", b.Nonce, rows("b", "sb-b1", "sb-b2")))
+	// rows puts index 0, 2, … on n1 and 1, 3, … on n2.
+	got, err := st.NodeSandboxRows(ctx, "n1")
+	must(t, "NodeSandboxRows n1", err)
+	var ids []string
+	for _, r := range got {
+		if r.Node != "n1" || r.Key == "" {
+			t.Fatalf("row of n1: %+v", r)
+		}
+		ids = append(ids, r.ID)
+	}
+	if want := []string{"sb-a1", "sb-a3", "sb-b1"}; !cmp.Equal(ids, want) {
+		t.Fatalf("rows of n1: %v, want %v", ids, want)
+	}
+	if got, err := st.NodeSandboxRows(ctx, "n9"); err != nil || len(got) != 0 {
+		t.Fatalf("rows of a node without any: %+v, %v", got, err)
+	}
+}
+
+// --- reconciliation: nonces, leases, abandonment, doubts
+
+func testReservationNonce(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	first := reserve(t, st, "k", "h")
+	if len(first.Nonce) != 16 {
+		t.Fatalf("nonce %q, want 16 hex digits", first.Nonce)
+	}
+	got, err := st.Reservation(ctx, "k")
+	must(t, "Reservation", err)
+	if diff := cmp.Diff(first, got); diff != "" {
+		t.Fatalf("Reservation of a pending key (-reserved +read):\n%s", diff)
+	}
+	must(t, "ReleaseCreate", st.ReleaseCreate(ctx, "k"))
+	second := reserve(t, st, "k", "h")
+	if second.Nonce == first.Nonce {
+		t.Fatalf("the key reserved again has the same nonce %q", second.Nonce)
+	}
+	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", second.Nonce, rows("k", "sb-1")))
+	got, err = st.Reservation(ctx, "k")
+	must(t, "Reservation of a done key", err)
+	if got.State != store.StateDone || got.Nonce != second.Nonce || !cmp.Equal(got.IDs, []string{"sb-1"}) {
+		t.Fatalf("Reservation of a done key: %+v", got)
+	}
+	_, err = st.Reservation(ctx, "unknown")
+	wantKind(t, "Reservation of an unknown key", err, errdefs.ErrNotFound)
+}
+
+func testCompleteOtherNonce(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	first := reserve(t, st, "k", "h")
+	must(t, "ReleaseCreate", st.ReleaseCreate(ctx, "k"))
+	second := reserve(t, st, "k", "h")
+	// A create of the first reservation, late, must not complete the second.
+	err := st.CompleteCreate(ctx, "k", first.Nonce, rows("k", "sb-old"))
+	wantKind(t, "CompleteCreate under a released reservation's nonce", err, errdefs.ErrNotFound)
+	stillPending(t, st, "k", "h")
+	must(t, "CompleteCreate under the current nonce", st.CompleteCreate(ctx, "k", second.Nonce, rows("k", "sb-new")))
+	// Once done, the same IDs are a no-op whoever asks, other IDs are refused.
+	must(t, "CompleteCreate again", st.CompleteCreate(ctx, "k", second.Nonce, rows("k", "sb-new")))
+	err = st.CompleteCreate(ctx, "k", first.Nonce, rows("k", "sb-old"))
+	wantKind(t, "CompleteCreate of a done key with other IDs", err, errdefs.ErrAlreadyExists)
+	if ids := sandboxIDs(t, st, "k"); !cmp.Equal(ids, []string{"sb-new"}) {
+		t.Fatalf("rows: %v", ids)
+	}
+}
+
+// reserveAt reserves key as created (and last touched) at at.
+func reserveAt(t *testing.T, st store.Store, key string, at time.Time) store.CreateReservation {
+	t.Helper()
+	got, reserved, err := st.ReserveCreate(t.Context(), store.CreateReservation{Key: key, RequestHash: "h", Owner: "api-1",
+		Placements: []string{"n1"}, Created: at})
+	must(t, "ReserveCreate "+key, err)
+	if !reserved {
+		t.Fatalf("ReserveCreate %s: not reserved", key)
+	}
+	return got
+}
+
+func testTouchCreate(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	old := time.Now().Add(-time.Hour)
+	r := reserveAt(t, st, "k", old)
+	if !r.Updated.Equal(ms(old)) {
+		t.Fatalf("Updated %v, want the creation time %v", r.Updated, ms(old))
+	}
+	before := time.Now()
+	must(t, "TouchCreate", st.TouchCreate(ctx, "k", r.Nonce))
+	got, err := st.Reservation(ctx, "k")
+	must(t, "Reservation", err)
+	within(t, "Updated after a touch", got.Updated, before, time.Now())
+	if !got.Created.Equal(r.Created) || got.State != store.StatePending {
+		t.Fatalf("a touch changed more than Updated: %+v", got)
+	}
+	wantKind(t, "TouchCreate with another nonce", st.TouchCreate(ctx, "k", "0123456789abcdef"), errdefs.ErrNotFound)
+	wantKind(t, "TouchCreate of an unknown key", st.TouchCreate(ctx, "unknown", ""), errdefs.ErrNotFound)
+	must(t, "CompleteCreate", st.CompleteCreate(ctx, "k", r.Nonce, rows("k", "sb-1")))
+	wantKind(t, "TouchCreate of a done key", st.TouchCreate(ctx, "k", r.Nonce), errdefs.ErrNotFound)
+}
+
+func testStaleCreates(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	now := time.Now()
+	oldest := reserveAt(t, st, "oldest", now.Add(-3*time.Hour))
+	older := reserveAt(t, st, "older", now.Add(-2*time.Hour))
+	reserveAt(t, st, "fresh", now)
+	done := reserveAt(t, st, "done", now.Add(-4*time.Hour))
+	must(t, "CompleteCreate", st.CompleteCreate(ctx, "done", done.Nonce, rows("done", "sb-1")))
+	touched := reserveAt(t, st, "touched", now.Add(-5*time.Hour))
+	must(t, "TouchCreate", st.TouchCreate(ctx, "touched", touched.Nonce))
+
+	got, err := st.StaleCreates(ctx, now.Add(-time.Hour), 10)
+	must(t, "StaleCreates", err)
+	if diff := cmp.Diff([]store.CreateReservation{oldest, older}, got); diff != "" {
+		t.Fatalf("stale reservations (-want +got):\n%s", diff)
+	}
+	got, err = st.StaleCreates(ctx, now.Add(-time.Hour), 1)
+	must(t, "StaleCreates with a limit", err)
+	if len(got) != 1 || got[0].Key != "oldest" {
+		t.Fatalf("StaleCreates limited to 1: %+v", got)
+	}
+}
+
+func testAbandonCreate(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	now := time.Now()
+	r := reserveAt(t, st, "k", now.Add(-time.Hour))
+	doubts := []store.Doubt{
+		{Node: "n1", Token: r.Nonce + "#", Prefix: true, Key: "k"},
+		{Node: "n2", Token: r.Nonce + "#", Prefix: true, Key: "k"},
+	}
+	// Touched since the cut-off, or under another nonce: left alone.
+	ok, err := st.AbandonCreate(ctx, "k", r.Nonce, now.Add(-2*time.Hour), doubts)
+	must(t, "AbandonCreate of a reservation touched since", err)
+	if ok {
+		t.Fatal("AbandonCreate removed a reservation touched after the cut-off")
+	}
+	ok, err = st.AbandonCreate(ctx, "k", "0123456789abcdef", now, doubts)
+	must(t, "AbandonCreate under another nonce", err)
+	if ok {
+		t.Fatal("AbandonCreate removed a reservation of another nonce")
+	}
+	if ds, err := st.Doubts(ctx); err != nil || len(ds) != 0 {
+		t.Fatalf("doubts after refused abandonments: %+v, %v", ds, err)
+	}
+	stillPending(t, st, "k", "h")
+
+	before := time.Now()
+	ok, err = st.AbandonCreate(ctx, "k", r.Nonce, now, doubts)
+	must(t, "AbandonCreate", err)
+	if !ok {
+		t.Fatal("AbandonCreate left a stale reservation")
+	}
+	_, err = st.Reservation(ctx, "k")
+	wantKind(t, "Reservation after abandoning it", err, errdefs.ErrNotFound)
+	ds, err := st.Doubts(ctx)
+	must(t, "Doubts", err)
+	if len(ds) != 2 {
+		t.Fatalf("doubts: %+v, want 2", ds)
+	}
+	for i, d := range ds {
+		within(t, "doubt Created", d.Created, before, time.Now())
+		d.Created = time.Time{}
+		if diff := cmp.Diff(doubts[i], d); diff != "" {
+			t.Fatalf("doubt %d (-want +got):\n%s", i, diff)
+		}
+	}
+	// Its creates cannot complete it now; the key is free.
+	err = st.CompleteCreate(ctx, "k", r.Nonce, rows("k", "sb-1"))
+	wantKind(t, "CompleteCreate of an abandoned reservation", err, errdefs.ErrNotFound)
+	ok, err = st.AbandonCreate(ctx, "k", r.Nonce, now, doubts)
+	if err != nil || ok {
+		t.Fatalf("AbandonCreate again: %v, %v; want false", ok, err)
+	}
+	reserve(t, st, "k", "h")
+
+	// A done reservation is never abandoned.
+	d := reserveAt(t, st, "done", now.Add(-time.Hour))
+	must(t, "CompleteCreate", st.CompleteCreate(ctx, "done", d.Nonce, rows("done", "sb-d")))
+	if ok, err := st.AbandonCreate(ctx, "done", d.Nonce, now, nil); err != nil || ok {
+		t.Fatalf("AbandonCreate of a done reservation: %v, %v", ok, err)
+	}
+}
+
+func testDoubts(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	now := ms(time.Now())
+	add := []store.Doubt{
+		{Node: "n2", Token: "b1#0@n2", Created: now.Add(-time.Minute)},
+		{Node: "n1", Token: "b2#3@n1", Key: "k", Created: now},
+		{Node: "n1", Token: "b3#", Prefix: true, Key: "k3", Created: now.Add(-time.Second)},
+	}
+	must(t, "AddDoubts", st.AddDoubts(ctx, add))
+	// Recording one again keeps the first record.
+	must(t, "AddDoubts again", st.AddDoubts(ctx, []store.Doubt{{Node: "n2", Token: "b1#0@n2", Key: "other", Created: now}}))
+	must(t, "AddDoubts of nothing", st.AddDoubts(ctx, nil))
+	got, err := st.Doubts(ctx)
+	must(t, "Doubts", err)
+	want := []store.Doubt{add[2], add[1], add[0]} // by node, then oldest first
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("doubts (-want +got):\n%s", diff)
+	}
+	// Created defaults to now.
+	before := time.Now()
+	must(t, "AddDoubts without a time", st.AddDoubts(ctx, []store.Doubt{{Node: "n3", Token: "b4#1@n3"}}))
+	got, _ = st.Doubts(ctx)
+	within(t, "Created", got[len(got)-1].Created, before, time.Now())
+
+	must(t, "ClearDoubts", st.ClearDoubts(ctx, []store.Doubt{
+		{Node: "n1", Token: "b2#3@n1"}, {Node: "n2", Token: "b3#"}, {Node: "n9", Token: "unknown"}}))
+	must(t, "ClearDoubts of nothing", st.ClearDoubts(ctx, nil))
+	got, err = st.Doubts(ctx)
+	must(t, "Doubts after clearing", err)
+	var left []string
+	for _, d := range got {
+		left = append(left, d.Node+" "+d.Token)
+	}
+	if want := []string{"n1 b3#", "n2 b1#0@n2", "n3 b4#1@n3"}; !cmp.Equal(left, want) {
+		t.Fatalf("doubts left: %v, want %v", left, want)
+	}
+	wantKind(t, "AddDoubts without a node", st.AddDoubts(ctx, []store.Doubt{{Token: "t"}}), errdefs.ErrInvalidArgument)
+	wantKind(t, "AddDoubts without a token", st.AddDoubts(ctx, []store.Doubt{{Node: "n1"}}), errdefs.ErrInvalidArgument)
+}
+
 func testInvalidArguments(t *testing.T, st store.Store) {
 	ctx := t.Context()
-	reserve(t, st, "k", "h")
+	res := reserve(t, st, "k", "h")
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -474,9 +713,9 @@ func testInvalidArguments(t *testing.T, st store.Store) {
 			_, _, err := st.ReserveCreate(ctx, store.CreateReservation{RequestHash: "h"})
 			return err
 		}()},
-		{"CompleteCreate with no key", st.CompleteCreate(ctx, "", rows("", "sb-1"))},
-		{"CompleteCreate with an empty ID", st.CompleteCreate(ctx, "k", []store.SandboxRow{{Node: "n1"}})},
-		{"CompleteCreate with a row of another key", st.CompleteCreate(ctx, "k", []store.SandboxRow{{ID: "sb-1", Node: "n1", Key: "other"}})},
+		{"CompleteCreate with no key", st.CompleteCreate(ctx, "", "", rows("", "sb-1"))},
+		{"CompleteCreate with an empty ID", st.CompleteCreate(ctx, "k", res.Nonce, []store.SandboxRow{{Node: "n1"}})},
+		{"CompleteCreate with a row of another key", st.CompleteCreate(ctx, "k", res.Nonce, []store.SandboxRow{{ID: "sb-1", Node: "n1", Key: "other"}})},
 		{"RegisterNode with no name", func() error {
 			_, err := st.RegisterNode(ctx, store.Node{Identity: "fp"}, time.Minute)
 			return err
@@ -895,7 +1134,7 @@ func testCancelled(t *testing.T, st store.Store) {
 			_, _, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "k", RequestHash: "h"})
 			return err
 		}},
-		{"CompleteCreate", func() error { return st.CompleteCreate(ctx, "k", rows("k", "sb-1")) }},
+		{"CompleteCreate", func() error { return st.CompleteCreate(ctx, "k", "", rows("k", "sb-1")) }},
 		{"RegisterNode", func() error {
 			_, err := st.RegisterNode(ctx, node("n1", "fp", time.Now()), time.Minute)
 			return err
@@ -942,7 +1181,7 @@ func testReplicasCompleteSeen(t *testing.T, a, b store.Store) {
 	_, _, err = b.ReserveCreate(ctx, store.CreateReservation{Key: "k", RequestHash: "other"})
 	wantKind(t, "ReserveCreate on b with another request", err, errdefs.ErrInvalidArgument)
 
-	must(t, "CompleteCreate on a", a.CompleteCreate(ctx, "k", rows("k", "sb-1", "sb-2")))
+	must(t, "CompleteCreate on a", a.CompleteCreate(ctx, "k", res.Nonce, rows("k", "sb-1", "sb-2")))
 	rec, err := b.GetIdempotency(ctx, "k")
 	must(t, "GetIdempotency on b", err)
 	if !cmp.Equal(rec.IDs, []string{"sb-1", "sb-2"}) {
@@ -956,6 +1195,50 @@ func testReplicasCompleteSeen(t *testing.T, a, b store.Store) {
 
 func testReplicasCompleteConcurrent(t *testing.T, a, b store.Store) {
 	completeRace(t, []store.Store{a, b})
+}
+
+// testReplicasAbandonVersusComplete: one replica completes a stale
+// reservation while the other abandons it: exactly one of them wins, and
+// the loser changed nothing.
+func testReplicasAbandonVersusComplete(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	const n = 24
+	for i := range n {
+		key := fmt.Sprintf("k%d", i)
+		r := reserveAt(t, a, key, time.Now().Add(-time.Hour))
+		var completeErr, abandonErr error
+		var abandoned bool
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			completeErr = a.CompleteCreate(ctx, key, r.Nonce, rows(key, "sb-"+key))
+		}()
+		go func() {
+			defer wg.Done()
+			abandoned, abandonErr = b.AbandonCreate(ctx, key, r.Nonce, time.Now(), []store.Doubt{{Node: "n1", Token: r.Nonce + "#", Prefix: true, Key: key}})
+		}()
+		wg.Wait()
+		must(t, "AbandonCreate "+key, abandonErr)
+		ds, err := a.Doubts(ctx)
+		must(t, "Doubts", err)
+		recorded := false
+		for _, d := range ds {
+			recorded = recorded || d.Key == key
+		}
+		switch {
+		case abandoned:
+			wantKind(t, "CompleteCreate that lost to AbandonCreate "+key, completeErr, errdefs.ErrNotFound)
+			if ids := sandboxIDs(t, a, key); len(ids) != 0 || !recorded {
+				t.Fatalf("%s abandoned: rows %v, doubt recorded %v", key, ids, recorded)
+			}
+		default:
+			must(t, "CompleteCreate that beat AbandonCreate "+key, completeErr)
+			if ids := sandboxIDs(t, a, key); len(ids) != 1 || recorded {
+				t.Fatalf("%s completed: rows %v, doubt recorded %v", key, ids, recorded)
+			}
+		}
+	}
 }
 
 func testReplicasRegisterConcurrent(t *testing.T, a, b store.Store) {

@@ -202,8 +202,10 @@ func (x *NodeStatus) GetRefusing() string {
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Spec  *v1.SandboxSpec        `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
-	// Names this create for retries: the same token returns the same sandbox
-	// for as long as the node keeps its record. "" = no deduplication.
+	// Names this create for retries and reconciliation: the same token
+	// returns the same sandbox while it lives, and the node keeps the token
+	// with the sandbox, across its own restarts, so Reap can find it.
+	// Apiservers send BATCH#INDEX@NODE. "" = no deduplication.
 	CreateToken   string `protobuf:"bytes,2,opt,name=create_token,json=createToken,proto3" json:"create_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -253,6 +255,198 @@ func (x *CreateRequest) GetCreateToken() string {
 	return ""
 }
 
+type ReapRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []string               `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	TokenPrefixes []string               `protobuf:"bytes,2,rep,name=token_prefixes,json=tokenPrefixes,proto3" json:"token_prefixes,omitempty"`
+	KeepIds       []string               `protobuf:"bytes,3,rep,name=keep_ids,json=keepIds,proto3" json:"keep_ids,omitempty"` // sandboxes a client was told of: never removed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReapRequest) Reset() {
+	*x = ReapRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReapRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReapRequest) ProtoMessage() {}
+
+func (x *ReapRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReapRequest.ProtoReflect.Descriptor instead.
+func (*ReapRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReapRequest) GetTokens() []string {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *ReapRequest) GetTokenPrefixes() []string {
+	if x != nil {
+		return x.TokenPrefixes
+	}
+	return nil
+}
+
+func (x *ReapRequest) GetKeepIds() []string {
+	if x != nil {
+		return x.KeepIds
+	}
+	return nil
+}
+
+type ReapResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RemovedIds    []string               `protobuf:"bytes,1,rep,name=removed_ids,json=removedIds,proto3" json:"removed_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReapResponse) Reset() {
+	*x = ReapResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReapResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReapResponse) ProtoMessage() {}
+
+func (x *ReapResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReapResponse.ProtoReflect.Descriptor instead.
+func (*ReapResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReapResponse) GetRemovedIds() []string {
+	if x != nil {
+		return x.RemovedIds
+	}
+	return nil
+}
+
+type GoneRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GoneRequest) Reset() {
+	*x = GoneRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GoneRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GoneRequest) ProtoMessage() {}
+
+func (x *GoneRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GoneRequest.ProtoReflect.Descriptor instead.
+func (*GoneRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GoneRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+type GoneResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GoneResponse) Reset() {
+	*x = GoneResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GoneResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GoneResponse) ProtoMessage() {}
+
+func (x *GoneResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GoneResponse.ProtoReflect.Descriptor instead.
+func (*GoneResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GoneResponse) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
 var File_dsec_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_dsec_edge_v1_edge_proto_rawDesc = "" +
@@ -276,7 +470,18 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\brefusing\x18\f \x01(\tR\brefusing\"\\\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12!\n" +
-	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken2\xc3\x12\n" +
+	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken\"g\n" +
+	"\vReapRequest\x12\x16\n" +
+	"\x06tokens\x18\x01 \x03(\tR\x06tokens\x12%\n" +
+	"\x0etoken_prefixes\x18\x02 \x03(\tR\rtokenPrefixes\x12\x19\n" +
+	"\bkeep_ids\x18\x03 \x03(\tR\akeepIds\"/\n" +
+	"\fReapResponse\x12\x1f\n" +
+	"\vremoved_ids\x18\x01 \x03(\tR\n" +
+	"removedIds\"\x1f\n" +
+	"\vGoneRequest\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\" \n" +
+	"\fGoneResponse\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids2\xcb\x13\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x121\n" +
@@ -290,7 +495,9 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
 	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
-	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12:\n" +
+	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12B\n" +
+	"\x04Reap\x12\x19.dsec.edge.v1.ReapRequest\x1a\x1a.dsec.edge.v1.ReapResponse\"\x03\x90\x02\x02\x12B\n" +
+	"\x04Gone\x12\x19.dsec.edge.v1.GoneRequest\x1a\x1a.dsec.edge.v1.GoneResponse\"\x03\x90\x02\x01\x12:\n" +
 	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12J\n" +
 	"\n" +
 	"ListLayers\x12\x1a.dsec.v1.ListLayersRequest\x1a\x1b.dsec.v1.ListLayersResponse\"\x03\x90\x02\x01\x12H\n" +
@@ -331,153 +538,161 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*StatusRequest)(nil),               // 0: dsec.edge.v1.StatusRequest
 	(*NodeStatus)(nil),                  // 1: dsec.edge.v1.NodeStatus
 	(*CreateRequest)(nil),               // 2: dsec.edge.v1.CreateRequest
-	(v1.Backend)(0),                     // 3: dsec.v1.Backend
-	(*v1.SandboxSpec)(nil),              // 4: dsec.v1.SandboxSpec
-	(*v1.GetRequest)(nil),               // 5: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),              // 6: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),            // 7: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),             // 8: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),            // 9: dsec.v1.ResumeRequest
-	(*v1.SnapshotRequest)(nil),          // 10: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),   // 11: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),        // 12: dsec.v1.NetworkLogRequest
-	(*v1.SetWarmPoolRequest)(nil),       // 13: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),     // 14: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),       // 15: dsec.v1.ImportLayerRequest
-	(*v1.ListLayersRequest)(nil),        // 16: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),       // 17: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),  // 18: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),       // 19: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),        // 20: dsec.v1.LayerStatsRequest
-	(*v1.ExecRequest)(nil),              // 21: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 22: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 23: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 24: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 25: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 26: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 27: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 28: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 29: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 30: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 31: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 32: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 33: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 34: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 35: dsec.v1.MakeDirRequest
-	(*v1.UploadRequest)(nil),            // 36: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 37: dsec.v1.DownloadRequest
-	(*v1.Sandbox)(nil),                  // 38: dsec.v1.Sandbox
-	(*v1.ListResponse)(nil),             // 39: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),           // 40: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),            // 41: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),           // 42: dsec.v1.ResumeResponse
-	(*v1.SnapshotInfo)(nil),             // 43: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),  // 44: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),       // 45: dsec.v1.NetworkLogResponse
-	(*v1.WarmPool)(nil),                 // 46: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),    // 47: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                    // 48: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),       // 49: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),      // 50: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil), // 51: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),      // 52: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),       // 53: dsec.v1.LayerStatsResponse
-	(*v1.ExecEvent)(nil),                // 54: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 55: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 56: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 57: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 58: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 59: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 60: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 61: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 62: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 63: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 64: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 65: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 66: dsec.v1.MakeDirResponse
-	(*v1.UploadResponse)(nil),           // 67: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 68: dsec.v1.DownloadChunk
+	(*ReapRequest)(nil),                 // 3: dsec.edge.v1.ReapRequest
+	(*ReapResponse)(nil),                // 4: dsec.edge.v1.ReapResponse
+	(*GoneRequest)(nil),                 // 5: dsec.edge.v1.GoneRequest
+	(*GoneResponse)(nil),                // 6: dsec.edge.v1.GoneResponse
+	(v1.Backend)(0),                     // 7: dsec.v1.Backend
+	(*v1.SandboxSpec)(nil),              // 8: dsec.v1.SandboxSpec
+	(*v1.GetRequest)(nil),               // 9: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),              // 10: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),            // 11: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),             // 12: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),            // 13: dsec.v1.ResumeRequest
+	(*v1.SnapshotRequest)(nil),          // 14: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),   // 15: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),        // 16: dsec.v1.NetworkLogRequest
+	(*v1.SetWarmPoolRequest)(nil),       // 17: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),     // 18: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),       // 19: dsec.v1.ImportLayerRequest
+	(*v1.ListLayersRequest)(nil),        // 20: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),       // 21: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),  // 22: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),       // 23: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),        // 24: dsec.v1.LayerStatsRequest
+	(*v1.ExecRequest)(nil),              // 25: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 26: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 27: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 28: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 29: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 30: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 31: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 32: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 33: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 34: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 35: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 36: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 37: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 38: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 39: dsec.v1.MakeDirRequest
+	(*v1.UploadRequest)(nil),            // 40: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 41: dsec.v1.DownloadRequest
+	(*v1.Sandbox)(nil),                  // 42: dsec.v1.Sandbox
+	(*v1.ListResponse)(nil),             // 43: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),           // 44: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),            // 45: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),           // 46: dsec.v1.ResumeResponse
+	(*v1.SnapshotInfo)(nil),             // 47: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),  // 48: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),       // 49: dsec.v1.NetworkLogResponse
+	(*v1.WarmPool)(nil),                 // 50: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),    // 51: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                    // 52: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),       // 53: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),      // 54: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil), // 55: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),      // 56: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),       // 57: dsec.v1.LayerStatsResponse
+	(*v1.ExecEvent)(nil),                // 58: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 59: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 60: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 61: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 62: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 63: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 64: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 65: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 66: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 67: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 68: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 69: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 70: dsec.v1.MakeDirResponse
+	(*v1.UploadResponse)(nil),           // 71: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 72: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	3,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	4,  // 1: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	7,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	8,  // 1: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	0,  // 2: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
 	2,  // 3: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	5,  // 4: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	6,  // 5: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	7,  // 6: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	8,  // 7: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	9,  // 8: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	10, // 9: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	11, // 10: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	12, // 11: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	13, // 12: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	14, // 13: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	15, // 14: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	16, // 15: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	17, // 16: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	18, // 17: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	19, // 18: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	20, // 19: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	21, // 20: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	22, // 21: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	23, // 22: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	24, // 23: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	25, // 24: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	26, // 25: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	27, // 26: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	28, // 27: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	29, // 28: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	30, // 29: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	31, // 30: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	32, // 31: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	33, // 32: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	34, // 33: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	35, // 34: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	36, // 35: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	37, // 36: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	1,  // 37: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	38, // 38: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	38, // 39: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	39, // 40: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	40, // 41: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	41, // 42: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	42, // 43: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	43, // 44: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	44, // 45: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	45, // 46: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	46, // 47: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	47, // 48: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	48, // 49: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	49, // 50: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	50, // 51: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	51, // 52: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	52, // 53: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	53, // 54: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	54, // 55: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	54, // 56: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	55, // 57: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	56, // 58: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	57, // 59: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	54, // 60: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	58, // 61: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	59, // 62: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	60, // 63: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	61, // 64: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	62, // 65: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	63, // 66: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	64, // 67: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	65, // 68: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	66, // 69: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	67, // 70: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	68, // 71: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	37, // [37:72] is the sub-list for method output_type
-	2,  // [2:37] is the sub-list for method input_type
+	9,  // 4: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	10, // 5: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	11, // 6: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	12, // 7: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	13, // 8: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	14, // 9: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	15, // 10: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	16, // 11: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	17, // 12: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	18, // 13: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	3,  // 14: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	5,  // 15: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	19, // 16: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	20, // 17: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	21, // 18: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	22, // 19: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	23, // 20: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	24, // 21: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	25, // 22: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	26, // 23: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	27, // 24: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	28, // 25: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	29, // 26: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	30, // 27: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	31, // 28: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	32, // 29: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	33, // 30: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	34, // 31: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	35, // 32: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	36, // 33: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	37, // 34: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	38, // 35: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	39, // 36: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	40, // 37: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	41, // 38: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	1,  // 39: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	42, // 40: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	42, // 41: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	43, // 42: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	44, // 43: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	45, // 44: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	46, // 45: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	47, // 46: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	48, // 47: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	49, // 48: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	50, // 49: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	51, // 50: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	4,  // 51: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	6,  // 52: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	52, // 53: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	53, // 54: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	54, // 55: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	55, // 56: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	56, // 57: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	57, // 58: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	58, // 59: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	58, // 60: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	59, // 61: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	60, // 62: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	61, // 63: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	58, // 64: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	62, // 65: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	63, // 66: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	64, // 67: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	65, // 68: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	66, // 69: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	67, // 70: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	68, // 71: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	69, // 72: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	70, // 73: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	71, // 74: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	72, // 75: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	39, // [39:76] is the sub-list for method output_type
+	2,  // [2:39] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name
@@ -494,7 +709,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -67,6 +67,10 @@ const (
 	// EdgeServiceListWarmPoolsProcedure is the fully-qualified name of the EdgeService's ListWarmPools
 	// RPC.
 	EdgeServiceListWarmPoolsProcedure = "/dsec.edge.v1.EdgeService/ListWarmPools"
+	// EdgeServiceReapProcedure is the fully-qualified name of the EdgeService's Reap RPC.
+	EdgeServiceReapProcedure = "/dsec.edge.v1.EdgeService/Reap"
+	// EdgeServiceGoneProcedure is the fully-qualified name of the EdgeService's Gone RPC.
+	EdgeServiceGoneProcedure = "/dsec.edge.v1.EdgeService/Gone"
 	// EdgeServiceImportLayerProcedure is the fully-qualified name of the EdgeService's ImportLayer RPC.
 	EdgeServiceImportLayerProcedure = "/dsec.edge.v1.EdgeService/ImportLayer"
 	// EdgeServiceListLayersProcedure is the fully-qualified name of the EdgeService's ListLayers RPC.
@@ -141,6 +145,20 @@ type EdgeServiceClient interface {
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
+	// Reconciliation: what an apiserver asks of a node to settle creates whose
+	// outcome it never learned (package apiserver, reconcile.go).
+	//
+	// Reap removes the live sandboxes that creates named by these tokens (or
+	// by tokens with these prefixes) made, except keep_ids, and returns the
+	// IDs it removed. It first waits for a create of such a token still in
+	// progress, and from then on refuses every create that carries one
+	// (FailedPrecondition), so a create still queued for the node when it
+	// returns cannot make a sandbox after it: a reaped token is dead.
+	Reap(context.Context, *connect.Request[v1.ReapRequest]) (*connect.Response[v1.ReapResponse], error)
+	// Gone says which of the given sandbox IDs the node holds no live
+	// sandbox for (creating, running, pausing, paused or resuming): never
+	// made, stopping or ended, or forgotten.
+	Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
 	// hands an import to every edge (each builds the same EROFS layer from
 	// the same source, so the digest is the same, and the shared blob store
@@ -264,6 +282,20 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceListWarmPoolsProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("ListWarmPools")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		reap: connect.NewClient[v1.ReapRequest, v1.ReapResponse](
+			httpClient,
+			baseURL+EdgeServiceReapProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Reap")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		gone: connect.NewClient[v1.GoneRequest, v1.GoneResponse](
+			httpClient,
+			baseURL+EdgeServiceGoneProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Gone")),
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
@@ -425,6 +457,8 @@ type edgeServiceClient struct {
 	networkLog       *connect.Client[v11.NetworkLogRequest, v11.NetworkLogResponse]
 	setWarmPool      *connect.Client[v11.SetWarmPoolRequest, v11.WarmPool]
 	listWarmPools    *connect.Client[v11.ListWarmPoolsRequest, v11.ListWarmPoolsResponse]
+	reap             *connect.Client[v1.ReapRequest, v1.ReapResponse]
+	gone             *connect.Client[v1.GoneRequest, v1.GoneResponse]
 	importLayer      *connect.Client[v11.ImportLayerRequest, v11.Layer]
 	listLayers       *connect.Client[v11.ListLayersRequest, v11.ListLayersResponse]
 	removeLayer      *connect.Client[v11.RemoveLayerRequest, v11.RemoveLayerResponse]
@@ -508,6 +542,16 @@ func (c *edgeServiceClient) SetWarmPool(ctx context.Context, req *connect.Reques
 // ListWarmPools calls dsec.edge.v1.EdgeService.ListWarmPools.
 func (c *edgeServiceClient) ListWarmPools(ctx context.Context, req *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error) {
 	return c.listWarmPools.CallUnary(ctx, req)
+}
+
+// Reap calls dsec.edge.v1.EdgeService.Reap.
+func (c *edgeServiceClient) Reap(ctx context.Context, req *connect.Request[v1.ReapRequest]) (*connect.Response[v1.ReapResponse], error) {
+	return c.reap.CallUnary(ctx, req)
+}
+
+// Gone calls dsec.edge.v1.EdgeService.Gone.
+func (c *edgeServiceClient) Gone(ctx context.Context, req *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error) {
+	return c.gone.CallUnary(ctx, req)
 }
 
 // ImportLayer calls dsec.edge.v1.EdgeService.ImportLayer.
@@ -647,6 +691,20 @@ type EdgeServiceHandler interface {
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
+	// Reconciliation: what an apiserver asks of a node to settle creates whose
+	// outcome it never learned (package apiserver, reconcile.go).
+	//
+	// Reap removes the live sandboxes that creates named by these tokens (or
+	// by tokens with these prefixes) made, except keep_ids, and returns the
+	// IDs it removed. It first waits for a create of such a token still in
+	// progress, and from then on refuses every create that carries one
+	// (FailedPrecondition), so a create still queued for the node when it
+	// returns cannot make a sandbox after it: a reaped token is dead.
+	Reap(context.Context, *connect.Request[v1.ReapRequest]) (*connect.Response[v1.ReapResponse], error)
+	// Gone says which of the given sandbox IDs the node holds no live
+	// sandbox for (creating, running, pausing, paused or resuming): never
+	// made, stopping or ended, or forgotten.
+	Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
 	// hands an import to every edge (each builds the same EROFS layer from
 	// the same source, so the digest is the same, and the shared blob store
@@ -766,6 +824,20 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceListWarmPoolsProcedure,
 		svc.ListWarmPools,
 		connect.WithSchema(edgeServiceMethods.ByName("ListWarmPools")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceReapHandler := connect.NewUnaryHandler(
+		EdgeServiceReapProcedure,
+		svc.Reap,
+		connect.WithSchema(edgeServiceMethods.ByName("Reap")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceGoneHandler := connect.NewUnaryHandler(
+		EdgeServiceGoneProcedure,
+		svc.Gone,
+		connect.WithSchema(edgeServiceMethods.ByName("Gone")),
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -936,6 +1008,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceSetWarmPoolHandler.ServeHTTP(w, r)
 		case EdgeServiceListWarmPoolsProcedure:
 			edgeServiceListWarmPoolsHandler.ServeHTTP(w, r)
+		case EdgeServiceReapProcedure:
+			edgeServiceReapHandler.ServeHTTP(w, r)
+		case EdgeServiceGoneProcedure:
+			edgeServiceGoneHandler.ServeHTTP(w, r)
 		case EdgeServiceImportLayerProcedure:
 			edgeServiceImportLayerHandler.ServeHTTP(w, r)
 		case EdgeServiceListLayersProcedure:
@@ -1037,6 +1113,14 @@ func (UnimplementedEdgeServiceHandler) SetWarmPool(context.Context, *connect.Req
 
 func (UnimplementedEdgeServiceHandler) ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.ListWarmPools is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Reap(context.Context, *connect.Request[v1.ReapRequest]) (*connect.Response[v1.ReapResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Reap is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Gone is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error) {

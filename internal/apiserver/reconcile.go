@@ -1,0 +1,388 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/watcher"
+)
+
+// Reconciliation keeps the edges and the metadata store agreeing about
+// which sandboxes exist, after faults:
+//
+//   - A create whose outcome an apiserver never learned (the call timed
+//     out, the connection dropped, the caller gave up, a batch's delete
+//     failed) may still make a sandbox, on a node frozen meanwhile say:
+//     the create is recorded as a doubt (node, token, key) in the store,
+//     where any apiserver finds it. Once the node answers, an apiserver asks
+//     it to Reap the doubtful tokens, sparing the sandboxes a completed
+//     keyed create recorded, and clears the doubts. A doubt of a key still
+//     pending waits: the create holding it may yet complete with that
+//     sandbox. A reaped token is dead on the edge, so a create of it still
+//     queued there makes nothing.
+//   - A pending reservation whose lease nobody renewed for AbandonAfter
+//     (its owner died, and no retry follows its plan) is abandoned: in one
+//     transaction it is removed and its batch's token prefix is recorded as
+//     a doubt on every node, which the step above settles. The key is free
+//     again at once. A create still working for the reservation renews the
+//     lease (holdLease) every quarter of AbandonAfter, and a completion
+//     needs the reservation still pending under its nonce, so abandonment
+//     and acknowledgement exclude each other: a sandbox a retry is about to
+//     acknowledge is never reaped, and one reaped is never acknowledged.
+//   - The other way, the rows of sandboxes the (answering) node no longer
+//     has (deleted, expired, its disk lost) are removed, so the store does
+//     not grow and a replay says "since removed".
+//
+// The watcher runs NodeReturned for a node that answers again (or is seen
+// first); RunReconciler then settles that node at once, and sweeps every
+// routable node every ReconcileInterval, so that a doubt recorded while its
+// node was healthy is settled too.
+
+// DefaultAbandonAfter is how long a pending reservation may go without its
+// lease renewed before any apiserver abandons it. The creates working for
+// it renew it every quarter of that (30 s), so only a reservation whose
+// every worker is dead, or cut off from the store for four renewals in a
+// row, loses it; and a key whose owner died is free again within about
+// AbandonAfter plus ReconcileInterval. It bounds nothing about how long a
+// create may take: a live create holds its reservation as long as it runs.
+const DefaultAbandonAfter = 2 * time.Minute
+
+// reconcileTimeout bounds the settling of one node: reaping can mean
+// stopping many real sandboxes.
+const reconcileTimeout = 2 * time.Minute
+
+// staleBatch is how many stale reservations one sweep abandons at most.
+const staleBatch = 100
+
+// goneBatch is how many sandbox IDs one Gone call carries.
+const goneBatch = 1000
+
+// ReconcileStats counts what reconciliation did since the apiserver
+// started; /metrics serves them.
+type ReconcileStats struct {
+	DoubtsRecorded        int64 // creates recorded as doubts
+	DoubtsSettled         int64 // doubts settled with their nodes and cleared
+	SandboxesReaped       int64 // sandboxes nodes removed when asked to reap
+	ReservationsAbandoned int64 // stale reservations abandoned
+	RowsRemoved           int64 // sandbox rows of sandboxes gone from their nodes
+}
+
+type reconciler struct {
+	doubtsRecorded, doubtsSettled, reaped, abandoned, rowsRemoved atomic.Int64
+
+	mu       sync.Mutex
+	unsaved  []store.Doubt           // doubts the store could not take yet
+	returned map[string]watcher.Node // nodes to settle at once
+	kick     chan struct{}
+}
+
+func newReconciler() reconciler {
+	return reconciler{returned: map[string]watcher.Node{}, kick: make(chan struct{}, 1)}
+}
+
+// ReconcileStats returns the counters.
+func (s *Server) ReconcileStats() ReconcileStats {
+	r := &s.rec
+	return ReconcileStats{DoubtsRecorded: r.doubtsRecorded.Load(), DoubtsSettled: r.doubtsSettled.Load(),
+		SandboxesReaped: r.reaped.Load(), ReservationsAbandoned: r.abandoned.Load(), RowsRemoved: r.rowsRemoved.Load()}
+}
+
+// serveMetrics writes the counters in Prometheus's text format.
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	st := s.ReconcileStats()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	for _, m := range []struct {
+		name, help string
+		v          int64
+	}{
+		{"dsec_reconcile_doubts_recorded_total", "Creates sent to a node whose outcome this apiserver never learned.", st.DoubtsRecorded},
+		{"dsec_reconcile_doubts_settled_total", "Doubts this apiserver settled with their nodes.", st.DoubtsSettled},
+		{"dsec_reconcile_sandboxes_reaped_total", "Sandboxes of given-up creates that nodes removed when this apiserver asked.", st.SandboxesReaped},
+		{"dsec_reconcile_reservations_abandoned_total", "Pending reservations whose lease lapsed, abandoned by this apiserver.", st.ReservationsAbandoned},
+		{"dsec_reconcile_rows_removed_total", "Sandbox rows of sandboxes gone from their nodes, removed by this apiserver.", st.RowsRemoved},
+	} {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", m.name, m.help, m.name, m.name, m.v)
+	}
+}
+
+// outcomeUnknown says whether a create that failed with err may yet have
+// made a sandbox: every error but the node's own verdict that it made
+// none.
+func outcomeUnknown(err error) bool {
+	for _, kind := range []error{
+		errdefs.ErrResourceExhausted, errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists,
+		errdefs.ErrFailedPrecondition, errdefs.ErrNotSupported, errdefs.ErrPermissionDenied, errdefs.ErrUnauthenticated,
+	} {
+		if errors.Is(err, kind) {
+			return false
+		}
+	}
+	return true
+}
+
+// doubt records d, a create that failed with why, for reconciliation. A
+// doubt the store cannot take now is kept in memory and saved at the next
+// sweep.
+func (s *Server) doubt(ctx context.Context, d store.Doubt, why error) {
+	s.rec.doubtsRecorded.Add(1)
+	s.log.Debug("create outcome unknown; recorded for reconciliation", "node", d.Node, "token", d.Token, "key", d.Key, "err", why)
+	d.Created = time.Now()
+	if err := s.idem.AddDoubts(context.WithoutCancel(ctx), []store.Doubt{d}); err != nil {
+		s.log.Warn("record a create's doubt; keeping it until the store answers", "node", d.Node, "token", d.Token, "err", err)
+		s.rec.mu.Lock()
+		s.rec.unsaved = append(s.rec.unsaved, d)
+		s.rec.mu.Unlock()
+	}
+}
+
+// NodeReturned asks RunReconciler to settle node n now, through n.Edge:
+// the watcher calls it (Config.OnReturn) when a node answers again, or is
+// seen for the first time, just before it makes the node routable. It does
+// not block.
+func (s *Server) NodeReturned(n watcher.Node) {
+	s.rec.mu.Lock()
+	s.rec.returned[n.Name] = n
+	s.rec.mu.Unlock()
+	select {
+	case s.rec.kick <- struct{}{}:
+	default:
+	}
+}
+
+// RunReconciler reconciles until ctx ends: every node NodeReturned names,
+// at once; everything, at start and every ReconcileInterval.
+func (s *Server) RunReconciler(ctx context.Context) {
+	t := time.NewTicker(s.cfg.ReconcileInterval)
+	defer t.Stop()
+	s.Reconcile(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Reconcile(ctx)
+		case <-s.rec.kick:
+			s.rec.mu.Lock()
+			nodes := slices.Collect(maps.Values(s.rec.returned))
+			s.rec.returned = map[string]watcher.Node{}
+			s.rec.mu.Unlock()
+			s.reconcileNodes(ctx, nodes)
+		}
+	}
+}
+
+// Reconcile sweeps once: it saves the doubts the store could not take,
+// abandons stale reservations, then settles the doubts of every routable
+// node and checks its sandbox rows.
+func (s *Server) Reconcile(ctx context.Context) {
+	s.saveUnsaved(ctx)
+	s.abandonStale(ctx)
+	s.reconcileNodes(ctx, s.routable())
+}
+
+func (s *Server) saveUnsaved(ctx context.Context) {
+	s.rec.mu.Lock()
+	ds := s.rec.unsaved
+	s.rec.unsaved = nil
+	s.rec.mu.Unlock()
+	if len(ds) == 0 {
+		return
+	}
+	if err := s.idem.AddDoubts(ctx, ds); err != nil {
+		s.log.Warn("record doubts kept in memory", "doubts", len(ds), "err", err)
+		s.rec.mu.Lock()
+		s.rec.unsaved = append(s.rec.unsaved, ds...)
+		s.rec.mu.Unlock()
+	}
+}
+
+// abandonStale abandons the pending reservations whose lease lapsed,
+// leaving a doubt of the batch's token prefix on every node of the fleet
+// (a create may have gone to any, after a refusal).
+func (s *Server) abandonStale(ctx context.Context) {
+	nodes := s.fleet.Nodes()
+	if len(nodes) == 0 {
+		return // no fleet seen yet: nowhere to leave the doubts
+	}
+	cutoff := time.Now().Add(-s.cfg.AbandonAfter)
+	stale, err := s.idem.StaleCreates(ctx, cutoff, staleBatch)
+	if err != nil {
+		s.log.Warn("reconcile: list stale reservations", "err", err)
+		return
+	}
+	for _, r := range stale {
+		doubts := make([]store.Doubt, 0, len(nodes))
+		for _, n := range nodes {
+			doubts = append(doubts, store.Doubt{Node: n.Name, Token: batchPrefix(batchOf(r)), Prefix: true, Key: r.Key})
+		}
+		ok, err := s.idem.AbandonCreate(ctx, r.Key, r.Nonce, cutoff, doubts)
+		if err != nil {
+			s.log.Warn("reconcile: abandon a stale reservation", "key", r.Key, "err", err)
+			continue
+		}
+		if ok {
+			s.rec.abandoned.Add(1)
+			s.log.Info("reconcile: abandoned a reservation nobody renewed; its sandboxes will be reaped",
+				"key", r.Key, "owner", r.Owner, "sandboxes", len(r.Placements), "untouched", time.Since(r.Updated).Round(time.Second), "nodes", len(nodes))
+		}
+	}
+}
+
+// reconcileNodes settles the doubts and checks the rows of nodes.
+func (s *Server) reconcileNodes(ctx context.Context, nodes []watcher.Node) {
+	doubts, err := s.idem.Doubts(ctx)
+	if err != nil {
+		s.log.Warn("reconcile: list doubts", "err", err)
+	}
+	byNode := map[string][]store.Doubt{}
+	for _, d := range doubts {
+		byNode[d.Node] = append(byNode[d.Node], d)
+	}
+	for _, n := range nodes {
+		if ctx.Err() != nil {
+			return
+		}
+		nctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
+		if err == nil {
+			s.settle(nctx, n, byNode[n.Name])
+		}
+		s.checkRows(nctx, n)
+		cancel()
+	}
+}
+
+// settle has node n reap what its doubtful creates made, sparing what a
+// completed create recorded, and clears the doubts. Doubts of a key whose
+// reservation is still pending wait.
+func (s *Server) settle(ctx context.Context, n watcher.Node, doubts []store.Doubt) {
+	if len(doubts) == 0 {
+		return
+	}
+	keys := map[string]verdict{}
+	req := &edgev1.ReapRequest{}
+	keep := map[string]bool{}
+	var settled []store.Doubt
+	for _, d := range doubts {
+		if d.Key != "" {
+			v, ok := keys[d.Key]
+			if !ok {
+				var err error
+				if v, err = s.keyVerdict(ctx, d.Key, n.Name); err != nil {
+					s.log.Warn("reconcile: read the create of a doubt", "node", n.Name, "key", d.Key, "err", err)
+					v.wait = true
+				}
+				keys[d.Key] = v
+			}
+			if v.wait {
+				continue
+			}
+			for _, id := range v.keep {
+				keep[id] = true
+			}
+		}
+		if d.Prefix {
+			req.TokenPrefixes = append(req.TokenPrefixes, d.Token)
+		} else {
+			req.Tokens = append(req.Tokens, d.Token)
+		}
+		settled = append(settled, d)
+	}
+	if len(settled) == 0 {
+		return
+	}
+	req.KeepIds = slices.Sorted(maps.Keys(keep))
+	resp, err := n.Edge.Reap(ctx, connect.NewRequest(req))
+	if err != nil {
+		s.log.Warn("reconcile: reap on node", "node", n.Name, "doubts", len(settled), "err", err)
+		return
+	}
+	if err := s.idem.ClearDoubts(ctx, settled); err != nil {
+		s.log.Warn("reconcile: clear settled doubts", "node", n.Name, "doubts", len(settled), "err", err)
+		return
+	}
+	removed := len(resp.Msg.GetRemovedIds())
+	s.rec.doubtsSettled.Add(int64(len(settled)))
+	s.rec.reaped.Add(int64(removed))
+	s.log.Info("reconcile: settled doubtful creates", "node", n.Name, "doubts", len(settled), "reaped", removed,
+		"kept", len(req.KeepIds), "waiting", len(doubts)-len(settled))
+}
+
+// verdict is what to do with the doubts of one key on one node.
+type verdict struct {
+	wait bool     // its reservation is pending: leave them
+	keep []string // the sandboxes its completed create recorded there
+}
+
+// keyVerdict says what to do with node's doubts of key: wait while its
+// reservation is pending; else spare the sandboxes its completed create
+// recorded on node (none when the key is gone).
+func (s *Server) keyVerdict(ctx context.Context, key, node string) (verdict, error) {
+	var v verdict
+	r, err := s.idem.Reservation(ctx, key)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+	case err != nil:
+		return v, err
+	case r.State == store.StatePending:
+		v.wait = true
+		return v, nil
+	}
+	// Rows outlive the key's record (ExpireIdempotency) for as long as
+	// their sandboxes live, so they are what a completed create spares.
+	rows, err := s.idem.SandboxRows(ctx, key)
+	if err != nil {
+		return v, err
+	}
+	for _, row := range rows {
+		if row.Node == node {
+			v.keep = append(v.keep, row.ID)
+		}
+	}
+	return v, nil
+}
+
+// checkRows removes the rows of the sandboxes node n no longer has.
+func (s *Server) checkRows(ctx context.Context, n watcher.Node) {
+	rows, err := s.idem.NodeSandboxRows(ctx, n.Name)
+	if err != nil {
+		s.log.Warn("reconcile: list sandbox rows", "node", n.Name, "err", err)
+		return
+	}
+	removed := 0
+	for chunk := range slices.Chunk(rows, goneBatch) {
+		ids := make([]string, len(chunk))
+		for i, r := range chunk {
+			ids[i] = r.ID
+		}
+		resp, err := n.Edge.Gone(ctx, connect.NewRequest(&edgev1.GoneRequest{Ids: ids}))
+		if err != nil {
+			s.log.Warn("reconcile: ask which sandboxes are gone", "node", n.Name, "err", err)
+			return
+		}
+		gone := resp.Msg.GetIds()
+		if len(gone) == 0 {
+			continue
+		}
+		if err := s.idem.DeleteSandboxRows(ctx, gone); err != nil {
+			s.log.Warn("reconcile: remove rows of gone sandboxes", "node", n.Name, "err", err)
+			return
+		}
+		removed += len(gone)
+	}
+	if removed > 0 {
+		s.rec.rowsRemoved.Add(int64(removed))
+		s.log.Info("reconcile: removed the rows of sandboxes gone from their node", "node", n.Name, "rows", removed, "of", len(rows))
+	}
+}
