@@ -5,6 +5,7 @@ package image
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -34,4 +35,9 @@ func BuildBusyboxRootfs(dir string) error {
 // ImportLayers needs Linux, like Import.
 func (s *Store) ImportLayers(ctx context.Context, ref string, kind Kind, srcs []LayerSource, opts ImportOptions) (Layer, error) {
 	return Layer{}, fmt.Errorf("import layers: %w", errdefs.ErrNotSupported)
+}
+
+// ImportArchive needs Linux, like Import.
+func (s *Store) ImportArchive(ctx context.Context, ref string, kind Kind, r io.Reader, name string, opts ImportOptions) (Layer, error) {
+	return Layer{}, fmt.Errorf("import layer: %w", errdefs.ErrNotSupported)
 }
