@@ -112,7 +112,7 @@ func (s *Server) Handler() http.Handler {
 		opts = append(opts, connect.WithCodec(c))
 	}
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
-	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerService{s: s}, opts...))
+	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerService{s: s}, append(opts, connect.WithReadMaxBytes(maxUploadMessage))...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	// Streams of exec events end with the exit: see forwardStream.
 	return flushhold.Handler(mux)

@@ -31,12 +31,21 @@ func newTestServer(t *testing.T, edges ...*fakeEdge) dsecv1connect.SandboxServic
 // client of an apiserver in front of them.
 func newTestServerOver(t *testing.T, remote bool, edges ...*fakeEdge) dsecv1connect.SandboxServiceClient {
 	t.Helper()
+	hs := startServer(t, remote, false, nodesOf(edges...))
+	return dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+}
+
+// startServer starts an apiserver in front of nodes, whose edges are
+// edgesvc.Services: called in-process, or served over Connect and reached
+// through edgeclient, over HTTP/2 or, with http1, HTTP/1.1 for all but the
+// shell (as a cluster's apiserver reaches its edges).
+func startServer(t *testing.T, remote, http1 bool, nodes []watcher.Node) *httptest.Server {
+	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "meta.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	nodes := nodesOf(edges...)
 	if remote {
 		for i, n := range nodes {
 			mux := http.NewServeMux()
@@ -45,13 +54,21 @@ func newTestServerOver(t *testing.T, remote bool, edges ...*fakeEdge) dsecv1conn
 			es.EnableHTTP2 = true
 			es.StartTLS()
 			t.Cleanup(es.Close)
-			nodes[i].Edge = edgeclient.New(es.Client(), es.Client(), es.URL)
+			hc := es.Client()
+			if http1 {
+				tr := es.Client().Transport.(*http.Transport).Clone()
+				tr.Protocols = new(http.Protocols)
+				tr.Protocols.SetHTTP1(true)
+				tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+				hc = &http.Client{Transport: tr}
+			}
+			nodes[i].Edge = edgeclient.New(hc, es.Client(), es.URL)
 		}
 	}
 	s := New(Config{CreateConcurrency: 4}, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
 	hs := httptest.NewServer(s.Handler())
 	t.Cleanup(hs.Close)
-	return dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+	return hs
 }
 
 // overBoth runs a test against edges in-process and remote.

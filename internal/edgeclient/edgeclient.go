@@ -9,6 +9,8 @@ package edgeclient
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net/http"
 
 	"connectrpc.com/connect"
@@ -18,6 +20,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
+	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/shellrelay"
 )
 
@@ -135,6 +138,45 @@ func (r *Remote) ImportImageTo(ctx context.Context, m *dsecv1.ImportImageRequest
 		}
 	}
 	return errdefs.FromConnect(in.Err())
+}
+
+func (r *Remote) UploadLayer(ctx context.Context, stream *connect.ClientStream[dsecv1.UploadLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	l, err := r.UploadLayerFrom(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(l), nil
+}
+
+// UploadLayerFrom relays an upload's stream to the edge message by
+// message. A stream that breaks is not closed but abandoned (the call is
+// cancelled), so the edge never takes a truncated archive for a whole one.
+func (r *Remote) UploadLayerFrom(ctx context.Context, in layerupload.Stream) (*dsecv1.Layer, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up := r.c.UploadLayer(ctx)
+	for in.Receive() {
+		if err := up.Send(in.Msg()); err != nil {
+			if errors.Is(err, io.EOF) {
+				break // the edge ended the call: its answer says why
+			}
+			return nil, errdefs.FromConnect(err)
+		}
+	}
+	if err := in.Err(); err != nil {
+		cancel()
+		up.CloseAndReceive()
+		return nil, err
+	}
+	resp, err := up.CloseAndReceive()
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	return resp.Msg, nil
+}
+
+func (r *Remote) AdoptLayers(ctx context.Context, req *connect.Request[edgev1.AdoptLayersRequest]) (*connect.Response[edgev1.AdoptLayersResponse], error) {
+	return unary(ctx, r.c.AdoptLayers, req)
 }
 
 func (r *Remote) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {

@@ -494,29 +494,32 @@ type LayerOptions struct {
 	// AllowSetuid keeps setuid and setgid files and file capabilities,
 	// which an import refuses otherwise.
 	AllowSetuid bool
-	// Upload sends path from this machine (a directory packed as a tar
-	// archive, or an archive file as it is; at most 1 GiB) instead of
-	// naming a path on the daemon's host: a cluster's client does this.
+	// Upload streams path from this machine (a directory packed as a tar
+	// archive as it is sent, or an archive file as it is) instead of naming
+	// a path on the daemon's host: a cluster's client does this. Nothing
+	// holds the whole archive; an edge refuses one over its
+	// --max-upload-bytes.
 	Upload bool
 }
 
 // ImportLayer builds a layer named ref from a directory or tar archive on
-// the daemon's host. The layer's Warnings say what the import left out
-// (device nodes under /dev: every sandbox gets its own).
+// the daemon's host, or with Upload on this one. The layer's Warnings say
+// what the import left out (device nodes under /dev: every sandbox gets
+// its own).
 func (c *Client) ImportLayer(ctx context.Context, ref string, kind dsecv1.LayerKind, path string, o *LayerOptions) (*dsecv1.Layer, error) {
 	ctx, cancel := withTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	req := &dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path}
-	if o != nil {
-		req.AllowSetuid = o.AllowSetuid
-		if o.Upload {
-			archive, err := archiveOf(path)
-			if err != nil {
-				return nil, fmt.Errorf("import layer %s: %w", ref, err)
-			}
-			req.Path, req.Archive = "", archive
-		}
+	if o == nil {
+		o = &LayerOptions{}
 	}
+	if o.Upload {
+		l, err := c.uploadLayer(ctx, &dsecv1.UploadLayerHeader{Ref: ref, Kind: kind, AllowSetuid: o.AllowSetuid}, path)
+		if err != nil {
+			return nil, fmt.Errorf("upload layer %s: %w", ref, err)
+		}
+		return l, nil
+	}
+	req := &dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path, AllowSetuid: o.AllowSetuid}
 	r, err := c.layers.ImportLayer(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("import layer %s: %w", ref, fromConnect(err, false))

@@ -3790,15 +3790,11 @@ func (x *Layer) GetWarnings() []string {
 }
 
 type ImportLayerRequest struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	Ref         string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag
-	Kind        LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
-	Path        string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // directory or tar archive on the daemon's host
-	AllowSetuid bool                   `protobuf:"varint,4,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
-	// Or the tree itself, as a tar archive (plain or gzip) the caller sends:
-	// to import from another machine than the daemon's (a cluster's nodes).
-	// At most 1 GiB; larger trees go in by path or as an OCI image.
-	Archive       []byte `protobuf:"bytes,5,opt,name=archive,proto3" json:"archive,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag
+	Kind          LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // directory or tar archive on the daemon's host
+	AllowSetuid   bool                   `protobuf:"varint,4,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3861,11 +3857,178 @@ func (x *ImportLayerRequest) GetAllowSetuid() bool {
 	return false
 }
 
-func (x *ImportLayerRequest) GetArchive() []byte {
+// One message of an UploadLayer stream: the header first, alone, then the
+// archive in order, in pieces (1 MiB is good; an apiserver refuses a
+// message over 8 MiB), then end. A stream that stops without end (a
+// client gone midway, whatever its transport made of that) was abandoned
+// and builds nothing.
+type UploadLayerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*UploadLayerRequest_Header
+	//	*UploadLayerRequest_Data
+	//	*UploadLayerRequest_End
+	Part          isUploadLayerRequest_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadLayerRequest) Reset() {
+	*x = UploadLayerRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadLayerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadLayerRequest) ProtoMessage() {}
+
+func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
-		return x.Archive
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
+func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
+	if x != nil {
+		return x.Part
 	}
 	return nil
+}
+
+func (x *UploadLayerRequest) GetHeader() *UploadLayerHeader {
+	if x != nil {
+		if x, ok := x.Part.(*UploadLayerRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *UploadLayerRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*UploadLayerRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *UploadLayerRequest) GetEnd() bool {
+	if x != nil {
+		if x, ok := x.Part.(*UploadLayerRequest_End); ok {
+			return x.End
+		}
+	}
+	return false
+}
+
+type isUploadLayerRequest_Part interface {
+	isUploadLayerRequest_Part()
+}
+
+type UploadLayerRequest_Header struct {
+	Header *UploadLayerHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type UploadLayerRequest_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type UploadLayerRequest_End struct {
+	End bool `protobuf:"varint,3,opt,name=end,proto3,oneof"` // true: the archive is whole; the last message
+}
+
+func (*UploadLayerRequest_Header) isUploadLayerRequest_Part() {}
+
+func (*UploadLayerRequest_Data) isUploadLayerRequest_Part() {}
+
+func (*UploadLayerRequest_End) isUploadLayerRequest_Part() {}
+
+type UploadLayerHeader struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Ref         string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag, required
+	Kind        LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
+	AllowSetuid bool                   `protobuf:"varint,3,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	// The archive's size when the caller knows it (a file): one over the
+	// limit is refused before it is sent. 0 = not known (a tree packed as it
+	// is sent).
+	Size          int64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadLayerHeader) Reset() {
+	*x = UploadLayerHeader{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadLayerHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadLayerHeader) ProtoMessage() {}
+
+func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
+func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *UploadLayerHeader) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *UploadLayerHeader) GetKind() LayerKind {
+	if x != nil {
+		return x.Kind
+	}
+	return LayerKind_LAYER_KIND_UNSPECIFIED
+}
+
+func (x *UploadLayerHeader) GetAllowSetuid() bool {
+	if x != nil {
+		return x.AllowSetuid
+	}
+	return false
+}
+
+func (x *UploadLayerHeader) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
 }
 
 type ListLayersRequest struct {
@@ -3876,7 +4039,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3888,7 +4051,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3901,7 +4064,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 type ListLayersResponse struct {
@@ -3913,7 +4076,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3925,7 +4088,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3938,7 +4101,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -3957,7 +4120,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3969,7 +4132,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3982,7 +4145,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -4000,7 +4163,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4012,7 +4175,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4025,7 +4188,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 type Environment struct {
@@ -4040,7 +4203,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4052,7 +4215,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4065,7 +4228,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Environment) GetName() string {
@@ -4104,7 +4267,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4116,7 +4279,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4129,7 +4292,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 type ListEnvironmentsResponse struct {
@@ -4141,7 +4304,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4153,7 +4316,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4166,7 +4329,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -4187,7 +4350,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4199,7 +4362,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4212,7 +4375,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -4245,7 +4408,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4257,7 +4420,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4270,7 +4433,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -4291,7 +4454,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4303,7 +4466,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4316,7 +4479,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -4358,7 +4521,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4370,7 +4533,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4383,7 +4546,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -4465,7 +4628,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4477,7 +4640,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4490,7 +4653,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -4516,7 +4679,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4528,7 +4691,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4541,7 +4704,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -4581,7 +4744,7 @@ func (x *ImportImageRequest) GetAllowSetuid() bool {
 
 type ImportImageProgress struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Phase         string                 `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`  // resolve, fetch, build, upload, done
+	Phase         string                 `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`  // resolve, fetch, build, upload, adopt (the other nodes of a cluster), done
 	Layer         int32                  `protobuf:"varint,2,opt,name=layer,proto3" json:"layer,omitempty"` // 1-based OCI layer being worked on
 	Layers        int32                  `protobuf:"varint,3,opt,name=layers,proto3" json:"layers,omitempty"`
 	Bytes         int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
@@ -4597,7 +4760,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4609,7 +4772,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4622,7 +4785,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -4703,7 +4866,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4715,7 +4878,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4728,7 +4891,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 type LayerUsage struct {
@@ -4750,7 +4913,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4762,7 +4925,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4775,7 +4938,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -4868,7 +5031,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4880,7 +5043,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4893,7 +5056,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -4943,7 +5106,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4955,7 +5118,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4968,7 +5131,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -5294,13 +5457,22 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12\x16\n" +
 	"\x06source\x18\x06 \x01(\tR\x06source\x12\x1a\n" +
-	"\bwarnings\x18\a \x03(\tR\bwarnings\"\x9f\x01\n" +
+	"\bwarnings\x18\a \x03(\tR\bwarnings\"\x94\x01\n" +
 	"\x12ImportLayerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12!\n" +
-	"\fallow_setuid\x18\x04 \x01(\bR\vallowSetuid\x12\x18\n" +
-	"\aarchive\x18\x05 \x01(\fR\aarchive\"\x13\n" +
+	"\fallow_setuid\x18\x04 \x01(\bR\vallowSetuidJ\x04\b\x05\x10\x06R\aarchive\"|\n" +
+	"\x12UploadLayerRequest\x124\n" +
+	"\x06header\x18\x01 \x01(\v2\x1a.dsec.v1.UploadLayerHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12\x12\n" +
+	"\x03end\x18\x03 \x01(\bH\x00R\x03endB\x06\n" +
+	"\x04part\"\x84\x01\n" +
+	"\x11UploadLayerHeader\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12&\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12!\n" +
+	"\fallow_setuid\x18\x03 \x01(\bR\vallowSetuid\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\"\x13\n" +
 	"\x11ListLayersRequest\"<\n" +
 	"\x12ListLayersResponse\x12&\n" +
 	"\x06layers\x18\x01 \x03(\v2\x0e.dsec.v1.LayerR\x06layers\"&\n" +
@@ -5459,9 +5631,10 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
-	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x012\xd6\x03\n" +
+	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x012\x94\x04\n" +
 	"\fLayerService\x12:\n" +
-	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12J\n" +
+	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
+	"\vUploadLayer\x12\x1b.dsec.v1.UploadLayerRequest\x1a\x0e.dsec.v1.Layer(\x01\x12J\n" +
 	"\n" +
 	"ListLayers\x12\x1a.dsec.v1.ListLayersRequest\x1a\x1b.dsec.v1.ListLayersResponse\"\x03\x90\x02\x01\x12H\n" +
 	"\vRemoveLayer\x12\x1b.dsec.v1.RemoveLayerRequest\x1a\x1c.dsec.v1.RemoveLayerResponse\x12\\\n" +
@@ -5483,7 +5656,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -5543,49 +5716,51 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*DownloadChunk)(nil),            // 55: dsec.v1.DownloadChunk
 	(*Layer)(nil),                    // 56: dsec.v1.Layer
 	(*ImportLayerRequest)(nil),       // 57: dsec.v1.ImportLayerRequest
-	(*ListLayersRequest)(nil),        // 58: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 59: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 60: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 61: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 62: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 63: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 64: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 65: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 66: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 67: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 68: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 69: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 70: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 71: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 72: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 73: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 74: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 75: dsec.v1.LayerStatsResponse
-	nil,                              // 76: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 77: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 78: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 79: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 80: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 81: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 82: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	(*UploadLayerRequest)(nil),       // 58: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),        // 59: dsec.v1.UploadLayerHeader
+	(*ListLayersRequest)(nil),        // 60: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 61: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 62: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 63: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 64: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 65: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 66: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 67: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 68: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 69: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 70: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 71: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 72: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 73: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 74: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 75: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 76: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 77: dsec.v1.LayerStatsResponse
+	nil,                              // 78: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 79: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 80: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 81: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 82: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 83: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 84: dsec.v1.SetNetworkRulesRequest.RulesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	2,  // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	76, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	77, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	78, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	78, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	79, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	80, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	5,  // 4: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
 	0,  // 5: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
 	1,  // 6: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
 	5,  // 7: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	6,  // 8: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	79, // 9: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	81, // 9: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,  // 10: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	6,  // 11: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	5,  // 12: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	5,  // 13: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	13, // 14: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	80, // 15: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	82, // 15: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	20, // 16: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	21, // 17: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	3,  // 18: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
@@ -5593,86 +5768,90 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	28, // 20: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	36, // 21: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	37, // 22: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	81, // 23: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	83, // 23: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	37, // 24: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	21, // 25: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	39, // 26: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
 	39, // 27: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
 	4,  // 28: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
 	4,  // 29: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	56, // 30: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	62, // 31: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	82, // 32: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	68, // 33: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	73, // 34: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	74, // 35: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	7,  // 36: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	9,  // 37: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	10, // 38: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	16, // 39: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	18, // 40: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	22, // 41: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	23, // 42: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	25, // 43: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	27, // 44: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	30, // 45: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	31, // 46: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	33, // 47: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	35, // 48: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	40, // 49: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	42, // 50: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	44, // 51: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	46, // 52: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	48, // 53: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	50, // 54: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	52, // 55: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	54, // 56: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	65, // 57: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	67, // 58: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	12, // 59: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	14, // 60: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	57, // 61: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	58, // 62: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	60, // 63: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	63, // 64: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	70, // 65: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	72, // 66: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	8,  // 67: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	6,  // 68: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	11, // 69: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	17, // 70: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	19, // 71: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	19, // 72: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	24, // 73: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	26, // 74: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	29, // 75: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	19, // 76: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	32, // 77: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	34, // 78: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	38, // 79: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	41, // 80: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	43, // 81: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	45, // 82: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	47, // 83: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	49, // 84: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	51, // 85: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	53, // 86: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	55, // 87: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	66, // 88: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	69, // 89: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	13, // 90: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	15, // 91: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	56, // 92: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	59, // 93: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	61, // 94: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	64, // 95: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	71, // 96: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	75, // 97: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	67, // [67:98] is the sub-list for method output_type
-	36, // [36:67] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	59, // 30: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	4,  // 31: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	56, // 32: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	64, // 33: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	84, // 34: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	70, // 35: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	75, // 36: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	76, // 37: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	7,  // 38: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	9,  // 39: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	10, // 40: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	16, // 41: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	18, // 42: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	22, // 43: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	23, // 44: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	25, // 45: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	27, // 46: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	30, // 47: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	31, // 48: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	33, // 49: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	35, // 50: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	40, // 51: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	42, // 52: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	44, // 53: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	46, // 54: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	48, // 55: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	50, // 56: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	52, // 57: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	54, // 58: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	67, // 59: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	69, // 60: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	12, // 61: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	14, // 62: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	57, // 63: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	58, // 64: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	60, // 65: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	62, // 66: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	65, // 67: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	72, // 68: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	74, // 69: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	8,  // 70: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	6,  // 71: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	11, // 72: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	17, // 73: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	19, // 74: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	19, // 75: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	24, // 76: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	26, // 77: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	29, // 78: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	19, // 79: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	32, // 80: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	34, // 81: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	38, // 82: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	41, // 83: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	43, // 84: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	45, // 85: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	47, // 86: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	49, // 87: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	51, // 88: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	53, // 89: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	55, // 90: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	68, // 91: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	71, // 92: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	13, // 93: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	15, // 94: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	56, // 95: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	56, // 96: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	61, // 97: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	63, // 98: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	66, // 99: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	73, // 100: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	77, // 101: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	70, // [70:102] is the sub-list for method output_type
+	38, // [38:70] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -5696,13 +5875,18 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 	}
+	file_dsec_v1_dsec_proto_msgTypes[53].OneofWrappers = []any{
+		(*UploadLayerRequest_Header)(nil),
+		(*UploadLayerRequest_Data)(nil),
+		(*UploadLayerRequest_End)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   78,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

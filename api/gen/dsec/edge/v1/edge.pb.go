@@ -29,6 +29,94 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type AdoptLayersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`                                       // name:tag of a layer or an image
+	LayerDigests  []string               `protobuf:"bytes,2,rep,name=layer_digests,json=layerDigests,proto3" json:"layer_digests,omitempty"` // what it names, bottom first
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptLayersRequest) Reset() {
+	*x = AdoptLayersRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptLayersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptLayersRequest) ProtoMessage() {}
+
+func (x *AdoptLayersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptLayersRequest.ProtoReflect.Descriptor instead.
+func (*AdoptLayersRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *AdoptLayersRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *AdoptLayersRequest) GetLayerDigests() []string {
+	if x != nil {
+		return x.LayerDigests
+	}
+	return nil
+}
+
+type AdoptLayersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptLayersResponse) Reset() {
+	*x = AdoptLayersResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptLayersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptLayersResponse) ProtoMessage() {}
+
+func (x *AdoptLayersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptLayersResponse.ProtoReflect.Descriptor instead.
+func (*AdoptLayersResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{1}
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -37,7 +125,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[0]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +137,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[0]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +150,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{0}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{2}
 }
 
 type NodeStatus struct {
@@ -80,14 +168,18 @@ type NodeStatus struct {
 	Version        string                 `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
 	// Why admission refuses creates now ("" when it takes them): full, or
 	// short of memory.
-	Refusing      string `protobuf:"bytes,12,opt,name=refusing,proto3" json:"refusing,omitempty"`
+	Refusing string `protobuf:"bytes,12,opt,name=refusing,proto3" json:"refusing,omitempty"`
+	// Names the node's blob store so that nodes sharing one name it alike
+	// (a directory or a loopback endpoint is qualified by the machine): an
+	// import runs once per name. "" = a node without layers.
+	BlobStore     string `protobuf:"bytes,13,opt,name=blob_store,json=blobStore,proto3" json:"blob_store,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[1]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -99,7 +191,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[1]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -112,7 +204,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{1}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -199,6 +291,13 @@ func (x *NodeStatus) GetRefusing() string {
 	return ""
 }
 
+func (x *NodeStatus) GetBlobStore() string {
+	if x != nil {
+		return x.BlobStore
+	}
+	return ""
+}
+
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Spec  *v1.SandboxSpec        `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -211,7 +310,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -223,7 +322,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -236,7 +335,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{2}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateRequest) GetSpec() *v1.SandboxSpec {
@@ -257,8 +356,12 @@ var File_dsec_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
-	"\x17dsec/edge/v1/edge.proto\x12\fdsec.edge.v1\x1a\x12dsec/v1/dsec.proto\"\x0f\n" +
-	"\rStatusRequest\"\x84\x03\n" +
+	"\x17dsec/edge/v1/edge.proto\x12\fdsec.edge.v1\x1a\x12dsec/v1/dsec.proto\"K\n" +
+	"\x12AdoptLayersRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12#\n" +
+	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\"\x15\n" +
+	"\x13AdoptLayersResponse\"\x0f\n" +
+	"\rStatusRequest\"\xa3\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
@@ -273,10 +376,12 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x10reported_unix_ms\x18\n" +
 	" \x01(\x03R\x0ereportedUnixMs\x12\x18\n" +
 	"\aversion\x18\v \x01(\tR\aversion\x12\x1a\n" +
-	"\brefusing\x18\f \x01(\tR\brefusing\"\\\n" +
+	"\brefusing\x18\f \x01(\tR\brefusing\x12\x1d\n" +
+	"\n" +
+	"blob_store\x18\r \x01(\tR\tblobStore\"\\\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12!\n" +
-	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken2\x89\x11\n" +
+	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken2\xa0\x12\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x121\n" +
@@ -288,7 +393,9 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
 	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12:\n" +
-	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12J\n" +
+	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
+	"\vUploadLayer\x12\x1b.dsec.v1.UploadLayerRequest\x1a\x0e.dsec.v1.Layer(\x01\x12W\n" +
+	"\vAdoptLayers\x12 .dsec.edge.v1.AdoptLayersRequest\x1a!.dsec.edge.v1.AdoptLayersResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\n" +
 	"ListLayers\x12\x1a.dsec.v1.ListLayersRequest\x1a\x1b.dsec.v1.ListLayersResponse\"\x03\x90\x02\x01\x12H\n" +
 	"\vRemoveLayer\x12\x1b.dsec.v1.RemoveLayerRequest\x1a\x1c.dsec.v1.RemoveLayerResponse\x12\\\n" +
@@ -328,141 +435,148 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
-	(*StatusRequest)(nil),               // 0: dsec.edge.v1.StatusRequest
-	(*NodeStatus)(nil),                  // 1: dsec.edge.v1.NodeStatus
-	(*CreateRequest)(nil),               // 2: dsec.edge.v1.CreateRequest
-	(v1.Backend)(0),                     // 3: dsec.v1.Backend
-	(*v1.SandboxSpec)(nil),              // 4: dsec.v1.SandboxSpec
-	(*v1.GetRequest)(nil),               // 5: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),              // 6: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),            // 7: dsec.v1.DeleteRequest
-	(*v1.SetNetworkRulesRequest)(nil),   // 8: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),        // 9: dsec.v1.NetworkLogRequest
-	(*v1.SetWarmPoolRequest)(nil),       // 10: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),     // 11: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),       // 12: dsec.v1.ImportLayerRequest
-	(*v1.ListLayersRequest)(nil),        // 13: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),       // 14: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),  // 15: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),       // 16: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),        // 17: dsec.v1.LayerStatsRequest
-	(*v1.ExecRequest)(nil),              // 18: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 19: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 20: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 21: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 22: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 23: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 24: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 25: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 26: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 27: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 28: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 29: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 30: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 31: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 32: dsec.v1.MakeDirRequest
-	(*v1.UploadRequest)(nil),            // 33: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 34: dsec.v1.DownloadRequest
-	(*v1.Sandbox)(nil),                  // 35: dsec.v1.Sandbox
-	(*v1.ListResponse)(nil),             // 36: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),           // 37: dsec.v1.DeleteResponse
-	(*v1.SetNetworkRulesResponse)(nil),  // 38: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),       // 39: dsec.v1.NetworkLogResponse
-	(*v1.WarmPool)(nil),                 // 40: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),    // 41: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                    // 42: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),       // 43: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),      // 44: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil), // 45: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),      // 46: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),       // 47: dsec.v1.LayerStatsResponse
-	(*v1.ExecEvent)(nil),                // 48: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 49: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 50: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 51: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 52: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 53: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 54: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 55: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 56: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 57: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 58: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 59: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 60: dsec.v1.MakeDirResponse
-	(*v1.UploadResponse)(nil),           // 61: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 62: dsec.v1.DownloadChunk
+	(*AdoptLayersRequest)(nil),          // 0: dsec.edge.v1.AdoptLayersRequest
+	(*AdoptLayersResponse)(nil),         // 1: dsec.edge.v1.AdoptLayersResponse
+	(*StatusRequest)(nil),               // 2: dsec.edge.v1.StatusRequest
+	(*NodeStatus)(nil),                  // 3: dsec.edge.v1.NodeStatus
+	(*CreateRequest)(nil),               // 4: dsec.edge.v1.CreateRequest
+	(v1.Backend)(0),                     // 5: dsec.v1.Backend
+	(*v1.SandboxSpec)(nil),              // 6: dsec.v1.SandboxSpec
+	(*v1.GetRequest)(nil),               // 7: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),              // 8: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),            // 9: dsec.v1.DeleteRequest
+	(*v1.SetNetworkRulesRequest)(nil),   // 10: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),        // 11: dsec.v1.NetworkLogRequest
+	(*v1.SetWarmPoolRequest)(nil),       // 12: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),     // 13: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),       // 14: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),       // 15: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),        // 16: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),       // 17: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),  // 18: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),       // 19: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),        // 20: dsec.v1.LayerStatsRequest
+	(*v1.ExecRequest)(nil),              // 21: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 22: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 23: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 24: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 25: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 26: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 27: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 28: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 29: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 30: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 31: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 32: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 33: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 34: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 35: dsec.v1.MakeDirRequest
+	(*v1.UploadRequest)(nil),            // 36: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 37: dsec.v1.DownloadRequest
+	(*v1.Sandbox)(nil),                  // 38: dsec.v1.Sandbox
+	(*v1.ListResponse)(nil),             // 39: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),           // 40: dsec.v1.DeleteResponse
+	(*v1.SetNetworkRulesResponse)(nil),  // 41: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),       // 42: dsec.v1.NetworkLogResponse
+	(*v1.WarmPool)(nil),                 // 43: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),    // 44: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                    // 45: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),       // 46: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),      // 47: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil), // 48: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),      // 49: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),       // 50: dsec.v1.LayerStatsResponse
+	(*v1.ExecEvent)(nil),                // 51: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 52: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 53: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 54: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 55: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 56: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 57: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 58: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 59: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 60: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 61: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 62: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 63: dsec.v1.MakeDirResponse
+	(*v1.UploadResponse)(nil),           // 64: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 65: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	3,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	4,  // 1: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	0,  // 2: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	2,  // 3: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	5,  // 4: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	6,  // 5: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	7,  // 6: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	8,  // 7: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	9,  // 8: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	10, // 9: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	11, // 10: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	12, // 11: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	13, // 12: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	14, // 13: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	15, // 14: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	16, // 15: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	17, // 16: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	18, // 17: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	19, // 18: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	20, // 19: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	21, // 20: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	22, // 21: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	23, // 22: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	24, // 23: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	25, // 24: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	26, // 25: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	27, // 26: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	28, // 27: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	29, // 28: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	30, // 29: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	31, // 30: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	32, // 31: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	33, // 32: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	34, // 33: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	1,  // 34: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	35, // 35: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	35, // 36: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	36, // 37: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	37, // 38: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	38, // 39: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	39, // 40: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	40, // 41: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	41, // 42: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	42, // 43: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	43, // 44: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	44, // 45: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	45, // 46: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	46, // 47: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	47, // 48: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	48, // 49: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	48, // 50: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	49, // 51: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	50, // 52: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	51, // 53: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	48, // 54: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	52, // 55: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	53, // 56: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	54, // 57: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	55, // 58: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	56, // 59: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	57, // 60: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	58, // 61: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	59, // 62: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	60, // 63: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	61, // 64: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	62, // 65: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	34, // [34:66] is the sub-list for method output_type
-	2,  // [2:34] is the sub-list for method input_type
+	5,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	6,  // 1: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	2,  // 2: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	4,  // 3: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	7,  // 4: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	8,  // 5: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	9,  // 6: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	10, // 7: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	11, // 8: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	12, // 9: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	13, // 10: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	14, // 11: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	15, // 12: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,  // 13: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	16, // 14: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	17, // 15: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	18, // 16: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	19, // 17: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	20, // 18: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	21, // 19: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	22, // 20: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	23, // 21: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	24, // 22: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	25, // 23: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	26, // 24: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	27, // 25: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	28, // 26: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	29, // 27: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	30, // 28: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	31, // 29: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	32, // 30: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	33, // 31: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	34, // 32: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	35, // 33: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	36, // 34: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	37, // 35: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	3,  // 36: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	38, // 37: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	38, // 38: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	39, // 39: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	40, // 40: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	41, // 41: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	42, // 42: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	43, // 43: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	44, // 44: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	45, // 45: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	45, // 46: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,  // 47: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	46, // 48: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	47, // 49: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	48, // 50: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	49, // 51: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	50, // 52: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	51, // 53: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	51, // 54: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	52, // 55: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	53, // 56: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	54, // 57: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	51, // 58: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	55, // 59: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	56, // 60: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	57, // 61: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	58, // 62: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	59, // 63: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	60, // 64: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	61, // 65: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	62, // 66: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	63, // 67: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	64, // 68: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	65, // 69: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	36, // [36:70] is the sub-list for method output_type
+	2,  // [2:36] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name
@@ -479,7 +593,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -63,6 +63,10 @@ const (
 	EdgeServiceListWarmPoolsProcedure = "/dsec.edge.v1.EdgeService/ListWarmPools"
 	// EdgeServiceImportLayerProcedure is the fully-qualified name of the EdgeService's ImportLayer RPC.
 	EdgeServiceImportLayerProcedure = "/dsec.edge.v1.EdgeService/ImportLayer"
+	// EdgeServiceUploadLayerProcedure is the fully-qualified name of the EdgeService's UploadLayer RPC.
+	EdgeServiceUploadLayerProcedure = "/dsec.edge.v1.EdgeService/UploadLayer"
+	// EdgeServiceAdoptLayersProcedure is the fully-qualified name of the EdgeService's AdoptLayers RPC.
+	EdgeServiceAdoptLayersProcedure = "/dsec.edge.v1.EdgeService/AdoptLayers"
 	// EdgeServiceListLayersProcedure is the fully-qualified name of the EdgeService's ListLayers RPC.
 	EdgeServiceListLayersProcedure = "/dsec.edge.v1.EdgeService/ListLayers"
 	// EdgeServiceRemoveLayerProcedure is the fully-qualified name of the EdgeService's RemoveLayer RPC.
@@ -133,11 +137,21 @@ type EdgeServiceClient interface {
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
-	// hands an import to every edge (each builds the same EROFS layer from
-	// the same source, so the digest is the same, and the shared blob store
-	// keeps one copy of its chunks) and merges what they list. A layer is
-	// removed only where no live sandbox runs on it.
+	// hands an import to one edge per blob store (NodeStatus.blob_store),
+	// which builds the layers and publishes them to the store, and has every
+	// other edge of that store adopt them (AdoptLayers); it merges what they
+	// list. A layer is removed only where no live sandbox runs on it.
 	ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error)
+	// UploadLayer is the public UploadLayer, relayed message by message.
+	UploadLayer(context.Context) *connect.ClientStreamForClient[v11.UploadLayerRequest, v11.Layer]
+	// AdoptLayers records on this node a layer or image that another node
+	// imported into the blob store they share: it reads the ref's record and
+	// the layers' indexes from the store and fetches nothing else (layers
+	// load on demand as ever; a node in local mode pulls the files). The
+	// record must name exactly layer_digests, else FailedPrecondition (the ref
+	// was imported again meanwhile); a store without them answers NotFound
+	// (it is not the importer's store), and the apiserver imports there.
+	AdoptLayers(context.Context, *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error)
 	ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
@@ -242,6 +256,19 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceImportLayerProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("ImportLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		uploadLayer: connect.NewClient[v11.UploadLayerRequest, v11.Layer](
+			httpClient,
+			baseURL+EdgeServiceUploadLayerProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("UploadLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		adoptLayers: connect.NewClient[v1.AdoptLayersRequest, v1.AdoptLayersResponse](
+			httpClient,
+			baseURL+EdgeServiceAdoptLayersProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("AdoptLayers")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
 		listLayers: connect.NewClient[v11.ListLayersRequest, v11.ListLayersResponse](
@@ -394,6 +421,8 @@ type edgeServiceClient struct {
 	setWarmPool      *connect.Client[v11.SetWarmPoolRequest, v11.WarmPool]
 	listWarmPools    *connect.Client[v11.ListWarmPoolsRequest, v11.ListWarmPoolsResponse]
 	importLayer      *connect.Client[v11.ImportLayerRequest, v11.Layer]
+	uploadLayer      *connect.Client[v11.UploadLayerRequest, v11.Layer]
+	adoptLayers      *connect.Client[v1.AdoptLayersRequest, v1.AdoptLayersResponse]
 	listLayers       *connect.Client[v11.ListLayersRequest, v11.ListLayersResponse]
 	removeLayer      *connect.Client[v11.RemoveLayerRequest, v11.RemoveLayerResponse]
 	listEnvironments *connect.Client[v11.ListEnvironmentsRequest, v11.ListEnvironmentsResponse]
@@ -466,6 +495,16 @@ func (c *edgeServiceClient) ListWarmPools(ctx context.Context, req *connect.Requ
 // ImportLayer calls dsec.edge.v1.EdgeService.ImportLayer.
 func (c *edgeServiceClient) ImportLayer(ctx context.Context, req *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error) {
 	return c.importLayer.CallUnary(ctx, req)
+}
+
+// UploadLayer calls dsec.edge.v1.EdgeService.UploadLayer.
+func (c *edgeServiceClient) UploadLayer(ctx context.Context) *connect.ClientStreamForClient[v11.UploadLayerRequest, v11.Layer] {
+	return c.uploadLayer.CallClientStream(ctx)
+}
+
+// AdoptLayers calls dsec.edge.v1.EdgeService.AdoptLayers.
+func (c *edgeServiceClient) AdoptLayers(ctx context.Context, req *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error) {
+	return c.adoptLayers.CallUnary(ctx, req)
 }
 
 // ListLayers calls dsec.edge.v1.EdgeService.ListLayers.
@@ -598,11 +637,21 @@ type EdgeServiceHandler interface {
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
-	// hands an import to every edge (each builds the same EROFS layer from
-	// the same source, so the digest is the same, and the shared blob store
-	// keeps one copy of its chunks) and merges what they list. A layer is
-	// removed only where no live sandbox runs on it.
+	// hands an import to one edge per blob store (NodeStatus.blob_store),
+	// which builds the layers and publishes them to the store, and has every
+	// other edge of that store adopt them (AdoptLayers); it merges what they
+	// list. A layer is removed only where no live sandbox runs on it.
 	ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error)
+	// UploadLayer is the public UploadLayer, relayed message by message.
+	UploadLayer(context.Context, *connect.ClientStream[v11.UploadLayerRequest]) (*connect.Response[v11.Layer], error)
+	// AdoptLayers records on this node a layer or image that another node
+	// imported into the blob store they share: it reads the ref's record and
+	// the layers' indexes from the store and fetches nothing else (layers
+	// load on demand as ever; a node in local mode pulls the files). The
+	// record must name exactly layer_digests, else FailedPrecondition (the ref
+	// was imported again meanwhile); a store without them answers NotFound
+	// (it is not the importer's store), and the apiserver imports there.
+	AdoptLayers(context.Context, *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error)
 	ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
@@ -703,6 +752,19 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceImportLayerProcedure,
 		svc.ImportLayer,
 		connect.WithSchema(edgeServiceMethods.ByName("ImportLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceUploadLayerHandler := connect.NewClientStreamHandler(
+		EdgeServiceUploadLayerProcedure,
+		svc.UploadLayer,
+		connect.WithSchema(edgeServiceMethods.ByName("UploadLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceAdoptLayersHandler := connect.NewUnaryHandler(
+		EdgeServiceAdoptLayersProcedure,
+		svc.AdoptLayers,
+		connect.WithSchema(edgeServiceMethods.ByName("AdoptLayers")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServiceListLayersHandler := connect.NewUnaryHandler(
@@ -862,6 +924,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceListWarmPoolsHandler.ServeHTTP(w, r)
 		case EdgeServiceImportLayerProcedure:
 			edgeServiceImportLayerHandler.ServeHTTP(w, r)
+		case EdgeServiceUploadLayerProcedure:
+			edgeServiceUploadLayerHandler.ServeHTTP(w, r)
+		case EdgeServiceAdoptLayersProcedure:
+			edgeServiceAdoptLayersHandler.ServeHTTP(w, r)
 		case EdgeServiceListLayersProcedure:
 			edgeServiceListLayersHandler.ServeHTTP(w, r)
 		case EdgeServiceRemoveLayerProcedure:
@@ -953,6 +1019,14 @@ func (UnimplementedEdgeServiceHandler) ListWarmPools(context.Context, *connect.R
 
 func (UnimplementedEdgeServiceHandler) ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.ImportLayer is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) UploadLayer(context.Context, *connect.ClientStream[v11.UploadLayerRequest]) (*connect.Response[v11.Layer], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.UploadLayer is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) AdoptLayers(context.Context, *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.AdoptLayers is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error) {
