@@ -2,7 +2,8 @@
 
 Routes map "/dsec.v1.SandboxService/Method" to functions taking a Call; the
 function answers with call.reply / call.error for unary methods, or
-call.send / call.end for server streams, or call.drop() to cut the
+call.send / call.end for server streams (and client streams, whose
+messages are call.msgs, call.msg the first), or call.drop() to cut the
 connection without an answer; server.default, if set, answers the paths
 without a route. Every request is recorded in server.requests.
 FakeServer(tls=True) serves HTTPS with testdata/localhost.pem (CERT), a
@@ -27,12 +28,13 @@ def b64(b):
 
 
 class Call:
-    def __init__(self, handler, path, headers, msg, streaming):
+    def __init__(self, handler, path, headers, msg, streaming, msgs=None):
         self.h = handler
         self.path = path
         self.method = path.rsplit("/", 1)[-1]
         self.headers = headers
         self.msg = msg
+        self.msgs = msgs if msgs is not None else [msg]
         self.streaming = streaming
         self.started = False
 
@@ -116,18 +118,33 @@ class _Handler(BaseHTTPRequestHandler):
     def address_string(self):
         return "fake"
 
+    def _body(self):
+        if "chunked" not in self.headers.get("Transfer-Encoding", ""):
+            return self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        parts = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.rfile.readline()
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
+
     def do_POST(self):
-        n = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(n)
+        body = self._body()
         ctype = self.headers.get("Content-Type", "")
         streaming = ctype == "application/connect+json"
+        msgs = []
         if streaming:
-            flags, size = struct.unpack(">BI", body[:5])
-            assert flags == 0 and size == len(body) - 5, "bad request envelope"
-            msg = json.loads(body[5:])
+            while body:
+                flags, size = struct.unpack(">BI", body[:5])
+                assert flags == 0 and size <= len(body) - 5, "bad request envelope"
+                msgs.append(json.loads(body[5:5 + size]))
+                body = body[5 + size:]
+            msg = msgs[0] if msgs else {}
         else:
             msg = json.loads(body) if body else {}
-        call = Call(self, self.path, dict(self.headers), msg, streaming)
+        call = Call(self, self.path, dict(self.headers), msg, streaming, msgs if streaming else None)
         with self.server.lock:
             self.server.requests.append(call)
         fn = self.server.routes.get(self.path) or self.server.default
