@@ -720,15 +720,7 @@ class Transport:
         except _StaleConn:
             raise errors.Unavailable(f"{what}: {ep.describe()}: connection closed before the response") from None
         resp.keep_alive = resp.keep_alive and whole
-        if resp.status != 200:
-            try:
-                data = await resp.read_all()
-            except _TRANSPORT_ERRORS:
-                data = b""
-            finally:
-                resp.conn.close()
-            raise _http_error(resp.status, resp.headers, data, False)
-        stream = ServerStream(self, resp, i)
+        stream = await self._stream_of(resp, i)
         try:
             out = await stream.next()
             if out is None:
@@ -741,6 +733,11 @@ class Transport:
 
     async def _open(self, ep, i, path, body, deadline, call, what) -> "ServerStream":
         resp = await self._send(ep, i, path, "application/connect+json", body, deadline, call, what)
+        return await self._stream_of(resp, i)
+
+    async def _stream_of(self, resp: _Response, i: int) -> "ServerStream":
+        """The messages of a stream's response, or the error a refusal (not
+        200) carries."""
         if resp.status != 200:
             try:
                 data = await resp.read_all()
