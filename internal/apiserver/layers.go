@@ -120,8 +120,7 @@ func (ls *layerService) ImportLayer(ctx context.Context, req *connect.Request[ds
 		if err != nil {
 			return err
 		}
-		_, err = sameLayer(ref, []*dsecv1.Layer{out, resp.Msg})
-		return err
+		return differentLayers(ref, want[0], resp.Msg.GetDigest())
 	}
 	if err := adoptAll(ctx, groups, ref, layerDigests(all), redo); err != nil {
 		return nil, err
@@ -172,13 +171,22 @@ func (ls *layerService) UploadLayer(ctx context.Context, stream *connect.ClientS
 func sameLayer(ref string, all []*dsecv1.Layer) (*dsecv1.Layer, error) {
 	out := all[0]
 	for _, l := range all[1:] {
-		if l.GetDigest() != out.GetDigest() {
-			return nil, fmt.Errorf("import layer %s: the nodes built different layers (%s and %s) from one source; is the path the same on every node? (an upload sends the tree from the client): %w",
-				ref, out.GetDigest(), l.GetDigest(), errdefs.ErrFailedPrecondition)
+		if err := differentLayers(ref, out.GetDigest(), l.GetDigest()); err != nil {
+			return nil, err
 		}
 		out.Warnings = mergeStrings(out.Warnings, l.GetWarnings())
 	}
 	return out, nil
+}
+
+// differentLayers says that two nodes built layers a and b from one
+// source, if they differ.
+func differentLayers(ref, a, b string) error {
+	if a == b {
+		return nil
+	}
+	return fmt.Errorf("import layer %s: the nodes built different layers (%s and %s) from one source; is the path the same on every node? (an upload sends the tree from the client): %w",
+		ref, a, b, errdefs.ErrFailedPrecondition)
 }
 
 func layerDigests(all []*dsecv1.Layer) [][]string {

@@ -2,6 +2,7 @@ package layers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -126,6 +127,14 @@ func (ls *Handler) ListLayers(ctx context.Context, req *connect.Request[dsecv1.L
 // RemoveLayer refuses to remove a layer that a live sandbox runs on.
 func (ls *Handler) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
 	l, err := ls.svc.Get(req.Msg.GetRef())
+	if errors.Is(err, errdefs.ErrNotFound) {
+		// The blob store may have it still (the node that imported it
+		// left): its record goes, so that no node adopts it again.
+		if dropped, derr := ls.svc.DropRecord(ctx, req.Msg.GetRef()); derr != nil || !dropped {
+			return nil, err
+		}
+		return connect.NewResponse(&dsecv1.RemoveLayerResponse{}), nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -149,6 +149,23 @@ func (s *Service) dropRef(ctx context.Context, ref string, digests []string) err
 	return nil
 }
 
+// DropRecord removes the blob store's record of ref, whatever it names,
+// and reports whether there was one. A digest names no record.
+func (s *Service) DropRecord(ctx context.Context, ref string) (bool, error) {
+	nref, err := image.ParseRef(ref)
+	if err != nil {
+		return false, nil
+	}
+	rec, err := s.readRef(ctx, nref)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, s.dropRef(ctx, nref, rec.digests())
+}
+
 // Adopt records ref, which another node sharing the blob store imported,
 // in this node's image store, with the layers the store's record names;
 // they must be digests (bottom first), or errdefs.ErrFailedPrecondition

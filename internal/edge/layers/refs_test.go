@@ -131,4 +131,11 @@ func TestAdoptFromTheBlobStore(t *testing.T) {
 	if _, err := newNode(t, ModeEager, blobs).ResolveEnvironment(ctx, "img:1"); err != nil {
 		t.Errorf("the image, still published: %v", err)
 	}
+	// A ref only the blob store has (its importer left) can be removed too.
+	if dropped, err := newNode(t, ModeEager, blobs).DropRecord(ctx, "img:1"); err != nil || !dropped {
+		t.Errorf("DropRecord = %v, %v", dropped, err)
+	}
+	if _, err := newNode(t, ModeEager, blobs).ResolveEnvironment(ctx, "img:1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a dropped record was adopted: %v", err)
+	}
 }
