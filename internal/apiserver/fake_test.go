@@ -150,6 +150,8 @@ type fakeLayers struct {
 	dsecv1connect.UnimplementedLayerServiceHandler
 	name  string // the blob store's name, as the node reports it
 	store *fakeBlobStore
+	// refuse, if set, is an upload's answer once its header came.
+	refuse error
 
 	mu       sync.Mutex
 	imports  int      // ImportImageTo and ImportLayer calls
@@ -189,6 +191,9 @@ func (f *fakeLayers) UploadLayerFrom(ctx context.Context, in layerupload.Stream)
 	_, h, err := layerupload.ReadHeader(in)
 	if err != nil {
 		return nil, err
+	}
+	if f.refuse != nil {
+		return nil, f.refuse
 	}
 	sum := sha256.New()
 	_, err = io.Copy(sum, &countingReader{r: layerupload.NewBody(in, h.GetRef(), 1<<30, "the fake's limit"), f: f})

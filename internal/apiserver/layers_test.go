@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,8 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/apiclient"
+	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -226,6 +229,34 @@ func TestUploadMessagesAreBounded(t *testing.T) {
 	}
 	if l, err := upload(t.Context(), cl, "up:1", []byte("small"), 2); err != nil || l.GetDigest() == "" {
 		t.Errorf("an upload to the one node: %v, %v", l, err)
+	}
+}
+
+// TestEarlyRefusalReachesTheCaller: an edge that refuses an upload before
+// its end (here at its header) is heard by the CLI's client, its words
+// intact, while most of the archive is unsent: uploads go over HTTP/2 on
+// both hops, where HTTP/1.1 could lose the answer to the connection the
+// server closes under the body (about one in ten tries did).
+func TestEarlyRefusalReachesTheCaller(t *testing.T) {
+	a := &fakeLayers{name: "s3://one", store: newFakeBlobStore(),
+		refuse: fmt.Errorf("upload layer a:1: the archive is over the 1 GiB an upload may have (dsecd --max-upload-bytes): %w", errdefs.ErrResourceExhausted)}
+	hs := startServer(t, true, true, []watcher.Node{layerNode("a", a)})
+	c, err := apiclient.DialWith(hs.URL, apiclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	piece := make([]byte, 1<<20)
+	for range 20 {
+		s := c.Layers.UploadLayer(t.Context())
+		err := s.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Header{Header: &dsecv1.UploadLayerHeader{
+			Ref: "a:1", Kind: dsecv1.LayerKind_LAYER_KIND_BASE}}})
+		for i := 0; i < 64 && err == nil; i++ {
+			err = s.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Data{Data: piece}})
+		}
+		_, err = s.CloseAndReceive()
+		if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "--max-upload-bytes") {
+			t.Fatalf("an upload the edge refused: %v", err)
+		}
 	}
 }
 

@@ -66,7 +66,11 @@ func startServer(t *testing.T, remote, http1 bool, nodes []watcher.Node) *httpte
 		}
 	}
 	s := New(Config{CreateConcurrency: 4}, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
-	hs := httptest.NewServer(s.Handler())
+	hs := httptest.NewUnstartedServer(s.Handler())
+	hs.Config.Protocols = new(http.Protocols) // as dsecd serves it: HTTP/1.1 and cleartext HTTP/2
+	hs.Config.Protocols.SetHTTP1(true)
+	hs.Config.Protocols.SetUnencryptedHTTP2(true)
+	hs.Start()
 	t.Cleanup(hs.Close)
 	return hs
 }

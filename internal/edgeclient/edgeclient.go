@@ -33,9 +33,9 @@ type Remote struct {
 var _ edgev1connect.EdgeServiceHandler = (*Remote)(nil)
 
 // New returns the client of the edge serving at baseURL (https://HOST:PORT):
-// hc carries every call but the shell's, which takes bidi (HTTP/2); both
-// transports carry the cluster's TLS. One client may serve both when it
-// speaks HTTP/2. Unary calls and server streams go best over HTTP/1.1 with
+// hc carries every call but the shell's and uploads, which take bidi
+// (HTTP/2); both transports carry the cluster's TLS. One client may serve
+// both when it speaks HTTP/2. Unary calls and server streams go best over HTTP/1.1 with
 // kept-alive connections: a request leaves in one write, where HTTP/2 flushes
 // its headers and its body apart (measured: a third of an apiserver's CPU in
 // a create burst went to those writes).
@@ -149,12 +149,15 @@ func (r *Remote) UploadLayer(ctx context.Context, stream *connect.ClientStream[d
 }
 
 // UploadLayerFrom relays an upload's stream to the edge message by
-// message. A stream that breaks is not closed but abandoned (the call is
-// cancelled), so the edge never takes a truncated archive for a whole one.
+// message, over HTTP/2: an edge that refuses the upload before its end
+// answers while the rest is unsent, which HTTP/1.1 can lose to the
+// connection the edge closes under the body. A stream that breaks is
+// abandoned (the call is cancelled), and it carries no end marker, so the
+// edge never takes a truncated archive for a whole one.
 func (r *Remote) UploadLayerFrom(ctx context.Context, in layerupload.Stream) (*dsecv1.Layer, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	up := r.c.UploadLayer(ctx)
+	up := r.bidi.UploadLayer(ctx)
 	for in.Receive() {
 		if err := up.Send(in.Msg()); err != nil {
 			if errors.Is(err, io.EOF) {

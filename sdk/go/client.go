@@ -113,6 +113,7 @@ func WithCAFile(path string) Option { return func(c *Client) { c.caFile = path }
 type Client struct {
 	sb         dsecv1connect.SandboxServiceClient
 	layers     dsecv1connect.LayerServiceClient
+	uploads    dsecv1connect.LayerServiceClient // UploadLayer, over HTTP/2
 	hc         *http.Client
 	pool       *pool
 	timeout    time.Duration
@@ -160,11 +161,11 @@ func NewClient(addr string, opts ...Option) (*Client, error) {
 			// HTTP/1.1 with kept-alive connections: every call of the SDK is
 			// unary or server-streaming, and on a node an exec answers about
 			// 0.2 ms sooner than over HTTP/2.
-			ep.rt = newTransport(socket, tlsConf)
+			ep.rt, ep.up = newTransport(socket, tlsConf), uploadTransport(socket, tlsConf, ep.scheme == "https")
 		case c.hc.Transport != nil:
-			ep.rt = c.hc.Transport
+			ep.rt, ep.up = c.hc.Transport, c.hc.Transport
 		default:
-			ep.rt = http.DefaultTransport
+			ep.rt, ep.up = http.DefaultTransport, http.DefaultTransport
 		}
 		p.eps = append(p.eps, ep)
 	}
@@ -180,14 +181,17 @@ func NewClient(addr string, opts ...Option) (*Client, error) {
 	ic := connect.WithInterceptors(interceptor{p})
 	c.sb = dsecv1connect.NewSandboxServiceClient(hc, base, ic)
 	c.layers = dsecv1connect.NewLayerServiceClient(hc, base, ic)
+	c.uploads = dsecv1connect.NewLayerServiceClient(&http.Client{Transport: uploads{p}, Timeout: hc.Timeout}, base, ic)
 	return c, nil
 }
 
 // Close drops the client's idle connections.
 func (c *Client) Close() error {
 	for _, ep := range c.pool.eps {
-		if t, ok := ep.rt.(interface{ CloseIdleConnections() }); ok {
-			t.CloseIdleConnections()
+		for _, rt := range []http.RoundTripper{ep.rt, ep.up} {
+			if t, ok := rt.(interface{ CloseIdleConnections() }); ok {
+				t.CloseIdleConnections()
+			}
 		}
 	}
 	return nil

@@ -233,6 +233,10 @@ func startAPIServer(t *testing.T, s *apiserver, tls bool) *httptest.Server {
 	mux.Handle(dsecv1connect.NewLayerServiceHandler(s.layers, opt))
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // failed handshakes are what some tests are about
+	srv.Config.Protocols = new(http.Protocols)       // as dsecd serves it: HTTP/1.1 and HTTP/2
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.EnableHTTP2 = true
 	if tls {
 		srv.StartTLS()
 	} else {

@@ -337,7 +337,7 @@ func (c *Client) uploadLayer(ctx context.Context, h *dsecv1.UploadLayerHeader, p
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream := c.layers.UploadLayer(ctx)
+	stream := c.uploads.UploadLayer(ctx)
 	sent := stream.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Header{Header: h}})
 	buf := make([]byte, uploadPiece)
 	for sent == nil {

@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -27,12 +29,16 @@ type uploadServer struct {
 	archive []byte
 	pieces  []int
 	ended   bool
+	refuse  error // the answer once the header came, if set
 }
 
 func (u *uploadServer) UploadLayer(_ context.Context, st *connect.ClientStream[dsecv1.UploadLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.header, u.archive, u.pieces, u.ended = nil, nil, nil, false
+	if u.refuse != nil && st.Receive() {
+		return nil, u.refuse
+	}
 	for st.Receive() {
 		switch m := st.Msg(); {
 		case m.GetHeader() != nil:
@@ -55,7 +61,11 @@ func TestUploadLayerStreams(t *testing.T) {
 	u := &uploadServer{}
 	mux := http.NewServeMux()
 	mux.Handle(dsecv1connect.NewLayerServiceHandler(u))
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true) // as dsecd serves it
+	srv.Start()
 	defer srv.Close()
 	c, err := NewClient(srv.URL)
 	if err != nil {
@@ -104,5 +114,25 @@ func TestUploadLayerStreams(t *testing.T) {
 	}
 	if got := check(int64(len(archive))); !bytes.Equal(got, archive) {
 		t.Errorf("an archive file was not sent as it is")
+	}
+
+	// A server refusing at the header is heard, its words intact, while
+	// most of the archive is unsent (HTTP/2; over HTTP/1.1 the answer could
+	// be lost to the connection the server closes).
+	u.mu.Lock()
+	u.refuse = connect.NewError(connect.CodeResourceExhausted, errors.New("the archive is over the 1 GiB an upload may have (dsecd --max-upload-bytes)"))
+	u.mu.Unlock()
+	huge := filepath.Join(t.TempDir(), "huge.tar")
+	if err := os.WriteFile(huge, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(huge, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		_, err := c.ImportLayer(t.Context(), "up:1", dsecv1.LayerKind_LAYER_KIND_BASE, huge, &LayerOptions{Upload: true})
+		if !errors.Is(err, ErrOverloaded) || !strings.Contains(err.Error(), "--max-upload-bytes") {
+			t.Fatalf("an upload the server refused: %v", err)
+		}
 	}
 }
