@@ -695,16 +695,14 @@ class Transport:
         try:
             conn.writer.write(self._head(ep, path, "application/connect+json", "chunked", deadline))
             async for msg in messages:
-                if answer.done():
-                    break
                 payload = json.dumps(msg, separators=(",", ":")).encode()
                 env = struct.pack(">BI", 0, len(payload)) + payload
                 conn.writer.write(b"%x\r\n%s\r\n" % (len(env), env))
-                await deadline.wait(conn.writer.drain(), what)
+                if not await self._sent(conn, answer, deadline, what):
+                    break
             else:
                 conn.writer.write(b"0\r\n\r\n")
-                await deadline.wait(conn.writer.drain(), what)
-                whole = True
+                whole = await self._sent(conn, answer, deadline, what)
         except _TRANSPORT_ERRORS:
             pass  # the server ended the call: its answer says why
         except BaseException:
@@ -730,6 +728,25 @@ class Transport:
             return out
         finally:
             stream.close()
+
+    @staticmethod
+    async def _sent(conn: _Conn, answer: "asyncio.Future", deadline: Deadline, what: str) -> bool:
+        """Wait until what was written has gone, or the answer has come (the
+        server ended the call early: the rest need not go, and must not, as a
+        write the server no longer reads would break the connection before
+        the answer is read). Reports whether it went."""
+        if answer.done():
+            return False
+        drain = asyncio.ensure_future(conn.writer.drain())
+        try:
+            await deadline.wait(asyncio.wait({drain, answer}, return_when=asyncio.FIRST_COMPLETED), what)
+        finally:
+            if not drain.done():
+                drain.cancel()
+        if drain.done() and not drain.cancelled():
+            drain.result()  # a broken connection raises here
+            return not answer.done()
+        return False
 
     async def _open(self, ep, i, path, body, deadline, call, what) -> "ServerStream":
         resp = await self._send(ep, i, path, "application/connect+json", body, deadline, call, what)

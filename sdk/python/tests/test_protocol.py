@@ -629,6 +629,25 @@ class UploadLayerTest(FakeTestCase):
                 run(main())
 
 
+    def test_refused_early(self):
+        """A server refusing at the header, the rest unsent, is heard: the
+        client stops sending once the answer is there, rather than break
+        the connection with writes the server no longer reads."""
+        self.route(("resource_exhausted", "upload layer up:1: the archive is over the 1 GiB an upload may have (dsecd --max-upload-bytes)"))
+        self.srv.early("UploadLayer")
+        with tempfile.TemporaryDirectory() as d:
+            huge = os.path.join(d, "huge.tar")
+            with open(huge, "wb") as f:
+                f.truncate(64 << 20)
+
+            async def main():
+                async with self.client() as c:
+                    for _ in range(3):
+                        with self.assertRaisesRegex(errors.Overloaded, "--max-upload-bytes"):
+                            await c.import_layer("up:1", huge, upload=True)
+            run(main())
+
+
 class NewUserTest(FakeTestCase):
     """The rough edges a new user hit, against the fake server."""
 
