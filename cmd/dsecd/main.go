@@ -105,6 +105,7 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.Int64Var(&cfg.Storage.CacheBytes, "cache-bytes", 10<<30, "on-demand chunk cache limit in bytes")
 	fs.Int64Var(&cfg.Storage.BandwidthBytesPerSec, "blob-bandwidth", 0, "cap on blob store reads in bytes/s, to model a remote store (0: none)")
 	fs.BoolVar(&cfg.Storage.Tars, "layer-tars", false, "also publish layers as tar.gz (tar mode needs them)")
+	fs.Int64Var(&cfg.Storage.MaxUploadBytes, "max-upload-bytes", 16<<30, "most bytes a layer upload's archive may have, and the tree it unpacks to")
 	fs.BoolVar(&nf.noNetwork, "no-network", false, "give sandboxes loopback only and refuse network rules")
 	fs.StringVar(&cfg.Network.Services, "network-services", "", "JSON file of named services and mirrors (merged over what the host's package configuration names)")
 	fs.StringVar(&nf.upstreams, "dns-upstream", "", "comma-separated DNS servers (host:port) the sandboxes' resolver asks (default: the host's)")

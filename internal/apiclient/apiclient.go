@@ -128,7 +128,10 @@ func DialWith(addr string, o Options) (*Clients, error) {
 			bidi:                 dsecv1connect.NewSandboxServiceClient(&http.Client{Transport: via{p: p, h2: true}}, base, ic),
 			p:                    p,
 		},
-		Layers:  dsecv1connect.NewLayerServiceClient(hc, base, ic),
+		Layers: layerClient{
+			LayerServiceClient: dsecv1connect.NewLayerServiceClient(hc, base, ic),
+			h2:                 dsecv1connect.NewLayerServiceClient(&http.Client{Transport: via{p: p, h2: true}}, base, ic),
+		},
 		HTTP:    hc,
 		BaseURL: base,
 	}, nil
@@ -139,6 +142,19 @@ type sandboxClient struct {
 	dsecv1connect.SandboxServiceClient
 	bidi dsecv1connect.SandboxServiceClient
 	p    *pool // the calls' addresses
+}
+
+// layerClient sends every call over HTTP/1.1 but uploads. An edge may
+// refuse an upload before its end (it is too big, or holds a hostile
+// entry): over HTTP/2 the answer comes back while the rest is unsent, where
+// HTTP/1.1 can lose it to the connection the server closes under the body.
+type layerClient struct {
+	dsecv1connect.LayerServiceClient
+	h2 dsecv1connect.LayerServiceClient
+}
+
+func (c layerClient) UploadLayer(ctx context.Context) *connect.ClientStreamForClient[dsecv1.UploadLayerRequest, dsecv1.Layer] {
+	return c.h2.UploadLayer(ctx)
 }
 
 func (c sandboxClient) Shell(ctx context.Context) *connect.BidiStreamForClient[dsecv1.ShellInput, dsecv1.ShellOutput] {

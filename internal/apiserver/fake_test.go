@@ -2,19 +2,28 @@ package apiserver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/sandboxid"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -190,4 +199,124 @@ func nodesOf(edges ...*fakeEdge) []watcher.Node {
 		out = append(out, watcher.Node{Member: watcher.Member{Name: e.node}, Edge: edgesvc.New(e, nil, slog.New(slog.DiscardHandler))})
 	}
 	return out
+}
+
+// fakeBlobStore is what a fake node's layers publish to: ref -> digests.
+// Nodes sharing one share a fakeBlobStore.
+type fakeBlobStore struct {
+	mu   sync.Mutex
+	refs map[string][]string
+}
+
+func newFakeBlobStore() *fakeBlobStore { return &fakeBlobStore{refs: map[string][]string{}} }
+
+// fakeLayers is a node's layer service (edgesvc.Layers) that builds
+// nothing: an image import yields fixed digests, an upload one layer whose
+// digest is the archive's sha256. It counts what it was asked to do.
+type fakeLayers struct {
+	dsecv1connect.UnimplementedLayerServiceHandler
+	name  string // the blob store's name, as the node reports it
+	store *fakeBlobStore
+	// refuse, if set, is an upload's answer once its header came.
+	refuse error
+
+	mu       sync.Mutex
+	imports  int      // ImportImageTo and ImportLayer calls
+	uploaded int64    // bytes of archive received
+	uploads  []error  // how each upload's stream ended (nil: cleanly)
+	adopted  []string // refs adopted
+}
+
+var fakeImageDigests = []string{"sha256:" + strings.Repeat("1", 64), "sha256:" + strings.Repeat("2", 64)}
+
+func (f *fakeLayers) publish(ref string, digests []string) {
+	f.store.mu.Lock()
+	defer f.store.mu.Unlock()
+	f.store.refs[ref] = digests
+}
+
+func (f *fakeLayers) ImportImageTo(ctx context.Context, m *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) error {
+	f.mu.Lock()
+	f.imports++
+	f.mu.Unlock()
+	if err := send(&dsecv1.ImportImageProgress{Phase: "fetch", Layer: 1, Layers: 2, Bytes: 10, TotalBytes: 10}); err != nil {
+		return err
+	}
+	f.publish(m.GetRef(), fakeImageDigests)
+	return send(&dsecv1.ImportImageProgress{Phase: "done", Done: true, LayerDigests: fakeImageDigests, OciLayers: 3})
+}
+
+func (f *fakeLayers) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	f.mu.Lock()
+	f.imports++
+	f.mu.Unlock()
+	f.publish(req.Msg.GetRef(), fakeImageDigests[:1])
+	return connect.NewResponse(&dsecv1.Layer{Digest: fakeImageDigests[0], Refs: []string{req.Msg.GetRef()}}), nil
+}
+
+func (f *fakeLayers) UploadLayerFrom(ctx context.Context, in layerupload.Stream) (*dsecv1.Layer, error) {
+	_, h, err := layerupload.ReadHeader(in)
+	if err != nil {
+		return nil, err
+	}
+	if f.refuse != nil {
+		return nil, f.refuse
+	}
+	sum := sha256.New()
+	_, err = io.Copy(sum, &countingReader{r: layerupload.NewBody(in, h.GetRef(), 1<<30, "the fake's limit"), f: f})
+	f.mu.Lock()
+	f.uploads = append(f.uploads, err)
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	d := "sha256:" + hex.EncodeToString(sum.Sum(nil))
+	f.publish(h.GetRef(), []string{d})
+	return &dsecv1.Layer{Digest: d, Refs: []string{h.GetRef()}}, nil
+}
+
+// countingReader counts in f.uploaded what an upload's body has given.
+type countingReader struct {
+	r io.Reader
+	f *fakeLayers
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.f.mu.Lock()
+	c.f.uploaded += int64(n)
+	c.f.mu.Unlock()
+	return n, err
+}
+
+func (f *fakeLayers) AdoptLayers(ctx context.Context, ref string, digests []string) error {
+	f.store.mu.Lock()
+	have, ok := f.store.refs[ref]
+	f.store.mu.Unlock()
+	switch {
+	case !ok:
+		return fmt.Errorf("adopt %s: not in the blob store: %w", ref, errdefs.ErrNotFound)
+	case !slices.Equal(have, digests):
+		return fmt.Errorf("adopt %s: the store names %v: %w", ref, have, errdefs.ErrFailedPrecondition)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.adopted = append(f.adopted, ref)
+	return nil
+}
+
+func (f *fakeLayers) BlobStore() string { return f.name }
+
+// counts returns what the node was asked to do.
+func (f *fakeLayers) counts() (imports int, uploaded int64, adopted int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.imports, f.uploaded, len(f.adopted)
+}
+
+// layerNode is a fake node with fake layers, reporting its blob store as a
+// watcher would have seen it.
+func layerNode(name string, l *fakeLayers) watcher.Node {
+	return watcher.Node{Member: watcher.Member{Name: name}, Status: &edgev1.NodeStatus{Node: name, BlobStore: l.name},
+		Edge: edgesvc.New(newFakeEdge(name), l, slog.New(slog.DiscardHandler))}
 }

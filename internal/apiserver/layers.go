@@ -12,14 +12,14 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/watcher"
 )
 
-// layerService serves the public LayerService over every routable edge:
-// an import is handed to each (the same source builds the same layer, so
-// its digest is one, and a blob store the nodes share keeps its chunks
-// once), and listings are merged. With one node, as in the all-in-one
-// dsecd, it is that node's layer service.
+// layerService serves the public LayerService over every routable edge.
+// An import runs on one edge per blob store and the others adopt what it
+// made (imports.go); listings are merged. With one node, as in the
+// all-in-one dsecd, it is that node's layer service.
 type layerService struct {
 	dsecv1connect.UnimplementedLayerServiceHandler
 	s *Server
@@ -32,6 +32,19 @@ type imageImporter interface {
 	ImportImageTo(ctx context.Context, m *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) error
 }
 
+// layerUploader is what an Edge offers beyond EdgeService for uploads: a
+// stream that is not a Connect handler's, such as the caller's with its
+// header put back, or one of several copies. edgesvc.Service and
+// edgeclient.Remote have it.
+type layerUploader interface {
+	UploadLayerFrom(ctx context.Context, in layerupload.Stream) (*dsecv1.Layer, error)
+}
+
+// maxUploadMessage bounds one message of any LayerService call: an
+// upload's pieces are the only large ones, so no message of an archive
+// stays in memory beyond this.
+const maxUploadMessage = 8 << 20
+
 func (ls *layerService) nodes() ([]watcher.Node, error) {
 	nodes := ls.s.routable()
 	if len(nodes) == 0 {
@@ -40,13 +53,9 @@ func (ls *layerService) nodes() ([]watcher.Node, error) {
 	return nodes, nil
 }
 
-// onEach runs call on every routable edge at once and returns the answers
-// in node order, or the first error (naming its node).
-func onEach[Res any](ls *layerService, call func(e watcher.Edge) (*connect.Response[Res], error)) ([]*Res, error) {
-	nodes, err := ls.nodes()
-	if err != nil {
-		return nil, err
-	}
+// onEach runs call on every node at once and returns the answers in node
+// order, or the errors (each naming its node).
+func onEach[Res any](nodes []watcher.Node, call func(e watcher.Edge) (*connect.Response[Res], error)) ([]*Res, error) {
 	out := make([]*Res, len(nodes))
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
@@ -63,37 +72,133 @@ func onEach[Res any](ls *layerService, call func(e watcher.Edge) (*connect.Respo
 		}()
 	}
 	wg.Wait()
-	if len(nodes) == 1 && errs[0] != nil {
-		return nil, errors.Unwrap(errs[0]) // one node: its own words
-	}
 	return out, errors.Join(errs...)
 }
 
-// maxArchive bounds an import's archive sent in its request.
-const maxArchive = 1 << 30
-
-func (ls *layerService) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
-	if n := len(req.Msg.GetArchive()); n > maxArchive {
-		return nil, fmt.Errorf("import layer %s: an archive of %d MiB is over the %d MiB a request carries; name a path on the nodes or import an OCI image: %w",
-			req.Msg.GetRef(), n>>20, maxArchive>>20, errdefs.ErrInvalidArgument)
-	}
-	all, err := onEach(ls, func(e watcher.Edge) (*connect.Response[dsecv1.Layer], error) { return e.ImportLayer(ctx, req) })
+// onRoutable is onEach over every routable node; with one, an error is in
+// the node's own words.
+func onRoutable[Res any](ls *layerService, call func(e watcher.Edge) (*connect.Response[Res], error)) ([]*Res, error) {
+	nodes, err := ls.nodes()
 	if err != nil {
 		return nil, err
 	}
-	out := all[0]
-	for _, l := range all[1:] {
-		if l.GetDigest() != out.GetDigest() {
-			return nil, fmt.Errorf("import layer %s: the nodes built different layers (%s and %s) from one source; is the path the same on every node? (--upload sends the tree to each): %w",
-				req.Msg.GetRef(), out.GetDigest(), l.GetDigest(), errdefs.ErrFailedPrecondition)
+	if len(nodes) == 1 {
+		resp, err := call(nodes[0].Edge)
+		if err != nil {
+			return nil, err // one node: its own words
 		}
-		out.Warnings = mergeStrings(out.Warnings, l.GetWarnings())
+		return []*Res{resp.Msg}, nil
+	}
+	return onEach(nodes, call)
+}
+
+// ImportLayer imports a path on one node per blob store; the others adopt
+// the layer.
+func (ls *layerService) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	nodes, err := ls.nodes()
+	if err != nil {
+		return nil, err
+	}
+	if len(nodes) == 1 {
+		return nodes[0].Edge.ImportLayer(ctx, req)
+	}
+	ref := req.Msg.GetRef()
+	if ref == "" {
+		return nil, fmt.Errorf("import layer: a ref (name:tag) is required in a cluster (the other nodes adopt the layer by it): %w", errdefs.ErrInvalidArgument)
+	}
+	groups := importGroups(nodes)
+	all, err := onEach(leads(groups), func(e watcher.Edge) (*connect.Response[dsecv1.Layer], error) { return e.ImportLayer(ctx, req) })
+	if err != nil {
+		return nil, err
+	}
+	out, err := sameLayer(ref, all)
+	if err != nil {
+		return nil, err
+	}
+	redo := func(n watcher.Node, want []string) error {
+		resp, err := n.Edge.ImportLayer(ctx, req)
+		if err != nil {
+			return err
+		}
+		return differentLayers(ref, want[0], resp.Msg.GetDigest())
+	}
+	if err := adoptAll(ctx, groups, ref, layerDigests(all), redo); err != nil {
+		return nil, err
 	}
 	return connect.NewResponse(out), nil
 }
 
+// UploadLayer relays the caller's upload to one node per blob store, as it
+// comes; the others adopt the layer.
+func (ls *layerService) UploadLayer(ctx context.Context, stream *connect.ClientStream[dsecv1.UploadLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	first, h, err := layerupload.ReadHeader(stream)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := ls.nodes()
+	if err != nil {
+		return nil, err
+	}
+	in := layerupload.Replay(first, stream)
+	if len(nodes) == 1 {
+		up, ok := nodes[0].Edge.(layerUploader)
+		if !ok {
+			return nil, fmt.Errorf("upload layer %s: node %s takes no uploads: %w", h.GetRef(), nodes[0].Name, errdefs.ErrNotSupported)
+		}
+		l, err := up.UploadLayerFrom(ctx, in)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(l), nil
+	}
+	groups := importGroups(nodes)
+	all, err := uploadTo(ctx, leads(groups), in)
+	if err != nil {
+		return nil, err
+	}
+	out, err := sameLayer(h.GetRef(), all)
+	if err != nil {
+		return nil, err
+	}
+	if err := adoptAll(ctx, groups, h.GetRef(), layerDigests(all), nil); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(out), nil
+}
+
+// sameLayer checks that the nodes built one layer from one source and
+// returns it, with every node's warnings.
+func sameLayer(ref string, all []*dsecv1.Layer) (*dsecv1.Layer, error) {
+	out := all[0]
+	for _, l := range all[1:] {
+		if err := differentLayers(ref, out.GetDigest(), l.GetDigest()); err != nil {
+			return nil, err
+		}
+		out.Warnings = mergeStrings(out.Warnings, l.GetWarnings())
+	}
+	return out, nil
+}
+
+// differentLayers says that two nodes built layers a and b from one
+// source, if they differ.
+func differentLayers(ref, a, b string) error {
+	if a == b {
+		return nil
+	}
+	return fmt.Errorf("import layer %s: the nodes built different layers (%s and %s) from one source; is the path the same on every node? (an upload sends the tree from the client): %w",
+		ref, a, b, errdefs.ErrFailedPrecondition)
+}
+
+func layerDigests(all []*dsecv1.Layer) [][]string {
+	out := make([][]string, len(all))
+	for i, l := range all {
+		out[i] = []string{l.GetDigest()}
+	}
+	return out
+}
+
 func (ls *layerService) ListLayers(ctx context.Context, req *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
-	all, err := onEach(ls, func(e watcher.Edge) (*connect.Response[dsecv1.ListLayersResponse], error) {
+	all, err := onRoutable(ls, func(e watcher.Edge) (*connect.Response[dsecv1.ListLayersResponse], error) {
 		return e.ListLayers(ctx, req)
 	})
 	if err != nil {
@@ -145,7 +250,7 @@ func (ls *layerService) RemoveLayer(ctx context.Context, req *connect.Request[ds
 }
 
 func (ls *layerService) ListEnvironments(ctx context.Context, req *connect.Request[dsecv1.ListEnvironmentsRequest]) (*connect.Response[dsecv1.ListEnvironmentsResponse], error) {
-	all, err := onEach(ls, func(e watcher.Edge) (*connect.Response[dsecv1.ListEnvironmentsResponse], error) {
+	all, err := onRoutable(ls, func(e watcher.Edge) (*connect.Response[dsecv1.ListEnvironmentsResponse], error) {
 		return e.ListEnvironments(ctx, req)
 	})
 	if err != nil {
@@ -167,8 +272,9 @@ func (ls *layerService) ListEnvironments(ctx context.Context, req *connect.Reque
 	return connect.NewResponse(out), nil
 }
 
-// ImportImage imports on every node at once; the caller sees the first
-// node's progress, and the end once every node is done.
+// ImportImage imports on one node per blob store at once, the caller
+// seeing the first one's progress; then the other nodes adopt the image
+// ("adopt"), and the first one's result ends the stream.
 func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
 	nodes, err := ls.nodes()
 	if err != nil {
@@ -178,10 +284,52 @@ func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[ds
 		return nodes[0].Edge.ImportImage(ctx, req, out)
 	}
 	var mu sync.Mutex
-	var last *dsecv1.ImportImageProgress
-	errs := make([]error, len(nodes))
+	send := func(p *dsecv1.ImportImageProgress) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return out.Send(p)
+	}
+	groups := importGroups(nodes)
+	results, err := importImageOn(ctx, leads(groups), req.Msg, send)
+	if err != nil {
+		return err
+	}
+	res := results[0]
+	digests := make([][]string, len(results))
+	for i, r := range results {
+		digests[i] = r.GetLayerDigests()
+		res.Warnings = mergeStrings(res.Warnings, r.GetWarnings())
+	}
+	if len(nodes) > len(groups) {
+		if err := send(&dsecv1.ImportImageProgress{Phase: "adopt", Layers: int32(len(res.GetLayerDigests()))}); err != nil {
+			return err
+		}
+	}
+	redo := func(n watcher.Node, want []string) error {
+		got, err := importImageOn(ctx, []watcher.Node{n}, req.Msg, nil)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(got[0].GetLayerDigests(), want) {
+			return fmt.Errorf("import image %s: the node built layers %v, another %v, from one source (did the tag move?): %w",
+				req.Msg.GetRef(), got[0].GetLayerDigests(), want, errdefs.ErrFailedPrecondition)
+		}
+		return nil
+	}
+	if err := adoptAll(ctx, groups, req.Msg.GetRef(), digests, redo); err != nil {
+		return err
+	}
+	return send(res)
+}
+
+// importImageOn imports on every node of to at once and returns each one's
+// result (its last message). The first node's progress goes to send, if
+// not nil.
+func importImageOn(ctx context.Context, to []watcher.Node, m *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) ([]*dsecv1.ImportImageProgress, error) {
+	results := make([]*dsecv1.ImportImageProgress, len(to))
+	errs := make([]error, len(to))
 	var wg sync.WaitGroup
-	for i, n := range nodes {
+	for i, n := range to {
 		im, ok := n.Edge.(imageImporter)
 		if !ok {
 			errs[i] = fmt.Errorf("node %s cannot import images for a cluster: %w", n.Name, errdefs.ErrNotSupported)
@@ -190,38 +338,34 @@ func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[ds
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := im.ImportImageTo(ctx, req.Msg, func(p *dsecv1.ImportImageProgress) error {
-				if i != 0 {
-					return nil
-				}
+			err := im.ImportImageTo(ctx, m, func(p *dsecv1.ImportImageProgress) error {
 				if p.GetDone() {
-					mu.Lock()
-					last = p
-					mu.Unlock()
+					results[i] = p
 					return nil
 				}
-				mu.Lock()
-				defer mu.Unlock()
-				return out.Send(p)
+				if i != 0 || send == nil {
+					return nil
+				}
+				return send(p)
 			})
-			if err != nil {
+			switch {
+			case err != nil:
 				errs[i] = fmt.Errorf("node %s: %w", n.Name, err)
+			case results[i] == nil:
+				errs[i] = fmt.Errorf("import image %s: node %s ended without a result: %w", m.GetRef(), n.Name, errdefs.ErrInternal)
 			}
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return nil, err
 	}
-	if last == nil {
-		return fmt.Errorf("import image %s: node %s ended without a result: %w", req.Msg.GetRef(), nodes[0].Name, errdefs.ErrInternal)
-	}
-	return out.Send(last)
+	return results, nil
 }
 
 // LayerStats adds up every node's accounting per layer and environment.
 func (ls *layerService) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {
-	all, err := onEach(ls, func(e watcher.Edge) (*connect.Response[dsecv1.LayerStatsResponse], error) {
+	all, err := onRoutable(ls, func(e watcher.Edge) (*connect.Response[dsecv1.LayerStatsResponse], error) {
 		return e.LayerStats(ctx, req)
 	})
 	if err != nil {

@@ -141,7 +141,7 @@ func (s *Server) Handler() http.Handler {
 		opts = append(opts, connect.WithCodec(c))
 	}
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
-	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerService{s: s}, opts...))
+	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerService{s: s}, append(opts, connect.WithReadMaxBytes(maxUploadMessage))...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/metrics", s.serveMetrics)
 	// Streams of exec events end with the exit: see forwardStream.

@@ -39,12 +39,28 @@ func newTestServerOver(t *testing.T, remote bool, edges ...*fakeEdge) dsecv1conn
 // too.
 func newRig(t *testing.T, remote bool, cfg Config, edges ...*fakeEdge) (*Server, store.Store, dsecv1connect.SandboxServiceClient) {
 	t.Helper()
+	s, st, hs := startRig(t, remote, false, cfg, nodesOf(edges...))
+	return s, st, dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+}
+
+// startServer starts an apiserver in front of nodes, whose edges are
+// edgesvc.Services: called in-process, or served over Connect and reached
+// through edgeclient, over HTTP/2 or, with http1, HTTP/1.1 for all but the
+// shell (as a cluster's apiserver reaches its edges).
+func startServer(t *testing.T, remote, http1 bool, nodes []watcher.Node) *httptest.Server {
+	t.Helper()
+	_, _, hs := startRig(t, remote, http1, Config{CreateConcurrency: 4}, nodes)
+	return hs
+}
+
+// startRig is startServer with cfg, returning the server and its store too.
+func startRig(t *testing.T, remote, http1 bool, cfg Config, nodes []watcher.Node) (*Server, store.Store, *httptest.Server) {
+	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "meta.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	nodes := nodesOf(edges...)
 	if remote {
 		for i, n := range nodes {
 			mux := http.NewServeMux()
@@ -53,13 +69,25 @@ func newRig(t *testing.T, remote bool, cfg Config, edges ...*fakeEdge) (*Server,
 			es.EnableHTTP2 = true
 			es.StartTLS()
 			t.Cleanup(es.Close)
-			nodes[i].Edge = edgeclient.New(es.Client(), es.Client(), es.URL)
+			hc := es.Client()
+			if http1 {
+				tr := es.Client().Transport.(*http.Transport).Clone()
+				tr.Protocols = new(http.Protocols)
+				tr.Protocols.SetHTTP1(true)
+				tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+				hc = &http.Client{Transport: tr}
+			}
+			nodes[i].Edge = edgeclient.New(hc, es.Client(), es.URL)
 		}
 	}
 	s := New(cfg, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
-	hs := httptest.NewServer(s.Handler())
+	hs := httptest.NewUnstartedServer(s.Handler())
+	hs.Config.Protocols = new(http.Protocols) // as dsecd serves it: HTTP/1.1 and cleartext HTTP/2
+	hs.Config.Protocols.SetHTTP1(true)
+	hs.Config.Protocols.SetUnencryptedHTTP2(true)
+	hs.Start()
 	t.Cleanup(hs.Close)
-	return s, st, dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+	return s, st, hs
 }
 
 // overBoth runs a test against edges in-process and remote.

@@ -3,8 +3,11 @@ package blob
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"dsec.dev/dsec/internal/errdefs"
@@ -88,4 +91,39 @@ func ParseS3Spec(spec string) (S3Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// StoreName names the store spec opens so that two nodes sharing a store
+// name it alike and two nodes that do not, differently: S3 by endpoint,
+// bucket and prefix; a directory by its absolute path. A directory, or an
+// endpoint on loopback, is this machine's own, so its name carries
+// machine (an ID of the host): /var/lib/dsec/blobstore on two machines is
+// two stores. A spec Open refuses is named as it is.
+func StoreName(spec, machine string) string {
+	local := func(name string) string { return name + " on " + machine }
+	switch {
+	case spec == "":
+		return ""
+	case strings.HasPrefix(spec, "s3://"):
+		cfg, err := ParseS3Spec(spec)
+		if err != nil {
+			return spec
+		}
+		name := "s3://" + cfg.Bucket + "/" + cfg.Prefix + "?endpoint=" + cfg.Endpoint
+		host, _, err := net.SplitHostPort(cfg.Endpoint)
+		if err != nil {
+			host = cfg.Endpoint
+		}
+		if ip, err := netip.ParseAddr(host); host == "localhost" || (err == nil && ip.IsLoopback()) {
+			return local(name)
+		}
+		return name
+	case strings.Contains(spec, "://"):
+		return spec
+	}
+	dir, err := filepath.Abs(strings.TrimPrefix(spec, "dir:"))
+	if err != nil {
+		return local(spec)
+	}
+	return local("dir:" + dir)
 }

@@ -60,3 +60,31 @@ func TestParseS3Spec(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreName: nodes sharing a store name it alike, whatever options
+// they spell differently; a directory or a loopback endpoint is one
+// machine's.
+func TestStoreName(t *testing.T) {
+	for _, tc := range []struct {
+		a, b     string
+		machines [2]string
+		same     bool
+	}{
+		{"s3://b/p?endpoint=s3.example:9000", "s3://b/p/?endpoint=s3.example:9000&insecure=1&region=r", [2]string{"m1", "m2"}, true},
+		{"s3://b/p?endpoint=s3.example:9000", "s3://b/q?endpoint=s3.example:9000", [2]string{"m1", "m1"}, false},
+		{"s3://b?endpoint=127.0.0.1:8333", "s3://b?endpoint=127.0.0.1:8333", [2]string{"m1", "m1"}, true},
+		{"s3://b?endpoint=127.0.0.1:8333", "s3://b?endpoint=127.0.0.1:8333", [2]string{"m1", "m2"}, false},
+		{"s3://b?endpoint=localhost:8333", "s3://b?endpoint=localhost:8333", [2]string{"m1", "m2"}, false},
+		{"/var/lib/dsec/blobstore", "dir:/var/lib/dsec/./blobstore", [2]string{"m1", "m1"}, true},
+		{"/var/lib/dsec/blobstore", "/var/lib/dsec/blobstore", [2]string{"m1", "m2"}, false},
+	} {
+		a, b := blob.StoreName(tc.a, tc.machines[0]), blob.StoreName(tc.b, tc.machines[1])
+		if (a == b) != tc.same {
+			t.Errorf("StoreName(%q, %s) = %q, StoreName(%q, %s) = %q; same = %v, want %v",
+				tc.a, tc.machines[0], a, tc.b, tc.machines[1], b, a == b, tc.same)
+		}
+	}
+	if got := blob.StoreName("", "m1"); got != "" {
+		t.Errorf(`StoreName("") = %q, want ""`, got)
+	}
+}

@@ -124,7 +124,15 @@ func (a *app) upload(cmd *cobra.Command, local, id, dst string) error {
 // entries are under name ("": local's contents at the top).
 func packTree(local, name string) ([]byte, error) {
 	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	if err := writeTree(&buf, local, name); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// writeTree writes local as packTree packs it, to w, as it walks.
+func writeTree(w io.Writer, local, name string) error {
+	tw := tar.NewWriter(w)
 	err := filepath.WalkDir(local, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -144,12 +152,9 @@ func packTree(local, name string) ([]byte, error) {
 		return tarfile.WriteEntry(tw, p, entry, info, nil)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pack %s: %w", local, err)
+		return fmt.Errorf("pack %s: %w", local, err)
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return tw.Close()
 }
 
 func (a *app) sendTar(cmd *cobra.Command, id, dir string, data []byte) error {

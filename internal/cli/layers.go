@@ -1,7 +1,10 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,7 +12,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 )
@@ -31,28 +36,32 @@ func (a *app) layerCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := &dsecv1.ImportLayerRequest{Ref: args[0], Kind: dsecv1.LayerKind(k), Path: p, AllowSetuid: allowSetuid}
+			var layer *dsecv1.Layer
 			if upload {
-				if req.Archive, err = archiveOf(p); err != nil {
-					return err
+				layer, err = a.uploadLayer(cmd.Context(), &dsecv1.UploadLayerHeader{Ref: args[0], Kind: dsecv1.LayerKind(k), AllowSetuid: allowSetuid}, p)
+			} else {
+				var resp *connect.Response[dsecv1.Layer]
+				resp, err = a.c.Layers.ImportLayer(cmd.Context(), connect.NewRequest(&dsecv1.ImportLayerRequest{
+					Ref: args[0], Kind: dsecv1.LayerKind(k), Path: p, AllowSetuid: allowSetuid,
+				}))
+				if err == nil {
+					layer = resp.Msg
 				}
-				req.Path = ""
 			}
-			resp, err := a.c.Layers.ImportLayer(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
-			a.warn(resp.Msg.GetWarnings())
+			a.warn(layer.GetWarnings())
 			if a.json {
-				return a.printProto(resp.Msg)
+				return a.printProto(layer)
 			}
-			fmt.Fprintf(a.stdout, "%s %s %s\n", args[0], resp.Msg.GetDigest(), humanBytes(resp.Msg.GetSize()))
+			fmt.Fprintf(a.stdout, "%s %s %s\n", args[0], layer.GetDigest(), humanBytes(layer.GetSize()))
 			return nil
 		},
 	}
 	imp.Flags().StringVar(&kind, "kind", "base", "layer kind: base, workspace or toolkit")
 	imp.Flags().BoolVar(&allowSetuid, "allow-setuid", false, "keep setuid and setgid files")
-	imp.Flags().BoolVar(&upload, "upload", false, "send PATH (a tree, or a tar archive) from this machine, rather than name a path on the daemon's (at most 1 GiB)")
+	imp.Flags().BoolVar(&upload, "upload", false, "stream PATH (a tree, packed as it is sent, or a tar archive) from this machine, rather than name a path on the daemon's")
 
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -143,27 +152,77 @@ func humanBytes(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-// maxUpload is the most an import sends in its request.
-const maxUpload = 1 << 30
+// uploadPiece is how much of an archive one message of an upload carries.
+const uploadPiece = 1 << 20
 
-// archiveOf is what `layer import --upload` sends: a tar archive file as it
-// is, or a directory tree packed as one.
-func archiveOf(p string) ([]byte, error) {
+// uploadLayer streams p to the apiserver as an upload: a tar archive file
+// as it is, or a tree packed as it is sent; nothing is held whole. A bar on
+// a terminal shows what has gone. A source that fails midway abandons the
+// upload (the call is cancelled), so no truncated archive is taken for a
+// whole one.
+func (a *app) uploadLayer(ctx context.Context, h *dsecv1.UploadLayerHeader, p string) (*dsecv1.Layer, error) {
 	info, err := os.Stat(p)
 	if err != nil {
 		return nil, err
 	}
-	var data []byte
+	var src io.Reader
 	if info.IsDir() {
-		data, err = packTree(p, "")
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(writeTree(pw, p, "")) }()
+		defer pr.Close() // stops the packer if the upload ends first
+		src = pr
 	} else {
-		data, err = os.ReadFile(p)
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		src, h.Size = f, info.Size()
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream := a.c.Layers.UploadLayer(ctx)
+	var bar *progressbar.ProgressBar
+	if !a.json && term.IsTerminal(int(os.Stderr.Fd())) {
+		total := h.GetSize()
+		if total == 0 {
+			total = -1 // a tree: the size is known at the end
+		}
+		bar = progressbar.NewOptions64(total, progressbar.OptionSetWriter(a.stderr),
+			progressbar.OptionSetDescription("upload "+h.GetRef()), progressbar.OptionShowBytes(true),
+			progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionSetPredictTime(false))
+		defer func() { bar.Finish(); fmt.Fprintln(a.stderr) }()
+	}
+	sent := stream.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Header{Header: h}})
+	buf := make([]byte, uploadPiece)
+	for sent == nil {
+		n, rerr := io.ReadFull(src, buf)
+		if n > 0 {
+			if sent = stream.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Data{Data: buf[:n]}}); bar != nil {
+				bar.Add(n)
+			}
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			if sent == nil {
+				sent = stream.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_End{End: true}})
+			}
+			break
+		}
+		if rerr != nil {
+			cancel()
+			stream.CloseAndReceive()
+			return nil, fmt.Errorf("upload %s: read %s: %w", h.GetRef(), p, rerr)
+		}
+	}
+	// A send that failed with io.EOF means the server ended the call: its
+	// answer says why. A source that failed has cancelled the call, and
+	// sent no end: no hop takes what came for a whole archive.
+	if sent != nil && !errors.Is(sent, io.EOF) {
+		return nil, sent
+	}
+	resp, err := stream.CloseAndReceive()
 	if err != nil {
 		return nil, err
 	}
-	if len(data) > maxUpload {
-		return nil, fmt.Errorf("%s packs to %d MiB, over the %d MiB an import may send; name a path on the daemon's host or import an OCI image", p, len(data)>>20, maxUpload>>20)
-	}
-	return data, nil
+	return resp.Msg, nil
 }

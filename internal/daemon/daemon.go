@@ -5,6 +5,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -95,6 +96,9 @@ type StorageConfig struct {
 	BandwidthBytesPerSec int64
 	// Tars also publishes layers as tar.gz, for tar mode.
 	Tars bool
+	// MaxUploadBytes bounds a layer upload's archive, and the tree it
+	// unpacks to; 0 = 16 GiB.
+	MaxUploadBytes int64
 }
 
 // NetworkConfig is the node's sandbox networking.
@@ -227,6 +231,16 @@ var notNodeChars = regexp.MustCompile(`[^a-z0-9]+`)
 
 // nodeName makes a node name from the host name: lower case letters and
 // digits, at most 16 of them.
+// machineID identifies this host: its systemd machine ID, else its name.
+// It tells a directory blob store here from one of the same path elsewhere.
+func machineID() string {
+	if b, err := os.ReadFile("/etc/machine-id"); err == nil && len(bytes.TrimSpace(b)) > 0 {
+		return string(bytes.TrimSpace(b))
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
 func nodeName() string {
 	h, _ := os.Hostname()
 	n := notNodeChars.ReplaceAllString(strings.ToLower(h), "")
@@ -610,6 +624,6 @@ func openLayers(ctx context.Context, cfg Config, images *image.Store, log *slog.
 	return layers.New(layers.Config{
 		Mode: mode, Blobs: blobs, BlobSpec: sc.BlobStore, ChunkSize: sc.ChunkSize,
 		Dir: filepath.Join(cfg.Root, "layers-"+string(mode)), Loader: loader, Tars: sc.Tars,
-		Log: log.With("component", "layers"),
+		Machine: machineID(), MaxUpload: sc.MaxUploadBytes, Log: log.With("component", "layers"),
 	}, images)
 }

@@ -9,6 +9,8 @@ package edgeclient
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net/http"
 
 	"connectrpc.com/connect"
@@ -20,6 +22,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
+	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/shellrelay"
 )
 
@@ -33,9 +36,9 @@ type Remote struct {
 var _ edgev1connect.EdgeServiceHandler = (*Remote)(nil)
 
 // New returns the client of the edge serving at baseURL (https://HOST:PORT):
-// hc carries every call but the shell's, which takes bidi (HTTP/2); both
-// transports carry the cluster's TLS. One client may serve both when it
-// speaks HTTP/2. Unary calls and server streams go best over HTTP/1.1 with
+// hc carries every call but the shell's and uploads, which take bidi
+// (HTTP/2); both transports carry the cluster's TLS. One client may serve
+// both when it speaks HTTP/2. Unary calls and server streams go best over HTTP/1.1 with
 // kept-alive connections: a request leaves in one write, where HTTP/2 flushes
 // its headers and its body apart (measured: a third of an apiserver's CPU in
 // a create burst went to those writes).
@@ -172,6 +175,48 @@ func (r *Remote) ImportImageTo(ctx context.Context, m *dsecv1.ImportImageRequest
 		}
 	}
 	return errdefs.FromConnect(in.Err())
+}
+
+func (r *Remote) UploadLayer(ctx context.Context, stream *connect.ClientStream[dsecv1.UploadLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	l, err := r.UploadLayerFrom(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(l), nil
+}
+
+// UploadLayerFrom relays an upload's stream to the edge message by
+// message, over HTTP/2: an edge that refuses the upload before its end
+// answers while the rest is unsent, which HTTP/1.1 can lose to the
+// connection the edge closes under the body. A stream that breaks is
+// abandoned (the call is cancelled), and it carries no end marker, so the
+// edge never takes a truncated archive for a whole one.
+func (r *Remote) UploadLayerFrom(ctx context.Context, in layerupload.Stream) (*dsecv1.Layer, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up := r.bidi.UploadLayer(ctx)
+	for in.Receive() {
+		if err := up.Send(in.Msg()); err != nil {
+			if errors.Is(err, io.EOF) {
+				break // the edge ended the call: its answer says why
+			}
+			return nil, errdefs.FromConnect(err)
+		}
+	}
+	if err := in.Err(); err != nil {
+		cancel()
+		up.CloseAndReceive()
+		return nil, err
+	}
+	resp, err := up.CloseAndReceive()
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	return resp.Msg, nil
+}
+
+func (r *Remote) AdoptLayers(ctx context.Context, req *connect.Request[edgev1.AdoptLayersRequest]) (*connect.Response[edgev1.AdoptLayersResponse], error) {
+	return unary(ctx, r.c.AdoptLayers, req)
 }
 
 func (r *Remote) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {

@@ -22,6 +22,7 @@ type Proc struct {
 	Name  string
 	Addr  string // host:port it serves on
 	Token string // an apiserver's: a token of its metadata store
+	Root  string // an edge's state directory
 	cmd   *exec.Cmd
 	log   string
 	t     testing.TB
@@ -55,6 +56,7 @@ func (p *Proc) Log() string {
 type Cluster struct {
 	Dir        string
 	Bin        string
+	BlobStore  string // the directory blob store real edges share
 	APIServers []*Proc
 	Edges      []*Proc
 	t          testing.TB
@@ -122,6 +124,7 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 		t.Cleanup(func() { os.RemoveAll(rootsDir) })
 	}
 	blobs := filepath.Join(rootsDir, "blobstore")
+	c.BlobStore = blobs
 	for i := range o.Edges {
 		name := fmt.Sprintf("e%d", i+1)
 		addr := freeAddr(t)
@@ -144,7 +147,9 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 		} else {
 			edgeFlags = append(edgeFlags, "--edge", name+"=https://"+addr)
 		}
-		c.Edges = append(c.Edges, c.start(name, append(args, o.EdgeArgs...), addr))
+		p := c.start(name, append(args, o.EdgeArgs...), addr)
+		p.Root = root
+		c.Edges = append(c.Edges, p)
 	}
 	for i := range o.APIServers {
 		name := fmt.Sprintf("api%d", i+1)

@@ -113,6 +113,7 @@ func WithCAFile(path string) Option { return func(c *Client) { c.caFile = path }
 type Client struct {
 	sb         dsecv1connect.SandboxServiceClient
 	layers     dsecv1connect.LayerServiceClient
+	uploads    dsecv1connect.LayerServiceClient // UploadLayer, over HTTP/2
 	hc         *http.Client
 	pool       *pool
 	timeout    time.Duration
@@ -160,11 +161,11 @@ func NewClient(addr string, opts ...Option) (*Client, error) {
 			// HTTP/1.1 with kept-alive connections: every call of the SDK is
 			// unary or server-streaming, and on a node an exec answers about
 			// 0.2 ms sooner than over HTTP/2.
-			ep.rt = newTransport(socket, tlsConf)
+			ep.rt, ep.up = newTransport(socket, tlsConf), uploadTransport(socket, tlsConf, ep.scheme == "https")
 		case c.hc.Transport != nil:
-			ep.rt = c.hc.Transport
+			ep.rt, ep.up = c.hc.Transport, c.hc.Transport
 		default:
-			ep.rt = http.DefaultTransport
+			ep.rt, ep.up = http.DefaultTransport, http.DefaultTransport
 		}
 		p.eps = append(p.eps, ep)
 	}
@@ -180,14 +181,17 @@ func NewClient(addr string, opts ...Option) (*Client, error) {
 	ic := connect.WithInterceptors(interceptor{p})
 	c.sb = dsecv1connect.NewSandboxServiceClient(hc, base, ic)
 	c.layers = dsecv1connect.NewLayerServiceClient(hc, base, ic)
+	c.uploads = dsecv1connect.NewLayerServiceClient(&http.Client{Transport: uploads{p}, Timeout: hc.Timeout}, base, ic)
 	return c, nil
 }
 
 // Close drops the client's idle connections.
 func (c *Client) Close() error {
 	for _, ep := range c.pool.eps {
-		if t, ok := ep.rt.(interface{ CloseIdleConnections() }); ok {
-			t.CloseIdleConnections()
+		for _, rt := range []http.RoundTripper{ep.rt, ep.up} {
+			if t, ok := rt.(interface{ CloseIdleConnections() }); ok {
+				t.CloseIdleConnections()
+			}
 		}
 	}
 	return nil
@@ -615,29 +619,32 @@ type LayerOptions struct {
 	// AllowSetuid keeps setuid and setgid files and file capabilities,
 	// which an import refuses otherwise.
 	AllowSetuid bool
-	// Upload sends path from this machine (a directory packed as a tar
-	// archive, or an archive file as it is; at most 1 GiB) instead of
-	// naming a path on the daemon's host: a cluster's client does this.
+	// Upload streams path from this machine (a directory packed as a tar
+	// archive as it is sent, or an archive file as it is) instead of naming
+	// a path on the daemon's host: a cluster's client does this. Nothing
+	// holds the whole archive; an edge refuses one over its
+	// --max-upload-bytes.
 	Upload bool
 }
 
 // ImportLayer builds a layer named ref from a directory or tar archive on
-// the daemon's host. The layer's Warnings say what the import left out
-// (device nodes under /dev: every sandbox gets its own).
+// the daemon's host, or with Upload on this one. The layer's Warnings say
+// what the import left out (device nodes under /dev: every sandbox gets
+// its own).
 func (c *Client) ImportLayer(ctx context.Context, ref string, kind dsecv1.LayerKind, path string, o *LayerOptions) (*dsecv1.Layer, error) {
 	ctx, cancel := withTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	req := &dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path}
-	if o != nil {
-		req.AllowSetuid = o.AllowSetuid
-		if o.Upload {
-			archive, err := archiveOf(path)
-			if err != nil {
-				return nil, fmt.Errorf("import layer %s: %w", ref, err)
-			}
-			req.Path, req.Archive = "", archive
-		}
+	if o == nil {
+		o = &LayerOptions{}
 	}
+	if o.Upload {
+		l, err := c.uploadLayer(ctx, &dsecv1.UploadLayerHeader{Ref: ref, Kind: kind, AllowSetuid: o.AllowSetuid}, path)
+		if err != nil {
+			return nil, fmt.Errorf("upload layer %s: %w", ref, err)
+		}
+		return l, nil
+	}
+	req := &dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path, AllowSetuid: o.AllowSetuid}
 	r, err := c.layers.ImportLayer(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("import layer %s: %w", ref, fromConnect(err, false))

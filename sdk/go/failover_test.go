@@ -202,6 +202,12 @@ func (layerServer) ImportLayer(_ context.Context, r *connect.Request[dsecv1.Impo
 	return ok(&dsecv1.Layer{Refs: []string{r.Msg.GetRef()}})
 }
 
+func (layerServer) UploadLayer(_ context.Context, st *connect.ClientStream[dsecv1.UploadLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	for st.Receive() {
+	}
+	return ok(&dsecv1.Layer{})
+}
+
 func (layerServer) ListLayers(context.Context, *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
 	return ok(&dsecv1.ListLayersResponse{})
 }
@@ -227,6 +233,10 @@ func startAPIServer(t *testing.T, s *apiserver, tls bool) *httptest.Server {
 	mux.Handle(dsecv1connect.NewLayerServiceHandler(s.layers, opt))
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // failed handshakes are what some tests are about
+	srv.Config.Protocols = new(http.Protocols)       // as dsecd serves it: HTTP/1.1 and HTTP/2
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.EnableHTTP2 = true
 	if tls {
 		srv.StartTLS()
 	} else {
@@ -364,6 +374,12 @@ var everyCall = []struct {
 	{"ListWarmPools", func(ctx context.Context, _ *testing.T, c *Client) error { _, err := c.WarmPools(ctx); return err }},
 	{"ImportLayer", func(ctx context.Context, _ *testing.T, c *Client) error {
 		_, err := c.ImportLayer(ctx, "b:1", dsecv1.LayerKind_LAYER_KIND_BASE, "/x", nil)
+		return err
+	}},
+	{"UploadLayer", func(ctx context.Context, t *testing.T, c *Client) error {
+		f := filepath.Join(t.TempDir(), "layer.tar")
+		os.WriteFile(f, []byte("x"), 0o644)
+		_, err := c.ImportLayer(ctx, "b:1", dsecv1.LayerKind_LAYER_KIND_BASE, f, &LayerOptions{Upload: true})
 		return err
 	}},
 	{"ListLayers", func(ctx context.Context, _ *testing.T, c *Client) error { _, err := c.ListLayers(ctx); return err }},

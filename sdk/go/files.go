@@ -310,25 +310,62 @@ func ExtractTar(r io.Reader, dest string) ([]string, error) {
 	}
 }
 
-// archiveOf packs a directory's contents as a tar archive, or reads an
-// archive file as it is, for an import that sends it.
-func archiveOf(path string) ([]byte, error) {
+// uploadPiece is how much of an archive one message of an upload carries.
+const uploadPiece = 1 << 20
+
+// uploadLayer streams path as an upload: an archive file as it is, or a
+// directory's contents packed as they are sent. A source that fails midway
+// abandons the call, so no truncated archive is taken for a whole one.
+func (c *Client) uploadLayer(ctx context.Context, h *dsecv1.UploadLayerHeader, path string) (*dsecv1.Layer, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
-	var data []byte
+	var src io.Reader
 	if st.IsDir() {
-		var buf bytes.Buffer
-		if err := writeTar(&buf, path); err != nil {
-			return nil, fmt.Errorf("pack %s: %w", path, err)
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(writeTar(pw, path)) }()
+		defer pr.Close() // stops the packer if the upload ends first
+		src = pr
+	} else {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
 		}
-		data = buf.Bytes()
-	} else if data, err = os.ReadFile(path); err != nil {
-		return nil, err
+		defer f.Close()
+		src, h.Size = f, st.Size()
 	}
-	if len(data) > 1<<30 {
-		return nil, fmt.Errorf("%s packs to %d MiB, over the 1024 MiB an import may send", path, len(data)>>20)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream := c.uploads.UploadLayer(ctx)
+	sent := stream.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Header{Header: h}})
+	buf := make([]byte, uploadPiece)
+	for sent == nil {
+		n, rerr := io.ReadFull(src, buf)
+		if n > 0 {
+			sent = stream.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Data{Data: buf[:n]}})
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			if sent == nil {
+				sent = stream.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_End{End: true}})
+			}
+			break
+		}
+		if rerr != nil {
+			cancel()
+			stream.CloseAndReceive()
+			return nil, fmt.Errorf("read %s: %w", path, rerr)
+		}
 	}
-	return data, nil
+	// A send that failed with io.EOF means the server ended the call: its
+	// answer says why. A source that failed has cancelled the call, and
+	// sent no end: no hop takes what came for a whole archive.
+	if sent != nil && !errors.Is(sent, io.EOF) {
+		return nil, fromConnect(sent, false)
+	}
+	resp, err := stream.CloseAndReceive()
+	if err != nil {
+		return nil, fromConnect(err, false)
+	}
+	return resp.Msg, nil
 }

@@ -25,6 +25,9 @@ type endpoint struct {
 	host   string // the URL's host ("dsecd" on a Unix socket)
 	prefix string // path before the procedure, without a trailing slash
 	rt     http.RoundTripper
+	// up carries uploads: HTTP/2 where the SDK made the transports (see
+	// uploadTransport), else rt.
+	up http.RoundTripper
 }
 
 // splitAddrs splits a comma-separated address list.
@@ -80,6 +83,23 @@ func newTransport(socket string, tlsConf *tls.Config) *http.Transport {
 		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dialer.DialContext(ctx, "unix", socket)
 		}
+	}
+	return tr
+}
+
+// uploadTransport is newTransport for layer uploads: HTTP/2 (negotiated
+// over TLS, cleartext otherwise, which dsecd serves). A server may refuse
+// an upload before its end (too big, a hostile entry); over HTTP/2 its
+// answer comes back while the rest is unsent, where HTTP/1.1 can lose it to
+// the connection the server closes under the body.
+func uploadTransport(socket string, tlsConf *tls.Config, https bool) *http.Transport {
+	tr := newTransport(socket, tlsConf)
+	tr.Protocols = new(http.Protocols)
+	if https {
+		tr.Protocols.SetHTTP1(true)
+		tr.Protocols.SetHTTP2(true)
+	} else {
+		tr.Protocols.SetUnencryptedHTTP2(true)
 	}
 	return tr
 }
@@ -172,7 +192,16 @@ func (p *pool) order(ct *callTrace) []int {
 // out, TLS handshake failed): such a request was never seen, so any call
 // may go on to the next address at once. Once a connection carried it, the
 // outcome is the caller's, whatever it is.
-func (p *pool) RoundTrip(req *http.Request) (*http.Response, error) {
+func (p *pool) RoundTrip(req *http.Request) (*http.Response, error) { return p.roundTrip(req, false) }
+
+// uploads is the pool sending over each endpoint's upload transport.
+type uploads struct{ p *pool }
+
+func (u uploads) RoundTrip(req *http.Request) (*http.Response, error) {
+	return u.p.roundTrip(req, true)
+}
+
+func (p *pool) roundTrip(req *http.Request, upload bool) (*http.Response, error) {
 	ctx := req.Context()
 	ctx, ct := p.trace(ctx)
 	ct.mu.Lock()
@@ -199,7 +228,11 @@ func (p *pool) RoundTrip(req *http.Request) (*http.Response, error) {
 		ct.mu.Lock()
 		ct.tried[i] = true
 		ct.mu.Unlock()
-		resp, err := ep.rt.RoundTrip(r)
+		rt := ep.rt
+		if upload {
+			rt = ep.up
+		}
+		resp, err := rt.RoundTrip(r)
 		if err == nil || connected.Load() {
 			ct.mu.Lock()
 			ct.reached = i

@@ -33,6 +33,7 @@ import (
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
+	"dsec.dev/dsec/internal/layerupload"
 )
 
 // Edge is what the service needs of the node's edge. *sandbox.Manager
@@ -69,6 +70,37 @@ type Edge interface {
 	WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error)
 }
 
+// Layers is what the service needs of the node's layer service: the
+// public LayerService, and what an apiserver asks of a node of a cluster.
+// *layers.Handler implements it.
+type Layers interface {
+	dsecv1connect.LayerServiceHandler
+	// ImportImageTo is ImportImage with progress sent through send.
+	ImportImageTo(ctx context.Context, m *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) error
+	// UploadLayerFrom is UploadLayer from any upload stream.
+	UploadLayerFrom(ctx context.Context, s layerupload.Stream) (*dsecv1.Layer, error)
+	// AdoptLayers records ref, naming digests, from the blob store.
+	AdoptLayers(ctx context.Context, ref string, digests []string) error
+	// BlobStore names the node's blob store alike on nodes sharing it.
+	BlobStore() string
+}
+
+// noLayers is the layer service of a node that keeps none (a hollow one).
+type noLayers struct {
+	dsecv1connect.UnimplementedLayerServiceHandler
+}
+
+var errNoLayers = fmt.Errorf("this node keeps no layers: %w", errdefs.ErrNotSupported)
+
+func (noLayers) ImportImageTo(context.Context, *dsecv1.ImportImageRequest, func(*dsecv1.ImportImageProgress) error) error {
+	return errNoLayers
+}
+func (noLayers) UploadLayerFrom(context.Context, layerupload.Stream) (*dsecv1.Layer, error) {
+	return nil, errNoLayers
+}
+func (noLayers) AdoptLayers(context.Context, string, []string) error { return errNoLayers }
+func (noLayers) BlobStore() string                                   { return "" }
+
 // Version is reported by Status.
 const Version = "0.2.0"
 
@@ -83,7 +115,7 @@ const reapedTTL = time.Hour
 type Service struct {
 	edgev1connect.UnimplementedEdgeServiceHandler
 	edge   Edge
-	layers dsecv1connect.LayerServiceHandler
+	layers Layers
 	log    *slog.Logger
 
 	mu       sync.Mutex
@@ -104,9 +136,9 @@ type reapMark struct {
 // New returns the service of edge e, whose layers layers serves (nil: a
 // node without layers, such as a hollow one, answers their calls with
 // Unimplemented).
-func New(e Edge, layers dsecv1connect.LayerServiceHandler, log *slog.Logger) *Service {
+func New(e Edge, layers Layers, log *slog.Logger) *Service {
 	if layers == nil {
-		layers = dsecv1connect.UnimplementedLayerServiceHandler{}
+		layers = noLayers{}
 	}
 	return &Service{edge: e, layers: layers, log: log, inflight: map[string]chan struct{}{},
 		reapedTokens: map[string]time.Time{}, reapedPrefixes: map[string]time.Time{}}
@@ -129,7 +161,7 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 		Node: st.Node, Backends: []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER},
 		MaxSandboxes: int32(st.MaxSandboxes), Live: int32(st.Live), Creating: int32(st.Creating), Pooled: int32(st.Pooled),
 		MaxCpus: st.MaxCPUs, MaxMemoryMb: st.MaxMemoryMB, MemAvailableMb: st.MemAvailableMB,
-		ReportedUnixMs: st.At.UnixMilli(), Version: Version, Refusing: st.Refusing,
+		ReportedUnixMs: st.At.UnixMilli(), Version: Version, Refusing: st.Refusing, BlobStore: s.layers.BlobStore(),
 	}), nil
 }
 
@@ -429,19 +461,34 @@ func (s *Service) ListEnvironments(ctx context.Context, req *connect.Request[dse
 }
 
 func (s *Service) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
-	return s.layers.ImportImage(ctx, req, out)
+	return s.layers.ImportImageTo(ctx, req.Msg, out.Send)
 }
 
 // ImportImageTo is ImportImage with progress sent through send (see
 // layers.Handler.ImportImageTo).
 func (s *Service) ImportImageTo(ctx context.Context, m *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) error {
-	to, ok := s.layers.(interface {
-		ImportImageTo(context.Context, *dsecv1.ImportImageRequest, func(*dsecv1.ImportImageProgress) error) error
-	})
-	if !ok {
-		return fmt.Errorf("import image on node %s: this node keeps no layers: %w", s.edge.Node(), errdefs.ErrNotSupported)
+	return s.layers.ImportImageTo(ctx, m, send)
+}
+
+func (s *Service) UploadLayer(ctx context.Context, stream *connect.ClientStream[dsecv1.UploadLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	l, err := s.layers.UploadLayerFrom(ctx, stream)
+	if err != nil {
+		return nil, err
 	}
-	return to.ImportImageTo(ctx, m, send)
+	return connect.NewResponse(l), nil
+}
+
+// UploadLayerFrom is UploadLayer from any upload stream: the all-in-one
+// apiserver hands over its own, with the header it read put back.
+func (s *Service) UploadLayerFrom(ctx context.Context, in layerupload.Stream) (*dsecv1.Layer, error) {
+	return s.layers.UploadLayerFrom(ctx, in)
+}
+
+func (s *Service) AdoptLayers(ctx context.Context, req *connect.Request[edgev1.AdoptLayersRequest]) (*connect.Response[edgev1.AdoptLayersResponse], error) {
+	if err := s.layers.AdoptLayers(ctx, req.Msg.GetRef(), req.Msg.GetLayerDigests()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.AdoptLayersResponse{}), nil
 }
 
 func (s *Service) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {

@@ -91,6 +91,14 @@ func newExtractor(stage string, opts ImportOptions) (*extractor, error) {
 
 func (x *extractor) close() { unix.Close(x.root) }
 
+// limit names the option that bounds an import, as its caller sets it.
+func (x *extractor) limit(option string) string {
+	if x.opts.LimitName != "" {
+		return x.opts.LimitName
+	}
+	return option
+}
+
 // allowSetuidHint names every way to pass ImportOptions.AllowSetuid.
 const allowSetuidHint = "import with --allow-setuid (dsec layer import, dsec image import) or allow_setuid / AllowSetuid (API and SDKs)"
 
@@ -128,7 +136,7 @@ func cleanName(raw string) (string, error) {
 func (x *extractor) add(e *entry) error {
 	x.entries++
 	if x.entries > x.opts.MaxEntries {
-		return refuse(e, "more than %d entries (limit MaxEntries)", x.opts.MaxEntries)
+		return refuse(e, "more than %d entries (limit %s)", x.opts.MaxEntries, x.limit("MaxEntries"))
 	}
 	name, err := cleanName(e.raw)
 	if err != nil {
@@ -280,7 +288,7 @@ func (x *extractor) check(e *entry) error {
 			return refuse(e, "negative size")
 		}
 		if e.size > x.opts.MaxBytes-x.bytes {
-			return refuse(e, "content exceeds %d bytes (limit MaxBytes)", x.opts.MaxBytes)
+			return refuse(e, "content exceeds %d bytes (limit %s)", x.opts.MaxBytes, x.limit("MaxBytes"))
 		}
 	}
 	if e.typ == tar.TypeSymlink {

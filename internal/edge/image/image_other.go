@@ -5,6 +5,7 @@ package image
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -44,4 +45,9 @@ func PruneWhiteouts(ctx context.Context, dir string, lower []string) (Pruned, er
 // BuildLayerFile needs Linux (mkfs.erofs).
 func BuildLayerFile(ctx context.Context, dir, out string) (string, int64, error) {
 	return "", 0, fmt.Errorf("build layer from %s: %w", dir, errdefs.ErrNotSupported)
+}
+
+// ImportArchive needs Linux, like Import.
+func (s *Store) ImportArchive(ctx context.Context, ref string, kind Kind, r io.Reader, name string, opts ImportOptions) (Layer, error) {
+	return Layer{}, fmt.Errorf("import layer: %w", errdefs.ErrNotSupported)
 }

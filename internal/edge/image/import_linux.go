@@ -36,6 +36,16 @@ func (s *Store) Import(ctx context.Context, ref string, kind Kind, src string, o
 	})
 }
 
+// ImportArchive is Import of a tar archive (plain or gzip) read from r, a
+// stream the caller does not keep (an upload): it is extracted as it is
+// read, through every check of Import, and read to its end. name labels it
+// in messages and is the layer's source.
+func (s *Store) ImportArchive(ctx context.Context, ref string, kind Kind, r io.Reader, name string, opts ImportOptions) (Layer, error) {
+	return s.importLayer(ctx, ref, kind, name, "", opts, func(x *extractor) error {
+		return extractArchiveFrom(ctx, x, r, name)
+	})
+}
+
 // ImportLayers builds one layer of the given kind from srcs, uncompressed
 // tar streams applied in order into one tree, as overlayfs would stack them:
 // OCI whiteouts (.wh.NAME, .wh..wh..opq) delete what earlier streams made and

@@ -47,17 +47,30 @@ func extractArchive(ctx context.Context, x *extractor, src string) error {
 		return fmt.Errorf("open import source %s: %w", src, err)
 	}
 	defer f.Close()
-	br := bufio.NewReaderSize(f, 1<<16)
-	var r io.Reader = br
+	return extractArchiveFrom(ctx, x, f, src)
+}
+
+// extractArchiveFrom reads a tar archive (plain or gzip) from r, named src
+// in messages, and then r to its end: the bytes a stream carries after the
+// archive (padding of a tape record) are read but not used.
+func extractArchiveFrom(ctx context.Context, x *extractor, r io.Reader, src string) error {
+	br := bufio.NewReaderSize(r, 1<<16)
+	var tr io.Reader = br
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
 			return fmt.Errorf("read archive %s: %v: %w", src, err, errdefs.ErrInvalidArgument)
 		}
 		defer zr.Close()
-		r = zr
+		tr = zr
 	}
-	return extractTar(ctx, x, r, src, false)
+	if err := extractTar(ctx, x, tr, src, false); err != nil {
+		return err
+	}
+	if _, err := io.Copy(io.Discard, br); err != nil {
+		return fmt.Errorf("read archive %s: %w", src, err)
+	}
+	return nil
 }
 
 // extractTar feeds the entries of the tar stream r (named src in messages)

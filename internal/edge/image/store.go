@@ -2,9 +2,12 @@ package image
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -12,6 +15,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -67,6 +71,9 @@ type ImportOptions struct {
 	// opaque marks that hide nothing in them are left out of it (overlayfs
 	// would list such a whiteout); a base layer with none below keeps none.
 	Below []string
+	// LimitName says how the caller sets MaxBytes and MaxEntries (a flag),
+	// for the messages that refuse an import over them; "" names the options.
+	LimitName string
 }
 
 const (
@@ -661,4 +668,120 @@ func (s *Store) Environments() ([]Environment, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// Adopted is a layer another node built, as the blob store they share
+// records it, for Adopt.
+type Adopted struct {
+	Digest string // "sha256:<hex>"
+	Kind   Kind
+	Size   int64
+	Source string
+}
+
+// Adopt records layers another node built (their files stay in the blob
+// store: this store has no copy until FetchLayerFile) and points ref at
+// them: at the one layer, or, with img set, at an image of them in order
+// with that configuration. A layer this store has already is kept as it is
+// (a kind that differs is an error wrapping errdefs.ErrAlreadyExists, as for
+// Import). The index is fsync'd before Adopt returns.
+func (s *Store) Adopt(ctx context.Context, ref string, layers []Adopted, img *ImageConfig) error {
+	nref, err := normalizeRef(ref)
+	if err != nil {
+		return fmt.Errorf("adopt: %w", err)
+	}
+	if len(layers) == 0 || (img == nil && len(layers) != 1) {
+		return fmt.Errorf("adopt %s: %d layers: a layer ref names one, an image at least one: %w", nref, len(layers), errdefs.ErrInvalidArgument)
+	}
+	hexes := make([]string, len(layers))
+	for i, l := range layers {
+		if hexes[i], err = parseDigest(l.Digest); err != nil {
+			return fmt.Errorf("adopt %s: %w", nref, err)
+		}
+		if !l.Kind.valid() {
+			return fmt.Errorf("adopt %s: layer %s has kind %q: %w", nref, l.Digest, l.Kind, errdefs.ErrInvalidArgument)
+		}
+		if slices.Contains(hexes[:i], hexes[i]) {
+			return fmt.Errorf("adopt %s: layer %s listed twice: %w", nref, l.Digest, errdefs.ErrInvalidArgument)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("adopt %s: %w", nref, err)
+	}
+	err = s.update(true, func(ix *index) error {
+		now := time.Now().UTC()
+		for i, l := range layers {
+			if rec := ix.Layers[hexes[i]]; rec != nil {
+				if rec.Kind != l.Kind {
+					return fmt.Errorf("layer %s is already stored as a %s layer: %w", l.Digest, rec.Kind, errdefs.ErrAlreadyExists)
+				}
+				continue
+			}
+			ix.Layers[hexes[i]] = &layerRecord{Kind: l.Kind, Size: l.Size, Created: now, Source: l.Source}
+		}
+		if img == nil {
+			ix.setRef(nref, hexes[0])
+			return nil
+		}
+		delete(ix.Refs, nref)
+		ix.Images[nref] = &imageRecord{Digests: hexes, Config: cloneConfig(*img), Created: now}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("adopt %s: %w", nref, err)
+	}
+	s.log.Info("adopted", "ref", nref, "layers", len(layers), "image", img != nil)
+	return nil
+}
+
+// HasLayerFile reports whether the store holds the image file of layer
+// digest (an adopted layer has none until FetchLayerFile).
+func (s *Store) HasLayerFile(digest string) bool {
+	hex, err := parseDigest(digest)
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(s.blobPath(hex))
+	return err == nil
+}
+
+// FetchLayerFile stores the image file of the recorded layer digest,
+// written by write (from the blob store), unless the store has it. The
+// content must have the digest; nothing is kept otherwise.
+func (s *Store) FetchLayerFile(ctx context.Context, digest string, write func(io.Writer) error) error {
+	hexDigest, err := parseDigest(digest)
+	if err != nil {
+		return fmt.Errorf("fetch layer file: %w", err)
+	}
+	if s.HasLayerFile(digest) {
+		return nil
+	}
+	f, err := os.CreateTemp(s.tmpDir(), strconv.Itoa(os.Getpid())+"-fetch-*")
+	if err != nil {
+		return fmt.Errorf("fetch layer file %s: %w", digest, err)
+	}
+	defer os.Remove(f.Name()) // no-op once renamed
+	h := sha256.New()
+	err = write(io.MultiWriter(f, h))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("fetch layer file %s: %w", digest, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != hexDigest {
+		return fmt.Errorf("fetch layer file %s: content has digest sha256:%s: %w", digest, got, errdefs.ErrInvalidArgument)
+	}
+	return s.update(true, func(ix *index) error {
+		if ix.Layers[hexDigest] == nil {
+			return fmt.Errorf("fetch layer file %s: no such layer (removed meanwhile?): %w", digest, errdefs.ErrNotFound)
+		}
+		if err := os.Rename(f.Name(), s.blobPath(hexDigest)); err != nil {
+			return fmt.Errorf("fetch layer file %s: %w", digest, err)
+		}
+		return syncDir(filepath.Dir(s.blobPath(hexDigest)))
+	})
 }

@@ -134,6 +134,18 @@ func TestImportTarGzipAndDirectory(t *testing.T) {
 	if l1.Digest != l2.Digest {
 		t.Errorf("tar and tar.gz of the same tree: digests %s and %s differ", l1.Digest, l2.Digest)
 	}
+	// An upload: the archive as a stream, never a file of the store's.
+	for _, src := range []string{plain, gz} {
+		f, err := os.Open(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := s.ImportArchive(ctx, "", KindBase, io.MultiReader(f, bytes.NewReader(make([]byte, 10240))), "upload", ImportOptions{})
+		f.Close()
+		if err != nil || l.Digest != l1.Digest {
+			t.Errorf("ImportArchive of %s (and a tape record's padding) = %+v, %v; want digest %s", filepath.Base(src), l, err, l1.Digest)
+		}
+	}
 	if !strings.HasPrefix(l1.Digest, "sha256:") || l1.Kind != KindBase || l1.Size <= 0 || l1.Source != plain {
 		t.Errorf("layer = %+v", l1)
 	}
@@ -486,6 +498,7 @@ func TestImportRefusesHostileArchives(t *testing.T) {
 		{"trusted xattr", []tarEntry{trusted}, ImportOptions{}, `unsupported extended attribute "trusted.evil"`},
 		{"tar bomb one file", []tarEntry{big}, ImportOptions{MaxBytes: 1024}, `"big": content exceeds 1024 bytes`},
 		{"tar bomb many files", []tarEntry{file("a", strings.Repeat("x", 600)), file("b", strings.Repeat("x", 600))}, ImportOptions{MaxBytes: 1024}, `"b": content exceeds`},
+		{"tar bomb, the limit named", []tarEntry{big}, ImportOptions{MaxBytes: 1024, LimitName: "dsecd --max-upload-bytes"}, `content exceeds 1024 bytes (limit dsecd --max-upload-bytes)`},
 		{"too many entries", many, ImportOptions{MaxEntries: 3}, `"fd": more than 3 entries`},
 		{"file as parent", []tarEntry{file("f", "x"), file("f/g", "y")}, ImportOptions{}, "a parent is not a directory"},
 		{"file replacing directory", []tarEntry{dirEnt("d"), file("d", "x")}, ImportOptions{}, "replaces a directory"},
@@ -501,6 +514,16 @@ func TestImportRefusesHostileArchives(t *testing.T) {
 				_, err := s.Import(ctx, "hostile:1", KindBase, src, tc.opts)
 				if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) {
 					t.Errorf("Import(gzip=%v) = %v; want ErrInvalidArgument containing %q", gz, err, tc.msg)
+				}
+				// The same archive uploaded, as a stream, meets the same checks.
+				f, err := os.Open(src)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = s.ImportArchive(ctx, "hostile:1", KindBase, f, "upload", tc.opts)
+				f.Close()
+				if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) {
+					t.Errorf("ImportArchive(gzip=%v) = %v; want ErrInvalidArgument containing %q", gz, err, tc.msg)
 				}
 			}
 			if after := testutil.TreeSnapshot(t, outside); after != before {

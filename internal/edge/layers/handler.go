@@ -2,8 +2,8 @@ package layers
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,6 +15,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/oci"
 )
 
@@ -57,35 +58,59 @@ func (ls *Handler) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.
 	if !ok {
 		return nil, fmt.Errorf("layer kind must be base, workspace or toolkit: %w", errdefs.ErrInvalidArgument)
 	}
-	src := m.GetPath()
-	switch {
-	case len(m.GetArchive()) > 0 && src != "":
-		return nil, fmt.Errorf("import layer %s: give a path or an archive, not both: %w", m.GetRef(), errdefs.ErrInvalidArgument)
-	case len(m.GetArchive()) > 0:
-		// The archive goes through a file of this host's, which the import
-		// reads as it reads any tar archive (every check applies).
-		f, err := os.CreateTemp("", "dsec-import-*.tar")
-		if err != nil {
-			return nil, fmt.Errorf("import layer %s: %w", m.GetRef(), err)
-		}
-		defer os.Remove(f.Name())
-		_, werr := f.Write(m.GetArchive())
-		if cerr := f.Close(); werr == nil {
-			werr = cerr
-		}
-		if werr != nil {
-			return nil, fmt.Errorf("import layer %s: keep the archive: %w", m.GetRef(), werr)
-		}
-		src = f.Name()
-	case !filepath.IsAbs(src):
-		return nil, fmt.Errorf("import path %q must be absolute (a path on the daemon's host): %w", src, errdefs.ErrInvalidArgument)
+	if src := m.GetPath(); !filepath.IsAbs(src) {
+		return nil, fmt.Errorf("import path %q must be absolute (a path on the daemon's host; UploadLayer sends a tree from the client's): %w", src, errdefs.ErrInvalidArgument)
 	}
-	l, err := ls.svc.Import(ctx, m.GetRef(), kind, src, image.ImportOptions{AllowSetuid: m.GetAllowSetuid()})
+	l, err := ls.svc.Import(ctx, m.GetRef(), kind, m.GetPath(), image.ImportOptions{AllowSetuid: m.GetAllowSetuid()})
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(layerToProto(l)), nil
 }
+
+func (ls *Handler) UploadLayer(ctx context.Context, stream *connect.ClientStream[dsecv1.UploadLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	l, err := ls.UploadLayerFrom(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(l), nil
+}
+
+// UploadLayerFrom builds a layer from the archive an upload's stream
+// carries, extracted as it arrives: at most the service's MaxUpload bytes
+// of archive, unpacking to at most as many bytes of files.
+func (ls *Handler) UploadLayerFrom(ctx context.Context, s layerupload.Stream) (*dsecv1.Layer, error) {
+	_, h, err := layerupload.ReadHeader(s)
+	if err != nil {
+		return nil, err
+	}
+	kind, ok := kinds[h.GetKind()]
+	if !ok {
+		return nil, fmt.Errorf("upload layer %s: layer kind must be base, workspace or toolkit: %w", h.GetRef(), errdefs.ErrInvalidArgument)
+	}
+	limit := ls.svc.MaxUpload()
+	if h.GetSize() > limit {
+		return nil, fmt.Errorf("upload layer %s: an archive of %s is over the %s an upload may have (%s): %w",
+			h.GetRef(), layerupload.Size(h.GetSize()), layerupload.Size(limit), MaxUploadFlag, errdefs.ErrResourceExhausted)
+	}
+	body := layerupload.NewBody(s, h.GetRef(), limit, MaxUploadFlag)
+	l, err := ls.svc.ImportArchive(ctx, h.GetRef(), kind, body, image.ImportOptions{
+		AllowSetuid: h.GetAllowSetuid(), MaxBytes: limit, LimitName: MaxUploadFlag,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return layerToProto(l), nil
+}
+
+// AdoptLayers records ref, which another node sharing the blob store
+// imported, naming digests (see Service.Adopt).
+func (ls *Handler) AdoptLayers(ctx context.Context, ref string, digests []string) error {
+	return ls.svc.Adopt(ctx, ref, digests)
+}
+
+// BlobStore names the node's blob store alike on every node sharing it.
+func (ls *Handler) BlobStore() string { return ls.svc.BlobStoreName() }
 
 func (ls *Handler) ListLayers(ctx context.Context, req *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
 	all, err := ls.svc.List()
@@ -102,6 +127,14 @@ func (ls *Handler) ListLayers(ctx context.Context, req *connect.Request[dsecv1.L
 // RemoveLayer refuses to remove a layer that a live sandbox runs on.
 func (ls *Handler) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
 	l, err := ls.svc.Get(req.Msg.GetRef())
+	if errors.Is(err, errdefs.ErrNotFound) {
+		// The blob store may have it still (the node that imported it
+		// left): its record goes, so that no node adopts it again.
+		if dropped, derr := ls.svc.DropRecord(ctx, req.Msg.GetRef()); derr != nil || !dropped {
+			return nil, err
+		}
+		return connect.NewResponse(&dsecv1.RemoveLayerResponse{}), nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +148,7 @@ func (ls *Handler) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.
 			return nil, fmt.Errorf("layer %s is in use by sandbox %s: %w", req.Msg.GetRef(), id, errdefs.ErrFailedPrecondition)
 		}
 	}
-	if err := ls.svc.Remove(req.Msg.GetRef()); err != nil {
+	if err := ls.svc.Remove(ctx, req.Msg.GetRef()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.RemoveLayerResponse{}), nil

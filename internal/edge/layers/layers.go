@@ -14,6 +14,10 @@
 // It also keeps the access accounting the paper asks to measure first:
 // per layer, bytes read against size, chunks fetched and cache hits; per
 // environment, the fan-out.
+//
+// Nodes that share a blob store share refs too (refs.go): an import
+// publishes what its ref names, and another node adopts it from the store
+// without building anything.
 package layers
 
 import (
@@ -84,8 +88,20 @@ type Config struct {
 	Loader    Loader // required in ondemand mode, and to mark metadata chunks
 	// Tars also publishes each layer as a tar.gz, which tar mode needs.
 	Tars bool
-	Log  *slog.Logger
+	// Machine is an ID of the host, which names a directory blob store
+	// with its path (see blob.StoreName).
+	Machine string
+	// MaxUpload bounds an uploaded archive, and the tree it unpacks to;
+	// 0 = DefaultMaxUpload.
+	MaxUpload int64
+	Log       *slog.Logger
 }
+
+// DefaultMaxUpload is the most an upload may carry unless configured.
+const DefaultMaxUpload = 16 << 30
+
+// MaxUploadFlag is how an operator raises Config.MaxUpload, for messages.
+const MaxUploadFlag = "dsecd --max-upload-bytes"
 
 // Service implements the node's layer operations on top of an image store.
 type Service struct {
@@ -108,6 +124,9 @@ func New(cfg Config, images *image.Store) (*Service, error) {
 	if cfg.ChunkSize == 0 {
 		cfg.ChunkSize = blob.DefaultChunkSize
 	}
+	if cfg.MaxUpload == 0 {
+		cfg.MaxUpload = DefaultMaxUpload
+	}
 	if cfg.Blobs == nil {
 		return nil, fmt.Errorf("layer service: no blob store: %w", errdefs.ErrInvalidArgument)
 	}
@@ -126,16 +145,47 @@ func New(cfg Config, images *image.Store) (*Service, error) {
 // Mode is the service's loading mode.
 func (s *Service) Mode() Mode { return s.cfg.Mode }
 
-// Import builds a layer from a directory or tar archive and publishes it.
+// BlobStoreName names the node's blob store alike on every node sharing it.
+func (s *Service) BlobStoreName() string { return blob.StoreName(s.cfg.BlobSpec, s.cfg.Machine) }
+
+// MaxUpload is the most an uploaded archive may carry.
+func (s *Service) MaxUpload() int64 { return s.cfg.MaxUpload }
+
+// Import builds a layer from a directory or tar archive and publishes it,
+// and its ref.
 func (s *Service) Import(ctx context.Context, ref string, kind image.Kind, src string, opts image.ImportOptions) (image.Layer, error) {
 	l, err := s.images.Import(ctx, ref, kind, src, opts)
 	if err != nil {
 		return image.Layer{}, err
 	}
-	if err := s.publish(ctx, l.Digest); err != nil {
+	if err := s.publishLayer(ctx, ref, l.Digest); err != nil {
 		return image.Layer{}, err
 	}
 	return l, nil
+}
+
+// ImportArchive builds a layer from the tar archive (plain or gzip) r
+// streams, an upload, as it arrives, and publishes it and its ref.
+func (s *Service) ImportArchive(ctx context.Context, ref string, kind image.Kind, r io.Reader, opts image.ImportOptions) (image.Layer, error) {
+	l, err := s.images.ImportArchive(ctx, ref, kind, r, "upload", opts)
+	if err != nil {
+		return image.Layer{}, err
+	}
+	if err := s.publishLayer(ctx, ref, l.Digest); err != nil {
+		return image.Layer{}, err
+	}
+	return l, nil
+}
+
+// publishLayer publishes an imported layer, then the ref naming it.
+func (s *Service) publishLayer(ctx context.Context, ref, digest string) error {
+	if err := s.publish(ctx, digest); err != nil {
+		return err
+	}
+	if ref == "" {
+		return nil
+	}
+	return s.publishRef(ctx, ref)
 }
 
 // ImportImage imports an OCI image as the environment ref and publishes its
@@ -152,6 +202,9 @@ func (s *Service) ImportImage(ctx context.Context, ref, source string, opts oci.
 		if err := s.publish(ctx, d); err != nil {
 			return oci.Result{}, err
 		}
+	}
+	if err := s.publishRef(ctx, ref); err != nil {
+		return oci.Result{}, err
 	}
 	return res, nil
 }
@@ -263,8 +316,21 @@ type EnvironmentUsage struct {
 	Sandboxes int64
 }
 
-// ResolveEnvironment resolves BASE[+LAYER...] to layers, bottom first.
-func (s *Service) ResolveEnvironment(env string) ([]image.Layer, error) {
+// ResolveEnvironment resolves BASE[+LAYER...] to layers, bottom first. A
+// part the node lacks is adopted from the blob store when another node
+// published it there (refs.go).
+func (s *Service) ResolveEnvironment(ctx context.Context, env string) ([]image.Layer, error) {
+	layers, err := s.images.ResolveEnvironment(env)
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		return layers, err
+	}
+	adopted, aerr := s.adoptMissing(ctx, env)
+	if aerr != nil {
+		return nil, fmt.Errorf("environment %q: adopt from the blob store: %w", env, aerr)
+	}
+	if !adopted {
+		return nil, err
+	}
 	return s.images.ResolveEnvironment(env)
 }
 
@@ -514,9 +580,39 @@ func (s *Service) List() ([]image.Layer, error) { return s.images.List() }
 // Get finds a layer by name:tag or digest.
 func (s *Service) Get(refOrDigest string) (image.Layer, error) { return s.images.Get(refOrDigest) }
 
-// Remove drops a ref, or a layer by digest, from the node's image store.
-// Blobs stay in the blob store, which other nodes may share.
-func (s *Service) Remove(refOrDigest string) error { return s.images.Remove(refOrDigest) }
+// Remove drops a ref, or a layer by digest, from the node's image store,
+// and the blob store's records of the refs that went. Blobs stay in the
+// blob store, which other nodes may share.
+func (s *Service) Remove(ctx context.Context, refOrDigest string) error {
+	gone := map[string][]string{} // ref -> the digests it named
+	if strings.HasPrefix(refOrDigest, "sha256:") {
+		if l, err := s.images.Get(refOrDigest); err == nil {
+			for _, r := range l.Refs {
+				gone[r] = []string{l.Digest}
+			}
+		}
+	} else if ref, err := image.ParseRef(refOrDigest); err == nil {
+		if rec, err := s.localRecord(ref); err == nil {
+			gone[ref] = rec.digests()
+		}
+	}
+	if err := s.images.Remove(refOrDigest); err != nil {
+		return err
+	}
+	var errs []error
+	for ref, digests := range gone {
+		if s.knows(ref) {
+			continue // removing a layer by digest leaves refs of images
+		}
+		if err := s.dropRef(ctx, ref, digests); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("remove %s: %w", refOrDigest, err)
+	}
+	return nil
+}
 
 // Environments lists the environments sandboxes were made from.
 func (s *Service) Environments() ([]image.Environment, error) { return s.images.Environments() }

@@ -62,7 +62,9 @@ type Runtime interface {
 // Images resolves environments to mounted layers. *layers.Service
 // implements it.
 type Images interface {
-	ResolveEnvironment(env string) ([]image.Layer, error)
+	// ResolveEnvironment may adopt parts of env the node lacks from the
+	// blob store another node published them to.
+	ResolveEnvironment(ctx context.Context, env string) ([]image.Layer, error)
 	// Mount makes layer digest available to sandbox id and returns the
 	// directory to use as a lower layer.
 	Mount(ctx context.Context, id, digest string) (string, error)
@@ -263,7 +265,7 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token st
 // until it is taken.
 func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec, poolKey, token string) (*sandbox, error) {
 	// The image store's errors name the environment and what is wrong with it.
-	layers, err := m.images.ResolveEnvironment(spec.GetEnvironment())
+	layers, err := m.images.ResolveEnvironment(ctx, spec.GetEnvironment())
 	if err != nil {
 		return nil, err
 	}

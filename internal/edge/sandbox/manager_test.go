@@ -127,7 +127,7 @@ type fakeImages struct {
 	digest string // "" = sha256:aa
 }
 
-func (f *fakeImages) ResolveEnvironment(env string) ([]image.Layer, error) {
+func (f *fakeImages) ResolveEnvironment(ctx context.Context, env string) ([]image.Layer, error) {
 	if env != "base:1" {
 		return nil, fmt.Errorf("environment %q: %w", env, errdefs.ErrNotFound)
 	}

@@ -91,7 +91,7 @@ func (m *Manager) SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, siz
 		return nil, fmt.Errorf("warm pools hold sandboxes without network rules: %w", errdefs.ErrInvalidArgument)
 	}
 	if size > 0 {
-		if _, err := m.images.ResolveEnvironment(spec.GetEnvironment()); err != nil {
+		if _, err := m.images.ResolveEnvironment(ctx, spec.GetEnvironment()); err != nil {
 			return nil, fmt.Errorf("resolve environment %q: %w", spec.GetEnvironment(), err)
 		}
 	}
@@ -207,7 +207,7 @@ var errStale = errors.New("the pooled sandbox runs other layers than its environ
 // caller's spec (labels, TTL and idle timeout included) and the create's
 // token, and starts its lifetime now.
 func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
-	layers, err := m.images.ResolveEnvironment(spec.GetEnvironment())
+	layers, err := m.images.ResolveEnvironment(ctx, spec.GetEnvironment())
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import io
 import math
 import os
 import tarfile
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import (Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping,
@@ -52,6 +53,67 @@ def _unb64(s: Optional[str]) -> bytes:
         return b""
     s = s.replace("-", "+").replace("_", "/")
     return base64.b64decode(s + "=" * (-len(s) % 4))
+
+
+UPLOAD_PIECE = 1 << 20  # bytes of archive in one message of an upload
+
+
+async def _upload_messages(header: Dict[str, Any], path: str) -> AsyncIterator[Dict[str, Any]]:
+    """The messages of an upload of path: the header, the archive in pieces
+    (a file as it is, a directory packed by a thread as it is read), then the
+    end marker, which only a source read whole gets."""
+    loop = asyncio.get_running_loop()
+    if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            yield {"header": dict(header, size=str(os.fstat(f.fileno()).st_size))}
+            while True:
+                piece = await loop.run_in_executor(None, f.read, UPLOAD_PIECE)
+                if not piece:
+                    break
+                yield {"data": _b64(piece)}
+        yield {"end": True}
+        return
+    rfd, wfd = os.pipe()
+    failed: List[BaseException] = []
+
+    def pack() -> None:
+        try:
+            with os.fdopen(wfd, "wb") as w, tarfile.open(fileobj=w, mode="w|", format=tarfile.PAX_FORMAT) as tf:
+                for name in sorted(os.listdir(path)):
+                    tf.add(os.path.join(path, name), arcname=name)
+        except BaseException as e:  # a broken pipe too: the upload ended first
+            failed.append(e)
+
+    packer = threading.Thread(target=pack, name="dsec-upload-pack", daemon=True)
+    packer.start()
+    try:
+        yield {"header": header}
+        with os.fdopen(rfd, "rb", buffering=0) as r:
+            rfd = -1
+            while True:
+                piece = await loop.run_in_executor(None, _read_full, r, UPLOAD_PIECE)
+                if not piece:
+                    break
+                yield {"data": _b64(piece)}
+        await loop.run_in_executor(None, packer.join)
+        if failed:
+            raise errors.InvalidArgument(f"upload {header['ref']}: pack {path}: {failed[0]}")
+        yield {"end": True}
+    finally:
+        if rfd >= 0:
+            os.close(rfd)
+
+
+def _read_full(r, n: int) -> bytes:
+    """Up to n bytes from r, fewer only at its end."""
+    parts, got = [], 0
+    while got < n:
+        b = r.read(n - got)
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
 
 
 def _rules(rules: Mapping[str, bool]) -> Dict[str, bool]:
@@ -562,26 +624,17 @@ class AsyncClient:
     async def import_layer(self, ref: str, path: str, *, kind: str = "base", allow_setuid: bool = False,
                            upload: bool = False, timeout: float = 600.0) -> Dict[str, Any]:
         """Build a layer from a directory or tar archive on the daemon's host,
-        or, with upload=True, on this machine: the tree is sent as a tar
-        archive (at most 1 GiB), as a client of a cluster does."""
-        msg = {"ref": ref, "kind": "LAYER_KIND_" + kind.upper(), "path": path}
-        if upload:
-            del msg["path"]
-            if os.path.isdir(path):
-                buf = io.BytesIO()
-                with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                    for name in sorted(os.listdir(path)):
-                        tf.add(os.path.join(path, name), arcname=name)
-                data = buf.getvalue()
-            else:
-                with open(path, "rb") as f:
-                    data = f.read()
-            if len(data) > (1 << 30):
-                raise errors.InvalidArgument(f"{path} packs to {len(data) >> 20} MiB, over the 1024 MiB an import may send")
-            msg["archive"] = _b64(data)
+        or, with upload=True, on this machine: the tree is streamed as a tar
+        archive packed as it is sent (an archive file as it is), never held
+        whole, as a client of a cluster does. An edge refuses an archive over
+        its --max-upload-bytes (ResourceExhausted)."""
+        header: Dict[str, Any] = {"ref": ref, "kind": "LAYER_KIND_" + kind.upper()}
         if allow_setuid:
-            msg["allowSetuid"] = True
-        return await self._call("ImportLayer", msg, timeout, service=LAYERS)
+            header["allowSetuid"] = True
+        if upload:
+            return await self._t.client_stream(LAYERS, "UploadLayer", _upload_messages(header, path),
+                                               timeout=self._to(timeout))
+        return await self._call("ImportLayer", dict(header, path=path), timeout, service=LAYERS)
 
     async def remove_layer(self, ref: str, *, timeout: Optional[float] = None) -> None:
         await self._call("RemoveLayer", {"ref": ref}, timeout, service=LAYERS)

@@ -5,7 +5,8 @@ a list of apiservers, over TCP, TLS or a Unix socket. It speaks the Connect
 protocol with JSON: unary calls are a POST with an application/json body;
 server streams are a POST with one enveloped message, answered by a sequence
 of envelopes whose last one (flag 0x02) carries the end of the stream and
-maybe an error.
+maybe an error; a client stream sends its envelopes in a chunked body as
+they come and is answered as a server stream of one message.
 
 Every call has a deadline. Each read and write waits at most until that
 deadline, so a daemon that dies or stalls mid-call gives a typed error
@@ -455,24 +456,44 @@ class Transport:
 
     # --- one HTTP exchange -------------------------------------------------
 
-    async def _send(self, ep: _Endpoint, i: int, path: str, ctype: str, body: bytes, deadline: Deadline,
-                    call: _Call, what: str) -> _Response:
-        """Send a POST and read the response head. Raises typed errors."""
-        conn = await self._acquire(ep, deadline, what)
-        call.reached = i
-        head = [f"POST {ep.prefix}{path} HTTP/1.1", f"Host: {ep.host_header}",
-                f"Content-Type: {ctype}", f"Content-Length: {len(body)}",
+    def _head(self, ep: _Endpoint, path: str, ctype: str, length: str, deadline: Deadline) -> bytes:
+        """A POST's request head; length is a Content-Length, or "chunked"."""
+        head = [f"POST {ep.prefix}{path} HTTP/1.1", f"Host: {ep.host_header}", f"Content-Type: {ctype}",
+                "Transfer-Encoding: chunked" if length == "chunked" else f"Content-Length: {length}",
                 "Connect-Protocol-Version: 1", "User-Agent: libdsec-python"]
         if self._cred.token:
             head.append(f"Authorization: Bearer {self._cred.token}")
         ms = deadline.header_ms()
         if ms is not None:
             head.append(f"Connect-Timeout-Ms: {ms}")
-        data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-        got_response = False
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+
+    async def _send(self, ep: _Endpoint, i: int, path: str, ctype: str, body: bytes, deadline: Deadline,
+                    call: _Call, what: str) -> _Response:
+        """Send a POST and read the response head. Raises typed errors."""
+        conn = await self._acquire(ep, deadline, what)
+        call.reached = i
+        data = self._head(ep, path, ctype, str(len(body)), deadline) + body
         try:
             conn.writer.write(data)
             await deadline.wait(conn.writer.drain(), what)
+        except errors.Timeout:
+            conn.close()
+            raise
+        except _TRANSPORT_ERRORS as e:
+            conn.close()
+            if conn.reused:
+                raise _StaleConn() from None
+            raise errors.Unavailable(f"{what}: {ep.describe()}: {e or type(e).__name__}") from None
+        except BaseException:
+            conn.close()
+            raise
+        return await self._read_head(conn, ep, deadline, what)
+
+    async def _read_head(self, conn: _Conn, ep: _Endpoint, deadline: Deadline, what: str) -> _Response:
+        """Read a response head. Raises typed errors."""
+        got_response = False
+        try:
             line = await deadline.wait(conn.reader.readline(), what)
             if not line:
                 raise EOFError("connection closed before the response")
@@ -638,8 +659,102 @@ class Transport:
             stream._again = again
         return stream
 
+    # --- Connect client stream ---------------------------------------------
+
+    async def client_stream(self, service: str, method: str, messages: AsyncIterator[Dict[str, Any]], *,
+                            timeout: Optional[float]) -> Dict[str, Any]:
+        """Call a client-streaming RPC: each of messages goes as an envelope
+        of a chunked request body as it comes, and the answer is one message.
+        The stream is sent once, on a connection of its own: it goes on to
+        the next address only when none could be reached, since messages may
+        not be read twice. An error raised by messages abandons the call (the
+        connection is closed without the body's end)."""
+        what = method
+        path = f"/{service}/{method}"
+        deadline = Deadline(timeout)
+        call = _Call(len(self.endpoints))
+        try:
+            return await self._attempt(call, what, lambda ep, i: self._client_stream_once(
+                ep, i, path, messages, deadline, call, what))
+        except (errors.Unavailable, errors.Overloaded, errors.Unauthenticated) as e:
+            raise self._failed(call, e)
+
+    async def _client_stream_once(self, ep, i, path, messages, deadline, call, what) -> Dict[str, Any]:
+        # A new connection: a kept-alive one found closed would show it only
+        # after messages were consumed.
+        idle, ep.idle = ep.idle, collections.deque()
+        try:
+            conn = await self._acquire(ep, deadline, what)
+        finally:
+            ep.idle.extend(idle)
+        call.reached = i
+        # The server may answer before the body ends (it refused the
+        # stream): its answer is read while the body goes.
+        answer = asyncio.ensure_future(self._read_head(conn, ep, deadline, what))
+        whole = False  # the body went to its end: the connection may be kept
+        try:
+            conn.writer.write(self._head(ep, path, "application/connect+json", "chunked", deadline))
+            async for msg in messages:
+                payload = json.dumps(msg, separators=(",", ":")).encode()
+                env = struct.pack(">BI", 0, len(payload)) + payload
+                conn.writer.write(b"%x\r\n%s\r\n" % (len(env), env))
+                if not await self._sent(conn, answer, deadline, what):
+                    break
+            else:
+                conn.writer.write(b"0\r\n\r\n")
+                whole = await self._sent(conn, answer, deadline, what)
+        except _TRANSPORT_ERRORS:
+            pass  # the server ended the call: its answer says why
+        except BaseException:
+            answer.cancel()
+            conn.close()
+            raise
+        finally:
+            aclose = getattr(messages, "aclose", None)
+            if aclose is not None:
+                await aclose()  # a source left early lets go of what it holds now
+        try:
+            resp = await answer
+        except _StaleConn:
+            raise errors.Unavailable(f"{what}: {ep.describe()}: connection closed before the response") from None
+        resp.keep_alive = resp.keep_alive and whole
+        stream = await self._stream_of(resp, i)
+        try:
+            out = await stream.next()
+            if out is None:
+                raise errors.Internal(f"{what}: the stream ended without an answer")
+            if await stream.next() is not None:
+                raise errors.Internal(f"{what}: more than one answer")
+            return out
+        finally:
+            stream.close()
+
+    @staticmethod
+    async def _sent(conn: _Conn, answer: "asyncio.Future", deadline: Deadline, what: str) -> bool:
+        """Wait until what was written has gone, or the answer has come (the
+        server ended the call early: the rest need not go, and must not, as a
+        write the server no longer reads would break the connection before
+        the answer is read). Reports whether it went."""
+        if answer.done():
+            return False
+        drain = asyncio.ensure_future(conn.writer.drain())
+        try:
+            await deadline.wait(asyncio.wait({drain, answer}, return_when=asyncio.FIRST_COMPLETED), what)
+        finally:
+            if not drain.done():
+                drain.cancel()
+        if drain.done() and not drain.cancelled():
+            drain.result()  # a broken connection raises here
+            return not answer.done()
+        return False
+
     async def _open(self, ep, i, path, body, deadline, call, what) -> "ServerStream":
         resp = await self._send(ep, i, path, "application/connect+json", body, deadline, call, what)
+        return await self._stream_of(resp, i)
+
+    async def _stream_of(self, resp: _Response, i: int) -> "ServerStream":
+        """The messages of a stream's response, or the error a refusal (not
+        200) carries."""
         if resp.status != 200:
             try:
                 data = await resp.read_all()

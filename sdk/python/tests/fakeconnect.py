@@ -2,9 +2,13 @@
 
 Routes map "/dsec.v1.SandboxService/Method" to functions taking a Call; the
 function answers with call.reply / call.error for unary methods, or
-call.send / call.end for server streams, or call.drop() to cut the
+call.send / call.end for server streams (and client streams, whose
+messages are call.msgs, call.msg the first), or call.drop() to cut the
 connection without an answer; server.default, if set, answers the paths
 without a route. Every request is recorded in server.requests.
+server.early(method) makes a client stream's route answer after the first
+message, the rest unread, and close the connection as Go's server does
+(its write side first, the socket half a second later).
 FakeServer(tls=True) serves HTTPS with testdata/localhost.pem (CERT), a
 self-signed certificate for localhost and 127.0.0.1.
 """
@@ -17,6 +21,7 @@ import socketserver
 import ssl
 import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
@@ -27,12 +32,13 @@ def b64(b):
 
 
 class Call:
-    def __init__(self, handler, path, headers, msg, streaming):
+    def __init__(self, handler, path, headers, msg, streaming, msgs=None):
         self.h = handler
         self.path = path
         self.method = path.rsplit("/", 1)[-1]
         self.headers = headers
         self.msg = msg
+        self.msgs = msgs if msgs is not None else [msg]
         self.streaming = streaming
         self.started = False
 
@@ -116,18 +122,45 @@ class _Handler(BaseHTTPRequestHandler):
     def address_string(self):
         return "fake"
 
+    def _body(self):
+        if "chunked" not in self.headers.get("Transfer-Encoding", ""):
+            return self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        parts = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.rfile.readline()
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
+
+    def _first_envelope(self):
+        """Read a chunked body only until its first envelope is whole."""
+        buf = b""
+        while len(buf) < 5 or len(buf) < 5 + struct.unpack(">BI", buf[:5])[1]:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                break
+            buf += self.rfile.read(size)
+            self.rfile.readline()
+        return buf
+
     def do_POST(self):
-        n = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(n)
+        early = self.path in self.server.early_paths
+        body = self._first_envelope() if early else self._body()
         ctype = self.headers.get("Content-Type", "")
         streaming = ctype == "application/connect+json"
+        msgs = []
         if streaming:
-            flags, size = struct.unpack(">BI", body[:5])
-            assert flags == 0 and size == len(body) - 5, "bad request envelope"
-            msg = json.loads(body[5:])
+            while body:
+                flags, size = struct.unpack(">BI", body[:5])
+                assert flags == 0 and size <= len(body) - 5, "bad request envelope"
+                msgs.append(json.loads(body[5:5 + size]))
+                body = body[5 + size:]
+            msg = msgs[0] if msgs else {}
         else:
             msg = json.loads(body) if body else {}
-        call = Call(self, self.path, dict(self.headers), msg, streaming)
+        call = Call(self, self.path, dict(self.headers), msg, streaming, msgs if streaming else None)
         with self.server.lock:
             self.server.requests.append(call)
         fn = self.server.routes.get(self.path) or self.server.default
@@ -138,6 +171,12 @@ class _Handler(BaseHTTPRequestHandler):
         if call.streaming and not call.started and not self.dropped:
             call.end()
         if self.dropped:
+            self.close_connection = True
+        if early:
+            self.wfile.flush()
+            self.rfile.read(256 << 10)  # what Go's server discards of an unread body
+            self.connection.shutdown(socket.SHUT_WR)
+            time.sleep(0.5)
             self.close_connection = True
 
 
@@ -175,6 +214,7 @@ class FakeServer:
             self.srv.socket = ctx.wrap_socket(self.srv.socket, server_side=True)
         self.srv.routes = dict(routes or {})
         self.srv.default = None
+        self.srv.early_paths = set()
         self.srv.requests = []
         self.srv.connections = 0
         self.srv.lock = threading.Lock()
@@ -204,6 +244,9 @@ class FakeServer:
 
     def route(self, method, fn, service="dsec.v1.SandboxService"):
         self.srv.routes[f"/{service}/{method}"] = fn
+
+    def early(self, method, service="dsec.v1.LayerService"):
+        self.srv.early_paths.add(f"/{service}/{method}")
 
     @property
     def default(self):

@@ -14,6 +14,7 @@ from libdsec import _transport, errors
 from fakeconnect import CERT, FakeServer, b64
 
 LAYERS = "dsec.v1.LayerService"
+TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")  # a small tree to upload
 
 EXITED = {"exited": {"exitCode": 0, "status": "EXIT_STATUS_OK"}}
 
@@ -68,6 +69,7 @@ def serve_everything(srv):
     srv.route("SessionRun", _stream(EXITED))
     srv.route("Download", _stream({"data": b64("tar")}))
     srv.route("ImportImage", _stream({"done": True}), service=LAYERS)
+    srv.route("UploadLayer", _stream({"digest": "sha256:" + "0" * 64}), service=LAYERS)
 
 
 async def _exec_stream(c):
@@ -109,6 +111,7 @@ EVERY_CALL = [
     ("ListEnvironments", True, lambda c: c.list_environments()),
     ("LayerStats", True, lambda c: c.layer_stats()),
     ("ImportImage", False, lambda c: c.import_image("i:1", "oci:/x")),
+    ("UploadLayer", False, lambda c: c.import_layer("b:1", TESTDATA, upload=True)),
 ]
 
 

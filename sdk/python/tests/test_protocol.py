@@ -565,6 +565,89 @@ class StreamTest(FakeTestCase):
         self.assertEqual(self.srv.requests[0].msg["path"], "/work")
 
 
+class UploadLayerTest(FakeTestCase):
+    """import_layer(upload=True) streams the archive: a header, pieces of at
+    most UPLOAD_PIECE bytes, then the end marker."""
+
+    def route(self, answer=None):
+        def up(call):
+            if answer:
+                call.error(*answer)
+                return
+            call.send({"digest": "sha256:" + "a" * 64, "refs": [call.msg["header"]["ref"]]})
+            call.end()
+        self.srv.route("UploadLayer", up, service="dsec.v1.LayerService")
+
+    def sent(self):
+        call = self.srv.requests[-1]
+        self.assertEqual(call.path, "/dsec.v1.LayerService/UploadLayer")
+        self.assertEqual(call.headers.get("Transfer-Encoding"), "chunked")
+        msgs = call.msgs
+        self.assertEqual(msgs[-1], {"end": True})
+        pieces = [base64.b64decode(m["data"]) for m in msgs[1:-1]]
+        self.assertTrue(all(0 < len(p) <= libdsec._aio.UPLOAD_PIECE for p in pieces), [len(p) for p in pieces])
+        return msgs[0]["header"], b"".join(pieces)
+
+    def test_tree_and_archive(self):
+        self.route()
+        with tempfile.TemporaryDirectory() as d:
+            tree = os.path.join(d, "tree")
+            os.makedirs(os.path.join(tree, "sub"))
+            big = os.urandom(5 << 19)  # 2.5 MiB: several pieces
+            with open(os.path.join(tree, "sub", "big"), "wb") as f:
+                f.write(big)
+            with open(os.path.join(tree, "x"), "wb") as f:
+                f.write(b"x")
+
+            async def main(path):
+                async with self.client() as c:
+                    return await c.import_layer("up:1", path, kind="workspace", upload=True)
+            layer = run(main(tree))
+            self.assertEqual(layer["refs"], ["up:1"])
+            header, archive = self.sent()
+            self.assertEqual(header, {"ref": "up:1", "kind": "LAYER_KIND_WORKSPACE"})
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tf:
+                names = sorted(m.name for m in tf.getmembers())
+                self.assertEqual(names, ["sub", "sub/big", "x"])
+                self.assertEqual(tf.extractfile("sub/big").read(), big)
+
+            # An archive file goes as it is, its size in the header.
+            path = os.path.join(d, "layer.tar")
+            with open(path, "wb") as f:
+                f.write(archive)
+            run(main(path))
+            header, sent = self.sent()
+            self.assertEqual((header["size"], sent), (str(len(archive)), archive))
+
+    def test_refused(self):
+        self.route(("resource_exhausted", "upload layer up:1: the archive is over the 64 MiB an upload may have (dsecd --max-upload-bytes)"))
+        with tempfile.TemporaryDirectory() as d:
+            async def main():
+                async with self.client() as c:
+                    return await c.import_layer("up:1", d, upload=True)
+            with self.assertRaisesRegex(errors.DsecError, "--max-upload-bytes"):
+                run(main())
+
+
+    def test_refused_early(self):
+        """A server refusing at the header, the rest unsent, is heard: the
+        client stops sending once the answer is there, rather than break
+        the connection with writes the server no longer reads."""
+        self.route(("resource_exhausted", "upload layer up:1: the archive is over the 1 GiB an upload may have (dsecd --max-upload-bytes)"))
+        self.srv.early("UploadLayer")
+        with tempfile.TemporaryDirectory() as d:
+            huge = os.path.join(d, "huge.tar")
+            with open(huge, "wb") as f:
+                f.truncate(64 << 20)
+
+            async def main():
+                async with self.client() as c:
+                    for _ in range(3):
+                        with self.assertRaisesRegex(errors.Overloaded, "--max-upload-bytes"):
+                            await c.import_layer("up:1", huge, upload=True)
+            run(main())
+
+
 class NewUserTest(FakeTestCase):
     """The rough edges a new user hit, against the fake server."""
 

@@ -4760,15 +4760,11 @@ func (x *ForkResponse) GetChildren() []*ForkChild {
 }
 
 type ImportLayerRequest struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	Ref         string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag
-	Kind        LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
-	Path        string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // directory or tar archive on the daemon's host
-	AllowSetuid bool                   `protobuf:"varint,4,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
-	// Or the tree itself, as a tar archive (plain or gzip) the caller sends:
-	// to import from another machine than the daemon's (a cluster's nodes).
-	// At most 1 GiB; larger trees go in by path or as an OCI image.
-	Archive       []byte `protobuf:"bytes,5,opt,name=archive,proto3" json:"archive,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag
+	Kind          LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // directory or tar archive on the daemon's host
+	AllowSetuid   bool                   `protobuf:"varint,4,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4831,11 +4827,178 @@ func (x *ImportLayerRequest) GetAllowSetuid() bool {
 	return false
 }
 
-func (x *ImportLayerRequest) GetArchive() []byte {
+// One message of an UploadLayer stream: the header first, alone, then the
+// archive in order, in pieces (1 MiB is good; an apiserver refuses a
+// message over 8 MiB), then end. A stream that stops without end (a
+// client gone midway, whatever its transport made of that) was abandoned
+// and builds nothing.
+type UploadLayerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*UploadLayerRequest_Header
+	//	*UploadLayerRequest_Data
+	//	*UploadLayerRequest_End
+	Part          isUploadLayerRequest_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadLayerRequest) Reset() {
+	*x = UploadLayerRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadLayerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadLayerRequest) ProtoMessage() {}
+
+func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
-		return x.Archive
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
+func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
+	if x != nil {
+		return x.Part
 	}
 	return nil
+}
+
+func (x *UploadLayerRequest) GetHeader() *UploadLayerHeader {
+	if x != nil {
+		if x, ok := x.Part.(*UploadLayerRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *UploadLayerRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*UploadLayerRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *UploadLayerRequest) GetEnd() bool {
+	if x != nil {
+		if x, ok := x.Part.(*UploadLayerRequest_End); ok {
+			return x.End
+		}
+	}
+	return false
+}
+
+type isUploadLayerRequest_Part interface {
+	isUploadLayerRequest_Part()
+}
+
+type UploadLayerRequest_Header struct {
+	Header *UploadLayerHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type UploadLayerRequest_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type UploadLayerRequest_End struct {
+	End bool `protobuf:"varint,3,opt,name=end,proto3,oneof"` // true: the archive is whole; the last message
+}
+
+func (*UploadLayerRequest_Header) isUploadLayerRequest_Part() {}
+
+func (*UploadLayerRequest_Data) isUploadLayerRequest_Part() {}
+
+func (*UploadLayerRequest_End) isUploadLayerRequest_Part() {}
+
+type UploadLayerHeader struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Ref         string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag, required
+	Kind        LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
+	AllowSetuid bool                   `protobuf:"varint,3,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	// The archive's size when the caller knows it (a file): one over the
+	// limit is refused before it is sent. 0 = not known (a tree packed as it
+	// is sent).
+	Size          int64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadLayerHeader) Reset() {
+	*x = UploadLayerHeader{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadLayerHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadLayerHeader) ProtoMessage() {}
+
+func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
+func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *UploadLayerHeader) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *UploadLayerHeader) GetKind() LayerKind {
+	if x != nil {
+		return x.Kind
+	}
+	return LayerKind_LAYER_KIND_UNSPECIFIED
+}
+
+func (x *UploadLayerHeader) GetAllowSetuid() bool {
+	if x != nil {
+		return x.AllowSetuid
+	}
+	return false
+}
+
+func (x *UploadLayerHeader) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
 }
 
 type ListLayersRequest struct {
@@ -4846,7 +5009,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4858,7 +5021,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4871,7 +5034,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 type ListLayersResponse struct {
@@ -4883,7 +5046,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4895,7 +5058,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4908,7 +5071,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -4927,7 +5090,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4939,7 +5102,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4952,7 +5115,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -4970,7 +5133,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4982,7 +5145,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4995,7 +5158,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 type Environment struct {
@@ -5010,7 +5173,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5022,7 +5185,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5035,7 +5198,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *Environment) GetName() string {
@@ -5074,7 +5237,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5086,7 +5249,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5099,7 +5262,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 type ListEnvironmentsResponse struct {
@@ -5111,7 +5274,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5123,7 +5286,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5136,7 +5299,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -5157,7 +5320,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5169,7 +5332,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5182,7 +5345,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -5215,7 +5378,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5227,7 +5390,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5240,7 +5403,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -5261,7 +5424,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5273,7 +5436,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5286,7 +5449,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -5328,7 +5491,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5340,7 +5503,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5353,7 +5516,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -5435,7 +5598,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5447,7 +5610,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5460,7 +5623,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -5486,7 +5649,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5498,7 +5661,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5511,7 +5674,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -5551,7 +5714,7 @@ func (x *ImportImageRequest) GetAllowSetuid() bool {
 
 type ImportImageProgress struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Phase         string                 `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`  // resolve, fetch, build, upload, done
+	Phase         string                 `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`  // resolve, fetch, build, upload, adopt (the other nodes of a cluster), done
 	Layer         int32                  `protobuf:"varint,2,opt,name=layer,proto3" json:"layer,omitempty"` // 1-based OCI layer being worked on
 	Layers        int32                  `protobuf:"varint,3,opt,name=layers,proto3" json:"layers,omitempty"`
 	Bytes         int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
@@ -5567,7 +5730,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5579,7 +5742,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5592,7 +5755,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -5673,7 +5836,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5685,7 +5848,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5698,7 +5861,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 type LayerUsage struct {
@@ -5720,7 +5883,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5732,7 +5895,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5745,7 +5908,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -5838,7 +6001,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5850,7 +6013,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5863,7 +6026,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -5913,7 +6076,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5925,7 +6088,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5938,7 +6101,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -6337,13 +6500,22 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"q\n" +
 	"\fForkResponse\x121\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x15.dsec.v1.SnapshotInfoR\bsnapshot\x12.\n" +
-	"\bchildren\x18\x02 \x03(\v2\x12.dsec.v1.ForkChildR\bchildren\"\x9f\x01\n" +
+	"\bchildren\x18\x02 \x03(\v2\x12.dsec.v1.ForkChildR\bchildren\"\x94\x01\n" +
 	"\x12ImportLayerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12!\n" +
-	"\fallow_setuid\x18\x04 \x01(\bR\vallowSetuid\x12\x18\n" +
-	"\aarchive\x18\x05 \x01(\fR\aarchive\"\x13\n" +
+	"\fallow_setuid\x18\x04 \x01(\bR\vallowSetuidJ\x04\b\x05\x10\x06R\aarchive\"|\n" +
+	"\x12UploadLayerRequest\x124\n" +
+	"\x06header\x18\x01 \x01(\v2\x1a.dsec.v1.UploadLayerHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12\x12\n" +
+	"\x03end\x18\x03 \x01(\bH\x00R\x03endB\x06\n" +
+	"\x04part\"\x84\x01\n" +
+	"\x11UploadLayerHeader\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12&\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12!\n" +
+	"\fallow_setuid\x18\x03 \x01(\bR\vallowSetuid\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\"\x13\n" +
 	"\x11ListLayersRequest\"<\n" +
 	"\x12ListLayersResponse\x12&\n" +
 	"\x06layers\x18\x01 \x03(\v2\x0e.dsec.v1.LayerR\x06layers\"&\n" +
@@ -6517,9 +6689,10 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
-	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x012\xd6\x03\n" +
+	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x012\x94\x04\n" +
 	"\fLayerService\x12:\n" +
-	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12J\n" +
+	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
+	"\vUploadLayer\x12\x1b.dsec.v1.UploadLayerRequest\x1a\x0e.dsec.v1.Layer(\x01\x12J\n" +
 	"\n" +
 	"ListLayers\x12\x1a.dsec.v1.ListLayersRequest\x1a\x1b.dsec.v1.ListLayersResponse\"\x03\x90\x02\x01\x12H\n" +
 	"\vRemoveLayer\x12\x1b.dsec.v1.RemoveLayerRequest\x1a\x1c.dsec.v1.RemoveLayerResponse\x12\\\n" +
@@ -6541,7 +6714,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 92)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -6616,37 +6789,39 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*ForkChild)(nil),                // 70: dsec.v1.ForkChild
 	(*ForkResponse)(nil),             // 71: dsec.v1.ForkResponse
 	(*ImportLayerRequest)(nil),       // 72: dsec.v1.ImportLayerRequest
-	(*ListLayersRequest)(nil),        // 73: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 74: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 75: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 76: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 77: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 78: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 79: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 80: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 81: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 82: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 83: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 84: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 85: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 86: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 87: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 88: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 89: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 90: dsec.v1.LayerStatsResponse
-	nil,                              // 91: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 92: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 93: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 94: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 95: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 96: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 97: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	(*UploadLayerRequest)(nil),       // 73: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),        // 74: dsec.v1.UploadLayerHeader
+	(*ListLayersRequest)(nil),        // 75: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 76: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 77: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 78: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 79: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 80: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 81: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 82: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 83: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 84: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 85: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 86: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 87: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 88: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 89: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 90: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 91: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 92: dsec.v1.LayerStatsResponse
+	nil,                              // 93: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 94: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 95: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 96: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 97: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 98: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 99: dsec.v1.SetNetworkRulesRequest.RulesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	3,  // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	91, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	92, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	93, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	93, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	94, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	95, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	2,  // 4: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	6,  // 5: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
 	0,  // 6: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
@@ -6656,13 +6831,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	7,  // 10: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
 	6,  // 11: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	7,  // 12: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	94, // 13: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	96, // 13: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,  // 14: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	7,  // 15: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	6,  // 16: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	6,  // 17: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	19, // 18: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	95, // 19: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	97, // 19: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	26, // 20: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	27, // 21: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	4,  // 22: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
@@ -6670,7 +6845,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	34, // 24: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	42, // 25: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	43, // 26: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	96, // 27: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	98, // 27: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	43, // 28: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	27, // 29: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	45, // 30: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -6682,91 +6857,95 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	63, // 36: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
 	70, // 37: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
 	5,  // 38: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	62, // 39: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	77, // 40: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	97, // 41: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	83, // 42: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	88, // 43: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	89, // 44: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	13, // 45: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	15, // 46: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	16, // 47: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	22, // 48: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	9,  // 49: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	11, // 50: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	64, // 51: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	65, // 52: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	67, // 53: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	69, // 54: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	24, // 55: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	28, // 56: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	29, // 57: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	31, // 58: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	33, // 59: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	36, // 60: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	37, // 61: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	39, // 62: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	41, // 63: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	46, // 64: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	48, // 65: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	50, // 66: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	52, // 67: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	54, // 68: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	56, // 69: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	58, // 70: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	60, // 71: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	80, // 72: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	82, // 73: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	18, // 74: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	20, // 75: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	72, // 76: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	73, // 77: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	75, // 78: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	78, // 79: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	85, // 80: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	87, // 81: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	14, // 82: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	7,  // 83: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	17, // 84: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	23, // 85: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	10, // 86: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	12, // 87: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	63, // 88: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	66, // 89: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	68, // 90: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	71, // 91: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	25, // 92: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	25, // 93: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	30, // 94: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	32, // 95: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	35, // 96: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	25, // 97: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	38, // 98: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	40, // 99: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	44, // 100: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	47, // 101: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	49, // 102: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	51, // 103: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	53, // 104: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	55, // 105: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	57, // 106: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	59, // 107: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	61, // 108: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	81, // 109: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	84, // 110: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	19, // 111: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	21, // 112: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	62, // 113: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	74, // 114: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	76, // 115: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	79, // 116: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	86, // 117: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	90, // 118: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	82, // [82:119] is the sub-list for method output_type
-	45, // [45:82] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	74, // 39: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	5,  // 40: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	62, // 41: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	79, // 42: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	99, // 43: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	85, // 44: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	90, // 45: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	91, // 46: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	13, // 47: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	15, // 48: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	16, // 49: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	22, // 50: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	9,  // 51: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	11, // 52: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	64, // 53: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	65, // 54: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	67, // 55: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	69, // 56: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	24, // 57: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	28, // 58: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	29, // 59: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	31, // 60: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	33, // 61: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	36, // 62: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	37, // 63: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	39, // 64: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	41, // 65: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	46, // 66: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	48, // 67: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	50, // 68: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	52, // 69: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	54, // 70: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	56, // 71: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	58, // 72: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	60, // 73: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	82, // 74: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	84, // 75: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	18, // 76: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	20, // 77: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	72, // 78: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	73, // 79: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	75, // 80: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	77, // 81: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	80, // 82: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	87, // 83: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	89, // 84: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	14, // 85: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	7,  // 86: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	17, // 87: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	23, // 88: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	10, // 89: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	12, // 90: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	63, // 91: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	66, // 92: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	68, // 93: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	71, // 94: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	25, // 95: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	25, // 96: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	30, // 97: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	32, // 98: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	35, // 99: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	25, // 100: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	38, // 101: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	40, // 102: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	44, // 103: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	47, // 104: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	49, // 105: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	51, // 106: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	53, // 107: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	55, // 108: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	57, // 109: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	59, // 110: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	61, // 111: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	83, // 112: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	86, // 113: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	19, // 114: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	21, // 115: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	62, // 116: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	62, // 117: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	76, // 118: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	78, // 119: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	81, // 120: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	88, // 121: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	92, // 122: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	85, // [85:123] is the sub-list for method output_type
+	47, // [47:85] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -6791,13 +6970,18 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 	}
+	file_dsec_v1_dsec_proto_msgTypes[67].OneofWrappers = []any{
+		(*UploadLayerRequest_Header)(nil),
+		(*UploadLayerRequest_Data)(nil),
+		(*UploadLayerRequest_End)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   92,
+			NumMessages:   94,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

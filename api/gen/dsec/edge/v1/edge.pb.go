@@ -29,6 +29,94 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type AdoptLayersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`                                       // name:tag of a layer or an image
+	LayerDigests  []string               `protobuf:"bytes,2,rep,name=layer_digests,json=layerDigests,proto3" json:"layer_digests,omitempty"` // what it names, bottom first
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptLayersRequest) Reset() {
+	*x = AdoptLayersRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptLayersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptLayersRequest) ProtoMessage() {}
+
+func (x *AdoptLayersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptLayersRequest.ProtoReflect.Descriptor instead.
+func (*AdoptLayersRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *AdoptLayersRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *AdoptLayersRequest) GetLayerDigests() []string {
+	if x != nil {
+		return x.LayerDigests
+	}
+	return nil
+}
+
+type AdoptLayersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptLayersResponse) Reset() {
+	*x = AdoptLayersResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptLayersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptLayersResponse) ProtoMessage() {}
+
+func (x *AdoptLayersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptLayersResponse.ProtoReflect.Descriptor instead.
+func (*AdoptLayersResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{1}
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -37,7 +125,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[0]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +137,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[0]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +150,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{0}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{2}
 }
 
 type NodeStatus struct {
@@ -80,14 +168,18 @@ type NodeStatus struct {
 	Version        string                 `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
 	// Why admission refuses creates now ("" when it takes them): full, or
 	// short of memory.
-	Refusing      string `protobuf:"bytes,12,opt,name=refusing,proto3" json:"refusing,omitempty"`
+	Refusing string `protobuf:"bytes,12,opt,name=refusing,proto3" json:"refusing,omitempty"`
+	// Names the node's blob store so that nodes sharing one name it alike
+	// (a directory or a loopback endpoint is qualified by the machine): an
+	// import runs once per name. "" = a node without layers.
+	BlobStore     string `protobuf:"bytes,13,opt,name=blob_store,json=blobStore,proto3" json:"blob_store,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[1]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -99,7 +191,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[1]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -112,7 +204,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{1}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -199,6 +291,13 @@ func (x *NodeStatus) GetRefusing() string {
 	return ""
 }
 
+func (x *NodeStatus) GetBlobStore() string {
+	if x != nil {
+		return x.BlobStore
+	}
+	return ""
+}
+
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Spec  *v1.SandboxSpec        `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -213,7 +312,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +324,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +337,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{2}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateRequest) GetSpec() *v1.SandboxSpec {
@@ -266,7 +365,7 @@ type ReapRequest struct {
 
 func (x *ReapRequest) Reset() {
 	*x = ReapRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -278,7 +377,7 @@ func (x *ReapRequest) String() string {
 func (*ReapRequest) ProtoMessage() {}
 
 func (x *ReapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -291,7 +390,7 @@ func (x *ReapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapRequest.ProtoReflect.Descriptor instead.
 func (*ReapRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{3}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReapRequest) GetTokens() []string {
@@ -324,7 +423,7 @@ type ReapResponse struct {
 
 func (x *ReapResponse) Reset() {
 	*x = ReapResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -336,7 +435,7 @@ func (x *ReapResponse) String() string {
 func (*ReapResponse) ProtoMessage() {}
 
 func (x *ReapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -349,7 +448,7 @@ func (x *ReapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapResponse.ProtoReflect.Descriptor instead.
 func (*ReapResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{4}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReapResponse) GetRemovedIds() []string {
@@ -368,7 +467,7 @@ type GoneRequest struct {
 
 func (x *GoneRequest) Reset() {
 	*x = GoneRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +479,7 @@ func (x *GoneRequest) String() string {
 func (*GoneRequest) ProtoMessage() {}
 
 func (x *GoneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +492,7 @@ func (x *GoneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneRequest.ProtoReflect.Descriptor instead.
 func (*GoneRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{5}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GoneRequest) GetIds() []string {
@@ -412,7 +511,7 @@ type GoneResponse struct {
 
 func (x *GoneResponse) Reset() {
 	*x = GoneResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +523,7 @@ func (x *GoneResponse) String() string {
 func (*GoneResponse) ProtoMessage() {}
 
 func (x *GoneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +536,7 @@ func (x *GoneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneResponse.ProtoReflect.Descriptor instead.
 func (*GoneResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GoneResponse) GetIds() []string {
@@ -451,8 +550,12 @@ var File_dsec_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
-	"\x17dsec/edge/v1/edge.proto\x12\fdsec.edge.v1\x1a\x12dsec/v1/dsec.proto\"\x0f\n" +
-	"\rStatusRequest\"\x84\x03\n" +
+	"\x17dsec/edge/v1/edge.proto\x12\fdsec.edge.v1\x1a\x12dsec/v1/dsec.proto\"K\n" +
+	"\x12AdoptLayersRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12#\n" +
+	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\"\x15\n" +
+	"\x13AdoptLayersResponse\"\x0f\n" +
+	"\rStatusRequest\"\xa3\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
@@ -467,7 +570,9 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x10reported_unix_ms\x18\n" +
 	" \x01(\x03R\x0ereportedUnixMs\x12\x18\n" +
 	"\aversion\x18\v \x01(\tR\aversion\x12\x1a\n" +
-	"\brefusing\x18\f \x01(\tR\brefusing\"\\\n" +
+	"\brefusing\x18\f \x01(\tR\brefusing\x12\x1d\n" +
+	"\n" +
+	"blob_store\x18\r \x01(\tR\tblobStore\"\\\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12!\n" +
 	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken\"g\n" +
@@ -481,7 +586,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vGoneRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\" \n" +
 	"\fGoneResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids2\xcb\x13\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids2\xe2\x14\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x121\n" +
@@ -498,7 +603,9 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\x04Reap\x12\x19.dsec.edge.v1.ReapRequest\x1a\x1a.dsec.edge.v1.ReapResponse\"\x03\x90\x02\x02\x12B\n" +
 	"\x04Gone\x12\x19.dsec.edge.v1.GoneRequest\x1a\x1a.dsec.edge.v1.GoneResponse\"\x03\x90\x02\x01\x12:\n" +
-	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12J\n" +
+	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
+	"\vUploadLayer\x12\x1b.dsec.v1.UploadLayerRequest\x1a\x0e.dsec.v1.Layer(\x01\x12W\n" +
+	"\vAdoptLayers\x12 .dsec.edge.v1.AdoptLayersRequest\x1a!.dsec.edge.v1.AdoptLayersResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\n" +
 	"ListLayers\x12\x1a.dsec.v1.ListLayersRequest\x1a\x1b.dsec.v1.ListLayersResponse\"\x03\x90\x02\x01\x12H\n" +
 	"\vRemoveLayer\x12\x1b.dsec.v1.RemoveLayerRequest\x1a\x1c.dsec.v1.RemoveLayerResponse\x12\\\n" +
@@ -538,161 +645,168 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
-	(*StatusRequest)(nil),               // 0: dsec.edge.v1.StatusRequest
-	(*NodeStatus)(nil),                  // 1: dsec.edge.v1.NodeStatus
-	(*CreateRequest)(nil),               // 2: dsec.edge.v1.CreateRequest
-	(*ReapRequest)(nil),                 // 3: dsec.edge.v1.ReapRequest
-	(*ReapResponse)(nil),                // 4: dsec.edge.v1.ReapResponse
-	(*GoneRequest)(nil),                 // 5: dsec.edge.v1.GoneRequest
-	(*GoneResponse)(nil),                // 6: dsec.edge.v1.GoneResponse
-	(v1.Backend)(0),                     // 7: dsec.v1.Backend
-	(*v1.SandboxSpec)(nil),              // 8: dsec.v1.SandboxSpec
-	(*v1.GetRequest)(nil),               // 9: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),              // 10: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),            // 11: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),             // 12: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),            // 13: dsec.v1.ResumeRequest
-	(*v1.SnapshotRequest)(nil),          // 14: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),   // 15: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),        // 16: dsec.v1.NetworkLogRequest
-	(*v1.SetWarmPoolRequest)(nil),       // 17: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),     // 18: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),       // 19: dsec.v1.ImportLayerRequest
-	(*v1.ListLayersRequest)(nil),        // 20: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),       // 21: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),  // 22: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),       // 23: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),        // 24: dsec.v1.LayerStatsRequest
-	(*v1.ExecRequest)(nil),              // 25: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 26: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 27: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 28: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 29: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 30: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 31: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 32: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 33: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 34: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 35: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 36: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 37: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 38: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 39: dsec.v1.MakeDirRequest
-	(*v1.UploadRequest)(nil),            // 40: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 41: dsec.v1.DownloadRequest
-	(*v1.Sandbox)(nil),                  // 42: dsec.v1.Sandbox
-	(*v1.ListResponse)(nil),             // 43: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),           // 44: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),            // 45: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),           // 46: dsec.v1.ResumeResponse
-	(*v1.SnapshotInfo)(nil),             // 47: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),  // 48: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),       // 49: dsec.v1.NetworkLogResponse
-	(*v1.WarmPool)(nil),                 // 50: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),    // 51: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                    // 52: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),       // 53: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),      // 54: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil), // 55: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),      // 56: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),       // 57: dsec.v1.LayerStatsResponse
-	(*v1.ExecEvent)(nil),                // 58: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 59: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 60: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 61: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 62: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 63: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 64: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 65: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 66: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 67: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 68: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 69: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 70: dsec.v1.MakeDirResponse
-	(*v1.UploadResponse)(nil),           // 71: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 72: dsec.v1.DownloadChunk
+	(*AdoptLayersRequest)(nil),          // 0: dsec.edge.v1.AdoptLayersRequest
+	(*AdoptLayersResponse)(nil),         // 1: dsec.edge.v1.AdoptLayersResponse
+	(*StatusRequest)(nil),               // 2: dsec.edge.v1.StatusRequest
+	(*NodeStatus)(nil),                  // 3: dsec.edge.v1.NodeStatus
+	(*CreateRequest)(nil),               // 4: dsec.edge.v1.CreateRequest
+	(*ReapRequest)(nil),                 // 5: dsec.edge.v1.ReapRequest
+	(*ReapResponse)(nil),                // 6: dsec.edge.v1.ReapResponse
+	(*GoneRequest)(nil),                 // 7: dsec.edge.v1.GoneRequest
+	(*GoneResponse)(nil),                // 8: dsec.edge.v1.GoneResponse
+	(v1.Backend)(0),                     // 9: dsec.v1.Backend
+	(*v1.SandboxSpec)(nil),              // 10: dsec.v1.SandboxSpec
+	(*v1.GetRequest)(nil),               // 11: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),              // 12: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),            // 13: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),             // 14: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),            // 15: dsec.v1.ResumeRequest
+	(*v1.SnapshotRequest)(nil),          // 16: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),   // 17: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),        // 18: dsec.v1.NetworkLogRequest
+	(*v1.SetWarmPoolRequest)(nil),       // 19: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),     // 20: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),       // 21: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),       // 22: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),        // 23: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),       // 24: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),  // 25: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),       // 26: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),        // 27: dsec.v1.LayerStatsRequest
+	(*v1.ExecRequest)(nil),              // 28: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 29: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 30: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 31: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 32: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 33: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 34: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 35: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 36: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 37: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 38: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 39: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 40: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 41: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 42: dsec.v1.MakeDirRequest
+	(*v1.UploadRequest)(nil),            // 43: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 44: dsec.v1.DownloadRequest
+	(*v1.Sandbox)(nil),                  // 45: dsec.v1.Sandbox
+	(*v1.ListResponse)(nil),             // 46: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),           // 47: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),            // 48: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),           // 49: dsec.v1.ResumeResponse
+	(*v1.SnapshotInfo)(nil),             // 50: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),  // 51: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),       // 52: dsec.v1.NetworkLogResponse
+	(*v1.WarmPool)(nil),                 // 53: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),    // 54: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                    // 55: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),       // 56: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),      // 57: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil), // 58: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),      // 59: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),       // 60: dsec.v1.LayerStatsResponse
+	(*v1.ExecEvent)(nil),                // 61: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 62: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 63: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 64: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 65: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 66: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 67: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 68: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 69: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 70: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 71: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 72: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 73: dsec.v1.MakeDirResponse
+	(*v1.UploadResponse)(nil),           // 74: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 75: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	7,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	8,  // 1: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	0,  // 2: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	2,  // 3: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	9,  // 4: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	10, // 5: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	11, // 6: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	12, // 7: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	13, // 8: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	14, // 9: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	15, // 10: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	16, // 11: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	17, // 12: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	18, // 13: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	3,  // 14: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	5,  // 15: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	19, // 16: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	20, // 17: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	21, // 18: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	22, // 19: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	23, // 20: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	24, // 21: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	25, // 22: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	26, // 23: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	27, // 24: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	28, // 25: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	29, // 26: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	30, // 27: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	31, // 28: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	32, // 29: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	33, // 30: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	34, // 31: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	35, // 32: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	36, // 33: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	37, // 34: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	38, // 35: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	39, // 36: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	40, // 37: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	41, // 38: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	1,  // 39: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	42, // 40: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	42, // 41: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	43, // 42: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	44, // 43: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	45, // 44: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	46, // 45: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	47, // 46: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	48, // 47: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	49, // 48: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	50, // 49: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	51, // 50: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	4,  // 51: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	6,  // 52: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	52, // 53: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	53, // 54: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	54, // 55: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	55, // 56: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	56, // 57: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	57, // 58: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	58, // 59: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	58, // 60: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	59, // 61: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	60, // 62: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	61, // 63: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	58, // 64: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	62, // 65: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	63, // 66: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	64, // 67: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	65, // 68: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	66, // 69: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	67, // 70: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	68, // 71: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	69, // 72: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	70, // 73: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	71, // 74: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	72, // 75: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	39, // [39:76] is the sub-list for method output_type
-	2,  // [2:39] is the sub-list for method input_type
+	9,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	10, // 1: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	2,  // 2: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	4,  // 3: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	11, // 4: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	12, // 5: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	13, // 6: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	14, // 7: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	15, // 8: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	16, // 9: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	17, // 10: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	18, // 11: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	19, // 12: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	20, // 13: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	5,  // 14: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	7,  // 15: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	21, // 16: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	22, // 17: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,  // 18: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	23, // 19: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	24, // 20: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	25, // 21: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	26, // 22: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	27, // 23: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	28, // 24: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	29, // 25: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	30, // 26: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	31, // 27: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	32, // 28: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	33, // 29: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	34, // 30: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	35, // 31: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	36, // 32: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	37, // 33: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	38, // 34: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	39, // 35: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	40, // 36: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	41, // 37: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	42, // 38: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	43, // 39: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	44, // 40: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	3,  // 41: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	45, // 42: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	45, // 43: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	46, // 44: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	47, // 45: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	48, // 46: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	49, // 47: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	50, // 48: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	51, // 49: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	52, // 50: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	53, // 51: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	54, // 52: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	6,  // 53: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	8,  // 54: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	55, // 55: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	55, // 56: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,  // 57: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	56, // 58: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	57, // 59: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	58, // 60: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	59, // 61: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	60, // 62: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	61, // 63: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	61, // 64: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	62, // 65: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	63, // 66: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	64, // 67: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	61, // 68: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	65, // 69: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	66, // 70: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	67, // 71: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	68, // 72: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	69, // 73: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	70, // 74: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	71, // 75: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	72, // 76: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	73, // 77: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	74, // 78: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	75, // 79: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	41, // [41:80] is the sub-list for method output_type
+	2,  // [2:41] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name
@@ -709,7 +823,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -115,6 +115,9 @@ const (
 	// LayerServiceImportLayerProcedure is the fully-qualified name of the LayerService's ImportLayer
 	// RPC.
 	LayerServiceImportLayerProcedure = "/dsec.v1.LayerService/ImportLayer"
+	// LayerServiceUploadLayerProcedure is the fully-qualified name of the LayerService's UploadLayer
+	// RPC.
+	LayerServiceUploadLayerProcedure = "/dsec.v1.LayerService/UploadLayer"
 	// LayerServiceListLayersProcedure is the fully-qualified name of the LayerService's ListLayers RPC.
 	LayerServiceListLayersProcedure = "/dsec.v1.LayerService/ListLayers"
 	// LayerServiceRemoveLayerProcedure is the fully-qualified name of the LayerService's RemoveLayer
@@ -1085,8 +1088,17 @@ func (UnimplementedSandboxServiceHandler) ListWarmPools(context.Context, *connec
 // LayerServiceClient is a client for the dsec.v1.LayerService service.
 type LayerServiceClient interface {
 	// ImportLayer builds an EROFS layer from a directory or tar archive that is
-	// on the daemon's host.
+	// on the daemon's host (in a cluster: on the host of the edge that imports
+	// it, one per blob store; the others adopt the layer from the store).
 	ImportLayer(context.Context, *connect.Request[v1.ImportLayerRequest]) (*connect.Response[v1.Layer], error)
+	// UploadLayer builds an EROFS layer from a tar archive (plain or gzip) the
+	// caller streams: the first message is the header, each later one the
+	// archive's next bytes. Nothing holds the whole archive: an apiserver
+	// relays it to one edge per blob store, which extracts it as it arrives
+	// (every check of ImportLayer applies) and publishes the layer; the other
+	// edges adopt it from the store. An archive over the edge's limit is
+	// refused with ResourceExhausted naming it.
+	UploadLayer(context.Context) *connect.ClientStreamForClient[v1.UploadLayerRequest, v1.Layer]
 	ListLayers(context.Context, *connect.Request[v1.ListLayersRequest]) (*connect.Response[v1.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v1.RemoveLayerRequest]) (*connect.Response[v1.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error)
@@ -1113,6 +1125,12 @@ func NewLayerServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			httpClient,
 			baseURL+LayerServiceImportLayerProcedure,
 			connect.WithSchema(layerServiceMethods.ByName("ImportLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		uploadLayer: connect.NewClient[v1.UploadLayerRequest, v1.Layer](
+			httpClient,
+			baseURL+LayerServiceUploadLayerProcedure,
+			connect.WithSchema(layerServiceMethods.ByName("UploadLayer")),
 			connect.WithClientOptions(opts...),
 		),
 		listLayers: connect.NewClient[v1.ListLayersRequest, v1.ListLayersResponse](
@@ -1154,6 +1172,7 @@ func NewLayerServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 // layerServiceClient implements LayerServiceClient.
 type layerServiceClient struct {
 	importLayer      *connect.Client[v1.ImportLayerRequest, v1.Layer]
+	uploadLayer      *connect.Client[v1.UploadLayerRequest, v1.Layer]
 	listLayers       *connect.Client[v1.ListLayersRequest, v1.ListLayersResponse]
 	removeLayer      *connect.Client[v1.RemoveLayerRequest, v1.RemoveLayerResponse]
 	listEnvironments *connect.Client[v1.ListEnvironmentsRequest, v1.ListEnvironmentsResponse]
@@ -1164,6 +1183,11 @@ type layerServiceClient struct {
 // ImportLayer calls dsec.v1.LayerService.ImportLayer.
 func (c *layerServiceClient) ImportLayer(ctx context.Context, req *connect.Request[v1.ImportLayerRequest]) (*connect.Response[v1.Layer], error) {
 	return c.importLayer.CallUnary(ctx, req)
+}
+
+// UploadLayer calls dsec.v1.LayerService.UploadLayer.
+func (c *layerServiceClient) UploadLayer(ctx context.Context) *connect.ClientStreamForClient[v1.UploadLayerRequest, v1.Layer] {
+	return c.uploadLayer.CallClientStream(ctx)
 }
 
 // ListLayers calls dsec.v1.LayerService.ListLayers.
@@ -1194,8 +1218,17 @@ func (c *layerServiceClient) LayerStats(ctx context.Context, req *connect.Reques
 // LayerServiceHandler is an implementation of the dsec.v1.LayerService service.
 type LayerServiceHandler interface {
 	// ImportLayer builds an EROFS layer from a directory or tar archive that is
-	// on the daemon's host.
+	// on the daemon's host (in a cluster: on the host of the edge that imports
+	// it, one per blob store; the others adopt the layer from the store).
 	ImportLayer(context.Context, *connect.Request[v1.ImportLayerRequest]) (*connect.Response[v1.Layer], error)
+	// UploadLayer builds an EROFS layer from a tar archive (plain or gzip) the
+	// caller streams: the first message is the header, each later one the
+	// archive's next bytes. Nothing holds the whole archive: an apiserver
+	// relays it to one edge per blob store, which extracts it as it arrives
+	// (every check of ImportLayer applies) and publishes the layer; the other
+	// edges adopt it from the store. An archive over the edge's limit is
+	// refused with ResourceExhausted naming it.
+	UploadLayer(context.Context, *connect.ClientStream[v1.UploadLayerRequest]) (*connect.Response[v1.Layer], error)
 	ListLayers(context.Context, *connect.Request[v1.ListLayersRequest]) (*connect.Response[v1.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v1.RemoveLayerRequest]) (*connect.Response[v1.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error)
@@ -1218,6 +1251,12 @@ func NewLayerServiceHandler(svc LayerServiceHandler, opts ...connect.HandlerOpti
 		LayerServiceImportLayerProcedure,
 		svc.ImportLayer,
 		connect.WithSchema(layerServiceMethods.ByName("ImportLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	layerServiceUploadLayerHandler := connect.NewClientStreamHandler(
+		LayerServiceUploadLayerProcedure,
+		svc.UploadLayer,
+		connect.WithSchema(layerServiceMethods.ByName("UploadLayer")),
 		connect.WithHandlerOptions(opts...),
 	)
 	layerServiceListLayersHandler := connect.NewUnaryHandler(
@@ -1257,6 +1296,8 @@ func NewLayerServiceHandler(svc LayerServiceHandler, opts ...connect.HandlerOpti
 		switch r.URL.Path {
 		case LayerServiceImportLayerProcedure:
 			layerServiceImportLayerHandler.ServeHTTP(w, r)
+		case LayerServiceUploadLayerProcedure:
+			layerServiceUploadLayerHandler.ServeHTTP(w, r)
 		case LayerServiceListLayersProcedure:
 			layerServiceListLayersHandler.ServeHTTP(w, r)
 		case LayerServiceRemoveLayerProcedure:
@@ -1278,6 +1319,10 @@ type UnimplementedLayerServiceHandler struct{}
 
 func (UnimplementedLayerServiceHandler) ImportLayer(context.Context, *connect.Request[v1.ImportLayerRequest]) (*connect.Response[v1.Layer], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.LayerService.ImportLayer is not implemented"))
+}
+
+func (UnimplementedLayerServiceHandler) UploadLayer(context.Context, *connect.ClientStream[v1.UploadLayerRequest]) (*connect.Response[v1.Layer], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.LayerService.UploadLayer is not implemented"))
 }
 
 func (UnimplementedLayerServiceHandler) ListLayers(context.Context, *connect.Request[v1.ListLayersRequest]) (*connect.Response[v1.ListLayersResponse], error) {

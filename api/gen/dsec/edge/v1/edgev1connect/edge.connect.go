@@ -73,6 +73,10 @@ const (
 	EdgeServiceGoneProcedure = "/dsec.edge.v1.EdgeService/Gone"
 	// EdgeServiceImportLayerProcedure is the fully-qualified name of the EdgeService's ImportLayer RPC.
 	EdgeServiceImportLayerProcedure = "/dsec.edge.v1.EdgeService/ImportLayer"
+	// EdgeServiceUploadLayerProcedure is the fully-qualified name of the EdgeService's UploadLayer RPC.
+	EdgeServiceUploadLayerProcedure = "/dsec.edge.v1.EdgeService/UploadLayer"
+	// EdgeServiceAdoptLayersProcedure is the fully-qualified name of the EdgeService's AdoptLayers RPC.
+	EdgeServiceAdoptLayersProcedure = "/dsec.edge.v1.EdgeService/AdoptLayers"
 	// EdgeServiceListLayersProcedure is the fully-qualified name of the EdgeService's ListLayers RPC.
 	EdgeServiceListLayersProcedure = "/dsec.edge.v1.EdgeService/ListLayers"
 	// EdgeServiceRemoveLayerProcedure is the fully-qualified name of the EdgeService's RemoveLayer RPC.
@@ -160,11 +164,21 @@ type EdgeServiceClient interface {
 	// made, stopping or ended, or forgotten.
 	Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
-	// hands an import to every edge (each builds the same EROFS layer from
-	// the same source, so the digest is the same, and the shared blob store
-	// keeps one copy of its chunks) and merges what they list. A layer is
-	// removed only where no live sandbox runs on it.
+	// hands an import to one edge per blob store (NodeStatus.blob_store),
+	// which builds the layers and publishes them to the store, and has every
+	// other edge of that store adopt them (AdoptLayers); it merges what they
+	// list. A layer is removed only where no live sandbox runs on it.
 	ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error)
+	// UploadLayer is the public UploadLayer, relayed message by message.
+	UploadLayer(context.Context) *connect.ClientStreamForClient[v11.UploadLayerRequest, v11.Layer]
+	// AdoptLayers records on this node a layer or image that another node
+	// imported into the blob store they share: it reads the ref's record and
+	// the layers' indexes from the store and fetches nothing else (layers
+	// load on demand as ever; a node in local mode pulls the files). The
+	// record must name exactly layer_digests, else FailedPrecondition (the ref
+	// was imported again meanwhile); a store without them answers NotFound
+	// (it is not the importer's store), and the apiserver imports there.
+	AdoptLayers(context.Context, *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error)
 	ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
@@ -303,6 +317,19 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceImportLayerProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("ImportLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		uploadLayer: connect.NewClient[v11.UploadLayerRequest, v11.Layer](
+			httpClient,
+			baseURL+EdgeServiceUploadLayerProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("UploadLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		adoptLayers: connect.NewClient[v1.AdoptLayersRequest, v1.AdoptLayersResponse](
+			httpClient,
+			baseURL+EdgeServiceAdoptLayersProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("AdoptLayers")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
 		listLayers: connect.NewClient[v11.ListLayersRequest, v11.ListLayersResponse](
@@ -460,6 +487,8 @@ type edgeServiceClient struct {
 	reap             *connect.Client[v1.ReapRequest, v1.ReapResponse]
 	gone             *connect.Client[v1.GoneRequest, v1.GoneResponse]
 	importLayer      *connect.Client[v11.ImportLayerRequest, v11.Layer]
+	uploadLayer      *connect.Client[v11.UploadLayerRequest, v11.Layer]
+	adoptLayers      *connect.Client[v1.AdoptLayersRequest, v1.AdoptLayersResponse]
 	listLayers       *connect.Client[v11.ListLayersRequest, v11.ListLayersResponse]
 	removeLayer      *connect.Client[v11.RemoveLayerRequest, v11.RemoveLayerResponse]
 	listEnvironments *connect.Client[v11.ListEnvironmentsRequest, v11.ListEnvironmentsResponse]
@@ -557,6 +586,16 @@ func (c *edgeServiceClient) Gone(ctx context.Context, req *connect.Request[v1.Go
 // ImportLayer calls dsec.edge.v1.EdgeService.ImportLayer.
 func (c *edgeServiceClient) ImportLayer(ctx context.Context, req *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error) {
 	return c.importLayer.CallUnary(ctx, req)
+}
+
+// UploadLayer calls dsec.edge.v1.EdgeService.UploadLayer.
+func (c *edgeServiceClient) UploadLayer(ctx context.Context) *connect.ClientStreamForClient[v11.UploadLayerRequest, v11.Layer] {
+	return c.uploadLayer.CallClientStream(ctx)
+}
+
+// AdoptLayers calls dsec.edge.v1.EdgeService.AdoptLayers.
+func (c *edgeServiceClient) AdoptLayers(ctx context.Context, req *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error) {
+	return c.adoptLayers.CallUnary(ctx, req)
 }
 
 // ListLayers calls dsec.edge.v1.EdgeService.ListLayers.
@@ -706,11 +745,21 @@ type EdgeServiceHandler interface {
 	// made, stopping or ended, or forgotten.
 	Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
-	// hands an import to every edge (each builds the same EROFS layer from
-	// the same source, so the digest is the same, and the shared blob store
-	// keeps one copy of its chunks) and merges what they list. A layer is
-	// removed only where no live sandbox runs on it.
+	// hands an import to one edge per blob store (NodeStatus.blob_store),
+	// which builds the layers and publishes them to the store, and has every
+	// other edge of that store adopt them (AdoptLayers); it merges what they
+	// list. A layer is removed only where no live sandbox runs on it.
 	ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error)
+	// UploadLayer is the public UploadLayer, relayed message by message.
+	UploadLayer(context.Context, *connect.ClientStream[v11.UploadLayerRequest]) (*connect.Response[v11.Layer], error)
+	// AdoptLayers records on this node a layer or image that another node
+	// imported into the blob store they share: it reads the ref's record and
+	// the layers' indexes from the store and fetches nothing else (layers
+	// load on demand as ever; a node in local mode pulls the files). The
+	// record must name exactly layer_digests, else FailedPrecondition (the ref
+	// was imported again meanwhile); a store without them answers NotFound
+	// (it is not the importer's store), and the apiserver imports there.
+	AdoptLayers(context.Context, *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error)
 	ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
@@ -845,6 +894,19 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceImportLayerProcedure,
 		svc.ImportLayer,
 		connect.WithSchema(edgeServiceMethods.ByName("ImportLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceUploadLayerHandler := connect.NewClientStreamHandler(
+		EdgeServiceUploadLayerProcedure,
+		svc.UploadLayer,
+		connect.WithSchema(edgeServiceMethods.ByName("UploadLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceAdoptLayersHandler := connect.NewUnaryHandler(
+		EdgeServiceAdoptLayersProcedure,
+		svc.AdoptLayers,
+		connect.WithSchema(edgeServiceMethods.ByName("AdoptLayers")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServiceListLayersHandler := connect.NewUnaryHandler(
@@ -1014,6 +1076,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceGoneHandler.ServeHTTP(w, r)
 		case EdgeServiceImportLayerProcedure:
 			edgeServiceImportLayerHandler.ServeHTTP(w, r)
+		case EdgeServiceUploadLayerProcedure:
+			edgeServiceUploadLayerHandler.ServeHTTP(w, r)
+		case EdgeServiceAdoptLayersProcedure:
+			edgeServiceAdoptLayersHandler.ServeHTTP(w, r)
 		case EdgeServiceListLayersProcedure:
 			edgeServiceListLayersHandler.ServeHTTP(w, r)
 		case EdgeServiceRemoveLayerProcedure:
@@ -1125,6 +1191,14 @@ func (UnimplementedEdgeServiceHandler) Gone(context.Context, *connect.Request[v1
 
 func (UnimplementedEdgeServiceHandler) ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.ImportLayer is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) UploadLayer(context.Context, *connect.ClientStream[v11.UploadLayerRequest]) (*connect.Response[v11.Layer], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.UploadLayer is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) AdoptLayers(context.Context, *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.AdoptLayers is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error) {

@@ -1,0 +1,141 @@
+package layers
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"dsec.dev/dsec/internal/blob"
+	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// newNode is one node's layer service over blobs, with an image store of
+// its own.
+func newNode(t *testing.T, mode Mode, blobs blob.Store) *Service {
+	t.Helper()
+	images, err := image.Open(filepath.Join(t.TempDir(), "layers"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Mode: mode, Blobs: blobs, BlobSpec: "test", Dir: t.TempDir()}, images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// publishFile puts a layer file of n random bytes in blobs, as publish
+// does, and returns what a node that imported it records.
+func publishFile(t *testing.T, blobs blob.Store, n int) (image.Adopted, []byte) {
+	t.Helper()
+	data := make([]byte, n)
+	rand.Read(data)
+	p := filepath.Join(t.TempDir(), "layer.erofs")
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ix, _, err := blob.PutLayer(t.Context(), blobs, p, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return image.Adopted{Digest: ix.Digest, Kind: image.KindBase, Size: ix.Size, Source: "test"}, data
+}
+
+// TestAdoptFromTheBlobStore: what one node imported and published, with its
+// ref, another node sharing the blob store adopts without building anything
+// (pulling the files only in local mode); one that lacks a ref adopts it
+// when an environment names it; a store that is not the importer's has
+// nothing to adopt; a removed ref is adopted by no one.
+func TestAdoptFromTheBlobStore(t *testing.T) {
+	ctx := t.Context()
+	blobs, err := blob.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, baseData := publishFile(t, blobs, 3<<20+17)
+	top, _ := publishFile(t, blobs, 5000)
+	// The importer's image store has them as its imports left them.
+	importer := newNode(t, ModeEager, blobs)
+	cfg := image.ImageConfig{Env: []string{"A=1"}, WorkingDir: "/w", Cmd: []string{"sh"}}
+	if err := importer.images.Adopt(ctx, "base:1", []image.Adopted{base}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := importer.images.Adopt(ctx, "img:1", []image.Adopted{base, top}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []string{"base:1", "img:1"} {
+		if err := importer.publishRef(ctx, ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	local := newNode(t, ModeLocal, blobs)
+	if err := local.Adopt(ctx, "base:1", []string{base.Digest}); err != nil {
+		t.Fatal(err)
+	}
+	if err := local.Adopt(ctx, "img:1", []string{base.Digest, top.Digest}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := local.Get("base:1")
+	if err != nil || l.Digest != base.Digest || l.Kind != image.KindBase || l.Size != base.Size {
+		t.Fatalf("adopted layer %+v, %v", l, err)
+	}
+	img, err := local.images.Image("img:1")
+	if err != nil || !cmp.Equal(img.Config, cfg) || !cmp.Equal(img.Digests, []string{base.Digest, top.Digest}) {
+		t.Fatalf("adopted image %+v, %v", img, err)
+	}
+	file, _ := local.images.LayerFile(base.Digest)
+	if got, err := os.ReadFile(file); err != nil || !bytes.Equal(got, baseData) {
+		t.Errorf("local mode: the pulled layer file differs (%v)", err)
+	}
+
+	if err := local.Adopt(ctx, "base:1", []string{top.Digest}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "imported again") {
+		t.Errorf("adopt naming other digests: %v", err)
+	}
+	elsewhere, err := blob.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newNode(t, ModeEager, elsewhere).Adopt(ctx, "base:1", []string{base.Digest}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("adopt from another store: %v, want not found", err)
+	}
+
+	// A node that lacks a ref adopts it on first use; in eager mode it
+	// pulls nothing until a sandbox mounts the layers.
+	late := newNode(t, ModeEager, blobs)
+	layers, err := late.ResolveEnvironment(ctx, "img:1")
+	if err != nil || len(layers) != 2 || layers[1].Digest != top.Digest {
+		t.Fatalf("resolve on first use: %v, %v", layers, err)
+	}
+	if late.images.HasLayerFile(base.Digest) {
+		t.Errorf("eager mode: adoption pulled a layer file")
+	}
+	if _, err := late.ResolveEnvironment(ctx, "img:2"); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "no layer or image is named img:2") {
+		t.Errorf("an environment no node published: %v", err)
+	}
+
+	// Removing a ref removes its record: no node adopts it after.
+	if err := importer.Remove(ctx, "base:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newNode(t, ModeEager, blobs).ResolveEnvironment(ctx, "base:1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a removed ref was adopted: %v", err)
+	}
+	if _, err := newNode(t, ModeEager, blobs).ResolveEnvironment(ctx, "img:1"); err != nil {
+		t.Errorf("the image, still published: %v", err)
+	}
+	// A ref only the blob store has (its importer left) can be removed too.
+	if dropped, err := newNode(t, ModeEager, blobs).DropRecord(ctx, "img:1"); err != nil || !dropped {
+		t.Errorf("DropRecord = %v, %v", dropped, err)
+	}
+	if _, err := newNode(t, ModeEager, blobs).ResolveEnvironment(ctx, "img:1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a dropped record was adopted: %v", err)
+	}
+}
