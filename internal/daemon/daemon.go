@@ -119,6 +119,9 @@ type NetworkConfig struct {
 	LogGroup   uint16
 }
 
+// The node's layer service takes the layers its snapshots make.
+var _ sandbox.Snapshots = (*layers.Service)(nil)
+
 // sandboxBudgetMB is the node memory one sandbox is counted at when dsecd
 // derives the node's maximum number of sandboxes. An idle sandbox was
 // measured at 2.6 MiB of host memory (1,000 on one node, MemTotal minus

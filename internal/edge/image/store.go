@@ -29,10 +29,13 @@ type Kind string
 const (
 	KindBase      Kind = "base"      // OS and runtimes; exactly one per environment, at the bottom
 	KindWorkspace Kind = "workspace" // a task's repository and dependencies
-	KindToolkit   Kind = "toolkit"   // harness and tools, on top
+	KindToolkit   Kind = "toolkit"   // harness and tools
+	KindSnapshot  Kind = "snapshot"  // a sandbox's writable layer, packed by a snapshot: on top of what it ran on
 )
 
-func (k Kind) valid() bool { return k == KindBase || k == KindWorkspace || k == KindToolkit }
+func (k Kind) valid() bool {
+	return k == KindBase || k == KindWorkspace || k == KindToolkit || k == KindSnapshot
+}
 
 // rank orders kinds bottom first.
 func (k Kind) rank() int {
@@ -41,8 +44,10 @@ func (k Kind) rank() int {
 		return 0
 	case KindWorkspace:
 		return 1
-	default:
+	case KindToolkit:
 		return 2
+	default:
+		return 3 // snapshots, in the order the environment names them
 	}
 }
 

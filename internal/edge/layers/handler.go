@@ -39,6 +39,7 @@ var kinds = map[dsecv1.LayerKind]image.Kind{
 	dsecv1.LayerKind_LAYER_KIND_BASE:      image.KindBase,
 	dsecv1.LayerKind_LAYER_KIND_WORKSPACE: image.KindWorkspace,
 	dsecv1.LayerKind_LAYER_KIND_TOOLKIT:   image.KindToolkit,
+	dsecv1.LayerKind_LAYER_KIND_SNAPSHOT:  image.KindSnapshot,
 }
 
 func layerToProto(l image.Layer) *dsecv1.Layer {
@@ -55,8 +56,8 @@ func layerToProto(l image.Layer) *dsecv1.Layer {
 func (ls *Handler) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
 	m := req.Msg
 	kind, ok := kinds[m.GetKind()]
-	if !ok {
-		return nil, fmt.Errorf("layer kind must be base, workspace or toolkit: %w", errdefs.ErrInvalidArgument)
+	if !ok || kind == image.KindSnapshot {
+		return nil, fmt.Errorf("layer kind must be base, workspace or toolkit (snapshot layers are made by Snapshot): %w", errdefs.ErrInvalidArgument)
 	}
 	if src := m.GetPath(); !filepath.IsAbs(src) {
 		return nil, fmt.Errorf("import path %q must be absolute (a path on the daemon's host; UploadLayer sends a tree from the client's): %w", src, errdefs.ErrInvalidArgument)
@@ -85,8 +86,8 @@ func (ls *Handler) UploadLayerFrom(ctx context.Context, s layerupload.Stream) (*
 		return nil, err
 	}
 	kind, ok := kinds[h.GetKind()]
-	if !ok {
-		return nil, fmt.Errorf("upload layer %s: layer kind must be base, workspace or toolkit: %w", h.GetRef(), errdefs.ErrInvalidArgument)
+	if !ok || kind == image.KindSnapshot {
+		return nil, fmt.Errorf("upload layer %s: layer kind must be base, workspace or toolkit (snapshot layers are made by Snapshot): %w", h.GetRef(), errdefs.ErrInvalidArgument)
 	}
 	limit := ls.svc.MaxUpload()
 	if h.GetSize() > limit {
@@ -119,7 +120,11 @@ func (ls *Handler) ListLayers(ctx context.Context, req *connect.Request[dsecv1.L
 	}
 	out := &dsecv1.ListLayersResponse{}
 	for _, l := range all {
-		out.Layers = append(out.Layers, layerToProto(l))
+		pl := layerToProto(l)
+		if l.Kind == image.KindSnapshot {
+			pl.Snapshot = ls.svc.SnapshotOf(ctx, l)
+		}
+		out.Layers = append(out.Layers, pl)
 	}
 	return connect.NewResponse(out), nil
 }

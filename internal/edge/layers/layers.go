@@ -607,6 +607,9 @@ func (s *Service) Remove(ctx context.Context, refOrDigest string) error {
 		if err := s.dropRef(ctx, ref, digests); err != nil {
 			errs = append(errs, err)
 		}
+		if err := s.dropSnapshot(ctx, ref); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("remove %s: %w", refOrDigest, err)

@@ -163,7 +163,10 @@ func (s *Service) DropRecord(ctx context.Context, ref string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return true, s.dropRef(ctx, nref, rec.digests())
+	if err := s.dropRef(ctx, nref, rec.digests()); err != nil {
+		return true, err
+	}
+	return true, s.dropSnapshot(ctx, nref)
 }
 
 // Adopt records ref, which another node sharing the blob store imported,
