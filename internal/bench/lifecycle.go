@@ -18,8 +18,11 @@ import (
 // LifecycleOptions shape `dsec bench lifecycle`.
 type LifecycleOptions struct {
 	Env       string
-	Rounds    int // pauses of each kind
+	Rounds    int // pauses of each kind; snapshots, restores and forks
 	MemoryMiB int // what the paused sandbox holds (dsec-agent hold-memory)
+	// SnapFiles and SnapMiB make the upper snapshots capture (0: skip
+	// snapshots).
+	SnapFiles, SnapMiB int
 	Progress  io.Writer
 }
 
@@ -47,6 +50,19 @@ type LifecycleReport struct {
 	TouchPrefetched Latency `json:"first_touch_prefetched"`
 	TouchFaulted    Latency `json:"first_touch_without_prefetch"`
 	PrefetchGain    float64 `json:"prefetch_speedup_p50"`
+
+	// Snapshots of a sandbox whose writable layer holds SnapFiles files of
+	// SnapMiB MiB in all.
+	SnapFiles, SnapMiB int
+	SnapFrozen         Latency `json:"snapshot_frozen"`    // the source stood still (node)
+	SnapPublished      Latency `json:"snapshot_published"` // from the thaw to the layer published
+	SnapMethod         string  `json:"snapshot_capture_method"`
+	// Create → first exec from the snapshot's environment, beside the same
+	// from the source's environment, in turns.
+	RestoreExec Latency `json:"restore_create_to_first_exec"`
+	PlainExec   Latency `json:"plain_create_to_first_exec"`
+	RestoreCost float64 `json:"restore_added_p50_ms"`
+	ForkWall    Latency `json:"fork_16_wall"`
 
 	Notes []string `json:"notes,omitempty"`
 }
@@ -139,7 +155,120 @@ func RunLifecycle(ctx context.Context, c *apiclient.Clients, o LifecycleOptions)
 	r.ResumeExecKept, r.ResumeExecPaged = summarize(resumeKept), summarize(resumePaged)
 	r.TouchPrefetched, r.TouchFaulted = summarize(touchPre), summarize(touchRaw)
 	r.PrefetchGain = ratio(r.TouchFaulted.P50, r.TouchPrefetched.P50)
+	if o.SnapFiles > 0 {
+		if err := runSnapshots(ctx, c, o, r); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+// runSnapshots fills a sandbox's writable layer, snapshots it Rounds times
+// (each timing the source's freeze and the publish), restores from the
+// last beside plain creates in turns, and forks 16 children Rounds/2+1
+// times.
+func runSnapshots(ctx context.Context, c *apiclient.Clients, o LifecycleOptions, r *LifecycleReport) error {
+	r.SnapFiles, r.SnapMiB = o.SnapFiles, o.SnapMiB
+	resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{
+		Environment: o.Env, DiskMb: int64(o.SnapMiB)*2 + 512, IdleTimeoutSeconds: -1}}))
+	if err != nil {
+		return fmt.Errorf("create the sandbox to snapshot: %w", err)
+	}
+	id := resp.Msg.GetSandboxes()[0].GetId()
+	defer deleteAll(c, []string{id})
+	per := max(o.SnapMiB<<20/o.SnapFiles, 1)
+	fill := fmt.Sprintf(`set -e; mkdir -p /work; cd /work; head -c %d /dev/urandom > seed
+i=0; while [ $i -lt %d ]; do d=d$((i / 1000)); [ -d $d ] || mkdir $d; cp seed $d/f$i; i=$((i+1)); done; rm seed`, per, o.SnapFiles)
+	if err := execOK(ctx, c, id, fill); err != nil {
+		return fmt.Errorf("fill the writable layer: %w", err)
+	}
+	o.logf("sandbox %s holds %d files, %d MiB, in its writable layer", id, o.SnapFiles, o.SnapMiB)
+	var frozen, published []time.Duration
+	var env string
+	var names []string
+	defer func() {
+		for _, n := range names {
+			c.Sandboxes.DeleteSnapshot(context.WithoutCancel(ctx), connect.NewRequest(&dsecv1.DeleteSnapshotRequest{Name: n}))
+		}
+	}()
+	for i := range o.Rounds {
+		name := fmt.Sprintf("bench-%s-%d", id, i)
+		start := time.Now()
+		s, err := c.Sandboxes.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: id, Name: name}))
+		if err != nil {
+			return fmt.Errorf("snapshot %d: %w", i, err)
+		}
+		names = append(names, name)
+		fz := time.Duration(s.Msg.GetFrozenUs()) * time.Microsecond
+		frozen = append(frozen, fz)
+		published = append(published, time.Since(start)-fz)
+		env, r.SnapMethod = s.Msg.GetEnvironment(), s.Msg.GetCaptureMethod()
+		o.logf("snapshot %d: frozen %s (%s), published %s later", i+1, fz.Round(time.Microsecond), r.SnapMethod, published[i].Round(time.Millisecond))
+	}
+	r.SnapFrozen, r.SnapPublished = summarize(frozen), summarize(published)
+
+	var restore, plain []time.Duration
+	var made []string
+	defer func() { deleteAll(c, made) }()
+	for range o.Rounds {
+		for _, side := range []struct {
+			env string
+			out *[]time.Duration
+		}{{env, &restore}, {o.Env, &plain}} {
+			sid, took, err := createExec(ctx, c, &dsecv1.SandboxSpec{Environment: side.env})
+			made = append(made, sid)
+			if err != nil {
+				return fmt.Errorf("create from %s: %w", side.env, err)
+			}
+			*side.out = append(*side.out, took)
+		}
+	}
+	r.RestoreExec, r.PlainExec = summarize(restore), summarize(plain)
+	r.RestoreCost = r.RestoreExec.P50 - r.PlainExec.P50
+
+	var forks []time.Duration
+	for i := range o.Rounds/2 + 1 {
+		start := time.Now()
+		f, err := c.Sandboxes.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: id, Count: 16, Name: fmt.Sprintf("bench-fork-%s-%d", id, i)}))
+		if err != nil {
+			return fmt.Errorf("fork %d: %w", i, err)
+		}
+		forks = append(forks, time.Since(start))
+		names = append(names, f.Msg.GetSnapshot().GetName())
+		for _, ch := range f.Msg.GetChildren() {
+			if ch.GetError() != "" {
+				return fmt.Errorf("fork %d: a child: %s", i, ch.GetError())
+			}
+			made = append(made, ch.GetSandbox().GetId())
+		}
+		deleteAll(c, made)
+		made = nil
+	}
+	r.ForkWall = summarize(forks)
+	return nil
+}
+
+func execOK(ctx context.Context, c *apiclient.Clients, id, command string) error {
+	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: command}))
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	var x *dsecv1.ExecExited
+	var errOut []byte
+	for stream.Receive() {
+		if e := stream.Msg().GetExited(); e != nil {
+			x = e
+		}
+		errOut = append(errOut, stream.Msg().GetStderr()...)
+	}
+	if err := stream.Err(); err != nil {
+		return err
+	}
+	if x.GetExitCode() != 0 {
+		return fmt.Errorf("exit %d: %s", x.GetExitCode(), errOut)
+	}
+	return nil
 }
 
 // startHold starts dsec-agent hold-memory in the sandbox and waits until
@@ -227,6 +356,22 @@ func (r *LifecycleReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "resume -> first exec, %d MiB paged out: p99 %.1f ms   target <= 1000 ms   %s\n", r.MemoryMiB, r.ResumeExecPaged.P99, verdict(r.ResumeExecPaged.N > 0 && r.ResumeExecPaged.P99 <= 1000))
 	fmt.Fprintf(w, "first touch without prefetch / with it: %.1fx (p50 %.1f vs %.1f ms)   target >= 5x   %s\n",
 		r.PrefetchGain, r.TouchFaulted.P50, r.TouchPrefetched.P50, verdict(r.PrefetchGain >= 5))
+	if r.SnapFiles > 0 {
+		fmt.Fprintf(w, "\nsnapshots of a writable layer of %d files, %d MiB (%s)\n", r.SnapFiles, r.SnapMiB, r.SnapMethod)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tn")
+		row := func(name string, l Latency) { fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%d\n", name, l.P50, l.P99, l.N) }
+		row("snapshot: source stood still", r.SnapFrozen)
+		row("snapshot: thaw -> layer published", r.SnapPublished)
+		row("create -> first exec from the snapshot", r.RestoreExec)
+		row("create -> first exec from its base (baseline)", r.PlainExec)
+		row("fork x16, whole call", r.ForkWall)
+		tw.Flush()
+		fmt.Fprintf(w, "snapshot stopped time p99 %.1f ms   target <= 100 ms   %s\n", r.SnapFrozen.P99, verdict(r.SnapFrozen.N > 0 && r.SnapFrozen.P99 <= 100))
+		fmt.Fprintf(w, "layer published p99 %.1f ms after the thaw   target <= 2000 ms   %s\n", r.SnapPublished.P99, verdict(r.SnapPublished.N > 0 && r.SnapPublished.P99 <= 2000))
+		fmt.Fprintf(w, "restore = create + %.1f ms (p50 %.1f vs %.1f ms)   target <= 10 ms   %s\n", r.RestoreCost, r.RestoreExec.P50, r.PlainExec.P50, verdict(r.RestoreExec.N > 0 && r.RestoreCost <= 10))
+		fmt.Fprintf(w, "fork x16 p50 %.1f ms   target <= 2000 ms   %s\n", r.ForkWall.P50, verdict(r.ForkWall.N > 0 && r.ForkWall.P50 <= 2000))
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
 	}

@@ -189,10 +189,10 @@ func (a *app) benchExecHopCommand() *cobra.Command {
 }
 
 func (a *app) benchLifecycleCommand() *cobra.Command {
-	o := bench.LifecycleOptions{Env: benchEnv, Rounds: 10, MemoryMiB: 512}
+	o := bench.LifecycleOptions{Env: benchEnv, Rounds: 10, MemoryMiB: 512, SnapFiles: 20000, SnapMiB: 100}
 	cmd := &cobra.Command{
 		Use:   "lifecycle",
-		Short: "pause and resume of a sandbox holding memory: time to frozen, memory released, resume to first exec, what the prefetch saves",
+		Short: "pause, resume, snapshot, restore and fork: time to frozen, memory released, resume to first exec, prefetch, snapshot stopped time, restore and fork cost",
 		Long: "Pauses and resumes one sandbox of the daemon at --addr holding --memory-mib MiB (dsec-agent\n" +
 			"hold-memory), --rounds times each way: full pauses (memory pushed out, then resumed with and\n" +
 			"without the prefetch in alternate rounds) and freeze-only ones. Without swap on the node\n" +
@@ -208,5 +208,7 @@ func (a *app) benchLifecycleCommand() *cobra.Command {
 	f.StringVar(&o.Env, "env", benchEnv, "environment of the sandbox")
 	f.IntVar(&o.Rounds, "rounds", o.Rounds, "pauses of each kind")
 	f.IntVar(&o.MemoryMiB, "memory-mib", o.MemoryMiB, "memory the sandbox holds")
+	f.IntVar(&o.SnapFiles, "snapshot-files", o.SnapFiles, "files in the writable layer snapshots capture (0: no snapshots)")
+	f.IntVar(&o.SnapMiB, "snapshot-mib", o.SnapMiB, "MiB those files hold")
 	return cmd
 }

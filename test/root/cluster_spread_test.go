@@ -90,3 +90,65 @@ func TestBatchSpreadsOverRealEdges(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotAcrossEdges: a snapshot taken on one real edge starts
+// sandboxes on the other (it shares the blob store), and a fork spread over
+// both edges gives every child the source's files.
+func TestSnapshotAcrossEdges(t *testing.T) {
+	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 1, Edges: 2, RealEdges: true})
+	tree := t.TempDir()
+	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-busybox-base.sh"), tree).CombinedOutput(); err != nil {
+		t.Fatalf("build busybox base: %v\n%s", err, out)
+	}
+	imp := exec.Command(filepath.Join(c.Bin, "dsec"), "--addr", c.APIServers[0].Addr, "layer", "import", "--upload", "--kind", "base", env, tree)
+	imp.Env = append(imp.Environ(), "DSEC_TOKEN="+c.APIServers[0].Token)
+	if out, err := imp.CombinedOutput(); err != nil {
+		t.Fatalf("layer import --upload: %v\n%s", err, out)
+	}
+	cl := c.Client(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	resp, err := cl.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: env}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := resp.Msg.GetSandboxes()[0]
+	defer cl.Sandboxes.Delete(context.Background(), connect.NewRequest(&dsecv1.DeleteRequest{Id: src.GetId()}))
+	run := func(id, command string) string {
+		t.Helper()
+		st, err := cl.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: command}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		var out []byte
+		for st.Receive() {
+			out = append(out, st.Msg().GetStdout()...)
+		}
+		if err := st.Err(); err != nil {
+			t.Fatalf("exec in %s: %v", id, err)
+		}
+		return string(out)
+	}
+	run(src.GetId(), "mkdir -p /work && echo carried > /work/state && rm /bin/vi")
+	fork, err := cl.Sandboxes.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: src.GetId(), Count: 6}))
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	per := map[string]int{}
+	for i, ch := range fork.Msg.GetChildren() {
+		if ch.GetError() != "" {
+			t.Fatalf("fork child %d: %s", i, ch.GetError())
+		}
+		kid := ch.GetSandbox()
+		defer cl.Sandboxes.Delete(context.Background(), connect.NewRequest(&dsecv1.DeleteRequest{Id: kid.GetId()}))
+		per[kid.GetNode()]++
+		if out := run(kid.GetId(), "cat /work/state; ls /bin | grep -cx vi"); out != "carried\n0\n" {
+			t.Errorf("child %d on %s: %q", i, kid.GetNode(), out)
+		}
+	}
+	t.Logf("fork of 6 from a sandbox on %s: %v", src.GetNode(), per)
+	if len(per) < 2 {
+		t.Errorf("the fork's children all landed on one edge (%v): the snapshot was not used on the other", per)
+	}
+}
