@@ -332,16 +332,14 @@ func readFile(ctx context.Context, c *apiclient.Clients, id, path string) (strin
 func (r *LifecycleReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "pause and resume of a sandbox holding %d MiB (%s)\n", r.MemoryMiB, r.Env)
 	fmt.Fprintf(w, "the node: a pause releases %s\n\n", r.PauseReleases)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tn")
-	row := func(name string, l Latency) { fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%d\n", name, l.P50, l.P99, l.N) }
-	row("pause: call to frozen (node)", r.Frozen)
-	row("pause call with reclaim (client)", r.PauseCall)
-	row("resume -> first exec, memory kept", r.ResumeExecKept)
-	row("resume -> first exec, memory paged out", r.ResumeExecPaged)
-	row("first touch of all memory, prefetched", r.TouchPrefetched)
-	row("first touch of all memory, no prefetch", r.TouchFaulted)
-	tw.Flush()
+	latencyTable(w, []namedLatency{
+		{"pause: call to frozen (node)", r.Frozen},
+		{"pause call with reclaim (client)", r.PauseCall},
+		{"resume -> first exec, memory kept", r.ResumeExecKept},
+		{"resume -> first exec, memory paged out", r.ResumeExecPaged},
+		{"first touch of all memory, prefetched", r.TouchPrefetched},
+		{"first touch of all memory, no prefetch", r.TouchFaulted},
+	})
 	fmt.Fprintln(w)
 	verdict := func(ok bool) string {
 		if ok {
@@ -358,15 +356,13 @@ func (r *LifecycleReport) Print(w io.Writer) {
 		r.PrefetchGain, r.TouchFaulted.P50, r.TouchPrefetched.P50, verdict(r.PrefetchGain >= 5))
 	if r.SnapFiles > 0 {
 		fmt.Fprintf(w, "\nsnapshots of a writable layer of %d files, %d MiB (%s)\n", r.SnapFiles, r.SnapMiB, r.SnapMethod)
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tn")
-		row := func(name string, l Latency) { fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%d\n", name, l.P50, l.P99, l.N) }
-		row("snapshot: source stood still", r.SnapFrozen)
-		row("snapshot: thaw -> layer published", r.SnapPublished)
-		row("create -> first exec from the snapshot", r.RestoreExec)
-		row("create -> first exec from its base (baseline)", r.PlainExec)
-		row("fork x16, whole call", r.ForkWall)
-		tw.Flush()
+		latencyTable(w, []namedLatency{
+			{"snapshot: source stood still", r.SnapFrozen},
+			{"snapshot: thaw -> layer published", r.SnapPublished},
+			{"create -> first exec from the snapshot", r.RestoreExec},
+			{"create -> first exec from its base (baseline)", r.PlainExec},
+			{"fork x16, whole call", r.ForkWall},
+		})
 		fmt.Fprintf(w, "snapshot stopped time p99 %.1f ms   target <= 100 ms   %s\n", r.SnapFrozen.P99, verdict(r.SnapFrozen.N > 0 && r.SnapFrozen.P99 <= 100))
 		fmt.Fprintf(w, "layer published p99 %.1f ms after the thaw   target <= 2000 ms   %s\n", r.SnapPublished.P99, verdict(r.SnapPublished.N > 0 && r.SnapPublished.P99 <= 2000))
 		fmt.Fprintf(w, "restore = create + %.1f ms (p50 %.1f vs %.1f ms)   target <= 10 ms   %s\n", r.RestoreCost, r.RestoreExec.P50, r.PlainExec.P50, verdict(r.RestoreExec.N > 0 && r.RestoreCost <= 10))
@@ -375,6 +371,21 @@ func (r *LifecycleReport) Print(w io.Writer) {
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
 	}
+}
+
+type namedLatency struct {
+	name string
+	l    Latency
+}
+
+// latencyTable writes one row per figure: p50, p99 and n.
+func latencyTable(w io.Writer, rows []namedLatency) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tn")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%d\n", r.name, r.l.P50, r.l.P99, r.l.N)
+	}
+	tw.Flush()
 }
 
 // JSON writes the report as JSON.

@@ -14,11 +14,12 @@ import (
 	"dsec.dev/dsec/internal/testutil"
 )
 
-// TestBatchSpreadsOverRealEdges: one batch of 300 real sandboxes through an
-// apiserver in front of three edges with real runc sandboxes gives no edge
-// more than 1.5× its share, and every sandbox runs a command.
-func TestBatchSpreadsOverRealEdges(t *testing.T) {
-	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 1, Edges: 3, RealEdges: true})
+// startRealCluster starts an apiserver in front of edges real edges and
+// imports the busybox base through it, as a client on another machine
+// would (an upload).
+func startRealCluster(t *testing.T, edges int) *testutil.Cluster {
+	t.Helper()
+	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 1, Edges: edges, RealEdges: true})
 	tree := t.TempDir()
 	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-busybox-base.sh"), tree).CombinedOutput(); err != nil {
 		t.Fatalf("build busybox base: %v\n%s", err, out)
@@ -28,6 +29,14 @@ func TestBatchSpreadsOverRealEdges(t *testing.T) {
 	if out, err := imp.CombinedOutput(); err != nil {
 		t.Fatalf("layer import --upload: %v\n%s", err, out)
 	}
+	return c
+}
+
+// TestBatchSpreadsOverRealEdges: one batch of 300 real sandboxes through an
+// apiserver in front of three edges with real runc sandboxes gives no edge
+// more than 1.5× its share, and every sandbox runs a command.
+func TestBatchSpreadsOverRealEdges(t *testing.T) {
+	c := startRealCluster(t, 3)
 
 	cl := c.Client(0)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -95,16 +104,7 @@ func TestBatchSpreadsOverRealEdges(t *testing.T) {
 // sandboxes on the other (it shares the blob store), and a fork spread over
 // both edges gives every child the source's files.
 func TestSnapshotAcrossEdges(t *testing.T) {
-	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 1, Edges: 2, RealEdges: true})
-	tree := t.TempDir()
-	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-busybox-base.sh"), tree).CombinedOutput(); err != nil {
-		t.Fatalf("build busybox base: %v\n%s", err, out)
-	}
-	imp := exec.Command(filepath.Join(c.Bin, "dsec"), "--addr", c.APIServers[0].Addr, "layer", "import", "--upload", "--kind", "base", env, tree)
-	imp.Env = append(imp.Environ(), "DSEC_TOKEN="+c.APIServers[0].Token)
-	if out, err := imp.CombinedOutput(); err != nil {
-		t.Fatalf("layer import --upload: %v\n%s", err, out)
-	}
+	c := startRealCluster(t, 2)
 	cl := c.Client(0)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
