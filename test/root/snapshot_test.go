@@ -27,7 +27,7 @@ done`
 // system every way a task does restores, in a new sandbox, to the same tree
 // compared object by object (but for the excluded residue); the source stood
 // still only for the capture and runs on; a taken name and a path outside
-// the sandbox are refused; a fork gives independent children; a deleted
+// the sandbox are refused; a fork of 16 gives 16 independent children; a deleted
 // snapshot is gone from the listing.
 func TestSnapshotRestoreAndFork(t *testing.T) {
 	d := startDaemon(t)
@@ -90,9 +90,12 @@ printf 'odd\n' > "/work/we ird $(printf '\t')name"`)
 		t.Errorf("after a snapshot of a paused sandbox: %s, want running", s)
 	}
 
-	fork, err := sc.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: id, Count: 4, Exclude: []string{"/work/big.bin"}}))
+	fork, err := sc.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: id, Count: 16, Exclude: []string{"/work/big.bin"}}))
 	if err != nil {
 		t.Fatalf("fork: %v", err)
+	}
+	if _, err := sc.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: id, Count: 17})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("a fork of 17: %v, want InvalidArgument", err)
 	}
 	var kids []string
 	for i, c := range fork.Msg.GetChildren() {
@@ -103,8 +106,8 @@ printf 'odd\n' > "/work/we ird $(printf '\t')name"`)
 		kids = append(kids, kid)
 		t.Cleanup(func() { sc.Delete(context.Background(), connect.NewRequest(&dsecv1.DeleteRequest{Id: kid})) })
 	}
-	if len(kids) != 4 {
-		t.Fatalf("fork of 4 made %d children", len(kids))
+	if len(kids) != 16 {
+		t.Fatalf("fork of 16 made %d children", len(kids))
 	}
 	mustSh(t, d, kids[0], "echo mine > /work/child0")
 	for i, kid := range kids {
