@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -237,12 +238,30 @@ func TestImageFromRegistry(t *testing.T) {
 	// The sandbox's reads were saved as an access trace for later prefetching.
 	var traced int
 	for _, dg := range res.LayerDigests {
-		if _, err := os.Stat(filepath.Join(d.Root, "lazy", "cache", "traces", strings.TrimPrefix(dg, "sha256:")+".json")); err == nil {
+		b, err := os.ReadFile(filepath.Join(d.Root, "lazy", "cache", "traces", strings.TrimPrefix(dg, "sha256:")+".json"))
+		var tr struct{ Chunks []int }
+		if err == nil && json.Unmarshal(b, &tr) == nil && len(tr.Chunks) > 0 {
 			traced++
 		}
 	}
 	if traced == 0 {
 		t.Errorf("no access trace saved for any of %v", res.LayerDigests)
+	}
+	// And published to the blob store (in the background), for other nodes.
+	published := func() int {
+		n := 0
+		for _, dg := range res.LayerDigests {
+			if _, err := os.Stat(filepath.Join(d.Root, "blobstore", "traces", "sha256", strings.TrimPrefix(dg, "sha256:")+".json")); err == nil {
+				n++
+			}
+		}
+		return n
+	}
+	for deadline := time.Now().Add(30 * time.Second); published() < traced && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := published(); n < traced {
+		t.Errorf("%d access traces published to the blob store, want the %d saved", n, traced)
 	}
 
 	s := stats(t, d)

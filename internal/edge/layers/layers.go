@@ -74,6 +74,7 @@ type Loader interface {
 	FetchAll(ctx context.Context, hex string) error
 	PrefetchTrace(ctx context.Context, hex string) (int, error)
 	SaveTrace(ctx context.Context, hex string) error
+	PublishTrace(ctx context.Context, hex string) (bool, error)
 	Stats(ctx context.Context, hex string) (lazy.LayerStats, error)
 	MetaChunks(ctx context.Context, hex string) ([]int, error)
 }
@@ -114,6 +115,9 @@ type Service struct {
 	sandboxes map[string]int64    // sandboxes started per layer digest since start
 	ready     map[string]bool     // layer digests ready to mount in this mode
 	mounted   map[string][]string // layer digests each sandbox mounted
+
+	// publishing counts the trace publishes Release started; Close waits.
+	publishing sync.WaitGroup
 }
 
 // New makes the service. images is the node's image store.
@@ -396,8 +400,9 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 		if file, err = s.cfg.Loader.Add(ctx, ix); err != nil {
 			return fmt.Errorf("prepare layer %s: %w", digest, err)
 		}
-		// What earlier runs on this node read first is fetched in the
-		// background; the sandbox does not wait for it.
+		// What earlier runs on this node read first (or, on a node new
+		// to the layer, what the trace published by other nodes names)
+		// is fetched in the background; the sandbox does not wait for it.
 		go func() {
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
 			defer cancel()
@@ -446,8 +451,9 @@ func pullFile(ctx context.Context, st blob.Store, ix *blob.Index, dst string) er
 }
 
 // Release forgets what sandbox id mounted: on demand, the access trace of
-// its layers is saved for later prefetching; in tar mode its extracted
-// trees are removed.
+// its layers is saved for later prefetching on this node and, in the
+// background, merged into the traces published in the blob store for other
+// nodes; in tar mode its extracted trees are removed.
 func (s *Service) Release(ctx context.Context, id string) {
 	s.mu.Lock()
 	digests := s.mounted[id]
@@ -459,12 +465,51 @@ func (s *Service) Release(ctx context.Context, id string) {
 				s.log.Debug("save layer access trace", "digest", d, "err", err)
 			}
 		}
+		s.publishTraces(context.WithoutCancel(ctx), digests)
 	}
 	if s.cfg.Mode != ModeTar {
 		return
 	}
 	if err := os.RemoveAll(filepath.Join(s.cfg.Dir, "tar", id)); err != nil {
 		s.log.Warn("remove extracted layers", "id", id, "err", err)
+	}
+}
+
+// publishTraces merges the traces of digests into the blob store in the
+// background. A trace is a hint: failing to publish one is logged only.
+func (s *Service) publishTraces(ctx context.Context, digests []string) {
+	if len(digests) == 0 {
+		return
+	}
+	s.publishing.Add(1)
+	go func() {
+		defer s.publishing.Done()
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		for _, d := range digests {
+			wrote, err := s.cfg.Loader.PublishTrace(ctx, strings.TrimPrefix(d, "sha256:"))
+			if err != nil {
+				s.log.Warn("publish layer access trace", "digest", d, "err", err)
+			} else if wrote {
+				s.log.Debug("published layer access trace", "digest", d)
+			}
+		}
+	}()
+}
+
+// Close waits, until ctx ends, for the trace publishes Release started.
+// The service must not be used after it.
+func (s *Service) Close(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		s.publishing.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close layer service: trace publishes still running: %w", ctx.Err())
 	}
 }
 
