@@ -10,10 +10,15 @@ import (
 	"dsec.dev/dsec/internal/blob"
 )
 
-// plainCacheBytes bounds the recently decoded chunks kept beside the memory
-// tier. The kernel reads a chunk in several requests (readahead windows of
-// 128 KiB and up); keeping its decoded bytes a little while decodes it once.
-const plainCacheBytes = 32 << 20
+// plainCacheBytes bounds the recently decoded chunks kept beside a memory
+// tier of memLimit bytes: an eighth of it, between 32 and 256 MiB. The
+// kernel reads a 1 MiB chunk in 128 KiB requests, which sixteen sandboxes
+// starting at once interleave: with 32 MiB, the storage benchmark's lazyfs
+// decoded each fetched chunk about 2.8 times (once to verify it, then for
+// reads), and decoding took 40 % of its CPU.
+func plainCacheBytes(memLimit int64) int64 {
+	return min(max(memLimit/8, 32<<20), 256<<20, memLimit)
+}
 
 // tier says where a chunk read was served from.
 type tier int
@@ -29,10 +34,10 @@ const (
 //
 //   - memory: every chunk fetched (or prefetched) goes here, as the object
 //     the store served (a zstd frame; plain bytes for a raw layer), bounded
-//     by its limit. A read decodes the chunk (a few recently decoded ones
-//     are kept, see plainCacheBytes); the kernel's page cache holds the
-//     decoded pages anyway, so reads of one chunk that reach the file
-//     system again are rare.
+//     by its limit. A read decodes the chunk (the recently decoded ones are
+//     kept, up to an eighth more, see plainCacheBytes); the kernel's page
+//     cache holds the decoded pages anyway, so reads of one chunk that
+//     reach the file system again are rare.
 //   - disk: files under dir, bounded and LRU, kept across restarts. A chunk
 //     is written here only when it is hot and leaves memory (evicted, or
 //     the file system closes), and always as one zstd frame.
@@ -68,7 +73,7 @@ func openCache(dir string, memLimit, diskLimit int64, log *slog.Logger) (*chunkC
 	return &chunkCache{
 		mem:   newMemTier(memLimit, pins.pinned),
 		disk:  disk,
-		plain: &plainCache{limit: min(plainCacheBytes, memLimit), lru: list.New(), entries: map[string]*list.Element{}},
+		plain: &plainCache{limit: plainCacheBytes(memLimit), lru: list.New(), entries: map[string]*list.Element{}},
 		pins:  pins,
 		log:   log,
 	}, nil

@@ -291,6 +291,19 @@ func TestDiskTierFoundAtStartup(t *testing.T) {
 	}
 }
 
+func TestPlainCacheBytes(t *testing.T) {
+	for _, tc := range []struct{ mem, want int64 }{
+		{1 << 20, 1 << 20},
+		{64 << 20, 32 << 20},
+		{1536 << 20, 192 << 20},
+		{4 << 30, 256 << 20},
+	} {
+		if got := plainCacheBytes(tc.mem); got != tc.want {
+			t.Errorf("plainCacheBytes(%d) = %d, want %d", tc.mem, got, tc.want)
+		}
+	}
+}
+
 func TestDiskTierBound(t *testing.T) {
 	dir := t.TempDir()
 	first := makeChunk(t, 0)
