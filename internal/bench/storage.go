@@ -9,6 +9,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,7 +57,12 @@ type StorageOptions struct {
 	Workspace   string   // tree for the mount-versus-extract figure; default from Images
 	PortBase    int      // first TCP port for the daemons
 	KeepRoots   bool     // leave each mode's root for inspection
-	Progress    io.Writer
+	// Rounds runs every mode this many times, the modes interleaved (all
+	// of them once, then again), and reports each figure's median, so that
+	// other work on the machine disturbs one burst rather than one mode; 0
+	// or 1 = once.
+	Rounds   int
+	Progress io.Writer
 }
 
 // ModeResult is one burst.
@@ -84,9 +90,76 @@ type ModeResult struct {
 	CacheDiskWritten int64 `json:"cache_disk_written_bytes"`
 	// Traces counts the layers' access traces in the blob store: at the
 	// start of a traced burst, or published by the end of an ondemand run.
-	Traces  int    `json:"traces"`
-	Skipped string `json:"skipped,omitempty"` // why the mode did not run
-	Note    string `json:"note,omitempty"`
+	Traces int `json:"traces"`
+	// Rounds lists each burst's own figures when the mode ran more than
+	// once; the other figures are then medians (errors and sandboxes sums).
+	Rounds  []RoundResult `json:"rounds,omitempty"`
+	Skipped string        `json:"skipped,omitempty"` // why the mode did not run
+	Note    string        `json:"note,omitempty"`
+}
+
+// RoundResult is one burst of a mode run several times.
+type RoundResult struct {
+	BurstWallS  float64 `json:"burst_wall_s"`
+	DiskWritten int64   `json:"disk_written_bytes"`
+	Errors      int     `json:"errors"`
+}
+
+// MergeRounds makes one result of a mode's bursts: the median of each
+// figure over the bursts that ran, errors and sandboxes summed, the first
+// error and notes kept, each burst listed in Rounds. One burst is returned
+// as it is; if none ran, the first is.
+func MergeRounds(rounds []ModeResult) ModeResult {
+	var ran []ModeResult
+	for _, r := range rounds {
+		if r.Skipped == "" {
+			ran = append(ran, r)
+		}
+	}
+	if len(rounds) == 1 || len(ran) == 0 {
+		return rounds[0]
+	}
+	out := ran[0]
+	out.Sandboxes, out.Errors, out.Rounds = 0, 0, nil
+	floats := func(f func(ModeResult) float64) float64 {
+		xs := make([]float64, len(ran))
+		for i, r := range ran {
+			xs[i] = f(r)
+		}
+		return median(xs)
+	}
+	ints := func(f func(ModeResult) int64) int64 {
+		return int64(math.Round(floats(func(r ModeResult) float64 { return float64(f(r)) })))
+	}
+	out.BurstWallS = floats(func(r ModeResult) float64 { return r.BurstWallS })
+	out.StepP50S = floats(func(r ModeResult) float64 { return r.StepP50S })
+	out.StepMaxS = floats(func(r ModeResult) float64 { return r.StepMaxS })
+	out.ImportS = floats(func(r ModeResult) float64 { return r.ImportS })
+	out.BytesFetched = ints(func(r ModeResult) int64 { return r.BytesFetched })
+	out.DiskWritten = ints(func(r ModeResult) int64 { return r.DiskWritten })
+	out.CacheDiskWritten = ints(func(r ModeResult) int64 { return r.CacheDiskWritten })
+	out.RootGrowth = ints(func(r ModeResult) int64 { return r.RootGrowth })
+	out.BytesRead = ints(func(r ModeResult) int64 { return r.BytesRead })
+	out.Traces = int(ints(func(r ModeResult) int64 { return int64(r.Traces) }))
+	if out.ImageBytes > 0 {
+		out.FractionFetched = float64(out.BytesFetched) / float64(out.ImageBytes)
+		if out.BytesRead >= 0 {
+			out.FractionRead = float64(out.BytesRead) / float64(out.ImageBytes)
+		}
+	}
+	for _, r := range rounds {
+		if r.Skipped != "" {
+			out.Note = strings.TrimSpace(out.Note + " one burst skipped: " + r.Skipped)
+			continue
+		}
+		out.Sandboxes += r.Sandboxes
+		out.Errors += r.Errors
+		if out.FirstError == "" {
+			out.FirstError = r.FirstError
+		}
+		out.Rounds = append(out.Rounds, RoundResult{BurstWallS: r.BurstWallS, DiskWritten: r.DiskWritten, Errors: r.Errors})
+	}
+	return out
 }
 
 // ImageInfo is one image of the burst.
@@ -129,6 +202,7 @@ type StorageReport struct {
 	Bandwidth   int64        `json:"bandwidth_bytes_per_s"`
 	Sandboxes   int          `json:"sandboxes"`
 	Concurrency int          `json:"concurrency"`
+	Rounds      int          `json:"rounds"` // bursts per mode; figures are medians when > 1
 	Images      []ImageInfo  `json:"images"`
 	Modes       []ModeResult `json:"modes"`
 	Mount       MountResult  `json:"mount_vs_extract"`
@@ -216,7 +290,11 @@ func (r *StorageReport) JSON(w io.Writer) error { return writeJSON(w, r) }
 // Print writes the report as tables.
 func (r *StorageReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "blob store: %s\nremote store model: %s\n", r.BlobStore, r.RemoteModel)
-	fmt.Fprintf(w, "burst: %d sandboxes over %d images, %d at a time\n\n", r.Sandboxes, len(r.Images), r.Concurrency)
+	fmt.Fprintf(w, "burst: %d sandboxes over %d images, %d at a time", r.Sandboxes, len(r.Images), r.Concurrency)
+	if r.Rounds > 1 {
+		fmt.Fprintf(w, "; %d bursts per mode, the modes interleaved, figures are medians", r.Rounds)
+	}
+	fmt.Fprint(w, "\n\n")
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "IMAGE\tENV\tLAYERS\tSIZE\tREAD ON DEMAND")
@@ -248,6 +326,14 @@ func (r *StorageReport) Print(w io.Writer) {
 		}
 		if m.Note != "" {
 			fmt.Fprintf(w, "  %s: %s\n", m.Mode, m.Note)
+		}
+		if len(m.Rounds) > 1 {
+			var walls, disks []string
+			for _, b := range m.Rounds {
+				walls = append(walls, fmt.Sprintf("%.1f", b.BurstWallS))
+				disks = append(disks, HumanBytes(b.DiskWritten))
+			}
+			fmt.Fprintf(w, "  %s bursts: wall %s s; disk written %s\n", m.Mode, strings.Join(walls, ", "), strings.Join(disks, ", "))
 		}
 	}
 	fmt.Fprintln(w)

@@ -92,16 +92,31 @@ func RunStorage(ctx context.Context, log *slog.Logger, o StorageOptions) (*Stora
 		rep.Notes = append(rep.Notes, "no --s3 given: the remote store is modelled by a directory blob store with dsecd's --blob-bandwidth cap")
 	}
 
-	for i, mode := range o.Modes {
-		progress(o.Progress, "== mode %s", mode)
-		noteTraces := prepareTraces(ctx, rep.BlobStore, mode)
-		res, info := runMode(ctx, log, o, rep.BlobStore, mode, o.PortBase+i, images)
-		noteTraces(&res)
-		rep.Modes = append(rep.Modes, res)
-		if res.Skipped == "" {
-			progress(o.Progress, "   %s: wall %.1f s, fetched %s, disk written %s, root growth %s, read %s, errors %d",
-				mode, res.BurstWallS, HumanBytes(res.BytesFetched), HumanBytes(res.DiskWritten), HumanBytes(res.RootGrowth), percent(res.FractionRead), res.Errors)
+	rep.Rounds = max(o.Rounds, 1)
+	bursts := make([][]ModeResult, len(o.Modes))
+	infos := make([]map[string]*dsecv1.EnvironmentUsage, len(o.Modes))
+	for round := range rep.Rounds {
+		for i, mode := range o.Modes {
+			progress(o.Progress, "== mode %s (round %d of %d)", mode, round+1, rep.Rounds)
+			noteTraces := prepareTraces(ctx, rep.BlobStore, mode)
+			res, info := runMode(ctx, log, o, rep.BlobStore, mode, o.PortBase+i, images)
+			noteTraces(&res)
+			bursts[i] = append(bursts[i], res)
+			if infos[i] == nil && res.Skipped == "" {
+				infos[i] = info
+			}
+			if res.Skipped == "" {
+				progress(o.Progress, "   %s: wall %.1f s, fetched %s, disk written %s, root growth %s, read %s, errors %d",
+					mode, res.BurstWallS, HumanBytes(res.BytesFetched), HumanBytes(res.DiskWritten), HumanBytes(res.RootGrowth), percent(res.FractionRead), res.Errors)
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 		}
+	}
+	for i, mode := range o.Modes {
+		res, info := MergeRounds(bursts[i]), infos[i]
+		rep.Modes = append(rep.Modes, res)
 		if mode == ModeOnDemand && res.Skipped == "" {
 			for j := range rep.Images {
 				if e, ok := info[rep.Images[j].Env]; ok {
@@ -119,9 +134,6 @@ func RunStorage(ctx context.Context, log *slog.Logger, o StorageOptions) (*Stora
 					rep.Images[j].Size = e.GetSize()
 				}
 			}
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
 		}
 	}
 

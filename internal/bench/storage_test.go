@@ -270,3 +270,41 @@ func TestMedianAndHumanBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestMergeRounds(t *testing.T) {
+	burst := func(wall float64, disk int64, errs int) ModeResult {
+		return ModeResult{Mode: ModeOnDemand, Sandboxes: 64, Errors: errs, BurstWallS: wall, DiskWritten: disk,
+			BytesFetched: int64(wall * 1e7), ImageBytes: 1e9, BytesRead: 1e8, CacheDiskWritten: 0, Traces: 9}
+	}
+	one := burst(10, 1e8, 0)
+	if got := MergeRounds([]ModeResult{one}); got.BurstWallS != 10 || got.Rounds != nil {
+		t.Errorf("one burst: %+v, want it as it is", got)
+	}
+	bad := burst(0, 0, 0)
+	bad.Skipped = "dsecd exited"
+	got := MergeRounds([]ModeResult{burst(30, 3e8, 1), bad, burst(10, 1e8, 0), burst(20, 5e8, 2)})
+	if got.BurstWallS != 20 || got.DiskWritten != 3e8 || got.BytesFetched != 2e8 || got.FractionFetched != 0.2 || got.FractionRead != 0.1 {
+		t.Errorf("medians: %+v", got)
+	}
+	if got.Sandboxes != 192 || got.Errors != 3 || len(got.Rounds) != 3 || got.Rounds[1] != (RoundResult{BurstWallS: 10, DiskWritten: 1e8}) {
+		t.Errorf("sums and bursts: %+v", got)
+	}
+	if !strings.Contains(got.Note, "one burst skipped: dsecd exited") || got.Skipped != "" {
+		t.Errorf("note %q, skipped %q", got.Note, got.Skipped)
+	}
+	if all := MergeRounds([]ModeResult{bad, bad}); all.Skipped == "" {
+		t.Error("no burst ran, yet the mode is not skipped")
+	}
+
+	r := sampleReport()
+	r.Rounds = 3
+	r.Modes[1] = got
+	r.ComputeTargets()
+	var b bytes.Buffer
+	r.Print(&b)
+	for _, want := range []string{"3 bursts per mode, the modes interleaved, figures are medians", "ondemand bursts: wall 30.0, 10.0, 20.0 s; disk written 300.0 MB, 100.0 MB, 500.0 MB"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, b.String())
+		}
+	}
+}
