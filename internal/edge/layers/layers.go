@@ -115,6 +115,7 @@ type Service struct {
 	sandboxes map[string]int64    // sandboxes started per layer digest since start
 	ready     map[string]bool     // layer digests ready to mount in this mode
 	mounted   map[string][]string // layer digests each sandbox mounted
+	closed    bool                // Close was called: no more trace publishes
 
 	// publishing counts the trace publishes Release started; Close waits.
 	publishing sync.WaitGroup
@@ -478,7 +479,9 @@ func (s *Service) Release(ctx context.Context, id string) {
 // publishTraces merges the traces of digests into the blob store in the
 // background. A trace is a hint: failing to publish one is logged only.
 func (s *Service) publishTraces(ctx context.Context, digests []string) {
-	if len(digests) == 0 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(digests) == 0 || s.closed {
 		return
 	}
 	s.publishing.Add(1)
@@ -500,6 +503,9 @@ func (s *Service) publishTraces(ctx context.Context, digests []string) {
 // Close waits, until ctx ends, for the trace publishes Release started.
 // The service must not be used after it.
 func (s *Service) Close(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		s.publishing.Wait()
