@@ -133,9 +133,17 @@ func (c *chunkCache) put(hex, compression string, obj, plain []byte, hot bool, w
 	if zstd {
 		// The read buffer has room for the plain chunk; keep only the frame.
 		obj = bytes.Clone(obj)
-		c.plain.put(hex, plain)
 	}
 	c.add(&memEntry{hex: hex, obj: obj, zstd: zstd, plainLen: int64(len(plain)), hot: hot, written: written})
+}
+
+// keepDecoded keeps the plain bytes of a chunk a reader has just been given
+// from a fetch, so that its next requests for the chunk do not decode it.
+// Prefetched chunks are not kept: nobody is reading them yet.
+func (c *chunkCache) keepDecoded(hex string, plain []byte) {
+	if _, zstd, ok := c.mem.get(hex); ok && zstd {
+		c.plain.put(hex, plain)
+	}
 }
 
 func (c *chunkCache) add(e *memEntry) {

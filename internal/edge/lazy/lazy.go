@@ -402,7 +402,11 @@ func (f *FS) chunk(ctx context.Context, l *layer, i int) ([]byte, error) {
 		return data, nil
 	}
 	l.cacheMisses.Add(1)
-	return f.fetch(ctx, l, i)
+	data, err := f.fetch(ctx, l, i)
+	if err == nil {
+		f.cache.keepDecoded(l.ix.Chunks[i], data)
+	}
+	return data, err
 }
 
 // fetch returns chunk i of the layer, verified, fetching it from the store
