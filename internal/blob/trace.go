@@ -1,13 +1,10 @@
 package blob
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 
 	"dsec.dev/dsec/internal/errdefs"
@@ -118,21 +115,9 @@ func GetTrace(ctx context.Context, st Store, ix *Index) (*Trace, error) {
 	if err != nil {
 		return nil, err
 	}
-	rc, err := st.Get(ctx, TraceKey(h))
-	if err != nil {
-		return nil, fmt.Errorf("get trace of %s: %w", ix.Digest, err)
-	}
-	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, maxTraceSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("get trace of %s: %w", ix.Digest, err)
-	}
-	if len(data) > maxTraceSize {
-		return nil, fmt.Errorf("get trace of %s: larger than %d bytes: %w", ix.Digest, maxTraceSize, ErrCorrupt)
-	}
 	var t Trace
-	if err := json.Unmarshal(data, &t); err != nil {
-		return nil, fmt.Errorf("get trace of %s: decode JSON: %w: %w", ix.Digest, ErrCorrupt, err)
+	if err := getJSON(ctx, st, TraceKey(h), maxTraceSize, &t); err != nil {
+		return nil, fmt.Errorf("get trace of %s: %w", ix.Digest, err)
 	}
 	if err := t.Check(ix); err != nil {
 		return nil, err
@@ -151,11 +136,7 @@ func PutTrace(ctx context.Context, st Store, ix *Index, chunks []TraceChunk) err
 	if err := t.Check(ix); err != nil {
 		return fmt.Errorf("put trace: %w: %w", errdefs.ErrInvalidArgument, err)
 	}
-	data, err := json.Marshal(t)
-	if err != nil {
-		return fmt.Errorf("put trace of %s: %w", ix.Digest, err)
-	}
-	if err := st.Put(ctx, TraceKey(h), bytes.NewReader(data), int64(len(data))); err != nil {
+	if err := putJSON(ctx, st, TraceKey(h), t); err != nil {
 		return fmt.Errorf("put trace of %s: %w", ix.Digest, err)
 	}
 	return nil
