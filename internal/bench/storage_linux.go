@@ -172,7 +172,7 @@ func findImages(dir string) ([]benchImage, error) {
 
 // runMode runs one burst; errors land in the result's Skipped.
 func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mode string, port int, images []benchImage) (ModeResult, map[string]*dsecv1.EnvironmentUsage) {
-	res := ModeResult{Mode: mode, Sandboxes: o.Sandboxes, BytesRead: -1, FractionRead: -1, CacheDiskWritten: -1}
+	res := ModeResult{Mode: mode, Sandboxes: o.Sandboxes, BytesRead: -1, FractionRead: -1, CacheDiskWritten: -1, FetchedBeforeBurst: -1}
 	onDemand := layerMode(mode) == ModeOnDemand
 	root := filepath.Join(o.Root, "root-"+mode)
 	skip := func(err error) (ModeResult, map[string]*dsecv1.EnvironmentUsage) {
@@ -240,10 +240,22 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 		envLayers[im.env] = digests
 	}
 	res.ImportS = time.Since(t0).Seconds()
+	// What the imports started in the background (an on-demand node
+	// prefetching what the layers' traces name) ends before the burst, as
+	// a pre-cached node's import has its layer files written by then.
+	settle, err := waitSettled(ctx, c)
+	if err != nil {
+		return skip(err)
+	}
+	res.SettleS = settle.Seconds()
 
 	before, err := layerStats(ctx, c)
 	if err != nil {
 		return skip(err)
+	}
+	if onDemand {
+		// The daemon is fresh: what it fetched so far, it fetched importing.
+		res.FetchedBeforeBurst = statsDelta(&dsecv1.LayerStatsResponse{}, before, images).fetched
 	}
 	rootBefore := treeBytes(root)
 	dev, devErr := blockDevice(root)
@@ -609,6 +621,34 @@ func envDelta(before, after *dsecv1.LayerStatsResponse) map[string]*dsecv1.Envir
 		}
 	}
 	return out
+}
+
+// waitSettled waits until the daemon's layer stats count no new fetches
+// for a second (at most two minutes) and returns how long that took.
+func waitSettled(ctx context.Context, c *apiclient.Clients) (time.Duration, error) {
+	start := time.Now()
+	last, still := int64(-1), 0
+	for still < 4 && time.Since(start) < 2*time.Minute {
+		st, err := layerStats(ctx, c)
+		if err != nil {
+			return 0, err
+		}
+		var n int64
+		for _, l := range st.GetLayers() {
+			n += l.GetBytesFetched()
+		}
+		if n == last {
+			still++
+		} else {
+			last, still = n, 0
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return time.Since(start), nil
 }
 
 func waitReady(ctx context.Context, c *apiclient.Clients, exited <-chan error) error {
