@@ -187,6 +187,7 @@ func (s *Service) publishLayer(ctx context.Context, ref, digest string) error {
 	if err := s.publish(ctx, digest); err != nil {
 		return err
 	}
+	s.warm(ctx, digest)
 	if ref == "" {
 		return nil
 	}
@@ -207,6 +208,7 @@ func (s *Service) ImportImage(ctx context.Context, ref, source string, opts oci.
 		if err := s.publish(ctx, d); err != nil {
 			return oci.Result{}, err
 		}
+		s.warm(ctx, d)
 	}
 	if err := s.publishRef(ctx, ref); err != nil {
 		return oci.Result{}, err
@@ -401,18 +403,9 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 		if file, err = s.cfg.Loader.Add(ctx, ix); err != nil {
 			return fmt.Errorf("prepare layer %s: %w", digest, err)
 		}
-		// What earlier runs on this node read first (or, on a node new
-		// to the layer, what the trace published by other nodes names)
-		// is fetched in the background; the sandbox does not wait for it.
-		go func() {
-			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
-			defer cancel()
-			if n, err := s.cfg.Loader.PrefetchTrace(pctx, hex); err != nil {
-				s.log.Warn("prefetch layer from its trace", "digest", digest, "err", err)
-			} else if n > 0 {
-				s.log.Info("prefetched layer from its trace", "digest", digest, "chunks", n)
-			}
-		}()
+		// A layer imported or adopted in this run was warmed then;
+		// one known from before (or by a restarted lazyfs) is now.
+		s.prefetchTrace(ctx, digest)
 	case ModeEager:
 		file = filepath.Join(s.cfg.Dir, "eager", hex)
 		if _, err := os.Stat(file); err != nil {
@@ -428,6 +421,45 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 	s.ready[digest] = true
 	s.mu.Unlock()
 	return nil
+}
+
+// warm readies, on demand, a layer the node has just learnt of (imported,
+// or adopted from the blob store): it registers the layer with the lazy file
+// system and prefetches in the background what its trace names, so that
+// the first sandbox on it finds those chunks in memory. It is the on-demand
+// counterpart of local mode pulling whole files on adoption, at the cost of
+// the chunks the trace names (what sandboxes on other nodes read, not the
+// image). Failing only costs that head start.
+func (s *Service) warm(ctx context.Context, digest string) {
+	if s.cfg.Mode != ModeOnDemand {
+		return
+	}
+	ix, err := blob.GetIndex(ctx, s.cfg.Blobs, strings.TrimPrefix(digest, "sha256:"))
+	if err == nil {
+		_, err = s.cfg.Loader.Add(ctx, ix)
+	}
+	if err != nil {
+		s.log.Warn("warm layer", "digest", digest, "err", err)
+		return
+	}
+	s.prefetchTrace(ctx, digest)
+}
+
+// prefetchTrace fetches in the background what earlier runs on this node
+// read first of layer digest, or on a node new to the layer what the trace
+// other nodes published names; nobody waits for it. Asking again while a
+// prefetch runs costs little: cached chunks are skipped, and chunks being
+// fetched are waited for.
+func (s *Service) prefetchTrace(ctx context.Context, digest string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+		defer cancel()
+		if n, err := s.cfg.Loader.PrefetchTrace(ctx, strings.TrimPrefix(digest, "sha256:")); err != nil {
+			s.log.Warn("prefetch layer from its trace", "digest", digest, "err", err)
+		} else if n > 0 {
+			s.log.Info("prefetched layer from its trace", "digest", digest, "chunks", n)
+		}
+	}()
 }
 
 // pullFile writes the whole layer file, every chunk verified, atomically.
