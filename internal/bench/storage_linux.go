@@ -92,14 +92,31 @@ func RunStorage(ctx context.Context, log *slog.Logger, o StorageOptions) (*Stora
 		rep.Notes = append(rep.Notes, "no --s3 given: the remote store is modelled by a directory blob store with dsecd's --blob-bandwidth cap")
 	}
 
-	for i, mode := range o.Modes {
-		progress(o.Progress, "== mode %s", mode)
-		res, info := runMode(ctx, log, o, rep.BlobStore, mode, o.PortBase+i, images)
-		rep.Modes = append(rep.Modes, res)
-		if res.Skipped == "" {
-			progress(o.Progress, "   %s: wall %.1f s, fetched %s, disk written %s, root growth %s, read %s, errors %d",
-				mode, res.BurstWallS, HumanBytes(res.BytesFetched), HumanBytes(res.DiskWritten), HumanBytes(res.RootGrowth), percent(res.FractionRead), res.Errors)
+	rep.Rounds = max(o.Rounds, 1)
+	bursts := make([][]ModeResult, len(o.Modes))
+	infos := make([]map[string]*dsecv1.EnvironmentUsage, len(o.Modes))
+	for round := range rep.Rounds {
+		for i, mode := range o.Modes {
+			progress(o.Progress, "== mode %s (round %d of %d)", mode, round+1, rep.Rounds)
+			noteTraces := prepareTraces(ctx, rep.BlobStore, mode)
+			res, info := runMode(ctx, log, o, rep.BlobStore, mode, o.PortBase+i, images)
+			noteTraces(&res)
+			bursts[i] = append(bursts[i], res)
+			if infos[i] == nil && res.Skipped == "" {
+				infos[i] = info
+			}
+			if res.Skipped == "" {
+				progress(o.Progress, "   %s: wall %.1f s, fetched %s, disk written %s, root growth %s, read %s, errors %d",
+					mode, res.BurstWallS, HumanBytes(res.BytesFetched), HumanBytes(res.DiskWritten), HumanBytes(res.RootGrowth), percent(res.FractionRead), res.Errors)
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 		}
+	}
+	for i, mode := range o.Modes {
+		res, info := MergeRounds(bursts[i]), infos[i]
+		rep.Modes = append(rep.Modes, res)
 		if mode == ModeOnDemand && res.Skipped == "" {
 			for j := range rep.Images {
 				if e, ok := info[rep.Images[j].Env]; ok {
@@ -117,9 +134,6 @@ func RunStorage(ctx context.Context, log *slog.Logger, o StorageOptions) (*Stora
 					rep.Images[j].Size = e.GetSize()
 				}
 			}
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
 		}
 	}
 
@@ -158,7 +172,8 @@ func findImages(dir string) ([]benchImage, error) {
 
 // runMode runs one burst; errors land in the result's Skipped.
 func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mode string, port int, images []benchImage) (ModeResult, map[string]*dsecv1.EnvironmentUsage) {
-	res := ModeResult{Mode: mode, Sandboxes: o.Sandboxes, BytesRead: -1, FractionRead: -1}
+	res := ModeResult{Mode: mode, Sandboxes: o.Sandboxes, BytesRead: -1, FractionRead: -1, CacheDiskWritten: -1, FetchedBeforeBurst: -1}
+	onDemand := layerMode(mode) == ModeOnDemand
 	root := filepath.Join(o.Root, "root-"+mode)
 	skip := func(err error) (ModeResult, map[string]*dsecv1.EnvironmentUsage) {
 		res.Skipped = err.Error()
@@ -174,7 +189,7 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	args := []string{"--root", root, "--listen", addr, "--node", "bench-" + mode, "--no-network",
-		"--blob-store", store, "--layer-mode", mode}
+		"--blob-store", store, "--layer-mode", layerMode(mode)}
 	if o.Bandwidth > 0 {
 		args = append(args, "--blob-bandwidth", strconv.FormatInt(o.Bandwidth, 10))
 	}
@@ -225,10 +240,22 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 		envLayers[im.env] = digests
 	}
 	res.ImportS = time.Since(t0).Seconds()
+	// What the imports started in the background (an on-demand node
+	// prefetching what the layers' traces name) ends before the burst, as
+	// a pre-cached node's import has its layer files written by then.
+	settle, err := waitSettled(ctx, c)
+	if err != nil {
+		return skip(err)
+	}
+	res.SettleS = settle.Seconds()
 
 	before, err := layerStats(ctx, c)
 	if err != nil {
 		return skip(err)
+	}
+	if onDemand {
+		// The daemon is fresh: what it fetched so far, it fetched importing.
+		res.FetchedBeforeBurst = statsDelta(&dsecv1.LayerStatsResponse{}, before, images).fetched
 	}
 	rootBefore := treeBytes(root)
 	dev, devErr := blockDevice(root)
@@ -291,7 +318,8 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	if err != nil {
 		return skip(err)
 	}
-	fetched, read, imageBytes := statsDelta(before, after, images)
+	delta := statsDelta(before, after, images)
+	fetched, read, imageBytes := delta.fetched, delta.read, delta.imageBytes
 	res.ImageBytes = imageBytes
 	res.BytesFetched = fetched
 	res.FetchedMethod = "dsecd layer stats bytes_fetched"
@@ -309,11 +337,12 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 		res.BytesFetched = treeBytes(filepath.Join(root, "layers-"+mode)) - treeBytes(filepath.Join(root, "layers-"+mode, "tar"))
 		res.FetchedMethod = "bytes of the layer files pulled under the root's layers-" + mode + " (layer stats report none)"
 	}
-	if mode == ModeOnDemand {
+	if onDemand {
 		res.BytesRead = read
 		if imageBytes > 0 {
 			res.FractionRead = float64(read) / float64(imageBytes)
 		}
+		res.CacheDiskWritten = delta.cacheWritten
 	}
 	if imageBytes > 0 {
 		res.FractionFetched = float64(res.BytesFetched) / float64(imageBytes)
@@ -453,9 +482,16 @@ func layerStats(ctx context.Context, c *apiclient.Clients) (*dsecv1.LayerStatsRe
 	return resp.Msg, nil
 }
 
-// statsDelta returns bytes fetched and read between two layer stats, and
-// the sum of the distinct layer sizes of the bench images.
-func statsDelta(before, after *dsecv1.LayerStatsResponse, images []benchImage) (fetched, read, imageBytes int64) {
+// layerDelta is what the layer stats counted over a burst.
+type layerDelta struct {
+	fetched, read int64
+	imageBytes    int64 // the sum of the distinct layer sizes of the bench images
+	cacheWritten  int64 // by the chunk cache to its disk tier
+}
+
+// statsDelta returns what the layer stats counted between two readings.
+func statsDelta(before, after *dsecv1.LayerStatsResponse, images []benchImage) layerDelta {
+	var d layerDelta
 	prev := map[string]*dsecv1.LayerUsage{}
 	for _, l := range before.GetLayers() {
 		prev[l.GetDigest()] = l
@@ -474,13 +510,76 @@ func statsDelta(before, after *dsecv1.LayerStatsResponse, images []benchImage) (
 	}
 	for _, l := range after.GetLayers() {
 		p := prev[l.GetDigest()]
-		fetched += l.GetBytesFetched() - p.GetBytesFetched()
-		read += l.GetBytesRead() - p.GetBytesRead()
+		d.fetched += l.GetBytesFetched() - p.GetBytesFetched()
+		d.read += l.GetBytesRead() - p.GetBytesRead()
+		d.cacheWritten += l.GetBytesWrittenDisk() - p.GetBytesWrittenDisk()
 		if used[l.GetDigest()] {
-			imageBytes += l.GetSize()
+			d.imageBytes += l.GetSize()
 		}
 	}
-	return fetched, read, imageBytes
+	return d
+}
+
+// prepareTraces readies the blob store's access traces for a burst of mode
+// (an ondemand burst starts with none: traces left by an earlier run would
+// make it a traced one) and returns what notes in the mode's result how
+// many traces there were: published by the end of an ondemand run, found at
+// the start of a traced one. dsecd publishes traces as its sandboxes are
+// deleted and waits for that before it exits, so runMode's end is theirs.
+func prepareTraces(ctx context.Context, store, mode string) func(*ModeResult) {
+	var found int
+	var err error
+	switch mode {
+	case ModeOnDemand:
+		_, err = traceObjects(ctx, store, true)
+	case ModeTraced:
+		found, err = traceObjects(ctx, store, false)
+	default:
+		return func(*ModeResult) {}
+	}
+	return func(res *ModeResult) {
+		if err == nil && mode == ModeOnDemand && res.Skipped == "" {
+			found, err = traceObjects(ctx, store, false)
+		}
+		switch {
+		case err != nil:
+			res.Note = strings.TrimSpace(res.Note + " access traces in the blob store: " + err.Error())
+		case mode == ModeOnDemand:
+			res.Traces = found
+			res.Note = strings.TrimSpace(fmt.Sprintf("%s %d access traces published (earlier ones deleted before the burst)", res.Note, found))
+		default:
+			res.Traces = found
+			res.Note = strings.TrimSpace(fmt.Sprintf("%s %d access traces in the blob store at the start", res.Note, found))
+			if found == 0 {
+				res.Note += " (run ondemand before traced in the same run)"
+			}
+		}
+	}
+}
+
+// traceObjects counts the layers' access traces in the blob store (keys
+// under traces/), deleting them all first when clear is set.
+func traceObjects(ctx context.Context, store string, clear bool) (int, error) {
+	st, err := blob.Open(ctx, store)
+	if err != nil {
+		return 0, err
+	}
+	var keys []string
+	if err := st.List(ctx, "traces/", func(key string, _ int64) error {
+		keys = append(keys, key)
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("list access traces: %w", err)
+	}
+	if !clear {
+		return len(keys), nil
+	}
+	for _, k := range keys {
+		if err := st.Delete(ctx, k); err != nil {
+			return 0, fmt.Errorf("delete access trace: %w", err)
+		}
+	}
+	return 0, nil
 }
 
 // tarFetched sums, over the sandboxes started from each environment, the
@@ -522,6 +621,34 @@ func envDelta(before, after *dsecv1.LayerStatsResponse) map[string]*dsecv1.Envir
 		}
 	}
 	return out
+}
+
+// waitSettled waits until the daemon's layer stats count no new fetches
+// for a second (at most two minutes) and returns how long that took.
+func waitSettled(ctx context.Context, c *apiclient.Clients) (time.Duration, error) {
+	start := time.Now()
+	last, still := int64(-1), 0
+	for still < 4 && time.Since(start) < 2*time.Minute {
+		st, err := layerStats(ctx, c)
+		if err != nil {
+			return 0, err
+		}
+		var n int64
+		for _, l := range st.GetLayers() {
+			n += l.GetBytesFetched()
+		}
+		if n == last {
+			still++
+		} else {
+			last, still = n, 0
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return time.Since(start), nil
 }
 
 func waitReady(ctx context.Context, c *apiclient.Clients, exited <-chan error) error {

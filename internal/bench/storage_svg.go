@@ -17,6 +17,7 @@ type svgPanel struct {
 var modeColors = map[string]string{
 	ModeLocal:    "#4c72b0",
 	ModeOnDemand: "#55a868",
+	ModeTraced:   "#8fd19e",
 	ModeEager:    "#c44e52",
 	ModeTar:      "#8172b2",
 }

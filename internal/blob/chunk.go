@@ -121,14 +121,19 @@ func PutIndex(ctx context.Context, st Store, ix *Index) error {
 	if err := ix.Validate(); err != nil {
 		return fmt.Errorf("put index: %w: %w", errdefs.ErrInvalidArgument, err)
 	}
-	data, err := json.Marshal(ix)
-	if err != nil {
-		return fmt.Errorf("put index %s: %w", ix.Digest, err)
-	}
-	if err := st.Put(ctx, IndexKey(h), bytes.NewReader(data), int64(len(data))); err != nil {
+	if err := putJSON(ctx, st, IndexKey(h), ix); err != nil {
 		return fmt.Errorf("put index %s: %w", ix.Digest, err)
 	}
 	return nil
+}
+
+// putJSON stores v as JSON under key.
+func putJSON(ctx context.Context, st Store, key string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return st.Put(ctx, key, bytes.NewReader(data), int64(len(data)))
 }
 
 func indexHex(ix *Index) (string, error) {
@@ -145,21 +150,9 @@ func GetIndex(ctx context.Context, st Store, hex string) (*Index, error) {
 	if !hexDigest.MatchString(hex) {
 		return nil, fmt.Errorf("get layer index %q: not sha256 hex: %w", hex, errdefs.ErrInvalidArgument)
 	}
-	rc, err := st.Get(ctx, IndexKey(hex))
-	if err != nil {
-		return nil, fmt.Errorf("get layer index %s: %w", hex, err)
-	}
-	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, maxIndexSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("get layer index %s: %w", hex, err)
-	}
-	if len(data) > maxIndexSize {
-		return nil, fmt.Errorf("get layer index %s: larger than %d bytes: %w", hex, maxIndexSize, ErrCorrupt)
-	}
 	var ix Index
-	if err := json.Unmarshal(data, &ix); err != nil {
-		return nil, fmt.Errorf("get layer index %s: decode JSON: %w: %w", hex, ErrCorrupt, err)
+	if err := getJSON(ctx, st, IndexKey(hex), maxIndexSize, &ix); err != nil {
+		return nil, fmt.Errorf("get layer index %s: %w", hex, err)
 	}
 	if ix.Digest != "sha256:"+hex {
 		return nil, fmt.Errorf("get layer index %s: index names digest %q: %w", hex, ix.Digest, ErrCorrupt)
@@ -168,6 +161,28 @@ func GetIndex(ctx context.Context, st Store, hex string) (*Index, error) {
 		return nil, fmt.Errorf("get layer index %s: %w: %w", hex, ErrCorrupt, err)
 	}
 	return &ix, nil
+}
+
+// getJSON reads the object under key, at most limit bytes, and decodes it
+// as JSON into v. A larger object or one that does not decode wraps
+// ErrCorrupt.
+func getJSON(ctx context.Context, st Store, key string, limit int64, v any) error {
+	rc, err := st.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, limit+1))
+	if err != nil {
+		return err
+	}
+	if int64(len(data)) > limit {
+		return fmt.Errorf("larger than %d bytes: %w", limit, ErrCorrupt)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("decode JSON: %w: %w", ErrCorrupt, err)
+	}
+	return nil
 }
 
 // FetchChunk reads chunk i of the layer, decodes it and checks its length

@@ -101,35 +101,57 @@ func DecodeChunk(ix *Index, i int, stored []byte) ([]byte, error) {
 		return nil, fmt.Errorf("decode chunk %d of %s: out of range [0,%d): %w", i, ix.Digest, len(ix.Chunks), errdefs.ErrInvalidArgument)
 	}
 	h := ix.Chunks[i]
-	want := ix.ChunkLen(i)
-	if int64(len(stored)) > MaxStoredChunkLen(ix.Compression, want) {
-		return nil, fmt.Errorf("decode chunk %s: %d stored bytes for %d: %w", h, len(stored), want, ErrCorrupt)
+	data, err := DecodeObject(ix.Compression, stored, ix.ChunkLen(i))
+	if err != nil {
+		return nil, fmt.Errorf("decode chunk %s: %w", h, err)
+	}
+	if err := VerifyChunk(h, data); err != nil {
+		return nil, fmt.Errorf("decode chunk %s: %w", h, err)
+	}
+	return data, nil
+}
+
+// DecodeObject decodes a chunk object stored with the given compression
+// into the chunk's plain bytes, which must be plain bytes long: decoding
+// stops there, and an object that does not decode or decodes to another
+// length wraps ErrCorrupt. It does not check the digest (VerifyChunk does):
+// it is for objects verified before, as a cache holds them. The result may
+// alias stored (CompressionNone).
+func DecodeObject(compression string, stored []byte, plain int64) ([]byte, error) {
+	if int64(len(stored)) > MaxStoredChunkLen(compression, plain) {
+		return nil, fmt.Errorf("decode chunk object: %d stored bytes for %d: %w", len(stored), plain, ErrCorrupt)
 	}
 	var data []byte
-	switch ix.Compression {
+	switch compression {
 	case CompressionNone:
 		data = stored
 	case CompressionZstd:
 		dec, err := zstdDecoder()
 		if err != nil {
-			return nil, fmt.Errorf("decode chunk %s: %w", h, err)
+			return nil, fmt.Errorf("decode chunk object: %w", err)
 		}
-		data, err = dec.DecodeAll(stored, make([]byte, 0, want))
+		data, err = dec.DecodeAll(stored, make([]byte, 0, plain))
 		if errors.Is(err, zstd.ErrDecoderSizeExceeded) {
-			return nil, fmt.Errorf("decode chunk %s: decodes to more than %d bytes: %w", h, want, ErrCorrupt)
+			return nil, fmt.Errorf("decode chunk object: decodes to more than %d bytes: %w", plain, ErrCorrupt)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("decode chunk %s: %w: %w", h, ErrCorrupt, err)
+			return nil, fmt.Errorf("decode chunk object: %w: %w", ErrCorrupt, err)
 		}
 	default:
-		return nil, fmt.Errorf("decode chunk %s: %w", h, checkCompression(ix.Compression))
+		return nil, fmt.Errorf("decode chunk object: %w", checkCompression(compression))
 	}
-	if int64(len(data)) != want {
-		return nil, fmt.Errorf("decode chunk %s: %d bytes, want %d: %w", h, len(data), want, ErrCorrupt)
-	}
-	sum := sha256.Sum256(data)
-	if got := hex.EncodeToString(sum[:]); got != h {
-		return nil, fmt.Errorf("decode chunk %s: sha256 %s: %w", h, got, ErrCorrupt)
+	if int64(len(data)) != plain {
+		return nil, fmt.Errorf("decode chunk object: %d bytes, want %d: %w", len(data), plain, ErrCorrupt)
 	}
 	return data, nil
+}
+
+// VerifyChunk checks that data is the chunk whose sha256 hex is want; a
+// mismatch wraps ErrCorrupt.
+func VerifyChunk(want string, data []byte) error {
+	sum := sha256.Sum256(data)
+	if got := hex.EncodeToString(sum[:]); got != want {
+		return fmt.Errorf("verify chunk %s: sha256 %s: %w", want, got, ErrCorrupt)
+	}
+	return nil
 }

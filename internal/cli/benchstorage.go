@@ -21,13 +21,15 @@ func (a *app) benchStorageCommand() *cobra.Command {
 	var modes, svg string
 	cmd := &cobra.Command{
 		Use:   "storage",
-		Short: "compare pre-cached, on-demand, eager and tar layers in a burst over real images",
-		Long: `Runs, for each layer mode (local = pre-cached, ondemand, eager, tar), a fresh dsecd
+		Short: "compare pre-cached, on-demand (cold and traced), eager and tar layers in a burst over real images",
+		Long: `Runs, for each layer mode (local = pre-cached, ondemand, traced, eager, tar), a fresh dsecd
 on its own root under --root, imports the images of --images (OCI layouts built by
 scripts/build-bench-images.sh), drops the page cache and runs a burst of --sandboxes
-sandboxes round-robin over the images, each running its /bench/step.sh. Prints per
-mode the burst wall time, bytes fetched from the blob store, bytes written to local
-disk and the fraction of image bytes read; then the time to mount a workspace's
+sandboxes round-robin over the images, each running its /bench/step.sh. traced is
+ondemand again on a fresh root, prefetching what the access traces the ondemand run
+published to the blob store name (ondemand starts with the store's traces deleted).
+Prints per mode the burst wall time, bytes fetched from the blob store, bytes written
+to local disk and the fraction of image bytes read; then the time to mount a workspace's
 EROFS file against extracting it from tar.gz, and the issue's targets as ratios
 against the baselines of the same run. The blob store is an S3 server (--s3) or a
 directory (--blob-dir), its reads capped at --bandwidth to model a remote store.
@@ -90,6 +92,7 @@ Needs root; see docs/storage-bench.md.`,
 	f.StringVar(&o.Workspace, "workspace", "", "tree for the mount-vs-extract figure (default: the Go image's standard library sources)")
 	f.IntVar(&o.PortBase, "port-base", o.PortBase, "first loopback TCP port for the daemons (one per mode)")
 	f.BoolVar(&o.KeepRoots, "keep-roots", false, "keep each mode's daemon root after its burst")
+	f.IntVar(&o.Rounds, "rounds", 1, "bursts per mode, the modes interleaved; figures are medians (for a machine other work disturbs)")
 	cmd.AddCommand(a.benchBuildOCICommand())
 	return cmd
 }

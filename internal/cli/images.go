@@ -144,12 +144,12 @@ func (a *app) layerStatsCommand() *cobra.Command {
 			}
 			fmt.Fprintf(a.stdout, "mode %s, blob store %s\n\n", m.GetMode(), m.GetBlobStore())
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "LAYER\tREFS\tSIZE\tREAD\tREAD%\tFETCHED\tCHUNKS\tHITS\tMISSES\tERRORS\tSANDBOXES")
+			fmt.Fprintln(tw, "LAYER\tREFS\tSIZE\tREAD\tREAD%\tFETCHED\tCHUNKS\tHITS MEM/DISK\tMISSES\tDISK WRITTEN\tERRORS\tSANDBOXES")
 			for _, l := range m.GetLayers() {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%d\n", shortDigest(l.GetDigest()), strings.Join(l.GetRefs(), ","),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d\t%s\t%d\t%d\n", shortDigest(l.GetDigest()), strings.Join(l.GetRefs(), ","),
 					humanBytes(l.GetSize()), humanBytes(l.GetBytesRead()), percent(l.GetBytesRead(), l.GetSize()),
-					humanBytes(l.GetBytesFetched()), l.GetChunksFetched(), l.GetChunksTotal(), l.GetCacheHits(),
-					l.GetCacheMisses(), l.GetFetchErrors(), l.GetSandboxes())
+					humanBytes(l.GetBytesFetched()), l.GetChunksFetched(), l.GetChunksTotal(), l.GetMemoryHits(), l.GetDiskHits(),
+					l.GetCacheMisses(), humanBytes(l.GetBytesWrittenDisk()), l.GetFetchErrors(), l.GetSandboxes())
 			}
 			tw.Flush()
 			fmt.Fprintln(a.stdout)
@@ -178,6 +178,11 @@ func printLayerStatsJSON(a *app, m *dsecv1.LayerStatsResponse) error {
 		CacheMisses   int64    `json:"cache_misses"`
 		FetchErrors   int64    `json:"fetch_errors"`
 		Sandboxes     int64    `json:"sandboxes"`
+		// The chunk cache's tiers.
+		BytesFetchedPlain int64 `json:"bytes_fetched_plain"`
+		MemoryHits        int64 `json:"memory_hits"`
+		DiskHits          int64 `json:"disk_hits"`
+		BytesWrittenDisk  int64 `json:"bytes_written_disk"`
 	}
 	type env struct {
 		Name      string   `json:"name"`
@@ -194,7 +199,8 @@ func printLayerStatsJSON(a *app, m *dsecv1.LayerStatsResponse) error {
 	}{Mode: m.GetMode(), BlobStore: m.GetBlobStore(), Layers: []layer{}, Environments: []env{}}
 	for _, l := range m.GetLayers() {
 		out.Layers = append(out.Layers, layer{l.GetDigest(), l.GetRefs(), l.GetSize(), l.GetBytesRead(), l.GetBytesFetched(),
-			l.GetChunksTotal(), l.GetChunksFetched(), l.GetCacheHits(), l.GetCacheMisses(), l.GetFetchErrors(), l.GetSandboxes()})
+			l.GetChunksTotal(), l.GetChunksFetched(), l.GetCacheHits(), l.GetCacheMisses(), l.GetFetchErrors(), l.GetSandboxes(),
+			l.GetBytesFetchedPlain(), l.GetMemoryHits(), l.GetDiskHits(), l.GetBytesWrittenDisk()})
 	}
 	for _, e := range m.GetEnvironments() {
 		out.Environments = append(out.Environments, env{e.GetName(), e.GetLayerDigests(), e.GetSize(), e.GetBytesRead(), e.GetSandboxes()})

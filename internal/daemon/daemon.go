@@ -89,8 +89,11 @@ type StorageConfig struct {
 	BlobStore string
 	Mode      string // ondemand (default), eager, local or tar
 	ChunkSize int64  // bytes per chunk; default 1 MiB
-	// CacheBytes bounds the on-demand chunk cache; 0 = 10 GiB.
+	// CacheBytes bounds the on-demand chunk cache on disk; 0 = 10 GiB.
 	CacheBytes int64
+	// MemoryBytes bounds the on-demand chunk cache in memory; 0 = derived
+	// from the node's memory (defaultChunkMemory).
+	MemoryBytes int64
 	// BandwidthBytesPerSec caps blob store reads (a model of a remote
 	// store); 0 = none.
 	BandwidthBytesPerSec int64
@@ -130,6 +133,14 @@ var _ sandbox.Snapshots = (*layers.Service)(nil)
 // for dsecd's per-sandbox state and the kernel's. The count bounds idle
 // sandboxes; the memory of busy ones is guarded by MinAvailableMB.
 const sandboxBudgetMB = 4
+
+// defaultChunkMemory is the memory tier of the on-demand chunk cache on a
+// node with memTotalMB of physical memory: a sixteenth of it (1.5 GiB of
+// 24), at least 64 MiB, at most 4 GiB. Chunks are held compressed, and a
+// burst of 64 sandboxes over 8 images fetched 373 MB of them.
+func defaultChunkMemory(memTotalMB int64) int64 {
+	return min(max(memTotalMB<<20/16, 64<<20), 4<<30)
+}
 
 // minMaxSandboxes is the least derived maximum, so that a small machine
 // still runs a useful number (MinAvailableMB refuses creates before such a
@@ -224,6 +235,13 @@ func (c *Config) fill() error {
 	if l.MinAvailableMB == 0 {
 		l.MinAvailableMB = 256
 	}
+	if c.Storage.MemoryBytes == 0 {
+		total, err := memTotal()
+		if err != nil {
+			return fmt.Errorf("read the node's memory for the default of --chunk-memory-bytes: %w", err)
+		}
+		c.Storage.MemoryBytes = defaultChunkMemory(total)
+	}
 	if c.Retention == 0 {
 		c.Retention = 10 * time.Minute
 	}
@@ -285,6 +303,7 @@ func findAgent() string {
 // node is everything one dsecd owns, opened but not yet serving.
 type node struct {
 	cfg    Config
+	log    *slog.Logger
 	lock   *os.File
 	images *image.Store
 	layers *layers.Service
@@ -308,7 +327,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		lock.Close()
 		return nil, fmt.Errorf("lock %s: another dsecd uses this root: %w", cfg.Root, err)
 	}
-	n := &node{cfg: cfg, lock: lock}
+	n := &node{cfg: cfg, log: log, lock: lock}
 	ok := false
 	defer func() {
 		if !ok {
@@ -411,6 +430,13 @@ func (n *node) layerInUse(ctx context.Context, digest string) (string, error) {
 }
 
 func (n *node) close() {
+	if n.layers != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := n.layers.Close(ctx); err != nil {
+			n.log.Warn("stop layer service", "err", err)
+		}
+		cancel()
+	}
 	if n.lock != nil {
 		n.lock.Close()
 	}
@@ -618,7 +644,7 @@ func openLayers(ctx context.Context, cfg Config, images *image.Store, log *slog.
 		}
 		loader, err = lazyd.Connect(ctx, lazyd.Config{
 			Dir: filepath.Join(cfg.Root, "lazy"), BlobStore: sc.BlobStore,
-			CacheBytes: sc.CacheBytes, BandwidthBytesPerSec: sc.BandwidthBytesPerSec,
+			CacheBytes: sc.CacheBytes, MemoryBytes: sc.MemoryBytes, BandwidthBytesPerSec: sc.BandwidthBytesPerSec,
 		}, self, log.With("component", "lazyd"))
 		if err != nil {
 			return nil, err

@@ -14,6 +14,35 @@ import (
 	"dsec.dev/dsec/internal/testutil"
 )
 
+// The chunk cache's memory tier is a sixteenth of the node's memory,
+// between 64 MiB and 4 GiB, unless set.
+func TestFillDerivesChunkMemory(t *testing.T) {
+	for _, tc := range []struct{ memMB, want int64 }{
+		{512, 64 << 20},
+		{24 << 10, 1536 << 20},
+		{256 << 10, 4 << 30},
+	} {
+		if got := defaultChunkMemory(tc.memMB); got != tc.want {
+			t.Errorf("defaultChunkMemory(%d MiB) = %d, want %d", tc.memMB, got, tc.want)
+		}
+	}
+	total, err := sandbox.MemTotalMB()
+	if err != nil {
+		t.Skipf("no /proc/meminfo: %v", err)
+	}
+	c := Config{Root: t.TempDir()}
+	if err := c.fill(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Storage.MemoryBytes != defaultChunkMemory(total) {
+		t.Errorf("derived MemoryBytes %d, want %d", c.Storage.MemoryBytes, defaultChunkMemory(total))
+	}
+	c = Config{Root: t.TempDir(), Storage: StorageConfig{MemoryBytes: 1 << 20}}
+	if err := c.fill(); err != nil || c.Storage.MemoryBytes != 1<<20 {
+		t.Errorf("set MemoryBytes became %d (%v)", c.Storage.MemoryBytes, err)
+	}
+}
+
 // Limits left at 0 come from the node; set ones stay.
 func TestFillDerivesLimitsFromNode(t *testing.T) {
 	total, err := sandbox.MemTotalMB()

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -162,6 +163,10 @@ type layerStats struct {
 		BytesFetched  int64  `json:"bytes_fetched"`
 		ChunksTotal   int64  `json:"chunks_total"`
 		ChunksFetched int64  `json:"chunks_fetched"`
+		CacheMisses   int64  `json:"cache_misses"`
+		MemoryHits    int64  `json:"memory_hits"`
+		DiskHits      int64  `json:"disk_hits"`
+		WrittenDisk   int64  `json:"bytes_written_disk"`
 	} `json:"layers"`
 	Environments []struct {
 		Name      string   `json:"name"`
@@ -237,12 +242,30 @@ func TestImageFromRegistry(t *testing.T) {
 	// The sandbox's reads were saved as an access trace for later prefetching.
 	var traced int
 	for _, dg := range res.LayerDigests {
-		if _, err := os.Stat(filepath.Join(d.Root, "lazy", "cache", "traces", strings.TrimPrefix(dg, "sha256:")+".json")); err == nil {
+		b, err := os.ReadFile(filepath.Join(d.Root, "lazy", "cache", "traces", strings.TrimPrefix(dg, "sha256:")+".json"))
+		var tr struct{ Chunks []int }
+		if err == nil && json.Unmarshal(b, &tr) == nil && len(tr.Chunks) > 0 {
 			traced++
 		}
 	}
 	if traced == 0 {
 		t.Errorf("no access trace saved for any of %v", res.LayerDigests)
+	}
+	// And published to the blob store (in the background), for other nodes.
+	published := func() int {
+		n := 0
+		for _, dg := range res.LayerDigests {
+			if _, err := os.Stat(filepath.Join(d.Root, "blobstore", "traces", "sha256", strings.TrimPrefix(dg, "sha256:")+".json")); err == nil {
+				n++
+			}
+		}
+		return n
+	}
+	for deadline := time.Now().Add(30 * time.Second); published() < traced && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := published(); n < traced {
+		t.Errorf("%d access traces published to the blob store, want the %d saved", n, traced)
 	}
 
 	s := stats(t, d)
@@ -265,6 +288,66 @@ func TestImageFromRegistry(t *testing.T) {
 	// A hostile source is refused with a clear error.
 	if _, errOut, code := d.CLI("", "image", "import", "bad:1", "oci:/nonexistent/layout"); code == 0 || !strings.Contains(errOut, "nonexistent") {
 		t.Errorf("import of a missing layout: code %d, %q", code, errOut)
+	}
+}
+
+// TestTracesWarmAnotherNode: what a sandbox read on one node is published
+// to the blob store the nodes share; another node that imports the same
+// image prefetches those chunks into memory before anything runs there, and
+// its first sandbox finds them, writing nothing to the chunk cache's disk.
+func TestTracesWarmAnotherNode(t *testing.T) {
+	testutil.RequireRoot(t)
+	store := filepath.Join(t.TempDir(), "blobs")
+	const cmd = "cat /bin/busybox >/dev/null; ls -l /bin /etc >/dev/null; echo ran"
+	first := testutil.StartDaemon(t, "--blob-store", store, "--no-network")
+	first.ImportBusybox(env)
+	if out, errOut, code := first.CLI("", "run", env, "--", "sh", "-c", cmd); code != 0 || !strings.Contains(out, "ran") {
+		t.Fatalf("run on the first node: %s %s", out, errOut)
+	}
+	traces := func() []string {
+		m, _ := filepath.Glob(filepath.Join(store, "traces", "sha256", "*.json"))
+		return m
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(traces()) == 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(traces()) == 0 {
+		t.Fatal("the first node published no access trace")
+	}
+
+	second := testutil.StartDaemon(t, "--blob-store", store, "--no-network")
+	second.ImportBusybox(env)
+	fetched := func() (n int64) {
+		for _, l := range stats(t, second).Layers {
+			n += l.ChunksFetched
+		}
+		return n
+	}
+	for deadline := time.Now().Add(30 * time.Second); fetched() == 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, l := range stats(t, second).Layers {
+		if l.BytesRead != 0 {
+			t.Errorf("layer %s read %d bytes before any sandbox ran", l.Digest, l.BytesRead)
+		}
+	}
+	if fetched() == 0 {
+		t.Fatal("the second node prefetched nothing on import")
+	}
+	// Let the prefetch finish, then run the same command.
+	for prev, deadline := int64(-1), time.Now().Add(30*time.Second); fetched() != prev && time.Now().Before(deadline); {
+		prev = fetched()
+		time.Sleep(300 * time.Millisecond)
+	}
+	if out, errOut, code := second.CLI("", "run", env, "--", "sh", "-c", cmd); code != 0 || !strings.Contains(out, "ran") {
+		t.Fatalf("run on the second node: %s %s", out, errOut)
+	}
+	var hits, misses, written int64
+	for _, l := range stats(t, second).Layers {
+		hits, misses, written = hits+l.MemoryHits, misses+l.CacheMisses, written+l.WrittenDisk
+	}
+	if hits == 0 || misses > hits || written != 0 {
+		t.Errorf("second node's first sandbox: %d memory hits, %d misses, %d bytes written to disk; want mostly hits, nothing written", hits, misses, written)
 	}
 }
 

@@ -237,6 +237,8 @@ func (ls *Handler) LayerStats(ctx context.Context, req *connect.Request[dsecv1.L
 			Digest: l.Digest, Refs: l.Refs, Size: l.Size, BytesRead: l.BytesRead, BytesFetched: l.BytesFetched,
 			ChunksTotal: l.ChunksTotal, ChunksFetched: l.ChunksFetched, CacheHits: l.CacheHits,
 			CacheMisses: l.CacheMisses, FetchErrors: l.FetchErrors, Sandboxes: l.Sandboxes,
+			BytesFetchedPlain: l.BytesFetchedPlain, MemoryHits: l.MemoryHits, DiskHits: l.DiskHits,
+			BytesWrittenDisk: l.BytesWrittenDisk,
 		})
 	}
 	for _, e := range st.Environments {

@@ -74,6 +74,7 @@ type Loader interface {
 	FetchAll(ctx context.Context, hex string) error
 	PrefetchTrace(ctx context.Context, hex string) (int, error)
 	SaveTrace(ctx context.Context, hex string) error
+	PublishTrace(ctx context.Context, hex string) (bool, error)
 	Stats(ctx context.Context, hex string) (lazy.LayerStats, error)
 	MetaChunks(ctx context.Context, hex string) ([]int, error)
 }
@@ -114,6 +115,10 @@ type Service struct {
 	sandboxes map[string]int64    // sandboxes started per layer digest since start
 	ready     map[string]bool     // layer digests ready to mount in this mode
 	mounted   map[string][]string // layer digests each sandbox mounted
+	closed    bool                // Close was called: no more trace publishes
+
+	// publishing counts the trace publishes Release started; Close waits.
+	publishing sync.WaitGroup
 }
 
 // New makes the service. images is the node's image store.
@@ -182,6 +187,7 @@ func (s *Service) publishLayer(ctx context.Context, ref, digest string) error {
 	if err := s.publish(ctx, digest); err != nil {
 		return err
 	}
+	s.warm(ctx, digest)
 	if ref == "" {
 		return nil
 	}
@@ -202,6 +208,7 @@ func (s *Service) ImportImage(ctx context.Context, ref, source string, opts oci.
 		if err := s.publish(ctx, d); err != nil {
 			return oci.Result{}, err
 		}
+		s.warm(ctx, d)
 	}
 	if err := s.publishRef(ctx, ref); err != nil {
 		return oci.Result{}, err
@@ -396,17 +403,9 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 		if file, err = s.cfg.Loader.Add(ctx, ix); err != nil {
 			return fmt.Errorf("prepare layer %s: %w", digest, err)
 		}
-		// What earlier runs on this node read first is fetched in the
-		// background; the sandbox does not wait for it.
-		go func() {
-			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
-			defer cancel()
-			if n, err := s.cfg.Loader.PrefetchTrace(pctx, hex); err != nil {
-				s.log.Warn("prefetch layer from its trace", "digest", digest, "err", err)
-			} else if n > 0 {
-				s.log.Info("prefetched layer from its trace", "digest", digest, "chunks", n)
-			}
-		}()
+		// A layer imported or adopted in this run was warmed then;
+		// one known from before (or by a restarted lazyfs) is now.
+		s.prefetchTrace(ctx, digest)
 	case ModeEager:
 		file = filepath.Join(s.cfg.Dir, "eager", hex)
 		if _, err := os.Stat(file); err != nil {
@@ -422,6 +421,45 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 	s.ready[digest] = true
 	s.mu.Unlock()
 	return nil
+}
+
+// warm readies, on demand, a layer the node has just learnt of (imported,
+// or adopted from the blob store): it registers the layer with the lazy file
+// system and prefetches in the background what its trace names, so that
+// the first sandbox on it finds those chunks in memory. It is the on-demand
+// counterpart of local mode pulling whole files on adoption, at the cost of
+// the chunks the trace names (what sandboxes on other nodes read, not the
+// image). Failing only costs that head start.
+func (s *Service) warm(ctx context.Context, digest string) {
+	if s.cfg.Mode != ModeOnDemand {
+		return
+	}
+	ix, err := blob.GetIndex(ctx, s.cfg.Blobs, strings.TrimPrefix(digest, "sha256:"))
+	if err == nil {
+		_, err = s.cfg.Loader.Add(ctx, ix)
+	}
+	if err != nil {
+		s.log.Warn("warm layer", "digest", digest, "err", err)
+		return
+	}
+	s.prefetchTrace(ctx, digest)
+}
+
+// prefetchTrace fetches in the background what earlier runs on this node
+// read first of layer digest, or on a node new to the layer what the trace
+// other nodes published names; nobody waits for it. Asking again while a
+// prefetch runs costs little: cached chunks are skipped, and chunks being
+// fetched are waited for.
+func (s *Service) prefetchTrace(ctx context.Context, digest string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+		defer cancel()
+		if n, err := s.cfg.Loader.PrefetchTrace(ctx, strings.TrimPrefix(digest, "sha256:")); err != nil {
+			s.log.Warn("prefetch layer from its trace", "digest", digest, "err", err)
+		} else if n > 0 {
+			s.log.Info("prefetched layer from its trace", "digest", digest, "chunks", n)
+		}
+	}()
 }
 
 // pullFile writes the whole layer file, every chunk verified, atomically.
@@ -446,8 +484,9 @@ func pullFile(ctx context.Context, st blob.Store, ix *blob.Index, dst string) er
 }
 
 // Release forgets what sandbox id mounted: on demand, the access trace of
-// its layers is saved for later prefetching; in tar mode its extracted
-// trees are removed.
+// its layers is saved for later prefetching on this node and, in the
+// background, merged into the traces published in the blob store for other
+// nodes; in tar mode its extracted trees are removed.
 func (s *Service) Release(ctx context.Context, id string) {
 	s.mu.Lock()
 	digests := s.mounted[id]
@@ -459,12 +498,56 @@ func (s *Service) Release(ctx context.Context, id string) {
 				s.log.Debug("save layer access trace", "digest", d, "err", err)
 			}
 		}
+		s.publishTraces(context.WithoutCancel(ctx), digests)
 	}
 	if s.cfg.Mode != ModeTar {
 		return
 	}
 	if err := os.RemoveAll(filepath.Join(s.cfg.Dir, "tar", id)); err != nil {
 		s.log.Warn("remove extracted layers", "id", id, "err", err)
+	}
+}
+
+// publishTraces merges the traces of digests into the blob store in the
+// background. A trace is a hint: failing to publish one is logged only.
+func (s *Service) publishTraces(ctx context.Context, digests []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(digests) == 0 || s.closed {
+		return
+	}
+	s.publishing.Add(1)
+	go func() {
+		defer s.publishing.Done()
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		for _, d := range digests {
+			wrote, err := s.cfg.Loader.PublishTrace(ctx, strings.TrimPrefix(d, "sha256:"))
+			if err != nil {
+				s.log.Warn("publish layer access trace", "digest", d, "err", err)
+			} else if wrote {
+				s.log.Debug("published layer access trace", "digest", d)
+			}
+		}
+	}()
+}
+
+// Close waits, until ctx ends, for the trace publishes Release started.
+// The service must not be used after it.
+func (s *Service) Close(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		s.publishing.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close layer service: trace publishes still running: %w", ctx.Err())
 	}
 }
 

@@ -175,7 +175,9 @@ func (s *Service) DropRecord(ctx context.Context, ref string) (bool, error) {
 // (the ref was imported again meanwhile). A store without the record or a
 // layer's index wraps errdefs.ErrNotFound: it is not the importer's store.
 // Only the record and the indexes are read, except in local mode, where
-// the layer files are pulled (a local node mounts its own copies).
+// the layer files are pulled (a local node mounts its own copies), and on
+// demand, where what the layers' traces name is prefetched into memory in
+// the background (warm).
 func (s *Service) Adopt(ctx context.Context, ref string, digests []string) error {
 	nref, err := image.ParseRef(ref)
 	if err != nil {
@@ -211,6 +213,9 @@ func (s *Service) adopt(ctx context.Context, rec *refRecord) error {
 	}
 	if err := s.images.Adopt(ctx, rec.Ref, layers, img); err != nil {
 		return err
+	}
+	for _, l := range rec.Layers {
+		s.warm(ctx, l.Digest)
 	}
 	if s.cfg.Mode != ModeLocal {
 		return nil

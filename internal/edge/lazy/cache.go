@@ -1,273 +1,300 @@
 package lazy
 
 import (
+	"bytes"
 	"container/list"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
-	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"regexp"
-	"sort"
 	"sync"
+	"sync/atomic"
+
+	"dsec.dev/dsec/internal/blob"
 )
 
-var hexName = regexp.MustCompile(`^[0-9a-f]{64}$`)
+// plainCacheBytes bounds the recently decoded chunks kept beside a memory
+// tier of memLimit bytes: an eighth of it, between 32 and 256 MiB. The
+// kernel reads a 1 MiB chunk in 128 KiB requests, which sixteen sandboxes
+// starting at once interleave: with 32 MiB, the storage benchmark's lazyfs
+// decoded each fetched chunk about 2.8 times (once to verify it, then for
+// reads), and decoding took 40 % of its CPU.
+func plainCacheBytes(memLimit int64) int64 {
+	return min(max(memLimit/8, 32<<20), 256<<20, memLimit)
+}
 
-// chunkCache keeps verified chunks as files named by their sha256 under dir,
-// evicting the least recently used ones beyond limit bytes. Chunks pinned by
-// a registered layer (its metadata) are evicted only when nothing unpinned is
-// left. Files are written to a temp name and renamed, so a crash never leaves
-// a partial chunk under a digest name; files found at startup are verified
-// the first time they are used, which also catches data lost in a power cut
-// (chunks are not fsynced: losing one only costs a refetch).
+// tier says where a chunk read was served from.
+type tier int
+
+const (
+	tierNone tier = iota
+	tierMemory
+	tierDisk
+)
+
+// chunkCache keeps verified chunks in two tiers so that a burst of fetches
+// does not cost the node its disk bandwidth:
+//
+//   - memory: every chunk fetched (or prefetched) goes here, as the object
+//     the store served (a zstd frame; plain bytes for a raw layer), bounded
+//     by its limit. A read decodes the chunk (the recently decoded ones are
+//     kept, up to an eighth more, see plainCacheBytes); the kernel's page
+//     cache holds the decoded pages anyway, so reads of one chunk that
+//     reach the file system again are rare.
+//   - disk: files under dir, bounded and LRU, kept across restarts. A chunk
+//     is written here only when it is hot and leaves memory (evicted, or
+//     the file system closes), and always as one zstd frame.
+//
+// A chunk is hot when it proved to be needed more than once: the kernel
+// asked again for a page it had been given (its page cache dropped it), it
+// was fetched again soon after memory evicted it cold, it came back from
+// disk, it was asked for explicitly (FetchAll), or a registered layer pins
+// it (its metadata). A cold chunk evicted from memory is dropped; a second
+// need for it costs a refetch and makes it hot. Pinned chunks are evicted
+// from either tier only when nothing unpinned is left. Whatever the tiers
+// hold, the bytes a fetch returns come from memory, so a full cache never
+// fails a read.
 type chunkCache struct {
-	dir   string
-	limit int64
+	mem   *memTier
+	disk  *diskTier
+	plain *plainCache
+	pins  *pinSet
 	log   *slog.Logger
 
-	mu      sync.Mutex
-	lru     *list.List               // front: most recently used; values are *cacheEntry
-	entries map[string]*list.Element // by chunk hex
-	pins    map[string]int           // pin counts by chunk hex, cached or not
-	size    int64                    // bytes of all entries
+	bytesWritten  atomic.Int64 // to the disk tier
+	chunksWritten atomic.Int64
 }
 
-type cacheEntry struct {
-	hex      string
-	size     int64
-	verified bool // digest checked in this process
-}
-
-// openCache creates dir if needed, drops temp leftovers and files that are not
-// chunks, and rebuilds the LRU from the files found (oldest mtime least
-// recently used).
-func openCache(dir string, limit int64, log *slog.Logger) (*chunkCache, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create chunk cache: %w", err)
-	}
-	c := &chunkCache{
-		dir:     dir,
-		limit:   limit,
-		log:     log,
-		lru:     list.New(),
-		entries: map[string]*list.Element{},
-		pins:    map[string]int{},
-	}
-	des, err := os.ReadDir(dir)
+// openCache opens the disk tier under dir (rebuilding its LRU from what an
+// earlier run left) and an empty memory tier.
+func openCache(dir string, memLimit, diskLimit int64, log *slog.Logger) (*chunkCache, error) {
+	pins := &pinSet{n: map[string]int{}}
+	disk, err := openDiskTier(dir, diskLimit, pins.pinned, log)
 	if err != nil {
-		return nil, fmt.Errorf("read chunk cache: %w", err)
+		return nil, err
 	}
-	type found struct {
-		hex   string
-		size  int64
-		mtime int64
-	}
-	var all []found
-	for _, de := range des {
-		p := filepath.Join(dir, de.Name())
-		if !hexName.MatchString(de.Name()) || !de.Type().IsRegular() {
-			// Temp files of an interrupted write, or foreign files.
-			if err := os.RemoveAll(p); err != nil {
-				return nil, fmt.Errorf("remove cache leftover %s: %w", de.Name(), err)
-			}
-			continue
+	return &chunkCache{
+		mem:   newMemTier(memLimit, pins.pinned),
+		disk:  disk,
+		plain: &plainCache{limit: plainCacheBytes(memLimit), lru: list.New(), entries: map[string]*list.Element{}},
+		pins:  pins,
+		log:   log,
+	}, nil
+}
+
+// get returns the plain bytes of chunk hex (plainLen long) and the tier
+// that held it, or tierNone. Chunks read from disk are decoded and verified
+// (a bad file is dropped) and come back into memory.
+func (c *chunkCache) get(hex string, plainLen int64) ([]byte, tier) {
+	if obj, zstd, ok := c.mem.get(hex); ok {
+		if !zstd {
+			return obj, tierMemory
 		}
-		info, err := de.Info()
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
+		if data, ok := c.plain.get(hex); ok {
+			return data, tierMemory
 		}
+		// Verified when it was fetched or read from disk: decoding alone
+		// gives the same bytes again.
+		data, err := blob.DecodeObject(blob.CompressionZstd, obj, plainLen)
 		if err != nil {
-			return nil, fmt.Errorf("stat cached chunk: %w", err)
+			c.log.Warn("drop chunk held in memory", "chunk", hex, "err", err)
+			c.mem.drop(hex)
+			return nil, tierNone
 		}
-		all = append(all, found{de.Name(), info.Size(), info.ModTime().UnixNano()})
+		c.plain.put(hex, data)
+		return data, tierMemory
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].mtime > all[j].mtime })
-	for _, f := range all {
-		c.entries[f.hex] = c.lru.PushBack(&cacheEntry{hex: f.hex, size: f.size})
-		c.size += f.size
-	}
-	c.mu.Lock()
-	c.evictLocked()
-	c.mu.Unlock()
-	return c, nil
-}
-
-func (c *chunkCache) path(hex string) string { return filepath.Join(c.dir, hex) }
-
-// readAt copies chunk bytes from offset off into dest. It reports false when
-// the chunk is not cached (or was evicted, or failed its first verification),
-// in which case the caller fetches it.
-func (c *chunkCache) readAt(hex string, dest []byte, off int64) bool {
-	c.mu.Lock()
-	el, ok := c.entries[hex]
+	stored, zstd, ok := c.disk.read(hex)
 	if !ok {
-		c.mu.Unlock()
-		return false
+		return nil, tierNone
 	}
-	c.lru.MoveToFront(el)
-	verified := el.Value.(*cacheEntry).verified
-	c.mu.Unlock()
-
-	if !verified {
-		data, ok := c.readVerified(hex)
-		if !ok {
-			return false
-		}
-		if off+int64(len(dest)) > int64(len(data)) {
-			return false
-		}
-		copy(dest, data[off:])
-		return true
+	compression := blob.CompressionNone
+	if zstd {
+		compression = blob.CompressionZstd
 	}
-	f, err := os.Open(c.path(hex))
+	data, err := blob.DecodeObject(compression, stored, plainLen)
+	if err == nil {
+		err = blob.VerifyChunk(hex, data)
+	}
 	if err != nil {
-		// Evicted between the lookup and the open.
-		return false
+		c.log.Warn("drop corrupt cached chunk", "chunk", hex, "bytes", len(stored), "err", err)
+		c.disk.drop(hex)
+		return nil, tierNone
 	}
-	defer f.Close()
-	n, err := f.ReadAt(dest, off)
-	return n == len(dest) && (err == nil || errors.Is(err, io.EOF))
+	if zstd {
+		c.plain.put(hex, data)
+	}
+	c.add(&memEntry{hex: hex, obj: stored, zstd: zstd, plainLen: plainLen, hot: true})
+	return data, tierDisk
 }
 
-// readAll returns the whole chunk when it is cached and intact.
-func (c *chunkCache) readAll(hex string) ([]byte, bool) {
-	c.mu.Lock()
-	el, ok := c.entries[hex]
-	if ok {
-		c.lru.MoveToFront(el)
+// put adds a chunk fetched from the store and verified: obj is the object
+// as stored with compression, plain its decoded bytes. hot marks it hot at
+// once; written (may be nil) will count what it costs the disk tier.
+func (c *chunkCache) put(hex, compression string, obj, plain []byte, hot bool, written *atomic.Int64) {
+	zstd := compression == blob.CompressionZstd
+	if zstd {
+		// The read buffer has room for the plain chunk; keep only the frame.
+		obj = bytes.Clone(obj)
 	}
-	c.mu.Unlock()
-	if !ok {
-		return nil, false
-	}
-	return c.readVerified(hex)
+	c.add(&memEntry{hex: hex, obj: obj, zstd: zstd, plainLen: int64(len(plain)), hot: hot, written: written})
 }
 
-// readVerified reads the chunk file and checks its digest, dropping the file
-// when it does not match.
-func (c *chunkCache) readVerified(hex string) ([]byte, bool) {
-	data, err := os.ReadFile(c.path(hex))
-	if err != nil {
-		c.drop(hex)
-		return nil, false
+// keepDecoded keeps the plain bytes of a chunk a reader has just been given
+// from a fetch, so that its next requests for the chunk do not decode it.
+// Prefetched chunks are not kept: nobody is reading them yet.
+func (c *chunkCache) keepDecoded(hex string, plain []byte) {
+	if _, zstd, ok := c.mem.get(hex); ok && zstd {
+		c.plain.put(hex, plain)
 	}
-	if digestHex(data) != hex {
-		c.log.Warn("drop corrupt cached chunk", "chunk", hex, "bytes", len(data))
-		c.drop(hex)
-		return nil, false
-	}
-	c.mu.Lock()
-	if el, ok := c.entries[hex]; ok {
-		el.Value.(*cacheEntry).verified = true
-	}
-	c.mu.Unlock()
-	return data, true
 }
 
-// has reports whether the chunk is cached (not whether it is intact).
-func (c *chunkCache) has(hex string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_, ok := c.entries[hex]
-	return ok
-}
-
-// put stores a chunk whose digest the caller has verified, then evicts down
-// to the limit. A failure to store only costs a later refetch.
-func (c *chunkCache) put(hex string, data []byte) error {
-	if c.has(hex) {
-		return nil
-	}
-	tmp, err := os.CreateTemp(c.dir, ".tmp-")
-	if err != nil {
-		return fmt.Errorf("store chunk %s: %w", hex, err)
-	}
-	_, werr := tmp.Write(data)
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("store chunk %s: %w", hex, err)
-	}
-	if err := os.Rename(tmp.Name(), c.path(hex)); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("store chunk %s: %w", hex, err)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.entries[hex]; !ok {
-		c.entries[hex] = c.lru.PushFront(&cacheEntry{hex: hex, size: int64(len(data)), verified: true})
-		c.size += int64(len(data))
-	}
-	c.evictLocked()
-	return nil
-}
-
-// evictLocked removes least recently used chunks until the cache fits its
-// limit: unpinned ones first, pinned ones only when nothing else is left.
-// Readers that already opened an evicted file keep reading it.
-func (c *chunkCache) evictLocked() {
-	for _, pinnedToo := range []bool{false, true} {
-		for el := c.lru.Back(); el != nil && c.size > c.limit; {
-			prev := el.Prev()
-			e := el.Value.(*cacheEntry)
-			if pinnedToo || c.pins[e.hex] == 0 {
-				c.removeLocked(el)
-				if pinnedToo {
-					c.log.Warn("evict pinned chunk: cache limit too small for metadata", "chunk", e.hex, "limit", c.limit)
-				}
-			}
-			el = prev
+func (c *chunkCache) add(e *memEntry) {
+	for _, ev := range c.mem.add(e) {
+		c.plain.drop(ev.hex)
+		if ev.hot {
+			c.promote(ev)
 		}
 	}
 }
 
-func (c *chunkCache) removeLocked(el *list.Element) {
-	e := el.Value.(*cacheEntry)
-	c.lru.Remove(el)
-	delete(c.entries, e.hex)
-	c.size -= e.size
-	if err := os.Remove(c.path(e.hex)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		c.log.Warn("remove cached chunk", "chunk", e.hex, "err", err)
-	}
-}
-
-func (c *chunkCache) drop(hex string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if el, ok := c.entries[hex]; ok {
-		c.removeLocked(el)
-	}
-}
-
-func (c *chunkCache) pin(hex string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.pins[hex]++
-}
-
-func (c *chunkCache) unpin(hex string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pins[hex] <= 1 {
-		delete(c.pins, hex)
+// promote writes a hot chunk leaving memory to the disk tier as one zstd
+// frame, unless the disk holds it already. A failure only costs a refetch.
+func (c *chunkCache) promote(e *memEntry) {
+	if c.disk.has(e.hex) {
 		return
 	}
-	c.pins[hex]--
+	frame := e.obj
+	if !e.zstd {
+		var err error
+		if frame, err = blob.EncodeChunk(blob.CompressionZstd, e.obj); err != nil {
+			c.log.Warn("compress chunk for the disk cache", "chunk", e.hex, "err", err)
+			return
+		}
+	}
+	n, err := c.disk.write(e.hex, frame)
+	if err != nil {
+		c.log.Warn("write chunk to the disk cache", "chunk", e.hex, "err", err)
+		return
+	}
+	if n > 0 {
+		c.bytesWritten.Add(n)
+		c.chunksWritten.Add(1)
+		if e.written != nil {
+			e.written.Add(n)
+		}
+	}
 }
 
-// usage returns the bytes cached.
-func (c *chunkCache) usage() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.size
+// served records that bytes [off, off+n) of chunk hex reached a reader.
+func (c *chunkCache) served(hex string, off, n int64) { c.mem.serve(hex, off, n) }
+
+// setHot marks a chunk in memory hot.
+func (c *chunkCache) setHot(hex string) { c.mem.setHot(hex) }
+
+// has reports whether either tier holds the chunk.
+func (c *chunkCache) has(hex string) bool { return c.mem.has(hex) || c.disk.has(hex) }
+
+func (c *chunkCache) pin(hex string)   { c.pins.add(hex, 1) }
+func (c *chunkCache) unpin(hex string) { c.pins.add(hex, -1) }
+
+// flush writes the hot chunks held only in memory to the disk tier, least
+// recently used first (so the disk's LRU keeps the memory's order), so that
+// a restart keeps them; the file system calls it when it stops serving.
+func (c *chunkCache) flush() {
+	for _, e := range c.mem.hotEntries() {
+		c.promote(e)
+	}
 }
 
-func digestHex(data []byte) string {
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:])
+// cacheStats are a chunk cache's figures.
+type cacheStats struct {
+	MemoryBytes   int64 // chunk objects held in memory
+	DiskBytes     int64 // chunk files held on disk
+	BytesWritten  int64 // written to the disk tier since the cache opened
+	ChunksWritten int64
+}
+
+func (c *chunkCache) stats() cacheStats {
+	return cacheStats{
+		MemoryBytes:   c.mem.usage(),
+		DiskBytes:     c.disk.usage(),
+		BytesWritten:  c.bytesWritten.Load(),
+		ChunksWritten: c.chunksWritten.Load(),
+	}
+}
+
+// pinSet counts pins by chunk hex, cached or not.
+type pinSet struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (p *pinSet) add(hex string, d int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n[hex]+d <= 0 {
+		delete(p.n, hex)
+		return
+	}
+	p.n[hex] += d
+}
+
+func (p *pinSet) pinned(hex string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n[hex] > 0
+}
+
+// plainCache keeps the decoded bytes of a few chunks of the memory tier,
+// least recently used dropped first beyond limit bytes.
+type plainCache struct {
+	limit int64
+
+	mu      sync.Mutex
+	lru     *list.List               // values are *plainEntry
+	entries map[string]*list.Element // by chunk hex
+	size    int64
+}
+
+type plainEntry struct {
+	hex  string
+	data []byte
+}
+
+func (p *plainCache) get(hex string) ([]byte, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	el, ok := p.entries[hex]
+	if !ok {
+		return nil, false
+	}
+	p.lru.MoveToFront(el)
+	return el.Value.(*plainEntry).data, true
+}
+
+func (p *plainCache) put(hex string, data []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if el, ok := p.entries[hex]; ok {
+		p.lru.MoveToFront(el)
+		return
+	}
+	p.entries[hex] = p.lru.PushFront(&plainEntry{hex: hex, data: data})
+	p.size += int64(len(data))
+	for p.size > p.limit && p.lru.Len() > 0 {
+		p.removeLocked(p.lru.Back())
+	}
+}
+
+func (p *plainCache) drop(hex string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if el, ok := p.entries[hex]; ok {
+		p.removeLocked(el)
+	}
+}
+
+func (p *plainCache) removeLocked(el *list.Element) {
+	e := el.Value.(*plainEntry)
+	p.lru.Remove(el)
+	delete(p.entries, e.hex)
+	p.size -= int64(len(e.data))
 }

@@ -121,7 +121,7 @@ func Mount(ctx context.Context, cfg Config) (*FS, error) {
 	}
 	f.mnt = mountState{server: server, root: root, done: make(chan struct{})}
 	f.log.Info("lazy fs mounted", "mountpoint", f.cfg.MountPoint, "cache", f.cfg.CacheDir,
-		"cache_bytes", f.cfg.CacheBytes, "cached_bytes", f.cache.usage())
+		"cache_bytes", f.cfg.CacheBytes, "memory_bytes", f.cfg.MemoryBytes, "cached_bytes", f.cache.stats().DiskBytes)
 	return f, nil
 }
 
@@ -156,8 +156,9 @@ func (m *mountState) dropPages(hex string) error {
 // Close unmounts the file system. When the mount is busy (an EROFS mount
 // still uses a layer file), it is detached lazily and served until its last
 // user goes; Close waits for that until ctx ends, then returns an error while
-// serving goes on in the background. Fetching stops when serving does.
-// Calling Close again waits again.
+// serving goes on in the background. Fetching stops when serving does, and
+// the hot chunks held only in memory are then written to the disk tier, so
+// that the next run finds them. Calling Close again waits again.
 func (f *FS) Close(ctx context.Context) error {
 	m := &f.mnt
 	m.closeOnce.Do(func() {
@@ -173,6 +174,10 @@ func (f *FS) Close(ctx context.Context) error {
 				m.server.Wait()
 			}
 			f.cancel()
+			f.cache.flush()
+			st := f.cache.stats()
+			f.log.Info("lazy fs closed", "mountpoint", f.cfg.MountPoint, "memory_bytes", st.MemoryBytes,
+				"disk_bytes", st.DiskBytes, "disk_bytes_written", st.BytesWritten, "disk_chunks_written", st.ChunksWritten)
 			close(m.done)
 		}()
 	})

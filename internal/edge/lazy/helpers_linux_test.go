@@ -196,6 +196,11 @@ func putLayer(t *testing.T, st blob.Store, data []byte, chunkSize int64) *blob.I
 	return ix
 }
 
+func digestHex(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
 func randomBytes(seed uint64, n int) []byte {
 	r := rand.New(rand.NewPCG(seed, seed+1))
 	b := make([]byte, n)
@@ -242,18 +247,6 @@ func closeFS(t *testing.T, f *FS) {
 	if err := f.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }
 
 // preadDirect reads n bytes at off with O_DIRECT, bypassing the page cache
@@ -368,7 +361,7 @@ func checkCorruptChunkNeverServed(t *testing.T, st *memStore, f *FS, p string, i
 	if gets := st.chunkGets(ix); gets[1] != 2 {
 		t.Errorf("corrupt chunk fetched %d times, want 2 (Retries)", gets[1])
 	}
-	if cached, _ := cachedChunks(t, f.cfg.CacheDir); cached[ix.Chunks[1]] {
+	if f.cache.has(ix.Chunks[1]) {
 		t.Error("corrupt chunk is in the cache")
 	}
 	if s := f.Stats(ix.Digest[7:]); s.FetchErrors != 2 || s.ChunksFetched != 0 || s.BytesFetched != 0 {
@@ -409,7 +402,8 @@ func dropCaches(t *testing.T) {
 	}
 }
 
-// cachedChunks lists the chunk files in the cache dir and their total size.
+// cachedChunks lists the chunk files in the cache dir's disk tier
+// (HEX.zst, or HEX for a plain file) and their total size.
 func cachedChunks(t *testing.T, cacheDir string) (map[string]bool, int64) {
 	t.Helper()
 	des, err := os.ReadDir(filepath.Join(cacheDir, "chunks"))

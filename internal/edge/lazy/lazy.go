@@ -2,10 +2,8 @@ package lazy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -25,8 +23,9 @@ import (
 type Config struct {
 	Store        blob.Store
 	MountPoint   string        // FUSE mount dir; a layer with sha256 hex H appears as MountPoint/H
-	CacheDir     string        // chunk cache, kept across restarts
-	CacheBytes   int64         // LRU size limit; 0 = 10 GiB
+	CacheDir     string        // chunk cache's disk tier and traces, kept across restarts
+	CacheBytes   int64         // disk tier's LRU size limit; 0 = 10 GiB
+	MemoryBytes  int64         // memory tier's limit (chunk objects as fetched); 0 = 256 MiB
 	FetchTimeout time.Duration // per attempt; 0 = 10 s
 	Retries      int           // attempts per chunk before EIO; 0 = 3
 	Log          *slog.Logger  // nil = discard
@@ -34,6 +33,7 @@ type Config struct {
 
 const (
 	defaultCacheBytes   = 10 << 30
+	defaultMemoryBytes  = 256 << 20
 	defaultFetchTimeout = 10 * time.Second
 	defaultRetries      = 3
 	prefetchWorkers     = 4
@@ -52,9 +52,14 @@ type LayerStats struct {
 	BytesFetchedPlain int64
 	ChunksTotal       int64
 	ChunksFetched     int64 // chunks fetched from the store (verified)
-	CacheHits         int64 // chunk reads served from the local cache
+	CacheHits         int64 // chunk reads served from the local cache: MemoryHits + DiskHits
+	MemoryHits        int64 // chunk reads served from the memory tier
+	DiskHits          int64 // chunk reads served from the disk tier
 	CacheMisses       int64 // chunk reads that had to wait for a fetch
 	FetchErrors       int64 // failed fetch attempts (store errors, timeouts, bad chunks)
+	// BytesWrittenDisk is the bytes of this layer's chunks written to the
+	// cache's disk tier (hot chunks leaving memory, compressed).
+	BytesWrittenDisk int64
 }
 
 // FS is a mounted lazy layer file system. Its methods are safe for
@@ -64,6 +69,9 @@ type FS struct {
 	log   *slog.Logger
 	cache *chunkCache
 	sf    singleflight.Group
+	// prefetching bounds the chunk fetches of prefetches (traces, FetchAll)
+	// node-wide, leaving the store's bandwidth to the reads sandboxes wait on.
+	prefetching chan struct{}
 
 	// ctx bounds every fetch; cancelled by Close. Fetches run on it rather
 	// than on a reader's context so that one reader giving up does not fail
@@ -83,14 +91,21 @@ type layer struct {
 	ix  *blob.Index
 
 	bytesRead, bytesFetched, chunksFetched atomic.Int64
-	bytesFetchedPlain                      atomic.Int64
-	cacheHits, cacheMisses, fetchErrors    atomic.Int64
+	bytesFetchedPlain, bytesWrittenDisk    atomic.Int64
+	memoryHits, diskHits                   atomic.Int64
+	cacheMisses, fetchErrors               atomic.Int64
 
 	// seen marks chunks read since the trace was last reset; order lists
 	// them in the order first read.
 	seen    []atomic.Bool
 	traceMu sync.Mutex
 	order   []int
+
+	// publishMu serializes PublishTrace of the layer; published and
+	// publishedAt say what the last one merged and when.
+	publishMu   sync.Mutex
+	published   int
+	publishedAt time.Time
 }
 
 func (l *layer) trace(i int) {
@@ -124,6 +139,9 @@ func (cfg *Config) setDefaults() error {
 	if cfg.CacheBytes <= 0 {
 		cfg.CacheBytes = defaultCacheBytes
 	}
+	if cfg.MemoryBytes <= 0 {
+		cfg.MemoryBytes = defaultMemoryBytes
+	}
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = defaultFetchTimeout
 	}
@@ -141,7 +159,7 @@ func newFS(cfg Config) (*FS, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	cache, err := openCache(filepath.Join(cfg.CacheDir, "chunks"), cfg.CacheBytes, cfg.Log)
+	cache, err := openCache(filepath.Join(cfg.CacheDir, "chunks"), cfg.MemoryBytes, cfg.CacheBytes, cfg.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -156,12 +174,13 @@ func newFS(cfg Config) (*FS, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &FS{
-		cfg:    cfg,
-		log:    cfg.Log,
-		cache:  cache,
-		ctx:    ctx,
-		cancel: cancel,
-		layers: map[string]*layer{},
+		cfg:         cfg,
+		log:         cfg.Log,
+		cache:       cache,
+		prefetching: make(chan struct{}, prefetchWorkers),
+		ctx:         ctx,
+		cancel:      cancel,
+		layers:      map[string]*layer{},
 	}, nil
 }
 
@@ -253,6 +272,7 @@ func (f *FS) Remove(hex string) {
 }
 
 // FetchAll fetches every chunk of the layer into the cache (eager mode).
+// Chunks asked for this way are hot: they go to disk when memory evicts them.
 func (f *FS) FetchAll(ctx context.Context, hex string) error {
 	l, err := f.layer(hex)
 	if err != nil {
@@ -262,13 +282,13 @@ func (f *FS) FetchAll(ctx context.Context, hex string) error {
 	for i := range all {
 		all[i] = i
 	}
-	if err := f.prefetch(ctx, l, all); err != nil {
+	if err := f.prefetch(ctx, l, all, true); err != nil {
 		return fmt.Errorf("fetch layer %s: %w", hex, err)
 	}
 	return nil
 }
 
-// Prefetch fetches the given chunks of the layer into the cache.
+// Prefetch fetches the given chunks of the layer into the memory tier.
 func (f *FS) Prefetch(ctx context.Context, hex string, chunks []int) error {
 	l, err := f.layer(hex)
 	if err != nil {
@@ -279,89 +299,42 @@ func (f *FS) Prefetch(ctx context.Context, hex string, chunks []int) error {
 			return fmt.Errorf("prefetch layer %s: chunk %d out of range: %w", hex, i, errdefs.ErrInvalidArgument)
 		}
 	}
-	if err := f.prefetch(ctx, l, chunks); err != nil {
+	if err := f.prefetch(ctx, l, chunks, false); err != nil {
 		return fmt.Errorf("prefetch layer %s: %w", hex, err)
 	}
 	return nil
 }
 
-func (f *FS) prefetch(ctx context.Context, l *layer, chunks []int) error {
+// prefetch fetches the chunks not cached yet, in the order given, at most
+// prefetchWorkers at a time across the node; hot marks them hot. A reader
+// of a chunk being prefetched joins that fetch.
+func (f *FS) prefetch(ctx context.Context, l *layer, chunks []int, hot bool) error {
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(prefetchWorkers)
 	for _, i := range chunks {
-		if f.cache.has(l.ix.Chunks[i]) {
+		hex := l.ix.Chunks[i]
+		if f.cache.has(hex) {
+			if hot {
+				f.cache.setHot(hex)
+			}
 			continue
 		}
+		select {
+		case f.prefetching <- struct{}{}:
+		case <-gctx.Done():
+			return g.Wait()
+		}
 		g.Go(func() error {
-			_, err := f.fetch(gctx, l, i)
-			return err
+			defer func() { <-f.prefetching }()
+			if _, err := f.fetch(gctx, l, i); err != nil {
+				return err
+			}
+			if hot {
+				f.cache.setHot(hex)
+			}
+			return nil
 		})
 	}
 	return g.Wait()
-}
-
-// traceFile is the JSON saved by SaveTrace.
-type traceFile struct {
-	Digest    string `json:"digest"`
-	ChunkSize int64  `json:"chunk_size"`
-	Chunks    []int  `json:"chunks"` // in the order first read
-}
-
-func (f *FS) tracePath(hex string) string {
-	return filepath.Join(f.cfg.CacheDir, "traces", hex+".json")
-}
-
-// SaveTrace records the chunk numbers of the layer read so far, in the order
-// first read, under CacheDir/traces/<hex>.json, for PrefetchTrace in a later
-// run.
-func (f *FS) SaveTrace(hex string) error {
-	l, err := f.layer(hex)
-	if err != nil {
-		return err
-	}
-	data, err := json.Marshal(traceFile{Digest: l.ix.Digest, ChunkSize: l.ix.ChunkSize, Chunks: l.traced()})
-	if err != nil {
-		return fmt.Errorf("save trace %s: %w", hex, err)
-	}
-	if err := writeFileAtomic(f.tracePath(hex), data); err != nil {
-		return fmt.Errorf("save trace %s: %w", hex, err)
-	}
-	return nil
-}
-
-// PrefetchTrace prefetches the chunks recorded by an earlier SaveTrace of the
-// layer and returns how many it asked for. No saved trace is not an error:
-// it returns 0.
-func (f *FS) PrefetchTrace(ctx context.Context, hex string) (int, error) {
-	l, err := f.layer(hex)
-	if err != nil {
-		return 0, err
-	}
-	data, err := os.ReadFile(f.tracePath(hex))
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("read trace %s: %w", hex, err)
-	}
-	var tf traceFile
-	if err := json.Unmarshal(data, &tf); err != nil {
-		return 0, fmt.Errorf("read trace %s: %w", hex, err)
-	}
-	if tf.Digest != l.ix.Digest || tf.ChunkSize != l.ix.ChunkSize {
-		f.log.Warn("ignore stale trace", "layer", hex, "chunk_size", tf.ChunkSize)
-		return 0, nil
-	}
-	var chunks []int
-	for _, i := range tf.Chunks {
-		if i >= 0 && i < len(l.ix.Chunks) {
-			chunks = append(chunks, i)
-		}
-	}
-	if err := f.prefetch(ctx, l, chunks); err != nil {
-		return 0, fmt.Errorf("prefetch trace %s: %w", hex, err)
-	}
-	return len(chunks), nil
 }
 
 // Stats returns the layer's counters; zero for an unknown layer.
@@ -377,9 +350,12 @@ func (f *FS) Stats(hex string) LayerStats {
 		BytesFetchedPlain: l.bytesFetchedPlain.Load(),
 		ChunksTotal:       int64(len(l.ix.Chunks)),
 		ChunksFetched:     l.chunksFetched.Load(),
-		CacheHits:         l.cacheHits.Load(),
+		CacheHits:         l.memoryHits.Load() + l.diskHits.Load(),
+		MemoryHits:        l.memoryHits.Load(),
+		DiskHits:          l.diskHits.Load(),
 		CacheMisses:       l.cacheMisses.Load(),
 		FetchErrors:       l.fetchErrors.Load(),
+		BytesWrittenDisk:  l.bytesWrittenDisk.Load(),
 	}
 }
 
@@ -400,42 +376,56 @@ func (f *FS) readAt(ctx context.Context, l *layer, dest []byte, off int64) (int,
 		i := int(pos / cs)
 		within := pos - int64(i)*cs
 		n := min(int64(len(dest)-done), l.ix.ChunkLen(i)-within)
-		part := dest[done : done+int(n)]
 		l.trace(i)
-		if f.cache.readAt(l.ix.Chunks[i], part, within) {
-			l.cacheHits.Add(1)
-		} else {
-			l.cacheMisses.Add(1)
-			data, err := f.fetch(ctx, l, i)
-			if err != nil {
-				return done, err
-			}
-			copy(part, data[within:])
+		data, err := f.chunk(ctx, l, i)
+		if err != nil {
+			return done, err
 		}
+		copy(dest[done:done+int(n)], data[within:])
+		f.cache.served(l.ix.Chunks[i], within, n)
 		done += int(n)
 	}
 	l.bytesRead.Add(int64(done))
 	return done, nil
 }
 
+// chunk returns the plain bytes of chunk i of the layer from the cache, or
+// fetched, counting the hit or miss.
+func (f *FS) chunk(ctx context.Context, l *layer, i int) ([]byte, error) {
+	data, t := f.cache.get(l.ix.Chunks[i], l.ix.ChunkLen(i))
+	switch t {
+	case tierMemory:
+		l.memoryHits.Add(1)
+		return data, nil
+	case tierDisk:
+		l.diskHits.Add(1)
+		return data, nil
+	}
+	l.cacheMisses.Add(1)
+	data, err := f.fetch(ctx, l, i)
+	if err == nil {
+		f.cache.keepDecoded(l.ix.Chunks[i], data)
+	}
+	return data, err
+}
+
 // fetch returns chunk i of the layer, verified, fetching it from the store
-// at most once at a time per chunk digest and storing it in the cache. The
-// returned bytes come from memory, so a full cache never fails a read.
+// at most once at a time per chunk digest and keeping it in the memory
+// tier. The returned bytes are the fetch's own, so a full cache never fails
+// a read.
 func (f *FS) fetch(ctx context.Context, l *layer, i int) ([]byte, error) {
 	hex := l.ix.Chunks[i]
 	want := l.ix.ChunkLen(i)
 	ch := f.sf.DoChan(hex, func() (any, error) {
 		// A fetch that finished between our cache miss and this call.
-		if data, ok := f.cache.readAll(hex); ok && int64(len(data)) == want {
+		if data, t := f.cache.get(hex, want); t != tierNone {
 			return data, nil
 		}
-		data, err := f.fetchRetry(l, i)
+		stored, data, err := f.fetchRetry(l, i)
 		if err != nil {
 			return nil, err
 		}
-		if err := f.cache.put(hex, data); err != nil {
-			f.log.Warn("cache chunk", "layer", l.hex, "chunk", i, "err", err)
-		}
+		f.cache.put(hex, l.ix.Compression, stored, data, false, &l.bytesWrittenDisk)
 		return data, nil
 	})
 	select {
@@ -450,17 +440,18 @@ func (f *FS) fetch(ctx context.Context, l *layer, i int) ([]byte, error) {
 }
 
 // fetchRetry fetches and verifies chunk i, trying up to Retries times with
-// each attempt bounded by FetchTimeout.
-func (f *FS) fetchRetry(l *layer, i int) ([]byte, error) {
+// each attempt bounded by FetchTimeout. It returns the object as stored and
+// the chunk's plain bytes.
+func (f *FS) fetchRetry(l *layer, i int) ([]byte, []byte, error) {
 	var lastErr error
 	backoff := 50 * time.Millisecond
 	for attempt := 1; attempt <= f.cfg.Retries; attempt++ {
-		data, stored, err := f.fetchOnce(l, i)
+		stored, data, err := f.fetchOnce(l, i)
 		if err == nil {
 			l.chunksFetched.Add(1)
-			l.bytesFetched.Add(stored)
+			l.bytesFetched.Add(int64(len(stored)))
 			l.bytesFetchedPlain.Add(int64(len(data)))
-			return data, nil
+			return stored, data, nil
 		}
 		l.fetchErrors.Add(1)
 		lastErr = err
@@ -471,11 +462,11 @@ func (f *FS) fetchRetry(l *layer, i int) ([]byte, error) {
 		select {
 		case <-time.After(backoff):
 		case <-f.ctx.Done():
-			return nil, fmt.Errorf("fetch chunk %d of layer %s: %w", i, l.hex, f.ctx.Err())
+			return nil, nil, fmt.Errorf("fetch chunk %d of layer %s: %w", i, l.hex, f.ctx.Err())
 		}
 		backoff = min(2*backoff, maxBackoff)
 	}
-	return nil, fmt.Errorf("fetch chunk %d of layer %s after %d attempts: %w", i, l.hex, f.cfg.Retries, lastErr)
+	return nil, nil, fmt.Errorf("fetch chunk %d of layer %s after %d attempts: %w", i, l.hex, f.cfg.Retries, lastErr)
 }
 
 // errCorrupt marks a chunk whose stored object does not decode to the bytes
@@ -483,27 +474,27 @@ func (f *FS) fetchRetry(l *layer, i int) ([]byte, error) {
 var errCorrupt = errors.New("chunk does not match its digest")
 
 // fetchOnce reads chunk i's object from the store, decodes it (bounded by
-// the chunk's length) and verifies it. It returns the chunk and the number
-// of bytes read from the store.
-func (f *FS) fetchOnce(l *layer, i int) ([]byte, int64, error) {
+// the chunk's length) and verifies it. It returns the object as stored and
+// the chunk.
+func (f *FS) fetchOnce(l *layer, i int) ([]byte, []byte, error) {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.FetchTimeout)
 	defer cancel()
 	hex := l.ix.Chunks[i]
 	stored, err := blob.ReadChunkObject(ctx, f.cfg.Store, l.ix, i)
 	if errors.Is(err, blob.ErrCorrupt) {
-		return nil, 0, fmt.Errorf("verify chunk %s: %w: %w", hex, errCorrupt, err)
+		return nil, nil, fmt.Errorf("verify chunk %s: %w: %w", hex, errCorrupt, err)
 	}
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	data, err := blob.DecodeChunk(l.ix, i, stored)
 	if errors.Is(err, blob.ErrCorrupt) {
-		return nil, 0, fmt.Errorf("verify chunk %s: %w: %w", hex, errCorrupt, err)
+		return nil, nil, fmt.Errorf("verify chunk %s: %w: %w", hex, errCorrupt, err)
 	}
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
-	return data, int64(len(stored)), nil
+	return stored, data, nil
 }
 
 // writeFileAtomic writes data to path through a temp file and a rename.

@@ -250,15 +250,20 @@ func TestTinyCacheEvicts(t *testing.T) {
 	st := newMemStore()
 	ix := putLayer(t, st, data, testChunk)
 	const limit = 3 * testChunk
-	f, p := mountLayer(t, Config{Store: st, CacheBytes: limit}, ix)
+	f, p := mountLayer(t, Config{Store: st, CacheBytes: limit, MemoryBytes: limit}, ix)
 	for pass := range 2 {
 		got, err := preadDirect(p, 0, len(data))
 		if err != nil || !bytes.Equal(got, data) {
 			t.Fatalf("pass %d: read whole file through a tiny cache: %v", pass, err)
 		}
+		if mem := f.cache.stats().MemoryBytes; mem > limit || mem == 0 {
+			t.Fatalf("pass %d: memory tier holds %d bytes; limit %d", pass, mem, limit)
+		}
 		cached, total := cachedChunks(t, f.cfg.CacheDir)
-		if total > limit || len(cached) == 0 {
-			t.Fatalf("pass %d: cache holds %d chunks, %d bytes; limit %d", pass, len(cached), total, limit)
+		// Read once, every chunk is cold: evicted from memory, it is
+		// dropped. Read again after that, chunks are hot and reach disk.
+		if pass == 0 && len(cached) != 0 || pass == 1 && (len(cached) == 0 || total > limit) {
+			t.Fatalf("pass %d: disk tier holds %d chunks, %d bytes; limit %d", pass, len(cached), total, limit)
 		}
 	}
 	got, err := os.ReadFile(p) // through the page cache too
@@ -279,10 +284,23 @@ func TestRestartReusesCache(t *testing.T) {
 	cacheDir := t.TempDir()
 
 	f, p := mountLayer(t, Config{Store: st, CacheDir: cacheDir}, ix)
-	if _, err := preadDirect(p, 0, 5*testChunk); err != nil {
+	// Read twice (the second time from memory), chunks 0-4 are hot: closing
+	// writes them to disk.
+	for range 2 {
+		if _, err := preadDirect(p, 0, 5*testChunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := preadDirect(p, 6*testChunk, testChunk); err != nil { // cold
 		t.Fatal(err)
 	}
+	if s := f.Stats(hex); s.MemoryHits != 5 || s.BytesWrittenDisk != 0 {
+		t.Errorf("stats before closing: %+v", s)
+	}
 	closeFS(t, f)
+	if cached, _ := cachedChunks(t, cacheDir); len(cached) != 5 || !cached[ix.Chunks[0]+".zst"] {
+		t.Fatalf("disk tier after closing holds %v, want chunks 0-4 as zstd frames", cached)
+	}
 	st.chunkGets(ix)
 
 	// A crash left a temp file; a disk error damaged chunk 4.
@@ -290,7 +308,7 @@ func TestRestartReusesCache(t *testing.T) {
 	if err := os.WriteFile(leftover, []byte("partial"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	bad := filepath.Join(cacheDir, "chunks", ix.Chunks[4])
+	bad := filepath.Join(cacheDir, "chunks", ix.Chunks[4]+".zst")
 	if err := os.WriteFile(bad, make([]byte, testChunk), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -310,8 +328,11 @@ func TestRestartReusesCache(t *testing.T) {
 	if diff := cmp.Diff(map[int]int{4: 1}, st.chunkGets(ix)); diff != "" {
 		t.Errorf("fetches after restart (-want +got):\n%s", diff)
 	}
-	if s := f.Stats(hex); s.CacheHits != 4 || s.ChunksFetched != 1 {
+	if s := f.Stats(hex); s.CacheHits != 4 || s.DiskHits != 4 || s.ChunksFetched != 1 {
 		t.Errorf("stats after restart: %+v", s)
+	}
+	if cached, _ := cachedChunks(t, cacheDir); cached[ix.Chunks[4]+".zst"] {
+		t.Error("the damaged chunk file is still in the disk tier")
 	}
 }
 
@@ -423,7 +444,7 @@ func TestMetaChunksPinned(t *testing.T) {
 	withMeta.Meta = meta
 	st.chunkGets(ix)
 	limit := int64(len(meta)+2) * testChunk
-	f = mountFS(t, Config{Store: st, CacheBytes: limit})
+	f = mountFS(t, Config{Store: st, CacheBytes: limit, MemoryBytes: limit})
 	p, err := f.Add(ctx, &withMeta)
 	if err != nil {
 		t.Fatal(err)
@@ -441,10 +462,9 @@ func TestMetaChunksPinned(t *testing.T) {
 	if got, err := preadDirect(p, 0, len(img)); err != nil || !bytes.Equal(got, img) {
 		t.Fatalf("read whole image: %v", err)
 	}
-	cached, _ := cachedChunks(t, f.cfg.CacheDir)
 	for _, m := range meta {
-		if !cached[ix.Chunks[m]] {
-			t.Errorf("metadata chunk %d was evicted", m)
+		if !f.cache.mem.has(ix.Chunks[m]) {
+			t.Errorf("metadata chunk %d was evicted from memory", m)
 		}
 	}
 	st.chunkGets(ix)

@@ -17,9 +17,10 @@ import (
 // layer's trace, drops the kernel's cached pages of the layer file, mounts
 // the image from the file on a temp dir under tmpDir, walks the whole tree
 // (lstat every entry, read every directory, read every symlink; no file
-// contents), unmounts, and returns the chunks read, ascending. The importer
-// stores them in Index.Meta. Other readers of the same layer during the walk
-// would add their chunks, so run it on a layer nothing else uses.
+// contents), unmounts, and returns the chunks read, ascending; then it
+// resets the trace again. The importer stores them in Index.Meta. Other
+// readers of the same layer during the walk would add their chunks, so run
+// it on a layer nothing else uses.
 func MetaChunks(ctx context.Context, f *FS, hex string, tmpDir string) ([]int, error) {
 	l, err := f.layer(hex)
 	if err != nil {
@@ -50,6 +51,13 @@ func MetaChunks(ctx context.Context, f *FS, hex string, tmpDir string) ([]int, e
 	}
 	chunks := l.traced()
 	slices.Sort(chunks)
+	// The walk is not a sandbox's reads: the trace starts afresh, and the
+	// pages the walk brought in are dropped so that sandboxes' reads of
+	// them reach the file system and its trace.
+	l.resetTrace()
+	if err := f.mnt.dropPages(hex); err != nil {
+		return nil, fmt.Errorf("find metadata chunks of %s: %w", hex, err)
+	}
 	return chunks, nil
 }
 

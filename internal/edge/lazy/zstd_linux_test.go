@@ -92,10 +92,18 @@ func TestZstdLayerReadsThroughFUSE(t *testing.T) {
 			t.Errorf("chunk %d fetched %d times", i, n)
 		}
 	}
-	// The cache holds plain chunks: a second FS on the same cache dir
-	// serves them without the store.
+	// Read again past the page cache, the chunks are hot: closing writes
+	// them to the disk tier, compressed, and a second FS on the same cache
+	// dir serves them without the store.
+	if got, err := preadDirect(p, 0, len(data)); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read whole file again: %v", err)
+	}
 	cacheDir := f.cfg.CacheDir
 	closeFS(t, f)
+	cached, onDisk := cachedChunks(t, cacheDir)
+	if len(cached) != len(ix.Chunks) || onDisk != stored {
+		t.Errorf("disk tier holds %d chunks, %d bytes; want %d chunks, %d bytes (as stored)", len(cached), onDisk, len(ix.Chunks), stored)
+	}
 	st.setMode("error")
 	g := mountFS(t, Config{Store: st, CacheDir: cacheDir, Retries: 1})
 	p, err = g.Add(ctx, ix)

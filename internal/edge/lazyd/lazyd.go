@@ -37,7 +37,9 @@ import (
 type Config struct {
 	Dir        string // state: ctl.sock, pid, log, cache/, mnt/
 	BlobStore  string // blob store spec (blob.Open)
-	CacheBytes int64  // chunk cache limit; 0 = lazy's default
+	CacheBytes int64  // chunk cache's disk tier limit; 0 = lazy's default
+	// MemoryBytes bounds the chunk cache's memory tier; 0 = lazy's default.
+	MemoryBytes int64
 	// BandwidthBytesPerSec caps reads from the blob store (a model of a
 	// remote store); 0 = none.
 	BandwidthBytesPerSec int64
@@ -52,6 +54,7 @@ func (c Config) cacheDir() string   { return filepath.Join(c.Dir, "cache") }
 func (c Config) Args() []string {
 	return []string{"lazyfs", "--dir", c.Dir, "--blob-store", c.BlobStore,
 		"--cache-bytes", strconv.FormatInt(c.CacheBytes, 10),
+		"--chunk-memory-bytes", strconv.FormatInt(c.MemoryBytes, 10),
 		"--bandwidth", strconv.FormatInt(c.BandwidthBytesPerSec, 10)}
 }
 
@@ -73,7 +76,8 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// A mount left by a crashed predecessor is detached first.
 	unix.Unmount(cfg.MountPoint(), unix.MNT_DETACH)
 	fsys, err := lazy.Mount(ctx, lazy.Config{
-		Store: st, MountPoint: cfg.MountPoint(), CacheDir: cfg.cacheDir(), CacheBytes: cfg.CacheBytes, Log: log,
+		Store: st, MountPoint: cfg.MountPoint(), CacheDir: cfg.cacheDir(), CacheBytes: cfg.CacheBytes,
+		MemoryBytes: cfg.MemoryBytes, Log: log,
 	})
 	if err != nil {
 		return fmt.Errorf("lazyfs: %w", err)
@@ -116,6 +120,7 @@ type request struct {
 type response struct {
 	Path   string          `json:"path,omitempty"`
 	N      int             `json:"n,omitempty"`
+	Wrote  bool            `json:"wrote,omitempty"`
 	Chunks []int           `json:"chunks,omitempty"`
 	Stats  lazy.LayerStats `json:"stats"`
 	Error  string          `json:"error,omitempty"`
@@ -154,6 +159,10 @@ func handler(fsys *lazy.FS, cfg Config, log *slog.Logger) http.Handler {
 	})
 	handle("/save-trace", func(ctx context.Context, req request) (response, error) {
 		return response{}, fsys.SaveTrace(req.Hex)
+	})
+	handle("/publish-trace", func(ctx context.Context, req request) (response, error) {
+		wrote, err := fsys.PublishTrace(ctx, req.Hex)
+		return response{Wrote: wrote}, err
 	})
 	handle("/stats", func(ctx context.Context, req request) (response, error) {
 		return response{Stats: fsys.Stats(req.Hex)}, nil
@@ -292,7 +301,8 @@ func (c *Client) FetchAll(ctx context.Context, hex string) error {
 	return err
 }
 
-// PrefetchTrace fetches the chunks an earlier run recorded reading.
+// PrefetchTrace fetches the chunks an earlier run on this node recorded
+// reading, else those the blob store's published trace names.
 func (c *Client) PrefetchTrace(ctx context.Context, hex string) (int, error) {
 	r, err := c.call(ctx, "/prefetch-trace", request{Hex: hex})
 	return r.N, err
@@ -302,6 +312,13 @@ func (c *Client) PrefetchTrace(ctx context.Context, hex string) (int, error) {
 func (c *Client) SaveTrace(ctx context.Context, hex string) error {
 	_, err := c.call(ctx, "/save-trace", request{Hex: hex})
 	return err
+}
+
+// PublishTrace merges the chunks read so far into the layer's trace in the
+// blob store, for other nodes to prefetch, and reports whether it wrote it.
+func (c *Client) PublishTrace(ctx context.Context, hex string) (bool, error) {
+	r, err := c.call(ctx, "/publish-trace", request{Hex: hex})
+	return r.Wrote, err
 }
 
 // Stats reports a layer's reads, fetches and cache hits.

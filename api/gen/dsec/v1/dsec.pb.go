@@ -5865,20 +5865,24 @@ func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
 }
 
 type LayerUsage struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Digest        string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
-	Refs          []string               `protobuf:"bytes,2,rep,name=refs,proto3" json:"refs,omitempty"`
-	Size          int64                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
-	BytesRead     int64                  `protobuf:"varint,4,opt,name=bytes_read,json=bytesRead,proto3" json:"bytes_read,omitempty"`          // by the kernel through the on-demand file
-	BytesFetched  int64                  `protobuf:"varint,5,opt,name=bytes_fetched,json=bytesFetched,proto3" json:"bytes_fetched,omitempty"` // from the blob store
-	ChunksTotal   int64                  `protobuf:"varint,6,opt,name=chunks_total,json=chunksTotal,proto3" json:"chunks_total,omitempty"`
-	ChunksFetched int64                  `protobuf:"varint,7,opt,name=chunks_fetched,json=chunksFetched,proto3" json:"chunks_fetched,omitempty"`
-	CacheHits     int64                  `protobuf:"varint,8,opt,name=cache_hits,json=cacheHits,proto3" json:"cache_hits,omitempty"`
-	CacheMisses   int64                  `protobuf:"varint,9,opt,name=cache_misses,json=cacheMisses,proto3" json:"cache_misses,omitempty"`
-	FetchErrors   int64                  `protobuf:"varint,10,opt,name=fetch_errors,json=fetchErrors,proto3" json:"fetch_errors,omitempty"`
-	Sandboxes     int64                  `protobuf:"varint,11,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"` // sandboxes that ran on it since the daemon started
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Digest            string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	Refs              []string               `protobuf:"bytes,2,rep,name=refs,proto3" json:"refs,omitempty"`
+	Size              int64                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	BytesRead         int64                  `protobuf:"varint,4,opt,name=bytes_read,json=bytesRead,proto3" json:"bytes_read,omitempty"`          // by the kernel through the on-demand file
+	BytesFetched      int64                  `protobuf:"varint,5,opt,name=bytes_fetched,json=bytesFetched,proto3" json:"bytes_fetched,omitempty"` // from the blob store
+	ChunksTotal       int64                  `protobuf:"varint,6,opt,name=chunks_total,json=chunksTotal,proto3" json:"chunks_total,omitempty"`
+	ChunksFetched     int64                  `protobuf:"varint,7,opt,name=chunks_fetched,json=chunksFetched,proto3" json:"chunks_fetched,omitempty"`
+	CacheHits         int64                  `protobuf:"varint,8,opt,name=cache_hits,json=cacheHits,proto3" json:"cache_hits,omitempty"` // memory_hits + disk_hits
+	CacheMisses       int64                  `protobuf:"varint,9,opt,name=cache_misses,json=cacheMisses,proto3" json:"cache_misses,omitempty"`
+	FetchErrors       int64                  `protobuf:"varint,10,opt,name=fetch_errors,json=fetchErrors,proto3" json:"fetch_errors,omitempty"`
+	Sandboxes         int64                  `protobuf:"varint,11,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`                                            // sandboxes that ran on it since the daemon started
+	BytesFetchedPlain int64                  `protobuf:"varint,12,opt,name=bytes_fetched_plain,json=bytesFetchedPlain,proto3" json:"bytes_fetched_plain,omitempty"` // the plain (uncompressed) bytes of the chunks fetched
+	MemoryHits        int64                  `protobuf:"varint,13,opt,name=memory_hits,json=memoryHits,proto3" json:"memory_hits,omitempty"`                        // cache hits served from the chunk cache's memory tier
+	DiskHits          int64                  `protobuf:"varint,14,opt,name=disk_hits,json=diskHits,proto3" json:"disk_hits,omitempty"`                              // cache hits served from its disk tier
+	BytesWrittenDisk  int64                  `protobuf:"varint,15,opt,name=bytes_written_disk,json=bytesWrittenDisk,proto3" json:"bytes_written_disk,omitempty"`    // bytes of its chunks written to the disk tier (hot chunks, compressed)
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *LayerUsage) Reset() {
@@ -5984,6 +5988,34 @@ func (x *LayerUsage) GetFetchErrors() int64 {
 func (x *LayerUsage) GetSandboxes() int64 {
 	if x != nil {
 		return x.Sandboxes
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetBytesFetchedPlain() int64 {
+	if x != nil {
+		return x.BytesFetchedPlain
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetMemoryHits() int64 {
+	if x != nil {
+		return x.MemoryHits
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetDiskHits() int64 {
+	if x != nil {
+		return x.DiskHits
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetBytesWrittenDisk() int64 {
+	if x != nil {
+		return x.BytesWrittenDisk
 	}
 	return 0
 }
@@ -6581,7 +6613,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"oci_layers\x18\t \x01(\x05R\tociLayers\x12\x1a\n" +
 	"\bwarnings\x18\n" +
 	" \x03(\tR\bwarnings\"\x13\n" +
-	"\x11LayerStatsRequest\"\xdd\x02\n" +
+	"\x11LayerStatsRequest\"\xf9\x03\n" +
 	"\n" +
 	"LayerUsage\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x12\n" +
@@ -6597,7 +6629,12 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\fcache_misses\x18\t \x01(\x03R\vcacheMisses\x12!\n" +
 	"\ffetch_errors\x18\n" +
 	" \x01(\x03R\vfetchErrors\x12\x1c\n" +
-	"\tsandboxes\x18\v \x01(\x03R\tsandboxes\"\x9c\x01\n" +
+	"\tsandboxes\x18\v \x01(\x03R\tsandboxes\x12.\n" +
+	"\x13bytes_fetched_plain\x18\f \x01(\x03R\x11bytesFetchedPlain\x12\x1f\n" +
+	"\vmemory_hits\x18\r \x01(\x03R\n" +
+	"memoryHits\x12\x1b\n" +
+	"\tdisk_hits\x18\x0e \x01(\x03R\bdiskHits\x12,\n" +
+	"\x12bytes_written_disk\x18\x0f \x01(\x03R\x10bytesWrittenDisk\"\x9c\x01\n" +
 	"\x10EnvironmentUsage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
 	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\x12\x12\n" +
