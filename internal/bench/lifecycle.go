@@ -23,7 +23,7 @@ type LifecycleOptions struct {
 	// SnapFiles and SnapMiB make the upper snapshots capture (0: skip
 	// snapshots).
 	SnapFiles, SnapMiB int
-	Progress  io.Writer
+	Progress           io.Writer
 }
 
 // LifecycleReport is what `dsec bench lifecycle` prints: pause and resume
