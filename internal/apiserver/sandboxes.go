@@ -316,14 +316,28 @@ func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 	errs := make([]error, n)
 	sem := make(chan struct{}, s.cfg.CreateConcurrency)
 	var wg sync.WaitGroup
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// A failure stops the creates not yet started; those under way finish
+	// (a create cut off midway would leave its outcome unknown, its
+	// sandbox to the reconciler), so the caller can remove all of them now.
+	stop := make(chan struct{})
+	var once sync.Once
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			select {
+			case <-stop:
+				s.placer.Done(nodes[i], 1, false)
+				errs[i] = context.Canceled
+				return
+			default:
+			}
+			select {
 			case sem <- struct{}{}:
+			case <-stop:
+				s.placer.Done(nodes[i], 1, false)
+				errs[i] = context.Canceled
+				return
 			case <-ctx.Done():
 				s.placer.Done(nodes[i], 1, false)
 				errs[i] = ctx.Err()
@@ -332,7 +346,7 @@ func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 			defer func() { <-sem }()
 			out[i], errs[i] = s.createOne(ctx, spec, nodes[i], createToken(batch, i), key)
 			if errs[i] != nil {
-				cancel()
+				once.Do(func() { close(stop) })
 			}
 		}()
 	}
