@@ -102,9 +102,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 			if rec.PausedUnixMs == 0 {
 				rec.PausedUnixMs = time.Now().UnixMilli()
 			}
-			if err := m.states.Save(rec); err != nil {
-				m.log.Warn("save paused state", "id", id, "err", err)
-			}
+			m.save(rec)
 		}
 		sb := &sandbox{rec: rec, agent: m.dial(m.states.Dir(id) + "/agent.sock"), lastActive: time.Now(), td: m.teardownOf(id), token: m.tokenOf(id)}
 		m.mu.Lock()
@@ -116,9 +114,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 	if rec.GetState() != dsecv1.State_STATE_RUNNING {
 		m.log.Info("sandbox was thawed when the edge stopped; it is running", "id", id, "state", rec.GetState().String())
 		m.resumed(rec, time.Now())
-		if err := m.states.Save(rec); err != nil {
-			m.log.Warn("save running state", "id", id, "err", err)
-		}
+		m.save(rec)
 	}
 	client := m.dial(m.states.Dir(id) + "/agent.sock")
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)

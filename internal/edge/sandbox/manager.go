@@ -728,9 +728,7 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 	}
 	id := sb.rec.GetId()
 	sb.rec.State = dsecv1.State_STATE_STOPPING
-	if err := m.states.Save(sb.rec); err != nil {
-		m.log.Warn("save stopping state", "id", id, "err", err)
-	}
+	m.save(sb.rec)
 	sb.mu.Unlock()
 
 	if err := sb.td.run(ctx); err != nil {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"dsec.dev/dsec/internal/edge/swap"
 )
 
 // Freeze stops every task in rel's cgroup tree and returns once the kernel
@@ -173,11 +175,7 @@ func (l *Layout) Reclaim(ctx context.Context, rel string, limit int64) (Reclaime
 // the shrinking without an error.
 func shrinkV1(ctx context.Context, dir string, limit int64) error {
 	file := filepath.Join(dir, "memory.limit_in_bytes")
-	restore := "-1"
-	if limit > 0 {
-		restore = strconv.FormatInt(limit, 10)
-	}
-	defer os.WriteFile(file, []byte(restore), 0)
+	defer os.WriteFile(file, []byte(limitValue(limit)), 0)
 	const floor = 1 << 20
 	for {
 		cur, err := readInt(filepath.Join(dir, "memory.usage_in_bytes"))
@@ -224,20 +222,13 @@ func (l *Layout) reclaimV2(rel string) (Reclaimed, error) {
 	return r, nil
 }
 
-// swapFree is the node's free swap in bytes, from /proc/meminfo.
+// swapFree is the node's free swap in bytes, all areas together.
 func swapFree() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
+	n, err := swap.Describe("")
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && f[0] == "SwapFree:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
+	return n.Free
 }
 
 // SetMemoryLimit sets rel's memory limit (0: none). On v1 it is the limit a
@@ -247,13 +238,17 @@ func (l *Layout) SetMemoryLimit(rel string, limit int64) error {
 	if l.v2 {
 		return nil
 	}
-	v := "-1"
-	if limit > 0 {
-		v = strconv.FormatInt(limit, 10)
-	}
 	file := filepath.Join(l.Dir("memory", rel), "memory.limit_in_bytes")
-	if err := os.WriteFile(file, []byte(v), 0); err != nil {
+	if err := os.WriteFile(file, []byte(limitValue(limit)), 0); err != nil {
 		return fmt.Errorf("set the memory limit of cgroup %s: %w", rel, err)
 	}
 	return nil
+}
+
+// limitValue is a v1 memory.limit_in_bytes value: limit, or -1 for none.
+func limitValue(limit int64) string {
+	if limit <= 0 {
+		return "-1"
+	}
+	return strconv.FormatInt(limit, 10)
 }
