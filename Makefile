@@ -1,5 +1,6 @@
 # dsec build. `make` builds the three binaries into bin/; `make generate`
-# regenerates the committed protobuf and Connect code under api/gen.
+# regenerates the committed protobuf and Connect code under api/gen (it needs
+# protoc and the well-known types: Debian's protobuf-compiler, libprotobuf-dev).
 GO ?= go
 BIN := bin
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
@@ -18,10 +19,11 @@ generate:
 	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(PROTOC_GEN_GO)
 	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(PROTOC_GEN_CONNECT)
 	rm -rf api/gen
-	cd api && PATH=$(CURDIR)/$(BIN)/tools:$$PATH protoc -I . \
+	cd api && PATH=$(CURDIR)/$(BIN)/tools:$$PATH protoc -I . -I /usr/include \
 		--go_out=. --go_opt=module=dsec.dev/dsec/api \
 		--connect-go_out=. --connect-go_opt=module=dsec.dev/dsec/api \
-		dsec/v1/dsec.proto dsec/agent/v1/agent.proto dsec/edge/v1/edge.proto
+		dsec/v1/dsec.proto dsec/agent/v1/agent.proto dsec/edge/v1/edge.proto \
+		e2b/process/process.proto e2b/filesystem/filesystem.proto
 
 test:
 	./scripts/test.sh

@@ -3,10 +3,13 @@
 Each rollout starts a sandbox from a layered environment (a Debian base with
 Python, a workspace holding a small project whose median() is wrong for
 even-length lists, and a toolkit holding the grader), applies one candidate
-patch (standing in for a policy's action), restores the project's tests from
-the trusted copy on this host (so a patch that edits the tests earns
-nothing), runs the grader, and reads the reward from the grader's result
-file rather than from anything the rollout printed.
+patch (standing in for a policy's action), takes the patched package out of
+the sandbox and deletes the sandbox. The reward is scored through FnCall,
+as reward code is in a training loop: one call runs the grader over the
+patched package and the project's tests from the trusted copy on this host
+(so a patch that edits the tests earns nothing), in a fresh scratch
+directory of a pooled container, and the reward is read from the grader's
+result file rather than from anything the code printed.
 
 Midway the trainer is preempted (as GPU jobs are): it pauses every sandbox
 of the batch by label, which freezes them and releases their memory, and
@@ -19,10 +22,12 @@ they were.
 import argparse
 import asyncio
 import collections
+import io
 import json
 import os
 import statistics
 import sys
+import tarfile
 import time
 
 from libdsec import AsyncClient
@@ -32,6 +37,32 @@ PATCHES = sorted(
     os.path.join(HERE, "patches", p) for p in os.listdir(os.path.join(HERE, "patches")) if p.endswith(".patch")
 )
 PRISTINE_TESTS = os.path.join(HERE, "workspace", "project", "tests")
+GRADER = os.path.join(HERE, "toolkit", "opt", "dsec-harness", "grade.py")
+# The FnCall call's program: the grader over the scratch directory, which
+# holds the patched package, the trusted tests and the grader.
+SCORE = "import runpy, sys\nsys.argv = ['grade.py', '.', 'result.json']\nrunpy.run_path('grade.py', run_name='__main__')\n"
+
+
+def trusted_files():
+    """The grader and the project's tests, from this host."""
+    files = {"grade.py": open(GRADER, "rb").read()}
+    for dirpath, _, names in os.walk(PRISTINE_TESTS):
+        for n in names:
+            if n.endswith(".py"):
+                full = os.path.join(dirpath, n)
+                files["tests/" + os.path.relpath(full, PRISTINE_TESTS)] = open(full, "rb").read()
+    return files
+
+
+def package_files(tar_bytes, prefix):
+    """The regular .py files of a downloaded package, as {prefix/path: bytes}."""
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tf:
+        for m in tf.getmembers():
+            if m.isreg() and m.name.endswith(".py"):
+                name = m.name.split("/", 1)[1] if "/" in m.name else m.name
+                out[prefix + "/" + name] = tf.extractfile(m).read()
+    return out
 
 
 def pct(values, q):
@@ -46,6 +77,7 @@ class Progress:
 
     def __init__(self, total):
         self.total, self.done, self.started, self.reward = total, 0, 0, 0.0
+        self.applied = 0  # rollouts whose patch is applied (their sandboxes at work)
         self.tty = sys.stdout.isatty()
         self.t0 = time.monotonic()
 
@@ -84,7 +116,7 @@ async def rollout(client, args, i, progress, sem):
     patch_path = PATCHES[i % len(PATCHES)]
     name = os.path.basename(patch_path)[: -len(".patch")]
     row = {"rollout": i, "patch": name, "applied": False, "passed": 0, "total": 0, "reward": 0.0,
-           "create_ms": 0.0, "warm": False, "node": "", "exec_ms": [], "error": "", "note": ""}
+           "create_ms": 0.0, "score_ms": 0.0, "warm": False, "node": "", "exec_ms": [], "error": "", "note": ""}
     async with sem:
         progress.started += 1
         t0 = time.monotonic()
@@ -104,11 +136,27 @@ async def rollout(client, args, i, progress, sem):
                 await sb.write_file("/tmp/candidate.patch", f.read())
             res = await run("cd /project && patch -p1 --batch < /tmp/candidate.patch")
             row["applied"] = res.exit_code == 0
-            # The grader's tests come from this host, not from the sandbox.
-            await run("rm -rf /project/tests")
-            await sb.upload(PRISTINE_TESTS, "/project/tests")
-            res = await run("python3 /opt/dsec-harness/grade.py /project /tmp/result.json", timeout=120)
-            result = json.loads(await sb.read_file("/tmp/result.json"))
+            progress.applied += 1
+            # The policy looks at its work the way an agent would, by running
+            # the project's tests in its sandbox: an observation, not the
+            # reward (a patch may have edited these tests).
+            await run("cd /project && python3 -m unittest -q 2>&1 | tail -1", timeout=120)
+            package = package_files(await sb.download_tar("/project/textstats"), "textstats")
+        except Exception as exc:  # one broken rollout must not stop the batch
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            await sb.delete()
+    if not row["error"]:
+        try:
+            # The reward, scored through FnCall: the sandbox is gone already.
+            t = time.monotonic()
+            res = await client.run_code("python", SCORE, files={**package, **trusted_files()},
+                                        fetch_files=["result.json"], environment=args.reward_env,
+                                        run_timeout=60, memory_mb=512)
+            row["score_ms"] = (time.monotonic() - t) * 1000
+            if "result.json" not in res.files:
+                raise RuntimeError(f"the grader wrote no result ({res.status}: {res.message or res.stderr[-200:]})")
+            result = json.loads(res.files["result.json"])
             row["passed"], row["total"] = result["passed"], result["total"]
             if result["load_error"]:
                 row["note"] = "tests did not load"
@@ -116,10 +164,8 @@ async def rollout(client, args, i, progress, sem):
                 raise RuntimeError("the grader found no tests")
             else:
                 row["reward"] = result["passed"] / result["total"]
-        except Exception as exc:  # one broken rollout must not stop the batch
+        except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
-            await sb.delete()
     progress.done += 1
     progress.reward += row["reward"]
     progress.draw()
@@ -127,9 +173,10 @@ async def rollout(client, args, i, progress, sem):
 
 
 async def preempt(client, progress, args, report):
-    """Once a quarter of the batch is done, pause every sandbox of the job
-    (the trainer's preemption), hold a second, and resume them."""
-    while progress.done < max(1, args.rollouts // 4):
+    """Once a quarter of the batch has applied its patch, pause every
+    sandbox of the job (the trainer's preemption), hold a second, and resume
+    them."""
+    while progress.applied < max(1, args.rollouts // 4):
         await asyncio.sleep(0.05)
     t0 = time.monotonic()
     paused = await client.pause_all({"job": "dsec-demo"})
@@ -152,9 +199,13 @@ async def main():
     ap.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
     ap.add_argument("--warm-pool", type=int, default=8,
                     help="sandboxes of the rollouts' shape kept started beforehand (0: none)")
+    ap.add_argument("--reward-env", default=None,
+                    help="environment the rewards are scored in through FnCall (default: the base of --env)")
     ap.add_argument("--no-preempt", action="store_true",
                     help="do not pause and resume the batch midway")
     args = ap.parse_args()
+    if args.reward_env is None:
+        args.reward_env = args.env.split("+")[0]
 
     async with AsyncClient(args.addr) as client:
         await client.reap(labels={"job": "dsec-demo"})  # orphans of an interrupted earlier run
@@ -201,6 +252,10 @@ async def main():
         print(f"  {len(warm)} of {len(rows)} creates taken from the warm pool: p50 {pct(warm, .5):.0f} ms; "
               f"the others started a container: p50 {pct([r['create_ms'] for r in rows if r['create_ms'] and not r['warm']], .5):.0f} ms")
     print(f"exec latency:   p50 {pct(execs, .5):.0f} ms, p90 {pct(execs, .9):.0f} ms, p99 {pct(execs, .99):.0f} ms")
+    scores = [r["score_ms"] for r in rows if r["score_ms"]]
+    if scores:
+        print(f"rewards scored through FnCall ({args.reward_env}): {len(scores)} calls, "
+              f"p50 {pct(scores, .5):.0f} ms, p90 {pct(scores, .9):.0f} ms")
     if pre.get("paused"):
         print(f"preemption: {pre['paused']} sandboxes paused in {pre['pause_s']:.2f}s, releasing "
               f"{pre['released_mib']:.0f} MiB; {pre['resumed']} resumed in {pre['resume_s']:.2f}s, and their rollouts carried on")

@@ -6,7 +6,8 @@
 # imported as a base layer. The Debian mirror is the one this machine's apt
 # sources use (/etc/apt/sources.list, sources.list.d/*.list and *.sources);
 # set DEBIAN_MIRROR to override it. SUITE defaults to this machine's
-# VERSION_CODENAME from /etc/os-release.
+# VERSION_CODENAME from /etc/os-release. EXTRA_PACKAGES (comma-separated)
+# adds packages to the bootstrap's list.
 #
 # Device nodes under OUTDIR/dev (which an import leaves out anyway: every
 # sandbox gets its own /dev) and apt's caches and lists are removed. Debian
@@ -17,7 +18,7 @@
 #   dsec layer import --kind base --allow-setuid debian:12 /tmp/debian-root
 set -eu
 
-PACKAGES=python3,ca-certificates,git,patch,procps
+PACKAGES=python3,ca-certificates,git,patch,procps${EXTRA_PACKAGES:+,$EXTRA_PACKAGES}
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
 	echo "usage: $0 OUTDIR [SUITE]" >&2

@@ -169,7 +169,9 @@ up() {
   for _ in $(seq 600); do
     local routed=0
     for i in $(seq "$apiservers"); do
-      [ "$(grep -c 'msg="node routable"' "$dir/api$i.log" 2>/dev/null || true)" -ge "$edges" ] && routed=$((routed + 1))
+      # It may log its routes before it listens; "apiserver ready" follows.
+      [ "$(grep -c 'msg="node routable"' "$dir/api$i.log" 2>/dev/null || true)" -ge "$edges" ] &&
+        grep -q 'msg="apiserver ready"' "$dir/api$i.log" && routed=$((routed + 1))
     done
     [ "$routed" -eq "$apiservers" ] && break
     sleep 0.1

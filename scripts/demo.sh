@@ -8,7 +8,10 @@
 # (state under /var/lib/dsec) unless one already answers (or $DSEC_ADDR,
 # with $DSEC_TOKEN, names another dsec: a cluster, say), builds and imports
 # a Debian base layer with Python (cached after the first run), imports the
-# demo's workspace and toolkit layers, and runs demo/rollout.py. Everything
+# demo's workspace and toolkit layers, and runs demo/rollout.py; then the
+# same rollouts as an agent framework on E2B's official SDK runs them
+# (demo/e2b/episodes.mjs, on E2B's API that dsecd serves on
+# 127.0.0.1:49982, over E2B's base environment). Everything
 # the demo creates is deleted at the end; dsecd keeps running (stop it with
 # `kill $(cat /var/lib/dsec/dsecd.pid)`; `bin/dsecd teardown` removes all).
 set -euo pipefail
@@ -25,15 +28,17 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "installing packages"
 need=()
-for cmd in runc mkfs.erofs busybox bash-static debootstrap mkfs.btrfs python3 patch nft ip tar; do
+for cmd in runc mkfs.erofs busybox bash-static debootstrap mkfs.btrfs python3 patch nft ip tar curl; do
   command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends runc erofs-utils busybox-static bash-static debootstrap \
-    btrfs-progs e2fsprogs python3 patch nftables iproute2 tar ca-certificates make >/dev/null
+    btrfs-progs e2fsprogs python3 patch nftables iproute2 tar ca-certificates make curl >/dev/null
 fi
+# Node for the official E2B SDK of the last step.
+. scripts/ensure-node.sh
 echo "ok"
 
 step "building dsec"
@@ -54,7 +59,8 @@ else
   mkdir -p $root
   # A swap file of its own lets the preemption's pause take the sandboxes'
   # memory out of RAM (removed again by `bin/dsecd teardown`).
-  nohup bin/dsecd --root $root --swap file:2G >>$root/dsecd.log 2>&1 &
+  # --e2b-listen serves E2B's API for the demo's last step.
+  nohup bin/dsecd --root $root --swap file:2G --e2b-listen 127.0.0.1:49982 >>$root/dsecd.log 2>&1 &
   echo $! > $root/dsecd.pid
   for _ in $(seq 100); do bin/dsec ls >/dev/null 2>&1 && break; sleep 0.1; done
   bin/dsec ls >/dev/null || { tail -20 $root/dsecd.log; exit 1; }
@@ -83,3 +89,22 @@ bin/dsec layer import --kind toolkit demo-harness:1 "$repo/demo/toolkit"
 step "rollouts"
 PYTHONPATH="$repo/sdk/python${PYTHONPATH:+:$PYTHONPATH}" \
   python3 demo/rollout.py --env "demo-debian:latest+demo-textstats:1+demo-harness:1" "$@"
+
+step "the rollouts through E2B's official SDK"
+# An agent framework written against E2B (npm e2b, unchanged) runs the same
+# episodes on this dsec: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY from
+# `dsec e2b env` are all it needs.
+e2b_addr=${DSEC_E2B_ADDR:-http://127.0.0.1:49982}
+if ! curl -fsS -o /dev/null "$e2b_addr/health" 2>/dev/null; then
+  echo "skipped: nothing serves E2B's API at $e2b_addr (start dsecd with --e2b-listen, or set DSEC_E2B_ADDR)"
+  exit 0
+fi
+if have_layer e2b-base:latest; then
+  echo "E2B's base environment: cached"
+else
+  echo "E2B's base environment: debootstrap (about a minute the first time)"
+  scripts/build-e2b-base.sh --import >/dev/null
+fi
+(cd demo/e2b && npm ci --no-audit --no-fund --silent)
+eval "$(bin/dsec e2b env --e2b-addr "$e2b_addr")"
+node demo/e2b/episodes.mjs --template "e2b-base:latest+demo-textstats:1+demo-harness:1" -n 8

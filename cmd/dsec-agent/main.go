@@ -58,6 +58,11 @@ func main() {
 	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per stream in bytes (0 = 16 MiB)")
 	fs.StringVar(&cfg.Hostname, "hostname", "", "hostname to set (pid 1 only)")
 	fs.StringVar(&cfg.Address, "address", "", "the sandbox's IPv4 address, written to /etc/hosts for its host name (pid 1 only)")
+	fs.IntVar(&cfg.CPUCgroupFD, "cpu-cgroup-fd", -1, "fd of the sandbox's cgroup v1 cpu dir (fncall calls' CPU limits)")
+	fs.BoolVar(&cfg.FnCall, "fncall", false, "serve fncall calls (Call): a pooled reward-code container")
+	fs.StringVar(&cfg.ZygotePreload, "zygote-preload", "", "comma-separated modules the warm Python interpreter imports first (default: common standard modules)")
+	fs.StringVar(&cfg.CallScratch, "call-scratch", "", "directory of fncall calls' scratch directories (default /tmp)")
+	fs.StringVar(&cfg.CallWipe, "call-wipe", "", "comma-separated directories emptied after every fncall call (default /tmp,/var/tmp,/dev/shm)")
 	fs.StringVar(&cfg.DiskQgroup, "disk-qgroup", "", "sysfs dir of the btrfs qgroup capping the writable layer: statfs of / then reports its limit")
 	fs.Parse(os.Args[2:])
 	cfg.Env = env

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/daemon"
+	"dsec.dev/dsec/internal/e2b"
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/edge/swap"
 )
@@ -103,7 +105,7 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.StringVar(&cfg.Storage.Mode, "layer-mode", "ondemand", "how sandboxes load layers: ondemand, eager, local (pre-cached) or tar (baseline)")
 	fs.Int64Var(&cfg.Storage.ChunkSize, "chunk-size", 1<<20, "bytes per layer chunk in the blob store")
 	fs.Int64Var(&cfg.Storage.CacheBytes, "cache-bytes", 10<<30, "on-demand chunk cache limit on disk in bytes (hot chunks only, compressed)")
-	fs.Int64Var(&cfg.Storage.MemoryBytes, "chunk-memory-bytes", 0, "on-demand chunk cache limit in memory in bytes, where fetched chunks stay compressed until they prove hot (default: 1/16 of physical memory, at most 4 GiB)")
+	fs.Int64Var(&cfg.Storage.MemoryBytes, "chunk-memory-bytes", 0, "on-demand chunk cache limit in memory in bytes: fetched chunks as the store served them (compressed) and, while they fit, decoded, until they prove hot or are evicted (default: 1/16 of physical memory, at most 4 GiB)")
 	fs.Int64Var(&cfg.Storage.BandwidthBytesPerSec, "blob-bandwidth", 0, "cap on blob store reads in bytes/s, to model a remote store (0: none)")
 	fs.BoolVar(&cfg.Storage.Tars, "layer-tars", false, "also publish layers as tar.gz (tar mode needs them)")
 	fs.Int64Var(&cfg.Storage.MaxUploadBytes, "max-upload-bytes", 16<<30, "most bytes a layer upload's archive may have, and the tree it unpacks to")
@@ -121,6 +123,15 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 		return err
 	})
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "cgroup under which this node's sandboxes live (default dsec)")
+	fs.BoolVar(&cfg.FnCall.Disabled, "no-fncall", false, "run no fncall backend (FnCallService, SandboxFusion's API) on this node")
+	fs.StringVar(&cfg.FnCall.Languages, "fncall-languages", "", "JSON file of languages registered on top of the builtin ones (docs/fncall.md)")
+	fs.IntVar(&cfg.FnCall.Pools.MinIdle, "fncall-min-idle", 1, "idle containers each fncall pool keeps once used (the floor)")
+	fs.IntVar(&cfg.FnCall.Pools.MaxPerPool, "fncall-max-per-pool", 64, "most containers of one fncall pool on this node (the ceiling)")
+	fs.IntVar(&cfg.FnCall.Pools.SoftMaxPerPool, "fncall-soft-max-per-pool", 0, "containers of one fncall pool past which it grows only while its calls are long ones (default 4 per CPU core)")
+	fs.IntVar(&cfg.FnCall.Pools.MaxContainers, "fncall-max-containers", 256, "most fncall containers on this node, every pool")
+	fs.IntVar(&cfg.FnCall.Pools.MaxQueue, "fncall-max-queue", 4096, "most calls waiting for a fncall container on this node; more are refused (ResourceExhausted, 504 in SandboxFusion's API)")
+	fs.DurationVar(&cfg.FnCall.Pools.IdleRetire, "fncall-idle-retire", time.Minute, "how long a fncall container above its pool's floor may stay idle")
+	fs.IntVar(&cfg.FnCall.Pools.MaxCalls, "fncall-max-calls", 10000, "calls after which a fncall container is replaced (0: never)")
 
 }
 
@@ -195,6 +206,9 @@ func nodeMain(name string, args []string, teardown bool) int {
 	addNodeFlags(fs, &cfg, &nf)
 	fs.StringVar(&cfg.Listen, "listen", daemon.DefaultAddr, `loopback TCP address to serve the API on ("none" to disable)`)
 	fs.StringVar(&cfg.Socket, "socket", "", "Unix socket to serve the API on (default <root>/dsecd.sock)")
+	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address")
+	fs.StringVar(&cfg.SandboxFusionListen, "sandboxfusion-listen", "", `TCP address to serve SandboxFusion's HTTP API on, without a token (default `+daemon.DefaultSandboxFusionAddr+`, skipped with a warning if taken; "none" to disable)`)
+	fs.StringVar(&cfg.E2BListen, "e2b-listen", "", "TCP address to serve E2B's API on (control plane, envd and code interpreter; callers need an E2B API key: dsecd token --e2b; default: off)")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if !parse(fs, args) {
 		return 2
@@ -252,6 +266,9 @@ func apiserverMain(args []string) int {
 	fs.StringVar(&cfg.DB, "db", "", "the metadata store all replicas share: postgres://… (or a SQLite file for a lone replica)")
 	fs.Var(&edges, "edge", "an edge, NAME=https://HOST:PORT (repeatable; default: the edges registered in --db)")
 	fs.IntVar(&cfg.Replicas, "replicas", 1, "how many apiservers place onto these edges (placement weighs its own recent placements by it)")
+	fs.StringVar(&cfg.SandboxFusionListen, "sandboxfusion-listen", "", "TCP address to serve SandboxFusion's HTTP API on, without a token (default: off)")
+	fs.StringVar(&cfg.E2BListen, "e2b-listen", "", "TCP address to serve E2B's API on (default: off; needs --e2b-secret-file)")
+	fs.StringVar(&cfg.E2BSecretFile, "e2b-secret-file", "", "the secret that signs E2B access tokens, the same file on every apiserver (dsecd init-cluster writes e2b.secret)")
 	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "how often the watcher polls each edge (default 750ms; three missed polls make an edge unroutable)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 30*time.Second, "how often to settle creates left in doubt, abandon stale reservations and check sandbox rows against the edges")
@@ -308,13 +325,20 @@ func initClusterMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "dsecd init-cluster:", err)
 		return 1
 	}
+	// The apiservers' shared secret for E2B's access tokens (--e2b-secret-file).
+	if err := daemon.EnsureE2BSecret(filepath.Join(dir, daemon.E2BSecretFile)); err != nil {
+		fmt.Fprintln(os.Stderr, "dsecd init-cluster:", err)
+		return 1
+	}
 	return 0
 }
 
 func tokenMain(args []string) int {
 	var db, principal string
 	var ttl time.Duration
+	var asE2B bool
 	fs := flag.NewFlagSet("dsecd token", flag.ContinueOnError)
+	fs.BoolVar(&asE2B, "e2b", false, "print the token as an E2B API key (e2b_…), for E2B_API_KEY")
 	fs.StringVar(&db, "db", "", "the metadata store: postgres://… (a cluster's) or the all-in-one's <root>/meta.db")
 	fs.StringVar(&principal, "principal", daemon.AdminPrincipal, "who the token is for (made if new)")
 	fs.DurationVar(&ttl, "ttl", 0, "how long the token is valid (default: until revoked)")
@@ -327,6 +351,9 @@ func tokenMain(args []string) int {
 	}
 	return run("dsecd token", func(ctx context.Context) error {
 		tok, err := daemon.IssueToken(ctx, db, principal, ttl)
+		if err == nil && asE2B {
+			tok, err = e2b.APIKey(tok)
+		}
 		if err == nil {
 			fmt.Println(tok)
 		}

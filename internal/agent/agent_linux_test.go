@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -84,7 +85,7 @@ func startAgent(t *testing.T, o agentOpts) *agentProc {
 
 // startAgentWith starts the agent with extra as fds 4, 5, ...; placed is
 // called with its pid before the test talks to it.
-func startAgentWith(t *testing.T, extra []*os.File, extraArgs []string, placed func(pid int)) *agentProc {
+func startAgentWith(t testing.TB, extra []*os.File, extraArgs []string, placed func(pid int)) *agentProc {
 	t.Helper()
 	testutil.Require(t, fileExists("/bin/busybox"), "busybox-static is not installed (/bin/busybox)")
 	sockDir := t.TempDir()
@@ -738,4 +739,33 @@ func startAgentIn(t *testing.T, cg string, mf *os.File) *agentProc {
 		}
 	})
 	return a
+}
+
+// TestBackgroundBurstKeepsOutput runs many short background commands at
+// once, as E2B's commands.run does: each Exec stream gets its command's
+// output although more of them exit before their streams read it than
+// exited background processes keep output for Attach.
+func TestBackgroundBurstKeepsOutput(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "1") // as in a sandbox, where the race showed
+	a := startAgent(t, agentOpts{})
+	const n = 64
+	for round := range 3 {
+		var wg sync.WaitGroup
+		errs := make(chan string, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := a.execConnect(t, &dsecv1.ExecRequest{Argv: []string{"/bin/busybox", "echo", strconv.Itoa(i)}, Background: true})
+				if r.stdout != strconv.Itoa(i)+"\n" || r.exited.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OK {
+					errs <- fmt.Sprintf("round %d, command %d: stdout %q, %v", round, i, r.stdout, r.exited)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Error(e)
+		}
+	}
 }

@@ -14,6 +14,11 @@ type Config struct {
 	CgroupFD       int      // sandbox cgroup dir (freezer v1 / unified v2); -1 = none
 	MemoryCgroupFD int      // sandbox memory cgroup dir; -1 = none
 	PidsCgroupFD   int      // cgroup v1 pids dir that caps commands (not the agent); -1 = none
+	CPUCgroupFD    int      // cgroup v1 cpu dir of the sandbox (fncall calls' CPU limits); -1 = none
+	FnCall         bool     // serve Call (package call): a fncall container
+	ZygotePreload  string   // comma-separated modules for the warm interpreter ("" = call.DefaultPreload)
+	CallScratch    string   // where calls' scratch directories go ("" = /tmp)
+	CallWipe       string   // comma-separated directories emptied after each call ("" = /tmp,/var/tmp,/dev/shm)
 	User           string   // default user of commands and file operations ("" = root)
 	Workdir        string   // default working directory ("" = the user's home, else /)
 	Env            []string // K=V added to every command's environment

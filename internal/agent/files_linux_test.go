@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -69,6 +70,19 @@ func TestFiles(t *testing.T) {
 	ls, err := c.ListDir(ctx, connect.NewRequest(&dsecv1.ListDirRequest{Path: dir}))
 	if err != nil || len(ls.Msg.Entries) != 2 || ls.Msg.Entries[0].Name != "sub" || ls.Msg.Entries[1].Type != "dir" {
 		t.Fatalf("list: %v %v", ls, err)
+	}
+	mv, err := c.Move(ctx, connect.NewRequest(&dsecv1.MoveRequest{Source: filepath.Join(dir, "x", "y"), Destination: filepath.Join(dir, "x", "z", "w"), MakeParents: true}))
+	if err != nil || mv.Msg.Info.GetType() != "dir" || mv.Msg.Info.GetPath() != filepath.Join(dir, "x", "z", "w") || mv.Msg.Info.GetMode() != 0o700 {
+		t.Fatalf("move: %v %v", mv, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "x", "y")); !os.IsNotExist(err) {
+		t.Errorf("the source is still there after a move: %v", err)
+	}
+	if _, err := c.Move(ctx, connect.NewRequest(&dsecv1.MoveRequest{Source: filepath.Join(dir, "x", "y"), Destination: filepath.Join(dir, "x", "v")})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("move missing: %v", err)
+	}
+	if _, err := c.Move(ctx, connect.NewRequest(&dsecv1.MoveRequest{Source: filepath.Join(dir, "x", "z"), Destination: filepath.Join(dir, "q", "z")})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("move without parents: %v", err)
 	}
 	if _, err := c.Remove(ctx, connect.NewRequest(&dsecv1.RemoveRequest{Path: filepath.Join(dir, "x")})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Errorf("remove non-empty: %v", err)
@@ -193,4 +207,75 @@ func TestUploadDownload(t *testing.T) {
 		})
 	}
 	_ = io.EOF
+}
+
+// TestWatchDir: a recursive watch reports creates, writes, renames,
+// removes and metadata changes, in a directory made after it started too,
+// and ends with not_found when its directory goes.
+func TestWatchDir(t *testing.T) {
+	a := startAgent(t, agentOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	stream, err := a.client.WatchDir(ctx, connect.NewRequest(&dsecv1.WatchDirRequest{Path: dir, Recursive: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	if !stream.Receive() || !stream.Msg().GetStarted() {
+		t.Fatalf("the first event is not started: %v %v", stream.Msg(), stream.Err())
+	}
+	type ev struct {
+		name   string
+		change dsecv1.FileChange
+	}
+	expect := func(want ...ev) {
+		t.Helper()
+		for _, w := range want {
+			for {
+				if !stream.Receive() {
+					t.Fatalf("the watch ended before %v: %v", w, stream.Err())
+				}
+				m := stream.Msg()
+				if m.GetName() == w.name && m.GetChange() == w.change {
+					break
+				}
+			}
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "a"), []byte("x"), 0o644)
+	expect(ev{"a", dsecv1.FileChange_FILE_CHANGE_CREATE}, ev{"a", dsecv1.FileChange_FILE_CHANGE_WRITE})
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+	expect(ev{"sub", dsecv1.FileChange_FILE_CHANGE_CREATE})
+	os.WriteFile(filepath.Join(dir, "sub", "b"), []byte("y"), 0o644)
+	expect(ev{"sub/b", dsecv1.FileChange_FILE_CHANGE_CREATE}, ev{"sub/b", dsecv1.FileChange_FILE_CHANGE_WRITE})
+	os.Chmod(filepath.Join(dir, "a"), 0o600)
+	expect(ev{"a", dsecv1.FileChange_FILE_CHANGE_CHMOD})
+	os.Rename(filepath.Join(dir, "a"), filepath.Join(dir, "c"))
+	expect(ev{"a", dsecv1.FileChange_FILE_CHANGE_RENAME}, ev{"c", dsecv1.FileChange_FILE_CHANGE_CREATE})
+	// A directory moved within the tree is watched under its new name.
+	os.Rename(filepath.Join(dir, "sub"), filepath.Join(dir, "moved"))
+	expect(ev{"sub", dsecv1.FileChange_FILE_CHANGE_RENAME}, ev{"moved", dsecv1.FileChange_FILE_CHANGE_CREATE})
+	os.WriteFile(filepath.Join(dir, "moved", "d"), nil, 0o644)
+	expect(ev{"moved/d", dsecv1.FileChange_FILE_CHANGE_CREATE})
+	os.Remove(filepath.Join(dir, "c"))
+	expect(ev{"c", dsecv1.FileChange_FILE_CHANGE_REMOVE})
+	os.RemoveAll(dir)
+	for stream.Receive() {
+	}
+	if connect.CodeOf(stream.Err()) != connect.CodeNotFound {
+		t.Errorf("the watch of a removed directory ended with %v, want not_found", stream.Err())
+	}
+
+	st, err := a.client.WatchDir(ctx, connect.NewRequest(&dsecv1.WatchDirRequest{Path: dir}))
+	if err == nil {
+		if st.Receive() {
+			t.Errorf("watch of a missing directory started: %v", st.Msg())
+		}
+		err = st.Err()
+		st.Close()
+	}
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("watch of a missing directory: %v, want not_found", err)
+	}
 }

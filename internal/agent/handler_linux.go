@@ -21,6 +21,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/account"
+	"dsec.dev/dsec/internal/agent/call"
 	"dsec.dev/dsec/internal/agent/fs"
 	"dsec.dev/dsec/internal/agent/proc"
 	"dsec.dev/dsec/internal/agent/session"
@@ -43,6 +44,7 @@ type handler struct {
 	sessions   *session.Manager
 	files      *fs.FS
 	accounts   *account.Cache
+	calls      *call.Runner // nil unless --fncall
 	lastActive atomic.Int64
 }
 
@@ -62,10 +64,44 @@ func newHandler(cfg Config, agentPath string) (*handler, error) {
 		return nil, err
 	}
 	h.procs = procs
+	if cfg.FnCall {
+		var preload []string
+		if cfg.ZygotePreload != "" {
+			preload = strings.Split(cfg.ZygotePreload, ",")
+		}
+		var wipe []string
+		if cfg.CallWipe != "" {
+			wipe = strings.Split(cfg.CallWipe, ",")
+		}
+		h.calls = call.New(call.Config{
+			Procs:       procs,
+			ScratchRoot: cfg.CallScratch,
+			Wipe:        wipe,
+			RemoveIPC:   os.Getpid() == 1,
+			FreezerFD:   cfg.CgroupFD,
+			MemoryFD:    cfg.MemoryCgroupFD,
+			CPUFD:       cfg.CPUCgroupFD,
+			PidsFD:      cfg.PidsCgroupFD,
+			Preload:     preload,
+			Log:         cfg.Log,
+		})
+	}
 	h.sessions = session.NewManager(procs, func(user, shell string) (session.Base, error) {
 		return h.spec(user, "", shell, nil, nil, "-")
 	}, agentPath)
 	return h, nil
+}
+
+// Call runs one fncall call (package call).
+func (h *handler) Call(ctx context.Context, req *connect.Request[agentv1.CallRequest]) (*connect.Response[agentv1.CallResponse], error) {
+	if h.calls == nil {
+		return nil, errdefs.ToConnect(fmt.Errorf("run call: this sandbox is not a fncall container: %w", errdefs.ErrFailedPrecondition))
+	}
+	resp, err := h.calls.Call(ctx, req.Msg)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(resp), nil
 }
 
 func (h *handler) touch() { h.lastActive.Store(time.Now().UnixMilli()) }
@@ -234,10 +270,12 @@ func (h *handler) exec(ctx context.Context, r *dsecv1.ExecRequest, send func(*ds
 	spec.Timeout = seconds(r.TimeoutSeconds)
 	spec.Background, spec.Tag = r.Background, r.Tag
 	spec.OutputLimit = h.outputLimit(r.OutputLimitBytes)
+	spec.Followed = true
 	p, err := h.procs.Start(context.WithoutCancel(ctx), spec)
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
+	defer p.Unfollow()
 	if !r.Background {
 		defer func() {
 			if !p.Done() {
@@ -261,6 +299,8 @@ func (h *handler) Attach(ctx context.Context, req *connect.Request[dsecv1.Attach
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
+	p.Follow()
+	defer p.Unfollow()
 	if req.Msg.NoFollow {
 		return errdefs.ToConnect(replay(ctx, p, stream.Send))
 	}
@@ -539,6 +579,33 @@ func (h *handler) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeD
 		return nil, errdefs.ToConnect(err)
 	}
 	return connect.NewResponse(&dsecv1.MakeDirResponse{}), nil
+}
+
+func (h *handler) Move(ctx context.Context, req *connect.Request[dsecv1.MoveRequest]) (*connect.Response[dsecv1.MoveResponse], error) {
+	r := req.Msg
+	a, err := h.account(r.User)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	fi, err := h.files.Move(a, r.Source, r.Destination, r.MakeParents)
+	if err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&dsecv1.MoveResponse{Info: fi}), nil
+}
+
+func (h *handler) WatchDir(ctx context.Context, req *connect.Request[dsecv1.WatchDirRequest], stream *connect.ServerStream[dsecv1.WatchEvent]) error {
+	r := req.Msg
+	a, err := h.account(r.User)
+	if err != nil {
+		return errdefs.ToConnect(err)
+	}
+	err = h.files.Watch(ctx, a, r.Path, r.Recursive, func() error {
+		return stream.Send(&dsecv1.WatchEvent{Started: true})
+	}, func(name string, c dsecv1.FileChange) error {
+		return stream.Send(&dsecv1.WatchEvent{Name: name, Change: c})
+	})
+	return errdefs.ToConnect(err)
 }
 
 func (h *handler) Upload(ctx context.Context, req *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {

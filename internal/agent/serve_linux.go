@@ -147,7 +147,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 	}
 	unix.Umask(0o022)
-	for _, fd := range []int{cfg.ListenFD, cfg.CgroupFD, cfg.MemoryCgroupFD, cfg.PidsCgroupFD} {
+	for _, fd := range []int{cfg.ListenFD, cfg.CgroupFD, cfg.MemoryCgroupFD, cfg.PidsCgroupFD, cfg.CPUCgroupFD} {
 		if fd >= 0 {
 			unix.CloseOnExec(fd)
 		}
@@ -168,6 +168,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	h, err := newHandler(cfg, agentPath)
 	if err != nil {
 		return err
+	}
+	if h.calls != nil {
+		// A fncall container answers once its warm interpreter is up, so
+		// its first python call costs what the others do.
+		h.calls.Warm()
 	}
 
 	// Exec calls may come framed, without HTTP (package execwire); every

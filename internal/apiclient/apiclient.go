@@ -16,10 +16,11 @@
 //     side effects or idempotent (Get, List, Delete, SetNetworkRules,
 //     NetworkLog, SetWarmPool, ListWarmPools, ListLayers, ListEnvironments,
 //     LayerStats), Create with an idempotency key (the same key is sent
-//     again), the reads ReadFile, ListDir, Stat, ListProcesses, Attach and
-//     Download (a stream only until its first message), and Remove and
-//     MakeDir. Exec, WriteStdin, WriteFile, Signal, the Session calls,
-//     Upload, Shell, ImportLayer, RemoveLayer and ImportImage never are.
+//     again), the reads ReadFile, ListDir, Stat, ListProcesses, and Attach,
+//     Download and WatchDir (a stream only until its first message), and
+//     Remove and MakeDir. Exec, WriteStdin, WriteFile, Move, Signal, the
+//     Session calls, Upload, Shell, ImportLayer, RemoveLayer and
+//     ImportImage never are.
 //
 // A call tries each address at most once; nothing here waits and tries
 // again, so with one address a failed call fails as it always did.
@@ -76,6 +77,7 @@ type Options struct {
 type Clients struct {
 	Sandboxes dsecv1connect.SandboxServiceClient
 	Layers    dsecv1connect.LayerServiceClient
+	FnCall    dsecv1connect.FnCallServiceClient
 	// HTTP sends requests for BaseURL over HTTP/1.1 to the current address,
 	// with the token, going on to the next one as the calls do when a
 	// request cannot reach a server.
@@ -132,6 +134,7 @@ func DialWith(addr string, o Options) (*Clients, error) {
 			LayerServiceClient: dsecv1connect.NewLayerServiceClient(hc, base, ic),
 			h2:                 dsecv1connect.NewLayerServiceClient(&http.Client{Transport: via{p: p, h2: true}}, base, ic),
 		},
+		FnCall:  dsecv1connect.NewFnCallServiceClient(hc, base, ic),
 		HTTP:    hc,
 		BaseURL: base,
 	}, nil

@@ -190,6 +190,14 @@ func (s *apiserver) MakeDir(context.Context, *connect.Request[dsecv1.MakeDirRequ
 	return ok(&dsecv1.MakeDirResponse{})
 }
 
+func (s *apiserver) Move(context.Context, *connect.Request[dsecv1.MoveRequest]) (*connect.Response[dsecv1.MoveResponse], error) {
+	return ok(&dsecv1.MoveResponse{Info: &dsecv1.FileInfo{Name: "b"}})
+}
+
+func (s *apiserver) WatchDir(_ context.Context, _ *connect.Request[dsecv1.WatchDirRequest], st *connect.ServerStream[dsecv1.WatchEvent]) error {
+	return st.Send(&dsecv1.WatchEvent{Started: true})
+}
+
 func (s *apiserver) Upload(context.Context, *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {
 	return ok(&dsecv1.UploadResponse{Files: 1})
 }
@@ -380,6 +388,12 @@ var everyCall = []struct {
 	{"MakeDir", func(ctx context.Context, c *Clients) error {
 		return unary(c.Sandboxes.MakeDir(ctx, req(&dsecv1.MakeDirRequest{})))
 	}},
+	{"Move", func(ctx context.Context, c *Clients) error {
+		return unary(c.Sandboxes.Move(ctx, req(&dsecv1.MoveRequest{})))
+	}},
+	{"WatchDir", func(ctx context.Context, c *Clients) error {
+		return drain(c.Sandboxes.WatchDir(ctx, req(&dsecv1.WatchDirRequest{})))
+	}},
 	{"Upload", func(ctx context.Context, c *Clients) error {
 		return unary(c.Sandboxes.Upload(ctx, req(&dsecv1.UploadRequest{})))
 	}},
@@ -448,7 +462,7 @@ func TestFailoverOnUnavailable(t *testing.T) {
 	p := c.Sandboxes.(sandboxClient).p
 	ctx := t.Context()
 	again := map[string]bool{"Create": true, "Get": true, "List": true, "Delete": true, "Attach": true, "ListProcesses": true,
-		"ReadFile": true, "ListDir": true, "Stat": true, "Remove": true, "MakeDir": true, "Download": true,
+		"ReadFile": true, "ListDir": true, "Stat": true, "Remove": true, "MakeDir": true, "Download": true, "WatchDir": true,
 		"SetNetworkRules": true, "NetworkLog": true, "SetWarmPool": true, "ListWarmPools": true,
 		"ListLayers": true, "ListEnvironments": true, "LayerStats": true}
 	for _, tc := range everyCall {

@@ -33,6 +33,21 @@ type credential struct {
 	note   string // with no token: why the node's token file was not used, if it was not absent
 }
 
+// Token returns the token Dial would send with explicit as Options.Token
+// (optionName names it in messages), and where it came from; "" when
+// there is none, with why the node's token file was not used, if known.
+// The CLI's `dsec e2b env` prints it in E2B's form.
+func Token(explicit, optionName string) (token, source string, err error) {
+	c, err := loadCredential(explicit, optionName)
+	if err != nil {
+		return "", "", err
+	}
+	if c.token == "" {
+		return "", c.note, nil
+	}
+	return c.token, c.source, nil
+}
+
 // loadCredential finds the token: explicit (from the option called
 // optionName), else $DSEC_TOKEN, else the file named by $DSEC_TOKEN_FILE,
 // else DefaultTokenFile when it exists and is readable, else none. A token

@@ -390,8 +390,8 @@ func (ic interceptor) again(ctx context.Context, ct *callTrace, err error) bool 
 
 // repeatable reports whether a call may be sent again once a server had
 // it: the calls the API marks free of side effects or idempotent, a create
-// with an idempotency key, the reads, and Remove and MakeDir. msg is the
-// request, nil for a stream.
+// with an idempotency key, the reads (WatchDir among them), and Remove and
+// MakeDir. msg is the request, nil for a stream.
 func repeatable(spec connect.Spec, msg any) bool {
 	if spec.IdempotencyLevel != connect.IdempotencyUnknown {
 		return true
@@ -400,7 +400,8 @@ func repeatable(spec connect.Spec, msg any) bool {
 	case dsecv1connect.SandboxServiceReadFileProcedure, dsecv1connect.SandboxServiceListDirProcedure,
 		dsecv1connect.SandboxServiceStatProcedure, dsecv1connect.SandboxServiceListProcessesProcedure,
 		dsecv1connect.SandboxServiceAttachProcedure, dsecv1connect.SandboxServiceDownloadProcedure,
-		dsecv1connect.SandboxServiceRemoveProcedure, dsecv1connect.SandboxServiceMakeDirProcedure:
+		dsecv1connect.SandboxServiceRemoveProcedure, dsecv1connect.SandboxServiceMakeDirProcedure,
+		dsecv1connect.SandboxServiceWatchDirProcedure:
 		return true
 	case dsecv1connect.SandboxServiceCreateProcedure:
 		r, ok := msg.(*dsecv1.CreateRequest)

@@ -170,6 +170,14 @@ func (f *fakeEdge) Resume(ctx context.Context, id string, skipPrefetch bool) (*d
 	return nil, false, 0, fmt.Errorf("fake edge cannot resume: %w", errdefs.ErrNotSupported)
 }
 
+func (f *fakeEdge) SetTimeout(ctx context.Context, id string, timeout time.Duration, extendOnly bool) (*dsecv1.Sandbox, error) {
+	return nil, fmt.Errorf("fake edge keeps no clocks: %w", errdefs.ErrNotSupported)
+}
+
+func (f *fakeEdge) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error) {
+	return nil, fmt.Errorf("fake edge has no cgroups: %w", errdefs.ErrNotSupported)
+}
+
 func (f *fakeEdge) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
 	return nil, fmt.Errorf("fake edge cannot snapshot: %w", errdefs.ErrNotSupported)
 }

@@ -73,6 +73,17 @@ func (s *Server) Download(ctx context.Context, req *connect.Request[dsecv1.Downl
 	return e.Download(ctx, req, out)
 }
 
+func (s *Server) WatchDir(ctx context.Context, req *connect.Request[dsecv1.WatchDirRequest], out *connect.ServerStream[dsecv1.WatchEvent]) error {
+	if req.Msg.GetPath() == "" {
+		return fmt.Errorf("watch needs a path: %w", errdefs.ErrInvalidArgument)
+	}
+	e, err := s.edgeFor(req.Msg.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	return e.WatchDir(ctx, req, out)
+}
+
 // forward hands a unary call to the edge of the sandbox it names.
 func forward[Req, Res any](ctx context.Context, s *Server, id string, req *connect.Request[Req], pick func(Edge) func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
 	e, err := s.edgeFor(id)
@@ -145,6 +156,15 @@ func (s *Server) Remove(ctx context.Context, req *connect.Request[dsecv1.RemoveR
 func (s *Server) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
 	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
 		return e.MakeDir
+	})
+}
+
+func (s *Server) Move(ctx context.Context, req *connect.Request[dsecv1.MoveRequest]) (*connect.Response[dsecv1.MoveResponse], error) {
+	if req.Msg.GetSource() == "" || req.Msg.GetDestination() == "" {
+		return nil, fmt.Errorf("move needs a source and a destination: %w", errdefs.ErrInvalidArgument)
+	}
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.MoveRequest]) (*connect.Response[dsecv1.MoveResponse], error) {
+		return e.Move
 	})
 }
 

@@ -210,6 +210,7 @@ func (ls *layerService) ListLayers(ctx context.Context, req *connect.Request[dse
 		for _, l := range resp.GetLayers() {
 			if have := byDigest[l.GetDigest()]; have != nil {
 				have.Refs = mergeStrings(have.Refs, l.GetRefs())
+				have.Snapshots = mergeSnapshots(have.Snapshots, l.GetSnapshots())
 				continue
 			}
 			byDigest[l.GetDigest()] = l
@@ -217,6 +218,16 @@ func (ls *layerService) ListLayers(ctx context.Context, req *connect.Request[dse
 		}
 	}
 	return connect.NewResponse(out), nil
+}
+
+// mergeSnapshots adds to have the snapshots of more it lacks, by name.
+func mergeSnapshots(have, more []*dsecv1.SnapshotInfo) []*dsecv1.SnapshotInfo {
+	for _, sn := range more {
+		if !slices.ContainsFunc(have, func(h *dsecv1.SnapshotInfo) bool { return h.GetName() == sn.GetName() }) {
+			have = append(have, sn)
+		}
+	}
+	return have
 }
 
 // RemoveLayer removes the layer from every node that has it; a node where

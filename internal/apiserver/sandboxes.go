@@ -36,6 +36,9 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 	if msg.GetSpec().GetEnvironment() == "" {
 		return nil, fmt.Errorf("spec.environment is required (BASE[+LAYER...]): %w", errdefs.ErrInvalidArgument)
 	}
+	if msg.GetSpec().GetBackend() == dsecv1.Backend_BACKEND_FNCALL {
+		return nil, fmt.Errorf("backend fncall serves FnCallService's calls (RunCode) from pools the nodes keep; it makes no sandboxes to order: %w", errdefs.ErrInvalidArgument)
+	}
 	wait := time.Duration(msg.GetWaitSeconds()) * time.Second
 	if wait <= 0 {
 		wait = 60 * time.Second
@@ -542,6 +545,9 @@ func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListReque
 		}
 	}
 	out := &dsecv1.ListResponse{}
+	// The fncall backend's pooled containers are the platform's, not the
+	// caller's: listed only when asked for by their label.
+	_, pooled := req.Msg.GetLabels()[FnCallPoolLabel]
 	// An unreachable node's sandboxes cannot be listed; its calls fail
 	// with Unavailable naming it.
 	for _, n := range s.routable() {
@@ -549,7 +555,12 @@ func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListReque
 		if err != nil {
 			return nil, fmt.Errorf("list sandboxes of node %s: %w", n.Name, err)
 		}
-		out.Sandboxes = append(out.Sandboxes, resp.Msg.GetSandboxes()...)
+		for _, sb := range resp.Msg.GetSandboxes() {
+			if _, isPool := sb.GetSpec().GetLabels()[FnCallPoolLabel]; isPool && !pooled {
+				continue
+			}
+			out.Sandboxes = append(out.Sandboxes, sb)
+		}
 	}
 	return connect.NewResponse(out), nil
 }

@@ -105,6 +105,7 @@ type Server struct {
 	inflight   map[string]chan struct{} // idempotency keys being created
 
 	rec reconciler
+	fn  *fnService
 }
 
 // New returns a Server routing to the fleet's edges.
@@ -121,8 +122,10 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 	if cfg.AbandonAfter <= 0 {
 		cfg.AbandonAfter = DefaultAbandonAfter
 	}
-	return &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{},
+	s := &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{},
 		placer: placement.New(placement.Config{Replicas: cfg.Replicas}), rec: newReconciler()}
+	s.fn = &fnService{s: s}
+	return s
 }
 
 // Handler returns the HTTP handler serving every service, plus /healthz
@@ -142,6 +145,7 @@ func (s *Server) Handler() http.Handler {
 	}
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
 	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerService{s: s}, append(opts, connect.WithReadMaxBytes(maxUploadMessage))...))
+	mux.Handle(dsecv1connect.NewFnCallServiceHandler(s.fn, append(opts, connect.WithReadMaxBytes(maxCallMessage))...))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/metrics", s.serveMetrics)
 	// Streams of exec events end with the exit: see forwardStream.

@@ -30,7 +30,8 @@ func (s *Server) Snapshot(ctx context.Context, req *connect.Request[dsecv1.Snaps
 	})
 }
 
-// ListSnapshots lists the snapshot layers of every routable node, once each.
+// ListSnapshots lists the snapshots of every routable node's layers, once
+// each.
 func (s *Server) ListSnapshots(ctx context.Context, req *connect.Request[dsecv1.ListSnapshotsRequest]) (*connect.Response[dsecv1.ListSnapshotsResponse], error) {
 	ls := &layerService{s: s}
 	layers, err := ls.ListLayers(ctx, connect.NewRequest(&dsecv1.ListLayersRequest{}))
@@ -40,9 +41,16 @@ func (s *Server) ListSnapshots(ctx context.Context, req *connect.Request[dsecv1.
 	out := &dsecv1.ListSnapshotsResponse{}
 	seen := map[string]bool{}
 	for _, l := range layers.Msg.GetLayers() {
-		if sn := l.GetSnapshot(); sn != nil && !seen[sn.GetName()] {
-			seen[sn.GetName()] = true
-			out.Snapshots = append(out.Snapshots, sn)
+		// Snapshots of the same files share a layer: each is listed.
+		sns := l.GetSnapshots()
+		if len(sns) == 0 && l.GetSnapshot() != nil {
+			sns = []*dsecv1.SnapshotInfo{l.GetSnapshot()} // an edge older than Layer.snapshots
+		}
+		for _, sn := range sns {
+			if !seen[sn.GetName()] {
+				seen[sn.GetName()] = true
+				out.Snapshots = append(out.Snapshots, sn)
+			}
 		}
 	}
 	return connect.NewResponse(out), nil

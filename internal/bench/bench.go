@@ -288,24 +288,7 @@ func runWarm(ctx context.Context, c *apiclient.Clients, o Options, spec *dsecv1.
 		return fmt.Errorf("set warm pool: %w", err)
 	}
 	defer setPool(0)
-	waitReady := func(n int32) error {
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			resp, err := c.Sandboxes.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
-			if err != nil {
-				return err
-			}
-			for _, p := range resp.Msg.GetPools() {
-				if p.GetSpec().GetEnvironment() == spec.GetEnvironment() && p.GetReady() >= n {
-					return nil
-				}
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("warm pool did not reach %d ready sandboxes in 2 minutes: %v", n, resp.Msg.GetPools())
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}
+	waitReady := func(n int32) error { return waitWarmPool(ctx, c, spec.GetEnvironment(), n) }
 	if err := waitReady(int32(o.Warm)); err != nil {
 		return err
 	}
@@ -544,3 +527,24 @@ func warmExecs(ctx context.Context, c *apiclient.Clients, o Options, spec *dsecv
 
 // execBlock is how many warm execs one column runs before the other's turn.
 const execBlock = 50
+
+// waitWarmPool waits, up to 2 minutes, until the warm pool of environment
+// env holds n ready sandboxes.
+func waitWarmPool(ctx context.Context, c *apiclient.Clients, env string, n int32) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		resp, err := c.Sandboxes.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
+		if err != nil {
+			return err
+		}
+		for _, p := range resp.Msg.GetPools() {
+			if p.GetSpec().GetEnvironment() == env && p.GetReady() >= n {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("warm pool did not reach %d ready sandboxes in 2 minutes: %v", n, resp.Msg.GetPools())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

@@ -166,7 +166,9 @@ func RunLifecycle(ctx context.Context, c *apiclient.Clients, o LifecycleOptions)
 // runSnapshots fills a sandbox's writable layer, snapshots it Rounds times
 // (each timing the source's freeze and the publish), restores from the
 // last beside plain creates in turns, and forks 16 children Rounds/2+1
-// times.
+// times. Before each snapshot and fork the sandbox writes a file of its
+// own, as an agent's step would: every round builds and publishes a new
+// layer, and none finds its files published already.
 func runSnapshots(ctx context.Context, c *apiclient.Clients, o LifecycleOptions, r *LifecycleReport) error {
 	r.SnapFiles, r.SnapMiB = o.SnapFiles, o.SnapMiB
 	resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{
@@ -191,8 +193,17 @@ i=0; while [ $i -lt %d ]; do d=d$((i / 1000)); [ -d $d ] || mkdir $d; cp seed $d
 			c.Sandboxes.DeleteSnapshot(context.WithoutCancel(ctx), connect.NewRequest(&dsecv1.DeleteSnapshotRequest{Name: n}))
 		}
 	}()
+	step := func(round string) error {
+		if err := execOK(ctx, c, id, "echo "+round+" > /work/step"); err != nil {
+			return fmt.Errorf("the step before %s: %w", round, err)
+		}
+		return nil
+	}
 	for i := range o.Rounds {
 		name := fmt.Sprintf("bench-%s-%d", id, i)
+		if err := step(name); err != nil {
+			return err
+		}
 		start := time.Now()
 		s, err := c.Sandboxes.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: id, Name: name}))
 		if err != nil {
@@ -228,8 +239,12 @@ i=0; while [ $i -lt %d ]; do d=d$((i / 1000)); [ -d $d ] || mkdir $d; cp seed $d
 
 	var forks []time.Duration
 	for i := range o.Rounds/2 + 1 {
+		name := fmt.Sprintf("bench-fork-%s-%d", id, i)
+		if err := step(name); err != nil {
+			return err
+		}
 		start := time.Now()
-		f, err := c.Sandboxes.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: id, Count: 16, Name: fmt.Sprintf("bench-fork-%s-%d", id, i)}))
+		f, err := c.Sandboxes.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: id, Count: 16, Name: name}))
 		if err != nil {
 			return fmt.Errorf("fork %d: %w", i, err)
 		}

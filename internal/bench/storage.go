@@ -96,6 +96,10 @@ type ModeResult struct {
 	// images were imported, before the burst: the chunks their traces
 	// name, prefetched as it learnt of each layer. -1 outside those modes.
 	FetchedBeforeBurst int64 `json:"bytes_fetched_before_burst"`
+	// LazyfsCPUS is the CPU time (user and system) `dsecd lazyfs` used over
+	// the burst: what serving the on-demand layer files cost the node's
+	// cores. -1 outside the on-demand modes or when unknown.
+	LazyfsCPUS float64 `json:"lazyfs_cpu_s"`
 	// Traces counts the layers' access traces in the blob store: at the
 	// start of a traced burst, or published by the end of an ondemand run.
 	Traces int `json:"traces"`
@@ -111,6 +115,7 @@ type RoundResult struct {
 	BurstWallS  float64 `json:"burst_wall_s"`
 	DiskWritten int64   `json:"disk_written_bytes"`
 	Errors      int     `json:"errors"`
+	LazyfsCPUS  float64 `json:"lazyfs_cpu_s"`
 }
 
 // MergeRounds makes one result of a mode's bursts: the median of each
@@ -144,6 +149,7 @@ func MergeRounds(rounds []ModeResult) ModeResult {
 	out.StepMaxS = floats(func(r ModeResult) float64 { return r.StepMaxS })
 	out.ImportS = floats(func(r ModeResult) float64 { return r.ImportS })
 	out.SettleS = floats(func(r ModeResult) float64 { return r.SettleS })
+	out.LazyfsCPUS = floats(func(r ModeResult) float64 { return r.LazyfsCPUS })
 	out.BytesFetched = ints(func(r ModeResult) int64 { return r.BytesFetched })
 	out.FetchedBeforeBurst = ints(func(r ModeResult) int64 { return r.FetchedBeforeBurst })
 	out.DiskWritten = ints(func(r ModeResult) int64 { return r.DiskWritten })
@@ -167,7 +173,7 @@ func MergeRounds(rounds []ModeResult) ModeResult {
 		if out.FirstError == "" {
 			out.FirstError = r.FirstError
 		}
-		out.Rounds = append(out.Rounds, RoundResult{BurstWallS: r.BurstWallS, DiskWritten: r.DiskWritten, Errors: r.Errors})
+		out.Rounds = append(out.Rounds, RoundResult{BurstWallS: r.BurstWallS, DiskWritten: r.DiskWritten, Errors: r.Errors, LazyfsCPUS: r.LazyfsCPUS})
 	}
 	return out
 }
@@ -330,13 +336,21 @@ func (r *StorageReport) Print(w io.Writer) {
 			fmt.Fprintf(w, "  %s: %s fetched before the burst, while importing (traces prefetched, metadata found); settled %.1f s after the imports\n",
 				m.Mode, HumanBytes(m.FetchedBeforeBurst), m.SettleS)
 		}
+		if m.LazyfsCPUS > 0 {
+			fmt.Fprintf(w, "  %s: dsecd lazyfs used %.2f CPU-seconds over the burst\n", m.Mode, m.LazyfsCPUS)
+		}
 		if len(m.Rounds) > 1 {
-			var walls, disks []string
+			var walls, disks, cpus []string
 			for _, b := range m.Rounds {
 				walls = append(walls, fmt.Sprintf("%.1f", b.BurstWallS))
 				disks = append(disks, HumanBytes(b.DiskWritten))
+				cpus = append(cpus, fmt.Sprintf("%.2f", b.LazyfsCPUS))
 			}
-			fmt.Fprintf(w, "  %s bursts: wall %s s; disk written %s\n", m.Mode, strings.Join(walls, ", "), strings.Join(disks, ", "))
+			line := fmt.Sprintf("  %s bursts: wall %s s; disk written %s", m.Mode, strings.Join(walls, ", "), strings.Join(disks, ", "))
+			if m.LazyfsCPUS > 0 {
+				line += "; lazyfs CPU " + strings.Join(cpus, ", ") + " s"
+			}
+			fmt.Fprintln(w, line)
 		}
 	}
 	fmt.Fprintln(w)

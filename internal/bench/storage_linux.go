@@ -22,6 +22,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/blob"
+	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -297,8 +298,14 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	}
 
 	progress(o.Progress, "   burst of %d sandboxes, %d at a time", o.Sandboxes, o.Concurrency)
+	lazyDir := filepath.Join(root, "lazy")
+	cpuBefore, cpuErr := lazyd.CPUTime(lazyDir)
 	ids, steps, errs, wall := burst(ctx, c, o, images, deleteEach)
 	res.BurstWallS = wall.Seconds()
+	res.LazyfsCPUS = -1
+	if cpuAfter, err := lazyd.CPUTime(lazyDir); onDemand && cpuErr == nil && err == nil {
+		res.LazyfsCPUS = (cpuAfter - cpuBefore).Seconds()
+	}
 
 	unix.Sync()
 	if devErr == nil {

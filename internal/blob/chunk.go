@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -36,7 +37,16 @@ type PutStats struct {
 type PutOptions struct {
 	ChunkSize   int64  // bytes per chunk; <= 0: DefaultChunkSize
 	Compression string // CompressionZstd or CompressionNone (raw chunks)
+	// Parallel is how many chunks are hashed, encoded and uploaded at
+	// once; <= 0: DefaultPutParallel.
+	Parallel int
 }
+
+// DefaultPutParallel is how many chunks PutLayerWith has in flight unless
+// told: enough to overlap a store's per-object latency (a directory
+// store's fsyncs, an S3 round trip) and to use a second core for the
+// hashing and encoding, with little memory (one chunk each).
+const DefaultPutParallel = 4
 
 // PutLayer stores the layer file at path in st as zstd-compressed chunks of
 // chunkSize bytes (DefaultChunkSize if <= 0); see PutLayerWith.
@@ -47,68 +57,166 @@ func PutLayer(ctx context.Context, st Store, path string, chunkSize int64) (*Ind
 // PutLayerWith stores the layer file at path in st: it splits the file into
 // chunks of opts.ChunkSize bytes, encodes them with opts.Compression, uploads
 // the chunk objects the store does not hold yet, and writes the layer's
-// index last, so a reader that finds an index finds all its chunks.
+// index last, so a reader that finds an index finds all its chunks. The
+// file is read once, in order (for the whole file's digest); opts.Parallel
+// chunks are hashed, encoded and uploaded at a time. On an error nothing
+// more is uploaded and no index is written.
 func PutLayerWith(ctx context.Context, st Store, path string, opts PutOptions) (*Index, PutStats, error) {
-	var stats PutStats
-	chunkSize := opts.ChunkSize
+	chunkSize, parallel := opts.ChunkSize, opts.Parallel
 	if chunkSize <= 0 {
 		chunkSize = DefaultChunkSize
 	}
+	if parallel <= 0 {
+		parallel = DefaultPutParallel
+	}
 	if err := checkCompression(opts.Compression); err != nil {
-		return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+		return nil, PutStats{}, fmt.Errorf("put layer %s: %w", path, err)
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+		return nil, PutStats{}, fmt.Errorf("put layer %s: %w", path, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+		return nil, PutStats{}, fmt.Errorf("put layer %s: %w", path, err)
 	}
-	ix := &Index{Size: fi.Size(), ChunkSize: chunkSize, Chunks: []string{}, Compression: opts.Compression}
-	whole := sha256.New()
-	buf := make([]byte, chunkSize)
-	for off := int64(0); off < ix.Size; off += chunkSize {
-		n := min(chunkSize, ix.Size-off)
-		if _, err := io.ReadFull(f, buf[:n]); err != nil {
-			return nil, stats, fmt.Errorf("put layer %s: read at %d: %w", path, off, err)
-		}
-		chunk := buf[:n]
-		whole.Write(chunk)
+	ix := &Index{Size: fi.Size(), ChunkSize: chunkSize, Compression: opts.Compression}
+	n := int((ix.Size + chunkSize - 1) / chunkSize)
+	ix.Chunks = make([]string, n)
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	type job struct {
+		i   int
+		buf []byte
+	}
+	jobs := make(chan job)
+	free := make(chan []byte, parallel+1) // buffers back from the workers
+	for range parallel + 1 {
+		free <- make([]byte, chunkSize)
+	}
+	var (
+		mu    sync.Mutex
+		stats = PutStats{Chunks: n}
+		// seen holds a channel per chunk digest met, closed once that
+		// chunk is stored: a chunk the layer repeats is stored once.
+		seen = map[string]chan struct{}{}
+		wg   sync.WaitGroup
+	)
+	put := func(chunk []byte) (string, error) {
 		sum := sha256.Sum256(chunk)
 		h := hex.EncodeToString(sum[:])
-		ix.Chunks = append(ix.Chunks, h)
-		stats.Chunks++
-
-		stored, err := EncodeChunk(ix.Compression, chunk)
-		if err != nil {
-			return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+		mu.Lock()
+		done, dup := seen[h]
+		if !dup {
+			done = make(chan struct{})
+			seen[h] = done
 		}
-		key := ChunkKeyFor(ix.Compression, h)
-		size, err := st.Stat(ctx, key)
-		switch {
-		case err == nil && size == int64(len(stored)):
+		mu.Unlock()
+		if dup {
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return "", context.Cause(ctx)
+			}
+			mu.Lock()
 			stats.Skipped++
+			mu.Unlock()
+			return h, nil
+		}
+		defer close(done)
+		stored, err := putChunk(ctx, st, ix.Compression, h, chunk)
+		if err != nil {
+			return "", err
+		}
+		mu.Lock()
+		if stored > 0 {
+			stats.Uploaded++
+			stats.BytesUploaded += int64(len(chunk))
+			stats.StoredBytes += stored
+		} else {
+			stats.Skipped++
+		}
+		mu.Unlock()
+		return h, nil
+	}
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				if ctx.Err() == nil {
+					if h, err := put(j.buf); err != nil {
+						cancel(err)
+					} else {
+						ix.Chunks[j.i] = h // each worker its own i
+					}
+				}
+				free <- j.buf[:cap(j.buf)]
+			}
+		}()
+	}
+	whole := sha256.New()
+	var readErr error
+	for i := 0; i < n && readErr == nil; i++ {
+		var buf []byte
+		select {
+		case buf = <-free:
+		case <-ctx.Done():
+			readErr = context.Cause(ctx)
 			continue
-		case err == nil:
-			// A chunk object of another size is damage (or the work of
-			// another encoder version); replace it.
-		case !errors.Is(err, errdefs.ErrNotFound):
-			return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
 		}
-		if err := st.Put(ctx, key, bytes.NewReader(stored), int64(len(stored))); err != nil {
-			return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
+		off := int64(i) * chunkSize
+		buf = buf[:min(chunkSize, ix.Size-off)]
+		if _, err := io.ReadFull(f, buf); err != nil {
+			readErr = fmt.Errorf("read at %d: %w", off, err)
+			continue
 		}
-		stats.Uploaded++
-		stats.BytesUploaded += n
-		stats.StoredBytes += int64(len(stored))
+		whole.Write(buf)
+		select {
+		case jobs <- job{i, buf}:
+		case <-ctx.Done():
+			readErr = context.Cause(ctx)
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if readErr == nil {
+		readErr = context.Cause(ctx) // a worker's error
+	}
+	if readErr != nil {
+		return nil, stats, fmt.Errorf("put layer %s: %w", path, readErr)
 	}
 	ix.Digest = "sha256:" + hex.EncodeToString(whole.Sum(nil))
 	if err := PutIndex(ctx, st, ix); err != nil {
 		return nil, stats, fmt.Errorf("put layer %s: %w", path, err)
 	}
 	return ix, stats, nil
+}
+
+// putChunk stores the chunk whose sha256 is h, encoded with compression,
+// unless the store has it, and returns the bytes it stored (0: skipped).
+func putChunk(ctx context.Context, st Store, compression, h string, chunk []byte) (int64, error) {
+	stored, err := EncodeChunk(compression, chunk)
+	if err != nil {
+		return 0, err
+	}
+	key := ChunkKeyFor(compression, h)
+	size, err := st.Stat(ctx, key)
+	switch {
+	case err == nil && size == int64(len(stored)):
+		return 0, nil
+	case err == nil:
+		// A chunk object of another size is damage (or the work of
+		// another encoder version); replace it.
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return 0, err
+	}
+	if err := st.Put(ctx, key, bytes.NewReader(stored), int64(len(stored))); err != nil {
+		return 0, err
+	}
+	return int64(len(stored)), nil
 }
 
 // PutIndex validates ix and writes it under IndexKey of its digest. Its

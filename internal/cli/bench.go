@@ -44,7 +44,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&o.Warm, "warm-pool", o.Warm, "warm pool size for the pooled create → exec rounds (0: skip them)")
 	f.IntVar(&o.Idle, "idle", o.Idle, "idle sandboxes for the memory figure")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
-	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchLifecycleCommand())
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchLifecycleCommand(), a.benchFnCallCommand(), a.benchE2BCommand())
 	return cmd
 }
 
@@ -188,6 +188,32 @@ func (a *app) benchExecHopCommand() *cobra.Command {
 	return cmd
 }
 
+func (a *app) benchFnCallCommand() *cobra.Command {
+	o := bench.FnCallOptions{URL: "http://127.0.0.1:8080", EnvTree: "/var/cache/dsec/fncall-env", Concurrency: 64,
+		Duration: 10 * time.Second, Rounds: 3, Mixed: 256}
+	cmd := &cobra.Command{
+		Use:   "fncall",
+		Short: "the fncall backend through SandboxFusion's API: print(1) rate against bare python3, one call's latency, C++ a+b against the host's g++, a mixed burst",
+		Long: "Sends SandboxFusion /run_code calls to --url (a dsecd's SandboxFusion API) and, in alternate\n" +
+			"phases of --duration, runs the same print(1) as bare `python3 -c` processes chrooted into the\n" +
+			"fncall environment's tree (--env-tree) at the same concurrency. Needs root (the chroot).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.runBench(cmd.Context(), "", &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.RunFnCall(ctx, o)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.URL, "url", o.URL, "SandboxFusion's API of the daemon under test")
+	f.StringVar(&o.EnvTree, "env-tree", o.EnvTree, "the fncall environment's root file system (scripts/build-fncall-env.sh), for the baseline")
+	f.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "calls in flight in the rate figures")
+	f.DurationVar(&o.Duration, "duration", o.Duration, "length of each rate phase")
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "rate phases of each side, interleaved")
+	f.IntVar(&o.Mixed, "mixed", o.Mixed, "calls in the mixed burst")
+	return cmd
+}
+
 func (a *app) benchLifecycleCommand() *cobra.Command {
 	o := bench.LifecycleOptions{Env: benchEnv, Rounds: 10, MemoryMiB: 512, SnapFiles: 20000, SnapMiB: 100}
 	cmd := &cobra.Command{
@@ -210,5 +236,40 @@ func (a *app) benchLifecycleCommand() *cobra.Command {
 	f.IntVar(&o.MemoryMiB, "memory-mib", o.MemoryMiB, "memory the sandbox holds")
 	f.IntVar(&o.SnapFiles, "snapshot-files", o.SnapFiles, "files in the writable layer snapshots capture (0: no snapshots)")
 	f.IntVar(&o.SnapMiB, "snapshot-mib", o.SnapMiB, "MiB those files hold")
+	return cmd
+}
+
+func (a *app) benchE2BCommand() *cobra.Command {
+	o := bench.E2BOptions{Node: "node", Script: "test/e2b/bench.mjs", Template: "base", Rounds: 20, Warm: 4, Runs: 200,
+		APIURL: os.Getenv("E2B_API_URL"), SandboxURL: os.Getenv("E2B_SANDBOX_URL"), APIKey: os.Getenv("E2B_API_KEY")}
+	var apiKey string // never printed as a default
+	cmd := &cobra.Command{
+		Use:   "e2b",
+		Short: "the E2B SDK against dsec's own client on one daemon: create → first run (cold and warm pool), commands.run('true') p50",
+		Long: "Drives the official E2B SDK (test/e2b/bench.mjs in node; npm ci in test/e2b first) against the\n" +
+			"daemon's E2B API and dsec's own client against the daemon at --addr, in alternate turns, with the\n" +
+			"spec the adapter makes of --template on both sides. Prints each figure, the ratio and PASS/MISS\n" +
+			"against issue 16's targets (create → first run ≤ 1.2×, run p50 ≤ 2×). The SDK is configured by\n" +
+			"E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY, as users configure it (or the flags).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if apiKey != "" {
+				o.APIKey = apiKey
+			}
+			return a.runBench(cmd.Context(), "", &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.RunE2B(ctx, a.c, o)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.APIURL, "e2b-url", o.APIURL, "the daemon's E2B API, http://HOST:PORT (default $E2B_API_URL)")
+	f.StringVar(&o.SandboxURL, "sandbox-url", o.SandboxURL, "E2B_SANDBOX_URL for the SDK (default $E2B_SANDBOX_URL, else --e2b-url)")
+	f.StringVar(&apiKey, "api-key", "", "E2B API key (default $E2B_API_KEY; dsecd token --e2b prints one)")
+	f.StringVar(&o.Template, "template", o.Template, "E2B template both sides start")
+	f.StringVar(&o.Node, "node", o.Node, "node binary")
+	f.StringVar(&o.Script, "script", o.Script, "the E2B side's script, beside its node_modules")
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "create → first run rounds of each side, cold and warm each")
+	f.IntVar(&o.Warm, "warm-pool", o.Warm, "warm pool size for the warm rounds (0: skip them)")
+	f.IntVar(&o.Runs, "runs", o.Runs, "commands.run('true') calls, and as many execs")
 	return cmd
 }

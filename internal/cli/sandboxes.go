@@ -26,6 +26,7 @@ type specFlags struct {
 	workdir  string
 	hostname string
 	env      []string
+	sudo     bool
 	labels   []string
 	netRules string
 	// onTimeout and noAutoResume are lifecycle settings, not shape.
@@ -56,6 +57,7 @@ func (f *specFlags) addShape(cmd *cobra.Command) {
 	fl.StringVar(&f.workdir, "workdir", "", "default working directory for commands")
 	fl.StringVar(&f.hostname, "hostname", "", "host name inside the sandbox")
 	fl.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every command (repeatable)")
+	fl.BoolVar(&f.sudo, "allow-privilege-escalation", false, "let setuid programs (sudo) raise privileges inside the sandbox")
 }
 
 func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
@@ -75,7 +77,7 @@ func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
 		Environment: env, Cpus: f.cpus, MemoryMb: f.memoryMB, DiskMb: f.diskMB, Pids: f.pids,
 		TtlSeconds: int64(f.ttl / time.Second), IdleTimeoutSeconds: int64(f.idle / time.Second),
 		User: f.user, Workdir: f.workdir, Hostname: f.hostname, Env: envVars, Labels: labels,
-		NetworkRules: rules,
+		NetworkRules: rules, AllowPrivilegeEscalation: f.sudo,
 	}
 	switch f.onTimeout {
 	case "", "stop":

@@ -27,7 +27,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/blob"
 	"dsec.dev/dsec/internal/edge/edgesvc"
@@ -80,7 +79,26 @@ type Config struct {
 
 	Network NetworkConfig
 	Storage StorageConfig
+	FnCall  FnCallConfig
+	// SandboxFusionListen serves SandboxFusion's HTTP API (package
+	// sandboxfusion), without a token, on this address; "none" = off.
+	// Default DefaultSandboxFusionAddr, where a port already taken is
+	// only a warning.
+	SandboxFusionListen string
+	// E2BListen, if set, serves E2B's API (package e2b: the control plane,
+	// envd and the code interpreter on one port) on this address. Callers
+	// need an API key (dsec token --e2b); the secret that signs sandboxes'
+	// access tokens is made in <root>/e2b.secret.
+	E2BListen string
+	// DebugListen, if set, serves Go's profiles (net/http/pprof) on this
+	// address; keep it on loopback.
+	DebugListen string
 }
+
+// DefaultSandboxFusionAddr is where the all-in-one dsecd serves
+// SandboxFusion's API unless told otherwise: SandboxFusion's own port, on
+// loopback.
+const DefaultSandboxFusionAddr = "127.0.0.1:8080"
 
 // StorageConfig says where layers are stored and how sandboxes load them.
 type StorageConfig struct {
@@ -300,6 +318,12 @@ func findAgent() string {
 	return "dsec-agent"
 }
 
+// nodeBackends are the backends every dsecd node offers: a runtime of
+// each, made from one runtime config.
+func nodeBackends() []dsecv1.Backend {
+	return []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER, dsecv1.Backend_BACKEND_FNCALL}
+}
+
 // node is everything one dsecd owns, opened but not yet serving.
 type node struct {
 	cfg    Config
@@ -307,9 +331,11 @@ type node struct {
 	lock   *os.File
 	images *image.Store
 	layers *layers.Service
-	rt     *edgeruntime.Runtime
-	net    *netctl.Controller // nil without networking
-	edge   *sandbox.Manager
+	// runtimes are the node's backends: container and fncall, made from
+	// one runtime config.
+	runtimes map[dsecv1.Backend]edgeruntime.Runtime
+	net      *netctl.Controller // nil without networking
+	edge     *sandbox.Manager
 }
 
 func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
@@ -344,20 +370,31 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	if n.layers, err = openLayers(ctx, cfg, n.images, log); err != nil {
 		return nil, err
 	}
-	n.rt, err = edgeruntime.New(edgeruntime.Config{
+	rtCfg := edgeruntime.Config{
 		Root:         filepath.Join(cfg.Root, "runtime"),
 		UpperRoot:    filepath.Join(cfg.Root, "upper"),
 		UpperImage:   filepath.Join(cfg.Root, "upper.img"),
 		Runtime:      cfg.Runtime,
 		CgroupParent: cfg.CgroupParent,
 		AgentDir:     agentDir,
-		Log:          log.With("component", "runtime"),
-	})
-	if err != nil {
-		return nil, err
+		// Beside the edge's records, where agent sockets always were.
+		SocketDir: filepath.Join(cfg.Root, "sandboxes"),
+		Log:       log.With("component", "runtime"),
 	}
-	if err := n.rt.Init(ctx); err != nil {
-		return nil, err
+	n.runtimes = map[dsecv1.Backend]edgeruntime.Runtime{}
+	for _, b := range nodeBackends() {
+		newRuntime := edgeruntime.New
+		if b == dsecv1.Backend_BACKEND_FNCALL {
+			newRuntime = edgeruntime.NewFnCall
+		}
+		rt, err := newRuntime(rtCfg)
+		if err != nil {
+			return nil, err
+		}
+		if err := rt.Init(ctx); err != nil {
+			return nil, err
+		}
+		n.runtimes[b] = rt
 	}
 	// A node that cannot make the swap it was told to still serves: its
 	// pauses release the page cache only, as it says.
@@ -405,7 +442,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		TombstoneTTL:    cfg.Retention,
 		PausedRetention: cfg.PausedRetention,
 		PauseReleases:   pauseReleases,
-	}, n.rt, n.layers, network, agentclient.Dial, log.With("component", "edge"))
+	}, n.runtimes, n.layers, network, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
 	}
@@ -470,6 +507,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The apiserver calls the node's edge in-process, through the same
 	// EdgeService an apiserver of a cluster calls remote edges by.
 	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
+	fn, err := n.startFnCall(ctx, log.With("component", "fncall"))
+	if err != nil {
+		return err
+	}
+	if fn != nil {
+		defer fn.Close()
+		edge.SetFnCall(fn)
+	}
 	fleet := watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: n.edge.Node()}, Edge: edge})
 	// The metadata store is the apiserver's: an edge of a cluster, which
 	// opens the same node, has none of its own.
@@ -502,6 +547,34 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		lns = append(lns, tln)
 	}
+	if cfg.SandboxFusionListen != "none" {
+		addr := cfg.SandboxFusionListen
+		if addr == "" {
+			addr = DefaultSandboxFusionAddr
+		}
+		wait, err := serveSandboxFusion(ctx, addr, cfg.SandboxFusionListen == "", api, log)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return err
+		}
+		defer wait()
+	}
+	if cfg.E2BListen != "" {
+		wait, err := serveE2B(ctx, cfg.E2BListen, filepath.Join(cfg.Root, E2BSecretFile), true, api, meta, log)
+		if err == nil {
+			defer wait()
+		} else {
+			for _, l := range lns {
+				l.Close()
+			}
+			return err
+		}
+	}
+	if cfg.DebugListen != "" {
+		go servePprof(ctx, cfg.DebugListen, log)
+	}
 	log.Info("dsecd ready", "node", cfg.Node, "root", cfg.Root, "socket", cfg.Socket, "listen", cfg.Listen, "runtime", cfg.Runtime)
 	serveErr := serve(ctx, log, api.Handler(), nil, lns...)
 	log.Info("dsecd stopped; sandboxes keep running")
@@ -521,8 +594,12 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := n.edge.Teardown(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if err := n.rt.Teardown(ctx); err != nil {
-		errs = append(errs, err)
+	// Each unmounts the upper file system they share; the second finds it
+	// unmounted.
+	for _, b := range nodeBackends() {
+		if err := n.runtimes[b].Teardown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("tear down the %s runtime: %w", sandbox.BackendName(b), err))
+		}
 	}
 	if n.net != nil {
 		if err := n.net.Teardown(ctx); err != nil {

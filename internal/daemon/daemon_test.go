@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"dsec.dev/dsec/internal/apiserver"
+	"dsec.dev/dsec/internal/edge/fncall"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/testutil"
@@ -149,5 +151,11 @@ func TestCheckAgent(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestFnCallPoolLabelsAgree(t *testing.T) {
+	if apiserver.FnCallPoolLabel != fncall.PoolLabel {
+		t.Errorf("the apiserver hides %q, the pools label %q", apiserver.FnCallPoolLabel, fncall.PoolLabel)
 	}
 }

@@ -16,11 +16,13 @@ import (
 	"time"
 
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/hollow"
 	"dsec.dev/dsec/internal/edge/layers"
+	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edgeclient"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/store"
@@ -76,6 +78,15 @@ func (c *EdgeConfig) fill() error {
 		c.Heartbeat = 2 * time.Second
 	}
 	return nil
+}
+
+// backendNames are backends as the registry names them ("container").
+func backendNames(bs []dsecv1.Backend) []string {
+	var names []string
+	for _, b := range bs {
+		names = append(names, sandbox.BackendName(b))
+	}
+	return names
 }
 
 // liveWindow is how long a registered node's name stays its own after its
@@ -179,7 +190,7 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			return err
 		}
 		if reg != nil {
-			if rec, err = register(ctx, reg, cfg, []string{"container"}, ncfg.Limits.MaxSandboxes); err != nil {
+			if rec, err = register(ctx, reg, cfg, backendNames(nodeBackends()), ncfg.Limits.MaxSandboxes); err != nil {
 				return err
 			}
 			ncfg.Slot, ncfg.Generation = uint16(rec.Slot), uint32(rec.Generation)
@@ -197,6 +208,14 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			defer n.net.Close()
 		}
 		svc = edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
+		fn, err := n.startFnCall(ctx, log.With("component", "fncall"))
+		if err != nil {
+			return err
+		}
+		if fn != nil {
+			defer fn.Close()
+			svc.SetFnCall(fn)
+		}
 	}
 	mux := http.NewServeMux()
 	mux.Handle(svc.Handler())
@@ -259,6 +278,15 @@ type APIServerConfig struct {
 	// DebugListen, if set, serves Go's profiles (net/http/pprof) on this
 	// address; keep it on loopback.
 	DebugListen string
+	// SandboxFusionListen, if set, serves SandboxFusion's HTTP API
+	// (without a token) on this address.
+	SandboxFusionListen string
+	// E2BListen, if set, serves E2B's API (package e2b) on this address,
+	// its sandboxes' access tokens signed with the secret in
+	// E2BSecretFile, which every apiserver must share (dsecd init-cluster
+	// makes one).
+	E2BListen     string
+	E2BSecretFile string
 	// ReconcileInterval and AbandonAfter tune reconciliation (see
 	// apiserver.Config); 0 = their defaults.
 	ReconcileInterval time.Duration
@@ -271,6 +299,10 @@ func (c *APIServerConfig) fill() error {
 	}
 	if c.Listen == "" {
 		c.Listen = DefaultAddr
+	}
+	if c.E2BListen != "" && c.E2BSecretFile == "" {
+		return fmt.Errorf("apiserver %s: serving E2B's API needs the cluster's E2B secret (--e2b-secret-file; dsecd init-cluster writes %s): %w",
+			c.Name, E2BSecretFile, errdefs.ErrInvalidArgument)
 	}
 	if c.TLS.Cert == "" || c.TLS.Key == "" || c.TLS.CABundle == "" {
 		return fmt.Errorf("apiserver %s: a certificate, its key and the cluster's CA bundle are required (dsecd init-cluster makes them): %w",
@@ -359,6 +391,27 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	lns = append(lns, tln)
 	if cfg.DebugListen != "" {
 		go servePprof(ctx, cfg.DebugListen, log)
+	}
+	if cfg.SandboxFusionListen != "" {
+		wait, err := serveSandboxFusion(ctx, cfg.SandboxFusionListen, false, api, log)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return err
+		}
+		defer wait()
+	}
+	if cfg.E2BListen != "" {
+		wait, err := serveE2B(ctx, cfg.E2BListen, cfg.E2BSecretFile, false, api, meta, log)
+		if err == nil {
+			defer wait()
+		} else {
+			for _, l := range lns {
+				l.Close()
+			}
+			return err
+		}
 	}
 	log.Info("apiserver ready", "name", cfg.Name, "listen", tln.Addr().String(), "edges", len(w.Nodes()))
 	return serve(ctx, log, api.Handler(), nil, lns...)

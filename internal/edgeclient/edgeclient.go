@@ -36,8 +36,8 @@ type Remote struct {
 var _ edgev1connect.EdgeServiceHandler = (*Remote)(nil)
 
 // New returns the client of the edge serving at baseURL (https://HOST:PORT):
-// hc carries every call but the shell's and uploads, which take bidi
-// (HTTP/2); both transports carry the cluster's TLS. One client may serve
+// hc carries every call but the shell's, uploads and Status, which take
+// bidi (HTTP/2); both transports carry the cluster's TLS. One client may serve
 // both when it speaks HTTP/2. Unary calls and server streams go best over HTTP/1.1 with
 // kept-alive connections: a request leaves in one write, where HTTP/2 flushes
 // its headers and its body apart (measured: a third of an apiserver's CPU in
@@ -86,8 +86,13 @@ func relay[Req, Res any, PRes interface {
 	return errdefs.FromConnect(in.Err())
 }
 
+// Status goes over the HTTP/2 client, whose one connection the watcher's
+// polls keep warm: over the HTTP/1.1 pool, a poll during a burst that holds
+// every kept-alive connection needed a new connection and its TLS handshake,
+// which a starved 2-core node did not finish within the poll's timeout three
+// times running (a 10,000-call FnCall storm made its node unroutable).
 func (r *Remote) Status(ctx context.Context, req *connect.Request[edgev1.StatusRequest]) (*connect.Response[edgev1.NodeStatus], error) {
-	return unary(ctx, r.c.Status, req)
+	return unary(ctx, r.bidi.Status, req)
 }
 
 func (r *Remote) Create(ctx context.Context, req *connect.Request[edgev1.CreateRequest]) (*connect.Response[dsecv1.Sandbox], error) {
@@ -114,8 +119,24 @@ func (r *Remote) Resume(ctx context.Context, req *connect.Request[dsecv1.ResumeR
 	return unary(ctx, r.c.Resume, req)
 }
 
+func (r *Remote) SetTimeout(ctx context.Context, req *connect.Request[dsecv1.SetTimeoutRequest]) (*connect.Response[dsecv1.SetTimeoutResponse], error) {
+	return unary(ctx, r.c.SetTimeout, req)
+}
+
+func (r *Remote) Metrics(ctx context.Context, req *connect.Request[dsecv1.MetricsRequest]) (*connect.Response[dsecv1.SandboxMetrics], error) {
+	return unary(ctx, r.c.Metrics, req)
+}
+
 func (r *Remote) Snapshot(ctx context.Context, req *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
 	return unary(ctx, r.c.Snapshot, req)
+}
+
+func (r *Remote) RunCode(ctx context.Context, req *connect.Request[dsecv1.RunCodeRequest]) (*connect.Response[dsecv1.RunCodeResponse], error) {
+	return unary(ctx, r.c.RunCode, req)
+}
+
+func (r *Remote) ListLanguages(ctx context.Context, req *connect.Request[dsecv1.ListLanguagesRequest]) (*connect.Response[dsecv1.ListLanguagesResponse], error) {
+	return unary(ctx, r.c.ListLanguages, req)
 }
 
 func (r *Remote) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
@@ -239,6 +260,10 @@ func (r *Remote) Download(ctx context.Context, req *connect.Request[dsecv1.Downl
 	return relay(ctx, r.pass.Download, req, out, 0)
 }
 
+func (r *Remote) WatchDir(ctx context.Context, req *connect.Request[dsecv1.WatchDirRequest], out *connect.ServerStream[dsecv1.WatchEvent]) error {
+	return relay(ctx, r.pass.WatchDir, req, out, 0)
+}
+
 func (r *Remote) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
 	return unary(ctx, r.c.WriteStdin, req)
 }
@@ -281,6 +306,10 @@ func (r *Remote) Remove(ctx context.Context, req *connect.Request[dsecv1.RemoveR
 
 func (r *Remote) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
 	return unary(ctx, r.c.MakeDir, req)
+}
+
+func (r *Remote) Move(ctx context.Context, req *connect.Request[dsecv1.MoveRequest]) (*connect.Response[dsecv1.MoveResponse], error) {
+	return unary(ctx, r.c.Move, req)
 }
 
 func (r *Remote) Upload(ctx context.Context, req *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {

@@ -125,9 +125,10 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 	}
 	blobs := filepath.Join(rootsDir, "blobstore")
 	c.BlobStore = blobs
+	addrs := freeAddrs(t, o.Edges+o.APIServers) // distinct: picked together
 	for i := range o.Edges {
 		name := fmt.Sprintf("e%d", i+1)
-		addr := freeAddr(t)
+		addr := addrs[i]
 		root := filepath.Join(rootsDir, name)
 		args := []string{"edge", "--node", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"), "--root", root}
 		if o.RealEdges {
@@ -153,7 +154,7 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 	}
 	for i := range o.APIServers {
 		name := fmt.Sprintf("api%d", i+1)
-		addr := freeAddr(t)
+		addr := addrs[o.Edges+i]
 		db := o.DB
 		if db == "" {
 			db = filepath.Join(dir, name+".db")
@@ -195,14 +196,16 @@ func (c *Cluster) start(name string, args []string, addr string) *Proc {
 	return p
 }
 
-// waitRoutable waits until apiserver a lists sandboxes on every edge
+// waitRoutable waits until apiserver a listens and routes to every edge
 // (a List fans out to routable edges only, so it cannot tell; the
-// apiserver logs each edge it can route to).
+// apiserver logs each edge it can route to, which it may do before it
+// listens, and then that it is ready).
 func (c *Cluster) waitRoutable(a *Proc, edges int) {
 	c.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if strings.Count(a.Log(), `msg="node routable"`) >= edges {
+		log := a.Log()
+		if strings.Count(log, `msg="node routable"`) >= edges && strings.Contains(log, `msg="apiserver ready"`) {
 			return
 		}
 		if time.Now().After(deadline) {

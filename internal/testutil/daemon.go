@@ -21,6 +21,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiclient"
+	"dsec.dev/dsec/internal/e2b/apikey"
 )
 
 // RepoRoot is the repository's top directory, found from this file.
@@ -110,8 +111,14 @@ func DynamicExecutable(t testing.TB) string {
 // token on the port), so the end-to-end suites run through the cluster's
 // code path unchanged; both log to the same file.
 type Daemon struct {
-	Root    string
-	Addr    string // host:port
+	Root string
+	Addr string // host:port
+	// SandboxFusionAddr is where SandboxFusion's HTTP API answers
+	// (host:port): the all-in-one dsecd's, or the apiserver's in cluster
+	// mode.
+	SandboxFusionAddr string
+	// E2BAddr is where E2B's API answers (host:port), as SandboxFusionAddr.
+	E2BAddr string
 	Bin     string
 	Clients *apiclient.Clients
 	cmd     *exec.Cmd
@@ -142,10 +149,14 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &Daemon{Root: root, Addr: freeAddr(t), Bin: bin, t: t, logPath: filepath.Join(root, "dsecd.log"), cluster: ClusterMode()}
-	d.args = append([]string{"--root", root, "--listen", d.Addr, "--node", "t1", "--log-level", "debug"}, extraArgs...)
+	// Picked together, so that no two are the same port (a port freed
+	// by one pick can come back in the next).
+	addrs := freeAddrs(t, 4)
+	d := &Daemon{Root: root, Addr: addrs[0], SandboxFusionAddr: addrs[1], E2BAddr: addrs[2], Bin: bin, t: t, logPath: filepath.Join(root, "dsecd.log"), cluster: ClusterMode()}
+	d.args = append([]string{"--root", root, "--listen", d.Addr, "--node", "t1", "--log-level", "debug",
+		"--sandboxfusion-listen", d.SandboxFusionAddr, "--e2b-listen", d.E2BAddr}, extraArgs...)
 	if d.cluster {
-		d.edgeAddr = freeAddr(t)
+		d.edgeAddr = addrs[3]
 		d.args = append([]string{"edge", "--root", root, "--listen", d.edgeAddr, "--node", "t1", "--log-level", "debug",
 			"--tls-dir", filepath.Join(root, "pki")}, extraArgs...)
 		d.initCluster()
@@ -185,7 +196,8 @@ func (d *Daemon) Start() {
 	if d.cluster {
 		api := exec.Command(filepath.Join(d.Bin, "dsecd"), "apiserver", "--name", "api", "--listen", d.Addr,
 			"--db", filepath.Join(d.Root, "api.db"), "--tls-dir", filepath.Join(d.Root, "pki"),
-			"--edge", "t1=https://"+d.edgeAddr, "--log-level", "debug")
+			"--edge", "t1=https://"+d.edgeAddr, "--log-level", "debug", "--sandboxfusion-listen", d.SandboxFusionAddr,
+			"--e2b-listen", d.E2BAddr, "--e2b-secret-file", filepath.Join(d.Root, "pki", "e2b.secret"))
 		api.Stdout, api.Stderr = logf, logf
 		api.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if err := api.Start(); err != nil {
@@ -235,6 +247,32 @@ func (d *Daemon) Token() string {
 		d.t.Fatalf("read the daemon's token: %v", err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// E2BSecret is the secret the daemon signs its sandboxes' E2B access
+// tokens with (e2b.NewSigner): the all-in-one's <root>/e2b.secret, the
+// cluster's in its pki directory.
+func (d *Daemon) E2BSecret() []byte {
+	d.t.Helper()
+	path := filepath.Join(d.Root, "e2b.secret")
+	if d.cluster {
+		path = filepath.Join(d.Root, "pki", "e2b.secret")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		d.t.Fatalf("read the daemon's E2B secret: %v", err)
+	}
+	return b
+}
+
+// E2BKey is the daemon's token as an E2B API key (E2B_API_KEY).
+func (d *Daemon) E2BKey() string {
+	d.t.Helper()
+	k, err := apikey.Of(d.Token())
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return k
 }
 
 // Kill stops the daemon with SIGKILL (sandboxes keep running): in cluster
@@ -299,13 +337,19 @@ func (d *Daemon) ImportBusybox(ref string) {
 	}
 }
 
-func freeAddr(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// freeAddrs returns n distinct loopback addresses free right now: each
+// port stays bound until all are picked.
+func freeAddrs(t testing.TB, n int) []string {
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

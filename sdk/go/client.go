@@ -7,9 +7,16 @@
 //	defer sb.Delete(context.WithoutCancel(ctx))
 //	res, err := sb.Exec(ctx, dsec.Sh("echo hello"), &dsec.ExecOptions{Timeout: time.Minute})
 //
+// Short programs (reward code, test cases) run in the fncall backend's pooled
+// warm containers, with no sandbox to create (docs/fncall.md):
+//
+//	r, err := c.RunCode(ctx, dsec.RunCodeRequest{Language: "python", Code: "print(1)"})
+//	rs, err := c.RunTests(ctx, dsec.RunCodeRequest{Language: "cpp", Code: src}, cases)
+//
 // Every call honours its context; calls whose context has no deadline get
 // the client's default timeout (Exec: the command's own timeout plus a
-// grace period). Errors match the kinds in errors.go with errors.Is.
+// grace period; RunCode: its compile and run timeouts plus 30 s). Errors
+// match the kinds in errors.go with errors.Is.
 //
 // # Addresses and failover
 //
@@ -27,8 +34,9 @@
 //     502, 503 or 504, or a connection broken before the answer) is tried
 //     again, on the next address, only if it may repeat: Get, List, Delete,
 //     SetNetworkRules, NetworkLog, SetWarmPool, WarmPools, ListLayers,
-//     ListEnvironments, LayerStats (the calls the API marks free of side
-//     effects or idempotent); Create, which always carries an idempotency
+//     ListEnvironments, LayerStats, Languages (the calls the API marks free
+//     of side effects or idempotent); RunCode, RunCodeBatch and RunTests
+//     without network rules (a call leaves nothing behind); Create, which always carries an idempotency
 //     key and sends the same key on every attempt, so it never makes a
 //     second batch; the reads ReadFile, ListDir, Stat, Processes, Job.Wait
 //     and Job.Output (Attach replays the output from the start) and
@@ -113,6 +121,7 @@ func WithCAFile(path string) Option { return func(c *Client) { c.caFile = path }
 type Client struct {
 	sb         dsecv1connect.SandboxServiceClient
 	layers     dsecv1connect.LayerServiceClient
+	fn         dsecv1connect.FnCallServiceClient
 	uploads    dsecv1connect.LayerServiceClient // UploadLayer, over HTTP/2
 	hc         *http.Client
 	pool       *pool
@@ -181,6 +190,7 @@ func NewClient(addr string, opts ...Option) (*Client, error) {
 	ic := connect.WithInterceptors(interceptor{p})
 	c.sb = dsecv1connect.NewSandboxServiceClient(hc, base, ic)
 	c.layers = dsecv1connect.NewLayerServiceClient(hc, base, ic)
+	c.fn = dsecv1connect.NewFnCallServiceClient(hc, base, ic)
 	c.uploads = dsecv1connect.NewLayerServiceClient(&http.Client{Transport: uploads{p}, Timeout: hc.Timeout}, base, ic)
 	return c, nil
 }
@@ -492,6 +502,36 @@ func (c *Client) Resume(ctx context.Context, id string) (sb *Sandbox, already bo
 		return nil, false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	return c.wrap(resp.Msg.GetSandbox()), resp.Msg.GetAlreadyRunning(), nil
+}
+
+// SetTimeout moves sandbox id's TTL end to timeout from now, later or
+// sooner (with extendOnly, never sooner). A paused sandbox gets timeout of
+// running time once resumed.
+func (c *Client) SetTimeout(ctx context.Context, id string, timeout time.Duration, extendOnly bool) (*Sandbox, error) {
+	var resp *connect.Response[dsecv1.SetTimeoutResponse]
+	err := c.unary(ctx, true, func(ctx context.Context) (err error) {
+		resp, err = c.sb.SetTimeout(ctx, connect.NewRequest(&dsecv1.SetTimeoutRequest{
+			SandboxId: id, TimeoutSeconds: int64(timeout / time.Second), ExtendOnly: extendOnly}))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("set timeout of sandbox %s: %w", id, err)
+	}
+	return c.wrap(resp.Msg.GetSandbox()), nil
+}
+
+// Metrics reads sandbox id's resource use now: CPU (percent of its cores),
+// memory and its writable layer's disk use, with their limits.
+func (c *Client) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error) {
+	var resp *connect.Response[dsecv1.SandboxMetrics]
+	err := c.unary(ctx, true, func(ctx context.Context) (err error) {
+		resp, err = c.sb.Metrics(ctx, connect.NewRequest(&dsecv1.MetricsRequest{SandboxId: id}))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("metrics of sandbox %s: %w", id, err)
+	}
+	return resp.Msg, nil
 }
 
 // Snapshot packs sandbox id's file system into layer snap:NAME (the

@@ -119,7 +119,7 @@ func (d *liveDaemon) start() error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(filepath.Join(d.bin, "dsecd"), "--root", d.root, "--listen", d.addr, "--node", "go")
+	cmd := exec.Command(filepath.Join(d.bin, "dsecd"), "--root", d.root, "--listen", d.addr, "--node", "go", "--sandboxfusion-listen", "none")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -56,6 +56,22 @@ func (s *Sandbox) Pause(ctx context.Context, keepMemory bool) (*PauseResult, err
 	return res, nil
 }
 
+// SetTimeout moves the sandbox's TTL end to timeout from now; see
+// Client.SetTimeout.
+func (s *Sandbox) SetTimeout(ctx context.Context, timeout time.Duration, extendOnly bool) error {
+	n, err := s.c.SetTimeout(ctx, s.ID, timeout, extendOnly)
+	if err != nil {
+		return err
+	}
+	s.info = n.info
+	return nil
+}
+
+// Metrics reads the sandbox's resource use now; see Client.Metrics.
+func (s *Sandbox) Metrics(ctx context.Context) (*dsecv1.SandboxMetrics, error) {
+	return s.c.Metrics(ctx, s.ID)
+}
+
 // Snapshot packs the sandbox's file system into layer snap:NAME; see
 // Client.Snapshot.
 func (s *Sandbox) Snapshot(ctx context.Context, name string, exclude ...string) (*dsecv1.SnapshotInfo, error) {

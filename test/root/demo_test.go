@@ -103,3 +103,62 @@ func TestDemoRollouts(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestDemoE2BEpisodes runs the demo's last step: the rollouts as an agent
+// framework on E2B's official SDK runs them (demo/e2b/episodes.mjs, npm
+// e2b as locked there), on the daemon's E2B API over E2B's base
+// environment with the demo's layers, preempted through E2B's pause and
+// connect.
+func TestDemoE2BEpisodes(t *testing.T) {
+	node := requireNode(t)
+	testutil.E2BBaseTree(t)
+	repo := testutil.RepoRoot()
+	dir := filepath.Join(repo, "demo", "e2b")
+	npmCI(t, dir)
+	d := testutil.StartDaemon(t)
+	d.ImportE2BBase()
+	for _, l := range []struct{ kind, ref, dir string }{
+		{"workspace", "textstats:1", filepath.Join(repo, "demo", "workspace")},
+		{"toolkit", "harness:1", filepath.Join(repo, "demo", "toolkit")},
+	} {
+		if out, errOut, code := d.CLI("", "layer", "import", "--kind", l.kind, l.ref, l.dir); code != 0 {
+			t.Fatalf("import %s: %s %s", l.ref, out, errOut)
+		}
+	}
+	cmd := exec.Command(node, filepath.Join(dir, "episodes.mjs"), "--template", testutil.E2BBaseEnv+":latest+textstats:1+harness:1", "-n", "8", "--json")
+	cmd.Env = sdkEnv(d)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("episodes: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var rows []struct {
+		Patch  string  `json:"patch"`
+		Reward float64 `json:"reward"`
+		Error  string  `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rows); err != nil {
+		t.Fatalf("episodes JSON: %v\n%s", err, out)
+	}
+	if len(rows) != 8 {
+		t.Fatalf("%d episodes, want 8", len(rows))
+	}
+	want := map[string]func(float64) bool{
+		"01-correct-fix":       func(r float64) bool { return r == 1 },
+		"04-syntax-error":      func(r float64) bool { return r == 0 },
+		"05-statistics-module": func(r float64) bool { return r == 1 },
+		"06-edits-the-test":    func(r float64) bool { return r < 1 }, // the trusted tests are put back
+	}
+	for _, r := range rows {
+		if r.Error != "" {
+			t.Errorf("%s: %s", r.Patch, r.Error)
+		}
+		if ok, known := want[r.Patch]; known && !ok(r.Reward) {
+			t.Errorf("%s earned %.2f", r.Patch, r.Reward)
+		}
+	}
+	if !regexp.MustCompile(`preempted: [1-9][0-9]* sandboxes paused in .* resumed by connect in`).Match(out) {
+		t.Errorf("the episodes were not paused and resumed through E2B:\n%s", out)
+	}
+	checkNoSandboxes(t, d)
+}

@@ -4,8 +4,11 @@
 package root
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -145,4 +148,21 @@ func mustSh(t *testing.T, d *testutil.Daemon, id, command string) string {
 		t.Fatalf("%q in %s: %s", command, id, r)
 	}
 	return r.stdout
+}
+
+// requestBody is an HTTP request's body: none for nil, a string as it is,
+// anything else encoded as JSON.
+func requestBody(t testing.TB, body any) io.Reader {
+	t.Helper()
+	switch b := body.(type) {
+	case nil:
+		return nil
+	case string:
+		return strings.NewReader(b)
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		t.Fatalf("encode a request body: %v", err)
+	}
+	return bytes.NewReader(data)
 }

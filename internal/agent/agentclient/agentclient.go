@@ -1,5 +1,6 @@
 // Package agentclient is the edge's side of the agent channel: a Connect
-// client over the sandbox's Unix socket, and the framed path for exec
+// client over the connections a runtime's dialer opens (the sandbox's Unix
+// socket, for containers), and the framed path for exec
 // (package execwire) on the same socket. Unary and server-streaming calls
 // (files, pings) use HTTP/1.1 with kept-alive connections, which on these
 // machines answers about 0.3 ms sooner per call than HTTP/2; the
@@ -44,22 +45,30 @@ type ExecStream interface {
 // lazily and reconnects when a connection breaks (e.g. after an edge
 // restart); it never fails itself.
 func Dial(socketPath string) Client {
+	return New(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socketPath)
+	})
+}
+
+// New returns a client for the agent that dial connects to (the dialer a
+// runtime returns for the sandbox's agent channel), like Dial.
+func New(dial func(ctx context.Context) (net.Conn, error)) Client {
 	http1 := new(http.Protocols)
 	http1.SetHTTP1(true)
 	http2 := new(http.Protocols)
 	http2.SetUnencryptedHTTP2(true)
-	c := &client{framed: execwire.NewClient(socketPath)}
-	c.AgentServiceClient, c.http1 = newClient(socketPath, http1, 8)
-	c.bidi, c.http2 = newClient(socketPath, http2, 1)
+	c := &client{framed: execwire.NewDialClient(dial)}
+	c.AgentServiceClient, c.http1 = newClient(dial, http1, 8)
+	c.bidi, c.http2 = newClient(dial, http2, 1)
 	return c
 }
 
-func newClient(socketPath string, protocols *http.Protocols, idle int) (agentv1connect.AgentServiceClient, *http.Transport) {
+func newClient(dial func(ctx context.Context) (net.Conn, error), protocols *http.Protocols, idle int) (agentv1connect.AgentServiceClient, *http.Transport) {
 	tr := &http.Transport{
 		Protocols: protocols,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socketPath)
+			return dial(ctx)
 		},
 		MaxIdleConnsPerHost: idle,
 	}

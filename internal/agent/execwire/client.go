@@ -20,7 +20,7 @@ const maxIdle = 4
 // Client makes exec calls to one agent over the framed path. Connections
 // are made as needed and kept for the next call.
 type Client struct {
-	path string // the agent's Unix socket
+	dialer func(ctx context.Context) (net.Conn, error) // to the agent
 
 	mu     sync.Mutex
 	idle   []*conn
@@ -30,7 +30,16 @@ type Client struct {
 // NewClient returns a client of the agent listening on socketPath. It
 // connects lazily.
 func NewClient(socketPath string) *Client {
-	return &Client{path: socketPath}
+	return NewDialClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socketPath)
+	})
+}
+
+// NewDialClient returns a client of the agent that dial connects to. It
+// connects lazily.
+func NewDialClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
+	return &Client{dialer: dial}
 }
 
 type conn struct {
@@ -104,7 +113,7 @@ func (c *Client) get(ctx context.Context) (cn *conn, reused bool, err error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, false, fmt.Errorf("agent exec channel %s: %w", c.path, net.ErrClosed)
+		return nil, false, fmt.Errorf("agent exec channel: %w", net.ErrClosed)
 	}
 	if n := len(c.idle); n > 0 {
 		cn = c.idle[n-1]
@@ -118,8 +127,7 @@ func (c *Client) get(ctx context.Context) (cn *conn, reused bool, err error) {
 }
 
 func (c *Client) dial(ctx context.Context) (*conn, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", c.path)
+	nc, err := c.dialer(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("connect to agent: %w", err)
 	}

@@ -305,6 +305,47 @@ func (f *FS) MakeDir(a account.Account, p string, parents bool, mode uint32) err
 	})
 }
 
+// Move renames src to dst (rename(2), so a file at dst is replaced and a
+// directory at dst must be empty), making dst's parents first when asked,
+// and describes the entry at dst.
+func (f *FS) Move(a account.Account, src, dst string, makeParents bool) (*dsecv1.FileInfo, error) {
+	src, err := f.abs(src)
+	if err != nil {
+		return nil, err
+	}
+	dst, err = f.abs(dst)
+	if err != nil {
+		return nil, err
+	}
+	if src == "/" || dst == "/" {
+		return nil, fmt.Errorf("move %s to %s: the root cannot be moved or replaced: %w", src, dst, errdefs.ErrInvalidArgument)
+	}
+	var fi *dsecv1.FileInfo
+	err = asUser(a, func() error {
+		if _, err := os.Lstat(src); err != nil {
+			return wrap("move", src, err)
+		}
+		if makeParents {
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return wrap("make parents of", dst, err)
+			}
+		}
+		if err := os.Rename(src, dst); err != nil {
+			if errors.Is(err, unix.EXDEV) {
+				return fmt.Errorf("move %s to %s: they are on different file systems: %w", src, dst, errdefs.ErrFailedPrecondition)
+			}
+			return wrap("move "+src+" to", dst, err)
+		}
+		st, err := os.Lstat(dst)
+		if err != nil {
+			return wrap("stat", dst, err)
+		}
+		fi = fileInfo(dst, st)
+		return nil
+	})
+	return fi, err
+}
+
 // Download writes p (a file, symlink or directory tree) as a tar stream to
 // send in chunks of DownloadChunkSize. Entry names start with p's base name.
 func (f *FS) Download(a account.Account, p string, send func([]byte) error) error {

@@ -187,13 +187,30 @@ type Spec struct {
 	Background    bool
 	Tag           string
 	OutputLimit   int64 // per stream; 0 = DefaultOutputLimit
+	// Followed says the caller streams the process's output from its
+	// start: the process then has one follower from the moment it exists,
+	// and the caller must call Unfollow when its stream ends.
+	Followed bool
 
 	// TTY, when set, is the process's stdin, stdout, stderr and controlling
 	// terminal; output is then not captured (the caller reads the master).
 	TTY *os.File
 	// StateFD, when set, becomes fd 9 of the process (sessions' state pipe).
 	StateFD *os.File
+
+	// Join are more cgroup v1 cgroups the process starts in (a fncall
+	// call's memory, CPU and pids cgroups), after the command's own
+	// freezer cgroup and the commands' pids cgroup: in a hierarchy both
+	// name, Join wins.
+	Join []Join
+	// KillOnExit kills what the process left running as soon as it exits,
+	// rather than waiting up to a second for them to close its output.
+	KillOnExit bool
 }
+
+// Join is one cgroup v1 cgroup a process starts in: the forking thread
+// writes itself into Enter's tasks file, forks, and returns through Back's.
+type Join struct{ Enter, Back int }
 
 // StateFDNumber is the fd number Spec.StateFD gets in the process.
 const StateFDNumber = 9
@@ -231,6 +248,9 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 		limit:      limit,
 		notify:     make(chan struct{}),
 		done:       make(chan struct{}),
+	}
+	if spec.Followed {
+		p.followers = 1
 	}
 
 	var closeAfter []*os.File
@@ -339,7 +359,7 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 			// The reaper looks waiters up under m.mu: holding it across the
 			// fork means the exit status cannot be reaped before it is expected.
 			m.mu.Lock()
-			pid, err := m.spawn(p.cg, path, spec.Argv, attr)
+			pid, err := m.spawn(p.cg, spec.Join, path, spec.Argv, attr)
 			if err == nil {
 				m.waiters[pid] = exitCh
 			}
@@ -400,7 +420,7 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 			p.KillTree()
 		})
 	}
-	go p.wait(exitCh, &readers, spec.Timeout)
+	go p.wait(exitCh, &readers, spec.Timeout, spec.KillOnExit)
 	return p, nil
 }
 
@@ -491,6 +511,8 @@ type Process struct {
 	mu        sync.Mutex
 	chunks    []Chunk
 	released  bool
+	followers int  // streams still reading chunks (Follow, Spec.Followed)
+	release   bool // a Release came while followers read: done by the last Unfollow
 	retained  [3]int64
 	total     [3]int64
 	truncated [3]bool
@@ -591,12 +613,42 @@ func (p *Process) Next(ctx context.Context, from int, wait time.Duration) ([]Chu
 	}
 }
 
-// Release frees the retained output (the exit record stays).
+// Release frees the retained output (the exit record stays). While a
+// stream follows the process, the output is freed when the last one ends:
+// a burst of background commands that exit before their streams read
+// them must not lose their output to the bound on exited ones that keep it.
 func (p *Process) Release() {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.followers > 0 {
+		p.release = true
+		return
+	}
 	p.chunks = nil
 	p.released = true
+}
+
+// Follow registers a stream that reads the process's chunks (an Attach);
+// Unfollow ends it.
+func (p *Process) Follow() {
+	p.mu.Lock()
+	p.followers++
 	p.mu.Unlock()
+}
+
+// Unfollow ends a stream of Follow or of Spec.Followed, doing a Release
+// that waited for it.
+func (p *Process) Unfollow() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.followers > 0 {
+		p.followers--
+	}
+	if p.followers == 0 && p.release {
+		p.release = false
+		p.chunks = nil
+		p.released = true
+	}
 }
 
 // WriteStdin writes data to the process's stdin and closes it when close is set.
@@ -658,9 +710,12 @@ func (p *Process) Signal(sig unix.Signal) error {
 	return nil
 }
 
-func (p *Process) wait(exitCh chan unix.WaitStatus, readers *sync.WaitGroup, timeout time.Duration) {
+func (p *Process) wait(exitCh chan unix.WaitStatus, readers *sync.WaitGroup, timeout time.Duration, killOnExit bool) {
 	ws := <-exitCh
 	end := time.Now()
+	if killOnExit {
+		p.KillTree()
+	}
 	readersDone := make(chan struct{})
 	go func() { readers.Wait(); close(readersDone) }()
 	select {

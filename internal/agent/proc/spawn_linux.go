@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -28,11 +29,18 @@ import (
 // The agent handles every signal (see the agent's Serve), and Go resets
 // handled signals to their defaults in the child, so commands start with
 // default dispositions and an empty signal mask.
-func (m *Manager) spawn(cg *cgroup, path string, argv []string, attr *syscall.ProcAttr) (int, error) {
+func (m *Manager) spawn(cg *cgroup, join []Join, path string, argv []string, attr *syscall.ProcAttr) (int, error) {
 	if cg != nil && cg.v2 {
+		if len(join) > 0 {
+			return 0, fmt.Errorf("join cgroups: more cgroups per command need cgroup v1")
+		}
 		attr.Sys.UseCgroupFD = true
 		attr.Sys.CgroupFD = cg.fd
-		return syscall.ForkExec(path, argv, attr)
+		pid, err := syscall.ForkExec(path, argv, attr)
+		if err == nil {
+			markOOMScore(pid)
+		}
+		return pid, err
 	}
 	type result struct {
 		pid int
@@ -63,9 +71,20 @@ func (m *Manager) spawn(cg *cgroup, path string, argv []string, attr *syscall.Pr
 				back = append(back, m.tasks.pidsBack)
 			}
 		}
+		for _, j := range join {
+			if err != nil {
+				break
+			}
+			if err = enter(j.Enter); err == nil {
+				back = append(back, j.Back)
+			}
+		}
 		var pid int
 		if err == nil {
 			pid, err = syscall.ForkExec(path, argv, attr)
+			if err == nil {
+				markOOMScore(pid)
+			}
 		} else {
 			err = fmt.Errorf("join the command's cgroups: %w", err)
 		}
@@ -76,6 +95,23 @@ func (m *Manager) spawn(cg *cgroup, path string, argv []string, attr *syscall.Pr
 	}()
 	r := <-done
 	return r.pid, r.err
+}
+
+// commandOOMScoreAdj is every command's oom_score_adj: the sandbox's OOM
+// killer takes a command before the agent, whatever their sizes (once a
+// command's memory had been freed but not yet returned, the agent was the
+// largest task left, and was killed). Raising it needs no privilege;
+// lowering the agent's would need CAP_SYS_RESOURCE, which dsecd may lack.
+const commandOOMScoreAdj = "500"
+
+// markOOMScore sets a new command's oom_score_adj, which its children
+// inherit from then on. It runs just after the fork and exec: what the
+// command forks in its first microseconds keeps the agent's score.
+func markOOMScore(pid int) {
+	if fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
+		unix.Write(fd, []byte(commandOOMScoreAdj))
+		unix.Close(fd)
+	}
 }
 
 // tasksFiles are the cgroup v1 tasks files the forking thread moves itself

@@ -120,6 +120,12 @@ func (s *Service) Download(ctx context.Context, req *connect.Request[dsecv1.Down
 	})
 }
 
+func (s *Service) WatchDir(ctx context.Context, req *connect.Request[dsecv1.WatchDirRequest], out *connect.ServerStream[dsecv1.WatchEvent]) error {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.WatchDirRequest, dsecv1.WatchEvent] {
+		return connectStream(a.WatchDir)
+	})
+}
+
 func (s *Service) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
 	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.WriteStdinRequest, dsecv1.WriteStdinResponse] {
 		return a.WriteStdin
@@ -183,6 +189,12 @@ func (s *Service) Remove(ctx context.Context, req *connect.Request[dsecv1.Remove
 func (s *Service) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
 	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.MakeDirRequest, dsecv1.MakeDirResponse] {
 		return a.MakeDir
+	})
+}
+
+func (s *Service) Move(ctx context.Context, req *connect.Request[dsecv1.MoveRequest]) (*connect.Response[dsecv1.MoveResponse], error) {
+	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.MoveRequest, dsecv1.MoveResponse] {
+		return a.Move
 	})
 }
 

@@ -59,6 +59,11 @@ type Edge interface {
 	// only); already says it was paused before. Resume undoes it.
 	Pause(ctx context.Context, id string, keepMemory bool) (sb *dsecv1.Sandbox, already bool, err error)
 	Resume(ctx context.Context, id string, skipPrefetch bool) (sb *dsecv1.Sandbox, already bool, prefetch time.Duration, err error)
+	// SetTimeout moves the sandbox's expiry to timeout from now (only
+	// later, with extendOnly) and returns its record.
+	SetTimeout(ctx context.Context, id string, timeout time.Duration, extendOnly bool) (*dsecv1.Sandbox, error)
+	// Metrics reads the sandbox's resource use now.
+	Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error)
 	// Snapshot packs the sandbox's writable layer into layer snap:NAME.
 	Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error)
 	// Agent returns the channel to the sandbox's agent; the sandbox counts
@@ -116,6 +121,7 @@ type Service struct {
 	edgev1connect.UnimplementedEdgeServiceHandler
 	edge   Edge
 	layers Layers
+	fncall FnCall // nil on a node without the fncall backend
 	log    *slog.Logger
 
 	mu       sync.Mutex
@@ -144,6 +150,36 @@ func New(e Edge, layers Layers, log *slog.Logger) *Service {
 		reapedTokens: map[string]time.Time{}, reapedPrefixes: map[string]time.Time{}}
 }
 
+// FnCall is the node's fncall backend (*fncall.Service implements it).
+type FnCall interface {
+	RunCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dsecv1.RunCodeResponse, error)
+	Languages() []*dsecv1.Language
+	Load() (busy, queue, idle int)
+}
+
+// SetFnCall gives the node the fncall backend; call it before serving.
+func (s *Service) SetFnCall(f FnCall) { s.fncall = f }
+
+// RunCode runs one fncall call on this node.
+func (s *Service) RunCode(ctx context.Context, req *connect.Request[dsecv1.RunCodeRequest]) (*connect.Response[dsecv1.RunCodeResponse], error) {
+	if s.fncall == nil {
+		return nil, fmt.Errorf("run code: node %s has no fncall backend: %w", s.edge.Node(), errdefs.ErrNotSupported)
+	}
+	resp, err := s.fncall.RunCode(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// ListLanguages lists the languages this node's fncall backend runs.
+func (s *Service) ListLanguages(ctx context.Context, req *connect.Request[dsecv1.ListLanguagesRequest]) (*connect.Response[dsecv1.ListLanguagesResponse], error) {
+	if s.fncall == nil {
+		return nil, fmt.Errorf("list languages: node %s has no fncall backend: %w", s.edge.Node(), errdefs.ErrNotSupported)
+	}
+	return connect.NewResponse(&dsecv1.ListLanguagesResponse{Languages: s.fncall.Languages()}), nil
+}
+
 // Node is the name of the node the service's edge owns.
 func (s *Service) Node() string { return s.edge.Node() }
 
@@ -157,12 +193,29 @@ func (s *Service) Handler() (string, http.Handler) {
 
 func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.StatusRequest]) (*connect.Response[edgev1.NodeStatus], error) {
 	st := s.edge.Status()
-	return connect.NewResponse(&edgev1.NodeStatus{
-		Node: st.Node, Backends: []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER},
+	// A node serves fncall calls when it runs the backend's pools, whatever
+	// runtimes it has.
+	var backends []dsecv1.Backend
+	for _, b := range st.Backends {
+		if b != dsecv1.Backend_BACKEND_FNCALL {
+			backends = append(backends, b)
+		}
+	}
+	if len(backends) == 0 {
+		backends = []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER} // a hollow edge's
+	}
+	ns := &edgev1.NodeStatus{
+		Node: st.Node, Backends: backends,
 		MaxSandboxes: int32(st.MaxSandboxes), Live: int32(st.Live), Creating: int32(st.Creating), Pooled: int32(st.Pooled),
 		MaxCpus: st.MaxCPUs, MaxMemoryMb: st.MaxMemoryMB, MemAvailableMb: st.MemAvailableMB,
 		ReportedUnixMs: st.At.UnixMilli(), Version: Version, Refusing: st.Refusing, BlobStore: s.layers.BlobStore(),
-	}), nil
+	}
+	if s.fncall != nil {
+		ns.Backends = append(ns.Backends, dsecv1.Backend_BACKEND_FNCALL)
+		busy, queue, idle := s.fncall.Load()
+		ns.FncallBusy, ns.FncallQueue, ns.FncallIdle = int32(busy), int32(queue), int32(idle)
+	}
+	return connect.NewResponse(ns), nil
 }
 
 // Create makes a sandbox. A create token whose sandbox lives returns that
@@ -385,6 +438,23 @@ func (s *Service) Resume(ctx context.Context, req *connect.Request[dsecv1.Resume
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.ResumeResponse{Sandbox: sb, AlreadyRunning: already, PrefetchMs: prefetch.Milliseconds()}), nil
+}
+
+func (s *Service) SetTimeout(ctx context.Context, req *connect.Request[dsecv1.SetTimeoutRequest]) (*connect.Response[dsecv1.SetTimeoutResponse], error) {
+	m := req.Msg
+	sb, err := s.edge.SetTimeout(ctx, m.GetSandboxId(), time.Duration(m.GetTimeoutSeconds())*time.Second, m.GetExtendOnly())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.SetTimeoutResponse{Sandbox: sb}), nil
+}
+
+func (s *Service) Metrics(ctx context.Context, req *connect.Request[dsecv1.MetricsRequest]) (*connect.Response[dsecv1.SandboxMetrics], error) {
+	mt, err := s.edge.Metrics(ctx, req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(mt), nil
 }
 
 func (s *Service) Snapshot(ctx context.Context, req *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {

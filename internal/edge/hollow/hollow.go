@@ -220,6 +220,29 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
+// SetTimeout moves a live sandbox's expiry; a hollow edge enforces none.
+func (e *Edge) SetTimeout(ctx context.Context, id string, timeout time.Duration, extendOnly bool) (*dsecv1.Sandbox, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sb, ok := e.sbs[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	exp := time.Now().Add(timeout).UnixMilli()
+	if !extendOnly || exp > sb.GetExpiresUnixMs() {
+		sb.ExpiresUnixMs = exp
+	}
+	return proto.Clone(sb).(*dsecv1.Sandbox), nil
+}
+
+// Metrics says a hollow sandbox uses nothing.
+func (e *Edge) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error) {
+	if _, err := e.Get(ctx, id); err != nil {
+		return nil, err
+	}
+	return &dsecv1.SandboxMetrics{TimeUnixMs: time.Now().UnixMilli()}, nil
+}
+
 // Pause marks a running sandbox paused; there is nothing to freeze.
 func (e *Edge) Pause(ctx context.Context, id string, keepMemory bool) (*dsecv1.Sandbox, bool, error) {
 	return e.flip(id, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED)

@@ -750,6 +750,56 @@ func (s *Store) HasLayerFile(digest string) bool {
 	return err == nil
 }
 
+// StagePath is where a caller builds a layer file that AddLayerFile then
+// moves in: a path named name in the store's own temporary directory, on
+// the store's file system, so the move is a rename. The name starts with
+// the pid, so what a killed process left there is removed when the store
+// is next opened; nothing at a StagePath is a layer until AddLayerFile.
+func (s *Store) StagePath(name string) string {
+	return filepath.Join(s.tmpDir(), strconv.Itoa(os.Getpid())+"-"+name)
+}
+
+// AddLayerFile moves the layer file at path, built at a StagePath and
+// already fsync'd, into the store as the image file of the recorded layer
+// digest, unless the store has it (then path is removed). The caller
+// vouches for the content's digest: it hashed the file after sealing it,
+// as BuildLayerFile does, so nothing is read again here. A file whose size
+// is not the recorded one is refused (errdefs.ErrInvalidArgument) and
+// removed. The move is durable before AddLayerFile returns.
+func (s *Store) AddLayerFile(ctx context.Context, digest, path string) error {
+	hexDigest, err := parseDigest(digest)
+	if err != nil {
+		return fmt.Errorf("add layer file: %w", err)
+	}
+	defer os.Remove(path) // no-op once renamed
+	if filepath.Dir(path) != s.tmpDir() {
+		return fmt.Errorf("add layer file %s: %s is not in the store's staging directory: %w", digest, path, errdefs.ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("add layer file %s: %w", digest, err)
+	}
+	if s.HasLayerFile(digest) {
+		return nil
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("add layer file %s: %w", digest, err)
+	}
+	return s.update(true, func(ix *index) error {
+		rec := ix.Layers[hexDigest]
+		if rec == nil {
+			return fmt.Errorf("add layer file %s: no such layer (removed meanwhile?): %w", digest, errdefs.ErrNotFound)
+		}
+		if rec.Size != st.Size() {
+			return fmt.Errorf("add layer file %s: %d bytes, the layer has %d: %w", digest, st.Size(), rec.Size, errdefs.ErrInvalidArgument)
+		}
+		if err := os.Rename(path, s.blobPath(hexDigest)); err != nil {
+			return fmt.Errorf("add layer file %s: %w", digest, err)
+		}
+		return syncDir(filepath.Dir(s.blobPath(hexDigest)))
+	})
+}
+
 // FetchLayerFile stores the image file of the recorded layer digest,
 // written by write (from the blob store), unless the store has it. The
 // content must have the digest; nothing is kept otherwise.

@@ -122,7 +122,10 @@ func (ls *Handler) ListLayers(ctx context.Context, req *connect.Request[dsecv1.L
 	for _, l := range all {
 		pl := layerToProto(l)
 		if l.Kind == image.KindSnapshot {
-			pl.Snapshot = ls.svc.SnapshotOf(ctx, l)
+			pl.Snapshots = ls.svc.SnapshotsOf(ctx, l)
+			if len(pl.Snapshots) > 0 {
+				pl.Snapshot = pl.Snapshots[0]
+			}
 		}
 		out.Layers = append(out.Layers, pl)
 	}

@@ -115,9 +115,13 @@ type Service struct {
 	sandboxes map[string]int64    // sandboxes started per layer digest since start
 	ready     map[string]bool     // layer digests ready to mount in this mode
 	mounted   map[string][]string // layer digests each sandbox mounted
-	closed    bool                // Close was called: no more trace publishes
+	closed    bool                // Close was called: no more background work
+	// metaPending holds, per layer digest, a channel closed once the
+	// background search for its metadata chunks ended (snapshots.go).
+	metaPending map[string]chan struct{}
 
-	// publishing counts the trace publishes Release started; Close waits.
+	// publishing counts the background work (trace publishes, metadata
+	// marks) that Close waits for.
 	publishing sync.WaitGroup
 }
 
@@ -144,7 +148,8 @@ func New(cfg Config, images *image.Store) (*Service, error) {
 		}
 	}
 	return &Service{cfg: cfg, images: images, log: cfg.Log,
-		sandboxes: map[string]int64{}, ready: map[string]bool{}, mounted: map[string][]string{}}, nil
+		sandboxes: map[string]int64{}, ready: map[string]bool{}, mounted: map[string][]string{},
+		metaPending: map[string]chan struct{}{}}, nil
 }
 
 // Mode is the service's loading mode.
@@ -184,7 +189,7 @@ func (s *Service) ImportArchive(ctx context.Context, ref string, kind image.Kind
 
 // publishLayer publishes an imported layer, then the ref naming it.
 func (s *Service) publishLayer(ctx context.Context, ref, digest string) error {
-	if err := s.publish(ctx, digest); err != nil {
+	if err := s.publish(ctx, digest, false); err != nil {
 		return err
 	}
 	s.warm(ctx, digest)
@@ -205,7 +210,7 @@ func (s *Service) ImportImage(ctx context.Context, ref, source string, opts oci.
 		if opts.Progress != nil {
 			opts.Progress(oci.Progress{Phase: "upload", Layer: i + 1, Layers: len(res.Digests)})
 		}
-		if err := s.publish(ctx, d); err != nil {
+		if err := s.publish(ctx, d, false); err != nil {
 			return oci.Result{}, err
 		}
 		s.warm(ctx, d)
@@ -219,7 +224,14 @@ func (s *Service) ImportImage(ctx context.Context, ref, source string, opts oci.
 // publish stores a layer file in the blob store as chunks, marks the chunks
 // holding its metadata, and (with Tars) stores it as a tar.gz. Publishing a
 // layer that is already there costs a Stat.
-func (s *Service) publish(ctx context.Context, digest string) error {
+//
+// The chunks and an index naming them are written first: from then on the
+// layer is in the store, whole. Marking its metadata chunks (Index.Meta,
+// which only tells other nodes what to prefetch) means walking the layer
+// through the lazy file system and writing the index again; with
+// metaLater set publish returns before it and the mark is made in the
+// background (markMetaLater), as a snapshot does to publish sooner.
+func (s *Service) publish(ctx context.Context, digest string, metaLater bool) error {
 	hex := strings.TrimPrefix(digest, "sha256:")
 	if _, err := blob.GetIndex(ctx, s.cfg.Blobs, hex); err == nil {
 		return s.publishTar(ctx, digest)
@@ -228,27 +240,111 @@ func (s *Service) publish(ctx context.Context, digest string) error {
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	ix, st, err := blob.PutLayer(ctx, s.cfg.Blobs, file, s.cfg.ChunkSize)
 	if err != nil {
 		return fmt.Errorf("publish layer %s: %w", digest, err)
 	}
+	if ix.Digest != digest {
+		return fmt.Errorf("publish layer %s: the stored file has digest %s: %w", digest, ix.Digest, errdefs.ErrInvalidArgument)
+	}
+	put := time.Since(start)
 	if s.cfg.Loader != nil {
 		if _, err := s.cfg.Loader.Add(ctx, ix); err != nil {
 			return fmt.Errorf("publish layer %s: %w", digest, err)
 		}
-		meta, err := s.cfg.Loader.MetaChunks(ctx, hex)
-		if err != nil {
-			return fmt.Errorf("publish layer %s: find metadata chunks: %w", digest, err)
-		}
-		ix.Meta = meta
-		if err := blob.PutIndex(ctx, s.cfg.Blobs, ix); err != nil {
-			return fmt.Errorf("publish layer %s: %w", digest, err)
+		if metaLater {
+			s.markMetaLater(ctx, ix)
+		} else if err := s.markMeta(ctx, ix); err != nil {
+			return err
 		}
 	}
 	s.log.Info("published layer", "digest", digest, "chunks", st.Chunks, "uploaded", st.Uploaded,
 		"skipped", st.Skipped, "bytes", st.BytesUploaded, "stored_bytes", st.StoredBytes,
-		"compression", ix.Compression, "meta_chunks", len(ix.Meta))
+		"compression", ix.Compression, "meta_chunks", len(ix.Meta), "meta_later", metaLater,
+		"put", put, "took", time.Since(start))
 	return s.publishTar(ctx, digest)
+}
+
+// markMeta finds the chunks of the published layer ix that hold its
+// metadata, through the lazy file system (it must have the layer), and
+// writes the index again with them.
+func (s *Service) markMeta(ctx context.Context, ix *blob.Index) error {
+	meta, err := s.cfg.Loader.MetaChunks(ctx, strings.TrimPrefix(ix.Digest, "sha256:"))
+	if err != nil {
+		return fmt.Errorf("publish layer %s: find metadata chunks: %w", ix.Digest, err)
+	}
+	ix.Meta = meta
+	if err := blob.PutIndex(ctx, s.cfg.Blobs, ix); err != nil {
+		return fmt.Errorf("publish layer %s: %w", ix.Digest, err)
+	}
+	return nil
+}
+
+// markMetaLater runs markMeta in the background and then, on demand,
+// mounts the layer for sandboxes (prepare). Until both end, Mount of a
+// layer read through the lazy file system waits (the search walks the
+// layer and resets its access trace, which a sandbox's reads would
+// disturb); a snapshot of this node's, mounted from its own file, does not
+// (ownSnapshot). Close waits for them too. A node
+// that adopts the layer meanwhile finds it without Meta, which costs it
+// only the prefetch of its metadata. If dsecd dies first, the layer stays
+// without Meta.
+func (s *Service) markMetaLater(ctx context.Context, ix *blob.Index) {
+	digest := ix.Digest
+	done := make(chan struct{})
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.metaPending[digest] = done
+	s.publishing.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.publishing.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.metaPending, digest)
+			s.mu.Unlock()
+			close(done)
+		}()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+		defer cancel()
+		start := time.Now()
+		if err := s.markMeta(ctx, ix); err != nil {
+			s.log.Warn("mark metadata chunks", "digest", digest, "err", err)
+			return
+		}
+		marked := time.Since(start)
+		// The layer is new and this node has it registered: make it ready
+		// to mount now, so that the first sandbox on it (a restore, a
+		// fork's children) finds it mounted like its base.
+		if s.cfg.Mode == ModeOnDemand {
+			if _, err, _ := s.flight.Do(digest, func() (any, error) { return nil, s.prepare(ctx, digest) }); err != nil {
+				s.log.Warn("prepare layer", "digest", digest, "err", err)
+			}
+		}
+		s.log.Info("marked metadata chunks", "digest", digest, "meta_chunks", len(ix.Meta), "took", marked,
+			"prepared", time.Since(start)-marked)
+	}()
+}
+
+// waitMeta waits until no background search for layer digest's metadata
+// chunks runs, or ctx ends.
+func (s *Service) waitMeta(ctx context.Context, digest string) error {
+	s.mu.Lock()
+	done := s.metaPending[digest]
+	s.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("mount layer %s: wait for its metadata mark: %w", digest, ctx.Err())
+	}
 }
 
 // Stats reports per layer and per environment what sandboxes read.
@@ -331,13 +427,11 @@ func (s *Service) ResolveEnvironment(ctx context.Context, env string) ([]image.L
 	if !errors.Is(err, errdefs.ErrNotFound) {
 		return layers, err
 	}
-	adopted, aerr := s.adoptMissing(ctx, env)
-	if aerr != nil {
-		return nil, fmt.Errorf("environment %q: adopt from the blob store: %w", env, aerr)
+	if err := s.adoptMissing(ctx, env); err != nil {
+		return nil, fmt.Errorf("environment %q: adopt from the blob store: %w", env, err)
 	}
-	if !adopted {
-		return nil, err
-	}
+	// Resolved again even when this call adopted nothing: a create beside
+	// it may have adopted the missing part meanwhile.
 	return s.images.ResolveEnvironment(env)
 }
 
@@ -352,15 +446,24 @@ func (s *Service) RecordEnvironment(env string, digests []string) error {
 }
 
 // Mount makes layer digest available to sandbox id in the node's mode and
-// returns the directory to stack.
+// returns the directory to stack. In ondemand mode a snapshot this node
+// took is mounted from its own whole file (ownSnapshot), as in local mode:
+// its children start without waiting for the metadata mark, and read
+// nothing through the lazy file system.
 func (s *Service) Mount(ctx context.Context, id, digest string) (string, error) {
+	own := s.cfg.Mode == ModeOnDemand && s.ownSnapshot(digest)
+	if !own {
+		if err := s.waitMeta(ctx, digest); err != nil {
+			return "", err
+		}
+	}
 	s.mu.Lock()
 	s.mounted[id] = append(s.mounted[id], digest)
 	s.mu.Unlock()
-	switch s.cfg.Mode {
-	case ModeLocal:
+	switch {
+	case s.cfg.Mode == ModeLocal, own:
 		return s.images.Mount(ctx, digest)
-	case ModeTar:
+	case s.cfg.Mode == ModeTar:
 		return s.extractFor(ctx, id, digest)
 	}
 	s.mu.Lock()
@@ -389,7 +492,7 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// A layer imported before the blob store was in use: publish the
 		// node's own copy first.
-		if err := s.publish(ctx, digest); err != nil {
+		if err := s.publish(ctx, digest, false); err != nil {
 			return fmt.Errorf("prepare layer %s: %w", digest, err)
 		}
 		ix, err = blob.GetIndex(ctx, s.cfg.Blobs, hex)
@@ -398,15 +501,17 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 		return fmt.Errorf("prepare layer %s: %w", digest, err)
 	}
 	var file string
-	switch s.cfg.Mode {
-	case ModeOnDemand:
+	switch {
+	case s.cfg.Mode == ModeOnDemand && s.ownSnapshot(digest):
+		// The store's own file: what Mount mounts for this layer.
+	case s.cfg.Mode == ModeOnDemand:
 		if file, err = s.cfg.Loader.Add(ctx, ix); err != nil {
 			return fmt.Errorf("prepare layer %s: %w", digest, err)
 		}
 		// A layer imported or adopted in this run was warmed then;
 		// one known from before (or by a restarted lazyfs) is now.
 		s.prefetchTrace(ctx, digest)
-	case ModeEager:
+	case s.cfg.Mode == ModeEager:
 		file = filepath.Join(s.cfg.Dir, "eager", hex)
 		if _, err := os.Stat(file); err != nil {
 			if err := pullFile(ctx, s.cfg.Blobs, ix, file); err != nil {
@@ -421,6 +526,16 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 	s.ready[digest] = true
 	s.mu.Unlock()
 	return nil
+}
+
+// ownSnapshot reports whether layer digest is a snapshot whose whole file
+// this node's store holds: one it packed itself (a layer adopted from the
+// blob store has no file here). In ondemand mode such a layer is mounted
+// from that file, as in local mode; the lazy file system serves it to the
+// metadata mark only.
+func (s *Service) ownSnapshot(digest string) bool {
+	l, err := s.images.Get(digest)
+	return err == nil && l.Kind == image.KindSnapshot && s.images.HasLayerFile(digest)
 }
 
 // warm readies, on demand, a layer the node has just learnt of (imported,
@@ -532,7 +647,8 @@ func (s *Service) publishTraces(ctx context.Context, digests []string) {
 	}()
 }
 
-// Close waits, until ctx ends, for the trace publishes Release started.
+// Close waits, until ctx ends, for the trace publishes Release started and
+// the metadata marks of snapshots published.
 // The service must not be used after it.
 func (s *Service) Close(ctx context.Context) error {
 	s.mu.Lock()
@@ -547,7 +663,7 @@ func (s *Service) Close(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("close layer service: trace publishes still running: %w", ctx.Err())
+		return fmt.Errorf("close layer service: trace publishes or metadata marks still running: %w", ctx.Err())
 	}
 }
 

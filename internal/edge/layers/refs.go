@@ -247,11 +247,9 @@ func (s *Service) fetchFile(ctx context.Context, digest string) error {
 }
 
 // adoptMissing adopts from the blob store every part of environment env
-// (BASE[+LAYER...]) this node has no layer or image of, and reports
-// whether it adopted any. A part the store has no record of is left for
-// the environment's resolution to report.
-func (s *Service) adoptMissing(ctx context.Context, env string) (bool, error) {
-	adopted := false
+// (BASE[+LAYER...]) this node has no layer or image of. A part the store
+// has no record of is left for the environment's resolution to report.
+func (s *Service) adoptMissing(ctx context.Context, env string) error {
 	for _, part := range strings.Split(env, "+") {
 		ref, err := image.ParseRef(strings.TrimSpace(part))
 		if err != nil || s.knows(ref) {
@@ -262,15 +260,14 @@ func (s *Service) adoptMissing(ctx context.Context, env string) (bool, error) {
 			continue
 		}
 		if err != nil {
-			return adopted, err
+			return err
 		}
 		if err := s.adopt(ctx, rec); err != nil {
-			return adopted, err
+			return err
 		}
 		s.log.Info("adopted on first use", "ref", ref, "layers", len(rec.Layers))
-		adopted = true
 	}
-	return adopted, nil
+	return nil
 }
 
 // knows reports whether the image store has a layer or an image named ref.

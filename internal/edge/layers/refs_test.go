@@ -139,3 +139,47 @@ func TestAdoptFromTheBlobStore(t *testing.T) {
 		t.Errorf("a dropped record was adopted: %v", err)
 	}
 }
+
+// Creates that resolve an environment at once on a node that lacks one of
+// its parts all find it: one adopts it, and the others, which may find it
+// adopted before they look, resolve it as well.
+func TestConcurrentResolvesAdoptOnce(t *testing.T) {
+	ctx := t.Context()
+	blobs, err := blob.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := publishFile(t, blobs, 5000)
+	top, _ := publishFile(t, blobs, 3000)
+	importer := newNode(t, ModeEager, blobs)
+	if err := importer.images.Adopt(ctx, "base:1", []image.Adopted{base}, nil); err != nil {
+		t.Fatal(err)
+	}
+	top.Kind = image.KindSnapshot
+	if err := importer.images.Adopt(ctx, "snap:s", []image.Adopted{top}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []string{"base:1", "snap:s"} {
+		if err := importer.publishRef(ctx, ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 20 {
+		node := newNode(t, ModeEager, blobs)
+		if err := node.Adopt(ctx, "base:1", []string{base.Digest}); err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 8)
+		for range 8 {
+			go func() {
+				_, err := node.ResolveEnvironment(ctx, "base:1+snap:s")
+				errs <- err
+			}()
+		}
+		for range 8 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: a create beside others: %v", round, err)
+			}
+		}
+	}
+}

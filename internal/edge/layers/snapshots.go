@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -42,29 +43,37 @@ func (s *Service) HasRef(ref string) bool {
 	return err == nil
 }
 
-// AddSnapshot stores the packed EROFS file as layer ref (snap:NAME), kind
-// snapshot, and publishes it, its ref and info. The file is consumed: it is
-// removed once stored.
+// StagePath is where a snapshot's layer file is built (snapshot.Pack's
+// out) for AddSnapshot to move in by rename: a path in the image store's
+// temporary directory, on its file system, which a restarted dsecd clears.
+func (s *Service) StagePath(name string) string {
+	return s.images.StagePath("snap-" + name + ".erofs")
+}
+
+// AddSnapshot stores the packed EROFS file, built at StagePath and sealed
+// (its digest and size are info's), as layer ref (snap:NAME), kind
+// snapshot, and publishes it: its chunks and index, its info, then its
+// ref, in that order, so a node that finds the ref finds the whole layer.
+// The file is consumed: moved into the image store, or removed. The mark
+// of the layer's metadata chunks is made in the background (publish);
+// a sandbox mounting the layer on this node waits for it.
 func (s *Service) AddSnapshot(ctx context.Context, ref, file string, info *dsecv1.SnapshotInfo) error {
 	defer os.Remove(file)
+	start := time.Now()
 	adopted := image.Adopted{Digest: info.GetDigest(), Kind: image.KindSnapshot, Size: info.GetSize(),
 		Source: fmt.Sprintf("snapshot of %s on %s", info.GetSourceSandbox(), info.GetNode())}
 	if err := s.images.Adopt(ctx, ref, []image.Adopted{adopted}, nil); err != nil {
 		return fmt.Errorf("add snapshot layer %s: %w", ref, err)
 	}
-	err := s.images.FetchLayerFile(ctx, info.GetDigest(), func(w io.Writer) error {
-		f, err := os.Open(file)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(w, f)
-		return err
-	})
-	if err != nil {
+	if err := s.images.AddLayerFile(ctx, info.GetDigest(), file); err != nil {
 		s.images.Remove(ref)
 		return fmt.Errorf("add snapshot layer %s: %w", ref, err)
 	}
+	stored := time.Since(start)
+	if err := s.publish(ctx, info.GetDigest(), true); err != nil {
+		return fmt.Errorf("publish snapshot %s: %w", ref, err)
+	}
+	published := time.Since(start)
 	data, err := protojson.Marshal(info)
 	if err != nil {
 		return fmt.Errorf("add snapshot layer %s: %w", ref, err)
@@ -72,12 +81,19 @@ func (s *Service) AddSnapshot(ctx context.Context, ref, file string, info *dsecv
 	if err := s.cfg.Blobs.Put(ctx, snapshotKey(strings.TrimPrefix(ref, snapshotPrefix)), bytes.NewReader(data), int64(len(data))); err != nil {
 		return fmt.Errorf("publish snapshot %s: %w", ref, err)
 	}
-	return s.publishLayer(ctx, ref, info.GetDigest())
+	s.warm(ctx, info.GetDigest())
+	if err := s.publishRef(ctx, ref); err != nil {
+		return err
+	}
+	s.log.Debug("published snapshot", "ref", ref, "digest", info.GetDigest(), "stored", stored,
+		"chunks_published", published, "took", time.Since(start))
+	return nil
 }
 
-// SnapshotOf is what the snapshot layer l was taken from, read from the
-// blob store; nil when no ref of l is a snapshot's or its info is missing.
-func (s *Service) SnapshotOf(ctx context.Context, l image.Layer) *dsecv1.SnapshotInfo {
+// SnapshotsOf is every snapshot the layer l is, one per snap: ref whose
+// info the blob store holds: snapshots of the same files share a layer.
+func (s *Service) SnapshotsOf(ctx context.Context, l image.Layer) []*dsecv1.SnapshotInfo {
+	var out []*dsecv1.SnapshotInfo
 	for _, ref := range l.Refs {
 		name, ok := strings.CutPrefix(ref, snapshotPrefix)
 		if !ok {
@@ -88,9 +104,9 @@ func (s *Service) SnapshotOf(ctx context.Context, l image.Layer) *dsecv1.Snapsho
 			s.log.Debug("read snapshot info", "snapshot", name, "err", err)
 			continue
 		}
-		return info
+		out = append(out, info)
 	}
-	return nil
+	return out
 }
 
 func (s *Service) readSnapshot(ctx context.Context, name string) (*dsecv1.SnapshotInfo, error) {

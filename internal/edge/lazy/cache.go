@@ -2,7 +2,6 @@ package lazy
 
 import (
 	"bytes"
-	"container/list"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -10,14 +9,15 @@ import (
 	"dsec.dev/dsec/internal/blob"
 )
 
-// plainCacheBytes bounds the recently decoded chunks kept beside a memory
-// tier of memLimit bytes: an eighth of it, between 32 and 256 MiB. The
-// kernel reads a 1 MiB chunk in 128 KiB requests, which sixteen sandboxes
-// starting at once interleave: with 32 MiB, the storage benchmark's lazyfs
-// decoded each fetched chunk about 2.8 times (once to verify it, then for
-// reads), and decoding took 40 % of its CPU.
-func plainCacheBytes(memLimit int64) int64 {
-	return min(max(memLimit/8, 32<<20), 256<<20, memLimit)
+// minDecodedBytes is the floor of decoded copies a memory tier of memLimit
+// bytes keeps before it evicts chunks for them: an eighth of it, between 32
+// and 256 MiB, and at most half of it. The kernel reads a 1 MiB chunk in
+// 128 KiB requests, which sixteen sandboxes starting at once interleave:
+// with 32 MiB of decoded chunks, the storage benchmark's lazyfs decoded each
+// fetched chunk about 2.8 times (once to verify it, then for reads), and
+// decoding took 40 % of its CPU.
+func minDecodedBytes(memLimit int64) int64 {
+	return min(max(memLimit/8, 32<<20), 256<<20, memLimit/2)
 }
 
 // tier says where a chunk read was served from.
@@ -33,11 +33,14 @@ const (
 // does not cost the node its disk bandwidth:
 //
 //   - memory: every chunk fetched (or prefetched) goes here, as the object
-//     the store served (a zstd frame; plain bytes for a raw layer), bounded
-//     by its limit. A read decodes the chunk (the recently decoded ones are
-//     kept, up to an eighth more, see plainCacheBytes); the kernel's page
-//     cache holds the decoded pages anyway, so reads of one chunk that
-//     reach the file system again are rare.
+//     the store served (a zstd frame; plain bytes for a raw layer) and,
+//     while they fit, the frame's decoded bytes, which verifying it made
+//     anyway: a read then only copies, and a chunk prefetched from a trace
+//     costs the burst that reads it no decoding. Both count against one
+//     limit; decoded copies are dropped first (least recently used, down to
+//     an eighth, see minDecodedBytes), then whole chunks, so memory holds as
+//     many chunks as it can without a refetch and decodes only those whose
+//     decoded copy did not fit.
 //   - disk: files under dir, bounded and LRU, kept across restarts. A chunk
 //     is written here only when it is hot and leaves memory (evicted, or
 //     the file system closes), and always as one zstd frame.
@@ -52,11 +55,10 @@ const (
 // hold, the bytes a fetch returns come from memory, so a full cache never
 // fails a read.
 type chunkCache struct {
-	mem   *memTier
-	disk  *diskTier
-	plain *plainCache
-	pins  *pinSet
-	log   *slog.Logger
+	mem  *memTier
+	disk *diskTier
+	pins *pinSet
+	log  *slog.Logger
 
 	bytesWritten  atomic.Int64 // to the disk tier
 	chunksWritten atomic.Int64
@@ -71,11 +73,10 @@ func openCache(dir string, memLimit, diskLimit int64, log *slog.Logger) (*chunkC
 		return nil, err
 	}
 	return &chunkCache{
-		mem:   newMemTier(memLimit, pins.pinned),
-		disk:  disk,
-		plain: &plainCache{limit: plainCacheBytes(memLimit), lru: list.New(), entries: map[string]*list.Element{}},
-		pins:  pins,
-		log:   log,
+		mem:  newMemTier(memLimit, minDecodedBytes(memLimit), pins.pinned),
+		disk: disk,
+		pins: pins,
+		log:  log,
 	}, nil
 }
 
@@ -83,22 +84,19 @@ func openCache(dir string, memLimit, diskLimit int64, log *slog.Logger) (*chunkC
 // that held it, or tierNone. Chunks read from disk are decoded and verified
 // (a bad file is dropped) and come back into memory.
 func (c *chunkCache) get(hex string, plainLen int64) ([]byte, tier) {
-	if obj, zstd, ok := c.mem.get(hex); ok {
-		if !zstd {
-			return obj, tierMemory
-		}
-		if data, ok := c.plain.get(hex); ok {
-			return data, tierMemory
+	if plain, frame, ok := c.mem.get(hex); ok {
+		if plain != nil {
+			return plain, tierMemory
 		}
 		// Verified when it was fetched or read from disk: decoding alone
 		// gives the same bytes again.
-		data, err := blob.DecodeObject(blob.CompressionZstd, obj, plainLen)
+		data, err := blob.DecodeObject(blob.CompressionZstd, frame, plainLen)
 		if err != nil {
 			c.log.Warn("drop chunk held in memory", "chunk", hex, "err", err)
 			c.mem.drop(hex)
 			return nil, tierNone
 		}
-		c.plain.put(hex, data)
+		c.evicted(c.mem.keepDecoded(hex, data))
 		return data, tierMemory
 	}
 	stored, zstd, ok := c.disk.read(hex)
@@ -118,37 +116,29 @@ func (c *chunkCache) get(hex string, plainLen int64) ([]byte, tier) {
 		c.disk.drop(hex)
 		return nil, tierNone
 	}
-	if zstd {
-		c.plain.put(hex, data)
-	}
-	c.add(&memEntry{hex: hex, obj: stored, zstd: zstd, plainLen: plainLen, hot: true})
+	c.add(&memEntry{hex: hex, obj: stored, zstd: zstd, plainLen: plainLen, plain: data, hot: true})
 	return data, tierDisk
 }
 
 // put adds a chunk fetched from the store and verified: obj is the object
-// as stored with compression, plain its decoded bytes. hot marks it hot at
-// once; written (may be nil) will count what it costs the disk tier.
+// as stored with compression, plain its decoded bytes (kept as the frame's
+// decoded copy while memory has room; neither may be modified afterwards).
+// hot marks it hot at once; written (may be nil) will count what it costs
+// the disk tier.
 func (c *chunkCache) put(hex, compression string, obj, plain []byte, hot bool, written *atomic.Int64) {
-	zstd := compression == blob.CompressionZstd
-	if zstd {
+	e := &memEntry{hex: hex, obj: obj, plainLen: int64(len(plain)), hot: hot, written: written}
+	if compression == blob.CompressionZstd {
 		// The read buffer has room for the plain chunk; keep only the frame.
-		obj = bytes.Clone(obj)
+		e.obj, e.zstd, e.plain = bytes.Clone(obj), true, plain
 	}
-	c.add(&memEntry{hex: hex, obj: obj, zstd: zstd, plainLen: int64(len(plain)), hot: hot, written: written})
+	c.add(e)
 }
 
-// keepDecoded keeps the plain bytes of a chunk a reader has just been given
-// from a fetch, so that its next requests for the chunk do not decode it.
-// Prefetched chunks are not kept: nobody is reading them yet.
-func (c *chunkCache) keepDecoded(hex string, plain []byte) {
-	if _, zstd, ok := c.mem.get(hex); ok && zstd {
-		c.plain.put(hex, plain)
-	}
-}
+func (c *chunkCache) add(e *memEntry) { c.evicted(c.mem.add(e)) }
 
-func (c *chunkCache) add(e *memEntry) {
-	for _, ev := range c.mem.add(e) {
-		c.plain.drop(ev.hex)
+// evicted writes the hot ones of the entries memory evicted to disk.
+func (c *chunkCache) evicted(out []*memEntry) {
+	for _, ev := range out {
 		if ev.hot {
 			c.promote(ev)
 		}
@@ -206,15 +196,18 @@ func (c *chunkCache) flush() {
 
 // cacheStats are a chunk cache's figures.
 type cacheStats struct {
-	MemoryBytes   int64 // chunk objects held in memory
+	MemoryBytes   int64 // chunk objects and decoded copies held in memory
+	DecodedBytes  int64 // of MemoryBytes, the decoded copies
 	DiskBytes     int64 // chunk files held on disk
 	BytesWritten  int64 // written to the disk tier since the cache opened
 	ChunksWritten int64
 }
 
 func (c *chunkCache) stats() cacheStats {
+	all, decoded := c.mem.usage()
 	return cacheStats{
-		MemoryBytes:   c.mem.usage(),
+		MemoryBytes:   all,
+		DecodedBytes:  decoded,
 		DiskBytes:     c.disk.usage(),
 		BytesWritten:  c.bytesWritten.Load(),
 		ChunksWritten: c.chunksWritten.Load(),
@@ -241,60 +234,4 @@ func (p *pinSet) pinned(hex string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.n[hex] > 0
-}
-
-// plainCache keeps the decoded bytes of a few chunks of the memory tier,
-// least recently used dropped first beyond limit bytes.
-type plainCache struct {
-	limit int64
-
-	mu      sync.Mutex
-	lru     *list.List               // values are *plainEntry
-	entries map[string]*list.Element // by chunk hex
-	size    int64
-}
-
-type plainEntry struct {
-	hex  string
-	data []byte
-}
-
-func (p *plainCache) get(hex string) ([]byte, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	el, ok := p.entries[hex]
-	if !ok {
-		return nil, false
-	}
-	p.lru.MoveToFront(el)
-	return el.Value.(*plainEntry).data, true
-}
-
-func (p *plainCache) put(hex string, data []byte) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if el, ok := p.entries[hex]; ok {
-		p.lru.MoveToFront(el)
-		return
-	}
-	p.entries[hex] = p.lru.PushFront(&plainEntry{hex: hex, data: data})
-	p.size += int64(len(data))
-	for p.size > p.limit && p.lru.Len() > 0 {
-		p.removeLocked(p.lru.Back())
-	}
-}
-
-func (p *plainCache) drop(hex string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if el, ok := p.entries[hex]; ok {
-		p.removeLocked(el)
-	}
-}
-
-func (p *plainCache) removeLocked(el *list.Element) {
-	e := el.Value.(*plainEntry)
-	p.lru.Remove(el)
-	delete(p.entries, e.hex)
-	p.size -= int64(len(e.data))
 }

@@ -98,13 +98,13 @@ func TestMemoryTierBound(t *testing.T) {
 	c := newTestCache(t, dir, limit, 1<<30)
 	for _, ch := range chunks {
 		putChunk(c, ch, nil)
-		if got := c.mem.usage(); got > limit {
+		if got, _ := c.mem.usage(); got > limit {
 			t.Fatalf("memory tier holds %d bytes, limit %d", got, limit)
 		}
 	}
 	// Frames are kept without the read buffer's slack: the bound counts
 	// what the tier holds.
-	if got := c.mem.usage(); got < limit-frame {
+	if got, _ := c.mem.usage(); got < limit-frame {
 		t.Errorf("memory tier holds %d bytes, want about its limit %d", got, limit)
 	}
 	// The last ten fit (frames differ by a few bytes: nine surely do).
@@ -291,15 +291,15 @@ func TestDiskTierFoundAtStartup(t *testing.T) {
 	}
 }
 
-func TestPlainCacheBytes(t *testing.T) {
+func TestMinDecodedBytes(t *testing.T) {
 	for _, tc := range []struct{ mem, want int64 }{
-		{1 << 20, 1 << 20},
+		{1 << 20, 512 << 10},
 		{64 << 20, 32 << 20},
 		{1536 << 20, 192 << 20},
 		{4 << 30, 256 << 20},
 	} {
-		if got := plainCacheBytes(tc.mem); got != tc.want {
-			t.Errorf("plainCacheBytes(%d) = %d, want %d", tc.mem, got, tc.want)
+		if got := minDecodedBytes(tc.mem); got != tc.want {
+			t.Errorf("minDecodedBytes(%d) = %d, want %d", tc.mem, got, tc.want)
 		}
 	}
 }
@@ -322,5 +322,87 @@ func TestDiskTierBound(t *testing.T) {
 	}
 	if st := c.stats(); st.ChunksWritten != 8 || !strings.HasSuffix(files[0], ".zst") {
 		t.Errorf("disk writes: %+v", st)
+	}
+}
+
+// Fetched chunks stay decoded while memory has room for their frames and
+// decoded copies; beyond it the decoded copies go first, least recently used
+// first, down to the floor, and only then whole chunks.
+func TestMemoryTierKeepsDecoded(t *testing.T) {
+	chunks := make([]testChunkData, 8)
+	for i := range chunks {
+		chunks[i] = makeChunk(t, i)
+	}
+	frame, plain := int64(len(chunks[0].frame)), int64(cacheChunk)
+	decoded := func(c *chunkCache, ch testChunkData) bool {
+		p, _, ok := c.mem.get(ch.hex)
+		return ok && p != nil
+	}
+
+	// Room for all eight, decoded: reads only copy.
+	roomy := newTestCache(t, t.TempDir(), 8*(frame+plain)+frame, 1<<30)
+	for _, ch := range chunks {
+		putChunk(roomy, ch, nil)
+	}
+	for i, ch := range chunks {
+		if !decoded(roomy, ch) {
+			t.Errorf("chunk %d not kept decoded in a tier with room", i)
+		}
+		if data, tr := roomy.get(ch.hex, cacheChunk); tr != tierMemory || !bytes.Equal(data, ch.plain) {
+			t.Errorf("chunk %d: tier %d", i, tr)
+		}
+	}
+	var frames int64
+	for _, ch := range chunks {
+		frames += int64(len(ch.frame))
+	}
+	if all, dec := roomy.mem.usage(); dec != 8*plain || all != frames+8*plain {
+		t.Errorf("usage %d, decoded %d; want %d and %d", all, dec, frames+8*plain, 8*plain)
+	}
+
+	// Room for eight frames and four decoded copies (the floor is two):
+	// every chunk stays, the four used last decoded.
+	limit := 8*frame + 4*plain + frame/2
+	c := newTestCache(t, t.TempDir(), limit, 1<<30)
+	c.mem.minDecoded = 2 * plain
+	for _, ch := range chunks {
+		putChunk(c, ch, nil)
+		if got, _ := c.mem.usage(); got > limit {
+			t.Fatalf("memory tier holds %d bytes, limit %d", got, limit)
+		}
+	}
+	for i, ch := range chunks {
+		if !c.mem.has(ch.hex) {
+			t.Errorf("chunk %d evicted while decoded copies were left", i)
+		}
+		if want := i >= 4; decoded(c, ch) != want {
+			t.Errorf("chunk %d decoded %v, want %v", i, !want, want)
+		}
+	}
+	// Reading chunk 0 decodes it again and keeps that copy, dropping the
+	// least recently used one (chunk 4).
+	if data, tr := c.get(chunks[0].hex, cacheChunk); tr != tierMemory || !bytes.Equal(data, chunks[0].plain) {
+		t.Fatalf("chunk 0: tier %d", tr)
+	}
+	if !decoded(c, chunks[0]) || decoded(c, chunks[4]) {
+		t.Errorf("after reading chunk 0: decoded %v, chunk 4 decoded %v; want true, false", decoded(c, chunks[0]), decoded(c, chunks[4]))
+	}
+
+	// With the decoded copies at their floor, a new chunk evicts the least
+	// recently used chunk (chunk 1) rather than a decoded copy.
+	c.mem.minDecoded = 4 * plain
+	putChunk(c, makeChunk(t, 100), nil)
+	if c.mem.has(chunks[1].hex) {
+		t.Error("chunk 1 kept while the decoded copies were at their floor")
+	}
+	if _, dec := c.mem.usage(); dec < 4*plain {
+		t.Errorf("decoded copies %d, want at least the floor %d", dec, 4*plain)
+	}
+	// Dropping a chunk drops its decoded copy's bytes too.
+	before, decBefore := c.mem.usage()
+	c.mem.drop(chunks[7].hex)
+	f7 := int64(len(chunks[7].frame))
+	if all, dec := c.mem.usage(); all != before-f7-plain || dec != decBefore-plain {
+		t.Errorf("after drop: usage %d, decoded %d; want %d, %d", all, dec, before-f7-plain, decBefore-plain)
 	}
 }

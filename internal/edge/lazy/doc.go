@@ -6,10 +6,11 @@
 // output capped at the chunk's length) and verifies its length and digest.
 //
 // Verified chunks are kept in a cache of two tiers (chunkCache): in memory,
-// bounded, as the objects the store served (zstd frames), and on local disk,
-// bounded and kept across restarts, for the chunks that proved hot (needed
-// again after the kernel or the memory tier dropped them, or pinned), written
-// compressed when they leave memory. A burst of fetches thus costs the disk
+// bounded, as the objects the store served (zstd frames) and, while they
+// fit, decoded, so that reads (of prefetched chunks too) only copy; and on
+// local disk, bounded and kept across restarts, for the chunks that proved
+// hot (needed again after the kernel or the memory tier dropped them, or
+// pinned), written compressed when they leave memory. A burst of fetches thus costs the disk
 // nothing. The chunks holding a layer's EROFS metadata (Index.Meta, found by
 // MetaChunks at import) are pinned while the layer is registered: fetched on
 // first touch like any chunk, they then stay local.

@@ -81,12 +81,12 @@ func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	// are bounded by the fetch retries anyway, so finish them: a regular
 	// file that fails with EINTR breaks programs, and mount(2) reading a
 	// layer's superblock.
-	got, err := n.f.readAt(context.WithoutCancel(ctx), n.l, dest, off)
+	data, err := n.f.readAt(context.WithoutCancel(ctx), n.l, dest, off)
 	if err != nil {
 		n.f.log.Error("read layer", "layer", n.l.hex, "offset", off, "bytes", len(dest), "err", err)
 		return nil, syscall.EIO
 	}
-	return fuse.ReadResultData(dest[:got]), 0
+	return fuse.ReadResultData(data), 0
 }
 
 // Mount creates the cache (rebuilding its LRU from what an earlier run left)
@@ -112,7 +112,12 @@ func Mount(ctx context.Context, cfg Config) (*FS, error) {
 			// Passthrough makes the kernel count this mount as a stacked
 			// file system, and EROFS refuses file-backed mounts on those.
 			DisabledCapabilities: fuse.CAP_PASSTHROUGH,
-			Logger:               slog.NewLogLogger(f.log.Handler(), slog.LevelWarn),
+			// Reads are answered from memory, never from a file descriptor:
+			// with splicing on, go-fuse would first write each reply's
+			// header into a pipe, then find no descriptor and write the
+			// reply again.
+			DisableSplice: true,
+			Logger:        slog.NewLogLogger(f.log.Handler(), slog.LevelWarn),
 		},
 	})
 	if err != nil {
@@ -176,7 +181,7 @@ func (f *FS) Close(ctx context.Context) error {
 			f.cancel()
 			f.cache.flush()
 			st := f.cache.stats()
-			f.log.Info("lazy fs closed", "mountpoint", f.cfg.MountPoint, "memory_bytes", st.MemoryBytes,
+			f.log.Info("lazy fs closed", "mountpoint", f.cfg.MountPoint, "memory_bytes", st.MemoryBytes, "decoded_bytes", st.DecodedBytes,
 				"disk_bytes", st.DiskBytes, "disk_bytes_written", st.BytesWritten, "disk_chunks_written", st.ChunksWritten)
 			close(m.done)
 		}()

@@ -25,7 +25,7 @@ type Config struct {
 	MountPoint   string        // FUSE mount dir; a layer with sha256 hex H appears as MountPoint/H
 	CacheDir     string        // chunk cache's disk tier and traces, kept across restarts
 	CacheBytes   int64         // disk tier's LRU size limit; 0 = 10 GiB
-	MemoryBytes  int64         // memory tier's limit (chunk objects as fetched); 0 = 256 MiB
+	MemoryBytes  int64         // memory tier's limit (chunk objects as fetched and decoded copies); 0 = 256 MiB
 	FetchTimeout time.Duration // per attempt; 0 = 10 s
 	Retries      int           // attempts per chunk before EIO; 0 = 3
 	Log          *slog.Logger  // nil = discard
@@ -118,6 +118,11 @@ func (l *layer) trace(i int) {
 }
 
 func (l *layer) resetTrace() {
+	// The next PublishTrace must not take the new trace for the one it
+	// merged last because they are as long.
+	l.publishMu.Lock()
+	l.published = 0
+	l.publishMu.Unlock()
 	l.traceMu.Lock()
 	defer l.traceMu.Unlock()
 	for i := range l.seen {
@@ -337,6 +342,10 @@ func (f *FS) prefetch(ctx context.Context, l *layer, chunks []int, hot bool) err
 	return g.Wait()
 }
 
+// MemoryBytes returns the memory tier's limit (Config.MemoryBytes, or its
+// default): the bytes of chunk objects and decoded copies it holds at most.
+func (f *FS) MemoryBytes() int64 { return f.cfg.MemoryBytes }
+
 // Stats returns the layer's counters; zero for an unknown layer.
 func (f *FS) Stats(hex string) LayerStats {
 	l, err := f.layer(hex)
@@ -359,12 +368,14 @@ func (f *FS) Stats(hex string) LayerStats {
 	}
 }
 
-// readAt fills dest from the layer file at off, fetching the chunks it
-// covers that are not cached. It returns the bytes read (short only at the
-// end of the file).
-func (f *FS) readAt(ctx context.Context, l *layer, dest []byte, off int64) (int, error) {
+// readAt returns the bytes of the layer file at off, len(dest) of them
+// (fewer only at the end of the file), fetching the chunks they cover that
+// are not cached. A read within one chunk returns a slice of the cached
+// chunk, which the caller must not modify; a read across chunks is copied
+// into dest.
+func (f *FS) readAt(ctx context.Context, l *layer, dest []byte, off int64) ([]byte, error) {
 	if off >= l.ix.Size {
-		return 0, nil
+		return nil, nil
 	}
 	if end := l.ix.Size - off; int64(len(dest)) > end {
 		dest = dest[:end]
@@ -379,14 +390,19 @@ func (f *FS) readAt(ctx context.Context, l *layer, dest []byte, off int64) (int,
 		l.trace(i)
 		data, err := f.chunk(ctx, l, i)
 		if err != nil {
-			return done, err
+			return dest[:done], err
+		}
+		f.cache.served(l.ix.Chunks[i], within, n)
+		if done == 0 && n == int64(len(dest)) {
+			// The whole read is in this chunk: hand out its bytes, uncopied.
+			l.bytesRead.Add(n)
+			return data[within : within+n : within+n], nil
 		}
 		copy(dest[done:done+int(n)], data[within:])
-		f.cache.served(l.ix.Chunks[i], within, n)
 		done += int(n)
 	}
 	l.bytesRead.Add(int64(done))
-	return done, nil
+	return dest[:done], nil
 }
 
 // chunk returns the plain bytes of chunk i of the layer from the cache, or
@@ -402,11 +418,7 @@ func (f *FS) chunk(ctx context.Context, l *layer, i int) ([]byte, error) {
 		return data, nil
 	}
 	l.cacheMisses.Add(1)
-	data, err := f.fetch(ctx, l, i)
-	if err == nil {
-		f.cache.keepDecoded(l.ix.Chunks[i], data)
-	}
-	return data, err
+	return f.fetch(ctx, l, i)
 }
 
 // fetch returns chunk i of the layer, verified, fetching it from the store

@@ -16,31 +16,45 @@ const pageSize = 4096
 const maxGhosts = 16384
 
 // memTier holds verified chunk objects in memory as they were fetched (one
-// zstd frame, or the plain bytes of a raw layer), up to limit bytes of
-// objects: least recently used ones are evicted first, pinned ones only when
-// nothing else is left. It tells hot chunks from cold ones (see chunkCache)
-// and returns what it evicts, so that the caller writes the hot ones to the
-// disk tier.
+// zstd frame, or the plain bytes of a raw layer) and, beside a frame, its
+// decoded bytes while they fit: up to limit bytes of both together.
+//
+// Decoded copies go first: beyond the limit, the least recently used ones
+// are dropped down to a floor of minDecoded bytes of them; only then are
+// whole entries evicted, least recently used first, pinned ones only when
+// nothing else is left (an evicted entry's decoded copy goes with it). A
+// chunk the tier holds thus costs a refetch only once memory cannot hold its
+// frame, and a decode only once it cannot hold its decoded copy too. It
+// tells hot chunks from cold ones (see chunkCache) and returns what it
+// evicts, so that the caller writes the hot ones to the disk tier.
 type memTier struct {
-	limit  int64
-	pinned func(hex string) bool
+	limit      int64
+	minDecoded int64
+	pinned     func(hex string) bool
 
 	mu      sync.Mutex
 	lru     *list.List               // front: most recently used; values are *memEntry
 	entries map[string]*list.Element // by chunk hex
-	size    int64                    // bytes of all entries' objects
+	decoded *list.List               // entries holding a decoded copy, most recently used at the front
+	size    int64                    // bytes of all entries' objects and decoded copies
+	decSize int64                    // bytes of the decoded copies
 	ghosts  *list.List               // hexes of chunks evicted cold, most recent at the front
 	ghostOf map[string]*list.Element
 }
 
 // memEntry is one chunk in memory. hex, obj, zstd, plainLen and written
-// never change; served and hot change only under memTier.mu while the entry
-// is in the tier. An evicted entry is the caller's.
+// never change; plain, served and hot change only under memTier.mu while
+// the entry is in the tier. An evicted entry is the caller's.
 type memEntry struct {
 	hex      string
 	obj      []byte // the chunk object, verified; never modified
 	zstd     bool   // obj is a zstd frame, else the plain bytes
 	plainLen int64
+	// plain, for a zstd entry, is the frame decoded (verified; never
+	// modified), or nil once the tier dropped it; decodedEl is its element
+	// in memTier.decoded.
+	plain     []byte
+	decodedEl *list.Element
 	// served has a bit per page of the plain chunk that the tier's owner
 	// handed to the kernel since the chunk came into memory.
 	served []uint64
@@ -50,29 +64,86 @@ type memEntry struct {
 	written *atomic.Int64
 }
 
-func newMemTier(limit int64, pinned func(string) bool) *memTier {
+// newMemTier returns an empty tier of limit bytes that keeps at least
+// minDecoded bytes of decoded copies before it evicts chunks for them.
+func newMemTier(limit, minDecoded int64, pinned func(string) bool) *memTier {
 	return &memTier{
-		limit:   limit,
-		pinned:  pinned,
-		lru:     list.New(),
-		entries: map[string]*list.Element{},
-		ghosts:  list.New(),
-		ghostOf: map[string]*list.Element{},
+		limit:      limit,
+		minDecoded: min(minDecoded, limit),
+		pinned:     pinned,
+		lru:        list.New(),
+		entries:    map[string]*list.Element{},
+		decoded:    list.New(),
+		ghosts:     list.New(),
+		ghostOf:    map[string]*list.Element{},
 	}
 }
 
-// get returns chunk hex's object and whether it is a zstd frame, or false
-// when the tier does not hold it.
-func (m *memTier) get(hex string) ([]byte, bool, bool) {
+// get returns chunk hex's plain bytes if the tier has them at hand (a raw
+// layer's object, or a frame's decoded copy), else its zstd frame with
+// plain nil; ok is false when the tier does not hold the chunk.
+func (m *memTier) get(hex string) (plain, frame []byte, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	el, ok := m.entries[hex]
 	if !ok {
-		return nil, false, false
+		return nil, nil, false
 	}
 	m.lru.MoveToFront(el)
 	e := el.Value.(*memEntry)
-	return e.obj, e.zstd, true
+	switch {
+	case !e.zstd:
+		return e.obj, nil, true
+	case e.plain != nil:
+		m.decoded.MoveToFront(e.decodedEl)
+		return e.plain, nil, true
+	}
+	return nil, e.obj, true
+}
+
+// keepDecoded gives the tier's entry of chunk hex, a zstd frame, its decoded
+// bytes (which must not be modified afterwards), unless it has them, and
+// evicts down to the limit, returning what it evicted as add does.
+func (m *memTier) keepDecoded(hex string, plain []byte) []*memEntry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	el, ok := m.entries[hex]
+	if !ok {
+		return nil
+	}
+	e := el.Value.(*memEntry)
+	if !e.zstd || e.plain != nil || int64(len(plain)) != e.plainLen {
+		return nil
+	}
+	m.setPlainLocked(e, plain)
+	return m.evictLocked()
+}
+
+func (m *memTier) setPlainLocked(e *memEntry, plain []byte) {
+	e.plain = plain
+	e.decodedEl = m.decoded.PushFront(e)
+	m.size += int64(len(plain))
+	m.decSize += int64(len(plain))
+}
+
+func (m *memTier) dropPlainLocked(e *memEntry) {
+	if e.plain == nil {
+		return
+	}
+	m.decoded.Remove(e.decodedEl)
+	m.size -= int64(len(e.plain))
+	m.decSize -= int64(len(e.plain))
+	e.plain, e.decodedEl = nil, nil
+}
+
+// removeLocked takes el's entry out of the tier, decoded copy included.
+func (m *memTier) removeLocked(el *list.Element) *memEntry {
+	e := el.Value.(*memEntry)
+	m.dropPlainLocked(e)
+	m.lru.Remove(el)
+	delete(m.entries, e.hex)
+	m.size -= int64(len(e.obj))
+	return e
 }
 
 func (m *memTier) has(hex string) bool {
@@ -82,17 +153,28 @@ func (m *memTier) has(hex string) bool {
 	return ok
 }
 
-// add puts e in the tier (a chunk already there stays, hot if either is)
-// and evicts down to the limit, returning the evicted entries; those that
-// are hot belong on disk. A chunk fetched again soon after it was evicted
-// cold comes back hot; so does a pinned one.
+// add puts e in the tier (a chunk already there stays, hot if either is,
+// and takes e's decoded bytes if it had none) and evicts down to the limit,
+// returning the evicted entries; those that are hot belong on disk. e.plain,
+// if set, is the frame's decoded bytes, kept as a decoded copy. A chunk
+// fetched again soon after it was evicted cold comes back hot; so does a
+// pinned one.
 func (m *memTier) add(e *memEntry) []*memEntry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	plain := e.plain
+	e.plain = nil
+	if !e.zstd || int64(len(plain)) != e.plainLen {
+		plain = nil
+	}
 	if el, ok := m.entries[e.hex]; ok {
 		have := el.Value.(*memEntry)
 		have.hot = have.hot || e.hot
 		m.lru.MoveToFront(el)
+		if plain != nil && have.plain == nil {
+			m.setPlainLocked(have, plain)
+			return m.evictLocked()
+		}
 		return nil
 	}
 	if g, ok := m.ghostOf[e.hex]; ok {
@@ -104,23 +186,29 @@ func (m *memTier) add(e *memEntry) []*memEntry {
 	e.served = make([]uint64, (e.plainLen+pageSize*64-1)/(pageSize*64))
 	m.entries[e.hex] = m.lru.PushFront(e)
 	m.size += int64(len(e.obj))
+	if plain != nil {
+		m.setPlainLocked(e, plain)
+	}
 	return m.evictLocked()
 }
 
-// evictLocked removes least recently used entries until the tier fits its
-// limit, unpinned ones first, and returns them. A pinned entry is hot (it
-// may have been pinned after it came in); a cold one is remembered as a
-// ghost.
+// evictLocked brings the tier within its limit and returns the entries it
+// evicted: first it drops the least recently used decoded copies down to
+// minDecoded bytes of them, then it evicts least recently used entries
+// (with their decoded copies), unpinned ones first. A pinned entry is
+// hot (it may have been pinned after it came in); a cold one is remembered
+// as a ghost.
 func (m *memTier) evictLocked() []*memEntry {
+	for m.size > m.limit && m.decSize > m.minDecoded {
+		m.dropPlainLocked(m.decoded.Back().Value.(*memEntry))
+	}
 	var out []*memEntry
 	for _, pinnedToo := range []bool{false, true} {
 		for el := m.lru.Back(); el != nil && m.size > m.limit; {
 			prev := el.Prev()
 			e := el.Value.(*memEntry)
 			if pinned := m.pinned(e.hex); pinnedToo || !pinned {
-				m.lru.Remove(el)
-				delete(m.entries, e.hex)
-				m.size -= int64(len(e.obj))
+				m.removeLocked(el)
 				e.hot = e.hot || pinned
 				if !e.hot {
 					m.addGhostLocked(e.hex)
@@ -192,9 +280,7 @@ func (m *memTier) drop(hex string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if el, ok := m.entries[hex]; ok {
-		m.lru.Remove(el)
-		delete(m.entries, hex)
-		m.size -= int64(len(el.Value.(*memEntry).obj))
+		m.removeLocked(el)
 	}
 }
 
@@ -212,9 +298,10 @@ func (m *memTier) hotEntries() []*memEntry {
 	return out
 }
 
-// usage returns the bytes of objects the tier holds.
-func (m *memTier) usage() int64 {
+// usage returns the bytes of objects and decoded copies the tier holds, and
+// of the decoded copies alone.
+func (m *memTier) usage() (all, decoded int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.size
+	return m.size, m.decSize
 }

@@ -106,10 +106,34 @@ func Setup(ctx context.Context, cfg Config) (*Node, error) {
 	return n, nil
 }
 
+// linkList lists the host's links, again when the kernel says the dump
+// was interrupted by a change (another node's veths coming and going), so
+// no link is missed.
+func linkList() ([]netlink.Link, error) {
+	for range 9 {
+		links, err := netlink.LinkList()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return links, err
+		}
+	}
+	return netlink.LinkList()
+}
+
+// routeList lists l's IPv4 routes, again after an interrupted dump.
+func routeList(l netlink.Link) ([]netlink.Route, error) {
+	for range 9 {
+		routes, err := netlink.RouteList(l, unix.AF_INET)
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return routes, err
+		}
+	}
+	return netlink.RouteList(l, unix.AF_INET)
+}
+
 // learn finds the sandboxes already attached: every veth whose alias names
 // a dsec sandbox, with the pool address routed to it.
 func (n *Node) learn() error {
-	links, err := netlink.LinkList()
+	links, err := linkList()
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
@@ -118,7 +142,7 @@ func (n *Node) learn() error {
 		if !ok {
 			continue
 		}
-		routes, err := netlink.RouteList(l, unix.AF_INET)
+		routes, err := routeList(l)
 		if err != nil {
 			return fmt.Errorf("list routes of %s: %w", l.Attrs().Name, err)
 		}
@@ -673,7 +697,7 @@ func (n *Node) Recover(ctx context.Context, keep map[string]*netpolicy.Policy) e
 		delete(n.byAddr, sb.addr)
 	}
 	// Stray veths (no route, so not learned).
-	links, err := netlink.LinkList()
+	links, err := linkList()
 	if err != nil {
 		return fmt.Errorf("recover: list links: %w", err)
 	}
@@ -791,7 +815,7 @@ func (n *Node) Teardown(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var errs []error
-	links, err := netlink.LinkList()
+	links, err := linkList()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("list links: %w", err))
 	}

@@ -23,7 +23,7 @@ const freezeTimeout = 10 * time.Second
 // Freeze stops every process of sandbox id (its cgroup tree, the agent's
 // per-command children included) and returns once all are frozen. It
 // does not touch memory: Pause does that.
-func (r *Runtime) Freeze(ctx context.Context, id string) error {
+func (r *Container) Freeze(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return fmt.Errorf("freeze sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -39,7 +39,7 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 }
 
 // Thaw lets sandbox id's processes run again.
-func (r *Runtime) Thaw(ctx context.Context, id string) error {
+func (r *Container) Thaw(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return fmt.Errorf("thaw sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -47,7 +47,7 @@ func (r *Runtime) Thaw(ctx context.Context, id string) error {
 }
 
 // Frozen reports whether sandbox id is frozen.
-func (r *Runtime) Frozen(ctx context.Context, id string) (bool, error) {
+func (r *Container) Frozen(ctx context.Context, id string) (bool, error) {
 	if !idPattern.MatchString(id) {
 		return false, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -58,7 +58,7 @@ func (r *Runtime) Frozen(ctx context.Context, id string) (bool, error) {
 // of RAM: page cache dropped, anonymous memory to swap where the node has
 // swap. A failure to reclaim leaves the sandbox frozen and says so in the
 // error's words; a failure to freeze leaves it running.
-func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (PauseStats, error) {
+func (r *Container) Pause(ctx context.Context, id string, reclaim bool) (PauseStats, error) {
 	var st PauseStats
 	t0 := time.Now()
 	if err := r.Freeze(ctx, id); err != nil {
@@ -83,7 +83,7 @@ func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (PauseStat
 // the first touch after the thaw does not fault it in page by page. The
 // memory limit is set again from the sandbox's bundle, whatever an
 // interrupted pause left.
-func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (ResumeStats, error) {
+func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (ResumeStats, error) {
 	var st ResumeStats
 	rel := r.cgroupRel(id)
 	if !idPattern.MatchString(id) {
@@ -120,7 +120,7 @@ func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (ResumeS
 
 // memoryLimit is sandbox id's memory limit from its bundle (0: none or
 // unknown).
-func (r *Runtime) memoryLimit(id string) int64 {
+func (r *Container) memoryLimit(id string) int64 {
 	b, err := os.ReadFile(filepath.Join(r.bundleDir(id), "config.json"))
 	if err != nil {
 		return 0
@@ -135,7 +135,7 @@ func (r *Runtime) memoryLimit(id string) int64 {
 
 // Upper is sandbox id's writable layer: the overlay's upper dir, on the
 // upper file system.
-func (r *Runtime) Upper(id string) (string, error) {
+func (r *Container) Upper(id string) (string, error) {
 	if !idPattern.MatchString(id) {
 		return "", fmt.Errorf("upper of sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -145,11 +145,11 @@ func (r *Runtime) Upper(id string) (string, error) {
 // CaptureDir is where snapshots capture writable layers: on the upper file
 // system (a btrfs snapshot or a reflink needs that), outside every
 // sandbox's quota project. Init empties it.
-func (r *Runtime) CaptureDir() string { return filepath.Join(r.cfg.UpperRoot, ".captures") }
+func (r *Container) CaptureDir() string { return filepath.Join(r.cfg.UpperRoot, ".captures") }
 
 // clearCaptures removes what a snapshot cut short by a restart left in the
 // capture dir.
-func (r *Runtime) clearCaptures() error {
+func (r *Container) clearCaptures() error {
 	dir := r.CaptureDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("make %s: %w", dir, err)

@@ -45,9 +45,9 @@ func TestPause(t *testing.T) {
 	buildMemhog(t, n)
 	testutil.RequireCommand(t, "mkswap")
 	ctx := context.Background()
-	s, sock := n.spec(t, "sb-pause")
+	s := n.spec(t, "sb-pause")
 	s.MemoryBytes = 256 << 20
-	sb := n.start(t, s, sock)
+	sb := n.start(t, s)
 	sb.must(t, "dsec-agent hold-memory 96 >/dev/null 2>&1 &")
 	sum := waitFile(t, sb, "/tmp/memhog.sum")
 	// Page cache of its own, too.
@@ -142,8 +142,8 @@ func TestPause(t *testing.T) {
 	})
 
 	t.Run("delete while paused", func(t *testing.T) {
-		s2, sock2 := n.spec(t, "sb-pause-del")
-		sb2 := n.start(t, s2, sock2)
+		s2 := n.spec(t, "sb-pause-del")
+		sb2 := n.start(t, s2)
 		sb2.must(t, "sleep 1000 >/dev/null 2>&1 &")
 		if _, err := n.rt.Pause(ctx, s2.ID, true); err != nil {
 			t.Fatal(err)

@@ -1,38 +1,195 @@
-// Package runtime is the container backend's driver of an OCI runtime (runc
-// by default, crun on pure cgroup v2). It owns everything a container
-// sandbox is made of on the host: the bundle and its config.json (namespaces,
-// capabilities, seccomp, masked paths, limits), the overlay root file system
-// over read-only layers with a writable upper dir capped by a disk limit,
-// the node-level file system that holds those upper dirs, and the sandbox's
-// cgroups.
+// Package runtime is the edge's seam to what runs sandboxes, and the
+// container backends behind it.
+//
+// The seam is the Runtime interface: one backend's way of running
+// sandboxes on a node. The edge (internal/edge/sandbox) holds one Runtime
+// per backend the node offers and routes each sandbox's calls by the
+// backend in its record. A runtime receives a sandbox's layers as mounted
+// directories (Spec.Lower) and its network as a namespace the edge made,
+// starts the agent, and returns a Dialer for the agent channel; Features
+// says what else it can do (pause, snapshots of the writable layer).
+// Package runtimetest is the conformance suite every Runtime runs, package
+// fakeruntime one that starts nothing, for the edge's own tests.
+//
+// Two backends live here, both Containers: the container backend (New)
+// drives an OCI runtime (runc by default, crun on pure cgroup v2), and the
+// fncall backend (NewFnCall) is the same with what pooled reward-code
+// containers need (see NewFnCall). A Container owns everything a container
+// sandbox is made of on the host: the bundle and its config.json
+// (namespaces, capabilities, seccomp, masked paths, limits), the overlay
+// root file system over read-only layers with a writable upper dir capped
+// by a disk limit, the node-level file system that holds those upper dirs,
+// the sandbox's cgroups, and the agent's listening socket.
 //
 // Disk limits (package quota) use project quotas where UpperRoot's file
 // system enforces them. Otherwise Init makes UpperImage, a sparse file, and
 // mounts it on UpperRoot through a loop device: ext4 with project quotas
 // when the kernel supports them (CONFIG_QUOTA, CONFIG_QFMT_V2), else btrfs
-// with qgroups (no inode limit there; metadata counts against the bytes). The edge (internal/edge/sandbox) calls Start, Status, Delete and
-// List per sandbox, Init when the daemon starts and Teardown when the node is
-// emptied.
+// with qgroups (no inode limit there; metadata counts against the bytes).
 //
-// Host layout:
+// Host layout of the container backend (the fncall backend keeps the same
+// under <Root>/fncall, <UpperRoot>/.fncall and cgroup parent
+// <CgroupParent>-fncall, so neither backend can touch the other's sandboxes):
 //
 //	<Root>/runc/                       the OCI runtime's state (--root)
 //	<Root>/bundles/<id>/config.json    the bundle; rootfs/ is mounted only while starting
 //	<UpperRoot>/<id>/{upper,work}      the writable layer, one quota project
 //	<UpperRoot>/<id>/.project          its quota project ID (btrfs: <id> is a subvolume)
 //	<cgroup>/<CgroupParent>/<id>       the sandbox's cgroups
+//	<SocketDir>/<id>/agent.sock        the agent channel: fd 3 of the agent listens on it
 //
 // Everything a sandbox has is found again from its ID, so a restarted daemon
-// can inspect and delete sandboxes that an earlier process started.
+// can inspect, reach and delete sandboxes that an earlier process started.
 package runtime
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
-	"os"
+	"net"
+	"path/filepath"
+	"regexp"
 	"time"
+
+	"dsec.dev/dsec/internal/errdefs"
 )
 
-// Config configures a Runtime. Zero values get the defaults described.
+// Runtime runs the sandboxes of one backend on a node. The edge owns a
+// sandbox's identity, record, layers and network; the runtime gets the
+// mounted layer directories and the network namespace in a Spec, starts
+// the agent inside, and says how to reach it.
+//
+// Lifecycle:
+//
+//   - Init, once when the daemon starts and before any other call: prepares
+//     the node (state dirs, file systems, cgroup parents). It is idempotent
+//     and safe while sandboxes of an earlier daemon run.
+//   - Start, Channel, Status, Delete and List, per sandbox, from any
+//     goroutine, concurrently for different IDs. A runtime finds everything
+//     of a sandbox again from its ID on the host, so after a daemon restart
+//     a new instance over the same configuration (Init called again) lists,
+//     inspects, reaches (Channel), pauses and deletes the sandboxes an
+//     earlier instance started; nothing a runtime keeps in memory is needed
+//     for that. Its agents live on while no daemon runs.
+//   - Teardown, when the node is emptied (dsecd teardown) after every
+//     sandbox is deleted: undoes Init. Only Init may follow it.
+//
+// Errors wrap the kinds of package errdefs: ErrInvalidArgument for a spec
+// or an ID the runtime refuses, ErrAlreadyExists for a Start of an ID it
+// knows, ErrNotFound for Status or Channel of an ID it does not know,
+// ErrNotSupported where the node lacks what the runtime needs.
+type Runtime interface {
+	// Features says what the runtime can do beyond this interface; it does
+	// not change over the runtime's life.
+	Features() Features
+	Init(ctx context.Context) error
+	// Start creates sandbox s.ID and starts its agent, and returns the
+	// dialer of its agent channel. It returns once the agent runs, not once
+	// it answers: the caller pings through the dialer. On any error
+	// everything it made is removed again.
+	Start(ctx context.Context, s Spec) (Dialer, error)
+	// Channel returns the dialer of the agent channel of a sandbox this
+	// instance or an earlier one started (a re-adopted sandbox), or
+	// ErrNotFound.
+	Channel(id string) (Dialer, error)
+	// Status reports whether sandbox id runs. A sandbox whose agent died,
+	// or that Start left half made, is known but not running; ErrNotFound
+	// means nothing of it is left.
+	Status(ctx context.Context, id string) (Status, error)
+	// Delete stops sandbox id and removes everything the runtime made for
+	// it. It is idempotent: an unknown, half-made, frozen or dead sandbox
+	// is fine, and so is one an earlier instance started. Once it returns
+	// nil, Status says ErrNotFound, List omits id and the agent channel
+	// refuses connections. It goes on after ctx is cancelled.
+	Delete(ctx context.Context, id string) error
+	// List returns the IDs of every sandbox the runtime knows, running or
+	// not: those Delete has yet to remove.
+	List(ctx context.Context) ([]string, error)
+	Teardown(ctx context.Context) error
+}
+
+// Features is what a runtime can do beyond the lifecycle. The edge asks
+// instead of assuming: a call a backend cannot serve is refused naming it.
+type Features struct {
+	// Pause: the runtime is a Pauser. Its sandboxes can be frozen (every
+	// process stopped, memory kept or pushed out) and thawed, and a frozen
+	// one stays frozen across a daemon restart.
+	Pause bool
+	// Snapshot: the runtime is a Snapshotter, whose sandboxes' writable
+	// layer is a host directory that a snapshot captures while the sandbox
+	// is frozen (so Pause too).
+	Snapshot bool
+	// Network: Start joins Spec.NetnsPath and binds Spec.ResolvConf, so the
+	// edge's network rules reach the sandbox. Without it a sandbox has no
+	// network, and creates with network rules are refused.
+	Network bool
+}
+
+// Pauser freezes and thaws sandboxes: a Runtime whose Features say Pause.
+type Pauser interface {
+	// Pause freezes sandbox id and, with reclaim, pushes its memory out of
+	// RAM. A failure to reclaim leaves it frozen (and says so); a failure
+	// to freeze leaves it running.
+	Pause(ctx context.Context, id string, reclaim bool) (PauseStats, error)
+	// Resume prefetches a paused sandbox's memory (with prefetch) and thaws
+	// it.
+	Resume(ctx context.Context, id string, prefetch bool) (ResumeStats, error)
+	// Frozen reports whether sandbox id is frozen.
+	Frozen(ctx context.Context, id string) (bool, error)
+	// Freeze and Thaw stop and restart sandbox id's processes, memory
+	// untouched (a snapshot's capture).
+	Freeze(ctx context.Context, id string) error
+	Thaw(ctx context.Context, id string) error
+}
+
+// Snapshotter exposes sandboxes' writable layers: a Runtime whose Features
+// say Snapshot.
+type Snapshotter interface {
+	// Upper is sandbox id's writable layer on the host.
+	Upper(id string) (string, error)
+	// CaptureDir is where a snapshot captures a writable layer: on the same
+	// file system (a btrfs snapshot or a reflink needs that).
+	CaptureDir() string
+}
+
+// Meter reads sandboxes' resource use: a Runtime that can say what its
+// sandboxes use implements it (the edge asks by type; Metrics of another
+// backend's sandbox is refused naming it).
+type Meter interface {
+	// Usage reads sandbox id's resource use now.
+	Usage(ctx context.Context, id string) (Usage, error)
+}
+
+// Usage is a sandbox's resource use at one moment. A limit of 0 means the
+// sandbox has none of its own.
+type Usage struct {
+	CPUUsec     int64 // CPU time used since it started
+	MemoryBytes int64 // its cgroup's memory, page cache included
+	MemoryLimit int64
+	CacheBytes  int64 // of MemoryBytes, page cache
+	DiskBytes   int64 // its writable layer
+	DiskLimit   int64
+	// DiskSize is the size of the file system holding the writable layer:
+	// what bounds a layer without a limit of its own.
+	DiskSize int64
+}
+
+// Dialer opens a new connection to a sandbox's agent: the agent channel
+// (a Unix socket for containers; vsock or virtio-serial for VMs). Package
+// agentclient speaks the agent's protocol over the connections it opens.
+type Dialer func(ctx context.Context) (net.Conn, error)
+
+// UnixDialer dials the Unix socket at path.
+func UnixDialer(path string) Dialer {
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
+}
+
+// Config configures a Container. Zero values get the defaults described.
+// The container and fncall backends of one node are made from the same
+// Config: they share the upper file system and keep their sandboxes apart.
 type Config struct {
 	Root         string // runtime state dir, e.g. /var/lib/dsec/runtime (runc --root, bundles)
 	UpperRoot    string // where sandboxes' writable layers live, e.g. /var/lib/dsec/upper
@@ -42,7 +199,10 @@ type Config struct {
 	RuntimePath  string // default: look up Runtime in PATH
 	CgroupParent string // default "dsec"
 	AgentDir     string // host dir with dsec-agent and sh, bind-mounted read-only (nosuid,nodev) at /.dsec/bin
-	Log          *slog.Logger
+	// SocketDir holds each sandbox's agent socket, <SocketDir>/<id>/agent.sock
+	// (the edge keeps its records beside them); default <Root>/sockets.
+	SocketDir string
+	Log       *slog.Logger
 }
 
 // Spec describes one sandbox to start.
@@ -54,15 +214,52 @@ type Spec struct {
 	CPUs        float64  // fractional cores; 0 = unlimited
 	MemoryBytes int64    // 0 = unlimited; no swap either way
 	Pids        int64    // 0 = 4096
-	Hostname    string
-	Listener    *os.File // listening Unix socket; becomes fd 3 of the agent
-	AgentArgs   []string // args after /.dsec/bin/dsec-agent; the fd flags are appended
-	LogPath     string   // host file for the agent's stdout and stderr
+	// TmpBytes caps the tmpfs at /tmp of a backend that gives one
+	// (fncall); its pages count against MemoryBytes. 0 = half of
+	// MemoryBytes, or 256 MiB without a memory limit.
+	TmpBytes int64
+	Hostname string
+	// AllowPrivilegeEscalation lifts no_new_privs from the sandbox's
+	// processes, so setuid programs (sudo) work inside it.
+	AllowPrivilegeEscalation bool
+	AgentArgs                []string // flags of the agent's serve command; the runtime adds those of the channel and the cgroup fds
+	LogPath                  string   // host file for the agent's stdout and stderr
 	// NetnsPath joins a network namespace the edge made (a networked
 	// sandbox); "" gives the sandbox a new one with loopback only.
 	NetnsPath string
 	// ResolvConf is a host file bind-mounted read-only at /etc/resolv.conf.
 	ResolvConf string
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// ValidID reports whether id can name a sandbox to a runtime: letters,
+// digits and _ . -, at most 128, starting with a letter or digit.
+func ValidID(id string) bool { return idPattern.MatchString(id) }
+
+// Validate refuses a spec no runtime can start, with ErrInvalidArgument.
+func (s Spec) Validate() error {
+	bad := func(why string) error {
+		return fmt.Errorf("check sandbox spec %q: %s: %w", s.ID, why, errdefs.ErrInvalidArgument)
+	}
+	switch {
+	case !ValidID(s.ID):
+		return bad("bad id")
+	case len(s.Lower) == 0:
+		return bad("no lower layer")
+	case s.LogPath == "":
+		return bad("no log path")
+	case s.DiskBytes < 0 || s.Inodes < 0 || s.CPUs < 0 || s.MemoryBytes < 0 || s.Pids < 0 || s.TmpBytes < 0:
+		return bad("negative limit")
+	case len(s.Hostname) > 64:
+		return bad("hostname longer than 64 bytes")
+	}
+	for _, l := range s.Lower {
+		if !filepath.IsAbs(l) {
+			return bad(fmt.Sprintf("lower dir %q is not absolute", l))
+		}
+	}
+	return nil
 }
 
 // Status is what Status reports of a sandbox.
@@ -97,6 +294,7 @@ const (
 	minInodes       = 16384
 	bytesPerInode   = 16 << 10
 	minUpperFSBytes = 1 << 30
+	defaultTmpBytes = 256 << 20
 )
 
 func inodeLimit(s Spec) int64 {
@@ -104,4 +302,15 @@ func inodeLimit(s Spec) int64 {
 		return s.Inodes
 	}
 	return max(s.DiskBytes/bytesPerInode, minInodes)
+}
+
+// tmpBytes is the size of a sandbox's /tmp tmpfs.
+func tmpBytes(s Spec) int64 {
+	switch {
+	case s.TmpBytes > 0:
+		return s.TmpBytes
+	case s.MemoryBytes > 0:
+		return max(s.MemoryBytes/2, 1<<20)
+	}
+	return defaultTmpBytes
 }

@@ -9,10 +9,10 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,27 +28,62 @@ import (
 	"dsec.dev/dsec/internal/errdefs"
 )
 
-// Runtime starts and removes container sandboxes. Its methods are safe for
+// Container runs sandboxes as containers of an OCI runtime: the container
+// backend (New) or the fncall backend (NewFnCall). Its methods are safe for
 // concurrent use, for different IDs.
-type Runtime struct {
+type Container struct {
 	cfg    Config
 	log    *slog.Logger
 	path   string // the OCI runtime binary
 	layout *cgroups.Layout
 
+	// fncall marks the fncall backend; the paths below keep its sandboxes
+	// apart from the container backend's on the same node.
+	fncall       bool
+	root         string // state: the OCI runtime's and the bundles
+	upperBase    string // the quota root of the writable layers
+	cgroupParent string
+
 	quotaMu sync.Mutex
 	quotas  *quota.Manager // opened by Init, or on first use after a restart
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+var _ interface {
+	Runtime
+	Pauser
+	Snapshotter
+	Meter
+} = (*Container)(nil)
 
-// New checks cfg, fills in defaults and reads the host's cgroup layout. It
-// changes nothing on the host; call Init before the first Start.
-func New(cfg Config) (*Runtime, error) {
+// New returns the container backend. It checks cfg, fills in defaults and
+// reads the host's cgroup layout; it changes nothing on the host. Call Init
+// before the first Start.
+func New(cfg Config) (*Container, error) { return newContainer(cfg, false) }
+
+// NewFnCall returns the fncall backend: containers for reward code, which
+// an edge keeps in warm pools and reuses call after call. A sandbox is made
+// as by the container backend, plus:
+//
+//   - its agent gets the sandbox's cpu cgroup dir (the v1 cpu controller's,
+//     or the v2 unified dir) as one more fd, and runs with --cpu-cgroup-fd N
+//     --fncall, so that it can give each call its own CPU limit;
+//   - /tmp is a writable tmpfs of Spec.TmpBytes, whose pages are charged to
+//     the sandbox's memory cgroup and so count against its memory limit;
+//   - no network but loopback unless the spec names a network namespace
+//     (as for containers).
+//
+// It has no snapshots (a pooled container's writable layer is nobody's
+// state). Made from the same Config as the node's container backend, it
+// keeps its state under <Root>/fncall, its writable layers under
+// <UpperRoot>/.fncall on the shared upper file system, and its cgroups
+// under <CgroupParent>-fncall.
+func NewFnCall(cfg Config) (*Container, error) { return newContainer(cfg, true) }
+
+func newContainer(cfg Config, fncall bool) (*Container, error) {
 	if cfg.Root == "" || cfg.UpperRoot == "" || cfg.AgentDir == "" {
 		return nil, fmt.Errorf("check runtime config: Root, UpperRoot and AgentDir are required: %w", errdefs.ErrInvalidArgument)
 	}
-	for _, p := range []*string{&cfg.Root, &cfg.UpperRoot, &cfg.AgentDir, &cfg.UpperImage} {
+	for _, p := range []*string{&cfg.Root, &cfg.UpperRoot, &cfg.AgentDir, &cfg.UpperImage, &cfg.SocketDir} {
 		if *p == "" {
 			continue
 		}
@@ -60,6 +95,9 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	if cfg.UpperImage == "" {
 		cfg.UpperImage = filepath.Join(filepath.Dir(cfg.UpperRoot), filepath.Base(cfg.UpperRoot)+".img")
+	}
+	if cfg.SocketDir == "" {
+		cfg.SocketDir = filepath.Join(cfg.Root, "sockets")
 	}
 	if cfg.Runtime == "" {
 		cfg.Runtime = "runc"
@@ -93,25 +131,44 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.Runtime == "crun" && !layout.V2() {
 		return nil, fmt.Errorf("use crun: it applies no cgroup limits on a cgroup v1 host; use runc: %w", errdefs.ErrNotSupported)
 	}
-	return &Runtime{cfg: cfg, log: cfg.Log, path: path, layout: layout}, nil
+	r := &Container{cfg: cfg, log: cfg.Log, path: path, layout: layout,
+		fncall: fncall, root: cfg.Root, upperBase: cfg.UpperRoot, cgroupParent: cfg.CgroupParent}
+	if fncall {
+		// ".fncall" cannot be a sandbox ID, so the container backend never
+		// names it.
+		r.root = filepath.Join(cfg.Root, "fncall")
+		r.upperBase = filepath.Join(cfg.UpperRoot, ".fncall")
+		r.cgroupParent = cfg.CgroupParent + "-fncall"
+		r.log = cfg.Log.With("backend", "fncall")
+	}
+	return r, nil
 }
 
-func (r *Runtime) stateDir() string           { return filepath.Join(r.cfg.Root, r.cfg.Runtime) }
-func (r *Runtime) bundleDir(id string) string { return filepath.Join(r.cfg.Root, "bundles", id) }
-func (r *Runtime) upperDir(id string) string  { return filepath.Join(r.cfg.UpperRoot, id) }
-func (r *Runtime) cgroupRel(id string) string { return filepath.Join(r.cfg.CgroupParent, id) }
+// Features: both backends pause; only the container backend's writable
+// layers are snapshotted.
+func (r *Container) Features() Features {
+	return Features{Pause: true, Snapshot: !r.fncall, Network: true}
+}
+
+func (r *Container) stateDir() string           { return filepath.Join(r.root, r.cfg.Runtime) }
+func (r *Container) bundleDir(id string) string { return filepath.Join(r.root, "bundles", id) }
+func (r *Container) upperDir(id string) string  { return filepath.Join(r.upperBase, id) }
+func (r *Container) cgroupRel(id string) string { return filepath.Join(r.cgroupParent, id) }
+func (r *Container) socketPath(id string) string {
+	return filepath.Join(r.cfg.SocketDir, id, "agent.sock")
+}
 
 // Init makes the node ready for sandboxes: state dirs, the cgroup parent and
 // an upper file system that enforces project quotas (the host's own when it
 // can, else an ext4 image mounted from UpperImage). It is idempotent and safe
 // while sandboxes of an earlier daemon run.
-func (r *Runtime) Init(ctx context.Context) error {
-	for _, d := range []string{r.stateDir(), filepath.Join(r.cfg.Root, "bundles"), r.cfg.UpperRoot} {
+func (r *Container) Init(ctx context.Context) error {
+	for _, d := range []string{r.stateDir(), filepath.Join(r.root, "bundles"), r.cfg.UpperRoot, r.cfg.SocketDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("make %s: %w", d, err)
 		}
 	}
-	if err := r.layout.EnsureParent(r.cfg.CgroupParent); err != nil {
+	if err := r.layout.EnsureParent(r.cgroupParent); err != nil {
 		return err
 	}
 	if err := raiseNofile(); err != nil {
@@ -120,12 +177,16 @@ func (r *Runtime) Init(ctx context.Context) error {
 	if err := r.initUpperFS(ctx); err != nil {
 		return err
 	}
+	if !r.Features().Snapshot {
+		return nil
+	}
 	return r.clearCaptures()
 }
 
-func (r *Runtime) initUpperFS(ctx context.Context) error {
-	if _, err := r.quotaManager(); err == nil {
-		return nil
+func (r *Container) initUpperFS(ctx context.Context) error {
+	// The other backend of the node may have mounted it already.
+	if _, err := quota.Open(r.cfg.UpperRoot); err == nil {
+		return r.openUpperBase()
 	}
 	ms, err := mountinfo.Read()
 	if err != nil {
@@ -144,11 +205,20 @@ func (r *Runtime) initUpperFS(ctx context.Context) error {
 	} else if err := r.mountImage(ctx); err != nil {
 		return err
 	}
+	return r.openUpperBase()
+}
+
+// openUpperBase makes the backend's quota root on the upper file system and
+// opens its quota manager.
+func (r *Container) openUpperBase() error {
+	if err := os.MkdirAll(r.upperBase, 0o700); err != nil {
+		return fmt.Errorf("make %s: %w", r.upperBase, err)
+	}
 	q, err := r.quotaManager()
 	if err != nil {
 		return fmt.Errorf("prepare upper file system: %w", err)
 	}
-	r.log.Info("upper file system ready", "upper", r.cfg.UpperRoot, "quota", q.Kind())
+	r.log.Debug("upper file system ready", "upper", r.upperBase, "quota", q.Kind())
 	return nil
 }
 
@@ -183,13 +253,13 @@ func nofile() uint64 {
 }
 
 // quotaManager opens the upper file system's quota manager once.
-func (r *Runtime) quotaManager() (*quota.Manager, error) {
+func (r *Container) quotaManager() (*quota.Manager, error) {
 	r.quotaMu.Lock()
 	defer r.quotaMu.Unlock()
 	if r.quotas != nil {
 		return r.quotas, nil
 	}
-	q, err := quota.Open(r.cfg.UpperRoot)
+	q, err := quota.Open(r.upperBase)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +270,7 @@ func (r *Runtime) quotaManager() (*quota.Manager, error) {
 // makeImage makes the upper file system image: ext4 with project quotas
 // when the kernel can enforce them (CONFIG_QUOTA and CONFIG_QFMT_V2), else
 // btrfs with qgroups. It leaves the image mounted on UpperRoot.
-func (r *Runtime) makeImage(ctx context.Context) error {
+func (r *Container) makeImage(ctx context.Context) error {
 	size := r.cfg.UpperFSBytes
 	if size <= 0 {
 		var st unix.Statfs_t
@@ -255,7 +325,7 @@ func (r *Runtime) makeImage(ctx context.Context) error {
 
 // mountImage mounts UpperImage on UpperRoot through a loop device. util-linux
 // sets the device up with autoclear, so the unmount in Teardown frees it.
-func (r *Runtime) mountImage(ctx context.Context) error {
+func (r *Container) mountImage(ctx context.Context) error {
 	magic := make([]byte, 8)
 	if f, err := os.Open(r.cfg.UpperImage); err == nil {
 		_, _ = f.ReadAt(magic, 0x10040)
@@ -281,21 +351,23 @@ func run(ctx context.Context, name string, args ...string) error {
 // Teardown undoes Init once every sandbox is deleted: it unmounts the upper
 // file system if Init mounted it from UpperImage (which frees its loop
 // device) and removes the cgroup parent. The image file is kept.
-func (r *Runtime) Teardown(ctx context.Context) error {
+func (r *Container) Teardown(ctx context.Context) error {
 	var errs []error
-	if err := r.clearCaptures(); err != nil {
-		errs = append(errs, err)
+	if r.Features().Snapshot {
+		if err := r.clearCaptures(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := r.unmountUpperFS(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := r.layout.RemoveParent(r.cfg.CgroupParent); err != nil {
+	if err := r.layout.RemoveParent(r.cgroupParent); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-func (r *Runtime) unmountUpperFS() error {
+func (r *Container) unmountUpperFS() error {
 	ms, err := mountinfo.Read()
 	if err != nil {
 		return err
@@ -338,12 +410,13 @@ func backing(name string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// Start creates and starts sandbox s. On any error everything made so far is
-// removed again.
-func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
+// Start creates and starts sandbox s with the agent listening on a Unix
+// socket only the host can reach, and returns its dialer. On any error
+// everything made so far is removed again.
+func (r *Container) Start(ctx context.Context, s Spec) (dial Dialer, err error) {
 	t0 := time.Now()
 	if err := r.checkSpec(s); err != nil {
-		return err
+		return nil, err
 	}
 	bundle := r.bundleDir(s.ID)
 	rootfs := filepath.Join(bundle, "rootfs")
@@ -363,32 +436,32 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 	// Delete removes it.
 	if err := os.Mkdir(bundle, 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("start sandbox %s: %w", s.ID, errdefs.ErrAlreadyExists)
+			return nil, fmt.Errorf("start sandbox %s: %w", s.ID, errdefs.ErrAlreadyExists)
 		}
-		return fmt.Errorf("make bundle %s: %w", bundle, err)
+		return nil, fmt.Errorf("make bundle %s: %w", bundle, err)
 	}
 	undo.add(func() error { return removeBundle(bundle) })
 
 	upper, work, qgroup, err := r.makeUpper(s)
 	undo.add(func() error { return r.removeUpper(s.ID) })
 	if err != nil {
-		return err
+		return nil, err
 	}
 	tUpper := time.Now()
 
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
-		return fmt.Errorf("make rootfs dir: %w", err)
+		return nil, fmt.Errorf("make rootfs dir: %w", err)
 	}
 	if err := mountOverlay(s.Lower, upper, work, rootfs); err != nil {
-		return err
+		return nil, err
 	}
 	undo.add(func() error { return detach(rootfs) })
 	tMount := time.Now()
 
 	// The parent is shared by every dsecd on the host, and one's teardown
 	// removes it when empty: make sure it is there.
-	if err := r.layout.EnsureParent(r.cfg.CgroupParent); err != nil {
-		return err
+	if err := r.layout.EnsureParent(r.cgroupParent); err != nil {
+		return nil, err
 	}
 	freezerDir, memDir, err := r.layout.Create(rel)
 	undo.add(func() error {
@@ -397,33 +470,48 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 		return errors.Join(r.layout.Kill(cctx, rel), r.layout.Remove(cctx, rel))
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	cgFd, err := openDir(freezerDir)
+
+	// The agent's fds, from 3 on: the channel's listening socket, then
+	// cgroup dirs. They are closed here once the runtime has passed them on.
+	undo.add(func() error { return r.removeSocket(s.ID) })
+	ln, err := r.listen(s.ID)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer cgFd.Close()
-	memFd, err := openDir(memDir)
-	if err != nil {
-		return err
-	}
-	defer memFd.Close()
-	extra := []*os.File{s.Listener, cgFd, memFd}
-	pidsDir, err := r.layout.CommandPids(rel, pidsLimit(s))
-	if err != nil {
-		return err
-	}
-	if pidsDir != "" {
-		pidsFd, err := openDir(pidsDir)
+	defer ln.Close()
+	extra := []*os.File{ln}
+	openFd := func(dir string) error {
+		f, err := openDir(dir)
 		if err != nil {
 			return err
 		}
-		defer pidsFd.Close()
-		extra = append(extra, pidsFd)
+		extra = append(extra, f)
+		return nil
 	}
-
-	spec := buildSpec(specInput{
+	// Closed once Start returns; the agent holds its own copies.
+	defer func() {
+		for _, f := range extra[1:] {
+			f.Close()
+		}
+	}()
+	if err := openFd(freezerDir); err != nil {
+		return nil, err
+	}
+	if err := openFd(memDir); err != nil {
+		return nil, err
+	}
+	pidsDir, err := r.layout.CommandPids(rel, pidsLimit(s))
+	if err != nil {
+		return nil, err
+	}
+	if pidsDir != "" {
+		if err := openFd(pidsDir); err != nil {
+			return nil, err
+		}
+	}
+	in := specInput{
 		Spec:        s,
 		AgentDir:    r.cfg.AgentDir,
 		CgroupsPath: "/" + rel,
@@ -431,18 +519,30 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 		Nofile:      nofile(),
 		PidsFD:      pidsDir != "",
 		DiskQgroup:  qgroup,
-	})
+	}
+	if r.fncall {
+		cpuDir, err := r.layout.CreateCPU(rel)
+		if err != nil {
+			return nil, err
+		}
+		if err := openFd(cpuDir); err != nil {
+			return nil, err
+		}
+		in.FnCall = true
+	}
+
+	spec := buildSpec(in)
 	cfgJSON, err := json.MarshalIndent(spec, "", "\t")
 	if err != nil {
-		return fmt.Errorf("encode config.json: %w", err)
+		return nil, fmt.Errorf("encode config.json: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), cfgJSON, 0o600); err != nil {
-		return fmt.Errorf("write config.json: %w", err)
+		return nil, fmt.Errorf("write config.json: %w", err)
 	}
 
 	logFile, err := os.OpenFile(s.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return fmt.Errorf("open agent log: %w", err)
+		return nil, fmt.Errorf("open agent log: %w", err)
 	}
 	defer logFile.Close()
 	runtimeLog := filepath.Join(bundle, "runtime.log")
@@ -460,49 +560,82 @@ func (r *Runtime) Start(ctx context.Context, s Spec) (err error) {
 	})
 	tRun := time.Now()
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s run %s: %w: %s", r.cfg.Runtime, s.ID, err, runtimeErrors(runtimeLog))
+		return nil, fmt.Errorf("%s run %s: %w: %s", r.cfg.Runtime, s.ID, err, runtimeErrors(runtimeLog))
 	}
 	tStarted := time.Now()
 
 	// The container holds its own copy of the overlay; drop the host's so
 	// the host mount table does not grow with the sandbox count.
 	if err := detach(rootfs); err != nil {
-		return err
+		return nil, err
 	}
 	undo.release()
 	r.log.Info("started sandbox", "id", s.ID, "took", time.Since(t0),
 		"upper", tUpper.Sub(t0), "overlay", tMount.Sub(tUpper), "runtime_run", tStarted.Sub(tRun))
+	return UnixDialer(r.socketPath(s.ID)), nil
+}
+
+// listen makes sandbox id's agent socket and returns its listening fd. The
+// socket file outlives the listener: the agent owns the fd once started,
+// and the caller closes this copy then, so that should the agent die
+// before accepting, connections fail rather than hang.
+func (r *Container) listen(id string) (*os.File, error) {
+	sock := r.socketPath(id)
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		return nil, fmt.Errorf("make agent socket dir of %s: %w", id, err)
+	}
+	os.Remove(sock)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on agent socket of %s: %w", id, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	f, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return nil, fmt.Errorf("agent socket fd of %s: %w", id, err)
+	}
+	return f, nil
+}
+
+// removeSocket removes sandbox id's agent socket, and its dir once empty
+// (the edge may keep its record there).
+func (r *Container) removeSocket(id string) error {
+	sock := r.socketPath(id)
+	if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove agent socket of %s: %w", id, err)
+	}
+	if err := os.Remove(filepath.Dir(sock)); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("remove agent socket dir of %s: %w", id, err)
+	}
 	return nil
 }
 
-func (r *Runtime) checkSpec(s Spec) error {
-	bad := func(why string) error {
-		return fmt.Errorf("check sandbox spec %q: %s: %w", s.ID, why, errdefs.ErrInvalidArgument)
+// Channel returns the dialer of sandbox id's agent socket.
+func (r *Container) Channel(id string) (Dialer, error) {
+	if !idPattern.MatchString(id) {
+		return nil, fmt.Errorf("agent channel of sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	switch {
-	case !idPattern.MatchString(s.ID):
-		return bad("bad id")
-	case len(s.Lower) == 0:
-		return bad("no lower layer")
-	case s.Listener == nil:
-		return bad("no listener")
-	case s.LogPath == "":
-		return bad("no log path")
-	case s.DiskBytes < 0 || s.Inodes < 0 || s.CPUs < 0 || s.MemoryBytes < 0 || s.Pids < 0:
-		return bad("negative limit")
-	case len(s.Hostname) > 64:
-		return bad("hostname longer than 64 bytes")
+	if _, err := os.Stat(r.bundleDir(id)); err != nil {
+		return nil, fmt.Errorf("agent channel of sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return UnixDialer(r.socketPath(id)), nil
+}
+
+func (r *Container) checkSpec(s Spec) error {
+	if err := s.Validate(); err != nil {
+		return err
 	}
 	for _, l := range s.Lower {
-		if !filepath.IsAbs(l) || strings.ContainsAny(l, ":,") {
-			return bad(fmt.Sprintf("lower dir %q must be absolute without ':' or ','", l))
+		if strings.ContainsAny(l, ":,") {
+			return fmt.Errorf("check sandbox spec %q: lower dir %q must not hold ':' or ',': %w", s.ID, l, errdefs.ErrInvalidArgument)
 		}
 	}
 	return nil
 }
 
 // swapAccounting reports whether a memory+swap limit can be set.
-func (r *Runtime) swapAccounting() bool {
+func (r *Container) swapAccounting() bool {
 	if r.layout.V2() {
 		return true // runc ignores memory.swap.max when the kernel has no swap
 	}
@@ -516,7 +649,7 @@ func (r *Runtime) swapAccounting() bool {
 // qgroup, qgroup is its sysfs directory, from which the agent answers
 // statfs (btrfs's own statfs ignores qgroups); under project quotas the
 // kernel's statfs already reports the limit, and qgroup is "".
-func (r *Runtime) makeUpper(s Spec) (upper, work, qgroup string, err error) {
+func (r *Container) makeUpper(s Spec) (upper, work, qgroup string, err error) {
 	q, err := r.quotaManager()
 	if err != nil {
 		return "", "", "", fmt.Errorf("make upper of %s: %w", s.ID, err)
@@ -540,7 +673,7 @@ func (r *Runtime) makeUpper(s Spec) (upper, work, qgroup string, err error) {
 }
 
 // removeUpper removes sandbox id's writable layer and frees its quota.
-func (r *Runtime) removeUpper(id string) error {
+func (r *Container) removeUpper(id string) error {
 	q, err := r.quotaManager()
 	if err != nil {
 		// No quota on UpperRoot (not mounted?): at least remove the files.
@@ -623,7 +756,7 @@ func runtimeErrors(path string) string {
 }
 
 // runtimeCmd runs the OCI runtime with args and returns its combined output.
-func (r *Runtime) runtimeCmd(ctx context.Context, args ...string) ([]byte, error) {
+func (r *Container) runtimeCmd(ctx context.Context, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, r.path, append([]string{"--root", r.stateDir()}, args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -638,7 +771,7 @@ func notExist(out []byte) bool {
 }
 
 // runtimeDelete kills and forgets container id; unknown is fine.
-func (r *Runtime) runtimeDelete(ctx context.Context, id string) error {
+func (r *Container) runtimeDelete(ctx context.Context, id string) error {
 	out, err := r.runtimeCmd(ctx, "delete", "--force", id)
 	if err != nil && !notExist(out) {
 		return err
@@ -654,7 +787,7 @@ type runtimeState struct {
 
 // Status reports whether sandbox id runs and its memory statistics. It
 // returns errdefs.ErrNotFound when nothing of id exists.
-func (r *Runtime) Status(ctx context.Context, id string) (Status, error) {
+func (r *Container) Status(ctx context.Context, id string) (Status, error) {
 	if !idPattern.MatchString(id) {
 		return Status{}, fmt.Errorf("status of sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
@@ -682,11 +815,42 @@ func (r *Runtime) Status(ctx context.Context, id string) (Status, error) {
 	return st, nil
 }
 
+// Usage reads sandbox id's CPU time and memory from its cgroups and its
+// writable layer's use from its quota.
+func (r *Container) Usage(ctx context.Context, id string) (Usage, error) {
+	if !idPattern.MatchString(id) {
+		return Usage{}, fmt.Errorf("usage of sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	rel := r.cgroupRel(id)
+	if !r.layout.Exists(rel) {
+		return Usage{}, fmt.Errorf("usage of sandbox %s: no cgroup: %w", id, errdefs.ErrNotFound)
+	}
+	cu, err := r.layout.Usage(rel)
+	if err != nil {
+		return Usage{}, fmt.Errorf("usage of sandbox %s: %w", id, err)
+	}
+	u := Usage{CPUUsec: cu.CPUUsec, MemoryBytes: cu.MemoryBytes, MemoryLimit: cu.MemoryLimit, CacheBytes: cu.CacheBytes}
+	q, err := r.quotaManager()
+	if err != nil {
+		return Usage{}, fmt.Errorf("usage of sandbox %s: %w", id, err)
+	}
+	lim, du, err := q.Usage(id)
+	if err != nil {
+		return Usage{}, fmt.Errorf("disk usage of sandbox %s: %w", id, err)
+	}
+	u.DiskBytes, u.DiskLimit = du.Bytes, lim.Bytes
+	var st unix.Statfs_t
+	if err := unix.Statfs(r.upperBase, &st); err == nil {
+		u.DiskSize = int64(st.Blocks) * st.Bsize
+	}
+	return u, nil
+}
+
 // Delete removes sandbox id and everything it has: its processes, the
-// runtime's record, its cgroups (children first), mounts, writable layer and
-// bundle. It is idempotent and works on half-made sandboxes and on ones an
+// runtime's record, its cgroups (children first), agent socket, mounts,
+// writable layer and bundle. It is idempotent and works on half-made sandboxes and on ones an
 // earlier daemon started. It goes on after ctx is cancelled.
-func (r *Runtime) Delete(ctx context.Context, id string) error {
+func (r *Container) Delete(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return fmt.Errorf("delete sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -705,6 +869,14 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err := r.layout.Remove(ctx, rel); err != nil {
 		errs = append(errs, err)
 	}
+	// The socket dir may be shared with the node's other backend: the
+	// socket is this runtime's only while its bundle is (made before the
+	// socket, removed after it).
+	if _, err := os.Stat(r.bundleDir(id)); err == nil {
+		if err := r.removeSocket(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := removeBundle(r.bundleDir(id)); err != nil {
 		errs = append(errs, err)
 	}
@@ -719,7 +891,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 
 // List returns the IDs of the sandboxes the runtime knows: those in the OCI
 // runtime's state and half-made ones that still have a bundle dir.
-func (r *Runtime) List(ctx context.Context) ([]string, error) {
+func (r *Container) List(ctx context.Context) ([]string, error) {
 	out, err := r.runtimeCmd(ctx, "list", "--format", "json")
 	if err != nil {
 		return nil, err
@@ -738,7 +910,7 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 			ids = append(ids, s.ID)
 		}
 	}
-	ents, err := os.ReadDir(filepath.Join(r.cfg.Root, "bundles"))
+	ents, err := os.ReadDir(filepath.Join(r.root, "bundles"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("list bundles: %w", err)
 	}
@@ -762,7 +934,7 @@ func BareSpec(s Spec, rootfs string, args []string) (*specs.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runtime{layout: layout}
+	r := &Container{layout: layout}
 	spec := buildSpec(specInput{Spec: s, MemorySwap: r.swapAccounting(), Nofile: nofile()})
 	spec.Root = &specs.Root{Path: rootfs, Readonly: true}
 	spec.Process.Args = args

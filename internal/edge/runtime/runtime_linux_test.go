@@ -28,7 +28,7 @@ import (
 
 // node is one Runtime on temp dirs, torn down when the test ends.
 type node struct {
-	rt      *Runtime
+	rt      *Container
 	cfg     Config
 	lower   string // busybox rootfs
 	sockDir string
@@ -52,6 +52,7 @@ func newNode(t *testing.T) *node {
 		UpperFSBytes: 1 << 30,
 		CgroupParent: fmt.Sprintf("dsec-test-%d", os.Getpid()),
 		AgentDir:     agentDir,
+		SocketDir:    filepath.Join(base, "sock"),
 		Log:          slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	}
 	rt, err := New(cfg)
@@ -153,21 +154,8 @@ type sandbox struct {
 	rd   *bufio.Reader
 }
 
-func (n *node) spec(t *testing.T, id string) (Spec, string) {
+func (n *node) spec(t *testing.T, id string) Spec {
 	t.Helper()
-	sock := filepath.Join(n.sockDir, id+".sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := l.(*net.UnixListener)
-	ln.SetUnlinkOnClose(false)
-	f, err := ln.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.Close()
-	t.Cleanup(func() { f.Close() })
 	return Spec{
 		ID:          id,
 		Lower:       []string{n.lower},
@@ -176,31 +164,30 @@ func (n *node) spec(t *testing.T, id string) (Spec, string) {
 		MemoryBytes: 128 << 20,
 		Pids:        128,
 		Hostname:    "box-" + id,
-		Listener:    f,
 		LogPath:     filepath.Join(n.sockDir, id+".log"),
-	}, sock
+	}
 }
 
-func (n *node) start(t *testing.T, s Spec, sock string) *sandbox {
+func (n *node) start(t *testing.T, s Spec) *sandbox {
 	t.Helper()
 	ctx := context.Background()
 	t0 := time.Now()
-	if err := n.rt.Start(ctx, s); err != nil {
+	dial, err := n.rt.Start(ctx, s)
+	if err != nil {
 		t.Fatalf("start %s: %v", s.ID, err)
 	}
 	t.Logf("Start(%s) took %v", s.ID, time.Since(t0))
-	s.Listener.Close()
 	t.Cleanup(func() {
 		if err := n.rt.Delete(ctx, s.ID); err != nil {
 			t.Errorf("delete %s: %v", s.ID, err)
 		}
 	})
-	c, err := net.Dial("unix", sock)
+	c, err := dial(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &sandbox{id: s.ID, sock: sock, conn: c, rd: bufio.NewReader(c)}
+	return &sandbox{id: s.ID, sock: n.rt.socketPath(s.ID), conn: c, rd: bufio.NewReader(c)}
 }
 
 // run runs line in the sandbox and returns its output and exit code.
@@ -244,8 +231,8 @@ func readHost(t *testing.T, path string) string {
 
 func TestSandbox(t *testing.T) {
 	n := newNode(t)
-	s, sock := n.spec(t, "sb-main")
-	sb := n.start(t, s, sock)
+	s := n.spec(t, "sb-main")
+	sb := n.start(t, s)
 	rel := filepath.Join(n.cfg.CgroupParent, s.ID)
 	lay := n.rt.layout
 
@@ -511,9 +498,9 @@ func TestOOMAndPids(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("oom", func(t *testing.T) {
-		s, sock := n.spec(t, "sb-oom")
+		s := n.spec(t, "sb-oom")
 		s.MemoryBytes = 64 << 20
-		sb := n.start(t, s, sock)
+		sb := n.start(t, s)
 		out, code := sb.run(t, "x=aaaaaaaa; while :; do x=$x$x; done")
 		if code == 0 {
 			t.Fatalf("memory hog exited 0: %s", out)
@@ -531,9 +518,9 @@ func TestOOMAndPids(t *testing.T) {
 	})
 
 	t.Run("fork bomb", func(t *testing.T) {
-		s, sock := n.spec(t, "sb-bomb")
+		s := n.spec(t, "sb-bomb")
 		s.Pids = 64
-		sb := n.start(t, s, sock)
+		sb := n.start(t, s)
 		sb.run(t, "b() { b | b & }; b")
 		pidsFile := n.rt.layout.Dir("pids", filepath.Join(n.cfg.CgroupParent, s.ID, "pids.current"))
 		// Commands share the limit in the cmds child; the sandbox as a whole
@@ -570,15 +557,15 @@ func TestOOMAndPids(t *testing.T) {
 func TestStartFailureCleansUp(t *testing.T) {
 	n := newNode(t)
 	ctx := context.Background()
-	s, _ := n.spec(t, "sb-bad")
+	s := n.spec(t, "sb-bad")
 	s.Lower = []string{filepath.Join(n.sockDir, "no-such-layer")}
-	if err := n.rt.Start(ctx, s); err == nil {
+	if _, err := n.rt.Start(ctx, s); err == nil {
 		t.Fatal("Start with a missing layer succeeded")
 	}
 	assertGone(t, n, s.ID, 0)
 
 	// Fails in the OCI runtime itself: the agent cannot be executed.
-	s, _ = n.spec(t, "sb-bad2")
+	s = n.spec(t, "sb-bad2")
 	s.AgentArgs = nil
 	rt2cfg := n.cfg
 	rt2cfg.AgentDir = filepath.Join(n.sockDir, "empty-agent")
@@ -589,7 +576,7 @@ func TestStartFailureCleansUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rt2.Start(ctx, s); err == nil {
+	if _, err := rt2.Start(ctx, s); err == nil {
 		t.Fatal("Start without an agent succeeded")
 	} else {
 		t.Logf("expected error: %v", err)
@@ -599,7 +586,7 @@ func TestStartFailureCleansUp(t *testing.T) {
 		t.Errorf("List after failed starts = %v", ids)
 	}
 
-	if err := n.rt.Start(ctx, Spec{ID: "../x"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := n.rt.Start(ctx, Spec{ID: "../x"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("Start with a bad id = %v", err)
 	}
 }

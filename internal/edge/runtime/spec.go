@@ -3,6 +3,7 @@ package runtime
 import (
 	"math"
 	"slices"
+	"strconv"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -49,6 +50,9 @@ type specInput struct {
 	MemorySwap  bool   // the host accounts swap (v1 memsw files exist, or v2)
 	Nofile      uint64 // RLIMIT_NOFILE
 	PidsFD      bool   // the agent gets fd 6, the commands' pids cgroup
+	// FnCall makes a fncall sandbox: the agent gets the cpu cgroup dir as
+	// the fd after the others and runs with --fncall; /tmp is a tmpfs.
+	FnCall bool
 	// DiskQgroup is the sysfs dir of the btrfs qgroup that caps the
 	// writable layer; the agent answers statfs of / from it (see
 	// ptraceCapability).
@@ -76,14 +80,20 @@ func pidsLimit(s Spec) int64 {
 }
 
 func buildSpec(in specInput) *specs.Spec {
-	args := append([]string{agentPath}, in.AgentArgs...)
+	args := append([]string{agentPath, "serve"}, in.AgentArgs...)
+	// The fds Start passes, in its order from 3 on.
 	args = append(args, "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5")
+	fd := 6
 	pids := pidsLimit(in.Spec)
 	if in.PidsFD {
 		// Commands are capped at pids in their own cgroup; the sandbox as a
 		// whole gets room on top for the agent's threads.
-		args = append(args, "--pids-cgroup-fd", "6")
+		args = append(args, "--pids-cgroup-fd", strconv.Itoa(fd))
+		fd++
 		pids += agentPids
+	}
+	if in.FnCall {
+		args = append(args, "--cpu-cgroup-fd", strconv.Itoa(fd), "--fncall")
 	}
 	res := &specs.LinuxResources{
 		Devices: devices(),
@@ -122,7 +132,7 @@ func buildSpec(in specInput) *specs.Spec {
 			Env:             []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 			Cwd:             "/",
 			User:            specs.User{UID: 0, GID: 0},
-			NoNewPrivileges: true,
+			NoNewPrivileges: !in.AllowPrivilegeEscalation,
 			Capabilities:    caps,
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_NOFILE", Hard: in.Nofile, Soft: in.Nofile},
@@ -164,6 +174,12 @@ func buildSpec(in specInput) *specs.Spec {
 				spec.Linux.Namespaces[i].Path = in.NetnsPath
 			}
 		}
+	}
+	if in.FnCall {
+		// exec is allowed: reward code compiles into /tmp and runs what it
+		// built. tmpfs pages are charged to the writer's memory cgroup.
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(tmpBytes(in.Spec), 10)}})
 	}
 	if in.ResolvConf != "" {
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.ResolvConf,

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -10,7 +11,7 @@ import (
 func TestBuildSpec(t *testing.T) {
 	s := buildSpec(specInput{
 		Spec: Spec{
-			ID: "sb-1", Hostname: "h", CPUs: 1.5, MemoryBytes: 1 << 30, AgentArgs: []string{"serve"},
+			ID: "sb-1", Hostname: "h", CPUs: 1.5, MemoryBytes: 1 << 30,
 		},
 		AgentDir: "/agent", CgroupsPath: "/dsec/sb-1", MemorySwap: true, Nofile: 1024,
 	})
@@ -31,7 +32,7 @@ func TestBuildSpec(t *testing.T) {
 	}
 	// With a qgroup to report, the agent gets the flag and CAP_SYS_PTRACE
 	// for its statfs supervisor, never as inheritable or ambient.
-	q := buildSpec(specInput{Spec: Spec{ID: "sb-1", AgentArgs: []string{"serve"}}, AgentDir: "/agent",
+	q := buildSpec(specInput{Spec: Spec{ID: "sb-1"}, AgentDir: "/agent",
 		DiskQgroup: "/sys/fs/btrfs/x/qgroups/0_256"})
 	if !slices.Equal(q.Process.Args[len(q.Process.Args)-2:], []string{"--disk-qgroup", "/sys/fs/btrfs/x/qgroups/0_256"}) {
 		t.Errorf("args with a qgroup = %v", q.Process.Args)
@@ -118,5 +119,53 @@ func TestBuildSpecNetwork(t *testing.T) {
 	}
 	if !mounted {
 		t.Error("resolv.conf not bind-mounted read-only")
+	}
+}
+
+// TestBuildSpecFnCall: a fncall sandbox's agent gets the cpu cgroup as the
+// fd after the others, and /tmp is a tmpfs capped at half the memory
+// limit; a container sandbox has neither.
+func TestBuildSpecFnCall(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		in      specInput
+		wantFds []string // the args after the memory cgroup's
+		wantTmp string   // the /tmp mount's size option, "" = no /tmp mount
+	}{
+		{"container", specInput{Spec: Spec{MemoryBytes: 256 << 20}, PidsFD: true},
+			[]string{"--pids-cgroup-fd", "6"}, ""},
+		{"fncall v1", specInput{Spec: Spec{MemoryBytes: 256 << 20}, PidsFD: true, FnCall: true},
+			[]string{"--pids-cgroup-fd", "6", "--cpu-cgroup-fd", "7", "--fncall"}, "size=134217728"},
+		{"fncall v2", specInput{Spec: Spec{MemoryBytes: 256 << 20}, FnCall: true},
+			[]string{"--cpu-cgroup-fd", "6", "--fncall"}, "size=134217728"},
+		{"fncall tmp given", specInput{Spec: Spec{MemoryBytes: 256 << 20, TmpBytes: 8 << 20}, FnCall: true},
+			[]string{"--cpu-cgroup-fd", "6", "--fncall"}, "size=8388608"},
+		{"fncall no memory limit", specInput{FnCall: true},
+			[]string{"--cpu-cgroup-fd", "6", "--fncall"}, "size=268435456"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.in.AgentDir = "/agent"
+			s := buildSpec(tc.in)
+			i := slices.Index(s.Process.Args, "--memory-cgroup-fd")
+			if got := s.Process.Args[i+2:]; !slices.Equal(got, tc.wantFds) {
+				t.Errorf("fd args %v, want %v", got, tc.wantFds)
+			}
+			var tmp string
+			for _, m := range s.Mounts {
+				if m.Destination == "/tmp" {
+					if m.Type != "tmpfs" || slices.Contains(m.Options, "noexec") || !slices.Contains(m.Options, "nosuid") {
+						t.Errorf("/tmp mount %+v", m)
+					}
+					for _, o := range m.Options {
+						if strings.HasPrefix(o, "size=") {
+							tmp = o
+						}
+					}
+				}
+			}
+			if tmp != tc.wantTmp {
+				t.Errorf("/tmp size %q, want %q", tmp, tc.wantTmp)
+			}
+		})
 	}
 }

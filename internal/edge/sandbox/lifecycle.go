@@ -11,6 +11,8 @@ import (
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
@@ -22,26 +24,26 @@ func (m *Manager) Recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	owners, err := m.owners(ctx)
+	if err != nil {
+		m.log.Warn("list runtimes' sandboxes", "err", err)
+	}
 	known := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		known[id] = true
-		m.recoverOne(ctx, id)
+		m.recoverOne(ctx, id, owners[id])
 	}
-	// Containers the runtime knows but no record names were made by a
-	// create that crashed before its first save.
-	rtIDs, err := m.rt.List(ctx)
-	if err != nil {
-		m.log.Warn("list runtime containers", "err", err)
-	}
-	for _, id := range rtIDs {
+	// Sandboxes a runtime knows but no record names were made by a create
+	// that crashed before its first save.
+	for id, rt := range owners {
 		if known[id] {
 			continue
 		}
 		if node, err := sandboxid.Node(id); err != nil || node != m.cfg.Node {
 			continue
 		}
-		m.log.Info("removing orphan container", "id", id)
-		m.reap(ctx, id)
+		m.log.Info("removing orphan sandbox", "id", id)
+		m.reap(ctx, id, rt)
 	}
 	if m.net != nil {
 		keep := map[string]map[string]bool{}
@@ -62,40 +64,73 @@ func (m *Manager) Recover(ctx context.Context) error {
 	return nil
 }
 
-func (m *Manager) recoverOne(ctx context.Context, id string) {
+// owners maps every sandbox the node's runtimes know to the runtime that
+// holds it. An error names the runtimes that could not list theirs.
+func (m *Manager) owners(ctx context.Context) (map[string]runtime.Runtime, error) {
+	owners := map[string]runtime.Runtime{}
+	var errs []error
+	for _, b := range m.Backends() {
+		rt := m.runtimes[b]
+		ids, err := rt.List(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list the sandboxes of backend %s: %w", BackendName(b), err))
+		}
+		for _, id := range ids {
+			owners[id] = rt
+		}
+	}
+	return owners, errors.Join(errs...)
+}
+
+// recoverOne re-adopts or reaps sandbox id, whose record a previous run
+// left; owner is the runtime that lists it (nil: none does).
+func (m *Manager) recoverOne(ctx context.Context, id string, owner runtime.Runtime) {
 	rec, err := m.states.Load(id)
 	if err != nil {
 		m.log.Warn("unreadable sandbox record; removing the sandbox", "id", id, "err", err)
-		m.reap(ctx, id)
+		m.reap(ctx, id, owner)
 		return
 	}
 	if rec.GetSpec().GetLabels()[poolLabel] != "" {
 		m.log.Info("removing sandbox left in a warm pool", "id", id)
-		m.reap(ctx, id)
+		m.reap(ctx, id, owner)
+		return
+	}
+	rt, err := m.runtimeOf(rec.GetSpec().GetBackend())
+	if err != nil {
+		// The node was restarted without the backend the sandbox runs on.
+		m.log.Warn("removing sandbox of a backend the node no longer has", "id", id, "err", err)
+		m.reap(ctx, id, owner)
+		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_NODE_LOST, err.Error())
 		return
 	}
 	switch rec.GetState() {
 	case dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_PAUSING, dsecv1.State_STATE_RESUMING:
 	default:
 		m.log.Info("removing sandbox left half made or half stopped", "id", id, "state", rec.GetState().String())
-		m.reap(ctx, id)
+		m.reap(ctx, id, rt)
 		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_NODE_LOST, "the edge restarted while it was "+stateWord(rec.GetState()))
 		return
 	}
-	st, err := m.rt.Status(ctx, id)
+	st, err := rt.Status(ctx, id)
+	var dial runtime.Dialer
+	if err == nil && st.Running {
+		dial, err = rt.Channel(id)
+	}
 	if err != nil || !st.Running {
 		reason, msg := dsecv1.Reason_REASON_AGENT_LOST, "the sandbox died while the edge was down"
 		if st.OOMKills > 0 {
 			reason, msg = dsecv1.Reason_REASON_OOM, "the sandbox was OOM-killed while the edge was down"
 		}
-		m.reap(ctx, id)
+		m.reap(ctx, id, rt)
 		m.tombstone(rec, dsecv1.State_STATE_FAILED, reason, msg)
 		return
 	}
+	sb := &sandbox{rec: rec, rt: rt, lastActive: time.Now(), td: m.teardownOf(id, rt), token: m.tokenOf(id)}
 	// A sandbox frozen by a pause (finished, or cut short by the restart)
 	// stays paused: its agent cannot answer until resumed. One that was
 	// thawed already is running.
-	if frozen, err := m.rt.Frozen(ctx, id); err == nil && frozen {
+	if frozen, err := m.frozen(ctx, sb); err == nil && frozen {
 		if rec.GetState() != dsecv1.State_STATE_PAUSED {
 			m.log.Info("sandbox was frozen when the edge stopped; it stays paused", "id", id, "state", rec.GetState().String())
 			rec.State = dsecv1.State_STATE_PAUSED
@@ -104,7 +139,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 			}
 			m.save(rec)
 		}
-		sb := &sandbox{rec: rec, agent: m.dial(m.states.Dir(id) + "/agent.sock"), lastActive: time.Now(), td: m.teardownOf(id), token: m.tokenOf(id)}
+		sb.agent = agentclient.New(dial)
 		m.mu.Lock()
 		m.sandboxes[id] = sb
 		m.mu.Unlock()
@@ -116,17 +151,18 @@ func (m *Manager) recoverOne(ctx context.Context, id string) {
 		m.resumed(rec, time.Now())
 		m.save(rec)
 	}
-	client := m.dial(m.states.Dir(id) + "/agent.sock")
+	client := agentclient.New(dial)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = m.waitReadyIn(pctx, client)
 	cancel()
 	if err != nil {
+		client.Close()
 		m.log.Warn("agent of re-adopted sandbox does not answer; removing it", "id", id, "err", err)
-		m.reap(ctx, id)
+		m.reap(ctx, id, rt)
 		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_AGENT_LOST, "its agent did not answer after the edge restarted")
 		return
 	}
-	sb := &sandbox{rec: rec, agent: client, lastActive: time.Now(), td: m.teardownOf(id), token: m.tokenOf(id)}
+	sb.agent = client
 	m.mu.Lock()
 	m.sandboxes[id] = sb
 	m.mu.Unlock()
@@ -160,9 +196,9 @@ func (m *Manager) waitReadyIn(ctx context.Context, client interface {
 }
 
 // reap removes whatever is left of a sandbox this process did not make:
-// container, cgroups, upper, network, layers, record.
-func (m *Manager) reap(ctx context.Context, id string) {
-	td := m.teardownOf(id)
+// what rt holds of it (nil: nothing), network, layers, record.
+func (m *Manager) reap(ctx context.Context, id string, rt runtime.Runtime) {
+	td := m.teardownOf(id, rt)
 	if err := td.run(ctx); err != nil {
 		m.log.Warn("remove sandbox", "id", id, "err", err)
 	}
@@ -194,17 +230,20 @@ func (m *Manager) Teardown(ctx context.Context) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	rtIDs, err := m.rt.List(ctx)
+	owners, err := m.owners(ctx)
 	if err != nil {
 		errs = append(errs, err)
 	}
+	for id := range owners {
+		ids = append(ids, id)
+	}
 	seen := map[string]bool{}
-	for _, id := range append(ids, rtIDs...) {
+	for _, id := range ids {
 		if seen[id] {
 			continue
 		}
 		seen[id] = true
-		td := m.teardownOf(id)
+		td := m.teardownOf(id, owners[id])
 		if err := td.run(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", id, err))
 		}
@@ -344,7 +383,7 @@ func (m *Manager) check(ctx context.Context, sb *sandbox) {
 	sb.mu.Lock()
 	client, id := sb.agent, sb.rec.GetId()
 	sb.mu.Unlock()
-	if client == nil {
+	if client == nil || sb.rt == nil {
 		return
 	}
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -372,7 +411,7 @@ func (m *Manager) check(ctx context.Context, sb *sandbox) {
 	sb.pingFails++
 	fails := sb.pingFails
 	sb.mu.Unlock()
-	st, serr := m.rt.Status(ctx, id)
+	st, serr := sb.rt.Status(ctx, id)
 	if serr == nil && st.Running && fails < 3 {
 		return
 	}

@@ -1,10 +1,11 @@
 // Package sandbox is the edge: it owns the sandboxes of one node. It names
 // and admits or refuses creates, keeps warm pools of started sandboxes that
 // matching creates take, composes each sandbox from its environment's layers,
-// launches it through the container runtime with the agent as pid 1, keeps
-// the channel to the agent, reaps sandboxes past their TTL or idle timeout,
-// notices the ones that died, and persists every record so that a restarted
-// edge re-adopts what is still running.
+// launches it through the runtime of its backend (package runtime: one per
+// backend the node offers, routed by the backend in the sandbox's record),
+// keeps the channel to its agent, reaps sandboxes past their TTL or idle
+// timeout, notices the ones that died, and persists every record so that a
+// restarted edge re-adopts what is still running.
 package sandbox
 
 import (
@@ -13,8 +14,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -38,27 +37,6 @@ import (
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
-// Runtime launches and removes containers. *runtime.Runtime implements it.
-type Runtime interface {
-	Start(ctx context.Context, s runtime.Spec) error
-	Status(ctx context.Context, id string) (runtime.Status, error)
-	Delete(ctx context.Context, id string) error
-	List(ctx context.Context) ([]string, error)
-	// Pause freezes the container and, with reclaim, pushes its memory
-	// out of RAM; Resume prefetches it (with prefetch) and thaws.
-	Pause(ctx context.Context, id string, reclaim bool) (runtime.PauseStats, error)
-	Resume(ctx context.Context, id string, prefetch bool) (runtime.ResumeStats, error)
-	Frozen(ctx context.Context, id string) (bool, error)
-	// Freeze and Thaw stop and restart the container's processes, memory
-	// untouched (a snapshot's capture).
-	Freeze(ctx context.Context, id string) error
-	Thaw(ctx context.Context, id string) error
-	// Upper is the container's writable layer; CaptureDir where a
-	// snapshot captures it.
-	Upper(id string) (string, error)
-	CaptureDir() string
-}
-
 // Images resolves environments to mounted layers. *layers.Service
 // implements it.
 type Images interface {
@@ -72,9 +50,6 @@ type Images interface {
 	Release(ctx context.Context, id string)
 	RecordEnvironment(env string, digests []string) error
 }
-
-// DialFunc opens the channel to the agent listening at a host socket path.
-type DialFunc func(socketPath string) agentclient.Client
 
 // Defaults fill in what a SandboxSpec leaves at zero.
 type Defaults struct {
@@ -135,14 +110,13 @@ type Config struct {
 // once before serving; Shutdown leaves sandboxes running, Teardown removes
 // them all.
 type Manager struct {
-	cfg    Config
-	rt     Runtime
-	images Images
-	net    Network   // nil: the node offers loopback only
-	snaps  Snapshots // nil: snapshots are refused
-	dial   DialFunc
-	states *state.Store
-	log    *slog.Logger
+	cfg      Config
+	runtimes map[dsecv1.Backend]runtime.Runtime // the node's backends
+	images   Images
+	net      Network   // nil: the node offers loopback only
+	snaps    Snapshots // nil: snapshots are refused
+	states   *state.Store
+	log      *slog.Logger
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -164,6 +138,8 @@ type sandbox struct {
 	// stop); it is taken before mu, never while holding it.
 	op sync.Mutex
 	td teardown // what the sandbox holds; guarded by op once it runs
+	// rt is the runtime of the sandbox's backend; nil for a tombstone.
+	rt runtime.Runtime
 
 	mu         sync.Mutex
 	rec        *dsecv1.Sandbox
@@ -177,17 +153,30 @@ type sandbox struct {
 	// pool is the key of the warm pool the sandbox waits in, "" once taken
 	// (or never pooled). Guarded by Manager.mu, not mu.
 	pool string
+	// cpuAt is the CPU time of the last Metrics reading and when it was
+	// taken, for the next one's CPU percentage. Guarded by mu.
+	cpuAt cpuSample
 	// token is the create token of the create that made (or took) it, ""
 	// for none; kept on disk beside the record (state.SaveToken). Guarded by
 	// Manager.mu, not mu.
 	token string
 }
 
-// New makes a Manager. It does not touch any sandbox until Recover. net may
-// be nil: sandboxes then get loopback only and network rules are refused.
-func New(cfg Config, rt Runtime, images Images, net Network, dial DialFunc, log *slog.Logger) (*Manager, error) {
+// New makes a Manager over the node's runtimes, one per backend it offers
+// (each already Init'ed). It does not touch any sandbox until Recover. net
+// may be nil: sandboxes then get loopback only and network rules are
+// refused.
+func New(cfg Config, runtimes map[dsecv1.Backend]runtime.Runtime, images Images, net Network, log *slog.Logger) (*Manager, error) {
 	if cfg.Node == "" || strings.ContainsAny(cfg.Node, "/ ") {
 		return nil, fmt.Errorf("node name %q: %w", cfg.Node, errdefs.ErrInvalidArgument)
+	}
+	if len(runtimes) == 0 {
+		return nil, fmt.Errorf("edge of node %s: no runtime: %w", cfg.Node, errdefs.ErrInvalidArgument)
+	}
+	for b, rt := range runtimes {
+		if b == dsecv1.Backend_BACKEND_UNSPECIFIED || rt == nil {
+			return nil, fmt.Errorf("edge of node %s: runtime %v for backend %s: %w", cfg.Node, rt, b, errdefs.ErrInvalidArgument)
+		}
 	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 15 * time.Second
@@ -212,7 +201,7 @@ func New(cfg Config, rt Runtime, images Images, net Network, dial DialFunc, log 
 		return nil, err
 	}
 	m := &Manager{
-		cfg: cfg, rt: rt, images: images, net: net, dial: dial, states: st, log: log,
+		cfg: cfg, runtimes: maps.Clone(runtimes), images: images, net: net, states: st, log: log,
 		sandboxes: make(map[string]*sandbox),
 		pools:     make(map[string]*pool),
 		poolKick:  make(chan struct{}, 1),
@@ -264,6 +253,10 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token st
 // a member of that warm pool: invisible to Get and List, with no expiry
 // until it is taken.
 func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec, poolKey, token string) (*sandbox, error) {
+	rt, err := m.runtimeOf(spec.GetBackend())
+	if err != nil {
+		return nil, err
+	}
 	// The image store's errors name the environment and what is wrong with it.
 	layers, err := m.images.ResolveEnvironment(ctx, spec.GetEnvironment())
 	if err != nil {
@@ -274,7 +267,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		Id: id, Node: m.cfg.Node, Spec: spec, State: dsecv1.State_STATE_CREATING,
 		CreatedUnixMs: now.UnixMilli(),
 	}
-	sb := &sandbox{rec: rec, lastActive: now, pool: poolKey, token: token}
+	sb := &sandbox{rec: rec, rt: rt, lastActive: now, pool: poolKey, token: token}
 	// The create is the sandbox's first transition: a delete or pause
 	// meanwhile waits for it.
 	sb.op.Lock()
@@ -336,8 +329,8 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		sb.mu.Unlock()
 	}
 	tPrepared := time.Now()
-	td.add("container", func(ctx context.Context) error { return m.rt.Delete(ctx, id) })
-	client, err := m.launch(ctx, id, spec, lower, att)
+	td.add("container", func(ctx context.Context) error { return rt.Delete(ctx, id) })
+	client, err := m.launch(ctx, rt, id, spec, lower, att)
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -367,26 +360,11 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	return sb, nil
 }
 
-// launch starts the container with the agent listening on a socket that
-// only the host can reach, and waits for the agent to answer.
-func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpec, lower []string, att *netctl.Attachment) (agentclient.Client, error) {
+// launch starts the sandbox in its backend's runtime, which makes the
+// agent channel, and waits for the agent to answer on it.
+func (m *Manager) launch(ctx context.Context, rt runtime.Runtime, id string, spec *dsecv1.SandboxSpec, lower []string, att *netctl.Attachment) (agentclient.Client, error) {
 	dir := m.states.Dir(id)
-	sock := filepath.Join(dir, "agent.sock")
-	os.Remove(sock)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("listen on agent socket of %s: %w", id, err)
-	}
-	// The socket file must outlive this listener: the agent owns the fd now.
-	ln.SetUnlinkOnClose(false)
-	lnFile, err := ln.File()
-	ln.Close()
-	if err != nil {
-		return nil, fmt.Errorf("agent socket fd of %s: %w", id, err)
-	}
-	defer lnFile.Close()
-
-	args := []string{"serve"}
+	var args []string
 	if u := spec.GetUser(); u != "" {
 		args = append(args, "--user", u)
 	}
@@ -426,22 +404,22 @@ func (m *Manager) launch(ctx context.Context, id string, spec *dsecv1.SandboxSpe
 		MemoryBytes: spec.GetMemoryMb() << 20,
 		Pids:        spec.GetPids(),
 		Hostname:    hostname,
-		Listener:    lnFile,
 		AgentArgs:   args,
-		LogPath:     filepath.Join(dir, "agent.log"),
+
+		AllowPrivilegeEscalation: spec.GetAllowPrivilegeEscalation(),
+		LogPath:                  filepath.Join(dir, "agent.log"),
 	}
 	if att != nil {
 		rs.NetnsPath, rs.ResolvConf = att.NetnsPath, att.ResolvConf
 	}
-	if err := m.rt.Start(ctx, rs); err != nil {
+	dial, err := rt.Start(ctx, rs)
+	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", id, err)
 	}
-	// Only the agent may hold the listener now: should it die before
-	// accepting, pending connections then fail rather than hang.
-	lnFile.Close()
 	tStarted := time.Now()
-	client := m.dial(sock)
+	client := agentclient.New(dial)
 	if err := m.waitReady(ctx, id, client); err != nil {
+		client.Close()
 		return nil, err
 	}
 	m.log.Debug("agent answered", "id", id, "after", time.Since(tStarted))
@@ -512,8 +490,15 @@ func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, er
 	if spec.Backend == dsecv1.Backend_BACKEND_UNSPECIFIED {
 		spec.Backend = dsecv1.Backend_BACKEND_CONTAINER
 	}
-	if spec.Backend != dsecv1.Backend_BACKEND_CONTAINER {
-		return nil, fmt.Errorf("backend %s is not available on node %s: %w", spec.Backend, m.cfg.Node, errdefs.ErrNotSupported)
+	rt, err := m.runtimeOf(spec.Backend)
+	if err != nil {
+		return nil, err
+	}
+	if spec.GetOnTimeout() == dsecv1.OnTimeout_ON_TIMEOUT_PAUSE && !rt.Features().Pause {
+		return nil, fmt.Errorf("on_timeout pause: %w", m.lacks(spec.Backend, "pause"))
+	}
+	if len(spec.GetNetworkRules()) > 0 && !rt.Features().Network {
+		return nil, fmt.Errorf("network rules: %w", m.lacks(spec.Backend, "give a sandbox a network"))
 	}
 	switch {
 	case l.MaxCPUs > 0 && spec.Cpus > l.MaxCPUs:
@@ -766,6 +751,7 @@ func cloneSpec(s *dsecv1.SandboxSpec) *dsecv1.SandboxSpec {
 // Status is the node's load as the apiservers' watchers see it.
 type Status struct {
 	Node           string
+	Backends       []dsecv1.Backend // in the enum's order
 	MaxSandboxes   int
 	Live           int // creating or running for callers
 	Creating       int
@@ -780,7 +766,7 @@ type Status struct {
 
 // Status reports the node's capacity and load now.
 func (m *Manager) Status() Status {
-	st := Status{Node: m.cfg.Node, MaxSandboxes: m.cfg.Limits.MaxSandboxes, MaxCPUs: m.cfg.Limits.MaxCPUs,
+	st := Status{Node: m.cfg.Node, Backends: m.Backends(), MaxSandboxes: m.cfg.Limits.MaxSandboxes, MaxCPUs: m.cfg.Limits.MaxCPUs,
 		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now()}
 	m.mu.Lock()
 	for _, sb := range m.sandboxes {

@@ -12,113 +12,24 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
-
-	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/runtime/fakeruntime"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
-// fakeRuntime keeps containers as a set; a test can make one die. A
-// frozen container's agent does not answer. hold, when set, is waited on
-// by every Pause and Resume (a test holds a transition midway).
-type fakeRuntime struct {
-	mu       sync.Mutex
-	running  map[string]bool
-	frozen   map[string]bool
-	failNext error
-	hold     chan struct{}
-}
-
-func (f *fakeRuntime) Pause(ctx context.Context, id string, reclaim bool) (runtime.PauseStats, error) {
-	f.wait()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.running[id] {
-		return runtime.PauseStats{}, fmt.Errorf("freeze %s: %w", id, errdefs.ErrNotFound)
+// newFake is a fake runtime (package fakeruntime) for one test: sandboxes
+// are files, agents in-process Connect handlers answering Ping.
+func newFake(t *testing.T, opts ...fakeruntime.Option) *fakeruntime.Runtime {
+	t.Helper()
+	rt := fakeruntime.New(t.TempDir(), opts...)
+	t.Cleanup(rt.Close)
+	if err := rt.Init(context.Background()); err != nil {
+		t.Fatal(err)
 	}
-	if f.frozen == nil {
-		f.frozen = map[string]bool{}
-	}
-	f.frozen[id] = true
-	return runtime.PauseStats{Frozen: time.Millisecond, Resident: 100 << 20, Released: 95 << 20}, nil
-}
-
-func (f *fakeRuntime) Resume(ctx context.Context, id string, prefetch bool) (runtime.ResumeStats, error) {
-	f.wait()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.frozen, id)
-	return runtime.ResumeStats{}, nil
-}
-
-func (f *fakeRuntime) Frozen(ctx context.Context, id string) (bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.frozen[id], nil
-}
-
-func (f *fakeRuntime) Freeze(ctx context.Context, id string) error { return nil }
-func (f *fakeRuntime) Thaw(ctx context.Context, id string) error   { return nil }
-func (f *fakeRuntime) Upper(id string) (string, error)             { return "/upper/" + id, nil }
-func (f *fakeRuntime) CaptureDir() string                          { return "/captures" }
-
-func (f *fakeRuntime) wait() {
-	f.mu.Lock()
-	h := f.hold
-	f.mu.Unlock()
-	if h != nil {
-		<-h
-	}
-}
-
-func (f *fakeRuntime) Start(ctx context.Context, s runtime.Spec) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.failNext; err != nil {
-		f.failNext = nil
-		return err
-	}
-	f.running[s.ID] = true
-	return nil
-}
-
-func (f *fakeRuntime) Status(ctx context.Context, id string) (runtime.Status, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	r, ok := f.running[id]
-	if !ok {
-		return runtime.Status{}, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
-	}
-	return runtime.Status{Running: r}, nil
-}
-
-func (f *fakeRuntime) Delete(ctx context.Context, id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.running, id)
-	delete(f.frozen, id)
-	return nil
-}
-
-func (f *fakeRuntime) List(ctx context.Context) ([]string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var ids []string
-	for id := range f.running {
-		ids = append(ids, id)
-	}
-	return ids, nil
-}
-
-func (f *fakeRuntime) kill(id string) {
-	f.mu.Lock()
-	f.running[id] = false
-	f.mu.Unlock()
+	return rt
 }
 
 // fakeImages knows one environment, base:1, whose layer a test may change.
@@ -153,50 +64,26 @@ func (*fakeImages) Mount(ctx context.Context, id, digest string) (string, error)
 }
 func (*fakeImages) RecordEnvironment(env string, digests []string) error { return nil }
 
-// fakeAgent answers Ping from the runtime's view of its container.
-type fakeAgent struct {
-	agentclient.Client
-	rt      *fakeRuntime
-	id      string
-	running *int32
-}
-
-// Close has no connections to drop.
-func (a *fakeAgent) Close() {}
-
-func (a *fakeAgent) Ping(ctx context.Context, req *connect.Request[agentv1.PingRequest]) (*connect.Response[agentv1.PingResponse], error) {
-	st, err := a.rt.Status(ctx, a.id)
-	if err != nil || !st.Running {
-		return nil, connect.NewError(connect.CodeUnavailable, errors.New("connection refused"))
-	}
-	if frozen, _ := a.rt.Frozen(ctx, a.id); frozen {
-		return nil, connect.NewError(connect.CodeDeadlineExceeded, errors.New("frozen agent: no answer"))
-	}
-	a.rt.mu.Lock()
-	n := *a.running
-	a.rt.mu.Unlock()
-	return connect.NewResponse(&agentv1.PingResponse{RunningProcesses: n}), nil
-}
-
-func newTestManager(t *testing.T, dir string, rt *fakeRuntime, busy *int32) *Manager {
+func newTestManager(t *testing.T, dir string, rt *fakeruntime.Runtime) *Manager {
 	t.Helper()
-	return newTestManagerWith(t, dir, rt, busy, &fakeImages{}, nil)
+	return newTestManagerWith(t, dir, rt, &fakeImages{}, nil)
 }
 
-// newTestManagerWith makes a Manager on images; edit, if set, changes its
-// configuration first.
-func newTestManagerWith(t *testing.T, dir string, rt *fakeRuntime, busy *int32, images *fakeImages, edit func(*Config)) *Manager {
+// newTestManagerWith makes a Manager on images with rt as its container
+// backend; edit, if set, changes its configuration first.
+func newTestManagerWith(t *testing.T, dir string, rt *fakeruntime.Runtime, images *fakeImages, edit func(*Config)) *Manager {
 	t.Helper()
-	dial := func(sock string) agentclient.Client {
-		// The socket path is <dir>/<id>/agent.sock.
-		id := sock[len(dir)+1 : len(sock)-len("/agent.sock")]
-		return &fakeAgent{rt: rt, id: id, running: busy}
-	}
+	return newTestManagerOf(t, dir, map[dsecv1.Backend]runtime.Runtime{dsecv1.Backend_BACKEND_CONTAINER: rt}, images, edit)
+}
+
+// newTestManagerOf makes a Manager over the given backends.
+func newTestManagerOf(t *testing.T, dir string, runtimes map[dsecv1.Backend]runtime.Runtime, images *fakeImages, edit func(*Config)) *Manager {
+	t.Helper()
 	cfg := Config{Node: "n1", StateDir: dir, PingInterval: 100 * time.Millisecond, Defaults: Defaults{TTL: time.Hour}}
 	if edit != nil {
 		edit(&cfg)
 	}
-	m, err := New(cfg, rt, images, nil, dial, slog.New(slog.DiscardHandler))
+	m, err := New(cfg, runtimes, images, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,9 +112,8 @@ func waitState(t *testing.T, m *Manager, id string, want dsecv1.State, reason ds
 }
 
 func TestCreateAndLifetimes(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
-	m := newTestManager(t, t.TempDir(), rt, &busy)
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
 	ctx := context.Background()
 
 	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 1, IdleTimeoutSeconds: -1}, "")
@@ -243,9 +129,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 	}
 
 	// Idle: reaped only while nothing runs inside.
-	rt.mu.Lock()
-	busy = 1
-	rt.mu.Unlock()
+	rt.SetRunningProcesses(1)
 	idle, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: 1}, "")
 	if err != nil {
 		t.Fatal(err)
@@ -254,9 +138,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 	if got, _ := m.Get(ctx, idle.GetId()); got.GetState() != dsecv1.State_STATE_RUNNING {
 		t.Fatalf("reaped as idle while a command runs: %v", got)
 	}
-	rt.mu.Lock()
-	busy = 0
-	rt.mu.Unlock()
+	rt.SetRunningProcesses(0)
 	waitState(t, m, idle.GetId(), dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_IDLE)
 
 	// A container that dies is failed with agent_lost and cleaned up.
@@ -264,7 +146,7 @@ func TestCreateAndLifetimes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt.kill(dead.GetId())
+	rt.Kill(dead.GetId(), false)
 	waitState(t, m, dead.GetId(), dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_AGENT_LOST)
 	if _, err := rt.Status(ctx, dead.GetId()); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("failed sandbox's container still there: %v", err)
@@ -272,10 +154,10 @@ func TestCreateAndLifetimes(t *testing.T) {
 }
 
 func TestCreateFailureRollsBack(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}, failNext: errors.New("runc exploded")}
-	var busy int32
+	rt := newFake(t)
+	rt.FailNextStart(errors.New("runc exploded"))
 	dir := t.TempDir()
-	m := newTestManager(t, dir, rt, &busy)
+	m := newTestManager(t, dir, rt)
 	if _, err := m.Create(context.Background(), &dsecv1.SandboxSpec{Environment: "base:1"}, ""); err == nil {
 		t.Fatal("create succeeded")
 	}
@@ -294,19 +176,21 @@ func TestCreateFailureRollsBack(t *testing.T) {
 }
 
 func TestRecoverAdoptsAndReaps(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
+	rt := newFake(t)
 	dir := t.TempDir()
-	m := newTestManager(t, dir, rt, &busy)
+	m := newTestManager(t, dir, rt)
 	ctx := context.Background()
 	alive, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
 	died, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
 	m.Shutdown()
-	rt.kill(died.GetId())
+	rt.Kill(died.GetId(), false)
 	orphan := sandboxid.New("n1", 0, 0)
-	rt.running[orphan] = true // a container whose create never saved a record
+	// A sandbox whose create never saved a record.
+	if _, err := rt.Start(ctx, runtime.Spec{ID: orphan, Lower: []string{"/layers/x"}, LogPath: "/dev/null"}); err != nil {
+		t.Fatal(err)
+	}
 
-	m2 := newTestManager(t, dir, rt, &busy)
+	m2 := newTestManager(t, dir, rt)
 	if got, err := m2.Get(ctx, alive.GetId()); err != nil || got.GetState() != dsecv1.State_STATE_RUNNING {
 		t.Fatalf("alive after recover: %v %v", got, err)
 	}
@@ -325,9 +209,8 @@ func TestRecoverAdoptsAndReaps(t *testing.T) {
 }
 
 func TestCreateRefusesOverNodeLimits(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
-	m := newTestManagerWith(t, t.TempDir(), rt, &busy, &fakeImages{}, func(c *Config) {
+	rt := newFake(t)
+	m := newTestManagerWith(t, t.TempDir(), rt, &fakeImages{}, func(c *Config) {
 		c.Limits = Limits{MaxCPUs: 2, MaxMemoryMB: 4096, MaxDiskMB: 8192, MaxTTL: time.Hour}
 	})
 	for _, tc := range []struct {
@@ -368,9 +251,8 @@ func TestCreateRefusesOverNodeLimits(t *testing.T) {
 // A full node refuses a caller's create and names the flag that raises
 // its maximum; warm pool members are not counted against a caller.
 func TestCreateRefusedOnFullNode(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
-	m := newTestManagerWith(t, t.TempDir(), rt, &busy, &fakeImages{}, func(c *Config) {
+	rt := newFake(t)
+	m := newTestManagerWith(t, t.TempDir(), rt, &fakeImages{}, func(c *Config) {
 		c.Limits.MaxSandboxes = 2
 	})
 	ctx := context.Background()
@@ -419,10 +301,9 @@ func TestParseMeminfo(t *testing.T) {
 // (or taken from a warm pool) for, across a restart of the edge; a stopped
 // one answers for its token no more.
 func TestTokensSurviveRecover(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
+	rt := newFake(t)
 	dir := t.TempDir()
-	m := newTestManager(t, dir, rt, &busy)
+	m := newTestManager(t, dir, rt)
 	ctx := context.Background()
 	cold, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 1}, "b1#0@n1")
 	if err != nil {
@@ -454,7 +335,7 @@ func TestTokensSurviveRecover(t *testing.T) {
 	}
 	m.Shutdown()
 
-	m2 := newTestManager(t, dir, rt, &busy)
+	m2 := newTestManager(t, dir, rt)
 	if got := m2.Tokens(); !maps.Equal(got, want) {
 		t.Fatalf("tokens after recover %v, want %v", got, want)
 	}

@@ -28,6 +28,10 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 	if err := refuseNow(sb, callPause); err != nil {
 		return nil, false, err
 	}
+	pz, err := m.pauser(sb)
+	if err != nil {
+		return nil, false, fmt.Errorf("pause sandbox %s: %w", sb.rec.GetId(), err)
+	}
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	sb.mu.Lock()
@@ -45,11 +49,11 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 	m.save(sb.rec)
 	sb.mu.Unlock()
 
-	st, err := m.rt.Pause(ctx, id, !keepMemory)
+	st, err := pz.Pause(ctx, id, !keepMemory)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if err != nil {
-		if frozen, ferr := m.rt.Frozen(ctx, id); ferr != nil || !frozen {
+		if frozen, ferr := pz.Frozen(ctx, id); ferr != nil || !frozen {
 			sb.rec.State = dsecv1.State_STATE_RUNNING
 			m.save(sb.rec)
 			return nil, false, fmt.Errorf("pause sandbox %s: %w", id, err)
@@ -93,6 +97,10 @@ func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsec
 	if err := refuseNow(sb, callResume); err != nil {
 		return nil, false, 0, err
 	}
+	pz, err := m.pauser(sb)
+	if err != nil {
+		return nil, false, 0, fmt.Errorf("resume sandbox %s: %w", sb.rec.GetId(), err)
+	}
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	sb.mu.Lock()
@@ -110,11 +118,11 @@ func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsec
 	m.save(sb.rec)
 	sb.mu.Unlock()
 
-	st, err := m.rt.Resume(ctx, id, prefetch)
+	st, err := pz.Resume(ctx, id, prefetch)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if err != nil {
-		if frozen, ferr := m.rt.Frozen(ctx, id); ferr != nil || frozen {
+		if frozen, ferr := pz.Frozen(ctx, id); ferr != nil || frozen {
 			sb.rec.State = dsecv1.State_STATE_PAUSED
 			m.save(sb.rec)
 			return nil, false, 0, fmt.Errorf("resume sandbox %s: %w", id, err)

@@ -10,12 +10,13 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/runtime/fakeruntime"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
 // waitPool waits until the only warm pool has ready sandboxes ready and
 // none starting, and the runtime holds containers containers.
-func waitPool(t *testing.T, m *Manager, rt *fakeRuntime, ready, containers int) *dsecv1.WarmPool {
+func waitPool(t *testing.T, m *Manager, rt *fakeruntime.Runtime, ready, containers int) *dsecv1.WarmPool {
 	t.Helper()
 	var pool *dsecv1.WarmPool
 	waitPools(t, m, rt, fmt.Sprintf("%d ready with %d containers", ready, containers), func(ids []string, ps []*dsecv1.WarmPool) bool {
@@ -29,9 +30,8 @@ func waitPool(t *testing.T, m *Manager, rt *fakeRuntime, ready, containers int) 
 }
 
 func TestWarmPoolServesAndRefills(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
-	m := newTestManager(t, t.TempDir(), rt, &busy)
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
 	ctx := context.Background()
 	shape := &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 0.5, MemoryMb: 64}
 
@@ -102,7 +102,7 @@ func TestWarmPoolServesAndRefills(t *testing.T) {
 			break
 		}
 	}
-	rt.kill(victim)
+	rt.Kill(victim, false)
 	waitPools(t, m, rt, "dead member "+victim+" replaced", func(ids []string, ps []*dsecv1.WarmPool) bool {
 		return !slices.Contains(ids, victim) && len(ps) == 1 && ps[0].GetReady() == 2
 	})
@@ -121,7 +121,7 @@ func TestWarmPoolServesAndRefills(t *testing.T) {
 
 // waitPools waits until ok holds for the runtime's containers and the
 // manager's pools.
-func waitPools(t *testing.T, m *Manager, rt *fakeRuntime, what string, ok func(ids []string, ps []*dsecv1.WarmPool) bool) {
+func waitPools(t *testing.T, m *Manager, rt *fakeruntime.Runtime, what string, ok func(ids []string, ps []*dsecv1.WarmPool) bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -137,7 +137,7 @@ func waitPools(t *testing.T, m *Manager, rt *fakeRuntime, what string, ok func(i
 	}
 }
 
-func mustList(t *testing.T, rt *fakeRuntime) []string {
+func mustList(t *testing.T, rt *fakeruntime.Runtime) []string {
 	t.Helper()
 	ids, err := rt.List(context.Background())
 	if err != nil {
@@ -147,9 +147,8 @@ func mustList(t *testing.T, rt *fakeRuntime) []string {
 }
 
 func TestWarmPoolRefusesBadShapes(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
-	m := newTestManager(t, t.TempDir(), rt, &busy)
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
@@ -176,10 +175,9 @@ func TestWarmPoolRefusesBadShapes(t *testing.T) {
 }
 
 func TestWarmPoolDropsStaleEnvironment(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
+	rt := newFake(t)
 	images := &fakeImages{}
-	m := newTestManagerWith(t, t.TempDir(), rt, &busy, images, nil)
+	m := newTestManagerWith(t, t.TempDir(), rt, images, nil)
 	ctx := context.Background()
 	shape := &dsecv1.SandboxSpec{Environment: "base:1"}
 	if _, err := m.SetWarmPool(ctx, shape, 2); err != nil {
@@ -209,10 +207,9 @@ func TestWarmPoolDropsStaleEnvironment(t *testing.T) {
 }
 
 func TestRecoverRemovesPooledSandboxes(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
+	rt := newFake(t)
 	dir := t.TempDir()
-	m := newTestManager(t, dir, rt, &busy)
+	m := newTestManager(t, dir, rt)
 	ctx := context.Background()
 	shape := &dsecv1.SandboxSpec{Environment: "base:1"}
 	if _, err := m.SetWarmPool(ctx, shape, 2); err != nil {
@@ -226,7 +223,7 @@ func TestRecoverRemovesPooledSandboxes(t *testing.T) {
 	waitPool(t, m, rt, 2, 3)
 	m.Shutdown()
 
-	m2 := newTestManager(t, dir, rt, &busy)
+	m2 := newTestManager(t, dir, rt)
 	if ids := mustList(t, rt); len(ids) != 1 || ids[0] != taken.GetId() {
 		t.Fatalf("after recover the runtime holds %v, want only the taken %s", ids, taken.GetId())
 	}
@@ -244,9 +241,8 @@ func TestRecoverRemovesPooledSandboxes(t *testing.T) {
 // Concurrent creates never get the same pooled sandbox, and the pool's
 // counts add up.
 func TestWarmPoolConcurrentTakes(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
-	m := newTestManager(t, t.TempDir(), rt, &busy)
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
 	ctx := context.Background()
 	shape := &dsecv1.SandboxSpec{Environment: "base:1"}
 	if _, err := m.SetWarmPool(ctx, shape, 5); err != nil {

@@ -18,9 +18,13 @@ import (
 type Snapshots interface {
 	// HasRef reports whether a layer is named ref.
 	HasRef(ref string) bool
-	// AddSnapshot adds the EROFS file as layer ref of kind snapshot (taking
-	// the file: it is moved, not copied), records info with it, and
-	// publishes it to the blob store.
+	// StagePath is where the layer file of snapshot name is built: on the
+	// layer store's file system, so AddSnapshot moves it in by rename, and
+	// where a restarted node removes what a killed one left.
+	StagePath(name string) string
+	// AddSnapshot adds the EROFS file, built at StagePath, as layer ref of
+	// kind snapshot (taking the file: it is moved, not copied), records
+	// info with it, and publishes it to the blob store.
 	AddSnapshot(ctx context.Context, ref, file string, info *dsecv1.SnapshotInfo) error
 }
 
@@ -48,6 +52,11 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string, exclude []strin
 	if m.snaps.HasRef(ref) {
 		return nil, fmt.Errorf("snapshot %s: a layer is named %s already: %w", name, ref, errdefs.ErrAlreadyExists)
 	}
+	if sb, err := m.lookup(id); err != nil {
+		return nil, err
+	} else if _, _, err := m.snapshotter(sb); err != nil {
+		return nil, fmt.Errorf("snapshot %s of %s: %w", name, id, err)
+	}
 	var sb *sandbox
 	if err := m.use(ctx, id, func(s *sandbox) error { sb = s; return nil }); err != nil {
 		return nil, err
@@ -74,7 +83,11 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string, exclude []strin
 		}
 		lower = append(lower, dir)
 	}
-	out := filepath.Join(filepath.Dir(tree.Dir), "."+name+".erofs")
+	// Built beside the layer store rather than the capture: the move in
+	// is then a rename, and mkfs.erofs writes to the store's file system
+	// instead of the sandboxes' upper one (a loop-mounted btrfs on some
+	// nodes, where writing the file took twice as long).
+	out := m.snaps.StagePath(name)
 	packed, err := snapshot.Pack(ctx, tree, out, snapshot.PackOptions{Lower: lower, Exclude: exclude})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s of %s: %w", name, id, err)
@@ -91,7 +104,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string, exclude []strin
 		return nil, fmt.Errorf("snapshot %s: %w", name, err)
 	}
 	m.log.Info("snapshot taken", "id", id, "snapshot", name, "digest", packed.Digest, "frozen", frozen,
-		"method", tree.Method, "entries", packed.Entries, "pack", packed.Took)
+		"method", tree.Method, "entries", packed.Entries, "pack", packed.Took, "build", packed.Build)
 	return info, nil
 }
 
@@ -112,17 +125,21 @@ func (m *Manager) capture(ctx context.Context, sb *sandbox, name string) (*snaps
 		return nil, nil, 0, fmt.Errorf("snapshot %s: %w", name, refusal(rec, refuseGone, callUse))
 	}
 	id := rec.GetId()
-	upper, err := m.rt.Upper(id)
+	pz, sn, err := m.snapshotter(sb)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	dst := filepath.Join(m.rt.CaptureDir(), id+"."+name)
+	upper, err := sn.Upper(id)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	dst := filepath.Join(sn.CaptureDir(), id+"."+name)
 	start := time.Now()
-	if err := m.rt.Freeze(ctx, id); err != nil {
+	if err := pz.Freeze(ctx, id); err != nil {
 		return nil, nil, 0, fmt.Errorf("snapshot %s of %s: %w", name, id, err)
 	}
 	tree, cerr := snapshot.Capture(ctx, upper, dst)
-	terr := m.rt.Thaw(ctx, id)
+	terr := pz.Thaw(ctx, id)
 	frozen := time.Since(start)
 	if terr != nil {
 		m.log.Error("thaw after a snapshot's capture failed: the sandbox stays frozen", "id", id, "err", terr)

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -135,15 +136,19 @@ func (t *teardown) run(ctx context.Context) error {
 
 // teardownOf is the full teardown of sandbox id, every resource a sandbox
 // can hold, for one whose create this process did not see (re-adopted,
-// orphaned, or emptied by Teardown).
-func (m *Manager) teardownOf(id string) teardown {
+// orphaned, or emptied by Teardown). rt is the runtime that holds it; nil
+// when none does (its record names a backend the node lacks, and no
+// runtime lists it).
+func (m *Manager) teardownOf(id string, rt runtime.Runtime) teardown {
 	var t teardown
 	t.add("record", func(ctx context.Context) error { return m.states.Remove(id) })
 	t.add("layers", func(ctx context.Context) error { m.images.Release(ctx, id); return nil })
 	if m.net != nil {
 		t.add("network", func(ctx context.Context) error { return m.detach(ctx, id) })
 	}
-	t.add("container", func(ctx context.Context) error { return m.rt.Delete(ctx, id) })
+	if rt != nil {
+		t.add("container", func(ctx context.Context) error { return rt.Delete(ctx, id) })
+	}
 	return t
 }
 

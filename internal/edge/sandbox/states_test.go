@@ -7,6 +7,9 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/runtime/fakeruntime"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/sandboxid"
 )
@@ -15,19 +18,18 @@ import (
 // leave it: a create, pause or resume under way holds the op lock, and
 // finish ends it (creating → running, pausing → paused, resuming →
 // running).
-func inject(t *testing.T, m *Manager, rt *fakeRuntime, st dsecv1.State) (id string, finish func()) {
+func inject(t *testing.T, m *Manager, rt *fakeruntime.Runtime, st dsecv1.State) (id string, finish func()) {
 	t.Helper()
 	id = sandboxid.New("n1", 0, 0)
 	rec := &dsecv1.Sandbox{Id: id, Node: "n1", State: st, Spec: &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 3600}}
-	sb := &sandbox{rec: rec, lastActive: time.Now(), td: m.teardownOf(id)}
+	sb := &sandbox{rec: rec, lastActive: time.Now(), td: m.teardownOf(id, rt)}
 	if st != dsecv1.State_STATE_STOPPED && st != dsecv1.State_STATE_FAILED {
-		rt.mu.Lock()
-		rt.running[id] = true
-		if rt.frozen == nil {
-			rt.frozen = map[string]bool{}
+		dial, err := rt.Start(context.Background(), runtime.Spec{ID: id, Lower: []string{"/layers/x"}, LogPath: "/dev/null"})
+		if err != nil {
+			t.Fatal(err)
 		}
-		rt.frozen[id] = st == dsecv1.State_STATE_PAUSED || st == dsecv1.State_STATE_PAUSING || st == dsecv1.State_STATE_RESUMING
-		rt.mu.Unlock()
+		rt.SetFrozen(id, st == dsecv1.State_STATE_PAUSED || st == dsecv1.State_STATE_PAUSING || st == dsecv1.State_STATE_RESUMING)
+		sb.rt, sb.agent = rt, agentclient.New(dial)
 	} else {
 		sb.gone = time.Now()
 		rec.Reason = dsecv1.Reason_REASON_DELETED
@@ -42,9 +44,7 @@ func inject(t *testing.T, m *Manager, rt *fakeRuntime, st dsecv1.State) (id stri
 			sb.mu.Lock()
 			sb.rec.State = next
 			sb.mu.Unlock()
-			rt.mu.Lock()
-			rt.frozen[id] = next == dsecv1.State_STATE_PAUSED
-			rt.mu.Unlock()
+			rt.SetFrozen(id, next == dsecv1.State_STATE_PAUSED)
 			sb.op.Unlock()
 		}
 	}
@@ -97,9 +97,8 @@ func TestTransitionTable(t *testing.T) {
 		for c := range numCalls {
 			v := decide(st, c)
 			t.Run(stateWord(st)+"/"+c.String(), func(t *testing.T) {
-				rt := &fakeRuntime{running: map[string]bool{}}
-				var busy int32
-				m := newTestManager(t, t.TempDir(), rt, &busy)
+				rt := newFake(t)
+				m := newTestManager(t, t.TempDir(), rt)
 				id, finish := inject(t, m, rt, st)
 				defer func() { finish() }() // ends a transition the test did not end itself
 
@@ -183,10 +182,9 @@ func TestTransitionTable(t *testing.T) {
 }
 
 func TestPauseSurvivesRestartAndResumesOnUse(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
+	rt := newFake(t)
 	dir := t.TempDir()
-	m := newTestManager(t, dir, rt, &busy)
+	m := newTestManager(t, dir, rt)
 	ctx := context.Background()
 	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1}, "")
 	if err != nil {
@@ -202,7 +200,7 @@ func TestPauseSurvivesRestartAndResumesOnUse(t *testing.T) {
 	m.Shutdown()
 
 	// The health checks of a restarted edge do not fail a frozen agent.
-	m2 := newTestManager(t, dir, rt, &busy)
+	m2 := newTestManager(t, dir, rt)
 	time.Sleep(300 * time.Millisecond) // a few ping intervals
 	got, err := m2.Get(ctx, sb.GetId())
 	if err != nil || got.GetState() != dsecv1.State_STATE_PAUSED {
@@ -222,10 +220,9 @@ func TestPauseSurvivesRestartAndResumesOnUse(t *testing.T) {
 }
 
 func TestRecoverFindsInterruptedPause(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}, frozen: map[string]bool{}}
-	var busy int32
+	rt := newFake(t)
 	dir := t.TempDir()
-	m := newTestManager(t, dir, rt, &busy)
+	m := newTestManager(t, dir, rt)
 	ctx := context.Background()
 	frozen, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
 	thawed, _ := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
@@ -242,8 +239,8 @@ func TestRecoverFindsInterruptedPause(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rt.frozen[frozen.GetId()] = true
-	m2 := newTestManager(t, dir, rt, &busy)
+	rt.SetFrozen(frozen.GetId(), true)
+	m2 := newTestManager(t, dir, rt)
 	if got, _ := m2.Get(ctx, frozen.GetId()); got.GetState() != dsecv1.State_STATE_PAUSED {
 		t.Errorf("frozen mid-pause: %s after recovery, want paused", got.GetState())
 	}
@@ -253,9 +250,8 @@ func TestRecoverFindsInterruptedPause(t *testing.T) {
 }
 
 func TestOnTimeoutPause(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
-	m := newTestManager(t, t.TempDir(), rt, &busy)
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
 	ctx := context.Background()
 	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 1, IdleTimeoutSeconds: -1,
 		OnTimeout: dsecv1.OnTimeout_ON_TIMEOUT_PAUSE}, "")
@@ -276,9 +272,8 @@ func TestOnTimeoutPause(t *testing.T) {
 }
 
 func TestAutoResumeFalseRefuses(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
-	m := newTestManager(t, t.TempDir(), rt, &busy)
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
 	ctx := context.Background()
 	no := false
 	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", AutoResume: &no}, "")
@@ -305,9 +300,8 @@ func TestAutoResumeFalseRefuses(t *testing.T) {
 }
 
 func TestPausedRetention(t *testing.T) {
-	rt := &fakeRuntime{running: map[string]bool{}}
-	var busy int32
-	m := newTestManagerWith(t, t.TempDir(), rt, &busy, &fakeImages{}, func(c *Config) { c.PausedRetention = time.Second })
+	rt := newFake(t)
+	m := newTestManagerWith(t, t.TempDir(), rt, &fakeImages{}, func(c *Config) { c.PausedRetention = time.Second })
 	ctx := context.Background()
 	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
 	if err != nil {

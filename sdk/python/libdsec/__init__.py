@@ -9,6 +9,12 @@ Async first::
             r = await sb.exec("echo hello", timeout=30)
             print(r.exit_code, r.stdout)
 
+Short programs (reward code, test cases) run in pooled warm containers::
+
+    with libdsec.Client() as client:
+        r = client.run_code("python", "print(input()[::-1])", stdin="abc")
+        print(r.status, r.stdout)                          # success cba
+
 The blocking twin has the same names: ``libdsec.Client``. Errors are typed,
 see :mod:`libdsec.errors`. The paper's names (``DSecClient``,
 ``DSecContainerRunArgs``, ``DSecSandbox``) are importable from here too; they
@@ -18,6 +24,7 @@ live in :mod:`libdsec.compat`.
 from . import errors
 from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, Job as AsyncJob, ProcessInfo,
                    Sandbox as AsyncSandbox, Session as AsyncSession, WarmPool, extract_tar)
+from ._fncall import CommandResult, Language, RunCode, RunResult
 from ._sync import Client, Job, Sandbox, Session
 from ._transport import DEFAULT_ADDR, DEFAULT_TOKEN_FILE, resolve_addr, resolve_addrs
 from .compat import DSecClient, DSecContainerRunArgs, DSecSandbox
@@ -29,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncJob", "AsyncSession", "Client", "Sandbox", "Job", "Session",
     "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
+    "RunCode", "RunResult", "CommandResult", "Language",
     "DEFAULT_ADDR", "DEFAULT_TOKEN_FILE", "resolve_addr", "resolve_addrs", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
     "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed",
     "DSecClient", "DSecContainerRunArgs", "DSecSandbox",

@@ -15,6 +15,8 @@ from typing import (Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping,
                     Optional, Sequence, Tuple, Union)
 
 from . import errors
+from ._fncall import (BATCH_GRACE, FNCALL, MAX_BATCH, Language, RunCode, RunResult, passed,
+                      split_cases)
 from ._transport import ServerStream, Transport
 
 SANDBOX = "dsec.v1.SandboxService"
@@ -679,6 +681,95 @@ class AsyncClient:
         cache hits and fan-out (the LayerStats message as a dict)."""
         return await self._call("LayerStats", {}, timeout, idempotent=True, service=LAYERS)
 
+    # --- FnCall: short programs in pooled warm containers ---
+
+    async def run_code(self, language: str, code: str, *, stdin: Optional[Data] = None,
+                       files: Optional[Mapping[str, Data]] = None, fetch_files: Optional[Sequence[str]] = None,
+                       compile_timeout: Optional[float] = None, run_timeout: Optional[float] = None,
+                       memory_mb: Optional[int] = None, cpus: Optional[float] = None,
+                       network_rules: Optional[Mapping[str, bool]] = None, environment: Optional[str] = None,
+                       timeout: Optional[float] = None) -> RunResult:
+        """Compile (for compiled languages) and run one program, as
+        SandboxFusion's /run_code does (docs/fncall.md).
+
+        stdin is the run step's input; files ({path: content}) are written
+        into the call's scratch directory first and fetch_files read back
+        after (RunResult.files). compile_timeout and run_timeout are seconds
+        per step (default 10 each); memory_mb (default 1024) and cpus
+        (default 1) are the call's limits; network_rules as
+        set_network_rules takes them (default: no network). timeout bounds
+        the whole call, default both step timeouts plus 30 s.
+
+        A program that fails is a result (status "failed"); errors are for
+        calls that could not be run: InvalidArgument (an unknown language, a
+        bad path or timeout), Overloaded (every pool that could run it is
+        full, its queue too), Unavailable. A call without network rules
+        leaves nothing behind, so it is sent again after an Unavailable
+        answer as reads are.
+        """
+        call = RunCode(language, code, stdin=stdin, files=files, fetch_files=fetch_files,
+                       compile_timeout=compile_timeout, run_timeout=run_timeout, memory_mb=memory_mb, cpus=cpus,
+                       network_rules=network_rules, environment=environment)
+        resp = await self._t.unary(FNCALL, "RunCode", call.request(),
+                                   timeout=call.deadline() if timeout is None else timeout,
+                                   idempotent=call.repeatable)
+        return RunResult.from_json(resp)
+
+    async def run_code_batch(self, calls: Sequence[Union[RunCode, Mapping[str, Any]]], *,
+                             timeout: Optional[float] = None) -> List[RunResult]:
+        """Run many calls at once (RunCodeBatch), as the pools allow, and
+        return their results in order.
+
+        Each call is a RunCode or a dict of run_code's arguments. A call
+        that could not be run is a result with status "sandbox_error" and
+        the reason as message, not an error. Over 4096 calls go as several
+        batches at once. timeout defaults to the longest call's plus 10
+        minutes, for the calls' wait in the pools' queues.
+        """
+        specs = [RunCode.of(c) for c in calls]
+        if not specs:
+            return []
+        msgs = [s.request() for s in specs]
+        to = timeout if timeout is not None else max(s.deadline() for s in specs) + BATCH_GRACE
+        repeatable = all(s.repeatable for s in specs)
+
+        async def one(part: List[Dict[str, Any]]) -> List[RunResult]:
+            resp = await self._t.unary(FNCALL, "RunCodeBatch", {"calls": part}, timeout=to, idempotent=repeatable)
+            results = resp.get("results", [])
+            if len(results) != len(part):
+                raise errors.Internal(f"run code batch: {len(results)} results for {len(part)} calls")
+            return [RunResult.from_json(r) for r in results]
+
+        parts = await asyncio.gather(*(one(msgs[i:i + MAX_BATCH]) for i in range(0, len(msgs), MAX_BATCH)))
+        return [r for part in parts for r in part]
+
+    async def run_tests(self, language: str, code: str, cases: Sequence[Any], *,
+                        timeout: Optional[float] = None, **kw) -> List[RunResult]:
+        """Run one program once per case, all in one batch, in parallel as
+        the pools allow; results come in the cases' order.
+
+        cases is a list of stdins (str or bytes), or of (stdin,
+        expected_stdout) pairs, or a mix. For a case with an expected
+        output the result's passed says whether it passed as verl judges
+        one: the call succeeded and its stdout equals the expected output
+        once trailing newlines are cut from both. The other keyword
+        arguments are run_code's (files, run_timeout, memory_mb, ...).
+        """
+        if "stdin" in kw:
+            raise errors.InvalidArgument("run tests: each case brings its stdin; stdin= is not taken")
+        stdins, expected = split_cases(cases)
+        calls = [RunCode.of(dict(kw, language=language, code=code, stdin=s)) for s in stdins]
+        results = await self.run_code_batch(calls, timeout=timeout)
+        for r, want in zip(results, expected):
+            if want is not None:
+                r.passed = passed(r, want)
+        return results
+
+    async def languages(self, *, timeout: Optional[float] = None) -> List[Language]:
+        """The languages run_code takes, with how each is compiled and run."""
+        resp = await self._call("ListLanguages", {}, timeout, idempotent=True, service=FNCALL)
+        return [Language.from_json(d) for d in resp.get("languages", [])]
+
 
 class Sandbox:
     """One sandbox. ``async with sb:`` deletes it on exit.
@@ -812,6 +903,24 @@ class Sandbox:
         self.info = resp.get("sandbox", self.info)
         return {"already_running": bool(resp.get("alreadyRunning", False)),
                 "prefetch_ms": int(resp.get("prefetchMs", 0))}
+
+    async def set_timeout(self, seconds: float, *, extend_only: bool = False,
+                          timeout: Optional[float] = None) -> None:
+        """End the sandbox's TTL ``seconds`` from now, later or sooner (0
+        ends it); with extend_only an end further away stays. A paused
+        sandbox gets that much running time once resumed."""
+        msg: Dict[str, Any] = {"sandboxId": self.id, "timeoutSeconds": str(int(seconds))}
+        if extend_only:
+            msg["extendOnly"] = True
+        resp = await self.client._call("SetTimeout", msg, timeout, idempotent=True)
+        self.info = resp.get("sandbox", self.info)
+
+    async def metrics(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """The sandbox's resource use now, as a dict of SandboxMetrics:
+        cpuUsedPct (percent of cpuCount cores), memoryUsedBytes,
+        memoryLimitBytes, memoryCacheBytes, diskUsedBytes, diskLimitBytes
+        (int64 fields as strings, as proto3 JSON has them)."""
+        return await self.client._call("Metrics", {"sandboxId": self.id}, timeout, idempotent=True)
 
     async def snapshot(self, name: str, *, exclude: Optional[Iterable[str]] = None,
                        timeout: Optional[float] = 600) -> Dict[str, Any]:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _aio
 from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, ProcessInfo, WarmPool
+from ._fncall import Language, RunCode, RunResult
 
 
 class _Loop:
@@ -123,6 +124,18 @@ class Client:
     def layer_stats(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
         return self._run(self._a.layer_stats(timeout=timeout))
 
+    def run_code(self, language: str, code: str, **kw) -> RunResult:
+        return self._run(self._a.run_code(language, code, **kw))
+
+    def run_code_batch(self, calls: Sequence[Union[RunCode, Mapping[str, Any]]], **kw) -> List[RunResult]:
+        return self._run(self._a.run_code_batch(calls, **kw))
+
+    def run_tests(self, language: str, code: str, cases: Sequence[Any], **kw) -> List[RunResult]:
+        return self._run(self._a.run_tests(language, code, cases, **kw))
+
+    def languages(self, *, timeout: Optional[float] = None) -> List[Language]:
+        return self._run(self._a.languages(timeout=timeout))
+
 
 class Sandbox:
     """Blocking twin of the async Sandbox. ``with sb:`` deletes it on exit."""
@@ -167,6 +180,12 @@ class Sandbox:
 
     def resume(self, **kw) -> Dict[str, Any]:
         return self._run(self._a.resume(**kw))
+
+    def set_timeout(self, seconds: float, **kw) -> None:
+        self._run(self._a.set_timeout(seconds, **kw))
+
+    def metrics(self, **kw) -> Dict[str, Any]:
+        return self._run(self._a.metrics(**kw))
 
     def snapshot(self, name: str, **kw) -> Dict[str, Any]:
         return self._run(self._a.snapshot(name, **kw))

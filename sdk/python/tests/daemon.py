@@ -65,7 +65,8 @@ def busybox_tree(dest):
 class Daemon:
     """One dsecd on a fresh root and loopback port."""
 
-    def __init__(self):
+    def __init__(self, extra_args=()):
+        self.extra_args = list(extra_args)
         self.bin = bin_dir()
         self.dsecd = os.path.join(self.bin, "dsecd")
         require(os.path.exists(self.dsecd), f"no dsecd binary at {self.dsecd} (run make build)")
@@ -84,7 +85,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [self.dsecd, "--root", self.root, "--listen", self.addr, "--node", "py", "--log-level", "debug",
              # Listing 1 asks for 4 cores; the test machines have 2.
-             "--max-cpus", "8"],
+             "--max-cpus", "8"] + self.extra_args,
             stdout=log, stderr=log, start_new_session=True)
         log.close()
         self.wait_ready()

@@ -219,6 +219,9 @@ type Backend int32
 const (
 	Backend_BACKEND_UNSPECIFIED Backend = 0 // container
 	Backend_BACKEND_CONTAINER   Backend = 1
+	// Pooled containers that serve FnCallService's short calls (reward code);
+	// not created directly.
+	Backend_BACKEND_FNCALL Backend = 2
 )
 
 // Enum value maps for Backend.
@@ -226,10 +229,12 @@ var (
 	Backend_name = map[int32]string{
 		0: "BACKEND_UNSPECIFIED",
 		1: "BACKEND_CONTAINER",
+		2: "BACKEND_FNCALL",
 	}
 	Backend_value = map[string]int32{
 		"BACKEND_UNSPECIFIED": 0,
 		"BACKEND_CONTAINER":   1,
+		"BACKEND_FNCALL":      2,
 	}
 )
 
@@ -321,6 +326,64 @@ func (ExitStatus) EnumDescriptor() ([]byte, []int) {
 	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
 }
 
+type FileChange int32
+
+const (
+	FileChange_FILE_CHANGE_UNSPECIFIED FileChange = 0
+	FileChange_FILE_CHANGE_CREATE      FileChange = 1 // made, or moved in
+	FileChange_FILE_CHANGE_WRITE       FileChange = 2 // its content changed
+	FileChange_FILE_CHANGE_REMOVE      FileChange = 3
+	FileChange_FILE_CHANGE_RENAME      FileChange = 4 // moved away (its new name, if watched, is a create)
+	FileChange_FILE_CHANGE_CHMOD       FileChange = 5 // its metadata changed: mode, owner, times
+)
+
+// Enum value maps for FileChange.
+var (
+	FileChange_name = map[int32]string{
+		0: "FILE_CHANGE_UNSPECIFIED",
+		1: "FILE_CHANGE_CREATE",
+		2: "FILE_CHANGE_WRITE",
+		3: "FILE_CHANGE_REMOVE",
+		4: "FILE_CHANGE_RENAME",
+		5: "FILE_CHANGE_CHMOD",
+	}
+	FileChange_value = map[string]int32{
+		"FILE_CHANGE_UNSPECIFIED": 0,
+		"FILE_CHANGE_CREATE":      1,
+		"FILE_CHANGE_WRITE":       2,
+		"FILE_CHANGE_REMOVE":      3,
+		"FILE_CHANGE_RENAME":      4,
+		"FILE_CHANGE_CHMOD":       5,
+	}
+)
+
+func (x FileChange) Enum() *FileChange {
+	p := new(FileChange)
+	*p = x
+	return p
+}
+
+func (x FileChange) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileChange) Descriptor() protoreflect.EnumDescriptor {
+	return file_dsec_v1_dsec_proto_enumTypes[5].Descriptor()
+}
+
+func (FileChange) Type() protoreflect.EnumType {
+	return &file_dsec_v1_dsec_proto_enumTypes[5]
+}
+
+func (x FileChange) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileChange.Descriptor instead.
+func (FileChange) EnumDescriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+}
+
 type LayerKind int32
 
 const (
@@ -362,11 +425,11 @@ func (x LayerKind) String() string {
 }
 
 func (LayerKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[5].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[6].Descriptor()
 }
 
 func (LayerKind) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[5]
+	return &file_dsec_v1_dsec_proto_enumTypes[6]
 }
 
 func (x LayerKind) Number() protoreflect.EnumNumber {
@@ -375,7 +438,111 @@ func (x LayerKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LayerKind.Descriptor instead.
 func (LayerKind) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+}
+
+type RunStatus int32
+
+const (
+	RunStatus_RUN_STATUS_UNSPECIFIED   RunStatus = 0
+	RunStatus_RUN_STATUS_SUCCESS       RunStatus = 1 // every step finished with exit code 0
+	RunStatus_RUN_STATUS_FAILED        RunStatus = 2 // a step exited non-zero, was killed or timed out
+	RunStatus_RUN_STATUS_SANDBOX_ERROR RunStatus = 3 // the call could not be run as asked (message says why)
+)
+
+// Enum value maps for RunStatus.
+var (
+	RunStatus_name = map[int32]string{
+		0: "RUN_STATUS_UNSPECIFIED",
+		1: "RUN_STATUS_SUCCESS",
+		2: "RUN_STATUS_FAILED",
+		3: "RUN_STATUS_SANDBOX_ERROR",
+	}
+	RunStatus_value = map[string]int32{
+		"RUN_STATUS_UNSPECIFIED":   0,
+		"RUN_STATUS_SUCCESS":       1,
+		"RUN_STATUS_FAILED":        2,
+		"RUN_STATUS_SANDBOX_ERROR": 3,
+	}
+)
+
+func (x RunStatus) Enum() *RunStatus {
+	p := new(RunStatus)
+	*p = x
+	return p
+}
+
+func (x RunStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RunStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_dsec_v1_dsec_proto_enumTypes[7].Descriptor()
+}
+
+func (RunStatus) Type() protoreflect.EnumType {
+	return &file_dsec_v1_dsec_proto_enumTypes[7]
+}
+
+func (x RunStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RunStatus.Descriptor instead.
+func (RunStatus) EnumDescriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+}
+
+type CommandStatus int32
+
+const (
+	CommandStatus_COMMAND_STATUS_UNSPECIFIED         CommandStatus = 0
+	CommandStatus_COMMAND_STATUS_FINISHED            CommandStatus = 1 // exited (any code) or was killed
+	CommandStatus_COMMAND_STATUS_ERROR               CommandStatus = 2 // could not be started
+	CommandStatus_COMMAND_STATUS_TIME_LIMIT_EXCEEDED CommandStatus = 3 // killed at its timeout; output so far kept
+)
+
+// Enum value maps for CommandStatus.
+var (
+	CommandStatus_name = map[int32]string{
+		0: "COMMAND_STATUS_UNSPECIFIED",
+		1: "COMMAND_STATUS_FINISHED",
+		2: "COMMAND_STATUS_ERROR",
+		3: "COMMAND_STATUS_TIME_LIMIT_EXCEEDED",
+	}
+	CommandStatus_value = map[string]int32{
+		"COMMAND_STATUS_UNSPECIFIED":         0,
+		"COMMAND_STATUS_FINISHED":            1,
+		"COMMAND_STATUS_ERROR":               2,
+		"COMMAND_STATUS_TIME_LIMIT_EXCEEDED": 3,
+	}
+)
+
+func (x CommandStatus) Enum() *CommandStatus {
+	p := new(CommandStatus)
+	*p = x
+	return p
+}
+
+func (x CommandStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CommandStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_dsec_v1_dsec_proto_enumTypes[8].Descriptor()
+}
+
+func (CommandStatus) Type() protoreflect.EnumType {
+	return &file_dsec_v1_dsec_proto_enumTypes[8]
+}
+
+func (x CommandStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CommandStatus.Descriptor instead.
+func (CommandStatus) EnumDescriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
 }
 
 type SandboxSpec struct {
@@ -405,9 +572,16 @@ type SandboxSpec struct {
 	AutoResume *bool `protobuf:"varint,15,opt,name=auto_resume,json=autoResume,proto3,oneof" json:"auto_resume,omitempty"`
 	// What the TTL or idle timeout does: stop (the default) or pause. A
 	// paused sandbox's clocks stand still: ttl_seconds counts running time.
-	OnTimeout     OnTimeout `protobuf:"varint,16,opt,name=on_timeout,json=onTimeout,proto3,enum=dsec.v1.OnTimeout" json:"on_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OnTimeout OnTimeout `protobuf:"varint,16,opt,name=on_timeout,json=onTimeout,proto3,enum=dsec.v1.OnTimeout" json:"on_timeout,omitempty"`
+	// Let setuid programs (sudo, su) raise a command's privileges inside the
+	// sandbox. Off by default: every process runs with no_new_privs, so a
+	// command started as a user stays that user. The caller could run the
+	// command as root anyway; this lets code inside the sandbox do so too
+	// (E2B's templates give their user sudo). It grants nothing beyond the
+	// sandbox's own capability set.
+	AllowPrivilegeEscalation bool `protobuf:"varint,17,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3" json:"allow_privilege_escalation,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
@@ -550,6 +724,13 @@ func (x *SandboxSpec) GetOnTimeout() OnTimeout {
 		return x.OnTimeout
 	}
 	return OnTimeout_ON_TIMEOUT_UNSPECIFIED
+}
+
+func (x *SandboxSpec) GetAllowPrivilegeEscalation() bool {
+	if x != nil {
+		return x.AllowPrivilegeEscalation
+	}
+	return false
 }
 
 type Sandbox struct {
@@ -1025,6 +1206,268 @@ func (x *ResumeResponse) GetPrefetchMs() int64 {
 	return 0
 }
 
+type SetTimeoutRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// From now; 0 = expire at once. At most the node's longest TTL.
+	TimeoutSeconds int64 `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	// Only ever move the expiry later: an expiry already further away stays.
+	ExtendOnly    bool `protobuf:"varint,3,opt,name=extend_only,json=extendOnly,proto3" json:"extend_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTimeoutRequest) Reset() {
+	*x = SetTimeoutRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTimeoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTimeoutRequest) ProtoMessage() {}
+
+func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
+func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SetTimeoutRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SetTimeoutRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+func (x *SetTimeoutRequest) GetExtendOnly() bool {
+	if x != nil {
+		return x.ExtendOnly
+	}
+	return false
+}
+
+type SetTimeoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"` // with its new expires_unix_ms
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTimeoutResponse) Reset() {
+	*x = SetTimeoutResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTimeoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTimeoutResponse) ProtoMessage() {}
+
+func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
+func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type MetricsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetricsRequest) Reset() {
+	*x = MetricsRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricsRequest) ProtoMessage() {}
+
+func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
+func (*MetricsRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MetricsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// A sandbox's resource use at one moment.
+type SandboxMetrics struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TimeUnixMs int64                  `protobuf:"varint,1,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	// CPU time used over a short window (the time since the previous
+	// Metrics call of the sandbox, up to a minute, else 100 ms measured now),
+	// in percent of cpu_count cores: 0 to 100.
+	CpuUsedPct       float64 `protobuf:"fixed64,2,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
+	CpuCount         float64 `protobuf:"fixed64,3,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`                          // its CPU limit in cores; the node's cores when it has none
+	CpuUsedUsec      int64   `protobuf:"varint,4,opt,name=cpu_used_usec,json=cpuUsedUsec,proto3" json:"cpu_used_usec,omitempty"`                // CPU time used since it started
+	MemoryUsedBytes  int64   `protobuf:"varint,5,opt,name=memory_used_bytes,json=memoryUsedBytes,proto3" json:"memory_used_bytes,omitempty"`    // its cgroup's memory use, page cache included
+	MemoryLimitBytes int64   `protobuf:"varint,6,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"` // its memory limit; the node's memory when it has none
+	MemoryCacheBytes int64   `protobuf:"varint,7,opt,name=memory_cache_bytes,json=memoryCacheBytes,proto3" json:"memory_cache_bytes,omitempty"` // of memory_used_bytes, page cache
+	DiskUsedBytes    int64   `protobuf:"varint,8,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`          // its writable layer
+	DiskLimitBytes   int64   `protobuf:"varint,9,opt,name=disk_limit_bytes,json=diskLimitBytes,proto3" json:"disk_limit_bytes,omitempty"`       // the writable layer's limit; the file system's size when it has none
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *SandboxMetrics) Reset() {
+	*x = SandboxMetrics{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxMetrics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxMetrics) ProtoMessage() {}
+
+func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
+func (*SandboxMetrics) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SandboxMetrics) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuUsedPct() float64 {
+	if x != nil {
+		return x.CpuUsedPct
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuCount() float64 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuUsedUsec() int64 {
+	if x != nil {
+		return x.CpuUsedUsec
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemoryUsedBytes() int64 {
+	if x != nil {
+		return x.MemoryUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemoryLimitBytes() int64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemoryCacheBytes() int64 {
+	if x != nil {
+		return x.MemoryCacheBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskUsedBytes() int64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskLimitBytes() int64 {
+	if x != nil {
+		return x.DiskLimitBytes
+	}
+	return 0
+}
+
 type CreateRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Spec           *SandboxSpec           `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -1038,7 +1481,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1493,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1506,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateRequest) GetSpec() *SandboxSpec {
@@ -1103,7 +1546,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1558,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1571,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateResponse) GetSandboxes() []*Sandbox {
@@ -1147,7 +1590,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1602,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1615,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1196,7 +1639,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1651,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1664,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -1254,7 +1697,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1709,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1722,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1299,7 +1742,7 @@ type SetWarmPoolRequest struct {
 
 func (x *SetWarmPoolRequest) Reset() {
 	*x = SetWarmPoolRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1754,7 @@ func (x *SetWarmPoolRequest) String() string {
 func (*SetWarmPoolRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1767,7 @@ func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetWarmPoolRequest) GetSpec() *SandboxSpec {
@@ -1358,7 +1801,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1813,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1826,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WarmPool) GetKey() string {
@@ -1457,7 +1900,7 @@ type ListWarmPoolsRequest struct {
 
 func (x *ListWarmPoolsRequest) Reset() {
 	*x = ListWarmPoolsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1912,7 @@ func (x *ListWarmPoolsRequest) String() string {
 func (*ListWarmPoolsRequest) ProtoMessage() {}
 
 func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1925,7 @@ func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
 }
 
 type ListWarmPoolsResponse struct {
@@ -1494,7 +1937,7 @@ type ListWarmPoolsResponse struct {
 
 func (x *ListWarmPoolsResponse) Reset() {
 	*x = ListWarmPoolsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1949,7 @@ func (x *ListWarmPoolsResponse) String() string {
 func (*ListWarmPoolsResponse) ProtoMessage() {}
 
 func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1962,7 @@ func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListWarmPoolsResponse) GetPools() []*WarmPool {
@@ -1538,7 +1981,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1993,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +2006,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -1581,7 +2024,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +2036,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +2049,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
 }
 
 type ExecRequest struct {
@@ -1632,7 +2075,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +2087,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +2100,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1767,7 +2210,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +2222,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +2235,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1892,7 +2335,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1904,7 +2347,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1917,7 +2360,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -1958,7 +2401,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2413,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2426,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -2063,7 +2506,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2518,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2531,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -2131,7 +2574,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2586,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2599,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -2195,7 +2638,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +2650,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +2663,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
 }
 
 type SignalRequest struct {
@@ -2234,7 +2677,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2246,7 +2689,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2259,7 +2702,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -2291,7 +2734,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2303,7 +2746,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2316,7 +2759,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
 }
 
 type ListProcessesRequest struct {
@@ -2328,7 +2771,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2783,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2796,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -2378,7 +2821,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2390,7 +2833,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2403,7 +2846,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -2464,7 +2907,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2919,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2932,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -2514,7 +2957,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +2969,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +2982,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -2601,7 +3044,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +3056,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +3069,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -2651,7 +3094,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +3106,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +3119,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 type SessionCloseRequest struct {
@@ -2689,7 +3132,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +3144,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +3157,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -2739,7 +3182,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2751,7 +3194,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2764,7 +3207,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 type ShellInput struct {
@@ -2781,7 +3224,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2793,7 +3236,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2806,7 +3249,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -2879,7 +3322,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +3334,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2904,7 +3347,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -2959,7 +3402,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2971,7 +3414,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2984,7 +3427,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -3014,7 +3457,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3026,7 +3469,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3039,7 +3482,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -3100,7 +3543,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3112,7 +3555,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3125,7 +3568,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *FileInfo) GetName() string {
@@ -3204,7 +3647,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3216,7 +3659,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3229,7 +3672,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -3278,7 +3721,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3290,7 +3733,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3303,7 +3746,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -3342,7 +3785,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3354,7 +3797,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3367,7 +3810,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -3428,7 +3871,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3440,7 +3883,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3453,7 +3896,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -3474,7 +3917,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3486,7 +3929,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3499,7 +3942,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -3532,7 +3975,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3544,7 +3987,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3557,7 +4000,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -3578,7 +4021,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3590,7 +4033,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3603,7 +4046,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -3636,7 +4079,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3648,7 +4091,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3661,7 +4104,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -3683,7 +4126,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3695,7 +4138,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3708,7 +4151,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -3747,7 +4190,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3759,7 +4202,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3772,7 +4215,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 type MakeDirRequest struct {
@@ -3788,7 +4231,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3800,7 +4243,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3813,7 +4256,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3859,7 +4302,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3871,7 +4314,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3884,7 +4327,256 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+}
+
+type MoveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Source        string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Destination   string                 `protobuf:"bytes,3,opt,name=destination,proto3" json:"destination,omitempty"`
+	MakeParents   bool                   `protobuf:"varint,4,opt,name=make_parents,json=makeParents,proto3" json:"make_parents,omitempty"`
+	User          string                 `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveRequest) Reset() {
+	*x = MoveRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveRequest) ProtoMessage() {}
+
+func (x *MoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
+func (*MoveRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *MoveRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetMakeParents() bool {
+	if x != nil {
+		return x.MakeParents
+	}
+	return false
+}
+
+func (x *MoveRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+// MoveResponse describes the entry at its new path.
+type MoveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Info          *FileInfo              `protobuf:"bytes,1,opt,name=info,proto3" json:"info,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveResponse) Reset() {
+	*x = MoveResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveResponse) ProtoMessage() {}
+
+func (x *MoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
+func (*MoveResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *MoveResponse) GetInfo() *FileInfo {
+	if x != nil {
+		return x.Info
+	}
+	return nil
+}
+
+type WatchDirRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive     bool                   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	User          string                 `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirRequest) Reset() {
+	*x = WatchDirRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirRequest) ProtoMessage() {}
+
+func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
+func (*WatchDirRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *WatchDirRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+func (x *WatchDirRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+type WatchEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Started       bool                   `protobuf:"varint,1,opt,name=started,proto3" json:"started,omitempty"` // the first event, alone
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`        // relative to the watched directory
+	Change        FileChange             `protobuf:"varint,3,opt,name=change,proto3,enum=dsec.v1.FileChange" json:"change,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *WatchEvent) GetStarted() bool {
+	if x != nil {
+		return x.Started
+	}
+	return false
+}
+
+func (x *WatchEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetChange() FileChange {
+	if x != nil {
+		return x.Change
+	}
+	return FileChange_FILE_CHANGE_UNSPECIFIED
 }
 
 type UploadRequest struct {
@@ -3899,7 +4591,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3911,7 +4603,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3924,7 +4616,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -3965,7 +4657,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3977,7 +4669,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3990,7 +4682,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -4018,7 +4710,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4030,7 +4722,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4043,7 +4735,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -4076,7 +4768,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4088,7 +4780,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4101,7 +4793,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -4122,15 +4814,19 @@ type Layer struct {
 	// With the ImportLayer that built it: what the import left out, e.g.
 	// device nodes under /dev (the runtime gives every sandbox its own /dev).
 	Warnings []string `protobuf:"bytes,7,rep,name=warnings,proto3" json:"warnings,omitempty"`
-	// For a snapshot layer (kind snapshot): what it was taken from.
-	Snapshot      *SnapshotInfo `protobuf:"bytes,8,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// For a snapshot layer (kind snapshot): what it was taken from (its
+	// first snapshot's, when several are this layer).
+	Snapshot *SnapshotInfo `protobuf:"bytes,8,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// Every snapshot this layer is, one per snap: ref: snapshots whose files
+	// are the same (an unchanged sandbox's, say) share one layer.
+	Snapshots     []*SnapshotInfo `protobuf:"bytes,9,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4142,7 +4838,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4155,7 +4851,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Layer) GetDigest() string {
@@ -4214,6 +4910,13 @@ func (x *Layer) GetSnapshot() *SnapshotInfo {
 	return nil
 }
 
+func (x *Layer) GetSnapshots() []*SnapshotInfo {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
 // A snapshot: a sandbox's file system at one point, kept as a layer
 // (snap:NAME) in the blob store, usable on every node that shares it. No
 // processes and no memory are kept: a sandbox made from it starts fresh
@@ -4241,7 +4944,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4253,7 +4956,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4266,7 +4969,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *SnapshotInfo) GetName() string {
@@ -4376,7 +5079,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4388,7 +5091,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4401,7 +5104,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -4433,7 +5136,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4445,7 +5148,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4458,7 +5161,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 type ListSnapshotsResponse struct {
@@ -4470,7 +5173,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4482,7 +5185,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4495,7 +5198,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -4514,7 +5217,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4526,7 +5229,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4539,7 +5242,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -4557,7 +5260,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4569,7 +5272,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4582,7 +5285,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 type ForkRequest struct {
@@ -4598,7 +5301,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4610,7 +5313,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4623,7 +5326,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -4665,7 +5368,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4677,7 +5380,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4690,7 +5393,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -4717,7 +5420,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4729,7 +5432,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4742,7 +5445,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -4771,7 +5474,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4783,7 +5486,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4796,7 +5499,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -4846,7 +5549,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4858,7 +5561,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4871,7 +5574,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -4945,7 +5648,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4957,7 +5660,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4970,7 +5673,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -5009,7 +5712,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5021,7 +5724,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5034,7 +5737,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 type ListLayersResponse struct {
@@ -5046,7 +5749,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5058,7 +5761,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5071,7 +5774,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -5090,7 +5793,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5102,7 +5805,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5115,7 +5818,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -5133,7 +5836,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5145,7 +5848,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5158,7 +5861,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 type Environment struct {
@@ -5173,7 +5876,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5185,7 +5888,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5198,7 +5901,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *Environment) GetName() string {
@@ -5237,7 +5940,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5249,7 +5952,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5262,7 +5965,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 type ListEnvironmentsResponse struct {
@@ -5274,7 +5977,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5286,7 +5989,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5299,7 +6002,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -5320,7 +6023,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5332,7 +6035,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5345,7 +6048,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -5378,7 +6081,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5390,7 +6093,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5403,7 +6106,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -5424,7 +6127,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5436,7 +6139,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5449,7 +6152,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -5491,7 +6194,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5503,7 +6206,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5516,7 +6219,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -5598,7 +6301,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5610,7 +6313,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5623,7 +6326,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -5649,7 +6352,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5661,7 +6364,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5674,7 +6377,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -5730,7 +6433,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5742,7 +6445,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5755,7 +6458,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -5836,7 +6539,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5848,7 +6551,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5861,7 +6564,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 type LayerUsage struct {
@@ -5887,7 +6590,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5899,7 +6602,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5912,7 +6615,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -6033,7 +6736,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6045,7 +6748,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6058,7 +6761,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -6108,7 +6811,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6120,7 +6823,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6133,7 +6836,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -6164,11 +6867,598 @@ func (x *LayerStatsResponse) GetEnvironments() []*EnvironmentUsage {
 	return nil
 }
 
+// RunCodeRequest is one call, in SandboxFusion's terms (its /run_code maps
+// onto it field for field).
+type RunCodeRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Language string                 `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"` // see ListLanguages: python, cpp, go, ...
+	Code     string                 `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
+	Stdin    []byte                 `protobuf:"bytes,3,opt,name=stdin,proto3" json:"stdin,omitempty"` // the run step's standard input
+	// Files written into the scratch directory before the call, by path
+	// relative to it (an absolute path must lie inside it).
+	Files map[string][]byte `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Files read back after the run, by path as in files; missing ones are
+	// left out of the response.
+	FetchFiles            []string `protobuf:"bytes,5,rep,name=fetch_files,json=fetchFiles,proto3" json:"fetch_files,omitempty"`
+	CompileTimeoutSeconds float64  `protobuf:"fixed64,6,opt,name=compile_timeout_seconds,json=compileTimeoutSeconds,proto3" json:"compile_timeout_seconds,omitempty"` // 0 = 10
+	RunTimeoutSeconds     float64  `protobuf:"fixed64,7,opt,name=run_timeout_seconds,json=runTimeoutSeconds,proto3" json:"run_timeout_seconds,omitempty"`             // 0 = 10
+	MemoryMb              int64    `protobuf:"varint,8,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`                                           // the call's memory limit; 0 = 1024
+	Cpus                  float64  `protobuf:"fixed64,9,opt,name=cpus,proto3" json:"cpus,omitempty"`                                                                  // the call's CPU limit; 0 = 1
+	// Network rules as SetNetworkRules takes them; none = no network.
+	NetworkRules map[string]bool `protobuf:"bytes,10,rep,name=network_rules,json=networkRules,proto3" json:"network_rules,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The environment to run in; "" = the language's (fncall:latest unless
+	// a registered language names another).
+	Environment   string `protobuf:"bytes,11,opt,name=environment,proto3" json:"environment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCodeRequest) Reset() {
+	*x = RunCodeRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCodeRequest) ProtoMessage() {}
+
+func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
+func (*RunCodeRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+}
+
+func (x *RunCodeRequest) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *RunCodeRequest) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *RunCodeRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *RunCodeRequest) GetFiles() map[string][]byte {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *RunCodeRequest) GetFetchFiles() []string {
+	if x != nil {
+		return x.FetchFiles
+	}
+	return nil
+}
+
+func (x *RunCodeRequest) GetCompileTimeoutSeconds() float64 {
+	if x != nil {
+		return x.CompileTimeoutSeconds
+	}
+	return 0
+}
+
+func (x *RunCodeRequest) GetRunTimeoutSeconds() float64 {
+	if x != nil {
+		return x.RunTimeoutSeconds
+	}
+	return 0
+}
+
+func (x *RunCodeRequest) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *RunCodeRequest) GetCpus() float64 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *RunCodeRequest) GetNetworkRules() map[string]bool {
+	if x != nil {
+		return x.NetworkRules
+	}
+	return nil
+}
+
+func (x *RunCodeRequest) GetEnvironment() string {
+	if x != nil {
+		return x.Environment
+	}
+	return ""
+}
+
+// CommandResult is one step (compile or run) of a call.
+type CommandResult struct {
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	Status               CommandStatus          `protobuf:"varint,1,opt,name=status,proto3,enum=dsec.v1.CommandStatus" json:"status,omitempty"`
+	ExecutionTimeSeconds float64                `protobuf:"fixed64,2,opt,name=execution_time_seconds,json=executionTimeSeconds,proto3" json:"execution_time_seconds,omitempty"` // wall time
+	// Unset after a timeout; the negative signal number when killed.
+	ReturnCode          *int32 `protobuf:"varint,3,opt,name=return_code,json=returnCode,proto3,oneof" json:"return_code,omitempty"`
+	Stdout              []byte `protobuf:"bytes,4,opt,name=stdout,proto3" json:"stdout,omitempty"` // the first 1 MiB
+	Stderr              []byte `protobuf:"bytes,5,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	StdoutTruncated     bool   `protobuf:"varint,6,opt,name=stdout_truncated,json=stdoutTruncated,proto3" json:"stdout_truncated,omitempty"`
+	StderrTruncated     bool   `protobuf:"varint,7,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
+	MemoryLimitExceeded bool   `protobuf:"varint,8,opt,name=memory_limit_exceeded,json=memoryLimitExceeded,proto3" json:"memory_limit_exceeded,omitempty"` // the call's memory cgroup OOM-killed it
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *CommandResult) Reset() {
+	*x = CommandResult{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandResult) ProtoMessage() {}
+
+func (x *CommandResult) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
+func (*CommandResult) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+}
+
+func (x *CommandResult) GetStatus() CommandStatus {
+	if x != nil {
+		return x.Status
+	}
+	return CommandStatus_COMMAND_STATUS_UNSPECIFIED
+}
+
+func (x *CommandResult) GetExecutionTimeSeconds() float64 {
+	if x != nil {
+		return x.ExecutionTimeSeconds
+	}
+	return 0
+}
+
+func (x *CommandResult) GetReturnCode() int32 {
+	if x != nil && x.ReturnCode != nil {
+		return *x.ReturnCode
+	}
+	return 0
+}
+
+func (x *CommandResult) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *CommandResult) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *CommandResult) GetStdoutTruncated() bool {
+	if x != nil {
+		return x.StdoutTruncated
+	}
+	return false
+}
+
+func (x *CommandResult) GetStderrTruncated() bool {
+	if x != nil {
+		return x.StderrTruncated
+	}
+	return false
+}
+
+func (x *CommandResult) GetMemoryLimitExceeded() bool {
+	if x != nil {
+		return x.MemoryLimitExceeded
+	}
+	return false
+}
+
+type RunCodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Status        RunStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=dsec.v1.RunStatus" json:"status,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	CompileResult *CommandResult         `protobuf:"bytes,3,opt,name=compile_result,json=compileResult,proto3" json:"compile_result,omitempty"`                                      // unset for interpreted languages
+	RunResult     *CommandResult         `protobuf:"bytes,4,opt,name=run_result,json=runResult,proto3" json:"run_result,omitempty"`                                                  // unset when the compile step failed
+	Files         map[string][]byte      `protobuf:"bytes,5,rep,name=files,proto3" json:"files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // fetch_files that existed
+	Node          string                 `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`                                                                             // the node that ran it
+	Container     string                 `protobuf:"bytes,7,opt,name=container,proto3" json:"container,omitempty"`                                                                   // the pooled container's sandbox ID
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCodeResponse) Reset() {
+	*x = RunCodeResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCodeResponse) ProtoMessage() {}
+
+func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
+func (*RunCodeResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+}
+
+func (x *RunCodeResponse) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *RunCodeResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RunCodeResponse) GetCompileResult() *CommandResult {
+	if x != nil {
+		return x.CompileResult
+	}
+	return nil
+}
+
+func (x *RunCodeResponse) GetRunResult() *CommandResult {
+	if x != nil {
+		return x.RunResult
+	}
+	return nil
+}
+
+func (x *RunCodeResponse) GetFiles() map[string][]byte {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *RunCodeResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RunCodeResponse) GetContainer() string {
+	if x != nil {
+		return x.Container
+	}
+	return ""
+}
+
+type RunCodeBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Calls         []*RunCodeRequest      `protobuf:"bytes,1,rep,name=calls,proto3" json:"calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCodeBatchRequest) Reset() {
+	*x = RunCodeBatchRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCodeBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCodeBatchRequest) ProtoMessage() {}
+
+func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
+func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+}
+
+func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
+type RunCodeBatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*RunCodeResponse     `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCodeBatchResponse) Reset() {
+	*x = RunCodeBatchResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCodeBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCodeBatchResponse) ProtoMessage() {}
+
+func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
+func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+}
+
+func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type Language struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Environment   string                 `protobuf:"bytes,2,opt,name=environment,proto3" json:"environment,omitempty"`
+	Compiled      bool                   `protobuf:"varint,3,opt,name=compiled,proto3" json:"compiled,omitempty"`
+	SourceFile    string                 `protobuf:"bytes,4,opt,name=source_file,json=sourceFile,proto3" json:"source_file,omitempty"`
+	CompileArgv   []string               `protobuf:"bytes,5,rep,name=compile_argv,json=compileArgv,proto3" json:"compile_argv,omitempty"`
+	RunArgv       []string               `protobuf:"bytes,6,rep,name=run_argv,json=runArgv,proto3" json:"run_argv,omitempty"`
+	Zygote        bool                   `protobuf:"varint,7,opt,name=zygote,proto3" json:"zygote,omitempty"` // served by a warm interpreter
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Language) Reset() {
+	*x = Language{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Language) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Language) ProtoMessage() {}
+
+func (x *Language) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Language.ProtoReflect.Descriptor instead.
+func (*Language) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *Language) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Language) GetEnvironment() string {
+	if x != nil {
+		return x.Environment
+	}
+	return ""
+}
+
+func (x *Language) GetCompiled() bool {
+	if x != nil {
+		return x.Compiled
+	}
+	return false
+}
+
+func (x *Language) GetSourceFile() string {
+	if x != nil {
+		return x.SourceFile
+	}
+	return ""
+}
+
+func (x *Language) GetCompileArgv() []string {
+	if x != nil {
+		return x.CompileArgv
+	}
+	return nil
+}
+
+func (x *Language) GetRunArgv() []string {
+	if x != nil {
+		return x.RunArgv
+	}
+	return nil
+}
+
+func (x *Language) GetZygote() bool {
+	if x != nil {
+		return x.Zygote
+	}
+	return false
+}
+
+type ListLanguagesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLanguagesRequest) Reset() {
+	*x = ListLanguagesRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLanguagesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLanguagesRequest) ProtoMessage() {}
+
+func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
+func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+}
+
+type ListLanguagesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Languages     []*Language            `protobuf:"bytes,1,rep,name=languages,proto3" json:"languages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLanguagesResponse) Reset() {
+	*x = ListLanguagesResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLanguagesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLanguagesResponse) ProtoMessage() {}
+
+func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
+func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+}
+
+func (x *ListLanguagesResponse) GetLanguages() []*Language {
+	if x != nil {
+		return x.Languages
+	}
+	return nil
+}
+
 var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
 
 const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
-	"\x12dsec/v1/dsec.proto\x12\adsec.v1\"\xab\x06\n" +
+	"\x12dsec/v1/dsec.proto\x12\adsec.v1\"\xe9\x06\n" +
 	"\vSandboxSpec\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12*\n" +
 	"\abackend\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\abackend\x12\x12\n" +
@@ -6189,7 +7479,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\vauto_resume\x18\x0f \x01(\bH\x00R\n" +
 	"autoResume\x88\x01\x01\x121\n" +
 	"\n" +
-	"on_timeout\x18\x10 \x01(\x0e2\x12.dsec.v1.OnTimeoutR\tonTimeout\x1a6\n" +
+	"on_timeout\x18\x10 \x01(\x0e2\x12.dsec.v1.OnTimeoutR\tonTimeout\x12<\n" +
+	"\x1aallow_privilege_escalation\x18\x11 \x01(\bR\x18allowPrivilegeEscalation\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -6244,7 +7535,30 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\x12'\n" +
 	"\x0falready_running\x18\x02 \x01(\bR\x0ealreadyRunning\x12\x1f\n" +
 	"\vprefetch_ms\x18\x03 \x01(\x03R\n" +
-	"prefetchMs\"\x9b\x01\n" +
+	"prefetchMs\"|\n" +
+	"\x11SetTimeoutRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12'\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\x12\x1f\n" +
+	"\vextend_only\x18\x03 \x01(\bR\n" +
+	"extendOnly\"@\n" +
+	"\x12SetTimeoutResponse\x12*\n" +
+	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\"/\n" +
+	"\x0eMetricsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xef\x02\n" +
+	"\x0eSandboxMetrics\x12 \n" +
+	"\ftime_unix_ms\x18\x01 \x01(\x03R\n" +
+	"timeUnixMs\x12 \n" +
+	"\fcpu_used_pct\x18\x02 \x01(\x01R\n" +
+	"cpuUsedPct\x12\x1b\n" +
+	"\tcpu_count\x18\x03 \x01(\x01R\bcpuCount\x12\"\n" +
+	"\rcpu_used_usec\x18\x04 \x01(\x03R\vcpuUsedUsec\x12*\n" +
+	"\x11memory_used_bytes\x18\x05 \x01(\x03R\x0fmemoryUsedBytes\x12,\n" +
+	"\x12memory_limit_bytes\x18\x06 \x01(\x03R\x10memoryLimitBytes\x12,\n" +
+	"\x12memory_cache_bytes\x18\a \x01(\x03R\x10memoryCacheBytes\x12&\n" +
+	"\x0fdisk_used_bytes\x18\b \x01(\x03R\rdiskUsedBytes\x12(\n" +
+	"\x10disk_limit_bytes\x18\t \x01(\x03R\x0ediskLimitBytes\"\x9b\x01\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12'\n" +
@@ -6469,7 +7783,27 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\aparents\x18\x03 \x01(\bR\aparents\x12\x12\n" +
 	"\x04mode\x18\x04 \x01(\rR\x04mode\x12\x12\n" +
 	"\x04user\x18\x05 \x01(\tR\x04user\"\x11\n" +
-	"\x0fMakeDirResponse\"h\n" +
+	"\x0fMakeDirResponse\"\x9d\x01\n" +
+	"\vMoveRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12 \n" +
+	"\vdestination\x18\x03 \x01(\tR\vdestination\x12!\n" +
+	"\fmake_parents\x18\x04 \x01(\bR\vmakeParents\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\"5\n" +
+	"\fMoveResponse\x12%\n" +
+	"\x04info\x18\x01 \x01(\v2\x11.dsec.v1.FileInfoR\x04info\"v\n" +
+	"\x0fWatchDirRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\"g\n" +
+	"\n" +
+	"WatchEvent\x12\x18\n" +
+	"\astarted\x18\x01 \x01(\bR\astarted\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12+\n" +
+	"\x06change\x18\x03 \x01(\x0e2\x13.dsec.v1.FileChangeR\x06change\"h\n" +
 	"\rUploadRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -6485,7 +7819,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04user\x18\x03 \x01(\tR\x04user\"#\n" +
 	"\rDownloadChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xfe\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\xb3\x02\n" +
 	"\x05Layer\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
@@ -6494,7 +7828,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12\x16\n" +
 	"\x06source\x18\x06 \x01(\tR\x06source\x12\x1a\n" +
 	"\bwarnings\x18\a \x03(\tR\bwarnings\x121\n" +
-	"\bsnapshot\x18\b \x01(\v2\x15.dsec.v1.SnapshotInfoR\bsnapshot\"\xfe\x02\n" +
+	"\bsnapshot\x18\b \x01(\v2\x15.dsec.v1.SnapshotInfoR\bsnapshot\x123\n" +
+	"\tsnapshots\x18\t \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\"\xfe\x02\n" +
 	"\fSnapshotInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05layer\x18\x02 \x01(\tR\x05layer\x12 \n" +
@@ -6647,7 +7982,68 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"blob_store\x18\x02 \x01(\tR\tblobStore\x12+\n" +
 	"\x06layers\x18\x03 \x03(\v2\x13.dsec.v1.LayerUsageR\x06layers\x12=\n" +
-	"\fenvironments\x18\x04 \x03(\v2\x19.dsec.v1.EnvironmentUsageR\fenvironments*\xb7\x01\n" +
+	"\fenvironments\x18\x04 \x03(\v2\x19.dsec.v1.EnvironmentUsageR\fenvironments\"\xb7\x04\n" +
+	"\x0eRunCodeRequest\x12\x1a\n" +
+	"\blanguage\x18\x01 \x01(\tR\blanguage\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\tR\x04code\x12\x14\n" +
+	"\x05stdin\x18\x03 \x01(\fR\x05stdin\x128\n" +
+	"\x05files\x18\x04 \x03(\v2\".dsec.v1.RunCodeRequest.FilesEntryR\x05files\x12\x1f\n" +
+	"\vfetch_files\x18\x05 \x03(\tR\n" +
+	"fetchFiles\x126\n" +
+	"\x17compile_timeout_seconds\x18\x06 \x01(\x01R\x15compileTimeoutSeconds\x12.\n" +
+	"\x13run_timeout_seconds\x18\a \x01(\x01R\x11runTimeoutSeconds\x12\x1b\n" +
+	"\tmemory_mb\x18\b \x01(\x03R\bmemoryMb\x12\x12\n" +
+	"\x04cpus\x18\t \x01(\x01R\x04cpus\x12N\n" +
+	"\rnetwork_rules\x18\n" +
+	" \x03(\v2).dsec.v1.RunCodeRequest.NetworkRulesEntryR\fnetworkRules\x12 \n" +
+	"\venvironment\x18\v \x01(\tR\venvironment\x1a8\n" +
+	"\n" +
+	"FilesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\x1a?\n" +
+	"\x11NetworkRulesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\xe5\x02\n" +
+	"\rCommandResult\x12.\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.dsec.v1.CommandStatusR\x06status\x124\n" +
+	"\x16execution_time_seconds\x18\x02 \x01(\x01R\x14executionTimeSeconds\x12$\n" +
+	"\vreturn_code\x18\x03 \x01(\x05H\x00R\n" +
+	"returnCode\x88\x01\x01\x12\x16\n" +
+	"\x06stdout\x18\x04 \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x05 \x01(\fR\x06stderr\x12)\n" +
+	"\x10stdout_truncated\x18\x06 \x01(\bR\x0fstdoutTruncated\x12)\n" +
+	"\x10stderr_truncated\x18\a \x01(\bR\x0fstderrTruncated\x122\n" +
+	"\x15memory_limit_exceeded\x18\b \x01(\bR\x13memoryLimitExceededB\x0e\n" +
+	"\f_return_code\"\xf4\x02\n" +
+	"\x0fRunCodeResponse\x12*\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x12.dsec.v1.RunStatusR\x06status\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12=\n" +
+	"\x0ecompile_result\x18\x03 \x01(\v2\x16.dsec.v1.CommandResultR\rcompileResult\x125\n" +
+	"\n" +
+	"run_result\x18\x04 \x01(\v2\x16.dsec.v1.CommandResultR\trunResult\x129\n" +
+	"\x05files\x18\x05 \x03(\v2#.dsec.v1.RunCodeResponse.FilesEntryR\x05files\x12\x12\n" +
+	"\x04node\x18\x06 \x01(\tR\x04node\x12\x1c\n" +
+	"\tcontainer\x18\a \x01(\tR\tcontainer\x1a8\n" +
+	"\n" +
+	"FilesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"D\n" +
+	"\x13RunCodeBatchRequest\x12-\n" +
+	"\x05calls\x18\x01 \x03(\v2\x17.dsec.v1.RunCodeRequestR\x05calls\"J\n" +
+	"\x14RunCodeBatchResponse\x122\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.dsec.v1.RunCodeResponseR\aresults\"\xd3\x01\n" +
+	"\bLanguage\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\venvironment\x18\x02 \x01(\tR\venvironment\x12\x1a\n" +
+	"\bcompiled\x18\x03 \x01(\bR\bcompiled\x12\x1f\n" +
+	"\vsource_file\x18\x04 \x01(\tR\n" +
+	"sourceFile\x12!\n" +
+	"\fcompile_argv\x18\x05 \x03(\tR\vcompileArgv\x12\x19\n" +
+	"\brun_argv\x18\x06 \x03(\tR\arunArgv\x12\x16\n" +
+	"\x06zygote\x18\a \x01(\bR\x06zygote\"\x16\n" +
+	"\x14ListLanguagesRequest\"H\n" +
+	"\x15ListLanguagesResponse\x12/\n" +
+	"\tlanguages\x18\x01 \x03(\v2\x11.dsec.v1.LanguageR\tlanguages*\xb7\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -6673,10 +8069,11 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\tOnTimeout\x12\x1a\n" +
 	"\x16ON_TIMEOUT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fON_TIMEOUT_STOP\x10\x01\x12\x14\n" +
-	"\x10ON_TIMEOUT_PAUSE\x10\x02*9\n" +
+	"\x10ON_TIMEOUT_PAUSE\x10\x02*M\n" +
 	"\aBackend\x12\x17\n" +
 	"\x13BACKEND_UNSPECIFIED\x10\x00\x12\x15\n" +
-	"\x11BACKEND_CONTAINER\x10\x01*\xb9\x01\n" +
+	"\x11BACKEND_CONTAINER\x10\x01\x12\x12\n" +
+	"\x0eBACKEND_FNCALL\x10\x02*\xb9\x01\n" +
 	"\n" +
 	"ExitStatus\x12\x1b\n" +
 	"\x17EXIT_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
@@ -6685,20 +8082,41 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x13EXIT_STATUS_TIMEOUT\x10\x03\x12\x13\n" +
 	"\x0fEXIT_STATUS_OOM\x10\x04\x12\x16\n" +
 	"\x12EXIT_STATUS_KILLED\x10\x05\x12\x1b\n" +
-	"\x17EXIT_STATUS_START_ERROR\x10\x06*\x87\x01\n" +
+	"\x17EXIT_STATUS_START_ERROR\x10\x06*\x9f\x01\n" +
+	"\n" +
+	"FileChange\x12\x1b\n" +
+	"\x17FILE_CHANGE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12FILE_CHANGE_CREATE\x10\x01\x12\x15\n" +
+	"\x11FILE_CHANGE_WRITE\x10\x02\x12\x16\n" +
+	"\x12FILE_CHANGE_REMOVE\x10\x03\x12\x16\n" +
+	"\x12FILE_CHANGE_RENAME\x10\x04\x12\x15\n" +
+	"\x11FILE_CHANGE_CHMOD\x10\x05*\x87\x01\n" +
 	"\tLayerKind\x12\x1a\n" +
 	"\x16LAYER_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLAYER_KIND_BASE\x10\x01\x12\x18\n" +
 	"\x14LAYER_KIND_WORKSPACE\x10\x02\x12\x16\n" +
 	"\x12LAYER_KIND_TOOLKIT\x10\x03\x12\x17\n" +
-	"\x13LAYER_KIND_SNAPSHOT\x10\x042\x9c\x10\n" +
+	"\x13LAYER_KIND_SNAPSHOT\x10\x04*t\n" +
+	"\tRunStatus\x12\x1a\n" +
+	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12RUN_STATUS_SUCCESS\x10\x01\x12\x15\n" +
+	"\x11RUN_STATUS_FAILED\x10\x02\x12\x1c\n" +
+	"\x18RUN_STATUS_SANDBOX_ERROR\x10\x03*\x8e\x01\n" +
+	"\rCommandStatus\x12\x1e\n" +
+	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
+	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\x9c\x12\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
 	"\x04List\x12\x14.dsec.v1.ListRequest\x1a\x15.dsec.v1.ListResponse\"\x03\x90\x02\x01\x12>\n" +
 	"\x06Delete\x12\x16.dsec.v1.DeleteRequest\x1a\x17.dsec.v1.DeleteResponse\"\x03\x90\x02\x02\x12;\n" +
 	"\x05Pause\x12\x15.dsec.v1.PauseRequest\x1a\x16.dsec.v1.PauseResponse\"\x03\x90\x02\x02\x12>\n" +
-	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x12;\n" +
+	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x12J\n" +
+	"\n" +
+	"SetTimeout\x12\x1a.dsec.v1.SetTimeoutRequest\x1a\x1b.dsec.v1.SetTimeoutResponse\"\x03\x90\x02\x02\x12@\n" +
+	"\aMetrics\x12\x17.dsec.v1.MetricsRequest\x1a\x17.dsec.v1.SandboxMetrics\"\x03\x90\x02\x01\x12;\n" +
 	"\bSnapshot\x12\x18.dsec.v1.SnapshotRequest\x1a\x15.dsec.v1.SnapshotInfo\x12S\n" +
 	"\rListSnapshots\x12\x1d.dsec.v1.ListSnapshotsRequest\x1a\x1e.dsec.v1.ListSnapshotsResponse\"\x03\x90\x02\x01\x12V\n" +
 	"\x0eDeleteSnapshot\x12\x1e.dsec.v1.DeleteSnapshotRequest\x1a\x1f.dsec.v1.DeleteSnapshotResponse\"\x03\x90\x02\x02\x123\n" +
@@ -6719,14 +8137,20 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\aListDir\x12\x17.dsec.v1.ListDirRequest\x1a\x18.dsec.v1.ListDirResponse\x123\n" +
 	"\x04Stat\x12\x14.dsec.v1.StatRequest\x1a\x15.dsec.v1.StatResponse\x129\n" +
 	"\x06Remove\x12\x16.dsec.v1.RemoveRequest\x1a\x17.dsec.v1.RemoveResponse\x12<\n" +
-	"\aMakeDir\x12\x17.dsec.v1.MakeDirRequest\x1a\x18.dsec.v1.MakeDirResponse\x129\n" +
+	"\aMakeDir\x12\x17.dsec.v1.MakeDirRequest\x1a\x18.dsec.v1.MakeDirResponse\x123\n" +
+	"\x04Move\x12\x14.dsec.v1.MoveRequest\x1a\x15.dsec.v1.MoveResponse\x12;\n" +
+	"\bWatchDir\x12\x18.dsec.v1.WatchDirRequest\x1a\x13.dsec.v1.WatchEvent0\x01\x129\n" +
 	"\x06Upload\x12\x16.dsec.v1.UploadRequest\x1a\x17.dsec.v1.UploadResponse\x12>\n" +
 	"\bDownload\x12\x18.dsec.v1.DownloadRequest\x1a\x16.dsec.v1.DownloadChunk0\x01\x12Y\n" +
 	"\x0fSetNetworkRules\x12\x1f.dsec.v1.SetNetworkRulesRequest\x1a .dsec.v1.SetNetworkRulesResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\n" +
 	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
-	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x012\x94\x04\n" +
+	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x012\xef\x01\n" +
+	"\rFnCallService\x12<\n" +
+	"\aRunCode\x12\x17.dsec.v1.RunCodeRequest\x1a\x18.dsec.v1.RunCodeResponse\x12K\n" +
+	"\fRunCodeBatch\x12\x1c.dsec.v1.RunCodeBatchRequest\x1a\x1d.dsec.v1.RunCodeBatchResponse\x12S\n" +
+	"\rListLanguages\x12\x1d.dsec.v1.ListLanguagesRequest\x1a\x1e.dsec.v1.ListLanguagesResponse\"\x03\x90\x02\x012\x94\x04\n" +
 	"\fLayerService\x12:\n" +
 	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
 	"\vUploadLayer\x12\x1b.dsec.v1.UploadLayerRequest\x1a\x0e.dsec.v1.Layer(\x01\x12J\n" +
@@ -6750,239 +8174,289 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 	return file_dsec_v1_dsec_proto_rawDescData
 }
 
-var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
+var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
 	(OnTimeout)(0),                   // 2: dsec.v1.OnTimeout
 	(Backend)(0),                     // 3: dsec.v1.Backend
 	(ExitStatus)(0),                  // 4: dsec.v1.ExitStatus
-	(LayerKind)(0),                   // 5: dsec.v1.LayerKind
-	(*SandboxSpec)(nil),              // 6: dsec.v1.SandboxSpec
-	(*Sandbox)(nil),                  // 7: dsec.v1.Sandbox
-	(*PauseStats)(nil),               // 8: dsec.v1.PauseStats
-	(*PauseRequest)(nil),             // 9: dsec.v1.PauseRequest
-	(*PauseResponse)(nil),            // 10: dsec.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 11: dsec.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 12: dsec.v1.ResumeResponse
-	(*CreateRequest)(nil),            // 13: dsec.v1.CreateRequest
-	(*CreateResponse)(nil),           // 14: dsec.v1.CreateResponse
-	(*GetRequest)(nil),               // 15: dsec.v1.GetRequest
-	(*ListRequest)(nil),              // 16: dsec.v1.ListRequest
-	(*ListResponse)(nil),             // 17: dsec.v1.ListResponse
-	(*SetWarmPoolRequest)(nil),       // 18: dsec.v1.SetWarmPoolRequest
-	(*WarmPool)(nil),                 // 19: dsec.v1.WarmPool
-	(*ListWarmPoolsRequest)(nil),     // 20: dsec.v1.ListWarmPoolsRequest
-	(*ListWarmPoolsResponse)(nil),    // 21: dsec.v1.ListWarmPoolsResponse
-	(*DeleteRequest)(nil),            // 22: dsec.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 23: dsec.v1.DeleteResponse
-	(*ExecRequest)(nil),              // 24: dsec.v1.ExecRequest
-	(*ExecEvent)(nil),                // 25: dsec.v1.ExecEvent
-	(*ExecStarted)(nil),              // 26: dsec.v1.ExecStarted
-	(*ExecExited)(nil),               // 27: dsec.v1.ExecExited
-	(*AttachRequest)(nil),            // 28: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),        // 29: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 30: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),            // 31: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),           // 32: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),     // 33: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),              // 34: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),    // 35: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),        // 36: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),  // 37: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil), // 38: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),      // 39: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),     // 40: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),               // 41: dsec.v1.ShellInput
-	(*ShellStart)(nil),               // 42: dsec.v1.ShellStart
-	(*TerminalSize)(nil),             // 43: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),              // 44: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                 // 45: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),          // 46: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 47: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 48: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 49: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),           // 50: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 51: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),              // 52: dsec.v1.StatRequest
-	(*StatResponse)(nil),             // 53: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),            // 54: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 55: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),           // 56: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 57: dsec.v1.MakeDirResponse
-	(*UploadRequest)(nil),            // 58: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),           // 59: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),          // 60: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),            // 61: dsec.v1.DownloadChunk
-	(*Layer)(nil),                    // 62: dsec.v1.Layer
-	(*SnapshotInfo)(nil),             // 63: dsec.v1.SnapshotInfo
-	(*SnapshotRequest)(nil),          // 64: dsec.v1.SnapshotRequest
-	(*ListSnapshotsRequest)(nil),     // 65: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 66: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),    // 67: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),   // 68: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),              // 69: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                // 70: dsec.v1.ForkChild
-	(*ForkResponse)(nil),             // 71: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),       // 72: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),       // 73: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),        // 74: dsec.v1.UploadLayerHeader
-	(*ListLayersRequest)(nil),        // 75: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 76: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 77: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 78: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 79: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 80: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 81: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 82: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 83: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 84: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 85: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 86: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 87: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 88: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 89: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 90: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 91: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 92: dsec.v1.LayerStatsResponse
-	nil,                              // 93: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 94: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 95: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 96: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 97: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 98: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 99: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	(FileChange)(0),                  // 5: dsec.v1.FileChange
+	(LayerKind)(0),                   // 6: dsec.v1.LayerKind
+	(RunStatus)(0),                   // 7: dsec.v1.RunStatus
+	(CommandStatus)(0),               // 8: dsec.v1.CommandStatus
+	(*SandboxSpec)(nil),              // 9: dsec.v1.SandboxSpec
+	(*Sandbox)(nil),                  // 10: dsec.v1.Sandbox
+	(*PauseStats)(nil),               // 11: dsec.v1.PauseStats
+	(*PauseRequest)(nil),             // 12: dsec.v1.PauseRequest
+	(*PauseResponse)(nil),            // 13: dsec.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 14: dsec.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 15: dsec.v1.ResumeResponse
+	(*SetTimeoutRequest)(nil),        // 16: dsec.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),       // 17: dsec.v1.SetTimeoutResponse
+	(*MetricsRequest)(nil),           // 18: dsec.v1.MetricsRequest
+	(*SandboxMetrics)(nil),           // 19: dsec.v1.SandboxMetrics
+	(*CreateRequest)(nil),            // 20: dsec.v1.CreateRequest
+	(*CreateResponse)(nil),           // 21: dsec.v1.CreateResponse
+	(*GetRequest)(nil),               // 22: dsec.v1.GetRequest
+	(*ListRequest)(nil),              // 23: dsec.v1.ListRequest
+	(*ListResponse)(nil),             // 24: dsec.v1.ListResponse
+	(*SetWarmPoolRequest)(nil),       // 25: dsec.v1.SetWarmPoolRequest
+	(*WarmPool)(nil),                 // 26: dsec.v1.WarmPool
+	(*ListWarmPoolsRequest)(nil),     // 27: dsec.v1.ListWarmPoolsRequest
+	(*ListWarmPoolsResponse)(nil),    // 28: dsec.v1.ListWarmPoolsResponse
+	(*DeleteRequest)(nil),            // 29: dsec.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 30: dsec.v1.DeleteResponse
+	(*ExecRequest)(nil),              // 31: dsec.v1.ExecRequest
+	(*ExecEvent)(nil),                // 32: dsec.v1.ExecEvent
+	(*ExecStarted)(nil),              // 33: dsec.v1.ExecStarted
+	(*ExecExited)(nil),               // 34: dsec.v1.ExecExited
+	(*AttachRequest)(nil),            // 35: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),        // 36: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 37: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),            // 38: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),           // 39: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),     // 40: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),              // 41: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),    // 42: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),        // 43: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),  // 44: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil), // 45: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),      // 46: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),     // 47: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),               // 48: dsec.v1.ShellInput
+	(*ShellStart)(nil),               // 49: dsec.v1.ShellStart
+	(*TerminalSize)(nil),             // 50: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),              // 51: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                 // 52: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),          // 53: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 54: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 55: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 56: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),           // 57: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 58: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),              // 59: dsec.v1.StatRequest
+	(*StatResponse)(nil),             // 60: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),            // 61: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 62: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),           // 63: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 64: dsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),              // 65: dsec.v1.MoveRequest
+	(*MoveResponse)(nil),             // 66: dsec.v1.MoveResponse
+	(*WatchDirRequest)(nil),          // 67: dsec.v1.WatchDirRequest
+	(*WatchEvent)(nil),               // 68: dsec.v1.WatchEvent
+	(*UploadRequest)(nil),            // 69: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),           // 70: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),          // 71: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),            // 72: dsec.v1.DownloadChunk
+	(*Layer)(nil),                    // 73: dsec.v1.Layer
+	(*SnapshotInfo)(nil),             // 74: dsec.v1.SnapshotInfo
+	(*SnapshotRequest)(nil),          // 75: dsec.v1.SnapshotRequest
+	(*ListSnapshotsRequest)(nil),     // 76: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 77: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),    // 78: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 79: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),              // 80: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                // 81: dsec.v1.ForkChild
+	(*ForkResponse)(nil),             // 82: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),       // 83: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),       // 84: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),        // 85: dsec.v1.UploadLayerHeader
+	(*ListLayersRequest)(nil),        // 86: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 87: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 88: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 89: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 90: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 91: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 92: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 93: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 94: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 95: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 96: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 97: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 98: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 99: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 100: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 101: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 102: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 103: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),           // 104: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),            // 105: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),          // 106: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),      // 107: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),     // 108: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                 // 109: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),     // 110: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),    // 111: dsec.v1.ListLanguagesResponse
+	nil,                              // 112: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 113: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 114: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 115: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 116: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 117: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 118: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                              // 119: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                              // 120: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                              // 121: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
-	3,  // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	93, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	94, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	95, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
-	2,  // 4: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
-	6,  // 5: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
-	0,  // 6: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
-	1,  // 7: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
-	8,  // 8: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
-	7,  // 9: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
-	7,  // 10: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
-	6,  // 11: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	7,  // 12: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	96, // 13: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
-	0,  // 14: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
-	7,  // 15: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	6,  // 16: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
-	6,  // 17: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
-	19, // 18: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	97, // 19: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	26, // 20: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	27, // 21: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	4,  // 22: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	27, // 23: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	34, // 24: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	42, // 25: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	43, // 26: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	98, // 27: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	43, // 28: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	27, // 29: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	45, // 30: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	45, // 31: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	5,  // 32: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	63, // 33: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
-	63, // 34: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	7,  // 35: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	63, // 36: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	70, // 37: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	5,  // 38: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	74, // 39: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	5,  // 40: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	62, // 41: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	79, // 42: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	99, // 43: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	85, // 44: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	90, // 45: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	91, // 46: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	13, // 47: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	15, // 48: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	16, // 49: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	22, // 50: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	9,  // 51: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	11, // 52: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	64, // 53: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	65, // 54: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	67, // 55: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	69, // 56: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	24, // 57: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	28, // 58: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	29, // 59: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	31, // 60: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	33, // 61: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	36, // 62: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	37, // 63: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	39, // 64: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	41, // 65: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	46, // 66: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	48, // 67: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	50, // 68: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	52, // 69: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	54, // 70: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	56, // 71: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	58, // 72: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	60, // 73: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	82, // 74: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	84, // 75: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	18, // 76: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	20, // 77: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	72, // 78: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	73, // 79: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	75, // 80: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	77, // 81: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	80, // 82: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	87, // 83: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	89, // 84: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	14, // 85: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	7,  // 86: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	17, // 87: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	23, // 88: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	10, // 89: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	12, // 90: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	63, // 91: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	66, // 92: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	68, // 93: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	71, // 94: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	25, // 95: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	25, // 96: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	30, // 97: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	32, // 98: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	35, // 99: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	25, // 100: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	38, // 101: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	40, // 102: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	44, // 103: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	47, // 104: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	49, // 105: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	51, // 106: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	53, // 107: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	55, // 108: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	57, // 109: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	59, // 110: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	61, // 111: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	83, // 112: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	86, // 113: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	19, // 114: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	21, // 115: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	62, // 116: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	62, // 117: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	76, // 118: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	78, // 119: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	81, // 120: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	88, // 121: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	92, // 122: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	85, // [85:123] is the sub-list for method output_type
-	47, // [47:85] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	3,   // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
+	112, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	113, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	114, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	2,   // 4: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
+	9,   // 5: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
+	0,   // 6: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
+	1,   // 7: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
+	11,  // 8: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
+	10,  // 9: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	10,  // 10: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
+	10,  // 11: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
+	9,   // 12: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	10,  // 13: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	115, // 14: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	0,   // 15: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
+	10,  // 16: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	9,   // 17: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
+	9,   // 18: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
+	26,  // 19: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
+	116, // 20: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	33,  // 21: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	34,  // 22: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	4,   // 23: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	34,  // 24: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	41,  // 25: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	49,  // 26: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	50,  // 27: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	117, // 28: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	50,  // 29: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	34,  // 30: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	52,  // 31: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	52,  // 32: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	52,  // 33: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
+	5,   // 34: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
+	6,   // 35: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	74,  // 36: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	74,  // 37: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
+	74,  // 38: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	10,  // 39: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	74,  // 40: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	81,  // 41: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	6,   // 42: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	85,  // 43: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	6,   // 44: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	73,  // 45: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	90,  // 46: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	118, // 47: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	96,  // 48: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	101, // 49: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	102, // 50: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	119, // 51: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	120, // 52: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	8,   // 53: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	7,   // 54: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	105, // 55: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	105, // 56: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	121, // 57: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	104, // 58: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	106, // 59: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	109, // 60: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	20,  // 61: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	22,  // 62: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	23,  // 63: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	29,  // 64: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	12,  // 65: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	14,  // 66: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	16,  // 67: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	18,  // 68: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	75,  // 69: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	76,  // 70: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	78,  // 71: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	80,  // 72: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	31,  // 73: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	35,  // 74: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	36,  // 75: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	38,  // 76: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	40,  // 77: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	43,  // 78: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	44,  // 79: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	46,  // 80: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	48,  // 81: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	53,  // 82: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	55,  // 83: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	57,  // 84: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	59,  // 85: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	61,  // 86: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	63,  // 87: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	65,  // 88: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	67,  // 89: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	69,  // 90: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	71,  // 91: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	93,  // 92: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	95,  // 93: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	25,  // 94: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	27,  // 95: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	104, // 96: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	107, // 97: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	110, // 98: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	83,  // 99: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	84,  // 100: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	86,  // 101: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	88,  // 102: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	91,  // 103: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	98,  // 104: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	100, // 105: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	21,  // 106: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	10,  // 107: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	24,  // 108: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	30,  // 109: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	13,  // 110: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	15,  // 111: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	17,  // 112: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	19,  // 113: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	74,  // 114: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	77,  // 115: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	79,  // 116: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	82,  // 117: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	32,  // 118: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	32,  // 119: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	37,  // 120: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	39,  // 121: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	42,  // 122: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	32,  // 123: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	45,  // 124: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	47,  // 125: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	51,  // 126: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	54,  // 127: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	56,  // 128: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	58,  // 129: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	60,  // 130: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	62,  // 131: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	64,  // 132: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	66,  // 133: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	68,  // 134: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	70,  // 135: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	72,  // 136: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	94,  // 137: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	97,  // 138: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	26,  // 139: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	28,  // 140: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	106, // 141: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	108, // 142: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	111, // 143: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	73,  // 144: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	73,  // 145: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	87,  // 146: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	89,  // 147: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	92,  // 148: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	99,  // 149: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	103, // 150: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	106, // [106:151] is the sub-list for method output_type
+	61,  // [61:106] is the sub-list for method input_type
+	61,  // [61:61] is the sub-list for extension type_name
+	61,  // [61:61] is the sub-list for extension extendee
+	0,   // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -6991,36 +8465,37 @@ func file_dsec_v1_dsec_proto_init() {
 		return
 	}
 	file_dsec_v1_dsec_proto_msgTypes[0].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[19].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[23].OneofWrappers = []any{
 		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Exited)(nil),
 		(*ExecEvent_Keepalive)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[35].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[39].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[38].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[42].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[67].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[75].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
+	file_dsec_v1_dsec_proto_msgTypes[96].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   94,
+			NumEnums:      9,
+			NumMessages:   113,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_dsec_v1_dsec_proto_goTypes,
 		DependencyIndexes: file_dsec_v1_dsec_proto_depIdxs,

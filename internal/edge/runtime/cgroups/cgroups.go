@@ -11,3 +11,12 @@ type Stats struct {
 	OOMKills    int64 // processes the kernel OOM-killed in the cgroup tree
 	MemoryBytes int64 // current memory use
 }
+
+// Usage is what Layout.Usage reads of a sandbox's CPU and memory.
+type Usage struct {
+	CPUUsec     int64 // CPU time used by the tree since it was made
+	MemoryBytes int64 // current memory use, page cache included
+	// MemoryLimit is the memory limit; 0 when there is none.
+	MemoryLimit int64
+	CacheBytes  int64 // of MemoryBytes, page cache
+}

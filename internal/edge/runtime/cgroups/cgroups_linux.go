@@ -184,6 +184,17 @@ func (l *Layout) Create(rel string) (freezer, memory string, err error) {
 	return freezer, memory, nil
 }
 
+// CreateCPU makes sandbox rel's cpu cgroup dir before the container starts
+// (runc then uses it), so the runtime can hand the agent an fd of it: the
+// cpu controller's dir on v1, the unified dir on v2.
+func (l *Layout) CreateCPU(rel string) (string, error) {
+	dir := l.Dir("cpu", rel)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("make cgroup %s: %w", dir, err)
+	}
+	return dir, nil
+}
+
 // CommandPids makes, on cgroup v1, the pids cgroup <pids>/<rel>/cmds with
 // limit pids.max, and returns its dir: the agent moves every command into
 // it, so commands share the sandbox's pids limit while the agent, left in
@@ -341,6 +352,40 @@ func (l *Layout) Stats(rel string) (Stats, error) {
 		return nil
 	})
 	return s, nil
+}
+
+// Usage reads rel's CPU time, memory use and memory limit.
+func (l *Layout) Usage(rel string) (Usage, error) {
+	var u Usage
+	if l.v2 {
+		dir := l.Dir("", rel)
+		usec, err := readKey(filepath.Join(dir, "cpu.stat"), "usage_usec")
+		if err != nil {
+			return u, err
+		}
+		u.CPUUsec = usec
+		if u.MemoryBytes, err = readInt(filepath.Join(dir, "memory.current")); err != nil {
+			return u, err
+		}
+		u.MemoryLimit, _ = readInt(filepath.Join(dir, "memory.max")) // "max": none
+		u.CacheBytes, _ = readKey(filepath.Join(dir, "memory.stat"), "file")
+		return u, nil
+	}
+	ns, err := readInt(filepath.Join(l.Dir("cpuacct", rel), "cpuacct.usage"))
+	if err != nil {
+		return u, err
+	}
+	u.CPUUsec = ns / 1000
+	mem := l.Dir("memory", rel)
+	if u.MemoryBytes, err = readInt(filepath.Join(mem, "memory.usage_in_bytes")); err != nil {
+		return u, err
+	}
+	// v1 says "no limit" with a huge number (page-aligned LONG_MAX).
+	if lim, err := readInt(filepath.Join(mem, "memory.limit_in_bytes")); err == nil && lim < 1<<60 {
+		u.MemoryLimit = lim
+	}
+	u.CacheBytes, _ = readKey(filepath.Join(mem, "memory.stat"), "total_cache")
+	return u, nil
 }
 
 func readPids(path string) ([]int, error) {

@@ -21,8 +21,10 @@ func (l *Layout) V2() bool                                     { return false }
 func (l *Layout) EnsureParent(parent string) error             { return errdefs.ErrNotSupported }
 func (l *Layout) RemoveParent(parent string) error             { return errdefs.ErrNotSupported }
 func (l *Layout) Create(rel string) (string, string, error)    { return "", "", errdefs.ErrNotSupported }
+func (l *Layout) CreateCPU(rel string) (string, error)         { return "", errdefs.ErrNotSupported }
 func (l *Layout) Exists(rel string) bool                       { return false }
 func (l *Layout) Kill(ctx context.Context, rel string) error   { return errdefs.ErrNotSupported }
 func (l *Layout) Remove(ctx context.Context, rel string) error { return errdefs.ErrNotSupported }
 func (l *Layout) Stats(rel string) (Stats, error)              { return Stats{}, errdefs.ErrNotSupported }
+func (l *Layout) Usage(rel string) (Usage, error)              { return Usage{}, errdefs.ErrNotSupported }
 func (l *Layout) Dir(ctrl, rel string) string                  { return "" }

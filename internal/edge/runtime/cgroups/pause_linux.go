@@ -171,12 +171,15 @@ func (l *Layout) Reclaim(ctx context.Context, rel string, limit int64) (Reclaime
 
 // shrinkV1 lowers the memory limit step by step towards nothing, so the
 // kernel swaps the cgroup's anonymous memory out, then puts limit back. A
-// step the kernel cannot meet (EBUSY: what is left cannot be swapped) ends
-// the shrinking without an error.
+// step the kernel cannot meet (EBUSY) is tried again with half the step,
+// since the kernel gives up after a few reclaim rounds that a busy node's
+// swap writes can outlast; shrinkBusyTries refusals in a row (what is left
+// cannot be swapped) end the shrinking without an error.
 func shrinkV1(ctx context.Context, dir string, limit int64) error {
 	file := filepath.Join(dir, "memory.limit_in_bytes")
 	defer os.WriteFile(file, []byte(limitValue(limit)), 0)
 	const floor = 1 << 20
+	busy := 0
 	for {
 		cur, err := readInt(filepath.Join(dir, "memory.usage_in_bytes"))
 		if err != nil {
@@ -186,16 +189,28 @@ func shrinkV1(ctx context.Context, dir string, limit int64) error {
 			return nil
 		}
 		// Halving lets each step's reclaim succeed where one leap to the
-		// floor gives up after the kernel's few retries.
-		target := max(cur/2, floor)
+		// floor gives up after the kernel's few retries; after a refusal
+		// the step is halved again.
+		step := (cur - floor) / 2 >> busy
+		target := max(cur-step, floor)
+		if step <= 0 {
+			return nil
+		}
 		if err := os.WriteFile(file, []byte(strconv.FormatInt(target, 10)), 0); err != nil {
-			if errors.Is(err, unix.EBUSY) {
+			if !errors.Is(err, unix.EBUSY) {
+				return err
+			}
+			if busy++; busy >= shrinkBusyTries {
 				return nil
 			}
-			return err
+			continue
 		}
+		busy = 0
 	}
 }
+
+// shrinkBusyTries is how many refused steps in a row end a shrink.
+const shrinkBusyTries = 4
 
 func (l *Layout) reclaimV2(rel string) (Reclaimed, error) {
 	dir := l.Dir("", rel)

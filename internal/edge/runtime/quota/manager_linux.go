@@ -131,6 +131,49 @@ func (m *Manager) Qgroup(name string) (string, error) {
 	return fmt.Sprintf("/sys/fs/btrfs/%s/qgroups/0_%d", fsid, id), nil
 }
 
+// Usage returns the limit and the use of <root>/<name>: its project's
+// quota, or its btrfs qgroup's referenced bytes and the reservations of
+// writes not yet committed (what the agent's statfs reports; no inode
+// counts there).
+func (m *Manager) Usage(name string) (Limit, Usage, error) {
+	dir := filepath.Join(m.root, name)
+	if m.kind == KindBtrfs {
+		qg, err := m.Qgroup(name)
+		if err != nil {
+			return Limit{}, Usage{}, err
+		}
+		used, err := readSysInt(filepath.Join(qg, "referenced"))
+		if err != nil {
+			return Limit{}, Usage{}, fmt.Errorf("read disk use of %s: %w", dir, err)
+		}
+		for _, rsv := range []string{"rsv_data", "rsv_meta_pertrans", "rsv_meta_prealloc"} {
+			if n, err := readSysInt(filepath.Join(qg, rsv)); err == nil {
+				used += n
+			}
+		}
+		// "none" when the subvolume has no limit.
+		limit, _ := readSysInt(filepath.Join(qg, "max_referenced"))
+		return Limit{Bytes: limit}, Usage{Bytes: used}, nil
+	}
+	b, err := os.ReadFile(filepath.Join(dir, projectFile))
+	if err != nil {
+		return Limit{}, Usage{}, fmt.Errorf("read project of %s: %w", dir, err)
+	}
+	p, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
+	if err != nil {
+		return Limit{}, Usage{}, fmt.Errorf("parse project of %s: %w", dir, err)
+	}
+	return getProject(m.root, uint32(p))
+}
+
+func readSysInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
 // Remove removes <root>/<name> with its contents and frees its quota. A
 // missing directory is fine.
 func (m *Manager) Remove(name string) error {

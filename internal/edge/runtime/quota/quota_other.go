@@ -22,4 +22,7 @@ func EnableBtrfs(root string) error { return errdefs.ErrNotSupported }
 func (m *Manager) Kind() string                                { return "" }
 func (m *Manager) Create(name string, l Limit) (string, error) { return "", errdefs.ErrNotSupported }
 func (m *Manager) Remove(name string) error                    { return errdefs.ErrNotSupported }
-func (m *Manager) Qgroup(name string) (string, error)          { return "", errdefs.ErrNotSupported }
+func (m *Manager) Usage(name string) (Limit, Usage, error) {
+	return Limit{}, Usage{}, errdefs.ErrNotSupported
+}
+func (m *Manager) Qgroup(name string) (string, error) { return "", errdefs.ErrNotSupported }

@@ -135,6 +135,345 @@ func (x *PingResponse) GetVersion() string {
 	return ""
 }
 
+type CallRequest struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Files            map[string][]byte      `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // relative to the scratch directory
+	Steps            []*CallStep            `protobuf:"bytes,2,rep,name=steps,proto3" json:"steps,omitempty"`                                                                           // run in order; a step that does not exit 0 ends the call
+	FetchFiles       []string               `protobuf:"bytes,3,rep,name=fetch_files,json=fetchFiles,proto3" json:"fetch_files,omitempty"`
+	MemoryBytes      int64                  `protobuf:"varint,4,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`                                       // the call's memory cgroup limit; 0 = the sandbox's
+	Cpus             float64                `protobuf:"fixed64,5,opt,name=cpus,proto3" json:"cpus,omitempty"`                                                                       // the call's CPU quota; 0 = the sandbox's
+	Pids             int64                  `protobuf:"varint,6,opt,name=pids,proto3" json:"pids,omitempty"`                                                                        // the call's pids limit; 0 = 256
+	OutputLimitBytes int64                  `protobuf:"varint,7,opt,name=output_limit_bytes,json=outputLimitBytes,proto3" json:"output_limit_bytes,omitempty"`                      // kept per stream and step; 0 = 1 MiB
+	Env              map[string]string      `protobuf:"bytes,8,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // on top of PATH, HOME, TMPDIR, LANG
+	FetchLimitBytes  int64                  `protobuf:"varint,9,opt,name=fetch_limit_bytes,json=fetchLimitBytes,proto3" json:"fetch_limit_bytes,omitempty"`                         // total fetched; 0 = 64 MiB
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *CallRequest) Reset() {
+	*x = CallRequest{}
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallRequest) ProtoMessage() {}
+
+func (x *CallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
+func (*CallRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CallRequest) GetFiles() map[string][]byte {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *CallRequest) GetSteps() []*CallStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *CallRequest) GetFetchFiles() []string {
+	if x != nil {
+		return x.FetchFiles
+	}
+	return nil
+}
+
+func (x *CallRequest) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *CallRequest) GetCpus() float64 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *CallRequest) GetPids() int64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
+func (x *CallRequest) GetOutputLimitBytes() int64 {
+	if x != nil {
+		return x.OutputLimitBytes
+	}
+	return 0
+}
+
+func (x *CallRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *CallRequest) GetFetchLimitBytes() int64 {
+	if x != nil {
+		return x.FetchLimitBytes
+	}
+	return 0
+}
+
+type CallStep struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Argv           []string               `protobuf:"bytes,1,rep,name=argv,proto3" json:"argv,omitempty"`
+	Stdin          []byte                 `protobuf:"bytes,2,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	TimeoutSeconds float64                `protobuf:"fixed64,3,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"` // 0 = 10
+	// Run this Python file (relative to the scratch dir) in a fork of the
+	// agent's warm interpreter instead of executing argv; argv is the
+	// fallback when the agent has no interpreter.
+	ZygoteFile    string `protobuf:"bytes,4,opt,name=zygote_file,json=zygoteFile,proto3" json:"zygote_file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallStep) Reset() {
+	*x = CallStep{}
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallStep) ProtoMessage() {}
+
+func (x *CallStep) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallStep.ProtoReflect.Descriptor instead.
+func (*CallStep) Descriptor() ([]byte, []int) {
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CallStep) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *CallStep) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *CallStep) GetTimeoutSeconds() float64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+func (x *CallStep) GetZygoteFile() string {
+	if x != nil {
+		return x.ZygoteFile
+	}
+	return ""
+}
+
+type CallStepResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Exited        *v1.ExecExited         `protobuf:"bytes,1,opt,name=exited,proto3" json:"exited,omitempty"`
+	Stdout        []byte                 `protobuf:"bytes,2,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr        []byte                 `protobuf:"bytes,3,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	Zygote        bool                   `protobuf:"varint,4,opt,name=zygote,proto3" json:"zygote,omitempty"`                        // served by the warm interpreter
+	OomKilled     bool                   `protobuf:"varint,5,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"` // the call's memory cgroup killed a process of this step
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallStepResult) Reset() {
+	*x = CallStepResult{}
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallStepResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallStepResult) ProtoMessage() {}
+
+func (x *CallStepResult) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallStepResult.ProtoReflect.Descriptor instead.
+func (*CallStepResult) Descriptor() ([]byte, []int) {
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CallStepResult) GetExited() *v1.ExecExited {
+	if x != nil {
+		return x.Exited
+	}
+	return nil
+}
+
+func (x *CallStepResult) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *CallStepResult) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *CallStepResult) GetZygote() bool {
+	if x != nil {
+		return x.Zygote
+	}
+	return false
+}
+
+func (x *CallStepResult) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
+}
+
+type CallResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Steps         []*CallStepResult      `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	Files         map[string][]byte      `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Dirty         bool                   `protobuf:"varint,3,opt,name=dirty,proto3" json:"dirty,omitempty"`
+	DirtyReason   string                 `protobuf:"bytes,4,opt,name=dirty_reason,json=dirtyReason,proto3" json:"dirty_reason,omitempty"`
+	Uid           uint32                 `protobuf:"varint,5,opt,name=uid,proto3" json:"uid,omitempty"`
+	Scratch       string                 `protobuf:"bytes,6,opt,name=scratch,proto3" json:"scratch,omitempty"` // the call's scratch directory (its cwd)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallResponse) Reset() {
+	*x = CallResponse{}
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallResponse) ProtoMessage() {}
+
+func (x *CallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
+func (*CallResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CallResponse) GetSteps() []*CallStepResult {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *CallResponse) GetFiles() map[string][]byte {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *CallResponse) GetDirty() bool {
+	if x != nil {
+		return x.Dirty
+	}
+	return false
+}
+
+func (x *CallResponse) GetDirtyReason() string {
+	if x != nil {
+		return x.DirtyReason
+	}
+	return ""
+}
+
+func (x *CallResponse) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *CallResponse) GetScratch() string {
+	if x != nil {
+		return x.Scratch
+	}
+	return ""
+}
+
 var File_dsec_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_dsec_agent_v1_agent_proto_rawDesc = "" +
@@ -145,7 +484,50 @@ const file_dsec_agent_v1_agent_proto_rawDesc = "" +
 	"\x11running_processes\x18\x01 \x01(\x05R\x10runningProcesses\x12-\n" +
 	"\x13last_active_unix_ms\x18\x02 \x01(\x03R\x10lastActiveUnixMs\x12\x1b\n" +
 	"\toom_kills\x18\x03 \x01(\x03R\boomKills\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\tR\aversion2\x97\t\n" +
+	"\aversion\x18\x04 \x01(\tR\aversion\"\xe8\x03\n" +
+	"\vCallRequest\x12;\n" +
+	"\x05files\x18\x01 \x03(\v2%.dsec.agent.v1.CallRequest.FilesEntryR\x05files\x12-\n" +
+	"\x05steps\x18\x02 \x03(\v2\x17.dsec.agent.v1.CallStepR\x05steps\x12\x1f\n" +
+	"\vfetch_files\x18\x03 \x03(\tR\n" +
+	"fetchFiles\x12!\n" +
+	"\fmemory_bytes\x18\x04 \x01(\x03R\vmemoryBytes\x12\x12\n" +
+	"\x04cpus\x18\x05 \x01(\x01R\x04cpus\x12\x12\n" +
+	"\x04pids\x18\x06 \x01(\x03R\x04pids\x12,\n" +
+	"\x12output_limit_bytes\x18\a \x01(\x03R\x10outputLimitBytes\x125\n" +
+	"\x03env\x18\b \x03(\v2#.dsec.agent.v1.CallRequest.EnvEntryR\x03env\x12*\n" +
+	"\x11fetch_limit_bytes\x18\t \x01(\x03R\x0ffetchLimitBytes\x1a8\n" +
+	"\n" +
+	"FilesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"~\n" +
+	"\bCallStep\x12\x12\n" +
+	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x14\n" +
+	"\x05stdin\x18\x02 \x01(\fR\x05stdin\x12'\n" +
+	"\x0ftimeout_seconds\x18\x03 \x01(\x01R\x0etimeoutSeconds\x12\x1f\n" +
+	"\vzygote_file\x18\x04 \x01(\tR\n" +
+	"zygoteFile\"\xa4\x01\n" +
+	"\x0eCallStepResult\x12+\n" +
+	"\x06exited\x18\x01 \x01(\v2\x13.dsec.v1.ExecExitedR\x06exited\x12\x16\n" +
+	"\x06stdout\x18\x02 \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x03 \x01(\fR\x06stderr\x12\x16\n" +
+	"\x06zygote\x18\x04 \x01(\bR\x06zygote\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x05 \x01(\bR\toomKilled\"\xa0\x02\n" +
+	"\fCallResponse\x123\n" +
+	"\x05steps\x18\x01 \x03(\v2\x1d.dsec.agent.v1.CallStepResultR\x05steps\x12<\n" +
+	"\x05files\x18\x02 \x03(\v2&.dsec.agent.v1.CallResponse.FilesEntryR\x05files\x12\x14\n" +
+	"\x05dirty\x18\x03 \x01(\bR\x05dirty\x12!\n" +
+	"\fdirty_reason\x18\x04 \x01(\tR\vdirtyReason\x12\x10\n" +
+	"\x03uid\x18\x05 \x01(\rR\x03uid\x12\x18\n" +
+	"\ascratch\x18\x06 \x01(\tR\ascratch\x1a8\n" +
+	"\n" +
+	"FilesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x012\xca\n" +
+	"\n" +
 	"\fAgentService\x12?\n" +
 	"\x04Ping\x12\x1a.dsec.agent.v1.PingRequest\x1a\x1b.dsec.agent.v1.PingResponse\x122\n" +
 	"\x04Exec\x12\x14.dsec.v1.ExecRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x126\n" +
@@ -164,9 +546,12 @@ const file_dsec_agent_v1_agent_proto_rawDesc = "" +
 	"\aListDir\x12\x17.dsec.v1.ListDirRequest\x1a\x18.dsec.v1.ListDirResponse\x123\n" +
 	"\x04Stat\x12\x14.dsec.v1.StatRequest\x1a\x15.dsec.v1.StatResponse\x129\n" +
 	"\x06Remove\x12\x16.dsec.v1.RemoveRequest\x1a\x17.dsec.v1.RemoveResponse\x12<\n" +
-	"\aMakeDir\x12\x17.dsec.v1.MakeDirRequest\x1a\x18.dsec.v1.MakeDirResponse\x129\n" +
+	"\aMakeDir\x12\x17.dsec.v1.MakeDirRequest\x1a\x18.dsec.v1.MakeDirResponse\x123\n" +
+	"\x04Move\x12\x14.dsec.v1.MoveRequest\x1a\x15.dsec.v1.MoveResponse\x12;\n" +
+	"\bWatchDir\x12\x18.dsec.v1.WatchDirRequest\x1a\x13.dsec.v1.WatchEvent0\x01\x129\n" +
 	"\x06Upload\x12\x16.dsec.v1.UploadRequest\x1a\x17.dsec.v1.UploadResponse\x12>\n" +
-	"\bDownload\x12\x18.dsec.v1.DownloadRequest\x1a\x16.dsec.v1.DownloadChunk0\x01B-Z+dsec.dev/dsec/api/gen/dsec/agent/v1;agentv1b\x06proto3"
+	"\bDownload\x12\x18.dsec.v1.DownloadRequest\x1a\x16.dsec.v1.DownloadChunk0\x01\x12?\n" +
+	"\x04Call\x12\x1a.dsec.agent.v1.CallRequest\x1a\x1b.dsec.agent.v1.CallResponseB-Z+dsec.dev/dsec/api/gen/dsec/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_dsec_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -180,85 +565,109 @@ func file_dsec_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_dsec_agent_v1_agent_proto_rawDescData
 }
 
-var file_dsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_dsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_dsec_agent_v1_agent_proto_goTypes = []any{
 	(*PingRequest)(nil),                 // 0: dsec.agent.v1.PingRequest
 	(*PingResponse)(nil),                // 1: dsec.agent.v1.PingResponse
-	(*v1.ExecRequest)(nil),              // 2: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 3: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 4: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 5: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 6: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 7: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 8: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 9: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 10: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 11: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 12: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 13: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 14: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 15: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 16: dsec.v1.MakeDirRequest
-	(*v1.UploadRequest)(nil),            // 17: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 18: dsec.v1.DownloadRequest
-	(*v1.ExecEvent)(nil),                // 19: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 20: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 21: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 22: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 23: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 24: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 25: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 26: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 27: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 28: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 29: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 30: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 31: dsec.v1.MakeDirResponse
-	(*v1.UploadResponse)(nil),           // 32: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 33: dsec.v1.DownloadChunk
+	(*CallRequest)(nil),                 // 2: dsec.agent.v1.CallRequest
+	(*CallStep)(nil),                    // 3: dsec.agent.v1.CallStep
+	(*CallStepResult)(nil),              // 4: dsec.agent.v1.CallStepResult
+	(*CallResponse)(nil),                // 5: dsec.agent.v1.CallResponse
+	nil,                                 // 6: dsec.agent.v1.CallRequest.FilesEntry
+	nil,                                 // 7: dsec.agent.v1.CallRequest.EnvEntry
+	nil,                                 // 8: dsec.agent.v1.CallResponse.FilesEntry
+	(*v1.ExecExited)(nil),               // 9: dsec.v1.ExecExited
+	(*v1.ExecRequest)(nil),              // 10: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 11: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 12: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 13: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 14: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 15: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 16: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 17: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 18: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 19: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 20: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 21: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 22: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 23: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 24: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),              // 25: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),          // 26: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),            // 27: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 28: dsec.v1.DownloadRequest
+	(*v1.ExecEvent)(nil),                // 29: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 30: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 31: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 32: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 33: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 34: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 35: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 36: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 37: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 38: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 39: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 40: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 41: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),             // 42: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),               // 43: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),           // 44: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 45: dsec.v1.DownloadChunk
 }
 var file_dsec_agent_v1_agent_proto_depIdxs = []int32{
-	0,  // 0: dsec.agent.v1.AgentService.Ping:input_type -> dsec.agent.v1.PingRequest
-	2,  // 1: dsec.agent.v1.AgentService.Exec:input_type -> dsec.v1.ExecRequest
-	3,  // 2: dsec.agent.v1.AgentService.Attach:input_type -> dsec.v1.AttachRequest
-	4,  // 3: dsec.agent.v1.AgentService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	5,  // 4: dsec.agent.v1.AgentService.Signal:input_type -> dsec.v1.SignalRequest
-	6,  // 5: dsec.agent.v1.AgentService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	7,  // 6: dsec.agent.v1.AgentService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	8,  // 7: dsec.agent.v1.AgentService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	9,  // 8: dsec.agent.v1.AgentService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	10, // 9: dsec.agent.v1.AgentService.Shell:input_type -> dsec.v1.ShellInput
-	11, // 10: dsec.agent.v1.AgentService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	12, // 11: dsec.agent.v1.AgentService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	13, // 12: dsec.agent.v1.AgentService.ListDir:input_type -> dsec.v1.ListDirRequest
-	14, // 13: dsec.agent.v1.AgentService.Stat:input_type -> dsec.v1.StatRequest
-	15, // 14: dsec.agent.v1.AgentService.Remove:input_type -> dsec.v1.RemoveRequest
-	16, // 15: dsec.agent.v1.AgentService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	17, // 16: dsec.agent.v1.AgentService.Upload:input_type -> dsec.v1.UploadRequest
-	18, // 17: dsec.agent.v1.AgentService.Download:input_type -> dsec.v1.DownloadRequest
-	1,  // 18: dsec.agent.v1.AgentService.Ping:output_type -> dsec.agent.v1.PingResponse
-	19, // 19: dsec.agent.v1.AgentService.Exec:output_type -> dsec.v1.ExecEvent
-	19, // 20: dsec.agent.v1.AgentService.Attach:output_type -> dsec.v1.ExecEvent
-	20, // 21: dsec.agent.v1.AgentService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	21, // 22: dsec.agent.v1.AgentService.Signal:output_type -> dsec.v1.SignalResponse
-	22, // 23: dsec.agent.v1.AgentService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	19, // 24: dsec.agent.v1.AgentService.SessionRun:output_type -> dsec.v1.ExecEvent
-	23, // 25: dsec.agent.v1.AgentService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	24, // 26: dsec.agent.v1.AgentService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	25, // 27: dsec.agent.v1.AgentService.Shell:output_type -> dsec.v1.ShellOutput
-	26, // 28: dsec.agent.v1.AgentService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	27, // 29: dsec.agent.v1.AgentService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	28, // 30: dsec.agent.v1.AgentService.ListDir:output_type -> dsec.v1.ListDirResponse
-	29, // 31: dsec.agent.v1.AgentService.Stat:output_type -> dsec.v1.StatResponse
-	30, // 32: dsec.agent.v1.AgentService.Remove:output_type -> dsec.v1.RemoveResponse
-	31, // 33: dsec.agent.v1.AgentService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	32, // 34: dsec.agent.v1.AgentService.Upload:output_type -> dsec.v1.UploadResponse
-	33, // 35: dsec.agent.v1.AgentService.Download:output_type -> dsec.v1.DownloadChunk
-	18, // [18:36] is the sub-list for method output_type
-	0,  // [0:18] is the sub-list for method input_type
-	0,  // [0:0] is the sub-list for extension type_name
-	0,  // [0:0] is the sub-list for extension extendee
-	0,  // [0:0] is the sub-list for field type_name
+	6,  // 0: dsec.agent.v1.CallRequest.files:type_name -> dsec.agent.v1.CallRequest.FilesEntry
+	3,  // 1: dsec.agent.v1.CallRequest.steps:type_name -> dsec.agent.v1.CallStep
+	7,  // 2: dsec.agent.v1.CallRequest.env:type_name -> dsec.agent.v1.CallRequest.EnvEntry
+	9,  // 3: dsec.agent.v1.CallStepResult.exited:type_name -> dsec.v1.ExecExited
+	4,  // 4: dsec.agent.v1.CallResponse.steps:type_name -> dsec.agent.v1.CallStepResult
+	8,  // 5: dsec.agent.v1.CallResponse.files:type_name -> dsec.agent.v1.CallResponse.FilesEntry
+	0,  // 6: dsec.agent.v1.AgentService.Ping:input_type -> dsec.agent.v1.PingRequest
+	10, // 7: dsec.agent.v1.AgentService.Exec:input_type -> dsec.v1.ExecRequest
+	11, // 8: dsec.agent.v1.AgentService.Attach:input_type -> dsec.v1.AttachRequest
+	12, // 9: dsec.agent.v1.AgentService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	13, // 10: dsec.agent.v1.AgentService.Signal:input_type -> dsec.v1.SignalRequest
+	14, // 11: dsec.agent.v1.AgentService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	15, // 12: dsec.agent.v1.AgentService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	16, // 13: dsec.agent.v1.AgentService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	17, // 14: dsec.agent.v1.AgentService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	18, // 15: dsec.agent.v1.AgentService.Shell:input_type -> dsec.v1.ShellInput
+	19, // 16: dsec.agent.v1.AgentService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	20, // 17: dsec.agent.v1.AgentService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	21, // 18: dsec.agent.v1.AgentService.ListDir:input_type -> dsec.v1.ListDirRequest
+	22, // 19: dsec.agent.v1.AgentService.Stat:input_type -> dsec.v1.StatRequest
+	23, // 20: dsec.agent.v1.AgentService.Remove:input_type -> dsec.v1.RemoveRequest
+	24, // 21: dsec.agent.v1.AgentService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	25, // 22: dsec.agent.v1.AgentService.Move:input_type -> dsec.v1.MoveRequest
+	26, // 23: dsec.agent.v1.AgentService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	27, // 24: dsec.agent.v1.AgentService.Upload:input_type -> dsec.v1.UploadRequest
+	28, // 25: dsec.agent.v1.AgentService.Download:input_type -> dsec.v1.DownloadRequest
+	2,  // 26: dsec.agent.v1.AgentService.Call:input_type -> dsec.agent.v1.CallRequest
+	1,  // 27: dsec.agent.v1.AgentService.Ping:output_type -> dsec.agent.v1.PingResponse
+	29, // 28: dsec.agent.v1.AgentService.Exec:output_type -> dsec.v1.ExecEvent
+	29, // 29: dsec.agent.v1.AgentService.Attach:output_type -> dsec.v1.ExecEvent
+	30, // 30: dsec.agent.v1.AgentService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	31, // 31: dsec.agent.v1.AgentService.Signal:output_type -> dsec.v1.SignalResponse
+	32, // 32: dsec.agent.v1.AgentService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	29, // 33: dsec.agent.v1.AgentService.SessionRun:output_type -> dsec.v1.ExecEvent
+	33, // 34: dsec.agent.v1.AgentService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	34, // 35: dsec.agent.v1.AgentService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	35, // 36: dsec.agent.v1.AgentService.Shell:output_type -> dsec.v1.ShellOutput
+	36, // 37: dsec.agent.v1.AgentService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	37, // 38: dsec.agent.v1.AgentService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	38, // 39: dsec.agent.v1.AgentService.ListDir:output_type -> dsec.v1.ListDirResponse
+	39, // 40: dsec.agent.v1.AgentService.Stat:output_type -> dsec.v1.StatResponse
+	40, // 41: dsec.agent.v1.AgentService.Remove:output_type -> dsec.v1.RemoveResponse
+	41, // 42: dsec.agent.v1.AgentService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	42, // 43: dsec.agent.v1.AgentService.Move:output_type -> dsec.v1.MoveResponse
+	43, // 44: dsec.agent.v1.AgentService.WatchDir:output_type -> dsec.v1.WatchEvent
+	44, // 45: dsec.agent.v1.AgentService.Upload:output_type -> dsec.v1.UploadResponse
+	45, // 46: dsec.agent.v1.AgentService.Download:output_type -> dsec.v1.DownloadChunk
+	5,  // 47: dsec.agent.v1.AgentService.Call:output_type -> dsec.agent.v1.CallResponse
+	27, // [27:48] is the sub-list for method output_type
+	6,  // [6:27] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_dsec_agent_v1_agent_proto_init() }
@@ -272,7 +681,7 @@ func file_dsec_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_agent_v1_agent_proto_rawDesc), len(file_dsec_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -172,7 +172,12 @@ type NodeStatus struct {
 	// Names the node's blob store so that nodes sharing one name it alike
 	// (a directory or a loopback endpoint is qualified by the machine): an
 	// import runs once per name. "" = a node without layers.
-	BlobStore     string `protobuf:"bytes,13,opt,name=blob_store,json=blobStore,proto3" json:"blob_store,omitempty"`
+	BlobStore string `protobuf:"bytes,13,opt,name=blob_store,json=blobStore,proto3" json:"blob_store,omitempty"`
+	// The fncall backend's load (nodes with BACKEND_FNCALL): calls running,
+	// calls waiting for a container, and idle pooled containers.
+	FncallBusy    int32 `protobuf:"varint,14,opt,name=fncall_busy,json=fncallBusy,proto3" json:"fncall_busy,omitempty"`
+	FncallQueue   int32 `protobuf:"varint,15,opt,name=fncall_queue,json=fncallQueue,proto3" json:"fncall_queue,omitempty"`
+	FncallIdle    int32 `protobuf:"varint,16,opt,name=fncall_idle,json=fncallIdle,proto3" json:"fncall_idle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -296,6 +301,27 @@ func (x *NodeStatus) GetBlobStore() string {
 		return x.BlobStore
 	}
 	return ""
+}
+
+func (x *NodeStatus) GetFncallBusy() int32 {
+	if x != nil {
+		return x.FncallBusy
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetFncallQueue() int32 {
+	if x != nil {
+		return x.FncallQueue
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetFncallIdle() int32 {
+	if x != nil {
+		return x.FncallIdle
+	}
+	return 0
 }
 
 type CreateRequest struct {
@@ -555,7 +581,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12#\n" +
 	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\"\x15\n" +
 	"\x13AdoptLayersResponse\"\x0f\n" +
-	"\rStatusRequest\"\xa3\x03\n" +
+	"\rStatusRequest\"\x88\x04\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
@@ -572,7 +598,12 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\aversion\x18\v \x01(\tR\aversion\x12\x1a\n" +
 	"\brefusing\x18\f \x01(\tR\brefusing\x12\x1d\n" +
 	"\n" +
-	"blob_store\x18\r \x01(\tR\tblobStore\"\\\n" +
+	"blob_store\x18\r \x01(\tR\tblobStore\x12\x1f\n" +
+	"\vfncall_busy\x18\x0e \x01(\x05R\n" +
+	"fncallBusy\x12!\n" +
+	"\ffncall_queue\x18\x0f \x01(\x05R\vfncallQueue\x12\x1f\n" +
+	"\vfncall_idle\x18\x10 \x01(\x05R\n" +
+	"fncallIdle\"\\\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12!\n" +
 	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken\"g\n" +
@@ -586,7 +617,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vGoneRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\" \n" +
 	"\fGoneResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids2\xe2\x14\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids2\xf5\x17\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x121\n" +
@@ -594,7 +625,10 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x04List\x12\x14.dsec.v1.ListRequest\x1a\x15.dsec.v1.ListResponse\"\x03\x90\x02\x01\x12>\n" +
 	"\x06Delete\x12\x16.dsec.v1.DeleteRequest\x1a\x17.dsec.v1.DeleteResponse\"\x03\x90\x02\x02\x12;\n" +
 	"\x05Pause\x12\x15.dsec.v1.PauseRequest\x1a\x16.dsec.v1.PauseResponse\"\x03\x90\x02\x02\x12>\n" +
-	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x12;\n" +
+	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x12J\n" +
+	"\n" +
+	"SetTimeout\x12\x1a.dsec.v1.SetTimeoutRequest\x1a\x1b.dsec.v1.SetTimeoutResponse\"\x03\x90\x02\x02\x12@\n" +
+	"\aMetrics\x12\x17.dsec.v1.MetricsRequest\x1a\x17.dsec.v1.SandboxMetrics\"\x03\x90\x02\x01\x12;\n" +
 	"\bSnapshot\x12\x18.dsec.v1.SnapshotRequest\x1a\x15.dsec.v1.SnapshotInfo\x12Y\n" +
 	"\x0fSetNetworkRules\x12\x1f.dsec.v1.SetNetworkRulesRequest\x1a .dsec.v1.SetNetworkRulesResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\n" +
@@ -612,7 +646,9 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x10ListEnvironments\x12 .dsec.v1.ListEnvironmentsRequest\x1a!.dsec.v1.ListEnvironmentsResponse\"\x03\x90\x02\x01\x12J\n" +
 	"\vImportImage\x12\x1b.dsec.v1.ImportImageRequest\x1a\x1c.dsec.v1.ImportImageProgress0\x01\x12J\n" +
 	"\n" +
-	"LayerStats\x12\x1a.dsec.v1.LayerStatsRequest\x1a\x1b.dsec.v1.LayerStatsResponse\"\x03\x90\x02\x01\x122\n" +
+	"LayerStats\x12\x1a.dsec.v1.LayerStatsRequest\x1a\x1b.dsec.v1.LayerStatsResponse\"\x03\x90\x02\x01\x12<\n" +
+	"\aRunCode\x12\x17.dsec.v1.RunCodeRequest\x1a\x18.dsec.v1.RunCodeResponse\x12S\n" +
+	"\rListLanguages\x12\x1d.dsec.v1.ListLanguagesRequest\x1a\x1e.dsec.v1.ListLanguagesResponse\"\x03\x90\x02\x01\x122\n" +
 	"\x04Exec\x12\x14.dsec.v1.ExecRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x126\n" +
 	"\x06Attach\x12\x16.dsec.v1.AttachRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x12E\n" +
 	"\n" +
@@ -629,7 +665,9 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\aListDir\x12\x17.dsec.v1.ListDirRequest\x1a\x18.dsec.v1.ListDirResponse\x123\n" +
 	"\x04Stat\x12\x14.dsec.v1.StatRequest\x1a\x15.dsec.v1.StatResponse\x129\n" +
 	"\x06Remove\x12\x16.dsec.v1.RemoveRequest\x1a\x17.dsec.v1.RemoveResponse\x12<\n" +
-	"\aMakeDir\x12\x17.dsec.v1.MakeDirRequest\x1a\x18.dsec.v1.MakeDirResponse\x129\n" +
+	"\aMakeDir\x12\x17.dsec.v1.MakeDirRequest\x1a\x18.dsec.v1.MakeDirResponse\x123\n" +
+	"\x04Move\x12\x14.dsec.v1.MoveRequest\x1a\x15.dsec.v1.MoveResponse\x12;\n" +
+	"\bWatchDir\x12\x18.dsec.v1.WatchDirRequest\x1a\x13.dsec.v1.WatchEvent0\x01\x129\n" +
 	"\x06Upload\x12\x16.dsec.v1.UploadRequest\x1a\x17.dsec.v1.UploadResponse\x12>\n" +
 	"\bDownload\x12\x18.dsec.v1.DownloadRequest\x1a\x16.dsec.v1.DownloadChunk0\x01B+Z)dsec.dev/dsec/api/gen/dsec/edge/v1;edgev1b\x06proto3"
 
@@ -663,66 +701,78 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*v1.DeleteRequest)(nil),            // 13: dsec.v1.DeleteRequest
 	(*v1.PauseRequest)(nil),             // 14: dsec.v1.PauseRequest
 	(*v1.ResumeRequest)(nil),            // 15: dsec.v1.ResumeRequest
-	(*v1.SnapshotRequest)(nil),          // 16: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),   // 17: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),        // 18: dsec.v1.NetworkLogRequest
-	(*v1.SetWarmPoolRequest)(nil),       // 19: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),     // 20: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),       // 21: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),       // 22: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),        // 23: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),       // 24: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),  // 25: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),       // 26: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),        // 27: dsec.v1.LayerStatsRequest
-	(*v1.ExecRequest)(nil),              // 28: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 29: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 30: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 31: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 32: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 33: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 34: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 35: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 36: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 37: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 38: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 39: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 40: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 41: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 42: dsec.v1.MakeDirRequest
-	(*v1.UploadRequest)(nil),            // 43: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 44: dsec.v1.DownloadRequest
-	(*v1.Sandbox)(nil),                  // 45: dsec.v1.Sandbox
-	(*v1.ListResponse)(nil),             // 46: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),           // 47: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),            // 48: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),           // 49: dsec.v1.ResumeResponse
-	(*v1.SnapshotInfo)(nil),             // 50: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),  // 51: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),       // 52: dsec.v1.NetworkLogResponse
-	(*v1.WarmPool)(nil),                 // 53: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),    // 54: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                    // 55: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),       // 56: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),      // 57: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil), // 58: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),      // 59: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),       // 60: dsec.v1.LayerStatsResponse
-	(*v1.ExecEvent)(nil),                // 61: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 62: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 63: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 64: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 65: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 66: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 67: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 68: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 69: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 70: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 71: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 72: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 73: dsec.v1.MakeDirResponse
-	(*v1.UploadResponse)(nil),           // 74: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 75: dsec.v1.DownloadChunk
+	(*v1.SetTimeoutRequest)(nil),        // 16: dsec.v1.SetTimeoutRequest
+	(*v1.MetricsRequest)(nil),           // 17: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),          // 18: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),   // 19: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),        // 20: dsec.v1.NetworkLogRequest
+	(*v1.SetWarmPoolRequest)(nil),       // 21: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),     // 22: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),       // 23: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),       // 24: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),        // 25: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),       // 26: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),  // 27: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),       // 28: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),        // 29: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),           // 30: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),     // 31: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),              // 32: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 33: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 34: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 35: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 36: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 37: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 38: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 39: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 40: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 41: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 42: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 43: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 44: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 45: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 46: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),              // 47: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),          // 48: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),            // 49: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 50: dsec.v1.DownloadRequest
+	(*v1.Sandbox)(nil),                  // 51: dsec.v1.Sandbox
+	(*v1.ListResponse)(nil),             // 52: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),           // 53: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),            // 54: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),           // 55: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),       // 56: dsec.v1.SetTimeoutResponse
+	(*v1.SandboxMetrics)(nil),           // 57: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),             // 58: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),  // 59: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),       // 60: dsec.v1.NetworkLogResponse
+	(*v1.WarmPool)(nil),                 // 61: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),    // 62: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                    // 63: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),       // 64: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),      // 65: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil), // 66: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),      // 67: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),       // 68: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),          // 69: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),    // 70: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                // 71: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 72: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 73: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 74: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 75: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 76: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 77: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 78: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 79: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 80: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 81: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 82: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 83: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),             // 84: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),               // 85: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),           // 86: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 87: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
 	9,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
@@ -734,79 +784,91 @@ var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
 	13, // 6: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
 	14, // 7: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
 	15, // 8: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	16, // 9: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	17, // 10: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	18, // 11: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	19, // 12: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	20, // 13: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	5,  // 14: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	7,  // 15: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	21, // 16: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	22, // 17: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,  // 18: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	23, // 19: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	24, // 20: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	25, // 21: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	26, // 22: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	27, // 23: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	28, // 24: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	29, // 25: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	30, // 26: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	31, // 27: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	32, // 28: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	33, // 29: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	34, // 30: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	35, // 31: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	36, // 32: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	37, // 33: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	38, // 34: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	39, // 35: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	40, // 36: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	41, // 37: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	42, // 38: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	43, // 39: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	44, // 40: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	3,  // 41: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	45, // 42: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	45, // 43: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	46, // 44: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	47, // 45: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	48, // 46: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	49, // 47: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	50, // 48: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	51, // 49: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	52, // 50: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	53, // 51: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	54, // 52: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	6,  // 53: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	8,  // 54: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	55, // 55: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	55, // 56: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,  // 57: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	56, // 58: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	57, // 59: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	58, // 60: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	59, // 61: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	60, // 62: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	61, // 63: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	61, // 64: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	62, // 65: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	63, // 66: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	64, // 67: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	61, // 68: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	65, // 69: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	66, // 70: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	67, // 71: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	68, // 72: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	69, // 73: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	70, // 74: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	71, // 75: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	72, // 76: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	73, // 77: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	74, // 78: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	75, // 79: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	41, // [41:80] is the sub-list for method output_type
-	2,  // [2:41] is the sub-list for method input_type
+	16, // 9: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	17, // 10: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	18, // 11: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	19, // 12: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	20, // 13: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	21, // 14: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	22, // 15: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	5,  // 16: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	7,  // 17: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	23, // 18: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	24, // 19: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,  // 20: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	25, // 21: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	26, // 22: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	27, // 23: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	28, // 24: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	29, // 25: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	30, // 26: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	31, // 27: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	32, // 28: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	33, // 29: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	34, // 30: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	35, // 31: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	36, // 32: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	37, // 33: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	38, // 34: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	39, // 35: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	40, // 36: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	41, // 37: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	42, // 38: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	43, // 39: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	44, // 40: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	45, // 41: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	46, // 42: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	47, // 43: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	48, // 44: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	49, // 45: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	50, // 46: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	3,  // 47: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	51, // 48: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	51, // 49: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	52, // 50: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	53, // 51: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	54, // 52: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	55, // 53: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	56, // 54: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	57, // 55: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	58, // 56: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	59, // 57: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	60, // 58: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	61, // 59: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	62, // 60: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	6,  // 61: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	8,  // 62: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	63, // 63: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	63, // 64: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,  // 65: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	64, // 66: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	65, // 67: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	66, // 68: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	67, // 69: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	68, // 70: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	69, // 71: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	70, // 72: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	71, // 73: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	71, // 74: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	72, // 75: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	73, // 76: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	74, // 77: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	71, // 78: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	75, // 79: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	76, // 80: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	77, // 81: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	78, // 82: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	79, // 83: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	80, // 84: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	81, // 85: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	82, // 86: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	83, // 87: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	84, // 88: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	85, // 89: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	86, // 90: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	87, // 91: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	47, // [47:92] is the sub-list for method output_type
+	2,  // [2:47] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name

@@ -26,6 +26,8 @@ const _ = connect.IsAtLeastVersion1_13_0
 const (
 	// SandboxServiceName is the fully-qualified name of the SandboxService service.
 	SandboxServiceName = "dsec.v1.SandboxService"
+	// FnCallServiceName is the fully-qualified name of the FnCallService service.
+	FnCallServiceName = "dsec.v1.FnCallService"
 	// LayerServiceName is the fully-qualified name of the LayerService service.
 	LayerServiceName = "dsec.v1.LayerService"
 )
@@ -50,6 +52,11 @@ const (
 	SandboxServicePauseProcedure = "/dsec.v1.SandboxService/Pause"
 	// SandboxServiceResumeProcedure is the fully-qualified name of the SandboxService's Resume RPC.
 	SandboxServiceResumeProcedure = "/dsec.v1.SandboxService/Resume"
+	// SandboxServiceSetTimeoutProcedure is the fully-qualified name of the SandboxService's SetTimeout
+	// RPC.
+	SandboxServiceSetTimeoutProcedure = "/dsec.v1.SandboxService/SetTimeout"
+	// SandboxServiceMetricsProcedure is the fully-qualified name of the SandboxService's Metrics RPC.
+	SandboxServiceMetricsProcedure = "/dsec.v1.SandboxService/Metrics"
 	// SandboxServiceSnapshotProcedure is the fully-qualified name of the SandboxService's Snapshot RPC.
 	SandboxServiceSnapshotProcedure = "/dsec.v1.SandboxService/Snapshot"
 	// SandboxServiceListSnapshotsProcedure is the fully-qualified name of the SandboxService's
@@ -96,6 +103,10 @@ const (
 	SandboxServiceRemoveProcedure = "/dsec.v1.SandboxService/Remove"
 	// SandboxServiceMakeDirProcedure is the fully-qualified name of the SandboxService's MakeDir RPC.
 	SandboxServiceMakeDirProcedure = "/dsec.v1.SandboxService/MakeDir"
+	// SandboxServiceMoveProcedure is the fully-qualified name of the SandboxService's Move RPC.
+	SandboxServiceMoveProcedure = "/dsec.v1.SandboxService/Move"
+	// SandboxServiceWatchDirProcedure is the fully-qualified name of the SandboxService's WatchDir RPC.
+	SandboxServiceWatchDirProcedure = "/dsec.v1.SandboxService/WatchDir"
 	// SandboxServiceUploadProcedure is the fully-qualified name of the SandboxService's Upload RPC.
 	SandboxServiceUploadProcedure = "/dsec.v1.SandboxService/Upload"
 	// SandboxServiceDownloadProcedure is the fully-qualified name of the SandboxService's Download RPC.
@@ -112,6 +123,14 @@ const (
 	// SandboxServiceListWarmPoolsProcedure is the fully-qualified name of the SandboxService's
 	// ListWarmPools RPC.
 	SandboxServiceListWarmPoolsProcedure = "/dsec.v1.SandboxService/ListWarmPools"
+	// FnCallServiceRunCodeProcedure is the fully-qualified name of the FnCallService's RunCode RPC.
+	FnCallServiceRunCodeProcedure = "/dsec.v1.FnCallService/RunCode"
+	// FnCallServiceRunCodeBatchProcedure is the fully-qualified name of the FnCallService's
+	// RunCodeBatch RPC.
+	FnCallServiceRunCodeBatchProcedure = "/dsec.v1.FnCallService/RunCodeBatch"
+	// FnCallServiceListLanguagesProcedure is the fully-qualified name of the FnCallService's
+	// ListLanguages RPC.
+	FnCallServiceListLanguagesProcedure = "/dsec.v1.FnCallService/ListLanguages"
 	// LayerServiceImportLayerProcedure is the fully-qualified name of the LayerService's ImportLayer
 	// RPC.
 	LayerServiceImportLayerProcedure = "/dsec.v1.LayerService/ImportLayer"
@@ -150,6 +169,14 @@ type SandboxServiceClient interface {
 	// Resume brings a paused sandbox's memory back and thaws it. Resuming a
 	// running sandbox does nothing and says so.
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// SetTimeout moves a live sandbox's expiry (the end of its TTL) to
+	// timeout_seconds from now: later or sooner. A paused sandbox's clocks
+	// stand still, so it gets that much running time once resumed. The idle
+	// timeout is untouched.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// Metrics reads a sandbox's resource use now: CPU, memory (from its
+	// cgroup) and its writable layer's disk use, with their limits.
+	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.SandboxMetrics], error)
 	// Snapshot freezes the sandbox for as long as it takes to capture its
 	// writable layer (a paused one is resumed first), thaws it, and packs the
 	// capture into a layer, snap:NAME, in the blob store: a sandbox made from
@@ -186,6 +213,19 @@ type SandboxServiceClient interface {
 	Stat(context.Context, *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error)
 	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
 	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
+	// Move renames a file, directory or symlink inside the sandbox, as the
+	// request's user (rename(2): a destination file is replaced, and a move
+	// across file systems is refused). With make_parents the destination's
+	// missing parent directories are made first.
+	Move(context.Context, *connect.Request[v1.MoveRequest]) (*connect.Response[v1.MoveResponse], error)
+	// WatchDir streams the changes below a directory of the sandbox, seen by
+	// inotify inside it as the request's user: first an event with started
+	// set, once the watch is in place, then one event per change, named
+	// relative to the directory. With recursive, the directories below are
+	// watched too, those made later included. It ends when the caller
+	// cancels, or with not_found when the directory itself is removed or
+	// moved away.
+	WatchDir(context.Context, *connect.Request[v1.WatchDirRequest]) (*connect.ServerStreamForClient[v1.WatchEvent], error)
 	// Upload extracts a tar stream into a directory of the sandbox.
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	// Download streams a directory or file of the sandbox as a tar archive.
@@ -258,6 +298,20 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			baseURL+SandboxServiceResumeProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		setTimeout: connect.NewClient[v1.SetTimeoutRequest, v1.SetTimeoutResponse](
+			httpClient,
+			baseURL+SandboxServiceSetTimeoutProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		metrics: connect.NewClient[v1.MetricsRequest, v1.SandboxMetrics](
+			httpClient,
+			baseURL+SandboxServiceMetricsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Metrics")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotInfo](
@@ -376,6 +430,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("MakeDir")),
 			connect.WithClientOptions(opts...),
 		),
+		move: connect.NewClient[v1.MoveRequest, v1.MoveResponse](
+			httpClient,
+			baseURL+SandboxServiceMoveProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Move")),
+			connect.WithClientOptions(opts...),
+		),
+		watchDir: connect.NewClient[v1.WatchDirRequest, v1.WatchEvent](
+			httpClient,
+			baseURL+SandboxServiceWatchDirProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("WatchDir")),
+			connect.WithClientOptions(opts...),
+		),
 		upload: connect.NewClient[v1.UploadRequest, v1.UploadResponse](
 			httpClient,
 			baseURL+SandboxServiceUploadProcedure,
@@ -427,6 +493,8 @@ type sandboxServiceClient struct {
 	delete           *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
 	pause            *connect.Client[v1.PauseRequest, v1.PauseResponse]
 	resume           *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	setTimeout       *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
+	metrics          *connect.Client[v1.MetricsRequest, v1.SandboxMetrics]
 	snapshot         *connect.Client[v1.SnapshotRequest, v1.SnapshotInfo]
 	listSnapshots    *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
 	deleteSnapshot   *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
@@ -446,6 +514,8 @@ type sandboxServiceClient struct {
 	stat             *connect.Client[v1.StatRequest, v1.StatResponse]
 	remove           *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
 	makeDir          *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
+	move             *connect.Client[v1.MoveRequest, v1.MoveResponse]
+	watchDir         *connect.Client[v1.WatchDirRequest, v1.WatchEvent]
 	upload           *connect.Client[v1.UploadRequest, v1.UploadResponse]
 	download         *connect.Client[v1.DownloadRequest, v1.DownloadChunk]
 	setNetworkRules  *connect.Client[v1.SetNetworkRulesRequest, v1.SetNetworkRulesResponse]
@@ -482,6 +552,16 @@ func (c *sandboxServiceClient) Pause(ctx context.Context, req *connect.Request[v
 // Resume calls dsec.v1.SandboxService.Resume.
 func (c *sandboxServiceClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
 	return c.resume.CallUnary(ctx, req)
+}
+
+// SetTimeout calls dsec.v1.SandboxService.SetTimeout.
+func (c *sandboxServiceClient) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return c.setTimeout.CallUnary(ctx, req)
+}
+
+// Metrics calls dsec.v1.SandboxService.Metrics.
+func (c *sandboxServiceClient) Metrics(ctx context.Context, req *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.SandboxMetrics], error) {
+	return c.metrics.CallUnary(ctx, req)
 }
 
 // Snapshot calls dsec.v1.SandboxService.Snapshot.
@@ -579,6 +659,16 @@ func (c *sandboxServiceClient) MakeDir(ctx context.Context, req *connect.Request
 	return c.makeDir.CallUnary(ctx, req)
 }
 
+// Move calls dsec.v1.SandboxService.Move.
+func (c *sandboxServiceClient) Move(ctx context.Context, req *connect.Request[v1.MoveRequest]) (*connect.Response[v1.MoveResponse], error) {
+	return c.move.CallUnary(ctx, req)
+}
+
+// WatchDir calls dsec.v1.SandboxService.WatchDir.
+func (c *sandboxServiceClient) WatchDir(ctx context.Context, req *connect.Request[v1.WatchDirRequest]) (*connect.ServerStreamForClient[v1.WatchEvent], error) {
+	return c.watchDir.CallServerStream(ctx, req)
+}
+
 // Upload calls dsec.v1.SandboxService.Upload.
 func (c *sandboxServiceClient) Upload(ctx context.Context, req *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error) {
 	return c.upload.CallUnary(ctx, req)
@@ -626,6 +716,14 @@ type SandboxServiceHandler interface {
 	// Resume brings a paused sandbox's memory back and thaws it. Resuming a
 	// running sandbox does nothing and says so.
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// SetTimeout moves a live sandbox's expiry (the end of its TTL) to
+	// timeout_seconds from now: later or sooner. A paused sandbox's clocks
+	// stand still, so it gets that much running time once resumed. The idle
+	// timeout is untouched.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// Metrics reads a sandbox's resource use now: CPU, memory (from its
+	// cgroup) and its writable layer's disk use, with their limits.
+	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.SandboxMetrics], error)
 	// Snapshot freezes the sandbox for as long as it takes to capture its
 	// writable layer (a paused one is resumed first), thaws it, and packs the
 	// capture into a layer, snap:NAME, in the blob store: a sandbox made from
@@ -662,6 +760,19 @@ type SandboxServiceHandler interface {
 	Stat(context.Context, *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error)
 	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
 	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
+	// Move renames a file, directory or symlink inside the sandbox, as the
+	// request's user (rename(2): a destination file is replaced, and a move
+	// across file systems is refused). With make_parents the destination's
+	// missing parent directories are made first.
+	Move(context.Context, *connect.Request[v1.MoveRequest]) (*connect.Response[v1.MoveResponse], error)
+	// WatchDir streams the changes below a directory of the sandbox, seen by
+	// inotify inside it as the request's user: first an event with started
+	// set, once the watch is in place, then one event per change, named
+	// relative to the directory. With recursive, the directories below are
+	// watched too, those made later included. It ends when the caller
+	// cancels, or with not_found when the directory itself is removed or
+	// moved away.
+	WatchDir(context.Context, *connect.Request[v1.WatchDirRequest], *connect.ServerStream[v1.WatchEvent]) error
 	// Upload extracts a tar stream into a directory of the sandbox.
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	// Download streams a directory or file of the sandbox as a tar archive.
@@ -730,6 +841,20 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		svc.Resume,
 		connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSetTimeoutHandler := connect.NewUnaryHandler(
+		SandboxServiceSetTimeoutProcedure,
+		svc.SetTimeout,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceMetricsHandler := connect.NewUnaryHandler(
+		SandboxServiceMetricsProcedure,
+		svc.Metrics,
+		connect.WithSchema(sandboxServiceMethods.ByName("Metrics")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceSnapshotHandler := connect.NewUnaryHandler(
@@ -848,6 +973,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("MakeDir")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceMoveHandler := connect.NewUnaryHandler(
+		SandboxServiceMoveProcedure,
+		svc.Move,
+		connect.WithSchema(sandboxServiceMethods.ByName("Move")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceWatchDirHandler := connect.NewServerStreamHandler(
+		SandboxServiceWatchDirProcedure,
+		svc.WatchDir,
+		connect.WithSchema(sandboxServiceMethods.ByName("WatchDir")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceUploadHandler := connect.NewUnaryHandler(
 		SandboxServiceUploadProcedure,
 		svc.Upload,
@@ -902,6 +1039,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServicePauseHandler.ServeHTTP(w, r)
 		case SandboxServiceResumeProcedure:
 			sandboxServiceResumeHandler.ServeHTTP(w, r)
+		case SandboxServiceSetTimeoutProcedure:
+			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
+		case SandboxServiceMetricsProcedure:
+			sandboxServiceMetricsHandler.ServeHTTP(w, r)
 		case SandboxServiceSnapshotProcedure:
 			sandboxServiceSnapshotHandler.ServeHTTP(w, r)
 		case SandboxServiceListSnapshotsProcedure:
@@ -940,6 +1081,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceRemoveHandler.ServeHTTP(w, r)
 		case SandboxServiceMakeDirProcedure:
 			sandboxServiceMakeDirHandler.ServeHTTP(w, r)
+		case SandboxServiceMoveProcedure:
+			sandboxServiceMoveHandler.ServeHTTP(w, r)
+		case SandboxServiceWatchDirProcedure:
+			sandboxServiceWatchDirHandler.ServeHTTP(w, r)
 		case SandboxServiceUploadProcedure:
 			sandboxServiceUploadHandler.ServeHTTP(w, r)
 		case SandboxServiceDownloadProcedure:
@@ -983,6 +1128,14 @@ func (UnimplementedSandboxServiceHandler) Pause(context.Context, *connect.Reques
 
 func (UnimplementedSandboxServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Resume is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.SetTimeout is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.SandboxMetrics], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Metrics is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotInfo], error) {
@@ -1061,6 +1214,14 @@ func (UnimplementedSandboxServiceHandler) MakeDir(context.Context, *connect.Requ
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.MakeDir is not implemented"))
 }
 
+func (UnimplementedSandboxServiceHandler) Move(context.Context, *connect.Request[v1.MoveRequest]) (*connect.Response[v1.MoveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Move is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) WatchDir(context.Context, *connect.Request[v1.WatchDirRequest], *connect.ServerStream[v1.WatchEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.WatchDir is not implemented"))
+}
+
 func (UnimplementedSandboxServiceHandler) Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Upload is not implemented"))
 }
@@ -1083,6 +1244,142 @@ func (UnimplementedSandboxServiceHandler) SetWarmPool(context.Context, *connect.
 
 func (UnimplementedSandboxServiceHandler) ListWarmPools(context.Context, *connect.Request[v1.ListWarmPoolsRequest]) (*connect.Response[v1.ListWarmPoolsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.ListWarmPools is not implemented"))
+}
+
+// FnCallServiceClient is a client for the dsec.v1.FnCallService service.
+type FnCallServiceClient interface {
+	// RunCode compiles (for compiled languages) and runs one program. A
+	// failure of the program is a result (status FAILED), not an error; an
+	// error means the call could not be run, ResourceExhausted when every
+	// pool that could run it is full and its queue too.
+	RunCode(context.Context, *connect.Request[v1.RunCodeRequest]) (*connect.Response[v1.RunCodeResponse], error)
+	// RunCodeBatch runs many calls (typically one program against many
+	// test cases) at once, as the pools allow, and answers each in order.
+	RunCodeBatch(context.Context, *connect.Request[v1.RunCodeBatchRequest]) (*connect.Response[v1.RunCodeBatchResponse], error)
+	ListLanguages(context.Context, *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error)
+}
+
+// NewFnCallServiceClient constructs a client for the dsec.v1.FnCallService service. By default, it
+// uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses, and sends
+// uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC() or
+// connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewFnCallServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) FnCallServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	fnCallServiceMethods := v1.File_dsec_v1_dsec_proto.Services().ByName("FnCallService").Methods()
+	return &fnCallServiceClient{
+		runCode: connect.NewClient[v1.RunCodeRequest, v1.RunCodeResponse](
+			httpClient,
+			baseURL+FnCallServiceRunCodeProcedure,
+			connect.WithSchema(fnCallServiceMethods.ByName("RunCode")),
+			connect.WithClientOptions(opts...),
+		),
+		runCodeBatch: connect.NewClient[v1.RunCodeBatchRequest, v1.RunCodeBatchResponse](
+			httpClient,
+			baseURL+FnCallServiceRunCodeBatchProcedure,
+			connect.WithSchema(fnCallServiceMethods.ByName("RunCodeBatch")),
+			connect.WithClientOptions(opts...),
+		),
+		listLanguages: connect.NewClient[v1.ListLanguagesRequest, v1.ListLanguagesResponse](
+			httpClient,
+			baseURL+FnCallServiceListLanguagesProcedure,
+			connect.WithSchema(fnCallServiceMethods.ByName("ListLanguages")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// fnCallServiceClient implements FnCallServiceClient.
+type fnCallServiceClient struct {
+	runCode       *connect.Client[v1.RunCodeRequest, v1.RunCodeResponse]
+	runCodeBatch  *connect.Client[v1.RunCodeBatchRequest, v1.RunCodeBatchResponse]
+	listLanguages *connect.Client[v1.ListLanguagesRequest, v1.ListLanguagesResponse]
+}
+
+// RunCode calls dsec.v1.FnCallService.RunCode.
+func (c *fnCallServiceClient) RunCode(ctx context.Context, req *connect.Request[v1.RunCodeRequest]) (*connect.Response[v1.RunCodeResponse], error) {
+	return c.runCode.CallUnary(ctx, req)
+}
+
+// RunCodeBatch calls dsec.v1.FnCallService.RunCodeBatch.
+func (c *fnCallServiceClient) RunCodeBatch(ctx context.Context, req *connect.Request[v1.RunCodeBatchRequest]) (*connect.Response[v1.RunCodeBatchResponse], error) {
+	return c.runCodeBatch.CallUnary(ctx, req)
+}
+
+// ListLanguages calls dsec.v1.FnCallService.ListLanguages.
+func (c *fnCallServiceClient) ListLanguages(ctx context.Context, req *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error) {
+	return c.listLanguages.CallUnary(ctx, req)
+}
+
+// FnCallServiceHandler is an implementation of the dsec.v1.FnCallService service.
+type FnCallServiceHandler interface {
+	// RunCode compiles (for compiled languages) and runs one program. A
+	// failure of the program is a result (status FAILED), not an error; an
+	// error means the call could not be run, ResourceExhausted when every
+	// pool that could run it is full and its queue too.
+	RunCode(context.Context, *connect.Request[v1.RunCodeRequest]) (*connect.Response[v1.RunCodeResponse], error)
+	// RunCodeBatch runs many calls (typically one program against many
+	// test cases) at once, as the pools allow, and answers each in order.
+	RunCodeBatch(context.Context, *connect.Request[v1.RunCodeBatchRequest]) (*connect.Response[v1.RunCodeBatchResponse], error)
+	ListLanguages(context.Context, *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error)
+}
+
+// NewFnCallServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewFnCallServiceHandler(svc FnCallServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	fnCallServiceMethods := v1.File_dsec_v1_dsec_proto.Services().ByName("FnCallService").Methods()
+	fnCallServiceRunCodeHandler := connect.NewUnaryHandler(
+		FnCallServiceRunCodeProcedure,
+		svc.RunCode,
+		connect.WithSchema(fnCallServiceMethods.ByName("RunCode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	fnCallServiceRunCodeBatchHandler := connect.NewUnaryHandler(
+		FnCallServiceRunCodeBatchProcedure,
+		svc.RunCodeBatch,
+		connect.WithSchema(fnCallServiceMethods.ByName("RunCodeBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
+	fnCallServiceListLanguagesHandler := connect.NewUnaryHandler(
+		FnCallServiceListLanguagesProcedure,
+		svc.ListLanguages,
+		connect.WithSchema(fnCallServiceMethods.ByName("ListLanguages")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/dsec.v1.FnCallService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case FnCallServiceRunCodeProcedure:
+			fnCallServiceRunCodeHandler.ServeHTTP(w, r)
+		case FnCallServiceRunCodeBatchProcedure:
+			fnCallServiceRunCodeBatchHandler.ServeHTTP(w, r)
+		case FnCallServiceListLanguagesProcedure:
+			fnCallServiceListLanguagesHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedFnCallServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedFnCallServiceHandler struct{}
+
+func (UnimplementedFnCallServiceHandler) RunCode(context.Context, *connect.Request[v1.RunCodeRequest]) (*connect.Response[v1.RunCodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.FnCallService.RunCode is not implemented"))
+}
+
+func (UnimplementedFnCallServiceHandler) RunCodeBatch(context.Context, *connect.Request[v1.RunCodeBatchRequest]) (*connect.Response[v1.RunCodeBatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.FnCallService.RunCodeBatch is not implemented"))
+}
+
+func (UnimplementedFnCallServiceHandler) ListLanguages(context.Context, *connect.Request[v1.ListLanguagesRequest]) (*connect.Response[v1.ListLanguagesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.FnCallService.ListLanguages is not implemented"))
 }
 
 // LayerServiceClient is a client for the dsec.v1.LayerService service.

@@ -74,10 +74,16 @@ const (
 	AgentServiceRemoveProcedure = "/dsec.agent.v1.AgentService/Remove"
 	// AgentServiceMakeDirProcedure is the fully-qualified name of the AgentService's MakeDir RPC.
 	AgentServiceMakeDirProcedure = "/dsec.agent.v1.AgentService/MakeDir"
+	// AgentServiceMoveProcedure is the fully-qualified name of the AgentService's Move RPC.
+	AgentServiceMoveProcedure = "/dsec.agent.v1.AgentService/Move"
+	// AgentServiceWatchDirProcedure is the fully-qualified name of the AgentService's WatchDir RPC.
+	AgentServiceWatchDirProcedure = "/dsec.agent.v1.AgentService/WatchDir"
 	// AgentServiceUploadProcedure is the fully-qualified name of the AgentService's Upload RPC.
 	AgentServiceUploadProcedure = "/dsec.agent.v1.AgentService/Upload"
 	// AgentServiceDownloadProcedure is the fully-qualified name of the AgentService's Download RPC.
 	AgentServiceDownloadProcedure = "/dsec.agent.v1.AgentService/Download"
+	// AgentServiceCallProcedure is the fully-qualified name of the AgentService's Call RPC.
+	AgentServiceCallProcedure = "/dsec.agent.v1.AgentService/Call"
 )
 
 // AgentServiceClient is a client for the dsec.agent.v1.AgentService service.
@@ -99,8 +105,18 @@ type AgentServiceClient interface {
 	Stat(context.Context, *connect.Request[v11.StatRequest]) (*connect.Response[v11.StatResponse], error)
 	Remove(context.Context, *connect.Request[v11.RemoveRequest]) (*connect.Response[v11.RemoveResponse], error)
 	MakeDir(context.Context, *connect.Request[v11.MakeDirRequest]) (*connect.Response[v11.MakeDirResponse], error)
+	Move(context.Context, *connect.Request[v11.MoveRequest]) (*connect.Response[v11.MoveResponse], error)
+	WatchDir(context.Context, *connect.Request[v11.WatchDirRequest]) (*connect.ServerStreamForClient[v11.WatchEvent], error)
 	Upload(context.Context, *connect.Request[v11.UploadRequest]) (*connect.Response[v11.UploadResponse], error)
 	Download(context.Context, *connect.Request[v11.DownloadRequest]) (*connect.ServerStreamForClient[v11.DownloadChunk], error)
+	// Call runs one fncall call (agents started with --fncall): the files
+	// written into a fresh scratch directory, the steps run in order as a
+	// uid from the agent's pool inside the call's cgroups, the fetch_files
+	// read back, then every process of the call killed and the scratch
+	// directory, /tmp, /var/tmp and /dev/shm wiped. One call at a time: a
+	// second gets Unavailable. dirty says something of the call outlived
+	// its cleanup; the edge then retires the container.
+	Call(context.Context, *connect.Request[v1.CallRequest]) (*connect.Response[v1.CallResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the dsec.agent.v1.AgentService service. By default,
@@ -210,6 +226,18 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("MakeDir")),
 			connect.WithClientOptions(opts...),
 		),
+		move: connect.NewClient[v11.MoveRequest, v11.MoveResponse](
+			httpClient,
+			baseURL+AgentServiceMoveProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Move")),
+			connect.WithClientOptions(opts...),
+		),
+		watchDir: connect.NewClient[v11.WatchDirRequest, v11.WatchEvent](
+			httpClient,
+			baseURL+AgentServiceWatchDirProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("WatchDir")),
+			connect.WithClientOptions(opts...),
+		),
 		upload: connect.NewClient[v11.UploadRequest, v11.UploadResponse](
 			httpClient,
 			baseURL+AgentServiceUploadProcedure,
@@ -220,6 +248,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			httpClient,
 			baseURL+AgentServiceDownloadProcedure,
 			connect.WithSchema(agentServiceMethods.ByName("Download")),
+			connect.WithClientOptions(opts...),
+		),
+		call: connect.NewClient[v1.CallRequest, v1.CallResponse](
+			httpClient,
+			baseURL+AgentServiceCallProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Call")),
 			connect.WithClientOptions(opts...),
 		),
 	}
@@ -243,8 +277,11 @@ type agentServiceClient struct {
 	stat             *connect.Client[v11.StatRequest, v11.StatResponse]
 	remove           *connect.Client[v11.RemoveRequest, v11.RemoveResponse]
 	makeDir          *connect.Client[v11.MakeDirRequest, v11.MakeDirResponse]
+	move             *connect.Client[v11.MoveRequest, v11.MoveResponse]
+	watchDir         *connect.Client[v11.WatchDirRequest, v11.WatchEvent]
 	upload           *connect.Client[v11.UploadRequest, v11.UploadResponse]
 	download         *connect.Client[v11.DownloadRequest, v11.DownloadChunk]
+	call             *connect.Client[v1.CallRequest, v1.CallResponse]
 }
 
 // Ping calls dsec.agent.v1.AgentService.Ping.
@@ -327,6 +364,16 @@ func (c *agentServiceClient) MakeDir(ctx context.Context, req *connect.Request[v
 	return c.makeDir.CallUnary(ctx, req)
 }
 
+// Move calls dsec.agent.v1.AgentService.Move.
+func (c *agentServiceClient) Move(ctx context.Context, req *connect.Request[v11.MoveRequest]) (*connect.Response[v11.MoveResponse], error) {
+	return c.move.CallUnary(ctx, req)
+}
+
+// WatchDir calls dsec.agent.v1.AgentService.WatchDir.
+func (c *agentServiceClient) WatchDir(ctx context.Context, req *connect.Request[v11.WatchDirRequest]) (*connect.ServerStreamForClient[v11.WatchEvent], error) {
+	return c.watchDir.CallServerStream(ctx, req)
+}
+
 // Upload calls dsec.agent.v1.AgentService.Upload.
 func (c *agentServiceClient) Upload(ctx context.Context, req *connect.Request[v11.UploadRequest]) (*connect.Response[v11.UploadResponse], error) {
 	return c.upload.CallUnary(ctx, req)
@@ -335,6 +382,11 @@ func (c *agentServiceClient) Upload(ctx context.Context, req *connect.Request[v1
 // Download calls dsec.agent.v1.AgentService.Download.
 func (c *agentServiceClient) Download(ctx context.Context, req *connect.Request[v11.DownloadRequest]) (*connect.ServerStreamForClient[v11.DownloadChunk], error) {
 	return c.download.CallServerStream(ctx, req)
+}
+
+// Call calls dsec.agent.v1.AgentService.Call.
+func (c *agentServiceClient) Call(ctx context.Context, req *connect.Request[v1.CallRequest]) (*connect.Response[v1.CallResponse], error) {
+	return c.call.CallUnary(ctx, req)
 }
 
 // AgentServiceHandler is an implementation of the dsec.agent.v1.AgentService service.
@@ -356,8 +408,18 @@ type AgentServiceHandler interface {
 	Stat(context.Context, *connect.Request[v11.StatRequest]) (*connect.Response[v11.StatResponse], error)
 	Remove(context.Context, *connect.Request[v11.RemoveRequest]) (*connect.Response[v11.RemoveResponse], error)
 	MakeDir(context.Context, *connect.Request[v11.MakeDirRequest]) (*connect.Response[v11.MakeDirResponse], error)
+	Move(context.Context, *connect.Request[v11.MoveRequest]) (*connect.Response[v11.MoveResponse], error)
+	WatchDir(context.Context, *connect.Request[v11.WatchDirRequest], *connect.ServerStream[v11.WatchEvent]) error
 	Upload(context.Context, *connect.Request[v11.UploadRequest]) (*connect.Response[v11.UploadResponse], error)
 	Download(context.Context, *connect.Request[v11.DownloadRequest], *connect.ServerStream[v11.DownloadChunk]) error
+	// Call runs one fncall call (agents started with --fncall): the files
+	// written into a fresh scratch directory, the steps run in order as a
+	// uid from the agent's pool inside the call's cgroups, the fetch_files
+	// read back, then every process of the call killed and the scratch
+	// directory, /tmp, /var/tmp and /dev/shm wiped. One call at a time: a
+	// second gets Unavailable. dirty says something of the call outlived
+	// its cleanup; the edge then retires the container.
+	Call(context.Context, *connect.Request[v1.CallRequest]) (*connect.Response[v1.CallResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -463,6 +525,18 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("MakeDir")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceMoveHandler := connect.NewUnaryHandler(
+		AgentServiceMoveProcedure,
+		svc.Move,
+		connect.WithSchema(agentServiceMethods.ByName("Move")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceWatchDirHandler := connect.NewServerStreamHandler(
+		AgentServiceWatchDirProcedure,
+		svc.WatchDir,
+		connect.WithSchema(agentServiceMethods.ByName("WatchDir")),
+		connect.WithHandlerOptions(opts...),
+	)
 	agentServiceUploadHandler := connect.NewUnaryHandler(
 		AgentServiceUploadProcedure,
 		svc.Upload,
@@ -473,6 +547,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		AgentServiceDownloadProcedure,
 		svc.Download,
 		connect.WithSchema(agentServiceMethods.ByName("Download")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceCallHandler := connect.NewUnaryHandler(
+		AgentServiceCallProcedure,
+		svc.Call,
+		connect.WithSchema(agentServiceMethods.ByName("Call")),
 		connect.WithHandlerOptions(opts...),
 	)
 	return "/dsec.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -509,10 +589,16 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceRemoveHandler.ServeHTTP(w, r)
 		case AgentServiceMakeDirProcedure:
 			agentServiceMakeDirHandler.ServeHTTP(w, r)
+		case AgentServiceMoveProcedure:
+			agentServiceMoveHandler.ServeHTTP(w, r)
+		case AgentServiceWatchDirProcedure:
+			agentServiceWatchDirHandler.ServeHTTP(w, r)
 		case AgentServiceUploadProcedure:
 			agentServiceUploadHandler.ServeHTTP(w, r)
 		case AgentServiceDownloadProcedure:
 			agentServiceDownloadHandler.ServeHTTP(w, r)
+		case AgentServiceCallProcedure:
+			agentServiceCallHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -586,10 +672,22 @@ func (UnimplementedAgentServiceHandler) MakeDir(context.Context, *connect.Reques
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.agent.v1.AgentService.MakeDir is not implemented"))
 }
 
+func (UnimplementedAgentServiceHandler) Move(context.Context, *connect.Request[v11.MoveRequest]) (*connect.Response[v11.MoveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.agent.v1.AgentService.Move is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) WatchDir(context.Context, *connect.Request[v11.WatchDirRequest], *connect.ServerStream[v11.WatchEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.agent.v1.AgentService.WatchDir is not implemented"))
+}
+
 func (UnimplementedAgentServiceHandler) Upload(context.Context, *connect.Request[v11.UploadRequest]) (*connect.Response[v11.UploadResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.agent.v1.AgentService.Upload is not implemented"))
 }
 
 func (UnimplementedAgentServiceHandler) Download(context.Context, *connect.Request[v11.DownloadRequest], *connect.ServerStream[v11.DownloadChunk]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.agent.v1.AgentService.Download is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Call(context.Context, *connect.Request[v1.CallRequest]) (*connect.Response[v1.CallResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.agent.v1.AgentService.Call is not implemented"))
 }

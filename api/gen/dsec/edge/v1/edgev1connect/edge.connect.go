@@ -55,6 +55,10 @@ const (
 	EdgeServicePauseProcedure = "/dsec.edge.v1.EdgeService/Pause"
 	// EdgeServiceResumeProcedure is the fully-qualified name of the EdgeService's Resume RPC.
 	EdgeServiceResumeProcedure = "/dsec.edge.v1.EdgeService/Resume"
+	// EdgeServiceSetTimeoutProcedure is the fully-qualified name of the EdgeService's SetTimeout RPC.
+	EdgeServiceSetTimeoutProcedure = "/dsec.edge.v1.EdgeService/SetTimeout"
+	// EdgeServiceMetricsProcedure is the fully-qualified name of the EdgeService's Metrics RPC.
+	EdgeServiceMetricsProcedure = "/dsec.edge.v1.EdgeService/Metrics"
 	// EdgeServiceSnapshotProcedure is the fully-qualified name of the EdgeService's Snapshot RPC.
 	EdgeServiceSnapshotProcedure = "/dsec.edge.v1.EdgeService/Snapshot"
 	// EdgeServiceSetNetworkRulesProcedure is the fully-qualified name of the EdgeService's
@@ -88,6 +92,11 @@ const (
 	EdgeServiceImportImageProcedure = "/dsec.edge.v1.EdgeService/ImportImage"
 	// EdgeServiceLayerStatsProcedure is the fully-qualified name of the EdgeService's LayerStats RPC.
 	EdgeServiceLayerStatsProcedure = "/dsec.edge.v1.EdgeService/LayerStats"
+	// EdgeServiceRunCodeProcedure is the fully-qualified name of the EdgeService's RunCode RPC.
+	EdgeServiceRunCodeProcedure = "/dsec.edge.v1.EdgeService/RunCode"
+	// EdgeServiceListLanguagesProcedure is the fully-qualified name of the EdgeService's ListLanguages
+	// RPC.
+	EdgeServiceListLanguagesProcedure = "/dsec.edge.v1.EdgeService/ListLanguages"
 	// EdgeServiceExecProcedure is the fully-qualified name of the EdgeService's Exec RPC.
 	EdgeServiceExecProcedure = "/dsec.edge.v1.EdgeService/Exec"
 	// EdgeServiceAttachProcedure is the fully-qualified name of the EdgeService's Attach RPC.
@@ -121,6 +130,10 @@ const (
 	EdgeServiceRemoveProcedure = "/dsec.edge.v1.EdgeService/Remove"
 	// EdgeServiceMakeDirProcedure is the fully-qualified name of the EdgeService's MakeDir RPC.
 	EdgeServiceMakeDirProcedure = "/dsec.edge.v1.EdgeService/MakeDir"
+	// EdgeServiceMoveProcedure is the fully-qualified name of the EdgeService's Move RPC.
+	EdgeServiceMoveProcedure = "/dsec.edge.v1.EdgeService/Move"
+	// EdgeServiceWatchDirProcedure is the fully-qualified name of the EdgeService's WatchDir RPC.
+	EdgeServiceWatchDirProcedure = "/dsec.edge.v1.EdgeService/WatchDir"
 	// EdgeServiceUploadProcedure is the fully-qualified name of the EdgeService's Upload RPC.
 	EdgeServiceUploadProcedure = "/dsec.edge.v1.EdgeService/Upload"
 	// EdgeServiceDownloadProcedure is the fully-qualified name of the EdgeService's Download RPC.
@@ -144,6 +157,8 @@ type EdgeServiceClient interface {
 	Delete(context.Context, *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error)
 	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
+	SetTimeout(context.Context, *connect.Request[v11.SetTimeoutRequest]) (*connect.Response[v11.SetTimeoutResponse], error)
+	Metrics(context.Context, *connect.Request[v11.MetricsRequest]) (*connect.Response[v11.SandboxMetrics], error)
 	Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
@@ -184,6 +199,9 @@ type EdgeServiceClient interface {
 	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
 	ImportImage(context.Context, *connect.Request[v11.ImportImageRequest]) (*connect.ServerStreamForClient[v11.ImportImageProgress], error)
 	LayerStats(context.Context, *connect.Request[v11.LayerStatsRequest]) (*connect.Response[v11.LayerStatsResponse], error)
+	// RunCode runs one fncall call in one of the node's pools.
+	RunCode(context.Context, *connect.Request[v11.RunCodeRequest]) (*connect.Response[v11.RunCodeResponse], error)
+	ListLanguages(context.Context, *connect.Request[v11.ListLanguagesRequest]) (*connect.Response[v11.ListLanguagesResponse], error)
 	// The calls that run inside a sandbox, as the public SandboxService has
 	// them: the edge hands each to the sandbox's agent and counts it as the
 	// sandbox's activity.
@@ -202,6 +220,8 @@ type EdgeServiceClient interface {
 	Stat(context.Context, *connect.Request[v11.StatRequest]) (*connect.Response[v11.StatResponse], error)
 	Remove(context.Context, *connect.Request[v11.RemoveRequest]) (*connect.Response[v11.RemoveResponse], error)
 	MakeDir(context.Context, *connect.Request[v11.MakeDirRequest]) (*connect.Response[v11.MakeDirResponse], error)
+	Move(context.Context, *connect.Request[v11.MoveRequest]) (*connect.Response[v11.MoveResponse], error)
+	WatchDir(context.Context, *connect.Request[v11.WatchDirRequest]) (*connect.ServerStreamForClient[v11.WatchEvent], error)
 	Upload(context.Context, *connect.Request[v11.UploadRequest]) (*connect.Response[v11.UploadResponse], error)
 	Download(context.Context, *connect.Request[v11.DownloadRequest]) (*connect.ServerStreamForClient[v11.DownloadChunk], error)
 }
@@ -263,6 +283,20 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			baseURL+EdgeServiceResumeProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("Resume")),
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		setTimeout: connect.NewClient[v11.SetTimeoutRequest, v11.SetTimeoutResponse](
+			httpClient,
+			baseURL+EdgeServiceSetTimeoutProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("SetTimeout")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		metrics: connect.NewClient[v11.MetricsRequest, v11.SandboxMetrics](
+			httpClient,
+			baseURL+EdgeServiceMetricsProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Metrics")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
 		snapshot: connect.NewClient[v11.SnapshotRequest, v11.SnapshotInfo](
@@ -365,6 +399,19 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		runCode: connect.NewClient[v11.RunCodeRequest, v11.RunCodeResponse](
+			httpClient,
+			baseURL+EdgeServiceRunCodeProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("RunCode")),
+			connect.WithClientOptions(opts...),
+		),
+		listLanguages: connect.NewClient[v11.ListLanguagesRequest, v11.ListLanguagesResponse](
+			httpClient,
+			baseURL+EdgeServiceListLanguagesProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("ListLanguages")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		exec: connect.NewClient[v11.ExecRequest, v11.ExecEvent](
 			httpClient,
 			baseURL+EdgeServiceExecProcedure,
@@ -455,6 +502,18 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("MakeDir")),
 			connect.WithClientOptions(opts...),
 		),
+		move: connect.NewClient[v11.MoveRequest, v11.MoveResponse](
+			httpClient,
+			baseURL+EdgeServiceMoveProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Move")),
+			connect.WithClientOptions(opts...),
+		),
+		watchDir: connect.NewClient[v11.WatchDirRequest, v11.WatchEvent](
+			httpClient,
+			baseURL+EdgeServiceWatchDirProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("WatchDir")),
+			connect.WithClientOptions(opts...),
+		),
 		upload: connect.NewClient[v11.UploadRequest, v11.UploadResponse](
 			httpClient,
 			baseURL+EdgeServiceUploadProcedure,
@@ -479,6 +538,8 @@ type edgeServiceClient struct {
 	delete           *connect.Client[v11.DeleteRequest, v11.DeleteResponse]
 	pause            *connect.Client[v11.PauseRequest, v11.PauseResponse]
 	resume           *connect.Client[v11.ResumeRequest, v11.ResumeResponse]
+	setTimeout       *connect.Client[v11.SetTimeoutRequest, v11.SetTimeoutResponse]
+	metrics          *connect.Client[v11.MetricsRequest, v11.SandboxMetrics]
 	snapshot         *connect.Client[v11.SnapshotRequest, v11.SnapshotInfo]
 	setNetworkRules  *connect.Client[v11.SetNetworkRulesRequest, v11.SetNetworkRulesResponse]
 	networkLog       *connect.Client[v11.NetworkLogRequest, v11.NetworkLogResponse]
@@ -494,6 +555,8 @@ type edgeServiceClient struct {
 	listEnvironments *connect.Client[v11.ListEnvironmentsRequest, v11.ListEnvironmentsResponse]
 	importImage      *connect.Client[v11.ImportImageRequest, v11.ImportImageProgress]
 	layerStats       *connect.Client[v11.LayerStatsRequest, v11.LayerStatsResponse]
+	runCode          *connect.Client[v11.RunCodeRequest, v11.RunCodeResponse]
+	listLanguages    *connect.Client[v11.ListLanguagesRequest, v11.ListLanguagesResponse]
 	exec             *connect.Client[v11.ExecRequest, v11.ExecEvent]
 	attach           *connect.Client[v11.AttachRequest, v11.ExecEvent]
 	writeStdin       *connect.Client[v11.WriteStdinRequest, v11.WriteStdinResponse]
@@ -509,6 +572,8 @@ type edgeServiceClient struct {
 	stat             *connect.Client[v11.StatRequest, v11.StatResponse]
 	remove           *connect.Client[v11.RemoveRequest, v11.RemoveResponse]
 	makeDir          *connect.Client[v11.MakeDirRequest, v11.MakeDirResponse]
+	move             *connect.Client[v11.MoveRequest, v11.MoveResponse]
+	watchDir         *connect.Client[v11.WatchDirRequest, v11.WatchEvent]
 	upload           *connect.Client[v11.UploadRequest, v11.UploadResponse]
 	download         *connect.Client[v11.DownloadRequest, v11.DownloadChunk]
 }
@@ -546,6 +611,16 @@ func (c *edgeServiceClient) Pause(ctx context.Context, req *connect.Request[v11.
 // Resume calls dsec.edge.v1.EdgeService.Resume.
 func (c *edgeServiceClient) Resume(ctx context.Context, req *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error) {
 	return c.resume.CallUnary(ctx, req)
+}
+
+// SetTimeout calls dsec.edge.v1.EdgeService.SetTimeout.
+func (c *edgeServiceClient) SetTimeout(ctx context.Context, req *connect.Request[v11.SetTimeoutRequest]) (*connect.Response[v11.SetTimeoutResponse], error) {
+	return c.setTimeout.CallUnary(ctx, req)
+}
+
+// Metrics calls dsec.edge.v1.EdgeService.Metrics.
+func (c *edgeServiceClient) Metrics(ctx context.Context, req *connect.Request[v11.MetricsRequest]) (*connect.Response[v11.SandboxMetrics], error) {
+	return c.metrics.CallUnary(ctx, req)
 }
 
 // Snapshot calls dsec.edge.v1.EdgeService.Snapshot.
@@ -623,6 +698,16 @@ func (c *edgeServiceClient) LayerStats(ctx context.Context, req *connect.Request
 	return c.layerStats.CallUnary(ctx, req)
 }
 
+// RunCode calls dsec.edge.v1.EdgeService.RunCode.
+func (c *edgeServiceClient) RunCode(ctx context.Context, req *connect.Request[v11.RunCodeRequest]) (*connect.Response[v11.RunCodeResponse], error) {
+	return c.runCode.CallUnary(ctx, req)
+}
+
+// ListLanguages calls dsec.edge.v1.EdgeService.ListLanguages.
+func (c *edgeServiceClient) ListLanguages(ctx context.Context, req *connect.Request[v11.ListLanguagesRequest]) (*connect.Response[v11.ListLanguagesResponse], error) {
+	return c.listLanguages.CallUnary(ctx, req)
+}
+
 // Exec calls dsec.edge.v1.EdgeService.Exec.
 func (c *edgeServiceClient) Exec(ctx context.Context, req *connect.Request[v11.ExecRequest]) (*connect.ServerStreamForClient[v11.ExecEvent], error) {
 	return c.exec.CallServerStream(ctx, req)
@@ -698,6 +783,16 @@ func (c *edgeServiceClient) MakeDir(ctx context.Context, req *connect.Request[v1
 	return c.makeDir.CallUnary(ctx, req)
 }
 
+// Move calls dsec.edge.v1.EdgeService.Move.
+func (c *edgeServiceClient) Move(ctx context.Context, req *connect.Request[v11.MoveRequest]) (*connect.Response[v11.MoveResponse], error) {
+	return c.move.CallUnary(ctx, req)
+}
+
+// WatchDir calls dsec.edge.v1.EdgeService.WatchDir.
+func (c *edgeServiceClient) WatchDir(ctx context.Context, req *connect.Request[v11.WatchDirRequest]) (*connect.ServerStreamForClient[v11.WatchEvent], error) {
+	return c.watchDir.CallServerStream(ctx, req)
+}
+
 // Upload calls dsec.edge.v1.EdgeService.Upload.
 func (c *edgeServiceClient) Upload(ctx context.Context, req *connect.Request[v11.UploadRequest]) (*connect.Response[v11.UploadResponse], error) {
 	return c.upload.CallUnary(ctx, req)
@@ -725,6 +820,8 @@ type EdgeServiceHandler interface {
 	Delete(context.Context, *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error)
 	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
+	SetTimeout(context.Context, *connect.Request[v11.SetTimeoutRequest]) (*connect.Response[v11.SetTimeoutResponse], error)
+	Metrics(context.Context, *connect.Request[v11.MetricsRequest]) (*connect.Response[v11.SandboxMetrics], error)
 	Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
@@ -765,6 +862,9 @@ type EdgeServiceHandler interface {
 	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
 	ImportImage(context.Context, *connect.Request[v11.ImportImageRequest], *connect.ServerStream[v11.ImportImageProgress]) error
 	LayerStats(context.Context, *connect.Request[v11.LayerStatsRequest]) (*connect.Response[v11.LayerStatsResponse], error)
+	// RunCode runs one fncall call in one of the node's pools.
+	RunCode(context.Context, *connect.Request[v11.RunCodeRequest]) (*connect.Response[v11.RunCodeResponse], error)
+	ListLanguages(context.Context, *connect.Request[v11.ListLanguagesRequest]) (*connect.Response[v11.ListLanguagesResponse], error)
 	// The calls that run inside a sandbox, as the public SandboxService has
 	// them: the edge hands each to the sandbox's agent and counts it as the
 	// sandbox's activity.
@@ -783,6 +883,8 @@ type EdgeServiceHandler interface {
 	Stat(context.Context, *connect.Request[v11.StatRequest]) (*connect.Response[v11.StatResponse], error)
 	Remove(context.Context, *connect.Request[v11.RemoveRequest]) (*connect.Response[v11.RemoveResponse], error)
 	MakeDir(context.Context, *connect.Request[v11.MakeDirRequest]) (*connect.Response[v11.MakeDirResponse], error)
+	Move(context.Context, *connect.Request[v11.MoveRequest]) (*connect.Response[v11.MoveResponse], error)
+	WatchDir(context.Context, *connect.Request[v11.WatchDirRequest], *connect.ServerStream[v11.WatchEvent]) error
 	Upload(context.Context, *connect.Request[v11.UploadRequest]) (*connect.Response[v11.UploadResponse], error)
 	Download(context.Context, *connect.Request[v11.DownloadRequest], *connect.ServerStream[v11.DownloadChunk]) error
 }
@@ -840,6 +942,20 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		svc.Resume,
 		connect.WithSchema(edgeServiceMethods.ByName("Resume")),
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceSetTimeoutHandler := connect.NewUnaryHandler(
+		EdgeServiceSetTimeoutProcedure,
+		svc.SetTimeout,
+		connect.WithSchema(edgeServiceMethods.ByName("SetTimeout")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceMetricsHandler := connect.NewUnaryHandler(
+		EdgeServiceMetricsProcedure,
+		svc.Metrics,
+		connect.WithSchema(edgeServiceMethods.ByName("Metrics")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServiceSnapshotHandler := connect.NewUnaryHandler(
@@ -942,6 +1058,19 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceRunCodeHandler := connect.NewUnaryHandler(
+		EdgeServiceRunCodeProcedure,
+		svc.RunCode,
+		connect.WithSchema(edgeServiceMethods.ByName("RunCode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceListLanguagesHandler := connect.NewUnaryHandler(
+		EdgeServiceListLanguagesProcedure,
+		svc.ListLanguages,
+		connect.WithSchema(edgeServiceMethods.ByName("ListLanguages")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceExecHandler := connect.NewServerStreamHandler(
 		EdgeServiceExecProcedure,
 		svc.Exec,
@@ -1032,6 +1161,18 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("MakeDir")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceMoveHandler := connect.NewUnaryHandler(
+		EdgeServiceMoveProcedure,
+		svc.Move,
+		connect.WithSchema(edgeServiceMethods.ByName("Move")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceWatchDirHandler := connect.NewServerStreamHandler(
+		EdgeServiceWatchDirProcedure,
+		svc.WatchDir,
+		connect.WithSchema(edgeServiceMethods.ByName("WatchDir")),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceUploadHandler := connect.NewUnaryHandler(
 		EdgeServiceUploadProcedure,
 		svc.Upload,
@@ -1060,6 +1201,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServicePauseHandler.ServeHTTP(w, r)
 		case EdgeServiceResumeProcedure:
 			edgeServiceResumeHandler.ServeHTTP(w, r)
+		case EdgeServiceSetTimeoutProcedure:
+			edgeServiceSetTimeoutHandler.ServeHTTP(w, r)
+		case EdgeServiceMetricsProcedure:
+			edgeServiceMetricsHandler.ServeHTTP(w, r)
 		case EdgeServiceSnapshotProcedure:
 			edgeServiceSnapshotHandler.ServeHTTP(w, r)
 		case EdgeServiceSetNetworkRulesProcedure:
@@ -1090,6 +1235,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceImportImageHandler.ServeHTTP(w, r)
 		case EdgeServiceLayerStatsProcedure:
 			edgeServiceLayerStatsHandler.ServeHTTP(w, r)
+		case EdgeServiceRunCodeProcedure:
+			edgeServiceRunCodeHandler.ServeHTTP(w, r)
+		case EdgeServiceListLanguagesProcedure:
+			edgeServiceListLanguagesHandler.ServeHTTP(w, r)
 		case EdgeServiceExecProcedure:
 			edgeServiceExecHandler.ServeHTTP(w, r)
 		case EdgeServiceAttachProcedure:
@@ -1120,6 +1269,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceRemoveHandler.ServeHTTP(w, r)
 		case EdgeServiceMakeDirProcedure:
 			edgeServiceMakeDirHandler.ServeHTTP(w, r)
+		case EdgeServiceMoveProcedure:
+			edgeServiceMoveHandler.ServeHTTP(w, r)
+		case EdgeServiceWatchDirProcedure:
+			edgeServiceWatchDirHandler.ServeHTTP(w, r)
 		case EdgeServiceUploadProcedure:
 			edgeServiceUploadHandler.ServeHTTP(w, r)
 		case EdgeServiceDownloadProcedure:
@@ -1159,6 +1312,14 @@ func (UnimplementedEdgeServiceHandler) Pause(context.Context, *connect.Request[v
 
 func (UnimplementedEdgeServiceHandler) Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Resume is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) SetTimeout(context.Context, *connect.Request[v11.SetTimeoutRequest]) (*connect.Response[v11.SetTimeoutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.SetTimeout is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Metrics(context.Context, *connect.Request[v11.MetricsRequest]) (*connect.Response[v11.SandboxMetrics], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Metrics is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error) {
@@ -1221,6 +1382,14 @@ func (UnimplementedEdgeServiceHandler) LayerStats(context.Context, *connect.Requ
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.LayerStats is not implemented"))
 }
 
+func (UnimplementedEdgeServiceHandler) RunCode(context.Context, *connect.Request[v11.RunCodeRequest]) (*connect.Response[v11.RunCodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.RunCode is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) ListLanguages(context.Context, *connect.Request[v11.ListLanguagesRequest]) (*connect.Response[v11.ListLanguagesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.ListLanguages is not implemented"))
+}
+
 func (UnimplementedEdgeServiceHandler) Exec(context.Context, *connect.Request[v11.ExecRequest], *connect.ServerStream[v11.ExecEvent]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Exec is not implemented"))
 }
@@ -1279,6 +1448,14 @@ func (UnimplementedEdgeServiceHandler) Remove(context.Context, *connect.Request[
 
 func (UnimplementedEdgeServiceHandler) MakeDir(context.Context, *connect.Request[v11.MakeDirRequest]) (*connect.Response[v11.MakeDirResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.MakeDir is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Move(context.Context, *connect.Request[v11.MoveRequest]) (*connect.Response[v11.MoveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Move is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) WatchDir(context.Context, *connect.Request[v11.WatchDirRequest], *connect.ServerStream[v11.WatchEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.WatchDir is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) Upload(context.Context, *connect.Request[v11.UploadRequest]) (*connect.Response[v11.UploadResponse], error) {

@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"dsec.dev/dsec/internal/apiclient"
+	"dsec.dev/dsec/internal/e2b/apikey"
+)
+
+// DefaultE2BAddr is where `dsec e2b env` says E2B's API answers: the port
+// next to envd's (49983) in E2B's numbering, on loopback, which dsecd
+// --e2b-listen is given in the demo and docs/e2b.md.
+const DefaultE2BAddr = "http://127.0.0.1:49982"
+
+func (a *app) e2bCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "e2b",
+		Short: "use dsec through E2B's SDKs",
+	}
+	cmd.AddCommand(a.e2bEnvCommand())
+	return cmd
+}
+
+func (a *app) e2bEnvCommand() *cobra.Command {
+	var addr string
+	cmd := &cobra.Command{
+		Use:   "env",
+		Short: "print the environment that points E2B's SDKs at dsecd",
+		Long: `Env prints shell exports that point E2B's SDKs (npm e2b, PyPI e2b,
+e2b-code-interpreter) at the E2B API a dsecd serves (dsecd --e2b-listen):
+E2B_API_URL and E2B_SANDBOX_URL are both that address, and E2B_API_KEY is
+this CLI's token (--token, $DSEC_TOKEN, ...) in E2B's form. Use it as
+
+    eval "$(dsec e2b env)"
+
+The address is --e2b-addr, else $DSEC_E2B_ADDR, else ` + DefaultE2BAddr + `.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			base, err := e2bBaseURL(addr)
+			if err != nil {
+				return err
+			}
+			tok, source, err := apiclient.Token(a.token, "--token")
+			if err != nil {
+				return err
+			}
+			if tok == "" {
+				why := ""
+				if source != "" {
+					why = " (" + source + ")"
+				}
+				return fmt.Errorf("no dsec token to make an E2B API key of%s: pass --token, or set $DSEC_TOKEN or $DSEC_TOKEN_FILE", why)
+			}
+			key, err := apikey.Of(tok)
+			if err != nil {
+				return fmt.Errorf("the token from %s: %w", source, err)
+			}
+			if a.json {
+				enc := json.NewEncoder(a.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(map[string]string{"E2B_API_URL": base, "E2B_SANDBOX_URL": base, "E2B_API_KEY": key})
+			}
+			fmt.Fprintf(a.stdout, "export E2B_API_URL=%s E2B_SANDBOX_URL=%s E2B_API_KEY=%s\n", base, base, key)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "e2b-addr", "", "where dsecd serves E2B's API (host:port or http://host:port; default $DSEC_E2B_ADDR, else "+DefaultE2BAddr+")")
+	return cmd
+}
+
+// e2bBaseURL is the E2B API's base URL from addr (host:port or an http(s)
+// URL without a path: E2B's SDKs drop a sandbox URL's path).
+func e2bBaseURL(addr string) (string, error) {
+	if addr == "" {
+		addr = envOr("DSEC_E2B_ADDR", DefaultE2BAddr)
+	}
+	if !strings.Contains(addr, "://") {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return "", fmt.Errorf("--e2b-addr %q: host:port or http://host:port: %v", addr, err)
+		}
+		addr = "http://" + addr
+	}
+	u, err := url.Parse(addr)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("--e2b-addr %q: host:port or http://host:port", addr)
+	}
+	if strings.Trim(u.Path, "/") != "" || u.RawQuery != "" {
+		return "", fmt.Errorf("--e2b-addr %q: no path (E2B's SDKs drop it from file URLs)", addr)
+	}
+	return u.Scheme + "://" + u.Host, nil
+}

@@ -1,0 +1,78 @@
+package cli
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+func (a *app) timeoutCommand() *cobra.Command {
+	var extendOnly bool
+	cmd := &cobra.Command{
+		Use:   "timeout ID DURATION",
+		Short: "end a sandbox's TTL DURATION from now (e.g. 10m), later or sooner",
+		Long: `Timeout moves a running sandbox's TTL end to DURATION from now, later or
+sooner (0 ends it at once); with --extend-only an end further away stays. A
+paused sandbox gets DURATION of running time once resumed. Prints the new end.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := time.ParseDuration(args[1])
+			if err != nil || d < 0 {
+				return fmt.Errorf("duration %q: want a Go duration such as 90s or 10m, not negative", args[1])
+			}
+			resp, err := a.c.Sandboxes.SetTimeout(cmd.Context(), connect.NewRequest(&dsecv1.SetTimeoutRequest{
+				SandboxId: args[0], TimeoutSeconds: int64(d / time.Second), ExtendOnly: extendOnly}))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(resp.Msg.GetSandbox())
+			}
+			end := time.UnixMilli(resp.Msg.GetSandbox().GetExpiresUnixMs())
+			fmt.Fprintf(a.stdout, "%s ends at %s (in %s)\n", args[0], end.Format(time.RFC3339), time.Until(end).Round(time.Second))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&extendOnly, "extend-only", false, "never move the end sooner")
+	return cmd
+}
+
+func (a *app) topCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "top ID...",
+		Short: "a sandbox's CPU, memory and disk use now, with its limits",
+		Long: `Top reads each sandbox's resource use now: CPU in percent of its cores (over
+the time since the previous reading, or 100 ms), memory (page cache
+included) from its cgroup, and its writable layer's disk use, each against
+its limit (the node's when it has none of its own).`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tw := tabwriter.NewWriter(a.stdout, 0, 2, 2, ' ', 0)
+			if !a.json {
+				fmt.Fprintln(tw, "ID\tCPU\tCORES\tMEMORY\tDISK")
+			}
+			for _, id := range args {
+				resp, err := a.c.Sandboxes.Metrics(cmd.Context(), connect.NewRequest(&dsecv1.MetricsRequest{SandboxId: id}))
+				if err != nil {
+					return err
+				}
+				m := resp.Msg
+				if a.json {
+					if err := a.printProto(m); err != nil {
+						return err
+					}
+					continue
+				}
+				fmt.Fprintf(tw, "%s\t%.1f%%\t%g\t%s / %s\t%s / %s\n", id, m.GetCpuUsedPct(), m.GetCpuCount(),
+					humanBytes(m.GetMemoryUsedBytes()), humanBytes(m.GetMemoryLimitBytes()),
+					humanBytes(m.GetDiskUsedBytes()), humanBytes(m.GetDiskLimitBytes()))
+			}
+			return tw.Flush()
+		},
+	}
+}
