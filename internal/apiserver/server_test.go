@@ -77,7 +77,7 @@ func startRig(t *testing.T, remote, http1 bool, cfg Config, nodes []watcher.Node
 				tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
 				hc = &http.Client{Transport: tr}
 			}
-			nodes[i].Edge = edgeclient.New(hc, es.Client(), es.URL)
+			nodes[i].Edge = edgeclient.New(hc, es.Client(), es.URL, nil)
 		}
 	}
 	s := New(cfg, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))

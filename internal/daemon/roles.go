@@ -353,7 +353,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	var api *apiserver.Server
 	w := watcher.New(watcher.Config{
 		Members:  members,
-		Dial:     func(m watcher.Member) (watcher.Edge, error) { return dialEdge(cfg.TLS, m) },
+		Dial:     func(m watcher.Member, answered func()) (watcher.Edge, error) { return dialEdge(cfg.TLS, m, answered) },
 		Interval: cfg.PollInterval,
 		OnReport: func(node string, _ *edgev1.NodeStatus) { api.Observe(node) },
 		// Reconciliation runs apart: a node is routable at once, and the
@@ -435,12 +435,12 @@ func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 // dialEdge returns the EdgeService client of an edge, with the apiserver's
 // certificate, checking that the peer is that very node: HTTP/1.1 with
 // kept-alive connections for every call but the shell's, HTTP/2 for it.
-func dialEdge(files clustertls.Files, m watcher.Member) (watcher.Edge, error) {
+func dialEdge(files clustertls.Files, m watcher.Member, answered func()) (watcher.Edge, error) {
 	tc, err := clustertls.ClientConfig(files, clustertls.RoleEdge, m.Name)
 	if err != nil {
 		return nil, err
 	}
-	return edgeclient.New(&http.Client{Transport: edgeTransport(tc, false)}, &http.Client{Transport: edgeTransport(tc, true)}, m.Addr), nil
+	return edgeclient.New(&http.Client{Transport: edgeTransport(tc, false)}, &http.Client{Transport: edgeTransport(tc, true)}, m.Addr, answered), nil
 }
 
 func edgeTransport(tc *tls.Config, h2 bool) *http.Transport {

@@ -42,13 +42,74 @@ var _ edgev1connect.EdgeServiceHandler = (*Remote)(nil)
 // kept-alive connections: a request leaves in one write, where HTTP/2 flushes
 // its headers and its body apart (measured: a third of an apiserver's CPU in
 // a create burst went to those writes).
-func New(hc, bidi *http.Client, baseURL string) *Remote {
-	opt := connect.WithAcceptCompression("gzip", nil, nil)
-	return &Remote{
-		c:    edgev1connect.NewEdgeServiceClient(hc, baseURL, opt),
-		pass: edgev1connect.NewEdgeServiceClient(hc, baseURL, opt, connect.WithCodec(passCodec{})),
-		bidi: edgev1connect.NewEdgeServiceClient(bidi, baseURL, opt),
+//
+// answered, if not nil, is called whenever the edge answers a call, with a
+// result or an error of its own (not a transport's): the watcher counts it
+// as a sign of life when its polls cannot get through.
+func New(hc, bidi *http.Client, baseURL string, answered func()) *Remote {
+	opts := []connect.ClientOption{connect.WithAcceptCompression("gzip", nil, nil)}
+	if answered != nil {
+		opts = append(opts, connect.WithInterceptors(answerInterceptor(answered)))
 	}
+	return &Remote{
+		c:    edgev1connect.NewEdgeServiceClient(hc, baseURL, opts...),
+		pass: edgev1connect.NewEdgeServiceClient(hc, baseURL, append(opts, connect.WithCodec(passCodec{}))...),
+		bidi: edgev1connect.NewEdgeServiceClient(bidi, baseURL, opts...),
+	}
+}
+
+// answerInterceptor calls its function when a unary call ends with the
+// edge's answer, or a stream brings its first message.
+type answerInterceptor func()
+
+// edgeAnswered says whether err (nil: a result) came from the edge itself.
+// The codes a failed transport yields do not count: a dead edge answers
+// nothing.
+func edgeAnswered(err error) bool {
+	if err == nil {
+		return true
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled, connect.CodeUnknown:
+		return false
+	}
+	return true
+}
+
+func (a answerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		if edgeAnswered(err) {
+			a()
+		}
+		return resp, err
+	}
+}
+
+func (a answerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		return &answerConn{StreamingClientConn: next(ctx, spec), answered: a}
+	}
+}
+
+func (a answerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// answerConn is a client stream that reports its first message received.
+type answerConn struct {
+	connect.StreamingClientConn
+	answered answerInterceptor
+	once     bool
+}
+
+func (c *answerConn) Receive(msg any) error {
+	err := c.StreamingClientConn.Receive(msg)
+	if err == nil && !c.once {
+		c.once = true
+		c.answered()
+	}
+	return err
 }
 
 // execExited is the number of ExecEvent's exited field: the last event of

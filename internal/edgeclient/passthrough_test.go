@@ -88,7 +88,7 @@ func TestExecRelayedUndecoded(t *testing.T) {
 	es := httptest.NewServer(mux)
 	defer es.Close()
 	fmux := http.NewServeMux()
-	fmux.Handle(dsecv1connect.NewSandboxServiceHandler(&front{edge: New(es.Client(), es.Client(), es.URL)}))
+	fmux.Handle(dsecv1connect.NewSandboxServiceHandler(&front{edge: New(es.Client(), es.Client(), es.URL, nil)}))
 	fs := httptest.NewServer(fmux)
 	defer fs.Close()
 

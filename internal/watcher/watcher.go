@@ -6,6 +6,9 @@
 // A node that misses MissLimit polls in a row is unroutable: calls for its
 // sandboxes fail at once with Unavailable naming it, and placement skips
 // it; when it answers again, OnReturn reconciles what changed meanwhile.
+// A poll that fails while the node answers this apiserver's other calls is
+// no miss: under a burst a starved node's Status may wait longer than a
+// poll's timeout, and the node is busy, not gone.
 // Every apiserver runs its own watcher; they share nothing but the registry.
 package watcher
 
@@ -15,6 +18,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -48,6 +52,9 @@ type Node struct {
 	LastSeen time.Time
 	Misses   int
 	LastErr  string
+
+	// answered is when (Unix ns) the edge last answered another call.
+	answered *atomic.Int64
 }
 
 // Config tunes a Watcher. Members and Dial are required.
@@ -55,14 +62,17 @@ type Config struct {
 	// Members lists the registered nodes.
 	Members func(ctx context.Context) ([]Member, error)
 	// Dial returns the EdgeService client of a member; it is called once
-	// per member (and again when its address changes).
-	Dial func(m Member) (Edge, error)
+	// per member (and again when its address changes). The client calls
+	// answered whenever the edge answers one of its calls (edgeclient.New
+	// takes it).
+	Dial func(m Member, answered func()) (Edge, error)
 	// Interval between polls; default 750 ms. Timeout bounds one poll;
 	// default 60 % of Interval. MissLimit polls missed in a row make a
 	// node unroutable; default 3. With the defaults a node that stops
-	// answering is unroutable within 2.7 s: the first poll after it stopped
-	// starts within an interval, and the third miss ends a timeout after
-	// the third poll starts.
+	// answering is unroutable within 3.5 s: the first poll after it stopped
+	// starts within an interval and is forgiven if the node answered
+	// another call in the interval before it, and the third miss ends a
+	// timeout after the fourth poll starts.
 	Interval  time.Duration
 	Timeout   time.Duration
 	MissLimit int
@@ -154,17 +164,18 @@ func (w *Watcher) setMembers(members []Member) {
 		if n != nil && n.Member == m {
 			continue
 		}
-		e, err := w.cfg.Dial(m)
+		answered := new(atomic.Int64)
+		e, err := w.cfg.Dial(m, func() { answered.Store(time.Now().UnixNano()) })
 		if err != nil {
 			w.cfg.Log.Warn("dial edge", "node", m.Name, "addr", m.Addr, "err", err)
 			continue
 		}
 		if n == nil {
 			// A new node is routable once it has answered a poll.
-			w.nodes[m.Name] = &Node{Member: m, Edge: e, Misses: w.cfg.MissLimit}
+			w.nodes[m.Name] = &Node{Member: m, Edge: e, Misses: w.cfg.MissLimit, answered: answered}
 			continue
 		}
-		n.Member, n.Edge = m, e
+		n.Member, n.Edge, n.answered = m, e, answered
 	}
 	for name := range w.nodes {
 		if !seen[name] {
@@ -177,11 +188,18 @@ func (w *Watcher) pollOne(ctx context.Context, n *Node) {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
 	defer cancel()
 	w.mu.RLock()
-	edge, name := n.Edge, n.Name
+	edge, name, answered, healthy := n.Edge, n.Name, n.answered, n.Healthy
 	w.mu.RUnlock()
+	start := time.Now()
 	resp, err := edge.Status(pctx, connect.NewRequest(&edgev1.StatusRequest{}))
 	if err == nil && resp.Msg.GetNode() != name {
 		err = fmt.Errorf("the edge at %s says it is node %q, not %q", n.Addr, resp.Msg.GetNode(), name)
+	} else if err != nil && healthy && answered.Load() >= start.Add(-w.cfg.Interval).UnixNano() {
+		// The edge answered another call since the last round: it is
+		// too busy to answer this poll in time, not gone. Its last
+		// report stands.
+		w.cfg.Log.Debug("busy node missed a poll", "node", name, "err", err)
+		return
 	}
 	w.mu.Lock()
 	if err != nil {

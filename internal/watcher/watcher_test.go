@@ -47,7 +47,7 @@ func TestWatcher(t *testing.T) {
 	var reports atomic.Int32
 	w := New(Config{
 		Members:  func(ctx context.Context) ([]Member, error) { return members, nil },
-		Dial:     func(m Member) (Edge, error) { return edges[m.Name], nil },
+		Dial:     func(m Member, _ func()) (Edge, error) { return edges[m.Name], nil },
 		Interval: 50 * time.Millisecond,
 		OnReturn: func(ctx context.Context, n Node) error { returned.Add(1); return nil },
 		OnReport: func(string, *edgev1.NodeStatus) { reports.Add(1) },
@@ -138,7 +138,7 @@ func TestRunDetectsAStoppedEdgeWithin3s(t *testing.T) {
 	e := &stoppable{Edge: edgesvc.New(hollow.New(hollow.Config{Node: "a"}), nil, slog.New(slog.DiscardHandler))}
 	w := New(Config{
 		Members: func(ctx context.Context) ([]Member, error) { return []Member{{Name: "a"}}, nil },
-		Dial:    func(m Member) (Edge, error) { return e, nil },
+		Dial:    func(m Member, _ func()) (Edge, error) { return e, nil },
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -165,4 +165,38 @@ func TestRunDetectsAStoppedEdgeWithin3s(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("unroutable %s after the edge stopped answering", time.Since(stoppedAt).Round(10*time.Millisecond))
+}
+
+// TestBusyEdgeStaysRoutable: polls that time out while the edge answers
+// other calls are no misses; once it answers nothing, they are.
+func TestBusyEdgeStaysRoutable(t *testing.T) {
+	ctx := context.Background()
+	e := &stoppable{Edge: edgesvc.New(hollow.New(hollow.Config{Node: "a"}), nil, slog.New(slog.DiscardHandler))}
+	var answered func()
+	w := New(Config{
+		Members:  func(ctx context.Context) ([]Member, error) { return []Member{{Name: "a"}}, nil },
+		Dial:     func(m Member, a func()) (Edge, error) { answered = a; return e, nil },
+		Interval: 50 * time.Millisecond,
+	})
+	w.Poll(ctx)
+	if _, err := w.Edge("a"); err != nil {
+		t.Fatalf("after a poll: %v", err)
+	}
+	e.stopped.Store(true)
+	for range 6 {
+		answered() // a call of the burst came back
+		w.Poll(ctx)
+	}
+	if _, err := w.Edge("a"); err != nil {
+		t.Fatalf("a node answering other calls became unroutable: %v", err)
+	}
+	for i := range 4 {
+		if i > 0 {
+			time.Sleep(w.cfg.Interval) // as Run's ticker would
+		}
+		w.Poll(ctx)
+	}
+	if _, err := w.Edge("a"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("a node answering nothing for 4 polls is routable: %v", err)
+	}
 }
