@@ -60,4 +60,3 @@ func TestAnswered(t *testing.T) {
 		t.Fatalf("a closed edge's transport error counted as an answer (%d)", got)
 	}
 }
-
