@@ -107,6 +107,26 @@ func (s *Server) RunCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dsec
 }
 
 func (f *fnService) runCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dsecv1.RunCodeResponse, error) {
+	var out *dsecv1.RunCodeResponse
+	err := f.tryNodes("run code", func(node string, e watcher.Edge) (bool, error) {
+		c := f.flight(node)
+		c.Add(1)
+		resp, err := e.RunCode(ctx, connect.NewRequest(req))
+		c.Add(-1)
+		if err == nil {
+			out = resp.Msg
+			return false, nil
+		}
+		again := ctx.Err() == nil && (errors.Is(err, errdefs.ErrResourceExhausted) || errors.Is(err, errdefs.ErrUnavailable))
+		return again, err
+	})
+	return out, err
+}
+
+// tryNodes calls try on fncall nodes, each picked by load from a sample,
+// up to callHops of them, until a call succeeds or try says not to go on
+// (its error then stands); the last error otherwise.
+func (f *fnService) tryNodes(what string, try func(node string, e watcher.Edge) (again bool, err error)) error {
 	tried := map[string]bool{}
 	var last error
 	for range callHops {
@@ -120,25 +140,16 @@ func (f *fnService) runCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*d
 			last = err
 			continue
 		}
-		c := f.flight(n.Name)
-		c.Add(1)
-		resp, err := e.RunCode(ctx, connect.NewRequest(req))
-		c.Add(-1)
-		if err == nil {
-			return resp.Msg, nil
+		again, err := try(n.Name, e)
+		if err == nil || !again {
+			return err
 		}
 		last = err
-		if ctx.Err() != nil {
-			return nil, err
-		}
-		if !errors.Is(err, errdefs.ErrResourceExhausted) && !errors.Is(err, errdefs.ErrUnavailable) {
-			return nil, err
-		}
 	}
 	if last == nil {
-		return nil, fmt.Errorf("run code: no healthy node runs the fncall backend: %w", errdefs.ErrUnavailable)
+		return fmt.Errorf("%s: no healthy node runs the fncall backend: %w", what, errdefs.ErrUnavailable)
 	}
-	return nil, last
+	return last
 }
 
 func (f *fnService) RunCode(ctx context.Context, req *connect.Request[dsecv1.RunCodeRequest]) (*connect.Response[dsecv1.RunCodeResponse], error) {
@@ -178,25 +189,14 @@ func (f *fnService) RunCodeBatch(ctx context.Context, req *connect.Request[dsecv
 }
 
 func (f *fnService) ListLanguages(ctx context.Context, req *connect.Request[dsecv1.ListLanguagesRequest]) (*connect.Response[dsecv1.ListLanguagesResponse], error) {
-	tried := map[string]bool{}
-	var last error
-	for range callHops {
-		n, ok := f.pick(tried)
-		if !ok {
-			break
-		}
-		tried[n.Name] = true
-		e, err := f.s.fleet.Edge(n.Name)
-		if err == nil {
-			var resp *connect.Response[dsecv1.ListLanguagesResponse]
-			if resp, err = e.ListLanguages(ctx, req); err == nil {
-				return resp, nil
-			}
-		}
-		last = err
+	var out *connect.Response[dsecv1.ListLanguagesResponse]
+	err := f.tryNodes("list languages", func(_ string, e watcher.Edge) (bool, error) {
+		resp, err := e.ListLanguages(ctx, req)
+		out = resp
+		return true, err
+	})
+	if err != nil {
+		return nil, err
 	}
-	if last == nil {
-		last = fmt.Errorf("list languages: no healthy node runs the fncall backend: %w", errdefs.ErrUnavailable)
-	}
-	return nil, last
+	return out, nil
 }

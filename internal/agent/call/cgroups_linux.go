@@ -207,23 +207,7 @@ func (c *cgroups) setMemory(mem string) error {
 }
 
 // oomKills is the call memory cgroup's count of OOM kills so far.
-func (c *cgroups) oomKills() int64 {
-	if c.oom < 0 {
-		return 0
-	}
-	var buf [1024]byte
-	n, err := unix.Pread(c.oom, buf[:], 0)
-	if err != nil || n <= 0 {
-		return 0
-	}
-	for line := range strings.SplitSeq(string(buf[:n]), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			k, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return k
-		}
-	}
-	return 0
-}
+func (c *cgroups) oomKills() int64 { return proc.OOMKills(c.oom) }
 
 func (c *cgroups) procs() []int {
 	var pids []int

@@ -171,12 +171,17 @@ func openMemCgroup(dirfd int) memCgroup {
 	return m
 }
 
-func (m memCgroup) oomKills() int64 {
-	if m.events < 0 {
+func (m memCgroup) oomKills() int64 { return OOMKills(m.events) }
+
+// OOMKills reads the oom_kill count of a memory cgroup's open
+// memory.oom_control (v1) or memory.events (v2) file; 0 for fd < 0 or
+// an unreadable file.
+func OOMKills(fd int) int64 {
+	if fd < 0 {
 		return 0
 	}
 	var buf [1024]byte
-	n, err := unix.Pread(m.events, buf[:], 0)
+	n, err := unix.Pread(fd, buf[:], 0)
 	if err != nil || n <= 0 {
 		return 0
 	}
