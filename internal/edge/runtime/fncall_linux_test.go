@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -53,11 +54,19 @@ func TestFnCallSandbox(t *testing.T) {
 	}
 
 	t.Run("agent flags and cpu fd", func(t *testing.T) {
-		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", st.Pid))
-		if err != nil {
-			t.Fatal(err)
+		// runc start returns once it has told the container's init to
+		// exec; until the exec, pid 1 is still "runc init".
+		var args []string
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", st.Pid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			args = strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+			if !slices.Contains(args, "init") || time.Now().After(deadline) {
+				break
+			}
 		}
-		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
 		i := slices.Index(args, "--cpu-cgroup-fd")
 		if i < 0 || i+2 >= len(args) || args[i+2] != "--fncall" {
 			t.Fatalf("agent args %q: want --cpu-cgroup-fd N --fncall", args)
