@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -280,7 +281,10 @@ open('/tmp/left-in-tmp', 'w').write('x')
 open('mine.txt', 'w').write('secret')
 os.environ['LEAK'] = '1'
 subprocess.Popen(['sleep', '1000'], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd()}))
+import ctypes  # System V IPC objects outlive their process
+libc = ctypes.CDLL(None, use_errno=True)
+ipc = [libc.shmget(0, 4096, 0o1600), libc.semget(0, 1, 0o1600), libc.msgget(0, 0o1600)]
+print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(), 'ipc': ipc}))
 `
 	r1, err := s.fn.RunCode(ctx, connect.NewRequest(&dsecv1.RunCodeRequest{Language: "python", Code: first}))
 	if err != nil || r1.Msg.Status != dsecv1.RunStatus_RUN_STATUS_SUCCESS {
@@ -289,8 +293,12 @@ print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd()}))
 	var prev struct {
 		UID int    `json:"uid"`
 		Cwd string `json:"cwd"`
+		IPC []int  `json:"ipc"`
 	}
 	json.Unmarshal(r1.Msg.RunResult.Stdout, &prev)
+	if len(prev.IPC) != 3 || slices.Min(prev.IPC) < 0 {
+		t.Fatalf("the first call could not make its System V objects (shm, sem, msg): %v", prev.IPC)
+	}
 	second := fmt.Sprintf(`import os, json
 procs = []
 for p in os.listdir('/proc'):
@@ -299,8 +307,9 @@ for p in os.listdir('/proc'):
             procs.append(open('/proc/%%s/cmdline' %% p).read().replace('\0', ' '))
         except OSError:
             pass
+ipc = sum(len(open('/proc/sysvipc/' + k).read().splitlines()) - 1 for k in ('shm', 'sem', 'msg'))
 print(json.dumps({'uid': os.getuid(), 'tmp': sorted(os.listdir('/tmp')), 'prev_dir': os.path.exists(%q),
-    'leak': os.environ.get('LEAK'), 'sleep': [p for p in procs if p.startswith('sleep')]}))
+    'leak': os.environ.get('LEAK'), 'sleep': [p for p in procs if p.startswith('sleep')], 'ipc': ipc}))
 `, prev.Cwd)
 	var r2 *connect.Response[dsecv1.RunCodeResponse]
 	// Calls go to the most recently used idle container: retry until the
@@ -323,13 +332,14 @@ print(json.dumps({'uid': os.getuid(), 'tmp': sorted(os.listdir('/tmp')), 'prev_d
 		PrevDir bool     `json:"prev_dir"`
 		Leak    *string  `json:"leak"`
 		Sleep   []string `json:"sleep"`
+		IPC     int      `json:"ipc"`
 	}
 	if err := json.Unmarshal(r2.Msg.RunResult.Stdout, &seen); err != nil {
 		t.Fatalf("second call printed %q: %v (%q)", r2.Msg.RunResult.Stdout, err, r2.Msg.RunResult.Stderr)
 	}
-	if seen.UID == prev.UID || len(seen.Sleep) > 0 || seen.PrevDir || seen.Leak != nil || len(seen.Tmp) != 1 {
-		t.Errorf("the second call saw the first's: uid %d (was %d), processes %v, scratch dir %v, env %v, /tmp %v",
-			seen.UID, prev.UID, seen.Sleep, seen.PrevDir, seen.Leak, seen.Tmp)
+	if seen.UID == prev.UID || len(seen.Sleep) > 0 || seen.PrevDir || seen.Leak != nil || len(seen.Tmp) != 1 || seen.IPC != 0 {
+		t.Errorf("the second call saw the first's: uid %d (was %d), processes %v, scratch dir %v, env %v, /tmp %v, %d System V objects",
+			seen.UID, prev.UID, seen.Sleep, seen.PrevDir, seen.Leak, seen.Tmp, seen.IPC)
 	}
 }
 

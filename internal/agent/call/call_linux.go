@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -451,7 +452,7 @@ func (r *Runner) cleanup(scratch string, uid uint32) string {
 			problems = append(problems, err.Error())
 		}
 	}
-	if r.cfg.RemoveIPC {
+	if r.cfg.RemoveIPC && ipcInUse() {
 		removeIPC()
 	}
 	return strings.Join(problems, "; ")
@@ -503,6 +504,38 @@ func processesOf(uid uint32) []int {
 		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// The *_INFO commands of shmctl, semctl and msgctl (linux/shm.h, sem.h,
+// msg.h): each fills a struct whose first (shm, msg) or eighth (sem) int
+// counts the namespace's objects of its kind.
+const (
+	shmInfo = 14
+	semInfo = 19
+	msgInfo = 12
+)
+
+// ipcInUse says whether the IPC namespace holds any System V object, by
+// the counts of the *_INFO commands: three system calls where reading
+// /proc/sysvipc's files takes nine, and most calls make none.
+func ipcInUse() bool {
+	var buf [16]int32 // larger than shm_info, seminfo and msginfo
+	for _, c := range []struct {
+		nr, cmd uintptr
+		count   int
+	}{{unix.SYS_SHMCTL, shmInfo, 0}, {unix.SYS_SEMCTL, semInfo, 7}, {unix.SYS_MSGCTL, msgInfo, 0}} {
+		clear(buf[:])
+		var errno unix.Errno
+		if c.nr == unix.SYS_SEMCTL {
+			_, _, errno = unix.Syscall6(c.nr, 0, 0, c.cmd, uintptr(unsafe.Pointer(&buf[0])), 0, 0)
+		} else {
+			_, _, errno = unix.Syscall(c.nr, 0, c.cmd, uintptr(unsafe.Pointer(&buf[0])))
+		}
+		if errno != 0 || buf[c.count] != 0 {
+			return true // when in doubt, look
+		}
+	}
+	return false
 }
 
 // removeIPC removes every System V shared memory segment, semaphore set

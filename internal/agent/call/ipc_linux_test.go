@@ -1,0 +1,51 @@
+package call
+
+import (
+	"runtime"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"dsec.dev/dsec/internal/testutil"
+)
+
+// TestIPCInUse: the *_INFO counts see one object of each kind, in an IPC
+// namespace of the test's own, and removeIPC leaves none.
+func TestIPCInUse(t *testing.T) {
+	testutil.RequireRoot(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// The namespace is this thread's only; the thread ends with the
+		// goroutine, still locked.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWIPC); err != nil {
+			t.Errorf("unshare the IPC namespace: %v", err)
+			return
+		}
+		if ipcInUse() {
+			t.Error("a new IPC namespace is in use")
+		}
+		for _, kind := range []struct {
+			name string
+			make func() (uintptr, unix.Errno)
+		}{
+			{"shm", func() (uintptr, unix.Errno) { id, _, e := unix.Syscall(unix.SYS_SHMGET, 0, 4096, 0o1600); return id, e }},
+			{"sem", func() (uintptr, unix.Errno) { id, _, e := unix.Syscall(unix.SYS_SEMGET, 0, 1, 0o1600); return id, e }},
+			{"msg", func() (uintptr, unix.Errno) { id, _, e := unix.Syscall(unix.SYS_MSGGET, 0, 0o1600, 0); return id, e }},
+		} {
+			if _, e := kind.make(); e != 0 {
+				t.Errorf("make a %s object: %v", kind.name, e)
+				return
+			}
+			if !ipcInUse() {
+				t.Errorf("a %s object is not seen", kind.name)
+			}
+			removeIPC()
+			if ipcInUse() {
+				t.Errorf("removeIPC left the %s object", kind.name)
+			}
+		}
+	}()
+	<-done
+}
