@@ -10,6 +10,8 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -540,7 +542,15 @@ func ipcInUse() bool {
 
 // removeIPC removes every System V shared memory segment, semaphore set
 // and message queue of the container's IPC namespace: only calls make them.
+// IPC_RMID needs the object's owner or creator, or CAP_SYS_ADMIN, which the
+// agent does not hold; so the calling thread, locked to its goroutine,
+// takes each owner's uid as its effective uid for the removal (the kernel
+// keeps credentials per thread; the saved uid stays 0 to come back by,
+// and coming back restores the effective capabilities). A thread that
+// could not come back stays locked, so it ends with its goroutine.
 func removeIPC() {
+	runtime.LockOSThread()
+	keep := ^uintptr(0) // setresuid's -1: unchanged
 	for _, kind := range []struct {
 		file string
 		nr   uintptr
@@ -550,20 +560,29 @@ func removeIPC() {
 			continue
 		}
 		lines := strings.Split(string(data), "\n")
-		for _, line := range lines[min(1, len(lines)):] {
+		uidCol := slices.Index(strings.Fields(lines[0]), "uid")
+		for _, line := range lines[1:] {
 			f := strings.Fields(line)
-			if len(f) < 2 {
+			if uidCol < 0 || len(f) <= uidCol {
 				continue
 			}
-			id, err := strconv.Atoi(f[1])
-			if err != nil {
+			id, err1 := strconv.Atoi(f[1])
+			uid, err2 := strconv.ParseUint(f[uidCol], 10, 32)
+			if err1 != nil || err2 != nil {
 				continue
 			}
-			if kind.file == "sem" {
+			unix.RawSyscall(unix.SYS_SETRESUID, keep, uintptr(uid), keep)
+			if kind.nr == unix.SYS_SEMCTL {
 				unix.Syscall6(kind.nr, uintptr(id), 0, unix.IPC_RMID, 0, 0, 0)
 			} else {
 				unix.Syscall(kind.nr, uintptr(id), unix.IPC_RMID, 0)
 			}
+			if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, keep, 0, keep); e != 0 {
+				return // still locked: the thread goes with its goroutine
+			}
 		}
+	}
+	if euid, _, _ := unix.RawSyscall(unix.SYS_GETEUID, 0, 0, 0); euid == 0 {
+		runtime.UnlockOSThread()
 	}
 }
