@@ -165,6 +165,17 @@ open("out.txt", "w").write("written")
 			t.Errorf("%q: stderr\n%s\nwant (python3's)\n%s", code, s.Stderr, want)
 		}
 	}
+	// What python3 starts with: default signal dispositions, no wakeup
+	// fd, only the call's environment (a child process sees the same).
+	state := `import os, signal, subprocess
+print(signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL, signal.set_wakeup_fd(-1), signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+seen = subprocess.run(["env", "-0"], capture_output=True).stdout.decode().split("\0")
+print(sorted(os.environ) == sorted(v.split("=", 1)[0] for v in seen if v), "DSEC_ZYGOTE_PRELOAD" in os.environ)
+`
+	r = a.call(t, py(state, "", 5))
+	if s := r.Steps[0]; string(s.Stdout) != "True -1 True\nTrue False\n" {
+		t.Errorf("a run's starting state: stdout %q stderr %q", s.Stdout, s.Stderr)
+	}
 	r = a.call(t, py("import sys; sys.exit(3)", "", 5))
 	if s := r.Steps[0]; s.Exited.ExitCode != 3 {
 		t.Errorf("sys.exit(3): %v", s.Exited)

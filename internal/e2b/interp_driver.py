@@ -149,6 +149,16 @@ class Stream(io.TextIOBase):
         self.session.send({"type": self.stream_name, "text": out, "timestamp": now()})
 
 
+class Pump:
+    """The read end of the pipe behind fd 1 or 2 (non-blocking)."""
+
+    def __init__(self, fd, name):
+        self.fd = fd
+        self.name = name
+        self.lock = threading.Lock()
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+
 class Driver:
     def __init__(self, sock_name, cwd):
         self.sock_name = sock_name
@@ -162,6 +172,7 @@ class Driver:
         self.ns = self.module.__dict__
         self.ns.update({"__builtins__": builtins, "display": self.display, "__dsec_system__": self.system})
         self.stdio = (sys.stdout, sys.stderr, sys.stdin)
+        self.pumps = []  # the pipes behind fds 1 and 2
 
     # -- start -----------------------------------------------------------
 
@@ -176,26 +187,44 @@ class Driver:
             r, w = os.pipe()
             os.dup2(w, fd)
             os.close(w)
-            threading.Thread(target=self.pump, args=(r, name), daemon=True).start()
+            os.set_blocking(r, False)
+            p = Pump(r, name)
+            self.pumps.append(p)
+            threading.Thread(target=self.pump, args=(p,), daemon=True).start()
         sys.modules["__main__"] = self.module
         signal.signal(signal.SIGINT, self.on_sigint)
         return listener
 
-    def pump(self, fd, name):
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    def pump(self, p):
         while True:
             try:
-                data = os.read(fd, 65536)
-            except InterruptedError:
-                continue
+                select.select([p.fd], [], [])
             except OSError:
                 return
-            if not data:
+            if not self.drain(p):
                 return
-            text = decoder.decode(data)
-            s = self.session
-            if text and s is not None and name in s.streams:
-                s.streams[name].write(text)
+
+    def drain(self, p):
+        """Streams what is in p's pipe now to the running cell; False once
+        the pipe has ended. The pump's thread calls it when the pipe has
+        data, and a cell's end, so that what the cell's children wrote
+        before it ended is its output, not the next cell's."""
+        with p.lock:
+            while True:
+                try:
+                    data = os.read(p.fd, 65536)
+                except BlockingIOError:
+                    return True
+                except InterruptedError:
+                    continue
+                except OSError:
+                    return False
+                if not data:
+                    return False
+                text = p.decoder.decode(data)
+                s = self.session
+                if text and s is not None and p.name in s.streams:
+                    s.streams[p.name].write(text)
 
     def on_sigint(self, signum, frame):
         # An interrupt only ever stops a cell, never the driver.
@@ -243,6 +272,8 @@ class Driver:
             self.run(s, str(req.get("code", "")), req.get("env_vars") or {}, timeout)
         finally:
             done.set()
+            for p in self.pumps:
+                self.drain(p)
             for st in s.streams.values():
                 st.flush()
             s.send({"type": "dsec_end"})

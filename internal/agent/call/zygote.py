@@ -2,7 +2,7 @@
 #
 # The agent starts this once, as root, with a SOCK_SEQPACKET socket as fd 9
 # and the modules to import first in DSEC_ZYGOTE_PRELOAD. For every run the
-# agent sends one message: a JSON header and, as SCM_RIGHTS, the run's
+# agent sends one message: a header (header() below) and, as SCM_RIGHTS, the run's
 # stdin, stdout and stderr followed by the cgroup v1 tasks files it must
 # start in. The zygote forks; the child joins those cgroups, starts a new
 # session, takes the stdio fds, closes every other fd, drops to the run's
@@ -32,36 +32,45 @@ def preload():
             print("zygote: preload %s: %s" % (name, e), file=sys.stderr, flush=True)
 
 
-def child(hdr, fds):
+def header(msg):
+    # FILE, CWD, UID, GID, then the environment's names and values, each
+    # ended by a NUL: fewer objects to make than JSON's, and every object
+    # a child makes may land on a page it must copy.
+    f = msg.decode("utf-8", "surrogateescape").split("\0")
+    return f[0], f[1], int(f[2]), int(f[3]), zip(f[4:-1:2], f[5:-1:2])
+
+
+def child(msg, fds):
     # Every failure before the code runs exits 127, as a shell does for a
     # command it could not start; the message goes to the run's stderr.
     try:
-        import signal
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        file, cwd, uid, gid, env = header(msg)
         os.setsid()
         for fd in fds[3:]:
             os.write(fd, b"0")
         for i in range(3):
             os.dup2(fds[i], i)
         os.closerange(3, 1 << 16)
-        gid, uid = hdr["gid"], hdr["uid"]
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
         if os.getuid() != uid or os.geteuid() != uid:
             raise OSError("could not drop to uid %d" % uid)
         os.umask(0o022)
-        os.chdir(hdr["cwd"])
-        os.environ.clear()
-        os.environ.update(hdr.get("env") or {})
+        os.chdir(cwd)
+        # Key by key: MutableMapping.clear's popitem loop touches more of
+        # the zygote's pages, each a copy on write in every run.
+        for k in list(os.environ):
+            del os.environ[k]
+        for k, v in env:
+            os.environ[k] = v
         # sys.stdin, stdout and stderr stay the zygote's: they read and
         # write fds 0, 1 and 2, now the run's, with the buffering and
         # encoding python3 gives pipes (the zygote never wrote to them).
         # python3 FILE: argv[0] as given, __file__ and tracebacks absolute,
         # the script's directory first on sys.path (-I left it off).
-        sys.argv = [hdr["file"]]
-        path = os.path.abspath(hdr["file"])
+        sys.argv = [file]
+        path = os.path.abspath(file)
         sys.path.insert(0, os.path.dirname(path))
     except BaseException as e:
         try:
@@ -120,68 +129,91 @@ def exit_code(e):
     return 1
 
 
+def warm():
+    # Python 3.11+ rewrites a function's bytecode in place as it runs
+    # (quickening after a few calls, then specialising each instruction),
+    # so code a child runs for the first time writes to the zygote's
+    # pages, each a copy on write per run. What every child runs (the
+    # header's decoding, the environment's replacement, the path
+    # functions, compiling and running a module, the random module's
+    # reseed after fork) runs here first, until it has settled.
+    import types
+    hdr = b"/w/main.py\0/w\x001\x001\0PATH\0/bin\0HOME\0/w\0"
+    seed = getattr(sys.modules.get("random"), "seed", None)
+    for _ in range(64):
+        file, _, _, _, env = header(hdr)
+        for k, v in env:
+            os.environ["DSEC_ZYGOTE_" + k] = v
+        for k in list(os.environ):
+            if k.startswith("DSEC_ZYGOTE_") and k != "DSEC_ZYGOTE_PRELOAD":
+                del os.environ[k]
+        path = os.path.abspath(file)
+        os.path.dirname(path)
+        main = types.ModuleType("__warm__")
+        main.__builtins__ = __builtins__
+        exec(compile("x = 1\n", path, "exec"), main.__dict__)
+        if seed is not None:
+            seed()
+
+
 def main():
     preload()
+    warm()
     # Objects made so far are never collected: a child's collector then
     # leaves their pages alone instead of copying them on write. The
     # zygote itself makes little garbage, and children enable collection.
     gc.disable()
     gc.freeze()
     ctrl = socket.socket(fileno=CTRL_FD)
-    children = {}
     ctrl.setblocking(True)
-    import selectors
-    import signal
+    import select
 
-    # SIGCHLD wakes the loop through a pipe; the loop reaps.
-    rd, wr = os.pipe()
-    os.set_blocking(wr, False)
-    os.set_inheritable(rd, False)
-    os.set_inheritable(wr, False)
-    signal.set_wakeup_fd(wr)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    sel = selectors.DefaultSelector()
-    sel.register(ctrl, selectors.EVENT_READ)
-    sel.register(rd, selectors.EVENT_READ)
+    # A child's exit wakes the loop through its pidfd, so the zygote
+    # needs no SIGCHLD handler and its children no signal to reset.
+    poller = select.poll()
+    poller.register(CTRL_FD, select.POLLIN)
+    children = {}  # pidfd: pid
     print("zygote: ready", file=sys.stderr, flush=True)
+    # Every page this loop writes is copied on write (or at least
+    # faulted) once per fork, so it does as little as it can: the child
+    # decodes the header, and the replies are formatted bytes.
     while True:
-        for key, _ in sel.select():
-            if key.fileobj is ctrl:
-                msg, fds, _, _ = socket.recv_fds(ctrl, 1 << 20, MAX_FDS)
-                if not msg:
-                    return  # the agent closed its end
-                try:
-                    hdr = json.loads(msg)
-                    if len(fds) < 3:
-                        raise ValueError("want stdin, stdout and stderr, got %d fds" % len(fds))
-                    pid = os.fork()
-                except BaseException as e:
-                    for fd in fds:
-                        os.close(fd)
-                    ctrl.send(json.dumps({"error": str(e)}).encode())
-                    continue
-                if pid == 0:
-                    ctrl.close()
-                    child(hdr, fds)
+        for fd, _ in poller.poll():
+            if fd != CTRL_FD:
+                pid = children.pop(fd)
+                poller.unregister(fd)
+                os.close(fd)
+                _, status = os.waitpid(pid, 0)
+                ctrl.send(b'{"exit":%d,"status":%d}' % (pid, status))
+                continue
+            msg, fds, _, _ = socket.recv_fds(ctrl, 1 << 20, MAX_FDS)
+            if not msg:
+                return  # the agent closed its end
+            try:
+                if len(fds) < 3:
+                    raise ValueError("want stdin, stdout and stderr, got %d fds" % len(fds))
+                pid = os.fork()
+            except BaseException as e:
                 for fd in fds:
                     os.close(fd)
-                children[pid] = True
-                ctrl.send(json.dumps({"pid": pid}).encode())
-            else:
-                try:
-                    os.read(rd, 4096)
-                except BlockingIOError:
-                    pass
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
+                ctrl.send(json.dumps({"error": str(e)}).encode())
+                continue
             if pid == 0:
-                break
-            children.pop(pid, None)
-            ctrl.send(json.dumps({"exit": pid, "status": status}).encode())
-
+                ctrl.close()
+                child(msg, fds)
+            for fd in fds:
+                os.close(fd)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError as e:
+                # Without its pidfd the run's end would go unseen.
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                ctrl.send(json.dumps({"error": "watch the run: %s" % e}).encode())
+                continue
+            poller.register(pidfd, select.POLLIN)
+            children[pidfd] = pid
+            ctrl.send(b'{"pid":%d}' % pid)
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -246,12 +247,7 @@ func (z *zygote) run(ctx context.Context, cg *cgroups, run zygoteRun) *agentv1.C
 		outW[i] = p[1]
 		theirs = append(theirs, p[1])
 	}
-	env := map[string]string{}
-	for _, kv := range run.env {
-		k, v, _ := strings.Cut(kv, "=")
-		env[k] = v
-	}
-	hdr, _ := json.Marshal(map[string]any{"file": run.file, "cwd": run.cwd, "uid": run.uid, "gid": run.uid, "env": env})
+	hdr := zygoteHeader(run)
 	fds := []int{stdinR, outW[0], outW[1]}
 	fds = append(fds, cg.zygoteTasks()...)
 
@@ -340,6 +336,28 @@ func (z *zygote) run(ctx context.Context, cg *cgroups, run zygoteRun) *agentv1.C
 	e.StdoutBytes, e.StderrBytes = out.total, errOut.total
 	e.StdoutTruncated, e.StderrTruncated = out.total > int64(len(out.buf)), errOut.total > int64(len(errOut.buf))
 	return &agentv1.CallStepResult{Zygote: true, Exited: e, Stdout: out.bytes(), Stderr: errOut.bytes()}
+}
+
+// zygoteHeader is a run's header as zygote.py's header() reads it: the
+// file, the directory, the uid and gid, then each variable's name and
+// value, every field ended by a NUL. None can hold a NUL: validate
+// refuses one in a file's name or the environment.
+func zygoteHeader(run zygoteRun) []byte {
+	var b []byte
+	field := func(s string) {
+		b = append(b, s...)
+		b = append(b, 0)
+	}
+	id := strconv.FormatUint(uint64(run.uid), 10)
+	for _, f := range []string{run.file, run.cwd, id, id} {
+		field(f)
+	}
+	for _, kv := range run.env {
+		k, v, _ := strings.Cut(kv, "=")
+		field(k)
+		field(v)
+	}
+	return b
 }
 
 // waitExit waits for the killed run's status, a second at most.
