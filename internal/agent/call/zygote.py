@@ -215,5 +215,6 @@ def main():
             children[pidfd] = pid
             ctrl.send(b'{"pid":%d}' % pid)
 
+
 if __name__ == "__main__":
     main()
