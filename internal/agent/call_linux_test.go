@@ -176,6 +176,20 @@ print(sorted(os.environ) == sorted(v.split("=", 1)[0] for v in seen if v), "DSEC
 	if s := r.Steps[0]; string(s.Stdout) != "True -1 True\nTrue False\n" {
 		t.Errorf("a run's starting state: stdout %q stderr %q", s.Stdout, s.Stderr)
 	}
+	// The environment is the call's exactly, values too, however it
+	// differs from the zygote's: a variable overridden, one added.
+	envCode := `import os, subprocess
+seen = subprocess.run(["env", "-0"], capture_output=True).stdout.decode().split("\0")
+mine = sorted("%s=%s" % kv for kv in os.environ.items())
+print(" ".join(mine), sorted(v for v in seen if v) == mine)
+`
+	envReq := py(envCode, "", 5)
+	envReq.Env = map[string]string{"LANG": "C", "DSEC_TEST_VAR": "x y"}
+	r = a.call(t, envReq)
+	wantEnv := "DSEC_TEST_VAR=x y HOME=" + r.Scratch + " LANG=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin TMPDIR=/tmp True\n"
+	if s := r.Steps[0]; string(s.Stdout) != wantEnv {
+		t.Errorf("a run's environment:\n got %q\nwant %q (stderr %q)", s.Stdout, wantEnv, s.Stderr)
+	}
 	r = a.call(t, py("import sys; sys.exit(3)", "", 5))
 	if s := r.Steps[0]; s.Exited.ExitCode != 3 {
 		t.Errorf("sys.exit(3): %v", s.Exited)

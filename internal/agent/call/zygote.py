@@ -1,7 +1,8 @@
 # The warm Python interpreter of a fncall container (package call).
 #
 # The agent starts this once, as root, with a SOCK_SEQPACKET socket as fd 9
-# and the modules to import first in DSEC_ZYGOTE_PRELOAD. For every run the
+# and the modules to import first, comma-separated, as its one argument;
+# its environment is the calls' usual one but HOME. For every run the
 # agent sends one message: a header (header() below) and, as SCM_RIGHTS, the run's
 # stdin, stdout and stderr followed by the cgroup v1 tasks files it must
 # start in. The zygote forks; the child joins those cgroups, starts a new
@@ -22,7 +23,7 @@ MAX_FDS = 16
 
 
 def preload():
-    for name in os.environ.get("DSEC_ZYGOTE_PRELOAD", "").split(","):
+    for name in (sys.argv[1] if len(sys.argv) > 1 else "").split(","):
         name = name.strip()
         if not name:
             continue
@@ -58,12 +59,7 @@ def child(msg, fds):
             raise OSError("could not drop to uid %d" % uid)
         os.umask(0o022)
         os.chdir(cwd)
-        # Key by key: MutableMapping.clear's popitem loop touches more of
-        # the zygote's pages, each a copy on write in every run.
-        for k in list(os.environ):
-            del os.environ[k]
-        for k, v in env:
-            os.environ[k] = v
+        replace_env(env)
         # sys.stdin, stdout and stderr stay the zygote's: they read and
         # write fds 0, 1 and 2, now the run's, with the buffering and
         # encoding python3 gives pipes (the zygote never wrote to them).
@@ -99,6 +95,19 @@ def child(msg, fds):
             # python3 reports a failed final flush and exits 120.
             code = code or 120
     os._exit(code)
+
+
+def replace_env(env):
+    # The zygote's environment is what most calls get but HOME, so a run
+    # changes a variable or two: every variable set or unset is a C
+    # setenv and objects made, each landing on a page copied on write.
+    want = dict(env)
+    for k in ZYGOTE_ENV:
+        if k not in want:
+            del os.environ[k]
+    for k, v in want.items():
+        if ZYGOTE_ENV.get(k) != v:
+            os.environ[k] = v
 
 
 def run_main(path):
@@ -138,15 +147,14 @@ def warm():
     # functions, compiling and running a module, the random module's
     # reseed after fork) runs here first, until it has settled.
     import types
-    hdr = b"/w/main.py\0/w\x001\x001\0PATH\0/bin\0HOME\0/w\0"
+    hdr = b"/w/main.py\0/w\x001\x001\0HOME\0/w\0"
+    for k, v in ZYGOTE_ENV.items():
+        hdr += b"%s\0%s\0" % (k.encode(), v.encode())
     seed = getattr(sys.modules.get("random"), "seed", None)
     for _ in range(64):
         file, _, _, _, env = header(hdr)
-        for k, v in env:
-            os.environ["DSEC_ZYGOTE_" + k] = v
-        for k in list(os.environ):
-            if k.startswith("DSEC_ZYGOTE_") and k != "DSEC_ZYGOTE_PRELOAD":
-                del os.environ[k]
+        replace_env(env)
+        replace_env(ZYGOTE_ENV.items())
         path = os.path.abspath(file)
         os.path.dirname(path)
         main = types.ModuleType("__warm__")
@@ -154,6 +162,10 @@ def warm():
         exec(compile("x = 1\n", path, "exec"), main.__dict__)
         if seed is not None:
             seed()
+
+
+# The environment the zygote started with, which replace_env compares to.
+ZYGOTE_ENV = dict(os.environ)
 
 
 def main():

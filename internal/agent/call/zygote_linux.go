@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -28,8 +29,11 @@ const zygoteStart = 30 * time.Second
 
 // zygote is the warm interpreter: one python3 that forks a child per run.
 type zygote struct {
-	p       *proc.Process
-	ctrl    int // our end of the SOCK_SEQPACKET pair
+	p *proc.Process
+	// ctrl is our end of the SOCK_SEQPACKET pair, on the runtime's poller:
+	// a goroutine waiting for the zygote parks instead of holding a thread
+	// in a blocking system call, which sysmon would hand its P away from.
+	ctrl    *net.UnixConn
 	devNull int // stdin of runs given none
 
 	mu      sync.Mutex
@@ -92,9 +96,10 @@ func startZygote(cfg Config) (*zygote, error) {
 	}
 	theirs := os.NewFile(uintptr(fds[1]), "zygote-ctrl")
 	p, err := cfg.Procs.Start(context.Background(), proc.Spec{
-		Argv: []string{python, "-I", "-c", zygoteSource},
-		Env: []string{"PATH=" + defaultPath, "LANG=C.UTF-8",
-			"DSEC_ZYGOTE_PRELOAD=" + strings.Join(cfg.Preload, ",")},
+		Argv: []string{python, "-I", "-c", zygoteSource, strings.Join(cfg.Preload, ",")},
+		// What callEnv gives every call but HOME: a run then sets one
+		// variable, not all.
+		Env:         zygoteEnv(),
 		Dir:         "/",
 		Background:  true,
 		Tag:         "dsec-zygote",
@@ -109,13 +114,18 @@ func startZygote(cfg Config) (*zygote, error) {
 		unix.Close(fds[0])
 		return nil, fmt.Errorf("start the zygote: %s", e.Message)
 	}
+	ctrl, err := unixConn(fds[0])
+	if err != nil {
+		p.KillTree()
+		return nil, fmt.Errorf("the zygote's socket: %w", err)
+	}
 	devNull, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		p.KillTree()
-		unix.Close(fds[0])
+		ctrl.Close()
 		return nil, fmt.Errorf("open /dev/null for runs' stdin: %w", err)
 	}
-	z := &zygote{p: p, ctrl: fds[0], devNull: devNull, exits: map[int]chan unix.WaitStatus{}, early: map[int]unix.WaitStatus{}, dead: make(chan struct{})}
+	z := &zygote{p: p, ctrl: ctrl, devNull: devNull, exits: map[int]chan unix.WaitStatus{}, early: map[int]unix.WaitStatus{}, dead: make(chan struct{})}
 	// The zygote says "zygote: ready" on stderr once its preloads are in.
 	deadline := time.Now().Add(zygoteStart)
 	for from := 0; ; {
@@ -128,11 +138,40 @@ func startZygote(cfg Config) (*zygote, error) {
 		}
 		if exited != nil || time.Now().After(deadline) {
 			p.KillTree()
-			unix.Close(fds[0])
+			ctrl.Close()
+			unix.Close(devNull)
 			return nil, fmt.Errorf("the zygote did not start: %s", zygoteOutput(p))
 		}
 		from = next
 	}
+}
+
+// unixConn makes fd, a connected socket, a *net.UnixConn on the
+// runtime's poller; fd itself is closed (the conn holds a duplicate).
+func unixConn(fd int) (*net.UnixConn, error) {
+	f := os.NewFile(uintptr(fd), "zygote-ctrl")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("fd %d is a %T, not a unix socket", fd, c)
+	}
+	return uc, nil
+}
+
+// zygoteEnv is the zygote's environment: callEnv's without HOME.
+func zygoteEnv() []string {
+	var env []string
+	for _, kv := range callEnv("", nil) {
+		if !strings.HasPrefix(kv, "HOME=") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 func zygoteOutput(p *proc.Process) string {
@@ -149,10 +188,7 @@ func (z *zygote) read() {
 	defer close(z.dead)
 	buf := make([]byte, 4096)
 	for {
-		n, _, _, _, err := unix.Recvmsg(z.ctrl, buf, nil, 0)
-		if err == unix.EINTR {
-			continue
-		}
+		n, err := z.ctrl.Read(buf)
 		if err != nil || n == 0 {
 			z.mu.Lock()
 			if z.started != nil {
@@ -185,7 +221,7 @@ func (z *zygote) read() {
 }
 
 func (z *zygote) close() {
-	unix.Shutdown(z.ctrl, unix.SHUT_RDWR)
+	z.ctrl.Close()
 	z.p.KillTree()
 	unix.Close(z.devNull)
 }
@@ -207,7 +243,9 @@ func (z *zygote) run(ctx context.Context, cg *cgroups, run zygoteRun) *agentv1.C
 			Status: dsecv1.ExitStatus_EXIT_STATUS_START_ERROR, Message: msg}}
 	}
 	// The run's ends of its stdio are raw fds, handed to the zygote and
-	// closed here at once; only the two the agent reads become os.Files.
+	// closed here at once; only the agent's ends become os.Files, made
+	// non-blocking first so that their reads and writes wait on the
+	// runtime's poller, not in a thread each.
 	var theirs []int
 	closeTheirs := func() {
 		for _, fd := range theirs {
@@ -225,6 +263,10 @@ func (z *zygote) run(ctx context.Context, cg *cgroups, run zygoteRun) *agentv1.C
 		}
 		stdinR, stdinW = p[0], p[1]
 		theirs = append(theirs, p[0])
+		if err := unix.SetNonblock(stdinW, true); err != nil {
+			unix.Close(stdinW)
+			return fail("make pipes: " + err.Error())
+		}
 	}
 	var outs [2]*os.File
 	defer func() {
@@ -243,6 +285,9 @@ func (z *zygote) run(ctx context.Context, cg *cgroups, run zygoteRun) *agentv1.C
 			}
 			return fail("make pipes: " + err.Error())
 		}
+		// The read end is an open file of its own: the run's write end
+		// stays blocking.
+		unix.SetNonblock(p[0], true)
 		outs[i] = os.NewFile(uintptr(p[0]), "run-output")
 		outW[i] = p[1]
 		theirs = append(theirs, p[1])
@@ -256,7 +301,7 @@ func (z *zygote) run(ctx context.Context, cg *cgroups, run zygoteRun) *agentv1.C
 	z.started = started
 	z.mu.Unlock()
 	t0 := time.Now()
-	if err := unix.Sendmsg(z.ctrl, hdr, unix.UnixRights(fds...), nil, 0); err != nil {
+	if _, _, err := z.ctrl.WriteMsgUnix(hdr, unix.UnixRights(fds...), nil); err != nil {
 		z.mu.Lock()
 		z.started = nil
 		z.mu.Unlock()
