@@ -201,12 +201,29 @@ print(" ".join(mine), sorted(v for v in seen if v) == mine)
 		t.Errorf("timeout: %v %q", s.Exited, s.Stdout)
 	}
 
-	// The call's memory limit.
+	// The call's memory limit is also the run's RLIMIT_DATA: asking for
+	// more private memory than it fails at once with MemoryError, the
+	// program's own error, not the OOM killer's kill; within it, the
+	// same amount works.
 	req = py("x = bytearray(300 << 20)\nprint(len(x))", "", 10)
 	req.MemoryBytes = 64 << 20
 	r = a.call(t, req)
-	if s := r.Steps[0]; s.Exited.Status == dsecv1.ExitStatus_EXIT_STATUS_OK {
-		t.Errorf("300 MiB under a 64 MiB limit: %v %q", s.Exited, s.Stderr)
+	if s := r.Steps[0]; s.Exited.ExitCode != 1 || s.OomKilled || !strings.Contains(string(s.Stderr), "MemoryError") {
+		t.Errorf("300 MiB under a 64 MiB limit: %v oom %v %q", s.Exited, s.OomKilled, s.Stderr)
+	}
+	req = py("x = bytearray(32 << 20)\nprint(len(x))", "", 10)
+	req.MemoryBytes = 64 << 20
+	r = a.call(t, req)
+	if s := r.Steps[0]; s.Exited.Status != dsecv1.ExitStatus_EXIT_STATUS_OK || string(s.Stdout) != "33554432\n" {
+		t.Errorf("32 MiB under a 64 MiB limit: %v %q %q", s.Exited, s.Stdout, s.Stderr)
+	}
+	// Memory RLIMIT_DATA does not count (a shared mapping) still meets
+	// the cgroup's limit.
+	req = py("import mmap\nm = mmap.mmap(-1, 300 << 20)\nc = b'x' * (1 << 20)\nfor _ in range(300): m.write(c)\nprint('all written')", "", 10)
+	req.MemoryBytes = 64 << 20
+	r = a.call(t, req)
+	if s := r.Steps[0]; s.Exited.Status != dsecv1.ExitStatus_EXIT_STATUS_OOM || !s.OomKilled || len(s.Stdout) != 0 {
+		t.Errorf("300 MiB of shared memory under a 64 MiB limit: %v oom %v %q %q", s.Exited, s.OomKilled, s.Stdout, s.Stderr)
 	}
 }
 

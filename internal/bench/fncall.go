@@ -298,7 +298,7 @@ func (r *FnCallReport) cpp(ctx context.Context, c *sfClient, o FnCallOptions) er
 	}
 	req := map[string]any{"language": "cpp", "code": cppAPlusB, "stdin": "2 3\n", "compile_timeout": 30, "run_timeout": 10}
 	var dsecT, hostT []time.Duration
-	n := max(5, o.Rounds*2)
+	n := max(12, o.Rounds*4)
 	o.logf("C++ a+b: %d compiles and runs each way, in turns", n)
 	for range n {
 		t0 := time.Now()

@@ -173,7 +173,7 @@ func (r *Runner) Call(ctx context.Context, req *agentv1.CallRequest) (*agentv1.C
 		limit = DefaultOutputLimit
 	}
 	for _, st := range req.GetSteps() {
-		res := r.runStep(ctx, st, scratch, uid, env, limit)
+		res := r.runStep(ctx, st, scratch, uid, env, limit, req.GetMemoryBytes())
 		resp.Steps = append(resp.Steps, res)
 		if res.GetExited().GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OK {
 			break
@@ -368,8 +368,9 @@ func fetchFiles(scratch string, names []string, limit int64) (map[string][]byte,
 	return out, nil
 }
 
-// runStep runs one step and says how it ended.
-func (r *Runner) runStep(ctx context.Context, st *agentv1.CallStep, scratch string, uid uint32, env []string, limit int64) *agentv1.CallStepResult {
+// runStep runs one step and says how it ended; memory is the call's
+// memory limit (0 = none).
+func (r *Runner) runStep(ctx context.Context, st *agentv1.CallStep, scratch string, uid uint32, env []string, limit, memory int64) *agentv1.CallStepResult {
 	timeout := DefaultTimeout
 	if s := st.GetTimeoutSeconds(); s > 0 {
 		timeout = min(time.Duration(s*float64(time.Second)), maxTimeout)
@@ -378,7 +379,7 @@ func (r *Runner) runStep(ctx context.Context, st *agentv1.CallStep, scratch stri
 	var res *agentv1.CallStepResult
 	if f := st.GetZygoteFile(); f != "" {
 		if z := r.zygote(); z != nil {
-			res = z.run(ctx, r.cg, zygoteRun{file: f, cwd: scratch, uid: uid, env: env, stdin: st.GetStdin(), timeout: timeout, limit: limit})
+			res = z.run(ctx, r.cg, zygoteRun{file: f, cwd: scratch, uid: uid, env: env, stdin: st.GetStdin(), timeout: timeout, limit: limit, data: memory})
 		}
 	}
 	if res == nil {

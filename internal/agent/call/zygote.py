@@ -6,15 +6,17 @@
 # agent sends one message: a header (header() below) and, as SCM_RIGHTS, the run's
 # stdin, stdout and stderr followed by the cgroup v1 tasks files it must
 # start in. The zygote forks; the child joins those cgroups, starts a new
-# session, takes the stdio fds, closes every other fd, drops to the run's
-# uid and gid, changes into its scratch directory, and runs the file as
-# `python3 FILE` would (as __main__, argv [FILE], its directory first on
-# sys.path), then exits with the code python3 would. The zygote answers
+# session, takes the stdio fds, closes every other fd, lowers RLIMIT_DATA
+# to the run's memory limit, drops to the run's uid and gid, changes into
+# its scratch directory, and runs the file as `python3 FILE` would (as
+# __main__, argv [FILE], its directory first on sys.path), then exits
+# with the code python3 would. The zygote answers
 # {"pid": N} at once and {"exit": N, "status": WAITSTATUS} when the child
 # is reaped. It never starts a thread: a fork must not copy a held lock.
 import gc
 import json
 import os
+import resource
 import socket
 import sys
 
@@ -34,24 +36,28 @@ def preload():
 
 
 def header(msg):
-    # FILE, CWD, UID, GID, then the environment's names and values, each
-    # ended by a NUL: fewer objects to make than JSON's, and every object
-    # a child makes may land on a page it must copy.
+    # FILE, CWD, UID, GID, DATA (the run's RLIMIT_DATA in bytes, 0 for
+    # none), then the environment's names and values, each ended by a
+    # NUL: fewer objects to make than JSON's, and every object a child
+    # makes may land on a page it must copy.
     f = msg.decode("utf-8", "surrogateescape").split("\0")
-    return f[0], f[1], int(f[2]), int(f[3]), zip(f[4:-1:2], f[5:-1:2])
+    return f[0], f[1], int(f[2]), int(f[3]), int(f[4]), zip(f[5:-1:2], f[6:-1:2])
 
 
 def child(msg, fds):
     # Every failure before the code runs exits 127, as a shell does for a
     # command it could not start; the message goes to the run's stderr.
     try:
-        file, cwd, uid, gid, env = header(msg)
+        file, cwd, uid, gid, data, env = header(msg)
         os.setsid()
         for fd in fds[3:]:
             os.write(fd, b"0")
         for i in range(3):
             os.dup2(fds[i], i)
         os.closerange(3, 1 << 16)
+        if data > 0:
+            # Soft and hard alike, so the run cannot raise it again.
+            resource.setrlimit(resource.RLIMIT_DATA, (data, data))
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
@@ -147,12 +153,12 @@ def warm():
     # functions, compiling and running a module, the random module's
     # reseed after fork) runs here first, until it has settled.
     import types
-    hdr = b"/w/main.py\0/w\x001\x001\0HOME\0/w\0"
+    hdr = b"/w/main.py\0/w\x001\x001\x000\0HOME\0/w\0"
     for k, v in ZYGOTE_ENV.items():
         hdr += b"%s\0%s\0" % (k.encode(), v.encode())
     seed = getattr(sys.modules.get("random"), "seed", None)
     for _ in range(64):
-        file, _, _, _, env = header(hdr)
+        file, _, _, _, _, env = header(hdr)
         replace_env(env)
         replace_env(ZYGOTE_ENV.items())
         path = os.path.abspath(file)

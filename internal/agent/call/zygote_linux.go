@@ -232,7 +232,12 @@ type zygoteRun struct {
 	env       []string
 	stdin     []byte
 	timeout   time.Duration
-	limit     int64
+	limit     int64 // output kept per stream
+	// data is the run's RLIMIT_DATA (0 = none): the call's memory
+	// limit, so that asking for more private memory than the call may
+	// hold fails at once (MemoryError) instead of faulting pages in
+	// until the memory cgroup's OOM killer strikes.
+	data int64
 }
 
 // run forks a run of file off the zygote and waits for it; the run and
@@ -384,9 +389,9 @@ func (z *zygote) run(ctx context.Context, cg *cgroups, run zygoteRun) *agentv1.C
 }
 
 // zygoteHeader is a run's header as zygote.py's header() reads it: the
-// file, the directory, the uid and gid, then each variable's name and
-// value, every field ended by a NUL. None can hold a NUL: validate
-// refuses one in a file's name or the environment.
+// file, the directory, the uid and gid, the data limit, then each
+// variable's name and value, every field ended by a NUL. None can hold a
+// NUL: validate refuses one in a file's name or the environment.
 func zygoteHeader(run zygoteRun) []byte {
 	var b []byte
 	field := func(s string) {
@@ -394,7 +399,7 @@ func zygoteHeader(run zygoteRun) []byte {
 		b = append(b, 0)
 	}
 	id := strconv.FormatUint(uint64(run.uid), 10)
-	for _, f := range []string{run.file, run.cwd, id, id} {
+	for _, f := range []string{run.file, run.cwd, id, id, strconv.FormatInt(max(run.data, 0), 10)} {
 		field(f)
 	}
 	for _, kv := range run.env {
