@@ -292,10 +292,16 @@ func (z *zygote) run(ctx context.Context, cg *cgroups, run zygoteRun) *agentv1.C
 		}
 		// The read end is an open file of its own: the run's write end
 		// stays blocking.
-		unix.SetNonblock(p[0], true)
-		outs[i] = os.NewFile(uintptr(p[0]), "run-output")
 		outW[i] = p[1]
 		theirs = append(theirs, p[1])
+		if err := unix.SetNonblock(p[0], true); err != nil {
+			unix.Close(p[0])
+			if stdinW >= 0 {
+				unix.Close(stdinW)
+			}
+			return fail("make pipes: " + err.Error())
+		}
+		outs[i] = os.NewFile(uintptr(p[0]), "run-output")
 	}
 	hdr := zygoteHeader(run)
 	fds := []int{stdinR, outW[0], outW[1]}
