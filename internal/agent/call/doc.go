@@ -29,11 +29,12 @@
 //
 // The zygote is one python3 started by the agent at the first zygote step,
 // as root, that imports the preload modules once and then forks a child
-// per run: the child joins the call's cgroups, starts a new session, drops
-// to the call's uid and runs the file as `python3 FILE` would. Between
-// runs the zygote changes nothing: every run's changes to the interpreter
-// die with its process. What runs share is the zygote's memory image as
-// the fork copied it (the preloaded modules, copy-on-write) and its hash
-// seed (PYTHONHASHSEED is fixed per zygote, so set iteration order is the
-// same in every run); random reseeds itself in every child.
+// per run: the child joins the call's cgroups, starts a new session, lowers
+// its RLIMIT_DATA to the call's memory limit, drops to the call's uid and
+// runs the file as `python3 FILE` would. Between runs the zygote changes
+// nothing: every run's changes to the interpreter die with its process.
+// What runs share is the zygote's memory image as the fork copied it (the
+// preloaded modules, copy-on-write) and its hash seed (PYTHONHASHSEED is
+// fixed per zygote, so set iteration order is the same in every run);
+// random reseeds itself in every child.
 package call
