@@ -56,12 +56,10 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 	}
 	hash := requestHash(msg)
 	for {
-		if sbs, err := s.replay(ctx, key, hash); err == nil {
-			return connect.NewResponse(&dsecv1.CreateResponse{Sandboxes: sbs}), nil
-		} else if !errors.Is(err, errdefs.ErrNotFound) {
-			return nil, err
-		}
-		// Only one create per key runs; the others wait for its record.
+		// Only one create per key runs here; the others wait for its
+		// record. A key done already (a retry) is found by its
+		// reservation, which answers with the record: looking it up first
+		// would cost every new key a query.
 		s.inflightMu.Lock()
 		ch, busy := s.inflight[key]
 		if !busy {
@@ -77,12 +75,7 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 				return nil, fmt.Errorf("wait for the create with idempotency key %q: %w", key, errdefs.ErrDeadlineExceeded)
 			}
 		}
-		// The create that held the key may have finished between the
-		// replay above and taking the key: look again before creating.
-		sbs, err := s.replay(ctx, key, hash)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			sbs, err = s.createAndRecord(ctx, msg.GetSpec(), count, key, hash)
-		}
+		sbs, err := s.createAndRecord(ctx, msg.GetSpec(), count, key, hash)
 		s.inflightMu.Lock()
 		delete(s.inflight, key)
 		close(ch)
@@ -106,6 +99,11 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, count int, key, hash string) ([]*dsecv1.Sandbox, error) {
 	nodes, err := s.place(placeRequest(spec, count), nil)
 	if err != nil {
+		// A retry of a create that is done gets its answer even when
+		// no node could take the batch now.
+		if sbs, rerr := s.replay(ctx, key, hash); !errors.Is(rerr, errdefs.ErrNotFound) {
+			return sbs, rerr
+		}
 		return nil, err
 	}
 	got, reserved, err := s.reserve(ctx, store.CreateReservation{Key: key, RequestHash: hash, Owner: s.cfg.Name, Placements: nodes})
