@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/edge/edgesvc"
@@ -380,5 +382,44 @@ func TestIdempotentAcrossReplicas(t *testing.T) {
 	again, err := clients[1].Create(context.Background(), connect.NewRequest(req2))
 	if err != nil || again.Msg.GetSandboxes()[0].GetId() != resp.Msg.GetSandboxes()[0].GetId() {
 		t.Errorf("replay through the other replica: %v", err)
+	}
+}
+
+// TestRetryOfDoneCreateWhenFull: a keyed create that is done answers its
+// retry with the same sandboxes even when placement would now find no
+// room, while a new create gets the typed refusal.
+func TestRetryOfDoneCreateWhenFull(t *testing.T) {
+	e := newFakeEdge("n1")
+	nodes := nodesOf(e)
+	nodes[0].Status = &edgev1.NodeStatus{Node: "n1", Backends: []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER}, MaxSandboxes: 2}
+	nodes[0].LastSeen = time.Now()
+	_, _, hs := startRig(t, false, false, Config{CreateConcurrency: 4}, nodes)
+	c := dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+	ctx := context.Background()
+	req := &dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 2, IdempotencyKey: "full"}
+	first, err := c.Create(ctx, connect.NewRequest(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The node's report still says 0 live, but this apiserver placed 2 of
+	// its 2: a new sandbox has no room.
+	if _, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: req.Spec})); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("a new create with the node full: %v, want ResourceExhausted", err)
+	}
+	again, err := c.Create(ctx, connect.NewRequest(req))
+	if err != nil {
+		t.Fatalf("the retry of a done create with the node full: %v", err)
+	}
+	if len(again.Msg.GetSandboxes()) != 2 || again.Msg.GetSandboxes()[0].GetId() != first.Msg.GetSandboxes()[0].GetId() ||
+		again.Msg.GetSandboxes()[1].GetId() != first.Msg.GetSandboxes()[1].GetId() {
+		t.Errorf("the retry answered %v, want the first answer %v", again.Msg.GetSandboxes(), first.Msg.GetSandboxes())
+	}
+	if n := e.running(); n != 2 {
+		t.Errorf("%d sandboxes run, want 2", n)
+	}
+	// The same key with another request is refused, full or not.
+	other := &dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:2"}, Count: 2, IdempotencyKey: "full"}
+	if _, err := c.Create(ctx, connect.NewRequest(other)); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("the key with another request: %v, want InvalidArgument", err)
 	}
 }
