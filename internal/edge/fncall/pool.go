@@ -208,7 +208,8 @@ func (ps *pools) acquire(ctx context.Context, key poolKey) (*member, error) {
 // the ceilings allow. Up to SoftMaxPerPool a pool grows for every waiter;
 // past it only while its calls are long ones (stalled) and the node's CPUs
 // have time to spare, by a quarter (at least one) per StallAge, looking
-// again after StallAge.
+// again after StallAge. Once its calls are short again it shrinks back, a
+// container per call that ends (overgrownLocked).
 func (ps *pools) growLocked(p *pool) {
 	if ps.closed {
 		return
@@ -325,6 +326,13 @@ func (ps *pools) release(key poolKey, m *member, retire bool) {
 		return
 	}
 	if len(p.waiters) > 0 {
+		if ps.overgrownLocked(p, time.Now()) {
+			// Calls queue for the CPU, not for containers: one container
+			// fewer serves them as fast, and the rest stay warmer.
+			ps.mu.Unlock()
+			ps.remove(m)
+			return
+		}
 		w := p.waiters[0]
 		p.waiters = p.waiters[1:]
 		ps.waiting--
@@ -336,6 +344,23 @@ func (ps *pools) release(key poolKey, m *member, retire bool) {
 	m.idle = time.Now()
 	p.idle = append(p.idle, m)
 	ps.mu.Unlock()
+}
+
+// shrinkAfter is how many StallAges after its last growth past the soft
+// ceiling a pool may shrink back to it.
+const shrinkAfter = 10
+
+// overgrownLocked says whether a member just given back (no longer among
+// p's busy ones) should retire rather than serve a waiter: the pool grew
+// past its soft ceiling for long calls, and its calls are short ones again.
+// Left alone, such a pool would keep every container it grew for as long
+// as calls queue (none is ever idle long enough to retire), and short
+// calls spread over more containers than the CPUs need run slower: more
+// agents and interpreters contend for the same cores and caches.
+func (ps *pools) overgrownLocked(p *pool, now time.Time) bool {
+	return p.size()+1 > ps.cfg.SoftMaxPerPool &&
+		now.Sub(p.grewAt) >= shrinkAfter*ps.cfg.StallAge &&
+		len(p.busy) > 0 && !p.stalled(now, ps.cfg.StallAge)
 }
 
 func (ps *pools) remove(m *member) {

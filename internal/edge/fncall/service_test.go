@@ -351,6 +351,62 @@ func TestPoolsGrowPastTheSoftCeilingOnlyForLongCalls(t *testing.T) {
 	}
 }
 
+// TestPoolShrinksToTheSoftCeilingForShortCalls: a pool grown past its soft
+// ceiling for long calls gives the extra containers up once its calls are
+// short again, although calls never stop queueing.
+func TestPoolShrinksToTheSoftCeilingForShortCalls(t *testing.T) {
+	f := newFake()
+	var delay atomic.Int64
+	delay.Store(int64(300 * time.Millisecond))
+	f.answer = func(string, *agentv1.CallRequest) (*agentv1.CallResponse, error) {
+		time.Sleep(time.Duration(delay.Load()))
+		return &agentv1.CallResponse{Steps: []*agentv1.CallStepResult{{Exited: &dsecv1.ExecExited{Status: dsecv1.ExitStatus_EXIT_STATUS_OK}}}}, nil
+	}
+	s := newTestService(t, f, PoolConfig{SoftMaxPerPool: 2, MaxPerPool: 5, StallAge: 20 * time.Millisecond})
+	req := &dsecv1.RunCodeRequest{Language: "python", Code: "print(1)"}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := s.RunCode(context.Background(), req); err != nil {
+					failed.Add(1)
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	waitFor := func(what string, ok func(n int) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !ok(f.liveCount()); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d containers live", what, f.liveCount())
+			}
+		}
+	}
+	waitFor("long calls grow the pool to its ceiling", func(n int) bool { return n == 5 })
+	delay.Store(int64(time.Millisecond))
+	waitFor("short calls shrink it to its soft ceiling", func(n int) bool { return n == 2 })
+	// And it stays there while the short calls go on queueing.
+	time.Sleep(300 * time.Millisecond)
+	if n := f.liveCount(); n != 2 {
+		t.Errorf("%d containers live under short calls; want the soft ceiling of 2", n)
+	}
+	if failed.Load() > 0 {
+		t.Errorf("%d calls failed while the pool shrank", failed.Load())
+	}
+}
+
 // TestColdBurstStopsAtTheSoftCeiling: a burst of short calls on a cold
 // pool starts the soft ceiling's containers, not one per call.
 func TestColdBurstStopsAtTheSoftCeiling(t *testing.T) {
