@@ -40,6 +40,9 @@ type E2BOptions struct {
 	// spec the adapter made of it (environment, limits), read back from a
 	// sandbox the SDK created.
 	Template string
+	// DsecAddr is the address dsec's client dials (its kind picks the
+	// instant server's: a Unix socket or loopback TCP).
+	DsecAddr string
 	Rounds   int // create → first run rounds of each side, cold and warm each
 	Warm     int // warm pool size of the warm rounds; 0 skips them
 	Runs     int // commands.run / exec calls of each side for the p50
@@ -68,6 +71,22 @@ type E2BPair struct {
 	// runs (/bin/bash -l -c true) instead of true: the adapter's cost
 	// without the login shell's.
 	DsecBash Latency `json:"dsec_bash_login,omitzero"`
+	// E2BFloor and DsecFloor are the same calls of each client against a
+	// server that answers at once (e2bfloor.go): what the clients cost
+	// by themselves.
+	E2BFloor  Latency `json:"e2b_instant_server,omitzero"`
+	DsecFloor Latency `json:"dsec_instant_server,omitzero"`
+}
+
+// ZeroCost is what the E2B figure would be with an adapter that cost
+// nothing: the SDK's own cost (E2BFloor) plus dsec's work for the command
+// the SDK runs (DsecBash less what dsec's client costs by itself); 0 when
+// a figure is missing.
+func (p E2BPair) ZeroCost() float64 {
+	if p.E2BFloor.P50 <= 0 || p.DsecBash.P50 <= 0 || p.DsecFloor.P50 <= 0 {
+		return 0
+	}
+	return p.E2BFloor.P50 + max(0, p.DsecBash.P50-p.DsecFloor.P50)
 }
 
 // Ratio is E2B's p50 over dsec's; 0 when either is missing.
@@ -187,6 +206,20 @@ func e2bCreate(ctx context.Context, c *apiclient.Clients, n *nodeSide) (id strin
 	return id, msDuration(ms), msDuration(r.CreateMS), sb.Msg.GetFromWarmPool(), nil
 }
 
+// e2bInstantCreate times Sandbox.create → first commands.run through the
+// SDK against the instant E2B server at url.
+func e2bInstantCreate(n *nodeSide, url string) (time.Duration, error) {
+	r, err := n.call(map[string]any{"op": "create", "url": url})
+	if err != nil {
+		return 0, fmt.Errorf("against an instant server: %w", err)
+	}
+	var ms float64
+	if err := json.Unmarshal(r.MS, &ms); err != nil {
+		return 0, fmt.Errorf("node's create answer: %w", err)
+	}
+	return msDuration(ms), nil
+}
+
 func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
 
 // RunE2B measures the E2B surface against dsec's own client, side by side on
@@ -195,6 +228,11 @@ func RunE2B(ctx context.Context, c *apiclient.Clients, o E2BOptions) (*E2BReport
 	if o.APIURL == "" || o.APIKey == "" {
 		return nil, errors.New("the E2B side needs E2B_API_URL and E2B_API_KEY (or --e2b-url and --api-key)")
 	}
+	fl, err := startFloors(apiclient.Addr(o.DsecAddr))
+	if err != nil {
+		return nil, err
+	}
+	defer fl.close()
 	n, err := startNode(ctx, o)
 	if err != nil {
 		return nil, err
@@ -226,19 +264,19 @@ func RunE2B(ctx context.Context, c *apiclient.Clients, o E2BOptions) (*E2BReport
 	}
 
 	o.logf("e2b: %d cold create → first run on each side, in turns", o.Rounds)
-	if err := e2bRounds(ctx, c, n, spec, o.Rounds, nil, &rep.Cold, &rep.E2BCreate, nil, nil); err != nil {
+	if err := e2bRounds(ctx, c, n, fl, spec, o.Rounds, nil, &rep.Cold, &rep.E2BCreate, nil, nil); err != nil {
 		return nil, err
 	}
 
 	if o.Warm > 0 {
 		o.logf("e2b: %d create → first run from a warm pool of %d on each side, in turns", o.Rounds, o.Warm)
-		if err := e2bWarm(ctx, c, n, spec, o, rep); err != nil {
+		if err := e2bWarm(ctx, c, n, fl, spec, o, rep); err != nil {
 			return nil, err
 		}
 	}
 
 	o.logf("e2b: %d commands.run('true') and %d dsec execs of true, in batches", o.Runs, o.Runs)
-	if err := e2bRuns(ctx, c, n, spec, o.Runs, rep); err != nil {
+	if err := e2bRuns(ctx, c, n, fl, spec, o.Runs, rep); err != nil {
 		return nil, err
 	}
 	if rep.Warm.E2B.N > 0 && rep.WarmHitsE2B < rep.Warm.E2B.N {
@@ -251,9 +289,9 @@ func RunE2B(ctx context.Context, c *apiclient.Clients, o E2BOptions) (*E2BReport
 // e2bRounds runs rounds of create → first run on each side, alternating
 // which goes first; before, when set, runs ahead of each create (the warm
 // pool's wait for a ready member).
-func e2bRounds(ctx context.Context, c *apiclient.Clients, n *nodeSide, spec *dsecv1.SandboxSpec, rounds int,
+func e2bRounds(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floors, spec *dsecv1.SandboxSpec, rounds int,
 	before func() error, pair *E2BPair, createOnly *Latency, hitsE2B, hitsOwn *int) error {
-	var lat, own, bash, creates []time.Duration
+	var lat, own, bash, creates, e2bFloor, dsecFloor []time.Duration
 	e2bTurn := func() error {
 		if before != nil {
 			if err := before(); err != nil {
@@ -297,7 +335,26 @@ func e2bRounds(ctx context.Context, c *apiclient.Clients, n *nodeSide, spec *dse
 			return nil
 		}
 	}
-	turns := []func() error{e2bTurn, dsecTurn([]string{"true"}, &own, true), dsecTurn([]string{"/bin/bash", "-l", "-c", "true"}, &bash, false)}
+	// Each client against its instant server, for the floors.
+	e2bFloorTurn := func() error {
+		d, err := e2bInstantCreate(n, fl.e2bURL)
+		e2bFloor = append(e2bFloor, d)
+		return err
+	}
+	dsecFloorTurn := func() error {
+		t0 := time.Now()
+		resp, err := fl.dsec.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
+		if err != nil {
+			return fmt.Errorf("create against an instant server: %w", err)
+		}
+		if err := execArgvOK(ctx, fl.dsec, resp.Msg.GetSandboxes()[0].GetId(), []string{"true"}); err != nil {
+			return fmt.Errorf("exec against an instant server: %w", err)
+		}
+		dsecFloor = append(dsecFloor, time.Since(t0))
+		return nil
+	}
+	turns := []func() error{e2bTurn, dsecTurn([]string{"true"}, &own, true), dsecTurn([]string{"/bin/bash", "-l", "-c", "true"}, &bash, false),
+		e2bFloorTurn, dsecFloorTurn}
 	for i := range rounds {
 		// Each side goes first as often as the others.
 		for j := range turns {
@@ -307,6 +364,7 @@ func e2bRounds(ctx context.Context, c *apiclient.Clients, n *nodeSide, spec *dse
 		}
 	}
 	pair.E2B, pair.Dsec, pair.DsecBash = summarize(lat), summarize(own), summarize(bash)
+	pair.E2BFloor, pair.DsecFloor = summarize(e2bFloor), summarize(dsecFloor)
 	if createOnly != nil {
 		*createOnly = summarize(creates)
 	}
@@ -315,7 +373,7 @@ func e2bRounds(ctx context.Context, c *apiclient.Clients, n *nodeSide, spec *dse
 
 // e2bWarm runs the rounds again with a warm pool of the spec's shape,
 // each create waiting for a ready member first.
-func e2bWarm(ctx context.Context, c *apiclient.Clients, n *nodeSide, spec *dsecv1.SandboxSpec, o E2BOptions, rep *E2BReport) error {
+func e2bWarm(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floors, spec *dsecv1.SandboxSpec, o E2BOptions, rep *E2BReport) error {
 	setPool := func(ctx context.Context, size int) error {
 		_, err := c.Sandboxes.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: spec, Size: int32(size)}))
 		return err
@@ -328,13 +386,13 @@ func e2bWarm(ctx context.Context, c *apiclient.Clients, n *nodeSide, spec *dsecv
 	if err := waitReady(int32(o.Warm)); err != nil {
 		return err
 	}
-	return e2bRounds(ctx, c, n, spec, o.Rounds, func() error { return waitReady(1) }, &rep.Warm, &rep.E2BCreateWarm, &rep.WarmHitsE2B, &rep.WarmHitsOwn)
+	return e2bRounds(ctx, c, n, fl, spec, o.Rounds, func() error { return waitReady(1) }, &rep.Warm, &rep.E2BCreateWarm, &rep.WarmHitsE2B, &rep.WarmHitsOwn)
 }
 
 // e2bRuns times commands.run('true') in one E2B sandbox against dsec's
 // exec of true (and of bash -l -c true) in one of its own, in alternating
 // batches so both see the machine alike.
-func e2bRuns(ctx context.Context, c *apiclient.Clients, n *nodeSide, spec *dsecv1.SandboxSpec, runs int, rep *E2BReport) error {
+func e2bRuns(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floors, spec *dsecv1.SandboxSpec, runs int, rep *E2BReport) error {
 	resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
 	if err != nil {
 		return fmt.Errorf("dsec create: %w", err)
@@ -342,24 +400,23 @@ func e2bRuns(ctx context.Context, c *apiclient.Clients, n *nodeSide, spec *dsecv
 	id := resp.Msg.GetSandboxes()[0].GetId()
 	defer deleteAll(c, []string{id})
 	const batch = 20
-	var e2bLat, own, bash []time.Duration
-	execArgv := func(argv ...string) (time.Duration, error) {
+	var e2bLat, own, bash, e2bFloor, dsecFloor []time.Duration
+	execArgv := func(c *apiclient.Clients, id string, argv ...string) (time.Duration, error) {
 		t0 := time.Now()
 		err := execArgvOK(ctx, c, id, argv)
 		return time.Since(t0), err
 	}
-	// Warm both up: connections, the SDK's first-call work, page cache.
-	if _, err := n.call(map[string]any{"op": "runs", "n": 5}); err != nil {
-		return err
+	floorResp, err := fl.dsec.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
+	if err != nil {
+		return fmt.Errorf("create against an instant server: %w", err)
 	}
-	for range 5 {
-		if _, err := execArgv("true"); err != nil {
-			return err
+	floorID := floorResp.Msg.GetSandboxes()[0].GetId()
+	nodeRuns := func(k int, url string, into *[]time.Duration) error {
+		req := map[string]any{"op": "runs", "n": k}
+		if url != "" {
+			req["url"] = url
 		}
-	}
-	for done := 0; done < runs; done += batch {
-		k := min(batch, runs-done)
-		r, err := n.call(map[string]any{"op": "runs", "n": k})
+		r, err := n.call(req)
 		if err != nil {
 			return err
 		}
@@ -368,22 +425,53 @@ func e2bRuns(ctx context.Context, c *apiclient.Clients, n *nodeSide, spec *dsecv
 			return fmt.Errorf("node's runs answer: %w", err)
 		}
 		for _, m := range ms {
-			e2bLat = append(e2bLat, msDuration(m))
+			*into = append(*into, msDuration(m))
+		}
+		return nil
+	}
+	// Warm all up: connections, the SDK's first-call work, page cache.
+	var discard []time.Duration
+	for _, url := range []string{"", fl.e2bURL} {
+		if err := nodeRuns(5, url, &discard); err != nil {
+			return err
+		}
+	}
+	for range 5 {
+		if _, err := execArgv(c, id, "true"); err != nil {
+			return err
+		}
+		if _, err := execArgv(fl.dsec, floorID, "true"); err != nil {
+			return err
+		}
+	}
+	for done := 0; done < runs; done += batch {
+		k := min(batch, runs-done)
+		if err := nodeRuns(k, "", &e2bLat); err != nil {
+			return err
+		}
+		if err := nodeRuns(k, fl.e2bURL, &e2bFloor); err != nil {
+			return err
 		}
 		for range k {
-			d, err := execArgv("true")
+			d, err := execArgv(c, id, "true")
 			if err != nil {
 				return err
 			}
 			own = append(own, d)
-			d, err = execArgv("/bin/bash", "-l", "-c", "true")
+			d, err = execArgv(c, id, "/bin/bash", "-l", "-c", "true")
 			if err != nil {
 				return err
 			}
 			bash = append(bash, d)
+			d, err = execArgv(fl.dsec, floorID, "true")
+			if err != nil {
+				return err
+			}
+			dsecFloor = append(dsecFloor, d)
 		}
 	}
-	rep.Run = E2BPair{E2B: summarize(e2bLat), Dsec: summarize(own), DsecBash: summarize(bash)}
+	rep.Run = E2BPair{E2B: summarize(e2bLat), Dsec: summarize(own), DsecBash: summarize(bash),
+		E2BFloor: summarize(e2bFloor), DsecFloor: summarize(dsecFloor)}
 	return nil
 }
 
@@ -453,17 +541,35 @@ func (r *E2BReport) Print(w io.Writer) {
 		return E2BPair{E2B: Latency{P50: p.E2B.P99}, Dsec: Latency{P50: p.Dsec.P99}}
 	}
 	bash := func(p E2BPair) E2BPair { return E2BPair{E2B: p.E2B, Dsec: p.DsecBash} }
-	row("create→first run p50 (cold)", r.Cold, e2bCreateTarget)
-	row("create→first run p99 (cold)", p99(r.Cold), 0)
-	row("  dsec running bash -l -c true, p50", bash(r.Cold), 0)
-	if r.Warm.E2B.N > 0 {
-		row("create→first run p50 (warm pool)", r.Warm, e2bCreateTarget)
-		row("create→first run p99 (warm pool)", p99(r.Warm), 0)
-		row("  dsec running bash -l -c true, p50", bash(r.Warm), 0)
+	floor := func(p E2BPair) E2BPair { return E2BPair{E2B: p.E2BFloor, Dsec: p.DsecFloor} }
+	zero := func(name string, p E2BPair, target float64) {
+		// What no adapter could beat, against the target: the verdict
+		// says whether the target is within reach at all.
+		z := E2BPair{E2B: Latency{P50: p.ZeroCost()}, Dsec: p.Dsec}
+		ratio, reach := "-", "-"
+		if x := z.Ratio(); x > 0 {
+			ratio = fmt.Sprintf("%.2f×", x)
+			reach = "reachable"
+			if x > target {
+				reach = "out of reach"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", name, ms(z.E2B.P50), ms(z.Dsec.P50), ratio, fmt.Sprintf("≤ %.1f×", target), reach)
 	}
-	row("commands.run('true') / exec true p50", r.Run, e2bRunTarget)
-	row("commands.run('true') / exec true p99", p99(r.Run), 0)
-	row("  dsec running bash -l -c true, p50", bash(r.Run), 0)
+	figure := func(name string, p E2BPair, target float64) {
+		row(name+" p50", p, target)
+		row(name+" p99", p99(p), 0)
+		row("  dsec running bash -l -c true, p50", bash(p), 0)
+		if p.E2BFloor.N > 0 {
+			row("  each client against an instant server, p50", floor(p), 0)
+			zero("  E2B with a zero-cost adapter, p50", p, target)
+		}
+	}
+	figure("create→first run (cold)", r.Cold, e2bCreateTarget)
+	if r.Warm.E2B.N > 0 {
+		figure("create→first run (warm pool)", r.Warm, e2bCreateTarget)
+	}
+	figure("commands.run('true') / exec true", r.Run, e2bRunTarget)
 	tw.Flush()
 	fmt.Fprintf(w, "template %s = environment %s; %d cold and %d warm rounds a side, %d runs a side; Sandbox.create alone p50 %s cold, %s warm.\n",
 		r.Template, r.Environment, r.Cold.E2B.N, r.Warm.E2B.N, r.Run.E2B.N, ms(r.E2BCreate.P50), ms(r.E2BCreateWarm.P50))
@@ -474,6 +580,9 @@ func (r *E2BReport) Print(w io.Writer) {
 	fmt.Fprintln(w, "E2B column: the official SDK in node, timed inside node (node's start excluded); dsec column: dsec's")
 	fmt.Fprintln(w, "Go client, same daemon, same spec (the one the adapter made of the template), same user (\"user\"), in alternate turns.")
 	fmt.Fprintln(w, "commands.run runs /bin/bash -l -c CMD, as E2B's SDK asks; the indented rows give dsec's client that command too.")
+	fmt.Fprintln(w, "Instant server: each client against a server of its protocol that answers at once (what the client alone costs).")
+	fmt.Fprintln(w, "Zero-cost adapter: the SDK's instant-server figure plus dsec's own work for bash -l -c true (its bash row less")
+	fmt.Fprintln(w, "its client's instant-server figure): the best any E2B server could do here, and whether the target is within reach.")
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
 	}

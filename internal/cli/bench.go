@@ -256,6 +256,7 @@ func (a *app) benchE2BCommand() *cobra.Command {
 			if apiKey != "" {
 				o.APIKey = apiKey
 			}
+			o.DsecAddr = a.addr
 			return a.runBench(cmd.Context(), "", &o.Progress, func(ctx context.Context) (report, error) {
 				return bench.RunE2B(ctx, a.c, o)
 			})
