@@ -183,17 +183,32 @@ func (n *nodeSide) close() {
 	}
 }
 
+// sdkCreate times Sandbox.create → first commands.run through the SDK,
+// against url ("" = the daemon the SDK is configured for), and returns
+// node's answer with the total.
+func sdkCreate(n *nodeSide, url string) (*nodeReply, time.Duration, error) {
+	req := map[string]any{"op": "create"}
+	if url != "" {
+		req["url"] = url
+	}
+	r, err := n.call(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var ms float64
+	if err := json.Unmarshal(r.MS, &ms); err != nil {
+		return nil, 0, fmt.Errorf("node's create answer: %w", err)
+	}
+	return r, msDuration(ms), nil
+}
+
 // e2bCreate times Sandbox.create → first commands.run through the SDK and
 // returns the dsec ID of the sandbox (still running) and whether it came
 // from a warm pool.
 func e2bCreate(ctx context.Context, c *apiclient.Clients, n *nodeSide) (id string, total, create time.Duration, pooled bool, err error) {
-	r, err := n.call(map[string]any{"op": "create"})
+	r, total, err := sdkCreate(n, "")
 	if err != nil {
 		return "", 0, 0, false, err
-	}
-	var ms float64
-	if err := json.Unmarshal(r.MS, &ms); err != nil {
-		return "", 0, 0, false, fmt.Errorf("node's create answer: %w", err)
 	}
 	id, err = e2b.DsecID(r.ID)
 	if err != nil {
@@ -203,21 +218,7 @@ func e2bCreate(ctx context.Context, c *apiclient.Clients, n *nodeSide) (id strin
 	if err != nil {
 		return id, 0, 0, false, fmt.Errorf("get %s, made through E2B: %w", id, err)
 	}
-	return id, msDuration(ms), msDuration(r.CreateMS), sb.Msg.GetFromWarmPool(), nil
-}
-
-// e2bInstantCreate times Sandbox.create → first commands.run through the
-// SDK against the instant E2B server at url.
-func e2bInstantCreate(n *nodeSide, url string) (time.Duration, error) {
-	r, err := n.call(map[string]any{"op": "create", "url": url})
-	if err != nil {
-		return 0, fmt.Errorf("against an instant server: %w", err)
-	}
-	var ms float64
-	if err := json.Unmarshal(r.MS, &ms); err != nil {
-		return 0, fmt.Errorf("node's create answer: %w", err)
-	}
-	return msDuration(ms), nil
+	return id, total, msDuration(r.CreateMS), sb.Msg.GetFromWarmPool(), nil
 }
 
 func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
@@ -337,9 +338,12 @@ func e2bRounds(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floor
 	}
 	// Each client against its instant server, for the floors.
 	e2bFloorTurn := func() error {
-		d, err := e2bInstantCreate(n, fl.e2bURL)
+		_, d, err := sdkCreate(n, fl.e2bURL)
+		if err != nil {
+			return fmt.Errorf("against an instant server: %w", err)
+		}
 		e2bFloor = append(e2bFloor, d)
-		return err
+		return nil
 	}
 	dsecFloorTurn := func() error {
 		t0 := time.Now()

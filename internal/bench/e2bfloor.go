@@ -50,7 +50,7 @@ func startFloors(dsecAddr string) (*floors, error) {
 
 	var dsecLn net.Listener
 	var dir, addr string
-	if first, _, _ := strings.Cut(dsecAddr, ","); strings.HasPrefix(first, "unix://") || strings.HasPrefix(first, "/") {
+	if strings.HasPrefix(dsecAddr, "unix://") { // the first of the list, as apiclient spells a socket
 		dir, err = os.MkdirTemp("", "dsec-bench-floor-")
 		if err == nil {
 			sock := filepath.Join(dir, "floor.sock")
