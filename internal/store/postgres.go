@@ -27,6 +27,9 @@ import (
 // retry) and then fail with errdefs.ErrUnavailable.
 type pgStore struct {
 	pool *pgxpool.Pool
+	// reserve and complete combine the statements of concurrent
+	// ReserveCreate and CompleteCreate calls.
+	reserve, complete *combiner
 }
 
 // registryLockID is the advisory lock every RegisterNode holds for its
@@ -50,7 +53,7 @@ func openPostgres(ctx context.Context, dsn string) (Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("open metadata store %s: %w", name, pgKind(err))
 	}
-	return &pgStore{pool: pool}, nil
+	return &pgStore{pool: pool, reserve: newCombiner(pool), complete: newCombiner(pool)}, nil
 }
 
 func (s *pgStore) Close() error {
@@ -246,9 +249,12 @@ func (s *pgStore) ReserveCreate(ctx context.Context, r CreateReservation) (Creat
 	var reserved bool
 	err = s.retry(ctx, false, func(ctx context.Context) error {
 		for range 10 {
-			var err error
-			got, err = scanPGReservation(s.pool.QueryRow(ctx, pgReserveSQL,
-				r.Key, r.RequestHash, r.Owner, nonNil(r.Placements), r.Created, r.Nonce), &reserved)
+			err := s.reserve.queryRow(ctx, pgReserveSQL,
+				[]any{r.Key, r.RequestHash, r.Owner, nonNil(r.Placements), r.Created, r.Nonce},
+				func(row pgx.Row) (err error) {
+					got, err = scanPGReservation(row, &reserved)
+					return err
+				})
 			if !errors.Is(err, pgx.ErrNoRows) {
 				return err
 			}
@@ -293,7 +299,8 @@ func (s *pgStore) CompleteCreate(ctx context.Context, key, nonce string, sbs []S
 	// same IDs), so a lost connection is retried.
 	err = s.retry(ctx, true, func(ctx context.Context) error {
 		var marked, inserted int64
-		err := s.pool.QueryRow(ctx, pgCompleteSQL, key, nonNil(ids), ms(time.Now()), nodes, created, nonce).Scan(&marked, &inserted)
+		err := s.complete.queryRow(ctx, pgCompleteSQL, []any{key, nonNil(ids), ms(time.Now()), nodes, created, nonce},
+			func(row pgx.Row) error { return row.Scan(&marked, &inserted) })
 		if pgUnique(err) {
 			return fmt.Errorf("a sandbox ID is already recorded: %w: %w", errdefs.ErrAlreadyExists, err)
 		}

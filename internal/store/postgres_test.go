@@ -106,6 +106,85 @@ func TestPostgresTokensHashOnly(t *testing.T) {
 	}
 }
 
+// TestPostgresCombinedCreates: many creates at once reserve and complete
+// their keys in shared batches (one round trip and one commit for several),
+// yet each call gets the answer it would get alone. Two of them complete
+// with the same sandbox ID: the batch holding both fails as a whole, its
+// statements run again alone, and exactly one of the two wins.
+func TestPostgresCombinedCreates(t *testing.T) {
+	pg := testutil.StartPostgresServer(t)
+	st := openStore(t, pg.NewDatabase(t))
+	ctx := t.Context()
+	const n = 64
+	var batchedAfterReserve int64
+	for round := range 3 {
+		reserved := make([]store.CreateReservation, n)
+		errs := make([]error, n)
+		run := func(f func(i int) error) {
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					errs[i] = f(i)
+				}()
+			}
+			close(start)
+			wg.Wait()
+		}
+		key := func(i int) string { return fmt.Sprintf("r%d-k%d", round, i) }
+		run(func(i int) error {
+			got, ok, err := st.ReserveCreate(ctx, store.CreateReservation{Key: key(i), RequestHash: "h"})
+			if err == nil && !ok {
+				err = fmt.Errorf("key %s: reserved is false for a new key", key(i))
+			}
+			reserved[i] = got
+			return err
+		})
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: ReserveCreate #%d: %v", round, i, err)
+			}
+		}
+		batchedAfterReserve, _ = store.CombinedForTest(st)
+		run(func(i int) error {
+			id := fmt.Sprintf("sb-%d-%d", round, i)
+			if i == 1 {
+				id = fmt.Sprintf("sb-%d-0", round) // the same sandbox as #0's
+			}
+			return st.CompleteCreate(ctx, key(i), reserved[i].Nonce, []store.SandboxRow{{ID: id, Node: "n"}})
+		})
+		won := 0
+		for i, err := range errs {
+			switch {
+			case i <= 1 && err == nil:
+				won++
+			case i <= 1:
+				if !errors.Is(err, errdefs.ErrAlreadyExists) {
+					t.Fatalf("round %d: CompleteCreate #%d with a sandbox ID another key holds: %v, want AlreadyExists", round, i, err)
+				}
+			case err != nil:
+				t.Fatalf("round %d: CompleteCreate #%d: %v", round, i, err)
+			default:
+				rec, err := st.GetIdempotency(ctx, key(i))
+				if err != nil || len(rec.IDs) != 1 || rec.IDs[0] != fmt.Sprintf("sb-%d-%d", round, i) {
+					t.Fatalf("round %d: key %s after its completion: %+v, %v", round, key(i), rec, err)
+				}
+			}
+		}
+		if won != 1 {
+			t.Fatalf("round %d: %d of the two creates with one sandbox ID completed, want exactly 1", round, won)
+		}
+	}
+	batched, rerun := store.CombinedForTest(st)
+	t.Logf("%d statements sent in shared batches, %d of them run again alone", batched, rerun)
+	if batchedAfterReserve == 0 || batched == batchedAfterReserve {
+		t.Fatalf("reservations and completions never shared a batch (%d, then %d statements batched): the test did not exercise combining", batchedAfterReserve, batched)
+	}
+}
+
 // TestPostgresRestart: the server restarts under a live Store; once it is
 // back the next calls succeed on the same Store, without reopening.
 func TestPostgresRestart(t *testing.T) {
