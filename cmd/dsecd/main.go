@@ -24,6 +24,7 @@ import (
 	"dsec.dev/dsec/internal/e2b"
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/edge/swap"
+	"dsec.dev/dsec/internal/placement"
 )
 
 const usage = `usage:
@@ -266,6 +267,7 @@ func apiserverMain(args []string) int {
 	fs.StringVar(&cfg.DB, "db", "", "the metadata store all replicas share: postgres://… (or a SQLite file for a lone replica)")
 	fs.Var(&edges, "edge", "an edge, NAME=https://HOST:PORT (repeatable; default: the edges registered in --db)")
 	fs.IntVar(&cfg.Replicas, "replicas", 1, "how many apiservers place onto these edges (placement weighs its own recent placements by it)")
+	fs.IntVar(&cfg.PlacementGroup, "placement-group", placement.DefaultGroup, "how many sandboxes of a batch go to one node together, in one call to it (1 spreads each on its own)")
 	fs.StringVar(&cfg.SandboxFusionListen, "sandboxfusion-listen", "", "TCP address to serve SandboxFusion's HTTP API on, without a token (default: off)")
 	fs.StringVar(&cfg.E2BListen, "e2b-listen", "", "TCP address to serve E2B's API on (default: off; needs --e2b-secret-file)")
 	fs.StringVar(&cfg.E2BSecretFile, "e2b-secret-file", "", "the secret that signs E2B access tokens, the same file on every apiserver (dsecd init-cluster writes e2b.secret)")

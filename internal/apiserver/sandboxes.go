@@ -303,10 +303,12 @@ func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n in
 }
 
 // createPlaced starts one sandbox on each of nodes (placed and reserved
-// already) with bounded concurrency. A node's refusal (ResourceExhausted:
-// it is full) or failure sends that sandbox elsewhere, at most maxHops
-// tries in all. If any sandbox cannot be made, its error is returned with
-// the sandboxes that were (nil where none was), for the caller to remove. Sandbox i's create on node N carries the token
+// already). The sandboxes bound for one node go in one call (CreateMany),
+// the calls to different nodes at once, with bounded concurrency. A node's
+// refusal (ResourceExhausted: it is full) or failure sends that sandbox
+// elsewhere, at most maxHops tries in all. If any sandbox cannot be made,
+// its error is returned with the sandboxes that were (nil where none was),
+// for the caller to remove. Sandbox i's create on node N carries the token
 // BATCH#i@N (createToken), so a retried create of a keyed batch (whose
 // batch name is its reservation's) gets the sandboxes the first made, and
 // reconciliation can find what a given-up create made; key is the batch's
@@ -315,39 +317,50 @@ func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 	n := len(nodes)
 	out := make([]*dsecv1.Sandbox, n)
 	errs := make([]error, n)
+	if n == 1 {
+		out[0], errs[0] = s.createOne(ctx, spec, nodes[0], createToken(batch, 0), key)
+		return out, errs[0]
+	}
+	groups := byNode(nodes)
 	sem := make(chan struct{}, s.cfg.CreateConcurrency)
 	var wg sync.WaitGroup
-	// A failure stops the creates not yet started; those under way finish
+	// A failure stops the calls not yet started; those under way finish
 	// (a create cut off midway would leave its outcome unknown, its
 	// sandbox to the reconciler), so the caller can remove all of them now.
 	stop := make(chan struct{})
 	var once sync.Once
-	for i := range n {
+	for _, g := range groups {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			giveUp := func(err error) {
+				s.placer.Done(g.node, len(g.idx), false)
+				for _, i := range g.idx {
+					errs[i] = err
+				}
+			}
 			select {
 			case <-stop:
-				s.placer.Done(nodes[i], 1, false)
-				errs[i] = context.Canceled
+				giveUp(context.Canceled)
 				return
 			default:
 			}
 			select {
 			case sem <- struct{}{}:
 			case <-stop:
-				s.placer.Done(nodes[i], 1, false)
-				errs[i] = context.Canceled
+				giveUp(context.Canceled)
 				return
 			case <-ctx.Done():
-				s.placer.Done(nodes[i], 1, false)
-				errs[i] = ctx.Err()
+				giveUp(ctx.Err())
 				return
 			}
 			defer func() { <-sem }()
-			out[i], errs[i] = s.createOne(ctx, spec, nodes[i], createToken(batch, i), key)
-			if errs[i] != nil {
-				once.Do(func() { close(stop) })
+			s.createGroup(ctx, spec, g.node, g.idx, batch, key, out, errs)
+			for _, i := range g.idx {
+				if errs[i] != nil {
+					once.Do(func() { close(stop) })
+					break
+				}
 			}
 		}()
 	}
@@ -359,12 +372,66 @@ func (s *Server) createPlaced(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 		}
 	}
 	if first != nil {
-		if n > 1 {
-			return out, fmt.Errorf("create %d sandboxes (none kept): %w", n, first)
-		}
-		return out, first
+		return out, fmt.Errorf("create %d sandboxes (none kept): %w", n, first)
 	}
 	return out, nil
+}
+
+// nodeGroup is the sandboxes of a batch bound for one node, by index.
+type nodeGroup struct {
+	node string
+	idx  []int
+}
+
+// byNode groups the indices of nodes by node, in the order the nodes first
+// appear, at most maxCreateMany to a group.
+func byNode(nodes []string) []nodeGroup {
+	var groups []nodeGroup
+	at := map[string]int{}
+	for i, node := range nodes {
+		g, ok := at[node]
+		if !ok || len(groups[g].idx) == maxCreateMany {
+			g = len(groups)
+			at[node] = g
+			groups = append(groups, nodeGroup{node: node})
+		}
+		groups[g].idx = append(groups[g].idx, i)
+	}
+	return groups
+}
+
+// maxCreateMany is the most sandboxes one CreateMany carries (the edge's
+// own bound).
+const maxCreateMany = 256
+
+// createGroup makes sandboxes idx of a batch on node in one call and sends
+// each the node refused or failed elsewhere, as createOne does, filling in
+// out and errs at idx.
+func (s *Server) createGroup(ctx context.Context, spec *dsecv1.SandboxSpec, node string, idx []int, batch, key string, out []*dsecv1.Sandbox, errs []error) {
+	if len(idx) == 1 {
+		i := idx[0]
+		out[i], errs[i] = s.createOne(ctx, spec, node, createToken(batch, i), key)
+		return
+	}
+	tokens := make([]string, len(idx))
+	for j, i := range idx {
+		tokens[j] = createToken(batch, i)
+	}
+	sbs, cerrs := s.createManyOn(ctx, spec, node, tokens, key)
+	var wg sync.WaitGroup
+	for j, i := range idx {
+		s.placer.Done(node, 1, cerrs[j] == nil)
+		if cerrs[j] == nil {
+			out[i] = sbs[j]
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i], errs[i] = s.createElsewhere(ctx, spec, node, tokens[j], key, cerrs[j])
+		}()
+	}
+	wg.Wait()
 }
 
 // placeRequest is what placement is asked for n sandboxes of spec.
@@ -401,13 +468,20 @@ const maxHops = 3
 // createOne makes one sandbox on node (placed and reserved already),
 // placing it again elsewhere when the node refuses or fails.
 func (s *Server) createOne(ctx context.Context, spec *dsecv1.SandboxSpec, node, token, key string) (*dsecv1.Sandbox, error) {
+	sb, err := s.createOn(ctx, spec, node, token, key)
+	s.placer.Done(node, 1, err == nil)
+	if err == nil {
+		return sb, nil
+	}
+	return s.createElsewhere(ctx, spec, node, token, key, err)
+}
+
+// createElsewhere goes on with the create of token that node answered
+// with err: placed again without the nodes tried, while placement.Retry
+// says so, at most maxHops nodes in all.
+func (s *Server) createElsewhere(ctx context.Context, spec *dsecv1.SandboxSpec, node, token, key string, err error) (*dsecv1.Sandbox, error) {
 	var retry placement.Retry
 	for hop := 1; ; hop++ {
-		sb, err := s.createOn(ctx, spec, node, token, key)
-		s.placer.Done(node, 1, err == nil)
-		if err == nil {
-			return sb, nil
-		}
 		if !retry.Again(node, err) {
 			return nil, err
 		}
@@ -421,6 +495,12 @@ func (s *Server) createOne(ctx context.Context, spec *dsecv1.SandboxSpec, node, 
 			return nil, fmt.Errorf("create a sandbox after %s said %v: %w", node, err, perr)
 		}
 		node = picked[0]
+		var sb *dsecv1.Sandbox
+		sb, err = s.createOn(ctx, spec, node, token, key)
+		s.placer.Done(node, 1, err == nil)
+		if err == nil {
+			return sb, nil
+		}
 	}
 }
 
@@ -442,6 +522,56 @@ func (s *Server) createOn(ctx context.Context, spec *dsecv1.SandboxSpec, node, t
 		return nil, err
 	}
 	return resp.Msg, nil
+}
+
+// createManyOn sends the creates of tokens to node in one call, each token
+// naming that node too, and returns each one's sandbox or error. A create
+// whose outcome the call did not bring is recorded as a doubt, as createOn
+// does.
+func (s *Server) createManyOn(ctx context.Context, spec *dsecv1.SandboxSpec, node string, tokens []string, key string) ([]*dsecv1.Sandbox, []error) {
+	sbs := make([]*dsecv1.Sandbox, len(tokens))
+	errs := make([]error, len(tokens))
+	fail := func(err error) ([]*dsecv1.Sandbox, []error) {
+		for j := range errs {
+			errs[j] = err
+		}
+		return sbs, errs
+	}
+	e, err := s.fleet.Edge(node)
+	if err != nil {
+		return fail(err) // nothing was sent
+	}
+	sent := make([]string, len(tokens))
+	for j, t := range tokens {
+		sent[j] = nodeToken(t, node)
+	}
+	resp, err := e.CreateMany(ctx, connect.NewRequest(&edgev1.CreateManyRequest{Spec: spec, CreateTokens: sent}))
+	if err == nil && len(resp.Msg.GetResults()) != len(sent) {
+		err = fmt.Errorf("node %s answered %d results to %d creates: %w", node, len(resp.Msg.GetResults()), len(sent), errdefs.ErrInternal)
+	}
+	if err != nil {
+		if outcomeUnknown(err) {
+			for _, t := range sent {
+				s.doubt(ctx, store.Doubt{Node: node, Token: t, Key: key}, err)
+			}
+		}
+		return fail(err)
+	}
+	for j, r := range resp.Msg.GetResults() {
+		switch {
+		case r.GetErrorCode() != 0:
+			errs[j] = errdefs.FromConnect(connect.NewError(connect.Code(r.GetErrorCode()), errors.New(r.GetErrorMessage())))
+			if outcomeUnknown(errs[j]) {
+				s.doubt(ctx, store.Doubt{Node: node, Token: sent[j], Key: key}, errs[j])
+			}
+		case r.GetSandbox() == nil:
+			errs[j] = fmt.Errorf("node %s answered create %s with neither a sandbox nor an error: %w", node, sent[j], errdefs.ErrInternal)
+			s.doubt(ctx, store.Doubt{Node: node, Token: sent[j], Key: key}, errs[j])
+		default:
+			sbs[j] = r.GetSandbox()
+		}
+	}
+	return sbs, errs
 }
 
 // createToken names sandbox i of a batch; nodeToken adds the node it is

@@ -79,6 +79,10 @@ type Config struct {
 	// Replicas is how many apiservers place onto the same nodes; placement
 	// weighs its own unreported placements by it (package placement).
 	Replicas int
+	// PlacementGroup is how many sandboxes of a batch one placement pick
+	// puts on one node, in one call to it (placement.Config.Group; 0 =
+	// placement.DefaultGroup).
+	PlacementGroup int
 	// Auth, when set, checks the bearer token of every call that does not
 	// come over a Unix socket (see ConnContext); nil trusts every caller.
 	Auth Authenticator
@@ -123,7 +127,7 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 		cfg.AbandonAfter = DefaultAbandonAfter
 	}
 	s := &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{},
-		placer: placement.New(placement.Config{Replicas: cfg.Replicas}), rec: newReconciler()}
+		placer: placement.New(placement.Config{Replicas: cfg.Replicas, Group: cfg.PlacementGroup}), rec: newReconciler()}
 	s.fn = &fnService{s: s}
 	return s
 }

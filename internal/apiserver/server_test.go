@@ -2,12 +2,14 @@ package apiserver
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edgeclient"
+	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/sandboxid"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
@@ -285,6 +288,72 @@ func TestBatchSpreadsOverNodes(t *testing.T) {
 			}
 		}
 	})
+}
+
+// countingEdge counts the create calls an apiserver makes to an edge.
+type countingEdge struct {
+	Edge
+	creates, createManys, sandboxes atomic.Int64
+}
+
+func (c *countingEdge) Create(ctx context.Context, req *connect.Request[edgev1.CreateRequest]) (*connect.Response[dsecv1.Sandbox], error) {
+	c.creates.Add(1)
+	c.sandboxes.Add(1)
+	return c.Edge.Create(ctx, req)
+}
+
+func (c *countingEdge) CreateMany(ctx context.Context, req *connect.Request[edgev1.CreateManyRequest]) (*connect.Response[edgev1.CreateManyResponse], error) {
+	c.createManys.Add(1)
+	c.sandboxes.Add(int64(len(req.Msg.GetCreateTokens())))
+	return c.Edge.CreateMany(ctx, req)
+}
+
+// TestBatchGoesToNodesInGroups: a batch's sandboxes go to nodes a placement
+// group at a time, each node's share in one call: 40 sandboxes over 20
+// nodes cost at most 10 calls, not 40; with a group of 1 they spread over
+// most nodes, still one call per node.
+func TestBatchGoesToNodesInGroups(t *testing.T) {
+	for _, tc := range []struct {
+		group, maxCalls int
+	}{{0, 40 / placement.DefaultGroup}, {1, 20}} {
+		var edges []*fakeEdge
+		for i := range 20 {
+			edges = append(edges, newFakeEdge(fmt.Sprintf("n%02d", i)))
+		}
+		nodes := nodesOf(edges...)
+		counters := make([]*countingEdge, len(nodes))
+		for i := range nodes {
+			counters[i] = &countingEdge{Edge: nodes[i].Edge}
+			nodes[i].Edge = counters[i]
+		}
+		_, _, hs := startRig(t, false, false, Config{CreateConcurrency: 4, PlacementGroup: tc.group}, nodes)
+		cl := dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+		resp, err := cl.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
+			Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 40, IdempotencyKey: "groups"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var calls, many, sent int64
+		used := 0
+		for i, c := range counters {
+			if c.sandboxes.Load() > 0 {
+				used++
+			}
+			calls += c.creates.Load() + c.createManys.Load()
+			many += c.createManys.Load()
+			sent += c.sandboxes.Load()
+			if n := int64(edges[i].running()); n != c.sandboxes.Load() {
+				t.Errorf("group %d: node %s runs %d sandboxes, was asked for %d", tc.group, edges[i].node, n, c.sandboxes.Load())
+			}
+		}
+		if len(resp.Msg.GetSandboxes()) != 40 || sent != 40 || calls > int64(tc.maxCalls) {
+			t.Errorf("group %d: %d sandboxes made, %d asked of edges in %d calls (%d CreateMany); want 40 in at most %d calls",
+				tc.group, len(resp.Msg.GetSandboxes()), sent, calls, many, tc.maxCalls)
+		}
+		if tc.group == 1 && used < 15 {
+			t.Errorf("group 1: 40 sandboxes landed on %d of 20 nodes, want at least 15", used)
+		}
+	}
 }
 
 // TestRefusedCreatesGoElsewhere: a full node's refusal is no failure: the

@@ -275,6 +275,9 @@ type APIServerConfig struct {
 	PollInterval time.Duration
 	// Replicas is how many apiservers place onto these edges; default 1.
 	Replicas int
+	// PlacementGroup is how many sandboxes of a batch one placement pick
+	// puts on one node; 0 = placement's default.
+	PlacementGroup int
 	// DebugListen, if set, serves Go's profiles (net/http/pprof) on this
 	// address; keep it on loopback.
 	DebugListen string
@@ -364,7 +367,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		},
 		Log: log.With("component", "watcher"),
 	})
-	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, Auth: meta,
+	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()

@@ -160,6 +160,10 @@ func (r *Remote) Create(ctx context.Context, req *connect.Request[edgev1.CreateR
 	return unary(ctx, r.c.Create, req)
 }
 
+func (r *Remote) CreateMany(ctx context.Context, req *connect.Request[edgev1.CreateManyRequest]) (*connect.Response[edgev1.CreateManyResponse], error) {
+	return unary(ctx, r.c.CreateMany, req)
+}
+
 func (r *Remote) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {
 	return unary(ctx, r.c.Get, req)
 }

@@ -56,9 +56,16 @@
 //
 // A batch is one decision, with no I/O inside it. Sparrow (SOSP '13)
 // samples d·m nodes for a batch of m tasks rather than d for each task on
-// its own; here each sandbox samples its own K, and the batch's earlier
+// its own; here each pick samples its own K, and the batch's earlier
 // picks count at once (virtual load), so 300 sandboxes over 3 equal nodes
-// land 100 on each rather than all where the first sample pointed. Sparrow's
+// land 100 on each rather than all where the first sample pointed. A pick
+// places up to Config.Group sandboxes (4) on the node it chose: the
+// apiserver sends a node's share of a batch in one call, and a call to an
+// edge costs about what a hollow create does, so a batch of 50 over 160
+// nodes costs 13 calls instead of about 45, and its sandboxes share each
+// node's layer cache. The price is granularity: a node's share of one
+// batch may be a group off, and the fill simulation ends a little less
+// even (max ÷ mean 1.05 rather than 1.03 with 4 replicas at 80 %). Sparrow's
 // late binding has its counterpart in the edge's admission: a refusal is
 // placed again elsewhere. A batch is placed whole or not at all; when it
 // does not fit, the *ExhaustedError says what ran out (no healthy node, no

@@ -17,6 +17,7 @@ const DefaultBackend = "container"
 const (
 	DefaultK         = 3
 	DefaultRecentTTL = 10 * time.Second
+	DefaultGroup     = 4
 )
 
 // Node is one edge as the apiserver's watcher last saw it. Names are unique
@@ -40,8 +41,14 @@ type Request struct {
 
 // Config configures a Placer. The zero value works, with a random seed.
 type Config struct {
-	// K is how many distinct candidates are sampled per sandbox (DefaultK).
+	// K is how many distinct candidates are sampled per pick (DefaultK).
 	K int
+	// Group is how many sandboxes of a batch one pick places together, on
+	// the node it chose (DefaultGroup; 1 places each on its own): a batch
+	// of n costs about n/Group calls to edges rather than n, and its
+	// sandboxes share each node's layer cache. A node with less room takes
+	// what fits and the next pick the rest.
+	Group int
 	// Rand is the Placer's only source of randomness; the Placer uses it
 	// under its own lock, so it must not be shared. Nil: seeded from the
 	// runtime's random source.
@@ -63,6 +70,7 @@ type Config struct {
 // other's reservations. Replicas each have their own and share nothing.
 type Placer struct {
 	k     int
+	group int
 	scale int // Config.Replicas
 	ttl   time.Duration
 	now   func() time.Time
@@ -100,6 +108,10 @@ func New(cfg Config) *Placer {
 	if p.k <= 0 {
 		p.k = DefaultK
 	}
+	p.group = cfg.Group
+	if p.group <= 0 {
+		p.group = DefaultGroup
+	}
 	p.scale = max(cfg.Replicas, 1)
 	if p.ttl <= 0 {
 		p.ttl = DefaultRecentTTL
@@ -114,7 +126,8 @@ func New(cfg Config) *Placer {
 }
 
 // Place chooses a node for each of req.Count sandboxes in one decision and
-// returns their names, one per sandbox. Candidates are the healthy nodes
+// returns their names, one per sandbox, those of one pick (up to
+// Config.Group) next to each other. Candidates are the healthy nodes
 // offering req.Backend with room, less those in exclude (the nodes this
 // request already tried). Everything returned is reserved as in flight until
 // the caller reports it with Done, which it must do exactly once per
@@ -184,8 +197,8 @@ func (p *Placer) Place(nodes []Node, req Request, exclude map[string]bool) ([]st
 			live = append(live, i)
 		}
 	}
-	out := make([]string, req.Count)
-	for s := range out {
+	out := make([]string, 0, req.Count)
+	for len(out) < req.Count {
 		k := min(p.k, len(live))
 		best := 0
 		for j := range k {
@@ -196,10 +209,13 @@ func (p *Placer) Place(nodes []Node, req Request, exclude map[string]bool) ([]st
 			}
 		}
 		c := &cands[live[best]]
-		c.load++
-		c.score++
-		c.picks++
-		out[s] = c.name
+		n := min(p.group, req.Count-len(out), c.cap-c.load)
+		c.load += n
+		c.score += n
+		c.picks += n
+		for range n {
+			out = append(out, c.name)
+		}
 		if c.load >= c.cap {
 			live[best] = live[len(live)-1]
 			live = live[:len(live)-1]

@@ -167,20 +167,29 @@ func TestBatchSpreads(t *testing.T) {
 		// With K < N a node is compared only when sampled.
 		{"30 equal nodes", equal(30, 0, 200), 300, fair(30, 10), 2},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for seed := range uint64(10) {
-				got, err := newPlacer(seed, newClock()).Place(tc.nodes, Request{Count: tc.count}, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				c := counts(got)
-				for name, share := range tc.want {
-					if c[name] > share*3/2 || abs(c[name]-share) > tc.slack {
-						t.Errorf("seed %d: %s got %d, share %d ± %d (all: %v)", seed, name, c[name], share, tc.slack, c)
+		// Grouped picks land in steps of a group: a node may be a group
+		// further from its share.
+		for _, group := range []int{1, DefaultGroup} {
+			t.Run(fmt.Sprintf("%s, group %d", tc.name, group), func(t *testing.T) {
+				for seed := range uint64(10) {
+					p := New(Config{Rand: rand.New(rand.NewPCG(seed, 1)), Now: newClock().now, Group: group})
+					got, err := p.Place(tc.nodes, Request{Count: tc.count}, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					c := counts(got)
+					slack := tc.slack + group - 1
+					if group > 1 {
+						slack++
+					}
+					for name, share := range tc.want {
+						if c[name] > share*3/2+group-1 || abs(c[name]-share) > slack {
+							t.Errorf("seed %d: %s got %d, share %d ± %d (all: %v)", seed, name, c[name], share, slack, c)
+						}
 					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -456,5 +465,52 @@ func TestConcurrent(t *testing.T) {
 	}
 	if len(p.nodes) != 0 {
 		t.Errorf("state left after every placement was reported: %d nodes", len(p.nodes))
+	}
+}
+
+// TestGroupedPicks: a batch's sandboxes go to nodes a group at a time, so a
+// batch of 50 over 160 nodes needs 13 calls to edges rather than ~45; a
+// node with less room than a group takes what fits and the rest go
+// elsewhere; a group of 1 places each sandbox on its own.
+func TestGroupedPicks(t *testing.T) {
+	many := equal(160, 0, 200)
+	for _, tc := range []struct {
+		group, count int
+		nodes        []Node
+		wantNodes    int // distinct nodes the batch lands on
+		wantMax      int // the most sandboxes on one of them
+	}{
+		{DefaultGroup, 50, many, 13, DefaultGroup},
+		{8, 50, many, 7, 8},
+		{DefaultGroup, 6, []Node{node("a", 198, 200), node("b", 198, 200), node("c", 198, 200)}, 3, 2},
+	} {
+		p := New(Config{Rand: rand.New(rand.NewPCG(7, 1)), Now: newClock().now, Group: tc.group})
+		got, err := p.Place(tc.nodes, Request{Count: tc.count}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := counts(got)
+		most := 0
+		for _, n := range c {
+			most = max(most, n)
+		}
+		if len(got) != tc.count || len(c) != tc.wantNodes || most != tc.wantMax {
+			t.Errorf("group %d, %d sandboxes over %d nodes: %d placed on %d nodes, at most %d on one; want %d nodes, at most %d",
+				tc.group, tc.count, len(tc.nodes), len(got), len(c), most, tc.wantNodes, tc.wantMax)
+		}
+		// The picks of one group sit next to each other.
+		for i := 1; i < len(got); i++ {
+			if tc.nodes[0].Live == 0 && i%tc.group != 0 && got[i] != got[i-1] {
+				t.Errorf("group %d: sandbox %d on %s, %d on %s: a group split", tc.group, i-1, got[i-1], i, got[i])
+			}
+		}
+	}
+	p := New(Config{Rand: rand.New(rand.NewPCG(7, 1)), Now: newClock().now, Group: 1})
+	got, err := p.Place(many, Request{Count: 50}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(counts(got)); n < 40 {
+		t.Errorf("group 1: 50 sandboxes over 160 nodes landed on %d nodes, want at least 40", n)
 	}
 }

@@ -18,7 +18,8 @@ type SimConfig struct {
 	Capacity   int     // sandboxes per node (200)
 	Fill       float64 // fraction of the total capacity created (0.8)
 	Apiservers int     // replicas, each with its own Placer (4)
-	K          int     // candidates per sandbox (DefaultK)
+	K          int     // candidates per pick (DefaultK)
+	Group      int     // sandboxes of a batch one pick places together, in every policy (DefaultGroup)
 	Rate       float64 // creates per simulated second over the cluster (5,000)
 	Batch      int     // sandboxes in one batch create (50); 1 means singles only
 	BatchShare float64 // fraction of the sandboxes that arrive in batches (0.5)
@@ -76,6 +77,9 @@ func (c SimConfig) withDefaults() SimConfig {
 	}
 	if c.K <= 0 {
 		c.K = DefaultK
+	}
+	if c.Group <= 0 {
+		c.Group = DefaultGroup
 	}
 	if c.Rate <= 0 {
 		c.Rate = 5000
@@ -216,7 +220,7 @@ func newCluster(cfg SimConfig, k int, blind bool, replicas int) *cluster {
 		view: make([]Node, cfg.Nodes), index: make(map[string]int, cfg.Nodes),
 		running: make([]int, cfg.Nodes), starting: make([]int, cfg.Nodes), picked: make([]int, cfg.Nodes)}
 	for i := range cfg.Apiservers {
-		p := New(Config{K: k, Rand: rand.New(rand.NewPCG(cfg.Seed, uint64(i)+1)), Now: c.now, Replicas: replicas})
+		p := New(Config{K: k, Group: cfg.Group, Rand: rand.New(rand.NewPCG(cfg.Seed, uint64(i)+1)), Now: c.now, Replicas: replicas})
 		p.blind = blind
 		c.placers = append(c.placers, p)
 	}

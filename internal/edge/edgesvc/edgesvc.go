@@ -222,13 +222,65 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 // sandbox (or waits for the create making it), so a retried create never
 // makes two; a token Reap killed is refused.
 func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.CreateRequest]) (*connect.Response[dsecv1.Sandbox], error) {
-	token, spec := req.Msg.GetCreateToken(), req.Msg.GetSpec()
-	if token == "" {
-		sb, err := s.edge.Create(ctx, spec, "")
-		if err != nil {
-			return nil, err
+	sb, err := s.create(ctx, req.Msg.GetSpec(), req.Msg.GetCreateToken())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(sb), nil
+}
+
+// maxCreateMany bounds the sandboxes of one CreateMany, and
+// createManyParallel how many of them start at once.
+const (
+	maxCreateMany      = 256
+	createManyParallel = 8
+)
+
+// CreateMany makes one sandbox per token, as Create does for each, and
+// answers each on its own.
+func (s *Service) CreateMany(ctx context.Context, req *connect.Request[edgev1.CreateManyRequest]) (*connect.Response[edgev1.CreateManyResponse], error) {
+	spec, tokens := req.Msg.GetSpec(), req.Msg.GetCreateTokens()
+	switch {
+	case len(tokens) == 0:
+		return nil, fmt.Errorf("create many: no create tokens: %w", errdefs.ErrInvalidArgument)
+	case len(tokens) > maxCreateMany:
+		return nil, fmt.Errorf("create many: %d create tokens, at most %d: %w", len(tokens), maxCreateMany, errdefs.ErrInvalidArgument)
+	}
+	seen := make(map[string]bool, len(tokens))
+	for _, t := range tokens {
+		if t == "" {
+			return nil, fmt.Errorf("create many: an empty create token: %w", errdefs.ErrInvalidArgument)
 		}
-		return connect.NewResponse(sb), nil
+		if seen[t] {
+			return nil, fmt.Errorf("create many: create token %q given twice: %w", t, errdefs.ErrInvalidArgument)
+		}
+		seen[t] = true
+	}
+	results := make([]*edgev1.CreateResult, len(tokens))
+	sem := make(chan struct{}, createManyParallel)
+	var wg sync.WaitGroup
+	for i, t := range tokens {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			sb, err := s.create(ctx, spec, t)
+			if err != nil {
+				results[i] = &edgev1.CreateResult{ErrorCode: uint32(errdefs.Code(err)), ErrorMessage: err.Error()}
+				return
+			}
+			results[i] = &edgev1.CreateResult{Sandbox: sb}
+		}()
+	}
+	wg.Wait()
+	return connect.NewResponse(&edgev1.CreateManyResponse{Results: results}), nil
+}
+
+// create makes the sandbox of one create token, or finds the one a create
+// with it made ("": no deduplication).
+func (s *Service) create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
+	if token == "" {
+		return s.edge.Create(ctx, spec, "")
 	}
 	for {
 		// Under s.mu, a token is in flight or its sandbox is known to the
@@ -253,7 +305,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.Create
 			s.mu.Unlock()
 			sb, err := s.edge.Get(ctx, id)
 			if err == nil && live(sb) {
-				return connect.NewResponse(sb), nil
+				return sb, nil
 			}
 			continue // it ended just now: the retry makes a new one
 		}
@@ -268,10 +320,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[edgev1.Create
 		delete(s.inflight, token)
 		s.mu.Unlock()
 		close(done)
-		if err != nil {
-			return nil, err
-		}
-		return connect.NewResponse(sb), nil
+		return sb, err
 	}
 }
 

@@ -380,6 +380,166 @@ func (x *CreateRequest) GetCreateToken() string {
 	return ""
 }
 
+type CreateManyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Spec  *v1.SandboxSpec        `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// One per sandbox, each as CreateRequest.create_token and never "";
+	// at most 256.
+	CreateTokens  []string `protobuf:"bytes,2,rep,name=create_tokens,json=createTokens,proto3" json:"create_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateManyRequest) Reset() {
+	*x = CreateManyRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateManyRequest) ProtoMessage() {}
+
+func (x *CreateManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateManyRequest.ProtoReflect.Descriptor instead.
+func (*CreateManyRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CreateManyRequest) GetSpec() *v1.SandboxSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *CreateManyRequest) GetCreateTokens() []string {
+	if x != nil {
+		return x.CreateTokens
+	}
+	return nil
+}
+
+type CreateManyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*CreateResult        `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"` // in the order of create_tokens
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateManyResponse) Reset() {
+	*x = CreateManyResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateManyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateManyResponse) ProtoMessage() {}
+
+func (x *CreateManyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateManyResponse.ProtoReflect.Descriptor instead.
+func (*CreateManyResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CreateManyResponse) GetResults() []*CreateResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// CreateResult is one sandbox of a CreateMany: the sandbox, or the error
+// its Create would have answered (a Connect code, never 0, and a message).
+type CreateResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *v1.Sandbox            `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	ErrorCode     uint32                 `protobuf:"varint,2,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage  string                 `protobuf:"bytes,3,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateResult) Reset() {
+	*x = CreateResult{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateResult) ProtoMessage() {}
+
+func (x *CreateResult) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateResult.ProtoReflect.Descriptor instead.
+func (*CreateResult) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CreateResult) GetSandbox() *v1.Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *CreateResult) GetErrorCode() uint32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
+}
+
+func (x *CreateResult) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
 type ReapRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tokens        []string               `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
@@ -391,7 +551,7 @@ type ReapRequest struct {
 
 func (x *ReapRequest) Reset() {
 	*x = ReapRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -403,7 +563,7 @@ func (x *ReapRequest) String() string {
 func (*ReapRequest) ProtoMessage() {}
 
 func (x *ReapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -416,7 +576,7 @@ func (x *ReapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapRequest.ProtoReflect.Descriptor instead.
 func (*ReapRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{5}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReapRequest) GetTokens() []string {
@@ -449,7 +609,7 @@ type ReapResponse struct {
 
 func (x *ReapResponse) Reset() {
 	*x = ReapResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -461,7 +621,7 @@ func (x *ReapResponse) String() string {
 func (*ReapResponse) ProtoMessage() {}
 
 func (x *ReapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -474,7 +634,7 @@ func (x *ReapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapResponse.ProtoReflect.Descriptor instead.
 func (*ReapResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReapResponse) GetRemovedIds() []string {
@@ -493,7 +653,7 @@ type GoneRequest struct {
 
 func (x *GoneRequest) Reset() {
 	*x = GoneRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +665,7 @@ func (x *GoneRequest) String() string {
 func (*GoneRequest) ProtoMessage() {}
 
 func (x *GoneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +678,7 @@ func (x *GoneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneRequest.ProtoReflect.Descriptor instead.
 func (*GoneRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GoneRequest) GetIds() []string {
@@ -537,7 +697,7 @@ type GoneResponse struct {
 
 func (x *GoneResponse) Reset() {
 	*x = GoneResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +709,7 @@ func (x *GoneResponse) String() string {
 func (*GoneResponse) ProtoMessage() {}
 
 func (x *GoneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +722,7 @@ func (x *GoneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneResponse.ProtoReflect.Descriptor instead.
 func (*GoneResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GoneResponse) GetIds() []string {
@@ -606,7 +766,17 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"fncallIdle\"\\\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12!\n" +
-	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken\"g\n" +
+	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken\"b\n" +
+	"\x11CreateManyRequest\x12(\n" +
+	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12#\n" +
+	"\rcreate_tokens\x18\x02 \x03(\tR\fcreateTokens\"J\n" +
+	"\x12CreateManyResponse\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.dsec.edge.v1.CreateResultR\aresults\"~\n" +
+	"\fCreateResult\x12*\n" +
+	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x02 \x01(\rR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x03 \x01(\tR\ferrorMessage\"g\n" +
 	"\vReapRequest\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\tR\x06tokens\x12%\n" +
 	"\x0etoken_prefixes\x18\x02 \x03(\tR\rtokenPrefixes\x12\x19\n" +
@@ -617,10 +787,12 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vGoneRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\" \n" +
 	"\fGoneResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids2\xf5\x17\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids2\xc6\x18\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
-	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x121\n" +
+	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +
+	"\n" +
+	"CreateMany\x12\x1f.dsec.edge.v1.CreateManyRequest\x1a .dsec.edge.v1.CreateManyResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
 	"\x04List\x12\x14.dsec.v1.ListRequest\x1a\x15.dsec.v1.ListResponse\"\x03\x90\x02\x01\x12>\n" +
 	"\x06Delete\x12\x16.dsec.v1.DeleteRequest\x1a\x17.dsec.v1.DeleteResponse\"\x03\x90\x02\x02\x12;\n" +
@@ -683,195 +855,203 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*AdoptLayersRequest)(nil),          // 0: dsec.edge.v1.AdoptLayersRequest
 	(*AdoptLayersResponse)(nil),         // 1: dsec.edge.v1.AdoptLayersResponse
 	(*StatusRequest)(nil),               // 2: dsec.edge.v1.StatusRequest
 	(*NodeStatus)(nil),                  // 3: dsec.edge.v1.NodeStatus
 	(*CreateRequest)(nil),               // 4: dsec.edge.v1.CreateRequest
-	(*ReapRequest)(nil),                 // 5: dsec.edge.v1.ReapRequest
-	(*ReapResponse)(nil),                // 6: dsec.edge.v1.ReapResponse
-	(*GoneRequest)(nil),                 // 7: dsec.edge.v1.GoneRequest
-	(*GoneResponse)(nil),                // 8: dsec.edge.v1.GoneResponse
-	(v1.Backend)(0),                     // 9: dsec.v1.Backend
-	(*v1.SandboxSpec)(nil),              // 10: dsec.v1.SandboxSpec
-	(*v1.GetRequest)(nil),               // 11: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),              // 12: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),            // 13: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),             // 14: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),            // 15: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),        // 16: dsec.v1.SetTimeoutRequest
-	(*v1.MetricsRequest)(nil),           // 17: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),          // 18: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),   // 19: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),        // 20: dsec.v1.NetworkLogRequest
-	(*v1.SetWarmPoolRequest)(nil),       // 21: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),     // 22: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),       // 23: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),       // 24: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),        // 25: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),       // 26: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),  // 27: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),       // 28: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),        // 29: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),           // 30: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),     // 31: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),              // 32: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 33: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 34: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 35: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 36: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 37: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 38: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 39: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 40: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 41: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 42: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 43: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 44: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 45: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 46: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),              // 47: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),          // 48: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),            // 49: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 50: dsec.v1.DownloadRequest
-	(*v1.Sandbox)(nil),                  // 51: dsec.v1.Sandbox
-	(*v1.ListResponse)(nil),             // 52: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),           // 53: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),            // 54: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),           // 55: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),       // 56: dsec.v1.SetTimeoutResponse
-	(*v1.SandboxMetrics)(nil),           // 57: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),             // 58: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),  // 59: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),       // 60: dsec.v1.NetworkLogResponse
-	(*v1.WarmPool)(nil),                 // 61: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),    // 62: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                    // 63: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),       // 64: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),      // 65: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil), // 66: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),      // 67: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),       // 68: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),          // 69: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),    // 70: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                // 71: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 72: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 73: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 74: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 75: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 76: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 77: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 78: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 79: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 80: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 81: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 82: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 83: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),             // 84: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),               // 85: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),           // 86: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 87: dsec.v1.DownloadChunk
+	(*CreateManyRequest)(nil),           // 5: dsec.edge.v1.CreateManyRequest
+	(*CreateManyResponse)(nil),          // 6: dsec.edge.v1.CreateManyResponse
+	(*CreateResult)(nil),                // 7: dsec.edge.v1.CreateResult
+	(*ReapRequest)(nil),                 // 8: dsec.edge.v1.ReapRequest
+	(*ReapResponse)(nil),                // 9: dsec.edge.v1.ReapResponse
+	(*GoneRequest)(nil),                 // 10: dsec.edge.v1.GoneRequest
+	(*GoneResponse)(nil),                // 11: dsec.edge.v1.GoneResponse
+	(v1.Backend)(0),                     // 12: dsec.v1.Backend
+	(*v1.SandboxSpec)(nil),              // 13: dsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                  // 14: dsec.v1.Sandbox
+	(*v1.GetRequest)(nil),               // 15: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),              // 16: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),            // 17: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),             // 18: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),            // 19: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),        // 20: dsec.v1.SetTimeoutRequest
+	(*v1.MetricsRequest)(nil),           // 21: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),          // 22: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),   // 23: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),        // 24: dsec.v1.NetworkLogRequest
+	(*v1.SetWarmPoolRequest)(nil),       // 25: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),     // 26: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),       // 27: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),       // 28: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),        // 29: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),       // 30: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),  // 31: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),       // 32: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),        // 33: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),           // 34: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),     // 35: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),              // 36: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 37: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 38: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 39: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 40: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 41: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 42: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 43: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 44: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 45: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 46: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 47: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 48: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 49: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 50: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),              // 51: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),          // 52: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),            // 53: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 54: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),             // 55: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),           // 56: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),            // 57: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),           // 58: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),       // 59: dsec.v1.SetTimeoutResponse
+	(*v1.SandboxMetrics)(nil),           // 60: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),             // 61: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),  // 62: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),       // 63: dsec.v1.NetworkLogResponse
+	(*v1.WarmPool)(nil),                 // 64: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),    // 65: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                    // 66: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),       // 67: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),      // 68: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil), // 69: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),      // 70: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),       // 71: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),          // 72: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),    // 73: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                // 74: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 75: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 76: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 77: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 78: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 79: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 80: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 81: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 82: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 83: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 84: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 85: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 86: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),             // 87: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),               // 88: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),           // 89: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 90: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	9,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	10, // 1: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	2,  // 2: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	4,  // 3: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	11, // 4: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	12, // 5: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	13, // 6: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	14, // 7: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	15, // 8: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	16, // 9: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	17, // 10: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	18, // 11: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	19, // 12: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	20, // 13: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	21, // 14: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	22, // 15: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	5,  // 16: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	7,  // 17: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	23, // 18: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	24, // 19: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,  // 20: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	25, // 21: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	26, // 22: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	27, // 23: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	28, // 24: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	29, // 25: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	30, // 26: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	31, // 27: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	32, // 28: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	33, // 29: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	34, // 30: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	35, // 31: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	36, // 32: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	37, // 33: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	38, // 34: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	39, // 35: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	40, // 36: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	41, // 37: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	42, // 38: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	43, // 39: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	44, // 40: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	45, // 41: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	46, // 42: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	47, // 43: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	48, // 44: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	49, // 45: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	50, // 46: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	3,  // 47: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	51, // 48: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	51, // 49: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	52, // 50: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	53, // 51: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	54, // 52: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	55, // 53: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	56, // 54: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	57, // 55: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	58, // 56: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	59, // 57: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	60, // 58: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	61, // 59: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	62, // 60: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	6,  // 61: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	8,  // 62: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	63, // 63: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	63, // 64: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,  // 65: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	64, // 66: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	65, // 67: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	66, // 68: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	67, // 69: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	68, // 70: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	69, // 71: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	70, // 72: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	71, // 73: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	71, // 74: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	72, // 75: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	73, // 76: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	74, // 77: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	71, // 78: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	75, // 79: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	76, // 80: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	77, // 81: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	78, // 82: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	79, // 83: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	80, // 84: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	81, // 85: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	82, // 86: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	83, // 87: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	84, // 88: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	85, // 89: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	86, // 90: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	87, // 91: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	47, // [47:92] is the sub-list for method output_type
-	2,  // [2:47] is the sub-list for method input_type
-	2,  // [2:2] is the sub-list for extension type_name
-	2,  // [2:2] is the sub-list for extension extendee
-	0,  // [0:2] is the sub-list for field type_name
+	12, // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	13, // 1: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	13, // 2: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	7,  // 3: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
+	14, // 4: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	2,  // 5: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	4,  // 6: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	5,  // 7: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
+	15, // 8: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	16, // 9: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	17, // 10: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	18, // 11: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	19, // 12: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	20, // 13: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	21, // 14: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	22, // 15: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	23, // 16: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	24, // 17: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	25, // 18: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	26, // 19: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	8,  // 20: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	10, // 21: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	27, // 22: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	28, // 23: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,  // 24: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	29, // 25: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	30, // 26: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	31, // 27: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	32, // 28: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	33, // 29: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	34, // 30: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	35, // 31: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	36, // 32: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	37, // 33: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	38, // 34: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	39, // 35: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	40, // 36: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	41, // 37: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	42, // 38: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	43, // 39: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	44, // 40: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	45, // 41: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	46, // 42: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	47, // 43: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	48, // 44: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	49, // 45: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	50, // 46: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	51, // 47: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	52, // 48: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	53, // 49: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	54, // 50: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	3,  // 51: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	14, // 52: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	6,  // 53: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	14, // 54: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	55, // 55: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	56, // 56: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	57, // 57: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	58, // 58: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	59, // 59: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	60, // 60: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	61, // 61: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	62, // 62: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	63, // 63: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	64, // 64: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	65, // 65: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	9,  // 66: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	11, // 67: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	66, // 68: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	66, // 69: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,  // 70: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	67, // 71: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	68, // 72: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	69, // 73: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	70, // 74: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	71, // 75: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	72, // 76: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	73, // 77: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	74, // 78: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	74, // 79: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	75, // 80: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	76, // 81: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	77, // 82: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	74, // 83: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	78, // 84: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	79, // 85: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	80, // 86: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	81, // 87: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	82, // 88: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	83, // 89: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	84, // 90: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	85, // 91: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	86, // 92: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	87, // 93: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	88, // 94: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	89, // 95: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	90, // 96: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	51, // [51:97] is the sub-list for method output_type
+	5,  // [5:51] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_dsec_edge_v1_edge_proto_init() }
@@ -885,7 +1065,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -45,6 +45,8 @@ const (
 	EdgeServiceStatusProcedure = "/dsec.edge.v1.EdgeService/Status"
 	// EdgeServiceCreateProcedure is the fully-qualified name of the EdgeService's Create RPC.
 	EdgeServiceCreateProcedure = "/dsec.edge.v1.EdgeService/Create"
+	// EdgeServiceCreateManyProcedure is the fully-qualified name of the EdgeService's CreateMany RPC.
+	EdgeServiceCreateManyProcedure = "/dsec.edge.v1.EdgeService/CreateMany"
 	// EdgeServiceGetProcedure is the fully-qualified name of the EdgeService's Get RPC.
 	EdgeServiceGetProcedure = "/dsec.edge.v1.EdgeService/Get"
 	// EdgeServiceListProcedure is the fully-qualified name of the EdgeService's List RPC.
@@ -151,6 +153,13 @@ type EdgeServiceClient interface {
 	// an apiserver retrying after a crash never makes a second. A node that
 	// cannot take it now answers ResourceExhausted with the reason.
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v11.Sandbox], error)
+	// CreateMany makes one sandbox per token, all of one spec, as that many
+	// Creates would, and answers each on its own: a node's share of a batch
+	// costs one call, not one per sandbox. The call fails as a whole only
+	// when it is malformed or the node cannot be asked; a sandbox the node
+	// refuses or fails to make has its result's error, the others their
+	// sandbox.
+	CreateMany(context.Context, *connect.Request[v1.CreateManyRequest]) (*connect.Response[v1.CreateManyResponse], error)
 	Get(context.Context, *connect.Request[v11.GetRequest]) (*connect.Response[v11.Sandbox], error)
 	// List takes states as the public API does, except that empty means all.
 	List(context.Context, *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error)
@@ -248,6 +257,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceCreateProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("Create")),
+			connect.WithClientOptions(opts...),
+		),
+		createMany: connect.NewClient[v1.CreateManyRequest, v1.CreateManyResponse](
+			httpClient,
+			baseURL+EdgeServiceCreateManyProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("CreateMany")),
 			connect.WithClientOptions(opts...),
 		),
 		get: connect.NewClient[v11.GetRequest, v11.Sandbox](
@@ -533,6 +548,7 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 type edgeServiceClient struct {
 	status           *connect.Client[v1.StatusRequest, v1.NodeStatus]
 	create           *connect.Client[v1.CreateRequest, v11.Sandbox]
+	createMany       *connect.Client[v1.CreateManyRequest, v1.CreateManyResponse]
 	get              *connect.Client[v11.GetRequest, v11.Sandbox]
 	list             *connect.Client[v11.ListRequest, v11.ListResponse]
 	delete           *connect.Client[v11.DeleteRequest, v11.DeleteResponse]
@@ -586,6 +602,11 @@ func (c *edgeServiceClient) Status(ctx context.Context, req *connect.Request[v1.
 // Create calls dsec.edge.v1.EdgeService.Create.
 func (c *edgeServiceClient) Create(ctx context.Context, req *connect.Request[v1.CreateRequest]) (*connect.Response[v11.Sandbox], error) {
 	return c.create.CallUnary(ctx, req)
+}
+
+// CreateMany calls dsec.edge.v1.EdgeService.CreateMany.
+func (c *edgeServiceClient) CreateMany(ctx context.Context, req *connect.Request[v1.CreateManyRequest]) (*connect.Response[v1.CreateManyResponse], error) {
+	return c.createMany.CallUnary(ctx, req)
 }
 
 // Get calls dsec.edge.v1.EdgeService.Get.
@@ -814,6 +835,13 @@ type EdgeServiceHandler interface {
 	// an apiserver retrying after a crash never makes a second. A node that
 	// cannot take it now answers ResourceExhausted with the reason.
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v11.Sandbox], error)
+	// CreateMany makes one sandbox per token, all of one spec, as that many
+	// Creates would, and answers each on its own: a node's share of a batch
+	// costs one call, not one per sandbox. The call fails as a whole only
+	// when it is malformed or the node cannot be asked; a sandbox the node
+	// refuses or fails to make has its result's error, the others their
+	// sandbox.
+	CreateMany(context.Context, *connect.Request[v1.CreateManyRequest]) (*connect.Response[v1.CreateManyResponse], error)
 	Get(context.Context, *connect.Request[v11.GetRequest]) (*connect.Response[v11.Sandbox], error)
 	// List takes states as the public API does, except that empty means all.
 	List(context.Context, *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error)
@@ -907,6 +935,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceCreateProcedure,
 		svc.Create,
 		connect.WithSchema(edgeServiceMethods.ByName("Create")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceCreateManyHandler := connect.NewUnaryHandler(
+		EdgeServiceCreateManyProcedure,
+		svc.CreateMany,
+		connect.WithSchema(edgeServiceMethods.ByName("CreateMany")),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServiceGetHandler := connect.NewUnaryHandler(
@@ -1191,6 +1225,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceStatusHandler.ServeHTTP(w, r)
 		case EdgeServiceCreateProcedure:
 			edgeServiceCreateHandler.ServeHTTP(w, r)
+		case EdgeServiceCreateManyProcedure:
+			edgeServiceCreateManyHandler.ServeHTTP(w, r)
 		case EdgeServiceGetProcedure:
 			edgeServiceGetHandler.ServeHTTP(w, r)
 		case EdgeServiceListProcedure:
@@ -1292,6 +1328,10 @@ func (UnimplementedEdgeServiceHandler) Status(context.Context, *connect.Request[
 
 func (UnimplementedEdgeServiceHandler) Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v11.Sandbox], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Create is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) CreateMany(context.Context, *connect.Request[v1.CreateManyRequest]) (*connect.Response[v1.CreateManyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.CreateMany is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) Get(context.Context, *connect.Request[v11.GetRequest]) (*connect.Response[v11.Sandbox], error) {
