@@ -13,6 +13,7 @@ import (
 
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -258,6 +259,65 @@ func TestRowsOfGoneSandboxesRemoved(t *testing.T) {
 	}
 	if sb := again.Msg.GetSandboxes()[0]; sb.GetId() != gone || sb.GetState() != dsecv1.State_STATE_STOPPED {
 		t.Fatalf("replay of a removed sandbox: %v", sb)
+	}
+}
+
+// TestRowCheckSkippedWhileNothingEnded: a node's rows are checked only when
+// its count of ended sandboxes (or its start) moved since the last check,
+// or the last full check is fullRowCheck old.
+func TestRowCheckSkippedWhileNothingEnded(t *testing.T) {
+	e := newFakeEdge("n1")
+	nodes := nodesOf(e)
+	status := &edgev1.NodeStatus{Node: "n1", Backends: []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER}, MaxSandboxes: 100, StartedUnixMs: 1000}
+	nodes[0].Status = status
+	s, st, hs := startRig(t, false, false, Config{}, nodes)
+	c := dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+	ctx := context.Background()
+	resp, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 3, IdempotencyKey: "k"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbs := resp.Msg.GetSandboxes()
+	rowsLeft := func(want int, what string) {
+		t.Helper()
+		s.Reconcile(ctx)
+		rows, err := st.SandboxRows(ctx, "k")
+		if err != nil || len(rows) != want {
+			t.Fatalf("%s: %d rows (%v), want %d", what, len(rows), err, want)
+		}
+	}
+	del := func(i int) {
+		t.Helper()
+		if _, err := c.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: sbs[i].GetId()})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del(0)
+	rowsLeft(2, "first check")
+	del(1)
+	rowsLeft(2, "the node reports nothing ended since: the check is skipped")
+	if got := s.ReconcileStats().RowChecksSkipped; got != 1 {
+		t.Fatalf("%d row checks skipped, want 1", got)
+	}
+	status.Ended = 1
+	rowsLeft(1, "the node reports a sandbox ended")
+	del(2)
+	s.rec.mu.Lock()
+	m := s.rec.checked["n1"]
+	m.at = m.at.Add(-fullRowCheck)
+	s.rec.checked["n1"] = m
+	s.rec.mu.Unlock()
+	rowsLeft(0, "the last full check is fullRowCheck old")
+	status.StartedUnixMs = 2000 // the edge restarted: its count starts again
+	resp, err = c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, IdempotencyKey: "k2"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbs = resp.Msg.GetSandboxes()
+	del(0)
+	s.Reconcile(ctx)
+	if rows, err := st.SandboxRows(ctx, "k2"); err != nil || len(rows) != 0 {
+		t.Fatalf("after the edge restarted: %d rows (%v), want 0", len(rows), err)
 	}
 }
 

@@ -209,6 +209,10 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 		MaxSandboxes: int32(st.MaxSandboxes), Live: int32(st.Live), Creating: int32(st.Creating), Pooled: int32(st.Pooled),
 		MaxCpus: st.MaxCPUs, MaxMemoryMb: st.MaxMemoryMB, MemAvailableMb: st.MemAvailableMB,
 		ReportedUnixMs: st.At.UnixMilli(), Version: Version, Refusing: st.Refusing, BlobStore: s.layers.BlobStore(),
+		Ended: st.Ended,
+	}
+	if !st.Started.IsZero() {
+		ns.StartedUnixMs = st.Started.UnixMilli()
 	}
 	if s.fncall != nil {
 		ns.Backends = append(ns.Backends, dsecv1.Backend_BACKEND_FNCALL)

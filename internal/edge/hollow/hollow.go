@@ -53,6 +53,8 @@ type Edge struct {
 	goneSeq  []string // deleted IDs, oldest first
 	starting int
 	pools    []*dsecv1.WarmPool
+	ended    uint64    // sandboxes deleted since started
+	started  time.Time // when the edge began counting ended
 }
 
 // New returns a hollow edge for node cfg.Node.
@@ -63,7 +65,8 @@ func New(cfg Config) *Edge {
 	if cfg.Retention == 0 {
 		cfg.Retention = 10 * time.Minute
 	}
-	return &Edge{cfg: cfg, sbs: map[string]*dsecv1.Sandbox{}, tokens: map[string]string{}, tokenOf: map[string]string{}, gone: map[string]time.Time{}}
+	return &Edge{cfg: cfg, sbs: map[string]*dsecv1.Sandbox{}, tokens: map[string]string{}, tokenOf: map[string]string{}, gone: map[string]time.Time{},
+		started: time.Now()}
 }
 
 func (e *Edge) Node() string { return e.cfg.Node }
@@ -74,7 +77,8 @@ func (e *Edge) live() int { return len(e.sbs) - len(e.gone) }
 func (e *Edge) Status() sandbox.Status {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := sandbox.Status{Node: e.cfg.Node, MaxSandboxes: e.cfg.MaxSandboxes, Live: e.live(), Creating: e.starting, At: time.Now()}
+	st := sandbox.Status{Node: e.cfg.Node, MaxSandboxes: e.cfg.MaxSandboxes, Live: e.live(), Creating: e.starting, At: time.Now(),
+		Ended: e.ended, Started: e.started}
 	if st.Live >= e.cfg.MaxSandboxes {
 		st.Refusing = e.fullError().Error()
 	}
@@ -217,6 +221,7 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 	e.dropToken(id)
 	e.gone[id] = time.Now()
 	e.goneSeq = append(e.goneSeq, id)
+	e.ended++
 	return nil
 }
 

@@ -120,6 +120,8 @@ type Manager struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+	ended     uint64    // sandboxes that stopped living since started (under mu)
+	started   time.Time // when this Manager began counting ended
 
 	poolMu   sync.Mutex
 	pools    map[string]*pool
@@ -203,6 +205,7 @@ func New(cfg Config, runtimes map[dsecv1.Backend]runtime.Runtime, images Images,
 	m := &Manager{
 		cfg: cfg, runtimes: maps.Clone(runtimes), images: images, net: net, states: st, log: log,
 		sandboxes: make(map[string]*sandbox),
+		started:   time.Now(),
 		pools:     make(map[string]*pool),
 		poolKick:  make(chan struct{}, 1),
 		stop:      make(chan struct{}),
@@ -725,6 +728,7 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 	sb.rec.Reason = reason
 	sb.rec.Message = msg
 	sb.gone = time.Now()
+	m.ended++
 	if sb.agent != nil {
 		sb.agent.Close()
 	}
@@ -762,13 +766,18 @@ type Status struct {
 	// Refusing says why admission refuses creates now; "" when it takes them.
 	Refusing string
 	At       time.Time
+	// Ended counts the sandboxes that stopped living since Started, when
+	// this edge began counting (its process started).
+	Ended   uint64
+	Started time.Time
 }
 
 // Status reports the node's capacity and load now.
 func (m *Manager) Status() Status {
 	st := Status{Node: m.cfg.Node, Backends: m.Backends(), MaxSandboxes: m.cfg.Limits.MaxSandboxes, MaxCPUs: m.cfg.Limits.MaxCPUs,
-		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now()}
+		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now(), Started: m.started}
 	m.mu.Lock()
+	st.Ended = m.ended
 	for _, sb := range m.sandboxes {
 		if !sb.gone.IsZero() {
 			continue

@@ -175,9 +175,16 @@ type NodeStatus struct {
 	BlobStore string `protobuf:"bytes,13,opt,name=blob_store,json=blobStore,proto3" json:"blob_store,omitempty"`
 	// The fncall backend's load (nodes with BACKEND_FNCALL): calls running,
 	// calls waiting for a container, and idle pooled containers.
-	FncallBusy    int32 `protobuf:"varint,14,opt,name=fncall_busy,json=fncallBusy,proto3" json:"fncall_busy,omitempty"`
-	FncallQueue   int32 `protobuf:"varint,15,opt,name=fncall_queue,json=fncallQueue,proto3" json:"fncall_queue,omitempty"`
-	FncallIdle    int32 `protobuf:"varint,16,opt,name=fncall_idle,json=fncallIdle,proto3" json:"fncall_idle,omitempty"`
+	FncallBusy  int32 `protobuf:"varint,14,opt,name=fncall_busy,json=fncallBusy,proto3" json:"fncall_busy,omitempty"`
+	FncallQueue int32 `protobuf:"varint,15,opt,name=fncall_queue,json=fncallQueue,proto3" json:"fncall_queue,omitempty"`
+	FncallIdle  int32 `protobuf:"varint,16,opt,name=fncall_idle,json=fncallIdle,proto3" json:"fncall_idle,omitempty"`
+	// Sandboxes that stopped living on this node (deleted, expired, failed)
+	// since this edge process started, at started_unix_ms: the count only
+	// grows while started_unix_ms stays. An apiserver that saw both as they
+	// are when it last checked the node's sandbox rows knows no row of it
+	// went stale since.
+	Ended         uint64 `protobuf:"varint,17,opt,name=ended,proto3" json:"ended,omitempty"`
+	StartedUnixMs int64  `protobuf:"varint,18,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -320,6 +327,20 @@ func (x *NodeStatus) GetFncallQueue() int32 {
 func (x *NodeStatus) GetFncallIdle() int32 {
 	if x != nil {
 		return x.FncallIdle
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetEnded() uint64 {
+	if x != nil {
+		return x.Ended
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
 	}
 	return 0
 }
@@ -741,7 +762,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12#\n" +
 	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\"\x15\n" +
 	"\x13AdoptLayersResponse\"\x0f\n" +
-	"\rStatusRequest\"\x88\x04\n" +
+	"\rStatusRequest\"\xc6\x04\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
@@ -763,7 +784,9 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"fncallBusy\x12!\n" +
 	"\ffncall_queue\x18\x0f \x01(\x05R\vfncallQueue\x12\x1f\n" +
 	"\vfncall_idle\x18\x10 \x01(\x05R\n" +
-	"fncallIdle\"\\\n" +
+	"fncallIdle\x12\x14\n" +
+	"\x05ended\x18\x11 \x01(\x04R\x05ended\x12&\n" +
+	"\x0fstarted_unix_ms\x18\x12 \x01(\x03R\rstartedUnixMs\"\\\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12!\n" +
 	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken\"b\n" +
