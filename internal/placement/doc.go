@@ -63,7 +63,10 @@
 // apiserver sends a node's share of a batch in one call, and a call to an
 // edge costs about what a hollow create does, so a batch of 50 over 160
 // nodes costs 13 calls instead of about 45, and its sandboxes share each
-// node's layer cache. The price is granularity: a node's share of one
+// node's layer cache. A small batch still gets Config.Spread picks (8)
+// when it has the sandboxes and there are the nodes, its groups shrinking
+// for it: 4 sandboxes over 2 nodes go 2 and 2, 8 over 160 one each. The
+// price is granularity: a node's share of one
 // batch may be a group off, and the fill simulation ends a little less
 // even (max ÷ mean 1.05 rather than 1.03 with 4 replicas at 80 %). Sparrow's
 // late binding has its counterpart in the edge's admission: a refusal is

@@ -18,6 +18,7 @@ const (
 	DefaultK         = 3
 	DefaultRecentTTL = 10 * time.Second
 	DefaultGroup     = 4
+	DefaultSpread    = 8
 )
 
 // Node is one edge as the apiserver's watcher last saw it. Names are unique
@@ -49,6 +50,11 @@ type Config struct {
 	// sandboxes share each node's layer cache. A node with less room takes
 	// what fits and the next pick the rest.
 	Group int
+	// Spread is how many picks a batch gets at least, when it has that
+	// many sandboxes and there are that many candidates (DefaultSpread):
+	// groups shrink for it, so a small batch still goes to several nodes
+	// (4 over 2 nodes: 2 and 2) and its calls run in parallel.
+	Spread int
 	// Rand is the Placer's only source of randomness; the Placer uses it
 	// under its own lock, so it must not be shared. Nil: seeded from the
 	// runtime's random source.
@@ -69,12 +75,13 @@ type Config struct {
 // apiserver shares one Placer among all its requests, so they see each
 // other's reservations. Replicas each have their own and share nothing.
 type Placer struct {
-	k     int
-	group int
-	scale int // Config.Replicas
-	ttl   time.Duration
-	now   func() time.Time
-	blind bool // ignore in-flight and recent placements (Simulate's baselines only)
+	k      int
+	group  int
+	spread int
+	scale  int // Config.Replicas
+	ttl    time.Duration
+	now    func() time.Time
+	blind  bool // ignore in-flight and recent placements (Simulate's baselines only)
 
 	mu    sync.Mutex
 	rng   *rand.Rand
@@ -111,6 +118,10 @@ func New(cfg Config) *Placer {
 	p.group = cfg.Group
 	if p.group <= 0 {
 		p.group = DefaultGroup
+	}
+	p.spread = cfg.Spread
+	if p.spread <= 0 {
+		p.spread = DefaultSpread
 	}
 	p.scale = max(cfg.Replicas, 1)
 	if p.ttl <= 0 {
@@ -197,6 +208,7 @@ func (p *Placer) Place(nodes []Node, req Request, exclude map[string]bool) ([]st
 			live = append(live, i)
 		}
 	}
+	group := min(p.group, max(1, req.Count/min(req.Count, len(live), p.spread)))
 	out := make([]string, 0, req.Count)
 	for len(out) < req.Count {
 		k := min(p.k, len(live))
@@ -209,7 +221,7 @@ func (p *Placer) Place(nodes []Node, req Request, exclude map[string]bool) ([]st
 			}
 		}
 		c := &cands[live[best]]
-		n := min(p.group, req.Count-len(out), c.cap-c.load)
+		n := min(group, req.Count-len(out), c.cap-c.load)
 		c.load += n
 		c.score += n
 		c.picks += n

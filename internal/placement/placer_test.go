@@ -470,8 +470,10 @@ func TestConcurrent(t *testing.T) {
 
 // TestGroupedPicks: a batch's sandboxes go to nodes a group at a time, so a
 // batch of 50 over 160 nodes needs 13 calls to edges rather than ~45; a
-// node with less room than a group takes what fits and the rest go
-// elsewhere; a group of 1 places each sandbox on its own.
+// batch still gets Spread picks when it has the sandboxes and there are
+// the nodes (groups shrink: 4 over 2 nodes go 2 and 2); a node with less
+// room than a group takes what fits and the rest go elsewhere; a group of
+// 1 places each sandbox on its own.
 func TestGroupedPicks(t *testing.T) {
 	many := equal(160, 0, 200)
 	for _, tc := range []struct {
@@ -481,7 +483,10 @@ func TestGroupedPicks(t *testing.T) {
 		wantMax      int // the most sandboxes on one of them
 	}{
 		{DefaultGroup, 50, many, 13, DefaultGroup},
-		{8, 50, many, 7, 8},
+		{8, 50, many, 9, 6}, // 8 picks at least: groups of 50/8
+		{DefaultGroup, 8, many, 8, 1},
+		{DefaultGroup, 16, many, 8, 2},
+		{DefaultGroup, 4, []Node{node("a", 0, 200), node("b", 0, 200)}, 2, 2},
 		{DefaultGroup, 6, []Node{node("a", 198, 200), node("b", 198, 200), node("c", 198, 200)}, 3, 2},
 	} {
 		p := New(Config{Rand: rand.New(rand.NewPCG(7, 1)), Now: newClock().now, Group: tc.group})
@@ -500,7 +505,7 @@ func TestGroupedPicks(t *testing.T) {
 		}
 		// The picks of one group sit next to each other.
 		for i := 1; i < len(got); i++ {
-			if tc.nodes[0].Live == 0 && i%tc.group != 0 && got[i] != got[i-1] {
+			if tc.nodes[0].Live == 0 && i%tc.wantMax != 0 && got[i] != got[i-1] {
 				t.Errorf("group %d: sandbox %d on %s, %d on %s: a group split", tc.group, i-1, got[i-1], i, got[i])
 			}
 		}
