@@ -69,6 +69,14 @@ func Binaries(t testing.TB) string {
 	return binDir
 }
 
+// RemoveBinaries removes the directory Binaries built into (never
+// $DSEC_BIN_DIR). A package's TestMain calls it once its tests ended.
+func RemoveBinaries() {
+	if binDir != "" && os.Getenv("DSEC_BIN_DIR") == "" {
+		os.RemoveAll(binDir)
+	}
+}
+
 // DynamicExecutable returns a dynamically linked executable: a tiny cgo
 // program built into a temporary directory when go and a C compiler are
 // installed (what `go build` without CGO_ENABLED=0 makes of the agent),

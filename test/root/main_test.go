@@ -22,6 +22,7 @@ import (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	testutil.RemoveBinaries()
 	if code == 0 && os.Geteuid() == 0 {
 		if leaks := leftovers(); len(leaks) > 0 {
 			fmt.Fprintf(os.Stderr, "the suite left resources behind:\n  %s\n", strings.Join(leaks, "\n  "))
