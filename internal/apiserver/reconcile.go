@@ -153,17 +153,23 @@ func outcomeUnknown(err error) bool {
 	return true
 }
 
-// doubt records d, a create that failed with why, for reconciliation. A
-// doubt the store cannot take now is kept in memory and saved at the next
-// sweep.
-func (s *Server) doubt(ctx context.Context, d store.Doubt, why error) {
-	s.rec.doubtsRecorded.Add(1)
-	s.log.Debug("create outcome unknown; recorded for reconciliation", "node", d.Node, "token", d.Token, "key", d.Key, "err", why)
-	d.Created = time.Now()
-	if err := s.idem.AddDoubts(context.WithoutCancel(ctx), []store.Doubt{d}); err != nil {
-		s.log.Warn("record a create's doubt; keeping it until the store answers", "node", d.Node, "token", d.Token, "err", err)
+// doubt records ds, creates that failed with why, for reconciliation, in
+// one write. Doubts the store cannot take now are kept in memory and saved
+// at the next sweep.
+func (s *Server) doubt(ctx context.Context, why error, ds ...store.Doubt) {
+	if len(ds) == 0 {
+		return
+	}
+	s.rec.doubtsRecorded.Add(int64(len(ds)))
+	now := time.Now()
+	for i := range ds {
+		ds[i].Created = now
+		s.log.Debug("create outcome unknown; recorded for reconciliation", "node", ds[i].Node, "token", ds[i].Token, "key", ds[i].Key, "err", why)
+	}
+	if err := s.idem.AddDoubts(context.WithoutCancel(ctx), ds); err != nil {
+		s.log.Warn("record creates' doubts; keeping them until the store answers", "doubts", len(ds), "node", ds[0].Node, "token", ds[0].Token, "err", err)
 		s.rec.mu.Lock()
-		s.rec.unsaved = append(s.rec.unsaved, d)
+		s.rec.unsaved = append(s.rec.unsaved, ds...)
 		s.rec.mu.Unlock()
 	}
 }

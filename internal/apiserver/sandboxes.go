@@ -517,7 +517,7 @@ func (s *Server) createOn(ctx context.Context, spec *dsecv1.SandboxSpec, node, t
 	resp, err := e.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec, CreateToken: token}))
 	if err != nil {
 		if outcomeUnknown(err) {
-			s.doubt(ctx, store.Doubt{Node: node, Token: token, Key: key}, err)
+			s.doubt(ctx, err, store.Doubt{Node: node, Token: token, Key: key})
 		}
 		return nil, err
 	}
@@ -551,9 +551,11 @@ func (s *Server) createManyOn(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 	}
 	if err != nil {
 		if outcomeUnknown(err) {
-			for _, t := range sent {
-				s.doubt(ctx, store.Doubt{Node: node, Token: t, Key: key}, err)
+			ds := make([]store.Doubt, len(sent))
+			for j, t := range sent {
+				ds[j] = store.Doubt{Node: node, Token: t, Key: key}
 			}
+			s.doubt(ctx, err, ds...)
 		}
 		return fail(err)
 	}
@@ -562,11 +564,11 @@ func (s *Server) createManyOn(ctx context.Context, spec *dsecv1.SandboxSpec, nod
 		case r.GetErrorCode() != 0:
 			errs[j] = errdefs.FromConnect(connect.NewError(connect.Code(r.GetErrorCode()), errors.New(r.GetErrorMessage())))
 			if outcomeUnknown(errs[j]) {
-				s.doubt(ctx, store.Doubt{Node: node, Token: sent[j], Key: key}, errs[j])
+				s.doubt(ctx, errs[j], store.Doubt{Node: node, Token: sent[j], Key: key})
 			}
 		case r.GetSandbox() == nil:
 			errs[j] = fmt.Errorf("node %s answered create %s with neither a sandbox nor an error: %w", node, sent[j], errdefs.ErrInternal)
-			s.doubt(ctx, store.Doubt{Node: node, Token: sent[j], Key: key}, errs[j])
+			s.doubt(ctx, errs[j], store.Doubt{Node: node, Token: sent[j], Key: key})
 		default:
 			sbs[j] = r.GetSandbox()
 		}
@@ -603,11 +605,13 @@ func batchOf(r store.CreateReservation) string {
 // doubtAll records every sandbox of sbs made (index i of sbs is sandbox i;
 // nil ones were not made) as a doubt, for reconciliation to settle.
 func (s *Server) doubtAll(ctx context.Context, sbs []*dsecv1.Sandbox, batch, key string, why error) {
+	var ds []store.Doubt
 	for i, sb := range sbs {
 		if sb != nil {
-			s.doubt(ctx, store.Doubt{Node: sb.GetNode(), Token: nodeToken(createToken(batch, i), sb.GetNode()), Key: key}, why)
+			ds = append(ds, store.Doubt{Node: sb.GetNode(), Token: nodeToken(createToken(batch, i), sb.GetNode()), Key: key})
 		}
 	}
+	s.doubt(ctx, why, ds...)
 }
 
 // deleteAll removes the sandboxes of a batch that will not be kept (index
@@ -624,7 +628,7 @@ func (s *Server) deleteAll(ctx context.Context, sbs []*dsecv1.Sandbox, batch, ke
 		}
 		if err != nil {
 			s.log.Warn("remove sandbox of a failed batch", "id", sb.GetId(), "err", err)
-			s.doubt(ctx, store.Doubt{Node: sb.GetNode(), Token: nodeToken(createToken(batch, i), sb.GetNode()), Key: key}, err)
+			s.doubt(ctx, err, store.Doubt{Node: sb.GetNode(), Token: nodeToken(createToken(batch, i), sb.GetNode()), Key: key})
 		}
 	}
 }
