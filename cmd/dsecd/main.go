@@ -107,6 +107,7 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.Int64Var(&cfg.Storage.ChunkSize, "chunk-size", 1<<20, "bytes per layer chunk in the blob store")
 	fs.Int64Var(&cfg.Storage.CacheBytes, "cache-bytes", 10<<30, "on-demand chunk cache limit on disk in bytes (hot chunks only, compressed)")
 	fs.Int64Var(&cfg.Storage.MemoryBytes, "chunk-memory-bytes", 0, "on-demand chunk cache limit in memory in bytes: fetched chunks as the store served them (compressed) and, while they fit, decoded, until they prove hot or are evicted (default: 1/16 of physical memory, at most 4 GiB)")
+	fs.BoolVar(&cfg.Storage.NoPagePush, "no-page-push", false, "read every page of an on-demand layer through lazyfs: without it, once a read takes some of a chunk, lazyfs hands the kernel the rest of the chunk's pages")
 	fs.Int64Var(&cfg.Storage.BandwidthBytesPerSec, "blob-bandwidth", 0, "cap on blob store reads in bytes/s, to model a remote store (0: none)")
 	fs.BoolVar(&cfg.Storage.Tars, "layer-tars", false, "also publish layers as tar.gz (tar mode needs them)")
 	fs.Int64Var(&cfg.Storage.MaxUploadBytes, "max-upload-bytes", 16<<30, "most bytes a layer upload's archive may have, and the tree it unpacks to")
@@ -421,6 +422,7 @@ func lazyfsMain(args []string) int {
 	fs.Int64Var(&cfg.CacheBytes, "cache-bytes", 0, "chunk cache limit on disk")
 	fs.Int64Var(&cfg.MemoryBytes, "chunk-memory-bytes", 0, "chunk cache limit in memory")
 	fs.Int64Var(&cfg.BandwidthBytesPerSec, "bandwidth", 0, "cap on blob store reads in bytes/s")
+	fs.BoolVar(&cfg.NoPagePush, "no-page-push", false, "do not hand the kernel the rest of a chunk a read took some of")
 	fs.Parse(args)
 	if cfg.Dir == "" || cfg.BlobStore == "" {
 		fmt.Fprintln(os.Stderr, "dsecd lazyfs: --dir and --blob-store are required")

@@ -407,6 +407,7 @@ func (ls *layerService) LayerStats(ctx context.Context, req *connect.Request[dse
 			have.MemoryHits += l.GetMemoryHits()
 			have.DiskHits += l.GetDiskHits()
 			have.BytesWrittenDisk += l.GetBytesWrittenDisk()
+			have.BytesPushed += l.GetBytesPushed()
 			have.CacheMisses += l.GetCacheMisses()
 			have.FetchErrors += l.GetFetchErrors()
 			have.Sandboxes += l.GetSandboxes()

@@ -173,7 +173,7 @@ func findImages(dir string) ([]benchImage, error) {
 
 // runMode runs one burst; errors land in the result's Skipped.
 func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mode string, port int, images []benchImage) (ModeResult, map[string]*dsecv1.EnvironmentUsage) {
-	res := ModeResult{Mode: mode, Sandboxes: o.Sandboxes, BytesRead: -1, FractionRead: -1, CacheDiskWritten: -1, FetchedBeforeBurst: -1}
+	res := ModeResult{Mode: mode, Sandboxes: o.Sandboxes, BytesRead: -1, FractionRead: -1, CacheDiskWritten: -1, FetchedBeforeBurst: -1, BytesPushed: -1}
 	onDemand := layerMode(mode) == ModeOnDemand
 	root := filepath.Join(o.Root, "root-"+mode)
 	skip := func(err error) (ModeResult, map[string]*dsecv1.EnvironmentUsage) {
@@ -350,6 +350,7 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 			res.FractionRead = float64(read) / float64(imageBytes)
 		}
 		res.CacheDiskWritten = delta.cacheWritten
+		res.BytesPushed = delta.pushed
 	}
 	if imageBytes > 0 {
 		res.FractionFetched = float64(res.BytesFetched) / float64(imageBytes)
@@ -492,6 +493,7 @@ func layerStats(ctx context.Context, c *apiclient.Clients) (*dsecv1.LayerStatsRe
 // layerDelta is what the layer stats counted over a burst.
 type layerDelta struct {
 	fetched, read int64
+	pushed        int64 // into the kernel's page cache, unasked
 	imageBytes    int64 // the sum of the distinct layer sizes of the bench images
 	cacheWritten  int64 // by the chunk cache to its disk tier
 }
@@ -519,6 +521,7 @@ func statsDelta(before, after *dsecv1.LayerStatsResponse, images []benchImage) l
 		p := prev[l.GetDigest()]
 		d.fetched += l.GetBytesFetched() - p.GetBytesFetched()
 		d.read += l.GetBytesRead() - p.GetBytesRead()
+		d.pushed += l.GetBytesPushed() - p.GetBytesPushed()
 		d.cacheWritten += l.GetBytesWrittenDisk() - p.GetBytesWrittenDisk()
 		if used[l.GetDigest()] {
 			d.imageBytes += l.GetSize()

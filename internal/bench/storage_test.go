@@ -27,7 +27,7 @@ func sampleReport() *StorageReport {
 		Modes: []ModeResult{
 			{Mode: ModeLocal, Sandboxes: 64, BurstWallS: 100, DiskWritten: 1e8, ImageBytes: 8e9, BytesRead: -1, FractionRead: -1},
 			{Mode: ModeOnDemand, Sandboxes: 64, BurstWallS: 105, BytesFetched: 8e8, DiskWritten: 1.1e8, CacheDiskWritten: 2e6, ImageBytes: 8e9, BytesRead: 4e8, FractionRead: 0.05, FractionFetched: 0.1},
-			{Mode: ModeTraced, Sandboxes: 64, BurstWallS: 95, BytesFetched: 8.5e8, DiskWritten: 1.05e8, CacheDiskWritten: 0, ImageBytes: 8e9, BytesRead: 4e8, FractionRead: 0.05, FractionFetched: 0.106, Traces: 9, FetchedBeforeBurst: 3e8},
+			{Mode: ModeTraced, Sandboxes: 64, BurstWallS: 95, BytesFetched: 8.5e8, DiskWritten: 1.05e8, CacheDiskWritten: 0, ImageBytes: 8e9, BytesRead: 4e8, FractionRead: 0.05, FractionFetched: 0.106, Traces: 9, FetchedBeforeBurst: 3e8, BytesPushed: 6e8},
 			{Mode: ModeEager, Sandboxes: 64, BurstWallS: 200, BytesFetched: 8e9, DiskWritten: 8e9, ImageBytes: 8e9, BytesRead: -1, FractionRead: -1, FractionFetched: 1},
 			{Mode: ModeTar, Skipped: "dsecd exited"},
 		},
@@ -117,6 +117,7 @@ func TestStoragePrint(t *testing.T) {
 		"pre-cached", "on-demand", "on-demand, traced", "eager", "tar skipped: dsecd exited",
 		"100.0 s", "105.0 s", "95.0 s", "800.0 MB", "8.00 GB", "10.0 %", "5.0 %", "2.0 MB",
 		"traced: 300.0 MB fetched before the burst, while importing",
+		"traced: lazyfs pushed 600.0 MB into the page cache",
 		"PASS", "go: step failed", "a note", "note: hello note",
 		"EROFS mount+stat 0.0400 s, tar -xzf 3.000 s",
 	} {

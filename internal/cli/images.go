@@ -144,11 +144,11 @@ func (a *app) layerStatsCommand() *cobra.Command {
 			}
 			fmt.Fprintf(a.stdout, "mode %s, blob store %s\n\n", m.GetMode(), m.GetBlobStore())
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "LAYER\tREFS\tSIZE\tREAD\tREAD%\tFETCHED\tCHUNKS\tHITS MEM/DISK\tMISSES\tDISK WRITTEN\tERRORS\tSANDBOXES")
+			fmt.Fprintln(tw, "LAYER\tREFS\tSIZE\tREAD\tREAD%\tPUSHED\tFETCHED\tCHUNKS\tHITS MEM/DISK\tMISSES\tDISK WRITTEN\tERRORS\tSANDBOXES")
 			for _, l := range m.GetLayers() {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d\t%s\t%d\t%d\n", shortDigest(l.GetDigest()), strings.Join(l.GetRefs(), ","),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d\t%s\t%d\t%d\n", shortDigest(l.GetDigest()), strings.Join(l.GetRefs(), ","),
 					humanBytes(l.GetSize()), humanBytes(l.GetBytesRead()), percent(l.GetBytesRead(), l.GetSize()),
-					humanBytes(l.GetBytesFetched()), l.GetChunksFetched(), l.GetChunksTotal(), l.GetMemoryHits(), l.GetDiskHits(),
+					humanBytes(l.GetBytesPushed()), humanBytes(l.GetBytesFetched()), l.GetChunksFetched(), l.GetChunksTotal(), l.GetMemoryHits(), l.GetDiskHits(),
 					l.GetCacheMisses(), humanBytes(l.GetBytesWrittenDisk()), l.GetFetchErrors(), l.GetSandboxes())
 			}
 			tw.Flush()
@@ -183,6 +183,7 @@ func printLayerStatsJSON(a *app, m *dsecv1.LayerStatsResponse) error {
 		MemoryHits        int64 `json:"memory_hits"`
 		DiskHits          int64 `json:"disk_hits"`
 		BytesWrittenDisk  int64 `json:"bytes_written_disk"`
+		BytesPushed       int64 `json:"bytes_pushed"`
 	}
 	type env struct {
 		Name      string   `json:"name"`
@@ -200,7 +201,7 @@ func printLayerStatsJSON(a *app, m *dsecv1.LayerStatsResponse) error {
 	for _, l := range m.GetLayers() {
 		out.Layers = append(out.Layers, layer{l.GetDigest(), l.GetRefs(), l.GetSize(), l.GetBytesRead(), l.GetBytesFetched(),
 			l.GetChunksTotal(), l.GetChunksFetched(), l.GetCacheHits(), l.GetCacheMisses(), l.GetFetchErrors(), l.GetSandboxes(),
-			l.GetBytesFetchedPlain(), l.GetMemoryHits(), l.GetDiskHits(), l.GetBytesWrittenDisk()})
+			l.GetBytesFetchedPlain(), l.GetMemoryHits(), l.GetDiskHits(), l.GetBytesWrittenDisk(), l.GetBytesPushed()})
 	}
 	for _, e := range m.GetEnvironments() {
 		out.Environments = append(out.Environments, env{e.GetName(), e.GetLayerDigests(), e.GetSize(), e.GetBytesRead(), e.GetSandboxes()})

@@ -112,6 +112,9 @@ type StorageConfig struct {
 	// MemoryBytes bounds the on-demand chunk cache in memory; 0 = derived
 	// from the node's memory (defaultChunkMemory).
 	MemoryBytes int64
+	// NoPagePush keeps lazyfs from handing the kernel the rest of a chunk
+	// after a read of some of it (lazy.Config.NoPagePush).
+	NoPagePush bool
 	// BandwidthBytesPerSec caps blob store reads (a model of a remote
 	// store); 0 = none.
 	BandwidthBytesPerSec int64
@@ -721,7 +724,8 @@ func openLayers(ctx context.Context, cfg Config, images *image.Store, log *slog.
 		}
 		loader, err = lazyd.Connect(ctx, lazyd.Config{
 			Dir: filepath.Join(cfg.Root, "lazy"), BlobStore: sc.BlobStore,
-			CacheBytes: sc.CacheBytes, MemoryBytes: sc.MemoryBytes, BandwidthBytesPerSec: sc.BandwidthBytesPerSec,
+			CacheBytes: sc.CacheBytes, MemoryBytes: sc.MemoryBytes, NoPagePush: sc.NoPagePush,
+			BandwidthBytesPerSec: sc.BandwidthBytesPerSec,
 		}, self, log.With("component", "lazyd"))
 		if err != nil {
 			return nil, err

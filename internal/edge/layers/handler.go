@@ -241,7 +241,7 @@ func (ls *Handler) LayerStats(ctx context.Context, req *connect.Request[dsecv1.L
 			ChunksTotal: l.ChunksTotal, ChunksFetched: l.ChunksFetched, CacheHits: l.CacheHits,
 			CacheMisses: l.CacheMisses, FetchErrors: l.FetchErrors, Sandboxes: l.Sandboxes,
 			BytesFetchedPlain: l.BytesFetchedPlain, MemoryHits: l.MemoryHits, DiskHits: l.DiskHits,
-			BytesWrittenDisk: l.BytesWrittenDisk,
+			BytesWrittenDisk: l.BytesWrittenDisk, BytesPushed: l.BytesPushed,
 		})
 	}
 	for _, e := range st.Environments {

@@ -28,6 +28,7 @@ const (
 type mountState struct {
 	server *fuse.Server
 	root   *rootNode
+	pushes chan pushJob // nil: pages are not pushed (Config.NoPagePush)
 
 	closeOnce sync.Once
 	closeErr  error         // set before done is closed
@@ -125,6 +126,9 @@ func Mount(ctx context.Context, cfg Config) (*FS, error) {
 		return nil, fmt.Errorf("mount lazy fs on %s: %w", f.cfg.MountPoint, err)
 	}
 	f.mnt = mountState{server: server, root: root, done: make(chan struct{})}
+	if !f.cfg.NoPagePush {
+		f.startPushing()
+	}
 	f.log.Info("lazy fs mounted", "mountpoint", f.cfg.MountPoint, "cache", f.cfg.CacheDir,
 		"cache_bytes", f.cfg.CacheBytes, "memory_bytes", f.cfg.MemoryBytes, "cached_bytes", f.cache.stats().DiskBytes)
 	return f, nil
@@ -146,14 +150,21 @@ func (m *mountState) removeFile(hex string) {
 }
 
 // dropPages makes the kernel forget the layer file's cached pages, so the
-// next reads reach the file system (and its trace).
-func (m *mountState) dropPages(hex string) error {
-	ch := m.root.GetChild(hex)
+// next reads reach the file system (and its trace). Pushes queued before
+// it are dropped, and the next read of any chunk pushes its pages again.
+func (m *mountState) dropPages(l *layer) error {
+	ch := m.root.GetChild(l.hex)
 	if ch == nil {
-		return fmt.Errorf("drop pages of layer file %s: %w", hex, errdefs.ErrNotFound)
+		return fmt.Errorf("drop pages of layer file %s: %w", l.hex, errdefs.ErrNotFound)
+	}
+	l.pushMu.Lock()
+	defer l.pushMu.Unlock()
+	l.pushGen.Add(1)
+	for i := range l.pushedAt {
+		l.pushedAt[i].Store(0)
 	}
 	if errno := ch.NotifyContent(0, 0); errno != 0 && errno != syscall.ENOENT {
-		return fmt.Errorf("drop pages of layer file %s: %w", hex, errno)
+		return fmt.Errorf("drop pages of layer file %s: %w", l.hex, errno)
 	}
 	return nil
 }

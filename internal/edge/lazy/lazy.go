@@ -28,7 +28,11 @@ type Config struct {
 	MemoryBytes  int64         // memory tier's limit (chunk objects as fetched and decoded copies); 0 = 256 MiB
 	FetchTimeout time.Duration // per attempt; 0 = 10 s
 	Retries      int           // attempts per chunk before EIO; 0 = 3
-	Log          *slog.Logger  // nil = discard
+	// NoPagePush keeps the rest of a chunk's pages from the kernel's page
+	// cache after a read of some of them (see push_linux.go): every page
+	// is then read through the file system.
+	NoPagePush bool
+	Log        *slog.Logger // nil = discard
 }
 
 const (
@@ -60,6 +64,10 @@ type LayerStats struct {
 	// BytesWrittenDisk is the bytes of this layer's chunks written to the
 	// cache's disk tier (hot chunks leaving memory, compressed).
 	BytesWrittenDisk int64
+	// BytesPushed is the bytes handed to the kernel's page cache unasked:
+	// the rest of each chunk a read took some of. Readers' reads of them
+	// are not in BytesRead.
+	BytesPushed int64
 }
 
 // FS is a mounted lazy layer file system. Its methods are safe for
@@ -94,6 +102,14 @@ type layer struct {
 	bytesFetchedPlain, bytesWrittenDisk    atomic.Int64
 	memoryHits, diskHits                   atomic.Int64
 	cacheMisses, fetchErrors               atomic.Int64
+	bytesPushed                            atomic.Int64
+
+	// pushedAt is, per chunk, when its pages were last queued for the
+	// kernel (unix ns; 0: never). pushGen counts the times the kernel was
+	// told to drop the file's pages; pushMu fences pushes off while it is.
+	pushedAt []atomic.Int64
+	pushGen  atomic.Uint64
+	pushMu   sync.RWMutex
 
 	// seen marks chunks read since the trace was last reset; order lists
 	// them in the order first read.
@@ -230,7 +246,7 @@ func (f *FS) Add(ctx context.Context, ix *blob.Index) (string, error) {
 		return p, nil
 	}
 
-	l := &layer{hex: hex, ix: ix, seen: make([]atomic.Bool, len(ix.Chunks))}
+	l := &layer{hex: hex, ix: ix, seen: make([]atomic.Bool, len(ix.Chunks)), pushedAt: make([]atomic.Int64, len(ix.Chunks))}
 	for _, m := range ix.Meta {
 		f.cache.pin(ix.Chunks[m])
 	}
@@ -365,6 +381,7 @@ func (f *FS) Stats(hex string) LayerStats {
 		CacheMisses:       l.cacheMisses.Load(),
 		FetchErrors:       l.fetchErrors.Load(),
 		BytesWrittenDisk:  l.bytesWrittenDisk.Load(),
+		BytesPushed:       l.bytesPushed.Load(),
 	}
 }
 
@@ -393,6 +410,7 @@ func (f *FS) readAt(ctx context.Context, l *layer, dest []byte, off int64) ([]by
 			return dest[:done], err
 		}
 		f.cache.served(l.ix.Chunks[i], within, n)
+		f.pushRest(l, i, data, within, n)
 		if done == 0 && n == int64(len(dest)) {
 			// The whole read is in this chunk: hand out its bytes, uncopied.
 			l.bytesRead.Add(n)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -571,5 +572,137 @@ func TestReadSurvivesSignals(t *testing.T) {
 	}
 	if !bytes.Equal(r.got, data[testChunk:testChunk+4096]) {
 		t.Fatal("content differs")
+	}
+}
+
+// TestReadPushesRestOfChunk reads one page of a chunk through the page
+// cache: the file system answers that read, then hands the kernel the rest
+// of the chunk, so reading the whole chunk afterwards reaches the file
+// system no more. With NoPagePush every page is read through it.
+func TestReadPushesRestOfChunk(t *testing.T) {
+	const chunk = 1 << 20
+	data := randomBytes(12, 3*chunk+300_000) // the last chunk is short
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		push bool
+	}{
+		{"pushed", Config{}, true},
+		{"not pushed", Config{NoPagePush: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := newMemStore()
+			ix := putLayer(t, st, data, chunk)
+			tc.cfg.Store = st
+			f, p := mountLayer(t, tc.cfg, ix)
+			hex := ix.Digest[7:]
+			file, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer file.Close()
+
+			for _, c := range []int{1, 3} {
+				start := int64(c) * chunk
+				end := min(start+chunk, int64(len(data)))
+				s0 := f.Stats(hex)
+				if _, err := file.ReadAt(make([]byte, 4096), start+8192); err != nil {
+					t.Fatal(err)
+				}
+				// The read took its readahead window; the push, if any,
+				// the rest of the chunk.
+				window := f.Stats(hex).BytesRead - s0.BytesRead
+				want := s0.BytesPushed
+				if tc.push {
+					want += end - start - window
+				}
+				waitFor(t, "pages pushed", func() bool { return f.Stats(hex).BytesPushed == want })
+				before := f.Stats(hex)
+				got := make([]byte, end-start)
+				if n, err := file.ReadAt(got, start); n != len(got) || err != nil && !errors.Is(err, io.EOF) {
+					t.Fatalf("read chunk %d: %d bytes, %v", c, n, err)
+				}
+				if !bytes.Equal(got, data[start:end]) {
+					t.Fatalf("chunk %d read back differs", c)
+				}
+				grew := f.Stats(hex).BytesRead - before.BytesRead
+				if tc.push && grew != 0 {
+					t.Errorf("chunk %d: reading it all after its pages were pushed reached the file system for %d bytes", c, grew)
+				} else if !tc.push && grew == 0 {
+					t.Errorf("chunk %d: without pushes, reading it all never reached the file system", c)
+				}
+				t.Logf("chunk %d: window %d bytes, then %d read through the file system", c, window, grew)
+			}
+			// The pushes never grew the file.
+			if info, err := file.Stat(); err != nil || info.Size() != int64(len(data)) {
+				t.Fatalf("stat after pushes: %v, %v", info, err)
+			}
+			if n, err := file.ReadAt(make([]byte, 10), int64(len(data))); n != 0 || !errors.Is(err, io.EOF) {
+				t.Errorf("read at the end: %d, %v", n, err)
+			}
+		})
+	}
+}
+
+// waitFor polls cond for up to 10 seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestDropPagesFencesPushes: a push queued before the layer's pages were
+// dropped does not land after the drop (MetaChunks drops the walk's pages
+// so that sandboxes' reads reach the trace); one queued after it does, and
+// its pages are then read without reaching the file system.
+func TestDropPagesFencesPushes(t *testing.T) {
+	const chunk = 1 << 20
+	data := randomBytes(13, 2*chunk)
+	st := newMemStore()
+	ix := putLayer(t, st, data, chunk)
+	// No workers: the test runs the pushes itself.
+	f, p := mountLayer(t, Config{Store: st, NoPagePush: true}, ix)
+	hex := ix.Digest[7:]
+	file, err := os.Open(p) // the kernel must know the file to take its pages
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	l, err := f.layer(hex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := f.chunk(context.Background(), l, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	stale := pushJob{l: l, i: 1, gen: l.pushGen.Load(), data: plain}
+	if err := f.mnt.dropPages(l); err != nil {
+		t.Fatal(err)
+	}
+	f.push(stale)
+	if s := f.Stats(hex); s.BytesPushed != 0 {
+		t.Fatalf("a push queued before the drop landed after it: %d bytes", s.BytesPushed)
+	}
+
+	f.push(pushJob{l: l, i: 1, gen: l.pushGen.Load(), data: plain})
+	if s := f.Stats(hex); s.BytesPushed != chunk {
+		t.Fatalf("pushed %d bytes, want the chunk's %d", s.BytesPushed, chunk)
+	}
+	got := make([]byte, chunk)
+	if _, err := file.ReadAt(got, chunk); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data[chunk:]) {
+		t.Fatal("pushed pages differ from the chunk")
+	}
+	if s := f.Stats(hex); s.BytesRead != 0 {
+		t.Errorf("reading pushed pages reached the file system for %d bytes", s.BytesRead)
 	}
 }

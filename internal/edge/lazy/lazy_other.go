@@ -17,6 +17,8 @@ func (m *mountState) addFile(f *FS, l *layer) error {
 
 func (m *mountState) removeFile(hex string) {}
 
+func (f *FS) pushRest(l *layer, i int, data []byte, within, n int64) {}
+
 // Mount needs Linux (FUSE and file-backed EROFS).
 func Mount(ctx context.Context, cfg Config) (*FS, error) {
 	return nil, fmt.Errorf("mount lazy fs: %w", errdefs.ErrNotSupported)

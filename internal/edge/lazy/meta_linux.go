@@ -27,7 +27,7 @@ func MetaChunks(ctx context.Context, f *FS, hex string, tmpDir string) ([]int, e
 		return nil, err
 	}
 	l.resetTrace()
-	if err := f.mnt.dropPages(hex); err != nil {
+	if err := f.mnt.dropPages(l); err != nil {
 		return nil, fmt.Errorf("find metadata chunks of %s: %w", hex, err)
 	}
 	dir, err := os.MkdirTemp(tmpDir, "erofs-meta-")
@@ -55,7 +55,7 @@ func MetaChunks(ctx context.Context, f *FS, hex string, tmpDir string) ([]int, e
 	// pages the walk brought in are dropped so that sandboxes' reads of
 	// them reach the file system and its trace.
 	l.resetTrace()
-	if err := f.mnt.dropPages(hex); err != nil {
+	if err := f.mnt.dropPages(l); err != nil {
 		return nil, fmt.Errorf("find metadata chunks of %s: %w", hex, err)
 	}
 	return chunks, nil

@@ -41,6 +41,8 @@ type Config struct {
 	CacheBytes int64  // chunk cache's disk tier limit; 0 = lazy's default
 	// MemoryBytes bounds the chunk cache's memory tier; 0 = lazy's default.
 	MemoryBytes int64
+	// NoPagePush: see lazy.Config.NoPagePush.
+	NoPagePush bool
 	// BandwidthBytesPerSec caps reads from the blob store (a model of a
 	// remote store); 0 = none.
 	BandwidthBytesPerSec int64
@@ -53,10 +55,14 @@ func (c Config) cacheDir() string   { return filepath.Join(c.Dir, "cache") }
 
 // Args are the `dsecd lazyfs` arguments that serve cfg.
 func (c Config) Args() []string {
-	return []string{"lazyfs", "--dir", c.Dir, "--blob-store", c.BlobStore,
+	args := []string{"lazyfs", "--dir", c.Dir, "--blob-store", c.BlobStore,
 		"--cache-bytes", strconv.FormatInt(c.CacheBytes, 10),
 		"--chunk-memory-bytes", strconv.FormatInt(c.MemoryBytes, 10),
 		"--bandwidth", strconv.FormatInt(c.BandwidthBytesPerSec, 10)}
+	if c.NoPagePush {
+		args = append(args, "--no-page-push")
+	}
+	return args
 }
 
 // Serve mounts the file system and serves its control socket until ctx ends,
@@ -78,7 +84,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	unix.Unmount(cfg.MountPoint(), unix.MNT_DETACH)
 	fsys, err := lazy.Mount(ctx, lazy.Config{
 		Store: st, MountPoint: cfg.MountPoint(), CacheDir: cfg.cacheDir(), CacheBytes: cfg.CacheBytes,
-		MemoryBytes: cfg.MemoryBytes, Log: log,
+		MemoryBytes: cfg.MemoryBytes, NoPagePush: cfg.NoPagePush, Log: log,
 	})
 	if err != nil {
 		return fmt.Errorf("lazyfs: %w", err)

@@ -6584,6 +6584,7 @@ type LayerUsage struct {
 	MemoryHits        int64                  `protobuf:"varint,13,opt,name=memory_hits,json=memoryHits,proto3" json:"memory_hits,omitempty"`                        // cache hits served from the chunk cache's memory tier
 	DiskHits          int64                  `protobuf:"varint,14,opt,name=disk_hits,json=diskHits,proto3" json:"disk_hits,omitempty"`                              // cache hits served from its disk tier
 	BytesWrittenDisk  int64                  `protobuf:"varint,15,opt,name=bytes_written_disk,json=bytesWrittenDisk,proto3" json:"bytes_written_disk,omitempty"`    // bytes of its chunks written to the disk tier (hot chunks, compressed)
+	BytesPushed       int64                  `protobuf:"varint,16,opt,name=bytes_pushed,json=bytesPushed,proto3" json:"bytes_pushed,omitempty"`                     // handed to the kernel's page cache unasked: the rest of each chunk a read took some of (not in bytes_read)
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -6719,6 +6720,13 @@ func (x *LayerUsage) GetDiskHits() int64 {
 func (x *LayerUsage) GetBytesWrittenDisk() int64 {
 	if x != nil {
 		return x.BytesWrittenDisk
+	}
+	return 0
+}
+
+func (x *LayerUsage) GetBytesPushed() int64 {
+	if x != nil {
+		return x.BytesPushed
 	}
 	return 0
 }
@@ -7948,7 +7956,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"oci_layers\x18\t \x01(\x05R\tociLayers\x12\x1a\n" +
 	"\bwarnings\x18\n" +
 	" \x03(\tR\bwarnings\"\x13\n" +
-	"\x11LayerStatsRequest\"\xf9\x03\n" +
+	"\x11LayerStatsRequest\"\x9c\x04\n" +
 	"\n" +
 	"LayerUsage\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x12\n" +
@@ -7969,7 +7977,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\vmemory_hits\x18\r \x01(\x03R\n" +
 	"memoryHits\x12\x1b\n" +
 	"\tdisk_hits\x18\x0e \x01(\x03R\bdiskHits\x12,\n" +
-	"\x12bytes_written_disk\x18\x0f \x01(\x03R\x10bytesWrittenDisk\"\x9c\x01\n" +
+	"\x12bytes_written_disk\x18\x0f \x01(\x03R\x10bytesWrittenDisk\x12!\n" +
+	"\fbytes_pushed\x18\x10 \x01(\x03R\vbytesPushed\"\x9c\x01\n" +
 	"\x10EnvironmentUsage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
 	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\x12\x12\n" +
