@@ -57,6 +57,10 @@ type StorageOptions struct {
 	Workspace   string   // tree for the mount-versus-extract figure; default from Images
 	PortBase    int      // first TCP port for the daemons
 	KeepRoots   bool     // leave each mode's root for inspection
+	// NoPagePush runs the daemons with --no-page-push: every page of an
+	// on-demand layer is then read through lazyfs, so IMAGE READ is what
+	// the tasks read.
+	NoPagePush bool
 	// Rounds runs every mode this many times, the modes interleaved (all
 	// of them once, then again), and reports each figure's median, so that
 	// other work on the machine disturbs one burst rather than one mode; 0

@@ -93,6 +93,9 @@ func RunStorage(ctx context.Context, log *slog.Logger, o StorageOptions) (*Stora
 		rep.Notes = append(rep.Notes, "no --s3 given: the remote store is modelled by a directory blob store with dsecd's --blob-bandwidth cap")
 	}
 
+	if o.NoPagePush {
+		rep.Notes = append(rep.Notes, "--no-page-push: lazyfs hands the kernel only the pages it asks for, so IMAGE READ is what the tasks read")
+	}
 	rep.Rounds = max(o.Rounds, 1)
 	bursts := make([][]ModeResult, len(o.Modes))
 	infos := make([]map[string]*dsecv1.EnvironmentUsage, len(o.Modes))
@@ -199,6 +202,9 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	}
 	if mode == ModeTar {
 		args = append(args, "--layer-tars")
+	}
+	if o.NoPagePush {
+		args = append(args, "--no-page-push")
 	}
 	logFile, err := os.Create(filepath.Join(o.Root, mode+".dsecd.log"))
 	if err != nil {

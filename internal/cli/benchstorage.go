@@ -92,6 +92,7 @@ Needs root; see docs/storage-bench.md.`,
 	f.StringVar(&o.Workspace, "workspace", "", "tree for the mount-vs-extract figure (default: the Go image's standard library sources)")
 	f.IntVar(&o.PortBase, "port-base", o.PortBase, "first loopback TCP port for the daemons (one per mode)")
 	f.BoolVar(&o.KeepRoots, "keep-roots", false, "keep each mode's daemon root after its burst")
+	f.BoolVar(&o.NoPagePush, "no-page-push", false, "run the daemons with --no-page-push: every page of an on-demand layer read through lazyfs, so IMAGE READ is what the tasks read")
 	f.IntVar(&o.Rounds, "rounds", 1, "bursts per mode, the modes interleaved; figures are medians (for a machine other work disturbs)")
 	cmd.AddCommand(a.benchBuildOCICommand())
 	return cmd
