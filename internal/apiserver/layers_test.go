@@ -18,6 +18,7 @@ import (
 	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/layerupload"
+	"dsec.dev/dsec/internal/testutil"
 	"dsec.dev/dsec/internal/watcher"
 )
 
@@ -183,7 +184,7 @@ func TestBrokenUploadIsNotTakenWhole(t *testing.T) {
 			s := cl.UploadLayer(ctx)
 			s.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Header{Header: &dsecv1.UploadLayerHeader{Ref: "up:1", Kind: dsecv1.LayerKind_LAYER_KIND_BASE}}})
 			s.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Data{Data: bytes.Repeat([]byte("x"), 64<<10)}})
-			waitUntil(t, "every node to get the first piece", func() bool {
+			testutil.WaitFor(t, 5*time.Second, "every node to get the first piece", func() bool {
 				for _, f := range fakes {
 					if _, n, _ := f.counts(); n == 0 {
 						return false
@@ -196,7 +197,7 @@ func TestBrokenUploadIsNotTakenWhole(t *testing.T) {
 				t.Fatal("a cancelled upload succeeded")
 			}
 			for i, f := range fakes {
-				waitUntil(t, "the node's upload to end", func() bool {
+				testutil.WaitFor(t, 5*time.Second, "the node's upload to end", func() bool {
 					f.mu.Lock()
 					defer f.mu.Unlock()
 					return len(f.uploads) == 1
@@ -279,16 +280,5 @@ func TestImportLayerOncePerBlobStore(t *testing.T) {
 	_, err := cl.ImportLayer(t.Context(), connect.NewRequest(&dsecv1.ImportLayerRequest{Kind: dsecv1.LayerKind_LAYER_KIND_BASE, Path: "/srv/tree"}))
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Errorf("an import without a ref in a cluster: %v", err)
-	}
-}
-
-func waitUntil(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -15,19 +15,8 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/testutil"
 )
-
-// eventually polls cond every 10 ms for up to 5 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 5 s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 func doubts(t *testing.T, st store.Store) []store.Doubt {
 	t.Helper()
@@ -63,13 +52,13 @@ func TestGivenUpCreateIsReaped(t *testing.T) {
 		t.Fatal("a create on a frozen node succeeded")
 	}
 	<-e.entered
-	eventually(t, "the doubt is recorded", func() bool { return len(doubts(t, st)) == 1 })
+	testutil.WaitFor(t, 5*time.Second, "the doubt is recorded", func() bool { return len(doubts(t, st)) == 1 })
 	d := doubts(t, st)[0]
 	if d.Node != "n1" || d.Key != "" || d.Prefix || !strings.HasSuffix(d.Token, "#0@n1") {
 		t.Fatalf("doubt %+v", d)
 	}
 	e.thaw()
-	eventually(t, "the thawed node makes the sandbox nobody owns", func() bool { return len(runningIDs(e)) == 1 })
+	testutil.WaitFor(t, 5*time.Second, "the thawed node makes the sandbox nobody owns", func() bool { return len(runningIDs(e)) == 1 })
 
 	s.Reconcile(context.Background())
 	if ids := runningIDs(e); len(ids) != 0 {

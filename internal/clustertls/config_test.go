@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 func fingerprint(t *testing.T, certPEM []byte) string {
@@ -304,7 +305,7 @@ func TestRotation(t *testing.T) {
 	}
 	var res result
 	// The three files may be picked up at different checks; wait for all.
-	eventually(t, "CA 2 client accepted by the CA 2 certificate", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "CA 2 client accepted by the CA 2 certificate", func() bool {
 		res = handshake(t, srv, neu)
 		return res.serverErr == nil && res.clientErr == nil && res.peerOfClient.Fingerprint == fingerprint(t, p.cert)
 	})
@@ -317,7 +318,7 @@ func TestRotation(t *testing.T) {
 
 	// Step 3: drop CA 1.
 	writeBundle(t, srvFiles, ca2)
-	eventually(t, "CA 1 client refused", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "CA 1 client refused", func() bool {
 		res = handshake(t, srv, old)
 		return res.serverErr != nil
 	})
@@ -346,7 +347,7 @@ func TestResumedSessionReverified(t *testing.T) {
 		t.Fatalf("second handshake: server: %v; client: %v; resumed %v, want a resumed session", res.serverErr, res.clientErr, res.resumed)
 	}
 	writeBundle(t, srvFiles, ca2)
-	eventually(t, "resuming CA 1 client refused", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "resuming CA 1 client refused", func() bool {
 		return handshake(t, srv, cli).serverErr != nil
 	})
 }
@@ -366,7 +367,7 @@ func TestReloadFailureKeepsServing(t *testing.T) {
 	if err := writeReplace(srvFiles.Key, next.key, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a refusal naming the failed reload", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "a refusal naming the failed reload", func() bool {
 		err := handshake(t, srv, stranger).serverErr
 		return err != nil && strings.Contains(err.Error(), "were not reloaded") && strings.Contains(err.Error(), "private key does not match")
 	})
@@ -376,7 +377,7 @@ func TestReloadFailureKeepsServing(t *testing.T) {
 	if err := writeReplace(srvFiles.Cert, next.cert, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the new certificate served", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the new certificate served", func() bool {
 		res := handshake(t, srv, good)
 		return res.clientErr == nil && res.peerOfClient.Fingerprint == fingerprint(t, next.cert)
 	})
@@ -458,7 +459,7 @@ func TestReloadSymlinkSwap(t *testing.T) {
 		t.Fatalf("before the swap: %v, %+v", res.clientErr, res.peerOfClient)
 	}
 	put("gen-2", second)
-	eventually(t, "the swapped-in certificate served", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the swapped-in certificate served", func() bool {
 		res := handshake(t, srv, cli)
 		return res.clientErr == nil && res.peerOfClient.Fingerprint == fingerprint(t, second.cert)
 	})

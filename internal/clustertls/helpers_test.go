@@ -171,19 +171,6 @@ func handshake(t *testing.T, server, client *tls.Config) result {
 	return res
 }
 
-// eventually retries f until it returns true or 10 seconds pass; the configs
-// look at their files at most once a second.
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func mode(t *testing.T, path string) os.FileMode {
 	t.Helper()
 	fi, err := os.Stat(path)

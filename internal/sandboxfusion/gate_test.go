@@ -10,6 +10,7 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 // blocking is a runner whose calls wait until released.
@@ -25,17 +26,6 @@ func (b *blocking) RunCode(ctx context.Context, _ *dsecv1.RunCodeRequest) (*dsec
 		return success("ok\n"), nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -71,7 +61,7 @@ func TestOverload(t *testing.T) {
 
 	waiterCtx, cancelWaiter := context.WithCancel(context.Background())
 	start(waiterCtx)
-	waitFor(t, "the 3rd call to queue", func() bool { return h.gate.waiting.Load() == 1 })
+	testutil.WaitFor(t, 10*time.Second, "the 3rd call to queue", func() bool { return h.gate.waiting.Load() == 1 })
 
 	// The 4th: 504 without waiting for anything.
 	code, m, raw := post(t, hh, "/run_code", body)
@@ -81,14 +71,14 @@ func TestOverload(t *testing.T) {
 
 	// The queued client goes away: it leaves the queue, unanswered.
 	cancelWaiter()
-	waitFor(t, "the cancelled waiter to leave", func() bool { return h.gate.waiting.Load() == 0 })
+	testutil.WaitFor(t, 10*time.Second, "the cancelled waiter to leave", func() bool { return h.gate.waiting.Load() == 0 })
 	if a := <-answers; a.body != "" {
 		t.Errorf("the cancelled waiter was answered: %d %q", a.code, a.body)
 	}
 
 	// So the next call queues again rather than getting 504.
 	start(context.Background())
-	waitFor(t, "the 5th call to queue", func() bool { return h.gate.waiting.Load() == 1 })
+	testutil.WaitFor(t, 10*time.Second, "the 5th call to queue", func() bool { return h.gate.waiting.Load() == 1 })
 
 	close(b.release) // every call finishes; the queued one runs
 	wg.Wait()

@@ -97,18 +97,6 @@ func live(t *testing.T, c *testutil.Cluster, i int) map[string]bool {
 	return out
 }
 
-// waitFor polls cond every 100 ms until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // TestStoppedEdgeLeaksNothing: an edge frozen (SIGSTOP) while creates are
 // in flight to it, longer than the clients wait: the apiservers give those
 // creates up and the clients retry elsewhere (keyed) or take the error
@@ -189,7 +177,7 @@ func TestStoppedEdgeLeaksNothing(t *testing.T) {
 		}()
 	}
 	// Freeze e1 while it is in the middle of creates.
-	waitFor(t, 20*time.Second, "e1 starts creates", func() bool { return edgeStatus(t, e1).GetCreating() > 0 })
+	testutil.WaitFor(t, 20*time.Second, "e1 starts creates", func() bool { return edgeStatus(t, e1).GetCreating() > 0 })
 	c.Edges[0].Stop()
 	time.Sleep(clientWait + 2*time.Second)
 	c.Edges[0].Cont()
@@ -264,20 +252,20 @@ func TestKilledApiserverKeyedCreateReaped(t *testing.T) {
 		_, err := c.Client(0).Sandboxes.Create(context.Background(), connect.NewRequest(req))
 		sent <- err
 	}()
-	waitFor(t, 10*time.Second, "the edges start the batch", func() bool { return count((*edgev1.NodeStatus).GetCreating) > 0 })
+	testutil.WaitFor(t, 10*time.Second, "the edges start the batch", func() bool { return count((*edgev1.NodeStatus).GetCreating) > 0 })
 	c.APIServers[0].Kill()
 	if err := <-sent; err == nil {
 		t.Fatal("the create through the killed apiserver succeeded")
 	}
 	// The edges finish what they were sent: sandboxes nobody owns.
-	waitFor(t, 10*time.Second, "the orphans are made", func() bool { return count((*edgev1.NodeStatus).GetLive) > 0 })
+	testutil.WaitFor(t, 10*time.Second, "the orphans are made", func() bool { return count((*edgev1.NodeStatus).GetLive) > 0 })
 	orphans := count((*edgev1.NodeStatus).GetLive)
 	r, err := meta.Reservation(context.Background(), "orphaned")
 	if err != nil || r.State != store.StatePending || r.Owner != "api1" {
 		t.Fatalf("the killed apiserver's reservation: %+v, %v", r, err)
 	}
 	abandonedAt := time.Now()
-	waitFor(t, 15*time.Second, "the orphans are reaped", func() bool { return count((*edgev1.NodeStatus).GetLive) == 0 })
+	testutil.WaitFor(t, 15*time.Second, "the orphans are reaped", func() bool { return count((*edgev1.NodeStatus).GetLive) == 0 })
 	if _, err := meta.Reservation(context.Background(), "orphaned"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("the reservation after abandonment: %v", err)
 	}
@@ -307,7 +295,7 @@ func TestKilledApiserverKeyedCreateReaped(t *testing.T) {
 	if len(got) != 16 {
 		t.Errorf("%d sandboxes live, want the new batch's 16", len(got))
 	}
-	waitFor(t, 5*time.Second, "every doubt is settled", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "every doubt is settled", func() bool {
 		ds, err := meta.Doubts(context.Background())
 		return err == nil && len(ds) == 0
 	})
@@ -355,7 +343,7 @@ func TestRowsOfRemovedSandboxesCleaned(t *testing.T) {
 	}
 	want := []string{sbs[2].GetId(), sbs[3].GetId()}
 	slices.Sort(want)
-	waitFor(t, 10*time.Second, "the rows of removed sandboxes go", func() bool { return slices.Equal(rowIDs(), want) })
+	testutil.WaitFor(t, 10*time.Second, "the rows of removed sandboxes go", func() bool { return slices.Equal(rowIDs(), want) })
 	if n := metric(t, c.APIServers[0], "dsec_reconcile_rows_removed_total"); n != 2 {
 		t.Errorf("rows removed: %d, want 2", n)
 	}

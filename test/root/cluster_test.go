@@ -124,7 +124,7 @@ func TestClusterEndToEnd(t *testing.T) {
 	if out, _, code := cli(1, "exec", "-d", "--tag", "bg", id, "--", "sh", "-c", "echo bg; sleep 30"); code != 0 || !strings.HasPrefix(out, "p-") {
 		t.Fatalf("exec -d: %q", out)
 	}
-	waitFor(t, 10*time.Second, "the background process to print", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the background process to print", func() bool {
 		out, _, _ := cli(0, "attach", "--no-follow", id, "bg")
 		return out == "bg\n"
 	})
@@ -136,7 +136,7 @@ func TestClusterEndToEnd(t *testing.T) {
 	if out, errOut, code := cli(0, "pool", "set", "--size", "1", env); code != 0 {
 		t.Fatalf("pool set: %s %s", out, errOut)
 	}
-	waitFor(t, 60*time.Second, "both edges' pools to fill", func() bool {
+	testutil.WaitFor(t, 60*time.Second, "both edges' pools to fill", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		resp, err := cl.Sandboxes.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))

@@ -116,7 +116,7 @@ func TestCLIFirstHour(t *testing.T) {
 	if !strings.HasPrefix(pid, "p-") {
 		t.Fatalf("exec -d printed %q, want a process ID", out)
 	}
-	waitFor(t, 10*time.Second, "the ticker to print", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the ticker to print", func() bool {
 		out, _, _ := d.CLI("", "attach", "--no-follow", id, pid)
 		return strings.Count(out, "tick") >= 2
 	})
@@ -141,7 +141,7 @@ func TestCLIFirstHour(t *testing.T) {
 	}
 	// A finished command: attach exits with its code.
 	out, _, _ = d.CLI("", "exec", "-d", id, "--", "sh", "-c", "echo bye; exit 3")
-	waitFor(t, 10*time.Second, "the command to exit", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the command to exit", func() bool {
 		o, _, _ := d.CLI("", "ps", id)
 		return strings.Contains(o, "exited 3")
 	})
@@ -161,17 +161,6 @@ func TestCLIFirstHour(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", limit, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // TestRetention: a stopped sandbox stays listed with ls --all for the
 // node's retention period, then is forgotten.
 func TestRetention(t *testing.T) {
@@ -187,7 +176,7 @@ func TestRetention(t *testing.T) {
 	if out, _, _ := d.CLI("", "ls", "--all"); !strings.Contains(out, id) {
 		t.Fatalf("ls --all right after rm does not list %s:\n%s", id, out)
 	}
-	waitFor(t, 15*time.Second, "the stopped sandbox to be forgotten", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "the stopped sandbox to be forgotten", func() bool {
 		out, _, _ := d.CLI("", "ls", "--all")
 		return !strings.Contains(out, id)
 	})

@@ -21,7 +21,7 @@ func startMemhog(t *testing.T, d *testutil.Daemon, id string, mib int) string {
 	t.Helper()
 	background(t, d, id, "exec /.dsec/bin/dsec-agent hold-memory "+strconv.Itoa(mib))
 	var sum string
-	waitFor(t, 30*time.Second, "memhog to fill its memory", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "memhog to fill its memory", func() bool {
 		sum = strings.TrimSpace(sh(t, d, id, "cat /tmp/memhog.sum 2>/dev/null").stdout)
 		return sum != ""
 	})
@@ -53,7 +53,7 @@ func memhogSum(t *testing.T, d *testutil.Daemon, id string) string {
 	t.Helper()
 	mustSh(t, d, id, "rm -f /tmp/memhog.check; kill -USR1 $(cat /tmp/memhog.pid)")
 	var sum string
-	waitFor(t, 30*time.Second, "memhog to check its memory", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "memhog to check its memory", func() bool {
 		sum, _, _ = strings.Cut(strings.TrimSpace(sh(t, d, id, "cat /tmp/memhog.check 2>/dev/null").stdout), " ")
 		return sum != ""
 	})

@@ -18,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 // agent is a test agent: exec answers framed calls on a split socket whose
@@ -132,7 +133,7 @@ func TestExecAndHTTPShareTheSocket(t *testing.T) {
 	}
 
 	c.Close()
-	waitFor(t, "the agent to see the idle connection close", func() bool { return a.closed.Load() == 1 })
+	testutil.WaitFor(t, 10*time.Second, "the agent to see the idle connection close", func() bool { return a.closed.Load() == 1 })
 	if _, err := c.Exec(context.Background(), &dsecv1.ExecRequest{}); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("exec on a closed client: %v", err)
 	}
@@ -152,7 +153,7 @@ func TestDroppedIdleConnectionIsReplaced(t *testing.T) {
 		}
 		// The agent drops the connection the client keeps idle.
 		a.drop()
-		waitFor(t, "the agent to end the connection", func() bool { return a.closed.Load() == int32(i+1) })
+		testutil.WaitFor(t, 10*time.Second, "the agent to end the connection", func() bool { return a.closed.Load() == int32(i+1) })
 	}
 	if n := a.conns.Load(); n != 2 {
 		t.Errorf("%d connections, want 2: the second call must have made a new one", n)
@@ -259,7 +260,7 @@ func TestCancelReachesTheAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	waitFor(t, "the agent to drop both connections", func() bool { return a.closed.Load() == 2 })
+	testutil.WaitFor(t, 10*time.Second, "the agent to drop both connections", func() bool { return a.closed.Load() == 2 })
 }
 
 func TestProtocolViolationsCloseTheConnection(t *testing.T) {
@@ -310,14 +311,4 @@ func TestRequestTooLarge(t *testing.T) {
 	if !errors.Is(err, errFrameTooLarge) {
 		t.Fatalf("got %v, want a frame-too-large error", err)
 	}
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if ok() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
 }

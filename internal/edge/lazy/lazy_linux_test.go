@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/internal/blob"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 const testChunk = 64 << 10
@@ -616,7 +617,7 @@ func TestReadPushesRestOfChunk(t *testing.T) {
 				if tc.push {
 					want += end - start - window
 				}
-				waitFor(t, "pages pushed", func() bool { return f.Stats(hex).BytesPushed == want })
+				testutil.WaitFor(t, 10*time.Second, "pages pushed", func() bool { return f.Stats(hex).BytesPushed == want })
 				before := f.Stats(hex)
 				got := make([]byte, end-start)
 				if n, err := file.ReadAt(got, start); n != len(got) || err != nil && !errors.Is(err, io.EOF) {
@@ -641,18 +642,6 @@ func TestReadPushesRestOfChunk(t *testing.T) {
 				t.Errorf("read at the end: %d, %v", n, err)
 			}
 		})
-	}
-}
-
-// waitFor polls cond for up to 10 seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
