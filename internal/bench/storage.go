@@ -112,6 +112,12 @@ type ModeResult struct {
 	// Traces counts the layers' access traces in the blob store: at the
 	// start of a traced burst, or published by the end of an ondemand run.
 	Traces int `json:"traces"`
+	// TraceChunks is how many chunks those traces named, summed over the
+	// layers; TraceChunksAdded, for a traced burst, how many more they
+	// named once its node had published its own reads (0 when they only
+	// repeat what the traces held).
+	TraceChunks      int `json:"trace_chunks"`
+	TraceChunksAdded int `json:"trace_chunks_added"`
 	// Rounds lists each burst's own figures when the mode ran more than
 	// once; the other figures are then medians (errors and sandboxes sums).
 	Rounds  []RoundResult `json:"rounds,omitempty"`
@@ -125,6 +131,8 @@ type RoundResult struct {
 	DiskWritten int64   `json:"disk_written_bytes"`
 	Errors      int     `json:"errors"`
 	LazyfsCPUS  float64 `json:"lazyfs_cpu_s"`
+	// TraceChunksAdded is the burst's ModeResult.TraceChunksAdded.
+	TraceChunksAdded int `json:"trace_chunks_added,omitempty"`
 }
 
 // MergeRounds makes one result of a mode's bursts: the median of each
@@ -167,6 +175,8 @@ func MergeRounds(rounds []ModeResult) ModeResult {
 	out.RootGrowth = ints(func(r ModeResult) int64 { return r.RootGrowth })
 	out.BytesRead = ints(func(r ModeResult) int64 { return r.BytesRead })
 	out.Traces = int(ints(func(r ModeResult) int64 { return int64(r.Traces) }))
+	out.TraceChunks = int(ints(func(r ModeResult) int64 { return int64(r.TraceChunks) }))
+	out.TraceChunksAdded = int(ints(func(r ModeResult) int64 { return int64(r.TraceChunksAdded) }))
 	if out.ImageBytes > 0 {
 		out.FractionFetched = float64(out.BytesFetched) / float64(out.ImageBytes)
 		if out.BytesRead >= 0 {
@@ -183,7 +193,7 @@ func MergeRounds(rounds []ModeResult) ModeResult {
 		if out.FirstError == "" {
 			out.FirstError = r.FirstError
 		}
-		out.Rounds = append(out.Rounds, RoundResult{BurstWallS: r.BurstWallS, DiskWritten: r.DiskWritten, Errors: r.Errors, LazyfsCPUS: r.LazyfsCPUS})
+		out.Rounds = append(out.Rounds, RoundResult{BurstWallS: r.BurstWallS, DiskWritten: r.DiskWritten, Errors: r.Errors, LazyfsCPUS: r.LazyfsCPUS, TraceChunksAdded: r.TraceChunksAdded})
 	}
 	return out
 }
@@ -354,15 +364,19 @@ func (r *StorageReport) Print(w io.Writer) {
 				m.Mode, HumanBytes(m.BytesPushed))
 		}
 		if len(m.Rounds) > 1 {
-			var walls, disks, cpus []string
+			var walls, disks, cpus, added []string
 			for _, b := range m.Rounds {
 				walls = append(walls, fmt.Sprintf("%.1f", b.BurstWallS))
 				disks = append(disks, HumanBytes(b.DiskWritten))
 				cpus = append(cpus, fmt.Sprintf("%.2f", b.LazyfsCPUS))
+				added = append(added, fmt.Sprint(b.TraceChunksAdded))
 			}
 			line := fmt.Sprintf("  %s bursts: wall %s s; disk written %s", m.Mode, strings.Join(walls, ", "), strings.Join(disks, ", "))
 			if m.LazyfsCPUS > 0 {
 				line += "; lazyfs CPU " + strings.Join(cpus, ", ") + " s"
+			}
+			if m.Mode == ModeTraced {
+				line += "; trace chunks added " + strings.Join(added, ", ")
 			}
 			fmt.Fprintln(w, line)
 		}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -539,11 +540,13 @@ func statsDelta(before, after *dsecv1.LayerStatsResponse, images []benchImage) l
 // prepareTraces readies the blob store's access traces for a burst of mode
 // (an ondemand burst starts with none: traces left by an earlier run would
 // make it a traced one) and returns what notes in the mode's result how
-// many traces there were: published by the end of an ondemand run, found at
-// the start of a traced one. dsecd publishes traces as its sandboxes are
-// deleted and waits for that before it exits, so runMode's end is theirs.
+// many traces there were, and how many chunks they named: published by the
+// end of an ondemand run, found at the start of a traced one (with what
+// the traced node added to them). dsecd publishes traces as its sandboxes
+// are deleted and waits for that before it exits, so runMode's end is
+// theirs.
 func prepareTraces(ctx context.Context, store, mode string) func(*ModeResult) {
-	var found int
+	var found traceCount
 	var err error
 	switch mode {
 	case ModeOnDemand:
@@ -554,48 +557,78 @@ func prepareTraces(ctx context.Context, store, mode string) func(*ModeResult) {
 		return func(*ModeResult) {}
 	}
 	return func(res *ModeResult) {
-		if err == nil && mode == ModeOnDemand && res.Skipped == "" {
-			found, err = traceObjects(ctx, store, false)
+		var end traceCount
+		if err == nil && res.Skipped == "" {
+			end, err = traceObjects(ctx, store, false)
 		}
 		switch {
 		case err != nil:
 			res.Note = strings.TrimSpace(res.Note + " access traces in the blob store: " + err.Error())
 		case mode == ModeOnDemand:
-			res.Traces = found
-			res.Note = strings.TrimSpace(fmt.Sprintf("%s %d access traces published (earlier ones deleted before the burst)", res.Note, found))
+			res.Traces, res.TraceChunks = end.traces, end.chunks
+			res.Note = strings.TrimSpace(fmt.Sprintf("%s %d access traces published, naming %d chunks (earlier ones deleted before the burst)", res.Note, end.traces, end.chunks))
 		default:
-			res.Traces = found
-			res.Note = strings.TrimSpace(fmt.Sprintf("%s %d access traces in the blob store at the start", res.Note, found))
-			if found == 0 {
+			res.Traces, res.TraceChunks = found.traces, found.chunks
+			res.TraceChunksAdded = end.chunks - found.chunks
+			res.Note = strings.TrimSpace(fmt.Sprintf("%s %d access traces in the blob store at the start, naming %d chunks; the burst's node added %d", res.Note, found.traces, found.chunks, res.TraceChunksAdded))
+			if found.traces == 0 {
 				res.Note += " (run ondemand before traced in the same run)"
 			}
 		}
 	}
 }
 
+// traceCount is what the blob store's access traces hold.
+type traceCount struct {
+	traces int // trace objects
+	chunks int // chunks they name, summed over the layers
+}
+
 // traceObjects counts the layers' access traces in the blob store (keys
-// under traces/), deleting them all first when clear is set.
-func traceObjects(ctx context.Context, store string, clear bool) (int, error) {
+// under traces/) and the chunks they name, deleting them all first when
+// clear is set.
+func traceObjects(ctx context.Context, store string, clear bool) (traceCount, error) {
+	var n traceCount
 	st, err := blob.Open(ctx, store)
 	if err != nil {
-		return 0, err
+		return n, err
 	}
 	var keys []string
 	if err := st.List(ctx, "traces/", func(key string, _ int64) error {
 		keys = append(keys, key)
 		return nil
 	}); err != nil {
-		return 0, fmt.Errorf("list access traces: %w", err)
-	}
-	if !clear {
-		return len(keys), nil
+		return n, fmt.Errorf("list access traces: %w", err)
 	}
 	for _, k := range keys {
-		if err := st.Delete(ctx, k); err != nil {
-			return 0, fmt.Errorf("delete access trace: %w", err)
+		if clear {
+			if err := st.Delete(ctx, k); err != nil {
+				return n, fmt.Errorf("delete access trace: %w", err)
+			}
+			continue
 		}
+		chunks, err := traceChunks(ctx, st, k)
+		if err != nil {
+			return n, err
+		}
+		n.traces++
+		n.chunks += chunks
 	}
-	return 0, nil
+	return n, nil
+}
+
+// traceChunks returns how many chunks the trace object at key names.
+func traceChunks(ctx context.Context, st blob.Store, key string) (int, error) {
+	rc, err := st.Get(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("read access trace %s: %w", key, err)
+	}
+	defer rc.Close()
+	var t blob.Trace
+	if err := json.NewDecoder(io.LimitReader(rc, 64<<20)).Decode(&t); err != nil {
+		return 0, fmt.Errorf("read access trace %s: %w", key, err)
+	}
+	return len(t.Chunks), nil
 }
 
 // tarFetched sums, over the sandboxes started from each environment, the

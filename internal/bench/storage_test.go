@@ -27,7 +27,7 @@ func sampleReport() *StorageReport {
 		Modes: []ModeResult{
 			{Mode: ModeLocal, Sandboxes: 64, BurstWallS: 100, DiskWritten: 1e8, ImageBytes: 8e9, BytesRead: -1, FractionRead: -1},
 			{Mode: ModeOnDemand, Sandboxes: 64, BurstWallS: 105, BytesFetched: 8e8, DiskWritten: 1.1e8, CacheDiskWritten: 2e6, ImageBytes: 8e9, BytesRead: 4e8, FractionRead: 0.05, FractionFetched: 0.1},
-			{Mode: ModeTraced, Sandboxes: 64, BurstWallS: 95, BytesFetched: 8.5e8, DiskWritten: 1.05e8, CacheDiskWritten: 0, ImageBytes: 8e9, BytesRead: 4e8, FractionRead: 0.05, FractionFetched: 0.106, Traces: 9, FetchedBeforeBurst: 3e8, BytesPushed: 6e8},
+			{Mode: ModeTraced, Sandboxes: 64, BurstWallS: 95, BytesFetched: 8.5e8, DiskWritten: 1.05e8, CacheDiskWritten: 0, ImageBytes: 8e9, BytesRead: 4e8, FractionRead: 0.05, FractionFetched: 0.106, Traces: 9, TraceChunks: 1060, TraceChunksAdded: 2, FetchedBeforeBurst: 3e8, BytesPushed: 6e8},
 			{Mode: ModeEager, Sandboxes: 64, BurstWallS: 200, BytesFetched: 8e9, DiskWritten: 8e9, ImageBytes: 8e9, BytesRead: -1, FractionRead: -1, FractionFetched: 1},
 			{Mode: ModeTar, Skipped: "dsecd exited"},
 		},
@@ -151,7 +151,7 @@ func TestStorageJSON(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
 		t.Fatalf("round trip: %v", err)
 	}
-	if back.Mode(ModeOnDemand).BytesFetched != 8e8 || back.Mode(ModeTraced).Traces != 9 || len(back.Targets) != 7 {
+	if back.Mode(ModeOnDemand).BytesFetched != 8e8 || back.Mode(ModeTraced).Traces != 9 || back.Mode(ModeTraced).TraceChunksAdded != 2 || len(back.Targets) != 7 {
 		t.Errorf("round trip lost figures: %+v", back)
 	}
 	dec := json.NewDecoder(&b)
@@ -276,7 +276,8 @@ func TestMedianAndHumanBytes(t *testing.T) {
 func TestMergeRounds(t *testing.T) {
 	burst := func(wall float64, disk int64, errs int) ModeResult {
 		return ModeResult{Mode: ModeOnDemand, Sandboxes: 64, Errors: errs, BurstWallS: wall, DiskWritten: disk,
-			BytesFetched: int64(wall * 1e7), ImageBytes: 1e9, BytesRead: 1e8, CacheDiskWritten: 0, Traces: 9}
+			BytesFetched: int64(wall * 1e7), ImageBytes: 1e9, BytesRead: 1e8, CacheDiskWritten: 0, Traces: 9,
+			TraceChunks: 1000 + int(wall), TraceChunksAdded: int(wall)}
 	}
 	one := burst(10, 1e8, 0)
 	if got := MergeRounds([]ModeResult{one}); got.BurstWallS != 10 || got.Rounds != nil {
@@ -285,10 +286,11 @@ func TestMergeRounds(t *testing.T) {
 	bad := burst(0, 0, 0)
 	bad.Skipped = "dsecd exited"
 	got := MergeRounds([]ModeResult{burst(30, 3e8, 1), bad, burst(10, 1e8, 0), burst(20, 5e8, 2)})
-	if got.BurstWallS != 20 || got.DiskWritten != 3e8 || got.BytesFetched != 2e8 || got.FractionFetched != 0.2 || got.FractionRead != 0.1 {
+	if got.BurstWallS != 20 || got.DiskWritten != 3e8 || got.BytesFetched != 2e8 || got.FractionFetched != 0.2 || got.FractionRead != 0.1 ||
+		got.TraceChunks != 1020 || got.TraceChunksAdded != 20 {
 		t.Errorf("medians: %+v", got)
 	}
-	if got.Sandboxes != 192 || got.Errors != 3 || len(got.Rounds) != 3 || got.Rounds[1] != (RoundResult{BurstWallS: 10, DiskWritten: 1e8}) {
+	if got.Sandboxes != 192 || got.Errors != 3 || len(got.Rounds) != 3 || got.Rounds[1] != (RoundResult{BurstWallS: 10, DiskWritten: 1e8, TraceChunksAdded: 10}) {
 		t.Errorf("sums and bursts: %+v", got)
 	}
 	if !strings.Contains(got.Note, "one burst skipped: dsecd exited") || got.Skipped != "" {
