@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -607,28 +606,14 @@ func traceObjects(ctx context.Context, store string, clear bool) (traceCount, er
 			}
 			continue
 		}
-		chunks, err := traceChunks(ctx, st, k)
+		t, err := blob.ReadTrace(ctx, st, k)
 		if err != nil {
-			return n, err
+			return n, fmt.Errorf("read access trace %s: %w", k, err)
 		}
 		n.traces++
-		n.chunks += chunks
+		n.chunks += len(t.Chunks)
 	}
 	return n, nil
-}
-
-// traceChunks returns how many chunks the trace object at key names.
-func traceChunks(ctx context.Context, st blob.Store, key string) (int, error) {
-	rc, err := st.Get(ctx, key)
-	if err != nil {
-		return 0, fmt.Errorf("read access trace %s: %w", key, err)
-	}
-	defer rc.Close()
-	var t blob.Trace
-	if err := json.NewDecoder(io.LimitReader(rc, 64<<20)).Decode(&t); err != nil {
-		return 0, fmt.Errorf("read access trace %s: %w", key, err)
-	}
-	return len(t.Chunks), nil
 }
 
 // tarFetched sums, over the sandboxes started from each environment, the

@@ -115,11 +115,22 @@ func GetTrace(ctx context.Context, st Store, ix *Index) (*Trace, error) {
 	if err != nil {
 		return nil, err
 	}
-	var t Trace
-	if err := getJSON(ctx, st, TraceKey(h), maxTraceSize, &t); err != nil {
+	t, err := ReadTrace(ctx, st, TraceKey(h))
+	if err != nil {
 		return nil, fmt.Errorf("get trace of %s: %w", ix.Digest, err)
 	}
 	if err := t.Check(ix); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// ReadTrace reads the trace object at key as it is, unchecked (GetTrace
+// checks it against its layer's index): for tools that list traces
+// without their layers. An object too large or not JSON wraps ErrCorrupt.
+func ReadTrace(ctx context.Context, st Store, key string) (*Trace, error) {
+	var t Trace
+	if err := getJSON(ctx, st, key, maxTraceSize, &t); err != nil {
 		return nil, err
 	}
 	return &t, nil

@@ -82,6 +82,17 @@ func runTraceStore(t *testing.T, st blob.Store) {
 		if diff := cmp.Diff(want, *tr); diff != "" {
 			t.Errorf("published trace (-want +got):\n%s", diff)
 		}
+		// Read by key, unchecked, it is the same object.
+		raw, err := blob.ReadTrace(ctx, st, blob.TraceKey(strings.TrimPrefix(ix.Digest, "sha256:")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, *raw); diff != "" {
+			t.Errorf("trace read by key (-want +got):\n%s", diff)
+		}
+		if _, err := blob.ReadTrace(ctx, st, blob.TraceKey("0000")); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("ReadTrace of a missing key: %v, want not found", err)
+		}
 	})
 
 	t.Run("concurrent nodes converge", func(t *testing.T) {
