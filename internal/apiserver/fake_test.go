@@ -36,8 +36,10 @@ type fakeEdge struct {
 	tokens map[string]string // create token -> sandbox ID
 	// failAfter makes every create after this many succeed fail (<0: never).
 	failAfter int
-	creates   int
-	pools     []*dsecv1.WarmPool
+	// failWith, if set, is every create's answer.
+	failWith error
+	creates  int
+	pools    []*dsecv1.WarmPool
 	// hold, while set, makes creates wait until it is closed, as on a
 	// frozen node; entered gets a value as each create starts waiting.
 	hold    chan struct{}
@@ -68,6 +70,9 @@ func (f *fakeEdge) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token s
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.creates++
+	if f.failWith != nil {
+		return nil, f.failWith
+	}
 	if f.failAfter >= 0 && f.creates > f.failAfter {
 		return nil, fmt.Errorf("node %s is full: %w", f.node, errdefs.ErrResourceExhausted)
 	}

@@ -439,13 +439,15 @@ func placeRequest(spec *dsecv1.SandboxSpec, n int) placement.Request {
 	return placement.Request{Backend: backendName(spec.GetBackend()), Count: n}
 }
 
-// place asks placement for nodes. When nothing has room, the error says
+// place asks placement for nodes. When the nodes are full, the error says
 // why in the nodes' own words too: each full node's admission reason from
-// its last report (which names the flag that raises its limit).
+// its last report (which names the flag that raises its limit). Other
+// shortages (no healthy node, none with the backend, every node tried)
+// say nothing of the limit: raising it would not help.
 func (s *Server) place(req placement.Request, exclude map[string]bool) ([]string, error) {
 	nodes, err := s.placer.Place(s.placementView(), req, exclude)
 	var ex *placement.ExhaustedError
-	if err == nil || !errors.As(err, &ex) {
+	if err == nil || !errors.As(err, &ex) || !ex.Full() {
 		return nodes, err
 	}
 	var why []string
@@ -492,6 +494,13 @@ func (s *Server) createElsewhere(ctx context.Context, spec *dsecv1.SandboxSpec, 
 		s.log.Debug("create goes elsewhere", "node", node, "err", err)
 		picked, perr := s.place(placeRequest(spec, 1), retry.Exclude)
 		if perr != nil {
+			if retry.Refusals == 0 {
+				// Every node tried failed (none was full), and no other
+				// is left: the last failure, of its kind, says why.
+				// "Every node was tried" would read as a full fleet,
+				// which a caller retries as overload for ever.
+				return nil, fmt.Errorf("create a sandbox (no other node to try after %s): %w", node, err)
+			}
 			return nil, fmt.Errorf("create a sandbox after %s said %v: %w", node, err, perr)
 		}
 		node = picked[0]

@@ -20,6 +20,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edgeclient"
+	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/sandboxid"
 	"dsec.dev/dsec/internal/store"
@@ -155,6 +156,59 @@ func TestBatchIsAllOrNothing(t *testing.T) {
 		}
 		if n := e.running(); n != 0 {
 			t.Fatalf("a failed batch left %d sandboxes running", n)
+		}
+	})
+}
+
+// TestEdgeErrorsKeepTheirKind: an edge's answer to a create keeps its kind
+// through placement. A request at fault is not tried on other nodes; a
+// node that failed is, and when no node is left the failure is returned,
+// not "every node was tried" as ResourceExhausted, which callers retry as
+// overload for ever.
+func TestEdgeErrorsKeepTheirKind(t *testing.T) {
+	overBoth(t, func(t *testing.T, newServer func(edges ...*fakeEdge) dsecv1connect.SandboxServiceClient) {
+		for _, tc := range []struct {
+			name  string
+			errs  []error // one edge each
+			want  connect.Code
+			tries int // creates the edges got for one sandbox: a request at fault goes to one node only
+		}{
+			{"bad rule", []error{fmt.Errorf(`compile rule "::/0": IPv6: %w`, errdefs.ErrInvalidArgument),
+				fmt.Errorf("unused: %w", errdefs.ErrInvalidArgument)}, connect.CodeInvalidArgument, 1},
+			{"the only node lacks a feature", []error{fmt.Errorf("backend container of node a cannot pause: %w", errdefs.ErrNotSupported)},
+				connect.CodeUnimplemented, 1},
+			{"every node fails", []error{fmt.Errorf("mount: %w", errdefs.ErrInternal), fmt.Errorf("mount: %w", errdefs.ErrInternal)},
+				connect.CodeInternal, 2},
+			// Room may free up on the full one: that is worth a retry.
+			{"a full node and a failing one", []error{fmt.Errorf("node is full: %w", errdefs.ErrResourceExhausted),
+				fmt.Errorf("mount: %w", errdefs.ErrInternal)}, connect.CodeResourceExhausted, 2},
+		} {
+			for _, count := range []int32{1, 3} {
+				t.Run(fmt.Sprintf("%s/%d", tc.name, count), func(t *testing.T) {
+					var edges []*fakeEdge
+					for i, err := range tc.errs {
+						e := newFakeEdge(string(rune('a' + i)))
+						e.failWith = err
+						edges = append(edges, e)
+					}
+					c := newServer(edges...)
+					_, err := c.Create(context.Background(), connect.NewRequest(&dsecv1.CreateRequest{
+						Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: count}))
+					if connect.CodeOf(err) != tc.want || tc.want != connect.CodeResourceExhausted &&
+						(strings.Contains(err.Error(), "already tried") || strings.Contains(err.Error(), "--max-sandboxes")) {
+						t.Fatalf("create: %v; want %v with the edge's words", err, tc.want)
+					}
+					if count == 1 {
+						tries := 0
+						for _, e := range edges {
+							tries += e.creates
+						}
+						if tries != tc.tries {
+							t.Errorf("%d creates sent, want %d", tries, tc.tries)
+						}
+					}
+				})
+			}
 		}
 	})
 }

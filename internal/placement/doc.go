@@ -72,8 +72,12 @@
 // late binding has its counterpart in the edge's admission: a refusal is
 // placed again elsewhere. A batch is placed whole or not at all; when it
 // does not fit, the *ExhaustedError says what ran out (no healthy node, no
-// node with the backend, every candidate tried or full, or too little room
-// for the batch) and how much room is left.
+// node with the backend, every candidate tried or full, too little room for
+// the batch, or a batch more than the nodes hold even when empty) and how
+// much room is left. Only a shortage that waiting can end is
+// ResourceExhausted, which callers (the SDKs' Overloaded) retry: no healthy
+// node is Unavailable, no node with the backend and a batch too big for the
+// nodes are FailedPrecondition.
 //
 // # Retries
 //
@@ -87,7 +91,9 @@
 //   - Anything else (Unavailable, Internal, an edge's DeadlineExceeded,
 //     NotSupported from a node that advertised the backend): place again
 //     without that node, counting an attempt; after Attempts (3) failures,
-//     stop.
+//     stop. When no node is left to place on, the caller returns the
+//     failure itself, of its kind, not "every node was tried" (which would
+//     read as a full fleet).
 //
 // Retry applies this to one create. Every node tried is excluded for the
 // rest of the request, so refusals end too, at the latest when every node

@@ -17,12 +17,14 @@ const (
 	AllTried                          // every healthy node offering it is excluded
 	AllFull                           // every candidate is full
 	TooLittleRoom                     // candidates have room, less than the batch
+	TooBig                            // the batch is more than the candidates hold when empty
 )
 
-// ExhaustedError is Place's answer when a request does not fit. It wraps
-// errdefs.ErrResourceExhausted. Counts of sandboxes (Used, Capacity) are
-// over the candidates, the healthy nodes offering Backend and not excluded,
-// and include in-flight and recent placements.
+// ExhaustedError is Place's answer when a request does not fit. Counts of
+// sandboxes (Used, Capacity) are over the candidates, the healthy nodes
+// offering Backend and not excluded, and include in-flight and recent
+// placements. Its kind (Unwrap) says whether waiting can help: a caller
+// retries ResourceExhausted (the SDKs' Overloaded), not the others.
 type ExhaustedError struct {
 	Shortage Shortage
 	Backend  string   // the backend asked for, DefaultBackend for ""
@@ -39,7 +41,27 @@ type ExhaustedError struct {
 // Free is how many more sandboxes the candidates have room for.
 func (e *ExhaustedError) Free() int { return e.Capacity - e.Used }
 
-func (e *ExhaustedError) Unwrap() error { return errdefs.ErrResourceExhausted }
+// Unwrap is the error's kind: errdefs.ErrUnavailable when no node is
+// healthy (one may come back); errdefs.ErrFailedPrecondition when no
+// healthy node offers the backend or the batch is more than the nodes hold
+// even when empty (no wait makes it fit: the request or the fleet must
+// change); else errdefs.ErrResourceExhausted (the nodes are full now, and
+// a later try may fit).
+func (e *ExhaustedError) Unwrap() error {
+	switch e.Shortage {
+	case NoHealthyNode:
+		return errdefs.ErrUnavailable
+	case NoBackend, TooBig:
+		return errdefs.ErrFailedPrecondition
+	}
+	return errdefs.ErrResourceExhausted
+}
+
+// Full reports whether the shortage is of room on the nodes (full, or too
+// little room for the batch), which a node's --max-sandboxes sets.
+func (e *ExhaustedError) Full() bool {
+	return e.Shortage == AllFull || e.Shortage == TooLittleRoom || e.Shortage == TooBig
+}
 
 func (e *ExhaustedError) Error() string {
 	switch e.Shortage {
@@ -62,6 +84,9 @@ func (e *ExhaustedError) Error() string {
 				e.Backend, e.Offering-e.Excluded, e.Used, e.Capacity, e.Excluded)
 		}
 		return fmt.Sprintf("every healthy node offering %s is full (%s, %d of %d sandboxes)", e.Backend, plural(e.Offering, "node"), e.Used, e.Capacity)
+	case TooBig:
+		return fmt.Sprintf("a batch of %d %s sandboxes is more than the %s offering %s hold together even when empty (%d); make smaller batches",
+			e.Count, e.Backend, plural(e.Offering, "healthy node"), e.Backend, e.Capacity)
 	}
 	tried := ""
 	if e.Excluded > 0 {
@@ -79,6 +104,8 @@ func (e *ExhaustedError) shortage() Shortage {
 		return NoBackend
 	case e.Offering == e.Excluded:
 		return AllTried
+	case e.Excluded == 0 && e.Count > e.Capacity:
+		return TooBig
 	case e.Used >= e.Capacity:
 		return AllFull
 	}

@@ -146,7 +146,8 @@ func New(cfg Config) *Placer {
 //
 // The batch is placed whole or not at all: when the candidates have less
 // room than req.Count, or there are none, Place returns an *ExhaustedError
-// (errdefs.ErrResourceExhausted) saying what ran out.
+// saying what ran out, of a kind that says whether waiting helps (see its
+// Unwrap).
 func (p *Placer) Place(nodes []Node, req Request, exclude map[string]bool) ([]string, error) {
 	backend := req.Backend
 	if backend == "" {

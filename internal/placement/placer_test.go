@@ -88,28 +88,32 @@ func TestPlaceErrors(t *testing.T) {
 		shortage Shortage
 		free     int
 		msg      string
+		kind     error
 	}{
 		{"no nodes", nil, Request{Count: 1}, nil, NoHealthyNode, 0,
-			"no healthy node (no nodes are registered)"},
+			"no healthy node (no nodes are registered)", errdefs.ErrUnavailable},
 		{"none healthy", []Node{unhealthy(node("a", 0, 10)), unhealthy(node("b", 0, 10))}, Request{Count: 1}, nil, NoHealthyNode, 0,
-			"no healthy node (2 nodes, none healthy)"},
+			"no healthy node (2 nodes, none healthy)", errdefs.ErrUnavailable},
 		{"no backend", []Node{node("a", 0, 10, "container", "fncall"), node("b", 0, 10, "container"), unhealthy(node("c", 0, 10, "microvm"))},
 			Request{Backend: "microvm", Count: 1}, nil, NoBackend, 0,
-			"no healthy node offers backend microvm (2 healthy nodes offer container, fncall)"},
+			"no healthy node offers backend microvm (2 healthy nodes offer container, fncall)", errdefs.ErrFailedPrecondition},
 		{"all tried", []Node{node("a", 0, 10), node("b", 0, 10), node("c", 0, 10, "microvm")}, Request{Count: 1},
 			map[string]bool{"a": true, "b": true}, AllTried, 0,
-			"every healthy node offering container was already tried (2 nodes)"},
+			"every healthy node offering container was already tried (2 nodes)", errdefs.ErrResourceExhausted},
 		{"all full", three, Request{Count: 1}, nil, AllFull, 0,
-			"every healthy node offering container is full (3 nodes, 600 of 600 sandboxes)"},
+			"every healthy node offering container is full (3 nodes, 600 of 600 sandboxes)", errdefs.ErrResourceExhausted},
 		{"one full", three[:1], Request{Backend: "container", Count: 1}, nil, AllFull, 0,
-			"every healthy node offering container is full (1 node, 200 of 200 sandboxes)"},
+			"every healthy node offering container is full (1 node, 200 of 200 sandboxes)", errdefs.ErrResourceExhausted},
 		{"all full or tried", append([]Node{node("d", 0, 200)}, three[:2]...), Request{Count: 1}, map[string]bool{"d": true}, AllFull, 0,
-			"every healthy node offering container is full or was already tried (2 full, 400 of 400 sandboxes; 1 tried)"},
+			"every healthy node offering container is full or was already tried (2 full, 400 of 400 sandboxes; 1 tried)", errdefs.ErrResourceExhausted},
 		{"batch too big", []Node{node("a", 160, 200), node("b", 160, 200), node("c", 160, 200)}, Request{Count: 300}, nil, TooLittleRoom, 120,
-			"room for 120 of 300 container sandboxes (3 healthy nodes offering container, 480 of 600 sandboxes used)"},
+			"room for 120 of 300 container sandboxes (3 healthy nodes offering container, 480 of 600 sandboxes used)", errdefs.ErrResourceExhausted},
 		{"batch too big, some tried", []Node{node("a", 160, 200), node("b", 160, 200), node("c", 0, 200)}, Request{Count: 100},
 			map[string]bool{"c": true}, TooLittleRoom, 80,
-			"room for 80 of 100 container sandboxes (2 healthy nodes offering container, 320 of 400 sandboxes used; 1 more already tried)"},
+			"room for 80 of 100 container sandboxes (2 healthy nodes offering container, 320 of 400 sandboxes used; 1 more already tried)", errdefs.ErrResourceExhausted},
+		{"batch bigger than the nodes", []Node{node("a", 10, 200), node("b", 0, 200)}, Request{Count: 500}, nil, TooBig, 390,
+			"a batch of 500 container sandboxes is more than the 2 healthy nodes offering container hold together even when empty (400); make smaller batches",
+			errdefs.ErrFailedPrecondition},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPlacer(1, newClock())
@@ -117,8 +121,10 @@ func TestPlaceErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Place = %v, want an error", got)
 			}
-			if !errors.Is(err, errdefs.ErrResourceExhausted) {
-				t.Errorf("error %v does not wrap ErrResourceExhausted", err)
+			// Only a shortage that waiting can end is ResourceExhausted,
+			// which callers retry.
+			if !errors.Is(err, tc.kind) {
+				t.Errorf("error %v does not wrap %v", err, tc.kind)
 			}
 			var ex *ExhaustedError
 			if !errors.As(err, &ex) {

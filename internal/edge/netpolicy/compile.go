@@ -28,7 +28,8 @@ const (
 //   - an IPv4 CIDR or address with an optional port and protocol:
 //     "10.0.0.0/8", "10.1.2.3", "10.0.0.0/8:443", "10.1.2.3:53/udp".
 //     A port without protocol means TCP and UDP. IPv6 is refused with
-//     errdefs.ErrNotSupported.
+//     errdefs.ErrInvalidArgument: no node enforces it, so the request, not
+//     the node, is at fault, and no other node would take it.
 //
 // and each value is true (allow) or false (deny). A nil cat means
 // DefaultCatalog. The warnings say which rules allow nothing on this node
@@ -303,7 +304,7 @@ func specificity(pattern string) int {
 // PROTO tcp or udp, empty for both). The returned rule has Allow false.
 func ParseCIDRKey(key string) (CIDRRule, error) {
 	if isIPv6Key(key) {
-		return CIDRRule{}, fmt.Errorf("address %q: this node enforces IPv4 only: %w", key, errdefs.ErrNotSupported)
+		return CIDRRule{}, ipv6Refused()
 	}
 	if strings.Count(key, ":") > 1 {
 		return CIDRRule{}, fmt.Errorf("key %q (want CIDR[:PORT[/PROTO]]): %w", key, errdefs.ErrInvalidArgument)
@@ -327,7 +328,7 @@ func ParseCIDRKey(key string) (CIDRRule, error) {
 		prefix = netip.PrefixFrom(a, a.BitLen())
 	}
 	if !prefix.Addr().Is4() {
-		return CIDRRule{}, fmt.Errorf("address %q: this node enforces IPv4 only: %w", key, errdefs.ErrNotSupported)
+		return CIDRRule{}, ipv6Refused()
 	}
 	r := CIDRRule{Prefix: prefix, Source: key}
 	if !hasPort {
@@ -346,6 +347,11 @@ func ParseCIDRKey(key string) (CIDRRule, error) {
 		r.Port.Proto = proto
 	}
 	return r, nil
+}
+
+// ipv6Refused is the refusal of an IPv6 key. Its caller names the key.
+func ipv6Refused() error {
+	return fmt.Errorf("an IPv6 address or prefix: dsec's network rules are IPv4 only (sandboxes have no IPv6 route): %w", errdefs.ErrInvalidArgument)
 }
 
 // isIPv6Key reports whether key is an IPv6 address or prefix, bare, in

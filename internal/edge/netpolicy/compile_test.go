@@ -62,11 +62,11 @@ func TestCompileKeys(t *testing.T) {
 		{key: "bad..example.test", wantErr: errdefs.ErrInvalidArgument},
 		{key: "sp ace.test", wantErr: errdefs.ErrInvalidArgument},
 		{key: strings.Repeat("a", 64) + ".test", wantErr: errdefs.ErrInvalidArgument},
-		{key: "2001:db8::/32", wantErr: errdefs.ErrNotSupported},
-		{key: "::1", wantErr: errdefs.ErrNotSupported},
-		{key: "[2001:db8::1]:443", wantErr: errdefs.ErrNotSupported},
-		{key: "2001:db8:0:0:0:0:0:1", wantErr: errdefs.ErrNotSupported},
-		{key: "::ffff:10.0.0.1", wantErr: errdefs.ErrNotSupported},
+		{key: "2001:db8::/32", wantErr: errdefs.ErrInvalidArgument},
+		{key: "::1", wantErr: errdefs.ErrInvalidArgument},
+		{key: "[2001:db8::1]:443", wantErr: errdefs.ErrInvalidArgument},
+		{key: "2001:db8:0:0:0:0:0:1", wantErr: errdefs.ErrInvalidArgument},
+		{key: "::ffff:10.0.0.1", wantErr: errdefs.ErrInvalidArgument},
 		{key: "10.0.0.1:53:udp", wantErr: errdefs.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
@@ -100,10 +100,16 @@ func TestCompileKeys(t *testing.T) {
 	}
 }
 
+// TestCompileIPv6Message: an IPv6 key is the request's fault (no node
+// enforces IPv6), InvalidArgument naming the rule, so that placement does
+// not try it on other nodes and report them all full.
 func TestCompileIPv6Message(t *testing.T) {
-	_, _, err := Compile(map[string]bool{"2001:db8::/32:443": true}, nil)
-	if !errors.Is(err, errdefs.ErrNotSupported) || !strings.Contains(err.Error(), "this node enforces IPv4 only") {
-		t.Fatalf("error = %v", err)
+	for _, key := range []string{"2001:db8::/32:443", "::/0"} {
+		_, _, err := Compile(map[string]bool{key: true}, nil)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), `rule "`+key+`"`) ||
+			!strings.Contains(err.Error(), "network rules are IPv4 only") {
+			t.Errorf("rule %q: error = %v", key, err)
+		}
 	}
 }
 

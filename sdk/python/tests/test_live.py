@@ -341,6 +341,12 @@ class NetworkLiveTest(unittest.TestCase):
             sb.set_network_rules({"no-such-service": True})
         with self.assertRaises(errors.InvalidArgument):
             sb.set_network_rules({"10.0.0.0/33": True})
+        # No node enforces IPv6: the request is at fault, InvalidArgument
+        # naming the rule, not Overloaded (which a training loop retries).
+        with self.assertRaisesRegex(errors.InvalidArgument, '"::/0"'):
+            c.create(ENV, labels={"test": "net"}, network_rules={"::/0": True})
+        with self.assertRaisesRegex(errors.InvalidArgument, '"::/0"'):
+            sb.set_network_rules({"::/0": True})
         log = sb.network_log()
         self.assertTrue(any(e["kind"] == "dns" and e["verdict"] == "deny" and
                             e["name"].startswith("denied.invalid") for e in log), log)
