@@ -94,6 +94,13 @@ func TestCLIFirstHour(t *testing.T) {
 		t.Errorf("run of a missing program: exit %d, stderr %q", code, errOut)
 	}
 
+	// A rule no node enforces: the request's fault, named, not a full
+	// fleet (which scripts and the SDKs retry as overload).
+	_, errOut, code = d.CLI("", "create", "--network-rules", `{"::/0": true}`, env)
+	if code == 0 || !strings.Contains(errOut, `rule "::/0"`) || !strings.HasSuffix(errOut, "(invalid_argument)\n") {
+		t.Errorf("create with an IPv6 rule: exit %d, stderr %q", code, errOut)
+	}
+
 	out, errOut, code := d.CLI("", "create", env)
 	if code != 0 {
 		t.Fatalf("create: %s", errOut)
