@@ -2,11 +2,8 @@ module dsec.dev/dsec
 
 go 1.26.0
 
-replace dsec.dev/dsec/api => ./api
-
 require (
 	connectrpc.com/connect v1.19.1
-	dsec.dev/dsec/api v0.0.0
 	github.com/creack/pty v1.1.24
 	github.com/google/go-cmp v0.7.0
 	github.com/google/go-containerregistry v0.22.1

@@ -15,9 +15,8 @@ import (
 // DefaultTokenFile is where the all-in-one dsecd writes the local node's
 // admin token.
 //
-// This file and pool.go follow the Go SDK's auth.go and transport.go, which
-// cannot be imported from here (the SDK is its own module and imports no
-// code of this one): change them together.
+// This file and pool.go follow the Go SDK's auth.go and transport.go:
+// change them together.
 const DefaultTokenFile = "/var/lib/dsec/admin.token"
 
 // defaultTokenFile is DefaultTokenFile, elsewhere in tests.

@@ -61,7 +61,10 @@
 // https:// addresses are verified with the system roots, or with the PEM
 // bundle of WithCAFile, else $DSEC_CA_FILE, when set.
 //
-// The package imports only the public API module, never server code.
+// The package imports only the public API (dsec.dev/dsec/api/gen/...), never
+// server code. It lives in the repository's one module, dsec.dev/dsec: a
+// program outside the repository needs one replace of that module to a
+// checkout (docs/go.md).
 package dsec
 
 import (
@@ -458,7 +461,6 @@ func (c *Client) list(ctx context.Context, req *dsecv1.ListRequest) ([]*Sandbox,
 	return out, nil
 }
 
-// Delete stops a sandbox and removes everything it had; a sandbox already gone is not an error.
 // PauseResult is what a pause did.
 type PauseResult struct {
 	AlreadyPaused bool          // it was paused before; nothing was done
@@ -596,6 +598,8 @@ func (c *Client) Fork(ctx context.Context, id string, n int, exclude ...string) 
 	return resp.Msg.GetSnapshot(), out, nil
 }
 
+// Delete stops sandbox id and removes everything it had; a sandbox already
+// gone is not an error.
 func (c *Client) Delete(ctx context.Context, id string) error {
 	err := c.unary(ctx, true, func(ctx context.Context) error {
 		_, err := c.sb.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
