@@ -114,17 +114,17 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.BoolVar(&nf.noNetwork, "no-network", false, "give sandboxes loopback only and refuse network rules")
 	fs.StringVar(&cfg.Network.Services, "network-services", "", "JSON file of named services and mirrors (merged over what the host's package configuration names)")
 	fs.StringVar(&nf.upstreams, "dns-upstream", "", "comma-separated DNS servers (host:port) the sandboxes' resolver asks (default: the host's)")
-	fs.TextVar(&cfg.Network.Pool, "network-pool", netip.MustParsePrefix("10.213.0.0/16"), "IPv4 prefix sandbox addresses come from")
+	fs.TextVar(&cfg.Network.Pool, "network-pool", netip.Prefix{}, "IPv4 prefix sandbox addresses come from (default: what the root was first started with, else 10.213.0.0/16, or the first of 10.214-255.0.0/16 no other root on the host holds)")
 	fs.Int64Var(&cfg.Network.EgressBytesPerSec, "sandbox-egress-bytes", 0, "egress bandwidth per sandbox in bytes/s (default 125000000, 1 Gbit/s)")
 	fs.IntVar(&cfg.Network.MaxConns, "sandbox-max-conns", 0, "concurrent connections per sandbox (default 1024)")
-	fs.StringVar(&cfg.Network.Table, "nft-table", "", "nftables table of this node's sandbox network (default dsec); nodes sharing a host need different ones")
-	fs.StringVar(&cfg.Network.VethPrefix, "veth-prefix", "", "three characters starting this node's host veth names (default dsv)")
-	fs.Func("nflog-group", "NFLOG group of this node's network audit (default 2130)", func(v string) error {
+	fs.StringVar(&cfg.Network.Table, "nft-table", "", "nftables table of this node's sandbox network (default: what the root was first started with, else dsec, or dsecN when another root on the host holds it; the five host names --nft-table, --veth-prefix, --nflog-group, --network-pool and --cgroup-parent default together)")
+	fs.StringVar(&cfg.Network.VethPrefix, "veth-prefix", "", "three characters starting this node's host veth names (default: as --nft-table: dsv, or dNN)")
+	fs.Func("nflog-group", "NFLOG group of this node's network audit (default: as --nft-table: 2130, or 2130+N)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 16)
 		cfg.Network.LogGroup = uint16(n)
 		return err
 	})
-	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "cgroup under which this node's sandboxes live (default dsec)")
+	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "cgroup under which this node's sandboxes live (default: as --nft-table: dsec, or dsecN)")
 	fs.BoolVar(&cfg.FnCall.Disabled, "no-fncall", false, "run no fncall backend (FnCallService, SandboxFusion's API) on this node")
 	fs.StringVar(&cfg.FnCall.Languages, "fncall-languages", "", "JSON file of languages registered on top of the builtin ones (docs/fncall.md)")
 	fs.IntVar(&cfg.FnCall.Pools.MinIdle, "fncall-min-idle", 1, "idle containers each fncall pool keeps once used (the floor)")

@@ -623,15 +623,23 @@ func TestUnauthenticated(t *testing.T) {
 	first.setDown(true, connect.CodeUnauthenticated)
 	s1, s2 := startAPIServer(t, first, false), startAPIServer(t, second, false)
 	for _, tc := range []struct {
-		o    Options
-		env  string
-		want string
+		o        Options
+		env      string
+		nodeFile string // the default root's token file holds this
+		want     string
 	}{
 		{o: Options{Token: "s3cret-flag", TokenName: "--token"}, want: "token from --token"},
 		{env: "s3cret-env", want: "token from $DSEC_TOKEN"},
 		{want: "no token sent"},
+		{nodeFile: "s3cret-node", want: "default root's: a dsecd started with --root DIR keeps its own in DIR/admin.token, so export DSEC_TOKEN_FILE=DIR/admin.token"},
 	} {
 		t.Setenv("DSEC_TOKEN", tc.env)
+		if tc.nodeFile != "" {
+			defaultTokenFile = filepath.Join(t.TempDir(), "admin.token")
+			if err := os.WriteFile(defaultTokenFile, []byte(tc.nodeFile+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
 		c := dial(t, s1.URL+","+s2.URL, tc.o)
 		for _, name := range []string{"Get", "Attach", "Shell"} {
 			i := slices.IndexFunc(everyCall, func(c struct {
@@ -649,7 +657,7 @@ func TestUnauthenticated(t *testing.T) {
 			}
 		}
 	}
-	if calls, _, _ := first.got(); len(calls) != 9 {
+	if calls, _, _ := first.got(); len(calls) != 12 {
 		t.Fatalf("first server got %v, want each call once", calls)
 	}
 	if calls, _, _ := second.got(); len(calls) != 0 {

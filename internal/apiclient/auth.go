@@ -30,6 +30,9 @@ type credential struct {
 	token  string
 	source string // "$DSEC_TOKEN", "token file /x ($DSEC_TOKEN_FILE)", ...; "" with no token
 	note   string // with no token: why the node's token file was not used, if it was not absent
+	// nodeDefault says the token is the default root's, read because
+	// nothing else named one: refused, it is most likely another dsecd's.
+	nodeDefault bool
 }
 
 // Token returns the token Dial would send with explicit as Options.Token
@@ -82,7 +85,9 @@ func findCredential(explicit, optionName string) (credential, error) {
 	case strings.TrimSpace(string(b)) == "":
 		return credential{note: defaultTokenFile + " is empty"}, nil
 	}
-	return checkToken(string(b), "token file "+defaultTokenFile)
+	c, err := checkToken(string(b), "token file "+defaultTokenFile)
+	c.nodeDefault = true
+	return c, err
 }
 
 func checkToken(token, source string) (credential, error) {
@@ -100,6 +105,9 @@ func checkToken(token, source string) (credential, error) {
 
 // describe says where the token came from, for an Unauthenticated answer.
 func (c credential) describe() string {
+	if c.nodeDefault {
+		return "token from " + c.source + ", the default root's: a dsecd started with --root DIR keeps its own in DIR/admin.token, so export DSEC_TOKEN_FILE=DIR/admin.token"
+	}
 	if c.token != "" {
 		return "token from " + c.source
 	}

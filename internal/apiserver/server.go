@@ -108,8 +108,9 @@ type Server struct {
 	inflightMu sync.Mutex
 	inflight   map[string]chan struct{} // idempotency keys being created
 
-	rec reconciler
-	fn  *fnService
+	rec  reconciler
+	fn   *fnService
+	info atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
 }
 
 // New returns a Server routing to the fleet's edges.

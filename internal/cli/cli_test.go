@@ -79,15 +79,21 @@ func (f *fakeSandboxes) last() any {
 func startFake(t *testing.T) (*fakeSandboxes, string) {
 	t.Helper()
 	f := &fakeSandboxes{}
+	return f, startHandler(t, f)
+}
+
+// startHandler serves h as a SandboxService and returns its URL.
+func startHandler(t *testing.T, h dsecv1connect.SandboxServiceHandler) string {
+	t.Helper()
 	mux := http.NewServeMux()
-	mux.Handle(dsecv1connect.NewSandboxServiceHandler(f))
+	mux.Handle(dsecv1connect.NewSandboxServiceHandler(h))
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return f, srv.URL
+	return srv.URL
 }
 
 // runCLIErr runs the CLI and returns stdout, stderr and its error.

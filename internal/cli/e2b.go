@@ -1,22 +1,22 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/e2b/apikey"
 )
-
-// DefaultE2BAddr is where `dsec e2b env` says E2B's API answers: the port
-// next to envd's (49983) in E2B's numbering, on loopback, which dsecd
-// --e2b-listen is given in the demo and docs/e2b.md.
-const DefaultE2BAddr = "http://127.0.0.1:49982"
 
 func (a *app) e2bCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -39,9 +39,20 @@ this CLI's token (--token, $DSEC_TOKEN, ...) in E2B's form. Use it as
 
     eval "$(dsec e2b env)"
 
-The address is --e2b-addr, else $DSEC_E2B_ADDR, else ` + DefaultE2BAddr + `.`,
+The address is --e2b-addr, else $DSEC_E2B_ADDR, else the one the dsecd
+(or apiserver) this CLI talks to says it serves E2B's API on.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if addr == "" {
+				addr = os.Getenv("DSEC_E2B_ADDR")
+			}
+			if addr == "" {
+				served, err := a.servedE2BAddr(cmd.Context())
+				if err != nil {
+					return err
+				}
+				addr = served
+			}
 			base, err := e2bBaseURL(addr)
 			if err != nil {
 				return err
@@ -70,16 +81,48 @@ The address is --e2b-addr, else $DSEC_E2B_ADDR, else ` + DefaultE2BAddr + `.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "e2b-addr", "", "where dsecd serves E2B's API (host:port or http://host:port; default $DSEC_E2B_ADDR, else "+DefaultE2BAddr+")")
+	cmd.Flags().StringVar(&addr, "e2b-addr", "", "where dsecd serves E2B's API (host:port or http://host:port; default $DSEC_E2B_ADDR, else where the server says it serves it)")
 	return cmd
+}
+
+// servedE2BAddr asks the server where it serves E2B's API. An address it
+// listens on for every host (0.0.0.0:P) is reached at the host this CLI
+// reaches the API at, or loopback over a Unix socket.
+func (a *app) servedE2BAddr(ctx context.Context) (string, error) {
+	info, err := a.c.Sandboxes.GetServerInfo(ctx, connect.NewRequest(&dsecv1.GetServerInfoRequest{}))
+	if err != nil {
+		return "", fmt.Errorf("ask the server where it serves E2B's API (or pass --e2b-addr): %s", describe(err))
+	}
+	served := info.Msg.GetE2BAddr()
+	if served == "" {
+		return "", fmt.Errorf("%s serves no E2B API: start dsecd with --e2b-listen 127.0.0.1:49982 (an apiserver likewise), or pass --e2b-addr", serverName(info.Msg))
+	}
+	host, port, err := net.SplitHostPort(served)
+	if err != nil {
+		return "", fmt.Errorf("the server's E2B address %q: %w", served, err)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+		first, _, _ := strings.Cut(apiclient.Addr(a.addr), ",")
+		if u, err := url.Parse(first); err == nil && (u.Scheme == "http" || u.Scheme == "https") {
+			host = u.Hostname()
+		} else if h, _, err := net.SplitHostPort(first); err == nil && !strings.Contains(first, "://") {
+			host = h
+		}
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+func serverName(info *dsecv1.ServerInfo) string {
+	if info.GetName() == "" {
+		return "the server"
+	}
+	return "the server " + info.GetName()
 }
 
 // e2bBaseURL is the E2B API's base URL from addr (host:port or an http(s)
 // URL without a path: E2B's SDKs drop a sandbox URL's path).
 func e2bBaseURL(addr string) (string, error) {
-	if addr == "" {
-		addr = envOr("DSEC_E2B_ADDR", DefaultE2BAddr)
-	}
 	if !strings.Contains(addr, "://") {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			return "", fmt.Errorf("--e2b-addr %q: host:port or http://host:port: %v", addr, err)

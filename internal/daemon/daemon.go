@@ -29,11 +29,13 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/blob"
+	"dsec.dev/dsec/internal/edge/claims"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/layers"
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/edge/netctl"
+	"dsec.dev/dsec/internal/edge/network"
 	edgeruntime "dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/swap"
@@ -53,8 +55,10 @@ type Config struct {
 	Slot       uint16
 	Generation uint32
 	Runtime    string // runc (default) or crun
-	// CgroupParent is the cgroup under which this node's sandboxes live;
-	// two nodes on one host need different ones. Default "dsec".
+	// CgroupParent is the cgroup under which this node's sandboxes live.
+	// Zero: the one the root was first started with, else that of the
+	// first set of host names no other root holds (package claims): "dsec"
+	// on a host with one dsecd.
 	CgroupParent string
 	AgentPath    string // dsec-agent binary; default beside dsecd, else on PATH
 	ShellPath    string // static shell shipped into sandboxes; default /bin/bash-static, else /bin/busybox
@@ -130,14 +134,16 @@ type NetworkConfig struct {
 	Disabled  bool         // no sandbox networks: network rules are refused
 	Services  string       // operator JSON file of named services and mirrors
 	Upstreams []string     // DNS servers the resolver asks; default the host's
-	Pool      netip.Prefix // sandbox addresses; default 10.213.0.0/16
+	Pool      netip.Prefix // sandbox addresses; zero: see Table
 	// EgressBytesPerSec and MaxConns are per-sandbox fair-share limits.
 	EgressBytesPerSec int64
 	MaxConns          int
 	// Table, VethPrefix and LogGroup name this node's nftables table, host
-	// veths and NFLOG group; two nodes on one host (a cluster on one
-	// machine) need different ones, and different pools. Zero: dsec, dsv,
-	// 2130.
+	// veths and NFLOG group. No two roots on one host share one, nor
+	// overlapping pools (package claims): a zero value is what the root was
+	// first started with, else taken from the first default set no other
+	// root holds (dsec, dsv, 2130, 10.213.0.0/16 on a host with one dsecd);
+	// a value another root holds refuses the start.
 	Table      string
 	VethPrefix string
 	LogGroup   uint16
@@ -363,6 +369,12 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 			n.close()
 		}
 	}()
+	// The names the node's sandboxes use on the host: those the root was
+	// first started with, else a set no other root on the host holds.
+	if err := n.claimHostNames(); err != nil {
+		return nil, err
+	}
+	cfg = n.cfg
 	agentDir := filepath.Join(cfg.Root, "agent")
 	if err := installAgent(agentDir, cfg.AgentPath, cfg.ShellPath); err != nil {
 		return nil, err
@@ -451,6 +463,27 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	}
 	ok = true
 	return n, nil
+}
+
+// claimHostNames settles the node's host-wide names (package claims) and
+// puts them in its config.
+func (n *node) claimHostNames() error {
+	nc := &n.cfg.Network
+	asked := claims.Names{Table: nc.Table, VethPrefix: nc.VethPrefix, LogGroup: nc.LogGroup, Pool: nc.Pool, CgroupParent: n.cfg.CgroupParent}
+	names, err := claims.Registry{Routes: network.HostRoutes}.Claim(n.cfg.Root, asked, hasSandboxRecords(n.cfg.Root))
+	if err != nil {
+		return err
+	}
+	nc.Table, nc.VethPrefix, nc.LogGroup, nc.Pool, n.cfg.CgroupParent = names.Table, names.VethPrefix, names.LogGroup, names.Pool, names.CgroupParent
+	return nil
+}
+
+// hasSandboxRecords says whether root holds sandboxes, which on a root
+// that remembers no host names were made by a dsecd older than package
+// claims, on the names it was given or the first default set.
+func hasSandboxRecords(root string) bool {
+	des, err := os.ReadDir(filepath.Join(root, "sandboxes"))
+	return err == nil && slices.ContainsFunc(des, func(de os.DirEntry) bool { return de.IsDir() })
 }
 
 // layerInUse names a live sandbox of the node that runs on layer digest, or
@@ -550,12 +583,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		lns = append(lns, tln)
 	}
+	var sfAddr, e2bAddr string
 	if cfg.SandboxFusionListen != "none" {
 		addr := cfg.SandboxFusionListen
 		if addr == "" {
 			addr = DefaultSandboxFusionAddr
 		}
-		wait, err := serveSandboxFusion(ctx, addr, cfg.SandboxFusionListen == "", api, log)
+		served, wait, err := serveSandboxFusion(ctx, addr, cfg.SandboxFusionListen == "", api, log)
 		if err != nil {
 			for _, l := range lns {
 				l.Close()
@@ -563,25 +597,42 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 		defer wait()
+		sfAddr = served
 	}
 	if cfg.E2BListen != "" {
-		wait, err := serveE2B(ctx, cfg.E2BListen, filepath.Join(cfg.Root, E2BSecretFile), true, api, meta, log)
-		if err == nil {
-			defer wait()
-		} else {
+		served, wait, err := serveE2B(ctx, cfg.E2BListen, filepath.Join(cfg.Root, E2BSecretFile), true, api, meta, log)
+		if err != nil {
 			for _, l := range lns {
 				l.Close()
 			}
 			return err
 		}
+		defer wait()
+		e2bAddr = served
 	}
+	api.SetEndpoints(e2bAddr, sfAddr)
 	if cfg.DebugListen != "" {
 		go servePprof(ctx, cfg.DebugListen, log)
 	}
-	log.Info("dsecd ready", "node", cfg.Node, "root", cfg.Root, "socket", cfg.Socket, "listen", cfg.Listen, "runtime", cfg.Runtime)
+	log.Info("dsecd ready", "node", cfg.Node, "root", cfg.Root, "socket", cfg.Socket, "listen", cfg.Listen, "runtime", cfg.Runtime,
+		"token_file", filepath.Join(cfg.Root, AdminTokenFile), "clients", clientEnv(cfg, lns), "e2b", e2bAddr, "sandboxfusion", sfAddr)
 	serveErr := serve(ctx, log, api.Handler(), nil, lns...)
 	log.Info("dsecd stopped; sandboxes keep running")
 	return serveErr
+}
+
+// clientEnv is what a client of this dsecd exports to reach it: nothing
+// for the default root's socket, which the CLI and SDKs find themselves;
+// the TCP address and the token file when there is a TCP port, else the
+// socket.
+func clientEnv(cfg Config, lns []net.Listener) string {
+	if cfg.Root == DefaultRoot && cfg.Socket == filepath.Join(DefaultRoot, "dsecd.sock") {
+		return "none needed (the default root)"
+	}
+	if len(lns) > 1 {
+		return fmt.Sprintf("export DSEC_ADDR=%s DSEC_TOKEN_FILE=%s", lns[1].Addr(), filepath.Join(cfg.Root, AdminTokenFile))
+	}
+	return "export DSEC_ADDR=unix://" + cfg.Socket
 }
 
 // Teardown removes every sandbox of the node and unmounts everything dsecd
@@ -621,7 +672,12 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) error {
 		errs = append(errs, err)
 	}
 	os.Remove(n.cfg.Socket)
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	// Nothing of the node is left on the host: its names are free for any
+	// root, and this one picks again at its next start.
+	return claims.Registry{}.Release(n.cfg.Root)
 }
 
 // installAgent copies the agent and the static shell into dir, which every

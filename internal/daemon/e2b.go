@@ -76,18 +76,18 @@ func EnsureE2BSecret(path string) error {
 }
 
 // serveE2B serves E2B's API (package e2b) on addr until ctx ends; wait
-// waits for that. Access tokens are signed with the secret in secretFile
+// waits for that; served is the address it listens on. Access tokens are signed with the secret in secretFile
 // (made when missing, with create). The adapter reaches the apiserver
 // through an in-process connection, which the apiserver trusts: the
 // adapter checks its callers' API keys itself.
-func serveE2B(ctx context.Context, addr, secretFile string, create bool, api *apiserver.Server, auth e2b.Authenticator, log *slog.Logger) (wait func(), err error) {
+func serveE2B(ctx context.Context, addr, secretFile string, create bool, api *apiserver.Server, auth e2b.Authenticator, log *slog.Logger) (served string, wait func(), err error) {
 	secret, err := loadE2BSecret(secretFile, create)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("listen for E2B's API on %s: %w", addr, err)
+		return "", nil, fmt.Errorf("listen for E2B's API on %s: %w", addr, err)
 	}
 	mem := memconn.New()
 	tr := &http.Transport{DialContext: mem.Dial, Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
@@ -96,7 +96,7 @@ func serveE2B(ctx context.Context, addr, secretFile string, create bool, api *ap
 	h, err := e2b.NewHandler(e2b.Config{API: client, Auth: auth, Signer: e2b.NewSigner(secret), Log: log.With("component", "e2b")})
 	if err != nil {
 		ln.Close()
-		return nil, err
+		return "", nil, err
 	}
 	done := make(chan struct{}, 2)
 	go func() {
@@ -112,5 +112,5 @@ func serveE2B(ctx context.Context, addr, secretFile string, create bool, api *ap
 		done <- struct{}{}
 	}()
 	log.Info("serving E2B's API", "addr", ln.Addr().String())
-	return func() { <-done; <-done; tr.CloseIdleConnections() }, nil
+	return ln.Addr().String(), func() { <-done; <-done; tr.CloseIdleConnections() }, nil
 }

@@ -395,8 +395,9 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	if cfg.DebugListen != "" {
 		go servePprof(ctx, cfg.DebugListen, log)
 	}
+	var sfAddr, e2bAddr string
 	if cfg.SandboxFusionListen != "" {
-		wait, err := serveSandboxFusion(ctx, cfg.SandboxFusionListen, false, api, log)
+		addr, wait, err := serveSandboxFusion(ctx, cfg.SandboxFusionListen, false, api, log)
 		if err != nil {
 			for _, l := range lns {
 				l.Close()
@@ -404,18 +405,20 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 			return err
 		}
 		defer wait()
+		sfAddr = addr
 	}
 	if cfg.E2BListen != "" {
-		wait, err := serveE2B(ctx, cfg.E2BListen, cfg.E2BSecretFile, false, api, meta, log)
-		if err == nil {
-			defer wait()
-		} else {
+		addr, wait, err := serveE2B(ctx, cfg.E2BListen, cfg.E2BSecretFile, false, api, meta, log)
+		if err != nil {
 			for _, l := range lns {
 				l.Close()
 			}
 			return err
 		}
+		defer wait()
+		e2bAddr = addr
 	}
+	api.SetEndpoints(e2bAddr, sfAddr)
 	log.Info("apiserver ready", "name", cfg.Name, "listen", tln.Addr().String(), "edges", len(w.Nodes()))
 	return serve(ctx, log, api.Handler(), nil, lns...)
 }

@@ -17,17 +17,17 @@ import (
 )
 
 // serveSandboxFusion serves SandboxFusion's HTTP API on addr, calls run by
-// the apiserver, until ctx ends; wait waits for that. With optional, an
-// address already in use is a warning (the all-in-one's default), not an
-// error.
-func serveSandboxFusion(ctx context.Context, addr string, optional bool, api *apiserver.Server, log *slog.Logger) (wait func(), err error) {
+// the apiserver, until ctx ends; wait waits for that, and served is the
+// address it listens on. With optional, an address already in use is a
+// warning (the all-in-one's default), not an error, and served is "".
+func serveSandboxFusion(ctx context.Context, addr string, optional bool, api *apiserver.Server, log *slog.Logger) (served string, wait func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		if optional {
 			log.Warn("SandboxFusion's API is not served: its default address is taken (set --sandboxfusion-listen)", "addr", addr, "err", err)
-			return func() {}, nil
+			return "", func() {}, nil
 		}
-		return nil, fmt.Errorf("listen for SandboxFusion's API on %s: %w", addr, err)
+		return "", nil, fmt.Errorf("listen for SandboxFusion's API on %s: %w", addr, err)
 	}
 	h := sandboxfusion.NewHandler(api, sandboxfusion.Config{Log: log.With("component", "sandboxfusion")})
 	done := make(chan struct{})
@@ -38,7 +38,7 @@ func serveSandboxFusion(ctx context.Context, addr string, optional bool, api *ap
 		}
 	}()
 	log.Info("serving SandboxFusion's API", "addr", ln.Addr().String())
-	return func() { <-done }, nil
+	return ln.Addr().String(), func() { <-done }, nil
 }
 
 // serve serves h on every listener until ctx ends or one fails, then shuts

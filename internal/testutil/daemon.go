@@ -22,6 +22,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/e2b/apikey"
+	"dsec.dev/dsec/internal/edge/claims"
 )
 
 // RepoRoot is the repository's top directory, found from this file.
@@ -308,6 +309,23 @@ func (d *Daemon) initCluster() {
 	if err := os.WriteFile(d.TokenFile(), []byte(token+"\n"), 0o600); err != nil {
 		d.t.Fatal(err)
 	}
+}
+
+// HostNames are the host-wide names the daemon's node took (its nftables
+// table, veth prefix, NFLOG group, address pool and cgroup parent).
+func (d *Daemon) HostNames() claims.Names {
+	d.t.Helper()
+	names, ok, err := claims.Recall(d.Root)
+	if err != nil || !ok {
+		d.t.Fatalf("read the host names of %s: remembered %v, %v", d.Root, ok, err)
+	}
+	return names
+}
+
+// Log is what the daemon logged so far.
+func (d *Daemon) Log() string {
+	b, _ := os.ReadFile(d.logPath)
+	return string(b)
 }
 
 // Pid is the daemon's process ID.

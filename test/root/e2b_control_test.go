@@ -273,8 +273,9 @@ func TestE2BControl(t *testing.T) {
 		t.Errorf("after dsec timeout 700s: endAt is %s away", left)
 	}
 
-	// dsec e2b env prints what this client uses.
-	out, errOut, code := d.CLI("", "e2b", "env", "--e2b-addr", d.E2BAddr)
+	// dsec e2b env prints what this client uses: the address the server
+	// says it serves E2B's API on.
+	out, errOut, code := d.CLI("", "e2b", "env")
 	want := fmt.Sprintf("export E2B_API_URL=http://%s E2B_SANDBOX_URL=http://%s E2B_API_KEY=%s\n", d.E2BAddr, d.E2BAddr, d.E2BKey())
 	if code != 0 || out != want {
 		t.Errorf("dsec e2b env: %d %q%s, want %q", code, out, errOut, want)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/claims"
 	"dsec.dev/dsec/internal/testutil"
 )
 
@@ -38,20 +40,32 @@ func leftovers() []string {
 	var out []string
 	out = append(out, testutil.Mounts("dsec-test-root-")...)
 	for _, ctrl := range []string{"freezer", "memory", "pids", "cpu"} {
-		entries, _ := os.ReadDir("/sys/fs/cgroup/" + ctrl + "/dsec")
-		for _, e := range entries {
-			if e.IsDir() && strings.HasPrefix(e.Name(), "sb-t1-") {
-				out = append(out, "cgroup "+ctrl+"/dsec/"+e.Name())
+		parents, _ := os.ReadDir("/sys/fs/cgroup/" + ctrl)
+		for _, p := range parents {
+			if !p.IsDir() || !strings.HasPrefix(p.Name(), "dsec") {
+				continue
+			}
+			// The cgroups of a cluster test's edges (testutil.StartCluster).
+			if strings.HasPrefix(p.Name(), "dsec-te") {
+				out = append(out, "cgroup "+ctrl+"/"+p.Name())
+				continue
+			}
+			// A test daemon's sandboxes, under whichever parent its
+			// root took (package claims).
+			entries, _ := os.ReadDir("/sys/fs/cgroup/" + ctrl + "/" + p.Name())
+			for _, e := range entries {
+				if e.IsDir() && strings.HasPrefix(e.Name(), "sb-t1-") {
+					out = append(out, "cgroup "+ctrl+"/"+p.Name()+"/"+e.Name())
+				}
 			}
 		}
 	}
-	// The cgroups of a cluster test's edges (testutil.StartCluster).
-	for _, ctrl := range []string{"freezer", "memory", "pids", "cpu"} {
-		entries, _ := os.ReadDir("/sys/fs/cgroup/" + ctrl)
-		for _, e := range entries {
-			if e.IsDir() && strings.HasPrefix(e.Name(), "dsec-te") {
-				out = append(out, "cgroup "+ctrl+"/"+e.Name())
-			}
+	// Host names still registered for a test root: its teardown releases
+	// them.
+	entries, _ := os.ReadDir(claims.DefaultDir)
+	for _, e := range entries {
+		if b, err := os.ReadFile(filepath.Join(claims.DefaultDir, e.Name())); err == nil && strings.Contains(string(b), "dsec-test-root-") {
+			out = append(out, "host name "+e.Name()+" registered for "+strings.TrimSpace(string(b)))
 		}
 	}
 	procs, _ := os.ReadDir("/proc")

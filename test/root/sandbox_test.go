@@ -284,7 +284,7 @@ func TestLimits(t *testing.T) {
 		if r.exit.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_TIMEOUT {
 			t.Fatalf("fork bomb: %s, want timeout", r)
 		}
-		events, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids/dsec", id, "cmds", "pids.events"))
+		events, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", d.HostNames().CgroupParent, id, "cmds", "pids.events"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -852,3 +852,27 @@ func (n *Node) Teardown(ctx context.Context) error {
 	}
 	return nil
 }
+
+// HostRoutes lists the destinations of the host's IPv4 routes in its main
+// table (a default route as 0.0.0.0/0), so a node picking an address pool
+// passes over one the host already routes elsewhere.
+func HostRoutes() ([]netip.Prefix, error) {
+	routes, err := routeList(nil)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	var out []netip.Prefix
+	for _, r := range routes {
+		if r.Dst == nil {
+			out = append(out, netip.PrefixFrom(netip.IPv4Unspecified(), 0))
+			continue
+		}
+		addr, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok {
+			continue
+		}
+		bits, _ := r.Dst.Mask.Size()
+		out = append(out, netip.PrefixFrom(addr.Unmap(), bits))
+	}
+	return out, nil
+}

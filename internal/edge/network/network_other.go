@@ -46,3 +46,6 @@ func (n *Node) Recover(ctx context.Context, keep map[string]*netpolicy.Policy) e
 func (n *Node) Close() error { return errNotSupported }
 
 func (n *Node) Teardown(ctx context.Context) error { return errNotSupported }
+
+// HostRoutes returns errdefs.ErrNotSupported outside Linux.
+func HostRoutes() ([]netip.Prefix, error) { return nil, errNotSupported }

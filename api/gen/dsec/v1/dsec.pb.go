@@ -7462,6 +7462,108 @@ func (x *ListLanguagesResponse) GetLanguages() []*Language {
 	return nil
 }
 
+type GetServerInfoRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetServerInfoRequest) Reset() {
+	*x = GetServerInfoRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetServerInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetServerInfoRequest) ProtoMessage() {}
+
+func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
+func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+}
+
+type ServerInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The name of the server that answered: the all-in-one dsecd's node, or
+	// an apiserver replica's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Where E2B's API (control plane, envd, code interpreter) answers, as
+	// host:port the server listens on; empty when it serves none (dsecd
+	// --e2b-listen). An unspecified host (0.0.0.0) means every address.
+	E2BAddr string `protobuf:"bytes,2,opt,name=e2b_addr,json=e2bAddr,proto3" json:"e2b_addr,omitempty"`
+	// Where SandboxFusion's HTTP API answers, likewise; empty when off.
+	SandboxfusionAddr string `protobuf:"bytes,3,opt,name=sandboxfusion_addr,json=sandboxfusionAddr,proto3" json:"sandboxfusion_addr,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ServerInfo) Reset() {
+	*x = ServerInfo{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerInfo) ProtoMessage() {}
+
+func (x *ServerInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
+func (*ServerInfo) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+}
+
+func (x *ServerInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServerInfo) GetE2BAddr() string {
+	if x != nil {
+		return x.E2BAddr
+	}
+	return ""
+}
+
+func (x *ServerInfo) GetSandboxfusionAddr() string {
+	if x != nil {
+		return x.SandboxfusionAddr
+	}
+	return ""
+}
+
 var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
 
 const file_dsec_v1_dsec_proto_rawDesc = "" +
@@ -8052,7 +8154,13 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x06zygote\x18\a \x01(\bR\x06zygote\"\x16\n" +
 	"\x14ListLanguagesRequest\"H\n" +
 	"\x15ListLanguagesResponse\x12/\n" +
-	"\tlanguages\x18\x01 \x03(\v2\x11.dsec.v1.LanguageR\tlanguages*\xb7\x01\n" +
+	"\tlanguages\x18\x01 \x03(\v2\x11.dsec.v1.LanguageR\tlanguages\"\x16\n" +
+	"\x14GetServerInfoRequest\"j\n" +
+	"\n" +
+	"ServerInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\be2b_addr\x18\x02 \x01(\tR\ae2bAddr\x12-\n" +
+	"\x12sandboxfusion_addr\x18\x03 \x01(\tR\x11sandboxfusionAddr*\xb7\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -8115,7 +8223,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\x9c\x12\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xe6\x12\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -8155,7 +8263,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
-	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x012\xef\x01\n" +
+	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12H\n" +
+	"\rGetServerInfo\x12\x1d.dsec.v1.GetServerInfoRequest\x1a\x13.dsec.v1.ServerInfo\"\x03\x90\x02\x012\xef\x01\n" +
 	"\rFnCallService\x12<\n" +
 	"\aRunCode\x12\x17.dsec.v1.RunCodeRequest\x1a\x18.dsec.v1.RunCodeResponse\x12K\n" +
 	"\fRunCodeBatch\x12\x1c.dsec.v1.RunCodeBatchRequest\x1a\x1d.dsec.v1.RunCodeBatchResponse\x12S\n" +
@@ -8184,7 +8293,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 115)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -8298,22 +8407,24 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*Language)(nil),                 // 109: dsec.v1.Language
 	(*ListLanguagesRequest)(nil),     // 110: dsec.v1.ListLanguagesRequest
 	(*ListLanguagesResponse)(nil),    // 111: dsec.v1.ListLanguagesResponse
-	nil,                              // 112: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 113: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 114: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 115: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 116: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 117: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 118: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                              // 119: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                              // 120: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                              // 121: dsec.v1.RunCodeResponse.FilesEntry
+	(*GetServerInfoRequest)(nil),     // 112: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),               // 113: dsec.v1.ServerInfo
+	nil,                              // 114: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 115: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 116: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 117: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 118: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 119: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 120: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                              // 121: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                              // 122: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                              // 123: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	3,   // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	112, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	113, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	114, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	114, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	115, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	116, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	2,   // 4: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	9,   // 5: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
 	0,   // 6: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
@@ -8324,13 +8435,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	10,  // 11: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
 	9,   // 12: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	10,  // 13: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	115, // 14: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	117, // 14: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 15: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	10,  // 16: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	9,   // 17: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	9,   // 18: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	26,  // 19: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	116, // 20: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	118, // 20: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	33,  // 21: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	34,  // 22: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	4,   // 23: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
@@ -8338,7 +8449,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	41,  // 25: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	49,  // 26: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	50,  // 27: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	117, // 28: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	119, // 28: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	50,  // 29: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	34,  // 30: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	52,  // 31: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -8357,17 +8468,17 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	6,   // 44: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
 	73,  // 45: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
 	90,  // 46: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	118, // 47: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	120, // 47: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
 	96,  // 48: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
 	101, // 49: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
 	102, // 50: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	119, // 51: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	120, // 52: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	121, // 51: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	122, // 52: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
 	8,   // 53: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
 	7,   // 54: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
 	105, // 55: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
 	105, // 56: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	121, // 57: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	123, // 57: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
 	104, // 58: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
 	106, // 59: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
 	109, // 60: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
@@ -8406,63 +8517,65 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	95,  // 93: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
 	25,  // 94: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
 	27,  // 95: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	104, // 96: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	107, // 97: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	110, // 98: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	83,  // 99: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	84,  // 100: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	86,  // 101: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	88,  // 102: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	91,  // 103: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	98,  // 104: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	100, // 105: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	21,  // 106: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	10,  // 107: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	24,  // 108: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	30,  // 109: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	13,  // 110: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	15,  // 111: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	17,  // 112: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	19,  // 113: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	74,  // 114: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	77,  // 115: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	79,  // 116: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	82,  // 117: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	32,  // 118: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	32,  // 119: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	37,  // 120: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	39,  // 121: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	42,  // 122: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	32,  // 123: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	45,  // 124: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	47,  // 125: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	51,  // 126: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	54,  // 127: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	56,  // 128: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	58,  // 129: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	60,  // 130: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	62,  // 131: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	64,  // 132: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	66,  // 133: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	68,  // 134: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	70,  // 135: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	72,  // 136: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	94,  // 137: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	97,  // 138: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	26,  // 139: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	28,  // 140: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	106, // 141: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	108, // 142: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	111, // 143: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	73,  // 144: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	73,  // 145: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	87,  // 146: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	89,  // 147: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	92,  // 148: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	99,  // 149: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	103, // 150: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	106, // [106:151] is the sub-list for method output_type
-	61,  // [61:106] is the sub-list for method input_type
+	112, // 96: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	104, // 97: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	107, // 98: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	110, // 99: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	83,  // 100: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	84,  // 101: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	86,  // 102: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	88,  // 103: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	91,  // 104: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	98,  // 105: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	100, // 106: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	21,  // 107: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	10,  // 108: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	24,  // 109: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	30,  // 110: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	13,  // 111: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	15,  // 112: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	17,  // 113: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	19,  // 114: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	74,  // 115: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	77,  // 116: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	79,  // 117: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	82,  // 118: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	32,  // 119: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	32,  // 120: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	37,  // 121: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	39,  // 122: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	42,  // 123: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	32,  // 124: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	45,  // 125: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	47,  // 126: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	51,  // 127: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	54,  // 128: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	56,  // 129: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	58,  // 130: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	60,  // 131: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	62,  // 132: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	64,  // 133: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	66,  // 134: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	68,  // 135: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	70,  // 136: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	72,  // 137: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	94,  // 138: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	97,  // 139: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	26,  // 140: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	28,  // 141: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	113, // 142: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	106, // 143: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	108, // 144: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	111, // 145: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	73,  // 146: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	73,  // 147: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	87,  // 148: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	89,  // 149: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	92,  // 150: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	99,  // 151: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	103, // 152: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	107, // [107:153] is the sub-list for method output_type
+	61,  // [61:107] is the sub-list for method input_type
 	61,  // [61:61] is the sub-list for extension type_name
 	61,  // [61:61] is the sub-list for extension extendee
 	0,   // [0:61] is the sub-list for field type_name
@@ -8502,7 +8615,7 @@ func file_dsec_v1_dsec_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   113,
+			NumMessages:   115,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -123,6 +123,9 @@ const (
 	// SandboxServiceListWarmPoolsProcedure is the fully-qualified name of the SandboxService's
 	// ListWarmPools RPC.
 	SandboxServiceListWarmPoolsProcedure = "/dsec.v1.SandboxService/ListWarmPools"
+	// SandboxServiceGetServerInfoProcedure is the fully-qualified name of the SandboxService's
+	// GetServerInfo RPC.
+	SandboxServiceGetServerInfoProcedure = "/dsec.v1.SandboxService/GetServerInfo"
 	// FnCallServiceRunCodeProcedure is the fully-qualified name of the FnCallService's RunCode RPC.
 	FnCallServiceRunCodeProcedure = "/dsec.v1.FnCallService/RunCode"
 	// FnCallServiceRunCodeBatchProcedure is the fully-qualified name of the FnCallService's
@@ -246,6 +249,10 @@ type SandboxServiceClient interface {
 	// sandboxes. Sandboxes with network rules cannot be pooled.
 	SetWarmPool(context.Context, *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v1.ListWarmPoolsRequest]) (*connect.Response[v1.ListWarmPoolsResponse], error)
+	// GetServerInfo says what the server answering serves besides this API
+	// (the other protocols it speaks, and where), so a client need not guess
+	// a port: `dsec e2b env` prints the E2B address from it.
+	GetServerInfo(context.Context, *connect.Request[v1.GetServerInfoRequest]) (*connect.Response[v1.ServerInfo], error)
 }
 
 // NewSandboxServiceClient constructs a client for the dsec.v1.SandboxService service. By default,
@@ -482,6 +489,13 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		getServerInfo: connect.NewClient[v1.GetServerInfoRequest, v1.ServerInfo](
+			httpClient,
+			baseURL+SandboxServiceGetServerInfoProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("GetServerInfo")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -522,6 +536,7 @@ type sandboxServiceClient struct {
 	networkLog       *connect.Client[v1.NetworkLogRequest, v1.NetworkLogResponse]
 	setWarmPool      *connect.Client[v1.SetWarmPoolRequest, v1.WarmPool]
 	listWarmPools    *connect.Client[v1.ListWarmPoolsRequest, v1.ListWarmPoolsResponse]
+	getServerInfo    *connect.Client[v1.GetServerInfoRequest, v1.ServerInfo]
 }
 
 // Create calls dsec.v1.SandboxService.Create.
@@ -699,6 +714,11 @@ func (c *sandboxServiceClient) ListWarmPools(ctx context.Context, req *connect.R
 	return c.listWarmPools.CallUnary(ctx, req)
 }
 
+// GetServerInfo calls dsec.v1.SandboxService.GetServerInfo.
+func (c *sandboxServiceClient) GetServerInfo(ctx context.Context, req *connect.Request[v1.GetServerInfoRequest]) (*connect.Response[v1.ServerInfo], error) {
+	return c.getServerInfo.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the dsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes one sandbox, or a batch of spec.count. A repeated call with the
@@ -793,6 +813,10 @@ type SandboxServiceHandler interface {
 	// sandboxes. Sandboxes with network rules cannot be pooled.
 	SetWarmPool(context.Context, *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v1.ListWarmPoolsRequest]) (*connect.Response[v1.ListWarmPoolsResponse], error)
+	// GetServerInfo says what the server answering serves besides this API
+	// (the other protocols it speaks, and where), so a client need not guess
+	// a port: `dsec e2b env` prints the E2B address from it.
+	GetServerInfo(context.Context, *connect.Request[v1.GetServerInfoRequest]) (*connect.Response[v1.ServerInfo], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1025,6 +1049,13 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceGetServerInfoHandler := connect.NewUnaryHandler(
+		SandboxServiceGetServerInfoProcedure,
+		svc.GetServerInfo,
+		connect.WithSchema(sandboxServiceMethods.ByName("GetServerInfo")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1097,6 +1128,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceSetWarmPoolHandler.ServeHTTP(w, r)
 		case SandboxServiceListWarmPoolsProcedure:
 			sandboxServiceListWarmPoolsHandler.ServeHTTP(w, r)
+		case SandboxServiceGetServerInfoProcedure:
+			sandboxServiceGetServerInfoHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1244,6 +1277,10 @@ func (UnimplementedSandboxServiceHandler) SetWarmPool(context.Context, *connect.
 
 func (UnimplementedSandboxServiceHandler) ListWarmPools(context.Context, *connect.Request[v1.ListWarmPoolsRequest]) (*connect.Response[v1.ListWarmPoolsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.ListWarmPools is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) GetServerInfo(context.Context, *connect.Request[v1.GetServerInfoRequest]) (*connect.Response[v1.ServerInfo], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.GetServerInfo is not implemented"))
 }
 
 // FnCallServiceClient is a client for the dsec.v1.FnCallService service.
