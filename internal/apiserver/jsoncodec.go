@@ -10,9 +10,13 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"dsec.dev/dsec/internal/pbjson"
 )
 
-// jsonCodec is Connect's JSON codec with one difference: when a request does
+// jsonCodec is Connect's JSON codec with two differences. Its answers
+// carry 64-bit integers as JSON numbers, not strings (pbjson): the Python
+// SDK's dicts hold "memoryMb": 512, not "512". And when a request does
 // not decode, it names the field at fault. protojson's own error gives a
 // line and column only, which says nothing useful about a network rule
 // written as {"pypi": "false"}: a string, where allow or deny must be a JSON
@@ -46,7 +50,7 @@ func (c jsonCodec) Marshal(m any) ([]byte, error) {
 		}
 		pm = full
 	}
-	return protojson.MarshalOptions{}.Marshal(pm)
+	return pbjson.Marshal(pm, pbjson.Options{})
 }
 
 func (c jsonCodec) Unmarshal(data []byte, m any) error {

@@ -11,10 +11,10 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/pbjson"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -78,8 +78,9 @@ func TestNetworkRulesMustBeBooleans(t *testing.T) {
 		t.Errorf("%d sandboxes were made from refused requests", n)
 	}
 
-	// Booleans pass, and mean what they say.
-	code, out := post("Create", `{"spec":{"environment":"b:1","networkRules":{"pypi":false,"github":true}}}`)
+	// Booleans pass, and mean what they say. A 64-bit integer is read as
+	// a string or a number, and answered as a number.
+	code, out := post("Create", `{"spec":{"environment":"b:1","memoryMb":"256","diskMb":512,"networkRules":{"pypi":false,"github":true}}}`)
 	if code != http.StatusOK {
 		t.Fatalf("create with boolean rules: HTTP %d %v", code, out)
 	}
@@ -88,6 +89,10 @@ func TestNetworkRulesMustBeBooleans(t *testing.T) {
 		rules := sb.(map[string]any)["spec"].(map[string]any)["networkRules"].(map[string]any)
 		if rules["pypi"] != false || rules["github"] != true {
 			t.Errorf("rules stored as %v", rules)
+		}
+		spec := sb.(map[string]any)["spec"].(map[string]any)
+		if spec["memoryMb"] != 256.0 || spec["diskMb"] != 512.0 {
+			t.Errorf("memoryMb %#v and diskMb %#v: want the numbers 256 and 512", spec["memoryMb"], spec["diskMb"])
 		}
 	}
 }
@@ -106,7 +111,7 @@ func TestJSONOfRelayedMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := protojson.Marshal(ev)
+	want, _ := pbjson.Marshal(ev, pbjson.Options{})
 	if string(got) != string(want) {
 		t.Fatalf("JSON of a relayed event: %s, want %s", got, want)
 	}

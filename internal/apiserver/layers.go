@@ -210,6 +210,7 @@ func (ls *layerService) ListLayers(ctx context.Context, req *connect.Request[dse
 		for _, l := range resp.GetLayers() {
 			if have := byDigest[l.GetDigest()]; have != nil {
 				have.Refs = mergeStrings(have.Refs, l.GetRefs())
+				have.Images = mergeStrings(have.Images, l.GetImages())
 				have.Snapshots = mergeSnapshots(have.Snapshots, l.GetSnapshots())
 				continue
 			}

@@ -17,10 +17,10 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"dsec.dev/dsec/internal/apiclient"
+	"dsec.dev/dsec/internal/pbjson"
 )
 
 // app holds what every command shares.
@@ -111,22 +111,31 @@ func (a *app) rootCommand() *cobra.Command {
 	return root
 }
 
-// printProto writes one proto message as indented JSON. protojson varies
-// its spacing on purpose; scripts get stable output through encoding/json.
+// printProto writes one API record as indented JSON, the shape
+// docs/cli.md gives every --json: protobuf's JSON names (camelCase), every
+// field present (zero values, [] and {} included), 64-bit integers as
+// numbers.
 func (a *app) printProto(m proto.Message) error {
-	b, err := protojson.Marshal(m)
+	b, err := pbjson.Marshal(m, pbjson.Options{EmitDefaults: true})
 	if err != nil {
 		return err
 	}
-	var compact, out bytes.Buffer
-	if err := json.Compact(&compact, b); err != nil {
-		return err
-	}
-	if err := json.Indent(&out, compact.Bytes(), "", "  "); err != nil {
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
 		return err
 	}
 	fmt.Fprintln(a.stdout, out.String())
 	return nil
+}
+
+// printJSON writes a value the CLI makes itself (not an API record) as
+// indented JSON, in the API records' style: camelCase keys, every key
+// always present.
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
 }
 
 // parseKV turns K=V flags into a map.

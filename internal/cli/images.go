@@ -1,10 +1,10 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -76,8 +76,57 @@ layers it had finished.`,
 	imp.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to the registry (loopback test registries)")
 	imp.Flags().Int64Var(&collapse, "collapse-below", 0, "merge consecutive layers while their total stays below this many bytes (0: node default, <0: never)")
 	imp.Flags().BoolVar(&allowSetuid, "allow-setuid", false, "keep setuid and setgid files")
-	cmd.AddCommand(imp)
+	cmd.AddCommand(imp, a.imageLsCommand())
 	return cmd
+}
+
+// imageInfo is one imported image as image ls prints it.
+type imageInfo struct {
+	Name   string `json:"name"`
+	Layers int    `json:"layers"`
+	Size   int64  `json:"size"`
+}
+
+// imageLsCommand lists the imported images, from the layers that make
+// them up (a layer names the images it is part of).
+func (a *app) imageLsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ls",
+		Short: "list the imported images: name, layers, size (layer rm NAME:TAG removes one)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := a.c.Layers.ListLayers(cmd.Context(), connect.NewRequest(&dsecv1.ListLayersRequest{}))
+			if err != nil {
+				return err
+			}
+			byName := map[string]*imageInfo{}
+			for _, l := range resp.Msg.GetLayers() {
+				for _, name := range l.GetImages() {
+					img := byName[name]
+					if img == nil {
+						img = &imageInfo{Name: name}
+						byName[name] = img
+					}
+					img.Layers++
+					img.Size += l.GetSize()
+				}
+			}
+			images := make([]imageInfo, 0, len(byName))
+			for _, img := range byName {
+				images = append(images, *img)
+			}
+			slices.SortFunc(images, func(x, y imageInfo) int { return strings.Compare(x.Name, y.Name) })
+			if a.json {
+				return a.printJSON(map[string]any{"images": images})
+			}
+			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "IMAGE\tLAYERS\tSIZE")
+			for _, img := range images {
+				fmt.Fprintf(tw, "%s\t%d\t%s\n", img.Name, img.Layers, humanBytes(img.Size))
+			}
+			return tw.Flush()
+		},
+	}
 }
 
 // importProgress shows an import's progress: a bar on a terminal, one line
@@ -140,7 +189,7 @@ func (a *app) layerStatsCommand() *cobra.Command {
 			}
 			m := res.Msg
 			if a.json {
-				return printLayerStatsJSON(a, m)
+				return a.printProto(m)
 			}
 			fmt.Fprintf(a.stdout, "mode %s, blob store %s\n\n", m.GetMode(), m.GetBlobStore())
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
@@ -162,53 +211,6 @@ func (a *app) layerStatsCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-}
-
-// printLayerStatsJSON prints one JSON object with snake_case keys.
-func printLayerStatsJSON(a *app, m *dsecv1.LayerStatsResponse) error {
-	type layer struct {
-		Digest        string   `json:"digest"`
-		Refs          []string `json:"refs"`
-		Size          int64    `json:"size"`
-		BytesRead     int64    `json:"bytes_read"`
-		BytesFetched  int64    `json:"bytes_fetched"`
-		ChunksTotal   int64    `json:"chunks_total"`
-		ChunksFetched int64    `json:"chunks_fetched"`
-		CacheHits     int64    `json:"cache_hits"`
-		CacheMisses   int64    `json:"cache_misses"`
-		FetchErrors   int64    `json:"fetch_errors"`
-		Sandboxes     int64    `json:"sandboxes"`
-		// The chunk cache's tiers.
-		BytesFetchedPlain int64 `json:"bytes_fetched_plain"`
-		MemoryHits        int64 `json:"memory_hits"`
-		DiskHits          int64 `json:"disk_hits"`
-		BytesWrittenDisk  int64 `json:"bytes_written_disk"`
-		BytesPushed       int64 `json:"bytes_pushed"`
-	}
-	type env struct {
-		Name      string   `json:"name"`
-		Layers    []string `json:"layer_digests"`
-		Size      int64    `json:"size"`
-		BytesRead int64    `json:"bytes_read"`
-		Sandboxes int64    `json:"sandboxes"`
-	}
-	out := struct {
-		Mode         string  `json:"mode"`
-		BlobStore    string  `json:"blob_store"`
-		Layers       []layer `json:"layers"`
-		Environments []env   `json:"environments"`
-	}{Mode: m.GetMode(), BlobStore: m.GetBlobStore(), Layers: []layer{}, Environments: []env{}}
-	for _, l := range m.GetLayers() {
-		out.Layers = append(out.Layers, layer{l.GetDigest(), l.GetRefs(), l.GetSize(), l.GetBytesRead(), l.GetBytesFetched(),
-			l.GetChunksTotal(), l.GetChunksFetched(), l.GetCacheHits(), l.GetCacheMisses(), l.GetFetchErrors(), l.GetSandboxes(),
-			l.GetBytesFetchedPlain(), l.GetMemoryHits(), l.GetDiskHits(), l.GetBytesWrittenDisk(), l.GetBytesPushed()})
-	}
-	for _, e := range m.GetEnvironments() {
-		out.Environments = append(out.Environments, env{e.GetName(), e.GetLayerDigests(), e.GetSize(), e.GetBytesRead(), e.GetSandboxes()})
-	}
-	enc := json.NewEncoder(a.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
 }
 
 func percent(part, whole int64) string {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -38,31 +37,15 @@ func (a *app) netSetCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			a.warn(res.Msg.GetWarnings())
 			if a.json {
 				return a.printProto(res.Msg)
-			}
-			for _, w := range res.Msg.GetWarnings() {
-				fmt.Fprintln(a.stderr, "warning:", w)
 			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&cut, "cut", false, "also break established connections the new rules no longer allow")
 	return cmd
-}
-
-// netEvent is one audit record as scripts see it.
-type netEvent struct {
-	Time        time.Time `json:"time"`
-	Kind        string    `json:"kind"`
-	Verdict     string    `json:"verdict"`
-	Protocol    string    `json:"protocol,omitempty"`
-	Destination string    `json:"destination,omitempty"`
-	Port        int32     `json:"port,omitempty"`
-	Name        string    `json:"name,omitempty"`
-	BytesOut    int64     `json:"bytes_out,omitempty"`
-	BytesIn     int64     `json:"bytes_in,omitempty"`
-	Rule        string    `json:"rule,omitempty"`
 }
 
 func (a *app) netLogCommand() *cobra.Command {
@@ -81,28 +64,18 @@ func (a *app) netLogCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			events := make([]netEvent, 0, len(res.Msg.GetEvents()))
-			for _, e := range res.Msg.GetEvents() {
-				events = append(events, netEvent{
-					Time: time.UnixMilli(e.GetTimeUnixMs()).UTC(), Kind: e.GetKind(), Verdict: e.GetVerdict(),
-					Protocol: e.GetProtocol(), Destination: e.GetDestination(), Port: e.GetPort(), Name: e.GetName(),
-					BytesOut: e.GetBytesOut(), BytesIn: e.GetBytesIn(), Rule: e.GetRule(),
-				})
-			}
 			if a.json {
-				enc := json.NewEncoder(a.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(map[string]any{"sandbox_id": args[0], "events": events})
+				return a.printProto(res.Msg)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TIME\tKIND\tVERDICT\tPROTO\tDESTINATION\tNAME\tBYTES OUT/IN\tRULE")
-			for _, e := range events {
-				dest := e.Destination
-				if e.Port != 0 {
-					dest = fmt.Sprintf("%s:%d", dest, e.Port)
+			for _, e := range res.Msg.GetEvents() {
+				dest := e.GetDestination()
+				if e.GetPort() != 0 {
+					dest = fmt.Sprintf("%s:%d", dest, e.GetPort())
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\n", e.Time.Format("15:04:05.000"), e.Kind, e.Verdict,
-					e.Protocol, dest, e.Name, e.BytesOut, e.BytesIn, e.Rule)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\n", time.UnixMilli(e.GetTimeUnixMs()).UTC().Format("15:04:05.000"),
+					e.GetKind(), e.GetVerdict(), e.GetProtocol(), dest, e.GetName(), e.GetBytesOut(), e.GetBytesIn(), e.GetRule())
 			}
 			return tw.Flush()
 		},

@@ -512,14 +512,21 @@ func (a *app) rmCommand() *cobra.Command {
 				return err
 			}
 			failed := 0
+			deleted := []string{}
 			for _, id := range ids {
 				if _, err := a.c.Sandboxes.Delete(cmd.Context(), connect.NewRequest(&dsecv1.DeleteRequest{Id: id})); err != nil {
 					fmt.Fprintf(a.stderr, "dsec: delete %s: %s\n", id, describe(err))
 					failed++
 					continue
 				}
+				deleted = append(deleted, id)
 				if !a.json {
 					fmt.Fprintln(a.stdout, id)
+				}
+			}
+			if a.json {
+				if err := a.printJSON(map[string][]string{"deleted": deleted}); err != nil {
+					return err
 				}
 			}
 			if failed > 0 {

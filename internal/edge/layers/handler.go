@@ -44,7 +44,7 @@ var kinds = map[dsecv1.LayerKind]image.Kind{
 
 func layerToProto(l image.Layer) *dsecv1.Layer {
 	out := &dsecv1.Layer{Digest: l.Digest, Refs: l.Refs, Size: l.Size, CreatedUnixMs: l.Created.UnixMilli(), Source: l.Source,
-		Warnings: l.Warnings}
+		Warnings: l.Warnings, Images: l.Images}
 	for k, v := range kinds {
 		if v == l.Kind {
 			out.Kind = k

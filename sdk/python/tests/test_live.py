@@ -61,6 +61,9 @@ class LiveTest(unittest.TestCase):
         got = self.c.get(sb.id)
         self.assertEqual((got.id, got.state), (sb.id, "running"))
         self.assertEqual(got.info["spec"]["environment"], ENV)
+        # 64-bit integers are numbers in the dicts, not strings.
+        self.assertEqual((got.info["spec"]["memoryMb"], got.info["spec"]["ttlSeconds"]), (128, 600))
+        self.assertIsInstance(got.info["createdUnixMs"], int)
         self.assertIn(sb.id, [s.id for s in self.c.list(labels={"test": "test_lifecycle"}, states=["running"])])
         self.assertEqual(sb.exec("echo $FOO").stdout, "bar\n")
         sb.delete()

@@ -4819,7 +4819,10 @@ type Layer struct {
 	Snapshot *SnapshotInfo `protobuf:"bytes,8,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	// Every snapshot this layer is, one per snap: ref: snapshots whose files
 	// are the same (an unchanged sandbox's, say) share one layer.
-	Snapshots     []*SnapshotInfo `protobuf:"bytes,9,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	Snapshots []*SnapshotInfo `protobuf:"bytes,9,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// The imported images (NAME:TAG, ImportImage) whose layers include this
+	// one, sorted: what dsec image ls lists.
+	Images        []string `protobuf:"bytes,10,rep,name=images,proto3" json:"images,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4913,6 +4916,13 @@ func (x *Layer) GetSnapshot() *SnapshotInfo {
 func (x *Layer) GetSnapshots() []*SnapshotInfo {
 	if x != nil {
 		return x.Snapshots
+	}
+	return nil
+}
+
+func (x *Layer) GetImages() []string {
+	if x != nil {
+		return x.Images
 	}
 	return nil
 }
@@ -7929,7 +7939,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04user\x18\x03 \x01(\tR\x04user\"#\n" +
 	"\rDownloadChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xb3\x02\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\xcb\x02\n" +
 	"\x05Layer\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
@@ -7939,7 +7949,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x06source\x18\x06 \x01(\tR\x06source\x12\x1a\n" +
 	"\bwarnings\x18\a \x03(\tR\bwarnings\x121\n" +
 	"\bsnapshot\x18\b \x01(\v2\x15.dsec.v1.SnapshotInfoR\bsnapshot\x123\n" +
-	"\tsnapshots\x18\t \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\"\xfe\x02\n" +
+	"\tsnapshots\x18\t \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\x12\x16\n" +
+	"\x06images\x18\n" +
+	" \x03(\tR\x06images\"\xfe\x02\n" +
 	"\fSnapshotInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05layer\x18\x02 \x01(\tR\x05layer\x12 \n" +
