@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -155,24 +157,24 @@ func TestImageDeletionNotListed(t *testing.T) {
 // layerStats runs `dsec layer stats --json`.
 type layerStats struct {
 	Mode      string `json:"mode"`
-	BlobStore string `json:"blob_store"`
+	BlobStore string `json:"blobStore"`
 	Layers    []struct {
 		Digest        string `json:"digest"`
 		Size          int64  `json:"size"`
-		BytesRead     int64  `json:"bytes_read"`
-		BytesFetched  int64  `json:"bytes_fetched"`
-		ChunksTotal   int64  `json:"chunks_total"`
-		ChunksFetched int64  `json:"chunks_fetched"`
-		CacheMisses   int64  `json:"cache_misses"`
-		MemoryHits    int64  `json:"memory_hits"`
-		DiskHits      int64  `json:"disk_hits"`
-		WrittenDisk   int64  `json:"bytes_written_disk"`
+		BytesRead     int64  `json:"bytesRead"`
+		BytesFetched  int64  `json:"bytesFetched"`
+		ChunksTotal   int64  `json:"chunksTotal"`
+		ChunksFetched int64  `json:"chunksFetched"`
+		CacheMisses   int64  `json:"cacheMisses"`
+		MemoryHits    int64  `json:"memoryHits"`
+		DiskHits      int64  `json:"diskHits"`
+		WrittenDisk   int64  `json:"bytesWrittenDisk"`
 	} `json:"layers"`
 	Environments []struct {
 		Name      string   `json:"name"`
-		Digests   []string `json:"layer_digests"`
+		Digests   []string `json:"layerDigests"`
 		Size      int64    `json:"size"`
-		BytesRead int64    `json:"bytes_read"`
+		BytesRead int64    `json:"bytesRead"`
 		Sandboxes int64    `json:"sandboxes"`
 	} `json:"environments"`
 }
@@ -223,6 +225,11 @@ func TestImageFromRegistry(t *testing.T) {
 	out2, errOut, code := d.CLI("", "image", "import", "--insecure", "--json", "tools:1", "docker://"+host+"/e2e/tools:1")
 	if code != 0 || !strings.Contains(out2, res.LayerDigests[0]) {
 		t.Fatalf("second import: %s %s", out2, errOut)
+	}
+	// image ls lists it, with its layers.
+	if out, errOut, code := d.CLI("", "image", "ls"); code != 0 ||
+		!regexp.MustCompile(`(?m)^tools:1 +`+strconv.Itoa(len(res.LayerDigests))+` `).MatchString(out) {
+		t.Errorf("dsec image ls: exit %d, %q %q; want tools:1 with %d layers", code, out, errOut, len(res.LayerDigests))
 	}
 
 	got, errOut, code := d.CLI("", "run", "tools:1", "--", "sh", "-c",
