@@ -29,7 +29,7 @@ func (a *app) benchCommand() *cobra.Command {
 		Long: "Measures dsec on the daemon at --addr and, beside it, a bare runc on this machine (needs root):\n" +
 			"create → first exec (sequential and in a burst), creation throughput, warm exec latency and\n" +
 			"host memory per idle sandbox. Run it on the daemon's host.",
-		Args: cobra.NoArgs,
+		Args: noSubcommand,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
 				return bench.Run(ctx, a.c, o)

@@ -108,7 +108,63 @@ func (a *app) rootCommand() *cobra.Command {
 		a.psCommand(), a.attachCommand(), a.killCommand(),
 		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.imageCommand(), a.poolCommand(), a.fnCommand(), a.e2bCommand(),
 	)
+	// cobra adds these as it executes; added now, refuseUnknown sees them.
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	refuseUnknown(root)
 	return root
+}
+
+// refuseUnknown makes every command below c that holds subcommands refuse
+// a word that is none of them: cobra prints a group's help and exits 0
+// ("dsec image lst"), and hands a runnable parent the word as an argument.
+// A group named alone prints its help.
+func refuseUnknown(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		refuseUnknown(sub)
+	}
+	if !c.HasSubCommands() || !c.HasParent() {
+		return // the root refuses unknown commands itself
+	}
+	if !c.Runnable() {
+		c.RunE = func(cmd *cobra.Command, args []string) error { return cmd.Help() }
+		if c.Annotations == nil {
+			c.Annotations = map[string]string{}
+		}
+		c.Annotations[groupAnnotation] = "true"
+	}
+	if c.Args == nil {
+		c.Args = noSubcommand
+	}
+}
+
+// groupAnnotation marks a command that only holds subcommands (dsec
+// image): a word after it names one of them.
+const groupAnnotation = "dsec.group"
+
+// isGroup reports whether c only holds subcommands.
+func isGroup(c *cobra.Command) bool { return c.Annotations[groupAnnotation] != "" }
+
+// noSubcommand refuses any argument to a command with subcommands, naming
+// them.
+func noSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2 // cobra's own default
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += fmt.Sprintf("; did you mean %q?", cmd.CommandPath()+" "+s[0])
+	}
+	var names []string
+	for _, sub := range cmd.Commands() {
+		if sub.IsAvailableCommand() {
+			names = append(names, sub.Name())
+		}
+	}
+	return fmt.Errorf("%s (its commands: %s)", msg, strings.Join(names, ", "))
 }
 
 // printProto writes one API record as indented JSON, the shape
