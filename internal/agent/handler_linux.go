@@ -162,13 +162,7 @@ func (h *handler) spec(user, cwd, shell string, env map[string]string, argv []st
 		envList = append(envList, k+"="+vars[k])
 	}
 
-	dir := h.cfg.Workdir
-	if dir == "" {
-		dir = "/"
-		if st, err := os.Stat(a.Home); a.Home != "" && err == nil && st.IsDir() {
-			dir = a.Home
-		}
-	}
+	dir := h.files.WorkDir(a)
 	if cwd != "" {
 		if filepath.IsAbs(cwd) {
 			dir = cwd

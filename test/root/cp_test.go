@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -65,6 +66,10 @@ func testCopy(t *testing.T, d *testutil.Daemon, id string) {
 	if got := strings.TrimSpace(mustSh(t, d, id, "stat -c %a /in/one.txt")); got != "600" {
 		t.Fatalf("mode of /in/one.txt: %s, want 600", got)
 	}
+	// A relative path starts where the sandbox's commands start.
+	wd := strings.TrimSpace(mustSh(t, d, id, "pwd"))
+	cp("", filepath.Join(local, "one.txt"), id+":rel.txt")
+	remote(path.Join(wd, "rel.txt"), "one")
 	cp("", filepath.Join(local, "one.txt"), id+":/in/renamed.txt") // a file as a new name
 	remote("/in/renamed.txt", "one")
 	os.WriteFile(filepath.Join(local, "one.txt"), []byte("two"), 0o600)
@@ -92,6 +97,8 @@ func testCopy(t *testing.T, d *testutil.Daemon, id string) {
 	localFile(filepath.Join(back, "new", "sub", "f.txt"), "copied")
 	cp("", id+":/in/proj/.", filepath.Join(back, "contents")) // contents
 	localFile(filepath.Join(back, "contents", "sub", "f.txt"), "copied")
+	cp("", id+":rel.txt", filepath.Join(back, "rel.txt")) // relative, from the working directory
+	localFile(filepath.Join(back, "rel.txt"), "one")
 	cp("", id+":/in/renamed.txt", filepath.Join(back, "r.txt")) // a file as a new name
 	localFile(filepath.Join(back, "r.txt"), "two")
 	mustSh(t, d, id, "echo -n three > /in/renamed.txt")

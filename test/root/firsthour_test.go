@@ -3,6 +3,7 @@ package root
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -154,6 +155,22 @@ func TestCLIFirstHour(t *testing.T) {
 	})
 	if got, _, code := d.CLI("", "attach", id, strings.TrimSpace(out)); code != 3 || got != "bye\n" {
 		t.Errorf("attach to a finished command: exit %d, stdout %q", code, got)
+	}
+
+	// A sandbox made with a working directory: cp's relative paths start there.
+	out, errOut, code = d.CLI("", "create", "--workdir", "/tmp", env)
+	if code != 0 {
+		t.Fatalf("create --workdir: %s", errOut)
+	}
+	wid := strings.TrimSpace(out)
+	t.Cleanup(func() { d.CLI("", "rm", wid) })
+	local := filepath.Join(t.TempDir(), "f.txt")
+	os.WriteFile(local, []byte("in the workdir"), 0o644)
+	if _, errOut, code := d.CLI("", "cp", local, wid+":rel.txt"); code != 0 {
+		t.Fatalf("cp into a sandbox with --workdir: %s", errOut)
+	}
+	if out, errOut, code := d.CLI("", "exec", wid, "--", "cat", "/tmp/rel.txt"); code != 0 || out != "in the workdir" {
+		t.Errorf("cp f %s:rel.txt with --workdir /tmp: /tmp/rel.txt is %q (exit %d, %s)", wid, out, code, errOut)
 	}
 
 	// ls shows live sandboxes; a removed one only with --all.

@@ -29,12 +29,30 @@ const (
 	DownloadChunkSize = 256 << 10
 )
 
-// FS does file operations relative to Dir (for relative paths).
+// FS does file operations; a relative path starts at the request's user's
+// working directory (WorkDir), where that user's commands start too.
 type FS struct {
-	Dir string // default directory for relative paths; "" = /
+	Dir string // the sandbox's working directory; "" = each user's home, else /
 }
 
-func (f *FS) abs(p string) (string, error) {
+// WorkDir is the directory a's commands start in and a's relative paths
+// resolve against: the sandbox's working directory when it has one, else
+// a's home when that is a directory, else /. Commands and file calls both
+// ask it, so `pwd` and a file written as "rel.txt" agree.
+func (f *FS) WorkDir(a account.Account) string {
+	if f.Dir != "" {
+		return f.Dir
+	}
+	if a.Home != "" {
+		if st, err := os.Stat(a.Home); err == nil && st.IsDir() {
+			return a.Home
+		}
+	}
+	return "/"
+}
+
+// abs makes p absolute against a's working directory.
+func (f *FS) abs(a account.Account, p string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("resolve path: empty path: %w", errdefs.ErrInvalidArgument)
 	}
@@ -44,11 +62,7 @@ func (f *FS) abs(p string) (string, error) {
 	if filepath.IsAbs(p) {
 		return filepath.Clean(p), nil
 	}
-	dir := f.Dir
-	if dir == "" {
-		dir = "/"
-	}
-	return filepath.Join(dir, p), nil
+	return filepath.Join(f.WorkDir(a), p), nil
 }
 
 // wrap turns an OS error into a kind-carrying error: "verb path: cause: kind".
@@ -84,7 +98,7 @@ func wrap(verb, p string, err error) error {
 
 // ReadFile reads up to limit bytes (0 = DefaultReadLimit) from offset.
 func (f *FS) ReadFile(a account.Account, p string, offset, limit int64) (data []byte, size int64, truncated bool, err error) {
-	p, err = f.abs(p)
+	p, err = f.abs(a, p)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -140,7 +154,7 @@ func (f *FS) ReadFile(a account.Account, p string, offset, limit int64) (data []
 
 // WriteFile writes data to p (mode 0 = 0644 for a new file).
 func (f *FS) WriteFile(a account.Account, p string, data []byte, mode uint32, appendTo, makeParents bool) (int64, error) {
-	p, err := f.abs(p)
+	p, err := f.abs(a, p)
 	if err != nil {
 		return 0, err
 	}
@@ -221,7 +235,7 @@ func fileInfo(p string, st os.FileInfo) *dsecv1.FileInfo {
 
 // Stat describes p without following a final symlink.
 func (f *FS) Stat(a account.Account, p string) (*dsecv1.FileInfo, error) {
-	p, err := f.abs(p)
+	p, err := f.abs(a, p)
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +253,7 @@ func (f *FS) Stat(a account.Account, p string) (*dsecv1.FileInfo, error) {
 
 // ListDir lists a directory, sorted by name.
 func (f *FS) ListDir(a account.Account, p string) ([]*dsecv1.FileInfo, error) {
-	p, err := f.abs(p)
+	p, err := f.abs(a, p)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +279,7 @@ func (f *FS) ListDir(a account.Account, p string) ([]*dsecv1.FileInfo, error) {
 
 // Remove deletes p, and everything under it when recursive.
 func (f *FS) Remove(a account.Account, p string, recursive bool) error {
-	p, err := f.abs(p)
+	p, err := f.abs(a, p)
 	if err != nil {
 		return err
 	}
@@ -285,7 +299,7 @@ func (f *FS) Remove(a account.Account, p string, recursive bool) error {
 
 // MakeDir makes a directory (mode 0 = 0755), with its parents when asked.
 func (f *FS) MakeDir(a account.Account, p string, parents bool, mode uint32) error {
-	p, err := f.abs(p)
+	p, err := f.abs(a, p)
 	if err != nil {
 		return err
 	}
@@ -309,11 +323,11 @@ func (f *FS) MakeDir(a account.Account, p string, parents bool, mode uint32) err
 // directory at dst must be empty), making dst's parents first when asked,
 // and describes the entry at dst.
 func (f *FS) Move(a account.Account, src, dst string, makeParents bool) (*dsecv1.FileInfo, error) {
-	src, err := f.abs(src)
+	src, err := f.abs(a, src)
 	if err != nil {
 		return nil, err
 	}
-	dst, err = f.abs(dst)
+	dst, err = f.abs(a, dst)
 	if err != nil {
 		return nil, err
 	}
@@ -349,7 +363,7 @@ func (f *FS) Move(a account.Account, src, dst string, makeParents bool) (*dsecv1
 // Download writes p (a file, symlink or directory tree) as a tar stream to
 // send in chunks of DownloadChunkSize. Entry names start with p's base name.
 func (f *FS) Download(a account.Account, p string, send func([]byte) error) error {
-	p, err := f.abs(p)
+	p, err := f.abs(a, p)
 	if err != nil {
 		return err
 	}
@@ -455,7 +469,7 @@ func (c *chunkWriter) flush() error {
 // absolute or contains "..", or an entry is a device node or other special
 // file. While extracting it never follows a symlink below dir.
 func (f *FS) Upload(a account.Account, dir string, data []byte) (files, written int64, err error) {
-	dir, err = f.abs(dir)
+	dir, err = f.abs(a, dir)
 	if err != nil {
 		return 0, 0, err
 	}

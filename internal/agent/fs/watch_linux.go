@@ -33,7 +33,7 @@ const watchMask = unix.IN_CREATE | unix.IN_MOVED_TO | unix.IN_MOVED_FROM | unix.
 // from the moment its create is seen: what is made in it before then is
 // not reported, as with any inotify watcher.
 func (f *FS) Watch(ctx context.Context, a account.Account, p string, recursive bool, started func() error, send func(name string, c dsecv1.FileChange) error) error {
-	p, err := f.abs(p)
+	p, err := f.abs(a, p)
 	if err != nil {
 		return err
 	}
