@@ -378,6 +378,11 @@ func (a *app) execCommand() *cobra.Command {
 			}
 			defer stream.Close()
 			for stream.Receive() {
+				// A command that could not start ends its stream with its
+				// exit and no start: say why, as the foreground exec does.
+				if x := stream.Msg().GetExited(); x != nil {
+					return exitFor(x)
+				}
 				if st := stream.Msg().GetStarted(); st != nil {
 					if req.GetKeepStdinOpen() {
 						// -i: all of stdin goes in before the process ID is

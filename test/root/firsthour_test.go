@@ -156,6 +156,12 @@ func TestCLIFirstHour(t *testing.T) {
 	if got, _, code := d.CLI("", "attach", id, strings.TrimSpace(out)); code != 3 || got != "bye\n" {
 		t.Errorf("attach to a finished command: exit %d, stdout %q", code, got)
 	}
+	// A background command that cannot start says why, as in the
+	// foreground, with the same exit code.
+	if _, errOut, code := d.CLI("", "exec", "-d", id, "--", "/no/such/program"); code != 127 ||
+		strings.Count(errOut, "could not start") != 1 || !strings.Contains(errOut, "/no/such/program") {
+		t.Errorf("exec -d of a missing program: exit %d, stderr %q", code, errOut)
+	}
 
 	// A sandbox made with a working directory: cp's relative paths start there.
 	out, errOut, code = d.CLI("", "create", "--workdir", "/tmp", env)
