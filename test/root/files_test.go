@@ -213,8 +213,8 @@ func TestCLIShellAndJSON(t *testing.T) {
 	}
 	id := strings.TrimSpace(out)
 	t.Cleanup(func() { d.CLI("", "rm", id) })
-	// A PTY shell driven from a pipe: its output comes back through the terminal.
-	out, errOut, code = d.CLI("echo from-pty; tty; exit 3\n", "shell", id)
+	// A PTY shell (-t) driven from a pipe: its output comes back through the terminal.
+	out, errOut, code = d.CLI("echo from-pty; tty; exit 3\n", "shell", "-t", id)
 	if code != 3 || !strings.Contains(out, "from-pty") || !strings.Contains(out, "/dev/pts/") {
 		t.Fatalf("shell: code %d, out %q, err %q", code, out, errOut)
 	}

@@ -3,6 +3,7 @@ package root
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -163,6 +164,15 @@ func TestCLIFirstHour(t *testing.T) {
 		t.Errorf("exec -d of a missing program: exit %d, stderr %q", code, errOut)
 	}
 
+	// Piped into shell, commands run and the end of input ends the shell,
+	// whose exit code is the CLI's.
+	if out, errOut, code := cliWithin(t, d, time.Minute, "echo hi\nexit 3\n", "shell", id); code != 3 || out != "hi\n" {
+		t.Errorf("echo ... | dsec shell: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if out, errOut, code := cliWithin(t, d, time.Minute, "cd /tmp; pwd\n", "shell", id); code != 0 || out != "/tmp\n" {
+		t.Errorf("echo pwd | dsec shell: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+
 	// A sandbox made with a working directory: cp's relative paths start there.
 	out, errOut, code = d.CLI("", "create", "--workdir", "/tmp", env)
 	if code != 0 {
@@ -213,4 +223,28 @@ func TestRetention(t *testing.T) {
 	if _, errOut, code := d.CLI("", "inspect", id); code == 0 || !strings.Contains(errOut, "not_found") {
 		t.Errorf("inspect of a forgotten sandbox: exit %d, %q", code, errOut)
 	}
+}
+
+// cliWithin runs the CLI as Daemon.CLI does, failing the test when it has
+// not exited within limit (it is killed then) rather than hanging it.
+func cliWithin(t *testing.T, d *testutil.Daemon, limit time.Duration, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(d.Bin, "dsec"), append([]string{"--addr", d.Addr}, args...)...)
+	cmd.Env = append(os.Environ(), "DSEC_TOKEN_FILE="+d.TokenFile())
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("dsec %v did not exit within %s (stdout %q, stderr %q)", args, limit, out.String(), errb.String())
+	}
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run dsec %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
 }
