@@ -55,7 +55,7 @@ func main() {
 	fs.StringVar(&cfg.Workdir, "workdir", "", "default working directory")
 	fs.Var(&env, "env", "K=V added to every command's environment (repeatable)")
 	fs.StringVar(&cfg.Shell, "shell", agent.DefaultShell, "shell for commands and sessions")
-	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per stream in bytes (0 = 16 MiB)")
+	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "output kept per stream for attach to replay, in bytes (0 = 16 MiB); a stream following the command gets all of it")
 	fs.StringVar(&cfg.Hostname, "hostname", "", "hostname to set (pid 1 only)")
 	fs.StringVar(&cfg.Address, "address", "", "the sandbox's IPv4 address, written to /etc/hosts for its host name (pid 1 only)")
 	fs.IntVar(&cfg.CPUCgroupFD, "cpu-cgroup-fd", -1, "fd of the sandbox's cgroup v1 cpu dir (fncall calls' CPU limits)")

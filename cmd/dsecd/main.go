@@ -101,7 +101,7 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 		cfg.Swap = c
 		return err
 	})
-	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "retained output per command and stream in bytes (default 16 MiB)")
+	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "output kept per command and stream for attach to replay, in bytes (default 16 MiB); a stream following the command gets all of it")
 	fs.StringVar(&cfg.Storage.BlobStore, "blob-store", "", "where layer files live as chunks: a directory or s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&insecure=1] (default <root>/blobstore)")
 	fs.StringVar(&cfg.Storage.Mode, "layer-mode", "ondemand", "how sandboxes load layers: ondemand, eager, local (pre-cached) or tar (baseline)")
 	fs.Int64Var(&cfg.Storage.ChunkSize, "chunk-size", 1<<20, "bytes per layer chunk in the blob store")

@@ -346,14 +346,107 @@ func TestExec(t *testing.T) {
 		waitGone(t, pid)
 	})
 
-	t.Run("output cap", func(t *testing.T) {
+	t.Run("output past the retained limit", func(t *testing.T) {
+		// The stream gets all of it, while the agent keeps 1 MiB.
 		const total = 40 << 20
 		r := a.exec(t, &dsecv1.ExecRequest{Command: fmt.Sprintf("yes | head -c %d", total), OutputLimitBytes: 1 << 20})
-		if !r.exited.StdoutTruncated || r.exited.StdoutBytes != total || len(r.stdout) != 1<<20 {
-			t.Errorf("truncated %v bytes %d retained %d", r.exited.StdoutTruncated, r.exited.StdoutBytes, len(r.stdout))
+		if r.exited.StdoutTruncated || r.exited.StdoutBytes != total || len(r.stdout) != total {
+			t.Errorf("truncated %v, bytes %d, streamed %d; want all %d", r.exited.StdoutTruncated, r.exited.StdoutBytes, len(r.stdout), total)
 		}
 		if hwm := statusKiB(t, a.cmd.Process.Pid, "VmHWM"); hwm > 96<<10 {
 			t.Errorf("agent peak RSS %d KiB", hwm)
+		}
+	})
+
+	t.Run("slow reader", func(t *testing.T) {
+		// A reader slower than the command gets every byte, in order: the
+		// command waits for it rather than the agent hold or drop output.
+		data := make([]byte, 24<<20)
+		rand.Read(data)
+		file := filepath.Join(t.TempDir(), "data")
+		if err := os.WriteFile(file, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		s, err := a.client.ExecEvents(ctx, &dsecv1.ExecRequest{Argv: []string{"/bin/busybox", "cat", file}, OutputLimitBytes: 64 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		var exited *dsecv1.ExecExited
+		for s.Receive() {
+			got = append(got, s.Msg().GetStdout()...)
+			if x := s.Msg().GetExited(); x != nil {
+				exited = x
+			}
+			if len(got) < 4<<20 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if err := s.Err(); err != nil || exited == nil {
+			t.Fatalf("stream: %v, exit %v", err, exited)
+		}
+		if !bytes.Equal(got, data) || exited.StdoutTruncated || exited.Status != dsecv1.ExitStatus_EXIT_STATUS_OK {
+			t.Errorf("got %d bytes (equal %v) of %d, exit %v", len(got), bytes.Equal(got, data), len(data), exited)
+		}
+	})
+
+	t.Run("output nobody read", func(t *testing.T) {
+		// A background command's stream goes away; past the retained 1 MiB
+		// its output is dropped, and Attach, replaying it, says so where
+		// it is missing and in the exit.
+		const total = 3 << 20
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := a.client.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{
+			Command: fmt.Sprintf("head -c %d /dev/zero; echo done >&2", total), Background: true, OutputLimitBytes: 1 << 20}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.Receive() || s.Msg().GetStarted() == nil {
+			t.Fatalf("no started event: %v", s.Err())
+		}
+		id := s.Msg().GetStarted().ProcessId
+		cancel()
+		s.Close()
+		testutil.WaitFor(t, 10*time.Second, "the command to exit", func() bool {
+			ps, err := a.client.ListProcesses(context.Background(), connect.NewRequest(&dsecv1.ListProcessesRequest{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range ps.Msg.Processes {
+				if p.ProcessId == id {
+					return !p.Running
+				}
+			}
+			return false
+		})
+		for _, noFollow := range []bool{false, true} {
+			att, err := a.client.Attach(context.Background(), connect.NewRequest(&dsecv1.AttachRequest{ProcessId: id, NoFollow: noFollow}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr int
+			var dropped []*dsecv1.ExecDropped
+			var exited *dsecv1.ExecExited
+			for att.Receive() {
+				m := att.Msg()
+				stdout += len(m.GetStdout())
+				stderr += len(m.GetStderr())
+				if d := m.GetDropped(); d != nil {
+					dropped = append(dropped, d)
+				}
+				if x := m.GetExited(); x != nil {
+					exited = x
+				}
+			}
+			if err := att.Err(); err != nil || exited == nil {
+				t.Fatalf("attach (no_follow %v): %v, exit %v", noFollow, err, exited)
+			}
+			if stdout != 1<<20 || stderr != 5 || len(dropped) != 1 || dropped[0].Stderr || dropped[0].Bytes != total-1<<20 ||
+				!exited.StdoutTruncated || exited.StderrTruncated || exited.StdoutBytes != total {
+				t.Errorf("attach (no_follow %v): %d bytes of stdout, %d of stderr, dropped %v, exit %v", noFollow, stdout, stderr, dropped, exited)
+			}
 		}
 	})
 

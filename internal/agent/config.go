@@ -23,7 +23,7 @@ type Config struct {
 	Workdir        string   // default working directory ("" = the user's home, else /)
 	Env            []string // K=V added to every command's environment
 	Shell          string   // shell for commands and sessions ("" = DefaultShell)
-	OutputLimit    int64    // retained output per stream (0 = 16 MiB)
+	OutputLimit    int64    // output kept per stream for Attach (0 = 16 MiB); followers get all of it
 	Hostname       string   // set as the UTS hostname when pid 1
 	Address        string   // the sandbox's IPv4 address, for /etc/hosts ("" = loopback only)
 	DiskQgroup     string   // sysfs dir of the btrfs qgroup capping the writable layer: statfs of / reports it (package diskfree)

@@ -189,21 +189,19 @@ func (h *handler) Ping(ctx context.Context, req *connect.Request[agentv1.PingReq
 	}), nil
 }
 
-// follow streams a process: started, retained output from the start, then
-// live output until it exits. beforeExit runs before the exit is sent.
-func follow(ctx context.Context, p *proc.Process, send func(*dsecv1.ExecEvent) error, beforeExit func()) error {
+// follow streams a process through f: started, then its output until it
+// exits. beforeExit runs before the exit is sent.
+func follow(ctx context.Context, p *proc.Process, f *proc.Follower, send func(*dsecv1.ExecEvent) error, beforeExit func()) error {
 	if e := p.Exited(); e == nil || e.Status != dsecv1.ExitStatus_EXIT_STATUS_START_ERROR {
 		if err := send(startedEvent(p)); err != nil {
 			return err
 		}
 	}
-	idx := 0
 	for {
-		chunks, exited, next, err := p.Next(ctx, idx, keepaliveEvery)
+		chunks, exited, err := f.Next(ctx, keepaliveEvery)
 		if err != nil {
 			return err
 		}
-		idx = next
 		for _, c := range chunks {
 			if err := send(chunkEvent(c)); err != nil {
 				return err
@@ -231,6 +229,10 @@ func startedEvent(p *proc.Process) *dsecv1.ExecEvent {
 }
 
 func chunkEvent(c proc.Chunk) *dsecv1.ExecEvent {
+	if c.Dropped > 0 {
+		return &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Dropped{Dropped: &dsecv1.ExecDropped{
+			Stderr: c.Stream == proc.Stderr, Bytes: c.Dropped}}}
+	}
 	if c.Stream == proc.Stderr {
 		return &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Stderr{Stderr: c.Data}}
 	}
@@ -269,7 +271,8 @@ func (h *handler) exec(ctx context.Context, r *dsecv1.ExecRequest, send func(*ds
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
-	defer p.Unfollow()
+	f := p.Follower()
+	defer f.Close()
 	if !r.Background {
 		defer func() {
 			if !p.Done() {
@@ -278,7 +281,7 @@ func (h *handler) exec(ctx context.Context, r *dsecv1.ExecRequest, send func(*ds
 			p.Release()
 		}()
 	}
-	return errdefs.ToConnect(follow(ctx, p, send, nil))
+	return errdefs.ToConnect(follow(ctx, p, f, send, nil))
 }
 
 func (h *handler) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], stream *connect.ServerStream[dsecv1.ExecEvent]) error {
@@ -293,27 +296,26 @@ func (h *handler) Attach(ctx context.Context, req *connect.Request[dsecv1.Attach
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
-	p.Follow()
-	defer p.Unfollow()
+	f := p.Follow()
+	defer f.Close()
 	if req.Msg.NoFollow {
-		return errdefs.ToConnect(replay(ctx, p, stream.Send))
+		return errdefs.ToConnect(replay(ctx, p, f, stream.Send))
 	}
-	return errdefs.ToConnect(follow(ctx, p, stream.Send, nil))
+	return errdefs.ToConnect(follow(ctx, p, f, stream.Send, nil))
 }
 
-// replay sends what follow would, up to now: the start, the retained output,
-// and the exit if the process has exited. It never waits for more.
-func replay(ctx context.Context, p *proc.Process, send func(*dsecv1.ExecEvent) error) error {
+// replay sends what follow would, up to now: the start, the retained output
+// (and a gap where output was dropped), what came since, and the exit if
+// the process has exited. It never waits for more.
+func replay(ctx context.Context, p *proc.Process, f *proc.Follower, send func(*dsecv1.ExecEvent) error) error {
 	if err := send(startedEvent(p)); err != nil {
 		return err
 	}
-	idx := 0
 	for {
-		chunks, exited, next, err := p.Next(ctx, idx, 0)
+		chunks, exited, err := f.Next(ctx, 0)
 		if err != nil {
 			return err
 		}
-		idx = next
 		for _, c := range chunks {
 			if err := send(chunkEvent(c)); err != nil {
 				return err
@@ -375,13 +377,15 @@ func (h *handler) SessionRun(ctx context.Context, req *connect.Request[dsecv1.Se
 		return errdefs.ToConnect(err)
 	}
 	p := run.Process
+	f := p.Follower()
+	defer f.Close()
 	defer func() {
 		if !p.Done() {
 			p.KillTree()
 		}
 		p.Release()
 	}()
-	return errdefs.ToConnect(follow(ctx, p, stream.Send, func() { <-run.Finished }))
+	return errdefs.ToConnect(follow(ctx, p, f, stream.Send, func() { <-run.Finished }))
 }
 
 func (h *handler) SessionInterrupt(ctx context.Context, req *connect.Request[dsecv1.SessionInterruptRequest]) (*connect.Response[dsecv1.SessionInterruptResponse], error) {

@@ -86,17 +86,16 @@ func (a *app) attachCommand() *cobra.Command {
 				return err
 			}
 			defer stream.Close()
-			exited, err := a.copyEvents(stream, nil)
+			end, err := a.copyEvents(stream, nil)
 			if err != nil {
 				return err
 			}
-			if exited == nil {
-				if noFollow {
-					return nil // still running: what it printed so far is out
-				}
+			if end.exited == nil && !noFollow {
 				return fmt.Errorf("the process's stream ended without an exit status")
 			}
-			return exitFor(exited)
+			// Without an exit (--no-follow of a running process) what it
+			// printed so far is out: a success, unless some was dropped.
+			return end.err()
 		},
 	}
 	cmd.Flags().BoolVar(&noFollow, "no-follow", false, "print what the process has printed so far and return at once")

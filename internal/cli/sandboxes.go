@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -163,7 +164,7 @@ func (a *app) streamExec(ctx context.Context, req *dsecv1.ExecRequest) error {
 		return err
 	}
 	defer stream.Close()
-	exited, err := a.copyEvents(stream, func(st *dsecv1.ExecStarted) {
+	end, err := a.copyEvents(stream, func(st *dsecv1.ExecStarted) {
 		if req.GetKeepStdinOpen() {
 			go a.pumpStdin(ctx, req.GetSandboxId(), st.GetProcessId())
 		}
@@ -171,17 +172,25 @@ func (a *app) streamExec(ctx context.Context, req *dsecv1.ExecRequest) error {
 	if err != nil {
 		return err
 	}
-	if exited == nil {
+	if end.exited == nil {
 		return fmt.Errorf("the command's stream ended without an exit status")
 	}
-	return exitFor(exited)
+	return end.err()
+}
+
+// streamEnd is what a stream of exec events came to: the exit (nil when
+// the stream ended without one) and the output the stream did not carry.
+type streamEnd struct {
+	exited                 *dsecv1.ExecExited
+	droppedOut, droppedErr int64
 }
 
 // copyEvents copies a stream of exec events to stdout and stderr until it
-// ends, calling started (if set) at the start event, and returns the exit
-// event (nil when the stream ended without one).
-func (a *app) copyEvents(stream *connect.ServerStreamForClient[dsecv1.ExecEvent], started func(*dsecv1.ExecStarted)) (*dsecv1.ExecExited, error) {
-	var exited *dsecv1.ExecExited
+// ends, calling started (if set) at the start event, and returns how it
+// ended.
+func (a *app) copyEvents(stream *connect.ServerStreamForClient[dsecv1.ExecEvent], started func(*dsecv1.ExecStarted)) (streamEnd, error) {
+	var end streamEnd
+	var gotOut, gotErr int64
 	for stream.Receive() {
 		switch e := stream.Msg().Event.(type) {
 		case *dsecv1.ExecEvent_Started:
@@ -190,13 +199,61 @@ func (a *app) copyEvents(stream *connect.ServerStreamForClient[dsecv1.ExecEvent]
 			}
 		case *dsecv1.ExecEvent_Stdout:
 			a.stdout.Write(e.Stdout)
+			gotOut += int64(len(e.Stdout))
 		case *dsecv1.ExecEvent_Stderr:
 			a.stderr.Write(e.Stderr)
+			gotErr += int64(len(e.Stderr))
+		case *dsecv1.ExecEvent_Dropped:
+			if e.Dropped.GetStderr() {
+				end.droppedErr += e.Dropped.GetBytes()
+			} else {
+				end.droppedOut += e.Dropped.GetBytes()
+			}
 		case *dsecv1.ExecEvent_Exited:
-			exited = e.Exited
+			end.exited = e.Exited
 		}
 	}
-	return exited, stream.Err()
+	if x := end.exited; x != nil {
+		if x.GetStdoutTruncated() {
+			end.droppedOut = max(end.droppedOut, x.GetStdoutBytes()-gotOut)
+		}
+		if x.GetStderrTruncated() {
+			end.droppedErr = max(end.droppedErr, x.GetStderrBytes()-gotErr)
+		}
+	}
+	return end, stream.Err()
+}
+
+// err is the exit the stream's end asks for: the command's (exitFor), and
+// never a success when output was dropped: a script must not take what it
+// got for all the command wrote. Then the exit code is the command's if it
+// failed, else 1, and the message says what is missing.
+func (e streamEnd) err() error {
+	var err error
+	if e.exited != nil {
+		err = exitFor(e.exited)
+	}
+	var missing []string
+	if e.droppedOut > 0 {
+		missing = append(missing, fmt.Sprintf("%d bytes of stdout", e.droppedOut))
+	}
+	if e.droppedErr > 0 {
+		missing = append(missing, fmt.Sprintf("%d bytes of stderr", e.droppedErr))
+	}
+	if len(missing) == 0 {
+		return err
+	}
+	note := "output dropped: this lacks " + strings.Join(missing, " and ") + " the command wrote: " +
+		"they came while nothing read its output, past what the node keeps of it (dsecd --output-limit, 16 MiB a stream by default); " +
+		"a stream that follows the command from its start (exec without -d) gets all of it"
+	var ec *exitCode
+	if errors.As(err, &ec) {
+		if ec.msg != "" {
+			note = ec.msg + "; " + note
+		}
+		return &exitCode{code: ec.code, msg: note}
+	}
+	return &exitCode{code: 1, msg: note}
 }
 
 // stdinChunk is how much of stdin one WriteStdin call carries.
@@ -224,30 +281,24 @@ func (a *app) pumpStdin(ctx context.Context, sandboxID, processID string) {
 }
 
 // exitFor maps a command's end onto this program's exit: its own code, 124
-// on timeout, 137 when OOM-killed, 128+N when killed by signal N.
+// on timeout, 137 when OOM-killed, 128+N when killed by signal N. What the
+// stream missed of its output is streamEnd.err's to say.
 func exitFor(x *dsecv1.ExecExited) error {
-	trunc := ""
-	if x.GetStdoutTruncated() || x.GetStderrTruncated() {
-		trunc = fmt.Sprintf(" (output truncated: %d stdout and %d stderr bytes produced)", x.GetStdoutBytes(), x.GetStderrBytes())
-	}
 	switch x.GetStatus() {
 	case dsecv1.ExitStatus_EXIT_STATUS_OK:
-		if trunc != "" {
-			return &exitCode{code: 0, msg: "note:" + trunc}
-		}
 		return nil
 	case dsecv1.ExitStatus_EXIT_STATUS_NONZERO:
-		return &exitCode{code: int(x.GetExitCode()), msg: strings.TrimPrefix(trunc, " ")}
+		return &exitCode{code: int(x.GetExitCode())}
 	case dsecv1.ExitStatus_EXIT_STATUS_TIMEOUT:
-		return &exitCode{code: 124, msg: fmt.Sprintf("command timed out after %.1fs and was killed with everything it started%s", x.GetDurationSeconds(), trunc)}
+		return &exitCode{code: 124, msg: fmt.Sprintf("command timed out after %.1fs and was killed with everything it started", x.GetDurationSeconds())}
 	case dsecv1.ExitStatus_EXIT_STATUS_OOM:
 		msg := x.GetMessage()
 		if msg == "" {
 			msg = "killed by the OOM killer"
 		}
-		return &exitCode{code: 137, msg: "command was OOM-killed: " + msg + trunc}
+		return &exitCode{code: 137, msg: "command was OOM-killed: " + msg}
 	case dsecv1.ExitStatus_EXIT_STATUS_KILLED:
-		return &exitCode{code: 128 + int(x.GetSignal()), msg: fmt.Sprintf("command was killed by signal %d%s", x.GetSignal(), trunc)}
+		return &exitCode{code: 128 + int(x.GetSignal()), msg: fmt.Sprintf("command was killed by signal %d", x.GetSignal())}
 	case dsecv1.ExitStatus_EXIT_STATUS_START_ERROR:
 		// The agent's message says "could not start: <why>" already.
 		msg := x.GetMessage()

@@ -68,7 +68,8 @@ type Config struct {
 	// count, MaxMemoryMB its physical memory (MemTotal), MaxSandboxes
 	// its memory over sandboxBudgetMB.
 	Limits sandbox.Limits
-	// OutputLimit is the retained output per command and stream, in bytes.
+	// OutputLimit is the output kept per command and stream for Attach to
+	// replay, in bytes; a stream following the command gets all of it.
 	OutputLimit int64
 	// MaxWarm bounds the sandboxes all warm pools hold together; 0 = 256.
 	MaxWarm int

@@ -215,7 +215,7 @@ func TestDeadline(t *testing.T) {
 }
 
 func exitedEvent(status dsecv1.ExitStatus, code int32) *dsecv1.ExecEvent {
-	return &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Exited{Exited: &dsecv1.ExecExited{Status: status, ExitCode: code, DurationSeconds: 0.5, StdoutTruncated: true}}}
+	return &dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Exited{Exited: &dsecv1.ExecExited{Status: status, ExitCode: code, DurationSeconds: 0.5}}}
 }
 
 func TestExec(t *testing.T) {
@@ -245,7 +245,7 @@ func TestExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	if res.ExitCode != 3 || res.Status != StatusNonzero || string(res.Stdout) != "hello" || string(res.Stderr) != "warn" ||
-		!res.Truncated || res.Duration != 500*time.Millisecond || res.ProcessID != "p1" || res.PID != 7 {
+		res.Truncated || res.Duration != 500*time.Millisecond || res.ProcessID != "p1" || res.PID != 7 {
 		t.Fatalf("result = %+v", res)
 	}
 	if streamed.String() != "hello" {
@@ -271,6 +271,68 @@ func TestExec(t *testing.T) {
 	}
 	if _, err := sb.Exec(t.Context(), Command{}, nil); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("empty command: %v", err)
+	}
+}
+
+// TestOutputDropped: a result that lacks output the command wrote comes
+// with ErrOutputDropped, from every call that returns one.
+func TestOutputDropped(t *testing.T) {
+	events := []*dsecv1.ExecEvent{
+		{Event: &dsecv1.ExecEvent_Started{Started: &dsecv1.ExecStarted{ProcessId: "p1"}}},
+		{Event: &dsecv1.ExecEvent_Stdout{Stdout: []byte("head")}},
+		{Event: &dsecv1.ExecEvent_Dropped{Dropped: &dsecv1.ExecDropped{Bytes: 10}}},
+		{Event: &dsecv1.ExecEvent_Stdout{Stdout: []byte("tail")}},
+		{Event: &dsecv1.ExecEvent_Exited{Exited: &dsecv1.ExecExited{Status: dsecv1.ExitStatus_EXIT_STATUS_OK,
+			StdoutTruncated: true, StdoutBytes: 18}}},
+	}
+	send := func(s *connect.ServerStream[dsecv1.ExecEvent]) error {
+		for _, ev := range events {
+			if err := s.Send(ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	f := &fakeService{
+		exec: func(ctx context.Context, r *dsecv1.ExecRequest, s *connect.ServerStream[dsecv1.ExecEvent]) error {
+			return send(s)
+		},
+		attach: func(ctx context.Context, r *dsecv1.AttachRequest, s *connect.ServerStream[dsecv1.ExecEvent]) error {
+			return send(s)
+		},
+	}
+	_, c := startFake(t, f)
+	sb := c.Sandbox("sb-n-1")
+	check := func(what string, res *ExecResult, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrOutputDropped) || !strings.Contains(err.Error(), "10 bytes of stdout") {
+			t.Errorf("%s: err = %v, want ErrOutputDropped naming 10 bytes of stdout", what, err)
+		}
+		if res == nil || string(res.Stdout) != "headtail" || !res.Truncated || res.StdoutDropped != 10 || res.StderrDropped != 0 {
+			t.Errorf("%s: result %+v", what, res)
+		}
+	}
+	res, err := sb.Exec(t.Context(), Sh("x"), nil)
+	check("Exec", res, err)
+	res, err = sb.Job("p1", "").Wait(t.Context())
+	check("Job.Wait", res, err)
+	res, err = sb.Job("p1", "").Output(t.Context())
+	check("Job.Output", res, err)
+
+	x, err := sb.ExecStream(t.Context(), Sh("x"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for x.Next() {
+		ev := x.Event()
+		types = append(types, string(ev.Type))
+		if ev.Type == EventDropped && (ev.Stream != EventStdout || ev.Dropped != 10) {
+			t.Errorf("dropped event %+v", ev)
+		}
+	}
+	if strings.Join(types, ",") != "started,stdout,dropped,stdout,exited" || !errors.Is(x.Err(), ErrOutputDropped) {
+		t.Errorf("ExecStream: events %v, err %v", types, x.Err())
 	}
 }
 

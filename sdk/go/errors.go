@@ -39,6 +39,12 @@ var (
 	ErrInternal       = errors.New("internal error")
 	// ErrCommandFailed: ExecResult.Err of a command that did not succeed.
 	ErrCommandFailed = errors.New("command failed")
+	// ErrOutputDropped: the result came with less output than the command
+	// wrote (ExecResult.StdoutDropped, StderrDropped); it is returned with
+	// the result. A stream that follows a command from its start (Exec,
+	// ExecStream, Session.Run) never gets it; Job.Wait and Job.Output do
+	// when the output past what the node keeps came while nothing read it.
+	ErrOutputDropped = errors.New("output dropped")
 )
 
 // Error is what every failed call returns: a kind, the daemon's code and

@@ -141,11 +141,20 @@ const (
 // ExecResult is what a finished command did. A non-zero exit is a result,
 // not an error; Err turns it into one.
 type ExecResult struct {
-	ExitCode  int
-	Stdout    []byte
-	Stderr    []byte
-	Duration  time.Duration
-	Truncated bool // retained output was cut at the output limit
+	ExitCode int
+	Stdout   []byte
+	Stderr   []byte
+	Duration time.Duration
+	// Truncated says Stdout or Stderr lacks output the command wrote:
+	// StdoutDropped and StderrDropped bytes of it, dropped by the node
+	// because they came, past what it keeps of a command's output
+	// (16 MiB a stream by default), while nothing read them. The call that
+	// returns such a result also returns an error matching
+	// ErrOutputDropped.
+	Truncated     bool
+	StdoutDropped int64
+	StderrDropped int64
+
 	Status    Status
 	Signal    int
 	Message   string
@@ -163,6 +172,26 @@ func (r *ExecResult) Err() error {
 		msg += ": " + r.Message
 	}
 	return &Error{Kind: ErrCommandFailed, Message: msg}
+}
+
+// dropErr is the error that comes with a result that lacks output, else nil.
+func (r *ExecResult) dropErr() error {
+	if r == nil || !r.Truncated {
+		return nil
+	}
+	var missing []string
+	if r.StdoutDropped > 0 {
+		missing = append(missing, fmt.Sprintf("%d bytes of stdout", r.StdoutDropped))
+	}
+	if r.StderrDropped > 0 {
+		missing = append(missing, fmt.Sprintf("%d bytes of stderr", r.StderrDropped))
+	}
+	if len(missing) == 0 {
+		missing = append(missing, "output") // an agent that did not count it
+	}
+	return &Error{Kind: ErrOutputDropped, Message: fmt.Sprintf(
+		"the result lacks %s the command wrote: the node dropped them, past what it keeps of a command's output, as nothing read them",
+		strings.Join(missing, " and "))}
 }
 
 func statusOf(s dsecv1.ExitStatus, code int32) Status {
@@ -193,6 +222,9 @@ const (
 	EventStarted EventType = "started"
 	EventStdout  EventType = "stdout"
 	EventStderr  EventType = "stderr"
+	// EventDropped marks where the stream lacks Dropped bytes of Stream
+	// (see ErrOutputDropped).
+	EventDropped EventType = "dropped"
 	EventExited  EventType = "exited"
 )
 
@@ -203,17 +235,21 @@ type Event struct {
 	ProcessID string      // started
 	PID       int         // started
 	Tag       string      // started
+	Stream    EventType   // dropped: EventStdout or EventStderr
+	Dropped   int64       // dropped
 	Result    *ExecResult // exited, with the output gathered so far
 }
 
 // collector turns ExecEvents into output buffers and, at the end, a result.
 type collector struct {
-	out, errb      []byte
-	processID, tag string
-	pid            int
-	result         *ExecResult
-	onOut, onErr   func([]byte)
-	onStarted      func(processID string)
+	out, errb              []byte
+	droppedOut, droppedErr int64
+	truncated              bool // the exit said the stream lacked output
+	processID, tag         string
+	pid                    int
+	result                 *ExecResult
+	onOut, onErr           func([]byte)
+	onStarted              func(processID string)
 }
 
 func (c *collector) feed(ev *dsecv1.ExecEvent) *Event {
@@ -236,18 +272,40 @@ func (c *collector) feed(ev *dsecv1.ExecEvent) *Event {
 			c.onErr(e.Stderr)
 		}
 		return &Event{Type: EventStderr, Data: e.Stderr, ProcessID: c.processID}
+	case *dsecv1.ExecEvent_Dropped:
+		stream, n := EventStdout, e.Dropped.GetBytes()
+		if e.Dropped.GetStderr() {
+			stream = EventStderr
+			c.droppedErr += n
+		} else {
+			c.droppedOut += n
+		}
+		return &Event{Type: EventDropped, ProcessID: c.processID, Stream: stream, Dropped: n}
 	case *dsecv1.ExecEvent_Exited:
 		x := e.Exited
+		c.truncated = x.GetStdoutTruncated() || x.GetStderrTruncated()
+		if x.GetStdoutTruncated() {
+			c.droppedOut = max(c.droppedOut, x.GetStdoutBytes()-int64(len(c.out)))
+		}
+		if x.GetStderrTruncated() {
+			c.droppedErr = max(c.droppedErr, x.GetStderrBytes()-int64(len(c.errb)))
+		}
 		c.result = &ExecResult{
 			ExitCode: int(x.GetExitCode()), Stdout: c.out, Stderr: c.errb,
-			Duration:  time.Duration(x.GetDurationSeconds() * float64(time.Second)),
-			Truncated: x.GetStdoutTruncated() || x.GetStderrTruncated(),
-			Status:    statusOf(x.GetStatus(), x.GetExitCode()), Signal: int(x.GetSignal()),
+			Duration: time.Duration(x.GetDurationSeconds() * float64(time.Second)),
+			Status:   statusOf(x.GetStatus(), x.GetExitCode()), Signal: int(x.GetSignal()),
 			Message: x.GetMessage(), ProcessID: c.processID, PID: c.pid,
 		}
+		c.setDropped(c.result)
 		return &Event{Type: EventExited, ProcessID: c.processID, Result: c.result}
 	}
 	return nil // keepalive
+}
+
+// setDropped puts what the stream lacked into r.
+func (c *collector) setDropped(r *ExecResult) {
+	r.StdoutDropped, r.StderrDropped = c.droppedOut, c.droppedErr
+	r.Truncated = c.truncated || c.droppedOut > 0 || c.droppedErr > 0
 }
 
 // execRequest builds the Exec request, and the feed of a stdin too large
@@ -340,7 +398,8 @@ func drive(stream *connect.ServerStreamForClient[dsecv1.ExecEvent], col *collect
 	return nil, &Error{Kind: ErrUnavailable, Code: connect.CodeUnavailable, Message: "the stream ended before the command exited"}
 }
 
-// Exec runs cmd and waits for it.
+// Exec runs cmd and waits for it. Its stream follows the command from its
+// start, so the result has all its output however much there is.
 func (s *Sandbox) Exec(ctx context.Context, cmd Command, o *ExecOptions) (*ExecResult, error) {
 	req, feed, err := s.execRequest(cmd, o)
 	if err != nil {
@@ -360,6 +419,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Command, o *ExecOptions) (*ExecR
 	res, err := drive(stream, col)
 	if err != nil {
 		return nil, fmt.Errorf("exec in %s: %w", s.ID, err)
+	}
+	if err := res.dropErr(); err != nil {
+		return res, fmt.Errorf("exec in %s: %w", s.ID, err)
 	}
 	return res, nil
 }
@@ -416,6 +478,7 @@ func (x *ExecStream) Next() bool {
 		if ev := x.col.feed(x.stream.Msg()); ev != nil {
 			x.ev = ev
 			if ev.Type == EventExited {
+				x.err = ev.Result.dropErr()
 				x.done = true
 				x.Close()
 			}
@@ -428,7 +491,8 @@ func (x *ExecStream) Next() bool {
 // Event is the current event.
 func (x *ExecStream) Event() *Event { return x.ev }
 
-// Err is the error that ended the stream, if any.
+// Err is the error that ended the stream, if any; after the exit event,
+// one matching ErrOutputDropped when the stream lacked output.
 func (x *ExecStream) Err() error { return x.err }
 
 // Close ends the stream.
@@ -510,9 +574,11 @@ func (j *Job) attachReq() *dsecv1.AttachRequest {
 	return &dsecv1.AttachRequest{SandboxId: j.sb.ID, Tag: j.Tag}
 }
 
-// Wait waits for the process to exit and returns its result with all
-// retained output. A broken connection is retried (the output is replayed),
-// so a daemon restart does not lose the result. Bound it with ctx.
+// Wait waits for the process to exit and returns its result with its
+// retained output and all it wrote since. A broken connection is retried
+// (the output is replayed), so a daemon restart does not lose the result.
+// Bound it with ctx. Output dropped before Wait followed the process comes
+// with an error matching ErrOutputDropped, and the result.
 func (j *Job) Wait(ctx context.Context) (*ExecResult, error) {
 	var res *ExecResult
 	err := j.sb.c.retry(ctx, false, func(ctx context.Context) error {
@@ -530,12 +596,16 @@ func (j *Job) Wait(ctx context.Context) (*ExecResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wait for process %s: %w", j.ProcessID+j.Tag, err)
 	}
+	if err := res.dropErr(); err != nil {
+		return res, fmt.Errorf("wait for process %s: %w", j.ProcessID+j.Tag, err)
+	}
 	return res, nil
 }
 
 // Output returns the output retained so far, at once: it does not wait for
 // more. While the process runs, the result's Status is StatusRunning and its
-// ExitCode -1.
+// ExitCode -1. Output dropped (past what the node keeps, while nothing read
+// it) comes with an error matching ErrOutputDropped, and the result.
 func (j *Job) Output(ctx context.Context) (*ExecResult, error) {
 	ctx, cancel := withTimeout(ctx, j.sb.c.timeout)
 	defer cancel()
@@ -562,11 +632,15 @@ func (j *Job) Output(ctx context.Context) (*ExecResult, error) {
 		if res == nil {
 			res = &ExecResult{ExitCode: -1, Stdout: col.out, Stderr: col.errb, Status: StatusRunning,
 				ProcessID: j.ProcessID, PID: j.PID}
+			col.setDropped(res)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("output of process %s: %w", j.ProcessID+j.Tag, err)
+	}
+	if err := res.dropErr(); err != nil {
+		return res, fmt.Errorf("output of process %s: %w", j.ProcessID+j.Tag, err)
 	}
 	return res, nil
 }
@@ -667,6 +741,9 @@ func (ss *Session) Run(ctx context.Context, cmd string, timeout time.Duration) (
 	res, err := drive(stream, &collector{})
 	if err != nil {
 		return nil, fmt.Errorf("run in session %s: %w", ss.Name, err)
+	}
+	if err := res.dropErr(); err != nil {
+		return res, fmt.Errorf("run in session %s: %w", ss.Name, err)
 	}
 	return res, nil
 }

@@ -1,7 +1,11 @@
 package root
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,6 +177,8 @@ func TestCLIFirstHour(t *testing.T) {
 		t.Errorf("echo pwd | dsec shell: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 
+	testExecOutput(t, d, id)
+
 	// A sandbox made with a working directory: cp's relative paths start there.
 	out, errOut, code = d.CLI("", "create", "--workdir", "/tmp", env)
 	if code != 0 {
@@ -247,4 +253,49 @@ func cliWithin(t *testing.T, d *testutil.Daemon, limit time.Duration, stdin stri
 		t.Fatalf("run dsec %v: %v", args, err)
 	}
 	return out.String(), errb.String(), code
+}
+
+// testExecOutput: a client reading a command's output gets all of it, past
+// the 16 MiB a node keeps per stream for replay; output that was dropped
+// (written while nothing read it, past what is kept) fails the command that
+// shows it rather than passing for the whole.
+func testExecOutput(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
+	const size = 30_000_000
+	if _, errOut, code := d.CLI("", "exec", id, "--", "sh", "-c", fmt.Sprintf("head -c %d /dev/urandom > /tmp/big", size)); code != 0 {
+		t.Fatalf("make /tmp/big: %s", errOut)
+	}
+	sumOut, errOut, code := d.CLI("", "exec", id, "--", "sha256sum", "/tmp/big")
+	if code != 0 {
+		t.Fatalf("sha256sum /tmp/big: %s", errOut)
+	}
+	out, errOut, code := d.CLI("", "exec", id, "--", "cat", "/tmp/big")
+	sum := sha256.Sum256([]byte(out))
+	if code != 0 || len(out) != size || !strings.HasPrefix(sumOut, hex.EncodeToString(sum[:])+" ") || errOut != "" {
+		t.Errorf("exec cat of %d bytes: exit %d, %d bytes, sha256 %x (in the sandbox: %q), stderr %q",
+			size, code, len(out), sum, sumOut, errOut)
+	}
+
+	// Nothing reads a background command's output: the node keeps the
+	// first 16 MiB; attach then shows it and fails, saying what is missing.
+	out, errOut, code = d.CLI("", "exec", "-d", "--tag", "flood", id, "--", "sh", "-c", "head -c 20000000 /dev/zero; echo end >&2")
+	if code != 0 {
+		t.Fatalf("exec -d flood: %s", errOut)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the flood to exit", func() bool {
+		o, _, _ := d.CLI("", "ps", id)
+		for _, line := range strings.Split(o, "\n") {
+			if strings.Contains(line, "flood") {
+				return strings.Contains(line, "exited 0")
+			}
+		}
+		return false
+	})
+	for _, args := range [][]string{{"attach", id, "flood"}, {"attach", "--no-follow", id, "flood"}} {
+		out, errOut, code = d.CLI("", args...)
+		if code == 0 || len(out) != 16<<20 || out != string(bytes.Repeat([]byte{0}, 16<<20)) ||
+			!strings.Contains(errOut, fmt.Sprintf("%d bytes of stdout", 20000000-16<<20)) || !strings.Contains(errOut, "dropped") {
+			t.Errorf("dsec %v of a command whose output overflowed: exit %d, %d bytes of stdout, stderr %q", args, code, len(out), errOut)
+		}
+	}
 }

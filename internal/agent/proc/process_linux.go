@@ -186,10 +186,10 @@ type Spec struct {
 	Timeout       time.Duration // 0 = none
 	Background    bool
 	Tag           string
-	OutputLimit   int64 // per stream; 0 = DefaultOutputLimit
+	OutputLimit   int64 // retained per stream; 0 = DefaultOutputLimit
 	// Followed says the caller streams the process's output from its
-	// start: the process then has one follower from the moment it exists,
-	// and the caller must call Unfollow when its stream ends.
+	// start: the process then has a Follower from the moment it exists
+	// (Process.Follower), which the caller must Close when its stream ends.
 	Followed bool
 
 	// TTY, when set, is the process's stdin, stdout, stderr and controlling
@@ -247,10 +247,12 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 		Background: spec.Background,
 		limit:      limit,
 		notify:     make(chan struct{}),
+		room:       make(chan struct{}),
 		done:       make(chan struct{}),
 	}
 	if spec.Followed {
-		p.followers = 1
+		p.first = &Follower{p: p}
+		p.followers = []*Follower{p.first}
 	}
 
 	var closeAfter []*os.File
@@ -508,19 +510,29 @@ type Process struct {
 	stdinMu   sync.Mutex
 	stdin     *os.File // nil once closed
 
+	first *Follower // made at Start for Spec.Followed
+
 	mu        sync.Mutex
-	chunks    []Chunk
+	chunks    []Chunk // retained output: the first limit bytes of each stream
 	released  bool
-	followers int  // streams still reading chunks (Follow, Spec.Followed)
-	release   bool // a Release came while followers read: done by the last Unfollow
+	followers []*Follower // streams following the output (Follow, Spec.Followed)
+	release   bool        // a Release came while followers read: done by the last Close
 	retained  [3]int64
 	total     [3]int64
-	truncated [3]bool
-	detached  bool // output no longer retained: the process finished
+	truncated [3]bool // output past the retained part was read
+	detached  bool    // output no longer taken: the process finished
 	timedOut  bool
 	exited    *dsecv1.ExecExited
-	notify    chan struct{}
-	done      chan struct{}
+	notify    chan struct{} // closed and renewed when output or the exit arrives
+	// room is closed and renewed, while readers wait on it, when a
+	// follower catches up or leaves, or the process finishes.
+	room chan struct{}
+	// throttled is how long readers have waited on followers (see
+	// awaitReaders); throttling counts those waiting now, since throttleStart.
+	throttled     time.Duration
+	throttling    int
+	throttleStart time.Time
+	done          chan struct{}
 }
 
 // Done reports whether the process has exited and its record is final.
@@ -560,32 +572,100 @@ func (p *Process) readOutput(f *os.File, s Stream, wg *sync.WaitGroup) {
 	}
 }
 
+// appendOutput takes b, just read from stream s: the part within the
+// retained limit is kept, and all of it goes to every follower. Past the
+// limit it first waits, with p.mu released, while a follower lags
+// liveWindow behind (the command's pipe fills meanwhile, which slows the
+// command); with no follower, what is past the limit is counted and dropped.
 func (p *Process) appendOutput(s Stream, b []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	keep := min(int64(len(b)), max(p.limit-p.retained[s], 0))
+	if keep < int64(len(b)) {
+		p.waitForFollowers()
+	}
 	if p.detached {
 		return
 	}
 	p.total[s] += int64(len(b))
-	keep := int64(len(b))
-	if room := p.limit - p.retained[s]; keep > room {
-		keep = max(room, 0)
+	var kept []byte
+	if keep > 0 {
+		p.retained[s] += keep
+		if !p.released {
+			kept = append([]byte(nil), b[:keep]...)
+			p.chunks = append(p.chunks, Chunk{Stream: s, Data: kept})
+		}
+	}
+	if keep < int64(len(b)) {
 		p.truncated[s] = true
 	}
-	if keep == 0 {
-		return
-	}
-	p.retained[s] += keep
-	if !p.released {
-		p.chunks = append(p.chunks, Chunk{Stream: s, Data: append([]byte(nil), b[:keep]...)})
+	if len(p.followers) > 0 {
+		live := kept
+		if int64(len(kept)) < int64(len(b)) {
+			live = append([]byte(nil), b...)
+		}
+		for _, f := range p.followers {
+			f.queue = append(f.queue, Chunk{Stream: s, Data: live})
+			f.lag += int64(len(b)) - keep
+		}
+	} else if kept == nil {
+		return // nothing kept, nobody to tell
 	}
 	close(p.notify)
 	p.notify = make(chan struct{})
 }
 
+// waitForFollowers waits, p.mu held, until no follower lags liveWindow
+// behind on output past the retained part, or the process is detached.
+func (p *Process) waitForFollowers() {
+	for !p.detached && p.lagging() {
+		if p.throttling == 0 {
+			p.throttleStart = time.Now()
+		}
+		p.throttling++
+		room := p.room
+		p.mu.Unlock()
+		<-room
+		p.mu.Lock()
+		p.throttling--
+		if p.throttling == 0 {
+			p.throttled += time.Since(p.throttleStart)
+		}
+	}
+}
+
+func (p *Process) lagging() bool {
+	for _, f := range p.followers {
+		if f.lag >= liveWindow {
+			return true
+		}
+	}
+	return false
+}
+
+// makeRoom wakes readers waiting for followers, p.mu held.
+func (p *Process) makeRoom() {
+	if p.throttling > 0 {
+		close(p.room)
+		p.room = make(chan struct{})
+	}
+}
+
+// throttledFor is how long readers have waited on followers so far.
+func (p *Process) throttledFor() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := p.throttled
+	if p.throttling > 0 {
+		d += time.Since(p.throttleStart)
+	}
+	return d
+}
+
 // Next returns retained chunks from index from on, waiting up to wait for
-// some to arrive. It returns the index to continue from, and the exit
-// record once every chunk before it has been returned.
+// some to arrive: what a replay gets, not what a stream following the
+// process gets (see Follow). It returns the index to continue from, and the
+// exit record once every chunk before it has been returned.
 func (p *Process) Next(ctx context.Context, from int, wait time.Duration) ([]Chunk, *dsecv1.ExecExited, int, error) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -620,35 +700,12 @@ func (p *Process) Next(ctx context.Context, from int, wait time.Duration) ([]Chu
 func (p *Process) Release() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.followers > 0 {
+	if len(p.followers) > 0 {
 		p.release = true
 		return
 	}
 	p.chunks = nil
 	p.released = true
-}
-
-// Follow registers a stream that reads the process's chunks (an Attach);
-// Unfollow ends it.
-func (p *Process) Follow() {
-	p.mu.Lock()
-	p.followers++
-	p.mu.Unlock()
-}
-
-// Unfollow ends a stream of Follow or of Spec.Followed, doing a Release
-// that waited for it.
-func (p *Process) Unfollow() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.followers > 0 {
-		p.followers--
-	}
-	if p.followers == 0 && p.release {
-		p.release = false
-		p.chunks = nil
-		p.released = true
-	}
 }
 
 // WriteStdin writes data to the process's stdin and closes it when close is set.
@@ -718,10 +775,7 @@ func (p *Process) wait(exitCh chan unix.WaitStatus, readers *sync.WaitGroup, tim
 	}
 	readersDone := make(chan struct{})
 	go func() { readers.Wait(); close(readersDone) }()
-	select {
-	case <-readersDone:
-	case <-time.After(outputGrace):
-	}
+	p.awaitReaders(readersDone)
 	if p.timer != nil {
 		p.timer.Stop()
 	}
@@ -764,6 +818,28 @@ func (p *Process) wait(exitCh chan unix.WaitStatus, readers *sync.WaitGroup, tim
 	p.finish(e)
 }
 
+// awaitReaders waits for the output readers to reach the end of the
+// command's pipes, which children it left running may hold open: it gives
+// up after outputGrace of reading, not counting the time the readers waited
+// for a slow follower (that output is the command's own, still draining).
+func (p *Process) awaitReaders(done <-chan struct{}) {
+	start, base := time.Now(), p.throttledFor()
+	t := time.NewTimer(outputGrace)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		left := outputGrace - (time.Since(start) - (p.throttledFor() - base))
+		if left <= 0 {
+			return
+		}
+		t.Reset(left)
+	}
+}
+
 func (p *Process) finish(e *dsecv1.ExecExited) {
 	if f := p.stdinFile; f != nil {
 		f.Close() // unblocks a WriteStdin stuck on a full pipe
@@ -778,6 +854,7 @@ func (p *Process) finish(e *dsecv1.ExecExited) {
 	p.exited = e
 	close(p.notify)
 	p.notify = make(chan struct{})
+	p.makeRoom()
 	p.mu.Unlock()
 	close(p.done)
 	// Let the goroutine that streams the process send its exit before the

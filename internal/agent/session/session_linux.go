@@ -105,6 +105,8 @@ func NewManager(procs *proc.Manager, resolve Resolver, agentPath string) *Manage
 
 // Run is one command running in a session.
 type Run struct {
+	// Process is followed from its start: the caller must Close its
+	// Follower when its stream ends.
 	Process *proc.Process
 	// Finished is closed once the session's state has been updated after
 	// the process ended; only then may the exit be reported.
@@ -165,6 +167,7 @@ func (m *Manager) Start(ctx context.Context, req RunRequest) (*Run, error) {
 	spec.OutputLimit = req.OutputLimit
 	spec.Tag = ""
 	spec.Background = false
+	spec.Followed = true // SessionRun streams it from its start
 	spec.StateFD = stateW
 	p, err := m.procs.Start(ctx, spec)
 	if err != nil {

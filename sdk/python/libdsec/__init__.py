@@ -28,8 +28,8 @@ from ._fncall import CommandResult, Language, RunCode, RunResult
 from ._sync import Client, Job, Sandbox, Session
 from ._transport import DEFAULT_ADDR, DEFAULT_TOKEN_FILE, resolve_addr, resolve_addrs
 from .compat import DSecClient, DSecContainerRunArgs, DSecSandbox
-from .errors import (CommandFailed, DsecError, InvalidArgument, NotFound, Overloaded, SandboxGone,
-                     StartupTimeout, Timeout, Unauthenticated, Unavailable)
+from .errors import (CommandFailed, DsecError, InvalidArgument, NotFound, OutputDropped, Overloaded,
+                     SandboxGone, StartupTimeout, Timeout, Unauthenticated, Unavailable)
 
 __version__ = "0.1.0"
 
@@ -38,6 +38,6 @@ __all__ = [
     "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
     "RunCode", "RunResult", "CommandResult", "Language",
     "DEFAULT_ADDR", "DEFAULT_TOKEN_FILE", "resolve_addr", "resolve_addrs", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
-    "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed",
+    "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed", "OutputDropped",
     "DSecClient", "DSecContainerRunArgs", "DSecSandbox",
 ]

@@ -188,8 +188,10 @@ class ExecResult:
     status is "ok", "nonzero", "timeout", "oom", "killed" or "sandbox_error"
     (the command could not be started). stdout/stderr are text decoded as
     UTF-8 with errors="replace"; stdout_bytes/stderr_bytes are the raw bytes.
-    truncated says whether retained output was cut at the output limit.
-    A result unpacks as (exit_code, stdout, stderr).
+    truncated says the output lacks stdout_dropped/stderr_dropped bytes the
+    command wrote (the calls that return such a result raise
+    errors.OutputDropped with it instead). A result unpacks as
+    (exit_code, stdout, stderr).
     """
     exit_code: int
     stdout_bytes: bytes = b""
@@ -201,6 +203,8 @@ class ExecResult:
     message: str = ""
     process_id: str = ""
     pid: int = 0
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
 
     @property
     def stdout(self) -> str:
@@ -228,7 +232,9 @@ class ExecEvent:
     """One event of a streamed command.
 
     type is "started" (process_id, pid, tag set), "stdout" or "stderr" (data
-    set) or "exited" (result set, with the output gathered so far).
+    set), "dropped" (where the stream lacks dropped bytes of stream,
+    "stdout" or "stderr": see errors.OutputDropped) or "exited" (result set,
+    with the output gathered so far).
     """
     type: str
     data: bytes = b""
@@ -236,6 +242,8 @@ class ExecEvent:
     pid: int = 0
     tag: str = ""
     result: Optional[ExecResult] = None
+    stream: str = ""
+    dropped: int = 0
 
     @property
     def text(self) -> str:
@@ -305,6 +313,8 @@ class _Collector:
     def __init__(self, on_stdout=None, on_stderr=None):
         self.out = bytearray()
         self.err = bytearray()
+        self.dropped = {"stdout": 0, "stderr": 0}
+        self.truncated = False
         self.process_id = ""
         self.pid = 0
         self.tag = ""
@@ -334,17 +344,31 @@ class _Collector:
             if self.on_stderr:
                 self.on_stderr(b)
             return ExecEvent("stderr", data=b, process_id=self.process_id)
+        if "dropped" in ev:
+            d = ev["dropped"] or {}
+            stream = "stderr" if d.get("stderr") else "stdout"
+            n = int(d.get("bytes", 0))
+            self.dropped[stream] += n
+            return ExecEvent("dropped", process_id=self.process_id, stream=stream, dropped=n)
         if "exited" in ev:
             x = ev["exited"] or {}
-            self.result = ExecResult(
-                exit_code=int(x.get("exitCode", 0)), stdout_bytes=bytes(self.out), stderr_bytes=bytes(self.err),
-                duration_s=float(x.get("durationSeconds", 0.0)),
-                truncated=bool(x.get("stdoutTruncated") or x.get("stderrTruncated")),
+            for stream, got in (("stdout", self.out), ("stderr", self.err)):
+                if x.get(stream + "Truncated"):
+                    self.truncated = True
+                    self.dropped[stream] = max(self.dropped[stream], int(x.get(stream + "Bytes", 0)) - len(got))
+            self.result = self.partial(
+                exit_code=int(x.get("exitCode", 0)), duration_s=float(x.get("durationSeconds", 0.0)),
                 status=_STATUS.get(x.get("status", ""), "ok" if int(x.get("exitCode", 0)) == 0 else "nonzero"),
-                signal=int(x.get("signal", 0)), message=x.get("message", ""),
-                process_id=self.process_id, pid=self.pid)
+                signal=int(x.get("signal", 0)), message=x.get("message", ""))
             return ExecEvent("exited", process_id=self.process_id, result=self.result)
         return None  # keepalive or unknown
+
+    def partial(self, **kw) -> ExecResult:
+        """A result of the output gathered so far (kw: the exit's fields)."""
+        return ExecResult(stdout_bytes=bytes(self.out), stderr_bytes=bytes(self.err),
+                          truncated=self.truncated or any(self.dropped.values()),
+                          stdout_dropped=self.dropped["stdout"], stderr_dropped=self.dropped["stderr"],
+                          process_id=self.process_id, pid=self.pid, **kw)
 
 
 class _StdinFeed:
@@ -379,6 +403,13 @@ class _StdinFeed:
         await asyncio.wait({self.task})
         if not self.task.cancelled() and self.task.exception() is not None:
             raise self.task.exception()
+
+
+def _whole(res: ExecResult) -> ExecResult:
+    """res, unless it lacks output the command wrote: then OutputDropped."""
+    if res.truncated:
+        raise errors.OutputDropped(res)
+    return res
 
 
 async def _drive(stream: ServerStream, col: _Collector, what: str) -> ExecResult:
@@ -1020,14 +1051,18 @@ class Sandbox:
                 await feed.stop()
         if check and res.status != "ok":
             raise errors.CommandFailed(res)
-        return res
+        return _whole(res)
 
     async def exec_stream(self, cmd: Command, *, timeout: Optional[float] = None, cwd: Optional[str] = None,
                           env: Optional[Mapping[str, str]] = None, user: Optional[str] = None,
                           stdin: Optional[Data] = None, shell: Optional[str] = None) -> AsyncIterator[ExecEvent]:
         """Run cmd and yield its events: started, stdout/stderr chunks, exited.
 
-        Leaving the loop early cancels the call, which kills the command.
+        Every byte the command writes comes, however much: a reader slower
+        than the command slows it. Leaving the loop early cancels the call,
+        which kills the command. Should the stream lack output (it never
+        does for a command it follows from its start), OutputDropped is
+        raised after the exited event.
         """
         msg, feed = self._exec_msg(cmd, timeout, cwd, env, user, stdin, shell)
         stream = await self.client._t.stream(SANDBOX, "Exec", msg, timeout=self._deadline(timeout))
@@ -1040,6 +1075,7 @@ class Sandbox:
                 if out is not None:
                     yield out
                 if col.result is not None:
+                    _whole(col.result)
                     return
             raise errors.Unavailable("Exec: the stream ended before the command exited")
         finally:
@@ -1262,10 +1298,14 @@ class Job:
         return msg
 
     async def wait(self, timeout: Optional[float] = None) -> ExecResult:
-        """Wait for the process to exit; returns its result with all retained output.
+        """Wait for the process to exit; returns its result with its output.
 
-        A broken connection is retried (Attach replays from the start), so a
-        daemon restart does not lose the result. Raises Timeout after timeout.
+        The output is what the node kept (the first 16 MiB of each stream)
+        and all the process wrote from the moment this follows it; should
+        some have been dropped in between, OutputDropped is raised with the
+        result. A broken connection is retried (Attach replays from the
+        start), so a daemon restart does not lose the result. Raises Timeout
+        after timeout.
         """
         from ._transport import Deadline
         deadline = Deadline(timeout)
@@ -1274,19 +1314,22 @@ class Job:
             try:
                 stream = await self.sandbox.client._t.stream(SANDBOX, "Attach", self._ref(),
                                                              timeout=deadline.remaining(), idempotent=True)
-                return await _drive(stream, _Collector(), "Attach")
+                res = await _drive(stream, _Collector(), "Attach")
             except errors.Unavailable:
                 attempt += 1
                 rem = deadline.remaining()
                 if attempt > 8 or (rem is not None and rem < 0.5):
                     raise
                 await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
+                continue
+            return _whole(res)
 
     async def output(self, *, timeout: Optional[float] = None) -> ExecResult:
         """The output retained so far, at once: the process may still run.
 
         The result's status is "running" (exit_code -1) while it runs; once
-        it has exited, its result as wait() gives it.
+        it has exited, its result as wait() gives it. Output the node dropped
+        raises OutputDropped with the result.
         """
         msg = self._ref()
         msg["noFollow"] = True
@@ -1301,9 +1344,10 @@ class Job:
         if col.process_id:
             self.process_id, self.pid = col.process_id, col.pid or self.pid
         if col.result is not None:
-            return col.result
-        return ExecResult(exit_code=-1, stdout_bytes=bytes(col.out), stderr_bytes=bytes(col.err),
-                          status="running", process_id=self.process_id, pid=self.pid)
+            return _whole(col.result)
+        res = col.partial(exit_code=-1, status="running")
+        res.process_id, res.pid = self.process_id, self.pid
+        return _whole(res)
 
     async def running(self, *, timeout: Optional[float] = None) -> bool:
         for p in await self.sandbox.processes(timeout=timeout):
@@ -1369,7 +1413,7 @@ class Session:
         res = await _drive(stream, _Collector(), "SessionRun")
         if check and res.status != "ok":
             raise errors.CommandFailed(res)
-        return res
+        return _whole(res)
 
     async def interrupt(self, *, timeout: Optional[float] = None) -> None:
         """Send SIGINT to the command running in the session."""

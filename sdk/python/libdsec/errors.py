@@ -24,7 +24,7 @@ __all__ = [
     "DsecError", "NotFound", "AlreadyExists", "SandboxGone", "FailedPrecondition",
     "Overloaded", "StartupTimeout", "InvalidArgument", "Unauthenticated",
     "PermissionDenied", "Unavailable", "Timeout", "NotSupported", "Cancelled",
-    "Internal", "CommandFailed", "from_code",
+    "Internal", "CommandFailed", "OutputDropped", "from_code",
 ]
 
 
@@ -151,6 +151,31 @@ class CommandFailed(DsecError):
         if tail:
             msg += f"\nstderr: {tail}"
         super().__init__(msg)
+        self.result = result
+
+
+class OutputDropped(DsecError):
+    """The result lacks output the command wrote.
+
+    The node keeps the first 16 MiB (``dsecd --output-limit``) of each of a
+    command's streams for a later attach; what came past that while nothing
+    read the command's output was dropped. A stream that follows the command
+    from its start (``exec``, ``exec_stream``, ``Session.run``) gets all of
+    it and never raises this; ``Job.wait`` and ``Job.output`` do when the
+    node dropped some. ``result`` is the :class:`libdsec.ExecResult` with what
+    there was (``stdout_dropped``/``stderr_dropped`` say how much is missing);
+    catch this to accept it.
+    """
+    code = "output_dropped"
+
+    def __init__(self, result):
+        missing = []
+        if result.stdout_dropped:
+            missing.append(f"{result.stdout_dropped} bytes of stdout")
+        if result.stderr_dropped:
+            missing.append(f"{result.stderr_dropped} bytes of stderr")
+        super().__init__(f"the result lacks {' and '.join(missing) or 'output'} the command wrote: "
+                         "the node dropped them, past what it keeps of a command's output, as nothing read them")
         self.result = result
 
 

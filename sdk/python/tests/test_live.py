@@ -5,6 +5,7 @@ Skips without a dsecd binary or root; fails instead under DSEC_TEST_ROOT=1.
 
 import _path  # noqa: F401
 import asyncio
+import hashlib
 import os
 import tempfile
 import time
@@ -155,6 +156,33 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(evs[-1].type, "exited")
         self.assertEqual(b"".join(e.data for e in evs if e.type == "stdout"), b"x\n")
         self.assertEqual(b"".join(e.data for e in evs if e.type == "stderr"), b"y\n")
+
+    def test_all_output_streams(self):
+        # A reader gets all of a command's output, past the 16 MiB the node
+        # keeps of it for replay; output nothing read, past those, is
+        # dropped, and a result that lacks it raises OutputDropped.
+        sb = self.sandbox()
+        size = 30_000_000
+        sb.exec(f"head -c {size} /dev/urandom > /tmp/big", check=True)
+        want = sb.exec("sha256sum /tmp/big", check=True).stdout.split()[0]
+        h, n, res = hashlib.sha256(), 0, None
+        for ev in sb.exec_stream(["cat", "/tmp/big"]):
+            if ev.type == "stdout":
+                h.update(ev.data)
+                n += len(ev.data)
+            elif ev.type == "exited":
+                res = ev.result
+        self.assertEqual((n, h.hexdigest(), res.status, res.truncated), (size, want, "ok", False))
+
+        job = sb.spawn("head -c 20000000 /dev/zero")
+        deadline = time.monotonic() + 30
+        while job.running():
+            self.assertLess(time.monotonic(), deadline, "the flood did not end")
+            time.sleep(0.1)
+        with self.assertRaises(errors.OutputDropped) as cm:
+            job.wait(timeout=60)
+        r = cm.exception.result
+        self.assertEqual((r.status, len(r.stdout_bytes), r.stdout_dropped), ("ok", 16 << 20, 20_000_000 - (16 << 20)))
 
     def test_large_stdin(self):
         # More stdin than one exec request may carry (63 MiB) is streamed

@@ -312,8 +312,7 @@ class StreamTest(FakeTestCase):
             {"started": {"processId": "p1", "pid": 7}},
             {"keepalive": True},
             {"stdout": b64("hel")}, {"stderr": b64("warn\n")}, {"stdout": b64("lo\n\xff")},
-            {"exited": {"exitCode": 3, "status": "EXIT_STATUS_NONZERO", "durationSeconds": 0.25,
-                        "stdoutTruncated": True, "stdoutBytes": "9"}},
+            {"exited": {"exitCode": 3, "status": "EXIT_STATUS_NONZERO", "durationSeconds": 0.25, "stdoutBytes": "8"}},
         ])
         seen = []
 
@@ -322,7 +321,7 @@ class StreamTest(FakeTestCase):
                 return await c.sandbox("sb-n-1").exec(["sh", "-c", "x"], timeout=9, cwd="/w", env={"A": "1"},
                                                       stdin="in", on_stdout=seen.append)
         r = run(main())
-        self.assertEqual((r.exit_code, r.status, r.duration_s, r.truncated), (3, "nonzero", 0.25, True))
+        self.assertEqual((r.exit_code, r.status, r.duration_s, r.truncated), (3, "nonzero", 0.25, False))
         self.assertEqual(r.stdout_bytes, "hello\n\xff".encode())
         self.assertEqual(r.stdout, "hello\n\u00ff")
         self.assertEqual(r.stderr, "warn\n")
@@ -374,6 +373,48 @@ class StreamTest(FakeTestCase):
         self.assertEqual([e.type for e in evs], ["started", "stdout", "stderr", "exited"])
         self.assertEqual(evs[1].data, b"a")
         self.assertEqual(evs[-1].result.stdout, "a")
+
+    def test_output_dropped(self):
+        # A result that lacks output the command wrote is raised, with it.
+        events = [{"started": {"processId": "p1"}}, {"stdout": b64("head")},
+                  {"dropped": {"bytes": "10"}}, {"stdout": b64("tail")},
+                  {"exited": {"status": "EXIT_STATUS_OK", "stdoutTruncated": True, "stdoutBytes": "18"}}]
+
+        def send(call):
+            for e in events:
+                call.send(e)
+            call.end()
+        self.srv.route("Exec", send)
+        self.srv.route("Attach", send)
+
+        async def main(how):
+            async with self.client() as c:
+                sb = c.sandbox("sb-n-1")
+                if how == "exec_stream":
+                    evs = []
+                    try:
+                        async for ev in sb.exec_stream("x"):
+                            evs.append(ev)
+                    except errors.OutputDropped as e:
+                        return evs, e
+                    return evs, None
+                call = {"exec": lambda: sb.exec("x"), "wait": lambda: sb.job("p1").wait(),
+                        "output": lambda: sb.job("p1").output()}[how]
+                try:
+                    return await call(), None
+                except errors.OutputDropped as e:
+                    return None, e
+        for how in ("exec", "wait", "output"):
+            with self.subTest(how=how):
+                r, e = run(main(how))
+                self.assertIsNone(r)
+                self.assertIn("10 bytes of stdout", str(e))
+                self.assertEqual((e.result.stdout, e.result.truncated, e.result.stdout_dropped, e.result.stderr_dropped),
+                                 ("headtail", True, 10, 0))
+        evs, e = run(main("exec_stream"))
+        self.assertEqual([ev.type for ev in evs], ["started", "stdout", "dropped", "stdout", "exited"])
+        self.assertEqual((evs[2].stream, evs[2].dropped), ("stdout", 10))
+        self.assertIsInstance(e, errors.OutputDropped)
 
     def test_server_killed_mid_stream(self):
         def ex(call):

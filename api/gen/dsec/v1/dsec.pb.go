@@ -2057,18 +2057,21 @@ type ExecRequest struct {
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// argv runs directly. command runs under `shell -c`; shell is the static
 	// shell shipped with the agent unless named.
-	Argv             []string          `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
-	Command          string            `protobuf:"bytes,3,opt,name=command,proto3" json:"command,omitempty"`
-	Shell            string            `protobuf:"bytes,4,opt,name=shell,proto3" json:"shell,omitempty"`
-	Env              map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Cwd              string            `protobuf:"bytes,6,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	User             string            `protobuf:"bytes,7,opt,name=user,proto3" json:"user,omitempty"`
-	Stdin            []byte            `protobuf:"bytes,8,opt,name=stdin,proto3" json:"stdin,omitempty"` // written, then stdin is closed unless keep_stdin_open
-	KeepStdinOpen    bool              `protobuf:"varint,9,opt,name=keep_stdin_open,json=keepStdinOpen,proto3" json:"keep_stdin_open,omitempty"`
-	TimeoutSeconds   float64           `protobuf:"fixed64,10,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"` // 0 = none
-	Background       bool              `protobuf:"varint,11,opt,name=background,proto3" json:"background,omitempty"`
-	Tag              string            `protobuf:"bytes,12,opt,name=tag,proto3" json:"tag,omitempty"`                                                      // optional name to find a background process by
-	OutputLimitBytes int64             `protobuf:"varint,13,opt,name=output_limit_bytes,json=outputLimitBytes,proto3" json:"output_limit_bytes,omitempty"` // retained output per stream; 0 = agent default (16 MiB)
+	Argv           []string          `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
+	Command        string            `protobuf:"bytes,3,opt,name=command,proto3" json:"command,omitempty"`
+	Shell          string            `protobuf:"bytes,4,opt,name=shell,proto3" json:"shell,omitempty"`
+	Env            map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd            string            `protobuf:"bytes,6,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	User           string            `protobuf:"bytes,7,opt,name=user,proto3" json:"user,omitempty"`
+	Stdin          []byte            `protobuf:"bytes,8,opt,name=stdin,proto3" json:"stdin,omitempty"` // written, then stdin is closed unless keep_stdin_open
+	KeepStdinOpen  bool              `protobuf:"varint,9,opt,name=keep_stdin_open,json=keepStdinOpen,proto3" json:"keep_stdin_open,omitempty"`
+	TimeoutSeconds float64           `protobuf:"fixed64,10,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"` // 0 = none
+	Background     bool              `protobuf:"varint,11,opt,name=background,proto3" json:"background,omitempty"`
+	Tag            string            `protobuf:"bytes,12,opt,name=tag,proto3" json:"tag,omitempty"` // optional name to find a background process by
+	// output_limit_bytes bounds the output kept per stream for Attach to
+	// replay (0 = the agent's default, 16 MiB). It does not bound what a
+	// stream following the command gets: that is all of it.
+	OutputLimitBytes int64 `protobuf:"varint,13,opt,name=output_limit_bytes,json=outputLimitBytes,proto3" json:"output_limit_bytes,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -2203,6 +2206,7 @@ type ExecEvent struct {
 	//	*ExecEvent_Stderr
 	//	*ExecEvent_Exited
 	//	*ExecEvent_Keepalive
+	//	*ExecEvent_Dropped
 	Event         isExecEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2290,6 +2294,15 @@ func (x *ExecEvent) GetKeepalive() bool {
 	return false
 }
 
+func (x *ExecEvent) GetDropped() *ExecDropped {
+	if x != nil {
+		if x, ok := x.Event.(*ExecEvent_Dropped); ok {
+			return x.Dropped
+		}
+	}
+	return nil
+}
+
 type isExecEvent_Event interface {
 	isExecEvent_Event()
 }
@@ -2314,6 +2327,10 @@ type ExecEvent_Keepalive struct {
 	Keepalive bool `protobuf:"varint,5,opt,name=keepalive,proto3,oneof"`
 }
 
+type ExecEvent_Dropped struct {
+	Dropped *ExecDropped `protobuf:"bytes,6,opt,name=dropped,proto3,oneof"`
+}
+
 func (*ExecEvent_Started) isExecEvent_Event() {}
 
 func (*ExecEvent_Stdout) isExecEvent_Event() {}
@@ -2323,6 +2340,66 @@ func (*ExecEvent_Stderr) isExecEvent_Event() {}
 func (*ExecEvent_Exited) isExecEvent_Event() {}
 
 func (*ExecEvent_Keepalive) isExecEvent_Event() {}
+
+func (*ExecEvent_Dropped) isExecEvent_Event() {}
+
+// ExecDropped marks a gap in a stream of output: bytes the command wrote
+// that this stream does not carry. The agent keeps the first
+// output_limit_bytes of each stream for replay; what came after while no
+// stream followed the command (a background command nobody attached to) was
+// read, counted and dropped. A stream that follows a command from its start
+// never has one.
+type ExecDropped struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stderr        bool                   `protobuf:"varint,1,opt,name=stderr,proto3" json:"stderr,omitempty"` // the gap is in stderr; in stdout when false
+	Bytes         int64                  `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecDropped) Reset() {
+	*x = ExecDropped{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecDropped) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecDropped) ProtoMessage() {}
+
+func (x *ExecDropped) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecDropped.ProtoReflect.Descriptor instead.
+func (*ExecDropped) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ExecDropped) GetStderr() bool {
+	if x != nil {
+		return x.Stderr
+	}
+	return false
+}
+
+func (x *ExecDropped) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
 
 type ExecStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2335,7 +2412,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2424,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,7 +2437,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -2390,18 +2467,22 @@ type ExecExited struct {
 	Signal          int32                  `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
 	Status          ExitStatus             `protobuf:"varint,3,opt,name=status,proto3,enum=dsec.v1.ExitStatus" json:"status,omitempty"`
 	DurationSeconds float64                `protobuf:"fixed64,4,opt,name=duration_seconds,json=durationSeconds,proto3" json:"duration_seconds,omitempty"`
-	StdoutTruncated bool                   `protobuf:"varint,5,opt,name=stdout_truncated,json=stdoutTruncated,proto3" json:"stdout_truncated,omitempty"`
-	StderrTruncated bool                   `protobuf:"varint,6,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
-	StdoutBytes     int64                  `protobuf:"varint,7,opt,name=stdout_bytes,json=stdoutBytes,proto3" json:"stdout_bytes,omitempty"` // total produced, retained or not
-	StderrBytes     int64                  `protobuf:"varint,8,opt,name=stderr_bytes,json=stderrBytes,proto3" json:"stderr_bytes,omitempty"`
-	Message         string                 `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"` // why, in words, when not OK
+	// stdout_truncated and stderr_truncated say that the stream this exit
+	// ends did not carry every byte of stdout or stderr (see ExecDropped);
+	// in ListProcesses, that the retained output, what Attach replays, lacks
+	// some.
+	StdoutTruncated bool   `protobuf:"varint,5,opt,name=stdout_truncated,json=stdoutTruncated,proto3" json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `protobuf:"varint,6,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
+	StdoutBytes     int64  `protobuf:"varint,7,opt,name=stdout_bytes,json=stdoutBytes,proto3" json:"stdout_bytes,omitempty"` // total produced, retained or not
+	StderrBytes     int64  `protobuf:"varint,8,opt,name=stderr_bytes,json=stderrBytes,proto3" json:"stderr_bytes,omitempty"`
+	Message         string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"` // why, in words, when not OK
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +2494,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +2507,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -2506,7 +2587,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2518,7 +2599,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2531,7 +2612,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -2574,7 +2655,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2586,7 +2667,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2599,7 +2680,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -2638,7 +2719,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2650,7 +2731,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2663,7 +2744,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
 }
 
 type SignalRequest struct {
@@ -2677,7 +2758,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +2770,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +2783,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -2734,7 +2815,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2746,7 +2827,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2759,7 +2840,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
 }
 
 type ListProcessesRequest struct {
@@ -2771,7 +2852,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2783,7 +2864,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2796,7 +2877,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -2821,7 +2902,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +2914,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +2927,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -2907,7 +2988,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2919,7 +3000,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2932,7 +3013,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -2957,7 +3038,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2969,7 +3050,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2982,7 +3063,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -3044,7 +3125,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3056,7 +3137,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3069,7 +3150,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -3094,7 +3175,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3106,7 +3187,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3119,7 +3200,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 type SessionCloseRequest struct {
@@ -3132,7 +3213,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3144,7 +3225,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3157,7 +3238,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -3182,7 +3263,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3194,7 +3275,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3207,7 +3288,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 type ShellInput struct {
@@ -3224,7 +3305,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3236,7 +3317,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3249,7 +3330,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -3322,7 +3403,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3334,7 +3415,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3347,7 +3428,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -3402,7 +3483,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3414,7 +3495,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3427,7 +3508,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -3457,7 +3538,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3469,7 +3550,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3482,7 +3563,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -3543,7 +3624,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3555,7 +3636,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3568,7 +3649,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *FileInfo) GetName() string {
@@ -3647,7 +3728,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3659,7 +3740,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3672,7 +3753,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -3721,7 +3802,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3733,7 +3814,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3746,7 +3827,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -3785,7 +3866,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3797,7 +3878,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3810,7 +3891,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -3871,7 +3952,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3883,7 +3964,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3896,7 +3977,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -3917,7 +3998,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3929,7 +4010,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3942,7 +4023,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -3975,7 +4056,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3987,7 +4068,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4000,7 +4081,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -4021,7 +4102,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4033,7 +4114,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4046,7 +4127,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -4079,7 +4160,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4091,7 +4172,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4104,7 +4185,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -4126,7 +4207,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4138,7 +4219,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4151,7 +4232,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -4190,7 +4271,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4202,7 +4283,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4215,7 +4296,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 type MakeDirRequest struct {
@@ -4231,7 +4312,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4243,7 +4324,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4256,7 +4337,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -4302,7 +4383,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4314,7 +4395,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4327,7 +4408,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 type MoveRequest struct {
@@ -4343,7 +4424,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4355,7 +4436,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4368,7 +4449,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -4416,7 +4497,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4428,7 +4509,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4441,7 +4522,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *MoveResponse) GetInfo() *FileInfo {
@@ -4463,7 +4544,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4475,7 +4556,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4488,7 +4569,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -4530,7 +4611,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4542,7 +4623,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4555,7 +4636,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -4591,7 +4672,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4603,7 +4684,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4616,7 +4697,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -4657,7 +4738,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4669,7 +4750,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4682,7 +4763,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -4710,7 +4791,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4722,7 +4803,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4735,7 +4816,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -4768,7 +4849,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4780,7 +4861,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4793,7 +4874,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -4829,7 +4910,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4841,7 +4922,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4854,7 +4935,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Layer) GetDigest() string {
@@ -4954,7 +5035,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4966,7 +5047,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4979,7 +5060,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *SnapshotInfo) GetName() string {
@@ -5089,7 +5170,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5101,7 +5182,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5114,7 +5195,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -5146,7 +5227,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5158,7 +5239,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5171,7 +5252,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 type ListSnapshotsResponse struct {
@@ -5183,7 +5264,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5195,7 +5276,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5208,7 +5289,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -5227,7 +5308,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5239,7 +5320,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5252,7 +5333,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -5270,7 +5351,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5282,7 +5363,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5295,7 +5376,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 type ForkRequest struct {
@@ -5311,7 +5392,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5323,7 +5404,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5336,7 +5417,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -5378,7 +5459,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5390,7 +5471,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5403,7 +5484,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -5430,7 +5511,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5442,7 +5523,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5455,7 +5536,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -5484,7 +5565,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5496,7 +5577,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5509,7 +5590,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -5559,7 +5640,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5571,7 +5652,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5584,7 +5665,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -5658,7 +5739,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5670,7 +5751,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5683,7 +5764,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -5722,7 +5803,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5734,7 +5815,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5747,7 +5828,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 type ListLayersResponse struct {
@@ -5759,7 +5840,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5771,7 +5852,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5784,7 +5865,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -5803,7 +5884,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5815,7 +5896,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5828,7 +5909,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -5846,7 +5927,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5858,7 +5939,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5871,7 +5952,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 type Environment struct {
@@ -5886,7 +5967,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5898,7 +5979,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5911,7 +5992,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *Environment) GetName() string {
@@ -5950,7 +6031,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5962,7 +6043,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5975,7 +6056,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 type ListEnvironmentsResponse struct {
@@ -5987,7 +6068,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5999,7 +6080,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6012,7 +6093,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -6033,7 +6114,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6045,7 +6126,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6058,7 +6139,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -6091,7 +6172,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6103,7 +6184,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6116,7 +6197,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -6137,7 +6218,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6149,7 +6230,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6162,7 +6243,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -6204,7 +6285,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6216,7 +6297,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6229,7 +6310,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -6311,7 +6392,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6323,7 +6404,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6336,7 +6417,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -6362,7 +6443,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6374,7 +6455,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6387,7 +6468,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -6443,7 +6524,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6455,7 +6536,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6468,7 +6549,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -6549,7 +6630,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6561,7 +6642,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6574,7 +6655,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 type LayerUsage struct {
@@ -6601,7 +6682,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6613,7 +6694,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6626,7 +6707,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -6754,7 +6835,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6766,7 +6847,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6779,7 +6860,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -6829,7 +6910,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6841,7 +6922,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6854,7 +6935,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -6913,7 +6994,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6925,7 +7006,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6938,7 +7019,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -7036,7 +7117,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7048,7 +7129,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7061,7 +7142,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -7135,7 +7216,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7147,7 +7228,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7160,7 +7241,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -7221,7 +7302,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7233,7 +7314,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7246,7 +7327,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -7265,7 +7346,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7277,7 +7358,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7290,7 +7371,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -7315,7 +7396,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7327,7 +7408,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7340,7 +7421,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *Language) GetName() string {
@@ -7400,7 +7481,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7412,7 +7493,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7425,7 +7506,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 type ListLanguagesResponse struct {
@@ -7437,7 +7518,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7449,7 +7530,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7462,7 +7543,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -7480,7 +7561,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7492,7 +7573,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7505,7 +7586,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 type ServerInfo struct {
@@ -7525,7 +7606,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7537,7 +7618,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7550,7 +7631,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -7738,14 +7819,18 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x12output_limit_bytes\x18\r \x01(\x03R\x10outputLimitBytes\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc9\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfb\x01\n" +
 	"\tExecEvent\x120\n" +
 	"\astarted\x18\x01 \x01(\v2\x14.dsec.v1.ExecStartedH\x00R\astarted\x12\x18\n" +
 	"\x06stdout\x18\x02 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x03 \x01(\fH\x00R\x06stderr\x12-\n" +
 	"\x06exited\x18\x04 \x01(\v2\x13.dsec.v1.ExecExitedH\x00R\x06exited\x12\x1e\n" +
-	"\tkeepalive\x18\x05 \x01(\bH\x00R\tkeepaliveB\a\n" +
-	"\x05event\"P\n" +
+	"\tkeepalive\x18\x05 \x01(\bH\x00R\tkeepalive\x120\n" +
+	"\adropped\x18\x06 \x01(\v2\x14.dsec.v1.ExecDroppedH\x00R\adroppedB\a\n" +
+	"\x05event\";\n" +
+	"\vExecDropped\x12\x16\n" +
+	"\x06stderr\x18\x01 \x01(\bR\x06stderr\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"P\n" +
 	"\vExecStarted\x12\x1d\n" +
 	"\n" +
 	"process_id\x18\x01 \x01(\tR\tprocessId\x12\x10\n" +
@@ -8305,7 +8390,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 115)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 116)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -8340,103 +8425,104 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*DeleteResponse)(nil),           // 30: dsec.v1.DeleteResponse
 	(*ExecRequest)(nil),              // 31: dsec.v1.ExecRequest
 	(*ExecEvent)(nil),                // 32: dsec.v1.ExecEvent
-	(*ExecStarted)(nil),              // 33: dsec.v1.ExecStarted
-	(*ExecExited)(nil),               // 34: dsec.v1.ExecExited
-	(*AttachRequest)(nil),            // 35: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),        // 36: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 37: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),            // 38: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),           // 39: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),     // 40: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),              // 41: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),    // 42: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),        // 43: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),  // 44: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil), // 45: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),      // 46: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),     // 47: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),               // 48: dsec.v1.ShellInput
-	(*ShellStart)(nil),               // 49: dsec.v1.ShellStart
-	(*TerminalSize)(nil),             // 50: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),              // 51: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                 // 52: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),          // 53: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 54: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 55: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 56: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),           // 57: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 58: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),              // 59: dsec.v1.StatRequest
-	(*StatResponse)(nil),             // 60: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),            // 61: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 62: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),           // 63: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 64: dsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),              // 65: dsec.v1.MoveRequest
-	(*MoveResponse)(nil),             // 66: dsec.v1.MoveResponse
-	(*WatchDirRequest)(nil),          // 67: dsec.v1.WatchDirRequest
-	(*WatchEvent)(nil),               // 68: dsec.v1.WatchEvent
-	(*UploadRequest)(nil),            // 69: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),           // 70: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),          // 71: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),            // 72: dsec.v1.DownloadChunk
-	(*Layer)(nil),                    // 73: dsec.v1.Layer
-	(*SnapshotInfo)(nil),             // 74: dsec.v1.SnapshotInfo
-	(*SnapshotRequest)(nil),          // 75: dsec.v1.SnapshotRequest
-	(*ListSnapshotsRequest)(nil),     // 76: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 77: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),    // 78: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),   // 79: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),              // 80: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                // 81: dsec.v1.ForkChild
-	(*ForkResponse)(nil),             // 82: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),       // 83: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),       // 84: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),        // 85: dsec.v1.UploadLayerHeader
-	(*ListLayersRequest)(nil),        // 86: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 87: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 88: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 89: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 90: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 91: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 92: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 93: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 94: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 95: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 96: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 97: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 98: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 99: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 100: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 101: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 102: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 103: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),           // 104: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),            // 105: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),          // 106: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),      // 107: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),     // 108: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                 // 109: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),     // 110: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),    // 111: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),     // 112: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),               // 113: dsec.v1.ServerInfo
-	nil,                              // 114: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 115: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 116: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 117: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 118: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 119: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 120: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                              // 121: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                              // 122: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                              // 123: dsec.v1.RunCodeResponse.FilesEntry
+	(*ExecDropped)(nil),              // 33: dsec.v1.ExecDropped
+	(*ExecStarted)(nil),              // 34: dsec.v1.ExecStarted
+	(*ExecExited)(nil),               // 35: dsec.v1.ExecExited
+	(*AttachRequest)(nil),            // 36: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),        // 37: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 38: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),            // 39: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),           // 40: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),     // 41: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),              // 42: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),    // 43: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),        // 44: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),  // 45: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil), // 46: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),      // 47: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),     // 48: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),               // 49: dsec.v1.ShellInput
+	(*ShellStart)(nil),               // 50: dsec.v1.ShellStart
+	(*TerminalSize)(nil),             // 51: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),              // 52: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                 // 53: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),          // 54: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 55: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 56: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 57: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),           // 58: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 59: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),              // 60: dsec.v1.StatRequest
+	(*StatResponse)(nil),             // 61: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),            // 62: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 63: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),           // 64: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 65: dsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),              // 66: dsec.v1.MoveRequest
+	(*MoveResponse)(nil),             // 67: dsec.v1.MoveResponse
+	(*WatchDirRequest)(nil),          // 68: dsec.v1.WatchDirRequest
+	(*WatchEvent)(nil),               // 69: dsec.v1.WatchEvent
+	(*UploadRequest)(nil),            // 70: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),           // 71: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),          // 72: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),            // 73: dsec.v1.DownloadChunk
+	(*Layer)(nil),                    // 74: dsec.v1.Layer
+	(*SnapshotInfo)(nil),             // 75: dsec.v1.SnapshotInfo
+	(*SnapshotRequest)(nil),          // 76: dsec.v1.SnapshotRequest
+	(*ListSnapshotsRequest)(nil),     // 77: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 78: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),    // 79: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 80: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),              // 81: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                // 82: dsec.v1.ForkChild
+	(*ForkResponse)(nil),             // 83: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),       // 84: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),       // 85: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),        // 86: dsec.v1.UploadLayerHeader
+	(*ListLayersRequest)(nil),        // 87: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 88: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 89: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 90: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 91: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 92: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 93: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 94: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 95: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 96: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 97: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 98: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 99: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 100: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 101: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 102: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 103: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 104: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),           // 105: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),            // 106: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),          // 107: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),      // 108: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),     // 109: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                 // 110: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),     // 111: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),    // 112: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),     // 113: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),               // 114: dsec.v1.ServerInfo
+	nil,                              // 115: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 116: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 117: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 118: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 119: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 120: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 121: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                              // 122: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                              // 123: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                              // 124: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	3,   // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	114, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	115, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	116, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	115, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	116, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	117, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	2,   // 4: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	9,   // 5: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
 	0,   // 6: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
@@ -8447,150 +8533,151 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	10,  // 11: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
 	9,   // 12: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	10,  // 13: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	117, // 14: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	118, // 14: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 15: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	10,  // 16: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	9,   // 17: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	9,   // 18: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	26,  // 19: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	118, // 20: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	33,  // 21: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	34,  // 22: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	4,   // 23: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	34,  // 24: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	41,  // 25: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	49,  // 26: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	50,  // 27: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	119, // 28: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	50,  // 29: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	34,  // 30: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	52,  // 31: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	52,  // 32: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	52,  // 33: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
-	5,   // 34: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
-	6,   // 35: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	74,  // 36: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
-	74,  // 37: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
-	74,  // 38: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	10,  // 39: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	74,  // 40: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	81,  // 41: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	6,   // 42: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	85,  // 43: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	6,   // 44: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	73,  // 45: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	90,  // 46: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	120, // 47: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	96,  // 48: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	101, // 49: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	102, // 50: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	121, // 51: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	122, // 52: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	8,   // 53: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	7,   // 54: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	105, // 55: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	105, // 56: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	123, // 57: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	104, // 58: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	106, // 59: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	109, // 60: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	20,  // 61: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	22,  // 62: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	23,  // 63: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	29,  // 64: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	12,  // 65: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	14,  // 66: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	16,  // 67: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	18,  // 68: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	75,  // 69: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	76,  // 70: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	78,  // 71: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	80,  // 72: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	31,  // 73: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	35,  // 74: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	36,  // 75: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	38,  // 76: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	40,  // 77: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	43,  // 78: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	44,  // 79: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	46,  // 80: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	48,  // 81: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	53,  // 82: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	55,  // 83: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	57,  // 84: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	59,  // 85: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	61,  // 86: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	63,  // 87: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	65,  // 88: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	67,  // 89: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	69,  // 90: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	71,  // 91: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	93,  // 92: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	95,  // 93: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	25,  // 94: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	27,  // 95: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	112, // 96: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	104, // 97: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	107, // 98: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	110, // 99: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	83,  // 100: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	84,  // 101: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	86,  // 102: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	88,  // 103: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	91,  // 104: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	98,  // 105: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	100, // 106: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	21,  // 107: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	10,  // 108: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	24,  // 109: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	30,  // 110: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	13,  // 111: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	15,  // 112: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	17,  // 113: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	19,  // 114: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	74,  // 115: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	77,  // 116: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	79,  // 117: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	82,  // 118: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	32,  // 119: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	32,  // 120: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	37,  // 121: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	39,  // 122: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	42,  // 123: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	32,  // 124: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	45,  // 125: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	47,  // 126: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	51,  // 127: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	54,  // 128: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	56,  // 129: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	58,  // 130: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	60,  // 131: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	62,  // 132: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	64,  // 133: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	66,  // 134: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	68,  // 135: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	70,  // 136: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	72,  // 137: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	94,  // 138: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	97,  // 139: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	26,  // 140: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	28,  // 141: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	113, // 142: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	106, // 143: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	108, // 144: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	111, // 145: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	73,  // 146: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	73,  // 147: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	87,  // 148: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	89,  // 149: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	92,  // 150: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	99,  // 151: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	103, // 152: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	107, // [107:153] is the sub-list for method output_type
-	61,  // [61:107] is the sub-list for method input_type
-	61,  // [61:61] is the sub-list for extension type_name
-	61,  // [61:61] is the sub-list for extension extendee
-	0,   // [0:61] is the sub-list for field type_name
+	119, // 20: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	34,  // 21: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	35,  // 22: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	33,  // 23: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
+	4,   // 24: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	35,  // 25: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	42,  // 26: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	50,  // 27: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	51,  // 28: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	120, // 29: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	51,  // 30: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	35,  // 31: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	53,  // 32: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	53,  // 33: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	53,  // 34: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
+	5,   // 35: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
+	6,   // 36: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	75,  // 37: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	75,  // 38: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
+	75,  // 39: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	10,  // 40: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	75,  // 41: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	82,  // 42: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	6,   // 43: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	86,  // 44: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	6,   // 45: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	74,  // 46: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	91,  // 47: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	121, // 48: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	97,  // 49: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	102, // 50: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	103, // 51: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	122, // 52: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	123, // 53: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	8,   // 54: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	7,   // 55: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	106, // 56: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	106, // 57: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	124, // 58: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	105, // 59: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	107, // 60: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	110, // 61: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	20,  // 62: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	22,  // 63: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	23,  // 64: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	29,  // 65: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	12,  // 66: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	14,  // 67: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	16,  // 68: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	18,  // 69: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	76,  // 70: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	77,  // 71: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	79,  // 72: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	81,  // 73: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	31,  // 74: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	36,  // 75: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	37,  // 76: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	39,  // 77: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	41,  // 78: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	44,  // 79: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	45,  // 80: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	47,  // 81: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	49,  // 82: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	54,  // 83: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	56,  // 84: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	58,  // 85: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	60,  // 86: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	62,  // 87: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	64,  // 88: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	66,  // 89: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	68,  // 90: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	70,  // 91: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	72,  // 92: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	94,  // 93: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	96,  // 94: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	25,  // 95: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	27,  // 96: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	113, // 97: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	105, // 98: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	108, // 99: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	111, // 100: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	84,  // 101: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	85,  // 102: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	87,  // 103: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	89,  // 104: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	92,  // 105: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	99,  // 106: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	101, // 107: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	21,  // 108: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	10,  // 109: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	24,  // 110: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	30,  // 111: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	13,  // 112: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	15,  // 113: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	17,  // 114: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	19,  // 115: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	75,  // 116: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	78,  // 117: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	80,  // 118: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	83,  // 119: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	32,  // 120: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	32,  // 121: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	38,  // 122: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	40,  // 123: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	43,  // 124: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	32,  // 125: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	46,  // 126: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	48,  // 127: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	52,  // 128: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	55,  // 129: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	57,  // 130: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	59,  // 131: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	61,  // 132: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	63,  // 133: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	65,  // 134: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	67,  // 135: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	69,  // 136: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	71,  // 137: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	73,  // 138: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	95,  // 139: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	98,  // 140: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	26,  // 141: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	28,  // 142: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	114, // 143: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	107, // 144: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	109, // 145: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	112, // 146: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	74,  // 147: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	74,  // 148: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	88,  // 149: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	90,  // 150: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	93,  // 151: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	100, // 152: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	104, // 153: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	108, // [108:154] is the sub-list for method output_type
+	62,  // [62:108] is the sub-list for method input_type
+	62,  // [62:62] is the sub-list for extension type_name
+	62,  // [62:62] is the sub-list for extension extendee
+	0,   // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -8605,29 +8692,30 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Exited)(nil),
 		(*ExecEvent_Keepalive)(nil),
+		(*ExecEvent_Dropped)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[39].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[40].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[42].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[43].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[75].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[76].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[96].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[97].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   115,
+			NumMessages:   116,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

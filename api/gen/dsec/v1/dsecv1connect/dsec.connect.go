@@ -192,11 +192,16 @@ type SandboxServiceClient interface {
 	// fork: the children start fresh processes (this kernel cannot checkpoint
 	// memory).
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
-	// Exec runs a command and streams its output. A foreground command is
-	// killed (with its whole process tree) when the stream is cancelled; a
-	// background one keeps running and can be reattached with Attach.
+	// Exec runs a command and streams its output, every byte of it: a client
+	// slower than the command slows the command, as a pipe does. A foreground
+	// command is killed (with its whole process tree) when the stream is
+	// cancelled; a background one keeps running and can be reattached with
+	// Attach.
 	Exec(context.Context, *connect.Request[v1.ExecRequest]) (*connect.ServerStreamForClient[v1.ExecEvent], error)
-	// Attach replays a process's retained output and follows it until it exits.
+	// Attach replays a process's retained output and follows it until it
+	// exits. What was neither retained nor streamed (output past
+	// output_limit_bytes while no stream followed the process) is a dropped
+	// event where it is missing, and the exit says the stream was truncated.
 	Attach(context.Context, *connect.Request[v1.AttachRequest]) (*connect.ServerStreamForClient[v1.ExecEvent], error)
 	WriteStdin(context.Context, *connect.Request[v1.WriteStdinRequest]) (*connect.Response[v1.WriteStdinResponse], error)
 	Signal(context.Context, *connect.Request[v1.SignalRequest]) (*connect.Response[v1.SignalResponse], error)
@@ -756,11 +761,16 @@ type SandboxServiceHandler interface {
 	// fork: the children start fresh processes (this kernel cannot checkpoint
 	// memory).
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
-	// Exec runs a command and streams its output. A foreground command is
-	// killed (with its whole process tree) when the stream is cancelled; a
-	// background one keeps running and can be reattached with Attach.
+	// Exec runs a command and streams its output, every byte of it: a client
+	// slower than the command slows the command, as a pipe does. A foreground
+	// command is killed (with its whole process tree) when the stream is
+	// cancelled; a background one keeps running and can be reattached with
+	// Attach.
 	Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecEvent]) error
-	// Attach replays a process's retained output and follows it until it exits.
+	// Attach replays a process's retained output and follows it until it
+	// exits. What was neither retained nor streamed (output past
+	// output_limit_bytes while no stream followed the process) is a dropped
+	// event where it is missing, and the exit says the stream was truncated.
 	Attach(context.Context, *connect.Request[v1.AttachRequest], *connect.ServerStream[v1.ExecEvent]) error
 	WriteStdin(context.Context, *connect.Request[v1.WriteStdinRequest]) (*connect.Response[v1.WriteStdinResponse], error)
 	Signal(context.Context, *connect.Request[v1.SignalRequest]) (*connect.Response[v1.SignalResponse], error)
