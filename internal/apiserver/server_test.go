@@ -233,7 +233,7 @@ func TestValidationAndRouting(t *testing.T) {
 			{"malformed id", func() error {
 				_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "nope"}))
 				return err
-			}, connect.CodeInvalidArgument},
+			}, connect.CodeNotFound},
 			{"unknown node", func() error {
 				_, err := c.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: sandboxid.New("n9", 0, 0)}))
 				return err

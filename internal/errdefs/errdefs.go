@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"connectrpc.com/connect"
 )
@@ -60,7 +61,11 @@ func Code(err error) connect.Code {
 }
 
 // ToConnect turns err into a *connect.Error carrying its code and message.
-// It leaves nil and errors that already are *connect.Error alone.
+// It leaves nil and errors that already are *connect.Error alone. The
+// message loses the kind's words at its end ("sandbox sb-x: not found"
+// goes as "sandbox sb-x" with code not_found): every client prints the
+// code beside the message, and would otherwise say the kind twice
+// ("not_found: sandbox sb-x: not found").
 func ToConnect(err error) error {
 	if err == nil {
 		return nil
@@ -69,8 +74,35 @@ func ToConnect(err error) error {
 	if errors.As(err, &ce) {
 		return err
 	}
-	return connect.NewError(Code(err), err)
+	return connect.NewError(Code(err), withoutKind(err))
 }
+
+// withoutKind is err with its message cut before a trailing ": <kind>",
+// for the kind err wraps; errors.Is still sees the kind.
+func withoutKind(err error) error {
+	msg := err.Error()
+	for _, kind := range kinds {
+		if errors.Is(err, kind) {
+			if cut, ok := strings.CutSuffix(msg, ": "+kind.Error()); ok && cut != "" {
+				return &kindless{msg: cut, err: err}
+			}
+		}
+	}
+	return err
+}
+
+// kinds are the error kinds above.
+var kinds = []error{ErrInvalidArgument, ErrNotFound, ErrAlreadyExists, ErrFailedPrecondition, ErrResourceExhausted,
+	ErrUnavailable, ErrDeadlineExceeded, ErrPermissionDenied, ErrUnauthenticated, ErrNotSupported, ErrInternal}
+
+// kindless is an error whose message leaves out its kind.
+type kindless struct {
+	msg string
+	err error
+}
+
+func (k *kindless) Error() string { return k.msg }
+func (k *kindless) Unwrap() error { return k.err }
 
 // FromConnect maps a Connect error from a remote dsec component back onto the
 // kinds above, keeping its message, so errors.Is works across the wire.

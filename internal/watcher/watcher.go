@@ -237,7 +237,7 @@ func (w *Watcher) pollOne(ctx context.Context, n *Node) {
 // Route returns the edge holding the sandbox id names: its node must be a
 // member on the same slot and generation, and routable.
 func (w *Watcher) Route(id string) (Edge, error) {
-	p, err := sandboxid.Parse(id)
+	p, err := parseID(id)
 	if err != nil {
 		return nil, err
 	}
@@ -245,13 +245,24 @@ func (w *Watcher) Route(id string) (Edge, error) {
 	defer w.mu.RUnlock()
 	n := w.nodes[p.Node]
 	if !n.minted(p) {
-		return nil, fmt.Errorf("sandbox %s: node %q (slot %d, generation %d) is not part of this cluster any more: %w",
+		return nil, fmt.Errorf("no sandbox %s (its node %q, slot %d, generation %d, is not part of this cluster any more): %w",
 			id, p.Node, p.Slot, p.Generation, errdefs.ErrNotFound)
 	}
 	if !n.Healthy {
 		return nil, unroutable(n)
 	}
 	return n.Edge, nil
+}
+
+// parseID reads a sandbox ID a caller named. One that does not parse
+// (mistyped, cut short) names no sandbox: NotFound, as an ID of the right
+// form that no node has, not a lesson in the form of IDs.
+func parseID(id string) (sandboxid.ID, error) {
+	p, err := sandboxid.Parse(id)
+	if err != nil {
+		return p, fmt.Errorf("no sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return p, nil
 }
 
 // minted says whether n (nil: no such member) is the node that made an ID:
@@ -313,13 +324,13 @@ func NewFixed(nodes ...Node) *Fixed {
 
 // Route returns the edge of the node a sandbox ID names.
 func (f *Fixed) Route(id string) (Edge, error) {
-	p, err := sandboxid.Parse(id)
+	p, err := parseID(id)
 	if err != nil {
 		return nil, err
 	}
 	n := f.nodes[p.Node]
 	if !n.minted(p) {
-		return nil, fmt.Errorf("sandbox %s: node %q is not part of this cluster: %w", id, p.Node, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("no sandbox %s (its node %q is not this one): %w", id, p.Node, errdefs.ErrNotFound)
 	}
 	return n.Edge, nil
 }

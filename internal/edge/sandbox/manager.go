@@ -695,7 +695,7 @@ func (m *Manager) lookup(id string) (*sandbox, error) {
 	}
 	m.mu.Unlock()
 	if !ok {
-		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("no sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	return sb, nil
 }

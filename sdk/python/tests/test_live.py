@@ -109,8 +109,11 @@ class LiveTest(unittest.TestCase):
     def test_not_found(self):
         with self.assertRaises(errors.NotFound):
             self.c.get("sb-py-" + "a" * 23)   # well formed, never made
-        with self.assertRaises(errors.InvalidArgument):
-            self.c.get("sb-py-doesnotexist")  # not an ID at all
+        # A mistyped ID names no sandbox either; the code says not_found
+        # once, not again at the message's end.
+        with self.assertRaises(errors.NotFound) as cm:
+            self.c.get("sb-py-doesnotexist")
+        self.assertEqual(str(cm.exception), "not_found: no sandbox sb-py-doesnotexist")
         with self.assertRaises(errors.InvalidArgument):
             self.c.create("")
 
