@@ -42,10 +42,19 @@ type pool struct {
 	retryAt  time.Time // no refill before this after failures
 }
 
-func (p *pool) status(node string) *dsecv1.WarmPool {
+// status is the pool's state now. Starting counts what the refill will
+// start as well as what it is starting (a few start at once, the rest wait
+// their turn), so a pool just set reads "0 ready, N starting" rather than
+// nothing at all; while refills back off after a failure, only those under
+// way count, and LastError says why.
+func (p *pool) status(node string, now time.Time) *dsecv1.WarmPool {
+	starting := p.starting
+	if lack := p.size - len(p.ready); lack > starting && !now.Before(p.retryAt) {
+		starting = lack
+	}
 	return &dsecv1.WarmPool{
 		Key: p.key, Spec: cloneSpec(p.shape), Size: int32(p.size),
-		Ready: int32(len(p.ready)), Starting: int32(p.starting),
+		Ready: int32(len(p.ready)), Starting: int32(starting),
 		Taken: p.taken, Missed: p.missed, LastError: p.lastErr, Node: node,
 	}
 }
@@ -119,7 +128,7 @@ func (m *Manager) SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, siz
 	}
 	p.size = size
 	p.failures, p.retryAt = 0, time.Time{}
-	st := p.status(m.cfg.Node)
+	st := p.status(m.cfg.Node, time.Now())
 	m.poolMu.Unlock()
 	m.log.Info("warm pool set", "key", key, "env", shape.GetEnvironment(), "size", size)
 	m.kickPools()
@@ -132,7 +141,7 @@ func (m *Manager) WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {
 	defer m.poolMu.Unlock()
 	out := make([]*dsecv1.WarmPool, 0, len(m.pools))
 	for _, p := range m.pools {
-		out = append(out, p.status(m.cfg.Node))
+		out = append(out, p.status(m.cfg.Node, time.Now()))
 	}
 	slices.SortFunc(out, func(a, b *dsecv1.WarmPool) int {
 		if c := strings.Compare(a.GetSpec().GetEnvironment(), b.GetSpec().GetEnvironment()); c != 0 {

@@ -42,6 +42,13 @@ func TestWarmPoolServesAndRefills(t *testing.T) {
 	if p.GetSize() != 2 || p.GetSpec().GetTtlSeconds() != 0 || p.GetSpec().GetCpus() != 0.5 {
 		t.Errorf("pool %v: want size 2 and the shape without a TTL", p)
 	}
+	// A pool just set says what it is filling: not 0 ready and 0 starting.
+	if p.GetReady()+p.GetStarting() != 2 {
+		t.Errorf("pool set: %d ready, %d starting; want 2 together", p.GetReady(), p.GetStarting())
+	}
+	if ps, _ := m.WarmPools(ctx); len(ps) != 1 || ps[0].GetReady()+ps[0].GetStarting() != 2 {
+		t.Errorf("pools right after pool set: %v; want 2 ready or starting", ps)
+	}
 	waitPool(t, m, rt, 2, 2)
 	members, _ := rt.List(ctx)
 	if sbs, _ := m.List(ctx, nil, nil); len(sbs) != 0 {

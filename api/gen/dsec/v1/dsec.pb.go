@@ -1785,16 +1785,18 @@ func (x *SetWarmPoolRequest) GetSize() int32 {
 }
 
 type WarmPool struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`                              // the shape's key (a digest of the shape)
-	Spec          *SandboxSpec           `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`                            // the shape, node defaults filled in
-	Size          int32                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`                           // sandboxes kept ready, per node
-	Ready         int32                  `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`                         // started, idle and waiting to be taken
-	Starting      int32                  `protobuf:"varint,5,opt,name=starting,proto3" json:"starting,omitempty"`                   // being started to refill the pool
-	Taken         int64                  `protobuf:"varint,6,opt,name=taken,proto3" json:"taken,omitempty"`                         // creates served from the pool
-	Missed        int64                  `protobuf:"varint,7,opt,name=missed,proto3" json:"missed,omitempty"`                       // creates of this shape that found it empty
-	LastError     string                 `protobuf:"bytes,8,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"` // why the last refill failed; "" when it did not
-	Node          string                 `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`                            // the node holding this pool (every node keeps its own)
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`      // the shape's key (a digest of the shape)
+	Spec  *SandboxSpec           `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`    // the shape, node defaults filled in
+	Size  int32                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`   // sandboxes kept ready, per node
+	Ready int32                  `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"` // started, idle and waiting to be taken
+	// Being started to refill the pool, or waiting their turn (a few start
+	// at once); while refills back off after a failure, only those under way.
+	Starting      int32  `protobuf:"varint,5,opt,name=starting,proto3" json:"starting,omitempty"`
+	Taken         int64  `protobuf:"varint,6,opt,name=taken,proto3" json:"taken,omitempty"`                         // creates served from the pool
+	Missed        int64  `protobuf:"varint,7,opt,name=missed,proto3" json:"missed,omitempty"`                       // creates of this shape that found it empty
+	LastError     string `protobuf:"bytes,8,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"` // why the last refill failed; "" when it did not
+	Node          string `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`                            // the node holding this pool (every node keeps its own)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
