@@ -8,6 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -25,6 +26,7 @@ import (
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/placement"
+	"dsec.dev/dsec/internal/version"
 )
 
 const usage = `usage:
@@ -35,14 +37,21 @@ const usage = `usage:
   dsecd init-cluster [flags]   make the cluster's CA and the certificates of its apiservers and edges
   dsecd hollow-fleet [flags]   many hollow edges in one process, for control-plane scale tests
   dsecd token [flags]          mint an API token in a metadata store and print it
+  dsecd --version              print which build this is
 
 Run "dsecd COMMAND -h" for a command's flags. Every flag can also be set
 in the environment: --max-sandboxes as DSECD_MAX_SANDBOXES, and so on; the
 command line wins.
 `
 
-func main() {
-	args := os.Args[1:]
+func main() { os.Exit(dispatch(os.Args[1:], os.Stdout)) }
+
+// dispatch runs the command args name and returns the exit code.
+func dispatch(args []string, stdout io.Writer) int {
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
+		fmt.Fprintln(stdout, version.String("dsecd"))
+		return 0
+	}
 	cmd := ""
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
@@ -69,7 +78,7 @@ func main() {
 		fmt.Fprint(os.Stderr, usage)
 		code = 2
 	}
-	os.Exit(code)
+	return code
 }
 
 // nodeFlags are the settings of a node: the all-in-one dsecd's and an

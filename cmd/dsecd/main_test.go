@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"io"
+	"strings"
 	"testing"
 
 	"dsec.dev/dsec/internal/daemon"
@@ -31,5 +32,15 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	bad := map[string]string{"DSECD_MAX_SANDBOXES": "many"}
 	if err := fromEnv(fs, func(k string) string { return bad[k] }); err == nil {
 		t.Error("a malformed variable was taken")
+	}
+}
+
+// TestVersion: dsecd --version prints which build this is and exits 0.
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"--version", "version"} {
+		var out strings.Builder
+		if code := dispatch([]string{arg}, &out); code != 0 || !strings.HasPrefix(out.String(), "dsecd ") || !strings.Contains(out.String(), "go1.") {
+			t.Errorf("dsecd %s: exit %d, %q", arg, code, out.String())
+		}
 	}
 }

@@ -59,6 +59,21 @@ func Addr(addr string) string {
 	return DefaultAddr
 }
 
+// addrFrom says where Addr(addr) takes the address from: name (the
+// caller's, when addr is set), "$DSEC_ADDR", or DefaultAddr.
+func addrFrom(addr, name string) string {
+	switch {
+	case addr != "":
+		if name == "" {
+			name = "Dial's address"
+		}
+		return name
+	case os.Getenv("DSEC_ADDR") != "":
+		return "$DSEC_ADDR"
+	}
+	return DefaultAddr
+}
+
 // Options are how Dial finds and proves itself to the servers; the zero
 // value reads the environment.
 type Options struct {
@@ -71,6 +86,9 @@ type Options struct {
 	// CAFile is a PEM bundle to verify https:// servers with; "" means
 	// $DSEC_CA_FILE, else the system roots.
 	CAFile string
+	// AddrName is what messages call the address Dial was given (the
+	// CLI's "--addr"); see AddrFrom.
+	AddrName string
 }
 
 // Clients are the services of a dsecd or of a cluster of apiservers.
@@ -110,7 +128,7 @@ func DialWith(addr string, o Options) (*Clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pool{cred: cred}
+	p := &pool{cred: cred, addrFrom: addrFrom(addr, o.AddrName)}
 	for _, a := range addrs {
 		ep, socket, err := parseEndpoint(a)
 		if err != nil {

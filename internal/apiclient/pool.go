@@ -105,6 +105,8 @@ type pool struct {
 	// basePath is the path of the base URL the generated clients are made
 	// with, which each endpoint's prefix replaces.
 	basePath string
+	// addrFrom says where the addresses came from (see AddrFrom).
+	addrFrom string
 }
 
 // advance moves the current endpoint past i, unless another call has moved it already.
@@ -234,11 +236,14 @@ func (v via) RoundTrip(req *http.Request) (*http.Response, error) {
 		errs = append(errs, fmt.Errorf("%s: %w", ep.addr, err))
 		p.advance(i)
 	}
-	return nil, &unreachableError{errs: errs}
+	return nil, &unreachableError{errs: errs, from: p.addrFrom}
 }
 
 // unreachableError: no endpoint could be reached.
-type unreachableError struct{ errs []error }
+type unreachableError struct {
+	errs []error
+	from string // where the addresses came from (AddrFrom)
+}
 
 func (e *unreachableError) Error() string {
 	if len(e.errs) == 1 {
@@ -258,6 +263,17 @@ func (e *unreachableError) Unwrap() []error { return e.errs }
 func Unreachable(err error) bool {
 	var ue *unreachableError
 	return errors.As(err, &ue)
+}
+
+// AddrFrom says where the addresses an unreachable err tried came from:
+// the caller's (Options.AddrName, "" when unnamed), "$DSEC_ADDR", or
+// DefaultAddr for the default. "" when err is not Unreachable.
+func AddrFrom(err error) string {
+	var ue *unreachableError
+	if !errors.As(err, &ue) {
+		return ""
+	}
+	return ue.from
 }
 
 // heldBody lets a request body outlive an attempt that never reached a

@@ -13,14 +13,17 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/protobuf/proto"
 
 	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/pbjson"
+	"dsec.dev/dsec/internal/version"
 )
 
 // app holds what every command shares.
@@ -46,13 +49,22 @@ func (e *exitCode) Error() string { return e.msg }
 // Main runs the CLI with args and returns the process exit code.
 func Main(args []string) int {
 	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	return a.main(args)
+}
+
+// main runs the CLI with args and returns the exit code: 0, the code an
+// error asks for, 1 for any other error, or 128+N after signal N (130 for
+// Ctrl-C, as a shell reports a program it interrupted).
+func (a *app) main(args []string) int {
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, interrupted := interruptible()
 	err := root.ExecuteContext(ctx)
+	if n := interrupted(); n != 0 {
+		return 128 + n
+	}
 	if err == nil {
 		return 0
 	}
@@ -67,13 +79,41 @@ func Main(args []string) int {
 	return 1
 }
 
+// interruptible is a context that SIGINT or SIGTERM cancels, and a
+// function that stops watching for them and returns the one that came (0
+// for none). After the first, a second one ends the program at once, as
+// if dsec did not handle them: a cleanup that hangs does not trap the user.
+func interruptible() (context.Context, func() int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	var caught atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case s := <-sigs:
+			signal.Stop(sigs)
+			caught.Store(int32(s.(syscall.Signal)))
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() int {
+		signal.Stop(sigs)
+		cancel()
+		<-done
+		return int(caught.Load())
+	}
+}
+
 // describe turns an RPC error into plain words.
 func describe(err error) string {
 	var ce *connect.Error
 	if errors.As(err, &ce) {
 		msg := ce.Message()
 		if ce.Code() == connect.CodeUnavailable && (apiclient.Unreachable(err) || strings.Contains(msg, "connect:")) {
-			return "cannot reach dsecd (" + msg + "); is it running? (address from --addr or $DSEC_ADDR)"
+			return "cannot reach dsecd (" + msg + "); is it running? (" + addrWhence(apiclient.AddrFrom(err)) + ")"
 		}
 		// The server's message ends with its error kind in words ("…: not
 		// found"); the code in brackets says it already.
@@ -83,14 +123,26 @@ func describe(err error) string {
 	return err.Error()
 }
 
+// addrWhence says where the address of an unreachable call came from.
+func addrWhence(from string) string {
+	switch from {
+	case "":
+		return "address from --addr, else $DSEC_ADDR, else " + apiclient.DefaultAddr
+	case apiclient.DefaultAddr:
+		return "the default address; --addr or $DSEC_ADDR name another"
+	}
+	return "address from " + from
+}
+
 func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "dsec",
+		Version:       version.String("dsec"),
 		Short:         "dsec: elastic sandboxes for agentic RL and evaluation",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiclient.DialWith(a.addr, apiclient.Options{Token: a.token, TokenName: "--token", CAFile: a.caFile})
+			c, err := apiclient.DialWith(a.addr, apiclient.Options{Token: a.token, TokenName: "--token", CAFile: a.caFile, AddrName: "--addr"})
 			if err != nil {
 				return err
 			}
@@ -98,6 +150,7 @@ func (a *app) rootCommand() *cobra.Command {
 			return nil
 		},
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().StringVar(&a.addr, "addr", "", "dsecd or apiserver address, or a comma-separated list to fail over between: unix:///path, host:port, http://host:port or https://host:port (default $DSEC_ADDR, else "+apiclient.DefaultAddr+")")
 	root.PersistentFlags().StringVar(&a.token, "token", "", "bearer token (default $DSEC_TOKEN, else the file $DSEC_TOKEN_FILE, else "+apiclient.DefaultTokenFile+" if readable)")
 	root.PersistentFlags().StringVar(&a.caFile, "ca-file", "", "PEM bundle to verify https:// addresses with (default $DSEC_CA_FILE, else the system roots)")
@@ -108,11 +161,52 @@ func (a *app) rootCommand() *cobra.Command {
 		a.psCommand(), a.attachCommand(), a.killCommand(),
 		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.imageCommand(), a.poolCommand(), a.fnCommand(), a.e2bCommand(),
 	)
+	root.SetFlagErrorFunc(flagError)
 	// cobra adds these as it executes; added now, refuseUnknown sees them.
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	refuseUnknown(root)
 	return root
+}
+
+// flagError adds to an unknown flag's error the command's flags nearest
+// to it: --memory gets "did you mean --memory-mb?".
+func flagError(cmd *cobra.Command, err error) error {
+	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !ok {
+		return err
+	}
+	var near []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if !f.Hidden && (strings.HasPrefix(f.Name, name) || strings.HasPrefix(name, f.Name) || editDistance(name, f.Name) <= 2) {
+			near = append(near, "--"+f.Name)
+		}
+	})
+	if len(near) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (did you mean %s?)", err, strings.Join(near, " or "))
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // refuseUnknown makes every command below c that holds subcommands refuse

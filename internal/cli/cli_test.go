@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,9 @@ type fakeSandboxes struct {
 	mu       sync.Mutex
 	requests []any
 	warnings []string
+	// execHangs, if set, makes Exec say so on it and wait for its caller
+	// to go away.
+	execHangs chan struct{}
 }
 
 func (f *fakeSandboxes) got(m any) {
@@ -54,12 +58,17 @@ func (f *fakeSandboxes) List(ctx context.Context, r *connect.Request[dsecv1.List
 
 func (f *fakeSandboxes) Exec(ctx context.Context, r *connect.Request[dsecv1.ExecRequest], s *connect.ServerStream[dsecv1.ExecEvent]) error {
 	f.got(r.Msg)
+	if f.execHangs != nil {
+		f.execHangs <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	return s.Send(&dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Exited{Exited: &dsecv1.ExecExited{Status: dsecv1.ExitStatus_EXIT_STATUS_OK}}})
 }
 
 func (f *fakeSandboxes) SetNetworkRules(ctx context.Context, r *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
 	f.got(r.Msg)
-	return connect.NewResponse(&dsecv1.SetNetworkRulesResponse{}), nil
+	return connect.NewResponse(&dsecv1.SetNetworkRulesResponse{Warnings: f.warnings}), nil
 }
 
 func (f *fakeSandboxes) Signal(ctx context.Context, r *connect.Request[dsecv1.SignalRequest]) (*connect.Response[dsecv1.SignalResponse], error) {
@@ -198,6 +207,31 @@ func TestExecEnvFlag(t *testing.T) {
 		if len(env) != 2 || env["A"] != "1" || env["B"] != "2" {
 			t.Errorf("dsec %s: sent env %v", strings.Join(args, " "), env)
 		}
+	}
+}
+
+// TestExecFlagsEndAtTheID: as with docker exec, what follows the ID is the
+// command, its own flags included; "--" before it still works.
+func TestExecFlagsEndAtTheID(t *testing.T) {
+	f, addr := startFake(t)
+	for _, tc := range []struct {
+		args []string
+		argv []string
+	}{
+		{[]string{"exec", "sb-n1-a", "ls", "-la"}, []string{"ls", "-la"}},
+		{[]string{"exec", "-e", "A=1", "sb-n1-a", "--", "ls", "-la", "--", "x"}, []string{"ls", "-la", "--", "x"}},
+		{[]string{"exec", "sb-n1-a", "sh", "-c", "echo --json"}, []string{"sh", "-c", "echo --json"}},
+	} {
+		if _, _, err := runCLIErr(t, addr, tc.args...); err != nil {
+			t.Errorf("dsec %s: %v", strings.Join(tc.args, " "), err)
+			continue
+		}
+		if got := f.last().(*dsecv1.ExecRequest).GetArgv(); !slices.Equal(got, tc.argv) {
+			t.Errorf("dsec %s sent argv %q, want %q", strings.Join(tc.args, " "), got, tc.argv)
+		}
+	}
+	if _, _, err := runCLIErr(t, addr, "exec", "sb-n1-a", "--"); err == nil || !strings.Contains(err.Error(), "no command to run in sb-n1-a") {
+		t.Errorf("dsec exec ID --: %v", err)
 	}
 }
 

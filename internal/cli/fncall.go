@@ -274,11 +274,11 @@ func (a *app) fnLanguagesCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tENVIRONMENT\tFILE\tCOMPILE\tRUN")
 			for _, l := range langs {
-				compile := strings.Join(l.GetCompileArgv(), " ")
+				compile := showArgv(l.GetCompileArgv())
 				if compile == "" {
 					compile = "-"
 				}
-				run := strings.Join(l.GetRunArgv(), " ")
+				run := showArgv(l.GetRunArgv())
 				if l.GetZygote() {
 					run += " (warm interpreter)"
 				}
@@ -287,4 +287,22 @@ func (a *app) fnLanguagesCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
+}
+
+// showArgv writes an argv on one line of a table: each argument quoted as
+// a shell would need it, one of several lines (go_test's script) cut to
+// its first and "…".
+func showArgv(argv []string) string {
+	out := make([]string, len(argv))
+	for i, arg := range argv {
+		if first, _, cut := strings.Cut(arg, "\n"); cut {
+			arg = first + " …"
+		}
+		arg = strings.ReplaceAll(arg, "\t", " ")
+		if arg == "" || strings.ContainsAny(arg, " '\"$`\\|&;<>()*?[]{}~#!") {
+			arg = "'" + strings.ReplaceAll(arg, "'", `'\''`) + "'"
+		}
+		out[i] = arg
+	}
+	return strings.Join(out, " ")
 }

@@ -44,6 +44,9 @@ func (f *fakeFnCall) ListLanguages(context.Context, *connect.Request[dsecv1.List
 		{Name: "python", Environment: "fncall:latest", SourceFile: "tmp_code.py", RunArgv: []string{"python", "tmp_code.py"}, Zygote: true},
 		{Name: "cpp", Environment: "fncall:latest", Compiled: true, SourceFile: "tmp_code.cpp",
 			CompileArgv: []string{"g++", "-std=c++17", "tmp_code.cpp", "-o", "test"}, RunArgv: []string{"./test"}},
+		// A script of several lines, with tabs, as go_test's.
+		{Name: "go_test", Environment: "fncall:latest", SourceFile: "tmp_code_test.go",
+			RunArgv: []string{"/bin/sh", "-c", "c=${GOCACHE:-$HOME/.cache/go-build}\nif [ ! -e \"$c\" ]; then\n\tmkdir -p \"$c\"\nfi\nexec go test \"$1\"", "go_test", "tmp_code_test.go"}},
 	}}), nil
 }
 
@@ -187,9 +190,11 @@ func TestFnRunExitCodes(t *testing.T) {
 func TestFnLanguages(t *testing.T) {
 	addr := startFnFake(t, &fakeFnCall{})
 	stdout, stderr, code := runCLIIn(t, addr, "", "fn", "languages")
-	want := "NAME    ENVIRONMENT    FILE          COMPILE                              RUN\n" +
-		"cpp     fncall:latest  tmp_code.cpp  g++ -std=c++17 tmp_code.cpp -o test  ./test\n" +
-		"python  fncall:latest  tmp_code.py   -                                    python tmp_code.py (warm interpreter)\n"
+	// One row a language, whatever its commands hold.
+	want := "NAME     ENVIRONMENT    FILE              COMPILE                              RUN\n" +
+		"cpp      fncall:latest  tmp_code.cpp      g++ -std=c++17 tmp_code.cpp -o test  ./test\n" +
+		"go_test  fncall:latest  tmp_code_test.go  -                                    /bin/sh -c 'c=${GOCACHE:-$HOME/.cache/go-build} …' go_test tmp_code_test.go\n" +
+		"python   fncall:latest  tmp_code.py       -                                    python tmp_code.py (warm interpreter)\n"
 	if stdout != want || stderr != "" || code != 0 {
 		t.Errorf("stdout:\n%s\nwant:\n%s\nstderr %q, exit %d", stdout, want, stderr, code)
 	}

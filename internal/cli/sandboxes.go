@@ -411,10 +411,13 @@ func (a *app) execCommand() *cobra.Command {
 	var background bool
 	var tag string
 	cmd := &cobra.Command{
-		Use:   "exec [flags] ID -- CMD [ARGS...]",
+		Use:   "exec [flags] ID [--] CMD [ARGS...]",
 		Short: "run a command in a sandbox, streaming its output; exits with its code",
-		Args:  commandArgs("exec ID -- CMD [ARGS...]", "ID"),
+		Args: func(cmd *cobra.Command, args []string) error {
+			return commandArgs("exec ID -- CMD [ARGS...]", "ID")(cmd, execArgs(args))
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			args = execArgs(args)
 			req, err := a.execRequest(args[0], &ef, args[1:])
 			if err != nil {
 				return err
@@ -456,7 +459,18 @@ func (a *app) execCommand() *cobra.Command {
 	ef.add(cmd, true)
 	cmd.Flags().BoolVarP(&background, "detach", "d", false, "run in the background and print its process ID (see dsec ps, attach, kill)")
 	cmd.Flags().StringVar(&tag, "tag", "", "name for a background command")
+	// Flags end at the ID, as docker exec's do: dsec exec ID ls -la.
+	cmd.Flags().SetInterspersed(false)
 	return cmd
+}
+
+// execArgs is exec's ID and command, without the "--" that may stand
+// between them (flags end at the ID, so the parser keeps it).
+func execArgs(args []string) []string {
+	if len(args) > 1 && args[1] == "--" {
+		return append(args[:1:1], args[2:]...)
+	}
+	return args
 }
 
 func (a *app) lsCommand() *cobra.Command {

@@ -114,6 +114,20 @@ func TestCLIFirstHour(t *testing.T) {
 	id := strings.TrimSpace(out)
 	t.Cleanup(func() { d.CLI("", "rm", id) })
 
+	// The binary says which build it is.
+	if out, errOut, code := d.CLI("", "--version"); code != 0 || !strings.HasPrefix(out, "dsec ") {
+		t.Errorf("dsec --version: %q %q %d", out, errOut, code)
+	}
+	// What follows the ID is the command, its flags included (docker
+	// exec's rule).
+	if out, errOut, code := d.CLI("", "exec", id, "ls", "-d", "/tmp"); code != 0 || out != "/tmp\n" {
+		t.Errorf("exec ID ls -d /tmp: %q %q %d", out, errOut, code)
+	}
+	// A mistyped ID names no sandbox, and the kind is said once.
+	if _, errOut, code := d.CLI("", "inspect", id[:len(id)-1]); code == 0 || errOut != "dsec: no sandbox "+id[:len(id)-1]+" (not_found)\n" {
+		t.Errorf("inspect of a mistyped ID: %q %d", errOut, code)
+	}
+
 	// exec takes --env, as run and create do.
 	if out, errOut, code := d.CLI("", "exec", "--env", "GREETING=hi", id, "--", "sh", "-c", "echo $GREETING"); code != 0 || out != "hi\n" {
 		t.Errorf("exec --env: %q %q %d", out, errOut, code)
