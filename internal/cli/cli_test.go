@@ -76,6 +76,18 @@ func (f *fakeSandboxes) Signal(ctx context.Context, r *connect.Request[dsecv1.Si
 	return connect.NewResponse(&dsecv1.SignalResponse{}), nil
 }
 
+// lastOf is the last request that match says yes to, or nil.
+func (f *fakeSandboxes) lastOf(match func(any) bool) any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := len(f.requests) - 1; i >= 0; i-- {
+		if match(f.requests[i]) {
+			return f.requests[i]
+		}
+	}
+	return nil
+}
+
 func (f *fakeSandboxes) last() any {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -232,6 +244,22 @@ func TestExecFlagsEndAtTheID(t *testing.T) {
 	}
 	if _, _, err := runCLIErr(t, addr, "exec", "sb-n1-a", "--"); err == nil || !strings.Contains(err.Error(), "no command to run in sb-n1-a") {
 		t.Errorf("dsec exec ID --: %v", err)
+	}
+	// run's flags end at the environment, as docker run's at the image.
+	for _, tc := range []struct {
+		args []string
+		argv []string
+	}{
+		{[]string{"run", "b:1", "ls", "-la"}, []string{"ls", "-la"}},
+		{[]string{"run", "--memory-mb", "64", "b:1", "--", "ls", "--json"}, []string{"ls", "--json"}},
+	} {
+		if _, _, err := runCLIErr(t, addr, tc.args...); err != nil {
+			t.Errorf("dsec %s: %v", strings.Join(tc.args, " "), err)
+			continue
+		}
+		if got := f.lastOf(func(m any) bool { _, ok := m.(*dsecv1.ExecRequest); return ok }).(*dsecv1.ExecRequest).GetArgv(); !slices.Equal(got, tc.argv) {
+			t.Errorf("dsec %s sent argv %q, want %q", strings.Join(tc.args, " "), got, tc.argv)
+		}
 	}
 }
 

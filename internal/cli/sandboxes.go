@@ -343,10 +343,13 @@ func (a *app) runCommand() *cobra.Command {
 	var sf specFlags
 	var ef execFlags
 	cmd := &cobra.Command{
-		Use:   "run [flags] ENV -- CMD [ARGS...]",
+		Use:   "run [flags] ENV [--] CMD [ARGS...]",
 		Short: "create a sandbox, run one command in it, delete it; exits with the command's code",
-		Args:  commandArgs("run ENV -- CMD [ARGS...]", "ENV"),
+		Args: func(cmd *cobra.Command, args []string) error {
+			return commandArgs("run ENV -- CMD [ARGS...]", "ENV")(cmd, execArgs(args))
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			args = execArgs(args)
 			ctx := cmd.Context()
 			spec, err := sf.spec(args[0])
 			if err != nil {
@@ -373,6 +376,9 @@ func (a *app) runCommand() *cobra.Command {
 	}
 	sf.add(cmd)
 	ef.add(cmd, false)
+	// Flags end at the environment, as docker run's do at the image:
+	// dsec run ENV ls -la.
+	cmd.Flags().SetInterspersed(false)
 	return cmd
 }
 
@@ -464,8 +470,9 @@ func (a *app) execCommand() *cobra.Command {
 	return cmd
 }
 
-// execArgs is exec's ID and command, without the "--" that may stand
-// between them (flags end at the ID, so the parser keeps it).
+// execArgs is exec's ID (run's environment) and command, without the "--"
+// that may stand between them (flags end at the ID, so the parser keeps
+// it).
 func execArgs(args []string) []string {
 	if len(args) > 1 && args[1] == "--" {
 		return append(args[:1:1], args[2:]...)
