@@ -25,11 +25,13 @@ func (a *app) pauseCommand() *cobra.Command {
 		Use:   "pause ID... | pause --label K=V",
 		Short: "freeze sandboxes and release their memory (any call resumes them)",
 		Long: `Pause freezes each sandbox and pushes its memory out of RAM: the page cache
-is dropped, and anonymous memory goes to swap where the node has it (dsecd
---swap). A paused sandbox survives a restart of its node's dsecd; any call
-that runs in it (exec, files, shell, network rules) resumes it first, unless
-it was made with auto_resume false. With --label, every running sandbox with
-those labels is paused: a preempted trainer pauses its whole job this way.`,
+is dropped, and anonymous and shared memory (files in /dev/shm and other
+tmpfs) go to swap where the node has it (dsecd --swap). Each line says what
+was released and what was kept in RAM, and why where the node can tell. A
+paused sandbox survives a restart of its node's dsecd; any call that runs in
+it (exec, files, shell, network rules) resumes it first, unless it was made
+with auto_resume false. With --label, every running sandbox with those
+labels is paused: a preempted trainer pauses its whole job this way.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ids, err := a.selectIDs(cmd.Context(), args, labels, []dsecv1.State{dsecv1.State_STATE_RUNNING})
 			if err != nil {
@@ -49,6 +51,12 @@ those labels is paused: a preempted trainer pauses its whole job this way.`,
 					humanBytes(st.GetReleasedBytes()), humanBytes(st.GetResidentBytes()))
 				if st.GetSwappedBytes() > 0 {
 					line += fmt.Sprintf(" (%s to swap)", humanBytes(st.GetSwappedBytes()))
+				}
+				if !keepMemory {
+					line += fmt.Sprintf(", kept %s in RAM", humanBytes(st.GetKeptBytes()))
+				}
+				if r := st.GetKeptReason(); r != "" {
+					line += ": " + r
 				}
 				return resp.Msg, line, nil
 			})

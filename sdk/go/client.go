@@ -469,6 +469,22 @@ type PauseResult struct {
 	// Resident is the sandbox's memory in RAM before; Released what left
 	// RAM; Swapped what of that went to swap (the rest was page cache).
 	Resident, Released, Swapped int64
+	// Kept is what stayed in RAM (Resident - Released), by kind, and
+	// KeptReason why, in words, where the node can tell ("" when no kind
+	// of memory left as much as 1 MiB).
+	Kept       KeptMemory
+	KeptReason string
+}
+
+// KeptMemory is what of a paused sandbox's memory stayed in RAM, in bytes.
+type KeptMemory struct {
+	Total int64
+	Anon  int64 // its processes' anonymous memory
+	// Shmem is shared memory: files in tmpfs such as /dev/shm, System V
+	// segments, shared mappings. Like Anon it leaves RAM only through swap.
+	Shmem  int64
+	Cache  int64 // page cache
+	Kernel int64 // kernel memory charged to it (page tables, kernel objects): never leaves RAM
 }
 
 // Pause freezes sandbox id and pushes its memory out of RAM (keepMemory:
@@ -489,6 +505,11 @@ func (c *Client) Pause(ctx context.Context, id string, keepMemory bool) (*Sandbo
 		Frozen:        time.Duration(st.GetFrozenUs()) * time.Microsecond,
 		Reclaim:       time.Duration(st.GetReclaimMs()) * time.Millisecond,
 		Resident:      st.GetResidentBytes(), Released: st.GetReleasedBytes(), Swapped: st.GetSwappedBytes(),
+		Kept: KeptMemory{
+			Total: st.GetKeptBytes(), Anon: st.GetKeptAnonBytes(), Shmem: st.GetKeptShmemBytes(),
+			Cache: st.GetKeptCacheBytes(), Kernel: st.GetKeptKernelBytes(),
+		},
+		KeptReason: st.GetKeptReason(),
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 // TestFnCallSandbox checks what the fncall backend adds to a container
@@ -110,6 +113,42 @@ func TestFnCallSandbox(t *testing.T) {
 		sb.must(t, "dd if=/dev/zero of=/tmp/f bs=1M count=16 2>/dev/null && echo ok")
 		if after := readMemoryUsage(t, fn, s.ID); after-before < 12<<20 {
 			t.Errorf("memory use %d -> %d after 16 MiB into /tmp: tmpfs not charged to the sandbox", before, after)
+		}
+	})
+
+	t.Run("pause pushes /tmp out", func(t *testing.T) {
+		// What /tmp holds is shared memory: with swap a pause pushes it out,
+		// even just read back, and resume's prefetch reads it in again.
+		testutil.RequireCommand(t, "mkswap")
+		dir := filepath.Join(t.TempDir(), "swap")
+		t.Cleanup(func() {
+			if err := swap.Remove(dir); err != nil {
+				t.Errorf("remove swap: %v", err)
+			}
+		})
+		if _, err := swap.Provision(ctx, dir, swap.Config{Kind: swap.File, Size: 128 << 20}, slog.New(slog.DiscardHandler)); err != nil {
+			t.Fatal(err)
+		}
+		sum := sb.must(t, "dd if=/dev/urandom of=/tmp/r bs=1M count=12 2>/dev/null && md5sum /tmp/r")
+		st, err := fn.Pause(ctx, s.ID, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("pause: resident %d MiB, released %d MiB, %d MiB to swap, kept %+v %q",
+			st.Resident>>20, st.Released>>20, st.Swapped>>20, st.Kept, st.KeptReason)
+		if st.Resident < 12<<20 || st.Released*10 < st.Resident*9 {
+			t.Errorf("a fncall sandbox with %d MiB in its tmpfs /tmp released %d of %d bytes, want at least 90 %%", st.Resident>>20, st.Released, st.Resident)
+		}
+		rs, err := fn.Resume(ctx, s.ID, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("resume: prefetch %s, %d MiB of tmpfs files advised", rs.Prefetch, rs.AdvisedTmpfs>>20)
+		if rs.AdvisedTmpfs < 12<<20 {
+			t.Errorf("resume's prefetch advised %d bytes of tmpfs files, want at least the 12 MiB of /tmp/r", rs.AdvisedTmpfs)
+		}
+		if got := sb.must(t, "md5sum /tmp/r"); got != sum {
+			t.Errorf("/tmp changed across the pause: %q, was %q", got, sum)
 		}
 	})
 

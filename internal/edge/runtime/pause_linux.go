@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"dsec.dev/dsec/internal/edge/runtime/cgroups"
 	"dsec.dev/dsec/internal/edge/runtime/pagein"
 	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
@@ -55,9 +57,10 @@ func (r *Container) Frozen(ctx context.Context, id string) (bool, error) {
 }
 
 // Pause freezes sandbox id and then, with reclaim, pushes its memory out
-// of RAM: page cache dropped, anonymous memory to swap where the node has
-// swap. A failure to reclaim leaves the sandbox frozen and says so in the
-// error's words; a failure to freeze leaves it running.
+// of RAM: page cache dropped, anonymous and shared memory (files in its
+// tmpfs mounts) to swap where the node has swap; the stats say what stayed
+// and why. A failure to reclaim leaves the sandbox frozen and says so in
+// the error's words; a failure to freeze leaves it running.
 func (r *Container) Pause(ctx context.Context, id string, reclaim bool) (PauseStats, error) {
 	var st PauseStats
 	t0 := time.Now()
@@ -72,17 +75,70 @@ func (r *Container) Pause(ctx context.Context, id string, reclaim bool) (PauseSt
 	rec, err := r.layout.Reclaim(ctx, r.cgroupRel(id), r.memoryLimit(id))
 	st.Reclaim = time.Since(t1)
 	st.Resident, st.Released, st.Swapped = rec.Before, max(rec.Before-rec.After, 0), rec.Swap
+	st.Kept = KeptMemory{Anon: rec.Kept.Anon, Shmem: rec.Kept.Shmem, Cache: rec.Kept.Cache, Kernel: rec.Kept.Kernel}
+	st.KeptReason = keptReason(rec)
 	if err != nil {
 		return st, fmt.Errorf("pause sandbox %s: frozen, but its memory stays in RAM: %w", id, err)
 	}
 	return st, nil
 }
 
+// keptWorthAWord is how much of one kind of memory a pause must leave in
+// RAM before keptReason names it: a sandbox's page tables and kernel
+// objects alone come to a few hundred KiB.
+const keptWorthAWord = 1 << 20
+
+// keptReason says in words why what a reclaim left in RAM stayed, where
+// the node can tell; "" when no kind of memory left keptWorthAWord.
+func keptReason(r cgroups.Reclaimed) string {
+	k := r.Kept
+	var why []string
+	if swappable := k.Anon + k.Shmem; swappable >= keptWorthAWord {
+		what := swappableWords(k)
+		switch {
+		case r.SwapFree <= 0:
+			why = append(why, what+" cannot leave RAM: the node has no swap (dsecd --swap)")
+		case r.SwapFreeAfter < swappable-k.Locked:
+			why = append(why, fmt.Sprintf("%s stayed: the node's swap has %s free", what, mib(r.SwapFreeAfter)))
+		case k.Locked >= swappable:
+			why = append(why, what+" is locked in RAM (mlock, SHM_LOCK)")
+		default:
+			w := what + " stayed although the node's swap had room: the kernel's reclaim did not take it"
+			if k.Locked > 0 {
+				w += fmt.Sprintf("; %s of it is locked in RAM (mlock, SHM_LOCK)", mib(k.Locked))
+			}
+			why = append(why, w)
+		}
+	}
+	if k.Cache >= keptWorthAWord {
+		why = append(why, mib(k.Cache)+" of page cache stayed: the kernel's reclaim did not drop it")
+	}
+	if k.Kernel >= keptWorthAWord {
+		why = append(why, mib(k.Kernel)+" is kernel memory (page tables, kernel objects), which never leaves RAM")
+	}
+	return strings.Join(why, "; ")
+}
+
+// swappableWords names the anonymous and shared memory of k.
+func swappableWords(k cgroups.Kept) string {
+	const shm = " of shared memory (tmpfs files such as /dev/shm, shared mappings)"
+	switch {
+	case k.Anon < keptWorthAWord/2:
+		return mib(k.Shmem) + shm
+	case k.Shmem < keptWorthAWord/2:
+		return mib(k.Anon) + " of process memory"
+	}
+	return mib(k.Shmem) + shm + " and " + mib(k.Anon) + " of process memory"
+}
+
+// mib is n bytes in MiB, in words.
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
 // Resume thaws sandbox id. With prefetch, it first asks the kernel to read
-// the frozen processes' swapped-out memory back (MADV_WILLNEED), so that
-// the first touch after the thaw does not fault it in page by page. The
-// memory limit is set again from the sandbox's bundle, whatever an
-// interrupted pause left.
+// the frozen processes' swapped-out memory and the files of the sandbox's
+// tmpfs mounts back (MADV_WILLNEED), so that the first touch after the
+// thaw does not fault them in page by page. The memory limit is set again
+// from the sandbox's bundle, whatever an interrupted pause left.
 func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (ResumeStats, error) {
 	var st ResumeStats
 	rel := r.cgroupRel(id)
@@ -101,12 +157,25 @@ func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (Resum
 		if err != nil {
 			r.log.Warn("list processes to prefetch", "id", id, "err", err)
 		}
+		namespaces := map[string]bool{}
 		for _, pid := range pids {
 			n, err := pagein.WillNeed(pid)
 			if err != nil {
 				r.log.Debug("prefetch process memory", "id", id, "pid", pid, "err", err)
 			}
 			st.Advised += n
+			// The files in its tmpfs mounts (/dev/shm, a tmpfs /tmp), once
+			// per mount namespace.
+			ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+			if err != nil || namespaces[ns] {
+				continue
+			}
+			namespaces[ns] = true
+			n, err = pagein.WillNeedTmpfs(pid)
+			if err != nil {
+				r.log.Debug("prefetch tmpfs files", "id", id, "pid", pid, "err", err)
+			}
+			st.AdvisedTmpfs += n
 		}
 		st.Prefetch = time.Since(t0)
 	}

@@ -278,15 +278,35 @@ type PauseStats struct {
 	// pause and what left RAM; Swapped is what of it went to swap (the
 	// rest was page cache, dropped).
 	Resident, Released, Swapped int64
+	// Kept is what stayed in RAM (Resident - Released), by kind, and
+	// KeptReason why, in words, where the node can tell ("" when nothing
+	// worth a word stayed).
+	Kept       KeptMemory
+	KeptReason string
 }
+
+// KeptMemory is what of a paused sandbox's memory stayed in RAM, by kind,
+// in bytes.
+type KeptMemory struct {
+	Anon  int64 // its processes' private anonymous memory
+	Shmem int64 // shared memory: files in tmpfs (/dev/shm, a tmpfs /tmp), System V segments, shared mappings
+	Cache int64 // page cache of files on disk
+	// Kernel is kernel memory charged to the sandbox (page tables, kernel
+	// objects), which never leaves RAM.
+	Kernel int64
+}
+
+// Total is all of k.
+func (k KeptMemory) Total() int64 { return k.Anon + k.Shmem + k.Cache + k.Kernel }
 
 // ResumeStats is what Resume did.
 type ResumeStats struct {
 	Prefetch time.Duration // reading swapped memory back, while still frozen
 	Thaw     time.Duration
-	// Advised is the bytes of anonymous mappings the kernel was asked to
-	// bring back.
-	Advised int64
+	// Advised is the bytes of anonymous and shared memory mappings the
+	// kernel was asked to bring back; AdvisedTmpfs the bytes of files in
+	// the sandbox's tmpfs mounts (/dev/shm, a tmpfs /tmp).
+	Advised, AdvisedTmpfs int64
 }
 
 const (

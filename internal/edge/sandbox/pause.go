@@ -59,8 +59,13 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 			return nil, false, fmt.Errorf("pause sandbox %s: %w", id, err)
 		}
 		// Frozen, but its memory could not be pushed out: it is paused
-		// all the same, and the stats say what stayed.
+		// all the same, and the stats say what stayed and why.
 		m.log.Warn("paused sandbox keeps its memory in RAM", "id", id, "err", err)
+		why := "pushing its memory out failed: " + err.Error()
+		if st.KeptReason != "" {
+			why = st.KeptReason + "; " + why
+		}
+		st.KeptReason = why
 	}
 	now := time.Now()
 	sb.rec.State = dsecv1.State_STATE_PAUSED
@@ -68,7 +73,8 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 	sb.rec.LastPause = pauseStats(st)
 	m.save(sb.rec)
 	m.log.Info("sandbox paused", "id", id, "frozen", st.Frozen, "reclaim", st.Reclaim,
-		"resident_mb", st.Resident>>20, "released_mb", st.Released>>20, "swapped_mb", st.Swapped>>20)
+		"resident_mb", st.Resident>>20, "released_mb", st.Released>>20, "swapped_mb", st.Swapped>>20,
+		"kept_mb", st.Kept.Total()>>20, "kept_reason", st.KeptReason)
 	return cloneRec(sb.rec), false, nil
 }
 
@@ -76,6 +82,8 @@ func pauseStats(st runtime.PauseStats) *dsecv1.PauseStats {
 	return &dsecv1.PauseStats{
 		FrozenUs: st.Frozen.Microseconds(), ReclaimMs: st.Reclaim.Milliseconds(),
 		ResidentBytes: st.Resident, ReleasedBytes: st.Released, SwappedBytes: st.Swapped,
+		KeptBytes: st.Kept.Total(), KeptAnonBytes: st.Kept.Anon, KeptShmemBytes: st.Kept.Shmem,
+		KeptCacheBytes: st.Kept.Cache, KeptKernelBytes: st.Kept.Kernel, KeptReason: st.KeptReason,
 	}
 }
 
@@ -133,7 +141,8 @@ func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsec
 	sb.lastActive = now
 	sb.pingFails = 0
 	m.save(sb.rec)
-	m.log.Info("sandbox resumed", "id", id, "prefetch", st.Prefetch, "thaw", st.Thaw)
+	m.log.Info("sandbox resumed", "id", id, "prefetch", st.Prefetch, "thaw", st.Thaw,
+		"advised_mb", st.Advised>>20, "advised_tmpfs_mb", st.AdvisedTmpfs>>20)
 	return cloneRec(sb.rec), false, st.Prefetch, nil
 }
 

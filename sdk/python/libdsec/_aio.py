@@ -911,7 +911,11 @@ class Sandbox:
         its node; any call that runs in it resumes it first (unless it was
         made with auto_resume=False). Returns what the pause did:
         already_paused, frozen_ms, reclaim_ms, resident_bytes,
-        released_bytes, swapped_bytes."""
+        released_bytes, swapped_bytes; kept_bytes, what stayed in RAM, by
+        kind (kept_anon_bytes, kept_shmem_bytes for files in /dev/shm and
+        other tmpfs, kept_cache_bytes, kept_kernel_bytes), and kept_reason,
+        why in words where the node can tell ("" when no kind of memory
+        left as much as 1 MiB)."""
         msg: Dict[str, Any] = {"sandboxId": self.id}
         if keep_memory:
             msg["keepMemory"] = True
@@ -925,6 +929,12 @@ class Sandbox:
             "resident_bytes": int(st.get("residentBytes", 0)),
             "released_bytes": int(st.get("releasedBytes", 0)),
             "swapped_bytes": int(st.get("swappedBytes", 0)),
+            "kept_bytes": int(st.get("keptBytes", 0)),
+            "kept_anon_bytes": int(st.get("keptAnonBytes", 0)),
+            "kept_shmem_bytes": int(st.get("keptShmemBytes", 0)),
+            "kept_cache_bytes": int(st.get("keptCacheBytes", 0)),
+            "kept_kernel_bytes": int(st.get("keptKernelBytes", 0)),
+            "kept_reason": st.get("keptReason", ""),
         }
 
     async def resume(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:

@@ -86,6 +86,10 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(sb.state, "paused")
         self.assertFalse(st["already_paused"])
         self.assertGreater(st["resident_bytes"], 0)
+        # What stayed in RAM, and why when it is worth a word.
+        self.assertLess(abs(st["kept_bytes"] - (st["resident_bytes"] - st["released_bytes"])), 1 << 20)
+        self.assertGreater(st["kept_kernel_bytes"], 0)
+        self.assertIsInstance(st["kept_reason"], str)
         self.assertTrue(sb.pause()["already_paused"])
         self.assertNotEqual(sb.refresh().pause_releases, "")
         # Any call resumes it.

@@ -917,6 +917,20 @@ type PauseStats struct {
 	ResidentBytes int64                  `protobuf:"varint,3,opt,name=resident_bytes,json=residentBytes,proto3" json:"resident_bytes,omitempty"` // in RAM before
 	ReleasedBytes int64                  `protobuf:"varint,4,opt,name=released_bytes,json=releasedBytes,proto3" json:"released_bytes,omitempty"` // left RAM (page cache dropped, anonymous memory swapped)
 	SwappedBytes  int64                  `protobuf:"varint,5,opt,name=swapped_bytes,json=swappedBytes,proto3" json:"swapped_bytes,omitempty"`    // of those, in swap
+	// What stayed in RAM (resident_bytes - released_bytes), by kind: its
+	// processes' anonymous memory; shared memory (files in tmpfs such as
+	// /dev/shm, System V segments, shared mappings), which like anonymous
+	// memory leaves RAM only through swap; page cache; kernel memory charged
+	// to the sandbox (page tables, kernel objects), which never leaves RAM.
+	KeptBytes       int64 `protobuf:"varint,6,opt,name=kept_bytes,json=keptBytes,proto3" json:"kept_bytes,omitempty"`
+	KeptAnonBytes   int64 `protobuf:"varint,7,opt,name=kept_anon_bytes,json=keptAnonBytes,proto3" json:"kept_anon_bytes,omitempty"`
+	KeptShmemBytes  int64 `protobuf:"varint,8,opt,name=kept_shmem_bytes,json=keptShmemBytes,proto3" json:"kept_shmem_bytes,omitempty"`
+	KeptCacheBytes  int64 `protobuf:"varint,9,opt,name=kept_cache_bytes,json=keptCacheBytes,proto3" json:"kept_cache_bytes,omitempty"`
+	KeptKernelBytes int64 `protobuf:"varint,10,opt,name=kept_kernel_bytes,json=keptKernelBytes,proto3" json:"kept_kernel_bytes,omitempty"`
+	// Why what stayed stayed, in words, where the node can tell (no swap,
+	// swap full, locked memory, kernel memory); "" when no kind of memory
+	// left as much as 1 MiB.
+	KeptReason    string `protobuf:"bytes,11,opt,name=kept_reason,json=keptReason,proto3" json:"kept_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -984,6 +998,48 @@ func (x *PauseStats) GetSwappedBytes() int64 {
 		return x.SwappedBytes
 	}
 	return 0
+}
+
+func (x *PauseStats) GetKeptBytes() int64 {
+	if x != nil {
+		return x.KeptBytes
+	}
+	return 0
+}
+
+func (x *PauseStats) GetKeptAnonBytes() int64 {
+	if x != nil {
+		return x.KeptAnonBytes
+	}
+	return 0
+}
+
+func (x *PauseStats) GetKeptShmemBytes() int64 {
+	if x != nil {
+		return x.KeptShmemBytes
+	}
+	return 0
+}
+
+func (x *PauseStats) GetKeptCacheBytes() int64 {
+	if x != nil {
+		return x.KeptCacheBytes
+	}
+	return 0
+}
+
+func (x *PauseStats) GetKeptKernelBytes() int64 {
+	if x != nil {
+		return x.KeptKernelBytes
+	}
+	return 0
+}
+
+func (x *PauseStats) GetKeptReason() string {
+	if x != nil {
+		return x.KeptReason
+	}
+	return ""
 }
 
 type PauseRequest struct {
@@ -7713,7 +7769,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x0epaused_unix_ms\x18\x0f \x01(\x03R\fpausedUnixMs\x122\n" +
 	"\n" +
 	"last_pause\x18\x10 \x01(\v2\x13.dsec.v1.PauseStatsR\tlastPause\x12%\n" +
-	"\x0epause_releases\x18\x11 \x01(\tR\rpauseReleases\"\xbb\x01\n" +
+	"\x0epause_releases\x18\x11 \x01(\tR\rpauseReleases\"\xa3\x03\n" +
 	"\n" +
 	"PauseStats\x12\x1b\n" +
 	"\tfrozen_us\x18\x01 \x01(\x03R\bfrozenUs\x12\x1d\n" +
@@ -7721,7 +7777,16 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"reclaim_ms\x18\x02 \x01(\x03R\treclaimMs\x12%\n" +
 	"\x0eresident_bytes\x18\x03 \x01(\x03R\rresidentBytes\x12%\n" +
 	"\x0ereleased_bytes\x18\x04 \x01(\x03R\rreleasedBytes\x12#\n" +
-	"\rswapped_bytes\x18\x05 \x01(\x03R\fswappedBytes\"N\n" +
+	"\rswapped_bytes\x18\x05 \x01(\x03R\fswappedBytes\x12\x1d\n" +
+	"\n" +
+	"kept_bytes\x18\x06 \x01(\x03R\tkeptBytes\x12&\n" +
+	"\x0fkept_anon_bytes\x18\a \x01(\x03R\rkeptAnonBytes\x12(\n" +
+	"\x10kept_shmem_bytes\x18\b \x01(\x03R\x0ekeptShmemBytes\x12(\n" +
+	"\x10kept_cache_bytes\x18\t \x01(\x03R\x0ekeptCacheBytes\x12*\n" +
+	"\x11kept_kernel_bytes\x18\n" +
+	" \x01(\x03R\x0fkeptKernelBytes\x12\x1f\n" +
+	"\vkept_reason\x18\v \x01(\tR\n" +
+	"keptReason\"N\n" +
 	"\fPauseRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +

@@ -20,3 +20,20 @@ type Usage struct {
 	MemoryLimit int64
 	CacheBytes  int64 // of MemoryBytes, page cache
 }
+
+// Kept is what of a cgroup's memory a Reclaim left in RAM, by kind, in
+// bytes; children included.
+type Kept struct {
+	Anon int64 // processes' private anonymous memory
+	// Shmem is shared memory: files in tmpfs (/dev/shm, a tmpfs /tmp),
+	// System V segments, shared anonymous mappings. It leaves RAM only
+	// through swap, like Anon.
+	Shmem int64
+	Cache int64 // page cache of files on disk
+	// Kernel is kernel memory charged to the cgroup (page tables, kernel
+	// objects), which never leaves RAM.
+	Kernel int64
+	// Locked is what of Anon, Shmem and Cache the kernel holds unevictable
+	// (mlock, SHM_LOCK).
+	Locked int64
+}

@@ -1,9 +1,11 @@
 package cgroups
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -131,36 +133,63 @@ func (l *Layout) Procs(rel string) ([]int, error) {
 type Reclaimed struct {
 	Before, After int64 // memory charged to the cgroup (RAM: anonymous and page cache)
 	Swap          int64 // of the cgroup's memory, the bytes in swap afterwards
+	Kept          Kept  // what of After stayed, by kind
+	// SwapFree is the node's free swap when the reclaim began, and
+	// SwapFreeAfter when it ended.
+	SwapFree, SwapFreeAfter int64
 }
 
 // Reclaim pushes rel's memory out of RAM while its tasks are frozen: the
-// page cache is dropped, and anonymous memory goes to swap when the node
-// has swap (without it, anonymous memory cannot leave RAM, and After says
-// how much stayed). limit is the cgroup's memory limit, put back at the end
-// (0: none). On v1 it drops the cache with memory.force_empty, then lowers
-// memory.limit_in_bytes to force the rest out and raises it again; on v2 it
-// writes memory.reclaim, letting the cgroup swap meanwhile.
+// page cache is dropped, and anonymous and shared memory (tmpfs files such
+// as /dev/shm) go to swap when the node has swap (without it they cannot
+// leave RAM, and Kept says how much stayed). limit is the cgroup's memory
+// limit, put back at the end (0: none). On v1 it drops the cache with
+// memory.force_empty, then lowers memory.limit_in_bytes to force the rest
+// out and raises it again; on v2 it writes memory.reclaim, letting the
+// cgroup swap meanwhile.
+//
+// The kernel's reclaim (the classic LRU lists of this kernel, not MGLRU)
+// swaps pages out from the inactive list and refills it from the active
+// list only while the cgroup's statistics say it is short; those are
+// brought up to date at most every two seconds. Pages touched twice just
+// before the pause (a file in /dev/shm written and read back) are active
+// while the statistics still count them inactive: reclaim would swap out
+// only what really was inactive, then find nothing to scan and give up.
+// Reading memory.stat brings the statistics up to date (an rstat flush),
+// so Reclaim reads it before reclaiming and before each step of the v1
+// shrink.
 func (l *Layout) Reclaim(ctx context.Context, rel string, limit int64) (Reclaimed, error) {
+	var r Reclaimed
+	r.SwapFree = swapFree()
 	if l.v2 {
-		return l.reclaimV2(rel)
+		err := l.reclaimV2(rel, &r)
+		r.SwapFreeAfter = swapFree()
+		return r, err
 	}
 	dir := l.Dir("memory", rel)
 	usage := filepath.Join(dir, "memory.usage_in_bytes")
-	var r Reclaimed
 	var err error
 	if r.Before, err = readInt(usage); err != nil {
 		return r, err
 	}
-	// Page cache first: it needs no swap and is the cheaper to drop.
+	if err := flushStats(dir); err != nil {
+		return r, err
+	}
+	// Page cache first: it needs no swap and is the cheaper to drop. With
+	// swap, force_empty swaps anonymous memory out as well.
 	if err := os.WriteFile(filepath.Join(dir, "memory.force_empty"), []byte("0"), 0); err != nil && !errors.Is(err, unix.EBUSY) {
 		return r, fmt.Errorf("drop the page cache of cgroup %s: %w", rel, err)
 	}
-	if swapFree() > 0 {
+	if r.SwapFree > 0 {
 		if err := shrinkV1(ctx, dir, limit); err != nil {
 			return r, fmt.Errorf("swap out cgroup %s: %w", rel, err)
 		}
 	}
+	r.SwapFreeAfter = swapFree()
 	if r.After, err = readInt(usage); err != nil {
+		return r, err
+	}
+	if r.Kept, err = keptIn(dir, false, r.After); err != nil {
 		return r, err
 	}
 	if memsw, err := readInt(filepath.Join(dir, "memory.memsw.usage_in_bytes")); err == nil {
@@ -170,11 +199,13 @@ func (l *Layout) Reclaim(ctx context.Context, rel string, limit int64) (Reclaime
 }
 
 // shrinkV1 lowers the memory limit step by step towards nothing, so the
-// kernel swaps the cgroup's anonymous memory out, then puts limit back. A
-// step the kernel cannot meet (EBUSY) is tried again with half the step,
-// since the kernel gives up after a few reclaim rounds that a busy node's
-// swap writes can outlast; shrinkBusyTries refusals in a row (what is left
-// cannot be swapped) end the shrinking without an error.
+// kernel swaps the cgroup's anonymous and shared memory out, then puts
+// limit back. A step the kernel cannot meet (EBUSY) is tried again with
+// half the step, since the kernel gives up after a few reclaim rounds that
+// a busy node's swap writes can outlast; shrinkBusyTries refusals in a row
+// (what is left cannot be swapped) end the shrinking without an error.
+// Each step reads memory.stat first, which brings the statistics reclaim
+// goes by up to date (see Reclaim).
 func shrinkV1(ctx context.Context, dir string, limit int64) error {
 	file := filepath.Join(dir, "memory.limit_in_bytes")
 	defer os.WriteFile(file, []byte(limitValue(limit)), 0)
@@ -196,6 +227,9 @@ func shrinkV1(ctx context.Context, dir string, limit int64) error {
 		if step <= 0 {
 			return nil
 		}
+		if err := flushStats(dir); err != nil {
+			return err
+		}
 		if err := os.WriteFile(file, []byte(strconv.FormatInt(target, 10)), 0); err != nil {
 			if !errors.Is(err, unix.EBUSY) {
 				return err
@@ -212,12 +246,11 @@ func shrinkV1(ctx context.Context, dir string, limit int64) error {
 // shrinkBusyTries is how many refused steps in a row end a shrink.
 const shrinkBusyTries = 4
 
-func (l *Layout) reclaimV2(rel string) (Reclaimed, error) {
+func (l *Layout) reclaimV2(rel string, r *Reclaimed) error {
 	dir := l.Dir("", rel)
-	var r Reclaimed
 	var err error
 	if r.Before, err = readInt(filepath.Join(dir, "memory.current")); err != nil {
-		return r, err
+		return err
 	}
 	swapMax := filepath.Join(dir, "memory.swap.max")
 	if old, err := os.ReadFile(swapMax); err == nil {
@@ -225,16 +258,69 @@ func (l *Layout) reclaimV2(rel string) (Reclaimed, error) {
 			defer os.WriteFile(swapMax, old, 0)
 		}
 	}
+	if err := flushStats(dir); err != nil {
+		return err
+	}
 	// EAGAIN: the kernel reclaimed less than asked, which is expected
 	// without swap.
 	if err := os.WriteFile(filepath.Join(dir, "memory.reclaim"), []byte(strconv.FormatInt(r.Before, 10)), 0); err != nil && !errors.Is(err, unix.EAGAIN) {
-		return r, fmt.Errorf("reclaim the memory of cgroup %s: %w", rel, err)
+		return fmt.Errorf("reclaim the memory of cgroup %s: %w", rel, err)
 	}
 	if r.After, err = readInt(filepath.Join(dir, "memory.current")); err != nil {
-		return r, err
+		return err
+	}
+	if r.Kept, err = keptIn(dir, true, r.After); err != nil {
+		return err
 	}
 	r.Swap, _ = readInt(filepath.Join(dir, "memory.swap.current"))
-	return r, nil
+	return nil
+}
+
+// flushStats reads the memory.stat of the memory cgroup dir, which makes
+// the kernel bring the cgroup's statistics up to date (see Reclaim).
+func flushStats(dir string) error {
+	path := filepath.Join(dir, "memory.stat")
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	defer f.Close()
+	if _, err := io.Copy(io.Discard, f); err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	return nil
+}
+
+// keptIn reads what of usage bytes charged to the memory cgroup dir (v2:
+// the unified dir) stays in RAM, by kind, from its memory.stat.
+func keptIn(dir string, v2 bool, usage int64) (Kept, error) {
+	var anon, file, shmem, locked int64
+	// v1 counts shmem in cache, and only its "total_" keys include the
+	// children; v2 counts shmem in file, and every key includes them.
+	keys := map[string]*int64{"total_rss": &anon, "total_cache": &file, "total_shmem": &shmem, "total_unevictable": &locked}
+	if v2 {
+		keys = map[string]*int64{"anon": &anon, "file": &file, "shmem": &shmem, "unevictable": &locked}
+	}
+	path := filepath.Join(dir, "memory.stat")
+	f, err := os.Open(path)
+	if err != nil {
+		return Kept{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), " ")
+		if p := keys[k]; p != nil {
+			*p, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return Kept{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	return Kept{
+		Anon: anon, Shmem: shmem, Cache: max(file-shmem, 0), Locked: locked,
+		Kernel: max(usage-anon-file, 0),
+	}, nil
 }
 
 // swapFree is the node's free swap in bytes, all areas together.

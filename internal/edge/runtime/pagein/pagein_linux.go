@@ -1,9 +1,10 @@
-// Package pagein moves another process's anonymous memory between RAM and
-// swap from outside it, with process_madvise(2) over the process's
-// mappings: MADV_WILLNEED reads swapped pages back (so a resumed sandbox
-// does not fault them in one by one), MADV_PAGEOUT pushes them out. Both
-// work on frozen tasks; they need CAP_SYS_NICE and ptrace rights over the
-// task (root has both).
+// Package pagein moves another process's memory between RAM and swap from
+// outside it, with process_madvise(2) over the process's mappings:
+// MADV_WILLNEED reads swapped pages back (so a resumed sandbox does not
+// fault them in one by one), MADV_PAGEOUT pushes them out. Both work on
+// frozen tasks; they need CAP_SYS_NICE and ptrace rights over the task
+// (root has both). WillNeedTmpfs does the same for the files in a mount
+// namespace's tmpfs mounts (/dev/shm), which no mapping need reach.
 package pagein
 
 import (
@@ -79,8 +80,11 @@ type iovec struct {
 	len  uintptr
 }
 
-// anonRanges lists pid's private anonymous mappings (heap, stacks, and
-// mappings without a file), the memory swap holds.
+// anonRanges lists pid's mappings of the memory swap holds: private
+// anonymous ones (heap, stacks, and mappings without a file) and shared
+// memory of the kernel's own (System V segments, memfds, shared anonymous
+// mappings). Shared mappings of files in a tmpfs the process can see
+// (/dev/shm) are left to WillNeedTmpfs.
 func anonRanges(pid int) ([]memRange, error) {
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/maps")
 	if errors.Is(err, os.ErrNotExist) {
@@ -103,11 +107,8 @@ func anonRanges(pid int) ([]memRange, error) {
 		if len(fields) > 5 {
 			path = fields[5]
 		}
-		if inode != "0" || len(perms) < 4 || perms[3] != 'p' {
-			continue // file-backed or shared
-		}
-		if path != "" && path != "[heap]" && !strings.HasPrefix(path, "[stack") {
-			continue // [vdso], [vvar] and the like
+		if len(perms) < 4 || !swapBacked(perms[3] == 's', inode, path) {
+			continue
 		}
 		lo, hi, ok := strings.Cut(fields[0], "-")
 		if !ok {
@@ -124,4 +125,25 @@ func anonRanges(pid int) ([]memRange, error) {
 		return nil, fmt.Errorf("read mappings of %d: %w", pid, err)
 	}
 	return out, nil
+}
+
+// swapBacked reports whether a mapping of /proc/PID/maps holds memory that
+// swap backs: shared says its perms end in 's', inode and path are its
+// fields (path only up to the first space).
+func swapBacked(shared bool, inode, path string) bool {
+	if shared {
+		// The kernel's internal shmem files: "/SYSV0000002a (deleted)",
+		// "/memfd:name (deleted)", "/dev/zero (deleted)" for a shared
+		// anonymous mapping, "[anon_shmem:name]" for a named one.
+		for _, p := range []string{"/SYSV", "/memfd:", "/dev/zero", "[anon_shmem"} {
+			if strings.HasPrefix(path, p) {
+				return true
+			}
+		}
+		return false
+	}
+	if inode != "0" {
+		return false // a private file mapping
+	}
+	return path == "" || path == "[heap]" || strings.HasPrefix(path, "[stack") || strings.HasPrefix(path, "[anon:")
 }
