@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -419,33 +420,55 @@ func TestDaemonKillAndReadopt(t *testing.T) {
 	}
 }
 
+// TestTTLAndIdle: TTLs and idle timeouts end sandboxes; a command still
+// running keeps one from being idle; and an agent killed -9 fails its
+// sandbox (agent_lost), found from its channel's end with no ping asking.
 func TestTTLAndIdle(t *testing.T) {
 	d := startDaemon(t)
 	ttl := create(t, d, &dsecv1.SandboxSpec{TtlSeconds: 2, IdleTimeoutSeconds: -1})
 	idle := create(t, d, &dsecv1.SandboxSpec{IdleTimeoutSeconds: 2})
 	busy := create(t, d, &dsecv1.SandboxSpec{IdleTimeoutSeconds: 2})
+	lost := create(t, d, &dsecv1.SandboxSpec{IdleTimeoutSeconds: -1})
 	// A command still running counts as activity.
 	execReq(t, d, &dsecv1.ExecRequest{SandboxId: busy.GetId(), Command: "sleep 8", Background: true})
+	killAgent(t, d, lost.GetId())
 
-	wait := func(id string, want dsecv1.Reason) {
+	wait := func(id string, state dsecv1.State, want dsecv1.Reason) {
 		deadline := time.Now().Add(15 * time.Second)
 		for time.Now().Before(deadline) {
 			got, err := d.Clients.Sandboxes.Get(context.Background(), connect.NewRequest(&dsecv1.GetRequest{Id: id}))
-			if err == nil && got.Msg.GetState() == dsecv1.State_STATE_STOPPED {
+			if err == nil && got.Msg.GetState() == state {
 				if got.Msg.GetReason() != want {
-					t.Fatalf("%s stopped for %s, want %s", id, got.Msg.GetReason(), want)
+					t.Fatalf("%s %s for %s, want %s", id, state, got.Msg.GetReason(), want)
 				}
 				return
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		t.Fatalf("%s was not stopped for %s", id, want)
+		t.Fatalf("%s did not reach %s for %s", id, state, want)
 	}
-	wait(ttl.GetId(), dsecv1.Reason_REASON_TTL)
-	wait(idle.GetId(), dsecv1.Reason_REASON_IDLE)
+	wait(lost.GetId(), dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_AGENT_LOST)
+	wait(ttl.GetId(), dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_TTL)
+	wait(idle.GetId(), dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_IDLE)
 	got, _ := d.Clients.Sandboxes.Get(context.Background(), connect.NewRequest(&dsecv1.GetRequest{Id: busy.GetId()}))
 	if got.Msg.GetState() != dsecv1.State_STATE_RUNNING {
 		t.Fatalf("a sandbox with a running command was reaped as idle: %v", got.Msg)
+	}
+}
+
+// killAgent sends SIGKILL to sandbox id's agent, behind the daemon's back.
+func killAgent(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
+	out, err := exec.Command("runc", "--root", filepath.Join(d.Root, "runtime", "runc"), "state", id).Output()
+	if err != nil {
+		t.Fatalf("runc state %s: %v", id, err)
+	}
+	var st struct{ Pid int }
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("runc state %s: %q: %v", id, out, err)
+	}
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 the agent of %s (pid %d): %v", id, st.Pid, err)
 	}
 }
 

@@ -1,7 +1,7 @@
 // Package agentclient is the edge's side of the agent channel: a Connect
 // client over the connections a runtime's dialer opens (the sandbox's Unix
-// socket, for containers), and the framed path for exec
-// (package execwire) on the same socket. Unary and server-streaming calls
+// socket, for containers), and the framed path for exec and the watch
+// connection (package execwire) on the same socket. Unary and server-streaming calls
 // (files, pings) use HTTP/1.1 with kept-alive connections, which on these
 // machines answers about 0.3 ms sooner per call than HTTP/2; the
 // bidirectional shell stream needs HTTP/2 and gets a connection of its own.
@@ -28,6 +28,12 @@ type Client interface {
 	// one (the same request and events, without HTTP), or Connect for an
 	// agent started before it existed.
 	ExecEvents(ctx context.Context, req *dsecv1.ExecRequest) (ExecStream, error)
+	// Watch holds a watch connection to the agent (package execwire) until
+	// the agent's end of it closes, which is how the edge learns that the
+	// agent exited, or until ctx ends. It returns ctx's error once ctx
+	// ended, execwire.ErrNotWatched for an agent older than watch
+	// connections, and otherwise why the connection ended.
+	Watch(ctx context.Context) error
 	// Close drops the channel's idle connections, once the sandbox is gone.
 	Close()
 }
@@ -58,7 +64,7 @@ func New(dial func(ctx context.Context) (net.Conn, error)) Client {
 	http1.SetHTTP1(true)
 	http2 := new(http.Protocols)
 	http2.SetUnencryptedHTTP2(true)
-	c := &client{framed: execwire.NewDialClient(dial)}
+	c := &client{framed: execwire.NewDialClient(dial), dial: dial}
 	c.AgentServiceClient, c.http1 = newClient(dial, http1, 8)
 	c.bidi, c.http2 = newClient(dial, http2, 1)
 	return c
@@ -84,6 +90,7 @@ type client struct {
 	agentv1connect.AgentServiceClient
 	bidi         agentv1connect.AgentServiceClient
 	framed       *execwire.Client
+	dial         func(ctx context.Context) (net.Conn, error)
 	notFramed    atomic.Bool // the agent is older than the framed path
 	http1, http2 *http.Transport
 }
@@ -109,6 +116,8 @@ func (c *client) ExecEvents(ctx context.Context, req *dsecv1.ExecRequest) (ExecS
 	}
 	return s, nil
 }
+
+func (c *client) Watch(ctx context.Context) error { return execwire.Watch(ctx, c.dial) }
 
 func (c *client) Close() {
 	c.framed.Close()

@@ -20,6 +20,10 @@
 // {"code": "not_found", "message": "..."}. After the end frame the
 // connection carries the next call. The client sends nothing while a call
 // runs; closing the connection cancels the call.
+//
+// The same socket carries the edge's watch connection (WatchPreface,
+// Watch): one per agent, held open and silent, whose end tells the edge
+// the agent is gone.
 package execwire
 
 import (

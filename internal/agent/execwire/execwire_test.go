@@ -312,3 +312,123 @@ func TestRequestTooLarge(t *testing.T) {
 		t.Fatalf("got %v, want a frame-too-large error", err)
 	}
 }
+
+// dyingListener records the connections it accepted, so that a test can
+// end them all as an agent's exit does.
+type dyingListener struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (l *dyingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+func (l *dyingListener) accepted() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns)
+}
+
+// die closes the listener and every connection it accepted.
+func (l *dyingListener) die() {
+	l.Listener.Close()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.conns {
+		c.Close()
+	}
+}
+
+func TestWatchEndsWhenTheAgentDies(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	inner, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &dyingListener{Listener: inner}
+	log := slog.New(slog.DiscardHandler)
+	split := Split(ln, func(c net.Conn) { ServeConn(context.Background(), c, echo, log) }, log)
+	srv := &http.Server{Handler: http.NotFoundHandler()}
+	go srv.Serve(split)
+	defer srv.Close()
+
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
+	done := make(chan error, 1)
+	go func() { done <- Watch(context.Background(), dial) }()
+	testutil.WaitFor(t, 10*time.Second, "the agent to accept the watch connection", func() bool { return ln.accepted() == 1 })
+	// The agent answers and holds it: exec still works beside it.
+	s, err := NewDialClient(dial).Exec(context.Background(), &dsecv1.ExecRequest{Argv: []string{"x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := drain(t, s); err != nil || out != "x" {
+		t.Fatalf("exec beside a watch: %q %v", out, err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("watch ended while the agent runs: %v", err)
+	default:
+	}
+	ln.die()
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, ErrNotWatched) || errors.Is(err, context.Canceled) {
+			t.Fatalf("watch of an agent that died: %v, want the connection's end", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not end when the agent died")
+	}
+	// A dead agent's socket refuses a new watch.
+	if err := Watch(context.Background(), dial); err == nil || errors.Is(err, ErrNotWatched) {
+		t.Fatalf("watch of a dead agent: %v", err)
+	}
+}
+
+func TestWatchEndsWithItsContext(t *testing.T) {
+	a := startAgent(t, echo)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Watch(ctx, func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", a.path)
+		})
+	}()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("watch after its context ended: %v, want context.Canceled", err)
+	}
+}
+
+func TestWatchOfAnOldAgent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the agent's: HTTP/1.1 and HTTP/2 without TLS.
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: http.NotFoundHandler(), Protocols: protocols}
+	go srv.Serve(ln)
+	defer srv.Close()
+	err = Watch(context.Background(), func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	})
+	if !errors.Is(err, ErrNotWatched) {
+		t.Fatalf("watch of an HTTP-only agent: %v, want ErrNotWatched", err)
+	}
+}

@@ -24,9 +24,10 @@ const prefaceTimeout = 30 * time.Second
 type ExecFunc func(ctx context.Context, req *dsecv1.ExecRequest, send func(*dsecv1.ExecEvent) error) error
 
 // Split divides ln's connections: each one that opens with Preface is
-// handed to serve in a goroutine of its own; every other one comes out of
-// the returned listener, its first bytes intact, for an HTTP server.
-// Closing the returned listener closes ln.
+// handed to serve in a goroutine of its own; one that opens with
+// WatchPreface is answered and held open in one (see Watch); every other
+// one comes out of the returned listener, its first bytes intact, for an
+// HTTP server. Closing the returned listener closes ln.
 func Split(ln net.Listener, serve func(net.Conn), log *slog.Logger) net.Listener {
 	s := &splitListener{ln: ln, serve: serve, conns: make(chan net.Conn), done: make(chan struct{}), log: log}
 	go s.acceptLoop()
@@ -64,8 +65,12 @@ func (s *splitListener) sort(c net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	if string(first) == Preface {
+	switch string(first) {
+	case Preface:
 		s.serve(c)
+		return
+	case WatchPreface:
+		holdWatch(c)
 		return
 	}
 	select {
@@ -104,6 +109,9 @@ type prefixedConn struct {
 	net.Conn
 	prefix []byte
 }
+
+// NetConn is the connection Split accepted.
+func (c *prefixedConn) NetConn() net.Conn { return c.Conn }
 
 func (c *prefixedConn) Read(p []byte) (int, error) {
 	if len(c.prefix) > 0 {

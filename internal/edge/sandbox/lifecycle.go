@@ -16,9 +16,10 @@ import (
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
-// Recover re-adopts every sandbox a previous run of the edge left running,
-// reaps the ones that died or were half made meanwhile, and starts the
-// background loop that enforces TTLs and idle timeouts and watches health.
+// Recover re-adopts every sandbox a previous run of the edge left running
+// (and watches each, see watch), reaps the ones that died or were half made
+// meanwhile, and starts the background loop that enforces TTLs and idle
+// timeouts.
 func (m *Manager) Recover(ctx context.Context) error {
 	ids, err := m.states.IDs()
 	if err != nil {
@@ -143,6 +144,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner runtime.Runti
 		m.mu.Lock()
 		m.sandboxes[id] = sb
 		m.mu.Unlock()
+		m.watch(sb)
 		m.log.Info("re-adopted paused sandbox", "id", id)
 		return
 	}
@@ -166,6 +168,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner runtime.Runti
 	m.mu.Lock()
 	m.sandboxes[id] = sb
 	m.mu.Unlock()
+	m.watch(sb)
 	m.log.Info("re-adopted sandbox", "id", id)
 }
 
@@ -211,15 +214,20 @@ func (m *Manager) tombstone(rec *dsecv1.Sandbox, final dsecv1.State, reason dsec
 	m.mu.Unlock()
 }
 
-// Shutdown stops the edge's background work. Sandboxes keep running and a
-// later Recover re-adopts them.
+// Shutdown stops the edge's background work and its sandboxes' watches.
+// Sandboxes keep running and a later Recover re-adopts them.
 func (m *Manager) Shutdown() {
 	select {
 	case <-m.stop:
 	default:
 		close(m.stop)
 	}
+	m.mu.Lock()
+	m.shut = true
+	m.mu.Unlock()
+	m.endLife()
 	m.wg.Wait()
+	m.watchers.Wait()
 }
 
 // Teardown deletes every sandbox of this node, known or orphaned.
@@ -257,7 +265,8 @@ func (m *Manager) Teardown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// loop enforces lifetimes and watches health until Shutdown.
+// loop enforces lifetimes until Shutdown, and pings the agents that hold
+// no watch connection.
 func (m *Manager) loop() {
 	defer m.wg.Done()
 	tick := time.NewTicker(time.Second)
@@ -314,7 +323,10 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 		pausedFor := now.Sub(time.UnixMilli(rec.GetPausedUnixMs()))
 		idle := time.Duration(rec.GetSpec().GetIdleTimeoutSeconds()) * time.Second
 		quiet := now.Sub(sb.lastActive)
-		busy := sb.running > 0 || sb.inflight > 0
+		// What runs in the agent is asked below, when the idle timeout
+		// would end the sandbox: the count of the last ask is old news.
+		busy := sb.inflight > 0
+		polled := sb.polled
 		pauseOnTimeout := rec.GetSpec().GetOnTimeout() == dsecv1.OnTimeout_ON_TIMEOUT_PAUSE
 		sb.mu.Unlock()
 		// A paused sandbox's clocks stand still but for its retention.
@@ -334,8 +346,9 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 				fmt.Sprintf("its TTL of %ds ran out", rec.GetSpec().GetTtlSeconds()))
 			continue
 		case idle > 0 && quiet > idle && !busy:
-			// Ask the agent once more: a command may have started since the
-			// last ping.
+			// Ask the agent what runs in it and when it last ran something
+			// (a process's exit counts): one round trip per idle timeout,
+			// not one per sandbox every few seconds.
 			go func() {
 				m.check(ctx, sb)
 				sb.mu.Lock()
@@ -348,7 +361,7 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 			}()
 			continue
 		}
-		if ping {
+		if ping && polled {
 			wg.Add(1)
 			sem <- struct{}{}
 			go func() {
@@ -378,7 +391,9 @@ func (m *Manager) timeout(ctx context.Context, sb *sandbox, pause bool, reason d
 }
 
 // check pings one agent, refreshes its activity, and fails the sandbox when
-// its agent is gone.
+// its agent is gone. The watch calls it when the agent's watch connection
+// ends, the sweep when the idle timeout would end the sandbox (and every
+// PingInterval for an agent without a watch connection).
 func (m *Manager) check(ctx context.Context, sb *sandbox) {
 	sb.mu.Lock()
 	client, id := sb.agent, sb.rec.GetId()

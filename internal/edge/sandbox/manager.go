@@ -4,7 +4,8 @@
 // launches it through the runtime of its backend (package runtime: one per
 // backend the node offers, routed by the backend in the sandbox's record),
 // keeps the channel to its agent, reaps sandboxes past their TTL or idle
-// timeout, notices the ones that died, and persists every record so that a
+// timeout, notices the ones that died (from the end of a watch connection
+// each agent holds, not by asking), and persists every record so that a
 // restarted edge re-adopts what is still running.
 package sandbox
 
@@ -89,7 +90,9 @@ type Config struct {
 	AgentArgs []string
 	// StartTimeout bounds how long a new agent may take to answer.
 	StartTimeout time.Duration
-	// PingInterval is how often each agent's health and activity is polled.
+	// PingInterval is how often the agent of a sandbox is pinged when it
+	// holds no watch connection (an agent older than them, re-adopted);
+	// every other agent is asked only when its idle timeout would end it.
 	PingInterval time.Duration
 	// TombstoneTTL is how long a stopped or failed sandbox stays visible.
 	TombstoneTTL time.Duration
@@ -133,6 +136,14 @@ type Manager struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	// life ends at Shutdown, and with it every sandbox's watch (watchers
+	// counts them); shut says Shutdown began, after which no watch starts.
+	// shut is guarded by mu.
+	life     context.Context
+	endLife  context.CancelFunc
+	watchers sync.WaitGroup
+	shut     bool
 }
 
 type sandbox struct {
@@ -151,7 +162,12 @@ type sandbox struct {
 	running   int32
 	inflight  int // API calls in progress
 	pingFails int
-	gone      time.Time // when it stopped or failed; zero while alive; written under both mu and Manager.mu
+	// unwatch ends the sandbox's watch (see watch); nil before it starts.
+	unwatch context.CancelFunc
+	// polled: the agent holds no watch connection, so it is pinged every
+	// PingInterval instead.
+	polled bool
+	gone   time.Time // when it stopped or failed; zero while alive; written under both mu and Manager.mu
 	// pool is the key of the warm pool the sandbox waits in, "" once taken
 	// (or never pooled). Guarded by Manager.mu, not mu.
 	pool string
@@ -202,6 +218,7 @@ func New(cfg Config, runtimes map[dsecv1.Backend]runtime.Runtime, images Images,
 	if err != nil {
 		return nil, err
 	}
+	life, endLife := context.WithCancel(context.Background())
 	m := &Manager{
 		cfg: cfg, runtimes: maps.Clone(runtimes), images: images, net: net, states: st, log: log,
 		sandboxes: make(map[string]*sandbox),
@@ -209,6 +226,8 @@ func New(cfg Config, runtimes map[dsecv1.Backend]runtime.Runtime, images Images,
 		pools:     make(map[string]*pool),
 		poolKick:  make(chan struct{}, 1),
 		stop:      make(chan struct{}),
+		life:      life,
+		endLife:   endLife,
 	}
 	// A layer service that can take snapshot layers makes snapshots
 	// possible.
@@ -352,6 +371,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	if err != nil {
 		return nil, fail(err)
 	}
+	m.watch(sb)
 	if poolKey == "" {
 		if err := m.images.RecordEnvironment(spec.GetEnvironment(), rec.LayerDigests); err != nil {
 			m.log.Warn("record environment use", "env", spec.GetEnvironment(), "err", err)
@@ -558,9 +578,7 @@ func (m *Manager) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb.mu.Lock()
-	rec := cloneRec(sb.rec)
-	sb.mu.Unlock()
+	rec := sb.record()
 	if m.cfg.PauseReleases != nil && rec.GetState() != dsecv1.State_STATE_STOPPED && rec.GetState() != dsecv1.State_STATE_FAILED {
 		rec.PauseReleases = m.cfg.PauseReleases()
 	}
@@ -588,10 +606,10 @@ func (m *Manager) List(ctx context.Context, labels map[string]string, states []d
 				match = false
 			}
 		}
-		if match {
-			out = append(out, cloneRec(rec))
-		}
 		sb.mu.Unlock()
+		if match {
+			out = append(out, sb.record())
+		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].CreatedUnixMs != out[j].CreatedUnixMs {
@@ -680,6 +698,18 @@ func (m *Manager) Tokens() map[string]string {
 	return out
 }
 
+// record is a copy of the sandbox's record, its last activity as the edge
+// knows it now (calls and checks move it without a save).
+func (sb *sandbox) record() *dsecv1.Sandbox {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	rec := cloneRec(sb.rec)
+	if sb.gone.IsZero() && sb.lastActive.UnixMilli() > rec.GetLastActiveUnixMs() {
+		rec.LastActiveUnixMs = sb.lastActive.UnixMilli()
+	}
+	return rec
+}
+
 // live says whether the sandbox is live (see Live).
 func (sb *sandbox) live() bool {
 	sb.mu.Lock()
@@ -717,6 +747,10 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 	id := sb.rec.GetId()
 	sb.rec.State = dsecv1.State_STATE_STOPPING
 	m.save(sb.rec)
+	if sb.unwatch != nil {
+		// Its agent is about to end: that is no news.
+		sb.unwatch()
+	}
 	sb.mu.Unlock()
 
 	if err := sb.td.run(ctx); err != nil {

@@ -4,9 +4,11 @@
 // daemon makes, finds the sandboxes of the first), and its agent is an
 // in-process Connect handler reached over net.Pipe connections through the
 // dialer Start returns: it answers Ping, the call the edge makes at create
-// and to watch health, and refuses the rest as unimplemented. A frozen
-// sandbox's agent does not answer, a killed one's refuses connections, as
-// real ones do. It runs the conformance suite of package runtimetest.
+// and to check a sandbox, holds the edge's watch connections (package
+// execwire) and refuses the rest as unimplemented. A frozen sandbox's agent
+// does not answer; a killed or deleted one's connections end and new ones
+// are refused, as real ones' are. It runs the conformance suite of package
+// runtimetest.
 package fakeruntime
 
 import (
@@ -15,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +30,7 @@ import (
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -43,6 +47,10 @@ type Runtime struct {
 	failNext error
 	hold     chan struct{}
 	procs    int32
+	pings    int
+	noWatch  bool
+	// conns are the agents' ends of the open connections, by sandbox.
+	conns map[string]map[*idConn]bool
 }
 
 var _ interface {
@@ -58,10 +66,15 @@ type Option func(*Runtime)
 // feature). The methods stay; callers must not use what f leaves out.
 func WithFeatures(f runtime.Features) Option { return func(r *Runtime) { r.features = f } }
 
+// WithoutWatch makes the agents refuse watch connections (they answer them
+// as HTTP), as agents older than them do.
+func WithoutWatch() Option { return func(r *Runtime) { r.noWatch = true } }
+
 // New returns a runtime keeping its sandboxes under root.
 func New(root string, opts ...Option) *Runtime {
 	r := &Runtime{root: root, features: runtime.Features{Pause: true, Snapshot: true, Network: true},
-		ln: &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}}
+		ln:    &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})},
+		conns: map[string]map[*idConn]bool{}}
 	for _, o := range opts {
 		o(r)
 	}
@@ -73,12 +86,23 @@ func New(root string, opts ...Option) *Runtime {
 	protocols.SetUnencryptedHTTP2(true)
 	r.srv = &http.Server{Handler: mux, Protocols: protocols,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if pc, ok := c.(interface{ NetConn() net.Conn }); ok {
+				c = pc.NetConn()
+			}
 			if ic, ok := c.(*idConn); ok {
 				return context.WithValue(ctx, idKey{}, ic.id)
 			}
 			return ctx
 		}}
-	go r.srv.Serve(r.ln)
+	// Watch connections are held as the real agent holds them; the fake
+	// has no framed exec, so a framed call's connection is closed and the
+	// client falls back to Connect (which the fake refuses).
+	if r.noWatch {
+		go r.srv.Serve(r.ln)
+		return r
+	}
+	log := slog.New(slog.DiscardHandler)
+	go r.srv.Serve(execwire.Split(r.ln, func(c net.Conn) { c.Close() }, log))
 	return r
 }
 
@@ -192,19 +216,42 @@ func (r *Runtime) dialer(id string) runtime.Dialer {
 			return nil, &net.OpError{Op: "dial", Net: "fake", Err: errors.New("connection refused")}
 		}
 		client, server := net.Pipe()
+		ic := r.track(id, server)
 		select {
-		case r.ln.conns <- &idConn{Conn: server, id: id}:
+		case r.ln.conns <- ic:
 			return client, nil
 		case <-r.ln.done:
 			client.Close()
-			server.Close()
+			ic.Close()
 			return nil, &net.OpError{Op: "dial", Net: "fake", Err: net.ErrClosed}
 		case <-ctx.Done():
 			client.Close()
-			server.Close()
+			ic.Close()
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// track registers the agent's end of a new connection to sandbox id, until
+// it is closed.
+func (r *Runtime) track(id string, server net.Conn) *idConn {
+	ic := &idConn{Conn: server, id: id, rt: r}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conns[id] == nil {
+		r.conns[id] = map[*idConn]bool{}
+	}
+	r.conns[id][ic] = true
+	return ic
+}
+
+// hangUp ends every connection to sandbox id's agent, as its exit does;
+// the caller holds r.mu.
+func (r *Runtime) hangUp(id string) {
+	for ic := range r.conns[id] {
+		ic.Conn.Close()
+	}
+	delete(r.conns, id)
 }
 
 func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
@@ -233,6 +280,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err := os.Remove(r.file(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
+	r.hangUp(id)
 	return nil
 }
 
@@ -286,7 +334,7 @@ func (r *Runtime) CaptureDir() string              { return filepath.Join(r.root
 // Test hooks.
 
 // Kill makes sandbox id's agent die (oom: OOM-killed): it stays known, not
-// running, and its channel refuses connections.
+// running, its connections end and its channel refuses new ones.
 func (r *Runtime) Kill(id string, oom bool) {
 	r.update(id, func(st *state) {
 		st.Running = false
@@ -294,6 +342,9 @@ func (r *Runtime) Kill(id string, oom bool) {
 			st.OOMKills++
 		}
 	})
+	r.mu.Lock()
+	r.hangUp(id)
+	r.mu.Unlock()
 }
 
 // SetFrozen freezes or thaws sandbox id as an interrupted pause or resume
@@ -342,6 +393,13 @@ func (r *Runtime) SetRunningProcesses(n int32) {
 	r.mu.Unlock()
 }
 
+// Pings counts the pings the agents answered.
+func (r *Runtime) Pings() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pings
+}
+
 // Spec is the spec sandbox id was started with.
 func (r *Runtime) Spec(id string) (runtime.Spec, error) {
 	r.mu.Lock()
@@ -371,6 +429,9 @@ func (a *agent) Ping(ctx context.Context, req *connect.Request[agentv1.PingReque
 		case err != nil || !st.Running:
 			return nil, connect.NewError(connect.CodeUnavailable, errors.New("the agent is gone"))
 		case !st.Frozen:
+			a.rt.mu.Lock()
+			a.rt.pings++
+			a.rt.mu.Unlock()
 			return connect.NewResponse(&agentv1.PingResponse{RunningProcesses: procs}), nil
 		}
 		select {
@@ -385,6 +446,15 @@ func (a *agent) Ping(ctx context.Context, req *connect.Request[agentv1.PingReque
 type idConn struct {
 	net.Conn
 	id string
+	rt *Runtime
+}
+
+// Close closes the connection and forgets it.
+func (c *idConn) Close() error {
+	c.rt.mu.Lock()
+	delete(c.rt.conns[c.id], c)
+	c.rt.mu.Unlock()
+	return c.Conn.Close()
 }
 
 // pipeListener hands the agent's ends of net.Pipe connections to the

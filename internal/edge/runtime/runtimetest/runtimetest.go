@@ -7,7 +7,9 @@
 //
 // The suite reaches each agent through the runtime's dialer with package
 // agentclient and pings it: the agent a runtime starts must serve the
-// agent protocol (the real dsec-agent, or the fake's in-process one).
+// agent protocol (the real dsec-agent, or the fake's in-process one), and
+// the connections a dialer opens must end when the agent does (the edge
+// learns of a dead agent from its watch connection's end).
 package runtimetest
 
 import (
@@ -25,6 +27,7 @@ import (
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -273,11 +276,14 @@ func testFeatures(t *testing.T, n *node) {
 	}
 }
 
-// testLifecycle: start, the agent answers, status, list, delete, gone.
+// testLifecycle: start, the agent answers and holds a watch connection,
+// status, list, delete, gone, and the watch ended.
 func testLifecycle(t *testing.T, n *node) {
 	s := n.spec("life")
 	dial := n.start(s)
 	n.answers(s.ID, dial)
+	watched := make(chan error, 1)
+	go func() { watched <- n.client(dial).Watch(context.Background()) }()
 	n.running(s.ID)
 	if ids := n.list(); !slices.Contains(ids, s.ID) {
 		t.Errorf("List = %v, want %s in it", ids, s.ID)
@@ -287,9 +293,22 @@ func testLifecycle(t *testing.T, n *node) {
 		t.Fatalf("Channel %s: %v", s.ID, err)
 	}
 	n.answers(s.ID, again)
+	select {
+	case err := <-watched:
+		t.Fatalf("the watch of a running agent ended: %v", err)
+	default:
+	}
 	n.delete(s.ID)
 	n.gone(s.ID)
 	n.silent(s.ID, "after Delete", dial)
+	select {
+	case err := <-watched:
+		if errors.Is(err, execwire.ErrNotWatched) {
+			t.Errorf("the agent holds no watch connection: %v", err)
+		}
+	case <-time.After(answerWithin):
+		t.Errorf("the watch of %s did not end within %s of its Delete", s.ID, answerWithin)
+	}
 }
 
 // testDeleteIdempotent: a second Delete, and one of an ID never started,
