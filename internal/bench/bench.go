@@ -2,7 +2,9 @@
 // machine in the same run: create-to-first-exec latency (one at a time and
 // in a burst), creation throughput, exec latency in a warm sandbox, and
 // host memory per idle sandbox. Every dsec figure is printed beside the
-// baseline's and their ratio; nothing here asserts a number.
+// baseline's and their ratio; nothing here asserts a number. The idle
+// sandboxes' CPU and the create rate with them live are printed against
+// their targets, the rate as a ratio to the empty node's in the same run.
 package bench
 
 import (
@@ -35,15 +37,20 @@ const (
 
 // Options size the benchmark.
 type Options struct {
-	Env      string // environment to run; imported from busybox when it is the default and missing
-	Seq      int    // sequential create → exec rounds
-	Burst    int    // concurrent creates in the burst
-	Execs    int    // execs in one warm sandbox
-	Idle     int    // idle sandboxes for the memory figure
-	Warm     int    // warm pool size for the pooled create figure; 0 skips it
-	Baseline bool   // also measure bare runc
-	Runtime  string // runc binary for the baseline
-	Progress io.Writer
+	Env   string // environment to run; imported from busybox when it is the default and missing
+	Seq   int    // sequential create → exec rounds
+	Burst int    // concurrent creates in the burst
+	Execs int    // execs in one warm sandbox
+	Idle  int    // idle sandboxes for the memory and CPU figures
+	// IdleWindow is how long the idle sandboxes' CPU is measured (0: not
+	// at all); RateProbe how many creates are timed on the empty node (the
+	// idle set's first) and again with the whole set live (0: none).
+	IdleWindow time.Duration
+	RateProbe  int
+	Warm       int    // warm pool size for the pooled create figure; 0 skips it
+	Baseline   bool   // also measure bare runc
+	Runtime    string // runc binary for the baseline
+	Progress   io.Writer
 }
 
 // Latency is a distribution summary in milliseconds.
@@ -69,6 +76,9 @@ type Side struct {
 	IdleMemPerMiB    float64 `json:"idle_host_memory_per_sandbox_mib"`
 	DaemonRSSMiB     float64 `json:"daemon_rss_mib,omitempty"`
 	IdleMemoryMethod string  `json:"idle_memory_method"`
+	// IdleCPU and CreateRate are dsec's alone (nil when not measured).
+	IdleCPU    *IdleCPU    `json:"idle_cpu,omitempty"`
+	CreateRate *CreateRate `json:"create_rate,omitempty"`
 }
 
 // Report is what `dsec bench` prints.
@@ -247,31 +257,68 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options, b *baseline) 
 	}
 	side.WarmExec = warm
 
-	// Idle memory.
-	o.logf("dsec: %d idle sandboxes for memory", o.Idle)
+	if err := runIdle(ctx, c, o, spec, side); err != nil {
+		return nil, Latency{}, err
+	}
+	return side, runcExec, nil
+}
+
+// runIdle makes o.Idle idle sandboxes of spec and measures what they cost:
+// host memory, dsecd's RSS, CPU over o.IdleWindow, the create rate with
+// them live against the empty node's (o.RateProbe creates each), and
+// whether each still answers an exec. It deletes them all.
+func runIdle(ctx context.Context, c *apiclient.Clients, o Options, spec *dsecv1.SandboxSpec, side *Side) error {
+	o.logf("dsec: %d idle sandboxes", o.Idle)
 	before := settledMemMiB()
-	var idle []string
-	for len(idle) < o.Idle {
-		n := min(50, o.Idle-len(idle))
-		resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec, Count: int32(n), WaitSeconds: 300}))
-		if err != nil {
-			deleteAll(c, idle)
-			return nil, Latency{}, fmt.Errorf("idle sandboxes after %d: %w", len(idle), err)
+	progress := func(made int, rate float64) {
+		if made%500 == 0 || made == o.Idle {
+			o.logf("dsec: %d idle sandboxes, the last %d at %.1f/s", made, min(idleBatch, made), rate)
 		}
-		for _, sb := range resp.Msg.GetSandboxes() {
-			idle = append(idle, sb.GetId())
-		}
+	}
+	probe := min(o.RateProbe, o.Idle)
+	rate := &CreateRate{N: probe, Target: createRateTarget, BatchCalls: min(idleBatch, probe), EmptyLoad: loadAvg()}
+	idle, empty, emptyCPU, err := timedCreates(ctx, c, spec, probe, progress)
+	if err == nil {
+		var rest []string
+		rest, _, err = createIdleSet(ctx, c, spec, o.Idle-probe, func(made int, r float64) { progress(probe+made, r) })
+		idle = append(idle, rest...)
+	}
+	defer deleteAll(c, idle)
+	if err != nil {
+		return err
 	}
 	side.IdleCount = len(idle)
 	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(settledMemMiB()-before, len(idle))
 	side.DaemonRSSMiB = rssOf("dsecd")
+	if o.IdleWindow > 0 && len(idle) > 0 {
+		o.logf("dsec: CPU of %d idle sandboxes over %s", len(idle), o.IdleWindow)
+		cpu, err := measureIdleCPU(ctx, idle, o.IdleWindow)
+		if err != nil {
+			return err
+		}
+		side.IdleCPU = &cpu
+	}
+	if probe > 0 {
+		o.logf("dsec: %d creates with %d idle sandboxes live", probe, len(idle))
+		rate.FullLoad = loadAvg()
+		more, full, fullCPU, err := timedCreates(ctx, c, spec, probe, nil)
+		deleteAll(c, more)
+		if err != nil {
+			return err
+		}
+		rate.Live, rate.EmptyPerS, rate.FullPerS = len(idle), empty, full
+		rate.EmptyCPUMs, rate.FullCPUMs = emptyCPU, fullCPU
+		if empty > 0 {
+			rate.Ratio = full / empty
+		}
+		side.CreateRate = rate
+	}
 	for _, id := range idle {
 		if execTrue(ctx, c, id) == nil {
 			side.IdleAnswering++
 		}
 	}
-	deleteAll(c, idle)
-	return side, runcExec, nil
+	return nil
 }
 
 // runWarm measures create → first exec from a warm pool of o.Warm
@@ -366,6 +413,7 @@ func (r *Report) Print(w io.Writer) {
 	tw.Flush()
 	fmt.Fprintf(w, "burst errors: %d; idle sandboxes answering exec: %d/%d; dsecd RSS at that load: %.0f MiB\n",
 		r.Dsec.BurstErrors, r.Dsec.IdleAnswering, r.Dsec.IdleCount, r.Dsec.DaemonRSSMiB)
+	printIdle(w, r.Dsec.IdleCPU, r.Dsec.CreateRate)
 	if n := r.Dsec.WarmCreateToExec.N; n > 0 {
 		fmt.Fprintf(w, "warm pool rows: %d of %d creates were served by the pool (each round waits for the refill); the other rows start a container per create.\n",
 			r.Dsec.WarmPoolHits, n)

@@ -22,13 +22,16 @@ import (
 const benchEnv = "busybox:bench"
 
 func (a *app) benchCommand() *cobra.Command {
-	o := bench.Options{Env: benchEnv, Seq: 20, Burst: 50, Execs: 200, Idle: 100, Warm: 4, Baseline: true, Runtime: "runc"}
+	o := bench.Options{Env: benchEnv, Seq: 20, Burst: 50, Execs: 200, Idle: 100, IdleWindow: 30 * time.Second, RateProbe: 50,
+		Warm: 4, Baseline: true, Runtime: "runc"}
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "measure create, exec and memory figures against bare runc in the same run",
 		Long: "Measures dsec on the daemon at --addr and, beside it, a bare runc on this machine (needs root):\n" +
 			"create → first exec (sequential and in a burst), creation throughput, warm exec latency and\n" +
-			"host memory per idle sandbox. Run it on the daemon's host.",
+			"host memory per idle sandbox; then, for dsec, the CPU an idle sandbox costs and the create\n" +
+			"rate with the idle sandboxes live against the empty node's, each against its target. Run it on\n" +
+			"the daemon's host. Density alone: --seq 0 --burst 0 --execs 0 --warm-pool 0 --baseline=false --idle N.",
 		Args: noSubcommand,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
@@ -42,7 +45,9 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&o.Burst, "burst", o.Burst, "concurrent creates in the burst")
 	f.IntVar(&o.Execs, "execs", o.Execs, "execs in one warm sandbox")
 	f.IntVar(&o.Warm, "warm-pool", o.Warm, "warm pool size for the pooled create → exec rounds (0: skip them)")
-	f.IntVar(&o.Idle, "idle", o.Idle, "idle sandboxes for the memory figure")
+	f.IntVar(&o.Idle, "idle", o.Idle, "idle sandboxes for the memory, CPU and create rate figures")
+	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long the idle sandboxes' CPU is measured (0: not at all)")
+	f.IntVar(&o.RateProbe, "rate-probe", o.RateProbe, "creates timed on the empty node and again with the idle sandboxes live (0: none)")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
 	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchLifecycleCommand(), a.benchFnCallCommand(), a.benchE2BCommand())
 	return cmd

@@ -17,7 +17,8 @@ func TestBench(t *testing.T) {
 	d := startDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	rep, err := bench.Run(ctx, d.Clients, bench.Options{Env: env, Seq: 2, Burst: 3, Execs: 60, Idle: 2, Warm: 1, Baseline: true})
+	rep, err := bench.Run(ctx, d.Clients, bench.Options{Env: env, Seq: 2, Burst: 3, Execs: 60, Idle: 2, IdleWindow: time.Second, RateProbe: 1,
+		Warm: 1, Baseline: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,6 +32,14 @@ func TestBench(t *testing.T) {
 	if ds.CreateToExec.N != 2 || ds.WarmCreateToExec.N != 2 || ds.BurstCreateExec.N != 3 || ds.BurstErrors != 0 ||
 		ds.WarmExec.N != 60 || ds.IdleAnswering != 2 {
 		t.Errorf("dsec column incomplete: %+v", ds)
+	}
+	// The idle sandboxes' agents were found and measured, and the create
+	// rate taken on the empty node and with them live.
+	if cpu := ds.IdleCPU; cpu == nil || cpu.Sandboxes != 2 || cpu.WindowS <= 0 || cpu.TargetPct <= 0 {
+		t.Errorf("idle CPU not measured: %+v", cpu)
+	}
+	if r := ds.CreateRate; r == nil || r.N != 1 || r.Live != 2 || r.EmptyPerS <= 0 || r.FullPerS <= 0 || r.Ratio <= 0 {
+		t.Errorf("create rate not measured: %+v", r)
 	}
 	if rc.CreateToExec.N != 2 || rc.BurstCreateExec.N != 3 || rc.BurstErrors != 0 || rc.WarmExec.N != 60 || rc.IdleCount != 2 {
 		t.Errorf("runc column incomplete: %+v", rc)
