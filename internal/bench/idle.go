@@ -55,7 +55,7 @@ type IdleCPU struct {
 // CreateRate is how fast the idle set's creates went on an empty node and
 // with the whole set live, in the same run, and what CPU each took: a
 // wall-clock rate moves with whatever else the machine runs, the CPU a
-// create costs does not.
+// create costs far less.
 type CreateRate struct {
 	N          int     `json:"n"`           // sandboxes timed each time
 	Live       int     `json:"live"`        // sandboxes live during the second
