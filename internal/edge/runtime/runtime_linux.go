@@ -765,6 +765,21 @@ func (r *Container) runtimeCmd(ctx context.Context, args ...string) ([]byte, err
 	return out, nil
 }
 
+// runtimeStdout runs the OCI runtime and returns its stdout alone: what
+// it says on stderr (runc's list warns "load container …: container does
+// not exist" for one a create has not finished writing) goes into the
+// error only.
+func (r *Container) runtimeStdout(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.path, append([]string{"--root", r.stateDir()}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", r.cfg.Runtime, args[0], err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return out, nil
+}
+
 func notExist(out []byte) bool {
 	s := string(out)
 	return strings.Contains(s, "does not exist") || strings.Contains(s, "not found") || strings.Contains(s, "No such file")
@@ -892,7 +907,7 @@ func (r *Container) Delete(ctx context.Context, id string) error {
 // List returns the IDs of the sandboxes the runtime knows: those in the OCI
 // runtime's state and half-made ones that still have a bundle dir.
 func (r *Container) List(ctx context.Context) ([]string, error) {
-	out, err := r.runtimeCmd(ctx, "list", "--format", "json")
+	out, err := r.runtimeStdout(ctx, "list", "--format", "json")
 	if err != nil {
 		return nil, err
 	}
