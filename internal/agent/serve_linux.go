@@ -171,8 +171,12 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	if h.calls != nil {
 		// A fncall container answers once its warm interpreter is up, so
-		// its first python call costs what the others do.
+		// its first python call costs what the others do; it started at
+		// a raised CPU weight for that, and goes back to the default.
 		h.calls.Warm()
+		if err := h.calls.Settle(); err != nil {
+			cfg.Log.Warn("fncall container", "err", err)
+		}
 	}
 
 	// Exec calls may come framed, without HTTP (package execwire); every

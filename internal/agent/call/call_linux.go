@@ -126,6 +126,28 @@ func New(cfg Config) *Runner {
 // that call does not pay the interpreter's start and imports.
 func (r *Runner) Warm() { r.zygote() }
 
+// Settle brings the container's CPU weight back to the default: the
+// runtime starts a fncall container at a raised one, so that on a node
+// busy with calls its start (the agent, the zygote) comes before the
+// running calls' next slices; once warm it is one container among the
+// others. It is called once, before the agent answers.
+func (r *Runner) Settle() error {
+	if r.cfg.CPUFD < 0 {
+		return nil
+	}
+	// cgroup v1's default weight, or v2's.
+	for _, w := range []struct{ file, value string }{{"cpu.shares", "1024"}, {"cpu.weight", "100"}} {
+		err := write(r.cfg.CPUFD, w.file, w.value)
+		if !errors.Is(err, unix.ENOENT) {
+			if err != nil {
+				return fmt.Errorf("set the container's CPU weight back to the default: %w", err)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
 // Close stops the zygote.
 func (r *Runner) Close() {
 	if r.zyg != nil {

@@ -14,6 +14,17 @@ const (
 	agentPath  = agentMount + "/dsec-agent"
 	cfsPeriod  = 100000 // µs
 
+	// fncallStartShares is a fncall container's CPU weight (cgroup v1
+	// cpu.shares; runc maps it onto v2's cpu.weight) until its agent is
+	// ready: 8 times the default, so that on a node whose CPUs are busy
+	// with calls (a burst of CPU-bound ones) the containers a pool starts
+	// for the next calls get their agent and warm interpreter up before
+	// the running calls' next slices, rather than an equal share beside
+	// each of them. The agent brings it back to the default once warm
+	// (call.Runner.Settle). A container start is about 60 ms of CPU in
+	// the container; a call that waits for it has its clock running.
+	fncallStartShares = 8 * 1024
+
 	nofileLimit = 1 << 16 // open files per process in a sandbox
 )
 
@@ -104,6 +115,13 @@ func buildSpec(in specInput) *specs.Spec {
 		quota := int64(math.Ceil(in.CPUs * cfsPeriod))
 		quota = max(quota, 1000) // the kernel's minimum is 1 ms
 		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+	}
+	if in.FnCall {
+		if res.CPU == nil {
+			res.CPU = &specs.LinuxCPU{}
+		}
+		shares := uint64(fncallStartShares)
+		res.CPU.Shares = &shares
 	}
 	if in.MemoryBytes > 0 {
 		limit := in.MemoryBytes

@@ -166,6 +166,15 @@ func TestBuildSpecFnCall(t *testing.T) {
 			if tmp != tc.wantTmp {
 				t.Errorf("/tmp size %q, want %q", tmp, tc.wantTmp)
 			}
+			// A fncall container starts at a raised CPU weight (its agent
+			// lowers it once warm); a container sandbox keeps the default.
+			var shares uint64
+			if c := s.Linux.Resources.CPU; c != nil && c.Shares != nil {
+				shares = *c.Shares
+			}
+			if want := map[bool]uint64{true: fncallStartShares}[tc.in.FnCall]; shares != want {
+				t.Errorf("cpu shares %d, want %d", shares, want)
+			}
 		})
 	}
 }
