@@ -23,6 +23,7 @@ import (
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/daemon"
 	"dsec.dev/dsec/internal/e2b"
+	"dsec.dev/dsec/internal/edge/fncall"
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/placement"
@@ -137,9 +138,10 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.BoolVar(&cfg.FnCall.Disabled, "no-fncall", false, "run no fncall backend (FnCallService, SandboxFusion's API) on this node")
 	fs.StringVar(&cfg.FnCall.Languages, "fncall-languages", "", "JSON file of languages registered on top of the builtin ones (docs/fncall.md)")
 	fs.IntVar(&cfg.FnCall.Pools.MinIdle, "fncall-min-idle", 1, "idle containers each fncall pool keeps once used (the floor)")
-	fs.IntVar(&cfg.FnCall.Pools.MaxPerPool, "fncall-max-per-pool", 64, "most containers of one fncall pool on this node (the ceiling)")
-	fs.IntVar(&cfg.FnCall.Pools.SoftMaxPerPool, "fncall-soft-max-per-pool", 0, "containers of one fncall pool past which it grows only while its calls are long ones (default 4 per CPU core)")
+	fs.IntVar(&cfg.FnCall.Pools.MaxPerPool, "fncall-max-per-pool", 0, "most containers of one fncall pool on this node (default: --fncall-max-containers)")
+	fs.IntVar(&cfg.FnCall.Pools.SoftMaxPerPool, "fncall-soft-max-per-pool", 0, "containers of one fncall pool that run short calls at once; past it a pool grows only for long calls, as far as the node's memory holds them (default 4 per CPU core)")
 	fs.IntVar(&cfg.FnCall.Pools.MaxContainers, "fncall-max-containers", 256, "most fncall containers on this node, every pool")
+	fs.DurationVar(&cfg.FnCall.Pools.MaxStartDelay, "fncall-max-start-delay", fncall.DefaultMaxStartDelay, "longest a call waits for a fncall container when none is starting for it; then it is refused (ResourceExhausted, 504 in SandboxFusion's API)")
 	fs.IntVar(&cfg.FnCall.Pools.MaxQueue, "fncall-max-queue", 4096, "most calls waiting for a fncall container on this node; more are refused (ResourceExhausted, 504 in SandboxFusion's API)")
 	fs.DurationVar(&cfg.FnCall.Pools.IdleRetire, "fncall-idle-retire", time.Minute, "how long a fncall container above its pool's floor may stay idle")
 	fs.IntVar(&cfg.FnCall.Pools.MaxCalls, "fncall-max-calls", 10000, "calls after which a fncall container is replaced (0: never)")

@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 
+	"connectrpc.com/connect"
+
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
 )
 
 // Runner runs calls: the apiserver's FnCallService (placement over the
@@ -158,7 +162,15 @@ func (g *gate) enter(ctx context.Context) error {
 
 func (g *gate) leave() { <-g.slots }
 
-// overloadedDetail is the 504's body.
-func (h *handler) overloadedDetail() detailBody {
-	return detail("dsec is at capacity: %d calls running and %d waiting; retry later", h.cfg.MaxInFlight, h.cfg.MaxQueue)
+// overloadedDetail is the 504's body: the gate's count, or the reason a
+// node gave (no container could take the call in time, say).
+func (h *handler) overloadedDetail(err error) detailBody {
+	if errors.Is(err, errOverloaded) {
+		return detail("dsec is at capacity: %d calls running and %d waiting; retry later", h.cfg.MaxInFlight, h.cfg.MaxQueue)
+	}
+	msg := err.Error()
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		msg = ce.Message()
+	}
+	return detail("dsec is at capacity: %s; retry later", strings.TrimSuffix(msg, ": "+errdefs.ErrResourceExhausted.Error()))
 }

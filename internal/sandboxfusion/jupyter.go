@@ -104,7 +104,7 @@ func (h *handler) runJupyter(w http.ResponseWriter, req *http.Request) {
 		switch classify(req.Context(), err) {
 		case kindGone:
 		case kindOverloaded:
-			writeJSON(w, http.StatusGatewayTimeout, h.overloadedDetail())
+			writeJSON(w, http.StatusGatewayTimeout, h.overloadedDetail(err))
 		default:
 			// The request was checked above: what the runner refuses is
 			// its own failure (say, no python), not the request's.

@@ -133,7 +133,7 @@ func (h *handler) callFailed(w http.ResponseWriter, ctx context.Context, err err
 	switch classify(ctx, err) {
 	case kindGone:
 	case kindOverloaded:
-		writeJSON(w, http.StatusGatewayTimeout, h.overloadedDetail())
+		writeJSON(w, http.StatusGatewayTimeout, h.overloadedDetail(err))
 	case kindInvalid:
 		writeJSON(w, http.StatusUnprocessableEntity, validationBody{[]FieldError{invalidField(err)}})
 	default:

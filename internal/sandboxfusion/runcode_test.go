@@ -175,11 +175,12 @@ func TestRunCode(t *testing.T) {
 			want:     `{"detail":[{"loc":["body"],"msg":"Input should be a valid dictionary or object to extract fields from","type":"model_attributes_type"}]}`,
 		},
 		{
-			name:     "ResourceExhausted is 504",
+			name:     "ResourceExhausted is 504, with the node's reason",
 			body:     `{"code": "x", "language": "python"}`,
-			err:      fmt.Errorf("every pool is full: %w", errdefs.ErrResourceExhausted),
+			err:      connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("run code: no container of pool p could take the call within 1s (memory): %w", errdefs.ErrResourceExhausted)),
 			wantReq:  &dsecv1.RunCodeRequest{Language: "python", Code: "x", CompileTimeoutSeconds: 10, RunTimeoutSeconds: 10},
 			wantCode: 504,
+			want:     `{"detail":"dsec is at capacity: run code: no container of pool p could take the call within 1s (memory); retry later"}`,
 		},
 		{
 			name:     "other runner errors are a SandboxError",

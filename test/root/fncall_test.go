@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/edge/fncall"
 	"dsec.dev/dsec/internal/testutil"
 )
 
@@ -95,6 +97,7 @@ func TestFnCall(t *testing.T) {
 	t.Run("Verl", s.testVerl)
 	t.Run("NothingLeaks", s.testNothingLeaks)
 	t.Run("BadInput", s.testBadInput)
+	t.Run("CPUBurst", s.testCPUBurst)
 	t.Run("Storm", s.testStorm)
 }
 
@@ -397,6 +400,68 @@ func (s *sfDaemon) testBadInput(t *testing.T) {
 		}
 	}
 	healthy("bad requests")
+}
+
+// testCPUBurst sends a burst of CPU-bound calls, four times as many as
+// the node runs short calls at once (4 per core), each with a run_timeout
+// of 2 s. SandboxFusion starts every call at once and times it by the
+// wall clock, so every one ends at its timeout as TimeLimitExceeded, and
+// verl's reward code is written for that. So must dsec: a call is admitted
+// by the node's memory, not its cores, and starts within the start bound
+// (fncall.DefaultMaxStartDelay) or is refused; a CPU-bound call only runs
+// slower beside the others, its timeout counted from its arrival. Each
+// must answer TimeLimitExceeded within its run_timeout plus the start
+// bound plus a second for the kill and the answer: a call that waited in
+// a queue for others to end, or was refused, fails.
+func (s *sfDaemon) testCPUBurst(t *testing.T) {
+	const runTimeout = 2 * time.Second
+	n := 4 * 4 * runtime.NumCPU()
+	patience := runTimeout + fncall.DefaultMaxStartDelay + time.Second
+	body, _ := json.Marshal(map[string]any{"language": "python", "code": "while True:\n    pass\n",
+		"run_timeout": runTimeout.Seconds(), "memory_limit_MB": 1024})
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	var mu sync.Mutex
+	var wrong []string
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), patience)
+			defer cancel()
+			t0 := time.Now()
+			got := ""
+			req, _ := http.NewRequestWithContext(ctx, "POST", s.url+"/run_code", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := hc.Do(req)
+			switch {
+			case ctx.Err() != nil:
+				got = fmt.Sprintf("no answer within %s", patience)
+			case err != nil:
+				got = err.Error()
+			default:
+				var r map[string]any
+				json.NewDecoder(resp.Body).Decode(&r)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || str(r, "run_result", "status") != "TimeLimitExceeded" {
+					got = fmt.Sprintf("HTTP %d, %v %q", resp.StatusCode, r["status"], str(r, "run_result", "status"))
+				}
+			}
+			if got != "" {
+				mu.Lock()
+				wrong = append(wrong, fmt.Sprintf("call %d after %s: %s", i, time.Since(t0).Round(time.Millisecond), got))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(wrong)
+	for _, w := range wrong {
+		t.Error(w)
+	}
+	if len(wrong) > 0 {
+		t.Errorf("%d of %d CPU-bound calls with run_timeout %s did not answer TimeLimitExceeded within %s", len(wrong), n, runTimeout, patience)
+	}
 }
 
 // testStorm sends 10,000 requests at once: each gets a result or 504, and

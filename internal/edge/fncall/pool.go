@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,10 +27,6 @@ type Sandboxes interface {
 
 // denyAll is the rule set of a networked container between calls.
 const denyAll = "0.0.0.0/0"
-
-// minIdleToGrow is the share of the node's CPU time that must have gone
-// unused lately for a pool to grow past its soft ceiling.
-const minIdleToGrow = 0.15
 
 // PoolLabel marks a pooled container with its pool's key.
 const PoolLabel = "dsec.fncall/pool"
@@ -57,33 +54,46 @@ type member struct {
 	idle  time.Time // when it was last given back
 }
 
+// waiter is a call waiting for a member of its pool.
+type waiter struct {
+	ch     chan *member // buffered: its member, or nil when none is coming
+	since  time.Time
+	needMB int64 // the call's memory limit
+}
+
 // pool holds the warm containers of one key. Idle members are kept in a
 // stack (the most recently used first: its caches are the warmest);
-// waiters are served in arrival order.
+// waiters are served in arrival order. The first `starting` waiters are
+// the ones the containers decided on will serve at the latest.
 type pool struct {
 	key      poolKey
 	idle     []*member
 	busy     map[*member]time.Time // members running a call, since when
-	starting int                   // containers being created
-	regrow   *time.Timer           // a held-back growth's second look
-	grewAt   time.Time             // the last growth past the soft ceiling
-	waiters  []chan *member
-	lastErr  error // the last failed create, given to waiters it leaves with none
-	failedAt time.Time
+	starting int                   // containers decided on, waiting for a start slot or being created
+	creating int                   // of those, the ones being created
+	regrow   *time.Timer           // a second look at waiters held back
+	waiters  []*waiter
+	held     string // why waiters are held back, for a refusal's message
+	lastErr  error  // the last failed create, given to waiters it leaves with none
 }
 
 func (p *pool) size() int { return len(p.idle) + len(p.busy) + p.starting }
 
-// stalled says whether the pool's running calls are long ones (their mean
-// age at least age): waiters then wait for calls that sleep or grind, and
-// another container helps. Calls that end quickly mean the waiters wait
-// for the CPU, which another container only divides further.
-func (p *pool) stalled(now time.Time, age time.Duration) bool {
-	if len(p.busy) == 0 {
-		// Containers still starting will take the waiters first.
-		return p.starting == 0
+// heldByLong says whether the pool's containers are held by long calls:
+// at least half of its running calls have run for age or more (calls that
+// loop, sleep or wait, alone or among short ones). Its waiters then wait
+// for calls that end late, which no queue drains in time. Running calls
+// younger than that are short ones, or a storm of them slowed down by busy
+// CPUs: their waiters wait for the CPUs, which more containers would only
+// share out.
+func (p *pool) heldByLong(now time.Time, age time.Duration) bool {
+	old := 0
+	for _, since := range p.busy {
+		if now.Sub(since) >= age {
+			old++
+		}
 	}
-	return p.meanAge(now) >= age
+	return len(p.busy) > 0 && 2*old >= len(p.busy)
 }
 
 // meanAge is the mean age of the pool's running calls.
@@ -104,9 +114,15 @@ type pools struct {
 	cfg PoolConfig
 	log *slog.Logger
 
-	cpu *cpuIdle
+	// slots bounds the containers being created at once on the node: a
+	// start is tens of ms of CPU (runc, the agent, the warm interpreter),
+	// so many at once only share the CPUs, each taking longer, and leave
+	// the calls running less of them. The starts decided on wait for one
+	// in turn, and one no longer needed by then is dropped.
+	slots chan struct{}
 
 	mu      sync.Mutex
+	mem     *memAvailable // read under mu
 	byKey   map[poolKey]*pool
 	waiting int // calls queued for a member, over every pool
 	closed  bool
@@ -117,15 +133,29 @@ type pools struct {
 type PoolConfig struct {
 	// MinIdle is the floor: idle containers each pool keeps once used.
 	MinIdle int
-	// MaxPerPool is the ceiling: containers of one pool on this node.
+	// MaxPerPool is the ceiling of one pool on this node; 0 = the node's,
+	// MaxContainers.
 	MaxPerPool int
-	// SoftMaxPerPool is where a pool stops growing while its calls are
-	// short (their mean age under StallAge): enough containers to keep the
-	// node's CPUs busy, not so many that they only share them out.
+	// SoftMaxPerPool is how many of a pool's containers run calls at once
+	// while its calls are short: enough to keep the node's CPUs busy, not
+	// so many that they only share them out. Past it a call waits for one
+	// of those containers, and gets one of its own only when it waited a
+	// quarter of MaxStartDelay while long calls hold them, as far as the
+	// node's memory holds more.
 	SoftMaxPerPool int
-	StallAge       time.Duration
+	// MaxStartDelay bounds how long a call waits for a container when none
+	// is being started for it: past it the call is refused with
+	// ResourceExhausted, to be tried elsewhere or later, rather than queue
+	// past its caller's patience.
+	MaxStartDelay time.Duration
+	// LookEvery is how often a pool whose waiters are held back looks at
+	// them again.
+	LookEvery time.Duration
 	// MaxContainers bounds the fncall containers of the node, every pool.
 	MaxContainers int
+	// MaxCreating bounds the containers being created at once on the
+	// node, every pool.
+	MaxCreating int
 	// MaxQueue bounds the calls waiting for a container on this node; a
 	// call over it is refused at once with ResourceExhausted.
 	MaxQueue int
@@ -140,12 +170,15 @@ type PoolConfig struct {
 }
 
 func newPools(sb Sandboxes, cfg PoolConfig, log *slog.Logger) *pools {
-	return &pools{sb: sb, cfg: cfg, log: log, byKey: map[poolKey]*pool{}, cpu: newCPUIdle()}
+	return &pools{sb: sb, cfg: cfg, log: log, byKey: map[poolKey]*pool{}, mem: newMemAvailable(),
+		slots: make(chan struct{}, cfg.MaxCreating)}
 }
 
-// acquire returns an idle member of key's pool, starting a container when
-// the pool may grow, or waits for one until ctx ends.
-func (ps *pools) acquire(ctx context.Context, key poolKey) (*member, error) {
+// acquire returns an idle member of key's pool for a call whose memory
+// limit is needMB, or one started for it, or one given back by another
+// call within MaxStartDelay; it refuses the call with ResourceExhausted
+// when none is coming by then.
+func (ps *pools) acquire(ctx context.Context, key poolKey, needMB int64) (*member, error) {
 	ps.mu.Lock()
 	if ps.closed {
 		ps.mu.Unlock()
@@ -156,10 +189,9 @@ func (ps *pools) acquire(ctx context.Context, key poolKey) (*member, error) {
 		p = &pool{key: key, busy: map[*member]time.Time{}}
 		ps.byKey[key] = p
 	}
-	if n := len(p.idle); n > 0 {
-		m := p.idle[n-1]
-		p.idle = p.idle[:n-1]
-		p.busy[m] = time.Now()
+	now := time.Now()
+	if len(p.waiters) == 0 && len(p.idle) > 0 && len(p.busy) < ps.cfg.SoftMaxPerPool {
+		m := ps.takeIdleLocked(p, now)
 		ps.mu.Unlock()
 		return m, nil
 	}
@@ -167,91 +199,219 @@ func (ps *pools) acquire(ctx context.Context, key poolKey) (*member, error) {
 		ps.mu.Unlock()
 		return nil, fmt.Errorf("run code: %d calls are already waiting for a container on this node (the queue's bound): %w", ps.cfg.MaxQueue, errdefs.ErrResourceExhausted)
 	}
-	ch := make(chan *member, 1)
-	p.waiters = append(p.waiters, ch)
+	w := &waiter{ch: make(chan *member, 1), since: now, needMB: needMB}
+	p.waiters = append(p.waiters, w)
 	ps.waiting++
-	ps.growLocked(p)
+	ps.dispatchLocked(p, now)
 	ps.mu.Unlock()
+	return ps.wait(ctx, p, w)
+}
 
-	select {
-	case m := <-ch:
-		if m == nil {
-			ps.mu.Lock()
-			err := p.lastErr
-			ps.mu.Unlock()
-			return nil, fmt.Errorf("run code: no container of pool %s could start: %w", key, err)
-		}
-		return m, nil
-	case <-ctx.Done():
-		ps.mu.Lock()
-		for i, w := range p.waiters {
-			if w == ch {
-				p.waiters = append(p.waiters[:i], p.waiters[i+1:]...)
-				ps.waiting--
-				break
-			}
-		}
-		ps.mu.Unlock()
-		// A member handed over meanwhile goes back.
+// wait waits for w's member. At MaxStartDelay a waiter that no starting
+// container will serve leaves the queue refused; one that a container
+// starting will serve waits for it (its time counts against its call's
+// timeouts: Service.RunCode).
+func (ps *pools) wait(ctx context.Context, p *pool, w *waiter) (*member, error) {
+	bound := time.NewTimer(ps.cfg.MaxStartDelay)
+	defer bound.Stop()
+	for {
 		select {
-		case m := <-ch:
-			if m != nil {
-				ps.release(key, m, false)
+		case m := <-w.ch:
+			return ps.handed(p, m)
+		case <-bound.C:
+			ps.mu.Lock()
+			i := slices.Index(p.waiters, w)
+			if i < 0 || i < p.starting {
+				// Handed its member just now, or one is starting for it.
+				ps.mu.Unlock()
+				continue
 			}
-		default:
+			p.waiters = slices.Delete(p.waiters, i, i+1)
+			ps.waiting--
+			why := p.held
+			ps.mu.Unlock()
+			if why == "" {
+				why = "every container is busy"
+			}
+			return nil, fmt.Errorf("run code: no container of pool %s could take the call within %s (%s): %w",
+				p.key, ps.cfg.MaxStartDelay, why, errdefs.ErrResourceExhausted)
+		case <-ctx.Done():
+			ps.mu.Lock()
+			if i := slices.Index(p.waiters, w); i >= 0 {
+				p.waiters = slices.Delete(p.waiters, i, i+1)
+				ps.waiting--
+				ps.mu.Unlock()
+			} else {
+				// A member handed over meanwhile goes back.
+				ps.mu.Unlock()
+				if m := <-w.ch; m != nil {
+					ps.release(p.key, m, false)
+				}
+			}
+			return nil, fmt.Errorf("run code: waited for a container of pool %s until %w", p.key, ctx.Err())
 		}
-		return nil, fmt.Errorf("run code: waited for a container of pool %s until %w", key, ctx.Err())
 	}
 }
 
-// growLocked starts containers while waiters outnumber those starting and
-// the ceilings allow. Up to SoftMaxPerPool a pool grows for every waiter;
-// past it only while its calls are long ones (stalled) and the node's CPUs
-// have time to spare, by a quarter (at least one) per StallAge, looking
-// again after StallAge. Once its calls are short again it shrinks back, a
-// container per call that ends (overgrownLocked).
-func (ps *pools) growLocked(p *pool) {
+// handed is a waiter's answer: its member, or the error of the create
+// that was to give it one.
+func (ps *pools) handed(p *pool, m *member) (*member, error) {
+	if m != nil {
+		return m, nil
+	}
+	ps.mu.Lock()
+	err := p.lastErr
+	ps.mu.Unlock()
+	return nil, fmt.Errorf("run code: no container of pool %s could start: %w", p.key, err)
+}
+
+func (ps *pools) takeIdleLocked(p *pool, now time.Time) *member {
+	n := len(p.idle)
+	m := p.idle[n-1]
+	p.idle = p.idle[:n-1]
+	p.busy[m] = now
+	return m
+}
+
+// patience is how long a call past its pool's soft ceiling waits for a
+// running container before it may get one of its own: a quarter of the
+// start bound, so that one started for it comes well within the bound.
+func (ps *pools) patience() time.Duration { return ps.cfg.MaxStartDelay / 4 }
+
+// ownLocked is how many of p's waiters, from the first, need a container
+// of their own past the soft ceiling: those that waited patience() while
+// long calls hold the pool's containers (heldByLong). Short calls past
+// the soft ceiling wait for one of the soft ceiling's containers instead:
+// spread over more containers they would only share the CPUs out, and
+// run slower on colder caches (print(1) at 64 in flight on a 2-core node
+// ran 362 calls/s on 64 containers and 551 on 8); so the containers a
+// burst of long calls grew stay idle, warm for the next burst.
+func (ps *pools) ownLocked(p *pool, now time.Time) int {
+	patience := ps.patience()
+	n := 0
+	for n < len(p.waiters) && now.Sub(p.waiters[n].since) >= patience {
+		n++
+	}
+	if n == 0 || !p.heldByLong(now, patience) {
+		return 0
+	}
+	return n
+}
+
+// dispatchLocked hands p's idle members to its waiters in arrival order,
+// while fewer than the soft ceiling run, or to those that need one of
+// their own (ownLocked); then it starts containers for the waiters left.
+func (ps *pools) dispatchLocked(p *pool, now time.Time) {
+	for len(p.waiters) > 0 && len(p.idle) > 0 && len(p.busy) < ps.cfg.SoftMaxPerPool {
+		ps.handLocked(p, now)
+	}
+	if len(p.waiters) > 0 && len(p.idle) > 0 {
+		// Decided once: every call handed a member is young.
+		for own := ps.ownLocked(p, now); own > 0 && len(p.idle) > 0; own-- {
+			ps.handLocked(p, now)
+		}
+	}
+	ps.growLocked(p, now)
+}
+
+// handLocked gives p's first waiter an idle member.
+func (ps *pools) handLocked(p *pool, now time.Time) {
+	w := p.waiters[0]
+	p.waiters = p.waiters[1:]
+	ps.waiting--
+	w.ch <- ps.takeIdleLocked(p, now)
+}
+
+// growLocked decides on a container for each waiter that no container
+// decided on will serve, while the ceilings and the node's memory allow:
+// up to SoftMaxPerPool for any waiter, past it for those that need one of
+// their own (ownLocked). Admission is by memory, not by cores: a start
+// needs the node's available memory, less the containers already
+// starting, to hold the call's memory limit and the container's own
+// overhead; a CPU-bound call only runs slower beside others, while one
+// that does not start in time fails its caller. The start slots pace the
+// creates. What holds waiters back is looked at again after LookEvery.
+func (ps *pools) growLocked(p *pool, now time.Time) {
 	if ps.closed {
 		return
 	}
-	budget := -1 // containers it may start past the soft ceiling; -1 = not yet decided
-	for len(p.waiters) > p.starting && p.size() < ps.cfg.MaxPerPool && ps.totalLocked() < ps.cfg.MaxContainers {
+	p.held = ""
+	added, own := 0, -1 // own: waiters that need a container of their own; -1 = not yet asked
+	for p.starting < len(p.waiters) {
+		if len(p.idle) > 0 {
+			// Idle members the waiters may not take yet (dispatchLocked).
+			p.held = fmt.Sprintf("its %d running calls are short ones and the others wait for them", len(p.busy))
+			break
+		}
+		if p.size() >= ps.cfg.MaxPerPool {
+			p.held = fmt.Sprintf("the pool holds its most containers, %d", ps.cfg.MaxPerPool)
+			break
+		}
+		if n := ps.totalLocked(); n >= ps.cfg.MaxContainers {
+			p.held = fmt.Sprintf("the node holds its most fncall containers, %d", n)
+			break
+		}
 		if p.size() >= ps.cfg.SoftMaxPerPool {
-			if budget < 0 {
-				budget = 0
-				now := time.Now()
-				// One step per StallAge, and only with CPUs to spare.
-				if now.Sub(p.grewAt) >= ps.cfg.StallAge && p.stalled(now, ps.cfg.StallAge) && ps.cpu.fraction(now) >= minIdleToGrow {
-					p.grewAt = now
-					budget = max(1, p.size()/4)
-					ps.log.Info("fncall pool grows past its soft ceiling: its calls are long ones", "pool", p.key.String(),
-						"size", p.size(), "busy", len(p.busy), "starting", p.starting, "waiting", len(p.waiters), "mean_call_age", p.meanAge(time.Now()), "adding", budget)
-				}
+			if own < 0 {
+				own = ps.ownLocked(p, now)
 			}
-			if budget == 0 {
-				ps.lookAgainLocked(p)
+			if p.starting >= own {
+				p.held = fmt.Sprintf("its %d running calls are short ones and the others wait for them", len(p.busy))
 				break
 			}
-			budget--
 		}
+		w := p.waiters[p.starting]
+		if avail, ok := ps.memoryFreeLocked(now); ok && avail < w.needMB+agentOverheadMB {
+			p.held = fmt.Sprintf("the node's available memory, %d MiB less the containers starting, does not hold another container for a call of %d MiB", avail, w.needMB)
+			break
+		}
+		added++
 		p.starting++
 		ps.wg.Add(1)
 		go ps.start(p)
 	}
-	// A pool that can start nothing now (node ceiling) gets a container
-	// when another pool's retires.
+	if added > 0 && p.size() > ps.cfg.SoftMaxPerPool {
+		ps.log.Info("fncall pool grows past its soft ceiling: long calls hold its containers", "pool", p.key.String(),
+			"size", p.size(), "busy", len(p.busy), "starting", p.starting, "waiting", len(p.waiters), "mean_call_age", p.meanAge(now), "added", added)
+	}
+	if p.starting < len(p.waiters) {
+		ps.lookAgainLocked(p)
+	}
 }
 
-// lookAgainLocked has growLocked look at p again after StallAge.
+// neededLocked says whether a start decided on for p is still needed as
+// it gets its slot: a waiter is left that the containers being created
+// (and the idle ones) will not serve. One whose waiter was served by a
+// call's end meanwhile, or left, creates nothing.
+func (ps *pools) neededLocked(p *pool) bool {
+	return len(p.waiters) > p.creating+len(p.idle)
+}
+
+// memoryFreeLocked is the node's available memory less what the
+// containers already starting will take and it does not show yet; false
+// when it cannot be read (growth is then not held back on a guess).
+func (ps *pools) memoryFreeLocked(now time.Time) (int64, bool) {
+	avail, ok := ps.mem.availableMB(now)
+	if !ok {
+		return 0, false
+	}
+	starting := 0
+	for _, p := range ps.byKey {
+		starting += p.starting
+	}
+	return avail - int64(starting)*agentOverheadMB, true
+}
+
+// lookAgainLocked has dispatchLocked look at p again after LookEvery.
 func (ps *pools) lookAgainLocked(p *pool) {
 	if p.regrow != nil || ps.closed {
 		return
 	}
-	p.regrow = time.AfterFunc(ps.cfg.StallAge, func() {
+	p.regrow = time.AfterFunc(ps.cfg.LookEvery, func() {
 		ps.mu.Lock()
 		defer ps.mu.Unlock()
 		p.regrow = nil
-		ps.growLocked(p)
+		ps.dispatchLocked(p, time.Now())
 	})
 }
 
@@ -263,8 +423,20 @@ func (ps *pools) totalLocked() int {
 	return n
 }
 
+// start creates a container for p once a start slot is free, unless p no
+// longer needs it by then (neededLocked).
 func (ps *pools) start(p *pool) {
 	defer ps.wg.Done()
+	ps.slots <- struct{}{}
+	defer func() { <-ps.slots }()
+	ps.mu.Lock()
+	if ps.closed || !ps.neededLocked(p) {
+		p.starting--
+		ps.mu.Unlock()
+		return
+	}
+	p.creating++
+	ps.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	spec := &dsecv1.SandboxSpec{
@@ -287,8 +459,9 @@ func (ps *pools) start(p *pool) {
 	id, err := ps.sb.Create(ctx, spec)
 	ps.mu.Lock()
 	p.starting--
+	p.creating--
 	if err != nil {
-		p.lastErr, p.failedAt = err, time.Now()
+		p.lastErr = err
 		ps.log.Warn("fncall container did not start", "pool", p.key.String(), "err", err)
 		// Waiters beyond what is still starting get the error rather
 		// than wait for a container that is not coming.
@@ -296,7 +469,7 @@ func (ps *pools) start(p *pool) {
 			w := p.waiters[0]
 			p.waiters = p.waiters[1:]
 			ps.waiting--
-			w <- nil
+			w.ch <- nil
 		}
 		ps.mu.Unlock()
 		return
@@ -313,54 +486,23 @@ func (ps *pools) start(p *pool) {
 	ps.release(p.key, m, false)
 }
 
-// release gives m back to key's pool after a call, or retires it.
+// release gives m back to key's pool, or retires it.
 func (ps *pools) release(key poolKey, m *member, retire bool) {
 	ps.mu.Lock()
 	p := ps.byKey[key]
+	now := time.Now()
 	delete(p.busy, m)
 	if ps.closed || retire || (ps.cfg.MaxCalls > 0 && m.calls >= ps.cfg.MaxCalls) {
 		// A retired member's place can be taken by a new container.
-		ps.growLocked(p)
+		ps.dispatchLocked(p, now)
 		ps.mu.Unlock()
 		ps.remove(m)
 		return
 	}
-	if len(p.waiters) > 0 {
-		if ps.overgrownLocked(p, time.Now()) {
-			// Calls queue for the CPU, not for containers: one container
-			// fewer serves them as fast, and the rest stay warmer.
-			ps.mu.Unlock()
-			ps.remove(m)
-			return
-		}
-		w := p.waiters[0]
-		p.waiters = p.waiters[1:]
-		ps.waiting--
-		p.busy[m] = time.Now()
-		ps.mu.Unlock()
-		w <- m
-		return
-	}
-	m.idle = time.Now()
+	m.idle = now
 	p.idle = append(p.idle, m)
+	ps.dispatchLocked(p, now)
 	ps.mu.Unlock()
-}
-
-// shrinkAfter is how many StallAges after its last growth past the soft
-// ceiling a pool may shrink back to it.
-const shrinkAfter = 10
-
-// overgrownLocked says whether a member just given back (no longer among
-// p's busy ones) should retire rather than serve a waiter: the pool grew
-// past its soft ceiling for long calls, and its calls are short ones again.
-// Left alone, such a pool would keep every container it grew for as long
-// as calls queue (none is ever idle long enough to retire), and short
-// calls spread over more containers than the CPUs need run slower: more
-// agents and interpreters contend for the same cores and caches.
-func (ps *pools) overgrownLocked(p *pool, now time.Time) bool {
-	return p.size()+1 > ps.cfg.SoftMaxPerPool &&
-		now.Sub(p.grewAt) >= shrinkAfter*ps.cfg.StallAge &&
-		len(p.busy) > 0 && !p.stalled(now, ps.cfg.StallAge)
 }
 
 func (ps *pools) remove(m *member) {
@@ -406,7 +548,7 @@ func (ps *pools) close() {
 		idle = append(idle, p.idle...)
 		p.idle = nil
 		for _, w := range p.waiters {
-			w <- nil
+			w.ch <- nil
 		}
 		ps.waiting -= len(p.waiters)
 		p.waiters = nil

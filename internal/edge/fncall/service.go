@@ -28,6 +28,9 @@ const (
 	DefaultCPUs           = 1
 	OutputLimit           = 1 << 20 // per stream, as SandboxFusion reads
 	MaxFilesBytes         = 128 << 20
+	// DefaultMaxStartDelay bounds a call's wait for a container when
+	// none is starting for it (PoolConfig.MaxStartDelay).
+	DefaultMaxStartDelay = 2 * time.Second
 	// scratchPrefix is where the agent makes calls' scratch directories
 	// (internal/agent/call): an absolute path under it is taken as one
 	// relative to the scratch directory.
@@ -75,17 +78,23 @@ func NewService(sb Sandboxes, cfg Config) *Service {
 	if p.MinIdle < 0 {
 		p.MinIdle = 0
 	}
+	if p.MaxContainers <= 0 {
+		p.MaxContainers = 256
+	}
 	if p.MaxPerPool <= 0 {
-		p.MaxPerPool = 64
+		p.MaxPerPool = p.MaxContainers
+	}
+	if p.MaxCreating <= 0 {
+		p.MaxCreating = 8 * runtime.NumCPU()
 	}
 	if p.SoftMaxPerPool <= 0 {
 		p.SoftMaxPerPool = max(4, 4*runtime.NumCPU())
 	}
-	if p.StallAge <= 0 {
-		p.StallAge = 100 * time.Millisecond
+	if p.LookEvery <= 0 {
+		p.LookEvery = 100 * time.Millisecond
 	}
-	if p.MaxContainers <= 0 {
-		p.MaxContainers = 256
+	if p.MaxStartDelay <= 0 {
+		p.MaxStartDelay = DefaultMaxStartDelay
 	}
 	if p.MaxQueue <= 0 {
 		p.MaxQueue = 4096
@@ -158,20 +167,35 @@ func (l Language) env() string {
 }
 
 // RunCode runs one call. An error means the call could not be run as
-// asked: InvalidArgument for a bad request, ResourceExhausted when the
-// node's queue is full, others for the node's own failures.
+// asked: InvalidArgument for a bad request, ResourceExhausted when no
+// container could take it within the start bound (or the node's queue is
+// full), others for the node's own failures.
+//
+// The call's timeouts are wall-clock from its arrival, as SandboxFusion
+// times a call from its start: what it waited for a container (at most
+// MaxStartDelay, or a container's start under load) counts against its
+// first step, and a call whose first step's time ran out before it could
+// start is answered as having exceeded it.
 func (s *Service) RunCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dsecv1.RunCodeResponse, error) {
+	arrived := time.Now()
 	lang, call, key, err := s.prepare(req)
 	if err != nil {
 		return nil, err
 	}
+	first := call.Steps[0]
+	budget := first.TimeoutSeconds
 	// A container that breaks under a call (its agent gone, say) is
 	// retired and the call tried once more on another.
 	var last error
 	for attempt := 0; attempt < 2; attempt++ {
-		m, err := s.pools.acquire(ctx, key)
+		m, err := s.pools.acquire(ctx, key, call.GetMemoryBytes()>>20)
 		if err != nil {
 			return nil, err
+		}
+		waited := time.Since(arrived)
+		if first.TimeoutSeconds = budget - waited.Seconds(); first.TimeoutSeconds <= 0 {
+			s.pools.release(key, m, false)
+			return s.outOfTime(lang, budget, waited), nil
 		}
 		resp, err := s.run(ctx, m, key, req, call)
 		if err != nil {
@@ -201,6 +225,22 @@ func (s *Service) RunCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dse
 		return out, nil
 	}
 	return nil, fmt.Errorf("run code: %w", last)
+}
+
+// outOfTime answers a call whose first step's timeout of budget seconds
+// ran out while it waited for a container: that step exceeded its time
+// limit without running, as a SandboxFusion process still starting at its
+// timeout would.
+func (s *Service) outOfTime(lang Language, budget float64, waited time.Duration) *dsecv1.RunCodeResponse {
+	step := "run"
+	if lang.Compile != nil {
+		step = "compile"
+	}
+	out := result(lang, &agentv1.CallResponse{Steps: []*agentv1.CallStepResult{{Exited: &dsecv1.ExecExited{
+		Status: dsecv1.ExitStatus_EXIT_STATUS_TIMEOUT, DurationSeconds: waited.Seconds()}}}})
+	out.Message = fmt.Sprintf("the call waited %.2f s for a container, past its %s timeout of %g s", waited.Seconds(), step, budget)
+	out.Node = s.cfg.Node
+	return out
 }
 
 func (s *Service) run(ctx context.Context, m *member, key poolKey, req *dsecv1.RunCodeRequest, call *agentv1.CallRequest) (*agentv1.CallResponse, error) {
