@@ -30,7 +30,14 @@ type FnCallOptions struct {
 	Duration    time.Duration // of each throughput phase
 	Rounds      int           // throughput phases of each side, interleaved; sequential calls of the latency and C++ figures
 	Mixed       int           // calls of the mixed burst
-	Progress    io.Writer
+	// Busy calls of the CPU-bound burst, each a Python loop with
+	// BusyTimeout as its run_timeout; 0 = 100 of 10 s, negative = none.
+	Busy        int
+	BusyTimeout time.Duration
+	// BusyOnly runs the CPU-bound burst alone: against a fresh dsecd it
+	// meets cold pools, as a node's first burst does.
+	BusyOnly bool
+	Progress io.Writer
 }
 
 // FnCallReport is what `dsec bench fncall` prints.
@@ -66,6 +73,25 @@ type FnCallReport struct {
 	MixedLatency   Latency `json:"mixed_latency"`
 	MixedFirstFail string  `json:"mixed_first_failure,omitempty"`
 
+	// A burst of CPU-bound calls (`while True: pass`) with run_timeout
+	// BusyTimeoutS, sent at once as verl sends them: how many came back
+	// TimeLimitExceeded, how many otherwise (another status, an HTTP
+	// error such as 504, or verl's client timeout), and when the last
+	// answer came.
+	BusyCalls    int     `json:"busy_calls"`
+	BusyTimeoutS float64 `json:"busy_run_timeout_s"`
+	BusyTLE      int     `json:"busy_time_limit_exceeded"`
+	BusyOther    int     `json:"busy_other_status"`
+	BusyErrors   int     `json:"busy_errors"`
+	BusyLate     int     `json:"busy_client_timeouts"`
+	BusyLastS    float64 `json:"busy_last_answer_s"`
+	// The least a TimeLimitExceeded call ran (its execution_time): the
+	// rest of its run_timeout went on waiting for a container to start.
+	BusyLeastRanS float64 `json:"busy_least_ran_s"`
+	BusyLatency   Latency `json:"busy_latency"`
+	BusyFirstErr  string  `json:"busy_first_error,omitempty"`
+	BusyOnly      bool    `json:"busy_only,omitempty"`
+
 	Notes []string `json:"notes,omitempty"`
 }
 
@@ -80,10 +106,11 @@ type sfResult struct {
 	Status    string `json:"status"`
 	Message   string `json:"message"`
 	RunResult *struct {
-		Status     string `json:"status"`
-		ReturnCode *int   `json:"return_code"`
-		Stdout     string `json:"stdout"`
-		Stderr     string `json:"stderr"`
+		Status        string  `json:"status"`
+		ExecutionTime float64 `json:"execution_time"`
+		ReturnCode    *int    `json:"return_code"`
+		Stdout        string  `json:"stdout"`
+		Stderr        string  `json:"stderr"`
 	} `json:"run_result"`
 	CompileResult *struct {
 		Status string `json:"status"`
@@ -136,9 +163,20 @@ func RunFnCall(ctx context.Context, o FnCallOptions) (*FnCallReport, error) {
 	if o.Mixed <= 0 {
 		o.Mixed = 256
 	}
+	if o.Busy == 0 {
+		o.Busy = 100
+	}
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = 10 * time.Second
+	}
 	url := strings.TrimSuffix(o.URL, "/") + "/run_code"
 	c := &sfClient{url: url, hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0}}}
 	r := &FnCallReport{URL: o.URL, Concurrency: o.Concurrency}
+	if o.BusyOnly {
+		r.BusyOnly = true
+		r.busy(ctx, c, o)
+		return r, nil
+	}
 	python3 := filepath.Join(o.EnvTree, "usr/bin/python3")
 	if _, err := os.Stat(python3); err != nil {
 		return nil, fmt.Errorf("bench fncall: the environment tree %s has no usr/bin/python3 (build it with scripts/build-fncall-env.sh): %w", o.EnvTree, err)
@@ -220,6 +258,9 @@ func RunFnCall(ctx context.Context, o FnCallOptions) (*FnCallReport, error) {
 	}
 	if err := r.mixed(ctx, c, o); err != nil {
 		return nil, err
+	}
+	if o.Busy > 0 {
+		r.busy(ctx, c, o)
 	}
 	return r, nil
 }
@@ -420,6 +461,63 @@ func (r *FnCallReport) mixed(ctx context.Context, c *sfClient, o FnCallOptions) 
 	return nil
 }
 
+// busy sends o.Busy CPU-bound calls at once, each with verl's payload
+// and verl's HTTP timeout (compile_timeout + run_timeout + 10 s), and
+// counts how they came back. SandboxFusion starts every call at once and
+// times it by the wall clock, so each ends at its run_timeout as
+// TimeLimitExceeded; verl's reward code is written for that.
+func (r *FnCallReport) busy(ctx context.Context, c *sfClient, o FnCallOptions) {
+	const compileTimeout = 10
+	req := map[string]any{"language": "python", "code": "while True:\n    pass\n", "stdin": "",
+		"compile_timeout": compileTimeout, "run_timeout": o.BusyTimeout.Seconds(), "memory_limit_MB": 1024,
+		"files": map[string]any{}, "fetch_files": []string{}}
+	patience := time.Duration(compileTimeout)*time.Second + o.BusyTimeout + 10*time.Second
+	r.BusyCalls, r.BusyTimeoutS = o.Busy, o.BusyTimeout.Seconds()
+	o.logf("CPU-bound burst: %d calls at once, run_timeout %s", o.Busy, o.BusyTimeout)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var lat []time.Duration
+	t0 := time.Now()
+	for range o.Busy {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, patience)
+			defer cancel()
+			start := time.Now()
+			res, err := c.run(cctx, req)
+			took := time.Since(start)
+			mu.Lock()
+			defer mu.Unlock()
+			lat = append(lat, took)
+			r.BusyLastS = max(r.BusyLastS, time.Since(t0).Seconds())
+			fail := func(msg string) {
+				if r.BusyFirstErr == "" {
+					r.BusyFirstErr = msg
+				}
+			}
+			switch {
+			case err != nil && cctx.Err() != nil && ctx.Err() == nil:
+				r.BusyLate++
+				fail(fmt.Sprintf("no answer within verl's %s", patience))
+			case err != nil:
+				r.BusyErrors++
+				fail(err.Error())
+			case res.RunResult != nil && res.RunResult.Status == "TimeLimitExceeded":
+				if r.BusyTLE == 0 || res.RunResult.ExecutionTime < r.BusyLeastRanS {
+					r.BusyLeastRanS = res.RunResult.ExecutionTime
+				}
+				r.BusyTLE++
+			default:
+				r.BusyOther++
+				fail(fmt.Sprintf("status %s: %s", res.Status, res.Message))
+			}
+		}()
+	}
+	wg.Wait()
+	r.BusyLatency = summarize(lat)
+}
+
 // JSON writes the report as one JSON object.
 func (r *FnCallReport) JSON(w io.Writer) error { return writeJSON(w, r) }
 
@@ -428,6 +526,13 @@ func (r *FnCallReport) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "fncall through SandboxFusion's API at %s\n\n", r.URL)
 	fmt.Fprintf(tw, "FIGURE\tDSEC\tBASELINE\tRATIO\n")
+	if r.BusyOnly {
+		r.printBusy(tw)
+		tw.Flush()
+		fmt.Fprintf(w, "\nTARGETS\n")
+		r.checkBusy(w)
+		return
+	}
 	fmt.Fprintf(tw, "python print(1), %d in flight (calls/s)\t%.0f\t%.0f (bare python3 -c in a chroot)\t%.2f\n", r.Concurrency, r.DsecRate, r.BareRate, r.RateRatio)
 	fmt.Fprintf(tw, "  latency under that load p50 / p99 (ms)\t%.1f / %.1f\t\t\n", r.DsecLatency.P50, r.DsecLatency.P99)
 	fmt.Fprintf(tw, "  errors\t%d\t%d\t\n", r.DsecErrors, r.BareErrors)
@@ -435,15 +540,10 @@ func (r *FnCallReport) Print(w io.Writer) {
 	fmt.Fprintf(tw, "C++ a+b compile and run p50 (ms)\t%.0f\t%.0f (host g++ and run)\t%.2f\n", r.CppDsec.P50, r.CppHost.P50, r.CppRatio)
 	fmt.Fprintf(tw, "mixed burst of %d: errors / wrong / over timeout\t%d / %d / %d\t\t\n", r.MixedCalls, r.MixedErrors, r.MixedWrong, r.MixedLate)
 	fmt.Fprintf(tw, "  wall (s), latency p50 / p99 (ms)\t%.1f, %.0f / %.0f\t\t\n", r.MixedWallS, r.MixedLatency.P50, r.MixedLatency.P99)
+	r.printBusy(tw)
 	tw.Flush()
 	fmt.Fprintf(w, "\nTARGETS\n")
-	check := func(name string, ok bool, fig string) {
-		v := "MISS"
-		if ok {
-			v = "PASS"
-		}
-		fmt.Fprintf(w, "  %-52s %-22s %s\n", name, fig, v)
-	}
+	check := func(name string, ok bool, fig string) { checkLine(w, name, ok, fig) }
 	check("print(1) rate ≥ 3× bare python3", r.RateRatio >= 3, fmt.Sprintf("%.2f×", r.RateRatio))
 	check("print(1) rate ≥ 300 calls/s", r.DsecRate >= 300, fmt.Sprintf("%.0f/s", r.DsecRate))
 	check("one call p50 ≤ 15 ms", r.SingleCall.P50 <= 15 && r.SingleCall.N > 0, fmt.Sprintf("%.1f ms", r.SingleCall.P50))
@@ -452,6 +552,7 @@ func (r *FnCallReport) Print(w io.Writer) {
 	}
 	check(fmt.Sprintf("%d mixed calls: 0 errors, all within timeouts", r.MixedCalls), r.MixedErrors == 0 && r.MixedLate == 0 && r.MixedWrong == 0,
 		fmt.Sprintf("%d/%d/%d", r.MixedErrors, r.MixedWrong, r.MixedLate))
+	r.checkBusy(w)
 	if !r.ZygoteServed {
 		fmt.Fprintln(w, "  note: python calls were not served by the warm interpreter")
 	}
@@ -463,5 +564,36 @@ func (r *FnCallReport) Print(w io.Writer) {
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
+	}
+}
+
+func checkLine(w io.Writer, name string, ok bool, fig string) {
+	v := "MISS"
+	if ok {
+		v = "PASS"
+	}
+	fmt.Fprintf(w, "  %-52s %-22s %s\n", name, fig, v)
+}
+
+func (r *FnCallReport) printBusy(tw io.Writer) {
+	if r.BusyCalls == 0 {
+		return
+	}
+	fmt.Fprintf(tw, "CPU-bound burst of %d, run_timeout %gs: TLE / other / errors / client timeouts\t%d / %d / %d / %d\t\t\n", r.BusyCalls, r.BusyTimeoutS, r.BusyTLE, r.BusyOther, r.BusyErrors, r.BusyLate)
+	fmt.Fprintf(tw, "  last answer (s), latency p50 / p99 (ms)\t%.1f, %.0f / %.0f\t\t\n", r.BusyLastS, r.BusyLatency.P50, r.BusyLatency.P99)
+	fmt.Fprintf(tw, "  least a TLE call ran (s)\t%.1f\t\t\n", r.BusyLeastRanS)
+}
+
+// checkBusy is the CPU-bound burst's target: SandboxFusion ends each call
+// at its run_timeout; a second over it is allowed for the kill and the
+// answer of every call.
+func (r *FnCallReport) checkBusy(w io.Writer) {
+	if r.BusyCalls == 0 {
+		return
+	}
+	checkLine(w, fmt.Sprintf("%d CPU-bound calls: all TLE by run_timeout + 1 s", r.BusyCalls), r.BusyTLE == r.BusyCalls && r.BusyLastS <= r.BusyTimeoutS+1,
+		fmt.Sprintf("%d TLE, last %.1f s", r.BusyTLE, r.BusyLastS))
+	if r.BusyFirstErr != "" {
+		fmt.Fprintf(w, "  first CPU-bound failure: %s\n", r.BusyFirstErr)
 	}
 }

@@ -195,10 +195,10 @@ func (a *app) benchExecHopCommand() *cobra.Command {
 
 func (a *app) benchFnCallCommand() *cobra.Command {
 	o := bench.FnCallOptions{URL: "http://127.0.0.1:8080", EnvTree: "/var/cache/dsec/fncall-env", Concurrency: 64,
-		Duration: 10 * time.Second, Rounds: 3, Mixed: 256}
+		Duration: 10 * time.Second, Rounds: 3, Mixed: 256, Busy: 100, BusyTimeout: 10 * time.Second}
 	cmd := &cobra.Command{
 		Use:   "fncall",
-		Short: "the fncall backend through SandboxFusion's API: print(1) rate against bare python3, one call's latency, C++ a+b against the host's g++, a mixed burst",
+		Short: "the fncall backend through SandboxFusion's API: print(1) rate against bare python3, one call's latency, C++ a+b against the host's g++, a mixed burst, a CPU-bound burst",
 		Long: "Sends SandboxFusion /run_code calls to --url (a dsecd's SandboxFusion API) and, in alternate\n" +
 			"phases of --duration, runs the same print(1) as bare `python3 -c` processes chrooted into the\n" +
 			"fncall environment's tree (--env-tree) at the same concurrency. Needs root (the chroot).",
@@ -216,6 +216,9 @@ func (a *app) benchFnCallCommand() *cobra.Command {
 	f.DurationVar(&o.Duration, "duration", o.Duration, "length of each rate phase")
 	f.IntVar(&o.Rounds, "rounds", o.Rounds, "rate phases of each side, interleaved")
 	f.IntVar(&o.Mixed, "mixed", o.Mixed, "calls in the mixed burst")
+	f.IntVar(&o.Busy, "busy", o.Busy, "calls in the CPU-bound burst (-1: none)")
+	f.DurationVar(&o.BusyTimeout, "busy-timeout", o.BusyTimeout, "run_timeout of each call of the CPU-bound burst")
+	f.BoolVar(&o.BusyOnly, "busy-only", false, "run the CPU-bound burst alone (against a fresh dsecd: cold pools, as a node's first burst)")
 	return cmd
 }
 
