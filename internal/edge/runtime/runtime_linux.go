@@ -312,7 +312,7 @@ func (r *Container) makeImage(ctx context.Context) error {
 		}
 	}
 	r.log.Info("ext4 project quotas unavailable; using btrfs qgroups", "reason", ext4Err)
-	if err := run(ctx, "mkfs.btrfs", "-q", "-f", "-L", "dsec-upper", "-m", "single", "-d", "single", r.cfg.UpperImage); err != nil {
+	if err := mkfsBtrfs(ctx, r.log, r.cfg.UpperImage); err != nil {
 		os.Remove(r.cfg.UpperImage)
 		return errors.Join(ext4Err, err)
 	}
