@@ -1,0 +1,263 @@
+// Package channel is a microVM's agent channel: many connections over the
+// one byte stream of a virtio-serial port, multiplexed with yamux. The
+// guest's agent listens on the port's device (Listen) and the edge dials
+// the Unix socket QEMU serves the port on (Dialer), one yamux stream per
+// connection, so the agent's Connect and framed protocols run unchanged.
+//
+// The port opens once per side and carries one session at a time: while
+// the host is disconnected the guest reads end of file, so the guest's
+// listener starts a new session each time the host connects again (after
+// an edge restart), and the host's dialer starts a new session when its
+// connection breaks.
+package channel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// PortName is the name of the agent's virtio-serial port
+// (/sys/class/virtio-ports/*/name in the guest).
+const PortName = "dsec.0"
+
+// config is yamux's configuration for either side.
+func config(log *slog.Logger, keepAlive bool) *yamux.Config {
+	c := yamux.DefaultConfig()
+	// The guest only answers: the host's keepalive finds a dead session,
+	// and an idle guest then wakes no more than that.
+	c.EnableKeepAlive = keepAlive
+	c.LogOutput = nil
+	c.Logger = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	return c
+}
+
+// Retry intervals of the guest's listener while the host is away.
+const (
+	minRetry = 10 * time.Millisecond
+	maxRetry = 500 * time.Millisecond
+)
+
+// Listen serves the host's connections on the virtio-serial port device at
+// path (/dev/vportNpM in the guest): each connection the host dials is one
+// that Accept returns. It opens the port again for each new session of the
+// host's.
+func Listen(path string, log *slog.Logger) net.Listener {
+	return listen(func() (io.ReadWriteCloser, error) {
+		return os.OpenFile(path, os.O_RDWR, 0)
+	}, portAddr(path), log)
+}
+
+// listen is Listen over open, which opens the port.
+func listen(open func() (io.ReadWriteCloser, error), addr net.Addr, log *slog.Logger) *listener {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	l := &listener{open: open, addr: addr, log: log, conns: make(chan net.Conn), done: make(chan struct{}), stopped: make(chan struct{})}
+	go l.run()
+	return l
+}
+
+type listener struct {
+	open    func() (io.ReadWriteCloser, error)
+	addr    net.Addr
+	log     *slog.Logger
+	conns   chan net.Conn
+	done    chan struct{} // closed by Close
+	stopped chan struct{} // closed when run returns
+	once    sync.Once
+
+	mu      sync.Mutex
+	session *yamux.Session // the current one, closed by Close
+}
+
+func (l *listener) run() {
+	defer close(l.stopped)
+	retry := minRetry
+	warned := false
+	for {
+		port, err := l.open()
+		if err != nil {
+			if !warned {
+				l.log.Warn("open agent port", "addr", l.addr, "err", err)
+				warned = true
+			}
+		} else if l.serve(port) > 0 {
+			retry = minRetry
+		}
+		select {
+		case <-l.done:
+			return
+		case <-time.After(retry):
+		}
+		retry = min(retry*2, maxRetry)
+	}
+}
+
+// serve runs one session on port until it ends and returns how many
+// connections it accepted.
+func (l *listener) serve(port io.ReadWriteCloser) int {
+	defer port.Close()
+	s, err := yamux.Server(port, config(l.log, false))
+	if err != nil {
+		l.log.Warn("start agent channel session", "err", err)
+		return 0
+	}
+	defer s.Close()
+	l.mu.Lock()
+	select {
+	case <-l.done:
+		l.mu.Unlock()
+		return 0
+	default:
+	}
+	l.session = s
+	l.mu.Unlock()
+	n := 0
+	for {
+		c, err := s.Accept()
+		if err != nil {
+			if n > 0 {
+				l.log.Info("agent channel session ended", "connections", n, "err", err)
+			}
+			return n
+		}
+		n++
+		select {
+		case l.conns <- c:
+		case <-l.done:
+			c.Close()
+			return n
+		}
+	}
+}
+
+func (l *listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting and ends the current session with its
+// connections.
+func (l *listener) Close() error {
+	l.once.Do(func() {
+		l.mu.Lock()
+		close(l.done)
+		if l.session != nil {
+			l.session.Close()
+		}
+		l.mu.Unlock()
+	})
+	<-l.stopped
+	return nil
+}
+
+func (l *listener) Addr() net.Addr { return l.addr }
+
+// portAddr is a port's device path as a net.Addr.
+type portAddr string
+
+func (a portAddr) Network() string { return "virtio-serial" }
+func (a portAddr) String() string  { return string(a) }
+
+// Dialer is the host's side: it dials the Unix socket that QEMU serves the
+// guest's port on (qemu.Process.ChannelPath), once, and opens a stream on
+// that session per Dial; it connects again once the session has ended. Its
+// Dial fits agentclient.New.
+type Dialer struct {
+	path string
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	session *yamux.Session
+	closed  bool
+}
+
+// NewDialer returns the dialer of the agent channel served at socketPath.
+// It connects on the first Dial.
+func NewDialer(socketPath string, log *slog.Logger) *Dialer {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Dialer{path: socketPath, log: log}
+}
+
+// ErrClosed is returned by Dial after Close.
+var ErrClosed = errors.New("agent channel closed")
+
+// Dial opens a new connection to the guest's agent. The stream is open at
+// once; it is answered once the guest's agent serves the port (the guest
+// may still be booting).
+func (d *Dialer) Dial(ctx context.Context) (net.Conn, error) {
+	for attempt := 0; ; attempt++ {
+		s, err := d.currentSession(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c, err := s.Open()
+		if err == nil {
+			return c, nil
+		}
+		// The session ended under us: a new one, once.
+		d.drop(s)
+		if attempt > 0 || ctx.Err() != nil {
+			return nil, fmt.Errorf("open agent channel stream: %w", err)
+		}
+	}
+}
+
+func (d *Dialer) currentSession(ctx context.Context) (*yamux.Session, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	if d.session != nil && !d.session.IsClosed() {
+		return d.session, nil
+	}
+	var nd net.Dialer
+	conn, err := nd.DialContext(ctx, "unix", d.path)
+	if err != nil {
+		return nil, fmt.Errorf("dial agent channel %s: %w", d.path, err)
+	}
+	s, err := yamux.Client(conn, config(d.log, true))
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("start agent channel session: %w", err)
+	}
+	d.session = s
+	return s, nil
+}
+
+func (d *Dialer) drop(s *yamux.Session) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s.Close()
+	if d.session == s {
+		d.session = nil
+	}
+}
+
+// Close ends the session and every connection on it; Dial fails after it.
+func (d *Dialer) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	if d.session != nil {
+		d.session.Close()
+		d.session = nil
+	}
+	return nil
+}

@@ -1,0 +1,120 @@
+package initramfs
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strings"
+
+	"dsec.dev/dsec/internal/vm/kernel"
+)
+
+// Image is what a guest's initramfs holds.
+type Image struct {
+	// Init is the host path of the guest's /init: dsec-agent, whose guest
+	// mode (package agent/guest) is the VM's pid 1.
+	Init string
+	// Kernel's modules and manifest go under kernel.GuestDir; nil for
+	// none.
+	Kernel *kernel.Kernel
+	// Files are more host files to copy in.
+	Files []File
+	// Symlinks are more links, name -> target.
+	Symlinks map[string]string
+}
+
+// File is a host file copied into the image.
+type File struct {
+	Name   string      // path in the guest
+	Source string      // path on the host
+	Mode   fs.FileMode // permissions (0 = the source's)
+}
+
+// Build writes img's initramfs to w: /init, the modules, the files and
+// links, and the directories they need. The kernel makes /dev/console
+// itself when the image lacks it (devtmpfs is mounted by init).
+func Build(w io.Writer, img Image) error {
+	cw := NewWriter(w)
+	dirs := map[string]bool{}
+	mkdirs := func(name string) error {
+		var parents []string
+		for d := path.Dir(strings.TrimPrefix(name, "/")); d != "." && !dirs[d]; d = path.Dir(d) {
+			parents = append(parents, d)
+			dirs[d] = true
+		}
+		slices.Reverse(parents)
+		for _, d := range parents {
+			if err := cw.Dir(d, 0o755); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// The mount points init uses, and /etc for the agent's host files.
+	for _, d := range []string{"dev", "proc", "sys", "tmp", "run", "root", "etc"} {
+		dirs[d] = true
+		perm := fs.FileMode(0o755)
+		if d == "tmp" {
+			perm = 0o777 | fs.ModeSticky
+		}
+		if err := cw.Dir(d, perm); err != nil {
+			return fmt.Errorf("build initramfs: %w", err)
+		}
+	}
+	files := []File{{Name: "init", Source: img.Init, Mode: 0o755}}
+	if k := img.Kernel; k != nil {
+		files = append(files, File{Name: path.Join(kernel.GuestDir, "manifest"), Source: k.Manifest(), Mode: 0o644})
+		for _, m := range k.Modules {
+			files = append(files, File{Name: path.Join(kernel.GuestDir, "modules", m+".ko"), Source: k.ModulePath(m), Mode: 0o644})
+		}
+	}
+	files = append(files, img.Files...)
+	for _, f := range files {
+		if err := mkdirs(f.Name); err != nil {
+			return fmt.Errorf("build initramfs: %w", err)
+		}
+		if err := copyIn(cw, f); err != nil {
+			return fmt.Errorf("build initramfs: %w", err)
+		}
+	}
+	names := make([]string, 0, len(img.Symlinks))
+	for name := range img.Symlinks {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if err := mkdirs(name); err != nil {
+			return fmt.Errorf("build initramfs: %w", err)
+		}
+		if err := cw.Symlink(name, img.Symlinks[name]); err != nil {
+			return fmt.Errorf("build initramfs: %w", err)
+		}
+	}
+	if err := cw.Close(); err != nil {
+		return fmt.Errorf("build initramfs: %w", err)
+	}
+	return nil
+}
+
+func copyIn(cw *Writer, f File) error {
+	src, err := os.Open(f.Source)
+	if err != nil {
+		return fmt.Errorf("add %s: %w", f.Name, err)
+	}
+	defer src.Close()
+	fi, err := src.Stat()
+	if err != nil {
+		return fmt.Errorf("add %s: %w", f.Name, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("add %s: %s is not a regular file", f.Name, f.Source)
+	}
+	mode := f.Mode
+	if mode == 0 {
+		mode = fi.Mode().Perm()
+	}
+	return cw.File(f.Name, mode, src, fi.Size())
+}

@@ -1,0 +1,104 @@
+package qemu
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+)
+
+// consoleLog keeps what a guest's serial console printed in at most limit
+// bytes on disk: the log file, and once it holds half the limit it becomes
+// log.1 (replacing the one before) and a new log starts. A guest that
+// floods its console costs the host that much disk and no more.
+type consoleLog struct {
+	path string
+	half int64
+
+	mu   sync.Mutex
+	f    *os.File
+	size int64
+}
+
+func openConsoleLog(path string, limit int64) (*consoleLog, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open console log: %w", err)
+	}
+	os.Remove(path + ".1")
+	return &consoleLog{path: path, half: max(limit/2, 4096), f: f}, nil
+}
+
+// Write logs b. It never fails: a console that cannot be logged must not
+// stop the copy that drains it.
+func (l *consoleLog) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return len(b), nil
+	}
+	if l.size > 0 && l.size+int64(len(b)) > l.half {
+		l.f.Close()
+		os.Rename(l.path, l.path+".1")
+		f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			l.f = nil
+			return len(b), nil
+		}
+		l.f, l.size = f, 0
+	}
+	n, _ := l.f.Write(b)
+	l.size += int64(n)
+	return len(b), nil
+}
+
+// Close closes the log file; Tail still reads it.
+func (l *consoleLog) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
+
+// tailBytes is how much of the log Tail reads.
+const tailBytes = 64 << 10
+
+// Tail is the log's last n lines (the last line may be unfinished).
+func (l *consoleLog) Tail(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	data := append(readTail(l.path+".1", tailBytes), readTail(l.path, tailBytes)...)
+	text := strings.TrimRight(string(data), "\r\n")
+	if text == "" || n <= 0 {
+		return ""
+	}
+	lines := strings.Split(text, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	for i, line := range lines {
+		lines[i] = strings.TrimRight(line, "\r")
+	}
+	return strings.Join(lines, "\n")
+}
+
+// readTail is the last (at most) n bytes of the file at path.
+func readTail(path string, n int64) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	off := max(fi.Size()-n, 0)
+	b, _ := io.ReadAll(io.NewSectionReader(f, off, fi.Size()-off))
+	return b
+}

@@ -1,0 +1,181 @@
+// Package qemu runs one microVM: the QEMU command line of a `microvm`
+// machine, the QEMU process's lifetime (start, a boot watchdog, kill,
+// wait), its serial console kept in a size-capped log, and the paths of the
+// sockets through which the host reaches it: the QMP monitor (package qmp)
+// and the agent's virtio-serial port, channel.PortName in the guest
+// (package channel).
+//
+// Each VM has a run directory (Config.Dir) that holds its sockets and logs.
+// The sockets are bound by Start and handed to QEMU as listening file
+// descriptors, so they exist before QEMU runs and the host never polls for
+// them; QEMU keeps serving them after the process that started it exits,
+// so a restarted edge reaches a running VM by the same paths.
+//
+// The accelerator is KVM where /dev/kvm can run a stock guest kernel
+// (DetectAccel), else TCG, QEMU's emulator, with the host's TSC frequency
+// given to the guest (tsc_early_khz): without it a TCG guest on a loaded
+// host can spend minutes failing to calibrate its clock.
+package qemu
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/vm/channel"
+)
+
+// Accel is how QEMU runs the guest's CPUs.
+type Accel string
+
+const (
+	// KVM runs the guest on the host's CPU (-accel kvm -cpu host).
+	KVM Accel = "kvm"
+	// TCG emulates the guest's CPU (-accel tcg -cpu max).
+	TCG Accel = "tcg"
+)
+
+// DefaultBinary is the QEMU that Config.Binary defaults to (Debian's
+// qemu-system-x86 package).
+const DefaultBinary = "qemu-system-x86_64"
+
+// The files of a VM's run directory.
+const (
+	QMPSocket     = "qmp.sock"     // the QMP monitor
+	ChannelSocket = "agent.sock"   // the agent's virtio-serial port
+	ConsoleSocket = "console.sock" // the serial console, read by Start's copier
+	ConsoleLog    = "console.log"  // what the console printed (and console.log.1)
+	QEMULog       = "qemu.log"     // QEMU's own standard error
+)
+
+// The descriptors QEMU inherits for its sockets (exec.Cmd.ExtraFiles).
+const (
+	qmpFD     = 3
+	channelFD = 4
+	consoleFD = 5
+)
+
+// Config is one VM's QEMU configuration.
+type Config struct {
+	Binary    string // QEMU ("" = DefaultBinary, found on PATH)
+	Dir       string // the VM's run directory, created by Start
+	Kernel    string // the uncompressed PVH kernel (vmlinux)
+	Initrd    string // the initramfs
+	Cmdline   string // appended to the kernel command line; after "--" it is init's arguments
+	MemoryMiB int    // guest memory (0 = 256)
+	VCPUs     int    // guest CPUs (0 = 1)
+	Accel     Accel  // "" = DetectAccel's
+	Paused    bool   // start with the vCPUs stopped (-S), for QMP's cont to run
+	// TSCkHz is the host's TSC frequency, given to a TCG guest
+	// (0 = HostTSCkHz's).
+	TSCkHz int64
+	// ConsoleLimit caps the console's log on disk, in bytes: the log is
+	// kept in two files of half as much each (0 = 1 MiB).
+	ConsoleLimit int64
+}
+
+func (c *Config) fill() error {
+	if c.Binary == "" {
+		c.Binary = DefaultBinary
+	}
+	if c.MemoryMiB == 0 {
+		c.MemoryMiB = 256
+	}
+	if c.VCPUs == 0 {
+		c.VCPUs = 1
+	}
+	if c.ConsoleLimit == 0 {
+		c.ConsoleLimit = 1 << 20
+	}
+	if c.Accel == "" {
+		c.Accel, _ = DetectAccel()
+	}
+	if c.Accel == TCG && c.TSCkHz == 0 {
+		khz, err := HostTSCkHz()
+		if err != nil {
+			return fmt.Errorf("configure TCG guest: %w", err)
+		}
+		c.TSCkHz = khz
+	}
+	return c.check()
+}
+
+func (c *Config) check() error {
+	var missing []string
+	for _, f := range []struct{ name, value string }{{"Dir", c.Dir}, {"Kernel", c.Kernel}, {"Initrd", c.Initrd}} {
+		if f.value == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("check vm config: %s required: %w", strings.Join(missing, ", "), errdefs.ErrInvalidArgument)
+	}
+	if c.MemoryMiB < 64 || c.VCPUs < 1 {
+		return fmt.Errorf("check vm config: %d MiB and %d vCPUs: at least 64 MiB and 1 vCPU: %w", c.MemoryMiB, c.VCPUs, errdefs.ErrInvalidArgument)
+	}
+	switch c.Accel {
+	case KVM:
+	case TCG:
+		if c.TSCkHz <= 0 {
+			return fmt.Errorf("check vm config: a TCG guest needs the host's TSC frequency: %w", errdefs.ErrInvalidArgument)
+		}
+	default:
+		return fmt.Errorf("check vm config: accelerator %q: %w", c.Accel, errdefs.ErrInvalidArgument)
+	}
+	if strings.ContainsAny(c.Cmdline, "\n\x00") {
+		return fmt.Errorf("check vm config: the kernel command line has a newline or NUL: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// KernelCmdline is the guest kernel's command line: its console on the
+// serial port, a panic or reboot that ends QEMU at once (with -no-reboot),
+// and under TCG the TSC frequency.
+func (c *Config) KernelCmdline() string {
+	parts := []string{"console=ttyS0", "quiet", "reboot=t", "panic=-1"}
+	if c.Accel == TCG {
+		parts = append(parts, "tsc_early_khz="+strconv.FormatInt(c.TSCkHz, 10))
+	}
+	if c.Cmdline != "" {
+		parts = append(parts, c.Cmdline)
+	}
+	return strings.Join(parts, " ")
+}
+
+// Args is QEMU's command line (without the binary) for a filled-in
+// config. The sockets are the inherited descriptors qmpFD, channelFD and
+// consoleFD; QEMU waits for the console's client before it starts the
+// guest, so no output is lost.
+func (c *Config) Args() []string {
+	args := []string{
+		"-name", "dsec-" + filepath.Base(c.Dir),
+		"-M", "microvm",
+		"-accel", string(c.Accel),
+	}
+	if c.Accel == KVM {
+		args = append(args, "-cpu", "host")
+	} else {
+		args = append(args, "-cpu", "max")
+	}
+	if c.Paused {
+		args = append(args, "-S")
+	}
+	args = append(args,
+		"-m", strconv.Itoa(c.MemoryMiB),
+		"-smp", strconv.Itoa(c.VCPUs),
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-kernel", c.Kernel,
+		"-initrd", c.Initrd,
+		"-append", c.KernelCmdline(),
+		"-chardev", fmt.Sprintf("socket,id=console,fd=%d,server=on,wait=on", consoleFD),
+		"-serial", "chardev:console",
+		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", qmpFD),
+		"-mon", "chardev=qmp,mode=control",
+		"-device", "virtio-serial-device",
+		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=on,wait=off", channelFD),
+		"-device", "virtserialport,chardev=agent,name="+channel.PortName,
+	)
+	return args
+}

@@ -1,0 +1,273 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// TestMain lets the test binary stand in for QEMU (fakeQEMUMode), so the
+// process handling and the boot watchdog are tested without a guest.
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(fakeQEMUEnv); mode != "" {
+		os.Exit(fakeQEMU(mode))
+	}
+	os.Exit(m.Run())
+}
+
+func TestArgs(t *testing.T) {
+	for _, tc := range []struct {
+		accel   Accel
+		cpu     string
+		cmdline string
+	}{
+		{TCG, "max", "console=ttyS0 quiet reboot=t panic=-1 tsc_early_khz=2596142 -- --log-level debug"},
+		{KVM, "host", "console=ttyS0 quiet reboot=t panic=-1 -- --log-level debug"},
+	} {
+		t.Run(string(tc.accel), func(t *testing.T) {
+			c := Config{Dir: "/run/vm/sb-1", Kernel: "/k/vmlinux", Initrd: "/k/initrd", Accel: tc.accel,
+				TSCkHz: 2596142, Cmdline: "-- --log-level debug"}
+			if err := c.fill(); err != nil {
+				t.Fatal(err)
+			}
+			args := c.Args()
+			after := func(flag string) []string {
+				var vs []string
+				for i := 0; i+1 < len(args); i++ {
+					if args[i] == flag {
+						vs = append(vs, args[i+1])
+					}
+				}
+				return vs
+			}
+			want := map[string][]string{
+				"-M": {"microvm"}, "-accel": {string(tc.accel)}, "-cpu": {tc.cpu}, "-m": {"256"}, "-smp": {"1"},
+				"-kernel": {"/k/vmlinux"}, "-initrd": {"/k/initrd"}, "-append": {tc.cmdline},
+				"-serial": {"chardev:console"}, "-mon": {"chardev=qmp,mode=control"},
+				"-chardev": {"socket,id=console,fd=5,server=on,wait=on", "socket,id=qmp,fd=3,server=on,wait=off",
+					"socket,id=agent,fd=4,server=on,wait=off"},
+				"-device": {"virtio-serial-device", "virtserialport,chardev=agent,name=dsec.0"},
+			}
+			for flag, vs := range want {
+				if got := after(flag); !slices.Equal(got, vs) {
+					t.Errorf("%s: got %q, want %q", flag, got, vs)
+				}
+			}
+			for _, flag := range []string{"-nodefaults", "-no-user-config", "-no-reboot"} {
+				if !slices.Contains(args, flag) {
+					t.Errorf("no %s in %q", flag, args)
+				}
+			}
+		})
+	}
+}
+
+func TestConfigRefuses(t *testing.T) {
+	good := Config{Dir: "d", Kernel: "k", Initrd: "i", Accel: TCG, TSCkHz: 1000}
+	for name, change := range map[string]func(*Config){
+		"no dir":          func(c *Config) { c.Dir = "" },
+		"no kernel":       func(c *Config) { c.Kernel = "" },
+		"tiny memory":     func(c *Config) { c.MemoryMiB = 16 },
+		"unknown accel":   func(c *Config) { c.Accel = "hvf" },
+		"newline":         func(c *Config) { c.Cmdline = "a\nb" },
+		"tcg without tsc": func(c *Config) { c.TSCkHz = -1 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := good
+			change(&c)
+			if err := c.fill(); !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("fill of %+v: %v, want InvalidArgument", c, err)
+			}
+		})
+	}
+	c := good
+	if err := c.fill(); err != nil {
+		t.Errorf("fill refused a good config: %v", err)
+	}
+}
+
+func TestHostTSCkHz(t *testing.T) {
+	khz, err := HostTSCkHz()
+	if err != nil {
+		t.Skipf("no TSC frequency here: %v", err)
+	}
+	// A TSC runs between 100 MHz and 10 GHz on anything QEMU emulates.
+	if khz < 100_000 || khz > 10_000_000 {
+		t.Errorf("HostTSCkHz = %d", khz)
+	}
+}
+
+func TestConsoleLogCapped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "console.log")
+	const limit = 16 << 10
+	l, err := openConsoleLog(path, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2000 {
+		fmt.Fprintf(l, "line %04d of a guest that floods its console\r\n", i)
+	}
+	l.Close()
+	var total int64
+	for _, p := range []string{path, path + ".1"} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += fi.Size()
+	}
+	if total > limit {
+		t.Errorf("the console log holds %d bytes, over its limit of %d", total, limit)
+	}
+	want := "line 1997 of a guest that floods its console\nline 1998 of a guest that floods its console\nline 1999 of a guest that floods its console"
+	if got := l.Tail(3); got != want {
+		t.Errorf("Tail(3) = %q, want %q", got, want)
+	}
+}
+
+// fakeQEMUEnv makes the test binary a fake QEMU: it takes the listening
+// sockets as QEMU does, prints boot lines on the console, then, by mode,
+// hangs ("hang"), exits with status 3 ("exit"), or also answers "ready" to
+// each connection on the agent's socket ("ready").
+const fakeQEMUEnv = "DSEC_TEST_FAKE_QEMU"
+
+func fakeQEMU(mode string) int {
+	listener := func(fd int) net.Listener {
+		ln, err := net.FileListener(os.NewFile(uintptr(fd), "socket"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fake qemu:", err)
+			os.Exit(2)
+		}
+		return ln
+	}
+	console, err := listener(consoleFD).Accept()
+	if err != nil {
+		return 2
+	}
+	for i := range 30 {
+		fmt.Fprintf(console, "[    0.%03d] fake boot line %d\r\n", i, i)
+	}
+	switch mode {
+	case "exit":
+		fmt.Fprintf(console, "Kernel panic - not syncing: fake\r\n")
+		return 3
+	case "ready":
+		ln := listener(channelFD)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return 2
+			}
+			c.Write([]byte("ready"))
+			c.Close()
+		}
+	default:
+		select {}
+	}
+}
+
+// startFake starts the fake QEMU in mode.
+func startFake(t *testing.T, mode string) *Process {
+	t.Helper()
+	t.Setenv(fakeQEMUEnv, mode)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	p, err := Start(context.Background(), Config{Binary: exe, Dir: dir, Kernel: "k", Initrd: "i", Accel: TCG, TSCkHz: 1000, ConsoleLimit: 1 << 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Kill()
+		<-p.Done()
+	})
+	return p
+}
+
+// probe is a readiness check that reads "ready" from the agent's socket.
+func probe(p *Process) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", p.ChannelPath())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if dl, ok := ctx.Deadline(); ok {
+			c.SetDeadline(dl)
+		}
+		b := make([]byte, 5)
+		if _, err := c.Read(b); err != nil {
+			return err
+		}
+		if string(b) != "ready" {
+			return fmt.Errorf("read %q", b)
+		}
+		return nil
+	}
+}
+
+func TestWaitBoot(t *testing.T) {
+	t.Run("ready", func(t *testing.T) {
+		p := startFake(t, "ready")
+		if err := p.WaitBoot(context.Background(), time.Minute, probe(p)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.Done():
+			t.Fatal("WaitBoot ended a guest that booted")
+		default:
+		}
+	})
+	t.Run("hung", func(t *testing.T) {
+		p := startFake(t, "hang")
+		err := p.WaitBoot(context.Background(), 300*time.Millisecond, probe(p))
+		if !errors.Is(err, errdefs.ErrDeadlineExceeded) {
+			t.Fatalf("WaitBoot of a hung guest: %v, want DeadlineExceeded", err)
+		}
+		if !strings.Contains(err.Error(), "fake boot line 29") || strings.Contains(err.Error(), "fake boot line 9\n") {
+			t.Errorf("the error does not end with the console's last lines: %v", err)
+		}
+		select {
+		case <-p.Done():
+		default:
+			t.Error("QEMU still runs after its boot failed")
+		}
+	})
+	t.Run("exited", func(t *testing.T) {
+		p := startFake(t, "exit")
+		err := p.WaitBoot(context.Background(), time.Minute, probe(p))
+		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "exit status 3") ||
+			!strings.Contains(err.Error(), "Kernel panic - not syncing: fake") {
+			t.Fatalf("WaitBoot of a guest that panicked: %v", err)
+		}
+		if got := p.ConsoleTail(1); got != "Kernel panic - not syncing: fake" {
+			t.Errorf("ConsoleTail(1) = %q", got)
+		}
+	})
+}
+
+// TestStartCleansUpOnFailure: a QEMU that is not installed is named, and
+// Start leaves no socket behind.
+func TestStartCleansUpOnFailure(t *testing.T) {
+	dir := t.TempDir()
+	_, err := Start(context.Background(), Config{Binary: "no-such-qemu-system", Dir: dir, Kernel: "k", Initrd: "i", Accel: TCG, TSCkHz: 1000}, nil)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "qemu-system-x86") {
+		t.Fatalf("Start without QEMU: %v", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 0 {
+		t.Errorf("Start left %v", entries)
+	}
+}
