@@ -4,9 +4,14 @@
 //	    [--workdir DIR] [--env K=V]... [--shell PATH] [--output-limit BYTES] [--hostname H] [--address IP]
 //	    [--disk-qgroup DIR]
 //
+//	dsec-agent guest [serve's flags but the fds]
+//	/init [the same]   (pid 1 of a microVM's initramfs: guest mode)
+//
 //	dsec-agent hold-memory MIB [DIR]
 //
-// The mode state-dump is internal: the agent's sessions run it themselves.
+// Guest mode is the agent as a microVM's init (package agent/guest): the
+// kernel runs it as /init, with the kernel command line's words after "--"
+// as its flags. The mode state-dump is internal: the agent's sessions run it themselves.
 // hold-memory is a helper for pause tests and benchmarks, run as a command
 // in a sandbox (see agent.HoldMemoryMain).
 package main
@@ -20,6 +25,7 @@ import (
 	"strings"
 
 	"dsec.dev/dsec/internal/agent"
+	"dsec.dev/dsec/internal/agent/guest"
 )
 
 type listFlag []string
@@ -28,22 +34,28 @@ func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
-	if len(os.Args) < 2 {
+	mode, args := "", []string(nil)
+	switch {
+	case os.Getpid() == 1 && os.Args[0] == "/init":
+		mode, args = "guest", os.Args[1:]
+	case len(os.Args) >= 2:
+		mode, args = os.Args[1], os.Args[2:]
+	default:
 		fmt.Fprintln(os.Stderr, "usage: dsec-agent serve --listen-fd N [flags]")
 		os.Exit(2)
 	}
-	switch os.Args[1] {
+	switch mode {
 	case "state-dump":
 		os.Exit(agent.StateDumpMain())
 	case "hold-memory":
-		os.Exit(agent.HoldMemoryMain(os.Args[2:]))
-	case "serve":
+		os.Exit(agent.HoldMemoryMain(args))
+	case "serve", "guest":
 	default:
-		fmt.Fprintf(os.Stderr, "dsec-agent: unknown mode %q\n", os.Args[1])
+		fmt.Fprintf(os.Stderr, "dsec-agent: unknown mode %q\n", mode)
 		os.Exit(2)
 	}
 
-	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	fs := flag.NewFlagSet(mode, flag.ExitOnError)
 	cfg := agent.Config{}
 	var env listFlag
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -64,7 +76,7 @@ func main() {
 	fs.StringVar(&cfg.CallScratch, "call-scratch", "", "directory of fncall calls' scratch directories (default /tmp)")
 	fs.StringVar(&cfg.CallWipe, "call-wipe", "", "comma-separated directories emptied after every fncall call (default /tmp,/var/tmp,/dev/shm)")
 	fs.StringVar(&cfg.DiskQgroup, "disk-qgroup", "", "sysfs dir of the btrfs qgroup capping the writable layer: statfs of / then reports its limit")
-	fs.Parse(os.Args[2:])
+	fs.Parse(args)
 	cfg.Env = env
 
 	var level slog.Level
@@ -73,6 +85,14 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if mode == "guest" {
+		err := guest.Run(context.Background(), guest.Config{Agent: cfg})
+		cfg.Log.Error("guest agent stopped; powering off", "err", err)
+		if os.Getpid() == 1 {
+			guest.PowerOff()
+		}
+		os.Exit(1)
+	}
 	if err := agent.Serve(context.Background(), cfg); err != nil {
 		cfg.Log.Error("agent stopped", "err", err)
 		os.Exit(1)

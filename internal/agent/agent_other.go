@@ -5,6 +5,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net"
 
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -16,3 +17,9 @@ func Serve(ctx context.Context, cfg Config) error {
 
 // StateDumpMain is only implemented on Linux.
 func StateDumpMain() int { return 1 }
+
+// ServeListener is only implemented on Linux.
+func ServeListener(ctx context.Context, cfg Config, ln net.Listener) error {
+	ln.Close()
+	return fmt.Errorf("serve agent: %w", errdefs.ErrNotSupported)
+}

@@ -7,6 +7,8 @@
 // the sandbox's btrfs qgroup, answers statfs of the sandbox's root with its
 // disk limit (package diskfree).
 //
-// The agent binary has two modes: serve (the server) and state-dump (run by
-// session shells to report their directory and environment).
+// The agent binary's modes: serve (the server), guest (the server as a
+// microVM's init, package agent/guest; ServeListener serves its port's
+// streams) and state-dump (run by session shells to report their directory
+// and environment).
 package agent

@@ -99,8 +99,24 @@ func confinePtrace() error {
 	return nil
 }
 
-// Serve runs the agent until ctx ends or the listener fails.
+// Serve runs the agent on the listening socket cfg.ListenFD until ctx
+// ends or the listener fails.
 func Serve(ctx context.Context, cfg Config) error {
+	lf := os.NewFile(uintptr(cfg.ListenFD), "listener")
+	ln, err := net.FileListener(lf)
+	lf.Close()
+	if err != nil {
+		return fmt.Errorf("use listening fd %d: %w", cfg.ListenFD, err)
+	}
+	cfg.ListenFD = -1
+	return ServeListener(ctx, cfg, ln)
+}
+
+// ServeListener runs the agent on ln until ctx ends or ln fails; it closes
+// ln. A microVM's agent serves the streams of its virtio-serial port this
+// way (package agent/guest).
+func ServeListener(ctx context.Context, cfg Config, ln net.Listener) error {
+	defer ln.Close()
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -152,14 +168,6 @@ func Serve(ctx context.Context, cfg Config) error {
 			unix.CloseOnExec(fd)
 		}
 	}
-
-	lf := os.NewFile(uintptr(cfg.ListenFD), "listener")
-	ln, err := net.FileListener(lf)
-	lf.Close()
-	if err != nil {
-		return fmt.Errorf("use listening fd %d: %w", cfg.ListenFD, err)
-	}
-	defer ln.Close()
 
 	agentPath, err := os.Executable()
 	if err != nil {

@@ -4,14 +4,19 @@
 // the Unix socket QEMU serves the port on (Dialer), one yamux stream per
 // connection, so the agent's Connect and framed protocols run unchanged.
 //
-// The port opens once per side and carries one session at a time: while
-// the host is disconnected the guest reads end of file, so the guest's
-// listener starts a new session each time the host connects again (after
-// an edge restart), and the host's dialer starts a new session when its
-// connection breaks.
+// The port opens once per side and carries one session at a time, and a
+// guest read returns end of file while the host is disconnected. Each
+// session starts with the guest's hello (a fixed line) once the host is
+// there; the host starts yamux only after it, so no byte of a new session
+// meets an old one. The guest's listener starts a new session whenever the
+// old one ends, the host gone (an edge restart); the host's dialer starts
+// a new one when its connection breaks. A host that reconnects so fast
+// that the guest never read the end of the old session gets no hello:
+// it disconnects for a moment, so the guest does read it, and tries again.
 package channel
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +44,9 @@ func config(log *slog.Logger, keepAlive bool) *yamux.Config {
 	c.Logger = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	return c
 }
+
+// hello is what the guest writes first in every session.
+const hello = "dsec-channel-hello-1\n"
 
 // Retry intervals of the guest's listener while the host is away.
 const (
@@ -76,6 +84,7 @@ type listener struct {
 	once    sync.Once
 
 	mu      sync.Mutex
+	port    io.Closer      // the port now open, closed by Close
 	session *yamux.Session // the current one, closed by Close
 }
 
@@ -106,6 +115,19 @@ func (l *listener) run() {
 // connections it accepted.
 func (l *listener) serve(port io.ReadWriteCloser) int {
 	defer port.Close()
+	l.mu.Lock()
+	select {
+	case <-l.done:
+		l.mu.Unlock()
+		return 0
+	default:
+	}
+	l.port = port // Close closes it, ending a write that waits for the host
+	l.mu.Unlock()
+	// A virtio-serial port's write waits for the host to be connected.
+	if _, err := io.WriteString(port, hello); err != nil {
+		return 0
+	}
 	s, err := yamux.Server(port, config(l.log, false))
 	if err != nil {
 		l.log.Warn("start agent channel session", "err", err)
@@ -158,6 +180,9 @@ func (l *listener) Close() error {
 		if l.session != nil {
 			l.session.Close()
 		}
+		if l.port != nil {
+			l.port.Close()
+		}
 		l.mu.Unlock()
 	})
 	<-l.stopped
@@ -179,6 +204,9 @@ func (a portAddr) String() string  { return string(a) }
 type Dialer struct {
 	path string
 	log  *slog.Logger
+	// helloWait is how long a new connection waits for the guest's hello
+	// before it is dropped for helloGap and made again.
+	helloWait, helloGap time.Duration
 
 	mu      sync.Mutex
 	session *yamux.Session
@@ -191,7 +219,7 @@ func NewDialer(socketPath string, log *slog.Logger) *Dialer {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Dialer{path: socketPath, log: log}
+	return &Dialer{path: socketPath, log: log, helloWait: time.Second, helloGap: 200 * time.Millisecond}
 }
 
 // ErrClosed is returned by Dial after Close.
@@ -227,10 +255,9 @@ func (d *Dialer) currentSession(ctx context.Context) (*yamux.Session, error) {
 	if d.session != nil && !d.session.IsClosed() {
 		return d.session, nil
 	}
-	var nd net.Dialer
-	conn, err := nd.DialContext(ctx, "unix", d.path)
+	conn, err := d.connect(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("dial agent channel %s: %w", d.path, err)
+		return nil, err
 	}
 	s, err := yamux.Client(conn, config(d.log, true))
 	if err != nil {
@@ -239,6 +266,77 @@ func (d *Dialer) currentSession(ctx context.Context) (*yamux.Session, error) {
 	}
 	d.session = s
 	return s, nil
+}
+
+// connect connects to the port's socket and returns the connection once
+// the guest's hello came, the bytes after it unread. While none comes (the
+// guest boots, or it still holds an old session) it connects again after
+// a gap the guest sees as the host's going, until ctx ends.
+func (d *Dialer) connect(ctx context.Context) (net.Conn, error) {
+	for {
+		var nd net.Dialer
+		conn, err := nd.DialContext(ctx, "unix", d.path)
+		if err != nil {
+			return nil, fmt.Errorf("dial agent channel %s: %w", d.path, err)
+		}
+		wait := time.Now().Add(d.helloWait)
+		if dl, ok := ctx.Deadline(); ok && dl.Before(wait) {
+			wait = dl
+		}
+		conn.SetReadDeadline(wait)
+		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
+		rest, err := readHello(conn)
+		stop()
+		if err == nil {
+			conn.SetReadDeadline(time.Time{})
+			return &prefixConn{Conn: conn, prefix: rest}, nil
+		}
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("wait for the guest's agent channel: %w", ctx.Err())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait for the guest's agent channel: %w", ctx.Err())
+		case <-time.After(d.helloGap):
+		}
+	}
+}
+
+// readHello reads until the guest's hello and returns what came after it.
+// What comes before it is the end of an old session's output.
+func readHello(conn net.Conn) ([]byte, error) {
+	var buf []byte
+	b := make([]byte, 4096)
+	for {
+		n, err := conn.Read(b)
+		buf = append(buf, b[:n]...)
+		if i := bytes.Index(buf, []byte(hello)); i >= 0 {
+			return buf[i+len(hello):], nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		// Keep only what may be the start of a hello.
+		if len(buf) > len(hello) {
+			buf = buf[len(buf)-len(hello):]
+		}
+	}
+}
+
+// prefixConn is a connection whose first reads return prefix.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(b, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
 }
 
 func (d *Dialer) drop(s *yamux.Session) {

@@ -13,53 +13,96 @@ import (
 )
 
 // fakePort stands for QEMU and the port between host and guest: a Unix
-// socket the host's Dialer connects to, whose accepted connections become
-// the guest's port, one per open; while no host is connected, an open gets
-// a port that reads end of file, as a virtio-serial port does.
+// socket the host's Dialer connects to, relayed to the guest's end of the
+// port, which open returns. Like a virtio-serial port, the guest's writes
+// wait for a host, and the guest reads end of file once the host has been
+// gone a while; a host that comes back sooner (within missWindow) meets
+// the guest's old session, as when the guest missed the end of file.
 type fakePort struct {
 	path  string
 	hosts chan net.Conn
-	opens int
-	mu    sync.Mutex
+	ports chan net.Conn
 }
+
+const missWindow = 20 * time.Millisecond
 
 func newFakePort(t *testing.T) *fakePort {
 	t.Helper()
-	p := &fakePort{path: filepath.Join(t.TempDir(), "agent.sock"), hosts: make(chan net.Conn, 4)}
+	p := &fakePort{path: filepath.Join(t.TempDir(), "agent.sock"), hosts: make(chan net.Conn), ports: make(chan net.Conn)}
 	ln, err := net.Listen("unix", p.path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan struct{})
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
+				close(done)
 				return
 			}
-			p.hosts <- c
+			select {
+			case p.hosts <- c:
+			case <-done:
+			}
 		}
 	}()
-	t.Cleanup(func() { ln.Close() })
+	go p.run(done)
+	t.Cleanup(func() { ln.Close(); <-done })
 	return p
 }
 
-func (p *fakePort) open() (io.ReadWriteCloser, error) {
-	p.mu.Lock()
-	p.opens++
-	p.mu.Unlock()
-	select {
-	case c := <-p.hosts:
-		return c, nil
-	default:
-		return eofPort{}, nil
+// run makes ports and relays hosts to them.
+func (p *fakePort) run(done <-chan struct{}) {
+	for {
+		guest, qemu := net.Pipe()
+		select {
+		case p.ports <- guest:
+		case <-done:
+			return
+		}
+		var host net.Conn
+		select {
+		case host = <-p.hosts:
+		case <-done:
+			return
+		}
+		for host != nil {
+			if guestClosed := relay(host, qemu); guestClosed {
+				break
+			}
+			host = nil
+			select {
+			case host = <-p.hosts: // back before the guest read the end
+			case <-time.After(missWindow):
+			case <-done:
+				return
+			}
+		}
+		qemu.Close()
 	}
 }
 
-type eofPort struct{}
+// relay copies between host and the port until one of them closes, and
+// says whether it was the guest.
+func relay(host, qemu net.Conn) (guestClosed bool) {
+	toHost := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(host, qemu)
+		if err == nil {
+			host.Close() // the guest closed the port
+		}
+		toHost <- err
+	}()
+	io.Copy(qemu, host)
+	host.Close()
+	qemu.SetReadDeadline(time.Now())
+	err := <-toHost
+	qemu.SetReadDeadline(time.Time{})
+	return err == nil
+}
 
-func (eofPort) Read([]byte) (int, error)    { return 0, io.EOF }
-func (eofPort) Write(b []byte) (int, error) { return len(b), nil }
-func (eofPort) Close() error                { return nil }
+func (p *fakePort) open() (io.ReadWriteCloser, error) { return <-p.ports, nil }
 
 // echo serves ln: every connection gets back what it sends.
 func echo(ln net.Listener) {
@@ -118,20 +161,23 @@ func TestChannel(t *testing.T) {
 	}
 	wg.Wait()
 
-	// The edge restarts: its session ends, a new edge's dialer connects
-	// again, and the guest serves the new session.
+	// The edge restarts at once: its session ends, and a new edge's
+	// dialer connects before the guest read the end of the old one. It
+	// gets no hello, leaves for a moment, and the guest serves a new
+	// session.
 	d.Close()
 	if _, err := d.Dial(ctx); !errors.Is(err, ErrClosed) {
 		t.Errorf("Dial after Close: %v", err)
 	}
 	d2 := NewDialer(port.path, nil)
+	d2.helloWait, d2.helloGap = 300*time.Millisecond, 5*missWindow
 	defer d2.Close()
 	if err := roundTrip(ctx, d2, "after the restart"); err != nil {
 		t.Fatalf("after a new host session: %v", err)
 	}
 
-	// The guest's session ends (its port was reset): the host's dialer
-	// finds its session closed and starts another.
+	// The guest's session ends (its port closed): the host's dialer finds
+	// its session closed and starts another.
 	ln.mu.Lock()
 	ln.session.Close()
 	ln.mu.Unlock()

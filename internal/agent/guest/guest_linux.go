@@ -1,0 +1,169 @@
+// Package guest is dsec-agent's guest mode: pid 1 of a microVM, run by the
+// kernel as the initramfs's /init. It mounts /proc, /sys and /dev, loads the
+// kernel's modules in the order of the manifest the host packed beside them
+// (package kernel), finds the virtio-serial port named dsec.0 and serves
+// the agent on it, one yamux stream per connection of the edge's (package
+// channel). When the agent stops, the guest powers off, so QEMU exits.
+package guest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"dsec.dev/dsec/internal/agent"
+	"dsec.dev/dsec/internal/vm/channel"
+	"dsec.dev/dsec/internal/vm/kernel"
+)
+
+// Config is guest mode's configuration.
+type Config struct {
+	Agent     agent.Config  // the agent's (its ListenFD is not used)
+	KernelDir string        // the modules and their manifest ("" = kernel.GuestDir)
+	Port      string        // the agent's port's name ("" = channel.PortName)
+	PortWait  time.Duration // how long the port may take to appear (0 = 30 s)
+}
+
+// Run prepares the guest and serves the agent until ctx ends or the agent
+// stops.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Agent.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+		cfg.Agent.Log = log
+	}
+	if cfg.KernelDir == "" {
+		cfg.KernelDir = kernel.GuestDir
+	}
+	if cfg.Port == "" {
+		cfg.Port = channel.PortName
+	}
+	if cfg.PortWait == 0 {
+		cfg.PortWait = 30 * time.Second
+	}
+	start := time.Now()
+	if err := mountAll(); err != nil {
+		return err
+	}
+	k, err := kernel.Load(cfg.KernelDir)
+	if err != nil {
+		return err
+	}
+	loaded, failed := loadModules(k, log)
+	modulesTook := time.Since(start)
+	dev, err := findPort(ctx, cfg.Port, cfg.PortWait)
+	if err != nil {
+		if len(failed) > 0 {
+			err = fmt.Errorf("%w (modules that did not load: %s)", err, strings.Join(failed, ", "))
+		}
+		return err
+	}
+	log.Info("guest ready", "kernel", k.Version, "modules", loaded, "modules_took", modulesTook.Round(time.Millisecond),
+		"port", dev, "took", time.Since(start).Round(time.Millisecond))
+	return agent.ServeListener(ctx, cfg.Agent, channel.Listen(dev, log))
+}
+
+// PowerOff ends the VM: QEMU exits when its guest powers off.
+func PowerOff() error {
+	unix.Sync()
+	return unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+}
+
+// mount is one mount init makes.
+type mount struct {
+	source, target, fstype string
+	flags                  uintptr
+	data                   string
+}
+
+// mounts are the file systems every guest has, in order.
+var mounts = []mount{
+	{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+	{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+	{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+	{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "mode=0620,ptmxmode=0666"},
+	{"tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+	{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
+	{"cgroup2", "/sys/fs/cgroup", "cgroup2", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+}
+
+func mountAll() error {
+	for _, m := range mounts {
+		if err := os.MkdirAll(m.target, 0o755); err != nil {
+			return fmt.Errorf("mount %s: %w", m.target, err)
+		}
+		err := unix.Mount(m.source, m.target, m.fstype, m.flags, m.data)
+		if err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount %s on %s: %w", m.fstype, m.target, err)
+		}
+	}
+	return nil
+}
+
+// loadModules loads k's modules in order and returns how many it loaded
+// and the names of those that failed (each logged). A module the kernel
+// already has is loaded.
+func loadModules(k *kernel.Kernel, log *slog.Logger) (int, []string) {
+	var failed []string
+	n := 0
+	for _, name := range k.Modules {
+		if err := loadModule(k.ModulePath(name)); err != nil {
+			log.Warn("load module", "module", name, "err", err)
+			failed = append(failed, name)
+			continue
+		}
+		n++
+	}
+	return n, failed
+}
+
+func loadModule(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// Debian signs its modules but does not enforce signatures: the plain
+	// load works.
+	if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("finit_module %s: %w", path, err)
+	}
+	return nil
+}
+
+// portsDir lists the guest's virtio-serial ports, each with its name.
+const portsDir = "/sys/class/virtio-ports"
+
+// findPort waits for the virtio-serial port called name and returns its
+// device. Ports appear after the driver loads, as the host announces them.
+func findPort(ctx context.Context, name string, wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		entries, _ := os.ReadDir(portsDir)
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join(portsDir, e.Name(), "name"))
+			if err != nil || strings.TrimSpace(string(b)) != name {
+				continue
+			}
+			dev := filepath.Join("/dev", e.Name())
+			if _, err := os.Stat(dev); err == nil {
+				return dev, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("find virtio-serial port %s: none in %s after %s (%d ports)", name, portsDir, wait, len(entries))
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("find virtio-serial port %s: %w", name, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,248 @@
+package guest_test
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent"
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/testutil"
+	"dsec.dev/dsec/internal/vm/channel"
+	"dsec.dev/dsec/internal/vm/initramfs"
+	"dsec.dev/dsec/internal/vm/kernel"
+	"dsec.dev/dsec/internal/vm/qemu"
+	"dsec.dev/dsec/internal/vm/qmp"
+)
+
+// bootTimeout bounds the boot of the test's guest: about 4 s under TCG on
+// an idle 2-core machine, far more on a loaded one.
+const bootTimeout = 3 * time.Minute
+
+// staticBusybox is the host's busybox, which the guest gets as its shell
+// and commands; it must be the static one (Debian's busybox-static).
+func staticBusybox(t *testing.T) string {
+	t.Helper()
+	p := testutil.RequireCommand(t, "busybox")
+	f, err := elf.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		testutil.Require(t, prog.Type != elf.PT_INTERP, p+" is linked dynamically (install busybox-static)")
+	}
+	return p
+}
+
+// TestGuest boots one real microVM (under TCG here, KVM where the host has
+// it) from the built kernel with dsec-agent as its init, and talks to the
+// agent over the virtio-serial channel. The subtests share the guest: a
+// boot costs seconds of CPU.
+func TestGuest(t *testing.T) {
+	k, err := kernel.Load(testutil.VMKernelDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	busybox := staticBusybox(t)
+	agentBin := filepath.Join(testutil.Binaries(t), "dsec-agent")
+
+	dir := t.TempDir()
+	initrd := filepath.Join(dir, "initrd")
+	f, err := os.Create(initrd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = initramfs.Build(f, initramfs.Image{
+		Init:   agentBin,
+		Kernel: k,
+		Files:  []initramfs.File{{Name: "/bin/busybox", Source: busybox, Mode: 0o755}},
+		Symlinks: map[string]string{
+			"/bin/sh": "busybox", "/bin/echo": "busybox", "/bin/uname": "busybox", "/bin/cat": "busybox",
+			agent.DefaultShell: "/bin/busybox",
+		},
+	})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ctx := context.Background()
+	start := time.Now()
+	p, err := qemu.Start(ctx, qemu.Config{Dir: filepath.Join(dir, "vm"), Kernel: k.Vmlinux(), Initrd: initrd}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := p.Pid()
+	t.Cleanup(func() {
+		p.Kill()
+		<-p.Done()
+	})
+	dialer := channel.NewDialer(p.ChannelPath(), log)
+	defer dialer.Close()
+	client := agentclient.New(dialer.Dial)
+	defer client.Close()
+
+	ping := func(ctx context.Context) (*agentv1.PingResponse, error) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		resp, err := client.Ping(ctx, connect.NewRequest(&agentv1.PingRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg, nil
+	}
+	err = p.WaitBoot(ctx, bootTimeout, func(ctx context.Context) error {
+		_, err := ping(ctx)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s guest: QEMU start to the agent's first answer %s", p.Config().Accel, time.Since(start).Round(time.Millisecond))
+
+	t.Run("Ping", func(t *testing.T) {
+		resp, err := ping(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetVersion() != agent.Version {
+			t.Errorf("agent version %q, want %q", resp.GetVersion(), agent.Version)
+		}
+	})
+
+	exec := func(t *testing.T, argv ...string) (string, int32) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		s, err := client.ExecEvents(ctx, &dsecv1.ExecRequest{Argv: argv})
+		if err != nil {
+			t.Fatalf("exec %q: %v", argv, err)
+		}
+		defer s.Close()
+		var out bytes.Buffer
+		code := int32(-1)
+		for s.Receive() {
+			out.Write(s.Msg().GetStdout())
+			out.Write(s.Msg().GetStderr())
+			if e := s.Msg().GetExited(); e != nil {
+				code = e.GetExitCode()
+			}
+		}
+		if err := s.Err(); err != nil {
+			t.Fatalf("exec %q: %v", argv, err)
+		}
+		return out.String(), code
+	}
+
+	t.Run("Exec", func(t *testing.T) {
+		if out, code := exec(t, "echo", "hello from the guest"); out != "hello from the guest\n" || code != 0 {
+			t.Errorf("echo: %q, exit %d", out, code)
+		}
+		// The guest's own kernel, not the host's.
+		if out, code := exec(t, "uname", "-r"); strings.TrimSpace(out) != k.Version || code != 0 {
+			t.Errorf("uname -r: %q, exit %d; want %s", out, code, k.Version)
+		}
+		if out, code := exec(t, "sh", "-c", "exit 7"); code != 7 {
+			t.Errorf("sh -c 'exit 7': %q, exit %d", out, code)
+		}
+	})
+
+	t.Run("ModulesLoaded", func(t *testing.T) {
+		out, code := exec(t, "cat", "/proc/modules")
+		if code != 0 {
+			t.Fatalf("cat /proc/modules: %q, exit %d", out, code)
+		}
+		for _, m := range []string{"virtio_console", "erofs", "overlay", "ext4", "virtio_blk"} {
+			if !strings.Contains(out, m+" ") {
+				t.Errorf("module %s is not loaded in the guest", m)
+			}
+		}
+	})
+
+	// Many connections at once, each a stream of the one port.
+	t.Run("ConcurrentCalls", func(t *testing.T) {
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				if _, err := ping(ctx); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+	})
+
+	// A restarted edge connects again: a new dialer gets a new session.
+	t.Run("Reconnect", func(t *testing.T) {
+		dialer.Close()
+		client.Close()
+		d2 := channel.NewDialer(p.ChannelPath(), log)
+		defer d2.Close()
+		c2 := agentclient.New(d2.Dial)
+		defer c2.Close()
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if _, err := c2.Ping(rctx, connect.NewRequest(&agentv1.PingRequest{})); err != nil {
+			t.Fatalf("ping over a new session: %v", err)
+		}
+	})
+
+	t.Run("Console", func(t *testing.T) {
+		if tail := p.ConsoleTail(200); !strings.Contains(tail, "guest ready") {
+			t.Errorf("the console has no \"guest ready\" line from the agent:\n%s", tail)
+		}
+	})
+
+	t.Run("QMP", func(t *testing.T) {
+		qctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		c, err := qmp.Dial(qctx, p.QMPPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for _, step := range []struct {
+			do      func(context.Context) error
+			running bool
+		}{{nil, true}, {c.Stop, false}, {c.Cont, true}} {
+			if step.do != nil {
+				if err := step.do(qctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st, err := c.QueryStatus(qctx)
+			if err != nil || st.Running != step.running {
+				t.Fatalf("query-status = %+v, %v; want running %v", st, err, step.running)
+			}
+		}
+		if err := c.Quit(qctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Wait(qctx); err != nil {
+			t.Errorf("QEMU after quit: %v", err)
+		}
+	})
+
+	// Nothing is left: the process is gone and the run directory holds
+	// only its sockets and logs.
+	<-p.Done()
+	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
+		t.Errorf("QEMU %d still exists after quit: %v", pid, err)
+	}
+}
