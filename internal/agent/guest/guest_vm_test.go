@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"debug/elf"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -71,6 +74,7 @@ func TestGuest(t *testing.T) {
 		Files:  []initramfs.File{{Name: "/bin/busybox", Source: busybox, Mode: 0o755}},
 		Symlinks: map[string]string{
 			"/bin/sh": "busybox", "/bin/echo": "busybox", "/bin/uname": "busybox", "/bin/cat": "busybox",
+			"/bin/true":        "busybox",
 			agent.DefaultShell: "/bin/busybox",
 		},
 	})
@@ -114,7 +118,8 @@ func TestGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s guest: QEMU start to the agent's first answer %s", p.Config().Accel, time.Since(start).Round(time.Millisecond))
+	t.Logf("%s guest: QEMU start to the agent's first answer %s, QEMU's CPU time %s", p.Config().Accel,
+		time.Since(start).Round(time.Millisecond), cpuTime(t, pid))
 
 	t.Run("Ping", func(t *testing.T) {
 		resp, err := ping(ctx)
@@ -188,6 +193,27 @@ func TestGuest(t *testing.T) {
 		wg.Wait()
 	})
 
+	// Figures for people, not checked: a round trip of the channel.
+	t.Run("Latency", func(t *testing.T) {
+		median := func(call func()) time.Duration {
+			var ds []time.Duration
+			for range 21 {
+				t0 := time.Now()
+				call()
+				ds = append(ds, time.Since(t0))
+			}
+			slices.Sort(ds)
+			return ds[len(ds)/2]
+		}
+		pingTook := median(func() {
+			if _, err := ping(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+		execTook := median(func() { exec(t, "true") })
+		t.Logf("median of 21: ping %s, exec of true %s", pingTook.Round(time.Microsecond), execTook.Round(time.Microsecond))
+	})
+
 	// A restarted edge connects again: a new dialer gets a new session.
 	t.Run("Reconnect", func(t *testing.T) {
 		dialer.Close()
@@ -245,4 +271,24 @@ func TestGuest(t *testing.T) {
 	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
 		t.Errorf("QEMU %d still exists after quit: %v", pid, err)
 	}
+}
+
+// cpuTime is the CPU time process pid has used (user and system).
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fields after the command's name, which is in parentheses.
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	var ticks int64
+	for _, f := range fields[11:13] { // utime, stime
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
 }
