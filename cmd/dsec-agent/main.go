@@ -4,7 +4,7 @@
 //	    [--workdir DIR] [--env K=V]... [--shell PATH] [--output-limit BYTES] [--hostname H] [--address IP]
 //	    [--disk-qgroup DIR]
 //
-//	dsec-agent guest [serve's flags but the fds]
+//	dsec-agent guest [--layer SERIAL]... [--upper SERIAL] [serve's flags but the fds]
 //	/init [the same]   (pid 1 of a microVM's initramfs: guest mode)
 //
 //	dsec-agent hold-memory MIB [DIR]
@@ -76,6 +76,12 @@ func main() {
 	fs.StringVar(&cfg.CallScratch, "call-scratch", "", "directory of fncall calls' scratch directories (default /tmp)")
 	fs.StringVar(&cfg.CallWipe, "call-wipe", "", "comma-separated directories emptied after every fncall call (default /tmp,/var/tmp,/dev/shm)")
 	fs.StringVar(&cfg.DiskQgroup, "disk-qgroup", "", "sysfs dir of the btrfs qgroup capping the writable layer: statfs of / then reports its limit")
+	var layers listFlag
+	var upper string
+	if mode == "guest" {
+		fs.Var(&layers, "layer", "serial of a read-only EROFS disk of the root, lowest first (repeatable; none = the initramfs is the root)")
+		fs.StringVar(&upper, "upper", "", "serial of the writable ext4 disk of the root (default: a tmpfs)")
+	}
 	fs.Parse(args)
 	cfg.Env = env
 
@@ -86,7 +92,7 @@ func main() {
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if mode == "guest" {
-		err := guest.Run(context.Background(), guest.Config{Agent: cfg})
+		err := guest.Run(context.Background(), guest.Config{Agent: cfg, Layers: layers, Upper: upper})
 		cfg.Log.Error("guest agent stopped; powering off", "err", err)
 		if os.Getpid() == 1 {
 			guest.PowerOff()

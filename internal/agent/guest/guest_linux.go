@@ -29,6 +29,12 @@ type Config struct {
 	KernelDir string        // the modules and their manifest ("" = kernel.GuestDir)
 	Port      string        // the agent's port's name ("" = channel.PortName)
 	PortWait  time.Duration // how long the port may take to appear (0 = 30 s)
+	// Layers are the serials of the read-only EROFS disks of the root,
+	// lowest first; none keeps the initramfs as the root.
+	Layers []string
+	// Upper is the serial of the writable ext4 disk the root's changes go
+	// to ("" = a tmpfs).
+	Upper string
 }
 
 // Run prepares the guest and serves the agent until ctx ends or the agent
@@ -58,6 +64,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	loaded, failed := loadModules(k, log)
 	modulesTook := time.Since(start)
+	if err := enterRoot(cfg.Layers, cfg.Upper); err != nil {
+		return err
+	}
 	dev, err := findPort(ctx, cfg.Port, cfg.PortWait)
 	if err != nil {
 		if len(failed) > 0 {
@@ -136,6 +145,137 @@ func loadModule(path string) error {
 		return fmt.Errorf("finit_module %s: %w", path, err)
 	}
 	return nil
+}
+
+// Where enterRoot mounts the root's parts, in the initramfs.
+const (
+	rootDir   = "/.dsec/root"
+	layersDir = "/.dsec/layers"
+	upperDir  = "/.dsec/upper"
+)
+
+// enterRoot makes the sandbox's root and makes it the agent's: the layers'
+// EROFS disks stacked with overlayfs over the writable disk (or a tmpfs),
+// the agent and its shell bound in read-only at /.dsec/bin, /dev, /proc,
+// /sys and /run moved in, then the root moved over the initramfs's and
+// chrooted into (the initramfs cannot be pivoted away).
+func enterRoot(layers []string, upper string) error {
+	if len(layers) == 0 {
+		return nil
+	}
+	var lowers []string
+	for i, serial := range layers {
+		dev, err := diskBySerial(serial, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		dir := filepath.Join(layersDir, fmt.Sprint(i))
+		if err := mountAt(dev, dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+			return err
+		}
+		lowers = append([]string{dir}, lowers...) // overlayfs lists the top first
+	}
+	if upper != "" {
+		dev, err := diskBySerial(upper, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		if err := mountAt(dev, upperDir, "ext4", unix.MS_NODEV, ""); err != nil {
+			return err
+		}
+	} else if err := mountAt("tmpfs", upperDir, "tmpfs", unix.MS_NODEV, "mode=0755"); err != nil {
+		return err
+	}
+	for _, d := range []string{"upper", "work"} {
+		if err := os.MkdirAll(filepath.Join(upperDir, d), 0o755); err != nil {
+			return fmt.Errorf("make the root: %w", err)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", strings.Join(lowers, ":"), upperDir, upperDir)
+	if err := mountAt("overlay", rootDir, "overlay", 0, opts); err != nil {
+		return err
+	}
+	for src, dst := range map[string]string{"/init": "/.dsec/bin/dsec-agent", agent.DefaultShell: agent.DefaultShell} {
+		if err := bindFile(src, filepath.Join(rootDir, dst)); err != nil {
+			return err
+		}
+	}
+	for _, m := range []string{"/dev", "/proc", "/sys", "/run"} {
+		if err := os.MkdirAll(rootDir+m, 0o755); err != nil {
+			return fmt.Errorf("make the root: %w", err)
+		}
+		if err := unix.Mount(m, rootDir+m, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move %s into the root: %w", m, err)
+		}
+	}
+	if err := unix.Chdir(rootDir); err != nil {
+		return fmt.Errorf("enter the root: %w", err)
+	}
+	if err := unix.Mount(rootDir, "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the root over /: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("enter the root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("enter the root: %w", err)
+	}
+	return nil
+}
+
+func mountAt(source, target, fstype string, flags uintptr, data string) error {
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return fmt.Errorf("mount %s: %w", target, err)
+	}
+	if err := unix.Mount(source, target, fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s %s on %s: %w", fstype, source, target, err)
+	}
+	return nil
+}
+
+// bindFile binds the file src read-only at dst, making dst (in the
+// overlay's upper layer) first. A src the initramfs lacks is skipped.
+func bindFile(src, dst string) error {
+	if _, err := os.Stat(src); err != nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return fmt.Errorf("bind %s: %w", dst, err)
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE, 0o755)
+	if err != nil {
+		return fmt.Errorf("bind %s: %w", dst, err)
+	}
+	f.Close()
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s at %s: %w", src, dst, err)
+	}
+	if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("bind %s read-only: %w", dst, err)
+	}
+	return nil
+}
+
+// diskBySerial waits for the virtio-blk disk whose serial is serial and
+// returns its device.
+func diskBySerial(serial string, wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		entries, _ := os.ReadDir("/sys/block")
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "serial"))
+			if err == nil && strings.TrimSpace(string(b)) == serial {
+				dev := filepath.Join("/dev", e.Name())
+				if _, err := os.Stat(dev); err == nil {
+					return dev, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("find disk %s: no virtio-blk disk has that serial after %s", serial, wait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // portsDir lists the guest's virtio-serial ports, each with its name.

@@ -19,6 +19,8 @@ type Config struct {
 	KernelDir string
 	Port      string
 	PortWait  time.Duration
+	Layers    []string
+	Upper     string
 }
 
 // Run is only implemented on Linux.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	osexec "os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -71,12 +72,9 @@ func TestGuest(t *testing.T) {
 	err = initramfs.Build(f, initramfs.Image{
 		Init:   agentBin,
 		Kernel: k,
-		Files:  []initramfs.File{{Name: "/bin/busybox", Source: busybox, Mode: 0o755}},
-		Symlinks: map[string]string{
-			"/bin/sh": "busybox", "/bin/echo": "busybox", "/bin/uname": "busybox", "/bin/cat": "busybox",
-			"/bin/true":        "busybox",
-			agent.DefaultShell: "/bin/busybox",
-		},
+		// The agent's shell, which the guest binds into its root.
+		Files:    []initramfs.File{{Name: "/bin/busybox", Source: busybox, Mode: 0o755}},
+		Symlinks: map[string]string{agent.DefaultShell: "/bin/busybox"},
 	})
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -85,10 +83,19 @@ func TestGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	layer, upper := makeDisks(t, dir, busybox)
+
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx := context.Background()
 	start := time.Now()
-	p, err := qemu.Start(ctx, qemu.Config{Dir: filepath.Join(dir, "vm"), Kernel: k.Vmlinux(), Initrd: initrd}, log)
+	p, err := qemu.Start(ctx, qemu.Config{
+		Dir: filepath.Join(dir, "vm"), Kernel: k.Vmlinux(), Initrd: initrd,
+		Drives: []qemu.Drive{
+			{Path: layer, Serial: "dsec-layer0", ReadOnly: true},
+			{Path: upper, Serial: "dsec-upper"},
+		},
+		Cmdline: "-- --layer dsec-layer0 --upper dsec-upper",
+	}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +200,21 @@ func TestGuest(t *testing.T) {
 		wg.Wait()
 	})
 
+	// The root is the layer under overlayfs, its changes on the writable
+	// disk (read back once QEMU is gone).
+	t.Run("Root", func(t *testing.T) {
+		if out, code := exec(t, "cat", "/hello.txt"); out != "from the layer\n" || code != 0 {
+			t.Errorf("cat /hello.txt: %q, exit %d", out, code)
+		}
+		out, code := exec(t, "cat", "/proc/mounts")
+		if code != 0 || !strings.Contains(out, "overlay / overlay ") {
+			t.Errorf("the root is not an overlay: %q, exit %d", out, code)
+		}
+		if out, code := exec(t, "sh", "-c", "echo written in the guest > /written.txt && sync"); code != 0 {
+			t.Errorf("write in the root: %q, exit %d", out, code)
+		}
+	})
+
 	// Figures for people, not checked: a round trip of the channel.
 	t.Run("Latency", func(t *testing.T) {
 		median := func(call func()) time.Duration {
@@ -271,6 +293,53 @@ func TestGuest(t *testing.T) {
 	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
 		t.Errorf("QEMU %d still exists after quit: %v", pid, err)
 	}
+	out, err := osexec.Command("debugfs", "-R", "cat /upper/written.txt", upper).Output()
+	if err != nil || string(out) != "written in the guest\n" {
+		t.Errorf("the writable disk's /upper/written.txt: %q, %v", out, err)
+	}
+}
+
+// makeDisks makes the guest's root disks in dir: an EROFS layer holding
+// busybox (as /bin/*) and /hello.txt, and an empty ext4 writable disk.
+func makeDisks(t *testing.T, dir, busybox string) (layer, upper string) {
+	t.Helper()
+	for _, cmd := range []string{"mkfs.erofs", "mkfs.ext4", "debugfs"} {
+		testutil.RequireCommand(t, cmd)
+	}
+	tree := filepath.Join(dir, "layer")
+	if err := os.MkdirAll(filepath.Join(tree, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(busybox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "bin", "busybox"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, applet := range []string{"sh", "echo", "cat", "uname", "true", "sync"} {
+		if err := os.Symlink("busybox", filepath.Join(tree, "bin", applet)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(tree, "hello.txt"), []byte("from the layer\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	layer = filepath.Join(dir, "layer.erofs")
+	upper = filepath.Join(dir, "upper.ext4")
+	if out, err := osexec.Command("mkfs.erofs", "--quiet", layer, tree).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.erofs: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(upper, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(upper, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := osexec.Command("mkfs.ext4", "-q", "-F", upper).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
+	}
+	return layer, upper
 }
 
 // cpuTime is the CPU time process pid has used (user and system).

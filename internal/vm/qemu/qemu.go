@@ -71,9 +71,20 @@ type Config struct {
 	// TSCkHz is the host's TSC frequency, given to a TCG guest
 	// (0 = HostTSCkHz's).
 	TSCkHz int64
+	// Drives are the guest's disks, virtio-blk devices in this order.
+	Drives []Drive
 	// ConsoleLimit caps the console's log on disk, in bytes: the log is
 	// kept in two files of half as much each (0 = 1 MiB).
 	ConsoleLimit int64
+}
+
+// Drive is one disk of the guest: a raw image file on the host. The guest
+// finds it by its serial (/sys/block/vdX/serial), not by its order: the
+// kernel's order of virtio-mmio devices is not the command line's.
+type Drive struct {
+	Path     string
+	Serial   string // at most 20 bytes of [A-Za-z0-9_-]
+	ReadOnly bool
 }
 
 func (c *Config) fill() error {
@@ -123,6 +134,12 @@ func (c *Config) check() error {
 		}
 	default:
 		return fmt.Errorf("check vm config: accelerator %q: %w", c.Accel, errdefs.ErrInvalidArgument)
+	}
+	for _, d := range c.Drives {
+		if d.Path == "" || strings.Contains(d.Path, ",") || !validSerial(d.Serial) {
+			return fmt.Errorf("check vm config: drive %q (serial %q): a path without commas and a serial of 1 to 20 letters, digits, - or _: %w",
+				d.Path, d.Serial, errdefs.ErrInvalidArgument)
+		}
 	}
 	if strings.ContainsAny(c.Cmdline, "\n\x00") {
 		return fmt.Errorf("check vm config: the kernel command line has a newline or NUL: %w", errdefs.ErrInvalidArgument)
@@ -177,5 +194,25 @@ func (c *Config) Args() []string {
 		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=on,wait=off", channelFD),
 		"-device", "virtserialport,chardev=agent,name="+channel.PortName,
 	)
+	for i, d := range c.Drives {
+		drive := fmt.Sprintf("file=%s,format=raw,if=none,id=disk%d", d.Path, i)
+		if d.ReadOnly {
+			drive += ",readonly=on"
+		}
+		args = append(args, "-drive", drive,
+			"-device", fmt.Sprintf("virtio-blk-device,drive=disk%d,serial=%s", i, d.Serial))
+	}
 	return args
+}
+
+func validSerial(s string) bool {
+	if s == "" || len(s) > 20 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
 }

@@ -35,7 +35,8 @@ func TestArgs(t *testing.T) {
 	} {
 		t.Run(string(tc.accel), func(t *testing.T) {
 			c := Config{Dir: "/run/vm/sb-1", Kernel: "/k/vmlinux", Initrd: "/k/initrd", Accel: tc.accel,
-				TSCkHz: 2596142, Cmdline: "-- --log-level debug"}
+				TSCkHz: 2596142, Cmdline: "-- --log-level debug",
+				Drives: []Drive{{Path: "/l/base.erofs", Serial: "dsec-layer0", ReadOnly: true}, {Path: "/u/upper.ext4", Serial: "dsec-upper"}}}
 			if err := c.fill(); err != nil {
 				t.Fatal(err)
 			}
@@ -55,7 +56,9 @@ func TestArgs(t *testing.T) {
 				"-serial": {"chardev:console"}, "-mon": {"chardev=qmp,mode=control"},
 				"-chardev": {"socket,id=console,fd=5,server=on,wait=on", "socket,id=qmp,fd=3,server=on,wait=off",
 					"socket,id=agent,fd=4,server=on,wait=off"},
-				"-device": {"virtio-serial-device", "virtserialport,chardev=agent,name=dsec.0"},
+				"-device": {"virtio-serial-device", "virtserialport,chardev=agent,name=dsec.0",
+					"virtio-blk-device,drive=disk0,serial=dsec-layer0", "virtio-blk-device,drive=disk1,serial=dsec-upper"},
+				"-drive": {"file=/l/base.erofs,format=raw,if=none,id=disk0,readonly=on", "file=/u/upper.ext4,format=raw,if=none,id=disk1"},
 			}
 			for flag, vs := range want {
 				if got := after(flag); !slices.Equal(got, vs) {
@@ -80,6 +83,9 @@ func TestConfigRefuses(t *testing.T) {
 		"unknown accel":   func(c *Config) { c.Accel = "hvf" },
 		"newline":         func(c *Config) { c.Cmdline = "a\nb" },
 		"tcg without tsc": func(c *Config) { c.TSCkHz = -1 },
+		"drive no serial": func(c *Config) { c.Drives = []Drive{{Path: "a"}} },
+		"drive comma":     func(c *Config) { c.Drives = []Drive{{Path: "a,b", Serial: "x"}} },
+		"long serial":     func(c *Config) { c.Drives = []Drive{{Path: "a", Serial: "abcdefghijklmnopqrstu"}} },
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := good
