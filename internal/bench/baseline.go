@@ -10,14 +10,15 @@ import (
 	"sync"
 	"time"
 
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/container"
 	"dsec.dev/dsec/internal/edge/image"
-	"dsec.dev/dsec/internal/edge/runtime"
 )
 
 // baseline is a bare runc (or the runtime of Options.Runtime) with busybox
 // bundles made like the sandboxes it is compared with: the same
 // namespaces, capabilities, seccomp profile, masked paths and limits (see
-// runtime.BareSpec), so that both sides pay for the same filters and
+// container.BareSpec), so that both sides pay for the same filters and
 // throttling.
 type baseline struct {
 	rt     string // runtime binary
@@ -54,7 +55,7 @@ func newBaseline(o Options) (*baseline, error) {
 		if err := os.MkdirAll(bd, 0o755); err != nil {
 			return "", err
 		}
-		spec, err := runtime.BareSpec(runtime.Spec{CPUs: benchCPUs, MemoryBytes: benchMemoryMB << 20}, rootfs, args)
+		spec, err := container.BareSpec(backend.Spec{CPUs: benchCPUs, MemoryBytes: benchMemoryMB << 20}, rootfs, args)
 		if err != nil {
 			return "", fmt.Errorf("make the runc bundle: %w", err)
 		}

@@ -29,6 +29,8 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/blob"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/container"
 	"dsec.dev/dsec/internal/edge/claims"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/image"
@@ -36,7 +38,6 @@ import (
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/network"
-	edgeruntime "dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/store"
@@ -343,7 +344,7 @@ type node struct {
 	layers *layers.Service
 	// runtimes are the node's backends: container and fncall, made from
 	// one runtime config.
-	runtimes map[dsecv1.Backend]edgeruntime.Runtime
+	runtimes map[dsecv1.Backend]backend.Runtime
 	net      *netctl.Controller // nil without networking
 	edge     *sandbox.Manager
 }
@@ -386,7 +387,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	if n.layers, err = openLayers(ctx, cfg, n.images, log); err != nil {
 		return nil, err
 	}
-	rtCfg := edgeruntime.Config{
+	rtCfg := container.Config{
 		Root:         filepath.Join(cfg.Root, "runtime"),
 		UpperRoot:    filepath.Join(cfg.Root, "upper"),
 		UpperImage:   filepath.Join(cfg.Root, "upper.img"),
@@ -397,11 +398,11 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		SocketDir: filepath.Join(cfg.Root, "sandboxes"),
 		Log:       log.With("component", "runtime"),
 	}
-	n.runtimes = map[dsecv1.Backend]edgeruntime.Runtime{}
+	n.runtimes = map[dsecv1.Backend]backend.Runtime{}
 	for _, b := range nodeBackends() {
-		newRuntime := edgeruntime.New
+		newRuntime := container.New
 		if b == dsecv1.Backend_BACKEND_FNCALL {
-			newRuntime = edgeruntime.NewFnCall
+			newRuntime = container.NewFnCall
 		}
 		rt, err := newRuntime(rtCfg)
 		if err != nil {

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -29,7 +29,7 @@ func BackendName(b dsecv1.Backend) string {
 }
 
 // runtimeOf is the node's runtime of backend b.
-func (m *Manager) runtimeOf(b dsecv1.Backend) (runtime.Runtime, error) {
+func (m *Manager) runtimeOf(b dsecv1.Backend) (backend.Runtime, error) {
 	if b == dsecv1.Backend_BACKEND_UNSPECIFIED {
 		b = dsecv1.Backend_BACKEND_CONTAINER
 	}
@@ -65,9 +65,9 @@ func (m *Manager) lacks(b dsecv1.Backend, what string) error {
 }
 
 // pauser is sb's runtime as a Pauser, or the refusal naming its backend.
-func (m *Manager) pauser(sb *sandbox) (runtime.Pauser, error) {
+func (m *Manager) pauser(sb *sandbox) (backend.Pauser, error) {
 	if sb.rt != nil && sb.rt.Features().Pause {
-		if p, ok := sb.rt.(runtime.Pauser); ok {
+		if p, ok := sb.rt.(backend.Pauser); ok {
 			return p, nil
 		}
 	}
@@ -76,13 +76,13 @@ func (m *Manager) pauser(sb *sandbox) (runtime.Pauser, error) {
 
 // snapshotter is sb's runtime as a Pauser and Snapshotter, or the refusal
 // naming its backend.
-func (m *Manager) snapshotter(sb *sandbox) (runtime.Pauser, runtime.Snapshotter, error) {
+func (m *Manager) snapshotter(sb *sandbox) (backend.Pauser, backend.Snapshotter, error) {
 	p, err := m.pauser(sb)
 	if err != nil {
 		return nil, nil, m.lacks(backendOf(sb.rec.GetSpec()), "snapshot a sandbox")
 	}
 	if sb.rt.Features().Snapshot {
-		if sn, ok := sb.rt.(runtime.Snapshotter); ok {
+		if sn, ok := sb.rt.(backend.Snapshotter); ok {
 			return p, sn, nil
 		}
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/edge/runtime"
-	"dsec.dev/dsec/internal/edge/runtime/fakeruntime"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/fake"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -20,8 +20,8 @@ import (
 func TestBackendsRouteAndRefuse(t *testing.T) {
 	ctx := context.Background()
 	ctr := newFake(t)
-	fn := newFake(t, fakeruntime.WithFeatures(runtime.Features{}))
-	runtimes := map[dsecv1.Backend]runtime.Runtime{dsecv1.Backend_BACKEND_CONTAINER: ctr, dsecv1.Backend_BACKEND_FNCALL: fn}
+	fn := newFake(t, fake.WithFeatures(backend.Features{}))
+	runtimes := map[dsecv1.Backend]backend.Runtime{dsecv1.Backend_BACKEND_CONTAINER: ctr, dsecv1.Backend_BACKEND_FNCALL: fn}
 	dir := t.TempDir()
 	m := newTestManagerOf(t, dir, runtimes, &fakeImages{}, nil)
 
@@ -39,7 +39,7 @@ func TestBackendsRouteAndRefuse(t *testing.T) {
 	if plain.GetSpec().GetBackend() != dsecv1.Backend_BACKEND_CONTAINER || reward.GetSpec().GetBackend() != dsecv1.Backend_BACKEND_FNCALL {
 		t.Errorf("recorded backends %s, %s", plain.GetSpec().GetBackend(), reward.GetSpec().GetBackend())
 	}
-	inRuntime := func(rt *fakeruntime.Runtime, id string) bool { return slices.Contains(mustList(t, rt), id) }
+	inRuntime := func(rt *fake.Runtime, id string) bool { return slices.Contains(mustList(t, rt), id) }
 	if !inRuntime(ctr, plain.GetId()) || inRuntime(fn, plain.GetId()) || !inRuntime(fn, reward.GetId()) || inRuntime(ctr, reward.GetId()) {
 		t.Fatalf("container runtime holds %v, fncall %v", mustList(t, ctr), mustList(t, fn))
 	}
@@ -95,7 +95,7 @@ func TestBackendsRouteAndRefuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	only := newTestManagerOf(t, dir, map[dsecv1.Backend]runtime.Runtime{dsecv1.Backend_BACKEND_CONTAINER: ctr}, &fakeImages{}, nil)
+	only := newTestManagerOf(t, dir, map[dsecv1.Backend]backend.Runtime{dsecv1.Backend_BACKEND_CONTAINER: ctr}, &fakeImages{}, nil)
 	const lacks = "backend fncall is not available on node n1 (it has container)"
 	if _, err := only.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Backend: dsecv1.Backend_BACKEND_FNCALL}, ""); !errors.Is(err, errdefs.ErrNotSupported) || !strings.Contains(err.Error(), lacks) {
 		t.Errorf("create on a node without fncall: %v, want not supported saying %q", err, lacks)

@@ -12,7 +12,7 @@ import (
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
-	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
@@ -67,8 +67,8 @@ func (m *Manager) Recover(ctx context.Context) error {
 
 // owners maps every sandbox the node's runtimes know to the runtime that
 // holds it. An error names the runtimes that could not list theirs.
-func (m *Manager) owners(ctx context.Context) (map[string]runtime.Runtime, error) {
-	owners := map[string]runtime.Runtime{}
+func (m *Manager) owners(ctx context.Context) (map[string]backend.Runtime, error) {
+	owners := map[string]backend.Runtime{}
 	var errs []error
 	for _, b := range m.Backends() {
 		rt := m.runtimes[b]
@@ -85,7 +85,7 @@ func (m *Manager) owners(ctx context.Context) (map[string]runtime.Runtime, error
 
 // recoverOne re-adopts or reaps sandbox id, whose record a previous run
 // left; owner is the runtime that lists it (nil: none does).
-func (m *Manager) recoverOne(ctx context.Context, id string, owner runtime.Runtime) {
+func (m *Manager) recoverOne(ctx context.Context, id string, owner backend.Runtime) {
 	rec, err := m.states.Load(id)
 	if err != nil {
 		m.log.Warn("unreadable sandbox record; removing the sandbox", "id", id, "err", err)
@@ -114,7 +114,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner runtime.Runti
 		return
 	}
 	st, err := rt.Status(ctx, id)
-	var dial runtime.Dialer
+	var dial backend.Dialer
 	if err == nil && st.Running {
 		dial, err = rt.Channel(id)
 	}
@@ -200,7 +200,7 @@ func (m *Manager) waitReadyIn(ctx context.Context, client interface {
 
 // reap removes whatever is left of a sandbox this process did not make:
 // what rt holds of it (nil: nothing), network, layers, record.
-func (m *Manager) reap(ctx context.Context, id string, rt runtime.Runtime) {
+func (m *Manager) reap(ctx context.Context, id string, rt backend.Runtime) {
 	td := m.teardownOf(id, rt)
 	if err := td.run(ctx); err != nil {
 		m.log.Warn("remove sandbox", "id", id, "err", err)

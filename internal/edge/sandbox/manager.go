@@ -1,7 +1,7 @@
 // Package sandbox is the edge: it owns the sandboxes of one node. It names
 // and admits or refuses creates, keeps warm pools of started sandboxes that
 // matching creates take, composes each sandbox from its environment's layers,
-// launches it through the runtime of its backend (package runtime: one per
+// launches it through the runtime of its backend (package backend: one per
 // backend the node offers, routed by the backend in the sandbox's record),
 // keeps the channel to its agent, reaps sandboxes past their TTL or idle
 // timeout, notices the ones that died (from the end of a watch connection
@@ -30,9 +30,9 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/netctl"
-	"dsec.dev/dsec/internal/edge/runtime"
 	"dsec.dev/dsec/internal/edge/state"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/sandboxid"
@@ -114,7 +114,7 @@ type Config struct {
 // them all.
 type Manager struct {
 	cfg      Config
-	runtimes map[dsecv1.Backend]runtime.Runtime // the node's backends
+	runtimes map[dsecv1.Backend]backend.Runtime // the node's backends
 	images   Images
 	net      Network   // nil: the node offers loopback only
 	snaps    Snapshots // nil: snapshots are refused
@@ -152,7 +152,7 @@ type sandbox struct {
 	op sync.Mutex
 	td teardown // what the sandbox holds; guarded by op once it runs
 	// rt is the runtime of the sandbox's backend; nil for a tombstone.
-	rt runtime.Runtime
+	rt backend.Runtime
 
 	mu         sync.Mutex
 	rec        *dsecv1.Sandbox
@@ -184,7 +184,7 @@ type sandbox struct {
 // (each already Init'ed). It does not touch any sandbox until Recover. net
 // may be nil: sandboxes then get loopback only and network rules are
 // refused.
-func New(cfg Config, runtimes map[dsecv1.Backend]runtime.Runtime, images Images, net Network, log *slog.Logger) (*Manager, error) {
+func New(cfg Config, runtimes map[dsecv1.Backend]backend.Runtime, images Images, net Network, log *slog.Logger) (*Manager, error) {
 	if cfg.Node == "" || strings.ContainsAny(cfg.Node, "/ ") {
 		return nil, fmt.Errorf("node name %q: %w", cfg.Node, errdefs.ErrInvalidArgument)
 	}
@@ -385,7 +385,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 
 // launch starts the sandbox in its backend's runtime, which makes the
 // agent channel, and waits for the agent to answer on it.
-func (m *Manager) launch(ctx context.Context, rt runtime.Runtime, id string, spec *dsecv1.SandboxSpec, lower []string, att *netctl.Attachment) (agentclient.Client, error) {
+func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spec *dsecv1.SandboxSpec, lower []string, att *netctl.Attachment) (agentclient.Client, error) {
 	dir := m.states.Dir(id)
 	var args []string
 	if u := spec.GetUser(); u != "" {
@@ -419,7 +419,7 @@ func (m *Manager) launch(ctx context.Context, rt runtime.Runtime, id string, spe
 			hostname = hostname[:63]
 		}
 	}
-	rs := runtime.Spec{
+	rs := backend.Spec{
 		ID:          id,
 		Lower:       lower,
 		DiskBytes:   spec.GetDiskMb() << 20,

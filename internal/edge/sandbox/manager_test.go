@@ -13,18 +13,18 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/fake"
 	"dsec.dev/dsec/internal/edge/image"
-	"dsec.dev/dsec/internal/edge/runtime"
-	"dsec.dev/dsec/internal/edge/runtime/fakeruntime"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
-// newFake is a fake runtime (package fakeruntime) for one test: sandboxes
+// newFake is a fake runtime (package fake) for one test: sandboxes
 // are files, agents in-process Connect handlers answering Ping.
-func newFake(t *testing.T, opts ...fakeruntime.Option) *fakeruntime.Runtime {
+func newFake(t *testing.T, opts ...fake.Option) *fake.Runtime {
 	t.Helper()
-	rt := fakeruntime.New(t.TempDir(), opts...)
+	rt := fake.New(t.TempDir(), opts...)
 	t.Cleanup(rt.Close)
 	if err := rt.Init(context.Background()); err != nil {
 		t.Fatal(err)
@@ -64,20 +64,20 @@ func (*fakeImages) Mount(ctx context.Context, id, digest string) (string, error)
 }
 func (*fakeImages) RecordEnvironment(env string, digests []string) error { return nil }
 
-func newTestManager(t *testing.T, dir string, rt *fakeruntime.Runtime) *Manager {
+func newTestManager(t *testing.T, dir string, rt *fake.Runtime) *Manager {
 	t.Helper()
 	return newTestManagerWith(t, dir, rt, &fakeImages{}, nil)
 }
 
 // newTestManagerWith makes a Manager on images with rt as its container
 // backend; edit, if set, changes its configuration first.
-func newTestManagerWith(t *testing.T, dir string, rt *fakeruntime.Runtime, images *fakeImages, edit func(*Config)) *Manager {
+func newTestManagerWith(t *testing.T, dir string, rt *fake.Runtime, images *fakeImages, edit func(*Config)) *Manager {
 	t.Helper()
-	return newTestManagerOf(t, dir, map[dsecv1.Backend]runtime.Runtime{dsecv1.Backend_BACKEND_CONTAINER: rt}, images, edit)
+	return newTestManagerOf(t, dir, map[dsecv1.Backend]backend.Runtime{dsecv1.Backend_BACKEND_CONTAINER: rt}, images, edit)
 }
 
 // newTestManagerOf makes a Manager over the given backends.
-func newTestManagerOf(t *testing.T, dir string, runtimes map[dsecv1.Backend]runtime.Runtime, images *fakeImages, edit func(*Config)) *Manager {
+func newTestManagerOf(t *testing.T, dir string, runtimes map[dsecv1.Backend]backend.Runtime, images *fakeImages, edit func(*Config)) *Manager {
 	t.Helper()
 	cfg := Config{Node: "n1", StateDir: dir, PingInterval: 100 * time.Millisecond, Defaults: Defaults{TTL: time.Hour}}
 	if edit != nil {
@@ -186,7 +186,7 @@ func TestRecoverAdoptsAndReaps(t *testing.T) {
 	rt.Kill(died.GetId(), false)
 	orphan := sandboxid.New("n1", 0, 0)
 	// A sandbox whose create never saved a record.
-	if _, err := rt.Start(ctx, runtime.Spec{ID: orphan, Lower: []string{"/layers/x"}, LogPath: "/dev/null"}); err != nil {
+	if _, err := rt.Start(ctx, backend.Spec{ID: orphan, Lower: []string{"/layers/x"}, LogPath: "/dev/null"}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -3,11 +3,11 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	goruntime "runtime"
+	"runtime"
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -95,7 +95,7 @@ func (m *Manager) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetric
 	if state == dsecv1.State_STATE_CREATING {
 		return nil, fmt.Errorf("sandbox %s is still being created: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	meter, ok := rt.(runtime.Meter)
+	meter, ok := rt.(backend.Meter)
 	if !ok {
 		return nil, fmt.Errorf("metrics of sandbox %s: %w", id, m.lacks(spec.GetBackend(), "measure its sandboxes"))
 	}
@@ -123,7 +123,7 @@ func (m *Manager) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetric
 
 	cores := spec.GetCpus()
 	if cores <= 0 {
-		cores = float64(goruntime.NumCPU())
+		cores = float64(runtime.NumCPU())
 	}
 	out := &dsecv1.SandboxMetrics{
 		TimeUnixMs:       now.UnixMilli(),

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -78,7 +78,7 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 	return cloneRec(sb.rec), false, nil
 }
 
-func pauseStats(st runtime.PauseStats) *dsecv1.PauseStats {
+func pauseStats(st backend.PauseStats) *dsecv1.PauseStats {
 	return &dsecv1.PauseStats{
 		FrozenUs: st.Frozen.Microseconds(), ReclaimMs: st.Reclaim.Milliseconds(),
 		ResidentBytes: st.Resident, ReleasedBytes: st.Released, SwappedBytes: st.Swapped,

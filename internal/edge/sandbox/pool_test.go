@@ -10,13 +10,13 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/edge/runtime/fakeruntime"
+	"dsec.dev/dsec/internal/edge/backend/fake"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
 // waitPool waits until the only warm pool has ready sandboxes ready and
 // none starting, and the runtime holds containers containers.
-func waitPool(t *testing.T, m *Manager, rt *fakeruntime.Runtime, ready, containers int) *dsecv1.WarmPool {
+func waitPool(t *testing.T, m *Manager, rt *fake.Runtime, ready, containers int) *dsecv1.WarmPool {
 	t.Helper()
 	var pool *dsecv1.WarmPool
 	waitPools(t, m, rt, fmt.Sprintf("%d ready with %d containers", ready, containers), func(ids []string, ps []*dsecv1.WarmPool) bool {
@@ -128,7 +128,7 @@ func TestWarmPoolServesAndRefills(t *testing.T) {
 
 // waitPools waits until ok holds for the runtime's containers and the
 // manager's pools.
-func waitPools(t *testing.T, m *Manager, rt *fakeruntime.Runtime, what string, ok func(ids []string, ps []*dsecv1.WarmPool) bool) {
+func waitPools(t *testing.T, m *Manager, rt *fake.Runtime, what string, ok func(ids []string, ps []*dsecv1.WarmPool) bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -144,7 +144,7 @@ func waitPools(t *testing.T, m *Manager, rt *fakeruntime.Runtime, what string, o
 	}
 }
 
-func mustList(t *testing.T, rt *fakeruntime.Runtime) []string {
+func mustList(t *testing.T, rt *fake.Runtime) []string {
 	t.Helper()
 	ids, err := rt.List(context.Background())
 	if err != nil {

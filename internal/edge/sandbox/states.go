@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -139,7 +139,7 @@ func (t *teardown) run(ctx context.Context) error {
 // orphaned, or emptied by Teardown). rt is the runtime that holds it; nil
 // when none does (its record names a backend the node lacks, and no
 // runtime lists it).
-func (m *Manager) teardownOf(id string, rt runtime.Runtime) teardown {
+func (m *Manager) teardownOf(id string, rt backend.Runtime) teardown {
 	var t teardown
 	t.add("record", func(ctx context.Context) error { return m.states.Remove(id) })
 	t.add("layers", func(ctx context.Context) error { m.images.Release(ctx, id); return nil })

@@ -8,8 +8,8 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
-	"dsec.dev/dsec/internal/edge/runtime"
-	"dsec.dev/dsec/internal/edge/runtime/fakeruntime"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/fake"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/sandboxid"
 )
@@ -18,13 +18,13 @@ import (
 // leave it: a create, pause or resume under way holds the op lock, and
 // finish ends it (creating → running, pausing → paused, resuming →
 // running).
-func inject(t *testing.T, m *Manager, rt *fakeruntime.Runtime, st dsecv1.State) (id string, finish func()) {
+func inject(t *testing.T, m *Manager, rt *fake.Runtime, st dsecv1.State) (id string, finish func()) {
 	t.Helper()
 	id = sandboxid.New("n1", 0, 0)
 	rec := &dsecv1.Sandbox{Id: id, Node: "n1", State: st, Spec: &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 3600}}
 	sb := &sandbox{rec: rec, lastActive: time.Now(), td: m.teardownOf(id, rt)}
 	if st != dsecv1.State_STATE_STOPPED && st != dsecv1.State_STATE_FAILED {
-		dial, err := rt.Start(context.Background(), runtime.Spec{ID: id, Lower: []string{"/layers/x"}, LogPath: "/dev/null"})
+		dial, err := rt.Start(context.Background(), backend.Spec{ID: id, Lower: []string{"/layers/x"}, LogPath: "/dev/null"})
 		if err != nil {
 			t.Fatal(err)
 		}

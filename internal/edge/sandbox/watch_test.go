@@ -6,7 +6,7 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/edge/runtime/fakeruntime"
+	"dsec.dev/dsec/internal/edge/backend/fake"
 	"dsec.dev/dsec/internal/testutil"
 )
 
@@ -99,7 +99,7 @@ func TestPausedSandboxIsWatchedAcrossRestart(t *testing.T) {
 // An agent older than watch connections is pinged every PingInterval, and
 // its death found so.
 func TestAgentWithoutWatchIsPinged(t *testing.T) {
-	rt := newFake(t, fakeruntime.WithoutWatch())
+	rt := newFake(t, fake.WithoutWatch())
 	m := newTestManagerWith(t, t.TempDir(), rt, &fakeImages{}, noPings)
 	ctx := context.Background()
 	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1}, "")

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"dsec.dev/dsec/internal/edge/runtime/mountinfo"
+	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 	"dsec.dev/dsec/internal/errdefs"
 )
 

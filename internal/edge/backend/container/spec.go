@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"math"
@@ -6,6 +6,8 @@ import (
 	"strconv"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"dsec.dev/dsec/internal/edge/backend"
 )
 
 // Where things are inside a sandbox.
@@ -55,7 +57,7 @@ var readonlyPaths = []string{
 
 // specInput is what buildSpec needs beyond the caller's Spec.
 type specInput struct {
-	Spec
+	backend.Spec
 	AgentDir    string
 	CgroupsPath string
 	MemorySwap  bool   // the host accounts swap (v1 memsw files exist, or v2)
@@ -83,7 +85,7 @@ const ptraceCapability = "CAP_SYS_PTRACE"
 // limit, which its commands share.
 const agentPids = 64
 
-func pidsLimit(s Spec) int64 {
+func pidsLimit(s backend.Spec) int64 {
 	if s.Pids > 0 {
 		return s.Pids
 	}

@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"bufio"
@@ -22,9 +22,10 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"dsec.dev/dsec/internal/edge/runtime/cgroups"
-	"dsec.dev/dsec/internal/edge/runtime/mountinfo"
-	"dsec.dev/dsec/internal/edge/runtime/quota"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
+	"dsec.dev/dsec/internal/edge/backend/container/quota"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -49,10 +50,10 @@ type Container struct {
 }
 
 var _ interface {
-	Runtime
-	Pauser
-	Snapshotter
-	Meter
+	backend.Runtime
+	backend.Pauser
+	backend.Snapshotter
+	backend.Meter
 } = (*Container)(nil)
 
 // New returns the container backend. It checks cfg, fills in defaults and
@@ -108,7 +109,7 @@ func newContainer(cfg Config, fncall bool) (*Container, error) {
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "dsec"
 	}
-	if !idPattern.MatchString(cfg.CgroupParent) {
+	if !backend.ValidID(cfg.CgroupParent) {
 		return nil, fmt.Errorf("check runtime config: bad cgroup parent %q: %w", cfg.CgroupParent, errdefs.ErrInvalidArgument)
 	}
 	if cfg.Log == nil {
@@ -146,8 +147,8 @@ func newContainer(cfg Config, fncall bool) (*Container, error) {
 
 // Features: both backends pause; only the container backend's writable
 // layers are snapshotted.
-func (r *Container) Features() Features {
-	return Features{Pause: true, Snapshot: !r.fncall, Network: true}
+func (r *Container) Features() backend.Features {
+	return backend.Features{Pause: true, Snapshot: !r.fncall, Network: true}
 }
 
 func (r *Container) stateDir() string           { return filepath.Join(r.root, r.cfg.Runtime) }
@@ -413,7 +414,7 @@ func backing(name string) string {
 // Start creates and starts sandbox s with the agent listening on a Unix
 // socket only the host can reach, and returns its dialer. On any error
 // everything made so far is removed again.
-func (r *Container) Start(ctx context.Context, s Spec) (dial Dialer, err error) {
+func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dialer, err error) {
 	t0 := time.Now()
 	if err := r.checkSpec(s); err != nil {
 		return nil, err
@@ -572,7 +573,7 @@ func (r *Container) Start(ctx context.Context, s Spec) (dial Dialer, err error) 
 	undo.release()
 	r.log.Info("started sandbox", "id", s.ID, "took", time.Since(t0),
 		"upper", tUpper.Sub(t0), "overlay", tMount.Sub(tUpper), "runtime_run", tStarted.Sub(tRun))
-	return UnixDialer(r.socketPath(s.ID)), nil
+	return backend.UnixDialer(r.socketPath(s.ID)), nil
 }
 
 // listen makes sandbox id's agent socket and returns its listening fd. The
@@ -612,17 +613,17 @@ func (r *Container) removeSocket(id string) error {
 }
 
 // Channel returns the dialer of sandbox id's agent socket.
-func (r *Container) Channel(id string) (Dialer, error) {
-	if !idPattern.MatchString(id) {
+func (r *Container) Channel(id string) (backend.Dialer, error) {
+	if !backend.ValidID(id) {
 		return nil, fmt.Errorf("agent channel of sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	if _, err := os.Stat(r.bundleDir(id)); err != nil {
 		return nil, fmt.Errorf("agent channel of sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
-	return UnixDialer(r.socketPath(id)), nil
+	return backend.UnixDialer(r.socketPath(id)), nil
 }
 
-func (r *Container) checkSpec(s Spec) error {
+func (r *Container) checkSpec(s backend.Spec) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
@@ -649,7 +650,7 @@ func (r *Container) swapAccounting() bool {
 // qgroup, qgroup is its sysfs directory, from which the agent answers
 // statfs (btrfs's own statfs ignores qgroups); under project quotas the
 // kernel's statfs already reports the limit, and qgroup is "".
-func (r *Container) makeUpper(s Spec) (upper, work, qgroup string, err error) {
+func (r *Container) makeUpper(s backend.Spec) (upper, work, qgroup string, err error) {
 	q, err := r.quotaManager()
 	if err != nil {
 		return "", "", "", fmt.Errorf("make upper of %s: %w", s.ID, err)
@@ -802,27 +803,27 @@ type runtimeState struct {
 
 // Status reports whether sandbox id runs and its memory statistics. It
 // returns errdefs.ErrNotFound when nothing of id exists.
-func (r *Container) Status(ctx context.Context, id string) (Status, error) {
-	if !idPattern.MatchString(id) {
-		return Status{}, fmt.Errorf("status of sandbox %q: %w", id, errdefs.ErrNotFound)
+func (r *Container) Status(ctx context.Context, id string) (backend.Status, error) {
+	if !backend.ValidID(id) {
+		return backend.Status{}, fmt.Errorf("status of sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	var st Status
+	var st backend.Status
 	out, err := r.runtimeCmd(ctx, "state", id)
 	switch {
 	case err == nil:
 		var rs runtimeState
 		if err := json.Unmarshal(out, &rs); err != nil {
-			return Status{}, fmt.Errorf("parse state of %s: %w", id, err)
+			return backend.Status{}, fmt.Errorf("parse state of %s: %w", id, err)
 		}
 		if rs.Status == "running" || rs.Status == "paused" {
 			st.Running, st.Pid = true, rs.Pid
 		}
 	case notExist(out):
 		if _, serr := os.Stat(r.bundleDir(id)); serr != nil && !r.layout.Exists(r.cgroupRel(id)) {
-			return Status{}, fmt.Errorf("status of sandbox %s: %w", id, errdefs.ErrNotFound)
+			return backend.Status{}, fmt.Errorf("status of sandbox %s: %w", id, errdefs.ErrNotFound)
 		}
 	default:
-		return Status{}, err
+		return backend.Status{}, err
 	}
 	if cs, err := r.layout.Stats(r.cgroupRel(id)); err == nil {
 		st.OOMKills, st.MemoryBytes = cs.OOMKills, cs.MemoryBytes
@@ -832,26 +833,26 @@ func (r *Container) Status(ctx context.Context, id string) (Status, error) {
 
 // Usage reads sandbox id's CPU time and memory from its cgroups and its
 // writable layer's use from its quota.
-func (r *Container) Usage(ctx context.Context, id string) (Usage, error) {
-	if !idPattern.MatchString(id) {
-		return Usage{}, fmt.Errorf("usage of sandbox %q: %w", id, errdefs.ErrNotFound)
+func (r *Container) Usage(ctx context.Context, id string) (backend.Usage, error) {
+	if !backend.ValidID(id) {
+		return backend.Usage{}, fmt.Errorf("usage of sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	rel := r.cgroupRel(id)
 	if !r.layout.Exists(rel) {
-		return Usage{}, fmt.Errorf("usage of sandbox %s: no cgroup: %w", id, errdefs.ErrNotFound)
+		return backend.Usage{}, fmt.Errorf("usage of sandbox %s: no cgroup: %w", id, errdefs.ErrNotFound)
 	}
 	cu, err := r.layout.Usage(rel)
 	if err != nil {
-		return Usage{}, fmt.Errorf("usage of sandbox %s: %w", id, err)
+		return backend.Usage{}, fmt.Errorf("usage of sandbox %s: %w", id, err)
 	}
-	u := Usage{CPUUsec: cu.CPUUsec, MemoryBytes: cu.MemoryBytes, MemoryLimit: cu.MemoryLimit, CacheBytes: cu.CacheBytes}
+	u := backend.Usage{CPUUsec: cu.CPUUsec, MemoryBytes: cu.MemoryBytes, MemoryLimit: cu.MemoryLimit, CacheBytes: cu.CacheBytes}
 	q, err := r.quotaManager()
 	if err != nil {
-		return Usage{}, fmt.Errorf("usage of sandbox %s: %w", id, err)
+		return backend.Usage{}, fmt.Errorf("usage of sandbox %s: %w", id, err)
 	}
 	lim, du, err := q.Usage(id)
 	if err != nil {
-		return Usage{}, fmt.Errorf("disk usage of sandbox %s: %w", id, err)
+		return backend.Usage{}, fmt.Errorf("disk usage of sandbox %s: %w", id, err)
 	}
 	u.DiskBytes, u.DiskLimit = du.Bytes, lim.Bytes
 	var st unix.Statfs_t
@@ -866,7 +867,7 @@ func (r *Container) Usage(ctx context.Context, id string) (Usage, error) {
 // writable layer and bundle. It is idempotent and works on half-made sandboxes and on ones an
 // earlier daemon started. It goes on after ctx is cancelled.
 func (r *Container) Delete(ctx context.Context, id string) error {
-	if !idPattern.MatchString(id) {
+	if !backend.ValidID(id) {
 		return fmt.Errorf("delete sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -930,7 +931,7 @@ func (r *Container) List(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("list bundles: %w", err)
 	}
 	for _, e := range ents {
-		if e.IsDir() && !seen[e.Name()] && idPattern.MatchString(e.Name()) {
+		if e.IsDir() && !seen[e.Name()] && backend.ValidID(e.Name()) {
 			seen[e.Name()] = true
 			ids = append(ids, e.Name())
 		}
@@ -944,7 +945,7 @@ func (r *Container) List(ctx context.Context) ([]string, error) {
 // agent and without the agent's mount. The runtime makes its cgroups, named
 // after the container. The benchmarks run it under a bare runc, so that
 // both sides of a comparison carry the same limits and filters.
-func BareSpec(s Spec, rootfs string, args []string) (*specs.Spec, error) {
+func BareSpec(s backend.Spec, rootfs string, args []string) (*specs.Spec, error) {
 	layout, err := cgroups.Detect()
 	if err != nil {
 		return nil, err

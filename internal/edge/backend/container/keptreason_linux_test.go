@@ -1,10 +1,10 @@
-package runtime
+package container
 
 import (
 	"strings"
 	"testing"
 
-	"dsec.dev/dsec/internal/edge/runtime/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
 )
 
 // TestKeptReason: what a pause says about the memory it left in RAM names

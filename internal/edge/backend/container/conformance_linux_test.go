@@ -1,4 +1,4 @@
-package runtime_test
+package container_test
 
 import (
 	"fmt"
@@ -10,8 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"dsec.dev/dsec/internal/edge/runtime"
-	"dsec.dev/dsec/internal/edge/runtime/runtimetest"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/backendtest"
+	"dsec.dev/dsec/internal/edge/backend/container"
 	"dsec.dev/dsec/internal/testutil"
 )
 
@@ -19,8 +20,8 @@ import (
 // container backend with runc and the real dsec-agent.
 func TestContainerConformance(t *testing.T) {
 	lower, cfg := conformanceSetup(t)
-	runtimetest.Run(t, []string{lower}, func(t *testing.T, root string) runtime.Runtime {
-		rt, err := runtime.New(cfg(t, root))
+	backendtest.Run(t, []string{lower}, func(t *testing.T, root string) backend.Runtime {
+		rt, err := container.New(cfg(t, root))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,8 +33,8 @@ func TestContainerConformance(t *testing.T) {
 // with --cpu-cgroup-fd and --fncall, which dsec-agent must know.
 func TestFnCallConformance(t *testing.T) {
 	lower, cfg := conformanceSetup(t)
-	runtimetest.Run(t, []string{lower}, func(t *testing.T, root string) runtime.Runtime {
-		rt, err := runtime.NewFnCall(cfg(t, root))
+	backendtest.Run(t, []string{lower}, func(t *testing.T, root string) backend.Runtime {
+		rt, err := container.NewFnCall(cfg(t, root))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +44,7 @@ func TestFnCallConformance(t *testing.T) {
 
 // conformanceSetup makes a busybox root file system and an agent dir with
 // the real dsec-agent, and returns the lower dir and a Config maker.
-func conformanceSetup(t *testing.T) (string, func(t *testing.T, root string) runtime.Config) {
+func conformanceSetup(t *testing.T) (string, func(t *testing.T, root string) container.Config) {
 	testutil.RequireRoot(t)
 	testutil.RequireCommand(t, "runc")
 	testutil.RequireCommand(t, "mkfs.ext4")
@@ -62,8 +63,8 @@ func conformanceSetup(t *testing.T) (string, func(t *testing.T, root string) run
 	lower := filepath.Join(base, "lower")
 	makeRootfs(t, busybox, lower)
 	cgroupParent := fmt.Sprintf("dsec-conf-%d", os.Getpid())
-	return lower, func(t *testing.T, root string) runtime.Config {
-		return runtime.Config{
+	return lower, func(t *testing.T, root string) container.Config {
+		return container.Config{
 			Root:         filepath.Join(root, "runtime"),
 			UpperRoot:    filepath.Join(root, "upper"),
 			UpperImage:   filepath.Join(root, "upper.img"),

@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"slices"
@@ -6,11 +6,13 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"dsec.dev/dsec/internal/edge/backend"
 )
 
 func TestBuildSpec(t *testing.T) {
 	s := buildSpec(specInput{
-		Spec: Spec{
+		Spec: backend.Spec{
 			ID: "sb-1", Hostname: "h", CPUs: 1.5, MemoryBytes: 1 << 30,
 		},
 		AgentDir: "/agent", CgroupsPath: "/dsec/sb-1", MemorySwap: true, Nofile: 1024,
@@ -32,7 +34,7 @@ func TestBuildSpec(t *testing.T) {
 	}
 	// With a qgroup to report, the agent gets the flag and CAP_SYS_PTRACE
 	// for its statfs supervisor, never as inheritable or ambient.
-	q := buildSpec(specInput{Spec: Spec{ID: "sb-1"}, AgentDir: "/agent",
+	q := buildSpec(specInput{Spec: backend.Spec{ID: "sb-1"}, AgentDir: "/agent",
 		DiskQgroup: "/sys/fs/btrfs/x/qgroups/0_256"})
 	if !slices.Equal(q.Process.Args[len(q.Process.Args)-2:], []string{"--disk-qgroup", "/sys/fs/btrfs/x/qgroups/0_256"}) {
 		t.Errorf("args with a qgroup = %v", q.Process.Args)
@@ -90,7 +92,7 @@ func TestSeccompProfile(t *testing.T) {
 }
 
 func TestBuildSpecNetwork(t *testing.T) {
-	plain := buildSpec(specInput{Spec: Spec{ID: "sb-1"}, AgentDir: "/agent"})
+	plain := buildSpec(specInput{Spec: backend.Spec{ID: "sb-1"}, AgentDir: "/agent"})
 	for _, ns := range plain.Linux.Namespaces {
 		if ns.Path != "" {
 			t.Errorf("loopback-only sandbox joins namespace %s at %s", ns.Type, ns.Path)
@@ -101,7 +103,7 @@ func TestBuildSpecNetwork(t *testing.T) {
 			t.Error("loopback-only sandbox got a resolv.conf mount")
 		}
 	}
-	s := buildSpec(specInput{Spec: Spec{ID: "sb-1", NetnsPath: "/run/netns/x", ResolvConf: "/r/resolv.conf"}, AgentDir: "/agent"})
+	s := buildSpec(specInput{Spec: backend.Spec{ID: "sb-1", NetnsPath: "/run/netns/x", ResolvConf: "/r/resolv.conf"}, AgentDir: "/agent"})
 	var joined bool
 	for _, ns := range s.Linux.Namespaces {
 		if ns.Type == specs.NetworkNamespace && ns.Path == "/run/netns/x" {
@@ -132,13 +134,13 @@ func TestBuildSpecFnCall(t *testing.T) {
 		wantFds []string // the args after the memory cgroup's
 		wantTmp string   // the /tmp mount's size option, "" = no /tmp mount
 	}{
-		{"container", specInput{Spec: Spec{MemoryBytes: 256 << 20}, PidsFD: true},
+		{"container", specInput{Spec: backend.Spec{MemoryBytes: 256 << 20}, PidsFD: true},
 			[]string{"--pids-cgroup-fd", "6"}, ""},
-		{"fncall v1", specInput{Spec: Spec{MemoryBytes: 256 << 20}, PidsFD: true, FnCall: true},
+		{"fncall v1", specInput{Spec: backend.Spec{MemoryBytes: 256 << 20}, PidsFD: true, FnCall: true},
 			[]string{"--pids-cgroup-fd", "6", "--cpu-cgroup-fd", "7", "--fncall"}, "size=134217728"},
-		{"fncall v2", specInput{Spec: Spec{MemoryBytes: 256 << 20}, FnCall: true},
+		{"fncall v2", specInput{Spec: backend.Spec{MemoryBytes: 256 << 20}, FnCall: true},
 			[]string{"--cpu-cgroup-fd", "6", "--fncall"}, "size=134217728"},
-		{"fncall tmp given", specInput{Spec: Spec{MemoryBytes: 256 << 20, TmpBytes: 8 << 20}, FnCall: true},
+		{"fncall tmp given", specInput{Spec: backend.Spec{MemoryBytes: 256 << 20, TmpBytes: 8 << 20}, FnCall: true},
 			[]string{"--cpu-cgroup-fd", "6", "--fncall"}, "size=8388608"},
 		{"fncall no memory limit", specInput{FnCall: true},
 			[]string{"--cpu-cgroup-fd", "6", "--fncall"}, "size=268435456"},

@@ -1,4 +1,4 @@
-// Package fakeruntime is a runtime.Runtime that starts nothing, for tests
+// Package fake is a backend.Runtime that starts nothing, for tests
 // of the edge above the runtime seam. Each sandbox is a small file under
 // the runtime's root (so a new Runtime over the same root, as a restarted
 // daemon makes, finds the sandboxes of the first), and its agent is an
@@ -8,8 +8,8 @@
 // execwire) and refuses the rest as unimplemented. A frozen sandbox's agent
 // does not answer; a killed or deleted one's connections end and new ones
 // are refused, as real ones' are. It runs the conformance suite of package
-// runtimetest.
-package fakeruntime
+// backendtest.
+package fake
 
 import (
 	"context"
@@ -31,7 +31,7 @@ import (
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	"dsec.dev/dsec/internal/agent/execwire"
-	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -39,7 +39,7 @@ import (
 // when the test ends.
 type Runtime struct {
 	root     string
-	features runtime.Features
+	features backend.Features
 	srv      *http.Server
 	ln       *pipeListener
 
@@ -54,9 +54,9 @@ type Runtime struct {
 }
 
 var _ interface {
-	runtime.Runtime
-	runtime.Pauser
-	runtime.Snapshotter
+	backend.Runtime
+	backend.Pauser
+	backend.Snapshotter
 } = (*Runtime)(nil)
 
 // Option changes a new Runtime.
@@ -64,7 +64,7 @@ type Option func(*Runtime)
 
 // WithFeatures makes the runtime claim f (by default it claims every
 // feature). The methods stay; callers must not use what f leaves out.
-func WithFeatures(f runtime.Features) Option { return func(r *Runtime) { r.features = f } }
+func WithFeatures(f backend.Features) Option { return func(r *Runtime) { r.features = f } }
 
 // WithoutWatch makes the agents refuse watch connections (they answer them
 // as HTTP), as agents older than them do.
@@ -72,7 +72,7 @@ func WithoutWatch() Option { return func(r *Runtime) { r.noWatch = true } }
 
 // New returns a runtime keeping its sandboxes under root.
 func New(root string, opts ...Option) *Runtime {
-	r := &Runtime{root: root, features: runtime.Features{Pause: true, Snapshot: true, Network: true},
+	r := &Runtime{root: root, features: backend.Features{Pause: true, Snapshot: true, Network: true},
 		ln:    &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})},
 		conns: map[string]map[*idConn]bool{}}
 	for _, o := range opts {
@@ -115,7 +115,7 @@ func (r *Runtime) Close() {
 
 // state is one sandbox's file.
 type state struct {
-	Spec     runtime.Spec
+	Spec     backend.Spec
 	Running  bool
 	Frozen   bool
 	OOMKills int64
@@ -126,7 +126,7 @@ func (r *Runtime) file(id string) string { return filepath.Join(r.root, id+".jso
 // load reads sandbox id's state; the caller holds r.mu.
 func (r *Runtime) load(id string) (state, error) {
 	var st state
-	if !runtime.ValidID(id) {
+	if !backend.ValidID(id) {
 		return st, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	b, err := os.ReadFile(r.file(id))
@@ -164,7 +164,7 @@ func (r *Runtime) update(id string, f func(*state)) error {
 	return r.store(id, st)
 }
 
-func (r *Runtime) Features() runtime.Features { return r.features }
+func (r *Runtime) Features() backend.Features { return r.features }
 
 func (r *Runtime) Init(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(r.root, "captures"), 0o700); err != nil {
@@ -175,7 +175,7 @@ func (r *Runtime) Init(ctx context.Context) error {
 
 func (r *Runtime) Teardown(ctx context.Context) error { return nil }
 
-func (r *Runtime) Start(ctx context.Context, s runtime.Spec) (runtime.Dialer, error) {
+func (r *Runtime) Start(ctx context.Context, s backend.Spec) (backend.Dialer, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -197,7 +197,7 @@ func (r *Runtime) Start(ctx context.Context, s runtime.Spec) (runtime.Dialer, er
 	return r.dialer(s.ID), nil
 }
 
-func (r *Runtime) Channel(id string) (runtime.Dialer, error) {
+func (r *Runtime) Channel(id string) (backend.Dialer, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, err := r.load(id); err != nil {
@@ -207,7 +207,7 @@ func (r *Runtime) Channel(id string) (runtime.Dialer, error) {
 }
 
 // dialer connects to sandbox id's in-process agent while it runs.
-func (r *Runtime) dialer(id string) runtime.Dialer {
+func (r *Runtime) dialer(id string) backend.Dialer {
 	return func(ctx context.Context) (net.Conn, error) {
 		r.mu.Lock()
 		st, err := r.load(id)
@@ -254,14 +254,14 @@ func (r *Runtime) hangUp(id string) {
 	delete(r.conns, id)
 }
 
-func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
+func (r *Runtime) Status(ctx context.Context, id string) (backend.Status, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st, err := r.load(id)
 	if err != nil {
-		return runtime.Status{}, fmt.Errorf("status: %w", err)
+		return backend.Status{}, fmt.Errorf("status: %w", err)
 	}
-	out := runtime.Status{Running: st.Running, OOMKills: st.OOMKills}
+	out := backend.Status{Running: st.Running, OOMKills: st.OOMKills}
 	if st.Running {
 		out.Pid = os.Getpid()
 	}
@@ -269,7 +269,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 }
 
 func (r *Runtime) Delete(ctx context.Context, id string) error {
-	if !runtime.ValidID(id) {
+	if !backend.ValidID(id) {
 		return fmt.Errorf("delete sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	r.mu.Lock()
@@ -293,24 +293,24 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	}
 	var ids []string
 	for _, e := range ents {
-		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok && runtime.ValidID(id) {
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok && backend.ValidID(id) {
 			ids = append(ids, id)
 		}
 	}
 	return ids, nil
 }
 
-func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (runtime.PauseStats, error) {
+func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (backend.PauseStats, error) {
 	r.wait()
 	if err := r.Freeze(ctx, id); err != nil {
-		return runtime.PauseStats{}, err
+		return backend.PauseStats{}, err
 	}
-	return runtime.PauseStats{Frozen: time.Millisecond, Resident: 100 << 20, Released: 95 << 20}, nil
+	return backend.PauseStats{Frozen: time.Millisecond, Resident: 100 << 20, Released: 95 << 20}, nil
 }
 
-func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (runtime.ResumeStats, error) {
+func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (backend.ResumeStats, error) {
 	r.wait()
-	return runtime.ResumeStats{}, r.Thaw(ctx, id)
+	return backend.ResumeStats{}, r.Thaw(ctx, id)
 }
 
 func (r *Runtime) Freeze(ctx context.Context, id string) error {
@@ -401,7 +401,7 @@ func (r *Runtime) Pings() int {
 }
 
 // Spec is the spec sandbox id was started with.
-func (r *Runtime) Spec(id string) (runtime.Spec, error) {
+func (r *Runtime) Spec(id string) (backend.Spec, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st, err := r.load(id)

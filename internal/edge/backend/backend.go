@@ -1,51 +1,25 @@
-// Package runtime is the edge's seam to what runs sandboxes, and the
-// container backends behind it.
+// Package backend is the edge's seam to what runs sandboxes: the Runtime
+// interface one backend implements, what it can do beyond the lifecycle
+// (Features, and the Pauser, Snapshotter and Meter interfaces it may
+// implement), the Spec of a sandbox to start, what Status, Usage, Pause and
+// Resume report, the Dialer of the agent channel, and the errors contract.
 //
-// The seam is the Runtime interface: one backend's way of running
-// sandboxes on a node. The edge (internal/edge/sandbox) holds one Runtime
-// per backend the node offers and routes each sandbox's calls by the
-// backend in its record. A runtime receives a sandbox's layers as mounted
-// directories (Spec.Lower) and its network as a namespace the edge made,
-// starts the agent, and returns a Dialer for the agent channel; Features
-// says what else it can do (pause, snapshots of the writable layer).
-// Package runtimetest is the conformance suite every Runtime runs, package
-// fakeruntime one that starts nothing, for the edge's own tests.
+// The edge (internal/edge/sandbox) holds one Runtime per backend the node
+// offers and routes each sandbox's calls by the backend in its record. A
+// runtime receives a sandbox's layers as mounted directories (Spec.Lower)
+// and its network as a namespace the edge made, starts the agent, and
+// returns a Dialer for the agent channel; Features says what else it can
+// do (pause, snapshots of the writable layer).
 //
-// Two backends live here, both Containers: the container backend (New)
-// drives an OCI runtime (runc by default, crun on pure cgroup v2), and the
-// fncall backend (NewFnCall) is the same with what pooled reward-code
-// containers need (see NewFnCall). A Container owns everything a container
-// sandbox is made of on the host: the bundle and its config.json
-// (namespaces, capabilities, seccomp, masked paths, limits), the overlay
-// root file system over read-only layers with a writable upper dir capped
-// by a disk limit, the node-level file system that holds those upper dirs,
-// the sandbox's cgroups, and the agent's listening socket.
-//
-// Disk limits (package quota) use project quotas where UpperRoot's file
-// system enforces them. Otherwise Init makes UpperImage, a sparse file, and
-// mounts it on UpperRoot through a loop device: ext4 with project quotas
-// when the kernel supports them (CONFIG_QUOTA, CONFIG_QFMT_V2), else btrfs
-// with qgroups (no inode limit there; metadata counts against the bytes).
-//
-// Host layout of the container backend (the fncall backend keeps the same
-// under <Root>/fncall, <UpperRoot>/.fncall and cgroup parent
-// <CgroupParent>-fncall, so neither backend can touch the other's sandboxes):
-//
-//	<Root>/runc/                       the OCI runtime's state (--root)
-//	<Root>/bundles/<id>/config.json    the bundle; rootfs/ is mounted only while starting
-//	<UpperRoot>/<id>/{upper,work}      the writable layer, one quota project
-//	<UpperRoot>/<id>/.project          its quota project ID (btrfs: <id> is a subvolume)
-//	<cgroup>/<CgroupParent>/<id>       the sandbox's cgroups
-//	<SocketDir>/<id>/agent.sock        the agent channel: fd 3 of the agent listens on it
-//
-// Everything a sandbox has is found again from its ID, so a restarted daemon
-// can inspect, reach and delete sandboxes that an earlier process started.
-package runtime
+// Each backend lives in a sub-package: container (the container and fncall
+// backends, on runc or crun). Package backendtest is the conformance suite
+// every Runtime runs, package fake a Runtime that starts nothing, for the
+// edge's own tests.
+package backend
 
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"path/filepath"
 	"regexp"
@@ -187,24 +161,6 @@ func UnixDialer(path string) Dialer {
 	}
 }
 
-// Config configures a Container. Zero values get the defaults described.
-// The container and fncall backends of one node are made from the same
-// Config: they share the upper file system and keep their sandboxes apart.
-type Config struct {
-	Root         string // runtime state dir, e.g. /var/lib/dsec/runtime (runc --root, bundles)
-	UpperRoot    string // where sandboxes' writable layers live, e.g. /var/lib/dsec/upper
-	UpperImage   string // backing file for the upper file system when the host fs can't do project quotas, e.g. /var/lib/dsec/upper.img
-	UpperFSBytes int64  // size of that file system (sparse); 0 = 80% of free space on the host fs, at least 1 GiB
-	Runtime      string // "runc" (default) or "crun"
-	RuntimePath  string // default: look up Runtime in PATH
-	CgroupParent string // default "dsec"
-	AgentDir     string // host dir with dsec-agent and sh, bind-mounted read-only (nosuid,nodev) at /.dsec/bin
-	// SocketDir holds each sandbox's agent socket, <SocketDir>/<id>/agent.sock
-	// (the edge keeps its records beside them); default <Root>/sockets.
-	SocketDir string
-	Log       *slog.Logger
-}
-
 // Spec describes one sandbox to start.
 type Spec struct {
 	ID          string
@@ -307,30 +263,4 @@ type ResumeStats struct {
 	// kernel was asked to bring back; AdvisedTmpfs the bytes of files in
 	// the sandbox's tmpfs mounts (/dev/shm, a tmpfs /tmp).
 	Advised, AdvisedTmpfs int64
-}
-
-const (
-	defaultPids     = 4096
-	minInodes       = 16384
-	bytesPerInode   = 16 << 10
-	minUpperFSBytes = 1 << 30
-	defaultTmpBytes = 256 << 20
-)
-
-func inodeLimit(s Spec) int64 {
-	if s.Inodes > 0 {
-		return s.Inodes
-	}
-	return max(s.DiskBytes/bytesPerInode, minInodes)
-}
-
-// tmpBytes is the size of a sandbox's /tmp tmpfs.
-func tmpBytes(s Spec) int64 {
-	switch {
-	case s.TmpBytes > 0:
-		return s.TmpBytes
-	case s.MemoryBytes > 0:
-		return max(s.MemoryBytes/2, 1<<20)
-	}
-	return defaultTmpBytes
 }

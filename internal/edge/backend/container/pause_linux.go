@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"context"
@@ -12,8 +12,9 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"dsec.dev/dsec/internal/edge/runtime/cgroups"
-	"dsec.dev/dsec/internal/edge/runtime/pagein"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/container/pagein"
 	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -26,7 +27,7 @@ const freezeTimeout = 10 * time.Second
 // per-command children included) and returns once all are frozen. It
 // does not touch memory: Pause does that.
 func (r *Container) Freeze(ctx context.Context, id string) error {
-	if !idPattern.MatchString(id) {
+	if !backend.ValidID(id) {
 		return fmt.Errorf("freeze sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	if !r.layout.Exists(r.cgroupRel(id)) {
@@ -42,7 +43,7 @@ func (r *Container) Freeze(ctx context.Context, id string) error {
 
 // Thaw lets sandbox id's processes run again.
 func (r *Container) Thaw(ctx context.Context, id string) error {
-	if !idPattern.MatchString(id) {
+	if !backend.ValidID(id) {
 		return fmt.Errorf("thaw sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	return r.layout.Thaw(ctx, r.cgroupRel(id))
@@ -50,7 +51,7 @@ func (r *Container) Thaw(ctx context.Context, id string) error {
 
 // Frozen reports whether sandbox id is frozen.
 func (r *Container) Frozen(ctx context.Context, id string) (bool, error) {
-	if !idPattern.MatchString(id) {
+	if !backend.ValidID(id) {
 		return false, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	return r.layout.Frozen(r.cgroupRel(id))
@@ -61,8 +62,8 @@ func (r *Container) Frozen(ctx context.Context, id string) (bool, error) {
 // tmpfs mounts) to swap where the node has swap; the stats say what stayed
 // and why. A failure to reclaim leaves the sandbox frozen and says so in
 // the error's words; a failure to freeze leaves it running.
-func (r *Container) Pause(ctx context.Context, id string, reclaim bool) (PauseStats, error) {
-	var st PauseStats
+func (r *Container) Pause(ctx context.Context, id string, reclaim bool) (backend.PauseStats, error) {
+	var st backend.PauseStats
 	t0 := time.Now()
 	if err := r.Freeze(ctx, id); err != nil {
 		return st, err
@@ -75,7 +76,7 @@ func (r *Container) Pause(ctx context.Context, id string, reclaim bool) (PauseSt
 	rec, err := r.layout.Reclaim(ctx, r.cgroupRel(id), r.memoryLimit(id))
 	st.Reclaim = time.Since(t1)
 	st.Resident, st.Released, st.Swapped = rec.Before, max(rec.Before-rec.After, 0), rec.Swap
-	st.Kept = KeptMemory{Anon: rec.Kept.Anon, Shmem: rec.Kept.Shmem, Cache: rec.Kept.Cache, Kernel: rec.Kept.Kernel}
+	st.Kept = backend.KeptMemory{Anon: rec.Kept.Anon, Shmem: rec.Kept.Shmem, Cache: rec.Kept.Cache, Kernel: rec.Kept.Kernel}
 	st.KeptReason = keptReason(rec)
 	if err != nil {
 		return st, fmt.Errorf("pause sandbox %s: frozen, but its memory stays in RAM: %w", id, err)
@@ -139,10 +140,10 @@ func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 // tmpfs mounts back (MADV_WILLNEED), so that the first touch after the
 // thaw does not fault them in page by page. The memory limit is set again
 // from the sandbox's bundle, whatever an interrupted pause left.
-func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (ResumeStats, error) {
-	var st ResumeStats
+func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (backend.ResumeStats, error) {
+	var st backend.ResumeStats
 	rel := r.cgroupRel(id)
-	if !idPattern.MatchString(id) {
+	if !backend.ValidID(id) {
 		return st, fmt.Errorf("resume sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	if !r.layout.Exists(rel) {
@@ -205,7 +206,7 @@ func (r *Container) memoryLimit(id string) int64 {
 // Upper is sandbox id's writable layer: the overlay's upper dir, on the
 // upper file system.
 func (r *Container) Upper(id string) (string, error) {
-	if !idPattern.MatchString(id) {
+	if !backend.ValidID(id) {
 		return "", fmt.Errorf("upper of sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	return filepath.Join(r.upperDir(id), "upper"), nil

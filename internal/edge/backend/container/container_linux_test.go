@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"bufio"
@@ -19,9 +19,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"dsec.dev/dsec/internal/edge/runtime/cgroups"
-	"dsec.dev/dsec/internal/edge/runtime/mountinfo"
-	"dsec.dev/dsec/internal/edge/runtime/quota"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
+	"dsec.dev/dsec/internal/edge/backend/container/quota"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/testutil"
 )
@@ -154,9 +155,9 @@ type sandbox struct {
 	rd   *bufio.Reader
 }
 
-func (n *node) spec(t *testing.T, id string) Spec {
+func (n *node) spec(t *testing.T, id string) backend.Spec {
 	t.Helper()
-	return Spec{
+	return backend.Spec{
 		ID:          id,
 		Lower:       []string{n.lower},
 		DiskBytes:   32 << 20,
@@ -168,7 +169,7 @@ func (n *node) spec(t *testing.T, id string) Spec {
 	}
 }
 
-func (n *node) start(t *testing.T, s Spec) *sandbox {
+func (n *node) start(t *testing.T, s backend.Spec) *sandbox {
 	t.Helper()
 	ctx := context.Background()
 	t0 := time.Now()
@@ -594,7 +595,7 @@ func TestStartFailureCleansUp(t *testing.T) {
 		t.Errorf("List after failed starts = %v", ids)
 	}
 
-	if _, err := n.rt.Start(ctx, Spec{ID: "../x"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := n.rt.Start(ctx, backend.Spec{ID: "../x"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("Start with a bad id = %v", err)
 	}
 }
@@ -617,7 +618,7 @@ func TestCgroupLayout(t *testing.T) {
 // TestBareSpec checks that the benchmarks' bare container is made like a
 // sandbox in everything but its process, root and the agent's mount.
 func TestBareSpec(t *testing.T) {
-	s := Spec{CPUs: 0.5, MemoryBytes: 64 << 20}
+	s := backend.Spec{CPUs: 0.5, MemoryBytes: 64 << 20}
 	bare, err := BareSpec(s, "/bench/rootfs", []string{"sleep", "3600"})
 	if err != nil {
 		t.Fatal(err)

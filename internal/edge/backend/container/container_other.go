@@ -1,6 +1,6 @@
 //go:build !linux
 
-package runtime
+package container
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -24,21 +25,21 @@ func NewFnCall(cfg Config) (*Container, error) {
 	return nil, fmt.Errorf("make fncall runtime: %w", errdefs.ErrNotSupported)
 }
 
-func (r *Container) Features() Features                 { return Features{} }
-func (r *Container) Init(ctx context.Context) error     { return errdefs.ErrNotSupported }
-func (r *Container) Teardown(ctx context.Context) error { return errdefs.ErrNotSupported }
-func (r *Container) Channel(id string) (Dialer, error)  { return nil, errdefs.ErrNotSupported }
-func (r *Container) Start(ctx context.Context, s Spec) (Dialer, error) {
+func (r *Container) Features() backend.Features                { return backend.Features{} }
+func (r *Container) Init(ctx context.Context) error            { return errdefs.ErrNotSupported }
+func (r *Container) Teardown(ctx context.Context) error        { return errdefs.ErrNotSupported }
+func (r *Container) Channel(id string) (backend.Dialer, error) { return nil, errdefs.ErrNotSupported }
+func (r *Container) Start(ctx context.Context, s backend.Spec) (backend.Dialer, error) {
 	return nil, errdefs.ErrNotSupported
 }
-func (r *Container) Status(ctx context.Context, id string) (Status, error) {
-	return Status{}, errdefs.ErrNotSupported
+func (r *Container) Status(ctx context.Context, id string) (backend.Status, error) {
+	return backend.Status{}, errdefs.ErrNotSupported
 }
 func (r *Container) Delete(ctx context.Context, id string) error { return errdefs.ErrNotSupported }
 func (r *Container) List(ctx context.Context) ([]string, error)  { return nil, errdefs.ErrNotSupported }
 
 // BareSpec returns errdefs.ErrNotSupported off Linux.
-func BareSpec(s Spec, rootfs string, args []string) (*specs.Spec, error) {
+func BareSpec(s backend.Spec, rootfs string, args []string) (*specs.Spec, error) {
 	return nil, errdefs.ErrNotSupported
 }
 
@@ -47,16 +48,16 @@ func (r *Container) Thaw(ctx context.Context, id string) error   { return errdef
 func (r *Container) Frozen(ctx context.Context, id string) (bool, error) {
 	return false, errdefs.ErrNotSupported
 }
-func (r *Container) Pause(ctx context.Context, id string, reclaim bool) (PauseStats, error) {
-	return PauseStats{}, errdefs.ErrNotSupported
+func (r *Container) Pause(ctx context.Context, id string, reclaim bool) (backend.PauseStats, error) {
+	return backend.PauseStats{}, errdefs.ErrNotSupported
 }
-func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (ResumeStats, error) {
-	return ResumeStats{}, errdefs.ErrNotSupported
+func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (backend.ResumeStats, error) {
+	return backend.ResumeStats{}, errdefs.ErrNotSupported
 }
 
 func (r *Container) Upper(id string) (string, error) { return "", errdefs.ErrNotSupported }
 func (r *Container) CaptureDir() string              { return "" }
 
-func (r *Container) Usage(ctx context.Context, id string) (Usage, error) {
-	return Usage{}, errdefs.ErrNotSupported
+func (r *Container) Usage(ctx context.Context, id string) (backend.Usage, error) {
+	return backend.Usage{}, errdefs.ErrNotSupported
 }

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"dsec.dev/dsec/internal/edge/runtime/mountinfo"
+	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 )
 
 // maxTmpfsEntries bounds the directory entries WillNeedTmpfs visits in one

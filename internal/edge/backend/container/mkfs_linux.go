@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"context"
@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 
 	"golang.org/x/sys/unix"
 
-	"dsec.dev/dsec/internal/edge/runtime/mountinfo"
+	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 )
 
 // mkfsBtrfs formats image, new and not mounted, as the upper file system's
@@ -69,7 +69,7 @@ func unreachableMounts(ms []mountinfo.Mount) []string {
 func runWithoutMounts(ctx context.Context, points []string, name string, args ...string) error {
 	errc := make(chan error, 1)
 	go func() {
-		goruntime.LockOSThread()
+		runtime.LockOSThread()
 		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 			errc <- fmt.Errorf("new mount namespace for %s: %w", name, err)
 			return

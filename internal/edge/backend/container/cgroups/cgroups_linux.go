@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"dsec.dev/dsec/internal/edge/runtime/mountinfo"
+	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 )
 
 // Root is where cgroup file systems are mounted.

@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"

@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"dsec.dev/dsec/internal/edge/runtime/mountinfo"
+	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 	"dsec.dev/dsec/internal/testutil"
 )
 

@@ -1,4 +1,4 @@
-// Package runtimetest is the conformance suite every runtime.Runtime runs,
+// Package backendtest is the conformance suite every backend.Runtime runs,
 // fakes included: call Run from the implementation's tests with a
 // constructor of runtimes over a root directory. It checks the lifecycle
 // the interface documents (start, reach the agent, status, list, delete,
@@ -10,7 +10,7 @@
 // agent protocol (the real dsec-agent, or the fake's in-process one), and
 // the connections a dialer opens must end when the agent does (the edge
 // learns of a dead agent from its watch connection's end).
-package runtimetest
+package backendtest
 
 import (
 	"context"
@@ -28,7 +28,7 @@ import (
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/agent/execwire"
-	"dsec.dev/dsec/internal/edge/runtime"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -38,7 +38,7 @@ import (
 // The suite deletes every sandbox and tears the runtime down itself when
 // the test ends; what NewFunc registers with t.Cleanup must not be needed
 // for that (an instance opened midway has its cleanups run first).
-type NewFunc func(t *testing.T, root string) runtime.Runtime
+type NewFunc func(t *testing.T, root string) backend.Runtime
 
 // answerWithin bounds how long a started agent may take to answer.
 const answerWithin = 15 * time.Second
@@ -82,14 +82,14 @@ type node struct {
 	root       string
 	lower      []string
 	newRuntime NewFunc
-	rt         runtime.Runtime // the current instance
+	rt         backend.Runtime // the current instance
 	mu         sync.Mutex      // guards started
 	started    []string        // every ID a Start was tried with
 	clients    []agentclient.Client
 }
 
 // open makes and inits a new runtime instance over the node's root.
-func (n *node) open() runtime.Runtime {
+func (n *node) open() backend.Runtime {
 	n.t.Helper()
 	rt := n.newRuntime(n.t, n.root)
 	if err := rt.Init(context.Background()); err != nil {
@@ -113,7 +113,7 @@ func (n *node) cleanup() {
 		t.Errorf("cleanup: List: %v", err)
 	}
 	for _, id := range append(ids, listed...) {
-		if p, ok := n.rt.(runtime.Pauser); ok && n.rt.Features().Pause {
+		if p, ok := n.rt.(backend.Pauser); ok && n.rt.Features().Pause {
 			_ = p.Thaw(ctx, id) // a check that failed midway may leave it frozen
 		}
 		if err := n.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -134,13 +134,13 @@ var seq struct {
 }
 
 // spec returns a valid spec of a new ID and remembers the ID for cleanup.
-func (n *node) spec(name string) runtime.Spec {
+func (n *node) spec(name string) backend.Spec {
 	seq.Lock()
 	seq.n++
 	id := fmt.Sprintf("rtt-%s-%d", name, seq.n)
 	seq.Unlock()
 	n.remember(id)
-	return runtime.Spec{
+	return backend.Spec{
 		ID:          id,
 		Lower:       n.lower,
 		DiskBytes:   64 << 20,
@@ -159,7 +159,7 @@ func (n *node) remember(id string) {
 }
 
 // start starts s and returns its dialer.
-func (n *node) start(s runtime.Spec) runtime.Dialer {
+func (n *node) start(s backend.Spec) backend.Dialer {
 	n.t.Helper()
 	dial, err := n.rt.Start(context.Background(), s)
 	if err != nil {
@@ -172,7 +172,7 @@ func (n *node) start(s runtime.Spec) runtime.Dialer {
 }
 
 // client is an agent client over dial, closed when the test ends.
-func (n *node) client(dial runtime.Dialer) agentclient.Client {
+func (n *node) client(dial backend.Dialer) agentclient.Client {
 	c := agentclient.New(dial)
 	n.mu.Lock()
 	n.clients = append(n.clients, c)
@@ -192,7 +192,7 @@ func ping(c agentclient.Client, d time.Duration) (*agentv1.PingResponse, error) 
 }
 
 // answers waits until the agent behind dial answers a ping.
-func (n *node) answers(id string, dial runtime.Dialer) {
+func (n *node) answers(id string, dial backend.Dialer) {
 	n.t.Helper()
 	c := n.client(dial)
 	deadline := time.Now().Add(answerWithin)
@@ -209,14 +209,14 @@ func (n *node) answers(id string, dial runtime.Dialer) {
 }
 
 // silent checks that the agent behind dial does not answer now.
-func (n *node) silent(id, why string, dial runtime.Dialer) {
+func (n *node) silent(id, why string, dial backend.Dialer) {
 	n.t.Helper()
 	if _, err := ping(n.client(dial), 300*time.Millisecond); err == nil {
 		n.t.Errorf("agent of %s answered %s", id, why)
 	}
 }
 
-func (n *node) running(id string) runtime.Status {
+func (n *node) running(id string) backend.Status {
 	n.t.Helper()
 	st, err := n.rt.Status(context.Background(), id)
 	if err != nil {
@@ -262,11 +262,11 @@ func (n *node) delete(id string) {
 // testFeatures: a runtime implements the interfaces of what it claims.
 func testFeatures(t *testing.T, n *node) {
 	f := n.rt.Features()
-	if _, ok := n.rt.(runtime.Pauser); f.Pause && !ok {
-		t.Errorf("Features say Pause, but %T is no runtime.Pauser", n.rt)
+	if _, ok := n.rt.(backend.Pauser); f.Pause && !ok {
+		t.Errorf("Features say Pause, but %T is no backend.Pauser", n.rt)
 	}
-	if _, ok := n.rt.(runtime.Snapshotter); f.Snapshot && !ok {
-		t.Errorf("Features say Snapshot, but %T is no runtime.Snapshotter", n.rt)
+	if _, ok := n.rt.(backend.Snapshotter); f.Snapshot && !ok {
+		t.Errorf("Features say Snapshot, but %T is no backend.Snapshotter", n.rt)
 	}
 	if f.Snapshot && !f.Pause {
 		t.Errorf("Features say Snapshot without Pause: a capture needs the sandbox frozen")
@@ -356,19 +356,19 @@ func testStartExisting(t *testing.T, n *node) {
 func testInvalidSpecs(t *testing.T, n *node) {
 	for _, tc := range []struct {
 		name string
-		edit func(*runtime.Spec)
+		edit func(*backend.Spec)
 	}{
-		{"empty id", func(s *runtime.Spec) { s.ID = "" }},
-		{"id with a slash", func(s *runtime.Spec) { s.ID = "../escape" }},
-		{"id too long", func(s *runtime.Spec) { s.ID = strings.Repeat("x", 200) }},
-		{"no lower", func(s *runtime.Spec) { s.Lower = nil }},
-		{"relative lower", func(s *runtime.Spec) { s.Lower = []string{"layers/base"} }},
-		{"no log path", func(s *runtime.Spec) { s.LogPath = "" }},
-		{"negative memory", func(s *runtime.Spec) { s.MemoryBytes = -1 }},
-		{"negative cpus", func(s *runtime.Spec) { s.CPUs = -0.5 }},
-		{"negative disk", func(s *runtime.Spec) { s.DiskBytes = -1 }},
-		{"negative pids", func(s *runtime.Spec) { s.Pids = -1 }},
-		{"hostname too long", func(s *runtime.Spec) { s.Hostname = strings.Repeat("h", 65) }},
+		{"empty id", func(s *backend.Spec) { s.ID = "" }},
+		{"id with a slash", func(s *backend.Spec) { s.ID = "../escape" }},
+		{"id too long", func(s *backend.Spec) { s.ID = strings.Repeat("x", 200) }},
+		{"no lower", func(s *backend.Spec) { s.Lower = nil }},
+		{"relative lower", func(s *backend.Spec) { s.Lower = []string{"layers/base"} }},
+		{"no log path", func(s *backend.Spec) { s.LogPath = "" }},
+		{"negative memory", func(s *backend.Spec) { s.MemoryBytes = -1 }},
+		{"negative cpus", func(s *backend.Spec) { s.CPUs = -0.5 }},
+		{"negative disk", func(s *backend.Spec) { s.DiskBytes = -1 }},
+		{"negative pids", func(s *backend.Spec) { s.Pids = -1 }},
+		{"hostname too long", func(s *backend.Spec) { s.Hostname = strings.Repeat("h", 65) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := n.spec("bad")
@@ -422,8 +422,8 @@ func testRestart(t *testing.T, n *node) {
 // each agent answers.
 func testConcurrentStarts(t *testing.T, n *node) {
 	const k = 4
-	specs := make([]runtime.Spec, k)
-	dials := make([]runtime.Dialer, k)
+	specs := make([]backend.Spec, k)
+	dials := make([]backend.Dialer, k)
 	errs := make([]error, k)
 	for i := range specs {
 		specs[i] = n.spec(fmt.Sprintf("conc%d", i))
@@ -470,7 +470,7 @@ func testPause(t *testing.T, n *node) {
 		t.Skipf("%T cannot pause (Features)", n.rt)
 	}
 	ctx := context.Background()
-	p := n.rt.(runtime.Pauser)
+	p := n.rt.(backend.Pauser)
 	s := n.spec("pause")
 	dial := n.start(s)
 	n.answers(s.ID, dial)
@@ -494,7 +494,7 @@ func testPause(t *testing.T, n *node) {
 		t.Fatalf("Pause with reclaim: %v", err)
 	}
 	n.rt = n.open()
-	p = n.rt.(runtime.Pauser)
+	p = n.rt.(backend.Pauser)
 	if frozen, err := p.Frozen(ctx, s.ID); err != nil || !frozen {
 		t.Fatalf("Frozen after a pause and a restart = %v, %v", frozen, err)
 	}
