@@ -27,5 +27,6 @@ type Config struct {
 	Hostname       string   // set as the UTS hostname when pid 1
 	Address        string   // the sandbox's IPv4 address, for /etc/hosts ("" = loopback only)
 	DiskQgroup     string   // sysfs dir of the btrfs qgroup capping the writable layer: statfs of / reports it (package diskfree)
+	AgentPath      string   // the agent's binary as the sandbox's commands see it, for sessions' state-dump ("" = os.Executable())
 	Log            *slog.Logger
 }

@@ -169,9 +169,12 @@ func ServeListener(ctx context.Context, cfg Config, ln net.Listener) error {
 		}
 	}
 
-	agentPath, err := os.Executable()
-	if err != nil {
-		agentPath = "/.dsec/bin/dsec-agent"
+	agentPath := cfg.AgentPath
+	if agentPath == "" {
+		var err error
+		if agentPath, err = os.Executable(); err != nil {
+			agentPath = "/.dsec/bin/dsec-agent"
+		}
 	}
 	h, err := newHandler(cfg, agentPath)
 	if err != nil {

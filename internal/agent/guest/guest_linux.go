@@ -67,6 +67,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := enterRoot(cfg.Layers, cfg.Upper); err != nil {
 		return err
 	}
+	if len(cfg.Layers) > 0 {
+		// The initramfs's /init is out of the root's reach; its bind is not.
+		cfg.Agent.AgentPath = guestAgentPath
+	}
 	dev, err := findPort(ctx, cfg.Port, cfg.PortWait)
 	if err != nil {
 		if len(failed) > 0 {
@@ -147,11 +151,13 @@ func loadModule(path string) error {
 	return nil
 }
 
-// Where enterRoot mounts the root's parts, in the initramfs.
+// Where enterRoot mounts the root's parts, in the initramfs, and where the
+// agent is in the root.
 const (
-	rootDir   = "/.dsec/root"
-	layersDir = "/.dsec/layers"
-	upperDir  = "/.dsec/upper"
+	guestAgentPath = "/.dsec/bin/dsec-agent"
+	rootDir        = "/.dsec/root"
+	layersDir      = "/.dsec/layers"
+	upperDir       = "/.dsec/upper"
 )
 
 // enterRoot makes the sandbox's root and makes it the agent's: the layers'
@@ -195,7 +201,7 @@ func enterRoot(layers []string, upper string) error {
 	if err := mountAt("overlay", rootDir, "overlay", 0, opts); err != nil {
 		return err
 	}
-	for src, dst := range map[string]string{"/init": "/.dsec/bin/dsec-agent", agent.DefaultShell: agent.DefaultShell} {
+	for src, dst := range map[string]string{"/init": guestAgentPath, agent.DefaultShell: agent.DefaultShell} {
 		if err := bindFile(src, filepath.Join(rootDir, dst)); err != nil {
 			return err
 		}

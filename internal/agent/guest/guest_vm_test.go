@@ -215,6 +215,33 @@ func TestGuest(t *testing.T) {
 		}
 	})
 
+	// A session keeps its directory and environment between commands,
+	// which the agent learns by running itself (state-dump) in the root.
+	t.Run("Session", func(t *testing.T) {
+		run := func(command string) string {
+			sctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			s, err := client.SessionRun(sctx, connect.NewRequest(&dsecv1.SessionRunRequest{Session: "s1", Command: command}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			var out bytes.Buffer
+			for s.Receive() {
+				out.Write(s.Msg().GetStdout())
+				out.Write(s.Msg().GetStderr())
+			}
+			if err := s.Err(); err != nil {
+				t.Fatalf("session run %q: %v", command, err)
+			}
+			return out.String()
+		}
+		run("cd /bin && export GREETING=hi")
+		if out := run("pwd; echo $GREETING"); out != "/bin\nhi\n" {
+			t.Errorf("the session's second command printed %q, want its directory and variable", out)
+		}
+	})
+
 	// Figures for people, not checked: a round trip of the channel.
 	t.Run("Latency", func(t *testing.T) {
 		median := func(call func()) time.Duration {
