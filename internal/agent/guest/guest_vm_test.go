@@ -64,21 +64,13 @@ func TestGuest(t *testing.T) {
 	agentBin := filepath.Join(testutil.Binaries(t), "dsec-agent")
 
 	dir := t.TempDir()
-	initrd := filepath.Join(dir, "initrd")
-	f, err := os.Create(initrd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = initramfs.Build(f, initramfs.Image{
+	initrd, err := initramfs.Cached(filepath.Join(dir, "initramfs"), initramfs.Image{
 		Init:   agentBin,
 		Kernel: k,
 		// The agent's shell, which the guest binds into its root.
 		Files:    []initramfs.File{{Name: "/bin/busybox", Source: busybox, Mode: 0o755}},
 		Symlinks: map[string]string{agent.DefaultShell: "/bin/busybox"},
 	})
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,3 +136,48 @@ func TestBuildRefuses(t *testing.T) {
 		})
 	}
 }
+
+func TestCached(t *testing.T) {
+	src := t.TempDir()
+	agent := filepath.Join(src, "dsec-agent")
+	if err := os.WriteFile(agent, []byte("agent v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cache := filepath.Join(t.TempDir(), "initramfs")
+	img := Image{Init: agent, Symlinks: map[string]string{"/bin/sh": "busybox"}}
+	first, err := Cached(cache, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := false
+	for _, e := range readArchive(t, b) {
+		held = held || e.Name == "init" && e.Data == "agent v1"
+	}
+	if !held {
+		t.Error("the cached image has no /init holding the agent")
+	}
+	fi, _ := os.Stat(first)
+	again, err := Cached(cache, img)
+	if err != nil || again != first {
+		t.Fatalf("the same image again: %s, %v; want %s", again, err, first)
+	}
+	if fi2, _ := os.Stat(again); !fi2.ModTime().Equal(fi.ModTime()) {
+		t.Error("the same image was written again")
+	}
+	// A new agent is a new image.
+	if err := os.WriteFile(agent, []byte("agent v2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	second, err := Cached(cache, img)
+	if err != nil || second == first {
+		t.Fatalf("a changed agent: %s, %v; want a path other than %s", second, err, first)
+	}
+	entries, _ := os.ReadDir(cache)
+	if len(entries) != 2 {
+		t.Errorf("the cache holds %d files, want the 2 images and no temporary file", len(entries))
+	}
+}
