@@ -25,6 +25,7 @@ import (
 	"regexp"
 	"time"
 
+	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -90,8 +91,7 @@ type Features struct {
 	// one stays frozen across a daemon restart.
 	Pause bool
 	// Snapshot: the runtime is a Snapshotter, whose sandboxes' writable
-	// layer is a host directory that a snapshot captures while the sandbox
-	// is frozen (so Pause too).
+	// layer a snapshot captures while the sandbox is frozen (so Pause too).
 	Snapshot bool
 	// Network: Start joins Spec.NetnsPath and binds Spec.ResolvConf, so the
 	// edge's network rules reach the sandbox. Without it a sandbox has no
@@ -116,14 +116,22 @@ type Pauser interface {
 	Thaw(ctx context.Context, id string) error
 }
 
-// Snapshotter exposes sandboxes' writable layers: a Runtime whose Features
+// Snapshotter captures sandboxes' writable layers: a Runtime whose Features
 // say Snapshot.
 type Snapshotter interface {
-	// Upper is sandbox id's writable layer on the host.
-	Upper(id string) (string, error)
-	// CaptureDir is where a snapshot captures a writable layer: on the same
-	// file system (a btrfs snapshot or a reflink needs that).
-	CaptureDir() string
+	// Capture copies sandbox id's writable layer into a capture of its own
+	// named name and returns it: a directory on the host in the form of an
+	// overlayfs upper dir (whiteouts as overlayfs writes them), which
+	// package snapshot packs into a layer. Where the capture lives and how
+	// it is made are the runtime's: a container's upper dir is snapshotted
+	// or cloned on its own file system, a VM's writable disk would be
+	// cloned and the upper dir in it mounted. The caller keeps the sandbox
+	// frozen (Pauser.Freeze) while Capture runs and removes the capture
+	// (Tree.Remove) once it is packed; Init removes the captures an earlier
+	// instance left. name is a valid ID (ValidID), different for captures
+	// of one sandbox under way at once: one in use is ErrAlreadyExists. An
+	// unknown sandbox is ErrNotFound.
+	Capture(ctx context.Context, id, name string) (*snapshot.Tree, error)
 }
 
 // Meter reads sandboxes' resource use: a Runtime that can say what its

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"regexp"
 	"time"
 
@@ -108,8 +107,8 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string, exclude []strin
 	return info, nil
 }
 
-// capture freezes the running sandbox, captures its upper into the
-// runtime's capture dir and thaws it, as one transition: a pause, resume
+// capture freezes the running sandbox, has its runtime capture its
+// writable layer and thaws it, as one transition: a pause, resume
 // or stop meanwhile waits. It returns the capture, the sandbox's record and
 // how long it stood still.
 func (m *Manager) capture(ctx context.Context, sb *sandbox, name string) (*snapshot.Tree, *dsecv1.Sandbox, time.Duration, error) {
@@ -129,16 +128,11 @@ func (m *Manager) capture(ctx context.Context, sb *sandbox, name string) (*snaps
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	upper, err := sn.Upper(id)
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	dst := filepath.Join(sn.CaptureDir(), id+"."+name)
 	start := time.Now()
 	if err := pz.Freeze(ctx, id); err != nil {
 		return nil, nil, 0, fmt.Errorf("snapshot %s of %s: %w", name, id, err)
 	}
-	tree, cerr := snapshot.Capture(ctx, upper, dst)
+	tree, cerr := sn.Capture(ctx, id, name)
 	terr := pz.Thaw(ctx, id)
 	frozen := time.Since(start)
 	if terr != nil {

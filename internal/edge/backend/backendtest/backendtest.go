@@ -16,6 +16,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -60,6 +62,7 @@ func Run(t *testing.T, lower []string, newRuntime NewFunc) {
 		{"Restart", testRestart},
 		{"ConcurrentStarts", testConcurrentStarts},
 		{"Pause", testPause},
+		{"Capture", testCapture},
 	}
 	if len(lower) == 0 {
 		lower = []string{"/nonexistent-lower"}
@@ -513,4 +516,66 @@ func testPause(t *testing.T, n *node) {
 	if err := p.Freeze(ctx, s.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Freeze of a deleted sandbox: %v, want not found", err)
 	}
+}
+
+// testCapture: where Features say Snapshot, a frozen sandbox's writable
+// layer is captured into a directory of its own, which Remove deletes; a
+// second capture of a name in use is refused (AlreadyExists) and leaves the
+// first alone; an unknown sandbox is NotFound and a bad name
+// InvalidArgument; a capture an earlier instance left is gone once a new
+// one is Init'ed; the sandbox answers again once thawed.
+func testCapture(t *testing.T, n *node) {
+	if !n.rt.Features().Snapshot {
+		t.Skipf("%T has no snapshots (Features)", n.rt)
+	}
+	ctx := context.Background()
+	p, sn := n.rt.(backend.Pauser), n.rt.(backend.Snapshotter)
+	s := n.spec("capture")
+	dial := n.start(s)
+	n.answers(s.ID, dial)
+
+	if err := p.Freeze(ctx, s.ID); err != nil {
+		t.Fatalf("Freeze: %v", err)
+	}
+	tree, err := sn.Capture(ctx, s.ID, "one")
+	if err != nil {
+		t.Fatalf("Capture of a frozen sandbox: %v", err)
+	}
+	if fi, err := os.Stat(tree.Dir); err != nil || !fi.IsDir() {
+		t.Errorf("the capture's dir %s: %v, want a directory", tree.Dir, err)
+	}
+	if _, err := sn.Capture(ctx, s.ID, "one"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("Capture of a name in use: %v, want already exists", err)
+	}
+	if _, err := os.Stat(tree.Dir); err != nil {
+		t.Errorf("the first capture after a refused second: %v", err)
+	}
+	left, err := sn.Capture(ctx, s.ID, "left")
+	if err != nil {
+		t.Fatalf("Capture under a second name: %v", err)
+	}
+	if err := p.Thaw(ctx, s.ID); err != nil {
+		t.Fatalf("Thaw: %v", err)
+	}
+	n.answers(s.ID, dial)
+	if err := tree.Remove(); err != nil {
+		t.Errorf("Remove the capture: %v", err)
+	}
+	if _, err := os.Stat(tree.Dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the capture's dir after Remove: %v, want not found", err)
+	}
+	if _, err := sn.Capture(ctx, "rtt-unknown", "one"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Capture of an unknown sandbox: %v, want not found", err)
+	}
+	if _, err := sn.Capture(ctx, s.ID, "../x"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("Capture named ../x: %v, want invalid argument", err)
+	}
+
+	n.rt = n.open()
+	if _, err := os.Stat(left.Dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a capture an earlier instance left, after Init: %v, want gone", err)
+	}
+	n.running(s.ID)
+	n.delete(s.ID)
+	n.gone(s.ID)
 }

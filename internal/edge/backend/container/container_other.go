@@ -9,6 +9,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -55,8 +56,9 @@ func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (backe
 	return backend.ResumeStats{}, errdefs.ErrNotSupported
 }
 
-func (r *Container) Upper(id string) (string, error) { return "", errdefs.ErrNotSupported }
-func (r *Container) CaptureDir() string              { return "" }
+func (r *Container) Capture(ctx context.Context, id, name string) (*snapshot.Tree, error) {
+	return nil, errdefs.ErrNotSupported
+}
 
 func (r *Container) Usage(ctx context.Context, id string) (backend.Usage, error) {
 	return backend.Usage{}, errdefs.ErrNotSupported

@@ -3,7 +3,6 @@ package container
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,7 +14,6 @@ import (
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
 	"dsec.dev/dsec/internal/edge/backend/container/pagein"
-	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -201,40 +199,4 @@ func (r *Container) memoryLimit(id string) int64 {
 		return 0
 	}
 	return *s.Linux.Resources.Memory.Limit
-}
-
-// Upper is sandbox id's writable layer: the overlay's upper dir, on the
-// upper file system.
-func (r *Container) Upper(id string) (string, error) {
-	if !backend.ValidID(id) {
-		return "", fmt.Errorf("upper of sandbox %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return filepath.Join(r.upperDir(id), "upper"), nil
-}
-
-// CaptureDir is where snapshots capture writable layers: on the upper file
-// system (a btrfs snapshot or a reflink needs that), outside every
-// sandbox's quota project. Init empties it.
-func (r *Container) CaptureDir() string { return filepath.Join(r.cfg.UpperRoot, ".captures") }
-
-// clearCaptures removes what a snapshot cut short by a restart left in the
-// capture dir.
-func (r *Container) clearCaptures() error {
-	dir := r.CaptureDir()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("make %s: %w", dir, err)
-	}
-	des, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", dir, err)
-	}
-	var errs []error
-	for _, de := range des {
-		p := filepath.Join(dir, de.Name())
-		r.log.Info("removing a capture left by an interrupted snapshot", "path", p)
-		if err := snapshot.RemoveCapture(p); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

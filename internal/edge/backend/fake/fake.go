@@ -32,6 +32,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
 	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -166,9 +167,20 @@ func (r *Runtime) update(id string, f func(*state)) error {
 
 func (r *Runtime) Features() backend.Features { return r.features }
 
+// Init makes the root and removes the captures an earlier instance left.
 func (r *Runtime) Init(ctx context.Context) error {
-	if err := os.MkdirAll(filepath.Join(r.root, "captures"), 0o700); err != nil {
+	dir := filepath.Join(r.root, "captures")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("make fake runtime root: %w", err)
+	}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	for _, de := range des {
+		if err := snapshot.RemoveCapture(filepath.Join(dir, de.Name())); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -328,8 +340,20 @@ func (r *Runtime) Frozen(ctx context.Context, id string) (bool, error) {
 	return st.Frozen, err
 }
 
-func (r *Runtime) Upper(id string) (string, error) { return filepath.Join(r.root, "upper", id), nil }
-func (r *Runtime) CaptureDir() string              { return filepath.Join(r.root, "captures") }
+// Capture copies the sandbox's writable layer, a plain directory under the
+// root, into the root's captures.
+func (r *Runtime) Capture(ctx context.Context, id, name string) (*snapshot.Tree, error) {
+	if !backend.ValidID(id) || !backend.ValidID(name) {
+		return nil, fmt.Errorf("capture sandbox %q as %q: %w", id, name, errdefs.ErrInvalidArgument)
+	}
+	r.mu.Lock()
+	_, err := r.load(id)
+	r.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("capture %w", err)
+	}
+	return snapshot.Capture(ctx, filepath.Join(r.root, "upper", id), filepath.Join(r.root, "captures", id+"."+name))
+}
 
 // Test hooks.
 
