@@ -63,6 +63,7 @@ func Run(t *testing.T, lower []string, newRuntime NewFunc) {
 		{"ConcurrentStarts", testConcurrentStarts},
 		{"Pause", testPause},
 		{"Capture", testCapture},
+		{"Usage", testUsage},
 	}
 	if len(lower) == 0 {
 		lower = []string{"/nonexistent-lower"}
@@ -578,4 +579,38 @@ func testCapture(t *testing.T, n *node) {
 	n.running(s.ID)
 	n.delete(s.ID)
 	n.gone(s.ID)
+}
+
+// testUsage: a runtime that meters its sandboxes (a Meter) reports a
+// running one's memory and disk limits as its spec set them and some
+// memory in use, and NotFound once it is deleted or for an ID it never
+// started.
+func testUsage(t *testing.T, n *node) {
+	m, ok := n.rt.(backend.Meter)
+	if !ok {
+		t.Skipf("%T does not meter its sandboxes (no Meter)", n.rt)
+	}
+	ctx := context.Background()
+	s := n.spec("usage")
+	n.answers(s.ID, n.start(s))
+	u, err := m.Usage(ctx, s.ID)
+	if err != nil {
+		t.Fatalf("Usage: %v", err)
+	}
+	if u.MemoryLimit != s.MemoryBytes {
+		t.Errorf("Usage's memory limit = %d, want the spec's %d", u.MemoryLimit, s.MemoryBytes)
+	}
+	if u.DiskLimit != s.DiskBytes {
+		t.Errorf("Usage's disk limit = %d, want the spec's %d", u.DiskLimit, s.DiskBytes)
+	}
+	if u.MemoryBytes <= 0 {
+		t.Errorf("Usage's memory = %d with the agent running, want more than 0", u.MemoryBytes)
+	}
+	n.delete(s.ID)
+	if _, err := m.Usage(ctx, s.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Usage of a deleted sandbox: %v, want not found", err)
+	}
+	if _, err := m.Usage(ctx, "rtt-unknown"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Usage of an unknown sandbox: %v, want not found", err)
+	}
 }
