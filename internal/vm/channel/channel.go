@@ -208,7 +208,11 @@ type Dialer struct {
 	// before it is dropped for helloGap and made again.
 	helloWait, helloGap time.Duration
 
-	mu      sync.Mutex
+	// connecting holds a value while a Dial makes a session; the others
+	// wait for it, or for their context.
+	connecting chan struct{}
+
+	mu      sync.Mutex // guards session and closed; never held while connecting
 	session *yamux.Session
 	closed  bool
 }
@@ -219,15 +223,16 @@ func NewDialer(socketPath string, log *slog.Logger) *Dialer {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Dialer{path: socketPath, log: log, helloWait: time.Second, helloGap: 200 * time.Millisecond}
+	return &Dialer{path: socketPath, log: log, helloWait: time.Second, helloGap: 200 * time.Millisecond,
+		connecting: make(chan struct{}, 1)}
 }
 
 // ErrClosed is returned by Dial after Close.
 var ErrClosed = errors.New("agent channel closed")
 
-// Dial opens a new connection to the guest's agent. The stream is open at
-// once; it is answered once the guest's agent serves the port (the guest
-// may still be booting).
+// Dial opens a new connection to the guest's agent: a stream of the
+// current session, or of a new one once the guest's agent greets it (the
+// guest may still be booting), until ctx ends.
 func (d *Dialer) Dial(ctx context.Context) (net.Conn, error) {
 	for attempt := 0; ; attempt++ {
 		s, err := d.currentSession(ctx)
@@ -247,13 +252,18 @@ func (d *Dialer) Dial(ctx context.Context) (net.Conn, error) {
 }
 
 func (d *Dialer) currentSession(ctx context.Context) (*yamux.Session, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, ErrClosed
+	if s, err := d.live(); s != nil || err != nil {
+		return s, err
 	}
-	if d.session != nil && !d.session.IsClosed() {
-		return d.session, nil
+	select {
+	case d.connecting <- struct{}{}:
+		defer func() { <-d.connecting }()
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for the agent channel: %w", ctx.Err())
+	}
+	// Another Dial may have made one meanwhile.
+	if s, err := d.live(); s != nil || err != nil {
+		return s, err
 	}
 	conn, err := d.connect(ctx)
 	if err != nil {
@@ -264,8 +274,27 @@ func (d *Dialer) currentSession(ctx context.Context) (*yamux.Session, error) {
 		conn.Close()
 		return nil, fmt.Errorf("start agent channel session: %w", err)
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		s.Close()
+		return nil, ErrClosed
+	}
 	d.session = s
 	return s, nil
+}
+
+// live is the current session while it lasts, or ErrClosed after Close.
+func (d *Dialer) live() (*yamux.Session, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	if d.session != nil && !d.session.IsClosed() {
+		return d.session, nil
+	}
+	return nil, nil
 }
 
 // connect connects to the port's socket and returns the connection once

@@ -33,22 +33,23 @@ func newFakePort(t *testing.T) *fakePort {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
+	stop, accepted := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(accepted)
 		for {
 			c, err := ln.Accept()
 			if err != nil {
-				close(done)
 				return
 			}
 			select {
 			case p.hosts <- c:
-			case <-done:
+			case <-stop:
+				c.Close()
 			}
 		}
 	}()
-	go p.run(done)
-	t.Cleanup(func() { ln.Close(); <-done })
+	go p.run(stop)
+	t.Cleanup(func() { close(stop); ln.Close(); <-accepted })
 	return p
 }
 
@@ -211,5 +212,40 @@ func TestListenerClose(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Accept still blocks after Close")
+	}
+}
+
+// TestDialHonoursContextWhileAnotherConnects: a Dial waiting for a session
+// that another Dial is making (the guest not up yet) ends with its own
+// context.
+func TestDialHonoursContextWhileAnotherConnects(t *testing.T) {
+	port := newFakePort(t) // no guest listens
+	d := NewDialer(port.path, nil)
+	defer d.Close()
+	first := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := d.Dial(ctx)
+		first <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the first Dial is connecting
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Dial(ctx)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("the waiting Dial: %v, want its deadline", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("a Dial waited past its context for another's connect")
+	}
+	if err := <-first; !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the connecting Dial with no guest: %v, want its deadline", err)
 	}
 }
