@@ -443,10 +443,6 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 			network = n.net
 		}
 	}
-	var agentArgs []string
-	if cfg.OutputLimit > 0 {
-		agentArgs = append(agentArgs, "--output-limit", fmt.Sprint(cfg.OutputLimit))
-	}
 	n.edge, err = sandbox.New(sandbox.Config{
 		Node:            cfg.Node,
 		Slot:            cfg.Slot,
@@ -454,7 +450,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		StateDir:        filepath.Join(cfg.Root, "sandboxes"),
 		Defaults:        cfg.Defaults,
 		Limits:          cfg.Limits,
-		AgentArgs:       agentArgs,
+		OutputLimit:     cfg.OutputLimit,
 		MaxWarm:         cfg.MaxWarm,
 		TombstoneTTL:    cfg.Retention,
 		PausedRetention: cfg.PausedRetention,

@@ -186,13 +186,30 @@ type Spec struct {
 	// AllowPrivilegeEscalation lifts no_new_privs from the sandbox's
 	// processes, so setuid programs (sudo) work inside it.
 	AllowPrivilegeEscalation bool
-	AgentArgs                []string // flags of the agent's serve command; the runtime adds those of the channel and the cgroup fds
-	LogPath                  string   // host file for the agent's stdout and stderr
+	// Agent configures the agent the runtime starts in the sandbox.
+	Agent   Agent
+	LogPath string // host file for the agent's stdout and stderr
 	// NetnsPath joins a network namespace the edge made (a networked
 	// sandbox); "" gives the sandbox a new one with loopback only.
 	NetnsPath string
 	// ResolvConf is a host file bind-mounted read-only at /etc/resolv.conf.
 	ResolvConf string
+}
+
+// Agent is the configuration of a sandbox's agent. Each runtime delivers
+// it its own way: the container backend as flags of the agent's serve
+// command, to which it adds those of the agent channel and the cgroup fds;
+// a VM's runtime over its boot or its channel. Zero values leave the
+// agent's defaults.
+type Agent struct {
+	User     string            // who commands run as, by default (name or uid[:gid])
+	Workdir  string            // where commands start, by default
+	Hostname string            // the host name the agent writes to /etc/hostname and /etc/hosts
+	Address  string            // the sandbox's own IP address, for /etc/hosts
+	Env      map[string]string // every command's environment, beside the image's
+	// OutputLimit is the output the agent keeps per command and stream
+	// for a later attach.
+	OutputLimit int64
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)

@@ -32,7 +32,7 @@ func TestBackendsRouteAndRefuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reward, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Backend: dsecv1.Backend_BACKEND_FNCALL}, "")
+	reward, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Backend: dsecv1.Backend_BACKEND_FNCALL, User: "u1", Env: map[string]string{"A": "1"}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +43,8 @@ func TestBackendsRouteAndRefuse(t *testing.T) {
 	if !inRuntime(ctr, plain.GetId()) || inRuntime(fn, plain.GetId()) || !inRuntime(fn, reward.GetId()) || inRuntime(ctr, reward.GetId()) {
 		t.Fatalf("container runtime holds %v, fncall %v", mustList(t, ctr), mustList(t, fn))
 	}
-	// The runtime got the agent's serve flags, not the subcommand.
-	if s, err := fn.Spec(reward.GetId()); err != nil || slices.Contains(s.AgentArgs, "serve") || !slices.Equal(s.Lower, []string{"/layers/sha256:aa"}) {
+	// The runtime got the agent's configuration, typed.
+	if s, err := fn.Spec(reward.GetId()); err != nil || s.Agent.User != "u1" || s.Agent.Env["A"] != "1" || !slices.Equal(s.Lower, []string{"/layers/sha256:aa"}) {
 		t.Errorf("fncall spec %+v, %v", s, err)
 	}
 

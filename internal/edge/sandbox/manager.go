@@ -86,8 +86,9 @@ type Config struct {
 	StateDir   string // where sandbox records and agent sockets live
 	Defaults   Defaults
 	Limits     Limits
-	// AgentArgs are extra flags for every agent (e.g. --output-limit).
-	AgentArgs []string
+	// OutputLimit is the output every agent keeps per command and stream
+	// for a later attach; 0 leaves the agent's default.
+	OutputLimit int64
 	// StartTimeout bounds how long a new agent may take to answer.
 	StartTimeout time.Duration
 	// PingInterval is how often the agent of a sandbox is pinged when it
@@ -387,30 +388,18 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 // agent channel, and waits for the agent to answer on it.
 func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spec *dsecv1.SandboxSpec, lower []string, att *netctl.Attachment) (agentclient.Client, error) {
 	dir := m.states.Dir(id)
-	var args []string
-	if u := spec.GetUser(); u != "" {
-		args = append(args, "--user", u)
-	}
-	if w := spec.GetWorkdir(); w != "" {
-		args = append(args, "--workdir", w)
-	}
-	if h := spec.GetHostname(); h != "" {
-		args = append(args, "--hostname", h)
-	}
-	if att != nil && att.Addr != "" {
-		args = append(args, "--address", att.Addr)
-	}
+	agent := backend.Agent{User: spec.GetUser(), Workdir: spec.GetWorkdir(), Hostname: spec.GetHostname(), OutputLimit: m.cfg.OutputLimit}
 	// A mirror's variables (PIP_INDEX_URL and the like) come first, so the
 	// caller's own env wins.
 	env := map[string]string{}
 	if att != nil {
+		agent.Address = att.Addr
 		maps.Copy(env, att.Env)
 	}
 	maps.Copy(env, spec.GetEnv())
-	for _, k := range slices.Sorted(maps.Keys(env)) {
-		args = append(args, "--env", k+"="+env[k])
+	if len(env) > 0 {
+		agent.Env = env
 	}
-	args = append(args, m.cfg.AgentArgs...)
 
 	hostname := spec.GetHostname()
 	if hostname == "" {
@@ -427,7 +416,7 @@ func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spe
 		MemoryBytes: spec.GetMemoryMb() << 20,
 		Pids:        spec.GetPids(),
 		Hostname:    hostname,
-		AgentArgs:   args,
+		Agent:       agent,
 
 		AllowPrivilegeEscalation: spec.GetAllowPrivilegeEscalation(),
 		LogPath:                  filepath.Join(dir, "agent.log"),

@@ -575,7 +575,6 @@ func TestStartFailureCleansUp(t *testing.T) {
 
 	// Fails in the OCI runtime itself: the agent cannot be executed.
 	s = n.spec(t, "sb-bad2")
-	s.AgentArgs = nil
 	rt2cfg := n.cfg
 	rt2cfg.AgentDir = filepath.Join(n.sockDir, "empty-agent")
 	if err := os.Mkdir(rt2cfg.AgentDir, 0o755); err != nil {

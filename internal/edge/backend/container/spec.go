@@ -1,6 +1,7 @@
 package container
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -92,8 +93,28 @@ func pidsLimit(s backend.Spec) int64 {
 	return defaultPids
 }
 
+// agentFlags is a's flags of the agent's serve command, the environment's
+// sorted by name.
+func agentFlags(a backend.Agent) []string {
+	var args []string
+	for _, f := range []struct{ flag, value string }{
+		{"--user", a.User}, {"--workdir", a.Workdir}, {"--hostname", a.Hostname}, {"--address", a.Address},
+	} {
+		if f.value != "" {
+			args = append(args, f.flag, f.value)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(a.Env)) {
+		args = append(args, "--env", k+"="+a.Env[k])
+	}
+	if a.OutputLimit > 0 {
+		args = append(args, "--output-limit", strconv.FormatInt(a.OutputLimit, 10))
+	}
+	return args
+}
+
 func buildSpec(in specInput) *specs.Spec {
-	args := append([]string{agentPath, "serve"}, in.AgentArgs...)
+	args := append([]string{agentPath, "serve"}, agentFlags(in.Agent)...)
 	// The fds Start passes, in its order from 3 on.
 	args = append(args, "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5")
 	fd := 6

@@ -180,3 +180,29 @@ func TestBuildSpecFnCall(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentFlags: the agent's configuration as the flags its serve command
+// takes, the environment sorted, nothing for what is unset.
+func TestAgentFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   backend.Agent
+		want []string
+	}{
+		{"none", backend.Agent{}, nil},
+		{"all", backend.Agent{
+			User: "1000:1000", Workdir: "/work", Hostname: "h", Address: "198.18.0.2",
+			Env: map[string]string{"B": "2", "A": "1=x", "E": ""}, OutputLimit: 1 << 20,
+		}, []string{
+			"--user", "1000:1000", "--workdir", "/work", "--hostname", "h", "--address", "198.18.0.2",
+			"--env", "A=1=x", "--env", "B=2", "--env", "E=", "--output-limit", "1048576",
+		}},
+		{"env only", backend.Agent{Env: map[string]string{"PIP_INDEX_URL": "http://m/simple"}}, []string{"--env", "PIP_INDEX_URL=http://m/simple"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := agentFlags(tc.in); !slices.Equal(got, tc.want) {
+				t.Errorf("agentFlags = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
