@@ -65,11 +65,21 @@ func unreachableMounts(ms []mountinfo.Mount) []string {
 // from which the given mount points are detached. The namespace is made on
 // a thread of its own, locked to the goroutine and never unlocked, so the
 // Go runtime ends the thread, and the namespace with it, when the command
-// is done.
+// is done. Never the main thread: Go does not end that one but keeps it
+// idle, and /proc/self/mountinfo, which package mountinfo reads, is the
+// main thread's view, so the process would see the private namespace from
+// then on (its own later mounts missing, the detached ones gone).
 func runWithoutMounts(ctx context.Context, points []string, name string, args ...string) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// Hold the main thread while another goroutine, which cannot
+			// get it now, does the work.
+			defer runtime.UnlockOSThread()
+			errc <- runWithoutMounts(ctx, points, name, args...)
+			return
+		}
 		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 			errc <- fmt.Errorf("new mount namespace for %s: %w", name, err)
 			return
