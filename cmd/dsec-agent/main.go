@@ -60,6 +60,7 @@ func main() {
 	var env listFlag
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	fs.IntVar(&cfg.ListenFD, "listen-fd", 3, "fd of the listening Unix socket")
+	fs.StringVar(&cfg.ListenPath, "listen-path", "", "make the listening Unix socket at this path instead of using --listen-fd (gVisor)")
 	fs.IntVar(&cfg.CgroupFD, "cgroup-fd", -1, "fd of the sandbox's cgroup dir (freezer on v1, unified on v2)")
 	fs.IntVar(&cfg.MemoryCgroupFD, "memory-cgroup-fd", -1, "fd of the sandbox's memory cgroup dir")
 	fs.IntVar(&cfg.PidsCgroupFD, "pids-cgroup-fd", -1, "fd of the cgroup v1 pids dir every command joins (its limit excludes the agent)")

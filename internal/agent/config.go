@@ -10,7 +10,7 @@ const DefaultShell = "/.dsec/bin/sh"
 
 // Config is the serve mode's configuration; flags map onto it one to one.
 type Config struct {
-	ListenFD       int      // listening Unix stream socket
+	ListenFD       int      // listening Unix stream socket; unused with ListenPath
 	CgroupFD       int      // sandbox cgroup dir (freezer v1 / unified v2); -1 = none
 	MemoryCgroupFD int      // sandbox memory cgroup dir; -1 = none
 	PidsCgroupFD   int      // cgroup v1 pids dir that caps commands (not the agent); -1 = none
@@ -28,5 +28,11 @@ type Config struct {
 	Address        string   // the sandbox's IPv4 address, for /etc/hosts ("" = loopback only)
 	DiskQgroup     string   // sysfs dir of the btrfs qgroup capping the writable layer: statfs of / reports it (package diskfree)
 	AgentPath      string   // the agent's binary as the sandbox's commands see it, for sessions' state-dump ("" = os.Executable())
-	Log            *slog.Logger
+	// ListenPath, when set, is where the agent makes its listening Unix
+	// socket itself, in place of ListenFD: under gVisor, whose sentry
+	// cannot accept on a listening socket handed in from the host, the
+	// socket is made in a directory bind-mounted from the host (runsc
+	// --host-uds=create), so the host connects to the file it leaves.
+	ListenPath string
+	Log        *slog.Logger
 }

@@ -99,17 +99,38 @@ func confinePtrace() error {
 	return nil
 }
 
-// Serve runs the agent on the listening socket cfg.ListenFD until ctx
-// ends or the listener fails.
+// Serve runs the agent on the listening socket cfg.ListenFD, or on one it
+// makes at cfg.ListenPath, until ctx ends or the listener fails.
 func Serve(ctx context.Context, cfg Config) error {
+	ln, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	cfg.ListenFD = -1
+	return ServeListener(ctx, cfg, ln)
+}
+
+// listen returns the agent's listener: the socket at cfg.ListenPath,
+// made here (gVisor: the host links the file elsewhere and removes this
+// name, so the listener must not remove what is there), or the listening
+// fd cfg.ListenFD the runtime passed.
+func listen(cfg Config) (net.Listener, error) {
+	if cfg.ListenPath != "" {
+		os.Remove(cfg.ListenPath)
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.ListenPath, Net: "unix"})
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s: %w", cfg.ListenPath, err)
+		}
+		ln.SetUnlinkOnClose(false)
+		return ln, nil
+	}
 	lf := os.NewFile(uintptr(cfg.ListenFD), "listener")
 	ln, err := net.FileListener(lf)
 	lf.Close()
 	if err != nil {
-		return fmt.Errorf("use listening fd %d: %w", cfg.ListenFD, err)
+		return nil, fmt.Errorf("use listening fd %d: %w", cfg.ListenFD, err)
 	}
-	cfg.ListenFD = -1
-	return ServeListener(ctx, cfg, ln)
+	return ln, nil
 }
 
 // ServeListener runs the agent on ln until ctx ends or ln fails; it closes

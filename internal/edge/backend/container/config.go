@@ -14,10 +14,13 @@ type Config struct {
 	UpperRoot    string // where sandboxes' writable layers live, e.g. /var/lib/dsec/upper
 	UpperImage   string // backing file for the upper file system when the host fs can't do project quotas, e.g. /var/lib/dsec/upper.img
 	UpperFSBytes int64  // size of that file system (sparse); 0 = 80% of free space on the host fs, at least 1 GiB
-	Runtime      string // "runc" (default) or "crun"
+	Runtime      string // "runc" (default), "crun" or "runsc" (gVisor)
 	RuntimePath  string // default: look up Runtime in PATH
-	CgroupParent string // default "dsec"
-	AgentDir     string // host dir with dsec-agent and sh, bind-mounted read-only (nosuid,nodev) at /.dsec/bin
+	// RunscPlatform is runsc's --platform: "systrap" (default) or
+	// "ptrace"; "kvm" where /dev/kvm answers.
+	RunscPlatform string
+	CgroupParent  string // default "dsec"
+	AgentDir      string // host dir with dsec-agent and sh, bind-mounted read-only (nosuid,nodev) at /.dsec/bin
 	// SocketDir holds each sandbox's agent socket, <SocketDir>/<id>/agent.sock
 	// (the edge keeps its records beside them); default <Root>/sockets.
 	SocketDir string

@@ -42,6 +42,26 @@ func TestFnCallConformance(t *testing.T) {
 	})
 }
 
+// TestGVisorConformance runs it against the container backend under
+// runsc (gVisor) at DSEC_RUNSC (scripts/build-runsc.sh builds one), on the
+// platform DSEC_RUNSC_PLATFORM (default systrap).
+func TestGVisorConformance(t *testing.T) {
+	runsc := os.Getenv("DSEC_RUNSC")
+	if runsc == "" {
+		t.Skip("DSEC_RUNSC is not set (scripts/build-runsc.sh builds runsc)")
+	}
+	lower, cfg := conformanceSetup(t)
+	backendtest.Run(t, []string{lower}, func(t *testing.T, root string) backend.Runtime {
+		c := cfg(t, root)
+		c.Runtime, c.RuntimePath, c.RunscPlatform = "runsc", runsc, os.Getenv("DSEC_RUNSC_PLATFORM")
+		rt, err := container.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rt
+	})
+}
+
 // conformanceSetup makes a busybox root file system and an agent dir with
 // the real dsec-agent, and returns the lower dir and a Config maker.
 func conformanceSetup(t *testing.T) (string, func(t *testing.T, root string) container.Config) {

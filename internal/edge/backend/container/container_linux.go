@@ -103,8 +103,11 @@ func newContainer(cfg Config, fncall bool) (*Container, error) {
 	if cfg.Runtime == "" {
 		cfg.Runtime = "runc"
 	}
-	if cfg.Runtime != "runc" && cfg.Runtime != "crun" {
+	if cfg.Runtime != "runc" && cfg.Runtime != "crun" && cfg.Runtime != "runsc" {
 		return nil, fmt.Errorf("check runtime config: unknown runtime %q: %w", cfg.Runtime, errdefs.ErrInvalidArgument)
+	}
+	if cfg.Runtime == "runsc" && cfg.RunscPlatform == "" {
+		cfg.RunscPlatform = "systrap"
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "dsec"
@@ -151,7 +154,34 @@ func (r *Container) Features() backend.Features {
 	return backend.Features{Pause: true, Snapshot: !r.fncall, Network: true}
 }
 
-func (r *Container) stateDir() string           { return filepath.Join(r.root, r.cfg.Runtime) }
+func (r *Container) stateDir() string { return filepath.Join(r.root, r.cfg.Runtime) }
+func (r *Container) gvisor() bool     { return r.cfg.Runtime == "runsc" }
+
+// globalArgs are the flags every call of the OCI runtime starts with.
+//
+// Under runsc: --host-uds=create lets the agent make its listening socket
+// in the directory bind-mounted from the host (the sentry cannot accept on
+// a listening socket passed in as an fd); --overlay2=none keeps runsc's
+// own in-memory overlay off the root, so writes reach the writable layer
+// on the host (disk limits, snapshots); --oci-seccomp has the sentry
+// apply the sandbox's seccomp profile, which runsc otherwise ignores;
+// --gofer-network-namespace=new gives each gofer an empty network
+// namespace of its own instead of one shared through a bind mount that
+// runsc leaves in its state dir (<root>/null-netns) for ever.
+func (r *Container) globalArgs() []string {
+	args := []string{"--root", r.stateDir()}
+	if r.gvisor() {
+		args = append(args, "--platform="+r.cfg.RunscPlatform, "--host-uds=create", "--overlay2=none",
+			"--oci-seccomp", "--gofer-network-namespace=new")
+	}
+	return args
+}
+
+// gvisorSocketDir is the host dir bind-mounted at agentSockMount in a
+// gVisor sandbox, where its agent makes its socket.
+func (r *Container) gvisorSocketDir(id string) string {
+	return filepath.Join(r.cfg.SocketDir, id, "gvisor")
+}
 func (r *Container) bundleDir(id string) string { return filepath.Join(r.root, "bundles", id) }
 func (r *Container) upperDir(id string) string  { return filepath.Join(r.upperBase, id) }
 func (r *Container) cgroupRel(id string) string { return filepath.Join(r.cgroupParent, id) }
@@ -464,7 +494,13 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	if err := r.layout.EnsureParent(r.cgroupParent); err != nil {
 		return nil, err
 	}
-	freezerDir, memDir, err := r.layout.Create(rel)
+	// runsc sets the spec's limits only on the cgroups it makes itself
+	// (one that exists is "managed by the caller"): under gVisor it makes
+	// them all.
+	var freezerDir, memDir string
+	if !r.gvisor() {
+		freezerDir, memDir, err = r.layout.Create(rel)
+	}
 	undo.add(func() error {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
@@ -474,62 +510,40 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 		return nil, err
 	}
 
-	// The agent's fds, from 3 on: the channel's listening socket, then
-	// cgroup dirs. They are closed here once the runtime has passed them on.
 	undo.add(func() error { return r.removeSocket(s.ID) })
-	ln, err := r.listen(s.ID)
-	if err != nil {
-		return nil, err
-	}
-	defer ln.Close()
-	extra := []*os.File{ln}
-	openFd := func(dir string) error {
-		f, err := openDir(dir)
-		if err != nil {
-			return err
-		}
-		extra = append(extra, f)
-		return nil
-	}
-	// Closed once Start returns; the agent holds its own copies.
-	defer func() {
-		for _, f := range extra[1:] {
-			f.Close()
-		}
-	}()
-	if err := openFd(freezerDir); err != nil {
-		return nil, err
-	}
-	if err := openFd(memDir); err != nil {
-		return nil, err
-	}
-	pidsDir, err := r.layout.CommandPids(rel, pidsLimit(s))
-	if err != nil {
-		return nil, err
-	}
-	if pidsDir != "" {
-		if err := openFd(pidsDir); err != nil {
-			return nil, err
-		}
-	}
 	in := specInput{
 		Spec:        s,
 		AgentDir:    r.cfg.AgentDir,
 		CgroupsPath: "/" + rel,
 		MemorySwap:  r.swapAccounting(),
 		Nofile:      nofile(),
-		PidsFD:      pidsDir != "",
 		DiskQgroup:  qgroup,
+		FnCall:      r.fncall,
 	}
-	if r.fncall {
-		cpuDir, err := r.layout.CreateCPU(rel)
+	var extra []*os.File
+	if r.gvisor() {
+		// No fds reach a gVisor sandbox's agent: it makes its socket in a
+		// dir of the host, and the sentry keeps its processes' cgroups.
+		dir := r.gvisorSocketDir(s.ID)
+		if err := os.RemoveAll(dir); err != nil {
+			return nil, fmt.Errorf("clear agent socket dir of %s: %w", s.ID, err)
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("make agent socket dir of %s: %w", s.ID, err)
+		}
+		in.ListenDir = dir
+	} else {
+		files, pidsFD, err := r.agentFiles(s, rel, freezerDir, memDir)
+		// Closed once Start returns; the agent holds its own copies.
+		defer func() {
+			for _, f := range files {
+				f.Close()
+			}
+		}()
 		if err != nil {
 			return nil, err
 		}
-		if err := openFd(cpuDir); err != nil {
-			return nil, err
-		}
-		in.FnCall = true
+		extra, in.PidsFD = files, pidsFD
 	}
 
 	spec := buildSpec(in)
@@ -547,8 +561,11 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	}
 	defer logFile.Close()
 	runtimeLog := filepath.Join(bundle, "runtime.log")
-	cmd := exec.Command(r.path, "--root", r.stateDir(), "--log", runtimeLog, "--log-format", "json",
-		"run", "--detach", "--bundle", bundle, "--preserve-fds", strconv.Itoa(len(extra)), s.ID)
+	args := append(r.globalArgs(), "--log", runtimeLog, "--log-format", "json", "run", "--detach", "--bundle", bundle)
+	if len(extra) > 0 {
+		args = append(args, "--preserve-fds", strconv.Itoa(len(extra)))
+	}
+	cmd := exec.Command(r.path, append(args, s.ID)...)
 	// With --detach and no terminal the agent inherits these.
 	cmd.Stdin = nil // /dev/null
 	cmd.Stdout = logFile
@@ -564,6 +581,11 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 		return nil, fmt.Errorf("%s run %s: %w: %s", r.cfg.Runtime, s.ID, err, runtimeErrors(runtimeLog))
 	}
 	tStarted := time.Now()
+	if r.gvisor() {
+		if err := r.adoptSocket(ctx, s.ID); err != nil {
+			return nil, err
+		}
+	}
 
 	// The container holds its own copy of the overlay; drop the host's so
 	// the host mount table does not grow with the sandbox count.
@@ -574,6 +596,109 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	r.log.Info("started sandbox", "id", s.ID, "took", time.Since(t0),
 		"upper", tUpper.Sub(t0), "overlay", tMount.Sub(tUpper), "runtime_run", tStarted.Sub(tRun))
 	return backend.UnixDialer(r.socketPath(s.ID)), nil
+}
+
+// agentFiles opens the fds an agent under runc gets, from 3 on: the
+// channel's listening socket, then its cgroup dirs (freezer, memory, the
+// commands' pids dir where there is one, cpu for fncall). pidsFD says
+// whether the pids dir is among them. The caller closes the files once the
+// runtime has passed them on, on error too.
+func (r *Container) agentFiles(s backend.Spec, rel, freezerDir, memDir string) (files []*os.File, pidsFD bool, err error) {
+	ln, err := r.listen(s.ID)
+	if err != nil {
+		return nil, false, err
+	}
+	files = append(files, ln)
+	openFd := func(dir string) error {
+		f, err := openDir(dir)
+		if err != nil {
+			return err
+		}
+		files = append(files, f)
+		return nil
+	}
+	if err := openFd(freezerDir); err != nil {
+		return files, false, err
+	}
+	if err := openFd(memDir); err != nil {
+		return files, false, err
+	}
+	pidsDir, err := r.layout.CommandPids(rel, pidsLimit(s))
+	if err != nil {
+		return files, false, err
+	}
+	if pidsDir != "" {
+		if err := openFd(pidsDir); err != nil {
+			return files, false, err
+		}
+	}
+	if r.fncall {
+		cpuDir, err := r.layout.CreateCPU(rel)
+		if err != nil {
+			return files, false, err
+		}
+		if err := openFd(cpuDir); err != nil {
+			return files, false, err
+		}
+	}
+	return files, pidsDir != "", nil
+}
+
+// gvisorSocketWait bounds how long Start waits for a gVisor sandbox's
+// agent to make its socket.
+const gvisorSocketWait = 30 * time.Second
+
+// adoptSocket waits for the agent of gVisor sandbox id to make its socket
+// in the bind-mounted dir, links it to the sandbox's socket path and
+// removes it from that dir. The host connects through the link; inside the
+// sandbox the name is gone, so no process there can reach the agent (the
+// sentry's file access to bind mounts is shared, so it sees the removal).
+func (r *Container) adoptSocket(ctx context.Context, id string) error {
+	made := filepath.Join(r.gvisorSocketDir(id), "agent.sock")
+	sock := r.socketPath(id)
+	deadline := time.Now().Add(gvisorSocketWait)
+	for {
+		fi, err := os.Lstat(made)
+		if err == nil && fi.Mode().Type() == fs.ModeSocket {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("wait for the agent socket of %s: none after %s", id, gvisorSocketWait)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the agent socket of %s: %w", id, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	os.Remove(sock)
+	if err := os.Link(made, sock); err != nil {
+		return fmt.Errorf("link agent socket of %s: %w", id, err)
+	}
+	// The file appears at bind, before the sentry has finished the bind
+	// (it looks the new file up again) and before listen: removing the
+	// name earlier fails the agent's bind. A connection that is accepted
+	// (the agent drops it unread) says both are done.
+	for {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", sock)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("wait for the agent of %s to listen: %w", id, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the agent of %s to listen: %w", id, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := os.Remove(made); err != nil {
+		return fmt.Errorf("remove agent socket of %s from its sandbox: %w", id, err)
+	}
+	return nil
 }
 
 // listen makes sandbox id's agent socket and returns its listening fd. The
@@ -605,6 +730,9 @@ func (r *Container) removeSocket(id string) error {
 	sock := r.socketPath(id)
 	if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove agent socket of %s: %w", id, err)
+	}
+	if err := os.RemoveAll(r.gvisorSocketDir(id)); err != nil {
+		return fmt.Errorf("remove agent socket dir of %s: %w", id, err)
 	}
 	if err := os.Remove(filepath.Dir(sock)); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("remove agent socket dir of %s: %w", id, err)
@@ -758,7 +886,7 @@ func runtimeErrors(path string) string {
 
 // runtimeCmd runs the OCI runtime with args and returns its combined output.
 func (r *Container) runtimeCmd(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.path, append([]string{"--root", r.stateDir()}, args...)...)
+	cmd := exec.CommandContext(ctx, r.path, append(r.globalArgs(), args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("%s %s: %w: %s", r.cfg.Runtime, args[0], err, bytes.TrimSpace(out))
@@ -771,7 +899,7 @@ func (r *Container) runtimeCmd(ctx context.Context, args ...string) ([]byte, err
 // not exist" for one a create has not finished writing) goes into the
 // error only.
 func (r *Container) runtimeStdout(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.path, append([]string{"--root", r.stateDir()}, args...)...)
+	cmd := exec.CommandContext(ctx, r.path, append(r.globalArgs(), args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -799,6 +927,22 @@ type runtimeState struct {
 	ID     string `json:"id"`
 	Pid    int    `json:"pid"`
 	Status string `json:"status"`
+}
+
+// runtimeState is the OCI runtime's state of container id.
+func (r *Container) runtimeState(ctx context.Context, id string) (runtimeState, error) {
+	var rs runtimeState
+	out, err := r.runtimeCmd(ctx, "state", id)
+	if err != nil {
+		if notExist(out) {
+			return rs, fmt.Errorf("state of sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+		return rs, err
+	}
+	if err := json.Unmarshal(out, &rs); err != nil {
+		return rs, fmt.Errorf("parse state of %s: %w", id, err)
+	}
+	return rs, nil
 }
 
 // Status reports whether sandbox id runs and its memory statistics. It

@@ -33,6 +33,15 @@ func (r *Container) Freeze(ctx context.Context, id string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, freezeTimeout)
 	defer cancel()
+	if r.gvisor() {
+		// The cgroup freezer would stop the sentry too, and every runsc
+		// call that asks it (state, list, kill) would hang until thawed:
+		// runsc pause stops the sandbox's tasks inside the sentry instead.
+		if _, err := r.runtimeCmd(ctx, "pause", id); err != nil {
+			return fmt.Errorf("freeze sandbox %s: %w", id, err)
+		}
+		return nil
+	}
 	if err := r.layout.Freeze(ctx, r.cgroupRel(id)); err != nil {
 		return fmt.Errorf("freeze sandbox %s: %w", id, err)
 	}
@@ -44,6 +53,12 @@ func (r *Container) Thaw(ctx context.Context, id string) error {
 	if !backend.ValidID(id) {
 		return fmt.Errorf("thaw sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
+	if r.gvisor() {
+		if _, err := r.runtimeCmd(ctx, "resume", id); err != nil {
+			return fmt.Errorf("thaw sandbox %s: %w", id, err)
+		}
+		return nil
+	}
 	return r.layout.Thaw(ctx, r.cgroupRel(id))
 }
 
@@ -51,6 +66,13 @@ func (r *Container) Thaw(ctx context.Context, id string) error {
 func (r *Container) Frozen(ctx context.Context, id string) (bool, error) {
 	if !backend.ValidID(id) {
 		return false, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	if r.gvisor() {
+		st, err := r.runtimeState(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		return st.Status == "paused", nil
 	}
 	return r.layout.Frozen(r.cgroupRel(id))
 }
@@ -150,7 +172,9 @@ func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (backe
 	if err := r.layout.SetMemoryLimit(rel, r.memoryLimit(id)); err != nil {
 		r.log.Warn("restore the memory limit of a paused sandbox", "id", id, "err", err)
 	}
-	if prefetch {
+	// Under gVisor the processes in the cgroup are the sentry and the
+	// gofer, whose memory holds every task's: no prefetch yet.
+	if prefetch && !r.gvisor() {
 		t0 := time.Now()
 		pids, err := r.layout.Procs(rel)
 		if err != nil {
@@ -179,7 +203,7 @@ func (r *Container) Resume(ctx context.Context, id string, prefetch bool) (backe
 		st.Prefetch = time.Since(t0)
 	}
 	t1 := time.Now()
-	if err := r.layout.Thaw(ctx, rel); err != nil {
+	if err := r.Thaw(ctx, id); err != nil {
 		return st, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	st.Thaw = time.Since(t1)

@@ -14,8 +14,11 @@ import (
 // Where things are inside a sandbox.
 const (
 	agentMount = "/.dsec/bin"
-	agentPath  = agentMount + "/dsec-agent"
-	cfsPeriod  = 100000 // µs
+	// agentSockMount is where a gVisor sandbox's agent makes its socket:
+	// a dir bind-mounted from the host (specInput.ListenDir).
+	agentSockMount = "/.dsec/sock"
+	agentPath      = agentMount + "/dsec-agent"
+	cfsPeriod      = 100000 // µs
 
 	// fncallStartShares is a fncall container's CPU weight (cgroup v1
 	// cpu.shares; runc maps it onto v2's cpu.weight) until its agent is
@@ -67,6 +70,10 @@ type specInput struct {
 	// FnCall makes a fncall sandbox: the agent gets the cpu cgroup dir as
 	// the fd after the others and runs with --fncall; /tmp is a tmpfs.
 	FnCall bool
+	// ListenDir, when set, is a host dir bind-mounted at agentSockMount,
+	// where the agent makes its own listening socket (--listen-path) in
+	// place of fd 3, and no cgroup fds are passed (gVisor).
+	ListenDir string
 	// DiskQgroup is the sysfs dir of the btrfs qgroup that caps the
 	// writable layer; the agent answers statfs of / from it (see
 	// ptraceCapability).
@@ -115,10 +122,14 @@ func agentFlags(a backend.Agent) []string {
 
 func buildSpec(in specInput) *specs.Spec {
 	args := append([]string{agentPath, "serve"}, agentFlags(in.Agent)...)
-	// The fds Start passes, in its order from 3 on.
-	args = append(args, "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5")
 	fd := 6
 	pids := pidsLimit(in.Spec)
+	if in.ListenDir != "" {
+		args = append(args, "--listen-path", agentSockMount+"/agent.sock")
+	} else {
+		// The fds Start passes, in its order from 3 on.
+		args = append(args, "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5")
+	}
 	if in.PidsFD {
 		// Commands are capped at pids in their own cgroup; the sandbox as a
 		// whole gets room on top for the agent's threads.
@@ -126,7 +137,9 @@ func buildSpec(in specInput) *specs.Spec {
 		fd++
 		pids += agentPids
 	}
-	if in.FnCall {
+	if in.FnCall && in.ListenDir != "" {
+		args = append(args, "--fncall")
+	} else if in.FnCall {
 		args = append(args, "--cpu-cgroup-fd", strconv.Itoa(fd), "--fncall")
 	}
 	res := &specs.LinuxResources{
@@ -221,6 +234,10 @@ func buildSpec(in specInput) *specs.Spec {
 		// built. tmpfs pages are charged to the writer's memory cgroup.
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
 			Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(tmpBytes(in.Spec), 10)}})
+	}
+	if in.ListenDir != "" {
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: agentSockMount, Type: "bind", Source: in.ListenDir,
+			Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}})
 	}
 	if in.ResolvConf != "" {
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.ResolvConf,

@@ -1,0 +1,148 @@
+package container_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/container"
+)
+
+// TestGVisorAgainstRunc starts sandboxes under runc and under runsc
+// (DSEC_RUNSC) on the same node and logs, side by side, the time from Start
+// to the first exec's exit and the time of an exec of `true`; it checks
+// that commands run and what `ls FILE` and `stat FILE` print (Debian's
+// runsc of 2022 failed both). It asserts no times.
+func TestGVisorAgainstRunc(t *testing.T) {
+	runsc := os.Getenv("DSEC_RUNSC")
+	if runsc == "" {
+		t.Skip("DSEC_RUNSC is not set (scripts/build-runsc.sh builds runsc)")
+	}
+	lower, cfg := conformanceSetup(t)
+	const runs, execs = 5, 20
+	type result struct{ first, exec []time.Duration }
+	results := map[string]*result{}
+	for _, name := range []string{"runc", "runsc"} {
+		c := cfg(t, filepath.Join(t.TempDir(), name))
+		if name == "runsc" {
+			c.Runtime, c.RuntimePath, c.RunscPlatform = "runsc", runsc, os.Getenv("DSEC_RUNSC_PLATFORM")
+		}
+		rt, err := container.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := rt.Init(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ids, _ := rt.List(ctx)
+			for _, id := range ids {
+				if err := rt.Delete(ctx, id); err != nil {
+					t.Errorf("delete %s: %v", id, err)
+				}
+			}
+			if err := rt.Teardown(ctx); err != nil {
+				t.Errorf("teardown: %v", err)
+			}
+		})
+		res := &result{}
+		results[name] = res
+		for i := range runs {
+			id := fmt.Sprintf("%s-%d", name, i)
+			spec := backend.Spec{ID: id, Lower: []string{lower}, DiskBytes: 64 << 20, MemoryBytes: 256 << 20,
+				LogPath: filepath.Join(t.TempDir(), id+".log")}
+			t0 := time.Now()
+			dial, err := rt.Start(ctx, spec)
+			if err != nil {
+				t.Fatalf("start %s: %v", id, err)
+			}
+			client := agentclient.New(dial)
+			defer client.Close()
+			for {
+				if _, code, err := execIn(ctx, client, "true"); err == nil && code == 0 {
+					break
+				} else if time.Since(t0) > 30*time.Second {
+					t.Fatalf("%s: no exec answered within 30 s: %v (exit %d)", id, err, code)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			res.first = append(res.first, time.Since(t0))
+			for range execs {
+				t1 := time.Now()
+				if _, code, err := execIn(ctx, client, "true"); err != nil || code != 0 {
+					t.Fatalf("%s: exec true: exit %d, %v", id, code, err)
+				}
+				res.exec = append(res.exec, time.Since(t1))
+			}
+			if i == 0 {
+				checkCommands(t, ctx, client, id)
+			}
+			if err := rt.Delete(ctx, id); err != nil {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+	}
+	med := func(d []time.Duration) time.Duration {
+		d = slices.Clone(d)
+		slices.Sort(d)
+		return d[len(d)/2]
+	}
+	rc, rs := results["runc"], results["runsc"]
+	t.Logf("create -> first exec, median of %d: runc %v, runsc %v (%.1fx); all runsc %v", runs,
+		med(rc.first), med(rs.first), float64(med(rs.first))/float64(med(rc.first)), rs.first)
+	t.Logf("exec true, median of %d: runc %v, runsc %v (%.1fx)", runs*execs,
+		med(rc.exec), med(rs.exec), float64(med(rs.exec))/float64(med(rc.exec)))
+}
+
+// checkCommands runs what Debian's runsc failed and a pipeline.
+func checkCommands(t *testing.T, ctx context.Context, c agentclient.Client, id string) {
+	t.Helper()
+	for _, tc := range []struct{ line, want string }{
+		{"ls /etc/passwd", "/etc/passwd"},
+		{"stat -c %n:%s /etc/passwd", "/etc/passwd:"},
+		{"cat /etc/passwd | grep -c root", "1"},
+		{"echo hi > /root/f && cat /root/f", "hi"},
+		// The agent's socket is reachable from the host only.
+		{"ls -A /.dsec/sock 2>/dev/null | wc -l", "0"},
+	} {
+		out, code, err := execIn(ctx, c, tc.line)
+		if err != nil || code != 0 || !strings.HasPrefix(strings.TrimSpace(out), tc.want) {
+			t.Errorf("%s: %q: %q, exit %d, %v; want %q", id, tc.line, out, code, err, tc.want)
+		}
+	}
+}
+
+// execIn runs line: a lone word as the command itself (exec of `true`),
+// anything else through the sandbox's shell.
+func execIn(ctx context.Context, c agentclient.Client, line string) (string, int32, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	argv := []string{"/bin/sh", "-c", line}
+	if !strings.ContainsAny(line, " |>") {
+		argv = []string{line}
+	}
+	s, err := c.ExecEvents(ctx, &dsecv1.ExecRequest{Argv: argv})
+	if err != nil {
+		return "", -1, err
+	}
+	defer s.Close()
+	var out strings.Builder
+	code := int32(-1)
+	for s.Receive() {
+		out.Write(s.Msg().GetStdout())
+		out.Write(s.Msg().GetStderr())
+		if e := s.Msg().GetExited(); e != nil {
+			code = e.ExitCode
+		}
+	}
+	return out.String(), code, s.Err()
+}
