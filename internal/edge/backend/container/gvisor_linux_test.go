@@ -85,6 +85,11 @@ func TestGVisorAgainstRunc(t *testing.T) {
 			}
 			if i == 0 {
 				checkCommands(t, ctx, client, id)
+				// The memory limit is on the sandbox's cgroup (runsc's
+				// sentry and gofer under gVisor).
+				if u, err := rt.Usage(ctx, id); err != nil || u.MemoryLimit != spec.MemoryBytes {
+					t.Errorf("%s: usage %+v, %v; want a memory limit of %d", id, u, err, spec.MemoryBytes)
+				}
 			}
 			if err := rt.Delete(ctx, id); err != nil {
 				t.Errorf("delete %s: %v", id, err)
@@ -111,6 +116,8 @@ func checkCommands(t *testing.T, ctx context.Context, c agentclient.Client, id s
 		{"stat -c %n:%s /etc/passwd", "/etc/passwd:"},
 		{"cat /etc/passwd | grep -c root", "1"},
 		{"echo hi > /root/f && cat /root/f", "hi"},
+		// The seccomp profile holds (runsc --oci-seccomp): no namespaces.
+		{"grep -c '^Seccomp:.*2' /proc/self/status", "1"},
 		// The agent's socket is reachable from the host only.
 		{"ls -A /.dsec/sock 2>/dev/null | wc -l", "0"},
 	} {
