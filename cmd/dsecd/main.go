@@ -92,7 +92,15 @@ type nodeFlags struct {
 func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.StringVar(&cfg.Root, "root", daemon.DefaultRoot, "state directory")
 	fs.StringVar(&cfg.Node, "node", "", "node name used in sandbox IDs (default: from the host name)")
-	fs.StringVar(&cfg.Runtime, "runtime", "runc", "OCI runtime: runc or crun (an edge also takes fake: a hollow node that starts nothing)")
+	fs.StringVar(&cfg.Runtime, "runtime", "runc", "OCI runtime of every sandbox of the node: runc, crun or runsc (gVisor; scripts/build-runsc.sh builds it) (an edge also takes fake: a hollow node that starts nothing)")
+	fs.StringVar(&cfg.RuntimePath, "runtime-path", "", "the runtime's binary (default: --runtime on PATH; for runsc, else "+daemon.DefaultRunsc+")")
+	fs.Func("runsc-platform", "runsc's platform under --runtime runsc: systrap (default) or ptrace", func(v string) error {
+		if v != "systrap" && v != "ptrace" {
+			return fmt.Errorf("runsc platform %q: want systrap or ptrace (kvm is not supported yet)", v)
+		}
+		cfg.RunscPlatform = v
+		return nil
+	})
 	fs.StringVar(&cfg.AgentPath, "agent", "", "dsec-agent binary (default: beside dsecd, else on PATH)")
 	fs.StringVar(&cfg.ShellPath, "shell", "", "static shell shipped read-only into every sandbox (default /bin/bash-static, else /bin/busybox)")
 	fs.Float64Var(&cfg.Defaults.CPUs, "default-cpus", 1, "CPU cores of a sandbox that asks for none")

@@ -55,7 +55,12 @@ type Config struct {
 	// every sandbox ID; 0 for the all-in-one dsecd.
 	Slot       uint16
 	Generation uint32
-	Runtime    string // runc (default) or crun
+	Runtime    string // runc (default), crun or runsc (gVisor), for every sandbox of the node
+	// RuntimePath is the runtime's binary; default: Runtime on PATH (for
+	// runsc, else scripts/build-runsc.sh's DefaultRunsc).
+	RuntimePath string
+	// RunscPlatform is runsc's --platform: systrap (default) or ptrace.
+	RunscPlatform string
 	// CgroupParent is the cgroup under which this node's sandboxes live.
 	// Zero: the one the root was first started with, else that of the
 	// first set of host names no other root holds (package claims): "dsec"
@@ -208,6 +213,9 @@ func (c *Config) fill() error {
 	}
 	if c.Runtime == "" {
 		c.Runtime = "runc"
+	}
+	if c.Runtime == "runsc" && c.RuntimePath == "" {
+		c.RuntimePath = findRunsc()
 	}
 	if c.ShellPath == "" {
 		c.ShellPath = defaultShell()
@@ -388,12 +396,14 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		return nil, err
 	}
 	rtCfg := container.Config{
-		Root:         filepath.Join(cfg.Root, "runtime"),
-		UpperRoot:    filepath.Join(cfg.Root, "upper"),
-		UpperImage:   filepath.Join(cfg.Root, "upper.img"),
-		Runtime:      cfg.Runtime,
-		CgroupParent: cfg.CgroupParent,
-		AgentDir:     agentDir,
+		Root:          filepath.Join(cfg.Root, "runtime"),
+		UpperRoot:     filepath.Join(cfg.Root, "upper"),
+		UpperImage:    filepath.Join(cfg.Root, "upper.img"),
+		Runtime:       cfg.Runtime,
+		RuntimePath:   cfg.RuntimePath,
+		RunscPlatform: cfg.RunscPlatform,
+		CgroupParent:  cfg.CgroupParent,
+		AgentDir:      agentDir,
 		// Beside the edge's records, where agent sockets always were.
 		SocketDir: filepath.Join(cfg.Root, "sandboxes"),
 		Log:       log.With("component", "runtime"),
@@ -790,4 +800,19 @@ func openLayers(ctx context.Context, cfg Config, images *image.Store, log *slog.
 		Dir: filepath.Join(cfg.Root, "layers-"+string(mode)), Loader: loader, Tars: sc.Tars,
 		Machine: machineID(), MaxUpload: sc.MaxUploadBytes, Log: log.With("component", "layers"),
 	}, images)
+}
+
+// DefaultRunsc is where scripts/build-runsc.sh puts runsc by default.
+const DefaultRunsc = "/var/cache/dsec/runsc/runsc"
+
+// findRunsc is runsc on PATH, else DefaultRunsc if it is there, else ""
+// (the container backend then refuses with where to build one).
+func findRunsc() string {
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p
+	}
+	if _, err := os.Stat(DefaultRunsc); err == nil {
+		return DefaultRunsc
+	}
+	return ""
 }

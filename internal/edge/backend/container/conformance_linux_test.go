@@ -46,10 +46,7 @@ func TestFnCallConformance(t *testing.T) {
 // runsc (gVisor) at DSEC_RUNSC (scripts/build-runsc.sh builds one), on the
 // platform DSEC_RUNSC_PLATFORM (default systrap).
 func TestGVisorConformance(t *testing.T) {
-	runsc := os.Getenv("DSEC_RUNSC")
-	if runsc == "" {
-		t.Skip("DSEC_RUNSC is not set (scripts/build-runsc.sh builds runsc)")
-	}
+	runsc := testutil.Runsc(t)
 	lower, cfg := conformanceSetup(t)
 	backendtest.Run(t, []string{lower}, func(t *testing.T, root string) backend.Runtime {
 		c := cfg(t, root)

@@ -121,10 +121,19 @@ func newContainer(cfg Config, fncall bool) (*Container, error) {
 	path := cfg.RuntimePath
 	if path == "" {
 		p, err := exec.LookPath(cfg.Runtime)
+		if err != nil && cfg.Runtime == "runsc" {
+			return nil, fmt.Errorf("find runsc (scripts/build-runsc.sh builds the version dsec runs): %w: %w", err, errdefs.ErrNotSupported)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("find %s: %w: %w", cfg.Runtime, err, errdefs.ErrNotSupported)
 		}
 		path = p
+	}
+	if cfg.Runtime == "runsc" {
+		if fi, err := os.Stat(path); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return nil, fmt.Errorf("find runsc: %s is not an executable file (scripts/build-runsc.sh builds the version dsec runs): %w",
+				path, errdefs.ErrNotSupported)
+		}
 	}
 	layout, err := cgroups.Detect()
 	if err != nil {

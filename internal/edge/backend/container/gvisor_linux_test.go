@@ -14,6 +14,7 @@ import (
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/backend/container"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 // TestGVisorAgainstRunc starts sandboxes under runc and under runsc
@@ -22,10 +23,7 @@ import (
 // that commands run and what `ls FILE` and `stat FILE` print (Debian's
 // runsc of 2022 failed both). It asserts no times.
 func TestGVisorAgainstRunc(t *testing.T) {
-	runsc := os.Getenv("DSEC_RUNSC")
-	if runsc == "" {
-		t.Skip("DSEC_RUNSC is not set (scripts/build-runsc.sh builds runsc)")
-	}
+	runsc := testutil.Runsc(t)
 	lower, cfg := conformanceSetup(t)
 	const runs, execs = 5, 20
 	type result struct{ first, exec []time.Duration }
@@ -85,6 +83,7 @@ func TestGVisorAgainstRunc(t *testing.T) {
 			}
 			if i == 0 {
 				checkCommands(t, ctx, client, id)
+				checkCapture(t, ctx, rt, client, id)
 				// The memory limit is on the sandbox's cgroup (runsc's
 				// sentry and gofer under gVisor).
 				if u, err := rt.Usage(ctx, id); err != nil || u.MemoryLimit != spec.MemoryBytes {
@@ -125,6 +124,36 @@ func checkCommands(t *testing.T, ctx context.Context, c agentclient.Client, id s
 		if err != nil || code != 0 || !strings.HasPrefix(strings.TrimSpace(out), tc.want) {
 			t.Errorf("%s: %q: %q, exit %d, %v; want %q", id, tc.line, out, code, err, tc.want)
 		}
+	}
+}
+
+// checkCapture writes a file in the sandbox, freezes it and checks the
+// file is in a capture of its writable layer: under runsc the write goes
+// through the sentry and its gofer to the host's upper dir.
+func checkCapture(t *testing.T, ctx context.Context, rt backend.Runtime, c agentclient.Client, id string) {
+	t.Helper()
+	if out, code, err := execIn(ctx, c, "echo captured > /root/c"); err != nil || code != 0 {
+		t.Fatalf("%s: write /root/c: %q, exit %d, %v", id, out, code, err)
+	}
+	p, sn := rt.(backend.Pauser), rt.(backend.Snapshotter)
+	if err := p.Freeze(ctx, id); err != nil {
+		t.Fatalf("%s: freeze: %v", id, err)
+	}
+	tree, err := sn.Capture(ctx, id, "check")
+	if err != nil {
+		t.Fatalf("%s: capture: %v", id, err)
+	}
+	defer func() {
+		if err := tree.Remove(); err != nil {
+			t.Errorf("%s: remove the capture: %v", id, err)
+		}
+	}()
+	if err := p.Thaw(ctx, id); err != nil {
+		t.Fatalf("%s: thaw: %v", id, err)
+	}
+	b, err := os.ReadFile(filepath.Join(tree.Dir, "root", "c"))
+	if err != nil || string(b) != "captured\n" {
+		t.Errorf("%s: /root/c in the capture: %q, %v; want %q", id, b, err, "captured\n")
 	}
 }
 
