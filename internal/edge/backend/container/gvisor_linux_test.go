@@ -182,3 +182,16 @@ func execIn(ctx context.Context, c agentclient.Client, line string) (string, int
 	}
 	return out.String(), code, s.Err()
 }
+
+// TestRunscMissing: a node told to run runsc without one refuses to start
+// and names the script that builds it.
+func TestRunscMissing(t *testing.T) {
+	dir := t.TempDir()
+	for _, path := range []string{filepath.Join(dir, "no-runsc"), dir} {
+		_, err := container.New(container.Config{Root: dir, UpperRoot: dir, AgentDir: dir,
+			Runtime: "runsc", RuntimePath: path})
+		if err == nil || !strings.Contains(err.Error(), "scripts/build-runsc.sh") {
+			t.Errorf("New with runsc at %s: %v, want an error naming scripts/build-runsc.sh", path, err)
+		}
+	}
+}
