@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -329,34 +330,47 @@ func TestLimits(t *testing.T) {
 			t.Fatalf("background yes did not start: %v", bg.Err())
 		}
 		bg.Close()
-		var exit *dsecv1.ExecExited
-		var kept, dropped int64
-		for exit == nil && ctx.Err() == nil {
-			at, err := sc.Attach(ctx, connect.NewRequest(&dsecv1.AttachRequest{SandboxId: id, Tag: "yes", NoFollow: true}))
+		// Attach once it has exited: an attach while yes runs would follow
+		// its live output (always ready) and carry more than the kept part.
+		for {
+			ps, err := sc.ListProcesses(ctx, connect.NewRequest(&dsecv1.ListProcessesRequest{SandboxId: id}))
 			if err != nil {
 				t.Fatal(err)
 			}
-			kept, dropped = 0, 0
-			for at.Receive() {
-				switch e := at.Msg().Event.(type) {
-				case *dsecv1.ExecEvent_Stdout:
-					kept += int64(len(e.Stdout))
-				case *dsecv1.ExecEvent_Dropped:
-					if !e.Dropped.GetStderr() {
-						dropped += e.Dropped.GetBytes()
-					}
-				case *dsecv1.ExecEvent_Exited:
-					exit = e.Exited
+			i := slices.IndexFunc(ps.Msg.GetProcesses(), func(p *dsecv1.ProcessInfo) bool { return p.GetTag() == "yes" })
+			if i < 0 {
+				t.Fatal("the background yes is not listed")
+			}
+			if !ps.Msg.GetProcesses()[i].GetRunning() {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatal("the background yes never exited")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		at, err := sc.Attach(ctx, connect.NewRequest(&dsecv1.AttachRequest{SandboxId: id, Tag: "yes", NoFollow: true}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var exit *dsecv1.ExecExited
+		var kept, dropped int64
+		for at.Receive() {
+			switch e := at.Msg().Event.(type) {
+			case *dsecv1.ExecEvent_Stdout:
+				kept += int64(len(e.Stdout))
+			case *dsecv1.ExecEvent_Dropped:
+				if !e.Dropped.GetStderr() {
+					dropped += e.Dropped.GetBytes()
 				}
-			}
-			if err := at.Err(); err != nil {
-				t.Fatalf("attach: %v", err)
-			}
-			at.Close()
-			if exit == nil {
-				time.Sleep(200 * time.Millisecond)
+			case *dsecv1.ExecEvent_Exited:
+				exit = e.Exited
 			}
 		}
+		if err := at.Err(); err != nil {
+			t.Fatalf("attach: %v", err)
+		}
+		at.Close()
 		if exit == nil {
 			t.Fatal("the background yes never exited")
 		}
