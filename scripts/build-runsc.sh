@@ -14,6 +14,7 @@ set -euo pipefail
 
 GVISOR_MODULE="gvisor.dev/gvisor"
 GVISOR_VERSION="v0.0.0-20260905035102-160fafc42237"
+. "$(dirname "$0")/lib/gomodule.sh"
 
 usage() {
   echo "usage: $0 [DIR]" >&2
@@ -29,18 +30,9 @@ if [ -x "$out/runsc" ] && [ "$(cat "$out/VERSION" 2>/dev/null)" = "$GVISOR_VERSI
 fi
 mkdir -p "$out"
 
-json="$(go mod download -json "$GVISOR_MODULE@$GVISOR_VERSION")"
-dir="$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
-if [ -z "$dir" ] || [ ! -d "$dir" ]; then
-  echo "build-runsc: module directory not found in: $json" >&2
-  exit 1
-fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-# Build inside the module itself, so its go.mod and go.sum pin every
-# dependency (go install of a module refuses replace directives).
-cp -r "$dir/." "$tmp/src"
-chmod -R u+w "$tmp/src"
+module_source "$GVISOR_MODULE" "$GVISOR_VERSION" "$tmp/src"
 start=$(date +%s)
 # runsc --version names the module version (it says VERSION_MISSING
 # otherwise). Sidecar binaries (gvisor-bin/) are not built: this version's

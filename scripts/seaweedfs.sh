@@ -14,6 +14,7 @@ WEED_MODULE="github.com/seaweedfs/seaweedfs"
 WEED_VERSION="v0.0.0-20261109003541-7506e5f91cd6"
 CACHE="${DSEC_CACHE:-/var/cache/dsec}"
 WEED="$CACHE/weed"
+. "$(dirname "$0")/lib/gomodule.sh"
 
 usage() {
   echo "usage: $0 build | start DIR PORT | stop DIR" >&2
@@ -26,19 +27,9 @@ build() {
     return 0
   fi
   mkdir -p "$CACHE"
-  local json dir
-  json="$(go mod download -json "$WEED_MODULE@$WEED_VERSION")"
-  dir="$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
-  if [ -z "$dir" ] || [ ! -d "$dir" ]; then
-    echo "seaweedfs: module directory not found in: $json" >&2
-    exit 1
-  fi
   BUILD_TMP="$(mktemp -d)"
   trap 'rm -rf "$BUILD_TMP"' EXIT
-  cp -r "$dir/." "$BUILD_TMP/src"
-  chmod -R u+w "$BUILD_TMP/src"
-  # go install refuses modules whose go.mod has replace directives, so build
-  # inside a writable copy of the module instead.
+  module_source "$WEED_MODULE" "$WEED_VERSION" "$BUILD_TMP/src"
   (cd "$BUILD_TMP/src" && go build -o "$BUILD_TMP/weed" ./weed)
   mv "$BUILD_TMP/weed" "$WEED.tmp"
   mv "$WEED.tmp" "$WEED"
