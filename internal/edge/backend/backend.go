@@ -6,10 +6,13 @@
 //
 // The edge (internal/edge/sandbox) holds one Runtime per backend the node
 // offers and routes each sandbox's calls by the backend in its record. A
-// runtime receives a sandbox's layers as mounted directories (Spec.Lower)
-// and its network as a namespace the edge made, starts the agent, and
-// returns a Dialer for the agent channel; Features says what else it can
-// do (pause, snapshots of the writable layer).
+// runtime receives a sandbox's layers as descriptions (Spec.Layers: each
+// layer's EROFS image file on the host, and where the edge mounted it), and
+// its network as a namespace the edge made, starts the agent, and returns a
+// Dialer for the agent channel; Features says what else it can do (pause,
+// snapshots of the writable layer). Each backend uses the part of a layer
+// it can: the container backend stacks the mounted directories with
+// overlayfs, a VM's attaches the image files as read-only disks.
 //
 // Each backend lives in a sub-package: container (the container and fncall
 // backends, on runc or crun). Package backendtest is the conformance suite
@@ -31,7 +34,7 @@ import (
 
 // Runtime runs the sandboxes of one backend on a node. The edge owns a
 // sandbox's identity, record, layers and network; the runtime gets the
-// mounted layer directories and the network namespace in a Spec, starts
+// layers' descriptions and the network namespace in a Spec, starts
 // the agent inside, and says how to reach it.
 //
 // Lifecycle:
@@ -172,12 +175,12 @@ func UnixDialer(path string) Dialer {
 // Spec describes one sandbox to start.
 type Spec struct {
 	ID          string
-	Lower       []string // read-only layer dirs, bottom first
-	DiskBytes   int64    // hard limit of the writable layer; 0 = none
-	Inodes      int64    // inode limit of the writable layer; 0 = DiskBytes/16KiB, at least 16384
-	CPUs        float64  // fractional cores; 0 = unlimited
-	MemoryBytes int64    // 0 = unlimited; no swap either way
-	Pids        int64    // 0 = 4096
+	Layers      []Layer // read-only layers, bottom first
+	DiskBytes   int64   // hard limit of the writable layer; 0 = none
+	Inodes      int64   // inode limit of the writable layer; 0 = DiskBytes/16KiB, at least 16384
+	CPUs        float64 // fractional cores; 0 = unlimited
+	MemoryBytes int64   // 0 = unlimited; no swap either way
+	Pids        int64   // 0 = 4096
 	// TmpBytes caps the tmpfs at /tmp of a backend that gives one
 	// (fncall); its pages count against MemoryBytes. 0 = half of
 	// MemoryBytes, or 256 MiB without a memory limit.
@@ -194,6 +197,50 @@ type Spec struct {
 	NetnsPath string
 	// ResolvConf is a host file bind-mounted read-only at /etc/resolv.conf.
 	ResolvConf string
+}
+
+// Layer describes one read-only layer of a sandbox's root. The edge fills
+// in what the node has of it; a runtime uses what it needs and refuses a
+// layer lacking that part with ErrInvalidArgument.
+type Layer struct {
+	Digest string // sha256:…
+	// File is the layer's EROFS image on the host, readable: the layer
+	// store's own file, the whole file pulled from the blob store, or the
+	// lazy file system's file served on demand. "" where the node has none
+	// (a layer extracted from a tar).
+	File string
+	// FSType is the file system of File, or of Dir where there is no file:
+	// FSTypeEROFS, or FSTypeDir for a plain extracted tree.
+	FSType string
+	Size   int64 // File's size in bytes
+	// Dir is where the edge mounted the layer on the host; "" if it is not
+	// mounted.
+	Dir string
+}
+
+// The file system types of a Layer.
+const (
+	FSTypeEROFS = "erofs"
+	FSTypeDir   = "dir"
+)
+
+// check refuses a layer description no runtime can use.
+func (l Layer) check() error {
+	switch {
+	case l.FSType != FSTypeEROFS && l.FSType != FSTypeDir:
+		return fmt.Errorf("layer %q: unknown file system type %q", l.Digest, l.FSType)
+	case l.File == "" && l.Dir == "":
+		return fmt.Errorf("layer %q: neither a file nor a mounted dir", l.Digest)
+	case l.FSType == FSTypeDir && l.Dir == "":
+		return fmt.Errorf("layer %q: a plain tree without its dir", l.Digest)
+	case l.File != "" && !filepath.IsAbs(l.File):
+		return fmt.Errorf("layer %q: file %q is not absolute", l.Digest, l.File)
+	case l.Dir != "" && !filepath.IsAbs(l.Dir):
+		return fmt.Errorf("layer %q: dir %q is not absolute", l.Digest, l.Dir)
+	case l.Size < 0:
+		return fmt.Errorf("layer %q: negative size", l.Digest)
+	}
+	return nil
 }
 
 // Agent is the configuration of a sandbox's agent. Each runtime delivers
@@ -226,8 +273,8 @@ func (s Spec) Validate() error {
 	switch {
 	case !ValidID(s.ID):
 		return bad("bad id")
-	case len(s.Lower) == 0:
-		return bad("no lower layer")
+	case len(s.Layers) == 0:
+		return bad("no layer")
 	case s.LogPath == "":
 		return bad("no log path")
 	case s.DiskBytes < 0 || s.Inodes < 0 || s.CPUs < 0 || s.MemoryBytes < 0 || s.Pids < 0 || s.TmpBytes < 0:
@@ -235,9 +282,9 @@ func (s Spec) Validate() error {
 	case len(s.Hostname) > 64:
 		return bad("hostname longer than 64 bytes")
 	}
-	for _, l := range s.Lower {
-		if !filepath.IsAbs(l) {
-			return bad(fmt.Sprintf("lower dir %q is not absolute", l))
+	for _, l := range s.Layers {
+		if err := l.check(); err != nil {
+			return bad(err.Error())
 		}
 	}
 	return nil

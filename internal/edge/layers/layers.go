@@ -42,6 +42,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/internal/blob"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/lazy"
 	"dsec.dev/dsec/internal/errdefs"
@@ -112,10 +113,12 @@ type Service struct {
 	flight singleflight.Group
 
 	mu        sync.Mutex
-	sandboxes map[string]int64    // sandboxes started per layer digest since start
-	ready     map[string]bool     // layer digests ready to mount in this mode
-	mounted   map[string][]string // layer digests each sandbox mounted
-	closed    bool                // Close was called: no more background work
+	sandboxes map[string]int64 // sandboxes started per layer digest since start
+	// ready holds the layer digests ready to mount in this mode (ondemand
+	// and eager), with the image file each was mounted from.
+	ready   map[string]string
+	mounted map[string][]string // layer digests each sandbox mounted
+	closed  bool                // Close was called: no more background work
 	// metaPending holds, per layer digest, a channel closed once the
 	// background search for its metadata chunks ended (snapshots.go).
 	metaPending map[string]chan struct{}
@@ -148,7 +151,7 @@ func New(cfg Config, images *image.Store) (*Service, error) {
 		}
 	}
 	return &Service{cfg: cfg, images: images, log: cfg.Log,
-		sandboxes: map[string]int64{}, ready: map[string]bool{}, mounted: map[string][]string{},
+		sandboxes: map[string]int64{}, ready: map[string]string{}, mounted: map[string][]string{},
 		metaPending: map[string]chan struct{}{}}, nil
 }
 
@@ -321,7 +324,7 @@ func (s *Service) markMetaLater(ctx context.Context, ix *blob.Index) {
 		// to mount now, so that the first sandbox on it (a restore, a
 		// fork's children) finds it mounted like its base.
 		if s.cfg.Mode == ModeOnDemand {
-			if _, err, _ := s.flight.Do(digest, func() (any, error) { return nil, s.prepare(ctx, digest) }); err != nil {
+			if _, err, _ := s.flight.Do(digest, func() (any, error) { return s.prepare(ctx, digest) }); err != nil {
 				s.log.Warn("prepare layer", "digest", digest, "err", err)
 			}
 		}
@@ -446,15 +449,17 @@ func (s *Service) RecordEnvironment(env string, digests []string) error {
 }
 
 // Mount makes layer digest available to sandbox id in the node's mode and
-// returns the directory to stack. In ondemand mode a snapshot this node
-// took is mounted from its own whole file (ownSnapshot), as in local mode:
-// its children start without waiting for the metadata mark, and read
-// nothing through the lazy file system.
-func (s *Service) Mount(ctx context.Context, id, digest string) (string, error) {
+// describes it: the directory to stack, and the EROFS image file it is
+// mounted from (for a runtime that attaches files rather than stacking
+// dirs). In ondemand mode a snapshot this node took is mounted from its
+// own whole file (ownSnapshot), as in local mode: its children start
+// without waiting for the metadata mark, and read nothing through the lazy
+// file system. In tar mode the layer is an extracted tree and has no file.
+func (s *Service) Mount(ctx context.Context, id, digest string) (backend.Layer, error) {
 	own := s.cfg.Mode == ModeOnDemand && s.ownSnapshot(digest)
 	if !own {
 		if err := s.waitMeta(ctx, digest); err != nil {
-			return "", err
+			return backend.Layer{}, err
 		}
 	}
 	s.mu.Lock()
@@ -462,51 +467,78 @@ func (s *Service) Mount(ctx context.Context, id, digest string) (string, error) 
 	s.mu.Unlock()
 	switch {
 	case s.cfg.Mode == ModeLocal, own:
-		return s.images.Mount(ctx, digest)
+		dir, err := s.images.Mount(ctx, digest)
+		if err != nil {
+			return backend.Layer{}, err
+		}
+		file, err := s.images.LayerFile(digest)
+		if err != nil {
+			return backend.Layer{}, err
+		}
+		return describe(digest, file, dir)
 	case s.cfg.Mode == ModeTar:
-		return s.extractFor(ctx, id, digest)
+		dir, err := s.extractFor(ctx, id, digest)
+		if err != nil {
+			return backend.Layer{}, err
+		}
+		return backend.Layer{Digest: digest, FSType: backend.FSTypeDir, Dir: dir}, nil
 	}
 	s.mu.Lock()
-	ready := s.ready[digest]
+	file, ready := s.ready[digest]
 	s.mu.Unlock()
 	if !ready {
 		// One sandbox pulls or registers a layer; the others wait for it.
-		_, err, _ := s.flight.Do(digest, func() (any, error) { return nil, s.prepare(ctx, digest) })
+		f, err, _ := s.flight.Do(digest, func() (any, error) { return s.prepare(ctx, digest) })
 		if err != nil {
-			return "", err
+			return backend.Layer{}, err
 		}
+		file = f.(string)
 	}
 	mp, err := s.images.MountPoint(digest)
 	if err != nil {
-		return "", err
+		return backend.Layer{}, err
 	}
-	return mp, nil
+	return describe(digest, file, mp)
+}
+
+// describe is layer digest's description: its EROFS image file, mounted
+// at dir.
+func describe(digest, file, dir string) (backend.Layer, error) {
+	fi, err := os.Stat(file)
+	if err != nil {
+		return backend.Layer{}, fmt.Errorf("describe layer %s: %w", digest, err)
+	}
+	return backend.Layer{Digest: digest, File: file, FSType: backend.FSTypeEROFS, Size: fi.Size(), Dir: dir}, nil
 }
 
 // prepare makes digest mountable: in ondemand mode it registers the layer
 // with the lazy file system and mounts EROFS from the FUSE file; in eager
-// mode it pulls the whole file, verified, and mounts it.
-func (s *Service) prepare(ctx context.Context, digest string) error {
+// mode it pulls the whole file, verified, and mounts it. It returns the
+// file it mounted.
+func (s *Service) prepare(ctx context.Context, digest string) (string, error) {
 	hex := strings.TrimPrefix(digest, "sha256:")
 	ix, err := blob.GetIndex(ctx, s.cfg.Blobs, hex)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// A layer imported before the blob store was in use: publish the
 		// node's own copy first.
 		if err := s.publish(ctx, digest, false); err != nil {
-			return fmt.Errorf("prepare layer %s: %w", digest, err)
+			return "", fmt.Errorf("prepare layer %s: %w", digest, err)
 		}
 		ix, err = blob.GetIndex(ctx, s.cfg.Blobs, hex)
 	}
 	if err != nil {
-		return fmt.Errorf("prepare layer %s: %w", digest, err)
+		return "", fmt.Errorf("prepare layer %s: %w", digest, err)
 	}
 	var file string
 	switch {
 	case s.cfg.Mode == ModeOnDemand && s.ownSnapshot(digest):
 		// The store's own file: what Mount mounts for this layer.
+		if file, err = s.images.LayerFile(digest); err != nil {
+			return "", fmt.Errorf("prepare layer %s: %w", digest, err)
+		}
 	case s.cfg.Mode == ModeOnDemand:
 		if file, err = s.cfg.Loader.Add(ctx, ix); err != nil {
-			return fmt.Errorf("prepare layer %s: %w", digest, err)
+			return "", fmt.Errorf("prepare layer %s: %w", digest, err)
 		}
 		// A layer imported or adopted in this run was warmed then;
 		// one known from before (or by a restarted lazyfs) is now.
@@ -515,17 +547,17 @@ func (s *Service) prepare(ctx context.Context, digest string) error {
 		file = filepath.Join(s.cfg.Dir, "eager", hex)
 		if _, err := os.Stat(file); err != nil {
 			if err := pullFile(ctx, s.cfg.Blobs, ix, file); err != nil {
-				return fmt.Errorf("prepare layer %s: %w", digest, err)
+				return "", fmt.Errorf("prepare layer %s: %w", digest, err)
 			}
 		}
 	}
 	if _, err := s.images.MountFile(ctx, digest, file); err != nil {
-		return err
+		return "", err
 	}
 	s.mu.Lock()
-	s.ready[digest] = true
+	s.ready[digest] = file
 	s.mu.Unlock()
-	return nil
+	return file, nil
 }
 
 // ownSnapshot reports whether layer digest is a snapshot whose whole file

@@ -92,11 +92,15 @@ func TestOwnSnapshotMountsFromItsFile(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	dir, err := s.Mount(ctx, "sb-1", snap)
+	l, err := s.Mount(ctx, "sb-1", snap)
 	if err != nil {
 		t.Fatalf("mount the node's own snapshot while its mark runs: %v", err)
 	}
-	if got, err := os.ReadFile(filepath.Join(dir, "hello")); err != nil || string(got) != "from the snapshot" {
+	// Described with the store's own file, which a VM would attach.
+	if fi, err := os.Stat(l.File); err != nil || l.FSType != "erofs" || fi.Size() != l.Size || l.Digest != snap {
+		t.Fatalf("the snapshot's description %+v: file %v", l, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(l.Dir, "hello")); err != nil || string(got) != "from the snapshot" {
 		t.Fatalf("the mounted snapshot holds %q, %v", got, err)
 	}
 

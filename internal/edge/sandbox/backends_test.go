@@ -44,7 +44,7 @@ func TestBackendsRouteAndRefuse(t *testing.T) {
 		t.Fatalf("container runtime holds %v, fncall %v", mustList(t, ctr), mustList(t, fn))
 	}
 	// The runtime got the agent's configuration, typed.
-	if s, err := fn.Spec(reward.GetId()); err != nil || s.Agent.User != "u1" || s.Agent.Env["A"] != "1" || !slices.Equal(s.Lower, []string{"/layers/sha256:aa"}) {
+	if s, err := fn.Spec(reward.GetId()); err != nil || s.Agent.User != "u1" || s.Agent.Env["A"] != "1" || len(s.Layers) != 1 || s.Layers[0].Dir != "/layers/sha256:aa" || s.Layers[0].File != "/blobs/sha256:aa" {
 		t.Errorf("fncall spec %+v, %v", s, err)
 	}
 

@@ -44,9 +44,9 @@ type Images interface {
 	// ResolveEnvironment may adopt parts of env the node lacks from the
 	// blob store another node published them to.
 	ResolveEnvironment(ctx context.Context, env string) ([]image.Layer, error)
-	// Mount makes layer digest available to sandbox id and returns the
-	// directory to use as a lower layer.
-	Mount(ctx context.Context, id, digest string) (string, error)
+	// Mount makes layer digest available to sandbox id and describes it
+	// for the sandbox's runtime: its image file and where it is mounted.
+	Mount(ctx context.Context, id, digest string) (backend.Layer, error)
 	// Release drops what Mount made for sandbox id alone.
 	Release(ctx context.Context, id string)
 	RecordEnvironment(env string, digests []string) error
@@ -328,13 +328,13 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	}
 	tResolved := time.Now()
 	td.add("layers", func(ctx context.Context) error { m.images.Release(ctx, id); return nil })
-	var lower []string
+	var mounted []backend.Layer
 	for _, l := range layers {
-		dir, err := m.images.Mount(ctx, id, l.Digest)
+		desc, err := m.images.Mount(ctx, id, l.Digest)
 		if err != nil {
 			return nil, fail(fmt.Errorf("mount layer %s: %w", l.Digest, err))
 		}
-		lower = append(lower, dir)
+		mounted = append(mounted, desc)
 		sb.mu.Lock()
 		rec.LayerDigests = append(rec.LayerDigests, l.Digest)
 		sb.mu.Unlock()
@@ -353,7 +353,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	}
 	tPrepared := time.Now()
 	td.add("container", func(ctx context.Context) error { return rt.Delete(ctx, id) })
-	client, err := m.launch(ctx, rt, id, spec, lower, att)
+	client, err := m.launch(ctx, rt, id, spec, mounted, att)
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -386,7 +386,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 
 // launch starts the sandbox in its backend's runtime, which makes the
 // agent channel, and waits for the agent to answer on it.
-func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spec *dsecv1.SandboxSpec, lower []string, att *netctl.Attachment) (agentclient.Client, error) {
+func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spec *dsecv1.SandboxSpec, layers []backend.Layer, att *netctl.Attachment) (agentclient.Client, error) {
 	dir := m.states.Dir(id)
 	agent := backend.Agent{User: spec.GetUser(), Workdir: spec.GetWorkdir(), Hostname: spec.GetHostname(), OutputLimit: m.cfg.OutputLimit}
 	// A mirror's variables (PIP_INDEX_URL and the like) come first, so the
@@ -410,7 +410,7 @@ func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spe
 	}
 	rs := backend.Spec{
 		ID:          id,
-		Lower:       lower,
+		Layers:      layers,
 		DiskBytes:   spec.GetDiskMb() << 20,
 		CPUs:        spec.GetCpus(),
 		MemoryBytes: spec.GetMemoryMb() << 20,

@@ -59,8 +59,8 @@ func (f *fakeImages) retag(digest string) {
 
 func (*fakeImages) Release(ctx context.Context, id string) {}
 
-func (*fakeImages) Mount(ctx context.Context, id, digest string) (string, error) {
-	return "/layers/" + digest, nil
+func (*fakeImages) Mount(ctx context.Context, id, digest string) (backend.Layer, error) {
+	return backend.Layer{Digest: digest, File: "/blobs/" + digest, FSType: backend.FSTypeEROFS, Size: 4096, Dir: "/layers/" + digest}, nil
 }
 func (*fakeImages) RecordEnvironment(env string, digests []string) error { return nil }
 
@@ -186,7 +186,7 @@ func TestRecoverAdoptsAndReaps(t *testing.T) {
 	rt.Kill(died.GetId(), false)
 	orphan := sandboxid.New("n1", 0, 0)
 	// A sandbox whose create never saved a record.
-	if _, err := rt.Start(ctx, backend.Spec{ID: orphan, Lower: []string{"/layers/x"}, LogPath: "/dev/null"}); err != nil {
+	if _, err := rt.Start(ctx, backend.Spec{ID: orphan, Layers: []backend.Layer{{Digest: "sha256:x", FSType: backend.FSTypeDir, Dir: "/layers/x"}}, LogPath: "/dev/null"}); err != nil {
 		t.Fatal(err)
 	}
 

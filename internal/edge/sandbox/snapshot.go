@@ -76,11 +76,14 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string, exclude []strin
 	defer m.images.Release(context.WithoutCancel(ctx), job)
 	var lower []string
 	for _, d := range rec.GetLayerDigests() {
-		dir, err := m.images.Mount(ctx, job, d)
+		l, err := m.images.Mount(ctx, job, d)
 		if err != nil {
 			return nil, fmt.Errorf("snapshot %s: mount layer %s: %w", name, d, err)
 		}
-		lower = append(lower, dir)
+		if l.Dir == "" {
+			return nil, fmt.Errorf("snapshot %s: layer %s is not mounted on the host", name, d)
+		}
+		lower = append(lower, l.Dir)
 	}
 	// Built beside the layer store rather than the capture: the move in
 	// is then a rename, and mkfs.erofs writes to the store's file system

@@ -24,7 +24,7 @@ func inject(t *testing.T, m *Manager, rt *fake.Runtime, st dsecv1.State) (id str
 	rec := &dsecv1.Sandbox{Id: id, Node: "n1", State: st, Spec: &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 3600}}
 	sb := &sandbox{rec: rec, lastActive: time.Now(), td: m.teardownOf(id, rt)}
 	if st != dsecv1.State_STATE_STOPPED && st != dsecv1.State_STATE_FAILED {
-		dial, err := rt.Start(context.Background(), backend.Spec{ID: id, Lower: []string{"/layers/x"}, LogPath: "/dev/null"})
+		dial, err := rt.Start(context.Background(), backend.Spec{ID: id, Layers: []backend.Layer{{Digest: "sha256:x", FSType: backend.FSTypeDir, Dir: "/layers/x"}}, LogPath: "/dev/null"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -45,10 +45,11 @@ type NewFunc func(t *testing.T, root string) backend.Runtime
 // answerWithin bounds how long a started agent may take to answer.
 const answerWithin = 15 * time.Second
 
-// Run runs the suite. lower is the read-only layer dirs every sandbox
-// starts on (bottom first), a root file system the runtime's agent runs
-// in; runtimes that start nothing may get nil.
-func Run(t *testing.T, lower []string, newRuntime NewFunc) {
+// Run runs the suite. layers are the read-only layers every sandbox starts
+// on (bottom first), a root file system the runtime's agent runs in, each
+// described with what the runtime needs of it (DirLayers for mounted
+// dirs); runtimes that start nothing may get nil.
+func Run(t *testing.T, layers []backend.Layer, newRuntime NewFunc) {
 	tests := []struct {
 		name string
 		fn   func(t *testing.T, n *node)
@@ -65,13 +66,13 @@ func Run(t *testing.T, lower []string, newRuntime NewFunc) {
 		{"Capture", testCapture},
 		{"Usage", testUsage},
 	}
-	if len(lower) == 0 {
-		lower = []string{"/nonexistent-lower"}
+	if len(layers) == 0 {
+		layers = DirLayers("/nonexistent-lower")
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
-			n := &node{t: t, root: root, lower: lower, newRuntime: newRuntime}
+			n := &node{t: t, root: root, layers: layers, newRuntime: newRuntime}
 			n.rt = n.open()
 			// Registered after newRuntime's own cleanups, so it runs first.
 			t.Cleanup(n.cleanup)
@@ -80,11 +81,21 @@ func Run(t *testing.T, lower []string, newRuntime NewFunc) {
 	}
 }
 
+// DirLayers describes dirs (bottom first) as layers of plain trees
+// mounted there, as the edge hands a runtime layers extracted from tars.
+func DirLayers(dirs ...string) []backend.Layer {
+	layers := make([]backend.Layer, len(dirs))
+	for i, d := range dirs {
+		layers[i] = backend.Layer{Digest: fmt.Sprintf("sha256:dir%d", i), FSType: backend.FSTypeDir, Dir: d}
+	}
+	return layers
+}
+
 // node is one root under test and the runtime instances opened over it.
 type node struct {
 	t          *testing.T
 	root       string
-	lower      []string
+	layers     []backend.Layer
 	newRuntime NewFunc
 	rt         backend.Runtime // the current instance
 	mu         sync.Mutex      // guards started
@@ -146,7 +157,7 @@ func (n *node) spec(name string) backend.Spec {
 	n.remember(id)
 	return backend.Spec{
 		ID:          id,
-		Lower:       n.lower,
+		Layers:      n.layers,
 		DiskBytes:   64 << 20,
 		CPUs:        0.5,
 		MemoryBytes: 256 << 20,
@@ -365,8 +376,17 @@ func testInvalidSpecs(t *testing.T, n *node) {
 		{"empty id", func(s *backend.Spec) { s.ID = "" }},
 		{"id with a slash", func(s *backend.Spec) { s.ID = "../escape" }},
 		{"id too long", func(s *backend.Spec) { s.ID = strings.Repeat("x", 200) }},
-		{"no lower", func(s *backend.Spec) { s.Lower = nil }},
-		{"relative lower", func(s *backend.Spec) { s.Lower = []string{"layers/base"} }},
+		{"no layer", func(s *backend.Spec) { s.Layers = nil }},
+		{"relative layer dir", func(s *backend.Spec) { s.Layers = DirLayers("layers/base") }},
+		{"relative layer file", func(s *backend.Spec) {
+			s.Layers = []backend.Layer{{Digest: "sha256:00", File: "layers/base.erofs", FSType: backend.FSTypeEROFS}}
+		}},
+		{"unknown layer type", func(s *backend.Spec) {
+			s.Layers = []backend.Layer{{Digest: "sha256:00", Dir: "/layers/base", FSType: "ext2"}}
+		}},
+		{"layer without file or dir", func(s *backend.Spec) {
+			s.Layers = []backend.Layer{{Digest: "sha256:00", FSType: backend.FSTypeEROFS}}
+		}},
 		{"no log path", func(s *backend.Spec) { s.LogPath = "" }},
 		{"negative memory", func(s *backend.Spec) { s.MemoryBytes = -1 }},
 		{"negative cpus", func(s *backend.Spec) { s.CPUs = -0.5 }},

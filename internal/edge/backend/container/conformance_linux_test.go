@@ -20,7 +20,7 @@ import (
 // container backend with runc and the real dsec-agent.
 func TestContainerConformance(t *testing.T) {
 	lower, cfg := conformanceSetup(t)
-	backendtest.Run(t, []string{lower}, func(t *testing.T, root string) backend.Runtime {
+	backendtest.Run(t, backendtest.DirLayers(lower), func(t *testing.T, root string) backend.Runtime {
 		rt, err := container.New(cfg(t, root))
 		if err != nil {
 			t.Fatal(err)
@@ -33,7 +33,7 @@ func TestContainerConformance(t *testing.T) {
 // with --cpu-cgroup-fd and --fncall, which dsec-agent must know.
 func TestFnCallConformance(t *testing.T) {
 	lower, cfg := conformanceSetup(t)
-	backendtest.Run(t, []string{lower}, func(t *testing.T, root string) backend.Runtime {
+	backendtest.Run(t, backendtest.DirLayers(lower), func(t *testing.T, root string) backend.Runtime {
 		rt, err := container.NewFnCall(cfg(t, root))
 		if err != nil {
 			t.Fatal(err)
@@ -48,7 +48,7 @@ func TestFnCallConformance(t *testing.T) {
 func TestGVisorConformance(t *testing.T) {
 	runsc := testutil.Runsc(t)
 	lower, cfg := conformanceSetup(t)
-	backendtest.Run(t, []string{lower}, func(t *testing.T, root string) backend.Runtime {
+	backendtest.Run(t, backendtest.DirLayers(lower), func(t *testing.T, root string) backend.Runtime {
 		c := cfg(t, root)
 		c.Runtime, c.RuntimePath, c.RunscPlatform = "runsc", runsc, os.Getenv("DSEC_RUNSC_PLATFORM")
 		rt, err := container.New(c)

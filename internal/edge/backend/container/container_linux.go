@@ -492,7 +492,7 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return nil, fmt.Errorf("make rootfs dir: %w", err)
 	}
-	if err := mountOverlay(s.Lower, upper, work, rootfs); err != nil {
+	if err := mountOverlay(layerDirs(s.Layers), upper, work, rootfs); err != nil {
 		return nil, err
 	}
 	undo.add(func() error { return detach(rootfs) })
@@ -764,12 +764,24 @@ func (r *Container) checkSpec(s backend.Spec) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	for _, l := range s.Lower {
-		if strings.ContainsAny(l, ":,") {
-			return fmt.Errorf("check sandbox spec %q: lower dir %q must not hold ':' or ',': %w", s.ID, l, errdefs.ErrInvalidArgument)
+	for _, l := range s.Layers {
+		if l.Dir == "" {
+			return fmt.Errorf("check sandbox spec %q: layer %s is not mounted on the host (a container stacks mounted dirs): %w", s.ID, l.Digest, errdefs.ErrInvalidArgument)
+		}
+		if strings.ContainsAny(l.Dir, ":,") {
+			return fmt.Errorf("check sandbox spec %q: layer dir %q must not hold ':' or ',': %w", s.ID, l.Dir, errdefs.ErrInvalidArgument)
 		}
 	}
 	return nil
+}
+
+// layerDirs is where layers are mounted on the host, bottom first.
+func layerDirs(layers []backend.Layer) []string {
+	dirs := make([]string, len(layers))
+	for i, l := range layers {
+		dirs[i] = l.Dir
+	}
+	return dirs
 }
 
 // swapAccounting reports whether a memory+swap limit can be set.

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/backendtest"
 	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
 	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 	"dsec.dev/dsec/internal/edge/backend/container/quota"
@@ -159,7 +160,7 @@ func (n *node) spec(t *testing.T, id string) backend.Spec {
 	t.Helper()
 	return backend.Spec{
 		ID:          id,
-		Lower:       []string{n.lower},
+		Layers:      backendtest.DirLayers(n.lower),
 		DiskBytes:   32 << 20,
 		CPUs:        0.5,
 		MemoryBytes: 128 << 20,
@@ -567,7 +568,7 @@ func TestStartFailureCleansUp(t *testing.T) {
 	n := newNode(t)
 	ctx := context.Background()
 	s := n.spec(t, "sb-bad")
-	s.Lower = []string{filepath.Join(n.sockDir, "no-such-layer")}
+	s.Layers = backendtest.DirLayers(filepath.Join(n.sockDir, "no-such-layer"))
 	if _, err := n.rt.Start(ctx, s); err == nil {
 		t.Fatal("Start with a missing layer succeeded")
 	}

@@ -13,6 +13,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/backendtest"
 	"dsec.dev/dsec/internal/edge/backend/container"
 	"dsec.dev/dsec/internal/testutil"
 )
@@ -56,7 +57,7 @@ func TestGVisorAgainstRunc(t *testing.T) {
 		results[name] = res
 		for i := range runs {
 			id := fmt.Sprintf("%s-%d", name, i)
-			spec := backend.Spec{ID: id, Lower: []string{lower}, DiskBytes: 64 << 20, MemoryBytes: 256 << 20,
+			spec := backend.Spec{ID: id, Layers: backendtest.DirLayers(lower), DiskBytes: 64 << 20, MemoryBytes: 256 << 20,
 				LogPath: filepath.Join(t.TempDir(), id+".log")}
 			t0 := time.Now()
 			dial, err := rt.Start(ctx, spec)
