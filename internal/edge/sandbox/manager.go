@@ -317,7 +317,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		m.log.Info("sandbox create failed", "id", id, "err", cause)
 		return cause
 	}
-	td.add("record", func(ctx context.Context) error { return m.states.Remove(id) })
+	m.hold(td, resRecord, id, rt)
 	if token != "" {
 		if err := m.states.SaveToken(id, token); err != nil {
 			return nil, fail(err)
@@ -327,7 +327,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		return nil, fail(err)
 	}
 	tResolved := time.Now()
-	td.add("layers", func(ctx context.Context) error { m.images.Release(ctx, id); return nil })
+	m.hold(td, resLayers, id, rt)
 	var mounted []backend.Layer
 	for _, l := range layers {
 		desc, err := m.images.Mount(ctx, id, l.Digest)
@@ -341,7 +341,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	}
 	var att *netctl.Attachment
 	if len(spec.GetNetworkRules()) > 0 {
-		td.add("network", func(ctx context.Context) error { return m.detach(ctx, id) })
+		m.hold(td, resNetwork, id, rt)
 		att, err = m.net.Attach(ctx, id, spec.GetNetworkRules())
 		if err != nil {
 			return nil, fail(fmt.Errorf("attach sandbox %s to the network: %w", id, err))
@@ -352,7 +352,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 		sb.mu.Unlock()
 	}
 	tPrepared := time.Now()
-	td.add("container", func(ctx context.Context) error { return rt.Delete(ctx, id) })
+	m.hold(td, resContainer, id, rt)
 	client, err := m.launch(ctx, rt, id, spec, mounted, att)
 	if err != nil {
 		return nil, fail(err)

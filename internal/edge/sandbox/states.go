@@ -134,6 +134,41 @@ func (t *teardown) run(ctx context.Context) error {
 	return nil
 }
 
+// resource is one thing a sandbox holds. The constants are in the order a
+// create acquires them, so a teardown releases them last first.
+type resource int
+
+const (
+	resRecord    resource = iota // its record and create token on disk
+	resLayers                    // the layers mounted for it
+	resNetwork                   // its network namespace, veth and rules
+	resContainer                 // what its backend's runtime holds
+	numResources
+)
+
+var resourceNames = [numResources]string{"record", "layers", "network", "container"}
+
+// hold registers resource r of sandbox id in t, as a create acquires it (or
+// is about to): the one definition of how each resource is released, for
+// a create's teardown and for teardownOf's alike. rt is the runtime that
+// holds the sandbox.
+func (m *Manager) hold(t *teardown, r resource, id string, rt backend.Runtime) {
+	var release func(ctx context.Context) error
+	switch r {
+	case resRecord:
+		release = func(ctx context.Context) error { return m.states.Remove(id) }
+	case resLayers:
+		release = func(ctx context.Context) error { m.images.Release(ctx, id); return nil }
+	case resNetwork:
+		release = func(ctx context.Context) error { return m.detach(ctx, id) }
+	case resContainer:
+		release = func(ctx context.Context) error { return rt.Delete(ctx, id) }
+	default:
+		panic(fmt.Sprintf("sandbox resource %d", r))
+	}
+	t.add(resourceNames[r], release)
+}
+
 // teardownOf is the full teardown of sandbox id, every resource a sandbox
 // can hold, for one whose create this process did not see (re-adopted,
 // orphaned, or emptied by Teardown). rt is the runtime that holds it; nil
@@ -141,13 +176,11 @@ func (t *teardown) run(ctx context.Context) error {
 // runtime lists it).
 func (m *Manager) teardownOf(id string, rt backend.Runtime) teardown {
 	var t teardown
-	t.add("record", func(ctx context.Context) error { return m.states.Remove(id) })
-	t.add("layers", func(ctx context.Context) error { m.images.Release(ctx, id); return nil })
-	if m.net != nil {
-		t.add("network", func(ctx context.Context) error { return m.detach(ctx, id) })
-	}
-	if rt != nil {
-		t.add("container", func(ctx context.Context) error { return rt.Delete(ctx, id) })
+	for r := range numResources {
+		if (r == resNetwork && m.net == nil) || (r == resContainer && rt == nil) {
+			continue
+		}
+		m.hold(&t, r, id, rt)
 	}
 	return t
 }

@@ -52,7 +52,7 @@ func inject(t *testing.T, m *Manager, rt *fake.Runtime, st dsecv1.State) (id str
 		// A stop whose teardown failed midway: the container is gone, the
 		// rest is left for the next call.
 		sb.td = teardown{}
-		sb.td.add("record", func(ctx context.Context) error { return m.states.Remove(id) })
+		m.hold(&sb.td, resRecord, id, rt)
 	}
 	m.mu.Lock()
 	m.sandboxes[id] = sb
