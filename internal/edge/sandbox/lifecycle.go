@@ -101,16 +101,14 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner backend.Runti
 	if err != nil {
 		// The node was restarted without the backend the sandbox runs on.
 		m.log.Warn("removing sandbox of a backend the node no longer has", "id", id, "err", err)
-		m.reap(ctx, id, owner)
-		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_NODE_LOST, err.Error())
+		m.endFound(ctx, rec, owner, dsecv1.Reason_REASON_NODE_LOST, err.Error())
 		return
 	}
 	switch rec.GetState() {
 	case dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_PAUSING, dsecv1.State_STATE_RESUMING:
 	default:
 		m.log.Info("removing sandbox left half made or half stopped", "id", id, "state", rec.GetState().String())
-		m.reap(ctx, id, rt)
-		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_NODE_LOST, "the edge restarted while it was "+stateWord(rec.GetState()))
+		m.endFound(ctx, rec, rt, dsecv1.Reason_REASON_NODE_LOST, "the edge restarted while it was "+stateWord(rec.GetState()))
 		return
 	}
 	st, err := rt.Status(ctx, id)
@@ -123,8 +121,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner backend.Runti
 		if st.OOMKills > 0 {
 			reason, msg = dsecv1.Reason_REASON_OOM, "the sandbox was OOM-killed while the edge was down"
 		}
-		m.reap(ctx, id, rt)
-		m.tombstone(rec, dsecv1.State_STATE_FAILED, reason, msg)
+		m.endFound(ctx, rec, rt, reason, msg)
 		return
 	}
 	sb := &sandbox{rec: rec, rt: rt, lastActive: time.Now(), td: m.teardownOf(id, rt), token: m.tokenOf(id)}
@@ -134,11 +131,15 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner backend.Runti
 	if frozen, err := m.frozen(ctx, sb); err == nil && frozen {
 		if rec.GetState() != dsecv1.State_STATE_PAUSED {
 			m.log.Info("sandbox was frozen when the edge stopped; it stays paused", "id", id, "state", rec.GetState().String())
-			rec.State = dsecv1.State_STATE_PAUSED
 			if rec.PausedUnixMs == 0 {
 				rec.PausedUnixMs = time.Now().UnixMilli()
 			}
-			m.save(rec)
+			sb.mu.Lock()
+			err := m.transitionLogged(sb, paused)
+			sb.mu.Unlock()
+			if err != nil {
+				m.log.Warn("re-adopt paused sandbox", "id", id, "err", err)
+			}
 		}
 		sb.agent = agentclient.New(dial)
 		m.mu.Lock()
@@ -151,7 +152,12 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner backend.Runti
 	if rec.GetState() != dsecv1.State_STATE_RUNNING {
 		m.log.Info("sandbox was thawed when the edge stopped; it is running", "id", id, "state", rec.GetState().String())
 		m.resumed(rec, time.Now())
-		m.save(rec)
+		sb.mu.Lock()
+		err := m.transitionLogged(sb, running)
+		sb.mu.Unlock()
+		if err != nil {
+			m.log.Warn("re-adopt running sandbox", "id", id, "err", err)
+		}
 	}
 	client := agentclient.New(dial)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -160,8 +166,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner backend.Runti
 	if err != nil {
 		client.Close()
 		m.log.Warn("agent of re-adopted sandbox does not answer; removing it", "id", id, "err", err)
-		m.reap(ctx, id, rt)
-		m.tombstone(rec, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_AGENT_LOST, "its agent did not answer after the edge restarted")
+		m.endFound(ctx, rec, rt, dsecv1.Reason_REASON_AGENT_LOST, "its agent did not answer after the edge restarted")
 		return
 	}
 	sb.agent = client
@@ -207,10 +212,43 @@ func (m *Manager) reap(ctx context.Context, id string, rt backend.Runtime) {
 	}
 }
 
-func (m *Manager) tombstone(rec *dsecv1.Sandbox, final dsecv1.State, reason dsecv1.Reason, msg string) {
-	rec.State, rec.Reason, rec.Message = final, reason, msg
+// endFound reaps a sandbox whose record Recover found, dead, half made or
+// half stopped, and keeps its tombstone, failed for reason: its record goes
+// to stopping before the reap (a restart meanwhile reaps it again) and to
+// failed after. rt is the runtime that holds it (nil: none does). A record
+// already ended is kept as the tombstone it is. The edge started after it
+// ended, so Status does not count it.
+func (m *Manager) endFound(ctx context.Context, rec *dsecv1.Sandbox, rt backend.Runtime, reason dsecv1.Reason, msg string) {
+	id := rec.GetId()
+	sb := &sandbox{rec: rec, rt: rt, td: m.teardownOf(id, rt)}
+	// Its first phase is its record's: an ended one is the tombstone it
+	// says, and a record without a state the table knows starts stopping.
+	switch st := rec.GetState(); {
+	case ended(st):
+		sb.gone = time.Now()
+	case !Live(st):
+		rec.State = dsecv1.State_STATE_STOPPING
+	}
+	sb.mu.Lock()
+	if Live(rec.GetState()) {
+		if err := m.transitionLogged(sb, stopping); err != nil {
+			m.log.Warn("stop sandbox found at recovery", "id", id, "err", err)
+		}
+	}
+	sb.mu.Unlock()
+	if err := sb.td.run(ctx); err != nil {
+		m.log.Warn("remove sandbox", "id", id, "err", err)
+	}
 	m.mu.Lock()
-	m.sandboxes[rec.GetId()] = &sandbox{rec: rec, gone: time.Now()}
+	sb.mu.Lock()
+	rec.Reason, rec.Message = reason, msg
+	if rec.GetState() == dsecv1.State_STATE_STOPPING {
+		if err := m.transition(sb, failed); err != nil {
+			m.log.Warn("end sandbox found at recovery", "id", id, "err", err)
+		}
+	}
+	m.sandboxes[id] = sb
+	sb.mu.Unlock()
 	m.mu.Unlock()
 }
 

@@ -7,6 +7,12 @@
 // timeout, notices the ones that died (from the end of a watch connection
 // each agent holds, not by asking), and persists every record so that a
 // restarted edge re-adopts what is still running.
+//
+// A sandbox's life is one state machine (states.go): a table of which call
+// is legal in which phase, a list of the phase changes there are, and one
+// function that makes each. Warm pool members are in it (a pooled mark on
+// their state; a create's claim is a transition), and so are tombstones
+// (the stopped and failed states).
 package sandbox
 
 import (
@@ -360,14 +366,13 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	started := time.Now()
 	sb.mu.Lock()
 	sb.agent = client
-	rec.State = dsecv1.State_STATE_RUNNING
 	rec.StartedUnixMs = started.UnixMilli()
 	if poolKey == "" {
 		rec.ExpiresUnixMs = started.Add(time.Duration(spec.GetTtlSeconds()) * time.Second).UnixMilli()
 	}
 	rec.LastActiveUnixMs = started.UnixMilli()
 	sb.lastActive = started
-	err = m.states.Save(rec)
+	err = m.transition(sb, phase{dsecv1.State_STATE_RUNNING, poolKey != ""})
 	sb.mu.Unlock()
 	if err != nil {
 		return nil, fail(err)
@@ -720,22 +725,47 @@ func (m *Manager) lookup(id string) (*sandbox, error) {
 }
 
 // stopSandbox releases a sandbox's resources (its teardown, last acquired
-// first) and leaves a tombstone in the given final state. It is safe to
-// call more than once and at any point of the sandbox's life: a paused
-// sandbox is thawed and killed; a teardown step that fails stays
-// registered, the sandbox stays stopping, and the next call tries again.
+// first) and leaves a tombstone in the given final state: a caller's
+// delete, or the edge's stop (TTL, idle, a dead agent). It is safe to call
+// more than once and at any point of the sandbox's life: a paused sandbox
+// is thawed and killed; a teardown step that fails stays registered, the
+// sandbox stays stopping, and the next call tries again.
 func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.State, reason dsecv1.Reason, msg string) error {
+	return m.stopAs(ctx, sb, callDelete, final, reason, msg)
+}
+
+// drop stops a sandbox its warm pool lets go of, unless a create claimed
+// it meanwhile: that one is the caller's and stays.
+func (m *Manager) drop(ctx context.Context, sb *sandbox, why string) {
+	if err := m.stopAs(ctx, sb, callDrop, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, why); err != nil {
+		m.log.Warn("drop sandbox from its warm pool", "id", sb.rec.GetId(), "why", why, "err", err)
+	}
+}
+
+// stopAs is stopSandbox and drop: call c (callDelete or callDrop) as the
+// table answers it in the sandbox's phase, under its op lock.
+func (m *Manager) stopAs(ctx context.Context, sb *sandbox, c call, final dsecv1.State, reason dsecv1.Reason, msg string) error {
 	ctx = context.WithoutCancel(ctx)
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	sb.mu.Lock()
-	if !sb.gone.IsZero() {
+	p, id := sb.phaseOf(), sb.rec.GetId()
+	switch v := decide(p, c); {
+	case v == allow:
+		if err := m.transitionLogged(sb, phase{dsecv1.State_STATE_STOPPING, p.pooled}); err != nil {
+			sb.mu.Unlock()
+			return fmt.Errorf("stop sandbox %s: %w", id, err)
+		}
+	case v == noop && p.state == dsecv1.State_STATE_STOPPING && (c == callDelete || p.pooled):
+		// A teardown that failed midway: this call tries again.
+	case v == noop:
 		sb.mu.Unlock()
 		return nil
+	default:
+		err := refusal(sb.rec, v, c)
+		sb.mu.Unlock()
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
 	}
-	id := sb.rec.GetId()
-	sb.rec.State = dsecv1.State_STATE_STOPPING
-	m.save(sb.rec)
 	if sb.unwatch != nil {
 		// Its agent is about to end: that is no news.
 		sb.unwatch()
@@ -747,17 +777,21 @@ func (m *Manager) stopSandbox(ctx context.Context, sb *sandbox, final dsecv1.Sta
 	}
 	m.mu.Lock() // gone is read under either lock
 	sb.mu.Lock()
-	sb.rec.State = final
 	sb.rec.Reason = reason
 	sb.rec.Message = msg
-	sb.gone = time.Now()
-	m.ended++
-	if sb.agent != nil {
-		sb.agent.Close()
+	err := m.transition(sb, phase{final, p.pooled})
+	if err == nil {
+		m.ended++
+		if sb.agent != nil {
+			sb.agent.Close()
+		}
+		sb.agent = nil
 	}
-	sb.agent = nil
 	sb.mu.Unlock()
 	m.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
 	level := slog.LevelDebug
 	if final == dsecv1.State_STATE_FAILED {
 		level = slog.LevelWarn

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -35,7 +36,7 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	sb.mu.Lock()
-	switch v := decide(sb.rec.GetState(), callPause); v {
+	switch v := decide(sb.phaseOf(), callPause); v {
 	case allow:
 	case noop:
 		defer sb.mu.Unlock()
@@ -45,8 +46,10 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 		return nil, false, refusal(sb.rec, v, callPause)
 	}
 	id := sb.rec.GetId()
-	sb.rec.State = dsecv1.State_STATE_PAUSING
-	m.save(sb.rec)
+	if err := m.transitionLogged(sb, pausing); err != nil {
+		sb.mu.Unlock()
+		return nil, false, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
 	sb.mu.Unlock()
 
 	st, err := pz.Pause(ctx, id, !keepMemory)
@@ -54,8 +57,9 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 	defer sb.mu.Unlock()
 	if err != nil {
 		if frozen, ferr := pz.Frozen(ctx, id); ferr != nil || !frozen {
-			sb.rec.State = dsecv1.State_STATE_RUNNING
-			m.save(sb.rec)
+			if terr := m.transitionLogged(sb, running); terr != nil {
+				err = errors.Join(err, terr)
+			}
 			return nil, false, fmt.Errorf("pause sandbox %s: %w", id, err)
 		}
 		// Frozen, but its memory could not be pushed out: it is paused
@@ -68,10 +72,11 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 		st.KeptReason = why
 	}
 	now := time.Now()
-	sb.rec.State = dsecv1.State_STATE_PAUSED
 	sb.rec.PausedUnixMs = now.UnixMilli()
 	sb.rec.LastPause = pauseStats(st)
-	m.save(sb.rec)
+	if err := m.transitionLogged(sb, paused); err != nil {
+		return nil, false, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
 	m.log.Info("sandbox paused", "id", id, "frozen", st.Frozen, "reclaim", st.Reclaim,
 		"resident_mb", st.Resident>>20, "released_mb", st.Released>>20, "swapped_mb", st.Swapped>>20,
 		"kept_mb", st.Kept.Total()>>20, "kept_reason", st.KeptReason)
@@ -112,7 +117,7 @@ func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsec
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	sb.mu.Lock()
-	switch v := decide(sb.rec.GetState(), callResume); v {
+	switch v := decide(sb.phaseOf(), callResume); v {
 	case allow:
 	case noop:
 		defer sb.mu.Unlock()
@@ -122,8 +127,10 @@ func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsec
 		return nil, false, 0, refusal(sb.rec, v, callResume)
 	}
 	id := sb.rec.GetId()
-	sb.rec.State = dsecv1.State_STATE_RESUMING
-	m.save(sb.rec)
+	if err := m.transitionLogged(sb, resuming); err != nil {
+		sb.mu.Unlock()
+		return nil, false, 0, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
 	sb.mu.Unlock()
 
 	st, err := pz.Resume(ctx, id, prefetch)
@@ -131,8 +138,9 @@ func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsec
 	defer sb.mu.Unlock()
 	if err != nil {
 		if frozen, ferr := pz.Frozen(ctx, id); ferr != nil || frozen {
-			sb.rec.State = dsecv1.State_STATE_PAUSED
-			m.save(sb.rec)
+			if terr := m.transitionLogged(sb, paused); terr != nil {
+				err = errors.Join(err, terr)
+			}
 			return nil, false, 0, fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
 	}
@@ -140,7 +148,9 @@ func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsec
 	m.resumed(sb.rec, now)
 	sb.lastActive = now
 	sb.pingFails = 0
-	m.save(sb.rec)
+	if err := m.transitionLogged(sb, running); err != nil {
+		return nil, false, 0, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
 	m.log.Info("sandbox resumed", "id", id, "prefetch", st.Prefetch, "thaw", st.Thaw,
 		"advised_mb", st.Advised>>20, "advised_tmpfs_mb", st.AdvisedTmpfs>>20)
 	return cloneRec(sb.rec), false, st.Prefetch, nil
@@ -151,17 +161,17 @@ func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsec
 func refuseNow(sb *sandbox, c call) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if v := decide(sb.rec.GetState(), c); v == refuseNew || v == refuseGone {
+	if v := decide(sb.phaseOf(), c); v == refuseNew || v == refuseGone {
 		return refusal(sb.rec, v, c)
 	}
 	return nil
 }
 
-// resumed makes a record that was paused running again at now. Its clocks
+// resumed sets the clocks of a record that was paused for its running
+// again at now (the transition to running is the caller's). Its clocks
 // stood still while paused: the TTL's end moves by the time paused (a TTL
 // that ran out and paused it starts afresh), and the idle clock starts now.
 func (m *Manager) resumed(rec *dsecv1.Sandbox, now time.Time) {
-	rec.State = dsecv1.State_STATE_RUNNING
 	if p, exp := rec.GetPausedUnixMs(), rec.GetExpiresUnixMs(); p > 0 && exp > 0 {
 		left := exp - p
 		if left <= 0 {
@@ -191,7 +201,7 @@ func (m *Manager) use(ctx context.Context, id string, f func(sb *sandbox) error)
 	}
 	for {
 		sb.mu.Lock()
-		v := decide(sb.rec.GetState(), callUse)
+		v := decide(sb.phaseOf(), callUse)
 		switch v {
 		case allow:
 			defer sb.mu.Unlock()

@@ -78,11 +78,12 @@ func shapeKey(shape *dsecv1.SandboxSpec) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// alive reports whether a pooled sandbox can still be handed out.
+// alive reports whether a pooled sandbox can still be handed out: the
+// table allows a claim.
 func (sb *sandbox) alive() bool {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	return sb.gone.IsZero() && sb.rec.GetState() == dsecv1.State_STATE_RUNNING
+	return decide(sb.phaseOf(), callClaim) == allow
 }
 
 // SetWarmPool keeps size sandboxes of spec's shape ready on this node and
@@ -202,7 +203,7 @@ func (m *Manager) takeWarm(ctx context.Context, spec *dsecv1.SandboxSpec, token 
 	} else {
 		m.log.Warn("take sandbox from warm pool", "key", key, "err", err)
 	}
-	go m.stopSandbox(context.WithoutCancel(ctx), sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "dropped from its warm pool")
+	go m.drop(context.WithoutCancel(ctx), sb, "dropped from its warm pool")
 	m.poolMu.Lock()
 	p.taken--
 	p.missed++
@@ -214,7 +215,11 @@ var errStale = errors.New("the pooled sandbox runs other layers than its environ
 
 // claim turns a pooled sandbox into the caller's: its record takes the
 // caller's spec (labels, TTL and idle timeout included) and the create's
-// token, and starts its lifetime now.
+// token, and starts its lifetime now. It is a transition (pooled running
+// → running) under the sandbox's op lock, so it and a stop of the same
+// sandbox (its agent died, its pool let it go) happen one after the
+// other: a sandbox stopping or stopped is refused (the caller starts one),
+// and a drop after the claim leaves the caller's sandbox alone.
 func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
 	layers, err := m.images.ResolveEnvironment(ctx, spec.GetEnvironment())
 	if err != nil {
@@ -225,33 +230,50 @@ func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSp
 		digests[i] = l.Digest
 	}
 	now := time.Now()
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	// The pooled mark changes: under the Manager's mu too (see transition).
+	m.mu.Lock()
 	sb.mu.Lock()
-	rec := sb.rec
-	if !slices.Equal(digests, rec.GetLayerDigests()) {
+	prev, key := sb.rec, sb.pool
+	if v := decide(sb.phaseOf(), callClaim); v != allow {
+		err := refusal(prev, v, callClaim)
 		sb.mu.Unlock()
+		m.mu.Unlock()
+		return nil, fmt.Errorf("claim pooled sandbox: %w", err)
+	}
+	if !slices.Equal(digests, prev.GetLayerDigests()) {
+		sb.mu.Unlock()
+		m.mu.Unlock()
 		return nil, errStale
 	}
+	rec := cloneRec(prev)
 	rec.Spec = cloneSpec(spec)
 	rec.CreatedUnixMs = now.UnixMilli()
 	rec.StartedUnixMs = now.UnixMilli()
 	rec.ExpiresUnixMs = now.Add(time.Duration(spec.GetTtlSeconds()) * time.Second).UnixMilli()
 	rec.LastActiveUnixMs = now.UnixMilli()
 	rec.FromWarmPool = true
-	sb.lastActive = now
 	if token != "" {
 		err = m.states.SaveToken(rec.GetId(), token)
 	}
 	if err == nil {
-		err = m.states.Save(rec)
+		sb.rec = rec
+		if err = m.transition(sb, running); err != nil {
+			// Not saved: it stays in its pool, as it was, for the caller's drop.
+			sb.rec, sb.pool = prev, key
+		}
 	}
-	out := cloneRec(rec)
+	if err == nil {
+		sb.lastActive = now
+		sb.token = token
+	}
+	out := cloneRec(sb.rec)
 	sb.mu.Unlock()
+	m.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	sb.pool, sb.token = "", token
-	m.mu.Unlock()
 	// Use accounting rewrites the layer index: not on the caller's clock.
 	go func() {
 		if err := m.images.RecordEnvironment(spec.GetEnvironment(), digests); err != nil {
@@ -271,7 +293,7 @@ func (m *Manager) flushPool(ctx context.Context, key string) {
 	}
 	m.poolMu.Unlock()
 	for _, sb := range drop {
-		go m.stopSandbox(context.WithoutCancel(ctx), sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "dropped from its warm pool")
+		go m.drop(context.WithoutCancel(ctx), sb, "dropped from its warm pool")
 	}
 	m.kickPools()
 }
@@ -342,7 +364,7 @@ func (m *Manager) refill() {
 	}
 	m.poolMu.Unlock()
 	for _, sb := range drop {
-		m.stopSandbox(context.Background(), sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "its warm pool shrank")
+		m.drop(context.Background(), sb, "its warm pool shrank")
 	}
 }
 
@@ -370,7 +392,7 @@ func (m *Manager) refillOne(p *pool) {
 		return
 	}
 	if !keep {
-		m.stopSandbox(context.Background(), sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "its warm pool shrank")
+		m.drop(context.Background(), sb, "its warm pool shrank")
 	}
 	m.kickPools()
 }

@@ -290,3 +290,116 @@ func TestWarmPoolConcurrentTakes(t *testing.T) {
 		t.Errorf("pool counts %v; want taken %d and taken+missed %d", ps, fromPool, n)
 	}
 }
+
+// TestClaimRacesStop runs a create that takes the only pooled sandbox and
+// a stop of that sandbox at once, many times: its pool letting it go (a
+// drop) in even rounds, the edge failing it (its agent died) in odd ones.
+// Every outcome is one of: claimed first, the create gets it running and a
+// drop leaves it alone, while a failure ends it where its caller sees it
+// failed; stopped first, the create starts another and the pooled one ends
+// unseen. Whatever happened, the runtime and the record store hold exactly
+// the sandboxes still alive.
+func TestClaimRacesStop(t *testing.T) {
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
+	ctx := context.Background()
+	shape := &dsecv1.SandboxSpec{Environment: "base:1"}
+	if _, err := m.SetWarmPool(ctx, shape, 1); err != nil {
+		t.Fatal(err)
+	}
+	outcomes := map[string]int{}
+	for round := range 150 {
+		m.kickPools()
+		waitPool(t, m, rt, 1, 1)
+		m.poolMu.Lock()
+		var member *sandbox
+		for _, p := range m.pools {
+			member = p.ready[0]
+		}
+		m.poolMu.Unlock()
+		memberID := member.rec.GetId()
+		dropping := round%2 == 0
+
+		start := make(chan struct{})
+		var created *dsecv1.Sandbox
+		var createErr error
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			<-start
+			created, createErr = m.Create(ctx, shape, "")
+		})
+		wg.Go(func() {
+			<-start
+			if dropping {
+				m.drop(ctx, member, "test")
+				return
+			}
+			if err := m.stopSandbox(ctx, member, dsecv1.State_STATE_FAILED, dsecv1.Reason_REASON_AGENT_LOST, "test"); err != nil {
+				t.Error(err)
+			}
+		})
+		close(start)
+		wg.Wait()
+		if createErr != nil {
+			t.Fatalf("round %d: create: %v", round, createErr)
+		}
+		m.mu.Lock()
+		member.mu.Lock()
+		got := member.phaseOf()
+		member.mu.Unlock()
+		m.mu.Unlock()
+		claimed := created.GetFromWarmPool()
+		if claimed != (created.GetId() == memberID) {
+			t.Fatalf("round %d: create got %s (from the pool: %v), the pool held %s", round, created.GetId(), claimed, memberID)
+		}
+		var want phase
+		switch {
+		case claimed && dropping:
+			want = running
+		case claimed:
+			want = failed
+		case dropping:
+			want = poolStopped
+		default:
+			want = poolFailed
+		}
+		if got != want {
+			t.Fatalf("round %d: claimed %v, dropping %v: the pooled sandbox is %s, want %s", round, claimed, dropping, got, want)
+		}
+		outcomes[fmt.Sprintf("claimed %v, dropping %v", claimed, dropping)]++
+
+		// Nothing leaks: once refills are done, the runtime and the record
+		// store hold what is alive, no more.
+		alive := 1 // the refilled pool's member
+		if created.GetId() != memberID || want == running {
+			alive++
+		}
+		m.kickPools() // the drops end after the take's kick: do not wait for the next tick
+		waitPool(t, m, rt, 1, alive)
+		var live []string
+		m.mu.Lock()
+		for id, sb := range m.sandboxes {
+			if sb.gone.IsZero() {
+				live = append(live, id)
+			}
+		}
+		m.mu.Unlock()
+		slices.Sort(live)
+		containers := mustList(t, rt)
+		slices.Sort(containers)
+		records, err := m.states.IDs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(records)
+		if !slices.Equal(live, containers) || !slices.Equal(live, records) {
+			t.Fatalf("round %d: alive %v, containers %v, records %v", round, live, containers, records)
+		}
+		if created.GetId() != memberID || want == running {
+			if err := m.Delete(ctx, created.GetId()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Logf("outcomes: %v", outcomes)
+}

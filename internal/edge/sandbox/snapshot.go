@@ -120,7 +120,7 @@ func (m *Manager) capture(ctx context.Context, sb *sandbox, name string) (*snaps
 	defer sb.op.Unlock()
 	sb.mu.Lock()
 	rec := cloneRec(sb.rec)
-	v := decide(rec.GetState(), callUse)
+	v := decide(sb.phaseOf(), callUse)
 	sb.mu.Unlock()
 	if v != allow {
 		// Paused or stopped since use() looked.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/backend"
@@ -16,10 +18,18 @@ import (
 //	creating → running ⇄ pausing → paused ⇄ resuming → running
 //	   any live state → stopping → stopped | failed(reason)
 //
+// A sandbox in a warm pool lives the same life with the pooled mark: it is
+// created pooled, runs pooled until a create claims it (the one change of
+// the mark: pooled running → running), or is stopped pooled when its pool
+// lets it go. Stopped and failed sandboxes are tombstones, ended states
+// the table answers for like any other. A phase is a state and the mark.
+//
 // The table below is the one place that says which call is legal in which
-// state. Transitions (pause, resume, snapshot, stop) of one sandbox run one
-// at a time under its op lock; the intermediate states (pausing, resuming,
-// stopping) are what other callers see meanwhile.
+// phase, and next the one list of the phase changes there are; transition
+// is the one function that changes a sandbox's phase. Transitions (create,
+// pause, resume, snapshot, claim, stop) of one sandbox run one at a time
+// under its op lock; the intermediate states (pausing, resuming, stopping)
+// are what other callers see meanwhile.
 
 // Live says whether a sandbox in state st is live: creating, running,
 // pausing, paused or resuming (not stopping or ended).
@@ -32,7 +42,29 @@ func Live(st dsecv1.State) bool {
 	return false
 }
 
-// call is what a caller asks of a sandbox, as the table sees it.
+// ended says whether state st is an ended one, a tombstone's: stopped or
+// failed.
+func ended(st dsecv1.State) bool {
+	return st == dsecv1.State_STATE_STOPPED || st == dsecv1.State_STATE_FAILED
+}
+
+// phase is where a sandbox is in its life, as the table sees it: its
+// record's state, and whether it waits in a warm pool (nobody's sandbox
+// yet: Get, List and every caller's call miss it).
+type phase struct {
+	state  dsecv1.State
+	pooled bool
+}
+
+func (p phase) String() string {
+	if p.pooled {
+		return "pooled " + stateWord(p.state)
+	}
+	return stateWord(p.state)
+}
+
+// call is what a caller, or the edge itself, asks of a sandbox, as the
+// table sees it.
 type call int
 
 const (
@@ -41,15 +73,22 @@ const (
 	callUse call = iota
 	callPause
 	callResume
+	// callDelete stops the sandbox: a caller's delete, or the edge's stop
+	// (TTL, idle, a dead agent, paused too long).
 	callDelete
+	// callClaim takes a pooled sandbox out of its warm pool for a create.
+	callClaim
+	// callDrop stops a pooled sandbox its pool lets go of; one claimed
+	// meanwhile is the caller's and stays.
+	callDrop
 	numCalls
 )
 
-var callNames = [numCalls]string{"use", "pause", "resume", "delete"}
+var callNames = [numCalls]string{"use", "pause", "resume", "delete", "claim", "drop"}
 
 func (c call) String() string { return callNames[c] }
 
-// verdict is the table's answer to a call in a state.
+// verdict is the table's answer to a call in a phase.
 type verdict int
 
 const (
@@ -59,44 +98,137 @@ const (
 	waitFor                    // a transition is under way: wait for it to end, then ask again
 	refuseNew                  // still being created: FailedPrecondition
 	refuseGone                 // stopping or ended: FailedPrecondition naming why
+	hidden                     // waiting in a warm pool, nobody's yet: NotFound
+	illegal                    // the edge never makes this call here: Internal
 )
 
 var verdictNames = map[verdict]string{allow: "allow", noop: "noop", resumeFirst: "resume first",
-	waitFor: "wait", refuseNew: "refuse (creating)", refuseGone: "refuse (gone)"}
+	waitFor: "wait", refuseNew: "refuse (creating)", refuseGone: "refuse (gone)", hidden: "hidden (pooled)",
+	illegal: "illegal"}
 
 func (v verdict) String() string { return verdictNames[v] }
 
-// transitions is the table: per state, the verdict on each call.
-var transitions = map[dsecv1.State][numCalls]verdict{
-	//                           use          pause        resume       delete
-	dsecv1.State_STATE_CREATING: {refuseNew, refuseNew, refuseNew, allow},
-	dsecv1.State_STATE_RUNNING:  {allow, allow, noop, allow},
-	dsecv1.State_STATE_PAUSING:  {waitFor, waitFor, waitFor, waitFor},
-	dsecv1.State_STATE_PAUSED:   {resumeFirst, noop, allow, allow},
-	dsecv1.State_STATE_RESUMING: {waitFor, waitFor, waitFor, waitFor},
-	dsecv1.State_STATE_STOPPING: {refuseGone, refuseGone, refuseGone, noop},
-	dsecv1.State_STATE_STOPPED:  {refuseGone, refuseGone, refuseGone, noop},
-	dsecv1.State_STATE_FAILED:   {refuseGone, refuseGone, refuseGone, noop},
+var (
+	creating = phase{state: dsecv1.State_STATE_CREATING}
+	running  = phase{state: dsecv1.State_STATE_RUNNING}
+	pausing  = phase{state: dsecv1.State_STATE_PAUSING}
+	paused   = phase{state: dsecv1.State_STATE_PAUSED}
+	resuming = phase{state: dsecv1.State_STATE_RESUMING}
+	stopping = phase{state: dsecv1.State_STATE_STOPPING}
+	stopped  = phase{state: dsecv1.State_STATE_STOPPED}
+	failed   = phase{state: dsecv1.State_STATE_FAILED}
+
+	poolCreating = phase{dsecv1.State_STATE_CREATING, true}
+	poolRunning  = phase{dsecv1.State_STATE_RUNNING, true}
+	poolStopping = phase{dsecv1.State_STATE_STOPPING, true}
+	poolStopped  = phase{dsecv1.State_STATE_STOPPED, true}
+	poolFailed   = phase{dsecv1.State_STATE_FAILED, true}
+)
+
+// transitions is the table: per phase, the verdict on each call.
+var transitions = map[phase][numCalls]verdict{
+	//            use          pause        resume       delete   claim       drop
+	creating: {refuseNew, refuseNew, refuseNew, allow, waitFor, waitFor},
+	running:  {allow, allow, noop, allow, illegal, noop},
+	pausing:  {waitFor, waitFor, waitFor, waitFor, waitFor, waitFor},
+	paused:   {resumeFirst, noop, allow, allow, illegal, noop},
+	resuming: {waitFor, waitFor, waitFor, waitFor, waitFor, waitFor},
+	stopping: {refuseGone, refuseGone, refuseGone, noop, illegal, noop},
+	stopped:  {refuseGone, refuseGone, refuseGone, noop, illegal, noop},
+	failed:   {refuseGone, refuseGone, refuseGone, noop, illegal, noop},
+
+	poolCreating: {hidden, hidden, hidden, allow, waitFor, allow},
+	poolRunning:  {hidden, hidden, hidden, allow, allow, allow},
+	poolStopping: {hidden, hidden, hidden, noop, refuseGone, noop},
+	poolStopped:  {hidden, hidden, hidden, noop, refuseGone, noop},
+	poolFailed:   {hidden, hidden, hidden, noop, refuseGone, noop},
+}
+
+// next is every change of phase there is: the transitions the table's
+// allowed calls make, the ends of those under way, and what Recover finds
+// (a pause or resume cut short by a restart ends in whichever state the
+// sandbox is in: running found frozen is paused, paused found thawed is
+// running).
+var next = map[phase][]phase{
+	creating:     {running, stopping},
+	running:      {pausing, paused, stopping},
+	pausing:      {paused, running, stopping},
+	paused:       {resuming, running, stopping},
+	resuming:     {running, paused, stopping},
+	stopping:     {stopped, failed},
+	poolCreating: {poolRunning, poolStopping},
+	poolRunning:  {running, poolStopping},
+	poolStopping: {poolStopped, poolFailed},
 }
 
 // decide looks a call up in the table.
-func decide(st dsecv1.State, c call) verdict {
-	row, ok := transitions[st]
+func decide(p phase, c call) verdict {
+	row, ok := transitions[p]
 	if !ok {
-		return refuseGone
+		return illegal
 	}
 	return row[c]
 }
 
-// refusal is the error of a refusing verdict on rec.
+// phaseOf is the sandbox's phase; sb.mu or the Manager's mu is held.
+func (sb *sandbox) phaseOf() phase {
+	return phase{state: sb.rec.GetState(), pooled: sb.pool != ""}
+}
+
+// refusal is the error of a refusing verdict on rec in phase p.
 func refusal(rec *dsecv1.Sandbox, v verdict, c call) error {
 	switch v {
 	case refuseNew:
 		return fmt.Errorf("sandbox %s is still being created: %w", rec.GetId(), errdefs.ErrFailedPrecondition)
 	case refuseGone:
 		return GoneError(rec)
+	case hidden:
+		return fmt.Errorf("no sandbox %s: %w", rec.GetId(), errdefs.ErrNotFound)
 	}
 	return fmt.Errorf("sandbox %s: %s while %s: %w", rec.GetId(), c, stateWord(rec.GetState()), errdefs.ErrInternal)
+}
+
+// transition moves sandbox sb to phase to, the one place a sandbox's phase
+// changes: it refuses a change that next does not list (Internal: the
+// edge's own bug), saves the record (not an ended one's: the teardown
+// removed it, and a tombstone lives in memory only) and logs. The caller
+// holds sb.mu, and the Manager's mu before it when the pooled mark changes
+// or to is ended (sb.pool and sb.gone are read under either lock). A
+// failed save is returned with the change made: the record on disk is
+// what a restarted edge checks against the runtime.
+func (m *Manager) transition(sb *sandbox, to phase) error {
+	from := sb.phaseOf()
+	if !slices.Contains(next[from], to) {
+		err := fmt.Errorf("sandbox %s: no transition from %s to %s: %w", sb.rec.GetId(), from, to, errdefs.ErrInternal)
+		m.log.Error("illegal sandbox transition refused", "id", sb.rec.GetId(), "from", from.String(), "to", to.String())
+		return err
+	}
+	sb.rec.State = to.state
+	if from.pooled && !to.pooled {
+		sb.pool = ""
+	}
+	if ended(to.state) {
+		sb.gone = time.Now()
+	}
+	m.log.Debug("sandbox transition", "id", sb.rec.GetId(), "from", from.String(), "to", to.String())
+	if ended(to.state) {
+		return nil
+	}
+	if err := m.states.Save(sb.rec); err != nil {
+		m.log.Warn("save sandbox record", "id", sb.rec.GetId(), "state", to.String(), "err", err)
+		return err
+	}
+	return nil
+}
+
+// transitionLogged is transition for a change that stands even when its
+// record could not be saved (transition logged that): only an illegal
+// change is an error.
+func (m *Manager) transitionLogged(sb *sandbox, to phase) error {
+	if err := m.transition(sb, to); err != nil && sb.phaseOf() != to {
+		return err
+	}
+	return nil
 }
 
 // teardown is what a sandbox holds, as it acquired it: each step releases

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,16 +15,21 @@ import (
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
-// inject puts a sandbox in state st into m, as its own transitions would
+// inject puts a sandbox in phase p into m, as its own transitions would
 // leave it: a create, pause or resume under way holds the op lock, and
 // finish ends it (creating → running, pausing → paused, resuming →
 // running).
-func inject(t *testing.T, m *Manager, rt *fake.Runtime, st dsecv1.State) (id string, finish func()) {
+func inject(t *testing.T, m *Manager, rt *fake.Runtime, p phase) (id string, finish func()) {
 	t.Helper()
+	st := p.state
 	id = sandboxid.New("n1", 0, 0)
-	rec := &dsecv1.Sandbox{Id: id, Node: "n1", State: st, Spec: &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 3600}}
+	rec := &dsecv1.Sandbox{Id: id, Node: "n1", State: st, Spec: &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 3600},
+		LayerDigests: []string{"sha256:aa"}}
 	sb := &sandbox{rec: rec, lastActive: time.Now(), td: m.teardownOf(id, rt)}
-	if st != dsecv1.State_STATE_STOPPED && st != dsecv1.State_STATE_FAILED {
+	if p.pooled {
+		sb.pool = "test-pool"
+	}
+	if !ended(st) {
 		dial, err := rt.Start(context.Background(), backend.Spec{ID: id, Layers: []backend.Layer{{Digest: "sha256:x", FSType: backend.FSTypeDir, Dir: "/layers/x"}}, LogPath: "/dev/null"})
 		if err != nil {
 			t.Fatal(err)
@@ -38,13 +44,13 @@ func inject(t *testing.T, m *Manager, rt *fake.Runtime, st dsecv1.State) (id str
 		t.Fatal(err)
 	}
 	finish = func() {}
-	if next, ok := afterTransition[st]; ok {
+	if next, ok := afterTransition[p]; ok {
 		sb.op.Lock()
 		finish = func() {
 			sb.mu.Lock()
-			sb.rec.State = next
+			sb.rec.State = next.state
 			sb.mu.Unlock()
-			rt.SetFrozen(id, next == dsecv1.State_STATE_PAUSED)
+			rt.SetFrozen(id, next.state == dsecv1.State_STATE_PAUSED)
 			sb.op.Unlock()
 		}
 	}
@@ -61,15 +67,20 @@ func inject(t *testing.T, m *Manager, rt *fake.Runtime, st dsecv1.State) (id str
 }
 
 // afterTransition is where a transition under way ends.
-var afterTransition = map[dsecv1.State]dsecv1.State{
-	dsecv1.State_STATE_CREATING: dsecv1.State_STATE_RUNNING,
-	dsecv1.State_STATE_PAUSING:  dsecv1.State_STATE_PAUSED,
-	dsecv1.State_STATE_RESUMING: dsecv1.State_STATE_RUNNING,
+var afterTransition = map[phase]phase{
+	creating:     running,
+	pausing:      paused,
+	resuming:     running,
+	poolCreating: poolRunning,
 }
 
-// do makes call c on sandbox id the way the edge's callers do.
+// do makes call c on sandbox id the way the edge's callers do: a delete of
+// a pooled sandbox is the edge's own stop (callers do not see it).
 func do(m *Manager, c call, id string) (already bool, err error) {
 	ctx := context.Background()
+	m.mu.Lock()
+	sb := m.sandboxes[id]
+	m.mu.Unlock()
 	switch c {
 	case callUse:
 		_, release, err := m.Agent(ctx, id)
@@ -84,22 +95,40 @@ func do(m *Manager, c call, id string) (already bool, err error) {
 		_, already, _, err := m.Resume(ctx, id, false)
 		return already, err
 	case callDelete:
+		if peek(m, id).pooled {
+			return false, m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "test")
+		}
 		return false, m.Delete(ctx, id)
+	case callClaim:
+		_, err := m.claim(ctx, sb, &dsecv1.SandboxSpec{Environment: "base:1", TtlSeconds: 60}, "")
+		return false, err
+	case callDrop:
+		return false, m.stopAs(ctx, sb, callDrop, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "test")
 	}
 	panic("unknown call")
 }
 
-// TestTransitionTable makes every call in every state and checks that the
+// peek is the phase of sandbox id, pooled or not.
+func peek(m *Manager, id string) phase {
+	m.mu.Lock()
+	sb := m.sandboxes[id]
+	m.mu.Unlock()
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.phaseOf()
+}
+
+// TestTransitionTable makes every call in every phase and checks that the
 // edge does what the table says: go ahead, do nothing and say so, resume
 // first, wait for the transition under way, or refuse.
 func TestTransitionTable(t *testing.T) {
-	for st := range transitions {
+	for p := range transitions {
 		for c := range numCalls {
-			v := decide(st, c)
-			t.Run(stateWord(st)+"/"+c.String(), func(t *testing.T) {
+			v := decide(p, c)
+			t.Run(p.String()+"/"+c.String(), func(t *testing.T) {
 				rt := newFake(t)
 				m := newTestManager(t, t.TempDir(), rt)
-				id, finish := inject(t, m, rt, st)
+				id, finish := inject(t, m, rt, p)
 				defer func() { finish() }() // ends a transition the test did not end itself
 
 				type result struct {
@@ -123,12 +152,12 @@ func TestTransitionTable(t *testing.T) {
 					finish = func() {}
 					f()
 					r = <-done
-					// The call goes on as the table says of the state the
+					// The call goes on as the table says of the phase the
 					// transition ended in.
-					st = afterTransition[st]
-					v = decide(st, c)
+					p = afterTransition[p]
+					v = decide(p, c)
 				case allow:
-					if st == dsecv1.State_STATE_CREATING {
+					if p.state == dsecv1.State_STATE_CREATING {
 						// A delete of a sandbox being made waits for the create.
 						f := finish
 						finish = func() {}
@@ -142,42 +171,90 @@ func TestTransitionTable(t *testing.T) {
 						t.Fatalf("verdict %s, yet the call waits", v)
 					}
 				}
-				got, _ := m.Get(context.Background(), id)
+				got := peek(m, id)
 				switch v {
-				case allow, resumeFirst, waitFor:
+				case allow, resumeFirst:
 					if r.err != nil || r.already {
 						t.Fatalf("verdict %s: %+v", v, r)
 					}
 				case noop:
-					if r.err != nil || (c != callDelete && !r.already) {
+					if r.err != nil || (c != callDelete && c != callDrop && !r.already) {
 						t.Fatalf("verdict noop: %+v, want already", r)
 					}
-					if c != callDelete && got.GetState() != st {
-						t.Fatalf("a noop changed the state to %s", got.GetState())
+				case refuseNew, refuseGone, hidden, illegal:
+					want := map[verdict]error{refuseNew: errdefs.ErrFailedPrecondition, refuseGone: errdefs.ErrFailedPrecondition,
+						hidden: errdefs.ErrNotFound, illegal: errdefs.ErrInternal}[v]
+					if !errors.Is(r.err, want) {
+						t.Fatalf("verdict %s: %v, want %v", v, r.err, want)
 					}
-				case refuseNew, refuseGone:
-					if !errors.Is(r.err, errdefs.ErrFailedPrecondition) {
-						t.Fatalf("verdict %s: %v, want FailedPrecondition", v, r.err)
+					if got != p {
+						t.Fatalf("a refused %s moved it from %s to %s", c, p, got)
 					}
 					return
 				}
 				// Where an allowed call leads.
-				want := map[call]dsecv1.State{callUse: dsecv1.State_STATE_RUNNING, callPause: dsecv1.State_STATE_PAUSED,
-					callResume: dsecv1.State_STATE_RUNNING, callDelete: dsecv1.State_STATE_STOPPED}[c]
-				if v == noop && c == callDelete {
-					want = st
-					if st == dsecv1.State_STATE_STOPPING {
-						want = dsecv1.State_STATE_STOPPED // the retry finished the teardown
+				want := map[call]phase{callUse: running, callPause: paused, callResume: running,
+					callDelete: {dsecv1.State_STATE_STOPPED, p.pooled}, callClaim: running, callDrop: poolStopped}[c]
+				if v == noop {
+					want = p
+					if p.state == dsecv1.State_STATE_STOPPING && (c == callDelete || p.pooled) {
+						want.state = dsecv1.State_STATE_STOPPED // the retry finished the teardown
 					}
 				}
-				if v == noop && c != callDelete {
-					want = st
-				}
-				if got.GetState() != want {
-					t.Fatalf("after %s in %s (%s): %s, want %s", c, stateWord(st), v, got.GetState(), want)
+				if got != want {
+					t.Fatalf("after %s in %s (%s): %s, want %s", c, p, v, got, want)
 				}
 			})
 		}
+	}
+}
+
+// TestTransitionsRefuseIllegal: transition makes every change next lists
+// and refuses every other, with Internal, the phase and the record on disk
+// unchanged.
+func TestTransitionsRefuseIllegal(t *testing.T) {
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
+	legal, refused := 0, 0
+	for from := range transitions {
+		for to := range transitions {
+			id := sandboxid.New("n1", 0, 0)
+			rec := &dsecv1.Sandbox{Id: id, Node: "n1", State: from.state}
+			sb := &sandbox{rec: rec}
+			if from.pooled {
+				sb.pool = "test-pool"
+			}
+			if err := m.states.Save(rec); err != nil {
+				t.Fatal(err)
+			}
+			m.mu.Lock()
+			sb.mu.Lock()
+			err := m.transition(sb, to)
+			got := sb.phaseOf()
+			sb.mu.Unlock()
+			m.mu.Unlock()
+			onDisk, lerr := m.states.Load(id)
+			if lerr != nil {
+				t.Fatal(lerr)
+			}
+			if slices.Contains(next[from], to) {
+				legal++
+				if err != nil || got != to {
+					t.Errorf("%s → %s: %v, now %s", from, to, err, got)
+				}
+				if !ended(to.state) && onDisk.GetState() != to.state {
+					t.Errorf("%s → %s: the record on disk says %s", from, to, onDisk.GetState())
+				}
+				continue
+			}
+			refused++
+			if !errors.Is(err, errdefs.ErrInternal) || got != from || onDisk.GetState() != from.state {
+				t.Errorf("%s → %s: %v, now %s (on disk %s); want refused with Internal", from, to, err, got, onDisk.GetState())
+			}
+		}
+	}
+	if legal == 0 || refused == 0 {
+		t.Fatalf("%d legal and %d refused transitions tried", legal, refused)
 	}
 }
 
