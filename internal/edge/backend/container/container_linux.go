@@ -462,16 +462,6 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	rootfs := filepath.Join(bundle, "rootfs")
 	rel := r.cgroupRel(s.ID)
 
-	var undo cleanup
-	defer func() {
-		if err == nil {
-			return
-		}
-		if cerr := undo.run(); cerr != nil {
-			r.log.Error("clean up failed sandbox", "id", s.ID, "err", cerr)
-		}
-	}()
-
 	// The bundle dir comes first: it marks the sandbox as known (List) until
 	// Delete removes it.
 	if err := os.Mkdir(bundle, 0o700); err != nil {
@@ -480,10 +470,19 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 		}
 		return nil, fmt.Errorf("make bundle %s: %w", bundle, err)
 	}
-	undo.add(func() error { return removeBundle(bundle) })
+	// From here on a failure removes what the start made with Delete, the
+	// one teardown of a sandbox: each of its steps takes what is not there
+	// as done, so it is safe at any point of a start.
+	defer func() {
+		if err == nil {
+			return
+		}
+		if derr := r.Delete(ctx, s.ID); derr != nil {
+			r.log.Error("clean up failed sandbox", "id", s.ID, "err", derr)
+		}
+	}()
 
 	upper, work, qgroup, err := r.makeUpper(s)
-	undo.add(func() error { return r.removeUpper(s.ID) })
 	if err != nil {
 		return nil, err
 	}
@@ -495,7 +494,6 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	if err := mountOverlay(layerDirs(s.Layers), upper, work, rootfs); err != nil {
 		return nil, err
 	}
-	undo.add(func() error { return detach(rootfs) })
 	tMount := time.Now()
 
 	// The parent is shared by every dsecd on the host, and one's teardown
@@ -510,16 +508,10 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	if !r.gvisor() {
 		freezerDir, memDir, err = r.layout.Create(rel)
 	}
-	undo.add(func() error {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		return errors.Join(r.layout.Kill(cctx, rel), r.layout.Remove(cctx, rel))
-	})
 	if err != nil {
 		return nil, err
 	}
 
-	undo.add(func() error { return r.removeSocket(s.ID) })
 	in := specInput{
 		Spec:        s,
 		AgentDir:    r.cfg.AgentDir,
@@ -580,11 +572,6 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.ExtraFiles = extra
-	undo.add(func() error {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		return r.runtimeDelete(dctx, s.ID)
-	})
 	tRun := time.Now()
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("%s run %s: %w: %s", r.cfg.Runtime, s.ID, err, runtimeErrors(runtimeLog))
@@ -601,7 +588,6 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	if err := detach(rootfs); err != nil {
 		return nil, err
 	}
-	undo.release()
 	r.log.Info("started sandbox", "id", s.ID, "took", time.Since(t0),
 		"upper", tUpper.Sub(t0), "overlay", tMount.Sub(tUpper), "runtime_run", tStarted.Sub(tRun))
 	return backend.UnixDialer(r.socketPath(s.ID)), nil
