@@ -77,11 +77,17 @@ func main() {
 	fs.StringVar(&cfg.CallScratch, "call-scratch", "", "directory of fncall calls' scratch directories (default /tmp)")
 	fs.StringVar(&cfg.CallWipe, "call-wipe", "", "comma-separated directories emptied after every fncall call (default /tmp,/var/tmp,/dev/shm)")
 	fs.StringVar(&cfg.DiskQgroup, "disk-qgroup", "", "sysfs dir of the btrfs qgroup capping the writable layer: statfs of / then reports its limit")
-	var layers listFlag
-	var upper string
+	var layers, netDNS listFlag
+	var upper, netMAC, netAddr, netGateway string
+	var netMTU int
 	if mode == "guest" {
 		fs.Var(&layers, "layer", "serial of a read-only EROFS disk of the root, lowest first (repeatable; none = the initramfs is the root)")
 		fs.StringVar(&upper, "upper", "", "serial of the writable ext4 disk of the root (default: a tmpfs)")
+		fs.StringVar(&netMAC, "net-mac", "", "MAC of the network card to configure (none: loopback only)")
+		fs.StringVar(&netAddr, "net-addr", "", "the card's IPv4 address/prefix")
+		fs.StringVar(&netGateway, "net-gateway", "", "the default route's gateway (on-link)")
+		fs.IntVar(&netMTU, "net-mtu", 1500, "the card's MTU")
+		fs.Var(&netDNS, "net-dns", "a nameserver for /etc/resolv.conf, on-link (repeatable)")
 	}
 	fs.Parse(args)
 	cfg.Env = env
@@ -93,7 +99,10 @@ func main() {
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if mode == "guest" {
-		err := guest.Run(context.Background(), guest.Config{Agent: cfg, Layers: layers, Upper: upper})
+		network, err := guest.ParseNetwork(netMAC, netAddr, netGateway, netMTU, netDNS)
+		if err == nil {
+			err = guest.Run(context.Background(), guest.Config{Agent: cfg, Layers: layers, Upper: upper, Network: network})
+		}
 		cfg.Log.Error("guest agent stopped; powering off", "err", err)
 		if os.Getpid() == 1 {
 			guest.PowerOff()

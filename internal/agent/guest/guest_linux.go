@@ -35,6 +35,9 @@ type Config struct {
 	// Upper is the serial of the writable ext4 disk the root's changes go
 	// to ("" = a tmpfs).
 	Upper string
+	// Network configures the guest's network card and the root's
+	// /etc/resolv.conf; nil = loopback only.
+	Network *Network
 }
 
 // Run prepares the guest and serves the agent until ctx ends or the agent
@@ -64,8 +67,23 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	loaded, failed := loadModules(k, log)
 	modulesTook := time.Since(start)
+	if err := upLoopback(); err != nil {
+		return err
+	}
+	if cfg.Network != nil {
+		iface, err := cfg.Network.configure(10 * time.Second)
+		if err != nil {
+			return err
+		}
+		log.Info("guest network", "iface", iface, "addr", cfg.Network.Addr, "gateway", cfg.Network.Gateway, "mtu", cfg.Network.MTU)
+	}
 	if err := enterRoot(cfg.Layers, cfg.Upper); err != nil {
 		return err
+	}
+	if cfg.Network != nil {
+		if err := cfg.Network.writeResolvConf(); err != nil {
+			return err
+		}
 	}
 	if len(cfg.Layers) > 0 {
 		// The initramfs's /init is out of the root's reach; its bind is not.

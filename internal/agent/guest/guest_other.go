@@ -21,6 +21,7 @@ type Config struct {
 	PortWait  time.Duration
 	Layers    []string
 	Upper     string
+	Network   *Network
 }
 
 // Run is only implemented on Linux.

@@ -93,6 +93,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (p *Process, err e
 	cmd.Stdout = stderr
 	cmd.Stderr = stderr
 	cmd.ExtraFiles = files
+	if cfg.NIC != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, cfg.NIC.Tap) // nicFD
+	}
 	// Its own session: the VM lives on when the edge that started it exits
 	// (and is re-adopted by the next one), and a terminal's signals do not
 	// reach it.

@@ -19,6 +19,8 @@ package qemu
 
 import (
 	"fmt"
+	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -55,6 +57,7 @@ const (
 	qmpFD     = 3
 	channelFD = 4
 	consoleFD = 5
+	nicFD     = 6 // Config.NIC's tap, when there is one
 )
 
 // Config is one VM's QEMU configuration.
@@ -73,6 +76,8 @@ type Config struct {
 	TSCkHz int64
 	// Drives are the guest's disks, virtio-blk devices in this order.
 	Drives []Drive
+	// NIC is the guest's network card; nil = none.
+	NIC *NIC
 	// ConsoleLimit caps the console's log on disk, in bytes: the log is
 	// kept in two files of half as much each (0 = 1 MiB).
 	ConsoleLimit int64
@@ -85,6 +90,14 @@ type Drive struct {
 	Path     string
 	Serial   string // at most 20 bytes of [A-Za-z0-9_-]
 	ReadOnly bool
+}
+
+// NIC is a virtio-net card on an open tap device (package vmnet makes one
+// in the sandbox's network namespace). QEMU inherits the tap; the caller
+// still owns Tap and closes it once Start returns.
+type NIC struct {
+	Tap *os.File
+	MAC net.HardwareAddr
 }
 
 func (c *Config) fill() error {
@@ -140,6 +153,9 @@ func (c *Config) check() error {
 			return fmt.Errorf("check vm config: drive %q (serial %q): a path without commas and a serial of 1 to 20 letters, digits, - or _: %w",
 				d.Path, d.Serial, errdefs.ErrInvalidArgument)
 		}
+	}
+	if c.NIC != nil && (c.NIC.Tap == nil || len(c.NIC.MAC) != 6) {
+		return fmt.Errorf("check vm config: a NIC needs an open tap and a 6-byte MAC: %w", errdefs.ErrInvalidArgument)
 	}
 	if strings.ContainsAny(c.Cmdline, "\n\x00") {
 		return fmt.Errorf("check vm config: the kernel command line has a newline or NUL: %w", errdefs.ErrInvalidArgument)
@@ -201,6 +217,10 @@ func (c *Config) Args() []string {
 		}
 		args = append(args, "-drive", drive,
 			"-device", fmt.Sprintf("virtio-blk-device,drive=disk%d,serial=%s", i, d.Serial))
+	}
+	if c.NIC != nil {
+		args = append(args, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d", nicFD),
+			"-device", "virtio-net-device,netdev=net0,mac="+c.NIC.MAC.String())
 	}
 	return args
 }

@@ -36,7 +36,8 @@ func TestArgs(t *testing.T) {
 		t.Run(string(tc.accel), func(t *testing.T) {
 			c := Config{Dir: "/run/vm/sb-1", Kernel: "/k/vmlinux", Initrd: "/k/initrd", Accel: tc.accel,
 				TSCkHz: 2596142, Cmdline: "-- --log-level debug",
-				Drives: []Drive{{Path: "/l/base.erofs", Serial: "dsec-layer0", ReadOnly: true}, {Path: "/u/upper.ext4", Serial: "dsec-upper"}}}
+				Drives: []Drive{{Path: "/l/base.erofs", Serial: "dsec-layer0", ReadOnly: true}, {Path: "/u/upper.ext4", Serial: "dsec-upper"}},
+				NIC:    &NIC{Tap: os.Stdin, MAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 0x2a}}}
 			if err := c.fill(); err != nil {
 				t.Fatal(err)
 			}
@@ -57,8 +58,10 @@ func TestArgs(t *testing.T) {
 				"-chardev": {"socket,id=console,fd=5,server=on,wait=on", "socket,id=qmp,fd=3,server=on,wait=off",
 					"socket,id=agent,fd=4,server=on,wait=off"},
 				"-device": {"virtio-serial-device", "virtserialport,chardev=agent,name=dsec.0",
-					"virtio-blk-device,drive=disk0,serial=dsec-layer0", "virtio-blk-device,drive=disk1,serial=dsec-upper"},
-				"-drive": {"file=/l/base.erofs,format=raw,if=none,id=disk0,readonly=on", "file=/u/upper.ext4,format=raw,if=none,id=disk1"},
+					"virtio-blk-device,drive=disk0,serial=dsec-layer0", "virtio-blk-device,drive=disk1,serial=dsec-upper",
+					"virtio-net-device,netdev=net0,mac=02:00:00:00:00:2a"},
+				"-netdev": {"tap,id=net0,fd=6"},
+				"-drive":  {"file=/l/base.erofs,format=raw,if=none,id=disk0,readonly=on", "file=/u/upper.ext4,format=raw,if=none,id=disk1"},
 			}
 			for flag, vs := range want {
 				if got := after(flag); !slices.Equal(got, vs) {
@@ -86,6 +89,8 @@ func TestConfigRefuses(t *testing.T) {
 		"drive no serial": func(c *Config) { c.Drives = []Drive{{Path: "a"}} },
 		"drive comma":     func(c *Config) { c.Drives = []Drive{{Path: "a,b", Serial: "x"}} },
 		"long serial":     func(c *Config) { c.Drives = []Drive{{Path: "a", Serial: "abcdefghijklmnopqrstu"}} },
+		"nic no tap":      func(c *Config) { c.NIC = &NIC{MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}} },
+		"nic no mac":      func(c *Config) { c.NIC = &NIC{Tap: os.Stdin} },
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := good
