@@ -92,9 +92,10 @@ type nodeFlags struct {
 func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.StringVar(&cfg.Root, "root", daemon.DefaultRoot, "state directory")
 	fs.StringVar(&cfg.Node, "node", "", "node name used in sandbox IDs (default: from the host name)")
-	fs.StringVar(&cfg.Runtime, "runtime", "runc", "OCI runtime of every sandbox of the node: runc, crun or runsc (gVisor; scripts/build-runsc.sh builds it) (an edge also takes fake: a hollow node that starts nothing)")
-	fs.StringVar(&cfg.RuntimePath, "runtime-path", "", "the runtime's binary (default: --runtime on PATH; for runsc, else "+daemon.DefaultRunsc+")")
-	fs.Func("runsc-platform", "runsc's platform under --runtime runsc: systrap (default) or ptrace", func(v string) error {
+	fs.StringVar(&cfg.Runtime, "runtime", "runc", "OCI runtime of the container isolation: runc or crun (an edge also takes fake: a hollow node that starts nothing); runsc is deprecated here: it means --runsc with --runtime-path")
+	fs.StringVar(&cfg.RuntimePath, "runtime-path", "", "the runtime's binary (default: --runtime on PATH)")
+	fs.StringVar(&cfg.Runsc, "runsc", os.Getenv("DSEC_RUNSC"), "gVisor's runsc, for the gvisor isolation beside runc: a path that must work, none for no gvisor (default $DSEC_RUNSC, else runsc on PATH or "+daemon.DefaultRunsc+" when it works; scripts/build-runsc.sh builds it)")
+	fs.Func("runsc-platform", "runsc's platform for the gvisor isolation: systrap (default) or ptrace", func(v string) error {
 		if v != "systrap" && v != "ptrace" {
 			return fmt.Errorf("runsc platform %q: want systrap or ptrace (kvm is not supported yet)", v)
 		}

@@ -436,7 +436,7 @@ func (s *Server) createGroup(ctx context.Context, spec *dsecv1.SandboxSpec, node
 
 // placeRequest is what placement is asked for n sandboxes of spec.
 func placeRequest(spec *dsecv1.SandboxSpec, n int) placement.Request {
-	return placement.Request{Backend: backendName(spec.GetBackend()), Count: n}
+	return placement.Request{Backend: isolationName(spec.GetIsolation()), Count: n}
 }
 
 // place asks placement for nodes. When the nodes are full, the error says
@@ -447,6 +447,13 @@ func placeRequest(spec *dsecv1.SandboxSpec, n int) placement.Request {
 func (s *Server) place(req placement.Request, exclude map[string]bool) ([]string, error) {
 	nodes, err := s.placer.Place(s.placementView(), req, exclude)
 	var ex *placement.ExhaustedError
+	if err != nil && errors.As(err, &ex) && ex.Shortage == placement.NoBackend {
+		// No node offers the isolation: say what they lack for it.
+		if why := s.missingOn(req.Backend); why != "" {
+			return nil, fmt.Errorf("%w: %s", err, why)
+		}
+		return nil, err
+	}
 	if err == nil || !errors.As(err, &ex) || !ex.Full() {
 		return nodes, err
 	}

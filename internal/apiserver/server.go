@@ -207,10 +207,10 @@ func (s *Server) buildView() []placement.Node {
 			Capacity: 1 << 30, ReportedAt: n.LastSeen}
 		if st := n.Status; st != nil {
 			pn.Capacity, pn.Live = int(st.GetMaxSandboxes()), int(st.GetLive())
-			pn.Backends = pn.Backends[:0]
-			for _, b := range st.GetBackends() {
-				pn.Backends = append(pn.Backends, backendName(b))
-			}
+			pn.Backends = offeredKinds(st)
+		} else if st := statusOf(n); st != nil {
+			// An in-process edge admits for itself: only what it offers.
+			pn.Backends = offeredKinds(st)
 		}
 		out = append(out, pn)
 	}

@@ -5,6 +5,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"google.golang.org/protobuf/proto"
+
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 )
 
@@ -15,11 +17,13 @@ func (s *Server) SetEndpoints(e2bAddr, sandboxFusionAddr string) {
 	s.info.Store(&dsecv1.ServerInfo{Name: s.cfg.Name, E2BAddr: e2bAddr, SandboxfusionAddr: sandboxFusionAddr})
 }
 
-// GetServerInfo says what this server serves besides the API.
+// GetServerInfo says what this server serves besides the API, and the
+// nodes it places sandboxes on with the isolations each offers.
 func (s *Server) GetServerInfo(ctx context.Context, req *connect.Request[dsecv1.GetServerInfoRequest]) (*connect.Response[dsecv1.ServerInfo], error) {
-	info := s.info.Load()
-	if info == nil {
-		info = &dsecv1.ServerInfo{Name: s.cfg.Name}
+	info := &dsecv1.ServerInfo{Name: s.cfg.Name}
+	if i := s.info.Load(); i != nil {
+		info = proto.CloneOf(i)
 	}
+	info.Nodes = s.nodeInfos()
 	return connect.NewResponse(info), nil
 }

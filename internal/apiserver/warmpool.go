@@ -8,14 +8,15 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/watcher"
 )
 
 // maxWarmPoolSize bounds one pool's size per node; the edge also bounds all
 // its pools together.
 const maxWarmPoolSize = 1000
 
-// SetWarmPool sets a warm pool on every node: each keeps size sandboxes of
-// the shape ready. It answers with the first node's pool.
+// SetWarmPool sets a warm pool on every node that offers the shape's
+// isolation: each keeps size sandboxes of the shape ready. It answers with the first node's pool.
 func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.SetWarmPoolRequest]) (*connect.Response[dsecv1.WarmPool], error) {
 	m := req.Msg
 	if m.GetSpec().GetEnvironment() == "" {
@@ -24,9 +25,24 @@ func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.Se
 	if m.GetSize() < 0 || m.GetSize() > maxWarmPoolSize {
 		return nil, fmt.Errorf("size %d is outside 0..%d: %w", m.GetSize(), maxWarmPoolSize, errdefs.ErrInvalidArgument)
 	}
-	nodes := s.routable()
-	if len(nodes) == 0 {
+	all := s.routable()
+	if len(all) == 0 {
 		return nil, fmt.Errorf("set warm pool: no node is available: %w", errdefs.ErrUnavailable)
+	}
+	// Only the nodes that offer the pool's isolation keep it.
+	var nodes []watcher.Node
+	for _, n := range all {
+		if offers(n, m.GetSpec()) {
+			nodes = append(nodes, n)
+		}
+	}
+	if len(nodes) == 0 {
+		name := isolationName(m.GetSpec().GetIsolation())
+		why := s.missingOn(name)
+		if why != "" {
+			why = " (" + why + ")"
+		}
+		return nil, fmt.Errorf("set warm pool: no healthy node offers isolation %s%s: %w", name, why, errdefs.ErrFailedPrecondition)
 	}
 	var first *dsecv1.WarmPool
 	for _, n := range nodes {

@@ -124,6 +124,9 @@ func (f *jsonFake) Create(context.Context, req[dsecv1.CreateRequest]) (res[dsecv
 func (f *jsonFake) List(context.Context, req[dsecv1.ListRequest]) (res[dsecv1.ListResponse], error) {
 	return answer[dsecv1.ListResponse](f)
 }
+func (f *jsonFake) GetServerInfo(context.Context, req[dsecv1.GetServerInfoRequest]) (res[dsecv1.ServerInfo], error) {
+	return answer[dsecv1.ServerInfo](f)
+}
 func (f *jsonFake) Get(context.Context, req[dsecv1.GetRequest]) (res[dsecv1.Sandbox], error) {
 	return answer[dsecv1.Sandbox](f)
 }
@@ -266,6 +269,7 @@ func TestJSONShapes(t *testing.T) {
 		{"create", []string{"b:1"}, &dsecv1.CreateResponse{}},
 		{"ls", nil, &dsecv1.ListResponse{}},
 		{"inspect", []string{"sb-n1-a"}, &dsecv1.Sandbox{}},
+		{"nodes", nil, &dsecv1.ServerInfo{}},
 		{"rm", []string{"sb-n1-a"}, nil},
 		{"exec -d", []string{"sb-n1-a", "--", "true"}, &dsecv1.ExecStarted{}},
 		{"ps", []string{"sb-n1-a"}, &dsecv1.ListProcessesResponse{}},

@@ -28,8 +28,10 @@ type specFlags struct {
 	hostname string
 	env      []string
 	sudo     bool
-	labels   []string
-	netRules string
+	// isolation is container, gvisor or microvm; "" = container.
+	isolation string
+	labels    []string
+	netRules  string
 	// onTimeout and noAutoResume are lifecycle settings, not shape.
 	onTimeout    string
 	noAutoResume bool
@@ -59,6 +61,7 @@ func (f *specFlags) addShape(cmd *cobra.Command) {
 	fl.StringVar(&f.hostname, "hostname", "", "host name inside the sandbox")
 	fl.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every command (repeatable)")
 	fl.BoolVar(&f.sudo, "allow-privilege-escalation", false, "let setuid programs (sudo) raise privileges inside the sandbox")
+	fl.StringVar(&f.isolation, "isolation", "", "what isolates the sandbox: container (default; runc), gvisor (runsc) or microvm (QEMU); dsec nodes lists what each node offers")
 }
 
 func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
@@ -80,6 +83,9 @@ func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
 		User: f.user, Workdir: f.workdir, Hostname: f.hostname, Env: envVars, Labels: labels,
 		NetworkRules: rules, AllowPrivilegeEscalation: f.sudo,
 	}
+	if spec.Isolation, err = parseIsolation(f.isolation); err != nil {
+		return nil, err
+	}
 	switch f.onTimeout {
 	case "", "stop":
 	case "pause":
@@ -92,6 +98,19 @@ func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
 		spec.AutoResume = &no
 	}
 	return spec, nil
+}
+
+// parseIsolation reads --isolation: container, gvisor or microvm, "" for
+// the default (container).
+func parseIsolation(s string) (dsecv1.Isolation, error) {
+	if s == "" {
+		return dsecv1.Isolation_ISOLATION_UNSPECIFIED, nil
+	}
+	v, ok := dsecv1.Isolation_value["ISOLATION_"+strings.ToUpper(s)]
+	if !ok || v == 0 {
+		return 0, fmt.Errorf("--isolation %q: want container, gvisor or microvm", s)
+	}
+	return dsecv1.Isolation(v), nil
 }
 
 // execFlags are the per-command settings of run and exec.

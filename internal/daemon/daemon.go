@@ -40,6 +40,7 @@ import (
 	"dsec.dev/dsec/internal/edge/network"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/swap"
+	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -55,12 +56,23 @@ type Config struct {
 	// every sandbox ID; 0 for the all-in-one dsecd.
 	Slot       uint16
 	Generation uint32
-	Runtime    string // runc (default), crun or runsc (gVisor), for every sandbox of the node
-	// RuntimePath is the runtime's binary; default: Runtime on PATH (for
-	// runsc, else scripts/build-runsc.sh's DefaultRunsc).
+	// Runtime is the OCI runtime of the container isolation: runc
+	// (default) or crun. runsc is deprecated here: it reads as Runsc =
+	// RuntimePath (gVisor beside runc; a create asks for it with
+	// isolation gvisor).
+	Runtime string
+	// RuntimePath is the runtime's binary; default: Runtime on PATH.
 	RuntimePath string
+	// Runsc is gVisor's runsc, with which the node offers the gvisor
+	// isolation beside the container one: a path (it must work, or the
+	// node refuses to start), "" to look for one (runsc on PATH, else
+	// scripts/build-runsc.sh's DefaultRunsc; offered when it works), or
+	// NoRunsc for no gvisor.
+	Runsc string
 	// RunscPlatform is runsc's --platform: systrap (default) or ptrace.
 	RunscPlatform string
+	// runscRequired: Runsc was named, not found.
+	runscRequired bool
 	// CgroupParent is the cgroup under which this node's sandboxes live.
 	// Zero: the one the root was first started with, else that of the
 	// first set of host names no other root holds (package claims): "dsec"
@@ -214,8 +226,25 @@ func (c *Config) fill() error {
 	if c.Runtime == "" {
 		c.Runtime = "runc"
 	}
-	if c.Runtime == "runsc" && c.RuntimePath == "" {
-		c.RuntimePath = findRunsc()
+	if c.Runtime == "runsc" {
+		// Deprecated: gVisor is an isolation of its own beside runc.
+		if c.Runsc == "" {
+			c.Runsc = c.RuntimePath
+		}
+		c.Runtime, c.RuntimePath = "runc", ""
+		if c.Runsc == "" {
+			c.Runsc = findRunsc()
+			c.runscRequired = true // asked for by name, as --runtime runsc was
+		}
+	}
+	if c.Runsc == "" {
+		c.Runsc = findRunsc()
+	} else if c.Runsc != NoRunsc {
+		c.runscRequired = true
+	}
+	if c.runscRequired && c.Runsc == "" {
+		return fmt.Errorf("find runsc: not on PATH nor in %s (scripts/build-runsc.sh builds the version dsec runs): %w",
+			DefaultRunsc, errdefs.ErrNotSupported)
 	}
 	if c.ShellPath == "" {
 		c.ShellPath = defaultShell()
@@ -337,12 +366,6 @@ func findAgent() string {
 	return "dsec-agent"
 }
 
-// nodeBackends are the backends every dsecd node offers: a runtime of
-// each, made from one runtime config.
-func nodeBackends() []dsecv1.Backend {
-	return []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER, dsecv1.Backend_BACKEND_FNCALL}
-}
-
 // node is everything one dsecd owns, opened but not yet serving.
 type node struct {
 	cfg    Config
@@ -350,14 +373,18 @@ type node struct {
 	lock   *os.File
 	images *image.Store
 	layers *layers.Service
-	// runtimes are the node's backends: container and fncall, made from
-	// one runtime config.
-	runtimes map[dsecv1.Backend]backend.Runtime
+	// runtimes are the node's, one per kind it offers (openRuntimes);
+	// missing says why it lacks the isolations it lacks.
+	runtimes map[sandbox.Kind]backend.Runtime
+	missing  map[dsecv1.Isolation]string
 	net      *netctl.Controller // nil without networking
 	edge     *sandbox.Manager
 }
 
 func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
+	if cfg.Runtime == "runsc" {
+		log.Warn("dsecd --runtime runsc is deprecated: the node offers gvisor beside runc (--runsc PATH), and a create asks for it with isolation gvisor")
+	}
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
@@ -408,20 +435,8 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		SocketDir: filepath.Join(cfg.Root, "sandboxes"),
 		Log:       log.With("component", "runtime"),
 	}
-	n.runtimes = map[dsecv1.Backend]backend.Runtime{}
-	for _, b := range nodeBackends() {
-		newRuntime := container.New
-		if b == dsecv1.Backend_BACKEND_FNCALL {
-			newRuntime = container.NewFnCall
-		}
-		rt, err := newRuntime(rtCfg)
-		if err != nil {
-			return nil, err
-		}
-		if err := rt.Init(ctx); err != nil {
-			return nil, err
-		}
-		n.runtimes[b] = rt
+	if n.runtimes, n.missing, err = openRuntimes(ctx, cfg, rtCfg, log); err != nil {
+		return nil, err
 	}
 	// A node that cannot make the swap it was told to still serves: its
 	// pauses release the page cache only, as it says.
@@ -465,6 +480,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		TombstoneTTL:    cfg.Retention,
 		PausedRetention: cfg.PausedRetention,
 		PauseReleases:   pauseReleases,
+		Missing:         n.missing,
 	}, n.runtimes, n.layers, network, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
@@ -656,11 +672,11 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := n.edge.Teardown(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	// Each unmounts the upper file system they share; the second finds it
-	// unmounted.
-	for _, b := range nodeBackends() {
-		if err := n.runtimes[b].Teardown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("tear down the %s runtime: %w", sandbox.BackendName(b), err))
+	// Each unmounts the upper file system they share; the later ones find
+	// it unmounted.
+	for _, k := range n.edge.Kinds() {
+		if err := n.runtimes[k].Teardown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("tear down the %s runtime: %w", k, err))
 		}
 	}
 	if n.net != nil {

@@ -16,13 +16,11 @@ import (
 	"time"
 
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
-	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/hollow"
 	"dsec.dev/dsec/internal/edge/layers"
-	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edgeclient"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/store"
@@ -78,15 +76,6 @@ func (c *EdgeConfig) fill() error {
 		c.Heartbeat = 2 * time.Second
 	}
 	return nil
-}
-
-// backendNames are backends as the registry names them ("container").
-func backendNames(bs []dsecv1.Backend) []string {
-	var names []string
-	for _, b := range bs {
-		names = append(names, sandbox.BackendName(b))
-	}
-	return names
 }
 
 // liveWindow is how long a registered node's name stays its own after its
@@ -190,7 +179,7 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			return err
 		}
 		if reg != nil {
-			if rec, err = register(ctx, reg, cfg, backendNames(nodeBackends()), ncfg.Limits.MaxSandboxes); err != nil {
+			if rec, err = register(ctx, reg, cfg, []string{"container", "fncall"}, ncfg.Limits.MaxSandboxes); err != nil {
 				return err
 			}
 			ncfg.Slot, ncfg.Generation = uint16(rec.Slot), uint32(rec.Generation)

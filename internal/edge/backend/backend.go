@@ -100,6 +100,10 @@ type Features struct {
 	// edge's network rules reach the sandbox. Without it a sandbox has no
 	// network, and creates with network rules are refused.
 	Network bool
+	// Accelerator names what runs the sandboxes' kernel, for the node's
+	// status: kvm or tcg for a microVM, gVisor's platform (systrap,
+	// ptrace, kvm); "" for containers on the host's kernel.
+	Accelerator string
 }
 
 // Pauser freezes and thaws sandboxes: a Runtime whose Features say Pause.

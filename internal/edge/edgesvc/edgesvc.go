@@ -191,6 +191,14 @@ func (s *Service) Handler() (string, http.Handler) {
 	return path, flushhold.Handler(h)
 }
 
+// Offers is the node's status now, for an apiserver that calls this edge
+// in-process (the all-in-one dsecd's) and so has no watcher's report of
+// what it offers.
+func (s *Service) Offers() *edgev1.NodeStatus {
+	resp, _ := s.Status(context.Background(), connect.NewRequest(&edgev1.StatusRequest{}))
+	return resp.Msg
+}
+
 func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.StatusRequest]) (*connect.Response[edgev1.NodeStatus], error) {
 	st := s.edge.Status()
 	// A node serves fncall calls when it runs the backend's pools, whatever
@@ -201,11 +209,22 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 			backends = append(backends, b)
 		}
 	}
+	// The kinds a create may ask for; fncall's sandboxes come from its
+	// pools (RunCode), not creates, like its backend above.
+	var kinds []*dsecv1.SandboxKind
+	for _, k := range st.Kinds {
+		if k.GetProfile() != dsecv1.Backend_BACKEND_FNCALL {
+			kinds = append(kinds, k)
+		}
+	}
 	if len(backends) == 0 {
 		backends = []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER} // a hollow edge's
 	}
+	if len(kinds) == 0 {
+		kinds = []*dsecv1.SandboxKind{{Isolation: dsecv1.Isolation_ISOLATION_CONTAINER, Profile: dsecv1.Backend_BACKEND_CONTAINER}} // a hollow edge's
+	}
 	ns := &edgev1.NodeStatus{
-		Node: st.Node, Backends: backends,
+		Node: st.Node, Backends: backends, Kinds: kinds, Missing: st.Missing,
 		MaxSandboxes: int32(st.MaxSandboxes), Live: int32(st.Live), Creating: int32(st.Creating), Pooled: int32(st.Pooled),
 		MaxCpus: st.MaxCPUs, MaxMemoryMb: st.MaxMemoryMB, MemAvailableMb: st.MemAvailableMB,
 		ReportedUnixMs: st.At.UnixMilli(), Version: Version, Refusing: st.Refusing, BlobStore: s.layers.BlobStore(),
@@ -216,6 +235,7 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 	}
 	if s.fncall != nil {
 		ns.Backends = append(ns.Backends, dsecv1.Backend_BACKEND_FNCALL)
+		ns.Kinds = append(ns.Kinds, &dsecv1.SandboxKind{Isolation: dsecv1.Isolation_ISOLATION_CONTAINER, Profile: dsecv1.Backend_BACKEND_FNCALL})
 		busy, queue, idle := s.fncall.Load()
 		ns.FncallBusy, ns.FncallQueue, ns.FncallIdle = int32(busy), int32(queue), int32(idle)
 	}

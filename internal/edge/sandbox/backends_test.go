@@ -21,7 +21,7 @@ func TestBackendsRouteAndRefuse(t *testing.T) {
 	ctx := context.Background()
 	ctr := newFake(t)
 	fn := newFake(t, fake.WithFeatures(backend.Features{}))
-	runtimes := map[dsecv1.Backend]backend.Runtime{dsecv1.Backend_BACKEND_CONTAINER: ctr, dsecv1.Backend_BACKEND_FNCALL: fn}
+	runtimes := map[Kind]backend.Runtime{ContainerKind: ctr, FnCallKind: fn}
 	dir := t.TempDir()
 	m := newTestManagerOf(t, dir, runtimes, &fakeImages{}, nil)
 
@@ -49,7 +49,7 @@ func TestBackendsRouteAndRefuse(t *testing.T) {
 	}
 
 	// What the fncall fake cannot do.
-	const cannotPause = "backend fncall of node n1 cannot pause"
+	const cannotPause = "backend container/fncall of node n1 cannot pause"
 	if _, _, err := m.Pause(ctx, reward.GetId(), false); !errors.Is(err, errdefs.ErrNotSupported) || !strings.Contains(err.Error(), cannotPause) {
 		t.Errorf("pause of a fncall sandbox: %v, want not supported saying %q", err, cannotPause)
 	}
@@ -95,8 +95,8 @@ func TestBackendsRouteAndRefuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	only := newTestManagerOf(t, dir, map[dsecv1.Backend]backend.Runtime{dsecv1.Backend_BACKEND_CONTAINER: ctr}, &fakeImages{}, nil)
-	const lacks = "backend fncall is not available on node n1 (it has container)"
+	only := newTestManagerOf(t, dir, map[Kind]backend.Runtime{ContainerKind: ctr}, &fakeImages{}, nil)
+	const lacks = "profile fncall is not available under isolation container on node n1 (it offers container)"
 	if _, err := only.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Backend: dsecv1.Backend_BACKEND_FNCALL}, ""); !errors.Is(err, errdefs.ErrNotSupported) || !strings.Contains(err.Error(), lacks) {
 		t.Errorf("create on a node without fncall: %v, want not supported saying %q", err, lacks)
 	}
@@ -105,5 +105,123 @@ func TestBackendsRouteAndRefuse(t *testing.T) {
 	}
 	if got, err := only.Get(ctx, plain.GetId()); err != nil || got.GetState() != dsecv1.State_STATE_PAUSED {
 		t.Errorf("container sandbox after that restart: %v, %v", got, err)
+	}
+}
+
+// TestKindOf: a spec's isolation and backend name its kind, unset ones read
+// as container and the sandbox profile (records from before either).
+func TestKindOf(t *testing.T) {
+	for _, tc := range []struct {
+		spec *dsecv1.SandboxSpec
+		want Kind
+		name string
+	}{
+		{&dsecv1.SandboxSpec{}, ContainerKind, "container"},
+		{nil, ContainerKind, "container"},
+		{&dsecv1.SandboxSpec{Backend: dsecv1.Backend_BACKEND_FNCALL}, FnCallKind, "container/fncall"},
+		{&dsecv1.SandboxSpec{Isolation: dsecv1.Isolation_ISOLATION_GVISOR}, GVisorKind, "gvisor"},
+		{&dsecv1.SandboxSpec{Isolation: dsecv1.Isolation_ISOLATION_MICROVM, Backend: dsecv1.Backend_BACKEND_CONTAINER}, MicroVMKind, "microvm"},
+		{&dsecv1.SandboxSpec{Isolation: dsecv1.Isolation_ISOLATION_GVISOR, Backend: dsecv1.Backend_BACKEND_FNCALL},
+			Kind{dsecv1.Isolation_ISOLATION_GVISOR, dsecv1.Backend_BACKEND_FNCALL}, "gvisor/fncall"},
+	} {
+		if got := KindOf(tc.spec); got != tc.want || got.String() != tc.name {
+			t.Errorf("KindOf(%v) = %v (%s), want %v (%s)", tc.spec, got, got, tc.want, tc.name)
+		}
+	}
+}
+
+// TestIsolations: one node with container and gvisor runtimes side by side
+// routes each create to its isolation's runtime, records the isolation,
+// keeps warm pools apart by it, reports its kinds with their accelerator,
+// and refuses an isolation it lacks naming what it offers and what to
+// install, leaving nothing behind.
+func TestIsolations(t *testing.T) {
+	ctx := context.Background()
+	ctr := newFake(t)
+	gv := newFake(t, fake.WithFeatures(backend.Features{Pause: true, Snapshot: true, Network: true, Accelerator: "systrap"}))
+	fn := newFake(t, fake.WithFeatures(backend.Features{}))
+	const noQEMU = "no QEMU: apt-get install qemu-system-x86"
+	m := newTestManagerOf(t, t.TempDir(), map[Kind]backend.Runtime{ContainerKind: ctr, FnCallKind: fn, GVisorKind: gv}, &fakeImages{},
+		func(c *Config) {
+			c.Missing = map[dsecv1.Isolation]string{dsecv1.Isolation_ISOLATION_MICROVM: noQEMU, dsecv1.Isolation_ISOLATION_GVISOR: "unused"}
+		})
+
+	st := m.Status()
+	var kinds []string
+	for _, k := range st.Kinds {
+		kinds = append(kinds, Kind{k.GetIsolation(), k.GetProfile()}.String()+"@"+k.GetAccelerator())
+	}
+	if want := []string{"container@", "container/fncall@", "gvisor@systrap"}; !slices.Equal(kinds, want) {
+		t.Errorf("status kinds %v, want %v", kinds, want)
+	}
+	if len(st.Missing) != 1 || st.Missing["microvm"] != noQEMU {
+		t.Errorf("status missing %v, want only microvm's", st.Missing)
+	}
+
+	plain, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandboxed, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Isolation: dsecv1.Isolation_ISOLATION_GVISOR}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.GetSpec().GetIsolation() != dsecv1.Isolation_ISOLATION_CONTAINER || sandboxed.GetSpec().GetIsolation() != dsecv1.Isolation_ISOLATION_GVISOR {
+		t.Errorf("recorded isolations %s, %s", plain.GetSpec().GetIsolation(), sandboxed.GetSpec().GetIsolation())
+	}
+	if got := mustList(t, gv); !slices.Equal(got, []string{sandboxed.GetId()}) {
+		t.Errorf("gvisor runtime holds %v, want only %s", got, sandboxed.GetId())
+	}
+	if got := mustList(t, ctr); !slices.Equal(got, []string{plain.GetId()}) {
+		t.Errorf("container runtime holds %v, want only %s", got, plain.GetId())
+	}
+
+	// An isolation the node lacks: refused, with what it offers and what
+	// to install, and nothing made.
+	const lacks = "isolation microvm is not available on node n1 (it offers container, container/fncall, gvisor): " + noQEMU
+	before, _ := m.List(ctx, nil, nil)
+	if _, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Isolation: dsecv1.Isolation_ISOLATION_MICROVM}, ""); !errors.Is(err, errdefs.ErrNotSupported) || !strings.Contains(err.Error(), lacks) {
+		t.Errorf("microvm create: %v, want not supported saying %q", err, lacks)
+	}
+	if _, err := m.SetWarmPool(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Isolation: dsecv1.Isolation_ISOLATION_MICROVM}, 1); !errors.Is(err, errdefs.ErrNotSupported) {
+		t.Errorf("microvm warm pool: %v, want not supported", err)
+	}
+	after, _ := m.List(ctx, nil, nil)
+	if len(after) != len(before) || len(mustList(t, ctr))+len(mustList(t, gv))+len(mustList(t, fn)) != 2 {
+		t.Errorf("a refused create left sandboxes: %d listed before, %d after", len(before), len(after))
+	}
+	// A profile the isolation does not offer says so.
+	const noProfile = "profile fncall is not available under isolation gvisor on node n1"
+	if _, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", Isolation: dsecv1.Isolation_ISOLATION_GVISOR, Backend: dsecv1.Backend_BACKEND_FNCALL}, ""); !errors.Is(err, errdefs.ErrNotSupported) || !strings.Contains(err.Error(), noProfile) {
+		t.Errorf("gvisor fncall create: %v, want not supported saying %q", err, noProfile)
+	}
+
+	// Warm pools of the two isolations are two pools, each filled by its
+	// runtime, and a create takes from its isolation's.
+	shape := &dsecv1.SandboxSpec{Environment: "base:1", MemoryMb: 64}
+	gshape := &dsecv1.SandboxSpec{Environment: "base:1", MemoryMb: 64, Isolation: dsecv1.Isolation_ISOLATION_GVISOR}
+	p1, err := m.SetWarmPool(ctx, shape, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := m.SetWarmPool(ctx, gshape, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p1.GetKey() == p2.GetKey() {
+		t.Fatalf("container and gvisor pools share key %s", p1.GetKey())
+	}
+	waitPools(t, m, gv, "both pools ready", func(ids []string, ps []*dsecv1.WarmPool) bool {
+		return len(ps) == 2 && ps[0].GetReady() == 1 && ps[1].GetReady() == 1 && len(ids) == 2
+	})
+	if n := len(mustList(t, ctr)); n != 2 {
+		t.Errorf("container runtime holds %d sandboxes, want its sandbox and its pool's", n)
+	}
+	taken, err := m.Create(ctx, gshape, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !taken.GetFromWarmPool() || !slices.Contains(mustList(t, gv), taken.GetId()) {
+		t.Errorf("gvisor create from its pool: from pool %v, in gvisor runtime %v", taken.GetFromWarmPool(), slices.Contains(mustList(t, gv), taken.GetId()))
 	}
 }

@@ -70,11 +70,11 @@ func (m *Manager) Recover(ctx context.Context) error {
 func (m *Manager) owners(ctx context.Context) (map[string]backend.Runtime, error) {
 	owners := map[string]backend.Runtime{}
 	var errs []error
-	for _, b := range m.Backends() {
-		rt := m.runtimes[b]
+	for _, k := range m.Kinds() {
+		rt := m.runtimes[k]
 		ids, err := rt.List(ctx)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("list the sandboxes of backend %s: %w", BackendName(b), err))
+			errs = append(errs, fmt.Errorf("list the sandboxes of backend %s: %w", k, err))
 		}
 		for _, id := range ids {
 			owners[id] = rt
@@ -97,7 +97,7 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner backend.Runti
 		m.reap(ctx, id, owner)
 		return
 	}
-	rt, err := m.runtimeOf(rec.GetSpec().GetBackend())
+	rt, err := m.runtimeOf(KindOf(rec.GetSpec()))
 	if err != nil {
 		// The node was restarted without the backend the sandbox runs on.
 		m.log.Warn("removing sandbox of a backend the node no longer has", "id", id, "err", err)

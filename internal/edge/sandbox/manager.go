@@ -1,8 +1,9 @@
 // Package sandbox is the edge: it owns the sandboxes of one node. It names
 // and admits or refuses creates, keeps warm pools of started sandboxes that
 // matching creates take, composes each sandbox from its environment's layers,
-// launches it through the runtime of its backend (package backend: one per
-// backend the node offers, routed by the backend in the sandbox's record),
+// launches it through the runtime of its kind (package backend: one per
+// isolation and profile the node offers, routed by the isolation and
+// backend in the sandbox's record; see Kind),
 // keeps the channel to its agent, reaps sandboxes past their TTL or idle
 // timeout, notices the ones that died (from the end of a watch connection
 // each agent holds, not by asking), and persists every record so that a
@@ -114,6 +115,10 @@ type Config struct {
 	// PauseReleases says in words what a pause can release on this node
 	// (see package swap); nil = not known.
 	PauseReleases func() string
+	// Missing says why the node lacks an isolation it has no runtime of
+	// ("no runsc: ..."), for the refusal of a create asking for it and the
+	// node's status; an isolation absent here is refused as not built in.
+	Missing map[dsecv1.Isolation]string
 }
 
 // Manager is the edge of one node. Create it with New, then call Recover
@@ -121,7 +126,7 @@ type Config struct {
 // them all.
 type Manager struct {
 	cfg      Config
-	runtimes map[dsecv1.Backend]backend.Runtime // the node's backends
+	runtimes map[Kind]backend.Runtime // the node's runtimes, one per kind it offers
 	images   Images
 	net      Network   // nil: the node offers loopback only
 	snaps    Snapshots // nil: snapshots are refused
@@ -187,20 +192,20 @@ type sandbox struct {
 	token string
 }
 
-// New makes a Manager over the node's runtimes, one per backend it offers
+// New makes a Manager over the node's runtimes, one per kind it offers
 // (each already Init'ed). It does not touch any sandbox until Recover. net
 // may be nil: sandboxes then get loopback only and network rules are
 // refused.
-func New(cfg Config, runtimes map[dsecv1.Backend]backend.Runtime, images Images, net Network, log *slog.Logger) (*Manager, error) {
+func New(cfg Config, runtimes map[Kind]backend.Runtime, images Images, net Network, log *slog.Logger) (*Manager, error) {
 	if cfg.Node == "" || strings.ContainsAny(cfg.Node, "/ ") {
 		return nil, fmt.Errorf("node name %q: %w", cfg.Node, errdefs.ErrInvalidArgument)
 	}
 	if len(runtimes) == 0 {
 		return nil, fmt.Errorf("edge of node %s: no runtime: %w", cfg.Node, errdefs.ErrInvalidArgument)
 	}
-	for b, rt := range runtimes {
-		if b == dsecv1.Backend_BACKEND_UNSPECIFIED || rt == nil {
-			return nil, fmt.Errorf("edge of node %s: runtime %v for backend %s: %w", cfg.Node, rt, b, errdefs.ErrInvalidArgument)
+	for k, rt := range runtimes {
+		if k != k.normal() || rt == nil {
+			return nil, fmt.Errorf("edge of node %s: runtime %v for kind %v: %w", cfg.Node, rt, k, errdefs.ErrInvalidArgument)
 		}
 	}
 	if cfg.StartTimeout == 0 {
@@ -282,7 +287,7 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token st
 // a member of that warm pool: invisible to Get and List, with no expiry
 // until it is taken.
 func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec, poolKey, token string) (*sandbox, error) {
-	rt, err := m.runtimeOf(spec.GetBackend())
+	rt, err := m.runtimeOf(KindOf(spec))
 	if err != nil {
 		return nil, err
 	}
@@ -504,18 +509,17 @@ func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, er
 	if spec.User == "" {
 		spec.User = d.User
 	}
-	if spec.Backend == dsecv1.Backend_BACKEND_UNSPECIFIED {
-		spec.Backend = dsecv1.Backend_BACKEND_CONTAINER
-	}
-	rt, err := m.runtimeOf(spec.Backend)
+	kind := KindOf(spec)
+	spec.Isolation, spec.Backend = kind.Isolation, kind.Profile
+	rt, err := m.runtimeOf(kind)
 	if err != nil {
 		return nil, err
 	}
 	if spec.GetOnTimeout() == dsecv1.OnTimeout_ON_TIMEOUT_PAUSE && !rt.Features().Pause {
-		return nil, fmt.Errorf("on_timeout pause: %w", m.lacks(spec.Backend, "pause"))
+		return nil, fmt.Errorf("on_timeout pause: %w", m.lacks(kind, "pause"))
 	}
 	if len(spec.GetNetworkRules()) > 0 && !rt.Features().Network {
-		return nil, fmt.Errorf("network rules: %w", m.lacks(spec.Backend, "give a sandbox a network"))
+		return nil, fmt.Errorf("network rules: %w", m.lacks(kind, "give a sandbox a network"))
 	}
 	switch {
 	case l.MaxCPUs > 0 && spec.Cpus > l.MaxCPUs:
@@ -812,7 +816,7 @@ func cloneSpec(s *dsecv1.SandboxSpec) *dsecv1.SandboxSpec {
 // Status is the node's load as the apiservers' watchers see it.
 type Status struct {
 	Node           string
-	Backends       []dsecv1.Backend // in the enum's order
+	Backends       []dsecv1.Backend // the profiles of Kinds, in the enum's order
 	MaxSandboxes   int
 	Live           int // creating or running for callers
 	Creating       int
@@ -827,11 +831,15 @@ type Status struct {
 	// this edge began counting (its process started).
 	Ended   uint64
 	Started time.Time
+	// Kinds are the isolations and profiles the node offers, with their
+	// accelerators; Missing says why it lacks the isolations it lacks.
+	Kinds   []*dsecv1.SandboxKind
+	Missing map[string]string
 }
 
 // Status reports the node's capacity and load now.
 func (m *Manager) Status() Status {
-	st := Status{Node: m.cfg.Node, Backends: m.Backends(), MaxSandboxes: m.cfg.Limits.MaxSandboxes, MaxCPUs: m.cfg.Limits.MaxCPUs,
+	st := Status{Node: m.cfg.Node, Backends: m.Backends(), Kinds: m.kindInfos(), Missing: m.Missing(), MaxSandboxes: m.cfg.Limits.MaxSandboxes, MaxCPUs: m.cfg.Limits.MaxCPUs,
 		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now(), Started: m.started}
 	m.mu.Lock()
 	st.Ended = m.ended

@@ -73,11 +73,11 @@ func newTestManager(t *testing.T, dir string, rt *fake.Runtime) *Manager {
 // backend; edit, if set, changes its configuration first.
 func newTestManagerWith(t *testing.T, dir string, rt *fake.Runtime, images *fakeImages, edit func(*Config)) *Manager {
 	t.Helper()
-	return newTestManagerOf(t, dir, map[dsecv1.Backend]backend.Runtime{dsecv1.Backend_BACKEND_CONTAINER: rt}, images, edit)
+	return newTestManagerOf(t, dir, map[Kind]backend.Runtime{ContainerKind: rt}, images, edit)
 }
 
-// newTestManagerOf makes a Manager over the given backends.
-func newTestManagerOf(t *testing.T, dir string, runtimes map[dsecv1.Backend]backend.Runtime, images *fakeImages, edit func(*Config)) *Manager {
+// newTestManagerOf makes a Manager over the given runtimes, one per kind.
+func newTestManagerOf(t *testing.T, dir string, runtimes map[Kind]backend.Runtime, images *fakeImages, edit func(*Config)) *Manager {
 	t.Helper()
 	cfg := Config{Node: "n1", StateDir: dir, PingInterval: 100 * time.Millisecond, Defaults: Defaults{TTL: time.Hour}}
 	if edit != nil {

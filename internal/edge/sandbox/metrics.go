@@ -97,7 +97,7 @@ func (m *Manager) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetric
 	}
 	meter, ok := rt.(backend.Meter)
 	if !ok {
-		return nil, fmt.Errorf("metrics of sandbox %s: %w", id, m.lacks(spec.GetBackend(), "measure its sandboxes"))
+		return nil, fmt.Errorf("metrics of sandbox %s: %w", id, m.lacks(KindOf(spec), "measure its sandboxes"))
 	}
 	u, err := meter.Usage(ctx, id)
 	if err != nil {

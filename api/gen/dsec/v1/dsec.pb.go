@@ -214,12 +214,16 @@ func (OnTimeout) EnumDescriptor() ([]byte, []int) {
 	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
 }
 
+// Backend is the sandbox's workload profile; the mechanism that isolates it
+// is its Isolation. The name stays for compatibility: BACKEND_CONTAINER is
+// the sandbox profile (a long-lived sandbox the caller drives), whatever
+// the isolation.
 type Backend int32
 
 const (
-	Backend_BACKEND_UNSPECIFIED Backend = 0 // container
-	Backend_BACKEND_CONTAINER   Backend = 1
-	// Pooled containers that serve FnCallService's short calls (reward code);
+	Backend_BACKEND_UNSPECIFIED Backend = 0 // the sandbox profile
+	Backend_BACKEND_CONTAINER   Backend = 1 // the sandbox profile
+	// Pooled sandboxes that serve FnCallService's short calls (reward code);
 	// not created directly.
 	Backend_BACKEND_FNCALL Backend = 2
 )
@@ -263,6 +267,64 @@ func (x Backend) Number() protoreflect.EnumNumber {
 // Deprecated: Use Backend.Descriptor instead.
 func (Backend) EnumDescriptor() ([]byte, []int) {
 	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
+}
+
+// Isolation is what keeps a sandbox apart from its node: the host's kernel
+// behind namespaces and cgroups (container: runc or crun), a user-space
+// kernel (gvisor: runsc), or a kernel of its own in a virtual machine
+// (microvm: QEMU). A node offers the isolations it has what they need for;
+// a create asking for one that no node offers is refused, naming what is
+// missing.
+type Isolation int32
+
+const (
+	Isolation_ISOLATION_UNSPECIFIED Isolation = 0 // container
+	Isolation_ISOLATION_CONTAINER   Isolation = 1
+	Isolation_ISOLATION_GVISOR      Isolation = 2
+	Isolation_ISOLATION_MICROVM     Isolation = 3
+)
+
+// Enum value maps for Isolation.
+var (
+	Isolation_name = map[int32]string{
+		0: "ISOLATION_UNSPECIFIED",
+		1: "ISOLATION_CONTAINER",
+		2: "ISOLATION_GVISOR",
+		3: "ISOLATION_MICROVM",
+	}
+	Isolation_value = map[string]int32{
+		"ISOLATION_UNSPECIFIED": 0,
+		"ISOLATION_CONTAINER":   1,
+		"ISOLATION_GVISOR":      2,
+		"ISOLATION_MICROVM":     3,
+	}
+)
+
+func (x Isolation) Enum() *Isolation {
+	p := new(Isolation)
+	*p = x
+	return p
+}
+
+func (x Isolation) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Isolation) Descriptor() protoreflect.EnumDescriptor {
+	return file_dsec_v1_dsec_proto_enumTypes[4].Descriptor()
+}
+
+func (Isolation) Type() protoreflect.EnumType {
+	return &file_dsec_v1_dsec_proto_enumTypes[4]
+}
+
+func (x Isolation) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Isolation.Descriptor instead.
+func (Isolation) EnumDescriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
 }
 
 type ExitStatus int32
@@ -310,11 +372,11 @@ func (x ExitStatus) String() string {
 }
 
 func (ExitStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[4].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[5].Descriptor()
 }
 
 func (ExitStatus) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[4]
+	return &file_dsec_v1_dsec_proto_enumTypes[5]
 }
 
 func (x ExitStatus) Number() protoreflect.EnumNumber {
@@ -323,7 +385,7 @@ func (x ExitStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExitStatus.Descriptor instead.
 func (ExitStatus) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
 }
 
 type FileChange int32
@@ -368,11 +430,11 @@ func (x FileChange) String() string {
 }
 
 func (FileChange) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[5].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[6].Descriptor()
 }
 
 func (FileChange) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[5]
+	return &file_dsec_v1_dsec_proto_enumTypes[6]
 }
 
 func (x FileChange) Number() protoreflect.EnumNumber {
@@ -381,7 +443,7 @@ func (x FileChange) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileChange.Descriptor instead.
 func (FileChange) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
 }
 
 type LayerKind int32
@@ -425,11 +487,11 @@ func (x LayerKind) String() string {
 }
 
 func (LayerKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[6].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[7].Descriptor()
 }
 
 func (LayerKind) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[6]
+	return &file_dsec_v1_dsec_proto_enumTypes[7]
 }
 
 func (x LayerKind) Number() protoreflect.EnumNumber {
@@ -438,7 +500,7 @@ func (x LayerKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LayerKind.Descriptor instead.
 func (LayerKind) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
 }
 
 type RunStatus int32
@@ -477,11 +539,11 @@ func (x RunStatus) String() string {
 }
 
 func (RunStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[7].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[8].Descriptor()
 }
 
 func (RunStatus) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[7]
+	return &file_dsec_v1_dsec_proto_enumTypes[8]
 }
 
 func (x RunStatus) Number() protoreflect.EnumNumber {
@@ -490,7 +552,7 @@ func (x RunStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunStatus.Descriptor instead.
 func (RunStatus) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
 }
 
 type CommandStatus int32
@@ -529,11 +591,11 @@ func (x CommandStatus) String() string {
 }
 
 func (CommandStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[8].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[9].Descriptor()
 }
 
 func (CommandStatus) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[8]
+	return &file_dsec_v1_dsec_proto_enumTypes[9]
 }
 
 func (x CommandStatus) Number() protoreflect.EnumNumber {
@@ -542,13 +604,165 @@ func (x CommandStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CommandStatus.Descriptor instead.
 func (CommandStatus) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+}
+
+// SandboxKind is one isolation and profile a node offers.
+type SandboxKind struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Isolation Isolation              `protobuf:"varint,1,opt,name=isolation,proto3,enum=dsec.v1.Isolation" json:"isolation,omitempty"`
+	Profile   Backend                `protobuf:"varint,2,opt,name=profile,proto3,enum=dsec.v1.Backend" json:"profile,omitempty"`
+	// What runs the kind's kernel where its backend says: kvm or tcg for a
+	// microVM, gVisor's platform (systrap, ptrace, kvm); "" for containers.
+	Accelerator   string `protobuf:"bytes,3,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxKind) Reset() {
+	*x = SandboxKind{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxKind) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxKind) ProtoMessage() {}
+
+func (x *SandboxKind) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxKind.ProtoReflect.Descriptor instead.
+func (*SandboxKind) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SandboxKind) GetIsolation() Isolation {
+	if x != nil {
+		return x.Isolation
+	}
+	return Isolation_ISOLATION_UNSPECIFIED
+}
+
+func (x *SandboxKind) GetProfile() Backend {
+	if x != nil {
+		return x.Profile
+	}
+	return Backend_BACKEND_UNSPECIFIED
+}
+
+func (x *SandboxKind) GetAccelerator() string {
+	if x != nil {
+		return x.Accelerator
+	}
+	return ""
+}
+
+// NodeInfo is a node as GetServerInfo lists it.
+type NodeInfo struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Healthy bool                   `protobuf:"varint,2,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	Kinds   []*SandboxKind         `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	// Why the node lacks an isolation, by its name ("microvm": "no QEMU:
+	// apt-get install qemu-system-x86"); isolations it offers are absent.
+	Missing       map[string]string `protobuf:"bytes,4,rep,name=missing,proto3" json:"missing,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Live          int32             `protobuf:"varint,5,opt,name=live,proto3" json:"live,omitempty"`
+	MaxSandboxes  int32             `protobuf:"varint,6,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeInfo) Reset() {
+	*x = NodeInfo{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeInfo) ProtoMessage() {}
+
+func (x *NodeInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
+func (*NodeInfo) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NodeInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *NodeInfo) GetKinds() []*SandboxKind {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *NodeInfo) GetMissing() map[string]string {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
+func (x *NodeInfo) GetLive() int32 {
+	if x != nil {
+		return x.Live
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetMaxSandboxes() int32 {
+	if x != nil {
+		return x.MaxSandboxes
+	}
+	return 0
 }
 
 type SandboxSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ENV: BASE[+LAYER...], each a layer name:tag.
-	Environment        string            `protobuf:"bytes,1,opt,name=environment,proto3" json:"environment,omitempty"`
+	Environment string `protobuf:"bytes,1,opt,name=environment,proto3" json:"environment,omitempty"`
+	// The workload profile: BACKEND_CONTAINER (or unset) is the sandbox
+	// profile, BACKEND_FNCALL the fncall pools' (not created directly).
 	Backend            Backend           `protobuf:"varint,2,opt,name=backend,proto3,enum=dsec.v1.Backend" json:"backend,omitempty"`
 	Cpus               float64           `protobuf:"fixed64,3,opt,name=cpus,proto3" json:"cpus,omitempty"`                                                        // fractional cores; 0 = node default
 	MemoryMb           int64             `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`                                 // 0 = node default
@@ -580,13 +794,16 @@ type SandboxSpec struct {
 	// (E2B's templates give their user sudo). It grants nothing beyond the
 	// sandbox's own capability set.
 	AllowPrivilegeEscalation bool `protobuf:"varint,17,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3" json:"allow_privilege_escalation,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// What isolates the sandbox; unset = container. A node that lacks it
+	// refuses the create, naming what it has and what to install.
+	Isolation     Isolation `protobuf:"varint,18,opt,name=isolation,proto3,enum=dsec.v1.Isolation" json:"isolation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
 	*x = SandboxSpec{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[0]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -598,7 +815,7 @@ func (x *SandboxSpec) String() string {
 func (*SandboxSpec) ProtoMessage() {}
 
 func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[0]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -611,7 +828,7 @@ func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSpec.ProtoReflect.Descriptor instead.
 func (*SandboxSpec) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{0}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SandboxSpec) GetEnvironment() string {
@@ -733,6 +950,13 @@ func (x *SandboxSpec) GetAllowPrivilegeEscalation() bool {
 	return false
 }
 
+func (x *SandboxSpec) GetIsolation() Isolation {
+	if x != nil {
+		return x.Isolation
+	}
+	return Isolation_ISOLATION_UNSPECIFIED
+}
+
 type Sandbox struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Id               string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -762,7 +986,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[1]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +998,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[1]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +1011,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{1}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Sandbox) GetId() string {
@@ -937,7 +1161,7 @@ type PauseStats struct {
 
 func (x *PauseStats) Reset() {
 	*x = PauseStats{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1173,7 @@ func (x *PauseStats) String() string {
 func (*PauseStats) ProtoMessage() {}
 
 func (x *PauseStats) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1186,7 @@ func (x *PauseStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStats.ProtoReflect.Descriptor instead.
 func (*PauseStats) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PauseStats) GetFrozenUs() int64 {
@@ -1053,7 +1277,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1289,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1302,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -1106,7 +1330,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1342,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1355,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -1160,7 +1384,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1396,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1409,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResumeRequest) GetSandboxId() string {
@@ -1213,7 +1437,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1449,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1462,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1275,7 +1499,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1511,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1524,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SetTimeoutRequest) GetSandboxId() string {
@@ -1333,7 +1557,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1345,7 +1569,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1358,7 +1582,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -1377,7 +1601,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1613,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1626,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MetricsRequest) GetSandboxId() string {
@@ -1433,7 +1657,7 @@ type SandboxMetrics struct {
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1669,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1682,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SandboxMetrics) GetTimeUnixMs() int64 {
@@ -1537,7 +1761,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1773,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1786,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateRequest) GetSpec() *SandboxSpec {
@@ -1602,7 +1826,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1838,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1851,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateResponse) GetSandboxes() []*Sandbox {
@@ -1646,7 +1870,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1882,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1895,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1695,7 +1919,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1931,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1944,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -1753,7 +1977,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +1989,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +2002,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1798,7 +2022,7 @@ type SetWarmPoolRequest struct {
 
 func (x *SetWarmPoolRequest) Reset() {
 	*x = SetWarmPoolRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +2034,7 @@ func (x *SetWarmPoolRequest) String() string {
 func (*SetWarmPoolRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +2047,7 @@ func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetWarmPoolRequest) GetSpec() *SandboxSpec {
@@ -1859,7 +2083,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +2095,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +2108,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WarmPool) GetKey() string {
@@ -1958,7 +2182,7 @@ type ListWarmPoolsRequest struct {
 
 func (x *ListWarmPoolsRequest) Reset() {
 	*x = ListWarmPoolsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2194,7 @@ func (x *ListWarmPoolsRequest) String() string {
 func (*ListWarmPoolsRequest) ProtoMessage() {}
 
 func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2207,7 @@ func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
 }
 
 type ListWarmPoolsResponse struct {
@@ -1995,7 +2219,7 @@ type ListWarmPoolsResponse struct {
 
 func (x *ListWarmPoolsResponse) Reset() {
 	*x = ListWarmPoolsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2231,7 @@ func (x *ListWarmPoolsResponse) String() string {
 func (*ListWarmPoolsResponse) ProtoMessage() {}
 
 func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2244,7 @@ func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListWarmPoolsResponse) GetPools() []*WarmPool {
@@ -2039,7 +2263,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +2275,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2288,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -2082,7 +2306,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2094,7 +2318,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2107,7 +2331,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
 }
 
 type ExecRequest struct {
@@ -2136,7 +2360,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2372,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2385,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -2272,7 +2496,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2508,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2521,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -2417,7 +2641,7 @@ type ExecDropped struct {
 
 func (x *ExecDropped) Reset() {
 	*x = ExecDropped{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2653,7 @@ func (x *ExecDropped) String() string {
 func (*ExecDropped) ProtoMessage() {}
 
 func (x *ExecDropped) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2666,7 @@ func (x *ExecDropped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecDropped.ProtoReflect.Descriptor instead.
 func (*ExecDropped) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExecDropped) GetStderr() bool {
@@ -2470,7 +2694,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2482,7 +2706,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2495,7 +2719,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -2540,7 +2764,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2552,7 +2776,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2565,7 +2789,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -2645,7 +2869,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2657,7 +2881,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2670,7 +2894,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -2713,7 +2937,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2725,7 +2949,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2738,7 +2962,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -2777,7 +3001,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2789,7 +3013,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2802,7 +3026,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
 }
 
 type SignalRequest struct {
@@ -2816,7 +3040,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2828,7 +3052,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2841,7 +3065,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -2873,7 +3097,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +3109,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +3122,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 type ListProcessesRequest struct {
@@ -2910,7 +3134,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2922,7 +3146,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2935,7 +3159,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -2960,7 +3184,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3196,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3209,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -3046,7 +3270,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3058,7 +3282,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3071,7 +3295,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -3096,7 +3320,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3108,7 +3332,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3121,7 +3345,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -3183,7 +3407,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3195,7 +3419,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3208,7 +3432,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -3233,7 +3457,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3469,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3258,7 +3482,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 type SessionCloseRequest struct {
@@ -3271,7 +3495,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3283,7 +3507,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3296,7 +3520,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -3321,7 +3545,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3333,7 +3557,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3346,7 +3570,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 type ShellInput struct {
@@ -3363,7 +3587,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3375,7 +3599,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3388,7 +3612,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -3461,7 +3685,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3473,7 +3697,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3486,7 +3710,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -3541,7 +3765,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3553,7 +3777,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3566,7 +3790,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -3596,7 +3820,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +3832,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +3845,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -3682,7 +3906,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +3918,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +3931,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *FileInfo) GetName() string {
@@ -3786,7 +4010,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3798,7 +4022,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3811,7 +4035,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -3860,7 +4084,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3872,7 +4096,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3885,7 +4109,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -3924,7 +4148,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3936,7 +4160,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3949,7 +4173,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -4010,7 +4234,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4022,7 +4246,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4035,7 +4259,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -4056,7 +4280,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4068,7 +4292,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4081,7 +4305,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -4114,7 +4338,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4126,7 +4350,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4139,7 +4363,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -4160,7 +4384,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4172,7 +4396,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4185,7 +4409,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -4218,7 +4442,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4230,7 +4454,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4243,7 +4467,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -4265,7 +4489,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4277,7 +4501,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4290,7 +4514,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -4329,7 +4553,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4341,7 +4565,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4354,7 +4578,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 type MakeDirRequest struct {
@@ -4370,7 +4594,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4382,7 +4606,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4395,7 +4619,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -4441,7 +4665,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4453,7 +4677,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4466,7 +4690,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 type MoveRequest struct {
@@ -4482,7 +4706,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4494,7 +4718,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4507,7 +4731,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -4555,7 +4779,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4567,7 +4791,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4580,7 +4804,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *MoveResponse) GetInfo() *FileInfo {
@@ -4602,7 +4826,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4614,7 +4838,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4627,7 +4851,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -4669,7 +4893,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4681,7 +4905,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4694,7 +4918,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -4730,7 +4954,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4742,7 +4966,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4755,7 +4979,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -4796,7 +5020,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4808,7 +5032,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4821,7 +5045,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -4849,7 +5073,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4861,7 +5085,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4874,7 +5098,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -4907,7 +5131,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4919,7 +5143,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4932,7 +5156,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -4968,7 +5192,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4980,7 +5204,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4993,7 +5217,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Layer) GetDigest() string {
@@ -5093,7 +5317,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5105,7 +5329,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5118,7 +5342,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SnapshotInfo) GetName() string {
@@ -5228,7 +5452,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5240,7 +5464,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5253,7 +5477,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -5285,7 +5509,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5297,7 +5521,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5310,7 +5534,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 type ListSnapshotsResponse struct {
@@ -5322,7 +5546,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5334,7 +5558,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5347,7 +5571,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -5366,7 +5590,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5378,7 +5602,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5391,7 +5615,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -5409,7 +5633,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5421,7 +5645,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5434,7 +5658,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 type ForkRequest struct {
@@ -5450,7 +5674,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5462,7 +5686,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5475,7 +5699,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -5517,7 +5741,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5529,7 +5753,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5542,7 +5766,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -5569,7 +5793,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5581,7 +5805,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5594,7 +5818,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -5623,7 +5847,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5635,7 +5859,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5648,7 +5872,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -5698,7 +5922,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5710,7 +5934,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5723,7 +5947,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -5797,7 +6021,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5809,7 +6033,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5822,7 +6046,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -5861,7 +6085,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5873,7 +6097,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5886,7 +6110,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 type ListLayersResponse struct {
@@ -5898,7 +6122,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5910,7 +6134,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5923,7 +6147,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -5942,7 +6166,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5954,7 +6178,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5967,7 +6191,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -5985,7 +6209,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5997,7 +6221,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6010,7 +6234,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 type Environment struct {
@@ -6025,7 +6249,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6037,7 +6261,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6050,7 +6274,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *Environment) GetName() string {
@@ -6089,7 +6313,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6101,7 +6325,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6114,7 +6338,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 type ListEnvironmentsResponse struct {
@@ -6126,7 +6350,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6138,7 +6362,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6151,7 +6375,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -6172,7 +6396,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6184,7 +6408,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6197,7 +6421,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -6230,7 +6454,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6242,7 +6466,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6255,7 +6479,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -6276,7 +6500,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6288,7 +6512,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6301,7 +6525,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -6343,7 +6567,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6355,7 +6579,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6368,7 +6592,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -6450,7 +6674,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6462,7 +6686,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6475,7 +6699,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -6501,7 +6725,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6513,7 +6737,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6526,7 +6750,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -6582,7 +6806,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6594,7 +6818,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6607,7 +6831,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -6688,7 +6912,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6700,7 +6924,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6713,7 +6937,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 type LayerUsage struct {
@@ -6740,7 +6964,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6752,7 +6976,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6765,7 +6989,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -6893,7 +7117,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6905,7 +7129,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6918,7 +7142,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -6968,7 +7192,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6980,7 +7204,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6993,7 +7217,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -7052,7 +7276,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7064,7 +7288,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7077,7 +7301,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -7175,7 +7399,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7187,7 +7411,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7200,7 +7424,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -7274,7 +7498,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7286,7 +7510,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7299,7 +7523,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -7360,7 +7584,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7372,7 +7596,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7385,7 +7609,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -7404,7 +7628,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7416,7 +7640,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7429,7 +7653,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -7454,7 +7678,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7466,7 +7690,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7479,7 +7703,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *Language) GetName() string {
@@ -7539,7 +7763,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7551,7 +7775,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7564,7 +7788,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 type ListLanguagesResponse struct {
@@ -7576,7 +7800,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7588,7 +7812,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7601,7 +7825,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -7619,7 +7843,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7631,7 +7855,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7644,7 +7868,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
 }
 
 type ServerInfo struct {
@@ -7658,13 +7882,15 @@ type ServerInfo struct {
 	E2BAddr string `protobuf:"bytes,2,opt,name=e2b_addr,json=e2bAddr,proto3" json:"e2b_addr,omitempty"`
 	// Where SandboxFusion's HTTP API answers, likewise; empty when off.
 	SandboxfusionAddr string `protobuf:"bytes,3,opt,name=sandboxfusion_addr,json=sandboxfusionAddr,proto3" json:"sandboxfusion_addr,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The nodes the server places sandboxes on, with what each offers.
+	Nodes         []*NodeInfo `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7676,7 +7902,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7689,7 +7915,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -7713,11 +7939,32 @@ func (x *ServerInfo) GetSandboxfusionAddr() string {
 	return ""
 }
 
+func (x *ServerInfo) GetNodes() []*NodeInfo {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
 
 const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
-	"\x12dsec/v1/dsec.proto\x12\adsec.v1\"\xe9\x06\n" +
+	"\x12dsec/v1/dsec.proto\x12\adsec.v1\"\x8d\x01\n" +
+	"\vSandboxKind\x120\n" +
+	"\tisolation\x18\x01 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x12*\n" +
+	"\aprofile\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\aprofile\x12 \n" +
+	"\vaccelerator\x18\x03 \x01(\tR\vaccelerator\"\x93\x02\n" +
+	"\bNodeInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\ahealthy\x18\x02 \x01(\bR\ahealthy\x12*\n" +
+	"\x05kinds\x18\x03 \x03(\v2\x14.dsec.v1.SandboxKindR\x05kinds\x128\n" +
+	"\amissing\x18\x04 \x03(\v2\x1e.dsec.v1.NodeInfo.MissingEntryR\amissing\x12\x12\n" +
+	"\x04live\x18\x05 \x01(\x05R\x04live\x12#\n" +
+	"\rmax_sandboxes\x18\x06 \x01(\x05R\fmaxSandboxes\x1a:\n" +
+	"\fMissingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\a\n" +
 	"\vSandboxSpec\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12*\n" +
 	"\abackend\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\abackend\x12\x12\n" +
@@ -7739,7 +7986,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"autoResume\x88\x01\x01\x121\n" +
 	"\n" +
 	"on_timeout\x18\x10 \x01(\x0e2\x12.dsec.v1.OnTimeoutR\tonTimeout\x12<\n" +
-	"\x1aallow_privilege_escalation\x18\x11 \x01(\bR\x18allowPrivilegeEscalation\x1a6\n" +
+	"\x1aallow_privilege_escalation\x18\x11 \x01(\bR\x18allowPrivilegeEscalation\x120\n" +
+	"\tisolation\x18\x12 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -8319,12 +8567,13 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x14ListLanguagesRequest\"H\n" +
 	"\x15ListLanguagesResponse\x12/\n" +
 	"\tlanguages\x18\x01 \x03(\v2\x11.dsec.v1.LanguageR\tlanguages\"\x16\n" +
-	"\x14GetServerInfoRequest\"j\n" +
+	"\x14GetServerInfoRequest\"\x93\x01\n" +
 	"\n" +
 	"ServerInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\be2b_addr\x18\x02 \x01(\tR\ae2bAddr\x12-\n" +
-	"\x12sandboxfusion_addr\x18\x03 \x01(\tR\x11sandboxfusionAddr*\xb7\x01\n" +
+	"\x12sandboxfusion_addr\x18\x03 \x01(\tR\x11sandboxfusionAddr\x12'\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x11.dsec.v1.NodeInfoR\x05nodes*\xb7\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -8354,7 +8603,12 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\aBackend\x12\x17\n" +
 	"\x13BACKEND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11BACKEND_CONTAINER\x10\x01\x12\x12\n" +
-	"\x0eBACKEND_FNCALL\x10\x02*\xb9\x01\n" +
+	"\x0eBACKEND_FNCALL\x10\x02*l\n" +
+	"\tIsolation\x12\x19\n" +
+	"\x15ISOLATION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13ISOLATION_CONTAINER\x10\x01\x12\x14\n" +
+	"\x10ISOLATION_GVISOR\x10\x02\x12\x15\n" +
+	"\x11ISOLATION_MICROVM\x10\x03*\xb9\x01\n" +
 	"\n" +
 	"ExitStatus\x12\x1b\n" +
 	"\x17EXIT_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
@@ -8456,295 +8710,305 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 	return file_dsec_v1_dsec_proto_rawDescData
 }
 
-var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 116)
+var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 119)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
 	(OnTimeout)(0),                   // 2: dsec.v1.OnTimeout
 	(Backend)(0),                     // 3: dsec.v1.Backend
-	(ExitStatus)(0),                  // 4: dsec.v1.ExitStatus
-	(FileChange)(0),                  // 5: dsec.v1.FileChange
-	(LayerKind)(0),                   // 6: dsec.v1.LayerKind
-	(RunStatus)(0),                   // 7: dsec.v1.RunStatus
-	(CommandStatus)(0),               // 8: dsec.v1.CommandStatus
-	(*SandboxSpec)(nil),              // 9: dsec.v1.SandboxSpec
-	(*Sandbox)(nil),                  // 10: dsec.v1.Sandbox
-	(*PauseStats)(nil),               // 11: dsec.v1.PauseStats
-	(*PauseRequest)(nil),             // 12: dsec.v1.PauseRequest
-	(*PauseResponse)(nil),            // 13: dsec.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 14: dsec.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 15: dsec.v1.ResumeResponse
-	(*SetTimeoutRequest)(nil),        // 16: dsec.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),       // 17: dsec.v1.SetTimeoutResponse
-	(*MetricsRequest)(nil),           // 18: dsec.v1.MetricsRequest
-	(*SandboxMetrics)(nil),           // 19: dsec.v1.SandboxMetrics
-	(*CreateRequest)(nil),            // 20: dsec.v1.CreateRequest
-	(*CreateResponse)(nil),           // 21: dsec.v1.CreateResponse
-	(*GetRequest)(nil),               // 22: dsec.v1.GetRequest
-	(*ListRequest)(nil),              // 23: dsec.v1.ListRequest
-	(*ListResponse)(nil),             // 24: dsec.v1.ListResponse
-	(*SetWarmPoolRequest)(nil),       // 25: dsec.v1.SetWarmPoolRequest
-	(*WarmPool)(nil),                 // 26: dsec.v1.WarmPool
-	(*ListWarmPoolsRequest)(nil),     // 27: dsec.v1.ListWarmPoolsRequest
-	(*ListWarmPoolsResponse)(nil),    // 28: dsec.v1.ListWarmPoolsResponse
-	(*DeleteRequest)(nil),            // 29: dsec.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 30: dsec.v1.DeleteResponse
-	(*ExecRequest)(nil),              // 31: dsec.v1.ExecRequest
-	(*ExecEvent)(nil),                // 32: dsec.v1.ExecEvent
-	(*ExecDropped)(nil),              // 33: dsec.v1.ExecDropped
-	(*ExecStarted)(nil),              // 34: dsec.v1.ExecStarted
-	(*ExecExited)(nil),               // 35: dsec.v1.ExecExited
-	(*AttachRequest)(nil),            // 36: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),        // 37: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 38: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),            // 39: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),           // 40: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),     // 41: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),              // 42: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),    // 43: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),        // 44: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),  // 45: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil), // 46: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),      // 47: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),     // 48: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),               // 49: dsec.v1.ShellInput
-	(*ShellStart)(nil),               // 50: dsec.v1.ShellStart
-	(*TerminalSize)(nil),             // 51: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),              // 52: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                 // 53: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),          // 54: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 55: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 56: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 57: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),           // 58: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 59: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),              // 60: dsec.v1.StatRequest
-	(*StatResponse)(nil),             // 61: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),            // 62: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 63: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),           // 64: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 65: dsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),              // 66: dsec.v1.MoveRequest
-	(*MoveResponse)(nil),             // 67: dsec.v1.MoveResponse
-	(*WatchDirRequest)(nil),          // 68: dsec.v1.WatchDirRequest
-	(*WatchEvent)(nil),               // 69: dsec.v1.WatchEvent
-	(*UploadRequest)(nil),            // 70: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),           // 71: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),          // 72: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),            // 73: dsec.v1.DownloadChunk
-	(*Layer)(nil),                    // 74: dsec.v1.Layer
-	(*SnapshotInfo)(nil),             // 75: dsec.v1.SnapshotInfo
-	(*SnapshotRequest)(nil),          // 76: dsec.v1.SnapshotRequest
-	(*ListSnapshotsRequest)(nil),     // 77: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 78: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),    // 79: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),   // 80: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),              // 81: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                // 82: dsec.v1.ForkChild
-	(*ForkResponse)(nil),             // 83: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),       // 84: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),       // 85: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),        // 86: dsec.v1.UploadLayerHeader
-	(*ListLayersRequest)(nil),        // 87: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 88: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 89: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 90: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 91: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 92: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 93: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 94: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 95: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 96: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 97: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 98: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 99: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 100: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 101: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 102: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 103: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 104: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),           // 105: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),            // 106: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),          // 107: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),      // 108: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),     // 109: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                 // 110: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),     // 111: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),    // 112: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),     // 113: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),               // 114: dsec.v1.ServerInfo
-	nil,                              // 115: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 116: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 117: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 118: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 119: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 120: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 121: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                              // 122: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                              // 123: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                              // 124: dsec.v1.RunCodeResponse.FilesEntry
+	(Isolation)(0),                   // 4: dsec.v1.Isolation
+	(ExitStatus)(0),                  // 5: dsec.v1.ExitStatus
+	(FileChange)(0),                  // 6: dsec.v1.FileChange
+	(LayerKind)(0),                   // 7: dsec.v1.LayerKind
+	(RunStatus)(0),                   // 8: dsec.v1.RunStatus
+	(CommandStatus)(0),               // 9: dsec.v1.CommandStatus
+	(*SandboxKind)(nil),              // 10: dsec.v1.SandboxKind
+	(*NodeInfo)(nil),                 // 11: dsec.v1.NodeInfo
+	(*SandboxSpec)(nil),              // 12: dsec.v1.SandboxSpec
+	(*Sandbox)(nil),                  // 13: dsec.v1.Sandbox
+	(*PauseStats)(nil),               // 14: dsec.v1.PauseStats
+	(*PauseRequest)(nil),             // 15: dsec.v1.PauseRequest
+	(*PauseResponse)(nil),            // 16: dsec.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 17: dsec.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 18: dsec.v1.ResumeResponse
+	(*SetTimeoutRequest)(nil),        // 19: dsec.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),       // 20: dsec.v1.SetTimeoutResponse
+	(*MetricsRequest)(nil),           // 21: dsec.v1.MetricsRequest
+	(*SandboxMetrics)(nil),           // 22: dsec.v1.SandboxMetrics
+	(*CreateRequest)(nil),            // 23: dsec.v1.CreateRequest
+	(*CreateResponse)(nil),           // 24: dsec.v1.CreateResponse
+	(*GetRequest)(nil),               // 25: dsec.v1.GetRequest
+	(*ListRequest)(nil),              // 26: dsec.v1.ListRequest
+	(*ListResponse)(nil),             // 27: dsec.v1.ListResponse
+	(*SetWarmPoolRequest)(nil),       // 28: dsec.v1.SetWarmPoolRequest
+	(*WarmPool)(nil),                 // 29: dsec.v1.WarmPool
+	(*ListWarmPoolsRequest)(nil),     // 30: dsec.v1.ListWarmPoolsRequest
+	(*ListWarmPoolsResponse)(nil),    // 31: dsec.v1.ListWarmPoolsResponse
+	(*DeleteRequest)(nil),            // 32: dsec.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 33: dsec.v1.DeleteResponse
+	(*ExecRequest)(nil),              // 34: dsec.v1.ExecRequest
+	(*ExecEvent)(nil),                // 35: dsec.v1.ExecEvent
+	(*ExecDropped)(nil),              // 36: dsec.v1.ExecDropped
+	(*ExecStarted)(nil),              // 37: dsec.v1.ExecStarted
+	(*ExecExited)(nil),               // 38: dsec.v1.ExecExited
+	(*AttachRequest)(nil),            // 39: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),        // 40: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 41: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),            // 42: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),           // 43: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),     // 44: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),              // 45: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),    // 46: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),        // 47: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),  // 48: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil), // 49: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),      // 50: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),     // 51: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),               // 52: dsec.v1.ShellInput
+	(*ShellStart)(nil),               // 53: dsec.v1.ShellStart
+	(*TerminalSize)(nil),             // 54: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),              // 55: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                 // 56: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),          // 57: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 58: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 59: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 60: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),           // 61: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 62: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),              // 63: dsec.v1.StatRequest
+	(*StatResponse)(nil),             // 64: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),            // 65: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 66: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),           // 67: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 68: dsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),              // 69: dsec.v1.MoveRequest
+	(*MoveResponse)(nil),             // 70: dsec.v1.MoveResponse
+	(*WatchDirRequest)(nil),          // 71: dsec.v1.WatchDirRequest
+	(*WatchEvent)(nil),               // 72: dsec.v1.WatchEvent
+	(*UploadRequest)(nil),            // 73: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),           // 74: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),          // 75: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),            // 76: dsec.v1.DownloadChunk
+	(*Layer)(nil),                    // 77: dsec.v1.Layer
+	(*SnapshotInfo)(nil),             // 78: dsec.v1.SnapshotInfo
+	(*SnapshotRequest)(nil),          // 79: dsec.v1.SnapshotRequest
+	(*ListSnapshotsRequest)(nil),     // 80: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 81: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),    // 82: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 83: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),              // 84: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                // 85: dsec.v1.ForkChild
+	(*ForkResponse)(nil),             // 86: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),       // 87: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),       // 88: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),        // 89: dsec.v1.UploadLayerHeader
+	(*ListLayersRequest)(nil),        // 90: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 91: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 92: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 93: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 94: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 95: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 96: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 97: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 98: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 99: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 100: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 101: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 102: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 103: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 104: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 105: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 106: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 107: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),           // 108: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),            // 109: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),          // 110: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),      // 111: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),     // 112: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                 // 113: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),     // 114: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),    // 115: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),     // 116: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),               // 117: dsec.v1.ServerInfo
+	nil,                              // 118: dsec.v1.NodeInfo.MissingEntry
+	nil,                              // 119: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 120: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 121: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 122: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 123: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 124: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 125: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                              // 126: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                              // 127: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                              // 128: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
-	3,   // 0: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	115, // 1: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	116, // 2: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	117, // 3: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
-	2,   // 4: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
-	9,   // 5: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
-	0,   // 6: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
-	1,   // 7: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
-	11,  // 8: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
-	10,  // 9: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
-	10,  // 10: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
-	10,  // 11: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
-	9,   // 12: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	10,  // 13: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	118, // 14: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
-	0,   // 15: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
-	10,  // 16: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	9,   // 17: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
-	9,   // 18: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
-	26,  // 19: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	119, // 20: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	34,  // 21: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	35,  // 22: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	33,  // 23: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
-	4,   // 24: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	35,  // 25: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	42,  // 26: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	50,  // 27: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	51,  // 28: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	120, // 29: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	51,  // 30: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	35,  // 31: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	53,  // 32: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	53,  // 33: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	53,  // 34: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
-	5,   // 35: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
-	6,   // 36: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	75,  // 37: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
-	75,  // 38: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
-	75,  // 39: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	10,  // 40: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	75,  // 41: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	82,  // 42: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	6,   // 43: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	86,  // 44: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	6,   // 45: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	74,  // 46: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	91,  // 47: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	121, // 48: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	97,  // 49: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	102, // 50: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	103, // 51: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	122, // 52: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	123, // 53: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	8,   // 54: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	7,   // 55: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	106, // 56: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	106, // 57: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	124, // 58: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	105, // 59: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	107, // 60: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	110, // 61: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	20,  // 62: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	22,  // 63: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	23,  // 64: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	29,  // 65: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	12,  // 66: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	14,  // 67: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	16,  // 68: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	18,  // 69: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	76,  // 70: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	77,  // 71: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	79,  // 72: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	81,  // 73: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	31,  // 74: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	36,  // 75: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	37,  // 76: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	39,  // 77: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	41,  // 78: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	44,  // 79: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	45,  // 80: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	47,  // 81: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	49,  // 82: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	54,  // 83: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	56,  // 84: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	58,  // 85: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	60,  // 86: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	62,  // 87: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	64,  // 88: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	66,  // 89: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	68,  // 90: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	70,  // 91: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	72,  // 92: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	94,  // 93: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	96,  // 94: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	25,  // 95: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	27,  // 96: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	113, // 97: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	105, // 98: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	108, // 99: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	111, // 100: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	84,  // 101: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	85,  // 102: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	87,  // 103: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	89,  // 104: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	92,  // 105: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	99,  // 106: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	101, // 107: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	21,  // 108: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	10,  // 109: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	24,  // 110: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	30,  // 111: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	13,  // 112: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	15,  // 113: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	17,  // 114: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	19,  // 115: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	75,  // 116: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	78,  // 117: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	80,  // 118: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	83,  // 119: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	32,  // 120: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	32,  // 121: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	38,  // 122: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	40,  // 123: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	43,  // 124: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	32,  // 125: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	46,  // 126: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	48,  // 127: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	52,  // 128: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	55,  // 129: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	57,  // 130: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	59,  // 131: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	61,  // 132: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	63,  // 133: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	65,  // 134: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	67,  // 135: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	69,  // 136: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	71,  // 137: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	73,  // 138: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	95,  // 139: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	98,  // 140: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	26,  // 141: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	28,  // 142: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	114, // 143: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	107, // 144: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	109, // 145: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	112, // 146: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	74,  // 147: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	74,  // 148: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	88,  // 149: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	90,  // 150: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	93,  // 151: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	100, // 152: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	104, // 153: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	108, // [108:154] is the sub-list for method output_type
-	62,  // [62:108] is the sub-list for method input_type
-	62,  // [62:62] is the sub-list for extension type_name
-	62,  // [62:62] is the sub-list for extension extendee
-	0,   // [0:62] is the sub-list for field type_name
+	4,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
+	3,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
+	10,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
+	118, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	3,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
+	119, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	120, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	121, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	2,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
+	4,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
+	12,  // 10: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
+	0,   // 11: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
+	1,   // 12: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
+	14,  // 13: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
+	13,  // 14: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	13,  // 15: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
+	13,  // 16: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
+	12,  // 17: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	13,  // 18: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	122, // 19: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	0,   // 20: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
+	13,  // 21: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	12,  // 22: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
+	12,  // 23: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
+	29,  // 24: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
+	123, // 25: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	37,  // 26: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	38,  // 27: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	36,  // 28: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
+	5,   // 29: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	38,  // 30: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	45,  // 31: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	53,  // 32: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	54,  // 33: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	124, // 34: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	54,  // 35: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	38,  // 36: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	56,  // 37: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	56,  // 38: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	56,  // 39: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
+	6,   // 40: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
+	7,   // 41: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	78,  // 42: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	78,  // 43: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
+	78,  // 44: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	13,  // 45: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	78,  // 46: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	85,  // 47: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	7,   // 48: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	89,  // 49: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	7,   // 50: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	77,  // 51: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	94,  // 52: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	125, // 53: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	100, // 54: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	105, // 55: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	106, // 56: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	126, // 57: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	127, // 58: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	9,   // 59: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	8,   // 60: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	109, // 61: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	109, // 62: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	128, // 63: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	108, // 64: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	110, // 65: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	113, // 66: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	11,  // 67: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	23,  // 68: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	25,  // 69: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	26,  // 70: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	32,  // 71: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	15,  // 72: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	17,  // 73: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	19,  // 74: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	21,  // 75: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	79,  // 76: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	80,  // 77: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	82,  // 78: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	84,  // 79: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	34,  // 80: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	39,  // 81: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	40,  // 82: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	42,  // 83: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	44,  // 84: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	47,  // 85: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	48,  // 86: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	50,  // 87: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	52,  // 88: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	57,  // 89: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	59,  // 90: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	61,  // 91: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	63,  // 92: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	65,  // 93: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	67,  // 94: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	69,  // 95: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	71,  // 96: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	73,  // 97: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	75,  // 98: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	97,  // 99: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	99,  // 100: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	28,  // 101: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	30,  // 102: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	116, // 103: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	108, // 104: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	111, // 105: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	114, // 106: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	87,  // 107: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	88,  // 108: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	90,  // 109: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	92,  // 110: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	95,  // 111: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	102, // 112: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	104, // 113: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	24,  // 114: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	13,  // 115: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	27,  // 116: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	33,  // 117: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	16,  // 118: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	18,  // 119: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	20,  // 120: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	22,  // 121: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	78,  // 122: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	81,  // 123: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	83,  // 124: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	86,  // 125: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	35,  // 126: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	35,  // 127: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	41,  // 128: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	43,  // 129: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	46,  // 130: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	35,  // 131: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	49,  // 132: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	51,  // 133: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	55,  // 134: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	58,  // 135: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	60,  // 136: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	62,  // 137: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	64,  // 138: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	66,  // 139: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	68,  // 140: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	70,  // 141: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	72,  // 142: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	74,  // 143: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	76,  // 144: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	98,  // 145: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	101, // 146: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	29,  // 147: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	31,  // 148: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	117, // 149: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	110, // 150: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	112, // 151: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	115, // 152: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	77,  // 153: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	77,  // 154: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	91,  // 155: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	93,  // 156: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	96,  // 157: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	103, // 158: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	107, // 159: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	114, // [114:160] is the sub-list for method output_type
+	68,  // [68:114] is the sub-list for method input_type
+	68,  // [68:68] is the sub-list for extension type_name
+	68,  // [68:68] is the sub-list for extension extendee
+	0,   // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -8752,8 +9016,8 @@ func file_dsec_v1_dsec_proto_init() {
 	if File_dsec_v1_dsec_proto != nil {
 		return
 	}
-	file_dsec_v1_dsec_proto_msgTypes[0].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[23].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[2].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[25].OneofWrappers = []any{
 		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
@@ -8761,28 +9025,28 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ExecEvent_Keepalive)(nil),
 		(*ExecEvent_Dropped)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[40].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[42].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[43].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[45].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[76].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[78].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[97].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[99].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   116,
+			NumEnums:      10,
+			NumMessages:   119,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

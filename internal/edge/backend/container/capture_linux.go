@@ -14,8 +14,9 @@ import (
 )
 
 // Capture captures sandbox id's writable layer, the overlay's upper dir,
-// into <UpperRoot>/.captures/<id>.<name>: on the upper file system (a btrfs
-// snapshot or a reflink walk needs that; package snapshot picks the fastest
+// into .captures/<id>.<name> under the backend's writable layers
+// (<UpperRoot>/.captures; <UpperRoot>/.gvisor/.captures under runsc): on
+// the upper file system (a btrfs snapshot or a reflink walk needs that; package snapshot picks the fastest
 // method the file systems allow), outside every sandbox's quota project.
 // Init empties that dir.
 func (r *Container) Capture(ctx context.Context, id, name string) (*snapshot.Tree, error) {
@@ -30,7 +31,7 @@ func (r *Container) Capture(ctx context.Context, id, name string) (*snapshot.Tre
 }
 
 // captureDir is where Capture puts its captures.
-func (r *Container) captureDir() string { return filepath.Join(r.cfg.UpperRoot, ".captures") }
+func (r *Container) captureDir() string { return filepath.Join(r.upperBase, ".captures") }
 
 // clearCaptures removes what a snapshot cut short by a restart left in the
 // capture dir.

@@ -154,13 +154,26 @@ func newContainer(cfg Config, fncall bool) (*Container, error) {
 		r.cgroupParent = cfg.CgroupParent + "-fncall"
 		r.log = cfg.Log.With("backend", "fncall")
 	}
+	if r.gvisor() {
+		// runsc beside runc on one node: its sandboxes' state, writable
+		// layers and cgroups apart from runc's (".gvisor" cannot be a
+		// sandbox ID either).
+		r.root = filepath.Join(r.root, "gvisor")
+		r.upperBase = filepath.Join(r.upperBase, ".gvisor")
+		r.cgroupParent += "-gvisor"
+		r.log = r.log.With("isolation", "gvisor")
+	}
 	return r, nil
 }
 
 // Features: both backends pause; only the container backend's writable
-// layers are snapshotted.
+// layers are snapshotted. Under runsc the accelerator is gVisor's platform.
 func (r *Container) Features() backend.Features {
-	return backend.Features{Pause: true, Snapshot: !r.fncall, Network: true}
+	f := backend.Features{Pause: true, Snapshot: !r.fncall, Network: true}
+	if r.gvisor() {
+		f.Accelerator = r.cfg.RunscPlatform
+	}
+	return f
 }
 
 func (r *Container) stateDir() string { return filepath.Join(r.root, r.cfg.Runtime) }
@@ -203,6 +216,9 @@ func (r *Container) socketPath(id string) string {
 // can, else an ext4 image mounted from UpperImage). It is idempotent and safe
 // while sandboxes of an earlier daemon run.
 func (r *Container) Init(ctx context.Context) error {
+	if err := r.checkRuntime(ctx); err != nil {
+		return err
+	}
 	for _, d := range []string{r.stateDir(), filepath.Join(r.root, "bundles"), r.cfg.UpperRoot, r.cfg.SocketDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("make %s: %w", d, err)
@@ -221,6 +237,23 @@ func (r *Container) Init(ctx context.Context) error {
 		return nil
 	}
 	return r.clearCaptures()
+}
+
+// checkRuntime runs the OCI runtime's --version, so that a binary that
+// cannot run here (another architecture, a broken build) is refused by Init
+// rather than by every create.
+func (r *Container) checkRuntime(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, r.path, "--version").CombinedOutput()
+	if err != nil {
+		hint := ""
+		if r.gvisor() {
+			hint = " (scripts/build-runsc.sh builds the version dsec runs)"
+		}
+		return fmt.Errorf("run %s --version%s: %w: %s: %w", r.path, hint, err, bytes.TrimSpace(out), errdefs.ErrNotSupported)
+	}
+	return nil
 }
 
 func (r *Container) initUpperFS(ctx context.Context) error {

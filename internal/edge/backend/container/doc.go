@@ -20,9 +20,15 @@
 // when the kernel supports them (CONFIG_QUOTA, CONFIG_QFMT_V2), else btrfs
 // with qgroups (no inode limit there; metadata counts against the bytes).
 //
+// Under runsc (Config.Runtime) a Container is the gvisor isolation: the
+// same sandboxes with gVisor's user-space kernel between them and the host,
+// beside runc's on the same node.
+//
 // Host layout of the container backend (the fncall backend keeps the same
 // under <Root>/fncall, <UpperRoot>/.fncall and cgroup parent
-// <CgroupParent>-fncall, so neither backend can touch the other's sandboxes):
+// <CgroupParent>-fncall, and one under runsc under <Root>/gvisor,
+// <UpperRoot>/.gvisor and <CgroupParent>-gvisor, so no backend can touch
+// another's sandboxes):
 //
 //	<Root>/runc/                       the OCI runtime's state (--root)
 //	<Root>/bundles/<id>/config.json    the bundle; rootfs/ is mounted only while starting

@@ -185,6 +185,12 @@ type NodeStatus struct {
 	// went stale since.
 	Ended         uint64 `protobuf:"varint,17,opt,name=ended,proto3" json:"ended,omitempty"`
 	StartedUnixMs int64  `protobuf:"varint,18,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	// The isolations and profiles the node offers sandboxes of, one each
+	// (backends above lists their profiles).
+	Kinds []*v1.SandboxKind `protobuf:"bytes,19,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	// Why the node lacks an isolation, by its name ("gvisor": "no runsc:
+	// ..."); see dsec.v1.NodeInfo.missing.
+	Missing       map[string]string `protobuf:"bytes,20,rep,name=missing,proto3" json:"missing,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -343,6 +349,20 @@ func (x *NodeStatus) GetStartedUnixMs() int64 {
 		return x.StartedUnixMs
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetKinds() []*v1.SandboxKind {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetMissing() map[string]string {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
 }
 
 type CreateRequest struct {
@@ -762,7 +782,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12#\n" +
 	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\"\x15\n" +
 	"\x13AdoptLayersResponse\"\x0f\n" +
-	"\rStatusRequest\"\xc6\x04\n" +
+	"\rStatusRequest\"\xef\x05\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
@@ -786,7 +806,12 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vfncall_idle\x18\x10 \x01(\x05R\n" +
 	"fncallIdle\x12\x14\n" +
 	"\x05ended\x18\x11 \x01(\x04R\x05ended\x12&\n" +
-	"\x0fstarted_unix_ms\x18\x12 \x01(\x03R\rstartedUnixMs\"\\\n" +
+	"\x0fstarted_unix_ms\x18\x12 \x01(\x03R\rstartedUnixMs\x12*\n" +
+	"\x05kinds\x18\x13 \x03(\v2\x14.dsec.v1.SandboxKindR\x05kinds\x12?\n" +
+	"\amissing\x18\x14 \x03(\v2%.dsec.edge.v1.NodeStatus.MissingEntryR\amissing\x1a:\n" +
+	"\fMissingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\\\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12!\n" +
 	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken\"b\n" +
@@ -878,7 +903,7 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*AdoptLayersRequest)(nil),          // 0: dsec.edge.v1.AdoptLayersRequest
 	(*AdoptLayersResponse)(nil),         // 1: dsec.edge.v1.AdoptLayersResponse
@@ -892,189 +917,193 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*ReapResponse)(nil),                // 9: dsec.edge.v1.ReapResponse
 	(*GoneRequest)(nil),                 // 10: dsec.edge.v1.GoneRequest
 	(*GoneResponse)(nil),                // 11: dsec.edge.v1.GoneResponse
-	(v1.Backend)(0),                     // 12: dsec.v1.Backend
-	(*v1.SandboxSpec)(nil),              // 13: dsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                  // 14: dsec.v1.Sandbox
-	(*v1.GetRequest)(nil),               // 15: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),              // 16: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),            // 17: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),             // 18: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),            // 19: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),        // 20: dsec.v1.SetTimeoutRequest
-	(*v1.MetricsRequest)(nil),           // 21: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),          // 22: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),   // 23: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),        // 24: dsec.v1.NetworkLogRequest
-	(*v1.SetWarmPoolRequest)(nil),       // 25: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),     // 26: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),       // 27: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),       // 28: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),        // 29: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),       // 30: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),  // 31: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),       // 32: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),        // 33: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),           // 34: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),     // 35: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),              // 36: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 37: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 38: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 39: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 40: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 41: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 42: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 43: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 44: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 45: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 46: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 47: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 48: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 49: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 50: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),              // 51: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),          // 52: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),            // 53: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 54: dsec.v1.DownloadRequest
-	(*v1.ListResponse)(nil),             // 55: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),           // 56: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),            // 57: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),           // 58: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),       // 59: dsec.v1.SetTimeoutResponse
-	(*v1.SandboxMetrics)(nil),           // 60: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),             // 61: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),  // 62: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),       // 63: dsec.v1.NetworkLogResponse
-	(*v1.WarmPool)(nil),                 // 64: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),    // 65: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                    // 66: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),       // 67: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),      // 68: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil), // 69: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),      // 70: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),       // 71: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),          // 72: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),    // 73: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                // 74: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 75: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 76: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 77: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 78: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 79: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 80: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 81: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 82: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 83: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 84: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 85: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 86: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),             // 87: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),               // 88: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),           // 89: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 90: dsec.v1.DownloadChunk
+	nil,                                 // 12: dsec.edge.v1.NodeStatus.MissingEntry
+	(v1.Backend)(0),                     // 13: dsec.v1.Backend
+	(*v1.SandboxKind)(nil),              // 14: dsec.v1.SandboxKind
+	(*v1.SandboxSpec)(nil),              // 15: dsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                  // 16: dsec.v1.Sandbox
+	(*v1.GetRequest)(nil),               // 17: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),              // 18: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),            // 19: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),             // 20: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),            // 21: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),        // 22: dsec.v1.SetTimeoutRequest
+	(*v1.MetricsRequest)(nil),           // 23: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),          // 24: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),   // 25: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),        // 26: dsec.v1.NetworkLogRequest
+	(*v1.SetWarmPoolRequest)(nil),       // 27: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),     // 28: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),       // 29: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),       // 30: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),        // 31: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),       // 32: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),  // 33: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),       // 34: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),        // 35: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),           // 36: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),     // 37: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),              // 38: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 39: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 40: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 41: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 42: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 43: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 44: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 45: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 46: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 47: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 48: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 49: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 50: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 51: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 52: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),              // 53: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),          // 54: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),            // 55: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 56: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),             // 57: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),           // 58: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),            // 59: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),           // 60: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),       // 61: dsec.v1.SetTimeoutResponse
+	(*v1.SandboxMetrics)(nil),           // 62: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),             // 63: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),  // 64: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),       // 65: dsec.v1.NetworkLogResponse
+	(*v1.WarmPool)(nil),                 // 66: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),    // 67: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                    // 68: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),       // 69: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),      // 70: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil), // 71: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),      // 72: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),       // 73: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),          // 74: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),    // 75: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                // 76: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 77: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 78: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 79: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 80: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 81: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 82: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 83: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 84: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 85: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 86: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 87: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 88: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),             // 89: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),               // 90: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),           // 91: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 92: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	12, // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	13, // 1: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	13, // 2: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
-	7,  // 3: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
-	14, // 4: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
-	2,  // 5: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	4,  // 6: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	5,  // 7: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
-	15, // 8: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	16, // 9: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	17, // 10: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	18, // 11: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	19, // 12: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	20, // 13: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	21, // 14: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	22, // 15: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	23, // 16: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	24, // 17: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	25, // 18: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	26, // 19: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	8,  // 20: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	10, // 21: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	27, // 22: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	28, // 23: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,  // 24: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	29, // 25: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	30, // 26: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	31, // 27: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	32, // 28: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	33, // 29: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	34, // 30: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	35, // 31: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	36, // 32: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	37, // 33: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	38, // 34: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	39, // 35: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	40, // 36: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	41, // 37: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	42, // 38: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	43, // 39: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	44, // 40: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	45, // 41: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	46, // 42: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	47, // 43: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	48, // 44: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	49, // 45: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	50, // 46: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	51, // 47: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	52, // 48: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	53, // 49: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	54, // 50: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	3,  // 51: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	14, // 52: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	6,  // 53: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	14, // 54: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	55, // 55: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	56, // 56: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	57, // 57: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	58, // 58: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	59, // 59: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	60, // 60: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	61, // 61: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	62, // 62: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	63, // 63: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	64, // 64: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	65, // 65: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	9,  // 66: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	11, // 67: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	66, // 68: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	66, // 69: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,  // 70: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	67, // 71: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	68, // 72: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	69, // 73: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	70, // 74: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	71, // 75: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	72, // 76: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	73, // 77: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	74, // 78: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	74, // 79: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	75, // 80: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	76, // 81: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	77, // 82: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	74, // 83: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	78, // 84: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	79, // 85: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	80, // 86: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	81, // 87: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	82, // 88: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	83, // 89: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	84, // 90: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	85, // 91: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	86, // 92: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	87, // 93: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	88, // 94: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	89, // 95: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	90, // 96: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	51, // [51:97] is the sub-list for method output_type
-	5,  // [5:51] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	13, // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	14, // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
+	12, // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
+	15, // 3: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	15, // 4: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	7,  // 5: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
+	16, // 6: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	2,  // 7: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	4,  // 8: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	5,  // 9: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
+	17, // 10: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	18, // 11: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	19, // 12: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	20, // 13: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	21, // 14: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	22, // 15: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	23, // 16: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	24, // 17: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	25, // 18: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	26, // 19: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	27, // 20: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	28, // 21: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	8,  // 22: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	10, // 23: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	29, // 24: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	30, // 25: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,  // 26: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	31, // 27: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	32, // 28: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	33, // 29: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	34, // 30: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	35, // 31: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	36, // 32: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	37, // 33: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	38, // 34: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	39, // 35: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	40, // 36: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	41, // 37: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	42, // 38: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	43, // 39: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	44, // 40: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	45, // 41: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	46, // 42: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	47, // 43: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	48, // 44: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	49, // 45: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	50, // 46: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	51, // 47: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	52, // 48: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	53, // 49: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	54, // 50: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	55, // 51: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	56, // 52: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	3,  // 53: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	16, // 54: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	6,  // 55: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	16, // 56: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	57, // 57: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	58, // 58: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	59, // 59: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	60, // 60: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	61, // 61: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	62, // 62: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	63, // 63: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	64, // 64: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	65, // 65: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	66, // 66: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	67, // 67: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	9,  // 68: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	11, // 69: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	68, // 70: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	68, // 71: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,  // 72: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	69, // 73: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	70, // 74: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	71, // 75: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	72, // 76: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	73, // 77: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	74, // 78: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	75, // 79: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	76, // 80: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	76, // 81: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	77, // 82: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	78, // 83: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	79, // 84: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	76, // 85: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	80, // 86: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	81, // 87: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	82, // 88: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	83, // 89: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	84, // 90: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	85, // 91: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	86, // 92: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	87, // 93: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	88, // 94: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	89, // 95: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	90, // 96: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	91, // 97: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	92, // 98: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	53, // [53:99] is the sub-list for method output_type
+	7,  // [7:53] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_dsec_edge_v1_edge_proto_init() }
@@ -1088,7 +1117,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

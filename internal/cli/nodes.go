@@ -1,0 +1,77 @@
+package cli
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+func (a *app) nodesCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "nodes",
+		Short: "list the nodes, the isolations each offers (container, gvisor, microvm) and why it lacks the others",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := a.c.Sandboxes.GetServerInfo(cmd.Context(), connect.NewRequest(&dsecv1.GetServerInfoRequest{}))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(resp.Msg)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NODE\tHEALTHY\tLIVE\tOFFERS\tLACKS")
+			for _, n := range resp.Msg.GetNodes() {
+				fmt.Fprintf(tw, "%s\t%v\t%d/%d\t%s\t%s\n", n.GetName(), n.GetHealthy(), n.GetLive(), n.GetMaxSandboxes(),
+					kindsText(n.GetKinds()), missingText(n.GetMissing()))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+// kindsText is a node's kinds as "container, container/fncall,
+// gvisor (systrap)".
+func kindsText(ks []*dsecv1.SandboxKind) string {
+	var out []string
+	for _, k := range ks {
+		s := lowerEnum(k.GetIsolation().String(), "ISOLATION_", "container")
+		if p := k.GetProfile(); p == dsecv1.Backend_BACKEND_FNCALL {
+			s += "/fncall"
+		}
+		if acc := k.GetAccelerator(); acc != "" {
+			s += " (" + acc + ")"
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, ", ")
+}
+
+// missingText is why a node lacks each isolation it lacks, "-" for none.
+func missingText(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	var out []string
+	for name, why := range m {
+		out = append(out, name+": "+why)
+	}
+	slices.Sort(out)
+	return strings.Join(out, "; ")
+}
+
+// lowerEnum is an enum value's name without prefix, in lower case; def for
+// its unspecified value.
+func lowerEnum(name, prefix, def string) string {
+	s := strings.ToLower(strings.TrimPrefix(name, prefix))
+	if s == "unspecified" {
+		return def
+	}
+	return s
+}
