@@ -52,6 +52,15 @@ const (
 	QEMULog       = "qemu.log"     // QEMU's own standard error
 )
 
+// ChannelPortID is the QEMU device ID of the agent's virtio-serial port,
+// and ChannelChardev its chardev's: QMP's VSERPORT_CHANGE events name the
+// port when the guest opens or closes it, and query-chardev says whether
+// the host is connected to its socket.
+const (
+	ChannelPortID  = "agent-port"
+	ChannelChardev = "agent"
+)
+
 // The descriptors QEMU inherits for its sockets (exec.Cmd.ExtraFiles).
 const (
 	qmpFD     = 3
@@ -71,6 +80,19 @@ type Config struct {
 	VCPUs     int    // guest CPUs (0 = 1)
 	Accel     Accel  // "" = DetectAccel's
 	Paused    bool   // start with the vCPUs stopped (-S), for QMP's cont to run
+	// MemoryFile, when set, backs the guest's RAM with this file, mapped
+	// shared (memory-backend-file, share=on): what the guest writes is
+	// the file's, so a pause saves only the devices' state (migration's
+	// x-ignore-shared) and the host's page cache can drop the RAM once
+	// QEMU is gone (package vmstate). It must be on a disk's file
+	// system, not tmpfs: the host has no swap, and a tmpfs file never
+	// leaves RAM. A file that exists keeps its contents (a restore).
+	MemoryFile string
+	// Incoming starts QEMU waiting for a migration stream (-incoming
+	// defer) in place of booting the guest: QMP's migrate-incoming loads
+	// a saved state into it (package vmstate). The rest of the config
+	// must be the saved VM's.
+	Incoming bool
 	// TSCkHz is the host's TSC frequency, given to a TCG guest
 	// (0 = HostTSCkHz's).
 	TSCkHz int64
@@ -148,6 +170,12 @@ func (c *Config) check() error {
 	default:
 		return fmt.Errorf("check vm config: accelerator %q: %w", c.Accel, errdefs.ErrInvalidArgument)
 	}
+	if strings.Contains(c.MemoryFile, ",") {
+		return fmt.Errorf("check vm config: memory file %q: a path without commas: %w", c.MemoryFile, errdefs.ErrInvalidArgument)
+	}
+	if c.Incoming && c.MemoryFile == "" {
+		return fmt.Errorf("check vm config: an incoming VM needs the saved VM's memory file: %w", errdefs.ErrInvalidArgument)
+	}
 	for _, d := range c.Drives {
 		if d.Path == "" || strings.Contains(d.Path, ",") || !validSerial(d.Serial) {
 			return fmt.Errorf("check vm config: drive %q (serial %q): a path without commas and a serial of 1 to 20 letters, digits, - or _: %w",
@@ -195,6 +223,14 @@ func (c *Config) Args() []string {
 	if c.Paused {
 		args = append(args, "-S")
 	}
+	if c.MemoryFile != "" {
+		args = append(args,
+			"-object", fmt.Sprintf("memory-backend-file,id=mem,share=on,mem-path=%s,size=%dM", c.MemoryFile, c.MemoryMiB),
+			"-machine", "memory-backend=mem")
+	}
+	if c.Incoming {
+		args = append(args, "-incoming", "defer")
+	}
 	args = append(args,
 		"-m", strconv.Itoa(c.MemoryMiB),
 		"-smp", strconv.Itoa(c.VCPUs),
@@ -207,8 +243,8 @@ func (c *Config) Args() []string {
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", qmpFD),
 		"-mon", "chardev=qmp,mode=control",
 		"-device", "virtio-serial-device",
-		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=on,wait=off", channelFD),
-		"-device", "virtserialport,chardev=agent,name="+channel.PortName,
+		"-chardev", fmt.Sprintf("socket,id=%s,fd=%d,server=on,wait=off", ChannelChardev, channelFD),
+		"-device", fmt.Sprintf("virtserialport,chardev=%s,name=%s,id=%s", ChannelChardev, channel.PortName, ChannelPortID),
 	)
 	for i, d := range c.Drives {
 		drive := fmt.Sprintf("file=%s,format=raw,if=none,id=disk%d", d.Path, i)

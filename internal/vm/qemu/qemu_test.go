@@ -57,7 +57,7 @@ func TestArgs(t *testing.T) {
 				"-serial": {"chardev:console"}, "-mon": {"chardev=qmp,mode=control"},
 				"-chardev": {"socket,id=console,fd=5,server=on,wait=on", "socket,id=qmp,fd=3,server=on,wait=off",
 					"socket,id=agent,fd=4,server=on,wait=off"},
-				"-device": {"virtio-serial-device", "virtserialport,chardev=agent,name=dsec.0",
+				"-device": {"virtio-serial-device", "virtserialport,chardev=agent,name=dsec.0,id=agent-port",
 					"virtio-blk-device,drive=disk0,serial=dsec-layer0", "virtio-blk-device,drive=disk1,serial=dsec-upper",
 					"virtio-net-device,netdev=net0,mac=02:00:00:00:00:2a"},
 				"-netdev": {"tap,id=net0,fd=6"},
@@ -77,6 +77,29 @@ func TestArgs(t *testing.T) {
 	}
 }
 
+// A VM whose RAM is a file, started to receive a saved state.
+func TestArgsMemoryFileIncoming(t *testing.T) {
+	c := Config{Dir: "/run/vm/sb-1", Kernel: "/k/vmlinux", Initrd: "/k/initrd", Accel: KVM, MemoryMiB: 512,
+		MemoryFile: "/state/sb-1/memory", Incoming: true}
+	if err := c.fill(); err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(c.Args(), " ")
+	for _, want := range []string{
+		"-object memory-backend-file,id=mem,share=on,mem-path=/state/sb-1/memory,size=512M -machine memory-backend=mem",
+		"-incoming defer",
+		"-m 512",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("no %q in %q", want, args)
+		}
+	}
+	c.Incoming, c.MemoryFile = false, ""
+	if args := strings.Join(c.Args(), " "); strings.Contains(args, "-incoming") || strings.Contains(args, "memory-backend") {
+		t.Errorf("a plain VM's args name a memory backend or an incoming state: %q", args)
+	}
+}
+
 func TestConfigRefuses(t *testing.T) {
 	good := Config{Dir: "d", Kernel: "k", Initrd: "i", Accel: TCG, TSCkHz: 1000}
 	for name, change := range map[string]func(*Config){
@@ -91,6 +114,8 @@ func TestConfigRefuses(t *testing.T) {
 		"long serial":     func(c *Config) { c.Drives = []Drive{{Path: "a", Serial: "abcdefghijklmnopqrstu"}} },
 		"nic no tap":      func(c *Config) { c.NIC = &NIC{MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}} },
 		"nic no mac":      func(c *Config) { c.NIC = &NIC{Tap: os.Stdin} },
+		"memory comma":    func(c *Config) { c.MemoryFile = "a,b" },
+		"incoming no ram": func(c *Config) { c.Incoming = true },
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := good

@@ -185,6 +185,12 @@ func (c *Client) deliverAnswer(m message) {
 // Execute runs command with args (nil for none) and decodes its answer
 // into result (nil to throw it away). QEMU's refusal is an *Error.
 func (c *Client) Execute(ctx context.Context, command string, args, result any) error {
+	return c.execute(ctx, command, args, result, nil)
+}
+
+// execute is Execute with oob sent beside the command's bytes (the
+// descriptors of SendFD).
+func (c *Client) execute(ctx context.Context, command string, args, result any, oob []byte) error {
 	c.mu.Lock()
 	select {
 	case <-c.done:
@@ -209,7 +215,7 @@ func (c *Client) Execute(ctx context.Context, command string, args, result any) 
 		c.forget(id)
 		return fmt.Errorf("qmp %s: encode arguments: %w", command, err)
 	}
-	if err := c.write(append(line, '\n')); err != nil {
+	if err := c.write(append(line, '\n'), oob); err != nil {
 		c.forget(id)
 		return fmt.Errorf("qmp %s: %w", command, err)
 	}
@@ -242,10 +248,18 @@ func (c *Client) forget(id string) {
 // write sends one line. It does not watch ctx: QEMU reads its monitor
 // while it runs, and a QEMU that stopped reading is found by the answer
 // that does not come.
-func (c *Client) write(line []byte) error {
+func (c *Client) write(line, oob []byte) error {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	_, err := c.conn.Write(line)
+	if oob == nil {
+		_, err := c.conn.Write(line)
+		return err
+	}
+	uc, ok := c.conn.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("send a file descriptor over %T: not a Unix socket", c.conn)
+	}
+	_, _, err := uc.WriteMsgUnix(line, oob, nil)
 	return err
 }
 

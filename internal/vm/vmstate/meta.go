@@ -1,0 +1,56 @@
+package vmstate
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+)
+
+// metaSuffix names the file beside a state file that holds what Pause
+// knew of the VM beyond QEMU's state (meta).
+const metaSuffix = ".json"
+
+// meta is what Pause records for Resume beside the state file.
+type meta struct {
+	// ChannelConnected: the host was connected to the agent's port when
+	// the VM was saved, so the restored guest sees it leave (the new QEMU
+	// has no client yet) and starts a new session of the channel.
+	ChannelConnected bool `json:"channel_connected"`
+	// Resident are the RAM file's ranges in the page cache at the pause:
+	// the hot set a resume with Prefetch reads ahead.
+	Resident []span `json:"resident,omitempty"`
+}
+
+// span is a byte range of a file.
+type span struct {
+	Off int64 `json:"off"`
+	Len int64 `json:"len"`
+}
+
+func writeMeta(stateFile string, m meta) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("write vm state's meta: %w", err)
+	}
+	if err := os.WriteFile(stateFile+metaSuffix, b, 0o600); err != nil {
+		return fmt.Errorf("write vm state's meta: %w", err)
+	}
+	return nil
+}
+
+// readMeta reads what writeMeta wrote; a state without it (not saved by
+// Pause) has the zero meta.
+func readMeta(stateFile string) (meta, error) {
+	var m meta
+	b, err := os.ReadFile(stateFile + metaSuffix)
+	if os.IsNotExist(err) {
+		return m, nil
+	}
+	if err != nil {
+		return m, fmt.Errorf("read vm state's meta: %w", err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("read vm state's meta %s: %w", stateFile+metaSuffix, err)
+	}
+	return m, nil
+}
