@@ -862,3 +862,15 @@ func TestBackgroundBurstKeepsOutput(t *testing.T) {
 		}
 	}
 }
+
+// A container's agent refuses Reidentify: only a microVM's init may set
+// the kernel's host name and reseed its random state (TestPauseResumeFork
+// in internal/vm/vmstate covers a guest's).
+func TestReidentifyOutsideGuest(t *testing.T) {
+	a := startAgent(t, agentOpts{})
+	_, err := a.client.Reidentify(context.Background(), connect.NewRequest(&agentv1.ReidentifyRequest{
+		Hostname: "child", Entropy: make([]byte, 32)}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("Reidentify of a container's agent: %v, want FailedPrecondition", err)
+	}
+}

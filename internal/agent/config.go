@@ -16,6 +16,7 @@ type Config struct {
 	PidsCgroupFD   int      // cgroup v1 pids dir that caps commands (not the agent); -1 = none
 	CPUCgroupFD    int      // cgroup v1 cpu dir of the sandbox (fncall calls' CPU limits); -1 = none
 	FnCall         bool     // serve Call (package call): a fncall container
+	Guest          bool     // a microVM's init (guest mode): serve Reidentify
 	ZygotePreload  string   // comma-separated modules for the warm interpreter ("" = call.DefaultPreload)
 	CallScratch    string   // where calls' scratch directories go ("" = /tmp)
 	CallWipe       string   // comma-separated directories emptied after each call ("" = /tmp,/var/tmp,/dev/shm)

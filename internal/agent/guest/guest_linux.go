@@ -48,6 +48,7 @@ func Run(ctx context.Context, cfg Config) error {
 		log = slog.New(slog.DiscardHandler)
 		cfg.Agent.Log = log
 	}
+	cfg.Agent.Guest = true
 	if cfg.KernelDir == "" {
 		cfg.KernelDir = kernel.GuestDir
 	}

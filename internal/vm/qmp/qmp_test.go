@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,6 +26,9 @@ type fakeQEMU struct {
 	running  bool
 	commands []string
 	silent   map[string]bool // commands never answered
+	// migrations are query-migrate's answers, one per call, the last
+	// repeated.
+	migrations []string
 }
 
 func startFake(t *testing.T) *fakeQEMU {
@@ -98,6 +102,18 @@ func (f *fakeQEMU) serve(c net.Conn) {
 				"timestamp": map[string]int64{"seconds": 1, "microseconds": 2}}
 			send(ev)
 			answer(map[string]any{})
+		case req.Execute == "query-migrate":
+			f.mu.Lock()
+			status := f.migrations[0]
+			if len(f.migrations) > 1 {
+				f.migrations = f.migrations[1:]
+			}
+			f.mu.Unlock()
+			info := map[string]any{"status": status}
+			if status == "failed" {
+				info["error-desc"] = "Unable to write to file: No space left on device"
+			}
+			answer(info)
 		case req.Execute == "quit":
 			// QEMU closes the monitor as it exits, sometimes before the
 			// answer leaves.
@@ -204,5 +220,34 @@ func TestDialRefusesNonQMP(t *testing.T) {
 	if c, err := Dial(context.Background(), path); err == nil {
 		c.Close()
 		t.Error("Dial accepted a server that sent no QMP greeting")
+	}
+}
+
+// WaitMigration polls until the migration ends, and says why one failed.
+func TestWaitMigration(t *testing.T) {
+	for _, tc := range []struct {
+		statuses []string
+		fails    string
+	}{
+		{[]string{"setup", "active", "active", "completed"}, ""},
+		{[]string{"active", "failed"}, "No space left on device"},
+		{[]string{"cancelled"}, "cancelled"},
+	} {
+		f := startFake(t)
+		f.migrations = tc.statuses
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := Dial(ctx, f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := c.WaitMigration(ctx)
+		switch {
+		case tc.fails == "" && (err != nil || info.Status != "completed"):
+			t.Errorf("WaitMigration over %q = %+v, %v; want completed", tc.statuses, info, err)
+		case tc.fails != "" && (err == nil || !strings.Contains(err.Error(), tc.fails)):
+			t.Errorf("WaitMigration over %q = %v, want an error saying %q", tc.statuses, err, tc.fails)
+		}
+		c.Close()
+		cancel()
 	}
 }

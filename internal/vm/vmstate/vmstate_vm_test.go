@@ -3,6 +3,8 @@ package vmstate_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/vm/qemu"
 	"dsec.dev/dsec/internal/vm/qmp"
@@ -52,7 +55,7 @@ func TestPauseResumeFork(t *testing.T) {
 	// whose environment (its memory) carries a mark, a session's variable
 	// (its shell's memory), a file on the writable disk.
 	g.MustExec(t, "sh", "-c", "echo in shared memory > /dev/shm/mark")
-	g.MustExec(t, "sh", "-c", "echo on the disk > /root-mark")
+	g.MustExec(t, "sh", "-c", "echo on the disk > /root-mark && mkdir -p /etc && echo 0123456789abcdef0123456789abcdef > /etc/machine-id")
 	g.MustExec(t, "sh", "-c", "MARK=kept-in-memory sleep 100000 >/dev/null 2>&1 & echo $! > /dev/shm/sleeper")
 	sleeper := strings.TrimSpace(g.MustExec(t, "cat", "/dev/shm/sleeper"))
 	session(t, g, "export SESSION_MARK=kept-by-the-shell")
@@ -109,7 +112,7 @@ func TestPauseResumeFork(t *testing.T) {
 		}
 		g.MustExec(t, "true")
 		took := time.Since(t0)
-		t.Logf("resume: QEMU start %s, state load %s, cont %s, the agent's port open again %s; resume to first exec %s (cold boot to first exec %s, %.1fx)",
+		t.Logf("resume: QEMU start %s, state load %s, cont %s, the agent's port closed %s; resume to first exec %s (cold boot to first exec %s, %.1fx)",
 			rs.Start, rs.Load, rs.Cont, rs.Channel, took, cold, float64(cold)/float64(took))
 		check(t, g)
 	})
@@ -144,9 +147,34 @@ func TestPauseResumeFork(t *testing.T) {
 		if out := children[1].MustExec(t, "cat", "/root-mark"); out != "on the disk\n" {
 			t.Errorf("child 1 sees child 0's write: %q", out)
 		}
-		a, b := children[0].MustExec(t, "sh", "-c", "head -c 32 /dev/urandom | od -An -tx1"),
-			children[1].MustExec(t, "sh", "-c", "head -c 32 /dev/urandom | od -An -tx1")
-		t.Logf("urandom without reidentify: %q vs %q (same: %v)", a, b, a == b)
+		urandom := func(c *vmtest.Guest) string {
+			return c.MustExec(t, "sh", "-c", "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
+		}
+		t.Logf("before Reidentify the children read %s and %s from /dev/urandom", urandom(children[0]), urandom(children[1]))
+
+		// Each child gets its own identity: its streams and names then
+		// differ from its sibling's.
+		for i, c := range children {
+			entropy := make([]byte, 64)
+			if _, err := rand.Read(entropy); err != nil {
+				t.Fatal(err)
+			}
+			id := fmt.Sprintf("%032x", entropy[:16])
+			if _, err := c.Agent.Reidentify(ctx, connect.NewRequest(&agentv1.ReidentifyRequest{
+				Hostname: fmt.Sprintf("child-%d", i), MachineId: id, Entropy: entropy})); err != nil {
+				t.Fatalf("reidentify child %d: %v", i, err)
+			}
+			if out := c.MustExec(t, "cat", "/etc/machine-id"); out != id+"\n" {
+				t.Errorf("child %d's /etc/machine-id: %q, want %s", i, out, id)
+			}
+			if out := c.MustExec(t, "hostname"); out != fmt.Sprintf("child-%d\n", i) {
+				t.Errorf("child %d's host name: %q", i, out)
+			}
+		}
+		a, b := urandom(children[0]), urandom(children[1])
+		if len(a) != 64 || a == b {
+			t.Errorf("the children read %q and %q from /dev/urandom after Reidentify", a, b)
+		}
 	})
 
 	// Nothing is left once the VMs are ended: no process runs with the

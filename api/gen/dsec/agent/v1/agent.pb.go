@@ -27,6 +27,116 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ReidentifyRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Hostname  string                 `protobuf:"bytes,1,opt,name=hostname,proto3" json:"hostname,omitempty"`                    // the UTS host name and /etc/hostname; "" keeps it
+	MachineId string                 `protobuf:"bytes,2,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"` // /etc/machine-id: 32 lowercase hex digits; "" keeps it
+	// Fresh random bytes from the host, added to the kernel's input pool
+	// (RNDADDENTROPY, credited) before its CRNG is reseeded (RNDRESEEDCRNG),
+	// so /dev/urandom and getrandom differ from the siblings' at once. At
+	// least 32 bytes.
+	Entropy []byte `protobuf:"bytes,3,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	// New link-layer addresses by the old: each network interface whose
+	// address is a key gets the value ("52:54:00:12:34:56" form).
+	Macs          map[string]string `protobuf:"bytes,4,rep,name=macs,proto3" json:"macs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReidentifyRequest) Reset() {
+	*x = ReidentifyRequest{}
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReidentifyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReidentifyRequest) ProtoMessage() {}
+
+func (x *ReidentifyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReidentifyRequest.ProtoReflect.Descriptor instead.
+func (*ReidentifyRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ReidentifyRequest) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *ReidentifyRequest) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *ReidentifyRequest) GetEntropy() []byte {
+	if x != nil {
+		return x.Entropy
+	}
+	return nil
+}
+
+func (x *ReidentifyRequest) GetMacs() map[string]string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
+type ReidentifyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReidentifyResponse) Reset() {
+	*x = ReidentifyResponse{}
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReidentifyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReidentifyResponse) ProtoMessage() {}
+
+func (x *ReidentifyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReidentifyResponse.ProtoReflect.Descriptor instead.
+func (*ReidentifyResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
 type PingRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -35,7 +145,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +157,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +170,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 type PingResponse struct {
@@ -79,7 +189,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -91,7 +201,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -104,7 +214,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PingResponse) GetRunningProcesses() int32 {
@@ -152,7 +262,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -164,7 +274,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -177,7 +287,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CallRequest) GetFiles() map[string][]byte {
@@ -258,7 +368,7 @@ type CallStep struct {
 
 func (x *CallStep) Reset() {
 	*x = CallStep{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +380,7 @@ func (x *CallStep) String() string {
 func (*CallStep) ProtoMessage() {}
 
 func (x *CallStep) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +393,7 @@ func (x *CallStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallStep.ProtoReflect.Descriptor instead.
 func (*CallStep) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CallStep) GetArgv() []string {
@@ -327,7 +437,7 @@ type CallStepResult struct {
 
 func (x *CallStepResult) Reset() {
 	*x = CallStepResult{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -339,7 +449,7 @@ func (x *CallStepResult) String() string {
 func (*CallStepResult) ProtoMessage() {}
 
 func (x *CallStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -352,7 +462,7 @@ func (x *CallStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallStepResult.ProtoReflect.Descriptor instead.
 func (*CallStepResult) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CallStepResult) GetExited() *v1.ExecExited {
@@ -404,7 +514,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +526,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +539,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CallResponse) GetSteps() []*CallStepResult {
@@ -478,7 +588,17 @@ var File_dsec_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_dsec_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x19dsec/agent/v1/agent.proto\x12\rdsec.agent.v1\x1a\x12dsec/v1/dsec.proto\"\r\n" +
+	"\x19dsec/agent/v1/agent.proto\x12\rdsec.agent.v1\x1a\x12dsec/v1/dsec.proto\"\xe1\x01\n" +
+	"\x11ReidentifyRequest\x12\x1a\n" +
+	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x02 \x01(\tR\tmachineId\x12\x18\n" +
+	"\aentropy\x18\x03 \x01(\fR\aentropy\x12>\n" +
+	"\x04macs\x18\x04 \x03(\v2*.dsec.agent.v1.ReidentifyRequest.MacsEntryR\x04macs\x1a7\n" +
+	"\tMacsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
+	"\x12ReidentifyResponse\"\r\n" +
 	"\vPingRequest\"\xa1\x01\n" +
 	"\fPingResponse\x12+\n" +
 	"\x11running_processes\x18\x01 \x01(\x05R\x10runningProcesses\x12-\n" +
@@ -526,8 +646,7 @@ const file_dsec_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"FilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x012\xca\n" +
-	"\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x012\x9d\v\n" +
 	"\fAgentService\x12?\n" +
 	"\x04Ping\x12\x1a.dsec.agent.v1.PingRequest\x1a\x1b.dsec.agent.v1.PingResponse\x122\n" +
 	"\x04Exec\x12\x14.dsec.v1.ExecRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x126\n" +
@@ -551,7 +670,9 @@ const file_dsec_agent_v1_agent_proto_rawDesc = "" +
 	"\bWatchDir\x12\x18.dsec.v1.WatchDirRequest\x1a\x13.dsec.v1.WatchEvent0\x01\x129\n" +
 	"\x06Upload\x12\x16.dsec.v1.UploadRequest\x1a\x17.dsec.v1.UploadResponse\x12>\n" +
 	"\bDownload\x12\x18.dsec.v1.DownloadRequest\x1a\x16.dsec.v1.DownloadChunk0\x01\x12?\n" +
-	"\x04Call\x12\x1a.dsec.agent.v1.CallRequest\x1a\x1b.dsec.agent.v1.CallResponseB-Z+dsec.dev/dsec/api/gen/dsec/agent/v1;agentv1b\x06proto3"
+	"\x04Call\x12\x1a.dsec.agent.v1.CallRequest\x1a\x1b.dsec.agent.v1.CallResponse\x12Q\n" +
+	"\n" +
+	"Reidentify\x12 .dsec.agent.v1.ReidentifyRequest\x1a!.dsec.agent.v1.ReidentifyResponseB-Z+dsec.dev/dsec/api/gen/dsec/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_dsec_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -565,109 +686,115 @@ func file_dsec_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_dsec_agent_v1_agent_proto_rawDescData
 }
 
-var file_dsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_dsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_dsec_agent_v1_agent_proto_goTypes = []any{
-	(*PingRequest)(nil),                 // 0: dsec.agent.v1.PingRequest
-	(*PingResponse)(nil),                // 1: dsec.agent.v1.PingResponse
-	(*CallRequest)(nil),                 // 2: dsec.agent.v1.CallRequest
-	(*CallStep)(nil),                    // 3: dsec.agent.v1.CallStep
-	(*CallStepResult)(nil),              // 4: dsec.agent.v1.CallStepResult
-	(*CallResponse)(nil),                // 5: dsec.agent.v1.CallResponse
-	nil,                                 // 6: dsec.agent.v1.CallRequest.FilesEntry
-	nil,                                 // 7: dsec.agent.v1.CallRequest.EnvEntry
-	nil,                                 // 8: dsec.agent.v1.CallResponse.FilesEntry
-	(*v1.ExecExited)(nil),               // 9: dsec.v1.ExecExited
-	(*v1.ExecRequest)(nil),              // 10: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 11: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 12: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 13: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 14: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 15: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 16: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 17: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 18: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 19: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 20: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 21: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 22: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 23: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 24: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),              // 25: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),          // 26: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),            // 27: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 28: dsec.v1.DownloadRequest
-	(*v1.ExecEvent)(nil),                // 29: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 30: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 31: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 32: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 33: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 34: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 35: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 36: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 37: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 38: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 39: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 40: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 41: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),             // 42: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),               // 43: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),           // 44: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 45: dsec.v1.DownloadChunk
+	(*ReidentifyRequest)(nil),           // 0: dsec.agent.v1.ReidentifyRequest
+	(*ReidentifyResponse)(nil),          // 1: dsec.agent.v1.ReidentifyResponse
+	(*PingRequest)(nil),                 // 2: dsec.agent.v1.PingRequest
+	(*PingResponse)(nil),                // 3: dsec.agent.v1.PingResponse
+	(*CallRequest)(nil),                 // 4: dsec.agent.v1.CallRequest
+	(*CallStep)(nil),                    // 5: dsec.agent.v1.CallStep
+	(*CallStepResult)(nil),              // 6: dsec.agent.v1.CallStepResult
+	(*CallResponse)(nil),                // 7: dsec.agent.v1.CallResponse
+	nil,                                 // 8: dsec.agent.v1.ReidentifyRequest.MacsEntry
+	nil,                                 // 9: dsec.agent.v1.CallRequest.FilesEntry
+	nil,                                 // 10: dsec.agent.v1.CallRequest.EnvEntry
+	nil,                                 // 11: dsec.agent.v1.CallResponse.FilesEntry
+	(*v1.ExecExited)(nil),               // 12: dsec.v1.ExecExited
+	(*v1.ExecRequest)(nil),              // 13: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 14: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 15: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 16: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 17: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 18: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 19: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 20: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 21: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 22: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 23: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 24: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 25: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 26: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 27: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),              // 28: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),          // 29: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),            // 30: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 31: dsec.v1.DownloadRequest
+	(*v1.ExecEvent)(nil),                // 32: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 33: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 34: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 35: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 36: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 37: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 38: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 39: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 40: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 41: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 42: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 43: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 44: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),             // 45: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),               // 46: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),           // 47: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 48: dsec.v1.DownloadChunk
 }
 var file_dsec_agent_v1_agent_proto_depIdxs = []int32{
-	6,  // 0: dsec.agent.v1.CallRequest.files:type_name -> dsec.agent.v1.CallRequest.FilesEntry
-	3,  // 1: dsec.agent.v1.CallRequest.steps:type_name -> dsec.agent.v1.CallStep
-	7,  // 2: dsec.agent.v1.CallRequest.env:type_name -> dsec.agent.v1.CallRequest.EnvEntry
-	9,  // 3: dsec.agent.v1.CallStepResult.exited:type_name -> dsec.v1.ExecExited
-	4,  // 4: dsec.agent.v1.CallResponse.steps:type_name -> dsec.agent.v1.CallStepResult
-	8,  // 5: dsec.agent.v1.CallResponse.files:type_name -> dsec.agent.v1.CallResponse.FilesEntry
-	0,  // 6: dsec.agent.v1.AgentService.Ping:input_type -> dsec.agent.v1.PingRequest
-	10, // 7: dsec.agent.v1.AgentService.Exec:input_type -> dsec.v1.ExecRequest
-	11, // 8: dsec.agent.v1.AgentService.Attach:input_type -> dsec.v1.AttachRequest
-	12, // 9: dsec.agent.v1.AgentService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	13, // 10: dsec.agent.v1.AgentService.Signal:input_type -> dsec.v1.SignalRequest
-	14, // 11: dsec.agent.v1.AgentService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	15, // 12: dsec.agent.v1.AgentService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	16, // 13: dsec.agent.v1.AgentService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	17, // 14: dsec.agent.v1.AgentService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	18, // 15: dsec.agent.v1.AgentService.Shell:input_type -> dsec.v1.ShellInput
-	19, // 16: dsec.agent.v1.AgentService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	20, // 17: dsec.agent.v1.AgentService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	21, // 18: dsec.agent.v1.AgentService.ListDir:input_type -> dsec.v1.ListDirRequest
-	22, // 19: dsec.agent.v1.AgentService.Stat:input_type -> dsec.v1.StatRequest
-	23, // 20: dsec.agent.v1.AgentService.Remove:input_type -> dsec.v1.RemoveRequest
-	24, // 21: dsec.agent.v1.AgentService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	25, // 22: dsec.agent.v1.AgentService.Move:input_type -> dsec.v1.MoveRequest
-	26, // 23: dsec.agent.v1.AgentService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	27, // 24: dsec.agent.v1.AgentService.Upload:input_type -> dsec.v1.UploadRequest
-	28, // 25: dsec.agent.v1.AgentService.Download:input_type -> dsec.v1.DownloadRequest
-	2,  // 26: dsec.agent.v1.AgentService.Call:input_type -> dsec.agent.v1.CallRequest
-	1,  // 27: dsec.agent.v1.AgentService.Ping:output_type -> dsec.agent.v1.PingResponse
-	29, // 28: dsec.agent.v1.AgentService.Exec:output_type -> dsec.v1.ExecEvent
-	29, // 29: dsec.agent.v1.AgentService.Attach:output_type -> dsec.v1.ExecEvent
-	30, // 30: dsec.agent.v1.AgentService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	31, // 31: dsec.agent.v1.AgentService.Signal:output_type -> dsec.v1.SignalResponse
-	32, // 32: dsec.agent.v1.AgentService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	29, // 33: dsec.agent.v1.AgentService.SessionRun:output_type -> dsec.v1.ExecEvent
-	33, // 34: dsec.agent.v1.AgentService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	34, // 35: dsec.agent.v1.AgentService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	35, // 36: dsec.agent.v1.AgentService.Shell:output_type -> dsec.v1.ShellOutput
-	36, // 37: dsec.agent.v1.AgentService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	37, // 38: dsec.agent.v1.AgentService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	38, // 39: dsec.agent.v1.AgentService.ListDir:output_type -> dsec.v1.ListDirResponse
-	39, // 40: dsec.agent.v1.AgentService.Stat:output_type -> dsec.v1.StatResponse
-	40, // 41: dsec.agent.v1.AgentService.Remove:output_type -> dsec.v1.RemoveResponse
-	41, // 42: dsec.agent.v1.AgentService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	42, // 43: dsec.agent.v1.AgentService.Move:output_type -> dsec.v1.MoveResponse
-	43, // 44: dsec.agent.v1.AgentService.WatchDir:output_type -> dsec.v1.WatchEvent
-	44, // 45: dsec.agent.v1.AgentService.Upload:output_type -> dsec.v1.UploadResponse
-	45, // 46: dsec.agent.v1.AgentService.Download:output_type -> dsec.v1.DownloadChunk
-	5,  // 47: dsec.agent.v1.AgentService.Call:output_type -> dsec.agent.v1.CallResponse
-	27, // [27:48] is the sub-list for method output_type
-	6,  // [6:27] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	8,  // 0: dsec.agent.v1.ReidentifyRequest.macs:type_name -> dsec.agent.v1.ReidentifyRequest.MacsEntry
+	9,  // 1: dsec.agent.v1.CallRequest.files:type_name -> dsec.agent.v1.CallRequest.FilesEntry
+	5,  // 2: dsec.agent.v1.CallRequest.steps:type_name -> dsec.agent.v1.CallStep
+	10, // 3: dsec.agent.v1.CallRequest.env:type_name -> dsec.agent.v1.CallRequest.EnvEntry
+	12, // 4: dsec.agent.v1.CallStepResult.exited:type_name -> dsec.v1.ExecExited
+	6,  // 5: dsec.agent.v1.CallResponse.steps:type_name -> dsec.agent.v1.CallStepResult
+	11, // 6: dsec.agent.v1.CallResponse.files:type_name -> dsec.agent.v1.CallResponse.FilesEntry
+	2,  // 7: dsec.agent.v1.AgentService.Ping:input_type -> dsec.agent.v1.PingRequest
+	13, // 8: dsec.agent.v1.AgentService.Exec:input_type -> dsec.v1.ExecRequest
+	14, // 9: dsec.agent.v1.AgentService.Attach:input_type -> dsec.v1.AttachRequest
+	15, // 10: dsec.agent.v1.AgentService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	16, // 11: dsec.agent.v1.AgentService.Signal:input_type -> dsec.v1.SignalRequest
+	17, // 12: dsec.agent.v1.AgentService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	18, // 13: dsec.agent.v1.AgentService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	19, // 14: dsec.agent.v1.AgentService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	20, // 15: dsec.agent.v1.AgentService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	21, // 16: dsec.agent.v1.AgentService.Shell:input_type -> dsec.v1.ShellInput
+	22, // 17: dsec.agent.v1.AgentService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	23, // 18: dsec.agent.v1.AgentService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	24, // 19: dsec.agent.v1.AgentService.ListDir:input_type -> dsec.v1.ListDirRequest
+	25, // 20: dsec.agent.v1.AgentService.Stat:input_type -> dsec.v1.StatRequest
+	26, // 21: dsec.agent.v1.AgentService.Remove:input_type -> dsec.v1.RemoveRequest
+	27, // 22: dsec.agent.v1.AgentService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	28, // 23: dsec.agent.v1.AgentService.Move:input_type -> dsec.v1.MoveRequest
+	29, // 24: dsec.agent.v1.AgentService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	30, // 25: dsec.agent.v1.AgentService.Upload:input_type -> dsec.v1.UploadRequest
+	31, // 26: dsec.agent.v1.AgentService.Download:input_type -> dsec.v1.DownloadRequest
+	4,  // 27: dsec.agent.v1.AgentService.Call:input_type -> dsec.agent.v1.CallRequest
+	0,  // 28: dsec.agent.v1.AgentService.Reidentify:input_type -> dsec.agent.v1.ReidentifyRequest
+	3,  // 29: dsec.agent.v1.AgentService.Ping:output_type -> dsec.agent.v1.PingResponse
+	32, // 30: dsec.agent.v1.AgentService.Exec:output_type -> dsec.v1.ExecEvent
+	32, // 31: dsec.agent.v1.AgentService.Attach:output_type -> dsec.v1.ExecEvent
+	33, // 32: dsec.agent.v1.AgentService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	34, // 33: dsec.agent.v1.AgentService.Signal:output_type -> dsec.v1.SignalResponse
+	35, // 34: dsec.agent.v1.AgentService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	32, // 35: dsec.agent.v1.AgentService.SessionRun:output_type -> dsec.v1.ExecEvent
+	36, // 36: dsec.agent.v1.AgentService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	37, // 37: dsec.agent.v1.AgentService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	38, // 38: dsec.agent.v1.AgentService.Shell:output_type -> dsec.v1.ShellOutput
+	39, // 39: dsec.agent.v1.AgentService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	40, // 40: dsec.agent.v1.AgentService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	41, // 41: dsec.agent.v1.AgentService.ListDir:output_type -> dsec.v1.ListDirResponse
+	42, // 42: dsec.agent.v1.AgentService.Stat:output_type -> dsec.v1.StatResponse
+	43, // 43: dsec.agent.v1.AgentService.Remove:output_type -> dsec.v1.RemoveResponse
+	44, // 44: dsec.agent.v1.AgentService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	45, // 45: dsec.agent.v1.AgentService.Move:output_type -> dsec.v1.MoveResponse
+	46, // 46: dsec.agent.v1.AgentService.WatchDir:output_type -> dsec.v1.WatchEvent
+	47, // 47: dsec.agent.v1.AgentService.Upload:output_type -> dsec.v1.UploadResponse
+	48, // 48: dsec.agent.v1.AgentService.Download:output_type -> dsec.v1.DownloadChunk
+	7,  // 49: dsec.agent.v1.AgentService.Call:output_type -> dsec.agent.v1.CallResponse
+	1,  // 50: dsec.agent.v1.AgentService.Reidentify:output_type -> dsec.agent.v1.ReidentifyResponse
+	29, // [29:51] is the sub-list for method output_type
+	7,  // [7:29] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_dsec_agent_v1_agent_proto_init() }
@@ -681,7 +808,7 @@ func file_dsec_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_agent_v1_agent_proto_rawDesc), len(file_dsec_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

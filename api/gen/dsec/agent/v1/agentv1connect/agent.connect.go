@@ -84,6 +84,8 @@ const (
 	AgentServiceDownloadProcedure = "/dsec.agent.v1.AgentService/Download"
 	// AgentServiceCallProcedure is the fully-qualified name of the AgentService's Call RPC.
 	AgentServiceCallProcedure = "/dsec.agent.v1.AgentService/Call"
+	// AgentServiceReidentifyProcedure is the fully-qualified name of the AgentService's Reidentify RPC.
+	AgentServiceReidentifyProcedure = "/dsec.agent.v1.AgentService/Reidentify"
 )
 
 // AgentServiceClient is a client for the dsec.agent.v1.AgentService service.
@@ -117,6 +119,13 @@ type AgentServiceClient interface {
 	// second gets Unavailable. dirty says something of the call outlived
 	// its cleanup; the edge then retires the container.
 	Call(context.Context, *connect.Request[v1.CallRequest]) (*connect.Response[v1.CallResponse], error)
+	// Reidentify gives a microVM restored from a memory snapshot its own
+	// identity (agents in guest mode, a VM's init, only; others refuse with
+	// FailedPrecondition): the children of a fork start as copies of one
+	// memory, with its host name, machine-id and the kernel's random state,
+	// so each would produce its siblings' random streams and claim their
+	// name. The edge calls it on each child before any other call.
+	Reidentify(context.Context, *connect.Request[v1.ReidentifyRequest]) (*connect.Response[v1.ReidentifyResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the dsec.agent.v1.AgentService service. By default,
@@ -256,6 +265,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("Call")),
 			connect.WithClientOptions(opts...),
 		),
+		reidentify: connect.NewClient[v1.ReidentifyRequest, v1.ReidentifyResponse](
+			httpClient,
+			baseURL+AgentServiceReidentifyProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Reidentify")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -282,6 +297,7 @@ type agentServiceClient struct {
 	upload           *connect.Client[v11.UploadRequest, v11.UploadResponse]
 	download         *connect.Client[v11.DownloadRequest, v11.DownloadChunk]
 	call             *connect.Client[v1.CallRequest, v1.CallResponse]
+	reidentify       *connect.Client[v1.ReidentifyRequest, v1.ReidentifyResponse]
 }
 
 // Ping calls dsec.agent.v1.AgentService.Ping.
@@ -389,6 +405,11 @@ func (c *agentServiceClient) Call(ctx context.Context, req *connect.Request[v1.C
 	return c.call.CallUnary(ctx, req)
 }
 
+// Reidentify calls dsec.agent.v1.AgentService.Reidentify.
+func (c *agentServiceClient) Reidentify(ctx context.Context, req *connect.Request[v1.ReidentifyRequest]) (*connect.Response[v1.ReidentifyResponse], error) {
+	return c.reidentify.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the dsec.agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Ping answers once the agent is ready; it also counts as no activity.
@@ -420,6 +441,13 @@ type AgentServiceHandler interface {
 	// second gets Unavailable. dirty says something of the call outlived
 	// its cleanup; the edge then retires the container.
 	Call(context.Context, *connect.Request[v1.CallRequest]) (*connect.Response[v1.CallResponse], error)
+	// Reidentify gives a microVM restored from a memory snapshot its own
+	// identity (agents in guest mode, a VM's init, only; others refuse with
+	// FailedPrecondition): the children of a fork start as copies of one
+	// memory, with its host name, machine-id and the kernel's random state,
+	// so each would produce its siblings' random streams and claim their
+	// name. The edge calls it on each child before any other call.
+	Reidentify(context.Context, *connect.Request[v1.ReidentifyRequest]) (*connect.Response[v1.ReidentifyResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -555,6 +583,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("Call")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceReidentifyHandler := connect.NewUnaryHandler(
+		AgentServiceReidentifyProcedure,
+		svc.Reidentify,
+		connect.WithSchema(agentServiceMethods.ByName("Reidentify")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServicePingProcedure:
@@ -599,6 +633,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceDownloadHandler.ServeHTTP(w, r)
 		case AgentServiceCallProcedure:
 			agentServiceCallHandler.ServeHTTP(w, r)
+		case AgentServiceReidentifyProcedure:
+			agentServiceReidentifyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -690,4 +726,8 @@ func (UnimplementedAgentServiceHandler) Download(context.Context, *connect.Reque
 
 func (UnimplementedAgentServiceHandler) Call(context.Context, *connect.Request[v1.CallRequest]) (*connect.Response[v1.CallResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.agent.v1.AgentService.Call is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Reidentify(context.Context, *connect.Request[v1.ReidentifyRequest]) (*connect.Response[v1.ReidentifyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.agent.v1.AgentService.Reidentify is not implemented"))
 }

@@ -1,0 +1,188 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"unsafe"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// minEntropy is the least a Reidentify must bring: a CRNG seed.
+const minEntropy = 32
+
+var machineIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// Reidentify gives a microVM restored from a shared memory snapshot its
+// own identity: entropy first (the CRNG reseeded from it), then the host
+// name, machine-id and link-layer addresses.
+func (h *handler) Reidentify(ctx context.Context, req *connect.Request[agentv1.ReidentifyRequest]) (*connect.Response[agentv1.ReidentifyResponse], error) {
+	h.touch()
+	if err := h.reidentify(req.Msg); err != nil {
+		return nil, errdefs.ToConnect(err)
+	}
+	return connect.NewResponse(&agentv1.ReidentifyResponse{}), nil
+}
+
+func (h *handler) reidentify(r *agentv1.ReidentifyRequest) error {
+	if !h.cfg.Guest {
+		return fmt.Errorf("reidentify: this agent is not a microVM's init: %w", errdefs.ErrFailedPrecondition)
+	}
+	if len(r.GetEntropy()) < minEntropy {
+		return fmt.Errorf("reidentify: %d bytes of entropy, at least %d: %w", len(r.GetEntropy()), minEntropy, errdefs.ErrInvalidArgument)
+	}
+	if id := r.GetMachineId(); id != "" && !machineIDPattern.MatchString(id) {
+		return fmt.Errorf("reidentify: machine-id %q: 32 lowercase hex digits: %w", id, errdefs.ErrInvalidArgument)
+	}
+	macs := map[string]net.HardwareAddr{}
+	for old, mac := range r.GetMacs() {
+		hw, err := net.ParseMAC(mac)
+		if err != nil || len(hw) != 6 {
+			return fmt.Errorf("reidentify: MAC %q: %w", mac, errdefs.ErrInvalidArgument)
+		}
+		oldHW, err := net.ParseMAC(old)
+		if err != nil {
+			return fmt.Errorf("reidentify: MAC %q: %w", old, errdefs.ErrInvalidArgument)
+		}
+		macs[oldHW.String()] = hw
+	}
+	if err := reseed(r.GetEntropy()); err != nil {
+		return err
+	}
+	if name := r.GetHostname(); name != "" {
+		if err := unix.Sethostname([]byte(name)); err != nil {
+			return fmt.Errorf("reidentify: set host name %q: %w", name, err)
+		}
+		if err := writeHostFiles(name, h.cfg.Address); err != nil {
+			return fmt.Errorf("reidentify: %w", err)
+		}
+	}
+	if id := r.GetMachineId(); id != "" {
+		if err := os.MkdirAll("/etc", 0o755); err != nil {
+			return fmt.Errorf("reidentify: %w", err)
+		}
+		if err := replaceFile("/etc/machine-id", id+"\n"); err != nil {
+			return fmt.Errorf("reidentify: %w", err)
+		}
+	}
+	if len(macs) > 0 {
+		if err := setMACs(macs); err != nil {
+			return fmt.Errorf("reidentify: %w", err)
+		}
+	}
+	return nil
+}
+
+// reseed adds entropy to the kernel's input pool, credited in full
+// (RNDADDENTROPY), and reseeds the CRNG from the pool at once
+// (RNDRESEEDCRNG): without the reseed the CRNG, a copy of the sibling's,
+// would go on until its next scheduled reseed.
+func reseed(entropy []byte) error {
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("reseed: %w", err)
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	info := make([]byte, 8+len(entropy)+3)
+	*(*int32)(unsafe.Pointer(&info[0])) = int32(8 * len(entropy))
+	*(*int32)(unsafe.Pointer(&info[4])) = int32(len(entropy))
+	copy(info[8:], entropy)
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&info[0]))); errno != 0 {
+		return fmt.Errorf("reseed: add entropy: %w", errno)
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); errno != 0 {
+		return fmt.Errorf("reseed: reseed the CRNG: %w", errno)
+	}
+	return nil
+}
+
+// setMACs gives each interface whose address is a key of macs that
+// value; an address no interface has is an error (NotFound). An interface
+// the driver cannot change while up is taken down for it and up again.
+func setMACs(macs map[string]net.HardwareAddr) error {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return fmt.Errorf("set MAC: %w", err)
+	}
+	done := 0
+	for _, ifc := range ifs {
+		mac, ok := macs[ifc.HardwareAddr.String()]
+		if !ok || len(ifc.HardwareAddr) == 0 {
+			continue
+		}
+		if err := setMAC(ifc, mac); err != nil {
+			return err
+		}
+		done++
+	}
+	if done < len(macs) {
+		return fmt.Errorf("set MAC: %d of %d addresses match no interface: %w", len(macs)-done, len(macs), errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+func setMAC(ifc net.Interface, mac net.HardwareAddr) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("set MAC of %s: %w", ifc.Name, err)
+	}
+	defer unix.Close(fd)
+	// struct ifreq with ifr_hwaddr, a struct sockaddr.
+	var req struct {
+		name   [unix.IFNAMSIZ]byte
+		family uint16
+		data   [14]byte
+		_      [8]byte
+	}
+	copy(req.name[:], ifc.Name)
+	req.family = unix.ARPHRD_ETHER
+	copy(req.data[:], mac)
+	set := func() unix.Errno {
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCSIFHWADDR, uintptr(unsafe.Pointer(&req)))
+		return errno
+	}
+	errno := set()
+	if errno == unix.EBUSY && ifc.Flags&net.FlagUp != 0 {
+		if err := setUp(fd, ifc.Name, false); err != nil {
+			return err
+		}
+		errno = set()
+		if err := setUp(fd, ifc.Name, true); err != nil {
+			return err
+		}
+	}
+	if errno != 0 {
+		return fmt.Errorf("set MAC of %s to %s: %w", ifc.Name, mac, errno)
+	}
+	return nil
+}
+
+// setUp brings interface name up or down.
+func setUp(fd int, name string, up bool) error {
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return fmt.Errorf("set %s up=%v: %w", name, up, err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("read %s's flags: %w", name, err)
+	}
+	flags := ifr.Uint16()
+	if up {
+		flags |= unix.IFF_UP
+	} else {
+		flags &^= unix.IFF_UP
+	}
+	ifr.SetUint16(flags)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("set %s up=%v: %w", name, up, err)
+	}
+	return nil
+}
