@@ -1,7 +1,6 @@
 package vmnet
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"debug/elf"
@@ -12,10 +11,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +20,6 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
@@ -69,7 +65,7 @@ func TestVMNetwork(t *testing.T) {
 	}
 	busybox := staticBusybox(t)
 	agentBin := filepath.Join(testutil.Binaries(t), "dsec-agent")
-	requireUnrouted(t)
+	testutil.RequireUnrouted(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -88,9 +84,9 @@ func TestVMNetwork(t *testing.T) {
 		}
 		assertNoLinks(t, "dvn")
 	})
-	allowed := newTestHost(t, "vmth1", allowedIP)
-	resolved := newTestHost(t, "vmth2", resolvedIP)
-	sink := allowed.sink(t)
+	allowed := testutil.StartNetHost(t, "vmth1", allowedIP, hostGW)
+	resolved := testutil.StartNetHost(t, "vmth2", resolvedIP, hostGW)
+	sink := startSink(t, allowed)
 
 	start := time.Now()
 	att, err := ctl.Attach(ctx, testID, map[string]bool{allowedIP.String() + "/32": true, okName: true})
@@ -188,8 +184,8 @@ func TestVMNetwork(t *testing.T) {
 	})
 	t.Run("DeniedHost", func(t *testing.T) {
 		out, code := run(t, fmt.Sprintf("echo hello | busybox nc -w 10 %s 7000", resolvedIP))
-		if code == 0 || resolved.accepted() != 0 {
-			t.Errorf("nc to a host the policy denies: exit %d, %q; the host accepted %d connections", code, out, resolved.accepted())
+		if code == 0 || resolved.Accepted() != 0 {
+			t.Errorf("nc to a host the policy denies: exit %d, %q; the host accepted %d connections", code, out, resolved.Accepted())
 		}
 	})
 	t.Run("DNS", func(t *testing.T) {
@@ -311,28 +307,6 @@ func staticBusybox(t *testing.T) string {
 	return p
 }
 
-// requireUnrouted fails the test when the host already has a route
-// into 198.18.0.0/15 (the default route aside): the test's hosts would
-// shadow what is there.
-func requireUnrouted(t *testing.T) {
-	t.Helper()
-	bench := netip.MustParsePrefix("198.18.0.0/15")
-	routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range routes {
-		if r.Dst == nil {
-			continue
-		}
-		a, _ := netip.AddrFromSlice(r.Dst.IP.To4())
-		ones, _ := r.Dst.Mask.Size()
-		if p := netip.PrefixFrom(a, ones); ones > 0 && p.Overlaps(bench) {
-			t.Fatalf("the host already routes %s: the test's hosts on %s would shadow it", p, bench)
-		}
-	}
-}
-
 // assertNoLinks checks that no link whose name starts with prefix is left.
 func assertNoLinks(t *testing.T, prefix string) {
 	t.Helper()
@@ -370,93 +344,6 @@ func startUpstream(t *testing.T) string {
 	return pc.LocalAddr().String()
 }
 
-// testHost is a namespace with one address, routed from the host through
-// its own veth, serving on port 7000 a line back with where it came from
-// (the node's address: the edge masquerades what leaves through a veth
-// that is not a sandbox's).
-type testHost struct {
-	name  string
-	addr  netip.Addr
-	netns string
-
-	mu    sync.Mutex
-	conns int
-}
-
-func newTestHost(t *testing.T, veth string, addr netip.Addr) *testHost {
-	t.Helper()
-	h := &testHost{name: veth, addr: addr, netns: filepath.Join(t.TempDir(), veth)}
-	if err := makeNetns(h.netns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(veth); err == nil {
-			netlink.LinkDel(l)
-		}
-		unix.Unmount(h.netns, unix.MNT_DETACH)
-	})
-	nsf, err := os.Open(h.netns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsf.Close()
-	la := netlink.NewLinkAttrs()
-	la.Name = veth
-	must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(nsf.Fd()))}))
-	l, err := netlink.LinkByName(veth)
-	must(t, err)
-	must(t, netlink.AddrAdd(l, &netlink.Addr{IPNet: host32(hostGW), Scope: unix.RT_SCOPE_LINK}))
-	must(t, netlink.LinkSetUp(l))
-	must(t, netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: host32(addr), Scope: netlink.SCOPE_LINK}))
-	var ln net.Listener
-	must(t, inNetns(nsf, func() error {
-		for _, name := range []string{"lo", "eth0"} {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-		}
-		eth, _ := netlink.LinkByName("eth0")
-		if err := netlink.AddrAdd(eth, &netlink.Addr{IPNet: host32(addr)}); err != nil {
-			return err
-		}
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: hostGW.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}); err != nil {
-			return err
-		}
-		ln, err = net.Listen("tcp4", addr.String()+":7000")
-		return err
-	}))
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			h.mu.Lock()
-			h.conns++
-			h.mu.Unlock()
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				line, _ := bufio.NewReader(c).ReadString('\n')
-				from, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-				fmt.Fprintf(c, "echo:%s from %s\n", strings.TrimSpace(line), from)
-			}()
-		}
-	}()
-	return h
-}
-
-func (h *testHost) accepted() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.conns
-}
-
 // sinkServer takes one stream on port 7001 and counts it.
 type sinkServer struct {
 	done  chan struct{}
@@ -465,21 +352,12 @@ type sinkServer struct {
 	limit int64
 }
 
-// sink reads 8 MiB from the first connection to port 7001, then closes it
-// (busybox nc leaves when the far end does).
-func (h *testHost) sink(t *testing.T) *sinkServer {
+// startSink reads 8 MiB from the first connection to h's port 7001, then
+// closes it (busybox nc leaves when the far end does).
+func startSink(t *testing.T, h *testutil.NetHost) *sinkServer {
 	t.Helper()
 	s := &sinkServer{done: make(chan struct{}), limit: 8 << 20}
-	nsf, err := os.Open(h.netns)
-	must(t, err)
-	defer nsf.Close()
-	var ln net.Listener
-	must(t, inNetns(nsf, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", h.addr.String()+":7001")
-		return err
-	}))
-	t.Cleanup(func() { ln.Close() })
+	ln := h.Listen(t, 7001)
 	go func() {
 		defer close(s.done)
 		c, err := ln.Accept()
@@ -501,29 +379,6 @@ func (s *sinkServer) result() (int64, time.Duration) {
 	case <-time.After(2 * time.Minute):
 	}
 	return s.n, s.took
-}
-
-// makeNetns makes a network namespace bind-mounted at path.
-func makeNetns(path string) error {
-	if err := os.WriteFile(path, nil, 0o444); err != nil {
-		return err
-	}
-	errc := make(chan error, 1)
-	go func() {
-		// The thread ends with the goroutine, locked: it never serves
-		// another goroutine from the new namespace.
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("unshare netns: %w", err)
-			return
-		}
-		errc <- unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
-	}()
-	return <-errc
-}
-
-func host32(a netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}
 }
 
 func must(t *testing.T, err error) {
