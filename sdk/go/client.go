@@ -280,9 +280,23 @@ func (c *Client) unary(ctx context.Context, idempotent bool, call func(context.C
 	return c.retry(ctx, false, call)
 }
 
+// The isolations of CreateOptions.Isolation.
+const (
+	IsolationContainer = "container"
+	IsolationGVisor    = "gvisor"
+	IsolationMicroVM   = "microvm"
+)
+
 // CreateOptions describe new sandboxes. Zero fields take the node's defaults.
 type CreateOptions struct {
-	Backend      string // "container" (default)
+	Backend string // the profile: "container" (default; a sandbox)
+	// Isolation is what keeps the sandbox apart from its node:
+	// IsolationContainer (default: runc on the host's kernel),
+	// IsolationGVisor (gVisor's user-space kernel) or IsolationMicroVM (a
+	// kernel of its own under QEMU). A cluster places it only on nodes
+	// that offer it and refuses it (ErrFailedPrecondition) when none does,
+	// saying what the nodes lack.
+	Isolation    string
 	CPUs         float64
 	MemoryMB     int64
 	DiskMB       int64
@@ -321,6 +335,15 @@ func (o *CreateOptions) spec(env string) (*dsecv1.SandboxSpec, error) {
 		TtlSeconds: seconds(o.TTL), IdleTimeoutSeconds: seconds(o.IdleTimeout),
 		User: o.User, Env: o.Env, Labels: o.Labels, NetworkRules: o.NetworkRules,
 		Hostname: o.Hostname, Workdir: o.Workdir,
+	}
+	switch o.Isolation {
+	case "", IsolationContainer:
+	case IsolationGVisor:
+		spec.Isolation = dsecv1.Isolation_ISOLATION_GVISOR
+	case IsolationMicroVM:
+		spec.Isolation = dsecv1.Isolation_ISOLATION_MICROVM
+	default:
+		return nil, invalid("isolation %q is not known (container, gvisor, microvm)", o.Isolation)
 	}
 	if o.PauseOnTimeout {
 		spec.OnTimeout = dsecv1.OnTimeout_ON_TIMEOUT_PAUSE

@@ -533,3 +533,25 @@ func TestDependencies(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateOptionsIsolation: Isolation names the spec's isolation; unset
+// leaves it to the node (container); an unknown one is refused here.
+func TestCreateOptionsIsolation(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want dsecv1.Isolation
+	}{
+		{"", dsecv1.Isolation_ISOLATION_UNSPECIFIED},
+		{IsolationContainer, dsecv1.Isolation_ISOLATION_UNSPECIFIED},
+		{IsolationGVisor, dsecv1.Isolation_ISOLATION_GVISOR},
+		{IsolationMicroVM, dsecv1.Isolation_ISOLATION_MICROVM},
+	} {
+		spec, err := (&CreateOptions{Isolation: tc.in}).spec("b:1")
+		if err != nil || spec.GetIsolation() != tc.want {
+			t.Errorf("Isolation %q: spec isolation %v (%v), want %v", tc.in, spec.GetIsolation(), err, tc.want)
+		}
+	}
+	if _, err := (&CreateOptions{Isolation: "firecracker"}).spec("b:1"); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("Isolation firecracker: %v, want ErrInvalidArgument", err)
+	}
+}

@@ -17,7 +17,8 @@ Short programs (reward code, test cases) run in pooled warm containers::
 
 The blocking twin has the same names: ``libdsec.Client``. Errors are typed,
 see :mod:`libdsec.errors`. The paper's names (``DSecClient``,
-``DSecContainerRunArgs``, ``DSecSandbox``) are importable from here too; they
+``DSecContainerRunArgs``, ``DSecMicroVMRunArgs``, ``DSecGVisorRunArgs``,
+``DSecSandbox``) are importable from here too; they
 live in :mod:`libdsec.compat`.
 """
 
@@ -27,7 +28,7 @@ from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, Job as AsyncJob
 from ._fncall import CommandResult, Language, RunCode, RunResult
 from ._sync import Client, Job, Sandbox, Session
 from ._transport import DEFAULT_ADDR, DEFAULT_TOKEN_FILE, resolve_addr, resolve_addrs
-from .compat import DSecClient, DSecContainerRunArgs, DSecSandbox
+from .compat import DSecClient, DSecContainerRunArgs, DSecGVisorRunArgs, DSecMicroVMRunArgs, DSecSandbox
 from .errors import (CommandFailed, DsecError, InvalidArgument, NotFound, OutputDropped, Overloaded,
                      SandboxGone, StartupTimeout, Timeout, Unauthenticated, Unavailable)
 
@@ -39,5 +40,5 @@ __all__ = [
     "RunCode", "RunResult", "CommandResult", "Language",
     "DEFAULT_ADDR", "DEFAULT_TOKEN_FILE", "resolve_addr", "resolve_addrs", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
     "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed", "OutputDropped",
-    "DSecClient", "DSecContainerRunArgs", "DSecSandbox",
+    "DSecClient", "DSecContainerRunArgs", "DSecGVisorRunArgs", "DSecMicroVMRunArgs", "DSecSandbox",
 ]

@@ -24,6 +24,8 @@ LAYERS = "dsec.v1.LayerService"
 
 DEFAULT_TIMEOUT = 30.0      # unary calls
 DEFAULT_CREATE_TIMEOUT = 120.0
+# The isolations a create may ask for (SandboxSpec.isolation).
+ISOLATIONS = ("container", "gvisor", "microvm")
 EXEC_GRACE = 15.0           # beyond a command's own timeout, for its report to arrive
 # Stdin up to STDIN_INLINE bytes goes in the exec request; more is streamed
 # with WriteStdin, STDIN_CHUNK bytes a call, once the command has started (the
@@ -475,10 +477,15 @@ class AsyncClient:
     @staticmethod
     def _spec(env: str, backend: str, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
               env_vars, labels, network_rules, hostname, workdir, on_timeout=None,
-              auto_resume=None) -> Dict[str, Any]:
+              auto_resume=None, isolation=None) -> Dict[str, Any]:
         if backend not in ("container", ""):
             raise errors.InvalidArgument(f"backend {backend!r} is not known (container)")
         spec: Dict[str, Any] = {"environment": env, "backend": "BACKEND_CONTAINER"}
+        if isolation not in (None, "") + ISOLATIONS:
+            raise errors.InvalidArgument(
+                f"isolation {isolation!r} is not known ({', '.join(ISOLATIONS)})")
+        if isolation:
+            spec["isolation"] = "ISOLATION_" + isolation.upper()
         if on_timeout not in (None, "stop", "pause"):
             raise errors.InvalidArgument(f"on_timeout {on_timeout!r}: want 'stop' or 'pause'")
         if on_timeout:
@@ -505,6 +512,7 @@ class AsyncClient:
         return spec
 
     async def create_many(self, n: int, env: str, *, backend: str = "container",
+                          isolation: Optional[str] = None,
                           cpus: Optional[float] = None, memory_mb: Optional[int] = None,
                           disk_mb: Optional[int] = None, pids: Optional[int] = None,
                           ttl_s: Optional[float] = None, idle_timeout_s: Optional[float] = None,
@@ -524,12 +532,17 @@ class AsyncClient:
         ("stop", the default, or "pause") is what the TTL and idle timeout
         do; a paused sandbox's clocks stand still. auto_resume=False makes
         calls to a paused sandbox fail (FailedPrecondition) instead of
-        resuming it first.
+        resuming it first. isolation is what keeps the sandboxes apart from
+        their node: "container" (the default: runc on the host's kernel),
+        "gvisor" (gVisor's user-space kernel) or "microvm" (a kernel of their
+        own under QEMU); a node or cluster without it refuses the create
+        (FailedPrecondition or NotSupported) naming what to install.
         """
         if n < 1:
             raise errors.InvalidArgument("n must be at least 1")
         spec = self._spec(env, backend, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
-                          env_vars, labels, network_rules, hostname, workdir, on_timeout, auto_resume)
+                          env_vars, labels, network_rules, hostname, workdir, on_timeout, auto_resume,
+                          isolation)
         msg = {"spec": spec, "count": n, "idempotencyKey": idempotency_key or str(uuid.uuid4()),
                "waitSeconds": str(max(1, int(timeout)))}
         # A little beyond the server's wait, so its own verdict arrives first.
@@ -540,6 +553,29 @@ class AsyncClient:
     async def create(self, env: str, **kw) -> "Sandbox":
         """Create one sandbox from env ("BASE[+LAYER...]"); see create_many for the arguments."""
         return (await self.create_many(1, env, **kw))[0]
+
+    async def run_container(self, env: str, **kw) -> "Sandbox":
+        """create(env, isolation="container", ...): a sandbox on the node's
+        kernel, behind namespaces, cgroups and seccomp (runc)."""
+        return await self.create(env, isolation="container", **kw)
+
+    async def run_gvisor(self, env: str, **kw) -> "Sandbox":
+        """create(env, isolation="gvisor", ...): a sandbox whose system calls
+        gVisor's user-space kernel serves (runsc), on nodes that offer it."""
+        return await self.create(env, isolation="gvisor", **kw)
+
+    async def run_microvm(self, env: str, **kw) -> "Sandbox":
+        """create(env, isolation="microvm", ...): the paper's run_microvm, a
+        sandbox with a kernel of its own in a QEMU microVM (root, mounts,
+        modules, its own firewall), on nodes that offer it."""
+        return await self.create(env, isolation="microvm", **kw)
+
+    async def nodes(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        """The nodes, each with the kinds of sandbox it offers ("kinds":
+        isolation, profile, accelerator) and why it lacks the isolations it
+        lacks ("missing": name -> reason)."""
+        resp = await self._call("GetServerInfo", {}, timeout, idempotent=True)
+        return list(resp.get("nodes", []))
 
     async def get(self, id: str, *, timeout: Optional[float] = None) -> "Sandbox":
         return Sandbox(self, await self._call("Get", {"id": id}, timeout, idempotent=True))
@@ -618,6 +654,7 @@ class AsyncClient:
     # --- warm pools ---
 
     async def set_warm_pool(self, env: str, size: int, *, backend: str = "container",
+                            isolation: Optional[str] = None,
                             cpus: Optional[float] = None, memory_mb: Optional[int] = None,
                             disk_mb: Optional[int] = None, pids: Optional[int] = None,
                             ttl_s: Optional[float] = None, idle_timeout_s: Optional[float] = None,
@@ -634,12 +671,13 @@ class AsyncClient:
         node defaults), so the arguments are create's and those three are
         accepted but do not matter. size 0 removes the pool and its idle
         sandboxes. Sandboxes with network_rules cannot be pooled
-        (InvalidArgument).
+        (InvalidArgument). A pool of an isolation is kept on the nodes that
+        offer it.
         """
         if size < 0:
             raise errors.InvalidArgument("warm pool size must not be negative")
         spec = self._spec(env, backend, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
-                          env_vars, labels, network_rules, hostname, workdir)
+                          env_vars, labels, network_rules, hostname, workdir, isolation=isolation)
         resp = await self._call("SetWarmPool", {"spec": spec, "size": int(size)}, timeout, idempotent=True)
         return WarmPool.from_json(resp)
 
@@ -835,6 +873,14 @@ class Sandbox:
     @property
     def labels(self) -> Dict[str, str]:
         return dict((self.info.get("spec") or {}).get("labels") or {})
+
+    @property
+    def isolation(self) -> str:
+        """What isolates the sandbox: "container", "gvisor" or "microvm"
+        ("container" where the record does not say)."""
+        v = str((self.info.get("spec") or {}).get("isolation") or "ISOLATION_CONTAINER")
+        v = v[len("ISOLATION_"):].lower() if v.startswith("ISOLATION_") else v.lower()
+        return "container" if v == "unspecified" else v
 
     async def __aenter__(self) -> "Sandbox":
         return self

@@ -66,6 +66,22 @@ class Client:
     def create_many(self, n: int, env: str, **kw) -> List["Sandbox"]:
         return [Sandbox(self, s) for s in self._run(self._a.create_many(n, env, **kw))]
 
+    def run_container(self, env: str, **kw) -> "Sandbox":
+        """create(env, isolation="container", ...)."""
+        return Sandbox(self, self._run(self._a.run_container(env, **kw)))
+
+    def run_gvisor(self, env: str, **kw) -> "Sandbox":
+        """create(env, isolation="gvisor", ...)."""
+        return Sandbox(self, self._run(self._a.run_gvisor(env, **kw)))
+
+    def run_microvm(self, env: str, **kw) -> "Sandbox":
+        """create(env, isolation="microvm", ...): the paper's run_microvm."""
+        return Sandbox(self, self._run(self._a.run_microvm(env, **kw)))
+
+    def nodes(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        """The nodes with the kinds each offers and why it lacks the rest."""
+        return self._run(self._a.nodes(timeout=timeout))
+
     def get(self, id: str, *, timeout: Optional[float] = None) -> "Sandbox":
         return Sandbox(self, self._run(self._a.get(id, timeout=timeout)))
 
@@ -160,6 +176,7 @@ class Sandbox:
     message = property(lambda self: self._a.message)
     node = property(lambda self: self._a.node)
     labels = property(lambda self: self._a.labels)
+    isolation = property(lambda self: self._a.isolation)
     address = property(lambda self: self._a.address)
     from_warm_pool = property(lambda self: self._a.from_warm_pool)
     warnings = property(lambda self: self._a.warnings)
