@@ -62,13 +62,24 @@ type PauseStats struct {
 	MemoryFileBytes          int64 // the RAM file's allocated size on disk
 }
 
-// Pause saves the VM p runs into stateFile and ends p, then releases the
-// guest's RAM from the host: p's config must have a MemoryFile. q is a QMP
-// connection to p (the monitor takes one client at a time, so the caller's
-// own). The writable drives' page cache is dropped too. A failure before
+// VM is a running VM to pause: a *qemu.Process, or what an edge that
+// re-adopted a VM started by an earlier one knows of it.
+type VM interface {
+	// Config is the VM's filled-in config (qemu.Process.Config); its
+	// MemoryFile must be set.
+	Config() qemu.Config
+	Pid() int // QEMU's
+	// Wait waits until QEMU has exited (an exit status is not an error
+	// here) or ctx ends.
+	Wait(ctx context.Context) error
+}
+
+// Pause saves the VM p into stateFile and ends its QEMU, then releases
+// the guest's RAM from the host. q is a QMP connection to p (the monitor
+// takes one client at a time, so the caller's own). The writable drives' page cache is dropped too. A failure before
 // QEMU ends leaves the guest stopped (q.Cont runs it again); after that
 // the VM is saved and only the release failed.
-func Pause(ctx context.Context, p *qemu.Process, q *qmp.Client, stateFile string, log *slog.Logger) (PauseStats, error) {
+func Pause(ctx context.Context, p VM, q *qmp.Client, stateFile string, log *slog.Logger) (PauseStats, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -175,9 +186,16 @@ type ResumeStats struct {
 
 // ResumeOptions tune Resume.
 type ResumeOptions struct {
+	// Started, when set, is called with the new QEMU before it loads the
+	// state (the guest's RAM not touched yet): the place to put it in its
+	// cgroup, so the pages it faults in are charged there. An error
+	// fails the resume.
+	Started func(p *qemu.Process) error
 	// Prefetch reads the RAM file's pages resident at the pause ahead
 	// (asynchronously, while QEMU starts), so the guest's first steps
-	// fault fewer pages in from disk one at a time.
+	// fault fewer pages in from disk one at a time. The page cache it
+	// fills is charged to the caller's cgroup, not QEMU's; under TCG here
+	// it made no difference (docs/microvm.md).
 	Prefetch bool
 }
 
@@ -218,6 +236,11 @@ func Resume(ctx context.Context, cfg qemu.Config, stateFile string, opts ResumeO
 		p.Kill()
 		<-p.Done()
 		return nil, st, fmt.Errorf("resume vm: %w (qemu: %s)", err, lastLine(filepath.Join(cfg.Dir, qemu.QEMULog)))
+	}
+	if opts.Started != nil {
+		if err := opts.Started(p); err != nil {
+			return fail(err)
+		}
 	}
 	q, err := qmp.Dial(ctx, p.QMPPath())
 	if err != nil {

@@ -129,11 +129,18 @@ func TestPauseResumeFork(t *testing.T) {
 				t.Fatal(err)
 			}
 			t0 := time.Now()
-			p, _, err := vmstate.Resume(ctx, child, stateFile, vmstate.ResumeOptions{Prefetch: true}, log)
+			var started *qemu.Process
+			p, _, err := vmstate.Resume(ctx, child, stateFile, vmstate.ResumeOptions{
+				Prefetch: true,
+				Started:  func(p *qemu.Process) error { started = p; return nil },
+			}, log)
 			if err != nil {
 				t.Fatal(err)
 			}
 			procs = append(procs, p)
+			if started != p {
+				t.Errorf("ResumeOptions.Started was called with %v, not the resumed QEMU", started)
+			}
 			c := vmtest.Adopt(t, p, log)
 			c.MustExec(t, "true")
 			t.Logf("child %d: restore to first exec %s", i, time.Since(t0))
