@@ -20,6 +20,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -89,7 +90,20 @@ func main() {
 		fs.IntVar(&netMTU, "net-mtu", 1500, "the card's MTU")
 		fs.Var(&netDNS, "net-dns", "a nameserver for /etc/resolv.conf, on-link (repeatable)")
 	}
-	fs.Parse(args)
+	if mode == "guest" {
+		// pid 1 must not exit (the kernel panics, and the trace buries
+		// the reason): a bad flag is said on the console, and the VM
+		// powers off.
+		fs.Init(mode, flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+	}
+	if err := fs.Parse(args); err != nil {
+		fmt.Fprintf(os.Stderr, "dsec-agent %s: %v\n", mode, err)
+		if mode == "guest" && os.Getpid() == 1 {
+			guest.PowerOff()
+		}
+		os.Exit(2)
+	}
 	cfg.Env = env
 
 	var level slog.Level

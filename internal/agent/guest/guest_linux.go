@@ -20,6 +20,7 @@ import (
 
 	"dsec.dev/dsec/internal/agent"
 	"dsec.dev/dsec/internal/vm/channel"
+	"dsec.dev/dsec/internal/vm/guestcfg"
 	"dsec.dev/dsec/internal/vm/kernel"
 )
 
@@ -78,8 +79,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		log.Info("guest network", "iface", iface, "addr", cfg.Network.Addr, "gateway", cfg.Network.Gateway, "mtu", cfg.Network.MTU)
 	}
-	if err := enterRoot(cfg.Layers, cfg.Upper); err != nil {
+	given, err := enterRoot(cfg.Layers, cfg.Upper)
+	if err != nil {
 		return err
+	}
+	if given != nil {
+		apply(&cfg.Agent, *given)
 	}
 	if cfg.Network != nil {
 		if err := cfg.Network.writeResolvConf(); err != nil {
@@ -100,6 +105,22 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("guest ready", "kernel", k.Version, "modules", loaded, "modules_took", modulesTook.Round(time.Millisecond),
 		"port", dev, "took", time.Since(start).Round(time.Millisecond))
 	return agent.ServeListener(ctx, cfg.Agent, channel.Listen(dev, log))
+}
+
+// apply sets what the host's configuration gives over the flags'.
+func apply(a *agent.Config, g guestcfg.Agent) {
+	for _, f := range []struct {
+		dst *string
+		v   string
+	}{{&a.User, g.User}, {&a.Workdir, g.Workdir}, {&a.Hostname, g.Hostname}, {&a.Address, g.Address}} {
+		if f.v != "" {
+			*f.dst = f.v
+		}
+	}
+	a.Env = append(a.Env, g.Env...)
+	if g.OutputLimit > 0 {
+		a.OutputLimit = g.OutputLimit
+	}
 }
 
 // PowerOff ends the VM: QEMU exits when its guest powers off.
@@ -183,69 +204,83 @@ const (
 // EROFS disks stacked with overlayfs over the writable disk (or a tmpfs),
 // the agent and its shell bound in read-only at /.dsec/bin, /dev, /proc,
 // /sys and /run moved in, then the root moved over the initramfs's and
-// chrooted into (the initramfs cannot be pivoted away).
-func enterRoot(layers []string, upper string) error {
+// chrooted into (the initramfs cannot be pivoted away). It returns the
+// agent configuration the host left at the writable disk's root, nil when
+// there is none.
+func enterRoot(layers []string, upper string) (*guestcfg.Agent, error) {
 	if len(layers) == 0 {
-		return nil
+		return nil, nil
 	}
+	var given *guestcfg.Agent
 	var lowers []string
 	for i, serial := range layers {
 		dev, err := diskBySerial(serial, 10*time.Second)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		dir := filepath.Join(layersDir, fmt.Sprint(i))
 		if err := mountAt(dev, dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
-			return err
+			return nil, err
 		}
 		lowers = append([]string{dir}, lowers...) // overlayfs lists the top first
 	}
 	if upper != "" {
 		dev, err := diskBySerial(upper, 10*time.Second)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := mountAt(dev, upperDir, "ext4", unix.MS_NODEV, ""); err != nil {
-			return err
+		// noinit_itable: the host made the file system with its inode
+		// tables left unwritten on a sparse file (they read as zeros), so
+		// the guest need not spend CPU zeroing them, nor the host's disk
+		// blocks holding the zeros.
+		if err := mountAt(dev, upperDir, "ext4", unix.MS_NODEV, "noinit_itable"); err != nil {
+			return nil, err
+		}
+		if _, err := os.Stat(filepath.Join(upperDir, guestcfg.FileName)); err == nil {
+			g, err := guestcfg.Read(filepath.Join(upperDir, guestcfg.FileName))
+			if err != nil {
+				return nil, err
+			}
+			given = &g
 		}
 	} else if err := mountAt("tmpfs", upperDir, "tmpfs", unix.MS_NODEV, "mode=0755"); err != nil {
-		return err
+		return nil, err
 	}
 	for _, d := range []string{"upper", "work"} {
 		if err := os.MkdirAll(filepath.Join(upperDir, d), 0o755); err != nil {
-			return fmt.Errorf("make the root: %w", err)
+			return nil, fmt.Errorf("make the root: %w", err)
 		}
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", strings.Join(lowers, ":"), upperDir, upperDir)
 	if err := mountAt("overlay", rootDir, "overlay", 0, opts); err != nil {
-		return err
+		return nil, err
 	}
 	for src, dst := range map[string]string{"/init": guestAgentPath, agent.DefaultShell: agent.DefaultShell} {
 		if err := bindFile(src, filepath.Join(rootDir, dst)); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for _, m := range []string{"/dev", "/proc", "/sys", "/run"} {
 		if err := os.MkdirAll(rootDir+m, 0o755); err != nil {
-			return fmt.Errorf("make the root: %w", err)
+			return nil, fmt.Errorf("make the root: %w", err)
 		}
 		if err := unix.Mount(m, rootDir+m, "", unix.MS_MOVE, ""); err != nil {
-			return fmt.Errorf("move %s into the root: %w", m, err)
+			return nil, fmt.Errorf("move %s into the root: %w", m, err)
 		}
 	}
 	if err := unix.Chdir(rootDir); err != nil {
-		return fmt.Errorf("enter the root: %w", err)
+		return nil, fmt.Errorf("enter the root: %w", err)
 	}
 	if err := unix.Mount(rootDir, "/", "", unix.MS_MOVE, ""); err != nil {
-		return fmt.Errorf("move the root over /: %w", err)
+		return nil, fmt.Errorf("move the root over /: %w", err)
 	}
 	if err := unix.Chroot("."); err != nil {
-		return fmt.Errorf("enter the root: %w", err)
+		return nil, fmt.Errorf("enter the root: %w", err)
 	}
 	if err := unix.Chdir("/"); err != nil {
-		return fmt.Errorf("enter the root: %w", err)
+		return nil, fmt.Errorf("enter the root: %w", err)
 	}
-	return nil
+	return given, nil
 }
 
 func mountAt(source, target, fstype string, flags uintptr, data string) error {

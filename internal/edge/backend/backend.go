@@ -15,7 +15,8 @@
 // overlayfs, a VM's attaches the image files as read-only disks.
 //
 // Each backend lives in a sub-package: container (the container and fncall
-// backends, on runc or crun). Package backendtest is the conformance suite
+// backends, on runc, crun or runsc) and microvm (QEMU guests with their own
+// kernel). Package backendtest is the conformance suite
 // every Runtime runs, package fake a Runtime that starts nothing, for the
 // edge's own tests.
 package backend
@@ -296,10 +297,19 @@ func (s Spec) Validate() error {
 
 // Status is what Status reports of a sandbox.
 type Status struct {
-	Running     bool
-	Pid         int // host pid of the agent while Running
+	Running bool
+	// Pid is the host pid of the agent while Running, or of what holds the
+	// sandbox where the agent is no host process (a microVM's QEMU).
+	Pid         int
 	OOMKills    int64
 	MemoryBytes int64
+	// Reason says why a sandbox that is not running stopped, where the
+	// runtime can tell (a VM's QEMU that exited or was killed, a guest
+	// kernel that panicked), with what it printed last; "" otherwise.
+	Reason string
+	// Accel is how a VM's CPUs run, "kvm" or "tcg"; "" for a sandbox that
+	// is not a VM.
+	Accel string
 }
 
 // PauseStats is what Pause did.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 )
@@ -72,7 +73,19 @@ const tailBytes = 64 << 10
 func (l *consoleLog) Tail(n int) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	data := append(readTail(l.path+".1", tailBytes), readTail(l.path, tailBytes)...)
+	return tailLines(l.path, n)
+}
+
+// ConsoleTail is the last n lines of what the console of the VM whose run
+// directory is dir printed, read from its log: for a VM this process did
+// not start (a re-adopted one), or whose Process is gone.
+func ConsoleTail(dir string, n int) string {
+	return tailLines(filepath.Join(dir, ConsoleLog), n)
+}
+
+// tailLines is the last n lines of the log at path and its older half.
+func tailLines(path string, n int) string {
+	data := append(readTail(path+".1", tailBytes), readTail(path, tailBytes)...)
 	text := strings.TrimRight(string(data), "\r\n")
 	if text == "" || n <= 0 {
 		return ""
@@ -101,4 +114,24 @@ func readTail(path string, n int64) []byte {
 	off := max(fi.Size()-n, 0)
 	b, _ := io.ReadAll(io.NewSectionReader(f, off, fi.Size()-off))
 	return b
+}
+
+// panicMark starts the kernel's panic message on the console.
+const panicMark = "Kernel panic - not syncing"
+
+// Explain reads console text, the last lines a guest printed: panic is
+// the kernel's panic message when the guest panicked ("" otherwise), and
+// lines the n lines worth quoting: those leading up to the panic message
+// (what the guest printed before it; the trace after it says little to a
+// user), else the last n.
+func Explain(console string, n int) (panic, lines string) {
+	all := strings.Split(console, "\n")
+	end := len(all)
+	for i := len(all) - 1; i >= 0; i-- {
+		if j := strings.Index(all[i], panicMark); j >= 0 {
+			panic, end = strings.TrimSpace(all[i][j:]), i+1
+			break
+		}
+	}
+	return panic, strings.Join(all[max(end-n, 0):end], "\n")
 }

@@ -230,8 +230,15 @@ func (p *Process) WaitBoot(ctx context.Context, timeout time.Duration, ready fun
 	}
 	p.Kill()
 	<-p.done
-	return fmt.Errorf("%w\nconsole:\n%s", why, p.ConsoleTail(consoleTailLines))
+	panicked, lines := Explain(p.ConsoleTail(consoleScanLines), consoleTailLines)
+	if panicked != "" {
+		why = fmt.Errorf("%w: the guest kernel panicked: %s", why, panicked)
+	}
+	return fmt.Errorf("%w\nconsole:\n%s", why, lines)
 }
+
+// consoleScanLines is how much of the console a failure is looked for in.
+const consoleScanLines = 200
 
 // exitReason says how QEMU exited, for people.
 func exitReason(err error) string {

@@ -96,6 +96,10 @@ type Config struct {
 	// TSCkHz is the host's TSC frequency, given to a TCG guest
 	// (0 = HostTSCkHz's).
 	TSCkHz int64
+	// TCGBufferMiB caps TCG's translated-code buffer (tb-size; 0 =
+	// QEMU's default, up to 1 GiB of host memory as it fills): a VM whose
+	// QEMU runs under a memory limit needs it bounded.
+	TCGBufferMiB int
 	// Drives are the guest's disks, virtio-blk devices in this order.
 	Drives []Drive
 	// NIC is the guest's network card; nil = none.
@@ -210,10 +214,14 @@ func (c *Config) KernelCmdline() string {
 // consoleFD; QEMU waits for the console's client before it starts the
 // guest, so no output is lost.
 func (c *Config) Args() []string {
+	accel := string(c.Accel)
+	if c.Accel == TCG && c.TCGBufferMiB > 0 {
+		accel += ",tb-size=" + strconv.Itoa(c.TCGBufferMiB)
+	}
 	args := []string{
 		"-name", "dsec-" + filepath.Base(c.Dir),
 		"-M", "microvm",
-		"-accel", string(c.Accel),
+		"-accel", accel,
 	}
 	if c.Accel == KVM {
 		args = append(args, "-cpu", "host")

@@ -285,7 +285,7 @@ func TestWaitBoot(t *testing.T) {
 		p := startFake(t, "exit")
 		err := p.WaitBoot(context.Background(), time.Minute, probe(p))
 		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "exit status 3") ||
-			!strings.Contains(err.Error(), "Kernel panic - not syncing: fake") {
+			!strings.Contains(err.Error(), "the guest kernel panicked: Kernel panic - not syncing: fake") {
 			t.Fatalf("WaitBoot of a guest that panicked: %v", err)
 		}
 		if got := p.ConsoleTail(1); got != "Kernel panic - not syncing: fake" {
@@ -305,5 +305,25 @@ func TestStartCleansUpOnFailure(t *testing.T) {
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 0 {
 		t.Errorf("Start left %v", entries)
+	}
+}
+
+// TestExplain: a panic's message is found, and the lines quoted are those
+// leading up to it rather than its trace.
+func TestExplain(t *testing.T) {
+	for _, tc := range []struct {
+		name, console, panic, lines string
+	}{
+		{"no panic", "a\nb\nc", "", "b\nc"},
+		{"panic", "init: bad flag\n[ 1.5] Kernel panic - not syncing: Attempted to kill init!\n trace 1\n trace 2", "Kernel panic - not syncing: Attempted to kill init!",
+			"init: bad flag\n[ 1.5] Kernel panic - not syncing: Attempted to kill init!"},
+		{"empty", "", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			panic, lines := Explain(tc.console, 2)
+			if panic != tc.panic || lines != tc.lines {
+				t.Errorf("Explain = %q, %q; want %q, %q", panic, lines, tc.panic, tc.lines)
+			}
+		})
 	}
 }

@@ -28,3 +28,10 @@ func (l *Layout) Remove(ctx context.Context, rel string) error { return errdefs.
 func (l *Layout) Stats(rel string) (Stats, error)              { return Stats{}, errdefs.ErrNotSupported }
 func (l *Layout) Usage(rel string) (Usage, error)              { return Usage{}, errdefs.ErrNotSupported }
 func (l *Layout) Dir(ctrl, rel string) string                  { return "" }
+
+// Limits bound a process cgroup.
+type Limits struct {
+	MemoryBytes, Pids, CPUQuotaUsec, CPUPeriodUsec int64
+}
+
+func (l *Layout) Place(rel string, pid int, lim Limits) error { return errdefs.ErrNotSupported }

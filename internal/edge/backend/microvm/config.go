@@ -1,0 +1,66 @@
+package microvm
+
+import (
+	"log/slog"
+	"time"
+
+	"dsec.dev/dsec/internal/vm/qemu"
+)
+
+// Config configures a Runtime. Zero values get the defaults described.
+type Config struct {
+	// StateDir holds the VMs' run directories and the initramfs, e.g.
+	// /var/lib/dsec/microvm. Required.
+	StateDir string
+	// KernelDir is the guest kernel's directory, as scripts/build-vm-kernel.sh
+	// makes it (dsecd's DSEC_VM_KERNEL_DIR). Required.
+	KernelDir string
+	// QEMU is the QEMU binary (default qemu-system-x86_64 on PATH).
+	QEMU string
+	// AgentDir holds dsec-agent (the guest's init) and sh, a static shell
+	// the guest binds in at /.dsec/bin/sh, as the container backend's.
+	AgentDir string
+	// CgroupParent is the parent cgroup of the QEMU processes (default
+	// "dsec-microvm").
+	CgroupParent string
+	// Accel is the accelerator ("" = KVM where /dev/kvm runs a stock
+	// kernel, else TCG).
+	Accel qemu.Accel
+	// BootTimeout bounds a boot: from QEMU's start to the agent's first
+	// answer (default 60 s; a TCG boot takes about 3 s on an idle host).
+	BootTimeout time.Duration
+	// GuestArgs are more flags of the guest's agent, after the runtime's
+	// (e.g. --log-level debug).
+	GuestArgs []string
+	// Channels are the agent channels, shared by the instances of one
+	// process (nil = the instance's own; see Channels).
+	Channels *Channels
+	Log      *slog.Logger
+}
+
+const (
+	defaultCgroupParent = "dsec-microvm"
+	defaultBootTimeout  = 60 * time.Second
+	// defaultMemory is a guest's memory when the spec sets none;
+	// minMemory the least a guest gets (the kernel, the initramfs and the
+	// agent need about 100 MiB).
+	defaultMemory = 256 << 20
+	minMemory     = 128 << 20
+	// defaultDisk is the writable disk's size when the spec sets no limit
+	// (a sparse file: blocks cost only once written).
+	defaultDisk = 4 << 30
+	minDisk     = 64 << 20
+	// tcgBufferMiB caps TCG's translated code; overhead is what QEMU's
+	// cgroup holds beyond the guest's memory: that buffer, QEMU's own heap
+	// and the device state.
+	tcgBufferMiB = 64
+	overheadTCG  = 192 << 20
+	overheadKVM  = 96 << 20
+	// qemuPids bounds QEMU's threads: vCPUs, I/O workers (at most 64), its
+	// main loop and helpers.
+	qemuPids  = 256
+	cfsPeriod = 100000
+	// maxLayers: microvm has 24 virtio-mmio slots; the writable disk and
+	// the virtio-serial port take two.
+	maxLayers = 20
+)

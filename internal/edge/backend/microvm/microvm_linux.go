@@ -1,0 +1,558 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/vm/guestcfg"
+	"dsec.dev/dsec/internal/vm/initramfs"
+	"dsec.dev/dsec/internal/vm/kernel"
+	"dsec.dev/dsec/internal/vm/qemu"
+)
+
+// Runtime runs microVM sandboxes: a backend.Runtime and a backend.Meter.
+type Runtime struct {
+	cfg      Config
+	log      *slog.Logger
+	channels *Channels
+
+	// Set by Init.
+	qemu   string
+	kernel *kernel.Kernel
+	initrd string
+	accel  qemu.Accel
+	layout *cgroups.Layout
+
+	mu  sync.Mutex
+	vms map[string]*vm // the VMs this instance started, while they run
+}
+
+// vm is a VM this instance started.
+type vm struct {
+	p       *qemu.Process
+	watched chan struct{} // closed once its exit is recorded
+}
+
+// New returns a runtime for cfg. It checks nothing on the host: Init does.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.StateDir == "" || cfg.KernelDir == "" || cfg.AgentDir == "" {
+		return nil, fmt.Errorf("make microvm runtime: StateDir, KernelDir and AgentDir are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.QEMU == "" {
+		cfg.QEMU = qemu.DefaultBinary
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = defaultCgroupParent
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = defaultBootTimeout
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Channels == nil {
+		cfg.Channels = NewChannels(cfg.Log)
+	}
+	return &Runtime{cfg: cfg, log: cfg.Log, channels: cfg.Channels, vms: map[string]*vm{}}, nil
+}
+
+// Features: no network, pause or snapshots yet.
+func (r *Runtime) Features() backend.Features { return backend.Features{} }
+
+// Accel is the accelerator the runtime's VMs run under, once Init ran.
+func (r *Runtime) Accel() qemu.Accel { return r.accel }
+
+// Init checks that the node can run VMs (QEMU, the guest kernel, the
+// agent), builds the guest's initramfs once, and prepares the state dir
+// and the cgroup parent. A node that lacks a part is refused with
+// ErrNotSupported naming what to install.
+func (r *Runtime) Init(ctx context.Context) error {
+	bin, err := exec.LookPath(r.cfg.QEMU)
+	if err != nil {
+		return fmt.Errorf("init microvm runtime: QEMU %s is not installed (apt-get install qemu-system-x86): %w", r.cfg.QEMU, errdefs.ErrNotSupported)
+	}
+	k, err := kernel.Load(r.cfg.KernelDir)
+	if err == nil {
+		_, err = os.Stat(k.Vmlinux())
+	}
+	if err != nil {
+		return fmt.Errorf("init microvm runtime: no guest kernel in %s (scripts/build-vm-kernel.sh %s makes it): %v: %w",
+			r.cfg.KernelDir, r.cfg.KernelDir, err, errdefs.ErrNotSupported)
+	}
+	agentBin, shell := filepath.Join(r.cfg.AgentDir, "dsec-agent"), filepath.Join(r.cfg.AgentDir, "sh")
+	for _, f := range []string{agentBin, shell} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("init microvm runtime: the guest's agent and shell: %w", err)
+		}
+	}
+	initrd, err := initramfs.Cached(filepath.Join(r.cfg.StateDir, "initramfs"), initramfs.Image{
+		Init:   agentBin,
+		Kernel: k,
+		// The guest binds it into the sandbox's root at the same path.
+		Files: []initramfs.File{{Name: guestShell, Source: shell, Mode: 0o755}},
+	})
+	if err != nil {
+		return fmt.Errorf("init microvm runtime: %w", err)
+	}
+	layout, err := cgroups.Detect()
+	if err != nil {
+		return fmt.Errorf("init microvm runtime: %w", err)
+	}
+	if err := layout.EnsureParent(r.cfg.CgroupParent); err != nil {
+		return fmt.Errorf("init microvm runtime: %w", err)
+	}
+	if err := os.MkdirAll(r.vmsDir(), 0o700); err != nil {
+		return fmt.Errorf("init microvm runtime: %w", err)
+	}
+	accel := r.cfg.Accel
+	if accel == "" {
+		accel, _ = qemu.DetectAccel()
+	}
+	r.qemu, r.kernel, r.initrd, r.accel, r.layout = bin, k, initrd, accel, layout
+	r.log.Info("microvm runtime ready", "qemu", bin, "kernel", k.Version, "accel", accel, "initrd", initrd)
+	return nil
+}
+
+// guestShell is the agent's shell in the initramfs (agent.DefaultShell).
+const guestShell = "/.dsec/bin/sh"
+
+func (r *Runtime) vmsDir() string             { return filepath.Join(r.cfg.StateDir, "vms") }
+func (r *Runtime) vmDir(id string) string     { return filepath.Join(r.vmsDir(), id) }
+func (r *Runtime) cgroupRel(id string) string { return filepath.Join(r.cfg.CgroupParent, id) }
+
+// Teardown undoes Init once every VM is deleted.
+func (r *Runtime) Teardown(ctx context.Context) error {
+	var errs []error
+	if r.layout != nil {
+		errs = append(errs, r.layout.RemoveParent(r.cfg.CgroupParent))
+	}
+	if err := os.Remove(r.vmsDir()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("tear down microvm runtime: %w", err))
+	}
+	if err := os.RemoveAll(filepath.Join(r.cfg.StateDir, "initramfs")); err != nil {
+		errs = append(errs, fmt.Errorf("tear down microvm runtime: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// checkSpec refuses what no VM can be made of: layers without an image
+// file (a node extracting tars), more layers than microvm has slots, a
+// network namespace (no tap device yet).
+func (r *Runtime) checkSpec(s backend.Spec) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	bad := func(why string, kind error) error {
+		return fmt.Errorf("check sandbox spec %q: %s: %w", s.ID, why, kind)
+	}
+	if len(s.Layers) > maxLayers {
+		return bad(fmt.Sprintf("%d layers, a microVM takes at most %d", len(s.Layers), maxLayers), errdefs.ErrInvalidArgument)
+	}
+	for _, l := range s.Layers {
+		if l.File == "" || l.FSType != backend.FSTypeEROFS {
+			return bad(fmt.Sprintf("layer %s has no EROFS image file (a microVM attaches layer files as disks; a node in tar layer mode has none)", l.Digest), errdefs.ErrInvalidArgument)
+		}
+		if strings.Contains(l.File, ",") {
+			return bad(fmt.Sprintf("layer file %q holds a comma", l.File), errdefs.ErrInvalidArgument)
+		}
+	}
+	if s.NetnsPath != "" {
+		return bad("microVMs have no network yet", errdefs.ErrNotSupported)
+	}
+	return nil
+}
+
+// size is what a spec's VM gets.
+type size struct {
+	memoryMiB int
+	vcpus     int
+	diskBytes int64
+}
+
+func sizeOf(s backend.Spec) size {
+	mem := s.MemoryBytes
+	if mem == 0 {
+		mem = defaultMemory
+	}
+	mem = max(mem, minMemory)
+	disk := s.DiskBytes
+	if disk == 0 {
+		disk = defaultDisk
+	}
+	return size{
+		memoryMiB: int((mem + 1<<20 - 1) >> 20),
+		vcpus:     max(int(math.Ceil(s.CPUs)), 1),
+		diskBytes: max(disk, minDisk),
+	}
+}
+
+// Start makes sandbox s.ID's VM and returns once its agent answers. On any
+// error everything it made is removed again; a boot that fails says why
+// with the console's last lines.
+func (r *Runtime) Start(ctx context.Context, s backend.Spec) (d backend.Dialer, err error) {
+	if err := r.checkSpec(s); err != nil {
+		return nil, err
+	}
+	if r.layout == nil {
+		return nil, fmt.Errorf("start sandbox %s: the microvm runtime is not initialised: %w", s.ID, errdefs.ErrFailedPrecondition)
+	}
+	dir := r.vmDir(s.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("start sandbox %s: %w", s.ID, errdefs.ErrAlreadyExists)
+		}
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := r.Delete(context.WithoutCancel(ctx), s.ID); derr != nil {
+				r.log.Warn("remove half-made vm", "id", s.ID, "err", derr)
+			}
+		}
+	}()
+	start := time.Now()
+	sz := sizeOf(s)
+	disk := filepath.Join(dir, upperDisk)
+	if err := makeDisk(ctx, disk, sz.diskBytes, s.Inodes, agentConfig(s)); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
+	tDisk := time.Now()
+	p, err := qemu.Start(ctx, r.qemuConfig(s, dir, sz), r.log)
+	if err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
+	v := &vm{p: p, watched: make(chan struct{})}
+	r.mu.Lock()
+	r.vms[s.ID] = v
+	r.mu.Unlock()
+	go r.watch(s.ID, v)
+	if err := r.layout.Place(r.cgroupRel(s.ID), p.Pid(), r.limits(s, sz)); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
+	st := state{Pid: p.Pid(), Accel: string(p.Config().Accel), MemoryMiB: sz.memoryMiB, VCPUs: sz.vcpus, DiskBytes: sz.diskBytes}
+	if st.StartTicks, err = startTicks(p.Pid()); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
+	if err := writeState(dir, st); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
+	if err := linkLog(s.LogPath, filepath.Join(dir, qemu.ConsoleLog)); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
+	dialer := r.channels.get(p.ChannelPath())
+	client := agentclient.New(dialer.Dial)
+	defer client.Close()
+	err = p.WaitBoot(ctx, r.cfg.BootTimeout, func(ctx context.Context) error {
+		_, err := client.Ping(ctx, connect.NewRequest(&agentv1.PingRequest{}))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
+	r.log.Info("vm sandbox running", "id", s.ID, "accel", st.Accel, "memory_mib", sz.memoryMiB, "vcpus", sz.vcpus,
+		"disk", sz.diskBytes, "layers", len(s.Layers), "disk_took", tDisk.Sub(start), "boot_took", time.Since(tDisk))
+	return dialer.Dial, nil
+}
+
+// upperDisk is the writable disk's file in a VM's run dir.
+const upperDisk = "upper.ext4"
+
+// The serials of the guest's disks.
+const (
+	upperSerial = "upper"
+	layerSerial = "layer" // + its index, bottom first
+)
+
+// qemuConfig is QEMU's configuration for s.
+func (r *Runtime) qemuConfig(s backend.Spec, dir string, sz size) qemu.Config {
+	args := []string{"--"}
+	var drives []qemu.Drive
+	for i, l := range s.Layers {
+		serial := layerSerial + strconv.Itoa(i)
+		drives = append(drives, qemu.Drive{Path: l.File, Serial: serial, ReadOnly: true})
+		args = append(args, "--layer", serial)
+	}
+	drives = append(drives, qemu.Drive{Path: filepath.Join(dir, upperDisk), Serial: upperSerial})
+	args = append(args, "--upper", upperSerial)
+	args = append(args, r.cfg.GuestArgs...)
+	return qemu.Config{
+		Binary: r.qemu, Dir: dir, Kernel: r.kernel.Vmlinux(), Initrd: r.initrd,
+		Cmdline:   strings.Join(args, " "),
+		MemoryMiB: sz.memoryMiB, VCPUs: sz.vcpus, Accel: r.accel, TCGBufferMiB: tcgBufferMiB,
+		Drives: drives,
+	}
+}
+
+// agentConfig is what the guest's agent is told, from s.
+func agentConfig(s backend.Spec) guestcfg.Agent {
+	a := guestcfg.Agent{
+		User: s.Agent.User, Workdir: s.Agent.Workdir, Hostname: s.Agent.Hostname, Address: s.Agent.Address,
+		OutputLimit: s.Agent.OutputLimit,
+	}
+	if a.Hostname == "" {
+		a.Hostname = s.Hostname
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.Agent.Env)) {
+		a.Env = append(a.Env, k+"="+s.Agent.Env[k])
+	}
+	return a
+}
+
+// limits are the bounds of QEMU's cgroup: the guest's memory and QEMU's
+// overhead, its threads, and the CPU quota of s.CPUs.
+func (r *Runtime) limits(s backend.Spec, sz size) cgroups.Limits {
+	overhead := int64(overheadTCG)
+	if r.accel == qemu.KVM {
+		overhead = overheadKVM
+	}
+	lim := cgroups.Limits{MemoryBytes: int64(sz.memoryMiB)<<20 + overhead, Pids: qemuPids}
+	if s.CPUs > 0 {
+		lim.CPUPeriodUsec = cfsPeriod
+		lim.CPUQuotaUsec = max(int64(math.Ceil(s.CPUs*cfsPeriod)), 1000)
+	}
+	return lim
+}
+
+// linkLog makes the edge's log path name the VM's console log, where the
+// guest's agent writes (its stderr is the console).
+func linkLog(path, console string) error {
+	os.Remove(path)
+	if err := os.Symlink(console, path); err != nil {
+		return fmt.Errorf("link agent log: %w", err)
+	}
+	return nil
+}
+
+// watch records why v's QEMU ended, in its run dir, for Status.
+func (r *Runtime) watch(id string, v *vm) {
+	defer close(v.watched)
+	<-v.p.Done()
+	reason := exitReason(v.p.Err(), v.p.ConsoleTail(consoleScanLines))
+	r.log.Info("vm exited", "id", id, "pid", v.p.Pid(), "reason", firstLine(reason))
+	r.mu.Lock()
+	if r.vms[id] == v {
+		delete(r.vms, id)
+	}
+	r.mu.Unlock()
+	dir := r.vmDir(id)
+	if _, err := os.Stat(filepath.Join(dir, stateFile)); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, exitFile), []byte(reason), 0o600)
+	}
+}
+
+// How much of the console a reason is looked for in, and how much it
+// quotes.
+const (
+	consoleScanLines = 200
+	consoleLines     = 20
+)
+
+// exitReason says why QEMU ended, from how it exited and what the console
+// printed last: a kernel panic by its message, a kill by its signal.
+func exitReason(err error, console string) string {
+	panicked, lines := qemu.Explain(console, consoleLines)
+	var why string
+	var ee *exec.ExitError
+	switch {
+	case panicked != "":
+		why = "the guest kernel panicked: " + panicked
+	case errors.As(err, &ee) && ee.ProcessState != nil && ee.ProcessState.String() == "signal: killed":
+		why = "qemu was killed (SIGKILL)"
+	case err != nil:
+		why = "qemu ended: " + err.Error()
+	default:
+		why = "the guest powered off"
+	}
+	if lines == "" {
+		return why
+	}
+	return why + "\nconsole:\n" + lines
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// Channel returns the dialer of VM id's agent channel.
+func (r *Runtime) Channel(id string) (backend.Dialer, error) {
+	if !backend.ValidID(id) {
+		return nil, fmt.Errorf("agent channel of sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	dir := r.vmDir(id)
+	if _, err := os.Stat(filepath.Join(dir, stateFile)); err != nil {
+		return nil, fmt.Errorf("agent channel of sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return r.channels.get(filepath.Join(dir, qemu.ChannelSocket)).Dial, nil
+}
+
+// Status reports whether VM id's QEMU runs and, when it does not, why.
+func (r *Runtime) Status(ctx context.Context, id string) (backend.Status, error) {
+	if !backend.ValidID(id) {
+		return backend.Status{}, fmt.Errorf("status of sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	dir := r.vmDir(id)
+	if _, err := os.Stat(dir); err != nil {
+		return backend.Status{}, fmt.Errorf("status of sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	st, err := readState(dir)
+	if err != nil {
+		return backend.Status{Reason: "the VM was left half made"}, nil
+	}
+	out := backend.Status{Accel: st.Accel}
+	if r.layout != nil {
+		if cs, err := r.layout.Stats(r.cgroupRel(id)); err == nil {
+			out.OOMKills, out.MemoryBytes = cs.OOMKills, cs.MemoryBytes
+		}
+	}
+	if alive(st.Pid, st.StartTicks) {
+		out.Running, out.Pid = true, st.Pid
+		return out, nil
+	}
+	// The instance that started it recorded how it ended; give it a moment
+	// when it has only just ended.
+	r.mu.Lock()
+	v := r.vms[id]
+	r.mu.Unlock()
+	if v != nil {
+		select {
+		case <-v.watched:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, exitFile)); err == nil {
+		out.Reason = string(b)
+	} else {
+		out.Reason = exitReason(fmt.Errorf("qemu (pid %d) is gone", st.Pid), qemu.ConsoleTail(dir, consoleScanLines))
+	}
+	if out.OOMKills > 0 {
+		out.Reason = fmt.Sprintf("qemu was OOM-killed at its limit (%d MiB of guest memory and QEMU's overhead)\n%s", st.MemoryMiB, out.Reason)
+	}
+	return out, nil
+}
+
+// Delete kills VM id's QEMU and removes its cgroup and run dir, disk
+// included. It is idempotent.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if !backend.ValidID(id) {
+		return fmt.Errorf("delete sandbox %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	dir := r.vmDir(id)
+	r.channels.close(filepath.Join(dir, qemu.ChannelSocket))
+	r.mu.Lock()
+	v := r.vms[id]
+	r.mu.Unlock()
+	if v != nil {
+		// Nothing of the guest is kept: its disk goes too.
+		v.p.Kill()
+		select {
+		case <-v.watched:
+		case <-ctx.Done():
+			return fmt.Errorf("delete sandbox %s: qemu %d did not exit: %w", id, v.p.Pid(), ctx.Err())
+		}
+	} else if st, err := readState(dir); err == nil {
+		if err := killWait(ctx, st.Pid, st.StartTicks); err != nil {
+			return fmt.Errorf("delete sandbox %s: %w", id, err)
+		}
+	}
+	if r.layout != nil {
+		rel := r.cgroupRel(id)
+		if err := r.layout.Kill(ctx, rel); err != nil {
+			return fmt.Errorf("delete sandbox %s: %w", id, err)
+		}
+		if err := r.layout.Remove(ctx, rel); err != nil {
+			return fmt.Errorf("delete sandbox %s: %w", id, err)
+		}
+	}
+	if err := removeAll(ctx, dir); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// removeAll removes dir, again while an earlier instance in this process
+// still writes the exit it saw into it.
+func removeAll(ctx context.Context, dir string) error {
+	for {
+		err := os.RemoveAll(dir)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// List returns every VM with a run dir.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	entries, err := os.ReadDir(r.vmsDir())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list vms: %w", err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && backend.ValidID(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// Usage reads VM id's use: QEMU's cgroup for CPU time and memory (the
+// guest's memory as QEMU holds it, and QEMU's own), the writable disk's
+// allocated blocks against its size.
+func (r *Runtime) Usage(ctx context.Context, id string) (backend.Usage, error) {
+	if !backend.ValidID(id) {
+		return backend.Usage{}, fmt.Errorf("usage of sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	dir := r.vmDir(id)
+	st, err := readState(dir)
+	if err != nil {
+		return backend.Usage{}, fmt.Errorf("usage of sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if r.layout == nil {
+		return backend.Usage{}, fmt.Errorf("usage of sandbox %s: the runtime is not initialised: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	cu, err := r.layout.Usage(r.cgroupRel(id))
+	if err != nil {
+		return backend.Usage{}, fmt.Errorf("usage of sandbox %s: %w", id, err)
+	}
+	var fi unix.Stat_t
+	if err := unix.Stat(filepath.Join(dir, upperDisk), &fi); err != nil {
+		return backend.Usage{}, fmt.Errorf("usage of sandbox %s: %w", id, err)
+	}
+	return backend.Usage{
+		CPUUsec: cu.CPUUsec, MemoryBytes: cu.MemoryBytes, CacheBytes: cu.CacheBytes,
+		MemoryLimit: int64(st.MemoryMiB) << 20,
+		DiskBytes:   fi.Blocks * 512, DiskLimit: st.DiskBytes, DiskSize: st.DiskBytes,
+	}, nil
+}
