@@ -426,7 +426,10 @@ func run(ctx context.Context, name string, args ...string) error {
 // device) and removes the cgroup parent. The image file is kept.
 func (r *Container) Teardown(ctx context.Context) error {
 	var errs []error
-	if r.Features().Snapshot {
+	// Another backend of the node (they share the upper file system) may
+	// have unmounted it already: its captures went with it, and Init
+	// clears them the next time.
+	if _, err := os.Stat(r.captureDir()); r.Features().Snapshot && err == nil {
 		if err := r.clearCaptures(); err != nil {
 			errs = append(errs, err)
 		}
