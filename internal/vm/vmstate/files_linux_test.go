@@ -79,3 +79,33 @@ func TestDropCache(t *testing.T) {
 		t.Errorf("cached before the drop %d bytes, after %d", before, after)
 	}
 }
+
+// A state is saved once its meta is written, and Discard removes both.
+func TestSavedDiscard(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "vmstate")
+	if err := os.WriteFile(state, []byte("device state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if Saved(state) {
+		t.Error("a state file without its meta counts as saved")
+	}
+	if err := writeMeta(state, meta{ChannelConnected: true, Resident: []span{{0, 4096}}}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := readMeta(state)
+	if err != nil || !m.ChannelConnected || len(m.Resident) != 1 || m.Resident[0] != (span{0, 4096}) {
+		t.Errorf("readMeta = %+v, %v", m, err)
+	}
+	if !Saved(state) {
+		t.Error("Saved is false with the meta written")
+	}
+	if err := Discard(state); err != nil {
+		t.Fatal(err)
+	}
+	if Saved(state) || fileSize(state) != 0 {
+		t.Error("Discard left the state")
+	}
+	if err := Discard(state); err != nil {
+		t.Errorf("a second Discard: %v", err)
+	}
+}

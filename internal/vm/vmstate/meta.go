@@ -2,6 +2,7 @@ package vmstate
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 )
@@ -53,4 +54,24 @@ func readMeta(stateFile string) (meta, error) {
 		return m, fmt.Errorf("read vm state's meta %s: %w", stateFile+metaSuffix, err)
 	}
 	return m, nil
+}
+
+// Saved reports whether stateFile holds a whole saved VM: Pause writes
+// its meta last, once QEMU is gone and the RAM on disk, so a pause cut
+// short (the edge killed midway) is not taken for one.
+func Saved(stateFile string) bool {
+	_, err := os.Stat(stateFile + metaSuffix)
+	return err == nil
+}
+
+// Discard removes a saved VM's state (not its RAM file or disks): once
+// the VM is resumed and runs on, the state no longer matches its RAM.
+func Discard(stateFile string) error {
+	var errs []error
+	for _, f := range []string{stateFile + metaSuffix, stateFile} {
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, fmt.Errorf("discard vm state: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }

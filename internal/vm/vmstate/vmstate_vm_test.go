@@ -87,6 +87,9 @@ func TestPauseResumeFork(t *testing.T) {
 		if err := syscall.Kill(g.P.Pid(), 0); err != syscall.ESRCH {
 			t.Errorf("QEMU %d is still there after the pause: %v", g.P.Pid(), err)
 		}
+		if !vmstate.Saved(stateFile) {
+			t.Errorf("Saved(%s) is false after Pause", stateFile)
+		}
 		if st.Resident <= 0 || st.Released <= 0 || st.StateBytes <= 0 {
 			t.Errorf("pause stats %+v: nothing resident, released or saved", st)
 		}
