@@ -31,9 +31,17 @@
 //	<StateDir>/vms/<id>/upper.ext4              the writable disk
 //	<StateDir>/vms/<id>/{qmp,agent,console}.sock, console.log, qemu.log
 //	<StateDir>/vms/<id>/exit                    why QEMU ended, written by the instance that saw it
+//	<StateDir>/vms/<id>/netns                   the edge's network namespace of a networked VM (its tap's)
 //	<cgroup>/<CgroupParent>/<id>                QEMU's cgroup (memory, pids, cpu, cpuacct, freezer on v1)
 //
-// Not yet: networking (Features.Network is false until a tap device in the
-// sandbox's namespace is wired in), pause and snapshots (Features.Pause
-// and Snapshot), the sandbox's pids limit inside the guest.
+// A sandbox with a network namespace (Spec.NetnsPath) gets a virtio-net
+// card on a tap in that namespace (package vmnet), wired to the edge's
+// veth, so the edge's policy, resolver and audit apply as to a container;
+// <StateDir>/vms/<id>/netns names the namespace for Delete, which removes
+// the tap. Spec.ResolvConf is not used: the guest writes its own
+// resolv.conf naming vmnet.DNSAddr, which the namespace hands to the
+// edge's resolver.
+//
+// Not yet: pause and snapshots (Features.Pause and Snapshot), the
+// sandbox's pids limit inside the guest.
 package microvm

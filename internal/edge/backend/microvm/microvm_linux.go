@@ -29,6 +29,7 @@ import (
 	"dsec.dev/dsec/internal/vm/initramfs"
 	"dsec.dev/dsec/internal/vm/kernel"
 	"dsec.dev/dsec/internal/vm/qemu"
+	"dsec.dev/dsec/internal/vm/vmnet"
 )
 
 // Runtime runs microVM sandboxes: a backend.Runtime and a backend.Meter.
@@ -77,8 +78,9 @@ func New(cfg Config) (*Runtime, error) {
 	return &Runtime{cfg: cfg, log: cfg.Log, channels: cfg.Channels, vms: map[string]*vm{}}, nil
 }
 
-// Features: no network, pause or snapshots yet.
-func (r *Runtime) Features() backend.Features { return backend.Features{} }
+// Features: network (a tap in the edge's namespace, package vmnet); no
+// pause or snapshots yet.
+func (r *Runtime) Features() backend.Features { return backend.Features{Network: true} }
 
 // Accel is the accelerator the runtime's VMs run under, once Init ran.
 func (r *Runtime) Accel() qemu.Accel { return r.accel }
@@ -157,8 +159,7 @@ func (r *Runtime) Teardown(ctx context.Context) error {
 }
 
 // checkSpec refuses what no VM can be made of: layers without an image
-// file (a node extracting tars), more layers than microvm has slots, a
-// network namespace (no tap device yet).
+// file (a node extracting tars), more layers than microvm has slots.
 func (r *Runtime) checkSpec(s backend.Spec) error {
 	if err := s.Validate(); err != nil {
 		return err
@@ -176,9 +177,6 @@ func (r *Runtime) checkSpec(s backend.Spec) error {
 		if strings.Contains(l.File, ",") {
 			return bad(fmt.Sprintf("layer file %q holds a comma", l.File), errdefs.ErrInvalidArgument)
 		}
-	}
-	if s.NetnsPath != "" {
-		return bad("microVMs have no network yet", errdefs.ErrNotSupported)
 	}
 	return nil
 }
@@ -238,7 +236,18 @@ func (r *Runtime) Start(ctx context.Context, s backend.Spec) (d backend.Dialer, 
 		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
 	}
 	tDisk := time.Now()
-	p, err := qemu.Start(ctx, r.qemuConfig(s, dir, sz), r.log)
+	qc := r.qemuConfig(s, dir, sz)
+	if s.NetnsPath != "" {
+		link, err := r.attachNetwork(ctx, dir, s.NetnsPath)
+		if err != nil {
+			return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+		}
+		// QEMU holds the tap from here; ours goes once it started (or not).
+		defer link.Tap.Close()
+		qc.NIC = &qemu.NIC{Tap: link.Tap, MAC: link.Guest.MAC}
+		qc.Cmdline += " " + strings.Join(link.Guest.Args(), " ")
+	}
+	p, err := qemu.Start(ctx, qc, r.log)
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
 	}
@@ -487,6 +496,9 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 			return fmt.Errorf("delete sandbox %s: %w", id, err)
 		}
 	}
+	if err := detachNetwork(ctx, dir); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
 	if err := removeAll(ctx, dir); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
@@ -555,4 +567,30 @@ func (r *Runtime) Usage(ctx context.Context, id string) (backend.Usage, error) {
 		MemoryLimit: int64(st.MemoryMiB) << 20,
 		DiskBytes:   fi.Blocks * 512, DiskLimit: st.DiskBytes, DiskSize: st.DiskBytes,
 	}, nil
+}
+
+// netnsFile names, in a VM's run dir, the network namespace its tap is in.
+const netnsFile = "netns"
+
+// attachNetwork makes the VM's tap in the edge's namespace at nsPath
+// (package vmnet) and records where, so Delete removes it even after a
+// restart or a half-made start.
+func (r *Runtime) attachNetwork(ctx context.Context, dir, nsPath string) (*vmnet.Link, error) {
+	if err := os.WriteFile(filepath.Join(dir, netnsFile), []byte(nsPath), 0o600); err != nil {
+		return nil, fmt.Errorf("attach network: %w", err)
+	}
+	return vmnet.Attach(ctx, nsPath)
+}
+
+// detachNetwork removes the tap of the VM whose run dir is dir, if it has
+// one. The edge removes the namespace itself afterwards.
+func detachNetwork(ctx context.Context, dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, netnsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("detach network: %w", err)
+	}
+	return vmnet.Detach(ctx, string(b))
 }
