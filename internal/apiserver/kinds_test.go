@@ -66,7 +66,7 @@ func TestPlacementByIsolation(t *testing.T) {
 	// No node offers microvm: refused, with what each lacks.
 	_, err = c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{
 		Spec: &dsecv1.SandboxSpec{Environment: "base:1", Isolation: dsecv1.Isolation_ISOLATION_MICROVM}}))
-	for _, want := range []string{"no healthy node offers backend microvm (2 healthy nodes offer container, gvisor)", "node n1: " + noQEMU, "node n2: " + noQEMU} {
+	for _, want := range []string{"no healthy node offers microvm sandboxes (2 healthy nodes offer container, gvisor)", "node n1: " + noQEMU, "node n2: " + noQEMU} {
 		if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), want) {
 			t.Errorf("microvm create: %v, want FailedPrecondition saying %q", err, want)
 		}

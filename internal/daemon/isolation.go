@@ -88,13 +88,18 @@ func openRuntimes(ctx context.Context, cfg Config, base container.Config, log *s
 		}
 	}
 
-	// microvm: package backend/microvm registers here, in one line:
+	// microvm: package backend/microvm registers here, in one line, in
+	// place of the line below:
 	//
-	//	o.add(ctx, sandbox.MicroVMKind, false, func() (backend.Runtime, error) { return microvm.New(...) })
+	//	if err := o.add(ctx, sandbox.MicroVMKind, false, func() (backend.Runtime, error) {
+	//		return microvm.New(microvm.Config{StateDir: filepath.Join(cfg.Root, "microvm"),
+	//			KernelDir: vmKernelDir(), AgentDir: base.AgentDir, Log: log.With("isolation", "microvm")})
+	//	}); err != nil { return nil, nil, err }
 	//
-	// (its New refusing, with errdefs.ErrNotSupported, where QEMU or the
-	// guest kernel is missing: that refusal becomes what a create asking
-	// for microvm is told), in place of the line below.
+	// Its Init refuses with errdefs.ErrNotSupported naming what is missing
+	// (QEMU, the guest kernel); add turns that refusal into what the node
+	// reports and what a create asking for microvm is told, and the node
+	// serves on without it. Teardown reaches it through the edge's Kinds.
 	o.missing[dsecv1.Isolation_ISOLATION_MICROVM] = microvmMissing()
 	return o.runtimes, o.missing, nil
 }
@@ -107,13 +112,19 @@ func microvmMissing() string {
 	if _, err := exec.LookPath(qemu.DefaultBinary); err != nil {
 		lacks = append(lacks, "no QEMU (apt-get install qemu-system-x86)")
 	}
-	dir := os.Getenv("DSEC_VM_KERNEL_DIR")
-	if dir == "" {
-		dir = DefaultVMKernelDir
-	}
+	dir := vmKernelDir()
 	if _, err := kernel.Load(dir); err != nil {
 		lacks = append(lacks, "no guest kernel in "+dir+" (scripts/build-vm-kernel.sh builds it)")
 	}
 	lacks = append(lacks, "this dsecd has no microvm backend yet")
 	return strings.Join(lacks, "; ")
+}
+
+// vmKernelDir is the microVM guest kernel's directory: $DSEC_VM_KERNEL_DIR,
+// else DefaultVMKernelDir.
+func vmKernelDir() string {
+	if dir := os.Getenv("DSEC_VM_KERNEL_DIR"); dir != "" {
+		return dir
+	}
+	return DefaultVMKernelDir
 }

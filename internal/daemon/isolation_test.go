@@ -1,7 +1,18 @@
 package daemon
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/fake"
+	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/errdefs"
 )
 
 // TestFillRunsc: a named runsc is required, none turns gVisor off, and the
@@ -37,5 +48,38 @@ func TestFillRunsc(t *testing.T) {
 	}
 	if c.runscRequired || c.Runsc != findRunsc() {
 		t.Errorf("unnamed runsc filled as %q (required %v), want %q, not required", c.Runsc, c.runscRequired, findRunsc())
+	}
+}
+
+// failingInit is a runtime whose Init refuses, as a backend's does on a
+// node without what it needs.
+type failingInit struct {
+	*fake.Runtime
+	err error
+}
+
+func (f failingInit) Init(ctx context.Context) error { return f.err }
+
+// TestOffersAdd: a runtime that cannot be made ready is not offered; its
+// refusal is why the node lacks its isolation, or, when required, the
+// node's refusal to start. One that works is offered.
+func TestOffersAdd(t *testing.T) {
+	ctx := context.Background()
+	o := &offers{log: slog.New(slog.DiscardHandler), runtimes: map[sandbox.Kind]backend.Runtime{}, missing: map[dsecv1.Isolation]string{}}
+	noQEMU := fmt.Errorf("init microvm runtime: QEMU qemu-system-x86_64 is not installed (apt-get install qemu-system-x86): %w", errdefs.ErrNotSupported)
+	open := func(err error) func() (backend.Runtime, error) {
+		return func() (backend.Runtime, error) { return failingInit{fake.New(t.TempDir()), err}, nil }
+	}
+	if err := o.add(ctx, sandbox.MicroVMKind, false, open(noQEMU)); err != nil {
+		t.Fatalf("an optional isolation's refusal stopped the node: %v", err)
+	}
+	if _, ok := o.runtimes[sandbox.MicroVMKind]; ok || o.missing[dsecv1.Isolation_ISOLATION_MICROVM] != noQEMU.Error() {
+		t.Errorf("after a refused microvm: runtimes %v, missing %q", o.runtimes, o.missing[dsecv1.Isolation_ISOLATION_MICROVM])
+	}
+	if err := o.add(ctx, sandbox.GVisorKind, true, open(noQEMU)); !errors.Is(err, errdefs.ErrNotSupported) || !strings.Contains(err.Error(), "offer gvisor sandboxes") {
+		t.Errorf("a required isolation's refusal: %v, want it to stop the node naming gvisor", err)
+	}
+	if err := o.add(ctx, sandbox.GVisorKind, false, open(nil)); err != nil || o.runtimes[sandbox.GVisorKind] == nil {
+		t.Errorf("a working runtime: %v, offered %v", err, o.runtimes)
 	}
 }

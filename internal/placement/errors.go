@@ -75,7 +75,11 @@ func (e *ExhaustedError) Error() string {
 		if len(e.Offered) > 0 {
 			offered = strings.Join(e.Offered, ", ")
 		}
-		return fmt.Sprintf("no healthy node offers backend %s (%s offer %s)", e.Backend, plural(e.Healthy, "healthy node"), offered)
+		verb := "offer"
+		if e.Healthy == 1 {
+			verb = "offers"
+		}
+		return fmt.Sprintf("no healthy node offers %s sandboxes (%s %s %s)", e.Backend, plural(e.Healthy, "healthy node"), verb, offered)
 	case AllTried:
 		return fmt.Sprintf("every healthy node offering %s was already tried (%s)", e.Backend, plural(e.Excluded, "node"))
 	case AllFull:

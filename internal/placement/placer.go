@@ -25,7 +25,7 @@ const (
 // within a view; a Placer keys its accounting by them.
 type Node struct {
 	Name     string
-	Backends []string // backends the edge offers; a node offers only what it lists
+	Backends []string // kinds the edge offers, by name (its isolations: container, gvisor, microvm); only what it lists
 	Capacity int      // the most sandboxes the edge admits
 	Live     int      // sandboxes the edge counted at ReportedAt
 	Healthy  bool
@@ -36,7 +36,7 @@ type Node struct {
 
 // Request asks for Count sandboxes of one backend in one decision.
 type Request struct {
-	Backend string // "" means DefaultBackend
+	Backend string // the kind asked for, an isolation's name; "" means DefaultBackend
 	Count   int
 }
 

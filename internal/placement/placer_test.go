@@ -96,7 +96,7 @@ func TestPlaceErrors(t *testing.T) {
 			"no healthy node (2 nodes, none healthy)", errdefs.ErrUnavailable},
 		{"no backend", []Node{node("a", 0, 10, "container", "fncall"), node("b", 0, 10, "container"), unhealthy(node("c", 0, 10, "microvm"))},
 			Request{Backend: "microvm", Count: 1}, nil, NoBackend, 0,
-			"no healthy node offers backend microvm (2 healthy nodes offer container, fncall)", errdefs.ErrFailedPrecondition},
+			"no healthy node offers microvm sandboxes (2 healthy nodes offer container, fncall)", errdefs.ErrFailedPrecondition},
 		{"all tried", []Node{node("a", 0, 10), node("b", 0, 10), node("c", 0, 10, "microvm")}, Request{Count: 1},
 			map[string]bool{"a": true, "b": true}, AllTried, 0,
 			"every healthy node offering container was already tried (2 nodes)", errdefs.ErrResourceExhausted},

@@ -99,6 +99,7 @@ func TestIsolationsSideBySide(t *testing.T) {
 	if err == nil {
 		t.Fatal("a microvm create on a node without microvm was not refused")
 	}
+	t.Logf("microvm create refused: %v", err)
 	for _, want := range []string{"microvm", "gvisor", lacks} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("microvm create: %v, want it to say %q", err, want)
@@ -113,5 +114,26 @@ func TestIsolationsSideBySide(t *testing.T) {
 	}
 	if out, _, code := d.CLI("", "nodes"); code != 0 || !strings.Contains(out, "gvisor (systrap)") || !strings.Contains(out, "microvm: ") {
 		t.Errorf("dsec nodes exited %d:\n%s", code, out)
+	}
+}
+
+// TestIsolationTurnedOff: a dsecd told --runsc none offers containers only
+// and refuses a gvisor create saying why, with nothing made.
+func TestIsolationTurnedOff(t *testing.T) {
+	d := startDaemon(t, "--runsc", "none")
+	ctx := context.Background()
+	_, err := d.Clients.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{
+		Spec: &dsecv1.SandboxSpec{Environment: env, Isolation: dsecv1.Isolation_ISOLATION_GVISOR}}))
+	if err == nil || !strings.Contains(err.Error(), "gvisor") || !strings.Contains(err.Error(), "dsecd --runsc none") {
+		t.Errorf("gvisor create on a node with gVisor off: %v, want a refusal saying --runsc none", err)
+	}
+	list, err := d.Clients.Sandboxes.List(ctx, connect.NewRequest(&dsecv1.ListRequest{All: true}))
+	if err != nil || len(list.Msg.GetSandboxes()) != 0 {
+		t.Errorf("sandboxes after the refused create: %v, %v", list.Msg.GetSandboxes(), err)
+	}
+	// Containers are as ever.
+	sb := create(t, d, nil)
+	if out := mustSh(t, d, sb.GetId(), "echo ok"); out != "ok\n" {
+		t.Errorf("container on a node with gVisor off: %q", out)
 	}
 }
