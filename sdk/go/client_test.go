@@ -32,6 +32,7 @@ type fakeService struct {
 	write         func(context.Context, *dsecv1.WriteFileRequest) error
 	setWarmPool   func(context.Context, *dsecv1.SetWarmPoolRequest) (*dsecv1.WarmPool, error)
 	listWarmPools func(context.Context) (*dsecv1.ListWarmPoolsResponse, error)
+	serverInfo    *dsecv1.ServerInfo
 }
 
 func (f *fakeService) Create(ctx context.Context, r *connect.Request[dsecv1.CreateRequest]) (*connect.Response[dsecv1.CreateResponse], error) {

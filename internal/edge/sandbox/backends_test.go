@@ -10,6 +10,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/backend/fake"
+	"dsec.dev/dsec/internal/edge/state"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -223,5 +224,44 @@ func TestIsolations(t *testing.T) {
 	}
 	if !taken.GetFromWarmPool() || !slices.Contains(mustList(t, gv), taken.GetId()) {
 		t.Errorf("gvisor create from its pool: from pool %v, in gvisor runtime %v", taken.GetFromWarmPool(), slices.Contains(mustList(t, gv), taken.GetId()))
+	}
+}
+
+// TestRecordWithoutIsolation: a record written before isolations (no
+// isolation, no backend) is a container's: a restarted edge re-adopts it
+// through the container runtime, beside a gvisor one, and deletes it there.
+func TestRecordWithoutIsolation(t *testing.T) {
+	ctx := context.Background()
+	ctr, gv := newFake(t), newFake(t)
+	runtimes := map[Kind]backend.Runtime{ContainerKind: ctr, GVisorKind: gv}
+	dir := t.TempDir()
+	m := newTestManagerOf(t, dir, runtimes, &fakeImages{}, nil)
+	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Shutdown()
+	st, err := state.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := st.Load(sb.GetId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Spec.Isolation, rec.Spec.Backend = dsecv1.Isolation_ISOLATION_UNSPECIFIED, dsecv1.Backend_BACKEND_UNSPECIFIED
+	if err := st.Save(rec); err != nil {
+		t.Fatal(err)
+	}
+
+	m2 := newTestManagerOf(t, dir, runtimes, &fakeImages{}, nil)
+	if got, err := m2.Get(ctx, sb.GetId()); err != nil || got.GetState() != dsecv1.State_STATE_RUNNING {
+		t.Fatalf("old record after a restart: %v, %v", got, err)
+	}
+	if err := m2.Delete(ctx, sb.GetId()); err != nil {
+		t.Fatal(err)
+	}
+	if ids := mustList(t, ctr); len(ids) != 0 {
+		t.Errorf("container runtime still holds %v after the delete", ids)
 	}
 }
