@@ -28,7 +28,7 @@ func TestNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Node{{Name: "n1", Healthy: true, Live: 3, MaxSandboxes: 100,
-		Kinds: []NodeKind{{Isolation: IsolationContainer, Profile: "container"}, {Isolation: IsolationGVisor, Profile: "container", Accelerator: "systrap"}},
+		Kinds:   []NodeKind{{Isolation: IsolationContainer, Profile: "container"}, {Isolation: IsolationGVisor, Profile: "container", Accelerator: "systrap"}},
 		Missing: map[string]string{"microvm": "no QEMU"}}}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("Nodes (-want +got):\n%s", d)
