@@ -233,7 +233,11 @@ func TestVMNetwork(t *testing.T) {
 			}
 		}
 	})
+	// The transfer also shows the guest's traffic crossing what a
+	// container's does: the edge's egress cap (the tbf qdisc on the
+	// namespace's eth0) and conntrack's accounting (the audit's close).
 	t.Run("Throughput", func(t *testing.T) {
+		capped := egressBytes(t, att.NetnsPath)
 		out, code := run(t, "busybox ping -c 3 -q "+allowedIP.String())
 		t.Logf("ping from the guest: exit %d\n%s", code, strings.TrimSpace(out))
 		const size = 8 << 20
@@ -243,6 +247,19 @@ func TestVMNetwork(t *testing.T) {
 			t.Fatalf("8 MiB to the test host: exit %d, %q; it got %d bytes", code, out, n)
 		}
 		t.Logf("guest -> test host over TCP: %d MiB in %s (%.1f MiB/s)", size>>20, took.Round(time.Millisecond), float64(size)/(1<<20)/took.Seconds())
+		if through := egressBytes(t, att.NetnsPath) - capped; through < size {
+			t.Errorf("the egress cap's qdisc saw %d bytes of the guest's %d", through, size)
+		}
+		// Conntrack reports the bytes when it forgets the connection (after
+		// TIME_WAIT): rules without the host, with --cut, make that now.
+		if _, err := ctl.Update(ctx, testID, map[string]bool{okName: true}, true); err != nil {
+			t.Fatal(err)
+		}
+		if !waitEvent(t, ctl, since, func(e netpolicy.Event) bool {
+			return e.Kind == "close" && e.Dest == allowedIP && e.Port == 7001 && e.BytesOut >= size
+		}) {
+			t.Errorf("no close record of the 8 MiB connection with its bytes in the audit log")
+		}
 	})
 
 	// What a paused VM's next QEMU does: the tap and the settings again.
@@ -275,6 +292,29 @@ func TestVMNetwork(t *testing.T) {
 			t.Errorf("detach again: %v", err)
 		}
 	})
+}
+
+// egressBytes is what the tbf qdisc capping the sandbox's egress (on the
+// namespace's eth0) has sent.
+func egressBytes(t *testing.T, nsPath string) uint64 {
+	t.Helper()
+	nsf, err := os.Open(nsPath)
+	must(t, err)
+	defer nsf.Close()
+	h, err := netlink.NewHandleAt(netns.NsHandle(nsf.Fd()))
+	must(t, err)
+	defer h.Close()
+	eth, err := h.LinkByName(VethName)
+	must(t, err)
+	qs, err := h.QdiscList(eth)
+	must(t, err)
+	for _, q := range qs {
+		if q.Type() == "tbf" && q.Attrs().Statistics != nil && q.Attrs().Statistics.Basic != nil {
+			return q.Attrs().Statistics.Basic.Bytes
+		}
+	}
+	t.Fatalf("no tbf qdisc with statistics on %s: %v", VethName, qs)
+	return 0
 }
 
 func waitEvent(t *testing.T, ctl *netctl.Controller, since time.Time, ok func(netpolicy.Event) bool) bool {
