@@ -299,7 +299,8 @@ func (s Spec) Validate() error {
 type Status struct {
 	Running bool
 	// Pid is the host pid of the agent while Running, or of what holds the
-	// sandbox where the agent is no host process (a microVM's QEMU).
+	// sandbox where the agent is no host process (a microVM's QEMU); 0
+	// for a microVM paused to disk, which has no process.
 	Pid         int
 	OOMKills    int64
 	MemoryBytes int64

@@ -522,7 +522,11 @@ func testPause(t *testing.T, n *node) {
 	if frozen, err := p.Frozen(ctx, s.ID); err != nil || !frozen {
 		t.Fatalf("Frozen after a pause and a restart = %v, %v", frozen, err)
 	}
-	n.running(s.ID)
+	// Paused is running to the edge; a microVM paused to disk has no
+	// process, so no pid.
+	if st, err := n.rt.Status(ctx, s.ID); err != nil || !st.Running {
+		t.Fatalf("Status after a pause and a restart = %+v, %v; want running", st, err)
+	}
 	if _, err := p.Resume(ctx, s.ID, true); err != nil {
 		t.Fatalf("Resume with prefetch: %v", err)
 	}

@@ -29,6 +29,9 @@
 //	<StateDir>/initramfs/initrd-<digest>.cpio   the guest's initramfs, built once per agent and kernel
 //	<StateDir>/vms/<id>/vm.json                 QEMU's pid and start time, the accelerator, the VM's size
 //	<StateDir>/vms/<id>/upper.ext4              the writable disk
+//	<StateDir>/vms/<id>/memory                  the guest's RAM, a sparse file (package vm/vmstate)
+//	<StateDir>/vms/<id>/qemu.json               QEMU's config, which a resume runs again
+//	<StateDir>/vms/<id>/vmstate{,.json}         a VM paused to disk: its device state and what vmstate knew
 //	<StateDir>/vms/<id>/{qmp,agent,console}.sock, console.log, qemu.log
 //	<StateDir>/vms/<id>/exit                    why QEMU ended, written by the instance that saw it
 //	<StateDir>/vms/<id>/netns                   the edge's network namespace of a networked VM (its tap's)
@@ -42,6 +45,10 @@
 // resolv.conf naming vmnet.DNSAddr, which the namespace hands to the
 // edge's resolver.
 //
-// Not yet: pause and snapshots (Features.Pause and Snapshot), the
+// Pause (pause_linux.go) freezes a VM with QMP, or saves it to disk and
+// ends its QEMU (package vm/vmstate), its RAM dropped from the host's
+// memory; Resume runs it again in a new QEMU.
+//
+// Not yet: snapshots (Features.Snapshot), the
 // sandbox's pids limit inside the guest.
 package microvm

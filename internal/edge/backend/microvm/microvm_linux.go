@@ -30,6 +30,7 @@ import (
 	"dsec.dev/dsec/internal/vm/kernel"
 	"dsec.dev/dsec/internal/vm/qemu"
 	"dsec.dev/dsec/internal/vm/vmnet"
+	"dsec.dev/dsec/internal/vm/vmstate"
 )
 
 // Runtime runs microVM sandboxes: a backend.Runtime and a backend.Meter.
@@ -78,9 +79,9 @@ func New(cfg Config) (*Runtime, error) {
 	return &Runtime{cfg: cfg, log: cfg.Log, channels: cfg.Channels, vms: map[string]*vm{}}, nil
 }
 
-// Features: network (a tap in the edge's namespace, package vmnet); no
-// pause or snapshots yet.
-func (r *Runtime) Features() backend.Features { return backend.Features{Network: true} }
+// Features: network (a tap in the edge's namespace, package vmnet) and
+// pause (Pauser); no snapshots yet.
+func (r *Runtime) Features() backend.Features { return backend.Features{Network: true, Pause: true} }
 
 // Accel is the accelerator the runtime's VMs run under, once Init ran.
 func (r *Runtime) Accel() qemu.Accel { return r.accel }
@@ -251,6 +252,11 @@ func (r *Runtime) Start(ctx context.Context, s backend.Spec) (d backend.Dialer, 
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
 	}
+	if err := writeConfig(dir, p.Config()); err != nil {
+		p.Kill()
+		<-p.Done()
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
 	v := &vm{p: p, watched: make(chan struct{})}
 	r.mu.Lock()
 	r.vms[s.ID] = v
@@ -307,8 +313,11 @@ func (r *Runtime) qemuConfig(s backend.Spec, dir string, sz size) qemu.Config {
 	args = append(args, r.cfg.GuestArgs...)
 	return qemu.Config{
 		Binary: r.qemu, Dir: dir, Kernel: r.kernel.Vmlinux(), Initrd: r.initrd,
-		Cmdline:   strings.Join(args, " "),
-		MemoryMiB: sz.memoryMiB, VCPUs: sz.vcpus, Accel: r.accel, TCGBufferMiB: tcgBufferMiB,
+		// In a file of the run dir (on disk), so a pause can save the VM
+		// and drop its RAM from the host's memory (package vmstate).
+		MemoryFile: filepath.Join(dir, memoryFile),
+		Cmdline:    strings.Join(args, " "),
+		MemoryMiB:  sz.memoryMiB, VCPUs: sz.vcpus, Accel: r.accel, TCGBufferMiB: tcgBufferMiB,
 		Drives: drives,
 	}
 }
@@ -437,6 +446,11 @@ func (r *Runtime) Status(ctx context.Context, id string) (backend.Status, error)
 	}
 	if alive(st.Pid, st.StartTicks) {
 		out.Running, out.Pid = true, st.Pid
+		return out, nil
+	}
+	if vmstate.Saved(filepath.Join(dir, savedFile)) {
+		// Paused to disk: no process, but the sandbox lives.
+		out.Running = true
 		return out, nil
 	}
 	// The instance that started it recorded how it ended; give it a moment

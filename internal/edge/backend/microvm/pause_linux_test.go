@@ -1,0 +1,100 @@
+package microvm_test
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/backend/microvm"
+)
+
+// TestPauseToDisk: a VM paused with reclaim is saved and its QEMU ended,
+// its memory out of the host's RAM (its cgroup's use falls to almost
+// nothing) while Status still says running; a later instance (a restarted
+// edge) finds it frozen and resumes it with a process's memory and
+// /dev/shm intact, through the same agent dialer; a VM that an earlier
+// instance resumed is paused and resumed again by a later one; a paused
+// VM is deleted like any other. It logs the pause's and resume's figures.
+func TestPauseToDisk(t *testing.T) {
+	f := setup(t)
+	root := t.TempDir()
+	cfg := config(t, f, root)
+	cfg.Channels = microvm.NewChannels(nil)
+	rt := newRuntime(t, cfg)
+	ctx := context.Background()
+	s := spec(root, "sb-paused", f)
+	dial, err := rt.Start(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := agentclient.New(dial)
+	defer client.Close()
+	execOut(t, client, "sh", "-c", "echo kept in guest memory > /dev/shm/mark; MARK=kept-in-a-process sleep 100000 >/dev/null 2>&1 & echo $! > /dev/shm/sleeper")
+	sleeper := strings.TrimSpace(execOut(t, client, "cat", "/dev/shm/sleeper"))
+	check := func(when string) {
+		t.Helper()
+		if out := execOut(t, client, "cat", "/dev/shm/mark", "/proc/"+sleeper+"/environ"); !strings.Contains(out, "kept in guest memory\n") || !strings.Contains(out, "MARK=kept-in-a-process") {
+			t.Errorf("%s: /dev/shm/mark and the sleeper's environment: %q", when, out)
+		}
+	}
+
+	pause := func(rt backend.Runtime, when string) {
+		t.Helper()
+		before, err := rt.(backend.Meter).Usage(ctx, s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := rt.(backend.Pauser).Pause(ctx, s.ID, true)
+		if err != nil {
+			t.Fatalf("%s: Pause: %v", when, err)
+		}
+		after, err := rt.(backend.Meter).Usage(ctx, s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Resident <= 0 || st.Released < st.Resident*9/10 || after.MemoryBytes > before.MemoryBytes/10 {
+			t.Errorf("%s: pause stats %+v; QEMU's cgroup held %d bytes before, %d after", when, st, before.MemoryBytes, after.MemoryBytes)
+		}
+		if out, _ := exec.Command("pgrep", "-f", "dsec-"+s.ID).Output(); len(out) > 0 {
+			t.Errorf("%s: QEMU runs on after a pause with reclaim: %s", when, out)
+		}
+		if status, err := rt.Status(ctx, s.ID); err != nil || !status.Running || status.Pid != 0 {
+			t.Errorf("%s: Status of a VM paused to disk = %+v, %v; want running, no pid", when, status, err)
+		}
+		t.Logf("%s: pause froze in %s, saved and released in %s: QEMU's resident %d MiB, released %d MiB; its cgroup %.1f MiB before, %.1f MiB after",
+			when, st.Frozen, st.Reclaim, st.Resident>>20, st.Released>>20, float64(before.MemoryBytes)/(1<<20), float64(after.MemoryBytes)/(1<<20))
+	}
+	resume := func(rt backend.Runtime, when string) {
+		t.Helper()
+		p := rt.(backend.Pauser)
+		if frozen, err := p.Frozen(ctx, s.ID); err != nil || !frozen {
+			t.Fatalf("%s: Frozen = %v, %v", when, frozen, err)
+		}
+		st, err := p.Resume(ctx, s.ID, false)
+		if err != nil {
+			t.Fatalf("%s: Resume: %v", when, err)
+		}
+		if frozen, err := p.Frozen(ctx, s.ID); err != nil || frozen {
+			t.Errorf("%s: Frozen after Resume = %v, %v", when, frozen, err)
+		}
+		check(when)
+		t.Logf("%s: resume thawed in %s", when, st.Thaw)
+	}
+
+	pause(rt, "the starting instance")
+	later := newRuntime(t, cfg)
+	resume(later, "a later instance")
+	// A third instance pauses a VM it did not start.
+	third := newRuntime(t, cfg)
+	pause(third, "an instance that adopted the VM")
+	resume(third, "the same instance")
+
+	pause(third, "before the delete")
+	if err := third.Delete(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertNothingLeft(t, third, cfg, s.ID)
+}
