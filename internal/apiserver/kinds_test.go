@@ -75,6 +75,12 @@ func TestPlacementByIsolation(t *testing.T) {
 		t.Errorf("%d sandboxes run, want the 14 made", n)
 	}
 
+	_, err = c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{
+		Spec: &dsecv1.SandboxSpec{Environment: "base:1", Isolation: dsecv1.Isolation(9)}}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("create of isolation 9: %v, want InvalidArgument", err)
+	}
+
 	// A gvisor warm pool is set on n2 only; a microvm one nowhere.
 	if _, err := c.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{
 		Spec: &dsecv1.SandboxSpec{Environment: "base:1", Isolation: dsecv1.Isolation_ISOLATION_GVISOR}, Size: 2})); err != nil {

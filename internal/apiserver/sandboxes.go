@@ -36,6 +36,9 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 	if msg.GetSpec().GetEnvironment() == "" {
 		return nil, fmt.Errorf("spec.environment is required (BASE[+LAYER...]): %w", errdefs.ErrInvalidArgument)
 	}
+	if _, ok := dsecv1.Isolation_name[int32(msg.GetSpec().GetIsolation())]; !ok {
+		return nil, fmt.Errorf("spec.isolation %d is not known (container, gvisor, microvm): %w", msg.GetSpec().GetIsolation(), errdefs.ErrInvalidArgument)
+	}
 	if msg.GetSpec().GetBackend() == dsecv1.Backend_BACKEND_FNCALL {
 		return nil, fmt.Errorf("backend fncall serves FnCallService's calls (RunCode) from pools the nodes keep; it makes no sandboxes to order: %w", errdefs.ErrInvalidArgument)
 	}
