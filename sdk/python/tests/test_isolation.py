@@ -68,5 +68,20 @@ class IsolationTest(unittest.TestCase):
                          [("ISOLATION_MICROVM", "1024"), ("ISOLATION_GVISOR", None)])
 
 
+class NodesTest(unittest.TestCase):
+    def test_nodes(self):
+        from fakeconnect import FakeServer
+        srv = FakeServer()
+        self.addCleanup(srv.close)
+        node = {"name": "n1", "healthy": True, "kinds": [
+            {"isolation": "ISOLATION_CONTAINER", "profile": "BACKEND_CONTAINER"},
+            {"isolation": "ISOLATION_GVISOR", "profile": "BACKEND_CONTAINER", "accelerator": "systrap"}],
+            "missing": {"microvm": "no QEMU"}}
+        srv.route("GetServerInfo", lambda call: call.reply({"name": "api", "nodes": [node]}))
+        with libdsec.Client(srv.addr) as c:
+            self.assertEqual(c.nodes(), [node])
+        self.assertEqual(srv.requests[0].path, "/dsec.v1.SandboxService/GetServerInfo")
+
+
 if __name__ == "__main__":
     unittest.main()
