@@ -24,7 +24,8 @@
 //   - except for the namespace's own resolver: frames from the guest to
 //     DNSAddr (ARP for it and IPv4 to it) are let into the namespace's stack
 //     instead, where tap0 holds DNSAddr and an nftables rule (table ip
-//     dsecvm) sends them to 127.0.0.53 (route_localnet on tap0); the replies
+//     dsecvm) sends them to 127.0.0.53 (route_localnet on tap0, and
+//     forwarding off there: the namespace routes nothing); the replies
 //     go back to A through tap0 by a route and a permanent neighbour entry.
 //
 // The guest configures eth0 as the edge configured the container's: A/32,

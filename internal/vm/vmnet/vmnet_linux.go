@@ -53,8 +53,15 @@ func Attach(ctx context.Context, nsPath string) (l *Link, err error) {
 			return err
 		}
 		// The resolver listens on 127.0.0.53: packets to DNSAddr are sent
-		// there, which a non-loopback device allows only with this.
-		return os.WriteFile("/proc/sys/net/ipv4/conf/"+TapName+"/route_localnet", []byte("1"), 0o644)
+		// there, which a non-loopback device allows only with
+		// route_localnet. Nothing the guest sends is routed on by the
+		// namespace (new namespaces may start with forwarding on).
+		for name, v := range map[string]string{"route_localnet": "1", "forwarding": "0"} {
+			if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+TapName+"/"+name, []byte(v), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
 	}); err != nil {
 		if tap != nil {
 			tap.Close()
