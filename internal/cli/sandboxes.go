@@ -532,15 +532,15 @@ func (a *app) lsCommand() *cobra.Command {
 				return a.printProto(resp.Msg)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tENVIRONMENT\tAGE\tREASON")
+			fmt.Fprintln(tw, "ID\tSTATE\tISOLATION\tENVIRONMENT\tAGE\tREASON")
 			for _, sb := range resp.Msg.GetSandboxes() {
 				age := time.Since(time.UnixMilli(sb.GetCreatedUnixMs())).Round(time.Second)
 				reason := ""
 				if sb.GetReason() != dsecv1.Reason_REASON_UNSPECIFIED {
 					reason = strings.ToLower(strings.TrimPrefix(sb.GetReason().String(), "REASON_"))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", sb.GetId(), strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "STATE_")),
-					sb.GetSpec().GetEnvironment(), age, reason)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.GetId(), strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "STATE_")),
+					lowerEnum(sb.GetSpec().GetIsolation().String(), "ISOLATION_", "container"), sb.GetSpec().GetEnvironment(), age, reason)
 			}
 			return tw.Flush()
 		},

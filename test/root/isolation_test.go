@@ -115,6 +115,16 @@ func TestIsolationsSideBySide(t *testing.T) {
 	if out, _, code := d.CLI("", "nodes"); code != 0 || !strings.Contains(out, "gvisor (systrap)") || !strings.Contains(out, "microvm: ") {
 		t.Errorf("dsec nodes exited %d:\n%s", code, out)
 	}
+	out, _, code := d.CLI("", "ls")
+	for _, line := range strings.Split(out, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 2 && fields[0] == gv.GetId() && fields[2] != "gvisor" || len(fields) > 2 && fields[0] == ctr.GetId() && fields[2] != "container" {
+			t.Errorf("dsec ls shows %q", line)
+		}
+	}
+	if code != 0 || strings.Count(out, "sb-") != 2 {
+		t.Errorf("dsec ls exited %d:\n%s", code, out)
+	}
 }
 
 // TestIsolationTurnedOff: a dsecd told --runsc none offers containers only
