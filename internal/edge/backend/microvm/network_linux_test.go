@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/testutil"
@@ -95,6 +96,20 @@ func TestNetwork(t *testing.T) {
 	}
 	if host.Accepted() != 1 {
 		t.Errorf("the test host accepted %d connections, want 1", host.Accepted())
+	}
+
+	// Paused to disk and resumed, the VM's card is on the same tap again.
+	if _, err := rt.(backend.Pauser).Pause(ctx, s.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.(backend.Pauser).Resume(ctx, s.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if out := execOut(t, client, "sh", "-c", fmt.Sprintf("echo hi | busybox nc -w 10 %s %d", allowed, testutil.EchoPort)); !strings.HasPrefix(out, "echo:hi from ") {
+		t.Errorf("nc to the allowed host after a pause and resume: %q", out)
+	}
+	if host.Accepted() != 2 {
+		t.Errorf("the test host accepted %d connections after the resume, want 2", host.Accepted())
 	}
 
 	if err := rt.Delete(ctx, s.ID); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/vm/qemu"
 	"dsec.dev/dsec/internal/vm/qmp"
+	"dsec.dev/dsec/internal/vm/vmnet"
 	"dsec.dev/dsec/internal/vm/vmstate"
 )
 
@@ -53,7 +55,6 @@ func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (backend.P
 	}
 	target, watched, err := r.running(id, dir)
 	if err != nil {
-		// A VM that cannot be saved stays as it was, running.
 		return backend.PauseStats{}, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	st, err := vmstate.Pause(ctx, target, q, filepath.Join(dir, savedFile), r.log)
@@ -92,6 +93,12 @@ func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (backend
 	cfg, err := readConfig(dir)
 	if err != nil {
 		return backend.ResumeStats{}, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	if err := attachSaved(ctx, dir, &cfg); err != nil {
+		return backend.ResumeStats{}, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	if cfg.NIC != nil {
+		defer cfg.NIC.Tap.Close() // QEMU holds its own once started
 	}
 	st, err := readState(dir)
 	if err != nil {
@@ -232,15 +239,15 @@ func (r *Runtime) monitor(ctx context.Context, id, dir, verb string) (*qmp.Clien
 // started (with the channel its watcher closes once it recorded the end),
 // else one an earlier instance started, known by its run dir.
 func (r *Runtime) running(id, dir string) (vmstate.VM, <-chan struct{}, error) {
-	cfg, err := readConfig(dir) // refuses what a resume could not run
-	if err != nil {
-		return nil, nil, err
-	}
 	r.mu.Lock()
 	v := r.vms[id]
 	r.mu.Unlock()
 	if v != nil {
 		return v.p, v.watched, nil
+	}
+	cfg, err := readConfig(dir)
+	if err != nil {
+		return nil, nil, err
 	}
 	st, err := readState(dir)
 	if err != nil {
@@ -274,14 +281,17 @@ func (a adopted) Wait(ctx context.Context) error {
 // a resume, by this instance or a later one, starts QEMU with the same.
 type savedConfig struct {
 	QEMU qemu.Config `json:"qemu"`
-	// Network: the VM has a network card, whose tap (a descriptor) is not
-	// kept; a resume would have to attach the network again, which is not
-	// done yet, so such a VM is not paused (Pause refuses it).
-	Network bool `json:"network,omitempty"`
+	// NICMAC is the MAC of the VM's network card, "" without one. Its tap,
+	// a descriptor, is not kept: a resume attaches the VM's namespace
+	// again (vmnet.Attach opens the same persistent tap).
+	NICMAC string `json:"nic_mac,omitempty"`
 }
 
 func writeConfig(dir string, cfg qemu.Config) error {
-	sc := savedConfig{QEMU: cfg, Network: cfg.NIC != nil}
+	sc := savedConfig{QEMU: cfg}
+	if cfg.NIC != nil {
+		sc.NICMAC = cfg.NIC.MAC.String()
+	}
 	sc.QEMU.NIC = nil
 	b, err := json.Marshal(sc)
 	if err != nil {
@@ -297,8 +307,8 @@ func writeConfig(dir string, cfg qemu.Config) error {
 	return nil
 }
 
-// readConfig reads the config writeConfig wrote; a VM with a network card
-// is refused (FailedPrecondition), as no resume could attach it again.
+// readConfig reads the config writeConfig wrote. A VM with a network card
+// has one without its tap (NIC.Tap nil) until attachSaved.
 func readConfig(dir string) (qemu.Config, error) {
 	var sc savedConfig
 	b, err := os.ReadFile(filepath.Join(dir, configFile))
@@ -311,8 +321,30 @@ func readConfig(dir string) (qemu.Config, error) {
 	if err := json.Unmarshal(b, &sc); err != nil {
 		return sc.QEMU, fmt.Errorf("read vm config %s: %w", dir, err)
 	}
-	if sc.Network {
-		return sc.QEMU, fmt.Errorf("read vm config: a VM with a network card cannot be paused to disk yet: %w", errdefs.ErrFailedPrecondition)
+	if sc.NICMAC != "" {
+		mac, err := net.ParseMAC(sc.NICMAC)
+		if err != nil {
+			return sc.QEMU, fmt.Errorf("read vm config %s: %w", dir, err)
+		}
+		sc.QEMU.NIC = &qemu.NIC{MAC: mac}
 	}
 	return sc.QEMU, nil
+}
+
+// attachSaved gives a saved VM's network card its tap again, in the
+// namespace Start recorded; the caller closes the tap once QEMU started.
+func attachSaved(ctx context.Context, dir string, cfg *qemu.Config) error {
+	if cfg.NIC == nil {
+		return nil
+	}
+	ns, err := os.ReadFile(filepath.Join(dir, netnsFile))
+	if err != nil {
+		return fmt.Errorf("attach network: %w", err)
+	}
+	link, err := vmnet.Attach(ctx, string(ns))
+	if err != nil {
+		return err
+	}
+	cfg.NIC.Tap = link.Tap
+	return nil
 }
