@@ -71,6 +71,14 @@ type Config struct {
 	Runsc string
 	// RunscPlatform is runsc's --platform: systrap (default) or ptrace.
 	RunscPlatform string
+	// VMKernelDir is the microVM guest kernel's directory
+	// (scripts/build-vm-kernel.sh); the node offers the microvm isolation
+	// where it and QEMU are found. Default $DSEC_VM_KERNEL_DIR, else
+	// DefaultVMKernelDir.
+	VMKernelDir string
+	// QEMU is the QEMU of the microvm isolation (default
+	// qemu-system-x86_64 on PATH).
+	QEMU string
 	// runscRequired: Runsc was named, not found.
 	runscRequired bool
 	// CgroupParent is the cgroup under which this node's sandboxes live.

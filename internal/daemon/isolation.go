@@ -4,17 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/backend/container"
+	"dsec.dev/dsec/internal/edge/backend/microvm"
 	"dsec.dev/dsec/internal/edge/sandbox"
-	"dsec.dev/dsec/internal/vm/kernel"
-	"dsec.dev/dsec/internal/vm/qemu"
 )
 
 // NoRunsc turns gVisor off: Config.Runsc "none" offers no gvisor isolation
@@ -62,7 +58,8 @@ func (o *offers) add(ctx context.Context, k sandbox.Kind, required bool, open fu
 //   - gvisor (runsc, Config.Runsc): where a runsc that runs is found, beside
 //     runc on the same node, with its own state, writable layers and
 //     cgroups (container.Config.Runtime runsc keeps them apart);
-//   - microvm (QEMU): see the marked line below.
+//   - microvm (QEMU guests with their own kernel, package backend/microvm):
+//     where QEMU and the guest kernel (Config.VMKernelDir) are found.
 func openRuntimes(ctx context.Context, cfg Config, base container.Config, log *slog.Logger) (map[sandbox.Kind]backend.Runtime, map[dsecv1.Isolation]string, error) {
 	o := &offers{log: log, runtimes: map[sandbox.Kind]backend.Runtime{}, missing: map[dsecv1.Isolation]string{}}
 	if err := o.add(ctx, sandbox.ContainerKind, true, func() (backend.Runtime, error) { return container.New(base) }); err != nil {
@@ -88,43 +85,23 @@ func openRuntimes(ctx context.Context, cfg Config, base container.Config, log *s
 		}
 	}
 
-	// microvm: package backend/microvm registers here, in one line, in
-	// place of the line below:
-	//
-	//	if err := o.add(ctx, sandbox.MicroVMKind, false, func() (backend.Runtime, error) {
-	//		return microvm.New(microvm.Config{StateDir: filepath.Join(cfg.Root, "microvm"),
-	//			KernelDir: vmKernelDir(), AgentDir: base.AgentDir, Log: log.With("isolation", "microvm")})
-	//	}); err != nil { return nil, nil, err }
-	//
-	// Its Init refuses with errdefs.ErrNotSupported naming what is missing
-	// (QEMU, the guest kernel); add turns that refusal into what the node
-	// reports and what a create asking for microvm is told, and the node
-	// serves on without it. Teardown reaches it through the edge's Kinds.
-	o.missing[dsecv1.Isolation_ISOLATION_MICROVM] = microvmMissing()
+	// microvm: where QEMU and the guest kernel are found (Init refuses,
+	// naming what to install, where they are not).
+	kernelDir := cfg.VMKernelDir
+	if kernelDir == "" {
+		kernelDir = DefaultVMKernelDir
+	}
+	if err := o.add(ctx, sandbox.MicroVMKind, false, func() (backend.Runtime, error) {
+		return microvm.New(microvm.Config{
+			StateDir:     filepath.Join(cfg.Root, "microvm"),
+			KernelDir:    kernelDir,
+			QEMU:         cfg.QEMU,
+			AgentDir:     base.AgentDir,
+			CgroupParent: base.CgroupParent + "-microvm",
+			Log:          log.With("component", "microvm"),
+		})
+	}); err != nil {
+		return nil, nil, err
+	}
 	return o.runtimes, o.missing, nil
-}
-
-// microvmMissing says what a node lacks for microVMs: the backend itself
-// (not in this dsecd yet) and, of QEMU and the guest kernel, what is not
-// installed.
-func microvmMissing() string {
-	var lacks []string
-	if _, err := exec.LookPath(qemu.DefaultBinary); err != nil {
-		lacks = append(lacks, "no QEMU (apt-get install qemu-system-x86)")
-	}
-	dir := vmKernelDir()
-	if _, err := kernel.Load(dir); err != nil {
-		lacks = append(lacks, "no guest kernel in "+dir+" (scripts/build-vm-kernel.sh builds it)")
-	}
-	lacks = append(lacks, "this dsecd has no microvm backend yet")
-	return strings.Join(lacks, "; ")
-}
-
-// vmKernelDir is the microVM guest kernel's directory: $DSEC_VM_KERNEL_DIR,
-// else DefaultVMKernelDir.
-func vmKernelDir() string {
-	if dir := os.Getenv("DSEC_VM_KERNEL_DIR"); dir != "" {
-		return dir
-	}
-	return DefaultVMKernelDir
 }

@@ -26,7 +26,7 @@
 //
 // Host layout:
 //
-//	<StateDir>/initramfs/initrd-<digest>.cpio   the guest's initramfs, built once per agent and kernel
+//	<StateDir>/initramfs/initrd-<digest>.cpio   the guest's initramfs, built by the first Start, once per agent and kernel
 //	<StateDir>/vms/<id>/vm.json                 QEMU's pid and start time, the accelerator, the VM's size
 //	<StateDir>/vms/<id>/upper.ext4              the writable disk
 //	<StateDir>/vms/<id>/memory                  the guest's RAM, a sparse file (package vm/vmstate)

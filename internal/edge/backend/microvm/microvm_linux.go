@@ -42,9 +42,11 @@ type Runtime struct {
 	// Set by Init.
 	qemu   string
 	kernel *kernel.Kernel
-	initrd string
 	accel  qemu.Accel
 	layout *cgroups.Layout
+
+	buildMu sync.Mutex
+	initrd  string // built by the first Start (initramfs)
 
 	mu  sync.Mutex
 	vms map[string]*vm // the VMs this instance started, while they run
@@ -76,20 +78,23 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.Channels == nil {
 		cfg.Channels = NewChannels(cfg.Log)
 	}
+	if cfg.Accel == "" {
+		cfg.Accel, _ = qemu.DetectAccel()
+	}
 	return &Runtime{cfg: cfg, log: cfg.Log, channels: cfg.Channels, vms: map[string]*vm{}}, nil
 }
 
-// Features: network (a tap in the edge's namespace, package vmnet) and
-// pause (Pauser); no snapshots yet.
-func (r *Runtime) Features() backend.Features { return backend.Features{Network: true, Pause: true} }
-
-// Accel is the accelerator the runtime's VMs run under, once Init ran.
-func (r *Runtime) Accel() qemu.Accel { return r.accel }
+// Features: network (a tap in the edge's namespace, package vmnet),
+// pause (Pauser) and the accelerator; no snapshots yet.
+func (r *Runtime) Features() backend.Features {
+	return backend.Features{Network: true, Pause: true, Accelerator: string(r.cfg.Accel)}
+}
 
 // Init checks that the node can run VMs (QEMU, the guest kernel, the
-// agent), builds the guest's initramfs once, and prepares the state dir
-// and the cgroup parent. A node that lacks a part is refused with
-// ErrNotSupported naming what to install.
+// agent) and prepares the state dir and the cgroup parent. A node that
+// lacks a part is refused with ErrNotSupported naming what to install. The
+// guest's initramfs is built by the first Start, so a node that never
+// starts a VM does not pay for it.
 func (r *Runtime) Init(ctx context.Context) error {
 	bin, err := exec.LookPath(r.cfg.QEMU)
 	if err != nil {
@@ -103,20 +108,10 @@ func (r *Runtime) Init(ctx context.Context) error {
 		return fmt.Errorf("init microvm runtime: no guest kernel in %s (scripts/build-vm-kernel.sh %s makes it): %v: %w",
 			r.cfg.KernelDir, r.cfg.KernelDir, err, errdefs.ErrNotSupported)
 	}
-	agentBin, shell := filepath.Join(r.cfg.AgentDir, "dsec-agent"), filepath.Join(r.cfg.AgentDir, "sh")
-	for _, f := range []string{agentBin, shell} {
-		if _, err := os.Stat(f); err != nil {
+	for _, f := range []string{"dsec-agent", "sh"} {
+		if _, err := os.Stat(filepath.Join(r.cfg.AgentDir, f)); err != nil {
 			return fmt.Errorf("init microvm runtime: the guest's agent and shell: %w", err)
 		}
-	}
-	initrd, err := initramfs.Cached(filepath.Join(r.cfg.StateDir, "initramfs"), initramfs.Image{
-		Init:   agentBin,
-		Kernel: k,
-		// The guest binds it into the sandbox's root at the same path.
-		Files: []initramfs.File{{Name: guestShell, Source: shell, Mode: 0o755}},
-	})
-	if err != nil {
-		return fmt.Errorf("init microvm runtime: %w", err)
 	}
 	layout, err := cgroups.Detect()
 	if err != nil {
@@ -128,13 +123,31 @@ func (r *Runtime) Init(ctx context.Context) error {
 	if err := os.MkdirAll(r.vmsDir(), 0o700); err != nil {
 		return fmt.Errorf("init microvm runtime: %w", err)
 	}
-	accel := r.cfg.Accel
-	if accel == "" {
-		accel, _ = qemu.DetectAccel()
-	}
-	r.qemu, r.kernel, r.initrd, r.accel, r.layout = bin, k, initrd, accel, layout
-	r.log.Info("microvm runtime ready", "qemu", bin, "kernel", k.Version, "accel", accel, "initrd", initrd)
+	r.qemu, r.kernel, r.accel, r.layout = bin, k, r.cfg.Accel, layout
+	r.log.Info("microvm runtime ready", "qemu", bin, "kernel", k.Version, "accel", r.cfg.Accel)
 	return nil
+}
+
+// initramfs returns the guest's initramfs, building it on first use (once
+// per agent and kernel: initramfs.Cached keeps it by a digest of its
+// contents).
+func (r *Runtime) initramfs() (string, error) {
+	r.buildMu.Lock()
+	defer r.buildMu.Unlock()
+	if r.initrd != "" {
+		return r.initrd, nil
+	}
+	initrd, err := initramfs.Cached(filepath.Join(r.cfg.StateDir, "initramfs"), initramfs.Image{
+		Init:   filepath.Join(r.cfg.AgentDir, "dsec-agent"),
+		Kernel: r.kernel,
+		// The guest binds it into the sandbox's root at the same path.
+		Files: []initramfs.File{{Name: guestShell, Source: filepath.Join(r.cfg.AgentDir, "sh"), Mode: 0o755}},
+	})
+	if err != nil {
+		return "", err
+	}
+	r.initrd = initrd
+	return initrd, nil
 }
 
 // guestShell is the agent's shell in the initramfs (agent.DefaultShell).
@@ -231,13 +244,17 @@ func (r *Runtime) Start(ctx context.Context, s backend.Spec) (d backend.Dialer, 
 		}
 	}()
 	start := time.Now()
+	initrd, err := r.initramfs()
+	if err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
 	sz := sizeOf(s)
 	disk := filepath.Join(dir, upperDisk)
 	if err := makeDisk(ctx, disk, sz.diskBytes, s.Inodes, agentConfig(s)); err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
 	}
 	tDisk := time.Now()
-	qc := r.qemuConfig(s, dir, sz)
+	qc := r.qemuConfig(s, dir, initrd, sz)
 	if s.NetnsPath != "" {
 		link, err := r.attachNetwork(ctx, dir, s.NetnsPath)
 		if err != nil {
@@ -300,7 +317,7 @@ const (
 )
 
 // qemuConfig is QEMU's configuration for s.
-func (r *Runtime) qemuConfig(s backend.Spec, dir string, sz size) qemu.Config {
+func (r *Runtime) qemuConfig(s backend.Spec, dir, initrd string, sz size) qemu.Config {
 	args := []string{"--"}
 	var drives []qemu.Drive
 	for i, l := range s.Layers {
@@ -312,7 +329,7 @@ func (r *Runtime) qemuConfig(s backend.Spec, dir string, sz size) qemu.Config {
 	args = append(args, "--upper", upperSerial)
 	args = append(args, r.cfg.GuestArgs...)
 	return qemu.Config{
-		Binary: r.qemu, Dir: dir, Kernel: r.kernel.Vmlinux(), Initrd: r.initrd,
+		Binary: r.qemu, Dir: dir, Kernel: r.kernel.Vmlinux(), Initrd: initrd,
 		// In a file of the run dir (on disk), so a pause can save the VM
 		// and drop its RAM from the host's memory (package vmstate).
 		MemoryFile: filepath.Join(dir, memoryFile),
