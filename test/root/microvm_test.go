@@ -19,8 +19,8 @@ import (
 // offers the microvm isolation, with its accelerator; a sandbox created
 // with isolation microvm runs on the guest's own kernel, where root may
 // mount a file system (which a container refuses), gets its environment,
-// lives on across a daemon restart (re-adopted), and leaves no QEMU once
-// deleted; dsec run --isolation microvm works from the CLI.
+// lives on across a daemon restart (re-adopted), and fails saying why when
+// its QEMU is killed; dsec run --isolation microvm works from the CLI.
 func TestMicroVMSandbox(t *testing.T) {
 	kernelDir := testutil.VMKernelDir(t)
 	k, err := kernel.Load(kernelDir)
@@ -74,14 +74,40 @@ func TestMicroVMSandbox(t *testing.T) {
 	d.Start()
 	check("after a restart")
 
-	if _, err := d.Clients.Sandboxes.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: vm.GetId()})); err != nil {
+	// QEMU killed under the sandbox: it fails, saying QEMU is gone.
+	out, err := exec.Command("pgrep", "-f", "dsec-"+vm.GetId()).Output()
+	if err != nil {
+		t.Fatalf("find QEMU of %s: %v", vm.GetId(), err)
+	}
+	if err := exec.Command("kill", "-9", strings.Fields(string(out))[0]).Run(); err != nil {
 		t.Fatal(err)
 	}
+	var got *dsecv1.Sandbox
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		resp, err := d.Clients.Sandboxes.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: vm.GetId()}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got = resp.Msg; got.GetState() == dsecv1.State_STATE_FAILED {
+			break
+		}
+	}
+	// Re-adopted, QEMU is not this dsecd's child: it is known to be gone,
+	// not how.
+	if got.GetState() != dsecv1.State_STATE_FAILED || !strings.Contains(got.GetMessage(), "qemu (pid") {
+		t.Errorf("after kill -9 of its QEMU the sandbox is %s: %q", got.GetState(), got.GetMessage())
+	}
+	t.Logf("after kill -9 of QEMU: %s, %s", got.GetState(), firstLine(got.GetMessage()))
 	if out, _ := exec.Command("pgrep", "-f", "dsec-"+vm.GetId()).Output(); len(out) > 0 {
-		t.Errorf("QEMU of %s still runs after its delete: %s", vm.GetId(), out)
+		t.Errorf("QEMU of %s still runs after it failed: %s", vm.GetId(), out)
 	}
 
 	if out, errOut, code := d.CLI("", "run", "--isolation", "microvm", env, "--", "uname", "-r"); code != 0 || strings.TrimSpace(out) != k.Version {
 		t.Errorf("dsec run --isolation microvm uname -r: exit %d, %q %s", code, out, errOut)
 	}
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
 }

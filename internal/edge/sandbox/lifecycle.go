@@ -121,6 +121,9 @@ func (m *Manager) recoverOne(ctx context.Context, id string, owner backend.Runti
 		if st.OOMKills > 0 {
 			reason, msg = dsecv1.Reason_REASON_OOM, "the sandbox was OOM-killed while the edge was down"
 		}
+		if st.Reason != "" {
+			msg += ": " + st.Reason // a VM's: how QEMU ended, the console's last lines
+		}
 		m.endFound(ctx, rec, rt, reason, msg)
 		return
 	}
@@ -471,6 +474,11 @@ func (m *Manager) check(ctx context.Context, sb *sandbox) {
 	reason, msg := dsecv1.Reason_REASON_AGENT_LOST, fmt.Sprintf("its agent channel was lost: %v", err)
 	if serr == nil && st.OOMKills > 0 && !st.Running {
 		reason, msg = dsecv1.Reason_REASON_OOM, "its agent was OOM-killed"
+	}
+	if serr == nil && !st.Running && st.Reason != "" {
+		// A VM says why it stopped: how QEMU ended, the console's last
+		// lines (a kernel panic's message among them).
+		msg = "it stopped: " + st.Reason
 	}
 	m.stopSandbox(ctx, sb, dsecv1.State_STATE_FAILED, reason, msg)
 }

@@ -484,7 +484,9 @@ func (r *Runtime) Status(ctx context.Context, id string) (backend.Status, error)
 	if b, err := os.ReadFile(filepath.Join(dir, exitFile)); err == nil {
 		out.Reason = string(b)
 	} else {
-		out.Reason = exitReason(fmt.Errorf("qemu (pid %d) is gone", st.Pid), qemu.ConsoleTail(dir, consoleScanLines))
+		// Not this process's child: how it ended is not known here.
+		out.Reason = exitReason(fmt.Errorf("qemu (pid %d) is gone, started by an earlier edge, so how it ended is unknown", st.Pid),
+			qemu.ConsoleTail(dir, consoleScanLines))
 	}
 	if out.OOMKills > 0 {
 		out.Reason = fmt.Sprintf("qemu was OOM-killed at its limit (%d MiB of guest memory and QEMU's overhead)\n%s", st.MemoryMiB, out.Reason)
