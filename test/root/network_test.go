@@ -124,7 +124,9 @@ type netEnv struct {
 	meta  testHost
 }
 
-func setupNetwork(t *testing.T) *netEnv {
+// setupNetwork starts the test hosts, their DNS and a dsecd (with args
+// added to its flags) that knows their services.
+func setupNetwork(t *testing.T, args ...string) *netEnv {
 	testutil.RequireRoot(t)
 	testutil.RequireCommand(t, "ip")
 	testutil.RequireCommand(t, "go")
@@ -154,14 +156,20 @@ func setupNetwork(t *testing.T) *netEnv {
 	if err := os.WriteFile(services, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e.d = startDaemon(t, "--dns-upstream", upstream, "--network-services", services)
+	e.d = startDaemon(t, append([]string{"--dns-upstream", upstream, "--network-services", services}, args...)...)
 	return e
 }
 
 // sandbox makes a busybox sandbox with rules and copies the probe into it.
 func (e *netEnv) sandbox(t *testing.T, rules map[string]bool) *dsecv1.Sandbox {
 	t.Helper()
-	sb := create(t, e.d, &dsecv1.SandboxSpec{NetworkRules: rules})
+	return e.sandboxOf(t, &dsecv1.SandboxSpec{NetworkRules: rules})
+}
+
+// sandboxOf makes a busybox sandbox of spec and copies the probe into it.
+func (e *netEnv) sandboxOf(t *testing.T, spec *dsecv1.SandboxSpec) *dsecv1.Sandbox {
+	t.Helper()
+	sb := create(t, e.d, spec)
 	data, err := os.ReadFile(e.probe)
 	if err != nil {
 		t.Fatal(err)
