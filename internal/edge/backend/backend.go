@@ -15,10 +15,12 @@
 // overlayfs, a VM's attaches the image files as read-only disks.
 //
 // Each backend lives in a sub-package: container (the container and fncall
-// backends, on runc, crun or runsc) and microvm (QEMU guests with their own
-// kernel). Package backendtest is the conformance suite
-// every Runtime runs, package fake a Runtime that starts nothing, for the
-// edge's own tests.
+// backends, on runc, crun or gVisor's runsc) and microvm (QEMU guests with
+// their own kernel). Package backendtest is the conformance suite every
+// Runtime runs (the lifecycle, a daemon restart, the limits of a Spec, the
+// network contract, pause, capture, metering), with the deviations a
+// backend documents as options; package fake is a Runtime that starts
+// nothing, for the edge's own tests.
 package backend
 
 import (
@@ -97,9 +99,14 @@ type Features struct {
 	// Snapshot: the runtime is a Snapshotter, whose sandboxes' writable
 	// layer a snapshot captures while the sandbox is frozen (so Pause too).
 	Snapshot bool
-	// Network: Start joins Spec.NetnsPath and binds Spec.ResolvConf, so the
-	// edge's network rules reach the sandbox. Without it a sandbox has no
-	// network, and creates with network rules are refused.
+	// Network: Start joins Spec.NetnsPath and binds Spec.ResolvConf at
+	// /etc/resolv.conf, so the edge's network rules reach the sandbox; a
+	// NetnsPath that is no network namespace fails the Start. A sandbox
+	// started without a NetnsPath has loopback and no other interface.
+	// Without Network a sandbox has loopback only, the edge refuses creates
+	// with network rules, and Start refuses a spec naming a NetnsPath or a
+	// ResolvConf with errdefs.ErrNotSupported (never less network than
+	// asked for).
 	Network bool
 	// Accelerator names what runs the sandboxes' kernel, for the node's
 	// status: kvm or tcg for a microVM, gVisor's platform (systrap,

@@ -1,26 +1,52 @@
 // Package backendtest is the conformance suite every backend.Runtime runs,
-// fakes included: call Run from the implementation's tests with a
-// constructor of runtimes over a root directory. It checks the lifecycle
-// the interface documents (start, reach the agent, status, list, delete,
-// idempotency, error kinds, a daemon restart, concurrency) and, where the
-// runtime's Features claim them, pause and snapshot support.
+// fakes included: call Run from the implementation's tests with Options
+// saying what differs for it. It checks
+//
+//   - the lifecycle the interface documents (start, reach the agent,
+//     status, list, delete, idempotency, error kinds, concurrent starts);
+//   - a daemon restart: a second instance over the same configuration, Init
+//     called again, lists, reaches, meters, resumes and deletes what the
+//     first started, running or paused;
+//   - the limits of a Spec: memory (a process allocating past MemoryBytes is
+//     OOM-killed and the agent lives on), pids (forks stop at Pids), disk
+//     (writes past DiskBytes fail with ENOSPC or EDQUOT, and Usage sees the
+//     writable layer full), CPU (CPUs caps the time a busy sandbox gets,
+//     measured as a ratio of its CPU time to the wall time in the run);
+//   - the network contract of Features.Network: with it, a sandbox started
+//     in a network namespace the suite makes reaches a test host beside it
+//     and reads the spec's resolv.conf, one started without has loopback
+//     only, and a namespace that does not exist fails the Start; without
+//     it, a spec that names a namespace or a resolv.conf is refused with
+//     errdefs.ErrNotSupported;
+//   - where Features say Pause: freeze and thaw, pause with and without
+//     reclaim, a process's memory and a /dev/shm file kept across a pause
+//     and a restart, exec after Resume;
+//   - where Features say Snapshot: Capture, its error kinds, what a capture
+//     holds (a file written, a file deleted as overlayfs's whiteout);
+//   - where the runtime is a Meter: Usage's limits, memory and disk in use,
+//     CPU time, and NotFound for a sandbox it does not know.
 //
 // The suite reaches each agent through the runtime's dialer with package
-// agentclient and pings it: the agent a runtime starts must serve the
-// agent protocol (the real dsec-agent, or the fake's in-process one), and
-// the connections a dialer opens must end when the agent does (the edge
-// learns of a dead agent from its watch connection's end).
+// agentclient: the agent a runtime starts must serve the agent protocol
+// (the real dsec-agent, or the fake's in-process one), and the connections
+// a dialer opens must end when the agent does (the edge learns of a dead
+// agent from its watch connection's end). Checks that run commands need a
+// root file system with busybox (sh and its applets on PATH) and the real
+// agent at Options.AgentPath; a runtime whose agent runs no commands says
+// so (Options.NoCommands) and those checks skip.
+//
+// Sandboxes are shared where the contract allows (the limits' checks run
+// one after the other in one sandbox, the memory check last), so a backend
+// whose sandboxes take seconds to boot runs about ten boots in all.
 package backendtest
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,54 +55,133 @@ import (
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
-	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
 // NewFunc returns a new runtime over root, not yet Init'ed. The suite calls
-// it with a fresh empty root per test, and again with the same root to play
-// a restarted daemon: the second runtime must find what the first made.
-// The suite deletes every sandbox and tears the runtime down itself when
-// the test ends; what NewFunc registers with t.Cleanup must not be needed
-// for that (an instance opened midway has its cleanups run first).
+// it with a fresh empty root per group of checks, and again with the same
+// root to play a restarted daemon: the second runtime must find what the
+// first made. The suite deletes every sandbox and tears the runtime down
+// itself when the group ends; what NewFunc registers with t.Cleanup must not
+// be needed for that (an instance opened midway has its cleanups run first).
 type NewFunc func(t *testing.T, root string) backend.Runtime
 
-// answerWithin bounds how long a started agent may take to answer.
-const answerWithin = 15 * time.Second
+// Options is what differs between the backends the suite runs against.
+type Options struct {
+	// New makes the runtimes under test.
+	New NewFunc
+	// Layers are the read-only layers every sandbox starts on (bottom
+	// first), each described with what the runtime needs of it (DirLayers
+	// for mounted dirs): a root file system the runtime's agent runs in,
+	// with busybox unless NoCommands. Runtimes that start nothing may leave
+	// it nil.
+	Layers []backend.Layer
+	// Boot bounds how long a started sandbox's agent may take to answer
+	// its first ping, and a dead one to be seen dead; 0 means 15 s. A VM
+	// under TCG needs its boot time and some.
+	Boot time.Duration
+	// Parallel is how many groups of checks run at once; 0 means 1. Each
+	// group has a root and runtime instances of its own, so more than one
+	// is for runtimes whose instances over different roots do not share
+	// host state one's Teardown removes.
+	Parallel int
+	// NoCommands says the runtime's agent runs no commands (package fake's
+	// answers Ping and holds watch connections, nothing else): the checks
+	// that run commands in a sandbox skip, saying so. Every backend that
+	// starts a real agent runs them.
+	NoCommands bool
+	// AgentPath is the agent binary's path inside a sandbox; "" means
+	// /.dsec/bin/dsec-agent. The memory and pause checks run its
+	// hold-memory mode.
+	AgentPath string
+	// Deviations are the differences from the contract a backend documents;
+	// the suite checks the documented behaviour in their place.
+	Deviations Deviations
+}
 
-// Run runs the suite. layers are the read-only layers every sandbox starts
-// on (bottom first), a root file system the runtime's agent runs in, each
-// described with what the runtime needs of it (DirLayers for mounted
-// dirs); runtimes that start nothing may get nil.
-func Run(t *testing.T, layers []backend.Layer, newRuntime NewFunc) {
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, n *node)
-	}{
+// Deviations are documented differences from the contract. Each names the
+// backend documentation that states it.
+type Deviations struct {
+	// OOMKillsSandbox: a sandbox that runs out of Spec.MemoryBytes dies
+	// whole, agent included, instead of losing only the process that
+	// allocated. gVisor: the limit is on the host cgroup of the sentry and
+	// the gofer, and the host's OOM killer kills the sentry (docs/gvisor.md).
+	// The suite checks that the sandbox then stops running and that Delete
+	// removes it.
+	OOMKillsSandbox bool
+	// PidsHostTasks: Spec.Pids does not cap the sandbox's processes but
+	// the host tasks that run them, with room above it. gVisor: the
+	// sandbox's processes are the sentry's, and the host cgroup's pids
+	// limit counts the sentry's and gofer's threads and systrap's stub
+	// processes (docs/gvisor.md). The suite checks that the agent answers
+	// through a fork loop of twice Pids and commands run after it.
+	PidsHostTasks bool
+	// StatfsNoLimit: statfs of / inside a sandbox reports the file system
+	// that holds its writable layer, not its disk limit (gVisor: the
+	// agent's statfs answer needs the host's qgroup file, which the sentry
+	// does not show). The suite checks the size is no more than
+	// Usage.DiskSize instead.
+	StatfsNoLimit bool
+	// OOMUncounted: the runtime cannot tell an OOM kill from another
+	// SIGKILL, so Status.OOMKills stays 0 and the agent reports the process
+	// as killed by signal 9 rather than as OOM-killed.
+	OOMUncounted bool
+}
+
+func (o Options) boot() time.Duration {
+	if o.Boot > 0 {
+		return o.Boot
+	}
+	return 15 * time.Second
+}
+
+func (o Options) agentPath() string {
+	if o.AgentPath != "" {
+		return o.AgentPath
+	}
+	return "/.dsec/bin/dsec-agent"
+}
+
+// group is a set of checks run on one root.
+type group struct {
+	name string
+	fn   func(t *testing.T, n *node)
+}
+
+// Run runs the suite.
+func Run(t *testing.T, o Options) {
+	if o.New == nil {
+		t.Fatal("backendtest.Options.New is nil")
+	}
+	if len(o.Layers) == 0 {
+		o.Layers = DirLayers("/nonexistent-lower")
+	}
+	groups := []group{
 		{"Features", testFeatures},
 		{"Lifecycle", testLifecycle},
-		{"DeleteIsIdempotent", testDeleteIdempotent},
 		{"UnknownID", testUnknownID},
-		{"StartExistingID", testStartExisting},
 		{"InvalidSpecs", testInvalidSpecs},
 		{"Restart", testRestart},
 		{"ConcurrentStarts", testConcurrentStarts},
 		{"Pause", testPause},
 		{"Capture", testCapture},
-		{"Usage", testUsage},
+		{"Limits", testLimits},
+		{"Network", testNetwork},
 	}
-	if len(layers) == 0 {
-		layers = DirLayers("/nonexistent-lower")
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			root := t.TempDir()
-			n := &node{t: t, root: root, layers: layers, newRuntime: newRuntime}
+	sem := make(chan struct{}, max(o.Parallel, 1))
+	for _, g := range groups {
+		t.Run(g.name, func(t *testing.T) {
+			if o.Parallel > 1 {
+				t.Parallel() // the groups run once the caller's test returns
+			}
+			sem <- struct{}{}
+			t.Cleanup(func() { <-sem })
+			n := &node{t: t, root: t.TempDir(), o: o}
 			n.rt = n.open()
-			// Registered after newRuntime's own cleanups, so it runs first.
+			// Registered after New's own cleanups, so it runs first.
 			t.Cleanup(n.cleanup)
-			tc.fn(t, n)
+			g.fn(t, n)
 		})
 	}
 }
@@ -93,36 +198,38 @@ func DirLayers(dirs ...string) []backend.Layer {
 
 // node is one root under test and the runtime instances opened over it.
 type node struct {
-	t          *testing.T
-	root       string
-	layers     []backend.Layer
-	newRuntime NewFunc
-	rt         backend.Runtime // the current instance
-	mu         sync.Mutex      // guards started
-	started    []string        // every ID a Start was tried with
-	clients    []agentclient.Client
+	t       *testing.T
+	root    string
+	o       Options
+	rt      backend.Runtime // the current instance
+	mu      sync.Mutex      // guards started and clients
+	started []string        // every ID a Start was tried with
+	clients []agentclient.Client
 }
 
 // open makes and inits a new runtime instance over the node's root.
 func (n *node) open() backend.Runtime {
 	n.t.Helper()
-	rt := n.newRuntime(n.t, n.root)
+	rt := n.o.New(n.t, n.root)
 	if err := rt.Init(context.Background()); err != nil {
 		n.t.Fatalf("Init: %v", err)
 	}
 	return rt
 }
 
-// cleanup deletes whatever the test left, even when it failed, then tears
+// cleanup deletes whatever the group left, even when it failed, then tears
 // the runtime down and checks that nothing is left.
 func (n *node) cleanup() {
 	t, ctx := n.t, context.Background()
+	n.mu.Lock()
+	ids := slices.Clone(n.started)
 	for _, c := range n.clients {
 		c.Close()
 	}
-	n.mu.Lock()
-	ids := slices.Clone(n.started)
 	n.mu.Unlock()
+	if t.Failed() {
+		n.logTails(ids)
+	}
 	listed, err := n.rt.List(ctx)
 	if err != nil {
 		t.Errorf("cleanup: List: %v", err)
@@ -143,6 +250,18 @@ func (n *node) cleanup() {
 	}
 }
 
+// logTails logs the end of each sandbox's log (Spec.LogPath: the agent's
+// output, a VM's console), for a group that failed.
+func (n *node) logTails(ids []string) {
+	for _, id := range ids {
+		b, err := os.ReadFile(filepath.Join(n.root, id+".log"))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		n.t.Logf("the log of %s ends:\n%s", id, b[max(0, len(b)-2048):])
+	}
+}
+
 var seq struct {
 	sync.Mutex
 	n int
@@ -157,7 +276,7 @@ func (n *node) spec(name string) backend.Spec {
 	n.remember(id)
 	return backend.Spec{
 		ID:          id,
-		Layers:      n.layers,
+		Layers:      n.o.Layers,
 		DiskBytes:   64 << 20,
 		CPUs:        0.5,
 		MemoryBytes: 256 << 20,
@@ -186,7 +305,7 @@ func (n *node) start(s backend.Spec) backend.Dialer {
 	return dial
 }
 
-// client is an agent client over dial, closed when the test ends.
+// client is an agent client over dial, closed when the group ends.
 func (n *node) client(dial backend.Dialer) agentclient.Client {
 	c := agentclient.New(dial)
 	n.mu.Lock()
@@ -206,18 +325,20 @@ func ping(c agentclient.Client, d time.Duration) (*agentv1.PingResponse, error) 
 	return resp.Msg, nil
 }
 
-// answers waits until the agent behind dial answers a ping.
-func (n *node) answers(id string, dial backend.Dialer) {
+// answers waits until the agent behind dial answers a ping, and returns a
+// client of it.
+func (n *node) answers(id string, dial backend.Dialer) agentclient.Client {
 	n.t.Helper()
 	c := n.client(dial)
-	deadline := time.Now().Add(answerWithin)
+	boot := n.o.boot()
+	deadline := time.Now().Add(boot)
 	for {
 		_, err := ping(c, time.Second)
 		if err == nil {
-			return
+			return c
 		}
 		if time.Now().After(deadline) {
-			n.t.Fatalf("agent of %s did not answer within %s: %v", id, answerWithin, err)
+			n.t.Fatalf("agent of %s did not answer within %s: %v", id, boot, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -237,10 +358,22 @@ func (n *node) running(id string) backend.Status {
 	if err != nil {
 		n.t.Fatalf("Status %s: %v", id, err)
 	}
-	if !st.Running || st.Pid <= 0 {
+	// Paused is running to the edge; a sandbox paused to disk (a microVM's)
+	// has no process, so no pid.
+	if !st.Running || (st.Pid <= 0 && !n.paused(id)) {
 		n.t.Fatalf("Status %s = %+v, want running with a pid", id, st)
 	}
 	return st
+}
+
+// paused reports whether the runtime pauses and says id is frozen.
+func (n *node) paused(id string) bool {
+	p := n.pauser()
+	if p == nil {
+		return false
+	}
+	frozen, err := p.Frozen(context.Background(), id)
+	return err == nil && frozen
 }
 
 // gone checks that the runtime no longer knows id.
@@ -274,367 +407,41 @@ func (n *node) delete(id string) {
 	}
 }
 
-// testFeatures: a runtime implements the interfaces of what it claims.
-func testFeatures(t *testing.T, n *node) {
-	f := n.rt.Features()
-	if _, ok := n.rt.(backend.Pauser); f.Pause && !ok {
-		t.Errorf("Features say Pause, but %T is no backend.Pauser", n.rt)
-	}
-	if _, ok := n.rt.(backend.Snapshotter); f.Snapshot && !ok {
-		t.Errorf("Features say Snapshot, but %T is no backend.Snapshotter", n.rt)
-	}
-	if f.Snapshot && !f.Pause {
-		t.Errorf("Features say Snapshot without Pause: a capture needs the sandbox frozen")
-	}
-	if n.rt.Features() != f {
-		t.Errorf("Features changed between calls")
+// needCommands skips t when the runtime's agent runs no commands.
+func (n *node) needCommands(t *testing.T) {
+	t.Helper()
+	if n.o.NoCommands {
+		t.Skip("the runtime's agent runs no commands (Options.NoCommands)")
 	}
 }
 
-// testLifecycle: start, the agent answers and holds a watch connection,
-// status, list, delete, gone, and the watch ended.
-func testLifecycle(t *testing.T, n *node) {
-	s := n.spec("life")
-	dial := n.start(s)
-	n.answers(s.ID, dial)
-	watched := make(chan error, 1)
-	go func() { watched <- n.client(dial).Watch(context.Background()) }()
-	n.running(s.ID)
-	if ids := n.list(); !slices.Contains(ids, s.ID) {
-		t.Errorf("List = %v, want %s in it", ids, s.ID)
-	}
-	again, err := n.rt.Channel(s.ID)
-	if err != nil {
-		t.Fatalf("Channel %s: %v", s.ID, err)
-	}
-	n.answers(s.ID, again)
-	select {
-	case err := <-watched:
-		t.Fatalf("the watch of a running agent ended: %v", err)
-	default:
-	}
-	n.delete(s.ID)
-	n.gone(s.ID)
-	n.silent(s.ID, "after Delete", dial)
-	select {
-	case err := <-watched:
-		if errors.Is(err, execwire.ErrNotWatched) {
-			t.Errorf("the agent holds no watch connection: %v", err)
-		}
-	case <-time.After(answerWithin):
-		t.Errorf("the watch of %s did not end within %s of its Delete", s.ID, answerWithin)
-	}
-}
-
-// testDeleteIdempotent: a second Delete, and one of an ID never started,
-// succeed.
-func testDeleteIdempotent(t *testing.T, n *node) {
-	s := n.spec("twice")
-	n.answers(s.ID, n.start(s))
-	n.delete(s.ID)
-	n.delete(s.ID)
-	n.gone(s.ID)
-	n.delete("rtt-never-started")
-}
-
-// testUnknownID: Status and Channel of an ID the runtime never saw are
-// not found; List of an empty runtime is empty.
-func testUnknownID(t *testing.T, n *node) {
-	if ids := n.list(); len(ids) != 0 {
-		t.Errorf("List of a new runtime = %v", ids)
-	}
-	for _, id := range []string{"rtt-unknown", "../bad"} {
-		if st, err := n.rt.Status(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
-			t.Errorf("Status %q = %+v, %v; want not found", id, st, err)
-		}
-		if _, err := n.rt.Channel(id); !errors.Is(err, errdefs.ErrNotFound) {
-			t.Errorf("Channel %q: %v, want not found", id, err)
-		}
-	}
-}
-
-// testStartExisting: a Start of an ID in use is refused with
-// AlreadyExists and leaves the running sandbox alone.
-func testStartExisting(t *testing.T, n *node) {
-	s := n.spec("dup")
-	dial := n.start(s)
-	n.answers(s.ID, dial)
-	if _, err := n.rt.Start(context.Background(), s); !errors.Is(err, errdefs.ErrAlreadyExists) {
-		t.Errorf("second Start of %s: %v, want already exists", s.ID, err)
-	}
-	n.running(s.ID)
-	n.answers(s.ID, dial)
-}
-
-// testInvalidSpecs: specs no runtime can start are refused with
-// InvalidArgument and leave nothing behind.
-func testInvalidSpecs(t *testing.T, n *node) {
-	for _, tc := range []struct {
-		name string
-		edit func(*backend.Spec)
-	}{
-		{"empty id", func(s *backend.Spec) { s.ID = "" }},
-		{"id with a slash", func(s *backend.Spec) { s.ID = "../escape" }},
-		{"id too long", func(s *backend.Spec) { s.ID = strings.Repeat("x", 200) }},
-		{"no layer", func(s *backend.Spec) { s.Layers = nil }},
-		{"relative layer dir", func(s *backend.Spec) { s.Layers = DirLayers("layers/base") }},
-		{"relative layer file", func(s *backend.Spec) {
-			s.Layers = []backend.Layer{{Digest: "sha256:00", File: "layers/base.erofs", FSType: backend.FSTypeEROFS}}
-		}},
-		{"unknown layer type", func(s *backend.Spec) {
-			s.Layers = []backend.Layer{{Digest: "sha256:00", Dir: "/layers/base", FSType: "ext2"}}
-		}},
-		{"layer without file or dir", func(s *backend.Spec) {
-			s.Layers = []backend.Layer{{Digest: "sha256:00", FSType: backend.FSTypeEROFS}}
-		}},
-		{"no log path", func(s *backend.Spec) { s.LogPath = "" }},
-		{"negative memory", func(s *backend.Spec) { s.MemoryBytes = -1 }},
-		{"negative cpus", func(s *backend.Spec) { s.CPUs = -0.5 }},
-		{"negative disk", func(s *backend.Spec) { s.DiskBytes = -1 }},
-		{"negative pids", func(s *backend.Spec) { s.Pids = -1 }},
-		{"hostname too long", func(s *backend.Spec) { s.Hostname = strings.Repeat("h", 65) }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := n.spec("bad")
-			tc.edit(&s)
-			n.remember(s.ID)
-			if _, err := n.rt.Start(context.Background(), s); !errors.Is(err, errdefs.ErrInvalidArgument) {
-				t.Errorf("Start: %v, want invalid argument", err)
-			}
-		})
-	}
-	if ids := n.list(); len(ids) != 0 {
-		t.Errorf("refused starts left %v", ids)
-	}
-}
-
-// testRestart: a new runtime over the same root, as a restarted daemon
-// makes, inits while sandboxes run and lists, inspects, reaches and
-// deletes what the first started.
-func testRestart(t *testing.T, n *node) {
-	a, b := n.spec("restart-a"), n.spec("restart-b")
-	n.answers(a.ID, n.start(a))
-	n.answers(b.ID, n.start(b))
-	n.rt = n.open()
-	n.running(a.ID)
-	ids := n.list()
-	for _, id := range []string{a.ID, b.ID} {
-		if !slices.Contains(ids, id) {
-			t.Errorf("List after a restart = %v, want %s in it", ids, id)
-		}
-		dial, err := n.rt.Channel(id)
-		if err != nil {
-			t.Fatalf("Channel %s after a restart: %v", id, err)
-		}
-		n.answers(id, dial)
-	}
-	n.delete(a.ID)
-	n.gone(a.ID)
-	n.running(b.ID)
-	// And once more, with a sandbox the second instance started.
-	c := n.spec("restart-c")
-	n.answers(c.ID, n.start(c))
-	n.rt = n.open()
-	for _, id := range []string{b.ID, c.ID} {
-		n.running(id)
-		n.delete(id)
-		n.gone(id)
-	}
-}
-
-// testConcurrentStarts: Starts of different IDs at once all succeed and
-// each agent answers.
-func testConcurrentStarts(t *testing.T, n *node) {
-	const k = 4
-	specs := make([]backend.Spec, k)
-	dials := make([]backend.Dialer, k)
-	errs := make([]error, k)
-	for i := range specs {
-		specs[i] = n.spec(fmt.Sprintf("conc%d", i))
-	}
-	var wg sync.WaitGroup
-	for i := range specs {
-		wg.Go(func() { dials[i], errs[i] = n.rt.Start(context.Background(), specs[i]) })
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("concurrent Start %s: %v", specs[i].ID, err)
-		}
-	}
-	for i, s := range specs {
-		n.answers(s.ID, dials[i])
-		n.running(s.ID)
-	}
-	ids := n.list()
-	for _, s := range specs {
-		if !slices.Contains(ids, s.ID) {
-			t.Errorf("List = %v, want %s in it", ids, s.ID)
-		}
-	}
-	for _, s := range specs {
-		wg.Go(func() {
-			if err := n.rt.Delete(context.Background(), s.ID); err != nil {
-				t.Errorf("concurrent Delete %s: %v", s.ID, err)
-			}
-		})
-	}
-	wg.Wait()
-	for _, s := range specs {
-		n.gone(s.ID)
-	}
-}
-
-// testPause: where the runtime can pause, a frozen sandbox's agent does not
-// answer until thawed, a pause survives a restart, and a frozen sandbox
-// can be deleted. A runtime that cannot pause says so (the edge refuses
-// pauses of its sandboxes).
-func testPause(t *testing.T, n *node) {
+// pauser is the runtime as a Pauser, or nil where Features say no Pause.
+func (n *node) pauser() backend.Pauser {
 	if !n.rt.Features().Pause {
-		t.Skipf("%T cannot pause (Features)", n.rt)
+		return nil
 	}
-	ctx := context.Background()
-	p := n.rt.(backend.Pauser)
-	s := n.spec("pause")
-	dial := n.start(s)
-	n.answers(s.ID, dial)
+	return n.rt.(backend.Pauser)
+}
 
-	if err := p.Freeze(ctx, s.ID); err != nil {
-		t.Fatalf("Freeze: %v", err)
-	}
-	if frozen, err := p.Frozen(ctx, s.ID); err != nil || !frozen {
-		t.Fatalf("Frozen after Freeze = %v, %v", frozen, err)
-	}
-	n.silent(s.ID, "while frozen", dial)
-	if err := p.Thaw(ctx, s.ID); err != nil {
-		t.Fatalf("Thaw: %v", err)
-	}
-	if frozen, err := p.Frozen(ctx, s.ID); err != nil || frozen {
-		t.Fatalf("Frozen after Thaw = %v, %v", frozen, err)
-	}
-	n.answers(s.ID, dial)
-
-	if _, err := p.Pause(ctx, s.ID, true); err != nil {
-		t.Fatalf("Pause with reclaim: %v", err)
-	}
-	n.rt = n.open()
-	p = n.rt.(backend.Pauser)
-	if frozen, err := p.Frozen(ctx, s.ID); err != nil || !frozen {
-		t.Fatalf("Frozen after a pause and a restart = %v, %v", frozen, err)
-	}
-	// Paused is running to the edge; a microVM paused to disk has no
-	// process, so no pid.
-	if st, err := n.rt.Status(ctx, s.ID); err != nil || !st.Running {
-		t.Fatalf("Status after a pause and a restart = %+v, %v; want running", st, err)
-	}
-	if _, err := p.Resume(ctx, s.ID, true); err != nil {
-		t.Fatalf("Resume with prefetch: %v", err)
-	}
-	n.answers(s.ID, dial)
-
-	// A paused sandbox is deleted like any other.
-	if _, err := p.Pause(ctx, s.ID, false); err != nil {
-		t.Fatalf("Pause: %v", err)
-	}
-	n.delete(s.ID)
-	n.gone(s.ID)
-	if err := p.Freeze(ctx, s.ID); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Errorf("Freeze of a deleted sandbox: %v, want not found", err)
+// frozen checks what Frozen says of id.
+func (n *node) frozen(t *testing.T, id string, want bool) {
+	t.Helper()
+	got, err := n.pauser().Frozen(context.Background(), id)
+	if err != nil || got != want {
+		t.Fatalf("Frozen %s = %v, %v; want %v", id, got, err, want)
 	}
 }
 
-// testCapture: where Features say Snapshot, a frozen sandbox's writable
-// layer is captured into a directory of its own, which Remove deletes; a
-// second capture of a name in use is refused (AlreadyExists) and leaves the
-// first alone; an unknown sandbox is NotFound and a bad name
-// InvalidArgument; a capture an earlier instance left is gone once a new
-// one is Init'ed; the sandbox answers again once thawed.
-func testCapture(t *testing.T, n *node) {
-	if !n.rt.Features().Snapshot {
-		t.Skipf("%T has no snapshots (Features)", n.rt)
-	}
-	ctx := context.Background()
-	p, sn := n.rt.(backend.Pauser), n.rt.(backend.Snapshotter)
-	s := n.spec("capture")
-	dial := n.start(s)
-	n.answers(s.ID, dial)
-
-	if err := p.Freeze(ctx, s.ID); err != nil {
-		t.Fatalf("Freeze: %v", err)
-	}
-	tree, err := sn.Capture(ctx, s.ID, "one")
-	if err != nil {
-		t.Fatalf("Capture of a frozen sandbox: %v", err)
-	}
-	if fi, err := os.Stat(tree.Dir); err != nil || !fi.IsDir() {
-		t.Errorf("the capture's dir %s: %v, want a directory", tree.Dir, err)
-	}
-	if _, err := sn.Capture(ctx, s.ID, "one"); !errors.Is(err, errdefs.ErrAlreadyExists) {
-		t.Errorf("Capture of a name in use: %v, want already exists", err)
-	}
-	if _, err := os.Stat(tree.Dir); err != nil {
-		t.Errorf("the first capture after a refused second: %v", err)
-	}
-	left, err := sn.Capture(ctx, s.ID, "left")
-	if err != nil {
-		t.Fatalf("Capture under a second name: %v", err)
-	}
-	if err := p.Thaw(ctx, s.ID); err != nil {
-		t.Fatalf("Thaw: %v", err)
-	}
-	n.answers(s.ID, dial)
-	if err := tree.Remove(); err != nil {
-		t.Errorf("Remove the capture: %v", err)
-	}
-	if _, err := os.Stat(tree.Dir); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("the capture's dir after Remove: %v, want not found", err)
-	}
-	if _, err := sn.Capture(ctx, "rtt-unknown", "one"); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Errorf("Capture of an unknown sandbox: %v, want not found", err)
-	}
-	if _, err := sn.Capture(ctx, s.ID, "../x"); !errors.Is(err, errdefs.ErrInvalidArgument) {
-		t.Errorf("Capture named ../x: %v, want invalid argument", err)
-	}
-
-	n.rt = n.open()
-	if _, err := os.Stat(left.Dir); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("a capture an earlier instance left, after Init: %v, want gone", err)
-	}
-	n.running(s.ID)
-	n.delete(s.ID)
-	n.gone(s.ID)
-}
-
-// testUsage: a runtime that meters its sandboxes (a Meter) reports a
-// running one's memory and disk limits as its spec set them and some
-// memory in use, and NotFound once it is deleted or for an ID it never
-// started.
-func testUsage(t *testing.T, n *node) {
-	m, ok := n.rt.(backend.Meter)
-	if !ok {
-		t.Skipf("%T does not meter its sandboxes (no Meter)", n.rt)
-	}
-	ctx := context.Background()
-	s := n.spec("usage")
-	n.answers(s.ID, n.start(s))
-	u, err := m.Usage(ctx, s.ID)
-	if err != nil {
-		t.Fatalf("Usage: %v", err)
-	}
-	if u.MemoryLimit != s.MemoryBytes {
-		t.Errorf("Usage's memory limit = %d, want the spec's %d", u.MemoryLimit, s.MemoryBytes)
-	}
-	if u.DiskLimit != s.DiskBytes {
-		t.Errorf("Usage's disk limit = %d, want the spec's %d", u.DiskLimit, s.DiskBytes)
-	}
-	if u.MemoryBytes <= 0 {
-		t.Errorf("Usage's memory = %d with the agent running, want more than 0", u.MemoryBytes)
-	}
-	n.delete(s.ID)
-	if _, err := m.Usage(ctx, s.ID); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Errorf("Usage of a deleted sandbox: %v, want not found", err)
-	}
-	if _, err := m.Usage(ctx, "rtt-unknown"); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Errorf("Usage of an unknown sandbox: %v, want not found", err)
+// waitFor polls cond until it holds or the deadline d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

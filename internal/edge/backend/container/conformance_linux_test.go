@@ -20,26 +20,26 @@ import (
 // container backend with runc and the real dsec-agent.
 func TestContainerConformance(t *testing.T) {
 	lower, cfg := conformanceSetup(t)
-	backendtest.Run(t, backendtest.DirLayers(lower), func(t *testing.T, root string) backend.Runtime {
+	backendtest.Run(t, backendtest.Options{Layers: backendtest.DirLayers(lower), New: func(t *testing.T, root string) backend.Runtime {
 		rt, err := container.New(cfg(t, root))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return rt
-	})
+	}})
 }
 
 // TestFnCallConformance runs it against the fncall backend. Its agent runs
 // with --cpu-cgroup-fd and --fncall, which dsec-agent must know.
 func TestFnCallConformance(t *testing.T) {
 	lower, cfg := conformanceSetup(t)
-	backendtest.Run(t, backendtest.DirLayers(lower), func(t *testing.T, root string) backend.Runtime {
+	backendtest.Run(t, backendtest.Options{Layers: backendtest.DirLayers(lower), New: func(t *testing.T, root string) backend.Runtime {
 		rt, err := container.NewFnCall(cfg(t, root))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return rt
-	})
+	}})
 }
 
 // TestGVisorConformance runs it against the container backend under
@@ -48,7 +48,9 @@ func TestFnCallConformance(t *testing.T) {
 func TestGVisorConformance(t *testing.T) {
 	runsc := testutil.Runsc(t)
 	lower, cfg := conformanceSetup(t)
-	backendtest.Run(t, backendtest.DirLayers(lower), func(t *testing.T, root string) backend.Runtime {
+	// The deviations docs/gvisor.md states.
+	dev := backendtest.Deviations{OOMKillsSandbox: true, PidsHostTasks: true, StatfsNoLimit: true}
+	backendtest.Run(t, backendtest.Options{Layers: backendtest.DirLayers(lower), Deviations: dev, New: func(t *testing.T, root string) backend.Runtime {
 		c := cfg(t, root)
 		c.Runtime, c.RuntimePath, c.RunscPlatform = "runsc", runsc, os.Getenv("DSEC_RUNSC_PLATFORM")
 		rt, err := container.New(c)
@@ -56,7 +58,7 @@ func TestGVisorConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return rt
-	})
+	}})
 }
 
 // conformanceSetup makes a busybox root file system and an agent dir with
@@ -109,7 +111,15 @@ func makeRootfs(t *testing.T, busybox, dir string) {
 		}
 	}
 	copyFile(t, busybox, filepath.Join(dir, "bin", "busybox"))
-	for _, name := range []string{"sh", "ls", "cat", "sleep", "true"} {
+	// Every applet, as backendtest's checks run them by name.
+	list, err := exec.Command(busybox, "--list").Output()
+	if err != nil {
+		t.Fatalf("busybox --list: %v", err)
+	}
+	for _, name := range strings.Fields(string(list)) {
+		if name == "busybox" || strings.Contains(name, "/") {
+			continue
+		}
 		if err := os.Symlink("busybox", filepath.Join(dir, "bin", name)); err != nil {
 			t.Fatal(err)
 		}

@@ -598,7 +598,14 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	}
 	defer logFile.Close()
 	runtimeLog := filepath.Join(bundle, "runtime.log")
-	args := append(r.globalArgs(), "--log", runtimeLog, "--log-format", "json", "run", "--detach", "--bundle", bundle)
+	args := append(r.globalArgs(), "--log", runtimeLog, "--log-format", "json")
+	if r.gvisor() && s.NetnsPath == "" {
+		// In a new namespace runsc's own network stack copies the host's
+		// interfaces, and the new namespace's loopback is down: the sandbox
+		// would have no interface at all. --network=none gives it loopback.
+		args = append(args, "--network=none")
+	}
+	args = append(args, "run", "--detach", "--bundle", bundle)
 	if len(extra) > 0 {
 		args = append(args, "--preserve-fds", strconv.Itoa(len(extra)))
 	}

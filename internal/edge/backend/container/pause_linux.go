@@ -37,10 +37,9 @@ func (r *Container) Freeze(ctx context.Context, id string) error {
 		// The cgroup freezer would stop the sentry too, and every runsc
 		// call that asks it (state, list, kill) would hang until thawed:
 		// runsc pause stops the sandbox's tasks inside the sentry instead.
-		if _, err := r.runtimeCmd(ctx, "pause", id); err != nil {
-			return fmt.Errorf("freeze sandbox %s: %w", id, err)
-		}
-		return nil
+		// runsc refuses to pause a paused sandbox: a second Freeze is
+		// harmless, as under runc.
+		return r.runscPause(ctx, id, "pause", "paused")
 	}
 	if err := r.layout.Freeze(ctx, r.cgroupRel(id)); err != nil {
 		return fmt.Errorf("freeze sandbox %s: %w", id, err)
@@ -54,12 +53,26 @@ func (r *Container) Thaw(ctx context.Context, id string) error {
 		return fmt.Errorf("thaw sandbox %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	if r.gvisor() {
-		if _, err := r.runtimeCmd(ctx, "resume", id); err != nil {
-			return fmt.Errorf("thaw sandbox %s: %w", id, err)
-		}
-		return nil
+		return r.runscPause(ctx, id, "resume", "running")
 	}
 	return r.layout.Thaw(ctx, r.cgroupRel(id))
+}
+
+// runscPause runs runsc pause or resume (cmd) on sandbox id unless runsc
+// says it is in state done already.
+func (r *Container) runscPause(ctx context.Context, id, cmd, done string) error {
+	verb := map[string]string{"pause": "freeze", "resume": "thaw"}[cmd]
+	st, err := r.runtimeState(ctx, id)
+	if err != nil {
+		return fmt.Errorf("%s sandbox %s: %w", verb, id, err)
+	}
+	if st.Status == done {
+		return nil
+	}
+	if _, err := r.runtimeCmd(ctx, cmd, id); err != nil {
+		return fmt.Errorf("%s sandbox %s: %w", verb, id, err)
+	}
+	return nil
 }
 
 // Frozen reports whether sandbox id is frozen.

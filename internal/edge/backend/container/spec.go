@@ -93,6 +93,13 @@ const ptraceCapability = "CAP_SYS_PTRACE"
 // limit, which its commands share.
 const agentPids = 64
 
+// gvisorPids is the room above a gVisor sandbox's pids limit for the
+// host tasks of runsc itself: the cgroup's pids limit counts the sentry's
+// and the gofer's threads and systrap's stub processes, not the
+// sandbox's processes, and a sentry that cannot make a thread dies with
+// every process inside.
+const gvisorPids = 256
+
 func pidsLimit(s backend.Spec) int64 {
 	if s.Pids > 0 {
 		return s.Pids
@@ -126,6 +133,7 @@ func buildSpec(in specInput) *specs.Spec {
 	pids := pidsLimit(in.Spec)
 	if in.ListenDir != "" {
 		args = append(args, "--listen-path", agentSockMount+"/agent.sock")
+		pids += gvisorPids
 	} else {
 		// The fds Start passes, in its order from 3 on.
 		args = append(args, "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5")

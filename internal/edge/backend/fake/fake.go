@@ -8,7 +8,14 @@
 // execwire) and refuses the rest as unimplemented. A frozen sandbox's agent
 // does not answer; a killed or deleted one's connections end and new ones
 // are refused, as real ones' are. It runs the conformance suite of package
-// backendtest.
+// backendtest, which skips what needs commands run in a sandbox.
+//
+// What it honours of a Spec: its ID, validity and the rest are kept in the
+// sandbox's file (Spec); the limits are not enforced, as nothing runs. With
+// Features.Network (the default) a Start checks that NetnsPath, when set,
+// is a network namespace (as joining it would), and without, it refuses a
+// spec naming a NetnsPath or a ResolvConf with errdefs.ErrNotSupported, as
+// every runtime must. It does not meter (no backend.Meter).
 package fake
 
 import (
@@ -199,6 +206,14 @@ func (r *Runtime) Start(ctx context.Context, s backend.Spec) (backend.Dialer, er
 	}
 	if _, err := r.load(s.ID); err == nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, errdefs.ErrAlreadyExists)
+	}
+	if !r.features.Network && (s.NetnsPath != "" || s.ResolvConf != "") {
+		return nil, fmt.Errorf("start sandbox %s: the runtime gives sandboxes no network (Features): %w", s.ID, errdefs.ErrNotSupported)
+	}
+	if s.NetnsPath != "" {
+		if err := checkNetns(s.NetnsPath); err != nil {
+			return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+		}
 	}
 	if err := os.MkdirAll(filepath.Join(r.root, "upper", s.ID), 0o755); err != nil {
 		return nil, err

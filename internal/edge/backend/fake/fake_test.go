@@ -9,19 +9,19 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	backendtest.Run(t, nil, func(t *testing.T, root string) backend.Runtime {
+	backendtest.Run(t, backendtest.Options{NoCommands: true, New: func(t *testing.T, root string) backend.Runtime {
 		rt := fake.New(root)
 		t.Cleanup(rt.Close)
 		return rt
-	})
+	}})
 }
 
 // A fake that claims no features runs the suite too (its pause checks
 // skip).
 func TestConformanceWithoutFeatures(t *testing.T) {
-	backendtest.Run(t, nil, func(t *testing.T, root string) backend.Runtime {
+	backendtest.Run(t, backendtest.Options{NoCommands: true, New: func(t *testing.T, root string) backend.Runtime {
 		rt := fake.New(root, fake.WithFeatures(backend.Features{}))
 		t.Cleanup(rt.Close)
 		return rt
-	})
+	}})
 }

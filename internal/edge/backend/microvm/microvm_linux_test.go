@@ -165,7 +165,7 @@ func TestConformance(t *testing.T) {
 	f := setup(t)
 	var mu sync.Mutex
 	channels := map[string]*microvm.Channels{}
-	backendtest.Run(t, f.layers, func(t *testing.T, root string) backend.Runtime {
+	backendtest.Run(t, backendtest.Options{Layers: f.layers, Boot: time.Minute, New: func(t *testing.T, root string) backend.Runtime {
 		cfg := config(t, f, root)
 		mu.Lock()
 		if channels[root] == nil {
@@ -178,7 +178,7 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return rt
-	})
+	}})
 }
 
 // TestMissingParts: a node without QEMU or without the guest kernel is
