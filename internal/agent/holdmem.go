@@ -33,19 +33,28 @@ func HoldMemoryMain(args []string) int {
 	if len(args) == 2 {
 		dir = args[1]
 	}
-	buf := make([]byte, mib<<20)
+	// In chunks of 1 MiB, each filled before the next is allocated, as a
+	// program's memory grows: a kernel that refuses one allocation of more
+	// than its RAM at once (a microVM's guest, whose RAM is the sandbox's
+	// limit) runs out of memory as it would for a real program, by its
+	// OOM killer, instead of failing the one big allocation.
+	chunks := make([][]byte, mib)
 	x := uint64(88172645463325252) // xorshift64: cheap, and no page is zero
-	for i := 0; i+8 <= len(buf); i += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		for j := range 8 {
-			buf[i+j] = byte(x >> (8 * j))
+	for c := range chunks {
+		buf := make([]byte, 1<<20)
+		for i := 0; i+8 <= len(buf); i += 8 {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			for j := range 8 {
+				buf[i+j] = byte(x >> (8 * j))
+			}
 		}
+		chunks[c] = buf
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGUSR1)
-	sum := sha256.Sum256(buf)
+	sum := sumChunks(chunks)
 	if err := writeAtomic(filepath.Join(dir, "memhog.pid"), strconv.Itoa(os.Getpid())+"\n"); err != nil {
 		fmt.Fprintln(os.Stderr, "dsec-agent hold-memory:", err)
 		return 1
@@ -57,11 +66,13 @@ func HoldMemoryMain(args []string) int {
 	for range sigs {
 		start := time.Now()
 		var x byte
-		for i := 0; i < len(buf); i += 4096 {
-			x ^= buf[i]
+		for _, buf := range chunks {
+			for i := 0; i < len(buf); i += 4096 {
+				x ^= buf[i]
+			}
 		}
 		touched := time.Since(start)
-		sum := sha256.Sum256(buf)
+		sum := sumChunks(chunks)
 		line := fmt.Sprintf("%s %d %d\n", hex.EncodeToString(sum[:]), touched.Nanoseconds(), x)
 		if err := writeAtomic(filepath.Join(dir, "memhog.check"), line); err != nil {
 			fmt.Fprintln(os.Stderr, "dsec-agent hold-memory:", err)
@@ -69,6 +80,15 @@ func HoldMemoryMain(args []string) int {
 		}
 	}
 	return 0
+}
+
+// sumChunks is the SHA-256 of the chunks one after the other.
+func sumChunks(chunks [][]byte) []byte {
+	h := sha256.New()
+	for _, c := range chunks {
+		h.Write(c)
+	}
+	return h.Sum(nil)
 }
 
 func writeAtomic(path, data string) error {

@@ -110,19 +110,26 @@ type Deviations struct {
 	// The suite checks that the sandbox then stops running and that Delete
 	// removes it.
 	OOMKillsSandbox bool
-	// PidsHostTasks: Spec.Pids does not cap the sandbox's processes but
-	// the host tasks that run them, with room above it. gVisor: the
-	// sandbox's processes are the sentry's, and the host cgroup's pids
-	// limit counts the sentry's and gofer's threads and systrap's stub
-	// processes (docs/gvisor.md). The suite checks that the agent answers
-	// through a fork loop of twice Pids and commands run after it.
-	PidsHostTasks bool
+	// PidsNotEnforced: Spec.Pids does not cap the sandbox's processes.
+	// gVisor: the sandbox's processes are the sentry's, and the host
+	// cgroup's pids limit counts the sentry's and the gofer's threads and
+	// systrap's stub processes, with room above Pids (docs/gvisor.md);
+	// microvm: the guest has no pids limit yet. The suite checks that the
+	// agent answers through a fork loop of twice Pids and that commands run
+	// after it.
+	PidsNotEnforced bool
 	// StatfsNoLimit: statfs of / inside a sandbox reports the file system
 	// that holds its writable layer, not its disk limit (gVisor: the
 	// agent's statfs answer needs the host's qgroup file, which the sentry
 	// does not show). The suite checks the size is no more than
 	// Usage.DiskSize instead.
 	StatfsNoLimit bool
+	// OwnResolvConf: a networked sandbox's /etc/resolv.conf is the
+	// runtime's own, not Spec.ResolvConf. microvm: the guest names
+	// vmnet.DNSAddr, which the sandbox's namespace hands to the edge's
+	// resolver (package microvm's doc). The suite checks that it names a
+	// nameserver.
+	OwnResolvConf bool
 	// OOMUncounted: the runtime cannot tell an OOM kill from another
 	// SIGKILL, so Status.OOMKills stays 0 and the agent reports the process
 	// as killed by signal 9 rather than as OOM-killed.

@@ -160,8 +160,8 @@ func testPids(t *testing.T, sb *sandbox) {
 read n </tmp/forks
 echo "peak $n"
 read x`
-	if sb.n.o.Deviations.PidsHostTasks {
-		testPidsHostTasks(t, sb, script)
+	if sb.n.o.Deviations.PidsNotEnforced {
+		testPidsNotEnforced(t, sb, script)
 		return
 	}
 	b := sb.startBackground(t, script)
@@ -238,17 +238,17 @@ func testMemory(t *testing.T, sb *sandbox) {
 	}
 }
 
-// testPidsHostTasks is testPids under Deviations.PidsHostTasks: the fork
+// testPidsNotEnforced is testPids under Deviations.PidsNotEnforced: the fork
 // loop's sleeps are not capped at Pids, but the agent answers through it
 // and commands run once they are killed.
-func testPidsHostTasks(t *testing.T, sb *sandbox, script string) {
+func testPidsNotEnforced(t *testing.T, sb *sandbox, script string) {
 	b := sb.startBackground(t, script)
 	line, ok, out := b.readLine("peak ")
 	if !ok {
 		sb.kill(t, b)
 		t.Fatalf("the fork loop printed no peak: %q, %v", out, b.stream.Err())
 	}
-	t.Logf("pids limit %d (Deviations.PidsHostTasks): %s", sb.spec.Pids, line)
+	t.Logf("pids limit %d (Deviations.PidsNotEnforced): %s", sb.spec.Pids, line)
 	if _, err := ping(sb.c, sb.n.o.boot()); err != nil {
 		t.Errorf("the agent does not answer through a fork loop: %v", err)
 	}

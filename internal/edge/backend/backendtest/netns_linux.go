@@ -13,16 +13,16 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// The test network: a /30 on 198.18.0.0/15 (benchmarking space, never the
-// host's own network), both ends in namespaces the suite makes.
+// The test network: two addresses on 198.18.0.0/15 (benchmarking space,
+// never the host's own network), both ends in namespaces the suite makes.
 const (
 	testHostIP    = "198.19.250.1"
 	testSandboxIP = "198.19.250.2"
 )
 
 // testNet is a network namespace for a sandbox (loopback up, eth0 with
-// testSandboxIP and a default route) whose veth's other end is in a test
-// host's namespace serving a token over HTTP at addr.
+// testSandboxIP/32 and a default route to testHostIP) whose veth's other
+// end is in a test host's namespace serving a token over HTTP at addr.
 type testNet struct {
 	netnsPath string
 	addr      string
@@ -53,12 +53,16 @@ func makeTestNet(t *testing.T) *testNet {
 		})
 		ip("-n", ns, "link", "set", "lo", "up")
 	}
+	// Shaped as the edge's (package network): a /32 on each end of the
+	// veth, a route to the other, and the sandbox's default route onlink.
 	ip("-n", host, "link", "add", "veth0", "type", "veth", "peer", "name", "eth0", "netns", sbx)
-	ip("-n", host, "addr", "add", testHostIP+"/30", "dev", "veth0")
+	ip("-n", host, "addr", "add", testHostIP+"/32", "dev", "veth0")
 	ip("-n", host, "link", "set", "veth0", "up")
-	ip("-n", sbx, "addr", "add", testSandboxIP+"/30", "dev", "eth0")
+	ip("-n", host, "route", "add", testSandboxIP+"/32", "dev", "veth0")
+	ip("-n", sbx, "addr", "add", testSandboxIP+"/32", "dev", "eth0")
 	ip("-n", sbx, "link", "set", "eth0", "up")
-	ip("-n", sbx, "route", "add", "default", "via", testHostIP)
+	ip("-n", sbx, "route", "add", testHostIP+"/32", "dev", "eth0")
+	ip("-n", sbx, "route", "add", "default", "via", testHostIP, "dev", "eth0", "onlink")
 
 	ln, err := listenIn("/run/netns/"+host, testHostIP+":0")
 	if err != nil {

@@ -165,7 +165,12 @@ func TestConformance(t *testing.T) {
 	f := setup(t)
 	var mu sync.Mutex
 	channels := map[string]*microvm.Channels{}
-	backendtest.Run(t, backendtest.Options{Layers: f.layers, Boot: time.Minute, New: func(t *testing.T, root string) backend.Runtime {
+	// Not done yet (issue 30): a guest's OOM kills are not reported as
+	// such (the guest's kernel kills, the host sees nothing), and the guest
+	// has no pids limit. By design: the guest's resolv.conf names
+	// vmnet.DNSAddr, not Spec.ResolvConf (the package doc).
+	dev := backendtest.Deviations{OOMUncounted: true, PidsNotEnforced: true, OwnResolvConf: true}
+	backendtest.Run(t, backendtest.Options{Layers: f.layers, Boot: time.Minute, Deviations: dev, New: func(t *testing.T, root string) backend.Runtime {
 		cfg := config(t, f, root)
 		mu.Lock()
 		if channels[root] == nil {
