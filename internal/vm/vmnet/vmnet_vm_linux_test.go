@@ -87,6 +87,7 @@ func TestVMNetwork(t *testing.T) {
 	allowed := testutil.StartNetHost(t, "vmth1", allowedIP, hostGW)
 	resolved := testutil.StartNetHost(t, "vmth2", resolvedIP, hostGW)
 	sink := startSink(t, allowed)
+	startSource(t, allowed)
 
 	start := time.Now()
 	att, err := ctl.Attach(ctx, testID, map[string]bool{allowedIP.String() + "/32": true, okName: true})
@@ -247,6 +248,13 @@ func TestVMNetwork(t *testing.T) {
 			t.Fatalf("8 MiB to the test host: exit %d, %q; it got %d bytes", code, out, n)
 		}
 		t.Logf("guest -> test host over TCP: %d MiB in %s (%.1f MiB/s)", size>>20, took.Round(time.Millisecond), float64(size)/(1<<20)/took.Seconds())
+		start := time.Now()
+		out, code = run(t, fmt.Sprintf("busybox nc -w 30 %s 7002 </dev/null | busybox wc -c", allowedIP))
+		down := time.Since(start)
+		if code != 0 || strings.TrimSpace(out) != fmt.Sprint(size) {
+			t.Errorf("8 MiB from the test host: exit %d, %q", code, out)
+		}
+		t.Logf("test host -> guest over TCP: %d MiB in %s with the exec (%.1f MiB/s)", size>>20, down.Round(time.Millisecond), float64(size)/(1<<20)/down.Seconds())
 		if through := egressBytes(t, att.NetnsPath) - capped; through < size {
 			t.Errorf("the egress cap's qdisc saw %d bytes of the guest's %d", through, size)
 		}
@@ -411,6 +419,33 @@ func startSink(t *testing.T, h *testutil.NetHost) *sinkServer {
 		s.took = time.Since(start)
 	}()
 	return s
+}
+
+// startSource sends 8 MiB of zeros to each connection to h's port 7002,
+// then closes it.
+func startSource(t *testing.T, h *testutil.NetHost) {
+	t.Helper()
+	ln := h.Listen(t, 7002)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(2 * time.Minute))
+				io.Copy(c, io.LimitReader(zeros{}, 8<<20))
+			}()
+		}
+	}()
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 func (s *sinkServer) result() (int64, time.Duration) {
