@@ -49,7 +49,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long the idle sandboxes' CPU is measured (0: not at all)")
 	f.IntVar(&o.RateProbe, "rate-probe", o.RateProbe, "creates timed on the empty node and again with the idle sandboxes live (0: none)")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
-	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchLifecycleCommand(), a.benchFnCallCommand(), a.benchE2BCommand())
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchLifecycleCommand(), a.benchFnCallCommand(), a.benchE2BCommand(), a.benchVMCommand())
 	return cmd
 }
 
@@ -280,5 +280,45 @@ func (a *app) benchE2BCommand() *cobra.Command {
 	f.IntVar(&o.Rounds, "rounds", o.Rounds, "create → first run rounds of each side, cold and warm each")
 	f.IntVar(&o.Warm, "warm-pool", o.Warm, "warm pool size for the warm rounds (0: skip them)")
 	f.IntVar(&o.Runs, "runs", o.Runs, "commands.run('true') calls, and as many execs")
+	return cmd
+}
+
+func (a *app) benchVMCommand() *cobra.Command {
+	o := bench.VMOptions{Env: benchEnv, Rounds: 5, Execs: 50, WarmPool: 2, Pauses: 5, SharedVMs: 8, SharedMiB: 200, VMs: 32,
+		IdleWindow: 30 * time.Second, MemoryMiB: 256, Parallel: 2}
+	var only string
+	cmd := &cobra.Command{
+		Use:   "vm",
+		Short: "microVMs and gVisor against runc in one run: create → first exec (cold, warm pool), restore and resume, pause, shared layer pages, idle microVMs, gVisor side by side",
+		Long: "Drives the daemon at --addr (run it on the daemon's host) through every microVM and gVisor target of\n" +
+			"issue 30, each against its baseline measured in the same run (a runc container, a cold boot), and\n" +
+			"prints the node's accelerator (kvm or tcg), the machine's cores and memory, and PASS/MISS for each\n" +
+			"target. Parts (--only, comma-separated): cold, warm, pause (restore and resume), shared, idle,\n" +
+			"gvisor. microVMs boot --parallel at a time: under TCG a boot takes a core for seconds.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			parts, err := bench.ParseVMParts(only)
+			if err != nil {
+				return err
+			}
+			o.Parts = parts
+			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.RunVM(ctx, a.c, o)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&only, "only", "", "parts to run, comma-separated: "+strings.Join(bench.VMParts, ",")+" (default all)")
+	f.StringVar(&o.Env, "env", benchEnv, "environment of the sandboxes (the shared part imports its own)")
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "create → first exec rounds of each isolation, cold and from the warm pool")
+	f.IntVar(&o.Execs, "execs", o.Execs, "execs of true in one sandbox of each isolation")
+	f.IntVar(&o.WarmPool, "warm-pool", o.WarmPool, "the microVM warm pool's size")
+	f.IntVar(&o.Pauses, "pauses", o.Pauses, "pause → resume → first exec rounds")
+	f.IntVar(&o.SharedVMs, "shared-vms", o.SharedVMs, "microVMs reading the same file of a base layer")
+	f.IntVar(&o.SharedMiB, "shared-mib", o.SharedMiB, "that file's size")
+	f.IntVar(&o.VMs, "vms", o.VMs, "idle microVMs held at once")
+	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long the idle microVMs' CPU is measured")
+	f.IntVar(&o.MemoryMiB, "memory-mib", o.MemoryMiB, "each microVM's memory")
+	f.IntVar(&o.Parallel, "parallel", o.Parallel, "microVM creates in flight")
 	return cmd
 }
