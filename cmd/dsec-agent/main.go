@@ -4,7 +4,7 @@
 //	    [--workdir DIR] [--env K=V]... [--shell PATH] [--output-limit BYTES] [--hostname H] [--address IP]
 //	    [--disk-qgroup DIR]
 //
-//	dsec-agent guest [--layer SERIAL]... [--upper SERIAL] [serve's flags but the fds]
+//	dsec-agent guest [--layer SERIAL|pmem@PCIADDR]... [--upper SERIAL] [serve's flags but the fds]
 //	/init [the same]   (pid 1 of a microVM's initramfs: guest mode)
 //
 //	dsec-agent hold-memory MIB [DIR]
@@ -82,7 +82,7 @@ func main() {
 	var upper, netMAC, netAddr, netGateway string
 	var netMTU int
 	if mode == "guest" {
-		fs.Var(&layers, "layer", "serial of a read-only EROFS disk of the root, lowest first (repeatable; none = the initramfs is the root)")
+		fs.Var(&layers, "layer", "a read-only EROFS disk of the root, lowest first: a virtio-blk serial, or pmem@ and a virtio-pmem device's PCI address, mounted with DAX (repeatable; none = the initramfs is the root)")
 		fs.StringVar(&upper, "upper", "", "serial of the writable ext4 disk of the root (default: a tmpfs)")
 		fs.StringVar(&netMAC, "net-mac", "", "MAC of the network card to configure (none: loopback only)")
 		fs.StringVar(&netAddr, "net-addr", "", "the card's IPv4 address/prefix")

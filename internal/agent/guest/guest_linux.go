@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,8 +31,10 @@ type Config struct {
 	KernelDir string        // the modules and their manifest ("" = kernel.GuestDir)
 	Port      string        // the agent's port's name ("" = channel.PortName)
 	PortWait  time.Duration // how long the port may take to appear (0 = 30 s)
-	// Layers are the serials of the read-only EROFS disks of the root,
-	// lowest first; none keeps the initramfs as the root.
+	// Layers are the read-only EROFS disks of the root, lowest first:
+	// each a virtio-blk disk's serial, or "pmem@" and the PCI address of
+	// a virtio-pmem device (qemu.Config.GuestRef), mounted with DAX; none
+	// keeps the initramfs as the root.
 	Layers []string
 	// Upper is the serial of the writable ext4 disk the root's changes go
 	// to ("" = a tmpfs).
@@ -79,7 +82,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		log.Info("guest network", "iface", iface, "addr", cfg.Network.Addr, "gateway", cfg.Network.Gateway, "mtu", cfg.Network.MTU)
 	}
-	given, err := enterRoot(cfg.Layers, cfg.Upper)
+	given, err := enterRoot(cfg.Layers, cfg.Upper, log)
 	if err != nil {
 		return err
 	}
@@ -207,19 +210,15 @@ const (
 // chrooted into (the initramfs cannot be pivoted away). It returns the
 // agent configuration the host left at the writable disk's root, nil when
 // there is none.
-func enterRoot(layers []string, upper string) (*guestcfg.Agent, error) {
+func enterRoot(layers []string, upper string, log *slog.Logger) (*guestcfg.Agent, error) {
 	if len(layers) == 0 {
 		return nil, nil
 	}
 	var given *guestcfg.Agent
 	var lowers []string
-	for i, serial := range layers {
-		dev, err := diskBySerial(serial, 10*time.Second)
-		if err != nil {
-			return nil, err
-		}
+	for i, ref := range layers {
 		dir := filepath.Join(layersDir, fmt.Sprint(i))
-		if err := mountAt(dev, dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+		if err := mountLayer(ref, dir, log); err != nil {
 			return nil, err
 		}
 		lowers = append([]string{dir}, lowers...) // overlayfs lists the top first
@@ -314,6 +313,86 @@ func bindFile(src, dst string) error {
 		return fmt.Errorf("bind %s read-only: %w", dst, err)
 	}
 	return nil
+}
+
+// pmemRefPrefix starts a layer's name that is a virtio-pmem device's PCI
+// address (the host's qemu.PmemRefPrefix).
+const pmemRefPrefix = "pmem@"
+
+// mountLayer mounts the read-only EROFS layer ref at dir. A pmem layer is
+// mounted with dax=always: its files' pages are the host's, mapped into
+// the guest, not copies in the guest's page cache. EROFS gives DAX to the
+// files it stores flat and uncompressed (the store builds layers so) and
+// reads the rest through the page cache; a kernel that refuses the option
+// gets the layer mounted without it.
+func mountLayer(ref, dir string, log *slog.Logger) error {
+	const flags = unix.MS_RDONLY | unix.MS_NODEV
+	addr, pmem := strings.CutPrefix(ref, pmemRefPrefix)
+	if !pmem {
+		dev, err := diskBySerial(ref, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		return mountAt(dev, dir, "erofs", flags, "")
+	}
+	dev, err := pmemByAddr(addr, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	err = mountAt(dev, dir, "erofs", flags, "dax=always")
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP) {
+		log.Warn("mount pmem layer without DAX", "dev", dev, "err", err)
+		err = mountAt(dev, dir, "erofs", flags, "")
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("pmem layer", "dev", dev, "pci", addr, "dax", hasMountOption(dir, "dax=always"))
+	return nil
+}
+
+// hasMountOption says whether the mount at dir has option opt, as
+// /proc/self/mounts lists it (EROFS drops dax=always on a device without
+// DAX).
+func hasMountOption(dir, opt string) bool {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[1] == dir {
+			return slices.Contains(strings.Split(f[3], ","), opt)
+		}
+	}
+	return false
+}
+
+// pmemByAddr waits for the pmem block device of the virtio-pmem device at
+// PCI address addr (e.g. 0000:00:10.0) and returns it: /sys/block/pmemN
+// links to a path through the PCI device, its namespace and region.
+func pmemByAddr(addr string, wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		entries, _ := os.ReadDir("/sys/block")
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), "pmem") {
+				continue
+			}
+			target, err := filepath.EvalSymlinks(filepath.Join("/sys/block", e.Name()))
+			if err != nil || !strings.Contains(target, "/"+addr+"/") {
+				continue
+			}
+			dev := filepath.Join("/dev", e.Name())
+			if _, err := os.Stat(dev); err == nil {
+				return dev, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("find pmem layer %s: no pmem device under that PCI address after %s", addr, wait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // diskBySerial waits for the virtio-blk disk whose serial is serial and

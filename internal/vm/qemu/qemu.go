@@ -1,5 +1,5 @@
 // Package qemu runs one microVM: the QEMU command line of a `microvm`
-// machine, the QEMU process's lifetime (start, a boot watchdog, kill,
+// machine (or a q35 one, for a VM with pmem layers), the QEMU process's lifetime (start, a boot watchdog, kill,
 // wait), its serial console kept in a size-capped log, and the paths of the
 // sockets through which the host reaches it: the QMP monitor (package qmp)
 // and the agent's virtio-serial port, channel.PortName in the guest
@@ -15,6 +15,15 @@
 // (DetectAccel), else TCG, QEMU's emulator, with the host's TSC frequency
 // given to the guest (tsc_early_khz): without it a TCG guest on a loaded
 // host can spend minutes failing to calibrate its clock.
+//
+// Read-only layers may be pmem drives (Drive.Pmem): QEMU maps the file
+// shared and the guest mounts it with DAX, so the guests of a node read
+// one copy in the host's page cache instead of each caching the layer in
+// its own RAM. virtio-pmem needs a machine with a device memory region,
+// which microvm lacks (it places no memory devices: the guest sees the
+// device at address 0), so a VM with pmem drives is a q35 machine. With
+// FreePageReporting the guest hands the pages it frees back to the host
+// (virtio-balloon's free page reporting).
 package qemu
 
 import (
@@ -37,6 +46,31 @@ const (
 	KVM Accel = "kvm"
 	// TCG emulates the guest's CPU (-accel tcg -cpu max).
 	TCG Accel = "tcg"
+)
+
+// Machine is QEMU's machine type.
+type Machine string
+
+const (
+	// Microvm is QEMU's minimal machine: virtio-mmio devices, no PCI, no
+	// firmware to speak of; the quickest boot.
+	Microvm Machine = "microvm"
+	// Q35 is the PC machine with PCIe, whose memory map has room for
+	// memory devices: virtio-pmem works there. Its boot takes about
+	// 0.3 s more wall time under TCG (docs/microvm.md).
+	Q35 Machine = "q35"
+)
+
+// PmemAlign is what a pmem drive's file size must be a multiple of: Linux
+// maps device memory in sections of 2 MiB, and QEMU does not grow a
+// read-only file.
+const PmemAlign = 2 << 20
+
+// maxPmem is how many pmem drives a VM takes: one PCI slot each, from
+// pmemSlot0 up to the slot below the chipset's (0x1f).
+const (
+	pmemSlot0 = 0x10
+	maxPmem   = 0x1f - pmemSlot0
 )
 
 // DefaultBinary is the QEMU that Config.Binary defaults to (Debian's
@@ -79,7 +113,10 @@ type Config struct {
 	MemoryMiB int    // guest memory (0 = 256)
 	VCPUs     int    // guest CPUs (0 = 1)
 	Accel     Accel  // "" = DetectAccel's
-	Paused    bool   // start with the vCPUs stopped (-S), for QMP's cont to run
+	// Machine is QEMU's machine type ("" = Q35 when a drive is a pmem
+	// drive, else Microvm).
+	Machine Machine
+	Paused  bool // start with the vCPUs stopped (-S), for QMP's cont to run
 	// MemoryFile, when set, backs the guest's RAM with this file, mapped
 	// shared (memory-backend-file, share=on): what the guest writes is
 	// the file's, so a pause saves only the devices' state (migration's
@@ -100,8 +137,13 @@ type Config struct {
 	// QEMU's default, up to 1 GiB of host memory as it fills): a VM whose
 	// QEMU runs under a memory limit needs it bounded.
 	TCGBufferMiB int
-	// Drives are the guest's disks, virtio-blk devices in this order.
+	// Drives are the guest's disks, virtio-blk (or virtio-pmem) devices
+	// in this order.
 	Drives []Drive
+	// FreePageReporting adds a virtio-balloon device whose free page
+	// reporting hands the pages the guest frees back to the host, in
+	// blocks of 2 MiB, a few seconds after they are freed.
+	FreePageReporting bool
 	// NIC is the guest's network card; nil = none.
 	NIC *NIC
 	// ConsoleLimit caps the console's log on disk, in bytes: the log is
@@ -111,11 +153,50 @@ type Config struct {
 
 // Drive is one disk of the guest: a raw image file on the host. The guest
 // finds it by its serial (/sys/block/vdX/serial), not by its order: the
-// kernel's order of virtio-mmio devices is not the command line's.
+// kernel's order of virtio-mmio devices is not the command line's; a pmem
+// drive, which has no serial, by its PCI address (Config.GuestRef).
 type Drive struct {
 	Path     string
 	Serial   string // at most 20 bytes of [A-Za-z0-9_-]
 	ReadOnly bool
+	// Pmem attaches the file as a read-only virtio-pmem device in place
+	// of a virtio-blk disk: QEMU maps it shared (memory-backend-file,
+	// share=on, readonly=on), so what the guest reads through DAX is the
+	// host's page cache of the file, one copy for every VM of the node.
+	// The file's size must be a multiple of PmemAlign (QEMU never writes
+	// to it), and a file served by FUSE must allow a shared mmap. A VM
+	// with pmem drives is a Q35 machine.
+	Pmem bool
+
+	size int64 // the file's, for a pmem drive (set by fill)
+}
+
+// PmemRefPrefix starts Config.GuestRef's name of a pmem drive: the rest
+// is the device's PCI address, which guest mode matches against the
+// device path of /sys/block/pmemN.
+const PmemRefPrefix = "pmem@"
+
+// GuestRef is how the guest finds drive i: its serial for a virtio-blk
+// disk, PmemRefPrefix and its PCI address for a pmem drive (the n-th
+// pmem drive sits in slot 0x10+n of bus 0). Guest mode's --layer takes
+// either.
+func (c *Config) GuestRef(i int) string {
+	if !c.Drives[i].Pmem {
+		return c.Drives[i].Serial
+	}
+	return fmt.Sprintf("%s0000:00:%02x.0", PmemRefPrefix, c.pmemSlot(i))
+}
+
+// pmemSlot is the PCI slot of drive i, a pmem drive: the n-th sits in
+// slot pmemSlot0+n.
+func (c *Config) pmemSlot(i int) int {
+	n := 0
+	for _, d := range c.Drives[:i] {
+		if d.Pmem {
+			n++
+		}
+	}
+	return pmemSlot0 + n
 }
 
 // NIC is a virtio-net card on an open tap device (package vmnet makes one
@@ -141,6 +222,23 @@ func (c *Config) fill() error {
 	}
 	if c.Accel == "" {
 		c.Accel, _ = DetectAccel()
+	}
+	if c.Machine == "" {
+		c.Machine = Microvm
+		if c.pmemDrives() > 0 {
+			c.Machine = Q35
+		}
+	}
+	for i := range c.Drives {
+		d := &c.Drives[i]
+		if !d.Pmem || d.Path == "" {
+			continue
+		}
+		fi, err := os.Stat(d.Path)
+		if err != nil {
+			return fmt.Errorf("check vm config: pmem drive %s: %w", d.Serial, err)
+		}
+		d.size = fi.Size()
 	}
 	if c.Accel == TCG && c.TSCkHz == 0 {
 		khz, err := HostTSCkHz()
@@ -180,11 +278,29 @@ func (c *Config) check() error {
 	if c.Incoming && c.MemoryFile == "" {
 		return fmt.Errorf("check vm config: an incoming VM needs the saved VM's memory file: %w", errdefs.ErrInvalidArgument)
 	}
+	if c.Machine != Microvm && c.Machine != Q35 {
+		return fmt.Errorf("check vm config: machine %q: %w", c.Machine, errdefs.ErrInvalidArgument)
+	}
 	for _, d := range c.Drives {
 		if d.Path == "" || strings.Contains(d.Path, ",") || !validSerial(d.Serial) {
 			return fmt.Errorf("check vm config: drive %q (serial %q): a path without commas and a serial of 1 to 20 letters, digits, - or _: %w",
 				d.Path, d.Serial, errdefs.ErrInvalidArgument)
 		}
+		if !d.Pmem {
+			continue
+		}
+		switch {
+		case c.Machine != Q35:
+			return fmt.Errorf("check vm config: pmem drive %s: virtio-pmem needs a q35 machine (microvm places no memory devices): %w", d.Serial, errdefs.ErrInvalidArgument)
+		case !d.ReadOnly:
+			return fmt.Errorf("check vm config: pmem drive %s: only read-only files are attached as pmem: %w", d.Serial, errdefs.ErrInvalidArgument)
+		case d.size <= 0 || d.size%PmemAlign != 0:
+			return fmt.Errorf("check vm config: pmem drive %s: %s is %d bytes, not a multiple of %d (Linux maps device memory in 2 MiB sections): %w",
+				d.Serial, d.Path, d.size, PmemAlign, errdefs.ErrInvalidArgument)
+		}
+	}
+	if n := c.pmemDrives(); n > maxPmem {
+		return fmt.Errorf("check vm config: %d pmem drives, at most %d: %w", n, maxPmem, errdefs.ErrInvalidArgument)
 	}
 	if c.NIC != nil && (c.NIC.Tap == nil || len(c.NIC.MAC) != 6) {
 		return fmt.Errorf("check vm config: a NIC needs an open tap and a 6-byte MAC: %w", errdefs.ErrInvalidArgument)
@@ -218,9 +334,14 @@ func (c *Config) Args() []string {
 	if c.Accel == TCG && c.TCGBufferMiB > 0 {
 		accel += ",tb-size=" + strconv.Itoa(c.TCGBufferMiB)
 	}
+	machine := string(c.Machine)
+	if c.Machine == Q35 {
+		// What a guest of ours does not use: its boot is a little quicker.
+		machine += ",sata=off,smbus=off,usb=off,vmport=off,i8042=off,hpet=off"
+	}
 	args := []string{
 		"-name", "dsec-" + filepath.Base(c.Dir),
-		"-M", "microvm",
+		"-M", machine,
 		"-accel", accel,
 	}
 	if c.Accel == KVM {
@@ -239,8 +360,13 @@ func (c *Config) Args() []string {
 	if c.Incoming {
 		args = append(args, "-incoming", "defer")
 	}
+	memory := strconv.Itoa(c.MemoryMiB)
+	if pmem := c.pmemBytes(); pmem > 0 {
+		// Room for the pmem devices beside the RAM.
+		memory += fmt.Sprintf(",maxmem=%dM", c.MemoryMiB+int(pmem>>20))
+	}
 	args = append(args,
-		"-m", strconv.Itoa(c.MemoryMiB),
+		"-m", memory,
 		"-smp", strconv.Itoa(c.VCPUs),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", c.Kernel,
@@ -250,23 +376,62 @@ func (c *Config) Args() []string {
 		"-serial", "chardev:console",
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", qmpFD),
 		"-mon", "chardev=qmp,mode=control",
-		"-device", "virtio-serial-device",
+		"-device", c.virtio("serial"),
 		"-chardev", fmt.Sprintf("socket,id=%s,fd=%d,server=on,wait=off", ChannelChardev, channelFD),
 		"-device", fmt.Sprintf("virtserialport,chardev=%s,name=%s,id=%s", ChannelChardev, channel.PortName, ChannelPortID),
 	)
 	for i, d := range c.Drives {
+		if d.Pmem {
+			// align: every device's address stays on a 2 MiB boundary.
+			args = append(args,
+				"-object", fmt.Sprintf("memory-backend-file,id=pmem%d,mem-path=%s,size=%d,share=on,readonly=on,align=%d", i, d.Path, d.size, PmemAlign),
+				"-device", fmt.Sprintf("virtio-pmem-pci,memdev=pmem%d,id=disk%d,addr=0x%02x.0", i, i, c.pmemSlot(i)))
+			continue
+		}
 		drive := fmt.Sprintf("file=%s,format=raw,if=none,id=disk%d", d.Path, i)
 		if d.ReadOnly {
 			drive += ",readonly=on"
 		}
 		args = append(args, "-drive", drive,
-			"-device", fmt.Sprintf("virtio-blk-device,drive=disk%d,serial=%s", i, d.Serial))
+			"-device", fmt.Sprintf("%s,drive=disk%d,serial=%s", c.virtio("blk"), i, d.Serial))
+	}
+	if c.FreePageReporting {
+		args = append(args, "-device", c.virtio("balloon")+",free-page-reporting=on")
 	}
 	if c.NIC != nil {
 		args = append(args, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d", nicFD),
-			"-device", "virtio-net-device,netdev=net0,mac="+c.NIC.MAC.String())
+			"-device", c.virtio("net")+",netdev=net0,mac="+c.NIC.MAC.String())
 	}
 	return args
+}
+
+// virtio is the name of the virtio device kind on c's machine: on the
+// virtio-mmio transport on microvm, on PCI on q35.
+func (c *Config) virtio(kind string) string {
+	if c.Machine == Q35 {
+		return "virtio-" + kind + "-pci"
+	}
+	return "virtio-" + kind + "-device"
+}
+
+func (c *Config) pmemDrives() int {
+	n := 0
+	for _, d := range c.Drives {
+		if d.Pmem {
+			n++
+		}
+	}
+	return n
+}
+
+func (c *Config) pmemBytes() int64 {
+	var n int64
+	for _, d := range c.Drives {
+		if d.Pmem {
+			n += d.size
+		}
+	}
+	return n
 }
 
 func validSerial(s string) bool {

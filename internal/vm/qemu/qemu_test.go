@@ -100,6 +100,80 @@ func TestArgsMemoryFileIncoming(t *testing.T) {
 	}
 }
 
+// TestArgsPmem: pmem drives make a q35 machine with PCI devices, each
+// pmem drive a shared, read-only mapping of its file in its own slot,
+// and room for them beside the RAM.
+func TestArgsPmem(t *testing.T) {
+	dir := t.TempDir()
+	layer := filepath.Join(dir, "base.erofs")
+	if err := os.WriteFile(layer, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(layer, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	c := Config{Dir: "/run/vm/sb-1", Kernel: "/k/vmlinux", Initrd: "/k/initrd", Accel: TCG, TSCkHz: 2596142,
+		FreePageReporting: true,
+		Drives: []Drive{
+			{Path: layer, Serial: "layer0", ReadOnly: true, Pmem: true},
+			{Path: "/l/top.erofs", Serial: "layer1", ReadOnly: true},
+			{Path: layer, Serial: "layer2", ReadOnly: true, Pmem: true},
+			{Path: "/u/upper.ext4", Serial: "upper"},
+		}}
+	if err := c.fill(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Machine != Q35 {
+		t.Errorf("machine %q, want q35 for pmem drives", c.Machine)
+	}
+	args := c.Args()
+	after := func(flag string) []string {
+		var vs []string
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == flag {
+				vs = append(vs, args[i+1])
+			}
+		}
+		return vs
+	}
+	want := map[string][]string{
+		"-M": {"q35,sata=off,smbus=off,usb=off,vmport=off,i8042=off,hpet=off"},
+		"-m": {"256,maxmem=264M"},
+		"-object": {
+			"memory-backend-file,id=pmem0,mem-path=" + layer + ",size=4194304,share=on,readonly=on,align=2097152",
+			"memory-backend-file,id=pmem2,mem-path=" + layer + ",size=4194304,share=on,readonly=on,align=2097152",
+		},
+		"-device": {"virtio-serial-pci", "virtserialport,chardev=agent,name=dsec.0,id=agent-port",
+			"virtio-pmem-pci,memdev=pmem0,id=disk0,addr=0x10.0",
+			"virtio-blk-pci,drive=disk1,serial=layer1",
+			"virtio-pmem-pci,memdev=pmem2,id=disk2,addr=0x11.0",
+			"virtio-blk-pci,drive=disk3,serial=upper",
+			"virtio-balloon-pci,free-page-reporting=on"},
+		"-drive": {"file=/l/top.erofs,format=raw,if=none,id=disk1,readonly=on", "file=/u/upper.ext4,format=raw,if=none,id=disk3"},
+	}
+	for flag, vs := range want {
+		if got := after(flag); !slices.Equal(got, vs) {
+			t.Errorf("%s: got %q, want %q", flag, got, vs)
+		}
+	}
+	var refs []string
+	for i := range c.Drives {
+		refs = append(refs, c.GuestRef(i))
+	}
+	if want := []string{"pmem@0000:00:10.0", "layer1", "pmem@0000:00:11.0", "upper"}; !slices.Equal(refs, want) {
+		t.Errorf("guest refs %q, want %q", refs, want)
+	}
+
+	// Free page reporting on microvm: the balloon on virtio-mmio.
+	m := Config{Dir: "d", Kernel: "k", Initrd: "i", Accel: TCG, TSCkHz: 1000, FreePageReporting: true}
+	if err := m.fill(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(m.Args(), "virtio-balloon-device,free-page-reporting=on") || m.Machine != Microvm {
+		t.Errorf("microvm with free page reporting: %q", m.Args())
+	}
+}
+
 func TestConfigRefuses(t *testing.T) {
 	good := Config{Dir: "d", Kernel: "k", Initrd: "i", Accel: TCG, TSCkHz: 1000}
 	for name, change := range map[string]func(*Config){
@@ -129,6 +203,18 @@ func TestConfigRefuses(t *testing.T) {
 	if err := c.fill(); err != nil {
 		t.Errorf("fill refused a good config: %v", err)
 	}
+}
+
+// pmemFile is a file of size bytes in a test's temporary directory.
+func pmemFile(t *testing.T, size int64) string {
+	f := filepath.Join(t.TempDir(), "layer.erofs")
+	if err := os.WriteFile(f, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(f, size); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 func TestHostTSCkHz(t *testing.T) {
