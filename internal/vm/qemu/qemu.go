@@ -66,11 +66,11 @@ const (
 // read-only file.
 const PmemAlign = 2 << 20
 
-// maxPmem is how many pmem drives a VM takes: one PCI slot each, from
+// MaxPmem is how many pmem drives a VM takes: one PCI slot each, from
 // pmemSlot0 up to the slot below the chipset's (0x1f).
 const (
 	pmemSlot0 = 0x10
-	maxPmem   = 0x1f - pmemSlot0
+	MaxPmem   = 0x1f - pmemSlot0
 )
 
 // DefaultBinary is the QEMU that Config.Binary defaults to (Debian's
@@ -299,8 +299,8 @@ func (c *Config) check() error {
 				d.Serial, d.Path, d.size, PmemAlign, errdefs.ErrInvalidArgument)
 		}
 	}
-	if n := c.pmemDrives(); n > maxPmem {
-		return fmt.Errorf("check vm config: %d pmem drives, at most %d: %w", n, maxPmem, errdefs.ErrInvalidArgument)
+	if n := c.pmemDrives(); n > MaxPmem {
+		return fmt.Errorf("check vm config: %d pmem drives, at most %d: %w", n, MaxPmem, errdefs.ErrInvalidArgument)
 	}
 	if c.NIC != nil && (c.NIC.Tap == nil || len(c.NIC.MAC) != 6) {
 		return fmt.Errorf("check vm config: a NIC needs an open tap and a 6-byte MAC: %w", errdefs.ErrInvalidArgument)
@@ -318,6 +318,12 @@ func (c *Config) KernelCmdline() string {
 	parts := []string{"console=ttyS0", "quiet", "reboot=t", "panic=-1"}
 	if c.Accel == TCG {
 		parts = append(parts, "tsc_early_khz="+strconv.FormatInt(c.TSCkHz, 10))
+	}
+	if c.Machine == Q35 && c.pmemDrives() > 0 {
+		// The pmem devices sit above 4 GiB, so the kernel would set up
+		// 64 MiB of zeroed DMA bounce buffers, which our virtio devices
+		// (no DMA API without VIRTIO_F_ACCESS_PLATFORM) never use.
+		parts = append(parts, "swiotlb=noforce")
 	}
 	if c.Cmdline != "" {
 		parts = append(parts, c.Cmdline)

@@ -156,6 +156,9 @@ func TestArgsPmem(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", flag, got, vs)
 		}
 	}
+	if !strings.Contains(c.KernelCmdline(), " swiotlb=noforce") {
+		t.Errorf("kernel command line %q: no swiotlb=noforce", c.KernelCmdline())
+	}
 	var refs []string
 	for i := range c.Drives {
 		refs = append(refs, c.GuestRef(i))

@@ -318,25 +318,35 @@ const (
 
 // qemuConfig is QEMU's configuration for s.
 func (r *Runtime) qemuConfig(s backend.Spec, dir, initrd string, sz size) qemu.Config {
-	args := []string{"--"}
 	var drives []qemu.Drive
+	pmem := 0
 	for i, l := range s.Layers {
-		serial := layerSerial + strconv.Itoa(i)
-		drives = append(drives, qemu.Drive{Path: l.File, Serial: serial, ReadOnly: true})
-		args = append(args, "--layer", serial)
+		d := qemu.Drive{Path: l.File, Serial: layerSerial + strconv.Itoa(i), ReadOnly: true}
+		if r.cfg.PmemLayers && pmem < qemu.MaxPmem && l.Size > 0 && l.Size%qemu.PmemAlign == 0 {
+			d.Pmem = true
+			pmem++
+		}
+		drives = append(drives, d)
 	}
 	drives = append(drives, qemu.Drive{Path: filepath.Join(dir, upperDisk), Serial: upperSerial})
-	args = append(args, "--upper", upperSerial)
-	args = append(args, r.cfg.GuestArgs...)
-	return qemu.Config{
+	qc := qemu.Config{
 		Binary: r.qemu, Dir: dir, Kernel: r.kernel.Vmlinux(), Initrd: initrd,
 		// In a file of the run dir (on disk), so a pause can save the VM
 		// and drop its RAM from the host's memory (package vmstate).
 		MemoryFile: filepath.Join(dir, memoryFile),
-		Cmdline:    strings.Join(args, " "),
 		MemoryMiB:  sz.memoryMiB, VCPUs: sz.vcpus, Accel: r.accel, TCGBufferMiB: tcgBufferMiB,
 		Drives: drives,
+		// What the guest frees goes back to the host (and out of the
+		// RAM file), so an idle VM costs what it uses, not its peak.
+		FreePageReporting: true,
 	}
+	args := []string{"--"}
+	for i := range s.Layers {
+		args = append(args, "--layer", qc.GuestRef(i))
+	}
+	args = append(args, "--upper", upperSerial)
+	qc.Cmdline = strings.Join(append(args, r.cfg.GuestArgs...), " ")
+	return qc
 }
 
 // agentConfig is what the guest's agent is told, from s.

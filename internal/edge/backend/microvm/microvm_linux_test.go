@@ -22,6 +22,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/backend/backendtest"
 	"dsec.dev/dsec/internal/edge/backend/microvm"
+	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/testutil"
 	"dsec.dev/dsec/internal/vm/qemu"
@@ -98,17 +99,16 @@ func makeFixture(kernelDir, agentBin, busybox string) (fixture, error) {
 			return fixture{}, err
 		}
 	}
+	// Built as the layer store builds its files (flat, padded to 2 MiB), so
+	// a runtime with PmemLayers attaches it as pmem.
 	layer := filepath.Join(base, "layer.erofs")
-	if out, err := exec.Command("mkfs.erofs", "--quiet", layer, tree).CombinedOutput(); err != nil {
-		return fixture{}, fmt.Errorf("mkfs.erofs: %v: %s", err, out)
-	}
-	fi, err := os.Stat(layer)
+	digest, size, err := image.BuildLayerFile(context.Background(), tree, layer)
 	if err != nil {
 		return fixture{}, err
 	}
 	return fixture{
 		kernelDir: kernelDir, agentDir: agentDir,
-		layers: []backend.Layer{{Digest: "sha256:busybox", File: layer, FSType: backend.FSTypeEROFS, Size: fi.Size()}},
+		layers: []backend.Layer{{Digest: digest, File: layer, FSType: backend.FSTypeEROFS, Size: size}},
 	}, nil
 }
 
