@@ -79,6 +79,10 @@ type Config struct {
 	// QEMU is the QEMU of the microvm isolation (default
 	// qemu-system-x86_64 on PATH).
 	QEMU string
+	// VMPmemLayers attaches microVMs' layers as virtio-pmem with DAX on
+	// q35 machines, so the node's guests share one copy of a layer in the
+	// host's page cache (microvm.Config.PmemLayers; docs/microvm.md).
+	VMPmemLayers bool
 	// runscRequired: Runsc was named, not found.
 	runscRequired bool
 	// CgroupParent is the cgroup under which this node's sandboxes live.

@@ -98,6 +98,7 @@ func openRuntimes(ctx context.Context, cfg Config, base container.Config, log *s
 			QEMU:         cfg.QEMU,
 			AgentDir:     base.AgentDir,
 			CgroupParent: base.CgroupParent + "-microvm",
+			PmemLayers:   cfg.VMPmemLayers,
 			Log:          log.With("component", "microvm"),
 		})
 	}); err != nil {

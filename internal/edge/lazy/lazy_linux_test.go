@@ -695,3 +695,26 @@ func TestDropPagesFencesPushes(t *testing.T) {
 		t.Errorf("reading pushed pages reached the file system for %d bytes", s.BytesRead)
 	}
 }
+
+// TestSharedMmap: a layer file maps shared and read-only, as QEMU maps a
+// microVM's pmem layer (memory-backend-file, share=on, readonly=on), and
+// reads through the mapping fetch the chunks they touch.
+func TestSharedMmap(t *testing.T) {
+	data := randomBytes(3, 8*testChunk)
+	st := newMemStore()
+	ix := putLayer(t, st, data, testChunk)
+	_, p := mountLayer(t, Config{Store: st}, ix)
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := unix.Mmap(int(f.Fd()), 0, len(data), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("mmap the layer file shared: %v", err)
+	}
+	defer unix.Munmap(m)
+	if !bytes.Equal(m, data) {
+		t.Fatal("the shared mapping of the layer file differs from the layer")
+	}
+}
