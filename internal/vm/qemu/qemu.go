@@ -1,9 +1,9 @@
 // Package qemu runs one microVM: the QEMU command line of a `microvm`
-// machine (or a q35 one, for a VM with pmem layers), the QEMU process's lifetime (start, a boot watchdog, kill,
-// wait), its serial console kept in a size-capped log, and the paths of the
-// sockets through which the host reaches it: the QMP monitor (package qmp)
-// and the agent's virtio-serial port, channel.PortName in the guest
-// (package channel).
+// machine (or a q35 one, for a VM with pmem layers), the QEMU process's
+// lifetime (start, a boot watchdog, kill, wait), its serial console kept in
+// a size-capped log, and the paths of the sockets through which the host
+// reaches it: the QMP monitor (package qmp) and the agent's virtio-serial
+// port, channel.PortName in the guest (package channel).
 //
 // Each VM has a run directory (Config.Dir) that holds its sockets and logs.
 // The sockets are bound by Start and handed to QEMU as listening file
