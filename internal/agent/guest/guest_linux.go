@@ -88,6 +88,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if given != nil {
 		apply(&cfg.Agent, *given)
+		if err := sandboxCgroup(&cfg.Agent, given.Pids); err != nil {
+			return err
+		}
 	}
 	if cfg.Network != nil {
 		if err := cfg.Network.writeResolvConf(); err != nil {
@@ -124,6 +127,70 @@ func apply(a *agent.Config, g guestcfg.Agent) {
 	if g.OutputLimit > 0 {
 		a.OutputLimit = g.OutputLimit
 	}
+}
+
+// sandboxCgroup is the guest's cgroup of the sandbox's commands,
+// /sys/fs/cgroup/sandbox, with the pids limit (pids > 0), under which the
+// agent makes each command's cgroup as it does in a container on cgroup
+// v2; the agent itself stays in the root. Its memory.events tells the
+// agent a command the guest's OOM killer ended (the guest's memory is the
+// sandbox's limit).
+func sandboxCgroup(a *agent.Config, pids int64) error {
+	const root = "/sys/fs/cgroup"
+	for _, c := range []string{"+memory", "+pids"} {
+		if err := os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte(c), 0); err != nil {
+			return fmt.Errorf("enable the %s controller: %w", c[1:], err)
+		}
+	}
+	dir := filepath.Join(root, "sandbox")
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("make the sandbox's cgroup: %w", err)
+	}
+	if pids > 0 {
+		if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(fmt.Sprint(pids)), 0); err != nil {
+			return fmt.Errorf("limit the sandbox to %d pids: %w", pids, err)
+		}
+	}
+	// The guest's memory less a reserve for the kernel and the agent: a
+	// command that outgrows it meets the cgroup's OOM killer at once,
+	// where the guest's own would first thrash the page cache (the
+	// root's files, read again from disk) for minutes.
+	total, err := memTotal()
+	if err != nil {
+		return err
+	}
+	limit := max(total-memoryReserve, total/2)
+	if err := os.WriteFile(filepath.Join(dir, "memory.max"), []byte(fmt.Sprint(limit)), 0); err != nil {
+		return fmt.Errorf("limit the sandbox to %d bytes: %w", limit, err)
+	}
+	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	if err != nil {
+		return fmt.Errorf("open the sandbox's cgroup: %w", err)
+	}
+	a.CgroupFD, a.MemoryCgroupFD = fd, fd
+	return nil
+}
+
+// memoryReserve is what of the guest's memory the sandbox's commands
+// leave to the kernel and the agent.
+const memoryReserve = 64 << 20
+
+// memTotal is the guest's memory, from /proc/meminfo.
+func memTotal() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, fmt.Errorf("read the guest's memory: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kb); err != nil {
+				return 0, fmt.Errorf("read the guest's memory: %q: %w", line, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("read the guest's memory: no MemTotal in /proc/meminfo")
 }
 
 // PowerOff ends the VM: QEMU exits when its guest powers off.

@@ -1,6 +1,6 @@
 // Package guestcfg is the agent configuration a microVM's host hands its
 // guest: the sandbox's default user, working directory, host name, address,
-// environment and output limit. The host (the microvm backend) writes it as
+// environment, output limit and pids limit. The host (the microvm backend) writes it as
 // a JSON file, FileName, at the root of the guest's writable ext4 disk,
 // beside the overlay's upper/ and work/ and so out of the sandbox's sight;
 // the guest's init (package agent/guest) reads it once it has mounted the
@@ -27,6 +27,9 @@ type Agent struct {
 	Address     string   `json:"address,omitempty"`
 	Env         []string `json:"env,omitempty"` // K=V
 	OutputLimit int64    `json:"output_limit,omitempty"`
+	// Pids caps the sandbox's processes in the guest (its commands; the
+	// agent, pid 1, apart); 0 = none.
+	Pids int64 `json:"pids,omitempty"`
 }
 
 // Write writes a to path.

@@ -66,8 +66,11 @@ const (
 	overheadKVM  = 96 << 20
 	// qemuPids bounds QEMU's threads: vCPUs, I/O workers (at most 64), its
 	// main loop and helpers.
-	qemuPids  = 256
-	cfsPeriod = 100000
+	qemuPids = 256
+	// defaultPids caps a guest's commands when the spec sets no limit
+	// (backend.Spec.Pids).
+	defaultPids = 4096
+	cfsPeriod   = 100000
 	// maxLayers: microvm has 24 virtio-mmio slots; the writable disk and
 	// the virtio-serial port take two.
 	maxLayers = 20

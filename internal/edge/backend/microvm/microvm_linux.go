@@ -358,6 +358,10 @@ func agentConfig(s backend.Spec) guestcfg.Agent {
 	if a.Hostname == "" {
 		a.Hostname = s.Hostname
 	}
+	a.Pids = s.Pids
+	if a.Pids == 0 {
+		a.Pids = defaultPids
+	}
 	for _, k := range slices.Sorted(maps.Keys(s.Agent.Env)) {
 		a.Env = append(a.Env, k+"="+s.Agent.Env[k])
 	}

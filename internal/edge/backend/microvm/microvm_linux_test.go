@@ -85,7 +85,7 @@ func makeFixture(kernelDir, agentBin, busybox string) (fixture, error) {
 	if err := os.WriteFile(filepath.Join(tree, "bin", "busybox"), b, 0o755); err != nil {
 		return fixture{}, err
 	}
-	for _, applet := range []string{"sh", "echo", "cat", "ls", "sleep", "true", "uname", "df", "mount", "dd", "sync", "hostname", "pwd"} {
+	for _, applet := range []string{"sh", "echo", "cat", "ls", "sleep", "true", "uname", "df", "mount", "dd", "sync", "hostname", "pwd", "seq", "awk"} {
 		if err := os.Symlink("busybox", filepath.Join(tree, "bin", applet)); err != nil {
 			return fixture{}, err
 		}
@@ -249,8 +249,9 @@ func TestBootFailures(t *testing.T) {
 
 // TestKilledQEMU: a VM whose QEMU is killed is not running and says why,
 // to the instance that started it and to a later one; Delete removes it.
-// It logs what a VM costs: Start to the agent's answer, QEMU's memory
-// while the guest idles.
+// Inside, the spec's pids limit holds and a command past the guest's
+// memory is reported OOM-killed. It logs what a VM costs: Start to the
+// agent's answer, QEMU's memory while the guest idles.
 func TestKilledQEMU(t *testing.T) {
 	f := setup(t)
 	root := t.TempDir()
@@ -260,6 +261,7 @@ func TestKilledQEMU(t *testing.T) {
 	ctx := context.Background()
 	s := spec(root, "sb-killed", f)
 	s.Agent = backend.Agent{Workdir: "/root", Env: map[string]string{"GREETING": "hello from the guest"}}
+	s.Pids = 24
 	start := time.Now()
 	dial, err := rt.Start(ctx, s)
 	if err != nil {
@@ -288,6 +290,15 @@ func TestKilledQEMU(t *testing.T) {
 		st.Accel, s.MemoryBytes>>20, took.Round(time.Millisecond), float64(u.MemoryBytes)/(1<<20), rss(st.Pid),
 		float64(u.CPUUsec)/1e6, float64(u.DiskBytes)/(1<<20), u.DiskLimit>>20)
 
+	// The OOM killer ends a command that outgrows the guest's memory (the
+	// sandbox's cgroup in the guest), and the agent says so.
+	if out, exited := execExit(t, client, "sh", "-c", `awk 'BEGIN { s = "x"; while (1) s = s s }'`); exited.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OOM {
+		t.Errorf("a command past the guest's memory: %+v, %q; want OOM", exited, out)
+	}
+	// The commands share the spec's pids limit in the guest.
+	if out := execOut(t, client, "sh", "-c", "for i in $(seq 30); do sleep 3 & done 2>&1; wait"); !strings.Contains(out, "fork") {
+		t.Errorf("30 sleeps under a limit of %d pids: %q, want a refused fork", s.Pids, out)
+	}
 	if err := exec.Command("kill", "-9", fmt.Sprint(st.Pid)).Run(); err != nil {
 		t.Fatal(err)
 	}
@@ -392,6 +403,31 @@ func execOut(t *testing.T, c agentclient.Client, argv ...string) string {
 		t.Fatalf("exec %q: %v", argv, err)
 	}
 	return out.String()
+}
+
+// execExit runs argv and returns its output and how it ended.
+func execExit(t *testing.T, c agentclient.Client, argv ...string) (string, *dsecv1.ExecExited) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := c.ExecEvents(ctx, &dsecv1.ExecRequest{Argv: argv})
+	if err != nil {
+		t.Fatalf("exec %q: %v", argv, err)
+	}
+	defer s.Close()
+	var out strings.Builder
+	var exited *dsecv1.ExecExited
+	for s.Receive() {
+		out.Write(s.Msg().GetStdout())
+		out.Write(s.Msg().GetStderr())
+		if e := s.Msg().GetExited(); e != nil {
+			exited = e
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatalf("exec %q: %v", argv, err)
+	}
+	return out.String(), exited
 }
 
 // rss is process pid's resident memory, as /proc says it.
