@@ -8,8 +8,10 @@ import (
 	"dsec.dev/dsec/internal/edge/backend/fake"
 )
 
+// The fake's instances share nothing across roots, so its groups run four
+// at once (Options.Parallel).
 func TestConformance(t *testing.T) {
-	backendtest.Run(t, backendtest.Options{NoCommands: true, New: func(t *testing.T, root string) backend.Runtime {
+	backendtest.Run(t, backendtest.Options{NoCommands: true, Parallel: 4, New: func(t *testing.T, root string) backend.Runtime {
 		rt := fake.New(root)
 		t.Cleanup(rt.Close)
 		return rt
