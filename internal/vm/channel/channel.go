@@ -284,6 +284,21 @@ func (d *Dialer) currentSession(ctx context.Context) (*yamux.Session, error) {
 	return s, nil
 }
 
+// Hold keeps the dialer from making a new session until release is
+// called: a Dial that needs one waits for it (or for its context). A VM
+// restored in a new QEMU is held so (the microvm backend's Resume) until
+// its guest has seen the host leave: a session made before would meet
+// the guest's old one and cost the hello's wait. Hold waits for a session
+// being made to be done, or for ctx.
+func (d *Dialer) Hold(ctx context.Context) (release func(), err error) {
+	select {
+	case d.connecting <- struct{}{}:
+		return sync.OnceFunc(func() { <-d.connecting }), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("hold the agent channel: %w", ctx.Err())
+	}
+}
+
 // live is the current session while it lasts, or ErrClosed after Close.
 func (d *Dialer) live() (*yamux.Session, error) {
 	d.mu.Lock()

@@ -249,3 +249,26 @@ func TestDialHonoursContextWhileAnotherConnects(t *testing.T) {
 		t.Errorf("the connecting Dial with no guest: %v, want its deadline", err)
 	}
 }
+
+// A held dialer makes no session: a Dial waits for the release (here its
+// context ends first), and dials once released.
+func TestHold(t *testing.T) {
+	d := NewDialer(filepath.Join(t.TempDir(), "no-such.sock"), nil)
+	defer d.Close()
+	release, err := d.Hold(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = d.Dial(ctx)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Dial of a held dialer: %v, want it to wait until its context ends", err)
+	}
+	release()
+	release() // a second release is harmless
+	_, err = d.Dial(context.Background())
+	if err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Dial once released: %v, want the socket's dial error", err)
+	}
+}

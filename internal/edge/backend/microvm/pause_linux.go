@@ -107,6 +107,13 @@ func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (backend
 	if r.layout == nil {
 		return backend.ResumeStats{}, fmt.Errorf("resume sandbox %s: the microvm runtime is not initialised: %w", id, errdefs.ErrFailedPrecondition)
 	}
+	// No session until the restored guest has seen the host leave: the
+	// edge's dials (its watch of the agent among them) wait meanwhile.
+	release, err := r.channels.get(filepath.Join(dir, qemu.ChannelSocket)).Hold(ctx)
+	if err != nil {
+		return backend.ResumeStats{}, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	defer release()
 	p, rs, err := vmstate.Resume(ctx, cfg, stateFile, vmstate.ResumeOptions{
 		Prefetch: prefetch,
 		// The cgroup and its limits are the VM's since Start.
