@@ -16,7 +16,13 @@ of the batch by label, which freezes them and releases their memory, and
 resumes them a moment later; rollouts caught mid-command carry on where
 they were.
 
+With --systems-env, a batch of systems tasks runs beside the coding batch,
+in microVMs: tasks a container forbids (a network namespace with a veth
+pair and nftables rules, a tmpfs and a loop file system, kernel modules),
+scored the same way (demo/systems_batch.py).
+
     python3 demo/rollout.py --env BASE+WORKSPACE+TOOLKIT [-n 32] [--no-preempt]
+        [--systems-env BASE+MODULES+TASK [--systems 4] [--systems-concurrency 2]]
 """
 
 import argparse
@@ -31,6 +37,8 @@ import tarfile
 import time
 
 from libdsec import AsyncClient
+
+import systems_batch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PATCHES = sorted(
@@ -92,6 +100,14 @@ class Progress:
         else:
             print(line, flush=True)
 
+
+# The systems batch's job label, apart from the coding batch's so that the
+# preemption leaves the microVMs running. The microvm backend can pause
+# (the VM saved to disk, QEMU ended, all its memory out of the host's RAM,
+# resumed in a new QEMU), but a command running in a VM when it pauses
+# loses its stream ("agent exec channel: unexpected EOF"), while a frozen
+# container's command carries on: a rollout caught mid-command would fail.
+SYSTEMS_JOB = "dsec-demo-systems"
 
 # What every rollout's sandbox asks for; a warm pool of this shape serves them.
 SHAPE = {"memory_mb": 256, "cpus": 0.5}
@@ -196,19 +212,26 @@ async def main():
     ap.add_argument("-n", "--rollouts", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=32, help="sandboxes alive at once")
     ap.add_argument("--addr", default=None, help="dsecd address (default $DSEC_ADDR)")
-    ap.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
+    ap.add_argument("--json", action="store_true",
+                    help='print the rows as JSON at the end: {"coding": rows, "systems": report or null}')
     ap.add_argument("--warm-pool", type=int, default=8,
                     help="sandboxes of the rollouts' shape kept started beforehand (0: none)")
     ap.add_argument("--reward-env", default=None,
                     help="environment the rewards are scored in through FnCall (default: the base of --env)")
     ap.add_argument("--no-preempt", action="store_true",
                     help="do not pause and resume the batch midway")
+    ap.add_argument("--systems-env", default=None,
+                    help="environment of the systems batch in microVMs (none: no systems batch)")
+    ap.add_argument("--systems", type=int, default=4, help="rollouts of the systems batch")
+    ap.add_argument("--systems-concurrency", type=int, default=2,
+                    help="microVMs alive at once (each boot takes a core for seconds under TCG)")
     args = ap.parse_args()
     if args.reward_env is None:
         args.reward_env = args.env.split("+")[0]
 
     async with AsyncClient(args.addr) as client:
         await client.reap(labels={"job": "dsec-demo"})  # orphans of an interrupted earlier run
+        await client.reap(labels={"job": SYSTEMS_JOB})
         if args.warm_pool > 0:
             await fill_warm_pool(client, args)
         try:
@@ -218,8 +241,17 @@ async def main():
             print(f"{args.rollouts} rollouts over {len(PATCHES)} candidate patches in {args.env}")
             pre = {}
             pre_task = None if args.no_preempt else asyncio.create_task(preempt(client, progress, args, pre))
+            # The systems batch runs beside the coding batch, under its own
+            # job label: the preemption leaves the microVMs running (see
+            # SYSTEMS_JOB).
+            sys_task = None
+            if args.systems_env:
+                sys_task = asyncio.create_task(systems_batch.run(
+                    client, args.systems_env, args.reward_env, args.systems, args.systems_concurrency,
+                    {"job": SYSTEMS_JOB}))
             rows = await asyncio.gather(*(rollout(client, args, i, progress, sem) for i in range(args.rollouts)))
             wall = time.monotonic() - t0
+            systems = await sys_task if sys_task is not None else None
             if pre_task is not None:
                 if not pre_task.done():
                     pre_task.cancel()
@@ -231,6 +263,7 @@ async def main():
             if args.warm_pool > 0:
                 await client.set_warm_pool(args.env, 0, **SHAPE)
         left = await client.list(labels={"job": "dsec-demo"}, states=["running", "creating"])
+        left += await client.list(labels={"job": SYSTEMS_JOB}, states=["running", "creating"])
     print()
     print()
     print(f"{'#':>3}  {'patch':<22} {'applied':<8} {'tests':>7}  {'reward':>6}  {'create':>8}  note")
@@ -261,9 +294,13 @@ async def main():
               f"{pre['released_mib']:.0f} MiB; {pre['resumed']} resumed in {pre['resume_s']:.2f}s, and their rollouts carried on")
     print(f"{len(rows)} rollouts in {wall:.1f}s; errors: {sum(1 for r in rows if r['error'])}; "
           f"sandboxes left running: {len(left)}")
+    sys_errors = False
+    if systems is not None:
+        systems_batch.print_report(systems, pct)
+        sys_errors = any(r["error"] for r in systems["rows"])
     if args.json:
-        print(json.dumps(rows))
-    return 1 if any(r["error"] for r in rows) or left else 0
+        print(json.dumps({"coding": rows, "systems": systems}))
+    return 1 if any(r["error"] for r in rows) or left or sys_errors else 0
 
 
 if __name__ == "__main__":

@@ -18,3 +18,17 @@ func VMKernelDir(t testing.TB) string {
 	RequireCommand(t, "qemu-system-x86_64")
 	return dir
 }
+
+// VMModulesDir is the tree of the guest kernel's modules that
+// scripts/build-vm-modules.sh makes ($DSEC_VM_MODULES_DIR), for a layer
+// microVM sandboxes load modules from; it skips (fails under
+// DSEC_TEST_ROOT=1) without it, or without the guest kernel and QEMU.
+func VMModulesDir(t testing.TB) string {
+	t.Helper()
+	VMKernelDir(t)
+	dir := os.Getenv("DSEC_VM_MODULES_DIR")
+	Require(t, dir != "", "DSEC_VM_MODULES_DIR is not set (scripts/build-vm-modules.sh makes the directory)")
+	marks, _ := filepath.Glob(filepath.Join(dir, "usr", "lib", "modules", "*", "dsec-vm-modules"))
+	Require(t, len(marks) > 0, "no guest modules in DSEC_VM_MODULES_DIR="+dir+" (run scripts/build-vm-modules.sh)")
+	return dir
+}

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,22 +15,41 @@ import (
 )
 
 // TestDemoRollouts runs the README's main job (demo/rollout.py through the
-// Python SDK) on a real Debian base layer and checks the rewards it earns.
+// Python SDK) on a real Debian base layer and checks the rewards it earns:
+// the coding batch in containers and, where the node has QEMU and the guest
+// kernel (always under DSEC_TEST_ROOT=1), the systems batch beside it in
+// four microVMs, whose tasks a container refuses.
 func TestDemoRollouts(t *testing.T) {
 	testutil.RequireCommand(t, "debootstrap")
 	python := testutil.RequireCommand(t, "python3")
-	d := testutil.StartDaemon(t)
+	var args []string
+	systems := os.Getenv("DSEC_VM_MODULES_DIR") != "" || testutil.Strict()
+	var modulesDir string
+	if systems {
+		modulesDir = testutil.VMModulesDir(t)
+		args = append(args, "--vm-kernel-dir", testutil.VMKernelDir(t))
+	}
+	d := testutil.StartDaemon(t, args...)
 	repo := testutil.RepoRoot()
 
 	tree := t.TempDir()
-	if out, err := exec.Command(filepath.Join(repo, "scripts", "build-debian-base.sh"), tree).CombinedOutput(); err != nil {
+	build := exec.Command(filepath.Join(repo, "scripts", "build-debian-base.sh"), tree)
+	// The systems batch's tools, as scripts/demo.sh builds its base.
+	build.Env = append(os.Environ(), "EXTRA_PACKAGES=iproute2,nftables,kmod,e2fsprogs")
+	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build Debian base: %v\n%s", err, out)
 	}
-	for _, l := range []struct{ kind, ref, dir string }{
+	layers := []struct{ kind, ref, dir string }{
 		{"base", "debian:test", tree},
 		{"workspace", "textstats:1", filepath.Join(repo, "demo", "workspace")},
 		{"toolkit", "harness:1", filepath.Join(repo, "demo", "toolkit")},
-	} {
+	}
+	if systems {
+		layers = append(layers,
+			struct{ kind, ref, dir string }{"toolkit", "vm-modules:test", modulesDir},
+			struct{ kind, ref, dir string }{"workspace", "systems:1", filepath.Join(repo, "demo", "systems", "layer")})
+	}
+	for _, l := range layers {
 		args := []string{"layer", "import", "--kind", l.kind, l.ref, l.dir}
 		if l.kind == "base" {
 			args = append(args[:2], append([]string{"--allow-setuid"}, args[2:]...)...)
@@ -40,23 +60,31 @@ func TestDemoRollouts(t *testing.T) {
 	}
 	os.RemoveAll(tree)
 
-	cmd := exec.Command(python, filepath.Join(repo, "demo", "rollout.py"),
-		"--addr", d.Addr, "--env", "debian:test+textstats:1+harness:1", "-n", "12", "--json")
+	demoArgs := []string{filepath.Join(repo, "demo", "rollout.py"),
+		"--addr", d.Addr, "--env", "debian:test+textstats:1+harness:1", "-n", "12", "--json"}
+	if systems {
+		demoArgs = append(demoArgs, "--systems-env", "debian:test+vm-modules:test+systems:1")
+	}
+	cmd := exec.Command(python, demoArgs...)
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(repo, "sdk", "python"), "DSEC_TOKEN_FILE="+d.TokenFile())
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("rollout: %v\n%s", err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	var rows []struct {
-		Patch  string  `json:"patch"`
-		Reward float64 `json:"reward"`
-		Error  string  `json:"error"`
-		Warm   bool    `json:"warm"`
+	var report struct {
+		Coding []struct {
+			Patch  string  `json:"patch"`
+			Reward float64 `json:"reward"`
+			Error  string  `json:"error"`
+			Warm   bool    `json:"warm"`
+		} `json:"coding"`
+		Systems *systemsReport `json:"systems"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rows); err != nil {
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &report); err != nil {
 		t.Fatalf("rollout JSON: %v\n%s", err, out)
 	}
+	rows := report.Coding
 	if len(rows) != 12 {
 		t.Fatalf("%d rollouts, want 12", len(rows))
 	}
@@ -87,6 +115,9 @@ func TestDemoRollouts(t *testing.T) {
 	if warm == 0 {
 		t.Errorf("no rollout took its sandbox from the warm pool\n%s", out)
 	}
+	if systems {
+		checkSystems(t, report.Systems, out)
+	}
 	// Its pool is removed at the end: the members drain in the background.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -102,6 +133,53 @@ func TestDemoRollouts(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// systemsReport is the JSON of demo/systems_batch.py's report.
+type systemsReport struct {
+	Accelerator string `json:"accelerator"`
+	Missing     string `json:"missing"`
+	Refusal     string `json:"refusal"`
+	Rows        []struct {
+		Candidate string   `json:"candidate"`
+		Reward    float64  `json:"reward"`
+		Failed    []string `json:"failed"`
+		Error     string   `json:"error"`
+	} `json:"rows"`
+}
+
+// checkSystems checks the systems batch: run in microVMs under a named
+// accelerator, refused in a container by its first mount, and each
+// candidate's reward the one its end state earns (the wrong port fails the
+// firewall checks, the forgotten loop module everything after the tmpfs).
+func checkSystems(t *testing.T, r *systemsReport, out []byte) {
+	t.Helper()
+	if r == nil || r.Accelerator == "" {
+		t.Fatalf("no systems batch ran (%+v)\n%s", r, out)
+	}
+	if !strings.Contains(r.Refusal, "permission denied") {
+		t.Errorf("the container's attempt at the task: %q, want mount's permission denied", r.Refusal)
+	}
+	want := map[string]float64{"01-complete": 1, "02-drops-wrong-port": 0, "03-forgets-loop-module": 0, "04-network-first": 1}
+	if len(r.Rows) != len(want) {
+		t.Fatalf("%d systems rollouts, want %d\n%s", len(r.Rows), len(want), out)
+	}
+	for _, row := range r.Rows {
+		if row.Error != "" {
+			t.Errorf("%s: %s", row.Candidate, row.Error)
+			continue
+		}
+		if row.Reward != want[row.Candidate] {
+			t.Errorf("%s earned %.0f (failed %v), want %.0f", row.Candidate, row.Reward, row.Failed, want[row.Candidate])
+		}
+		if row.Candidate == "02-drops-wrong-port" && !slices.Contains(row.Failed, "firewall") {
+			t.Errorf("%s failed %v, want the firewall check among them", row.Candidate, row.Failed)
+		}
+		if row.Candidate == "03-forgets-loop-module" && (!slices.Contains(row.Failed, "loop_ext4") || slices.Contains(row.Failed, "tmpfs")) {
+			t.Errorf("%s failed %v, want loop_ext4 and not tmpfs", row.Candidate, row.Failed)
+		}
+	}
+	t.Logf("systems batch under %s: %s", r.Accelerator, r.Refusal)
 }
 
 // TestDemoE2BEpisodes runs the demo's last step: the rollouts as an agent

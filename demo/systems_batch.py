@@ -1,0 +1,148 @@
+"""The demo's systems batch: tasks a container forbids, in microVMs.
+
+A training loop for agents that administer machines gives each rollout a
+task a shared kernel cannot be trusted with: its own network namespace
+with a veth pair and nftables rules, a tmpfs and a loop-mounted ext4 file
+system, kernel modules loaded (demo/systems/layer/task/TASK.md). In a
+container these are refused (no CAP_SYS_ADMIN, no CAP_NET_ADMIN over the
+node's kernel, no module loading); in a microVM the sandbox's root is root
+of a kernel of its own, and whatever it does to that kernel stays in the VM.
+
+Each rollout creates a microVM sandbox from the systems environment (the
+Debian base with ip, nft and modprobe, the guest kernel's modules as a
+layer, the task), runs one candidate script (a policy's action), reads the
+end state out of the VM (observe.py, as root) and deletes the VM. The
+reward is scored as the coding batch's is, through FnCall: the trusted
+checker (check.py) over that state, in a pooled container; 1 when the end
+state is the task's, else 0.
+"""
+
+import asyncio
+import json
+import os
+import time
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "systems")
+CANDIDATES = sorted(
+    os.path.join(HERE, "candidates", c) for c in os.listdir(os.path.join(HERE, "candidates")) if c.endswith(".sh")
+)
+# The FnCall call's program: the checker over the observed state.
+CHECK = "import runpy, sys\nsys.argv = ['check.py', 'state.json', 'result.json']\nrunpy.run_path('check.py', run_name='__main__')\n"
+# What every microVM asks for: a guest of 256 MiB, one vCPU.
+VM_SHAPE = {"memory_mb": 256, "cpus": 1}
+
+
+def _read(name):
+    with open(os.path.join(HERE, name), "rb") as f:
+        return f.read()
+
+
+def accelerator(nodes):
+    """The accelerator the microVMs run under (kvm or tcg), or None and why
+    no node offers microVMs."""
+    reasons = []
+    for node in nodes:
+        for kind in node.get("kinds", []):
+            if kind.get("isolation") == "ISOLATION_MICROVM":
+                return kind.get("accelerator") or "unknown", ""
+        missing = node.get("missing", {})
+        reasons.append(f"{node.get('name', '?')}: {missing.get('microvm') or missing.get('ISOLATION_MICROVM') or missing}")
+    return None, "; ".join(reasons) or "no nodes"
+
+
+async def container_refuses(client, env, labels):
+    """Runs the first candidate (a whole solution) once in a container of
+    the same environment and returns its first complaint."""
+    sb = await client.create(env, isolation="container", **VM_SHAPE, ttl_s=300, labels=labels, timeout=120)
+    try:
+        await sb.write_file("/tmp/solution.sh", open(CANDIDATES[0], "rb").read())
+        res = await sb.exec("sh /tmp/solution.sh", timeout=60)
+    finally:
+        await sb.delete()
+    if res.exit_code == 0:
+        return "nothing: the whole task ran in a container (this node's containers are not confined)"
+    lines = [ln for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]
+    return f"{lines[0] if lines else 'no message'} (exit {res.exit_code})"
+
+
+async def rollout(client, env, reward_env, i, sem, labels):
+    path = CANDIDATES[i % len(CANDIDATES)]
+    row = {"rollout": i, "candidate": os.path.basename(path)[: -len(".sh")], "reward": 0.0, "failed": [],
+           "create_ms": 0.0, "task_ms": 0.0, "score_ms": 0.0, "exit": None, "error": ""}
+    async with sem:
+        t0 = time.monotonic()
+        sb = await client.create(env, isolation="microvm", **VM_SHAPE, ttl_s=600,
+                                 labels={**labels, "rollout": f"sys-{i}"}, timeout=180)
+        row["create_ms"] = (time.monotonic() - t0) * 1000
+        try:
+            await sb.write_file("/tmp/solution.sh", open(path, "rb").read())
+            await sb.write_file("/tmp/observe.py", _read("observe.py"))
+            t = time.monotonic()
+            res = await sb.exec("sh /tmp/solution.sh", timeout=120)
+            row["task_ms"] = (time.monotonic() - t) * 1000
+            row["exit"] = res.exit_code
+            obs = await sb.exec("python3 /tmp/observe.py", timeout=60)
+            if obs.exit_code != 0:
+                raise RuntimeError(f"observe.py exited {obs.exit_code}: {obs.stderr[-200:]}")
+            state = obs.stdout_bytes
+        except Exception as exc:  # one broken rollout must not stop the batch
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            await sb.delete()
+    if not row["error"]:
+        try:
+            t = time.monotonic()
+            res = await client.run_code("python", CHECK, files={"check.py": _read("check.py"), "state.json": state},
+                                        fetch_files=["result.json"], environment=reward_env,
+                                        run_timeout=60, memory_mb=256)
+            row["score_ms"] = (time.monotonic() - t) * 1000
+            if "result.json" not in res.files:
+                raise RuntimeError(f"the checker wrote no result ({res.status}: {res.message or res.stderr[-200:]})")
+            result = json.loads(res.files["result.json"])
+            row["reward"], row["failed"] = result["reward"], result["failed"]
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+    return row
+
+
+async def run(client, env, reward_env, n, concurrency, labels):
+    """The whole batch: the container's refusal, then n microVM rollouts at
+    most concurrency at a time. Returns a report for print_report."""
+    report = {"env": env, "n": n, "concurrency": concurrency, "rows": []}
+    report["accelerator"], report["missing"] = accelerator(await client.nodes())
+    if report["accelerator"] is None:
+        return report
+    t0 = time.monotonic()
+    report["refusal"] = await container_refuses(client, env, labels)
+    sem = asyncio.Semaphore(concurrency)
+    report["rows"] = await asyncio.gather(*(rollout(client, env, reward_env, i, sem, labels) for i in range(n)))
+    report["wall_s"] = time.monotonic() - t0
+    return report
+
+
+def print_report(report, pct):
+    """The batch's rewards table and latencies (pct(values, q) as the
+    coding batch's)."""
+    print()
+    if report["accelerator"] is None:
+        print(f"systems batch: skipped, no node offers microVMs ({report['missing']})")
+        return
+    rows = report["rows"]
+    print(f"systems batch: {report['n']} tasks a container forbids (netns + veth + nftables, tmpfs, "
+          f"loop ext4, modules) in microVMs, {report['concurrency']} at a time, accelerator {report['accelerator']}")
+    print(f"container refuses: {report['refusal']}")
+    print(f"{'#':>3}  {'candidate':<24} {'exit':>4}  {'reward':>6}  {'create':>8}  {'task':>7}  note")
+    for r in rows:
+        note = r["error"] or ("failed: " + ", ".join(r["failed"]) if r["failed"] else "")
+        ex = "-" if r["exit"] is None else str(r["exit"])
+        print(f"{r['rollout']:>3}  {r['candidate']:<24} {ex:>4}  {r['reward']:>6.2f}  {r['create_ms']:>6.0f}ms  "
+              f"{r['task_ms']:>5.0f}ms  {note[:60]}")
+    creates = [r["create_ms"] for r in rows if r["create_ms"]]
+    tasks = [r["task_ms"] for r in rows if r["task_ms"]]
+    scores = [r["score_ms"] for r in rows if r["score_ms"]]
+    print(f"microVM create latency ({report['accelerator']}): p50 {pct(creates, .5):.0f} ms, "
+          f"max {max(creates, default=0):.0f} ms; task script p50 {pct(tasks, .5):.0f} ms")
+    if scores:
+        print(f"rewards scored through FnCall: {len(scores)} calls, p50 {pct(scores, .5):.0f} ms; "
+              f"mean reward {sum(r['reward'] for r in rows) / len(rows):.2f}")
+    print(f"{len(rows)} microVM rollouts in {report['wall_s']:.1f}s; errors: {sum(1 for r in rows if r['error'])}")
