@@ -165,11 +165,11 @@ func TestConformance(t *testing.T) {
 	f := setup(t)
 	var mu sync.Mutex
 	channels := map[string]*microvm.Channels{}
-	// Not done yet (issue 30): a guest's OOM kills are not reported as
-	// such (the guest's kernel kills, the host sees nothing), and the guest
-	// has no pids limit. By design: the guest's resolv.conf names
-	// vmnet.DNSAddr, not Spec.ResolvConf (the package doc).
-	dev := backendtest.Deviations{OOMUncounted: true, PidsNotEnforced: true, OwnResolvConf: true}
+	// Not done yet (issue 30): Status does not count the guest's OOM kills
+	// (the agent reports the process as OOM-killed; the host's cgroup sees
+	// nothing). By design: the guest's resolv.conf names vmnet.DNSAddr,
+	// not Spec.ResolvConf (the package doc).
+	dev := backendtest.Deviations{OOMUncounted: true, OwnResolvConf: true}
 	backendtest.Run(t, backendtest.Options{Layers: f.layers, Boot: time.Minute, Deviations: dev, New: func(t *testing.T, root string) backend.Runtime {
 		cfg := config(t, f, root)
 		mu.Lock()
