@@ -21,9 +21,12 @@ import (
 // machine of ours routes (never 192.0.2.0/24, the machines' own network).
 var TestNet = netip.MustParsePrefix("198.18.0.0/15")
 
-// RequireUnrouted fails the test when the host already has a route into
-// TestNet (its default route aside): a test host there would shadow it.
-func RequireUnrouted(t testing.TB) {
+// RequireUnrouted fails the test when the host already routes any of
+// addrs (its default route aside): a test host there would shadow what is
+// there. Only the test's own addresses are checked: tests of other
+// packages running at the same time have test hosts of their own in
+// TestNet, each on addresses no other test uses.
+func RequireUnrouted(t testing.TB, addrs ...netip.Addr) {
 	t.Helper()
 	routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
@@ -35,8 +38,11 @@ func RequireUnrouted(t testing.TB) {
 		}
 		a, _ := netip.AddrFromSlice(r.Dst.IP.To4())
 		ones, _ := r.Dst.Mask.Size()
-		if p := netip.PrefixFrom(a, ones); ones > 0 && p.Overlaps(TestNet) {
-			t.Fatalf("the host already routes %s: the test's hosts on %s would shadow it", p, TestNet)
+		p := netip.PrefixFrom(a, ones)
+		for _, addr := range addrs {
+			if ones > 0 && p.Contains(addr) {
+				t.Fatalf("the host already routes %s (%s): a test host there would shadow it", addr, p)
+			}
 		}
 	}
 }

@@ -135,7 +135,7 @@ func setupNetwork(t *testing.T, args ...string) *netEnv {
 	e.pypi = startTestHost(t, probe, "pypi", 1, "198.18.1.2")
 	e.npm = startTestHost(t, probe, "npm", 2, "198.18.2.2")
 	e.other = startTestHost(t, probe, "other", 3, "198.18.3.2")
-	e.meta = startTestHost(t, probe, "meta", 4, "169.254.213.254") // not the VM's own metadata address
+	e.meta = startTestHost(t, probe, "meta", 4, "169.254.214.254") // not the VM's own metadata address, nor internal/edge/network's test's meta host (packages test at once)
 	upstream := startDNS(t, map[string]string{
 		"pypi.test": e.pypi.addr, "files.pypi.test": e.pypi.addr, "npm.test": e.npm.addr, "other.test": e.other.addr,
 	})

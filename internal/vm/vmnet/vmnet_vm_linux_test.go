@@ -65,7 +65,7 @@ func TestVMNetwork(t *testing.T) {
 	}
 	busybox := staticBusybox(t)
 	agentBin := filepath.Join(testutil.Binaries(t), "dsec-agent")
-	testutil.RequireUnrouted(t)
+	testutil.RequireUnrouted(t, hostGW, allowedIP, resolvedIP)
 	ctx := context.Background()
 	dir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

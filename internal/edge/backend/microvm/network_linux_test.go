@@ -31,7 +31,6 @@ import (
 // wiring (package vmnet) and its own, longer test.
 func TestNetwork(t *testing.T) {
 	f := setup(t)
-	testutil.RequireUnrouted(t)
 	ctx := context.Background()
 	root := t.TempDir()
 	ctl, err := netctl.Open(ctx, netctl.Config{
@@ -46,8 +45,9 @@ func TestNetwork(t *testing.T) {
 			t.Errorf("teardown the edge's network: %v", err)
 		}
 	})
-	allowed, denied := netip.MustParseAddr("198.18.9.10"), netip.MustParseAddr("198.18.9.11")
-	host := testutil.StartNetHost(t, "vmbh1", allowed, netip.MustParseAddr("198.18.9.1"))
+	allowed, denied, gw := netip.MustParseAddr("198.18.9.10"), netip.MustParseAddr("198.18.9.11"), netip.MustParseAddr("198.18.9.1")
+	testutil.RequireUnrouted(t, allowed, denied, gw)
+	host := testutil.StartNetHost(t, "vmbh1", allowed, gw)
 
 	cfg := config(t, f, root)
 	rt := newRuntime(t, cfg)
