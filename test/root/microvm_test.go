@@ -73,6 +73,9 @@ func TestMicroVMSandbox(t *testing.T) {
 	d.Kill()
 	d.Start()
 	check("after a restart")
+	// The restarted dsecd follows the re-adopted VM's console: what the
+	// guest prints now is quoted when it fails.
+	mustSh(t, d, vm.GetId(), "echo '<3>dsec-console-marker' > /dev/kmsg")
 
 	// QEMU killed under the sandbox: it fails, saying QEMU is gone.
 	out, err := exec.Command("pgrep", "-f", "dsec-"+vm.GetId()).Output()
@@ -94,7 +97,8 @@ func TestMicroVMSandbox(t *testing.T) {
 	}
 	// Re-adopted, QEMU is not this dsecd's child: it is known to be gone,
 	// not how.
-	if got.GetState() != dsecv1.State_STATE_FAILED || !strings.Contains(got.GetMessage(), "qemu (pid") {
+	if got.GetState() != dsecv1.State_STATE_FAILED || !strings.Contains(got.GetMessage(), "qemu (pid") ||
+		!strings.Contains(got.GetMessage(), "dsec-console-marker") {
 		t.Errorf("after kill -9 of its QEMU the sandbox is %s: %q", got.GetState(), got.GetMessage())
 	}
 	t.Logf("after kill -9 of QEMU: %s, %s", got.GetState(), firstLine(got.GetMessage()))

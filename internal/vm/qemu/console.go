@@ -3,6 +3,7 @@ package qemu
 import (
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,6 +30,63 @@ func openConsoleLog(path string, limit int64) (*consoleLog, error) {
 	}
 	os.Remove(path + ".1")
 	return &consoleLog{path: path, half: max(limit/2, 4096), f: f}, nil
+}
+
+// appendConsoleLog opens the log at path to go on where it ends.
+func appendConsoleLog(path string, limit int64) (*consoleLog, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open console log: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open console log: %w", err)
+	}
+	return &consoleLog{path: path, half: max(limit/2, 4096), f: f, size: fi.Size()}, nil
+}
+
+// Console is the console of a VM this process did not start, followed
+// into its log (FollowConsole).
+type Console struct {
+	conn net.Conn
+	done chan struct{}
+}
+
+// FollowConsole connects to the console of the VM whose run directory is
+// dir, one an earlier process started (a re-adopted VM), and appends what
+// it prints to its log, capped at limit as Start's (0 = 1 MiB), until QEMU
+// ends or Close: without it the log of a re-adopted VM stops at the
+// restart. QEMU serves one console client at a time: while another process
+// still holds the console, this one waits its turn.
+func FollowConsole(dir string, limit int64) (*Console, error) {
+	if limit == 0 {
+		limit = 1 << 20
+	}
+	conn, err := net.Dial("unix", filepath.Join(dir, ConsoleSocket))
+	if err != nil {
+		return nil, fmt.Errorf("follow vm console: %w", err)
+	}
+	log, err := appendConsoleLog(filepath.Join(dir, ConsoleLog), limit)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("follow vm console: %w", err)
+	}
+	c := &Console{conn: conn, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		io.Copy(log, conn)
+		conn.Close()
+		log.Close()
+	}()
+	return c, nil
+}
+
+// Close stops following and waits until the log is closed.
+func (c *Console) Close() error {
+	err := c.conn.Close()
+	<-c.done
+	return err
 }
 
 // Write logs b. It never fails: a console that cannot be logged must not

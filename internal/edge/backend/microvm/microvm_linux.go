@@ -50,6 +50,9 @@ type Runtime struct {
 
 	mu  sync.Mutex
 	vms map[string]*vm // the VMs this instance started, while they run
+	// consoles follow the consoles of running VMs an earlier instance
+	// started (Init), so their logs go on.
+	consoles map[string]*qemu.Console
 }
 
 // vm is a VM this instance started.
@@ -81,7 +84,7 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.Accel == "" {
 		cfg.Accel, _ = qemu.DetectAccel()
 	}
-	return &Runtime{cfg: cfg, log: cfg.Log, channels: cfg.Channels, vms: map[string]*vm{}}, nil
+	return &Runtime{cfg: cfg, log: cfg.Log, channels: cfg.Channels, vms: map[string]*vm{}, consoles: map[string]*qemu.Console{}}, nil
 }
 
 // Features: network (a tap in the edge's namespace, package vmnet),
@@ -124,8 +127,37 @@ func (r *Runtime) Init(ctx context.Context) error {
 		return fmt.Errorf("init microvm runtime: %w", err)
 	}
 	r.qemu, r.kernel, r.accel, r.layout = bin, k, r.cfg.Accel, layout
+	r.followConsoles(ctx)
 	r.log.Info("microvm runtime ready", "qemu", bin, "kernel", k.Version, "accel", r.cfg.Accel)
 	return nil
+}
+
+// followConsoles follows the console of every running VM this instance
+// did not start: a restarted edge's log of a re-adopted VM goes on, and a
+// later failure quotes what it printed since.
+func (r *Runtime) followConsoles(ctx context.Context) {
+	ids, _ := r.List(ctx)
+	for _, id := range ids {
+		st, err := readState(r.vmDir(id))
+		if err != nil || !alive(st.Pid, st.StartTicks) {
+			continue
+		}
+		r.mu.Lock()
+		_, started := r.vms[id]
+		_, following := r.consoles[id]
+		r.mu.Unlock()
+		if started || following {
+			continue
+		}
+		c, err := qemu.FollowConsole(r.vmDir(id), 0)
+		if err != nil {
+			r.log.Warn("follow the console of a re-adopted vm", "id", id, "err", err)
+			continue
+		}
+		r.mu.Lock()
+		r.consoles[id] = c
+		r.mu.Unlock()
+	}
 }
 
 // initramfs returns the guest's initramfs, building it on first use (once
@@ -533,6 +565,13 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		if err := killWait(ctx, st.Pid, st.StartTicks); err != nil {
 			return fmt.Errorf("delete sandbox %s: %w", id, err)
 		}
+	}
+	r.mu.Lock()
+	c := r.consoles[id]
+	delete(r.consoles, id)
+	r.mu.Unlock()
+	if c != nil {
+		c.Close()
 	}
 	if r.layout != nil {
 		rel := r.cgroupRel(id)
