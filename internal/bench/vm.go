@@ -53,14 +53,18 @@ func ParseVMParts(s string) ([]string, error) {
 
 // VMOptions shape `dsec bench vm`.
 type VMOptions struct {
-	Env        string
-	Parts      []string      // of VMParts; empty: all
-	Rounds     int           // cold creates → first exec of each isolation; warm pool creates
-	Execs      int           // execs of `true` in one sandbox of each isolation
-	WarmPool   int           // the microVM warm pool's size
-	Pauses     int           // pause → resume → first exec rounds
-	SharedVMs  int           // microVMs reading the same file of a base layer
-	SharedMiB  int           // that file's size
+	Env       string
+	Parts     []string // of VMParts; empty: all
+	Rounds    int      // cold creates → first exec of each isolation; warm pool creates
+	Execs     int      // execs of `true` in one sandbox of each isolation
+	WarmPool  int      // the microVM warm pool's size
+	Pauses    int      // pause → resume → first exec rounds
+	SharedVMs int      // microVMs reading the same file of a base layer
+	SharedMiB int      // that file's size
+	// Pmem is a second dsecd on this host, run with --vm-pmem-layers, for
+	// the shared part's figure with shared pages; nil: that figure is
+	// pending.
+	Pmem       *apiclient.Clients
 	VMs        int           // idle microVMs held at once
 	IdleWindow time.Duration // how long their CPU is measured
 	MemoryMiB  int           // every microVM's memory
@@ -110,17 +114,25 @@ type VMPause struct {
 	RestoreFaster float64   `json:"restore_speedup_p50"` // ColdP50 over ResumeExec's p50
 }
 
-// VMShared is the shared part's figures: host memory of SharedVMs
-// microVMs that each read the same SharedMiB of a base layer.
-type VMShared struct {
-	VMs       int     `json:"vms"`
-	FileMiB   int     `json:"file_mib"`
-	Disk      string  `json:"layer_device"`          // how the layer reaches the guests
+// VMSharedSide is one node's figures in the shared part: host memory of
+// SharedVMs microVMs that each read the same SharedMiB of a base layer.
+type VMSharedSide struct {
+	Node      string  `json:"node"`
+	Device    string  `json:"layer_device"`          // how the layer reached the guests: virtio-blk or pmem (seen in the guest)
 	BeforeMiB float64 `json:"host_mib_before_reads"` // their cgroups' memory, booted
 	AfterMiB  float64 `json:"host_mib_after_reads"`  // and once every guest read the file
 	ReadS     float64 `json:"read_s_p50"`            // one guest's read of the file
-	SharedMiB float64 `json:"host_mib_shared_pages"` // the same with shared pages (pmem, DAX); 0: not measured
-	Pending   string  `json:"shared_pending,omitempty"`
+}
+
+// VMShared is the shared part's figures: the node at --addr and, where
+// given, a node whose layers are shared pages (dsecd --vm-pmem-layers).
+type VMShared struct {
+	VMs     int           `json:"vms"`
+	FileMiB int           `json:"file_mib"`
+	Blk     VMSharedSide  `json:"without_shared_pages"`
+	Pmem    *VMSharedSide `json:"with_shared_pages,omitempty"`
+	Ratio   float64       `json:"with_over_without,omitempty"`
+	Pending string        `json:"shared_pending,omitempty"`
 }
 
 // VMIdle is the idle part's figures: VMs microVMs held at once.
@@ -477,9 +489,9 @@ func sharedEnv(mib int) string { return fmt.Sprintf("busybox:bench-shared-%d", m
 
 // ensureSharedLayer imports the shared part's base layer unless the node
 // has it.
-func (r *vmRun) ensureSharedLayer(ctx context.Context) error {
+func (r *vmRun) ensureSharedLayer(ctx context.Context, c *apiclient.Clients) error {
 	ref := sharedEnv(r.o.SharedMiB)
-	resp, err := r.c.Layers.ListLayers(ctx, connect.NewRequest(&dsecv1.ListLayersRequest{}))
+	resp, err := c.Layers.ListLayers(ctx, connect.NewRequest(&dsecv1.ListLayersRequest{}))
 	if err != nil {
 		return err
 	}
@@ -511,51 +523,103 @@ func (r *vmRun) ensureSharedLayer(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("write the shared file: %w", err)
 	}
-	_, err = r.c.Layers.ImportLayer(ctx, connect.NewRequest(&dsecv1.ImportLayerRequest{Ref: ref, Kind: dsecv1.LayerKind_LAYER_KIND_BASE, Path: dir}))
+	_, err = c.Layers.ImportLayer(ctx, connect.NewRequest(&dsecv1.ImportLayerRequest{Ref: ref, Kind: dsecv1.LayerKind_LAYER_KIND_BASE, Path: dir}))
 	if err != nil {
 		return fmt.Errorf("import %s: %w", ref, err)
 	}
 	return nil
 }
 
-// shared boots SharedVMs microVMs on the shared layer, has each read the
-// whole file, and sums their cgroups' memory (guest RAM as QEMU holds it,
-// QEMU's own, and the host page cache each first touched) before and after.
+// shared measures the node at --addr and, with o.Pmem, the node whose
+// layers are shared pages, one after the other.
 func (r *vmRun) shared(ctx context.Context) error {
-	if err := r.ensureSharedLayer(ctx); err != nil {
+	s := &VMShared{VMs: r.o.SharedVMs, FileMiB: r.o.SharedMiB}
+	var err error
+	if s.Blk, err = r.sharedOn(ctx, r.c); err != nil {
 		return err
+	}
+	switch {
+	case r.o.Pmem == nil:
+		s.Pending = "no node with shared pages given (a second dsecd with --vm-pmem-layers, --shared-pmem-addr): the shared-pages figure is pending"
+	default:
+		side, err := r.sharedOn(ctx, r.o.Pmem)
+		if err != nil {
+			return fmt.Errorf("the node with shared pages: %w", err)
+		}
+		s.Pmem = &side
+		if side.Device != "pmem" || s.Blk.Device == "pmem" {
+			s.Pending = fmt.Sprintf("the layer reached the guests over %s on %s and over %s on %s: not a comparison of shared pages against none",
+				s.Blk.Device, s.Blk.Node, side.Device, side.Node)
+		} else if s.Blk.AfterMiB > 0 {
+			s.Ratio = side.AfterMiB / s.Blk.AfterMiB
+		}
+	}
+	r.rep.Shared = s
+	return nil
+}
+
+// sharedOn boots SharedVMs microVMs on the shared layer through c, has
+// each read the whole file, and sums their cgroups' memory (guest RAM as
+// QEMU holds it, QEMU's own, and the host page cache each first touched)
+// before and after. The guests say how the layer reached them.
+func (r *vmRun) sharedOn(ctx context.Context, c *apiclient.Clients) (VMSharedSide, error) {
+	var side VMSharedSide
+	if err := r.ensureSharedLayer(ctx, c); err != nil {
+		return side, err
 	}
 	spec := r.spec(dsecv1.Isolation_ISOLATION_MICROVM)
 	spec.Environment = sharedEnv(r.o.SharedMiB)
-	ids, _, err := r.createMany(ctx, spec, r.o.SharedVMs)
-	defer deleteAll(r.c, ids)
+	rc := *r
+	rc.c = c
+	ids, _, err := rc.createMany(ctx, spec, r.o.SharedVMs)
+	defer deleteAll(c, ids)
 	if err != nil {
-		return err
+		return side, err
 	}
-	s := &VMShared{VMs: len(ids), FileMiB: r.o.SharedMiB, Disk: "virtio-blk",
-		Pending: "shared pages (virtio-pmem with DAX) are not offered through dsecd yet: the shared-pages figure is pending"}
+	if sb, err := c.Sandboxes.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: ids[0]})); err == nil {
+		side.Node = sb.Msg.GetNode()
+	}
+	side.Device = "virtio-blk"
+	if out, err := execOut(ctx, c, ids[0], "ls /sys/block"); err != nil {
+		return side, fmt.Errorf("list the guest's block devices: %w", err)
+	} else if strings.Contains(out, "pmem") {
+		side.Device = "pmem"
+	}
 	settle()
-	if s.BeforeMiB, err = r.memSum(ctx, ids); err != nil {
-		return err
+	if side.BeforeMiB, err = rc.memSum(ctx, ids); err != nil {
+		return side, err
 	}
 	reads := make([]time.Duration, len(ids))
-	err = r.each(ctx, ids, func(i int, id string) error {
+	err = rc.each(ctx, ids, func(i int, id string) error {
 		t := time.Now()
-		err := execOK(ctx, r.c, id, "cat /bench/shared.bin > /dev/null")
+		err := execOK(ctx, c, id, "cat /bench/shared.bin > /dev/null")
 		reads[i] = time.Since(t)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("read the shared file: %w", err)
+		return side, fmt.Errorf("read the shared file: %w", err)
 	}
 	settle()
-	if s.AfterMiB, err = r.memSum(ctx, ids); err != nil {
-		return err
+	if side.AfterMiB, err = rc.memSum(ctx, ids); err != nil {
+		return side, err
 	}
-	s.ReadS = summarize90(reads).P50 / 1000
-	r.rep.Shared = s
-	r.o.logf("%d microVMs: %.0f MiB before the reads, %.0f MiB after", len(ids), s.BeforeMiB, s.AfterMiB)
-	return nil
+	side.ReadS = summarize90(reads).P50 / 1000
+	r.o.logf("%s: %d microVMs over %s: %.0f MiB before the reads, %.0f MiB after", side.Node, len(ids), side.Device, side.BeforeMiB, side.AfterMiB)
+	return side, nil
+}
+
+// execOut runs command in sandbox id and returns its stdout.
+func execOut(ctx context.Context, c *apiclient.Clients, id, command string) (string, error) {
+	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: command}))
+	if err != nil {
+		return "", err
+	}
+	defer stream.Close()
+	var out []byte
+	for stream.Receive() {
+		out = append(out, stream.Msg().GetStdout()...)
+	}
+	return string(out), stream.Err()
 }
 
 // settle gives the guests a moment to finish what a boot or a read left
@@ -778,13 +842,12 @@ func (r *VMReport) checks() []VMCheck {
 		add("resume → first exec p50", ms(p.ResumeExec.P50), fmt.Sprintf("≤ %d ms", resumeTargetMs), p.ResumeExec.P50 <= resumeTargetMs)
 	}
 	if s := r.Shared; s != nil {
-		if s.SharedMiB > 0 {
-			ratio := s.SharedMiB / s.AfterMiB
-			add(fmt.Sprintf("%d microVMs reading %d MiB of a base layer: host memory shared / not", s.VMs, s.FileMiB),
-				fmt.Sprintf("%.2f× (%.0f vs %.0f MiB)", ratio, s.SharedMiB, s.AfterMiB), fmt.Sprintf("≤ %.1f×", sharedTargetRatio), ratio <= sharedTargetRatio)
+		name := fmt.Sprintf("%d microVMs reading %d MiB of a base layer: host memory shared / not", s.VMs, s.FileMiB)
+		if s.Ratio > 0 {
+			add(name, fmt.Sprintf("%.2f× (%.0f vs %.0f MiB)", s.Ratio, s.Pmem.AfterMiB, s.Blk.AfterMiB), fmt.Sprintf("≤ %.1f×", sharedTargetRatio), s.Ratio <= sharedTargetRatio)
 		} else {
-			out = append(out, VMCheck{Name: fmt.Sprintf("%d microVMs reading %d MiB of a base layer: host memory shared / not", s.VMs, s.FileMiB),
-				Value: fmt.Sprintf("%.0f MiB over %s, shared: not measured", s.AfterMiB, s.Disk), Target: fmt.Sprintf("≤ %.1f×", sharedTargetRatio), Verdict: "PENDING"})
+			out = append(out, VMCheck{Name: name, Value: fmt.Sprintf("%.0f MiB over %s, shared: not measured", s.Blk.AfterMiB, s.Blk.Device),
+				Target: fmt.Sprintf("≤ %.1f×", sharedTargetRatio), Verdict: "PENDING"})
 		}
 	}
 	if s := r.Idle; s != nil {
@@ -841,8 +904,13 @@ func (r *VMReport) Print(w io.Writer) {
 			p.ResidentMiB, p.ReleasedPct, p.ReleasedMin, p.ColdFrom)
 	}
 	if s := r.Shared; s != nil {
-		fmt.Fprintf(w, "shared: %d microVMs on one base layer over %s: %.0f MiB of host memory booted, %.0f MiB once each read its %d MiB (one read %.1f s)\n",
-			s.VMs, s.Disk, s.BeforeMiB, s.AfterMiB, s.FileMiB, s.ReadS)
+		for _, side := range []*VMSharedSide{&s.Blk, s.Pmem} {
+			if side == nil {
+				continue
+			}
+			fmt.Fprintf(w, "shared: %d microVMs on node %s, the layer over %s: %.0f MiB of host memory booted, %.0f MiB once each read its %d MiB (one read %.1f s)\n",
+				s.VMs, side.Node, side.Device, side.BeforeMiB, side.AfterMiB, s.FileMiB, side.ReadS)
+		}
 		if s.Pending != "" {
 			fmt.Fprintln(w, "shared:", s.Pending)
 		}

@@ -41,7 +41,7 @@ func TestVMReportChecks(t *testing.T) {
 		Warm: VMLatency{N: 5, P50: 30, P90: 45}, WarmHits: 5,
 		GVisorCold: VMLatency{N: 5, P50: 150, P90: 160},
 		Pause:      &VMPause{ResumeExec: VMLatency{N: 5, P50: 200}, ResidentMiB: 300, ReleasedPct: 99, ReleasedMin: 95, ColdP50: 3400, RestoreFaster: 17},
-		Shared:     &VMShared{VMs: 8, FileMiB: 200, Disk: "virtio-blk", BeforeMiB: 1600, AfterMiB: 2400, Pending: "pending"},
+		Shared:     &VMShared{VMs: 8, FileMiB: 200, Blk: VMSharedSide{Node: "n1", Device: "virtio-blk", BeforeMiB: 1600, AfterMiB: 2400}, Pending: "pending"},
 		Idle:       &VMIdle{VMs: 32, Started: 32, Answering: 32, MemMeanMiB: 190, MemMaxMiB: 200, CPUMeanPct: 1.5, CPUMaxPct: 3, CPUOver: 2},
 	}
 	r.Checks = r.checks()
@@ -76,6 +76,15 @@ func TestVMReportChecks(t *testing.T) {
 		"≤ 3000 ms under tcg", "85.0×", "17.0× (200 vs 3400 ms)", "shared: not measured", "PENDING"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("the report lacks %q:\n%s", s, out)
+		}
+	}
+
+	// With a node of shared pages the line has its ratio and verdict.
+	r.Shared.Pmem = &VMSharedSide{Node: "n2", Device: "pmem", AfterMiB: 1300}
+	r.Shared.Ratio, r.Shared.Pending = 1300.0/2400, ""
+	for _, c := range r.checks() {
+		if strings.HasPrefix(c.Name, "8 microVMs") && (c.Verdict != "PASS" || c.Value != "0.54× (1300 vs 2400 MiB)") {
+			t.Errorf("shared line with pmem: %+v", c)
 		}
 	}
 

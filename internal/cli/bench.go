@@ -286,7 +286,7 @@ func (a *app) benchE2BCommand() *cobra.Command {
 func (a *app) benchVMCommand() *cobra.Command {
 	o := bench.VMOptions{Env: benchEnv, Rounds: 5, Execs: 50, WarmPool: 2, Pauses: 5, SharedVMs: 8, SharedMiB: 200, VMs: 32,
 		IdleWindow: 30 * time.Second, MemoryMiB: 256, Parallel: 2}
-	var only string
+	var only, pmemAddr, pmemToken string
 	cmd := &cobra.Command{
 		Use:   "vm",
 		Short: "microVMs and gVisor against runc in one run: create → first exec (cold, warm pool), restore and resume, pause, shared layer pages, idle microVMs, gVisor side by side",
@@ -294,7 +294,8 @@ func (a *app) benchVMCommand() *cobra.Command {
 			"issue 30, each against its baseline measured in the same run (a runc container, a cold boot), and\n" +
 			"prints the node's accelerator (kvm or tcg), the machine's cores and memory, and PASS/MISS for each\n" +
 			"target. Parts (--only, comma-separated): cold, warm, pause (restore and resume), shared, idle,\n" +
-			"gvisor. microVMs boot --parallel at a time: under TCG a boot takes a core for seconds.",
+			"gvisor. microVMs boot --parallel at a time: under TCG a boot takes a core for seconds. The shared\n" +
+			"part compares --addr's node with a node whose layers are shared pages (--shared-pmem-addr).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			parts, err := bench.ParseVMParts(only)
@@ -302,6 +303,11 @@ func (a *app) benchVMCommand() *cobra.Command {
 				return err
 			}
 			o.Parts = parts
+			if pmemAddr != "" {
+				if o.Pmem, err = apiclient.DialWith(pmemAddr, apiclient.Options{Token: pmemToken, TokenName: "--shared-pmem-token"}); err != nil {
+					return err
+				}
+			}
 			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
 				return bench.RunVM(ctx, a.c, o)
 			})
@@ -316,6 +322,8 @@ func (a *app) benchVMCommand() *cobra.Command {
 	f.IntVar(&o.Pauses, "pauses", o.Pauses, "pause → resume → first exec rounds")
 	f.IntVar(&o.SharedVMs, "shared-vms", o.SharedVMs, "microVMs reading the same file of a base layer")
 	f.IntVar(&o.SharedMiB, "shared-mib", o.SharedMiB, "that file's size")
+	f.StringVar(&pmemAddr, "shared-pmem-addr", "", "a second dsecd on this host, run with --vm-pmem-layers, for the shared part's figure with shared pages (default: none, that figure pending)")
+	f.StringVar(&pmemToken, "shared-pmem-token", "", "its token")
 	f.IntVar(&o.VMs, "vms", o.VMs, "idle microVMs held at once")
 	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long the idle microVMs' CPU is measured")
 	f.IntVar(&o.MemoryMiB, "memory-mib", o.MemoryMiB, "each microVM's memory")
