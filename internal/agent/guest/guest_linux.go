@@ -208,7 +208,10 @@ type mount struct {
 
 // mounts are the file systems every guest has, in order.
 var mounts = []mount{
-	{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+	// hidepid=ptraceable, as a container's /proc: the agent (pid 1) is
+	// non-dumpable and no command holds CAP_SYS_PTRACE, so root in the
+	// guest does not even see it.
+	{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "hidepid=ptraceable"},
 	{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 	{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
 	{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "mode=0620,ptmxmode=0666"},
