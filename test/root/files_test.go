@@ -135,7 +135,14 @@ func TestImportTreeWithDevNodes(t *testing.T) {
 func TestFilesSessionsAndBackground(t *testing.T) {
 	d := startDaemon(t)
 	sb := create(t, d, nil)
-	id := sb.GetId()
+	checkFilesSessionsAndBackground(t, d, sb.GetId())
+}
+
+// checkFilesSessionsAndBackground: files written, read and listed through
+// the API, dsec cp both ways, a session keeping its directory and
+// environment, and a background command reattached after its stream ended.
+func checkFilesSessionsAndBackground(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
 	ctx := context.Background()
 	sc := d.Clients.Sandboxes
 
@@ -213,11 +220,7 @@ func TestCLIShellAndJSON(t *testing.T) {
 	}
 	id := strings.TrimSpace(out)
 	t.Cleanup(func() { d.CLI("", "rm", id) })
-	// A PTY shell (-t) driven from a pipe: its output comes back through the terminal.
-	out, errOut, code = d.CLI("echo from-pty; tty; exit 3\n", "shell", "-t", id)
-	if code != 3 || !strings.Contains(out, "from-pty") || !strings.Contains(out, "/dev/pts/") {
-		t.Fatalf("shell: code %d, out %q, err %q", code, out, errOut)
-	}
+	checkPTYShell(t, d, id)
 	out, _, code = d.CLI("", "--json", "ls", "--label", "cli=1")
 	if code != 0 || !strings.Contains(out, `"id": "`+id+`"`) {
 		t.Fatalf("ls --json: %q", out)
@@ -241,5 +244,15 @@ func TestCLIShellAndJSON(t *testing.T) {
 	out, _, _ = d.CLI("", "ls", "--state", "running")
 	if strings.Contains(out, id) {
 		t.Fatalf("rm --label left %s running", id)
+	}
+}
+
+// checkPTYShell: a PTY shell (dsec shell -t) driven from a pipe: its output
+// comes back through the terminal, and its exit code is the CLI's.
+func checkPTYShell(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
+	out, errOut, code := d.CLI("echo from-pty; tty; exit 3\n", "shell", "-t", id)
+	if code != 3 || !strings.Contains(out, "from-pty") || !strings.Contains(out, "/dev/pts/") {
+		t.Fatalf("shell: code %d, out %q, err %q", code, out, errOut)
 	}
 }

@@ -31,19 +31,7 @@ func TestLifecycleAndExec(t *testing.T) {
 		t.Fatalf("new sandbox: %v", sb)
 	}
 
-	r := sh(t, d, sb.GetId(), `echo out-$GREETING; echo err >&2; exit 3`)
-	if r.stdout != "out-hi\n" || r.stderr != "err\n" || r.exit.GetExitCode() != 3 ||
-		r.exit.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_NONZERO {
-		t.Fatalf("separate streams and exit code: %s", r)
-	}
-	r = execReq(t, d, &dsecv1.ExecRequest{SandboxId: sb.GetId(), Argv: []string{"cat"}, Stdin: []byte("from stdin")})
-	if r.stdout != "from stdin" {
-		t.Fatalf("stdin: %s", r)
-	}
-	r = execReq(t, d, &dsecv1.ExecRequest{SandboxId: sb.GetId(), Command: "pwd; id -u; echo $X", Cwd: "/tmp", User: "nobody", Env: map[string]string{"X": "y"}})
-	if r.stdout != "/tmp\n65534\ny\n" {
-		t.Fatalf("cwd, user and env: %s", r)
-	}
+	checkExec(t, d, sb.GetId())
 
 	list, err := d.Clients.Sandboxes.List(context.Background(), connect.NewRequest(&dsecv1.ListRequest{Labels: map[string]string{"job": "life"}}))
 	if err != nil || len(list.Msg.GetSandboxes()) != 1 {
@@ -73,6 +61,27 @@ func TestLifecycleAndExec(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(d.Root, "upper", sb.GetId())); !os.IsNotExist(err) {
 		t.Fatalf("upper dir still there: %v", err)
+	}
+}
+
+// checkExec: sandbox id, created with the environment GREETING=hi, keeps
+// a command's stdout and stderr apart, reports its exit code, takes stdin,
+// and runs in the asked directory, as the asked user, with the asked
+// environment. TestOtherIsolations runs it under gVisor and in a microVM.
+func checkExec(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
+	r := sh(t, d, id, `echo out-$GREETING; echo err >&2; exit 3`)
+	if r.stdout != "out-hi\n" || r.stderr != "err\n" || r.exit.GetExitCode() != 3 ||
+		r.exit.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_NONZERO {
+		t.Fatalf("separate streams and exit code: %s", r)
+	}
+	r = execReq(t, d, &dsecv1.ExecRequest{SandboxId: id, Argv: []string{"cat"}, Stdin: []byte("from stdin")})
+	if r.stdout != "from stdin" {
+		t.Fatalf("stdin: %s", r)
+	}
+	r = execReq(t, d, &dsecv1.ExecRequest{SandboxId: id, Command: "pwd; id -u; echo $X", Cwd: "/tmp", User: "nobody", Env: map[string]string{"X": "y"}})
+	if r.stdout != "/tmp\n65534\ny\n" {
+		t.Fatalf("cwd, user and env: %s", r)
 	}
 }
 
@@ -389,7 +398,14 @@ func TestLimits(t *testing.T) {
 func TestTimeoutKillsTree(t *testing.T) {
 	d := startDaemon(t)
 	sb := create(t, d, nil)
-	r := execReq(t, d, &dsecv1.ExecRequest{SandboxId: sb.GetId(),
+	checkTimeoutKillsTree(t, d, sb.GetId())
+}
+
+// checkTimeoutKillsTree: a command's timeout ends it and every process it
+// started, those that left its session included.
+func checkTimeoutKillsTree(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
+	r := execReq(t, d, &dsecv1.ExecRequest{SandboxId: id,
 		Command: `setsid sh -c 'sleep 1000' & (sleep 999 &) ; sleep 998`, TimeoutSeconds: 1})
 	if r.exit.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_TIMEOUT {
 		t.Fatalf("status %s, want timeout", r)
@@ -397,7 +413,7 @@ func TestTimeoutKillsTree(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var left []string
-		for _, line := range strings.Split(mustSh(t, d, sb.GetId(), "ps -o args"), "\n") {
+		for _, line := range strings.Split(mustSh(t, d, id, "ps -o args"), "\n") {
 			if strings.HasPrefix(strings.TrimSpace(line), "sleep ") {
 				left = append(left, line)
 			}
@@ -415,7 +431,14 @@ func TestTimeoutKillsTree(t *testing.T) {
 func TestAgentChannelUnreachable(t *testing.T) {
 	d := startDaemon(t)
 	sb := create(t, d, nil)
-	id := sb.GetId()
+	checkAgentProtected(t, d, sb.GetId())
+}
+
+// checkAgentProtected: root in sandbox id cannot reach its agent (pid 1's
+// descriptors, environment, memory; killing it), sees no socket of the
+// platform, and cannot hijack the platform's shell.
+func checkAgentProtected(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
 	for _, c := range []struct{ name, cmd string }{
 		{"list /proc/1/fd", "ls /proc/1/fd"},
 		{"read /proc/1/environ", "cat /proc/1/environ"},
