@@ -107,8 +107,9 @@ type Deviations struct {
 	// whole, agent included, instead of losing only the process that
 	// allocated. gVisor: the limit is on the host cgroup of the sentry and
 	// the gofer, and the host's OOM killer kills the sentry (docs/gvisor.md).
-	// The suite checks that the sandbox then stops running and that Delete
-	// removes it.
+	// The suite checks that the sandbox then stops running, that Status
+	// counts the OOM kill and names its memory in Reason (what the edge
+	// fails it with: REASON_OOM), and that Delete removes it.
 	OOMKillsSandbox bool
 	// PidsNotEnforced: Spec.Pids does not cap the sandbox's processes.
 	// gVisor: the sandbox's processes are the sentry's, and the host

@@ -195,7 +195,8 @@ read x`
 // testMemory: a process allocating twice Spec.MemoryBytes is OOM-killed,
 // which the agent reports (EXIT_STATUS_OOM) and Status counts, and the
 // agent lives on and runs commands; under Deviations.OOMKillsSandbox the
-// whole sandbox stops running instead (Delete then removes it).
+// whole sandbox stops running instead, Status counting the OOM kill and
+// saying why in its Reason (Delete then removes it).
 func testMemory(t *testing.T, sb *sandbox) {
 	sb.n.needCommands(t)
 	ctx := context.Background()
@@ -215,6 +216,12 @@ func testMemory(t *testing.T, sb *sandbox) {
 		}) {
 			t.Fatalf("Status after the sandbox ran out of memory = %+v, %v; want it known and not running (Deviations.OOMKillsSandbox)", st, err)
 		}
+		// What the edge fails the sandbox with: REASON_OOM for a counted
+		// kill, and the runtime's words.
+		if st.OOMKills <= before.OOMKills || !strings.Contains(st.Reason, "memory") {
+			t.Errorf("Status after the sandbox ran out of memory = %+v; want an OOM kill counted and a reason naming its memory (Deviations.OOMKillsSandbox)", st)
+		}
+		t.Logf("Status after the sandbox ran out of memory: %d OOM kills, %q", st.OOMKills, st.Reason)
 		sb.n.silent(sb.spec.ID, "after its sandbox ran out of memory", sb.dial)
 		return
 	}

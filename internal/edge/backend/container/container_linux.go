@@ -1022,7 +1022,23 @@ func (r *Container) Status(ctx context.Context, id string) (backend.Status, erro
 	if cs, err := r.layout.Stats(r.cgroupRel(id)); err == nil {
 		st.OOMKills, st.MemoryBytes = cs.OOMKills, cs.MemoryBytes
 	}
+	if r.gvisor() && !st.Running && st.OOMKills > 0 {
+		st.Reason = r.gvisorOOMReason(id)
+	}
 	return st, nil
+}
+
+// gvisorOOMReason says why a gVisor sandbox whose cgroup counted an OOM
+// kill stopped: the memory limit is on the host cgroup of the sentry and
+// the gofer, so the host's OOM killer ends the sentry and everything in
+// the sandbox with it, not the one process that allocated.
+func (r *Container) gvisorOOMReason(id string) string {
+	limit := ""
+	if u, err := r.layout.Usage(r.cgroupRel(id)); err == nil && u.MemoryLimit > 0 {
+		limit = fmt.Sprintf(" of %d MiB", u.MemoryLimit>>20)
+	}
+	return "out of memory: the sandbox reached its memory limit" + limit +
+		" and the host's OOM killer ended gVisor's sentry, with every process of the sandbox"
 }
 
 // Usage reads sandbox id's CPU time and memory from its cgroups and its
