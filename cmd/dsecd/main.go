@@ -95,9 +95,9 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.StringVar(&cfg.Runtime, "runtime", "runc", "OCI runtime of the container isolation: runc or crun (an edge also takes fake: a hollow node that starts nothing); runsc is deprecated here: it means --runsc with --runtime-path")
 	fs.StringVar(&cfg.RuntimePath, "runtime-path", "", "the runtime's binary (default: --runtime on PATH)")
 	fs.StringVar(&cfg.Runsc, "runsc", os.Getenv("DSEC_RUNSC"), "gVisor's runsc, for the gvisor isolation beside runc: a path that must work, none for no gvisor (default $DSEC_RUNSC, else runsc on PATH or "+daemon.DefaultRunsc+" when it works; scripts/build-runsc.sh builds it)")
-	fs.Func("runsc-platform", "runsc's platform for the gvisor isolation: systrap (default) or ptrace", func(v string) error {
-		if v != "systrap" && v != "ptrace" {
-			return fmt.Errorf("runsc platform %q: want systrap or ptrace (kvm is not supported yet)", v)
+	fs.Func("runsc-platform", "runsc's platform for the gvisor isolation: systrap, ptrace or kvm (default: kvm where /dev/kvm runs stock guests, else systrap)", func(v string) error {
+		if v != "systrap" && v != "ptrace" && v != "kvm" {
+			return fmt.Errorf("runsc platform %q: want systrap, ptrace or kvm", v)
 		}
 		cfg.RunscPlatform = v
 		return nil

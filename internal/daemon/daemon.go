@@ -69,7 +69,8 @@ type Config struct {
 	// scripts/build-runsc.sh's DefaultRunsc; offered when it works), or
 	// NoRunsc for no gvisor.
 	Runsc string
-	// RunscPlatform is runsc's --platform: systrap (default) or ptrace.
+	// RunscPlatform is runsc's --platform: systrap, ptrace or kvm; ""
+	// picks kvm where /dev/kvm runs stock guests, else systrap.
 	RunscPlatform string
 	// VMKernelDir is the microVM guest kernel's directory
 	// (scripts/build-vm-kernel.sh); the node offers the microvm isolation

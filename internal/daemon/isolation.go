@@ -11,6 +11,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend/container"
 	"dsec.dev/dsec/internal/edge/backend/microvm"
 	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/vm/qemu"
 )
 
 // NoRunsc turns gVisor off: Config.Runsc "none" offers no gvisor isolation
@@ -70,7 +71,11 @@ func openRuntimes(ctx context.Context, cfg Config, base container.Config, log *s
 	}
 
 	gv := base
-	gv.Runtime, gv.RuntimePath, gv.RunscPlatform = "runsc", cfg.Runsc, cfg.RunscPlatform
+	platform, why := runscPlatform(cfg.RunscPlatform, qemu.DetectAccel)
+	gv.Runtime, gv.RuntimePath, gv.RunscPlatform = "runsc", cfg.Runsc, platform
+	if cfg.Runsc != NoRunsc && cfg.Runsc != "" {
+		log.Info("gVisor's platform", "platform", platform, "why", why)
+	}
 	switch {
 	case cfg.Runsc == NoRunsc:
 		o.missing[dsecv1.Isolation_ISOLATION_GVISOR] = "gVisor is turned off on this node (dsecd --runsc none)"
@@ -105,4 +110,19 @@ func openRuntimes(ctx context.Context, cfg Config, base container.Config, log *s
 		return nil, nil, err
 	}
 	return o.runtimes, o.missing, nil
+}
+
+// runscPlatform is the platform the gvisor isolation runs on, and why:
+// the one named (dsecd --runsc-platform), else kvm where /dev/kvm runs
+// stock guests (detect, qemu.DetectAccel: the same test as the microvm
+// isolation's, since a /dev/kvm of kvm_pvm on a CPU without vmx or svm
+// runs neither), else systrap, which needs no KVM.
+func runscPlatform(named string, detect func() (qemu.Accel, string)) (platform, why string) {
+	if named != "" {
+		return named, "named by --runsc-platform"
+	}
+	if accel, noKVM := detect(); accel != qemu.KVM {
+		return "systrap", "no usable KVM: " + noKVM
+	}
+	return "kvm", "/dev/kvm runs stock guests"
 }

@@ -13,6 +13,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend/fake"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/vm/qemu"
 )
 
 // TestFillRunsc: a named runsc is required, none turns gVisor off, and the
@@ -81,5 +82,30 @@ func TestOffersAdd(t *testing.T) {
 	}
 	if err := o.add(ctx, sandbox.GVisorKind, false, open(nil)); err != nil || o.runtimes[sandbox.GVisorKind] == nil {
 		t.Errorf("a working runtime: %v, offered %v", err, o.runtimes)
+	}
+}
+
+// TestRunscPlatform: a named platform is taken as named; otherwise kvm
+// where the accelerator test finds a /dev/kvm that runs stock guests,
+// else systrap (this machine kind: no /dev/kvm, or kvm_pvm's without vmx).
+func TestRunscPlatform(t *testing.T) {
+	kvm := func() (qemu.Accel, string) { return qemu.KVM, "" }
+	tcg := func() (qemu.Accel, string) { return qemu.TCG, "open /dev/kvm: no such file or directory" }
+	for _, tc := range []struct {
+		name, named string
+		detect      func() (qemu.Accel, string)
+		want, why   string
+	}{
+		{"kvm found", "", kvm, "kvm", "/dev/kvm"},
+		{"no kvm", "", tcg, "systrap", "no such file"},
+		{"named ptrace beside kvm", "ptrace", kvm, "ptrace", "--runsc-platform"},
+		{"named kvm", "kvm", tcg, "kvm", "--runsc-platform"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := runscPlatform(tc.named, tc.detect)
+			if got != tc.want || !strings.Contains(why, tc.why) {
+				t.Errorf("runscPlatform(%q) = %q, %q; want %q, a reason holding %q", tc.named, got, why, tc.want, tc.why)
+			}
+		})
 	}
 }

@@ -16,8 +16,8 @@ type Config struct {
 	UpperFSBytes int64  // size of that file system (sparse); 0 = 80% of free space on the host fs, at least 1 GiB
 	Runtime      string // "runc" (default), "crun" or "runsc" (gVisor)
 	RuntimePath  string // default: look up Runtime in PATH
-	// RunscPlatform is runsc's --platform: "systrap" (default) or
-	// "ptrace"; "kvm" where /dev/kvm answers.
+	// RunscPlatform is runsc's --platform: "systrap" (default), "ptrace"
+	// or "kvm" (where /dev/kvm runs stock guests; dsecd picks it there).
 	RunscPlatform string
 	CgroupParent  string // default "dsec"
 	AgentDir      string // host dir with dsec-agent and sh, bind-mounted read-only (nosuid,nodev) at /.dsec/bin
