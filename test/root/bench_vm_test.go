@@ -18,6 +18,7 @@ import (
 // node offering microvm and gvisor, and checks that every figure was
 // measured, every target line has a verdict, and nothing is left behind.
 func TestBenchVM(t *testing.T) {
+	allInOneOnly(t)
 	d := startDaemon(t, "--vm-kernel-dir", testutil.VMKernelDir(t), "--runsc", testutil.Runsc(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -181,3 +181,15 @@ func requestBody(t testing.TB, body any) io.Reader {
 	}
 	return bytes.NewReader(data)
 }
+
+// allInOneOnly skips t in the cluster pass (DSEC_TEST_CLUSTER=1) of a
+// suite whose every step happens on the edge: a microVM's boot, faults,
+// pause or network are the same behind an apiserver, whose routing of
+// isolations TestIsolationsSideBySide and TestMicroVMSandbox prove in
+// both passes. Each TCG boot costs seconds of both of CI's cores.
+func allInOneOnly(t *testing.T) {
+	t.Helper()
+	if testutil.ClusterMode() {
+		t.Skip("runs in the all-in-one pass only: nothing it checks goes through the apiserver but the routing TestMicroVMSandbox covers")
+	}
+}

@@ -20,6 +20,7 @@ import (
 // the audit log has it all, a live rule update applies at once, and all of
 // it survives a kill -9 and restart of dsecd.
 func TestMicroVMNetwork(t *testing.T) {
+	allInOneOnly(t)
 	kernelDir := testutil.VMKernelDir(t)
 	k, err := kernel.Load(kernelDir)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 // resumes it with a file in /dev/shm (guest RAM) and a session's shell
 // variable (a process's memory) intact. It logs pause -> exec's time.
 func TestMicroVMPause(t *testing.T) {
+	allInOneOnly(t)
 	d := startDaemon(t, "--vm-kernel-dir", testutil.VMKernelDir(t))
 	id := create(t, d, &dsecv1.SandboxSpec{Isolation: dsecv1.Isolation_ISOLATION_MICROVM, MemoryMb: 256}).GetId()
 	sum := mustSh(t, d, id, "head -c 8388608 /dev/urandom > /dev/shm/f && md5sum /dev/shm/f")

@@ -32,6 +32,7 @@ var otherIsolations = []struct {
 // sandbox every other surface shares), one after the other, so at most
 // two microVMs run at once (a pool's refill beside its taken member).
 func TestOtherIsolations(t *testing.T) {
+	allInOneOnly(t)
 	runsc := testutil.Runsc(t)
 	kernelDir := testutil.VMKernelDir(t)
 	e := setupNetwork(t, "--runsc", runsc, "--vm-kernel-dir", kernelDir)

@@ -88,6 +88,7 @@ func waitGone(t *testing.T, d *testutil.Daemon, id string) {
 //     record (dsec inspect), leaves no QEMU, run directory or cgroup, while
 //     VM a still answers.
 func TestMicroVMFaults(t *testing.T) {
+	allInOneOnly(t)
 	runsc := testutil.Runsc(t)
 	kernelDir := testutil.VMKernelDir(t)
 	d := startDaemon(t, "--runsc", runsc, "--vm-kernel-dir", kernelDir)
