@@ -23,6 +23,10 @@ const (
 	// MethodCopy is a walk of the upper that copies file contents
 	// (copy_file_range, holes kept).
 	MethodCopy Method = "copy"
+	// MethodDiskClone is a VM's writable disk image cloned (a reflink,
+	// else a copy of its data ranges) and mounted on the host: its upper
+	// dir is the tree. The microvm backend makes it (NewTree).
+	MethodDiskClone Method = "disk-clone"
 )
 
 // Tree is a captured upper: a private copy of a sandbox's writable layer,
@@ -39,13 +43,26 @@ type Tree struct {
 	// btrfs snapshot, which walks nothing.
 	Entries, Bytes int64
 
-	root string // what Remove deletes: Capture's dst
+	root   string       // what Remove deletes: Capture's dst
+	remove func() error // what Remove runs instead, for a NewTree
+}
+
+// NewTree is a capture a runtime made on its own (a VM's disk cloned and
+// mounted): dir holds the upper dir's contents, which Pack edits in place,
+// and remove deletes it all.
+func NewTree(dir string, m Method, took time.Duration, remove func() error) *Tree {
+	return &Tree{Dir: dir, Method: m, Took: took, remove: remove}
 }
 
 // Remove deletes the captured tree (a btrfs snapshot is destroyed as a
 // whole). It is cleanup and not cancellable; the Tree must not be used
 // after it.
-func (t *Tree) Remove() error { return RemoveCapture(t.root) }
+func (t *Tree) Remove() error {
+	if t.remove != nil {
+		return t.remove()
+	}
+	return RemoveCapture(t.root)
+}
 
 // PackOptions say how Pack turns a Tree into a layer.
 type PackOptions struct {

@@ -35,6 +35,7 @@
 //	<StateDir>/vms/<id>/{qmp,agent,console}.sock, console.log, qemu.log
 //	<StateDir>/vms/<id>/exit                    why QEMU ended, written by the instance that saw it
 //	<StateDir>/vms/<id>/netns                   the edge's network namespace of a networked VM (its tap's)
+//	<StateDir>/captures/<id>.<name>/            a capture: upper.ext4, the disk's clone, mounted at mnt/
 //	<cgroup>/<CgroupParent>/<id>                QEMU's cgroup (memory, pids, cpu, cpuacct, freezer on v1)
 //
 // A sandbox with a network namespace (Spec.NetnsPath) gets a virtio-net
@@ -49,6 +50,9 @@
 // ends its QEMU (package vm/vmstate), its RAM dropped from the host's
 // memory; Resume runs it again in a new QEMU.
 //
-// Not yet: snapshots (Features.Snapshot), the
-// sandbox's pids limit inside the guest.
+// Capture (capture_linux.go) clones a frozen VM's writable disk and mounts
+// the clone on the host, whose upper/ package snapshot packs into a layer;
+// Freeze has the guest sync first.
+//
+// Not yet: the sandbox's pids limit inside the guest.
 package microvm

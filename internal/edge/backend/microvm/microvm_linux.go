@@ -88,9 +88,10 @@ func New(cfg Config) (*Runtime, error) {
 }
 
 // Features: network (a tap in the edge's namespace, package vmnet),
-// pause (Pauser) and the accelerator; no snapshots yet.
+// pause (Pauser), snapshots (Snapshotter: the writable disk cloned) and
+// the accelerator.
 func (r *Runtime) Features() backend.Features {
-	return backend.Features{Network: true, Pause: true, Accelerator: string(r.cfg.Accel)}
+	return backend.Features{Network: true, Pause: true, Snapshot: true, Accelerator: string(r.cfg.Accel)}
 }
 
 // Init checks that the node can run VMs (QEMU, the guest kernel, the
@@ -124,6 +125,9 @@ func (r *Runtime) Init(ctx context.Context) error {
 		return fmt.Errorf("init microvm runtime: %w", err)
 	}
 	if err := os.MkdirAll(r.vmsDir(), 0o700); err != nil {
+		return fmt.Errorf("init microvm runtime: %w", err)
+	}
+	if err := r.clearCaptures(); err != nil {
 		return fmt.Errorf("init microvm runtime: %w", err)
 	}
 	r.qemu, r.kernel, r.accel, r.layout = bin, k, r.cfg.Accel, layout
@@ -196,6 +200,9 @@ func (r *Runtime) Teardown(ctx context.Context) error {
 		errs = append(errs, r.layout.RemoveParent(r.cfg.CgroupParent))
 	}
 	if err := os.Remove(r.vmsDir()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("tear down microvm runtime: %w", err))
+	}
+	if err := os.Remove(r.capturesDir()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("tear down microvm runtime: %w", err))
 	}
 	if err := os.RemoveAll(filepath.Join(r.cfg.StateDir, "initramfs")); err != nil {

@@ -171,7 +171,9 @@ func (r *Runtime) Frozen(ctx context.Context, id string) (bool, error) {
 }
 
 // Freeze stops VM id's vCPUs, its memory kept (a capture of its disk). A
-// VM saved by Pause is frozen already.
+// running guest first syncs (syncGuest), so its writable disk holds what
+// the sandbox wrote; QMP stop then flushes QEMU's block layer to the
+// disk's file. A VM saved by Pause is frozen already.
 func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	dir, err := r.existing(id, "freeze")
 	if err != nil {
@@ -182,6 +184,17 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	}
 	q, err := r.monitor(ctx, id, dir, "freeze")
 	if err != nil {
+		return err
+	}
+	st, err := q.QueryStatus(ctx)
+	q.Close() // QEMU's monitor takes one client at a time: not held through the sync
+	if err != nil {
+		return fmt.Errorf("freeze sandbox %s: %w", id, err)
+	}
+	if st.Running {
+		r.syncGuest(ctx, id, dir)
+	}
+	if q, err = r.monitor(ctx, id, dir, "freeze"); err != nil {
 		return err
 	}
 	defer q.Close()
