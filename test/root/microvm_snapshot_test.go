@@ -19,6 +19,7 @@ import (
 // deleted one, and the VM runs on. One VM.
 func TestMicroVMSnapshot(t *testing.T) {
 	allInOneOnly(t)
+	allInOneOnly(t)
 	d := startDaemon(t, "--vm-kernel-dir", testutil.VMKernelDir(t))
 	id := create(t, d, &dsecv1.SandboxSpec{Isolation: dsecv1.Isolation_ISOLATION_MICROVM, MemoryMb: 256}).GetId()
 	mustSh(t, d, id, "mkdir -p /work && echo written in the vm > /work/vm.txt && rm /bin/vi")
