@@ -190,9 +190,6 @@ func surfaces(t *testing.T, e *netEnv, iso dsecv1.Isolation) {
 			t.Fatal(err)
 		}
 		e.probeFails(t, id, "get http://"+e.other.addr+"/")
-		if iso == dsecv1.Isolation_ISOLATION_GVISOR {
-			t.Skip("gVisor: the sandbox cannot reach the edge's resolver on 127.0.0.53 (the sentry's netstack has its own loopback), so no name resolves and no domain rule opens (docs/gvisor.md)")
-		}
 		if out := e.probeOK(t, id, "get http://pypi.test/"); !strings.Contains(out, "hello from pypi.test") {
 			t.Errorf("an allowed host over HTTP: %q", out)
 		}

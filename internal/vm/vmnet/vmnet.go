@@ -36,6 +36,19 @@
 // The tap is persistent, so it outlives a QEMU process (a paused VM's next
 // QEMU opens it again with Attach); Detach removes it. Removing the
 // namespace removes it too.
+//
+// # A gVisor sentry
+//
+// runsc's own network stack (the sentry's netstack) takes the same
+// namespace over otherwise: it copies eth0's address, routes and MAC,
+// removes the address from eth0 and sends and receives the veth's frames
+// through a packet socket on eth0, so the namespace's IP stack never sees
+// what the sentry sends, and 127.0.0.53 is the sentry's own loopback. Its
+// nameserver is DNSAddr too: AttachSentry (after runsc has started)
+// turns frames to and from DNSAddr round on eth0's egress into its
+// ingress, where the namespace's stack (for the queries: the same table
+// ip dsecvm, on eth0) or the sentry's packet socket (for the replies)
+// takes them. Everything else leaves through the veth untouched.
 package vmnet
 
 import (
@@ -75,6 +88,13 @@ type Guest struct {
 	Gateway     netip.Addr   // on-link
 	MTU         int
 	Nameservers []netip.Addr // on-link too
+}
+
+// Sentry is what AttachSentry needs of a gVisor sandbox's network, read
+// (ReadSentry) before runsc takes eth0's address off it.
+type Sentry struct {
+	Addr netip.Prefix     // the sandbox's address (a /32)
+	MAC  net.HardwareAddr // the veth's, which the sentry keeps
 }
 
 // Args are dsec-agent guest mode's flags for g (words after "--" on the

@@ -77,7 +77,7 @@ func Attach(ctx context.Context, nsPath string) (l *Link, err error) {
 	if err := wire(h, veth, g); err != nil {
 		return nil, fmt.Errorf("attach vm network: %w", err)
 	}
-	if err := addDNSRedirect(nsf); err != nil {
+	if err := addDNSRedirect(nsf, TapName); err != nil {
 		return nil, fmt.Errorf("attach vm network: %w", err)
 	}
 	return &Link{Tap: tap, Guest: g}, nil
@@ -243,9 +243,10 @@ func ipv4Uint32(a netip.Addr) uint32 {
 	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 }
 
-// addDNSRedirect (re)makes the namespace's table ip dsecvm: IPv4 from the
-// guest to DNSAddr is sent to the resolver on 127.0.0.53.
-func addDNSRedirect(nsf *os.File) error {
+// addDNSRedirect (re)makes the namespace's table ip dsecvm: IPv4 arriving
+// on link ifname (the guest's tap, or eth0 for a gVisor sentry) to DNSAddr
+// is sent to the resolver on 127.0.0.53.
+func addDNSRedirect(nsf *os.File, ifname string) error {
 	c, err := nftables.New(nftables.WithNetNSFd(int(nsf.Fd())))
 	if err != nil {
 		return fmt.Errorf("open nftables in the netns: %w", err)
@@ -258,12 +259,12 @@ func addDNSRedirect(nsf *os.File) error {
 		Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest,
 	})
-	ifname := make([]byte, unix.IFNAMSIZ)
-	copy(ifname, TapName)
+	iif := make([]byte, unix.IFNAMSIZ)
+	copy(iif, ifname)
 	dns, resolver := DNSAddr.As4(), [4]byte{127, 0, 0, 53}
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: iif},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: dns[:]},
 		&expr.Immediate{Register: 1, Data: resolver[:]},

@@ -18,3 +18,13 @@ func Attach(ctx context.Context, nsPath string) (*Link, error) {
 func Detach(ctx context.Context, nsPath string) error {
 	return fmt.Errorf("detach vm network: %w", errdefs.ErrNotSupported)
 }
+
+// ReadSentry is only implemented on Linux.
+func ReadSentry(nsPath string) (Sentry, error) {
+	return Sentry{}, fmt.Errorf("read sentry network: %w", errdefs.ErrNotSupported)
+}
+
+// AttachSentry is only implemented on Linux.
+func AttachSentry(ctx context.Context, nsPath string, s Sentry) error {
+	return fmt.Errorf("attach sentry network: %w", errdefs.ErrNotSupported)
+}

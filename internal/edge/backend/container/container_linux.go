@@ -27,6 +27,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 	"dsec.dev/dsec/internal/edge/backend/container/quota"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/vm/vmnet"
 )
 
 // Container runs sandboxes as containers of an OCI runtime: the container
@@ -557,6 +558,12 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 		DiskQgroup:  qgroup,
 		FnCall:      r.fncall,
 	}
+	var sentry *vmnet.Sentry
+	if r.gvisor() {
+		if in.Spec.ResolvConf, sentry, err = gvisorDNS(s, bundle); err != nil {
+			return nil, err
+		}
+	}
 	var extra []*os.File
 	if r.gvisor() {
 		// No fds reach a gVisor sandbox's agent: it makes its socket in a
@@ -620,6 +627,11 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 		return nil, fmt.Errorf("%s run %s: %w: %s", r.cfg.Runtime, s.ID, err, runtimeErrors(runtimeLog))
 	}
 	tStarted := time.Now()
+	if sentry != nil {
+		if err := vmnet.AttachSentry(ctx, s.NetnsPath, *sentry); err != nil {
+			return nil, err
+		}
+	}
 	if r.gvisor() {
 		if err := r.adoptSocket(ctx, s.ID); err != nil {
 			return nil, err
