@@ -72,6 +72,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	loaded, failed := loadModules(k, log)
 	modulesTook := time.Since(start)
+	if cfg.KernelDir == kernel.GuestDir {
+		// The initramfs is RAM the guest keeps for as long as it runs:
+		// its module files are of no use once loaded.
+		if err := os.RemoveAll(kernel.GuestDir); err != nil {
+			log.Warn("remove the loaded modules", "err", err)
+		}
+	}
 	if err := upLoopback(); err != nil {
 		return err
 	}
