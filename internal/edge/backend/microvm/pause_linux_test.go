@@ -135,12 +135,11 @@ func captureUnsynced(t *testing.T, rt backend.Runtime, client agentclient.Client
 	}
 }
 
-// idleAnon checks what a booted VM's QEMU holds beside the guest's RAM
+// idleAnon logs what a booted VM's QEMU holds beside the guest's RAM
 // (its cgroup's memory less the page cache, where the RAM file is): TCG's
 // code buffer, which a boot fills and which stays resident, and QEMU's
 // own heap. With the buffer at 64 MiB a just-booted VM's QEMU held 89 MiB
-// of it; at 32 MiB, 48 to 58 MiB. The bound is the buffer's 32 MiB and 40
-// MiB for QEMU's own. Under KVM there is no buffer.
+// of it; at 32 MiB, 48 to 58 MiB. Under KVM there is no buffer.
 func idleAnon(t *testing.T, rt backend.Runtime, id string) {
 	t.Helper()
 	u, err := rt.(backend.Meter).Usage(context.Background(), id)
@@ -150,8 +149,9 @@ func idleAnon(t *testing.T, rt backend.Runtime, id string) {
 	anon := u.MemoryBytes - u.CacheBytes
 	t.Logf("booted VM: QEMU's cgroup %.1f MiB, of which page cache (the guest's RAM file) %.1f MiB, the rest %.1f MiB",
 		float64(u.MemoryBytes)/(1<<20), float64(u.CacheBytes)/(1<<20), float64(anon)/(1<<20))
-	if u.CacheBytes <= 0 || anon >= 72<<20 {
-		t.Errorf("QEMU holds %d MiB beside the guest's RAM (%d MiB in its cgroup, %d MiB page cache); want under 72 MiB",
-			anon>>20, u.MemoryBytes>>20, u.CacheBytes>>20)
+	// The figure is logged, not bounded: memory targets are the bench's
+	// (dsec bench vm --only idle prints them against their target).
+	if u.CacheBytes <= 0 {
+		t.Errorf("QEMU's cgroup holds no page cache (%d MiB in all): the guest's RAM is not the file it should be", u.MemoryBytes>>20)
 	}
 }
