@@ -3,7 +3,6 @@ package guest_test
 import (
 	"bytes"
 	"context"
-	"debug/elf"
 	"fmt"
 	"log/slog"
 	"os"
@@ -29,27 +28,12 @@ import (
 	"dsec.dev/dsec/internal/vm/kernel"
 	"dsec.dev/dsec/internal/vm/qemu"
 	"dsec.dev/dsec/internal/vm/qmp"
+	"dsec.dev/dsec/internal/vm/vmtest"
 )
 
 // bootTimeout bounds the boot of the test's guest: about 4 s under TCG on
 // an idle 2-core machine, far more on a loaded one.
 const bootTimeout = 3 * time.Minute
-
-// staticBusybox is the host's busybox, which the guest gets as its shell
-// and commands; it must be the static one (Debian's busybox-static).
-func staticBusybox(t *testing.T) string {
-	t.Helper()
-	p := testutil.RequireCommand(t, "busybox")
-	f, err := elf.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, prog := range f.Progs {
-		testutil.Require(t, prog.Type != elf.PT_INTERP, p+" is linked dynamically (install busybox-static)")
-	}
-	return p
-}
 
 // TestGuest boots one real microVM (under TCG here, KVM where the host has
 // it) from the built kernel with dsec-agent as its init, and talks to the
@@ -60,7 +44,7 @@ func TestGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	busybox := staticBusybox(t)
+	busybox := vmtest.StaticBusybox(t)
 	agentBin := filepath.Join(testutil.Binaries(t), "dsec-agent")
 
 	dir := t.TempDir()
@@ -75,7 +59,7 @@ func TestGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	layer, upper := makeDisks(t, dir, busybox)
+	layer, upper := vmtest.MakeDisks(t, dir, busybox)
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx := context.Background()
@@ -344,49 +328,6 @@ func TestGuest(t *testing.T) {
 	if err != nil || string(out) != "written in the guest\n" {
 		t.Errorf("the writable disk's /upper/written.txt: %q, %v", out, err)
 	}
-}
-
-// makeDisks makes the guest's root disks in dir: an EROFS layer holding
-// busybox (as /bin/*) and /hello.txt, and an empty ext4 writable disk.
-func makeDisks(t *testing.T, dir, busybox string) (layer, upper string) {
-	t.Helper()
-	for _, cmd := range []string{"mkfs.erofs", "mkfs.ext4", "debugfs"} {
-		testutil.RequireCommand(t, cmd)
-	}
-	tree := filepath.Join(dir, "layer")
-	if err := os.MkdirAll(filepath.Join(tree, "bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(busybox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(tree, "bin", "busybox"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, applet := range []string{"sh", "echo", "cat", "uname", "true", "sync"} {
-		if err := os.Symlink("busybox", filepath.Join(tree, "bin", applet)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(tree, "hello.txt"), []byte("from the layer\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	layer = filepath.Join(dir, "layer.erofs")
-	upper = filepath.Join(dir, "upper.ext4")
-	if out, err := osexec.Command("mkfs.erofs", "--quiet", layer, tree).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.erofs: %v\n%s", err, out)
-	}
-	if err := os.WriteFile(upper, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(upper, 64<<20); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := osexec.Command("mkfs.ext4", "-q", "-F", upper).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
-	}
-	return layer, upper
 }
 
 // cpuTime is the CPU time process pid has used (user and system).
