@@ -15,11 +15,11 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/testutil"
 	"dsec.dev/dsec/internal/watcher"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // overTransports runs a test with the edges called in-process, over
@@ -242,7 +242,7 @@ func TestEarlyRefusalReachesTheCaller(t *testing.T) {
 	a := &fakeLayers{name: "s3://one", store: newFakeBlobStore(),
 		refuse: fmt.Errorf("upload layer a:1: the archive is over the 1 GiB an upload may have (dsecd --max-upload-bytes): %w", errdefs.ErrResourceExhausted)}
 	hs := startServer(t, true, true, []watcher.Node{layerNode("a", a)})
-	c, err := apiclient.DialWith(hs.URL, apiclient.Options{})
+	c, err := dsec.Dial(hs.URL, dsec.DialOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // The limits of every benchmarked sandbox, and of the runc bundles measured
@@ -111,7 +111,7 @@ func (o *Options) logf(format string, args ...any) {
 }
 
 // Run measures dsec through c and, when asked, the bare runtime beside it.
-func Run(ctx context.Context, c *apiclient.Clients, o Options) (*Report, error) {
+func Run(ctx context.Context, c *dsec.Conn, o Options) (*Report, error) {
 	rep := &Report{Env: o.Env, Burst: o.Burst}
 	var b *baseline
 	if o.Baseline {
@@ -141,7 +141,7 @@ func Run(ctx context.Context, c *apiclient.Clients, o Options) (*Report, error) 
 	return rep, nil
 }
 
-func createExec(ctx context.Context, c *apiclient.Clients, spec *dsecv1.SandboxSpec) (string, time.Duration, error) {
+func createExec(ctx context.Context, c *dsec.Conn, spec *dsecv1.SandboxSpec) (string, time.Duration, error) {
 	t0 := time.Now()
 	resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
 	if err != nil {
@@ -154,7 +154,7 @@ func createExec(ctx context.Context, c *apiclient.Clients, spec *dsecv1.SandboxS
 	return id, time.Since(t0), nil
 }
 
-func execTrue(ctx context.Context, c *apiclient.Clients, id string) error {
+func execTrue(ctx context.Context, c *dsec.Conn, id string) error {
 	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Argv: []string{"true"}}))
 	if err != nil {
 		return err
@@ -175,7 +175,7 @@ func execTrue(ctx context.Context, c *apiclient.Clients, id string) error {
 	return nil
 }
 
-func deleteAll(c *apiclient.Clients, ids []string) {
+func deleteAll(c *dsec.Conn, ids []string) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
 	for _, id := range ids {
@@ -195,7 +195,7 @@ func deleteAll(c *apiclient.Clients, ids []string) {
 
 // runDsec measures dsec; with b, the warm exec alternates with b's, whose
 // figure it returns too.
-func runDsec(ctx context.Context, c *apiclient.Clients, o Options, b *baseline) (*Side, Latency, error) {
+func runDsec(ctx context.Context, c *dsec.Conn, o Options, b *baseline) (*Side, Latency, error) {
 	spec := &dsecv1.SandboxSpec{Environment: o.Env, Labels: map[string]string{"dsec-bench": "1"}, MemoryMb: benchMemoryMB, Cpus: benchCPUs}
 	side := &Side{}
 	// Sequential.
@@ -267,7 +267,7 @@ func runDsec(ctx context.Context, c *apiclient.Clients, o Options, b *baseline) 
 // host memory, dsecd's RSS, CPU over o.IdleWindow, the create rate with
 // them live against the empty node's (o.RateProbe creates each), and
 // whether each still answers an exec. It deletes them all.
-func runIdle(ctx context.Context, c *apiclient.Clients, o Options, spec *dsecv1.SandboxSpec, side *Side) error {
+func runIdle(ctx context.Context, c *dsec.Conn, o Options, spec *dsecv1.SandboxSpec, side *Side) error {
 	o.logf("dsec: %d idle sandboxes", o.Idle)
 	before := settledMemMiB()
 	progress := func(made int, rate float64) {
@@ -325,7 +325,7 @@ func runIdle(ctx context.Context, c *apiclient.Clients, o Options, spec *dsecv1.
 // sandboxes of spec's shape: the pool is filled first, and each round waits
 // until the refill has put a sandbox back, as a trainer whose creates come
 // slower than the pool refills would see. The pool is removed at the end.
-func runWarm(ctx context.Context, c *apiclient.Clients, o Options, spec *dsecv1.SandboxSpec, side *Side) error {
+func runWarm(ctx context.Context, c *dsec.Conn, o Options, spec *dsecv1.SandboxSpec, side *Side) error {
 	o.logf("dsec: %d sequential create → exec from a warm pool of %d", o.Seq, o.Warm)
 	setPool := func(size int) error {
 		_, err := c.Sandboxes.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: spec, Size: int32(size)}))
@@ -535,7 +535,7 @@ func runCmd(ctx context.Context, name string, args ...string) error {
 // columns alike; within a turn execs follow each other, as in a rollout.
 // (Alternating one by one would not do: each runc exec leaves the machine
 // busy for the exec after it.)
-func warmExecs(ctx context.Context, c *apiclient.Clients, o Options, spec *dsecv1.SandboxSpec, b *baseline) (dsec, runc Latency, err error) {
+func warmExecs(ctx context.Context, c *dsec.Conn, o Options, spec *dsecv1.SandboxSpec, b *baseline) (dsec, runc Latency, err error) {
 	o.logf("dsec: %d execs in a warm sandbox", o.Execs)
 	id, _, err := createExec(ctx, c, spec)
 	if err != nil {
@@ -578,7 +578,7 @@ const execBlock = 50
 
 // waitWarmPool waits, up to 2 minutes, until the warm pool of environment
 // env holds n ready sandboxes.
-func waitWarmPool(ctx context.Context, c *apiclient.Clients, env string, n int32) error {
+func waitWarmPool(ctx context.Context, c *dsec.Conn, env string, n int32) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		resp, err := c.Sandboxes.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))

@@ -13,8 +13,8 @@ import (
 	"github.com/google/uuid"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/placement"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // ClusterOptions shape `dsec bench cluster`: a closed-loop load of keyed
@@ -58,7 +58,7 @@ type ClusterReport struct {
 
 // RunCluster drives the load through clients, one per apiserver, each
 // worker keeping to one apiserver.
-func RunCluster(ctx context.Context, clients []*apiclient.Clients, o ClusterOptions) (*ClusterReport, error) {
+func RunCluster(ctx context.Context, clients []*dsec.Conn, o ClusterOptions) (*ClusterReport, error) {
 	if len(clients) == 0 {
 		return nil, fmt.Errorf("bench cluster: no apiserver")
 	}
@@ -81,7 +81,7 @@ func RunCluster(ctx context.Context, clients []*apiclient.Clients, o ClusterOpti
 			mu.Unlock()
 		}
 	}
-	create := func(c *apiclient.Clients, n int) ([]*dsecv1.Sandbox, time.Duration, error) {
+	create := func(c *dsec.Conn, n int) ([]*dsecv1.Sandbox, time.Duration, error) {
 		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
 		start := time.Now()

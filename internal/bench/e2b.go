@@ -17,8 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/e2b"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // The targets of the E2B surface (issue 16), as ratios to dsec's own client
@@ -205,7 +205,7 @@ func sdkCreate(n *nodeSide, url string) (*nodeReply, time.Duration, error) {
 // e2bCreate times Sandbox.create → first commands.run through the SDK and
 // returns the dsec ID of the sandbox (still running) and whether it came
 // from a warm pool.
-func e2bCreate(ctx context.Context, c *apiclient.Clients, n *nodeSide) (id string, total, create time.Duration, pooled bool, err error) {
+func e2bCreate(ctx context.Context, c *dsec.Conn, n *nodeSide) (id string, total, create time.Duration, pooled bool, err error) {
 	r, total, err := sdkCreate(n, "")
 	if err != nil {
 		return "", 0, 0, false, err
@@ -225,11 +225,11 @@ func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(ti
 
 // RunE2B measures the E2B surface against dsec's own client, side by side on
 // one daemon, in alternate turns.
-func RunE2B(ctx context.Context, c *apiclient.Clients, o E2BOptions) (*E2BReport, error) {
+func RunE2B(ctx context.Context, c *dsec.Conn, o E2BOptions) (*E2BReport, error) {
 	if o.APIURL == "" || o.APIKey == "" {
 		return nil, errors.New("the E2B side needs E2B_API_URL and E2B_API_KEY (or --e2b-url and --api-key)")
 	}
-	fl, err := startFloors(apiclient.Addr(o.DsecAddr))
+	fl, err := startFloors(dsec.Addr(o.DsecAddr))
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +290,7 @@ func RunE2B(ctx context.Context, c *apiclient.Clients, o E2BOptions) (*E2BReport
 // e2bRounds runs rounds of create → first run on each side, alternating
 // which goes first; before, when set, runs ahead of each create (the warm
 // pool's wait for a ready member).
-func e2bRounds(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floors, spec *dsecv1.SandboxSpec, rounds int,
+func e2bRounds(ctx context.Context, c *dsec.Conn, n *nodeSide, fl *floors, spec *dsecv1.SandboxSpec, rounds int,
 	before func() error, pair *E2BPair, createOnly *Latency, hitsE2B, hitsOwn *int) error {
 	var lat, own, bash, creates, e2bFloor, dsecFloor []time.Duration
 	e2bTurn := func() error {
@@ -377,7 +377,7 @@ func e2bRounds(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floor
 
 // e2bWarm runs the rounds again with a warm pool of the spec's shape,
 // each create waiting for a ready member first.
-func e2bWarm(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floors, spec *dsecv1.SandboxSpec, o E2BOptions, rep *E2BReport) error {
+func e2bWarm(ctx context.Context, c *dsec.Conn, n *nodeSide, fl *floors, spec *dsecv1.SandboxSpec, o E2BOptions, rep *E2BReport) error {
 	setPool := func(ctx context.Context, size int) error {
 		_, err := c.Sandboxes.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: spec, Size: int32(size)}))
 		return err
@@ -396,7 +396,7 @@ func e2bWarm(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floors,
 // e2bRuns times commands.run('true') in one E2B sandbox against dsec's
 // exec of true (and of bash -l -c true) in one of its own, in alternating
 // batches so both see the machine alike.
-func e2bRuns(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floors, spec *dsecv1.SandboxSpec, runs int, rep *E2BReport) error {
+func e2bRuns(ctx context.Context, c *dsec.Conn, n *nodeSide, fl *floors, spec *dsecv1.SandboxSpec, runs int, rep *E2BReport) error {
 	resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
 	if err != nil {
 		return fmt.Errorf("dsec create: %w", err)
@@ -405,7 +405,7 @@ func e2bRuns(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floors,
 	defer deleteAll(c, []string{id})
 	const batch = 20
 	var e2bLat, own, bash, e2bFloor, dsecFloor []time.Duration
-	execArgv := func(c *apiclient.Clients, id string, argv ...string) (time.Duration, error) {
+	execArgv := func(c *dsec.Conn, id string, argv ...string) (time.Duration, error) {
 		t0 := time.Now()
 		err := execArgvOK(ctx, c, id, argv)
 		return time.Since(t0), err
@@ -482,7 +482,7 @@ func e2bRuns(ctx context.Context, c *apiclient.Clients, n *nodeSide, fl *floors,
 // execArgvOK runs argv in sandbox id as the user the SDK's commands run
 // as (E2B's default; root's login shell costs more, its ~/.profile runs
 // mesg), and fails unless it exits 0.
-func execArgvOK(ctx context.Context, c *apiclient.Clients, id string, argv []string) error {
+func execArgvOK(ctx context.Context, c *dsec.Conn, id string, argv []string) error {
 	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Argv: argv, User: e2b.DefaultUser}))
 	if err != nil {
 		return err

@@ -26,14 +26,14 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	processpb "dsec.dev/dsec/api/gen/e2b/process"
 	"dsec.dev/dsec/api/gen/e2b/process/processpbconnect"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/e2b"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // floors holds the two instant servers and a dsec client of the second.
 type floors struct {
-	e2bURL string             // E2B's control plane and envd, for the SDK's apiUrl and sandboxUrl
-	dsec   *apiclient.Clients // dsec's Go client, on an instant SandboxService
+	e2bURL string     // E2B's control plane and envd, for the SDK's apiUrl and sandboxUrl
+	dsec   *dsec.Conn // dsec's Go client, on an instant SandboxService
 	close  func()
 }
 
@@ -50,7 +50,7 @@ func startFloors(dsecAddr string) (*floors, error) {
 
 	var dsecLn net.Listener
 	var dir, addr string
-	if strings.HasPrefix(dsecAddr, "unix://") { // the first of the list, as apiclient spells a socket
+	if strings.HasPrefix(dsecAddr, "unix://") { // the first of the list, as the SDK spells a socket
 		dir, err = os.MkdirTemp("", "dsec-bench-floor-")
 		if err == nil {
 			sock := filepath.Join(dir, "floor.sock")
@@ -81,7 +81,7 @@ func startFloors(dsecAddr string) (*floors, error) {
 			os.RemoveAll(dir)
 		}
 	}
-	c, err := apiclient.DialWith(addr, apiclient.Options{Token: "instant-server"})
+	c, err := dsec.Dial(addr, dsec.DialOptions{Token: "instant-server"})
 	if err != nil {
 		closeAll()
 		return nil, fmt.Errorf("dial the instant dsec server: %w", err)

@@ -9,7 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // ExecHopReport compares exec of `true` in a sandbox of the all-in-one
@@ -25,8 +25,8 @@ type ExecHopReport struct {
 
 // RunExecHop creates one sandbox of env on each side and runs n execs on
 // each, in turns of 50, so that a slow spell of the machine hits both.
-func RunExecHop(ctx context.Context, local, cluster *apiclient.Clients, env string, n int, progress io.Writer) (*ExecHopReport, error) {
-	mk := func(c *apiclient.Clients) (string, error) {
+func RunExecHop(ctx context.Context, local, cluster *dsec.Conn, env string, n int, progress io.Writer) (*ExecHopReport, error) {
+	mk := func(c *dsec.Conn) (string, error) {
 		resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: env}}))
 		if err != nil {
 			return "", err
@@ -50,7 +50,7 @@ func RunExecHop(ctx context.Context, local, cluster *apiclient.Clients, env stri
 	}
 	for len(da) < n {
 		for _, side := range []struct {
-			c   *apiclient.Clients
+			c   *dsec.Conn
 			id  string
 			out *[]time.Duration
 		}{{local, a, &da}, {cluster, b, &db}} {

@@ -13,7 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // The idle targets: an idle sandbox costs at most idleCPUTarget percent of
@@ -78,7 +78,7 @@ const idleCPUMethod = "CPU time (sum_exec_runtime of every thread, /proc/PID/tas
 // createIdleSet creates n sandboxes of spec, idleBatch per call as a
 // trainer filling a node would, and returns their IDs and the rate. On an
 // error it returns the IDs made so far.
-func createIdleSet(ctx context.Context, c *apiclient.Clients, spec *dsecv1.SandboxSpec, n int, progress func(made int, rate float64)) ([]string, float64, error) {
+func createIdleSet(ctx context.Context, c *dsec.Conn, spec *dsecv1.SandboxSpec, n int, progress func(made int, rate float64)) ([]string, float64, error) {
 	var ids []string
 	t0 := time.Now()
 	for len(ids) < n {
@@ -106,7 +106,7 @@ func createIdleSet(ctx context.Context, c *apiclient.Clients, spec *dsecv1.Sandb
 // every dsecd and the children it waited for (the OCI runtime's runs) used
 // meanwhile, and the new agents' time so far (their start: namespaces,
 // mounts, exec), over n.
-func timedCreates(ctx context.Context, c *apiclient.Clients, spec *dsecv1.SandboxSpec, n int, progress func(made int, rate float64)) ([]string, float64, float64, error) {
+func timedCreates(ctx context.Context, c *dsec.Conn, spec *dsecv1.SandboxSpec, n int, progress func(made int, rate float64)) ([]string, float64, float64, error) {
 	before := daemonCPU()
 	ids, rate, err := createIdleSet(ctx, c, spec, n, progress)
 	if err != nil || n == 0 {

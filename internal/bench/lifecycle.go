@@ -12,7 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // LifecycleOptions shape `dsec bench lifecycle`.
@@ -74,7 +74,7 @@ func (o *LifecycleOptions) logf(format string, args ...any) {
 }
 
 // RunLifecycle measures pause and resume through c.
-func RunLifecycle(ctx context.Context, c *apiclient.Clients, o LifecycleOptions) (*LifecycleReport, error) {
+func RunLifecycle(ctx context.Context, c *dsec.Conn, o LifecycleOptions) (*LifecycleReport, error) {
 	r := &LifecycleReport{Env: o.Env, MemoryMiB: o.MemoryMiB}
 	resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{
 		Environment: o.Env, MemoryMb: int64(o.MemoryMiB) + 256, IdleTimeoutSeconds: -1}}))
@@ -169,7 +169,7 @@ func RunLifecycle(ctx context.Context, c *apiclient.Clients, o LifecycleOptions)
 // times. Before each snapshot and fork the sandbox writes a file of its
 // own, as an agent's step would: every round builds and publishes a new
 // layer, and none finds its files published already.
-func runSnapshots(ctx context.Context, c *apiclient.Clients, o LifecycleOptions, r *LifecycleReport) error {
+func runSnapshots(ctx context.Context, c *dsec.Conn, o LifecycleOptions, r *LifecycleReport) error {
 	r.SnapFiles, r.SnapMiB = o.SnapFiles, o.SnapMiB
 	resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{
 		Environment: o.Env, DiskMb: int64(o.SnapMiB)*2 + 512, IdleTimeoutSeconds: -1}}))
@@ -263,7 +263,7 @@ i=0; while [ $i -lt %d ]; do d=d$((i / 1000)); [ -d $d ] || mkdir $d; cp seed $d
 	return nil
 }
 
-func execOK(ctx context.Context, c *apiclient.Clients, id, command string) error {
+func execOK(ctx context.Context, c *dsec.Conn, id, command string) error {
 	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: command}))
 	if err != nil {
 		return err
@@ -288,7 +288,7 @@ func execOK(ctx context.Context, c *apiclient.Clients, id, command string) error
 
 // startHold starts dsec-agent hold-memory in the sandbox and waits until
 // its memory is filled.
-func startHold(ctx context.Context, c *apiclient.Clients, id string, mib int) error {
+func startHold(ctx context.Context, c *dsec.Conn, id string, mib int) error {
 	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Background: true,
 		Command: "exec /.dsec/bin/dsec-agent hold-memory " + strconv.Itoa(mib)}))
 	if err != nil {
@@ -307,7 +307,7 @@ func startHold(ctx context.Context, c *apiclient.Clients, id string, mib int) er
 
 // touchHeld makes hold-memory read all its memory and returns how long
 // that took, as it measured it.
-func touchHeld(ctx context.Context, c *apiclient.Clients, id string) (time.Duration, error) {
+func touchHeld(ctx context.Context, c *dsec.Conn, id string) (time.Duration, error) {
 	st, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id,
 		Command: "rm -f /tmp/memhog.check; kill -USR1 $(cat /tmp/memhog.pid)"}))
 	if err != nil {
@@ -335,7 +335,7 @@ func touchHeld(ctx context.Context, c *apiclient.Clients, id string) (time.Durat
 	return 0, fmt.Errorf("hold-memory in %s did not answer", id)
 }
 
-func readFile(ctx context.Context, c *apiclient.Clients, id, path string) (string, error) {
+func readFile(ctx context.Context, c *dsec.Conn, id, path string) (string, error) {
 	resp, err := c.Sandboxes.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: path}))
 	if err != nil {
 		return "", err

@@ -11,7 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // NetworkOptions size the network benchmark.
@@ -49,7 +49,7 @@ var benchRules = []map[string]bool{
 // networked sandboxes at once, and times rule updates alone and at scale.
 // A rule update is applied in the kernel before SetNetworkRules returns, so
 // the call's latency is the time until new connections follow the rules.
-func RunNetwork(ctx context.Context, c *apiclient.Clients, o NetworkOptions) (*NetworkReport, error) {
+func RunNetwork(ctx context.Context, c *dsec.Conn, o NetworkOptions) (*NetworkReport, error) {
 	rep := &NetworkReport{Env: o.Env, Scale: o.Scale}
 	progress := func(format string, args ...any) {
 		if o.Progress != nil {
@@ -144,7 +144,7 @@ func RunNetwork(ctx context.Context, c *apiclient.Clients, o NetworkOptions) (*N
 	return rep, nil
 }
 
-func updates(ctx context.Context, c *apiclient.Clients, id string, n int) []time.Duration {
+func updates(ctx context.Context, c *dsec.Conn, id string, n int) []time.Duration {
 	var out []time.Duration
 	for i := 0; i < n; i++ {
 		t0 := time.Now()

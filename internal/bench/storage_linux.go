@@ -20,10 +20,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/blob"
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/errdefs"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // stepTimeout bounds one sandbox's step.
@@ -228,7 +228,7 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 	}()
 
 	// The Unix socket needs no token (the TCP port would).
-	c, err := apiclient.Dial("unix://" + filepath.Join(root, "dsecd.sock"))
+	c, err := dsec.Dial("unix://"+filepath.Join(root, "dsecd.sock"), dsec.DialOptions{})
 	if err != nil {
 		return skip(err)
 	}
@@ -378,7 +378,7 @@ func runMode(ctx context.Context, log *slog.Logger, o StorageOptions, store, mod
 
 // burst runs o.Sandboxes sandboxes round-robin over images, each running
 // /bench/step.sh, o.Concurrency at a time.
-func burst(ctx context.Context, c *apiclient.Clients, o StorageOptions, images []benchImage, deleteEach bool) ([]string, []time.Duration, []error, time.Duration) {
+func burst(ctx context.Context, c *dsec.Conn, o StorageOptions, images []benchImage, deleteEach bool) ([]string, []time.Duration, []error, time.Duration) {
 	var mu sync.Mutex
 	var ids []string
 	var steps []time.Duration
@@ -416,7 +416,7 @@ func burst(ctx context.Context, c *apiclient.Clients, o StorageOptions, images [
 	return ids, steps, errs, time.Since(start)
 }
 
-func createAndStep(ctx context.Context, c *apiclient.Clients, env string) (string, error) {
+func createAndStep(ctx context.Context, c *dsec.Conn, env string) (string, error) {
 	resp, err := c.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{
 		Spec:        &dsecv1.SandboxSpec{Environment: env, MemoryMb: 2048, IdleTimeoutSeconds: -1, TtlSeconds: 7200},
 		WaitSeconds: 600,
@@ -463,7 +463,7 @@ func lastLine(s string) string {
 }
 
 // importImage imports im and returns its layer digests, bottom first.
-func importImage(ctx context.Context, c *apiclient.Clients, im benchImage) ([]string, error) {
+func importImage(ctx context.Context, c *dsec.Conn, im benchImage) ([]string, error) {
 	stream, err := c.Layers.ImportImage(ctx, connect.NewRequest(&dsecv1.ImportImageRequest{
 		Ref: im.env, Source: "oci:" + im.dir, CollapseBelowBytes: -1, AllowSetuid: true,
 	}))
@@ -488,7 +488,7 @@ func importImage(ctx context.Context, c *apiclient.Clients, im benchImage) ([]st
 	return digests, nil
 }
 
-func layerStats(ctx context.Context, c *apiclient.Clients) (*dsecv1.LayerStatsResponse, error) {
+func layerStats(ctx context.Context, c *dsec.Conn) (*dsecv1.LayerStatsResponse, error) {
 	resp, err := c.Layers.LayerStats(ctx, connect.NewRequest(&dsecv1.LayerStatsRequest{}))
 	if err != nil {
 		return nil, fmt.Errorf("layer stats: %w", err)
@@ -659,7 +659,7 @@ func envDelta(before, after *dsecv1.LayerStatsResponse) map[string]*dsecv1.Envir
 
 // waitSettled waits until the daemon's layer stats count no new fetches
 // for a second (at most two minutes) and returns how long that took.
-func waitSettled(ctx context.Context, c *apiclient.Clients) (time.Duration, error) {
+func waitSettled(ctx context.Context, c *dsec.Conn) (time.Duration, error) {
 	start := time.Now()
 	last, still := int64(-1), 0
 	for still < 4 && time.Since(start) < 2*time.Minute {
@@ -685,7 +685,7 @@ func waitSettled(ctx context.Context, c *apiclient.Clients) (time.Duration, erro
 	return time.Since(start), nil
 }
 
-func waitReady(ctx context.Context, c *apiclient.Clients, exited <-chan error) error {
+func waitReady(ctx context.Context, c *dsec.Conn, exited <-chan error) error {
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -17,8 +17,8 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/edge/image"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // VMParts are the parts of `dsec bench vm`, in the order they run.
@@ -64,7 +64,7 @@ type VMOptions struct {
 	// Pmem is a second dsecd on this host, run with --vm-pmem-layers, for
 	// the shared part's figure with shared pages; nil: that figure is
 	// pending.
-	Pmem       *apiclient.Clients
+	Pmem       *dsec.Conn
 	VMs        int           // idle microVMs held at once
 	IdleWindow time.Duration // how long their CPU is measured
 	MemoryMiB  int           // every microVM's memory
@@ -213,7 +213,7 @@ const (
 
 // vmRun is one run's state: its samples, gathered across parts.
 type vmRun struct {
-	c   *apiclient.Clients
+	c   *dsec.Conn
 	o   VMOptions
 	rep *VMReport
 
@@ -234,7 +234,7 @@ func (r *vmRun) spec(iso dsecv1.Isolation) *dsecv1.SandboxSpec {
 }
 
 // RunVM measures the parts of o through c, a dsecd on this host.
-func RunVM(ctx context.Context, c *apiclient.Clients, o VMOptions) (*VMReport, error) {
+func RunVM(ctx context.Context, c *dsec.Conn, o VMOptions) (*VMReport, error) {
 	if len(o.Parts) == 0 {
 		o.Parts = slices.Clone(VMParts)
 	}
@@ -345,7 +345,7 @@ func (r *vmRun) keepLast(keep *[]string, id string, round int) {
 
 // execTurns times n execs of `true` in each sandbox of ids, in turns of
 // ten, so a slow spell of the machine hits every column alike.
-func execTurns(ctx context.Context, c *apiclient.Clients, n int, ids []string, out []*[]time.Duration) error {
+func execTurns(ctx context.Context, c *dsec.Conn, n int, ids []string, out []*[]time.Duration) error {
 	for done := 0; done < n; done += 10 {
 		for i, id := range ids {
 			for range min(10, n-done) {
@@ -495,7 +495,7 @@ func sharedEnv(mib int) string { return fmt.Sprintf("busybox:bench-shared-%d", m
 
 // ensureSharedLayer imports the shared part's base layer unless the node
 // has it.
-func (r *vmRun) ensureSharedLayer(ctx context.Context, c *apiclient.Clients) error {
+func (r *vmRun) ensureSharedLayer(ctx context.Context, c *dsec.Conn) error {
 	ref := sharedEnv(r.o.SharedMiB)
 	resp, err := c.Layers.ListLayers(ctx, connect.NewRequest(&dsecv1.ListLayersRequest{}))
 	if err != nil {
@@ -568,7 +568,7 @@ func (r *vmRun) shared(ctx context.Context) error {
 // each read the whole file, and sums their cgroups' memory (guest RAM as
 // QEMU holds it, QEMU's own, and the host page cache each first touched)
 // before and after. The guests say how the layer reached them.
-func (r *vmRun) sharedOn(ctx context.Context, c *apiclient.Clients) (VMSharedSide, error) {
+func (r *vmRun) sharedOn(ctx context.Context, c *dsec.Conn) (VMSharedSide, error) {
 	var side VMSharedSide
 	if err := r.ensureSharedLayer(ctx, c); err != nil {
 		return side, err
@@ -615,7 +615,7 @@ func (r *vmRun) sharedOn(ctx context.Context, c *apiclient.Clients) (VMSharedSid
 }
 
 // execOut runs command in sandbox id and returns its stdout.
-func execOut(ctx context.Context, c *apiclient.Clients, id, command string) (string, error) {
+func execOut(ctx context.Context, c *dsec.Conn, id, command string) (string, error) {
 	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: command}))
 	if err != nil {
 		return "", err

@@ -12,9 +12,9 @@ import (
 	"github.com/spf13/cobra"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/bench"
 	"dsec.dev/dsec/internal/edge/image"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // benchEnv is the environment `dsec bench` uses unless told otherwise; it
@@ -141,9 +141,9 @@ func (a *app) benchClusterCommand() *cobra.Command {
 			"create starts nothing, so the control plane is measured alone.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var clients []*apiclient.Clients
-			for _, addr := range strings.Split(apiclient.Addr(a.addr), ",") {
-				c, err := apiclient.DialWith(strings.TrimSpace(addr), apiclient.Options{Token: a.token, TokenName: "--token", CAFile: a.caFile})
+			var clients []*dsec.Conn
+			for _, addr := range strings.Split(dsec.Addr(a.addr), ",") {
+				c, err := dsec.Dial(strings.TrimSpace(addr), dsec.DialOptions{Token: a.token, TokenName: "--token", CAFile: a.caFile})
 				if err != nil {
 					return err
 				}
@@ -175,7 +175,7 @@ func (a *app) benchExecHopCommand() *cobra.Command {
 			if via == "" {
 				return fmt.Errorf("--via names the cluster's apiserver")
 			}
-			cl, err := apiclient.DialWith(via, apiclient.Options{Token: viaToken, TokenName: "--via-token"})
+			cl, err := dsec.Dial(via, dsec.DialOptions{Token: viaToken, TokenName: "--via-token"})
 			if err != nil {
 				return err
 			}
@@ -304,7 +304,7 @@ func (a *app) benchVMCommand() *cobra.Command {
 			}
 			o.Parts = parts
 			if pmemAddr != "" {
-				if o.Pmem, err = apiclient.DialWith(pmemAddr, apiclient.Options{Token: pmemToken, TokenName: "--shared-pmem-token"}); err != nil {
+				if o.Pmem, err = dsec.Dial(pmemAddr, dsec.DialOptions{Token: pmemToken, TokenName: "--shared-pmem-token"}); err != nil {
 					return err
 				}
 			}

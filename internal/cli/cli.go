@@ -21,9 +21,9 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/protobuf/proto"
 
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/pbjson"
 	"dsec.dev/dsec/internal/version"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // app holds what every command shares.
@@ -35,7 +35,7 @@ type app struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
-	c      *apiclient.Clients
+	c      *dsec.Conn
 }
 
 // exitCode asks Main to exit with code after printing msg (if any).
@@ -112,8 +112,8 @@ func describe(err error) string {
 	var ce *connect.Error
 	if errors.As(err, &ce) {
 		msg := ce.Message()
-		if ce.Code() == connect.CodeUnavailable && (apiclient.Unreachable(err) || strings.Contains(msg, "connect:")) {
-			return "cannot reach dsecd (" + msg + "); is it running? (" + addrWhence(apiclient.AddrFrom(err)) + ")"
+		if ce.Code() == connect.CodeUnavailable && (dsec.Unreachable(err) || strings.Contains(msg, "connect:")) {
+			return "cannot reach dsecd (" + msg + "); is it running? (" + addrWhence(dsec.AddrFrom(err)) + ")"
 		}
 		// The server's message ends with its error kind in words ("…: not
 		// found"); the code in brackets says it already.
@@ -127,8 +127,8 @@ func describe(err error) string {
 func addrWhence(from string) string {
 	switch from {
 	case "":
-		return "address from --addr, else $DSEC_ADDR, else " + apiclient.DefaultAddr
-	case apiclient.DefaultAddr:
+		return "address from --addr, else $DSEC_ADDR, else " + dsec.DefaultAddr
+	case dsec.DefaultAddr:
 		return "the default address; --addr or $DSEC_ADDR name another"
 	}
 	return "address from " + from
@@ -142,7 +142,7 @@ func (a *app) rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			c, err := apiclient.DialWith(a.addr, apiclient.Options{Token: a.token, TokenName: "--token", CAFile: a.caFile, AddrName: "--addr"})
+			c, err := dsec.Dial(a.addr, dsec.DialOptions{Token: a.token, TokenName: "--token", CAFile: a.caFile, AddrName: "--addr"})
 			if err != nil {
 				return err
 			}
@@ -151,8 +151,8 @@ func (a *app) rootCommand() *cobra.Command {
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.PersistentFlags().StringVar(&a.addr, "addr", "", "dsecd or apiserver address, or a comma-separated list to fail over between: unix:///path, host:port, http://host:port or https://host:port (default $DSEC_ADDR, else "+apiclient.DefaultAddr+")")
-	root.PersistentFlags().StringVar(&a.token, "token", "", "bearer token (default $DSEC_TOKEN, else the file $DSEC_TOKEN_FILE, else "+apiclient.DefaultTokenFile+" if readable)")
+	root.PersistentFlags().StringVar(&a.addr, "addr", "", "dsecd or apiserver address, or a comma-separated list to fail over between: unix:///path, host:port, http://host:port or https://host:port (default $DSEC_ADDR, else "+dsec.DefaultAddr+")")
+	root.PersistentFlags().StringVar(&a.token, "token", "", "bearer token (default $DSEC_TOKEN, else the file $DSEC_TOKEN_FILE, else "+dsec.DefaultTokenFile+" if readable)")
 	root.PersistentFlags().StringVar(&a.caFile, "ca-file", "", "PEM bundle to verify https:// addresses with (default $DSEC_CA_FILE, else the system roots)")
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON for scripts")
 	root.AddCommand(

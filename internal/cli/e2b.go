@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/e2b/apikey"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 func (a *app) e2bCommand() *cobra.Command {
@@ -57,7 +57,7 @@ The address is --e2b-addr, else $DSEC_E2B_ADDR, else the one the dsecd
 			if err != nil {
 				return err
 			}
-			tok, source, err := apiclient.Token(a.token, "--token")
+			tok, source, err := dsec.Token(a.token, "--token")
 			if err != nil {
 				return err
 			}
@@ -103,7 +103,7 @@ func (a *app) servedE2BAddr(ctx context.Context) (string, error) {
 	}
 	if ip, err := netip.ParseAddr(host); err == nil && ip.IsUnspecified() {
 		host = "127.0.0.1"
-		first, _, _ := strings.Cut(apiclient.Addr(a.addr), ",")
+		first, _, _ := strings.Cut(dsec.Addr(a.addr), ",")
 		if u, err := url.Parse(first); err == nil && (u.Scheme == "http" || u.Scheme == "https") {
 			host = u.Hostname()
 		} else if h, _, err := net.SplitHostPort(first); err == nil && !strings.Contains(first, "://") {

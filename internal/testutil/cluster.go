@@ -14,7 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // Proc is a dsecd role a test started, stopped when the test ends.
@@ -216,9 +216,9 @@ func (c *Cluster) waitRoutable(a *Proc, edges int) {
 }
 
 // Client returns API clients of apiserver i.
-func (c *Cluster) Client(i int) *apiclient.Clients {
+func (c *Cluster) Client(i int) *dsec.Conn {
 	c.t.Helper()
-	cl, err := apiclient.DialWith(c.APIServers[i].Addr, apiclient.Options{Token: c.APIServers[i].Token})
+	cl, err := dsec.Dial(c.APIServers[i].Addr, dsec.DialOptions{Token: c.APIServers[i].Token})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -227,13 +227,13 @@ func (c *Cluster) Client(i int) *apiclient.Clients {
 
 // ClientAll returns API clients of every apiserver, failing over between
 // them as the CLI and SDKs do.
-func (c *Cluster) ClientAll() *apiclient.Clients {
+func (c *Cluster) ClientAll() *dsec.Conn {
 	c.t.Helper()
 	var addrs []string
 	for _, a := range c.APIServers {
 		addrs = append(addrs, a.Addr)
 	}
-	cl, err := apiclient.DialWith(strings.Join(addrs, ","), apiclient.Options{Token: c.APIServers[0].Token})
+	cl, err := dsec.Dial(strings.Join(addrs, ","), dsec.DialOptions{Token: c.APIServers[0].Token})
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -20,9 +20,9 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/e2b/apikey"
 	"dsec.dev/dsec/internal/edge/claims"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // RepoRoot is the repository's top directory, found from this file.
@@ -129,7 +129,7 @@ type Daemon struct {
 	// E2BAddr is where E2B's API answers (host:port), as SandboxFusionAddr.
 	E2BAddr string
 	Bin     string
-	Clients *apiclient.Clients
+	Clients *dsec.Conn
 	cmd     *exec.Cmd
 	api     *exec.Cmd // the apiserver, in cluster mode
 	args    []string
@@ -226,7 +226,7 @@ func (d *Daemon) Start() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	c, err := apiclient.DialWith(d.Addr, apiclient.Options{Token: d.Token()})
+	c, err := dsec.Dial(d.Addr, dsec.DialOptions{Token: d.Token()})
 	if err != nil {
 		d.t.Fatal(err)
 	}

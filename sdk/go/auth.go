@@ -24,14 +24,42 @@ type credential struct {
 	token  string
 	source string // "$DSEC_TOKEN", "token file /x ($DSEC_TOKEN_FILE)", ...; "" with no token
 	note   string // with no token: why the node's token file was not used, if it was not absent
+	// hint is how to give a token explicitly ("use WithToken", "give
+	// --token"), for the message of a call sent with none.
+	hint string
+	// nodeDefault says the token is the default root's, read because
+	// nothing else named one: refused, it is most likely another dsecd's.
+	nodeDefault bool
+}
+
+// Token returns the token Dial would send with explicit as
+// DialOptions.Token (optionName names it in messages), and where it came
+// from; "" when there is none, with why the node's token file was not
+// used, if known. The CLI's `dsec e2b env` prints it in E2B's form.
+func Token(explicit, optionName string) (token, source string, err error) {
+	c, err := loadCredential(explicit, optionName, "")
+	if err != nil {
+		return "", "", dialError(err)
+	}
+	if c.token == "" {
+		return "", c.note, nil
+	}
+	return c.token, c.source, nil
 }
 
 // loadCredential finds the token: explicit (from the option called
 // optionName), else $DSEC_TOKEN, else the file named by $DSEC_TOKEN_FILE,
 // else DefaultTokenFile when it exists and is readable, else none. A token
 // file named on purpose must be readable; the node's default one may be
-// missing or unreadable (this user is not its admin).
-func loadCredential(explicit, optionName string) (credential, error) {
+// missing or unreadable (this user is not its admin). hint is how to give
+// one explicitly, for messages.
+func loadCredential(explicit, optionName, hint string) (credential, error) {
+	c, err := findCredential(explicit, optionName)
+	c.hint = hint
+	return c, err
+}
+
+func findCredential(explicit, optionName string) (credential, error) {
 	if explicit != "" {
 		return checkToken(explicit, optionName)
 	}
@@ -55,7 +83,9 @@ func loadCredential(explicit, optionName string) (credential, error) {
 	case strings.TrimSpace(string(b)) == "":
 		return credential{note: defaultTokenFile + " is empty"}, nil
 	}
-	return checkToken(string(b), "token file "+defaultTokenFile)
+	c, err := checkToken(string(b), "token file "+defaultTokenFile)
+	c.nodeDefault = true
+	return c, err
 }
 
 func checkToken(token, source string) (credential, error) {
@@ -73,10 +103,13 @@ func checkToken(token, source string) (credential, error) {
 
 // describe says where the token came from, for an Unauthenticated answer.
 func (c credential) describe() string {
+	if c.nodeDefault {
+		return "token from " + c.source + ", the default root's: a dsecd started with --root DIR keeps its own in DIR/admin.token, so export DSEC_TOKEN_FILE=DIR/admin.token"
+	}
 	if c.token != "" {
 		return "token from " + c.source
 	}
-	s := "no token sent: set $DSEC_TOKEN or $DSEC_TOKEN_FILE, or use WithToken"
+	s := "no token sent: set $DSEC_TOKEN or $DSEC_TOKEN_FILE, or " + c.hint
 	if c.note != "" {
 		s += "; " + c.note
 	}

@@ -61,6 +61,10 @@
 // https:// addresses are verified with the system roots, or with the PEM
 // bundle of WithCAFile, else $DSEC_CA_FILE, when set.
 //
+// Dial gives the API's generated clients over the same transport (a Conn),
+// for programs that need the API's messages as they are; the dsec CLI, its
+// benchmarks and the repository's tests reach the API through it.
+//
 // The package imports only the public API (dsec.dev/dsec/api/gen/...), never
 // server code. It lives in the repository's one module, dsec.dev/dsec: a
 // program outside the repository needs one replace of that module to a
@@ -139,58 +143,31 @@ type Client struct {
 // host:port (http); "" means $DSEC_ADDR, else DefaultAddr. It reads the
 // token and the CA bundle (see the package doc) but does not connect yet.
 func NewClient(addr string, opts ...Option) (*Client, error) {
-	if addr == "" {
-		addr = os.Getenv("DSEC_ADDR")
-	}
-	if addr == "" {
-		addr = DefaultAddr
-	}
 	c := &Client{timeout: DefaultTimeout, maxRetries: 6}
 	for _, o := range opts {
 		o(c)
 	}
-	addrs, err := splitAddrs(addr)
-	if err != nil {
-		return nil, err
-	}
-	cred, err := loadCredential(c.token, "the WithToken option")
-	if err != nil {
-		return nil, err
+	pc := poolConfig{addr: addr, addrName: "NewClient's address", token: c.token,
+		tokenName: "the WithToken option", tokenHint: "use WithToken", caFile: c.caFile}
+	if c.hc != nil {
+		pc.rt = c.hc.Transport
+		if pc.rt == nil {
+			pc.rt = http.DefaultTransport
+		}
 	}
 	c.token = ""
-	tlsConf, err := tlsConfig(c.caFile)
+	p, err := newPool(pc)
 	if err != nil {
 		return nil, err
 	}
-	p := &pool{cred: cred}
-	for _, a := range addrs {
-		ep, socket, err := parseEndpoint(a)
-		if err != nil {
-			return nil, err
-		}
-		switch {
-		case c.hc == nil:
-			// HTTP/1.1 with kept-alive connections: every call of the SDK is
-			// unary or server-streaming, and on a node an exec answers about
-			// 0.2 ms sooner than over HTTP/2.
-			ep.rt, ep.up = newTransport(socket, tlsConf), uploadTransport(socket, tlsConf, ep.scheme == "https")
-		case c.hc.Transport != nil:
-			ep.rt, ep.up = c.hc.Transport, c.hc.Transport
-		default:
-			ep.rt, ep.up = http.DefaultTransport, http.DefaultTransport
-		}
-		p.eps = append(p.eps, ep)
-	}
 	c.pool = p
-	first := p.eps[0]
-	p.basePath = first.prefix
-	base := first.scheme + "://" + first.host + first.prefix
+	base := p.baseURL()
 	hc := &http.Client{Transport: p}
 	if c.hc != nil {
 		hc.Timeout, hc.CheckRedirect, hc.Jar = c.hc.Timeout, c.hc.CheckRedirect, c.hc.Jar
 	}
 	c.hc = hc
-	ic := connect.WithInterceptors(interceptor{p})
+	ic := connect.WithInterceptors(interceptor{p: p})
 	c.sb = dsecv1connect.NewSandboxServiceClient(hc, base, ic)
 	c.layers = dsecv1connect.NewLayerServiceClient(hc, base, ic)
 	c.fn = dsecv1connect.NewFnCallServiceClient(hc, base, ic)
@@ -198,15 +175,95 @@ func NewClient(addr string, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// Close drops the client's idle connections.
-func (c *Client) Close() error {
-	for _, ep := range c.pool.eps {
+// Addr returns addr, else $DSEC_ADDR, else DefaultAddr.
+func Addr(addr string) string {
+	if addr != "" {
+		return addr
+	}
+	if env := os.Getenv("DSEC_ADDR"); env != "" {
+		return env
+	}
+	return DefaultAddr
+}
+
+// addrFrom says where Addr(addr) takes the address from: name (the
+// caller's, when addr is set), "$DSEC_ADDR", or DefaultAddr.
+func addrFrom(addr, name string) string {
+	switch {
+	case addr != "":
+		return name
+	case os.Getenv("DSEC_ADDR") != "":
+		return "$DSEC_ADDR"
+	}
+	return DefaultAddr
+}
+
+// poolConfig is what newPool reads: the address list, the token and the
+// CA bundle as the caller was given them, and how its messages name them.
+type poolConfig struct {
+	addr, addrName   string
+	token, tokenName string
+	tokenHint        string // how to give a token ("use WithToken")
+	caFile           string
+	rt               http.RoundTripper // every endpoint's transport; nil: the SDK's own
+}
+
+// newPool parses the address list of pc (see Addr), finds the token and
+// the CA bundle, and makes each endpoint's transports.
+func newPool(pc poolConfig) (*pool, error) {
+	addrs, err := splitAddrs(Addr(pc.addr))
+	if err != nil {
+		return nil, err
+	}
+	cred, err := loadCredential(pc.token, pc.tokenName, pc.tokenHint)
+	if err != nil {
+		return nil, err
+	}
+	tlsConf, err := tlsConfig(pc.caFile)
+	if err != nil {
+		return nil, err
+	}
+	p := &pool{cred: cred, addrFrom: addrFrom(pc.addr, pc.addrName)}
+	for _, a := range addrs {
+		ep, socket, err := parseEndpoint(a)
+		if err != nil {
+			return nil, err
+		}
+		if pc.rt != nil {
+			ep.rt, ep.up = pc.rt, pc.rt
+		} else {
+			// HTTP/1.1 with kept-alive connections: every call but an
+			// upload and the shell is unary or server-streaming, and on a
+			// node an exec answers about 0.2 ms sooner than over HTTP/2.
+			ep.rt, ep.up = newTransport(socket, tlsConf), uploadTransport(socket, tlsConf, ep.scheme == "https")
+		}
+		p.eps = append(p.eps, ep)
+	}
+	p.basePath = p.eps[0].prefix
+	return p, nil
+}
+
+// baseURL is the first endpoint's URL, which the generated clients are
+// made with (each request goes to the current endpoint's).
+func (p *pool) baseURL() string {
+	first := p.eps[0]
+	return first.scheme + "://" + first.host + first.prefix
+}
+
+// closeIdle drops the idle connections of every endpoint's transports.
+func (p *pool) closeIdle() {
+	for _, ep := range p.eps {
 		for _, rt := range []http.RoundTripper{ep.rt, ep.up} {
 			if t, ok := rt.(interface{ CloseIdleConnections() }); ok {
 				t.CloseIdleConnections()
 			}
 		}
 	}
+}
+
+// Close drops the client's idle connections.
+func (c *Client) Close() error {
+	c.pool.closeIdle()
 	return nil
 }
 

@@ -174,6 +174,26 @@ func (s *apiserver) MakeDir(context.Context, *connect.Request[dsecv1.MakeDirRequ
 	return ok(&dsecv1.MakeDirResponse{})
 }
 
+func (s *apiserver) Shell(_ context.Context, st *connect.BidiStream[dsecv1.ShellInput, dsecv1.ShellOutput]) error {
+	in, err := st.Receive()
+	if err != nil {
+		return err
+	}
+	if in.GetStart().GetSandboxId() == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("no start"))
+	}
+	st.Send(&dsecv1.ShellOutput{Output: &dsecv1.ShellOutput_Data{Data: []byte("$ ")}})
+	return st.Send(&dsecv1.ShellOutput{Output: &dsecv1.ShellOutput_Exited{Exited: &dsecv1.ExecExited{Status: dsecv1.ExitStatus_EXIT_STATUS_OK}}})
+}
+
+func (s *apiserver) Move(context.Context, *connect.Request[dsecv1.MoveRequest]) (*connect.Response[dsecv1.MoveResponse], error) {
+	return ok(&dsecv1.MoveResponse{Info: &dsecv1.FileInfo{Name: "b"}})
+}
+
+func (s *apiserver) WatchDir(_ context.Context, _ *connect.Request[dsecv1.WatchDirRequest], st *connect.ServerStream[dsecv1.WatchEvent]) error {
+	return st.Send(&dsecv1.WatchEvent{Started: true})
+}
+
 func (s *apiserver) Upload(context.Context, *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {
 	return ok(&dsecv1.UploadResponse{Files: 1})
 }

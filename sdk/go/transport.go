@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 )
 
 // endpoint is one apiserver address and the HTTP transport that reaches it.
@@ -114,6 +117,8 @@ type pool struct {
 	// basePath is the path of the base URL the generated clients are made
 	// with, which each endpoint's prefix replaces.
 	basePath string
+	// addrFrom says where the addresses came from (see AddrFrom).
+	addrFrom string
 }
 
 // advance moves the current endpoint past i, unless another call has moved it already.
@@ -245,11 +250,14 @@ func (p *pool) roundTrip(req *http.Request, upload bool) (*http.Response, error)
 		errs = append(errs, fmt.Errorf("%s: %w", ep.addr, err))
 		p.advance(i)
 	}
-	return nil, &unreachableError{errs: errs}
+	return nil, &unreachableError{errs: errs, from: p.addrFrom}
 }
 
 // unreachableError: no endpoint could be reached.
-type unreachableError struct{ errs []error }
+type unreachableError struct {
+	errs []error
+	from string // where the addresses came from (AddrFrom)
+}
 
 func (e *unreachableError) Error() string {
 	if len(e.errs) == 1 {
@@ -263,6 +271,24 @@ func (e *unreachableError) Error() string {
 }
 
 func (e *unreachableError) Unwrap() []error { return e.errs }
+
+// Unreachable reports whether err says that no address could be reached:
+// every dial refused or timed out, or every TLS handshake failed.
+func Unreachable(err error) bool {
+	var ue *unreachableError
+	return errors.As(err, &ue)
+}
+
+// AddrFrom says where the addresses an unreachable err tried came from:
+// the caller's (DialOptions.AddrName, "" when unnamed), "$DSEC_ADDR", or
+// DefaultAddr for the default. "" when err is not Unreachable.
+func AddrFrom(err error) string {
+	var ue *unreachableError
+	if !errors.As(err, &ue) {
+		return ""
+	}
+	return ue.from
+}
 
 // heldBody lets a request body outlive an attempt that never reached a
 // server, so that the next attempt sends it: a transport closes the body on
@@ -341,21 +367,36 @@ func (b *heldBody) settle() {
 
 // interceptor moves the pool on when a server it reached answers
 // Unavailable, and says where the token came from when one answers
-// Unauthenticated.
-type interceptor struct{ p *pool }
+// Unauthenticated. The Client retries above it, with backoff (see
+// Client.retry); under a Conn (failover) it sends a call that may repeat
+// (repeatable) to the next address itself, each address once, at once,
+// and keeps errors *connect.Error.
+type interceptor struct {
+	p        *pool
+	failover bool
+}
 
 func (ic interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		ctx, ct := ic.p.trace(ctx)
-		resp, err := next(ctx, req)
-		return resp, ic.after(ct, err)
+		for {
+			resp, err := next(ctx, req)
+			err = ic.after(ct, err)
+			if err == nil || !ic.failover || !repeatable(req.Spec(), req.Any()) || !ic.again(ctx, ct, err) {
+				return resp, err
+			}
+		}
 	}
 }
 
 func (ic interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
 		ctx, ct := ic.p.trace(ctx)
-		return &watchedConn{StreamingClientConn: next(ctx, spec), ic: ic, ct: ct}
+		w := &watchedConn{StreamingClientConn: next(ctx, spec), ic: ic, ct: ct}
+		if ic.failover && spec.StreamType == connect.StreamTypeServer && repeatable(spec, nil) {
+			return &replayConn{watchedConn: w, ctx: ctx, spec: spec, next: next}
+		}
+		return w
 	}
 }
 
@@ -370,9 +411,41 @@ func (ic interceptor) after(ct *callTrace, err error) error {
 			ic.p.advance(i)
 		}
 	case connect.CodeUnauthenticated:
+		if ic.failover {
+			return ic.p.cred.annotateWire(err)
+		}
 		return ic.p.cred.annotate(err)
 	}
 	return err
+}
+
+// again reports whether a call that may repeat goes on to another address
+// after err: a server had it and answered Unavailable (or broke the
+// connection), and this call has addresses left that it has not tried.
+func (ic interceptor) again(ctx context.Context, ct *callTrace, err error) bool {
+	return connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil && ct.lastReached() >= 0 && ct.untried()
+}
+
+// repeatable reports whether a call may be sent again once a server had
+// it: the calls the API marks free of side effects or idempotent, a create
+// with an idempotency key, the reads (WatchDir among them), and Remove and
+// MakeDir. msg is the request, nil for a stream.
+func repeatable(spec connect.Spec, msg any) bool {
+	if spec.IdempotencyLevel != connect.IdempotencyUnknown {
+		return true
+	}
+	switch spec.Procedure {
+	case dsecv1connect.SandboxServiceReadFileProcedure, dsecv1connect.SandboxServiceListDirProcedure,
+		dsecv1connect.SandboxServiceStatProcedure, dsecv1connect.SandboxServiceListProcessesProcedure,
+		dsecv1connect.SandboxServiceAttachProcedure, dsecv1connect.SandboxServiceDownloadProcedure,
+		dsecv1connect.SandboxServiceRemoveProcedure, dsecv1connect.SandboxServiceMakeDirProcedure,
+		dsecv1connect.SandboxServiceWatchDirProcedure:
+		return true
+	case dsecv1connect.SandboxServiceCreateProcedure:
+		r, ok := msg.(*dsecv1.CreateRequest)
+		return ok && r.GetIdempotencyKey() != ""
+	}
+	return false
 }
 
 type watchedConn struct {
@@ -387,6 +460,50 @@ func (c *watchedConn) Receive(m any) error {
 		err = c.ic.after(c.ct, err)
 	}
 	return err
+}
+
+// replayConn is a server stream that may repeat: until its first message
+// it is opened again on the next address, with the same request, when the
+// server answers Unavailable. After that the caller has seen output, and
+// the stream's error is the caller's.
+type replayConn struct {
+	*watchedConn
+	ctx      context.Context
+	spec     connect.Spec
+	next     connect.StreamingClientFunc
+	sent     []any
+	closed   bool
+	received bool
+}
+
+func (c *replayConn) Send(m any) error {
+	c.sent = append(c.sent, m)
+	return c.StreamingClientConn.Send(m)
+}
+
+func (c *replayConn) CloseRequest() error {
+	c.closed = true
+	return c.StreamingClientConn.CloseRequest()
+}
+
+func (c *replayConn) Receive(m any) error {
+	for {
+		err := c.watchedConn.Receive(m)
+		if err == nil {
+			c.received = true
+		}
+		if err == nil || errors.Is(err, io.EOF) || c.received || !c.ic.again(c.ctx, c.ct, err) {
+			return err
+		}
+		c.StreamingClientConn.CloseResponse()
+		c.StreamingClientConn = c.next(c.ctx, c.spec)
+		for _, s := range c.sent {
+			c.StreamingClientConn.Send(s) // an error shows at Receive
+		}
+		if c.closed {
+			c.StreamingClientConn.CloseRequest()
+		}
+	}
 }
 
 // unauthenticated is an Unauthenticated error with where the client's
@@ -412,4 +529,26 @@ func (c credential) annotate(err error) error {
 		ce = clean
 	}
 	return &unauthenticated{ce: ce, source: c.describe()}
+}
+
+// annotateWire is annotate for a Conn, whose callers read a
+// *connect.Error's message: where the token came from goes into it,
+// before the kind's words the server may end it with.
+func (c credential) annotateWire(err error) error {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	msg := c.redact(ce.Message())
+	tail := ": " + strings.ReplaceAll(connect.CodeUnauthenticated.String(), "_", " ")
+	cut := strings.TrimSuffix(msg, tail)
+	msg = cut + " (" + c.describe() + ")"
+	if cut != c.redact(ce.Message()) {
+		msg += tail
+	}
+	out := connect.NewWireError(connect.CodeUnauthenticated, errors.New(msg))
+	for k, v := range ce.Meta() {
+		out.Meta()[k] = v
+	}
+	return out
 }

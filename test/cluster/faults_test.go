@@ -11,15 +11,15 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
-	"dsec.dev/dsec/internal/apiclient"
 	"dsec.dev/dsec/internal/testutil"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // burst runs workers that each make keyed creates of n sandboxes, a new key
 // per request, retrying a request with its key (as the SDKs do) until it is
 // acknowledged or 60 s pass, while fault runs once the burst is going. It
 // returns the IDs acknowledged per key.
-func burst(t *testing.T, cl *apiclient.Clients, workers, requests, n int, fault func()) map[string][]string {
+func burst(t *testing.T, cl *dsec.Conn, workers, requests, n int, fault func()) map[string][]string {
 	t.Helper()
 	var mu sync.Mutex
 	acked := map[string][]string{}
@@ -68,7 +68,7 @@ func burst(t *testing.T, cl *apiclient.Clients, workers, requests, n int, fault 
 // checkExactlyOnce: every request was acknowledged with n distinct
 // sandboxes, each still there, and the edges hold no sandbox nobody was
 // told of.
-func checkExactlyOnce(t *testing.T, cl *apiclient.Clients, acked map[string][]string, want, n int) {
+func checkExactlyOnce(t *testing.T, cl *dsec.Conn, acked map[string][]string, want, n int) {
 	t.Helper()
 	if len(acked) != want {
 		t.Fatalf("%d of %d requests acknowledged", len(acked), want)
