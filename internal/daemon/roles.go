@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -428,30 +427,13 @@ func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 }
 
 // dialEdge returns the EdgeService client of an edge, with the apiserver's
-// certificate, checking that the peer is that very node: HTTP/1.1 with
-// kept-alive connections for every call but the shell's, HTTP/2 for it.
+// certificate, checking that the peer is that very node.
 func dialEdge(files clustertls.Files, m watcher.Member, answered func()) (watcher.Edge, error) {
 	tc, err := clustertls.ClientConfig(files, clustertls.RoleEdge, m.Name)
 	if err != nil {
 		return nil, err
 	}
-	return edgeclient.New(&http.Client{Transport: edgeTransport(tc, false)}, &http.Client{Transport: edgeTransport(tc, true)}, m.Addr, answered), nil
-}
-
-func edgeTransport(tc *tls.Config, h2 bool) *http.Transport {
-	tr := &http.Transport{
-		TLSClientConfig:     tc.Clone(),
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		TLSHandshakeTimeout: 5 * time.Second,
-		Protocols:           new(http.Protocols),
-	}
-	if h2 {
-		tr.Protocols.SetHTTP2(true)
-	} else {
-		tr.Protocols.SetHTTP1(true)
-	}
-	return tr
+	return edgeclient.Dial(tc, m.Addr, answered), nil
 }
 
 // HollowFleetConfig is `dsecd hollow-fleet`'s configuration: many hollow

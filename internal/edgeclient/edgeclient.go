@@ -9,9 +9,11 @@ package edgeclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -56,6 +58,31 @@ func New(hc, bidi *http.Client, baseURL string, answered func()) *Remote {
 		pass: edgev1connect.NewEdgeServiceClient(hc, baseURL, append(opts, connect.WithCodec(passCodec{}))...),
 		bidi: edgev1connect.NewEdgeServiceClient(bidi, baseURL, opts...),
 	}
+}
+
+// Dial returns the client of the edge serving at baseURL
+// (https://HOST:PORT) over tc, the apiserver's side of the cluster's mutual
+// TLS (clustertls.ClientConfig, naming the edge expected): HTTP/1.1 with
+// kept-alive connections for every call but the shell's, uploads and
+// Status, HTTP/2 for those (see New). answered is as New's.
+func Dial(tc *tls.Config, baseURL string, answered func()) *Remote {
+	return New(&http.Client{Transport: transport(tc, false)}, &http.Client{Transport: transport(tc, true)}, baseURL, answered)
+}
+
+func transport(tc *tls.Config, h2 bool) *http.Transport {
+	tr := &http.Transport{
+		TLSClientConfig:     tc.Clone(),
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 5 * time.Second,
+		Protocols:           new(http.Protocols),
+	}
+	if h2 {
+		tr.Protocols.SetHTTP2(true)
+	} else {
+		tr.Protocols.SetHTTP1(true)
+	}
+	return tr
 }
 
 // answerInterceptor calls its function when a unary call ends with the

@@ -639,11 +639,18 @@ func (s *Service) LayerStats(ctx context.Context, req *connect.Request[dsecv1.La
 }
 
 // agentErr explains an error from an agent call: when the sandbox ended
-// meanwhile, say so instead of passing on a transport error.
+// meanwhile, say so instead of passing on a transport error; when the
+// call's context ended, that is the cause, not an unavailable agent.
 func (s *Service) agentErr(ctx context.Context, id string, err error) error {
 	sb, gerr := s.edge.Get(context.WithoutCancel(ctx), id)
 	if gerr == nil && !live(sb) {
 		return sandbox.GoneError(sb)
+	}
+	switch cerr := ctx.Err(); {
+	case errors.Is(cerr, context.DeadlineExceeded):
+		return fmt.Errorf("sandbox %s: %v: %w", id, err, errdefs.ErrDeadlineExceeded)
+	case cerr != nil:
+		return fmt.Errorf("sandbox %s: %v: %w", id, err, cerr)
 	}
 	var ce *connect.Error
 	if errors.As(err, &ce) && ce.Code() != connect.CodeUnknown && ce.Code() != connect.CodeInternal &&

@@ -289,10 +289,15 @@ func (e *Edge) Snapshot(ctx context.Context, id, name string, exclude []string) 
 	return nil, fmt.Errorf("sandbox %s is on hollow node %s, which keeps no files: %w", id, e.cfg.Node, errdefs.ErrNotSupported)
 }
 
-// Agent refuses: a hollow sandbox has no agent.
+// Agent refuses: a hollow sandbox has no agent. A sandbox that ended
+// says so, as a real edge's does (FailedPrecondition).
 func (e *Edge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
-	if _, err := e.Get(ctx, id); err != nil {
+	sb, err := e.Get(ctx, id)
+	if err != nil {
 		return nil, nil, err
+	}
+	if !sandbox.Live(sb.GetState()) {
+		return nil, nil, sandbox.GoneError(sb)
 	}
 	return nil, nil, fmt.Errorf("sandbox %s is on hollow node %s, which runs no commands: %w", id, e.cfg.Node, errdefs.ErrNotSupported)
 }

@@ -1,0 +1,24 @@
+package edgesvc_test
+
+import (
+	"log/slog"
+	"testing"
+
+	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
+	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edge/hollow"
+	"dsec.dev/dsec/internal/edgetest"
+)
+
+// TestConformanceHollow runs the seam's conformance suite against the
+// edge service over a hollow edge, called in process as the all-in-one
+// apiserver calls its edge. The real edge runs it in test/root
+// (TestEdgeConformance), the remote client in package edgeclient.
+func TestConformanceHollow(t *testing.T) {
+	edgetest.Run(t, edgetest.Options{
+		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
+			return edgesvc.New(hollow.New(hollow.Config{Node: "h1"}), nil, slog.New(slog.DiscardHandler))
+		},
+		Deviations: edgetest.Deviations{NoAgent: true},
+	})
+}

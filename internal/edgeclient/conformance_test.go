@@ -1,0 +1,61 @@
+package edgeclient_test
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+	"testing"
+
+	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
+	"dsec.dev/dsec/internal/clustertls"
+	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edge/hollow"
+	"dsec.dev/dsec/internal/edgeclient"
+	"dsec.dev/dsec/internal/edgetest"
+)
+
+// TestConformanceRemote runs the seam's conformance suite against the
+// remote client, calling an edge service over a hollow edge across the
+// cluster's transport: its mutual TLS from a throwaway CA, HTTP/1.1 and
+// HTTP/2 as an apiserver dials an edge (Dial). The real edge runs the suite
+// through this client in test/root (TestEdgeConformance).
+func TestConformanceRemote(t *testing.T) {
+	dir := t.TempDir()
+	if err := clustertls.InitCluster(dir, []string{"api1"}, []clustertls.EdgeSpec{{Name: "h1", Hosts: []string{"127.0.0.1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	edgetest.Run(t, edgetest.Options{
+		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
+			svc := edgesvc.New(hollow.New(hollow.Config{Node: "h1"}), nil, slog.New(slog.DiscardHandler))
+			return serve(t, dir, svc)
+		},
+		Deviations: edgetest.Deviations{NoAgent: true},
+	})
+}
+
+// serve serves svc as `dsecd edge` does (mutual TLS accepting apiservers,
+// HTTP/1.1 and HTTP/2) on a loopback port, and returns the remote client
+// an apiserver would make of it.
+func serve(t *testing.T, dir string, svc *edgesvc.Service) *edgeclient.Remote {
+	t.Helper()
+	stc, err := clustertls.ServerConfig(clustertls.ComponentFiles(dir, clustertls.RoleEdge, "h1"), clustertls.RoleAPIServer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(svc.Handler())
+	srv := &http.Server{Handler: mux, TLSConfig: stc, Protocols: new(http.Protocols)}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetHTTP2(true)
+	go srv.ServeTLS(ln, "", "")
+	t.Cleanup(func() { srv.Close() })
+	ctc, err := clustertls.ClientConfig(clustertls.ComponentFiles(dir, clustertls.RoleAPIServer, "api1"), clustertls.RoleEdge, "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return edgeclient.Dial(ctc, "https://"+ln.Addr().String(), nil)
+}

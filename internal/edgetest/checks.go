@@ -1,0 +1,277 @@
+package edgetest
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/sandboxid"
+)
+
+// testLifecycle: create, get, list, a token's idempotence through Create
+// and CreateMany, pause and resume twice each, delete twice, and the ended
+// sandbox's state.
+func testLifecycle(t *testing.T, e *edge) {
+	ctx := t.Context()
+	token := "edgetest#0@" + e.node
+	sb := e.create(ctx, token)
+	got, err := e.get(ctx, sb.GetId())
+	if err != nil || got.GetId() != sb.GetId() || got.GetState() != dsecv1.State_STATE_RUNNING {
+		t.Fatalf("Get %s: %v, %v; want it running", sb.GetId(), got, err)
+	}
+	if ids := e.live(ctx); !slices.Equal(ids, []string{sb.GetId()}) {
+		t.Fatalf("List: %v, want [%s]", ids, sb.GetId())
+	}
+
+	again := e.create(ctx, token)
+	if again.GetId() != sb.GetId() {
+		t.Fatalf("Create with token %q again made %s; want %s, the first's", token, again.GetId(), sb.GetId())
+	}
+	second := "edgetest#1@" + e.node
+	many, err := e.h.CreateMany(ctx, connect.NewRequest(&edgev1.CreateManyRequest{Spec: e.spec(), CreateTokens: []string{token, second}}))
+	if err != nil {
+		t.Fatalf("CreateMany: %v", err)
+	}
+	res := many.Msg.GetResults()
+	if len(res) != 2 || res[0].GetSandbox().GetId() != sb.GetId() || res[1].GetSandbox().GetId() == "" || res[1].GetSandbox().GetId() == sb.GetId() {
+		t.Fatalf("CreateMany of the first token and a new one: %v; want %s and a new sandbox", res, sb.GetId())
+	}
+	other := res[1].GetSandbox().GetId()
+	if ids := e.live(ctx); len(ids) != 2 {
+		t.Fatalf("List after CreateMany: %v, want %s and %s", ids, sb.GetId(), other)
+	}
+
+	// Pause and Resume, each twice: the second says it was already done.
+	for i, want := range []bool{false, true} {
+		resp, err := e.h.Pause(ctx, connect.NewRequest(&dsecv1.PauseRequest{SandboxId: other}))
+		if err != nil {
+			t.Fatalf("Pause %d: %v", i+1, err)
+		}
+		if resp.Msg.GetSandbox().GetState() != dsecv1.State_STATE_PAUSED || resp.Msg.GetAlreadyPaused() != want {
+			t.Fatalf("Pause %d: state %v, already_paused %v; want paused, %v", i+1, resp.Msg.GetSandbox().GetState(), resp.Msg.GetAlreadyPaused(), want)
+		}
+	}
+	for i, want := range []bool{false, true} {
+		resp, err := e.h.Resume(ctx, connect.NewRequest(&dsecv1.ResumeRequest{SandboxId: other}))
+		if err != nil {
+			t.Fatalf("Resume %d: %v", i+1, err)
+		}
+		if resp.Msg.GetSandbox().GetState() != dsecv1.State_STATE_RUNNING || resp.Msg.GetAlreadyRunning() != want {
+			t.Fatalf("Resume %d: state %v, already_running %v; want running, %v", i+1, resp.Msg.GetSandbox().GetState(), resp.Msg.GetAlreadyRunning(), want)
+		}
+	}
+
+	// Delete is idempotent; the ended sandbox is stopped, gone, and refuses
+	// what needs it live.
+	for i := range 2 {
+		if err := e.delete(ctx, other); err != nil {
+			t.Fatalf("Delete %s, call %d: %v", other, i+1, err)
+		}
+	}
+	if got, err := e.get(ctx, other); err == nil && got.GetState() != dsecv1.State_STATE_STOPPED {
+		t.Errorf("Get of a deleted sandbox: state %v, want stopped (or NotFound)", got.GetState())
+	} else if err != nil {
+		wantKind(t, "Get of a deleted sandbox", err, errdefs.ErrNotFound)
+	}
+	gone, err := e.h.Gone(ctx, connect.NewRequest(&edgev1.GoneRequest{Ids: []string{sb.GetId(), other}}))
+	if err != nil || !slices.Equal(gone.Msg.GetIds(), []string{other}) {
+		t.Errorf("Gone of a live and a deleted sandbox: %v, %v; want [%s]", gone.Msg.GetIds(), err, other)
+	}
+	_, err = e.h.Pause(ctx, connect.NewRequest(&dsecv1.PauseRequest{SandboxId: other}))
+	wantKind(t, "Pause of a deleted sandbox", err, errdefs.ErrFailedPrecondition)
+	if ids := e.live(ctx); !slices.Equal(ids, []string{sb.GetId()}) {
+		t.Errorf("List after a delete: %v, want [%s]", ids, sb.GetId())
+	}
+}
+
+// testErrors: the error kinds of a sandbox the node never made and of
+// malformed requests; none makes a sandbox.
+func testErrors(t *testing.T, e *edge) {
+	ctx := t.Context()
+	unknown := sandboxid.New(e.node, 0, 0)
+	_, err := e.get(ctx, unknown)
+	wantKind(t, "Get of an unknown sandbox", err, errdefs.ErrNotFound)
+	_, err = e.h.Pause(ctx, connect.NewRequest(&dsecv1.PauseRequest{SandboxId: unknown}))
+	wantKind(t, "Pause of an unknown sandbox", err, errdefs.ErrNotFound)
+	_, err = e.h.Resume(ctx, connect.NewRequest(&dsecv1.ResumeRequest{SandboxId: unknown}))
+	wantKind(t, "Resume of an unknown sandbox", err, errdefs.ErrNotFound)
+	_, err = e.h.SetTimeout(ctx, connect.NewRequest(&dsecv1.SetTimeoutRequest{SandboxId: unknown, TimeoutSeconds: 60}))
+	wantKind(t, "SetTimeout of an unknown sandbox", err, errdefs.ErrNotFound)
+	_, err = e.h.Metrics(ctx, connect.NewRequest(&dsecv1.MetricsRequest{SandboxId: unknown}))
+	wantKind(t, "Metrics of an unknown sandbox", err, errdefs.ErrNotFound)
+	_, err = e.exec(ctx, unknown, "true")
+	wantKind(t, "Exec in an unknown sandbox", err, errdefs.ErrNotFound)
+	_, err = e.h.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: unknown, Path: "/etc/hostname"}))
+	wantKind(t, "ReadFile in an unknown sandbox", err, errdefs.ErrNotFound)
+	_, err = e.h.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: unknown, Name: "edgetest-snap"}))
+	wantKind(t, "Snapshot of an unknown sandbox", err, errdefs.ErrNotFound)
+	if err := e.delete(ctx, unknown); err != nil {
+		t.Errorf("Delete of an unknown sandbox: %v, want nil (Delete is idempotent)", err)
+	}
+	gone, err := e.h.Gone(ctx, connect.NewRequest(&edgev1.GoneRequest{Ids: []string{unknown}}))
+	if err != nil || !slices.Equal(gone.Msg.GetIds(), []string{unknown}) {
+		t.Errorf("Gone of an unknown sandbox: %v, %v; want it", gone.Msg.GetIds(), err)
+	}
+
+	_, err = e.h.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: &dsecv1.SandboxSpec{}, CreateToken: "edgetest#bad@" + e.node}))
+	wantKind(t, "Create without an environment", err, errdefs.ErrInvalidArgument)
+	_, err = e.h.CreateMany(ctx, connect.NewRequest(&edgev1.CreateManyRequest{Spec: e.spec()}))
+	wantKind(t, "CreateMany without create tokens", err, errdefs.ErrInvalidArgument)
+	_, err = e.h.CreateMany(ctx, connect.NewRequest(&edgev1.CreateManyRequest{Spec: e.spec(), CreateTokens: []string{"a@" + e.node, "a@" + e.node}}))
+	wantKind(t, "CreateMany with a token twice", err, errdefs.ErrInvalidArgument)
+	_, err = e.exec(ctx, "", "true")
+	wantKind(t, "Exec without a sandbox ID", err, errdefs.ErrInvalidArgument)
+	_, err = e.h.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{Path: "/tmp/x", Data: []byte("x")}))
+	wantKind(t, "WriteFile without a sandbox ID", err, errdefs.ErrInvalidArgument)
+	if ids := e.live(ctx); len(ids) != 0 {
+		t.Errorf("malformed and unknown calls left sandboxes %v", ids)
+	}
+}
+
+// testReap: Reap removes what a token made, keeps the IDs it is told to,
+// and a create with a reaped token is refused.
+func testReap(t *testing.T, e *edge) {
+	ctx := t.Context()
+	reaped, kept := "edgetest-reap#0@"+e.node, "edgetest-reap#1@"+e.node
+	a, b := e.create(ctx, reaped), e.create(ctx, kept)
+	resp, err := e.h.Reap(ctx, connect.NewRequest(&edgev1.ReapRequest{TokenPrefixes: []string{"edgetest-reap#"}, KeepIds: []string{b.GetId()}}))
+	if err != nil {
+		t.Fatalf("Reap: %v", err)
+	}
+	if !slices.Equal(resp.Msg.GetRemovedIds(), []string{a.GetId()}) {
+		t.Fatalf("Reap removed %v, want [%s] (and %s kept)", resp.Msg.GetRemovedIds(), a.GetId(), b.GetId())
+	}
+	if ids := e.live(ctx); !slices.Equal(ids, []string{b.GetId()}) {
+		t.Errorf("List after Reap: %v, want [%s]", ids, b.GetId())
+	}
+	_, err = e.h.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: e.spec(), CreateToken: reaped}))
+	wantKind(t, "Create with a reaped token", err, errdefs.ErrFailedPrecondition)
+}
+
+// testInside: the calls that run inside a sandbox, or their refusal where
+// the edge runs nothing; a call to an ended sandbox says it ended.
+func testInside(t *testing.T, e *edge) {
+	ctx := t.Context()
+	sb := e.create(ctx, "edgetest-inside#0@"+e.node)
+	id := sb.GetId()
+	if e.o.Deviations.NoAgent {
+		_, err := e.exec(ctx, id, "true")
+		wantKind(t, "Exec on an edge that runs nothing", err, errdefs.ErrNotSupported)
+		_, err = e.h.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: "/etc/hostname"}))
+		wantKind(t, "ReadFile on an edge that runs nothing", err, errdefs.ErrNotSupported)
+		_, err = e.h.ListProcesses(ctx, connect.NewRequest(&dsecv1.ListProcessesRequest{SandboxId: id}))
+		wantKind(t, "ListProcesses on an edge that runs nothing", err, errdefs.ErrNotSupported)
+		_, err = e.h.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: id, Name: "edgetest-snap"}))
+		wantKind(t, "Snapshot on an edge that keeps no files", err, errdefs.ErrNotSupported)
+	} else {
+		r, err := e.exec(ctx, id, "echo hello; exit 3")
+		if err != nil || r.stdout != "hello\n" || r.exited.GetExitCode() != 3 {
+			t.Fatalf("Exec: stdout %q, exited %v, %v; want hello and code 3", r.stdout, r.exited, err)
+		}
+		if _, err := e.h.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{SandboxId: id, Path: "/tmp/edgetest", Data: []byte("data")})); err != nil {
+			t.Fatalf("WriteFile: %v", err)
+		}
+		got, err := e.h.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: "/tmp/edgetest"}))
+		if err != nil || string(got.Msg.GetData()) != "data" {
+			t.Fatalf("ReadFile of what WriteFile wrote: %q, %v", got.Msg.GetData(), err)
+		}
+		_, err = e.h.Stat(ctx, connect.NewRequest(&dsecv1.StatRequest{SandboxId: id, Path: "/tmp/absent"}))
+		wantKind(t, "Stat of a missing file", err, errdefs.ErrNotFound)
+		testSnapshot(t, e, id)
+	}
+	if err := e.delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.exec(ctx, id, "true")
+	wantKind(t, "Exec in a deleted sandbox", err, errdefs.ErrFailedPrecondition)
+	_, err = e.h.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: "/etc/hostname"}))
+	wantKind(t, "ReadFile in a deleted sandbox", err, errdefs.ErrFailedPrecondition)
+}
+
+// testSnapshot: a snapshot of sandbox id is an environment whose sandboxes
+// hold the files id wrote.
+func testSnapshot(t *testing.T, e *edge, id string) {
+	ctx := t.Context()
+	if _, err := e.h.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{SandboxId: id, Path: "/srv/edgetest/kept", Data: []byte("kept"), MakeParents: true})); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	resp, err := e.h.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: id, Name: "edgetest-snap"}))
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	info := resp.Msg
+	if info.GetSourceSandbox() != id || info.GetEnvironment() == "" || info.GetNode() != e.node {
+		t.Fatalf("Snapshot of %s: source %q, environment %q, node %q", id, info.GetSourceSandbox(), info.GetEnvironment(), info.GetNode())
+	}
+	spec := e.spec()
+	spec.Environment = info.GetEnvironment()
+	made, err := e.h.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec, CreateToken: "edgetest-snap#0@" + e.node}))
+	if err != nil {
+		t.Fatalf("Create from snapshot %s: %v", info.GetEnvironment(), err)
+	}
+	got, err := e.h.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: made.Msg.GetId(), Path: "/srv/edgetest/kept"}))
+	if err != nil || string(got.Msg.GetData()) != "kept" {
+		t.Errorf("a sandbox of the snapshot reads %q, %v; want what its source wrote", got.Msg.GetData(), err)
+	}
+	if err := e.delete(ctx, made.Msg.GetId()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testCancel: a keyed create whose caller is gone makes at most one
+// sandbox, which a retry with its token returns; an exec whose context
+// ends midway ends with that kind, its command gone, and the sandbox
+// serves on.
+func testCancel(t *testing.T, e *edge) {
+	ctx := t.Context()
+	token := "edgetest-cancel#0@" + e.node
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := e.h.Create(cancelled, connect.NewRequest(&edgev1.CreateRequest{Spec: e.spec(), CreateToken: token}))
+	if err != nil && !ended(err) {
+		t.Errorf("Create with a cancelled context: %v, want success or Canceled/DeadlineExceeded", err)
+	}
+	sb := e.create(ctx, token)
+	if ids := e.live(ctx); !slices.Equal(ids, []string{sb.GetId()}) {
+		t.Fatalf("a cancelled keyed create and its retry left %v, want [%s] alone", ids, sb.GetId())
+	}
+	if e.o.Deviations.NoAgent {
+		return
+	}
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	_, err = e.exec(short, sb.GetId(), "sleep 67")
+	if !ended(err) {
+		t.Errorf("Exec past its context's deadline: %v, want Canceled or DeadlineExceeded", err)
+	}
+	// The foreground command dies with its call; wait for it, bounded.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, err := e.exec(ctx, sb.GetId(), "ps -o args | grep -c '^sleep 67' || true")
+		if err != nil {
+			t.Fatalf("Exec after a cancelled one: %v", err)
+		}
+		if strings.TrimSpace(r.stdout) == "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cancelled exec's command still runs 10 s on (%s of them)", strings.TrimSpace(r.stdout))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ended says whether err is a context's end: cancelled (context.Canceled,
+// as errdefs.FromConnect maps Connect's Canceled) or past its deadline
+// (either kind of it).
+func ended(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errdefs.ErrDeadlineExceeded)
+}
