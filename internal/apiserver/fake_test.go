@@ -59,6 +59,9 @@ func (f *fakeEdge) Status() sandbox.Status {
 }
 
 func (f *fakeEdge) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
+	if spec.GetEnvironment() == "" {
+		return nil, fmt.Errorf("environment is required: %w", errdefs.ErrInvalidArgument)
+	}
 	id := f.NewID()
 	f.mu.Lock()
 	hold := f.hold
@@ -76,7 +79,7 @@ func (f *fakeEdge) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token s
 	if f.failAfter >= 0 && f.creates > f.failAfter {
 		return nil, fmt.Errorf("node %s is full: %w", f.node, errdefs.ErrResourceExhausted)
 	}
-	sb := &dsecv1.Sandbox{Id: id, Node: f.node, Spec: spec, State: dsecv1.State_STATE_RUNNING}
+	sb := &dsecv1.Sandbox{Id: id, Node: f.node, Spec: proto.Clone(spec).(*dsecv1.SandboxSpec), State: dsecv1.State_STATE_RUNNING}
 	f.sbs[id] = sb
 	if token != "" {
 		f.tokens[token] = id
@@ -105,7 +108,7 @@ func (f *fakeEdge) SandboxOf(token string) (string, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	id, ok := f.tokens[token]
-	if !ok || f.sbs[id].GetState() != dsecv1.State_STATE_RUNNING {
+	if !ok || !sandbox.Live(f.sbs[id].GetState()) {
 		return "", false
 	}
 	return id, true
@@ -116,7 +119,7 @@ func (f *fakeEdge) Tokens() map[string]string {
 	defer f.mu.Unlock()
 	out := map[string]string{}
 	for tok, id := range f.tokens {
-		if f.sbs[id].GetState() == dsecv1.State_STATE_RUNNING {
+		if sandbox.Live(f.sbs[id].GetState()) {
 			out[tok] = id
 		}
 	}
@@ -138,7 +141,14 @@ func (f *fakeEdge) List(ctx context.Context, labels map[string]string, states []
 	defer f.mu.Unlock()
 	var out []*dsecv1.Sandbox
 	for _, sb := range f.sbs {
-		if sb.State == dsecv1.State_STATE_RUNNING {
+		if len(states) > 0 && !slices.Contains(states, sb.GetState()) {
+			continue
+		}
+		match := true
+		for k, v := range labels {
+			match = match && sb.GetSpec().GetLabels()[k] == v
+		}
+		if match {
 			out = append(out, proto.Clone(sb).(*dsecv1.Sandbox))
 		}
 	}
@@ -148,8 +158,8 @@ func (f *fakeEdge) List(ctx context.Context, labels map[string]string, states []
 func (f *fakeEdge) Delete(ctx context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if sb, ok := f.sbs[id]; ok {
-		sb.State = dsecv1.State_STATE_STOPPED
+	if sb, ok := f.sbs[id]; ok && sb.State != dsecv1.State_STATE_STOPPED {
+		sb.State, sb.Reason = dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED
 	}
 	return nil
 }
@@ -167,40 +177,75 @@ func (f *fakeEdge) WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {
 	return f.pools, nil
 }
 
+// Pause marks a running sandbox paused; there is nothing to freeze.
 func (f *fakeEdge) Pause(ctx context.Context, id string, keepMemory bool) (*dsecv1.Sandbox, bool, error) {
-	return nil, false, fmt.Errorf("fake edge cannot pause: %w", errdefs.ErrNotSupported)
+	return f.flip(id, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED)
 }
 
+// Resume marks a paused sandbox running.
 func (f *fakeEdge) Resume(ctx context.Context, id string, skipPrefetch bool) (*dsecv1.Sandbox, bool, time.Duration, error) {
-	return nil, false, 0, fmt.Errorf("fake edge cannot resume: %w", errdefs.ErrNotSupported)
+	sb, already, err := f.flip(id, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RUNNING)
+	return sb, already, 0, err
+}
+
+// flip moves a sandbox from state from to state to; already when it is in
+// to. An ended one says so.
+func (f *fakeEdge) flip(id string, from, to dsecv1.State) (*dsecv1.Sandbox, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	switch {
+	case !ok:
+		return nil, false, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	case sb.GetState() == to:
+		return proto.Clone(sb).(*dsecv1.Sandbox), true, nil
+	case sb.GetState() == from:
+		sb.State = to
+		return proto.Clone(sb).(*dsecv1.Sandbox), false, nil
+	}
+	return nil, false, sandbox.GoneError(sb)
+}
+
+// refuse is the answer of the calls the fake has nothing for: NotFound
+// for a sandbox it never made, FailedPrecondition for one that ended, as
+// an edge answers, else NotSupported saying what the fake lacks.
+func (f *fakeEdge) refuse(id, lacks string) error {
+	sb, err := f.Get(context.Background(), id)
+	switch {
+	case err != nil:
+		return err
+	case !sandbox.Live(sb.GetState()):
+		return sandbox.GoneError(sb)
+	}
+	return fmt.Errorf("fake edge %s: %w", lacks, errdefs.ErrNotSupported)
 }
 
 func (f *fakeEdge) SetTimeout(ctx context.Context, id string, timeout time.Duration, extendOnly bool) (*dsecv1.Sandbox, error) {
-	return nil, fmt.Errorf("fake edge keeps no clocks: %w", errdefs.ErrNotSupported)
+	return nil, f.refuse(id, "keeps no clocks")
 }
 
 func (f *fakeEdge) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error) {
-	return nil, fmt.Errorf("fake edge has no cgroups: %w", errdefs.ErrNotSupported)
+	return nil, f.refuse(id, "has no cgroups")
 }
 
 func (f *fakeEdge) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
-	return nil, fmt.Errorf("fake edge cannot snapshot: %w", errdefs.ErrNotSupported)
+	return nil, f.refuse(id, "cannot snapshot")
 }
 
 func (f *fakeEdge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
-	return nil, nil, fmt.Errorf("fake edge has no agents: %w", errdefs.ErrNotSupported)
+	return nil, nil, f.refuse(id, "has no agents")
 }
 
 func (f *fakeEdge) SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error) {
-	return nil, fmt.Errorf("fake edge has no network: %w", errdefs.ErrNotSupported)
+	return nil, f.refuse(id, "has no network")
 }
 
 func (f *fakeEdge) NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error) {
-	return nil, fmt.Errorf("fake edge has no network: %w", errdefs.ErrNotSupported)
+	return nil, f.refuse(id, "has no network")
 }
 
 func (f *fakeEdge) running() int {
-	n, _ := f.List(context.Background(), nil, nil)
+	n, _ := f.List(context.Background(), nil, []dsecv1.State{dsecv1.State_STATE_RUNNING})
 	return len(n)
 }
 

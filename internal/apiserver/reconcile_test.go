@@ -28,7 +28,7 @@ func doubts(t *testing.T, st store.Store) []store.Doubt {
 }
 
 func runningIDs(e *fakeEdge) []string {
-	sbs, _ := e.List(context.Background(), nil, nil)
+	sbs, _ := e.List(context.Background(), nil, []dsecv1.State{dsecv1.State_STATE_RUNNING})
 	var ids []string
 	for _, sb := range sbs {
 		ids = append(ids, sb.GetId())

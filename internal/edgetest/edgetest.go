@@ -3,8 +3,9 @@
 // Every implementation runs it, fakes included: call Run from its tests
 // with Options saying what differs for it. Today they are the edge service
 // over a node's real edge (package edgesvc over sandbox.Manager, runc), the
-// same service over a hollow edge (package hollow), and the remote client
-// (package edgeclient) reaching either over the cluster's mutual TLS.
+// same service over a hollow edge (package hollow) and over the fake edge
+// of the apiserver's tests, and the remote client (package edgeclient)
+// reaching the service over the cluster's mutual TLS.
 //
 // It checks what the service's documentation promises the apiserver:
 //

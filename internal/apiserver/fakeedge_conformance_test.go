@@ -1,0 +1,22 @@
+package apiserver
+
+import (
+	"log/slog"
+	"testing"
+
+	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
+	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edgetest"
+)
+
+// TestFakeEdgeConformance runs the seam's conformance suite against the
+// fake edge these tests route to, so what they prove of the apiserver
+// holds of the edges it really calls.
+func TestFakeEdgeConformance(t *testing.T) {
+	edgetest.Run(t, edgetest.Options{
+		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
+			return edgesvc.New(newFakeEdge("n1"), nil, slog.New(slog.DiscardHandler))
+		},
+		Deviations: edgetest.Deviations{NoAgent: true},
+	})
+}
