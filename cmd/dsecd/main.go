@@ -26,6 +26,7 @@ import (
 	"dsec.dev/dsec/internal/edge/fncall"
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/edge/swap"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/version"
 )
@@ -360,10 +361,12 @@ func initClusterMain(args []string) int {
 }
 
 func tokenMain(args []string) int {
-	var db, principal string
+	var db, principal, project, role string
 	var ttl time.Duration
 	var asE2B bool
 	fs := flag.NewFlagSet("dsecd token", flag.ContinueOnError)
+	fs.StringVar(&project, "project", "/", "the project the token is for (a path: ml/rl-run-42)")
+	fs.StringVar(&role, "role", "admin", "the token's role: viewer, runner, builder or admin (the principal is granted it on the project if it holds less)")
 	fs.BoolVar(&asE2B, "e2b", false, "print the token as an E2B API key (e2b_…), for E2B_API_KEY")
 	fs.StringVar(&db, "db", "", "the metadata store: postgres://… (a cluster's) or the all-in-one's <root>/meta.db")
 	fs.StringVar(&principal, "principal", daemon.AdminPrincipal, "who the token is for (made if new)")
@@ -375,8 +378,13 @@ func tokenMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "dsecd token: --db is required")
 		return 2
 	}
+	r, err := iam.ParseRole(role)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dsecd token:", err)
+		return 2
+	}
 	return run("dsecd token", func(ctx context.Context) error {
-		tok, err := daemon.IssueToken(ctx, db, principal, ttl)
+		tok, err := daemon.IssueToken(ctx, db, principal, project, r, ttl)
 		if err == nil && asE2B {
 			tok, err = e2b.APIKey(tok)
 		}

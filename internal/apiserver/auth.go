@@ -14,12 +14,12 @@ import (
 	"connectrpc.com/connect"
 
 	"dsec.dev/dsec/internal/errdefs"
-	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/iam"
 )
 
 // Authenticator checks a bearer token; the metadata store is one.
 type Authenticator interface {
-	Authenticate(ctx context.Context, token string) (store.Principal, error)
+	Authenticate(ctx context.Context, token string) (iam.Authority, error)
 }
 
 type trustedKey struct{}
@@ -42,8 +42,8 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 }
 
 // PrincipalOf is who made the call, when a token said so.
-func PrincipalOf(ctx context.Context) (store.Principal, bool) {
-	p, ok := ctx.Value(principalKey{}).(store.Principal)
+func PrincipalOf(ctx context.Context) (iam.Authority, bool) {
+	p, ok := ctx.Value(principalKey{}).(iam.Authority)
 	return p, ok
 }
 
@@ -69,24 +69,24 @@ type authCache struct {
 }
 
 type authEntry struct {
-	p  store.Principal
+	p  iam.Authority
 	at time.Time
 }
 
 const authCacheMax = 10000
 
-func (c *authCache) get(tok string, now time.Time) (store.Principal, bool) {
+func (c *authCache) get(tok string, now time.Time) (iam.Authority, bool) {
 	k := sha256.Sum256([]byte(tok))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[k]
 	if !ok || now.Sub(e.at) > authCacheTTL {
-		return store.Principal{}, false
+		return iam.Authority{}, false
 	}
 	return e.p, true
 }
 
-func (c *authCache) put(tok string, p store.Principal, now time.Time) {
+func (c *authCache) put(tok string, p iam.Authority, now time.Time) {
 	k := sha256.Sum256([]byte(tok))
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -30,14 +31,14 @@ func TestBearerTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if _, err := st.CreatePrincipal(ctx, "alice"); err != nil {
+	if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: "alice"}); err != nil {
 		t.Fatal(err)
 	}
-	good, _, err := st.IssueToken(ctx, "alice", 0)
+	good, _, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: "alice", Role: iam.Admin, TTL: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
-	expired, _, err := st.IssueToken(ctx, "alice", time.Millisecond)
+	expired, _, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: "alice", Role: iam.Admin, TTL: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -18,21 +19,20 @@ import (
 // TCP port present it; the Unix socket needs none.
 const AdminTokenFile = "admin.token"
 
-// AdminPrincipal is the principal the all-in-one dsecd's token belongs to.
+// AdminPrincipal is the principal the all-in-one dsecd's token belongs to:
+// the root project's admin.
 const AdminPrincipal = "admin"
 
-// ensureAdminToken makes the admin principal and a token in the file, once:
-// a token already in the file that the store still accepts is kept.
+// ensureAdminToken makes the admin principal, its admin binding on the root
+// project and a token in the file, once: a token already in the file that
+// the store still accepts is kept.
 func ensureAdminToken(ctx context.Context, st store.Store, path string) error {
 	if b, err := os.ReadFile(path); err == nil {
 		if _, err := st.Authenticate(ctx, strings.TrimSpace(string(b))); err == nil {
 			return nil
 		}
 	}
-	if _, err := st.CreatePrincipal(ctx, AdminPrincipal); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
-		return fmt.Errorf("make the admin principal: %w", err)
-	}
-	tok, _, err := st.IssueToken(ctx, AdminPrincipal, 0)
+	tok, err := mint(ctx, st, AdminPrincipal, "", iam.Admin, 0)
 	if err != nil {
 		return fmt.Errorf("issue the admin token: %w", err)
 	}
@@ -58,17 +58,40 @@ func ensureAdminToken(ctx context.Context, st store.Store, path string) error {
 	return nil
 }
 
-// IssueToken mints a token for principal (made if new) in the metadata
-// store at dsn: `dsecd token`.
-func IssueToken(ctx context.Context, dsn, principal string, ttl time.Duration) (string, error) {
+// IssueToken mints a token for principal with role on project (a path)
+// in the metadata store at dsn, as the node's administrator: `dsecd token`.
+// A new principal is made in the root project; a principal whose bindings
+// give it less than role on project is granted role there.
+func IssueToken(ctx context.Context, dsn, principal, project string, role iam.Role, ttl time.Duration) (string, error) {
 	st, err := store.Open(ctx, dsn)
 	if err != nil {
 		return "", err
 	}
 	defer st.Close()
-	if _, err := st.CreatePrincipal(ctx, principal); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+	return mint(ctx, st, principal, project, role, ttl)
+}
+
+// mint makes principal if new, grants it role on project if its bindings
+// give it less there, and mints a token, all as the node's administrator.
+func mint(ctx context.Context, st store.Store, principal, project string, role iam.Role, ttl time.Duration) (string, error) {
+	node := iam.NodeAdmin()
+	_, err := st.CreatePrincipal(ctx, node, store.PrincipalSpec{Name: principal, Kind: store.KindUser})
+	if err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+		return "", fmt.Errorf("make principal %s: %w", principal, err)
+	}
+	bindings, err := st.Bindings(ctx, principal)
+	if err != nil {
 		return "", err
 	}
-	tok, _, err := st.IssueToken(ctx, principal, ttl)
+	path, err := iam.CleanPath(project)
+	if err != nil {
+		return "", err
+	}
+	if iam.Effective(bindings, path) < role {
+		if err := st.Grant(ctx, node, principal, path, role); err != nil {
+			return "", err
+		}
+	}
+	tok, _, err := st.MintToken(ctx, node, store.TokenSpec{Principal: principal, Project: path, Role: role, TTL: ttl})
 	return tok, err
 }

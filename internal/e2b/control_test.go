@@ -23,7 +23,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
-	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/iam"
 )
 
 // sdkMetadataQuery encodes a metadata filter as E2B's JS SDK does: each
@@ -230,11 +230,11 @@ func (f *fakeAPI) Delete(ctx context.Context, req *connect.Request[dsecv1.Delete
 
 type fakeAuth struct{ token string }
 
-func (a fakeAuth) Authenticate(ctx context.Context, token string) (store.Principal, error) {
+func (a fakeAuth) Authenticate(ctx context.Context, token string) (iam.Authority, error) {
 	if token != a.token {
-		return store.Principal{}, errdefs.ErrUnauthenticated
+		return iam.Authority{}, errdefs.ErrUnauthenticated
 	}
-	return store.Principal{ID: "p"}, nil
+	return iam.Authority{TokenID: "p"}, nil
 }
 
 // TestControlPlane drives the REST API over the fake: the translation of

@@ -15,7 +15,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
-	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/iam"
 )
 
 // fakeDsec is a SandboxService with one running sandbox whose processes
@@ -236,8 +236,8 @@ const fakeSandbox = "sb-t1-fake"
 
 type allowAll struct{}
 
-func (allowAll) Authenticate(ctx context.Context, token string) (store.Principal, error) {
-	return store.Principal{ID: "p"}, nil
+func (allowAll) Authenticate(ctx context.Context, token string) (iam.Authority, error) {
+	return iam.Authority{TokenID: "p"}, nil
 }
 
 // startFake serves a Handler over a fake dsec, both on loopback, and

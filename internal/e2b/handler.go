@@ -13,12 +13,12 @@ import (
 
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
-	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/iam"
 )
 
 // Authenticator checks a dsec token; the metadata store is one.
 type Authenticator interface {
-	Authenticate(ctx context.Context, token string) (store.Principal, error)
+	Authenticate(ctx context.Context, token string) (iam.Authority, error)
 }
 
 // Config configures a Handler.

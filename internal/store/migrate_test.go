@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/testutil"
 )
 
@@ -70,10 +72,73 @@ func TestMigrationsDownAndUp(t *testing.T) {
 			if _, err := p.Up(ctx); err != nil {
 				t.Fatalf("migrate up again: %v", err)
 			}
-			if _, err := st.CreatePrincipal(ctx, "p"); err != nil {
+			if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), PrincipalSpec{Name: "p"}); err != nil {
 				t.Fatal(err)
 			}
 			st.Close()
+		})
+	}
+}
+
+// TestIAMMigrationKeepsPower: a principal and token made before the IAM
+// migration (every token was all-powerful then) are the root's admin after
+// it.
+func TestIAMMigrationKeepsPower(t *testing.T) {
+	for _, tc := range []struct {
+		dialect string
+		before  int64 // the version before the IAM migration
+		dsn     func(t *testing.T) string
+	}{
+		{dialectSQLite, 3, func(t *testing.T) string { return filepath.Join(t.TempDir(), "meta.db") }},
+		{dialectPostgres, 2, func(t *testing.T) string { return testutil.StartPostgres(t) }},
+	} {
+		t.Run(tc.dialect, func(t *testing.T) {
+			ctx := t.Context()
+			st, err := Open(ctx, tc.dsn(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			var db *sql.DB
+			switch s := st.(type) {
+			case *sqliteStore:
+				db = s.db
+			case *pgStore:
+				db = stdlib.OpenDBFromPool(s.pool)
+				defer db.Close()
+			}
+			p, err := migrator(db, tc.dialect)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.DownTo(ctx, tc.before); err != nil {
+				t.Fatalf("migrate down to %d: %v", tc.before, err)
+			}
+			tok, hash := newToken()
+			now := any(time.Now())
+			insP := `INSERT INTO principals (id, project_id, name, created) VALUES ('prn-1', 'root', 'old', $1)`
+			insT := `INSERT INTO tokens (id, principal_id, hash, created) VALUES ('tok-1', 'prn-1', $1, $2)`
+			if tc.dialect == dialectSQLite {
+				now = time.Now().UnixMilli()
+				insP = `INSERT INTO principals (id, project_id, name, created_ms) VALUES ('prn-1', 'root', 'old', ?)`
+				insT = `INSERT INTO tokens (id, principal_id, hash, created_ms) VALUES ('tok-1', 'prn-1', ?, ?)`
+			}
+			if _, err := db.ExecContext(ctx, insP, now); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx, insT, hash, now); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatalf("migrate up: %v", err)
+			}
+			a, err := st.Authenticate(ctx, tok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Principal != "old" || a.Project != "" || a.Role != iam.Admin || a.On("any/project") != iam.Admin {
+				t.Fatalf("an old token after the migration: %+v", a)
+			}
 		})
 	}
 }

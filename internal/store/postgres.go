@@ -26,6 +26,8 @@ import (
 // while it is away are retried for a few seconds when that is safe (see
 // retry) and then fail with errdefs.ErrUnavailable.
 type pgStore struct {
+	// sqlDB serves the IAM part through database/sql on the same pool.
+	*sqlDB
 	pool *pgxpool.Pool
 	// reserve and complete combine the statements of concurrent
 	// ReserveCreate and CompleteCreate calls.
@@ -47,16 +49,18 @@ func openPostgres(ctx context.Context, dsn string) (Store, error) {
 		return nil, fmt.Errorf("open metadata store %s: %w", name, pgKind(err))
 	}
 	db := stdlib.OpenDBFromPool(pool)
-	err = migrate(ctx, db, dialectPostgres)
-	db.Close() // leaves the pool open
-	if err != nil {
+	if err := migrate(ctx, db, dialectPostgres); err != nil {
+		db.Close() // leaves the pool open
 		pool.Close()
 		return nil, fmt.Errorf("open metadata store %s: %w", name, pgKind(err))
 	}
-	return &pgStore{pool: pool, reserve: newCombiner(pool), complete: newCombiner(pool)}, nil
+	s := &pgStore{pool: pool, reserve: newCombiner(pool), complete: newCombiner(pool)}
+	s.sqlDB = &sqlDB{db: db, dialect: dialectPostgres, retry: s.retry, kind: pgKind}
+	return s, nil
 }
 
 func (s *pgStore) Close() error {
+	s.sqlDB.db.Close() // leaves the pool open
 	s.pool.Close()
 	return nil
 }
@@ -718,123 +722,4 @@ func (s *pgStore) RemoveNode(ctx context.Context, name string) error {
 		return fmt.Errorf("remove node %s: %w", name, errdefs.ErrNotFound)
 	}
 	return nil
-}
-
-// --- principals and tokens
-
-func (s *pgStore) CreatePrincipal(ctx context.Context, name string) (Principal, error) {
-	if err := checkPrincipalName(name); err != nil {
-		return Principal{}, err
-	}
-	p := Principal{ID: newID("prn-"), Project: RootProject, Name: name, Created: ms(time.Now())}
-	err := s.retry(ctx, false, func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, `INSERT INTO principals (id, project_id, name, created) VALUES ($1, $2, $3, $4)`,
-			p.ID, p.Project, p.Name, p.Created)
-		return err
-	})
-	if pgUnique(err) {
-		return Principal{}, fmt.Errorf("create principal %q: %w", name, errdefs.ErrAlreadyExists)
-	}
-	if err != nil {
-		return Principal{}, fmt.Errorf("create principal %q: %w", name, pgKind(err))
-	}
-	return p, nil
-}
-
-func (s *pgStore) IssueToken(ctx context.Context, principal string, ttl time.Duration) (string, TokenInfo, error) {
-	if err := checkTTL(principal, ttl); err != nil {
-		return "", TokenInfo{}, err
-	}
-	tok, hash := newToken()
-	info := TokenInfo{ID: newID("tok-"), Principal: principal, Created: ms(time.Now())}
-	info.Expires = expiresAt(info.Created, ttl)
-	var n int64
-	err := s.retry(ctx, false, func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, `INSERT INTO tokens (id, principal_id, hash, created, expires)
-			SELECT $1, id, $2, $3, $4 FROM principals WHERE name = $5`,
-			info.ID, hash, info.Created, tsArg(info.Expires), principal)
-		n = tag.RowsAffected()
-		return err
-	})
-	if err != nil {
-		return "", TokenInfo{}, fmt.Errorf("issue token for %s: %w", principal, pgKind(err))
-	}
-	if n == 0 {
-		return "", TokenInfo{}, fmt.Errorf("issue token for %s: no such principal: %w", principal, errdefs.ErrNotFound)
-	}
-	return tok, info, nil
-}
-
-func (s *pgStore) Authenticate(ctx context.Context, token string) (Principal, error) {
-	if !wellFormedToken(token) {
-		return Principal{}, unauthenticated()
-	}
-	want := hashToken(token)
-	var stored []byte
-	var expires, revoked *time.Time
-	var p Principal
-	err := s.retry(ctx, true, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `SELECT t.hash, t.expires, t.revoked, p.id, p.project_id, p.name, p.created
-			FROM tokens t JOIN principals p ON p.id = t.principal_id WHERE t.hash = $1`, want).
-			Scan(&stored, &expires, &revoked, &p.ID, &p.Project, &p.Name, &p.Created)
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Principal{}, unauthenticated()
-	}
-	if err != nil {
-		return Principal{}, fmt.Errorf("authenticate: %w", pgKind(err))
-	}
-	if !tokenValid(stored, want, tsOf(expires), tsOf(revoked), time.Now()) {
-		return Principal{}, unauthenticated()
-	}
-	return p, nil
-}
-
-func (s *pgStore) RevokeToken(ctx context.Context, tokenID string) error {
-	var n int64
-	err := s.retry(ctx, true, func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, `UPDATE tokens SET revoked = coalesce(revoked, $2) WHERE id = $1`, tokenID, ms(time.Now()))
-		n = tag.RowsAffected()
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("revoke token %s: %w", tokenID, pgKind(err))
-	}
-	if n == 0 {
-		return fmt.Errorf("revoke token %s: %w", tokenID, errdefs.ErrNotFound)
-	}
-	return nil
-}
-
-func (s *pgStore) ListTokens(ctx context.Context, principal string) ([]TokenInfo, error) {
-	var out []TokenInfo
-	var found bool
-	err := s.retry(ctx, true, func(ctx context.Context) error {
-		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM principals WHERE name = $1)`, principal).Scan(&found); err != nil || !found {
-			return err
-		}
-		rows, err := s.pool.Query(ctx, `SELECT t.id, t.created, t.expires, t.revoked
-			FROM tokens t JOIN principals p ON p.id = t.principal_id WHERE p.name = $1 ORDER BY t.created, t.id`, principal)
-		if err != nil {
-			return err
-		}
-		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (TokenInfo, error) {
-			info := TokenInfo{Principal: principal}
-			var expires, revoked *time.Time
-			err := row.Scan(&info.ID, &info.Created, &expires, &revoked)
-			info.Expires, info.Revoked = tsOf(expires), tsOf(revoked)
-			return info, err
-		})
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list tokens of %s: %w", principal, pgKind(err))
-	}
-	if !found {
-		return nil, fmt.Errorf("list tokens of %s: no such principal: %w", principal, errdefs.ErrNotFound)
-	}
-	if len(out) == 0 {
-		return nil, nil
-	}
-	return out, nil
 }

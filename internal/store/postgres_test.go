@@ -15,6 +15,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", to read tables as the SQLite test does
 
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/store/storetest"
 	"dsec.dev/dsec/internal/testutil"
@@ -83,10 +84,10 @@ func TestPostgresTokensHashOnly(t *testing.T) {
 	ctx := t.Context()
 	dsn := testutil.StartPostgres(t)
 	st := openStore(t, dsn)
-	if _, err := st.CreatePrincipal(ctx, "trainer"); err != nil {
+	if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: "trainer"}); err != nil {
 		t.Fatal(err)
 	}
-	tok, info, err := st.IssueToken(ctx, "trainer", time.Hour)
+	tok, info, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: "trainer", Role: iam.Admin, TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,10 +192,10 @@ func TestPostgresRestart(t *testing.T) {
 	ctx := t.Context()
 	pg := testutil.StartPostgresServer(t)
 	st := openStore(t, pg.DSN)
-	if _, err := st.CreatePrincipal(ctx, "trainer"); err != nil {
+	if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: "trainer"}); err != nil {
 		t.Fatal(err)
 	}
-	tok, _, err := st.IssueToken(ctx, "trainer", 0)
+	tok, _, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: "trainer", Role: iam.Admin, TTL: 0})
 	if err != nil {
 		t.Fatal(err)
 	}

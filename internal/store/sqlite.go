@@ -19,6 +19,7 @@ import (
 // IMMEDIATE, so they take the file's write lock up front and serialise
 // across every handle on the file instead of failing on upgrade.
 type sqliteStore struct {
+	*sqlDB
 	db   *sql.DB
 	path string
 }
@@ -34,7 +35,9 @@ func openSQLite(ctx context.Context, path string) (Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open metadata store %s: %w", path, sqliteKind(err))
 	}
-	return &sqliteStore{db: db, path: path}, nil
+	iam := &sqlDB{db: db, dialect: dialectSQLite, kind: sqliteKind,
+		retry: func(ctx context.Context, _ bool, op func(context.Context) error) error { return op(ctx) }}
+	return &sqliteStore{sqlDB: iam, db: db, path: path}, nil
 }
 
 func (s *sqliteStore) Close() error { return s.db.Close() }
@@ -608,110 +611,4 @@ func (s *sqliteStore) RemoveNode(ctx context.Context, name string) error {
 		return fmt.Errorf("remove node %s: %w", name, errdefs.ErrNotFound)
 	}
 	return nil
-}
-
-// --- principals and tokens
-
-func (s *sqliteStore) CreatePrincipal(ctx context.Context, name string) (Principal, error) {
-	if err := checkPrincipalName(name); err != nil {
-		return Principal{}, err
-	}
-	p := Principal{ID: newID("prn-"), Project: RootProject, Name: name, Created: ms(time.Now())}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO principals (id, project_id, name, created_ms) VALUES (?, ?, ?, ?)`,
-		p.ID, p.Project, p.Name, p.Created.UnixMilli())
-	if sqliteUnique(err) {
-		return Principal{}, fmt.Errorf("create principal %q: %w", name, errdefs.ErrAlreadyExists)
-	}
-	if err != nil {
-		return Principal{}, fmt.Errorf("create principal %q: %w", name, sqliteKind(err))
-	}
-	return p, nil
-}
-
-func (s *sqliteStore) IssueToken(ctx context.Context, principal string, ttl time.Duration) (string, TokenInfo, error) {
-	if err := checkTTL(principal, ttl); err != nil {
-		return "", TokenInfo{}, err
-	}
-	tok, hash := newToken()
-	info := TokenInfo{ID: newID("tok-"), Principal: principal, Created: ms(time.Now())}
-	info.Expires = expiresAt(info.Created, ttl)
-	res, err := s.db.ExecContext(ctx, `INSERT INTO tokens (id, principal_id, hash, created_ms, expires_ms)
-		SELECT ?, id, ?, ?, ? FROM principals WHERE name = ?`,
-		info.ID, hash, info.Created.UnixMilli(), msNull(info.Expires), principal)
-	if err != nil {
-		return "", TokenInfo{}, fmt.Errorf("issue token for %s: %w", principal, sqliteKind(err))
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return "", TokenInfo{}, fmt.Errorf("issue token for %s: no such principal: %w", principal, errdefs.ErrNotFound)
-	}
-	return tok, info, nil
-}
-
-func (s *sqliteStore) Authenticate(ctx context.Context, token string) (Principal, error) {
-	if !wellFormedToken(token) {
-		return Principal{}, unauthenticated()
-	}
-	want := hashToken(token)
-	var stored []byte
-	var expires, revoked sql.NullInt64
-	var p Principal
-	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT t.hash, t.expires_ms, t.revoked_ms, p.id, p.project_id, p.name, p.created_ms
-		FROM tokens t JOIN principals p ON p.id = t.principal_id WHERE t.hash = ?`, want).
-		Scan(&stored, &expires, &revoked, &p.ID, &p.Project, &p.Name, &created)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Principal{}, unauthenticated()
-	}
-	if err != nil {
-		return Principal{}, fmt.Errorf("authenticate: %w", sqliteKind(err))
-	}
-	if !tokenValid(stored, want, nullMs(expires), nullMs(revoked), time.Now()) {
-		return Principal{}, unauthenticated()
-	}
-	p.Created = msTime(created)
-	return p, nil
-}
-
-func (s *sqliteStore) RevokeToken(ctx context.Context, tokenID string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE tokens SET revoked_ms = coalesce(revoked_ms, ?) WHERE id = ?`,
-		time.Now().UnixMilli(), tokenID)
-	if err != nil {
-		return fmt.Errorf("revoke token %s: %w", tokenID, sqliteKind(err))
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("revoke token %s: %w", tokenID, errdefs.ErrNotFound)
-	}
-	return nil
-}
-
-func (s *sqliteStore) ListTokens(ctx context.Context, principal string) ([]TokenInfo, error) {
-	var id string
-	err := s.db.QueryRowContext(ctx, `SELECT id FROM principals WHERE name = ?`, principal).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("list tokens of %s: no such principal: %w", principal, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list tokens of %s: %w", principal, sqliteKind(err))
-	}
-	rows, err := s.db.QueryContext(ctx, `SELECT id, created_ms, expires_ms, revoked_ms FROM tokens
-		WHERE principal_id = ? ORDER BY created_ms, id`, id)
-	if err != nil {
-		return nil, fmt.Errorf("list tokens of %s: %w", principal, sqliteKind(err))
-	}
-	defer rows.Close()
-	var out []TokenInfo
-	for rows.Next() {
-		info := TokenInfo{Principal: principal}
-		var created int64
-		var expires, revoked sql.NullInt64
-		if err := rows.Scan(&info.ID, &created, &expires, &revoked); err != nil {
-			return nil, fmt.Errorf("list tokens of %s: %w", principal, err)
-		}
-		info.Created, info.Expires, info.Revoked = msTime(created), nullMs(expires), nullMs(revoked)
-		out = append(out, info)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list tokens of %s: %w", principal, sqliteKind(err))
-	}
-	return out, nil
 }

@@ -8,7 +8,9 @@
 //     they made a sandbox, until an apiserver has settled them with the node;
 //   - the node registry: each edge's slot, the slot's generation, its address,
 //     backends, capacity and certificate fingerprint, and when it was last seen;
-//   - projects, principals and their API tokens (stored as SHA-256 only).
+//   - IAM: the project tree, principals, their role bindings and API tokens
+//     (stored as SHA-256 only), each project's quota and use, and the audit
+//     trail of management calls (package iam holds the rules they follow).
 //
 // Store is the pluggable backend interface. Open picks an implementation by
 // its DSN: SQLite (one file, what the all-in-one dsecd uses under its root)
@@ -46,7 +48,8 @@ import (
 // errdefs.ErrUnavailable means the database could not be reached or the
 // connection dropped before the answer came: the call may or may not have
 // taken effect. Every method but ReserveCreate, AbandonCreate,
-// CreatePrincipal, IssueToken, ExpireIdempotency and RemoveNode does the same
+// CreateProject, CreatePrincipal, MintToken, Charge, Release, AppendAudit,
+// ExpireIdempotency and RemoveNode does the same
 // when repeated, so callers may simply try again; ReserveCreate's caller finds
 // its own reservation (reserved false, Owner its own name) on a retry, and
 // AbandonCreate's finds the reservation gone.
@@ -149,22 +152,9 @@ type Store interface {
 	// counter is kept. An unknown name is errdefs.ErrNotFound.
 	RemoveNode(ctx context.Context, name string) error
 
-	// CreatePrincipal makes a principal (in the root project); a name
-	// already taken is errdefs.ErrAlreadyExists.
-	CreatePrincipal(ctx context.Context, name string) (Principal, error)
-	// IssueToken mints an API token for the named principal, valid for ttl
-	// (0: no expiry). The token is returned once and only its SHA-256 is
-	// stored.
-	IssueToken(ctx context.Context, principal string, ttl time.Duration) (token string, info TokenInfo, err error)
-	// Authenticate returns the principal a token was issued to. An unknown,
-	// malformed, expired or revoked token is errdefs.ErrUnauthenticated.
-	Authenticate(ctx context.Context, token string) (Principal, error)
-	// RevokeToken revokes a token by its ID; revoking it again is a no-op.
-	// An unknown ID is errdefs.ErrNotFound.
-	RevokeToken(ctx context.Context, tokenID string) error
-	// ListTokens lists a principal's tokens, revoked and expired ones
-	// included, oldest first.
-	ListTokens(ctx context.Context, principal string) ([]TokenInfo, error)
+	// Projects, principals, role bindings, tokens (iam.go), quotas
+	// (quota.go) and the audit trail (audit.go).
+	IAM
 
 	// Close releases the store's connections.
 	Close() error
@@ -253,27 +243,6 @@ type Node struct {
 
 // MaxSlot is the highest node slot.
 const MaxSlot = 65535
-
-// Principal is an identity that holds API tokens.
-type Principal struct {
-	ID      string
-	Project string // the project's ID
-	Name    string
-	Created time.Time
-}
-
-// RootProject is the ID of the project every principal belongs to until
-// projects can be nested.
-const RootProject = "root"
-
-// TokenInfo describes an API token; the token itself is never stored.
-type TokenInfo struct {
-	ID        string
-	Principal string // the principal's name
-	Created   time.Time
-	Expires   time.Time // zero: never
-	Revoked   time.Time // zero: not revoked
-}
 
 // Open opens the store named by dsn, creating and migrating its schema:
 //
@@ -386,12 +355,6 @@ func newID(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
-// unauthenticated is the one answer to every token that is not valid now,
-// whatever the reason.
-func unauthenticated() error {
-	return fmt.Errorf("invalid, expired or revoked token: %w", errdefs.ErrUnauthenticated)
-}
-
 func nilIfEmpty(l []string) []string {
 	if len(l) == 0 {
 		return nil
@@ -495,13 +458,6 @@ func staleGeneration(name string, have, current int64) error {
 
 func slotsFull() error {
 	return fmt.Errorf("register node: all %d node slots are taken: %w", MaxSlot, errdefs.ErrResourceExhausted)
-}
-
-func checkTTL(principal string, ttl time.Duration) error {
-	if ttl < 0 {
-		return fmt.Errorf("issue token for %s: negative ttl %s: %w", principal, ttl, errdefs.ErrInvalidArgument)
-	}
-	return nil
 }
 
 func expiresAt(created time.Time, ttl time.Duration) time.Time {

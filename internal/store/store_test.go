@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/store/storetest"
 )
@@ -116,7 +117,7 @@ func TestSQLiteLegacyFile(t *testing.T) {
 	if err != nil || reserved {
 		t.Fatalf("ReserveCreate of a legacy key: reserved=%v, %v", reserved, err)
 	}
-	if _, err := st.CreatePrincipal(ctx, "p"); err != nil {
+	if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: "p"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -127,10 +128,10 @@ func TestSQLiteTokensHashOnly(t *testing.T) {
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "meta.db")
 	st := openSQLite(t, path)
-	if _, err := st.CreatePrincipal(ctx, "trainer"); err != nil {
+	if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: "trainer"}); err != nil {
 		t.Fatal(err)
 	}
-	tok, info, err := st.IssueToken(ctx, "trainer", time.Hour)
+	tok, info, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: "trainer", Role: iam.Admin, TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

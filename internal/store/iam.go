@@ -1,0 +1,200 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
+)
+
+// IAM is the store's part for identity and access: the project tree,
+// principals, role bindings, tokens, quotas and the audit trail. Projects
+// are named by path ("ml/rl-run-42"; the root is "" or "/").
+//
+// The methods that change authority take the actor's iam.Authority (as
+// Authenticate returned it, or iam.NodeAdmin() for the node's
+// administrator) and decide with package iam's rules inside their
+// transaction, on the actor's token as it is then (read again: a token
+// revoked or a binding removed since the actor authenticated counts).
+type IAM interface {
+	// CreateProject makes the project at path under its existing parent.
+	// The actor needs admin on the parent. A path deeper than iam.MaxDepth,
+	// or a name taken among its siblings (errdefs.ErrAlreadyExists), is
+	// refused.
+	CreateProject(ctx context.Context, actor iam.Authority, path string) (Project, error)
+	// Project returns the project at path, or errdefs.ErrNotFound.
+	Project(ctx context.Context, path string) (Project, error)
+	// ProjectByID returns the project with id, or errdefs.ErrNotFound.
+	ProjectByID(ctx context.Context, id string) (Project, error)
+	// ListProjects lists the children of the project at path, or with
+	// subtree every project under it, by path.
+	ListProjects(ctx context.Context, path string, subtree bool) ([]Project, error)
+	// DeleteProject deletes an empty project: no children and nothing
+	// charged (errdefs.ErrFailedPrecondition naming what is in use). Its
+	// role bindings and tokens go with it. The actor needs admin on the
+	// parent; the root is never deleted.
+	DeleteProject(ctx context.Context, actor iam.Authority, path string) error
+
+	// CreatePrincipal makes a principal in a project (whose admins manage
+	// it); the actor needs admin there. A name already taken is
+	// errdefs.ErrAlreadyExists.
+	CreatePrincipal(ctx context.Context, actor iam.Authority, spec PrincipalSpec) (Principal, error)
+	// Principal returns the principal called name, or errdefs.ErrNotFound.
+	Principal(ctx context.Context, name string) (Principal, error)
+	// ListPrincipals lists every principal by name.
+	ListPrincipals(ctx context.Context) ([]Principal, error)
+	// Grant gives principal role on project (replacing a binding it has
+	// there). The actor needs admin on project and at least role, and, to
+	// replace a binding, at least the replaced role (iam.CheckGrant).
+	Grant(ctx context.Context, actor iam.Authority, principal, project string, role iam.Role) error
+	// Ungrant removes principal's binding on project (errdefs.ErrNotFound
+	// when it has none); the actor needs what granting it takes.
+	Ungrant(ctx context.Context, actor iam.Authority, principal, project string) error
+	// Bindings lists principal's role bindings by project path.
+	Bindings(ctx context.Context, principal string) ([]iam.Binding, error)
+
+	// MintToken mints a token as iam.CheckMint allows the actor. A token
+	// minted by a token records it as its parent; the node administrator's
+	// have none. The token is returned once; only its SHA-256 is stored.
+	MintToken(ctx context.Context, actor iam.Authority, spec TokenSpec) (token string, info TokenInfo, err error)
+	// Authenticate returns the authority of a token, with its principal's
+	// bindings as they are now. A token that is not valid now is an
+	// *AuthError, which wraps errdefs.ErrUnauthenticated and says why.
+	Authenticate(ctx context.Context, token string) (iam.Authority, error)
+	// RevokeToken revokes a token and every token minted from it,
+	// transitively, at once (not at check time), and returns how many it
+	// revoked that were not already. A token may revoke itself; otherwise
+	// the actor needs admin on the token's project. An unknown ID is
+	// errdefs.ErrNotFound; revoking again revokes nothing more.
+	RevokeToken(ctx context.Context, actor iam.Authority, tokenID string) (int, error)
+	// ListTokens lists a principal's tokens, revoked and expired ones
+	// included, oldest first.
+	ListTokens(ctx context.Context, principal string) ([]TokenInfo, error)
+	// Generation is a number that grows whenever authority is taken away
+	// (a token revoked, a binding lowered or removed, a project deleted):
+	// a cache of authentications valid at one generation may be kept until
+	// it changes.
+	Generation(ctx context.Context) (int64, error)
+
+	// SetLimit sets project's limit on resource (Unlimited: none of its
+	// own). A limit is carved from the nearest ancestor's with one: the
+	// limits handed down under a project never sum past its own
+	// (errdefs.ErrResourceExhausted), nor a limit below what the projects
+	// under it hold or below the project's use (errdefs.ErrFailedPrecondition,
+	// saying how much). The actor needs admin on the project and, but for
+	// the root, a token on a project above it (iam.CheckQuota).
+	SetLimit(ctx context.Context, actor iam.Authority, project string, resource Resource, limit int64) error
+	// Quota returns the limits and use of project and of its children.
+	Quota(ctx context.Context, project string) ([]ProjectQuota, error)
+	// Charge adds amounts to the use of project and of every ancestor in
+	// one transaction, or nothing when any would pass its limit:
+	// errdefs.ErrResourceExhausted naming the highest such project ("quota
+	// of project ml/rl-run-42: 64 of 64 sandboxes in use"). It holds under
+	// any concurrency, across Stores on one database.
+	Charge(ctx context.Context, project string, amounts Amounts) error
+	// Release takes amounts off the use of project and its ancestors (never
+	// below zero). creates_per_second is not released.
+	Release(ctx context.Context, project string, amounts Amounts) error
+	// SetUse makes the use of resource by project's own objects (not its
+	// descendants') n, adjusting its ancestors by the same difference: a
+	// reconciler's correction from the truth.
+	SetUse(ctx context.Context, project string, resource Resource, n int64) error
+
+	// AppendAudit records a management call (At defaults to now).
+	AppendAudit(ctx context.Context, rec AuditRecord) error
+	// QueryAudit returns the records q selects, oldest first.
+	QueryAudit(ctx context.Context, q AuditQuery) ([]AuditRecord, error)
+	// ExpireAudit forgets the records older than olderThan and returns how
+	// many.
+	ExpireAudit(ctx context.Context, olderThan time.Time) (int, error)
+}
+
+// Project is a node of the project tree.
+type Project struct {
+	ID     string
+	Parent string // the parent's ID; "" for the root
+	Name   string
+	// Path names the project from below the root: "ml/rl-run-42"; the
+	// root's is "".
+	Path    string
+	Depth   int // the root's is 0
+	Created time.Time
+}
+
+// RootProject is the ID of the root project.
+const RootProject = "root"
+
+// Principal kinds.
+const (
+	KindUser    = "user"    // a person
+	KindService = "service" // a harness, an agent, a builder
+)
+
+// PrincipalSpec describes a principal to make.
+type PrincipalSpec struct {
+	Name    string
+	Kind    string // KindUser (the default) or KindService
+	Project string // path of the project whose admins manage it; "" the root
+}
+
+// Principal is an identity that holds role bindings and API tokens.
+type Principal struct {
+	ID      string
+	Name    string
+	Kind    string
+	Project string // path
+	Created time.Time
+}
+
+// TokenSpec describes a token to mint.
+type TokenSpec struct {
+	Principal string
+	Project   string // path
+	Role      iam.Role
+	TTL       time.Duration // 0: no expiry
+}
+
+// TokenInfo describes an API token; the token itself is never stored.
+type TokenInfo struct {
+	ID        string
+	Principal string // the principal's name
+	Project   string // path
+	Role      iam.Role
+	// Parent is the ID of the token that minted this one; "" for one the
+	// node's administrator minted.
+	Parent  string
+	Created time.Time
+	Expires time.Time // zero: never
+	Revoked time.Time // zero: not revoked
+}
+
+// Why a token was refused.
+const (
+	AuthMalformed = "malformed" // not a token dsec mints
+	AuthUnknown   = "unknown"   // no such token
+	AuthExpired   = "expired"
+	AuthRevoked   = "revoked" // itself, or a token it was minted from
+)
+
+// AuthError is a token that is not valid now. Callers answer every one
+// alike (errdefs.ErrUnauthenticated, one message); Reason is for the audit
+// log.
+type AuthError struct {
+	Reason  string
+	TokenID string // when the token is known
+}
+
+func (e *AuthError) Error() string { return "invalid, expired or revoked token" }
+
+func (e *AuthError) Unwrap() error { return errdefs.ErrUnauthenticated }
+
+// AuthFailure is why err refused a token ("" when it is no *AuthError).
+func AuthFailure(err error) string {
+	var ae *AuthError
+	if errors.As(err, &ae) {
+		return ae.Reason
+	}
+	return ""
+}
