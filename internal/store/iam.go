@@ -31,8 +31,9 @@ type IAM interface {
 	// ListProjects lists the children of the project at path, or with
 	// subtree every project under it, by path.
 	ListProjects(ctx context.Context, path string, subtree bool) ([]Project, error)
-	// DeleteProject deletes an empty project: no children and nothing
-	// charged (errdefs.ErrFailedPrecondition naming what is in use). Its
+	// DeleteProject deletes an empty project: no children, no principals
+	// at home in it and nothing charged (errdefs.ErrFailedPrecondition
+	// naming what is in use). Its
 	// role bindings and tokens go with it. The actor needs admin on the
 	// parent; the root is never deleted.
 	DeleteProject(ctx context.Context, actor iam.Authority, path string) error
@@ -41,6 +42,10 @@ type IAM interface {
 	// it); the actor needs admin there. A name already taken is
 	// errdefs.ErrAlreadyExists.
 	CreatePrincipal(ctx context.Context, actor iam.Authority, spec PrincipalSpec) (Principal, error)
+	// DeletePrincipal deletes a principal with its role bindings and its
+	// tokens, and the tokens minted from those; the actor needs admin on
+	// its home project.
+	DeletePrincipal(ctx context.Context, actor iam.Authority, name string) error
 	// Principal returns the principal called name, or errdefs.ErrNotFound.
 	Principal(ctx context.Context, name string) (Principal, error)
 	// ListPrincipals lists every principal by name.

@@ -136,7 +136,7 @@ func anys[T any](l []T) []any {
 
 // bumpGeneration records that authority was taken away, so caches of
 // authentications drop what they hold.
-func bumpGeneration(ctx context.Context, d *sqlDB, tx *sql.Tx) error {
+func bumpGeneration(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `UPDATE iam_generation SET generation = generation + 1 WHERE id = 1`)
 	return err
 }
@@ -328,6 +328,13 @@ func (d *sqlDB) DeleteProject(ctx context.Context, actor iam.Authority, path str
 		if children > 0 {
 			inUse = append(inUse, plural(int64(children), "child project"))
 		}
+		var principals int
+		if err := tx.QueryRowContext(ctx, d.q(`SELECT count(*) FROM principals WHERE project_id = ?`), p.ID).Scan(&principals); err != nil {
+			return err
+		}
+		if principals > 0 {
+			inUse = append(inUse, plural(int64(principals), "principal"))
+		}
 		// Locked, so no charge lands between this look and the delete.
 		rows, err := tx.QueryContext(ctx, d.q(`SELECT resource, used FROM quotas q WHERE project_id = ? ORDER BY resource{lockq}`), p.ID)
 		if err != nil {
@@ -359,7 +366,7 @@ func (d *sqlDB) DeleteProject(ctx context.Context, actor iam.Authority, path str
 		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM projects WHERE id = ?`), p.ID); err != nil {
 			return err
 		}
-		return bumpGeneration(ctx, d, tx)
+		return bumpGeneration(ctx, tx)
 	})
 	if err != nil {
 		return d.fail(what, err)
@@ -415,6 +422,32 @@ func (d *sqlDB) CreatePrincipal(ctx context.Context, actor iam.Authority, spec P
 		return Principal{}, d.fail(what, err)
 	}
 	return p, nil
+}
+
+func (d *sqlDB) DeletePrincipal(ctx context.Context, actor iam.Authority, name string) error {
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		a, err := d.actorIn(ctx, tx, actor)
+		if err != nil {
+			return err
+		}
+		p, err := d.principalIn(ctx, tx, name)
+		if err != nil {
+			return err
+		}
+		if err := iam.Allow(a, iam.OpDeletePrincipal, p.Project); err != nil {
+			return err
+		}
+		// Its bindings and tokens go with it, and the tokens minted from
+		// those (foreign keys, on delete cascade).
+		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM principals WHERE id = ?`), p.ID); err != nil {
+			return err
+		}
+		return bumpGeneration(ctx, tx)
+	})
+	if err != nil {
+		return d.fail(fmt.Sprintf("delete principal %q", name), err)
+	}
+	return nil
 }
 
 const principalCols = `p.id, p.name, p.kind, j.path, p.created{ms}`
@@ -557,7 +590,7 @@ func (d *sqlDB) Grant(ctx context.Context, actor iam.Authority, principal, proje
 			role.String(), p.ID, proj.ID); err != nil {
 			return err
 		}
-		return bumpGeneration(ctx, d, tx)
+		return bumpGeneration(ctx, tx)
 	})
 	if err != nil {
 		return d.fail(what, err)
@@ -603,7 +636,7 @@ func (d *sqlDB) Ungrant(ctx context.Context, actor iam.Authority, principal, pro
 		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM role_bindings WHERE principal_id = ? AND project_id = ?`), p.ID, proj.ID); err != nil {
 			return err
 		}
-		return bumpGeneration(ctx, d, tx)
+		return bumpGeneration(ctx, tx)
 	})
 	if err != nil {
 		return d.fail(what, err)
@@ -793,7 +826,7 @@ func (d *sqlDB) RevokeToken(ctx context.Context, actor iam.Authority, tokenID st
 			}
 			n += int(more)
 		}
-		return bumpGeneration(ctx, d, tx)
+		return bumpGeneration(ctx, tx)
 	})
 	if err != nil {
 		return 0, d.fail(what, err)

@@ -171,10 +171,33 @@ func testProjectDelete(t *testing.T, st store.Store) {
 	tok, _ := token(t, st, admin(), "alice", "ml/a/b", iam.Runner, 0)
 
 	wantMessage(t, "DeleteProject with a child", st.DeleteProject(ctx, admin(), "ml/a"), errdefs.ErrFailedPrecondition, "1 child project")
+	_, err := st.CreatePrincipal(ctx, admin(), store.PrincipalSpec{Name: "agent", Kind: store.KindService, Project: "ml/a/b"})
+	must(t, "CreatePrincipal", err)
+	wantMessage(t, "DeleteProject with a principal", st.DeleteProject(ctx, admin(), "ml/a/b"), errdefs.ErrFailedPrecondition, "1 principal")
+	_, err = st.CreatePrincipal(ctx, admin(), store.PrincipalSpec{Name: "agent2", Kind: store.KindService, Project: "ml"})
+	must(t, "CreatePrincipal", err)
 	must(t, "Charge", st.Charge(ctx, "ml/a/b", store.Amounts{store.Sandboxes: 2, store.MemoryMB: 512}))
 	wantMessage(t, "DeleteProject with a charge", st.DeleteProject(ctx, admin(), "ml/a/b"), errdefs.ErrFailedPrecondition,
 		"2 sandboxes, 512 MiB of memory")
 	must(t, "Release", st.Release(ctx, "ml/a/b", store.Amounts{store.Sandboxes: 2, store.MemoryMB: 512}))
+	wantKind(t, "DeleteProject with a principal", st.DeleteProject(ctx, admin(), "ml/a/b"), errdefs.ErrFailedPrecondition)
+	// The principal's tokens, and what they minted, go with it.
+	must(t, "Grant agent", st.Grant(ctx, admin(), "agent", "ml/a/b", iam.Admin))
+	agentTok, agent := token(t, st, admin(), "agent", "ml/a/b", iam.Admin, 0)
+	must(t, "Grant agent2", st.Grant(ctx, admin(), "agent2", "ml", iam.Runner))
+	_, err = st.CreatePrincipal(ctx, admin(), store.PrincipalSpec{Name: "sub", Kind: store.KindService, Project: "ml/a/b"})
+	must(t, "CreatePrincipal sub", err)
+	must(t, "Grant sub", st.Grant(ctx, admin(), "sub", "ml/a/b", iam.Runner))
+	subTok, _ := token(t, st, agent, "sub", "ml/a/b", iam.Runner, 0)
+	wantKind(t, "DeletePrincipal by a runner", st.DeletePrincipal(ctx, agent2Runner(t, st), "agent"), errdefs.ErrPermissionDenied)
+	must(t, "DeletePrincipal", st.DeletePrincipal(ctx, admin(), "agent"))
+	for _, tok := range []string{agentTok, subTok} {
+		_, err := st.Authenticate(ctx, tok)
+		wantKind(t, "a token of a deleted principal, or minted from one", err, errdefs.ErrUnauthenticated)
+	}
+	must(t, "DeletePrincipal sub", st.DeletePrincipal(ctx, admin(), "sub"))
+	_, err = st.Principal(ctx, "agent")
+	wantKind(t, "Principal after delete", err, errdefs.ErrNotFound)
 	gen, err := st.Generation(ctx)
 	must(t, "Generation", err)
 	must(t, "DeleteProject", st.DeleteProject(ctx, admin(), "ml/a/b"))
@@ -763,4 +786,10 @@ func testReplicasRevokeRacesMint(t *testing.T, a, b store.Store) {
 			t.Fatalf("a token minted during the revocation survived it (%d minted): %v", len(minted), err)
 		}
 	}
+}
+
+// agent2Runner is a runner token of principal agent2 on ml.
+func agent2Runner(t *testing.T, st store.Store) iam.Authority {
+	_, a := token(t, st, admin(), "agent2", "ml", iam.Runner, 0)
+	return a
 }
