@@ -65,6 +65,8 @@ func main() {
 	fs.IntVar(&cfg.CgroupFD, "cgroup-fd", -1, "fd of the sandbox's cgroup dir (freezer on v1, unified on v2)")
 	fs.IntVar(&cfg.MemoryCgroupFD, "memory-cgroup-fd", -1, "fd of the sandbox's memory cgroup dir")
 	fs.IntVar(&cfg.PidsCgroupFD, "pids-cgroup-fd", -1, "fd of the cgroup v1 pids dir every command joins (its limit excludes the agent)")
+	fs.StringVar(&cfg.CgroupPath, "cgroup-path", "", "without --cgroup-fd: the agent's own cgroup v2 dir, where it makes the commands' cgroup (gVisor: the sentry's own, runsc --in-sandbox-cgroup=v2)")
+	fs.Int64Var(&cfg.PidsMax, "pids-max", 0, "with --cgroup-path: the commands' pids.max")
 	fs.StringVar(&cfg.User, "user", "", "default user (name or uid[:gid])")
 	fs.StringVar(&cfg.Workdir, "workdir", "", "default working directory")
 	fs.Var(&env, "env", "K=V added to every command's environment (repeatable)")

@@ -14,6 +14,8 @@ type Config struct {
 	CgroupFD       int      // sandbox cgroup dir (freezer v1 / unified v2); -1 = none
 	MemoryCgroupFD int      // sandbox memory cgroup dir; -1 = none
 	PidsCgroupFD   int      // cgroup v1 pids dir that caps commands (not the agent); -1 = none
+	CgroupPath     string   // without CgroupFD: the agent's own cgroup v2 dir, where it makes the commands' cgroup (gVisor: the sentry's)
+	PidsMax        int64    // with CgroupPath: the commands' pids.max; 0 = none
 	CPUCgroupFD    int      // cgroup v1 cpu dir of the sandbox (fncall calls' CPU limits); -1 = none
 	FnCall         bool     // serve Call (package call): a fncall container
 	Guest          bool     // a microVM's init (guest mode): serve Reidentify

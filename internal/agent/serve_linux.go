@@ -183,6 +183,13 @@ func ServeListener(ctx context.Context, cfg Config, ln net.Listener) error {
 			cfg.Log.Warn("statfs in the sandbox reports the node's disk, not the sandbox's limit", "err", err)
 		}
 	}
+	if cfg.CgroupPath != "" && cfg.CgroupFD < 0 {
+		fd, err := commandsCgroup(cfg.CgroupPath, cfg.PidsMax)
+		if err != nil {
+			return err
+		}
+		cfg.CgroupFD = fd
+	}
 	unix.Umask(0o022)
 	for _, fd := range []int{cfg.ListenFD, cfg.CgroupFD, cfg.MemoryCgroupFD, cfg.PidsCgroupFD, cfg.CPUCgroupFD} {
 		if fd >= 0 {

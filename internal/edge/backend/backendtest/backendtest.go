@@ -111,14 +111,6 @@ type Deviations struct {
 	// counts the OOM kill and names its memory in Reason (what the edge
 	// fails it with: REASON_OOM), and that Delete removes it.
 	OOMKillsSandbox bool
-	// PidsNotEnforced: Spec.Pids does not cap the sandbox's processes.
-	// gVisor: the sandbox's processes are the sentry's, and the host
-	// cgroup's pids limit counts the sentry's and the gofer's threads and
-	// systrap's stub processes, with room above Pids (docs/gvisor.md);
-	// microvm: the guest has no pids limit yet. The suite checks that the
-	// agent answers through a fork loop of twice Pids and that commands run
-	// after it.
-	PidsNotEnforced bool
 	// StatfsNoLimit: statfs of / inside a sandbox reports the file system
 	// that holds its writable layer, not its disk limit (gVisor: the
 	// agent's statfs answer needs the host's qgroup file, which the sentry

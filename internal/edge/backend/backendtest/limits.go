@@ -160,10 +160,6 @@ func testPids(t *testing.T, sb *sandbox) {
 read n </tmp/forks
 echo "peak $n"
 read x`
-	if sb.n.o.Deviations.PidsNotEnforced {
-		testPidsNotEnforced(t, sb, script)
-		return
-	}
 	b := sb.startBackground(t, script)
 	line, ok, out := b.readLine("peak ")
 	if !ok {
@@ -242,26 +238,5 @@ func testMemory(t *testing.T, sb *sandbox) {
 	}
 	if got := sb.must(t, "echo alive"); got != "alive" {
 		t.Errorf("echo alive after an OOM kill: %q", got)
-	}
-}
-
-// testPidsNotEnforced is testPids under Deviations.PidsNotEnforced: the fork
-// loop's sleeps are not capped at Pids, but the agent answers through it
-// and commands run once they are killed.
-func testPidsNotEnforced(t *testing.T, sb *sandbox, script string) {
-	b := sb.startBackground(t, script)
-	line, ok, out := b.readLine("peak ")
-	if !ok {
-		sb.kill(t, b)
-		t.Fatalf("the fork loop printed no peak: %q, %v", out, b.stream.Err())
-	}
-	t.Logf("pids limit %d (Deviations.PidsNotEnforced): %s", sb.spec.Pids, line)
-	if _, err := ping(sb.c, sb.n.o.boot()); err != nil {
-		t.Errorf("the agent does not answer through a fork loop: %v", err)
-	}
-	sb.kill(t, b)
-	var r result
-	if !waitFor(sb.n.o.boot(), func() bool { r = sb.exec("true"); return r.ok() }) {
-		t.Fatalf("no command runs once the fork loop is killed: %s", r)
 	}
 }

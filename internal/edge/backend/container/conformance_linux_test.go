@@ -49,7 +49,7 @@ func TestGVisorConformance(t *testing.T) {
 	runsc := testutil.Runsc(t)
 	lower, cfg := conformanceSetup(t)
 	// The deviations docs/gvisor.md states.
-	dev := backendtest.Deviations{OOMKillsSandbox: true, PidsNotEnforced: true, StatfsNoLimit: true}
+	dev := backendtest.Deviations{OOMKillsSandbox: true, StatfsNoLimit: true}
 	backendtest.Run(t, backendtest.Options{Layers: backendtest.DirLayers(lower), Deviations: dev, New: func(t *testing.T, root string) backend.Runtime {
 		c := cfg(t, root)
 		c.Runtime, c.RuntimePath, c.RunscPlatform = "runsc", runsc, os.Getenv("DSEC_RUNSC_PLATFORM")

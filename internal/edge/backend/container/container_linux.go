@@ -190,12 +190,15 @@ func (r *Container) gvisor() bool     { return r.cfg.Runtime == "runsc" }
 // apply the sandbox's seccomp profile, which runsc otherwise ignores;
 // --gofer-network-namespace=new gives each gofer an empty network
 // namespace of its own instead of one shared through a bind mount that
-// runsc leaves in its state dir (<root>/null-netns) for ever.
+// runsc leaves in its state dir (<root>/null-netns) for ever;
+// --in-sandbox-cgroup=v2 gives the sentry one cgroup hierarchy, where the
+// agent caps its commands' pids (v1's hierarchy per controller checks a
+// fork against pids.max one time in seven: docs/gvisor.md).
 func (r *Container) globalArgs() []string {
 	args := []string{"--root", r.stateDir()}
 	if r.gvisor() {
 		args = append(args, "--platform="+r.cfg.RunscPlatform, "--host-uds=create", "--overlay2=none",
-			"--oci-seccomp", "--gofer-network-namespace=new")
+			"--oci-seccomp", "--gofer-network-namespace=new", "--in-sandbox-cgroup=v2")
 	}
 	return args
 }

@@ -6,10 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/backend"
@@ -193,6 +197,112 @@ func TestRunscMissing(t *testing.T) {
 			Runtime: "runsc", RuntimePath: path})
 		if err == nil || !strings.Contains(err.Error(), "scripts/build-runsc.sh") {
 			t.Errorf("New with runsc at %s: %v, want an error naming scripts/build-runsc.sh", path, err)
+		}
+	}
+}
+
+// TestGVisorForkBomb runs a fork bomb in one of two gVisor sandboxes: the
+// sentry's pids cgroup of its commands (made by the agent, --pids-max)
+// refuses forks past the sandbox's pids limit, so the bombed sandbox's
+// agent answers, the other sandbox answers, and once the bomb is killed
+// the bombed one runs commands again.
+func TestGVisorForkBomb(t *testing.T) {
+	runsc := testutil.Runsc(t)
+	lower, cfg := conformanceSetup(t)
+	c := cfg(t, t.TempDir())
+	c.Runtime, c.RuntimePath, c.RunscPlatform = "runsc", runsc, os.Getenv("DSEC_RUNSC_PLATFORM")
+	rt, err := container.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := rt.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ids, _ := rt.List(ctx)
+		for _, id := range ids {
+			if err := rt.Delete(ctx, id); err != nil {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+		if err := rt.Teardown(ctx); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	})
+	const pids = 48
+	clients := map[string]agentclient.Client{}
+	for _, id := range []string{"bomb", "bystander"} {
+		spec := backend.Spec{ID: id, Layers: backendtest.DirLayers(lower), DiskBytes: 64 << 20, MemoryBytes: 256 << 20,
+			Pids: pids, LogPath: filepath.Join(t.TempDir(), id+".log")}
+		dial, err := rt.Start(ctx, spec)
+		if err != nil {
+			t.Fatalf("start %s: %v", id, err)
+		}
+		client := agentclient.New(dial)
+		t.Cleanup(func() { client.Close() })
+		t0 := time.Now()
+		for {
+			if _, code, err := execIn(ctx, client, "true"); err == nil && code == 0 {
+				break
+			} else if time.Since(t0) > 30*time.Second {
+				t.Fatalf("%s: no exec answered within 30 s: %v (exit %d)", id, err, code)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		clients[id] = client
+	}
+	bomb := clients["bomb"]
+	// The bomb runs as a background command, which the agent kills with
+	// its cgroup: no new command could start in a full pids cgroup.
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := bomb.ExecEvents(bctx, &dsecv1.ExecRequest{Argv: []string{"/bin/sh", "-c", "f() { f | f & }; f; read x"},
+		Background: true, KeepStdinOpen: true})
+	if err != nil {
+		t.Fatalf("start the fork bomb: %v", err)
+	}
+	defer stream.Close()
+	if !stream.Receive() || stream.Msg().GetStarted() == nil {
+		t.Fatalf("the fork bomb did not start: %v", stream.Err())
+	}
+	bombID := stream.Msg().GetStarted().ProcessId
+	// The bomb has reached the limit once the sentry has refused a fork.
+	// A command here may not start while the bomb holds every pid: retry.
+	var events string
+	for t0 := time.Now(); !strings.HasPrefix(events, "max ") || strings.HasPrefix(events, "max 0"); time.Sleep(100 * time.Millisecond) {
+		if time.Since(t0) > time.Minute {
+			t.Fatalf("no fork refused in a minute: %q", events)
+		}
+		events, _, _ = execIn(ctx, bomb, "cat /.dsec/cgroup/commands/pids.events /.dsec/cgroup/commands/pids.peak")
+	}
+	t.Logf("fork bomb under a pids limit of %d: pids.events and pids.peak %q", pids, events)
+	if f := strings.Fields(events); len(f) < 3 || f[2] != strconv.Itoa(pids) {
+		t.Errorf("pids.events and pids.peak of the commands: %q; want a peak at the limit, %d", events, pids)
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer pcancel()
+	if _, err := bomb.Ping(pctx, connect.NewRequest(&agentv1.PingRequest{})); err != nil {
+		t.Errorf("the bombed sandbox's agent does not answer: %v", err)
+	}
+	if out, code, err := execIn(ctx, clients["bystander"], "echo alive"); err != nil || code != 0 || strings.TrimSpace(out) != "alive" {
+		t.Errorf("the other sandbox with the bomb going: echo alive: %q, exit %d, %v", out, code, err)
+	}
+	for _, id := range []string{"bomb", "bystander"} {
+		if st, err := rt.Status(ctx, id); err != nil || !st.Running {
+			t.Errorf("%s: status with the bomb going: %+v, %v", id, st, err)
+		}
+	}
+	if _, err := bomb.Signal(pctx, connect.NewRequest(&dsecv1.SignalRequest{ProcessId: bombID})); err != nil {
+		t.Fatalf("kill the fork bomb: %v", err)
+	}
+	for t0 := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		out, code, err := execIn(ctx, bomb, "echo alive")
+		if err == nil && code == 0 && strings.TrimSpace(out) == "alive" {
+			break
+		}
+		if time.Since(t0) > 30*time.Second {
+			t.Fatalf("no command runs 30 s after the bomb was killed: %q, exit %d, %v", out, code, err)
 		}
 	}
 }

@@ -68,7 +68,14 @@ const (
 	perQuery   = 0xffffffff
 )
 
-func seccompProfile() *specs.LinuxSeccomp {
+// seccompProfile is every sandbox's profile. clone3 is refused with
+// ENOSYS, except under gVisor (gvisor): there its agent needs clone3's
+// CLONE_INTO_CGROUP to start each command in its own cgroup of the
+// sentry's cgroupfs, where the commands' pids limit is (see
+// internal/agent's commandsCgroup), and the sentry, not the host's
+// kernel, serves the call: a namespace a clone3 asks for is one of the
+// sentry's, whose code the sandbox reaches through any syscall anyway.
+func seccompProfile(gvisor bool) *specs.LinuxSeccomp {
 	eperm := uint(1)   // EPERM
 	enosys := uint(38) // ENOSYS
 	deny := func(names []string, args ...specs.LinuxSeccompArg) specs.LinuxSyscall {
@@ -82,7 +89,9 @@ func seccompProfile() *specs.LinuxSeccomp {
 	}
 	// clone3 passes its flags in memory, out of seccomp's sight: ENOSYS makes
 	// libc fall back to clone, which the rules above check.
-	sys = append(sys, specs.LinuxSyscall{Names: []string{"clone3"}, Action: specs.ActErrno, ErrnoRet: &enosys})
+	if !gvisor {
+		sys = append(sys, specs.LinuxSyscall{Names: []string{"clone3"}, Action: specs.ActErrno, ErrnoRet: &enosys})
+	}
 	// ioctl's request is an unsigned int: compare the low 32 bits only.
 	for _, req := range deniedIoctls {
 		sys = append(sys, deny([]string{"ioctl"}, specs.LinuxSeccompArg{Index: 1, Value: 0xffffffff, ValueTwo: req, Op: specs.OpMaskedEqual}))

@@ -17,8 +17,12 @@ const (
 	// agentSockMount is where a gVisor sandbox's agent makes its socket:
 	// a dir bind-mounted from the host (specInput.ListenDir).
 	agentSockMount = "/.dsec/sock"
-	agentPath      = agentMount + "/dsec-agent"
-	cfsPeriod      = 100000 // µs
+	// agentCgroupMount is where a gVisor sandbox's agent finds its own
+	// cgroup, read-write (the sentry's cgroupfs; /sys/fs/cgroup stays
+	// read-only as under runc).
+	agentCgroupMount = "/.dsec/cgroup"
+	agentPath        = agentMount + "/dsec-agent"
+	cfsPeriod        = 100000 // µs
 
 	// fncallStartShares is a fncall container's CPU weight (cgroup v1
 	// cpu.shares; runc maps it onto v2's cpu.weight) until its agent is
@@ -94,10 +98,11 @@ const ptraceCapability = "CAP_SYS_PTRACE"
 const agentPids = 64
 
 // gvisorPids is the room above a gVisor sandbox's pids limit for the
-// host tasks of runsc itself: the cgroup's pids limit counts the sentry's
-// and the gofer's threads and systrap's stub processes, not the
-// sandbox's processes, and a sentry that cannot make a thread dies with
-// every process inside.
+// host tasks of runsc itself: the host cgroup's pids limit counts the
+// sentry's and the gofer's threads and the platform's stub processes, not
+// the sandbox's processes (those the sentry's own pids cgroup caps, which
+// the agent makes: --pids-max), and a sentry that cannot make a thread
+// dies with every process inside.
 const gvisorPids = 256
 
 func pidsLimit(s backend.Spec) int64 {
@@ -132,7 +137,11 @@ func buildSpec(in specInput) *specs.Spec {
 	fd := 6
 	pids := pidsLimit(in.Spec)
 	if in.ListenDir != "" {
-		args = append(args, "--listen-path", agentSockMount+"/agent.sock")
+		// The commands' limit is the sentry's: the agent makes their pids
+		// cgroup in the sentry's cgroupfs. The host's counts runsc's own
+		// tasks, with room above.
+		args = append(args, "--listen-path", agentSockMount+"/agent.sock",
+			"--cgroup-path", agentCgroupMount, "--pids-max", strconv.FormatInt(pids, 10))
 		pids += gvisorPids
 	} else {
 		// The fds Start passes, in its order from 3 on.
@@ -227,7 +236,7 @@ func buildSpec(in specInput) *specs.Spec {
 			RootfsPropagation: "rprivate",
 			MaskedPaths:       maskedPaths,
 			ReadonlyPaths:     readonlyPaths,
-			Seccomp:           seccompProfile(),
+			Seccomp:           seccompProfile(in.ListenDir != ""),
 		},
 	}
 	if in.NetnsPath != "" {
@@ -245,7 +254,8 @@ func buildSpec(in specInput) *specs.Spec {
 	}
 	if in.ListenDir != "" {
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: agentSockMount, Type: "bind", Source: in.ListenDir,
-			Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}})
+			Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+			specs.Mount{Destination: agentCgroupMount, Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev"}})
 	}
 	if in.ResolvConf != "" {
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.ResolvConf,

@@ -65,7 +65,7 @@ func TestBuildSpec(t *testing.T) {
 }
 
 func TestSeccompProfile(t *testing.T) {
-	p := seccompProfile()
+	p := seccompProfile(false)
 	if p.DefaultAction != specs.ActAllow {
 		t.Fatalf("default action %s", p.DefaultAction)
 	}
@@ -204,5 +204,34 @@ func TestAgentFlags(t *testing.T) {
 				t.Errorf("agentFlags = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestBuildSpecGVisor: under gVisor the agent makes its socket itself and
+// its commands' cgroup in the sentry's cgroupfs, mounted read-write for it
+// at agentCgroupMount, capped at the spec's pids; the host's limit has
+// room for runsc's own tasks; clone3 reaches the sentry.
+func TestBuildSpecGVisor(t *testing.T) {
+	s := buildSpec(specInput{Spec: backend.Spec{ID: "sb-1", Pids: 48}, AgentDir: "/agent", ListenDir: "/sock/sb-1"})
+	want := []string{agentPath, "serve", "--listen-path", agentSockMount + "/agent.sock", "--cgroup-path", agentCgroupMount, "--pids-max", "48"}
+	if !slices.Equal(s.Process.Args, want) {
+		t.Errorf("args = %v, want %v", s.Process.Args, want)
+	}
+	if s.Linux.Resources.Pids.Limit != 48+gvisorPids {
+		t.Errorf("host pids limit = %d, want %d", s.Linux.Resources.Pids.Limit, 48+gvisorPids)
+	}
+	var cgroupMounts []string
+	for _, m := range s.Mounts {
+		if m.Type == "cgroup" {
+			cgroupMounts = append(cgroupMounts, m.Destination+":"+strings.Join(m.Options, ","))
+		}
+	}
+	if want := []string{"/sys/fs/cgroup:nosuid,noexec,nodev,relatime,ro", agentCgroupMount + ":nosuid,noexec,nodev"}; !slices.Equal(cgroupMounts, want) {
+		t.Errorf("cgroup mounts = %v, want %v", cgroupMounts, want)
+	}
+	for _, r := range s.Linux.Seccomp.Syscalls {
+		if slices.Contains(r.Names, "clone3") {
+			t.Errorf("clone3 refused under gVisor: %+v", r)
+		}
 	}
 }
