@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"regexp"
 	"unsafe"
 
 	"connectrpc.com/connect"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
@@ -22,7 +24,7 @@ var machineIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // Reidentify gives a microVM restored from a shared memory snapshot its
 // own identity: entropy first (the CRNG reseeded from it), then the host
-// name, machine-id and link-layer addresses.
+// name, machine-id, link-layer addresses and the network's address.
 func (h *handler) Reidentify(ctx context.Context, req *connect.Request[agentv1.ReidentifyRequest]) (*connect.Response[agentv1.ReidentifyResponse], error) {
 	h.touch()
 	if err := h.reidentify(req.Msg); err != nil {
@@ -53,14 +55,35 @@ func (h *handler) reidentify(r *agentv1.ReidentifyRequest) error {
 		}
 		macs[oldHW.String()] = hw
 	}
+	var gn *guestNetwork
+	if n := r.GetNetwork(); n != nil {
+		var err error
+		if gn, err = parseGuestNetwork(n); err != nil {
+			return fmt.Errorf("reidentify: %w", err)
+		}
+	}
 	if err := reseed(r.GetEntropy()); err != nil {
 		return err
 	}
-	if name := r.GetHostname(); name != "" {
-		if err := unix.Sethostname([]byte(name)); err != nil {
+	if len(macs) > 0 {
+		if err := setMACs(macs); err != nil {
+			return fmt.Errorf("reidentify: %w", err)
+		}
+	}
+	addr := h.cfg.Address
+	if gn != nil {
+		if err := gn.apply(); err != nil {
+			return fmt.Errorf("reidentify: %w", err)
+		}
+		addr = gn.addr.Addr().String()
+	}
+	if name := r.GetHostname(); name != "" || gn != nil {
+		if name == "" {
+			name = currentHostname()
+		} else if err := unix.Sethostname([]byte(name)); err != nil {
 			return fmt.Errorf("reidentify: set host name %q: %w", name, err)
 		}
-		if err := writeHostFiles(name, h.cfg.Address); err != nil {
+		if err := writeHostFiles(name, addr); err != nil {
 			return fmt.Errorf("reidentify: %w", err)
 		}
 	}
@@ -72,10 +95,77 @@ func (h *handler) reidentify(r *agentv1.ReidentifyRequest) error {
 			return fmt.Errorf("reidentify: %w", err)
 		}
 	}
-	if len(macs) > 0 {
-		if err := setMACs(macs); err != nil {
-			return fmt.Errorf("reidentify: %w", err)
+	return nil
+}
+
+// guestNetwork is a ReidentifyRequest's network, parsed.
+type guestNetwork struct {
+	mac     net.HardwareAddr
+	addr    netip.Prefix
+	gateway netip.Addr
+}
+
+func parseGuestNetwork(n *agentv1.GuestNetwork) (*guestNetwork, error) {
+	var g guestNetwork
+	var err error
+	if g.mac, err = net.ParseMAC(n.GetMac()); err != nil || len(g.mac) != 6 {
+		return nil, fmt.Errorf("network: MAC %q: %w", n.GetMac(), errdefs.ErrInvalidArgument)
+	}
+	if g.addr, err = netip.ParsePrefix(n.GetAddress()); err != nil || !g.addr.Addr().Is4() {
+		return nil, fmt.Errorf("network: address %q: an IPv4 address/prefix: %w", n.GetAddress(), errdefs.ErrInvalidArgument)
+	}
+	if g.gateway, err = netip.ParseAddr(n.GetGateway()); err != nil || !g.gateway.Is4() {
+		return nil, fmt.Errorf("network: gateway %q: an IPv4 address: %w", n.GetGateway(), errdefs.ErrInvalidArgument)
+	}
+	return &g, nil
+}
+
+// apply gives the interface with g's MAC g's address in place of its
+// IPv4 ones, forgets its neighbours and routes the default via g's
+// gateway. Other routes on the interface (to the nameserver) do not
+// depend on the address and stay.
+func (g *guestNetwork) apply() error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("set network: %w", err)
+	}
+	var link netlink.Link
+	for _, l := range links {
+		if l.Attrs().HardwareAddr.String() == g.mac.String() {
+			link = l
 		}
+	}
+	if link == nil {
+		return fmt.Errorf("set network: no interface has MAC %s: %w", g.mac, errdefs.ErrNotFound)
+	}
+	name := link.Attrs().Name
+	want := &net.IPNet{IP: g.addr.Addr().AsSlice(), Mask: net.CIDRMask(g.addr.Bits(), 32)}
+	if err := netlink.AddrReplace(link, &netlink.Addr{IPNet: want}); err != nil {
+		return fmt.Errorf("set network: add %s to %s: %w", g.addr, name, err)
+	}
+	addrs, err := netlink.AddrList(link, unix.AF_INET)
+	if err != nil {
+		return fmt.Errorf("set network: list the addresses of %s: %w", name, err)
+	}
+	for _, a := range addrs {
+		if !a.IP.Equal(want.IP) {
+			if err := netlink.AddrDel(link, &a); err != nil {
+				return fmt.Errorf("set network: remove %s from %s: %w", a.IPNet, name, err)
+			}
+		}
+	}
+	neighs, err := netlink.NeighList(link.Attrs().Index, unix.AF_INET)
+	if err != nil {
+		return fmt.Errorf("set network: list the neighbours of %s: %w", name, err)
+	}
+	for _, n := range neighs {
+		if err := netlink.NeighDel(&n); err != nil {
+			return fmt.Errorf("set network: forget neighbour %s on %s: %w", n.IP, name, err)
+		}
+	}
+	gw := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: g.gateway.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}
+	if err := netlink.RouteReplace(gw); err != nil {
+		return fmt.Errorf("set network: route the default via %s: %w", g.gateway, err)
 	}
 	return nil
 }

@@ -10,8 +10,10 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/store"
 )
 
 // maxForkChildren bounds one fork.
@@ -70,8 +72,10 @@ func (s *Server) DeleteSnapshot(ctx context.Context, req *connect.Request[dsecv1
 	return connect.NewResponse(&dsecv1.DeleteSnapshotResponse{}), nil
 }
 
-// Fork takes one snapshot of the sandbox and makes count sandboxes from it
-// with the source's spec, each placed on its own: one result per child.
+// Fork makes count sandboxes from the sandbox with its spec: one result
+// per child. A microVM's children are copies of its memory, made on its
+// node (forkMemory); other sandboxes' are made from one snapshot of their
+// writable layer, each placed on its own.
 func (s *Server) Fork(ctx context.Context, req *connect.Request[dsecv1.ForkRequest]) (*connect.Response[dsecv1.ForkResponse], error) {
 	m := req.Msg
 	if m.GetSandboxId() == "" {
@@ -84,6 +88,9 @@ func (s *Server) Fork(ctx context.Context, req *connect.Request[dsecv1.ForkReque
 	src, err := s.getSandbox(ctx, m.GetSandboxId())
 	if err != nil {
 		return nil, err
+	}
+	if src.GetSpec().GetIsolation() == dsecv1.Isolation_ISOLATION_MICROVM {
+		return s.forkMemory(ctx, src, n, m)
 	}
 	name := m.GetName()
 	if name == "" {
@@ -110,5 +117,66 @@ func (s *Server) Fork(ctx context.Context, req *connect.Request[dsecv1.ForkReque
 		}()
 	}
 	wg.Wait()
+	return connect.NewResponse(out), nil
+}
+
+// forkMemory forks microVM src into n children on its node: the edge saves
+// src's memory, devices and writable disk once (src stands still for it,
+// then runs on) and starts each child from that save with its own disk,
+// identity and network (edgev1 Fork). The children's creates carry tokens
+// of a batch of their own, as createBatch's. The response's snapshot
+// describes the save, which is no layer and is gone once the children run:
+// its layer is empty, its environment the children's (src's), frozen_us
+// how long src stood still and capture_method "memory".
+func (s *Server) forkMemory(ctx context.Context, src *dsecv1.Sandbox, n int, m *dsecv1.ForkRequest) (*connect.Response[dsecv1.ForkResponse], error) {
+	id, node := src.GetId(), src.GetNode()
+	if len(m.GetExclude()) > 0 {
+		return nil, fmt.Errorf("fork %s: exclude leaves paths out of a layer snapshot; a microVM's fork copies its whole memory and disk: %w", id, errdefs.ErrInvalidArgument)
+	}
+	name := m.GetName()
+	if name == "" {
+		name = fmt.Sprintf("fork-%s-%d", id, time.Now().UnixMilli())
+	}
+	e, err := s.edgeFor(id)
+	if err != nil {
+		return nil, err
+	}
+	batch := newBatch()
+	tokens := make([]string, n)
+	for i := range tokens {
+		tokens[i] = nodeToken(createToken(batch, i), node)
+	}
+	start := time.Now()
+	resp, err := e.Fork(ctx, connect.NewRequest(&edgev1.ForkRequest{SandboxId: id, CreateTokens: tokens}))
+	if err == nil && len(resp.Msg.GetResults()) != n {
+		err = fmt.Errorf("node %s answered %d results to a fork of %d: %w", node, len(resp.Msg.GetResults()), n, errdefs.ErrInternal)
+	}
+	if err != nil {
+		if outcomeUnknown(err) {
+			ds := make([]store.Doubt, n)
+			for i, t := range tokens {
+				ds[i] = store.Doubt{Node: node, Token: t}
+			}
+			s.doubt(context.WithoutCancel(ctx), err, ds...)
+		}
+		return nil, fmt.Errorf("fork %s: %w", id, err)
+	}
+	out := &dsecv1.ForkResponse{
+		Snapshot: &dsecv1.SnapshotInfo{
+			Name: name, Environment: src.GetSpec().GetEnvironment(), SourceSandbox: id, Node: node,
+			CreatedUnixMs: start.UnixMilli(), FrozenUs: resp.Msg.GetFrozenUs(), CaptureMethod: "memory",
+		},
+		Children: make([]*dsecv1.ForkChild, n),
+	}
+	for i, r := range resp.Msg.GetResults() {
+		switch {
+		case r.GetErrorCode() != 0:
+			out.Children[i] = &dsecv1.ForkChild{Error: r.GetErrorMessage()}
+		case r.GetSandbox() == nil:
+			out.Children[i] = &dsecv1.ForkChild{Error: fmt.Sprintf("node %s answered child %d with neither a sandbox nor an error", node, i)}
+		default:
+			out.Children[i] = &dsecv1.ForkChild{Sandbox: r.GetSandbox()}
+		}
+	}
 	return connect.NewResponse(out), nil
 }

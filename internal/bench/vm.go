@@ -22,7 +22,7 @@ import (
 )
 
 // VMParts are the parts of `dsec bench vm`, in the order they run.
-var VMParts = []string{"cold", "warm", "pause", "shared", "idle", "gvisor"}
+var VMParts = []string{"cold", "warm", "pause", "fork", "shared", "idle", "gvisor"}
 
 // ParseVMParts reads --only: a comma-separated list of VMParts ("" or
 // "all": every part), returned in VMParts' order without repeats.
@@ -59,6 +59,7 @@ type VMOptions struct {
 	Execs     int      // execs of `true` in one sandbox of each isolation
 	WarmPool  int      // the microVM warm pool's size
 	Pauses    int      // pause → resume → first exec rounds
+	Forks     int      // children of each fork (the fork part)
 	SharedVMs int      // microVMs reading the same file of a base layer
 	SharedMiB int      // that file's size
 	// Pmem is a second dsecd on this host, run with --vm-pmem-layers, for
@@ -191,6 +192,7 @@ type VMReport struct {
 	WarmSecondExec VMLatency `json:"microvm_warm_pool_second_exec"`
 
 	Pause  *VMPause  `json:"pause,omitempty"`
+	Fork   *VMFork   `json:"fork,omitempty"`
 	Shared *VMShared `json:"shared,omitempty"`
 	Idle   *VMIdle   `json:"idle,omitempty"`
 
@@ -281,6 +283,8 @@ func RunVM(ctx context.Context, c *dsec.Conn, o VMOptions) (*VMReport, error) {
 			err = r.warm(ctx)
 		case "pause":
 			err = r.pause(ctx)
+		case "fork":
+			err = r.fork(ctx)
 		case "shared":
 			err = r.shared(ctx)
 		case "idle":
@@ -847,6 +851,9 @@ func (r *VMReport) checks() []VMCheck {
 			fmt.Sprintf("≥ %d %%", releasedTargetPct), p.ReleasedMin >= releasedTargetPct)
 		add("resume → first exec p50", ms(p.ResumeExec.P50), fmt.Sprintf("≤ %d ms", resumeTargetMs), p.ResumeExec.P50 <= resumeTargetMs)
 	}
+	if f := r.Fork; f != nil {
+		out = append(out, f.check())
+	}
 	if s := r.Shared; s != nil {
 		name := fmt.Sprintf("%d microVMs reading %d MiB of a base layer: host memory shared / not", s.VMs, s.FileMiB)
 		if s.Ratio > 0 {
@@ -911,6 +918,9 @@ func (r *VMReport) Print(w io.Writer) {
 	if p := r.Pause; p != nil {
 		fmt.Fprintf(w, "pause: QEMU held %.0f MiB before a pause (p50); a pause released %.0f %% (p50), %.0f %% at least; the cold boot: %s\n",
 			p.ResidentMiB, p.ReleasedPct, p.ReleasedMin, p.ColdFrom)
+	}
+	if f := r.Fork; f != nil {
+		f.print(w)
 	}
 	if s := r.Shared; s != nil {
 		for _, side := range []*VMSharedSide{&s.Blk, s.Pmem} {

@@ -284,17 +284,17 @@ func (a *app) benchE2BCommand() *cobra.Command {
 }
 
 func (a *app) benchVMCommand() *cobra.Command {
-	o := bench.VMOptions{Env: benchEnv, Rounds: 5, Execs: 50, WarmPool: 2, Pauses: 5, SharedVMs: 8, SharedMiB: 200, VMs: 32,
+	o := bench.VMOptions{Env: benchEnv, Rounds: 5, Execs: 50, WarmPool: 2, Pauses: 5, Forks: 4, SharedVMs: 8, SharedMiB: 200, VMs: 32,
 		IdleWindow: 30 * time.Second, MemoryMiB: 256, Parallel: 2}
 	var only, pmemAddr, pmemToken string
 	cmd := &cobra.Command{
 		Use:   "vm",
-		Short: "microVMs and gVisor against runc in one run: create → first exec (cold, warm pool), restore and resume, pause, shared layer pages, idle microVMs, gVisor side by side",
+		Short: "microVMs and gVisor against runc in one run: create → first exec (cold, warm pool), restore and resume, pause, fork, shared layer pages, idle microVMs, gVisor side by side",
 		Long: "Drives the daemon at --addr (run it on the daemon's host) through every microVM and gVisor target of\n" +
 			"issue 30, each against its baseline measured in the same run (a runc container, a cold boot), and\n" +
 			"prints the node's accelerator (kvm or tcg), the machine's cores and memory, and PASS/MISS for each\n" +
-			"target. Parts (--only, comma-separated): cold, warm, pause (restore and resume), shared, idle,\n" +
-			"gvisor. microVMs boot --parallel at a time: under TCG a boot takes a core for seconds. The shared\n" +
+			"target. Parts (--only, comma-separated): cold, warm, pause (restore and resume), fork, shared,\n" +
+			"idle, gvisor. microVMs boot --parallel at a time: under TCG a boot takes a core for seconds. The shared\n" +
 			"part compares --addr's node with a node whose layers are shared pages (--shared-pmem-addr).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -320,6 +320,7 @@ func (a *app) benchVMCommand() *cobra.Command {
 	f.IntVar(&o.Execs, "execs", o.Execs, "execs of true in one sandbox of each isolation")
 	f.IntVar(&o.WarmPool, "warm-pool", o.WarmPool, "the microVM warm pool's size")
 	f.IntVar(&o.Pauses, "pauses", o.Pauses, "pause → resume → first exec rounds")
+	f.IntVar(&o.Forks, "forks", o.Forks, "children of each fork (fork ×N → every child's first exec against N cold creates)")
 	f.IntVar(&o.SharedVMs, "shared-vms", o.SharedVMs, "microVMs reading the same file of a base layer")
 	f.IntVar(&o.SharedMiB, "shared-mib", o.SharedMiB, "that file's size")
 	f.StringVar(&pmemAddr, "shared-pmem-addr", "", "a second dsecd on this host, run with --vm-pmem-layers, for the shared part's figure with shared pages (default: none, that figure pending)")

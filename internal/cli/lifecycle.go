@@ -208,7 +208,7 @@ func (a *app) forkCommand() *cobra.Command {
 	var name string
 	cmd := &cobra.Command{
 		Use:   "fork [-n N] [--exclude PATH]... [--name NAME] ID",
-		Short: "snapshot a sandbox once and start N new sandboxes from it (fresh processes on its file system)",
+		Short: "snapshot a sandbox once and start N new sandboxes from it (fresh processes on its file system; a microVM's children copy its memory)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			resp, err := a.c.Sandboxes.Fork(cmd.Context(), connect.NewRequest(&dsecv1.ForkRequest{SandboxId: args[0], Count: int32(n), Exclude: exclude, Name: name}))

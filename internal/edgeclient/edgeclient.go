@@ -191,6 +191,10 @@ func (r *Remote) CreateMany(ctx context.Context, req *connect.Request[edgev1.Cre
 	return unary(ctx, r.c.CreateMany, req)
 }
 
+func (r *Remote) Fork(ctx context.Context, req *connect.Request[edgev1.ForkRequest]) (*connect.Response[edgev1.ForkResponse], error) {
+	return unary(ctx, r.c.Fork, req)
+}
+
 func (r *Remote) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {
 	return unary(ctx, r.c.Get, req)
 }

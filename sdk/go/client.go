@@ -682,7 +682,9 @@ type ForkChild struct {
 
 // Fork takes one snapshot of sandbox id and starts n (at most 16) sandboxes
 // from it with its spec: a file-system fork, the children start fresh
-// processes.
+// processes; of a microVM a memory fork, the children go on from its
+// running state on its node, each with its own identity (exclude is
+// refused).
 func (c *Client) Fork(ctx context.Context, id string, n int, exclude ...string) (*dsecv1.SnapshotInfo, []ForkChild, error) {
 	resp, err := c.sb.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: id, Count: int32(n), Exclude: exclude}))
 	if err != nil {

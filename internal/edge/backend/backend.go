@@ -149,6 +149,29 @@ type Snapshotter interface {
 	Capture(ctx context.Context, id, name string) (*snapshot.Tree, error)
 }
 
+// Forker starts sandboxes as copies of a running one's memory: a Runtime
+// whose sandboxes' whole state can be saved once and restored many times
+// (microVMs). The edge calls SaveFork on the parent (frozen for the
+// save's moment only, running on afterwards), StartFork once per child,
+// then DropFork, which removes the save; Init removes saves an earlier
+// instance left.
+type Forker interface {
+	// SaveFork saves running sandbox id's memory, devices and writable
+	// disk as save name (a valid ID, unique among saves under way; one in
+	// use is ErrAlreadyExists) and returns how long id stood still.
+	SaveFork(ctx context.Context, id, name string) (time.Duration, error)
+	// StartFork starts sandbox s.ID from save name, with copies of the
+	// save's memory and writable disk of its own, s's network and limits
+	// (s is the parent's spec with the child's ID, host name and
+	// namespace), and gives it its own identity (host name, machine-id,
+	// fresh entropy, MAC and address: its agent's Reidentify) before it
+	// returns. s.Layers must be the parent's. On any error everything it
+	// made is removed again.
+	StartFork(ctx context.Context, name string, s Spec) (Dialer, error)
+	// DropFork removes save name; an unknown one is no error.
+	DropFork(ctx context.Context, name string) error
+}
+
 // Meter reads sandboxes' resource use: a Runtime that can say what its
 // sandboxes use implements it (the edge asks by type; Metrics of another
 // backend's sandbox is refused naming it).

@@ -95,3 +95,29 @@ func TestCreateManyMalformed(t *testing.T) {
 		t.Errorf("malformed calls made %d sandboxes", n)
 	}
 }
+
+// TestForkRefusals: a node that cannot fork (a hollow one) says so, and a
+// malformed fork is refused before anything is made.
+func TestForkRefusals(t *testing.T) {
+	svc := newService(hollow.Config{MaxSandboxes: 4})
+	fork := func(tokens ...string) error {
+		_, err := svc.Fork(context.Background(), connect.NewRequest(&edgev1.ForkRequest{SandboxId: "sb-h1-x", CreateTokens: tokens}))
+		return err
+	}
+	if err := fork("f#0@h1"); !errors.Is(err, errdefs.ErrNotSupported) {
+		t.Errorf("fork on a hollow node: %v, want not supported", err)
+	}
+	var many []string
+	for i := range 17 {
+		many = append(many, fmt.Sprintf("f#%d@h1", i))
+	}
+	for name, tokens := range map[string][]string{"no": nil, "17": many, "empty": {""}, "repeated": {"f#0@h1", "f#0@h1"}} {
+		if err := fork(tokens...); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("fork with %s tokens: %v, want invalid argument", name, err)
+		}
+	}
+	reap(t, svc, &edgev1.ReapRequest{Tokens: []string{"f#1@h1"}})
+	if err := fork("f#0@h1", "f#1@h1"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("fork with a reaped token: %v, want failed precondition", err)
+	}
+}

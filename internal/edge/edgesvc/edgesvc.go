@@ -300,6 +300,64 @@ func (s *Service) CreateMany(ctx context.Context, req *connect.Request[edgev1.Cr
 	return connect.NewResponse(&edgev1.CreateManyResponse{Results: results}), nil
 }
 
+// Forker is an edge that forks sandboxes from a memory snapshot
+// (*sandbox.Manager); a hollow edge is none.
+type Forker interface {
+	Fork(ctx context.Context, id string, tokens []string) ([]sandbox.ForkResult, time.Duration, error)
+}
+
+// maxFork bounds the children of one Fork (the public API's own bound).
+const maxFork = 16
+
+// Fork makes one child of the sandbox per token from one memory snapshot
+// of it, and answers each on its own. A token Reap killed is refused.
+func (s *Service) Fork(ctx context.Context, req *connect.Request[edgev1.ForkRequest]) (*connect.Response[edgev1.ForkResponse], error) {
+	id, tokens := req.Msg.GetSandboxId(), req.Msg.GetCreateTokens()
+	switch {
+	case id == "":
+		return nil, fmt.Errorf("fork: sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	case len(tokens) == 0 || len(tokens) > maxFork:
+		return nil, fmt.Errorf("fork: %d create tokens, want 1 to %d: %w", len(tokens), maxFork, errdefs.ErrInvalidArgument)
+	}
+	seen := make(map[string]bool, len(tokens))
+	s.mu.Lock()
+	s.forgetReaped(time.Now())
+	for _, t := range tokens {
+		var err error
+		switch {
+		case t == "":
+			err = fmt.Errorf("fork: an empty create token: %w", errdefs.ErrInvalidArgument)
+		case seen[t]:
+			err = fmt.Errorf("fork: create token %q given twice: %w", t, errdefs.ErrInvalidArgument)
+		case s.isReaped(t):
+			err = fmt.Errorf("create token %q was reaped on node %s: its create was given up: %w", t, s.edge.Node(), errdefs.ErrFailedPrecondition)
+		}
+		if err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+		seen[t] = true
+	}
+	s.mu.Unlock()
+	f, ok := s.edge.(Forker)
+	if !ok {
+		return nil, fmt.Errorf("fork: node %s cannot fork sandboxes: %w", s.edge.Node(), errdefs.ErrNotSupported)
+	}
+	results, frozen, err := f.Fork(ctx, id, tokens)
+	if err != nil {
+		return nil, err
+	}
+	out := &edgev1.ForkResponse{FrozenUs: frozen.Microseconds(), Results: make([]*edgev1.CreateResult, len(results))}
+	for i, r := range results {
+		if r.Err != nil {
+			out.Results[i] = &edgev1.CreateResult{ErrorCode: uint32(errdefs.Code(r.Err)), ErrorMessage: r.Err.Error()}
+			continue
+		}
+		out.Results[i] = &edgev1.CreateResult{Sandbox: r.Sandbox}
+	}
+	return connect.NewResponse(out), nil
+}
+
 // create makes the sandbox of one create token, or finds the one a create
 // with it made ("": no deduplication).
 func (s *Service) create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {

@@ -273,7 +273,7 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token st
 	}
 	m.cold.Add(1)
 	defer m.cold.Add(-1)
-	sb, err := m.start(ctx, m.NewID(), spec, "", token)
+	sb, err := m.start(ctx, m.NewID(), spec, "", token, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -285,15 +285,20 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token st
 // start launches sandbox id from spec (defaults already applied) for the
 // create token names, and returns it running. A non-empty poolKey makes it
 // a member of that warm pool: invisible to Get and List, with no expiry
-// until it is taken.
-func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec, poolKey, token string) (*sandbox, error) {
+// until it is taken. With from it is a child of a fork: its layers are
+// the parent's and its runtime starts it from the parent's save.
+func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec, poolKey, token string, from *forkSource) (*sandbox, error) {
 	rt, err := m.runtimeOf(KindOf(spec))
 	if err != nil {
 		return nil, err
 	}
-	// The image store's errors name the environment and what is wrong with it.
-	layers, err := m.images.ResolveEnvironment(ctx, spec.GetEnvironment())
-	if err != nil {
+	var layers []image.Layer
+	if from != nil {
+		for _, d := range from.digests {
+			layers = append(layers, image.Layer{Digest: d})
+		}
+	} else if layers, err = m.images.ResolveEnvironment(ctx, spec.GetEnvironment()); err != nil {
+		// The image store's errors name the environment and what is wrong with it.
 		return nil, err
 	}
 	now := time.Now()
@@ -364,7 +369,7 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	}
 	tPrepared := time.Now()
 	m.hold(td, resContainer, id, rt)
-	client, err := m.launch(ctx, rt, id, spec, mounted, att)
+	client, err := m.launch(ctx, rt, id, spec, mounted, att, from)
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -395,8 +400,9 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 }
 
 // launch starts the sandbox in its backend's runtime, which makes the
-// agent channel, and waits for the agent to answer on it.
-func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spec *dsecv1.SandboxSpec, layers []backend.Layer, att *netctl.Attachment) (agentclient.Client, error) {
+// agent channel, and waits for the agent to answer on it; a fork's child
+// starts from its parent's save (Forker.StartFork).
+func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spec *dsecv1.SandboxSpec, layers []backend.Layer, att *netctl.Attachment, from *forkSource) (agentclient.Client, error) {
 	dir := m.states.Dir(id)
 	agent := backend.Agent{User: spec.GetUser(), Workdir: spec.GetWorkdir(), Hostname: spec.GetHostname(), OutputLimit: m.cfg.OutputLimit}
 	// A mirror's variables (PIP_INDEX_URL and the like) come first, so the
@@ -418,6 +424,7 @@ func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spe
 			hostname = hostname[:63]
 		}
 	}
+	var err error
 	rs := backend.Spec{
 		ID:          id,
 		Layers:      layers,
@@ -434,7 +441,12 @@ func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spe
 	if att != nil {
 		rs.NetnsPath, rs.ResolvConf = att.NetnsPath, att.ResolvConf
 	}
-	dial, err := rt.Start(ctx, rs)
+	var dial backend.Dialer
+	if from != nil {
+		dial, err = from.forker.StartFork(ctx, from.save, rs)
+	} else {
+		dial, err = rt.Start(ctx, rs)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", id, err)
 	}

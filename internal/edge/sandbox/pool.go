@@ -372,7 +372,7 @@ func (m *Manager) refillOne(p *pool) {
 	defer m.wg.Done()
 	spec := cloneSpec(p.shape)
 	spec.Labels = map[string]string{poolLabel: p.key}
-	sb, err := m.start(context.Background(), m.NewID(), spec, p.key, "")
+	sb, err := m.start(context.Background(), m.NewID(), spec, p.key, "", nil)
 	m.poolMu.Lock()
 	p.starting--
 	keep := err == nil && m.pools[p.key] == p && len(p.ready) < p.size

@@ -1,11 +1,15 @@
 package vmstate
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"dsec.dev/dsec/internal/vm/qemu"
+	"dsec.dev/dsec/internal/vm/qmp"
 )
 
 // Fork prepares a child of the VM saved with config parent: a copy of its
@@ -56,4 +60,40 @@ func Fork(parent qemu.Config, dir string) (child qemu.Config, err error) {
 		}
 	}
 	return child, nil
+}
+
+// Snapshot saves the running VM q monitors for forks and runs it on: its
+// vCPUs stop, its devices' state is written into stateFile (by migration,
+// the RAM left out, as Pause writes it), copy runs while it stands still
+// (the place to Clone its RAM file and writable drives: the state file
+// and those copies are then one consistent saved VM, which Resume runs as
+// Fork's children are), and the vCPUs run again (cont also takes its
+// disks back from the finished migration). QEMU stops and flushes its
+// block layer to the drives' files at the stop, so a copy holds what the
+// guest wrote; the guest's own cache is in its RAM. It returns how long
+// the VM stood still. A failure runs the VM again all the same.
+func Snapshot(ctx context.Context, q *qmp.Client, stateFile string, copy func() error) (time.Duration, error) {
+	var m meta
+	var err error
+	if m.ChannelConnected, err = channelConnected(ctx, q); err != nil {
+		return 0, fmt.Errorf("snapshot vm: %w", err)
+	}
+	t0 := time.Now()
+	if err := q.Stop(ctx); err != nil {
+		return 0, fmt.Errorf("snapshot vm: %w", err)
+	}
+	err = save(ctx, q, stateFile)
+	if err == nil {
+		err = copy()
+	}
+	if err == nil {
+		err = writeMeta(stateFile, m)
+	}
+	if cerr := q.Cont(context.WithoutCancel(ctx)); cerr != nil {
+		return time.Since(t0), fmt.Errorf("snapshot vm: run it again: %w", errors.Join(cerr, err))
+	}
+	if err != nil {
+		return time.Since(t0), fmt.Errorf("snapshot vm: %w", err)
+	}
+	return time.Since(t0), nil
 }

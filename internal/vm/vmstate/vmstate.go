@@ -21,6 +21,7 @@ package vmstate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -272,6 +273,7 @@ func Resume(ctx context.Context, cfg qemu.Config, stateFile string, opts ResumeO
 		}
 	}
 
+	drainEvents(q) // what loading the state sent: waitPortClosed reads those after cont
 	t0 = time.Now()
 	if err := q.Cont(ctx); err != nil {
 		return fail(err)
@@ -350,13 +352,19 @@ func waitChannel(ctx context.Context, q *qmp.Client, connected bool) error {
 // the old session's end, and the guest would miss the host leaving.
 //
 // It polls query-chardev's frontend-open, which is the guest's side of
-// the port: QEMU's VSERPORT_CHANGE events would say the same but are
-// rate-limited to one a second per port, and a close followed by an open
-// within it comes as the open alone. The guest's listener waits at least
-// 10 ms before it opens the port again, which the polling catches.
+// the port, and follows the port's VSERPORT_CHANGE events: the guest's
+// listener waits 10 ms before it opens the port again, which polling
+// alone missed under load (several restores at once on a busy host: a
+// query's round trip took longer), and the resume then waited
+// channelResetWait. QEMU sends the port's state once when the restored
+// VM first runs (virtio-serial's post-load: open, as saved), then its
+// changes, rate-limited to one a second per port (a close followed by an
+// open within it comes as the open alone, up to a second late): an event
+// saying closed, or a second event, means the guest closed the port.
 func waitPortClosed(ctx context.Context, q *qmp.Client) error {
 	ctx, cancel := context.WithTimeout(ctx, channelResetWait)
 	defer cancel()
+	events := 0
 	for {
 		cs, err := q.QueryChardevs(ctx)
 		if err != nil {
@@ -367,6 +375,10 @@ func waitPortClosed(ctx context.Context, q *qmp.Client) error {
 				return nil
 			}
 		}
+		n, closed := portEvents(q)
+		if events += n; closed || events >= 2 {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("wait for the agent port to close: %w", ctx.Err())
@@ -374,6 +386,33 @@ func waitPortClosed(ctx context.Context, q *qmp.Client) error {
 		}
 	}
 }
+
+// portEvents reads q's pending events (dropping the others) and returns
+// how many were VSERPORT_CHANGE events of the agent's port and whether one
+// said the guest closed it.
+func portEvents(q *qmp.Client) (n int, closed bool) {
+	for {
+		select {
+		case ev, ok := <-q.Events():
+			if !ok {
+				return n, closed
+			}
+			var d struct {
+				ID   string `json:"id"`
+				Open bool   `json:"open"`
+			}
+			if ev.Event == "VSERPORT_CHANGE" && json.Unmarshal(ev.Data, &d) == nil && d.ID == qemu.ChannelPortID {
+				n++
+				closed = closed || !d.Open
+			}
+		default:
+			return n, closed
+		}
+	}
+}
+
+// drainEvents drops q's pending events.
+func drainEvents(q *qmp.Client) { portEvents(q) }
 
 // isExitStatus reports whether err is QEMU's exit status rather than a
 // failure to wait: a QEMU told to quit may exit with a status.

@@ -1026,7 +1026,9 @@ class Sandbox:
         """One snapshot, then n (at most 16) new sandboxes from it with this
         sandbox's spec: one result per child, a Sandbox or the error that
         kept it from being made. A file-system fork: the children start
-        fresh processes."""
+        fresh processes; of a microVM a memory fork, the children go on from
+        its running state on its node, each with its own identity (exclude
+        is refused)."""
         msg: Dict[str, Any] = {"sandboxId": self.id, "count": int(n)}
         if exclude:
             msg["exclude"] = list(exclude)

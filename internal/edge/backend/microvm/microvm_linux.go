@@ -130,6 +130,9 @@ func (r *Runtime) Init(ctx context.Context) error {
 	if err := r.clearCaptures(); err != nil {
 		return fmt.Errorf("init microvm runtime: %w", err)
 	}
+	if err := r.clearForks(); err != nil {
+		return fmt.Errorf("init microvm runtime: %w", err)
+	}
 	r.qemu, r.kernel, r.accel, r.layout = bin, k, r.cfg.Accel, layout
 	r.followConsoles(ctx)
 	r.log.Info("microvm runtime ready", "qemu", bin, "kernel", k.Version, "accel", r.cfg.Accel)
@@ -203,6 +206,9 @@ func (r *Runtime) Teardown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("tear down microvm runtime: %w", err))
 	}
 	if err := os.Remove(r.capturesDir()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("tear down microvm runtime: %w", err))
+	}
+	if err := os.Remove(r.forksDir()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("tear down microvm runtime: %w", err))
 	}
 	if err := os.RemoveAll(filepath.Join(r.cfg.StateDir, "initramfs")); err != nil {

@@ -38,7 +38,10 @@ type ReidentifyRequest struct {
 	Entropy []byte `protobuf:"bytes,3,opt,name=entropy,proto3" json:"entropy,omitempty"`
 	// New link-layer addresses by the old: each network interface whose
 	// address is a key gets the value ("52:54:00:12:34:56" form).
-	Macs          map[string]string `protobuf:"bytes,4,rep,name=macs,proto3" json:"macs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Macs map[string]string `protobuf:"bytes,4,rep,name=macs,proto3" json:"macs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The child's own network, as its edge wired it (unset: the addresses
+	// stay): applied after macs.
+	Network       *GuestNetwork `protobuf:"bytes,5,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -101,6 +104,78 @@ func (x *ReidentifyRequest) GetMacs() map[string]string {
 	return nil
 }
 
+func (x *ReidentifyRequest) GetNetwork() *GuestNetwork {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+// GuestNetwork is a network interface's IPv4 setup in a microVM: the
+// interface whose link-layer address is mac gets address in place of the
+// ones it had, a default route via gateway (on-link) and no neighbour
+// entries (the parent's gateway was another veth, with another MAC);
+// /etc/hosts names the new address.
+type GuestNetwork struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mac           string                 `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`         // "52:54:00:12:34:56" form
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"` // address/prefix, "10.0.0.5/32"
+	Gateway       string                 `protobuf:"bytes,3,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuestNetwork) Reset() {
+	*x = GuestNetwork{}
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestNetwork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestNetwork) ProtoMessage() {}
+
+func (x *GuestNetwork) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestNetwork.ProtoReflect.Descriptor instead.
+func (*GuestNetwork) Descriptor() ([]byte, []int) {
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GuestNetwork) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *GuestNetwork) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *GuestNetwork) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
 type ReidentifyResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -109,7 +184,7 @@ type ReidentifyResponse struct {
 
 func (x *ReidentifyResponse) Reset() {
 	*x = ReidentifyResponse{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -121,7 +196,7 @@ func (x *ReidentifyResponse) String() string {
 func (*ReidentifyResponse) ProtoMessage() {}
 
 func (x *ReidentifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -134,7 +209,7 @@ func (x *ReidentifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReidentifyResponse.ProtoReflect.Descriptor instead.
 func (*ReidentifyResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 type PingRequest struct {
@@ -145,7 +220,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -157,7 +232,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -170,7 +245,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 type PingResponse struct {
@@ -189,7 +264,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -201,7 +276,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -214,7 +289,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PingResponse) GetRunningProcesses() int32 {
@@ -262,7 +337,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -274,7 +349,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -287,7 +362,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CallRequest) GetFiles() map[string][]byte {
@@ -368,7 +443,7 @@ type CallStep struct {
 
 func (x *CallStep) Reset() {
 	*x = CallStep{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +455,7 @@ func (x *CallStep) String() string {
 func (*CallStep) ProtoMessage() {}
 
 func (x *CallStep) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +468,7 @@ func (x *CallStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallStep.ProtoReflect.Descriptor instead.
 func (*CallStep) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CallStep) GetArgv() []string {
@@ -437,7 +512,7 @@ type CallStepResult struct {
 
 func (x *CallStepResult) Reset() {
 	*x = CallStepResult{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +524,7 @@ func (x *CallStepResult) String() string {
 func (*CallStepResult) ProtoMessage() {}
 
 func (x *CallStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +537,7 @@ func (x *CallStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallStepResult.ProtoReflect.Descriptor instead.
 func (*CallStepResult) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CallStepResult) GetExited() *v1.ExecExited {
@@ -514,7 +589,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +601,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_dsec_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +614,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_dsec_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CallResponse) GetSteps() []*CallStepResult {
@@ -588,16 +663,21 @@ var File_dsec_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_dsec_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x19dsec/agent/v1/agent.proto\x12\rdsec.agent.v1\x1a\x12dsec/v1/dsec.proto\"\xe1\x01\n" +
+	"\x19dsec/agent/v1/agent.proto\x12\rdsec.agent.v1\x1a\x12dsec/v1/dsec.proto\"\x98\x02\n" +
 	"\x11ReidentifyRequest\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x02 \x01(\tR\tmachineId\x12\x18\n" +
 	"\aentropy\x18\x03 \x01(\fR\aentropy\x12>\n" +
-	"\x04macs\x18\x04 \x03(\v2*.dsec.agent.v1.ReidentifyRequest.MacsEntryR\x04macs\x1a7\n" +
+	"\x04macs\x18\x04 \x03(\v2*.dsec.agent.v1.ReidentifyRequest.MacsEntryR\x04macs\x125\n" +
+	"\anetwork\x18\x05 \x01(\v2\x1b.dsec.agent.v1.GuestNetworkR\anetwork\x1a7\n" +
 	"\tMacsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
+	"\fGuestNetwork\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
+	"\agateway\x18\x03 \x01(\tR\agateway\"\x14\n" +
 	"\x12ReidentifyResponse\"\r\n" +
 	"\vPingRequest\"\xa1\x01\n" +
 	"\fPingResponse\x12+\n" +
@@ -686,115 +766,117 @@ func file_dsec_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_dsec_agent_v1_agent_proto_rawDescData
 }
 
-var file_dsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_dsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_dsec_agent_v1_agent_proto_goTypes = []any{
 	(*ReidentifyRequest)(nil),           // 0: dsec.agent.v1.ReidentifyRequest
-	(*ReidentifyResponse)(nil),          // 1: dsec.agent.v1.ReidentifyResponse
-	(*PingRequest)(nil),                 // 2: dsec.agent.v1.PingRequest
-	(*PingResponse)(nil),                // 3: dsec.agent.v1.PingResponse
-	(*CallRequest)(nil),                 // 4: dsec.agent.v1.CallRequest
-	(*CallStep)(nil),                    // 5: dsec.agent.v1.CallStep
-	(*CallStepResult)(nil),              // 6: dsec.agent.v1.CallStepResult
-	(*CallResponse)(nil),                // 7: dsec.agent.v1.CallResponse
-	nil,                                 // 8: dsec.agent.v1.ReidentifyRequest.MacsEntry
-	nil,                                 // 9: dsec.agent.v1.CallRequest.FilesEntry
-	nil,                                 // 10: dsec.agent.v1.CallRequest.EnvEntry
-	nil,                                 // 11: dsec.agent.v1.CallResponse.FilesEntry
-	(*v1.ExecExited)(nil),               // 12: dsec.v1.ExecExited
-	(*v1.ExecRequest)(nil),              // 13: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 14: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 15: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 16: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 17: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 18: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 19: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 20: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 21: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 22: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 23: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 24: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 25: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 26: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 27: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),              // 28: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),          // 29: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),            // 30: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 31: dsec.v1.DownloadRequest
-	(*v1.ExecEvent)(nil),                // 32: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 33: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 34: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 35: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 36: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 37: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 38: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 39: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 40: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 41: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 42: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 43: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 44: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),             // 45: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),               // 46: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),           // 47: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 48: dsec.v1.DownloadChunk
+	(*GuestNetwork)(nil),                // 1: dsec.agent.v1.GuestNetwork
+	(*ReidentifyResponse)(nil),          // 2: dsec.agent.v1.ReidentifyResponse
+	(*PingRequest)(nil),                 // 3: dsec.agent.v1.PingRequest
+	(*PingResponse)(nil),                // 4: dsec.agent.v1.PingResponse
+	(*CallRequest)(nil),                 // 5: dsec.agent.v1.CallRequest
+	(*CallStep)(nil),                    // 6: dsec.agent.v1.CallStep
+	(*CallStepResult)(nil),              // 7: dsec.agent.v1.CallStepResult
+	(*CallResponse)(nil),                // 8: dsec.agent.v1.CallResponse
+	nil,                                 // 9: dsec.agent.v1.ReidentifyRequest.MacsEntry
+	nil,                                 // 10: dsec.agent.v1.CallRequest.FilesEntry
+	nil,                                 // 11: dsec.agent.v1.CallRequest.EnvEntry
+	nil,                                 // 12: dsec.agent.v1.CallResponse.FilesEntry
+	(*v1.ExecExited)(nil),               // 13: dsec.v1.ExecExited
+	(*v1.ExecRequest)(nil),              // 14: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 15: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 16: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 17: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 18: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 19: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 20: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 21: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 22: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 23: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 24: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 25: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 26: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 27: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 28: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),              // 29: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),          // 30: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),            // 31: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 32: dsec.v1.DownloadRequest
+	(*v1.ExecEvent)(nil),                // 33: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 34: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 35: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 36: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 37: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 38: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 39: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 40: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 41: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 42: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 43: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 44: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 45: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),             // 46: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),               // 47: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),           // 48: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 49: dsec.v1.DownloadChunk
 }
 var file_dsec_agent_v1_agent_proto_depIdxs = []int32{
-	8,  // 0: dsec.agent.v1.ReidentifyRequest.macs:type_name -> dsec.agent.v1.ReidentifyRequest.MacsEntry
-	9,  // 1: dsec.agent.v1.CallRequest.files:type_name -> dsec.agent.v1.CallRequest.FilesEntry
-	5,  // 2: dsec.agent.v1.CallRequest.steps:type_name -> dsec.agent.v1.CallStep
-	10, // 3: dsec.agent.v1.CallRequest.env:type_name -> dsec.agent.v1.CallRequest.EnvEntry
-	12, // 4: dsec.agent.v1.CallStepResult.exited:type_name -> dsec.v1.ExecExited
-	6,  // 5: dsec.agent.v1.CallResponse.steps:type_name -> dsec.agent.v1.CallStepResult
-	11, // 6: dsec.agent.v1.CallResponse.files:type_name -> dsec.agent.v1.CallResponse.FilesEntry
-	2,  // 7: dsec.agent.v1.AgentService.Ping:input_type -> dsec.agent.v1.PingRequest
-	13, // 8: dsec.agent.v1.AgentService.Exec:input_type -> dsec.v1.ExecRequest
-	14, // 9: dsec.agent.v1.AgentService.Attach:input_type -> dsec.v1.AttachRequest
-	15, // 10: dsec.agent.v1.AgentService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	16, // 11: dsec.agent.v1.AgentService.Signal:input_type -> dsec.v1.SignalRequest
-	17, // 12: dsec.agent.v1.AgentService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	18, // 13: dsec.agent.v1.AgentService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	19, // 14: dsec.agent.v1.AgentService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	20, // 15: dsec.agent.v1.AgentService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	21, // 16: dsec.agent.v1.AgentService.Shell:input_type -> dsec.v1.ShellInput
-	22, // 17: dsec.agent.v1.AgentService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	23, // 18: dsec.agent.v1.AgentService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	24, // 19: dsec.agent.v1.AgentService.ListDir:input_type -> dsec.v1.ListDirRequest
-	25, // 20: dsec.agent.v1.AgentService.Stat:input_type -> dsec.v1.StatRequest
-	26, // 21: dsec.agent.v1.AgentService.Remove:input_type -> dsec.v1.RemoveRequest
-	27, // 22: dsec.agent.v1.AgentService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	28, // 23: dsec.agent.v1.AgentService.Move:input_type -> dsec.v1.MoveRequest
-	29, // 24: dsec.agent.v1.AgentService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	30, // 25: dsec.agent.v1.AgentService.Upload:input_type -> dsec.v1.UploadRequest
-	31, // 26: dsec.agent.v1.AgentService.Download:input_type -> dsec.v1.DownloadRequest
-	4,  // 27: dsec.agent.v1.AgentService.Call:input_type -> dsec.agent.v1.CallRequest
-	0,  // 28: dsec.agent.v1.AgentService.Reidentify:input_type -> dsec.agent.v1.ReidentifyRequest
-	3,  // 29: dsec.agent.v1.AgentService.Ping:output_type -> dsec.agent.v1.PingResponse
-	32, // 30: dsec.agent.v1.AgentService.Exec:output_type -> dsec.v1.ExecEvent
-	32, // 31: dsec.agent.v1.AgentService.Attach:output_type -> dsec.v1.ExecEvent
-	33, // 32: dsec.agent.v1.AgentService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	34, // 33: dsec.agent.v1.AgentService.Signal:output_type -> dsec.v1.SignalResponse
-	35, // 34: dsec.agent.v1.AgentService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	32, // 35: dsec.agent.v1.AgentService.SessionRun:output_type -> dsec.v1.ExecEvent
-	36, // 36: dsec.agent.v1.AgentService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	37, // 37: dsec.agent.v1.AgentService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	38, // 38: dsec.agent.v1.AgentService.Shell:output_type -> dsec.v1.ShellOutput
-	39, // 39: dsec.agent.v1.AgentService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	40, // 40: dsec.agent.v1.AgentService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	41, // 41: dsec.agent.v1.AgentService.ListDir:output_type -> dsec.v1.ListDirResponse
-	42, // 42: dsec.agent.v1.AgentService.Stat:output_type -> dsec.v1.StatResponse
-	43, // 43: dsec.agent.v1.AgentService.Remove:output_type -> dsec.v1.RemoveResponse
-	44, // 44: dsec.agent.v1.AgentService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	45, // 45: dsec.agent.v1.AgentService.Move:output_type -> dsec.v1.MoveResponse
-	46, // 46: dsec.agent.v1.AgentService.WatchDir:output_type -> dsec.v1.WatchEvent
-	47, // 47: dsec.agent.v1.AgentService.Upload:output_type -> dsec.v1.UploadResponse
-	48, // 48: dsec.agent.v1.AgentService.Download:output_type -> dsec.v1.DownloadChunk
-	7,  // 49: dsec.agent.v1.AgentService.Call:output_type -> dsec.agent.v1.CallResponse
-	1,  // 50: dsec.agent.v1.AgentService.Reidentify:output_type -> dsec.agent.v1.ReidentifyResponse
-	29, // [29:51] is the sub-list for method output_type
-	7,  // [7:29] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	9,  // 0: dsec.agent.v1.ReidentifyRequest.macs:type_name -> dsec.agent.v1.ReidentifyRequest.MacsEntry
+	1,  // 1: dsec.agent.v1.ReidentifyRequest.network:type_name -> dsec.agent.v1.GuestNetwork
+	10, // 2: dsec.agent.v1.CallRequest.files:type_name -> dsec.agent.v1.CallRequest.FilesEntry
+	6,  // 3: dsec.agent.v1.CallRequest.steps:type_name -> dsec.agent.v1.CallStep
+	11, // 4: dsec.agent.v1.CallRequest.env:type_name -> dsec.agent.v1.CallRequest.EnvEntry
+	13, // 5: dsec.agent.v1.CallStepResult.exited:type_name -> dsec.v1.ExecExited
+	7,  // 6: dsec.agent.v1.CallResponse.steps:type_name -> dsec.agent.v1.CallStepResult
+	12, // 7: dsec.agent.v1.CallResponse.files:type_name -> dsec.agent.v1.CallResponse.FilesEntry
+	3,  // 8: dsec.agent.v1.AgentService.Ping:input_type -> dsec.agent.v1.PingRequest
+	14, // 9: dsec.agent.v1.AgentService.Exec:input_type -> dsec.v1.ExecRequest
+	15, // 10: dsec.agent.v1.AgentService.Attach:input_type -> dsec.v1.AttachRequest
+	16, // 11: dsec.agent.v1.AgentService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	17, // 12: dsec.agent.v1.AgentService.Signal:input_type -> dsec.v1.SignalRequest
+	18, // 13: dsec.agent.v1.AgentService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	19, // 14: dsec.agent.v1.AgentService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	20, // 15: dsec.agent.v1.AgentService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	21, // 16: dsec.agent.v1.AgentService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	22, // 17: dsec.agent.v1.AgentService.Shell:input_type -> dsec.v1.ShellInput
+	23, // 18: dsec.agent.v1.AgentService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	24, // 19: dsec.agent.v1.AgentService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	25, // 20: dsec.agent.v1.AgentService.ListDir:input_type -> dsec.v1.ListDirRequest
+	26, // 21: dsec.agent.v1.AgentService.Stat:input_type -> dsec.v1.StatRequest
+	27, // 22: dsec.agent.v1.AgentService.Remove:input_type -> dsec.v1.RemoveRequest
+	28, // 23: dsec.agent.v1.AgentService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	29, // 24: dsec.agent.v1.AgentService.Move:input_type -> dsec.v1.MoveRequest
+	30, // 25: dsec.agent.v1.AgentService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	31, // 26: dsec.agent.v1.AgentService.Upload:input_type -> dsec.v1.UploadRequest
+	32, // 27: dsec.agent.v1.AgentService.Download:input_type -> dsec.v1.DownloadRequest
+	5,  // 28: dsec.agent.v1.AgentService.Call:input_type -> dsec.agent.v1.CallRequest
+	0,  // 29: dsec.agent.v1.AgentService.Reidentify:input_type -> dsec.agent.v1.ReidentifyRequest
+	4,  // 30: dsec.agent.v1.AgentService.Ping:output_type -> dsec.agent.v1.PingResponse
+	33, // 31: dsec.agent.v1.AgentService.Exec:output_type -> dsec.v1.ExecEvent
+	33, // 32: dsec.agent.v1.AgentService.Attach:output_type -> dsec.v1.ExecEvent
+	34, // 33: dsec.agent.v1.AgentService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	35, // 34: dsec.agent.v1.AgentService.Signal:output_type -> dsec.v1.SignalResponse
+	36, // 35: dsec.agent.v1.AgentService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	33, // 36: dsec.agent.v1.AgentService.SessionRun:output_type -> dsec.v1.ExecEvent
+	37, // 37: dsec.agent.v1.AgentService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	38, // 38: dsec.agent.v1.AgentService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	39, // 39: dsec.agent.v1.AgentService.Shell:output_type -> dsec.v1.ShellOutput
+	40, // 40: dsec.agent.v1.AgentService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	41, // 41: dsec.agent.v1.AgentService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	42, // 42: dsec.agent.v1.AgentService.ListDir:output_type -> dsec.v1.ListDirResponse
+	43, // 43: dsec.agent.v1.AgentService.Stat:output_type -> dsec.v1.StatResponse
+	44, // 44: dsec.agent.v1.AgentService.Remove:output_type -> dsec.v1.RemoveResponse
+	45, // 45: dsec.agent.v1.AgentService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	46, // 46: dsec.agent.v1.AgentService.Move:output_type -> dsec.v1.MoveResponse
+	47, // 47: dsec.agent.v1.AgentService.WatchDir:output_type -> dsec.v1.WatchEvent
+	48, // 48: dsec.agent.v1.AgentService.Upload:output_type -> dsec.v1.UploadResponse
+	49, // 49: dsec.agent.v1.AgentService.Download:output_type -> dsec.v1.DownloadChunk
+	8,  // 50: dsec.agent.v1.AgentService.Call:output_type -> dsec.agent.v1.CallResponse
+	2,  // 51: dsec.agent.v1.AgentService.Reidentify:output_type -> dsec.agent.v1.ReidentifyResponse
+	30, // [30:52] is the sub-list for method output_type
+	8,  // [8:30] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_dsec_agent_v1_agent_proto_init() }
@@ -808,7 +890,7 @@ func file_dsec_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_agent_v1_agent_proto_rawDesc), len(file_dsec_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

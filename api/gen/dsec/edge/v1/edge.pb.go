@@ -475,6 +475,111 @@ func (x *CreateManyRequest) GetCreateTokens() []string {
 	return nil
 }
 
+type ForkRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// One per child, as CreateManyRequest.create_tokens; at most 16.
+	CreateTokens  []string `protobuf:"bytes,2,rep,name=create_tokens,json=createTokens,proto3" json:"create_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ForkRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetCreateTokens() []string {
+	if x != nil {
+		return x.CreateTokens
+	}
+	return nil
+}
+
+type ForkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*CreateResult        `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`                    // in the order of create_tokens
+	FrozenUs      int64                  `protobuf:"varint,2,opt,name=frozen_us,json=frozenUs,proto3" json:"frozen_us,omitempty"` // how long the parent stood still for the save
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ForkResponse) GetResults() []*CreateResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetFrozenUs() int64 {
+	if x != nil {
+		return x.FrozenUs
+	}
+	return 0
+}
+
 type CreateManyResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*CreateResult        `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"` // in the order of create_tokens
@@ -484,7 +589,7 @@ type CreateManyResponse struct {
 
 func (x *CreateManyResponse) Reset() {
 	*x = CreateManyResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +601,7 @@ func (x *CreateManyResponse) String() string {
 func (*CreateManyResponse) ProtoMessage() {}
 
 func (x *CreateManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +614,7 @@ func (x *CreateManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManyResponse.ProtoReflect.Descriptor instead.
 func (*CreateManyResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateManyResponse) GetResults() []*CreateResult {
@@ -532,7 +637,7 @@ type CreateResult struct {
 
 func (x *CreateResult) Reset() {
 	*x = CreateResult{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +649,7 @@ func (x *CreateResult) String() string {
 func (*CreateResult) ProtoMessage() {}
 
 func (x *CreateResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +662,7 @@ func (x *CreateResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResult.ProtoReflect.Descriptor instead.
 func (*CreateResult) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateResult) GetSandbox() *v1.Sandbox {
@@ -592,7 +697,7 @@ type ReapRequest struct {
 
 func (x *ReapRequest) Reset() {
 	*x = ReapRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +709,7 @@ func (x *ReapRequest) String() string {
 func (*ReapRequest) ProtoMessage() {}
 
 func (x *ReapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +722,7 @@ func (x *ReapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapRequest.ProtoReflect.Descriptor instead.
 func (*ReapRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReapRequest) GetTokens() []string {
@@ -650,7 +755,7 @@ type ReapResponse struct {
 
 func (x *ReapResponse) Reset() {
 	*x = ReapResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +767,7 @@ func (x *ReapResponse) String() string {
 func (*ReapResponse) ProtoMessage() {}
 
 func (x *ReapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +780,7 @@ func (x *ReapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapResponse.ProtoReflect.Descriptor instead.
 func (*ReapResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReapResponse) GetRemovedIds() []string {
@@ -694,7 +799,7 @@ type GoneRequest struct {
 
 func (x *GoneRequest) Reset() {
 	*x = GoneRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +811,7 @@ func (x *GoneRequest) String() string {
 func (*GoneRequest) ProtoMessage() {}
 
 func (x *GoneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +824,7 @@ func (x *GoneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneRequest.ProtoReflect.Descriptor instead.
 func (*GoneRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GoneRequest) GetIds() []string {
@@ -738,7 +843,7 @@ type GoneResponse struct {
 
 func (x *GoneResponse) Reset() {
 	*x = GoneResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +855,7 @@ func (x *GoneResponse) String() string {
 func (*GoneResponse) ProtoMessage() {}
 
 func (x *GoneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +868,7 @@ func (x *GoneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneResponse.ProtoReflect.Descriptor instead.
 func (*GoneResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GoneResponse) GetIds() []string {
@@ -817,7 +922,14 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\fcreate_token\x18\x02 \x01(\tR\vcreateToken\"b\n" +
 	"\x11CreateManyRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12#\n" +
-	"\rcreate_tokens\x18\x02 \x03(\tR\fcreateTokens\"J\n" +
+	"\rcreate_tokens\x18\x02 \x03(\tR\fcreateTokens\"Q\n" +
+	"\vForkRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
+	"\rcreate_tokens\x18\x02 \x03(\tR\fcreateTokens\"a\n" +
+	"\fForkResponse\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.dsec.edge.v1.CreateResultR\aresults\x12\x1b\n" +
+	"\tfrozen_us\x18\x02 \x01(\x03R\bfrozenUs\"J\n" +
 	"\x12CreateManyResponse\x124\n" +
 	"\aresults\x18\x01 \x03(\v2\x1a.dsec.edge.v1.CreateResultR\aresults\"~\n" +
 	"\fCreateResult\x12*\n" +
@@ -835,12 +947,13 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vGoneRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\" \n" +
 	"\fGoneResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids2\xc6\x18\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids2\x85\x19\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +
 	"\n" +
-	"CreateMany\x12\x1f.dsec.edge.v1.CreateManyRequest\x1a .dsec.edge.v1.CreateManyResponse\x121\n" +
+	"CreateMany\x12\x1f.dsec.edge.v1.CreateManyRequest\x1a .dsec.edge.v1.CreateManyResponse\x12=\n" +
+	"\x04Fork\x12\x19.dsec.edge.v1.ForkRequest\x1a\x1a.dsec.edge.v1.ForkResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
 	"\x04List\x12\x14.dsec.v1.ListRequest\x1a\x15.dsec.v1.ListResponse\"\x03\x90\x02\x01\x12>\n" +
 	"\x06Delete\x12\x16.dsec.v1.DeleteRequest\x1a\x17.dsec.v1.DeleteResponse\"\x03\x90\x02\x02\x12;\n" +
@@ -903,7 +1016,7 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*AdoptLayersRequest)(nil),          // 0: dsec.edge.v1.AdoptLayersRequest
 	(*AdoptLayersResponse)(nil),         // 1: dsec.edge.v1.AdoptLayersResponse
@@ -911,199 +1024,204 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*NodeStatus)(nil),                  // 3: dsec.edge.v1.NodeStatus
 	(*CreateRequest)(nil),               // 4: dsec.edge.v1.CreateRequest
 	(*CreateManyRequest)(nil),           // 5: dsec.edge.v1.CreateManyRequest
-	(*CreateManyResponse)(nil),          // 6: dsec.edge.v1.CreateManyResponse
-	(*CreateResult)(nil),                // 7: dsec.edge.v1.CreateResult
-	(*ReapRequest)(nil),                 // 8: dsec.edge.v1.ReapRequest
-	(*ReapResponse)(nil),                // 9: dsec.edge.v1.ReapResponse
-	(*GoneRequest)(nil),                 // 10: dsec.edge.v1.GoneRequest
-	(*GoneResponse)(nil),                // 11: dsec.edge.v1.GoneResponse
-	nil,                                 // 12: dsec.edge.v1.NodeStatus.MissingEntry
-	(v1.Backend)(0),                     // 13: dsec.v1.Backend
-	(*v1.SandboxKind)(nil),              // 14: dsec.v1.SandboxKind
-	(*v1.SandboxSpec)(nil),              // 15: dsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                  // 16: dsec.v1.Sandbox
-	(*v1.GetRequest)(nil),               // 17: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),              // 18: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),            // 19: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),             // 20: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),            // 21: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),        // 22: dsec.v1.SetTimeoutRequest
-	(*v1.MetricsRequest)(nil),           // 23: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),          // 24: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),   // 25: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),        // 26: dsec.v1.NetworkLogRequest
-	(*v1.SetWarmPoolRequest)(nil),       // 27: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),     // 28: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),       // 29: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),       // 30: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),        // 31: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),       // 32: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),  // 33: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),       // 34: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),        // 35: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),           // 36: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),     // 37: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),              // 38: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 39: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 40: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 41: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 42: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 43: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 44: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 45: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 46: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 47: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 48: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 49: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 50: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 51: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 52: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),              // 53: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),          // 54: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),            // 55: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 56: dsec.v1.DownloadRequest
-	(*v1.ListResponse)(nil),             // 57: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),           // 58: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),            // 59: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),           // 60: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),       // 61: dsec.v1.SetTimeoutResponse
-	(*v1.SandboxMetrics)(nil),           // 62: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),             // 63: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),  // 64: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),       // 65: dsec.v1.NetworkLogResponse
-	(*v1.WarmPool)(nil),                 // 66: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),    // 67: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                    // 68: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),       // 69: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),      // 70: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil), // 71: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),      // 72: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),       // 73: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),          // 74: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),    // 75: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                // 76: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 77: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 78: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 79: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 80: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 81: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 82: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 83: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 84: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 85: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 86: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 87: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 88: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),             // 89: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),               // 90: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),           // 91: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 92: dsec.v1.DownloadChunk
+	(*ForkRequest)(nil),                 // 6: dsec.edge.v1.ForkRequest
+	(*ForkResponse)(nil),                // 7: dsec.edge.v1.ForkResponse
+	(*CreateManyResponse)(nil),          // 8: dsec.edge.v1.CreateManyResponse
+	(*CreateResult)(nil),                // 9: dsec.edge.v1.CreateResult
+	(*ReapRequest)(nil),                 // 10: dsec.edge.v1.ReapRequest
+	(*ReapResponse)(nil),                // 11: dsec.edge.v1.ReapResponse
+	(*GoneRequest)(nil),                 // 12: dsec.edge.v1.GoneRequest
+	(*GoneResponse)(nil),                // 13: dsec.edge.v1.GoneResponse
+	nil,                                 // 14: dsec.edge.v1.NodeStatus.MissingEntry
+	(v1.Backend)(0),                     // 15: dsec.v1.Backend
+	(*v1.SandboxKind)(nil),              // 16: dsec.v1.SandboxKind
+	(*v1.SandboxSpec)(nil),              // 17: dsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                  // 18: dsec.v1.Sandbox
+	(*v1.GetRequest)(nil),               // 19: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),              // 20: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),            // 21: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),             // 22: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),            // 23: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),        // 24: dsec.v1.SetTimeoutRequest
+	(*v1.MetricsRequest)(nil),           // 25: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),          // 26: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),   // 27: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),        // 28: dsec.v1.NetworkLogRequest
+	(*v1.SetWarmPoolRequest)(nil),       // 29: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),     // 30: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),       // 31: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),       // 32: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),        // 33: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),       // 34: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),  // 35: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),       // 36: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),        // 37: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),           // 38: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),     // 39: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),              // 40: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),            // 41: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),        // 42: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),            // 43: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),     // 44: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),        // 45: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),  // 46: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),      // 47: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),               // 48: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),          // 49: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),         // 50: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),           // 51: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),              // 52: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),            // 53: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),           // 54: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),              // 55: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),          // 56: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),            // 57: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),          // 58: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),             // 59: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),           // 60: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),            // 61: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),           // 62: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),       // 63: dsec.v1.SetTimeoutResponse
+	(*v1.SandboxMetrics)(nil),           // 64: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),             // 65: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),  // 66: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),       // 67: dsec.v1.NetworkLogResponse
+	(*v1.WarmPool)(nil),                 // 68: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),    // 69: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                    // 70: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),       // 71: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),      // 72: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil), // 73: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),      // 74: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),       // 75: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),          // 76: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),    // 77: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                // 78: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),       // 79: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),           // 80: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),    // 81: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil), // 82: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),     // 83: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),              // 84: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),         // 85: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),        // 86: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),          // 87: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),             // 88: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),           // 89: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),          // 90: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),             // 91: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),               // 92: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),           // 93: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),            // 94: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	13, // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	14, // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
-	12, // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
-	15, // 3: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	15, // 4: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
-	7,  // 5: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
-	16, // 6: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
-	2,  // 7: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	4,  // 8: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	5,  // 9: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
-	17, // 10: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	18, // 11: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	19, // 12: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	20, // 13: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	21, // 14: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	22, // 15: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	23, // 16: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	24, // 17: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	25, // 18: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	26, // 19: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	27, // 20: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	28, // 21: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	8,  // 22: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	10, // 23: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	29, // 24: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	30, // 25: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,  // 26: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	31, // 27: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	32, // 28: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	33, // 29: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	34, // 30: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	35, // 31: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	36, // 32: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	37, // 33: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	38, // 34: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	39, // 35: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	40, // 36: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	41, // 37: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	42, // 38: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	43, // 39: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	44, // 40: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	45, // 41: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	46, // 42: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	47, // 43: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	48, // 44: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	49, // 45: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	50, // 46: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	51, // 47: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	52, // 48: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	53, // 49: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	54, // 50: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	55, // 51: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	56, // 52: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	3,  // 53: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	16, // 54: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	6,  // 55: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	16, // 56: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	57, // 57: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	58, // 58: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	59, // 59: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	60, // 60: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	61, // 61: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	62, // 62: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	63, // 63: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	64, // 64: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	65, // 65: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	66, // 66: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	67, // 67: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	9,  // 68: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	11, // 69: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	68, // 70: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	68, // 71: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,  // 72: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	69, // 73: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	70, // 74: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	71, // 75: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	72, // 76: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	73, // 77: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	74, // 78: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	75, // 79: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	76, // 80: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	76, // 81: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	77, // 82: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	78, // 83: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	79, // 84: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	76, // 85: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	80, // 86: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	81, // 87: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	82, // 88: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	83, // 89: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	84, // 90: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	85, // 91: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	86, // 92: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	87, // 93: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	88, // 94: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	89, // 95: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	90, // 96: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	91, // 97: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	92, // 98: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	53, // [53:99] is the sub-list for method output_type
-	7,  // [7:53] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	15, // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	16, // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
+	14, // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
+	17, // 3: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	17, // 4: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	9,  // 5: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
+	9,  // 6: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
+	18, // 7: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	2,  // 8: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	4,  // 9: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	5,  // 10: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
+	6,  // 11: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
+	19, // 12: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	20, // 13: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	21, // 14: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	22, // 15: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	23, // 16: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	24, // 17: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	25, // 18: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	26, // 19: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	27, // 20: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	28, // 21: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	29, // 22: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	30, // 23: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	10, // 24: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	12, // 25: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	31, // 26: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	32, // 27: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,  // 28: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	33, // 29: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	34, // 30: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	35, // 31: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	36, // 32: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	37, // 33: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	38, // 34: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	39, // 35: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	40, // 36: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	41, // 37: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	42, // 38: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	43, // 39: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	44, // 40: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	45, // 41: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	46, // 42: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	47, // 43: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	48, // 44: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	49, // 45: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	50, // 46: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	51, // 47: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	52, // 48: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	53, // 49: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	54, // 50: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	55, // 51: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	56, // 52: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	57, // 53: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	58, // 54: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	3,  // 55: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	18, // 56: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	8,  // 57: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	7,  // 58: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
+	18, // 59: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	59, // 60: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	60, // 61: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	61, // 62: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	62, // 63: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	63, // 64: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	64, // 65: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	65, // 66: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	66, // 67: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	67, // 68: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	68, // 69: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	69, // 70: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	11, // 71: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	13, // 72: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	70, // 73: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	70, // 74: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,  // 75: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	71, // 76: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	72, // 77: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	73, // 78: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	74, // 79: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	75, // 80: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	76, // 81: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	77, // 82: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	78, // 83: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	78, // 84: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	79, // 85: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	80, // 86: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	81, // 87: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	78, // 88: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	82, // 89: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	83, // 90: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	84, // 91: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	85, // 92: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	86, // 93: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	87, // 94: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	88, // 95: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	89, // 96: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	90, // 97: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	91, // 98: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	92, // 99: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	93, // 100: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	94, // 101: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	55, // [55:102] is the sub-list for method output_type
+	8,  // [8:55] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_dsec_edge_v1_edge_proto_init() }
@@ -1117,7 +1235,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -188,9 +188,13 @@ type SandboxServiceClient interface {
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
 	// Fork takes one snapshot of the sandbox and makes count new sandboxes
-	// from it, with the source's spec: one result per child. A file-system
-	// fork: the children start fresh processes (this kernel cannot checkpoint
-	// memory).
+	// from it, with the source's spec: one result per child. For a container
+	// or gVisor sandbox a file-system fork: the children start fresh
+	// processes (this kernel cannot checkpoint a container's memory). For a
+	// microVM a memory fork on its node: the children go on from its running
+	// state, each with its own disk copy, network, host name, machine-id and
+	// reseeded random generator; snapshot then describes the save (no layer,
+	// capture_method "memory") and exclude is refused.
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Exec runs a command and streams its output, every byte of it: a client
 	// slower than the command slows the command, as a pipe does. A foreground
@@ -757,9 +761,13 @@ type SandboxServiceHandler interface {
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
 	// Fork takes one snapshot of the sandbox and makes count new sandboxes
-	// from it, with the source's spec: one result per child. A file-system
-	// fork: the children start fresh processes (this kernel cannot checkpoint
-	// memory).
+	// from it, with the source's spec: one result per child. For a container
+	// or gVisor sandbox a file-system fork: the children start fresh
+	// processes (this kernel cannot checkpoint a container's memory). For a
+	// microVM a memory fork on its node: the children go on from its running
+	// state, each with its own disk copy, network, host name, machine-id and
+	// reseeded random generator; snapshot then describes the save (no layer,
+	// capture_method "memory") and exclude is refused.
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Exec runs a command and streams its output, every byte of it: a client
 	// slower than the command slows the command, as a pipe does. A foreground

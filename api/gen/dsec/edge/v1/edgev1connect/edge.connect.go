@@ -47,6 +47,8 @@ const (
 	EdgeServiceCreateProcedure = "/dsec.edge.v1.EdgeService/Create"
 	// EdgeServiceCreateManyProcedure is the fully-qualified name of the EdgeService's CreateMany RPC.
 	EdgeServiceCreateManyProcedure = "/dsec.edge.v1.EdgeService/CreateMany"
+	// EdgeServiceForkProcedure is the fully-qualified name of the EdgeService's Fork RPC.
+	EdgeServiceForkProcedure = "/dsec.edge.v1.EdgeService/Fork"
 	// EdgeServiceGetProcedure is the fully-qualified name of the EdgeService's Get RPC.
 	EdgeServiceGetProcedure = "/dsec.edge.v1.EdgeService/Get"
 	// EdgeServiceListProcedure is the fully-qualified name of the EdgeService's List RPC.
@@ -160,6 +162,13 @@ type EdgeServiceClient interface {
 	// refuses or fails to make has its result's error, the others their
 	// sandbox.
 	CreateMany(context.Context, *connect.Request[v1.CreateManyRequest]) (*connect.Response[v1.CreateManyResponse], error)
+	// Fork makes one sandbox per token from one memory snapshot of sandbox
+	// sandbox_id (a microVM's: its RAM, devices and writable disk, saved
+	// once while it stands still, then running on), each a copy of the
+	// parent at that moment with the parent's spec and its own identity,
+	// network and disk, and answers each on its own as CreateMany does.
+	// A sandbox whose runtime cannot fork is FailedPrecondition.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Get(context.Context, *connect.Request[v11.GetRequest]) (*connect.Response[v11.Sandbox], error)
 	// List takes states as the public API does, except that empty means all.
 	List(context.Context, *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error)
@@ -263,6 +272,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceCreateManyProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("CreateMany")),
+			connect.WithClientOptions(opts...),
+		),
+		fork: connect.NewClient[v1.ForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+EdgeServiceForkProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Fork")),
 			connect.WithClientOptions(opts...),
 		),
 		get: connect.NewClient[v11.GetRequest, v11.Sandbox](
@@ -549,6 +564,7 @@ type edgeServiceClient struct {
 	status           *connect.Client[v1.StatusRequest, v1.NodeStatus]
 	create           *connect.Client[v1.CreateRequest, v11.Sandbox]
 	createMany       *connect.Client[v1.CreateManyRequest, v1.CreateManyResponse]
+	fork             *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	get              *connect.Client[v11.GetRequest, v11.Sandbox]
 	list             *connect.Client[v11.ListRequest, v11.ListResponse]
 	delete           *connect.Client[v11.DeleteRequest, v11.DeleteResponse]
@@ -607,6 +623,11 @@ func (c *edgeServiceClient) Create(ctx context.Context, req *connect.Request[v1.
 // CreateMany calls dsec.edge.v1.EdgeService.CreateMany.
 func (c *edgeServiceClient) CreateMany(ctx context.Context, req *connect.Request[v1.CreateManyRequest]) (*connect.Response[v1.CreateManyResponse], error) {
 	return c.createMany.CallUnary(ctx, req)
+}
+
+// Fork calls dsec.edge.v1.EdgeService.Fork.
+func (c *edgeServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.fork.CallUnary(ctx, req)
 }
 
 // Get calls dsec.edge.v1.EdgeService.Get.
@@ -842,6 +863,13 @@ type EdgeServiceHandler interface {
 	// refuses or fails to make has its result's error, the others their
 	// sandbox.
 	CreateMany(context.Context, *connect.Request[v1.CreateManyRequest]) (*connect.Response[v1.CreateManyResponse], error)
+	// Fork makes one sandbox per token from one memory snapshot of sandbox
+	// sandbox_id (a microVM's: its RAM, devices and writable disk, saved
+	// once while it stands still, then running on), each a copy of the
+	// parent at that moment with the parent's spec and its own identity,
+	// network and disk, and answers each on its own as CreateMany does.
+	// A sandbox whose runtime cannot fork is FailedPrecondition.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Get(context.Context, *connect.Request[v11.GetRequest]) (*connect.Response[v11.Sandbox], error)
 	// List takes states as the public API does, except that empty means all.
 	List(context.Context, *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error)
@@ -941,6 +969,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceCreateManyProcedure,
 		svc.CreateMany,
 		connect.WithSchema(edgeServiceMethods.ByName("CreateMany")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceForkHandler := connect.NewUnaryHandler(
+		EdgeServiceForkProcedure,
+		svc.Fork,
+		connect.WithSchema(edgeServiceMethods.ByName("Fork")),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServiceGetHandler := connect.NewUnaryHandler(
@@ -1227,6 +1261,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceCreateHandler.ServeHTTP(w, r)
 		case EdgeServiceCreateManyProcedure:
 			edgeServiceCreateManyHandler.ServeHTTP(w, r)
+		case EdgeServiceForkProcedure:
+			edgeServiceForkHandler.ServeHTTP(w, r)
 		case EdgeServiceGetProcedure:
 			edgeServiceGetHandler.ServeHTTP(w, r)
 		case EdgeServiceListProcedure:
@@ -1332,6 +1368,10 @@ func (UnimplementedEdgeServiceHandler) Create(context.Context, *connect.Request[
 
 func (UnimplementedEdgeServiceHandler) CreateMany(context.Context, *connect.Request[v1.CreateManyRequest]) (*connect.Response[v1.CreateManyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.CreateMany is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Fork is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) Get(context.Context, *connect.Request[v11.GetRequest]) (*connect.Response[v11.Sandbox], error) {
