@@ -713,7 +713,9 @@ func (s *Service) agentErr(ctx context.Context, id string, err error) error {
 	var ce *connect.Error
 	if errors.As(err, &ce) && ce.Code() != connect.CodeUnknown && ce.Code() != connect.CodeInternal &&
 		!strings.Contains(ce.Message(), "protocol error") {
-		return err // the agent's own verdict (not found, invalid argument…)
+		// The agent's own verdict (not found, invalid argument…), as an
+		// errdefs kind: errors.Is holds in process as across the wire.
+		return errdefs.FromConnect(err)
 	}
 	return fmt.Errorf("sandbox %s: agent channel: %v: %w", id, err, errdefs.ErrUnavailable)
 }
