@@ -2,7 +2,9 @@
 // EdgeService (api/dsec/edge/v1) as an apiserver calls it (apiserver.Edge).
 // Every implementation runs it, fakes included: call Run from its tests
 // with Options saying what differs for it. Today they are the edge service
-// over a node's real edge (package edgesvc over sandbox.Manager, runc), the
+// over a node's real edge (package edgesvc over sandbox.Manager, runc),
+// called in process as the all-in-one dsecd calls it and through the remote
+// client as a cluster's apiserver does, the
 // same service over a hollow edge (package hollow) and over the fake edge
 // of the apiserver's tests, and the remote client (package edgeclient)
 // reaching the service over the cluster's mutual TLS.
