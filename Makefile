@@ -22,7 +22,7 @@ generate:
 	cd api && PATH=$(CURDIR)/$(BIN)/tools:$$PATH protoc -I . -I /usr/include \
 		--go_out=. --go_opt=module=dsec.dev/dsec/api \
 		--connect-go_out=. --connect-go_opt=module=dsec.dev/dsec/api \
-		dsec/v1/dsec.proto dsec/agent/v1/agent.proto dsec/edge/v1/edge.proto \
+		dsec/v1/dsec.proto dsec/v1/iam.proto dsec/agent/v1/agent.proto dsec/edge/v1/edge.proto \
 		e2b/process/process.proto e2b/filesystem/filesystem.proto
 
 test:

@@ -235,6 +235,7 @@ func nodeMain(name string, args []string, teardown bool) int {
 	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address")
 	fs.StringVar(&cfg.SandboxFusionListen, "sandboxfusion-listen", "", `TCP address to serve SandboxFusion's HTTP API on, without a token (default `+daemon.DefaultSandboxFusionAddr+`, skipped with a warning if taken; "none" to disable)`)
 	fs.StringVar(&cfg.E2BListen, "e2b-listen", "", "TCP address to serve E2B's API on (control plane, envd and code interpreter; callers need an E2B API key: dsecd token --e2b; default: off)")
+	fs.DurationVar(&cfg.AuditRetention, "audit-retention", apiserver.DefaultAuditRetention, "how long audit records are kept (negative: forever)")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if !parse(fs, args) {
 		return 2
@@ -300,6 +301,7 @@ func apiserverMain(args []string) int {
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "how often the watcher polls each edge (default 750ms; three missed polls make an edge unroutable)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 30*time.Second, "how often to settle creates left in doubt, abandon stale reservations and check sandbox rows against the edges")
 	fs.DurationVar(&cfg.AbandonAfter, "abandon-after", apiserver.DefaultAbandonAfter, "how long a pending idempotent create may go without renewing its lease before any apiserver abandons it and reaps its sandboxes")
+	fs.DurationVar(&cfg.AuditRetention, "audit-retention", apiserver.DefaultAuditRetention, "how long audit records are kept (negative: forever); every apiserver expires older ones about hourly")
 	addTLSFlags(fs, &cfg.TLS, &tlsDir, "apiserver", "NAME")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if !parse(fs, args) {

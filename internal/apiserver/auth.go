@@ -23,7 +23,6 @@ type Authenticator interface {
 }
 
 type trustedKey struct{}
-type principalKey struct{}
 
 // ConnContext marks the calls of a connection on a Unix socket as trusted:
 // the socket's file mode already says who may connect (the local node's
@@ -43,8 +42,7 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 
 // PrincipalOf is who made the call, when a token said so.
 func PrincipalOf(ctx context.Context) (iam.Authority, bool) {
-	p, ok := ctx.Value(principalKey{}).(iam.Authority)
-	return p, ok
+	return iam.AuthorityFrom(ctx)
 }
 
 // authInterceptor refuses calls from untrusted connections without a valid
@@ -109,7 +107,7 @@ func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer conn
 	tok = strings.TrimSpace(tok)
 	now := time.Now()
 	if p, ok := a.cache.get(tok, now); ok {
-		return context.WithValue(ctx, principalKey{}, p), nil
+		return iam.WithAuthority(ctx, p), nil
 	}
 	p, err := a.auth.Authenticate(ctx, tok)
 	if err != nil {
@@ -120,7 +118,7 @@ func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer conn
 		return nil, fmt.Errorf("check the bearer token: %w", err) // the store is away: Unavailable
 	}
 	a.cache.put(tok, p, now)
-	return context.WithValue(ctx, principalKey{}, p), nil
+	return iam.WithAuthority(ctx, p), nil
 }
 
 func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {

@@ -86,6 +86,9 @@ type Config struct {
 	// Auth, when set, checks the bearer token of every call that does not
 	// come over a Unix socket (see ConnContext); nil trusts every caller.
 	Auth Authenticator
+	// IAM, when set, serves dsec.v1.IAMService (projects, quotas,
+	// principals, role bindings, tokens, audit) from it.
+	IAM store.IAM
 	// CreateConcurrency bounds how many sandboxes one batch starts at once.
 	CreateConcurrency int
 	// ReconcileInterval is how often RunReconciler sweeps (doubts, stale
@@ -94,6 +97,9 @@ type Config struct {
 	// it; default DefaultAbandonAfter. See reconcile.go.
 	ReconcileInterval time.Duration
 	AbandonAfter      time.Duration
+	// AuditRetention is how long RunAuditExpiry keeps audit records (0 =
+	// DefaultAuditRetention; negative: forever).
+	AuditRetention time.Duration
 }
 
 // Server implements the public services.
@@ -151,6 +157,9 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(dsecv1connect.NewSandboxServiceHandler(s, opts...))
 	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerService{s: s}, append(opts, connect.WithReadMaxBytes(maxUploadMessage))...))
 	mux.Handle(dsecv1connect.NewFnCallServiceHandler(s.fn, append(opts, connect.WithReadMaxBytes(maxCallMessage))...))
+	if s.cfg.IAM != nil {
+		mux.Handle(dsecv1connect.NewIAMServiceHandler(&iamService{st: s.cfg.IAM, log: s.log}, opts...))
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/metrics", s.serveMetrics)
 	// Streams of exec events end with the exit: see forwardStream.

@@ -160,6 +160,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.lsCommand(), a.inspectCommand(), a.nodesCommand(), a.rmCommand(), a.pauseCommand(), a.resumeCommand(), a.timeoutCommand(), a.topCommand(), a.snapshotCommand(), a.forkCommand(), a.cpCommand(),
 		a.psCommand(), a.attachCommand(), a.killCommand(),
 		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.imageCommand(), a.poolCommand(), a.fnCommand(), a.e2bCommand(),
+		a.projectCommand(), a.quotaCommand(), a.principalCommand(), a.grantCommand(), a.revokeCommand(), a.tokenCommand(), a.auditCommand(),
 	)
 	root.SetFlagErrorFunc(flagError)
 	// cobra adds these as it executes; added now, refuseUnknown sees them.

@@ -282,6 +282,9 @@ type APIServerConfig struct {
 	// apiserver.Config); 0 = their defaults.
 	ReconcileInterval time.Duration
 	AbandonAfter      time.Duration
+	// AuditRetention is how long audit records are kept (0 =
+	// apiserver.DefaultAuditRetention; negative: forever).
+	AuditRetention time.Duration
 }
 
 func (c *APIServerConfig) fill() error {
@@ -355,8 +358,8 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		},
 		Log: log.With("component", "watcher"),
 	})
-	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta,
-		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter}, meta, w, log.With("component", "apiserver"))
+	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, IAM: meta,
+		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.Poll(ctx) // routable edges from the first call on
@@ -411,18 +414,17 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	return serve(ctx, log, api.Handler(), nil, lns...)
 }
 
-// runReconciler runs the apiserver's reconciliation until the returned
-// stop is called, which waits for it to end (before the store closes).
+// runReconciler runs the apiserver's reconciliation and its audit
+// records' expiry until the returned stop is called, which waits for both
+// to end (before the store closes).
 func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		api.RunReconciler(ctx)
-	}()
+	var wg sync.WaitGroup
+	wg.Go(func() { api.RunReconciler(ctx) })
+	wg.Go(func() { api.RunAuditExpiry(ctx) })
 	return func() {
 		cancel()
-		<-done
+		wg.Wait()
 	}
 }
 

@@ -1,8 +1,8 @@
 package iam
 
 // Op names an API operation: a Connect procedure ("/dsec.v1.SandboxService/Create"),
-// or one of the management operations below, which the apiserver will serve
-// as RPCs of an IAM service.
+// or one of the management operations below, the RPCs of dsec.v1's
+// IAMService (api/dsec/v1/iam.proto).
 type Op string
 
 // Management operations (projects, principals, bindings, tokens, quotas,
@@ -24,6 +24,7 @@ const (
 	OpRevokeToken     Op = "/dsec.v1.IAMService/RevokeToken"
 	OpListTokens      Op = "/dsec.v1.IAMService/ListTokens"
 	OpQueryAudit      Op = "/dsec.v1.IAMService/QueryAudit"
+	OpExportAudit     Op = "/dsec.v1.IAMService/ExportAudit"
 )
 
 // needs is the role every operation needs on the project it touches. Every
@@ -101,6 +102,7 @@ var needs = map[Op]Role{
 	OpRevokeToken:     Admin,
 	OpListTokens:      Admin,
 	OpQueryAudit:      Admin,
+	OpExportAudit:     Admin,
 }
 
 // Need is the role op needs on the project it touches; ok is false for an

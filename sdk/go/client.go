@@ -129,6 +129,7 @@ type Client struct {
 	sb         dsecv1connect.SandboxServiceClient
 	layers     dsecv1connect.LayerServiceClient
 	fn         dsecv1connect.FnCallServiceClient
+	iam        dsecv1connect.IAMServiceClient
 	uploads    dsecv1connect.LayerServiceClient // UploadLayer, over HTTP/2
 	hc         *http.Client
 	pool       *pool
@@ -171,6 +172,7 @@ func NewClient(addr string, opts ...Option) (*Client, error) {
 	c.sb = dsecv1connect.NewSandboxServiceClient(hc, base, ic)
 	c.layers = dsecv1connect.NewLayerServiceClient(hc, base, ic)
 	c.fn = dsecv1connect.NewFnCallServiceClient(hc, base, ic)
+	c.iam = dsecv1connect.NewIAMServiceClient(hc, base, ic)
 	c.uploads = dsecv1connect.NewLayerServiceClient(&http.Client{Transport: uploads{p}, Timeout: hc.Timeout}, base, ic)
 	return c, nil
 }

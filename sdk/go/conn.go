@@ -47,6 +47,7 @@ type Conn struct {
 	Sandboxes dsecv1connect.SandboxServiceClient
 	Layers    dsecv1connect.LayerServiceClient
 	FnCall    dsecv1connect.FnCallServiceClient
+	IAM       dsecv1connect.IAMServiceClient
 	// HTTP sends requests for BaseURL over HTTP/1.1 to the current address,
 	// with the token, going on to the next one as the calls do when a
 	// request cannot reach a server.
@@ -88,6 +89,7 @@ func Dial(addr string, o DialOptions) (*Conn, error) {
 			h2:                 dsecv1connect.NewLayerServiceClient(h2, base, ic),
 		},
 		FnCall:  dsecv1connect.NewFnCallServiceClient(hc, base, ic),
+		IAM:     dsecv1connect.NewIAMServiceClient(hc, base, ic),
 		HTTP:    hc,
 		BaseURL: base,
 		pool:    p,

@@ -1,0 +1,17 @@
+package iam
+
+import "context"
+
+type authorityKey struct{}
+
+// WithAuthority returns ctx carrying a, the authority of the call it
+// belongs to (set by the apiserver once it has authenticated the caller).
+func WithAuthority(ctx context.Context, a Authority) context.Context {
+	return context.WithValue(ctx, authorityKey{}, a)
+}
+
+// AuthorityFrom is the authority WithAuthority put in ctx.
+func AuthorityFrom(ctx context.Context) (Authority, bool) {
+	a, ok := ctx.Value(authorityKey{}).(Authority)
+	return a, ok
+}
