@@ -6,6 +6,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +18,7 @@ import (
 	"dsec.dev/dsec/internal/apiserver/iamtest"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/testutil"
 	dsec "dsec.dev/dsec/sdk/go"
 )
 
@@ -438,4 +443,59 @@ func testAudit(t *testing.T, srv *iamtest.Server, admin *dsec.Client) {
 	if err != nil || n != 2 {
 		t.Fatalf("ExpireAudit = %d, %v", n, err)
 	}
+}
+
+// TestIAMPython runs the Python SDK's IAM tests (sdk/python/tests/test_iam.py)
+// and docs/python.md's IAM example against an apiserver on SQLite and one
+// on PostgreSQL.
+func TestIAMPython(t *testing.T) {
+	py := testutil.RequireCommand(t, "python3")
+	for name, dsn := range iamtest.Databases() {
+		t.Run(name, func(t *testing.T) {
+			srv := iamtest.Start(t, dsn(t))
+			now := time.Now()
+			for _, r := range []store.AuditRecord{
+				{At: now.Add(-time.Hour), Principal: "admin", Project: "aud", Operation: string(iam.OpCreateProject), Object: "audit-a", Code: "ok"},
+				{At: now.Add(-30 * time.Minute), Principal: "bob", Project: "aud/x", Operation: string(iam.OpGrant), Object: "audit-b", Code: "permission_denied"},
+				{At: now.Add(-10 * time.Minute), Principal: "admin", Project: "elsewhere", Operation: string(iam.OpSetQuota), Object: "audit-c", Code: "ok"},
+			} {
+				if err := srv.Store.AppendAudit(t.Context(), r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tests := filepath.Join(testutil.RepoRoot(), "sdk", "python", "tests")
+			cmd := exec.CommandContext(t.Context(), py, "-m", "unittest", "-v", "test_iam")
+			cmd.Dir = tests
+			cmd.Env = append(os.Environ(), "DSEC_TEST_IAM_ADDR="+srv.URL, "DSEC_TEST_IAM_TOKEN="+srv.AdminToken)
+			out, err := cmd.CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte("OK")) || bytes.Contains(out, []byte("skipped")) {
+				t.Fatalf("python3 -m unittest test_iam: %v\n%s", err, out)
+			}
+			t.Logf("%s", out)
+
+			example := pythonDocBlock(t, "create_token")
+			cmd = exec.CommandContext(t.Context(), py, "-c", example)
+			cmd.Env = append(os.Environ(), "DSEC_ADDR="+srv.URL, "DSEC_TOKEN="+srv.AdminToken, "DSEC_TOKEN_FILE=",
+				"PYTHONPATH="+filepath.Dir(tests))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("docs/python.md's IAM example: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// pythonDocBlock is the Python block of docs/python.md that holds word.
+func pythonDocBlock(t *testing.T, word string) string {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join(testutil.RepoRoot(), "docs", "python.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile("(?s)```python\n(.*?)```").FindAllStringSubmatch(string(doc), -1) {
+		if strings.Contains(m[1], word) {
+			return m[1]
+		}
+	}
+	t.Fatalf("docs/python.md has no Python block with %q", word)
+	return ""
 }

@@ -66,7 +66,7 @@ The address is --e2b-addr, else $DSEC_E2B_ADDR, else the one the dsecd
 				if source != "" {
 					why = " (" + source + ")"
 				}
-				return fmt.Errorf("no dsec token to make an E2B API key of%s: pass --token, or set $DSEC_TOKEN or $DSEC_TOKEN_FILE", why)
+				return fmt.Errorf("no dsec API token to make an E2B API key of%s: pass --token, or set $DSEC_TOKEN or $DSEC_TOKEN_FILE", why)
 			}
 			key, err := apikey.Of(tok)
 			if err != nil {

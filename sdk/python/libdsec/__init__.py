@@ -26,11 +26,14 @@ from . import errors
 from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, Job as AsyncJob, ProcessInfo,
                    Sandbox as AsyncSandbox, Session as AsyncSession, WarmPool, extract_tar)
 from ._fncall import CommandResult, Language, RunCode, RunResult
+from ._iam import (ADMIN, BUILDER, RUNNER, VIEWER, AuditRecord, Principal, Project, ProjectQuota, QuotaItem,
+                   RoleBinding, TokenInfo)
 from ._sync import Client, Job, Sandbox, Session
 from ._transport import DEFAULT_ADDR, DEFAULT_TOKEN_FILE, resolve_addr, resolve_addrs
 from .compat import DSecClient, DSecContainerRunArgs, DSecGVisorRunArgs, DSecMicroVMRunArgs, DSecSandbox
-from .errors import (CommandFailed, DsecError, InvalidArgument, NotFound, OutputDropped, Overloaded,
-                     SandboxGone, StartupTimeout, Timeout, Unauthenticated, Unavailable)
+from .errors import (AlreadyExists, CommandFailed, DsecError, FailedPrecondition, InvalidArgument, NotFound,
+                     OutputDropped, Overloaded, PermissionDenied, SandboxGone, StartupTimeout, Timeout,
+                     Unauthenticated, Unavailable)
 
 __version__ = "0.1.0"
 
@@ -38,6 +41,8 @@ __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncJob", "AsyncSession", "Client", "Sandbox", "Job", "Session",
     "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
     "RunCode", "RunResult", "CommandResult", "Language",
+    "Project", "Principal", "RoleBinding", "TokenInfo", "QuotaItem", "ProjectQuota", "AuditRecord",
+    "VIEWER", "RUNNER", "BUILDER", "ADMIN", "PermissionDenied", "AlreadyExists", "FailedPrecondition",
     "DEFAULT_ADDR", "DEFAULT_TOKEN_FILE", "resolve_addr", "resolve_addrs", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
     "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed", "OutputDropped",
     "DSecClient", "DSecContainerRunArgs", "DSecGVisorRunArgs", "DSecMicroVMRunArgs", "DSecSandbox",

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _aio
 from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, ProcessInfo, WarmPool
 from ._fncall import Language, RunCode, RunResult
+from ._iam import AuditRecord, Principal, Project, ProjectQuota, RoleBinding, TokenInfo
 
 
 class _Loop:
@@ -121,6 +122,59 @@ class Client:
 
     def warm_pools(self, *, timeout: Optional[float] = None) -> List[WarmPool]:
         return self._run(self._a.warm_pools(timeout=timeout))
+
+    # --- projects, quotas, principals, bindings, tokens, audit (see _iam.py) ---
+
+    def create_project(self, path: str, **kw) -> Project:
+        return self._run(self._a.create_project(path, **kw))
+
+    def project(self, path: str, **kw) -> Project:
+        return self._run(self._a.project(path, **kw))
+
+    def projects(self, path: Optional[str] = None, **kw) -> List[Project]:
+        return self._run(self._a.projects(path, **kw))
+
+    def delete_project(self, path: str, **kw) -> None:
+        return self._run(self._a.delete_project(path, **kw))
+
+    def quota(self, project: Optional[str] = None, **kw) -> List[ProjectQuota]:
+        return self._run(self._a.quota(project, **kw))
+
+    def set_quota(self, project: str, resource: str, limit: Optional[int], **kw) -> None:
+        return self._run(self._a.set_quota(project, resource, limit, **kw))
+
+    def create_principal(self, name: str, **kw) -> Principal:
+        return self._run(self._a.create_principal(name, **kw))
+
+    def principals(self, project: Optional[str] = None, **kw) -> List[Principal]:
+        return self._run(self._a.principals(project, **kw))
+
+    def delete_principal(self, name: str, **kw) -> None:
+        return self._run(self._a.delete_principal(name, **kw))
+
+    def grant(self, principal: str, project: str, role: str, **kw) -> None:
+        return self._run(self._a.grant(principal, project, role, **kw))
+
+    def ungrant(self, principal: str, project: str, **kw) -> None:
+        return self._run(self._a.ungrant(principal, project, **kw))
+
+    def bindings(self, principal: Optional[str] = None, **kw) -> List[RoleBinding]:
+        return self._run(self._a.bindings(principal, **kw))
+
+    def create_token(self, **kw) -> Tuple[str, TokenInfo]:
+        return self._run(self._a.create_token(**kw))
+
+    def revoke_token(self, id: str, **kw) -> int:
+        return self._run(self._a.revoke_token(id, **kw))
+
+    def tokens(self, principal: Optional[str] = None, **kw) -> List[TokenInfo]:
+        return self._run(self._a.tokens(principal, **kw))
+
+    def audit(self, **kw) -> List[AuditRecord]:
+        return self._run(self._a.audit(**kw))
+
+    def export_audit(self, out, **kw) -> int:
+        return self._run(self._a.export_audit(out, **kw))
 
     def list_layers(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         return self._run(self._a.list_layers(timeout=timeout))
