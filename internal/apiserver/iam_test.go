@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -442,6 +443,43 @@ func testAudit(t *testing.T, srv *iamtest.Server, admin *dsec.Client) {
 	n, err := srv.Store.ExpireAudit(context.WithoutCancel(ctx), t0.Add(90*time.Second))
 	if err != nil || n != 2 {
 		t.Fatalf("ExpireAudit = %d, %v", n, err)
+	}
+
+	// An export longer than the server's page (1,000), with several
+	// records in each millisecond at the pages' edges: every record once,
+	// in order; and a limit.
+	t1 := time.Now().Add(-30 * time.Minute).Truncate(time.Millisecond)
+	const many = 2500
+	for i := range many {
+		r := store.AuditRecord{At: t1.Add(time.Duration(i/3) * time.Millisecond), Principal: "bulk", Project: "bulk",
+			Operation: string(iam.OpGetQuota), Object: fmt.Sprint(i), Code: "ok"}
+		if err := srv.Store.AppendAudit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, limit := range []int{0, 1500} {
+		buf.Reset()
+		if err := admin.ExportAudit(ctx, dsec.AuditQuery{Project: "bulk", Limit: limit}, &buf); err != nil {
+			t.Fatal(err)
+		}
+		want := many
+		if limit > 0 {
+			want = limit
+		}
+		sc := bufio.NewScanner(&buf)
+		i := 0
+		for ; sc.Scan(); i++ {
+			var r store.AuditRecord
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.Object != fmt.Sprint(i) {
+				t.Fatalf("export (limit %d): line %d is record %s", limit, i, r.Object)
+			}
+		}
+		if i != want {
+			t.Fatalf("export (limit %d): %d lines, want %d", limit, i, want)
+		}
 	}
 }
 

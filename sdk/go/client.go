@@ -34,15 +34,19 @@
 //     502, 503 or 504, or a connection broken before the answer) is tried
 //     again, on the next address, only if it may repeat: Get, List, Delete,
 //     SetNetworkRules, NetworkLog, SetWarmPool, WarmPools, ListLayers,
-//     ListEnvironments, LayerStats, Languages (the calls the API marks free
-//     of side effects or idempotent); RunCode, RunCodeBatch and RunTests
+//     ListEnvironments, LayerStats, Languages, and of the IAM calls Project,
+//     Projects, Quota, SetQuota, Principals, Grant, Bindings, RevokeToken,
+//     Tokens and Audit (the calls the API marks free of side effects or
+//     idempotent); RunCode, RunCodeBatch and RunTests
 //     without network rules (a call leaves nothing behind); Create, which always carries an idempotency
 //     key and sends the same key on every attempt, so it never makes a
 //     second batch; the reads ReadFile, ListDir, Stat, Processes, Job.Wait
 //     and Job.Output (Attach replays the output from the start) and
 //     Download; and Remove and MkdirAll. Exec, ExecStream, Spawn,
 //     WriteStdin, WriteFile, AppendFile, Kill, the Session calls, Upload,
-//     ImportLayer and ImportImage are never sent again once a server had them.
+//     ImportLayer, ImportImage, CreateProject, DeleteProject,
+//     CreatePrincipal, DeletePrincipal, Ungrant, CreateToken and ExportAudit
+//     are never sent again once a server had them.
 //
 // Such retries count against WithMaxRetries (6 by default); the first pass
 // over addresses not yet tried by the call is immediate, later attempts
