@@ -2,6 +2,7 @@ package root
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,54 +18,22 @@ import (
 // veth in the sandbox's namespace, so the node's nftables policy, DNS
 // allowlist and audit apply unchanged; its DNS goes to vmnet.DNSAddr,
 // which the namespace turns round to the edge's resolver): its host name
-// is its address, an allowed service answers by name, a denied one
-// neither resolves nor connects, nor does the metadata address, the audit
-// log has it all, and a live rule update applies at once after a kill -9
-// and restart of dsecd.
+// is its address, an allowed service answers by name (DNS over UDP and
+// TCP), a denied one neither resolves nor connects, nor does the metadata
+// address, an upload keeps to the egress cap, the audit log has it all,
+// and a live rule update applies at once after a kill -9 and restart of
+// dsecd (checkNetworkRules).
 func TestGVisorNetwork(t *testing.T) {
 	runsc := testutil.Runsc(t)
-	e := setupNetwork(t, "--runsc", runsc, "--vm-kernel-dir", t.TempDir())
+	e := setupNetwork(t, "--runsc", runsc, "--vm-kernel-dir", t.TempDir(), "--sandbox-egress-bytes", strconv.Itoa(netCheckEgress))
 	gv := e.sandboxOf(t, &dsecv1.SandboxSpec{
 		Isolation:    dsecv1.Isolation_ISOLATION_GVISOR,
 		NetworkRules: map[string]bool{"pypi": true, "npm": false},
 	})
-	id := gv.GetId()
-	if got := mustSh(t, e.d, id, "uname -r"); !strings.Contains(got, "gvisor") {
+	if got := mustSh(t, e.d, gv.GetId(), "uname -r"); !strings.Contains(got, "gvisor") {
 		t.Fatalf("uname -r %q in a gvisor sandbox: not gVisor", got)
 	}
-	if gv.GetAddress() == "" {
-		t.Fatal("the networked gVisor sandbox has no address")
-	}
-	if out := strings.TrimSpace(e.probeOK(t, id, "resolve "+id)); out != gv.GetAddress() {
-		t.Errorf("the gVisor sandbox's host name resolves to %q, want its address %s", out, gv.GetAddress())
-	}
-	if out := e.probeOK(t, id, "get http://pypi.test/"); !strings.Contains(out, "hello from pypi.test") {
-		t.Errorf("pypi from the gVisor sandbox: %q", out)
-	}
-	e.probeFails(t, id, "resolve npm.test")
-	e.probeFails(t, id, "connect "+e.npm.addr+":80")
-	e.probeFails(t, id, "connect "+e.meta.addr+":80")
-
-	logOut, errOut, code := e.d.CLI("", "net", "log", id, "--json")
-	if code != 0 {
-		t.Fatalf("dsec net log: %s", errOut)
-	}
-	for _, want := range []string{`"pypi.test"`, `"npm.test"`, `"` + e.pypi.addr + `"`, `"` + e.npm.addr + `"`} {
-		if !strings.Contains(logOut, want) {
-			t.Errorf("the gVisor sandbox's audit log lacks %s:\n%s", want, logOut)
-		}
-	}
-
-	e.d.Kill()
-	e.d.Start()
-	e.probeOK(t, id, "get http://pypi.test/")
-	if _, errOut, code := e.d.CLI("", "net", "set", id, `{"npm": true}`); code != 0 {
-		t.Fatalf("net set after the restart: %s", errOut)
-	}
-	if out := e.probeOK(t, id, "get http://npm.test/"); !strings.Contains(out, "hello from npm.test") {
-		t.Errorf("npm from the gVisor sandbox after net set: %q", out)
-	}
-	e.probeFails(t, id, "get http://pypi.test/")
+	checkNetworkRules(t, e, gv, "gVisor sandbox")
 }
 
 // TestGVisorOOM: under gVisor an allocation past the memory limit ends the

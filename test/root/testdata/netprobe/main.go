@@ -6,6 +6,8 @@
 //	netprobe connect HOST:PORT   exit 0 if a TCP connection opens within 2 s
 //	netprobe scan HOST PORTS...  print the open ports among PORTS (a-b ranges allowed)
 //	netprobe resolve NAME        print the IPv4 addresses of NAME
+//	netprobe resolve-tcp NAME    the same, asking the nameserver over TCP only
+//	netprobe post URL BYTES      POST BYTES zero bytes; print "BYTES SECONDS", the upload's time to the server's answer
 //	netprobe hold HOST:PORT      connect, print "connected", then report when the peer cuts
 //	netprobe serve NAME          serve HTTP on :80 and HTTPS on :443 answering NAME
 //	netprobe self NAME           listen on loopback, then dial NAME at that port (does NAME reach this host?)
@@ -33,7 +35,7 @@ import (
 
 func main() {
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: netprobe get|connect|scan|resolve|hold|serve ARG...")
+		fmt.Fprintln(os.Stderr, "usage: netprobe get|connect|scan|resolve|resolve-tcp|post|hold|serve|self ARG...")
 		os.Exit(2)
 	}
 	var err error
@@ -54,6 +56,14 @@ func main() {
 		if err == nil {
 			fmt.Println(strings.Join(addrs, " "))
 		}
+	case "resolve-tcp":
+		var addrs []string
+		addrs, err = tcpResolver().LookupHost(context.Background(), os.Args[2])
+		if err == nil {
+			fmt.Println(strings.Join(addrs, " "))
+		}
+	case "post":
+		err = post(os.Args[2], os.Args[3:])
 	case "hold":
 		err = hold(os.Args[2])
 	case "serve":
@@ -114,6 +124,51 @@ func get(url string) error {
 	defer resp.Body.Close()
 	_, err = io.Copy(os.Stdout, resp.Body)
 	return err
+}
+
+// tcpResolver is Go's resolver with every query to the nameserver of
+// resolv.conf sent over TCP.
+func tcpResolver() *net.Resolver {
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}}
+}
+
+// post uploads args[0] zero bytes to url and prints the byte count and the
+// seconds from the first byte sent to the server's answer, which it sends
+// once it has read them all.
+func post(url string, args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("post URL BYTES")
+	}
+	n, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil {
+		return err
+	}
+	c := &http.Client{Timeout: time.Minute, Transport: &http.Transport{Proxy: nil}}
+	t0 := time.Now()
+	resp, err := c.Post(url, "application/octet-stream", io.LimitReader(zeros{}, n))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if want := fmt.Sprintf("received %d\n", n); string(body) != want {
+		return fmt.Errorf("the server answered %q, want %q", body, want)
+	}
+	fmt.Printf("%d %.3f\n", n, time.Since(t0).Seconds())
+	return nil
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 func scan(host string, specs []string) error {
@@ -196,7 +251,12 @@ func serve(name string) error {
 		return err
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// An echo port: the hold command writes bytes and reads them back.
+		if r.Method == http.MethodPost {
+			// The post command's sink: the count once all is read.
+			n, _ := io.Copy(io.Discard, r.Body)
+			fmt.Fprintf(w, "received %d\n", n)
+			return
+		}
 		fmt.Fprintf(w, "hello from %s\n", name)
 	})
 	errc := make(chan error, 3)
@@ -207,6 +267,7 @@ func serve(name string) error {
 		errc <- srv.ListenAndServeTLS("", "")
 	}()
 	go func() {
+		// An echo port: the hold command writes bytes and reads them back.
 		ln, err := net.Listen("tcp", ":7")
 		if err != nil {
 			errc <- err
