@@ -130,11 +130,15 @@ func (a *app) projectRmCommand() *cobra.Command {
 
 func (a *app) projectQuotaCommand() *cobra.Command {
 	return &cobra.Command{
-		Use: "quota PATH RESOURCE=LIMIT...",
+		Use: "quota PATH [RESOURCE=LIMIT...]",
 		Short: "set a project's limits (sandboxes, vcpus in milli-CPUs, memory_mb, disk_mb, snapshot_bytes, layer_bytes, " +
-			"fncall_inflight, creates_per_second; LIMIT \"none\" removes its own), carved from its nearest limited ancestor's",
-		Args: cobra.MinimumNArgs(2),
+			"fncall_inflight, creates_per_second; LIMIT \"none\" removes its own), carved from its nearest limited ancestor's; " +
+			"without limits, show its use against them as dsec quota does",
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				return a.showQuota(cmd, args[0])
+			}
 			type item struct {
 				res string
 				lim int64
@@ -172,18 +176,23 @@ func (a *app) quotaCommand() *cobra.Command {
 		Short: "show the use against the limits of a project (default: the token's) and of its children",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			res, err := a.c.IAM.GetQuota(cmd.Context(), connect.NewRequest(&dsecv1.GetQuotaRequest{Project: optional(project)}))
-			if err != nil {
-				return err
-			}
-			if a.json {
-				return a.printProto(res.Msg)
-			}
-			return printQuota(a.stdout, res.Msg.GetProjects())
+			return a.showQuota(cmd, project)
 		},
 	}
 	cmd.Flags().StringVarP(&project, "project", "p", "", "the project (default: the token's project)")
 	return cmd
+}
+
+// showQuota prints the quota of project ("" the token's) and its children.
+func (a *app) showQuota(cmd *cobra.Command, project string) error {
+	res, err := a.c.IAM.GetQuota(cmd.Context(), connect.NewRequest(&dsecv1.GetQuotaRequest{Project: optional(project)}))
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return a.printProto(res.Msg)
+	}
+	return printQuota(a.stdout, res.Msg.GetProjects())
 }
 
 // printQuota prints one row a project, one column a resource: USED/LIMIT,

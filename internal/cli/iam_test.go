@@ -79,6 +79,9 @@ func testIAMCommands(t *testing.T, srv *iamtest.Server) {
 			t.Fatalf("quota --project ml, line %d: %q, want %q", i, l, want[i])
 		}
 	}
+	if again := ok(admin, "project", "quota", "ml"); again != out {
+		t.Fatalf("project quota ml:\n%s\nwant as quota --project ml:\n%s", again, out)
+	}
 	refused(admin, connect.CodeFailedPrecondition, "64 sandboxes", "project", "rm", "ml/run-1")
 	if err := srv.Store.Release(t.Context(), "ml/run-1", store.Amounts{store.Sandboxes: 64}); err != nil {
 		t.Fatal(err)
