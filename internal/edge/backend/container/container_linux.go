@@ -23,7 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"dsec.dev/dsec/internal/edge/backend"
-	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/cgroups"
 	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 	"dsec.dev/dsec/internal/edge/backend/container/quota"
 	"dsec.dev/dsec/internal/errdefs"

@@ -21,7 +21,7 @@ import (
 
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/backend/backendtest"
-	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/cgroups"
 	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 	"dsec.dev/dsec/internal/edge/backend/container/quota"
 	"dsec.dev/dsec/internal/errdefs"

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/cgroups"
 )
 
 // TestKeptReason: what a pause says about the memory it left in RAM names

@@ -12,7 +12,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"dsec.dev/dsec/internal/edge/backend"
-	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/cgroups"
 	"dsec.dev/dsec/internal/edge/backend/container/pagein"
 	"dsec.dev/dsec/internal/errdefs"
 )

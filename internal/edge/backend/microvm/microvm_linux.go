@@ -23,7 +23,7 @@ import (
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/backend"
-	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/cgroups"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/vm/guestcfg"
 	"dsec.dev/dsec/internal/vm/initramfs"

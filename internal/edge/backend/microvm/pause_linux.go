@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"dsec.dev/dsec/internal/edge/backend"
-	"dsec.dev/dsec/internal/edge/backend/container/cgroups"
+	"dsec.dev/dsec/internal/edge/backend/cgroups"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/vm/qemu"
 	"dsec.dev/dsec/internal/vm/qmp"

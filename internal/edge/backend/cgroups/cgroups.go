@@ -1,9 +1,12 @@
-// Package cgroups owns the container runtime's view of the host's cgroup file
+// Package cgroups owns the backends' view of the host's cgroup file
 // systems: it tells cgroup v1 (including hybrid hosts) from pure v2, prepares
 // the parent cgroup of all sandboxes, pre-creates a sandbox's cgroup so the
-// runtime can hand the agent directory fds of it, reads a sandbox's memory
-// statistics, and kills and removes a sandbox's whole cgroup tree, children
-// made by the agent included. The OCI runtime (runc) applies the limits.
+// runtime can hand the agent directory fds of it, places a process in a
+// sandbox's cgroups (Place: the microvm backend's QEMU), reads a sandbox's
+// memory statistics, and kills and removes a sandbox's whole cgroup tree,
+// children made by the agent included. The container backend (package
+// container) and the microvm backend both use it; for containers the OCI
+// runtime (runc) applies the limits.
 package cgroups
 
 // Stats is what Layout.Stats reads from a sandbox's memory cgroup.
