@@ -130,8 +130,11 @@ func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token strin
 		e.dropToken(sb.Id)
 		return nil, fmt.Errorf("start sandbox %s: %w", sb.Id, errdefs.ErrDeadlineExceeded)
 	}
+	// Deleted while it started: it stays stopped.
+	if err := sandbox.Transition(sb, dsecv1.State_STATE_RUNNING); err != nil {
+		return nil, sandbox.GoneError(sb)
+	}
 	started := time.Now()
-	sb.State = dsecv1.State_STATE_RUNNING
 	sb.StartedUnixMs, sb.LastActiveUnixMs = started.UnixMilli(), started.UnixMilli()
 	if ttl := spec.GetTtlSeconds(); ttl > 0 {
 		sb.ExpiresUnixMs = started.Add(time.Duration(ttl) * time.Second).UnixMilli()
@@ -214,10 +217,16 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	sb, ok := e.sbs[id]
-	if !ok || sb.GetState() == dsecv1.State_STATE_STOPPED {
+	if !ok || !sandbox.Live(sb.GetState()) {
 		return nil
 	}
-	sb.State, sb.Reason, sb.Message = dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "deleted by request"
+	// Nothing to stop: stopping and stopped at once, under e.mu.
+	for _, st := range []dsecv1.State{dsecv1.State_STATE_STOPPING, dsecv1.State_STATE_STOPPED} {
+		if err := sandbox.Transition(sb, st); err != nil {
+			return err
+		}
+	}
+	sb.Reason, sb.Message = dsecv1.Reason_REASON_DELETED, "deleted by request"
 	e.dropToken(id)
 	e.gone[id] = time.Now()
 	e.goneSeq = append(e.goneSeq, id)
@@ -272,7 +281,9 @@ func (e *Edge) flip(id string, from, to dsecv1.State) (*dsecv1.Sandbox, bool, er
 	case to:
 		return proto.Clone(sb).(*dsecv1.Sandbox), true, nil
 	case from:
-		sb.State = to
+		if err := sandbox.Transition(sb, to); err != nil {
+			return nil, false, err
+		}
 		if to == dsecv1.State_STATE_PAUSED {
 			sb.PausedUnixMs = time.Now().UnixMilli()
 		}

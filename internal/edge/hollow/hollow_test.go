@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -117,5 +118,34 @@ func TestCreateTokens(t *testing.T) {
 	again, err := svc.Create(ctx, connect.NewRequest(other))
 	if err != nil || again.Msg.GetId() == made.Msg.GetId() || again.Msg.GetState() != dsecv1.State_STATE_RUNNING {
 		t.Fatalf("retry of a token whose sandbox is gone: %v %v", again.Msg, err)
+	}
+}
+
+// TestDeleteWhileStarting: a sandbox deleted while it starts stays
+// stopped (its create fails saying so) rather than coming back running.
+func TestDeleteWhileStarting(t *testing.T) {
+	ctx := context.Background()
+	e := New(Config{Node: "h1", StartDelay: 200 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
+		done <- err
+	}()
+	var id string
+	for id == "" {
+		sbs, _ := e.List(ctx, nil, nil)
+		if len(sbs) == 1 {
+			id = sbs[0].GetId()
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := e.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("create of a sandbox deleted while it started: %v, want FailedPrecondition", err)
+	}
+	if sb, err := e.Get(ctx, id); err != nil || sb.GetState() != dsecv1.State_STATE_STOPPED || sb.GetReason() != dsecv1.Reason_REASON_DELETED {
+		t.Errorf("the sandbox after its create: %v, %v; want stopped, deleted", sb, err)
 	}
 }

@@ -198,8 +198,7 @@ func refusal(rec *dsecv1.Sandbox, v verdict, c call) error {
 // what a restarted edge checks against the runtime.
 func (m *Manager) transition(sb *sandbox, to phase) error {
 	from := sb.phaseOf()
-	if !slices.Contains(next[from], to) {
-		err := fmt.Errorf("sandbox %s: no transition from %s to %s: %w", sb.rec.GetId(), from, to, errdefs.ErrInternal)
+	if err := checkTransition(sb.rec.GetId(), from, to); err != nil {
 		m.log.Error("illegal sandbox transition refused", "id", sb.rec.GetId(), "from", from.String(), "to", to.String())
 		return err
 	}
@@ -218,6 +217,28 @@ func (m *Manager) transition(sb *sandbox, to phase) error {
 		m.log.Warn("save sandbox record", "id", sb.rec.GetId(), "state", to.String(), "err", err)
 		return err
 	}
+	return nil
+}
+
+// checkTransition refuses a change of phase that next does not list
+// (Internal: the edge's own bug).
+func checkTransition(id string, from, to phase) error {
+	if !slices.Contains(next[from], to) {
+		return fmt.Errorf("sandbox %s: no transition from %s to %s: %w", id, from, to, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+// Transition moves rec, the record of a sandbox an edge keeps without a
+// Manager (package hollow's), to state to by the same table as the
+// Manager's own sandboxes: a change next does not list is refused
+// (Internal) and rec left as it was. Ending a live sandbox takes two:
+// stopping, then stopped or failed. Pooled sandboxes are a Manager's alone.
+func Transition(rec *dsecv1.Sandbox, to dsecv1.State) error {
+	if err := checkTransition(rec.GetId(), phase{state: rec.GetState()}, phase{state: to}); err != nil {
+		return err
+	}
+	rec.State = to
 	return nil
 }
 

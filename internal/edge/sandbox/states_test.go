@@ -392,3 +392,31 @@ func TestPausedRetention(t *testing.T) {
 		t.Fatalf("a sandbox stopped after its paused retention left containers: %v", ids)
 	}
 }
+
+// TestTransitionOfRecords: Transition, for records an edge keeps without a
+// Manager, follows the same table: legal changes apply, an illegal one is
+// Internal and leaves the record as it was.
+func TestTransitionOfRecords(t *testing.T) {
+	for _, tc := range []struct {
+		from, to dsecv1.State
+		ok       bool
+	}{
+		{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING, true},
+		{dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED, true},
+		{dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RUNNING, true},
+		{dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_STOPPING, true},
+		{dsecv1.State_STATE_STOPPING, dsecv1.State_STATE_STOPPED, true},
+		{dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_STOPPED, false},
+		{dsecv1.State_STATE_STOPPED, dsecv1.State_STATE_RUNNING, false},
+		{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_PAUSED, false},
+	} {
+		rec := &dsecv1.Sandbox{Id: "sb-1", State: tc.from}
+		err := Transition(rec, tc.to)
+		switch {
+		case tc.ok && (err != nil || rec.GetState() != tc.to):
+			t.Errorf("%s -> %s: %v, state %s", tc.from, tc.to, err, rec.GetState())
+		case !tc.ok && (!errors.Is(err, errdefs.ErrInternal) || rec.GetState() != tc.from):
+			t.Errorf("%s -> %s: %v, state %s; want Internal and the record unchanged", tc.from, tc.to, err, rec.GetState())
+		}
+	}
+}
