@@ -2,14 +2,12 @@ package apiserver
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
-	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 
@@ -17,117 +15,116 @@ import (
 	"dsec.dev/dsec/internal/iam"
 )
 
-// Authenticator checks a bearer token; the metadata store is one.
-type Authenticator interface {
-	Authenticate(ctx context.Context, token string) (iam.Authority, error)
-}
+// Authenticator checks bearer tokens: the metadata store is one. The
+// apiserver keeps what it answers in an iam.Cache, so a check costs no
+// round trip; Generation is how revocations reach the cache.
+type Authenticator = iam.Source
 
-type trustedKey struct{}
+type connKind int
 
-// ConnContext marks the calls of a connection on a Unix socket as trusted:
-// the socket's file mode already says who may connect (the local node's
-// users). So are in-process connections (package memconn), by which the
-// compatibility adapters, which check their own callers' keys, reach the
-// apiserver. Every other connection must carry a bearer token. Set it as
-// the http.Server's ConnContext.
+const (
+	connRemote connKind = iota
+	// connUnix: a Unix socket, whose file mode already says who may
+	// connect (the local node's users): the node's administrator.
+	connUnix
+	// connInProcess: package memconn, by which the compatibility adapters
+	// reach the apiserver. They forward their caller's token as a bearer
+	// token; a call without one is the adapter's own, the node's.
+	connInProcess
+)
+
+type connKindKey struct{}
+
+// ConnContext records what kind of connection a call came on: a Unix
+// socket's calls are the node administrator's, an in-process connection's
+// (package memconn) too unless they carry a token, and every other
+// connection's must carry a bearer token. Set it as the http.Server's
+// ConnContext.
 func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	if c.LocalAddr().Network() == "unix" {
-		return context.WithValue(ctx, trustedKey{}, true)
+		return context.WithValue(ctx, connKindKey{}, connUnix)
 	}
 	if ip, ok := c.(interface{ InProcess() bool }); ok && ip.InProcess() {
-		return context.WithValue(ctx, trustedKey{}, true)
+		return context.WithValue(ctx, connKindKey{}, connInProcess)
 	}
 	return ctx
 }
 
-// PrincipalOf is who made the call, when a token said so.
-func PrincipalOf(ctx context.Context) (iam.Authority, bool) {
-	return iam.AuthorityFrom(ctx)
-}
-
-// authInterceptor refuses calls from untrusted connections without a valid
-// bearer token. The refusal never echoes the token; forged, expired and
-// revoked tokens are logged with the peer's address. A token the store
-// accepted is trusted again for authCacheTTL without asking the store (a
-// round trip to PostgreSQL on every exec would cost more than the exec's own
-// hop to its edge), so a revocation takes effect within that time.
+// authInterceptor authenticates every call and authorises its operation
+// (iam.Allow with the role ops.go names for the procedure, on the project
+// the call targets: the token's own until objects carry theirs), then
+// puts the caller's authority in the context (iam.WithAuthority) for the
+// handlers. The refusal never echoes the token; forged, expired and
+// revoked tokens and refused operations are logged with the peer's
+// address, and audited.
 type authInterceptor struct {
-	auth  Authenticator
+	cache *iam.Cache // nil: every caller is the node's administrator
 	log   *slog.Logger
-	cache *authCache
+	audit *auditLog // nil: no audit trail
 }
 
-// authCacheTTL bounds how long a revoked token may still be let in.
-const authCacheTTL = 10 * time.Second
-
-// authCache remembers tokens the store accepted, by their SHA-256.
-type authCache struct {
-	mu sync.Mutex
-	m  map[[32]byte]authEntry
-}
-
-type authEntry struct {
-	p  iam.Authority
-	at time.Time
-}
-
-const authCacheMax = 10000
-
-func (c *authCache) get(tok string, now time.Time) (iam.Authority, bool) {
-	k := sha256.Sum256([]byte(tok))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.m[k]
-	if !ok || now.Sub(e.at) > authCacheTTL {
-		return iam.Authority{}, false
+// authority is who makes the call.
+func (a authInterceptor) authority(ctx context.Context, spec connect.Spec, peer connect.Peer, h interface{ Get(string) string }) (iam.Authority, error) {
+	if a.cache == nil {
+		return iam.NodeAdmin(), nil
 	}
-	return e.p, true
-}
-
-func (c *authCache) put(tok string, p iam.Authority, now time.Time) {
-	k := sha256.Sum256([]byte(tok))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil || len(c.m) >= authCacheMax {
-		c.m = map[[32]byte]authEntry{} // a flood of tokens: start over
-	}
-	c.m[k] = authEntry{p: p, at: now}
-}
-
-func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer connect.Peer, h interface{ Get(string) string }) (context.Context, error) {
-	if trusted, _ := ctx.Value(trustedKey{}).(bool); trusted {
-		return ctx, nil
-	}
+	kind, _ := ctx.Value(connKindKey{}).(connKind)
 	raw := h.Get("Authorization")
+	switch {
+	case kind == connUnix:
+		return iam.NodeAdmin(), nil
+	case kind == connInProcess && raw == "":
+		return iam.NodeAdmin(), nil
+	}
 	tok, ok := strings.CutPrefix(raw, "Bearer ")
 	if !ok || strings.TrimSpace(tok) == "" {
-		return nil, fmt.Errorf("%s needs a bearer token on this address (set DSEC_TOKEN, or DSEC_TOKEN_FILE to a file holding one): %w",
+		return iam.Authority{}, fmt.Errorf("%s needs a bearer token on this address (set DSEC_TOKEN, or DSEC_TOKEN_FILE to a file holding one): %w",
 			spec.Procedure, errdefs.ErrUnauthenticated)
 	}
-	tok = strings.TrimSpace(tok)
-	now := time.Now()
-	if p, ok := a.cache.get(tok, now); ok {
-		return iam.WithAuthority(ctx, p), nil
-	}
-	p, err := a.auth.Authenticate(ctx, tok)
+	au, err := a.cache.Authenticate(ctx, strings.TrimSpace(tok))
 	if err != nil {
 		if errors.Is(err, errdefs.ErrUnauthenticated) {
 			a.log.Warn("token refused", "peer", peer.Addr, "procedure", spec.Procedure, "err", err)
-			return nil, fmt.Errorf("the bearer token was refused (unknown, expired or revoked): %w", errdefs.ErrUnauthenticated)
+			return iam.Authority{}, fmt.Errorf("the bearer token was refused (unknown, expired or revoked): %w", errdefs.ErrUnauthenticated)
 		}
-		return nil, fmt.Errorf("check the bearer token: %w", err) // the store is away: Unavailable
+		return iam.Authority{}, fmt.Errorf("check the bearer token: %w", err) // the store is away: Unavailable
 	}
-	a.cache.put(tok, p, now)
-	return iam.WithAuthority(ctx, p), nil
+	return au, nil
+}
+
+// check authenticates and authorises a call; the context it returns
+// carries the caller's authority.
+func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer connect.Peer, h interface{ Get(string) string }) (context.Context, iam.Authority, error) {
+	au, err := a.authority(ctx, spec, peer, h)
+	if err != nil {
+		a.audit.add(iam.Authority{}, spec.Procedure, "", peer.Addr, err)
+		return nil, au, err
+	}
+	// IAMService's handlers decide each call on the project it names, with
+	// the store's rules (a runner token may revoke itself, an admin of a
+	// sub-project manages it): authentication is all they need here.
+	if strings.HasPrefix(spec.Procedure, "/dsec.v1.IAMService/") {
+		return withOp(iam.WithAuthority(ctx, au), iam.Op(spec.Procedure)), au, nil
+	}
+	if err := iam.Allow(au, iam.Op(spec.Procedure), au.Project); err != nil {
+		a.log.Warn("call refused", "peer", peer.Addr, "procedure", spec.Procedure, "principal", au.Principal, "err", err)
+		a.audit.add(au, spec.Procedure, "", peer.Addr, err)
+		return nil, au, err
+	}
+	return withOp(iam.WithAuthority(ctx, au), iam.Op(spec.Procedure)), au, nil
 }
 
 func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		ctx, err := a.check(ctx, req.Spec(), req.Peer(), req.Header())
+		ctx, au, err := a.check(ctx, req.Spec(), req.Peer(), req.Header())
 		if err != nil {
 			return nil, errdefs.ToConnect(err)
 		}
-		return next(ctx, req)
+		resp, err := next(ctx, req)
+		if audited(req.Spec().Procedure) {
+			a.audit.add(au, req.Spec().Procedure, objectOf(req.Any(), resp, err), req.Peer().Addr, err)
+		}
+		return resp, err
 	}
 }
 
@@ -137,10 +134,31 @@ func (a authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) c
 
 func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		ctx, err := a.check(ctx, conn.Spec(), conn.Peer(), conn.RequestHeader())
+		ctx, au, err := a.check(ctx, conn.Spec(), conn.Peer(), conn.RequestHeader())
 		if err != nil {
 			return errdefs.ToConnect(err)
 		}
-		return next(ctx, conn)
+		err = next(ctx, conn)
+		if audited(conn.Spec().Procedure) {
+			a.audit.add(au, conn.Spec().Procedure, "", conn.Peer().Addr, err)
+		}
+		return err
 	}
+}
+
+// AuthorizeFnCall decides a FnCall made through an adapter that is not a
+// Connect service (SandboxFusion's API) by the caller's bearer token, as
+// the interceptor decides FnCallService.RunCode, and returns the context
+// to run it in, carrying the caller's authority. A call without a token is
+// the adapter's own: the node administrator's.
+func (s *Server) AuthorizeFnCall(ctx context.Context, token, peer string) (context.Context, error) {
+	const op = "/dsec.v1.FnCallService/RunCode"
+	if token == "" || s.authn == nil {
+		return iam.WithAuthority(ctx, iam.NodeAdmin()), nil
+	}
+	a := authInterceptor{cache: s.authn, log: s.log, audit: s.audit}
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+token)
+	ctx, _, err := a.check(ctx, connect.Spec{Procedure: op}, connect.Peer{Addr: peer}, h)
+	return ctx, err
 }

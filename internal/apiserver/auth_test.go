@@ -3,12 +3,14 @@ package apiserver
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
@@ -32,6 +35,9 @@ func TestBearerTokens(t *testing.T) {
 	}
 	defer st.Close()
 	if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Grant(ctx, iam.NodeAdmin(), "alice", "", iam.Admin); err != nil {
 		t.Fatal(err)
 	}
 	good, _, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: "alice", Role: iam.Admin, TTL: 0})
@@ -105,4 +111,190 @@ func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.St
 }
 func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
+}
+
+// recordingAuditor keeps the audit records RunAudit writes.
+type recordingAuditor struct {
+	mu   sync.Mutex
+	recs []store.AuditRecord
+}
+
+func (r *recordingAuditor) AppendAudit(_ context.Context, recs ...store.AuditRecord) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, recs...)
+	return nil
+}
+
+func (r *recordingAuditor) find(op, code string) (store.AuditRecord, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.recs {
+		if rec.Operation == op && rec.Code == code {
+			return rec, true
+		}
+	}
+	return store.AuditRecord{}, false
+}
+
+// TestRoles: every call is decided by its token's role on its project
+// (ops.go's table): a viewer reads but runs nothing, a runner runs
+// sandboxes but makes no layer or pool, a builder does both; each refusal
+// is PermissionDenied, names what was needed, and is audited, as is every
+// management call that passes.
+func TestRoles(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.CreateProject(ctx, iam.NodeAdmin(), "ml"); err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[iam.Role]string{}
+	for _, role := range []iam.Role{iam.Viewer, iam.Runner, iam.Builder} {
+		name := role.String()
+		if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: name, Kind: store.KindService, Project: "ml"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Grant(ctx, iam.NodeAdmin(), name, "ml", role); err != nil {
+			t.Fatal(err)
+		}
+		tok, _, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: name, Project: "ml", Role: role})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[role] = tok
+	}
+	audit := &recordingAuditor{}
+	s := New(Config{Auth: st, Audit: audit}, st, watcher.NewFixed(nodesOf(newFakeEdge("n1"))...), slog.New(slog.DiscardHandler))
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); s.RunAudit(actx) }()
+	hs := httptest.NewUnstartedServer(s.Handler())
+	hs.Config.ConnContext = ConnContext
+	hs.EnableHTTP2 = true
+	hs.Start()
+	defer hs.Close()
+
+	calls := map[string]func(opt connect.ClientOption) error{
+		"list": func(opt connect.ClientOption) error {
+			_, err := dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL, opt).List(ctx, connect.NewRequest(&dsecv1.ListRequest{}))
+			return err
+		},
+		"create": func(opt connect.ClientOption) error {
+			_, err := dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL, opt).Create(ctx,
+				connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}}))
+			return err
+		},
+		"exec": func(opt connect.ClientOption) error {
+			st, err := dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL, opt).Exec(ctx,
+				connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-none", Command: "true"}))
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			for st.Receive() {
+			}
+			return st.Err()
+		},
+		"set warm pool": func(opt connect.ClientOption) error {
+			_, err := dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL, opt).SetWarmPool(ctx,
+				connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}}))
+			return err
+		},
+		"remove layer": func(opt connect.ClientOption) error {
+			_, err := dsecv1connect.NewLayerServiceClient(hs.Client(), hs.URL, opt).RemoveLayer(ctx,
+				connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: "none:1"}))
+			return err
+		},
+	}
+	// allowed[call] is the lowest role the call passes the check with.
+	allowed := map[string]iam.Role{"list": iam.Viewer, "create": iam.Runner, "exec": iam.Runner, "set warm pool": iam.Builder, "remove layer": iam.Builder}
+	for _, role := range []iam.Role{iam.Viewer, iam.Runner, iam.Builder} {
+		for name, call := range calls {
+			err := call(connect.WithInterceptors(bearerBoth(tokens[role])))
+			denied := connect.CodeOf(err) == connect.CodePermissionDenied
+			if want := role < allowed[name]; denied != want {
+				t.Errorf("%s by a %s: %v, want denied %v", name, role, err, want)
+			}
+			if denied && !strings.Contains(err.Error(), "needs "+allowed[name].String()) {
+				t.Errorf("%s by a %s: the refusal does not say what is needed: %v", name, role, err)
+			}
+		}
+	}
+	stop()
+	<-done
+	if rec, ok := audit.find("/dsec.v1.SandboxService/Create", "permission_denied"); !ok || rec.Principal != "viewer" || rec.Project != "ml" || rec.Peer == "" {
+		t.Errorf("a viewer's refused create is not audited as such: %+v (found %v)", rec, ok)
+	}
+	if rec, ok := audit.find("/dsec.v1.SandboxService/Create", "ok"); !ok || rec.Object == "" {
+		t.Errorf("a runner's create is not audited with its sandbox: %+v (found %v)", rec, ok)
+	}
+	if _, ok := audit.find("/dsec.v1.SandboxService/List", "ok"); ok {
+		t.Error("a list, a read, is audited")
+	}
+}
+
+// bearerBoth sets a bearer token on unary and streaming calls.
+type bearerBoth string
+
+func (b bearerBoth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", "Bearer "+string(b))
+		return next(ctx, req)
+	}
+}
+func (b bearerBoth) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		c := next(ctx, spec)
+		c.RequestHeader().Set("Authorization", "Bearer "+string(b))
+		return c
+	}
+}
+func (b bearerBoth) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// TestAuthorizeFnCall: SandboxFusion's calls are decided as RunCode: a
+// viewer's token is refused, a runner's passes with its authority in the
+// context, a forged one is Unauthenticated, and a call without a token is
+// the adapter's own.
+func TestAuthorizeFnCall(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tokens := map[iam.Role]string{}
+	for _, role := range []iam.Role{iam.Viewer, iam.Runner} {
+		if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: role.String()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Grant(ctx, iam.NodeAdmin(), role.String(), "", role); err != nil {
+			t.Fatal(err)
+		}
+		tok, _, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: role.String(), Role: role})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[role] = tok
+	}
+	s := New(Config{Auth: st}, st, watcher.NewFixed(), slog.New(slog.DiscardHandler))
+	if _, err := s.AuthorizeFnCall(ctx, tokens[iam.Viewer], "peer"); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Errorf("a viewer: %v, want permission denied", err)
+	}
+	if _, err := s.AuthorizeFnCall(ctx, "dsec_"+strings.Repeat("A", 43), "peer"); !errors.Is(err, errdefs.ErrUnauthenticated) {
+		t.Errorf("a forged token: %v, want unauthenticated", err)
+	}
+	rctx, err := s.AuthorizeFnCall(ctx, tokens[iam.Runner], "peer")
+	if a, ok := iam.AuthorityFrom(rctx); err != nil || !ok || a.Principal != "runner" {
+		t.Errorf("a runner: %v, authority %+v", err, a)
+	}
+	nctx, err := s.AuthorizeFnCall(ctx, "", "peer")
+	if a, ok := iam.AuthorityFrom(nctx); err != nil || !ok || !a.Node {
+		t.Errorf("no token: %v, authority %+v", err, a)
+	}
 }

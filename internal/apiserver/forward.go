@@ -36,7 +36,7 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecReque
 		return fmt.Errorf("stdin of %d bytes is over the %d MiB an exec can carry; set keep_stdin_open and stream it with WriteStdin, or write it to a file: %w",
 			n, maxExecStdin>>20, errdefs.ErrInvalidArgument)
 	}
-	e, err := s.edgeFor(m.GetSandboxId())
+	e, err := s.sandboxEdge(ctx, m.GetSandboxId())
 	if err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ func (s *Server) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachR
 	if req.Msg.GetProcessId() == "" && req.Msg.GetTag() == "" {
 		return fmt.Errorf("attach: process_id or tag is required: %w", errdefs.ErrInvalidArgument)
 	}
-	e, err := s.edgeFor(req.Msg.GetSandboxId())
+	e, err := s.sandboxEdge(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return err
 	}
@@ -58,7 +58,7 @@ func (s *Server) SessionRun(ctx context.Context, req *connect.Request[dsecv1.Ses
 	if req.Msg.GetSession() == "" {
 		return fmt.Errorf("session name is required: %w", errdefs.ErrInvalidArgument)
 	}
-	e, err := s.edgeFor(req.Msg.GetSandboxId())
+	e, err := s.sandboxEdge(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return err
 	}
@@ -66,7 +66,7 @@ func (s *Server) SessionRun(ctx context.Context, req *connect.Request[dsecv1.Ses
 }
 
 func (s *Server) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
-	e, err := s.edgeFor(req.Msg.GetSandboxId())
+	e, err := s.sandboxEdge(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (s *Server) WatchDir(ctx context.Context, req *connect.Request[dsecv1.Watch
 	if req.Msg.GetPath() == "" {
 		return fmt.Errorf("watch needs a path: %w", errdefs.ErrInvalidArgument)
 	}
-	e, err := s.edgeFor(req.Msg.GetSandboxId())
+	e, err := s.sandboxEdge(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,7 @@ func (s *Server) WatchDir(ctx context.Context, req *connect.Request[dsecv1.Watch
 
 // forward hands a unary call to the edge of the sandbox it names.
 func forward[Req, Res any](ctx context.Context, s *Server, id string, req *connect.Request[Req], pick func(Edge) func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
-	e, err := s.edgeFor(id)
+	e, err := s.sandboxEdge(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +192,7 @@ func (s *Server) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.Sh
 	if start == nil {
 		return fmt.Errorf("the first shell message must be start: %w", errdefs.ErrInvalidArgument)
 	}
-	e, err := s.edgeFor(start.GetSandboxId())
+	e, err := s.sandboxEdge(ctx, start.GetSandboxId())
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ const (
 
 // SetNetworkRules replaces a running sandbox's network rules.
 func (s *Server) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
-	e, err := s.edgeFor(req.Msg.GetSandboxId())
+	e, err := s.sandboxEdge(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -36,7 +36,7 @@ func (s *Server) NetworkLog(ctx context.Context, req *connect.Request[dsecv1.Net
 	case limit > maxLogLimit:
 		limit = maxLogLimit
 	}
-	e, err := s.edgeFor(m.GetSandboxId())
+	e, err := s.sandboxEdge(ctx, m.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}

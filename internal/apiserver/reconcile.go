@@ -217,6 +217,7 @@ func (s *Server) Reconcile(ctx context.Context) {
 	s.saveUnsaved(ctx)
 	s.abandonStale(ctx)
 	s.reconcileNodes(ctx, s.routable())
+	s.reconcileQuotas(ctx)
 }
 
 func (s *Server) saveUnsaved(ctx context.Context) {

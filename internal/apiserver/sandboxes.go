@@ -42,6 +42,9 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 	if msg.GetSpec().GetBackend() == dsecv1.Backend_BACKEND_FNCALL {
 		return nil, fmt.Errorf("backend fncall serves FnCallService's calls (RunCode) from pools the nodes keep; it makes no sandboxes to order: %w", errdefs.ErrInvalidArgument)
 	}
+	if err := placeInProject(ctx, msg.GetSpec()); err != nil {
+		return nil, err
+	}
 	wait := time.Duration(msg.GetWaitSeconds()) * time.Second
 	if wait <= 0 {
 		wait = 60 * time.Second
@@ -127,6 +130,18 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 		nodes = got.Placements
 		s.log.Debug("following another replica's create", "key", key, "owner", got.Owner)
 	}
+	// The reservation's owner charges the quota; a follower makes the
+	// owner's sandboxes, charged already.
+	release := func() {}
+	if reserved {
+		if release, err = s.charge(ctx, spec, count); err != nil {
+			if rerr := s.idem.ReleaseCreate(context.WithoutCancel(ctx), key); rerr != nil {
+				s.log.Warn("release the reservation of a create over quota", "key", key, "err", rerr)
+			}
+			s.unplace(nodes)
+			return nil, err
+		}
+	}
 	lctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	stop := s.holdLease(lctx, key, got.Nonce, lost)
@@ -139,6 +154,7 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 			err = cause // the lease was lost, not the caller
 		}
 		s.discard(wctx, sbs, batch, key, reserved)
+		release()
 		return nil, err
 	}
 	rows := make([]store.SandboxRow, len(sbs))
@@ -164,15 +180,18 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 			}
 		}
 		s.deleteAll(wctx, sbs, batch, key)
+		release()
 		return s.replay(ctx, key, hash)
 	case errors.Is(err, errdefs.ErrNotFound):
 		// The reservation is gone for good (its nonce is never used
 		// again): nobody can complete it with these sandboxes.
 		s.deleteAll(wctx, sbs, batch, key)
+		release()
 		return nil, fmt.Errorf("create with idempotency key %q: its reservation ended while the create ran (released, or abandoned after %s untouched); nothing was kept, try again: %w",
 			key, s.cfg.AbandonAfter, errdefs.ErrUnavailable)
 	}
-	// The completion may or may not have been stored.
+	// The completion may or may not have been stored: the reconciliation
+	// sets the quota's use from what remains.
 	s.discard(wctx, sbs, batch, key, reserved)
 	return nil, err
 }
@@ -292,14 +311,20 @@ func requestHash(msg *dsecv1.CreateRequest) string {
 
 // createBatch places n sandboxes in one decision round and makes them.
 func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n int) ([]*dsecv1.Sandbox, error) {
+	release, err := s.charge(ctx, spec, n)
+	if err != nil {
+		return nil, err
+	}
 	nodes, err := s.place(placeRequest(spec, n), nil)
 	if err != nil {
+		release()
 		return nil, err
 	}
 	batch := newBatch()
 	sbs, err := s.createPlaced(ctx, spec, nodes, batch, "")
 	if err != nil {
 		s.deleteAll(context.WithoutCancel(ctx), sbs, batch, "")
+		release()
 		return nil, err
 	}
 	return sbs, nil
@@ -664,6 +689,12 @@ func (s *Server) getSandbox(ctx context.Context, id string) (*dsecv1.Sandbox, er
 	if err != nil {
 		return nil, err
 	}
+	if a, need, check := callerRole(ctx); check {
+		s.projects.put(id, projectOf(resp.Msg))
+		if err := admit(a, need, id, projectOf(resp.Msg)); err != nil {
+			return nil, err
+		}
+	}
 	return resp.Msg, nil
 }
 
@@ -713,6 +744,7 @@ func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListReque
 			out.Sandboxes = append(out.Sandboxes, sb)
 		}
 	}
+	out.Sandboxes = visible(ctx, out.Sandboxes)
 	return connect.NewResponse(out), nil
 }
 
@@ -721,9 +753,22 @@ func (s *Server) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteR
 	if id == "" {
 		return nil, fmt.Errorf("id is required: %w", errdefs.ErrInvalidArgument)
 	}
-	e, err := s.edgeFor(id)
+	e, err := s.sandboxEdge(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	return e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
+	if s.cfg.Quotas == nil {
+		return e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
+	}
+	// What a live sandbox held goes back when it is deleted; one that
+	// ended by itself is the reconciliation's to give back.
+	sb, err := e.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: id}))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
+	if err == nil && live(sb.Msg.GetState()) {
+		s.release(ctx, projectOf(sb.Msg), amountsOf(sb.Msg.GetSpec(), 1))
+	}
+	return resp, err
 }

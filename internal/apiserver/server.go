@@ -22,6 +22,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
@@ -84,11 +85,21 @@ type Config struct {
 	// placement.DefaultGroup).
 	PlacementGroup int
 	// Auth, when set, checks the bearer token of every call that does not
-	// come over a Unix socket (see ConnContext); nil trusts every caller.
+	// come over a Unix socket (see ConnContext), through an iam.Cache, and
+	// the token's authority decides every call (iam.Allow); nil trusts
+	// every caller as the node's administrator.
 	Auth Authenticator
 	// IAM, when set, serves dsec.v1.IAMService (projects, quotas,
 	// principals, role bindings, tokens, audit) from it.
 	IAM store.IAM
+	// Quotas, when set, is charged for every sandbox a create makes (in
+	// the sandbox's project and every project above it), given back when
+	// it is deleted or its create fails, and set from the edges' truth by
+	// every reconciliation sweep (quotas.go).
+	Quotas Quotas
+	// Audit, when set, receives a record of every management call and
+	// every refused call, written apart from the calls by RunAudit.
+	Audit Auditor
 	// CreateConcurrency bounds how many sandboxes one batch starts at once.
 	CreateConcurrency int
 	// ReconcileInterval is how often RunReconciler sweeps (doubts, stale
@@ -114,9 +125,14 @@ type Server struct {
 	inflightMu sync.Mutex
 	inflight   map[string]chan struct{} // idempotency keys being created
 
-	rec  reconciler
-	fn   *fnService
-	info atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
+	rec   reconciler
+	fn    *fnService
+	authn *iam.Cache // nil without Config.Auth
+	// projects remembers sandboxes' projects (projects.go).
+	projects sandboxProjects
+	limits   limitCache                        // quotas.go
+	audit    *auditLog                         // nil without Config.Audit
+	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
 }
 
 // New returns a Server routing to the fleet's edges.
@@ -136,6 +152,10 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 	s := &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{},
 		placer: placement.New(placement.Config{Replicas: cfg.Replicas, Group: cfg.PlacementGroup}), rec: newReconciler()}
 	s.fn = &fnService{s: s}
+	if cfg.Auth != nil {
+		s.authn = iam.NewCache(cfg.Auth, 0, 0)
+	}
+	s.audit = newAuditLog(cfg.Audit, log)
 	return s
 }
 
@@ -146,10 +166,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	// Clients accept gzip by default; compressing small messages costs
 	// more time than it saves, even off loopback.
-	interceptors := []connect.Interceptor{errdefs.Interceptor{}}
-	if s.cfg.Auth != nil {
-		interceptors = append(interceptors, authInterceptor{auth: s.cfg.Auth, log: s.log, cache: &authCache{}})
-	}
+	interceptors := []connect.Interceptor{errdefs.Interceptor{}, authInterceptor{cache: s.authn, log: s.log, audit: s.audit}}
 	opts := []connect.HandlerOption{connect.WithInterceptors(interceptors...), connect.WithCompressMinBytes(16 << 10)}
 	for _, c := range jsonCodecs() {
 		opts = append(opts, connect.WithCodec(c))

@@ -201,3 +201,83 @@ func (r *ClusterReport) Print(w io.Writer) {
 
 // JSON writes the report as JSON.
 func (r *ClusterReport) JSON(w io.Writer) error { return writeJSON(w, r) }
+
+// QuotaReport compares the create rate of two tokens in one run: one of a
+// project under no quota limit (its creates are not charged) and one of a
+// project with a limit (every create is charged in the metadata store), in
+// alternating rounds so that a slow spell hits both.
+type QuotaReport struct {
+	Rounds     int            `json:"rounds"`
+	Free       *ClusterReport `json:"free"`    // the sums of the uncharged rounds
+	Charged    *ClusterReport `json:"charged"` // the sums of the charged rounds
+	RateRatio  float64        `json:"rate_ratio"`
+	SingleP50  [2]float64     `json:"single_p50_ms"`
+	FirstError string         `json:"first_error,omitempty"`
+}
+
+// RunClusterQuota runs RunCluster's load rounds times with each set of
+// clients, alternating, each round o.Duration / (2 × rounds) long.
+func RunClusterQuota(ctx context.Context, free, charged []*dsec.Conn, o ClusterOptions, rounds int) (*QuotaReport, error) {
+	o.Duration /= time.Duration(2 * rounds)
+	o.SimulateSeeds = 0
+	rep := &QuotaReport{Rounds: rounds}
+	add := func(sum **ClusterReport, r *ClusterReport) {
+		if *sum == nil {
+			*sum = &ClusterReport{Apiservers: r.Apiservers, PerNode: map[string]int{}}
+		}
+		s := *sum
+		s.Seconds += r.Seconds
+		s.Sandboxes += r.Sandboxes
+		s.SingleCalls += r.SingleCalls
+		s.BatchCalls += r.BatchCalls
+		s.Errors += r.Errors
+		if s.FirstError == "" {
+			s.FirstError = r.FirstError
+		}
+		s.Single.P50 += r.Single.P50 / float64(rounds)
+		s.SandboxesPerSec = float64(s.Sandboxes) / s.Seconds
+		s.SinglePerSec = float64(s.SingleCalls) / s.Seconds
+	}
+	for round := range rounds {
+		for _, side := range []struct {
+			clients []*dsec.Conn
+			sum     **ClusterReport
+			name    string
+		}{{free, &rep.Free, "uncharged"}, {charged, &rep.Charged, "charged"}} {
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "round %d of %d, %s\n", round+1, rounds, side.name)
+			}
+			r, err := RunCluster(ctx, side.clients, o)
+			if err != nil {
+				return nil, err
+			}
+			add(side.sum, r)
+		}
+	}
+	rep.RateRatio = rep.Charged.SandboxesPerSec / rep.Free.SandboxesPerSec
+	rep.SingleP50 = [2]float64{rep.Free.Single.P50, rep.Charged.Single.P50}
+	return rep, nil
+}
+
+// Print writes the comparison with its target.
+func (r *QuotaReport) Print(w io.Writer) {
+	fmt.Fprintf(w, "dsec bench cluster --quota-token: %d rounds of each side, alternating\n\n", r.Rounds)
+	fmt.Fprintf(w, "%-44s %12s %12s\n", "", "uncharged", "charged")
+	fmt.Fprintf(w, "%-44s %12.0f %12.0f\n", "sandboxes created per second", r.Free.SandboxesPerSec, r.Charged.SandboxesPerSec)
+	fmt.Fprintf(w, "%-44s %12.0f %12.0f\n", "single-sandbox create calls per second", r.Free.SinglePerSec, r.Charged.SinglePerSec)
+	fmt.Fprintf(w, "%-44s %12.1f %12.1f\n", "single create latency p50, ms (mean of rounds)", r.SingleP50[0], r.SingleP50[1])
+	fmt.Fprintf(w, "%-44s %12d %12d\n", "errors", r.Free.Errors, r.Charged.Errors)
+	verdict := "PASS"
+	if r.RateRatio < 0.9 {
+		verdict = "MISS"
+	}
+	fmt.Fprintf(w, "\ncharged ÷ uncharged create rate: %.2f× (target ≥ 0.9×): %s\n", r.RateRatio, verdict)
+	for _, s := range []*ClusterReport{r.Free, r.Charged} {
+		if s.FirstError != "" {
+			fmt.Fprintf(w, "first error: %s\n", s.FirstError)
+		}
+	}
+}
+
+// JSON writes the report as JSON.
+func (r *QuotaReport) JSON(w io.Writer) error { return writeJSON(w, r) }

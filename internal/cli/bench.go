@@ -130,6 +130,8 @@ func (a *app) benchNetworkCommand() *cobra.Command {
 func (a *app) benchClusterCommand() *cobra.Command {
 	o := bench.ClusterOptions{Env: "base:1", Duration: 60 * time.Second, Batch: 50, BatchWorkers: 6, SingleWorkers: 40,
 		SimulateSeeds: 3, SimulateNodes: 160, SimulateFillTo: 0.8}
+	var quotaToken string
+	var quotaRounds int
 	cmd := &cobra.Command{
 		Use:   "cluster",
 		Short: "keyed creates against a cluster's apiservers (batches and singles at once): rates, latency, spread",
@@ -141,13 +143,29 @@ func (a *app) benchClusterCommand() *cobra.Command {
 			"create starts nothing, so the control plane is measured alone.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var clients []*dsec.Conn
-			for _, addr := range strings.Split(dsec.Addr(a.addr), ",") {
-				c, err := dsec.Dial(strings.TrimSpace(addr), dsec.DialOptions{Token: a.token, TokenName: "--token", CAFile: a.caFile})
+			dial := func(token, name string) ([]*dsec.Conn, error) {
+				var clients []*dsec.Conn
+				for _, addr := range strings.Split(dsec.Addr(a.addr), ",") {
+					c, err := dsec.Dial(strings.TrimSpace(addr), dsec.DialOptions{Token: token, TokenName: name, CAFile: a.caFile})
+					if err != nil {
+						return nil, err
+					}
+					clients = append(clients, c)
+				}
+				return clients, nil
+			}
+			clients, err := dial(a.token, "--token")
+			if err != nil {
+				return err
+			}
+			if quotaToken != "" {
+				charged, err := dial(quotaToken, "--quota-token")
 				if err != nil {
 					return err
 				}
-				clients = append(clients, c)
+				return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
+					return bench.RunClusterQuota(ctx, clients, charged, o, quotaRounds)
+				})
 			}
 			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
 				return bench.RunCluster(ctx, clients, o)
@@ -155,6 +173,8 @@ func (a *app) benchClusterCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&quotaToken, "quota-token", "", "a token of a project under a quota limit: compare its create rate (every create charged) with --token's (a project under none), in alternating rounds")
+	f.IntVar(&quotaRounds, "quota-rounds", 3, "rounds of each side with --quota-token")
 	f.StringVar(&o.Env, "env", o.Env, "environment the creates name (hollow edges accept any)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "how long the load runs")
 	f.IntVar(&o.Batch, "batch", o.Batch, "sandboxes per batch create")

@@ -604,7 +604,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := ensureAdminToken(ctx, meta, filepath.Join(cfg.Root, AdminTokenFile)); err != nil {
 		return err
 	}
-	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, IAM: meta, AuditRetention: cfg.AuditRetention}, meta, fleet, log.With("component", "apiserver"))
+	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, AuditRetention: cfg.AuditRetention}, meta, fleet, log.With("component", "apiserver"))
 	// A reservation left pending by a dsecd that died mid-create, say, is
 	// reconciled here as in a cluster.
 	stopReconciler := runReconciler(ctx, api)

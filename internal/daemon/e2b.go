@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"connectrpc.com/connect"
+
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/e2b"
@@ -92,7 +94,7 @@ func serveE2B(ctx context.Context, addr, secretFile string, create bool, api *ap
 	mem := memconn.New()
 	tr := &http.Transport{DialContext: mem.Dial, Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
 	tr.Protocols.SetUnencryptedHTTP2(true)
-	client := dsecv1connect.NewSandboxServiceClient(&http.Client{Transport: tr}, "http://in-process")
+	client := dsecv1connect.NewSandboxServiceClient(&http.Client{Transport: tr}, "http://in-process", connect.WithInterceptors(e2b.ForwardToken{}))
 	h, err := e2b.NewHandler(e2b.Config{API: client, Auth: auth, Signer: e2b.NewSigner(secret), Log: log.With("component", "e2b")})
 	if err != nil {
 		ln.Close()

@@ -358,7 +358,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		},
 		Log: log.With("component", "watcher"),
 	})
-	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, IAM: meta,
+	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -414,14 +414,15 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	return serve(ctx, log, api.Handler(), nil, lns...)
 }
 
-// runReconciler runs the apiserver's reconciliation and its audit
-// records' expiry until the returned stop is called, which waits for both
-// to end (before the store closes).
+// runReconciler runs the apiserver's reconciliation, its audit writer and
+// its audit records' expiry until the returned stop is called, which waits
+// for them to end (before the store closes).
 func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { api.RunReconciler(ctx) })
 	wg.Go(func() { api.RunAuditExpiry(ctx) })
+	wg.Go(func() { api.RunAudit(ctx) })
 	return func() {
 		cancel()
 		wg.Wait()

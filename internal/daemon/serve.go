@@ -29,7 +29,8 @@ func serveSandboxFusion(ctx context.Context, addr string, optional bool, api *ap
 		}
 		return "", nil, fmt.Errorf("listen for SandboxFusion's API on %s: %w", addr, err)
 	}
-	h := sandboxfusion.NewHandler(api, sandboxfusion.Config{Log: log.With("component", "sandboxfusion")})
+	h := sandboxfusion.NewHandler(api, sandboxfusion.Config{Log: log.With("component", "sandboxfusion"),
+		Authorize: api.AuthorizeFnCall})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
+
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -45,8 +47,9 @@ func (c *keyCache) put(key string, now time.Time) {
 }
 
 // checkKey checks the request's X-API-KEY (or a bearer token, which E2B's
-// SDKs send when given an access token instead of a key).
-func (h *Handler) checkKey(r *http.Request) error {
+// SDKs send when given an access token instead of a key) and returns the
+// dsec token it stands for.
+func (h *Handler) checkKey(r *http.Request) (string, error) {
 	key := r.Header.Get("X-API-KEY")
 	if key == "" {
 		if tok, ok := cutBearer(r.Header.Get("Authorization")); ok {
@@ -54,25 +57,65 @@ func (h *Handler) checkKey(r *http.Request) error {
 		}
 	}
 	if key == "" {
-		return fmt.Errorf("an API key is required (X-API-KEY; set E2B_API_KEY to the output of `dsec token --e2b`): %w", errdefs.ErrUnauthenticated)
-	}
-	now := time.Now()
-	if h.keys.ok(key, now) {
-		return nil
+		return "", fmt.Errorf("an API key is required (X-API-KEY; set E2B_API_KEY to the output of `dsec token --e2b`): %w", errdefs.ErrUnauthenticated)
 	}
 	tok, err := TokenOf(key)
 	if err != nil {
-		return err
+		return "", err
+	}
+	now := time.Now()
+	if h.keys.ok(key, now) {
+		return tok, nil
 	}
 	if _, err := h.cfg.Auth.Authenticate(r.Context(), tok); err != nil {
 		if errors.Is(err, errdefs.ErrUnauthenticated) {
 			h.log.Warn("E2B API key refused", "peer", r.RemoteAddr, "path", r.URL.Path)
-			return fmt.Errorf("the API key was refused (unknown, expired or revoked): %w", errdefs.ErrUnauthenticated)
+			return "", fmt.Errorf("the API key was refused (unknown, expired or revoked): %w", errdefs.ErrUnauthenticated)
 		}
-		return fmt.Errorf("check the API key: %w", err)
+		return "", fmt.Errorf("check the API key: %w", err)
 	}
 	h.keys.put(key, now)
-	return nil
+	return tok, nil
+}
+
+type callerTokenKey struct{}
+
+// withCallerToken is ctx carrying the dsec token of the API key a control
+// plane call came with, which ForwardToken passes on to the apiserver.
+func withCallerToken(ctx context.Context, tok string) context.Context {
+	return context.WithValue(ctx, callerTokenKey{}, tok)
+}
+
+// ForwardToken is the interceptor of Config.API's client: it sends the
+// dsec token behind the caller's API key as the call's bearer token, so the
+// apiserver decides the call with the key's authority (a sandbox of
+// another project is NotFound through E2B as through dsec's own API). The
+// data plane's calls carry no key (a sandbox's access token, which the
+// control plane gave out to a caller who could see the sandbox, admits
+// them) and go as the adapter's own.
+type ForwardToken struct{}
+
+func (ForwardToken) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if tok, ok := ctx.Value(callerTokenKey{}).(string); ok {
+			req.Header().Set("Authorization", "Bearer "+tok)
+		}
+		return next(ctx, req)
+	}
+}
+
+func (ForwardToken) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		if tok, ok := ctx.Value(callerTokenKey{}).(string); ok {
+			conn.RequestHeader().Set("Authorization", "Bearer "+tok)
+		}
+		return conn
+	}
+}
+
+func (ForwardToken) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
 
 func cutBearer(v string) (string, bool) {

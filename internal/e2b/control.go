@@ -96,9 +96,9 @@ func (h *Handler) controlPlane() http.Handler {
 // rest checks the API key, runs f and answers its error in E2B's shape.
 func (h *Handler) rest(f func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		err := h.checkKey(r)
+		tok, err := h.checkKey(r)
 		if err == nil {
-			err = f(w, r)
+			err = f(w, r.WithContext(withCallerToken(r.Context(), tok)))
 		}
 		if err == nil {
 			return

@@ -15,3 +15,9 @@ func AuthorityFrom(ctx context.Context) (Authority, bool) {
 	a, ok := ctx.Value(authorityKey{}).(Authority)
 	return a, ok
 }
+
+// ProjectLabel is the label holding the path of the project a sandbox
+// belongs to (absent: the root). The apiserver sets it on every create it
+// sends to an edge; it is the one label of the reserved dsec.dev/ prefix
+// an edge takes from a create.
+const ProjectLabel = "dsec.dev/project"

@@ -39,6 +39,12 @@ type Config struct {
 	MaxBodyBytes int64
 	// Log receives the runner's failures; nil = discard.
 	Log *slog.Logger
+	// Authorize, when set, decides every call but /v1/ping by its bearer
+	// token (Authorization: Bearer, "" when the call has none: dsecd lets
+	// such a call through as SandboxFusion's own API does) and returns the
+	// context to run it in; an error wrapping errdefs.ErrUnauthenticated
+	// answers 401, ErrPermissionDenied 403.
+	Authorize func(ctx context.Context, token, peer string) (context.Context, error)
 }
 
 // Defaults of Config.
@@ -99,6 +105,22 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("Allow", rt.method)
 		writeJSON(w, http.StatusMethodNotAllowed, detail("Method Not Allowed"))
 		return
+	}
+	if h.cfg.Authorize != nil && req.URL.Path != "/v1/ping" {
+		tok, _ := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
+		ctx, err := h.cfg.Authorize(req.Context(), strings.TrimSpace(tok), req.RemoteAddr)
+		if err != nil {
+			status := http.StatusServiceUnavailable
+			switch {
+			case errors.Is(err, errdefs.ErrUnauthenticated):
+				status = http.StatusUnauthorized
+			case errors.Is(err, errdefs.ErrPermissionDenied):
+				status = http.StatusForbidden
+			}
+			writeJSON(w, status, detail("%s", err.Error()))
+			return
+		}
+		req = req.WithContext(ctx)
 	}
 	rt.serve(w, req)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"dsec.dev/dsec/internal/iam"
@@ -40,19 +41,38 @@ type AuditQuery struct {
 // is given.
 const DefaultAuditLimit = 1000
 
-func (d *sqlDB) AppendAudit(ctx context.Context, rec AuditRecord) error {
-	at := nowOr(rec.At)
-	err := d.retry(ctx, false, func(ctx context.Context) error {
-		_, err := d.db.ExecContext(ctx, d.q(`INSERT INTO audit (at{ms}, principal, token_id, project, operation, object, code, peer, message)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-			d.ts(at), rec.Principal, rec.TokenID, rec.Project, rec.Operation, rec.Object, rec.Code, rec.Peer, rec.Message)
-		return err
-	})
-	if err != nil {
-		return d.fail("append audit record", err)
+func (d *sqlDB) AppendAudit(ctx context.Context, recs ...AuditRecord) error {
+	// One statement per auditBatch records: a writer appending many at once
+	// pays one round trip for them.
+	for len(recs) > 0 {
+		n := min(len(recs), auditBatch)
+		batch := recs[:n]
+		recs = recs[n:]
+		var sb strings.Builder
+		sb.WriteString(`INSERT INTO audit (at{ms}, principal, token_id, project, operation, object, code, peer, message) VALUES `)
+		args := make([]any, 0, 9*n)
+		for i, rec := range batch {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?)")
+			args = append(args, d.ts(nowOr(rec.At)), rec.Principal, rec.TokenID, rec.Project, rec.Operation, rec.Object, rec.Code, rec.Peer, rec.Message)
+		}
+		q := d.q(sb.String())
+		err := d.retry(ctx, false, func(ctx context.Context) error {
+			_, err := d.db.ExecContext(ctx, q, args...)
+			return err
+		})
+		if err != nil {
+			return d.fail(fmt.Sprintf("append %d audit records", n), err)
+		}
 	}
 	return nil
 }
+
+// auditBatch is how many audit records one INSERT takes (9 parameters
+// each: well under SQLite's and PostgreSQL's limits).
+const auditBatch = 100
 
 func (d *sqlDB) QueryAudit(ctx context.Context, q AuditQuery) ([]AuditRecord, error) {
 	path, err := iam.CleanPath(q.Project)

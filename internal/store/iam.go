@@ -107,8 +107,9 @@ type IAM interface {
 	// reconciler's correction from the truth.
 	SetUse(ctx context.Context, project string, resource Resource, n int64) error
 
-	// AppendAudit records a management call (At defaults to now).
-	AppendAudit(ctx context.Context, rec AuditRecord) error
+	// AppendAudit records management calls (At defaults to now), in as
+	// few statements as it can; on error some may have been stored.
+	AppendAudit(ctx context.Context, recs ...AuditRecord) error
 	// QueryAudit returns the records q selects, oldest first.
 	QueryAudit(ctx context.Context, q AuditQuery) ([]AuditRecord, error)
 	// ExpireAudit forgets the records older than olderThan and returns how

@@ -258,6 +258,16 @@ func (d *Daemon) Token() string {
 	return strings.TrimSpace(string(b))
 }
 
+// DB is the daemon's metadata store: the all-in-one's <root>/meta.db, the
+// cluster's apiserver's api.db. A test may open it beside the daemon (to
+// make projects and tokens).
+func (d *Daemon) DB() string {
+	if d.cluster {
+		return filepath.Join(d.Root, "api.db")
+	}
+	return filepath.Join(d.Root, "meta.db")
+}
+
 // E2BSecret is the secret the daemon signs its sandboxes' E2B access
 // tokens with (e2b.NewSigner): the all-in-one's <root>/e2b.secret, the
 // cluster's in its pki directory.

@@ -11,8 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/e2b"
+	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/testutil"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // e2bClient calls a test daemon's E2B API as E2B's SDKs do: JSON over
@@ -399,4 +405,72 @@ func TestE2BControlSnapshotAndFork(t *testing.T) {
 	}
 	c.must(204, "DELETE", "/templates/"+snap.SnapshotID, nil, nil)
 	c.mustError(404, "DELETE", "/templates/"+snap.SnapshotID, nil)
+}
+
+// TestE2BProjects: an E2B API key is a dsec token, and its project bounds
+// what it sees through E2B's API as through dsec's: a runner key of one
+// project finds no sandbox of another (404 by ID, for a kill too) and
+// does not list it, while its own sandbox lands in its project.
+func TestE2BProjects(t *testing.T) {
+	d := startDaemon(t)
+	ctx := t.Context()
+	st, err := store.Open(ctx, d.DB())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.CreateProject(ctx, iam.NodeAdmin(), "e2bp"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: "e2bp-runner", Kind: store.KindService, Project: "e2bp"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Grant(ctx, iam.NodeAdmin(), "e2bp-runner", "e2bp", iam.Runner); err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: "e2bp-runner", Project: "e2bp", Role: iam.Runner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := newE2BClient(t, d)
+	runner := newE2BClient(t, d)
+	if runner.key, err = e2b.APIKey(tok); err != nil {
+		t.Fatal(err)
+	}
+	var theirs, mine e2bCreated
+	admin.must(201, "POST", "/v2/sandboxes", map[string]any{"templateID": env, "timeout": 120}, &theirs)
+	defer admin.call("DELETE", "/sandboxes/"+theirs.SandboxID, nil)
+	runner.must(201, "POST", "/v2/sandboxes", map[string]any{"templateID": env, "timeout": 120}, &mine)
+	defer admin.call("DELETE", "/sandboxes/"+mine.SandboxID, nil)
+
+	runner.mustError(404, "GET", "/sandboxes/"+theirs.SandboxID, nil)
+	runner.mustError(404, "DELETE", "/sandboxes/"+theirs.SandboxID, nil)
+	listed := func(c *e2bClient) map[string]bool {
+		var l []e2bListed
+		c.must(200, "GET", "/v2/sandboxes", nil, &l)
+		out := map[string]bool{}
+		for _, sb := range l {
+			out[sb.SandboxID] = true
+		}
+		return out
+	}
+	if l := listed(runner); l[theirs.SandboxID] || !l[mine.SandboxID] {
+		t.Errorf("the runner lists %v: want its own sandbox and not the admin's", l)
+	}
+	if l := listed(admin); !l[theirs.SandboxID] || !l[mine.SandboxID] {
+		t.Errorf("the admin lists %v: want both", l)
+	}
+	cl, err := dsec.Dial(d.Addr, dsec.DialOptions{Token: d.Token()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := e2b.DsecID(mine.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := cl.Sandboxes.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: id}))
+	if err != nil || sb.Msg.GetSpec().GetLabels()[iam.ProjectLabel] != "e2bp" {
+		t.Errorf("the runner's sandbox %s: %v, labels %v, want project e2bp", id, err, sb.Msg.GetSpec().GetLabels())
+	}
+	runner.must(204, "DELETE", "/sandboxes/"+mine.SandboxID, nil, nil)
 }

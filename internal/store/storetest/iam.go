@@ -598,9 +598,8 @@ func testAudit(t *testing.T, st store.Store) {
 		{At: base.Add(2 * time.Minute), Principal: "alice", Project: "mlx", Operation: string(iam.OpSetQuota), Code: "ok"},
 		{At: base.Add(3 * time.Minute), Principal: "alice", Project: "", Operation: string(iam.OpCreateToken), Code: "ok"},
 	}
-	for _, r := range recs {
-		must(t, "AppendAudit", st.AppendAudit(ctx, r))
-	}
+	must(t, "AppendAudit", st.AppendAudit(ctx, recs[0]))
+	must(t, "AppendAudit of several", st.AppendAudit(ctx, recs[1:]...))
 	ops := func(q store.AuditQuery) string {
 		t.Helper()
 		got, err := st.QueryAudit(ctx, q)

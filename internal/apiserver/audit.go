@@ -1,0 +1,169 @@
+package apiserver
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/store"
+)
+
+// Auditor appends records to the audit trail: the metadata store is one.
+type Auditor interface {
+	AppendAudit(ctx context.Context, recs ...store.AuditRecord) error
+}
+
+// auditQueue is how many records wait for the writer; past it a record is
+// dropped (and counted) rather than slow the call down.
+const auditQueue = 4096
+
+// auditLog queues audit records for RunAudit, which writes them to the
+// store apart from the calls, so no call waits on the audit trail. What is
+// queued and not yet written (at most auditQueue records, normally the last
+// few milliseconds' worth) is lost if the apiserver dies.
+type auditLog struct {
+	w       Auditor
+	q       chan store.AuditRecord
+	log     *slog.Logger
+	dropped atomic.Int64
+	failed  atomic.Int64
+}
+
+func newAuditLog(w Auditor, log *slog.Logger) *auditLog {
+	if w == nil {
+		return nil
+	}
+	return &auditLog{w: w, q: make(chan store.AuditRecord, auditQueue), log: log}
+}
+
+// audited reports whether a call of the procedure is recorded when it
+// succeeds: the calls that change what exists or who may do what (a
+// create, a delete, a pause, a layer, a snapshot, a pool, a network rule,
+// every IAM call but the reads). Reads and the data plane inside a sandbox (exec, files,
+// shells) are not; a refused call of any procedure is.
+func audited(procedure string) bool {
+	if op, ok := strings.CutPrefix(procedure, "/dsec.v1.IAMService/"); ok {
+		// Its reads are not recorded.
+		return !strings.HasPrefix(op, "Get") && !strings.HasPrefix(op, "List") && !strings.HasSuffix(op, "Audit")
+	}
+	switch procedure {
+	case "/dsec.v1.SandboxService/Create", "/dsec.v1.SandboxService/Delete", "/dsec.v1.SandboxService/Pause",
+		"/dsec.v1.SandboxService/Resume", "/dsec.v1.SandboxService/SetTimeout",
+		"/dsec.v1.SandboxService/Snapshot", "/dsec.v1.SandboxService/DeleteSnapshot",
+		"/dsec.v1.SandboxService/Fork", "/dsec.v1.SandboxService/SetNetworkRules",
+		"/dsec.v1.SandboxService/SetWarmPool",
+		"/dsec.v1.LayerService/ImportLayer", "/dsec.v1.LayerService/UploadLayer",
+		"/dsec.v1.LayerService/RemoveLayer", "/dsec.v1.LayerService/ImportImage":
+		return true
+	}
+	return false
+}
+
+// objectOf names what a call touched: the sandbox, snapshot or layer its
+// request names, or the sandboxes a create made.
+func objectOf(req any, resp connect.AnyResponse, err error) string {
+	if err == nil && resp != nil {
+		if r, ok := resp.Any().(*dsecv1.CreateResponse); ok {
+			ids := make([]string, 0, len(r.GetSandboxes()))
+			for _, sb := range r.GetSandboxes() {
+				ids = append(ids, sb.GetId())
+			}
+			return strings.Join(ids, ",")
+		}
+	}
+	switch m := req.(type) {
+	case interface{ GetSandboxId() string }:
+		return m.GetSandboxId()
+	case interface{ GetId() string }:
+		return m.GetId()
+	case interface{ GetRef() string }:
+		return m.GetRef()
+	case interface{ GetName() string }:
+		return m.GetName()
+	}
+	return ""
+}
+
+// add queues a record of a call by au of op on object; err is its result.
+func (l *auditLog) add(au iam.Authority, op, object, peer string, err error) {
+	if l == nil {
+		return
+	}
+	rec := store.AuditRecord{At: time.Now(), Principal: au.Principal, TokenID: au.TokenID, Project: au.Project,
+		Operation: op, Object: object, Code: "ok", Peer: peer}
+	if err != nil {
+		rec.Code = connect.CodeOf(errdefs.ToConnect(err)).String()
+		rec.Message = err.Error()
+		if len(rec.Message) > 1000 {
+			rec.Message = rec.Message[:1000]
+		}
+	}
+	if len(rec.Object) > 1000 {
+		rec.Object = rec.Object[:1000]
+	}
+	select {
+	case l.q <- rec:
+	default:
+		l.dropped.Add(1)
+	}
+}
+
+// RunAudit writes the queued audit records to the store until ctx ends,
+// then writes what is still queued (for at most a few seconds). It takes
+// what has queued up at once, up to auditWriteBatch records, and appends
+// them in one call: under a burst of creates the trail costs a statement
+// per batch, not per call. Without an Auditor it returns at once.
+func (s *Server) RunAudit(ctx context.Context) {
+	l := s.audit
+	if l == nil {
+		return
+	}
+	batch := make([]store.AuditRecord, 0, auditWriteBatch)
+	write := func(ctx context.Context) {
+		if err := l.w.AppendAudit(ctx, batch...); err != nil {
+			if n := l.failed.Add(int64(len(batch))); n == int64(len(batch)) || n%1000 < int64(len(batch)) {
+				l.log.Warn("audit records lost", "records", len(batch), "err", err, "lost", n)
+			}
+		}
+		batch = batch[:0]
+	}
+	// drain adds what is queued, without waiting, to the batch.
+	drain := func() {
+		for len(batch) < auditWriteBatch {
+			select {
+			case rec := <-l.q:
+				batch = append(batch, rec)
+			default:
+				return
+			}
+		}
+	}
+	for {
+		select {
+		case rec := <-l.q:
+			batch = append(batch, rec)
+			drain()
+			write(ctx)
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+			defer cancel()
+			for {
+				drain()
+				if len(batch) == 0 {
+					return
+				}
+				write(fctx)
+			}
+		}
+	}
+}
+
+// auditWriteBatch is the most records RunAudit appends in one call.
+const auditWriteBatch = 256

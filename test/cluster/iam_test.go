@@ -1,0 +1,278 @@
+package cluster
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/bench"
+	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/testutil"
+	dsec "dsec.dev/dsec/sdk/go"
+)
+
+// iamRig is a cluster on PostgreSQL with projects run and other, a
+// runner token in each, and a limit of limit sandboxes on run.
+type iamRig struct {
+	c          *testutil.Cluster
+	st         store.Store
+	run, other string // tokens
+}
+
+func startIAMRig(t *testing.T, limit int64, apiserverArgs ...string) *iamRig {
+	t.Helper()
+	pg := testutil.StartPostgres(t)
+	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 2, Edges: 2, DB: pg, Registry: true,
+		EdgeArgs: []string{"--runtime", "fake", "--hollow-max-sandboxes", "2000"}, APIServerArgs: apiserverArgs})
+	ctx := context.Background()
+	st, err := store.Open(ctx, pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	r := &iamRig{c: c, st: st}
+	for _, p := range []string{"run", "other"} {
+		if _, err := st.CreateProject(ctx, iam.NodeAdmin(), p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: p + "-runner", Kind: store.KindService, Project: p}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Grant(ctx, iam.NodeAdmin(), p+"-runner", p, iam.Runner); err != nil {
+			t.Fatal(err)
+		}
+		tok, _, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: p + "-runner", Project: p, Role: iam.Runner})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == "run" {
+			r.run = tok
+		} else {
+			r.other = tok
+		}
+	}
+	if err := st.SetLimit(ctx, iam.NodeAdmin(), "run", store.Sandboxes, limit); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// client dials apiserver i (-1: all of them) with token.
+func (r *iamRig) client(t *testing.T, i int, token string) *dsec.Conn {
+	t.Helper()
+	var addrs []string
+	for j, a := range r.c.APIServers {
+		if i < 0 || i == j {
+			addrs = append(addrs, a.Addr)
+		}
+	}
+	cl, err := dsec.Dial(strings.Join(addrs, ","), dsec.DialOptions{Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// used is run's use of sandboxes.
+func (r *iamRig) used(t *testing.T) int64 {
+	t.Helper()
+	qs, err := r.st.Quota(context.Background(), "run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return qs[0].Used[store.Sandboxes]
+}
+
+// TestProjectsAndQuotaRace: through the Go SDK against two apiservers on
+// PostgreSQL, a runner of one project finds no sandbox of another (NotFound
+// by ID, absent from its list) and may not make layers; then 1,000 creates
+// racing through both apiservers for a quota of 100 give exactly 100
+// sandboxes, every other create refused by the quota's name, and the
+// project's use is back to 0 once they are deleted.
+func TestProjectsAndQuotaRace(t *testing.T) {
+	r := startIAMRig(t, 100, "--reconcile-interval", "1h")
+	ctx := context.Background()
+	run, other := r.client(t, -1, r.run), r.client(t, -1, r.other)
+
+	resp, err := other.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := resp.Msg.GetSandboxes()[0].GetId()
+	if _, err := run.Sandboxes.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: theirs})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("a runner of run reading other's sandbox: %v, want not found", err)
+	}
+	if _, err := run.Sandboxes.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: theirs})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("a runner of run deleting other's sandbox: %v, want not found", err)
+	}
+	if _, err := run.Layers.RemoveLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: "base:1"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("a runner removing a layer: %v, want permission denied", err)
+	}
+	if _, err := other.Sandboxes.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: theirs})); err != nil {
+		t.Fatal(err)
+	}
+
+	clients := []*dsec.Conn{r.client(t, 0, r.run), r.client(t, 1, r.run)}
+	var mu sync.Mutex
+	var made []string
+	var refused atomic.Int32
+	var wrong []error
+	var wg sync.WaitGroup
+	next := atomic.Int32{}
+	for w := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := clients[w%2]
+			for next.Add(1) <= 1000 {
+				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				resp, err := cl.Sandboxes.Create(cctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}}))
+				cancel()
+				mu.Lock()
+				switch {
+				case err == nil:
+					made = append(made, resp.Msg.GetSandboxes()[0].GetId())
+				case connect.CodeOf(err) == connect.CodeResourceExhausted && strings.Contains(err.Error(), "quota of project run: 100 of 100 sandboxes in use"):
+					refused.Add(1)
+				default:
+					wrong = append(wrong, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range wrong[:min(len(wrong), 5)] {
+		t.Errorf("a create neither made nor refused by the quota: %v", err)
+	}
+	if len(made) != 100 || refused.Load() != 900 {
+		t.Fatalf("%d creates made sandboxes and %d were refused by the quota, want 100 and 900", len(made), refused.Load())
+	}
+	if u := r.used(t); u != 100 {
+		t.Errorf("run's use after the race: %d, want 100", u)
+	}
+	list, err := r.client(t, -1, r.other).Sandboxes.List(ctx, connect.NewRequest(&dsecv1.ListRequest{}))
+	if err != nil || len(list.Msg.GetSandboxes()) != 0 {
+		t.Errorf("other lists %d sandboxes (%v), want none of run's", len(list.Msg.GetSandboxes()), err)
+	}
+	for _, id := range made {
+		if _, err := run.Sandboxes.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u := r.used(t); u != 0 {
+		t.Errorf("run's use after the deletes: %d, want 0", u)
+	}
+}
+
+// TestKilledApiserverQuota: an apiserver killed while creates charge run's
+// quota through it leaves charges of sandboxes never made; the other
+// apiserver's reconciliation sets run's use to the sandboxes that live.
+func TestKilledApiserverQuota(t *testing.T) {
+	r := startIAMRig(t, 10000, "--reconcile-interval", "1s")
+	ctx := context.Background()
+	cl := r.client(t, 0, r.run)
+	var started atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				started.Add(1)
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := cl.Sandboxes.Create(cctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 5}))
+				cancel()
+				if err != nil {
+					return // the apiserver is gone
+				}
+			}
+		}()
+	}
+	for started.Load() < 40 {
+		time.Sleep(time.Millisecond)
+	}
+	r.c.APIServers[0].Kill()
+	wg.Wait()
+	survivor := r.client(t, 1, r.run)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		list, err := survivor.Sandboxes.List(ctx, connect.NewRequest(&dsecv1.ListRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, u := int64(len(list.Msg.GetSandboxes())), r.used(t)
+		if n == u && n > 0 {
+			t.Logf("run's use is its %d live sandboxes", n)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run's use is %d with %d sandboxes live, 60 s after the kill", u, n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// BenchmarkClusterQuota is `dsec bench cluster --quota-token` on two
+// apiservers over PostgreSQL and three hollow edges: the create rate of a
+// project under a quota limit (every create charged) against one under
+// none, in alternating rounds, and their ratio (target ≥ 0.9×).
+//
+//	go test -run '^$' -bench ClusterQuota -benchtime 1x ./test/cluster   # as root
+func BenchmarkClusterQuota(b *testing.B) {
+	pg := testutil.StartPostgres(b)
+	c := testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg, Registry: true,
+		EdgeArgs: []string{"--runtime", "fake", "--hollow-max-sandboxes", "200000"}})
+	ctx := context.Background()
+	st, err := store.Open(ctx, pg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	tokens := map[string]string{}
+	for _, p := range []string{"free", "charged"} {
+		if _, err := st.CreateProject(ctx, iam.NodeAdmin(), p); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: p, Kind: store.KindService, Project: p}); err != nil {
+			b.Fatal(err)
+		}
+		if err := st.Grant(ctx, iam.NodeAdmin(), p, p, iam.Runner); err != nil {
+			b.Fatal(err)
+		}
+		if tokens[p], _, err = st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: p, Project: p, Role: iam.Runner}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := st.SetLimit(ctx, iam.NodeAdmin(), "charged", store.Sandboxes, 1<<40); err != nil {
+		b.Fatal(err)
+	}
+	dial := func(tok string) []*dsec.Conn {
+		var out []*dsec.Conn
+		for _, a := range c.APIServers {
+			cl, err := dsec.Dial(a.Addr, dsec.DialOptions{Token: tok})
+			if err != nil {
+				b.Fatal(err)
+			}
+			out = append(out, cl)
+		}
+		return out
+	}
+	for range b.N {
+		rep, err := bench.RunClusterQuota(ctx, dial(tokens["free"]), dial(tokens["charged"]),
+			bench.ClusterOptions{Env: "base:1", Duration: 36 * time.Second, Batch: 50, BatchWorkers: 6, SingleWorkers: 40}, 3)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var out strings.Builder
+		rep.Print(&out)
+		b.Log("\n" + out.String())
+	}
+}
