@@ -29,6 +29,7 @@ func TestConformanceRemote(t *testing.T) {
 			svc := edgesvc.New(hollow.New(hollow.Config{Node: "h1"}), nil, slog.New(slog.DiscardHandler))
 			return serve(t, dir, svc)
 		},
+		Fork:       edgetest.ForkUnsupported,
 		Deviations: edgetest.Deviations{NoAgent: true},
 	})
 }

@@ -49,6 +49,8 @@ func testLifecycle(t *testing.T, e *edge) {
 		t.Fatalf("List after CreateMany: %v, want %s and %s", ids, sb.GetId(), other)
 	}
 
+	testFork(t, e, other, 2)
+
 	// Pause and Resume, each twice: the second says it was already done.
 	for i, want := range []bool{false, true} {
 		resp, err := e.h.Pause(ctx, connect.NewRequest(&dsecv1.PauseRequest{SandboxId: other}))
@@ -92,6 +94,38 @@ func testLifecycle(t *testing.T, e *edge) {
 	}
 }
 
+// testFork forks sandbox id once, as Options.Fork says the edge does, the
+// test having live sandboxes before it.
+func testFork(t *testing.T, e *edge, id string, live int) {
+	ctx := t.Context()
+	resp, err := e.h.Fork(ctx, connect.NewRequest(&edgev1.ForkRequest{SandboxId: id, CreateTokens: []string{"edgetest-fork#0@" + e.node}}))
+	switch e.o.Fork {
+	case ForkUnsupported:
+		wantKind(t, "Fork on an edge that cannot fork", err, errdefs.ErrNotSupported)
+	case ForkRefused:
+		wantKind(t, "Fork of a sandbox its runtime cannot fork", err, errdefs.ErrFailedPrecondition)
+	case ForkMakes:
+		if err != nil {
+			t.Fatalf("Fork: %v", err)
+		}
+		res := resp.Msg.GetResults()
+		if len(res) != 1 || res[0].GetErrorCode() != 0 || res[0].GetSandbox().GetId() == "" || res[0].GetSandbox().GetId() == id ||
+			res[0].GetSandbox().GetState() != dsecv1.State_STATE_RUNNING || res[0].GetSandbox().GetNode() != e.node {
+			t.Fatalf("Fork of %s with one token: %v; want one running child on %s", id, res, e.node)
+		}
+		if ids := e.live(ctx); len(ids) != live+1 {
+			t.Fatalf("List after a Fork: %v, want %d sandboxes", ids, live+1)
+		}
+		if err := e.delete(ctx, res[0].GetSandbox().GetId()); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if ids := e.live(ctx); len(ids) != live {
+		t.Fatalf("List after a refused Fork: %v, want %d sandboxes", ids, live)
+	}
+}
+
 // testErrors: the error kinds of a sandbox the node never made and of
 // malformed requests; none makes a sandbox.
 func testErrors(t *testing.T, e *edge) {
@@ -113,6 +147,12 @@ func testErrors(t *testing.T, e *edge) {
 	wantKind(t, "ReadFile in an unknown sandbox", err, errdefs.ErrNotFound)
 	_, err = e.h.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: unknown, Name: "edgetest-snap"}))
 	wantKind(t, "Snapshot of an unknown sandbox", err, errdefs.ErrNotFound)
+	_, err = e.h.Fork(ctx, connect.NewRequest(&edgev1.ForkRequest{SandboxId: unknown, CreateTokens: []string{"edgetest-fork#1@" + e.node}}))
+	if e.o.Fork == ForkUnsupported {
+		wantKind(t, "Fork on an edge that cannot fork", err, errdefs.ErrNotSupported)
+	} else {
+		wantKind(t, "Fork of an unknown sandbox", err, errdefs.ErrNotFound)
+	}
 	if err := e.delete(ctx, unknown); err != nil {
 		t.Errorf("Delete of an unknown sandbox: %v, want nil (Delete is idempotent)", err)
 	}
@@ -129,6 +169,10 @@ func testErrors(t *testing.T, e *edge) {
 	wantKind(t, "CreateMany with a token twice", err, errdefs.ErrInvalidArgument)
 	_, err = e.exec(ctx, "", "true")
 	wantKind(t, "Exec without a sandbox ID", err, errdefs.ErrInvalidArgument)
+	_, err = e.h.Fork(ctx, connect.NewRequest(&edgev1.ForkRequest{CreateTokens: []string{"edgetest-fork#2@" + e.node}}))
+	wantKind(t, "Fork without a sandbox ID", err, errdefs.ErrInvalidArgument)
+	_, err = e.h.Fork(ctx, connect.NewRequest(&edgev1.ForkRequest{SandboxId: unknown}))
+	wantKind(t, "Fork without create tokens", err, errdefs.ErrInvalidArgument)
 	_, err = e.h.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{Path: "/tmp/x", Data: []byte("x")}))
 	wantKind(t, "WriteFile without a sandbox ID", err, errdefs.ErrInvalidArgument)
 	if ids := e.live(ctx); len(ids) != 0 {

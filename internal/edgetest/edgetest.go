@@ -22,6 +22,9 @@
 //   - Delete is idempotent, and an ended sandbox is Gone; Reap removes what
 //     a token made;
 //   - Pause and Resume, each idempotent (already_paused, already_running);
+//   - Fork: a child per token where the edge forks the suite's sandboxes,
+//     else FailedPrecondition (their runtime cannot copy their memory) or
+//     NotSupported (the edge forks nothing), making nothing (Options.Fork);
 //   - the calls that run inside a sandbox (exec, files, processes), unless
 //     the implementation runs none (Deviations.NoAgent);
 //   - a cancelled context: a keyed create whose caller went makes at most
@@ -63,10 +66,29 @@ type Options struct {
 	// Environment is what the suite's sandboxes are made from; "" means
 	// "busybox:edgetest" (a hollow edge takes any name).
 	Environment string
+	// Fork is what Fork does with the suite's sandboxes; the zero value is
+	// ForkRefused.
+	Fork ForkAnswer
 	// Deviations are the differences from the contract an implementation
 	// documents; the suite checks the documented behaviour in their place.
 	Deviations Deviations
 }
+
+// ForkAnswer is what an edge answers a Fork of the suite's sandboxes.
+type ForkAnswer int
+
+const (
+	// ForkRefused: their runtime cannot copy a sandbox's memory (runc,
+	// gVisor): FailedPrecondition, and nothing made.
+	ForkRefused ForkAnswer = iota
+	// ForkUnsupported: the edge cannot fork at all (package edgesvc: an
+	// edge that is not a Forker, as the hollow edge): NotSupported,
+	// whatever the sandbox, and nothing made.
+	ForkUnsupported
+	// ForkMakes: the edge forks them (a microVM's edge; the apiserver
+	// tests' fake): a running child per token on the node, a new ID each.
+	ForkMakes
+)
 
 // Deviations are documented differences from the contract. Each names the
 // documentation that states it.

@@ -19,6 +19,7 @@ func TestConformanceHollow(t *testing.T) {
 		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
 			return edgesvc.New(hollow.New(hollow.Config{Node: "h1"}), nil, slog.New(slog.DiscardHandler))
 		},
+		Fork:       edgetest.ForkUnsupported,
 		Deviations: edgetest.Deviations{NoAgent: true},
 	})
 }
