@@ -29,6 +29,7 @@ import (
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/version"
+	"dsec.dev/dsec/internal/vm/fuse2fs"
 )
 
 const usage = `usage:
@@ -46,7 +47,14 @@ in the environment: --max-sandboxes as DSECD_MAX_SANDBOXES, and so on; the
 command line wins.
 `
 
-func main() { os.Exit(dispatch(os.Args[1:], os.Stdout)) }
+func main() {
+	if fuse2fs.IsFusermount(os.Args[0]) {
+		// fuse2fs's fusermount while a microVM's disk is captured
+		// (package fuse2fs).
+		os.Exit(fuse2fs.Fusermount(os.Args))
+	}
+	os.Exit(dispatch(os.Args[1:], os.Stdout))
+}
 
 // dispatch runs the command args name and returns the exit code.
 func dispatch(args []string, stdout io.Writer) int {

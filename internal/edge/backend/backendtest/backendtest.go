@@ -123,12 +123,6 @@ type Deviations struct {
 	// resolver (package microvm's doc). The suite checks that it names a
 	// nameserver.
 	OwnResolvConf bool
-	// OOMUncounted: Status.OOMKills does not count OOM kills inside the
-	// sandbox (microvm: the guest's kernel kills, the host's cgroup sees
-	// nothing), and the agent may report the process as killed by signal
-	// 9 rather than as OOM-killed. The suite checks the process was killed
-	// and the agent lives on.
-	OOMUncounted bool
 }
 
 func (o Options) boot() time.Duration {

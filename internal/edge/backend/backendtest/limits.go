@@ -224,13 +224,11 @@ func testMemory(t *testing.T, sb *sandbox) {
 	switch {
 	case r.exited == nil:
 		t.Fatalf("the allocating process: %s; want it OOM-killed", r)
-	case dev.OOMUncounted && (r.exited.Signal != 9 && r.exited.Status != dsecv1.ExitStatus_EXIT_STATUS_OOM):
-		t.Errorf("the allocating process: %s; want it killed by signal 9", r)
-	case !dev.OOMUncounted && r.exited.Status != dsecv1.ExitStatus_EXIT_STATUS_OOM:
+	case r.exited.Status != dsecv1.ExitStatus_EXIT_STATUS_OOM:
 		t.Errorf("the allocating process: %s; want EXIT_STATUS_OOM", r)
 	}
 	after := sb.n.running(sb.spec.ID)
-	if !dev.OOMUncounted && after.OOMKills <= before.OOMKills {
+	if after.OOMKills <= before.OOMKills {
 		t.Errorf("Status's OOM kills = %d after an OOM kill, were %d", after.OOMKills, before.OOMKills)
 	}
 	if _, err := ping(sb.c, sb.n.o.boot()); err != nil {

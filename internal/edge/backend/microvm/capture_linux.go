@@ -6,17 +6,15 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/vm/fuse2fs"
 	"dsec.dev/dsec/internal/vm/qemu"
 	"dsec.dev/dsec/internal/vm/vmstate"
 )
@@ -36,18 +34,19 @@ const syncTimeout = time.Minute
 // Pause): its writable disk is cloned (vmstate.Clone: a reflink where the
 // state dir's file system shares extents, else a copy of its data ranges)
 // to <StateDir>/captures/<id>.<name>/upper.ext4 and the clone mounted on
-// the host (ext4 on a loop device, nosuid, nodev, noexec) at mnt/ beside
-// it; the Tree is the overlay's upper dir in it, whiteouts as the guest's
-// overlayfs wrote them (0/0 character devices, trusted.overlay.*
-// extended attributes). The clone is mounted read-write: package snapshot
-// edits a tree in place, and mounting replays the ext4 journal into the
-// clone, so what the guest committed (its sync, see Freeze) is there
-// though not yet written to its final place; the VM's own disk is never
-// touched. Remove unmounts the clone and deletes it; Init removes what an
-// earlier instance left.
-//
-// The clone's file system is the guest's, mounted by the host's kernel:
-// a guest that corrupted it on purpose reaches the host's ext4 driver.
+// the host at mnt/ beside it by fuse2fs (package fuse2fs: e2fsprogs'
+// user-space ext4 over FUSE, run as nobody with no capabilities in its own
+// namespaces; nosuid, nodev, noexec), so that no host kernel file-system
+// driver parses what the guest wrote: a guest that crafted its ext4 on
+// purpose reaches an unprivileged user-space parser, whose failure fails
+// the capture or its reads, not the node. The Tree is the overlay's upper
+// dir in it, whiteouts as the guest's overlayfs wrote them (0/0 character
+// devices, trusted.overlay.* extended attributes). The clone is mounted
+// read-write: package snapshot edits a tree in place, and fuse2fs replays
+// the ext4 journal into the clone first, so what the guest committed (its
+// sync, see Freeze) is there though not yet written to its final place;
+// the VM's own disk is never touched. Remove unmounts the clone, ends its
+// fuse2fs and deletes it; Init removes what an earlier instance left.
 func (r *Runtime) Capture(ctx context.Context, id, name string) (*snapshot.Tree, error) {
 	if !backend.ValidID(id) || !backend.ValidID(name) {
 		return nil, fmt.Errorf("capture sandbox %q as %q: %w", id, name, errdefs.ErrInvalidArgument)
@@ -88,29 +87,38 @@ func mountClone(ctx context.Context, disk, cdir string) (*snapshot.Tree, error) 
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		return nil, fmt.Errorf("clone the writable disk: %w", err)
 	}
-	// mount(8) sets the loop device up and has it freed at the unmount
-	// (autoclear).
-	out, err := exec.CommandContext(ctx, "mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noexec", clone, mnt).CombinedOutput()
+	m, err := fuse2fs.Mount(ctx, clone, mnt, fuse2fs.Options{})
 	if err != nil {
-		return nil, fmt.Errorf("mount the clone of the writable disk: %v: %s", err, out)
+		return nil, fmt.Errorf("mount the clone of the writable disk: %w", err)
+	}
+	remove := func() error {
+		uerr := m.Unmount()
+		return errors.Join(uerr, removeCapture(cdir))
 	}
 	upper := filepath.Join(mnt, "upper")
-	if fi, err := os.Lstat(upper); err != nil || !fi.IsDir() {
+	fi, err := os.Lstat(upper)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		// A guest that never mounted its overlay has no upper dir yet:
 		// an empty one is its writable layer.
-		if err := os.Mkdir(upper, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return nil, fmt.Errorf("the clone of the writable disk has no upper dir: %w", err)
-		}
+		err = os.Mkdir(upper, 0o755)
+	case err == nil && !fi.IsDir():
+		// A guest's symlink there would point Pack at the host's own
+		// tree.
+		err = fmt.Errorf("the clone's upper is a %s, not a directory: %w", fi.Mode().Type(), errdefs.ErrFailedPrecondition)
 	}
-	return snapshot.NewTree(upper, snapshot.MethodDiskClone, 0, func() error { return removeCapture(cdir) }), nil
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("the upper dir of the clone of the writable disk: %w", err), m.Unmount())
+	}
+	return snapshot.NewTree(upper, snapshot.MethodDiskClone, 0, remove), nil
 }
 
-// removeCapture unmounts a capture's clone, when mounted, and deletes its
-// dir. A clone that stays mounted is not deleted (the error says so).
+// removeCapture detaches a capture's clone, when mounted (one an earlier
+// instance left: its fuse2fs then ends), and deletes its dir. A clone that
+// stays mounted is not deleted (the error says so).
 func removeCapture(cdir string) error {
-	mnt := filepath.Join(cdir, captureMount)
-	if err := unix.Unmount(mnt, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("remove capture %s: unmount: %w", cdir, err)
+	if err := fuse2fs.Detach(filepath.Join(cdir, captureMount)); err != nil {
+		return fmt.Errorf("remove capture %s: %w", cdir, err)
 	}
 	if err := os.RemoveAll(cdir); err != nil {
 		return fmt.Errorf("remove capture %s: %w", cdir, err)

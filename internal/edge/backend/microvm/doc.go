@@ -35,7 +35,7 @@
 //	<StateDir>/vms/<id>/{qmp,agent,console}.sock, console.log, qemu.log
 //	<StateDir>/vms/<id>/exit                    why QEMU ended, written by the instance that saw it
 //	<StateDir>/vms/<id>/netns                   the edge's network namespace of a networked VM (its tap's)
-//	<StateDir>/captures/<id>.<name>/            a capture: upper.ext4, the disk's clone, mounted at mnt/
+//	<StateDir>/captures/<id>.<name>/            a capture: upper.ext4, the disk's clone, mounted at mnt/ by fuse2fs
 //	<cgroup>/<CgroupParent>/<id>                QEMU's cgroup (memory, pids, cpu, cpuacct, freezer on v1)
 //
 // A sandbox with a network namespace (Spec.NetnsPath) gets a virtio-net
@@ -51,8 +51,9 @@
 // memory; Resume runs it again in a new QEMU.
 //
 // Capture (capture_linux.go) clones a frozen VM's writable disk and mounts
-// the clone on the host, whose upper/ package snapshot packs into a layer;
-// Freeze has the guest sync first.
+// the clone on the host through fuse2fs (package vm/fuse2fs: no host kernel
+// file system parses what the guest wrote), whose upper/ package snapshot
+// packs into a layer; Freeze has the guest sync first.
 //
 // Not yet: the sandbox's pids limit inside the guest.
 package microvm

@@ -53,6 +53,11 @@ type Runtime struct {
 	// consoles follow the consoles of running VMs an earlier instance
 	// started (Init), so their logs go on.
 	consoles map[string]*qemu.Console
+	// guestOOM is the last OOM kill count each running VM's agent
+	// reported (Status), for when it cannot answer; frozen the VMs Freeze
+	// stopped, whose agents cannot.
+	guestOOM map[string]int64
+	frozen   map[string]bool
 }
 
 // vm is a VM this instance started.
@@ -84,7 +89,8 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.Accel == "" {
 		cfg.Accel, _ = qemu.DetectAccel()
 	}
-	return &Runtime{cfg: cfg, log: cfg.Log, channels: cfg.Channels, vms: map[string]*vm{}, consoles: map[string]*qemu.Console{}}, nil
+	return &Runtime{cfg: cfg, log: cfg.Log, channels: cfg.Channels, vms: map[string]*vm{}, consoles: map[string]*qemu.Console{},
+		guestOOM: map[string]int64{}, frozen: map[string]bool{}}, nil
 }
 
 // Features: network (a tap in the edge's namespace, package vmnet),
@@ -468,9 +474,14 @@ func exitReason(err error, console string) string {
 	panicked, lines := qemu.Explain(console, consoleLines)
 	var why string
 	var ee *exec.ExitError
+	var ke killedError
 	switch {
 	case panicked != "":
 		why = "the guest kernel panicked: " + panicked
+	case errors.As(err, &ke) && ke.err != nil:
+		why = ke.Error()
+	case errors.As(err, &ke):
+		why = "the guest powered off"
 	case errors.As(err, &ee) && ee.ProcessState != nil && ee.ProcessState.String() == "signal: killed":
 		why = "qemu was killed (SIGKILL)"
 	case err != nil:
@@ -482,6 +493,57 @@ func exitReason(err error, console string) string {
 		return why
 	}
 	return why + "\nconsole:\n" + lines
+}
+
+// adoptedExitReason says why the QEMU of a VM an earlier instance started
+// ended, as exitReason does for one this instance started, from what it
+// left in its run dir: a kernel panic or a power-off on the console, a
+// polite signal in QEMU's own log ("terminating on signal"); else it was
+// killed (SIGKILL leaves no word) or crashed. The console's last lines
+// follow.
+func adoptedExitReason(dir string) string {
+	console := qemu.ConsoleTail(dir, consoleScanLines)
+	err := errors.New("qemu was killed (by SIGKILL, or it crashed: it was started by an earlier edge, to which its exit status went)")
+	if strings.Contains(lastLineWith(console, ""), "reboot: Power down") {
+		err = nil // the guest's last words: it powered off
+	}
+	if line := lastLineWith(readTailFile(filepath.Join(dir, qemu.QEMULog)), "terminating on signal"); line != "" {
+		err = errors.New("qemu was killed: " + line)
+	}
+	return exitReason(killedError{err}, console)
+}
+
+// killedError is an exit that exitReason states as it is.
+type killedError struct{ err error }
+
+func (e killedError) Error() string { return e.err.Error() }
+
+// lastLineWith is the last non-empty line of text holding sub.
+func lastLineWith(text, sub string) string {
+	lines := strings.Split(text, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.TrimSpace(lines[i]) != "" && strings.Contains(lines[i], sub) {
+			return strings.TrimSpace(lines[i])
+		}
+	}
+	return ""
+}
+
+// readTailFile is the last 4 KiB of the file at path ("" when unreadable).
+func readTailFile(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(fi.Size()-4096, 0)
+	b := make([]byte, fi.Size()-off)
+	n, _ := f.ReadAt(b, off)
+	return string(b[:n])
 }
 
 func firstLine(s string) string {
@@ -502,6 +564,13 @@ func (r *Runtime) Channel(id string) (backend.Dialer, error) {
 }
 
 // Status reports whether VM id's QEMU runs and, when it does not, why.
+// OOMKills counts the kills of QEMU's cgroup on the host and, while the VM
+// lives, those of the guest's OOM killer in the sandbox's cgroup, which
+// the guest's agent reports (Ping): a command that outgrew the sandbox's
+// memory counts as in a container. A VM that cannot answer (frozen,
+// paused to disk, busy past pingTimeout) keeps the count it last reported
+// to this instance; a VM that is gone counts only QEMU's kills, which its
+// reason names.
 func (r *Runtime) Status(ctx context.Context, id string) (backend.Status, error) {
 	if !backend.ValidID(id) {
 		return backend.Status{}, fmt.Errorf("status of sandbox %q: %w", id, errdefs.ErrNotFound)
@@ -522,11 +591,15 @@ func (r *Runtime) Status(ctx context.Context, id string) (backend.Status, error)
 	}
 	if alive(st.Pid, st.StartTicks) {
 		out.Running, out.Pid = true, st.Pid
+		out.OOMKills += r.guestOOMKills(ctx, id, dir)
 		return out, nil
 	}
 	if vmstate.Saved(filepath.Join(dir, savedFile)) {
 		// Paused to disk: no process, but the sandbox lives.
 		out.Running = true
+		r.mu.Lock()
+		out.OOMKills += r.guestOOM[id]
+		r.mu.Unlock()
 		return out, nil
 	}
 	// The instance that started it recorded how it ended; give it a moment
@@ -543,14 +616,41 @@ func (r *Runtime) Status(ctx context.Context, id string) (backend.Status, error)
 	if b, err := os.ReadFile(filepath.Join(dir, exitFile)); err == nil {
 		out.Reason = string(b)
 	} else {
-		// Not this process's child: how it ended is not known here.
-		out.Reason = exitReason(fmt.Errorf("qemu (pid %d) is gone, started by an earlier edge, so how it ended is unknown", st.Pid),
-			qemu.ConsoleTail(dir, consoleScanLines))
+		// Not this process's child (a re-adopted VM): its exit status
+		// went to its parent, so the reason comes from what it left.
+		out.Reason = adoptedExitReason(dir)
 	}
 	if out.OOMKills > 0 {
 		out.Reason = fmt.Sprintf("qemu was OOM-killed at its limit (%d MiB of guest memory and QEMU's overhead)\n%s", st.MemoryMiB, out.Reason)
 	}
 	return out, nil
+}
+
+// pingTimeout bounds Status's question to a guest's agent.
+const pingTimeout = 2 * time.Second
+
+// guestOOMKills is the OOM kill count VM id's agent reports, or the last
+// it reported when it cannot answer now.
+func (r *Runtime) guestOOMKills(ctx context.Context, id, dir string) int64 {
+	r.mu.Lock()
+	last, frozen := r.guestOOM[id], r.frozen[id]
+	r.mu.Unlock()
+	if frozen {
+		return last
+	}
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	c := agentclient.New(r.channels.get(filepath.Join(dir, qemu.ChannelSocket)).Dial)
+	defer c.Close()
+	resp, err := c.Ping(ctx, connect.NewRequest(&agentv1.PingRequest{}))
+	if err != nil {
+		return last
+	}
+	n := max(resp.Msg.GetOomKills(), last)
+	r.mu.Lock()
+	r.guestOOM[id] = n
+	r.mu.Unlock()
+	return n
 }
 
 // Delete kills VM id's QEMU and removes its cgroup and run dir, disk
@@ -582,6 +682,8 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	r.mu.Lock()
 	c := r.consoles[id]
 	delete(r.consoles, id)
+	delete(r.guestOOM, id)
+	delete(r.frozen, id)
 	r.mu.Unlock()
 	if c != nil {
 		c.Close()

@@ -142,6 +142,7 @@ func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (backend
 	if err := vmstate.Discard(stateFile); err != nil {
 		r.log.Warn("discard a resumed vm's state", "id", id, "err", err)
 	}
+	r.setFrozen(id, false)
 	r.log.Info("vm sandbox resumed", "id", id, "pid", p.Pid(), "start", rs.Start, "load", rs.Load, "channel", rs.Channel,
 		"prefetched", rs.PrefetchSize)
 	return backend.ResumeStats{
@@ -201,7 +202,20 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	if err := q.Stop(ctx); err != nil {
 		return fmt.Errorf("freeze sandbox %s: %w", id, err)
 	}
+	r.setFrozen(id, true)
 	return nil
+}
+
+// setFrozen records whether Freeze stopped VM id's vCPUs: Status asks
+// the agent of a VM that is not.
+func (r *Runtime) setFrozen(id string, frozen bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if frozen {
+		r.frozen[id] = true
+	} else {
+		delete(r.frozen, id)
+	}
 }
 
 // Thaw runs VM id's vCPUs again; a VM saved by Pause is resumed.
@@ -226,7 +240,11 @@ func (r *Runtime) cont(ctx context.Context, id, dir string) error {
 		return err
 	}
 	defer q.Close()
-	return q.Cont(ctx)
+	if err := q.Cont(ctx); err != nil {
+		return err
+	}
+	r.setFrozen(id, false)
+	return nil
 }
 
 // existing is VM id's run dir, or NotFound.
