@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
 )
@@ -68,7 +69,7 @@ func (s *Server) charge(ctx context.Context, spec *dsecv1.SandboxSpec, n int) (r
 	for r, v := range amounts {
 		charged[r] = v
 	}
-	if err := s.cfg.Quotas.Charge(ctx, project, charged); err != nil {
+	if err := s.charges.charge(ctx, s.cfg.Quotas, project, charged); err != nil {
 		return nil, err
 	}
 	return func() { s.release(context.WithoutCancel(ctx), project, amounts) }, nil
@@ -265,4 +266,78 @@ func (s *Server) limited(ctx context.Context, project string) (bool, error) {
 	s.limits.m[project] = limitEntry{limited: limited, at: now}
 	s.limits.mu.Unlock()
 	return limited, nil
+}
+
+// chargeGroup makes the charges of one project that arrive together one
+// transaction: a charge locks the quota rows of its project and of every
+// project above it, so concurrent charges of one project would otherwise
+// queue on those rows one transaction at a time. The first charge of a
+// project leads: it charges the sum of what has queued up meanwhile (up to
+// maxChargeGroup charges) and goes on while more queue. When the sum does
+// not fit, each of the group is charged alone, so a quota fills exactly
+// (of 1,000 racing for 100, exactly 100 pass).
+type chargeGroup struct {
+	mu      sync.Mutex
+	pending map[string][]*chargeReq
+}
+
+type chargeReq struct {
+	amounts store.Amounts
+	done    chan error
+}
+
+const maxChargeGroup = 256
+
+// chargeTimeout bounds a group's transactions: the leader's caller may
+// have gone, the others wait on it.
+const chargeTimeout = 30 * time.Second
+
+func (g *chargeGroup) charge(ctx context.Context, q Quotas, project string, amounts store.Amounts) error {
+	req := &chargeReq{amounts: amounts, done: make(chan error, 1)}
+	g.mu.Lock()
+	if g.pending == nil {
+		g.pending = map[string][]*chargeReq{}
+	}
+	queue, running := g.pending[project]
+	g.pending[project] = append(queue, req)
+	g.mu.Unlock()
+	if !running {
+		g.lead(ctx, q, project)
+	}
+	return <-req.done
+}
+
+// lead charges the queued charges of project until none is left.
+func (g *chargeGroup) lead(ctx context.Context, q Quotas, project string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), chargeTimeout)
+	defer cancel()
+	for {
+		g.mu.Lock()
+		queue := g.pending[project]
+		if len(queue) == 0 {
+			delete(g.pending, project)
+			g.mu.Unlock()
+			return
+		}
+		n := min(len(queue), maxChargeGroup)
+		group := queue[:n:n]
+		g.pending[project] = queue[n:]
+		g.mu.Unlock()
+		sum := store.Amounts{}
+		for _, r := range group {
+			for res, v := range r.amounts {
+				sum[res] += v
+			}
+		}
+		err := q.Charge(ctx, project, sum)
+		if len(group) > 1 && errors.Is(err, errdefs.ErrResourceExhausted) {
+			for _, r := range group {
+				r.done <- q.Charge(ctx, project, r.amounts)
+			}
+			continue
+		}
+		for _, r := range group {
+			r.done <- err
+		}
+	}
 }

@@ -2,16 +2,20 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
@@ -141,4 +145,61 @@ func TestQuotas(t *testing.T) {
 	if u := used(""); u[store.Sandboxes] != 3 {
 		t.Errorf("the root's use: %v, want its child's 2 and its own 1", u)
 	}
+}
+
+// countingQuotas counts the store's charges.
+type countingQuotas struct {
+	Quotas
+	charges atomic.Int32
+}
+
+func (c *countingQuotas) Charge(ctx context.Context, project string, amounts store.Amounts) error {
+	c.charges.Add(1)
+	return c.Quotas.Charge(ctx, project, amounts)
+}
+
+// TestChargeGroup: concurrent charges of one project go to the store in
+// groups, and a group past the limit is charged one by one, so the quota
+// fills exactly: of 200 racing for 50, 50 pass.
+func TestChargeGroup(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.CreateProject(ctx, iam.NodeAdmin(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetLimit(ctx, iam.NodeAdmin(), "a", store.Sandboxes, 50); err != nil {
+		t.Fatal(err)
+	}
+	q := &countingQuotas{Quotas: st}
+	var g chargeGroup
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int32
+	for range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := g.charge(ctx, q, "a", store.Amounts{store.Sandboxes: 1})
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, errdefs.ErrResourceExhausted):
+				refused.Add(1)
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 50 || refused.Load() != 150 {
+		t.Errorf("%d charges passed and %d were refused, want 50 and 150", ok.Load(), refused.Load())
+	}
+	qs, err := st.Quota(ctx, "a")
+	if err != nil || qs[0].Used[store.Sandboxes] != 50 {
+		t.Errorf("use %v (%v), want 50", qs, err)
+	}
+	t.Logf("%d store charges for 200 charges", q.charges.Load())
 }

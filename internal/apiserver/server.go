@@ -130,6 +130,7 @@ type Server struct {
 	authn *iam.Cache // nil without Config.Auth
 	// projects remembers sandboxes' projects (projects.go).
 	projects sandboxProjects
+	charges  chargeGroup                       // quotas.go
 	limits   limitCache                        // quotas.go
 	audit    *auditLog                         // nil without Config.Audit
 	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
