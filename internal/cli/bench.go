@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/bench"
 	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/vm/kernel"
 	dsec "dsec.dev/dsec/sdk/go"
 )
 
@@ -305,7 +307,7 @@ func (a *app) benchE2BCommand() *cobra.Command {
 
 func (a *app) benchVMCommand() *cobra.Command {
 	o := bench.VMOptions{Env: benchEnv, Rounds: 5, Execs: 50, WarmPool: 2, Pauses: 5, Forks: 4, SharedVMs: 8, SharedMiB: 200, VMs: 32,
-		IdleWindow: 30 * time.Second, MemoryMiB: 256, Parallel: 2}
+		IdleWindow: 30 * time.Second, MemoryMiB: 256, Parallel: 2, KernelDir: cmp.Or(os.Getenv("DSEC_VM_KERNEL_DIR"), kernel.DefaultDir)}
 	var only, pmemAddr, pmemToken string
 	cmd := &cobra.Command{
 		Use:   "vm",
@@ -349,5 +351,7 @@ func (a *app) benchVMCommand() *cobra.Command {
 	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long the idle microVMs' CPU is measured")
 	f.IntVar(&o.MemoryMiB, "memory-mib", o.MemoryMiB, "each microVM's memory")
 	f.IntVar(&o.Parallel, "parallel", o.Parallel, "microVM creates in flight")
+	f.StringVar(&o.KernelDir, "vm-kernel-dir", o.KernelDir, "the node's guest kernel directory, for the floor VMs the cold and idle parts boot beside its microVMs (QEMU and a static busybox from PATH; \"\": no floors)")
+	f.IntVar(&o.FloorVMs, "floor-vms", 2, "floor VMs the idle part holds beside its microVMs")
 	return cmd
 }

@@ -11,6 +11,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend/container"
 	"dsec.dev/dsec/internal/edge/backend/microvm"
 	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/vm/kernel"
 	"dsec.dev/dsec/internal/vm/qemu"
 )
 
@@ -20,7 +21,7 @@ const NoRunsc = "none"
 
 // DefaultVMKernelDir is where scripts/build-vm-kernel.sh puts the microVM
 // guest kernel by default.
-const DefaultVMKernelDir = "/var/cache/dsec/vm-kernel"
+const DefaultVMKernelDir = kernel.DefaultDir
 
 // offers collects the node's runtimes, one per kind it offers, and why it
 // lacks the isolations it lacks.

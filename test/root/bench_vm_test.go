@@ -2,6 +2,8 @@ package root
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -16,21 +18,23 @@ import (
 // TestBenchVM runs `dsec bench vm` at its smallest end to end (one round of
 // each part but the heavy ones: the shared layer and the idle set) on a
 // node offering microvm and gvisor, and checks that every figure was
-// measured, every target line has a verdict, and nothing is left behind.
+// measured, every target line has a verdict, the cold and warm lines a
+// floor (one floor VM booted), and nothing is left behind.
 func TestBenchVM(t *testing.T) {
 	allInOneOnly(t)
 	d := startDaemon(t, "--vm-kernel-dir", testutil.VMKernelDir(t), "--runsc", testutil.Runsc(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rep, err := bench.RunVM(ctx, d.Clients, bench.VMOptions{Env: env, Parts: []string{"cold", "warm", "pause", "gvisor"},
-		Rounds: 1, Execs: 5, WarmPool: 1, Pauses: 1, MemoryMiB: 256, Parallel: 2})
+		Rounds: 1, Execs: 5, WarmPool: 1, Pauses: 1, MemoryMiB: 256, Parallel: 2, KernelDir: testutil.VMKernelDir(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Contains([]string{"tcg", "kvm"}, rep.Accelerator) || rep.GVisorPlatform == "" || rep.Cores <= 0 || rep.HostMemGiB <= 0 {
 		t.Errorf("header: accelerator %q, gvisor %q, %d cores, %.1f GiB", rep.Accelerator, rep.GVisorPlatform, rep.Cores, rep.HostMemGiB)
 	}
-	for name, l := range map[string]bench.VMLatency{"microvm cold": rep.MicroVMCold, "warm": rep.Warm, "gvisor cold": rep.GVisorCold} {
+	for name, l := range map[string]bench.VMLatency{"microvm cold": rep.MicroVMCold, "warm": rep.Warm, "gvisor cold": rep.GVisorCold,
+		"floor": rep.Floor, "floor uptime": rep.FloorUptime} {
 		if l.N != 1 || l.P50 <= 0 {
 			t.Errorf("%s not measured: %+v", name, l)
 		}
@@ -47,9 +51,20 @@ func TestBenchVM(t *testing.T) {
 	if len(rep.Checks) != 5 {
 		t.Errorf("%d target lines, want 5 (cold, warm, restore, released, resume): %+v", len(rep.Checks), rep.Checks)
 	}
-	for _, c := range rep.Checks {
-		if c.Verdict != "PASS" && c.Verdict != "MISS" {
+	for i, c := range rep.Checks {
+		if !slices.Contains([]string{"PASS", "MISS", "FLOOR"}, c.Verdict) {
 			t.Errorf("%s: verdict %q", c.Name, c.Verdict)
+		}
+		if (i < 2) != (c.Floor != "") { // cold and warm have floors, the pause part's lines none
+			t.Errorf("%s: floor %q", c.Name, c.Floor)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(os.TempDir(), "dsec-bench-floor-*")); len(left) > 0 {
+		t.Errorf("floor VMs' directories left: %v", left)
+	}
+	for _, pattern := range []string{"/sys/fs/cgroup/dsec-bench-floor", "/sys/fs/cgroup/*/dsec-bench-floor"} { // v2's, v1's
+		if left, _ := filepath.Glob(pattern); len(left) > 0 {
+			t.Errorf("floor VMs' cgroups left: %v", left)
 		}
 	}
 	left, err := d.Clients.Sandboxes.List(ctx, connect.NewRequest(&dsecv1.ListRequest{}))

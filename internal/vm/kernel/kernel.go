@@ -18,6 +18,10 @@ import (
 // GuestDir is where the initramfs holds the manifest and the modules.
 const GuestDir = "/.dsec/kernel"
 
+// DefaultDir is where scripts/build-vm-kernel.sh puts the guest kernel by
+// default.
+const DefaultDir = "/var/cache/dsec/vm-kernel"
+
 // Kernel is one guest kernel directory.
 type Kernel struct {
 	Dir     string

@@ -58,14 +58,14 @@ const (
 	// (a sparse file: blocks cost only once written).
 	defaultDisk = 4 << 30
 	minDisk     = 64 << 20
-	// tcgBufferMiB caps TCG's translated code; overhead is what QEMU's
+	// TCGBufferMiB caps TCG's translated code; overhead is what QEMU's
 	// cgroup holds beyond the guest's memory: that buffer, QEMU's own heap
 	// and the device state. A boot fills the buffer and it stays
 	// resident: at 64 MiB an idle VM's QEMU held 81-89 MiB of anonymous
 	// memory, at 32 MiB 48-52 MiB with execs as fast; at 16 MiB 28-37 MiB,
 	// but a run of short commands took twice as long, the buffer flushed
 	// and its code translated again (docs/microvm.md, "Idle memory").
-	tcgBufferMiB = 32
+	TCGBufferMiB = 32
 	overheadTCG  = 192 << 20
 	overheadKVM  = 96 << 20
 	// qemuPids bounds QEMU's threads: vCPUs, I/O workers (at most 64), its

@@ -385,7 +385,7 @@ func (r *Runtime) qemuConfig(s backend.Spec, dir, initrd string, sz size) qemu.C
 		// In a file of the run dir (on disk), so a pause can save the VM
 		// and drop its RAM from the host's memory (package vmstate).
 		MemoryFile: filepath.Join(dir, memoryFile),
-		MemoryMiB:  sz.memoryMiB, VCPUs: sz.vcpus, Accel: r.accel, TCGBufferMiB: tcgBufferMiB,
+		MemoryMiB:  sz.memoryMiB, VCPUs: sz.vcpus, Accel: r.accel, TCGBufferMiB: TCGBufferMiB,
 		Drives: drives,
 		// What the guest frees goes back to the host (and out of the
 		// RAM file), so an idle VM costs what it uses, not its peak.
