@@ -7,6 +7,7 @@
 package guest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,6 +64,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.PortWait = 30 * time.Second
 	}
 	start := time.Now()
+	upInit := uptime()
 	if err := mountAll(); err != nil {
 		return err
 	}
@@ -70,8 +72,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	loaded, failed := loadModules(k, log)
-	modulesTook := time.Since(start)
+	loaded, failed, slowest := loadModules(k, log, present)
+	modulesTook, upModules := time.Since(start), uptime()
 	if cfg.KernelDir == kernel.GuestDir {
 		// The initramfs is RAM the guest keeps for as long as it runs:
 		// its module files are of no use once loaded.
@@ -93,6 +95,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	upRoot := uptime()
 	if given != nil {
 		apply(&cfg.Agent, *given)
 		if err := sandboxCgroup(&cfg.Agent, given.Pids); err != nil {
@@ -115,8 +118,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return err
 	}
+	// The boot's timeline on the guest's clock (since its kernel
+	// started): init ran, the modules loaded, the root made, the port
+	// found (the agent serves from here). docs/microvm.md, "Boot timeline".
 	log.Info("guest ready", "kernel", k.Version, "modules", loaded, "modules_took", modulesTook.Round(time.Millisecond),
-		"port", dev, "took", time.Since(start).Round(time.Millisecond))
+		"port", dev, "took", time.Since(start).Round(time.Millisecond),
+		"up_init", upInit, "up_modules", upModules, "up_root", upRoot, "up_port", uptime(), "slowest_modules", slowest)
 	return agent.ServeListener(ctx, cfg.Agent, channel.Listen(dev, log))
 }
 
@@ -240,21 +247,99 @@ func mountAll() error {
 	return nil
 }
 
-// loadModules loads k's modules in order and returns how many it loaded
+// deviceModules are the modules of the kernel directory that serve only
+// a device a VM may not have, by the device: a virtio device's ID
+// (/sys/bus/virtio/devices/*/device), or "pci" for the virtio PCI
+// transport (a q35 VM's). Such a module is loaded only when the device is
+// there: on a microvm machine without a network card or pmem layers, the
+// PCI, vsock, network and pmem modules cost a TCG boot ~100 ms for nothing.
+var deviceModules = map[string]string{
+	"virtio_pci_legacy_dev": "pci", "virtio_pci_modern_dev": "pci", "virtio_pci": "pci",
+	"vsock": virtioVsock, "vmw_vsock_virtio_transport_common": virtioVsock, "vmw_vsock_virtio_transport": virtioVsock,
+	"failover": virtioNet, "net_failover": virtioNet, "virtio_net": virtioNet,
+	"libnvdimm": virtioPmem, "nd_virtio": virtioPmem, "virtio_pmem": virtioPmem, "nd_btt": virtioPmem, "nd_pmem": virtioPmem,
+}
+
+// The virtio device IDs of deviceModules, as sysfs writes them.
+const (
+	virtioNet   = "0x0001"
+	virtioVsock = "0x0013"
+	virtioPmem  = "0x001b"
+)
+
+// present reports whether the guest has device (deviceModules' key),
+// true when it cannot tell. Virtio devices are on the bus once their
+// transport's module is loaded, which the load order puts first.
+func present(device string) bool {
+	if device == "pci" {
+		return anyFileHolds("/sys/bus/pci/devices/*/vendor", "0x1af4")
+	}
+	return anyFileHolds("/sys/bus/virtio/devices/*/device", device)
+}
+
+// anyFileHolds reports whether a file matching pattern holds value (true
+// when the files cannot be read).
+func anyFileHolds(pattern, value string) bool {
+	paths, err := filepath.Glob(pattern)
+	if err != nil {
+		return true
+	}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil || strings.TrimSpace(string(b)) == value {
+			return true
+		}
+	}
+	return false
+}
+
+// loadModules loads k's modules in order, but those of deviceModules whose
+// device is not present, and returns how many it loaded
 // and the names of those that failed (each logged). A module the kernel
 // already has is loaded.
-func loadModules(k *kernel.Kernel, log *slog.Logger) (int, []string) {
+func loadModules(k *kernel.Kernel, log *slog.Logger, present func(device string) bool) (int, []string, string) {
 	var failed []string
+	type took struct {
+		name string
+		d    time.Duration
+	}
+	var tooks []took
 	n := 0
+	has := map[string]bool{}
 	for _, name := range k.Modules {
+		if dev, ok := deviceModules[name]; ok {
+			if _, seen := has[dev]; !seen {
+				has[dev] = present(dev)
+			}
+			if !has[dev] {
+				continue
+			}
+		}
+		t := time.Now()
 		if err := loadModule(k.ModulePath(name)); err != nil {
 			log.Warn("load module", "module", name, "err", err)
 			failed = append(failed, name)
 			continue
 		}
+		tooks = append(tooks, took{name, time.Since(t)})
 		n++
 	}
-	return n, failed
+	slices.SortFunc(tooks, func(a, b took) int { return cmp.Compare(b.d, a.d) })
+	var slowest []string
+	for _, t := range tooks[:min(5, len(tooks))] {
+		slowest = append(slowest, fmt.Sprintf("%s:%dms", t.name, t.d.Milliseconds()))
+	}
+	return n, failed, strings.Join(slowest, ",")
+}
+
+// uptime is the guest's clock since its kernel started (CLOCK_BOOTTIME),
+// to the millisecond.
+func uptime() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano()).Round(time.Millisecond)
 }
 
 func loadModule(path string) error {

@@ -19,6 +19,7 @@ import (
 // Warm pools keep sandboxes of one shape started and idle, so that a create
 // of that shape takes one instead of starting a container: starting one
 // costs tens of milliseconds of runc, taking one a record write. A member
+// has run one exec (warmUp) before it counts as ready. A member
 // is an ordinary sandbox of the manager (pinged, persisted, torn down like
 // any other) that Get, List and Delete do not see until it is taken. Its
 // record carries poolLabel, so an edge that restarts removes the members
@@ -368,11 +369,48 @@ func (m *Manager) refill() {
 	}
 }
 
+// warmUpTimeout bounds a pool member's warm-up exec.
+const warmUpTimeout = 30 * time.Second
+
+// warmUp runs `true` once in a new pool member before it counts as
+// ready, by the path a client's exec takes (the agent's framed exec), so
+// the first exec of whoever takes it is not the sandbox's first: in a
+// microVM that one pays for the command's pages read from the layers and,
+// under TCG, the exec path's code translated, ~100 ms where a later exec
+// takes ~10. Best effort: a failure (an image without `true`) is logged
+// and the member kept, as the exec reached the agent all the same.
+func (m *Manager) warmUp(sb *sandbox) {
+	sb.mu.Lock()
+	a, id := sb.agent, sb.rec.GetId()
+	sb.mu.Unlock()
+	if a == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), warmUpTimeout)
+	defer cancel()
+	t := time.Now()
+	s, err := a.ExecEvents(ctx, &dsecv1.ExecRequest{Argv: []string{"true"}})
+	if err == nil {
+		for s.Receive() {
+		}
+		err = s.Err()
+		s.Close()
+	}
+	if err != nil {
+		m.log.Debug("warm up pool member", "id", id, "err", err)
+		return
+	}
+	m.log.Debug("pool member warmed up", "id", id, "took", time.Since(t))
+}
+
 func (m *Manager) refillOne(p *pool) {
 	defer m.wg.Done()
 	spec := cloneSpec(p.shape)
 	spec.Labels = map[string]string{poolLabel: p.key}
 	sb, err := m.start(context.Background(), m.NewID(), spec, p.key, "", nil)
+	if err == nil {
+		m.warmUp(sb)
+	}
 	m.poolMu.Lock()
 	p.starting--
 	keep := err == nil && m.pools[p.key] == p && len(p.ready) < p.size

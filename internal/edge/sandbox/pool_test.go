@@ -51,6 +51,12 @@ func TestWarmPoolServesAndRefills(t *testing.T) {
 	}
 	waitPool(t, m, rt, 2, 2)
 	members, _ := rt.List(ctx)
+	for _, id := range members {
+		// Each ran one exec (refused by the fake) before it was ready.
+		if n := rt.Execs(id); n != 1 {
+			t.Errorf("pooled %s had %d warm-up execs, want 1", id, n)
+		}
+	}
 	if sbs, _ := m.List(ctx, nil, nil); len(sbs) != 0 {
 		t.Fatalf("List shows pooled sandboxes: %v", sbs)
 	}

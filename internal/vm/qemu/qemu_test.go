@@ -30,8 +30,8 @@ func TestArgs(t *testing.T) {
 		cpu     string
 		cmdline string
 	}{
-		{TCG, "max", "console=ttyS0 quiet reboot=t panic=-1 tsc_early_khz=2596142 -- --log-level debug"},
-		{KVM, "host", "console=ttyS0 quiet reboot=t panic=-1 -- --log-level debug"},
+		{TCG, "max", "console=ttyS0 quiet reboot=t panic=-1 cryptomgr.notests tsc_early_khz=2596142 -- --log-level debug"},
+		{KVM, "host", "console=ttyS0 quiet reboot=t panic=-1 cryptomgr.notests -- --log-level debug"},
 	} {
 		t.Run(string(tc.accel), func(t *testing.T) {
 			c := Config{Dir: "/run/vm/sb-1", Kernel: "/k/vmlinux", Initrd: "/k/initrd", Accel: tc.accel,

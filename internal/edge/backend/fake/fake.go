@@ -37,6 +37,7 @@ import (
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/execwire"
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/snapshot"
@@ -56,6 +57,7 @@ type Runtime struct {
 	hold     chan struct{}
 	procs    int32
 	pings    int
+	execs    map[string]int // Exec calls by sandbox
 	noWatch  bool
 	// conns are the agents' ends of the open connections, by sandbox.
 	conns map[string]map[*idConn]bool
@@ -103,14 +105,19 @@ func New(root string, opts ...Option) *Runtime {
 			return ctx
 		}}
 	// Watch connections are held as the real agent holds them; the fake
-	// has no framed exec, so a framed call's connection is closed and the
-	// client falls back to Connect (which the fake refuses).
+	// has no framed exec, so a framed call's connection is counted and
+	// closed, and the call fails.
 	if r.noWatch {
 		go r.srv.Serve(r.ln)
 		return r
 	}
 	log := slog.New(slog.DiscardHandler)
-	go r.srv.Serve(execwire.Split(r.ln, func(c net.Conn) { c.Close() }, log))
+	go r.srv.Serve(execwire.Split(r.ln, func(c net.Conn) {
+		if ic, ok := c.(*idConn); ok {
+			r.countExec(ic.id)
+		}
+		c.Close()
+	}, log))
 	return r
 }
 
@@ -439,6 +446,23 @@ func (r *Runtime) Pings() int {
 	return r.pings
 }
 
+// Execs is how many exec calls sandbox id's agent got by either path (and
+// refused: the fake runs no command).
+func (r *Runtime) Execs(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.execs[id]
+}
+
+func (r *Runtime) countExec(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.execs == nil {
+		r.execs = map[string]int{}
+	}
+	r.execs[id]++
+}
+
 // Spec is the spec sandbox id was started with.
 func (r *Runtime) Spec(id string) (backend.Spec, error) {
 	r.mu.Lock()
@@ -479,6 +503,13 @@ func (a *agent) Ping(ctx context.Context, req *connect.Request[agentv1.PingReque
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// Exec counts the call and refuses it: the fake runs no command.
+func (a *agent) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], _ *connect.ServerStream[dsecv1.ExecEvent]) error {
+	id, _ := ctx.Value(idKey{}).(string)
+	a.rt.countExec(id)
+	return connect.NewError(connect.CodeUnimplemented, errors.New("the fake agent runs no command"))
 }
 
 // idConn is the agent's end of a connection to sandbox id.

@@ -354,7 +354,8 @@ func (r *Runtime) Start(ctx context.Context, s backend.Spec) (d backend.Dialer, 
 		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
 	}
 	r.log.Info("vm sandbox running", "id", s.ID, "accel", st.Accel, "memory_mib", sz.memoryMiB, "vcpus", sz.vcpus,
-		"disk", sz.diskBytes, "layers", len(s.Layers), "disk_took", tDisk.Sub(start), "boot_took", time.Since(tDisk))
+		"disk", sz.diskBytes, "layers", len(s.Layers), "disk_took", tDisk.Sub(start), "boot_took", time.Since(tDisk),
+		"guest", guestReady(dir))
 	return dialer.Dial, nil
 }
 
@@ -768,6 +769,18 @@ func (r *Runtime) Usage(ctx context.Context, id string) (backend.Usage, error) {
 		MemoryLimit: int64(st.MemoryMiB) << 20,
 		DiskBytes:   fi.Blocks * 512, DiskLimit: st.DiskBytes, DiskSize: st.DiskBytes,
 	}, nil
+}
+
+// guestReady is what the guest's init said on the console once ready
+// (its "guest ready" line from its attributes on: the boot's timeline on
+// the guest's clock, the slowest modules), "" if it is not there.
+func guestReady(dir string) string {
+	for _, line := range strings.Split(qemu.ConsoleTail(dir, 50), "\n") {
+		if _, attrs, ok := strings.Cut(line, `msg="guest ready" `); ok {
+			return attrs
+		}
+	}
+	return ""
 }
 
 // netnsFile names, in a VM's run dir, the network namespace its tap is in.
