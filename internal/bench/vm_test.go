@@ -95,4 +95,26 @@ func TestVMReportChecks(t *testing.T) {
 	if c := r.checks()[0]; c.Verdict != "PASS" || !strings.Contains(c.Target, "300 ms under kvm") {
 		t.Errorf("kvm cold line: %+v", c)
 	}
+
+	// Floors: a miss whose floor is past the target is FLOOR, one whose
+	// floor is under it MISS; either way the line shows the floor.
+	r.Accelerator, r.MicroVMCold.P50 = "tcg", 3400
+	r.Floor = VMLatency{N: 5, P50: 3100}
+	r.Warm, r.WarmCreateCall, r.WarmSecondExec = VMLatency{N: 5, P50: 120}, VMLatency{N: 5, P50: 2}, VMLatency{N: 5, P50: 10}
+	r.Idle.FloorVMs, r.Idle.FloorMemMiB, r.Idle.FloorCPUPct = 2, 150, 1.25
+	floors := map[string][2]string{
+		"microvm create → first exec p50, cold":      {"FLOOR", "3100 ms: QEMU + the kernel to a trivial init (+300 ms ours)"},
+		"microvm create → first exec p50, warm pool": {"MISS", "12 ms: the claim + a warm guest's exec (+108 ms ours)"},
+		"host memory per idle microVM (mean)":        {"FLOOR", "150 MiB: QEMU + the kernel idle at a trivial init (+40 MiB ours)"},
+		"CPU per idle microVM (mean)":                {"PASS", "1.25 %: QEMU + the kernel idle at a trivial init (+0.25 ours)"},
+	}
+	for _, c := range r.checks() {
+		if w, ok := floors[c.Name]; ok && (c.Verdict != w[0] || c.Floor != w[1]) {
+			t.Errorf("%s: %s, floor %q; want %s, %q", c.Name, c.Verdict, c.Floor, w[0], w[1])
+		}
+	}
+	r.Floor.P50 = 2500
+	if c := r.checks()[0]; c.Verdict != "MISS" {
+		t.Errorf("cold line with a floor under the target: %+v", c)
+	}
 }

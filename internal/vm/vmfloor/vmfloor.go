@@ -209,15 +209,21 @@ func waitReady(ctx context.Context, p *qemu.Process, log string, timeout time.Du
 	}
 }
 
-// MemoryBytes is the host memory the VM's cgroup holds, as a sandbox's
-// is read (the guest RAM QEMU touched, QEMU's own, the page cache it
-// charged).
-func (vm *VM) MemoryBytes() (int64, error) {
+// Usage is what the VM's cgroup holds and used, read as a sandbox's is:
+// its memory (the guest RAM QEMU touched, QEMU's own, the page cache it
+// charged) and its CPU time so far.
+type Usage struct {
+	MemoryBytes int64
+	CPUUsec     int64
+}
+
+// Usage reads the VM's cgroup.
+func (vm *VM) Usage() (Usage, error) {
 	u, err := vm.f.layout.Usage(vm.rel)
 	if err != nil {
-		return 0, fmt.Errorf("floor vm's memory: %w", err)
+		return Usage{}, fmt.Errorf("floor vm's usage: %w", err)
 	}
-	return u.MemoryBytes, nil
+	return Usage{MemoryBytes: u.MemoryBytes, CPUUsec: u.CPUUsec}, nil
 }
 
 // Close kills the VM's QEMU and removes its cgroup and run directory.

@@ -11,7 +11,7 @@ import (
 )
 
 // TestFloor boots one floor VM: its init's line comes with the guest's
-// uptime, its cgroup holds memory, and Close leaves no cgroup or run
+// uptime, its cgroup holds memory and counts CPU, and Close leaves no cgroup or run
 // directory.
 func TestFloor(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -29,10 +29,10 @@ func TestFloor(t *testing.T) {
 		f.Close()
 		t.Fatal(err)
 	}
-	mem, err := vm.MemoryBytes()
-	t.Logf("QEMU start → init's line %s, the guest's uptime then %s, host memory %d MiB", vm.Ready, vm.Uptime, mem>>20)
-	if err != nil || mem <= 0 {
-		t.Errorf("memory %d: %v", mem, err)
+	u, err := vm.Usage()
+	t.Logf("QEMU start → init's line %s, the guest's uptime then %s, host memory %d MiB, CPU %d ms", vm.Ready, vm.Uptime, u.MemoryBytes>>20, u.CPUUsec/1000)
+	if err != nil || u.MemoryBytes <= 0 || u.CPUUsec <= 0 {
+		t.Errorf("usage %+v: %v", u, err)
 	}
 	if vm.Uptime <= 0 || vm.Uptime >= vm.Ready {
 		t.Errorf("uptime %s of a boot of %s", vm.Uptime, vm.Ready)
