@@ -56,31 +56,55 @@ func amountsOf(spec *dsecv1.SandboxSpec, n int) store.Amounts {
 
 // charge charges the project of spec for n sandboxes about to be made, and
 // a create of each against creates_per_second; release gives the sandboxes'
-// part back (a create that failed). A refusal is the store's
+// part back (a create that failed). Only the resources some project on the
+// path limits are charged (limited). A refusal is the store's
 // ResourceExhausted, naming the project, the resource, the limit and the
 // use.
 func (s *Server) charge(ctx context.Context, spec *dsecv1.SandboxSpec, n int) (release func(), err error) {
 	project := spec.GetLabels()[ProjectLabel]
-	if limited, err := s.limited(ctx, project); err != nil || !limited {
+	limits, err := s.limited(ctx, project)
+	if err != nil || len(limits) == 0 {
 		return func() {}, err
 	}
-	amounts := amountsOf(spec, n)
-	charged := store.Amounts{store.CreatesPerSecond: int64(n)}
-	for r, v := range amounts {
+	all := amountsOf(spec, n)
+	all[store.CreatesPerSecond] = int64(n)
+	charged, held := store.Amounts{}, store.Amounts{}
+	for r, v := range all {
+		if !limits[r] {
+			continue
+		}
 		charged[r] = v
+		if r != store.CreatesPerSecond {
+			held[r] = v
+		}
 	}
 	if err := s.charges.charge(ctx, s.cfg.Quotas, project, charged); err != nil {
 		return nil, err
 	}
-	return func() { s.release(context.WithoutCancel(ctx), project, amounts) }, nil
+	return func() { s.releaseCharged(context.WithoutCancel(ctx), project, held) }, nil
 }
 
-// release gives back what sandboxes of project held.
+// release gives back what sandboxes of project held, of the resources a
+// create would have been charged now.
 func (s *Server) release(ctx context.Context, project string, amounts store.Amounts) {
-	if limited, err := s.limited(ctx, project); err != nil || !limited {
+	limits, err := s.limited(ctx, project)
+	if err != nil || len(limits) == 0 {
 		return
 	}
-	if err := s.cfg.Quotas.Release(ctx, project, amounts); err != nil {
+	held := store.Amounts{}
+	for r, v := range amounts {
+		if limits[r] {
+			held[r] = v
+		}
+	}
+	s.releaseCharged(ctx, project, held)
+}
+
+func (s *Server) releaseCharged(ctx context.Context, project string, held store.Amounts) {
+	if len(held) == 0 {
+		return
+	}
+	if err := s.cfg.Quotas.Release(ctx, project, held); err != nil {
 		// The reconciliation sets the use from the truth.
 		s.log.Warn("release quota", "project", iam.Display(project), "err", err)
 	}
@@ -207,43 +231,47 @@ func hasUnder(truth map[string]store.Amounts, path string) bool {
 }
 
 // limitedTTL is how long limitCache trusts what it read: a limit set on a
-// project no create was charged under takes effect within it.
+// path no create was charged under takes effect within it.
 const limitedTTL = time.Second
 
-// limitCache remembers, by project, whether a limit on a sandbox resource
-// applies to it (its own or an ancestor's).
+// limitCache remembers, by project, which resources a limit applies to on
+// it (its own or an ancestor's).
 type limitCache struct {
 	mu sync.Mutex
 	m  map[string]limitEntry
 }
 
 type limitEntry struct {
-	limited bool
-	at      time.Time
+	limits map[store.Resource]bool
+	at     time.Time
 }
 
-// limited reports whether a limit on a sandbox resource (or on creates per
-// second) applies to project: its own or an ancestor's. A create under no
-// limit is not charged, nor its sandboxes released: charging locks the
-// root's quota rows, which would serialise every create of the cluster
-// for nothing; the reconciliation keeps their use from the edges' truth,
-// so a limit set later starts from it.
-func (s *Server) limited(ctx context.Context, project string) (bool, error) {
+// limited is the set of sandbox resources (and creates per second) that a
+// limit applies to on project: its own or an ancestor's. A create is
+// charged only those: a charge locks and updates its resources' rows of
+// the project and of every project above it, the root's included, which
+// serialises charges cluster-wide; a resource no project on the path
+// limits needs no exact count. Reconciliation keeps every resource's use
+// from the edges' truth, so a limit set later starts from it.
+func (s *Server) limited(ctx context.Context, project string) (map[store.Resource]bool, error) {
 	if s.cfg.Quotas == nil {
-		return false, nil
+		return nil, nil
 	}
 	now := time.Now()
 	s.limits.mu.Lock()
 	e, ok := s.limits.m[project]
 	s.limits.mu.Unlock()
 	if ok && now.Sub(e.at) < limitedTTL {
-		return e.limited, nil
+		return e.limits, nil
 	}
-	limited := false
+	limits := map[store.Resource]bool{}
 	for _, p := range iam.Ancestors(project) {
 		qs, err := s.cfg.Quotas.Quota(ctx, p)
 		if err != nil {
-			return false, err
+			if ok {
+				return e.limits, nil // the store is away: what was last read
+			}
+			return nil, err
 		}
 		for _, q := range qs {
 			if q.Project != p {
@@ -251,21 +279,18 @@ func (s *Server) limited(ctx context.Context, project string) (bool, error) {
 			}
 			for _, r := range append(sandboxResources, store.CreatesPerSecond) {
 				if l, ok := q.Limits[r]; ok && l != store.Unlimited {
-					limited = true
+					limits[r] = true
 				}
 			}
-		}
-		if limited {
-			break
 		}
 	}
 	s.limits.mu.Lock()
 	if s.limits.m == nil || len(s.limits.m) >= maxSandboxProjects {
 		s.limits.m = map[string]limitEntry{}
 	}
-	s.limits.m[project] = limitEntry{limited: limited, at: now}
+	s.limits.m[project] = limitEntry{limits: limits, at: now}
 	s.limits.mu.Unlock()
-	return limited, nil
+	return limits, nil
 }
 
 // chargeGroup makes the charges of one project that arrive together one

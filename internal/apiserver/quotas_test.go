@@ -21,7 +21,8 @@ import (
 	"dsec.dev/dsec/internal/watcher"
 )
 
-// TestQuotas: a project's sandbox quota is charged by its creates (a
+// TestQuotas: a project's sandbox quota is charged by its creates, on the
+// resources limited on its path (a
 // refusal is ResourceExhausted with the store's words, and makes nothing),
 // given back by deletes, and set from the edges' truth by reconciliation:
 // a sandbox that ended by itself and the charge of a create whose
@@ -38,6 +39,9 @@ func TestQuotas(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := st.SetLimit(ctx, iam.NodeAdmin(), "a", store.Sandboxes, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetLimit(ctx, iam.NodeAdmin(), "a", store.MemoryMB, 10000); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: "run", Project: "a"}); err != nil {
@@ -93,7 +97,9 @@ func TestQuotas(t *testing.T) {
 		t.Fatal(err)
 	}
 	sbs = append(sbs, more...)
-	if u := used("a"); u[store.Sandboxes] != 3 || u[store.MemoryMB] != 768 || u[store.VCPUs] != 3000 {
+	// The limited resources are charged; vcpus, which nothing limits, are
+	// left to reconciliation.
+	if u := used("a"); u[store.Sandboxes] != 3 || u[store.MemoryMB] != 768 || u[store.VCPUs] != 0 {
 		t.Errorf("use after 3 creates: %v", u)
 	}
 	_, err = create(1)
