@@ -45,13 +45,14 @@ type handler struct {
 	files      *fs.FS
 	accounts   *account.Cache
 	calls      *call.Runner // nil unless --fncall
+	fg         *foreground
 	lastActive atomic.Int64
 }
 
 var _ agentv1connect.AgentServiceHandler = (*handler)(nil)
 
 func newHandler(cfg Config, agentPath string) (*handler, error) {
-	h := &handler{cfg: cfg, files: &fs.FS{Dir: cfg.Workdir}, accounts: account.NewCache(etcDir)}
+	h := &handler{cfg: cfg, files: &fs.FS{Dir: cfg.Workdir}, accounts: account.NewCache(etcDir), fg: newForeground(nil, cfg.Log)}
 	h.touch()
 	procs, err := proc.NewManager(proc.Config{
 		CgroupFD:       cfg.CgroupFD,
@@ -256,7 +257,8 @@ func (h *handler) execFramed(ctx context.Context, r *dsecv1.ExecRequest, send fu
 	return h.exec(ctx, r, send)
 }
 
-// exec runs a command and streams it; a foreground command dies with ctx.
+// exec runs a command and streams it; a foreground command dies with its
+// stream (foreground.end: unless the stream ended with the agent channel).
 func (h *handler) exec(ctx context.Context, r *dsecv1.ExecRequest, send func(*dsecv1.ExecEvent) error) error {
 	spec, err := h.spec(r.User, r.Cwd, r.Shell, r.Env, r.Argv, r.Command)
 	if err != nil {
@@ -274,20 +276,23 @@ func (h *handler) exec(ctx context.Context, r *dsecv1.ExecRequest, send func(*ds
 	f := p.Follower()
 	defer f.Close()
 	if !r.Background {
-		defer func() {
-			if !p.Done() {
-				p.KillTree()
-			}
-			p.Release()
-		}()
+		h.fg.own(p)
+		defer h.fg.end(ctx, p)
 	}
 	return errdefs.ToConnect(follow(ctx, p, f, send, nil))
 }
 
 func (h *handler) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], stream *connect.ServerStream[dsecv1.ExecEvent]) error {
-	key := req.Msg.ProcessId
+	return h.attach(ctx, req.Msg, stream.Send)
+}
+
+// attach follows a process from its start, or from the offsets of a
+// stream that broke; with reattach it takes over an orphaned foreground
+// command (foreground.adopt).
+func (h *handler) attach(ctx context.Context, r *dsecv1.AttachRequest, send func(*dsecv1.ExecEvent) error) error {
+	key := r.ProcessId
 	if key == "" {
-		key = req.Msg.Tag
+		key = r.Tag
 	}
 	if key == "" {
 		return errdefs.ToConnect(fmt.Errorf("attach: process_id or tag is required: %w", errdefs.ErrInvalidArgument))
@@ -296,12 +301,21 @@ func (h *handler) Attach(ctx context.Context, req *connect.Request[dsecv1.Attach
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
-	f := p.Follow()
-	defer f.Close()
-	if req.Msg.NoFollow {
-		return errdefs.ToConnect(replay(ctx, p, f, stream.Send))
+	if r.Reattach {
+		owns, err := h.fg.adopt(ctx, p)
+		if err != nil {
+			return errdefs.ToConnect(err)
+		}
+		if owns {
+			defer h.fg.end(ctx, p) // after f.Close: the output is freed once no stream follows
+		}
 	}
-	return errdefs.ToConnect(follow(ctx, p, f, stream.Send, nil))
+	f := p.FollowFrom(r.StdoutOffset, r.StderrOffset)
+	defer f.Close()
+	if r.NoFollow {
+		return errdefs.ToConnect(replay(ctx, p, f, send))
+	}
+	return errdefs.ToConnect(follow(ctx, p, f, send, nil))
 }
 
 // replay sends what follow would, up to now: the start, the retained output
@@ -379,12 +393,8 @@ func (h *handler) SessionRun(ctx context.Context, req *connect.Request[dsecv1.Se
 	p := run.Process
 	f := p.Follower()
 	defer f.Close()
-	defer func() {
-		if !p.Done() {
-			p.KillTree()
-		}
-		p.Release()
-	}()
+	h.fg.own(p)
+	defer h.fg.end(ctx, p)
 	return errdefs.ToConnect(follow(ctx, p, f, stream.Send, func() { <-run.Finished }))
 }
 

@@ -208,6 +208,7 @@ func ServeListener(ctx context.Context, cfg Config, ln net.Listener) error {
 	if err != nil {
 		return err
 	}
+	h.fg = newForeground(ln, cfg.Log)
 	if h.calls != nil {
 		// A fncall container answers once its warm interpreter is up, so
 		// its first python call costs what the others do; it started at
@@ -220,7 +221,9 @@ func ServeListener(ctx context.Context, cfg Config, ln net.Listener) error {
 
 	// Exec calls may come framed, without HTTP (package execwire); every
 	// other connection is the Connect service's.
-	ln = execwire.Split(ln, func(c net.Conn) { execwire.ServeConn(ctx, c, h.execFramed, cfg.Log) }, cfg.Log)
+	// Each call's context carries its connection, whose end with the whole
+	// agent channel (a microVM's) keeps a foreground command (foreground).
+	ln = execwire.Split(ln, func(c net.Conn) { execwire.ServeConn(withConn(ctx, c), c, h.execFramed, cfg.Log) }, cfg.Log)
 
 	mux := http.NewServeMux()
 	// The edge's client asks for no compression; should another ask, only
@@ -239,6 +242,7 @@ func ServeListener(ctx context.Context, cfg Config, ln net.Listener) error {
 			mux.ServeHTTP(w, r)
 		})),
 		Protocols:         protocols,
+		ConnContext:       withConn,
 		ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog:          slog.NewLogLogger(cfg.Log.Handler(), slog.LevelWarn),
 	}

@@ -26,7 +26,8 @@ type Client interface {
 	agentv1connect.AgentServiceClient
 	// ExecEvents is Exec by the fastest path the agent speaks: the framed
 	// one (the same request and events, without HTTP), or Connect for an
-	// agent started before it existed.
+	// agent started before it existed. The stream re-attaches to the
+	// command when the channel breaks under it (Reattaching).
 	ExecEvents(ctx context.Context, req *dsecv1.ExecRequest) (ExecStream, error)
 	// Watch holds a watch connection to the agent (package execwire) until
 	// the agent's end of it closes, which is how the edge learns that the
@@ -100,6 +101,14 @@ func (c *client) Shell(ctx context.Context) *connect.BidiStreamForClient[dsecv1.
 }
 
 func (c *client) ExecEvents(ctx context.Context, req *dsecv1.ExecRequest) (ExecStream, error) {
+	s, err := c.execEvents(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return Reattaching(ctx, c.Attach, s), nil
+}
+
+func (c *client) execEvents(ctx context.Context, req *dsecv1.ExecRequest) (ExecStream, error) {
 	if !c.notFramed.Load() {
 		s, err := c.framed.Exec(ctx, req)
 		if err == nil {

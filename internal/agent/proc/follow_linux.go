@@ -31,16 +31,40 @@ func (p *Process) Follower() *Follower { return p.first }
 
 // Follow begins a stream of the process's output (an Attach): what is
 // retained, then everything from now on.
-func (p *Process) Follow() *Follower {
+func (p *Process) Follow() *Follower { return p.FollowFrom(0, 0) }
+
+// FollowFrom is Follow for a stream that resumes one that broke: the
+// first stdout bytes of stdout and stderr bytes of stderr, which the
+// broken stream carried, are left out. Output past them that is no longer
+// there (past the retained part, read while no stream followed) comes as
+// a gap.
+func (p *Process) FollowFrom(stdout, stderr int64) *Follower {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	f := &Follower{p: p, replayEnd: len(p.chunks)}
+	f := &Follower{p: p}
+	skip := [3]int64{Stdout: max(stdout, 0), Stderr: max(stderr, 0)}
+	if skip == [3]int64{} {
+		f.replayEnd = len(p.chunks)
+	} else {
+		// The replay, less what is skipped, as chunks of the queue's.
+		var pos [3]int64
+		for _, c := range p.chunks {
+			start, end := pos[c.Stream], pos[c.Stream]+int64(len(c.Data))
+			pos[c.Stream] = end
+			if end <= skip[c.Stream] {
+				continue
+			}
+			from := max(skip[c.Stream]-start, 0)
+			f.queue = append(f.queue, Chunk{Stream: c.Stream, Data: c.Data[from:]})
+		}
+	}
 	for _, s := range []Stream{Stdout, Stderr} {
 		kept := p.retained[s]
 		if p.released {
 			kept = 0
 		}
-		if missing := p.total[s] - kept; missing > 0 {
+		f.sent[s] = min(skip[s], p.total[s])
+		if missing := p.total[s] - max(kept, f.sent[s]); missing > 0 {
 			f.queue = append(f.queue, Chunk{Stream: s, Dropped: missing})
 		}
 	}

@@ -110,7 +110,14 @@ func (s *Service) Attach(ctx context.Context, req *connect.Request[dsecv1.Attach
 
 func (s *Service) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
 	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] {
-		return connectStream(a.SessionRun)
+		return func(ctx context.Context, req *dsecv1.SessionRunRequest) (clientStream[dsecv1.ExecEvent], error) {
+			in, err := a.SessionRun(ctx, connect.NewRequest(req))
+			if err != nil {
+				return nil, err
+			}
+			// A run outlives a microVM's pause to disk as an exec does.
+			return agentclient.Reattaching(ctx, a.Attach, in), nil
+		}
 	})
 }
 

@@ -86,6 +86,7 @@ type listener struct {
 	mu      sync.Mutex
 	port    io.Closer      // the port now open, closed by Close
 	session *yamux.Session // the current one, closed by Close
+	since   time.Time      // when the current session began
 }
 
 func (l *listener) run() {
@@ -141,7 +142,7 @@ func (l *listener) serve(port io.ReadWriteCloser) int {
 		return 0
 	default:
 	}
-	l.session = s
+	l.session, l.since = s, time.Now()
 	l.mu.Unlock()
 	n := 0
 	for {
@@ -154,7 +155,7 @@ func (l *listener) serve(port io.ReadWriteCloser) int {
 		}
 		n++
 		select {
-		case l.conns <- c:
+		case l.conns <- &conn{Conn: c, session: s}:
 		case <-l.done:
 			c.Close()
 			return n
@@ -191,6 +192,46 @@ func (l *listener) Close() error {
 
 func (l *listener) Addr() net.Addr { return l.addr }
 
+// HostSince reports whether the host is connected, in a session that
+// began at since (the guest's clock).
+func (l *listener) HostSince() (since time.Time, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.session == nil || l.session.IsClosed() {
+		return time.Time{}, false
+	}
+	return l.since, true
+}
+
+// conn is a connection the listener accepted, one stream of a session.
+type conn struct {
+	net.Conn
+	session *yamux.Session
+}
+
+// ChannelLost reports whether the connection's session has ended: the
+// host went away (its VM was paused to disk and resumed, or the edge
+// restarted), rather than the host closing this one connection.
+func (c *conn) ChannelLost() bool { return c.session.IsClosed() }
+
+// Lost reports whether c, a connection a guest's Listen accepted (or one
+// that wraps it and returns it from NetConn), ended with its whole
+// session: the host went away, rather than closing this connection. It is
+// false for any other connection.
+func Lost(c net.Conn) bool {
+	for c != nil {
+		if l, ok := c.(interface{ ChannelLost() bool }); ok {
+			return l.ChannelLost()
+		}
+		w, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return false
+		}
+		c = w.NetConn()
+	}
+	return false
+}
+
 // portAddr is a port's device path as a net.Addr.
 type portAddr string
 
@@ -212,9 +253,12 @@ type Dialer struct {
 	// wait for it, or for their context.
 	connecting chan struct{}
 
-	mu      sync.Mutex // guards session and closed; never held while connecting
-	session *yamux.Session
-	closed  bool
+	done chan struct{} // closed by Close
+
+	mu        sync.Mutex // guards session, closed and suspended; never held while connecting
+	session   *yamux.Session
+	closed    bool
+	suspended func() // the hold of Suspend, until Hold takes it over
 }
 
 // NewDialer returns the dialer of the agent channel served at socketPath.
@@ -224,7 +268,7 @@ func NewDialer(socketPath string, log *slog.Logger) *Dialer {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Dialer{path: socketPath, log: log, helloWait: time.Second, helloGap: 200 * time.Millisecond,
-		connecting: make(chan struct{}, 1)}
+		connecting: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // ErrClosed is returned by Dial after Close.
@@ -260,6 +304,8 @@ func (d *Dialer) currentSession(ctx context.Context) (*yamux.Session, error) {
 		defer func() { <-d.connecting }()
 	case <-ctx.Done():
 		return nil, fmt.Errorf("wait for the agent channel: %w", ctx.Err())
+	case <-d.done:
+		return nil, ErrClosed
 	}
 	// Another Dial may have made one meanwhile.
 	if s, err := d.live(); s != nil || err != nil {
@@ -290,13 +336,53 @@ func (d *Dialer) currentSession(ctx context.Context) (*yamux.Session, error) {
 // its guest has seen the host leave: a session made before would meet
 // the guest's old one and cost the hello's wait. Hold waits for a session
 // being made to be done, or for ctx.
+//
+// A dialer suspended (Suspend) is held already: Hold takes that hold
+// over, and its release ends the suspension.
 func (d *Dialer) Hold(ctx context.Context) (release func(), err error) {
+	d.mu.Lock()
+	if r := d.suspended; r != nil {
+		d.suspended = nil
+		d.mu.Unlock()
+		return r, nil
+	}
+	d.mu.Unlock()
 	select {
 	case d.connecting <- struct{}{}:
 		return sync.OnceFunc(func() { <-d.connecting }), nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("hold the agent channel: %w", ctx.Err())
+	case <-d.done:
+		return nil, ErrClosed
 	}
+}
+
+// Suspend holds the dialer (as Hold) for a VM that is paused to disk, and
+// ends the current session, which the VM's QEMU took with it: a Dial
+// meanwhile waits for the VM's resume (whose Hold takes the suspension
+// over and whose release ends it), for Close (the VM deleted: ErrClosed)
+// or for its context. That is how a stream broken by the pause reaches the
+// resumed guest again (agentclient's re-attach). Suspending a suspended
+// dialer does nothing.
+func (d *Dialer) Suspend(ctx context.Context) error {
+	d.mu.Lock()
+	held := d.suspended != nil
+	d.mu.Unlock()
+	if held {
+		return nil
+	}
+	release, err := d.Hold(ctx)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.suspended = release
+	if d.session != nil {
+		d.session.Close()
+		d.session = nil
+	}
+	return nil
 }
 
 // live is the current session while it lasts, or ErrClosed after Close.
@@ -396,6 +482,9 @@ func (d *Dialer) drop(s *yamux.Session) {
 func (d *Dialer) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if !d.closed {
+		close(d.done) // wakes the Dials that wait
+	}
 	d.closed = true
 	if d.session != nil {
 		d.session.Close()

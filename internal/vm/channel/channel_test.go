@@ -272,3 +272,105 @@ func TestHold(t *testing.T) {
 		t.Errorf("Dial once released: %v, want the socket's dial error", err)
 	}
 }
+
+// TestSuspend: a suspended dialer (its VM paused to disk) has no session:
+// a Dial waits, its own session's connections have ended with it, and the
+// guest's side calls them Lost, as it does not a connection the host
+// closed itself. Hold takes the suspension over and its release lets the
+// waiting Dial reach the guest again; Close ends a Dial that waits.
+func TestSuspend(t *testing.T) {
+	port := newFakePort(t)
+	ln := listen(port.open, portAddr("/dev/vport0p1"), nil)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 2)
+	go func() {
+		// The first two connections are the test's, the others echo.
+		for i := 0; ; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if i < 2 {
+				accepted <- c
+				continue
+			}
+			go func() {
+				io.Copy(c, c)
+				c.Close()
+			}()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d := NewDialer(port.path, nil)
+	defer d.Close()
+
+	closed, err := d.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Write([]byte("x"))
+	guestClosed := <-accepted
+	closed.Close()
+	kept, err := d.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept.Write([]byte("x"))
+	guestKept := <-accepted
+	guestClosed.SetReadDeadline(time.Now().Add(5 * time.Second))
+	io.Copy(io.Discard, guestClosed)
+	if Lost(guestClosed) {
+		t.Error("a connection the host closed is Lost, want it not")
+	}
+	if _, ok := ln.HostSince(); !ok {
+		t.Error("HostSince: no host, with one connected")
+	}
+
+	if err := d.Suspend(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kept.Read(make([]byte, 1)); err == nil {
+		t.Error("a connection read on across Suspend, want it ended")
+	}
+	guestKept.SetReadDeadline(time.Now().Add(5 * time.Second))
+	io.Copy(io.Discard, guestKept)
+	if !Lost(guestKept) {
+		t.Error("a connection whose session ended is not Lost")
+	}
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = d.Dial(short)
+	cancelShort()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Dial of a suspended dialer: %v, want it to wait until its context ends", err)
+	}
+
+	waited := make(chan error, 1)
+	go func() { waited <- roundTrip(ctx, d, "after the resume") }()
+	release, err := d.Hold(ctx) // the resume's: the suspension's hold
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		t.Fatalf("a Dial got through before the release: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	if err := <-waited; err != nil {
+		t.Errorf("the Dial that waited, once released: %v", err)
+	}
+
+	if err := d.Suspend(ctx); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_, err := d.Dial(ctx)
+		waited <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	d.Close()
+	if err := <-waited; !errors.Is(err, ErrClosed) {
+		t.Errorf("a Dial waiting on a suspended dialer that was closed: %v, want ErrClosed", err)
+	}
+}

@@ -2862,7 +2862,19 @@ type AttachRequest struct {
 	Tag       string                 `protobuf:"bytes,3,opt,name=tag,proto3" json:"tag,omitempty"`
 	// no_follow replays the retained output and ends at once: with the exit
 	// event when the process has exited, without one while it runs.
-	NoFollow      bool `protobuf:"varint,4,opt,name=no_follow,json=noFollow,proto3" json:"no_follow,omitempty"`
+	NoFollow bool `protobuf:"varint,4,opt,name=no_follow,json=noFollow,proto3" json:"no_follow,omitempty"`
+	// stdout_offset and stderr_offset skip that many bytes of each stream: a
+	// stream that broke resumes where it was. Output before an offset is not
+	// sent; output past the retained part that no stream carried comes as a
+	// gap (ExecDropped).
+	StdoutOffset int64 `protobuf:"varint,5,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	StderrOffset int64 `protobuf:"varint,6,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	// reattach takes over a foreground command (an Exec or SessionRun that is
+	// not background) whose stream ended with its agent channel (a microVM
+	// paused to disk and resumed, an edge restart): the agent keeps such a
+	// command running for a while for this, and from then on it dies with
+	// this stream, as it would have with the first one.
+	Reattach      bool `protobuf:"varint,7,opt,name=reattach,proto3" json:"reattach,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2921,6 +2933,27 @@ func (x *AttachRequest) GetTag() string {
 func (x *AttachRequest) GetNoFollow() bool {
 	if x != nil {
 		return x.NoFollow
+	}
+	return false
+}
+
+func (x *AttachRequest) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *AttachRequest) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+func (x *AttachRequest) GetReattach() bool {
+	if x != nil {
+		return x.Reattach
 	}
 	return false
 }
@@ -8161,14 +8194,17 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x10stderr_truncated\x18\x06 \x01(\bR\x0fstderrTruncated\x12!\n" +
 	"\fstdout_bytes\x18\a \x01(\x03R\vstdoutBytes\x12!\n" +
 	"\fstderr_bytes\x18\b \x01(\x03R\vstderrBytes\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"|\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\xe2\x01\n" +
 	"\rAttachRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
 	"\n" +
 	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x10\n" +
 	"\x03tag\x18\x03 \x01(\tR\x03tag\x12\x1b\n" +
-	"\tno_follow\x18\x04 \x01(\bR\bnoFollow\"{\n" +
+	"\tno_follow\x18\x04 \x01(\bR\bnoFollow\x12#\n" +
+	"\rstdout_offset\x18\x05 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x06 \x01(\x03R\fstderrOffset\x12\x1a\n" +
+	"\breattach\x18\a \x01(\bR\breattach\"{\n" +
 	"\x11WriteStdinRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +

@@ -3,12 +3,15 @@ package backendtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/errdefs"
 )
@@ -64,11 +67,74 @@ func waitFile(t *testing.T, sb *sandbox, path string) string {
 	return strings.TrimSpace(last.stdout)
 }
 
+// inflightLines is how many lines an inflight command prints, one every
+// 0.2 s: long enough to run on across a pause started at its first line.
+const inflightLines = 15
+
+// inflight starts a command printing 1 to inflightLines, waits for its
+// first line and returns a wait for the rest of its stream, read
+// meanwhile: what a training loop's command does while its sandbox is
+// paused and resumed.
+func (sb *sandbox) inflight(t *testing.T) (wait func() result) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*commandWithin)
+	s, err := sb.c.ExecEvents(ctx, &dsecv1.ExecRequest{Argv: []string{"/bin/sh", "-c",
+		fmt.Sprintf("for i in $(seq 1 %d); do echo $i; sleep 0.2; done", inflightLines)}})
+	if err != nil {
+		cancel()
+		t.Fatalf("%s: start a command: %v", sb.spec.ID, err)
+	}
+	first := make(chan struct{})
+	done := make(chan result, 1)
+	go func() {
+		defer cancel()
+		done <- collect(&firstOutput{ExecStream: s, first: first}, nil)
+	}()
+	select {
+	case <-first:
+	case r := <-done:
+		t.Fatalf("%s: a command ended before its first line: %s", sb.spec.ID, r)
+	}
+	return func() result { return <-done }
+}
+
+// firstOutput closes first at the stream's first output.
+type firstOutput struct {
+	agentclient.ExecStream
+	first chan struct{}
+	seen  bool
+}
+
+func (f *firstOutput) Receive() bool {
+	ok := f.ExecStream.Receive()
+	if ok && !f.seen && len(f.Msg().GetStdout()) > 0 {
+		f.seen = true
+		close(f.first)
+	}
+	return ok
+}
+
+// checkInflight checks an inflight command's stream carried every line
+// and the exit 0.
+func checkInflight(t *testing.T, id, when string, r result) {
+	t.Helper()
+	var want strings.Builder
+	for i := 1; i <= inflightLines; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	if !r.ok() || r.stdout != want.String() {
+		t.Errorf("%s: a command in flight %s: %s; want 1 to %d and exit 0", id, when, r, inflightLines)
+	}
+}
+
 // testPause: where Features say Pause, a frozen sandbox's agent does not
 // answer until thawed; a pause with reclaim and one without keep a
-// process's memory and a /dev/shm file, Frozen says so, and commands run
-// after Resume; a paused sandbox stays paused across a restart, and is
-// deleted like any other.
+// process's memory and a /dev/shm file, Frozen says so, commands run
+// after Resume, and a command in flight goes on across the pause, its
+// stream open, with all its output and its exit (a microVM paused to disk
+// loses its agent channel: the stream re-attaches to the command); a
+// paused sandbox stays paused across a restart, and is deleted like any
+// other.
 func testPause(t *testing.T, n *node) {
 	p := n.pauser()
 	if p == nil {
@@ -99,6 +165,10 @@ func testPause(t *testing.T, n *node) {
 	for _, reclaim := range []bool{true, false} {
 		name := map[bool]string{true: "PauseReclaim", false: "PauseKeep"}[reclaim]
 		t.Run(name, func(t *testing.T) {
+			var wait func() result
+			if !n.o.NoCommands {
+				wait = sb.inflight(t)
+			}
 			if _, err := p.Pause(ctx, s.ID, reclaim); err != nil {
 				t.Fatalf("Pause (reclaim %v): %v", reclaim, err)
 			}
@@ -111,6 +181,9 @@ func testPause(t *testing.T, n *node) {
 			n.frozen(t, s.ID, false)
 			n.answers(s.ID, sb.dial)
 			st.check(t, "across a pause")
+			if wait != nil {
+				checkInflight(t, s.ID, "across a pause", wait())
+			}
 		})
 	}
 

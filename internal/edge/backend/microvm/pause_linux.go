@@ -57,8 +57,18 @@ func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (backend.P
 	if err != nil {
 		return backend.PauseStats{}, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
+	// The agent channel goes with QEMU: from here until the resume, a dial
+	// waits for the resumed guest (or the VM's delete), so a command's
+	// stream broken by the pause re-attaches to it then.
+	d := r.channels.get(filepath.Join(dir, qemu.ChannelSocket))
+	if err := d.Suspend(ctx); err != nil {
+		return backend.PauseStats{}, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
 	st, err := vmstate.Pause(ctx, target, q, filepath.Join(dir, savedFile), r.log)
 	if err != nil {
+		if release, herr := d.Hold(ctx); herr == nil {
+			release() // still running: dials go on
+		}
 		return backend.PauseStats{}, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	if watched != nil {
@@ -108,7 +118,8 @@ func (r *Runtime) Resume(ctx context.Context, id string, prefetch bool) (backend
 		return backend.ResumeStats{}, fmt.Errorf("resume sandbox %s: the microvm runtime is not initialised: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	// No session until the restored guest has seen the host leave: the
-	// edge's dials (its watch of the agent among them) wait meanwhile.
+	// edge's dials (its watch of the agent among them, and the streams the
+	// pause broke) wait meanwhile. Hold takes over the pause's suspension.
 	release, err := r.channels.get(filepath.Join(dir, qemu.ChannelSocket)).Hold(ctx)
 	if err != nil {
 		return backend.ResumeStats{}, fmt.Errorf("resume sandbox %s: %w", id, err)

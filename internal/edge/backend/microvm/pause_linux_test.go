@@ -19,7 +19,9 @@ import (
 // edge) finds it frozen and resumes it with a process's memory and
 // /dev/shm intact, through the same agent dialer; a VM that an earlier
 // instance resumed is paused and resumed again by a later one; a paused
-// VM is deleted like any other. It logs the pause's and resume's figures.
+// VM is deleted like any other. Commands in flight outlive a pause and a
+// resume; one in flight when its paused VM is deleted ends with the
+// channel's error. It logs the pause's and resume's figures.
 // First, on the same VM: a file written without a sync is in a capture
 // (captureUnsynced).
 func TestPauseToDisk(t *testing.T) {
@@ -90,17 +92,32 @@ func TestPauseToDisk(t *testing.T) {
 		t.Logf("%s: resume thawed in %s", when, st.Thaw)
 	}
 
+	// Commands in flight go on across the pause and the resume: an exec
+	// (the framed path) and a session's run (Connect) re-attach to the
+	// resumed guest and get every line and the exit.
+	const lines = 25
+	ex := startInflight(t, client, "", countingCommand(lines))
+	run := startInflight(t, client, "inflight", countingCommand(lines))
 	pause(rt, "the starting instance")
 	later := newRuntime(t, cfg)
 	resume(later, "a later instance")
+	ex.checkAll(t, lines, "a pause to disk")
+	run.checkAll(t, lines, "a pause to disk")
 	// A third instance pauses a VM it did not start.
 	third := newRuntime(t, cfg)
 	pause(third, "an instance that adopted the VM")
 	resume(third, "the same instance")
 
+	// A command in flight when its paused VM is deleted: its stream ends
+	// with the channel's end.
+	gone := startInflight(t, client, "", "while :; do echo x; sleep 0.2; done")
 	pause(third, "before the delete")
 	if err := third.Delete(ctx, s.ID); err != nil {
 		t.Fatal(err)
+	}
+	gone.wait(t)
+	if gone.err == nil || !strings.Contains(gone.err.Error(), "agent channel closed") {
+		t.Errorf("a command in flight when its paused VM was deleted ended with %v, want the channel closed", gone.err)
 	}
 	assertNothingLeft(t, third, cfg, s.ID)
 }
