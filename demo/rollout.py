@@ -19,7 +19,10 @@ they were.
 With --systems-env, a batch of systems tasks runs beside the coding batch,
 in microVMs: tasks a container forbids (a network namespace with a veth
 pair and nftables rules, a tmpfs and a loop file system, kernel modules),
-scored the same way (demo/systems_batch.py).
+scored the same way (demo/systems_batch.py). It is part of the same job:
+the preemption waits for one of its tasks to be running and pauses its
+microVMs with the containers (to disk: QEMU ends), and the tasks caught
+mid-command carry on after the resume.
 
     python3 demo/rollout.py --env BASE+WORKSPACE+TOOLKIT [-n 32] [--no-preempt]
         [--systems-env BASE+MODULES+TASK [--systems 4] [--systems-concurrency 2]]
@@ -101,13 +104,12 @@ class Progress:
             print(line, flush=True)
 
 
-# The systems batch's job label, apart from the coding batch's so that the
-# preemption leaves the microVMs running. The microvm backend can pause
-# (the VM saved to disk, QEMU ended, all its memory out of the host's RAM,
-# resumed in a new QEMU), but a command running in a VM when it pauses
-# loses its stream ("agent exec channel: unexpected EOF"), while a frozen
-# container's command carries on: a rollout caught mid-command would fail.
-SYSTEMS_JOB = "dsec-demo-systems"
+# The systems batch's labels: the same job as the coding batch's, so the
+# preemption pauses its microVMs too (each saved to disk, its QEMU ended and
+# all its memory out of the host's RAM, resumed in a new QEMU); a command
+# running in a VM as it pauses carries on after the resume, its stream open,
+# as a frozen container's does.
+SYSTEMS_LABELS = {"job": "dsec-demo", "batch": "systems"}
 
 # What every rollout's sandbox asks for; a warm pool of this shape serves them.
 SHAPE = {"memory_mb": 256, "cpus": 0.5}
@@ -188,15 +190,21 @@ async def rollout(client, args, i, progress, sem):
     return row
 
 
-async def preempt(client, progress, args, report):
-    """Once a quarter of the batch has applied its patch, pause every
-    sandbox of the job (the trainer's preemption), hold a second, and resume
-    them."""
+async def preempt(client, progress, args, report, systems_state):
+    """Once a quarter of the batch has applied its patch (and, with a
+    systems batch, once one of its microVMs runs its task, or that batch
+    is done), pause every sandbox of the job (the trainer's preemption),
+    hold a second, and resume them."""
     while progress.applied < max(1, args.rollouts // 4):
         await asyncio.sleep(0.05)
+    if systems_state is not None:
+        while not systems_state["in_task"] and not systems_state["done"]:
+            await asyncio.sleep(0.05)
     t0 = time.monotonic()
+    report["t0"] = t0
     paused = await client.pause_all({"job": "dsec-demo"})
     report["paused"] = len(paused)
+    report["paused_vms"] = sum(1 for sb in paused if (sb.info.get("spec") or {}).get("isolation") == "ISOLATION_MICROVM")
     report["pause_s"] = time.monotonic() - t0
     report["released_mib"] = sum(int((sb.info.get("lastPause") or {}).get("releasedBytes", 0)) for sb in paused) / (1 << 20)
     progress.draw(f"(preempted: {len(paused)} sandboxes paused)")
@@ -204,6 +212,7 @@ async def preempt(client, progress, args, report):
     t1 = time.monotonic()
     report["resumed"] = len(await client.resume_all({"job": "dsec-demo"}))
     report["resume_s"] = time.monotonic() - t1
+    report["t1"] = time.monotonic()
 
 
 async def main():
@@ -231,24 +240,29 @@ async def main():
 
     async with AsyncClient(args.addr) as client:
         await client.reap(labels={"job": "dsec-demo"})  # orphans of an interrupted earlier run
-        await client.reap(labels={"job": SYSTEMS_JOB})
         if args.warm_pool > 0:
             await fill_warm_pool(client, args)
         try:
+            pre = {}
+            # The systems batch runs beside the coding batch, in the same
+            # job: the preemption pauses its microVMs too (SYSTEMS_LABELS).
+            sys_task, sys_state = None, None
+            if args.systems_env:
+                sys_state = {"up": 0, "in_task": 0, "done": False}
+                sys_task = asyncio.create_task(systems_batch.run(
+                    client, args.systems_env, args.reward_env, args.systems, args.systems_concurrency,
+                    SYSTEMS_LABELS, sys_state))
+                # MicroVMs boot for seconds (under TCG), containers in
+                # milliseconds: the coding batch starts once the first VM
+                # is up, so the preemption finds both batches at work.
+                print(f"systems batch: {args.systems} microVMs of {args.systems_env}; the coding batch starts once the first is up")
+                while not sys_state["up"] and not sys_state["done"]:
+                    await asyncio.sleep(0.05)
             progress = Progress(args.rollouts)
             sem = asyncio.Semaphore(args.concurrency)
             t0 = time.monotonic()
             print(f"{args.rollouts} rollouts over {len(PATCHES)} candidate patches in {args.env}")
-            pre = {}
-            pre_task = None if args.no_preempt else asyncio.create_task(preempt(client, progress, args, pre))
-            # The systems batch runs beside the coding batch, under its own
-            # job label: the preemption leaves the microVMs running (see
-            # SYSTEMS_JOB).
-            sys_task = None
-            if args.systems_env:
-                sys_task = asyncio.create_task(systems_batch.run(
-                    client, args.systems_env, args.reward_env, args.systems, args.systems_concurrency,
-                    {"job": SYSTEMS_JOB}))
+            pre_task = None if args.no_preempt else asyncio.create_task(preempt(client, progress, args, pre, sys_state))
             rows = await asyncio.gather(*(rollout(client, args, i, progress, sem) for i in range(args.rollouts)))
             wall = time.monotonic() - t0
             systems = await sys_task if sys_task is not None else None
@@ -263,7 +277,6 @@ async def main():
             if args.warm_pool > 0:
                 await client.set_warm_pool(args.env, 0, **SHAPE)
         left = await client.list(labels={"job": "dsec-demo"}, states=["running", "creating"])
-        left += await client.list(labels={"job": SYSTEMS_JOB}, states=["running", "creating"])
     print()
     print()
     print(f"{'#':>3}  {'patch':<22} {'applied':<8} {'tests':>7}  {'reward':>6}  {'create':>8}  note")
@@ -290,7 +303,13 @@ async def main():
         print(f"rewards scored through FnCall ({args.reward_env}): {len(scores)} calls, "
               f"p50 {pct(scores, .5):.0f} ms, p90 {pct(scores, .9):.0f} ms")
     if pre.get("paused"):
-        print(f"preemption: {pre['paused']} sandboxes paused in {pre['pause_s']:.2f}s, releasing "
+        vms = ""
+        if systems is not None and pre.get("t1"):
+            # A task that began before the pause and ended after the resume
+            # ran across it, its exec stream open throughout.
+            across = sum(1 for r in systems["rows"] if r["task_start"] and r["task_start"] < pre["t0"] < pre["t1"] < r["task_end"])
+            vms = f" ({pre['paused_vms']} microVMs among them, {across} mid-task)"
+        print(f"preemption: {pre['paused']} sandboxes paused{vms} in {pre['pause_s']:.2f}s, releasing "
               f"{pre['released_mib']:.0f} MiB; {pre['resumed']} resumed in {pre['resume_s']:.2f}s, and their rollouts carried on")
     print(f"{len(rows)} rollouts in {wall:.1f}s; errors: {sum(1 for r in rows if r['error'])}; "
           f"sandboxes left running: {len(left)}")

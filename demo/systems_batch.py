@@ -65,21 +65,29 @@ async def container_refuses(client, env, labels):
     return f"{lines[0] if lines else 'no message'} (exit {res.exit_code})"
 
 
-async def rollout(client, env, reward_env, i, sem, labels):
+async def rollout(client, env, reward_env, i, sem, labels, state):
     path = CANDIDATES[i % len(CANDIDATES)]
     row = {"rollout": i, "candidate": os.path.basename(path)[: -len(".sh")], "reward": 0.0, "failed": [],
-           "create_ms": 0.0, "task_ms": 0.0, "score_ms": 0.0, "exit": None, "error": ""}
+           "create_ms": 0.0, "task_ms": 0.0, "score_ms": 0.0, "exit": None, "error": "",
+           "task_start": 0.0, "task_end": 0.0}
     async with sem:
         t0 = time.monotonic()
         sb = await client.create(env, isolation="microvm", **VM_SHAPE, ttl_s=600,
                                  labels={**labels, "rollout": f"sys-{i}"}, timeout=180)
         row["create_ms"] = (time.monotonic() - t0) * 1000
+        state["up"] += 1
         try:
             await sb.write_file("/tmp/solution.sh", open(path, "rb").read())
             await sb.write_file("/tmp/observe.py", _read("observe.py"))
             t = time.monotonic()
-            res = await sb.exec("sh /tmp/solution.sh", timeout=120)
-            row["task_ms"] = (time.monotonic() - t) * 1000
+            row["task_start"] = t
+            state["in_task"] += 1  # the trainer's preemption may come now (rollout.py)
+            try:
+                res = await sb.exec("sh /tmp/solution.sh", timeout=120)
+            finally:
+                state["in_task"] -= 1
+            row["task_end"] = time.monotonic()
+            row["task_ms"] = (row["task_end"] - t) * 1000
             row["exit"] = res.exit_code
             obs = await sb.exec("python3 /tmp/observe.py", timeout=60)
             if obs.exit_code != 0:
@@ -105,19 +113,25 @@ async def rollout(client, env, reward_env, i, sem, labels):
     return row
 
 
-async def run(client, env, reward_env, n, concurrency, labels):
+async def run(client, env, reward_env, n, concurrency, labels, state):
     """The whole batch: the container's refusal, then n microVM rollouts at
-    most concurrency at a time. Returns a report for print_report."""
+    most concurrency at a time. Returns a report for print_report. state
+    tells the trainer how many microVMs have started ("up"), how many tasks
+    run now ("in_task") and when the batch is over ("done")."""
     report = {"env": env, "n": n, "concurrency": concurrency, "rows": []}
-    report["accelerator"], report["missing"] = accelerator(await client.nodes())
-    if report["accelerator"] is None:
+    try:
+        report["accelerator"], report["missing"] = accelerator(await client.nodes())
+        if report["accelerator"] is None:
+            return report
+        t0 = time.monotonic()
+        report["refusal"] = await container_refuses(client, env, labels)
+        sem = asyncio.Semaphore(concurrency)
+        report["rows"] = await asyncio.gather(*(rollout(client, env, reward_env, i, sem, labels, state)
+                                                for i in range(n)))
+        report["wall_s"] = time.monotonic() - t0
         return report
-    t0 = time.monotonic()
-    report["refusal"] = await container_refuses(client, env, labels)
-    sem = asyncio.Semaphore(concurrency)
-    report["rows"] = await asyncio.gather(*(rollout(client, env, reward_env, i, sem, labels) for i in range(n)))
-    report["wall_s"] = time.monotonic() - t0
-    return report
+    finally:
+        state["done"] = True
 
 
 def print_report(report, pct):

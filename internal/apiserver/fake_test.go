@@ -236,6 +236,10 @@ func (f *fakeEdge) Agent(ctx context.Context, id string) (agentclient.Client, fu
 	return nil, nil, f.refuse(id, "has no agents")
 }
 
+func (f *fakeEdge) AgentCall(ctx context.Context, id string) (agentclient.Client, func(), error) {
+	return f.Agent(ctx, id)
+}
+
 func (f *fakeEdge) SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error) {
 	return nil, f.refuse(id, "has no network")
 }

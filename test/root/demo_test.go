@@ -18,7 +18,8 @@ import (
 // Python SDK) on a real Debian base layer and checks the rewards it earns:
 // the coding batch in containers and, where the node has QEMU and the guest
 // kernel (always under DSEC_TEST_ROOT=1), the systems batch beside it in
-// four microVMs, whose tasks a container refuses.
+// four microVMs, whose tasks a container refuses; the preemption pauses
+// both batches, the microVMs to disk, and no rollout fails of it.
 func TestDemoRollouts(t *testing.T) {
 	testutil.RequireCommand(t, "debootstrap")
 	python := testutil.RequireCommand(t, "python3")
@@ -110,7 +111,7 @@ func TestDemoRollouts(t *testing.T) {
 	}
 	// Midway it is preempted: it pauses the batch and resumes it, and the
 	// rollouts caught mid-command carry on (no errors above).
-	if !regexp.MustCompile(`preemption: [1-9][0-9]* sandboxes paused in .* resumed in`).Match(out) {
+	if !regexp.MustCompile(`preemption: [1-9][0-9]* sandboxes paused( \(.*\))? in .* resumed in`).Match(out) {
 		t.Errorf("the demo did not pause and resume its batch:\n%s", out)
 	}
 	// The demo fills a warm pool of 8 before its 12 rollouts start.
@@ -119,6 +120,14 @@ func TestDemoRollouts(t *testing.T) {
 	}
 	if systems {
 		checkSystems(t, report.Systems, out)
+		// The preemption pauses the microVMs too (to disk), and their
+		// tasks carry on: checkSystems saw no errors.
+		m := regexp.MustCompile(`preemption: [0-9]+ sandboxes paused \(([0-9]+) microVMs among them, ([0-9]+) mid-task\)`).FindSubmatch(out)
+		if m == nil || string(m[1]) == "0" {
+			t.Errorf("the preemption paused no microVM:\n%s", out)
+		} else {
+			t.Logf("the preemption paused %s microVMs, %s of them mid-task", m[1], m[2])
+		}
 	}
 	// Its pool is removed at the end: the members drain in the background.
 	deadline := time.Now().Add(30 * time.Second)

@@ -2,6 +2,7 @@ package root
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -18,6 +19,10 @@ import (
 // released; it stays paused across a restart of dsecd, and the next exec
 // resumes it with a file in /dev/shm (guest RAM) and a session's shell
 // variable (a process's memory) intact. It logs pause -> exec's time.
+// Commands in flight through the API, an exec and a session's run, go on
+// across a pause to disk and a resume with every line and their exit;
+// one in flight when its paused VM is deleted ends with an error that
+// says the sandbox was deleted.
 func TestMicroVMPause(t *testing.T) {
 	allInOneOnly(t)
 	d := startDaemon(t, "--vm-kernel-dir", testutil.VMKernelDir(t))
@@ -61,6 +66,102 @@ func TestMicroVMPause(t *testing.T) {
 	if got := strings.TrimSpace(mustSh(t, d, id, "echo thawed")); got != "thawed" {
 		t.Errorf("exec after a pause keeping memory: %q", got)
 	}
+
+	const lines = 15
+	counting := fmt.Sprintf("for i in $(seq 1 %d); do echo $i; sleep 0.2; done", lines)
+	var want strings.Builder
+	for i := 1; i <= lines; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	ex := apiInflight(t, d, id, "", counting)
+	run := apiInflight(t, d, id, "s", counting)
+	pause(t, d, id, false)
+	resume(t, d, id)
+	for _, f := range []*apiStream{ex, run} {
+		out, exited, err := f.wait(t)
+		if err != nil || out != want.String() || exited.GetExitCode() != 0 {
+			t.Errorf("%s in flight across a pause to disk: %q, exit %v, %v; want 1 to %d and exit 0", f.what, out, exited, err, lines)
+		}
+	}
+
+	gone := apiInflight(t, d, id, "", "while :; do echo x; sleep 0.2; done")
+	pause(t, d, id, false)
+	if _, err := d.Clients.Sandboxes.Delete(context.Background(), connect.NewRequest(&dsecv1.DeleteRequest{Id: id})); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := gone.wait(t); err == nil || !strings.Contains(err.Error(), "deleted") {
+		t.Errorf("an exec in flight when its paused sandbox was deleted ended with %v, want an error saying it was deleted", err)
+	}
+}
+
+// apiStream is an exec or a session run read in the background.
+type apiStream struct {
+	what    string
+	started chan struct{}
+	done    chan struct{}
+	out     strings.Builder
+	exited  *dsecv1.ExecExited
+	err     error
+}
+
+// apiInflight starts command in sandbox id through the API, in session
+// when not "", and returns once its first output came.
+func apiInflight(t *testing.T, d *testutil.Daemon, id, session, command string) *apiStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	type stream interface {
+		Receive() bool
+		Msg() *dsecv1.ExecEvent
+		Err() error
+		Close() error
+	}
+	var s stream
+	var err error
+	f := &apiStream{what: "exec", started: make(chan struct{}), done: make(chan struct{})}
+	if session == "" {
+		s, err = d.Clients.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: command}))
+	} else {
+		f.what = "session run"
+		s, err = d.Clients.Sandboxes.SessionRun(ctx, connect.NewRequest(&dsecv1.SessionRunRequest{SandboxId: id, Session: session, Command: command}))
+	}
+	if err != nil {
+		cancel()
+		t.Fatalf("%s %q: %v", f.what, command, err)
+	}
+	go func() {
+		defer close(f.done)
+		defer cancel()
+		defer s.Close()
+		seen := false
+		for s.Receive() {
+			f.out.Write(s.Msg().GetStdout())
+			if !seen && f.out.Len() > 0 {
+				seen = true
+				close(f.started)
+			}
+			if e := s.Msg().GetExited(); e != nil {
+				f.exited = e
+			}
+		}
+		f.err = s.Err()
+	}()
+	select {
+	case <-f.started:
+	case <-f.done:
+		t.Fatalf("%s %q ended before its first line: %q, %v", f.what, command, f.out.String(), f.err)
+	}
+	return f
+}
+
+// wait returns what the stream carried once it ended.
+func (f *apiStream) wait(t *testing.T) (string, *dsecv1.ExecExited, error) {
+	t.Helper()
+	select {
+	case <-f.done:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("%s: its stream did not end", f.what)
+	}
+	return f.out.String(), f.exited, f.err
 }
 
 // session runs command in sandbox id's session "s" and returns its output.

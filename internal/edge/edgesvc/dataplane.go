@@ -49,7 +49,10 @@ func (s *Service) agent(ctx context.Context, id string) (agentclient.Client, fun
 }
 
 func forwardUnary[Req, Res any](ctx context.Context, s *Service, id string, msg *Req, pick func(agentclient.Client) unaryCall[Req, Res]) (*connect.Response[Res], error) {
-	a, release, err := s.agent(ctx, id)
+	if id == "" {
+		return nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	a, release, err := s.edge.AgentCall(ctx, id)
 	if err != nil {
 		return nil, err
 	}

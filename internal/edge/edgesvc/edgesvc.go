@@ -69,6 +69,9 @@ type Edge interface {
 	// Agent returns the channel to the sandbox's agent; the sandbox counts
 	// as active until release is called.
 	Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
+	// AgentCall is Agent for one unary call (a file, a signal): a pause
+	// waits a moment for it to end, where streams carry on across it.
+	AgentCall(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
 	SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error)
 	NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error)
 	SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error)
@@ -696,11 +699,23 @@ func (s *Service) LayerStats(ctx context.Context, req *connect.Request[dsecv1.La
 	return s.layers.LayerStats(ctx, req)
 }
 
+// stoppingWait bounds how long agentErr waits for a stopping sandbox to
+// end, so that its error says why it stopped.
+const stoppingWait = 5 * time.Second
+
 // agentErr explains an error from an agent call: when the sandbox ended
 // meanwhile, say so instead of passing on a transport error; when the
-// call's context ended, that is the cause, not an unavailable agent.
+// call's context ended, that is the cause, not an unavailable agent. A
+// sandbox still stopping (its channel closes before its record says why:
+// a stream in flight when a paused microVM is deleted) is waited for a
+// moment.
 func (s *Service) agentErr(ctx context.Context, id string, err error) error {
-	sb, gerr := s.edge.Get(context.WithoutCancel(ctx), id)
+	bg := context.WithoutCancel(ctx)
+	sb, gerr := s.edge.Get(bg, id)
+	for deadline := time.Now().Add(stoppingWait); gerr == nil && sb.GetState() == dsecv1.State_STATE_STOPPING && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		sb, gerr = s.edge.Get(bg, id)
+	}
 	if gerr == nil && !live(sb) {
 		return sandbox.GoneError(sb)
 	}

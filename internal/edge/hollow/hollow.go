@@ -300,6 +300,11 @@ func (e *Edge) Snapshot(ctx context.Context, id, name string, exclude []string) 
 	return nil, fmt.Errorf("sandbox %s is on hollow node %s, which keeps no files: %w", id, e.cfg.Node, errdefs.ErrNotSupported)
 }
 
+// AgentCall refuses as Agent does.
+func (e *Edge) AgentCall(ctx context.Context, id string) (agentclient.Client, func(), error) {
+	return e.Agent(ctx, id)
+}
+
 // Agent refuses: a hollow sandbox has no agent. A sandbox that ended
 // says so, as a real edge's does (FailedPrecondition).
 func (e *Edge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {

@@ -51,6 +51,10 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 		return nil, false, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	sb.mu.Unlock()
+	// New calls wait for the pause; those under way end first.
+	if n := drainCalls(sb, callDrain); n > 0 {
+		m.log.Warn("pausing with unary calls under way", "id", id, "calls", n, "waited", callDrain)
+	}
 
 	st, err := pz.Pause(ctx, id, !keepMemory)
 	sb.mu.Lock()
@@ -81,6 +85,26 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 		"resident_mb", st.Resident>>20, "released_mb", st.Released>>20, "swapped_mb", st.Swapped>>20,
 		"kept_mb", st.Kept.Total()>>20, "kept_reason", st.KeptReason)
 	return cloneRec(sb.rec), false, nil
+}
+
+// callDrain bounds how long a pause waits for the unary calls under way
+// (AgentCall): milliseconds each, but a write to a full stdin pipe may
+// block.
+const callDrain = 2 * time.Second
+
+// drainCalls waits until sandbox sb has no unary call under way, or for
+// at most wait, and returns how many are left.
+func drainCalls(sb *sandbox, wait time.Duration) int {
+	deadline := time.Now().Add(wait)
+	for {
+		sb.mu.Lock()
+		n := sb.calls
+		sb.mu.Unlock()
+		if n == 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 func pauseStats(st backend.PauseStats) *dsecv1.PauseStats {

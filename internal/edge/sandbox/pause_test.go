@@ -1,0 +1,69 @@
+package sandbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+// TestPauseWaitsForCalls: a pause waits for a unary call under way
+// (AgentCall) before its backend pauses the sandbox, where a stream
+// (Agent) does not hold it up: a microVM paused to disk ends its channel,
+// which a stream outlives and a unary call would not.
+func TestPauseWaitsForCalls(t *testing.T) {
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.GetId()
+
+	_, releaseStream, err := m.Agent(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseStream()
+	if _, _, err := m.Pause(ctx, id, false); err != nil {
+		t.Fatalf("Pause with a stream under way: %v", err)
+	}
+	if _, _, _, err := m.Resume(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+
+	_, releaseCall, err := m.AgentCall(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused := make(chan error, 1)
+	go func() {
+		_, _, err := m.Pause(ctx, id, false)
+		paused <- err
+	}()
+	for {
+		rec, err := m.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.GetState() == dsecv1.State_STATE_PAUSED {
+			t.Fatal("the sandbox paused while a unary call was under way")
+		}
+		if rec.GetState() == dsecv1.State_STATE_PAUSING {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if frozen, err := rt.Frozen(ctx, id); err != nil || frozen {
+		t.Errorf("the backend paused the sandbox (frozen %v, %v) while a unary call was under way", frozen, err)
+	}
+	releaseCall()
+	if err := <-paused; err != nil {
+		t.Fatalf("Pause once the call ended: %v", err)
+	}
+	if frozen, err := rt.Frozen(ctx, id); err != nil || !frozen {
+		t.Errorf("after the pause: frozen %v, %v", frozen, err)
+	}
+}
