@@ -236,8 +236,9 @@ func (f *fakeEdge) Agent(ctx context.Context, id string) (agentclient.Client, fu
 	return nil, nil, f.refuse(id, "has no agents")
 }
 
-func (f *fakeEdge) AgentCall(ctx context.Context, id string) (agentclient.Client, func(), error) {
-	return f.Agent(ctx, id)
+func (f *fakeEdge) AgentStarting(ctx context.Context, id string) (agentclient.Client, func(), func(), error) {
+	c, release, err := f.Agent(ctx, id)
+	return c, release, release, err
 }
 
 func (f *fakeEdge) SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error) {

@@ -52,7 +52,7 @@ func forwardUnary[Req, Res any](ctx context.Context, s *Service, id string, msg 
 	if id == "" {
 		return nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
 	}
-	a, release, err := s.edge.AgentCall(ctx, id)
+	a, _, release, err := s.edge.AgentStarting(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -70,8 +70,27 @@ type sender[Res any] interface {
 	Send(*Res) error
 }
 
-func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg *Req, out sender[Res], pick func(agentclient.Client) streamCall[Req, Res]) error {
-	a, release, err := s.agent(ctx, id)
+// forwardStream relays a server stream from the agent. A command's stream
+// (command: an exec, an attach, a session's run) counts as a call not yet
+// started until its first event, so that a pause waits for it (a microVM
+// paused to disk ends the agent channel; from its started event on the
+// command's stream re-attaches across that).
+func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg *Req, out sender[Res], command bool, pick func(agentclient.Client) streamCall[Req, Res]) error {
+	if id == "" {
+		return fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	var (
+		a       agentclient.Client
+		started func()
+		release func()
+		err     error
+	)
+	if command {
+		a, started, release, err = s.edge.AgentStarting(ctx, id)
+	} else {
+		a, release, err = s.edge.Agent(ctx, id)
+		started = func() {}
+	}
 	if err != nil {
 		return err
 	}
@@ -82,6 +101,7 @@ func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg
 	}
 	defer in.Close()
 	for in.Receive() {
+		started()
 		// An exit is the last event: it leaves with the end of the stream.
 		if e, ok := any(in.Msg()).(interface{ GetExited() *dsecv1.ExecExited }); ok && e.GetExited() != nil {
 			flushhold.Hold(ctx)
@@ -98,7 +118,7 @@ func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg
 
 // Exec takes the agent channel's framed path, the fastest.
 func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
 		return func(ctx context.Context, req *dsecv1.ExecRequest) (clientStream[dsecv1.ExecEvent], error) {
 			return a.ExecEvents(ctx, req)
 		}
@@ -106,13 +126,13 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequ
 }
 
 func (s *Service) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.AttachRequest, dsecv1.ExecEvent] {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, func(a agentclient.Client) streamCall[dsecv1.AttachRequest, dsecv1.ExecEvent] {
 		return connectStream(a.Attach)
 	})
 }
 
 func (s *Service) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, func(a agentclient.Client) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] {
 		return func(ctx context.Context, req *dsecv1.SessionRunRequest) (clientStream[dsecv1.ExecEvent], error) {
 			in, err := a.SessionRun(ctx, connect.NewRequest(req))
 			if err != nil {
@@ -125,13 +145,13 @@ func (s *Service) SessionRun(ctx context.Context, req *connect.Request[dsecv1.Se
 }
 
 func (s *Service) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, false, func(a agentclient.Client) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] {
 		return connectStream(a.Download)
 	})
 }
 
 func (s *Service) WatchDir(ctx context.Context, req *connect.Request[dsecv1.WatchDirRequest], out *connect.ServerStream[dsecv1.WatchEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, func(a agentclient.Client) streamCall[dsecv1.WatchDirRequest, dsecv1.WatchEvent] {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, false, func(a agentclient.Client) streamCall[dsecv1.WatchDirRequest, dsecv1.WatchEvent] {
 		return connectStream(a.WatchDir)
 	})
 }

@@ -69,9 +69,11 @@ type Edge interface {
 	// Agent returns the channel to the sandbox's agent; the sandbox counts
 	// as active until release is called.
 	Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
-	// AgentCall is Agent for one unary call (a file, a signal): a pause
-	// waits a moment for it to end, where streams carry on across it.
-	AgentCall(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
+	// AgentStarting is Agent for a call a pause must not cut off before it
+	// started (started, or release): a unary call, or a command's stream
+	// until its first event. A pause waits a moment for it; a started
+	// command's stream carries on across a pause.
+	AgentStarting(ctx context.Context, id string) (client agentclient.Client, started, release func(), err error)
 	SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error)
 	NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error)
 	SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error)

@@ -300,9 +300,10 @@ func (e *Edge) Snapshot(ctx context.Context, id, name string, exclude []string) 
 	return nil, fmt.Errorf("sandbox %s is on hollow node %s, which keeps no files: %w", id, e.cfg.Node, errdefs.ErrNotSupported)
 }
 
-// AgentCall refuses as Agent does.
-func (e *Edge) AgentCall(ctx context.Context, id string) (agentclient.Client, func(), error) {
-	return e.Agent(ctx, id)
+// AgentStarting refuses as Agent does.
+func (e *Edge) AgentStarting(ctx context.Context, id string) (agentclient.Client, func(), func(), error) {
+	c, release, err := e.Agent(ctx, id)
+	return c, release, release, err
 }
 
 // Agent refuses: a hollow sandbox has no agent. A sandbox that ended

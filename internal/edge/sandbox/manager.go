@@ -174,7 +174,7 @@ type sandbox struct {
 	// running is the agent's count of live processes at the last ping.
 	running   int32
 	inflight  int // API calls in progress
-	calls     int // of which unary calls (AgentCall), which a pause waits for
+	calls     int // of which calls not yet started (AgentStarting), which a pause waits for
 	pingFails int
 	// unwatch ends the sandbox's watch (see watch); nil before it starts.
 	unwatch context.CancelFunc
@@ -649,33 +649,41 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 // as activity for the idle timeout until release is called, so a long
 // stream keeps its sandbox alive.
 func (m *Manager) Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error) {
-	return m.agent(ctx, id, false)
+	return m.agent(ctx, id, nil)
 }
 
-// AgentCall is Agent for one unary call (a file read or write, a signal):
-// a pause waits for it to end (up to callDrain), so that a call under way
-// as a microVM pauses to disk, which ends its channel, is not cut off.
-// Streams are not waited for: they carry on across a pause.
-func (m *Manager) AgentCall(ctx context.Context, id string) (client agentclient.Client, release func(), err error) {
-	return m.agent(ctx, id, true)
+// AgentStarting is Agent for a call that a pause must not cut off before
+// it has started: a pause waits for started (up to callDrain). A unary
+// call (a file read or write, a signal) starts at its end, which release
+// implies; a command's stream once its command has started (its first
+// event), after which it can re-attach across a microVM's pause to disk,
+// which ends the agent channel under every call.
+func (m *Manager) AgentStarting(ctx context.Context, id string) (client agentclient.Client, started, release func(), err error) {
+	client, release, err = m.agent(ctx, id, &started)
+	return client, started, release, err
 }
 
-func (m *Manager) agent(ctx context.Context, id string, unary bool) (client agentclient.Client, release func(), err error) {
+func (m *Manager) agent(ctx context.Context, id string, started *func()) (client agentclient.Client, release func(), err error) {
 	err = m.use(ctx, id, func(sb *sandbox) error {
 		sb.lastActive = time.Now()
 		sb.inflight++
-		if unary {
+		start := func() {}
+		if started != nil {
 			sb.calls++
+			start = sync.OnceFunc(func() {
+				sb.mu.Lock()
+				sb.calls--
+				sb.mu.Unlock()
+			})
+			*started = start
 		}
 		client = sb.agent
 		var once sync.Once
 		release = func() {
 			once.Do(func() {
+				start()
 				sb.mu.Lock()
 				sb.inflight--
-				if unary {
-					sb.calls--
-				}
 				sb.lastActive = time.Now()
 				sb.mu.Unlock()
 			})

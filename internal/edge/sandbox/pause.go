@@ -87,9 +87,9 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 	return cloneRec(sb.rec), false, nil
 }
 
-// callDrain bounds how long a pause waits for the unary calls under way
-// (AgentCall): milliseconds each, but a write to a full stdin pipe may
-// block.
+// callDrain bounds how long a pause waits for the calls under way that
+// have not started (AgentStarting): milliseconds each, but a write to a
+// full stdin pipe may block.
 const callDrain = 2 * time.Second
 
 // drainCalls waits until sandbox sb has no unary call under way, or for

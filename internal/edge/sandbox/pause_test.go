@@ -8,10 +8,11 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 )
 
-// TestPauseWaitsForCalls: a pause waits for a unary call under way
-// (AgentCall) before its backend pauses the sandbox, where a stream
-// (Agent) does not hold it up: a microVM paused to disk ends its channel,
-// which a stream outlives and a unary call would not.
+// TestPauseWaitsForCalls: a pause waits for a call under way that has not
+// started (AgentStarting) before its backend pauses the sandbox, where a
+// stream (Agent) or a started call does not hold it up: a microVM paused
+// to disk ends its channel, which a started command's stream outlives and
+// a unary call would not.
 func TestPauseWaitsForCalls(t *testing.T) {
 	rt := newFake(t)
 	m := newTestManager(t, t.TempDir(), rt)
@@ -34,7 +35,20 @@ func TestPauseWaitsForCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, releaseCall, err := m.AgentCall(ctx, id)
+	_, started, releaseStarted, err := m.AgentStarting(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseStarted()
+	started()
+	if _, _, err := m.Pause(ctx, id, false); err != nil {
+		t.Fatalf("Pause with a started call under way: %v", err)
+	}
+	if _, _, _, err := m.Resume(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+
+	_, _, releaseCall, err := m.AgentStarting(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
