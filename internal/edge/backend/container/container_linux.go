@@ -579,6 +579,7 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 			return nil, fmt.Errorf("make agent socket dir of %s: %w", s.ID, err)
 		}
 		in.ListenDir = dir
+		in.HostTasksPerTask = gvisorHostTasks(r.cfg.RunscPlatform)
 	} else {
 		files, pidsFD, err := r.agentFiles(s, rel, freezerDir, memDir)
 		// Closed once Start returns; the agent holds its own copies.

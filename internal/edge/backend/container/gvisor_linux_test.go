@@ -207,29 +207,8 @@ func TestRunscMissing(t *testing.T) {
 // agent answers, the other sandbox answers, and once the bomb is killed
 // the bombed one runs commands again.
 func TestGVisorForkBomb(t *testing.T) {
-	runsc := testutil.Runsc(t)
-	lower, cfg := conformanceSetup(t)
-	c := cfg(t, t.TempDir())
-	c.Runtime, c.RuntimePath, c.RunscPlatform = "runsc", runsc, os.Getenv("DSEC_RUNSC_PLATFORM")
-	rt, err := container.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt, lower := newGVisor(t)
 	ctx := context.Background()
-	if err := rt.Init(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ids, _ := rt.List(ctx)
-		for _, id := range ids {
-			if err := rt.Delete(ctx, id); err != nil {
-				t.Errorf("delete %s: %v", id, err)
-			}
-		}
-		if err := rt.Teardown(ctx); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-	})
 	const pids = 48
 	clients := map[string]agentclient.Client{}
 	for _, id := range []string{"bomb", "bystander"} {
@@ -304,5 +283,72 @@ func TestGVisorForkBomb(t *testing.T) {
 		if time.Since(t0) > 30*time.Second {
 			t.Fatalf("no command runs 30 s after the bomb was killed: %q, exit %d, %v", out, code, err)
 		}
+	}
+}
+
+// newGVisor is a container runtime under runsc (DSEC_RUNSC, on
+// DSEC_RUNSC_PLATFORM) over a test root, deleted with its sandboxes at
+// the test's end, and the busybox lower dir sandboxes start on.
+func newGVisor(t *testing.T) (*container.Container, string) {
+	runsc := testutil.Runsc(t)
+	lower, cfg := conformanceSetup(t)
+	c := cfg(t, t.TempDir())
+	c.Runtime, c.RuntimePath, c.RunscPlatform = "runsc", runsc, os.Getenv("DSEC_RUNSC_PLATFORM")
+	rt, err := container.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := rt.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ids, _ := rt.List(ctx)
+		for _, id := range ids {
+			if err := rt.Delete(ctx, id); err != nil {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+		if err := rt.Teardown(ctx); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	})
+	return rt, lower
+}
+
+// TestGVisorManyPids: a loop of twice a pids limit of 300 stops at the
+// limit inside and the sandbox lives: the host's pids limit leaves room
+// for the host tasks each sandbox task costs (about 2 under systrap, 12
+// under ptrace), which the spec's plus 256 did not (the sentry died).
+func TestGVisorManyPids(t *testing.T) {
+	rt, lower := newGVisor(t)
+	ctx := context.Background()
+	const pids = 300
+	spec := backend.Spec{ID: "many", Layers: backendtest.DirLayers(lower), DiskBytes: 64 << 20, MemoryBytes: 512 << 20,
+		Pids: pids, LogPath: filepath.Join(t.TempDir(), "many.log")}
+	dial, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := agentclient.New(dial)
+	defer client.Close()
+	for t0 := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		if _, code, err := execIn(ctx, client, "true"); err == nil && code == 0 {
+			break
+		} else if time.Since(t0) > 30*time.Second {
+			t.Fatalf("no exec answered within 30 s: %v (exit %d)", err, code)
+		}
+	}
+	out, code, err := execIn(ctx, client, "i=0; ( while [ $i -lt "+strconv.Itoa(2*pids)+" ]; do sleep 600 & i=$((i+1)); echo $i >/tmp/forks; done ) 2>/dev/null; cat /tmp/forks")
+	peak, _ := strconv.Atoi(strings.TrimSpace(out))
+	t.Logf("pids limit %d: %d sleeps started", pids, peak)
+	if err != nil || code != 0 || peak >= pids || peak < pids/2 {
+		t.Errorf("a loop of %d sleeps under a pids limit of %d: %q, exit %d, %v; want fewer than %d started and at least %d", 2*pids, pids, out, code, err, pids, pids/2)
+	}
+	if st, err := rt.Status(ctx, "many"); err != nil || !st.Running {
+		t.Fatalf("status after the loop: %+v, %v", st, err)
+	}
+	if out, code, err := execIn(ctx, client, "kill -9 -1; echo alive"); err != nil || code != 0 || !strings.Contains(out, "alive") {
+		t.Errorf("after the loop: %q, exit %d, %v", out, code, err)
 	}
 }

@@ -78,6 +78,11 @@ type specInput struct {
 	// where the agent makes its own listening socket (--listen-path) in
 	// place of fd 3, and no cgroup fds are passed (gVisor).
 	ListenDir string
+	// HostTasksPerTask is, under gVisor, how many host tasks (the
+	// sentry's threads, the platform's stubs) each of the sandbox's own
+	// tasks costs: the host's pids limit is the spec's that many times
+	// over, plus gvisorPids.
+	HostTasksPerTask int64
 	// DiskQgroup is the sysfs dir of the btrfs qgroup that caps the
 	// writable layer; the agent answers statfs of / from it (see
 	// ptraceCapability).
@@ -102,8 +107,21 @@ const agentPids = 64
 // sentry's and the gofer's threads and the platform's stub processes, not
 // the sandbox's processes (those the sentry's own pids cgroup caps, which
 // the agent makes: --pids-max), and a sentry that cannot make a thread
-// dies with every process inside.
+// dies with every process inside. An idle sandbox holds 26 host tasks
+// under systrap, 47 under ptrace.
 const gvisorPids = 256
+
+// gvisorHostTasks is how many host tasks each of a gVisor sandbox's tasks
+// may cost on platform: measured here, a sleeping process cost 2 under
+// systrap (36 of them: 26 host tasks became 99) and 11 to 12 under ptrace
+// (a stub thread per sentry thread that ran it: 15 of them, 47 became
+// 219), with room above both. kvm is taken as systrap (not measured).
+func gvisorHostTasks(platform string) int64 {
+	if platform == "ptrace" {
+		return 16
+	}
+	return 3
+}
 
 func pidsLimit(s backend.Spec) int64 {
 	if s.Pids > 0 {
@@ -142,7 +160,7 @@ func buildSpec(in specInput) *specs.Spec {
 		// tasks, with room above.
 		args = append(args, "--listen-path", agentSockMount+"/agent.sock",
 			"--cgroup-path", agentCgroupMount, "--pids-max", strconv.FormatInt(pids, 10))
-		pids += gvisorPids
+		pids = pids*max(in.HostTasksPerTask, 1) + gvisorPids
 	} else {
 		// The fds Start passes, in its order from 3 on.
 		args = append(args, "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5")

@@ -212,13 +212,14 @@ func TestAgentFlags(t *testing.T) {
 // at agentCgroupMount, capped at the spec's pids; the host's limit has
 // room for runsc's own tasks; clone3 reaches the sentry.
 func TestBuildSpecGVisor(t *testing.T) {
-	s := buildSpec(specInput{Spec: backend.Spec{ID: "sb-1", Pids: 48}, AgentDir: "/agent", ListenDir: "/sock/sb-1"})
+	s := buildSpec(specInput{Spec: backend.Spec{ID: "sb-1", Pids: 48}, AgentDir: "/agent", ListenDir: "/sock/sb-1",
+		HostTasksPerTask: gvisorHostTasks("systrap")})
 	want := []string{agentPath, "serve", "--listen-path", agentSockMount + "/agent.sock", "--cgroup-path", agentCgroupMount, "--pids-max", "48"}
 	if !slices.Equal(s.Process.Args, want) {
 		t.Errorf("args = %v, want %v", s.Process.Args, want)
 	}
-	if s.Linux.Resources.Pids.Limit != 48+gvisorPids {
-		t.Errorf("host pids limit = %d, want %d", s.Linux.Resources.Pids.Limit, 48+gvisorPids)
+	if s.Linux.Resources.Pids.Limit != 3*48+gvisorPids {
+		t.Errorf("host pids limit = %d, want %d", s.Linux.Resources.Pids.Limit, 3*48+gvisorPids)
 	}
 	var cgroupMounts []string
 	for _, m := range s.Mounts {
