@@ -357,13 +357,17 @@ func (d *Dialer) Hold(ctx context.Context) (release func(), err error) {
 	}
 }
 
-// Suspend holds the dialer (as Hold) for a VM that is paused to disk, and
-// ends the current session, which the VM's QEMU took with it: a Dial
-// meanwhile waits for the VM's resume (whose Hold takes the suspension
-// over and whose release ends it), for Close (the VM deleted: ErrClosed)
-// or for its context. That is how a stream broken by the pause reaches the
-// resumed guest again (agentclient's re-attach). Suspending a suspended
-// dialer does nothing.
+// Suspend holds the dialer (as Hold) for a VM about to be paused to disk:
+// a Dial meanwhile waits for the VM's resume (whose Hold takes the
+// suspension over and whose release ends it), for Close (the VM deleted:
+// ErrClosed) or for its context. That is how a stream broken by the pause
+// reaches the resumed guest again (agentclient's re-attach). The current
+// session is left as it is: the guest must be saved still connected, so
+// that its resume tells it the host left (package vmstate) and it opens a
+// new session at once; had the host left first, the guest might be saved
+// before it noticed, and the first dial after the resume would wait out
+// the hello. EndSession ends it once the VM's QEMU is gone. Suspending a
+// suspended dialer does nothing.
 func (d *Dialer) Suspend(ctx context.Context) error {
 	d.mu.Lock()
 	held := d.suspended != nil
@@ -378,11 +382,19 @@ func (d *Dialer) Suspend(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.suspended = release
+	return nil
+}
+
+// EndSession ends the current session, if there is one: the QEMU that
+// carried it is gone (a pause to disk), and its streams learn so now
+// rather than when the session notices.
+func (d *Dialer) EndSession() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.session != nil {
 		d.session.Close()
 		d.session = nil
 	}
-	return nil
 }
 
 // live is the current session while it lasts, or ErrClosed after Close.
@@ -391,6 +403,9 @@ func (d *Dialer) live() (*yamux.Session, error) {
 	defer d.mu.Unlock()
 	if d.closed {
 		return nil, ErrClosed
+	}
+	if d.suspended != nil {
+		return nil, nil // the session's VM is being paused: wait for the resume
 	}
 	if d.session != nil && !d.session.IsClosed() {
 		return d.session, nil

@@ -330,8 +330,15 @@ func TestSuspend(t *testing.T) {
 	if err := d.Suspend(ctx); err != nil {
 		t.Fatal(err)
 	}
+	d.mu.Lock()
+	kept0 := d.session != nil && !d.session.IsClosed()
+	d.mu.Unlock()
+	if !kept0 {
+		t.Error("Suspend ended the session, want it kept until EndSession")
+	}
+	d.EndSession()
 	if _, err := kept.Read(make([]byte, 1)); err == nil {
-		t.Error("a connection read on across Suspend, want it ended")
+		t.Error("a connection read on across EndSession, want it ended")
 	}
 	guestKept.SetReadDeadline(time.Now().Add(5 * time.Second))
 	io.Copy(io.Discard, guestKept)
@@ -364,7 +371,7 @@ func TestSuspend(t *testing.T) {
 	if err := d.Suspend(ctx); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
+	go func() { // the session is still up (no EndSession): Dial waits all the same
 		_, err := d.Dial(ctx)
 		waited <- err
 	}()

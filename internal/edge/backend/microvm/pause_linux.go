@@ -59,7 +59,9 @@ func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (backend.P
 	}
 	// The agent channel goes with QEMU: from here until the resume, a dial
 	// waits for the resumed guest (or the VM's delete), so a command's
-	// stream broken by the pause re-attaches to it then.
+	// stream broken by the pause re-attaches to it then. The session stays
+	// up until QEMU is gone: the guest is saved connected, and its resume
+	// tells it the host left (vmstate.Resume).
 	d := r.channels.get(filepath.Join(dir, qemu.ChannelSocket))
 	if err := d.Suspend(ctx); err != nil {
 		return backend.PauseStats{}, fmt.Errorf("pause sandbox %s: %w", id, err)
@@ -71,6 +73,7 @@ func (r *Runtime) Pause(ctx context.Context, id string, reclaim bool) (backend.P
 		}
 		return backend.PauseStats{}, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
+	d.EndSession()
 	if watched != nil {
 		<-watched // its watcher wrote QEMU's end as an exit: a pause is none
 	}
