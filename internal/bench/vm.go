@@ -65,6 +65,12 @@ type VMOptions struct {
 	Forks     int      // children of each fork (the fork part)
 	SharedVMs int      // microVMs reading the same file of a base layer
 	SharedMiB int      // that file's size
+	// SharedMemoryMiB is those microVMs' memory (0: MemoryMiB): enough for
+	// a guest to keep the file in its page cache beside its kernel and
+	// agent, as the target means; a guest that cannot evicts and re-reads,
+	// and the side without shared pages is then bounded by the guest's
+	// RAM instead of by the copies the target counts.
+	SharedMemoryMiB int
 	// Pmem is a second dsecd on this host, run with --vm-pmem-layers, for
 	// the shared part's figure with shared pages; nil: that figure is
 	// pending.
@@ -136,10 +142,11 @@ type VMSharedSide struct {
 // VMShared is the shared part's figures: the node at --addr and, where
 // given, a node whose layers are shared pages (dsecd --vm-pmem-layers).
 type VMShared struct {
-	VMs     int           `json:"vms"`
-	FileMiB int           `json:"file_mib"`
-	Blk     VMSharedSide  `json:"without_shared_pages"`
-	Pmem    *VMSharedSide `json:"with_shared_pages,omitempty"`
+	VMs       int           `json:"vms"`
+	FileMiB   int           `json:"file_mib"`
+	MemoryMiB int           `json:"vm_memory_mib"`
+	Blk       VMSharedSide  `json:"without_shared_pages"`
+	Pmem      *VMSharedSide `json:"with_shared_pages,omitempty"`
 	// HostCopyMiB is the layer file's one copy in the host's page cache,
 	// counted once on each side: every guest read the whole file through
 	// it, but its pages are charged to whoever read them first (the import
@@ -631,7 +638,7 @@ func (r *vmRun) ensureSharedLayer(ctx context.Context, c *dsec.Conn) error {
 // shared measures the node at --addr and, with o.Pmem, the node whose
 // layers are shared pages, one after the other.
 func (r *vmRun) shared(ctx context.Context) error {
-	s := &VMShared{VMs: r.o.SharedVMs, FileMiB: r.o.SharedMiB, HostCopyMiB: float64(r.o.SharedMiB)}
+	s := &VMShared{VMs: r.o.SharedVMs, FileMiB: r.o.SharedMiB, MemoryMiB: r.sharedMemoryMiB(), HostCopyMiB: float64(r.o.SharedMiB)}
 	var err error
 	if s.Blk, err = r.sharedOn(ctx, r.c); err != nil {
 		return err
@@ -656,6 +663,14 @@ func (r *vmRun) shared(ctx context.Context) error {
 	return nil
 }
 
+// sharedMemoryMiB is the shared part's microVMs' memory.
+func (r *vmRun) sharedMemoryMiB() int {
+	if r.o.SharedMemoryMiB > 0 {
+		return r.o.SharedMemoryMiB
+	}
+	return r.o.MemoryMiB
+}
+
 // sharedOn boots SharedVMs microVMs on the shared layer through c, has
 // each read the whole file, and sums their cgroups' memory (guest RAM as
 // QEMU holds it, QEMU's own, and the host page cache each first touched)
@@ -667,6 +682,7 @@ func (r *vmRun) sharedOn(ctx context.Context, c *dsec.Conn) (VMSharedSide, error
 	}
 	spec := r.spec(dsecv1.Isolation_ISOLATION_MICROVM)
 	spec.Environment = sharedEnv(r.o.SharedMiB)
+	spec.MemoryMb = int64(r.sharedMemoryMiB())
 	rc := *r
 	rc.c = c
 	ids, _, err := rc.createMany(ctx, spec, r.o.SharedVMs)
@@ -999,7 +1015,7 @@ func (r *VMReport) checks() []VMCheck {
 		out = append(out, f.check())
 	}
 	if s := r.Shared; s != nil {
-		name := fmt.Sprintf("%d microVMs reading %d MiB of a base layer: host memory shared / not", s.VMs, s.FileMiB)
+		name := fmt.Sprintf("%d microVMs of %d MiB reading %d MiB of a base layer: host memory shared / not", s.VMs, s.MemoryMiB, s.FileMiB)
 		if s.Ratio > 0 {
 			add(name, fmt.Sprintf("%.2f× (%.0f vs %.0f MiB, the layer's host copy in both)", s.Ratio, s.Pmem.AfterMiB+s.HostCopyMiB, s.Blk.AfterMiB+s.HostCopyMiB),
 				fmt.Sprintf("≤ %.1f×", sharedTargetRatio), s.Ratio <= sharedTargetRatio)

@@ -41,7 +41,7 @@ func TestVMReportChecks(t *testing.T) {
 		Warm: VMLatency{N: 5, P50: 30, P90: 45}, WarmHits: 5,
 		GVisorCold: VMLatency{N: 5, P50: 150, P90: 160},
 		Pause:      &VMPause{ResumeExec: VMLatency{N: 5, P50: 200}, ResidentMiB: 300, ReleasedPct: 99, ReleasedMin: 95, ColdP50: 3400, RestoreFaster: 17},
-		Shared:     &VMShared{VMs: 8, FileMiB: 200, Blk: VMSharedSide{Node: "n1", Device: "virtio-blk", BeforeMiB: 1600, AfterMiB: 2400}, Pending: "pending"},
+		Shared:     &VMShared{VMs: 8, FileMiB: 200, MemoryMiB: 512, Blk: VMSharedSide{Node: "n1", Device: "virtio-blk", BeforeMiB: 1600, AfterMiB: 2400}, Pending: "pending"},
 		Idle:       &VMIdle{VMs: 32, Started: 32, Answering: 32, MemMeanMiB: 190, MemMaxMiB: 200, CPUMeanPct: 1.5, CPUMaxPct: 3, CPUOver: 2},
 	}
 	r.Checks = r.checks()
@@ -55,7 +55,7 @@ func TestVMReportChecks(t *testing.T) {
 		"restore from the memory snapshot → first exec vs a cold boot":         "PASS",
 		"pause: QEMU's host memory released (the least of any pause)":          "PASS",
 		"resume → first exec p50":                                              "PASS",
-		"8 microVMs reading 200 MiB of a base layer: host memory shared / not": "PENDING",
+		"8 microVMs of 512 MiB reading 200 MiB of a base layer: host memory shared / not": "PENDING",
 		"32 idle microVMs of 256 MiB answer exec":                              "PASS",
 		"host memory per idle microVM (mean)":                                  "MISS",
 		"CPU per idle microVM (mean)":                                          "PASS",

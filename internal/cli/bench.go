@@ -306,7 +306,7 @@ func (a *app) benchE2BCommand() *cobra.Command {
 }
 
 func (a *app) benchVMCommand() *cobra.Command {
-	o := bench.VMOptions{Env: benchEnv, Rounds: 5, Execs: 50, WarmPool: 2, Pauses: 5, Forks: 4, SharedVMs: 8, SharedMiB: 200, VMs: 32,
+	o := bench.VMOptions{Env: benchEnv, Rounds: 5, Execs: 50, WarmPool: 2, Pauses: 5, Forks: 4, SharedVMs: 8, SharedMiB: 200, SharedMemoryMiB: 512, VMs: 32,
 		IdleWindow: 30 * time.Second, MemoryMiB: 256, Parallel: 2, KernelDir: cmp.Or(os.Getenv("DSEC_VM_KERNEL_DIR"), kernel.DefaultDir)}
 	var only, pmemAddr, pmemToken string
 	cmd := &cobra.Command{
@@ -345,6 +345,7 @@ func (a *app) benchVMCommand() *cobra.Command {
 	f.IntVar(&o.Forks, "forks", o.Forks, "children of each fork (fork ×N → every child's first exec against N cold creates)")
 	f.IntVar(&o.SharedVMs, "shared-vms", o.SharedVMs, "microVMs reading the same file of a base layer")
 	f.IntVar(&o.SharedMiB, "shared-mib", o.SharedMiB, "that file's size")
+	f.IntVar(&o.SharedMemoryMiB, "shared-memory-mib", o.SharedMemoryMiB, "the shared part's microVMs' memory: enough to cache that file beside the guest's kernel and agent (0: --memory-mib)")
 	f.StringVar(&pmemAddr, "shared-pmem-addr", "", "a second dsecd on this host, run with --vm-pmem-layers, for the shared part's figure with shared pages (default: none, that figure pending)")
 	f.StringVar(&pmemToken, "shared-pmem-token", "", "its token")
 	f.IntVar(&o.VMs, "vms", o.VMs, "idle microVMs held at once")
