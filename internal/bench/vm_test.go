@@ -50,15 +50,15 @@ func TestVMReportChecks(t *testing.T) {
 		verdicts[c.Name] = c.Verdict
 	}
 	want := map[string]string{
-		"microvm create → first exec p50, cold":                                "MISS",
-		"microvm create → first exec p50, warm pool":                           "PASS",
-		"restore from the memory snapshot → first exec vs a cold boot":         "PASS",
-		"pause: QEMU's host memory released (the least of any pause)":          "PASS",
-		"resume → first exec p50":                                              "PASS",
+		"microvm create → first exec p50, cold":                                           "MISS",
+		"microvm create → first exec p50, warm pool":                                      "PASS",
+		"restore from the memory snapshot → first exec vs a cold boot":                    "PASS",
+		"pause: QEMU's host memory released (the least of any pause)":                     "PASS",
+		"resume → first exec p50":                                                         "PASS",
 		"8 microVMs of 512 MiB reading 200 MiB of a base layer: host memory shared / not": "PENDING",
-		"32 idle microVMs of 256 MiB answer exec":                              "PASS",
-		"host memory per idle microVM (mean)":                                  "MISS",
-		"CPU per idle microVM (mean)":                                          "PASS",
+		"32 idle microVMs of 256 MiB answer exec":                                         "PASS",
+		"host memory per idle microVM (mean)":                                             "MISS",
+		"CPU per idle microVM (mean)":                                                     "PASS",
 	}
 	for name, v := range want {
 		if verdicts[name] != v {
