@@ -334,26 +334,30 @@ func (v *iamService) Ungrant(ctx context.Context, req *connect.Request[dsecv1.Un
 	return connect.NewResponse(&dsecv1.UngrantResponse{}), nil
 }
 
-// mayManage decides whether a may read principal p's bindings or tokens: its
-// own, or admin on p's home project.
-func mayManage(a iam.Authority, op iam.Op, p store.Principal) error {
-	if p.Name == a.Principal && !a.Node {
-		return nil
-	}
-	return allow(a, op, p.Project)
-}
-
-func (v *iamService) ListBindings(ctx context.Context, req *connect.Request[dsecv1.ListBindingsRequest]) (*connect.Response[dsecv1.ListBindingsResponse], error) {
-	a := actor(ctx)
-	name, err := callerOr(a, req.Msg.GetPrincipal())
+// managed is the principal whose bindings or tokens a reads through op:
+// name, or a's own when name is "". a may read its own, or any principal
+// whose home project it administers.
+func (v *iamService) managed(ctx context.Context, a iam.Authority, op iam.Op, name string) (string, error) {
+	name, err := callerOr(a, name)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	p, err := v.principal(ctx, a, name)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	if err := mayManage(a, iam.OpListBindings, p); err != nil {
+	if p.Name == a.Principal && !a.Node {
+		return name, nil
+	}
+	if err := allow(a, op, p.Project); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+func (v *iamService) ListBindings(ctx context.Context, req *connect.Request[dsecv1.ListBindingsRequest]) (*connect.Response[dsecv1.ListBindingsResponse], error) {
+	name, err := v.managed(ctx, actor(ctx), iam.OpListBindings, req.Msg.GetPrincipal())
+	if err != nil {
 		return nil, err
 	}
 	bs, err := v.st.Bindings(ctx, name)
@@ -412,16 +416,8 @@ func (v *iamService) RevokeToken(ctx context.Context, req *connect.Request[dsecv
 }
 
 func (v *iamService) ListTokens(ctx context.Context, req *connect.Request[dsecv1.ListTokensRequest]) (*connect.Response[dsecv1.ListTokensResponse], error) {
-	a := actor(ctx)
-	name, err := callerOr(a, req.Msg.GetPrincipal())
+	name, err := v.managed(ctx, actor(ctx), iam.OpListTokens, req.Msg.GetPrincipal())
 	if err != nil {
-		return nil, err
-	}
-	p, err := v.principal(ctx, a, name)
-	if err != nil {
-		return nil, err
-	}
-	if err := mayManage(a, iam.OpListTokens, p); err != nil {
 		return nil, err
 	}
 	ts, err := v.st.ListTokens(ctx, name)
