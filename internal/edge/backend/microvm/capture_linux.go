@@ -131,18 +131,24 @@ func (r *Runtime) capturesDir() string { return filepath.Join(r.cfg.StateDir, "c
 // clearCaptures removes the captures an earlier instance left: a snapshot
 // cut short by a restart.
 func (r *Runtime) clearCaptures() error {
-	des, err := os.ReadDir(r.capturesDir())
+	return r.clearLeft(r.capturesDir(), "removing a capture left by an interrupted snapshot", removeCapture)
+}
+
+// clearLeft removes with remove each entry an earlier instance left in dir,
+// logging msg for each.
+func (r *Runtime) clearLeft(dir, msg string, remove func(string) error) error {
+	des, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("read %s: %w", r.capturesDir(), err)
+		return fmt.Errorf("read %s: %w", dir, err)
 	}
 	var errs []error
 	for _, de := range des {
-		p := filepath.Join(r.capturesDir(), de.Name())
-		r.log.Info("removing a capture left by an interrupted snapshot", "path", p)
-		errs = append(errs, removeCapture(p))
+		p := filepath.Join(dir, de.Name())
+		r.log.Info(msg, "path", p)
+		errs = append(errs, remove(p))
 	}
 	return errors.Join(errs...)
 }

@@ -139,20 +139,7 @@ func (r *Runtime) DropFork(ctx context.Context, name string) error {
 // clearForks removes the saves an earlier instance left: a fork cut short
 // by a restart.
 func (r *Runtime) clearForks() error {
-	des, err := os.ReadDir(r.forksDir())
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("read %s: %w", r.forksDir(), err)
-	}
-	var errs []error
-	for _, de := range des {
-		p := filepath.Join(r.forksDir(), de.Name())
-		r.log.Info("removing a save left by an interrupted fork", "path", p)
-		errs = append(errs, os.RemoveAll(p))
-	}
-	return errors.Join(errs...)
+	return r.clearLeft(r.forksDir(), "removing a save left by an interrupted fork", os.RemoveAll)
 }
 
 // StartFork starts sandbox s.ID from save name: its own copies of the
