@@ -149,16 +149,47 @@ func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 // AuthorizeFnCall decides a FnCall made through an adapter that is not a
 // Connect service (SandboxFusion's API) by the caller's bearer token, as
 // the interceptor decides FnCallService.RunCode, and returns the context
-// to run it in, carrying the caller's authority. A call without a token is
-// the adapter's own: the node administrator's.
+// to run it in, carrying the caller's authority. A call without a token
+// runs as a runner of the project Config.TokenlessFnCall names, or is
+// refused (Unauthenticated) when it names none; without Auth every call
+// is the node administrator's.
 func (s *Server) AuthorizeFnCall(ctx context.Context, token, peer string) (context.Context, error) {
 	const op = "/dsec.v1.FnCallService/RunCode"
-	if token == "" || s.authn == nil {
+	if s.authn == nil {
 		return iam.WithAuthority(ctx, iam.NodeAdmin()), nil
+	}
+	if token == "" {
+		a, err := tokenless(s.cfg.TokenlessFnCall)
+		if err != nil {
+			s.log.Warn("token-less call refused", "peer", peer, "procedure", op)
+			s.audit.add(iam.Authority{}, op, "", peer, err)
+			return nil, err
+		}
+		return withOp(iam.WithAuthority(ctx, a), iam.Op(op)), nil
 	}
 	a := authInterceptor{cache: s.authn, log: s.log, audit: s.audit}
 	h := http.Header{}
 	h.Set("Authorization", "Bearer "+token)
 	ctx, _, err := a.check(ctx, connect.Spec{Procedure: op}, connect.Peer{Addr: peer}, h)
 	return ctx, err
+}
+
+// TokenlessPrincipal is the principal a call without a token runs as
+// where an operator allows such calls (Config.TokenlessFnCall): it names
+// no stored principal, only the calls in the audit trail.
+const TokenlessPrincipal = "tokenless"
+
+// tokenless is the authority of a SandboxFusion call without a token:
+// runner on project, or a refusal saying how to call when project is "".
+func tokenless(project string) (iam.Authority, error) {
+	if project == "" {
+		return iam.Authority{}, fmt.Errorf("SandboxFusion's API on this server needs a dsec token (Authorization: Bearer <token> of a runner); "+
+			"calls without one are refused unless the server is started with --sandboxfusion-project naming the project they run in: %w", errdefs.ErrUnauthenticated)
+	}
+	path, err := iam.CleanPath(project)
+	if err != nil {
+		return iam.Authority{}, fmt.Errorf("the project of token-less SandboxFusion calls: %w", err)
+	}
+	return iam.Authority{Principal: TokenlessPrincipal, Project: path, Role: iam.Runner,
+		Bindings: []iam.Binding{{Project: path, Role: iam.Runner}}}, nil
 }

@@ -260,7 +260,7 @@ func (b bearerBoth) WrapStreamingHandler(next connect.StreamingHandlerFunc) conn
 // TestAuthorizeFnCall: SandboxFusion's calls are decided as RunCode: a
 // viewer's token is refused, a runner's passes with its authority in the
 // context, a forged one is Unauthenticated, and a call without a token is
-// the adapter's own.
+// a runner of the project the operator names, or refused without one.
 func TestAuthorizeFnCall(t *testing.T) {
 	ctx := context.Background()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
@@ -293,8 +293,25 @@ func TestAuthorizeFnCall(t *testing.T) {
 	if a, ok := iam.AuthorityFrom(rctx); err != nil || !ok || a.Principal != "runner" {
 		t.Errorf("a runner: %v, authority %+v", err, a)
 	}
-	nctx, err := s.AuthorizeFnCall(ctx, "", "peer")
-	if a, ok := iam.AuthorityFrom(nctx); err != nil || !ok || !a.Node {
-		t.Errorf("no token: %v, authority %+v", err, a)
+	if _, err := s.AuthorizeFnCall(ctx, "", "peer"); !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), "--sandboxfusion-project") {
+		t.Errorf("no token and no project for such calls: %v, want unauthenticated naming the flag", err)
+	}
+	for _, project := range []string{"/", "/ml", "ml/rl"} {
+		s := New(Config{Auth: st, TokenlessFnCall: project}, st, watcher.NewFixed(), slog.New(slog.DiscardHandler))
+		nctx, err := s.AuthorizeFnCall(ctx, "", "peer")
+		a, ok := iam.AuthorityFrom(nctx)
+		want := strings.TrimPrefix(project, "/")
+		if err != nil || !ok || a.Node || a.Project != want || a.On(want) != iam.Runner || a.On(want+"/sub") != iam.Runner {
+			t.Errorf("no token, calls in %s: %v, authority %+v", project, err, a)
+		}
+		if want != "" && a.On("other") != iam.None {
+			t.Errorf("no token, calls in %s: a role on another project: %+v", project, a)
+		}
+		if err := iam.Allow(a, "/dsec.v1.FnCallService/RunCode", want); err != nil {
+			t.Errorf("no token, calls in %s: RunCode refused: %v", project, err)
+		}
+		if err := iam.Allow(a, iam.OpCreateToken, want); err == nil {
+			t.Errorf("no token, calls in %s: may mint tokens", project)
+		}
 	}
 }

@@ -28,16 +28,12 @@ type iamService struct {
 	log *slog.Logger
 }
 
-// actor is the caller's authority.
+// actor is the caller's authority, which the auth interceptor puts in
+// the context of every call of the service (the node's administrator's
+// over the Unix socket or in process). A call without one holds no role.
 func actor(ctx context.Context) iam.Authority {
-	if a, ok := iam.AuthorityFrom(ctx); ok {
-		return a
-	}
-	// Until the enforcing interceptor puts every caller's authority in ctx,
-	// a call without one came over a trusted connection (the Unix socket,
-	// in process) or to a server checking no tokens: the node's
-	// administrator. Delete this fallback with enforcement.
-	return iam.NodeAdmin()
+	a, _ := iam.AuthorityFrom(ctx)
+	return a
 }
 
 // notFound is the answer for a project that does not exist or that the

@@ -232,8 +232,9 @@ func testEscalations(t *testing.T, srv *iamtest.Server, admin, harness *dsec.Cli
 	// who is only a viewer of other.
 	rtok, _ := mint(t, harness, dsec.TokenOptions{Project: "ml/run-1", Role: dsec.RoleRunner, TTL: 30 * time.Minute})
 	runner := client(t, srv.URL, rtok)
-	atok, _ := mint(t, admin, dsec.TokenOptions{Principal: "alice", Project: "other", Role: dsec.RoleAdmin, TTL: time.Hour})
+	atok, ainfo := mint(t, admin, dsec.TokenOptions{Principal: "alice", Project: "other", Role: dsec.RoleAdmin, TTL: time.Hour})
 	viewer := client(t, srv.URL, atok)
+	_, sibling := mint(t, harness, dsec.TokenOptions{Project: "ml/run-1", Role: dsec.RoleRunner, TTL: 30 * time.Minute})
 
 	for _, tc := range []struct {
 		name  string
@@ -289,6 +290,18 @@ func testEscalations(t *testing.T, srv *iamtest.Server, admin, harness *dsec.Cli
 			_, err := harness.Tokens(ctx, "alice")
 			return err
 		}, dsec.ErrNotFound, `principal "alice"`},
+		{"harness revokes a token of a project it cannot see", func() error {
+			_, err := harness.RevokeToken(ctx, ainfo.ID)
+			return err
+		}, dsec.ErrNotFound, "no such token"},
+		{"runner revokes a token of its parent's sibling", func() error {
+			_, err := runner.RevokeToken(ctx, ainfo.ID)
+			return err
+		}, dsec.ErrNotFound, "no such token"},
+		{"runner revokes another token of its project", func() error {
+			_, err := runner.RevokeToken(ctx, sibling.ID)
+			return err
+		}, dsec.ErrPermissionDenied, "needs admin"},
 		{"runner mints a token", func() error {
 			_, _, err := runner.CreateToken(ctx, dsec.TokenOptions{Role: dsec.RoleViewer, TTL: time.Minute})
 			return err
@@ -328,6 +341,16 @@ func testEscalations(t *testing.T, srv *iamtest.Server, admin, harness *dsec.Cli
 		})
 	}
 	// Nothing changed.
+	if _, err := viewer.Projects(ctx, "other", false); err != nil {
+		t.Fatalf("alice's token after the refused revokes: %v", err)
+	}
+	// A runner lists its own principal's tokens and bindings, admin of none.
+	if ts := check(runner.Tokens(ctx, ""))(t); !slices.ContainsFunc(ts, func(i dsec.TokenInfo) bool { return i.ID == sibling.ID }) {
+		t.Fatalf("the runner's own tokens: %+v", ts)
+	}
+	if bs := check(runner.Bindings(ctx, ""))(t); len(bs) != 1 || bs[0].Project != "ml" {
+		t.Fatalf("the runner's own bindings: %+v", bs)
+	}
 	if bs := check(admin.Bindings(ctx, "harness"))(t); len(bs) != 1 || bs[0].Project != "ml" {
 		t.Fatalf("harness's bindings changed: %+v", bs)
 	}

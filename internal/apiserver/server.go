@@ -111,6 +111,11 @@ type Config struct {
 	// AuditRetention is how long RunAuditExpiry keeps audit records (0 =
 	// DefaultAuditRetention; negative: forever).
 	AuditRetention time.Duration
+	// TokenlessFnCall, when Auth is set, is the path of the project in
+	// which a SandboxFusion call without a token runs, as a runner there
+	// (charged to it): "/" is the root. Empty refuses such calls
+	// (AuthorizeFnCall).
+	TokenlessFnCall string
 }
 
 // Server implements the public services.

@@ -117,10 +117,16 @@ type Config struct {
 	Storage StorageConfig
 	FnCall  FnCallConfig
 	// SandboxFusionListen serves SandboxFusion's HTTP API (package
-	// sandboxfusion), without a token, on this address; "none" = off.
-	// Default DefaultSandboxFusionAddr, where a port already taken is
-	// only a warning.
+	// sandboxfusion) on this address; "none" = off. Default
+	// DefaultSandboxFusionAddr, where a port already taken is only a
+	// warning.
 	SandboxFusionListen string
+	// SandboxFusionProject is the project a SandboxFusion call without a
+	// token runs in, as a runner there (its FnCall quota charged); a call
+	// with one is its token's. Default "/": the root, so a client that
+	// sends no token (verl's) works with no configuration; "none" refuses
+	// such calls.
+	SandboxFusionProject string
 	// E2BListen, if set, serves E2B's API (package e2b: the control plane,
 	// envd and the code interpreter on one port) on this address. Callers
 	// need an API key (dsec token --e2b); the secret that signs sandboxes'
@@ -604,7 +610,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := ensureAdminToken(ctx, meta, filepath.Join(cfg.Root, AdminTokenFile)); err != nil {
 		return err
 	}
-	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, AuditRetention: cfg.AuditRetention}, meta, fleet, log.With("component", "apiserver"))
+	tokenless, err := tokenlessProject(cfg.SandboxFusionProject, "/")
+	if err != nil {
+		return err
+	}
+	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, AuditRetention: cfg.AuditRetention,
+		TokenlessFnCall: tokenless}, meta, fleet, log.With("component", "apiserver"))
 	// A reservation left pending by a dsecd that died mid-create, say, is
 	// reconciled here as in a cluster.
 	stopReconciler := runReconciler(ctx, api)

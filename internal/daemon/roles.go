@@ -269,9 +269,13 @@ type APIServerConfig struct {
 	// DebugListen, if set, serves Go's profiles (net/http/pprof) on this
 	// address; keep it on loopback.
 	DebugListen string
-	// SandboxFusionListen, if set, serves SandboxFusion's HTTP API
-	// (without a token) on this address.
+	// SandboxFusionListen, if set, serves SandboxFusion's HTTP API on this
+	// address.
 	SandboxFusionListen string
+	// SandboxFusionProject, if set, is the project a SandboxFusion call
+	// without a token runs in, as a runner there ("/": the root); unset,
+	// such a call is refused (401) saying it needs a token.
+	SandboxFusionProject string
 	// E2BListen, if set, serves E2B's API (package e2b) on this address,
 	// its sandboxes' access tokens signed with the secret in
 	// E2BSecretFile, which every apiserver must share (dsecd init-cluster
@@ -329,6 +333,10 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	if err := cfg.fill(); err != nil {
 		return err
 	}
+	tokenless, err := tokenlessProject(cfg.SandboxFusionProject, "")
+	if err != nil {
+		return err
+	}
 	lessGC()
 	meta, err := store.Open(ctx, cfg.DB)
 	if err != nil {
@@ -359,7 +367,8 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		Log: log.With("component", "watcher"),
 	})
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta,
-		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention}, meta, w, log.With("component", "apiserver"))
+		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
+		TokenlessFnCall: tokenless}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.Poll(ctx) // routable edges from the first call on

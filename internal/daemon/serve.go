@@ -13,8 +13,26 @@ import (
 	"time"
 
 	"dsec.dev/dsec/internal/apiserver"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/sandboxfusion"
 )
+
+// tokenlessProject is the project SandboxFusion's calls without a token
+// run in, from its flag: def when unset, "" (refused) for "none", else the
+// path checked, with "/" for the root.
+func tokenlessProject(flag, def string) (string, error) {
+	switch flag {
+	case "":
+		return def, nil
+	case "none":
+		return "", nil
+	}
+	p, err := iam.CleanPath(flag)
+	if err != nil {
+		return "", fmt.Errorf("--sandboxfusion-project: %w", err)
+	}
+	return "/" + p, nil
+}
 
 // serveSandboxFusion serves SandboxFusion's HTTP API on addr, calls run by
 // the apiserver, until ctx ends; wait waits for that, and served is the

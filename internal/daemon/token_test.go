@@ -58,3 +58,26 @@ func TestAdminToken(t *testing.T) {
 		t.Fatalf("dsecd token --project ml --role runner: %+v", a)
 	}
 }
+
+// TestTokenlessProject: --sandboxfusion-project read as the apiserver's
+// Config.TokenlessFnCall: the default when unset ("/" in the all-in-one,
+// refused in a cluster's apiserver), "none" refuses, a path is checked.
+func TestTokenlessProject(t *testing.T) {
+	for _, tc := range []struct {
+		flag, def, want string
+		bad             bool
+	}{
+		{"", "/", "/", false},
+		{"", "", "", false},
+		{"none", "/", "", false},
+		{"/", "", "/", false},
+		{"ml/rl", "", "/ml/rl", false},
+		{"/ml", "/", "/ml", false},
+		{"ML!", "", "", true},
+	} {
+		got, err := tokenlessProject(tc.flag, tc.def)
+		if (err != nil) != tc.bad || got != tc.want {
+			t.Errorf("tokenlessProject(%q, %q) = %q, %v; want %q (error: %v)", tc.flag, tc.def, got, err, tc.want, tc.bad)
+		}
+	}
+}

@@ -40,10 +40,10 @@ type Config struct {
 	// Log receives the runner's failures; nil = discard.
 	Log *slog.Logger
 	// Authorize, when set, decides every call but /v1/ping by its bearer
-	// token (Authorization: Bearer, "" when the call has none: dsecd lets
-	// such a call through as SandboxFusion's own API does) and returns the
-	// context to run it in; an error wrapping errdefs.ErrUnauthenticated
-	// answers 401, ErrPermissionDenied 403.
+	// token (Authorization: Bearer, "" when the call has none: dsecd runs
+	// such a call in the project its operator names for them, or refuses
+	// it) and returns the context to run it in; an error wrapping
+	// errdefs.ErrUnauthenticated answers 401, ErrPermissionDenied 403.
 	Authorize func(ctx context.Context, token, peer string) (context.Context, error)
 }
 

@@ -796,8 +796,12 @@ func (d *sqlDB) RevokeToken(ctx context.Context, actor iam.Authority, tokenID st
 		if err != nil {
 			return err
 		}
-		// A token may always revoke itself (and so what it minted).
+		// A token may always revoke itself (and so what it minted). One of
+		// a project the caller holds no role on does not exist for it.
 		if tokenID != actor.TokenID {
+			if a.On(path) == iam.None {
+				return fmt.Errorf("no such token: %w", errdefs.ErrNotFound)
+			}
 			if err := iam.Allow(a, iam.OpRevokeToken, path); err != nil {
 				return err
 			}

@@ -205,7 +205,7 @@ func (d *Daemon) Start() {
 	if d.cluster {
 		api := exec.Command(filepath.Join(d.Bin, "dsecd"), "apiserver", "--name", "api", "--listen", d.Addr,
 			"--db", filepath.Join(d.Root, "api.db"), "--tls-dir", filepath.Join(d.Root, "pki"),
-			"--edge", "t1=https://"+d.edgeAddr, "--log-level", "debug", "--sandboxfusion-listen", d.SandboxFusionAddr,
+			"--edge", "t1=https://"+d.edgeAddr, "--log-level", "debug", "--sandboxfusion-listen", d.SandboxFusionAddr, "--sandboxfusion-project", "/",
 			"--e2b-listen", d.E2BAddr, "--e2b-secret-file", filepath.Join(d.Root, "pki", "e2b.secret"))
 		api.Stdout, api.Stderr = logf, logf
 		api.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
