@@ -59,6 +59,7 @@ type foreground struct {
 
 type owned struct {
 	p        *proc.Process
+	gone     func()        // run once fg lets p go (nil: nothing to run)
 	orphaned chan struct{} // closed when its stream ended with the channel
 	timer    *time.Timer   // the grace of an orphan
 }
@@ -74,11 +75,19 @@ func newForeground(ln net.Listener, log *slog.Logger) *foreground {
 	return fg
 }
 
-// own registers p, a foreground command a stream follows from its start.
-func (fg *foreground) own(p *proc.Process) {
+// own registers p, a foreground command a stream follows from its start;
+// gone, if given, runs once p is let go (killed, released), as its owner's
+// own cleanup: a terminal's, whose output lives outside p, so it is kept
+// for a re-attach even once p has exited (the rest of its output and its
+// exit are still to be sent).
+func (fg *foreground) own(p *proc.Process, gone ...func()) {
 	fg.mu.Lock()
 	defer fg.mu.Unlock()
-	fg.m[p.ID] = &owned{p: p, orphaned: make(chan struct{})}
+	o := &owned{p: p, orphaned: make(chan struct{})}
+	if len(gone) > 0 {
+		o.gone = gone[0]
+	}
+	fg.m[p.ID] = o
 }
 
 // end is the end of the stream that owns p, whose call's context is ctx:
@@ -87,7 +96,7 @@ func (fg *foreground) own(p *proc.Process) {
 func (fg *foreground) end(ctx context.Context, p *proc.Process) {
 	fg.mu.Lock()
 	o := fg.m[p.ID]
-	if o != nil && !p.Done() && channelLost(ctx) {
+	if o != nil && (!p.Done() || o.gone != nil) && channelLost(ctx) {
 		close(o.orphaned)
 		o.timer = time.AfterFunc(orphanGrace, func() { fg.expire(o) })
 		fg.mu.Unlock()
@@ -100,6 +109,9 @@ func (fg *foreground) end(ctx context.Context, p *proc.Process) {
 		p.KillTree()
 	}
 	p.Release()
+	if o != nil && o.gone != nil {
+		o.gone()
+	}
 }
 
 // expire ends an orphan nobody re-attached to, once the host has been
@@ -126,6 +138,9 @@ func (fg *foreground) expire(o *owned) {
 	fg.log.Info("orphaned foreground command killed: no stream re-attached", "process", o.p.ID)
 	o.p.KillTree()
 	o.p.Release()
+	if o.gone != nil {
+		o.gone()
+	}
 }
 
 // adopt hands orphan p to the stream re-attaching to it, once the stream
@@ -141,9 +156,13 @@ func (fg *foreground) adopt(ctx context.Context, p *proc.Process) (bool, error) 
 	}
 	t := time.NewTimer(adoptWait)
 	defer t.Stop()
+	done := p.DoneC()
+	if o.gone != nil {
+		done = nil // a terminal is kept once exited too: wait for its stream's end
+	}
 	select {
 	case <-o.orphaned:
-	case <-p.DoneC():
+	case <-done:
 	case <-ctx.Done():
 		return false, ctx.Err()
 	case <-t.C:

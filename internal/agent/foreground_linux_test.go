@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"strings"
@@ -10,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
 )
 
 // fakeConn is a call's connection whose channel the test loses.
@@ -135,5 +139,107 @@ func TestForegroundOrphan(t *testing.T) {
 	}
 	if e := p.Exited(); e.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_KILLED {
 		t.Errorf("a command whose client closed its stream: %v, want killed", e)
+	}
+}
+
+// fakeShell is a shell's stream whose input the test sends, and which
+// breaks (its Receive fails) when in is closed.
+type fakeShell struct {
+	in  chan *dsecv1.ShellInput
+	out *events
+	id  string
+}
+
+func newFakeShell(start *dsecv1.ShellStart) *fakeShell {
+	s := &fakeShell{in: make(chan *dsecv1.ShellInput, 8), out: newEvents()}
+	s.in <- &dsecv1.ShellInput{Input: &dsecv1.ShellInput_Start{Start: start}}
+	return s
+}
+
+func (s *fakeShell) Receive() (*dsecv1.ShellInput, error) {
+	in, ok := <-s.in
+	if !ok {
+		return nil, errors.New("the stream broke")
+	}
+	return in, nil
+}
+
+func (s *fakeShell) Send(o *dsecv1.ShellOutput) error {
+	s.out.mu.Lock()
+	if id := o.GetStarted(); id != "" {
+		s.id = id
+	}
+	s.out.mu.Unlock()
+	return s.out.send(&dsecv1.ExecEvent{Event: &dsecv1.ExecEvent_Stdout{Stdout: o.GetData()}})
+}
+
+// TestTerminalOrphan: a PTY shell whose stream ends with its agent
+// channel runs on (its output meanwhile kept), and a stream re-attaching
+// from the offset the first reached gets the rest of its output, takes
+// input and gets its exit; a re-attach to no such terminal is NotFound,
+// and one whose client closed its stream is killed.
+func TestTerminalOrphan(t *testing.T) {
+	h := testHandler(t)
+	command := "echo one; sleep 0.3; echo away; read x; echo got-$x; exit 3"
+
+	conn := &fakeConn{}
+	ctx, cancel := context.WithCancel(withConn(context.Background(), conn))
+	first := newFakeShell(&dsecv1.ShellStart{Argv: []string{"/bin/sh", "-c", command}})
+	ended := make(chan error, 1)
+	go func() { ended <- h.shell(ctx, first) }()
+	first.out.waitFor(t, "one")
+	conn.lost.Store(true) // the host went away: every stream ends
+	cancel()
+	close(first.in)
+	<-ended
+	first.out.mu.Lock()
+	id, offset := first.id, int64(first.out.out.Len())
+	first.out.mu.Unlock()
+	p, err := h.procs.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Done() {
+		t.Fatalf("the shell ended with its stream: %v", p.Exited())
+	}
+	time.Sleep(500 * time.Millisecond) // the shell prints "away" meanwhile
+
+	again := newFakeShell(&dsecv1.ShellStart{ReattachId: id, OutputOffset: offset})
+	again.in <- &dsecv1.ShellInput{Input: &dsecv1.ShellInput_Data{Data: []byte("hi\n")}}
+	if err := h.shell(withConn(context.Background(), &fakeConn{}), again); err != nil {
+		t.Fatalf("re-attach: %v", err)
+	}
+	got := again.out.out.String()
+	if again.id != id || strings.Contains(got, "one") || !strings.Contains(got, "away") || !strings.Contains(got, "got-hi") {
+		t.Errorf("the re-attached stream (started %q, want %q): %q; want the output after %q, with away and got-hi", again.id, id, got, first.out.out.String())
+	}
+	if e := p.Exited(); e.GetExitCode() != 3 {
+		t.Errorf("the shell's exit: %v, want 3", e)
+	}
+
+	gone := newFakeShell(&dsecv1.ShellStart{ReattachId: id})
+	if err := h.shell(context.Background(), gone); !errors.Is(err, errdefs.ErrNotFound) && connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("a re-attach to a terminal that ended: %v, want not found", err)
+	}
+
+	// A client that closes its stream kills its shell.
+	ctx, cancel = context.WithCancel(withConn(context.Background(), &fakeConn{}))
+	third := newFakeShell(&dsecv1.ShellStart{Argv: []string{"/bin/sh", "-c", "echo one; sleep 30"}})
+	go func() { ended <- h.shell(ctx, third) }()
+	third.out.waitFor(t, "one")
+	cancel()
+	close(third.in)
+	<-ended
+	p, err = h.procs.Get(third.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.DoneC():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a shell whose client closed its stream runs on")
+	}
+	if _, ok := h.terminals.Load(third.id); ok {
+		t.Error("the terminal of a shell whose client closed its stream is kept")
 	}
 }

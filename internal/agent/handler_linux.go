@@ -2,9 +2,8 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"sort"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
@@ -46,6 +44,7 @@ type handler struct {
 	accounts   *account.Cache
 	calls      *call.Runner // nil unless --fncall
 	fg         *foreground
+	terminals  sync.Map // process ID → *terminal, the PTY shells
 	lastActive atomic.Int64
 }
 
@@ -412,111 +411,6 @@ func (h *handler) SessionClose(ctx context.Context, req *connect.Request[dsecv1.
 	return connect.NewResponse(&dsecv1.SessionCloseResponse{}), nil
 }
 
-func (h *handler) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.ShellInput, dsecv1.ShellOutput]) error {
-	first, err := stream.Receive()
-	if err != nil {
-		return errdefs.ToConnect(fmt.Errorf("start shell: read start message: %w", err))
-	}
-	start := first.GetStart()
-	if start == nil {
-		return errdefs.ToConnect(fmt.Errorf("start shell: the first message must be start: %w", errdefs.ErrInvalidArgument))
-	}
-	argv := start.Argv
-	if len(argv) == 0 {
-		argv = []string{h.cfg.Shell, "-i"}
-	}
-	env := map[string]string{"TERM": "xterm-256color"}
-	for k, v := range start.Env {
-		env[k] = v
-	}
-	spec, err := h.spec(start.User, start.Cwd, "", env, argv, "")
-	if err != nil {
-		return errdefs.ToConnect(err)
-	}
-	master, tty, err := pty.Open()
-	if err != nil {
-		return errdefs.ToConnect(fmt.Errorf("start shell: open pty: %w", err))
-	}
-	defer master.Close()
-	if sz := start.Size; sz != nil && sz.Rows > 0 && sz.Cols > 0 {
-		pty.Setsize(master, &pty.Winsize{Rows: uint16(sz.Rows), Cols: uint16(sz.Cols)})
-	}
-	spec.TTY = tty
-	p, err := h.procs.Start(context.WithoutCancel(ctx), spec)
-	if err != nil {
-		return errdefs.ToConnect(err)
-	}
-	defer p.Release()
-	if e := p.Exited(); e != nil {
-		return errdefs.ToConnect(stream.Send(&dsecv1.ShellOutput{Output: &dsecv1.ShellOutput_Exited{Exited: e}}))
-	}
-
-	var sendMu sync.Mutex
-	send := func(o *dsecv1.ShellOutput) error {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		return stream.Send(o)
-	}
-	outDone := make(chan struct{})
-	go func() {
-		defer close(outDone)
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := master.Read(buf)
-			if n > 0 {
-				if send(&dsecv1.ShellOutput{Output: &dsecv1.ShellOutput_Data{Data: append([]byte(nil), buf[:n]...)}}) != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	inDone := make(chan struct{})
-	go func() {
-		for {
-			in, err := stream.Receive()
-			if errors.Is(err, io.EOF) {
-				// The client has no more input (a pipe ran dry): end the
-				// terminal's input, as ^D would, and let the shell finish.
-				master.Write([]byte{4})
-				return
-			}
-			if err != nil {
-				close(inDone) // the stream broke: hang up
-				return
-			}
-			switch {
-			case in.GetResize() != nil:
-				sz := in.GetResize()
-				pty.Setsize(master, &pty.Winsize{Rows: uint16(sz.Rows), Cols: uint16(sz.Cols)})
-			case in.GetData() != nil:
-				if _, err := master.Write(in.GetData()); err != nil {
-					return
-				}
-			}
-		}
-	}()
-	select {
-	case <-p.DoneC():
-	case <-ctx.Done():
-	case <-inDone:
-	}
-	p.KillTree()
-	<-p.DoneC()
-	select {
-	case <-outDone:
-	case <-time.After(time.Second):
-		master.Close()
-		<-outDone
-	}
-	if ctx.Err() != nil {
-		return errdefs.ToConnect(ctx.Err())
-	}
-	return errdefs.ToConnect(send(&dsecv1.ShellOutput{Output: &dsecv1.ShellOutput_Exited{Exited: p.Exited()}}))
-}
-
 func (h *handler) ReadFile(ctx context.Context, req *connect.Request[dsecv1.ReadFileRequest]) (*connect.Response[dsecv1.ReadFileResponse], error) {
 	r := req.Msg
 	a, err := h.account(r.User)
@@ -633,8 +527,27 @@ func (h *handler) Download(ctx context.Context, req *connect.Request[dsecv1.Down
 	if err != nil {
 		return errdefs.ToConnect(err)
 	}
+	// A resumed download (its stream cut by the agent channel: a microVM
+	// paused to disk) skips what was sent, which must be what it was.
+	skip, crc := req.Msg.Offset, uint32(0)
+	changed := fmt.Errorf("resume download of %s at byte %d: its files changed since the download was cut; download again: %w",
+		req.Msg.Path, req.Msg.Offset, errdefs.ErrFailedPrecondition)
 	err = h.files.Download(a, req.Msg.Path, func(b []byte) error {
+		if skip > 0 {
+			n := min(int64(len(b)), skip)
+			crc = crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), b[:n])
+			skip, b = skip-n, b[n:]
+			if skip == 0 && crc != req.Msg.PrefixCrc32C {
+				return changed
+			}
+			if len(b) == 0 {
+				return nil
+			}
+		}
 		return stream.Send(&dsecv1.DownloadChunk{Data: b})
 	})
+	if err == nil && skip > 0 {
+		err = changed
+	}
 	return errdefs.ToConnect(err)
 }

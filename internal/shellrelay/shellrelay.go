@@ -20,12 +20,26 @@ type Stream = interface {
 	Send(*dsecv1.ShellOutput) error
 }
 
+// Hop is the client half of the next hop's stream.
+type Hop interface {
+	Send(*dsecv1.ShellInput) error
+	Receive() (*dsecv1.ShellOutput, error)
+	CloseRequest() error
+	CloseResponse() error
+}
+
 // Relay sends first and then everything the caller sends on to the next
 // hop, opened by open, and sends the hop's output back, until the hop ends
 // its output. It returns nil at a clean end; the hop's errors go through
 // hopErr, which says what they mean at this hop.
 func Relay(ctx context.Context, first *dsecv1.ShellInput, stream Stream,
 	open func(context.Context) *connect.BidiStreamForClient[dsecv1.ShellInput, dsecv1.ShellOutput], hopErr func(error) error) error {
+	return RelayHop(ctx, first, stream, func(ctx context.Context) Hop { return open(ctx) }, hopErr)
+}
+
+// RelayHop is Relay to a hop of any kind (the edge's to an agent re-attaches
+// across a microVM's pause: agentclient.ReattachingShell).
+func RelayHop(ctx context.Context, first *dsecv1.ShellInput, stream Stream, open func(context.Context) Hop, hopErr func(error) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	up := open(ctx)

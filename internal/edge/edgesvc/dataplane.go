@@ -146,13 +146,19 @@ func (s *Service) SessionRun(ctx context.Context, req *connect.Request[dsecv1.Se
 
 func (s *Service) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
 	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, false, func(a agentclient.Client) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] {
-		return connectStream(a.Download)
+		return func(ctx context.Context, req *dsecv1.DownloadRequest) (clientStream[dsecv1.DownloadChunk], error) {
+			// A download resumes across a microVM's pause to disk.
+			return agentclient.ResumingDownload(ctx, a.Download, req)
+		}
 	})
 }
 
 func (s *Service) WatchDir(ctx context.Context, req *connect.Request[dsecv1.WatchDirRequest], out *connect.ServerStream[dsecv1.WatchEvent]) error {
 	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, false, func(a agentclient.Client) streamCall[dsecv1.WatchDirRequest, dsecv1.WatchEvent] {
-		return connectStream(a.WatchDir)
+		return func(ctx context.Context, req *dsecv1.WatchDirRequest) (clientStream[dsecv1.WatchEvent], error) {
+			// A watch is set again after a microVM's pause to disk.
+			return agentclient.Rewatching(ctx, a.WatchDir, req)
+		}
 	})
 }
 
@@ -251,10 +257,16 @@ func (s *Service) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, strea
 		return fmt.Errorf("the first shell message must be start: %w", errdefs.ErrInvalidArgument)
 	}
 	id := start.GetSandboxId()
-	a, release, err := s.agent(ctx, id)
+	if id == "" {
+		return fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	// A pause waits for the shell's start, as for a command's; from then
+	// on its stream re-attaches across a microVM's pause to disk.
+	a, started, release, err := s.edge.AgentStarting(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer release()
-	return shellrelay.Relay(ctx, first, stream, a.Shell, func(err error) error { return s.agentErr(ctx, id, err) })
+	open := func(ctx context.Context) shellrelay.Hop { return agentclient.ReattachingShell(ctx, a.Shell, started) }
+	return shellrelay.RelayHop(ctx, first, stream, open, func(err error) error { return s.agentErr(ctx, id, err) })
 }

@@ -3705,13 +3705,20 @@ func (*ShellInput_Data) isShellInput_Input() {}
 func (*ShellInput_Resize) isShellInput_Input() {}
 
 type ShellStart struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Argv          []string               `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"` // default: the static shell
-	Env           map[string]string      `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Cwd           string                 `protobuf:"bytes,4,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	User          string                 `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
-	Size          *TerminalSize          `protobuf:"bytes,6,opt,name=size,proto3" json:"size,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Argv      []string               `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"` // default: the static shell
+	Env       map[string]string      `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd       string                 `protobuf:"bytes,4,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	User      string                 `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
+	Size      *TerminalSize          `protobuf:"bytes,6,opt,name=size,proto3" json:"size,omitempty"`
+	// reattach_id and output_offset take over a terminal whose stream ended
+	// with its agent channel (a microVM paused to disk and resumed): the edge
+	// re-attaches so by itself, from the bytes of output it had received;
+	// the agent keeps such a terminal's shell running for a while for it.
+	// Clients leave them unset.
+	ReattachId    string `protobuf:"bytes,7,opt,name=reattach_id,json=reattachId,proto3" json:"reattach_id,omitempty"`
+	OutputOffset  int64  `protobuf:"varint,8,opt,name=output_offset,json=outputOffset,proto3" json:"output_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3788,6 +3795,20 @@ func (x *ShellStart) GetSize() *TerminalSize {
 	return nil
 }
 
+func (x *ShellStart) GetReattachId() string {
+	if x != nil {
+		return x.ReattachId
+	}
+	return ""
+}
+
+func (x *ShellStart) GetOutputOffset() int64 {
+	if x != nil {
+		return x.OutputOffset
+	}
+	return 0
+}
+
 type TerminalSize struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Rows          uint32                 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
@@ -3846,6 +3867,7 @@ type ShellOutput struct {
 	//
 	//	*ShellOutput_Data
 	//	*ShellOutput_Exited
+	//	*ShellOutput_Started
 	Output        isShellOutput_Output `protobuf_oneof:"output"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3906,6 +3928,15 @@ func (x *ShellOutput) GetExited() *ExecExited {
 	return nil
 }
 
+func (x *ShellOutput) GetStarted() string {
+	if x != nil {
+		if x, ok := x.Output.(*ShellOutput_Started); ok {
+			return x.Started
+		}
+	}
+	return ""
+}
+
 type isShellOutput_Output interface {
 	isShellOutput_Output()
 }
@@ -3918,9 +3949,17 @@ type ShellOutput_Exited struct {
 	Exited *ExecExited `protobuf:"bytes,2,opt,name=exited,proto3,oneof"`
 }
 
+type ShellOutput_Started struct {
+	// started names the terminal's process, the agent's first message to
+	// the edge, which keeps it for a re-attach and does not pass it on.
+	Started string `protobuf:"bytes,3,opt,name=started,proto3,oneof"`
+}
+
 func (*ShellOutput_Data) isShellOutput_Output() {}
 
 func (*ShellOutput_Exited) isShellOutput_Output() {}
+
+func (*ShellOutput_Started) isShellOutput_Output() {}
 
 type FileInfo struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -5096,10 +5135,17 @@ func (x *UploadResponse) GetBytes() int64 {
 }
 
 type DownloadRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
-	User          string                 `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path      string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	User      string                 `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`
+	// offset skips that many bytes of the tar stream: the edge resumes a
+	// download its agent channel cut (a microVM paused to disk) from the
+	// bytes it had passed on, and prefix_crc32c, the CRC-32C of those bytes,
+	// makes sure the files did not change meanwhile (FailedPrecondition if
+	// they did). Clients leave them unset.
+	Offset        int64  `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	PrefixCrc32C  uint32 `protobuf:"varint,5,opt,name=prefix_crc32c,json=prefixCrc32c,proto3" json:"prefix_crc32c,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5153,6 +5199,20 @@ func (x *DownloadRequest) GetUser() string {
 		return x.User
 	}
 	return ""
+}
+
+func (x *DownloadRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *DownloadRequest) GetPrefixCrc32C() uint32 {
+	if x != nil {
+		return x.PrefixCrc32C
+	}
+	return 0
 }
 
 type DownloadChunk struct {
@@ -8258,7 +8318,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05start\x18\x01 \x01(\v2\x13.dsec.v1.ShellStartH\x00R\x05start\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12/\n" +
 	"\x06resize\x18\x03 \x01(\v2\x15.dsec.v1.TerminalSizeH\x00R\x06resizeB\a\n" +
-	"\x05input\"\xf8\x01\n" +
+	"\x05input\"\xbe\x02\n" +
 	"\n" +
 	"ShellStart\x12\x1d\n" +
 	"\n" +
@@ -8267,16 +8327,20 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x03env\x18\x03 \x03(\v2\x1c.dsec.v1.ShellStart.EnvEntryR\x03env\x12\x10\n" +
 	"\x03cwd\x18\x04 \x01(\tR\x03cwd\x12\x12\n" +
 	"\x04user\x18\x05 \x01(\tR\x04user\x12)\n" +
-	"\x04size\x18\x06 \x01(\v2\x15.dsec.v1.TerminalSizeR\x04size\x1a6\n" +
+	"\x04size\x18\x06 \x01(\v2\x15.dsec.v1.TerminalSizeR\x04size\x12\x1f\n" +
+	"\vreattach_id\x18\a \x01(\tR\n" +
+	"reattachId\x12#\n" +
+	"\routput_offset\x18\b \x01(\x03R\foutputOffset\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +
 	"\fTerminalSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\\\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"x\n" +
 	"\vShellOutput\x12\x14\n" +
 	"\x04data\x18\x01 \x01(\fH\x00R\x04data\x12-\n" +
-	"\x06exited\x18\x02 \x01(\v2\x13.dsec.v1.ExecExitedH\x00R\x06exitedB\b\n" +
+	"\x06exited\x18\x02 \x01(\v2\x13.dsec.v1.ExecExitedH\x00R\x06exited\x12\x1a\n" +
+	"\astarted\x18\x03 \x01(\tH\x00R\astartedB\b\n" +
 	"\x06output\"\xd7\x01\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -8368,12 +8432,14 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04user\x18\x04 \x01(\tR\x04user\"<\n" +
 	"\x0eUploadResponse\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x03R\x05files\x12\x14\n" +
-	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"X\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"\x95\x01\n" +
 	"\x0fDownloadRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
-	"\x04user\x18\x03 \x01(\tR\x04user\"#\n" +
+	"\x04user\x18\x03 \x01(\tR\x04user\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x03R\x06offset\x12#\n" +
+	"\rprefix_crc32c\x18\x05 \x01(\rR\fprefixCrc32c\"#\n" +
 	"\rDownloadChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"\xcb\x02\n" +
 	"\x05Layer\x12\x16\n" +
@@ -9069,6 +9135,7 @@ func file_dsec_v1_dsec_proto_init() {
 	file_dsec_v1_dsec_proto_msgTypes[45].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
+		(*ShellOutput_Started)(nil),
 	}
 	file_dsec_v1_dsec_proto_msgTypes[78].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),

@@ -132,7 +132,9 @@ func checkInflight(t *testing.T, id, when string, r result) {
 // process's memory and a /dev/shm file, Frozen says so, commands run
 // after Resume, and a command in flight goes on across the pause, its
 // stream open, with all its output and its exit (a microVM paused to disk
-// loses its agent channel: the stream re-attaches to the command); a
+// loses its agent channel: the stream re-attaches to the command), as do a
+// PTY shell (its output whole, input sent after the resume read), a
+// download (resumed from its offset) and a directory watch (set again); a
 // paused sandbox stays paused across a restart, and is deleted like any
 // other.
 func testPause(t *testing.T, n *node) {
@@ -166,8 +168,10 @@ func testPause(t *testing.T, n *node) {
 		name := map[bool]string{true: "PauseReclaim", false: "PauseKeep"}[reclaim]
 		t.Run(name, func(t *testing.T) {
 			var wait func() result
+			var streams *inflightStreams
 			if !n.o.NoCommands {
 				wait = sb.inflight(t)
+				streams = sb.startStreams(t)
 			}
 			if _, err := p.Pause(ctx, s.ID, reclaim); err != nil {
 				t.Fatalf("Pause (reclaim %v): %v", reclaim, err)
@@ -183,6 +187,7 @@ func testPause(t *testing.T, n *node) {
 			st.check(t, "across a pause")
 			if wait != nil {
 				checkInflight(t, s.ID, "across a pause", wait())
+				streams.check(t, "across a pause", st.shmSum)
 			}
 		})
 	}
