@@ -68,6 +68,11 @@ func Pack(ctx context.Context, t *Tree, out string, opts PackOptions) (Packed, e
 		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
 			err = fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
 		}
+		if t.Broken != nil {
+			if b := t.Broken(); b != nil {
+				err = fmt.Errorf("%w: %w", b, err)
+			}
+		}
 		return Packed{}, fmt.Errorf("pack %s: %w", t.Dir, err)
 	}
 	p.Took = time.Since(start)

@@ -42,6 +42,10 @@ type Tree struct {
 	// size, each inode once) a walk copied or cloned; both are 0 for a
 	// btrfs snapshot, which walks nothing.
 	Entries, Bytes int64
+	// Broken, when set, says why the tree can no longer be read, or nil:
+	// a runtime's mount of it that was aborted (a VM's disk served by a
+	// fuse2fs past its deadline). Pack's error names it.
+	Broken func() error
 
 	root   string       // what Remove deletes: Capture's dst
 	remove func() error // what Remove runs instead, for a NewTree

@@ -36,6 +36,13 @@ type Options struct {
 	// Timeout bounds the wait for the mount's first answer: fuse2fs
 	// opening the image and replaying its journal (default 2 min).
 	Timeout time.Duration
+	// Deadline bounds how long the mount serves, from Mount's return
+	// (default 15 min): past it, the FUSE connection is aborted through
+	// fusectl (every call on the mount fails: ECONNABORTED for one
+	// waiting, ENOTCONN after) and fuse2fs is killed, and Aborted says so. The rlimits
+	// catch a fuse2fs that spins; this one that blocks (a hostile image
+	// can have it wait forever) and would hang its reader.
+	Deadline time.Duration
 	// CPUSeconds and MemoryBytes are fuse2fs's RLIMIT_CPU and RLIMIT_AS
 	// (default 10 min, 2 GiB): a hostile image that sends it spinning or
 	// allocating gets it killed, and the mount's reads then fail.
@@ -45,6 +52,7 @@ type Options struct {
 
 const (
 	defaultTimeout     = 2 * time.Minute
+	defaultDeadline    = 15 * time.Minute
 	defaultCPUSeconds  = 600
 	defaultMemoryBytes = 2 << 30
 	// fuseFD is the /dev/fuse descriptor's number in fuse2fs, named to
@@ -62,13 +70,19 @@ const (
 // several goroutines.
 type Mounted struct {
 	dir    string
+	image  string
 	cmd    *exec.Cmd
 	out    *tailBuffer
 	done   chan struct{} // closed once fuse2fs exited
 	waited error
+	conn   uint64        // the FUSE connection's number (fusectl's dir)
+	stop   chan struct{} // closed by Unmount: the deadline's watch ends
 
 	once sync.Once
 	err  error
+
+	mu      sync.Mutex
+	aborted error // why the connection was aborted, once it was
 }
 
 // Mount mounts the ext4 image at image on dir (an empty directory) through
@@ -98,7 +112,7 @@ func Mount(ctx context.Context, image, dir string, o Options) (m *Mounted, err e
 			_ = unix.Unmount(dir, unix.MNT_DETACH)
 		}
 	}()
-	m = &Mounted{dir: dir, out: &tailBuffer{max: stderrLimit}, done: make(chan struct{})}
+	m = &Mounted{dir: dir, image: image, out: &tailBuffer{max: stderrLimit}, done: make(chan struct{}), stop: make(chan struct{})}
 	m.cmd = command(bins, o, size)
 	m.cmd.ExtraFiles = []*os.File{img, dev} // imageFD, fuseFD
 	m.cmd.Stdout, m.cmd.Stderr = m.out, m.out
@@ -114,7 +128,67 @@ func Mount(ctx context.Context, image, dir string, o Options) (m *Mounted, err e
 		<-m.done
 		return nil, fmt.Errorf("mount %s with fuse2fs: %w", image, err)
 	}
+	go m.watchDeadline(o.Deadline)
 	return m, nil
+}
+
+// watchDeadline aborts the mount once it has served for deadline, unless
+// it is unmounted first.
+func (m *Mounted) watchDeadline(deadline time.Duration) {
+	t := time.NewTimer(deadline)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-m.stop:
+		return
+	}
+	err := fmt.Errorf("fuse2fs serving %s did not finish within its deadline of %s (it blocks, or the image is too slow to read): its FUSE connection was aborted: %w",
+		m.image, deadline, errdefs.ErrDeadlineExceeded)
+	// Said before it is done: the readers' calls fail at once.
+	m.mu.Lock()
+	m.aborted = err
+	m.mu.Unlock()
+	if aerr := abortConn(m.conn); aerr != nil {
+		m.mu.Lock()
+		m.aborted = fmt.Errorf("%w (abort through fusectl: %v; fuse2fs killed instead)", err, aerr)
+		m.mu.Unlock()
+	}
+	m.cmd.Process.Kill()
+}
+
+// Aborted returns why the mount's FUSE connection was aborted (its
+// deadline passed), or nil: reads of the mount failing with ECONNABORTED
+// or ENOTCONN then failed for that reason.
+func (m *Mounted) Aborted() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.aborted
+}
+
+// fusectlDir is where fusectl is mounted on most hosts.
+const fusectlDir = "/sys/fs/fuse/connections"
+
+// abortConn aborts FUSE connection conn: "1" to its abort file in
+// fusectl, at fusectlDir or, where nothing is mounted there, on a mount of
+// fusectl's own (one super block: every mount shows every connection).
+func abortConn(conn uint64) error {
+	name := strconv.FormatUint(conn, 10)
+	if err := os.WriteFile(filepath.Join(fusectlDir, name, "abort"), []byte("1"), 0); err == nil {
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "dsec-fusectl-")
+	if err != nil {
+		return fmt.Errorf("mount fusectl: %w", err)
+	}
+	defer os.Remove(dir)
+	if err := unix.Mount("fusectl", dir, "fusectl", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount fusectl: %w", err)
+	}
+	defer unix.Unmount(dir, unix.MNT_DETACH)
+	if err := os.WriteFile(filepath.Join(dir, name, "abort"), []byte("1"), 0); err != nil {
+		return fmt.Errorf("abort connection %s: %w", name, err)
+	}
+	return nil
 }
 
 func (o Options) withDefaults() Options {
@@ -126,6 +200,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Timeout == 0 {
 		o.Timeout = defaultTimeout
+	}
+	if o.Deadline == 0 {
+		o.Deadline = defaultDeadline
 	}
 	if o.CPUSeconds == 0 {
 		o.CPUSeconds = defaultCPUSeconds
@@ -316,12 +393,22 @@ func command(b bins, o Options, size int64) *exec.Cmd {
 }
 
 // ready waits until the mount answers a statfs (fuse2fs opened the image
-// and answered the kernel's INIT), or fuse2fs ends, or timeout.
+// and answered the kernel's INIT) and a stat of its root (which names its
+// connection: m.conn), or fuse2fs ends, or timeout.
 func (m *Mounted) ready(ctx context.Context, timeout time.Duration) error {
 	answered := make(chan error, 1)
 	go func() {
-		var st unix.Statfs_t
-		answered <- unix.Statfs(m.dir, &st)
+		var sfs unix.Statfs_t
+		if err := unix.Statfs(m.dir, &sfs); err != nil {
+			answered <- err
+			return
+		}
+		var st unix.Stat_t
+		err := unix.Stat(m.dir, &st)
+		// fusectl names a connection by its super block's device number
+		// in the kernel's own encoding (major << 20 | minor).
+		m.conn = uint64(unix.Major(st.Dev))<<20 | uint64(unix.Minor(st.Dev))
+		answered <- err
 	}()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -356,6 +443,7 @@ func (m *Mounted) failure(err error) error {
 // after a while: a hostile image may have it stuck). It is idempotent.
 func (m *Mounted) Unmount() error {
 	m.once.Do(func() {
+		close(m.stop)
 		m.err = Detach(m.dir)
 		select {
 		case <-m.done:

@@ -18,6 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"dsec.dev/dsec/internal/edge/snapshot"
+	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/testutil"
 	"dsec.dev/dsec/internal/vm/fuse2fs"
 )
@@ -314,4 +316,51 @@ func walk(root string) (int, error) {
 	})
 	note(err)
 	return n, first
+}
+
+// TestDeadline: a fuse2fs that blocks without spinning (stopped: no
+// rlimit of CPU time catches it) does not hang its reader past the
+// mount's deadline: the FUSE connection is aborted through fusectl, a
+// pack waiting on the mount fails with an error that says why, and
+// Unmount leaves nothing running.
+func TestDeadline(t *testing.T) {
+	requireFuse2fs(t)
+	img := makeImage(t, "")
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const deadline = 3 * time.Second
+	m, err := fuse2fs.Mount(ctx, img, dir, fuse2fs.Options{Timeout: 30 * time.Second, CPUSeconds: 20, Deadline: deadline})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Unmount() })
+	if err := fuse2fs.Stop(m); err != nil {
+		t.Fatalf("stop fuse2fs: %v", err)
+	}
+	tree := snapshot.NewTree(filepath.Join(dir, "upper"), snapshot.MethodDiskClone, 0, func() error { return nil })
+	tree.Broken = m.Aborted
+	packed := make(chan error, 1)
+	go func() {
+		_, err := snapshot.Pack(context.Background(), tree, filepath.Join(t.TempDir(), "layer.erofs"), snapshot.PackOptions{})
+		packed <- err
+	}()
+	select {
+	case err = <-packed:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("a pack of a mount whose fuse2fs blocks still waits 2 min on, past its deadline of %s", deadline)
+	}
+	if !errors.Is(err, errdefs.ErrDeadlineExceeded) || !strings.Contains(err.Error(), "FUSE connection was aborted") {
+		t.Errorf("a pack of a mount whose fuse2fs blocks: %v; want the deadline's abort named", err)
+	}
+	if a := m.Aborted(); a == nil || strings.Contains(a.Error(), "killed instead") {
+		t.Errorf("Aborted: %v; want the connection aborted through fusectl", a)
+	}
+	if err := m.Unmount(); err != nil {
+		t.Errorf("Unmount: %v", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil || st.Type == unix.FUSE_SUPER_MAGIC {
+		t.Errorf("after Unmount, %s is still a FUSE mount (statfs: %v)", dir, err)
+	}
 }

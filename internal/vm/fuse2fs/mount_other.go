@@ -18,7 +18,7 @@ type Options struct {
 	Binary, Helper          string
 	UID, GID                int
 	ReadOnly                bool
-	Timeout                 time.Duration
+	Timeout, Deadline       time.Duration
 	CPUSeconds, MemoryBytes int64
 }
 
@@ -29,6 +29,9 @@ type Mounted struct{}
 func Mount(ctx context.Context, image, dir string, o Options) (*Mounted, error) {
 	return nil, errdefs.ErrNotSupported
 }
+
+// Aborted is Linux's.
+func (m *Mounted) Aborted() error { return nil }
 
 // Unmount is Linux's.
 func (m *Mounted) Unmount() error { return errdefs.ErrNotSupported }

@@ -110,7 +110,11 @@ func mountClone(ctx context.Context, disk, cdir string) (*snapshot.Tree, error) 
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("the upper dir of the clone of the writable disk: %w", err), m.Unmount())
 	}
-	return snapshot.NewTree(upper, snapshot.MethodDiskClone, 0, remove), nil
+	tree := snapshot.NewTree(upper, snapshot.MethodDiskClone, 0, remove)
+	// A fuse2fs that blocks is cut off at its mount's deadline (its FUSE
+	// connection aborted): the pack then fails saying so.
+	tree.Broken = m.Aborted
+	return tree, nil
 }
 
 // removeCapture detaches a capture's clone, when mounted (one an earlier
