@@ -39,6 +39,7 @@ type fakeEdge struct {
 	// failWith, if set, is every create's answer.
 	failWith error
 	creates  int
+	forks    int // Fork calls (fork_test.go)
 	pools    []*dsecv1.WarmPool
 	// hold, while set, makes creates wait until it is closed, as on a
 	// frozen node; entered gets a value as each create starts waiting.

@@ -3,16 +3,20 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/store"
 )
 
 // Fork makes the children of a memory fork on the fake edge: a create
@@ -24,6 +28,9 @@ func (f *fakeEdge) Fork(ctx context.Context, id string, tokens []string) ([]sand
 	if !ok {
 		return nil, 0, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
+	f.mu.Lock()
+	f.forks++
+	f.mu.Unlock()
 	out := make([]sandbox.ForkResult, len(tokens))
 	for i, t := range tokens {
 		sb, err := f.Create(ctx, proto.Clone(p.GetSpec()).(*dsecv1.SandboxSpec), t)
@@ -76,4 +83,86 @@ func TestMicroVMFork(t *testing.T) {
 			t.Errorf("a microVM fork with exclude: %v, want invalid_argument", err)
 		}
 	})
+}
+
+// TestMicroVMForkIdempotent: a microVM's fork with an idempotency key made
+// again gets the children the first made and makes none (the node forks
+// once); the key with another request is refused; a fork following a
+// reservation of the key that another apiserver holds (which forked and
+// went) gets that fork's children from the node, which forks only the
+// children missing: none.
+func TestMicroVMForkIdempotent(t *testing.T) {
+	for _, remote := range []bool{false, true} {
+		t.Run(map[bool]string{false: "in-process", true: "remote"}[remote], func(t *testing.T) {
+			ctx := context.Background()
+			e := newFakeEdge("n1")
+			_, st, c := newRig(t, remote, Config{CreateConcurrency: 4}, e)
+			spec := &dsecv1.SandboxSpec{Environment: "base:1", Isolation: dsecv1.Isolation_ISOLATION_MICROVM, MemoryMb: 256}
+			parent, err := e.Create(ctx, spec, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := func(r *dsecv1.ForkResponse) []string {
+				var out []string
+				for _, k := range r.GetChildren() {
+					out = append(out, k.GetSandbox().GetId()+k.GetError())
+				}
+				return out
+			}
+			req := &dsecv1.ForkRequest{SandboxId: parent.GetId(), Count: 2, IdempotencyKey: "k"}
+			first, err := c.Fork(ctx, connect.NewRequest(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := c.Fork(ctx, connect.NewRequest(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a, b := ids(first.Msg), ids(again.Msg); fmt.Sprint(a) != fmt.Sprint(b) || len(a) != 2 || a[0] == a[1] {
+				t.Errorf("a fork repeated with its key: children %v, the first %v; want the same two", b, a)
+			}
+			if e.forks != 1 || e.creates != 3 {
+				t.Errorf("after a fork and its repeat: %d forks and %d creates on the node, want 1 and 3 (the parent, two children)", e.forks, e.creates)
+			}
+			_, err = c.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: parent.GetId(), Count: 3, IdempotencyKey: "k"}))
+			if connect.CodeOf(err) != connect.CodeInvalidArgument {
+				t.Errorf("the key with another request: %v, want invalid_argument", err)
+			}
+			box, err := e.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1"}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: box.GetId(), Count: 1, IdempotencyKey: "k3"}))
+			if connect.CodeOf(err) != connect.CodeInvalidArgument {
+				t.Errorf("a container's fork with a key: %v, want invalid_argument", err)
+			}
+
+			// Another apiserver reserved k2 and forked, and went.
+			req2 := &dsecv1.ForkRequest{SandboxId: parent.GetId(), Count: 2, IdempotencyKey: "k2"}
+			got, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "fork:k2", RequestHash: forkHash(req2), Owner: "other", Placements: []string{"n1", "n1"}})
+			if err != nil || !reserved {
+				t.Fatalf("reserve fork:k2: %v, %v", reserved, err)
+			}
+			tokens := []string{nodeToken(createToken(batchOf(got), 0), "n1"), nodeToken(createToken(batchOf(got), 1), "n1")}
+			svc := edgesvc.New(e, nil, slog.New(slog.DiscardHandler))
+			theirs, err := svc.Fork(ctx, connect.NewRequest(&edgev1.ForkRequest{SandboxId: parent.GetId(), CreateTokens: tokens}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ours, err := c.Fork(ctx, connect.NewRequest(req2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for _, r := range theirs.Msg.GetResults() {
+				want = append(want, r.GetSandbox().GetId())
+			}
+			if got := ids(ours.Msg); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("a fork following another's reservation: children %v, want the other's %v", got, want)
+			}
+			if e.forks != 2 || e.creates != 6 {
+				t.Errorf("after the other's fork and ours: %d forks and %d creates on the node, want 2 and 6 (a container made meanwhile)", e.forks, e.creates)
+			}
+		})
+	}
 }

@@ -2,7 +2,11 @@ package apiserver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -92,6 +96,9 @@ func (s *Server) Fork(ctx context.Context, req *connect.Request[dsecv1.ForkReque
 	if src.GetSpec().GetIsolation() == dsecv1.Isolation_ISOLATION_MICROVM {
 		return s.forkMemory(ctx, src, n, m)
 	}
+	if m.GetIdempotencyKey() != "" {
+		return nil, fmt.Errorf("fork %s: idempotency_key applies to a microVM's fork; a file-system fork (a snapshot and creates) takes none: %w", m.GetSandboxId(), errdefs.ErrInvalidArgument)
+	}
 	name := m.GetName()
 	if name == "" {
 		name = fmt.Sprintf("fork-%s-%d", m.GetSandboxId(), time.Now().UnixMilli())
@@ -141,13 +148,10 @@ func (s *Server) forkMemory(ctx context.Context, src *dsecv1.Sandbox, n int, m *
 	if err != nil {
 		return nil, err
 	}
-	batch := newBatch()
-	tokens := make([]string, n)
-	for i := range tokens {
-		tokens[i] = nodeToken(createToken(batch, i), node)
+	if key := m.GetIdempotencyKey(); key != "" {
+		return s.forkKeyed(ctx, src, n, m, name, e)
 	}
-	start := time.Now()
-	resp, err := e.Fork(ctx, connect.NewRequest(&edgev1.ForkRequest{SandboxId: id, CreateTokens: tokens}))
+	resp, start, tokens, err := forkOn(ctx, e, id, node, newBatch(), n)
 	if err == nil && len(resp.Msg.GetResults()) != n {
 		err = fmt.Errorf("node %s answered %d results to a fork of %d: %w", node, len(resp.Msg.GetResults()), n, errdefs.ErrInternal)
 	}
@@ -161,14 +165,33 @@ func (s *Server) forkMemory(ctx context.Context, src *dsecv1.Sandbox, n int, m *
 		}
 		return nil, fmt.Errorf("fork %s: %w", id, err)
 	}
+	return connect.NewResponse(forkResponse(src, name, start, resp.Msg)), nil
+}
+
+// forkOn asks node's edge e to fork sandbox id into n children, with the
+// create tokens of batch.
+func forkOn(ctx context.Context, e Edge, id, node, batch string, n int) (*connect.Response[edgev1.ForkResponse], time.Time, []string, error) {
+	tokens := make([]string, n)
+	for i := range tokens {
+		tokens[i] = nodeToken(createToken(batch, i), node)
+	}
+	start := time.Now()
+	resp, err := e.Fork(ctx, connect.NewRequest(&edgev1.ForkRequest{SandboxId: id, CreateTokens: tokens}))
+	return resp, start, tokens, err
+}
+
+// forkResponse is the API's answer to a microVM's fork the edge answered
+// with resp.
+func forkResponse(src *dsecv1.Sandbox, name string, start time.Time, resp *edgev1.ForkResponse) *dsecv1.ForkResponse {
+	id, node := src.GetId(), src.GetNode()
 	out := &dsecv1.ForkResponse{
 		Snapshot: &dsecv1.SnapshotInfo{
 			Name: name, Environment: src.GetSpec().GetEnvironment(), SourceSandbox: id, Node: node,
-			CreatedUnixMs: start.UnixMilli(), FrozenUs: resp.Msg.GetFrozenUs(), CaptureMethod: "memory",
+			CreatedUnixMs: start.UnixMilli(), FrozenUs: resp.GetFrozenUs(), CaptureMethod: "memory",
 		},
-		Children: make([]*dsecv1.ForkChild, n),
+		Children: make([]*dsecv1.ForkChild, len(resp.GetResults())),
 	}
-	for i, r := range resp.Msg.GetResults() {
+	for i, r := range resp.GetResults() {
 		switch {
 		case r.GetErrorCode() != 0:
 			out.Children[i] = &dsecv1.ForkChild{Error: r.GetErrorMessage()}
@@ -178,5 +201,117 @@ func (s *Server) forkMemory(ctx context.Context, src *dsecv1.Sandbox, n int, m *
 			out.Children[i] = &dsecv1.ForkChild{Sandbox: r.GetSandbox()}
 		}
 	}
+	return out
+}
+
+// forkKeyed is forkMemory under an idempotency key, which Create's
+// machinery keeps: the key (as fork:KEY, apart from creates' keys) is
+// reserved in the metadata store with the children's placements (all on
+// src's node), and the children's create tokens name the reservation. A
+// repeat of a fork that is done gets the children it recorded (replay); a
+// fork of the key under way elsewhere (another replica, or this one's
+// before a crash) is followed with the same tokens, which the edge answers
+// with the children those tokens made (it forks only the missing ones);
+// the children are recorded under the key once made. A fork that made no
+// child, or failed, gives the key back for a retry.
+func (s *Server) forkKeyed(ctx context.Context, src *dsecv1.Sandbox, n int, m *dsecv1.ForkRequest, name string, e Edge) (*connect.Response[dsecv1.ForkResponse], error) {
+	id, node := src.GetId(), src.GetNode()
+	key, hash := "fork:"+m.GetIdempotencyKey(), forkHash(m)
+	got, reserved, err := s.reserve(ctx, store.CreateReservation{Key: key, RequestHash: hash, Owner: s.cfg.Name, Placements: slices.Repeat([]string{node}, n)})
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", id, err)
+	}
+	if !reserved && got.State == store.StateDone {
+		return s.forkReplay(ctx, src, n, name, key, hash)
+	}
+	if !reserved && len(got.Placements) != n {
+		return nil, fmt.Errorf("fork %s: idempotency key %q: its reservation plans %d children, not %d: %w", id, m.GetIdempotencyKey(), len(got.Placements), n, errdefs.ErrInternal)
+	}
+	lctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	stop := s.holdLease(lctx, key, got.Nonce, lost)
+	resp, start, tokens, err := forkOn(lctx, e, id, node, batchOf(got), n)
+	stop()
+	wctx := context.WithoutCancel(ctx)
+	if err == nil && len(resp.Msg.GetResults()) != n {
+		err = fmt.Errorf("node %s answered %d results to a fork of %d: %w", node, len(resp.Msg.GetResults()), n, errdefs.ErrInternal)
+	}
+	giveBack := func() {
+		if !reserved {
+			return
+		}
+		if rerr := s.idem.ReleaseCreate(wctx, key); rerr != nil {
+			s.log.Warn("release the reservation of a failed fork", "key", key, "err", rerr)
+		}
+	}
+	if err != nil {
+		if cause := context.Cause(lctx); errors.Is(cause, errdefs.ErrUnavailable) {
+			err = cause // the lease was lost, not the caller
+		}
+		if outcomeUnknown(err) {
+			ds := make([]store.Doubt, n)
+			for i, t := range tokens {
+				ds[i] = store.Doubt{Node: node, Token: t, Key: key}
+			}
+			s.doubt(wctx, err, ds...)
+		}
+		giveBack()
+		return nil, fmt.Errorf("fork %s: %w", id, err)
+	}
+	out := forkResponse(src, name, start, resp.Msg)
+	var rows []store.SandboxRow
+	for _, c := range out.Children {
+		if c.GetSandbox() != nil {
+			rows = append(rows, store.SandboxRow{ID: c.GetSandbox().GetId(), Node: node, Key: key, Created: time.Now()})
+		}
+	}
+	if len(rows) == 0 {
+		giveBack()
+		return connect.NewResponse(out), nil
+	}
+	err = s.idem.CompleteCreate(wctx, key, got.Nonce, rows)
+	switch {
+	case err == nil:
+		return connect.NewResponse(out), nil
+	case errors.Is(err, errdefs.ErrAlreadyExists):
+		// Another replica recorded the key's children first: theirs stand.
+		return s.forkReplay(ctx, src, n, name, key, hash)
+	case errors.Is(err, errdefs.ErrNotFound):
+		return nil, fmt.Errorf("fork %s with idempotency key %q: its reservation ended while the fork ran (released, or abandoned after %s untouched); try again: %w",
+			id, m.GetIdempotencyKey(), s.cfg.AbandonAfter, errdefs.ErrUnavailable)
+	}
+	return nil, fmt.Errorf("fork %s: record its children: %w", id, err)
+}
+
+// forkReplay answers a repeated keyed fork from its record: the children
+// the first call made, as they are now (one since deleted says so), and
+// an error for each it could not make.
+func (s *Server) forkReplay(ctx context.Context, src *dsecv1.Sandbox, n int, name, key, hash string) (*connect.Response[dsecv1.ForkResponse], error) {
+	sbs, err := s.replay(ctx, key, hash)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", src.GetId(), err)
+	}
+	out := &dsecv1.ForkResponse{
+		Snapshot: &dsecv1.SnapshotInfo{Name: name, Environment: src.GetSpec().GetEnvironment(), SourceSandbox: src.GetId(),
+			Node: src.GetNode(), CaptureMethod: "memory"},
+		Children: make([]*dsecv1.ForkChild, n),
+	}
+	for i := range out.Children {
+		if i < len(sbs) {
+			out.Children[i] = &dsecv1.ForkChild{Sandbox: sbs[i]}
+			continue
+		}
+		out.Children[i] = &dsecv1.ForkChild{Error: "not made by the first fork with this idempotency key"}
+	}
 	return connect.NewResponse(out), nil
+}
+
+// forkHash is what a repeated keyed fork must match: the request without
+// its key.
+func forkHash(m *dsecv1.ForkRequest) string {
+	c := proto.Clone(m).(*dsecv1.ForkRequest)
+	c.IdempotencyKey = ""
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }

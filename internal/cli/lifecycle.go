@@ -205,13 +205,13 @@ residue, reference answers, caches). No processes or memory are kept.`,
 func (a *app) forkCommand() *cobra.Command {
 	var exclude []string
 	var n int
-	var name string
+	var name, key string
 	cmd := &cobra.Command{
-		Use:   "fork [-n N] [--exclude PATH]... [--name NAME] ID",
+		Use:   "fork [-n N] [--exclude PATH]... [--name NAME] [--idempotency-key KEY] ID",
 		Short: "snapshot a sandbox once and start N new sandboxes from it (fresh processes on its file system; a microVM's children copy its memory)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			resp, err := a.c.Sandboxes.Fork(cmd.Context(), connect.NewRequest(&dsecv1.ForkRequest{SandboxId: args[0], Count: int32(n), Exclude: exclude, Name: name}))
+			resp, err := a.c.Sandboxes.Fork(cmd.Context(), connect.NewRequest(&dsecv1.ForkRequest{SandboxId: args[0], Count: int32(n), Exclude: exclude, Name: name, IdempotencyKey: key}))
 			if err != nil {
 				return err
 			}
@@ -236,5 +236,6 @@ func (a *app) forkCommand() *cobra.Command {
 	cmd.Flags().IntVarP(&n, "count", "n", 1, "children (at most 16)")
 	cmd.Flags().StringArrayVar(&exclude, "exclude", nil, "leave out the source's changes under PATH (repeatable)")
 	cmd.Flags().StringVar(&name, "name", "", "the snapshot's name (default fork-ID-TIME)")
+	cmd.Flags().StringVar(&key, "idempotency-key", "", "a microVM's fork: a repeat with the same key gets the children the first made, and makes no more")
 	return cmd
 }

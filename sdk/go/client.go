@@ -692,19 +692,49 @@ type ForkChild struct {
 // running state on its node, each with its own identity (exclude is
 // refused).
 func (c *Client) Fork(ctx context.Context, id string, n int, exclude ...string) (*dsecv1.SnapshotInfo, []ForkChild, error) {
-	resp, err := c.sb.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: id, Count: int32(n), Exclude: exclude}))
-	if err != nil {
-		return nil, nil, fmt.Errorf("fork sandbox %s: %w", id, fromConnect(err, false))
+	return c.ForkWith(ctx, id, n, ForkOptions{Exclude: exclude})
+}
+
+// ForkOptions are a fork's options beyond its count.
+type ForkOptions struct {
+	Exclude []string // as for Snapshot: a file-system fork's only
+	Name    string   // the snapshot's name (default fork-ID-TIME)
+	// IdempotencyKey makes a microVM's fork safe to send again: a repeat
+	// with the same key and request gets the children the first made, and
+	// makes no more. The call is then retried after a transport failure,
+	// as Create is. A file-system fork refuses a key.
+	IdempotencyKey string
+}
+
+// ForkWith is Fork with options.
+func (c *Client) ForkWith(ctx context.Context, id string, n int, o ForkOptions) (*dsecv1.SnapshotInfo, []ForkChild, error) {
+	req := &dsecv1.ForkRequest{SandboxId: id, Count: int32(n), Exclude: o.Exclude, Name: o.Name, IdempotencyKey: o.IdempotencyKey}
+	var resp *dsecv1.ForkResponse
+	call := func(ctx context.Context) error {
+		r, err := c.sb.Fork(ctx, connect.NewRequest(req))
+		if err == nil {
+			resp = r.Msg
+		}
+		return err
 	}
-	out := make([]ForkChild, len(resp.Msg.GetChildren()))
-	for i, ch := range resp.Msg.GetChildren() {
+	var err error
+	if o.IdempotencyKey != "" {
+		err = c.retry(ctx, true, call)
+	} else {
+		err = fromConnect(call(ctx), false)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("fork sandbox %s: %w", id, err)
+	}
+	out := make([]ForkChild, len(resp.GetChildren()))
+	for i, ch := range resp.GetChildren() {
 		if ch.GetError() != "" {
 			out[i].Err = fmt.Errorf("fork child %d of %s: %s", i, id, ch.GetError())
 			continue
 		}
 		out[i].Sandbox = c.wrap(ch.GetSandbox())
 	}
-	return resp.Msg.GetSnapshot(), out, nil
+	return resp.GetSnapshot(), out, nil
 }
 
 // Delete stops sandbox id and removes everything it had; a sandbox already

@@ -83,6 +83,11 @@ func (s *Sandbox) Fork(ctx context.Context, n int, exclude ...string) (*dsecv1.S
 	return s.c.Fork(ctx, s.ID, n, exclude...)
 }
 
+// ForkWith is Fork with options; see Client.ForkWith.
+func (s *Sandbox) ForkWith(ctx context.Context, n int, o ForkOptions) (*dsecv1.SnapshotInfo, []ForkChild, error) {
+	return s.c.ForkWith(ctx, s.ID, n, o)
+}
+
 // Resume lets a paused sandbox run again; already says it was running.
 func (s *Sandbox) Resume(ctx context.Context) (already bool, err error) {
 	n, already, err := s.c.Resume(ctx, s.ID)

@@ -348,12 +348,33 @@ func (s *Service) Fork(ctx context.Context, req *connect.Request[edgev1.ForkRequ
 	if !ok {
 		return nil, fmt.Errorf("fork: node %s cannot fork sandboxes: %w", s.edge.Node(), errdefs.ErrNotSupported)
 	}
-	results, frozen, err := f.Fork(ctx, id, tokens)
+	made, todo, release, err := s.claimTokens(ctx, tokens)
 	if err != nil {
 		return nil, err
 	}
-	out := &edgev1.ForkResponse{FrozenUs: frozen.Microseconds(), Results: make([]*edgev1.CreateResult, len(results))}
-	for i, r := range results {
+	defer release()
+	out := &edgev1.ForkResponse{Results: make([]*edgev1.CreateResult, len(tokens))}
+	for i, sb := range made {
+		if sb != nil {
+			out.Results[i] = &edgev1.CreateResult{Sandbox: sb}
+		}
+	}
+	if len(todo) == 0 {
+		// A retry: every child is there, and the parent stands still for
+		// no second save.
+		return connect.NewResponse(out), nil
+	}
+	left := make([]string, len(todo))
+	for j, i := range todo {
+		left[j] = tokens[i]
+	}
+	results, frozen, err := f.Fork(ctx, id, left)
+	if err != nil {
+		return nil, err
+	}
+	out.FrozenUs = frozen.Microseconds()
+	for j, r := range results {
+		i := todo[j]
 		if r.Err != nil {
 			out.Results[i] = &edgev1.CreateResult{ErrorCode: uint32(errdefs.Code(r.Err)), ErrorMessage: r.Err.Error()}
 			continue
@@ -361,6 +382,65 @@ func (s *Service) Fork(ctx context.Context, req *connect.Request[edgev1.ForkRequ
 		out.Results[i] = &edgev1.CreateResult{Sandbox: r.Sandbox}
 	}
 	return connect.NewResponse(out), nil
+}
+
+// claimTokens sorts a fork's create tokens: the children a call with the
+// same token made already (live: made[i]), and the rest (todo, indexes of
+// tokens), which it holds in flight, as a create holds its token, until
+// release: a fork retried with its tokens gets the children the first made
+// and makes only those missing, and two at once never both make one.
+func (s *Service) claimTokens(ctx context.Context, tokens []string) (made []*dsecv1.Sandbox, todo []int, release func(), err error) {
+	for {
+		s.mu.Lock()
+		var busy chan struct{}
+		for _, t := range tokens {
+			if done, ok := s.inflight[t]; ok {
+				busy = done
+				break
+			}
+		}
+		if busy != nil {
+			s.mu.Unlock()
+			select {
+			case <-busy:
+				continue
+			case <-ctx.Done():
+				return nil, nil, nil, ctx.Err()
+			}
+		}
+		made = make([]*dsecv1.Sandbox, len(tokens))
+		ids := make([]string, len(tokens))
+		done := make(chan struct{})
+		for i, t := range tokens {
+			if id, ok := s.edge.SandboxOf(t); ok {
+				ids[i] = id
+				continue
+			}
+			todo = append(todo, i)
+			s.inflight[t] = done
+		}
+		s.mu.Unlock()
+		release = func() {
+			s.mu.Lock()
+			for _, i := range todo {
+				delete(s.inflight, tokens[i])
+			}
+			s.mu.Unlock()
+			close(done)
+		}
+		for i, id := range ids {
+			if id == "" {
+				continue
+			}
+			sb, gerr := s.edge.Get(ctx, id)
+			if gerr != nil {
+				// It ended just now: its result says so.
+				sb = &dsecv1.Sandbox{Id: id, State: dsecv1.State_STATE_STOPPED, Message: gerr.Error()}
+			}
+			made[i] = sb
+		}
+		return made, todo, release, nil
+	}
 }
 
 // create makes the sandbox of one create token, or finds the one a create

@@ -1023,19 +1023,25 @@ class Sandbox:
         return await self.client._call("Snapshot", msg, timeout)
 
     async def fork(self, n: int, *, exclude: Optional[Iterable[str]] = None, name: Optional[str] = None,
+                   idempotency_key: Optional[str] = None,
                    timeout: Optional[float] = 600) -> List[Union["Sandbox", errors.DsecError]]:
         """One snapshot, then n (at most 16) new sandboxes from it with this
         sandbox's spec: one result per child, a Sandbox or the error that
         kept it from being made. A file-system fork: the children start
         fresh processes; of a microVM a memory fork, the children go on from
         its running state on its node, each with its own identity (exclude
-        is refused)."""
+        is refused). idempotency_key makes a microVM's fork safe to send
+        again: a repeat with the same key gets the children the first made,
+        and makes no more (the call is then retried after a dropped
+        connection, as a create is); a file-system fork refuses one."""
         msg: Dict[str, Any] = {"sandboxId": self.id, "count": int(n)}
         if exclude:
             msg["exclude"] = list(exclude)
         if name:
             msg["name"] = name
-        resp = await self.client._call("Fork", msg, timeout)
+        if idempotency_key:
+            msg["idempotencyKey"] = idempotency_key
+        resp = await self.client._call("Fork", msg, timeout, idempotent=bool(idempotency_key))
         out: List[Union["Sandbox", errors.DsecError]] = []
         for c in resp.get("children", []):
             if c.get("error"):

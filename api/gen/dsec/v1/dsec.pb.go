@@ -5760,9 +5760,13 @@ type ForkRequest struct {
 	Count     int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`    // 1 to 16 children
 	Exclude   []string               `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"` // as for Snapshot
 	// The snapshot's name; default fork-<sandbox>-<time>.
-	Name          string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// A repeated fork of a microVM with the same idempotency_key (and the
+	// same request) returns the children the first call made, and makes no
+	// more; as Create's.
+	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ForkRequest) Reset() {
@@ -5819,6 +5823,13 @@ func (x *ForkRequest) GetExclude() []string {
 func (x *ForkRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
 	}
 	return ""
 }
@@ -8479,13 +8490,14 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\tsnapshots\x18\x01 \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\"+\n" +
 	"\x15DeleteSnapshotRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"p\n" +
+	"\x16DeleteSnapshotResponse\"\x99\x01\n" +
 	"\vForkRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x18\n" +
 	"\aexclude\x18\x03 \x03(\tR\aexclude\x12\x12\n" +
-	"\x04name\x18\x04 \x01(\tR\x04name\"M\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12'\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\"M\n" +
 	"\tForkChild\x12*\n" +
 	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"q\n" +
