@@ -55,7 +55,7 @@ func Cached(dir string, img Image) (string, error) {
 // targets and the files' contents.
 func (img Image) digest() (string, error) {
 	h := sha256.New()
-	fmt.Fprintf(h, "dsec initramfs 2\n") // 2: modules without their signatures
+	fmt.Fprintf(h, "dsec initramfs 3\n") // 2: modules without their signatures; 3: and without BTF
 	files := []File{{Name: "init", Source: img.Init, Mode: 0o755}}
 	if k := img.Kernel; k != nil {
 		files = append(files, File{Name: kernel.GuestDir + "/manifest", Source: k.Manifest()})

@@ -34,7 +34,7 @@ type File struct {
 	Source string      // path on the host
 	Mode   fs.FileMode // permissions (0 = the source's)
 
-	module bool // a kernel module: copied without its signature
+	module bool // a kernel module: copied without its signature and BTF
 }
 
 // Build writes img's initramfs to w: /init, the modules, the files and
@@ -125,7 +125,7 @@ func copyIn(cw *Writer, f File) error {
 		if err != nil {
 			return fmt.Errorf("add %s: %w", f.Name, err)
 		}
-		b = StripModuleSignature(b)
+		b = StripModuleBTF(StripModuleSignature(b))
 		return cw.File(f.Name, mode, bytes.NewReader(b), int64(len(b)))
 	}
 	return cw.File(f.Name, mode, src, fi.Size())
@@ -157,3 +157,90 @@ func StripModuleSignature(b []byte) []byte {
 	}
 	return b[:end-12-sigLen]
 }
+
+// StripModuleBTF is module b (an ELF64 little-endian relocatable object,
+// as the guest kernel's are) with its .BTF section emptied, b itself when
+// it has none or is not such an object. The guest kernel (Debian's, with
+// CONFIG_DEBUG_INFO_BTF_MODULES) parses and checks every module's BTF type
+// information as it loads it, only for BPF programs that trace the
+// module's functions; under TCG that check is a part of every module's
+// load (ext4's BTF is 139 KiB). An empty .BTF section is one the kernel
+// skips. Its bytes are cut out too, less what the file's alignments keep.
+func StripModuleBTF(b []byte) []byte {
+	le := binary.LittleEndian
+	const ehdrSize, shdrSize = 64, 64
+	if len(b) < ehdrSize || string(b[:4]) != "\x7fELF" || b[4] != 2 || b[5] != 1 ||
+		le.Uint16(b[0x10:]) != 1 || le.Uint16(b[0x3a:]) != shdrSize {
+		return b
+	}
+	shoff, shnum, shstrndx := le.Uint64(b[0x28:]), uint64(le.Uint16(b[0x3c:])), uint64(le.Uint16(b[0x3e:]))
+	if shstrndx >= shnum || shoff > uint64(len(b)) || shnum*shdrSize > uint64(len(b))-shoff {
+		return b
+	}
+	shdr := func(i uint64) []byte { return b[shoff+i*shdrSize : shoff+(i+1)*shdrSize] }
+	strOff, strSize := le.Uint64(shdr(shstrndx)[24:]), le.Uint64(shdr(shstrndx)[32:])
+	if strOff > uint64(len(b)) || strSize > uint64(len(b))-strOff {
+		return b
+	}
+	strtab := b[strOff : strOff+strSize]
+	name := func(i uint64) string {
+		n := uint64(le.Uint32(shdr(i)))
+		if n >= uint64(len(strtab)) {
+			return ""
+		}
+		s := strtab[n:]
+		if end := bytes.IndexByte(s, 0); end >= 0 {
+			s = s[:end]
+		}
+		return string(s)
+	}
+	btf := uint64(0)
+	align := uint64(8) // the section header table's
+	for i := uint64(1); i < shnum; i++ {
+		if name(i) == ".BTF" {
+			btf = i
+		}
+		align = max(align, le.Uint64(shdr(i)[48:]))
+	}
+	if btf == 0 {
+		return b
+	}
+	off, size := le.Uint64(shdr(btf)[24:]), le.Uint64(shdr(btf)[32:])
+	if off > uint64(len(b)) || size > uint64(len(b))-off || align&(align-1) != 0 {
+		return b
+	}
+	cut := size &^ (align - 1)
+	// No section may lie in the cut but an empty one at its start.
+	for i := uint64(1); i < shnum; i++ {
+		o, sz := le.Uint64(shdr(i)[24:]), le.Uint64(shdr(i)[32:])
+		if i != btf && le.Uint32(shdr(i)[4:]) != uint32(elfNobits) && o < off+size && o+sz > off && sz > 0 {
+			return b
+		}
+	}
+	if shoff > off && shoff < off+size {
+		return b
+	}
+	out := append(append(make([]byte, 0, uint64(len(b))-cut), b[:off]...), b[off+cut:]...)
+	shift := func(o uint64) uint64 {
+		if o >= off+cut {
+			return o - cut
+		}
+		if o > off {
+			return off
+		}
+		return o
+	}
+	newShoff := shift(shoff)
+	le.PutUint64(out[0x28:], newShoff)
+	for i := uint64(1); i < shnum; i++ {
+		h := out[newShoff+i*shdrSize : newShoff+(i+1)*shdrSize]
+		le.PutUint64(h[24:], shift(le.Uint64(h[24:])))
+		if i == btf {
+			le.PutUint64(h[32:], 0)
+		}
+	}
+	return out
+}
+
+// elfNobits is SHT_NOBITS: a section without bytes in the file (.bss).
+const elfNobits = 8

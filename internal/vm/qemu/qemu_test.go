@@ -30,7 +30,7 @@ func TestArgs(t *testing.T) {
 		cpu     string
 		cmdline string
 	}{
-		{TCG, "max", "console=ttyS0 quiet reboot=t panic=-1 cryptomgr.notests tsc_early_khz=2596142 -- --log-level debug"},
+		{TCG, "max,-erms,-fsrm", "console=ttyS0 quiet reboot=t panic=-1 cryptomgr.notests tsc_early_khz=2596142 -- --log-level debug"},
 		{KVM, "host", "console=ttyS0 quiet reboot=t panic=-1 cryptomgr.notests -- --log-level debug"},
 	} {
 		t.Run(string(tc.accel), func(t *testing.T) {
