@@ -28,7 +28,9 @@ import (
 // kernel's, is the parent's (read before the fork). Writes stay in the VM that made them. The
 // children are listed, metered, re-adopted after a dsecd kill -9 and
 // restart, and deleted with nothing left; a child refused (the node full)
-// reports its error while the others live. Then dsec bench vm's fork
+// reports its error while the others live. A parent paused to disk is
+// forked from its pause's save and stays paused; a keyed fork of it made
+// again gets the same child. Then dsec bench vm's fork
 // part at its smallest. Four boots (the parent, the bench's parent and
 // its two cold creates); the rest are restores.
 func TestMicroVMFork(t *testing.T) {
@@ -211,9 +213,48 @@ func TestMicroVMFork(t *testing.T) {
 		t.Errorf("the parent's QEMU is gone after its children's delete")
 	}
 
+	// A parent paused to disk is forked from its pause's save, and stays
+	// paused; the fork, keyed, made again gets the same child.
+	pctx, pcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer pcancel()
+	if _, errOut, code := e.d.CLI("", "pause", pid); code != 0 {
+		t.Fatalf("dsec pause %s: %s", pid, errOut)
+	}
+	var firstChild string
+	for round := range 2 {
+		out, errOut, code := e.d.CLI("", "fork", "--idempotency-key", "paused-parent", pid)
+		if code != 0 {
+			t.Fatalf("dsec fork --idempotency-key of a paused parent (round %d): %s", round, errOut)
+		}
+		child := strings.TrimSpace(out)
+		if round == 0 {
+			firstChild = child
+			t.Cleanup(func() {
+				e.d.Clients.Sandboxes.Delete(context.Background(), connect.NewRequest(&dsecv1.DeleteRequest{Id: child}))
+			})
+		} else if child != firstChild {
+			t.Errorf("a keyed fork made again: child %q, the first %q; want the same", child, firstChild)
+		}
+		got, err := e.d.Clients.Sandboxes.Get(pctx, connect.NewRequest(&dsecv1.GetRequest{Id: pid}))
+		if err != nil || got.Msg.GetState() != dsecv1.State_STATE_PAUSED {
+			t.Errorf("the paused parent after a fork: %v, %v; want it paused still", got.Msg.GetState(), err)
+		}
+	}
+	if got := mustSh(t, e.d, firstChild, "cat /root/parent.txt /dev/shm/ram.txt"); got != "parent\nin the ram\n" {
+		t.Errorf("the child of the paused parent reads %q, want the parent's files at its pause", got)
+	}
+	if _, err := e.d.Clients.Sandboxes.Delete(pctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: firstChild})); err != nil {
+		t.Fatalf("delete child %s: %v", firstChild, err)
+	}
+	if got := mustSh(t, e.d, pid, "cat /root/parent.txt"); got != "parent\n" {
+		t.Errorf("the parent resumed after its fork while paused: %q", got)
+	}
+
 	// dsec bench vm's fork part at its smallest, on the same node: its
 	// parent and two cold boots, two children a fork.
-	rep, err := bench.RunVM(ctx, e.d.Clients, bench.VMOptions{Env: env, Parts: []string{"fork"}, Forks: 2, MemoryMiB: 256, Parallel: 2})
+	bctx, bcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer bcancel()
+	rep, err := bench.RunVM(bctx, e.d.Clients, bench.VMOptions{Env: env, Parts: []string{"fork"}, Forks: 2, MemoryMiB: 256, Parallel: 2})
 	if err != nil {
 		t.Fatalf("bench vm --only fork: %v", err)
 	}

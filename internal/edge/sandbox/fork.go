@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -34,8 +35,10 @@ const forkParallel = 4
 // running sandbox id's whole state (Forker.SaveFork: id stands still for
 // it, then runs on), each started from the save with id's spec, a new ID,
 // its own network namespace with id's rules, and its own identity (the
-// runtime's StartFork). A paused sandbox is resumed first, as for any call
-// that runs in it. It answers each child on its own: a child that fails
+// runtime's StartFork). A paused sandbox is saved as it is, and stays
+// paused, where the runtime can (a microVM paused to disk is saved
+// already); else it is resumed first, as for any call that runs in it.
+// It answers each child on its own: a child that fails
 // leaves nothing and has its error, the others live. It returns how long
 // id stood still; the call fails as a whole only when id cannot be saved.
 func (m *Manager) Fork(ctx context.Context, id string, tokens []string) ([]ForkResult, time.Duration, error) {
@@ -50,11 +53,14 @@ func (m *Manager) Fork(ctx context.Context, id string, tokens []string) ([]ForkR
 		sb.mu.Unlock()
 		return nil, 0, fmt.Errorf("fork %s: its runtime (%s) cannot copy a sandbox's memory: %w", id, kind, errdefs.ErrFailedPrecondition)
 	}
-	if err := m.use(ctx, id, func(*sandbox) error { return nil }); err != nil {
-		return nil, 0, err
-	}
 	save := forkSaveName(id)
-	rec, frozen, err := m.saveFork(ctx, sb, f, save)
+	rec, frozen, err := m.saveFork(ctx, sb, f, save, true)
+	if errors.Is(err, errResumeFirst) {
+		if err := m.use(ctx, id, func(*sandbox) error { return nil }); err != nil {
+			return nil, 0, err
+		}
+		rec, frozen, err = m.saveFork(ctx, sb, f, save, false)
+	}
 	if err != nil {
 		return nil, 0, err
 	}
@@ -98,9 +104,15 @@ func (m *Manager) forkOne(ctx context.Context, spec *dsecv1.SandboxSpec, token s
 	return cloneRec(sb.rec), nil
 }
 
-// saveFork saves the running sandbox for its fork as one transition, as
-// a snapshot's capture: a pause, resume or stop meanwhile waits.
-func (m *Manager) saveFork(ctx context.Context, sb *sandbox, f backend.Forker, save string) (*dsecv1.Sandbox, time.Duration, error) {
+// errResumeFirst is a fork's save that needs its paused parent resumed.
+var errResumeFirst = errors.New("the sandbox must be resumed for its fork")
+
+// saveFork saves the sandbox for its fork as one transition, as a
+// snapshot's capture: a pause, resume or stop meanwhile waits. A running
+// sandbox is saved; a paused one, with paused, too, if its runtime can
+// save it as it is; else (or while a transition runs) it returns
+// errResumeFirst.
+func (m *Manager) saveFork(ctx context.Context, sb *sandbox, f backend.Forker, save string, paused bool) (*dsecv1.Sandbox, time.Duration, error) {
 	ctx = context.WithoutCancel(ctx) // a frozen sandbox must run again
 	sb.op.Lock()
 	defer sb.op.Unlock()
@@ -108,11 +120,20 @@ func (m *Manager) saveFork(ctx context.Context, sb *sandbox, f backend.Forker, s
 	rec := cloneRec(sb.rec)
 	v := decide(sb.phaseOf(), callUse)
 	sb.mu.Unlock()
-	if v != allow {
+	switch {
+	case v == allow:
+	case paused && (v == resumeFirst || v == waitFor):
+		if v == waitFor {
+			return nil, 0, errResumeFirst // use() waits for the transition
+		}
+	default:
 		// Paused or stopped since use() looked.
 		return nil, 0, fmt.Errorf("fork %s: %w", rec.GetId(), refusal(rec, refuseGone, callUse))
 	}
 	frozen, err := f.SaveFork(ctx, rec.GetId(), save)
+	if v == resumeFirst && errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return nil, 0, errResumeFirst // frozen in memory, say
+	}
 	if err != nil {
 		return nil, 0, err
 	}

@@ -21,16 +21,22 @@ import (
 // fail, having made nothing.
 type forkingFake struct {
 	*fake.Runtime
-	mu     sync.Mutex
-	saves  map[string]string // save name -> the sandbox saved
-	starts int
-	fail   map[int]error
-	specs  []backend.Spec
+	// frozenRefused makes SaveFork of a frozen sandbox FailedPrecondition,
+	// as the microvm backend's of a VM paused in memory.
+	frozenRefused bool
+	mu            sync.Mutex
+	saves         map[string]string // save name -> the sandbox saved
+	starts        int
+	fail          map[int]error
+	specs         []backend.Spec
 }
 
 func (f *forkingFake) SaveFork(ctx context.Context, id, name string) (time.Duration, error) {
 	if _, err := f.Status(ctx, id); err != nil {
 		return 0, err
+	}
+	if frozen, err := f.Frozen(ctx, id); err != nil || (frozen && f.frozenRefused) {
+		return 0, fmt.Errorf("save %s: frozen: %w", id, errors.Join(err, errdefs.ErrFailedPrecondition))
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -129,6 +135,29 @@ func TestFork(t *testing.T) {
 		t.Errorf("saves left: %v", rt.saves)
 	}
 	rt.mu.Unlock()
+
+	// A paused parent its runtime saves as it is stays paused; one it
+	// cannot is resumed first.
+	if _, _, err := m.Pause(ctx, parent.GetId(), false); err != nil {
+		t.Fatal(err)
+	}
+	for _, refused := range []bool{false, true} {
+		rt.mu.Lock()
+		rt.frozenRefused, rt.fail = refused, nil
+		rt.mu.Unlock()
+		token := fmt.Sprintf("p#%v@n1", refused)
+		results, _, err := m.Fork(ctx, parent.GetId(), []string{token})
+		if err != nil || len(results) != 1 || results[0].Err != nil {
+			t.Fatalf("fork of a paused parent (its save refused: %v): %+v, %v", refused, results, err)
+		}
+		got, err := m.Get(ctx, parent.GetId())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]dsecv1.State{false: dsecv1.State_STATE_PAUSED, true: dsecv1.State_STATE_RUNNING}[refused]; got.GetState() != want {
+			t.Errorf("a paused parent after a fork (its save refused while paused: %v): %v, want %v", refused, got.GetState(), want)
+		}
+	}
 
 	plain := newFake(t)
 	m2 := newTestManager(t, t.TempDir(), plain)

@@ -7,9 +7,10 @@ import (
 	"os"
 )
 
-// metaSuffix names the file beside a state file that holds what Pause
-// knew of the VM beyond QEMU's state (meta).
-const metaSuffix = ".json"
+// MetaSuffix names the file beside a state file that holds what Pause
+// knew of the VM beyond QEMU's state (meta): a copy of a saved VM copies
+// both.
+const MetaSuffix = ".json"
 
 // meta is what Pause records for Resume beside the state file.
 type meta struct {
@@ -33,7 +34,7 @@ func writeMeta(stateFile string, m meta) error {
 	if err != nil {
 		return fmt.Errorf("write vm state's meta: %w", err)
 	}
-	if err := os.WriteFile(stateFile+metaSuffix, b, 0o600); err != nil {
+	if err := os.WriteFile(stateFile+MetaSuffix, b, 0o600); err != nil {
 		return fmt.Errorf("write vm state's meta: %w", err)
 	}
 	return nil
@@ -43,7 +44,7 @@ func writeMeta(stateFile string, m meta) error {
 // Pause) has the zero meta.
 func readMeta(stateFile string) (meta, error) {
 	var m meta
-	b, err := os.ReadFile(stateFile + metaSuffix)
+	b, err := os.ReadFile(stateFile + MetaSuffix)
 	if os.IsNotExist(err) {
 		return m, nil
 	}
@@ -51,7 +52,7 @@ func readMeta(stateFile string) (meta, error) {
 		return m, fmt.Errorf("read vm state's meta: %w", err)
 	}
 	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("read vm state's meta %s: %w", stateFile+metaSuffix, err)
+		return m, fmt.Errorf("read vm state's meta %s: %w", stateFile+MetaSuffix, err)
 	}
 	return m, nil
 }
@@ -60,7 +61,7 @@ func readMeta(stateFile string) (meta, error) {
 // its meta last, once QEMU is gone and the RAM on disk, so a pause cut
 // short (the edge killed midway) is not taken for one.
 func Saved(stateFile string) bool {
-	_, err := os.Stat(stateFile + metaSuffix)
+	_, err := os.Stat(stateFile + MetaSuffix)
 	return err == nil
 }
 
@@ -68,7 +69,7 @@ func Saved(stateFile string) bool {
 // the VM is resumed and runs on, the state no longer matches its RAM.
 func Discard(stateFile string) error {
 	var errs []error
-	for _, f := range []string{stateFile + metaSuffix, stateFile} {
+	for _, f := range []string{stateFile + MetaSuffix, stateFile} {
 		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, fmt.Errorf("discard vm state: %w", err))
 		}

@@ -37,8 +37,11 @@ func (r *Runtime) forkDir(name string) string { return filepath.Join(r.forksDir(
 // stops its vCPUs, writes its devices' state and, still stopped, its RAM
 // file and writable disk are cloned into the save (reflinks where the file
 // system shares extents, else sparse copies); then it runs on in the same
-// QEMU, its agent's channel untouched. A paused VM is refused
-// (FailedPrecondition): the edge resumes it first.
+// QEMU, its agent's channel untouched. A VM paused to disk is saved
+// already: its state, RAM file and disk are cloned into the save as they
+// are, and it stays paused (it stood still for none of it: 0). A VM
+// frozen in memory (a pause that kept it) is refused (FailedPrecondition):
+// the save's run-again would thaw it; the edge resumes it first.
 func (r *Runtime) SaveFork(ctx context.Context, id, name string) (time.Duration, error) {
 	dir, err := r.existing(id, "fork")
 	if err != nil {
@@ -47,9 +50,7 @@ func (r *Runtime) SaveFork(ctx context.Context, id, name string) (time.Duration,
 	if !backend.ValidID(name) {
 		return 0, fmt.Errorf("fork sandbox %s: save name %q: %w", id, name, errdefs.ErrInvalidArgument)
 	}
-	if vmstate.Saved(filepath.Join(dir, savedFile)) {
-		return 0, fmt.Errorf("fork sandbox %s: it is paused: %w", id, errdefs.ErrFailedPrecondition)
-	}
+	paused := vmstate.Saved(filepath.Join(dir, savedFile))
 	cfg, err := readConfig(dir)
 	if err != nil {
 		return 0, fmt.Errorf("fork sandbox %s: %w", id, err)
@@ -73,18 +74,20 @@ func (r *Runtime) SaveFork(ctx context.Context, id, name string) (time.Duration,
 			os.RemoveAll(save)
 		}
 	}()
-	q, err := r.monitor(ctx, id, dir, "fork")
-	if err != nil {
-		return 0, err
-	}
-	defer q.Close()
 	saved := cfg
 	saved.Dir = save
-	frozen, err := vmstate.Snapshot(ctx, q, filepath.Join(save, savedFile), func() error {
-		var err error
+	var frozen time.Duration
+	if paused {
+		// Its files stand still: the edge holds the sandbox's transition.
 		saved, err = cloneVMFiles(cfg, save)
-		return err
-	})
+		for _, f := range []string{savedFile, savedFile + vmstate.MetaSuffix} {
+			if err == nil {
+				err = vmstate.Clone(filepath.Join(dir, f), filepath.Join(save, f))
+			}
+		}
+	} else {
+		frozen, err = r.snapshotRunning(ctx, id, dir, save, cfg, &saved)
+	}
 	if err != nil {
 		return frozen, fmt.Errorf("fork sandbox %s: %w", id, err)
 	}
@@ -95,8 +98,30 @@ func (r *Runtime) SaveFork(ctx context.Context, id, name string) (time.Duration,
 	if err != nil {
 		return frozen, fmt.Errorf("fork sandbox %s: %w", id, err)
 	}
-	r.log.Info("vm saved for forks", "id", id, "save", name, "frozen", frozen)
+	r.log.Info("vm saved for forks", "id", id, "save", name, "frozen", frozen, "paused", paused)
 	return frozen, nil
+}
+
+// snapshotRunning saves running VM id (run dir dir, QEMU config cfg) into
+// save for forks (vmstate.Snapshot), its files cloned there as *saved.
+func (r *Runtime) snapshotRunning(ctx context.Context, id, dir, save string, cfg qemu.Config, saved *qemu.Config) (time.Duration, error) {
+	q, err := r.monitor(ctx, id, dir, "fork")
+	if err != nil {
+		return 0, err
+	}
+	defer q.Close()
+	st, err := q.QueryStatus(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if !st.Running {
+		return 0, fmt.Errorf("it is frozen in memory (%s): resume it first: %w", st.Status, errdefs.ErrFailedPrecondition)
+	}
+	return vmstate.Snapshot(ctx, q, filepath.Join(save, savedFile), func() error {
+		var err error
+		*saved, err = cloneVMFiles(cfg, save)
+		return err
+	})
 }
 
 // cloneVMFiles clones the RAM file and the writable disk of the VM of cfg
