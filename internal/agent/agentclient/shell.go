@@ -53,6 +53,7 @@ type reattachingShell struct {
 	ended      bool          // no stream follows: the shell's end, or a break not re-attached
 	start      *dsecv1.ShellStart
 	inputEnded bool
+	named      bool // the started message came: a break is re-attached
 
 	// The receiving side's own.
 	id      string // the terminal's process, from its started message
@@ -69,11 +70,11 @@ func (r *reattachingShell) Send(in *dsecv1.ShellInput) error {
 		if s := in.GetStart(); s != nil && r.start == nil {
 			r.start = s
 		}
-		cur, changed, ended := r.cur, r.changed, r.ended
+		cur, changed, ended, named := r.cur, r.changed, r.ended, r.named
 		r.mu.Unlock()
 		err := cur.Send(in)
-		if err == nil || ended {
-			return err
+		if err == nil || ended || !named {
+			return err // no terminal to re-attach to (yet): Receive has the why
 		}
 		select {
 		case <-changed:
@@ -116,6 +117,9 @@ func (r *reattachingShell) Receive() (*dsecv1.ShellOutput, error) {
 				if !r.resumed {
 					r.id = o.Started
 					r.started()
+					r.mu.Lock()
+					r.named = true
+					r.mu.Unlock()
 				}
 				r.resumed = false
 				continue // the edge's own: the client has nothing to do with it
