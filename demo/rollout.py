@@ -39,6 +39,7 @@ import sys
 import tarfile
 import time
 
+import libdsec
 from libdsec import AsyncClient
 
 import systems_batch
@@ -134,12 +135,20 @@ async def rollout(client, args, i, progress, sem):
     patch_path = PATCHES[i % len(PATCHES)]
     name = os.path.basename(patch_path)[: -len(".patch")]
     row = {"rollout": i, "patch": name, "applied": False, "passed": 0, "total": 0, "reward": 0.0,
-           "create_ms": 0.0, "score_ms": 0.0, "warm": False, "node": "", "exec_ms": [], "error": "", "note": ""}
+           "create_ms": 0.0, "score_ms": 0.0, "warm": False, "node": "", "exec_ms": [], "error": "", "note": "",
+           "masked": ""}
     async with sem:
         progress.started += 1
         t0 = time.monotonic()
-        sb = await client.create(args.env, **SHAPE, ttl_s=600,
-                                 labels={"job": "dsec-demo", "rollout": str(i)}, timeout=120)
+        try:
+            sb = await client.create(args.env, **SHAPE, ttl_s=600,
+                                     labels={"job": "dsec-demo", "rollout": str(i)}, timeout=120)
+        except libdsec.DsecError as exc:
+            if not exc.infra_fault:
+                raise
+            row["masked"] = exc.infra_fault  # no room, a start that timed out: not the policy's doing
+            progress.done += 1
+            return row
         row["create_ms"] = (time.monotonic() - t0) * 1000
         row["warm"] = sb.from_warm_pool
         row["node"] = sb.node
@@ -161,10 +170,10 @@ async def rollout(client, args, i, progress, sem):
             await run("cd /project && python3 -m unittest -q 2>&1 | tail -1", timeout=120)
             package = package_files(await sb.download_tar("/project/textstats"), "textstats")
         except Exception as exc:  # one broken rollout must not stop the batch
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            mask_or_fail(row, exc)
         finally:
             await sb.delete()
-    if not row["error"]:
+    if not row["error"] and not row["masked"]:
         try:
             # The reward, scored through FnCall: the sandbox is gone already.
             t = time.monotonic()
@@ -172,22 +181,42 @@ async def rollout(client, args, i, progress, sem):
                                         fetch_files=["result.json"], environment=args.reward_env,
                                         run_timeout=60, memory_mb=512)
             row["score_ms"] = (time.monotonic() - t) * 1000
-            if "result.json" not in res.files:
+            if res.infra_fault:
+                # The platform could not run the grader: mask the rollout,
+                # never score it 0.
+                row["masked"] = res.infra_fault
+            elif "result.json" not in res.files:
                 raise RuntimeError(f"the grader wrote no result ({res.status}: {res.message or res.stderr[-200:]})")
-            result = json.loads(res.files["result.json"])
-            row["passed"], row["total"] = result["passed"], result["total"]
-            if result["load_error"]:
-                row["note"] = "tests did not load"
-            elif result["total"] == 0:
-                raise RuntimeError("the grader found no tests")
             else:
-                row["reward"] = result["passed"] / result["total"]
+                score_result(row, json.loads(res.files["result.json"]))
         except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            mask_or_fail(row, exc)
     progress.done += 1
     progress.reward += row["reward"]
     progress.draw()
     return row
+
+
+def mask_or_fail(row, exc):
+    """Record what ended a rollout: the platform's fault masks it (the
+    trainer leaves it out of the batch rather than scoring it 0), anything
+    else is an error."""
+    fault = getattr(exc, "infra_fault", None)
+    if fault:
+        row["masked"] = fault
+    else:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+
+
+def score_result(row, result):
+    """Set the row's reward from the grader's result.json."""
+    row["passed"], row["total"] = result["passed"], result["total"]
+    if result["load_error"]:
+        row["note"] = "tests did not load"
+    elif result["total"] == 0:
+        raise RuntimeError("the grader found no tests")
+    else:
+        row["reward"] = result["passed"] / result["total"]
 
 
 async def preempt(client, progress, args, report, systems_state):
@@ -282,13 +311,20 @@ async def main():
     print(f"{'#':>3}  {'patch':<22} {'applied':<8} {'tests':>7}  {'reward':>6}  {'create':>8}  note")
     for r in rows:
         print(f"{r['rollout']:>3}  {r['patch']:<22} {str(r['applied']).lower():<8} "
-              f"{r['passed']:>3}/{r['total']:<3}  {r['reward']:>6.2f}  {r['create_ms']:>6.0f}ms  {(r['error'] or r['note'])[:60]}")
+              f"{r['passed']:>3}/{r['total']:<3}  {r['reward']:>6.2f}  {r['create_ms']:>6.0f}ms  "
+              f"{(r['error'] or (r['masked'] and 'masked: ' + r['masked']) or r['note'])[:60]}")
     creates = [r["create_ms"] for r in rows if r["create_ms"]]
     execs = [e for r in rows for e in r["exec_ms"]]
+    # Rollouts the platform ended are masked: left out, never scored 0.
+    scored = [r for r in rows if not r["masked"]]
+    masked = collections.Counter(r["masked"] for r in rows if r["masked"])
     print()
+    if masked:
+        print("masked (infrastructure faults, left out of the rewards): " +
+              ", ".join(f"{f} {n}" for f, n in sorted(masked.items())))
     print("per patch: " + ", ".join(
-        f"{p}={statistics.mean(r['reward'] for r in rows if r['patch'] == p):.2f}"
-        for p in sorted({r["patch"] for r in rows})))
+        f"{p}={statistics.mean(r['reward'] for r in scored if r['patch'] == p):.2f}"
+        for p in sorted({r["patch"] for r in scored})))
     nodes = collections.Counter(r["node"] for r in rows if r["node"])
     if len(nodes) > 1:
         print("sandboxes per node: " + ", ".join(f"{n} {c}" for n, c in sorted(nodes.items())))

@@ -94,23 +94,36 @@ async def rollout(client, env, reward_env, i, sem, labels, state):
                 raise RuntimeError(f"observe.py exited {obs.exit_code}: {obs.stderr[-200:]}")
             state = obs.stdout_bytes
         except Exception as exc:  # one broken rollout must not stop the batch
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            _mask_or_fail(row, exc)
         finally:
             await sb.delete()
-    if not row["error"]:
+    if not row["error"] and not row.get("masked"):
         try:
             t = time.monotonic()
             res = await client.run_code("python", CHECK, files={"check.py": _read("check.py"), "state.json": state},
                                         fetch_files=["result.json"], environment=reward_env,
                                         run_timeout=60, memory_mb=256)
             row["score_ms"] = (time.monotonic() - t) * 1000
+            if res.infra_fault:
+                row["masked"] = res.infra_fault  # the platform could not run the checker
+                return row
             if "result.json" not in res.files:
                 raise RuntimeError(f"the checker wrote no result ({res.status}: {res.message or res.stderr[-200:]})")
             result = json.loads(res.files["result.json"])
             row["reward"], row["failed"] = result["reward"], result["failed"]
         except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            _mask_or_fail(row, exc)
     return row
+
+
+def _mask_or_fail(row, exc):
+    """The platform's fault masks a rollout (left out, never scored 0);
+    anything else is an error."""
+    fault = getattr(exc, "infra_fault", None)
+    if fault:
+        row["masked"] = fault
+    else:
+        row["error"] = f"{type(exc).__name__}: {exc}"
 
 
 async def run(client, env, reward_env, n, concurrency, labels, state):
@@ -147,16 +160,18 @@ def print_report(report, pct):
     print(f"container refuses: {report['refusal']}")
     print(f"{'#':>3}  {'candidate':<24} {'exit':>4}  {'reward':>6}  {'create':>8}  {'task':>7}  note")
     for r in rows:
-        note = r["error"] or ("failed: " + ", ".join(r["failed"]) if r["failed"] else "")
+        note = r["error"] or (r.get("masked") and "masked: " + r["masked"]) or ("failed: " + ", ".join(r["failed"]) if r["failed"] else "")
         ex = "-" if r["exit"] is None else str(r["exit"])
         print(f"{r['rollout']:>3}  {r['candidate']:<24} {ex:>4}  {r['reward']:>6.2f}  {r['create_ms']:>6.0f}ms  "
               f"{r['task_ms']:>5.0f}ms  {note[:60]}")
     creates = [r["create_ms"] for r in rows if r["create_ms"]]
     tasks = [r["task_ms"] for r in rows if r["task_ms"]]
     scores = [r["score_ms"] for r in rows if r["score_ms"]]
+    scored = [r for r in rows if not r.get("masked")]
     print(f"microVM create latency ({report['accelerator']}): p50 {pct(creates, .5):.0f} ms, "
           f"max {max(creates, default=0):.0f} ms; task script p50 {pct(tasks, .5):.0f} ms")
     if scores:
         print(f"rewards scored through FnCall: {len(scores)} calls, p50 {pct(scores, .5):.0f} ms; "
-              f"mean reward {sum(r['reward'] for r in rows) / len(rows):.2f}")
+              f"mean reward {sum(r['reward'] for r in scored) / max(1, len(scored)):.2f}"
+              + (f" ({len(rows) - len(scored)} masked: infrastructure faults)" if len(scored) < len(rows) else ""))
     print(f"{len(rows)} microVM rollouts in {report['wall_s']:.1f}s; errors: {sum(1 for r in rows if r['error'])}")

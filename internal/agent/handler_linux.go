@@ -57,6 +57,7 @@ func newHandler(cfg Config, agentPath string) (*handler, error) {
 		CgroupFD:       cfg.CgroupFD,
 		MemoryCgroupFD: cfg.MemoryCgroupFD,
 		PidsCgroupFD:   cfg.PidsCgroupFD,
+		NodeOOM:        !cfg.Guest,
 		OnExit:         h.touch,
 		Log:            cfg.Log,
 	})

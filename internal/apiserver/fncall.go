@@ -12,6 +12,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/outcome"
 	"dsec.dev/dsec/internal/watcher"
 )
 
@@ -179,7 +180,7 @@ func (f *fnService) RunCodeBatch(ctx context.Context, req *connect.Request[dsecv
 			defer func() { <-sem }()
 			resp, err := f.runCode(ctx, c)
 			if err != nil {
-				resp = &dsecv1.RunCodeResponse{Status: dsecv1.RunStatus_RUN_STATUS_SANDBOX_ERROR, Message: err.Error()}
+				resp = &dsecv1.RunCodeResponse{Status: dsecv1.RunStatus_RUN_STATUS_SANDBOX_ERROR, Message: err.Error(), Fault: outcome.Of(err)}
 			}
 			out[i] = resp
 		}()

@@ -61,10 +61,17 @@ func (a *app) main(args []string) int {
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	ctx, interrupted := interruptible()
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if n := interrupted(); n != 0 {
 		return 128 + n
 	}
+	return a.exit(err, cmd != nil && cmd.Annotations[faultExitsKey] != "")
+}
+
+// exit prints err, if any, and returns the exit code it asks for: an
+// exitCode's, 200+F for the platform's fault F when faults exit so (the
+// commands that run a command or make sandboxes: faultExits), else 1.
+func (a *app) exit(err error, faults bool) int {
 	if err == nil {
 		return 0
 	}
@@ -74,6 +81,10 @@ func (a *app) main(args []string) int {
 			fmt.Fprintln(a.stderr, "dsec:", ec.msg)
 		}
 		return ec.code
+	}
+	if f := dsec.InfraFault(err); faults && f != dsec.FaultNone {
+		fmt.Fprintf(a.stderr, "dsec: infrastructure fault (%s): %s\n", f, describe(err))
+		return faultExit(f.Proto())
 	}
 	fmt.Fprintln(a.stderr, "dsec:", describe(err))
 	return 1

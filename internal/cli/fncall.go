@@ -42,8 +42,9 @@ type fnRunFlags struct {
 func (a *app) fnRunCommand() *cobra.Command {
 	var f fnRunFlags
 	cmd := &cobra.Command{
-		Use:   "run --language LANG [flags] FILE|-",
-		Short: "compile and run one program, as SandboxFusion's /run_code does",
+		Use:         "run --language LANG [flags] FILE|-",
+		Short:       "compile and run one program, as SandboxFusion's /run_code does",
+		Annotations: faultExits,
 		Long: `Run compiles (for compiled languages) and runs the program in FILE, or read
 from stdin when FILE is -. The program's stdin is this command's stdin when
 FILE is given (unless it is a terminal), else the --stdin-file, else empty:
@@ -200,8 +201,12 @@ func (a *app) fnOutput(resp *dsecv1.RunCodeResponse, fetch []string, fetchTo map
 // fnExit maps a call's result onto this program's exit: the run's own code,
 // 1 for a failed compile, 124 for a step that timed out (as timeout(1)),
 // 137 for one killed at the memory limit, 128+N for one killed by signal N,
-// 125 for a call that could not be run. nil when it succeeded.
+// 125 for a call that could not be run, 200+F for one the platform's fault
+// F kept from running (faultExit). nil when it succeeded.
 func fnExit(resp *dsecv1.RunCodeResponse) *exitCode {
+	if f := resp.GetFault(); f != dsecv1.Fault_FAULT_UNSPECIFIED {
+		return faultErr(f, resp.GetMessage())
+	}
 	if resp.GetStatus() == dsecv1.RunStatus_RUN_STATUS_SANDBOX_ERROR {
 		msg := resp.GetMessage()
 		if msg == "" {

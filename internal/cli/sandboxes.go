@@ -300,9 +300,13 @@ func (a *app) pumpStdin(ctx context.Context, sandboxID, processID string) {
 }
 
 // exitFor maps a command's end onto this program's exit: its own code, 124
-// on timeout, 137 when OOM-killed, 128+N when killed by signal N. What the
+// on timeout, 137 when OOM-killed, 128+N when killed by signal N, 200+F
+// when the platform's fault F ended it (faultExit). What the
 // stream missed of its output is streamEnd.err's to say.
 func exitFor(x *dsecv1.ExecExited) error {
+	if f := x.GetFault(); f != dsecv1.Fault_FAULT_UNSPECIFIED {
+		return faultErr(f, "command "+x.GetMessage())
+	}
 	switch x.GetStatus() {
 	case dsecv1.ExitStatus_EXIT_STATUS_OK:
 		return nil
@@ -362,8 +366,9 @@ func (a *app) runCommand() *cobra.Command {
 	var sf specFlags
 	var ef execFlags
 	cmd := &cobra.Command{
-		Use:   "run [flags] ENV [--] CMD [ARGS...]",
-		Short: "create a sandbox, run one command in it, delete it; exits with the command's code",
+		Use:         "run [flags] ENV [--] CMD [ARGS...]",
+		Short:       "create a sandbox, run one command in it, delete it; exits with the command's code",
+		Annotations: faultExits,
 		Args: func(cmd *cobra.Command, args []string) error {
 			return commandArgs("run ENV -- CMD [ARGS...]", "ENV")(cmd, execArgs(args))
 		},
@@ -405,9 +410,10 @@ func (a *app) createCommand() *cobra.Command {
 	var sf specFlags
 	var count int
 	cmd := &cobra.Command{
-		Use:   "create [flags] ENV",
-		Short: "create sandboxes and print their IDs",
-		Args:  cobra.ExactArgs(1),
+		Use:         "create [flags] ENV",
+		Short:       "create sandboxes and print their IDs",
+		Annotations: faultExits,
+		Args:        cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			spec, err := sf.spec(args[0])
 			if err != nil {
@@ -436,8 +442,9 @@ func (a *app) execCommand() *cobra.Command {
 	var background bool
 	var tag string
 	cmd := &cobra.Command{
-		Use:   "exec [flags] ID [--] CMD [ARGS...]",
-		Short: "run a command in a sandbox, streaming its output; exits with its code",
+		Use:         "exec [flags] ID [--] CMD [ARGS...]",
+		Short:       "run a command in a sandbox, streaming its output; exits with its code",
+		Annotations: faultExits,
 		Args: func(cmd *cobra.Command, args []string) error {
 			return commandArgs("exec ID -- CMD [ARGS...]", "ID")(cmd, execArgs(args))
 		},

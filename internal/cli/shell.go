@@ -46,9 +46,10 @@ func (a *app) shellCommand() *cobra.Command {
 	var user, workdir string
 	var tty bool
 	cmd := &cobra.Command{
-		Use:   "shell ID [-- CMD ARGS...]",
-		Short: "open an interactive terminal in a sandbox (with stdin not a terminal, run the shell on it as ssh does)",
-		Args:  cobra.MinimumNArgs(1),
+		Use:         "shell ID [-- CMD ARGS...]",
+		Short:       "open an interactive terminal in a sandbox (with stdin not a terminal, run the shell on it as ssh does)",
+		Annotations: faultExits,
+		Args:        cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			fd := int(os.Stdin.Fd())
 			if !tty && !term.IsTerminal(fd) {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -171,7 +172,21 @@ func relay[Req, Res any, PRes interface {
 			return err
 		}
 	}
-	return errdefs.FromConnect(in.Err())
+	return streamErr(ctx, in.Err())
+}
+
+// streamErr is the error of a relayed stream that ended with err: the
+// edge's own answer as its kind; a stream the edge never ended (it died,
+// the connection broke: connect's words for it are a protocol error
+// such as "incomplete envelope", coded InvalidArgument or Unknown) as
+// Unavailable, so a caller types it as the platform's fault, never as its
+// own bad argument.
+func streamErr(ctx context.Context, err error) error {
+	var ce *connect.Error
+	if err == nil || ctx.Err() != nil || !errors.As(err, &ce) || connect.IsWireError(ce) {
+		return errdefs.FromConnect(err)
+	}
+	return fmt.Errorf("the edge's stream broke before its end: %v: %w", err, errdefs.ErrUnavailable)
 }
 
 // Status goes over the HTTP/2 client, whose one connection the watcher's

@@ -12,6 +12,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/outcome"
 )
 
 // RunCodeResponse is SandboxFusion's answer to /run_code.
@@ -138,7 +139,7 @@ func (h *handler) callFailed(w http.ResponseWriter, ctx context.Context, err err
 		writeJSON(w, http.StatusUnprocessableEntity, validationBody{[]FieldError{invalidField(err)}})
 	default:
 		h.log.Warn("sandboxfusion: run code", "err", err)
-		writeJSON(w, http.StatusOK, sandboxError(err.Error()))
+		writeJSON(w, http.StatusOK, sandboxError(faultWords(outcome.Of(err), err.Error())))
 	}
 }
 
@@ -168,6 +169,16 @@ func invalidField(err error) FieldError {
 	return fe
 }
 
+// faultWords puts a platform fault's name before msg, as SandboxFusion's
+// SandboxError carries no field of its own for it: "infrastructure fault
+// (edge_unreachable): …". A message without one is the call's own.
+func faultWords(f dsecv1.Fault, msg string) string {
+	if w := outcome.Words(f); w != "" {
+		return "infrastructure fault (" + w + "): " + msg
+	}
+	return msg
+}
+
 func sandboxError(msg string) *RunCodeResponse {
 	return &RunCodeResponse{Status: statusSandboxError, Message: msg, Files: map[string]string{}}
 }
@@ -183,6 +194,12 @@ func toResponse(rc *dsecv1.RunCodeRequest, r *dsecv1.RunCodeResponse) *RunCodeRe
 	if n := r.GetNode(); n != "" {
 		out.ExecutorPodName = &n
 	}
+	if r.GetFault() != dsecv1.Fault_FAULT_UNSPECIFIED && r.GetStatus() != dsecv1.RunStatus_RUN_STATUS_SANDBOX_ERROR {
+		// The platform ended the call: never a result to score.
+		out.Status = statusSandboxError
+		out.Message = faultWords(r.GetFault(), out.Message)
+		return out
+	}
 	switch r.GetStatus() {
 	case dsecv1.RunStatus_RUN_STATUS_SUCCESS:
 		out.Status = statusSuccess
@@ -190,6 +207,7 @@ func toResponse(rc *dsecv1.RunCodeRequest, r *dsecv1.RunCodeResponse) *RunCodeRe
 		out.Status = statusFailed
 	case dsecv1.RunStatus_RUN_STATUS_SANDBOX_ERROR:
 		out.Status = statusSandboxError
+		out.Message = faultWords(r.GetFault(), out.Message)
 	default:
 		out.Status = statusSandboxError
 		if out.Message == "" {

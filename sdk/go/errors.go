@@ -60,6 +60,10 @@ type Error struct {
 	// Token says, for ErrUnauthenticated, where the token sent came from
 	// ("token from $DSEC_TOKEN") or why none was; never the token itself.
 	Token string
+	// Fault is the platform's fault when the platform, not the caller or
+	// the task, caused the error (a lost edge, a sandbox deleted or reaped
+	// under a command, a create refused for room); FaultNone otherwise.
+	Fault Fault
 	cause error
 }
 
@@ -145,6 +149,7 @@ func fromConnect(err error, creating bool) error {
 			out.SandboxID, out.State, out.Reason = m[1], strings.ToLower(m[2]), strings.ToLower(m[3])
 		}
 	}
+	out.Fault = errorFault(out)
 	return out
 }
 

@@ -132,6 +132,11 @@ type RunCodeResult struct {
 	Node    string            // the node that ran it
 	// Container is the pooled container's sandbox ID.
 	Container string
+	// InfraFault is the platform's fault when the call could not be run
+	// for the platform's sake (Status is RunSandboxError then): a lost
+	// edge, a container that died under it twice, a full node; FaultNone
+	// when the call's code or request decided the result.
+	InfraFault Fault
 }
 
 // OK says whether the call succeeded.
@@ -180,7 +185,7 @@ func commandResultOf(m *dsecv1.CommandResult) *CommandResult {
 func runCodeResultOf(m *dsecv1.RunCodeResponse) *RunCodeResult {
 	out := &RunCodeResult{
 		Message: m.GetMessage(), Compile: commandResultOf(m.GetCompileResult()), Run: commandResultOf(m.GetRunResult()),
-		Files: m.GetFiles(), Node: m.GetNode(), Container: m.GetContainer(),
+		Files: m.GetFiles(), Node: m.GetNode(), Container: m.GetContainer(), InfraFault: FaultFromProto(m.GetFault()),
 	}
 	switch m.GetStatus() {
 	case dsecv1.RunStatus_RUN_STATUS_SUCCESS:

@@ -165,6 +165,12 @@ type ExecResult struct {
 	Message   string
 	ProcessID string
 	PID       int
+	// InfraFault is the platform's fault when the platform ended the
+	// command (an OOM kill by a limit above the sandbox's own); FaultNone
+	// when the task did. A command the platform cut off before it exited
+	// (its sandbox deleted or reaped, its edge lost) gives no result but an
+	// error whose InfraFault(err) says which.
+	InfraFault Fault
 }
 
 // Err is nil when the command succeeded, else an error matching ErrCommandFailed.
@@ -299,7 +305,7 @@ func (c *collector) feed(ev *dsecv1.ExecEvent) *Event {
 			ExitCode: int(x.GetExitCode()), Stdout: c.out, Stderr: c.errb,
 			Duration: time.Duration(x.GetDurationSeconds() * float64(time.Second)),
 			Status:   statusOf(x.GetStatus(), x.GetExitCode()), Signal: int(x.GetSignal()),
-			Message: x.GetMessage(), ProcessID: c.processID, PID: c.pid,
+			Message: x.GetMessage(), ProcessID: c.processID, PID: c.pid, InfraFault: FaultFromProto(x.GetFault()),
 		}
 		c.setDropped(c.result)
 		return &Event{Type: EventExited, ProcessID: c.processID, Result: c.result}

@@ -153,8 +153,10 @@ func (c *cgroup) remove() error {
 // The file with the count is opened once and re-read from its start for
 // every command: opening it each time cost a few syscalls per exec.
 type memCgroup struct {
-	fd     int // the sandbox's memory cgroup directory, or -1
-	events int // memory.events (v2) or memory.oom_control (v1), or -1
+	fd      int // the sandbox's memory cgroup directory, or -1
+	events  int // memory.events (v2) or memory.oom_control (v1), or -1
+	v2      bool
+	failcnt []int // memory.failcnt and memory.memsw.failcnt (v1), those that exist
 }
 
 func openMemCgroup(dirfd int) memCgroup {
@@ -164,8 +166,15 @@ func openMemCgroup(dirfd int) memCgroup {
 	}
 	for _, file := range []string{"memory.events", "memory.oom_control"} {
 		if fd, err := unix.Openat(dirfd, file, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
-			m.events = fd
+			m.events, m.v2 = fd, file == "memory.events"
 			break
+		}
+	}
+	if !m.v2 {
+		for _, file := range []string{"memory.failcnt", "memory.memsw.failcnt"} {
+			if fd, err := unix.Openat(dirfd, file, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+				m.failcnt = append(m.failcnt, fd)
+			}
 		}
 	}
 	return m
@@ -173,25 +182,77 @@ func openMemCgroup(dirfd int) memCgroup {
 
 func (m memCgroup) oomKills() int64 { return OOMKills(m.events) }
 
+// limitHits counts the times the sandbox's memory cgroup, or one under it,
+// reached its own limit: memory.events' oom (v2); on v1 the sum of
+// memory.failcnt and memory.memsw.failcnt (charges that failed at this
+// cgroup's memory or memory+swap limit, reclaimed or not); -1 where none
+// can be read. A limit above the sandbox (the node's memory, the parent of
+// every sandbox) moves none of them.
+func (m memCgroup) limitHits() int64 {
+	if m.v2 {
+		return eventCount(m.events, "oom ", -1)
+	}
+	if len(m.failcnt) == 0 {
+		return -1
+	}
+	var sum int64
+	for _, fd := range m.failcnt {
+		var buf [32]byte
+		n, err := unix.Pread(fd, buf[:], 0)
+		if err != nil || n <= 0 {
+			return -1
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(string(buf[:n])), 10, 64)
+		if err != nil {
+			return -1
+		}
+		sum += v
+	}
+	return sum
+}
+
 // OOMKills reads the oom_kill count of a memory cgroup's open
 // memory.oom_control (v1) or memory.events (v2) file; 0 for fd < 0 or
 // an unreadable file.
-func OOMKills(fd int) int64 {
+func OOMKills(fd int) int64 { return eventCount(fd, "oom_kill ", 0) }
+
+// eventCount reads the count on the line starting with key of an open
+// memory.events or memory.oom_control file; none when it has no such line
+// or cannot be read.
+func eventCount(fd int, key string, none int64) int64 {
 	if fd < 0 {
-		return 0
+		return none
 	}
 	var buf [1024]byte
 	n, err := unix.Pread(fd, buf[:], 0)
 	if err != nil || n <= 0 {
-		return 0
+		return none
 	}
 	for line := range strings.SplitSeq(string(buf[:n]), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+		if v, ok := strings.CutPrefix(line, key); ok {
 			k, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			return k
 		}
 	}
-	return 0
+	return none
+}
+
+// peakAtLimit says whether the sandbox's memory use ever came within a
+// 32nd of its limit (v1's memory.max_usage_in_bytes, the peak; this
+// kernel's v1 may leave failcnt at 0). True when it cannot tell (no limit,
+// no file): an OOM kill is then the task's. On v2 limitHits is exact, so
+// false.
+func (m memCgroup) peakAtLimit() bool {
+	if m.v2 {
+		return false
+	}
+	l := m.limit()
+	s, err := readAt(m.fd, "memory.max_usage_in_bytes")
+	if l <= 0 || err != nil {
+		return true
+	}
+	peak, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	return err != nil || peak >= l-l/32
 }
 
 // limit is the memory limit in bytes, or 0 when none.

@@ -44,6 +44,12 @@ type Config struct {
 	// limit has room to spare, so a fork bomb cannot starve the agent of
 	// the threads it needs.
 	PidsCgroupFD int
+	// NodeOOM says that an OOM kill with no OOM at the sandbox's own limit
+	// came from a limit above the sandbox (the node's memory, or the
+	// cgroup of every sandbox on it): the platform's fault, not the
+	// task's. True in a container; false in a microVM, whose memory is the
+	// sandbox's own.
+	NodeOOM bool
 	// KeepExited bounds how many exited processes ListProcesses remembers.
 	KeepExited int
 	// OnExit is called after every process exit (activity tracking).
@@ -382,7 +388,7 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Process, error) {
 	}
 	closeAfter = nil
 
-	p.mem0 = m.mem.oomKills()
+	p.mem0, p.oom0 = m.mem.oomKills(), m.mem.limitHits()
 	p.Started = time.Now()
 	m.mu.Lock()
 	m.procs[p.ID] = p
@@ -503,6 +509,7 @@ type Process struct {
 
 	cg    *cgroup
 	mem0  int64
+	oom0  int64 // limitHits at the start, or -1
 	timer *time.Timer
 	limit int64
 
@@ -809,6 +816,12 @@ func (p *Process) wait(exitCh chan unix.WaitStatus, readers *sync.WaitGroup, tim
 		}
 		if l := p.m.mem.limit(); l > 0 {
 			e.Message += " (memory limit " + humanBytes(l) + ")"
+		}
+		if p.m.cfg.NodeOOM && p.oom0 >= 0 && p.m.mem.limitHits() == p.oom0 && !p.m.mem.peakAtLimit() {
+			// Killed, yet the sandbox never reached its own limit: the
+			// OOM killer acted for memory above it.
+			e.Fault = dsecv1.Fault_FAULT_NODE_MEMORY_PRESSURE
+			e.Message += "; the sandbox did not reach its own limit: the node ran short of memory"
 		}
 	}
 	if timedOut {

@@ -208,6 +208,7 @@ class ExecResult:
     pid: int = 0
     stdout_dropped: int = 0
     stderr_dropped: int = 0
+    infra_fault: Optional[str] = None
 
     @property
     def stdout(self) -> str:
@@ -362,7 +363,8 @@ class _Collector:
             self.result = self.partial(
                 exit_code=int(x.get("exitCode", 0)), duration_s=float(x.get("durationSeconds", 0.0)),
                 status=_STATUS.get(x.get("status", ""), "ok" if int(x.get("exitCode", 0)) == 0 else "nonzero"),
-                signal=int(x.get("signal", 0)), message=x.get("message", ""))
+                signal=int(x.get("signal", 0)), message=x.get("message", ""),
+                infra_fault=errors.fault_of_enum(x.get("fault")))
             return ExecEvent("exited", process_id=self.process_id, result=self.result)
         return None  # keepalive or unknown
 

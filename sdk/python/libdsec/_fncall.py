@@ -109,7 +109,9 @@ class RunResult:
     be run as asked; message says why). compile is None for interpreted
     languages, run is None when the compile step failed. files holds the
     fetch_files that existed, by the path asked for. passed is set by
-    run_tests for a case with an expected output, else None.
+    run_tests for a case with an expected output, else None. infra_fault is
+    the platform's fault when the call could not be run for the platform's
+    sake (status "sandbox_error"), None when its code or request decided it.
     """
     status: str
     message: str = ""
@@ -119,6 +121,7 @@ class RunResult:
     node: str = ""
     container: str = ""
     passed: Optional[bool] = None
+    infra_fault: Optional[str] = None
 
     @property
     def ok(self) -> bool:
@@ -147,7 +150,8 @@ class RunResult:
             compile=CommandResult.from_json(d.get("compileResult")),
             run=CommandResult.from_json(d.get("runResult")),
             files={k: _unb64(v) for k, v in (d.get("files") or {}).items()},
-            node=d.get("node", ""), container=d.get("container", ""))
+            node=d.get("node", ""), container=d.get("container", ""),
+            infra_fault=errors.fault_of_enum(d.get("fault")))
 
 
 @dataclass

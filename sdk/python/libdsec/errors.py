@@ -13,19 +13,54 @@ happened, so callers can catch what they can handle::
 ``code`` is the Connect error code the daemon answered with ("not_found",
 "unavailable", ...), or "unavailable" / "deadline_exceeded" for failures of
 the connection itself.
+
+``infra_fault`` says whether the platform, not the caller or the task, caused
+the error, and how: "node_lost", "edge_unreachable", "preempted",
+"admission_refused", "start_timeout", "node_memory_pressure", "sandbox_ttl",
+"sandbox_deleted" or "agent_lost"; None for the caller's own errors. A trainer
+masks such a rollout rather than scoring it 0 (docs/outcomes.md)::
+
+    try:
+        r = await sb.exec("pytest -q", timeout=600)
+    except libdsec.DsecError as e:
+        if e.infra_fault:
+            return None          # masked: the platform ended it
+        raise
 """
 
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = [
     "DsecError", "NotFound", "AlreadyExists", "SandboxGone", "FailedPrecondition",
     "Overloaded", "StartupTimeout", "InvalidArgument", "Unauthenticated",
     "PermissionDenied", "Unavailable", "Timeout", "NotSupported", "Cancelled",
-    "Internal", "CommandFailed", "OutputDropped", "from_code",
+    "Internal", "CommandFailed", "OutputDropped", "from_code", "INFRA_FAULTS", "fault_of_reason",
 ]
+
+# Every platform fault, as the API's Fault enum names them (lower case,
+# without FAULT_).
+INFRA_FAULTS = ("node_lost", "edge_unreachable", "preempted", "admission_refused", "start_timeout",
+                "node_memory_pressure", "sandbox_ttl", "sandbox_deleted", "agent_lost")
+
+
+def fault_of_reason(reason: str) -> Optional[str]:
+    """The fault of a call whose sandbox ended for reason (a SandboxGone's)
+    while it ran; None for the task's own ends (an OOM at its memory limit)."""
+    return {"deleted": "sandbox_deleted", "ttl": "sandbox_ttl", "idle": "sandbox_ttl",
+            "node_lost": "node_lost", "agent_lost": "agent_lost", "start_error": "agent_lost",
+            "paused_too_long": "preempted"}.get(reason)
+
+
+def fault_of_enum(v: Any) -> Optional[str]:
+    """A JSON Fault enum value ("FAULT_SANDBOX_TTL" or its number) as a name; None when unset."""
+    if isinstance(v, int):
+        return INFRA_FAULTS[v - 1] if 0 < v <= len(INFRA_FAULTS) else None
+    if not v or v == "FAULT_UNSPECIFIED":
+        return None
+    return str(v).removeprefix("FAULT_").lower()
 
 
 class DsecError(Exception):
@@ -41,6 +76,11 @@ class DsecError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}" if self.message else self.code
+
+    @property
+    def infra_fault(self) -> Optional[str]:
+        """The platform's fault behind this error, or None (see the module's doc)."""
+        return None
 
 
 class NotFound(DsecError):
@@ -71,6 +111,10 @@ class SandboxGone(FailedPrecondition):
         self.state = state
         self.reason = reason
 
+    @property
+    def infra_fault(self) -> Optional[str]:
+        return fault_of_reason(self.reason)
+
 
 class Overloaded(DsecError):
     """The daemon refused the work for lack of capacity; retry later.
@@ -83,6 +127,10 @@ class Overloaded(DsecError):
                  retry_after: Optional[float] = None):
         super().__init__(message, code=code)
         self.retry_after = retry_after
+
+    @property
+    def infra_fault(self) -> Optional[str]:
+        return "admission_refused"
 
 
 class InvalidArgument(DsecError, ValueError):
@@ -114,6 +162,11 @@ class Unavailable(DsecError, ConnectionError):
     """The daemon cannot be reached: refused, reset, gone mid-call."""
     code = "unavailable"
 
+    @property
+    def infra_fault(self) -> Optional[str]:
+        # The edge answered, the sandbox's agent did not.
+        return "agent_lost" if "agent channel" in self.message else "edge_unreachable"
+
 
 class Timeout(DsecError, TimeoutError):
     """The call's own timeout passed before the daemon answered."""
@@ -122,6 +175,10 @@ class Timeout(DsecError, TimeoutError):
 
 class StartupTimeout(Timeout):
     """A sandbox did not become ready within the create call's timeout."""
+
+    @property
+    def infra_fault(self) -> Optional[str]:
+        return "start_timeout"
 
 
 class NotSupported(DsecError):

@@ -388,6 +388,83 @@ func (ExitStatus) EnumDescriptor() ([]byte, []int) {
 	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
 }
 
+// Fault says what ended a call when the platform did, not the task: a
+// trainer masks such a rollout rather than scoring it. FAULT_UNSPECIFIED
+// (none) means the task ended it: its exit code, its own timeout, its own
+// memory limit. docs/outcomes.md has the table: every fault, how it is
+// detected and what each surface says. Errors that end a stream (a lost
+// edge's Unavailable, a deleted sandbox's FailedPrecondition) are typed as
+// the same faults by the SDKs.
+type Fault int32
+
+const (
+	Fault_FAULT_UNSPECIFIED          Fault = 0
+	Fault_FAULT_NODE_LOST            Fault = 1 // the node went away with the sandbox
+	Fault_FAULT_EDGE_UNREACHABLE     Fault = 2 // the edge (or the daemon) could not be reached
+	Fault_FAULT_PREEMPTED            Fault = 3 // paused for others, then deleted before it ran again
+	Fault_FAULT_ADMISSION_REFUSED    Fault = 4 // no room: the node or the project refused the sandbox
+	Fault_FAULT_START_TIMEOUT        Fault = 5 // the sandbox did not run within the create's timeout
+	Fault_FAULT_NODE_MEMORY_PRESSURE Fault = 6 // OOM-killed by a limit above the sandbox's own
+	Fault_FAULT_SANDBOX_TTL          Fault = 7 // the sandbox's lifetime (TTL or idle timeout) ran out under it
+	Fault_FAULT_SANDBOX_DELETED      Fault = 8 // the sandbox was deleted under it
+	Fault_FAULT_AGENT_LOST           Fault = 9 // the sandbox's agent (or its container, its VM) died
+)
+
+// Enum value maps for Fault.
+var (
+	Fault_name = map[int32]string{
+		0: "FAULT_UNSPECIFIED",
+		1: "FAULT_NODE_LOST",
+		2: "FAULT_EDGE_UNREACHABLE",
+		3: "FAULT_PREEMPTED",
+		4: "FAULT_ADMISSION_REFUSED",
+		5: "FAULT_START_TIMEOUT",
+		6: "FAULT_NODE_MEMORY_PRESSURE",
+		7: "FAULT_SANDBOX_TTL",
+		8: "FAULT_SANDBOX_DELETED",
+		9: "FAULT_AGENT_LOST",
+	}
+	Fault_value = map[string]int32{
+		"FAULT_UNSPECIFIED":          0,
+		"FAULT_NODE_LOST":            1,
+		"FAULT_EDGE_UNREACHABLE":     2,
+		"FAULT_PREEMPTED":            3,
+		"FAULT_ADMISSION_REFUSED":    4,
+		"FAULT_START_TIMEOUT":        5,
+		"FAULT_NODE_MEMORY_PRESSURE": 6,
+		"FAULT_SANDBOX_TTL":          7,
+		"FAULT_SANDBOX_DELETED":      8,
+		"FAULT_AGENT_LOST":           9,
+	}
+)
+
+func (x Fault) Enum() *Fault {
+	p := new(Fault)
+	*p = x
+	return p
+}
+
+func (x Fault) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Fault) Descriptor() protoreflect.EnumDescriptor {
+	return file_dsec_v1_dsec_proto_enumTypes[6].Descriptor()
+}
+
+func (Fault) Type() protoreflect.EnumType {
+	return &file_dsec_v1_dsec_proto_enumTypes[6]
+}
+
+func (x Fault) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Fault.Descriptor instead.
+func (Fault) EnumDescriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+}
+
 type FileChange int32
 
 const (
@@ -430,11 +507,11 @@ func (x FileChange) String() string {
 }
 
 func (FileChange) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[6].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[7].Descriptor()
 }
 
 func (FileChange) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[6]
+	return &file_dsec_v1_dsec_proto_enumTypes[7]
 }
 
 func (x FileChange) Number() protoreflect.EnumNumber {
@@ -443,7 +520,7 @@ func (x FileChange) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileChange.Descriptor instead.
 func (FileChange) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
 }
 
 type LayerKind int32
@@ -487,11 +564,11 @@ func (x LayerKind) String() string {
 }
 
 func (LayerKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[7].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[8].Descriptor()
 }
 
 func (LayerKind) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[7]
+	return &file_dsec_v1_dsec_proto_enumTypes[8]
 }
 
 func (x LayerKind) Number() protoreflect.EnumNumber {
@@ -500,7 +577,7 @@ func (x LayerKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LayerKind.Descriptor instead.
 func (LayerKind) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
 }
 
 type RunStatus int32
@@ -539,11 +616,11 @@ func (x RunStatus) String() string {
 }
 
 func (RunStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[8].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[9].Descriptor()
 }
 
 func (RunStatus) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[8]
+	return &file_dsec_v1_dsec_proto_enumTypes[9]
 }
 
 func (x RunStatus) Number() protoreflect.EnumNumber {
@@ -552,7 +629,7 @@ func (x RunStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunStatus.Descriptor instead.
 func (RunStatus) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
 }
 
 type CommandStatus int32
@@ -591,11 +668,11 @@ func (x CommandStatus) String() string {
 }
 
 func (CommandStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[9].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[10].Descriptor()
 }
 
 func (CommandStatus) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[9]
+	return &file_dsec_v1_dsec_proto_enumTypes[10]
 }
 
 func (x CommandStatus) Number() protoreflect.EnumNumber {
@@ -604,7 +681,7 @@ func (x CommandStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CommandStatus.Descriptor instead.
 func (CommandStatus) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
 }
 
 // SandboxKind is one isolation and profile a node offers.
@@ -2758,8 +2835,11 @@ type ExecExited struct {
 	StdoutBytes     int64  `protobuf:"varint,7,opt,name=stdout_bytes,json=stdoutBytes,proto3" json:"stdout_bytes,omitempty"` // total produced, retained or not
 	StderrBytes     int64  `protobuf:"varint,8,opt,name=stderr_bytes,json=stderrBytes,proto3" json:"stderr_bytes,omitempty"`
 	Message         string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"` // why, in words, when not OK
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The platform's fault when the platform ended the command (status is
+	// then the command's, OOM say); unset when the task did.
+	Fault         Fault `protobuf:"varint,10,opt,name=fault,proto3,enum=dsec.v1.Fault" json:"fault,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecExited) Reset() {
@@ -2853,6 +2933,13 @@ func (x *ExecExited) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *ExecExited) GetFault() Fault {
+	if x != nil {
+		return x.Fault
+	}
+	return Fault_FAULT_UNSPECIFIED
 }
 
 type AttachRequest struct {
@@ -7596,6 +7683,10 @@ type RunCodeResponse struct {
 	Files         map[string][]byte      `protobuf:"bytes,5,rep,name=files,proto3" json:"files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // fetch_files that existed
 	Node          string                 `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`                                                                             // the node that ran it
 	Container     string                 `protobuf:"bytes,7,opt,name=container,proto3" json:"container,omitempty"`                                                                   // the pooled container's sandbox ID
+	// The platform's fault when the call could not be run for the
+	// platform's sake (status SANDBOX_ERROR then); unset when the call's own
+	// code or request decided the result.
+	Fault         Fault `protobuf:"varint,8,opt,name=fault,proto3,enum=dsec.v1.Fault" json:"fault,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -7677,6 +7768,13 @@ func (x *RunCodeResponse) GetContainer() string {
 		return x.Container
 	}
 	return ""
+}
+
+func (x *RunCodeResponse) GetFault() Fault {
+	if x != nil {
+		return x.Fault
+	}
+	return Fault_FAULT_UNSPECIFIED
 }
 
 type RunCodeBatchRequest struct {
@@ -8254,7 +8352,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"process_id\x18\x01 \x01(\tR\tprocessId\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x10\n" +
-	"\x03tag\x18\x03 \x01(\tR\x03tag\"\xcf\x02\n" +
+	"\x03tag\x18\x03 \x01(\tR\x03tag\"\xf5\x02\n" +
 	"\n" +
 	"ExecExited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -8265,7 +8363,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x10stderr_truncated\x18\x06 \x01(\bR\x0fstderrTruncated\x12!\n" +
 	"\fstdout_bytes\x18\a \x01(\x03R\vstdoutBytes\x12!\n" +
 	"\fstderr_bytes\x18\b \x01(\x03R\vstderrBytes\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\xe2\x01\n" +
+	"\amessage\x18\t \x01(\tR\amessage\x12$\n" +
+	"\x05fault\x18\n" +
+	" \x01(\x0e2\x0e.dsec.v1.FaultR\x05fault\"\xe2\x01\n" +
 	"\rAttachRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
@@ -8651,7 +8751,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x10stdout_truncated\x18\x06 \x01(\bR\x0fstdoutTruncated\x12)\n" +
 	"\x10stderr_truncated\x18\a \x01(\bR\x0fstderrTruncated\x122\n" +
 	"\x15memory_limit_exceeded\x18\b \x01(\bR\x13memoryLimitExceededB\x0e\n" +
-	"\f_return_code\"\xf4\x02\n" +
+	"\f_return_code\"\x9a\x03\n" +
 	"\x0fRunCodeResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x12.dsec.v1.RunStatusR\x06status\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12=\n" +
@@ -8660,7 +8760,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"run_result\x18\x04 \x01(\v2\x16.dsec.v1.CommandResultR\trunResult\x129\n" +
 	"\x05files\x18\x05 \x03(\v2#.dsec.v1.RunCodeResponse.FilesEntryR\x05files\x12\x12\n" +
 	"\x04node\x18\x06 \x01(\tR\x04node\x12\x1c\n" +
-	"\tcontainer\x18\a \x01(\tR\tcontainer\x1a8\n" +
+	"\tcontainer\x18\a \x01(\tR\tcontainer\x12$\n" +
+	"\x05fault\x18\b \x01(\x0e2\x0e.dsec.v1.FaultR\x05fault\x1a8\n" +
 	"\n" +
 	"FilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -8731,7 +8832,18 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x13EXIT_STATUS_TIMEOUT\x10\x03\x12\x13\n" +
 	"\x0fEXIT_STATUS_OOM\x10\x04\x12\x16\n" +
 	"\x12EXIT_STATUS_KILLED\x10\x05\x12\x1b\n" +
-	"\x17EXIT_STATUS_START_ERROR\x10\x06*\x9f\x01\n" +
+	"\x17EXIT_STATUS_START_ERROR\x10\x06*\x82\x02\n" +
+	"\x05Fault\x12\x15\n" +
+	"\x11FAULT_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fFAULT_NODE_LOST\x10\x01\x12\x1a\n" +
+	"\x16FAULT_EDGE_UNREACHABLE\x10\x02\x12\x13\n" +
+	"\x0fFAULT_PREEMPTED\x10\x03\x12\x1b\n" +
+	"\x17FAULT_ADMISSION_REFUSED\x10\x04\x12\x17\n" +
+	"\x13FAULT_START_TIMEOUT\x10\x05\x12\x1e\n" +
+	"\x1aFAULT_NODE_MEMORY_PRESSURE\x10\x06\x12\x15\n" +
+	"\x11FAULT_SANDBOX_TTL\x10\a\x12\x19\n" +
+	"\x15FAULT_SANDBOX_DELETED\x10\b\x12\x14\n" +
+	"\x10FAULT_AGENT_LOST\x10\t*\x9f\x01\n" +
 	"\n" +
 	"FileChange\x12\x1b\n" +
 	"\x17FILE_CHANGE_UNSPECIFIED\x10\x00\x12\x16\n" +
@@ -8824,7 +8936,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 	return file_dsec_v1_dsec_proto_rawDescData
 }
 
-var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
+var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
 var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 119)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
@@ -8833,296 +8945,299 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(Backend)(0),                     // 3: dsec.v1.Backend
 	(Isolation)(0),                   // 4: dsec.v1.Isolation
 	(ExitStatus)(0),                  // 5: dsec.v1.ExitStatus
-	(FileChange)(0),                  // 6: dsec.v1.FileChange
-	(LayerKind)(0),                   // 7: dsec.v1.LayerKind
-	(RunStatus)(0),                   // 8: dsec.v1.RunStatus
-	(CommandStatus)(0),               // 9: dsec.v1.CommandStatus
-	(*SandboxKind)(nil),              // 10: dsec.v1.SandboxKind
-	(*NodeInfo)(nil),                 // 11: dsec.v1.NodeInfo
-	(*SandboxSpec)(nil),              // 12: dsec.v1.SandboxSpec
-	(*Sandbox)(nil),                  // 13: dsec.v1.Sandbox
-	(*PauseStats)(nil),               // 14: dsec.v1.PauseStats
-	(*PauseRequest)(nil),             // 15: dsec.v1.PauseRequest
-	(*PauseResponse)(nil),            // 16: dsec.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 17: dsec.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 18: dsec.v1.ResumeResponse
-	(*SetTimeoutRequest)(nil),        // 19: dsec.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),       // 20: dsec.v1.SetTimeoutResponse
-	(*MetricsRequest)(nil),           // 21: dsec.v1.MetricsRequest
-	(*SandboxMetrics)(nil),           // 22: dsec.v1.SandboxMetrics
-	(*CreateRequest)(nil),            // 23: dsec.v1.CreateRequest
-	(*CreateResponse)(nil),           // 24: dsec.v1.CreateResponse
-	(*GetRequest)(nil),               // 25: dsec.v1.GetRequest
-	(*ListRequest)(nil),              // 26: dsec.v1.ListRequest
-	(*ListResponse)(nil),             // 27: dsec.v1.ListResponse
-	(*SetWarmPoolRequest)(nil),       // 28: dsec.v1.SetWarmPoolRequest
-	(*WarmPool)(nil),                 // 29: dsec.v1.WarmPool
-	(*ListWarmPoolsRequest)(nil),     // 30: dsec.v1.ListWarmPoolsRequest
-	(*ListWarmPoolsResponse)(nil),    // 31: dsec.v1.ListWarmPoolsResponse
-	(*DeleteRequest)(nil),            // 32: dsec.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 33: dsec.v1.DeleteResponse
-	(*ExecRequest)(nil),              // 34: dsec.v1.ExecRequest
-	(*ExecEvent)(nil),                // 35: dsec.v1.ExecEvent
-	(*ExecDropped)(nil),              // 36: dsec.v1.ExecDropped
-	(*ExecStarted)(nil),              // 37: dsec.v1.ExecStarted
-	(*ExecExited)(nil),               // 38: dsec.v1.ExecExited
-	(*AttachRequest)(nil),            // 39: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),        // 40: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 41: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),            // 42: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),           // 43: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),     // 44: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),              // 45: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),    // 46: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),        // 47: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),  // 48: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil), // 49: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),      // 50: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),     // 51: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),               // 52: dsec.v1.ShellInput
-	(*ShellStart)(nil),               // 53: dsec.v1.ShellStart
-	(*TerminalSize)(nil),             // 54: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),              // 55: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                 // 56: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),          // 57: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 58: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 59: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 60: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),           // 61: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 62: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),              // 63: dsec.v1.StatRequest
-	(*StatResponse)(nil),             // 64: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),            // 65: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 66: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),           // 67: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 68: dsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),              // 69: dsec.v1.MoveRequest
-	(*MoveResponse)(nil),             // 70: dsec.v1.MoveResponse
-	(*WatchDirRequest)(nil),          // 71: dsec.v1.WatchDirRequest
-	(*WatchEvent)(nil),               // 72: dsec.v1.WatchEvent
-	(*UploadRequest)(nil),            // 73: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),           // 74: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),          // 75: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),            // 76: dsec.v1.DownloadChunk
-	(*Layer)(nil),                    // 77: dsec.v1.Layer
-	(*SnapshotInfo)(nil),             // 78: dsec.v1.SnapshotInfo
-	(*SnapshotRequest)(nil),          // 79: dsec.v1.SnapshotRequest
-	(*ListSnapshotsRequest)(nil),     // 80: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 81: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),    // 82: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),   // 83: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),              // 84: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                // 85: dsec.v1.ForkChild
-	(*ForkResponse)(nil),             // 86: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),       // 87: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),       // 88: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),        // 89: dsec.v1.UploadLayerHeader
-	(*ListLayersRequest)(nil),        // 90: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 91: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 92: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 93: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 94: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 95: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 96: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 97: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 98: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 99: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 100: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 101: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 102: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 103: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 104: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 105: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 106: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 107: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),           // 108: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),            // 109: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),          // 110: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),      // 111: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),     // 112: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                 // 113: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),     // 114: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),    // 115: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),     // 116: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),               // 117: dsec.v1.ServerInfo
-	nil,                              // 118: dsec.v1.NodeInfo.MissingEntry
-	nil,                              // 119: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 120: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 121: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 122: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 123: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 124: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 125: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                              // 126: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                              // 127: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                              // 128: dsec.v1.RunCodeResponse.FilesEntry
+	(Fault)(0),                       // 6: dsec.v1.Fault
+	(FileChange)(0),                  // 7: dsec.v1.FileChange
+	(LayerKind)(0),                   // 8: dsec.v1.LayerKind
+	(RunStatus)(0),                   // 9: dsec.v1.RunStatus
+	(CommandStatus)(0),               // 10: dsec.v1.CommandStatus
+	(*SandboxKind)(nil),              // 11: dsec.v1.SandboxKind
+	(*NodeInfo)(nil),                 // 12: dsec.v1.NodeInfo
+	(*SandboxSpec)(nil),              // 13: dsec.v1.SandboxSpec
+	(*Sandbox)(nil),                  // 14: dsec.v1.Sandbox
+	(*PauseStats)(nil),               // 15: dsec.v1.PauseStats
+	(*PauseRequest)(nil),             // 16: dsec.v1.PauseRequest
+	(*PauseResponse)(nil),            // 17: dsec.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 18: dsec.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 19: dsec.v1.ResumeResponse
+	(*SetTimeoutRequest)(nil),        // 20: dsec.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),       // 21: dsec.v1.SetTimeoutResponse
+	(*MetricsRequest)(nil),           // 22: dsec.v1.MetricsRequest
+	(*SandboxMetrics)(nil),           // 23: dsec.v1.SandboxMetrics
+	(*CreateRequest)(nil),            // 24: dsec.v1.CreateRequest
+	(*CreateResponse)(nil),           // 25: dsec.v1.CreateResponse
+	(*GetRequest)(nil),               // 26: dsec.v1.GetRequest
+	(*ListRequest)(nil),              // 27: dsec.v1.ListRequest
+	(*ListResponse)(nil),             // 28: dsec.v1.ListResponse
+	(*SetWarmPoolRequest)(nil),       // 29: dsec.v1.SetWarmPoolRequest
+	(*WarmPool)(nil),                 // 30: dsec.v1.WarmPool
+	(*ListWarmPoolsRequest)(nil),     // 31: dsec.v1.ListWarmPoolsRequest
+	(*ListWarmPoolsResponse)(nil),    // 32: dsec.v1.ListWarmPoolsResponse
+	(*DeleteRequest)(nil),            // 33: dsec.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 34: dsec.v1.DeleteResponse
+	(*ExecRequest)(nil),              // 35: dsec.v1.ExecRequest
+	(*ExecEvent)(nil),                // 36: dsec.v1.ExecEvent
+	(*ExecDropped)(nil),              // 37: dsec.v1.ExecDropped
+	(*ExecStarted)(nil),              // 38: dsec.v1.ExecStarted
+	(*ExecExited)(nil),               // 39: dsec.v1.ExecExited
+	(*AttachRequest)(nil),            // 40: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),        // 41: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 42: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),            // 43: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),           // 44: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),     // 45: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),              // 46: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),    // 47: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),        // 48: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),  // 49: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil), // 50: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),      // 51: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),     // 52: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),               // 53: dsec.v1.ShellInput
+	(*ShellStart)(nil),               // 54: dsec.v1.ShellStart
+	(*TerminalSize)(nil),             // 55: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),              // 56: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                 // 57: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),          // 58: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 59: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 60: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 61: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),           // 62: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 63: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),              // 64: dsec.v1.StatRequest
+	(*StatResponse)(nil),             // 65: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),            // 66: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 67: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),           // 68: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 69: dsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),              // 70: dsec.v1.MoveRequest
+	(*MoveResponse)(nil),             // 71: dsec.v1.MoveResponse
+	(*WatchDirRequest)(nil),          // 72: dsec.v1.WatchDirRequest
+	(*WatchEvent)(nil),               // 73: dsec.v1.WatchEvent
+	(*UploadRequest)(nil),            // 74: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),           // 75: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),          // 76: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),            // 77: dsec.v1.DownloadChunk
+	(*Layer)(nil),                    // 78: dsec.v1.Layer
+	(*SnapshotInfo)(nil),             // 79: dsec.v1.SnapshotInfo
+	(*SnapshotRequest)(nil),          // 80: dsec.v1.SnapshotRequest
+	(*ListSnapshotsRequest)(nil),     // 81: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 82: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),    // 83: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 84: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),              // 85: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                // 86: dsec.v1.ForkChild
+	(*ForkResponse)(nil),             // 87: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),       // 88: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),       // 89: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),        // 90: dsec.v1.UploadLayerHeader
+	(*ListLayersRequest)(nil),        // 91: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 92: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 93: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 94: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 95: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 96: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 97: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 98: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 99: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 100: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 101: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 102: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 103: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 104: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 105: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 106: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 107: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 108: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),           // 109: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),            // 110: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),          // 111: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),      // 112: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),     // 113: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                 // 114: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),     // 115: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),    // 116: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),     // 117: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),               // 118: dsec.v1.ServerInfo
+	nil,                              // 119: dsec.v1.NodeInfo.MissingEntry
+	nil,                              // 120: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 121: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 122: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 123: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 124: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 125: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 126: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                              // 127: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                              // 128: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                              // 129: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	4,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	3,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
-	10,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	118, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	11,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
+	119, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	3,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	119, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	120, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	121, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	120, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	121, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	122, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	2,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	4,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
-	12,  // 10: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
+	13,  // 10: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
 	0,   // 11: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
 	1,   // 12: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
-	14,  // 13: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
-	13,  // 14: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
-	13,  // 15: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
-	13,  // 16: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
-	12,  // 17: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	13,  // 18: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	122, // 19: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	15,  // 13: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
+	14,  // 14: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	14,  // 15: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
+	14,  // 16: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
+	13,  // 17: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	14,  // 18: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	123, // 19: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 20: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
-	13,  // 21: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	12,  // 22: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
-	12,  // 23: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
-	29,  // 24: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	123, // 25: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	37,  // 26: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	38,  // 27: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	36,  // 28: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
+	14,  // 21: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	13,  // 22: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
+	13,  // 23: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
+	30,  // 24: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
+	124, // 25: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	38,  // 26: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	39,  // 27: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	37,  // 28: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
 	5,   // 29: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	38,  // 30: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	45,  // 31: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	53,  // 32: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	54,  // 33: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	124, // 34: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	54,  // 35: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	38,  // 36: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	56,  // 37: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	56,  // 38: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	56,  // 39: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
-	6,   // 40: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
-	7,   // 41: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	78,  // 42: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
-	78,  // 43: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
-	78,  // 44: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	13,  // 45: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	78,  // 46: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	85,  // 47: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	7,   // 48: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	89,  // 49: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	7,   // 50: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	77,  // 51: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	94,  // 52: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	125, // 53: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	100, // 54: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	105, // 55: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	106, // 56: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	126, // 57: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	127, // 58: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	9,   // 59: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	8,   // 60: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	109, // 61: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	109, // 62: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	128, // 63: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	108, // 64: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	110, // 65: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	113, // 66: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	11,  // 67: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	23,  // 68: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	25,  // 69: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	26,  // 70: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	32,  // 71: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	15,  // 72: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	17,  // 73: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	19,  // 74: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	21,  // 75: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	79,  // 76: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	80,  // 77: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	82,  // 78: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	84,  // 79: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	34,  // 80: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	39,  // 81: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	40,  // 82: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	42,  // 83: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	44,  // 84: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	47,  // 85: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	48,  // 86: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	50,  // 87: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	52,  // 88: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	57,  // 89: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	59,  // 90: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	61,  // 91: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	63,  // 92: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	65,  // 93: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	67,  // 94: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	69,  // 95: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	71,  // 96: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	73,  // 97: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	75,  // 98: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	97,  // 99: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	99,  // 100: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	28,  // 101: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	30,  // 102: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	116, // 103: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	108, // 104: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	111, // 105: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	114, // 106: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	87,  // 107: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	88,  // 108: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	90,  // 109: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	92,  // 110: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	95,  // 111: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	102, // 112: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	104, // 113: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	24,  // 114: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	13,  // 115: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	27,  // 116: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	33,  // 117: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	16,  // 118: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	18,  // 119: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	20,  // 120: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	22,  // 121: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	78,  // 122: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	81,  // 123: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	83,  // 124: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	86,  // 125: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	35,  // 126: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	35,  // 127: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	41,  // 128: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	43,  // 129: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	46,  // 130: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	35,  // 131: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	49,  // 132: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	51,  // 133: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	55,  // 134: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	58,  // 135: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	60,  // 136: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	62,  // 137: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	64,  // 138: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	66,  // 139: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	68,  // 140: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	70,  // 141: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	72,  // 142: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	74,  // 143: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	76,  // 144: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	98,  // 145: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	101, // 146: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	29,  // 147: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	31,  // 148: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	117, // 149: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	110, // 150: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	112, // 151: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	115, // 152: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	77,  // 153: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	77,  // 154: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	91,  // 155: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	93,  // 156: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	96,  // 157: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	103, // 158: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	107, // 159: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	114, // [114:160] is the sub-list for method output_type
-	68,  // [68:114] is the sub-list for method input_type
-	68,  // [68:68] is the sub-list for extension type_name
-	68,  // [68:68] is the sub-list for extension extendee
-	0,   // [0:68] is the sub-list for field type_name
+	6,   // 30: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
+	39,  // 31: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	46,  // 32: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	54,  // 33: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	55,  // 34: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	125, // 35: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	55,  // 36: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	39,  // 37: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	57,  // 38: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	57,  // 39: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	57,  // 40: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
+	7,   // 41: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
+	8,   // 42: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	79,  // 43: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	79,  // 44: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
+	79,  // 45: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	14,  // 46: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	79,  // 47: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	86,  // 48: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	8,   // 49: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	90,  // 50: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	8,   // 51: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	78,  // 52: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	95,  // 53: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	126, // 54: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	101, // 55: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	106, // 56: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	107, // 57: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	127, // 58: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	128, // 59: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	10,  // 60: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	9,   // 61: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	110, // 62: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	110, // 63: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	129, // 64: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	6,   // 65: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	109, // 66: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	111, // 67: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	114, // 68: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	12,  // 69: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	24,  // 70: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	26,  // 71: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	27,  // 72: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	33,  // 73: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	16,  // 74: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	18,  // 75: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	20,  // 76: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	22,  // 77: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	80,  // 78: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	81,  // 79: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	83,  // 80: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	85,  // 81: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	35,  // 82: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	40,  // 83: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	41,  // 84: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	43,  // 85: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	45,  // 86: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	48,  // 87: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	49,  // 88: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	51,  // 89: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	53,  // 90: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	58,  // 91: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	60,  // 92: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	62,  // 93: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	64,  // 94: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	66,  // 95: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	68,  // 96: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	70,  // 97: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	72,  // 98: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	74,  // 99: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	76,  // 100: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	98,  // 101: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	100, // 102: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	29,  // 103: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	31,  // 104: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	117, // 105: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	109, // 106: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	112, // 107: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	115, // 108: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	88,  // 109: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	89,  // 110: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	91,  // 111: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	93,  // 112: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	96,  // 113: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	103, // 114: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	105, // 115: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	25,  // 116: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	14,  // 117: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	28,  // 118: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	34,  // 119: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	17,  // 120: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	19,  // 121: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	21,  // 122: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	23,  // 123: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	79,  // 124: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	82,  // 125: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	84,  // 126: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	87,  // 127: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	36,  // 128: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	36,  // 129: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	42,  // 130: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	44,  // 131: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	47,  // 132: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	36,  // 133: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	50,  // 134: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	52,  // 135: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	56,  // 136: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	59,  // 137: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	61,  // 138: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	63,  // 139: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	65,  // 140: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	67,  // 141: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	69,  // 142: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	71,  // 143: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	73,  // 144: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	75,  // 145: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	77,  // 146: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	99,  // 147: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	102, // 148: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	30,  // 149: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	32,  // 150: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	118, // 151: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	111, // 152: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	113, // 153: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	116, // 154: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	78,  // 155: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	78,  // 156: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	92,  // 157: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	94,  // 158: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	97,  // 159: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	104, // 160: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	108, // 161: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	116, // [116:162] is the sub-list for method output_type
+	70,  // [70:116] is the sub-list for method input_type
+	70,  // [70:70] is the sub-list for extension type_name
+	70,  // [70:70] is the sub-list for extension extendee
+	0,   // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -9160,7 +9275,7 @@ func file_dsec_v1_dsec_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
-			NumEnums:      10,
+			NumEnums:      11,
 			NumMessages:   119,
 			NumExtensions: 0,
 			NumServices:   3,
