@@ -10,7 +10,9 @@
 //     backends, capacity and certificate fingerprint, and when it was last seen;
 //   - IAM: the project tree, principals, their role bindings and API tokens
 //     (stored as SHA-256 only), each project's quota and use, and the audit
-//     trail of management calls (package iam holds the rules they follow).
+//     trail of management calls (package iam holds the rules they follow);
+//   - the project each layer, image, snapshot and warm pool belongs to, the
+//     bytes charged for it, and the projects it is shared with.
 //
 // Store is the pluggable backend interface. Open picks an implementation by
 // its DSN: SQLite (one file, what the all-in-one dsecd uses under its root)
@@ -155,6 +157,9 @@ type Store interface {
 	// Projects, principals, role bindings, tokens (iam.go), quotas
 	// (quota.go) and the audit trail (audit.go).
 	IAM
+	// Which project each layer, image, snapshot and warm pool belongs to,
+	// and its shares (objects.go).
+	Objects
 
 	// Close releases the store's connections.
 	Close() error

@@ -35,6 +35,8 @@ var iamCases = []struct {
 	{"QuotaRate", testQuotaRate},
 	{"SetUse", testSetUse},
 	{"Audit", testAudit},
+	{"Objects", testObjects},
+	{"ObjectClaimRace", testObjectClaimRace},
 }
 
 // iamReplicaCases need two Stores on one database.
