@@ -60,7 +60,8 @@ func audited(procedure string) bool {
 		"/dsec.v1.SandboxService/Fork", "/dsec.v1.SandboxService/SetNetworkRules",
 		"/dsec.v1.SandboxService/SetWarmPool",
 		"/dsec.v1.LayerService/ImportLayer", "/dsec.v1.LayerService/UploadLayer",
-		"/dsec.v1.LayerService/RemoveLayer", "/dsec.v1.LayerService/ImportImage":
+		"/dsec.v1.LayerService/RemoveLayer", "/dsec.v1.LayerService/ImportImage",
+		"/dsec.v1.LayerService/ShareLayer":
 		return true
 	}
 	return false

@@ -51,8 +51,9 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 }
 
 // authInterceptor authenticates every call and authorises its operation
-// (iam.Allow with the role ops.go names for the procedure, on the project
-// the call targets: the token's own until objects carry theirs), then
+// (iam.Allow with the role ops.go names for the procedure, on the token's
+// project; an operation on a layer, image, snapshot or pool only needs the
+// role somewhere, and its handler decides on the object's project), then
 // puts the caller's authority in the context (iam.WithAuthority) for the
 // handlers. The refusal never echoes the token; forged, expired and
 // revoked tokens and refused operations are logged with the peer's
@@ -106,7 +107,12 @@ func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer conn
 	if strings.HasPrefix(spec.Procedure, "/dsec.v1.IAMService/") {
 		return withOp(iam.WithAuthority(ctx, au), iam.Op(spec.Procedure)), au, nil
 	}
-	if err := iam.Allow(au, iam.Op(spec.Procedure), au.Project); err != nil {
+	allow := iam.Allow(au, iam.Op(spec.Procedure), au.Project)
+	if objectScoped[spec.Procedure] {
+		// Decided by the handler on the object's project (objects.go).
+		allow = allowSomewhere(au, iam.Op(spec.Procedure))
+	}
+	if err := allow; err != nil {
 		a.log.Warn("call refused", "peer", peer.Addr, "procedure", spec.Procedure, "principal", au.Principal, "err", err)
 		a.audit.add(au, spec.Procedure, "", peer.Addr, err)
 		return nil, au, err

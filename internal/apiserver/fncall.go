@@ -108,6 +108,12 @@ func (s *Server) RunCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dsec
 }
 
 func (f *fnService) runCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dsecv1.RunCodeResponse, error) {
+	if env := req.GetEnvironment(); env != "" {
+		// Another project's layers are not the caller's to run in.
+		if err := f.s.usable(ctx, env); err != nil {
+			return nil, err
+		}
+	}
 	var out *dsecv1.RunCodeResponse
 	err := f.tryNodes("run code", func(node string, e watcher.Edge) (bool, error) {
 		c := f.flight(node)

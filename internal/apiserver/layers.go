@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -12,7 +13,9 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/layerupload"
+	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
 
@@ -93,8 +96,54 @@ func onRoutable[Res any](ls *layerService, call func(e watcher.Edge) (*connect.R
 }
 
 // ImportLayer imports a path on one node per blob store; the others adopt
-// the layer.
+// the layer. The layer goes to the request's project (or the token's),
+// whose quota is charged its bytes.
 func (ls *layerService) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	c, project, err := ls.claimLayer(ctx, "/dsec.v1.LayerService/ImportLayer", req.Msg.GetRef(), req.Msg.GetProject())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := ls.importLayer(ctx, req)
+	if err != nil {
+		c.fail(ctx)
+		return nil, err
+	}
+	return ls.madeLayer(ctx, c, project, resp.Msg)
+}
+
+// claimLayer decides where a layer called ref goes (the project named, or
+// the token's: the caller must hold builder there) and claims its name.
+func (ls *layerService) claimLayer(ctx context.Context, op iam.Op, ref, named string) (*claim, string, error) {
+	project, err := targetProject(ctx, op, named)
+	if err != nil {
+		return nil, "", err
+	}
+	name := objectName(ref)
+	if name == "" && project != "" {
+		return nil, "", fmt.Errorf("a layer of project %s needs a ref (name:tag): a layer without a name is the root's: %w", iam.Display(project), errdefs.ErrInvalidArgument)
+	}
+	c, err := ls.s.claimObject(ctx, store.ObjectLayer, name, project)
+	if err != nil {
+		return nil, "", err
+	}
+	return c, project, nil
+}
+
+// madeLayer records the bytes of a layer just made and charges them; past
+// the quota the layer is removed again and the refusal returned.
+func (ls *layerService) madeLayer(ctx context.Context, c *claim, project string, l *dsecv1.Layer) (*connect.Response[dsecv1.Layer], error) {
+	undo := func(ctx context.Context) error {
+		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: c.o.Name}))
+		return err
+	}
+	if err := c.done(ctx, l.GetSize(), undo); err != nil {
+		return nil, err
+	}
+	l.Project = project
+	return connect.NewResponse(l), nil
+}
+
+func (ls *layerService) importLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
 	nodes, err := ls.nodes()
 	if err != nil {
 		return nil, err
@@ -135,21 +184,29 @@ func (ls *layerService) UploadLayer(ctx context.Context, stream *connect.ClientS
 	if err != nil {
 		return nil, err
 	}
+	c, project, err := ls.claimLayer(ctx, "/dsec.v1.LayerService/UploadLayer", h.GetRef(), h.GetProject())
+	if err != nil {
+		return nil, err
+	}
+	l, err := ls.uploadLayer(ctx, h, layerupload.Replay(first, stream))
+	if err != nil {
+		c.fail(ctx)
+		return nil, err
+	}
+	return ls.madeLayer(ctx, c, project, l)
+}
+
+func (ls *layerService) uploadLayer(ctx context.Context, h *dsecv1.UploadLayerHeader, in layerupload.Stream) (*dsecv1.Layer, error) {
 	nodes, err := ls.nodes()
 	if err != nil {
 		return nil, err
 	}
-	in := layerupload.Replay(first, stream)
 	if len(nodes) == 1 {
 		up, ok := nodes[0].Edge.(layerUploader)
 		if !ok {
 			return nil, fmt.Errorf("upload layer %s: node %s takes no uploads: %w", h.GetRef(), nodes[0].Name, errdefs.ErrNotSupported)
 		}
-		l, err := up.UploadLayerFrom(ctx, in)
-		if err != nil {
-			return nil, err
-		}
-		return connect.NewResponse(l), nil
+		return up.UploadLayerFrom(ctx, in)
 	}
 	groups := importGroups(nodes)
 	all, err := uploadTo(ctx, leads(groups), in)
@@ -163,7 +220,7 @@ func (ls *layerService) UploadLayer(ctx context.Context, stream *connect.ClientS
 	if err := adoptAll(ctx, groups, h.GetRef(), layerDigests(all), nil); err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(out), nil
+	return out, nil
 }
 
 // sameLayer checks that the nodes built one layer from one source and
@@ -197,7 +254,33 @@ func layerDigests(all []*dsecv1.Layer) [][]string {
 	return out
 }
 
+// ListLayers lists the layers the caller sees, each with the names it sees
+// (docs/iam.md).
 func (ls *layerService) ListLayers(ctx context.Context, req *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
+	layers, err := ls.visibleLayers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.ListLayersResponse{Layers: layers}), nil
+}
+
+// visibleLayers is every node's layers as the caller sees them.
+func (ls *layerService) visibleLayers(ctx context.Context) ([]*dsecv1.Layer, error) {
+	layers, err := ls.allLayers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ix, err := ls.s.objectIndex(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a, check := caller(ctx, iam.Viewer)
+	return filterLayers(a, check, ix, layers), nil
+}
+
+// allLayers is every node's layers, merged by digest.
+func (ls *layerService) allLayers(ctx context.Context) ([]*dsecv1.Layer, error) {
+	req := connect.NewRequest(&dsecv1.ListLayersRequest{})
 	all, err := onRoutable(ls, func(e watcher.Edge) (*connect.Response[dsecv1.ListLayersResponse], error) {
 		return e.ListLayers(ctx, req)
 	})
@@ -218,7 +301,7 @@ func (ls *layerService) ListLayers(ctx context.Context, req *connect.Request[dse
 			out.Layers = append(out.Layers, l)
 		}
 	}
-	return connect.NewResponse(out), nil
+	return out.Layers, nil
 }
 
 // mergeSnapshots adds to have the snapshots of more it lacks, by name.
@@ -232,8 +315,61 @@ func mergeSnapshots(have, more []*dsecv1.SnapshotInfo) []*dsecv1.SnapshotInfo {
 }
 
 // RemoveLayer removes the layer from every node that has it; a node where
-// a live sandbox runs on it refuses, and the layer stays there.
+// a live sandbox runs on it refuses, and the layer stays there. Only a
+// builder of the layer's project removes it (of every project its names
+// belong to, for a digest); its bytes go back to the project's quota.
 func (ls *layerService) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
+	names, err := ls.removable(ctx, req.Msg.GetRef())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := ls.removeLayer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		ls.s.forget(ctx, n)
+	}
+	return resp, nil
+}
+
+// removable decides whether the caller may remove ref and returns the
+// names its removal takes away: ref, or every name of a digest's layer.
+func (ls *layerService) removable(ctx context.Context, ref string) ([]string, error) {
+	name := objectName(ref)
+	if !strings.HasPrefix(name, "sha256:") {
+		_, _, err := ls.s.manage(ctx, kindOf(name, store.ObjectLayer), name)
+		return []string{name}, err
+	}
+	all, err := ls.allLayers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, l := range all {
+		if l.GetDigest() == name {
+			names = layerNames(l)
+		}
+	}
+	a, check := caller(ctx, iam.Builder)
+	if len(names) == 0 && check {
+		if a.On("") < iam.Viewer {
+			return nil, hiddenObject(store.ObjectLayer, name)
+		}
+		return nil, fmt.Errorf("layer %s has no name and so is the root's: removing it needs builder on the root: %w", name, errdefs.ErrPermissionDenied)
+	}
+	for _, n := range names {
+		if _, _, err := ls.s.manage(ctx, kindOf(n, store.ObjectLayer), n); err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				return nil, hiddenObject(store.ObjectLayer, name)
+			}
+			return nil, err
+		}
+	}
+	return names, nil
+}
+
+func (ls *layerService) removeLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
 	nodes, err := ls.nodes()
 	if err != nil {
 		return nil, err
@@ -268,10 +404,17 @@ func (ls *layerService) ListEnvironments(ctx context.Context, req *connect.Reque
 	if err != nil {
 		return nil, err
 	}
+	seen, err := ls.envFilter(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := &dsecv1.ListEnvironmentsResponse{}
 	byName := map[string]*dsecv1.Environment{}
 	for _, resp := range all {
 		for _, e := range resp.GetEnvironments() {
+			if !seen(e.GetName()) {
+				continue
+			}
 			if have := byName[e.GetName()]; have != nil {
 				have.Sandboxes += e.GetSandboxes()
 				have.LastUsedUnixMs = max(have.LastUsedUnixMs, e.GetLastUsedUnixMs())
@@ -284,10 +427,59 @@ func (ls *layerService) ListEnvironments(ctx context.Context, req *connect.Reque
 	return connect.NewResponse(out), nil
 }
 
-// ImportImage imports on one node per blob store at once, the caller
+// envFilter is whether the caller sees an environment: every part of its
+// name.
+func (ls *layerService) envFilter(ctx context.Context) (func(env string) bool, error) {
+	a, check := caller(ctx, iam.Viewer)
+	if !check {
+		return func(string) bool { return true }, nil
+	}
+	ix, err := ls.s.objectIndex(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return func(env string) bool { return visibleEnv(a, ix, env) }, nil
+}
+
+// ImportImage imports the image into the request's project (or the
+// token's), whose quota is charged the bytes of its layers.
+func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
+	project, err := targetProject(ctx, "/dsec.v1.LayerService/ImportImage", req.Msg.GetProject())
+	if err != nil {
+		return err
+	}
+	name := objectName(req.Msg.GetRef())
+	c, err := ls.s.claimObject(ctx, store.ObjectImage, name, project)
+	if err != nil {
+		return err
+	}
+	if err := ls.importImage(ctx, req, out); err != nil {
+		c.fail(ctx)
+		return err
+	}
+	var bytes int64
+	if name != "" && ls.s.cfg.Objects != nil {
+		all, err := ls.allLayers(context.WithoutCancel(ctx))
+		if err != nil {
+			return fmt.Errorf("import image %s: count its bytes: %w", name, err)
+		}
+		for _, l := range all {
+			if slices.ContainsFunc(l.GetImages(), func(i string) bool { return objectName(i) == name }) {
+				bytes += l.GetSize()
+			}
+		}
+	}
+	undo := func(ctx context.Context) error {
+		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: name}))
+		return err
+	}
+	return c.done(ctx, bytes, undo)
+}
+
+// importImage imports on one node per blob store at once, the caller
 // seeing the first one's progress; then the other nodes adopt the image
 // ("adopt"), and the first one's result ends the stream.
-func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
+func (ls *layerService) importImage(ctx context.Context, req *connect.Request[dsecv1.ImportImageRequest], out *connect.ServerStream[dsecv1.ImportImageProgress]) error {
 	nodes, err := ls.nodes()
 	if err != nil {
 		return err
@@ -424,7 +616,32 @@ func (ls *layerService) LayerStats(ctx context.Context, req *connect.Request[dse
 			have.Sandboxes += e.GetSandboxes()
 		}
 	}
+	if err := ls.statsSeen(ctx, out); err != nil {
+		return nil, err
+	}
 	return connect.NewResponse(out), nil
+}
+
+// statsSeen keeps of st the layers and environments the caller sees.
+func (ls *layerService) statsSeen(ctx context.Context, st *dsecv1.LayerStatsResponse) error {
+	if _, check := caller(ctx, iam.Viewer); !check {
+		return nil
+	}
+	layers, err := ls.visibleLayers(ctx)
+	if err != nil {
+		return err
+	}
+	digests := map[string]bool{}
+	for _, l := range layers {
+		digests[l.GetDigest()] = true
+	}
+	st.Layers = slices.DeleteFunc(st.Layers, func(l *dsecv1.LayerUsage) bool { return !digests[l.GetDigest()] })
+	seen, err := ls.envFilter(ctx)
+	if err != nil {
+		return err
+	}
+	st.Environments = slices.DeleteFunc(st.Environments, func(e *dsecv1.EnvironmentUsage) bool { return !seen(e.GetName()) })
+	return nil
 }
 
 // mergeStrings appends to a the strings of b it lacks.

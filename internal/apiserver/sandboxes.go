@@ -45,6 +45,9 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 	if err := placeInProject(ctx, msg.GetSpec()); err != nil {
 		return nil, err
 	}
+	if err := s.usable(ctx, msg.GetSpec().GetEnvironment()); err != nil {
+		return nil, err
+	}
 	wait := time.Duration(msg.GetWaitSeconds()) * time.Second
 	if wait <= 0 {
 		wait = 60 * time.Second

@@ -97,6 +97,10 @@ type Config struct {
 	// it is deleted or its create fails, and set from the edges' truth by
 	// every reconciliation sweep (quotas.go).
 	Quotas Quotas
+	// Objects, when set, records the project each layer, image and
+	// snapshot belongs to, the bytes charged for it (to Quotas) and whom
+	// it is shared with (objects.go); without it every one is the root's.
+	Objects store.Objects
 	// Audit, when set, receives a record of every management call and
 	// every refused call, written apart from the calls by RunAudit.
 	Audit Auditor

@@ -31,13 +31,42 @@ func (s *Server) Snapshot(ctx context.Context, req *connect.Request[dsecv1.Snaps
 	if req.Msg.GetSandboxId() == "" || req.Msg.GetName() == "" {
 		return nil, fmt.Errorf("snapshot: sandbox_id and name are required: %w", errdefs.ErrInvalidArgument)
 	}
-	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
+	project, err := targetProject(ctx, "/dsec.v1.SandboxService/Snapshot", req.Msg.GetProject())
+	if err != nil {
+		return nil, err
+	}
+	return s.snapshot(ctx, req, project)
+}
+
+// snapshot takes a snapshot into project, which is charged its bytes
+// (snapshot_bytes); past the quota it is deleted again.
+func (s *Server) snapshot(ctx context.Context, req *connect.Request[dsecv1.SnapshotRequest], project string) (*connect.Response[dsecv1.SnapshotInfo], error) {
+	name := "snap:" + req.Msg.GetName()
+	c, err := s.claimObject(ctx, store.ObjectSnapshot, name, project)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
 		return e.Snapshot
 	})
+	if err != nil {
+		c.fail(ctx)
+		return nil, err
+	}
+	ls := &layerService{s: s}
+	undo := func(ctx context.Context) error {
+		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: name}))
+		return err
+	}
+	if err := c.done(ctx, resp.Msg.GetSize(), undo); err != nil {
+		return nil, err
+	}
+	resp.Msg.Project = project
+	return resp, nil
 }
 
 // ListSnapshots lists the snapshots of every routable node's layers, once
-// each.
+// each: those the caller sees.
 func (s *Server) ListSnapshots(ctx context.Context, req *connect.Request[dsecv1.ListSnapshotsRequest]) (*connect.Response[dsecv1.ListSnapshotsResponse], error) {
 	ls := &layerService{s: s}
 	layers, err := ls.ListLayers(ctx, connect.NewRequest(&dsecv1.ListLayersRequest{}))
@@ -71,6 +100,9 @@ func (s *Server) DeleteSnapshot(ctx context.Context, req *connect.Request[dsecv1
 	}
 	ls := &layerService{s: s}
 	if _, err := ls.RemoveLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: "snap:" + name})); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, fmt.Errorf("delete snapshot %s: %w", name, hiddenObject(store.ObjectSnapshot, name))
+		}
 		return nil, fmt.Errorf("delete snapshot %s: %w", name, err)
 	}
 	return connect.NewResponse(&dsecv1.DeleteSnapshotResponse{}), nil
@@ -103,7 +135,8 @@ func (s *Server) Fork(ctx context.Context, req *connect.Request[dsecv1.ForkReque
 	if name == "" {
 		name = fmt.Sprintf("fork-%s-%d", m.GetSandboxId(), time.Now().UnixMilli())
 	}
-	snap, err := s.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: m.GetSandboxId(), Name: name, Exclude: m.GetExclude()}))
+	// The fork's snapshot belongs to the source's project.
+	snap, err := s.snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: m.GetSandboxId(), Name: name, Exclude: m.GetExclude()}), projectOf(src))
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", m.GetSandboxId(), err)
 	}

@@ -3,11 +3,14 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/watcher"
 )
 
@@ -24,6 +27,18 @@ func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.Se
 	}
 	if m.GetSize() < 0 || m.GetSize() > maxWarmPoolSize {
 		return nil, fmt.Errorf("size %d is outside 0..%d: %w", m.GetSize(), maxWarmPoolSize, errdefs.ErrInvalidArgument)
+	}
+	// A pool belongs to a project as a sandbox does (the spec's
+	// ProjectLabel: the one named, else the token's; builder there), and
+	// serves that project's creates only.
+	m.Spec = proto.Clone(m.GetSpec()).(*dsecv1.SandboxSpec)
+	if err := placeInProject(ctx, m.Spec); err != nil {
+		return nil, err
+	}
+	if m.GetSize() > 0 {
+		if err := s.usable(ctx, m.GetSpec().GetEnvironment()); err != nil {
+			return nil, err
+		}
 	}
 	all := s.routable()
 	if len(all) == 0 {
@@ -57,7 +72,8 @@ func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.Se
 	return connect.NewResponse(first), nil
 }
 
-// ListWarmPools lists every node's warm pools.
+// ListWarmPools lists every node's warm pools the caller sees: those of
+// its projects, and the root's.
 func (s *Server) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.ListWarmPoolsRequest]) (*connect.Response[dsecv1.ListWarmPoolsResponse], error) {
 	out := &dsecv1.ListWarmPoolsResponse{}
 	for _, n := range s.routable() {
@@ -66,6 +82,12 @@ func (s *Server) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.
 			return nil, fmt.Errorf("list warm pools of node %s: %w", n.Name, err)
 		}
 		out.Pools = append(out.Pools, ps.Msg.GetPools()...)
+	}
+	if a, check := caller(ctx, iam.Viewer); check {
+		out.Pools = slices.DeleteFunc(out.Pools, func(p *dsecv1.WarmPool) bool {
+			project := projectOf(&dsecv1.Sandbox{Spec: p.GetSpec()})
+			return project != "" && a.On(project) < iam.Viewer
+		})
 	}
 	return connect.NewResponse(out), nil
 }

@@ -19,6 +19,7 @@ import (
 func (a *app) imageCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "import OCI images as environments"}
 	var insecure, allowSetuid bool
+	var project string
 	var collapse int64
 	imp := &cobra.Command{
 		Use:   "import NAME:TAG SOURCE",
@@ -43,7 +44,7 @@ layers it had finished.`,
 				}
 			}
 			stream, err := a.c.Layers.ImportImage(cmd.Context(), connect.NewRequest(&dsecv1.ImportImageRequest{
-				Ref: args[0], Source: src, Insecure: insecure, CollapseBelowBytes: collapse, AllowSetuid: allowSetuid,
+				Ref: args[0], Source: src, Insecure: insecure, CollapseBelowBytes: collapse, AllowSetuid: allowSetuid, Project: project,
 			}))
 			if err != nil {
 				return err
@@ -76,7 +77,9 @@ layers it had finished.`,
 	imp.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to the registry (loopback test registries)")
 	imp.Flags().Int64Var(&collapse, "collapse-below", 0, "merge consecutive layers while their total stays below this many bytes (0: node default, <0: never)")
 	imp.Flags().BoolVar(&allowSetuid, "allow-setuid", false, "keep setuid and setgid files")
-	cmd.AddCommand(imp, a.imageLsCommand())
+	imp.Flags().StringVar(&project, "project", "", "the project the image belongs to (builder there; default the token's), charged its layers' bytes")
+	share, unshare := a.shareCommands("image", "NAME:TAG", "")
+	cmd.AddCommand(imp, a.imageLsCommand(), share, unshare)
 	return cmd
 }
 

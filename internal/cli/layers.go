@@ -21,7 +21,7 @@ import (
 
 func (a *app) layerCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "layer", Short: "manage the node's layers"}
-	var kind string
+	var kind, project string
 	var allowSetuid, upload bool
 	imp := &cobra.Command{
 		Use:   "import --kind base|workspace|toolkit NAME:TAG PATH",
@@ -38,11 +38,11 @@ func (a *app) layerCommand() *cobra.Command {
 			}
 			var layer *dsecv1.Layer
 			if upload {
-				layer, err = a.uploadLayer(cmd.Context(), &dsecv1.UploadLayerHeader{Ref: args[0], Kind: dsecv1.LayerKind(k), AllowSetuid: allowSetuid}, p)
+				layer, err = a.uploadLayer(cmd.Context(), &dsecv1.UploadLayerHeader{Ref: args[0], Kind: dsecv1.LayerKind(k), AllowSetuid: allowSetuid, Project: project}, p)
 			} else {
 				var resp *connect.Response[dsecv1.Layer]
 				resp, err = a.c.Layers.ImportLayer(cmd.Context(), connect.NewRequest(&dsecv1.ImportLayerRequest{
-					Ref: args[0], Kind: dsecv1.LayerKind(k), Path: p, AllowSetuid: allowSetuid,
+					Ref: args[0], Kind: dsecv1.LayerKind(k), Path: p, AllowSetuid: allowSetuid, Project: project,
 				}))
 				if err == nil {
 					layer = resp.Msg
@@ -61,6 +61,7 @@ func (a *app) layerCommand() *cobra.Command {
 	}
 	imp.Flags().StringVar(&kind, "kind", "base", "layer kind: base, workspace or toolkit")
 	imp.Flags().BoolVar(&allowSetuid, "allow-setuid", false, "keep setuid and setgid files")
+	imp.Flags().StringVar(&project, "project", "", "the project the layer belongs to (builder there; default the token's), charged its bytes")
 	imp.Flags().BoolVar(&upload, "upload", false, "stream PATH (a tree, packed as it is sent, or a tar archive) from this machine, rather than name a path on the daemon's")
 
 	ls := &cobra.Command{
@@ -76,12 +77,13 @@ func (a *app) layerCommand() *cobra.Command {
 				return a.printProto(resp.Msg)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "REFS\tKIND\tDIGEST\tSIZE\tCREATED")
+			fmt.Fprintln(tw, "REFS\tKIND\tDIGEST\tSIZE\tCREATED\tPROJECT\tSHARED WITH")
 			for _, l := range resp.Msg.GetLayers() {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", strings.Join(l.GetRefs(), ","),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", strings.Join(l.GetRefs(), ","),
 					strings.ToLower(strings.TrimPrefix(l.GetKind().String(), "LAYER_KIND_")),
 					shortDigest(l.GetDigest()), humanBytes(l.GetSize()),
-					time.UnixMilli(l.GetCreatedUnixMs()).Format(time.DateTime))
+					time.UnixMilli(l.GetCreatedUnixMs()).Format(time.DateTime),
+					displayProject(l.GetProject()), strings.Join(l.GetSharedWith(), ","))
 			}
 			return tw.Flush()
 		},
@@ -99,8 +101,51 @@ func (a *app) layerCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(imp, ls, rm, a.layerStatsCommand())
+	share, unshare := a.shareCommands("layer", "NAME:TAG", "")
+	cmd.AddCommand(imp, ls, rm, share, unshare, a.layerStatsCommand())
 	return cmd
+}
+
+// shareCommands are `share` and `unshare` of a layer, an image or (with
+// prefix "snap:") a snapshot: read-only for another project.
+func (a *app) shareCommands(what, arg, prefix string) (share, unshare *cobra.Command) {
+	mk := func(verb string, un bool) *cobra.Command {
+		var with string
+		short := fmt.Sprintf("share a %s of your project with project --with, read-only: it may list it, make sandboxes from it and fork them, not remove, overwrite or share it", what)
+		if un {
+			short = fmt.Sprintf("take a share of a %s away", what)
+		}
+		c := &cobra.Command{
+			Use:   verb + " " + arg + " --with PROJECT",
+			Short: short,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				if with == "" {
+					return fmt.Errorf("--with PROJECT is required")
+				}
+				resp, err := a.c.Layers.ShareLayer(cmd.Context(), connect.NewRequest(&dsecv1.ShareLayerRequest{Ref: prefix + args[0], Project: with, Unshare: un}))
+				if err != nil {
+					return err
+				}
+				if a.json {
+					return a.printProto(resp.Msg)
+				}
+				fmt.Fprintf(a.stdout, "%s shared with: %s\n", args[0], strings.Join(resp.Msg.GetSharedWith(), ","))
+				return nil
+			},
+		}
+		c.Flags().StringVar(&with, "with", "", "the project (a path; / the root)")
+		return c
+	}
+	return mk("share", false), mk("unshare", true)
+}
+
+// displayProject is a project's path as ls shows it: the root as /.
+func displayProject(p string) string {
+	if p == "" {
+		return "/"
+	}
+	return p
 }
 
 func (a *app) envCommand() *cobra.Command {

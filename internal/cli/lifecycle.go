@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -138,18 +139,21 @@ func (a *app) each(ctx context.Context, verb string, ids []string, call func(ctx
 
 func (a *app) snapshotCommand() *cobra.Command {
 	var exclude []string
+	var project string
 	cmd := &cobra.Command{
-		Use:   "snapshot [--exclude PATH]... ID NAME | snapshot ls | snapshot rm NAME...",
+		Use:   "snapshot [--exclude PATH]... [--project P] ID NAME | snapshot ls | snapshot rm NAME... | snapshot share|unshare NAME --with P",
 		Short: "pack a sandbox's file system into a layer, snap:NAME, that new sandboxes start from",
 		Long: `Snapshot freezes the sandbox while its writable layer is captured (a paused
 one is resumed first), thaws it, and packs the capture into a layer, snap:NAME,
 in the blob store. It prints the environment that restores it,
 BASE[+LAYER...]+snap:NAME, for dsec create or run, on any node that shares the
 blob store. --exclude leaves out the sandbox's changes under a path (build
-residue, reference answers, caches). No processes or memory are kept.`,
+residue, reference answers, caches). No processes or memory are kept.
+The snapshot belongs to --project (default the token's; builder there), which
+is charged its bytes; "snapshot share NAME --with P" lets project P use it.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			resp, err := a.c.Sandboxes.Snapshot(cmd.Context(), connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: args[0], Name: args[1], Exclude: exclude}))
+			resp, err := a.c.Sandboxes.Snapshot(cmd.Context(), connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: args[0], Name: args[1], Exclude: exclude, Project: project}))
 			if err != nil {
 				return err
 			}
@@ -164,6 +168,9 @@ residue, reference answers, caches). No processes or memory are kept.`,
 		},
 	}
 	cmd.Flags().StringArrayVar(&exclude, "exclude", nil, "leave out the sandbox's changes under PATH (repeatable)")
+	cmd.Flags().StringVar(&project, "project", "", "the project the snapshot belongs to (builder there; default the token's), charged its bytes")
+	share, unshare := a.shareCommands("snapshot", "NAME", "snap:")
+	cmd.AddCommand(share, unshare)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "ls",
 		Short: "list snapshots",
@@ -177,11 +184,12 @@ residue, reference answers, caches). No processes or memory are kept.`,
 				return a.printProto(resp.Msg)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tFROM\tFROZEN\tCREATED\tENVIRONMENT")
+			fmt.Fprintln(tw, "NAME\tSIZE\tFROM\tFROZEN\tCREATED\tENVIRONMENT\tPROJECT\tSHARED WITH")
 			for _, s := range resp.Msg.GetSnapshots() {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetName(), humanBytes(s.GetSize()), s.GetSourceSandbox(),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.GetName(), humanBytes(s.GetSize()), s.GetSourceSandbox(),
 					(time.Duration(s.GetFrozenUs()) * time.Microsecond).Round(time.Millisecond),
-					time.UnixMilli(s.GetCreatedUnixMs()).Format(time.DateTime), s.GetEnvironment())
+					time.UnixMilli(s.GetCreatedUnixMs()).Format(time.DateTime), s.GetEnvironment(),
+					displayProject(s.GetProject()), strings.Join(s.GetSharedWith(), ","))
 			}
 			return tw.Flush()
 		},

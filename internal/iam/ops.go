@@ -83,6 +83,7 @@ var needs = map[Op]Role{
 	"/dsec.v1.LayerService/ListEnvironments": Viewer,
 	"/dsec.v1.LayerService/ImportImage":      Builder,
 	"/dsec.v1.LayerService/LayerStats":       Viewer,
+	"/dsec.v1.LayerService/ShareLayer":       Builder,
 
 	// Management. Granting, minting and setting quotas have further rules
 	// (CheckGrant, CheckMint, CheckQuota) beyond the role.

@@ -648,14 +648,22 @@ func (c *Client) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics
 // stands still only while its writable layer is captured. The result's
 // Environment restores it: Create(ctx, info.GetEnvironment(), ...).
 func (c *Client) Snapshot(ctx context.Context, id, name string, exclude ...string) (*dsecv1.SnapshotInfo, error) {
-	resp, err := c.sb.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: id, Name: name, Exclude: exclude}))
+	return c.SnapshotTo(ctx, id, name, "", exclude...)
+}
+
+// SnapshotTo is Snapshot into project (a path; "" the token's), on which
+// the caller holds builder: the snapshot belongs to it and its bytes are
+// charged to its quota (snapshot_bytes).
+func (c *Client) SnapshotTo(ctx context.Context, id, name, project string, exclude ...string) (*dsecv1.SnapshotInfo, error) {
+	resp, err := c.sb.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: id, Name: name, Exclude: exclude, Project: project}))
 	if err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %s as %s: %w", id, name, fromConnect(err, false))
 	}
 	return resp.Msg, nil
 }
 
-// ListSnapshots lists every snapshot.
+// ListSnapshots lists every snapshot the token sees: its projects', those
+// shared with them, and the root's.
 func (c *Client) ListSnapshots(ctx context.Context) ([]*dsecv1.SnapshotInfo, error) {
 	var resp *connect.Response[dsecv1.ListSnapshotsResponse]
 	err := c.unary(ctx, true, func(ctx context.Context) (err error) {
@@ -781,7 +789,8 @@ func (c *Client) Reap(ctx context.Context, labels map[string]string) (int, error
 	return len(sbs), first
 }
 
-// ListLayers lists the node's layers.
+// ListLayers lists the layers the token sees (its projects', those shared
+// with them, and the root's), each with the names it sees.
 func (c *Client) ListLayers(ctx context.Context) ([]*dsecv1.Layer, error) {
 	var out []*dsecv1.Layer
 	err := c.unary(ctx, true, func(ctx context.Context) error {
@@ -808,6 +817,10 @@ type LayerOptions struct {
 	// holds the whole archive; an edge refuses one over its
 	// --max-upload-bytes.
 	Upload bool
+	// Project is the project the layer belongs to (a path; "" the
+	// token's), on which the caller holds builder; its bytes are charged
+	// to the project's quota (layer_bytes).
+	Project string
 }
 
 // ImportLayer builds a layer named ref from a directory or tar archive on
@@ -821,18 +834,73 @@ func (c *Client) ImportLayer(ctx context.Context, ref string, kind dsecv1.LayerK
 		o = &LayerOptions{}
 	}
 	if o.Upload {
-		l, err := c.uploadLayer(ctx, &dsecv1.UploadLayerHeader{Ref: ref, Kind: kind, AllowSetuid: o.AllowSetuid}, path)
+		l, err := c.uploadLayer(ctx, &dsecv1.UploadLayerHeader{Ref: ref, Kind: kind, AllowSetuid: o.AllowSetuid, Project: o.Project}, path)
 		if err != nil {
 			return nil, fmt.Errorf("upload layer %s: %w", ref, err)
 		}
 		return l, nil
 	}
-	req := &dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path, AllowSetuid: o.AllowSetuid}
+	req := &dsecv1.ImportLayerRequest{Ref: ref, Kind: kind, Path: path, AllowSetuid: o.AllowSetuid, Project: o.Project}
 	r, err := c.layers.ImportLayer(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("import layer %s: %w", ref, fromConnect(err, false))
 	}
 	return r.Msg, nil
+}
+
+// RemoveLayer removes a layer's ref (name:tag; the layer goes with its
+// last ref), an image, or a layer by digest, from every node. Only a
+// builder of the layer's project removes it; its bytes go back to the
+// project's quota.
+func (c *Client) RemoveLayer(ctx context.Context, ref string) error {
+	_, err := c.layers.RemoveLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: ref}))
+	if err != nil {
+		return fmt.Errorf("remove layer %s: %w", ref, fromConnect(err, false))
+	}
+	return nil
+}
+
+// ShareLayer shares a layer or an image (name:tag) of a project the token
+// holds builder on with project (a path), read-only: that project and
+// everything under it may list it, make sandboxes from it and fork them,
+// never remove, overwrite or share it. It returns the projects ref is
+// shared with now. Sharing again changes nothing.
+func (c *Client) ShareLayer(ctx context.Context, ref, project string) ([]string, error) {
+	return c.share(ctx, ref, project, false)
+}
+
+// UnshareLayer takes a share away; one that is not there changes nothing.
+func (c *Client) UnshareLayer(ctx context.Context, ref, project string) ([]string, error) {
+	return c.share(ctx, ref, project, true)
+}
+
+// ShareSnapshot is ShareLayer of snapshot name (its layer snap:NAME).
+func (c *Client) ShareSnapshot(ctx context.Context, name, project string) ([]string, error) {
+	return c.share(ctx, "snap:"+name, project, false)
+}
+
+// UnshareSnapshot is UnshareLayer of snapshot name.
+func (c *Client) UnshareSnapshot(ctx context.Context, name, project string) ([]string, error) {
+	return c.share(ctx, "snap:"+name, project, true)
+}
+
+func (c *Client) share(ctx context.Context, ref, project string, unshare bool) ([]string, error) {
+	var out []string
+	err := c.unary(ctx, true, func(ctx context.Context) error {
+		r, err := c.layers.ShareLayer(ctx, connect.NewRequest(&dsecv1.ShareLayerRequest{Ref: ref, Project: project, Unshare: unshare}))
+		if err == nil {
+			out = r.Msg.GetSharedWith()
+		}
+		return err
+	})
+	verb := "share"
+	if unshare {
+		verb = "unshare"
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s with project %s: %w", verb, ref, project, err)
+	}
+	return out, nil
 }
 
 // ListEnvironments lists the environments sandboxes were made from.

@@ -87,6 +87,10 @@ type ImageOptions struct {
 	Insecure      bool  // plain HTTP to the registry
 	CollapseBelow int64 // merge consecutive layers below this total; 0 node default, <0 never
 	AllowSetuid   bool
+	// Project is the project the image belongs to (a path; "" the
+	// token's), on which the caller holds builder; the bytes of its
+	// layers are charged to the project's quota (layer_bytes).
+	Project string
 	// Progress, if set, gets every progress message.
 	Progress func(*dsecv1.ImportImageProgress)
 }
@@ -102,7 +106,7 @@ func (c *Client) ImportImage(ctx context.Context, ref, source string, o *ImageOp
 	ctx, cancel := withTimeout(ctx, time.Hour)
 	defer cancel()
 	stream, err := c.layers.ImportImage(ctx, connect.NewRequest(&dsecv1.ImportImageRequest{
-		Ref: ref, Source: source, Insecure: o.Insecure, CollapseBelowBytes: o.CollapseBelow, AllowSetuid: o.AllowSetuid}))
+		Ref: ref, Source: source, Insecure: o.Insecure, CollapseBelowBytes: o.CollapseBelow, AllowSetuid: o.AllowSetuid, Project: o.Project}))
 	if err != nil {
 		return nil, fmt.Errorf("import image %s: %w", ref, fromConnect(err, false))
 	}

@@ -38,7 +38,10 @@ func warmPoolOf(p *dsecv1.WarmPool) *WarmPool {
 // SetWarmPool keeps size sandboxes of env with options o started and idle,
 // so that a Create of the same shape takes one instead of starting a
 // container. The shape is the spec without Labels, TTL and IdleTimeout
-// (after node defaults), so those may differ between the pool and a Create.
+// (after node defaults), so those may differ between the pool and a Create,
+// but for the label dsec.dev/project: a pool belongs to a project (the one
+// that label names, else the token's; the caller holds builder there) and
+// serves that project's creates only.
 // Size 0 removes the pool and its idle sandboxes. NetworkRules must be
 // empty; o's Timeout and IdempotencyKey are not used.
 func (c *Client) SetWarmPool(ctx context.Context, env string, size int, o *CreateOptions) (*WarmPool, error) {

@@ -14,6 +14,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 )
 
 // Warm pools keep sandboxes of one shape started and idle, so that a create
@@ -61,10 +62,15 @@ func (p *pool) status(node string, now time.Time) *dsecv1.WarmPool {
 }
 
 // shapeOf is what a create must match to take a pooled sandbox: the spec
-// with defaults applied, minus what is set at take time.
+// with defaults applied, minus what is set at take time. The project
+// label stays: a pool belongs to a project and serves its creates only.
 func shapeOf(spec *dsecv1.SandboxSpec) *dsecv1.SandboxSpec {
 	s := cloneSpec(spec)
+	project, ok := s.Labels[iam.ProjectLabel]
 	s.Labels = nil
+	if ok {
+		s.Labels = map[string]string{iam.ProjectLabel: project}
+	}
 	s.TtlSeconds = 0
 	s.IdleTimeoutSeconds = 0
 	return s

@@ -654,6 +654,16 @@ class AsyncClient(IAMCalls):
         it keep it until they go)."""
         await self._call("DeleteSnapshot", {"name": name}, timeout, idempotent=True)
 
+    async def share_snapshot(self, name: str, project: str, *, timeout: Optional[float] = None) -> List[str]:
+        """Share snapshot name of a project the token holds builder on with
+        project, read-only (see share_layer). Returns the projects it is
+        shared with now."""
+        return await self.share_layer("snap:" + name, project, timeout=timeout)
+
+    async def unshare_snapshot(self, name: str, project: str, *, timeout: Optional[float] = None) -> List[str]:
+        """Take a share of snapshot name away."""
+        return await self.unshare_layer("snap:" + name, project, timeout=timeout)
+
     # --- warm pools ---
 
     async def set_warm_pool(self, env: str, size: int, *, backend: str = "container",
@@ -696,15 +706,20 @@ class AsyncClient(IAMCalls):
         return resp.get("layers", [])
 
     async def import_layer(self, ref: str, path: str, *, kind: str = "base", allow_setuid: bool = False,
-                           upload: bool = False, timeout: float = 600.0) -> Dict[str, Any]:
+                           upload: bool = False, project: Optional[str] = None,
+                           timeout: float = 600.0) -> Dict[str, Any]:
         """Build a layer from a directory or tar archive on the daemon's host,
         or, with upload=True, on this machine: the tree is streamed as a tar
         archive packed as it is sent (an archive file as it is), never held
         whole, as a client of a cluster does. An edge refuses an archive over
-        its --max-upload-bytes (ResourceExhausted)."""
+        its --max-upload-bytes (ResourceExhausted). The layer belongs to
+        project (a path; default the token's), on which the token holds
+        builder, and its bytes are charged to that project's quota."""
         header: Dict[str, Any] = {"ref": ref, "kind": "LAYER_KIND_" + kind.upper()}
         if allow_setuid:
             header["allowSetuid"] = True
+        if project:
+            header["project"] = project
         if upload:
             return await self._t.client_stream(LAYERS, "UploadLayer", _upload_messages(header, path),
                                                timeout=self._to(timeout))
@@ -713,12 +728,29 @@ class AsyncClient(IAMCalls):
     async def remove_layer(self, ref: str, *, timeout: Optional[float] = None) -> None:
         await self._call("RemoveLayer", {"ref": ref}, timeout, service=LAYERS)
 
+    async def share_layer(self, ref: str, project: str, *, timeout: Optional[float] = None) -> List[str]:
+        """Share a layer or image (name:tag) of a project the token holds
+        builder on with project, read-only: that project and everything
+        under it may list it, make sandboxes from it and fork them, never
+        remove, overwrite or share it. Returns the projects it is shared
+        with now; sharing again changes nothing."""
+        resp = await self._call("ShareLayer", {"ref": ref, "project": project}, timeout,
+                                idempotent=True, service=LAYERS)
+        return list(resp.get("sharedWith", []))
+
+    async def unshare_layer(self, ref: str, project: str, *, timeout: Optional[float] = None) -> List[str]:
+        """Take a share away; one that is not there changes nothing."""
+        resp = await self._call("ShareLayer", {"ref": ref, "project": project, "unshare": True}, timeout,
+                                idempotent=True, service=LAYERS)
+        return list(resp.get("sharedWith", []))
+
     async def list_environments(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         resp = await self._call("ListEnvironments", {}, timeout, idempotent=True, service=LAYERS)
         return resp.get("environments", [])
 
     async def import_image(self, ref: str, source: str, *, insecure: bool = False,
                            collapse_below: int = 0, allow_setuid: bool = False,
+                           project: Optional[str] = None,
                            on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
                            timeout: Optional[float] = 3600.0) -> Dict[str, Any]:
         """Import an OCI image as the environment ref (name:tag).
@@ -735,6 +767,8 @@ class AsyncClient(IAMCalls):
             msg["collapseBelowBytes"] = str(int(collapse_below))
         if allow_setuid:
             msg["allowSetuid"] = True
+        if project:
+            msg["project"] = project
         stream = await self._t.stream(LAYERS, "ImportImage", msg, timeout=self._to(timeout))
         last: Dict[str, Any] = {}
         try:
@@ -1013,15 +1047,20 @@ class Sandbox:
         return await self.client._call("Metrics", {"sandboxId": self.id}, timeout, idempotent=True)
 
     async def snapshot(self, name: str, *, exclude: Optional[Iterable[str]] = None,
+                       project: Optional[str] = None,
                        timeout: Optional[float] = 600) -> Dict[str, Any]:
         """Pack the sandbox's file system into layer snap:NAME (the paper's
         pack_diff). The sandbox stands still only while its writable layer
         is captured; exclude leaves out its changes under those paths.
         Returns the SnapshotInfo as a dict; its "environment" restores it:
-        client.create(info["environment"])."""
+        client.create(info["environment"]). It belongs to project (a path;
+        default the token's), on which the token holds builder, and its
+        bytes are charged to that project's quota (snapshot_bytes)."""
         msg: Dict[str, Any] = {"sandboxId": self.id, "name": name}
         if exclude:
             msg["exclude"] = list(exclude)
+        if project:
+            msg["project"] = project
         return await self.client._call("Snapshot", msg, timeout)
 
     async def fork(self, n: int, *, exclude: Optional[Iterable[str]] = None, name: Optional[str] = None,

@@ -105,6 +105,12 @@ class Client:
     def delete_snapshot(self, name: str, **kw) -> None:
         self._run(self._a.delete_snapshot(name, **kw))
 
+    def share_snapshot(self, name: str, project: str, **kw) -> List[str]:
+        return self._run(self._a.share_snapshot(name, project, **kw))
+
+    def unshare_snapshot(self, name: str, project: str, **kw) -> List[str]:
+        return self._run(self._a.unshare_snapshot(name, project, **kw))
+
     def pause(self, id: str, **kw) -> Dict[str, Any]:
         return self._run(self._a.pause(id, **kw))
 
@@ -184,6 +190,12 @@ class Client:
 
     def remove_layer(self, ref: str, *, timeout: Optional[float] = None) -> None:
         self._run(self._a.remove_layer(ref, timeout=timeout))
+
+    def share_layer(self, ref: str, project: str, **kw) -> List[str]:
+        return self._run(self._a.share_layer(ref, project, **kw))
+
+    def unshare_layer(self, ref: str, project: str, **kw) -> List[str]:
+        return self._run(self._a.unshare_layer(ref, project, **kw))
 
     def list_environments(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         return self._run(self._a.list_environments(timeout=timeout))

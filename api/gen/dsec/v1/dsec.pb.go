@@ -5365,7 +5365,11 @@ type Layer struct {
 	Snapshots []*SnapshotInfo `protobuf:"bytes,9,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
 	// The imported images (NAME:TAG, ImportImage) whose layers include this
 	// one, sorted: what dsec image ls lists.
-	Images        []string `protobuf:"bytes,10,rep,name=images,proto3" json:"images,omitempty"`
+	Images []string `protobuf:"bytes,10,rep,name=images,proto3" json:"images,omitempty"`
+	// The project of the layer's first ref (see docs/iam.md); "" the root.
+	Project string `protobuf:"bytes,11,opt,name=project,proto3" json:"project,omitempty"`
+	// The projects that ref is shared with, read-only.
+	SharedWith    []string `protobuf:"bytes,12,rep,name=shared_with,json=sharedWith,proto3" json:"shared_with,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5470,6 +5474,20 @@ func (x *Layer) GetImages() []string {
 	return nil
 }
 
+func (x *Layer) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *Layer) GetSharedWith() []string {
+	if x != nil {
+		return x.SharedWith
+	}
+	return nil
+}
+
 // A snapshot: a sandbox's file system at one point, kept as a layer
 // (snap:NAME) in the blob store, usable on every node that shares it. No
 // processes and no memory are kept: a sandbox made from it starts fresh
@@ -5491,6 +5509,8 @@ type SnapshotInfo struct {
 	PackMs        int64    `protobuf:"varint,11,opt,name=pack_ms,json=packMs,proto3" json:"pack_ms,omitempty"`                     // building the layer, after the source ran on
 	Excluded      []string `protobuf:"bytes,12,rep,name=excluded,proto3" json:"excluded,omitempty"`                                // paths of exclude the sandbox had changed, left out
 	Warnings      []string `protobuf:"bytes,13,rep,name=warnings,proto3" json:"warnings,omitempty"`                                // what was left out besides (sockets, device nodes)
+	Project       string   `protobuf:"bytes,14,opt,name=project,proto3" json:"project,omitempty"`                                  // the project it belongs to; "" the root
+	SharedWith    []string `protobuf:"bytes,15,rep,name=shared_with,json=sharedWith,proto3" json:"shared_with,omitempty"`          // the projects it is shared with, read-only
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5616,6 +5636,20 @@ func (x *SnapshotInfo) GetWarnings() []string {
 	return nil
 }
 
+func (x *SnapshotInfo) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetSharedWith() []string {
+	if x != nil {
+		return x.SharedWith
+	}
+	return nil
+}
+
 type SnapshotRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -5625,7 +5659,10 @@ type SnapshotRequest struct {
 	// Paths inside the sandbox whose changes are left out (build residue,
 	// reference answers, caches), with everything under them. Absolute, no
 	// "..": anything else is InvalidArgument.
-	Exclude       []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	Exclude []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	// The project the snapshot belongs to (a path); the caller must hold
+	// builder there. "" = the token's project.
+	Project       string `protobuf:"bytes,4,opt,name=project,proto3" json:"project,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5679,6 +5716,13 @@ func (x *SnapshotRequest) GetExclude() []string {
 		return x.Exclude
 	}
 	return nil
+}
+
+func (x *SnapshotRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
 }
 
 type ListSnapshotsRequest struct {
@@ -6027,11 +6071,14 @@ func (x *ForkResponse) GetChildren() []*ForkChild {
 }
 
 type ImportLayerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag
-	Kind          LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
-	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // directory or tar archive on the daemon's host
-	AllowSetuid   bool                   `protobuf:"varint,4,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Ref         string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag
+	Kind        LayerKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=dsec.v1.LayerKind" json:"kind,omitempty"`
+	Path        string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // directory or tar archive on the daemon's host
+	AllowSetuid bool                   `protobuf:"varint,4,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	// The project the layer belongs to (a path); the caller must hold
+	// builder there. "" = the token's project.
+	Project       string `protobuf:"bytes,6,opt,name=project,proto3" json:"project,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6092,6 +6139,13 @@ func (x *ImportLayerRequest) GetAllowSetuid() bool {
 		return x.AllowSetuid
 	}
 	return false
+}
+
+func (x *ImportLayerRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
 }
 
 // One message of an UploadLayer stream: the header first, alone, then the
@@ -6205,7 +6259,9 @@ type UploadLayerHeader struct {
 	// The archive's size when the caller knows it (a file): one over the
 	// limit is refused before it is sent. 0 = not known (a tree packed as it
 	// is sent).
-	Size          int64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	Size int64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	// The project the layer belongs to, as ImportLayerRequest.project.
+	Project       string `protobuf:"bytes,5,opt,name=project,proto3" json:"project,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6268,6 +6324,119 @@ func (x *UploadLayerHeader) GetSize() int64 {
 	return 0
 }
 
+func (x *UploadLayerHeader) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+// ShareLayerRequest shares ref (name:tag, an image's name:tag, or
+// snap:NAME) with project, or takes the share away.
+type ShareLayerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"` // a path; "/" is the root
+	Unshare       bool                   `protobuf:"varint,3,opt,name=unshare,proto3" json:"unshare,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareLayerRequest) Reset() {
+	*x = ShareLayerRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareLayerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareLayerRequest) ProtoMessage() {}
+
+func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareLayerRequest.ProtoReflect.Descriptor instead.
+func (*ShareLayerRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *ShareLayerRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *ShareLayerRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ShareLayerRequest) GetUnshare() bool {
+	if x != nil {
+		return x.Unshare
+	}
+	return false
+}
+
+type ShareLayerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SharedWith    []string               `protobuf:"bytes,1,rep,name=shared_with,json=sharedWith,proto3" json:"shared_with,omitempty"` // the projects ref is shared with now
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareLayerResponse) Reset() {
+	*x = ShareLayerResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareLayerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareLayerResponse) ProtoMessage() {}
+
+func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareLayerResponse.ProtoReflect.Descriptor instead.
+func (*ShareLayerResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *ShareLayerResponse) GetSharedWith() []string {
+	if x != nil {
+		return x.SharedWith
+	}
+	return nil
+}
+
 type ListLayersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -6276,7 +6445,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6288,7 +6457,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6301,7 +6470,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 type ListLayersResponse struct {
@@ -6313,7 +6482,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6325,7 +6494,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6338,7 +6507,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -6357,7 +6526,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6369,7 +6538,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6382,7 +6551,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -6400,7 +6569,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6412,7 +6581,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6425,7 +6594,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 type Environment struct {
@@ -6440,7 +6609,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6452,7 +6621,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6465,7 +6634,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *Environment) GetName() string {
@@ -6504,7 +6673,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6516,7 +6685,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6529,7 +6698,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 type ListEnvironmentsResponse struct {
@@ -6541,7 +6710,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6553,7 +6722,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6566,7 +6735,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -6587,7 +6756,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6599,7 +6768,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6612,7 +6781,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -6645,7 +6814,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6657,7 +6826,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6670,7 +6839,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -6691,7 +6860,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6703,7 +6872,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6716,7 +6885,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -6758,7 +6927,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6770,7 +6939,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6783,7 +6952,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -6865,7 +7034,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6877,7 +7046,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6890,7 +7059,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -6910,13 +7079,16 @@ type ImportImageRequest struct {
 	// below this; 0 = node default (3 GiB); <0 = never merge.
 	CollapseBelowBytes int64 `protobuf:"varint,4,opt,name=collapse_below_bytes,json=collapseBelowBytes,proto3" json:"collapse_below_bytes,omitempty"`
 	AllowSetuid        bool  `protobuf:"varint,5,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The project the image belongs to (a path); the caller must hold
+	// builder there. "" = the token's project.
+	Project       string `protobuf:"bytes,6,opt,name=project,proto3" json:"project,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6928,7 +7100,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6941,7 +7113,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -6979,6 +7151,13 @@ func (x *ImportImageRequest) GetAllowSetuid() bool {
 	return false
 }
 
+func (x *ImportImageRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
 type ImportImageProgress struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Phase         string                 `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`  // resolve, fetch, build, upload, adopt (the other nodes of a cluster), done
@@ -6997,7 +7176,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7009,7 +7188,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7022,7 +7201,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -7103,7 +7282,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7115,7 +7294,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7128,7 +7307,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 type LayerUsage struct {
@@ -7155,7 +7334,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7167,7 +7346,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7180,7 +7359,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -7308,7 +7487,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7320,7 +7499,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7333,7 +7512,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -7383,7 +7562,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7395,7 +7574,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7408,7 +7587,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -7467,7 +7646,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7479,7 +7658,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7492,7 +7671,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -7590,7 +7769,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7602,7 +7781,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7615,7 +7794,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -7693,7 +7872,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7705,7 +7884,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7718,7 +7897,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -7786,7 +7965,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7798,7 +7977,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7811,7 +7990,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -7830,7 +8009,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7842,7 +8021,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7855,7 +8034,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -7880,7 +8059,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7892,7 +8071,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7905,7 +8084,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *Language) GetName() string {
@@ -7965,7 +8144,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7977,7 +8156,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7990,7 +8169,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
 }
 
 type ListLanguagesResponse struct {
@@ -8002,7 +8181,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8014,7 +8193,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8027,7 +8206,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -8045,7 +8224,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8057,7 +8236,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8070,7 +8249,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
 }
 
 type ServerInfo struct {
@@ -8092,7 +8271,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8104,7 +8283,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8117,7 +8296,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -8552,7 +8731,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x06offset\x18\x04 \x01(\x03R\x06offset\x12#\n" +
 	"\rprefix_crc32c\x18\x05 \x01(\rR\fprefixCrc32c\"#\n" +
 	"\rDownloadChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xcb\x02\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x86\x03\n" +
 	"\x05Layer\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
@@ -8564,7 +8743,10 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bsnapshot\x18\b \x01(\v2\x15.dsec.v1.SnapshotInfoR\bsnapshot\x123\n" +
 	"\tsnapshots\x18\t \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\x12\x16\n" +
 	"\x06images\x18\n" +
-	" \x03(\tR\x06images\"\xfe\x02\n" +
+	" \x03(\tR\x06images\x12\x18\n" +
+	"\aproject\x18\v \x01(\tR\aproject\x12\x1f\n" +
+	"\vshared_with\x18\f \x03(\tR\n" +
+	"sharedWith\"\xb9\x03\n" +
 	"\fSnapshotInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05layer\x18\x02 \x01(\tR\x05layer\x12 \n" +
@@ -8579,12 +8761,16 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	" \x01(\tR\rcaptureMethod\x12\x17\n" +
 	"\apack_ms\x18\v \x01(\x03R\x06packMs\x12\x1a\n" +
 	"\bexcluded\x18\f \x03(\tR\bexcluded\x12\x1a\n" +
-	"\bwarnings\x18\r \x03(\tR\bwarnings\"^\n" +
+	"\bwarnings\x18\r \x03(\tR\bwarnings\x12\x18\n" +
+	"\aproject\x18\x0e \x01(\tR\aproject\x12\x1f\n" +
+	"\vshared_with\x18\x0f \x03(\tR\n" +
+	"sharedWith\"x\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
-	"\aexclude\x18\x03 \x03(\tR\aexclude\"\x16\n" +
+	"\aexclude\x18\x03 \x03(\tR\aexclude\x12\x18\n" +
+	"\aproject\x18\x04 \x01(\tR\aproject\"\x16\n" +
 	"\x14ListSnapshotsRequest\"L\n" +
 	"\x15ListSnapshotsResponse\x123\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\"+\n" +
@@ -8603,22 +8789,31 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"q\n" +
 	"\fForkResponse\x121\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x15.dsec.v1.SnapshotInfoR\bsnapshot\x12.\n" +
-	"\bchildren\x18\x02 \x03(\v2\x12.dsec.v1.ForkChildR\bchildren\"\x94\x01\n" +
+	"\bchildren\x18\x02 \x03(\v2\x12.dsec.v1.ForkChildR\bchildren\"\xae\x01\n" +
 	"\x12ImportLayerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12!\n" +
-	"\fallow_setuid\x18\x04 \x01(\bR\vallowSetuidJ\x04\b\x05\x10\x06R\aarchive\"|\n" +
+	"\fallow_setuid\x18\x04 \x01(\bR\vallowSetuid\x12\x18\n" +
+	"\aproject\x18\x06 \x01(\tR\aprojectJ\x04\b\x05\x10\x06R\aarchive\"|\n" +
 	"\x12UploadLayerRequest\x124\n" +
 	"\x06header\x18\x01 \x01(\v2\x1a.dsec.v1.UploadLayerHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12\x12\n" +
 	"\x03end\x18\x03 \x01(\bH\x00R\x03endB\x06\n" +
-	"\x04part\"\x84\x01\n" +
+	"\x04part\"\x9e\x01\n" +
 	"\x11UploadLayerHeader\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12&\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x12.dsec.v1.LayerKindR\x04kind\x12!\n" +
 	"\fallow_setuid\x18\x03 \x01(\bR\vallowSetuid\x12\x12\n" +
-	"\x04size\x18\x04 \x01(\x03R\x04size\"\x13\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x18\n" +
+	"\aproject\x18\x05 \x01(\tR\aproject\"Y\n" +
+	"\x11ShareLayerRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x18\n" +
+	"\aunshare\x18\x03 \x01(\bR\aunshare\"5\n" +
+	"\x12ShareLayerResponse\x12\x1f\n" +
+	"\vshared_with\x18\x01 \x03(\tR\n" +
+	"sharedWith\"\x13\n" +
 	"\x11ListLayersRequest\"<\n" +
 	"\x12ListLayersResponse\x12&\n" +
 	"\x06layers\x18\x01 \x03(\v2\x0e.dsec.v1.LayerR\x06layers\"&\n" +
@@ -8663,13 +8858,14 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04rule\x18\n" +
 	" \x01(\tR\x04rule\"C\n" +
 	"\x12NetworkLogResponse\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.dsec.v1.NetworkEventR\x06events\"\xaf\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.dsec.v1.NetworkEventR\x06events\"\xc9\x01\n" +
 	"\x12ImportImageRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
 	"\binsecure\x18\x03 \x01(\bR\binsecure\x120\n" +
 	"\x14collapse_below_bytes\x18\x04 \x01(\x03R\x12collapseBelowBytes\x12!\n" +
-	"\fallow_setuid\x18\x05 \x01(\bR\vallowSetuid\"\x98\x02\n" +
+	"\fallow_setuid\x18\x05 \x01(\bR\vallowSetuid\x12\x18\n" +
+	"\aproject\x18\x06 \x01(\tR\aproject\"\x98\x02\n" +
 	"\x13ImportImageProgress\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x14\n" +
 	"\x05layer\x18\x02 \x01(\x05R\x05layer\x12\x16\n" +
@@ -8912,7 +9108,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\rFnCallService\x12<\n" +
 	"\aRunCode\x12\x17.dsec.v1.RunCodeRequest\x1a\x18.dsec.v1.RunCodeResponse\x12K\n" +
 	"\fRunCodeBatch\x12\x1c.dsec.v1.RunCodeBatchRequest\x1a\x1d.dsec.v1.RunCodeBatchResponse\x12S\n" +
-	"\rListLanguages\x12\x1d.dsec.v1.ListLanguagesRequest\x1a\x1e.dsec.v1.ListLanguagesResponse\"\x03\x90\x02\x012\x94\x04\n" +
+	"\rListLanguages\x12\x1d.dsec.v1.ListLanguagesRequest\x1a\x1e.dsec.v1.ListLanguagesResponse\"\x03\x90\x02\x012\xe0\x04\n" +
 	"\fLayerService\x12:\n" +
 	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
 	"\vUploadLayer\x12\x1b.dsec.v1.UploadLayerRequest\x1a\x0e.dsec.v1.Layer(\x01\x12J\n" +
@@ -8922,7 +9118,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x10ListEnvironments\x12 .dsec.v1.ListEnvironmentsRequest\x1a!.dsec.v1.ListEnvironmentsResponse\"\x03\x90\x02\x01\x12J\n" +
 	"\vImportImage\x12\x1b.dsec.v1.ImportImageRequest\x1a\x1c.dsec.v1.ImportImageProgress0\x01\x12J\n" +
 	"\n" +
-	"LayerStats\x12\x1a.dsec.v1.LayerStatsRequest\x1a\x1b.dsec.v1.LayerStatsResponse\"\x03\x90\x02\x01B&Z$dsec.dev/dsec/api/gen/dsec/v1;dsecv1b\x06proto3"
+	"LayerStats\x12\x1a.dsec.v1.LayerStatsRequest\x1a\x1b.dsec.v1.LayerStatsResponse\"\x03\x90\x02\x01\x12J\n" +
+	"\n" +
+	"ShareLayer\x12\x1a.dsec.v1.ShareLayerRequest\x1a\x1b.dsec.v1.ShareLayerResponse\"\x03\x90\x02\x02B&Z$dsec.dev/dsec/api/gen/dsec/v1;dsecv1b\x06proto3"
 
 var (
 	file_dsec_v1_dsec_proto_rawDescOnce sync.Once
@@ -8937,7 +9135,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 119)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 121)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -9030,55 +9228,57 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*ImportLayerRequest)(nil),       // 88: dsec.v1.ImportLayerRequest
 	(*UploadLayerRequest)(nil),       // 89: dsec.v1.UploadLayerRequest
 	(*UploadLayerHeader)(nil),        // 90: dsec.v1.UploadLayerHeader
-	(*ListLayersRequest)(nil),        // 91: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 92: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 93: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 94: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 95: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 96: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 97: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 98: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 99: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 100: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 101: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 102: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 103: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 104: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 105: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 106: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 107: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 108: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),           // 109: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),            // 110: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),          // 111: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),      // 112: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),     // 113: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                 // 114: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),     // 115: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),    // 116: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),     // 117: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),               // 118: dsec.v1.ServerInfo
-	nil,                              // 119: dsec.v1.NodeInfo.MissingEntry
-	nil,                              // 120: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 121: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 122: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 123: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 124: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 125: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 126: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                              // 127: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                              // 128: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                              // 129: dsec.v1.RunCodeResponse.FilesEntry
+	(*ShareLayerRequest)(nil),        // 91: dsec.v1.ShareLayerRequest
+	(*ShareLayerResponse)(nil),       // 92: dsec.v1.ShareLayerResponse
+	(*ListLayersRequest)(nil),        // 93: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 94: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 95: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 96: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 97: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 98: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 99: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 100: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 101: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 102: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 103: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 104: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 105: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 106: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 107: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 108: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 109: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 110: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),           // 111: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),            // 112: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),          // 113: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),      // 114: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),     // 115: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                 // 116: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),     // 117: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),    // 118: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),     // 119: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),               // 120: dsec.v1.ServerInfo
+	nil,                              // 121: dsec.v1.NodeInfo.MissingEntry
+	nil,                              // 122: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 123: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 124: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 125: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 126: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 127: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 128: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                              // 129: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                              // 130: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                              // 131: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	4,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	3,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	11,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	119, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	121, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	3,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	120, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	121, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	122, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	122, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	123, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	124, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	2,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	4,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	13,  // 10: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
@@ -9090,13 +9290,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	14,  // 16: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
 	13,  // 17: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	14,  // 18: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	123, // 19: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	125, // 19: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 20: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	14,  // 21: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	13,  // 22: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	13,  // 23: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	30,  // 24: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	124, // 25: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	126, // 25: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	38,  // 26: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	39,  // 27: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	37,  // 28: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
@@ -9106,7 +9306,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	46,  // 32: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	54,  // 33: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	55,  // 34: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	125, // 35: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	127, // 35: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	55,  // 36: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	39,  // 37: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	57,  // 38: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -9124,22 +9324,22 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	90,  // 50: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
 	8,   // 51: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
 	78,  // 52: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	95,  // 53: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	126, // 54: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	101, // 55: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	106, // 56: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	107, // 57: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	127, // 58: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	128, // 59: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	97,  // 53: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	128, // 54: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	103, // 55: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	108, // 56: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	109, // 57: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	129, // 58: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	130, // 59: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
 	10,  // 60: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
 	9,   // 61: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	110, // 62: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	110, // 63: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	129, // 64: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	112, // 62: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	112, // 63: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	131, // 64: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
 	6,   // 65: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	109, // 66: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	111, // 67: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	114, // 68: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	111, // 66: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	113, // 67: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	116, // 68: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
 	12,  // 69: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
 	24,  // 70: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
 	26,  // 71: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
@@ -9172,69 +9372,71 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	72,  // 98: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
 	74,  // 99: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
 	76,  // 100: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	98,  // 101: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	100, // 102: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	100, // 101: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	102, // 102: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
 	29,  // 103: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
 	31,  // 104: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	117, // 105: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	109, // 106: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	112, // 107: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	115, // 108: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	119, // 105: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	111, // 106: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	114, // 107: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	117, // 108: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
 	88,  // 109: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
 	89,  // 110: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	91,  // 111: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	93,  // 112: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	96,  // 113: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	103, // 114: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	105, // 115: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	25,  // 116: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	14,  // 117: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	28,  // 118: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	34,  // 119: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	17,  // 120: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	19,  // 121: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	21,  // 122: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	23,  // 123: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	79,  // 124: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	82,  // 125: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	84,  // 126: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	87,  // 127: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	36,  // 128: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	36,  // 129: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	42,  // 130: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	44,  // 131: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	47,  // 132: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	36,  // 133: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	50,  // 134: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	52,  // 135: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	56,  // 136: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	59,  // 137: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	61,  // 138: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	63,  // 139: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	65,  // 140: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	67,  // 141: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	69,  // 142: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	71,  // 143: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	73,  // 144: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	75,  // 145: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	77,  // 146: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	99,  // 147: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	102, // 148: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	30,  // 149: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	32,  // 150: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	118, // 151: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	111, // 152: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	113, // 153: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	116, // 154: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	78,  // 155: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	78,  // 156: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	92,  // 157: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	94,  // 158: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	97,  // 159: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	104, // 160: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	108, // 161: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	116, // [116:162] is the sub-list for method output_type
-	70,  // [70:116] is the sub-list for method input_type
+	93,  // 111: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	95,  // 112: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	98,  // 113: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	105, // 114: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	107, // 115: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	91,  // 116: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	25,  // 117: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	14,  // 118: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	28,  // 119: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	34,  // 120: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	17,  // 121: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	19,  // 122: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	21,  // 123: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	23,  // 124: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	79,  // 125: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	82,  // 126: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	84,  // 127: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	87,  // 128: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	36,  // 129: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	36,  // 130: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	42,  // 131: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	44,  // 132: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	47,  // 133: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	36,  // 134: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	50,  // 135: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	52,  // 136: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	56,  // 137: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	59,  // 138: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	61,  // 139: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	63,  // 140: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	65,  // 141: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	67,  // 142: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	69,  // 143: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	71,  // 144: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	73,  // 145: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	75,  // 146: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	77,  // 147: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	101, // 148: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	104, // 149: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	30,  // 150: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	32,  // 151: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	120, // 152: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	113, // 153: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	115, // 154: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	118, // 155: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	78,  // 156: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	78,  // 157: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	94,  // 158: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	96,  // 159: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	99,  // 160: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	106, // 161: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	110, // 162: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	92,  // 163: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	117, // [117:164] is the sub-list for method output_type
+	70,  // [70:117] is the sub-list for method input_type
 	70,  // [70:70] is the sub-list for extension type_name
 	70,  // [70:70] is the sub-list for extension extendee
 	0,   // [0:70] is the sub-list for field type_name
@@ -9269,14 +9471,14 @@ func file_dsec_v1_dsec_proto_init() {
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[99].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[101].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   119,
+			NumMessages:   121,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

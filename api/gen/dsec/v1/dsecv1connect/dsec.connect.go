@@ -153,6 +153,8 @@ const (
 	LayerServiceImportImageProcedure = "/dsec.v1.LayerService/ImportImage"
 	// LayerServiceLayerStatsProcedure is the fully-qualified name of the LayerService's LayerStats RPC.
 	LayerServiceLayerStatsProcedure = "/dsec.v1.LayerService/LayerStats"
+	// LayerServiceShareLayerProcedure is the fully-qualified name of the LayerService's ShareLayer RPC.
+	LayerServiceShareLayerProcedure = "/dsec.v1.LayerService/ShareLayer"
 )
 
 // SandboxServiceClient is a client for the dsec.v1.SandboxService service.
@@ -1460,6 +1462,13 @@ type LayerServiceClient interface {
 	ImportImage(context.Context, *connect.Request[v1.ImportImageRequest]) (*connect.ServerStreamForClient[v1.ImportImageProgress], error)
 	// LayerStats reports what sandboxes read of each layer and environment.
 	LayerStats(context.Context, *connect.Request[v1.LayerStatsRequest]) (*connect.Response[v1.LayerStatsResponse], error)
+	// ShareLayer shares a layer, an image or a snapshot (snap:NAME) of a
+	// project the caller holds builder on with another project, read-only:
+	// that project and everything under it may list it, make sandboxes and
+	// warm pools from it and fork them, never remove, overwrite or share it.
+	// With unshare set it takes the share away. Sharing again, or taking
+	// away a share that is not there, changes nothing.
+	ShareLayer(context.Context, *connect.Request[v1.ShareLayerRequest]) (*connect.Response[v1.ShareLayerResponse], error)
 }
 
 // NewLayerServiceClient constructs a client for the dsec.v1.LayerService service. By default, it
@@ -1518,6 +1527,13 @@ func NewLayerServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		shareLayer: connect.NewClient[v1.ShareLayerRequest, v1.ShareLayerResponse](
+			httpClient,
+			baseURL+LayerServiceShareLayerProcedure,
+			connect.WithSchema(layerServiceMethods.ByName("ShareLayer")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -1530,6 +1546,7 @@ type layerServiceClient struct {
 	listEnvironments *connect.Client[v1.ListEnvironmentsRequest, v1.ListEnvironmentsResponse]
 	importImage      *connect.Client[v1.ImportImageRequest, v1.ImportImageProgress]
 	layerStats       *connect.Client[v1.LayerStatsRequest, v1.LayerStatsResponse]
+	shareLayer       *connect.Client[v1.ShareLayerRequest, v1.ShareLayerResponse]
 }
 
 // ImportLayer calls dsec.v1.LayerService.ImportLayer.
@@ -1567,6 +1584,11 @@ func (c *layerServiceClient) LayerStats(ctx context.Context, req *connect.Reques
 	return c.layerStats.CallUnary(ctx, req)
 }
 
+// ShareLayer calls dsec.v1.LayerService.ShareLayer.
+func (c *layerServiceClient) ShareLayer(ctx context.Context, req *connect.Request[v1.ShareLayerRequest]) (*connect.Response[v1.ShareLayerResponse], error) {
+	return c.shareLayer.CallUnary(ctx, req)
+}
+
 // LayerServiceHandler is an implementation of the dsec.v1.LayerService service.
 type LayerServiceHandler interface {
 	// ImportLayer builds an EROFS layer from a directory or tar archive that is
@@ -1590,6 +1612,13 @@ type LayerServiceHandler interface {
 	ImportImage(context.Context, *connect.Request[v1.ImportImageRequest], *connect.ServerStream[v1.ImportImageProgress]) error
 	// LayerStats reports what sandboxes read of each layer and environment.
 	LayerStats(context.Context, *connect.Request[v1.LayerStatsRequest]) (*connect.Response[v1.LayerStatsResponse], error)
+	// ShareLayer shares a layer, an image or a snapshot (snap:NAME) of a
+	// project the caller holds builder on with another project, read-only:
+	// that project and everything under it may list it, make sandboxes and
+	// warm pools from it and fork them, never remove, overwrite or share it.
+	// With unshare set it takes the share away. Sharing again, or taking
+	// away a share that is not there, changes nothing.
+	ShareLayer(context.Context, *connect.Request[v1.ShareLayerRequest]) (*connect.Response[v1.ShareLayerResponse], error)
 }
 
 // NewLayerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1644,6 +1673,13 @@ func NewLayerServiceHandler(svc LayerServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	layerServiceShareLayerHandler := connect.NewUnaryHandler(
+		LayerServiceShareLayerProcedure,
+		svc.ShareLayer,
+		connect.WithSchema(layerServiceMethods.ByName("ShareLayer")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.v1.LayerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LayerServiceImportLayerProcedure:
@@ -1660,6 +1696,8 @@ func NewLayerServiceHandler(svc LayerServiceHandler, opts ...connect.HandlerOpti
 			layerServiceImportImageHandler.ServeHTTP(w, r)
 		case LayerServiceLayerStatsProcedure:
 			layerServiceLayerStatsHandler.ServeHTTP(w, r)
+		case LayerServiceShareLayerProcedure:
+			layerServiceShareLayerHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1695,4 +1733,8 @@ func (UnimplementedLayerServiceHandler) ImportImage(context.Context, *connect.Re
 
 func (UnimplementedLayerServiceHandler) LayerStats(context.Context, *connect.Request[v1.LayerStatsRequest]) (*connect.Response[v1.LayerStatsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.LayerService.LayerStats is not implemented"))
+}
+
+func (UnimplementedLayerServiceHandler) ShareLayer(context.Context, *connect.Request[v1.ShareLayerRequest]) (*connect.Response[v1.ShareLayerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.LayerService.ShareLayer is not implemented"))
 }

@@ -1,0 +1,545 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/store"
+)
+
+// Layers, images and snapshots belong to projects (docs/iam.md, "Layers,
+// images, snapshots and pools"). The metadata store records each by the
+// name an environment gives it (store.Objects) with its project, the bytes
+// charged for it and the projects it is shared with; the edges and the
+// blob store keep the bytes and know nothing of projects. The rules:
+//
+//   - an object is seen and used (listed, named in an environment, forked
+//     from) from its project and everything under it, from every project
+//     it is shared with and everything under those, and from the projects
+//     above it; the root's objects (and a name no record holds, made
+//     before objects were recorded) are seen and used by everyone;
+//   - it is removed, overwritten and shared by a builder of its project;
+//   - one a caller cannot see answers NotFound, whatever the call.
+//
+// Warm pools carry their project as sandboxes do, in the spec's
+// ProjectLabel (warmpool.go).
+
+// objectScoped are the operations the interceptor cannot decide on the
+// token's project, since they name their object's project: it checks that
+// the token holds the role somewhere, and the handler decides on the
+// object's project.
+var objectScoped = map[string]bool{
+	"/dsec.v1.LayerService/ImportLayer":      true,
+	"/dsec.v1.LayerService/UploadLayer":      true,
+	"/dsec.v1.LayerService/ImportImage":      true,
+	"/dsec.v1.LayerService/RemoveLayer":      true,
+	"/dsec.v1.LayerService/ShareLayer":       true,
+	"/dsec.v1.SandboxService/Snapshot":       true,
+	"/dsec.v1.SandboxService/DeleteSnapshot": true,
+	"/dsec.v1.SandboxService/SetWarmPool":    true,
+}
+
+// reaches reports whether a holds need on some project: its token's role
+// is need or more, and so is a binding on the token's project, above it or
+// under it.
+func reaches(a iam.Authority, need iam.Role) bool {
+	if a.Node {
+		return true
+	}
+	if a.Role < need {
+		return false
+	}
+	for _, b := range a.Bindings {
+		if b.Role >= need && (iam.Within(b.Project, a.Project) || iam.Within(a.Project, b.Project)) {
+			return true
+		}
+	}
+	return false
+}
+
+// allowSomewhere is the interceptor's check of an object-scoped operation.
+func allowSomewhere(a iam.Authority, op iam.Op) error {
+	need, ok := iam.Need(op)
+	if !ok {
+		return fmt.Errorf("operation %s has no role in the IAM table: %w", op, errdefs.ErrPermissionDenied)
+	}
+	if !reaches(a, need) {
+		return fmt.Errorf("%s needs %s on the project it names, token %s of %s holds %s: %w",
+			op, need, a.TokenID, a.Principal, min(a.Role, a.On(a.Project)), errdefs.ErrPermissionDenied)
+	}
+	return nil
+}
+
+// objectName is ref as the store records it: name:tag (":latest" when the
+// tag is left out), snap:NAME; a digest is kept as it is.
+func objectName(ref string) string {
+	ref = strings.TrimSpace(ref)
+	if ref == "" || strings.HasPrefix(ref, "sha256:") {
+		return ref
+	}
+	if i := strings.LastIndex(ref, ":"); i < 0 || strings.Contains(ref[i:], "/") {
+		return ref + ":latest"
+	}
+	return ref
+}
+
+// kindOf is the kind of object a name is: snap:NAME a snapshot, else def.
+func kindOf(name, def string) string {
+	if strings.HasPrefix(name, "snap:") {
+		return store.ObjectSnapshot
+	}
+	return def
+}
+
+// bytesResource is the quota resource an object's bytes are charged to.
+func bytesResource(kind string) store.Resource {
+	if kind == store.ObjectSnapshot {
+		return store.SnapshotBytes
+	}
+	return store.LayerBytes
+}
+
+// caller is the call's authority, and whether it must be checked: false
+// for the node's administrator, a call without the interceptor, or a token
+// whose role on the root is need or more.
+func caller(ctx context.Context, need iam.Role) (iam.Authority, bool) {
+	a, found := iam.AuthorityFrom(ctx)
+	if !found || a.Node || a.On("") >= need {
+		return a, false
+	}
+	return a, true
+}
+
+// sees reports whether a may see (list, use) o.
+func sees(a iam.Authority, o store.Object) bool {
+	if o.Project == "" || a.On(o.Project) >= iam.Viewer {
+		return true
+	}
+	for _, p := range o.SharedWith {
+		if a.On(p) >= iam.Viewer || iam.Within(a.Project, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// what names an object kind for messages.
+func what(kind string) string {
+	if kind == "" {
+		return "layer"
+	}
+	return kind
+}
+
+// hiddenObject is what a caller who may not see an object is told.
+func hiddenObject(kind, name string) error {
+	return fmt.Errorf("no %s %s: %w", what(kind), name, errdefs.ErrNotFound)
+}
+
+// object returns the record of name; a name without one is the root's
+// (found false).
+func (s *Server) object(ctx context.Context, name string) (o store.Object, found bool, err error) {
+	if s.cfg.Objects == nil {
+		return store.Object{Name: name}, false, nil
+	}
+	o, err = s.cfg.Objects.Object(ctx, name)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return store.Object{Name: name}, false, nil
+	case err != nil:
+		return store.Object{}, false, err
+	}
+	return o, true, nil
+}
+
+// manage decides whether the caller may remove, overwrite or share the
+// object called name (kind for messages): NotFound when it cannot see it,
+// PermissionDenied when it sees it read-only. It returns the record.
+func (s *Server) manage(ctx context.Context, kind, name string) (store.Object, bool, error) {
+	o, found, err := s.object(ctx, name)
+	if err != nil {
+		return o, found, err
+	}
+	a, check := caller(ctx, iam.Builder)
+	if !check {
+		return o, found, nil
+	}
+	if !sees(a, o) {
+		return o, found, hiddenObject(kind, name)
+	}
+	if !found {
+		// The root's, or no object at all: say which.
+		if exists, err := s.nameExists(ctx, name); err != nil || !exists {
+			if err == nil {
+				err = hiddenObject(kind, name)
+			}
+			return o, found, err
+		}
+	}
+	if have := a.On(o.Project); have < iam.Builder {
+		return o, found, fmt.Errorf("%s %s of project %s is read-only to token %s of %s (it holds %s there; removing, overwriting and sharing need builder): %w",
+			what(kind), name, iam.Display(o.Project), a.TokenID, a.Principal, have, errdefs.ErrPermissionDenied)
+	}
+	return o, found, nil
+}
+
+// targetProject is the project a new object goes to: named (a path), else
+// the token's; the caller must hold builder there (NotFound for a project
+// it cannot see).
+func targetProject(ctx context.Context, op iam.Op, named string) (string, error) {
+	a, found := iam.AuthorityFrom(ctx)
+	project := ""
+	if found {
+		project = a.Project
+	}
+	if named != "" {
+		p, err := iam.CleanPath(named)
+		if err != nil {
+			return "", err
+		}
+		project = p
+	}
+	if !found {
+		return project, nil
+	}
+	if err := iam.Allow(a, op, project); err != nil {
+		if errors.Is(err, errdefs.ErrPermissionDenied) && a.On(project) < iam.Viewer {
+			return "", fmt.Errorf("project %s: %w", iam.Display(project), errdefs.ErrNotFound)
+		}
+		return "", err
+	}
+	return project, nil
+}
+
+// claim is an object a call is about to make or overwrite under name in
+// project, recorded before the edges make it so that two projects never
+// make one name. Its done records the bytes made and charges them; fail
+// forgets a name the call claimed anew.
+type claim struct {
+	s       *Server
+	o       store.Object
+	claimed bool // the record is this call's
+}
+
+// claimObject records name (of kind) for project before the call makes
+// it. A name of another project is refused: AlreadyExists when the caller
+// cannot see it (names are one namespace), PermissionDenied when it sees
+// it read-only. A name without a record that the edges already hold is
+// the root's, overwritten by the root's builders only.
+func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*claim, error) {
+	if s.cfg.Objects == nil || name == "" {
+		return &claim{s: s}, nil
+	}
+	o, claimed, err := s.cfg.Objects.ClaimObject(ctx, store.Object{Name: name, Kind: kind, Project: project})
+	if err != nil {
+		return nil, err
+	}
+	c := &claim{s: s, o: o, claimed: claimed}
+	if !claimed && o.Project != project {
+		a, _ := iam.AuthorityFrom(ctx)
+		if !sees(a, o) {
+			return nil, fmt.Errorf("%s %s: the name is taken by another project: %w", what(kind), name, errdefs.ErrAlreadyExists)
+		}
+		return nil, fmt.Errorf("%s %s belongs to project %s, not %s: remove it there first, or name another: %w",
+			what(kind), name, iam.Display(o.Project), iam.Display(project), errdefs.ErrAlreadyExists)
+	}
+	if claimed && project != "" {
+		exists, err := s.nameExists(ctx, name)
+		if err == nil && exists {
+			err = fmt.Errorf("%s %s belongs to the root project, read-only to project %s: %w", what(kind), name, iam.Display(project), errdefs.ErrPermissionDenied)
+		}
+		if err != nil {
+			c.fail(ctx)
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// nameExists reports whether some node holds a layer, image or snapshot
+// called name.
+func (s *Server) nameExists(ctx context.Context, name string) (bool, error) {
+	ls := &layerService{s: s}
+	all, err := ls.allLayers(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, l := range all {
+		if slices.Contains(layerNames(l), name) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// fail forgets the record when this call made it and made nothing.
+func (c *claim) fail(ctx context.Context) {
+	if c.s.cfg.Objects == nil || !c.claimed {
+		return
+	}
+	if _, err := c.s.cfg.Objects.DeleteObject(context.WithoutCancel(ctx), c.o.Name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		c.s.log.Warn("forget object", "name", c.o.Name, "err", err)
+	}
+}
+
+// done records that the object now holds bytes and charges the difference
+// to its project's quota (layer_bytes, or snapshot_bytes for a snapshot).
+// A refusal is the store's ResourceExhausted: the caller then removes
+// what it made (undo) and nothing is charged.
+func (c *claim) done(ctx context.Context, bytes int64, undo func(context.Context) error) error {
+	if c.s.cfg.Objects == nil || c.o.Name == "" {
+		return nil
+	}
+	ctx = context.WithoutCancel(ctx)
+	old, err := c.s.cfg.Objects.SetObjectBytes(ctx, c.o.Name, bytes)
+	if err != nil {
+		return err
+	}
+	res := bytesResource(c.o.Kind)
+	diff := bytes - old
+	if c.s.cfg.Quotas == nil || diff == 0 {
+		return nil
+	}
+	if diff < 0 {
+		if err := c.s.cfg.Quotas.Release(ctx, c.o.Project, store.Amounts{res: -diff}); err != nil {
+			c.s.log.Warn("release quota", "project", iam.Display(c.o.Project), "object", c.o.Name, "err", err)
+		}
+		return nil
+	}
+	cerr := c.s.cfg.Quotas.Charge(ctx, c.o.Project, store.Amounts{res: diff})
+	if cerr == nil {
+		return nil
+	}
+	if _, err := c.s.cfg.Objects.SetObjectBytes(ctx, c.o.Name, old); err != nil {
+		c.s.log.Warn("restore object bytes", "name", c.o.Name, "err", err)
+	}
+	if undo != nil {
+		if err := undo(ctx); err != nil {
+			c.s.log.Warn("remove what a refused charge made", "name", c.o.Name, "err", err)
+		}
+	}
+	c.fail(ctx)
+	return fmt.Errorf("%s %s (%d bytes): %w", what(c.o.Kind), c.o.Name, bytes, cerr)
+}
+
+// forget drops the record of a removed object and gives its bytes back.
+func (s *Server) forget(ctx context.Context, name string) {
+	if s.cfg.Objects == nil {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	o, err := s.cfg.Objects.DeleteObject(ctx, name)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return
+	}
+	if err != nil {
+		s.log.Warn("forget object", "name", name, "err", err)
+		return
+	}
+	if s.cfg.Quotas != nil && o.Bytes > 0 {
+		if err := s.cfg.Quotas.Release(ctx, o.Project, store.Amounts{bytesResource(o.Kind): o.Bytes}); err != nil {
+			s.log.Warn("release quota", "project", iam.Display(o.Project), "object", name, "err", err)
+		}
+	}
+}
+
+// layerNames are the names a layer goes by: its refs, its images, its
+// snapshots' snap:NAME.
+func layerNames(l *dsecv1.Layer) []string {
+	var out []string
+	for _, r := range l.GetRefs() {
+		out = append(out, objectName(r))
+	}
+	for _, r := range l.GetImages() {
+		out = append(out, objectName(r))
+	}
+	for _, sn := range l.GetSnapshots() {
+		out = append(out, "snap:"+sn.GetName())
+	}
+	if len(l.GetSnapshots()) == 0 && l.GetSnapshot() != nil {
+		out = append(out, "snap:"+l.GetSnapshot().GetName())
+	}
+	return out
+}
+
+// objectIndex is every record, by name.
+type objectIndex map[string]store.Object
+
+func (s *Server) objectIndex(ctx context.Context) (objectIndex, error) {
+	if s.cfg.Objects == nil {
+		return nil, nil
+	}
+	all, err := s.cfg.Objects.ListObjects(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ix := objectIndex{}
+	for _, o := range all {
+		ix[o.Name] = o
+	}
+	return ix, nil
+}
+
+// of is the record of name; the root's when there is none.
+func (ix objectIndex) of(name string) store.Object {
+	if o, ok := ix[name]; ok {
+		return o
+	}
+	return store.Object{Name: name}
+}
+
+// filterLayers keeps what a may see of each layer (the refs, images and
+// snapshots it sees; a layer with none left is dropped, and a layer with
+// no name at all is the root's viewers') and sets each one's project and
+// shares from its first name's record. check false keeps everything.
+func filterLayers(a iam.Authority, check bool, ix objectIndex, layers []*dsecv1.Layer) []*dsecv1.Layer {
+	out := layers[:0]
+	for _, l := range layers {
+		if check && len(layerNames(l)) == 0 {
+			if a.On("") >= iam.Viewer {
+				out = append(out, l)
+			}
+			continue
+		}
+		ok := func(name string) bool { return !check || sees(a, ix.of(name)) }
+		l.Refs = slices.DeleteFunc(l.Refs, func(r string) bool { return !ok(objectName(r)) })
+		l.Images = slices.DeleteFunc(l.Images, func(r string) bool { return !ok(objectName(r)) })
+		l.Snapshots = slices.DeleteFunc(l.Snapshots, func(sn *dsecv1.SnapshotInfo) bool { return !ok("snap:" + sn.GetName()) })
+		if l.Snapshot != nil && !ok("snap:"+l.Snapshot.GetName()) {
+			l.Snapshot = nil
+			if len(l.Snapshots) > 0 {
+				l.Snapshot = l.Snapshots[0]
+			}
+		}
+		names := layerNames(l)
+		if len(names) == 0 {
+			continue
+		}
+		first := ix.of(names[0])
+		l.Project, l.SharedWith = first.Project, first.SharedWith
+		for _, sn := range l.Snapshots {
+			o := ix.of("snap:" + sn.GetName())
+			sn.Project, sn.SharedWith = o.Project, o.SharedWith
+		}
+		if l.Snapshot != nil {
+			o := ix.of("snap:" + l.Snapshot.GetName())
+			l.Snapshot.Project, l.Snapshot.SharedWith = o.Project, o.SharedWith
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// usable checks that the caller may make sandboxes of env
+// (BASE[+LAYER...]): every part is a name it sees (NotFound otherwise,
+// what a node says of a name it does not hold), or a digest of a layer
+// with such a name.
+func (s *Server) usable(ctx context.Context, env string) error {
+	if s.cfg.Objects == nil {
+		return nil
+	}
+	a, check := caller(ctx, iam.Viewer)
+	if !check {
+		return nil
+	}
+	var digests []string
+	for _, part := range strings.Split(env, "+") {
+		name := objectName(part)
+		if strings.HasPrefix(name, "sha256:") {
+			digests = append(digests, name)
+			continue
+		}
+		o, _, err := s.object(ctx, name)
+		if err != nil {
+			return err
+		}
+		if !sees(a, o) {
+			return fmt.Errorf("resolve environment %q: %w", env, hiddenObject(kindOf(name, store.ObjectLayer), strings.TrimSpace(part)))
+		}
+	}
+	if len(digests) == 0 {
+		return nil
+	}
+	ls := &layerService{s: s}
+	seen, err := ls.visibleLayers(ctx)
+	if err != nil {
+		return err
+	}
+	for _, d := range digests {
+		if !slices.ContainsFunc(seen, func(l *dsecv1.Layer) bool { return l.GetDigest() == d }) {
+			return fmt.Errorf("resolve environment %q: %w", env, hiddenObject(store.ObjectLayer, d))
+		}
+	}
+	return nil
+}
+
+// visibleEnv reports whether every part of env is a name a sees.
+func visibleEnv(a iam.Authority, ix objectIndex, env string) bool {
+	for _, part := range strings.Split(env, "+") {
+		name := objectName(part)
+		if strings.HasPrefix(name, "sha256:") {
+			if a.On("") < iam.Viewer {
+				return false
+			}
+			continue
+		}
+		if !sees(a, ix.of(name)) {
+			return false
+		}
+	}
+	return true
+}
+
+// ShareLayer shares a layer, image or snapshot of a project the caller
+// holds builder on with another project, read-only, or takes the share
+// away.
+func (ls *layerService) ShareLayer(ctx context.Context, req *connect.Request[dsecv1.ShareLayerRequest]) (*connect.Response[dsecv1.ShareLayerResponse], error) {
+	s := ls.s
+	name := objectName(req.Msg.GetRef())
+	if name == "" || strings.HasPrefix(name, "sha256:") {
+		return nil, fmt.Errorf("share: ref %q: want a layer's or image's name:tag, or snap:NAME: %w", req.Msg.GetRef(), errdefs.ErrInvalidArgument)
+	}
+	project, err := iam.CleanPath(req.Msg.GetProject())
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.Objects == nil {
+		return nil, fmt.Errorf("share %s: this apiserver records no projects of layers: %w", name, errdefs.ErrNotSupported)
+	}
+	kind := kindOf(name, store.ObjectLayer)
+	o, found, err := s.manage(ctx, kind, name)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		exists, err := s.nameExists(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if !exists {
+			return nil, hiddenObject(kind, name)
+		}
+		return nil, fmt.Errorf("%s %s belongs to the root project, whose layers, images and snapshots every project sees already: %w",
+			what(kind), name, errdefs.ErrFailedPrecondition)
+	}
+	if req.Msg.GetUnshare() {
+		err = s.cfg.Objects.UnshareObject(ctx, name, project)
+	} else {
+		err = s.cfg.Objects.ShareObject(ctx, name, project)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o, err = s.cfg.Objects.Object(ctx, name); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.ShareLayerResponse{SharedWith: o.SharedWith}), nil
+}

@@ -1,0 +1,515 @@
+package apiserver
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/layerupload"
+	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/testutil"
+	"dsec.dev/dsec/internal/watcher"
+	dsec "dsec.dev/dsec/sdk/go"
+)
+
+// memLayer is a layer of memLayers: every one is memLayerSize bytes.
+const memLayerSize = 1000
+
+// memLayers is a node's layers in memory, by name (name:tag, snap:NAME):
+// enough of an edge's layer service for the rules on who sees, uses and
+// removes them.
+type memLayers struct {
+	dsecv1connect.UnimplementedLayerServiceHandler
+	mu     sync.Mutex
+	layers map[string]*dsecv1.Layer
+}
+
+func newMemLayers() *memLayers { return &memLayers{layers: map[string]*dsecv1.Layer{}} }
+
+func digestOf(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func (m *memLayers) put(l *dsecv1.Layer, name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l.Digest, l.Size = digestOf(name), memLayerSize
+	m.layers[name] = l
+}
+
+func (m *memLayers) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	l := &dsecv1.Layer{Refs: []string{req.Msg.GetRef()}}
+	m.put(l, req.Msg.GetRef())
+	return connect.NewResponse(l), nil
+}
+
+func (m *memLayers) ListLayers(ctx context.Context, req *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := &dsecv1.ListLayersResponse{}
+	for _, l := range m.layers {
+		out.Layers = append(out.Layers, cloneLayer(l))
+	}
+	sort.Slice(out.Layers, func(i, j int) bool { return out.Layers[i].GetDigest() < out.Layers[j].GetDigest() })
+	return connect.NewResponse(out), nil
+}
+
+func cloneLayer(l *dsecv1.Layer) *dsecv1.Layer {
+	c := &dsecv1.Layer{Digest: l.Digest, Size: l.Size, Refs: slices.Clone(l.Refs), Images: slices.Clone(l.Images)}
+	for _, sn := range l.Snapshots {
+		c.Snapshots = append(c.Snapshots, &dsecv1.SnapshotInfo{Name: sn.Name, Layer: sn.Layer, Environment: sn.Environment, Size: sn.Size})
+	}
+	return c
+}
+
+func (m *memLayers) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name, l := range m.layers {
+		if name == req.Msg.GetRef() || objectName(name) == objectName(req.Msg.GetRef()) || l.Digest == req.Msg.GetRef() {
+			delete(m.layers, name)
+			return connect.NewResponse(&dsecv1.RemoveLayerResponse{}), nil
+		}
+	}
+	return nil, fmt.Errorf("layer %s: %w", req.Msg.GetRef(), errdefs.ErrNotFound)
+}
+
+func (m *memLayers) ImportImageTo(ctx context.Context, req *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) error {
+	l := &dsecv1.Layer{Images: []string{req.GetRef()}}
+	m.put(l, req.GetRef())
+	return send(&dsecv1.ImportImageProgress{Phase: "done", Done: true, LayerDigests: []string{l.Digest}})
+}
+
+func (m *memLayers) UploadLayerFrom(ctx context.Context, in layerupload.Stream) (*dsecv1.Layer, error) {
+	return nil, fmt.Errorf("memLayers takes no uploads: %w", errdefs.ErrNotSupported)
+}
+func (m *memLayers) AdoptLayers(ctx context.Context, ref string, digests []string) error { return nil }
+func (m *memLayers) BlobStore() string                                                   { return "mem" }
+
+// snapEdge is a fake edge whose snapshots become layers of its memLayers.
+type snapEdge struct {
+	*fakeEdge
+	layers *memLayers
+}
+
+func (e snapEdge) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
+	sb, err := e.fakeEdge.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	e.layers.mu.Lock()
+	_, taken := e.layers.layers["snap:"+name]
+	e.layers.mu.Unlock()
+	if taken {
+		return nil, fmt.Errorf("snapshot %s: %w", name, errdefs.ErrAlreadyExists)
+	}
+	info := &dsecv1.SnapshotInfo{Name: name, Layer: "snap:" + name, Environment: sb.GetSpec().GetEnvironment() + "+snap:" + name,
+		Size: memLayerSize, SourceSandbox: id}
+	e.layers.put(&dsecv1.Layer{Refs: []string{"snap:" + name}, Snapshots: []*dsecv1.SnapshotInfo{info}}, "snap:"+name)
+	return info, nil
+}
+
+// objectRig is an apiserver on a real store whose one node keeps layers in
+// memory, with tokens of the root's admin and of a project's builder,
+// runner and others.
+type objectRig struct {
+	layers *memLayers
+	st     store.Store
+	url    string
+	tokens map[string]string // by principal
+}
+
+func startObjectRig(t *testing.T, dsn string) *objectRig {
+	t.Helper()
+	ctx := t.Context()
+	st, err := store.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	node := iam.NodeAdmin()
+	for _, p := range []string{"build", "run", "other"} {
+		if _, err := st.CreateProject(ctx, node, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// principal -> (project, role)
+	people := map[string]struct {
+		project string
+		role    iam.Role
+	}{
+		"admin":       {"", iam.Admin},
+		"builder":     {"build", iam.Builder},
+		"runner":      {"run", iam.Runner},
+		"run-builder": {"run", iam.Builder}, // a builder of the receiving project
+		"outsider":    {"other", iam.Builder},
+	}
+	r := &objectRig{st: st, tokens: map[string]string{}}
+	for name, p := range people {
+		if _, err := st.CreatePrincipal(ctx, node, store.PrincipalSpec{Name: name, Project: p.project}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Grant(ctx, node, name, p.project, p.role); err != nil {
+			t.Fatal(err)
+		}
+		tok, _, err := st.MintToken(ctx, node, store.TokenSpec{Principal: name, Project: p.project, Role: p.role})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.tokens[name] = tok
+	}
+	layers := newMemLayers()
+	e := snapEdge{fakeEdge: newFakeEdge("n1"), layers: layers}
+	nodes := []watcher.Node{{Member: watcher.Member{Name: "n1"}, Edge: edgesvc.New(e, layers, slog.New(slog.DiscardHandler))}}
+	s := New(Config{Name: "objects", Auth: st, IAM: st, Quotas: st, Objects: st, CreateConcurrency: 4}, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
+	hs := httptest.NewUnstartedServer(s.Handler())
+	hs.Config.Protocols = new(http.Protocols)
+	hs.Config.Protocols.SetHTTP1(true)
+	hs.Config.Protocols.SetUnencryptedHTTP2(true)
+	hs.Start()
+	t.Cleanup(hs.Close)
+	r.url, r.layers = hs.URL, layers
+	return r
+}
+
+func (r *objectRig) client(t *testing.T, principal string) *dsec.Client {
+	t.Helper()
+	c, err := dsec.NewClient(r.url, dsec.WithToken(r.tokens[principal]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// objectDatabases are the stores the object tests run on.
+func objectDatabases() map[string]func(t *testing.T) string {
+	return map[string]func(t *testing.T) string{
+		"sqlite":   func(t *testing.T) string { return filepath.Join(t.TempDir(), "meta.db") },
+		"postgres": func(t *testing.T) string { return testutil.StartPostgres(t) },
+	}
+}
+
+func refsOf(ls []*dsecv1.Layer) []string {
+	var out []string
+	for _, l := range ls {
+		out = append(out, layerNames(l)...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func snapNames(sns []*dsecv1.SnapshotInfo) []string {
+	var out []string
+	for _, sn := range sns {
+		out = append(out, sn.GetName())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestObjectProjects: layers, images and snapshots belong to the project
+// that made them; another project sees and uses them only once shared,
+// read-only; the escalation attempts of issue 31 are refused (a table),
+// and bytes are charged to the owner's quota and given back on delete. On
+// SQLite and PostgreSQL, through the Go SDK.
+func TestObjectProjects(t *testing.T) {
+	for name, dsn := range objectDatabases() {
+		t.Run(name, func(t *testing.T) { testObjectProjects(t, startObjectRig(t, dsn(t))) })
+	}
+}
+
+func testObjectProjects(t *testing.T, r *objectRig) {
+	ctx := t.Context()
+	admin, builder, runner := r.client(t, "admin"), r.client(t, "builder"), r.client(t, "runner")
+	runBuilder, outsider := r.client(t, "run-builder"), r.client(t, "outsider")
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+
+	// A layer the node holds with no record (made before layers had
+	// projects) is the root's.
+	r.layers.put(&dsecv1.Layer{Refs: []string{"legacy:1"}}, "legacy:1")
+	// The root's base, as the demo's and CI's: everyone sees and uses it.
+	_, err := admin.ImportLayer(ctx, "base:1", dsecv1.LayerKind_LAYER_KIND_BASE, "/base", nil)
+	must("admin imports base:1", err)
+	// The builder's environment, with the reference answer in a snapshot.
+	l, err := builder.ImportLayer(ctx, "env:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/env", nil)
+	must("builder imports env:1", err)
+	if l.GetProject() != "build" {
+		t.Fatalf("env:1 belongs to %q, want build", l.GetProject())
+	}
+	_, err = builder.ImportImage(ctx, "img:1", "oci:/img", nil)
+	must("builder imports img:1", err)
+	sb, err := builder.Create(ctx, "base:1+env:1", nil)
+	must("builder creates from its layer", err)
+	snap, err := builder.Snapshot(ctx, sb.ID, "answer")
+	must("builder snapshots", err)
+	if snap.GetProject() != "build" {
+		t.Fatalf("snapshot belongs to %q, want build", snap.GetProject())
+	}
+	fork, children, err := builder.Fork(ctx, sb.ID, 1)
+	must("builder forks", err)
+	if len(children) != 1 || children[0].Err != nil {
+		t.Fatalf("fork children %+v", children)
+	}
+
+	// What each sees before any share.
+	seen := func(c *dsec.Client) []string {
+		t.Helper()
+		ls, err := c.ListLayers(ctx)
+		must("ListLayers", err)
+		return refsOf(ls)
+	}
+	if got, want := seen(builder), []string{"base:1", "env:1", "img:1", "legacy:1", "snap:answer", "snap:" + fork.GetName()}; !slices.Equal(got, want) {
+		t.Fatalf("the builder sees %v, want %v", got, want)
+	}
+	if got := seen(runner); !slices.Equal(got, []string{"base:1", "legacy:1"}) {
+		t.Fatalf("a runner of another project sees %v, want only the root's base:1", got)
+	}
+	if got := seen(admin); len(got) != 6 {
+		t.Fatalf("the root's admin sees %v, want all 6", got)
+	}
+
+	// The escalation attempts, each refused with nothing changed.
+	snapEnv := snap.GetEnvironment()
+	attempts := []struct {
+		name  string
+		call  func() error
+		kind  error
+		words string
+	}{
+		{"a runner lists another project's layers", func() error {
+			if got := seen(runner); slices.Contains(got, "env:1") {
+				return fmt.Errorf("listed %v", got)
+			}
+			sns, err := runner.ListSnapshots(ctx)
+			if err == nil && len(sns) > 0 {
+				return fmt.Errorf("listed snapshots %v", snapNames(sns))
+			}
+			return fmt.Errorf("hidden: %w", dsec.ErrNotFound)
+		}, dsec.ErrNotFound, "hidden"},
+		{"a runner builds a layer", func() error {
+			_, err := runner.ImportLayer(ctx, "mine:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/x", nil)
+			return err
+		}, dsec.ErrPermissionDenied, "needs builder"},
+		{"a runner builds a layer into the builder's project", func() error {
+			_, err := runner.ImportLayer(ctx, "mine:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/x", &dsec.LayerOptions{Project: "build"})
+			return err
+		}, dsec.ErrPermissionDenied, "needs builder"},
+		{"a builder of another project builds into the builder's", func() error {
+			_, err := runBuilder.ImportLayer(ctx, "mine:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/x", &dsec.LayerOptions{Project: "build"})
+			return err
+		}, dsec.ErrNotFound, "project build"},
+		{"a runner shares the builder's snapshot", func() error {
+			_, err := runner.ShareSnapshot(ctx, "answer", "run")
+			return err
+		}, dsec.ErrPermissionDenied, "needs builder"},
+		{"a builder of another project shares the builder's snapshot", func() error {
+			_, err := runBuilder.ShareSnapshot(ctx, "answer", "run")
+			return err
+		}, dsec.ErrNotFound, "no snapshot snap:answer"},
+		{"a runner makes a sandbox of an unshared layer", func() error {
+			_, err := runner.Create(ctx, "base:1+env:1", nil)
+			return err
+		}, dsec.ErrNotFound, "env:1"},
+		{"a runner makes a sandbox of an unshared snapshot", func() error {
+			_, err := runner.Create(ctx, snapEnv, nil)
+			return err
+		}, dsec.ErrNotFound, "snap:answer"},
+		{"a runner makes a sandbox of an unshared layer by digest", func() error {
+			_, err := runner.Create(ctx, "base:1+"+digestOf("env:1"), nil)
+			return err
+		}, dsec.ErrNotFound, digestOf("env:1")},
+		{"a builder of another project removes the builder's layer", func() error {
+			return runBuilder.RemoveLayer(ctx, "env:1")
+		}, dsec.ErrNotFound, "no layer env:1"},
+		{"a builder of another project removes it by digest", func() error {
+			return runBuilder.RemoveLayer(ctx, digestOf("env:1"))
+		}, dsec.ErrNotFound, "no layer"},
+		{"a builder of another project deletes the builder's snapshot", func() error {
+			return runBuilder.DeleteSnapshot(ctx, "answer")
+		}, dsec.ErrNotFound, "answer"},
+		{"a builder of another project takes the name of the builder's layer", func() error {
+			_, err := runBuilder.ImportLayer(ctx, "env:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/x", nil)
+			return err
+		}, dsec.ErrAlreadyExists, "taken by another project"},
+		{"a builder of another project overwrites the root's layer", func() error {
+			_, err := runBuilder.ImportLayer(ctx, "base:1", dsecv1.LayerKind_LAYER_KIND_BASE, "/x", nil)
+			return err
+		}, dsec.ErrAlreadyExists, "belongs to project /,"},
+		{"a builder of another project overwrites a layer made before projects", func() error {
+			_, err := runBuilder.ImportLayer(ctx, "legacy:1", dsecv1.LayerKind_LAYER_KIND_BASE, "/x", nil)
+			return err
+		}, dsec.ErrPermissionDenied, "belongs to the root project"},
+		{"a builder of another project removes a layer made before projects", func() error {
+			return runBuilder.RemoveLayer(ctx, "legacy:1")
+		}, dsec.ErrPermissionDenied, "read-only"},
+		{"a runner reads the builder's sandbox", func() error {
+			_, err := runner.Get(ctx, sb.ID)
+			return err
+		}, dsec.ErrNotFound, sb.ID},
+	}
+	for _, a := range attempts {
+		err := a.call()
+		if !errors.Is(err, a.kind) || !strings.Contains(err.Error(), a.words) {
+			t.Errorf("%s: got %v, want %v saying %q", a.name, err, a.kind, a.words)
+		}
+	}
+	if got, want := seen(builder), []string{"base:1", "env:1", "img:1", "legacy:1", "snap:answer", "snap:" + fork.GetName()}; !slices.Equal(got, want) {
+		t.Fatalf("after the attempts the builder sees %v, want %v", got, want)
+	}
+
+	// Shared read-only with run: listed, used, forked; never removed,
+	// overwritten or shared on.
+	with, err := builder.ShareLayer(ctx, "env:1", "run")
+	must("share env:1", err)
+	if !slices.Equal(with, []string{"run"}) {
+		t.Fatalf("env:1 shared with %v", with)
+	}
+	_, err = builder.ShareSnapshot(ctx, "answer", "/run")
+	must("share the snapshot", err)
+	if got := seen(runner); !slices.Equal(got, []string{"base:1", "env:1", "legacy:1", "snap:answer"}) {
+		t.Fatalf("the runner sees %v once shared, want base:1, env:1, snap:answer", got)
+	}
+	sns, err := runner.ListSnapshots(ctx)
+	must("runner lists snapshots", err)
+	if len(sns) != 1 || sns[0].GetProject() != "build" || !slices.Equal(sns[0].GetSharedWith(), []string{"run"}) {
+		t.Fatalf("the runner's snapshots: %v", sns)
+	}
+	got, err := runner.Create(ctx, snapEnv, nil)
+	must("the runner makes a sandbox of the shared snapshot", err)
+	if _, children, err := runner.Fork(ctx, got.ID, 1); err != nil || children[0].Err != nil {
+		t.Fatalf("the runner forks it: %v %+v", err, children)
+	}
+	if _, err := runner.Create(ctx, "img:1", nil); !errors.Is(err, dsec.ErrNotFound) {
+		t.Errorf("an unshared image is usable once a layer is shared: %v", err)
+	}
+	if sbs, err := runner.List(ctx, nil); err != nil || slices.ContainsFunc(sbs, func(s *dsec.Sandbox) bool { return s.ID == sb.ID }) {
+		t.Errorf("the runner lists the builder's sandbox once layers are shared: %v", err)
+	}
+	shared := []struct {
+		name  string
+		call  func() error
+		kind  error
+		words string
+	}{
+		{"the receiving project deletes a shared layer", func() error { return runBuilder.RemoveLayer(ctx, "env:1") },
+			dsec.ErrPermissionDenied, "read-only"},
+		{"the receiving project deletes a shared snapshot", func() error { return runBuilder.DeleteSnapshot(ctx, "answer") },
+			dsec.ErrPermissionDenied, "read-only"},
+		{"the receiving project shares it on", func() error { _, err := runBuilder.ShareLayer(ctx, "env:1", "other"); return err },
+			dsec.ErrPermissionDenied, "read-only"},
+		{"the receiving project overwrites it", func() error {
+			_, err := runBuilder.ImportLayer(ctx, "env:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/x", nil)
+			return err
+		}, dsec.ErrAlreadyExists, "belongs to project build"},
+		{"a third project uses it", func() error { _, err := outsider.Create(ctx, snapEnv, nil); return err },
+			dsec.ErrNotFound, "snap:answer"},
+		{"a share with a project that does not exist", func() error { _, err := builder.ShareLayer(ctx, "env:1", "nowhere"); return err },
+			dsec.ErrNotFound, "nowhere"},
+	}
+	for _, a := range shared {
+		err := a.call()
+		if !errors.Is(err, a.kind) || !strings.Contains(err.Error(), a.words) {
+			t.Errorf("%s: got %v, want %v saying %q", a.name, err, a.kind, a.words)
+		}
+	}
+	if got := seen(outsider); !slices.Equal(got, []string{"base:1", "legacy:1"}) {
+		t.Fatalf("a third project sees %v, want only the root's base:1", got)
+	}
+
+	// Unshared: gone from the runner again.
+	_, err = builder.UnshareSnapshot(ctx, "answer", "run")
+	must("unshare", err)
+	if _, err := runner.Create(ctx, snapEnv, nil); !errors.Is(err, dsec.ErrNotFound) {
+		t.Fatalf("create from an unshared snapshot: %v", err)
+	}
+
+	// Bytes: charged to the owner, refused past its quota in the issue's
+	// words, given back on delete.
+	used := func(project, res string) int64 {
+		t.Helper()
+		qs, err := admin.Quota(ctx, project)
+		must("Quota", err)
+		for _, q := range qs {
+			if q.Project != project {
+				continue
+			}
+			for _, it := range q.Items {
+				if it.Resource == res {
+					return it.Used
+				}
+			}
+			return 0
+		}
+		return -1
+	}
+	if n := used("build", "layer_bytes"); n != 2*memLayerSize {
+		t.Fatalf("build's layer_bytes %d, want %d (env:1 and img:1)", n, 2*memLayerSize)
+	}
+	if n := used("build", "snapshot_bytes"); n != 2*memLayerSize {
+		t.Fatalf("build's snapshot_bytes %d, want %d (answer and the fork's)", n, 2*memLayerSize)
+	}
+	if n := used("run", "snapshot_bytes"); n != memLayerSize {
+		t.Fatalf("run's snapshot_bytes %d, want %d (its sandbox's fork)", n, memLayerSize)
+	}
+	must("limit build's layer bytes", admin.SetQuota(ctx, "build", "layer_bytes", 2*memLayerSize+500))
+	_, err = builder.ImportLayer(ctx, "env:2", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/env2", nil)
+	if !errors.Is(err, dsec.ErrOverloaded) || !strings.Contains(err.Error(), "quota of project build: 2000 of 2500 bytes of layers in use") {
+		t.Fatalf("import past the quota: %v", err)
+	}
+	if got := seen(builder); slices.Contains(got, "env:2") {
+		t.Fatalf("a layer refused by the quota stays: %v", got)
+	}
+	must("remove env:1", builder.RemoveLayer(ctx, "env:1"))
+	_, err = builder.ImportLayer(ctx, "env:2", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/env2", nil)
+	must("import within the quota once env:1 is gone", err)
+	must("delete the snapshot", builder.DeleteSnapshot(ctx, "answer"))
+	if n := used("build", "snapshot_bytes"); n != memLayerSize {
+		t.Fatalf("build's snapshot_bytes after a delete %d, want %d", n, memLayerSize)
+	}
+}
+
+// TestObjectsPython runs sdk/python/tests/test_objects.py: the Python
+// SDK's layer and snapshot calls with projects and shares.
+func TestObjectsPython(t *testing.T) {
+	py := testutil.RequireCommand(t, "python3")
+	r := startObjectRig(t, filepath.Join(t.TempDir(), "meta.db"))
+	if _, err := r.client(t, "admin").ImportLayer(t.Context(), "base:1", dsecv1.LayerKind_LAYER_KIND_BASE, "/base", nil); err != nil {
+		t.Fatal(err)
+	}
+	tests := filepath.Join(testutil.RepoRoot(), "sdk", "python", "tests")
+	cmd := exec.CommandContext(t.Context(), py, "-m", "unittest", "-v", "test_objects")
+	cmd.Dir = tests
+	cmd.Env = append(os.Environ(), "DSEC_TEST_OBJ_ADDR="+r.url, "DSEC_TEST_OBJ_BUILDER="+r.tokens["builder"],
+		"DSEC_TEST_OBJ_RUNNER="+r.tokens["runner"], "DSEC_TEST_OBJ_RUN_BUILDER="+r.tokens["run-builder"], "DSEC_TOKEN_FILE=")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("OK")) || bytes.Contains(out, []byte("skipped")) {
+		t.Fatalf("python3 -m unittest test_objects: %v\n%s", err, out)
+	}
+}
