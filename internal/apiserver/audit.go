@@ -55,7 +55,7 @@ func audited(procedure string) bool {
 	}
 	switch procedure {
 	case "/dsec.v1.SandboxService/Create", "/dsec.v1.SandboxService/Delete", "/dsec.v1.SandboxService/Pause",
-		"/dsec.v1.SandboxService/Resume", "/dsec.v1.SandboxService/SetTimeout",
+		"/dsec.v1.SandboxService/Resume", "/dsec.v1.SandboxService/SetTimeout", "/dsec.v1.SandboxService/EndPhase",
 		"/dsec.v1.SandboxService/Snapshot", "/dsec.v1.SandboxService/DeleteSnapshot",
 		"/dsec.v1.SandboxService/Fork", "/dsec.v1.SandboxService/SetNetworkRules",
 		"/dsec.v1.SandboxService/SetWarmPool",

@@ -225,6 +225,12 @@ func (f *fakeEdge) SetTimeout(ctx context.Context, id string, timeout time.Durat
 	return nil, f.refuse(id, "keeps no clocks")
 }
 
+func (f *fakeEdge) EndPhase(ctx context.Context, id string, phase dsecv1.Phase) (*dsecv1.Sandbox, error) {
+	return nil, f.refuse(id, "keeps no phases")
+}
+
+func (f *fakeEdge) Phase(id string) dsecv1.Phase { return dsecv1.Phase_PHASE_UNSPECIFIED }
+
 func (f *fakeEdge) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error) {
 	return nil, f.refuse(id, "has no cgroups")
 }

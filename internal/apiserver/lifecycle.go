@@ -31,6 +31,15 @@ func (s *Server) Resume(ctx context.Context, req *connect.Request[dsecv1.ResumeR
 	})
 }
 
+func (s *Server) EndPhase(ctx context.Context, req *connect.Request[dsecv1.EndPhaseRequest]) (*connect.Response[dsecv1.EndPhaseResponse], error) {
+	if req.Msg.GetSandboxId() == "" {
+		return nil, fmt.Errorf("end phase: sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	return forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.EndPhaseRequest]) (*connect.Response[dsecv1.EndPhaseResponse], error) {
+		return e.EndPhase
+	})
+}
+
 func (s *Server) SetTimeout(ctx context.Context, req *connect.Request[dsecv1.SetTimeoutRequest]) (*connect.Response[dsecv1.SetTimeoutResponse], error) {
 	if req.Msg.GetSandboxId() == "" {
 		return nil, fmt.Errorf("set timeout: sandbox_id is required: %w", errdefs.ErrInvalidArgument)

@@ -35,6 +35,8 @@ type specFlags struct {
 	// onTimeout and noAutoResume are lifecycle settings, not shape.
 	onTimeout    string
 	noAutoResume bool
+	// Phase budgets: setup, agent, verify (docs/lifecycle.md).
+	setupBudget, agentBudget, verifyBudget time.Duration
 }
 
 func (f *specFlags) add(cmd *cobra.Command) {
@@ -46,6 +48,9 @@ func (f *specFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.netRules, "network-rules", "", `network rules as JSON, e.g. {"pypi": true}`)
 	fl.StringVar(&f.onTimeout, "on-timeout", "", "what the TTL or idle timeout does: stop (default) or pause")
 	fl.BoolVar(&f.noAutoResume, "no-auto-resume", false, "refuse calls while paused instead of resuming first")
+	fl.DurationVar(&f.setupBudget, "setup-budget", 0, "phase budgets: the setup phase's, e.g. 2m (the TTL becomes the budgets' sum plus 30s)")
+	fl.DurationVar(&f.agentBudget, "agent-budget", 0, "phase budgets: the agent phase's; its end kills every process in the sandbox (see dsec end-phase)")
+	fl.DurationVar(&f.verifyBudget, "verify-budget", 0, "phase budgets: the verify phase's, reserved however the agent overran")
 }
 
 // addShape adds the flags that make a sandbox's shape: everything but
@@ -96,6 +101,9 @@ func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
 	if f.noAutoResume {
 		no := false
 		spec.AutoResume = &no
+	}
+	if f.setupBudget != 0 || f.agentBudget != 0 || f.verifyBudget != 0 {
+		spec.Phases = &dsecv1.PhaseBudgets{SetupSeconds: f.setupBudget.Seconds(), AgentSeconds: f.agentBudget.Seconds(), VerifySeconds: f.verifyBudget.Seconds()}
 	}
 	return spec, nil
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -40,6 +41,42 @@ paused sandbox gets DURATION of running time once resumed. Prints the new end.`,
 	}
 	cmd.Flags().BoolVar(&extendOnly, "extend-only", false, "never move the end sooner")
 	return cmd
+}
+
+func (a *app) endPhaseCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "end-phase ID setup|agent",
+		Short: "end a sandbox's setup or agent phase now (the agent phase's end kills every process in it)",
+		Long: `End-phase ends the named phase of a sandbox made with phase budgets
+(create --setup-budget, --agent-budget, --verify-budget) now, as its budget
+running out would: setup gives way to agent, agent to verify. The end of the
+agent phase kills every process running in the sandbox (what the agent left
+behind), not the sandbox. A phase already over is left alone. Prints the
+phase the sandbox is in and when it ends.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, ok := dsecv1.Phase_value["PHASE_"+strings.ToUpper(args[1])]
+			if !ok || (args[1] != "setup" && args[1] != "agent") {
+				return fmt.Errorf("phase %q: want setup or agent", args[1])
+			}
+			resp, err := a.c.Sandboxes.EndPhase(cmd.Context(), connect.NewRequest(&dsecv1.EndPhaseRequest{SandboxId: args[0], Phase: dsecv1.Phase(p)}))
+			if err != nil {
+				return err
+			}
+			sb := resp.Msg.GetSandbox()
+			if a.json {
+				return a.printProto(sb)
+			}
+			phase := strings.ToLower(strings.TrimPrefix(sb.GetPhase().String(), "PHASE_"))
+			if ends := sb.GetPhaseEndsUnixMs(); ends > 0 {
+				end := time.UnixMilli(ends)
+				fmt.Fprintf(a.stdout, "%s is in its %s phase, which ends at %s (in %s)\n", args[0], phase, end.Format(time.RFC3339), time.Until(end).Round(time.Second))
+				return nil
+			}
+			fmt.Fprintf(a.stdout, "%s is in its %s phase\n", args[0], phase)
+			return nil
+		},
+	}
 }
 
 func (a *app) topCommand() *cobra.Command {

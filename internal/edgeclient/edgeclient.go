@@ -230,6 +230,10 @@ func (r *Remote) Resume(ctx context.Context, req *connect.Request[dsecv1.ResumeR
 	return unary(ctx, r.c.Resume, req)
 }
 
+func (r *Remote) EndPhase(ctx context.Context, req *connect.Request[dsecv1.EndPhaseRequest]) (*connect.Response[dsecv1.EndPhaseResponse], error) {
+	return unary(ctx, r.c.EndPhase, req)
+}
+
 func (r *Remote) SetTimeout(ctx context.Context, req *connect.Request[dsecv1.SetTimeoutRequest]) (*connect.Response[dsecv1.SetTimeoutResponse], error) {
 	return unary(ctx, r.c.SetTimeout, req)
 }

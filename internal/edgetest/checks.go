@@ -139,6 +139,8 @@ func testErrors(t *testing.T, e *edge) {
 	wantKind(t, "Resume of an unknown sandbox", err, errdefs.ErrNotFound)
 	_, err = e.h.SetTimeout(ctx, connect.NewRequest(&dsecv1.SetTimeoutRequest{SandboxId: unknown, TimeoutSeconds: 60}))
 	wantKind(t, "SetTimeout of an unknown sandbox", err, errdefs.ErrNotFound)
+	_, err = e.h.EndPhase(ctx, connect.NewRequest(&dsecv1.EndPhaseRequest{SandboxId: unknown, Phase: dsecv1.Phase_PHASE_AGENT}))
+	wantKind(t, "EndPhase of an unknown sandbox", err, errdefs.ErrNotFound)
 	_, err = e.h.Metrics(ctx, connect.NewRequest(&dsecv1.MetricsRequest{SandboxId: unknown}))
 	wantKind(t, "Metrics of an unknown sandbox", err, errdefs.ErrNotFound)
 	_, err = e.exec(ctx, unknown, "true")

@@ -40,6 +40,7 @@ var needs = map[Op]Role{
 	"/dsec.v1.SandboxService/Pause":            Runner,
 	"/dsec.v1.SandboxService/Resume":           Runner,
 	"/dsec.v1.SandboxService/SetTimeout":       Runner,
+	"/dsec.v1.SandboxService/EndPhase":         Runner,
 	"/dsec.v1.SandboxService/Metrics":          Viewer,
 	"/dsec.v1.SandboxService/Snapshot":         Builder,
 	"/dsec.v1.SandboxService/ListSnapshots":    Viewer,

@@ -383,6 +383,9 @@ type CreateOptions struct {
 	// NoAutoResume makes calls to a paused sandbox fail
 	// (ErrFailedPrecondition) instead of resuming it first.
 	NoAutoResume bool
+	// Phases, when set, split the sandbox's life into setup, agent and
+	// verify budgets; the TTL is their sum plus a margin (see PhaseBudgets).
+	Phases *PhaseBudgets
 }
 
 func (o *CreateOptions) spec(env string) (*dsecv1.SandboxSpec, error) {
@@ -397,7 +400,7 @@ func (o *CreateOptions) spec(env string) (*dsecv1.SandboxSpec, error) {
 		MemoryMb: o.MemoryMB, DiskMb: o.DiskMB, Pids: o.Pids,
 		TtlSeconds: seconds(o.TTL), IdleTimeoutSeconds: seconds(o.IdleTimeout),
 		User: o.User, Env: o.Env, Labels: o.Labels, NetworkRules: o.NetworkRules,
-		Hostname: o.Hostname, Workdir: o.Workdir,
+		Hostname: o.Hostname, Workdir: o.Workdir, Phases: o.Phases.proto(),
 	}
 	switch o.Isolation {
 	case "", IsolationContainer:

@@ -171,6 +171,9 @@ type ExecResult struct {
 	// (its sandbox deleted or reaped, its edge lost) gives no result but an
 	// error whose InfraFault(err) says which.
 	InfraFault Fault
+	// Phase is the sandbox's phase when the command started
+	// (CreateOptions.Phases); PhaseNone without phase budgets.
+	Phase Phase
 }
 
 // Err is nil when the command succeeded, else an error matching ErrCommandFailed.
@@ -258,6 +261,7 @@ type collector struct {
 	truncated              bool // the exit said the stream lacked output
 	processID, tag         string
 	pid                    int
+	phase                  Phase
 	result                 *ExecResult
 	onOut, onErr           func([]byte)
 	onStarted              func(processID string)
@@ -267,6 +271,7 @@ func (c *collector) feed(ev *dsecv1.ExecEvent) *Event {
 	switch e := ev.GetEvent().(type) {
 	case *dsecv1.ExecEvent_Started:
 		c.processID, c.pid, c.tag = e.Started.GetProcessId(), int(e.Started.GetPid()), e.Started.GetTag()
+		c.phase = phaseOf(e.Started.GetPhase())
 		if c.onStarted != nil {
 			c.onStarted(c.processID)
 		}
@@ -306,6 +311,7 @@ func (c *collector) feed(ev *dsecv1.ExecEvent) *Event {
 			Duration: time.Duration(x.GetDurationSeconds() * float64(time.Second)),
 			Status:   statusOf(x.GetStatus(), x.GetExitCode()), Signal: int(x.GetSignal()),
 			Message: x.GetMessage(), ProcessID: c.processID, PID: c.pid, InfraFault: FaultFromProto(x.GetFault()),
+			Phase: c.phase,
 		}
 		c.setDropped(c.result)
 		return &Event{Type: EventExited, ProcessID: c.processID, Result: c.result}

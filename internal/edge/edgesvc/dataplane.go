@@ -100,8 +100,17 @@ func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg
 		return s.agentErr(ctx, id, err)
 	}
 	defer in.Close()
+	phase := dsecv1.Phase_PHASE_UNSPECIFIED
+	if command {
+		phase = s.edge.Phase(id) // the phase the command starts in
+	}
 	for in.Receive() {
 		started()
+		if phase != dsecv1.Phase_PHASE_UNSPECIFIED {
+			if ev, ok := any(in.Msg()).(*dsecv1.ExecEvent); ok && ev.GetStarted() != nil {
+				ev.GetStarted().Phase = phase
+			}
+		}
 		// An exit is the last event: it leaves with the end of the stream.
 		if e, ok := any(in.Msg()).(interface{ GetExited() *dsecv1.ExecExited }); ok && e.GetExited() != nil {
 			flushhold.Hold(ctx)

@@ -62,6 +62,11 @@ type Edge interface {
 	// SetTimeout moves the sandbox's expiry to timeout from now (only
 	// later, with extendOnly) and returns its record.
 	SetTimeout(ctx context.Context, id string, timeout time.Duration, extendOnly bool) (*dsecv1.Sandbox, error)
+	// EndPhase ends the sandbox's phase (setup or agent) now and returns
+	// its record; Phase is its phase now (spec.phases; unspecified
+	// without them).
+	EndPhase(ctx context.Context, id string, phase dsecv1.Phase) (*dsecv1.Sandbox, error)
+	Phase(id string) dsecv1.Phase
 	// Metrics reads the sandbox's resource use now.
 	Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error)
 	// Snapshot packs the sandbox's writable layer into layer snap:NAME.
@@ -663,6 +668,14 @@ func (s *Service) SetTimeout(ctx context.Context, req *connect.Request[dsecv1.Se
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.SetTimeoutResponse{Sandbox: sb}), nil
+}
+
+func (s *Service) EndPhase(ctx context.Context, req *connect.Request[dsecv1.EndPhaseRequest]) (*connect.Response[dsecv1.EndPhaseResponse], error) {
+	sb, err := s.edge.EndPhase(ctx, req.Msg.GetSandboxId(), req.Msg.GetPhase())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.EndPhaseResponse{Sandbox: sb}), nil
 }
 
 func (s *Service) Metrics(ctx context.Context, req *connect.Request[dsecv1.MetricsRequest]) (*connect.Response[dsecv1.SandboxMetrics], error) {

@@ -234,6 +234,18 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
+// EndPhase refuses: a hollow sandbox has no phases (a hollow edge keeps
+// no clocks); an unknown one is NotFound.
+func (e *Edge) EndPhase(ctx context.Context, id string, phase dsecv1.Phase) (*dsecv1.Sandbox, error) {
+	if _, err := e.Get(ctx, id); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("sandbox %s is on hollow node %s, which keeps no phases: %w", id, e.cfg.Node, errdefs.ErrNotSupported)
+}
+
+// Phase is unspecified: a hollow sandbox has no phases.
+func (e *Edge) Phase(id string) dsecv1.Phase { return dsecv1.Phase_PHASE_UNSPECIFIED }
+
 // SetTimeout moves a live sandbox's expiry; a hollow edge enforces none.
 func (e *Edge) SetTimeout(ctx context.Context, id string, timeout time.Duration, extendOnly bool) (*dsecv1.Sandbox, error) {
 	e.mu.Lock()

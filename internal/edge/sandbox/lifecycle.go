@@ -369,6 +369,7 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 		busy := sb.inflight > 0
 		polled := sb.polled
 		pauseOnTimeout := rec.GetSpec().GetOnTimeout() == dsecv1.OnTimeout_ON_TIMEOUT_PAUSE
+		taskPhase, phaseEnds := rec.GetPhase(), rec.GetPhaseEndsUnixMs()
 		sb.mu.Unlock()
 		// A paused sandbox's clocks stand still but for its retention.
 		if state == dsecv1.State_STATE_PAUSED && pausedFor > m.cfg.PausedRetention {
@@ -386,6 +387,8 @@ func (m *Manager) sweep(now time.Time, ping bool) {
 			go m.timeout(ctx, sb, pauseOnTimeout, dsecv1.Reason_REASON_TTL,
 				fmt.Sprintf("its TTL of %ds ran out", rec.GetSpec().GetTtlSeconds()))
 			continue
+		case taskPhase != dsecv1.Phase_PHASE_UNSPECIFIED && phaseEnds > 0 && now.UnixMilli() >= phaseEnds:
+			go m.advancePhase(ctx, sb, taskPhase, "its budget ran out")
 		case idle > 0 && quiet > idle && !busy:
 			// Ask the agent what runs in it and when it last ran something
 			// (a process's exit counts): one round trip per idle timeout,

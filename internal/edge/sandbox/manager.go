@@ -381,6 +381,9 @@ func (m *Manager) start(ctx context.Context, id string, spec *dsecv1.SandboxSpec
 	rec.StartedUnixMs = started.UnixMilli()
 	if poolKey == "" {
 		rec.ExpiresUnixMs = started.Add(time.Duration(spec.GetTtlSeconds()) * time.Second).UnixMilli()
+		if spec.GetPhases() != nil {
+			enterPhase(rec, dsecv1.Phase_PHASE_SETUP, started)
+		}
 	}
 	rec.LastActiveUnixMs = started.UnixMilli()
 	sb.lastActive = started
@@ -513,6 +516,17 @@ func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, er
 	}
 	if spec.Pids == 0 {
 		spec.Pids = d.Pids
+	}
+	if ttl, err := phaseTTL(spec.GetPhases()); err != nil {
+		return nil, err
+	} else if ttl > 0 {
+		if spec.TtlSeconds != 0 && spec.TtlSeconds < ttl {
+			return nil, fmt.Errorf("ttl %ds is less than the phase budgets' sum and margin, %ds: %w", spec.TtlSeconds, ttl, errdefs.ErrInvalidArgument)
+		}
+		spec.TtlSeconds = max(spec.TtlSeconds, ttl)
+		if spec.IdleTimeoutSeconds == 0 {
+			spec.IdleTimeoutSeconds = -1 // the phases bound the life
+		}
 	}
 	if spec.TtlSeconds == 0 {
 		spec.TtlSeconds = int64(d.TTL / time.Second)

@@ -203,6 +203,9 @@ func (m *Manager) resumed(rec *dsecv1.Sandbox, now time.Time) {
 		}
 		rec.ExpiresUnixMs = now.UnixMilli() + left
 	}
+	if p, ends := rec.GetPausedUnixMs(), rec.GetPhaseEndsUnixMs(); p > 0 && ends > 0 {
+		rec.PhaseEndsUnixMs = now.UnixMilli() + max(0, ends-p) // a phase's clock stands still too
+	}
 	rec.LastActiveUnixMs = now.UnixMilli()
 }
 

@@ -73,6 +73,7 @@ func shapeOf(spec *dsecv1.SandboxSpec) *dsecv1.SandboxSpec {
 	}
 	s.TtlSeconds = 0
 	s.IdleTimeoutSeconds = 0
+	s.Phases = nil // a lifetime, set at take time as the TTL is
 	return s
 }
 
@@ -259,6 +260,9 @@ func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSp
 	rec.CreatedUnixMs = now.UnixMilli()
 	rec.StartedUnixMs = now.UnixMilli()
 	rec.ExpiresUnixMs = now.Add(time.Duration(spec.GetTtlSeconds()) * time.Second).UnixMilli()
+	if spec.GetPhases() != nil {
+		enterPhase(rec, dsecv1.Phase_PHASE_SETUP, now)
+	}
 	rec.LastActiveUnixMs = now.UnixMilli()
 	rec.FromWarmPool = true
 	if token != "" {

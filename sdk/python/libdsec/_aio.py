@@ -209,6 +209,7 @@ class ExecResult:
     stdout_dropped: int = 0
     stderr_dropped: int = 0
     infra_fault: Optional[str] = None
+    phase: Optional[str] = None
 
     @property
     def stdout(self) -> str:
@@ -311,6 +312,16 @@ class WarmPool:
                         missed=int(d.get("missed", 0)), last_error=d.get("lastError", ""))
 
 
+def _phase_name(v: Any) -> Optional[str]:
+    """A JSON Phase enum value as "setup", "agent" or "verify"; None when unset."""
+    names = {1: "setup", 2: "agent", 3: "verify"}
+    if isinstance(v, int):
+        return names.get(v)
+    if not v or v == "PHASE_UNSPECIFIED":
+        return None
+    return str(v).removeprefix("PHASE_").lower()
+
+
 class _Collector:
     """Turns ExecEvent JSON into output buffers and, at the end, an ExecResult."""
 
@@ -322,6 +333,7 @@ class _Collector:
         self.process_id = ""
         self.pid = 0
         self.tag = ""
+        self.phase: Optional[str] = None
         self.result: Optional[ExecResult] = None
         self.on_stdout = on_stdout
         self.on_stderr = on_stderr
@@ -333,6 +345,7 @@ class _Collector:
             self.process_id = s.get("processId", "")
             self.pid = int(s.get("pid", 0))
             self.tag = s.get("tag", "")
+            self.phase = _phase_name(s.get("phase"))
             if self.on_started:
                 self.on_started(self.process_id)
             return ExecEvent("started", process_id=self.process_id, pid=self.pid, tag=self.tag)
@@ -364,7 +377,7 @@ class _Collector:
                 exit_code=int(x.get("exitCode", 0)), duration_s=float(x.get("durationSeconds", 0.0)),
                 status=_STATUS.get(x.get("status", ""), "ok" if int(x.get("exitCode", 0)) == 0 else "nonzero"),
                 signal=int(x.get("signal", 0)), message=x.get("message", ""),
-                infra_fault=errors.fault_of_enum(x.get("fault")))
+                infra_fault=errors.fault_of_enum(x.get("fault")), phase=self.phase)
             return ExecEvent("exited", process_id=self.process_id, result=self.result)
         return None  # keepalive or unknown
 
@@ -526,7 +539,8 @@ class AsyncClient(IAMCalls):
                           timeout: float = DEFAULT_CREATE_TIMEOUT,
                           idempotency_key: Optional[str] = None,
                           on_timeout: Optional[str] = None,
-                          auto_resume: Optional[bool] = None) -> List["Sandbox"]:
+                          auto_resume: Optional[bool] = None,
+                          phases: Optional[Mapping[str, float]] = None) -> List["Sandbox"]:
         """Create n sandboxes in one call: all of them, or none.
 
         The call carries an idempotency key, so retries after a dropped
@@ -540,12 +554,22 @@ class AsyncClient(IAMCalls):
         "gvisor" (gVisor's user-space kernel) or "microvm" (a kernel of their
         own under QEMU); a node or cluster without it refuses the create
         (FailedPrecondition or NotSupported) naming what to install.
+        phases, e.g. {"setup": 60, "agent": 600, "verify": 120} (seconds),
+        splits each sandbox's life into budgets: the TTL becomes their sum
+        plus 30 s, the agent phase's end (its budget, or end_phase("agent"))
+        kills every process in the sandbox but not the sandbox, and verify
+        keeps its budget however the agent overran (docs/lifecycle.md).
         """
         if n < 1:
             raise errors.InvalidArgument("n must be at least 1")
         spec = self._spec(env, backend, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
                           env_vars, labels, network_rules, hostname, workdir, on_timeout, auto_resume,
                           isolation)
+        if phases:
+            unknown = set(phases) - {"setup", "agent", "verify"}
+            if unknown:
+                raise errors.InvalidArgument(f"phases: {sorted(unknown)} not known (setup, agent, verify)")
+            spec["phases"] = {f"{k}Seconds": float(v) for k, v in phases.items()}
         msg = {"spec": spec, "count": n, "idempotencyKey": idempotency_key or str(uuid.uuid4()),
                "waitSeconds": str(max(1, int(timeout)))}
         # A little beyond the server's wait, so its own verdict arrives first.
@@ -1027,6 +1051,21 @@ class Sandbox:
         self.info = resp.get("sandbox", self.info)
         return {"already_running": bool(resp.get("alreadyRunning", False)),
                 "prefetch_ms": int(resp.get("prefetchMs", 0))}
+
+    @property
+    def phase(self) -> Optional[str]:
+        """The phase ("setup", "agent", "verify") as last read; None without phase budgets."""
+        return _phase_name(self.info.get("phase"))
+
+    async def end_phase(self, phase: str, *, timeout: Optional[float] = None) -> None:
+        """End the sandbox's "setup" or "agent" phase now, as its budget running
+        out would; the agent phase's end kills every process in the sandbox. A
+        phase already over is left alone."""
+        if phase not in ("setup", "agent"):
+            raise errors.InvalidArgument(f"phase {phase!r}: want 'setup' or 'agent'")
+        resp = await self.client._call("EndPhase", {"sandboxId": self.id, "phase": "PHASE_" + phase.upper()},
+                                       timeout, idempotent=True)
+        self.info = resp.get("sandbox", self.info)
 
     async def set_timeout(self, seconds: float, *, extend_only: bool = False,
                           timeout: Optional[float] = None) -> None:

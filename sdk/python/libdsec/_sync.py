@@ -247,6 +247,7 @@ class Sandbox:
     from_warm_pool = property(lambda self: self._a.from_warm_pool)
     warnings = property(lambda self: self._a.warnings)
     pause_releases = property(lambda self: self._a.pause_releases)
+    phase = property(lambda self: self._a.phase)
 
     def _run(self, coro):
         return self.client._run(coro)
@@ -263,6 +264,9 @@ class Sandbox:
 
     def resume(self, **kw) -> Dict[str, Any]:
         return self._run(self._a.resume(**kw))
+
+    def end_phase(self, phase: str, **kw) -> None:
+        self._run(self._a.end_phase(phase, **kw))
 
     def set_timeout(self, seconds: float, **kw) -> None:
         self._run(self._a.set_timeout(seconds, **kw))

@@ -164,6 +164,61 @@ func (Reason) EnumDescriptor() ([]byte, []int) {
 	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{1}
 }
 
+// Phase is where a sandbox made with phase budgets (spec.phases) is in its
+// life: setting up the task, the agent working on it, the task being
+// verified. A sandbox without budgets has none (PHASE_UNSPECIFIED).
+type Phase int32
+
+const (
+	Phase_PHASE_UNSPECIFIED Phase = 0
+	Phase_PHASE_SETUP       Phase = 1
+	Phase_PHASE_AGENT       Phase = 2
+	Phase_PHASE_VERIFY      Phase = 3
+)
+
+// Enum value maps for Phase.
+var (
+	Phase_name = map[int32]string{
+		0: "PHASE_UNSPECIFIED",
+		1: "PHASE_SETUP",
+		2: "PHASE_AGENT",
+		3: "PHASE_VERIFY",
+	}
+	Phase_value = map[string]int32{
+		"PHASE_UNSPECIFIED": 0,
+		"PHASE_SETUP":       1,
+		"PHASE_AGENT":       2,
+		"PHASE_VERIFY":      3,
+	}
+)
+
+func (x Phase) Enum() *Phase {
+	p := new(Phase)
+	*p = x
+	return p
+}
+
+func (x Phase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Phase) Descriptor() protoreflect.EnumDescriptor {
+	return file_dsec_v1_dsec_proto_enumTypes[2].Descriptor()
+}
+
+func (Phase) Type() protoreflect.EnumType {
+	return &file_dsec_v1_dsec_proto_enumTypes[2]
+}
+
+func (x Phase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Phase.Descriptor instead.
+func (Phase) EnumDescriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
+}
+
 // What a sandbox's TTL or idle timeout does when it runs out.
 type OnTimeout int32
 
@@ -198,11 +253,11 @@ func (x OnTimeout) String() string {
 }
 
 func (OnTimeout) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[2].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[3].Descriptor()
 }
 
 func (OnTimeout) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[2]
+	return &file_dsec_v1_dsec_proto_enumTypes[3]
 }
 
 func (x OnTimeout) Number() protoreflect.EnumNumber {
@@ -211,7 +266,7 @@ func (x OnTimeout) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OnTimeout.Descriptor instead.
 func (OnTimeout) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
 }
 
 // Backend is the sandbox's workload profile; the mechanism that isolates it
@@ -253,11 +308,11 @@ func (x Backend) String() string {
 }
 
 func (Backend) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[3].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[4].Descriptor()
 }
 
 func (Backend) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[3]
+	return &file_dsec_v1_dsec_proto_enumTypes[4]
 }
 
 func (x Backend) Number() protoreflect.EnumNumber {
@@ -266,7 +321,7 @@ func (x Backend) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Backend.Descriptor instead.
 func (Backend) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
 }
 
 // Isolation is what keeps a sandbox apart from its node: the host's kernel
@@ -311,11 +366,11 @@ func (x Isolation) String() string {
 }
 
 func (Isolation) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[4].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[5].Descriptor()
 }
 
 func (Isolation) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[4]
+	return &file_dsec_v1_dsec_proto_enumTypes[5]
 }
 
 func (x Isolation) Number() protoreflect.EnumNumber {
@@ -324,7 +379,7 @@ func (x Isolation) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Isolation.Descriptor instead.
 func (Isolation) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
 }
 
 type ExitStatus int32
@@ -372,11 +427,11 @@ func (x ExitStatus) String() string {
 }
 
 func (ExitStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[5].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[6].Descriptor()
 }
 
 func (ExitStatus) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[5]
+	return &file_dsec_v1_dsec_proto_enumTypes[6]
 }
 
 func (x ExitStatus) Number() protoreflect.EnumNumber {
@@ -385,7 +440,7 @@ func (x ExitStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExitStatus.Descriptor instead.
 func (ExitStatus) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
 }
 
 // Fault says what ended a call when the platform did, not the task: a
@@ -449,11 +504,11 @@ func (x Fault) String() string {
 }
 
 func (Fault) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[6].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[7].Descriptor()
 }
 
 func (Fault) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[6]
+	return &file_dsec_v1_dsec_proto_enumTypes[7]
 }
 
 func (x Fault) Number() protoreflect.EnumNumber {
@@ -462,7 +517,7 @@ func (x Fault) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Fault.Descriptor instead.
 func (Fault) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
 }
 
 type FileChange int32
@@ -507,11 +562,11 @@ func (x FileChange) String() string {
 }
 
 func (FileChange) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[7].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[8].Descriptor()
 }
 
 func (FileChange) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[7]
+	return &file_dsec_v1_dsec_proto_enumTypes[8]
 }
 
 func (x FileChange) Number() protoreflect.EnumNumber {
@@ -520,7 +575,7 @@ func (x FileChange) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileChange.Descriptor instead.
 func (FileChange) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
 }
 
 type LayerKind int32
@@ -564,11 +619,11 @@ func (x LayerKind) String() string {
 }
 
 func (LayerKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[8].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[9].Descriptor()
 }
 
 func (LayerKind) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[8]
+	return &file_dsec_v1_dsec_proto_enumTypes[9]
 }
 
 func (x LayerKind) Number() protoreflect.EnumNumber {
@@ -577,7 +632,7 @@ func (x LayerKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LayerKind.Descriptor instead.
 func (LayerKind) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
 }
 
 type RunStatus int32
@@ -616,11 +671,11 @@ func (x RunStatus) String() string {
 }
 
 func (RunStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[9].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[10].Descriptor()
 }
 
 func (RunStatus) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[9]
+	return &file_dsec_v1_dsec_proto_enumTypes[10]
 }
 
 func (x RunStatus) Number() protoreflect.EnumNumber {
@@ -629,7 +684,7 @@ func (x RunStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunStatus.Descriptor instead.
 func (RunStatus) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
 }
 
 type CommandStatus int32
@@ -668,11 +723,11 @@ func (x CommandStatus) String() string {
 }
 
 func (CommandStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_dsec_v1_dsec_proto_enumTypes[10].Descriptor()
+	return file_dsec_v1_dsec_proto_enumTypes[11].Descriptor()
 }
 
 func (CommandStatus) Type() protoreflect.EnumType {
-	return &file_dsec_v1_dsec_proto_enumTypes[10]
+	return &file_dsec_v1_dsec_proto_enumTypes[11]
 }
 
 func (x CommandStatus) Number() protoreflect.EnumNumber {
@@ -681,7 +736,73 @@ func (x CommandStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CommandStatus.Descriptor instead.
 func (CommandStatus) EnumDescriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
+}
+
+// PhaseBudgets give a sandbox's life as three phases, each at most its
+// budget of wall time: setup, then the agent, then verify. The hard TTL is
+// their sum plus a margin (ttl_seconds, if given, must not be less); the
+// agent phase's end (its budget, or EndPhase) kills every process running
+// in the sandbox but not the sandbox, so verify always has its budget
+// however the agent overran. A phase with a budget of 0 is skipped.
+type PhaseBudgets struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SetupSeconds  float64                `protobuf:"fixed64,1,opt,name=setup_seconds,json=setupSeconds,proto3" json:"setup_seconds,omitempty"`
+	AgentSeconds  float64                `protobuf:"fixed64,2,opt,name=agent_seconds,json=agentSeconds,proto3" json:"agent_seconds,omitempty"`
+	VerifySeconds float64                `protobuf:"fixed64,3,opt,name=verify_seconds,json=verifySeconds,proto3" json:"verify_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PhaseBudgets) Reset() {
+	*x = PhaseBudgets{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PhaseBudgets) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PhaseBudgets) ProtoMessage() {}
+
+func (x *PhaseBudgets) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PhaseBudgets.ProtoReflect.Descriptor instead.
+func (*PhaseBudgets) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PhaseBudgets) GetSetupSeconds() float64 {
+	if x != nil {
+		return x.SetupSeconds
+	}
+	return 0
+}
+
+func (x *PhaseBudgets) GetAgentSeconds() float64 {
+	if x != nil {
+		return x.AgentSeconds
+	}
+	return 0
+}
+
+func (x *PhaseBudgets) GetVerifySeconds() float64 {
+	if x != nil {
+		return x.VerifySeconds
+	}
+	return 0
 }
 
 // SandboxKind is one isolation and profile a node offers.
@@ -698,7 +819,7 @@ type SandboxKind struct {
 
 func (x *SandboxKind) Reset() {
 	*x = SandboxKind{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[0]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +831,7 @@ func (x *SandboxKind) String() string {
 func (*SandboxKind) ProtoMessage() {}
 
 func (x *SandboxKind) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[0]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +844,7 @@ func (x *SandboxKind) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxKind.ProtoReflect.Descriptor instead.
 func (*SandboxKind) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{0}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *SandboxKind) GetIsolation() Isolation {
@@ -764,7 +885,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[1]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +897,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[1]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +910,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{1}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -873,14 +994,17 @@ type SandboxSpec struct {
 	AllowPrivilegeEscalation bool `protobuf:"varint,17,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3" json:"allow_privilege_escalation,omitempty"`
 	// What isolates the sandbox; unset = container. A node that lacks it
 	// refuses the create, naming what it has and what to install.
-	Isolation     Isolation `protobuf:"varint,18,opt,name=isolation,proto3,enum=dsec.v1.Isolation" json:"isolation,omitempty"`
+	Isolation Isolation `protobuf:"varint,18,opt,name=isolation,proto3,enum=dsec.v1.Isolation" json:"isolation,omitempty"`
+	// Phase budgets: setup, agent and verify (see PhaseBudgets). With them
+	// the idle timeout defaults to never: the phases bound the life.
+	Phases        *PhaseBudgets `protobuf:"bytes,19,opt,name=phases,proto3" json:"phases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
 	*x = SandboxSpec{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +1016,7 @@ func (x *SandboxSpec) String() string {
 func (*SandboxSpec) ProtoMessage() {}
 
 func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[2]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1029,7 @@ func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSpec.ProtoReflect.Descriptor instead.
 func (*SandboxSpec) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{2}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SandboxSpec) GetEnvironment() string {
@@ -1034,6 +1158,13 @@ func (x *SandboxSpec) GetIsolation() Isolation {
 	return Isolation_ISOLATION_UNSPECIFIED
 }
 
+func (x *SandboxSpec) GetPhases() *PhaseBudgets {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
+}
+
 type Sandbox struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Id               string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1057,13 +1188,16 @@ type Sandbox struct {
 	// What a pause can release on the sandbox's node, in words (page cache
 	// only without swap). Filled in by Get.
 	PauseReleases string `protobuf:"bytes,17,opt,name=pause_releases,json=pauseReleases,proto3" json:"pause_releases,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The phase it is in (spec.phases) and when that phase's budget runs out.
+	Phase           Phase `protobuf:"varint,18,opt,name=phase,proto3,enum=dsec.v1.Phase" json:"phase,omitempty"`
+	PhaseEndsUnixMs int64 `protobuf:"varint,19,opt,name=phase_ends_unix_ms,json=phaseEndsUnixMs,proto3" json:"phase_ends_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1209,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1222,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1210,6 +1344,20 @@ func (x *Sandbox) GetPauseReleases() string {
 	return ""
 }
 
+func (x *Sandbox) GetPhase() Phase {
+	if x != nil {
+		return x.Phase
+	}
+	return Phase_PHASE_UNSPECIFIED
+}
+
+func (x *Sandbox) GetPhaseEndsUnixMs() int64 {
+	if x != nil {
+		return x.PhaseEndsUnixMs
+	}
+	return 0
+}
+
 // What a pause did to a sandbox's memory.
 type PauseStats struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1238,7 +1386,7 @@ type PauseStats struct {
 
 func (x *PauseStats) Reset() {
 	*x = PauseStats{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1398,7 @@ func (x *PauseStats) String() string {
 func (*PauseStats) ProtoMessage() {}
 
 func (x *PauseStats) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1411,7 @@ func (x *PauseStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStats.ProtoReflect.Descriptor instead.
 func (*PauseStats) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PauseStats) GetFrozenUs() int64 {
@@ -1354,7 +1502,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1514,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1527,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -1407,7 +1555,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1567,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1580,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -1461,7 +1609,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1621,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1634,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ResumeRequest) GetSandboxId() string {
@@ -1514,7 +1662,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1674,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1687,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1576,7 +1724,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1736,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1749,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetTimeoutRequest) GetSandboxId() string {
@@ -1634,7 +1782,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1794,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,10 +1807,106 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type EndPhaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Phase         Phase                  `protobuf:"varint,2,opt,name=phase,proto3,enum=dsec.v1.Phase" json:"phase,omitempty"` // the phase to end: PHASE_SETUP or PHASE_AGENT
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndPhaseRequest) Reset() {
+	*x = EndPhaseRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndPhaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndPhaseRequest) ProtoMessage() {}
+
+func (x *EndPhaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndPhaseRequest.ProtoReflect.Descriptor instead.
+func (*EndPhaseRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *EndPhaseRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *EndPhaseRequest) GetPhase() Phase {
+	if x != nil {
+		return x.Phase
+	}
+	return Phase_PHASE_UNSPECIFIED
+}
+
+type EndPhaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"` // with its new phase
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndPhaseResponse) Reset() {
+	*x = EndPhaseResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndPhaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndPhaseResponse) ProtoMessage() {}
+
+func (x *EndPhaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndPhaseResponse.ProtoReflect.Descriptor instead.
+func (*EndPhaseResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *EndPhaseResponse) GetSandbox() *Sandbox {
 	if x != nil {
 		return x.Sandbox
 	}
@@ -1678,7 +1922,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1934,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1947,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MetricsRequest) GetSandboxId() string {
@@ -1734,7 +1978,7 @@ type SandboxMetrics struct {
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1990,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +2003,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SandboxMetrics) GetTimeUnixMs() int64 {
@@ -1838,7 +2082,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +2094,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +2107,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateRequest) GetSpec() *SandboxSpec {
@@ -1903,7 +2147,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2159,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2172,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateResponse) GetSandboxes() []*Sandbox {
@@ -1947,7 +2191,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2203,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2216,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1996,7 +2240,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2252,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2265,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -2054,7 +2298,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2310,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2323,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2099,7 +2343,7 @@ type SetWarmPoolRequest struct {
 
 func (x *SetWarmPoolRequest) Reset() {
 	*x = SetWarmPoolRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2355,7 @@ func (x *SetWarmPoolRequest) String() string {
 func (*SetWarmPoolRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2368,7 @@ func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetWarmPoolRequest) GetSpec() *SandboxSpec {
@@ -2160,7 +2404,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2416,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2429,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WarmPool) GetKey() string {
@@ -2259,7 +2503,7 @@ type ListWarmPoolsRequest struct {
 
 func (x *ListWarmPoolsRequest) Reset() {
 	*x = ListWarmPoolsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2515,7 @@ func (x *ListWarmPoolsRequest) String() string {
 func (*ListWarmPoolsRequest) ProtoMessage() {}
 
 func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2528,7 @@ func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
 }
 
 type ListWarmPoolsResponse struct {
@@ -2296,7 +2540,7 @@ type ListWarmPoolsResponse struct {
 
 func (x *ListWarmPoolsResponse) Reset() {
 	*x = ListWarmPoolsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2308,7 +2552,7 @@ func (x *ListWarmPoolsResponse) String() string {
 func (*ListWarmPoolsResponse) ProtoMessage() {}
 
 func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2321,7 +2565,7 @@ func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListWarmPoolsResponse) GetPools() []*WarmPool {
@@ -2340,7 +2584,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2352,7 +2596,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2365,7 +2609,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -2383,7 +2627,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2395,7 +2639,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2408,7 +2652,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
 }
 
 type ExecRequest struct {
@@ -2437,7 +2681,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2449,7 +2693,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2462,7 +2706,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -2573,7 +2817,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2829,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2842,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -2718,7 +2962,7 @@ type ExecDropped struct {
 
 func (x *ExecDropped) Reset() {
 	*x = ExecDropped{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2974,7 @@ func (x *ExecDropped) String() string {
 func (*ExecDropped) ProtoMessage() {}
 
 func (x *ExecDropped) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2987,7 @@ func (x *ExecDropped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecDropped.ProtoReflect.Descriptor instead.
 func (*ExecDropped) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecDropped) GetStderr() bool {
@@ -2761,17 +3005,20 @@ func (x *ExecDropped) GetBytes() int64 {
 }
 
 type ExecStarted struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ProcessId     string                 `protobuf:"bytes,1,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
-	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
-	Tag           string                 `protobuf:"bytes,3,opt,name=tag,proto3" json:"tag,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ProcessId string                 `protobuf:"bytes,1,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	Pid       int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Tag       string                 `protobuf:"bytes,3,opt,name=tag,proto3" json:"tag,omitempty"`
+	// The sandbox's phase when the command started (spec.phases); unset
+	// for a sandbox without phase budgets.
+	Phase         Phase `protobuf:"varint,4,opt,name=phase,proto3,enum=dsec.v1.Phase" json:"phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2783,7 +3030,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2796,7 +3043,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -2818,6 +3065,13 @@ func (x *ExecStarted) GetTag() string {
 		return x.Tag
 	}
 	return ""
+}
+
+func (x *ExecStarted) GetPhase() Phase {
+	if x != nil {
+		return x.Phase
+	}
+	return Phase_PHASE_UNSPECIFIED
 }
 
 type ExecExited struct {
@@ -2844,7 +3098,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2856,7 +3110,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2869,7 +3123,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -2968,7 +3222,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2980,7 +3234,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2993,7 +3247,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -3057,7 +3311,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3323,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3336,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -3121,7 +3375,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3387,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3400,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 type SignalRequest struct {
@@ -3160,7 +3414,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3172,7 +3426,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3185,7 +3439,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -3217,7 +3471,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3483,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3496,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 type ListProcessesRequest struct {
@@ -3254,7 +3508,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3266,7 +3520,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3279,7 +3533,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -3304,7 +3558,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3316,7 +3570,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3329,7 +3583,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -3390,7 +3644,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3402,7 +3656,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3415,7 +3669,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -3440,7 +3694,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3706,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3719,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -3527,7 +3781,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3793,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3806,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -3577,7 +3831,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3589,7 +3843,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3602,7 +3856,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 type SessionCloseRequest struct {
@@ -3615,7 +3869,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3627,7 +3881,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3640,7 +3894,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -3665,7 +3919,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +3931,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +3944,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 type ShellInput struct {
@@ -3707,7 +3961,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3719,7 +3973,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3732,7 +3986,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -3812,7 +4066,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3824,7 +4078,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3837,7 +4091,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -3906,7 +4160,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3918,7 +4172,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3931,7 +4185,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -3962,7 +4216,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3974,7 +4228,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3987,7 +4241,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -4065,7 +4319,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4077,7 +4331,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4090,7 +4344,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *FileInfo) GetName() string {
@@ -4169,7 +4423,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4181,7 +4435,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4194,7 +4448,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -4243,7 +4497,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4255,7 +4509,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4268,7 +4522,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -4307,7 +4561,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4319,7 +4573,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4332,7 +4586,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -4393,7 +4647,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4405,7 +4659,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4418,7 +4672,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -4439,7 +4693,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4451,7 +4705,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4464,7 +4718,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -4497,7 +4751,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4509,7 +4763,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4522,7 +4776,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -4543,7 +4797,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4555,7 +4809,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4568,7 +4822,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -4601,7 +4855,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4613,7 +4867,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4626,7 +4880,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -4648,7 +4902,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4660,7 +4914,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4673,7 +4927,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -4712,7 +4966,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4724,7 +4978,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4737,7 +4991,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 type MakeDirRequest struct {
@@ -4753,7 +5007,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4765,7 +5019,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4778,7 +5032,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -4824,7 +5078,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4836,7 +5090,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4849,7 +5103,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 type MoveRequest struct {
@@ -4865,7 +5119,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4877,7 +5131,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4890,7 +5144,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -4938,7 +5192,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4950,7 +5204,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4963,7 +5217,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *MoveResponse) GetInfo() *FileInfo {
@@ -4985,7 +5239,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4997,7 +5251,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5010,7 +5264,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -5052,7 +5306,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5064,7 +5318,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5077,7 +5331,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -5113,7 +5367,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5125,7 +5379,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5138,7 +5392,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -5179,7 +5433,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5191,7 +5445,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5204,7 +5458,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -5239,7 +5493,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5251,7 +5505,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5264,7 +5518,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -5311,7 +5565,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5323,7 +5577,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5336,7 +5590,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -5376,7 +5630,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5388,7 +5642,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5401,7 +5655,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *Layer) GetDigest() string {
@@ -5517,7 +5771,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5529,7 +5783,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5542,7 +5796,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *SnapshotInfo) GetName() string {
@@ -5669,7 +5923,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5681,7 +5935,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5694,7 +5948,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -5733,7 +5987,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5745,7 +5999,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5758,7 +6012,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 type ListSnapshotsResponse struct {
@@ -5770,7 +6024,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5782,7 +6036,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5795,7 +6049,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -5814,7 +6068,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5826,7 +6080,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5839,7 +6093,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -5857,7 +6111,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5869,7 +6123,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5882,7 +6136,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 type ForkRequest struct {
@@ -5902,7 +6156,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5914,7 +6168,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5927,7 +6181,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -5976,7 +6230,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5988,7 +6242,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6001,7 +6255,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -6028,7 +6282,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6040,7 +6294,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6053,7 +6307,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -6085,7 +6339,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6097,7 +6351,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6110,7 +6364,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -6167,7 +6421,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6179,7 +6433,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6192,7 +6446,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -6268,7 +6522,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6280,7 +6534,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6293,7 +6547,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -6344,7 +6598,7 @@ type ShareLayerRequest struct {
 
 func (x *ShareLayerRequest) Reset() {
 	*x = ShareLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6356,7 +6610,7 @@ func (x *ShareLayerRequest) String() string {
 func (*ShareLayerRequest) ProtoMessage() {}
 
 func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6369,7 +6623,7 @@ func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerRequest.ProtoReflect.Descriptor instead.
 func (*ShareLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ShareLayerRequest) GetRef() string {
@@ -6402,7 +6656,7 @@ type ShareLayerResponse struct {
 
 func (x *ShareLayerResponse) Reset() {
 	*x = ShareLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6414,7 +6668,7 @@ func (x *ShareLayerResponse) String() string {
 func (*ShareLayerResponse) ProtoMessage() {}
 
 func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6427,7 +6681,7 @@ func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerResponse.ProtoReflect.Descriptor instead.
 func (*ShareLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ShareLayerResponse) GetSharedWith() []string {
@@ -6445,7 +6699,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6457,7 +6711,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6470,7 +6724,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 type ListLayersResponse struct {
@@ -6482,7 +6736,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6494,7 +6748,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6507,7 +6761,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -6526,7 +6780,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6538,7 +6792,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6551,7 +6805,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -6569,7 +6823,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6581,7 +6835,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6594,7 +6848,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 type Environment struct {
@@ -6609,7 +6863,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6621,7 +6875,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6634,7 +6888,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *Environment) GetName() string {
@@ -6673,7 +6927,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6685,7 +6939,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6698,7 +6952,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 type ListEnvironmentsResponse struct {
@@ -6710,7 +6964,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6722,7 +6976,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6735,7 +6989,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -6756,7 +7010,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6768,7 +7022,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6781,7 +7035,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -6814,7 +7068,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6826,7 +7080,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6839,7 +7093,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -6860,7 +7114,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6872,7 +7126,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6885,7 +7139,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -6927,7 +7181,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6939,7 +7193,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6952,7 +7206,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -7034,7 +7288,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7046,7 +7300,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7059,7 +7313,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -7088,7 +7342,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7100,7 +7354,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7113,7 +7367,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -7176,7 +7430,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7188,7 +7442,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7201,7 +7455,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -7282,7 +7536,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7294,7 +7548,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7307,7 +7561,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 type LayerUsage struct {
@@ -7334,7 +7588,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7346,7 +7600,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7359,7 +7613,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -7487,7 +7741,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7499,7 +7753,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7512,7 +7766,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -7562,7 +7816,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7574,7 +7828,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7587,7 +7841,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -7646,7 +7900,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7658,7 +7912,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7671,7 +7925,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -7769,7 +8023,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7781,7 +8035,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7794,7 +8048,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -7872,7 +8126,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7884,7 +8138,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7897,7 +8151,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -7965,7 +8219,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7977,7 +8231,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7990,7 +8244,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -8009,7 +8263,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8021,7 +8275,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8034,7 +8288,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -8059,7 +8313,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8071,7 +8325,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8084,7 +8338,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *Language) GetName() string {
@@ -8144,7 +8398,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8156,7 +8410,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8169,7 +8423,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
 }
 
 type ListLanguagesResponse struct {
@@ -8181,7 +8435,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8193,7 +8447,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8206,7 +8460,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -8224,7 +8478,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8236,7 +8490,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8249,7 +8503,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
 }
 
 type ServerInfo struct {
@@ -8271,7 +8525,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8283,7 +8537,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8296,7 +8550,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -8331,7 +8585,11 @@ var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
 
 const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
-	"\x12dsec/v1/dsec.proto\x12\adsec.v1\"\x8d\x01\n" +
+	"\x12dsec/v1/dsec.proto\x12\adsec.v1\"\x7f\n" +
+	"\fPhaseBudgets\x12#\n" +
+	"\rsetup_seconds\x18\x01 \x01(\x01R\fsetupSeconds\x12#\n" +
+	"\ragent_seconds\x18\x02 \x01(\x01R\fagentSeconds\x12%\n" +
+	"\x0everify_seconds\x18\x03 \x01(\x01R\rverifySeconds\"\x8d\x01\n" +
 	"\vSandboxKind\x120\n" +
 	"\tisolation\x18\x01 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x12*\n" +
 	"\aprofile\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\aprofile\x12 \n" +
@@ -8345,7 +8603,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\rmax_sandboxes\x18\x06 \x01(\x05R\fmaxSandboxes\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\a\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xca\a\n" +
 	"\vSandboxSpec\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12*\n" +
 	"\abackend\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\abackend\x12\x12\n" +
@@ -8368,7 +8626,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"on_timeout\x18\x10 \x01(\x0e2\x12.dsec.v1.OnTimeoutR\tonTimeout\x12<\n" +
 	"\x1aallow_privilege_escalation\x18\x11 \x01(\bR\x18allowPrivilegeEscalation\x120\n" +
-	"\tisolation\x18\x12 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x1a6\n" +
+	"\tisolation\x18\x12 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x12-\n" +
+	"\x06phases\x18\x13 \x01(\v2\x15.dsec.v1.PhaseBudgetsR\x06phases\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -8378,7 +8637,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x11NetworkRulesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01B\x0e\n" +
-	"\f_auto_resume\"\xe9\x04\n" +
+	"\f_auto_resume\"\xbc\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12(\n" +
@@ -8398,7 +8657,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x0epaused_unix_ms\x18\x0f \x01(\x03R\fpausedUnixMs\x122\n" +
 	"\n" +
 	"last_pause\x18\x10 \x01(\v2\x13.dsec.v1.PauseStatsR\tlastPause\x12%\n" +
-	"\x0epause_releases\x18\x11 \x01(\tR\rpauseReleases\"\xa3\x03\n" +
+	"\x0epause_releases\x18\x11 \x01(\tR\rpauseReleases\x12$\n" +
+	"\x05phase\x18\x12 \x01(\x0e2\x0e.dsec.v1.PhaseR\x05phase\x12+\n" +
+	"\x12phase_ends_unix_ms\x18\x13 \x01(\x03R\x0fphaseEndsUnixMs\"\xa3\x03\n" +
 	"\n" +
 	"PauseStats\x12\x1b\n" +
 	"\tfrozen_us\x18\x01 \x01(\x03R\bfrozenUs\x12\x1d\n" +
@@ -8440,6 +8701,12 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\vextend_only\x18\x03 \x01(\bR\n" +
 	"extendOnly\"@\n" +
 	"\x12SetTimeoutResponse\x12*\n" +
+	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\"V\n" +
+	"\x0fEndPhaseRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12$\n" +
+	"\x05phase\x18\x02 \x01(\x0e2\x0e.dsec.v1.PhaseR\x05phase\">\n" +
+	"\x10EndPhaseResponse\x12*\n" +
 	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\"/\n" +
 	"\x0eMetricsRequest\x12\x1d\n" +
 	"\n" +
@@ -8526,12 +8793,13 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05event\";\n" +
 	"\vExecDropped\x12\x16\n" +
 	"\x06stderr\x18\x01 \x01(\bR\x06stderr\x12\x14\n" +
-	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"P\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"v\n" +
 	"\vExecStarted\x12\x1d\n" +
 	"\n" +
 	"process_id\x18\x01 \x01(\tR\tprocessId\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x10\n" +
-	"\x03tag\x18\x03 \x01(\tR\x03tag\"\xf5\x02\n" +
+	"\x03tag\x18\x03 \x01(\tR\x03tag\x12$\n" +
+	"\x05phase\x18\x04 \x01(\x0e2\x0e.dsec.v1.PhaseR\x05phase\"\xf5\x02\n" +
 	"\n" +
 	"ExecExited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -9007,6 +9275,11 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x12REASON_START_ERROR\x10\x06\x12\x14\n" +
 	"\x10REASON_NODE_LOST\x10\a\x12\x1a\n" +
 	"\x16REASON_PAUSED_TOO_LONG\x10\b*R\n" +
+	"\x05Phase\x12\x15\n" +
+	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vPHASE_SETUP\x10\x01\x12\x0f\n" +
+	"\vPHASE_AGENT\x10\x02\x12\x10\n" +
+	"\fPHASE_VERIFY\x10\x03*R\n" +
 	"\tOnTimeout\x12\x1a\n" +
 	"\x16ON_TIMEOUT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fON_TIMEOUT_STOP\x10\x01\x12\x14\n" +
@@ -9063,7 +9336,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xe6\x12\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xac\x13\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -9072,7 +9345,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05Pause\x12\x15.dsec.v1.PauseRequest\x1a\x16.dsec.v1.PauseResponse\"\x03\x90\x02\x02\x12>\n" +
 	"\x06Resume\x12\x16.dsec.v1.ResumeRequest\x1a\x17.dsec.v1.ResumeResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\n" +
-	"SetTimeout\x12\x1a.dsec.v1.SetTimeoutRequest\x1a\x1b.dsec.v1.SetTimeoutResponse\"\x03\x90\x02\x02\x12@\n" +
+	"SetTimeout\x12\x1a.dsec.v1.SetTimeoutRequest\x1a\x1b.dsec.v1.SetTimeoutResponse\"\x03\x90\x02\x02\x12D\n" +
+	"\bEndPhase\x12\x18.dsec.v1.EndPhaseRequest\x1a\x19.dsec.v1.EndPhaseResponse\"\x03\x90\x02\x02\x12@\n" +
 	"\aMetrics\x12\x17.dsec.v1.MetricsRequest\x1a\x17.dsec.v1.SandboxMetrics\"\x03\x90\x02\x01\x12;\n" +
 	"\bSnapshot\x12\x18.dsec.v1.SnapshotRequest\x1a\x15.dsec.v1.SnapshotInfo\x12S\n" +
 	"\rListSnapshots\x12\x1d.dsec.v1.ListSnapshotsRequest\x1a\x1e.dsec.v1.ListSnapshotsResponse\"\x03\x90\x02\x01\x12V\n" +
@@ -9134,312 +9408,323 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 	return file_dsec_v1_dsec_proto_rawDescData
 }
 
-var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 121)
+var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 124)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
-	(OnTimeout)(0),                   // 2: dsec.v1.OnTimeout
-	(Backend)(0),                     // 3: dsec.v1.Backend
-	(Isolation)(0),                   // 4: dsec.v1.Isolation
-	(ExitStatus)(0),                  // 5: dsec.v1.ExitStatus
-	(Fault)(0),                       // 6: dsec.v1.Fault
-	(FileChange)(0),                  // 7: dsec.v1.FileChange
-	(LayerKind)(0),                   // 8: dsec.v1.LayerKind
-	(RunStatus)(0),                   // 9: dsec.v1.RunStatus
-	(CommandStatus)(0),               // 10: dsec.v1.CommandStatus
-	(*SandboxKind)(nil),              // 11: dsec.v1.SandboxKind
-	(*NodeInfo)(nil),                 // 12: dsec.v1.NodeInfo
-	(*SandboxSpec)(nil),              // 13: dsec.v1.SandboxSpec
-	(*Sandbox)(nil),                  // 14: dsec.v1.Sandbox
-	(*PauseStats)(nil),               // 15: dsec.v1.PauseStats
-	(*PauseRequest)(nil),             // 16: dsec.v1.PauseRequest
-	(*PauseResponse)(nil),            // 17: dsec.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 18: dsec.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 19: dsec.v1.ResumeResponse
-	(*SetTimeoutRequest)(nil),        // 20: dsec.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),       // 21: dsec.v1.SetTimeoutResponse
-	(*MetricsRequest)(nil),           // 22: dsec.v1.MetricsRequest
-	(*SandboxMetrics)(nil),           // 23: dsec.v1.SandboxMetrics
-	(*CreateRequest)(nil),            // 24: dsec.v1.CreateRequest
-	(*CreateResponse)(nil),           // 25: dsec.v1.CreateResponse
-	(*GetRequest)(nil),               // 26: dsec.v1.GetRequest
-	(*ListRequest)(nil),              // 27: dsec.v1.ListRequest
-	(*ListResponse)(nil),             // 28: dsec.v1.ListResponse
-	(*SetWarmPoolRequest)(nil),       // 29: dsec.v1.SetWarmPoolRequest
-	(*WarmPool)(nil),                 // 30: dsec.v1.WarmPool
-	(*ListWarmPoolsRequest)(nil),     // 31: dsec.v1.ListWarmPoolsRequest
-	(*ListWarmPoolsResponse)(nil),    // 32: dsec.v1.ListWarmPoolsResponse
-	(*DeleteRequest)(nil),            // 33: dsec.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 34: dsec.v1.DeleteResponse
-	(*ExecRequest)(nil),              // 35: dsec.v1.ExecRequest
-	(*ExecEvent)(nil),                // 36: dsec.v1.ExecEvent
-	(*ExecDropped)(nil),              // 37: dsec.v1.ExecDropped
-	(*ExecStarted)(nil),              // 38: dsec.v1.ExecStarted
-	(*ExecExited)(nil),               // 39: dsec.v1.ExecExited
-	(*AttachRequest)(nil),            // 40: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),        // 41: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 42: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),            // 43: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),           // 44: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),     // 45: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),              // 46: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),    // 47: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),        // 48: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),  // 49: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil), // 50: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),      // 51: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),     // 52: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),               // 53: dsec.v1.ShellInput
-	(*ShellStart)(nil),               // 54: dsec.v1.ShellStart
-	(*TerminalSize)(nil),             // 55: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),              // 56: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                 // 57: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),          // 58: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 59: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 60: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 61: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),           // 62: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 63: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),              // 64: dsec.v1.StatRequest
-	(*StatResponse)(nil),             // 65: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),            // 66: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 67: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),           // 68: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 69: dsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),              // 70: dsec.v1.MoveRequest
-	(*MoveResponse)(nil),             // 71: dsec.v1.MoveResponse
-	(*WatchDirRequest)(nil),          // 72: dsec.v1.WatchDirRequest
-	(*WatchEvent)(nil),               // 73: dsec.v1.WatchEvent
-	(*UploadRequest)(nil),            // 74: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),           // 75: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),          // 76: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),            // 77: dsec.v1.DownloadChunk
-	(*Layer)(nil),                    // 78: dsec.v1.Layer
-	(*SnapshotInfo)(nil),             // 79: dsec.v1.SnapshotInfo
-	(*SnapshotRequest)(nil),          // 80: dsec.v1.SnapshotRequest
-	(*ListSnapshotsRequest)(nil),     // 81: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 82: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),    // 83: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),   // 84: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),              // 85: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                // 86: dsec.v1.ForkChild
-	(*ForkResponse)(nil),             // 87: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),       // 88: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),       // 89: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),        // 90: dsec.v1.UploadLayerHeader
-	(*ShareLayerRequest)(nil),        // 91: dsec.v1.ShareLayerRequest
-	(*ShareLayerResponse)(nil),       // 92: dsec.v1.ShareLayerResponse
-	(*ListLayersRequest)(nil),        // 93: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 94: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 95: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 96: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 97: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 98: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 99: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 100: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 101: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 102: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 103: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 104: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 105: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 106: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 107: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 108: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 109: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 110: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),           // 111: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),            // 112: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),          // 113: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),      // 114: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),     // 115: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                 // 116: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),     // 117: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),    // 118: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),     // 119: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),               // 120: dsec.v1.ServerInfo
-	nil,                              // 121: dsec.v1.NodeInfo.MissingEntry
-	nil,                              // 122: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 123: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 124: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 125: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 126: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 127: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 128: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                              // 129: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                              // 130: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                              // 131: dsec.v1.RunCodeResponse.FilesEntry
+	(Phase)(0),                       // 2: dsec.v1.Phase
+	(OnTimeout)(0),                   // 3: dsec.v1.OnTimeout
+	(Backend)(0),                     // 4: dsec.v1.Backend
+	(Isolation)(0),                   // 5: dsec.v1.Isolation
+	(ExitStatus)(0),                  // 6: dsec.v1.ExitStatus
+	(Fault)(0),                       // 7: dsec.v1.Fault
+	(FileChange)(0),                  // 8: dsec.v1.FileChange
+	(LayerKind)(0),                   // 9: dsec.v1.LayerKind
+	(RunStatus)(0),                   // 10: dsec.v1.RunStatus
+	(CommandStatus)(0),               // 11: dsec.v1.CommandStatus
+	(*PhaseBudgets)(nil),             // 12: dsec.v1.PhaseBudgets
+	(*SandboxKind)(nil),              // 13: dsec.v1.SandboxKind
+	(*NodeInfo)(nil),                 // 14: dsec.v1.NodeInfo
+	(*SandboxSpec)(nil),              // 15: dsec.v1.SandboxSpec
+	(*Sandbox)(nil),                  // 16: dsec.v1.Sandbox
+	(*PauseStats)(nil),               // 17: dsec.v1.PauseStats
+	(*PauseRequest)(nil),             // 18: dsec.v1.PauseRequest
+	(*PauseResponse)(nil),            // 19: dsec.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 20: dsec.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 21: dsec.v1.ResumeResponse
+	(*SetTimeoutRequest)(nil),        // 22: dsec.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),       // 23: dsec.v1.SetTimeoutResponse
+	(*EndPhaseRequest)(nil),          // 24: dsec.v1.EndPhaseRequest
+	(*EndPhaseResponse)(nil),         // 25: dsec.v1.EndPhaseResponse
+	(*MetricsRequest)(nil),           // 26: dsec.v1.MetricsRequest
+	(*SandboxMetrics)(nil),           // 27: dsec.v1.SandboxMetrics
+	(*CreateRequest)(nil),            // 28: dsec.v1.CreateRequest
+	(*CreateResponse)(nil),           // 29: dsec.v1.CreateResponse
+	(*GetRequest)(nil),               // 30: dsec.v1.GetRequest
+	(*ListRequest)(nil),              // 31: dsec.v1.ListRequest
+	(*ListResponse)(nil),             // 32: dsec.v1.ListResponse
+	(*SetWarmPoolRequest)(nil),       // 33: dsec.v1.SetWarmPoolRequest
+	(*WarmPool)(nil),                 // 34: dsec.v1.WarmPool
+	(*ListWarmPoolsRequest)(nil),     // 35: dsec.v1.ListWarmPoolsRequest
+	(*ListWarmPoolsResponse)(nil),    // 36: dsec.v1.ListWarmPoolsResponse
+	(*DeleteRequest)(nil),            // 37: dsec.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 38: dsec.v1.DeleteResponse
+	(*ExecRequest)(nil),              // 39: dsec.v1.ExecRequest
+	(*ExecEvent)(nil),                // 40: dsec.v1.ExecEvent
+	(*ExecDropped)(nil),              // 41: dsec.v1.ExecDropped
+	(*ExecStarted)(nil),              // 42: dsec.v1.ExecStarted
+	(*ExecExited)(nil),               // 43: dsec.v1.ExecExited
+	(*AttachRequest)(nil),            // 44: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),        // 45: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 46: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),            // 47: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),           // 48: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),     // 49: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),              // 50: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),    // 51: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),        // 52: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),  // 53: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil), // 54: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),      // 55: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),     // 56: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),               // 57: dsec.v1.ShellInput
+	(*ShellStart)(nil),               // 58: dsec.v1.ShellStart
+	(*TerminalSize)(nil),             // 59: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),              // 60: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                 // 61: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),          // 62: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 63: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 64: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 65: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),           // 66: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 67: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),              // 68: dsec.v1.StatRequest
+	(*StatResponse)(nil),             // 69: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),            // 70: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 71: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),           // 72: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 73: dsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),              // 74: dsec.v1.MoveRequest
+	(*MoveResponse)(nil),             // 75: dsec.v1.MoveResponse
+	(*WatchDirRequest)(nil),          // 76: dsec.v1.WatchDirRequest
+	(*WatchEvent)(nil),               // 77: dsec.v1.WatchEvent
+	(*UploadRequest)(nil),            // 78: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),           // 79: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),          // 80: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),            // 81: dsec.v1.DownloadChunk
+	(*Layer)(nil),                    // 82: dsec.v1.Layer
+	(*SnapshotInfo)(nil),             // 83: dsec.v1.SnapshotInfo
+	(*SnapshotRequest)(nil),          // 84: dsec.v1.SnapshotRequest
+	(*ListSnapshotsRequest)(nil),     // 85: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 86: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),    // 87: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 88: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),              // 89: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                // 90: dsec.v1.ForkChild
+	(*ForkResponse)(nil),             // 91: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),       // 92: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),       // 93: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),        // 94: dsec.v1.UploadLayerHeader
+	(*ShareLayerRequest)(nil),        // 95: dsec.v1.ShareLayerRequest
+	(*ShareLayerResponse)(nil),       // 96: dsec.v1.ShareLayerResponse
+	(*ListLayersRequest)(nil),        // 97: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 98: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 99: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 100: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 101: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 102: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 103: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 104: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 105: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 106: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 107: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 108: dsec.v1.NetworkLogResponse
+	(*ImportImageRequest)(nil),       // 109: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 110: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 111: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 112: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 113: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 114: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),           // 115: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),            // 116: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),          // 117: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),      // 118: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),     // 119: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                 // 120: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),     // 121: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),    // 122: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),     // 123: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),               // 124: dsec.v1.ServerInfo
+	nil,                              // 125: dsec.v1.NodeInfo.MissingEntry
+	nil,                              // 126: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 127: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 128: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 129: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 130: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 131: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 132: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                              // 133: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                              // 134: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                              // 135: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
-	4,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
-	3,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
-	11,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	121, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
-	3,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	122, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	123, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	124, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
-	2,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
-	4,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
-	13,  // 10: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
-	0,   // 11: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
-	1,   // 12: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
-	15,  // 13: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
-	14,  // 14: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
-	14,  // 15: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
-	14,  // 16: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
-	13,  // 17: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	14,  // 18: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	125, // 19: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
-	0,   // 20: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
-	14,  // 21: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	13,  // 22: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
-	13,  // 23: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
-	30,  // 24: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	126, // 25: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	38,  // 26: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	39,  // 27: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	37,  // 28: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
-	5,   // 29: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	6,   // 30: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
-	39,  // 31: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	46,  // 32: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	54,  // 33: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	55,  // 34: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	127, // 35: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	55,  // 36: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	39,  // 37: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	57,  // 38: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	57,  // 39: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	57,  // 40: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
-	7,   // 41: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
-	8,   // 42: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	79,  // 43: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
-	79,  // 44: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
-	79,  // 45: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	14,  // 46: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	79,  // 47: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	86,  // 48: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	8,   // 49: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	90,  // 50: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	8,   // 51: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	78,  // 52: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	97,  // 53: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	128, // 54: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	103, // 55: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	108, // 56: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	109, // 57: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	129, // 58: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	130, // 59: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	10,  // 60: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	9,   // 61: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	112, // 62: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	112, // 63: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	131, // 64: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	6,   // 65: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	111, // 66: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	113, // 67: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	116, // 68: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	12,  // 69: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	24,  // 70: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	26,  // 71: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	27,  // 72: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	33,  // 73: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	16,  // 74: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	18,  // 75: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	20,  // 76: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	22,  // 77: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	80,  // 78: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	81,  // 79: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	83,  // 80: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	85,  // 81: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	35,  // 82: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	40,  // 83: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	41,  // 84: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	43,  // 85: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	45,  // 86: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	48,  // 87: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	49,  // 88: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	51,  // 89: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	53,  // 90: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	58,  // 91: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	60,  // 92: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	62,  // 93: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	64,  // 94: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	66,  // 95: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	68,  // 96: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	70,  // 97: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	72,  // 98: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	74,  // 99: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	76,  // 100: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	100, // 101: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	102, // 102: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	29,  // 103: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	31,  // 104: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	119, // 105: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	111, // 106: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	114, // 107: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	117, // 108: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	88,  // 109: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	89,  // 110: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	93,  // 111: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	95,  // 112: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	98,  // 113: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	105, // 114: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	107, // 115: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	91,  // 116: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	25,  // 117: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	14,  // 118: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	28,  // 119: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	34,  // 120: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	17,  // 121: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	19,  // 122: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	21,  // 123: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	23,  // 124: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	79,  // 125: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	82,  // 126: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	84,  // 127: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	87,  // 128: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	36,  // 129: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	36,  // 130: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	42,  // 131: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	44,  // 132: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	47,  // 133: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	36,  // 134: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	50,  // 135: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	52,  // 136: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	56,  // 137: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	59,  // 138: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	61,  // 139: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	63,  // 140: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	65,  // 141: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	67,  // 142: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	69,  // 143: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	71,  // 144: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	73,  // 145: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	75,  // 146: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	77,  // 147: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	101, // 148: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	104, // 149: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	30,  // 150: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	32,  // 151: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	120, // 152: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	113, // 153: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	115, // 154: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	118, // 155: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	78,  // 156: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	78,  // 157: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	94,  // 158: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	96,  // 159: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	99,  // 160: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	106, // 161: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	110, // 162: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	92,  // 163: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	117, // [117:164] is the sub-list for method output_type
-	70,  // [70:117] is the sub-list for method input_type
-	70,  // [70:70] is the sub-list for extension type_name
-	70,  // [70:70] is the sub-list for extension extendee
-	0,   // [0:70] is the sub-list for field type_name
+	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
+	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
+	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
+	125, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	4,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
+	126, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	127, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	128, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	3,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
+	5,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
+	12,  // 10: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
+	15,  // 11: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
+	0,   // 12: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
+	1,   // 13: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
+	17,  // 14: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
+	2,   // 15: dsec.v1.Sandbox.phase:type_name -> dsec.v1.Phase
+	16,  // 16: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	16,  // 17: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
+	16,  // 18: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
+	2,   // 19: dsec.v1.EndPhaseRequest.phase:type_name -> dsec.v1.Phase
+	16,  // 20: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	15,  // 21: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	16,  // 22: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	129, // 23: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	0,   // 24: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
+	16,  // 25: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	15,  // 26: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
+	15,  // 27: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
+	34,  // 28: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
+	130, // 29: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	42,  // 30: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	43,  // 31: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	41,  // 32: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
+	2,   // 33: dsec.v1.ExecStarted.phase:type_name -> dsec.v1.Phase
+	6,   // 34: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	7,   // 35: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
+	43,  // 36: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	50,  // 37: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	58,  // 38: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	59,  // 39: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	131, // 40: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	59,  // 41: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	43,  // 42: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	61,  // 43: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	61,  // 44: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	61,  // 45: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
+	8,   // 46: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
+	9,   // 47: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	83,  // 48: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	83,  // 49: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
+	83,  // 50: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	16,  // 51: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	83,  // 52: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	90,  // 53: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 54: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	94,  // 55: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 56: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	82,  // 57: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	101, // 58: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	132, // 59: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	107, // 60: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	112, // 61: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	113, // 62: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	133, // 63: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	134, // 64: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 65: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 66: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	116, // 67: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	116, // 68: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	135, // 69: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 70: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	115, // 71: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	117, // 72: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	120, // 73: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 74: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	28,  // 75: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	30,  // 76: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	31,  // 77: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	37,  // 78: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	18,  // 79: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	20,  // 80: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	22,  // 81: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	24,  // 82: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	26,  // 83: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	84,  // 84: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	85,  // 85: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	87,  // 86: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	89,  // 87: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	39,  // 88: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	44,  // 89: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	45,  // 90: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	47,  // 91: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	49,  // 92: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	52,  // 93: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	53,  // 94: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	55,  // 95: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	57,  // 96: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	62,  // 97: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	64,  // 98: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	66,  // 99: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	68,  // 100: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	70,  // 101: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	72,  // 102: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	74,  // 103: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	76,  // 104: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	78,  // 105: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	80,  // 106: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	104, // 107: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	106, // 108: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	33,  // 109: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	35,  // 110: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	123, // 111: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	115, // 112: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	118, // 113: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	121, // 114: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	92,  // 115: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	93,  // 116: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	97,  // 117: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	99,  // 118: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	102, // 119: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	109, // 120: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	111, // 121: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	95,  // 122: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	29,  // 123: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	16,  // 124: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	32,  // 125: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	38,  // 126: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	19,  // 127: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	21,  // 128: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	23,  // 129: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	25,  // 130: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	27,  // 131: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	83,  // 132: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	86,  // 133: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	88,  // 134: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	91,  // 135: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	40,  // 136: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	40,  // 137: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	46,  // 138: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	48,  // 139: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	51,  // 140: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	40,  // 141: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	54,  // 142: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	56,  // 143: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	60,  // 144: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	63,  // 145: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	65,  // 146: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	67,  // 147: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	69,  // 148: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	71,  // 149: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	73,  // 150: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	75,  // 151: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	77,  // 152: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	79,  // 153: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	81,  // 154: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	105, // 155: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	108, // 156: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	34,  // 157: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	36,  // 158: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	124, // 159: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	117, // 160: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	119, // 161: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	122, // 162: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	82,  // 163: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	82,  // 164: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	98,  // 165: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	100, // 166: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	103, // 167: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	110, // 168: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	114, // 169: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	96,  // 170: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	123, // [123:171] is the sub-list for method output_type
+	75,  // [75:123] is the sub-list for method input_type
+	75,  // [75:75] is the sub-list for extension type_name
+	75,  // [75:75] is the sub-list for extension extendee
+	0,   // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -9447,8 +9732,8 @@ func file_dsec_v1_dsec_proto_init() {
 	if File_dsec_v1_dsec_proto != nil {
 		return
 	}
-	file_dsec_v1_dsec_proto_msgTypes[2].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[25].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[3].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[28].OneofWrappers = []any{
 		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
@@ -9456,29 +9741,29 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ExecEvent_Keepalive)(nil),
 		(*ExecEvent_Dropped)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[42].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[45].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[45].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[48].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 		(*ShellOutput_Started)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[78].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[81].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[101].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[104].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
-			NumEnums:      11,
-			NumMessages:   121,
+			NumEnums:      12,
+			NumMessages:   124,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -55,6 +55,8 @@ const (
 	// SandboxServiceSetTimeoutProcedure is the fully-qualified name of the SandboxService's SetTimeout
 	// RPC.
 	SandboxServiceSetTimeoutProcedure = "/dsec.v1.SandboxService/SetTimeout"
+	// SandboxServiceEndPhaseProcedure is the fully-qualified name of the SandboxService's EndPhase RPC.
+	SandboxServiceEndPhaseProcedure = "/dsec.v1.SandboxService/EndPhase"
 	// SandboxServiceMetricsProcedure is the fully-qualified name of the SandboxService's Metrics RPC.
 	SandboxServiceMetricsProcedure = "/dsec.v1.SandboxService/Metrics"
 	// SandboxServiceSnapshotProcedure is the fully-qualified name of the SandboxService's Snapshot RPC.
@@ -179,6 +181,12 @@ type SandboxServiceClient interface {
 	// stand still, so it gets that much running time once resumed. The idle
 	// timeout is untouched.
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// EndPhase ends a phase of a sandbox made with phase budgets
+	// (spec.phases) before its budget runs out: setup gives way to agent,
+	// agent to verify. The end of the agent phase, by its budget or by this
+	// call, kills every process running in the sandbox (the agent's work),
+	// not the sandbox. Ending a phase that is already over does nothing.
+	EndPhase(context.Context, *connect.Request[v1.EndPhaseRequest]) (*connect.Response[v1.EndPhaseResponse], error)
 	// Metrics reads a sandbox's resource use now: CPU, memory (from its
 	// cgroup) and its writable layer's disk use, with their limits.
 	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.SandboxMetrics], error)
@@ -322,6 +330,13 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceSetTimeoutProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		endPhase: connect.NewClient[v1.EndPhaseRequest, v1.EndPhaseResponse](
+			httpClient,
+			baseURL+SandboxServiceEndPhaseProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("EndPhase")),
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
@@ -519,6 +534,7 @@ type sandboxServiceClient struct {
 	pause            *connect.Client[v1.PauseRequest, v1.PauseResponse]
 	resume           *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
 	setTimeout       *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
+	endPhase         *connect.Client[v1.EndPhaseRequest, v1.EndPhaseResponse]
 	metrics          *connect.Client[v1.MetricsRequest, v1.SandboxMetrics]
 	snapshot         *connect.Client[v1.SnapshotRequest, v1.SnapshotInfo]
 	listSnapshots    *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
@@ -583,6 +599,11 @@ func (c *sandboxServiceClient) Resume(ctx context.Context, req *connect.Request[
 // SetTimeout calls dsec.v1.SandboxService.SetTimeout.
 func (c *sandboxServiceClient) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
 	return c.setTimeout.CallUnary(ctx, req)
+}
+
+// EndPhase calls dsec.v1.SandboxService.EndPhase.
+func (c *sandboxServiceClient) EndPhase(ctx context.Context, req *connect.Request[v1.EndPhaseRequest]) (*connect.Response[v1.EndPhaseResponse], error) {
+	return c.endPhase.CallUnary(ctx, req)
 }
 
 // Metrics calls dsec.v1.SandboxService.Metrics.
@@ -752,6 +773,12 @@ type SandboxServiceHandler interface {
 	// stand still, so it gets that much running time once resumed. The idle
 	// timeout is untouched.
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// EndPhase ends a phase of a sandbox made with phase budgets
+	// (spec.phases) before its budget runs out: setup gives way to agent,
+	// agent to verify. The end of the agent phase, by its budget or by this
+	// call, kills every process running in the sandbox (the agent's work),
+	// not the sandbox. Ending a phase that is already over does nothing.
+	EndPhase(context.Context, *connect.Request[v1.EndPhaseRequest]) (*connect.Response[v1.EndPhaseResponse], error)
 	// Metrics reads a sandbox's resource use now: CPU, memory (from its
 	// cgroup) and its writable layer's disk use, with their limits.
 	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.SandboxMetrics], error)
@@ -891,6 +918,13 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceSetTimeoutProcedure,
 		svc.SetTimeout,
 		connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceEndPhaseHandler := connect.NewUnaryHandler(
+		SandboxServiceEndPhaseProcedure,
+		svc.EndPhase,
+		connect.WithSchema(sandboxServiceMethods.ByName("EndPhase")),
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -1092,6 +1126,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceResumeHandler.ServeHTTP(w, r)
 		case SandboxServiceSetTimeoutProcedure:
 			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
+		case SandboxServiceEndPhaseProcedure:
+			sandboxServiceEndPhaseHandler.ServeHTTP(w, r)
 		case SandboxServiceMetricsProcedure:
 			sandboxServiceMetricsHandler.ServeHTTP(w, r)
 		case SandboxServiceSnapshotProcedure:
@@ -1185,6 +1221,10 @@ func (UnimplementedSandboxServiceHandler) Resume(context.Context, *connect.Reque
 
 func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.SetTimeout is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) EndPhase(context.Context, *connect.Request[v1.EndPhaseRequest]) (*connect.Response[v1.EndPhaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.EndPhase is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.SandboxMetrics], error) {

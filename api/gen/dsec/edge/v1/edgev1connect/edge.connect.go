@@ -61,6 +61,8 @@ const (
 	EdgeServiceResumeProcedure = "/dsec.edge.v1.EdgeService/Resume"
 	// EdgeServiceSetTimeoutProcedure is the fully-qualified name of the EdgeService's SetTimeout RPC.
 	EdgeServiceSetTimeoutProcedure = "/dsec.edge.v1.EdgeService/SetTimeout"
+	// EdgeServiceEndPhaseProcedure is the fully-qualified name of the EdgeService's EndPhase RPC.
+	EdgeServiceEndPhaseProcedure = "/dsec.edge.v1.EdgeService/EndPhase"
 	// EdgeServiceMetricsProcedure is the fully-qualified name of the EdgeService's Metrics RPC.
 	EdgeServiceMetricsProcedure = "/dsec.edge.v1.EdgeService/Metrics"
 	// EdgeServiceSnapshotProcedure is the fully-qualified name of the EdgeService's Snapshot RPC.
@@ -176,6 +178,7 @@ type EdgeServiceClient interface {
 	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
 	SetTimeout(context.Context, *connect.Request[v11.SetTimeoutRequest]) (*connect.Response[v11.SetTimeoutResponse], error)
+	EndPhase(context.Context, *connect.Request[v11.EndPhaseRequest]) (*connect.Response[v11.EndPhaseResponse], error)
 	Metrics(context.Context, *connect.Request[v11.MetricsRequest]) (*connect.Response[v11.SandboxMetrics], error)
 	Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
@@ -319,6 +322,13 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceSetTimeoutProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("SetTimeout")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		endPhase: connect.NewClient[v11.EndPhaseRequest, v11.EndPhaseResponse](
+			httpClient,
+			baseURL+EdgeServiceEndPhaseProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("EndPhase")),
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
@@ -571,6 +581,7 @@ type edgeServiceClient struct {
 	pause            *connect.Client[v11.PauseRequest, v11.PauseResponse]
 	resume           *connect.Client[v11.ResumeRequest, v11.ResumeResponse]
 	setTimeout       *connect.Client[v11.SetTimeoutRequest, v11.SetTimeoutResponse]
+	endPhase         *connect.Client[v11.EndPhaseRequest, v11.EndPhaseResponse]
 	metrics          *connect.Client[v11.MetricsRequest, v11.SandboxMetrics]
 	snapshot         *connect.Client[v11.SnapshotRequest, v11.SnapshotInfo]
 	setNetworkRules  *connect.Client[v11.SetNetworkRulesRequest, v11.SetNetworkRulesResponse]
@@ -658,6 +669,11 @@ func (c *edgeServiceClient) Resume(ctx context.Context, req *connect.Request[v11
 // SetTimeout calls dsec.edge.v1.EdgeService.SetTimeout.
 func (c *edgeServiceClient) SetTimeout(ctx context.Context, req *connect.Request[v11.SetTimeoutRequest]) (*connect.Response[v11.SetTimeoutResponse], error) {
 	return c.setTimeout.CallUnary(ctx, req)
+}
+
+// EndPhase calls dsec.edge.v1.EdgeService.EndPhase.
+func (c *edgeServiceClient) EndPhase(ctx context.Context, req *connect.Request[v11.EndPhaseRequest]) (*connect.Response[v11.EndPhaseResponse], error) {
+	return c.endPhase.CallUnary(ctx, req)
 }
 
 // Metrics calls dsec.edge.v1.EdgeService.Metrics.
@@ -877,6 +893,7 @@ type EdgeServiceHandler interface {
 	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
 	SetTimeout(context.Context, *connect.Request[v11.SetTimeoutRequest]) (*connect.Response[v11.SetTimeoutResponse], error)
+	EndPhase(context.Context, *connect.Request[v11.EndPhaseRequest]) (*connect.Response[v11.EndPhaseResponse], error)
 	Metrics(context.Context, *connect.Request[v11.MetricsRequest]) (*connect.Response[v11.SandboxMetrics], error)
 	Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
@@ -1016,6 +1033,13 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceSetTimeoutProcedure,
 		svc.SetTimeout,
 		connect.WithSchema(edgeServiceMethods.ByName("SetTimeout")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceEndPhaseHandler := connect.NewUnaryHandler(
+		EdgeServiceEndPhaseProcedure,
+		svc.EndPhase,
+		connect.WithSchema(edgeServiceMethods.ByName("EndPhase")),
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -1275,6 +1299,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceResumeHandler.ServeHTTP(w, r)
 		case EdgeServiceSetTimeoutProcedure:
 			edgeServiceSetTimeoutHandler.ServeHTTP(w, r)
+		case EdgeServiceEndPhaseProcedure:
+			edgeServiceEndPhaseHandler.ServeHTTP(w, r)
 		case EdgeServiceMetricsProcedure:
 			edgeServiceMetricsHandler.ServeHTTP(w, r)
 		case EdgeServiceSnapshotProcedure:
@@ -1396,6 +1422,10 @@ func (UnimplementedEdgeServiceHandler) Resume(context.Context, *connect.Request[
 
 func (UnimplementedEdgeServiceHandler) SetTimeout(context.Context, *connect.Request[v11.SetTimeoutRequest]) (*connect.Response[v11.SetTimeoutResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.SetTimeout is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) EndPhase(context.Context, *connect.Request[v11.EndPhaseRequest]) (*connect.Response[v11.EndPhaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.EndPhase is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) Metrics(context.Context, *connect.Request[v11.MetricsRequest]) (*connect.Response[v11.SandboxMetrics], error) {
