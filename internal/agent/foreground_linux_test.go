@@ -72,17 +72,29 @@ func (e *events) waitFor(t *testing.T, s string) {
 	}
 }
 
+// The tests' in-process handler, one for the whole test binary: its
+// process manager reaps every child of the process (wait4(-1), as the
+// agent, alone in its sandbox, does), so a second one would reap the
+// first's children and leave their commands waiting for an exit forever.
+var (
+	sharedHandlerOnce sync.Once
+	sharedHandler     *handler
+	sharedHandlerErr  error
+)
+
 func testHandler(t *testing.T) *handler {
 	t.Helper()
 	if _, err := os.Stat("/bin/sh"); err != nil {
 		t.Skip("no /bin/sh")
 	}
-	h, err := newHandler(Config{CgroupFD: -1, MemoryCgroupFD: -1, PidsCgroupFD: -1, CPUCgroupFD: -1,
-		Shell: "/bin/sh", OutputLimit: 1 << 20}, "")
-	if err != nil {
-		t.Fatal(err)
+	sharedHandlerOnce.Do(func() {
+		sharedHandler, sharedHandlerErr = newHandler(Config{CgroupFD: -1, MemoryCgroupFD: -1, PidsCgroupFD: -1, CPUCgroupFD: -1,
+			Shell: "/bin/sh", OutputLimit: 1 << 20}, "")
+	})
+	if sharedHandlerErr != nil {
+		t.Fatal(sharedHandlerErr)
 	}
-	return h
+	return sharedHandler
 }
 
 // TestForegroundOrphan: a foreground command whose stream ends with its
