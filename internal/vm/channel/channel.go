@@ -255,10 +255,11 @@ type Dialer struct {
 
 	done chan struct{} // closed by Close
 
-	mu        sync.Mutex // guards session, closed and suspended; never held while connecting
+	mu        sync.Mutex // guards session, closed, suspended and booting; never held while connecting
 	session   *yamux.Session
 	closed    bool
 	suspended func() // the hold of Suspend, until Hold takes it over
+	booting   bool   // Booting: no session made yet, and none can be older
 }
 
 // NewDialer returns the dialer of the agent channel served at socketPath.
@@ -269,6 +270,22 @@ func NewDialer(socketPath string, log *slog.Logger) *Dialer {
 	}
 	return &Dialer{path: socketPath, log: log, helloWait: time.Second, helloGap: 200 * time.Millisecond,
 		connecting: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// Booting says the guest behind d is booting: its port has carried no
+// session yet, so the guest greets the first connection as soon as its
+// agent serves, and that connection waits for the hello as long as its
+// Dial's context allows rather than being dropped after helloWait and made
+// again after helloGap. A boot's hello that came during such a gap waited
+// for the next connection: under TCG a guest's agent serves ~2.3 s after
+// QEMU starts, at the second gap (2.2–2.4 s). Once a session has
+// been made, d is like any other.
+func (d *Dialer) Booting() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.session == nil {
+		d.booting = true
+	}
 }
 
 // ErrClosed is returned by Dial after Close.
@@ -326,7 +343,7 @@ func (d *Dialer) currentSession(ctx context.Context) (*yamux.Session, error) {
 		s.Close()
 		return nil, ErrClosed
 	}
-	d.session = s
+	d.session, d.booting = s, false
 	return s, nil
 }
 
@@ -424,8 +441,14 @@ func (d *Dialer) connect(ctx context.Context) (net.Conn, error) {
 		if err != nil {
 			return nil, fmt.Errorf("dial agent channel %s: %w", d.path, err)
 		}
+		d.mu.Lock()
+		booting := d.booting
+		d.mu.Unlock()
 		wait := time.Now().Add(d.helloWait)
-		if dl, ok := ctx.Deadline(); ok && dl.Before(wait) {
+		if booting {
+			wait = time.Time{} // until ctx ends (the AfterFunc below)
+		}
+		if dl, ok := ctx.Deadline(); ok && (wait.IsZero() || dl.Before(wait)) {
 			wait = dl
 		}
 		conn.SetReadDeadline(wait)

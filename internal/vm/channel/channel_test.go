@@ -8,6 +8,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -19,9 +20,10 @@ import (
 // gone a while; a host that comes back sooner (within missWindow) meets
 // the guest's old session, as when the guest missed the end of file.
 type fakePort struct {
-	path  string
-	hosts chan net.Conn
-	ports chan net.Conn
+	path     string
+	hosts    chan net.Conn
+	ports    chan net.Conn
+	accepted atomic.Int32 // the host's connections
 }
 
 const missWindow = 20 * time.Millisecond
@@ -41,6 +43,7 @@ func newFakePort(t *testing.T) *fakePort {
 			if err != nil {
 				return
 			}
+			p.accepted.Add(1)
 			select {
 			case p.hosts <- c:
 			case <-stop:
@@ -379,5 +382,49 @@ func TestSuspend(t *testing.T) {
 	d.Close()
 	if err := <-waited; !errors.Is(err, ErrClosed) {
 		t.Errorf("a Dial waiting on a suspended dialer that was closed: %v, want ErrClosed", err)
+	}
+}
+
+// TestBooting checks that a booting guest's first connection waits for
+// its hello: the guest's agent serves only after several of the dialer's
+// hello waits, and the dialer connects once. Without Booting it connects
+// again after each wait.
+func TestBooting(t *testing.T) {
+	for _, booting := range []bool{true, false} {
+		t.Run(fmt.Sprint("booting=", booting), func(t *testing.T) {
+			port := newFakePort(t)
+			d := NewDialer(port.path, nil)
+			defer d.Close()
+			d.helloWait, d.helloGap = 20*time.Millisecond, 5*time.Millisecond
+			if booting {
+				d.Booting()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			served := make(chan net.Listener, 1)
+			go func() {
+				// The guest's agent serves once the host has connected
+				// and waited past a few hello waits.
+				for port.accepted.Load() == 0 {
+					time.Sleep(time.Millisecond)
+				}
+				time.Sleep(10 * d.helloWait)
+				ln := listen(port.open, portAddr("/dev/vport0p1"), nil)
+				go echo(ln)
+				served <- ln
+			}()
+			err := roundTrip(ctx, d, "hello")
+			defer (<-served).Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := port.accepted.Load()
+			if booting && n != 1 {
+				t.Errorf("a booting guest's dialer connected %d times, want once", n)
+			}
+			if !booting && n < 2 {
+				t.Errorf("a dialer not booting connected %d times: its hello wait did not end the first", n)
+			}
+		})
 	}
 }

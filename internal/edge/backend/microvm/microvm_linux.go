@@ -344,6 +344,7 @@ func (r *Runtime) Start(ctx context.Context, s backend.Spec) (d backend.Dialer, 
 		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
 	}
 	dialer := r.channels.get(p.ChannelPath())
+	dialer.Booting() // a new guest: its first connection waits for the hello
 	client := agentclient.New(dialer.Dial)
 	defer client.Close()
 	err = p.WaitBoot(ctx, r.cfg.BootTimeout, func(ctx context.Context) error {
