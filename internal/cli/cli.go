@@ -172,6 +172,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.psCommand(), a.attachCommand(), a.killCommand(),
 		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.imageCommand(), a.poolCommand(), a.fnCommand(), a.e2bCommand(),
 		a.projectCommand(), a.quotaCommand(), a.principalCommand(), a.grantCommand(), a.revokeCommand(), a.tokenCommand(), a.auditCommand(),
+		a.receiptCommand(),
 	)
 	root.SetFlagErrorFunc(flagError)
 	// cobra adds these as it executes; added now, refuseUnknown sees them.
