@@ -441,7 +441,8 @@ func filterLayers(a iam.Authority, check bool, ix objectIndex, layers []*dsecv1.
 // usable checks that the caller may make sandboxes of env
 // (BASE[+LAYER...]): every part is a name it sees (NotFound otherwise,
 // what a node says of a name it does not hold), or a digest of a layer
-// with such a name.
+// with such a name, or a part of the environment a snapshot it sees was
+// taken on (a shared snapshot brings the layers under it, and no others).
 func (s *Server) usable(ctx context.Context, env string) error {
 	if s.cfg.Objects == nil {
 		return nil
@@ -450,7 +451,7 @@ func (s *Server) usable(ctx context.Context, env string) error {
 	if !check {
 		return nil
 	}
-	var digests []string
+	var digests, hidden, snaps []string
 	for _, part := range strings.Split(env, "+") {
 		name := objectName(part)
 		if strings.HasPrefix(name, "sha256:") {
@@ -461,20 +462,47 @@ func (s *Server) usable(ctx context.Context, env string) error {
 		if err != nil {
 			return err
 		}
-		if !sees(a, o) {
-			return fmt.Errorf("resolve environment %q: %w", env, hiddenObject(kindOf(name, store.ObjectLayer), strings.TrimSpace(part)))
+		switch {
+		case !sees(a, o):
+			hidden = append(hidden, name)
+		case strings.HasPrefix(name, "snap:"):
+			snaps = append(snaps, name)
+		}
+	}
+	if len(hidden) == 0 && len(digests) == 0 {
+		return nil
+	}
+	ls := &layerService{s: s}
+	all, err := ls.allLayers(ctx)
+	if err != nil {
+		return err
+	}
+	under := map[string]bool{} // the parts of the environments of the snapshots it sees
+	for _, l := range all {
+		for _, sn := range l.GetSnapshots() {
+			if !slices.Contains(snaps, "snap:"+sn.GetName()) {
+				continue
+			}
+			for _, part := range strings.Split(sn.GetEnvironment(), "+") {
+				under[objectName(part)] = true
+			}
+		}
+	}
+	for _, name := range hidden {
+		if !under[name] {
+			return fmt.Errorf("resolve environment %q: %w", env, hiddenObject(kindOf(name, store.ObjectLayer), name))
 		}
 	}
 	if len(digests) == 0 {
 		return nil
 	}
-	ls := &layerService{s: s}
-	seen, err := ls.visibleLayers(ctx)
+	ix, err := s.objectIndex(ctx)
 	if err != nil {
 		return err
 	}
+	seen := filterLayers(a, true, ix, all)
 	for _, d := range digests {
-		if !slices.ContainsFunc(seen, func(l *dsecv1.Layer) bool { return l.GetDigest() == d }) {
+		if !under[d] && !slices.ContainsFunc(seen, func(l *dsecv1.Layer) bool { return l.GetDigest() == d }) {
 			return fmt.Errorf("resolve environment %q: %w", env, hiddenObject(store.ObjectLayer, d))
 		}
 	}

@@ -385,14 +385,27 @@ func testObjectProjects(t *testing.T, r *objectRig) {
 	}
 
 	// Shared read-only with run: listed, used, forked; never removed,
-	// overwritten or shared on.
+	// overwritten or shared on. A shared snapshot brings the layers it
+	// was taken on, under it only.
+	_, err = builder.ShareSnapshot(ctx, "answer", "/run")
+	must("share the snapshot", err)
+	if got := seen(runner); !slices.Equal(got, []string{"base:1", "legacy:1", "snap:answer"}) {
+		t.Fatalf("the runner sees %v once the snapshot is shared, want base:1, legacy:1, snap:answer", got)
+	}
+	under, err := runner.Create(ctx, snapEnv, nil)
+	must("the runner makes a sandbox of the shared snapshot, on the layer under it", err)
+	must("delete it", runner.Delete(ctx, under.ID))
+	if _, err := runner.Create(ctx, "base:1+env:1", nil); !errors.Is(err, dsec.ErrNotFound) {
+		t.Errorf("a shared snapshot lets the layer under it be used alone: %v", err)
+	}
+	if _, err := runner.Create(ctx, "img:1+snap:answer", nil); !errors.Is(err, dsec.ErrNotFound) || !strings.Contains(err.Error(), "img:1") {
+		t.Errorf("a shared snapshot lets another of the builder's objects under it: %v", err)
+	}
 	with, err := builder.ShareLayer(ctx, "env:1", "run")
 	must("share env:1", err)
 	if !slices.Equal(with, []string{"run"}) {
 		t.Fatalf("env:1 shared with %v", with)
 	}
-	_, err = builder.ShareSnapshot(ctx, "answer", "/run")
-	must("share the snapshot", err)
 	if got := seen(runner); !slices.Equal(got, []string{"base:1", "env:1", "legacy:1", "snap:answer"}) {
 		t.Fatalf("the runner sees %v once shared, want base:1, env:1, snap:answer", got)
 	}

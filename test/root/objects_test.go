@@ -18,8 +18,9 @@ import (
 
 // TestSharedSnapshotProjects: a builder project builds a task layer with a
 // reference answer and a snapshot of a sandbox graded on it, and shares
-// both with a runner project; the runner project lists them and makes a
-// real sandbox from the snapshot that reads the answer; a third project
+// the snapshot with a runner project; the runner project lists it and makes
+// a real sandbox from it that reads the answer (the task layer comes with
+// the snapshot, and is not usable alone); a third project
 // sees none of it, cannot make a sandbox from it, and no project sees
 // another's sandboxes.
 func TestSharedSnapshotProjects(t *testing.T) {
@@ -109,15 +110,16 @@ func TestSharedSnapshotProjects(t *testing.T) {
 		t.Fatalf("the runner project makes a sandbox of an unshared snapshot: %v, want NotFound", err)
 	}
 
-	// Shared: the snapshot and the layer under it.
-	if _, err := builder.ShareLayer(ctx, "objs-task:1", "objs-run"); err != nil {
-		t.Fatal(err)
-	}
+	// Shared: the snapshot, which brings the task layer under it (and
+	// only under it).
 	if _, err := builder.ShareSnapshot(ctx, "objs-graded", "objs-run"); err != nil {
 		t.Fatal(err)
 	}
-	if got := names(runner); !slices.Contains(got, "objs-task:1") || !slices.Contains(got, "snap:objs-graded") || !slices.Contains(got, env) {
-		t.Fatalf("the runner project lists %v once shared, want the task, the snapshot and the root's %s", got, env)
+	if got := names(runner); slices.Contains(got, "objs-task:1") || !slices.Contains(got, "snap:objs-graded") || !slices.Contains(got, env) {
+		t.Fatalf("the runner project lists %v once the snapshot is shared, want the snapshot and the root's %s, not the task layer", got, env)
+	}
+	if _, err := runner.Create(ctx, env+"+objs-task:1", nil); !errors.Is(err, dsec.ErrNotFound) {
+		t.Fatalf("the runner project makes a sandbox of the task layer alone: %v, want NotFound", err)
 	}
 	mine, err := runner.Create(ctx, snap.GetEnvironment(), nil)
 	if err != nil {
