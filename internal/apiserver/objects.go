@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -160,6 +162,62 @@ func (s *Server) object(ctx context.Context, name string) (o store.Object, found
 	return o, true, nil
 }
 
+// objectTTL is how long a create may decide on a record read before: a
+// share taken away reaches the creates of every apiserver within it.
+const objectTTL = time.Second
+
+// objectCache keeps the records creates read (a create by a token
+// without a root-wide role reads one per part of its environment), for
+// objectTTL; a change this apiserver makes drops the name at once.
+type objectCache struct {
+	mu sync.Mutex
+	m  map[string]objectEntry
+}
+
+type objectEntry struct {
+	o     store.Object
+	found bool
+	at    time.Time
+}
+
+const maxCachedObjects = 1 << 16
+
+func (c *objectCache) get(name string, now time.Time) (objectEntry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[name]
+	return e, ok && now.Sub(e.at) < objectTTL
+}
+
+func (c *objectCache) put(name string, e objectEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxCachedObjects {
+		c.m = map[string]objectEntry{}
+	}
+	c.m[name] = e
+}
+
+func (c *objectCache) drop(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, name)
+}
+
+// cachedObject is object, through the cache.
+func (s *Server) cachedObject(ctx context.Context, name string) (store.Object, error) {
+	now := time.Now()
+	if e, ok := s.objects.get(name, now); ok {
+		return e.o, nil
+	}
+	o, found, err := s.object(ctx, name)
+	if err != nil {
+		return store.Object{}, err
+	}
+	s.objects.put(name, objectEntry{o: o, found: found, at: now})
+	return o, nil
+}
+
 // manage decides whether the caller may remove, overwrite or share the
 // object called name (kind for messages): NotFound when it cannot see it,
 // PermissionDenied when it sees it read-only. It returns the record.
@@ -242,6 +300,7 @@ func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*
 	if err != nil {
 		return nil, err
 	}
+	s.objects.drop(name)
 	c := &claim{s: s, o: o, claimed: claimed}
 	if !claimed && o.Project != project {
 		a, _ := iam.AuthorityFrom(ctx)
@@ -285,6 +344,7 @@ func (c *claim) fail(ctx context.Context) {
 	if c.s.cfg.Objects == nil || !c.claimed {
 		return
 	}
+	defer c.s.objects.drop(c.o.Name)
 	if _, err := c.s.cfg.Objects.DeleteObject(context.WithoutCancel(ctx), c.o.Name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		c.s.log.Warn("forget object", "name", c.o.Name, "err", err)
 	}
@@ -336,6 +396,7 @@ func (s *Server) forget(ctx context.Context, name string) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
+	defer s.objects.drop(name)
 	o, err := s.cfg.Objects.DeleteObject(ctx, name)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return
@@ -458,7 +519,7 @@ func (s *Server) usable(ctx context.Context, env string) error {
 			digests = append(digests, name)
 			continue
 		}
-		o, _, err := s.object(ctx, name)
+		o, err := s.cachedObject(ctx, name)
 		if err != nil {
 			return err
 		}
@@ -563,6 +624,7 @@ func (ls *layerService) ShareLayer(ctx context.Context, req *connect.Request[dse
 	} else {
 		err = s.cfg.Objects.ShareObject(ctx, name, project)
 	}
+	s.objects.drop(name)
 	if err != nil {
 		return nil, err
 	}

@@ -141,6 +141,7 @@ type Server struct {
 	projects sandboxProjects
 	charges  chargeGroup                       // quotas.go
 	limits   limitCache                        // quotas.go
+	objects  objectCache                       // objects.go
 	audit    *auditLog                         // nil without Config.Audit
 	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
 }
