@@ -132,6 +132,10 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 		cfg.Swap = c
 		return err
 	})
+	fs.BoolVar(&cfg.Trajectory.Off, "no-trajectories", false, "record no trajectories of the node's sandboxes (docs/trajectories.md)")
+	fs.DurationVar(&cfg.Trajectory.Retention, "trajectory-retention", 0, "how long a sandbox's trajectory is kept after it is gone, here and in a cluster's blob store (default 24h)")
+	fs.Int64Var(&cfg.Trajectory.MaxBytes, "trajectory-max-bytes", 0, "bytes of full lines a trajectory keeps; past them calls keep hashes and counts, past twice them calls are counted only (default 16 MiB)")
+	fs.IntVar(&cfg.Trajectory.MaxOutput, "trajectory-max-output", 0, "bytes of each output stream a trajectory keeps per call; the rest is hashed and counted (default 16 KiB)")
 	fs.Int64Var(&cfg.OutputLimit, "output-limit", 0, "output kept per command and stream for attach to replay, in bytes (default 16 MiB); a stream following the command gets all of it")
 	fs.StringVar(&cfg.Storage.BlobStore, "blob-store", "", "where layer files live as chunks: a directory or s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&insecure=1] (default <root>/blobstore)")
 	fs.StringVar(&cfg.Storage.Mode, "layer-mode", "ondemand", "how sandboxes load layers: ondemand, eager, local (pre-cached) or tar (baseline)")

@@ -51,7 +51,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long the idle sandboxes' CPU is measured (0: not at all)")
 	f.IntVar(&o.RateProbe, "rate-probe", o.RateProbe, "creates timed on the empty node and again with the idle sandboxes live (0: none)")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
-	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchLifecycleCommand(), a.benchFnCallCommand(), a.benchE2BCommand(), a.benchVMCommand())
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchTrajectoryCommand(), a.benchLifecycleCommand(), a.benchFnCallCommand(), a.benchE2BCommand(), a.benchVMCommand())
 	return cmd
 }
 
@@ -212,6 +212,27 @@ func (a *app) benchExecHopCommand() *cobra.Command {
 	f.StringVar(&viaToken, "via-token", "", "its token (default $DSEC_TOKEN)")
 	f.StringVar(&env, "env", "busybox:test", "environment on both sides")
 	f.IntVar(&n, "execs", 500, "execs on each side")
+	return cmd
+}
+
+func (a *app) benchTrajectoryCommand() *cobra.Command {
+	var env, command string
+	var n int
+	cmd := &cobra.Command{
+		Use:   "trajectory",
+		Short: "exec latency with the sandbox's trajectory recorded against a sandbox with recording off (spec no_trajectory), in turns on one node",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var progress io.Writer
+			return a.runBench(cmd.Context(), env, &progress, func(ctx context.Context) (report, error) {
+				return bench.RunTrajectory(ctx, a.c, env, command, n, progress)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&env, "env", "busybox:test", "environment of both sandboxes")
+	f.StringVar(&command, "command", "seq 200", "the command each exec runs (its output is recorded: hashed, and kept up to the node's cap)")
+	f.IntVar(&n, "execs", 1000, "execs in each sandbox")
 	return cmd
 }
 

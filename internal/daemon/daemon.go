@@ -138,6 +138,8 @@ type Config struct {
 	// AuditRetention is how long audit records are kept (0 =
 	// apiserver.DefaultAuditRetention; negative: forever).
 	AuditRetention time.Duration
+	// Trajectory says how the node records its sandboxes' trajectories.
+	Trajectory TrajectoryConfig
 }
 
 // DefaultSandboxFusionAddr is where the all-in-one dsecd serves
@@ -589,6 +591,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The apiserver calls the node's edge in-process, through the same
 	// EdgeService an apiserver of a cluster calls remote edges by.
 	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
+	stopRecorder, err := startRecorder(ctx, cfg, edge, n.edge, log)
+	if err != nil {
+		return err
+	}
+	defer stopRecorder()
 	fn, err := n.startFnCall(ctx, log.With("component", "fncall"))
 	if err != nil {
 		return err

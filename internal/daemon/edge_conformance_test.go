@@ -17,6 +17,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/layers"
+	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/edgetest"
 	"dsec.dev/dsec/internal/testutil"
 )
@@ -62,6 +63,11 @@ func TestEdgeConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log)
+	rec, err := trajectory.New(trajectory.Config{Dir: filepath.Join(root, "trajectories")}, n.edge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetRecorder(rec)
 	const env = "busybox:edgetest"
 	var once sync.Once
 	edgetest.Run(t, edgetest.Options{

@@ -168,7 +168,13 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			}
 			h.Slot, h.Generation = uint16(rec.Slot), uint32(rec.Generation)
 		}
-		svc = edgesvc.New(hollow.New(h), nil, log.With("component", "edgesvc"))
+		he := hollow.New(h)
+		svc = edgesvc.New(he, nil, log.With("component", "edgesvc"))
+		stopRecorder, err := startRecorder(ctx, cfg.Node, svc, he, log)
+		if err != nil {
+			return err
+		}
+		defer stopRecorder()
 	} else {
 		ncfg := cfg.Node
 		if err := ncfg.fill(); err != nil {
@@ -196,6 +202,11 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			defer n.net.Close()
 		}
 		svc = edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
+		stopRecorder, err := startRecorder(ctx, ncfg, svc, n.edge, log)
+		if err != nil {
+			return err
+		}
+		defer stopRecorder()
 		fn, err := n.startFnCall(ctx, log.With("component", "fncall"))
 		if err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/hollow"
+	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/edgeclient"
 	"dsec.dev/dsec/internal/edgetest"
 )
@@ -26,7 +27,13 @@ func TestConformanceRemote(t *testing.T) {
 	}
 	edgetest.Run(t, edgetest.Options{
 		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
-			svc := edgesvc.New(hollow.New(hollow.Config{Node: "h1"}), nil, slog.New(slog.DiscardHandler))
+			h := hollow.New(hollow.Config{Node: "h1"})
+			svc := edgesvc.New(h, nil, slog.New(slog.DiscardHandler))
+			rec, err := trajectory.New(trajectory.Config{Dir: t.TempDir()}, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			svc.SetRecorder(rec)
 			return serve(t, dir, svc)
 		},
 		Fork:       edgetest.ForkUnsupported,

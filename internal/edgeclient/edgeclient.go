@@ -444,3 +444,7 @@ func (r *Remote) Shell(ctx context.Context, stream *connect.BidiStream[dsecv1.Sh
 func (r *Remote) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, stream shellrelay.Stream) error {
 	return shellrelay.Relay(ctx, first, stream, r.bidi.Shell, errdefs.FromConnect)
 }
+
+func (r *Remote) Trajectory(ctx context.Context, req *connect.Request[dsecv1.TrajectoryRequest]) (*connect.Response[dsecv1.TrajectoryResponse], error) {
+	return unary(ctx, r.c.Trajectory, req)
+}

@@ -27,6 +27,8 @@
 //     NotSupported (the edge forks nothing), making nothing (Options.Fork);
 //   - the calls that run inside a sandbox (exec, files, processes), unless
 //     the implementation runs none (Deviations.NoAgent);
+//   - Trajectory: a sandbox's calls recorded, read from an offset, ended
+//     and still readable after its deletion, hashed (docs/trajectories.md);
 //   - a cancelled context: a keyed create whose caller went makes at most
 //     one sandbox, which a retry with its token returns; an exec cancelled
 //     midway ends with Canceled or DeadlineExceeded, its command killed, and
@@ -72,6 +74,9 @@ type Options struct {
 	// Deviations are the differences from the contract an implementation
 	// documents; the suite checks the documented behaviour in their place.
 	Deviations Deviations
+	// NoTrajectories: the edge records no trajectories (edgesvc without
+	// a recorder): Trajectory answers NotSupported.
+	NoTrajectories bool
 }
 
 // ForkAnswer is what an edge answers a Fork of the suite's sandboxes.
@@ -130,6 +135,7 @@ func Run(t *testing.T, o Options) {
 		{"Reap", testReap},
 		{"Inside", testInside},
 		{"Cancel", testCancel},
+		{"Trajectory", testTrajectory},
 	} {
 		t.Run(g.name, func(t *testing.T) {
 			e := open(t, o)

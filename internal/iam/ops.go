@@ -67,6 +67,7 @@ var needs = map[Op]Role{
 	"/dsec.v1.SandboxService/Download":         Runner,
 	"/dsec.v1.SandboxService/SetNetworkRules":  Runner,
 	"/dsec.v1.SandboxService/NetworkLog":       Runner,
+	"/dsec.v1.SandboxService/Trajectory":       Runner,
 	"/dsec.v1.SandboxService/SetWarmPool":      Builder,
 	"/dsec.v1.SandboxService/ListWarmPools":    Viewer,
 	"/dsec.v1.SandboxService/GetServerInfo":    Viewer,

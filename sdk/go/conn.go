@@ -134,3 +134,12 @@ type layerConn struct {
 func (c layerConn) UploadLayer(ctx context.Context) *connect.ClientStreamForClient[dsecv1.UploadLayerRequest, dsecv1.Layer] {
 	return c.h2.UploadLayer(ctx)
 }
+
+// Client is a Client over the Conn's transport (and its token), with the
+// default timeout and retries, for a program that uses both (the CLI's
+// replay does).
+func (c *Conn) Client() *Client {
+	lc := c.Layers.(layerConn)
+	return &Client{sb: c.Sandboxes, layers: c.Layers, fn: c.FnCall, iam: c.IAM, uploads: lc.h2,
+		hc: c.HTTP, pool: c.pool, timeout: DefaultTimeout, maxRetries: 6}
+}

@@ -7,6 +7,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/hollow"
+	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/edgetest"
 )
 
@@ -17,9 +18,21 @@ import (
 func TestConformanceHollow(t *testing.T) {
 	edgetest.Run(t, edgetest.Options{
 		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
-			return edgesvc.New(hollow.New(hollow.Config{Node: "h1"}), nil, slog.New(slog.DiscardHandler))
+			return withRecorder(t, hollow.New(hollow.Config{Node: "h1"}))
 		},
 		Fork:       edgetest.ForkUnsupported,
 		Deviations: edgetest.Deviations{NoAgent: true},
 	})
+}
+
+// withRecorder is the service over e, recording trajectories under a
+// temporary directory.
+func withRecorder(t *testing.T, e *hollow.Edge) *edgesvc.Service {
+	svc := edgesvc.New(e, nil, slog.New(slog.DiscardHandler))
+	rec, err := trajectory.New(trajectory.Config{Dir: t.TempDir()}, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetRecorder(rec)
+	return svc
 }

@@ -8,6 +8,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
 	"dsec.dev/dsec/internal/shellrelay"
@@ -48,6 +49,15 @@ func (s *Service) agent(ctx context.Context, id string) (agentclient.Client, fun
 	return s.edge.Agent(ctx, id)
 }
 
+// recordUnary is forwardUnary for a call that acts on the sandbox: it is
+// recorded in the sandbox's trajectory as call.
+func recordUnary[Req, Res any](ctx context.Context, s *Service, id, call string, msg *Req, pick func(agentclient.Client) unaryCall[Req, Res]) (*connect.Response[Res], error) {
+	step := s.begin(ctx, id, call, msg)
+	resp, err := forwardUnary(ctx, s, id, msg, pick)
+	step.End(ctx, err)
+	return resp, err
+}
+
 func forwardUnary[Req, Res any](ctx context.Context, s *Service, id string, msg *Req, pick func(agentclient.Client) unaryCall[Req, Res]) (*connect.Response[Res], error) {
 	if id == "" {
 		return nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
@@ -74,8 +84,9 @@ type sender[Res any] interface {
 // (command: an exec, an attach, a session's run) counts as a call not yet
 // started until its first event, so that a pause waits for it (a microVM
 // paused to disk ends the agent channel; from its started event on the
-// command's stream re-attaches across that).
-func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg *Req, out sender[Res], command bool, pick func(agentclient.Client) streamCall[Req, Res]) error {
+// command's stream re-attaches across that). A stream recorded (step not
+// nil) feeds its events to step.
+func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg *Req, out sender[Res], command bool, step *trajectory.Step, pick func(agentclient.Client) streamCall[Req, Res]) error {
 	if id == "" {
 		return fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
 	}
@@ -111,6 +122,11 @@ func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg
 				ev.GetStarted().Phase = phase
 			}
 		}
+		if step != nil {
+			if e, ok := any(in.Msg()).(*dsecv1.ExecEvent); ok {
+				step.Event(e)
+			}
+		}
 		// An exit is the last event: it leaves with the end of the stream.
 		if e, ok := any(in.Msg()).(interface{ GetExited() *dsecv1.ExecExited }); ok && e.GetExited() != nil {
 			flushhold.Hold(ctx)
@@ -126,8 +142,10 @@ func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg
 }
 
 // Exec takes the agent channel's framed path, the fastest.
-func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
+func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) (err error) {
+	step := s.begin(ctx, req.Msg.GetSandboxId(), "exec", req.Msg)
+	defer func() { step.End(ctx, err) }()
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, step, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
 		return func(ctx context.Context, req *dsecv1.ExecRequest) (clientStream[dsecv1.ExecEvent], error) {
 			return a.ExecEvents(ctx, req)
 		}
@@ -135,13 +153,15 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequ
 }
 
 func (s *Service) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, func(a agentclient.Client) streamCall[dsecv1.AttachRequest, dsecv1.ExecEvent] {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, nil, func(a agentclient.Client) streamCall[dsecv1.AttachRequest, dsecv1.ExecEvent] {
 		return connectStream(a.Attach)
 	})
 }
 
-func (s *Service) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, func(a agentclient.Client) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] {
+func (s *Service) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) (err error) {
+	step := s.begin(ctx, req.Msg.GetSandboxId(), "session_run", req.Msg)
+	defer func() { step.End(ctx, err) }()
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, step, func(a agentclient.Client) streamCall[dsecv1.SessionRunRequest, dsecv1.ExecEvent] {
 		return func(ctx context.Context, req *dsecv1.SessionRunRequest) (clientStream[dsecv1.ExecEvent], error) {
 			in, err := a.SessionRun(ctx, connect.NewRequest(req))
 			if err != nil {
@@ -154,7 +174,7 @@ func (s *Service) SessionRun(ctx context.Context, req *connect.Request[dsecv1.Se
 }
 
 func (s *Service) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, false, func(a agentclient.Client) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, false, nil, func(a agentclient.Client) streamCall[dsecv1.DownloadRequest, dsecv1.DownloadChunk] {
 		return func(ctx context.Context, req *dsecv1.DownloadRequest) (clientStream[dsecv1.DownloadChunk], error) {
 			// A download resumes across a microVM's pause to disk.
 			return agentclient.ResumingDownload(ctx, a.Download, req)
@@ -163,7 +183,7 @@ func (s *Service) Download(ctx context.Context, req *connect.Request[dsecv1.Down
 }
 
 func (s *Service) WatchDir(ctx context.Context, req *connect.Request[dsecv1.WatchDirRequest], out *connect.ServerStream[dsecv1.WatchEvent]) error {
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, false, func(a agentclient.Client) streamCall[dsecv1.WatchDirRequest, dsecv1.WatchEvent] {
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, false, nil, func(a agentclient.Client) streamCall[dsecv1.WatchDirRequest, dsecv1.WatchEvent] {
 		return func(ctx context.Context, req *dsecv1.WatchDirRequest) (clientStream[dsecv1.WatchEvent], error) {
 			// A watch is set again after a microVM's pause to disk.
 			return agentclient.Rewatching(ctx, a.WatchDir, req)
@@ -172,13 +192,13 @@ func (s *Service) WatchDir(ctx context.Context, req *connect.Request[dsecv1.Watc
 }
 
 func (s *Service) WriteStdin(ctx context.Context, req *connect.Request[dsecv1.WriteStdinRequest]) (*connect.Response[dsecv1.WriteStdinResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.WriteStdinRequest, dsecv1.WriteStdinResponse] {
+	return recordUnary(ctx, s, req.Msg.GetSandboxId(), "write_stdin", req.Msg, func(a agentclient.Client) unaryCall[dsecv1.WriteStdinRequest, dsecv1.WriteStdinResponse] {
 		return a.WriteStdin
 	})
 }
 
 func (s *Service) Signal(ctx context.Context, req *connect.Request[dsecv1.SignalRequest]) (*connect.Response[dsecv1.SignalResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.SignalRequest, dsecv1.SignalResponse] {
+	return recordUnary(ctx, s, req.Msg.GetSandboxId(), "signal", req.Msg, func(a agentclient.Client) unaryCall[dsecv1.SignalRequest, dsecv1.SignalResponse] {
 		return a.Signal
 	})
 }
@@ -190,13 +210,13 @@ func (s *Service) ListProcesses(ctx context.Context, req *connect.Request[dsecv1
 }
 
 func (s *Service) SessionInterrupt(ctx context.Context, req *connect.Request[dsecv1.SessionInterruptRequest]) (*connect.Response[dsecv1.SessionInterruptResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.SessionInterruptRequest, dsecv1.SessionInterruptResponse] {
+	return recordUnary(ctx, s, req.Msg.GetSandboxId(), "session_interrupt", req.Msg, func(a agentclient.Client) unaryCall[dsecv1.SessionInterruptRequest, dsecv1.SessionInterruptResponse] {
 		return a.SessionInterrupt
 	})
 }
 
 func (s *Service) SessionClose(ctx context.Context, req *connect.Request[dsecv1.SessionCloseRequest]) (*connect.Response[dsecv1.SessionCloseResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.SessionCloseRequest, dsecv1.SessionCloseResponse] {
+	return recordUnary(ctx, s, req.Msg.GetSandboxId(), "session_close", req.Msg, func(a agentclient.Client) unaryCall[dsecv1.SessionCloseRequest, dsecv1.SessionCloseResponse] {
 		return a.SessionClose
 	})
 }
@@ -208,7 +228,7 @@ func (s *Service) ReadFile(ctx context.Context, req *connect.Request[dsecv1.Read
 }
 
 func (s *Service) WriteFile(ctx context.Context, req *connect.Request[dsecv1.WriteFileRequest]) (*connect.Response[dsecv1.WriteFileResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.WriteFileRequest, dsecv1.WriteFileResponse] {
+	return recordUnary(ctx, s, req.Msg.GetSandboxId(), "write_file", req.Msg, func(a agentclient.Client) unaryCall[dsecv1.WriteFileRequest, dsecv1.WriteFileResponse] {
 		return a.WriteFile
 	})
 }
@@ -226,25 +246,25 @@ func (s *Service) Stat(ctx context.Context, req *connect.Request[dsecv1.StatRequ
 }
 
 func (s *Service) Remove(ctx context.Context, req *connect.Request[dsecv1.RemoveRequest]) (*connect.Response[dsecv1.RemoveResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.RemoveRequest, dsecv1.RemoveResponse] {
+	return recordUnary(ctx, s, req.Msg.GetSandboxId(), "remove", req.Msg, func(a agentclient.Client) unaryCall[dsecv1.RemoveRequest, dsecv1.RemoveResponse] {
 		return a.Remove
 	})
 }
 
 func (s *Service) MakeDir(ctx context.Context, req *connect.Request[dsecv1.MakeDirRequest]) (*connect.Response[dsecv1.MakeDirResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.MakeDirRequest, dsecv1.MakeDirResponse] {
+	return recordUnary(ctx, s, req.Msg.GetSandboxId(), "make_dir", req.Msg, func(a agentclient.Client) unaryCall[dsecv1.MakeDirRequest, dsecv1.MakeDirResponse] {
 		return a.MakeDir
 	})
 }
 
 func (s *Service) Move(ctx context.Context, req *connect.Request[dsecv1.MoveRequest]) (*connect.Response[dsecv1.MoveResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.MoveRequest, dsecv1.MoveResponse] {
+	return recordUnary(ctx, s, req.Msg.GetSandboxId(), "move", req.Msg, func(a agentclient.Client) unaryCall[dsecv1.MoveRequest, dsecv1.MoveResponse] {
 		return a.Move
 	})
 }
 
 func (s *Service) Upload(ctx context.Context, req *connect.Request[dsecv1.UploadRequest]) (*connect.Response[dsecv1.UploadResponse], error) {
-	return forwardUnary(ctx, s, req.Msg.GetSandboxId(), req.Msg, func(a agentclient.Client) unaryCall[dsecv1.UploadRequest, dsecv1.UploadResponse] {
+	return recordUnary(ctx, s, req.Msg.GetSandboxId(), "upload", req.Msg, func(a agentclient.Client) unaryCall[dsecv1.UploadRequest, dsecv1.UploadResponse] {
 		return a.Upload
 	})
 }
@@ -276,6 +296,36 @@ func (s *Service) ShellFrom(ctx context.Context, first *dsecv1.ShellInput, strea
 		return err
 	}
 	defer release()
+	step := s.begin(ctx, id, "shell", start)
+	if step != nil {
+		stream = recordedShell{Stream: stream, step: step}
+	}
 	open := func(ctx context.Context) shellrelay.Hop { return agentclient.ReattachingShell(ctx, a.Shell, started) }
-	return shellrelay.RelayHop(ctx, first, stream, open, func(err error) error { return s.agentErr(ctx, id, err) })
+	err = shellrelay.RelayHop(ctx, first, stream, open, func(err error) error { return s.agentErr(ctx, id, err) })
+	step.End(ctx, err)
+	return err
+}
+
+// recordedShell records a shell's input and output in its step.
+type recordedShell struct {
+	shellrelay.Stream
+	step *trajectory.Step
+}
+
+func (r recordedShell) Receive() (*dsecv1.ShellInput, error) {
+	in, err := r.Stream.Receive()
+	if err == nil {
+		r.step.Stdin(in.GetData())
+	}
+	return in, err
+}
+
+func (r recordedShell) Send(out *dsecv1.ShellOutput) error {
+	switch o := out.GetOutput().(type) {
+	case *dsecv1.ShellOutput_Data:
+		r.step.Stdout(o.Data)
+	case *dsecv1.ShellOutput_Exited:
+		r.step.Exit(o.Exited.GetExitCode())
+	}
+	return r.Stream.Send(out)
 }

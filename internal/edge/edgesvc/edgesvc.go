@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
@@ -31,6 +32,7 @@ import (
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
 	"dsec.dev/dsec/internal/layerupload"
@@ -131,7 +133,8 @@ type Service struct {
 	edgev1connect.UnimplementedEdgeServiceHandler
 	edge   Edge
 	layers Layers
-	fncall FnCall // nil on a node without the fncall backend
+	fncall FnCall               // nil on a node without the fncall backend
+	rec    *trajectory.Recorder // nil: no trajectories recorded
 	log    *slog.Logger
 
 	mu       sync.Mutex
@@ -165,6 +168,38 @@ type FnCall interface {
 	RunCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dsecv1.RunCodeResponse, error)
 	Languages() []*dsecv1.Language
 	Load() (busy, queue, idle int)
+}
+
+// SetRecorder has the service record the trajectory of every sandbox of
+// its node in rec; call it before serving.
+func (s *Service) SetRecorder(rec *trajectory.Recorder) { s.rec = rec }
+
+// begin starts recording a call that acts on sandbox id (nil: not
+// recorded).
+func (s *Service) begin(ctx context.Context, id, call string, req any) *trajectory.Step {
+	if s.rec == nil {
+		return nil
+	}
+	m, _ := req.(proto.Message)
+	return s.rec.Begin(ctx, id, call, m)
+}
+
+// Trajectory reads a sandbox's trajectory from an offset: this node's, or
+// the blob store's copy of another's.
+func (s *Service) Trajectory(ctx context.Context, req *connect.Request[dsecv1.TrajectoryRequest]) (*connect.Response[dsecv1.TrajectoryResponse], error) {
+	m := req.Msg
+	if m.GetSandboxId() == "" {
+		return nil, fmt.Errorf("sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if s.rec == nil {
+		return nil, fmt.Errorf("trajectory: node %s records none: %w", s.edge.Node(), errdefs.ErrNotSupported)
+	}
+	rd, err := s.rec.Read(ctx, m.GetSandboxId(), m.GetOffset(), int(m.GetLimitBytes()))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.TrajectoryResponse{Lines: rd.Lines, NextOffset: rd.NextOffset, Size: rd.Size,
+		Ended: rd.Ended, Sha256: rd.SHA256, Project: rd.Project}), nil
 }
 
 // SetFnCall gives the node the fncall backend; call it before serving.
@@ -373,7 +408,9 @@ func (s *Service) Fork(ctx context.Context, req *connect.Request[edgev1.ForkRequ
 	for j, i := range todo {
 		left[j] = tokens[i]
 	}
+	step := s.begin(ctx, id, "fork", req.Msg)
 	results, frozen, err := f.Fork(ctx, id, left)
+	step.End(ctx, err)
 	if err != nil {
 		return nil, err
 	}
@@ -639,14 +676,21 @@ func (s *Service) List(ctx context.Context, req *connect.Request[dsecv1.ListRequ
 }
 
 func (s *Service) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteRequest]) (*connect.Response[dsecv1.DeleteResponse], error) {
-	if err := s.edge.Delete(ctx, req.Msg.GetId()); err != nil {
+	id := req.Msg.GetId()
+	step := s.begin(ctx, id, "delete", req.Msg)
+	err := s.edge.Delete(ctx, id)
+	step.End(ctx, err)
+	if err != nil {
 		return nil, err
 	}
+	s.rec.Finish(ctx, id, "deleted")
 	return connect.NewResponse(&dsecv1.DeleteResponse{}), nil
 }
 
 func (s *Service) Pause(ctx context.Context, req *connect.Request[dsecv1.PauseRequest]) (*connect.Response[dsecv1.PauseResponse], error) {
+	step := s.begin(ctx, req.Msg.GetSandboxId(), "pause", req.Msg)
 	sb, already, err := s.edge.Pause(ctx, req.Msg.GetSandboxId(), req.Msg.GetKeepMemory())
+	step.End(ctx, err)
 	if err != nil {
 		return nil, err
 	}
@@ -654,7 +698,9 @@ func (s *Service) Pause(ctx context.Context, req *connect.Request[dsecv1.PauseRe
 }
 
 func (s *Service) Resume(ctx context.Context, req *connect.Request[dsecv1.ResumeRequest]) (*connect.Response[dsecv1.ResumeResponse], error) {
+	step := s.begin(ctx, req.Msg.GetSandboxId(), "resume", req.Msg)
 	sb, already, prefetch, err := s.edge.Resume(ctx, req.Msg.GetSandboxId(), req.Msg.GetSkipPrefetch())
+	step.End(ctx, err)
 	if err != nil {
 		return nil, err
 	}
@@ -687,7 +733,9 @@ func (s *Service) Metrics(ctx context.Context, req *connect.Request[dsecv1.Metri
 }
 
 func (s *Service) Snapshot(ctx context.Context, req *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
+	step := s.begin(ctx, req.Msg.GetSandboxId(), "snapshot", req.Msg)
 	info, err := s.edge.Snapshot(ctx, req.Msg.GetSandboxId(), req.Msg.GetName(), req.Msg.GetExclude())
+	step.End(ctx, err)
 	if err != nil {
 		return nil, err
 	}
@@ -696,7 +744,12 @@ func (s *Service) Snapshot(ctx context.Context, req *connect.Request[dsecv1.Snap
 
 func (s *Service) SetNetworkRules(ctx context.Context, req *connect.Request[dsecv1.SetNetworkRulesRequest]) (*connect.Response[dsecv1.SetNetworkRulesResponse], error) {
 	m := req.Msg
+	step := s.begin(ctx, m.GetSandboxId(), "set_network_rules", m)
 	warnings, err := s.edge.SetNetworkRules(ctx, m.GetSandboxId(), m.GetRules(), m.GetCut())
+	if err == nil {
+		s.rec.NetworkRules(m.GetSandboxId(), len(m.GetRules()) > 0)
+	}
+	step.End(ctx, err)
 	if err != nil {
 		return nil, err
 	}

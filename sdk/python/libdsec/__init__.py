@@ -29,6 +29,7 @@ from ._fncall import CommandResult, Language, RunCode, RunResult
 from ._iam import (ADMIN, BUILDER, RUNNER, VIEWER, AuditRecord, Principal, Project, ProjectQuota, QuotaItem,
                    RoleBinding, TokenInfo)
 from ._sync import Client, Job, Sandbox, Session
+from ._trajectory import ReplayReport, ReplayStep, Trajectory, parse_trajectory
 from ._transport import DEFAULT_ADDR, DEFAULT_TOKEN_FILE, resolve_addr, resolve_addrs
 from .compat import DSecClient, DSecContainerRunArgs, DSecGVisorRunArgs, DSecMicroVMRunArgs, DSecSandbox
 from .errors import (AlreadyExists, CommandFailed, DsecError, FailedPrecondition, InvalidArgument, NotFound,
@@ -41,6 +42,7 @@ __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncJob", "AsyncSession", "Client", "Sandbox", "Job", "Session",
     "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
     "RunCode", "RunResult", "CommandResult", "Language",
+    "Trajectory", "ReplayReport", "ReplayStep", "parse_trajectory",
     "Project", "Principal", "RoleBinding", "TokenInfo", "QuotaItem", "ProjectQuota", "AuditRecord",
     "VIEWER", "RUNNER", "BUILDER", "ADMIN", "PermissionDenied", "AlreadyExists", "FailedPrecondition",
     "DEFAULT_ADDR", "DEFAULT_TOKEN_FILE", "resolve_addr", "resolve_addrs", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",

@@ -18,6 +18,7 @@ from . import errors
 from ._fncall import (BATCH_GRACE, FNCALL, MAX_BATCH, Language, RunCode, RunResult, passed,
                       split_cases)
 from ._iam import IAMCalls
+from ._trajectory import TrajectoryCalls
 from ._transport import ServerStream, Transport
 
 SANDBOX = "dsec.v1.SandboxService"
@@ -448,7 +449,7 @@ async def _drive(stream: ServerStream, col: _Collector, what: str) -> ExecResult
 
 # --- client ------------------------------------------------------------------------
 
-class AsyncClient(IAMCalls):
+class AsyncClient(IAMCalls, TrajectoryCalls):
     """A client of a dsecd, or of a cluster of apiservers.
 
     addr is one address or a comma-separated list of them, each
@@ -1005,6 +1006,11 @@ class Sandbox:
                 "bytes_in": int(e.get("bytesIn", 0)), "rule": e.get("rule", ""),
             })
         return out
+
+    async def trajectory(self, offset: int = 0, *, timeout: Optional[float] = None):
+        """The sandbox's trajectory from offset (docs/trajectories.md): a
+        Trajectory of its lines, next_offset, ended and sha256."""
+        return await self.client.trajectory(self.id, offset, timeout=timeout)
 
     async def delete(self, *, timeout: Optional[float] = None) -> None:
         await self.client.delete(self.id, timeout=timeout)

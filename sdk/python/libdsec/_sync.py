@@ -64,6 +64,15 @@ class Client:
     def create(self, env: str, **kw) -> "Sandbox":
         return Sandbox(self, self._run(self._a.create(env, **kw)))
 
+    def read_trajectory(self, id: str, offset: int = 0, **kw):
+        return self._run(self._a.read_trajectory(id, offset, **kw))
+
+    def trajectory(self, id: str, offset: int = 0, **kw):
+        return self._run(self._a.trajectory(id, offset, **kw))
+
+    def replay(self, trajectory, **kw):
+        return self._run(self._a.replay(trajectory, **kw))
+
     def create_many(self, n: int, env: str, **kw) -> List["Sandbox"]:
         return [Sandbox(self, s) for s in self._run(self._a.create_many(n, env, **kw))]
 
@@ -286,6 +295,9 @@ class Sandbox:
 
     def network_log(self, **kw) -> List[Dict[str, Any]]:
         return self._run(self._a.network_log(**kw))
+
+    def trajectory(self, offset: int = 0, **kw):
+        return self._run(self._a.trajectory(offset, **kw))
 
     def exec(self, cmd: Command, **kw) -> ExecResult:
         return self._run(self._a.exec(cmd, **kw))

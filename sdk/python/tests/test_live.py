@@ -318,6 +318,33 @@ class LiveTest(unittest.TestCase):
         self.addCleanup(lambda: self.c.delete(sb.id))
         self.assertEqual(sb.exec("cat /work/hello.txt").stdout, "sent\n")
 
+    def test_trajectory_and_replay(self):
+        sb = self.sandbox()
+        sb.write_file("/w/seed", b"42\n")
+        sb.exec("cat /w/seed")
+        sb.exec("echo $RANDOM$RANDOM$RANDOM")
+        t = sb.trajectory()
+        self.assertFalse(t.ended)
+        self.assertEqual([l["type"] for l in t.lines], ["begin", "call", "call", "call"])
+        self.assertEqual(t.lines[2]["stdout"]["text"], "42\n")
+        self.assertEqual(t.lines[2]["exit"], 0)
+        # A trainer re-attaching reads only what came since.
+        sb.exec("true")
+        more = self.c.trajectory(sb.id, t.next_offset)
+        self.assertEqual([l["seq"] for l in more.lines], [5])
+        self.c.delete(sb.id)
+        done = self.c.trajectory(sb.id)
+        self.assertTrue(done.ended)
+        self.assertEqual(done.sha256, hashlib.sha256(done.raw).hexdigest())
+        rep = self.c.replay(done)
+        self.assertEqual([(s.call, s.verdict) for s in rep.steps],
+                         [("write_file", "match"), ("exec", "match"), ("exec", "diverged"),
+                          ("exec", "match"), ("delete", "skipped")])
+        self.assertFalse(rep.deterministic)
+        self.assertEqual(rep.steps[2].detail, "stdout differs")
+        steady = [l for l in done.lines if "RANDOM" not in str(l.get("args", ""))]
+        self.assertTrue(self.c.replay(steady).deterministic)
+
     def test_unix_socket(self):
         with libdsec.Client(D.unix_addr) as c:
             self.assertTrue(c.list_layers())

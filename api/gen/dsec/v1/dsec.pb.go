@@ -997,7 +997,10 @@ type SandboxSpec struct {
 	Isolation Isolation `protobuf:"varint,18,opt,name=isolation,proto3,enum=dsec.v1.Isolation" json:"isolation,omitempty"`
 	// Phase budgets: setup, agent and verify (see PhaseBudgets). With them
 	// the idle timeout defaults to never: the phases bound the life.
-	Phases        *PhaseBudgets `protobuf:"bytes,19,opt,name=phases,proto3" json:"phases,omitempty"`
+	Phases *PhaseBudgets `protobuf:"bytes,19,opt,name=phases,proto3" json:"phases,omitempty"`
+	// Records no trajectory of the sandbox (docs/trajectories.md); the
+	// exec benchmark compares such a sandbox with a recorded one.
+	NoTrajectory  bool `protobuf:"varint,40,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1163,6 +1166,13 @@ func (x *SandboxSpec) GetPhases() *PhaseBudgets {
 		return x.Phases
 	}
 	return nil
+}
+
+func (x *SandboxSpec) GetNoTrajectory() bool {
+	if x != nil {
+		return x.NoTrajectory
+	}
+	return false
 }
 
 type Sandbox struct {
@@ -7323,6 +7333,150 @@ func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
 	return nil
 }
 
+type TrajectoryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`                           // bytes already read: lines from here on
+	LimitBytes    int32                  `protobuf:"varint,3,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"` // at most this many bytes of lines back (0: 4 MiB)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrajectoryRequest) Reset() {
+	*x = TrajectoryRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrajectoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrajectoryRequest) ProtoMessage() {}
+
+func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrajectoryRequest.ProtoReflect.Descriptor instead.
+func (*TrajectoryRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+}
+
+func (x *TrajectoryRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *TrajectoryRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *TrajectoryRequest) GetLimitBytes() int32 {
+	if x != nil {
+		return x.LimitBytes
+	}
+	return 0
+}
+
+type TrajectoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lines         []byte                 `protobuf:"bytes,1,opt,name=lines,proto3" json:"lines,omitempty"`                              // whole JSON lines, from offset
+	NextOffset    int64                  `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"` // the offset to read from next
+	Size          int64                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`                               // bytes recorded so far
+	Ended         bool                   `protobuf:"varint,4,opt,name=ended,proto3" json:"ended,omitempty"`                             // the sandbox is gone: the trajectory is complete
+	Sha256        string                 `protobuf:"bytes,5,opt,name=sha256,proto3" json:"sha256,omitempty"`                            // hex SHA-256 of bytes [0, size): once ended, the trajectory's hash
+	Project       string                 `protobuf:"bytes,6,opt,name=project,proto3" json:"project,omitempty"`                          // the project of the sandbox it records
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrajectoryResponse) Reset() {
+	*x = TrajectoryResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrajectoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrajectoryResponse) ProtoMessage() {}
+
+func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrajectoryResponse.ProtoReflect.Descriptor instead.
+func (*TrajectoryResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+}
+
+func (x *TrajectoryResponse) GetLines() []byte {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+func (x *TrajectoryResponse) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+func (x *TrajectoryResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *TrajectoryResponse) GetEnded() bool {
+	if x != nil {
+		return x.Ended
+	}
+	return false
+}
+
+func (x *TrajectoryResponse) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *TrajectoryResponse) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
 type ImportImageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Ref   string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag the environment gets
@@ -7342,7 +7496,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7354,7 +7508,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7367,7 +7521,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -7430,7 +7584,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7442,7 +7596,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7455,7 +7609,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -7536,7 +7690,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7548,7 +7702,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7561,7 +7715,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 type LayerUsage struct {
@@ -7588,7 +7742,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7600,7 +7754,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7613,7 +7767,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -7741,7 +7895,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7753,7 +7907,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7766,7 +7920,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -7816,7 +7970,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7828,7 +7982,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7841,7 +7995,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -7900,7 +8054,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7912,7 +8066,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7925,7 +8079,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -8023,7 +8177,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8035,7 +8189,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8048,7 +8202,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -8126,7 +8280,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8138,7 +8292,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8151,7 +8305,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -8219,7 +8373,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8231,7 +8385,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8244,7 +8398,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -8263,7 +8417,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8275,7 +8429,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8288,7 +8442,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -8313,7 +8467,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8325,7 +8479,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8338,7 +8492,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *Language) GetName() string {
@@ -8398,7 +8552,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8410,7 +8564,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8423,7 +8577,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
 }
 
 type ListLanguagesResponse struct {
@@ -8435,7 +8589,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8447,7 +8601,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8460,7 +8614,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -8478,7 +8632,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8490,7 +8644,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8503,7 +8657,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
 }
 
 type ServerInfo struct {
@@ -8525,7 +8679,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8537,7 +8691,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8550,7 +8704,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -8603,7 +8757,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\rmax_sandboxes\x18\x06 \x01(\x05R\fmaxSandboxes\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xca\a\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xef\a\n" +
 	"\vSandboxSpec\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12*\n" +
 	"\abackend\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\abackend\x12\x12\n" +
@@ -8627,7 +8781,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"on_timeout\x18\x10 \x01(\x0e2\x12.dsec.v1.OnTimeoutR\tonTimeout\x12<\n" +
 	"\x1aallow_privilege_escalation\x18\x11 \x01(\bR\x18allowPrivilegeEscalation\x120\n" +
 	"\tisolation\x18\x12 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x12-\n" +
-	"\x06phases\x18\x13 \x01(\v2\x15.dsec.v1.PhaseBudgetsR\x06phases\x1a6\n" +
+	"\x06phases\x18\x13 \x01(\v2\x15.dsec.v1.PhaseBudgetsR\x06phases\x12#\n" +
+	"\rno_trajectory\x18( \x01(\bR\fnoTrajectory\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -9126,7 +9281,21 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04rule\x18\n" +
 	" \x01(\tR\x04rule\"C\n" +
 	"\x12NetworkLogResponse\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.dsec.v1.NetworkEventR\x06events\"\xc9\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.dsec.v1.NetworkEventR\x06events\"k\n" +
+	"\x11TrajectoryRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x1f\n" +
+	"\vlimit_bytes\x18\x03 \x01(\x05R\n" +
+	"limitBytes\"\xa7\x01\n" +
+	"\x12TrajectoryResponse\x12\x14\n" +
+	"\x05lines\x18\x01 \x01(\fR\x05lines\x12\x1f\n" +
+	"\vnext_offset\x18\x02 \x01(\x03R\n" +
+	"nextOffset\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x14\n" +
+	"\x05ended\x18\x04 \x01(\bR\x05ended\x12\x16\n" +
+	"\x06sha256\x18\x05 \x01(\tR\x06sha256\x12\x18\n" +
+	"\aproject\x18\x06 \x01(\tR\aproject\"\xc9\x01\n" +
 	"\x12ImportImageRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
@@ -9336,7 +9505,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xac\x13\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xf8\x13\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -9375,7 +9544,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bDownload\x12\x18.dsec.v1.DownloadRequest\x1a\x16.dsec.v1.DownloadChunk0\x01\x12Y\n" +
 	"\x0fSetNetworkRules\x12\x1f.dsec.v1.SetNetworkRulesRequest\x1a .dsec.v1.SetNetworkRulesResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\n" +
-	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12B\n" +
+	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12J\n" +
+	"\n" +
+	"Trajectory\x12\x1a.dsec.v1.TrajectoryRequest\x1a\x1b.dsec.v1.TrajectoryResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
 	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12H\n" +
 	"\rGetServerInfo\x12\x1d.dsec.v1.GetServerInfoRequest\x1a\x13.dsec.v1.ServerInfo\"\x03\x90\x02\x012\xef\x01\n" +
@@ -9409,7 +9580,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 124)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 126)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -9520,43 +9691,45 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*NetworkLogRequest)(nil),        // 106: dsec.v1.NetworkLogRequest
 	(*NetworkEvent)(nil),             // 107: dsec.v1.NetworkEvent
 	(*NetworkLogResponse)(nil),       // 108: dsec.v1.NetworkLogResponse
-	(*ImportImageRequest)(nil),       // 109: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 110: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 111: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 112: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 113: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 114: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),           // 115: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),            // 116: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),          // 117: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),      // 118: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),     // 119: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                 // 120: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),     // 121: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),    // 122: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),     // 123: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),               // 124: dsec.v1.ServerInfo
-	nil,                              // 125: dsec.v1.NodeInfo.MissingEntry
-	nil,                              // 126: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 127: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 128: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 129: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 130: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 131: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 132: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                              // 133: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                              // 134: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                              // 135: dsec.v1.RunCodeResponse.FilesEntry
+	(*TrajectoryRequest)(nil),        // 109: dsec.v1.TrajectoryRequest
+	(*TrajectoryResponse)(nil),       // 110: dsec.v1.TrajectoryResponse
+	(*ImportImageRequest)(nil),       // 111: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 112: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 113: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 114: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 115: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 116: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),           // 117: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),            // 118: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),          // 119: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),      // 120: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),     // 121: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                 // 122: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),     // 123: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),    // 124: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),     // 125: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),               // 126: dsec.v1.ServerInfo
+	nil,                              // 127: dsec.v1.NodeInfo.MissingEntry
+	nil,                              // 128: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 129: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 130: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 131: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 132: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 133: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 134: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                              // 135: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                              // 136: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                              // 137: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	125, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	127, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	4,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	126, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	127, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	128, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	128, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	129, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	130, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 10: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -9572,13 +9745,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	16,  // 20: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
 	15,  // 21: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	16,  // 22: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	129, // 23: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	131, // 23: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 24: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	16,  // 25: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	15,  // 26: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	15,  // 27: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	34,  // 28: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	130, // 29: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	132, // 29: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	42,  // 30: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	43,  // 31: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	41,  // 32: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
@@ -9589,7 +9762,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	50,  // 37: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	58,  // 38: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	59,  // 39: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	131, // 40: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	133, // 40: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	59,  // 41: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	43,  // 42: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	61,  // 43: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -9608,21 +9781,21 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	9,   // 56: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
 	82,  // 57: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
 	101, // 58: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	132, // 59: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	134, // 59: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
 	107, // 60: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	112, // 61: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	113, // 62: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	133, // 63: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	134, // 64: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	114, // 61: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	115, // 62: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	135, // 63: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	136, // 64: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
 	11,  // 65: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
 	10,  // 66: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	116, // 67: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	116, // 68: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	135, // 69: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	118, // 67: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	118, // 68: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	137, // 69: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
 	7,   // 70: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	115, // 71: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	117, // 72: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	120, // 73: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	117, // 71: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	119, // 72: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	122, // 73: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
 	14,  // 74: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
 	28,  // 75: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
 	30,  // 76: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
@@ -9658,70 +9831,72 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	80,  // 106: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
 	104, // 107: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
 	106, // 108: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	33,  // 109: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	35,  // 110: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	123, // 111: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	115, // 112: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	118, // 113: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	121, // 114: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	92,  // 115: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	93,  // 116: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	97,  // 117: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	99,  // 118: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	102, // 119: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	109, // 120: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	111, // 121: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	95,  // 122: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	29,  // 123: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	16,  // 124: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	32,  // 125: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	38,  // 126: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	19,  // 127: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	21,  // 128: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	23,  // 129: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	25,  // 130: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	27,  // 131: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	83,  // 132: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	86,  // 133: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	88,  // 134: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	91,  // 135: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	40,  // 136: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	40,  // 137: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	46,  // 138: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	48,  // 139: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	51,  // 140: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	40,  // 141: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	54,  // 142: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	56,  // 143: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	60,  // 144: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	63,  // 145: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	65,  // 146: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	67,  // 147: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	69,  // 148: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	71,  // 149: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	73,  // 150: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	75,  // 151: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	77,  // 152: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	79,  // 153: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	81,  // 154: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	105, // 155: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	108, // 156: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	34,  // 157: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	36,  // 158: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	124, // 159: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	117, // 160: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	119, // 161: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	122, // 162: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	82,  // 163: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	82,  // 164: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	98,  // 165: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	100, // 166: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	103, // 167: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	110, // 168: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	114, // 169: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	96,  // 170: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	123, // [123:171] is the sub-list for method output_type
-	75,  // [75:123] is the sub-list for method input_type
+	109, // 109: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	33,  // 110: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	35,  // 111: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	125, // 112: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	117, // 113: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	120, // 114: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	123, // 115: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	92,  // 116: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	93,  // 117: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	97,  // 118: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	99,  // 119: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	102, // 120: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	111, // 121: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	113, // 122: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	95,  // 123: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	29,  // 124: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	16,  // 125: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	32,  // 126: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	38,  // 127: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	19,  // 128: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	21,  // 129: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	23,  // 130: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	25,  // 131: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	27,  // 132: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	83,  // 133: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	86,  // 134: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	88,  // 135: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	91,  // 136: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	40,  // 137: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	40,  // 138: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	46,  // 139: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	48,  // 140: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	51,  // 141: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	40,  // 142: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	54,  // 143: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	56,  // 144: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	60,  // 145: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	63,  // 146: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	65,  // 147: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	67,  // 148: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	69,  // 149: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	71,  // 150: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	73,  // 151: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	75,  // 152: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	77,  // 153: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	79,  // 154: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	81,  // 155: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	105, // 156: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	108, // 157: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	110, // 158: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	34,  // 159: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	36,  // 160: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	126, // 161: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	119, // 162: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	121, // 163: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	124, // 164: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	82,  // 165: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	82,  // 166: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	98,  // 167: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	100, // 168: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	103, // 169: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	112, // 170: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	116, // 171: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	96,  // 172: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	124, // [124:173] is the sub-list for method output_type
+	75,  // [75:124] is the sub-list for method input_type
 	75,  // [75:75] is the sub-list for extension type_name
 	75,  // [75:75] is the sub-list for extension extendee
 	0,   // [0:75] is the sub-list for field type_name
@@ -9756,14 +9931,14 @@ func file_dsec_v1_dsec_proto_init() {
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[104].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[106].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   124,
+			NumMessages:   126,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

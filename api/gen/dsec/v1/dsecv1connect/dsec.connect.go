@@ -119,6 +119,9 @@ const (
 	// SandboxServiceNetworkLogProcedure is the fully-qualified name of the SandboxService's NetworkLog
 	// RPC.
 	SandboxServiceNetworkLogProcedure = "/dsec.v1.SandboxService/NetworkLog"
+	// SandboxServiceTrajectoryProcedure is the fully-qualified name of the SandboxService's Trajectory
+	// RPC.
+	SandboxServiceTrajectoryProcedure = "/dsec.v1.SandboxService/Trajectory"
 	// SandboxServiceSetWarmPoolProcedure is the fully-qualified name of the SandboxService's
 	// SetWarmPool RPC.
 	SandboxServiceSetWarmPoolProcedure = "/dsec.v1.SandboxService/SetWarmPool"
@@ -259,6 +262,13 @@ type SandboxServiceClient interface {
 	// NetworkLog returns a sandbox's audit records: every connection attempt
 	// and DNS query, allowed or denied, oldest first.
 	NetworkLog(context.Context, *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error)
+	// Trajectory reads what was done to a sandbox, in order, as JSON lines
+	// (docs/trajectories.md): every call that acted on it, with its time,
+	// arguments, exit and a hash of its output, and its network events. A
+	// live sandbox's trajectory grows; a read from offset returns what came
+	// since. It is kept after the sandbox's deletion for the node's
+	// retention, and in a cluster in the blob store.
+	Trajectory(context.Context, *connect.Request[v1.TrajectoryRequest]) (*connect.Response[v1.TrajectoryResponse], error)
 	// SetWarmPool keeps size sandboxes of one shape started and idle, so that a
 	// Create of that shape takes one, in about a millisecond, instead of
 	// starting a container. The shape is the spec without labels, ttl_seconds
@@ -501,6 +511,13 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		trajectory: connect.NewClient[v1.TrajectoryRequest, v1.TrajectoryResponse](
+			httpClient,
+			baseURL+SandboxServiceTrajectoryProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Trajectory")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		setWarmPool: connect.NewClient[v1.SetWarmPoolRequest, v1.WarmPool](
 			httpClient,
 			baseURL+SandboxServiceSetWarmPoolProcedure,
@@ -561,6 +578,7 @@ type sandboxServiceClient struct {
 	download         *connect.Client[v1.DownloadRequest, v1.DownloadChunk]
 	setNetworkRules  *connect.Client[v1.SetNetworkRulesRequest, v1.SetNetworkRulesResponse]
 	networkLog       *connect.Client[v1.NetworkLogRequest, v1.NetworkLogResponse]
+	trajectory       *connect.Client[v1.TrajectoryRequest, v1.TrajectoryResponse]
 	setWarmPool      *connect.Client[v1.SetWarmPoolRequest, v1.WarmPool]
 	listWarmPools    *connect.Client[v1.ListWarmPoolsRequest, v1.ListWarmPoolsResponse]
 	getServerInfo    *connect.Client[v1.GetServerInfoRequest, v1.ServerInfo]
@@ -736,6 +754,11 @@ func (c *sandboxServiceClient) NetworkLog(ctx context.Context, req *connect.Requ
 	return c.networkLog.CallUnary(ctx, req)
 }
 
+// Trajectory calls dsec.v1.SandboxService.Trajectory.
+func (c *sandboxServiceClient) Trajectory(ctx context.Context, req *connect.Request[v1.TrajectoryRequest]) (*connect.Response[v1.TrajectoryResponse], error) {
+	return c.trajectory.CallUnary(ctx, req)
+}
+
 // SetWarmPool calls dsec.v1.SandboxService.SetWarmPool.
 func (c *sandboxServiceClient) SetWarmPool(ctx context.Context, req *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error) {
 	return c.setWarmPool.CallUnary(ctx, req)
@@ -851,6 +874,13 @@ type SandboxServiceHandler interface {
 	// NetworkLog returns a sandbox's audit records: every connection attempt
 	// and DNS query, allowed or denied, oldest first.
 	NetworkLog(context.Context, *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error)
+	// Trajectory reads what was done to a sandbox, in order, as JSON lines
+	// (docs/trajectories.md): every call that acted on it, with its time,
+	// arguments, exit and a hash of its output, and its network events. A
+	// live sandbox's trajectory grows; a read from offset returns what came
+	// since. It is kept after the sandbox's deletion for the node's
+	// retention, and in a cluster in the blob store.
+	Trajectory(context.Context, *connect.Request[v1.TrajectoryRequest]) (*connect.Response[v1.TrajectoryResponse], error)
 	// SetWarmPool keeps size sandboxes of one shape started and idle, so that a
 	// Create of that shape takes one, in about a millisecond, instead of
 	// starting a container. The shape is the spec without labels, ttl_seconds
@@ -1089,6 +1119,13 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceTrajectoryHandler := connect.NewUnaryHandler(
+		SandboxServiceTrajectoryProcedure,
+		svc.Trajectory,
+		connect.WithSchema(sandboxServiceMethods.ByName("Trajectory")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceSetWarmPoolHandler := connect.NewUnaryHandler(
 		SandboxServiceSetWarmPoolProcedure,
 		svc.SetWarmPool,
@@ -1180,6 +1217,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceSetNetworkRulesHandler.ServeHTTP(w, r)
 		case SandboxServiceNetworkLogProcedure:
 			sandboxServiceNetworkLogHandler.ServeHTTP(w, r)
+		case SandboxServiceTrajectoryProcedure:
+			sandboxServiceTrajectoryHandler.ServeHTTP(w, r)
 		case SandboxServiceSetWarmPoolProcedure:
 			sandboxServiceSetWarmPoolHandler.ServeHTTP(w, r)
 		case SandboxServiceListWarmPoolsProcedure:
@@ -1329,6 +1368,10 @@ func (UnimplementedSandboxServiceHandler) SetNetworkRules(context.Context, *conn
 
 func (UnimplementedSandboxServiceHandler) NetworkLog(context.Context, *connect.Request[v1.NetworkLogRequest]) (*connect.Response[v1.NetworkLogResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.NetworkLog is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Trajectory(context.Context, *connect.Request[v1.TrajectoryRequest]) (*connect.Response[v1.TrajectoryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Trajectory is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) SetWarmPool(context.Context, *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error) {

@@ -72,6 +72,8 @@ const (
 	EdgeServiceSetNetworkRulesProcedure = "/dsec.edge.v1.EdgeService/SetNetworkRules"
 	// EdgeServiceNetworkLogProcedure is the fully-qualified name of the EdgeService's NetworkLog RPC.
 	EdgeServiceNetworkLogProcedure = "/dsec.edge.v1.EdgeService/NetworkLog"
+	// EdgeServiceTrajectoryProcedure is the fully-qualified name of the EdgeService's Trajectory RPC.
+	EdgeServiceTrajectoryProcedure = "/dsec.edge.v1.EdgeService/Trajectory"
 	// EdgeServiceSetWarmPoolProcedure is the fully-qualified name of the EdgeService's SetWarmPool RPC.
 	EdgeServiceSetWarmPoolProcedure = "/dsec.edge.v1.EdgeService/SetWarmPool"
 	// EdgeServiceListWarmPoolsProcedure is the fully-qualified name of the EdgeService's ListWarmPools
@@ -183,6 +185,9 @@ type EdgeServiceClient interface {
 	Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
+	// Trajectory reads a sandbox's trajectory: this node's own, or one the
+	// blob store keeps (a sandbox of a node gone from the cluster).
+	Trajectory(context.Context, *connect.Request[v11.TrajectoryRequest]) (*connect.Response[v11.TrajectoryResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
 	// Reconciliation: what an apiserver asks of a node to settle creates whose
@@ -356,6 +361,13 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceNetworkLogProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("NetworkLog")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		trajectory: connect.NewClient[v11.TrajectoryRequest, v11.TrajectoryResponse](
+			httpClient,
+			baseURL+EdgeServiceTrajectoryProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Trajectory")),
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
@@ -586,6 +598,7 @@ type edgeServiceClient struct {
 	snapshot         *connect.Client[v11.SnapshotRequest, v11.SnapshotInfo]
 	setNetworkRules  *connect.Client[v11.SetNetworkRulesRequest, v11.SetNetworkRulesResponse]
 	networkLog       *connect.Client[v11.NetworkLogRequest, v11.NetworkLogResponse]
+	trajectory       *connect.Client[v11.TrajectoryRequest, v11.TrajectoryResponse]
 	setWarmPool      *connect.Client[v11.SetWarmPoolRequest, v11.WarmPool]
 	listWarmPools    *connect.Client[v11.ListWarmPoolsRequest, v11.ListWarmPoolsResponse]
 	reap             *connect.Client[v1.ReapRequest, v1.ReapResponse]
@@ -694,6 +707,11 @@ func (c *edgeServiceClient) SetNetworkRules(ctx context.Context, req *connect.Re
 // NetworkLog calls dsec.edge.v1.EdgeService.NetworkLog.
 func (c *edgeServiceClient) NetworkLog(ctx context.Context, req *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error) {
 	return c.networkLog.CallUnary(ctx, req)
+}
+
+// Trajectory calls dsec.edge.v1.EdgeService.Trajectory.
+func (c *edgeServiceClient) Trajectory(ctx context.Context, req *connect.Request[v11.TrajectoryRequest]) (*connect.Response[v11.TrajectoryResponse], error) {
+	return c.trajectory.CallUnary(ctx, req)
 }
 
 // SetWarmPool calls dsec.edge.v1.EdgeService.SetWarmPool.
@@ -898,6 +916,9 @@ type EdgeServiceHandler interface {
 	Snapshot(context.Context, *connect.Request[v11.SnapshotRequest]) (*connect.Response[v11.SnapshotInfo], error)
 	SetNetworkRules(context.Context, *connect.Request[v11.SetNetworkRulesRequest]) (*connect.Response[v11.SetNetworkRulesResponse], error)
 	NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error)
+	// Trajectory reads a sandbox's trajectory: this node's own, or one the
+	// blob store keeps (a sandbox of a node gone from the cluster).
+	Trajectory(context.Context, *connect.Request[v11.TrajectoryRequest]) (*connect.Response[v11.TrajectoryResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
 	// Reconciliation: what an apiserver asks of a node to settle creates whose
@@ -1067,6 +1088,13 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceNetworkLogProcedure,
 		svc.NetworkLog,
 		connect.WithSchema(edgeServiceMethods.ByName("NetworkLog")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceTrajectoryHandler := connect.NewUnaryHandler(
+		EdgeServiceTrajectoryProcedure,
+		svc.Trajectory,
+		connect.WithSchema(edgeServiceMethods.ByName("Trajectory")),
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -1309,6 +1337,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceSetNetworkRulesHandler.ServeHTTP(w, r)
 		case EdgeServiceNetworkLogProcedure:
 			edgeServiceNetworkLogHandler.ServeHTTP(w, r)
+		case EdgeServiceTrajectoryProcedure:
+			edgeServiceTrajectoryHandler.ServeHTTP(w, r)
 		case EdgeServiceSetWarmPoolProcedure:
 			edgeServiceSetWarmPoolHandler.ServeHTTP(w, r)
 		case EdgeServiceListWarmPoolsProcedure:
@@ -1442,6 +1472,10 @@ func (UnimplementedEdgeServiceHandler) SetNetworkRules(context.Context, *connect
 
 func (UnimplementedEdgeServiceHandler) NetworkLog(context.Context, *connect.Request[v11.NetworkLogRequest]) (*connect.Response[v11.NetworkLogResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.NetworkLog is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Trajectory(context.Context, *connect.Request[v11.TrajectoryRequest]) (*connect.Response[v11.TrajectoryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Trajectory is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error) {
