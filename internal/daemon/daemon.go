@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -41,6 +42,7 @@ import (
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -135,6 +137,13 @@ type Config struct {
 	// DebugListen, if set, serves Go's profiles (net/http/pprof) on this
 	// address; keep it on loopback.
 	DebugListen string
+	// MetricsListen, if set, serves the process's Prometheus metrics
+	// (/metrics) on this address; keep it on loopback or a scrape
+	// network. The all-in-one serves them at its API port's /metrics too.
+	MetricsListen string
+	// metrics is the process's registry (package metrics), made by the
+	// role that runs the node; nil records nothing.
+	metrics *metrics.Registry
 	// AuditRetention is how long audit records are kept (0 =
 	// apiserver.DefaultAuditRetention; negative: forever).
 	AuditRetention time.Duration
@@ -505,6 +514,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		PausedRetention: cfg.PausedRetention,
 		PauseReleases:   pauseReleases,
 		Missing:         n.missing,
+		Metrics:         cfg.metrics.Edge(),
 	}, n.runtimes, n.layers, network, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
@@ -574,6 +584,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := checkAgent(cfg.AgentPath); err != nil {
 		return err
 	}
+	cfg.metrics = metrics.New()
 	n, err := open(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -672,9 +683,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.DebugListen != "" {
 		go servePprof(ctx, cfg.DebugListen, log)
 	}
+	if cfg.MetricsListen != "" {
+		go serveMetrics(ctx, cfg.MetricsListen, cfg.metrics, log)
+	}
+	// The API's socket and loopback port serve the metrics beside the API.
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", cfg.metrics.Handler())
+	mux.Handle("/", api.Handler())
 	log.Info("dsecd ready", "node", cfg.Node, "root", cfg.Root, "socket", cfg.Socket, "listen", cfg.Listen, "runtime", cfg.Runtime,
 		"token_file", filepath.Join(cfg.Root, AdminTokenFile), "clients", clientEnv(cfg, lns), "e2b", e2bAddr, "sandboxfusion", sfAddr)
-	serveErr := serve(ctx, log, api.Handler(), nil, lns...)
+	serveErr := serve(ctx, log, mux, nil, lns...)
 	log.Info("dsecd stopped; sandboxes keep running")
 	return serveErr
 }

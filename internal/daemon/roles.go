@@ -22,6 +22,7 @@ import (
 	"dsec.dev/dsec/internal/edge/layers"
 	"dsec.dev/dsec/internal/edgeclient"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -159,6 +160,10 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 	}
 	var rec store.Node
 	var svc *edgesvc.Service
+	metricsReg := metrics.New()
+	if cfg.Node.MetricsListen != "" {
+		go serveMetrics(ctx, cfg.Node.MetricsListen, metricsReg, log)
+	}
 	if cfg.Node.Runtime == "fake" {
 		h := cfg.Hollow
 		h.Node = cfg.Node.Node
@@ -189,6 +194,7 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			}
 			ncfg.Slot, ncfg.Generation = uint16(rec.Slot), uint32(rec.Generation)
 		}
+		ncfg.metrics = metricsReg
 		n, err := open(ctx, ncfg, log)
 		if err != nil {
 			return err
@@ -280,6 +286,9 @@ type APIServerConfig struct {
 	// DebugListen, if set, serves Go's profiles (net/http/pprof) on this
 	// address; keep it on loopback.
 	DebugListen string
+	// MetricsListen, if set, serves the apiserver's Prometheus metrics
+	// (/metrics) on this address.
+	MetricsListen string
 	// SandboxFusionListen, if set, serves SandboxFusion's HTTP API on this
 	// address.
 	SandboxFusionListen string
@@ -406,6 +415,9 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	if cfg.DebugListen != "" {
 		go servePprof(ctx, cfg.DebugListen, log)
 	}
+	if cfg.MetricsListen != "" {
+		go serveMetrics(ctx, cfg.MetricsListen, metrics.New(), log)
+	}
 	var sfAddr, e2bAddr string
 	if cfg.SandboxFusionListen != "" {
 		addr, wait, err := serveSandboxFusion(ctx, cfg.SandboxFusionListen, false, api, log)
@@ -524,6 +536,20 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) {
 	}()
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("serve profiles", "addr", addr, "err", err)
+	}
+}
+
+// serveMetrics serves reg's metrics at addr's /metrics until ctx ends.
+func serveMetrics(ctx context.Context, addr string, reg *metrics.Registry, log *slog.Logger) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", reg.Handler())
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("serve metrics", "addr", addr, "err", err)
 	}
 }
 

@@ -43,6 +43,7 @@ import (
 	"dsec.dev/dsec/internal/edge/state"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
@@ -120,6 +121,9 @@ type Config struct {
 	// ("no runsc: ..."), for the refusal of a create asking for it and the
 	// node's status; an isolation absent here is refused as not built in.
 	Missing map[dsecv1.Isolation]string
+	// Metrics records creates, deletes, pauses, warm-pool hits and
+	// admission refusals; nil records nothing.
+	Metrics *metrics.Edge
 }
 
 // Manager is the edge of one node. Create it with New, then call Recover
@@ -262,15 +266,23 @@ func (m *Manager) NewID() string { return sandboxid.New(m.cfg.Node, m.cfg.Slot, 
 // once its agent answers. On any failure everything made so far is removed.
 // The sandbox keeps token (the create's, "" for none) for SandboxOf and
 // Tokens, on disk too, so a restarted edge still knows it.
-func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
-	spec, err := m.applyDefaults(spec)
+func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (rec *dsecv1.Sandbox, err error) {
+	begin := time.Now()
+	kind := KindOf(spec)
+	defer func() {
+		m.cfg.Metrics.Create(BackendName(kind.Profile), IsolationName(kind.Isolation), err, time.Since(begin))
+	}()
+	spec, err = m.applyDefaults(spec)
 	if err != nil {
 		return nil, err
 	}
 	if rec := m.takeWarm(ctx, spec, token); rec != nil {
+		m.cfg.Metrics.Pool(true)
 		return rec, nil
 	}
+	m.cfg.Metrics.Pool(false)
 	if err := m.admit(false); err != nil {
+		m.cfg.Metrics.Refused(refusalReason(err))
 		return nil, err
 	}
 	m.cold.Add(1)
@@ -656,7 +668,22 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "deleted by request")
+	begin := time.Now()
+	sb.mu.Lock()
+	kind := KindOf(sb.rec.GetSpec())
+	sb.mu.Unlock()
+	err = m.stopSandbox(ctx, sb, dsecv1.State_STATE_STOPPED, dsecv1.Reason_REASON_DELETED, "deleted by request")
+	m.cfg.Metrics.Delete(BackendName(kind.Profile), IsolationName(kind.Isolation), err, time.Since(begin))
+	return err
+}
+
+// refusalReason is the admission refusals metric's reason for admit's
+// error: the node's sandbox maximum or its memory floor.
+func refusalReason(err error) string {
+	if strings.Contains(err.Error(), "maximum of") {
+		return "max_sandboxes"
+	}
+	return "memory_floor"
 }
 
 // Agent returns the channel to a running sandbox's agent. The call counts

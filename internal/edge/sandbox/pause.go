@@ -21,7 +21,12 @@ func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) (rec *d
 	if err != nil {
 		return nil, false, err
 	}
-	return m.pause(ctx, sb, keepMemory)
+	begin := time.Now()
+	rec, already, err = m.pause(ctx, sb, keepMemory)
+	if !already {
+		m.cfg.Metrics.Pause("pause", err, time.Since(begin))
+	}
+	return rec, already, err
 }
 
 func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dsecv1.Sandbox, bool, error) {
@@ -126,7 +131,12 @@ func (m *Manager) Resume(ctx context.Context, id string, skipPrefetch bool) (rec
 	if err != nil {
 		return nil, false, 0, err
 	}
-	return m.resume(ctx, sb, !skipPrefetch)
+	begin := time.Now()
+	rec, already, prefetch, err = m.resume(ctx, sb, !skipPrefetch)
+	if !already {
+		m.cfg.Metrics.Pause("resume", err, time.Since(begin))
+	}
+	return rec, already, prefetch, err
 }
 
 func (m *Manager) resume(ctx context.Context, sb *sandbox, prefetch bool) (*dsecv1.Sandbox, bool, time.Duration, error) {

@@ -1,0 +1,174 @@
+// Package metrics holds the Prometheus metrics a dsecd process records and
+// serves at /metrics. There is no global registry: each process makes one
+// Registry and passes its parts down (an edge's sandbox manager takes an
+// *Edge); a nil *Edge records nothing, so tests and tools that need no
+// metrics pass none. docs/operations.md lists every metric, its type and
+// labels.
+//
+// Labels are bounded: no sandbox ID is ever a label; backends, isolations,
+// outcomes (internal/outcome's faults), operations and admission reasons
+// are small fixed sets.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/outcome"
+)
+
+// Registry is one process's metrics. Make it with New; Handler serves it.
+type Registry struct {
+	reg *prometheus.Registry
+}
+
+// New makes a process's registry, with the Go runtime's and the process's
+// own collectors in it.
+func New() *Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &Registry{reg: reg}
+}
+
+// Handler serves the registry in Prometheus' text format.
+func (r *Registry) Handler() http.Handler {
+	return promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg})
+}
+
+// latencyBuckets spans a warm-pool claim (milliseconds) to a microVM's cold
+// boot under TCG (seconds).
+var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// Edge is what a node's sandbox manager records. Its methods are safe for
+// concurrent use, and a nil *Edge records nothing.
+type Edge struct {
+	creates       *prometheus.CounterVec
+	createSeconds *prometheus.HistogramVec
+	deletes       *prometheus.CounterVec
+	deleteSeconds *prometheus.HistogramVec
+	pauses        *prometheus.CounterVec
+	pauseSeconds  *prometheus.HistogramVec
+	poolHits      prometheus.Counter
+	poolMisses    prometheus.Counter
+	refusals      *prometheus.CounterVec
+}
+
+// Edge registers a node's sandbox metrics in r and returns them; nil for
+// a nil r. Call it once per registry.
+func (r *Registry) Edge() *Edge {
+	if r == nil {
+		return nil
+	}
+	kind := []string{"backend", "isolation", "outcome"}
+	e := &Edge{
+		creates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dsec_sandbox_creates_total",
+			Help: "Sandbox creates on this node by backend, isolation and outcome (ok, a fault's name, or error).",
+		}, kind),
+		createSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dsec_sandbox_create_seconds",
+			Help:    "Latency of sandbox creates on this node, warm-pool claims included.",
+			Buckets: latencyBuckets,
+		}, kind),
+		deletes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dsec_sandbox_deletes_total",
+			Help: "Sandbox deletes on this node by backend, isolation and outcome.",
+		}, kind),
+		deleteSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dsec_sandbox_delete_seconds",
+			Help:    "Latency of sandbox deletes on this node.",
+			Buckets: latencyBuckets,
+		}, kind),
+		pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dsec_sandbox_pauses_total",
+			Help: "Pauses and resumes on this node by op (pause, resume) and outcome.",
+		}, []string{"op", "outcome"}),
+		pauseSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dsec_sandbox_pause_seconds",
+			Help:    "Latency of pauses and resumes on this node by op.",
+			Buckets: latencyBuckets,
+		}, []string{"op"}),
+		poolHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dsec_pool_hits_total",
+			Help: "Creates served by a warm pool member.",
+		}),
+		poolMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dsec_pool_misses_total",
+			Help: "Creates a warm pool could have served but had no ready member for, and creates with no pool of their shape.",
+		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dsec_admission_refusals_total",
+			Help: "Creates this node refused for lack of room, by reason (max_sandboxes, memory_floor).",
+		}, []string{"reason"}),
+	}
+	r.reg.MustRegister(e.creates, e.createSeconds, e.deletes, e.deleteSeconds, e.pauses, e.pauseSeconds,
+		e.poolHits, e.poolMisses, e.refusals)
+	return e
+}
+
+// Outcome is err's outcome label: "ok" for nil, the fault's name where
+// err is a platform fault (outcome.Words), else "error".
+func Outcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	if f := outcome.Of(err); f != dsecv1.Fault_FAULT_UNSPECIFIED {
+		return outcome.Words(f)
+	}
+	return "error"
+}
+
+// Create records a create of the given backend and isolation that took d
+// and ended with err.
+func (e *Edge) Create(backend, isolation string, err error, d time.Duration) {
+	if e == nil {
+		return
+	}
+	o := Outcome(err)
+	e.creates.WithLabelValues(backend, isolation, o).Inc()
+	e.createSeconds.WithLabelValues(backend, isolation, o).Observe(d.Seconds())
+}
+
+// Delete records a delete as Create records a create.
+func (e *Edge) Delete(backend, isolation string, err error, d time.Duration) {
+	if e == nil {
+		return
+	}
+	o := Outcome(err)
+	e.deletes.WithLabelValues(backend, isolation, o).Inc()
+	e.deleteSeconds.WithLabelValues(backend, isolation, o).Observe(d.Seconds())
+}
+
+// Pause records a pause or a resume (op) that took d and ended with err.
+func (e *Edge) Pause(op string, err error, d time.Duration) {
+	if e == nil {
+		return
+	}
+	e.pauses.WithLabelValues(op, Outcome(err)).Inc()
+	e.pauseSeconds.WithLabelValues(op).Observe(d.Seconds())
+}
+
+// Pool records whether a create was served by a warm pool member.
+func (e *Edge) Pool(hit bool) {
+	if e == nil {
+		return
+	}
+	if hit {
+		e.poolHits.Inc()
+	} else {
+		e.poolMisses.Inc()
+	}
+}
+
+// Refused records a create refused for reason.
+func (e *Edge) Refused(reason string) {
+	if e == nil {
+		return
+	}
+	e.refusals.WithLabelValues(reason).Inc()
+}

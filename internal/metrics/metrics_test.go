@@ -1,0 +1,175 @@
+package metrics
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// scrape reads what r's handler serves, parsed with Prometheus' own text
+// parser.
+func scrape(t *testing.T, r *Registry) map[string]*dto.MetricFamily {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	r.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 {
+		t.Fatalf("GET /metrics: %d %s", rec.Code, rec.Body)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	return fams
+}
+
+// value is the counter (or histogram count) of family name whose labels
+// are exactly labels; 0 when there is none.
+func value(fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+	f := fams[name]
+	if f == nil {
+		return 0
+	}
+next:
+	for _, m := range f.GetMetric() {
+		if len(m.GetLabel()) != len(labels) {
+			continue
+		}
+		for _, l := range m.GetLabel() {
+			if labels[l.GetName()] != l.GetValue() {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.GetCounter().GetValue()
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount())
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+func TestEdge(t *testing.T) {
+	r := New()
+	e := r.Edge()
+	e.Create("container", "container", nil, 10*time.Millisecond)
+	e.Create("container", "container", nil, 20*time.Millisecond)
+	full := fmt.Errorf("node n holds its maximum: %w", errdefs.ErrResourceExhausted)
+	e.Create("container", "gvisor", full, time.Millisecond)
+	e.Create("container", "container", errors.New("bad spec"), time.Millisecond)
+	e.Delete("container", "container", nil, time.Millisecond)
+	e.Pause("pause", nil, time.Millisecond)
+	e.Pause("resume", nil, time.Millisecond)
+	e.Pool(true)
+	e.Pool(false)
+	e.Pool(false)
+	e.Refused("max_sandboxes")
+
+	fams := scrape(t, r)
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"dsec_sandbox_creates_total", map[string]string{"backend": "container", "isolation": "container", "outcome": "ok"}, 2},
+		{"dsec_sandbox_create_seconds", map[string]string{"backend": "container", "isolation": "container", "outcome": "ok"}, 2},
+		{"dsec_sandbox_creates_total", map[string]string{"backend": "container", "isolation": "gvisor", "outcome": "admission_refused"}, 1},
+		{"dsec_sandbox_creates_total", map[string]string{"backend": "container", "isolation": "container", "outcome": "error"}, 1},
+		{"dsec_sandbox_deletes_total", map[string]string{"backend": "container", "isolation": "container", "outcome": "ok"}, 1},
+		{"dsec_sandbox_pauses_total", map[string]string{"op": "pause", "outcome": "ok"}, 1},
+		{"dsec_sandbox_pause_seconds", map[string]string{"op": "resume"}, 1},
+		{"dsec_pool_hits_total", map[string]string{}, 1},
+		{"dsec_pool_misses_total", map[string]string{}, 2},
+		{"dsec_admission_refusals_total", map[string]string{"reason": "max_sandboxes"}, 1},
+	} {
+		if got := value(fams, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if fams["go_goroutines"] == nil || fams["process_cpu_seconds_total"] == nil {
+		t.Errorf("the Go and process collectors are missing")
+	}
+}
+
+// TestNilEdge: a manager without metrics records nothing and does not
+// panic.
+func TestNilEdge(t *testing.T) {
+	var e *Edge
+	e.Create("container", "container", nil, time.Second)
+	e.Delete("container", "container", nil, time.Second)
+	e.Pause("pause", nil, time.Second)
+	e.Pool(true)
+	e.Refused("max_sandboxes")
+}
+
+// TestRegistriesApart: two processes' registries (two edges of a hollow
+// fleet in one process) count apart.
+func TestRegistriesApart(t *testing.T) {
+	a, b := New(), New()
+	a.Edge().Pool(true)
+	b.Edge()
+	if got := value(scrape(t, b), "dsec_pool_hits_total", map[string]string{}); got != 0 {
+		t.Fatalf("b's pool hits = %v, want 0", got)
+	}
+	if got := value(scrape(t, a), "dsec_pool_hits_total", map[string]string{}); got != 1 {
+		t.Fatalf("a's pool hits = %v, want 1", got)
+	}
+}
+
+// TestDashboard: every dsec metric the shipped Grafana dashboard queries
+// is served after a small workload touched each.
+func TestDashboard(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/grafana/dsec.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("parse the dashboard: %v", err)
+	}
+	r := New()
+	e := r.Edge()
+	e.Create("container", "container", nil, time.Millisecond)
+	e.Delete("container", "container", nil, time.Millisecond)
+	e.Pause("pause", nil, time.Millisecond)
+	e.Pool(true)
+	e.Pool(false)
+	e.Refused("max_sandboxes")
+	fams := scrape(t, r)
+	name := regexp.MustCompile(`\bdsec_[a-z_]+`)
+	queried := 0
+	for _, p := range dash.Panels {
+		for _, q := range p.Targets {
+			for _, n := range name.FindAllString(q.Expr, -1) {
+				queried++
+				base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_count"), "_sum")
+				if fams[base] == nil {
+					t.Errorf("panel %q queries %s, which /metrics does not serve", p.Title, n)
+				}
+			}
+		}
+	}
+	if queried == 0 {
+		t.Fatal("the dashboard queries no dsec metric")
+	}
+}
