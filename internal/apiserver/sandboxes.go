@@ -39,6 +39,9 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 	if _, ok := dsecv1.Isolation_name[int32(msg.GetSpec().GetIsolation())]; !ok {
 		return nil, fmt.Errorf("spec.isolation %d is not known (container, gvisor, microvm): %w", msg.GetSpec().GetIsolation(), errdefs.ErrInvalidArgument)
 	}
+	if err := normalizeQoS(msg.GetSpec()); err != nil {
+		return nil, err
+	}
 	if msg.GetSpec().GetBackend() == dsecv1.Backend_BACKEND_FNCALL {
 		return nil, fmt.Errorf("backend fncall serves FnCallService's calls (RunCode) from pools the nodes keep; it makes no sandboxes to order: %w", errdefs.ErrInvalidArgument)
 	}

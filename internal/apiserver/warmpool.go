@@ -32,6 +32,9 @@ func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.Se
 	// ProjectLabel: the one named, else the token's; builder there), and
 	// serves that project's creates only.
 	m.Spec = proto.Clone(m.GetSpec()).(*dsecv1.SandboxSpec)
+	if err := normalizeQoS(m.Spec); err != nil {
+		return nil, err
+	}
 	if err := placeInProject(ctx, m.Spec); err != nil {
 		return nil, err
 	}

@@ -30,6 +30,7 @@ type specFlags struct {
 	sudo     bool
 	// isolation is container, gvisor or microvm; "" = container.
 	isolation string
+	qos       string // latency or best_effort; "" = latency
 	labels    []string
 	netRules  string
 	// onTimeout and noAutoResume are lifecycle settings, not shape.
@@ -67,6 +68,7 @@ func (f *specFlags) addShape(cmd *cobra.Command) {
 	fl.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every command (repeatable)")
 	fl.BoolVar(&f.sudo, "allow-privilege-escalation", false, "let setuid programs (sudo) raise privileges inside the sandbox")
 	fl.StringVar(&f.isolation, "isolation", "", "what isolates the sandbox: container (default; runc), gvisor (runsc) or microvm (QEMU); dsec nodes lists what each node offers")
+	fl.StringVar(&f.qos, "qos", "", "CPU class: latency (default) or best_effort (SCHED_IDLE: only CPU time latency sandboxes leave)")
 }
 
 func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
@@ -86,7 +88,7 @@ func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
 		Environment: env, Cpus: f.cpus, MemoryMb: f.memoryMB, DiskMb: f.diskMB, Pids: f.pids,
 		TtlSeconds: int64(f.ttl / time.Second), IdleTimeoutSeconds: int64(f.idle / time.Second),
 		User: f.user, Workdir: f.workdir, Hostname: f.hostname, Env: envVars, Labels: labels,
-		NetworkRules: rules, AllowPrivilegeEscalation: f.sudo,
+		NetworkRules: rules, AllowPrivilegeEscalation: f.sudo, Qos: f.qos,
 	}
 	if spec.Isolation, err = parseIsolation(f.isolation); err != nil {
 		return nil, err

@@ -343,6 +343,12 @@ func (c *Client) unary(ctx context.Context, idempotent bool, call func(context.C
 	return c.retry(ctx, false, call)
 }
 
+// The CPU classes of CreateOptions.QoS.
+const (
+	QoSLatency    = "latency"
+	QoSBestEffort = "best_effort"
+)
+
 // The isolations of CreateOptions.Isolation.
 const (
 	IsolationContainer = "container"
@@ -359,7 +365,11 @@ type CreateOptions struct {
 	// kernel of its own under QEMU). A cluster places it only on nodes
 	// that offer it and refuses it (ErrFailedPrecondition) when none does,
 	// saying what the nodes lack.
-	Isolation    string
+	Isolation string
+	// QoS is the CPU class: QoSLatency (default) or QoSBestEffort, which
+	// runs the sandbox under SCHED_IDLE, on CPU time latency sandboxes
+	// leave. Anything else is ErrInvalidArgument.
+	QoS          string
 	CPUs         float64
 	MemoryMB     int64
 	DiskMB       int64
@@ -401,6 +411,7 @@ func (o *CreateOptions) spec(env string) (*dsecv1.SandboxSpec, error) {
 		TtlSeconds: seconds(o.TTL), IdleTimeoutSeconds: seconds(o.IdleTimeout),
 		User: o.User, Env: o.Env, Labels: o.Labels, NetworkRules: o.NetworkRules,
 		Hostname: o.Hostname, Workdir: o.Workdir, Phases: o.Phases.proto(),
+		Qos: o.QoS,
 	}
 	switch o.Isolation {
 	case "", IsolationContainer:

@@ -33,6 +33,7 @@ import (
 
 	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/qos"
 )
 
 // Runtime runs the sandboxes of one backend on a node. The edge owns a
@@ -224,6 +225,9 @@ type Spec struct {
 	// AllowPrivilegeEscalation lifts no_new_privs from the sandbox's
 	// processes, so setuid programs (sudo) work inside it.
 	AllowPrivilegeEscalation bool
+	// QoS is the sandbox's CPU class: a best_effort sandbox's cpu cgroup
+	// is made idle (SCHED_IDLE); "" is latency.
+	QoS qos.Class
 	// Agent configures the agent the runtime starts in the sandbox.
 	Agent   Agent
 	LogPath string // host file for the agent's stdout and stderr

@@ -44,6 +44,7 @@ import (
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/metrics"
+	"dsec.dev/dsec/internal/qos"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
@@ -451,6 +452,7 @@ func (m *Manager) launch(ctx context.Context, rt backend.Runtime, id string, spe
 		Pids:        spec.GetPids(),
 		Hostname:    hostname,
 		Agent:       agent,
+		QoS:         qos.Class(spec.GetQos()),
 
 		AllowPrivilegeEscalation: spec.GetAllowPrivilegeEscalation(),
 		LogPath:                  filepath.Join(dir, "agent.log"),

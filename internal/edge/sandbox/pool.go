@@ -15,6 +15,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/qos"
 )
 
 // Warm pools keep sandboxes of one shape started and idle, so that a create
@@ -74,6 +75,9 @@ func shapeOf(spec *dsecv1.SandboxSpec) *dsecv1.SandboxSpec {
 	s.TtlSeconds = 0
 	s.IdleTimeoutSeconds = 0
 	s.Phases = nil // a lifetime, set at take time as the TTL is
+	if s.Qos == "" {
+		s.Qos = string(qos.Latency) // the default, so both spellings share a pool
+	}
 	return s
 }
 

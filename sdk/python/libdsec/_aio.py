@@ -494,7 +494,7 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
     @staticmethod
     def _spec(env: str, backend: str, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
               env_vars, labels, network_rules, hostname, workdir, on_timeout=None,
-              auto_resume=None, isolation=None) -> Dict[str, Any]:
+              auto_resume=None, isolation=None, qos=None) -> Dict[str, Any]:
         if backend not in ("container", ""):
             raise errors.InvalidArgument(f"backend {backend!r} is not known (container)")
         spec: Dict[str, Any] = {"environment": env, "backend": "BACKEND_CONTAINER"}
@@ -503,6 +503,10 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
                 f"isolation {isolation!r} is not known ({', '.join(ISOLATIONS)})")
         if isolation:
             spec["isolation"] = "ISOLATION_" + isolation.upper()
+        if qos not in (None, "", "latency", "best_effort"):
+            raise errors.InvalidArgument(f"qos {qos!r} is not known (latency, best_effort)")
+        if qos:
+            spec["qos"] = qos
         if on_timeout not in (None, "stop", "pause"):
             raise errors.InvalidArgument(f"on_timeout {on_timeout!r}: want 'stop' or 'pause'")
         if on_timeout:
@@ -530,6 +534,7 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
 
     async def create_many(self, n: int, env: str, *, backend: str = "container",
                           isolation: Optional[str] = None,
+                          qos: Optional[str] = None,
                           cpus: Optional[float] = None, memory_mb: Optional[int] = None,
                           disk_mb: Optional[int] = None, pids: Optional[int] = None,
                           ttl_s: Optional[float] = None, idle_timeout_s: Optional[float] = None,
@@ -555,6 +560,8 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
         "gvisor" (gVisor's user-space kernel) or "microvm" (a kernel of their
         own under QEMU); a node or cluster without it refuses the create
         (FailedPrecondition or NotSupported) naming what to install.
+        qos is the CPU class: "latency" (the default) or "best_effort",
+        which runs the sandboxes under SCHED_IDLE (docs/qos.md).
         phases, e.g. {"setup": 60, "agent": 600, "verify": 120} (seconds),
         splits each sandbox's life into budgets: the TTL becomes their sum
         plus 30 s, the agent phase's end (its budget, or end_phase("agent"))
@@ -565,7 +572,7 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
             raise errors.InvalidArgument("n must be at least 1")
         spec = self._spec(env, backend, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
                           env_vars, labels, network_rules, hostname, workdir, on_timeout, auto_resume,
-                          isolation)
+                          isolation, qos)
         if phases:
             unknown = set(phases) - {"setup", "agent", "verify"}
             if unknown:
@@ -693,6 +700,7 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
 
     async def set_warm_pool(self, env: str, size: int, *, backend: str = "container",
                             isolation: Optional[str] = None,
+                            qos: Optional[str] = None,
                             cpus: Optional[float] = None, memory_mb: Optional[int] = None,
                             disk_mb: Optional[int] = None, pids: Optional[int] = None,
                             ttl_s: Optional[float] = None, idle_timeout_s: Optional[float] = None,
@@ -710,12 +718,14 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
         accepted but do not matter. size 0 removes the pool and its idle
         sandboxes. Sandboxes with network_rules cannot be pooled
         (InvalidArgument). A pool of an isolation is kept on the nodes that
-        offer it.
+        offer it. qos is part of the shape: a "best_effort" pool serves
+        only best_effort creates.
         """
         if size < 0:
             raise errors.InvalidArgument("warm pool size must not be negative")
         spec = self._spec(env, backend, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
-                          env_vars, labels, network_rules, hostname, workdir, isolation=isolation)
+                          env_vars, labels, network_rules, hostname, workdir, isolation=isolation,
+                          qos=qos)
         resp = await self._call("SetWarmPool", {"spec": spec, "size": int(size)}, timeout, idempotent=True)
         return WarmPool.from_json(resp)
 

@@ -1000,7 +1000,11 @@ type SandboxSpec struct {
 	Phases *PhaseBudgets `protobuf:"bytes,19,opt,name=phases,proto3" json:"phases,omitempty"`
 	// Records no trajectory of the sandbox (docs/trajectories.md); the
 	// exec benchmark compares such a sandbox with a recorded one.
-	NoTrajectory  bool `protobuf:"varint,40,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"`
+	NoTrajectory bool `protobuf:"varint,40,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"`
+	// CPU class: "latency" (the default) or "best_effort", which runs the
+	// sandbox under SCHED_IDLE (its cpu cgroup's cpu.idle): it gets only CPU
+	// time latency sandboxes leave. Anything else is InvalidArgument.
+	Qos           string `protobuf:"bytes,20,opt,name=qos,proto3" json:"qos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1173,6 +1177,13 @@ func (x *SandboxSpec) GetNoTrajectory() bool {
 		return x.NoTrajectory
 	}
 	return false
+}
+
+func (x *SandboxSpec) GetQos() string {
+	if x != nil {
+		return x.Qos
+	}
+	return ""
 }
 
 type Sandbox struct {
@@ -8757,7 +8768,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\rmax_sandboxes\x18\x06 \x01(\x05R\fmaxSandboxes\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xef\a\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\b\n" +
 	"\vSandboxSpec\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12*\n" +
 	"\abackend\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\abackend\x12\x12\n" +
@@ -8782,7 +8793,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aallow_privilege_escalation\x18\x11 \x01(\bR\x18allowPrivilegeEscalation\x120\n" +
 	"\tisolation\x18\x12 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x12-\n" +
 	"\x06phases\x18\x13 \x01(\v2\x15.dsec.v1.PhaseBudgetsR\x06phases\x12#\n" +
-	"\rno_trajectory\x18( \x01(\bR\fnoTrajectory\x1a6\n" +
+	"\rno_trajectory\x18( \x01(\bR\fnoTrajectory\x12\x10\n" +
+	"\x03qos\x18\x14 \x01(\tR\x03qos\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

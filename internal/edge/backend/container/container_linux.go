@@ -27,6 +27,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend/container/mountinfo"
 	"dsec.dev/dsec/internal/edge/backend/container/quota"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/qos"
 	"dsec.dev/dsec/internal/vm/vmnet"
 )
 
@@ -631,6 +632,13 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 		return nil, fmt.Errorf("%s run %s: %w: %s", r.cfg.Runtime, s.ID, err, runtimeErrors(runtimeLog))
 	}
 	tStarted := time.Now()
+	if s.QoS.Idle() {
+		// After the start: runc makes the cpu cgroup, and a few ms of the
+		// agent's start at normal weight cost no one anything.
+		if err := qos.SetIdle(r.layout.Dir("cpu", rel), true); err != nil {
+			return nil, err
+		}
+	}
 	if sentry != nil {
 		if err := vmnet.AttachSentry(ctx, s.NetnsPath, *sentry); err != nil {
 			return nil, err

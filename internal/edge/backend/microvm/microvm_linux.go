@@ -25,6 +25,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/backend/cgroups"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/qos"
 	"dsec.dev/dsec/internal/vm/guestcfg"
 	"dsec.dev/dsec/internal/vm/initramfs"
 	"dsec.dev/dsec/internal/vm/kernel"
@@ -332,6 +333,12 @@ func (r *Runtime) Start(ctx context.Context, s backend.Spec) (d backend.Dialer, 
 	go r.watch(s.ID, v)
 	if err := r.layout.Place(r.cgroupRel(s.ID), p.Pid(), r.limits(s, sz)); err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+	}
+	if s.QoS.Idle() {
+		// The QEMU process's cgroup holds its vCPU threads.
+		if err := qos.SetIdle(r.layout.Dir("cpu", r.cgroupRel(s.ID)), true); err != nil {
+			return nil, fmt.Errorf("start sandbox %s: %w", s.ID, err)
+		}
 	}
 	st := state{Pid: p.Pid(), Accel: string(p.Config().Accel), MemoryMiB: sz.memoryMiB, VCPUs: sz.vcpus, DiskBytes: sz.diskBytes}
 	if st.StartTicks, err = startTicks(p.Pid()); err != nil {
