@@ -401,11 +401,12 @@ func findAgent() string {
 
 // node is everything one dsecd owns, opened but not yet serving.
 type node struct {
-	cfg    Config
-	log    *slog.Logger
-	lock   *os.File
-	images *image.Store
-	layers *layers.Service
+	cfg     Config
+	metrics *metrics.Edge // what the node records (nil: nothing)
+	log     *slog.Logger
+	lock    *os.File
+	images  *image.Store
+	layers  *layers.Service
 	// runtimes are the node's, one per kind it offers (openRuntimes);
 	// missing says why it lacks the isolations it lacks.
 	runtimes map[sandbox.Kind]backend.Runtime
@@ -501,6 +502,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 			network = n.net
 		}
 	}
+	n.metrics = cfg.metrics.Edge()
 	n.edge, err = sandbox.New(sandbox.Config{
 		Node:            cfg.Node,
 		Slot:            cfg.Slot,
@@ -514,7 +516,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		PausedRetention: cfg.PausedRetention,
 		PauseReleases:   pauseReleases,
 		Missing:         n.missing,
-		Metrics:         cfg.metrics.Edge(),
+		Metrics:         n.metrics,
 	}, n.runtimes, n.layers, network, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
@@ -602,6 +604,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The apiserver calls the node's edge in-process, through the same
 	// EdgeService an apiserver of a cluster calls remote edges by.
 	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
+	edge.SetMetrics(n.metrics)
 	stopRecorder, err := startRecorder(ctx, cfg, edge, n.edge, log)
 	if err != nil {
 		return err

@@ -208,6 +208,7 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			defer n.net.Close()
 		}
 		svc = edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
+		svc.SetMetrics(n.metrics)
 		stopRecorder, err := startRecorder(ctx, ncfg, svc, n.edge, log)
 		if err != nil {
 			return err

@@ -44,6 +44,10 @@ func (r *Registry) Handler() http.Handler {
 // boot under TCG (seconds).
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
+// execBuckets spans a trivial command through the edge (about a
+// millisecond) to a long test run.
+var execBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60, 300}
+
 // Edge is what a node's sandbox manager records. Its methods are safe for
 // concurrent use, and a nil *Edge records nothing.
 type Edge struct {
@@ -56,6 +60,7 @@ type Edge struct {
 	poolHits      prometheus.Counter
 	poolMisses    prometheus.Counter
 	refusals      *prometheus.CounterVec
+	execSeconds   *prometheus.HistogramVec
 }
 
 // Edge registers a node's sandbox metrics in r and returns them; nil for
@@ -105,8 +110,13 @@ func (r *Registry) Edge() *Edge {
 			Name: "dsec_admission_refusals_total",
 			Help: "Creates this node refused for lack of room, by reason (max_sandboxes, memory_floor).",
 		}, []string{"reason"}),
+		execSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dsec_exec_seconds",
+			Help:    "Execs on this node, from the request to the command's exit (or the stream's end), by outcome.",
+			Buckets: execBuckets,
+		}, []string{"outcome"}),
 	}
-	r.reg.MustRegister(e.creates, e.createSeconds, e.deletes, e.deleteSeconds, e.pauses, e.pauseSeconds,
+	r.reg.MustRegister(e.execSeconds, e.creates, e.createSeconds, e.deletes, e.deleteSeconds, e.pauses, e.pauseSeconds,
 		e.poolHits, e.poolMisses, e.refusals)
 	return e
 }
@@ -171,4 +181,12 @@ func (e *Edge) Refused(reason string) {
 		return
 	}
 	e.refusals.WithLabelValues(reason).Inc()
+}
+
+// Exec records an exec that took d (request to exit) and ended with err.
+func (e *Edge) Exec(err error, d time.Duration) {
+	if e == nil {
+		return
+	}
+	e.execSeconds.WithLabelValues(Outcome(err)).Observe(d.Seconds())
 }

@@ -79,6 +79,8 @@ func TestEdge(t *testing.T) {
 	e.Pool(false)
 	e.Pool(false)
 	e.Refused("max_sandboxes")
+	e.Exec(nil, time.Millisecond)
+	e.Exec(nil, time.Millisecond)
 
 	fams := scrape(t, r)
 	for _, c := range []struct {
@@ -96,6 +98,7 @@ func TestEdge(t *testing.T) {
 		{"dsec_pool_hits_total", map[string]string{}, 1},
 		{"dsec_pool_misses_total", map[string]string{}, 2},
 		{"dsec_admission_refusals_total", map[string]string{"reason": "max_sandboxes"}, 1},
+		{"dsec_exec_seconds", map[string]string{"outcome": "ok"}, 2},
 	} {
 		if got := value(fams, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
@@ -115,6 +118,7 @@ func TestNilEdge(t *testing.T) {
 	e.Pause("pause", nil, time.Second)
 	e.Pool(true)
 	e.Refused("max_sandboxes")
+	e.Exec(nil, time.Second)
 }
 
 // TestRegistriesApart: two processes' registries (two edges of a hollow
@@ -155,6 +159,7 @@ func TestDashboard(t *testing.T) {
 	e.Pool(true)
 	e.Pool(false)
 	e.Refused("max_sandboxes")
+	e.Exec(nil, time.Millisecond)
 	fams := scrape(t, r)
 	name := regexp.MustCompile(`\bdsec_[a-z_]+`)
 	queried := 0
@@ -172,4 +177,16 @@ func TestDashboard(t *testing.T) {
 	if queried == 0 {
 		t.Fatal("the dashboard queries no dsec metric")
 	}
+}
+
+// BenchmarkExecRecord is what recording one exec costs, against an exec's
+// p50 through the edge (about 1.7 ms on this machine: docs/iam.md's
+// exec-hop figures): docs/operations.md has the ratio.
+func BenchmarkExecRecord(b *testing.B) {
+	e := New().Edge()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			e.Exec(nil, time.Millisecond)
+		}
+	})
 }

@@ -110,6 +110,7 @@ func TestMetrics(t *testing.T) {
 		{"dsec_sandbox_pause_seconds", map[string]string{"op": "pause"}, 1},
 		{"dsec_sandbox_deletes_total", kind("ok"), 1},
 		{"dsec_sandbox_delete_seconds", kind("ok"), 1},
+		{"dsec_exec_seconds", map[string]string{"outcome": "ok"}, 1},
 	} {
 		if got := metricValue(after, c.name, c.labels) - metricValue(before, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v moved by %v, want %v", c.name, c.labels, got, c.want)

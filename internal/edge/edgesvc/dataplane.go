@@ -3,6 +3,7 @@ package edgesvc
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -143,8 +144,12 @@ func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg
 
 // Exec takes the agent channel's framed path, the fastest.
 func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) (err error) {
+	began := time.Now()
 	step := s.begin(ctx, req.Msg.GetSandboxId(), "exec", req.Msg)
-	defer func() { step.End(ctx, err) }()
+	defer func() {
+		step.End(ctx, err)
+		s.metrics.Exec(err, time.Since(began))
+	}()
 	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, step, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
 		return func(ctx context.Context, req *dsecv1.ExecRequest) (clientStream[dsecv1.ExecEvent], error) {
 			return a.ExecEvents(ctx, req)

@@ -36,6 +36,7 @@ import (
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
 	"dsec.dev/dsec/internal/layerupload"
+	"dsec.dev/dsec/internal/metrics"
 )
 
 // Edge is what the service needs of the node's edge. *sandbox.Manager
@@ -131,11 +132,12 @@ const reapedTTL = time.Hour
 // concurrent use.
 type Service struct {
 	edgev1connect.UnimplementedEdgeServiceHandler
-	edge   Edge
-	layers Layers
-	fncall FnCall               // nil on a node without the fncall backend
-	rec    *trajectory.Recorder // nil: no trajectories recorded
-	log    *slog.Logger
+	edge    Edge
+	layers  Layers
+	metrics *metrics.Edge        // nil records nothing
+	fncall  FnCall               // nil on a node without the fncall backend
+	rec     *trajectory.Recorder // nil: no trajectories recorded
+	log     *slog.Logger
 
 	mu       sync.Mutex
 	inflight map[string]chan struct{} // create tokens whose create runs now; closed when it ends
@@ -173,6 +175,10 @@ type FnCall interface {
 // SetRecorder has the service record the trajectory of every sandbox of
 // its node in rec; call it before serving.
 func (s *Service) SetRecorder(rec *trajectory.Recorder) { s.rec = rec }
+
+// SetMetrics has the service record its execs' latency in m; call it
+// before serving.
+func (s *Service) SetMetrics(m *metrics.Edge) { s.metrics = m }
 
 // begin starts recording a call that acts on sandbox id (nil: not
 // recorded).
