@@ -22,6 +22,7 @@ import (
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/sandboxid"
@@ -235,7 +236,7 @@ func (f *fakeEdge) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetri
 	return nil, f.refuse(id, "has no cgroups")
 }
 
-func (f *fakeEdge) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
+func (f *fakeEdge) Snapshot(ctx context.Context, id, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error) {
 	return nil, f.refuse(id, "cannot snapshot")
 }
 

@@ -144,6 +144,7 @@ type Server struct {
 	objects  objectCache                       // objects.go
 	audit    *auditLog                         // nil without Config.Audit
 	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
+	loop     loopback                          // grade.go
 }
 
 // New returns a Server routing to the fleet's edges.

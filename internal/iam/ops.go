@@ -46,6 +46,7 @@ var needs = map[Op]Role{
 	"/dsec.v1.SandboxService/ListSnapshots":    Viewer,
 	"/dsec.v1.SandboxService/DeleteSnapshot":   Builder,
 	"/dsec.v1.SandboxService/Fork":             Runner,
+	"/dsec.v1.SandboxService/Grade":            Runner,
 	"/dsec.v1.SandboxService/Exec":             Runner,
 	"/dsec.v1.SandboxService/Attach":           Runner,
 	"/dsec.v1.SandboxService/WriteStdin":       Runner,

@@ -32,6 +32,7 @@ import (
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
@@ -73,7 +74,7 @@ type Edge interface {
 	// Metrics reads the sandbox's resource use now.
 	Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error)
 	// Snapshot packs the sandbox's writable layer into layer snap:NAME.
-	Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error)
+	Snapshot(ctx context.Context, id, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error)
 	// Agent returns the channel to the sandbox's agent; the sandbox counts
 	// as active until release is called.
 	Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
@@ -740,7 +741,8 @@ func (s *Service) Metrics(ctx context.Context, req *connect.Request[dsecv1.Metri
 
 func (s *Service) Snapshot(ctx context.Context, req *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
 	step := s.begin(ctx, req.Msg.GetSandboxId(), "snapshot", req.Msg)
-	info, err := s.edge.Snapshot(ctx, req.Msg.GetSandboxId(), req.Msg.GetName(), req.Msg.GetExclude())
+	info, err := s.edge.Snapshot(ctx, req.Msg.GetSandboxId(), req.Msg.GetName(), snapshot.Select{
+		Include: req.Msg.GetInclude(), Exclude: req.Msg.GetExclude(), Trusted: req.Msg.GetTrusted()})
 	step.End(ctx, err)
 	if err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ import (
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
+	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/sandboxid"
 )
@@ -305,7 +306,7 @@ func (e *Edge) flip(id string, from, to dsecv1.State) (*dsecv1.Sandbox, bool, er
 }
 
 // Snapshot refuses: a hollow sandbox has no file system.
-func (e *Edge) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
+func (e *Edge) Snapshot(ctx context.Context, id, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error) {
 	if _, err := e.Get(ctx, id); err != nil {
 		return nil, err
 	}

@@ -42,6 +42,7 @@ import (
 	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/state"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/grade"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/qos"
@@ -512,7 +513,7 @@ func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, er
 		return nil, fmt.Errorf("node %s runs without network support, so it cannot enforce network rules; refusing to run a sandbox with a different network than asked: %w", m.cfg.Node, errdefs.ErrFailedPrecondition)
 	}
 	for k := range spec.GetLabels() {
-		if strings.HasPrefix(k, "dsec.dev/") && k != iam.ProjectLabel {
+		if strings.HasPrefix(k, "dsec.dev/") && k != iam.ProjectLabel && k != grade.GradeOfLabel {
 			return nil, fmt.Errorf("label %q: the dsec.dev/ prefix is reserved for dsec itself: %w", k, errdefs.ErrInvalidArgument)
 		}
 	}

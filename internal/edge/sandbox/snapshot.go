@@ -33,18 +33,19 @@ var snapshotName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
 func SnapshotLayer(name string) string { return "snap:" + name }
 
 // Snapshot captures sandbox id's writable layer and publishes it as layer
-// snap:NAME, leaving out the changes under exclude. The sandbox stands still
+// snap:NAME, keeping the changes sel selects (snapshot.Select: include,
+// exclude, trusted; see snapshot.PackOptions). The sandbox stands still
 // only while its upper is captured (a btrfs snapshot, a reflink walk or a
 // copy); the layer is built afterwards while it runs on. A paused sandbox is
 // resumed first, as for any call that runs in it.
-func (m *Manager) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
+func (m *Manager) Snapshot(ctx context.Context, id, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error) {
 	if m.snaps == nil {
 		return nil, fmt.Errorf("snapshot: node %s keeps no layers: %w", m.cfg.Node, errdefs.ErrNotSupported)
 	}
 	if !snapshotName.MatchString(name) {
 		return nil, fmt.Errorf("snapshot name %q: letters, digits and . _ - only, at most 100, starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
 	}
-	if err := snapshot.CheckExclude(exclude); err != nil {
+	if err := sel.Check(); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", name, err)
 	}
 	ref := SnapshotLayer(name)
@@ -90,7 +91,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string, exclude []strin
 	// instead of the sandboxes' upper one (a loop-mounted btrfs on some
 	// nodes, where writing the file took twice as long).
 	out := m.snaps.StagePath(name)
-	packed, err := snapshot.Pack(ctx, tree, out, snapshot.PackOptions{Lower: lower, Exclude: exclude})
+	packed, err := snapshot.Pack(ctx, tree, out, snapshot.PackOptions{Lower: lower, Exclude: sel.Exclude, Include: sel.Include, Trusted: sel.Trusted})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s of %s: %w", name, id, err)
 	}
@@ -101,6 +102,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string, exclude []strin
 		CreatedUnixMs: time.Now().UnixMilli(), FrozenUs: frozen.Microseconds(),
 		CaptureMethod: string(tree.Method), PackMs: packed.Took.Milliseconds(),
 		Excluded: packed.Excluded, Warnings: packed.Warnings,
+		Included: packed.Included, Cleared: packed.Cleared,
 	}
 	if err := m.snaps.AddSnapshot(ctx, ref, packed.File, info); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", name, err)

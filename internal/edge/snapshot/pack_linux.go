@@ -59,6 +59,12 @@ func Pack(ctx context.Context, t *Tree, out string, opts PackOptions) (Packed, e
 	if err != nil {
 		return Packed{}, fmt.Errorf("pack %s: %w", t.Dir, err)
 	}
+	if _, err := cleanExcludes(opts.Include); err != nil {
+		return Packed{}, fmt.Errorf("pack %s: include: %w", t.Dir, err)
+	}
+	if _, err := cleanExcludes(opts.Trusted); err != nil {
+		return Packed{}, fmt.Errorf("pack %s: trusted: %w", t.Dir, err)
+	}
 	if _, err := os.Lstat(out); err == nil {
 		return Packed{}, fmt.Errorf("pack %s: %s exists: %w", t.Dir, out, errdefs.ErrAlreadyExists)
 	}
@@ -86,6 +92,22 @@ func pack(ctx context.Context, t *Tree, out string, excludes []string, opts Pack
 	}
 	defer root.Close()
 	var res Packed
+	if len(opts.Include) > 0 {
+		includes, _ := cleanExcludes(opts.Include)
+		if res.Included, err = keepOnly(root, includes); err != nil {
+			return Packed{}, fmt.Errorf("include: %w", err)
+		}
+	}
+	trusted, _ := cleanExcludes(opts.Trusted)
+	for _, rel := range trusted {
+		found, err := clearWay(root, rel)
+		if err != nil {
+			return Packed{}, fmt.Errorf("trusted /%s: %w", rel, err)
+		}
+		if found {
+			res.Cleared = append(res.Cleared, "/"+rel)
+		}
+	}
 	for _, rel := range excludes {
 		found, err := exclude(root, rel)
 		if err != nil {

@@ -77,6 +77,20 @@ type PackOptions struct {
 	// Exclude lists paths inside the sandbox (absolute, no ".." component)
 	// whose changes are left out of the layer, with everything under them.
 	Exclude []string
+	// Include, when set, lists the only paths inside the sandbox (absolute,
+	// no ".." component) whose changes the layer keeps, with everything
+	// under them: a workspace captured for a grade. A directory on the way
+	// to one keeps only that path and loses any opaque mark, so the layers
+	// below show through it; a symlink, file or whiteout on the way is left
+	// out (the path is taken literally). Exclude then applies inside.
+	Include []string
+	// Trusted lists paths a trusted tree will be laid at in a sandbox made
+	// from the layer (a grader's tests): each is left out with everything
+	// under it, as Exclude does, and so is any ancestor of it that the
+	// sandbox made a symlink, a file or a whiteout, so the path resolves
+	// through directories of the layers below, never through what the
+	// sandbox left.
+	Trusted []string
 	// MaxBytes caps the file content the layer may hold, counting a sparse
 	// file at its full size (the layer stores its holes as zeros); 0 means
 	// 64 GiB.
@@ -103,6 +117,9 @@ type Packed struct {
 	// Excluded lists the paths of PackOptions.Exclude that the upper
 	// held, which were left out.
 	Excluded []string
+	// Included lists the paths of PackOptions.Include the upper held;
+	// Cleared those of PackOptions.Trusted whose way the upper changed.
+	Included, Cleared []string
 	// Pruned counts the whiteouts and opaque marks left out because they
 	// hide nothing below; StrippedXattrs the overlayfs-private extended
 	// attributes removed.
@@ -158,4 +175,20 @@ func cleanExclude(p string) (string, error) {
 func CheckExclude(paths []string) error {
 	_, err := cleanExcludes(paths)
 	return err
+}
+
+// Select names what of a sandbox's writable layer a snapshot keeps: see
+// PackOptions' fields of the same names.
+type Select struct {
+	Include, Exclude, Trusted []string
+}
+
+// Check refuses paths Pack would refuse (errdefs.ErrInvalidArgument).
+func (s Select) Check() error {
+	for _, ps := range [][]string{s.Include, s.Exclude, s.Trusted} {
+		if err := CheckExclude(ps); err != nil {
+			return err
+		}
+	}
+	return nil
 }

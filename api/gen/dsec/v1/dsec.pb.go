@@ -5786,6 +5786,8 @@ type SnapshotInfo struct {
 	Warnings      []string `protobuf:"bytes,13,rep,name=warnings,proto3" json:"warnings,omitempty"`                                // what was left out besides (sockets, device nodes)
 	Project       string   `protobuf:"bytes,14,opt,name=project,proto3" json:"project,omitempty"`                                  // the project it belongs to; "" the root
 	SharedWith    []string `protobuf:"bytes,15,rep,name=shared_with,json=sharedWith,proto3" json:"shared_with,omitempty"`          // the projects it is shared with, read-only
+	Included      []string `protobuf:"bytes,16,rep,name=included,proto3" json:"included,omitempty"`                                // paths of include the sandbox had changed, kept
+	Cleared       []string `protobuf:"bytes,17,rep,name=cleared,proto3" json:"cleared,omitempty"`                                  // paths of trusted whose way or contents the sandbox had changed, left out
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5925,6 +5927,447 @@ func (x *SnapshotInfo) GetSharedWith() []string {
 	return nil
 }
 
+func (x *SnapshotInfo) GetIncluded() []string {
+	if x != nil {
+		return x.Included
+	}
+	return nil
+}
+
+func (x *SnapshotInfo) GetCleared() []string {
+	if x != nil {
+		return x.Cleared
+	}
+	return nil
+}
+
+// GradeRequest grades a sandbox's work in a clean room (see Grade).
+type GradeRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The workspace: the only paths of the sandbox the grade sees as the
+	// sandbox left them, with everything under them. Absolute, no "..",
+	// not "/"; at least one.
+	Paths []string    `protobuf:"bytes,2,rep,name=paths,proto3" json:"paths,omitempty"`
+	Tests *GradeTests `protobuf:"bytes,3,opt,name=tests,proto3" json:"tests,omitempty"`
+	// The grader: argv runs directly; command runs under the agent's static
+	// shell (`sh -c`). One of them.
+	Argv    []string `protobuf:"bytes,4,rep,name=argv,proto3" json:"argv,omitempty"`
+	Command string   `protobuf:"bytes,5,opt,name=command,proto3" json:"command,omitempty"`
+	// Who the grader runs as: name or uid[:gid]; "" = 65534:65534 (nobody),
+	// never the sandbox's own user unless named.
+	User           string            `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	Cwd            string            `protobuf:"bytes,7,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Env            map[string]string `protobuf:"bytes,8,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TimeoutSeconds float64           `protobuf:"fixed64,9,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"` // the grader's; 0 = 600
+	// Output of each stream returned; 0 = 1 MiB. The grader's output past it
+	// is counted, not returned.
+	OutputLimitBytes int64 `protobuf:"varint,10,opt,name=output_limit_bytes,json=outputLimitBytes,proto3" json:"output_limit_bytes,omitempty"`
+	// Keep the clean-room sandbox after the grade (to look at it); its ID is
+	// in GradeResult.grader_sandbox_id, and it is the caller's to delete.
+	Keep bool `protobuf:"varint,11,opt,name=keep,proto3" json:"keep,omitempty"`
+	// The clean room's CPUs and memory; 0 = the sandbox's own.
+	Cpus          float64 `protobuf:"fixed64,12,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	MemoryMb      int64   `protobuf:"varint,13,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GradeRequest) Reset() {
+	*x = GradeRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GradeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GradeRequest) ProtoMessage() {}
+
+func (x *GradeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GradeRequest.ProtoReflect.Descriptor instead.
+func (*GradeRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *GradeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *GradeRequest) GetPaths() []string {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+func (x *GradeRequest) GetTests() *GradeTests {
+	if x != nil {
+		return x.Tests
+	}
+	return nil
+}
+
+func (x *GradeRequest) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *GradeRequest) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *GradeRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *GradeRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *GradeRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *GradeRequest) GetTimeoutSeconds() float64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+func (x *GradeRequest) GetOutputLimitBytes() int64 {
+	if x != nil {
+		return x.OutputLimitBytes
+	}
+	return 0
+}
+
+func (x *GradeRequest) GetKeep() bool {
+	if x != nil {
+		return x.Keep
+	}
+	return false
+}
+
+func (x *GradeRequest) GetCpus() float64 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *GradeRequest) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+// GradeTests is the trusted tree laid on top of the workspace, pristine.
+type GradeTests struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A layer (name:tag or digest) stacked above the workspace's capture.
+	Layer string `protobuf:"bytes,1,opt,name=layer,proto3" json:"layer,omitempty"`
+	// Files (absolute path -> content) written by root into the clean room
+	// before the grader starts, mode 0644, their parents made.
+	Files map[string][]byte `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Paths the trusted tree owns: the workspace's version of each is left
+	// out of the capture whole (a conftest.py the sandbox added beside the
+	// tests included), and so is any symlink, file or whiteout the sandbox
+	// put on the way to one. Each file's own path is added; name the tests'
+	// directory here. A layer's paths must be named here.
+	Paths         []string `protobuf:"bytes,3,rep,name=paths,proto3" json:"paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GradeTests) Reset() {
+	*x = GradeTests{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GradeTests) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GradeTests) ProtoMessage() {}
+
+func (x *GradeTests) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GradeTests.ProtoReflect.Descriptor instead.
+func (*GradeTests) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *GradeTests) GetLayer() string {
+	if x != nil {
+		return x.Layer
+	}
+	return ""
+}
+
+func (x *GradeTests) GetFiles() map[string][]byte {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *GradeTests) GetPaths() []string {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+// GradeTimes say where a grade's time went, in milliseconds.
+type GradeTimes struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CaptureMs     int64                  `protobuf:"varint,1,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"` // snapshot of the paths (the source stands still for frozen_us of it)
+	StartMs       int64                  `protobuf:"varint,2,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`       // the clean room's create, to running
+	TestsMs       int64                  `protobuf:"varint,3,opt,name=tests_ms,json=testsMs,proto3" json:"tests_ms,omitempty"`       // laying the files and the reward file
+	GraderMs      int64                  `protobuf:"varint,4,opt,name=grader_ms,json=graderMs,proto3" json:"grader_ms,omitempty"`    // the grader's command, start to exit
+	CleanupMs     int64                  `protobuf:"varint,5,opt,name=cleanup_ms,json=cleanupMs,proto3" json:"cleanup_ms,omitempty"` // the clean room's delete and the capture's
+	TotalMs       int64                  `protobuf:"varint,6,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GradeTimes) Reset() {
+	*x = GradeTimes{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GradeTimes) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GradeTimes) ProtoMessage() {}
+
+func (x *GradeTimes) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GradeTimes.ProtoReflect.Descriptor instead.
+func (*GradeTimes) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *GradeTimes) GetCaptureMs() int64 {
+	if x != nil {
+		return x.CaptureMs
+	}
+	return 0
+}
+
+func (x *GradeTimes) GetStartMs() int64 {
+	if x != nil {
+		return x.StartMs
+	}
+	return 0
+}
+
+func (x *GradeTimes) GetTestsMs() int64 {
+	if x != nil {
+		return x.TestsMs
+	}
+	return 0
+}
+
+func (x *GradeTimes) GetGraderMs() int64 {
+	if x != nil {
+		return x.GraderMs
+	}
+	return 0
+}
+
+func (x *GradeTimes) GetCleanupMs() int64 {
+	if x != nil {
+		return x.CleanupMs
+	}
+	return 0
+}
+
+func (x *GradeTimes) GetTotalMs() int64 {
+	if x != nil {
+		return x.TotalMs
+	}
+	return 0
+}
+
+// GradeResult is a grade's reward with how it came about.
+type GradeResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The reward: the number the grader wrote to $DSEC_REWARD_FILE when it
+	// wrote one (reward_source "file"), else 1.0 on exit 0 and 0.0 on
+	// anything else (reward_source "exit").
+	Reward          float64       `protobuf:"fixed64,1,opt,name=reward,proto3" json:"reward,omitempty"`
+	RewardSource    string        `protobuf:"bytes,2,opt,name=reward_source,json=rewardSource,proto3" json:"reward_source,omitempty"`
+	Exit            *ExecExited   `protobuf:"bytes,3,opt,name=exit,proto3" json:"exit,omitempty"`     // the grader's exit
+	Stdout          []byte        `protobuf:"bytes,4,opt,name=stdout,proto3" json:"stdout,omitempty"` // up to output_limit_bytes
+	Stderr          []byte        `protobuf:"bytes,5,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	Times           *GradeTimes   `protobuf:"bytes,6,opt,name=times,proto3" json:"times,omitempty"`
+	Capture         *SnapshotInfo `protobuf:"bytes,7,opt,name=capture,proto3" json:"capture,omitempty"`                                          // the workspace's capture (deleted after the grade)
+	GraderSandboxId string        `protobuf:"bytes,8,opt,name=grader_sandbox_id,json=graderSandboxId,proto3" json:"grader_sandbox_id,omitempty"` // the clean room (deleted unless keep)
+	Environment     string        `protobuf:"bytes,9,opt,name=environment,proto3" json:"environment,omitempty"`                                  // what the clean room ran on: the sandbox's layers, the capture, the tests' layer
+	User            string        `protobuf:"bytes,10,opt,name=user,proto3" json:"user,omitempty"`                                               // who the grader ran as
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *GradeResult) Reset() {
+	*x = GradeResult{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GradeResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GradeResult) ProtoMessage() {}
+
+func (x *GradeResult) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GradeResult.ProtoReflect.Descriptor instead.
+func (*GradeResult) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *GradeResult) GetReward() float64 {
+	if x != nil {
+		return x.Reward
+	}
+	return 0
+}
+
+func (x *GradeResult) GetRewardSource() string {
+	if x != nil {
+		return x.RewardSource
+	}
+	return ""
+}
+
+func (x *GradeResult) GetExit() *ExecExited {
+	if x != nil {
+		return x.Exit
+	}
+	return nil
+}
+
+func (x *GradeResult) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *GradeResult) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *GradeResult) GetTimes() *GradeTimes {
+	if x != nil {
+		return x.Times
+	}
+	return nil
+}
+
+func (x *GradeResult) GetCapture() *SnapshotInfo {
+	if x != nil {
+		return x.Capture
+	}
+	return nil
+}
+
+func (x *GradeResult) GetGraderSandboxId() string {
+	if x != nil {
+		return x.GraderSandboxId
+	}
+	return ""
+}
+
+func (x *GradeResult) GetEnvironment() string {
+	if x != nil {
+		return x.Environment
+	}
+	return ""
+}
+
+func (x *GradeResult) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type SnapshotRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -5937,14 +6380,24 @@ type SnapshotRequest struct {
 	Exclude []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
 	// The project the snapshot belongs to (a path); the caller must hold
 	// builder there. "" = the token's project.
-	Project       string `protobuf:"bytes,4,opt,name=project,proto3" json:"project,omitempty"`
+	Project string `protobuf:"bytes,4,opt,name=project,proto3" json:"project,omitempty"`
+	// When set, the only paths whose changes the snapshot keeps, with
+	// everything under them (a workspace captured for Grade): a directory on
+	// the way to one keeps nothing else and no opaque mark; a symlink, file
+	// or whiteout on the way is left out. exclude then applies inside.
+	Include []string `protobuf:"bytes,5,rep,name=include,proto3" json:"include,omitempty"`
+	// Paths a trusted tree is laid at in a sandbox made from the snapshot (a
+	// grader's tests): left out as exclude leaves them, and so is any
+	// ancestor of one the sandbox made a symlink, a file or a whiteout, so
+	// the path resolves through the directories of the layers below.
+	Trusted       []string `protobuf:"bytes,6,rep,name=trusted,proto3" json:"trusted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5956,7 +6409,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5969,7 +6422,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -6000,6 +6453,20 @@ func (x *SnapshotRequest) GetProject() string {
 	return ""
 }
 
+func (x *SnapshotRequest) GetInclude() []string {
+	if x != nil {
+		return x.Include
+	}
+	return nil
+}
+
+func (x *SnapshotRequest) GetTrusted() []string {
+	if x != nil {
+		return x.Trusted
+	}
+	return nil
+}
+
 type ListSnapshotsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -6008,7 +6475,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6020,7 +6487,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6033,7 +6500,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 type ListSnapshotsResponse struct {
@@ -6045,7 +6512,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6057,7 +6524,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6070,7 +6537,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -6089,7 +6556,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6101,7 +6568,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6114,7 +6581,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -6132,7 +6599,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6144,7 +6611,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6157,7 +6624,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 type ForkRequest struct {
@@ -6177,7 +6644,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6189,7 +6656,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6202,7 +6669,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -6251,7 +6718,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6263,7 +6730,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6276,7 +6743,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -6303,7 +6770,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6315,7 +6782,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6328,7 +6795,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -6360,7 +6827,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6372,7 +6839,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6385,7 +6852,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -6442,7 +6909,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6454,7 +6921,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6467,7 +6934,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -6543,7 +7010,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6555,7 +7022,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6568,7 +7035,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -6619,7 +7086,7 @@ type ShareLayerRequest struct {
 
 func (x *ShareLayerRequest) Reset() {
 	*x = ShareLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6631,7 +7098,7 @@ func (x *ShareLayerRequest) String() string {
 func (*ShareLayerRequest) ProtoMessage() {}
 
 func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6644,7 +7111,7 @@ func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerRequest.ProtoReflect.Descriptor instead.
 func (*ShareLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ShareLayerRequest) GetRef() string {
@@ -6677,7 +7144,7 @@ type ShareLayerResponse struct {
 
 func (x *ShareLayerResponse) Reset() {
 	*x = ShareLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6689,7 +7156,7 @@ func (x *ShareLayerResponse) String() string {
 func (*ShareLayerResponse) ProtoMessage() {}
 
 func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6702,7 +7169,7 @@ func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerResponse.ProtoReflect.Descriptor instead.
 func (*ShareLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ShareLayerResponse) GetSharedWith() []string {
@@ -6720,7 +7187,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6732,7 +7199,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6745,7 +7212,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 type ListLayersResponse struct {
@@ -6757,7 +7224,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6769,7 +7236,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6782,7 +7249,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -6801,7 +7268,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6813,7 +7280,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6826,7 +7293,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -6844,7 +7311,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6856,7 +7323,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6869,7 +7336,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 type Environment struct {
@@ -6884,7 +7351,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6896,7 +7363,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6909,7 +7376,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *Environment) GetName() string {
@@ -6948,7 +7415,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6960,7 +7427,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6973,7 +7440,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 type ListEnvironmentsResponse struct {
@@ -6985,7 +7452,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6997,7 +7464,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7010,7 +7477,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -7031,7 +7498,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7043,7 +7510,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7056,7 +7523,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -7089,7 +7556,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7101,7 +7568,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7114,7 +7581,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -7135,7 +7602,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7147,7 +7614,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7160,7 +7627,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -7202,7 +7669,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7214,7 +7681,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7227,7 +7694,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -7309,7 +7776,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7321,7 +7788,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7334,7 +7801,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -7355,7 +7822,7 @@ type TrajectoryRequest struct {
 
 func (x *TrajectoryRequest) Reset() {
 	*x = TrajectoryRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7367,7 +7834,7 @@ func (x *TrajectoryRequest) String() string {
 func (*TrajectoryRequest) ProtoMessage() {}
 
 func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7380,7 +7847,7 @@ func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*TrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *TrajectoryRequest) GetSandboxId() string {
@@ -7418,7 +7885,7 @@ type TrajectoryResponse struct {
 
 func (x *TrajectoryResponse) Reset() {
 	*x = TrajectoryResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7430,7 +7897,7 @@ func (x *TrajectoryResponse) String() string {
 func (*TrajectoryResponse) ProtoMessage() {}
 
 func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7443,7 +7910,7 @@ func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*TrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *TrajectoryResponse) GetLines() []byte {
@@ -7507,7 +7974,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7519,7 +7986,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7532,7 +7999,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -7595,7 +8062,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7607,7 +8074,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7620,7 +8087,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -7701,7 +8168,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7713,7 +8180,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7726,7 +8193,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 type LayerUsage struct {
@@ -7753,7 +8220,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7765,7 +8232,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7778,7 +8245,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -7906,7 +8373,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7918,7 +8385,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7931,7 +8398,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -7981,7 +8448,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7993,7 +8460,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8006,7 +8473,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -8065,7 +8532,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8077,7 +8544,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8090,7 +8557,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -8188,7 +8655,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8200,7 +8667,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8213,7 +8680,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -8291,7 +8758,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8303,7 +8770,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8316,7 +8783,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -8384,7 +8851,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8396,7 +8863,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8409,7 +8876,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -8428,7 +8895,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8440,7 +8907,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8453,7 +8920,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -8478,7 +8945,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8490,7 +8957,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8503,7 +8970,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *Language) GetName() string {
@@ -8563,7 +9030,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8575,7 +9042,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8588,7 +9055,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
 }
 
 type ListLanguagesResponse struct {
@@ -8600,7 +9067,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8612,7 +9079,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8625,7 +9092,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -8643,7 +9110,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8655,7 +9122,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8668,7 +9135,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
 }
 
 type ServerInfo struct {
@@ -8690,7 +9157,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8702,7 +9169,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8715,7 +9182,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -9181,7 +9648,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	" \x03(\tR\x06images\x12\x18\n" +
 	"\aproject\x18\v \x01(\tR\aproject\x12\x1f\n" +
 	"\vshared_with\x18\f \x03(\tR\n" +
-	"sharedWith\"\xb9\x03\n" +
+	"sharedWith\"\xef\x03\n" +
 	"\fSnapshotInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05layer\x18\x02 \x01(\tR\x05layer\x12 \n" +
@@ -9199,13 +9666,67 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bwarnings\x18\r \x03(\tR\bwarnings\x12\x18\n" +
 	"\aproject\x18\x0e \x01(\tR\aproject\x12\x1f\n" +
 	"\vshared_with\x18\x0f \x03(\tR\n" +
-	"sharedWith\"x\n" +
+	"sharedWith\x12\x1a\n" +
+	"\bincluded\x18\x10 \x03(\tR\bincluded\x12\x18\n" +
+	"\acleared\x18\x11 \x03(\tR\acleared\"\xc8\x03\n" +
+	"\fGradeRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05paths\x18\x02 \x03(\tR\x05paths\x12)\n" +
+	"\x05tests\x18\x03 \x01(\v2\x13.dsec.v1.GradeTestsR\x05tests\x12\x12\n" +
+	"\x04argv\x18\x04 \x03(\tR\x04argv\x12\x18\n" +
+	"\acommand\x18\x05 \x01(\tR\acommand\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\x12\x10\n" +
+	"\x03cwd\x18\a \x01(\tR\x03cwd\x120\n" +
+	"\x03env\x18\b \x03(\v2\x1e.dsec.v1.GradeRequest.EnvEntryR\x03env\x12'\n" +
+	"\x0ftimeout_seconds\x18\t \x01(\x01R\x0etimeoutSeconds\x12,\n" +
+	"\x12output_limit_bytes\x18\n" +
+	" \x01(\x03R\x10outputLimitBytes\x12\x12\n" +
+	"\x04keep\x18\v \x01(\bR\x04keep\x12\x12\n" +
+	"\x04cpus\x18\f \x01(\x01R\x04cpus\x12\x1b\n" +
+	"\tmemory_mb\x18\r \x01(\x03R\bmemoryMb\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa8\x01\n" +
+	"\n" +
+	"GradeTests\x12\x14\n" +
+	"\x05layer\x18\x01 \x01(\tR\x05layer\x124\n" +
+	"\x05files\x18\x02 \x03(\v2\x1e.dsec.v1.GradeTests.FilesEntryR\x05files\x12\x14\n" +
+	"\x05paths\x18\x03 \x03(\tR\x05paths\x1a8\n" +
+	"\n" +
+	"FilesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xb8\x01\n" +
+	"\n" +
+	"GradeTimes\x12\x1d\n" +
+	"\n" +
+	"capture_ms\x18\x01 \x01(\x03R\tcaptureMs\x12\x19\n" +
+	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x19\n" +
+	"\btests_ms\x18\x03 \x01(\x03R\atestsMs\x12\x1b\n" +
+	"\tgrader_ms\x18\x04 \x01(\x03R\bgraderMs\x12\x1d\n" +
+	"\n" +
+	"cleanup_ms\x18\x05 \x01(\x03R\tcleanupMs\x12\x19\n" +
+	"\btotal_ms\x18\x06 \x01(\x03R\atotalMs\"\xe1\x02\n" +
+	"\vGradeResult\x12\x16\n" +
+	"\x06reward\x18\x01 \x01(\x01R\x06reward\x12#\n" +
+	"\rreward_source\x18\x02 \x01(\tR\frewardSource\x12'\n" +
+	"\x04exit\x18\x03 \x01(\v2\x13.dsec.v1.ExecExitedR\x04exit\x12\x16\n" +
+	"\x06stdout\x18\x04 \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x05 \x01(\fR\x06stderr\x12)\n" +
+	"\x05times\x18\x06 \x01(\v2\x13.dsec.v1.GradeTimesR\x05times\x12/\n" +
+	"\acapture\x18\a \x01(\v2\x15.dsec.v1.SnapshotInfoR\acapture\x12*\n" +
+	"\x11grader_sandbox_id\x18\b \x01(\tR\x0fgraderSandboxId\x12 \n" +
+	"\venvironment\x18\t \x01(\tR\venvironment\x12\x12\n" +
+	"\x04user\x18\n" +
+	" \x01(\tR\x04user\"\xac\x01\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
 	"\aexclude\x18\x03 \x03(\tR\aexclude\x12\x18\n" +
-	"\aproject\x18\x04 \x01(\tR\aproject\"\x16\n" +
+	"\aproject\x18\x04 \x01(\tR\aproject\x12\x18\n" +
+	"\ainclude\x18\x05 \x03(\tR\ainclude\x12\x18\n" +
+	"\atrusted\x18\x06 \x03(\tR\atrusted\"\x16\n" +
 	"\x14ListSnapshotsRequest\"L\n" +
 	"\x15ListSnapshotsResponse\x123\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\"+\n" +
@@ -9517,7 +10038,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xf8\x13\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xae\x14\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -9532,7 +10053,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bSnapshot\x12\x18.dsec.v1.SnapshotRequest\x1a\x15.dsec.v1.SnapshotInfo\x12S\n" +
 	"\rListSnapshots\x12\x1d.dsec.v1.ListSnapshotsRequest\x1a\x1e.dsec.v1.ListSnapshotsResponse\"\x03\x90\x02\x01\x12V\n" +
 	"\x0eDeleteSnapshot\x12\x1e.dsec.v1.DeleteSnapshotRequest\x1a\x1f.dsec.v1.DeleteSnapshotResponse\"\x03\x90\x02\x02\x123\n" +
-	"\x04Fork\x12\x14.dsec.v1.ForkRequest\x1a\x15.dsec.v1.ForkResponse\x122\n" +
+	"\x04Fork\x12\x14.dsec.v1.ForkRequest\x1a\x15.dsec.v1.ForkResponse\x124\n" +
+	"\x05Grade\x12\x15.dsec.v1.GradeRequest\x1a\x14.dsec.v1.GradeResult\x122\n" +
 	"\x04Exec\x12\x14.dsec.v1.ExecRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x126\n" +
 	"\x06Attach\x12\x16.dsec.v1.AttachRequest\x1a\x12.dsec.v1.ExecEvent0\x01\x12E\n" +
 	"\n" +
@@ -9592,7 +10114,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 126)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 132)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                       // 0: dsec.v1.State
 	(Reason)(0),                      // 1: dsec.v1.Reason
@@ -9678,70 +10200,76 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*DownloadChunk)(nil),            // 81: dsec.v1.DownloadChunk
 	(*Layer)(nil),                    // 82: dsec.v1.Layer
 	(*SnapshotInfo)(nil),             // 83: dsec.v1.SnapshotInfo
-	(*SnapshotRequest)(nil),          // 84: dsec.v1.SnapshotRequest
-	(*ListSnapshotsRequest)(nil),     // 85: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 86: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),    // 87: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),   // 88: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),              // 89: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                // 90: dsec.v1.ForkChild
-	(*ForkResponse)(nil),             // 91: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),       // 92: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),       // 93: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),        // 94: dsec.v1.UploadLayerHeader
-	(*ShareLayerRequest)(nil),        // 95: dsec.v1.ShareLayerRequest
-	(*ShareLayerResponse)(nil),       // 96: dsec.v1.ShareLayerResponse
-	(*ListLayersRequest)(nil),        // 97: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 98: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 99: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 100: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 101: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 102: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 103: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 104: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 105: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 106: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 107: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 108: dsec.v1.NetworkLogResponse
-	(*TrajectoryRequest)(nil),        // 109: dsec.v1.TrajectoryRequest
-	(*TrajectoryResponse)(nil),       // 110: dsec.v1.TrajectoryResponse
-	(*ImportImageRequest)(nil),       // 111: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 112: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 113: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 114: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 115: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 116: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),           // 117: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),            // 118: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),          // 119: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),      // 120: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),     // 121: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                 // 122: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),     // 123: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),    // 124: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),     // 125: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),               // 126: dsec.v1.ServerInfo
-	nil,                              // 127: dsec.v1.NodeInfo.MissingEntry
-	nil,                              // 128: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 129: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 130: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 131: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 132: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 133: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 134: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                              // 135: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                              // 136: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                              // 137: dsec.v1.RunCodeResponse.FilesEntry
+	(*GradeRequest)(nil),             // 84: dsec.v1.GradeRequest
+	(*GradeTests)(nil),               // 85: dsec.v1.GradeTests
+	(*GradeTimes)(nil),               // 86: dsec.v1.GradeTimes
+	(*GradeResult)(nil),              // 87: dsec.v1.GradeResult
+	(*SnapshotRequest)(nil),          // 88: dsec.v1.SnapshotRequest
+	(*ListSnapshotsRequest)(nil),     // 89: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 90: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),    // 91: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 92: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),              // 93: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                // 94: dsec.v1.ForkChild
+	(*ForkResponse)(nil),             // 95: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),       // 96: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),       // 97: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),        // 98: dsec.v1.UploadLayerHeader
+	(*ShareLayerRequest)(nil),        // 99: dsec.v1.ShareLayerRequest
+	(*ShareLayerResponse)(nil),       // 100: dsec.v1.ShareLayerResponse
+	(*ListLayersRequest)(nil),        // 101: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),       // 102: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),       // 103: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),      // 104: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),              // 105: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),  // 106: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil), // 107: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),   // 108: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),  // 109: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),        // 110: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),             // 111: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),       // 112: dsec.v1.NetworkLogResponse
+	(*TrajectoryRequest)(nil),        // 113: dsec.v1.TrajectoryRequest
+	(*TrajectoryResponse)(nil),       // 114: dsec.v1.TrajectoryResponse
+	(*ImportImageRequest)(nil),       // 115: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),      // 116: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),        // 117: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),               // 118: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),         // 119: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),       // 120: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),           // 121: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),            // 122: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),          // 123: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),      // 124: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),     // 125: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                 // 126: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),     // 127: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),    // 128: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),     // 129: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),               // 130: dsec.v1.ServerInfo
+	nil,                              // 131: dsec.v1.NodeInfo.MissingEntry
+	nil,                              // 132: dsec.v1.SandboxSpec.EnvEntry
+	nil,                              // 133: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                              // 134: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                              // 135: dsec.v1.ListRequest.LabelsEntry
+	nil,                              // 136: dsec.v1.ExecRequest.EnvEntry
+	nil,                              // 137: dsec.v1.ShellStart.EnvEntry
+	nil,                              // 138: dsec.v1.GradeRequest.EnvEntry
+	nil,                              // 139: dsec.v1.GradeTests.FilesEntry
+	nil,                              // 140: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                              // 141: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                              // 142: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                              // 143: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	127, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	131, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	4,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	128, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	129, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	130, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	132, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	133, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	134, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 10: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -9757,13 +10285,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	16,  // 20: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
 	15,  // 21: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	16,  // 22: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	131, // 23: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	135, // 23: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 24: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	16,  // 25: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	15,  // 26: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	15,  // 27: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	34,  // 28: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	132, // 29: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	136, // 29: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	42,  // 30: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	43,  // 31: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	41,  // 32: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
@@ -9774,7 +10302,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	50,  // 37: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	58,  // 38: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	59,  // 39: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	133, // 40: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	137, // 40: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	59,  // 41: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	43,  // 42: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	61,  // 43: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -9784,134 +10312,142 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	9,   // 47: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
 	83,  // 48: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
 	83,  // 49: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
-	83,  // 50: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	16,  // 51: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	83,  // 52: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	90,  // 53: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	9,   // 54: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	94,  // 55: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	9,   // 56: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	82,  // 57: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	101, // 58: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	134, // 59: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	107, // 60: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	114, // 61: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	115, // 62: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	135, // 63: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	136, // 64: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 65: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 66: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	118, // 67: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	118, // 68: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	137, // 69: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 70: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	117, // 71: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	119, // 72: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	122, // 73: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 74: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	28,  // 75: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	30,  // 76: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	31,  // 77: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	37,  // 78: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	18,  // 79: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	20,  // 80: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	22,  // 81: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	24,  // 82: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	26,  // 83: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	84,  // 84: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	85,  // 85: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	87,  // 86: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	89,  // 87: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	39,  // 88: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	44,  // 89: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	45,  // 90: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	47,  // 91: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	49,  // 92: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	52,  // 93: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	53,  // 94: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	55,  // 95: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	57,  // 96: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	62,  // 97: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	64,  // 98: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	66,  // 99: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	68,  // 100: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	70,  // 101: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	72,  // 102: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	74,  // 103: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	76,  // 104: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	78,  // 105: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	80,  // 106: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	104, // 107: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	106, // 108: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	109, // 109: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	33,  // 110: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	35,  // 111: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	125, // 112: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	117, // 113: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	120, // 114: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	123, // 115: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	92,  // 116: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	93,  // 117: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	97,  // 118: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	99,  // 119: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	102, // 120: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	111, // 121: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	113, // 122: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	95,  // 123: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	29,  // 124: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	16,  // 125: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	32,  // 126: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	38,  // 127: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	19,  // 128: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	21,  // 129: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	23,  // 130: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	25,  // 131: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	27,  // 132: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	83,  // 133: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	86,  // 134: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	88,  // 135: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	91,  // 136: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	40,  // 137: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	40,  // 138: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	46,  // 139: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	48,  // 140: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	51,  // 141: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	40,  // 142: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	54,  // 143: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	56,  // 144: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	60,  // 145: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	63,  // 146: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	65,  // 147: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	67,  // 148: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	69,  // 149: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	71,  // 150: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	73,  // 151: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	75,  // 152: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	77,  // 153: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	79,  // 154: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	81,  // 155: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	105, // 156: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	108, // 157: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	110, // 158: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	34,  // 159: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	36,  // 160: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	126, // 161: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	119, // 162: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	121, // 163: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	124, // 164: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	82,  // 165: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	82,  // 166: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	98,  // 167: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	100, // 168: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	103, // 169: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	112, // 170: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	116, // 171: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	96,  // 172: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	124, // [124:173] is the sub-list for method output_type
-	75,  // [75:124] is the sub-list for method input_type
-	75,  // [75:75] is the sub-list for extension type_name
-	75,  // [75:75] is the sub-list for extension extendee
-	0,   // [0:75] is the sub-list for field type_name
+	85,  // 50: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
+	138, // 51: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	139, // 52: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	43,  // 53: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
+	86,  // 54: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
+	83,  // 55: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
+	83,  // 56: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	16,  // 57: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	83,  // 58: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	94,  // 59: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 60: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	98,  // 61: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 62: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	82,  // 63: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	105, // 64: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	140, // 65: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	111, // 66: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	118, // 67: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	119, // 68: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	141, // 69: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	142, // 70: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 71: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 72: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	122, // 73: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	122, // 74: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	143, // 75: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 76: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	121, // 77: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	123, // 78: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	126, // 79: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 80: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	28,  // 81: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	30,  // 82: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	31,  // 83: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	37,  // 84: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	18,  // 85: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	20,  // 86: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	22,  // 87: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	24,  // 88: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	26,  // 89: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	88,  // 90: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	89,  // 91: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	91,  // 92: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	93,  // 93: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	84,  // 94: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	39,  // 95: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	44,  // 96: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	45,  // 97: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	47,  // 98: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	49,  // 99: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	52,  // 100: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	53,  // 101: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	55,  // 102: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	57,  // 103: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	62,  // 104: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	64,  // 105: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	66,  // 106: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	68,  // 107: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	70,  // 108: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	72,  // 109: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	74,  // 110: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	76,  // 111: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	78,  // 112: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	80,  // 113: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	108, // 114: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	110, // 115: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	113, // 116: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	33,  // 117: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	35,  // 118: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	129, // 119: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	121, // 120: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	124, // 121: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	127, // 122: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	96,  // 123: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	97,  // 124: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	101, // 125: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	103, // 126: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	106, // 127: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	115, // 128: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	117, // 129: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	99,  // 130: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	29,  // 131: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	16,  // 132: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	32,  // 133: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	38,  // 134: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	19,  // 135: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	21,  // 136: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	23,  // 137: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	25,  // 138: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	27,  // 139: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	83,  // 140: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	90,  // 141: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	92,  // 142: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	95,  // 143: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	87,  // 144: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	40,  // 145: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	40,  // 146: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	46,  // 147: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	48,  // 148: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	51,  // 149: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	40,  // 150: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	54,  // 151: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	56,  // 152: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	60,  // 153: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	63,  // 154: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	65,  // 155: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	67,  // 156: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	69,  // 157: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	71,  // 158: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	73,  // 159: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	75,  // 160: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	77,  // 161: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	79,  // 162: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	81,  // 163: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	109, // 164: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	112, // 165: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	114, // 166: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	34,  // 167: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	36,  // 168: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	130, // 169: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	123, // 170: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	125, // 171: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	128, // 172: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	82,  // 173: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	82,  // 174: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	102, // 175: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	104, // 176: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	107, // 177: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	116, // 178: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	120, // 179: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	100, // 180: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	131, // [131:181] is the sub-list for method output_type
+	81,  // [81:131] is the sub-list for method input_type
+	81,  // [81:81] is the sub-list for extension type_name
+	81,  // [81:81] is the sub-list for extension extendee
+	0,   // [0:81] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -9938,19 +10474,19 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ShellOutput_Exited)(nil),
 		(*ShellOutput_Started)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[81].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[85].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[106].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[110].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   126,
+			NumMessages:   132,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -69,6 +69,8 @@ const (
 	SandboxServiceDeleteSnapshotProcedure = "/dsec.v1.SandboxService/DeleteSnapshot"
 	// SandboxServiceForkProcedure is the fully-qualified name of the SandboxService's Fork RPC.
 	SandboxServiceForkProcedure = "/dsec.v1.SandboxService/Fork"
+	// SandboxServiceGradeProcedure is the fully-qualified name of the SandboxService's Grade RPC.
+	SandboxServiceGradeProcedure = "/dsec.v1.SandboxService/Grade"
 	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
 	SandboxServiceExecProcedure = "/dsec.v1.SandboxService/Exec"
 	// SandboxServiceAttachProcedure is the fully-qualified name of the SandboxService's Attach RPC.
@@ -209,6 +211,14 @@ type SandboxServiceClient interface {
 	// reseeded random generator; snapshot then describes the save (no layer,
 	// capture_method "memory") and exclude is refused.
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// Grade grades a sandbox's work in a clean room: it captures only the
+	// named workspace paths (a snapshot with include), starts a fresh
+	// sandbox from the sandbox's layers, that capture and the trusted tests
+	// on top, with no network and none of the sandbox's processes, runs the
+	// grader there as another user, and returns the reward with the
+	// grader's output, exit and times. docs/grading.md says what it shuts
+	// out and how.
+	Grade(context.Context, *connect.Request[v1.GradeRequest]) (*connect.Response[v1.GradeResult], error)
 	// Exec runs a command and streams its output, every byte of it: a client
 	// slower than the command slows the command, as a pipe does. A foreground
 	// command is killed (with its whole process tree) when the stream is
@@ -381,6 +391,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceForkProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
+			connect.WithClientOptions(opts...),
+		),
+		grade: connect.NewClient[v1.GradeRequest, v1.GradeResult](
+			httpClient,
+			baseURL+SandboxServiceGradeProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Grade")),
 			connect.WithClientOptions(opts...),
 		),
 		exec: connect.NewClient[v1.ExecRequest, v1.ExecEvent](
@@ -557,6 +573,7 @@ type sandboxServiceClient struct {
 	listSnapshots    *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
 	deleteSnapshot   *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
 	fork             *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	grade            *connect.Client[v1.GradeRequest, v1.GradeResult]
 	exec             *connect.Client[v1.ExecRequest, v1.ExecEvent]
 	attach           *connect.Client[v1.AttachRequest, v1.ExecEvent]
 	writeStdin       *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
@@ -647,6 +664,11 @@ func (c *sandboxServiceClient) DeleteSnapshot(ctx context.Context, req *connect.
 // Fork calls dsec.v1.SandboxService.Fork.
 func (c *sandboxServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
 	return c.fork.CallUnary(ctx, req)
+}
+
+// Grade calls dsec.v1.SandboxService.Grade.
+func (c *sandboxServiceClient) Grade(ctx context.Context, req *connect.Request[v1.GradeRequest]) (*connect.Response[v1.GradeResult], error) {
+	return c.grade.CallUnary(ctx, req)
 }
 
 // Exec calls dsec.v1.SandboxService.Exec.
@@ -821,6 +843,14 @@ type SandboxServiceHandler interface {
 	// reseeded random generator; snapshot then describes the save (no layer,
 	// capture_method "memory") and exclude is refused.
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// Grade grades a sandbox's work in a clean room: it captures only the
+	// named workspace paths (a snapshot with include), starts a fresh
+	// sandbox from the sandbox's layers, that capture and the trusted tests
+	// on top, with no network and none of the sandbox's processes, runs the
+	// grader there as another user, and returns the reward with the
+	// grader's output, exit and times. docs/grading.md says what it shuts
+	// out and how.
+	Grade(context.Context, *connect.Request[v1.GradeRequest]) (*connect.Response[v1.GradeResult], error)
 	// Exec runs a command and streams its output, every byte of it: a client
 	// slower than the command slows the command, as a pipe does. A foreground
 	// command is killed (with its whole process tree) when the stream is
@@ -989,6 +1019,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceForkProcedure,
 		svc.Fork,
 		connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceGradeHandler := connect.NewUnaryHandler(
+		SandboxServiceGradeProcedure,
+		svc.Grade,
+		connect.WithSchema(sandboxServiceMethods.ByName("Grade")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceExecHandler := connect.NewServerStreamHandler(
@@ -1175,6 +1211,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceDeleteSnapshotHandler.ServeHTTP(w, r)
 		case SandboxServiceForkProcedure:
 			sandboxServiceForkHandler.ServeHTTP(w, r)
+		case SandboxServiceGradeProcedure:
+			sandboxServiceGradeHandler.ServeHTTP(w, r)
 		case SandboxServiceExecProcedure:
 			sandboxServiceExecHandler.ServeHTTP(w, r)
 		case SandboxServiceAttachProcedure:
@@ -1284,6 +1322,10 @@ func (UnimplementedSandboxServiceHandler) DeleteSnapshot(context.Context, *conne
 
 func (UnimplementedSandboxServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Fork is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Grade(context.Context, *connect.Request[v1.GradeRequest]) (*connect.Response[v1.GradeResult], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Grade is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecEvent]) error {

@@ -1,0 +1,370 @@
+// Package grade runs a clean-room grade: it captures only a sandbox's
+// workspace paths (a snapshot with include), starts a fresh sandbox from
+// the sandbox's layers, that capture and the trusted tests on top, with no
+// network and none of the sandbox's processes, runs the grader there as
+// another user, and turns its exit, or the number it writes to the reward
+// file, into a reward.
+//
+// It composes the public sandbox API (Snapshot, Create, WriteFile, Exec,
+// ReadFile, Delete, DeleteSnapshot) through the API interface, so the
+// apiserver runs it with the caller's own rights: the clean room is the
+// caller's sandbox, charged to its project. docs/grading.md describes what
+// it shuts out and how.
+package grade
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// API is the part of the sandbox service a grade uses;
+// dsecv1connect.SandboxServiceClient implements it.
+type API interface {
+	Get(context.Context, *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error)
+	Snapshot(context.Context, *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error)
+	DeleteSnapshot(context.Context, *connect.Request[dsecv1.DeleteSnapshotRequest]) (*connect.Response[dsecv1.DeleteSnapshotResponse], error)
+	Create(context.Context, *connect.Request[dsecv1.CreateRequest]) (*connect.Response[dsecv1.CreateResponse], error)
+	Delete(context.Context, *connect.Request[dsecv1.DeleteRequest]) (*connect.Response[dsecv1.DeleteResponse], error)
+	WriteFile(context.Context, *connect.Request[dsecv1.WriteFileRequest]) (*connect.Response[dsecv1.WriteFileResponse], error)
+	ReadFile(context.Context, *connect.Request[dsecv1.ReadFileRequest]) (*connect.Response[dsecv1.ReadFileResponse], error)
+	Exec(context.Context, *connect.Request[dsecv1.ExecRequest]) (*connect.ServerStreamForClient[dsecv1.ExecEvent], error)
+}
+
+const (
+	// RewardDir holds the reward file in the clean room: a trusted path,
+	// so nothing of the workspace is there.
+	RewardDir = "/.dsec-grade"
+	// RewardFile is where the grader may write its reward, a number; the
+	// grader finds the path in $DSEC_REWARD_FILE.
+	RewardFile = RewardDir + "/reward"
+	// RewardEnv names the reward file in the grader's environment.
+	RewardEnv = "DSEC_REWARD_FILE"
+	// DefaultUser is who the grader runs as unless the request names
+	// someone: nobody, never the sandbox's own user.
+	DefaultUser = "65534:65534"
+	// GradeOfLabel marks a clean room with the sandbox it grades.
+	GradeOfLabel = "dsec.dev/grade-of"
+
+	defaultTimeout     = 600 * time.Second
+	defaultOutputLimit = 1 << 20
+	// roomMargin is the clean room's lifetime past its grader's timeout:
+	// its start, the tests and the reward's read.
+	roomMargin = 300 * time.Second
+	// projectLabel is iam.ProjectLabel: the clean room is the sandbox's
+	// project's.
+	projectLabel = "dsec.dev/project"
+)
+
+// Check refuses a request Run would refuse before it touches anything,
+// with errdefs.ErrInvalidArgument.
+func Check(req *dsecv1.GradeRequest) error {
+	switch {
+	case req.GetSandboxId() == "":
+		return fmt.Errorf("grade: sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	case len(req.GetPaths()) == 0:
+		return fmt.Errorf("grade: paths is required: name the workspace paths the grade captures: %w", errdefs.ErrInvalidArgument)
+	case len(req.GetArgv()) == 0 && req.GetCommand() == "":
+		return fmt.Errorf("grade: the grader is required (argv or command): %w", errdefs.ErrInvalidArgument)
+	case len(req.GetArgv()) > 0 && req.GetCommand() != "":
+		return fmt.Errorf("grade: argv or command, not both: %w", errdefs.ErrInvalidArgument)
+	case req.GetTimeoutSeconds() < 0 || req.GetOutputLimitBytes() < 0:
+		return fmt.Errorf("grade: timeout_seconds and output_limit_bytes must not be negative: %w", errdefs.ErrInvalidArgument)
+	}
+	for _, p := range req.GetPaths() {
+		if err := checkPath(p); err != nil {
+			return fmt.Errorf("grade: path %q: %w: %w", p, err, errdefs.ErrInvalidArgument)
+		}
+		if under(p, RewardDir) || under(RewardDir, p) {
+			return fmt.Errorf("grade: path %q holds the reward file's directory %s: %w", p, RewardDir, errdefs.ErrInvalidArgument)
+		}
+	}
+	for _, p := range trustedPaths(req) {
+		if err := checkPath(p); err != nil {
+			return fmt.Errorf("grade: tests path %q: %w: %w", p, err, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+func checkPath(p string) error {
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return errors.New("not absolute")
+	case strings.ContainsRune(p, 0):
+		return errors.New("holds a NUL byte")
+	case path.Clean(p) == "/":
+		return errors.New("is the whole file system")
+	}
+	for _, c := range strings.Split(p, "/") {
+		if c == ".." {
+			return errors.New("has a .. component")
+		}
+	}
+	return nil
+}
+
+// under reports whether p is dir or inside it.
+func under(p, dir string) bool {
+	p, dir = path.Clean(p), path.Clean(dir)
+	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// trustedPaths are the paths the capture leaves out for the trusted tree:
+// the tests' paths, each tests file and the reward file's directory.
+func trustedPaths(req *dsecv1.GradeRequest) []string {
+	out := append([]string(nil), req.GetTests().GetPaths()...)
+	for p := range req.GetTests().GetFiles() {
+		out = append(out, p)
+	}
+	return append(out, RewardDir)
+}
+
+// Run grades sandbox req.sandbox_id in a clean room through api. An error
+// means the grade did not happen (the capture, the clean room's start or
+// a call to it failed): that is the platform's failure, never a reward of
+// 0. A grader that fails, times out or is killed is a grade: its reward is
+// in the result.
+func Run(ctx context.Context, api API, req *dsecv1.GradeRequest) (*dsecv1.GradeResult, error) {
+	start := time.Now()
+	if err := Check(req); err != nil {
+		return nil, err
+	}
+	res := &dsecv1.GradeResult{Times: &dsecv1.GradeTimes{}, User: req.GetUser()}
+	defer func() { res.Times.TotalMs = time.Since(start).Milliseconds() }() // runs last: the cleanup counts
+	id := req.GetSandboxId()
+	src, err := api.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: id}))
+	if err != nil {
+		return nil, fmt.Errorf("grade %s: %w", id, err)
+	}
+	if res.User == "" {
+		res.User = DefaultUser
+	}
+	cleanup := context.WithoutCancel(ctx)
+
+	t := time.Now()
+	name := fmt.Sprintf("grade-%s-%d", id, time.Now().UnixNano())
+	snap, err := api.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{
+		SandboxId: id, Name: name, Include: req.GetPaths(), Trusted: trustedPaths(req)}))
+	if err != nil {
+		return nil, fmt.Errorf("grade %s: capture %s: %w", id, strings.Join(req.GetPaths(), " "), err)
+	}
+	res.Capture = snap.Msg
+	res.Times.CaptureMs = time.Since(t).Milliseconds()
+	defer func() {
+		t := time.Now()
+		if _, err := api.DeleteSnapshot(cleanup, connect.NewRequest(&dsecv1.DeleteSnapshotRequest{Name: name})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+			res.Capture.Warnings = append(res.Capture.Warnings, fmt.Sprintf("delete the capture %s: %v", name, err))
+		}
+		res.Times.CleanupMs += time.Since(t).Milliseconds()
+	}()
+
+	t = time.Now()
+	spec := roomSpec(src.Msg, snap.Msg.GetEnvironment(), req)
+	res.Environment = spec.GetEnvironment()
+	created, err := api.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
+	if err != nil {
+		return nil, fmt.Errorf("grade %s: start the clean room on %s: %w", id, spec.GetEnvironment(), err)
+	}
+	if len(created.Msg.GetSandboxes()) != 1 {
+		return nil, fmt.Errorf("grade %s: the clean room's create returned %d sandboxes", id, len(created.Msg.GetSandboxes()))
+	}
+	room := created.Msg.GetSandboxes()[0].GetId()
+	res.GraderSandboxId = room
+	res.Times.StartMs = time.Since(t).Milliseconds()
+	if !req.GetKeep() {
+		defer func() {
+			t := time.Now()
+			if _, err := api.Delete(cleanup, connect.NewRequest(&dsecv1.DeleteRequest{Id: room})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+				res.Capture.Warnings = append(res.Capture.Warnings, fmt.Sprintf("delete the clean room %s: %v", room, err))
+			}
+			res.Times.CleanupMs += time.Since(t).Milliseconds()
+		}()
+	}
+
+	t = time.Now()
+	if err := layTests(ctx, api, room, req.GetTests().GetFiles()); err != nil {
+		return nil, fmt.Errorf("grade %s: %w", id, err)
+	}
+	res.Times.TestsMs = time.Since(t).Milliseconds()
+
+	t = time.Now()
+	if err := runGrader(ctx, api, room, req, res); err != nil {
+		return nil, fmt.Errorf("grade %s: %w", id, err)
+	}
+	res.Times.GraderMs = time.Since(t).Milliseconds()
+	if err := killLeft(ctx, api, room, res.GetUser()); err != nil {
+		return nil, fmt.Errorf("grade %s: %w", id, err)
+	}
+	if err := readReward(ctx, api, room, res); err != nil {
+		return nil, fmt.Errorf("grade %s: %w", id, err)
+	}
+	return res, nil
+}
+
+// roomSpec is the clean room's spec: the sandbox's own, on env (its
+// layers and the capture) with the tests' layer on top, with no network,
+// no privilege escalation and labels of its own.
+func roomSpec(src *dsecv1.Sandbox, env string, req *dsecv1.GradeRequest) *dsecv1.SandboxSpec {
+	spec := proto.Clone(src.GetSpec()).(*dsecv1.SandboxSpec)
+	if l := req.GetTests().GetLayer(); l != "" {
+		env += "+" + l
+	}
+	spec.Environment = env
+	spec.NetworkRules = nil
+	spec.AllowPrivilegeEscalation = false
+	spec.Labels = map[string]string{GradeOfLabel: src.GetId()}
+	if p := src.GetSpec().GetLabels()[projectLabel]; p != "" {
+		spec.Labels[projectLabel] = p
+	}
+	spec.Hostname = ""
+	spec.OnTimeout = dsecv1.OnTimeout_ON_TIMEOUT_UNSPECIFIED
+	spec.AutoResume = nil
+	spec.IdleTimeoutSeconds = -1 // its life is the grade's: ttl bounds it
+	spec.TtlSeconds = int64((graderTimeout(req) + roomMargin) / time.Second)
+	if req.GetCpus() > 0 {
+		spec.Cpus = req.GetCpus()
+	}
+	if req.GetMemoryMb() > 0 {
+		spec.MemoryMb = req.GetMemoryMb()
+	}
+	return spec
+}
+
+func graderTimeout(req *dsecv1.GradeRequest) time.Duration {
+	if s := req.GetTimeoutSeconds(); s > 0 {
+		return time.Duration(s * float64(time.Second))
+	}
+	return defaultTimeout
+}
+
+// layTests writes the tests' files and an empty reward file, writable by
+// anyone, as root into the clean room. Their paths were left out of the
+// capture with any symlink or file on their way, so each lands where the
+// environment's directories put it.
+func layTests(ctx context.Context, api API, room string, files map[string][]byte) error {
+	for p, data := range files {
+		if _, err := api.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{
+			SandboxId: room, Path: p, Data: data, Mode: 0o644, MakeParents: true, User: "root"})); err != nil {
+			return fmt.Errorf("write tests file %s: %w", p, err)
+		}
+	}
+	if _, err := api.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{
+		SandboxId: room, Path: RewardFile, Mode: 0o666, MakeParents: true, User: "root"})); err != nil {
+		return fmt.Errorf("make the reward file: %w", err)
+	}
+	return nil
+}
+
+// runGrader runs the grader in the clean room and keeps its exit and up
+// to the request's limit of each stream.
+func runGrader(ctx context.Context, api API, room string, req *dsecv1.GradeRequest, res *dsecv1.GradeResult) error {
+	env := map[string]string{}
+	for k, v := range req.GetEnv() {
+		env[k] = v
+	}
+	env[RewardEnv] = RewardFile
+	limit := req.GetOutputLimitBytes()
+	if limit == 0 {
+		limit = defaultOutputLimit
+	}
+	stream, err := api.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{
+		SandboxId: room, Argv: req.GetArgv(), Command: req.GetCommand(), Env: env,
+		Cwd: req.GetCwd(), User: res.GetUser(), TimeoutSeconds: graderTimeout(req).Seconds(),
+	}))
+	if err != nil {
+		return fmt.Errorf("run the grader: %w", err)
+	}
+	defer stream.Close()
+	keep := func(buf []byte, b []byte) []byte {
+		if room := limit - int64(len(buf)); room > 0 {
+			buf = append(buf, b[:min(int64(len(b)), room)]...)
+		}
+		return buf
+	}
+	for stream.Receive() {
+		switch e := stream.Msg().GetEvent().(type) {
+		case *dsecv1.ExecEvent_Stdout:
+			res.Stdout = keep(res.Stdout, e.Stdout)
+		case *dsecv1.ExecEvent_Stderr:
+			res.Stderr = keep(res.Stderr, e.Stderr)
+		case *dsecv1.ExecEvent_Exited:
+			res.Exit = e.Exited
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return fmt.Errorf("run the grader: %w", err)
+	}
+	if res.Exit == nil {
+		return fmt.Errorf("run the grader: its stream ended without an exit")
+	}
+	if int64(len(res.Stdout)) < res.Exit.GetStdoutBytes() {
+		res.Exit.StdoutTruncated = true
+	}
+	if int64(len(res.Stderr)) < res.Exit.GetStderrBytes() {
+		res.Exit.StderrTruncated = true
+	}
+	return nil
+}
+
+// killLeft kills every process the grader's user still runs in the clean
+// room (what the grader or the code it tested left behind), so none
+// writes the reward file after the grader exited.
+func killLeft(ctx context.Context, api API, room, user string) error {
+	stream, err := api.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{
+		SandboxId: room, Command: "kill -9 -1 2>/dev/null; exit 0", User: user, TimeoutSeconds: 30}))
+	if err != nil {
+		return fmt.Errorf("kill what the grader left: %w", err)
+	}
+	defer stream.Close()
+	for stream.Receive() {
+	}
+	if err := stream.Err(); err != nil {
+		return fmt.Errorf("kill what the grader left: %w", err)
+	}
+	return nil
+}
+
+// maxRewardBytes bounds the reward file read back: a number.
+const maxRewardBytes = 4096
+
+// readReward sets the reward: the number in the reward file when the
+// grader wrote one, else 1 on exit 0 and 0 otherwise. A reward file that
+// holds no finite number, or a grader that did not exit 0 (a timeout, a
+// kill, an OOM), scores 0 whatever the file says.
+func readReward(ctx context.Context, api API, room string, res *dsecv1.GradeResult) error {
+	ok := res.GetExit().GetStatus() == dsecv1.ExitStatus_EXIT_STATUS_OK
+	rf, err := api.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: room, Path: RewardFile, Limit: maxRewardBytes, User: "root"}))
+	if err != nil {
+		return fmt.Errorf("read the reward file: %w", err)
+	}
+	text := strings.TrimSpace(string(rf.Msg.GetData()))
+	res.Reward, res.RewardSource = 0, "exit"
+	if text == "" {
+		if ok {
+			res.Reward = 1
+		}
+		return nil
+	}
+	res.RewardSource = "file"
+	v, err := strconv.ParseFloat(text, 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		res.RewardSource = "file-invalid"
+		return nil
+	}
+	if ok {
+		res.Reward = v
+	}
+	return nil
+}
