@@ -154,6 +154,10 @@ func (f *jsonFake) ListSnapshots(context.Context, req[dsecv1.ListSnapshotsReques
 func (f *jsonFake) DeleteSnapshot(context.Context, req[dsecv1.DeleteSnapshotRequest]) (res[dsecv1.DeleteSnapshotResponse], error) {
 	return answer[dsecv1.DeleteSnapshotResponse](f)
 }
+func (f *jsonFake) Grade(context.Context, req[dsecv1.GradeRequest]) (res[dsecv1.GradeResult], error) {
+	return answer[dsecv1.GradeResult](f)
+}
+
 func (f *jsonFake) Fork(context.Context, req[dsecv1.ForkRequest]) (res[dsecv1.ForkResponse], error) {
 	r, err := answer[dsecv1.ForkResponse](f)
 	for _, c := range r.Msg.GetChildren() {
@@ -281,6 +285,7 @@ func TestJSONShapes(t *testing.T) {
 		{"snapshot ls", nil, &dsecv1.ListSnapshotsResponse{}},
 		{"snapshot rm", []string{"s1"}, &dsecv1.DeleteSnapshotResponse{}},
 		{"fork", []string{"sb-n1-a"}, &dsecv1.ForkResponse{}},
+		{"grade", []string{"sb-n1-a", "--path", "/work", "-c", "true"}, &dsecv1.GradeResult{}},
 		{"layer import", []string{"x:1", dir}, &dsecv1.Layer{}},
 		{"layer ls", nil, &dsecv1.ListLayersResponse{}},
 		{"layer stats", nil, &dsecv1.LayerStatsResponse{}},

@@ -23,7 +23,7 @@ live in :mod:`libdsec.compat`.
 """
 
 from . import errors
-from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, Job as AsyncJob, ProcessInfo,
+from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, GradeResult, Job as AsyncJob, ProcessInfo,
                    Sandbox as AsyncSandbox, Session as AsyncSession, WarmPool, extract_tar)
 from ._fncall import CommandResult, Language, RunCode, RunResult
 from ._iam import (ADMIN, BUILDER, RUNNER, VIEWER, AuditRecord, Principal, Project, ProjectQuota, QuotaItem,
@@ -40,7 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncJob", "AsyncSession", "Client", "Sandbox", "Job", "Session",
-    "ExecResult", "ExecEvent", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
+    "ExecResult", "ExecEvent", "GradeResult", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
     "RunCode", "RunResult", "CommandResult", "Language",
     "Trajectory", "ReplayReport", "ReplayStep", "parse_trajectory",
     "Project", "Principal", "RoleBinding", "TokenInfo", "QuotaItem", "ProjectQuota", "AuditRecord",

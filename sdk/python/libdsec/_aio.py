@@ -44,6 +44,54 @@ _STATUS = {
 }
 
 
+@dataclass
+class GradeResult:
+    """A clean-room grade (Sandbox.grade; docs/grading.md).
+
+    reward is the number the grader wrote to $DSEC_REWARD_FILE when it
+    wrote one (reward_source "file"; "file-invalid" when it was no finite
+    number, scored 0), else 1.0 on exit 0 and 0.0 otherwise (reward_source
+    "exit"); a grader that did not exit 0 scores 0 whatever the file says.
+    status is the grader's, as ExecResult's. times are milliseconds
+    (capture_ms, start_ms, tests_ms, grader_ms, cleanup_ms, total_ms);
+    capture is the workspace's SnapshotInfo; raw the whole GradeResult.
+    """
+    reward: float
+    reward_source: str
+    exit_code: int
+    status: str
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    times: Dict[str, int]
+    capture: Dict[str, Any]
+    grader_sandbox_id: str
+    user: str
+    raw: Dict[str, Any]
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode(errors="replace")
+
+    @classmethod
+    def _from(cls, r: Dict[str, Any]) -> "GradeResult":
+        ex = r.get("exit", {})
+        return cls(reward=float(r.get("reward", 0.0)), reward_source=r.get("rewardSource", ""),
+                   exit_code=int(ex.get("exitCode", 0)), status=_STATUS.get(ex.get("status", ""), "ok"),
+                   stdout_bytes=base64.b64decode(r.get("stdout", "")),
+                   stderr_bytes=base64.b64decode(r.get("stderr", "")),
+                   times={_snake(k): int(v) for k, v in r.get("times", {}).items()},
+                   capture=r.get("capture", {}), grader_sandbox_id=r.get("graderSandboxId", ""),
+                   user=r.get("user", ""), raw=r)
+
+
+def _snake(camel: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in camel)
+
+
 def _bytes(data: Data) -> bytes:
     if isinstance(data, str):
         return data.encode()
@@ -1117,6 +1165,54 @@ class Sandbox:
         if project:
             msg["project"] = project
         return await self.client._call("Snapshot", msg, timeout)
+
+    async def grade(self, paths: Iterable[str], *, command: Optional[Command] = None,
+                    tests: Optional[Mapping[str, Data]] = None, tests_layer: Optional[str] = None,
+                    tests_paths: Optional[Iterable[str]] = None, user: Optional[str] = None,
+                    cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+                    grader_timeout: Optional[float] = None, output_limit: Optional[int] = None,
+                    cpus: Optional[float] = None, memory_mb: Optional[int] = None, keep: bool = False,
+                    timeout: Optional[float] = 1800) -> GradeResult:
+        """Grade this sandbox in a clean room (docs/grading.md): capture
+        only paths, start a fresh sandbox from its layers, that capture and
+        the trusted tests on top (tests: {path: content} written by root;
+        tests_layer: a layer stacked above; tests_paths: what they own, the
+        sandbox's version left out whole; each tests path is added), with no
+        network and none of its processes, run the grader (command: a shell
+        line or an argv) as nobody unless user, and return its GradeResult.
+        An error means no grade happened (the platform failed): mask the
+        rollout rather than score it 0. Not sent again on a broken
+        connection."""
+        if command is None:
+            raise errors.InvalidArgument("grade needs the grader's command")
+        msg: Dict[str, Any] = {"sandboxId": self.id, "paths": [str(p) for p in paths], "keep": bool(keep)}
+        if isinstance(command, str):
+            msg["command"] = command
+        else:
+            msg["argv"] = [str(a) for a in command]
+        t: Dict[str, Any] = {}
+        if tests:
+            t["files"] = {p: base64.b64encode(_bytes(d)).decode() for p, d in tests.items()}
+        if tests_layer:
+            t["layer"] = tests_layer
+        if tests_paths:
+            t["paths"] = [str(p) for p in tests_paths]
+        if t:
+            msg["tests"] = t
+        for k, v in (("user", user), ("cwd", cwd)):
+            if v:
+                msg[k] = v
+        if env:
+            msg["env"] = dict(env)
+        if grader_timeout:
+            msg["timeoutSeconds"] = float(grader_timeout)
+        if output_limit:
+            msg["outputLimitBytes"] = int(output_limit)
+        if cpus:
+            msg["cpus"] = float(cpus)
+        if memory_mb:
+            msg["memoryMb"] = int(memory_mb)
+        return GradeResult._from(await self.client._call("Grade", msg, timeout))
 
     async def fork(self, n: int, *, exclude: Optional[Iterable[str]] = None, name: Optional[str] = None,
                    idempotency_key: Optional[str] = None,

@@ -286,6 +286,9 @@ class Sandbox:
     def snapshot(self, name: str, **kw) -> Dict[str, Any]:
         return self._run(self._a.snapshot(name, **kw))
 
+    def grade(self, paths, **kw) -> "_aio.GradeResult":
+        return self._run(self._a.grade(paths, **kw))
+
     def fork(self, n: int, **kw) -> list:
         return [Sandbox(self.client, c) if isinstance(c, _aio.Sandbox) else c
                 for c in self._run(self._a.fork(n, **kw))]

@@ -138,6 +138,34 @@ class LiveTest(unittest.TestCase):
         a, b, n = arun(main())
         self.assertEqual((a, n), (b, 1))
 
+    def test_grade(self):
+        """A clean-room grade: only the workspace is captured, the trusted
+        check laid on top; a sandbox that edits the check scores 0 there,
+        an honest one 1; the reward file's number is the reward."""
+        check = {"/check/run.sh": "test \"$(cat /work/answer)\" = 42\n"}
+        graded = {}
+        for name, script in (("honest", "echo 42 > /work/answer"),
+                             ("edit-check", "echo 41 > /work/answer; mkdir -p /check; echo 'exit 0' > /check/run.sh"),
+                             ("outside", "echo 42 > /tmp/answer; ln -s /tmp/answer /work/answer")):
+            sb = self.sandbox()
+            sb.exec("mkdir -p /work && " + script, check=True)
+            r = sb.grade(["/work"], command="sh /check/run.sh", tests=check, grader_timeout=60)
+            graded[name] = (r.reward, r.reward_source, r.status)
+            self.assertGreater(r.times["total_ms"], 0)
+            self.assertEqual(r.user, "65534:65534")
+        self.assertEqual(graded, {"honest": (1.0, "exit", "ok"), "edit-check": (0.0, "exit", "nonzero"),
+                                  "outside": (0.0, "exit", "nonzero")})
+        sb = self.sandbox()
+        r = arun(self._agrade(sb.id))
+        self.assertEqual((r.reward, r.reward_source, r.stdout), (0.5, "file", "half\n"))
+        with self.assertRaises(errors.InvalidArgument):
+            sb.grade(["/"], command="true")
+
+    async def _agrade(self, sid):
+        async with libdsec.AsyncClient(D.addr) as c:
+            sb = await c.get(sid)
+            return await sb.grade(["/work"], command='echo half; echo 0.5 > "$DSEC_REWARD_FILE"')
+
     def test_exec(self):
         sb = self.sandbox()
         r = sb.exec("echo out; echo err >&2; exit 3")
