@@ -3,13 +3,15 @@
 Each rollout starts a sandbox from a layered environment (a Debian base with
 Python, a workspace holding a small project whose median() is wrong for
 even-length lists, and a toolkit holding the grader), applies one candidate
-patch (standing in for a policy's action), takes the patched package out of
-the sandbox and deletes the sandbox. The reward is scored through FnCall,
-as reward code is in a training loop: one call runs the grader over the
-patched package and the project's tests from the trusted copy on this host
-(so a patch that edits the tests earns nothing), in a fresh scratch
-directory of a pooled container, and the reward is read from the grader's
-result file rather than from anything the code printed.
+patch (standing in for a policy's action), grades it in a clean room and
+deletes the sandbox. The grade (dsec's Grade, docs/grading.md) captures
+only the patched package (/project/textstats), starts a fresh sandbox from
+the same layers with that capture, the project's tests and the grader laid
+on top from the trusted copy on this host (so a patch that edits the tests,
+adds a conftest or replaces the interpreter earns nothing), no network,
+none of the rollout's processes, and runs the grader there as nobody; the
+reward is the number the grader writes to the reward file, never anything
+the code printed.
 
 Midway the trainer is preempted (as GPU jobs are): it pauses every sandbox
 of the batch by label, which freezes them and releases their memory, and
@@ -19,7 +21,7 @@ they were.
 With --systems-env, a batch of systems tasks runs beside the coding batch,
 in microVMs: tasks a container forbids (a network namespace with a veth
 pair and nftables rules, a tmpfs and a loop file system, kernel modules),
-scored the same way (demo/systems_batch.py). It is part of the same job:
+graded the same way (demo/systems_batch.py). It is part of the same job:
 the preemption waits for one of its tasks to be running and pauses its
 microVMs with the containers (to disk: QEMU ends), and the tasks caught
 mid-command carry on after the resume.
@@ -31,12 +33,10 @@ mid-command carry on after the resume.
 import argparse
 import asyncio
 import collections
-import io
 import json
 import os
 import statistics
 import sys
-import tarfile
 import time
 
 import libdsec
@@ -50,31 +50,36 @@ PATCHES = sorted(
 )
 PRISTINE_TESTS = os.path.join(HERE, "workspace", "project", "tests")
 GRADER = os.path.join(HERE, "toolkit", "opt", "dsec-harness", "grade.py")
-# The FnCall call's program: the grader over the scratch directory, which
-# holds the patched package, the trusted tests and the grader.
-SCORE = "import runpy, sys\nsys.argv = ['grade.py', '.', 'result.json']\nrunpy.run_path('grade.py', run_name='__main__')\n"
+# What the clean room keeps of a rollout's sandbox: the package a patch is
+# meant to change. The tests, the grader and everything else come from the
+# environment's layers and the trusted files below.
+WORKSPACE = ["/project/textstats"]
+GRADE = "python3 /opt/dsec-harness/grade.py /project /tmp/result.json"
 
 
 def trusted_files():
-    """The grader and the project's tests, from this host."""
-    files = {"grade.py": open(GRADER, "rb").read()}
+    """The grader and the project's tests, from this host, at their paths
+    in the clean room."""
+    files = {"/opt/dsec-harness/grade.py": open(GRADER, "rb").read()}
     for dirpath, _, names in os.walk(PRISTINE_TESTS):
         for n in names:
             if n.endswith(".py"):
                 full = os.path.join(dirpath, n)
-                files["tests/" + os.path.relpath(full, PRISTINE_TESTS)] = open(full, "rb").read()
+                files["/project/tests/" + os.path.relpath(full, PRISTINE_TESTS)] = open(full, "rb").read()
     return files
 
 
-def package_files(tar_bytes, prefix):
-    """The regular .py files of a downloaded package, as {prefix/path: bytes}."""
-    out = {}
-    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tf:
-        for m in tf.getmembers():
-            if m.isreg() and m.name.endswith(".py"):
-                name = m.name.split("/", 1)[1] if "/" in m.name else m.name
-                out[prefix + "/" + name] = tf.extractfile(m).read()
-    return out
+def last_json(text):
+    """The grader's result: the last line of its stdout that is a JSON
+    object (for the table; the reward is the reward file's)."""
+    for line in reversed(text.splitlines()):
+        try:
+            v = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(v, dict):
+            return v
+    return {}
 
 
 def pct(values, q):
@@ -135,7 +140,7 @@ async def rollout(client, args, i, progress, sem):
     patch_path = PATCHES[i % len(PATCHES)]
     name = os.path.basename(patch_path)[: -len(".patch")]
     row = {"rollout": i, "patch": name, "applied": False, "passed": 0, "total": 0, "reward": 0.0,
-           "create_ms": 0.0, "score_ms": 0.0, "warm": False, "node": "", "exec_ms": [], "error": "", "note": "",
+           "create_ms": 0.0, "score_ms": 0.0, "grade_ms": {}, "warm": False, "node": "", "exec_ms": [], "error": "", "note": "",
            "masked": ""}
     async with sem:
         progress.started += 1
@@ -168,29 +173,22 @@ async def rollout(client, args, i, progress, sem):
             # the project's tests in its sandbox: an observation, not the
             # reward (a patch may have edited these tests).
             await run("cd /project && python3 -m unittest -q 2>&1 | tail -1", timeout=120)
-            package = package_files(await sb.download_tar("/project/textstats"), "textstats")
+            # The reward, graded in a clean room while the sandbox still
+            # runs: only /project/textstats is taken from it.
+            t = time.monotonic()
+            g = await sb.grade(WORKSPACE, command=GRADE, tests=trusted_files(),
+                               tests_paths=["/project/tests"], grader_timeout=60, timeout=180)
+            row["score_ms"] = (time.monotonic() - t) * 1000
+            row["grade_ms"] = g.times
+            result = last_json(g.stdout)
+            if g.status != "ok" or not result:
+                raise RuntimeError(f"the grader failed ({g.status}, exit {g.exit_code}): {g.stderr[-200:]}")
+            score_result(row, result)
+            row["reward"] = g.reward  # the reward file's, never what the code printed
         except Exception as exc:  # one broken rollout must not stop the batch
             mask_or_fail(row, exc)
         finally:
             await sb.delete()
-    if not row["error"] and not row["masked"]:
-        try:
-            # The reward, scored through FnCall: the sandbox is gone already.
-            t = time.monotonic()
-            res = await client.run_code("python", SCORE, files={**package, **trusted_files()},
-                                        fetch_files=["result.json"], environment=args.reward_env,
-                                        run_timeout=60, memory_mb=512)
-            row["score_ms"] = (time.monotonic() - t) * 1000
-            if res.infra_fault:
-                # The platform could not run the grader: mask the rollout,
-                # never score it 0.
-                row["masked"] = res.infra_fault
-            elif "result.json" not in res.files:
-                raise RuntimeError(f"the grader wrote no result ({res.status}: {res.message or res.stderr[-200:]})")
-            else:
-                score_result(row, json.loads(res.files["result.json"]))
-        except Exception as exc:
-            mask_or_fail(row, exc)
     progress.done += 1
     progress.reward += row["reward"]
     progress.draw()
@@ -254,8 +252,6 @@ async def main():
                     help='print the rows as JSON at the end: {"coding": rows, "systems": report or null}')
     ap.add_argument("--warm-pool", type=int, default=8,
                     help="sandboxes of the rollouts' shape kept started beforehand (0: none)")
-    ap.add_argument("--reward-env", default=None,
-                    help="environment the rewards are scored in through FnCall (default: the base of --env)")
     ap.add_argument("--no-preempt", action="store_true",
                     help="do not pause and resume the batch midway")
     ap.add_argument("--systems-env", default=None,
@@ -264,8 +260,6 @@ async def main():
     ap.add_argument("--systems-concurrency", type=int, default=2,
                     help="microVMs alive at once (each boot takes a core for seconds under TCG)")
     args = ap.parse_args()
-    if args.reward_env is None:
-        args.reward_env = args.env.split("+")[0]
 
     async with AsyncClient(args.addr) as client:
         await client.reap(labels={"job": "dsec-demo"})  # orphans of an interrupted earlier run
@@ -279,7 +273,7 @@ async def main():
             if args.systems_env:
                 sys_state = {"up": 0, "in_task": 0, "done": False}
                 sys_task = asyncio.create_task(systems_batch.run(
-                    client, args.systems_env, args.reward_env, args.systems, args.systems_concurrency,
+                    client, args.systems_env, args.systems, args.systems_concurrency,
                     SYSTEMS_LABELS, sys_state))
                 # MicroVMs boot for seconds (under TCG), containers in
                 # milliseconds: the coding batch starts once the first VM
@@ -336,8 +330,11 @@ async def main():
     print(f"exec latency:   p50 {pct(execs, .5):.0f} ms, p90 {pct(execs, .9):.0f} ms, p99 {pct(execs, .99):.0f} ms")
     scores = [r["score_ms"] for r in rows if r["score_ms"]]
     if scores:
-        print(f"rewards scored through FnCall ({args.reward_env}): {len(scores)} calls, "
-              f"p50 {pct(scores, .5):.0f} ms, p90 {pct(scores, .9):.0f} ms")
+        parts = {k: pct([r["grade_ms"].get(k + "_ms", 0) for r in rows if r["grade_ms"]], .5)
+                 for k in ("capture", "start", "grader")}
+        print(f"rewards graded in clean rooms: {len(scores)} grades, p50 {pct(scores, .5):.0f} ms, "
+              f"p90 {pct(scores, .9):.0f} ms (p50 capture {parts['capture']:.0f} ms, start {parts['start']:.0f} ms, "
+              f"grader {parts['grader']:.0f} ms)")
     if pre.get("paused"):
         vms = ""
         if systems is not None and pre.get("t1"):

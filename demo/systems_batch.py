@@ -10,11 +10,14 @@ of a kernel of its own, and whatever it does to that kernel stays in the VM.
 
 Each rollout creates a microVM sandbox from the systems environment (the
 Debian base with ip, nft and modprobe, the guest kernel's modules as a
-layer, the task), runs one candidate script (a policy's action), reads the
-end state out of the VM (observe.py, as root) and deletes the VM. The
-reward is scored as the coding batch's is, through FnCall: the trusted
-checker (check.py) over that state, in a pooled container; 1 when the end
-state is the task's, else 0.
+layer, the task), runs one candidate script (a policy's action), records
+the end state in the VM (observe.py, as root, to /observed/state.json),
+grades it in a clean room as the coding batch's is, and deletes the VM.
+The grade captures only /observed out of the microVM (through fuse2fs) and
+runs the trusted checker (check.py, laid pristine) over it in a container
+of the same layers (the state is a file: no kernel of its own is needed to
+read it), with no network, as nobody; 1 when the end state is the task's,
+else 0.
 """
 
 import asyncio
@@ -26,8 +29,8 @@ HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "systems")
 CANDIDATES = sorted(
     os.path.join(HERE, "candidates", c) for c in os.listdir(os.path.join(HERE, "candidates")) if c.endswith(".sh")
 )
-# The FnCall call's program: the checker over the observed state.
-CHECK = "import runpy, sys\nsys.argv = ['check.py', 'state.json', 'result.json']\nrunpy.run_path('check.py', run_name='__main__')\n"
+# The clean room's grader: the trusted checker over the observed state.
+CHECK = "python3 /opt/dsec-check/check.py /observed/state.json /tmp/result.json"
 # What every microVM asks for: a guest of 256 MiB, one vCPU.
 VM_SHAPE = {"memory_mb": 256, "cpus": 1}
 
@@ -65,7 +68,7 @@ async def container_refuses(client, env, labels):
     return f"{lines[0] if lines else 'no message'} (exit {res.exit_code})"
 
 
-async def rollout(client, env, reward_env, i, sem, labels, state):
+async def rollout(client, env, i, sem, labels, state):
     path = CANDIDATES[i % len(CANDIDATES)]
     row = {"rollout": i, "candidate": os.path.basename(path)[: -len(".sh")], "reward": 0.0, "failed": [],
            "create_ms": 0.0, "task_ms": 0.0, "score_ms": 0.0, "exit": None, "error": "",
@@ -89,30 +92,21 @@ async def rollout(client, env, reward_env, i, sem, labels, state):
             row["task_end"] = time.monotonic()
             row["task_ms"] = (row["task_end"] - t) * 1000
             row["exit"] = res.exit_code
-            obs = await sb.exec("python3 /tmp/observe.py", timeout=60)
+            obs = await sb.exec("mkdir -p /observed && python3 /tmp/observe.py > /observed/state.json", timeout=60)
             if obs.exit_code != 0:
                 raise RuntimeError(f"observe.py exited {obs.exit_code}: {obs.stderr[-200:]}")
-            state = obs.stdout_bytes
+            t = time.monotonic()
+            g = await sb.grade(["/observed"], command=CHECK, tests={"/opt/dsec-check/check.py": _read("check.py")},
+                               isolation="container", memory_mb=256, grader_timeout=60, timeout=180)
+            row["score_ms"] = (time.monotonic() - t) * 1000
+            if g.status != "ok":
+                raise RuntimeError(f"the checker failed ({g.status}, exit {g.exit_code}): {g.stderr[-200:]}")
+            row["reward"] = g.reward
+            row["failed"] = json.loads(g.stdout.strip().splitlines()[-1])["failed"]
         except Exception as exc:  # one broken rollout must not stop the batch
             _mask_or_fail(row, exc)
         finally:
             await sb.delete()
-    if not row["error"] and not row.get("masked"):
-        try:
-            t = time.monotonic()
-            res = await client.run_code("python", CHECK, files={"check.py": _read("check.py"), "state.json": state},
-                                        fetch_files=["result.json"], environment=reward_env,
-                                        run_timeout=60, memory_mb=256)
-            row["score_ms"] = (time.monotonic() - t) * 1000
-            if res.infra_fault:
-                row["masked"] = res.infra_fault  # the platform could not run the checker
-                return row
-            if "result.json" not in res.files:
-                raise RuntimeError(f"the checker wrote no result ({res.status}: {res.message or res.stderr[-200:]})")
-            result = json.loads(res.files["result.json"])
-            row["reward"], row["failed"] = result["reward"], result["failed"]
-        except Exception as exc:
-            _mask_or_fail(row, exc)
     return row
 
 
@@ -126,7 +120,7 @@ def _mask_or_fail(row, exc):
         row["error"] = f"{type(exc).__name__}: {exc}"
 
 
-async def run(client, env, reward_env, n, concurrency, labels, state):
+async def run(client, env, n, concurrency, labels, state):
     """The whole batch: the container's refusal, then n microVM rollouts at
     most concurrency at a time. Returns a report for print_report. state
     tells the trainer how many microVMs have started ("up"), how many tasks
@@ -139,7 +133,7 @@ async def run(client, env, reward_env, n, concurrency, labels, state):
         t0 = time.monotonic()
         report["refusal"] = await container_refuses(client, env, labels)
         sem = asyncio.Semaphore(concurrency)
-        report["rows"] = await asyncio.gather(*(rollout(client, env, reward_env, i, sem, labels, state)
+        report["rows"] = await asyncio.gather(*(rollout(client, env, i, sem, labels, state)
                                                 for i in range(n)))
         report["wall_s"] = time.monotonic() - t0
         return report
@@ -171,7 +165,7 @@ def print_report(report, pct):
     print(f"microVM create latency ({report['accelerator']}): p50 {pct(creates, .5):.0f} ms, "
           f"max {max(creates, default=0):.0f} ms; task script p50 {pct(tasks, .5):.0f} ms")
     if scores:
-        print(f"rewards scored through FnCall: {len(scores)} calls, p50 {pct(scores, .5):.0f} ms; "
+        print(f"rewards graded in clean rooms (containers): {len(scores)} grades, p50 {pct(scores, .5):.0f} ms; "
               f"mean reward {sum(r['reward'] for r in scored) / max(1, len(scored)):.2f}"
               + (f" ({len(rows) - len(scored)} masked: infrastructure faults)" if len(scored) < len(rows) else ""))
     print(f"{len(rows)} microVM rollouts in {report['wall_s']:.1f}s; errors: {sum(1 for r in rows if r['error'])}")

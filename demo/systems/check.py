@@ -1,9 +1,11 @@
 """The systems task's checker: reads state.json (observe.py's output),
-writes result.json with each check and the reward, 1 when the end state is
-the task's (TASK.md) and 0 otherwise. Run through FnCall, as the coding
+writes result.json (and stdout) with each check and the reward, 1 when the
+end state is the task's (TASK.md) and 0 otherwise, and the reward to
+$DSEC_REWARD_FILE: run in a clean room by dsec's grade, as the coding
 batch's grader is."""
 
 import json
+import os
 import sys
 
 
@@ -52,8 +54,12 @@ def main(state_path, result_path):
         "firewall": s["probe"] == {"23": "timeout", "24": "refused"},
     }
     failed = [k for k, ok in checks.items() if not ok]
-    json.dump({"checks": checks, "failed": failed, "reward": 0.0 if failed else 1.0},
-              open(result_path, "w"))
+    result = {"checks": checks, "failed": failed, "reward": 0.0 if failed else 1.0}
+    json.dump(result, open(result_path, "w"))
+    if os.environ.get("DSEC_REWARD_FILE"):
+        with open(os.environ["DSEC_REWARD_FILE"], "w") as f:
+            f.write(f"{result['reward']}\n")
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

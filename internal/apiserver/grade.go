@@ -28,10 +28,17 @@ func (s *Server) Grade(ctx context.Context, req *connect.Request[dsecv1.GradeReq
 	if _, err := s.getSandbox(ctx, req.Msg.GetSandboxId()); err != nil {
 		return nil, err
 	}
-	res, err := grade.Run(ctx, s.loop.client(s), req.Msg)
+	res, done, err := grade.Run(ctx, s.loop.client(s), req.Msg)
 	if err != nil {
 		return nil, err
 	}
+	// The clean room and the capture go after the reply: a trainer waits
+	// for the reward, not for the deletes.
+	go func() {
+		for _, w := range done(context.WithoutCancel(ctx)) {
+			s.log.Warn("grade left something behind", "sandbox", req.Msg.GetSandboxId(), "err", w)
+		}
+	}()
 	return connect.NewResponse(res), nil
 }
 

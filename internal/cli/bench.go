@@ -51,7 +51,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long the idle sandboxes' CPU is measured (0: not at all)")
 	f.IntVar(&o.RateProbe, "rate-probe", o.RateProbe, "creates timed on the empty node and again with the idle sandboxes live (0: none)")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
-	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchTrajectoryCommand(), a.benchLifecycleCommand(), a.benchFnCallCommand(), a.benchE2BCommand(), a.benchVMCommand())
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchTrajectoryCommand(), a.benchLifecycleCommand(), a.benchGradeCommand(), a.benchFnCallCommand(), a.benchE2BCommand(), a.benchVMCommand())
 	return cmd
 }
 
@@ -287,6 +287,36 @@ func (a *app) benchLifecycleCommand() *cobra.Command {
 	f.IntVar(&o.MemoryMiB, "memory-mib", o.MemoryMiB, "memory the sandbox holds")
 	f.IntVar(&o.SnapFiles, "snapshot-files", o.SnapFiles, "files in the writable layer snapshots capture (0: no snapshots)")
 	f.IntVar(&o.SnapMiB, "snapshot-mib", o.SnapMiB, "MiB those files hold")
+	return cmd
+}
+
+func (a *app) benchGradeCommand() *cobra.Command {
+	o := bench.GradeOptions{Env: "demo-debian:2+demo-textstats:1+demo-harness:1", Demo: "demo", Rollouts: 12, Concurrency: 2}
+	cmd := &cobra.Command{
+		Use:   "grade",
+		Short: "the demo's rollouts graded in a clean room against grading them in place, in one run (target <= 1.25x)",
+		Long: "Runs --rollouts of the demo's coding rollouts (demo/rollout.py's patches, in --env, which\n" +
+			"scripts/demo.sh imports), --concurrency at once; each sandbox is graded twice, alternating\n" +
+			"which goes first: in place (the trusted tests and grader written into it, the grader run there)\n" +
+			"and in a clean room (Grade, as the demo does). Prints each side's latency from the client, the\n" +
+			"clean room's parts and the ratio of the p50s. --demo is the repository's demo directory.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := dsec.NewClient(a.addr, dsec.WithToken(a.token), dsec.WithCAFile(a.caFile))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.RunGrade(ctx, c, o)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Env, "env", o.Env, "the demo's environment (BASE+WORKSPACE+TOOLKIT)")
+	f.StringVar(&o.Demo, "demo", o.Demo, "the repository's demo directory (patches, tests, grader)")
+	f.IntVar(&o.Rollouts, "rollouts", o.Rollouts, "rollouts, each graded both ways")
+	f.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "rollouts at once")
 	return cmd
 }
 

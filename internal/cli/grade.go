@@ -23,6 +23,7 @@ func (a *app) gradeCommand() *cobra.Command {
 	var (
 		paths, testsPaths, tests, env []string
 		layer, command, user, cwd     string
+		iso                           string
 		timeout                       time.Duration
 		keep                          bool
 		cpus                          float64
@@ -48,6 +49,9 @@ func (a *app) gradeCommand() *cobra.Command {
 			}
 			var err error
 			if req.Env, err = parseKV("--env", env); err != nil {
+				return err
+			}
+			if req.Isolation, err = parseIsolation(iso); err != nil {
 				return err
 			}
 			var total int64
@@ -95,6 +99,7 @@ func (a *app) gradeCommand() *cobra.Command {
 	f.StringVarP(&cwd, "cwd", "w", "", "the grader's working directory")
 	f.StringArrayVarP(&env, "env", "e", nil, "K=V in the grader's environment (repeatable)")
 	f.DurationVar(&timeout, "timeout", 0, "the grader's timeout (default 10m)")
+	f.StringVar(&iso, "isolation", "", "the clean room's isolation: container, gvisor or microvm (default the sandbox's own)")
 	f.BoolVar(&keep, "keep", false, "keep the clean room afterwards (its ID goes to stderr)")
 	f.Float64Var(&cpus, "cpus", 0, "the clean room's CPUs (default the sandbox's)")
 	f.Int64Var(&memoryMB, "memory", 0, "the clean room's memory in MiB (default the sandbox's)")

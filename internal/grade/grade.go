@@ -136,81 +136,104 @@ func trustedPaths(req *dsecv1.GradeRequest) []string {
 // a call to it failed): that is the platform's failure, never a reward of
 // 0. A grader that fails, times out or is killed is a grade: its reward is
 // in the result.
-func Run(ctx context.Context, api API, req *dsecv1.GradeRequest) (*dsecv1.GradeResult, error) {
+//
+// The clean room (unless req.keep) and the capture are deleted before Run
+// returns an error; with a result, Run leaves them to done, which the
+// caller runs once it has answered (the reply need not wait for the
+// deletes), on a context of its own; done returns what it could not
+// delete, in words.
+func Run(ctx context.Context, api API, req *dsecv1.GradeRequest) (res *dsecv1.GradeResult, done func(context.Context) []string, err error) {
 	start := time.Now()
 	if err := Check(req); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	res := &dsecv1.GradeResult{Times: &dsecv1.GradeTimes{}, User: req.GetUser()}
-	defer func() { res.Times.TotalMs = time.Since(start).Milliseconds() }() // runs last: the cleanup counts
+	var tidy []func(context.Context) string
+	done = func(ctx context.Context) []string {
+		var warnings []string
+		for i := len(tidy) - 1; i >= 0; i-- {
+			if w := tidy[i](ctx); w != "" {
+				warnings = append(warnings, w)
+			}
+		}
+		return warnings
+	}
+	defer func() {
+		if err != nil {
+			done(context.WithoutCancel(ctx))
+			res, done = nil, nil
+		}
+	}()
+	res = &dsecv1.GradeResult{Times: &dsecv1.GradeTimes{}, User: req.GetUser()}
+	defer func() {
+		if res != nil {
+			res.Times.TotalMs = time.Since(start).Milliseconds()
+		}
+	}()
 	id := req.GetSandboxId()
 	src, err := api.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: id}))
 	if err != nil {
-		return nil, fmt.Errorf("grade %s: %w", id, err)
+		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
 	if res.User == "" {
 		res.User = DefaultUser
 	}
-	cleanup := context.WithoutCancel(ctx)
 
 	t := time.Now()
 	name := fmt.Sprintf("grade-%s-%d", id, time.Now().UnixNano())
 	snap, err := api.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{
 		SandboxId: id, Name: name, Include: req.GetPaths(), Trusted: trustedPaths(req)}))
 	if err != nil {
-		return nil, fmt.Errorf("grade %s: capture %s: %w", id, strings.Join(req.GetPaths(), " "), err)
+		return nil, nil, fmt.Errorf("grade %s: capture %s: %w", id, strings.Join(req.GetPaths(), " "), err)
 	}
 	res.Capture = snap.Msg
 	res.Times.CaptureMs = time.Since(t).Milliseconds()
-	defer func() {
-		t := time.Now()
-		if _, err := api.DeleteSnapshot(cleanup, connect.NewRequest(&dsecv1.DeleteSnapshotRequest{Name: name})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
-			res.Capture.Warnings = append(res.Capture.Warnings, fmt.Sprintf("delete the capture %s: %v", name, err))
+	tidy = append(tidy, func(ctx context.Context) string {
+		if _, err := api.DeleteSnapshot(ctx, connect.NewRequest(&dsecv1.DeleteSnapshotRequest{Name: name})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+			return fmt.Sprintf("delete the capture %s: %v", name, err)
 		}
-		res.Times.CleanupMs += time.Since(t).Milliseconds()
-	}()
+		return ""
+	})
 
 	t = time.Now()
 	spec := roomSpec(src.Msg, snap.Msg.GetEnvironment(), req)
 	res.Environment = spec.GetEnvironment()
 	created, err := api.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
 	if err != nil {
-		return nil, fmt.Errorf("grade %s: start the clean room on %s: %w", id, spec.GetEnvironment(), err)
+		return nil, nil, fmt.Errorf("grade %s: start the clean room on %s: %w", id, spec.GetEnvironment(), err)
 	}
 	if len(created.Msg.GetSandboxes()) != 1 {
-		return nil, fmt.Errorf("grade %s: the clean room's create returned %d sandboxes", id, len(created.Msg.GetSandboxes()))
+		return nil, nil, fmt.Errorf("grade %s: the clean room's create returned %d sandboxes", id, len(created.Msg.GetSandboxes()))
 	}
 	room := created.Msg.GetSandboxes()[0].GetId()
 	res.GraderSandboxId = room
 	res.Times.StartMs = time.Since(t).Milliseconds()
 	if !req.GetKeep() {
-		defer func() {
-			t := time.Now()
-			if _, err := api.Delete(cleanup, connect.NewRequest(&dsecv1.DeleteRequest{Id: room})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
-				res.Capture.Warnings = append(res.Capture.Warnings, fmt.Sprintf("delete the clean room %s: %v", room, err))
+		tidy = append(tidy, func(ctx context.Context) string {
+			if _, err := api.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: room})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+				return fmt.Sprintf("delete the clean room %s: %v", room, err)
 			}
-			res.Times.CleanupMs += time.Since(t).Milliseconds()
-		}()
+			return ""
+		})
 	}
 
 	t = time.Now()
 	if err := layTests(ctx, api, room, req.GetTests().GetFiles()); err != nil {
-		return nil, fmt.Errorf("grade %s: %w", id, err)
+		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
 	res.Times.TestsMs = time.Since(t).Milliseconds()
 
 	t = time.Now()
 	if err := runGrader(ctx, api, room, req, res); err != nil {
-		return nil, fmt.Errorf("grade %s: %w", id, err)
+		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
 	res.Times.GraderMs = time.Since(t).Milliseconds()
 	if err := killLeft(ctx, api, room, res.GetUser()); err != nil {
-		return nil, fmt.Errorf("grade %s: %w", id, err)
+		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
 	if err := readReward(ctx, api, room, res); err != nil {
-		return nil, fmt.Errorf("grade %s: %w", id, err)
+		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
-	return res, nil
+	return res, done, nil
 }
 
 // roomSpec is the clean room's spec: the sandbox's own, on env (its
@@ -238,6 +261,9 @@ func roomSpec(src *dsecv1.Sandbox, env string, req *dsecv1.GradeRequest) *dsecv1
 	}
 	if req.GetMemoryMb() > 0 {
 		spec.MemoryMb = req.GetMemoryMb()
+	}
+	if req.GetIsolation() != dsecv1.Isolation_ISOLATION_UNSPECIFIED {
+		spec.Isolation = req.GetIsolation()
 	}
 	return spec
 }

@@ -39,19 +39,26 @@ type GradeOptions struct {
 	// CPUs and MemoryMB size the clean room; 0 = the sandbox's own.
 	CPUs     float64
 	MemoryMB int64
+	// Isolation is the clean room's (IsolationContainer, IsolationGVisor,
+	// IsolationMicroVM); "" = the sandbox's own.
+	Isolation string
 	// Keep leaves the clean room running for a look; it is the caller's to
 	// delete (GradeResult.GraderSandboxId).
 	Keep bool
 }
 
-func (o GradeOptions) request(id string) *dsecv1.GradeRequest {
-	return &dsecv1.GradeRequest{
+func (o GradeOptions) request(id string) (*dsecv1.GradeRequest, error) {
+	iso, err := isolation(o.Isolation)
+	if err != nil {
+		return nil, err
+	}
+	return &dsecv1.GradeRequest{Isolation: iso,
 		SandboxId: id, Paths: o.Paths,
 		Tests: &dsecv1.GradeTests{Layer: o.TestsLayer, Files: o.TestsFiles, Paths: o.TestsPaths},
 		Argv:  o.Argv, Command: o.Command, User: o.User, Cwd: o.Cwd, Env: o.Env,
 		TimeoutSeconds: o.Timeout.Seconds(), OutputLimitBytes: o.OutputLimit,
 		Cpus: o.CPUs, MemoryMb: o.MemoryMB, Keep: o.Keep,
-	}
+	}, nil
 }
 
 // Grade grades sandbox id in a clean room: it captures only opts.Paths,
@@ -64,7 +71,11 @@ func (o GradeOptions) request(id string) *dsecv1.GradeRequest {
 // do not score it 0. The sandbox runs on; a grade is not sent again on a
 // broken connection.
 func (c *Client) Grade(ctx context.Context, id string, opts GradeOptions) (*dsecv1.GradeResult, error) {
-	resp, err := c.sb.Grade(ctx, connect.NewRequest(opts.request(id)))
+	req, err := opts.request(id)
+	if err != nil {
+		return nil, fmt.Errorf("grade sandbox %s: %w", id, err)
+	}
+	resp, err := c.sb.Grade(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("grade sandbox %s: %w", id, fromConnect(err, false))
 	}
@@ -74,4 +85,20 @@ func (c *Client) Grade(ctx context.Context, id string, opts GradeOptions) (*dsec
 // Grade grades this sandbox in a clean room; see Client.Grade.
 func (s *Sandbox) Grade(ctx context.Context, opts GradeOptions) (*dsecv1.GradeResult, error) {
 	return s.c.Grade(ctx, s.ID, opts)
+}
+
+// isolation is the clean room's isolation: unspecified ("") keeps the
+// sandbox's own.
+func isolation(s string) (dsecv1.Isolation, error) {
+	switch s {
+	case "":
+		return dsecv1.Isolation_ISOLATION_UNSPECIFIED, nil
+	case IsolationContainer:
+		return dsecv1.Isolation_ISOLATION_CONTAINER, nil
+	case IsolationGVisor:
+		return dsecv1.Isolation_ISOLATION_GVISOR, nil
+	case IsolationMicroVM:
+		return dsecv1.Isolation_ISOLATION_MICROVM, nil
+	}
+	return 0, invalid("isolation %q is not known (container, gvisor, microvm)", s)
 }

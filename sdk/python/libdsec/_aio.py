@@ -53,7 +53,7 @@ class GradeResult:
     number, scored 0), else 1.0 on exit 0 and 0.0 otherwise (reward_source
     "exit"); a grader that did not exit 0 scores 0 whatever the file says.
     status is the grader's, as ExecResult's. times are milliseconds
-    (capture_ms, start_ms, tests_ms, grader_ms, cleanup_ms, total_ms);
+    (capture_ms, start_ms, tests_ms, grader_ms, total_ms);
     capture is the workspace's SnapshotInfo; raw the whole GradeResult.
     """
     reward: float
@@ -1172,7 +1172,7 @@ class Sandbox:
                     cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
                     grader_timeout: Optional[float] = None, output_limit: Optional[int] = None,
                     cpus: Optional[float] = None, memory_mb: Optional[int] = None, keep: bool = False,
-                    timeout: Optional[float] = 1800) -> GradeResult:
+                    isolation: Optional[str] = None, timeout: Optional[float] = 1800) -> GradeResult:
         """Grade this sandbox in a clean room (docs/grading.md): capture
         only paths, start a fresh sandbox from its layers, that capture and
         the trusted tests on top (tests: {path: content} written by root;
@@ -1180,6 +1180,8 @@ class Sandbox:
         sandbox's version left out whole; each tests path is added), with no
         network and none of its processes, run the grader (command: a shell
         line or an argv) as nobody unless user, and return its GradeResult.
+        isolation is the clean room's (container, gvisor, microvm; None =
+        the sandbox's own).
         An error means no grade happened (the platform failed): mask the
         rollout rather than score it 0. Not sent again on a broken
         connection."""
@@ -1212,6 +1214,10 @@ class Sandbox:
             msg["cpus"] = float(cpus)
         if memory_mb:
             msg["memoryMb"] = int(memory_mb)
+        if isolation not in (None, "") + ISOLATIONS:
+            raise errors.InvalidArgument(f"isolation {isolation!r} is not known ({', '.join(ISOLATIONS)})")
+        if isolation:
+            msg["isolation"] = "ISOLATION_" + isolation.upper()
         return GradeResult._from(await self.client._call("Grade", msg, timeout))
 
     async def fork(self, n: int, *, exclude: Optional[Iterable[str]] = None, name: Optional[str] = None,

@@ -5967,8 +5967,12 @@ type GradeRequest struct {
 	// in GradeResult.grader_sandbox_id, and it is the caller's to delete.
 	Keep bool `protobuf:"varint,11,opt,name=keep,proto3" json:"keep,omitempty"`
 	// The clean room's CPUs and memory; 0 = the sandbox's own.
-	Cpus          float64 `protobuf:"fixed64,12,opt,name=cpus,proto3" json:"cpus,omitempty"`
-	MemoryMb      int64   `protobuf:"varint,13,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	Cpus     float64 `protobuf:"fixed64,12,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	MemoryMb int64   `protobuf:"varint,13,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	// The clean room's isolation; unset = the sandbox's own. A microVM's
+	// workspace graded in a container (its capture is files, whatever the
+	// sandbox ran on) starts in milliseconds rather than seconds.
+	Isolation     Isolation `protobuf:"varint,14,opt,name=isolation,proto3,enum=dsec.v1.Isolation" json:"isolation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6094,6 +6098,13 @@ func (x *GradeRequest) GetMemoryMb() int64 {
 	return 0
 }
 
+func (x *GradeRequest) GetIsolation() Isolation {
+	if x != nil {
+		return x.Isolation
+	}
+	return Isolation_ISOLATION_UNSPECIFIED
+}
+
 // GradeTests is the trusted tree laid on top of the workspace, pristine.
 type GradeTests struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -6170,7 +6181,6 @@ type GradeTimes struct {
 	StartMs       int64                  `protobuf:"varint,2,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`       // the clean room's create, to running
 	TestsMs       int64                  `protobuf:"varint,3,opt,name=tests_ms,json=testsMs,proto3" json:"tests_ms,omitempty"`       // laying the files and the reward file
 	GraderMs      int64                  `protobuf:"varint,4,opt,name=grader_ms,json=graderMs,proto3" json:"grader_ms,omitempty"`    // the grader's command, start to exit
-	CleanupMs     int64                  `protobuf:"varint,5,opt,name=cleanup_ms,json=cleanupMs,proto3" json:"cleanup_ms,omitempty"` // the clean room's delete and the capture's
 	TotalMs       int64                  `protobuf:"varint,6,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -6230,13 +6240,6 @@ func (x *GradeTimes) GetTestsMs() int64 {
 func (x *GradeTimes) GetGraderMs() int64 {
 	if x != nil {
 		return x.GraderMs
-	}
-	return 0
-}
-
-func (x *GradeTimes) GetCleanupMs() int64 {
-	if x != nil {
-		return x.CleanupMs
 	}
 	return 0
 }
@@ -9668,7 +9671,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\vshared_with\x18\x0f \x03(\tR\n" +
 	"sharedWith\x12\x1a\n" +
 	"\bincluded\x18\x10 \x03(\tR\bincluded\x12\x18\n" +
-	"\acleared\x18\x11 \x03(\tR\acleared\"\xc8\x03\n" +
+	"\acleared\x18\x11 \x03(\tR\acleared\"\xfa\x03\n" +
 	"\fGradeRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -9684,7 +9687,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	" \x01(\x03R\x10outputLimitBytes\x12\x12\n" +
 	"\x04keep\x18\v \x01(\bR\x04keep\x12\x12\n" +
 	"\x04cpus\x18\f \x01(\x01R\x04cpus\x12\x1b\n" +
-	"\tmemory_mb\x18\r \x01(\x03R\bmemoryMb\x1a6\n" +
+	"\tmemory_mb\x18\r \x01(\x03R\bmemoryMb\x120\n" +
+	"\tisolation\x18\x0e \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa8\x01\n" +
@@ -9696,17 +9700,15 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"FilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xb8\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\x9f\x01\n" +
 	"\n" +
 	"GradeTimes\x12\x1d\n" +
 	"\n" +
 	"capture_ms\x18\x01 \x01(\x03R\tcaptureMs\x12\x19\n" +
 	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x19\n" +
 	"\btests_ms\x18\x03 \x01(\x03R\atestsMs\x12\x1b\n" +
-	"\tgrader_ms\x18\x04 \x01(\x03R\bgraderMs\x12\x1d\n" +
-	"\n" +
-	"cleanup_ms\x18\x05 \x01(\x03R\tcleanupMs\x12\x19\n" +
-	"\btotal_ms\x18\x06 \x01(\x03R\atotalMs\"\xe1\x02\n" +
+	"\tgrader_ms\x18\x04 \x01(\x03R\bgraderMs\x12\x19\n" +
+	"\btotal_ms\x18\x06 \x01(\x03R\atotalMsJ\x04\b\x05\x10\x06\"\xe1\x02\n" +
 	"\vGradeResult\x12\x16\n" +
 	"\x06reward\x18\x01 \x01(\x01R\x06reward\x12#\n" +
 	"\rreward_source\x18\x02 \x01(\tR\frewardSource\x12'\n" +
@@ -10314,140 +10316,141 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	83,  // 49: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
 	85,  // 50: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
 	138, // 51: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
-	139, // 52: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
-	43,  // 53: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
-	86,  // 54: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
-	83,  // 55: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
-	83,  // 56: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	16,  // 57: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	83,  // 58: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	94,  // 59: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	9,   // 60: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	98,  // 61: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	9,   // 62: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	82,  // 63: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	105, // 64: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	140, // 65: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	111, // 66: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	118, // 67: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	119, // 68: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	141, // 69: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	142, // 70: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 71: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 72: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	122, // 73: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	122, // 74: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	143, // 75: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 76: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	121, // 77: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	123, // 78: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	126, // 79: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 80: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	28,  // 81: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	30,  // 82: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	31,  // 83: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	37,  // 84: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	18,  // 85: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	20,  // 86: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	22,  // 87: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	24,  // 88: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	26,  // 89: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	88,  // 90: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	89,  // 91: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	91,  // 92: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	93,  // 93: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	84,  // 94: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	39,  // 95: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	44,  // 96: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	45,  // 97: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	47,  // 98: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	49,  // 99: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	52,  // 100: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	53,  // 101: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	55,  // 102: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	57,  // 103: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	62,  // 104: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	64,  // 105: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	66,  // 106: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	68,  // 107: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	70,  // 108: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	72,  // 109: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	74,  // 110: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	76,  // 111: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	78,  // 112: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	80,  // 113: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	108, // 114: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	110, // 115: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	113, // 116: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	33,  // 117: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	35,  // 118: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	129, // 119: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	121, // 120: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	124, // 121: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	127, // 122: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	96,  // 123: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	97,  // 124: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	101, // 125: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	103, // 126: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	106, // 127: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	115, // 128: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	117, // 129: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	99,  // 130: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	29,  // 131: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	16,  // 132: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	32,  // 133: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	38,  // 134: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	19,  // 135: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	21,  // 136: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	23,  // 137: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	25,  // 138: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	27,  // 139: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	83,  // 140: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	90,  // 141: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	92,  // 142: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	95,  // 143: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	87,  // 144: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	40,  // 145: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	40,  // 146: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	46,  // 147: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	48,  // 148: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	51,  // 149: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	40,  // 150: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	54,  // 151: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	56,  // 152: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	60,  // 153: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	63,  // 154: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	65,  // 155: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	67,  // 156: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	69,  // 157: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	71,  // 158: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	73,  // 159: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	75,  // 160: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	77,  // 161: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	79,  // 162: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	81,  // 163: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	109, // 164: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	112, // 165: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	114, // 166: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	34,  // 167: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	36,  // 168: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	130, // 169: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	123, // 170: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	125, // 171: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	128, // 172: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	82,  // 173: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	82,  // 174: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	102, // 175: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	104, // 176: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	107, // 177: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	116, // 178: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	120, // 179: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	100, // 180: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	131, // [131:181] is the sub-list for method output_type
-	81,  // [81:131] is the sub-list for method input_type
-	81,  // [81:81] is the sub-list for extension type_name
-	81,  // [81:81] is the sub-list for extension extendee
-	0,   // [0:81] is the sub-list for field type_name
+	5,   // 52: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
+	139, // 53: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	43,  // 54: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
+	86,  // 55: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
+	83,  // 56: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
+	83,  // 57: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	16,  // 58: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	83,  // 59: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	94,  // 60: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 61: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	98,  // 62: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 63: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	82,  // 64: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	105, // 65: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	140, // 66: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	111, // 67: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	118, // 68: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	119, // 69: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	141, // 70: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	142, // 71: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 72: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 73: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	122, // 74: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	122, // 75: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	143, // 76: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 77: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	121, // 78: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	123, // 79: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	126, // 80: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 81: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	28,  // 82: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	30,  // 83: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	31,  // 84: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	37,  // 85: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	18,  // 86: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	20,  // 87: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	22,  // 88: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	24,  // 89: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	26,  // 90: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	88,  // 91: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	89,  // 92: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	91,  // 93: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	93,  // 94: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	84,  // 95: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	39,  // 96: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	44,  // 97: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	45,  // 98: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	47,  // 99: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	49,  // 100: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	52,  // 101: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	53,  // 102: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	55,  // 103: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	57,  // 104: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	62,  // 105: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	64,  // 106: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	66,  // 107: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	68,  // 108: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	70,  // 109: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	72,  // 110: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	74,  // 111: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	76,  // 112: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	78,  // 113: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	80,  // 114: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	108, // 115: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	110, // 116: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	113, // 117: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	33,  // 118: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	35,  // 119: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	129, // 120: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	121, // 121: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	124, // 122: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	127, // 123: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	96,  // 124: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	97,  // 125: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	101, // 126: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	103, // 127: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	106, // 128: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	115, // 129: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	117, // 130: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	99,  // 131: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	29,  // 132: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	16,  // 133: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	32,  // 134: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	38,  // 135: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	19,  // 136: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	21,  // 137: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	23,  // 138: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	25,  // 139: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	27,  // 140: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	83,  // 141: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	90,  // 142: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	92,  // 143: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	95,  // 144: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	87,  // 145: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	40,  // 146: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	40,  // 147: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	46,  // 148: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	48,  // 149: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	51,  // 150: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	40,  // 151: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	54,  // 152: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	56,  // 153: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	60,  // 154: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	63,  // 155: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	65,  // 156: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	67,  // 157: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	69,  // 158: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	71,  // 159: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	73,  // 160: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	75,  // 161: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	77,  // 162: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	79,  // 163: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	81,  // 164: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	109, // 165: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	112, // 166: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	114, // 167: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	34,  // 168: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	36,  // 169: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	130, // 170: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	123, // 171: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	125, // 172: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	128, // 173: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	82,  // 174: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	82,  // 175: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	102, // 176: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	104, // 177: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	107, // 178: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	116, // 179: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	120, // 180: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	100, // 181: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	132, // [132:182] is the sub-list for method output_type
+	82,  // [82:132] is the sub-list for method input_type
+	82,  // [82:82] is the sub-list for extension type_name
+	82,  // [82:82] is the sub-list for extension extendee
+	0,   // [0:82] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }

@@ -1,6 +1,10 @@
-"""The demo's grader, shipped in the toolkit layer: runs a project's unittest
-suite in-process and writes counts as JSON to the path given, so the reward
-never depends on what the tests print."""
+"""The demo's grader, shipped in the toolkit layer (and laid pristine into
+each clean room by the demo's grade): runs a project's unittest suite
+in-process and writes counts as JSON to the path given and to stdout, and
+the reward, passed / total, to $DSEC_REWARD_FILE when dsec's grade names
+one, so the reward never depends on what the tests print."""
+
+import os
 
 import json
 import sys
@@ -22,6 +26,11 @@ def main():
         result["load_error"] = repr(exc)
     with open(out, "w") as f:
         json.dump(result, f)
+    reward = result["passed"] / result["total"] if result["total"] and not result["load_error"] else 0.0
+    if os.environ.get("DSEC_REWARD_FILE"):
+        with open(os.environ["DSEC_REWARD_FILE"], "w") as f:
+            f.write(f"{reward}\n")
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
