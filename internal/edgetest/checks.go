@@ -270,6 +270,43 @@ func testSnapshot(t *testing.T, e *edge, id string) {
 	if err := e.delete(ctx, made.Msg.GetId()); err != nil {
 		t.Fatal(err)
 	}
+	testSnapshotInclude(t, e, id)
+}
+
+// testSnapshotInclude: a snapshot with include keeps only those paths (a
+// grade's capture, docs/grading.md), and leaves out its trusted paths
+// whole.
+func testSnapshotInclude(t *testing.T, e *edge, id string) {
+	ctx := t.Context()
+	if _, err := e.h.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{SandboxId: id, Path: "/srv/edgetest/tests/forged", Data: []byte("forged"), MakeParents: true})); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	resp, err := e.h.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{SandboxId: id, Name: "edgetest-include",
+		Include: []string{"/srv/edgetest"}, Trusted: []string{"/srv/edgetest/tests"}}))
+	if err != nil {
+		t.Fatalf("Snapshot with include: %v", err)
+	}
+	if got := resp.Msg.GetIncluded(); !slices.Equal(got, []string{"/srv/edgetest"}) {
+		t.Errorf("Snapshot with include: included %q, want [/srv/edgetest]", got)
+	}
+	if got := resp.Msg.GetCleared(); !slices.Equal(got, []string{"/srv/edgetest/tests"}) {
+		t.Errorf("Snapshot with include: cleared %q, want [/srv/edgetest/tests]", got)
+	}
+	spec := e.spec()
+	spec.Environment = resp.Msg.GetEnvironment()
+	made, err := e.h.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec, CreateToken: "edgetest-include#0@" + e.node}))
+	if err != nil {
+		t.Fatalf("Create from snapshot %s: %v", spec.Environment, err)
+	}
+	defer e.delete(context.WithoutCancel(ctx), made.Msg.GetId())
+	got, err := e.h.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: made.Msg.GetId(), Path: "/srv/edgetest/kept"}))
+	if err != nil || string(got.Msg.GetData()) != "kept" {
+		t.Errorf("an included path reads %q, %v; want what the source wrote", got.Msg.GetData(), err)
+	}
+	for _, p := range []string{"/tmp/edgetest", "/srv/edgetest/tests/forged"} {
+		_, err := e.h.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: made.Msg.GetId(), Path: p}))
+		wantKind(t, "ReadFile of "+p+", outside the include or trusted", err, errdefs.ErrNotFound)
+	}
 }
 
 // testCancel: a keyed create whose caller is gone makes at most one
