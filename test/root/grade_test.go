@@ -8,6 +8,7 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/testutil"
 	dsec "dsec.dev/dsec/sdk/go"
 )
 
@@ -83,13 +84,7 @@ func TestGradeRewardHacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	tests := dsec.GradeOptions{
-		Paths:      []string{"/work/src"},
-		TestsFiles: map[string][]byte{"/work/tests/test_calc.py": []byte(gradePublic), "/work/tests/test_hidden.py": []byte(gradeHidden)},
-		TestsPaths: []string{"/work/tests"},
-		Command:    gradeCommand,
-		Timeout:    2 * time.Minute,
-	}
+	tests := gradeTests()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 2)
 	for _, h := range gradeHacks {
@@ -98,41 +93,7 @@ func TestGradeRewardHacks(t *testing.T) {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			sb, err := c.Create(ctx, "fncall:latest", &dsec.CreateOptions{TTL: 10 * time.Minute})
-			if err != nil {
-				t.Errorf("%s: create: %v", h.name, err)
-				return
-			}
-			defer sb.Delete(context.WithoutCancel(ctx))
-			for _, script := range []string{gradeSetup, h.script} {
-				r, err := sb.Exec(ctx, dsec.Sh(script), nil)
-				if err != nil || r.ExitCode != 0 {
-					t.Errorf("%s: %q: %v %+v", h.name, script, err, r)
-					return
-				}
-			}
-			res, err := sb.Grade(ctx, tests)
-			if err != nil {
-				t.Errorf("%s: grade: %v", h.name, err)
-				return
-			}
-			t.Logf("%s: reward %v (%s), exit %d, times %v, stdout %q", h.name, res.GetReward(), res.GetRewardSource(),
-				res.GetExit().GetExitCode(), res.GetTimes(), lastLine(string(res.GetStdout())))
-			if res.GetReward() != h.want {
-				t.Errorf("%s: reward %v, want %v; grader's output:\n%s\n%s", h.name, res.GetReward(), h.want, res.GetStdout(), res.GetStderr())
-			}
-			if res.GetUser() != "65534:65534" || res.GetRewardSource() != "exit" {
-				t.Errorf("%s: grader ran as %q, reward from %q; want nobody's, from the exit", h.name, res.GetUser(), res.GetRewardSource())
-			}
-			if h.inPlace >= 0 {
-				if got := gradeInPlace(ctx, t, sb, tests); got != h.inPlace {
-					t.Errorf("%s: graded in place: %v, want %v (the hack's reward where the sandbox grades itself)", h.name, got, h.inPlace)
-				}
-			}
-			// The agent's sandbox runs on, untouched by its grade.
-			if r, err := sb.Exec(ctx, dsec.Sh("test -e /work/src/calc.py && ! test -e /.dsec-grade"), nil); err != nil || r.ExitCode != 0 {
-				t.Errorf("%s: the sandbox after its grade: %v %+v", h.name, err, r)
-			}
+			gradeRollout(ctx, t, c, "", h.name, h.script, h.want, h.inPlace, tests)
 		}()
 	}
 	wg.Wait()
@@ -212,6 +173,83 @@ func TestGradeRewardHacks(t *testing.T) {
 	} {
 		if _, err := sb.Grade(ctx, o); err == nil || !strings.Contains(err.Error(), "invalid") {
 			t.Errorf("grade %+v: %v, want invalid argument", o, err)
+		}
+	}
+}
+
+// gradeTests is the small project's grade: the workspace /work/src, the
+// public and hidden tests laid pristine, pytest confined to them.
+func gradeTests() dsec.GradeOptions {
+	return dsec.GradeOptions{
+		Paths:      []string{"/work/src"},
+		TestsFiles: map[string][]byte{"/work/tests/test_calc.py": []byte(gradePublic), "/work/tests/test_hidden.py": []byte(gradeHidden)},
+		TestsPaths: []string{"/work/tests"},
+		Command:    gradeCommand,
+		Timeout:    2 * time.Minute,
+	}
+}
+
+// gradeRollout runs one rollout (script after the setup) in a sandbox of
+// the fncall environment under isolation ("" = container), grades it in a
+// clean room and in place, and checks both rewards.
+func gradeRollout(ctx context.Context, t *testing.T, c *dsec.Client, isolation, name, script string, want, inPlace float64, tests dsec.GradeOptions) {
+	t.Helper()
+	sb, err := c.Create(ctx, "fncall:latest", &dsec.CreateOptions{TTL: 10 * time.Minute, Isolation: isolation})
+	if err != nil {
+		t.Errorf("%s: create: %v", name, err)
+		return
+	}
+	defer sb.Delete(context.WithoutCancel(ctx))
+	for _, sc := range []string{gradeSetup, script} {
+		r, err := sb.Exec(ctx, dsec.Sh(sc), nil)
+		if err != nil || r.ExitCode != 0 {
+			t.Errorf("%s: %q: %v %+v", name, sc, err, r)
+			return
+		}
+	}
+	res, err := sb.Grade(ctx, tests)
+	if err != nil {
+		t.Errorf("%s: grade: %v", name, err)
+		return
+	}
+	t.Logf("%s: reward %v (%s), exit %d, times %v, stdout %q", name, res.GetReward(), res.GetRewardSource(),
+		res.GetExit().GetExitCode(), res.GetTimes(), lastLine(string(res.GetStdout())))
+	if res.GetReward() != want {
+		t.Errorf("%s: reward %v, want %v; grader's output:\n%s\n%s", name, res.GetReward(), want, res.GetStdout(), res.GetStderr())
+	}
+	if res.GetUser() != "65534:65534" || res.GetRewardSource() != "exit" {
+		t.Errorf("%s: grader ran as %q, reward from %q; want nobody's, from the exit", name, res.GetUser(), res.GetRewardSource())
+	}
+	if inPlace >= 0 {
+		if got := gradeInPlace(ctx, t, sb, tests); got != inPlace {
+			t.Errorf("%s: graded in place: %v, want %v (the hack's reward where the sandbox grades itself)", name, got, inPlace)
+		}
+	}
+	// The agent's sandbox runs on, untouched by its grade.
+	if r, err := sb.Exec(ctx, dsec.Sh("test -e /work/src/calc.py && ! test -e /.dsec-grade"), nil); err != nil || r.ExitCode != 0 {
+		t.Errorf("%s: the sandbox after its grade: %v %+v", name, err, r)
+	}
+}
+
+// TestGradeGVisor grades rollouts of gVisor sandboxes, whose clean rooms
+// are gVisor sandboxes too: the honest fix earns 1, the hacks 0.
+func TestGradeGVisor(t *testing.T) {
+	runsc := testutil.Runsc(t)
+	d := startDaemon(t, "--runsc", runsc)
+	if out, errOut, code := d.CLI("", "layer", "import", "--kind", "base", "--allow-setuid", "fncall:latest", fncallEnvTree(t)); code != 0 {
+		t.Fatalf("import the fncall environment: %s %s", out, errOut)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c, err := dsec.NewClient(d.Addr, dsec.WithToken(d.Token()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, h := range gradeHacks {
+		switch h.name {
+		case "honest", "conftest", "fake-interpreter", "leftover-process":
+			gradeRollout(ctx, t, c, dsec.IsolationGVisor, "gvisor "+h.name, h.script, h.want, h.inPlace, gradeTests())
 		}
 	}
 }
