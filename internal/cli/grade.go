@@ -37,9 +37,11 @@ func (a *app) gradeCommand() *cobra.Command {
 			"layer; each --tests PATH, and each --tests-path, is left out of the capture whole), with no network and\n" +
 			"none of the sandbox's processes, runs the grader there as nobody (--user) and prints the reward on\n" +
 			"stdout: the number the grader wrote to $DSEC_REWARD_FILE, else 1 on exit 0 and 0 otherwise. The\n" +
-			"grader's output goes to stderr. Exit 0 whatever the reward; non-zero only when no grade happened.\n" +
+			"grader's output goes to stderr. Exit 0 whatever the reward; non-zero only when no grade happened\n" +
+			"(200 + the fault's number when the platform's fault ended it: docs/outcomes.md).\n" +
 			"See docs/grading.md.",
-		Args: cobra.MinimumNArgs(1),
+		Args:        cobra.MinimumNArgs(1),
+		Annotations: faultExits,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := &dsecv1.GradeRequest{SandboxId: args[0], Paths: paths, Command: command, User: user, Cwd: cwd,
 				TimeoutSeconds: timeout.Seconds(), Keep: keep, Cpus: cpus, MemoryMb: memoryMB,
@@ -84,6 +86,9 @@ func (a *app) gradeCommand() *cobra.Command {
 				r.GetTimes().GetStartMs(), r.GetTimes().GetGraderMs(), r.GetTimes().GetTotalMs())
 			if keep {
 				fmt.Fprintf(a.stderr, "dsec: the clean room %s is kept: delete it with dsec rm %s\n", r.GetGraderSandboxId(), r.GetGraderSandboxId())
+			}
+			if f := r.GetFault(); f != dsecv1.Fault_FAULT_UNSPECIFIED {
+				return faultErr(f, "the platform ended the grader: no reward")
 			}
 			fmt.Fprintln(a.stdout, r.GetReward())
 			return nil

@@ -366,10 +366,15 @@ func killLeft(ctx context.Context, api API, room, user string) error {
 const maxRewardBytes = 4096
 
 // readReward sets the reward: the number in the reward file when the
-// grader wrote one, else 1 on exit 0 and 0 otherwise. A reward file that
+// grader wrote one, else 1 on exit 0 and 0 otherwise; a grader the
+// platform ended (exit.fault) gets the fault instead, reward 0. A reward file that
 // holds no finite number, or a grader that did not exit 0 (a timeout, a
 // kill, an OOM), scores 0 whatever the file says.
 func readReward(ctx context.Context, api API, room string, res *dsecv1.GradeResult) error {
+	if f := res.GetExit().GetFault(); f != dsecv1.Fault_FAULT_UNSPECIFIED {
+		res.Fault, res.Reward, res.RewardSource = f, 0, "fault"
+		return nil
+	}
 	ok := res.GetExit().GetStatus() == dsecv1.ExitStatus_EXIT_STATUS_OK
 	rf, err := api.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: room, Path: RewardFile, Limit: maxRewardBytes, User: "root"}))
 	if err != nil {

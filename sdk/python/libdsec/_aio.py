@@ -55,6 +55,9 @@ class GradeResult:
     status is the grader's, as ExecResult's. times are milliseconds
     (capture_ms, start_ms, tests_ms, grader_ms, total_ms);
     capture is the workspace's SnapshotInfo; raw the whole GradeResult.
+    infra_fault names the platform's fault when the platform ended the
+    grader (reward_source "fault"): mask the rollout, the reward means
+    nothing.
     """
     reward: float
     reward_source: str
@@ -67,6 +70,7 @@ class GradeResult:
     grader_sandbox_id: str
     user: str
     raw: Dict[str, Any]
+    infra_fault: Optional[str] = None
 
     @property
     def stdout(self) -> str:
@@ -85,7 +89,7 @@ class GradeResult:
                    stderr_bytes=base64.b64decode(r.get("stderr", "")),
                    times={_snake(k): int(v) for k, v in r.get("times", {}).items()},
                    capture=r.get("capture", {}), grader_sandbox_id=r.get("graderSandboxId", ""),
-                   user=r.get("user", ""), raw=r)
+                   user=r.get("user", ""), raw=r, infra_fault=errors.fault_of_enum(r.get("fault")))
 
 
 def _snake(camel: str) -> str:

@@ -6267,8 +6267,14 @@ type GradeResult struct {
 	GraderSandboxId string        `protobuf:"bytes,8,opt,name=grader_sandbox_id,json=graderSandboxId,proto3" json:"grader_sandbox_id,omitempty"` // the clean room (deleted unless keep)
 	Environment     string        `protobuf:"bytes,9,opt,name=environment,proto3" json:"environment,omitempty"`                                  // what the clean room ran on: the sandbox's layers, the capture, the tests' layer
 	User            string        `protobuf:"bytes,10,opt,name=user,proto3" json:"user,omitempty"`                                               // who the grader ran as
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The platform's fault when the platform ended the grader (its clean
+	// room deleted, its node lost, its agent gone: exit.fault), with
+	// reward_source "fault" and reward 0, which means nothing: mask the
+	// rollout. Unset when the grader ended by itself. A grade that could not
+	// run at all is an error, typed as the SDKs type errors.
+	Fault         Fault `protobuf:"varint,20,opt,name=fault,proto3,enum=dsec.v1.Fault" json:"fault,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GradeResult) Reset() {
@@ -6369,6 +6375,13 @@ func (x *GradeResult) GetUser() string {
 		return x.User
 	}
 	return ""
+}
+
+func (x *GradeResult) GetFault() Fault {
+	if x != nil {
+		return x.Fault
+	}
+	return Fault_FAULT_UNSPECIFIED
 }
 
 type SnapshotRequest struct {
@@ -9708,7 +9721,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x19\n" +
 	"\btests_ms\x18\x03 \x01(\x03R\atestsMs\x12\x1b\n" +
 	"\tgrader_ms\x18\x04 \x01(\x03R\bgraderMs\x12\x19\n" +
-	"\btotal_ms\x18\x06 \x01(\x03R\atotalMsJ\x04\b\x05\x10\x06\"\xe1\x02\n" +
+	"\btotal_ms\x18\x06 \x01(\x03R\atotalMsJ\x04\b\x05\x10\x06\"\x87\x03\n" +
 	"\vGradeResult\x12\x16\n" +
 	"\x06reward\x18\x01 \x01(\x01R\x06reward\x12#\n" +
 	"\rreward_source\x18\x02 \x01(\tR\frewardSource\x12'\n" +
@@ -9720,7 +9733,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x11grader_sandbox_id\x18\b \x01(\tR\x0fgraderSandboxId\x12 \n" +
 	"\venvironment\x18\t \x01(\tR\venvironment\x12\x12\n" +
 	"\x04user\x18\n" +
-	" \x01(\tR\x04user\"\xac\x01\n" +
+	" \x01(\tR\x04user\x12$\n" +
+	"\x05fault\x18\x14 \x01(\x0e2\x0e.dsec.v1.FaultR\x05fault\"\xac\x01\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -10321,136 +10335,137 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	43,  // 54: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
 	86,  // 55: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
 	83,  // 56: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
-	83,  // 57: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	16,  // 58: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	83,  // 59: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	94,  // 60: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	9,   // 61: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	98,  // 62: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	9,   // 63: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	82,  // 64: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	105, // 65: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	140, // 66: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	111, // 67: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	118, // 68: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	119, // 69: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	141, // 70: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	142, // 71: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 72: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 73: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	122, // 74: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	122, // 75: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	143, // 76: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 77: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	121, // 78: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	123, // 79: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	126, // 80: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 81: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	28,  // 82: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	30,  // 83: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	31,  // 84: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	37,  // 85: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	18,  // 86: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	20,  // 87: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	22,  // 88: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	24,  // 89: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	26,  // 90: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	88,  // 91: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	89,  // 92: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	91,  // 93: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	93,  // 94: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	84,  // 95: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	39,  // 96: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	44,  // 97: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	45,  // 98: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	47,  // 99: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	49,  // 100: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	52,  // 101: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	53,  // 102: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	55,  // 103: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	57,  // 104: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	62,  // 105: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	64,  // 106: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	66,  // 107: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	68,  // 108: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	70,  // 109: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	72,  // 110: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	74,  // 111: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	76,  // 112: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	78,  // 113: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	80,  // 114: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	108, // 115: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	110, // 116: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	113, // 117: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	33,  // 118: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	35,  // 119: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	129, // 120: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	121, // 121: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	124, // 122: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	127, // 123: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	96,  // 124: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	97,  // 125: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	101, // 126: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	103, // 127: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	106, // 128: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	115, // 129: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	117, // 130: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	99,  // 131: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	29,  // 132: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	16,  // 133: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	32,  // 134: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	38,  // 135: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	19,  // 136: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	21,  // 137: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	23,  // 138: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	25,  // 139: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	27,  // 140: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	83,  // 141: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	90,  // 142: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	92,  // 143: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	95,  // 144: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	87,  // 145: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	40,  // 146: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	40,  // 147: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	46,  // 148: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	48,  // 149: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	51,  // 150: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	40,  // 151: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	54,  // 152: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	56,  // 153: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	60,  // 154: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	63,  // 155: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	65,  // 156: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	67,  // 157: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	69,  // 158: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	71,  // 159: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	73,  // 160: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	75,  // 161: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	77,  // 162: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	79,  // 163: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	81,  // 164: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	109, // 165: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	112, // 166: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	114, // 167: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	34,  // 168: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	36,  // 169: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	130, // 170: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	123, // 171: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	125, // 172: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	128, // 173: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	82,  // 174: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	82,  // 175: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	102, // 176: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	104, // 177: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	107, // 178: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	116, // 179: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	120, // 180: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	100, // 181: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	132, // [132:182] is the sub-list for method output_type
-	82,  // [82:132] is the sub-list for method input_type
-	82,  // [82:82] is the sub-list for extension type_name
-	82,  // [82:82] is the sub-list for extension extendee
-	0,   // [0:82] is the sub-list for field type_name
+	7,   // 57: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
+	83,  // 58: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	16,  // 59: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	83,  // 60: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	94,  // 61: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 62: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	98,  // 63: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 64: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	82,  // 65: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	105, // 66: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	140, // 67: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	111, // 68: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	118, // 69: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	119, // 70: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	141, // 71: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	142, // 72: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 73: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 74: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	122, // 75: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	122, // 76: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	143, // 77: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 78: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	121, // 79: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	123, // 80: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	126, // 81: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 82: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	28,  // 83: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	30,  // 84: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	31,  // 85: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	37,  // 86: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	18,  // 87: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	20,  // 88: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	22,  // 89: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	24,  // 90: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	26,  // 91: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	88,  // 92: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	89,  // 93: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	91,  // 94: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	93,  // 95: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	84,  // 96: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	39,  // 97: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	44,  // 98: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	45,  // 99: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	47,  // 100: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	49,  // 101: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	52,  // 102: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	53,  // 103: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	55,  // 104: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	57,  // 105: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	62,  // 106: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	64,  // 107: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	66,  // 108: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	68,  // 109: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	70,  // 110: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	72,  // 111: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	74,  // 112: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	76,  // 113: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	78,  // 114: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	80,  // 115: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	108, // 116: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	110, // 117: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	113, // 118: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	33,  // 119: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	35,  // 120: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	129, // 121: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	121, // 122: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	124, // 123: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	127, // 124: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	96,  // 125: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	97,  // 126: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	101, // 127: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	103, // 128: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	106, // 129: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	115, // 130: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	117, // 131: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	99,  // 132: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	29,  // 133: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	16,  // 134: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	32,  // 135: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	38,  // 136: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	19,  // 137: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	21,  // 138: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	23,  // 139: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	25,  // 140: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	27,  // 141: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	83,  // 142: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	90,  // 143: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	92,  // 144: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	95,  // 145: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	87,  // 146: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	40,  // 147: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	40,  // 148: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	46,  // 149: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	48,  // 150: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	51,  // 151: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	40,  // 152: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	54,  // 153: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	56,  // 154: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	60,  // 155: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	63,  // 156: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	65,  // 157: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	67,  // 158: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	69,  // 159: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	71,  // 160: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	73,  // 161: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	75,  // 162: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	77,  // 163: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	79,  // 164: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	81,  // 165: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	109, // 166: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	112, // 167: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	114, // 168: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	34,  // 169: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	36,  // 170: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	130, // 171: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	123, // 172: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	125, // 173: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	128, // 174: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	82,  // 175: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	82,  // 176: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	102, // 177: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	104, // 178: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	107, // 179: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	116, // 180: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	120, // 181: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	100, // 182: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	133, // [133:183] is the sub-list for method output_type
+	83,  // [83:133] is the sub-list for method input_type
+	83,  // [83:83] is the sub-list for extension type_name
+	83,  // [83:83] is the sub-list for extension extendee
+	0,   // [0:83] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
