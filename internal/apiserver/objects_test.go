@@ -24,6 +24,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/layerupload"
@@ -114,7 +115,7 @@ type snapEdge struct {
 	layers *memLayers
 }
 
-func (e snapEdge) Snapshot(ctx context.Context, id, name string, exclude []string) (*dsecv1.SnapshotInfo, error) {
+func (e snapEdge) Snapshot(ctx context.Context, id, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error) {
 	sb, err := e.fakeEdge.Get(ctx, id)
 	if err != nil {
 		return nil, err

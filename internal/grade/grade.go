@@ -180,8 +180,11 @@ func Run(ctx context.Context, api API, req *dsecv1.GradeRequest) (res *dsecv1.Gr
 
 	t := time.Now()
 	name := fmt.Sprintf("grade-%s-%d", id, time.Now().UnixNano())
+	// The capture is the sandbox's project's, as a fork's snapshot is: the
+	// clean room of that project starts on it.
 	snap, err := api.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{
-		SandboxId: id, Name: name, Include: req.GetPaths(), Trusted: trustedPaths(req)}))
+		SandboxId: id, Name: name, Include: req.GetPaths(), Trusted: trustedPaths(req),
+		Project: src.Msg.GetSpec().GetLabels()[projectLabel]}))
 	if err != nil {
 		return nil, nil, fmt.Errorf("grade %s: capture %s: %w", id, strings.Join(req.GetPaths(), " "), err)
 	}
