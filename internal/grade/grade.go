@@ -257,7 +257,8 @@ func roomSpec(src *dsecv1.Sandbox, env string, req *dsecv1.GradeRequest) *dsecv1
 	spec.Hostname = ""
 	spec.OnTimeout = dsecv1.OnTimeout_ON_TIMEOUT_UNSPECIFIED
 	spec.AutoResume = nil
-	spec.IdleTimeoutSeconds = -1 // its life is the grade's: ttl bounds it
+	spec.Phases = nil            // the sandbox's phases are its own: the clean room's life is the grade's
+	spec.IdleTimeoutSeconds = -1 // ttl bounds it
 	spec.TtlSeconds = int64((graderTimeout(req) + roomMargin) / time.Second)
 	if req.GetCpus() > 0 {
 		spec.Cpus = req.GetCpus()
