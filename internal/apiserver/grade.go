@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -28,9 +29,18 @@ func (s *Server) Grade(ctx context.Context, req *connect.Request[dsecv1.GradeReq
 	if _, err := s.getSandbox(ctx, req.Msg.GetSandboxId()); err != nil {
 		return nil, err
 	}
+	started := time.Now()
 	res, done, err := grade.Run(ctx, s.loop.client(s), req.Msg)
 	if err != nil {
 		return nil, err
+	}
+	// The receipt is signed before the clean room goes: its environment is
+	// still recorded. A receipt that cannot be made is logged and left out,
+	// never the grade failed for it.
+	if s.cfg.Receipts != nil {
+		if res.Receipt, err = s.gradeReceipt(ctx, req.Msg, res, started, time.Now()); err != nil {
+			s.log.Warn("grade without a receipt", "sandbox", req.Msg.GetSandboxId(), "err", err)
+		}
 	}
 	// The clean room and the capture go after the reply: a trainer waits
 	// for the reward, not for the deletes.

@@ -43,6 +43,7 @@ import (
 	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/metrics"
+	"dsec.dev/dsec/internal/receipt"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -635,7 +636,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
+	// The node key grades' receipts are signed with: made once, kept in
+	// the root (ROOT/receipt/node.crt is what verifiers are given).
+	receipts, err := receipt.NodeSigner(cfg.Root, cfg.Node)
+	if err != nil {
+		return err
+	}
+	api := apiserver.New(apiserver.Config{Name: cfg.Node, Receipts: receipts, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
 		TokenlessFnCall: tokenless}, meta, fleet, log.With("component", "apiserver"))
 	// A reservation left pending by a dsecd that died mid-create, say, is
 	// reconciled here as in a cluster.

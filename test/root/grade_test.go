@@ -1,7 +1,10 @@
 package root
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +13,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/testutil"
 	dsec "dsec.dev/dsec/sdk/go"
+	"dsec.dev/dsec/sdk/go/receipt"
 )
 
 // The small project the grade tests work on: calc.add is wrong, the agent
@@ -134,6 +138,7 @@ func TestGradeRewardHacks(t *testing.T) {
 		if tc.name == "reward-file" && strings.TrimSpace(string(res.GetStdout())) != "65534" {
 			t.Errorf("the grader ran as uid %q, want 65534", res.GetStdout())
 		}
+		checkGradeReceipt(t, s.d.Root, sb.ID, tc.name, res)
 	}
 	// The clean rooms and captures go after the replies.
 	var left []string
@@ -281,4 +286,34 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// checkGradeReceipt verifies a grade's signed receipt against the node's
+// certificate in its root, as `dsec receipt verify` does, and checks that
+// it says what the grade returned; with its reward edited it fails.
+func checkGradeReceipt(t *testing.T, root, sandbox, name string, res *dsecv1.GradeResult) {
+	t.Helper()
+	v, err := receipt.NewVerifierFile(filepath.Join(root, "receipt", "node.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := v.Verify(res.GetReceipt())
+	if err != nil {
+		t.Errorf("%s: receipt: %v", name, err)
+		return
+	}
+	if r.Sandbox != sandbox || r.Reward != res.GetReward() || r.Exit != int(res.GetExit().GetExitCode()) ||
+		r.Workspace == "" || r.Workspace != res.GetCapture().GetDigest() || len(r.Layers) < 2 || r.Image != res.GetEnvironment() ||
+		r.GradeSandbox != res.GetGraderSandboxId() || r.Outcome != "task" || !r.Finished.After(r.Started) {
+		t.Errorf("%s: receipt %+v does not say what the grade returned: %+v", name, r, res)
+	}
+	var env receipt.Envelope
+	if err := json.Unmarshal(res.GetReceipt(), &env); err != nil {
+		t.Fatal(err)
+	}
+	env.Payload = bytes.Replace(env.Payload, []byte(`"sandbox":"`+sandbox), []byte(`"sandbox":"`+sandbox+"x"), 1)
+	edited, _ := json.Marshal(env)
+	if _, err := v.Verify(edited); err == nil {
+		t.Errorf("%s: an edited receipt verified", name)
+	}
 }

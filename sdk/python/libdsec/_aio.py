@@ -57,7 +57,9 @@ class GradeResult:
     capture is the workspace's SnapshotInfo; raw the whole GradeResult.
     infra_fault names the platform's fault when the platform ended the
     grader (reward_source "fault"): mask the rollout, the reward means
-    nothing.
+    nothing. receipt is the grade's signed receipt (docs/receipts.md), the
+    bytes to write to a file for `dsec receipt verify`; None where the
+    server holds no receipt key.
     """
     reward: float
     reward_source: str
@@ -71,6 +73,7 @@ class GradeResult:
     user: str
     raw: Dict[str, Any]
     infra_fault: Optional[str] = None
+    receipt: Optional[bytes] = None
 
     @property
     def stdout(self) -> str:
@@ -89,7 +92,8 @@ class GradeResult:
                    stderr_bytes=base64.b64decode(r.get("stderr", "")),
                    times={_snake(k): int(v) for k, v in r.get("times", {}).items()},
                    capture=r.get("capture", {}), grader_sandbox_id=r.get("graderSandboxId", ""),
-                   user=r.get("user", ""), raw=r, infra_fault=errors.fault_of_enum(r.get("fault")))
+                   user=r.get("user", ""), raw=r, infra_fault=errors.fault_of_enum(r.get("fault")),
+                   receipt=base64.b64decode(r["receipt"]) if r.get("receipt") else None)
 
 
 def _snake(camel: str) -> str:

@@ -6,7 +6,9 @@ Skips without a dsecd binary or root; fails instead under DSEC_TEST_ROOT=1.
 import _path  # noqa: F401
 import asyncio
 import hashlib
+import json
 import os
+import subprocess
 import tempfile
 import time
 import unittest
@@ -155,6 +157,15 @@ class LiveTest(unittest.TestCase):
             self.assertEqual(r.user, "65534:65534")
         self.assertEqual(graded, {"honest": (1.0, "exit", "ok"), "edit-check": (0.0, "exit", "nonzero"),
                                   "outside": (0.0, "exit", "nonzero")})
+        # The last grade's signed receipt verifies through the CLI against
+        # the node's certificate, and says its reward.
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            f.write(r.receipt)
+            f.flush()
+            out = subprocess.run([os.path.join(D.bin, "dsec"), "--json", "receipt", "verify", "--ca",
+                                  os.path.join(D.root, "receipt", "node.crt"), f.name],
+                                 check=True, capture_output=True).stdout
+        self.assertEqual([(x["sandbox"], x["reward"], x["node"]) for x in json.loads(out)], [(sb.id, 0.0, "py")])
         sb = self.sandbox()
         r = arun(self._agrade(sb.id))
         self.assertEqual((r.reward, r.reward_source, r.stdout), (0.5, "file", "half\n"))

@@ -6272,7 +6272,13 @@ type GradeResult struct {
 	// reward_source "fault" and reward 0, which means nothing: mask the
 	// rollout. Unset when the grader ended by itself. A grade that could not
 	// run at all is an error, typed as the SDKs type errors.
-	Fault         Fault `protobuf:"varint,20,opt,name=fault,proto3,enum=dsec.v1.Fault" json:"fault,omitempty"`
+	Fault Fault `protobuf:"varint,20,opt,name=fault,proto3,enum=dsec.v1.Fault" json:"fault,omitempty"`
+	// The grade's signed receipt (docs/receipts.md): a DSSE envelope's JSON,
+	// signed by the node's key (the all-in-one's node key; unset where the
+	// server holds no receipt key). Verify it offline with `dsec receipt
+	// verify` or sdk/go/receipt. Field 21 is kept for the source sandbox's
+	// provenance.
+	Receipt       []byte `protobuf:"bytes,22,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6382,6 +6388,13 @@ func (x *GradeResult) GetFault() Fault {
 		return x.Fault
 	}
 	return Fault_FAULT_UNSPECIFIED
+}
+
+func (x *GradeResult) GetReceipt() []byte {
+	if x != nil {
+		return x.Receipt
+	}
+	return nil
 }
 
 type SnapshotRequest struct {
@@ -9721,7 +9734,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x19\n" +
 	"\btests_ms\x18\x03 \x01(\x03R\atestsMs\x12\x1b\n" +
 	"\tgrader_ms\x18\x04 \x01(\x03R\bgraderMs\x12\x19\n" +
-	"\btotal_ms\x18\x06 \x01(\x03R\atotalMsJ\x04\b\x05\x10\x06\"\x87\x03\n" +
+	"\btotal_ms\x18\x06 \x01(\x03R\atotalMsJ\x04\b\x05\x10\x06\"\xa1\x03\n" +
 	"\vGradeResult\x12\x16\n" +
 	"\x06reward\x18\x01 \x01(\x01R\x06reward\x12#\n" +
 	"\rreward_source\x18\x02 \x01(\tR\frewardSource\x12'\n" +
@@ -9734,7 +9747,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\venvironment\x18\t \x01(\tR\venvironment\x12\x12\n" +
 	"\x04user\x18\n" +
 	" \x01(\tR\x04user\x12$\n" +
-	"\x05fault\x18\x14 \x01(\x0e2\x0e.dsec.v1.FaultR\x05fault\"\xac\x01\n" +
+	"\x05fault\x18\x14 \x01(\x0e2\x0e.dsec.v1.FaultR\x05fault\x12\x18\n" +
+	"\areceipt\x18\x16 \x01(\fR\areceipt\"\xac\x01\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
