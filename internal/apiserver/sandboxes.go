@@ -39,6 +39,10 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 	if _, ok := dsecv1.Isolation_name[int32(msg.GetSpec().GetIsolation())]; !ok {
 		return nil, fmt.Errorf("spec.isolation %d is not known (container, gvisor, microvm): %w", msg.GetSpec().GetIsolation(), errdefs.ErrInvalidArgument)
 	}
+	// A retry is known by the request its client sent, hashed before
+	// the spec is spelt out below (its class, its project), so that the
+	// hash does not change with what this apiserver fills in.
+	hash := requestHash(msg)
 	if err := normalizeQoS(msg.GetSpec()); err != nil {
 		return nil, err
 	}
@@ -66,7 +70,6 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 		}
 		return connect.NewResponse(&dsecv1.CreateResponse{Sandboxes: sbs}), nil
 	}
-	hash := requestHash(msg)
 	for {
 		// Only one create per key runs here; the others wait for its
 		// record. A key done already (a retry) is found by its
