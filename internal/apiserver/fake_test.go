@@ -257,6 +257,27 @@ func (f *fakeEdge) NetworkLog(ctx context.Context, id string, since time.Time, l
 	return nil, f.refuse(id, "has no network")
 }
 
+func (f *fakeEdge) Provenance(ctx context.Context, id string, flagsOnly bool) (*dsecv1.SandboxProvenance, error) {
+	sb, err := f.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !sandbox.Live(sb.GetState()) {
+		return nil, sandbox.GoneError(sb)
+	}
+	return &dsecv1.SandboxProvenance{SandboxId: id, Flags: &dsecv1.ProvenanceFlags{}}, nil
+}
+
+func (f *fakeEdge) SetProvenancePaths(ctx context.Context, id string, paths *dsecv1.ProvenancePaths) ([]string, error) {
+	if err := sandbox.CheckProvenancePaths(paths); err != nil {
+		return nil, err
+	}
+	if _, err := f.Get(ctx, id); err != nil {
+		return nil, err
+	}
+	return nil, nil
+}
+
 func (f *fakeEdge) running() int {
 	n, _ := f.List(context.Background(), nil, []dsecv1.State{dsecv1.State_STATE_RUNNING})
 	return len(n)

@@ -43,3 +43,21 @@ func (s *Server) NetworkLog(ctx context.Context, req *connect.Request[dsecv1.Net
 	return e.NetworkLog(ctx, connect.NewRequest(&dsecv1.NetworkLogRequest{
 		SandboxId: m.GetSandboxId(), SinceUnixMs: m.GetSinceUnixMs(), Limit: int32(limit)}))
 }
+
+// Provenance forwards to the sandbox's edge (package provenance).
+func (s *Server) Provenance(ctx context.Context, req *connect.Request[dsecv1.ProvenanceRequest]) (*connect.Response[dsecv1.SandboxProvenance], error) {
+	e, err := s.sandboxEdge(ctx, req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	return e.Provenance(ctx, req)
+}
+
+// SetProvenancePaths forwards to the sandbox's edge.
+func (s *Server) SetProvenancePaths(ctx context.Context, req *connect.Request[dsecv1.SetProvenancePathsRequest]) (*connect.Response[dsecv1.SetProvenancePathsResponse], error) {
+	e, err := s.sandboxEdge(ctx, req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	return e.SetProvenancePaths(ctx, req)
+}

@@ -51,7 +51,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long the idle sandboxes' CPU is measured (0: not at all)")
 	f.IntVar(&o.RateProbe, "rate-probe", o.RateProbe, "creates timed on the empty node and again with the idle sandboxes live (0: none)")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
-	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchTrajectoryCommand(), a.benchLifecycleCommand(), a.benchGradeCommand(), a.benchFnCallCommand(), a.benchE2BCommand(), a.benchVMCommand())
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchTrajectoryCommand(), a.benchLifecycleCommand(), a.benchGradeCommand(), a.benchFnCallCommand(), a.benchE2BCommand(), a.benchVMCommand(), a.benchProvenanceCommand())
 	return cmd
 }
 
@@ -126,6 +126,25 @@ func (a *app) benchNetworkCommand() *cobra.Command {
 	f.IntVar(&o.Scale, "scale", o.Scale, "networked sandboxes held at once")
 	f.IntVar(&o.Updates, "updates", o.Updates, "rule updates to time, alone and at scale")
 	f.IntVar(&o.Parallel, "parallel", o.Parallel, "creates in flight while scaling up")
+	return cmd
+}
+
+func (a *app) benchProvenanceCommand() *cobra.Command {
+	o := bench.ProvenanceOptions{Env: benchEnv, Execs: 300, Command: "cat /etc/passwd >/dev/null"}
+	cmd := &cobra.Command{
+		Use:   "provenance",
+		Short: "exec p50 with provenance on (protected paths watched, a protected read per exec) against off, alternating in one run; the Provenance call's latency",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.RunProvenance(ctx, a.c, o)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Env, "env", benchEnv, "environment to benchmark")
+	f.IntVar(&o.Execs, "execs", o.Execs, "execs per side")
+	f.StringVar(&o.Command, "command", o.Command, "the shell command each exec runs")
 	return cmd
 }
 

@@ -170,7 +170,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.runCommand(), a.createCommand(), a.execCommand(), a.shellCommand(),
 		a.lsCommand(), a.inspectCommand(), a.nodesCommand(), a.rmCommand(), a.pauseCommand(), a.resumeCommand(), a.timeoutCommand(), a.endPhaseCommand(), a.topCommand(), a.snapshotCommand(), a.forkCommand(), a.gradeCommand(), a.cpCommand(),
 		a.psCommand(), a.attachCommand(), a.killCommand(),
-		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.imageCommand(), a.poolCommand(), a.fnCommand(), a.e2bCommand(),
+		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.provenanceCommand(), a.imageCommand(), a.poolCommand(), a.fnCommand(), a.e2bCommand(),
 		a.trajectoryCommand(), a.replayCommand(),
 		a.projectCommand(), a.quotaCommand(), a.principalCommand(), a.grantCommand(), a.revokeCommand(), a.tokenCommand(), a.auditCommand(),
 		a.receiptCommand(),

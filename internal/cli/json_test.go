@@ -174,6 +174,14 @@ func (f *jsonFake) SetNetworkRules(context.Context, req[dsecv1.SetNetworkRulesRe
 func (f *jsonFake) NetworkLog(context.Context, req[dsecv1.NetworkLogRequest]) (res[dsecv1.NetworkLogResponse], error) {
 	return answer[dsecv1.NetworkLogResponse](f)
 }
+
+func (f *jsonFake) Provenance(context.Context, req[dsecv1.ProvenanceRequest]) (res[dsecv1.SandboxProvenance], error) {
+	return answer[dsecv1.SandboxProvenance](f)
+}
+
+func (f *jsonFake) SetProvenancePaths(context.Context, req[dsecv1.SetProvenancePathsRequest]) (res[dsecv1.SetProvenancePathsResponse], error) {
+	return answer[dsecv1.SetProvenancePathsResponse](f)
+}
 func (f *jsonFake) SetWarmPool(context.Context, req[dsecv1.SetWarmPoolRequest]) (res[dsecv1.WarmPool], error) {
 	return answer[dsecv1.WarmPool](f)
 }
@@ -294,6 +302,8 @@ func TestJSONShapes(t *testing.T) {
 		{"image ls", nil, nil},
 		{"net set", []string{"sb-n1-a", "{}"}, &dsecv1.SetNetworkRulesResponse{}},
 		{"net log", []string{"sb-n1-a"}, &dsecv1.NetworkLogResponse{}},
+		{"provenance", []string{"sb-n1-a"}, &dsecv1.SandboxProvenance{}},
+		{"provenance mark", []string{"sb-n1-a", "--protected", "/hidden"}, &dsecv1.SetProvenancePathsResponse{}},
 		{"pool set", []string{"b:1"}, &dsecv1.WarmPool{}},
 		{"pool rm", []string{"b:1"}, &dsecv1.WarmPool{}},
 		{"pool ls", nil, &dsecv1.ListWarmPoolsResponse{}},

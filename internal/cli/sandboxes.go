@@ -38,6 +38,8 @@ type specFlags struct {
 	noAutoResume bool
 	// Phase budgets: setup, agent, verify (docs/lifecycle.md).
 	setupBudget, agentBudget, verifyBudget time.Duration
+	// prov are the provenance paths, not shape.
+	prov provFlags
 }
 
 func (f *specFlags) add(cmd *cobra.Command) {
@@ -52,6 +54,7 @@ func (f *specFlags) add(cmd *cobra.Command) {
 	fl.DurationVar(&f.setupBudget, "setup-budget", 0, "phase budgets: the setup phase's, e.g. 2m (the TTL becomes the budgets' sum plus 30s)")
 	fl.DurationVar(&f.agentBudget, "agent-budget", 0, "phase budgets: the agent phase's; its end kills every process in the sandbox (see dsec end-phase)")
 	fl.DurationVar(&f.verifyBudget, "verify-budget", 0, "phase budgets: the verify phase's, reserved however the agent overran")
+	f.prov.add(cmd)
 }
 
 // addShape adds the flags that make a sandbox's shape: everything but
@@ -107,6 +110,7 @@ func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
 	if f.setupBudget != 0 || f.agentBudget != 0 || f.verifyBudget != 0 {
 		spec.Phases = &dsecv1.PhaseBudgets{SetupSeconds: f.setupBudget.Seconds(), AgentSeconds: f.agentBudget.Seconds(), VerifySeconds: f.verifyBudget.Seconds()}
 	}
+	spec.Provenance = f.prov.paths()
 	return spec, nil
 }
 

@@ -39,6 +39,7 @@ import (
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/network"
+	"dsec.dev/dsec/internal/edge/provenance"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/errdefs"
@@ -413,7 +414,10 @@ type node struct {
 	runtimes map[sandbox.Kind]backend.Runtime
 	missing  map[dsecv1.Isolation]string
 	net      *netctl.Controller // nil without networking
-	edge     *sandbox.Manager
+	// reads watches sandboxes' protected paths; nil where the host has no
+	// fanotify (provenance then says reads are not seen).
+	reads *provenance.Watcher
+	edge  *sandbox.Manager
 }
 
 func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
@@ -504,6 +508,13 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		}
 	}
 	n.metrics = cfg.metrics.Edge()
+	var reads sandbox.ReadWatcher
+	if n.reads, err = provenance.NewWatcher(log.With("component", "provenance")); err != nil {
+		log.Warn("reads of protected paths will not be seen", "err", err)
+		n.reads = nil
+	} else {
+		reads = n.reads
+	}
 	n.edge, err = sandbox.New(sandbox.Config{
 		Node:            cfg.Node,
 		Slot:            cfg.Slot,
@@ -518,6 +529,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		PauseReleases:   pauseReleases,
 		Missing:         n.missing,
 		Metrics:         n.metrics,
+		Reads:           reads,
 	}, n.runtimes, n.layers, network, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
@@ -564,6 +576,9 @@ func (n *node) layerInUse(ctx context.Context, digest string) (string, error) {
 }
 
 func (n *node) close() {
+	if n.reads != nil {
+		n.reads.Close()
+	}
 	if n.layers != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if err := n.layers.Close(ctx); err != nil {

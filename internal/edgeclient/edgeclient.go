@@ -262,6 +262,14 @@ func (r *Remote) NetworkLog(ctx context.Context, req *connect.Request[dsecv1.Net
 	return unary(ctx, r.c.NetworkLog, req)
 }
 
+func (r *Remote) Provenance(ctx context.Context, req *connect.Request[dsecv1.ProvenanceRequest]) (*connect.Response[dsecv1.SandboxProvenance], error) {
+	return unary(ctx, r.c.Provenance, req)
+}
+
+func (r *Remote) SetProvenancePaths(ctx context.Context, req *connect.Request[dsecv1.SetProvenancePathsRequest]) (*connect.Response[dsecv1.SetProvenancePathsResponse], error) {
+	return unary(ctx, r.c.SetProvenancePaths, req)
+}
+
 func (r *Remote) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.SetWarmPoolRequest]) (*connect.Response[dsecv1.WarmPool], error) {
 	return unary(ctx, r.c.SetWarmPool, req)
 }

@@ -155,6 +155,8 @@ func testErrors(t *testing.T, e *edge) {
 	} else {
 		wantKind(t, "Fork of an unknown sandbox", err, errdefs.ErrNotFound)
 	}
+	_, err = e.h.Provenance(ctx, connect.NewRequest(&dsecv1.ProvenanceRequest{SandboxId: unknown}))
+	wantKind(t, "Provenance of an unknown sandbox", err, errdefs.ErrNotFound)
 	if err := e.delete(ctx, unknown); err != nil {
 		t.Errorf("Delete of an unknown sandbox: %v, want nil (Delete is idempotent)", err)
 	}
@@ -233,11 +235,14 @@ func testInside(t *testing.T, e *edge) {
 		wantKind(t, "Stat of a missing file", err, errdefs.ErrNotFound)
 		testSnapshot(t, e, id)
 	}
+	testProvenance(t, e, id)
 	if err := e.delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	_, err := e.exec(ctx, id, "true")
 	wantKind(t, "Exec in a deleted sandbox", err, errdefs.ErrFailedPrecondition)
+	_, err = e.h.Provenance(ctx, connect.NewRequest(&dsecv1.ProvenanceRequest{SandboxId: id}))
+	wantKind(t, "Provenance of a deleted sandbox", err, errdefs.ErrFailedPrecondition)
 	_, err = e.h.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: "/etc/hostname"}))
 	wantKind(t, "ReadFile in a deleted sandbox", err, errdefs.ErrFailedPrecondition)
 }
@@ -357,4 +362,39 @@ func testCancel(t *testing.T, e *edge) {
 // (either kind of it).
 func ended(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errdefs.ErrDeadlineExceeded)
+}
+
+// testProvenance: a relative provenance path is refused; the provenance of
+// a sandbox names the file testInside wrote outside the workspace, where
+// the edge runs sandboxes.
+func testProvenance(t *testing.T, e *edge, id string) {
+	ctx := t.Context()
+	_, err := e.h.SetProvenancePaths(ctx, connect.NewRequest(&dsecv1.SetProvenancePathsRequest{
+		SandboxId: id, Paths: &dsecv1.ProvenancePaths{Workspace: []string{"work"}}}))
+	wantKind(t, "SetProvenancePaths with a relative path", err, errdefs.ErrInvalidArgument)
+	if _, err := e.h.SetProvenancePaths(ctx, connect.NewRequest(&dsecv1.SetProvenancePathsRequest{
+		SandboxId: id, Paths: &dsecv1.ProvenancePaths{Workspace: []string{"/work"}}})); err != nil {
+		t.Fatalf("SetProvenancePaths: %v", err)
+	}
+	res, err := e.h.Provenance(ctx, connect.NewRequest(&dsecv1.ProvenanceRequest{SandboxId: id}))
+	if err != nil {
+		t.Fatalf("Provenance: %v", err)
+	}
+	p := res.Msg
+	if e.o.Deviations.NoAgent {
+		if len(p.GetFilesWritten()) != 0 || p.GetFlags().GetFilesOutsideWorkspace() {
+			t.Errorf("Provenance on an edge that runs nothing: %v", p)
+		}
+		return
+	}
+	var found bool
+	for _, f := range p.GetFilesWritten() {
+		if f.GetPath() == "/tmp/edgetest" {
+			found = f.GetChange() == "created" && !f.GetInWorkspace()
+		}
+	}
+	if !found || !p.GetFlags().GetFilesOutsideWorkspace() || !slices.Equal(p.GetPaths().GetWorkspace(), []string{"/work"}) {
+		t.Errorf("Provenance after a write of /tmp/edgetest with workspace /work: files %v, flags %v, paths %v; want it created outside the workspace",
+			p.GetFilesWritten(), p.GetFlags(), p.GetPaths())
+	}
 }

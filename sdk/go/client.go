@@ -33,7 +33,7 @@
 //   - A call that reached a server and got Unavailable back (or a proxy's
 //     502, 503 or 504, or a connection broken before the answer) is tried
 //     again, on the next address, only if it may repeat: Get, List, Delete,
-//     SetNetworkRules, NetworkLog, SetWarmPool, WarmPools, ListLayers,
+//     SetNetworkRules, NetworkLog, Provenance, SetProvenancePaths, SetWarmPool, WarmPools, ListLayers,
 //     ListEnvironments, LayerStats, Languages, and of the IAM calls Project,
 //     Projects, Quota, SetQuota, Principals, Grant, Bindings, RevokeToken,
 //     Tokens and Audit (the calls the API marks free of side effects or
@@ -396,6 +396,9 @@ type CreateOptions struct {
 	// Phases, when set, split the sandbox's life into setup, agent and
 	// verify budgets; the TTL is their sum plus a margin (see PhaseBudgets).
 	Phases *PhaseBudgets
+	// Provenance marks the task's workspace, test and protected paths for
+	// the sandbox's provenance (Sandbox.Provenance).
+	Provenance *ProvenancePaths
 }
 
 func (o *CreateOptions) spec(env string) (*dsecv1.SandboxSpec, error) {
@@ -411,7 +414,7 @@ func (o *CreateOptions) spec(env string) (*dsecv1.SandboxSpec, error) {
 		TtlSeconds: seconds(o.TTL), IdleTimeoutSeconds: seconds(o.IdleTimeout),
 		User: o.User, Env: o.Env, Labels: o.Labels, NetworkRules: o.NetworkRules,
 		Hostname: o.Hostname, Workdir: o.Workdir, Phases: o.Phases.proto(),
-		Qos: o.QoS,
+		Qos: o.QoS, Provenance: o.Provenance.proto(),
 	}
 	switch o.Isolation {
 	case "", IsolationContainer:

@@ -385,3 +385,27 @@ type ResumeStats struct {
 	// the sandbox's tmpfs mounts (/dev/shm, a tmpfs /tmp).
 	Advised, AdvisedTmpfs int64
 }
+
+// Inspector lets the edge look at a running sandbox from the host, for
+// its provenance: a Runtime whose sandboxes' writable layer, root file
+// system and processes the host can see implements it (the container
+// backend; the edge asks by type and falls back to a Snapshotter's
+// capture for the writable layer).
+type Inspector interface {
+	// Upper returns the host dir holding sandbox id's writable layer in
+	// overlayfs's upper form, live: it changes while the sandbox runs.
+	Upper(id string) (string, error)
+	// Root returns a host path at which sandbox id's root file system is
+	// seen as its processes see it (the same inodes), and the host pid of
+	// its agent; ErrNotSupported where the host cannot see it so.
+	Root(ctx context.Context, id string) (root string, agentPid int, err error)
+	// Processes lists the processes running in sandbox id other than its
+	// agent.
+	Processes(ctx context.Context, id string) ([]Process, error)
+}
+
+// Process is a process running in a sandbox.
+type Process struct {
+	Pid     int // in the sandbox's pid namespace where known, else the host's
+	Command string
+}

@@ -85,6 +85,11 @@ type Edge interface {
 	AgentStarting(ctx context.Context, id string) (client agentclient.Client, started, release func(), err error)
 	SetNetworkRules(ctx context.Context, id string, rules map[string]bool, cut bool) ([]string, error)
 	NetworkLog(ctx context.Context, id string, since time.Time, limit int) ([]netpolicy.Event, error)
+	// Provenance says how the sandbox's state came to be (package
+	// provenance); SetProvenancePaths replaces the paths it judges by and
+	// returns the protected ones it cannot watch.
+	Provenance(ctx context.Context, id string, flagsOnly bool) (*dsecv1.SandboxProvenance, error)
+	SetProvenancePaths(ctx context.Context, id string, paths *dsecv1.ProvenancePaths) ([]string, error)
 	SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error)
 	WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error)
 }
@@ -786,6 +791,22 @@ func (s *Service) NetworkLog(ctx context.Context, req *connect.Request[dsecv1.Ne
 		out.Events = append(out.Events, pe)
 	}
 	return connect.NewResponse(out), nil
+}
+
+func (s *Service) Provenance(ctx context.Context, req *connect.Request[dsecv1.ProvenanceRequest]) (*connect.Response[dsecv1.SandboxProvenance], error) {
+	p, err := s.edge.Provenance(ctx, req.Msg.GetSandboxId(), req.Msg.GetFlagsOnly())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(p), nil
+}
+
+func (s *Service) SetProvenancePaths(ctx context.Context, req *connect.Request[dsecv1.SetProvenancePathsRequest]) (*connect.Response[dsecv1.SetProvenancePathsResponse], error) {
+	unwatched, err := s.edge.SetProvenancePaths(ctx, req.Msg.GetSandboxId(), req.Msg.GetPaths())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.SetProvenancePathsResponse{Unwatched: unwatched}), nil
 }
 
 func (s *Service) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.SetWarmPoolRequest]) (*connect.Response[dsecv1.WarmPool], error) {

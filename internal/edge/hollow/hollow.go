@@ -350,6 +350,35 @@ func (e *Edge) NetworkLog(ctx context.Context, id string, since time.Time, limit
 	return nil, nil
 }
 
+// Provenance of a hollow sandbox: nothing runs, so nothing is seen but
+// its paths.
+func (e *Edge) Provenance(ctx context.Context, id string, flagsOnly bool) (*dsecv1.SandboxProvenance, error) {
+	sb, err := e.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !sandbox.Live(sb.GetState()) {
+		return nil, sandbox.GoneError(sb)
+	}
+	return &dsecv1.SandboxProvenance{SandboxId: id, Isolation: "hollow", TakenUnixMs: time.Now().UnixMilli(),
+		Flags: &dsecv1.ProvenanceFlags{}, Paths: sb.GetSpec().GetProvenance(),
+		Unseen: []string{"everything: a hollow sandbox runs nothing"}}, nil
+}
+
+func (e *Edge) SetProvenancePaths(ctx context.Context, id string, paths *dsecv1.ProvenancePaths) ([]string, error) {
+	if err := sandbox.CheckProvenancePaths(paths); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sb, ok := e.sbs[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	sb.Spec.Provenance = proto.Clone(paths).(*dsecv1.ProvenancePaths)
+	return nil, nil
+}
+
 func (e *Edge) SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

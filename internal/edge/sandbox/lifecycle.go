@@ -46,6 +46,10 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.log.Info("removing orphan sandbox", "id", id)
 		m.reap(ctx, id, rt)
 	}
+	// A watcher's marks ended with the daemon that made them.
+	for _, id := range ids {
+		m.recoverProvenance(ctx, id)
+	}
 	if m.net != nil {
 		keep := map[string]map[string]bool{}
 		m.mu.Lock()

@@ -40,6 +40,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/netctl"
+	"dsec.dev/dsec/internal/edge/provenance"
 	"dsec.dev/dsec/internal/edge/state"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/grade"
@@ -126,6 +127,9 @@ type Config struct {
 	// Metrics records creates, deletes, pauses, warm-pool hits and
 	// admission refusals; nil records nothing.
 	Metrics *metrics.Edge
+	// Reads watches sandboxes' protected paths (their spec's provenance);
+	// nil: reads are not seen, and provenance says so.
+	Reads ReadWatcher
 }
 
 // Manager is the edge of one node. Create it with New, then call Recover
@@ -194,6 +198,10 @@ type sandbox struct {
 	// cpuAt is the CPU time of the last Metrics reading and when it was
 	// taken, for the next one's CPU percentage. Guarded by mu.
 	cpuAt cpuSample
+	// baseline is the writable layer as the sandbox started, for its
+	// provenance; nil where the runtime does not show the layer. Guarded
+	// by mu.
+	baseline provenance.Baseline
 	// token is the create token of the create that made (or took) it, ""
 	// for none; kept on disk beside the record (state.SaveToken). Guarded by
 	// Manager.mu, not mu.
@@ -278,8 +286,12 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token st
 	if err != nil {
 		return nil, err
 	}
+	if err := CheckProvenancePaths(spec.GetProvenance()); err != nil {
+		return nil, err
+	}
 	if rec := m.takeWarm(ctx, spec, token); rec != nil {
 		m.cfg.Metrics.Pool(true)
+		m.startProvenance(ctx, rec.GetId())
 		return rec, nil
 	}
 	m.cfg.Metrics.Pool(false)
@@ -294,8 +306,10 @@ func (m *Manager) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token st
 		return nil, err
 	}
 	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return cloneRec(sb.rec), nil
+	rec = cloneRec(sb.rec)
+	sb.mu.Unlock()
+	m.startProvenance(ctx, rec.GetId())
+	return rec, nil
 }
 
 // start launches sandbox id from spec (defaults already applied) for the
@@ -883,6 +897,9 @@ func (m *Manager) stopAs(ctx context.Context, sb *sandbox, c call, final dsecv1.
 	level := slog.LevelDebug
 	if final == dsecv1.State_STATE_FAILED {
 		level = slog.LevelWarn
+	}
+	if m.cfg.Reads != nil {
+		m.cfg.Reads.Forget(id)
 	}
 	m.log.Log(ctx, level, "sandbox ended", "id", id, "state", final.String(), "reason", reason.String(), "message", msg)
 	return nil

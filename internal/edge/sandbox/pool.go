@@ -78,6 +78,7 @@ func shapeOf(spec *dsecv1.SandboxSpec) *dsecv1.SandboxSpec {
 	if s.Qos == "" {
 		s.Qos = string(qos.Latency) // the default, so both spellings share a pool
 	}
+	s.Provenance = nil
 	return s
 }
 

@@ -550,7 +550,7 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
     @staticmethod
     def _spec(env: str, backend: str, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
               env_vars, labels, network_rules, hostname, workdir, on_timeout=None,
-              auto_resume=None, isolation=None, qos=None) -> Dict[str, Any]:
+              auto_resume=None, isolation=None, qos=None, provenance=None) -> Dict[str, Any]:
         if backend not in ("container", ""):
             raise errors.InvalidArgument(f"backend {backend!r} is not known (container)")
         spec: Dict[str, Any] = {"environment": env, "backend": "BACKEND_CONTAINER"}
@@ -586,6 +586,8 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
             spec["labels"] = {str(k): str(v) for k, v in labels.items()}
         if network_rules:
             spec["networkRules"] = _rules(network_rules)
+        if provenance:
+            spec["provenance"] = _provenance_paths(provenance)
         return spec
 
     async def create_many(self, n: int, env: str, *, backend: str = "container",
@@ -602,7 +604,8 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
                           idempotency_key: Optional[str] = None,
                           on_timeout: Optional[str] = None,
                           auto_resume: Optional[bool] = None,
-                          phases: Optional[Mapping[str, float]] = None) -> List["Sandbox"]:
+                          phases: Optional[Mapping[str, float]] = None,
+                          provenance: Optional[Mapping[str, Sequence[str]]] = None) -> List["Sandbox"]:
         """Create n sandboxes in one call: all of them, or none.
 
         The call carries an idempotency key, so retries after a dropped
@@ -623,12 +626,15 @@ class AsyncClient(IAMCalls, TrajectoryCalls):
         plus 30 s, the agent phase's end (its budget, or end_phase("agent"))
         kills every process in the sandbox but not the sandbox, and verify
         keeps its budget however the agent overran (docs/lifecycle.md).
+        provenance marks the task's paths for Sandbox.provenance: a dict
+        with any of "workspace", "tests" and "protected", each a list of
+        absolute paths in the sandbox.
         """
         if n < 1:
             raise errors.InvalidArgument("n must be at least 1")
         spec = self._spec(env, backend, cpus, memory_mb, disk_mb, pids, ttl_s, idle_timeout_s, user,
                           env_vars, labels, network_rules, hostname, workdir, on_timeout, auto_resume,
-                          isolation, qos)
+                          isolation, qos, provenance)
         if phases:
             unknown = set(phases) - {"setup", "agent", "verify"}
             if unknown:
@@ -1077,6 +1083,35 @@ class Sandbox:
         """The sandbox's trajectory from offset (docs/trajectories.md): a
         Trajectory of its lines, next_offset, ended and sha256."""
         return await self.client.trajectory(self.id, offset, timeout=timeout)
+
+    async def provenance(self, *, flags_only: bool = False,
+                         timeout: Optional[float] = None) -> Dict[str, Any]:
+        """How the sandbox's state came to be (docs/provenance.md): a dict
+        with flags (a dict of the flags by name: files_outside_workspace,
+        tests_modified, interpreter_replaced, protected_read,
+        network_allowed, network_denied, leftover_processes,
+        packages_installed, syscalls_denied), flags_set (the names of
+        those set), files_written, replaced, tests_changed,
+        protected_reads, network, processes, packages (lists of dicts, keys
+        in snake_case), files_written_total, isolation, paths and unseen
+        (what this sandbox's backend cannot see). flags_only leaves out the
+        list of files written. May be sent again."""
+        msg: Dict[str, Any] = {"sandboxId": self.id}
+        if flags_only:
+            msg["flagsOnly"] = True
+        resp = await self.client._call("Provenance", msg, timeout, idempotent=True)
+        return _provenance(resp)
+
+    async def set_provenance_paths(self, *, workspace: Sequence[str] = (), tests: Sequence[str] = (),
+                                   protected: Sequence[str] = (),
+                                   timeout: Optional[float] = None) -> List[str]:
+        """Replace the provenance paths the sandbox was made with; its
+        protected paths are watched from now on. Returns the protected
+        paths that cannot be watched, with why."""
+        msg = {"sandboxId": self.id, "paths": _provenance_paths(
+            {"workspace": workspace, "tests": tests, "protected": protected})}
+        resp = await self.client._call("SetProvenancePaths", msg, timeout, idempotent=True)
+        return list(resp.get("unwatched", []))
 
     async def delete(self, *, timeout: Optional[float] = None) -> None:
         await self.client.delete(self.id, timeout=timeout)
@@ -1694,3 +1729,44 @@ class Session:
     async def close(self, *, timeout: Optional[float] = None) -> None:
         await self.sandbox.client._call("SessionClose", {"sandboxId": self.sandbox.id, "session": self.name},
                                         timeout)
+
+
+PROVENANCE_FLAGS = ("files_outside_workspace", "tests_modified", "interpreter_replaced", "protected_read",
+                    "network_allowed", "network_denied", "leftover_processes", "packages_installed",
+                    "syscalls_denied")
+
+
+def _provenance_paths(p: Mapping[str, Sequence[str]]) -> Dict[str, List[str]]:
+    out: Dict[str, List[str]] = {}
+    for k in p:
+        if k not in ("workspace", "tests", "protected"):
+            raise errors.InvalidArgument(f"provenance key {k!r}: want workspace, tests or protected")
+        if isinstance(p[k], str):
+            raise errors.InvalidArgument(f"provenance {k}: a list of paths, not a string")
+        if p[k]:
+            out[k] = [str(x) for x in p[k]]
+    return out
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
+def _snake_dict(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {_snake(k): _snake_dict(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_snake_dict(v) for v in d]
+    return d
+
+
+def _provenance(resp: Dict[str, Any]) -> Dict[str, Any]:
+    out = _snake_dict(resp)
+    flags = {f: bool(out.get("flags", {}).get(f, False)) for f in PROVENANCE_FLAGS}
+    out["flags"] = flags
+    out["flags_set"] = [f for f in PROVENANCE_FLAGS if flags[f]]
+    for k in ("files_written", "replaced", "tests_changed", "protected_reads", "network", "processes",
+              "packages", "syscalls_denied", "unseen"):
+        out.setdefault(k, [])
+    out["files_written_total"] = int(out.get("files_written_total", 0))
+    return out

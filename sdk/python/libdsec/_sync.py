@@ -302,6 +302,12 @@ class Sandbox:
     def trajectory(self, offset: int = 0, **kw):
         return self._run(self._a.trajectory(offset, **kw))
 
+    def provenance(self, **kw) -> Dict[str, Any]:
+        return self._run(self._a.provenance(**kw))
+
+    def set_provenance_paths(self, **kw) -> List[str]:
+        return self._run(self._a.set_provenance_paths(**kw))
+
     def exec(self, cmd: Command, **kw) -> ExecResult:
         return self._run(self._a.exec(cmd, **kw))
 

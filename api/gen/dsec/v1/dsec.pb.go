@@ -1004,7 +1004,10 @@ type SandboxSpec struct {
 	// CPU class: "latency" (the default) or "best_effort", which runs the
 	// sandbox under SCHED_IDLE (its cpu cgroup's cpu.idle): it gets only CPU
 	// time latency sandboxes leave. Anything else is InvalidArgument.
-	Qos           string `protobuf:"bytes,20,opt,name=qos,proto3" json:"qos,omitempty"`
+	Qos string `protobuf:"bytes,20,opt,name=qos,proto3" json:"qos,omitempty"`
+	// The paths provenance judges the sandbox's writes and reads by (the
+	// Provenance call); not part of a warm pool's shape.
+	Provenance    *ProvenancePaths `protobuf:"bytes,41,opt,name=provenance,proto3" json:"provenance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1186,6 +1189,81 @@ func (x *SandboxSpec) GetQos() string {
 	return ""
 }
 
+func (x *SandboxSpec) GetProvenance() *ProvenancePaths {
+	if x != nil {
+		return x.Provenance
+	}
+	return nil
+}
+
+// ProvenancePaths are absolute paths in the sandbox, each a file or a
+// directory (everything below it).
+type ProvenancePaths struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where the task's work goes: a write elsewhere is listed as outside the
+	// workspace (flag files_outside_workspace).
+	Workspace []string `protobuf:"bytes,1,rep,name=workspace,proto3" json:"workspace,omitempty"`
+	// The task's tests: a write, removal or replacement below one raises
+	// tests_modified (so does a conftest.py or pytest.ini anywhere).
+	Tests []string `protobuf:"bytes,2,rep,name=tests,proto3" json:"tests,omitempty"`
+	// Hidden tests, answer files: any process of the sandbox opening one
+	// raises protected_read (containers under runc; see docs/provenance.md).
+	Protected     []string `protobuf:"bytes,3,rep,name=protected,proto3" json:"protected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvenancePaths) Reset() {
+	*x = ProvenancePaths{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvenancePaths) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvenancePaths) ProtoMessage() {}
+
+func (x *ProvenancePaths) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvenancePaths.ProtoReflect.Descriptor instead.
+func (*ProvenancePaths) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ProvenancePaths) GetWorkspace() []string {
+	if x != nil {
+		return x.Workspace
+	}
+	return nil
+}
+
+func (x *ProvenancePaths) GetTests() []string {
+	if x != nil {
+		return x.Tests
+	}
+	return nil
+}
+
+func (x *ProvenancePaths) GetProtected() []string {
+	if x != nil {
+		return x.Protected
+	}
+	return nil
+}
+
 type Sandbox struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Id               string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1218,7 +1296,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1308,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1321,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1407,7 +1485,7 @@ type PauseStats struct {
 
 func (x *PauseStats) Reset() {
 	*x = PauseStats{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1497,7 @@ func (x *PauseStats) String() string {
 func (*PauseStats) ProtoMessage() {}
 
 func (x *PauseStats) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1510,7 @@ func (x *PauseStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStats.ProtoReflect.Descriptor instead.
 func (*PauseStats) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PauseStats) GetFrozenUs() int64 {
@@ -1523,7 +1601,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1613,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1626,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -1576,7 +1654,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1666,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1679,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -1630,7 +1708,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1720,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1733,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ResumeRequest) GetSandboxId() string {
@@ -1683,7 +1761,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1695,7 +1773,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1708,7 +1786,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1745,7 +1823,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1835,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1848,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetTimeoutRequest) GetSandboxId() string {
@@ -1803,7 +1881,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +1893,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +1906,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -1848,7 +1926,7 @@ type EndPhaseRequest struct {
 
 func (x *EndPhaseRequest) Reset() {
 	*x = EndPhaseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +1938,7 @@ func (x *EndPhaseRequest) String() string {
 func (*EndPhaseRequest) ProtoMessage() {}
 
 func (x *EndPhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +1951,7 @@ func (x *EndPhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPhaseRequest.ProtoReflect.Descriptor instead.
 func (*EndPhaseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EndPhaseRequest) GetSandboxId() string {
@@ -1899,7 +1977,7 @@ type EndPhaseResponse struct {
 
 func (x *EndPhaseResponse) Reset() {
 	*x = EndPhaseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +1989,7 @@ func (x *EndPhaseResponse) String() string {
 func (*EndPhaseResponse) ProtoMessage() {}
 
 func (x *EndPhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2002,7 @@ func (x *EndPhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPhaseResponse.ProtoReflect.Descriptor instead.
 func (*EndPhaseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EndPhaseResponse) GetSandbox() *Sandbox {
@@ -1943,7 +2021,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2033,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2046,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MetricsRequest) GetSandboxId() string {
@@ -1999,7 +2077,7 @@ type SandboxMetrics struct {
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +2089,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +2102,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SandboxMetrics) GetTimeUnixMs() int64 {
@@ -2103,7 +2181,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2115,7 +2193,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2128,7 +2206,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateRequest) GetSpec() *SandboxSpec {
@@ -2168,7 +2246,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2258,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2271,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateResponse) GetSandboxes() []*Sandbox {
@@ -2212,7 +2290,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2302,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2315,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetRequest) GetId() string {
@@ -2261,7 +2339,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2351,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2364,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -2319,7 +2397,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2409,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2422,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2364,7 +2442,7 @@ type SetWarmPoolRequest struct {
 
 func (x *SetWarmPoolRequest) Reset() {
 	*x = SetWarmPoolRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2376,7 +2454,7 @@ func (x *SetWarmPoolRequest) String() string {
 func (*SetWarmPoolRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2389,7 +2467,7 @@ func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetWarmPoolRequest) GetSpec() *SandboxSpec {
@@ -2425,7 +2503,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2515,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2528,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WarmPool) GetKey() string {
@@ -2524,7 +2602,7 @@ type ListWarmPoolsRequest struct {
 
 func (x *ListWarmPoolsRequest) Reset() {
 	*x = ListWarmPoolsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2536,7 +2614,7 @@ func (x *ListWarmPoolsRequest) String() string {
 func (*ListWarmPoolsRequest) ProtoMessage() {}
 
 func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2549,7 +2627,7 @@ func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
 }
 
 type ListWarmPoolsResponse struct {
@@ -2561,7 +2639,7 @@ type ListWarmPoolsResponse struct {
 
 func (x *ListWarmPoolsResponse) Reset() {
 	*x = ListWarmPoolsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2573,7 +2651,7 @@ func (x *ListWarmPoolsResponse) String() string {
 func (*ListWarmPoolsResponse) ProtoMessage() {}
 
 func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2586,7 +2664,7 @@ func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListWarmPoolsResponse) GetPools() []*WarmPool {
@@ -2605,7 +2683,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2617,7 +2695,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2630,7 +2708,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -2648,7 +2726,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2660,7 +2738,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2673,7 +2751,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
 }
 
 type ExecRequest struct {
@@ -2702,7 +2780,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2714,7 +2792,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2727,7 +2805,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -2838,7 +2916,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2850,7 +2928,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2863,7 +2941,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -2983,7 +3061,7 @@ type ExecDropped struct {
 
 func (x *ExecDropped) Reset() {
 	*x = ExecDropped{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3073,7 @@ func (x *ExecDropped) String() string {
 func (*ExecDropped) ProtoMessage() {}
 
 func (x *ExecDropped) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3086,7 @@ func (x *ExecDropped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecDropped.ProtoReflect.Descriptor instead.
 func (*ExecDropped) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecDropped) GetStderr() bool {
@@ -3039,7 +3117,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3051,7 +3129,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3064,7 +3142,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -3119,7 +3197,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3131,7 +3209,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3144,7 +3222,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -3243,7 +3321,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3333,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3346,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -3332,7 +3410,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3344,7 +3422,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3357,7 +3435,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -3396,7 +3474,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3408,7 +3486,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3421,7 +3499,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 type SignalRequest struct {
@@ -3435,7 +3513,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3447,7 +3525,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3460,7 +3538,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -3492,7 +3570,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3504,7 +3582,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3517,7 +3595,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 type ListProcessesRequest struct {
@@ -3529,7 +3607,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3541,7 +3619,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3554,7 +3632,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -3579,7 +3657,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3591,7 +3669,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3604,7 +3682,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -3665,7 +3743,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +3755,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +3768,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -3715,7 +3793,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3727,7 +3805,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3740,7 +3818,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -3802,7 +3880,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3814,7 +3892,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3827,7 +3905,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -3852,7 +3930,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3864,7 +3942,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3877,7 +3955,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 type SessionCloseRequest struct {
@@ -3890,7 +3968,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3902,7 +3980,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3915,7 +3993,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -3940,7 +4018,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3952,7 +4030,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3965,7 +4043,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 type ShellInput struct {
@@ -3982,7 +4060,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3994,7 +4072,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4007,7 +4085,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -4087,7 +4165,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4099,7 +4177,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4112,7 +4190,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -4181,7 +4259,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4193,7 +4271,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4206,7 +4284,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -4237,7 +4315,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4249,7 +4327,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4262,7 +4340,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -4340,7 +4418,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4352,7 +4430,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4365,7 +4443,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FileInfo) GetName() string {
@@ -4444,7 +4522,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +4534,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +4547,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -4518,7 +4596,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4530,7 +4608,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4543,7 +4621,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -4582,7 +4660,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4594,7 +4672,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4607,7 +4685,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -4668,7 +4746,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4680,7 +4758,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4693,7 +4771,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -4714,7 +4792,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4726,7 +4804,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4739,7 +4817,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -4772,7 +4850,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4784,7 +4862,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4797,7 +4875,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -4818,7 +4896,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4830,7 +4908,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4843,7 +4921,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -4876,7 +4954,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4888,7 +4966,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4901,7 +4979,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -4923,7 +5001,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4935,7 +5013,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4948,7 +5026,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -4987,7 +5065,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4999,7 +5077,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5012,7 +5090,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 type MakeDirRequest struct {
@@ -5028,7 +5106,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5040,7 +5118,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5053,7 +5131,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -5099,7 +5177,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5111,7 +5189,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5124,7 +5202,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 type MoveRequest struct {
@@ -5140,7 +5218,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5152,7 +5230,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5165,7 +5243,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -5213,7 +5291,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5225,7 +5303,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5238,7 +5316,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *MoveResponse) GetInfo() *FileInfo {
@@ -5260,7 +5338,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5272,7 +5350,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5285,7 +5363,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -5327,7 +5405,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5339,7 +5417,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5352,7 +5430,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -5388,7 +5466,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5400,7 +5478,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5413,7 +5491,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -5454,7 +5532,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5466,7 +5544,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5479,7 +5557,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -5514,7 +5592,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5526,7 +5604,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5539,7 +5617,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -5586,7 +5664,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5598,7 +5676,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5611,7 +5689,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -5651,7 +5729,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5663,7 +5741,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5676,7 +5754,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *Layer) GetDigest() string {
@@ -5794,7 +5872,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5806,7 +5884,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5819,7 +5897,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *SnapshotInfo) GetName() string {
@@ -5979,7 +6057,7 @@ type GradeRequest struct {
 
 func (x *GradeRequest) Reset() {
 	*x = GradeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5991,7 +6069,7 @@ func (x *GradeRequest) String() string {
 func (*GradeRequest) ProtoMessage() {}
 
 func (x *GradeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6004,7 +6082,7 @@ func (x *GradeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeRequest.ProtoReflect.Descriptor instead.
 func (*GradeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GradeRequest) GetSandboxId() string {
@@ -6125,7 +6203,7 @@ type GradeTests struct {
 
 func (x *GradeTests) Reset() {
 	*x = GradeTests{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6137,7 +6215,7 @@ func (x *GradeTests) String() string {
 func (*GradeTests) ProtoMessage() {}
 
 func (x *GradeTests) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6150,7 +6228,7 @@ func (x *GradeTests) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeTests.ProtoReflect.Descriptor instead.
 func (*GradeTests) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *GradeTests) GetLayer() string {
@@ -6188,7 +6266,7 @@ type GradeTimes struct {
 
 func (x *GradeTimes) Reset() {
 	*x = GradeTimes{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6200,7 +6278,7 @@ func (x *GradeTimes) String() string {
 func (*GradeTimes) ProtoMessage() {}
 
 func (x *GradeTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6213,7 +6291,7 @@ func (x *GradeTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeTimes.ProtoReflect.Descriptor instead.
 func (*GradeTimes) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GradeTimes) GetCaptureMs() int64 {
@@ -6285,7 +6363,7 @@ type GradeResult struct {
 
 func (x *GradeResult) Reset() {
 	*x = GradeResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6297,7 +6375,7 @@ func (x *GradeResult) String() string {
 func (*GradeResult) ProtoMessage() {}
 
 func (x *GradeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6310,7 +6388,7 @@ func (x *GradeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeResult.ProtoReflect.Descriptor instead.
 func (*GradeResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GradeResult) GetReward() float64 {
@@ -6426,7 +6504,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6438,7 +6516,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6451,7 +6529,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -6504,7 +6582,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6516,7 +6594,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6529,7 +6607,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 type ListSnapshotsResponse struct {
@@ -6541,7 +6619,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6553,7 +6631,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6566,7 +6644,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -6585,7 +6663,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6597,7 +6675,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6610,7 +6688,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -6628,7 +6706,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6640,7 +6718,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6653,7 +6731,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 type ForkRequest struct {
@@ -6673,7 +6751,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6685,7 +6763,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6698,7 +6776,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -6747,7 +6825,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6759,7 +6837,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6772,7 +6850,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -6799,7 +6877,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6811,7 +6889,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6824,7 +6902,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -6856,7 +6934,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6868,7 +6946,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6881,7 +6959,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -6938,7 +7016,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6950,7 +7028,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6963,7 +7041,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -7039,7 +7117,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7051,7 +7129,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7064,7 +7142,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -7115,7 +7193,7 @@ type ShareLayerRequest struct {
 
 func (x *ShareLayerRequest) Reset() {
 	*x = ShareLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7127,7 +7205,7 @@ func (x *ShareLayerRequest) String() string {
 func (*ShareLayerRequest) ProtoMessage() {}
 
 func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7140,7 +7218,7 @@ func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerRequest.ProtoReflect.Descriptor instead.
 func (*ShareLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ShareLayerRequest) GetRef() string {
@@ -7173,7 +7251,7 @@ type ShareLayerResponse struct {
 
 func (x *ShareLayerResponse) Reset() {
 	*x = ShareLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7185,7 +7263,7 @@ func (x *ShareLayerResponse) String() string {
 func (*ShareLayerResponse) ProtoMessage() {}
 
 func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7198,7 +7276,7 @@ func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerResponse.ProtoReflect.Descriptor instead.
 func (*ShareLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ShareLayerResponse) GetSharedWith() []string {
@@ -7216,7 +7294,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7228,7 +7306,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7241,7 +7319,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 type ListLayersResponse struct {
@@ -7253,7 +7331,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7265,7 +7343,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7278,7 +7356,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -7297,7 +7375,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7309,7 +7387,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7322,7 +7400,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -7340,7 +7418,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7352,7 +7430,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7365,7 +7443,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 type Environment struct {
@@ -7380,7 +7458,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7392,7 +7470,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7405,7 +7483,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *Environment) GetName() string {
@@ -7444,7 +7522,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7456,7 +7534,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7469,7 +7547,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 type ListEnvironmentsResponse struct {
@@ -7481,7 +7559,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7493,7 +7571,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7506,7 +7584,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -7527,7 +7605,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7539,7 +7617,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7552,7 +7630,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -7585,7 +7663,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7597,7 +7675,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7610,7 +7688,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -7631,7 +7709,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7643,7 +7721,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7656,7 +7734,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -7698,7 +7776,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7710,7 +7788,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7723,7 +7801,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -7805,7 +7883,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7817,7 +7895,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7830,7 +7908,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -7851,7 +7929,7 @@ type TrajectoryRequest struct {
 
 func (x *TrajectoryRequest) Reset() {
 	*x = TrajectoryRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7863,7 +7941,7 @@ func (x *TrajectoryRequest) String() string {
 func (*TrajectoryRequest) ProtoMessage() {}
 
 func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7876,7 +7954,7 @@ func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*TrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *TrajectoryRequest) GetSandboxId() string {
@@ -7914,7 +7992,7 @@ type TrajectoryResponse struct {
 
 func (x *TrajectoryResponse) Reset() {
 	*x = TrajectoryResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7926,7 +8004,7 @@ func (x *TrajectoryResponse) String() string {
 func (*TrajectoryResponse) ProtoMessage() {}
 
 func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7939,7 +8017,7 @@ func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*TrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *TrajectoryResponse) GetLines() []byte {
@@ -7984,6 +8062,852 @@ func (x *TrajectoryResponse) GetProject() string {
 	return ""
 }
 
+type ProvenanceRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Leave out the list of files written (files_written stays empty; the
+	// counts and flags are still computed).
+	FlagsOnly     bool `protobuf:"varint,2,opt,name=flags_only,json=flagsOnly,proto3" json:"flags_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvenanceRequest) Reset() {
+	*x = ProvenanceRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvenanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvenanceRequest) ProtoMessage() {}
+
+func (x *ProvenanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvenanceRequest.ProtoReflect.Descriptor instead.
+func (*ProvenanceRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+}
+
+func (x *ProvenanceRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ProvenanceRequest) GetFlagsOnly() bool {
+	if x != nil {
+		return x.FlagsOnly
+	}
+	return false
+}
+
+type SetProvenancePathsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Paths         *ProvenancePaths       `protobuf:"bytes,2,opt,name=paths,proto3" json:"paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetProvenancePathsRequest) Reset() {
+	*x = SetProvenancePathsRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetProvenancePathsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetProvenancePathsRequest) ProtoMessage() {}
+
+func (x *SetProvenancePathsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetProvenancePathsRequest.ProtoReflect.Descriptor instead.
+func (*SetProvenancePathsRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+}
+
+func (x *SetProvenancePathsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SetProvenancePathsRequest) GetPaths() *ProvenancePaths {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+type SetProvenancePathsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Protected paths that could not be watched, with why (missing, or the
+	// backend cannot watch reads).
+	Unwatched     []string `protobuf:"bytes,1,rep,name=unwatched,proto3" json:"unwatched,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetProvenancePathsResponse) Reset() {
+	*x = SetProvenancePathsResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetProvenancePathsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetProvenancePathsResponse) ProtoMessage() {}
+
+func (x *SetProvenancePathsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetProvenancePathsResponse.ProtoReflect.Descriptor instead.
+func (*SetProvenancePathsResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+}
+
+func (x *SetProvenancePathsResponse) GetUnwatched() []string {
+	if x != nil {
+		return x.Unwatched
+	}
+	return nil
+}
+
+// ProvenanceFlags summarise a SandboxProvenance: each true when its evidence list
+// holds anything. A trainer filters rollouts on them.
+type ProvenanceFlags struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	FilesOutsideWorkspace bool                   `protobuf:"varint,1,opt,name=files_outside_workspace,json=filesOutsideWorkspace,proto3" json:"files_outside_workspace,omitempty"`
+	TestsModified         bool                   `protobuf:"varint,2,opt,name=tests_modified,json=testsModified,proto3" json:"tests_modified,omitempty"`
+	InterpreterReplaced   bool                   `protobuf:"varint,3,opt,name=interpreter_replaced,json=interpreterReplaced,proto3" json:"interpreter_replaced,omitempty"` // a system binary, interpreter, test runner or the loader replaced or shadowed
+	ProtectedRead         bool                   `protobuf:"varint,4,opt,name=protected_read,json=protectedRead,proto3" json:"protected_read,omitempty"`
+	NetworkAllowed        bool                   `protobuf:"varint,5,opt,name=network_allowed,json=networkAllowed,proto3" json:"network_allowed,omitempty"` // any connection or DNS query allowed
+	NetworkDenied         bool                   `protobuf:"varint,6,opt,name=network_denied,json=networkDenied,proto3" json:"network_denied,omitempty"`    // any attempt denied
+	LeftoverProcesses     bool                   `protobuf:"varint,7,opt,name=leftover_processes,json=leftoverProcesses,proto3" json:"leftover_processes,omitempty"`
+	PackagesInstalled     bool                   `protobuf:"varint,8,opt,name=packages_installed,json=packagesInstalled,proto3" json:"packages_installed,omitempty"`
+	SyscallsDenied        bool                   `protobuf:"varint,9,opt,name=syscalls_denied,json=syscallsDenied,proto3" json:"syscalls_denied,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *ProvenanceFlags) Reset() {
+	*x = ProvenanceFlags{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvenanceFlags) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvenanceFlags) ProtoMessage() {}
+
+func (x *ProvenanceFlags) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvenanceFlags.ProtoReflect.Descriptor instead.
+func (*ProvenanceFlags) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+}
+
+func (x *ProvenanceFlags) GetFilesOutsideWorkspace() bool {
+	if x != nil {
+		return x.FilesOutsideWorkspace
+	}
+	return false
+}
+
+func (x *ProvenanceFlags) GetTestsModified() bool {
+	if x != nil {
+		return x.TestsModified
+	}
+	return false
+}
+
+func (x *ProvenanceFlags) GetInterpreterReplaced() bool {
+	if x != nil {
+		return x.InterpreterReplaced
+	}
+	return false
+}
+
+func (x *ProvenanceFlags) GetProtectedRead() bool {
+	if x != nil {
+		return x.ProtectedRead
+	}
+	return false
+}
+
+func (x *ProvenanceFlags) GetNetworkAllowed() bool {
+	if x != nil {
+		return x.NetworkAllowed
+	}
+	return false
+}
+
+func (x *ProvenanceFlags) GetNetworkDenied() bool {
+	if x != nil {
+		return x.NetworkDenied
+	}
+	return false
+}
+
+func (x *ProvenanceFlags) GetLeftoverProcesses() bool {
+	if x != nil {
+		return x.LeftoverProcesses
+	}
+	return false
+}
+
+func (x *ProvenanceFlags) GetPackagesInstalled() bool {
+	if x != nil {
+		return x.PackagesInstalled
+	}
+	return false
+}
+
+func (x *ProvenanceFlags) GetSyscallsDenied() bool {
+	if x != nil {
+		return x.SyscallsDenied
+	}
+	return false
+}
+
+type SandboxProvenance struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId   string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Isolation   string                 `protobuf:"bytes,2,opt,name=isolation,proto3" json:"isolation,omitempty"` // container, gvisor, microvm
+	TakenUnixMs int64                  `protobuf:"varint,3,opt,name=taken_unix_ms,json=takenUnixMs,proto3" json:"taken_unix_ms,omitempty"`
+	Flags       *ProvenanceFlags       `protobuf:"bytes,4,opt,name=flags,proto3" json:"flags,omitempty"`
+	Paths       *ProvenancePaths       `protobuf:"bytes,5,opt,name=paths,proto3" json:"paths,omitempty"`
+	// Every file written, made or removed in the writable layer, capped at
+	// 1,000 entries (files_written_total counts them all).
+	FilesWritten      []*ProvenanceFile    `protobuf:"bytes,6,rep,name=files_written,json=filesWritten,proto3" json:"files_written,omitempty"`
+	FilesWrittenTotal int64                `protobuf:"varint,7,opt,name=files_written_total,json=filesWrittenTotal,proto3" json:"files_written_total,omitempty"`
+	Replaced          []*ProvenanceFile    `protobuf:"bytes,8,rep,name=replaced,proto3" json:"replaced,omitempty"` // interpreters, runners, system binaries
+	TestsChanged      []*ProvenanceFile    `protobuf:"bytes,9,rep,name=tests_changed,json=testsChanged,proto3" json:"tests_changed,omitempty"`
+	ProtectedReads    []*ProvenanceRead    `protobuf:"bytes,10,rep,name=protected_reads,json=protectedReads,proto3" json:"protected_reads,omitempty"`
+	Network           []*ProvenanceNet     `protobuf:"bytes,11,rep,name=network,proto3" json:"network,omitempty"`
+	Processes         []*ProvenanceProcess `protobuf:"bytes,12,rep,name=processes,proto3" json:"processes,omitempty"`
+	Packages          []*ProvenancePackage `protobuf:"bytes,13,rep,name=packages,proto3" json:"packages,omitempty"`
+	SyscallsDenied    []*ProvenanceSyscall `protobuf:"bytes,14,rep,name=syscalls_denied,json=syscallsDenied,proto3" json:"syscalls_denied,omitempty"`
+	// What this sandbox's backend cannot see, in words: a flag left false
+	// there means "not seen", not "did not happen".
+	Unseen        []string `protobuf:"bytes,15,rep,name=unseen,proto3" json:"unseen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxProvenance) Reset() {
+	*x = SandboxProvenance{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxProvenance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxProvenance) ProtoMessage() {}
+
+func (x *SandboxProvenance) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxProvenance.ProtoReflect.Descriptor instead.
+func (*SandboxProvenance) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
+}
+
+func (x *SandboxProvenance) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxProvenance) GetIsolation() string {
+	if x != nil {
+		return x.Isolation
+	}
+	return ""
+}
+
+func (x *SandboxProvenance) GetTakenUnixMs() int64 {
+	if x != nil {
+		return x.TakenUnixMs
+	}
+	return 0
+}
+
+func (x *SandboxProvenance) GetFlags() *ProvenanceFlags {
+	if x != nil {
+		return x.Flags
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetPaths() *ProvenancePaths {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetFilesWritten() []*ProvenanceFile {
+	if x != nil {
+		return x.FilesWritten
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetFilesWrittenTotal() int64 {
+	if x != nil {
+		return x.FilesWrittenTotal
+	}
+	return 0
+}
+
+func (x *SandboxProvenance) GetReplaced() []*ProvenanceFile {
+	if x != nil {
+		return x.Replaced
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetTestsChanged() []*ProvenanceFile {
+	if x != nil {
+		return x.TestsChanged
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetProtectedReads() []*ProvenanceRead {
+	if x != nil {
+		return x.ProtectedReads
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetNetwork() []*ProvenanceNet {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetProcesses() []*ProvenanceProcess {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetPackages() []*ProvenancePackage {
+	if x != nil {
+		return x.Packages
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetSyscallsDenied() []*ProvenanceSyscall {
+	if x != nil {
+		return x.SyscallsDenied
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetUnseen() []string {
+	if x != nil {
+		return x.Unseen
+	}
+	return nil
+}
+
+type ProvenanceFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Change        string                 `protobuf:"bytes,2,opt,name=change,proto3" json:"change,omitempty"` // created, modified, removed
+	Kind          string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`     // file, dir, symlink, other
+	Size          int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	InWorkspace   bool                   `protobuf:"varint,5,opt,name=in_workspace,json=inWorkspace,proto3" json:"in_workspace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvenanceFile) Reset() {
+	*x = ProvenanceFile{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvenanceFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvenanceFile) ProtoMessage() {}
+
+func (x *ProvenanceFile) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvenanceFile.ProtoReflect.Descriptor instead.
+func (*ProvenanceFile) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
+}
+
+func (x *ProvenanceFile) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ProvenanceFile) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+func (x *ProvenanceFile) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ProvenanceFile) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *ProvenanceFile) GetInWorkspace() bool {
+	if x != nil {
+		return x.InWorkspace
+	}
+	return false
+}
+
+type ProvenanceRead struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	TimeUnixMs    int64                  `protobuf:"varint,2,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	Pid           int32                  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`        // the host's pid
+	Command       string                 `protobuf:"bytes,4,opt,name=command,proto3" json:"command,omitempty"` // the process's name
+	Count         int64                  `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`    // opens of this path by this command
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvenanceRead) Reset() {
+	*x = ProvenanceRead{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvenanceRead) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvenanceRead) ProtoMessage() {}
+
+func (x *ProvenanceRead) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvenanceRead.ProtoReflect.Descriptor instead.
+func (*ProvenanceRead) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
+}
+
+func (x *ProvenanceRead) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ProvenanceRead) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *ProvenanceRead) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProvenanceRead) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *ProvenanceRead) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type ProvenanceNet struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`       // connect or dns
+	Verdict       string                 `protobuf:"bytes,2,opt,name=verdict,proto3" json:"verdict,omitempty"` // allow or deny
+	Host          string                 `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`       // the name asked or known, else the address
+	Service       string                 `protobuf:"bytes,4,opt,name=service,proto3" json:"service,omitempty"` // the rules key that decided, if any
+	Port          int32                  `protobuf:"varint,5,opt,name=port,proto3" json:"port,omitempty"`
+	Count         int64                  `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvenanceNet) Reset() {
+	*x = ProvenanceNet{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvenanceNet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvenanceNet) ProtoMessage() {}
+
+func (x *ProvenanceNet) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvenanceNet.ProtoReflect.Descriptor instead.
+func (*ProvenanceNet) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
+}
+
+func (x *ProvenanceNet) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ProvenanceNet) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *ProvenanceNet) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *ProvenanceNet) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *ProvenanceNet) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ProvenanceNet) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type ProvenanceProcess struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pid           int32                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"` // in the sandbox's pid namespace where known, else the host's
+	Command       string                 `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvenanceProcess) Reset() {
+	*x = ProvenanceProcess{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvenanceProcess) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvenanceProcess) ProtoMessage() {}
+
+func (x *ProvenanceProcess) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvenanceProcess.ProtoReflect.Descriptor instead.
+func (*ProvenanceProcess) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
+}
+
+func (x *ProvenanceProcess) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProvenanceProcess) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+type ProvenancePackage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Manager       string                 `protobuf:"bytes,1,opt,name=manager,proto3" json:"manager,omitempty"` // dpkg or pip
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Version       string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	Change        string                 `protobuf:"bytes,4,opt,name=change,proto3" json:"change,omitempty"` // installed, upgraded, removed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvenancePackage) Reset() {
+	*x = ProvenancePackage{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvenancePackage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvenancePackage) ProtoMessage() {}
+
+func (x *ProvenancePackage) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvenancePackage.ProtoReflect.Descriptor instead.
+func (*ProvenancePackage) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
+}
+
+func (x *ProvenancePackage) GetManager() string {
+	if x != nil {
+		return x.Manager
+	}
+	return ""
+}
+
+func (x *ProvenancePackage) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProvenancePackage) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ProvenancePackage) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+type ProvenanceSyscall struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Command       string                 `protobuf:"bytes,3,opt,name=command,proto3" json:"command,omitempty"`
+	Count         int64                  `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvenanceSyscall) Reset() {
+	*x = ProvenanceSyscall{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvenanceSyscall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvenanceSyscall) ProtoMessage() {}
+
+func (x *ProvenanceSyscall) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvenanceSyscall.ProtoReflect.Descriptor instead.
+func (*ProvenanceSyscall) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
+}
+
+func (x *ProvenanceSyscall) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProvenanceSyscall) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProvenanceSyscall) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *ProvenanceSyscall) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 type ImportImageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Ref   string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"` // name:tag the environment gets
@@ -8003,7 +8927,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8015,7 +8939,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8028,7 +8952,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -8091,7 +9015,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8103,7 +9027,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8116,7 +9040,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -8197,7 +9121,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8209,7 +9133,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8222,7 +9146,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
 }
 
 type LayerUsage struct {
@@ -8249,7 +9173,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8261,7 +9185,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8274,7 +9198,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -8402,7 +9326,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8414,7 +9338,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8427,7 +9351,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -8477,7 +9401,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8489,7 +9413,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8502,7 +9426,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -8561,7 +9485,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8573,7 +9497,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8586,7 +9510,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -8684,7 +9608,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8696,7 +9620,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8709,7 +9633,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -8787,7 +9711,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8799,7 +9723,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8812,7 +9736,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -8880,7 +9804,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8892,7 +9816,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8905,7 +9829,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -8924,7 +9848,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8936,7 +9860,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8949,7 +9873,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -8974,7 +9898,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8986,7 +9910,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8999,7 +9923,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *Language) GetName() string {
@@ -9059,7 +9983,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9071,7 +9995,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9084,7 +10008,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{127}
 }
 
 type ListLanguagesResponse struct {
@@ -9096,7 +10020,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9108,7 +10032,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9121,7 +10045,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -9139,7 +10063,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9151,7 +10075,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9164,7 +10088,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{129}
 }
 
 type ServerInfo struct {
@@ -9186,7 +10110,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9198,7 +10122,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9211,7 +10135,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -9264,7 +10188,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\rmax_sandboxes\x18\x06 \x01(\x05R\fmaxSandboxes\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\b\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\b\n" +
 	"\vSandboxSpec\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12*\n" +
 	"\abackend\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\abackend\x12\x12\n" +
@@ -9290,7 +10214,10 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\tisolation\x18\x12 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x12-\n" +
 	"\x06phases\x18\x13 \x01(\v2\x15.dsec.v1.PhaseBudgetsR\x06phases\x12#\n" +
 	"\rno_trajectory\x18( \x01(\bR\fnoTrajectory\x12\x10\n" +
-	"\x03qos\x18\x14 \x01(\tR\x03qos\x1a6\n" +
+	"\x03qos\x18\x14 \x01(\tR\x03qos\x128\n" +
+	"\n" +
+	"provenance\x18) \x01(\v2\x18.dsec.v1.ProvenancePathsR\n" +
+	"provenance\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -9300,7 +10227,11 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x11NetworkRulesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01B\x0e\n" +
-	"\f_auto_resume\"\xbc\x05\n" +
+	"\f_auto_resume\"c\n" +
+	"\x0fProvenancePaths\x12\x1c\n" +
+	"\tworkspace\x18\x01 \x03(\tR\tworkspace\x12\x14\n" +
+	"\x05tests\x18\x02 \x03(\tR\x05tests\x12\x1c\n" +
+	"\tprotected\x18\x03 \x03(\tR\tprotected\"\xbc\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12(\n" +
@@ -9858,7 +10789,79 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x14\n" +
 	"\x05ended\x18\x04 \x01(\bR\x05ended\x12\x16\n" +
 	"\x06sha256\x18\x05 \x01(\tR\x06sha256\x12\x18\n" +
-	"\aproject\x18\x06 \x01(\tR\aproject\"\xc9\x01\n" +
+	"\aproject\x18\x06 \x01(\tR\aproject\"Q\n" +
+	"\x11ProvenanceRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"flags_only\x18\x02 \x01(\bR\tflagsOnly\"j\n" +
+	"\x19SetProvenancePathsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12.\n" +
+	"\x05paths\x18\x02 \x01(\v2\x18.dsec.v1.ProvenancePathsR\x05paths\":\n" +
+	"\x1aSetProvenancePathsResponse\x12\x1c\n" +
+	"\tunwatched\x18\x01 \x03(\tR\tunwatched\"\xa1\x03\n" +
+	"\x0fProvenanceFlags\x126\n" +
+	"\x17files_outside_workspace\x18\x01 \x01(\bR\x15filesOutsideWorkspace\x12%\n" +
+	"\x0etests_modified\x18\x02 \x01(\bR\rtestsModified\x121\n" +
+	"\x14interpreter_replaced\x18\x03 \x01(\bR\x13interpreterReplaced\x12%\n" +
+	"\x0eprotected_read\x18\x04 \x01(\bR\rprotectedRead\x12'\n" +
+	"\x0fnetwork_allowed\x18\x05 \x01(\bR\x0enetworkAllowed\x12%\n" +
+	"\x0enetwork_denied\x18\x06 \x01(\bR\rnetworkDenied\x12-\n" +
+	"\x12leftover_processes\x18\a \x01(\bR\x11leftoverProcesses\x12-\n" +
+	"\x12packages_installed\x18\b \x01(\bR\x11packagesInstalled\x12'\n" +
+	"\x0fsyscalls_denied\x18\t \x01(\bR\x0esyscallsDenied\"\xf8\x05\n" +
+	"\x11SandboxProvenance\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1c\n" +
+	"\tisolation\x18\x02 \x01(\tR\tisolation\x12\"\n" +
+	"\rtaken_unix_ms\x18\x03 \x01(\x03R\vtakenUnixMs\x12.\n" +
+	"\x05flags\x18\x04 \x01(\v2\x18.dsec.v1.ProvenanceFlagsR\x05flags\x12.\n" +
+	"\x05paths\x18\x05 \x01(\v2\x18.dsec.v1.ProvenancePathsR\x05paths\x12<\n" +
+	"\rfiles_written\x18\x06 \x03(\v2\x17.dsec.v1.ProvenanceFileR\ffilesWritten\x12.\n" +
+	"\x13files_written_total\x18\a \x01(\x03R\x11filesWrittenTotal\x123\n" +
+	"\breplaced\x18\b \x03(\v2\x17.dsec.v1.ProvenanceFileR\breplaced\x12<\n" +
+	"\rtests_changed\x18\t \x03(\v2\x17.dsec.v1.ProvenanceFileR\ftestsChanged\x12@\n" +
+	"\x0fprotected_reads\x18\n" +
+	" \x03(\v2\x17.dsec.v1.ProvenanceReadR\x0eprotectedReads\x120\n" +
+	"\anetwork\x18\v \x03(\v2\x16.dsec.v1.ProvenanceNetR\anetwork\x128\n" +
+	"\tprocesses\x18\f \x03(\v2\x1a.dsec.v1.ProvenanceProcessR\tprocesses\x126\n" +
+	"\bpackages\x18\r \x03(\v2\x1a.dsec.v1.ProvenancePackageR\bpackages\x12C\n" +
+	"\x0fsyscalls_denied\x18\x0e \x03(\v2\x1a.dsec.v1.ProvenanceSyscallR\x0esyscallsDenied\x12\x16\n" +
+	"\x06unseen\x18\x0f \x03(\tR\x06unseen\"\x87\x01\n" +
+	"\x0eProvenanceFile\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
+	"\x06change\x18\x02 \x01(\tR\x06change\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\x12!\n" +
+	"\fin_workspace\x18\x05 \x01(\bR\vinWorkspace\"\x88\x01\n" +
+	"\x0eProvenanceRead\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12 \n" +
+	"\ftime_unix_ms\x18\x02 \x01(\x03R\n" +
+	"timeUnixMs\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x18\n" +
+	"\acommand\x18\x04 \x01(\tR\acommand\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x03R\x05count\"\x95\x01\n" +
+	"\rProvenanceNet\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
+	"\averdict\x18\x02 \x01(\tR\averdict\x12\x12\n" +
+	"\x04host\x18\x03 \x01(\tR\x04host\x12\x18\n" +
+	"\aservice\x18\x04 \x01(\tR\aservice\x12\x12\n" +
+	"\x04port\x18\x05 \x01(\x05R\x04port\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\x03R\x05count\"?\n" +
+	"\x11ProvenanceProcess\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x18\n" +
+	"\acommand\x18\x02 \x01(\tR\acommand\"s\n" +
+	"\x11ProvenancePackage\x12\x18\n" +
+	"\amanager\x18\x01 \x01(\tR\amanager\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\x12\x16\n" +
+	"\x06change\x18\x04 \x01(\tR\x06change\"i\n" +
+	"\x11ProvenanceSyscall\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x18\n" +
+	"\acommand\x18\x03 \x01(\tR\acommand\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\x03R\x05count\"\xc9\x01\n" +
 	"\x12ImportImageRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
@@ -10068,7 +11071,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xae\x14\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xdd\x15\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -10110,7 +11113,10 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12J\n" +
 	"\n" +
-	"Trajectory\x12\x1a.dsec.v1.TrajectoryRequest\x1a\x1b.dsec.v1.TrajectoryResponse\"\x03\x90\x02\x01\x12B\n" +
+	"Trajectory\x12\x1a.dsec.v1.TrajectoryRequest\x1a\x1b.dsec.v1.TrajectoryResponse\"\x03\x90\x02\x01\x12I\n" +
+	"\n" +
+	"Provenance\x12\x1a.dsec.v1.ProvenanceRequest\x1a\x1a.dsec.v1.SandboxProvenance\"\x03\x90\x02\x01\x12b\n" +
+	"\x12SetProvenancePaths\x12\".dsec.v1.SetProvenancePathsRequest\x1a#.dsec.v1.SetProvenancePathsResponse\"\x03\x90\x02\x02\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
 	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12H\n" +
 	"\rGetServerInfo\x12\x1d.dsec.v1.GetServerInfoRequest\x1a\x13.dsec.v1.ServerInfo\"\x03\x90\x02\x012\xef\x01\n" +
@@ -10144,342 +11150,370 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 132)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 144)
 var file_dsec_v1_dsec_proto_goTypes = []any{
-	(State)(0),                       // 0: dsec.v1.State
-	(Reason)(0),                      // 1: dsec.v1.Reason
-	(Phase)(0),                       // 2: dsec.v1.Phase
-	(OnTimeout)(0),                   // 3: dsec.v1.OnTimeout
-	(Backend)(0),                     // 4: dsec.v1.Backend
-	(Isolation)(0),                   // 5: dsec.v1.Isolation
-	(ExitStatus)(0),                  // 6: dsec.v1.ExitStatus
-	(Fault)(0),                       // 7: dsec.v1.Fault
-	(FileChange)(0),                  // 8: dsec.v1.FileChange
-	(LayerKind)(0),                   // 9: dsec.v1.LayerKind
-	(RunStatus)(0),                   // 10: dsec.v1.RunStatus
-	(CommandStatus)(0),               // 11: dsec.v1.CommandStatus
-	(*PhaseBudgets)(nil),             // 12: dsec.v1.PhaseBudgets
-	(*SandboxKind)(nil),              // 13: dsec.v1.SandboxKind
-	(*NodeInfo)(nil),                 // 14: dsec.v1.NodeInfo
-	(*SandboxSpec)(nil),              // 15: dsec.v1.SandboxSpec
-	(*Sandbox)(nil),                  // 16: dsec.v1.Sandbox
-	(*PauseStats)(nil),               // 17: dsec.v1.PauseStats
-	(*PauseRequest)(nil),             // 18: dsec.v1.PauseRequest
-	(*PauseResponse)(nil),            // 19: dsec.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 20: dsec.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 21: dsec.v1.ResumeResponse
-	(*SetTimeoutRequest)(nil),        // 22: dsec.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),       // 23: dsec.v1.SetTimeoutResponse
-	(*EndPhaseRequest)(nil),          // 24: dsec.v1.EndPhaseRequest
-	(*EndPhaseResponse)(nil),         // 25: dsec.v1.EndPhaseResponse
-	(*MetricsRequest)(nil),           // 26: dsec.v1.MetricsRequest
-	(*SandboxMetrics)(nil),           // 27: dsec.v1.SandboxMetrics
-	(*CreateRequest)(nil),            // 28: dsec.v1.CreateRequest
-	(*CreateResponse)(nil),           // 29: dsec.v1.CreateResponse
-	(*GetRequest)(nil),               // 30: dsec.v1.GetRequest
-	(*ListRequest)(nil),              // 31: dsec.v1.ListRequest
-	(*ListResponse)(nil),             // 32: dsec.v1.ListResponse
-	(*SetWarmPoolRequest)(nil),       // 33: dsec.v1.SetWarmPoolRequest
-	(*WarmPool)(nil),                 // 34: dsec.v1.WarmPool
-	(*ListWarmPoolsRequest)(nil),     // 35: dsec.v1.ListWarmPoolsRequest
-	(*ListWarmPoolsResponse)(nil),    // 36: dsec.v1.ListWarmPoolsResponse
-	(*DeleteRequest)(nil),            // 37: dsec.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 38: dsec.v1.DeleteResponse
-	(*ExecRequest)(nil),              // 39: dsec.v1.ExecRequest
-	(*ExecEvent)(nil),                // 40: dsec.v1.ExecEvent
-	(*ExecDropped)(nil),              // 41: dsec.v1.ExecDropped
-	(*ExecStarted)(nil),              // 42: dsec.v1.ExecStarted
-	(*ExecExited)(nil),               // 43: dsec.v1.ExecExited
-	(*AttachRequest)(nil),            // 44: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),        // 45: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 46: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),            // 47: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),           // 48: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),     // 49: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),              // 50: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),    // 51: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),        // 52: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),  // 53: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil), // 54: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),      // 55: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),     // 56: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),               // 57: dsec.v1.ShellInput
-	(*ShellStart)(nil),               // 58: dsec.v1.ShellStart
-	(*TerminalSize)(nil),             // 59: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),              // 60: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                 // 61: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),          // 62: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 63: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 64: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 65: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),           // 66: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 67: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),              // 68: dsec.v1.StatRequest
-	(*StatResponse)(nil),             // 69: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),            // 70: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 71: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),           // 72: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 73: dsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),              // 74: dsec.v1.MoveRequest
-	(*MoveResponse)(nil),             // 75: dsec.v1.MoveResponse
-	(*WatchDirRequest)(nil),          // 76: dsec.v1.WatchDirRequest
-	(*WatchEvent)(nil),               // 77: dsec.v1.WatchEvent
-	(*UploadRequest)(nil),            // 78: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),           // 79: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),          // 80: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),            // 81: dsec.v1.DownloadChunk
-	(*Layer)(nil),                    // 82: dsec.v1.Layer
-	(*SnapshotInfo)(nil),             // 83: dsec.v1.SnapshotInfo
-	(*GradeRequest)(nil),             // 84: dsec.v1.GradeRequest
-	(*GradeTests)(nil),               // 85: dsec.v1.GradeTests
-	(*GradeTimes)(nil),               // 86: dsec.v1.GradeTimes
-	(*GradeResult)(nil),              // 87: dsec.v1.GradeResult
-	(*SnapshotRequest)(nil),          // 88: dsec.v1.SnapshotRequest
-	(*ListSnapshotsRequest)(nil),     // 89: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 90: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),    // 91: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),   // 92: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),              // 93: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                // 94: dsec.v1.ForkChild
-	(*ForkResponse)(nil),             // 95: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),       // 96: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),       // 97: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),        // 98: dsec.v1.UploadLayerHeader
-	(*ShareLayerRequest)(nil),        // 99: dsec.v1.ShareLayerRequest
-	(*ShareLayerResponse)(nil),       // 100: dsec.v1.ShareLayerResponse
-	(*ListLayersRequest)(nil),        // 101: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),       // 102: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),       // 103: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),      // 104: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),              // 105: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),  // 106: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil), // 107: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),   // 108: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),  // 109: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),        // 110: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),             // 111: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),       // 112: dsec.v1.NetworkLogResponse
-	(*TrajectoryRequest)(nil),        // 113: dsec.v1.TrajectoryRequest
-	(*TrajectoryResponse)(nil),       // 114: dsec.v1.TrajectoryResponse
-	(*ImportImageRequest)(nil),       // 115: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),      // 116: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),        // 117: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),               // 118: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),         // 119: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),       // 120: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),           // 121: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),            // 122: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),          // 123: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),      // 124: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),     // 125: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                 // 126: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),     // 127: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),    // 128: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),     // 129: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),               // 130: dsec.v1.ServerInfo
-	nil,                              // 131: dsec.v1.NodeInfo.MissingEntry
-	nil,                              // 132: dsec.v1.SandboxSpec.EnvEntry
-	nil,                              // 133: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                              // 134: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                              // 135: dsec.v1.ListRequest.LabelsEntry
-	nil,                              // 136: dsec.v1.ExecRequest.EnvEntry
-	nil,                              // 137: dsec.v1.ShellStart.EnvEntry
-	nil,                              // 138: dsec.v1.GradeRequest.EnvEntry
-	nil,                              // 139: dsec.v1.GradeTests.FilesEntry
-	nil,                              // 140: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                              // 141: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                              // 142: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                              // 143: dsec.v1.RunCodeResponse.FilesEntry
+	(State)(0),                         // 0: dsec.v1.State
+	(Reason)(0),                        // 1: dsec.v1.Reason
+	(Phase)(0),                         // 2: dsec.v1.Phase
+	(OnTimeout)(0),                     // 3: dsec.v1.OnTimeout
+	(Backend)(0),                       // 4: dsec.v1.Backend
+	(Isolation)(0),                     // 5: dsec.v1.Isolation
+	(ExitStatus)(0),                    // 6: dsec.v1.ExitStatus
+	(Fault)(0),                         // 7: dsec.v1.Fault
+	(FileChange)(0),                    // 8: dsec.v1.FileChange
+	(LayerKind)(0),                     // 9: dsec.v1.LayerKind
+	(RunStatus)(0),                     // 10: dsec.v1.RunStatus
+	(CommandStatus)(0),                 // 11: dsec.v1.CommandStatus
+	(*PhaseBudgets)(nil),               // 12: dsec.v1.PhaseBudgets
+	(*SandboxKind)(nil),                // 13: dsec.v1.SandboxKind
+	(*NodeInfo)(nil),                   // 14: dsec.v1.NodeInfo
+	(*SandboxSpec)(nil),                // 15: dsec.v1.SandboxSpec
+	(*ProvenancePaths)(nil),            // 16: dsec.v1.ProvenancePaths
+	(*Sandbox)(nil),                    // 17: dsec.v1.Sandbox
+	(*PauseStats)(nil),                 // 18: dsec.v1.PauseStats
+	(*PauseRequest)(nil),               // 19: dsec.v1.PauseRequest
+	(*PauseResponse)(nil),              // 20: dsec.v1.PauseResponse
+	(*ResumeRequest)(nil),              // 21: dsec.v1.ResumeRequest
+	(*ResumeResponse)(nil),             // 22: dsec.v1.ResumeResponse
+	(*SetTimeoutRequest)(nil),          // 23: dsec.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),         // 24: dsec.v1.SetTimeoutResponse
+	(*EndPhaseRequest)(nil),            // 25: dsec.v1.EndPhaseRequest
+	(*EndPhaseResponse)(nil),           // 26: dsec.v1.EndPhaseResponse
+	(*MetricsRequest)(nil),             // 27: dsec.v1.MetricsRequest
+	(*SandboxMetrics)(nil),             // 28: dsec.v1.SandboxMetrics
+	(*CreateRequest)(nil),              // 29: dsec.v1.CreateRequest
+	(*CreateResponse)(nil),             // 30: dsec.v1.CreateResponse
+	(*GetRequest)(nil),                 // 31: dsec.v1.GetRequest
+	(*ListRequest)(nil),                // 32: dsec.v1.ListRequest
+	(*ListResponse)(nil),               // 33: dsec.v1.ListResponse
+	(*SetWarmPoolRequest)(nil),         // 34: dsec.v1.SetWarmPoolRequest
+	(*WarmPool)(nil),                   // 35: dsec.v1.WarmPool
+	(*ListWarmPoolsRequest)(nil),       // 36: dsec.v1.ListWarmPoolsRequest
+	(*ListWarmPoolsResponse)(nil),      // 37: dsec.v1.ListWarmPoolsResponse
+	(*DeleteRequest)(nil),              // 38: dsec.v1.DeleteRequest
+	(*DeleteResponse)(nil),             // 39: dsec.v1.DeleteResponse
+	(*ExecRequest)(nil),                // 40: dsec.v1.ExecRequest
+	(*ExecEvent)(nil),                  // 41: dsec.v1.ExecEvent
+	(*ExecDropped)(nil),                // 42: dsec.v1.ExecDropped
+	(*ExecStarted)(nil),                // 43: dsec.v1.ExecStarted
+	(*ExecExited)(nil),                 // 44: dsec.v1.ExecExited
+	(*AttachRequest)(nil),              // 45: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),          // 46: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),         // 47: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),              // 48: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),             // 49: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),       // 50: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),                // 51: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),      // 52: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),          // 53: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),    // 54: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil),   // 55: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),        // 56: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),       // 57: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),                 // 58: dsec.v1.ShellInput
+	(*ShellStart)(nil),                 // 59: dsec.v1.ShellStart
+	(*TerminalSize)(nil),               // 60: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),                // 61: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                   // 62: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),            // 63: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),           // 64: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),           // 65: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),          // 66: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),             // 67: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),            // 68: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),                // 69: dsec.v1.StatRequest
+	(*StatResponse)(nil),               // 70: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),              // 71: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 72: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),             // 73: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),            // 74: dsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),                // 75: dsec.v1.MoveRequest
+	(*MoveResponse)(nil),               // 76: dsec.v1.MoveResponse
+	(*WatchDirRequest)(nil),            // 77: dsec.v1.WatchDirRequest
+	(*WatchEvent)(nil),                 // 78: dsec.v1.WatchEvent
+	(*UploadRequest)(nil),              // 79: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),             // 80: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),            // 81: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),              // 82: dsec.v1.DownloadChunk
+	(*Layer)(nil),                      // 83: dsec.v1.Layer
+	(*SnapshotInfo)(nil),               // 84: dsec.v1.SnapshotInfo
+	(*GradeRequest)(nil),               // 85: dsec.v1.GradeRequest
+	(*GradeTests)(nil),                 // 86: dsec.v1.GradeTests
+	(*GradeTimes)(nil),                 // 87: dsec.v1.GradeTimes
+	(*GradeResult)(nil),                // 88: dsec.v1.GradeResult
+	(*SnapshotRequest)(nil),            // 89: dsec.v1.SnapshotRequest
+	(*ListSnapshotsRequest)(nil),       // 90: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),      // 91: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),      // 92: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),     // 93: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),                // 94: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                  // 95: dsec.v1.ForkChild
+	(*ForkResponse)(nil),               // 96: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),         // 97: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),         // 98: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),          // 99: dsec.v1.UploadLayerHeader
+	(*ShareLayerRequest)(nil),          // 100: dsec.v1.ShareLayerRequest
+	(*ShareLayerResponse)(nil),         // 101: dsec.v1.ShareLayerResponse
+	(*ListLayersRequest)(nil),          // 102: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),         // 103: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),         // 104: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),        // 105: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),                // 106: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),    // 107: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 108: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),     // 109: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),    // 110: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),          // 111: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),               // 112: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),         // 113: dsec.v1.NetworkLogResponse
+	(*TrajectoryRequest)(nil),          // 114: dsec.v1.TrajectoryRequest
+	(*TrajectoryResponse)(nil),         // 115: dsec.v1.TrajectoryResponse
+	(*ProvenanceRequest)(nil),          // 116: dsec.v1.ProvenanceRequest
+	(*SetProvenancePathsRequest)(nil),  // 117: dsec.v1.SetProvenancePathsRequest
+	(*SetProvenancePathsResponse)(nil), // 118: dsec.v1.SetProvenancePathsResponse
+	(*ProvenanceFlags)(nil),            // 119: dsec.v1.ProvenanceFlags
+	(*SandboxProvenance)(nil),          // 120: dsec.v1.SandboxProvenance
+	(*ProvenanceFile)(nil),             // 121: dsec.v1.ProvenanceFile
+	(*ProvenanceRead)(nil),             // 122: dsec.v1.ProvenanceRead
+	(*ProvenanceNet)(nil),              // 123: dsec.v1.ProvenanceNet
+	(*ProvenanceProcess)(nil),          // 124: dsec.v1.ProvenanceProcess
+	(*ProvenancePackage)(nil),          // 125: dsec.v1.ProvenancePackage
+	(*ProvenanceSyscall)(nil),          // 126: dsec.v1.ProvenanceSyscall
+	(*ImportImageRequest)(nil),         // 127: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),        // 128: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),          // 129: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),                 // 130: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),           // 131: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),         // 132: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),             // 133: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),              // 134: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),            // 135: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),        // 136: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),       // 137: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                   // 138: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),       // 139: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),      // 140: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),       // 141: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),                 // 142: dsec.v1.ServerInfo
+	nil,                                // 143: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 144: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 145: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 146: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 147: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 148: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 149: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 150: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 151: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 152: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 153: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 154: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 155: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	131, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	143, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	4,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	132, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	133, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	134, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	144, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	145, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	146, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 10: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
-	15,  // 11: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
-	0,   // 12: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
-	1,   // 13: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
-	17,  // 14: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
-	2,   // 15: dsec.v1.Sandbox.phase:type_name -> dsec.v1.Phase
-	16,  // 16: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
-	16,  // 17: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
-	16,  // 18: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
-	2,   // 19: dsec.v1.EndPhaseRequest.phase:type_name -> dsec.v1.Phase
-	16,  // 20: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
-	15,  // 21: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	16,  // 22: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	135, // 23: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
-	0,   // 24: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
-	16,  // 25: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	15,  // 26: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
-	15,  // 27: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
-	34,  // 28: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	136, // 29: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	42,  // 30: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	43,  // 31: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	41,  // 32: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
-	2,   // 33: dsec.v1.ExecStarted.phase:type_name -> dsec.v1.Phase
-	6,   // 34: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	7,   // 35: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
-	43,  // 36: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	50,  // 37: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	58,  // 38: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	59,  // 39: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	137, // 40: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	59,  // 41: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	43,  // 42: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	61,  // 43: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	61,  // 44: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	61,  // 45: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
-	8,   // 46: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
-	9,   // 47: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	83,  // 48: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
-	83,  // 49: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
-	85,  // 50: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	138, // 51: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
-	5,   // 52: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	139, // 53: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
-	43,  // 54: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
-	86,  // 55: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
-	83,  // 56: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
-	7,   // 57: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
-	83,  // 58: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	16,  // 59: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	83,  // 60: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	94,  // 61: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	9,   // 62: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	98,  // 63: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	9,   // 64: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	82,  // 65: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	105, // 66: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	140, // 67: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	111, // 68: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	118, // 69: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	119, // 70: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	141, // 71: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	142, // 72: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 73: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 74: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	122, // 75: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	122, // 76: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	143, // 77: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 78: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	121, // 79: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	123, // 80: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	126, // 81: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 82: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	28,  // 83: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	30,  // 84: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	31,  // 85: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	37,  // 86: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	18,  // 87: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	20,  // 88: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	22,  // 89: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	24,  // 90: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	26,  // 91: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	88,  // 92: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	89,  // 93: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	91,  // 94: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	93,  // 95: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	84,  // 96: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	39,  // 97: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	44,  // 98: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	45,  // 99: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	47,  // 100: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	49,  // 101: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	52,  // 102: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	53,  // 103: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	55,  // 104: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	57,  // 105: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	62,  // 106: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	64,  // 107: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	66,  // 108: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	68,  // 109: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	70,  // 110: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	72,  // 111: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	74,  // 112: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	76,  // 113: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	78,  // 114: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	80,  // 115: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	108, // 116: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	110, // 117: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	113, // 118: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	33,  // 119: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	35,  // 120: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	129, // 121: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	121, // 122: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	124, // 123: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	127, // 124: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	96,  // 125: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	97,  // 126: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	101, // 127: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	103, // 128: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	106, // 129: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	115, // 130: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	117, // 131: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	99,  // 132: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	29,  // 133: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	16,  // 134: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	32,  // 135: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	38,  // 136: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	19,  // 137: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	21,  // 138: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	23,  // 139: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	25,  // 140: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	27,  // 141: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	83,  // 142: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	90,  // 143: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	92,  // 144: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	95,  // 145: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	87,  // 146: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	40,  // 147: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	40,  // 148: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	46,  // 149: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	48,  // 150: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	51,  // 151: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	40,  // 152: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	54,  // 153: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	56,  // 154: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	60,  // 155: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	63,  // 156: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	65,  // 157: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	67,  // 158: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	69,  // 159: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	71,  // 160: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	73,  // 161: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	75,  // 162: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	77,  // 163: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	79,  // 164: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	81,  // 165: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	109, // 166: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	112, // 167: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	114, // 168: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	34,  // 169: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	36,  // 170: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	130, // 171: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	123, // 172: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	125, // 173: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	128, // 174: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	82,  // 175: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	82,  // 176: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	102, // 177: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	104, // 178: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	107, // 179: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	116, // 180: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	120, // 181: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	100, // 182: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	133, // [133:183] is the sub-list for method output_type
-	83,  // [83:133] is the sub-list for method input_type
-	83,  // [83:83] is the sub-list for extension type_name
-	83,  // [83:83] is the sub-list for extension extendee
-	0,   // [0:83] is the sub-list for field type_name
+	16,  // 11: dsec.v1.SandboxSpec.provenance:type_name -> dsec.v1.ProvenancePaths
+	15,  // 12: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
+	0,   // 13: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
+	1,   // 14: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
+	18,  // 15: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
+	2,   // 16: dsec.v1.Sandbox.phase:type_name -> dsec.v1.Phase
+	17,  // 17: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	17,  // 18: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
+	17,  // 19: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
+	2,   // 20: dsec.v1.EndPhaseRequest.phase:type_name -> dsec.v1.Phase
+	17,  // 21: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	15,  // 22: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	17,  // 23: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	147, // 24: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	0,   // 25: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
+	17,  // 26: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	15,  // 27: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
+	15,  // 28: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
+	35,  // 29: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
+	148, // 30: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	43,  // 31: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	44,  // 32: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	42,  // 33: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
+	2,   // 34: dsec.v1.ExecStarted.phase:type_name -> dsec.v1.Phase
+	6,   // 35: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	7,   // 36: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
+	44,  // 37: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	51,  // 38: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	59,  // 39: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	60,  // 40: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	149, // 41: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	60,  // 42: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	44,  // 43: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	62,  // 44: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	62,  // 45: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	62,  // 46: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
+	8,   // 47: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
+	9,   // 48: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	84,  // 49: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	84,  // 50: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
+	86,  // 51: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
+	150, // 52: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	5,   // 53: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
+	151, // 54: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	44,  // 55: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
+	87,  // 56: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
+	84,  // 57: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
+	7,   // 58: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
+	84,  // 59: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	17,  // 60: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	84,  // 61: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	95,  // 62: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 63: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	99,  // 64: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 65: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	83,  // 66: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	106, // 67: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	152, // 68: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	112, // 69: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	16,  // 70: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
+	119, // 71: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
+	16,  // 72: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
+	121, // 73: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
+	121, // 74: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
+	121, // 75: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
+	122, // 76: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
+	123, // 77: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
+	124, // 78: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
+	125, // 79: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
+	126, // 80: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
+	130, // 81: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	131, // 82: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	153, // 83: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	154, // 84: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 85: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 86: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	134, // 87: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	134, // 88: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	155, // 89: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 90: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	133, // 91: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	135, // 92: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	138, // 93: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 94: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	29,  // 95: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	31,  // 96: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	32,  // 97: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	38,  // 98: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	19,  // 99: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	21,  // 100: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	23,  // 101: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	25,  // 102: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	27,  // 103: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	89,  // 104: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	90,  // 105: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	92,  // 106: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	94,  // 107: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	85,  // 108: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	40,  // 109: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	45,  // 110: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	46,  // 111: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	48,  // 112: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	50,  // 113: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	53,  // 114: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	54,  // 115: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	56,  // 116: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	58,  // 117: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	63,  // 118: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	65,  // 119: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	67,  // 120: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	69,  // 121: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	71,  // 122: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	73,  // 123: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	75,  // 124: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	77,  // 125: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	79,  // 126: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	81,  // 127: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	109, // 128: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	111, // 129: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	114, // 130: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	116, // 131: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	117, // 132: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	34,  // 133: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	36,  // 134: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	141, // 135: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	133, // 136: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	136, // 137: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	139, // 138: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	97,  // 139: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	98,  // 140: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	102, // 141: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	104, // 142: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	107, // 143: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	127, // 144: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	129, // 145: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	100, // 146: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	30,  // 147: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	17,  // 148: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	33,  // 149: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	39,  // 150: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	20,  // 151: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	22,  // 152: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	24,  // 153: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	26,  // 154: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	28,  // 155: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	84,  // 156: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	91,  // 157: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	93,  // 158: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	96,  // 159: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	88,  // 160: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	41,  // 161: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	41,  // 162: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	47,  // 163: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	49,  // 164: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	52,  // 165: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	41,  // 166: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	55,  // 167: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	57,  // 168: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	61,  // 169: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	64,  // 170: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	66,  // 171: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	68,  // 172: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	70,  // 173: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	72,  // 174: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	74,  // 175: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	76,  // 176: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	78,  // 177: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	80,  // 178: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	82,  // 179: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	110, // 180: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	113, // 181: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	115, // 182: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	120, // 183: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	118, // 184: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	35,  // 185: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	37,  // 186: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	142, // 187: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	135, // 188: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	137, // 189: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	140, // 190: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	83,  // 191: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	83,  // 192: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	103, // 193: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	105, // 194: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	108, // 195: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	128, // 196: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	132, // 197: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	101, // 198: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	147, // [147:199] is the sub-list for method output_type
+	95,  // [95:147] is the sub-list for method input_type
+	95,  // [95:95] is the sub-list for extension type_name
+	95,  // [95:95] is the sub-list for extension extendee
+	0,   // [0:95] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -10488,7 +11522,7 @@ func file_dsec_v1_dsec_proto_init() {
 		return
 	}
 	file_dsec_v1_dsec_proto_msgTypes[3].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[28].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[29].OneofWrappers = []any{
 		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
@@ -10496,29 +11530,29 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ExecEvent_Keepalive)(nil),
 		(*ExecEvent_Dropped)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[45].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[46].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[48].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[49].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 		(*ShellOutput_Started)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[85].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[86].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[110].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[122].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   132,
+			NumMessages:   144,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -63,3 +63,10 @@ func (r *Container) Capture(ctx context.Context, id, name string) (*snapshot.Tre
 func (r *Container) Usage(ctx context.Context, id string) (backend.Usage, error) {
 	return backend.Usage{}, errdefs.ErrNotSupported
 }
+func (r *Container) Upper(id string) (string, error) { return "", errdefs.ErrNotSupported }
+func (r *Container) Root(ctx context.Context, id string) (string, int, error) {
+	return "", 0, errdefs.ErrNotSupported
+}
+func (r *Container) Processes(ctx context.Context, id string) ([]backend.Process, error) {
+	return nil, errdefs.ErrNotSupported
+}

@@ -947,7 +947,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vGoneRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\" \n" +
 	"\fGoneResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids2\x97\x1a\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids2\xc6\x1b\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +
@@ -968,7 +968,10 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
 	"NetworkLog\x12\x1a.dsec.v1.NetworkLogRequest\x1a\x1b.dsec.v1.NetworkLogResponse\"\x03\x90\x02\x01\x12J\n" +
 	"\n" +
-	"Trajectory\x12\x1a.dsec.v1.TrajectoryRequest\x1a\x1b.dsec.v1.TrajectoryResponse\"\x03\x90\x02\x01\x12B\n" +
+	"Trajectory\x12\x1a.dsec.v1.TrajectoryRequest\x1a\x1b.dsec.v1.TrajectoryResponse\"\x03\x90\x02\x01\x12I\n" +
+	"\n" +
+	"Provenance\x12\x1a.dsec.v1.ProvenanceRequest\x1a\x1a.dsec.v1.SandboxProvenance\"\x03\x90\x02\x01\x12b\n" +
+	"\x12SetProvenancePaths\x12\".dsec.v1.SetProvenancePathsRequest\x1a#.dsec.v1.SetProvenancePathsResponse\"\x03\x90\x02\x02\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
 	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\x04Reap\x12\x19.dsec.edge.v1.ReapRequest\x1a\x1a.dsec.edge.v1.ReapResponse\"\x03\x90\x02\x02\x12B\n" +
@@ -1021,218 +1024,226 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 
 var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
-	(*AdoptLayersRequest)(nil),          // 0: dsec.edge.v1.AdoptLayersRequest
-	(*AdoptLayersResponse)(nil),         // 1: dsec.edge.v1.AdoptLayersResponse
-	(*StatusRequest)(nil),               // 2: dsec.edge.v1.StatusRequest
-	(*NodeStatus)(nil),                  // 3: dsec.edge.v1.NodeStatus
-	(*CreateRequest)(nil),               // 4: dsec.edge.v1.CreateRequest
-	(*CreateManyRequest)(nil),           // 5: dsec.edge.v1.CreateManyRequest
-	(*ForkRequest)(nil),                 // 6: dsec.edge.v1.ForkRequest
-	(*ForkResponse)(nil),                // 7: dsec.edge.v1.ForkResponse
-	(*CreateManyResponse)(nil),          // 8: dsec.edge.v1.CreateManyResponse
-	(*CreateResult)(nil),                // 9: dsec.edge.v1.CreateResult
-	(*ReapRequest)(nil),                 // 10: dsec.edge.v1.ReapRequest
-	(*ReapResponse)(nil),                // 11: dsec.edge.v1.ReapResponse
-	(*GoneRequest)(nil),                 // 12: dsec.edge.v1.GoneRequest
-	(*GoneResponse)(nil),                // 13: dsec.edge.v1.GoneResponse
-	nil,                                 // 14: dsec.edge.v1.NodeStatus.MissingEntry
-	(v1.Backend)(0),                     // 15: dsec.v1.Backend
-	(*v1.SandboxKind)(nil),              // 16: dsec.v1.SandboxKind
-	(*v1.SandboxSpec)(nil),              // 17: dsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                  // 18: dsec.v1.Sandbox
-	(*v1.GetRequest)(nil),               // 19: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),              // 20: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),            // 21: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),             // 22: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),            // 23: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),        // 24: dsec.v1.SetTimeoutRequest
-	(*v1.EndPhaseRequest)(nil),          // 25: dsec.v1.EndPhaseRequest
-	(*v1.MetricsRequest)(nil),           // 26: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),          // 27: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),   // 28: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),        // 29: dsec.v1.NetworkLogRequest
-	(*v1.TrajectoryRequest)(nil),        // 30: dsec.v1.TrajectoryRequest
-	(*v1.SetWarmPoolRequest)(nil),       // 31: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),     // 32: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),       // 33: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),       // 34: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),        // 35: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),       // 36: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),  // 37: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),       // 38: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),        // 39: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),           // 40: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),     // 41: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),              // 42: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),            // 43: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),        // 44: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),            // 45: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),     // 46: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),        // 47: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),  // 48: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),      // 49: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),               // 50: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),          // 51: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),         // 52: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),           // 53: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),              // 54: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),            // 55: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),           // 56: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),              // 57: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),          // 58: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),            // 59: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),          // 60: dsec.v1.DownloadRequest
-	(*v1.ListResponse)(nil),             // 61: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),           // 62: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),            // 63: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),           // 64: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),       // 65: dsec.v1.SetTimeoutResponse
-	(*v1.EndPhaseResponse)(nil),         // 66: dsec.v1.EndPhaseResponse
-	(*v1.SandboxMetrics)(nil),           // 67: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),             // 68: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),  // 69: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),       // 70: dsec.v1.NetworkLogResponse
-	(*v1.TrajectoryResponse)(nil),       // 71: dsec.v1.TrajectoryResponse
-	(*v1.WarmPool)(nil),                 // 72: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),    // 73: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                    // 74: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),       // 75: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),      // 76: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil), // 77: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),      // 78: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),       // 79: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),          // 80: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),    // 81: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                // 82: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),       // 83: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),           // 84: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),    // 85: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil), // 86: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),     // 87: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),              // 88: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),         // 89: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),        // 90: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),          // 91: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),             // 92: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),           // 93: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),          // 94: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),             // 95: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),               // 96: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),           // 97: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),            // 98: dsec.v1.DownloadChunk
+	(*AdoptLayersRequest)(nil),            // 0: dsec.edge.v1.AdoptLayersRequest
+	(*AdoptLayersResponse)(nil),           // 1: dsec.edge.v1.AdoptLayersResponse
+	(*StatusRequest)(nil),                 // 2: dsec.edge.v1.StatusRequest
+	(*NodeStatus)(nil),                    // 3: dsec.edge.v1.NodeStatus
+	(*CreateRequest)(nil),                 // 4: dsec.edge.v1.CreateRequest
+	(*CreateManyRequest)(nil),             // 5: dsec.edge.v1.CreateManyRequest
+	(*ForkRequest)(nil),                   // 6: dsec.edge.v1.ForkRequest
+	(*ForkResponse)(nil),                  // 7: dsec.edge.v1.ForkResponse
+	(*CreateManyResponse)(nil),            // 8: dsec.edge.v1.CreateManyResponse
+	(*CreateResult)(nil),                  // 9: dsec.edge.v1.CreateResult
+	(*ReapRequest)(nil),                   // 10: dsec.edge.v1.ReapRequest
+	(*ReapResponse)(nil),                  // 11: dsec.edge.v1.ReapResponse
+	(*GoneRequest)(nil),                   // 12: dsec.edge.v1.GoneRequest
+	(*GoneResponse)(nil),                  // 13: dsec.edge.v1.GoneResponse
+	nil,                                   // 14: dsec.edge.v1.NodeStatus.MissingEntry
+	(v1.Backend)(0),                       // 15: dsec.v1.Backend
+	(*v1.SandboxKind)(nil),                // 16: dsec.v1.SandboxKind
+	(*v1.SandboxSpec)(nil),                // 17: dsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                    // 18: dsec.v1.Sandbox
+	(*v1.GetRequest)(nil),                 // 19: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),                // 20: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),              // 21: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),               // 22: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),              // 23: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),          // 24: dsec.v1.SetTimeoutRequest
+	(*v1.EndPhaseRequest)(nil),            // 25: dsec.v1.EndPhaseRequest
+	(*v1.MetricsRequest)(nil),             // 26: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),            // 27: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),     // 28: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),          // 29: dsec.v1.NetworkLogRequest
+	(*v1.TrajectoryRequest)(nil),          // 30: dsec.v1.TrajectoryRequest
+	(*v1.ProvenanceRequest)(nil),          // 31: dsec.v1.ProvenanceRequest
+	(*v1.SetProvenancePathsRequest)(nil),  // 32: dsec.v1.SetProvenancePathsRequest
+	(*v1.SetWarmPoolRequest)(nil),         // 33: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),       // 34: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),         // 35: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),         // 36: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),          // 37: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),         // 38: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),    // 39: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),         // 40: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),          // 41: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),             // 42: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),       // 43: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),                // 44: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),              // 45: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),          // 46: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),              // 47: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),       // 48: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),          // 49: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),    // 50: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),        // 51: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),                 // 52: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),            // 53: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),           // 54: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),             // 55: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),                // 56: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),              // 57: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),             // 58: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),                // 59: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),            // 60: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),              // 61: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),            // 62: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),               // 63: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),             // 64: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),              // 65: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),             // 66: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),         // 67: dsec.v1.SetTimeoutResponse
+	(*v1.EndPhaseResponse)(nil),           // 68: dsec.v1.EndPhaseResponse
+	(*v1.SandboxMetrics)(nil),             // 69: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),               // 70: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),    // 71: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),         // 72: dsec.v1.NetworkLogResponse
+	(*v1.TrajectoryResponse)(nil),         // 73: dsec.v1.TrajectoryResponse
+	(*v1.SandboxProvenance)(nil),          // 74: dsec.v1.SandboxProvenance
+	(*v1.SetProvenancePathsResponse)(nil), // 75: dsec.v1.SetProvenancePathsResponse
+	(*v1.WarmPool)(nil),                   // 76: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),      // 77: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                      // 78: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),         // 79: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),        // 80: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil),   // 81: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),        // 82: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),         // 83: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),            // 84: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),      // 85: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                  // 86: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),         // 87: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),             // 88: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),      // 89: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil),   // 90: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),       // 91: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),                // 92: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),           // 93: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),          // 94: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),            // 95: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),               // 96: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),             // 97: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),            // 98: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),               // 99: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),                 // 100: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),             // 101: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),              // 102: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	15, // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	16, // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
-	14, // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
-	17, // 3: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	17, // 4: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
-	9,  // 5: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
-	9,  // 6: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
-	18, // 7: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
-	2,  // 8: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	4,  // 9: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	5,  // 10: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
-	6,  // 11: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
-	19, // 12: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	20, // 13: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	21, // 14: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	22, // 15: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	23, // 16: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	24, // 17: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	25, // 18: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	26, // 19: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	27, // 20: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	28, // 21: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	29, // 22: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	30, // 23: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	31, // 24: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	32, // 25: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	10, // 26: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	12, // 27: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	33, // 28: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	34, // 29: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,  // 30: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	35, // 31: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	36, // 32: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	37, // 33: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	38, // 34: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	39, // 35: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	40, // 36: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	41, // 37: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	42, // 38: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	43, // 39: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	44, // 40: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	45, // 41: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	46, // 42: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	47, // 43: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	48, // 44: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	49, // 45: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	50, // 46: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	51, // 47: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	52, // 48: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	53, // 49: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	54, // 50: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	55, // 51: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	56, // 52: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	57, // 53: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	58, // 54: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	59, // 55: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	60, // 56: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	3,  // 57: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	18, // 58: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	8,  // 59: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	7,  // 60: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
-	18, // 61: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	61, // 62: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	62, // 63: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	63, // 64: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	64, // 65: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	65, // 66: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	66, // 67: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	67, // 68: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	68, // 69: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	69, // 70: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	70, // 71: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	71, // 72: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	72, // 73: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	73, // 74: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	11, // 75: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	13, // 76: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	74, // 77: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	74, // 78: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,  // 79: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	75, // 80: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	76, // 81: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	77, // 82: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	78, // 83: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	79, // 84: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	80, // 85: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	81, // 86: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	82, // 87: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	82, // 88: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	83, // 89: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	84, // 90: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	85, // 91: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	82, // 92: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	86, // 93: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	87, // 94: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	88, // 95: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	89, // 96: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	90, // 97: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	91, // 98: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	92, // 99: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	93, // 100: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	94, // 101: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	95, // 102: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	96, // 103: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	97, // 104: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	98, // 105: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	57, // [57:106] is the sub-list for method output_type
-	8,  // [8:57] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	15,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	16,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
+	14,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
+	17,  // 3: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	17,  // 4: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	9,   // 5: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
+	9,   // 6: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
+	18,  // 7: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	2,   // 8: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	4,   // 9: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	5,   // 10: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
+	6,   // 11: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
+	19,  // 12: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	20,  // 13: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	21,  // 14: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	22,  // 15: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	23,  // 16: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	24,  // 17: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	25,  // 18: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	26,  // 19: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	27,  // 20: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	28,  // 21: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	29,  // 22: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	30,  // 23: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	31,  // 24: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	32,  // 25: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	33,  // 26: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	34,  // 27: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	10,  // 28: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	12,  // 29: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	35,  // 30: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	36,  // 31: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,   // 32: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	37,  // 33: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	38,  // 34: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	39,  // 35: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	40,  // 36: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	41,  // 37: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	42,  // 38: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	43,  // 39: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	44,  // 40: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	45,  // 41: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	46,  // 42: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	47,  // 43: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	48,  // 44: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	49,  // 45: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	50,  // 46: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	51,  // 47: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	52,  // 48: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	53,  // 49: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	54,  // 50: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	55,  // 51: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	56,  // 52: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	57,  // 53: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	58,  // 54: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	59,  // 55: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	60,  // 56: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	61,  // 57: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	62,  // 58: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	3,   // 59: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	18,  // 60: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	8,   // 61: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	7,   // 62: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
+	18,  // 63: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	63,  // 64: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	64,  // 65: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	65,  // 66: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	66,  // 67: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	67,  // 68: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	68,  // 69: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	69,  // 70: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	70,  // 71: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	71,  // 72: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	72,  // 73: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	73,  // 74: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	74,  // 75: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	75,  // 76: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	76,  // 77: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	77,  // 78: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	11,  // 79: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	13,  // 80: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	78,  // 81: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	78,  // 82: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,   // 83: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	79,  // 84: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	80,  // 85: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	81,  // 86: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	82,  // 87: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	83,  // 88: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	84,  // 89: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	85,  // 90: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	86,  // 91: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	86,  // 92: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	87,  // 93: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	88,  // 94: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	89,  // 95: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	86,  // 96: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	90,  // 97: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	91,  // 98: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	92,  // 99: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	93,  // 100: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	94,  // 101: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	95,  // 102: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	96,  // 103: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	97,  // 104: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	98,  // 105: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	99,  // 106: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	100, // 107: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	101, // 108: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	102, // 109: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	59,  // [59:110] is the sub-list for method output_type
+	8,   // [8:59] is the sub-list for method input_type
+	8,   // [8:8] is the sub-list for extension type_name
+	8,   // [8:8] is the sub-list for extension extendee
+	0,   // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_dsec_edge_v1_edge_proto_init() }

@@ -124,6 +124,12 @@ const (
 	// SandboxServiceTrajectoryProcedure is the fully-qualified name of the SandboxService's Trajectory
 	// RPC.
 	SandboxServiceTrajectoryProcedure = "/dsec.v1.SandboxService/Trajectory"
+	// SandboxServiceProvenanceProcedure is the fully-qualified name of the SandboxService's Provenance
+	// RPC.
+	SandboxServiceProvenanceProcedure = "/dsec.v1.SandboxService/Provenance"
+	// SandboxServiceSetProvenancePathsProcedure is the fully-qualified name of the SandboxService's
+	// SetProvenancePaths RPC.
+	SandboxServiceSetProvenancePathsProcedure = "/dsec.v1.SandboxService/SetProvenancePaths"
 	// SandboxServiceSetWarmPoolProcedure is the fully-qualified name of the SandboxService's
 	// SetWarmPool RPC.
 	SandboxServiceSetWarmPoolProcedure = "/dsec.v1.SandboxService/SetWarmPool"
@@ -279,6 +285,16 @@ type SandboxServiceClient interface {
 	// since. It is kept after the sandbox's deletion for the node's
 	// retention, and in a cluster in the blob store.
 	Trajectory(context.Context, *connect.Request[v1.TrajectoryRequest]) (*connect.Response[v1.TrajectoryResponse], error)
+	// Provenance says how a sandbox's state came to be: the files written
+	// outside its workspace paths, binaries and test files replaced, reads of
+	// protected paths, network attempts by host and verdict, processes still
+	// running, packages installed, with flags a trainer filters on. What a
+	// backend cannot see is listed in unseen (docs/provenance.md).
+	Provenance(context.Context, *connect.Request[v1.ProvenanceRequest]) (*connect.Response[v1.SandboxProvenance], error)
+	// SetProvenancePaths replaces the workspace, test and protected paths a
+	// sandbox was created with (SandboxSpec.provenance); protected paths are
+	// watched from then on.
+	SetProvenancePaths(context.Context, *connect.Request[v1.SetProvenancePathsRequest]) (*connect.Response[v1.SetProvenancePathsResponse], error)
 	// SetWarmPool keeps size sandboxes of one shape started and idle, so that a
 	// Create of that shape takes one, in about a millisecond, instead of
 	// starting a container. The shape is the spec without labels, ttl_seconds
@@ -534,6 +550,20 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		provenance: connect.NewClient[v1.ProvenanceRequest, v1.SandboxProvenance](
+			httpClient,
+			baseURL+SandboxServiceProvenanceProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Provenance")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		setProvenancePaths: connect.NewClient[v1.SetProvenancePathsRequest, v1.SetProvenancePathsResponse](
+			httpClient,
+			baseURL+SandboxServiceSetProvenancePathsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetProvenancePaths")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 		setWarmPool: connect.NewClient[v1.SetWarmPoolRequest, v1.WarmPool](
 			httpClient,
 			baseURL+SandboxServiceSetWarmPoolProcedure,
@@ -560,45 +590,47 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	create           *connect.Client[v1.CreateRequest, v1.CreateResponse]
-	get              *connect.Client[v1.GetRequest, v1.Sandbox]
-	list             *connect.Client[v1.ListRequest, v1.ListResponse]
-	delete           *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
-	pause            *connect.Client[v1.PauseRequest, v1.PauseResponse]
-	resume           *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
-	setTimeout       *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
-	endPhase         *connect.Client[v1.EndPhaseRequest, v1.EndPhaseResponse]
-	metrics          *connect.Client[v1.MetricsRequest, v1.SandboxMetrics]
-	snapshot         *connect.Client[v1.SnapshotRequest, v1.SnapshotInfo]
-	listSnapshots    *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
-	deleteSnapshot   *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
-	fork             *connect.Client[v1.ForkRequest, v1.ForkResponse]
-	grade            *connect.Client[v1.GradeRequest, v1.GradeResult]
-	exec             *connect.Client[v1.ExecRequest, v1.ExecEvent]
-	attach           *connect.Client[v1.AttachRequest, v1.ExecEvent]
-	writeStdin       *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
-	signal           *connect.Client[v1.SignalRequest, v1.SignalResponse]
-	listProcesses    *connect.Client[v1.ListProcessesRequest, v1.ListProcessesResponse]
-	sessionRun       *connect.Client[v1.SessionRunRequest, v1.ExecEvent]
-	sessionInterrupt *connect.Client[v1.SessionInterruptRequest, v1.SessionInterruptResponse]
-	sessionClose     *connect.Client[v1.SessionCloseRequest, v1.SessionCloseResponse]
-	shell            *connect.Client[v1.ShellInput, v1.ShellOutput]
-	readFile         *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	writeFile        *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	listDir          *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
-	stat             *connect.Client[v1.StatRequest, v1.StatResponse]
-	remove           *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
-	makeDir          *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
-	move             *connect.Client[v1.MoveRequest, v1.MoveResponse]
-	watchDir         *connect.Client[v1.WatchDirRequest, v1.WatchEvent]
-	upload           *connect.Client[v1.UploadRequest, v1.UploadResponse]
-	download         *connect.Client[v1.DownloadRequest, v1.DownloadChunk]
-	setNetworkRules  *connect.Client[v1.SetNetworkRulesRequest, v1.SetNetworkRulesResponse]
-	networkLog       *connect.Client[v1.NetworkLogRequest, v1.NetworkLogResponse]
-	trajectory       *connect.Client[v1.TrajectoryRequest, v1.TrajectoryResponse]
-	setWarmPool      *connect.Client[v1.SetWarmPoolRequest, v1.WarmPool]
-	listWarmPools    *connect.Client[v1.ListWarmPoolsRequest, v1.ListWarmPoolsResponse]
-	getServerInfo    *connect.Client[v1.GetServerInfoRequest, v1.ServerInfo]
+	create             *connect.Client[v1.CreateRequest, v1.CreateResponse]
+	get                *connect.Client[v1.GetRequest, v1.Sandbox]
+	list               *connect.Client[v1.ListRequest, v1.ListResponse]
+	delete             *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
+	pause              *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	resume             *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	setTimeout         *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
+	endPhase           *connect.Client[v1.EndPhaseRequest, v1.EndPhaseResponse]
+	metrics            *connect.Client[v1.MetricsRequest, v1.SandboxMetrics]
+	snapshot           *connect.Client[v1.SnapshotRequest, v1.SnapshotInfo]
+	listSnapshots      *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
+	deleteSnapshot     *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
+	fork               *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	grade              *connect.Client[v1.GradeRequest, v1.GradeResult]
+	exec               *connect.Client[v1.ExecRequest, v1.ExecEvent]
+	attach             *connect.Client[v1.AttachRequest, v1.ExecEvent]
+	writeStdin         *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
+	signal             *connect.Client[v1.SignalRequest, v1.SignalResponse]
+	listProcesses      *connect.Client[v1.ListProcessesRequest, v1.ListProcessesResponse]
+	sessionRun         *connect.Client[v1.SessionRunRequest, v1.ExecEvent]
+	sessionInterrupt   *connect.Client[v1.SessionInterruptRequest, v1.SessionInterruptResponse]
+	sessionClose       *connect.Client[v1.SessionCloseRequest, v1.SessionCloseResponse]
+	shell              *connect.Client[v1.ShellInput, v1.ShellOutput]
+	readFile           *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile          *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	listDir            *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
+	stat               *connect.Client[v1.StatRequest, v1.StatResponse]
+	remove             *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
+	makeDir            *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
+	move               *connect.Client[v1.MoveRequest, v1.MoveResponse]
+	watchDir           *connect.Client[v1.WatchDirRequest, v1.WatchEvent]
+	upload             *connect.Client[v1.UploadRequest, v1.UploadResponse]
+	download           *connect.Client[v1.DownloadRequest, v1.DownloadChunk]
+	setNetworkRules    *connect.Client[v1.SetNetworkRulesRequest, v1.SetNetworkRulesResponse]
+	networkLog         *connect.Client[v1.NetworkLogRequest, v1.NetworkLogResponse]
+	trajectory         *connect.Client[v1.TrajectoryRequest, v1.TrajectoryResponse]
+	provenance         *connect.Client[v1.ProvenanceRequest, v1.SandboxProvenance]
+	setProvenancePaths *connect.Client[v1.SetProvenancePathsRequest, v1.SetProvenancePathsResponse]
+	setWarmPool        *connect.Client[v1.SetWarmPoolRequest, v1.WarmPool]
+	listWarmPools      *connect.Client[v1.ListWarmPoolsRequest, v1.ListWarmPoolsResponse]
+	getServerInfo      *connect.Client[v1.GetServerInfoRequest, v1.ServerInfo]
 }
 
 // Create calls dsec.v1.SandboxService.Create.
@@ -781,6 +813,16 @@ func (c *sandboxServiceClient) Trajectory(ctx context.Context, req *connect.Requ
 	return c.trajectory.CallUnary(ctx, req)
 }
 
+// Provenance calls dsec.v1.SandboxService.Provenance.
+func (c *sandboxServiceClient) Provenance(ctx context.Context, req *connect.Request[v1.ProvenanceRequest]) (*connect.Response[v1.SandboxProvenance], error) {
+	return c.provenance.CallUnary(ctx, req)
+}
+
+// SetProvenancePaths calls dsec.v1.SandboxService.SetProvenancePaths.
+func (c *sandboxServiceClient) SetProvenancePaths(ctx context.Context, req *connect.Request[v1.SetProvenancePathsRequest]) (*connect.Response[v1.SetProvenancePathsResponse], error) {
+	return c.setProvenancePaths.CallUnary(ctx, req)
+}
+
 // SetWarmPool calls dsec.v1.SandboxService.SetWarmPool.
 func (c *sandboxServiceClient) SetWarmPool(ctx context.Context, req *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error) {
 	return c.setWarmPool.CallUnary(ctx, req)
@@ -911,6 +953,16 @@ type SandboxServiceHandler interface {
 	// since. It is kept after the sandbox's deletion for the node's
 	// retention, and in a cluster in the blob store.
 	Trajectory(context.Context, *connect.Request[v1.TrajectoryRequest]) (*connect.Response[v1.TrajectoryResponse], error)
+	// Provenance says how a sandbox's state came to be: the files written
+	// outside its workspace paths, binaries and test files replaced, reads of
+	// protected paths, network attempts by host and verdict, processes still
+	// running, packages installed, with flags a trainer filters on. What a
+	// backend cannot see is listed in unseen (docs/provenance.md).
+	Provenance(context.Context, *connect.Request[v1.ProvenanceRequest]) (*connect.Response[v1.SandboxProvenance], error)
+	// SetProvenancePaths replaces the workspace, test and protected paths a
+	// sandbox was created with (SandboxSpec.provenance); protected paths are
+	// watched from then on.
+	SetProvenancePaths(context.Context, *connect.Request[v1.SetProvenancePathsRequest]) (*connect.Response[v1.SetProvenancePathsResponse], error)
 	// SetWarmPool keeps size sandboxes of one shape started and idle, so that a
 	// Create of that shape takes one, in about a millisecond, instead of
 	// starting a container. The shape is the spec without labels, ttl_seconds
@@ -1162,6 +1214,20 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceProvenanceHandler := connect.NewUnaryHandler(
+		SandboxServiceProvenanceProcedure,
+		svc.Provenance,
+		connect.WithSchema(sandboxServiceMethods.ByName("Provenance")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSetProvenancePathsHandler := connect.NewUnaryHandler(
+		SandboxServiceSetProvenancePathsProcedure,
+		svc.SetProvenancePaths,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetProvenancePaths")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceSetWarmPoolHandler := connect.NewUnaryHandler(
 		SandboxServiceSetWarmPoolProcedure,
 		svc.SetWarmPool,
@@ -1257,6 +1323,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceNetworkLogHandler.ServeHTTP(w, r)
 		case SandboxServiceTrajectoryProcedure:
 			sandboxServiceTrajectoryHandler.ServeHTTP(w, r)
+		case SandboxServiceProvenanceProcedure:
+			sandboxServiceProvenanceHandler.ServeHTTP(w, r)
+		case SandboxServiceSetProvenancePathsProcedure:
+			sandboxServiceSetProvenancePathsHandler.ServeHTTP(w, r)
 		case SandboxServiceSetWarmPoolProcedure:
 			sandboxServiceSetWarmPoolHandler.ServeHTTP(w, r)
 		case SandboxServiceListWarmPoolsProcedure:
@@ -1414,6 +1484,14 @@ func (UnimplementedSandboxServiceHandler) NetworkLog(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) Trajectory(context.Context, *connect.Request[v1.TrajectoryRequest]) (*connect.Response[v1.TrajectoryResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Trajectory is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Provenance(context.Context, *connect.Request[v1.ProvenanceRequest]) (*connect.Response[v1.SandboxProvenance], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Provenance is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetProvenancePaths(context.Context, *connect.Request[v1.SetProvenancePathsRequest]) (*connect.Response[v1.SetProvenancePathsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.SetProvenancePaths is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) SetWarmPool(context.Context, *connect.Request[v1.SetWarmPoolRequest]) (*connect.Response[v1.WarmPool], error) {

@@ -74,6 +74,11 @@ const (
 	EdgeServiceNetworkLogProcedure = "/dsec.edge.v1.EdgeService/NetworkLog"
 	// EdgeServiceTrajectoryProcedure is the fully-qualified name of the EdgeService's Trajectory RPC.
 	EdgeServiceTrajectoryProcedure = "/dsec.edge.v1.EdgeService/Trajectory"
+	// EdgeServiceProvenanceProcedure is the fully-qualified name of the EdgeService's Provenance RPC.
+	EdgeServiceProvenanceProcedure = "/dsec.edge.v1.EdgeService/Provenance"
+	// EdgeServiceSetProvenancePathsProcedure is the fully-qualified name of the EdgeService's
+	// SetProvenancePaths RPC.
+	EdgeServiceSetProvenancePathsProcedure = "/dsec.edge.v1.EdgeService/SetProvenancePaths"
 	// EdgeServiceSetWarmPoolProcedure is the fully-qualified name of the EdgeService's SetWarmPool RPC.
 	EdgeServiceSetWarmPoolProcedure = "/dsec.edge.v1.EdgeService/SetWarmPool"
 	// EdgeServiceListWarmPoolsProcedure is the fully-qualified name of the EdgeService's ListWarmPools
@@ -188,6 +193,8 @@ type EdgeServiceClient interface {
 	// Trajectory reads a sandbox's trajectory: this node's own, or one the
 	// blob store keeps (a sandbox of a node gone from the cluster).
 	Trajectory(context.Context, *connect.Request[v11.TrajectoryRequest]) (*connect.Response[v11.TrajectoryResponse], error)
+	Provenance(context.Context, *connect.Request[v11.ProvenanceRequest]) (*connect.Response[v11.SandboxProvenance], error)
+	SetProvenancePaths(context.Context, *connect.Request[v11.SetProvenancePathsRequest]) (*connect.Response[v11.SetProvenancePathsResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
 	// Reconciliation: what an apiserver asks of a node to settle creates whose
@@ -369,6 +376,20 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			baseURL+EdgeServiceTrajectoryProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("Trajectory")),
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		provenance: connect.NewClient[v11.ProvenanceRequest, v11.SandboxProvenance](
+			httpClient,
+			baseURL+EdgeServiceProvenanceProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Provenance")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		setProvenancePaths: connect.NewClient[v11.SetProvenancePathsRequest, v11.SetProvenancePathsResponse](
+			httpClient,
+			baseURL+EdgeServiceSetProvenancePathsProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("SetProvenancePaths")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
 		setWarmPool: connect.NewClient[v11.SetWarmPoolRequest, v11.WarmPool](
@@ -583,55 +604,57 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 
 // edgeServiceClient implements EdgeServiceClient.
 type edgeServiceClient struct {
-	status           *connect.Client[v1.StatusRequest, v1.NodeStatus]
-	create           *connect.Client[v1.CreateRequest, v11.Sandbox]
-	createMany       *connect.Client[v1.CreateManyRequest, v1.CreateManyResponse]
-	fork             *connect.Client[v1.ForkRequest, v1.ForkResponse]
-	get              *connect.Client[v11.GetRequest, v11.Sandbox]
-	list             *connect.Client[v11.ListRequest, v11.ListResponse]
-	delete           *connect.Client[v11.DeleteRequest, v11.DeleteResponse]
-	pause            *connect.Client[v11.PauseRequest, v11.PauseResponse]
-	resume           *connect.Client[v11.ResumeRequest, v11.ResumeResponse]
-	setTimeout       *connect.Client[v11.SetTimeoutRequest, v11.SetTimeoutResponse]
-	endPhase         *connect.Client[v11.EndPhaseRequest, v11.EndPhaseResponse]
-	metrics          *connect.Client[v11.MetricsRequest, v11.SandboxMetrics]
-	snapshot         *connect.Client[v11.SnapshotRequest, v11.SnapshotInfo]
-	setNetworkRules  *connect.Client[v11.SetNetworkRulesRequest, v11.SetNetworkRulesResponse]
-	networkLog       *connect.Client[v11.NetworkLogRequest, v11.NetworkLogResponse]
-	trajectory       *connect.Client[v11.TrajectoryRequest, v11.TrajectoryResponse]
-	setWarmPool      *connect.Client[v11.SetWarmPoolRequest, v11.WarmPool]
-	listWarmPools    *connect.Client[v11.ListWarmPoolsRequest, v11.ListWarmPoolsResponse]
-	reap             *connect.Client[v1.ReapRequest, v1.ReapResponse]
-	gone             *connect.Client[v1.GoneRequest, v1.GoneResponse]
-	importLayer      *connect.Client[v11.ImportLayerRequest, v11.Layer]
-	uploadLayer      *connect.Client[v11.UploadLayerRequest, v11.Layer]
-	adoptLayers      *connect.Client[v1.AdoptLayersRequest, v1.AdoptLayersResponse]
-	listLayers       *connect.Client[v11.ListLayersRequest, v11.ListLayersResponse]
-	removeLayer      *connect.Client[v11.RemoveLayerRequest, v11.RemoveLayerResponse]
-	listEnvironments *connect.Client[v11.ListEnvironmentsRequest, v11.ListEnvironmentsResponse]
-	importImage      *connect.Client[v11.ImportImageRequest, v11.ImportImageProgress]
-	layerStats       *connect.Client[v11.LayerStatsRequest, v11.LayerStatsResponse]
-	runCode          *connect.Client[v11.RunCodeRequest, v11.RunCodeResponse]
-	listLanguages    *connect.Client[v11.ListLanguagesRequest, v11.ListLanguagesResponse]
-	exec             *connect.Client[v11.ExecRequest, v11.ExecEvent]
-	attach           *connect.Client[v11.AttachRequest, v11.ExecEvent]
-	writeStdin       *connect.Client[v11.WriteStdinRequest, v11.WriteStdinResponse]
-	signal           *connect.Client[v11.SignalRequest, v11.SignalResponse]
-	listProcesses    *connect.Client[v11.ListProcessesRequest, v11.ListProcessesResponse]
-	sessionRun       *connect.Client[v11.SessionRunRequest, v11.ExecEvent]
-	sessionInterrupt *connect.Client[v11.SessionInterruptRequest, v11.SessionInterruptResponse]
-	sessionClose     *connect.Client[v11.SessionCloseRequest, v11.SessionCloseResponse]
-	shell            *connect.Client[v11.ShellInput, v11.ShellOutput]
-	readFile         *connect.Client[v11.ReadFileRequest, v11.ReadFileResponse]
-	writeFile        *connect.Client[v11.WriteFileRequest, v11.WriteFileResponse]
-	listDir          *connect.Client[v11.ListDirRequest, v11.ListDirResponse]
-	stat             *connect.Client[v11.StatRequest, v11.StatResponse]
-	remove           *connect.Client[v11.RemoveRequest, v11.RemoveResponse]
-	makeDir          *connect.Client[v11.MakeDirRequest, v11.MakeDirResponse]
-	move             *connect.Client[v11.MoveRequest, v11.MoveResponse]
-	watchDir         *connect.Client[v11.WatchDirRequest, v11.WatchEvent]
-	upload           *connect.Client[v11.UploadRequest, v11.UploadResponse]
-	download         *connect.Client[v11.DownloadRequest, v11.DownloadChunk]
+	status             *connect.Client[v1.StatusRequest, v1.NodeStatus]
+	create             *connect.Client[v1.CreateRequest, v11.Sandbox]
+	createMany         *connect.Client[v1.CreateManyRequest, v1.CreateManyResponse]
+	fork               *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	get                *connect.Client[v11.GetRequest, v11.Sandbox]
+	list               *connect.Client[v11.ListRequest, v11.ListResponse]
+	delete             *connect.Client[v11.DeleteRequest, v11.DeleteResponse]
+	pause              *connect.Client[v11.PauseRequest, v11.PauseResponse]
+	resume             *connect.Client[v11.ResumeRequest, v11.ResumeResponse]
+	setTimeout         *connect.Client[v11.SetTimeoutRequest, v11.SetTimeoutResponse]
+	endPhase           *connect.Client[v11.EndPhaseRequest, v11.EndPhaseResponse]
+	metrics            *connect.Client[v11.MetricsRequest, v11.SandboxMetrics]
+	snapshot           *connect.Client[v11.SnapshotRequest, v11.SnapshotInfo]
+	setNetworkRules    *connect.Client[v11.SetNetworkRulesRequest, v11.SetNetworkRulesResponse]
+	networkLog         *connect.Client[v11.NetworkLogRequest, v11.NetworkLogResponse]
+	trajectory         *connect.Client[v11.TrajectoryRequest, v11.TrajectoryResponse]
+	provenance         *connect.Client[v11.ProvenanceRequest, v11.SandboxProvenance]
+	setProvenancePaths *connect.Client[v11.SetProvenancePathsRequest, v11.SetProvenancePathsResponse]
+	setWarmPool        *connect.Client[v11.SetWarmPoolRequest, v11.WarmPool]
+	listWarmPools      *connect.Client[v11.ListWarmPoolsRequest, v11.ListWarmPoolsResponse]
+	reap               *connect.Client[v1.ReapRequest, v1.ReapResponse]
+	gone               *connect.Client[v1.GoneRequest, v1.GoneResponse]
+	importLayer        *connect.Client[v11.ImportLayerRequest, v11.Layer]
+	uploadLayer        *connect.Client[v11.UploadLayerRequest, v11.Layer]
+	adoptLayers        *connect.Client[v1.AdoptLayersRequest, v1.AdoptLayersResponse]
+	listLayers         *connect.Client[v11.ListLayersRequest, v11.ListLayersResponse]
+	removeLayer        *connect.Client[v11.RemoveLayerRequest, v11.RemoveLayerResponse]
+	listEnvironments   *connect.Client[v11.ListEnvironmentsRequest, v11.ListEnvironmentsResponse]
+	importImage        *connect.Client[v11.ImportImageRequest, v11.ImportImageProgress]
+	layerStats         *connect.Client[v11.LayerStatsRequest, v11.LayerStatsResponse]
+	runCode            *connect.Client[v11.RunCodeRequest, v11.RunCodeResponse]
+	listLanguages      *connect.Client[v11.ListLanguagesRequest, v11.ListLanguagesResponse]
+	exec               *connect.Client[v11.ExecRequest, v11.ExecEvent]
+	attach             *connect.Client[v11.AttachRequest, v11.ExecEvent]
+	writeStdin         *connect.Client[v11.WriteStdinRequest, v11.WriteStdinResponse]
+	signal             *connect.Client[v11.SignalRequest, v11.SignalResponse]
+	listProcesses      *connect.Client[v11.ListProcessesRequest, v11.ListProcessesResponse]
+	sessionRun         *connect.Client[v11.SessionRunRequest, v11.ExecEvent]
+	sessionInterrupt   *connect.Client[v11.SessionInterruptRequest, v11.SessionInterruptResponse]
+	sessionClose       *connect.Client[v11.SessionCloseRequest, v11.SessionCloseResponse]
+	shell              *connect.Client[v11.ShellInput, v11.ShellOutput]
+	readFile           *connect.Client[v11.ReadFileRequest, v11.ReadFileResponse]
+	writeFile          *connect.Client[v11.WriteFileRequest, v11.WriteFileResponse]
+	listDir            *connect.Client[v11.ListDirRequest, v11.ListDirResponse]
+	stat               *connect.Client[v11.StatRequest, v11.StatResponse]
+	remove             *connect.Client[v11.RemoveRequest, v11.RemoveResponse]
+	makeDir            *connect.Client[v11.MakeDirRequest, v11.MakeDirResponse]
+	move               *connect.Client[v11.MoveRequest, v11.MoveResponse]
+	watchDir           *connect.Client[v11.WatchDirRequest, v11.WatchEvent]
+	upload             *connect.Client[v11.UploadRequest, v11.UploadResponse]
+	download           *connect.Client[v11.DownloadRequest, v11.DownloadChunk]
 }
 
 // Status calls dsec.edge.v1.EdgeService.Status.
@@ -712,6 +735,16 @@ func (c *edgeServiceClient) NetworkLog(ctx context.Context, req *connect.Request
 // Trajectory calls dsec.edge.v1.EdgeService.Trajectory.
 func (c *edgeServiceClient) Trajectory(ctx context.Context, req *connect.Request[v11.TrajectoryRequest]) (*connect.Response[v11.TrajectoryResponse], error) {
 	return c.trajectory.CallUnary(ctx, req)
+}
+
+// Provenance calls dsec.edge.v1.EdgeService.Provenance.
+func (c *edgeServiceClient) Provenance(ctx context.Context, req *connect.Request[v11.ProvenanceRequest]) (*connect.Response[v11.SandboxProvenance], error) {
+	return c.provenance.CallUnary(ctx, req)
+}
+
+// SetProvenancePaths calls dsec.edge.v1.EdgeService.SetProvenancePaths.
+func (c *edgeServiceClient) SetProvenancePaths(ctx context.Context, req *connect.Request[v11.SetProvenancePathsRequest]) (*connect.Response[v11.SetProvenancePathsResponse], error) {
+	return c.setProvenancePaths.CallUnary(ctx, req)
 }
 
 // SetWarmPool calls dsec.edge.v1.EdgeService.SetWarmPool.
@@ -919,6 +952,8 @@ type EdgeServiceHandler interface {
 	// Trajectory reads a sandbox's trajectory: this node's own, or one the
 	// blob store keeps (a sandbox of a node gone from the cluster).
 	Trajectory(context.Context, *connect.Request[v11.TrajectoryRequest]) (*connect.Response[v11.TrajectoryResponse], error)
+	Provenance(context.Context, *connect.Request[v11.ProvenanceRequest]) (*connect.Response[v11.SandboxProvenance], error)
+	SetProvenancePaths(context.Context, *connect.Request[v11.SetProvenancePathsRequest]) (*connect.Response[v11.SetProvenancePathsResponse], error)
 	SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error)
 	ListWarmPools(context.Context, *connect.Request[v11.ListWarmPoolsRequest]) (*connect.Response[v11.ListWarmPoolsResponse], error)
 	// Reconciliation: what an apiserver asks of a node to settle creates whose
@@ -1096,6 +1131,20 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		svc.Trajectory,
 		connect.WithSchema(edgeServiceMethods.ByName("Trajectory")),
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceProvenanceHandler := connect.NewUnaryHandler(
+		EdgeServiceProvenanceProcedure,
+		svc.Provenance,
+		connect.WithSchema(edgeServiceMethods.ByName("Provenance")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceSetProvenancePathsHandler := connect.NewUnaryHandler(
+		EdgeServiceSetProvenancePathsProcedure,
+		svc.SetProvenancePaths,
+		connect.WithSchema(edgeServiceMethods.ByName("SetProvenancePaths")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServiceSetWarmPoolHandler := connect.NewUnaryHandler(
@@ -1339,6 +1388,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceNetworkLogHandler.ServeHTTP(w, r)
 		case EdgeServiceTrajectoryProcedure:
 			edgeServiceTrajectoryHandler.ServeHTTP(w, r)
+		case EdgeServiceProvenanceProcedure:
+			edgeServiceProvenanceHandler.ServeHTTP(w, r)
+		case EdgeServiceSetProvenancePathsProcedure:
+			edgeServiceSetProvenancePathsHandler.ServeHTTP(w, r)
 		case EdgeServiceSetWarmPoolProcedure:
 			edgeServiceSetWarmPoolHandler.ServeHTTP(w, r)
 		case EdgeServiceListWarmPoolsProcedure:
@@ -1476,6 +1529,14 @@ func (UnimplementedEdgeServiceHandler) NetworkLog(context.Context, *connect.Requ
 
 func (UnimplementedEdgeServiceHandler) Trajectory(context.Context, *connect.Request[v11.TrajectoryRequest]) (*connect.Response[v11.TrajectoryResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Trajectory is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Provenance(context.Context, *connect.Request[v11.ProvenanceRequest]) (*connect.Response[v11.SandboxProvenance], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Provenance is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) SetProvenancePaths(context.Context, *connect.Request[v11.SetProvenancePathsRequest]) (*connect.Response[v11.SetProvenancePathsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.SetProvenancePaths is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) SetWarmPool(context.Context, *connect.Request[v11.SetWarmPoolRequest]) (*connect.Response[v11.WarmPool], error) {

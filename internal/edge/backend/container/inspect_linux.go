@@ -1,0 +1,106 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/errdefs"
+)
+
+// Upper returns sandbox id's overlay upper dir (backend.Inspector).
+func (r *Container) Upper(id string) (string, error) {
+	upper := filepath.Join(r.upperDir(id), "upper")
+	if _, err := os.Lstat(upper); errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("writable layer of %s: %w", id, errdefs.ErrNotFound)
+	}
+	return upper, nil
+}
+
+// Root returns /proc/PID/root of sandbox id's agent, the container's
+// init (backend.Inspector). Under gVisor the sandbox's files are the
+// sentry's, which the host's root of no process shows: ErrNotSupported.
+func (r *Container) Root(ctx context.Context, id string) (string, int, error) {
+	if r.gvisor() {
+		return "", 0, fmt.Errorf("root file system of %s: gVisor's sentry serves it: %w", id, errdefs.ErrNotSupported)
+	}
+	rs, err := r.runtimeState(ctx, id)
+	if err != nil {
+		return "", 0, err
+	}
+	if rs.Pid <= 0 {
+		return "", 0, fmt.Errorf("root file system of %s: no init process (%s): %w", id, rs.Status, errdefs.ErrFailedPrecondition)
+	}
+	return "/proc/" + strconv.Itoa(rs.Pid) + "/root", rs.Pid, nil
+}
+
+// Processes lists sandbox id's processes but its agent, as the OCI
+// runtime's ps sees them (backend.Inspector): runc lists the container's
+// cgroup by host pid, runsc the sentry's tasks by sandbox pid.
+func (r *Container) Processes(ctx context.Context, id string) ([]backend.Process, error) {
+	out, err := r.runtimeStdout(ctx, "ps", "--format", "json", id)
+	if err != nil {
+		return nil, fmt.Errorf("list processes of %s: %w", id, err)
+	}
+	if r.gvisor() {
+		var tasks []struct {
+			PID int    `json:"PID"`
+			Cmd string `json:"Cmd"`
+		}
+		if err := json.Unmarshal(out, &tasks); err != nil {
+			return nil, fmt.Errorf("list processes of %s: decode runsc ps: %w", id, err)
+		}
+		var ps []backend.Process
+		for _, t := range tasks {
+			if t.PID != 1 {
+				ps = append(ps, backend.Process{Pid: t.PID, Command: t.Cmd})
+			}
+		}
+		return ps, nil
+	}
+	var pids []int
+	if err := json.Unmarshal(out, &pids); err != nil {
+		return nil, fmt.Errorf("list processes of %s: decode %s ps: %w", id, r.cfg.Runtime, err)
+	}
+	rs, err := r.runtimeState(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	var ps []backend.Process
+	for _, pid := range pids {
+		if pid == rs.Pid {
+			continue
+		}
+		comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		ps = append(ps, backend.Process{Pid: nsPid(pid), Command: strings.TrimSpace(string(comm))})
+	}
+	return ps, nil
+}
+
+// nsPid is host pid's pid in its own (innermost) pid namespace, or pid
+// where /proc does not say.
+func nsPid(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return pid
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			fs := strings.Fields(f)
+			if n, err := strconv.Atoi(fs[len(fs)-1]); err == nil {
+				return n
+			}
+		}
+	}
+	return pid
+}

@@ -1,0 +1,50 @@
+package provenance
+
+import dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+
+// Flags sets p's flags from its evidence: each true when its list holds
+// anything (files outside the workspace by p's count of them).
+func Flags(p *dsecv1.SandboxProvenance, outside int64) *dsecv1.ProvenanceFlags {
+	f := &dsecv1.ProvenanceFlags{
+		FilesOutsideWorkspace: outside > 0,
+		TestsModified:         len(p.GetTestsChanged()) > 0,
+		InterpreterReplaced:   len(p.GetReplaced()) > 0,
+		ProtectedRead:         len(p.GetProtectedReads()) > 0,
+		LeftoverProcesses:     len(p.GetProcesses()) > 0,
+		PackagesInstalled:     len(p.GetPackages()) > 0,
+		SyscallsDenied:        len(p.GetSyscallsDenied()) > 0,
+	}
+	for _, n := range p.GetNetwork() {
+		switch n.GetVerdict() {
+		case "allow":
+			f.NetworkAllowed = true
+		case "deny":
+			f.NetworkDenied = true
+		}
+	}
+	return f
+}
+
+// Names lists the flags set, by their names in the API.
+func Names(f *dsecv1.ProvenanceFlags) []string {
+	var out []string
+	for _, x := range []struct {
+		on   bool
+		name string
+	}{
+		{f.GetFilesOutsideWorkspace(), "files_outside_workspace"},
+		{f.GetTestsModified(), "tests_modified"},
+		{f.GetInterpreterReplaced(), "interpreter_replaced"},
+		{f.GetProtectedRead(), "protected_read"},
+		{f.GetNetworkAllowed(), "network_allowed"},
+		{f.GetNetworkDenied(), "network_denied"},
+		{f.GetLeftoverProcesses(), "leftover_processes"},
+		{f.GetPackagesInstalled(), "packages_installed"},
+		{f.GetSyscallsDenied(), "syscalls_denied"},
+	} {
+		if x.on {
+			out = append(out, x.name)
+		}
+	}
+	return out
+}
