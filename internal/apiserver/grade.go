@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -30,10 +31,14 @@ func (s *Server) Grade(ctx context.Context, req *connect.Request[dsecv1.GradeReq
 		return nil, err
 	}
 	started := time.Now()
+	// What the agent did is read before the capture, which the trajectory
+	// records and which freezes a microVM.
+	trajectory, prov := s.gradeEvidence(ctx, req.Msg.GetSandboxId())
 	res, done, err := grade.Run(ctx, s.loop.client(s), req.Msg)
 	if err != nil {
 		return nil, err
 	}
+	res.TrajectoryHash, res.Provenance = trajectory, prov
 	// The receipt is signed before the clean room goes: its environment is
 	// still recorded. A receipt that cannot be made is logged and left out,
 	// never the grade failed for it.
@@ -50,6 +55,28 @@ func (s *Server) Grade(ctx context.Context, req *connect.Request[dsecv1.GradeReq
 		}
 	}()
 	return connect.NewResponse(res), nil
+}
+
+// gradeEvidence reads a graded sandbox's trajectory hash so far and its
+// provenance (flags only) through the server's own API. Either that cannot
+// be read (a node recording none, a backend without provenance) is left
+// empty and logged: the grade goes on without it, and the receipt says so
+// by its empty field.
+func (s *Server) gradeEvidence(ctx context.Context, id string) (trajectory string, prov *dsecv1.SandboxProvenance) {
+	api := s.loop.client(s)
+	t, err := api.Trajectory(ctx, connect.NewRequest(&dsecv1.TrajectoryRequest{SandboxId: id, LimitBytes: 1}))
+	switch {
+	case err != nil:
+		s.log.Info("grade without a trajectory hash", "sandbox", id, "err", err)
+	case t.Msg.GetSha256() != "":
+		trajectory = fmt.Sprintf("sha256:%s@%d", t.Msg.GetSha256(), t.Msg.GetSize())
+	}
+	p, err := api.Provenance(ctx, connect.NewRequest(&dsecv1.ProvenanceRequest{SandboxId: id, FlagsOnly: true}))
+	if err != nil {
+		s.log.Info("grade without provenance", "sandbox", id, "err", err)
+		return trajectory, nil
+	}
+	return trajectory, p.Msg
 }
 
 // loopback is an in-process client of the server's own sandbox API

@@ -12,6 +12,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/outcome"
+	dsec "dsec.dev/dsec/sdk/go"
 	"dsec.dev/dsec/sdk/go/receipt"
 )
 
@@ -19,8 +20,8 @@ import (
 // (Config.Receipts): what the clean room ran on (its environment's layer
 // digests, as the edges recorded them at its create), the workspace
 // capture's digest, the grader and its tests' digest, the exit, the reward,
-// the outcome and the times. The trajectory hash and provenance flags are
-// empty until those are recorded (docs/receipts.md).
+// the outcome and the times, the graded sandbox's trajectory hash and its
+// provenance flags as they stood when the grade began.
 func (s *Server) gradeReceipt(ctx context.Context, req *dsecv1.GradeRequest, res *dsecv1.GradeResult, started, finished time.Time) ([]byte, error) {
 	layers, err := s.environmentLayers(ctx, res.GetEnvironment())
 	if err != nil {
@@ -41,6 +42,8 @@ func (s *Server) gradeReceipt(ctx context.Context, req *dsecv1.GradeRequest, res
 		GraderDigest:  testsDigest(req.GetTests()),
 		Exit:          int(res.GetExit().GetExitCode()),
 		Reward:        res.GetReward(),
+		Trajectory:    res.GetTrajectoryHash(),
+		Provenance:    dsec.ProvenanceFlagNames(res.GetProvenance().GetFlags()),
 		Outcome:       "task",
 		Started:       started.UTC(),
 		Finished:      finished.UTC(),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -134,6 +135,9 @@ func TestGradeRewardHacks(t *testing.T) {
 		if res.GetReward() != tc.want || res.GetRewardSource() != tc.source || res.GetExit().GetStatus() != tc.status {
 			t.Errorf("%s: reward %v from %q, exit %s; want %v from %q, %s; output %q %q", tc.name, res.GetReward(), res.GetRewardSource(),
 				res.GetExit().GetStatus(), tc.want, tc.source, tc.status, res.GetStdout(), res.GetStderr())
+		}
+		if !res.GetProvenance().GetFlags().GetLeftoverProcesses() {
+			t.Errorf("%s: the sandbox's sleep 1000 left running raised no leftover_processes flag: %v", tc.name, res.GetProvenance())
 		}
 		if tc.name == "reward-file" && strings.TrimSpace(string(res.GetStdout())) != "65534" {
 			t.Errorf("the grader ran as uid %q, want 65534", res.GetStdout())
@@ -306,6 +310,12 @@ func checkGradeReceipt(t *testing.T, root, sandbox, name string, res *dsecv1.Gra
 		r.Workspace == "" || r.Workspace != res.GetCapture().GetDigest() || len(r.Layers) < 2 || r.Image != res.GetEnvironment() ||
 		r.GradeSandbox != res.GetGraderSandboxId() || r.Outcome != "task" || !r.Finished.After(r.Started) {
 		t.Errorf("%s: receipt %+v does not say what the grade returned: %+v", name, r, res)
+	}
+	// The graded sandbox's trajectory so far and its provenance flags.
+	if !strings.HasPrefix(r.Trajectory, "sha256:") || r.Trajectory != res.GetTrajectoryHash() || res.GetProvenance() == nil ||
+		!slices.Equal(r.Provenance, dsec.ProvenanceFlagNames(res.GetProvenance().GetFlags())) {
+		t.Errorf("%s: receipt's trajectory %q and provenance %v, want the grade's %q and %v", name, r.Trajectory, r.Provenance,
+			res.GetTrajectoryHash(), res.GetProvenance().GetFlags())
 	}
 	var env receipt.Envelope
 	if err := json.Unmarshal(res.GetReceipt(), &env); err != nil {

@@ -59,7 +59,11 @@ class GradeResult:
     grader (reward_source "fault"): mask the rollout, the reward means
     nothing. receipt is the grade's signed receipt (docs/receipts.md), the
     bytes to write to a file for `dsec receipt verify`; None where the
-    server holds no receipt key.
+    server holds no receipt key. provenance is the graded sandbox's
+    provenance when the grade began (as Sandbox.provenance() gives it,
+    flags_set included; None where it could not be read), and
+    trajectory_hash its trajectory's "sha256:HEX@SIZE" so far ("" when it
+    records none).
     """
     reward: float
     reward_source: str
@@ -74,6 +78,8 @@ class GradeResult:
     raw: Dict[str, Any]
     infra_fault: Optional[str] = None
     receipt: Optional[bytes] = None
+    provenance: Optional[Dict[str, Any]] = None
+    trajectory_hash: str = ""
 
     @property
     def stdout(self) -> str:
@@ -93,7 +99,9 @@ class GradeResult:
                    times={_snake(k): int(v) for k, v in r.get("times", {}).items()},
                    capture=r.get("capture", {}), grader_sandbox_id=r.get("graderSandboxId", ""),
                    user=r.get("user", ""), raw=r, infra_fault=errors.fault_of_enum(r.get("fault")),
-                   receipt=base64.b64decode(r["receipt"]) if r.get("receipt") else None)
+                   receipt=base64.b64decode(r["receipt"]) if r.get("receipt") else None,
+                   provenance=_provenance(r["provenance"]) if r.get("provenance") else None,
+                   trajectory_hash=r.get("trajectoryHash", ""))
 
 
 def _snake(camel: str) -> str:

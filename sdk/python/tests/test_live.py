@@ -166,6 +166,11 @@ class LiveTest(unittest.TestCase):
                                   os.path.join(D.root, "receipt", "node.crt"), f.name],
                                  check=True, capture_output=True).stdout
         self.assertEqual([(x["sandbox"], x["reward"], x["node"]) for x in json.loads(out)], [(sb.id, 0.0, "py")])
+        # It carries the sandbox's trajectory so far and its provenance.
+        self.assertTrue(r.trajectory_hash.startswith("sha256:"), r.trajectory_hash)
+        self.assertEqual(json.loads(out)[0]["trajectory_hash"], r.trajectory_hash)
+        self.assertIn("flags_set", r.provenance)
+        self.assertEqual(json.loads(out)[0]["provenance_flags"], r.provenance["flags_set"])
         sb = self.sandbox()
         r = arun(self._agrade(sb.id))
         self.assertEqual((r.reward, r.reward_source, r.stdout), (0.5, "file", "half\n"))

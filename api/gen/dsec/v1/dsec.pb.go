@@ -6354,11 +6354,19 @@ type GradeResult struct {
 	// The grade's signed receipt (docs/receipts.md): a DSSE envelope's JSON,
 	// signed by the node's key (the all-in-one's node key; unset where the
 	// server holds no receipt key). Verify it offline with `dsec receipt
-	// verify` or sdk/go/receipt. Field 21 is kept for the source sandbox's
-	// provenance.
-	Receipt       []byte `protobuf:"bytes,22,opt,name=receipt,proto3" json:"receipt,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// verify` or sdk/go/receipt.
+	Receipt []byte `protobuf:"bytes,22,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	// The graded sandbox's provenance (docs/provenance.md) as it stood when
+	// the grade began, before the capture: its flags, counts and evidence
+	// (flags_only: files_written left out). Unset when it could not be read.
+	Provenance *SandboxProvenance `protobuf:"bytes,21,opt,name=provenance,proto3" json:"provenance,omitempty"`
+	// The graded sandbox's trajectory so far (docs/trajectories.md), as
+	// "sha256:HEX@SIZE": the SHA-256 of its first SIZE bytes, the calls
+	// recorded before the grade began; a later read of the trajectory checks
+	// against it. "" when the sandbox records none.
+	TrajectoryHash string `protobuf:"bytes,23,opt,name=trajectory_hash,json=trajectoryHash,proto3" json:"trajectory_hash,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GradeResult) Reset() {
@@ -6473,6 +6481,20 @@ func (x *GradeResult) GetReceipt() []byte {
 		return x.Receipt
 	}
 	return nil
+}
+
+func (x *GradeResult) GetProvenance() *SandboxProvenance {
+	if x != nil {
+		return x.Provenance
+	}
+	return nil
+}
+
+func (x *GradeResult) GetTrajectoryHash() string {
+	if x != nil {
+		return x.TrajectoryHash
+	}
+	return ""
 }
 
 type SnapshotRequest struct {
@@ -10665,7 +10687,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x19\n" +
 	"\btests_ms\x18\x03 \x01(\x03R\atestsMs\x12\x1b\n" +
 	"\tgrader_ms\x18\x04 \x01(\x03R\bgraderMs\x12\x19\n" +
-	"\btotal_ms\x18\x06 \x01(\x03R\atotalMsJ\x04\b\x05\x10\x06\"\xa1\x03\n" +
+	"\btotal_ms\x18\x06 \x01(\x03R\atotalMsJ\x04\b\x05\x10\x06\"\x86\x04\n" +
 	"\vGradeResult\x12\x16\n" +
 	"\x06reward\x18\x01 \x01(\x01R\x06reward\x12#\n" +
 	"\rreward_source\x18\x02 \x01(\tR\frewardSource\x12'\n" +
@@ -10679,7 +10701,11 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04user\x18\n" +
 	" \x01(\tR\x04user\x12$\n" +
 	"\x05fault\x18\x14 \x01(\x0e2\x0e.dsec.v1.FaultR\x05fault\x12\x18\n" +
-	"\areceipt\x18\x16 \x01(\fR\areceipt\"\xac\x01\n" +
+	"\areceipt\x18\x16 \x01(\fR\areceipt\x12:\n" +
+	"\n" +
+	"provenance\x18\x15 \x01(\v2\x1a.dsec.v1.SandboxProvenanceR\n" +
+	"provenance\x12'\n" +
+	"\x0ftrajectory_hash\x18\x17 \x01(\tR\x0etrajectoryHash\"\xac\x01\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -11369,151 +11395,152 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	87,  // 56: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
 	84,  // 57: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
 	7,   // 58: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
-	84,  // 59: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	17,  // 60: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	84,  // 61: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	95,  // 62: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	9,   // 63: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	99,  // 64: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	9,   // 65: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	83,  // 66: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	106, // 67: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	152, // 68: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	112, // 69: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	16,  // 70: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
-	119, // 71: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
-	16,  // 72: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
-	121, // 73: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
-	121, // 74: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
-	121, // 75: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
-	122, // 76: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
-	123, // 77: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
-	124, // 78: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
-	125, // 79: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
-	126, // 80: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
-	130, // 81: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	131, // 82: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	153, // 83: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	154, // 84: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 85: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 86: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	134, // 87: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	134, // 88: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	155, // 89: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 90: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	133, // 91: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	135, // 92: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	138, // 93: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 94: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	29,  // 95: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	31,  // 96: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	32,  // 97: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	38,  // 98: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	19,  // 99: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	21,  // 100: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	23,  // 101: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	25,  // 102: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	27,  // 103: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	89,  // 104: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	90,  // 105: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	92,  // 106: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	94,  // 107: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	85,  // 108: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	40,  // 109: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	45,  // 110: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	46,  // 111: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	48,  // 112: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	50,  // 113: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	53,  // 114: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	54,  // 115: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	56,  // 116: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	58,  // 117: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	63,  // 118: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	65,  // 119: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	67,  // 120: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	69,  // 121: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	71,  // 122: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	73,  // 123: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	75,  // 124: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	77,  // 125: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	79,  // 126: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	81,  // 127: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	109, // 128: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	111, // 129: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	114, // 130: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	116, // 131: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	117, // 132: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	34,  // 133: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	36,  // 134: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	141, // 135: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	133, // 136: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	136, // 137: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	139, // 138: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	97,  // 139: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	98,  // 140: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	102, // 141: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	104, // 142: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	107, // 143: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	127, // 144: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	129, // 145: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	100, // 146: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	30,  // 147: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	17,  // 148: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	33,  // 149: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	39,  // 150: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	20,  // 151: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	22,  // 152: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	24,  // 153: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	26,  // 154: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	28,  // 155: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	84,  // 156: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	91,  // 157: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	93,  // 158: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	96,  // 159: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	88,  // 160: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	41,  // 161: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	41,  // 162: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	47,  // 163: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	49,  // 164: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	52,  // 165: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	41,  // 166: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	55,  // 167: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	57,  // 168: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	61,  // 169: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	64,  // 170: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	66,  // 171: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	68,  // 172: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	70,  // 173: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	72,  // 174: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	74,  // 175: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	76,  // 176: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	78,  // 177: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	80,  // 178: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	82,  // 179: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	110, // 180: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	113, // 181: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	115, // 182: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	120, // 183: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	118, // 184: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	35,  // 185: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	37,  // 186: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	142, // 187: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	135, // 188: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	137, // 189: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	140, // 190: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	83,  // 191: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	83,  // 192: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	103, // 193: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	105, // 194: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	108, // 195: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	128, // 196: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	132, // 197: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	101, // 198: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	147, // [147:199] is the sub-list for method output_type
-	95,  // [95:147] is the sub-list for method input_type
-	95,  // [95:95] is the sub-list for extension type_name
-	95,  // [95:95] is the sub-list for extension extendee
-	0,   // [0:95] is the sub-list for field type_name
+	120, // 59: dsec.v1.GradeResult.provenance:type_name -> dsec.v1.SandboxProvenance
+	84,  // 60: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	17,  // 61: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	84,  // 62: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	95,  // 63: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 64: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	99,  // 65: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 66: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	83,  // 67: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	106, // 68: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	152, // 69: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	112, // 70: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	16,  // 71: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
+	119, // 72: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
+	16,  // 73: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
+	121, // 74: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
+	121, // 75: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
+	121, // 76: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
+	122, // 77: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
+	123, // 78: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
+	124, // 79: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
+	125, // 80: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
+	126, // 81: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
+	130, // 82: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	131, // 83: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	153, // 84: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	154, // 85: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 86: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 87: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	134, // 88: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	134, // 89: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	155, // 90: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 91: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	133, // 92: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	135, // 93: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	138, // 94: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 95: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	29,  // 96: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	31,  // 97: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	32,  // 98: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	38,  // 99: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	19,  // 100: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	21,  // 101: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	23,  // 102: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	25,  // 103: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	27,  // 104: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	89,  // 105: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	90,  // 106: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	92,  // 107: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	94,  // 108: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	85,  // 109: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	40,  // 110: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	45,  // 111: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	46,  // 112: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	48,  // 113: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	50,  // 114: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	53,  // 115: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	54,  // 116: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	56,  // 117: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	58,  // 118: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	63,  // 119: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	65,  // 120: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	67,  // 121: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	69,  // 122: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	71,  // 123: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	73,  // 124: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	75,  // 125: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	77,  // 126: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	79,  // 127: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	81,  // 128: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	109, // 129: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	111, // 130: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	114, // 131: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	116, // 132: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	117, // 133: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	34,  // 134: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	36,  // 135: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	141, // 136: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	133, // 137: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	136, // 138: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	139, // 139: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	97,  // 140: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	98,  // 141: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	102, // 142: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	104, // 143: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	107, // 144: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	127, // 145: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	129, // 146: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	100, // 147: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	30,  // 148: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	17,  // 149: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	33,  // 150: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	39,  // 151: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	20,  // 152: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	22,  // 153: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	24,  // 154: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	26,  // 155: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	28,  // 156: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	84,  // 157: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	91,  // 158: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	93,  // 159: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	96,  // 160: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	88,  // 161: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	41,  // 162: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	41,  // 163: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	47,  // 164: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	49,  // 165: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	52,  // 166: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	41,  // 167: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	55,  // 168: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	57,  // 169: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	61,  // 170: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	64,  // 171: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	66,  // 172: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	68,  // 173: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	70,  // 174: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	72,  // 175: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	74,  // 176: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	76,  // 177: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	78,  // 178: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	80,  // 179: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	82,  // 180: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	110, // 181: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	113, // 182: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	115, // 183: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	120, // 184: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	118, // 185: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	35,  // 186: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	37,  // 187: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	142, // 188: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	135, // 189: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	137, // 190: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	140, // 191: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	83,  // 192: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	83,  // 193: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	103, // 194: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	105, // 195: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	108, // 196: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	128, // 197: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	132, // 198: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	101, // 199: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	148, // [148:200] is the sub-list for method output_type
+	96,  // [96:148] is the sub-list for method input_type
+	96,  // [96:96] is the sub-list for extension type_name
+	96,  // [96:96] is the sub-list for extension extendee
+	0,   // [0:96] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
