@@ -1,4 +1,4 @@
-package outcome
+package outcome_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/outcome"
 )
 
 // TestOf: an error that ended a call is typed by its kind, and a sandbox's
@@ -33,16 +34,16 @@ func TestOf(t *testing.T) {
 		{nil, dsecv1.Fault_FAULT_UNSPECIFIED},
 	}
 	for _, tt := range tests {
-		if got := Of(tt.err); got != tt.want {
+		if got := outcome.Of(tt.err); got != tt.want {
 			t.Errorf("Of(%v) = %v, want %v", tt.err, got, tt.want)
 		}
 		if tt.err != nil {
-			if got := Of(errdefs.ToConnect(tt.err)); got != tt.want {
+			if got := outcome.Of(errdefs.ToConnect(tt.err)); got != tt.want {
 				t.Errorf("Of(wire %v) = %v, want %v", tt.err, got, tt.want)
 			}
 		}
 	}
-	if w := Words(dsecv1.Fault_FAULT_SANDBOX_TTL); w != "sandbox_ttl" {
+	if w := outcome.Words(dsecv1.Fault_FAULT_SANDBOX_TTL); w != "sandbox_ttl" {
 		t.Errorf("Words = %q", w)
 	}
 }
