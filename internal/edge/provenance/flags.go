@@ -24,27 +24,3 @@ func Flags(p *dsecv1.SandboxProvenance, outside int64) *dsecv1.ProvenanceFlags {
 	}
 	return f
 }
-
-// Names lists the flags set, by their names in the API.
-func Names(f *dsecv1.ProvenanceFlags) []string {
-	var out []string
-	for _, x := range []struct {
-		on   bool
-		name string
-	}{
-		{f.GetFilesOutsideWorkspace(), "files_outside_workspace"},
-		{f.GetTestsModified(), "tests_modified"},
-		{f.GetInterpreterReplaced(), "interpreter_replaced"},
-		{f.GetProtectedRead(), "protected_read"},
-		{f.GetNetworkAllowed(), "network_allowed"},
-		{f.GetNetworkDenied(), "network_denied"},
-		{f.GetLeftoverProcesses(), "leftover_processes"},
-		{f.GetPackagesInstalled(), "packages_installed"},
-		{f.GetSyscallsDenied(), "syscalls_denied"},
-	} {
-		if x.on {
-			out = append(out, x.name)
-		}
-	}
-	return out
-}
