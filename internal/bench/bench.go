@@ -155,22 +155,34 @@ func createExec(ctx context.Context, c *dsec.Conn, spec *dsecv1.SandboxSpec) (st
 }
 
 func execTrue(ctx context.Context, c *dsec.Conn, id string) error {
-	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Argv: []string{"true"}}))
+	return execOK(ctx, c, &dsecv1.ExecRequest{SandboxId: id, Argv: []string{"true"}})
+}
+
+// execOK runs req to its end and fails unless the command exited 0,
+// saying how it ended and what it wrote to stderr.
+func execOK(ctx context.Context, c *dsec.Conn, req *dsecv1.ExecRequest) error {
+	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(req))
 	if err != nil {
 		return err
 	}
 	defer stream.Close()
 	var x *dsecv1.ExecExited
+	var errOut []byte
 	for stream.Receive() {
 		if e := stream.Msg().GetExited(); e != nil {
 			x = e
 		}
+		errOut = append(errOut, stream.Msg().GetStderr()...)
 	}
 	if err := stream.Err(); err != nil {
 		return err
 	}
-	if x.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OK {
-		return fmt.Errorf("exec true in %s: %s %s", id, x.GetStatus(), x.GetMessage())
+	if x.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OK || x.GetExitCode() != 0 {
+		what := req.GetCommand()
+		if what == "" {
+			what = strings.Join(req.GetArgv(), " ")
+		}
+		return fmt.Errorf("exec %q in %s: %s, exit %d %s: %s", what, req.GetSandboxId(), x.GetStatus(), x.GetExitCode(), x.GetMessage(), errOut)
 	}
 	return nil
 }

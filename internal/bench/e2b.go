@@ -483,24 +483,7 @@ func e2bRuns(ctx context.Context, c *dsec.Conn, n *nodeSide, fl *floors, spec *d
 // as (E2B's default; root's login shell costs more, its ~/.profile runs
 // mesg), and fails unless it exits 0.
 func execArgvOK(ctx context.Context, c *dsec.Conn, id string, argv []string) error {
-	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Argv: argv, User: e2b.DefaultUser}))
-	if err != nil {
-		return err
-	}
-	defer stream.Close()
-	var x *dsecv1.ExecExited
-	for stream.Receive() {
-		if e := stream.Msg().GetExited(); e != nil {
-			x = e
-		}
-	}
-	if err := stream.Err(); err != nil {
-		return err
-	}
-	if x.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OK || x.GetExitCode() != 0 {
-		return fmt.Errorf("exec %v in %s: %s %d %s", argv, id, x.GetStatus(), x.GetExitCode(), x.GetMessage())
-	}
-	return nil
+	return execOK(ctx, c, &dsecv1.ExecRequest{SandboxId: id, Argv: argv, User: e2b.DefaultUser})
 }
 
 // verdict is PASS or MISS of a ratio against its target.

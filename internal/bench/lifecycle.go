@@ -181,7 +181,7 @@ func runSnapshots(ctx context.Context, c *dsec.Conn, o LifecycleOptions, r *Life
 	per := max(o.SnapMiB<<20/o.SnapFiles, 1)
 	fill := fmt.Sprintf(`set -e; mkdir -p /work; cd /work; head -c %d /dev/urandom > seed
 i=0; while [ $i -lt %d ]; do d=d$((i / 1000)); [ -d $d ] || mkdir $d; cp seed $d/f$i; i=$((i+1)); done; rm seed`, per, o.SnapFiles)
-	if err := execOK(ctx, c, id, fill); err != nil {
+	if err := execOK(ctx, c, &dsecv1.ExecRequest{SandboxId: id, Command: fill}); err != nil {
 		return fmt.Errorf("fill the writable layer: %w", err)
 	}
 	o.logf("sandbox %s holds %d files, %d MiB, in its writable layer", id, o.SnapFiles, o.SnapMiB)
@@ -194,7 +194,7 @@ i=0; while [ $i -lt %d ]; do d=d$((i / 1000)); [ -d $d ] || mkdir $d; cp seed $d
 		}
 	}()
 	step := func(round string) error {
-		if err := execOK(ctx, c, id, "echo "+round+" > /work/step"); err != nil {
+		if err := execOK(ctx, c, &dsecv1.ExecRequest{SandboxId: id, Command: "echo " + round + " > /work/step"}); err != nil {
 			return fmt.Errorf("the step before %s: %w", round, err)
 		}
 		return nil
@@ -260,29 +260,6 @@ i=0; while [ $i -lt %d ]; do d=d$((i / 1000)); [ -d $d ] || mkdir $d; cp seed $d
 		made = nil
 	}
 	r.ForkWall = summarize(forks)
-	return nil
-}
-
-func execOK(ctx context.Context, c *dsec.Conn, id, command string) error {
-	stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: command}))
-	if err != nil {
-		return err
-	}
-	defer stream.Close()
-	var x *dsecv1.ExecExited
-	var errOut []byte
-	for stream.Receive() {
-		if e := stream.Msg().GetExited(); e != nil {
-			x = e
-		}
-		errOut = append(errOut, stream.Msg().GetStderr()...)
-	}
-	if err := stream.Err(); err != nil {
-		return err
-	}
-	if x.GetExitCode() != 0 {
-		return fmt.Errorf("exit %d: %s", x.GetExitCode(), errOut)
-	}
 	return nil
 }
 

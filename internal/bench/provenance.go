@@ -63,22 +63,8 @@ func RunProvenance(ctx context.Context, c *dsec.Conn, o ProvenanceOptions) (*Pro
 	}
 	run := func(id string) (time.Duration, error) {
 		t0 := time.Now()
-		stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: o.Command}))
-		if err != nil {
+		if err := execOK(ctx, c, &dsecv1.ExecRequest{SandboxId: id, Command: o.Command}); err != nil {
 			return 0, err
-		}
-		defer stream.Close()
-		var x *dsecv1.ExecExited
-		for stream.Receive() {
-			if e := stream.Msg().GetExited(); e != nil {
-				x = e
-			}
-		}
-		if err := stream.Err(); err != nil {
-			return 0, err
-		}
-		if x.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OK {
-			return 0, fmt.Errorf("exec %q in %s: %s %s", o.Command, id, x.GetStatus(), x.GetMessage())
 		}
 		return time.Since(t0), nil
 	}

@@ -45,24 +45,7 @@ func RunTrajectory(ctx context.Context, c *dsec.Conn, env, command string, n int
 	}
 	defer deleteAll(c, []string{off})
 	run := func(id string) error {
-		stream, err := c.Sandboxes.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: command}))
-		if err != nil {
-			return err
-		}
-		defer stream.Close()
-		var x *dsecv1.ExecExited
-		for stream.Receive() {
-			if e := stream.Msg().GetExited(); e != nil {
-				x = e
-			}
-		}
-		if err := stream.Err(); err != nil {
-			return err
-		}
-		if x.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OK {
-			return fmt.Errorf("exec %q in %s: %s %s", command, id, x.GetStatus(), x.GetMessage())
-		}
-		return nil
+		return execOK(ctx, c, &dsecv1.ExecRequest{SandboxId: id, Command: command})
 	}
 	for range 10 { // warm both
 		if err := run(on); err != nil {

@@ -706,7 +706,7 @@ func (r *vmRun) sharedOn(ctx context.Context, c *dsec.Conn) (VMSharedSide, error
 	reads := make([]time.Duration, len(ids))
 	err = rc.each(ctx, ids, func(i int, id string) error {
 		t := time.Now()
-		err := execOK(ctx, c, id, "cat /bench/shared.bin > /dev/null")
+		err := execOK(ctx, c, &dsecv1.ExecRequest{SandboxId: id, Command: "cat /bench/shared.bin > /dev/null"})
 		reads[i] = time.Since(t)
 		return err
 	})
