@@ -2,7 +2,9 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/grade"
 	"dsec.dev/dsec/internal/memconn"
 )
@@ -39,13 +42,15 @@ func (s *Server) Grade(ctx context.Context, req *connect.Request[dsecv1.GradeReq
 		return nil, err
 	}
 	res.TrajectoryHash, res.Provenance = trajectory, prov
-	// The receipt is signed before the clean room goes: its environment is
-	// still recorded. A receipt that cannot be made is logged and left out,
-	// never the grade failed for it.
-	if s.cfg.Receipts != nil {
-		if res.Receipt, err = s.gradeReceipt(ctx, req.Msg, res, started, time.Now()); err != nil {
-			s.log.Warn("grade without a receipt", "sandbox", req.Msg.GetSandboxId(), "err", err)
+	// The receipt is signed before the clean room goes: its edge still
+	// holds it and what its grader did. A receipt that cannot be made is
+	// logged and left out, never the grade failed for it.
+	if res.Receipt, err = s.gradeReceipt(ctx, req.Msg, res, started, time.Now()); err != nil {
+		lvl := slog.LevelWarn
+		if errors.Is(err, errdefs.ErrNotSupported) {
+			lvl = slog.LevelInfo // a node that holds no receipt key
 		}
+		s.log.Log(ctx, lvl, "grade without a receipt", "sandbox", req.Msg.GetSandboxId(), "err", err)
 	}
 	// The clean room and the capture go after the reply: a trainer waits
 	// for the reward, not for the deletes.

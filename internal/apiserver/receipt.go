@@ -4,28 +4,38 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
 
 	"connectrpc.com/connect"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/outcome"
 	dsec "dsec.dev/dsec/sdk/go"
 	"dsec.dev/dsec/sdk/go/receipt"
 )
 
-// gradeReceipt signs the receipt of a grade with the server's receipt key
-// (Config.Receipts): what the clean room ran on (its environment's layer
-// digests, as the edges recorded them at its create), the workspace
+// gradeReceipt has the edge that ran the grade's clean room sign its
+// receipt (EdgeService.SignReceipt): the apiserver composes it (what the
+// clean room ran on, as that edge recorded it at its create, the workspace
 // capture's digest, the grader and its tests' digest, the exit, the reward,
 // the outcome and the times, the graded sandbox's trajectory hash and its
-// provenance flags as they stood when the grade began.
+// provenance flags as they stood when the grade began), and the edge checks
+// what it saw itself before it signs with its key: its leaf certificate
+// from the cluster CA, or the all-in-one's node key. An edge that holds no
+// key answers NotSupported.
 func (s *Server) gradeReceipt(ctx context.Context, req *dsecv1.GradeRequest, res *dsecv1.GradeResult, started, finished time.Time) ([]byte, error) {
-	layers, err := s.environmentLayers(ctx, res.GetEnvironment())
+	room := res.GetGraderSandboxId()
+	e, err := s.edgeFor(room)
 	if err != nil {
-		return nil, fmt.Errorf("sign grade receipt: %w", err)
+		return nil, fmt.Errorf("sign grade receipt: clean room %s: %w", room, err)
+	}
+	sb, err := e.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: room}))
+	if err != nil {
+		return nil, fmt.Errorf("sign grade receipt: clean room %s: %w", room, err)
 	}
 	grader := req.GetArgv()
 	if len(grader) == 0 {
@@ -33,9 +43,9 @@ func (s *Server) gradeReceipt(ctx context.Context, req *dsecv1.GradeRequest, res
 	}
 	r := receipt.Receipt{
 		Sandbox:       req.GetSandboxId(),
-		GradeSandbox:  res.GetGraderSandboxId(),
+		GradeSandbox:  room,
 		Image:         res.GetEnvironment(),
-		Layers:        layers,
+		Layers:        sb.Msg.GetLayerDigests(),
 		Workspace:     res.GetCapture().GetDigest(),
 		Paths:         req.GetPaths(),
 		GraderCommand: grader,
@@ -51,22 +61,15 @@ func (s *Server) gradeReceipt(ctx context.Context, req *dsecv1.GradeRequest, res
 	if f := res.GetFault(); f != dsecv1.Fault_FAULT_UNSPECIFIED {
 		r.Outcome, r.Fault = "fault", outcome.Words(f)
 	}
-	return s.cfg.Receipts.Sign(r)
-}
-
-// environmentLayers is the layer digests, bottom first, of an environment a
-// sandbox was made from, as the edges recorded it.
-func (s *Server) environmentLayers(ctx context.Context, env string) ([]string, error) {
-	resp, err := (&layerService{s: s}).ListEnvironments(ctx, connect.NewRequest(&dsecv1.ListEnvironmentsRequest{}))
+	payload, err := json.Marshal(r)
 	if err != nil {
-		return nil, fmt.Errorf("list environments: %w", err)
+		return nil, fmt.Errorf("sign grade receipt: encode: %w", err)
 	}
-	for _, e := range resp.Msg.GetEnvironments() {
-		if e.GetName() == env {
-			return e.GetLayerDigests(), nil
-		}
+	signed, err := e.SignReceipt(ctx, connect.NewRequest(&edgev1.SignReceiptRequest{Receipt: payload}))
+	if err != nil {
+		return nil, fmt.Errorf("sign grade receipt on node %s: %w", sb.Msg.GetNode(), err)
 	}
-	return nil, fmt.Errorf("environment %s: no edge recorded its layers", env)
+	return signed.Msg.GetEnvelope(), nil
 }
 
 // testsDigest is the digest of a grade's trusted tests: the layer named

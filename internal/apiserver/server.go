@@ -26,7 +26,6 @@ import (
 	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
-	"dsec.dev/dsec/sdk/go/receipt"
 )
 
 // Edge is one node's edge as the apiserver calls it: EdgeService, with the
@@ -121,10 +120,6 @@ type Config struct {
 	// (charged to it): "/" is the root. Empty refuses such calls
 	// (AuthorizeFnCall).
 	TokenlessFnCall string
-	// Receipts, when set, signs every grade's receipt (GradeResult.receipt;
-	// docs/receipts.md): the all-in-one's node key. Unset, grades carry
-	// none.
-	Receipts *receipt.Signer
 }
 
 // Server implements the public services.

@@ -23,7 +23,7 @@ func (a *app) gradeCommand() *cobra.Command {
 	var (
 		paths, testsPaths, tests, env []string
 		layer, command, user, cwd     string
-		iso                           string
+		iso, receiptFile              string
 		timeout                       time.Duration
 		keep                          bool
 		cpus                          float64
@@ -76,8 +76,14 @@ func (a *app) gradeCommand() *cobra.Command {
 				return err
 			}
 			r := resp.Msg
+			// The receipt is written whatever the outcome; one that
+			// cannot be is an error once the grade is reported.
+			receiptErr := writeReceipt(receiptFile, args[0], r.GetReceipt())
 			if a.json {
-				return a.printProto(r)
+				if err := a.printProto(r); err != nil {
+					return err
+				}
+				return receiptErr
 			}
 			a.stderr.Write(r.GetStdout())
 			a.stderr.Write(r.GetStderr())
@@ -91,7 +97,7 @@ func (a *app) gradeCommand() *cobra.Command {
 				return faultErr(f, "the platform ended the grader: no reward")
 			}
 			fmt.Fprintln(a.stdout, r.GetReward())
-			return nil
+			return receiptErr
 		},
 	}
 	f := cmd.Flags()
@@ -105,10 +111,26 @@ func (a *app) gradeCommand() *cobra.Command {
 	f.StringArrayVarP(&env, "env", "e", nil, "K=V in the grader's environment (repeatable)")
 	f.DurationVar(&timeout, "timeout", 0, "the grader's timeout (default 10m)")
 	f.StringVar(&iso, "isolation", "", "the clean room's isolation: container, gvisor or microvm (default the sandbox's own)")
+	f.StringVar(&receiptFile, "receipt", "", "write the grade's signed receipt to FILE, for dsec receipt verify (docs/receipts.md)")
 	f.BoolVar(&keep, "keep", false, "keep the clean room afterwards (its ID goes to stderr)")
 	f.Float64Var(&cpus, "cpus", 0, "the clean room's CPUs (default the sandbox's)")
 	f.Int64Var(&memoryMB, "memory", 0, "the clean room's memory in MiB (default the sandbox's)")
 	return cmd
+}
+
+// writeReceipt writes a grade's signed receipt to file ("": not asked
+// for).
+func writeReceipt(file, id string, signed []byte) error {
+	switch {
+	case file == "":
+		return nil
+	case len(signed) == 0:
+		return fmt.Errorf("grade of %s: its node signed no receipt (the dsecd log says why), so %s is not written", id, file)
+	}
+	if err := os.WriteFile(file, signed, 0o644); err != nil {
+		return fmt.Errorf("write the grade's receipt: %w", err)
+	}
+	return nil
 }
 
 // readTests reads the local file or directory local into files, at remote

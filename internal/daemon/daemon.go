@@ -47,6 +47,7 @@ import (
 	"dsec.dev/dsec/internal/receipt"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
+	sdkreceipt "dsec.dev/dsec/sdk/go/receipt"
 )
 
 // Config is dsecd's configuration. Zero values take the defaults below,
@@ -657,7 +658,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	api := apiserver.New(apiserver.Config{Name: cfg.Node, Receipts: receipts, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
+	edge.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipts, nil })
+	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
 		TokenlessFnCall: tokenless}, meta, fleet, log.With("component", "apiserver"))
 	// A reservation left pending by a dsecd that died mid-create, say, is
 	// reconciled here as in a cluster.

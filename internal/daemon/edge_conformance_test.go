@@ -19,7 +19,9 @@ import (
 	"dsec.dev/dsec/internal/edge/layers"
 	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/edgetest"
+	"dsec.dev/dsec/internal/receipt"
 	"dsec.dev/dsec/internal/testutil"
+	sdkreceipt "dsec.dev/dsec/sdk/go/receipt"
 )
 
 // TestEdgeConformance runs the apiserver ↔ edge seam's conformance suite
@@ -68,6 +70,12 @@ func TestEdgeConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc.SetRecorder(rec)
+	// The all-in-one's node key, as Run gives its edge.
+	signer, err := receipt.NodeSigner(root, cfg.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetReceipts(func() (*sdkreceipt.Signer, error) { return signer, nil })
 	const env = "busybox:edgetest"
 	var once sync.Once
 	edgetest.Run(t, edgetest.Options{
@@ -84,5 +92,6 @@ func TestEdgeConformance(t *testing.T) {
 			return svc
 		},
 		Environment: env,
+		ReceiptCA:   filepath.Join(root, receipt.Dir, "node.crt"),
 	})
 }

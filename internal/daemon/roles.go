@@ -23,8 +23,10 @@ import (
 	"dsec.dev/dsec/internal/edgeclient"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/metrics"
+	"dsec.dev/dsec/internal/receipt"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
+	sdkreceipt "dsec.dev/dsec/sdk/go/receipt"
 )
 
 // The cluster's roles. `dsecd edge` is one node: the all-in-one's edge
@@ -223,6 +225,10 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			svc.SetFnCall(fn)
 		}
 	}
+	// Grade receipts are signed with the edge's leaf key from the cluster
+	// CA, the one it serves TLS with, read again for each (a rotated
+	// certificate signs from then on).
+	svc.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipt.EdgeSigner(cfg.TLS) })
 	mux := http.NewServeMux()
 	mux.Handle(svc.Handler())
 	ctx, stop := context.WithCancelCause(ctx)

@@ -286,6 +286,10 @@ func (r *Remote) Gone(ctx context.Context, req *connect.Request[edgev1.GoneReque
 	return unary(ctx, r.c.Gone, req)
 }
 
+func (r *Remote) SignReceipt(ctx context.Context, req *connect.Request[edgev1.SignReceiptRequest]) (*connect.Response[edgev1.SignReceiptResponse], error) {
+	return unary(ctx, r.c.SignReceipt, req)
+}
+
 func (r *Remote) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
 	return unary(ctx, r.c.ImportLayer, req)
 }

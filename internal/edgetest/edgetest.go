@@ -29,6 +29,10 @@
 //     the implementation runs none (Deviations.NoAgent);
 //   - Trajectory: a sandbox's calls recorded, read from an offset, ended
 //     and still readable after its deletion, hashed (docs/trajectories.md);
+//   - SignReceipt: a grade's receipt signed only when it names what the
+//     edge saw (its clean room, layers, the grader's command and exit),
+//     verifying against the edge's CA; refused by an edge without a key
+//     (docs/receipts.md);
 //   - a cancelled context: a keyed create whose caller went makes at most
 //     one sandbox, which a retry with its token returns; an exec cancelled
 //     midway ends with Canceled or DeadlineExceeded, its command killed, and
@@ -77,6 +81,11 @@ type Options struct {
 	// NoTrajectories: the edge records no trajectories (edgesvc without
 	// a recorder): Trajectory answers NotSupported.
 	NoTrajectories bool
+	// ReceiptCA is what the edge's grade receipts verify against: the
+	// cluster's CA bundle, or an all-in-one node's own certificate (the
+	// --ca of `dsec receipt verify`). "" means the edge holds no receipt
+	// key: SignReceipt answers NotSupported.
+	ReceiptCA string
 }
 
 // ForkAnswer is what an edge answers a Fork of the suite's sandboxes.
@@ -136,6 +145,7 @@ func Run(t *testing.T, o Options) {
 		{"Inside", testInside},
 		{"Cancel", testCancel},
 		{"Trajectory", testTrajectory},
+		{"Receipt", testReceipt},
 	} {
 		t.Run(g.name, func(t *testing.T) {
 			e := open(t, o)

@@ -31,6 +31,12 @@ const (
 // RPC of api/dsec/v1's services is here (a test checks it); reading data
 // inside a sandbox (files, processes, network logs) is a runner's, since it
 // can hold what a runner put there.
+//
+// The edge protocol (api/dsec/edge/v1's EdgeService, SignReceipt among it)
+// is not here: no principal calls it. An edge accepts only apiservers,
+// by their certificate from the cluster CA (docs/cluster.md), and an
+// apiserver calls it for an RPC of this table the caller passed, as a
+// grade's receipt is signed for a Grade its caller may run.
 var needs = map[Op]Role{
 	// SandboxService
 	"/dsec.v1.SandboxService/Create":             Runner,

@@ -47,5 +47,6 @@ func TestEdgeConformance(t *testing.T) {
 			return edge
 		},
 		Environment: env,
+		ReceiptCA:   filepath.Join(pki, "ca.crt"),
 	})
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -292,22 +291,17 @@ func lastLine(s string) string {
 	return s
 }
 
-// checkGradeReceipt verifies a grade's signed receipt against the node's
-// certificate in its root, as `dsec receipt verify` does, and checks that
+// checkGradeReceipt verifies a grade's signed receipt against the trust a
+// verifier is given (receiptTrust), as `dsec receipt verify` does, and checks that
 // it says what the grade returned; with its reward edited it fails.
 func checkGradeReceipt(t *testing.T, root, sandbox, name string, res *dsecv1.GradeResult) {
 	t.Helper()
 	if !strings.HasPrefix(res.GetTrajectoryHash(), "sha256:") || res.GetProvenance() == nil {
 		t.Errorf("%s: the grade returned trajectory %q and provenance %v, want both", name, res.GetTrajectoryHash(), res.GetProvenance())
 	}
-	if testutil.ClusterMode() {
-		// A cluster's apiserver holds no receipt key yet (docs/receipts.md).
-		if len(res.GetReceipt()) != 0 {
-			t.Errorf("%s: a grade through a cluster carries a receipt, which no key of its apiserver can have signed", name)
-		}
-		return
-	}
-	v, err := receipt.NewVerifierFile(filepath.Join(root, "receipt", "node.crt"))
+	// In a cluster, the edge that ran the clean room signed it with its key
+	// from the cluster CA; in the all-in-one, the node key.
+	v, err := receipt.NewVerifierFile(receiptTrust(root))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +312,7 @@ func checkGradeReceipt(t *testing.T, root, sandbox, name string, res *dsecv1.Gra
 	}
 	if r.Sandbox != sandbox || r.Reward != res.GetReward() || r.Exit != int(res.GetExit().GetExitCode()) ||
 		r.Workspace == "" || r.Workspace != res.GetCapture().GetDigest() || len(r.Layers) < 2 || r.Image != res.GetEnvironment() ||
-		r.GradeSandbox != res.GetGraderSandboxId() || r.Outcome != "task" || !r.Finished.After(r.Started) {
+		r.GradeSandbox != res.GetGraderSandboxId() || r.Outcome != "task" || !r.Finished.After(r.Started) || r.Node != "t1" {
 		t.Errorf("%s: receipt %+v does not say what the grade returned: %+v", name, r, res)
 	}
 	// The graded sandbox's trajectory so far and its provenance flags.

@@ -150,7 +150,8 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequ
 		step.End(ctx, err)
 		s.metrics.Exec(err, time.Since(began))
 	}()
-	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, out, true, step, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
+	watch := execWatch{out: out, log: &s.execs, id: req.Msg.GetSandboxId(), command: commandKey(execCommand(req.Msg))}
+	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, watch, true, step, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
 		return func(ctx context.Context, req *dsecv1.ExecRequest) (clientStream[dsecv1.ExecEvent], error) {
 			return a.ExecEvents(ctx, req)
 		}

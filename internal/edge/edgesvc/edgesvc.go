@@ -145,6 +145,9 @@ type Service struct {
 	rec     *trajectory.Recorder // nil: no trajectories recorded
 	log     *slog.Logger
 
+	receipts Receipts // nil: the node signs no receipts
+	execs    execLog  // the execs the node ran to their end, for receipts
+
 	mu       sync.Mutex
 	inflight map[string]chan struct{} // create tokens whose create runs now; closed when it ends
 	// Tokens and token prefixes Reap killed, refused from then on, and
@@ -696,6 +699,7 @@ func (s *Service) Delete(ctx context.Context, req *connect.Request[dsecv1.Delete
 		return nil, err
 	}
 	s.rec.Finish(ctx, id, "deleted")
+	s.execs.forget(id)
 	return connect.NewResponse(&dsecv1.DeleteResponse{}), nil
 }
 

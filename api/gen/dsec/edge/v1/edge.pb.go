@@ -878,6 +878,98 @@ func (x *GoneResponse) GetIds() []string {
 	return nil
 }
 
+type SignReceiptRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The receipt to sign: the JSON of dsec.dev/dsec/sdk/go/receipt.Receipt
+	// (docs/receipts.md), its node and signed_at left for the node to stamp.
+	Receipt       []byte `protobuf:"bytes,1,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignReceiptRequest) Reset() {
+	*x = SignReceiptRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignReceiptRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignReceiptRequest) ProtoMessage() {}
+
+func (x *SignReceiptRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignReceiptRequest.ProtoReflect.Descriptor instead.
+func (*SignReceiptRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SignReceiptRequest) GetReceipt() []byte {
+	if x != nil {
+		return x.Receipt
+	}
+	return nil
+}
+
+type SignReceiptResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The signed receipt: a DSSE envelope's JSON with the node's
+	// certificate chain, as `dsec receipt verify` reads it.
+	Envelope      []byte `protobuf:"bytes,1,opt,name=envelope,proto3" json:"envelope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignReceiptResponse) Reset() {
+	*x = SignReceiptResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignReceiptResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignReceiptResponse) ProtoMessage() {}
+
+func (x *SignReceiptResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignReceiptResponse.ProtoReflect.Descriptor instead.
+func (*SignReceiptResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SignReceiptResponse) GetEnvelope() []byte {
+	if x != nil {
+		return x.Envelope
+	}
+	return nil
+}
+
 var File_dsec_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_dsec_edge_v1_edge_proto_rawDesc = "" +
@@ -947,7 +1039,11 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vGoneRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\" \n" +
 	"\fGoneResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids2\xc6\x1b\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\".\n" +
+	"\x12SignReceiptRequest\x12\x18\n" +
+	"\areceipt\x18\x01 \x01(\fR\areceipt\"1\n" +
+	"\x13SignReceiptResponse\x12\x1a\n" +
+	"\benvelope\x18\x01 \x01(\fR\benvelope2\x9a\x1c\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +
@@ -975,7 +1071,8 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
 	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\x04Reap\x12\x19.dsec.edge.v1.ReapRequest\x1a\x1a.dsec.edge.v1.ReapResponse\"\x03\x90\x02\x02\x12B\n" +
-	"\x04Gone\x12\x19.dsec.edge.v1.GoneRequest\x1a\x1a.dsec.edge.v1.GoneResponse\"\x03\x90\x02\x01\x12:\n" +
+	"\x04Gone\x12\x19.dsec.edge.v1.GoneRequest\x1a\x1a.dsec.edge.v1.GoneResponse\"\x03\x90\x02\x01\x12R\n" +
+	"\vSignReceipt\x12 .dsec.edge.v1.SignReceiptRequest\x1a!.dsec.edge.v1.SignReceiptResponse\x12:\n" +
 	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
 	"\vUploadLayer\x12\x1b.dsec.v1.UploadLayerRequest\x1a\x0e.dsec.v1.Layer(\x01\x12W\n" +
 	"\vAdoptLayers\x12 .dsec.edge.v1.AdoptLayersRequest\x1a!.dsec.edge.v1.AdoptLayersResponse\"\x03\x90\x02\x02\x12J\n" +
@@ -1022,7 +1119,7 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*AdoptLayersRequest)(nil),            // 0: dsec.edge.v1.AdoptLayersRequest
 	(*AdoptLayersResponse)(nil),           // 1: dsec.edge.v1.AdoptLayersResponse
@@ -1038,209 +1135,213 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*ReapResponse)(nil),                  // 11: dsec.edge.v1.ReapResponse
 	(*GoneRequest)(nil),                   // 12: dsec.edge.v1.GoneRequest
 	(*GoneResponse)(nil),                  // 13: dsec.edge.v1.GoneResponse
-	nil,                                   // 14: dsec.edge.v1.NodeStatus.MissingEntry
-	(v1.Backend)(0),                       // 15: dsec.v1.Backend
-	(*v1.SandboxKind)(nil),                // 16: dsec.v1.SandboxKind
-	(*v1.SandboxSpec)(nil),                // 17: dsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                    // 18: dsec.v1.Sandbox
-	(*v1.GetRequest)(nil),                 // 19: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),                // 20: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),              // 21: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),               // 22: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),              // 23: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),          // 24: dsec.v1.SetTimeoutRequest
-	(*v1.EndPhaseRequest)(nil),            // 25: dsec.v1.EndPhaseRequest
-	(*v1.MetricsRequest)(nil),             // 26: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),            // 27: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),     // 28: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),          // 29: dsec.v1.NetworkLogRequest
-	(*v1.TrajectoryRequest)(nil),          // 30: dsec.v1.TrajectoryRequest
-	(*v1.ProvenanceRequest)(nil),          // 31: dsec.v1.ProvenanceRequest
-	(*v1.SetProvenancePathsRequest)(nil),  // 32: dsec.v1.SetProvenancePathsRequest
-	(*v1.SetWarmPoolRequest)(nil),         // 33: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),       // 34: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),         // 35: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),         // 36: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),          // 37: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),         // 38: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),    // 39: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),         // 40: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),          // 41: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),             // 42: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),       // 43: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),                // 44: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),              // 45: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),          // 46: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),              // 47: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),       // 48: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),          // 49: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),    // 50: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),        // 51: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),                 // 52: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),            // 53: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),           // 54: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),             // 55: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),                // 56: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),              // 57: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),             // 58: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),                // 59: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),            // 60: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),              // 61: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),            // 62: dsec.v1.DownloadRequest
-	(*v1.ListResponse)(nil),               // 63: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),             // 64: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),              // 65: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),             // 66: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),         // 67: dsec.v1.SetTimeoutResponse
-	(*v1.EndPhaseResponse)(nil),           // 68: dsec.v1.EndPhaseResponse
-	(*v1.SandboxMetrics)(nil),             // 69: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),               // 70: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),    // 71: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),         // 72: dsec.v1.NetworkLogResponse
-	(*v1.TrajectoryResponse)(nil),         // 73: dsec.v1.TrajectoryResponse
-	(*v1.SandboxProvenance)(nil),          // 74: dsec.v1.SandboxProvenance
-	(*v1.SetProvenancePathsResponse)(nil), // 75: dsec.v1.SetProvenancePathsResponse
-	(*v1.WarmPool)(nil),                   // 76: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),      // 77: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                      // 78: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),         // 79: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),        // 80: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil),   // 81: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),        // 82: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),         // 83: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),            // 84: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),      // 85: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                  // 86: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),         // 87: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),             // 88: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),      // 89: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil),   // 90: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),       // 91: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),                // 92: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),           // 93: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),          // 94: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),            // 95: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),               // 96: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),             // 97: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),            // 98: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),               // 99: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),                 // 100: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),             // 101: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),              // 102: dsec.v1.DownloadChunk
+	(*SignReceiptRequest)(nil),            // 14: dsec.edge.v1.SignReceiptRequest
+	(*SignReceiptResponse)(nil),           // 15: dsec.edge.v1.SignReceiptResponse
+	nil,                                   // 16: dsec.edge.v1.NodeStatus.MissingEntry
+	(v1.Backend)(0),                       // 17: dsec.v1.Backend
+	(*v1.SandboxKind)(nil),                // 18: dsec.v1.SandboxKind
+	(*v1.SandboxSpec)(nil),                // 19: dsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                    // 20: dsec.v1.Sandbox
+	(*v1.GetRequest)(nil),                 // 21: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),                // 22: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),              // 23: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),               // 24: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),              // 25: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),          // 26: dsec.v1.SetTimeoutRequest
+	(*v1.EndPhaseRequest)(nil),            // 27: dsec.v1.EndPhaseRequest
+	(*v1.MetricsRequest)(nil),             // 28: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),            // 29: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),     // 30: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),          // 31: dsec.v1.NetworkLogRequest
+	(*v1.TrajectoryRequest)(nil),          // 32: dsec.v1.TrajectoryRequest
+	(*v1.ProvenanceRequest)(nil),          // 33: dsec.v1.ProvenanceRequest
+	(*v1.SetProvenancePathsRequest)(nil),  // 34: dsec.v1.SetProvenancePathsRequest
+	(*v1.SetWarmPoolRequest)(nil),         // 35: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),       // 36: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),         // 37: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),         // 38: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),          // 39: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),         // 40: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),    // 41: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),         // 42: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),          // 43: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),             // 44: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),       // 45: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),                // 46: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),              // 47: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),          // 48: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),              // 49: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),       // 50: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),          // 51: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),    // 52: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),        // 53: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),                 // 54: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),            // 55: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),           // 56: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),             // 57: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),                // 58: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),              // 59: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),             // 60: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),                // 61: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),            // 62: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),              // 63: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),            // 64: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),               // 65: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),             // 66: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),              // 67: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),             // 68: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),         // 69: dsec.v1.SetTimeoutResponse
+	(*v1.EndPhaseResponse)(nil),           // 70: dsec.v1.EndPhaseResponse
+	(*v1.SandboxMetrics)(nil),             // 71: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),               // 72: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),    // 73: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),         // 74: dsec.v1.NetworkLogResponse
+	(*v1.TrajectoryResponse)(nil),         // 75: dsec.v1.TrajectoryResponse
+	(*v1.SandboxProvenance)(nil),          // 76: dsec.v1.SandboxProvenance
+	(*v1.SetProvenancePathsResponse)(nil), // 77: dsec.v1.SetProvenancePathsResponse
+	(*v1.WarmPool)(nil),                   // 78: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),      // 79: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                      // 80: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),         // 81: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),        // 82: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil),   // 83: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),        // 84: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),         // 85: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),            // 86: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),      // 87: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                  // 88: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),         // 89: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),             // 90: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),      // 91: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil),   // 92: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),       // 93: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),                // 94: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),           // 95: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),          // 96: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),            // 97: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),               // 98: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),             // 99: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),            // 100: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),               // 101: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),                 // 102: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),             // 103: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),              // 104: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	15,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	16,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
-	14,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
-	17,  // 3: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	17,  // 4: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	17,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	18,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
+	16,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
+	19,  // 3: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	19,  // 4: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
 	9,   // 5: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
 	9,   // 6: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
-	18,  // 7: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	20,  // 7: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
 	2,   // 8: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
 	4,   // 9: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
 	5,   // 10: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
 	6,   // 11: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
-	19,  // 12: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	20,  // 13: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	21,  // 14: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	22,  // 15: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	23,  // 16: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	24,  // 17: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	25,  // 18: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	26,  // 19: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	27,  // 20: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	28,  // 21: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	29,  // 22: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	30,  // 23: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	31,  // 24: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	32,  // 25: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	33,  // 26: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	34,  // 27: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	21,  // 12: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	22,  // 13: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	23,  // 14: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	24,  // 15: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	25,  // 16: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	26,  // 17: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	27,  // 18: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	28,  // 19: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	29,  // 20: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	30,  // 21: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	31,  // 22: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	32,  // 23: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	33,  // 24: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	34,  // 25: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	35,  // 26: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	36,  // 27: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
 	10,  // 28: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
 	12,  // 29: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	35,  // 30: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	36,  // 31: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,   // 32: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	37,  // 33: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	38,  // 34: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	39,  // 35: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	40,  // 36: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	41,  // 37: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	42,  // 38: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	43,  // 39: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	44,  // 40: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	45,  // 41: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	46,  // 42: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	47,  // 43: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	48,  // 44: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	49,  // 45: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	50,  // 46: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	51,  // 47: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	52,  // 48: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	53,  // 49: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	54,  // 50: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	55,  // 51: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	56,  // 52: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	57,  // 53: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	58,  // 54: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	59,  // 55: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	60,  // 56: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	61,  // 57: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	62,  // 58: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	3,   // 59: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	18,  // 60: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	8,   // 61: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	7,   // 62: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
-	18,  // 63: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	63,  // 64: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	64,  // 65: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	65,  // 66: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	66,  // 67: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	67,  // 68: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	68,  // 69: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	69,  // 70: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	70,  // 71: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	71,  // 72: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	72,  // 73: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	73,  // 74: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	74,  // 75: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	75,  // 76: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	76,  // 77: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	77,  // 78: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	11,  // 79: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	13,  // 80: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	78,  // 81: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	78,  // 82: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,   // 83: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	79,  // 84: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	80,  // 85: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	81,  // 86: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	82,  // 87: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	83,  // 88: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	84,  // 89: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	85,  // 90: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	86,  // 91: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	86,  // 92: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	87,  // 93: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	88,  // 94: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	89,  // 95: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	86,  // 96: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	90,  // 97: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	91,  // 98: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	92,  // 99: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	93,  // 100: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	94,  // 101: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	95,  // 102: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	96,  // 103: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	97,  // 104: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	98,  // 105: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	99,  // 106: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	100, // 107: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	101, // 108: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	102, // 109: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	59,  // [59:110] is the sub-list for method output_type
-	8,   // [8:59] is the sub-list for method input_type
+	14,  // 30: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
+	37,  // 31: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	38,  // 32: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,   // 33: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	39,  // 34: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	40,  // 35: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	41,  // 36: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	42,  // 37: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	43,  // 38: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	44,  // 39: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	45,  // 40: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	46,  // 41: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	47,  // 42: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	48,  // 43: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	49,  // 44: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	50,  // 45: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	51,  // 46: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	52,  // 47: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	53,  // 48: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	54,  // 49: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	55,  // 50: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	56,  // 51: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	57,  // 52: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	58,  // 53: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	59,  // 54: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	60,  // 55: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	61,  // 56: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	62,  // 57: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	63,  // 58: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	64,  // 59: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	3,   // 60: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	20,  // 61: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	8,   // 62: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	7,   // 63: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
+	20,  // 64: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	65,  // 65: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	66,  // 66: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	67,  // 67: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	68,  // 68: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	69,  // 69: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	70,  // 70: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	71,  // 71: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	72,  // 72: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	73,  // 73: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	74,  // 74: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	75,  // 75: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	76,  // 76: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	77,  // 77: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	78,  // 78: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	79,  // 79: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	11,  // 80: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	13,  // 81: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	15,  // 82: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
+	80,  // 83: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	80,  // 84: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,   // 85: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	81,  // 86: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	82,  // 87: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	83,  // 88: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	84,  // 89: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	85,  // 90: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	86,  // 91: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	87,  // 92: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	88,  // 93: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	88,  // 94: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	89,  // 95: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	90,  // 96: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	91,  // 97: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	88,  // 98: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	92,  // 99: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	93,  // 100: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	94,  // 101: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	95,  // 102: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	96,  // 103: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	97,  // 104: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	98,  // 105: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	99,  // 106: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	100, // 107: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	101, // 108: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	102, // 109: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	103, // 110: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	104, // 111: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	60,  // [60:112] is the sub-list for method output_type
+	8,   // [8:60] is the sub-list for method input_type
 	8,   // [8:8] is the sub-list for extension type_name
 	8,   // [8:8] is the sub-list for extension extendee
 	0,   // [0:8] is the sub-list for field type_name
@@ -1257,7 +1358,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -88,6 +88,8 @@ const (
 	EdgeServiceReapProcedure = "/dsec.edge.v1.EdgeService/Reap"
 	// EdgeServiceGoneProcedure is the fully-qualified name of the EdgeService's Gone RPC.
 	EdgeServiceGoneProcedure = "/dsec.edge.v1.EdgeService/Gone"
+	// EdgeServiceSignReceiptProcedure is the fully-qualified name of the EdgeService's SignReceipt RPC.
+	EdgeServiceSignReceiptProcedure = "/dsec.edge.v1.EdgeService/SignReceipt"
 	// EdgeServiceImportLayerProcedure is the fully-qualified name of the EdgeService's ImportLayer RPC.
 	EdgeServiceImportLayerProcedure = "/dsec.edge.v1.EdgeService/ImportLayer"
 	// EdgeServiceUploadLayerProcedure is the fully-qualified name of the EdgeService's UploadLayer RPC.
@@ -211,6 +213,17 @@ type EdgeServiceClient interface {
 	// sandbox for (creating, running, pausing, paused or resuming): never
 	// made, stopping or ended, or forgotten.
 	Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error)
+	// SignReceipt signs a grade's receipt with the node's key (its leaf
+	// certificate from the cluster CA; the all-in-one's node key), once the
+	// node has checked every fact in it that it saw itself: the clean room
+	// (grade_sandbox) is its own and grades the receipt's sandbox, its
+	// environment's name and layer digests are the ones it started it on,
+	// the workspace capture is one of those layers, and it ran the grader's
+	// command there to the receipt's exit (and fault). A receipt naming
+	// anything else is refused (FailedPrecondition, saying which fact), as
+	// is one from a node that holds no key (NotSupported). The node stamps
+	// its own name and the signing time (docs/receipts.md).
+	SignReceipt(context.Context, *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
 	// hands an import to one edge per blob store (NodeStatus.blob_store),
 	// which builds the layers and publishes them to the store, and has every
@@ -420,6 +433,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		signReceipt: connect.NewClient[v1.SignReceiptRequest, v1.SignReceiptResponse](
+			httpClient,
+			baseURL+EdgeServiceSignReceiptProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("SignReceipt")),
+			connect.WithClientOptions(opts...),
+		),
 		importLayer: connect.NewClient[v11.ImportLayerRequest, v11.Layer](
 			httpClient,
 			baseURL+EdgeServiceImportLayerProcedure,
@@ -626,6 +645,7 @@ type edgeServiceClient struct {
 	listWarmPools      *connect.Client[v11.ListWarmPoolsRequest, v11.ListWarmPoolsResponse]
 	reap               *connect.Client[v1.ReapRequest, v1.ReapResponse]
 	gone               *connect.Client[v1.GoneRequest, v1.GoneResponse]
+	signReceipt        *connect.Client[v1.SignReceiptRequest, v1.SignReceiptResponse]
 	importLayer        *connect.Client[v11.ImportLayerRequest, v11.Layer]
 	uploadLayer        *connect.Client[v11.UploadLayerRequest, v11.Layer]
 	adoptLayers        *connect.Client[v1.AdoptLayersRequest, v1.AdoptLayersResponse]
@@ -765,6 +785,11 @@ func (c *edgeServiceClient) Reap(ctx context.Context, req *connect.Request[v1.Re
 // Gone calls dsec.edge.v1.EdgeService.Gone.
 func (c *edgeServiceClient) Gone(ctx context.Context, req *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error) {
 	return c.gone.CallUnary(ctx, req)
+}
+
+// SignReceipt calls dsec.edge.v1.EdgeService.SignReceipt.
+func (c *edgeServiceClient) SignReceipt(ctx context.Context, req *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error) {
+	return c.signReceipt.CallUnary(ctx, req)
 }
 
 // ImportLayer calls dsec.edge.v1.EdgeService.ImportLayer.
@@ -970,6 +995,17 @@ type EdgeServiceHandler interface {
 	// sandbox for (creating, running, pausing, paused or resuming): never
 	// made, stopping or ended, or forgotten.
 	Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error)
+	// SignReceipt signs a grade's receipt with the node's key (its leaf
+	// certificate from the cluster CA; the all-in-one's node key), once the
+	// node has checked every fact in it that it saw itself: the clean room
+	// (grade_sandbox) is its own and grades the receipt's sandbox, its
+	// environment's name and layer digests are the ones it started it on,
+	// the workspace capture is one of those layers, and it ran the grader's
+	// command there to the receipt's exit (and fault). A receipt naming
+	// anything else is refused (FailedPrecondition, saying which fact), as
+	// is one from a node that holds no key (NotSupported). The node stamps
+	// its own name and the signing time (docs/receipts.md).
+	SignReceipt(context.Context, *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
 	// hands an import to one edge per blob store (NodeStatus.blob_store),
 	// which builds the layers and publishes them to the store, and has every
@@ -1173,6 +1209,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		svc.Gone,
 		connect.WithSchema(edgeServiceMethods.ByName("Gone")),
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceSignReceiptHandler := connect.NewUnaryHandler(
+		EdgeServiceSignReceiptProcedure,
+		svc.SignReceipt,
+		connect.WithSchema(edgeServiceMethods.ByName("SignReceipt")),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServiceImportLayerHandler := connect.NewUnaryHandler(
@@ -1400,6 +1442,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceReapHandler.ServeHTTP(w, r)
 		case EdgeServiceGoneProcedure:
 			edgeServiceGoneHandler.ServeHTTP(w, r)
+		case EdgeServiceSignReceiptProcedure:
+			edgeServiceSignReceiptHandler.ServeHTTP(w, r)
 		case EdgeServiceImportLayerProcedure:
 			edgeServiceImportLayerHandler.ServeHTTP(w, r)
 		case EdgeServiceUploadLayerProcedure:
@@ -1553,6 +1597,10 @@ func (UnimplementedEdgeServiceHandler) Reap(context.Context, *connect.Request[v1
 
 func (UnimplementedEdgeServiceHandler) Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Gone is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) SignReceipt(context.Context, *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.SignReceipt is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error) {

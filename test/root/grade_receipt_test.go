@@ -1,0 +1,133 @@
+package root
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"dsec.dev/dsec/internal/clustertls"
+	ireceipt "dsec.dev/dsec/internal/receipt"
+	"dsec.dev/dsec/internal/testutil"
+	"dsec.dev/dsec/sdk/go/receipt"
+)
+
+// receiptTrust is what a verifier of the daemon's receipts is given: in
+// the cluster pass the cluster's CA bundle (its edge signs with its leaf
+// key from that CA), in the all-in-one the node's own certificate.
+func receiptTrust(root string) string {
+	if testutil.ClusterMode() {
+		return filepath.Join(root, "pki", "ca.crt")
+	}
+	return filepath.Join(root, ireceipt.Dir, "node.crt")
+}
+
+// TestGradeReceiptVerify grades a sandbox through the CLI (dsec grade
+// --receipt) and checks the signed receipt offline with dsec receipt
+// verify against the trust a verifier is given (receiptTrust): in the
+// cluster pass it was signed by the edge that ran the clean room, with its
+// key from the cluster CA. An edited field fails; the same receipt signed
+// by a key not from that trust (another CA's edge of the same name, or
+// another self-issued node key) fails.
+func TestGradeReceiptVerify(t *testing.T) {
+	d := startDaemon(t)
+	out, errOut, code := d.CLI("", "create", env)
+	if code != 0 {
+		t.Fatalf("dsec create: %s %s", out, errOut)
+	}
+	id := strings.TrimSpace(out)
+	t.Cleanup(func() { d.CLI("", "rm", id) })
+	if out, errOut, code := d.CLI("", "exec", id, "--", "sh", "-c", "mkdir -p /work && echo 42 > /work/answer"); code != 0 {
+		t.Fatalf("dsec exec: %s %s", out, errOut)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "receipt.json")
+	out, errOut, code = d.CLI("", "grade", id, "--path", "/work", "--receipt", file, "-c", `test "$(cat /work/answer)" = 42`)
+	if code != 0 || strings.TrimSpace(out) != "1" {
+		t.Fatalf("dsec grade: exit %d, reward %q; %s", code, out, errOut)
+	}
+	trust := receiptTrust(d.Root)
+	out, errOut, code = d.CLI("", "--json", "receipt", "verify", "--ca", trust, file)
+	if code != 0 {
+		t.Fatalf("dsec receipt verify: exit %d: %s %s", code, out, errOut)
+	}
+	var verified []receipt.Receipt
+	if err := json.Unmarshal([]byte(out), &verified); err != nil {
+		t.Fatalf("dsec receipt verify --json: %v\n%s", err, out)
+	}
+	if len(verified) != 1 {
+		t.Fatalf("dsec receipt verify --json: %d receipts, want 1", len(verified))
+	}
+	r := verified[0]
+	if r.Node != "t1" || r.Sandbox != id || r.Reward != 1 || r.Exit != 0 || r.Outcome != "task" || r.Workspace == "" ||
+		!strings.Contains(strings.Join(r.GraderCommand, " "), "/work/answer") {
+		t.Errorf("the receipt says %+v; want node t1, sandbox %s, reward 1, exit 0, the grader's command", r, id)
+	}
+
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env receipt.Envelope
+	if err := json.Unmarshal(raw, &env); err != nil {
+		t.Fatal(err)
+	}
+	// An edited field fails.
+	edited := env
+	edited.Payload = bytes.Replace(env.Payload, []byte(`"reward":1`), []byte(`"reward":0`), 1)
+	if bytes.Equal(edited.Payload, env.Payload) {
+		t.Fatalf("the receipt's payload holds no reward of 1: %s", env.Payload)
+	}
+	checkRefused(t, d, dir, "edited", edited, "does not match the payload")
+
+	// The same receipt, signed by a key not from the trust.
+	var foreign *receipt.Signer
+	var want string
+	if testutil.ClusterMode() {
+		pki := filepath.Join(dir, "other-pki")
+		if err := clustertls.InitCluster(pki, []string{"api"}, []clustertls.EdgeSpec{{Name: "t1", Hosts: []string{"127.0.0.1"}}}); err != nil {
+			t.Fatal(err)
+		}
+		foreign, err = ireceipt.EdgeSigner(clustertls.ComponentFiles(pki, clustertls.RoleEdge, "t1"))
+		want = "not issued by the given CA"
+	} else {
+		foreign, err = ireceipt.NodeSigner(filepath.Join(dir, "other-node"), "t1")
+		want = "not the given node certificate"
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payload receipt.Receipt
+	if err := json.Unmarshal(env.Payload, &payload); err != nil {
+		t.Fatal(err)
+	}
+	resigned, err := foreign.Sign(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other receipt.Envelope
+	if err := json.Unmarshal(resigned, &other); err != nil {
+		t.Fatal(err)
+	}
+	checkRefused(t, d, dir, "signed by a foreign key", other, want)
+}
+
+// checkRefused writes env and checks dsec receipt verify refuses it (exit
+// 1), saying want.
+func checkRefused(t *testing.T, d *testutil.Daemon, dir, name string, env receipt.Envelope, want string) {
+	t.Helper()
+	data, err := json.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".json")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := d.CLI("", "receipt", "verify", "--ca", receiptTrust(d.Root), file)
+	if code != 1 || !strings.Contains(out+errOut, want) {
+		t.Errorf("dsec receipt verify of the receipt %s: exit %d, %s %s; want exit 1 saying %q", name, code, out, errOut, want)
+	}
+}
