@@ -148,7 +148,9 @@ func Run(ctx context.Context, api API, req *dsecv1.GradeRequest) (res *dsecv1.Gr
 		return nil, nil, err
 	}
 	var tidy []func(context.Context) string
-	done = func(ctx context.Context) []string {
+	// tidyAll, not done: a return of an error sets done to nil before the
+	// deferred cleanup below runs.
+	tidyAll := func(ctx context.Context) []string {
 		var warnings []string
 		for i := len(tidy) - 1; i >= 0; i-- {
 			if w := tidy[i](ctx); w != "" {
@@ -157,9 +159,10 @@ func Run(ctx context.Context, api API, req *dsecv1.GradeRequest) (res *dsecv1.Gr
 		}
 		return warnings
 	}
+	done = tidyAll
 	defer func() {
 		if err != nil {
-			done(context.WithoutCancel(ctx))
+			tidyAll(context.WithoutCancel(ctx))
 			res, done = nil, nil
 		}
 	}()
