@@ -27,6 +27,7 @@ import (
 	"dsec.dev/dsec/internal/edge/lazyd"
 	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/version"
 	"dsec.dev/dsec/internal/vm/fuse2fs"
@@ -101,6 +102,8 @@ type nodeFlags struct {
 func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.StringVar(&cfg.Root, "root", daemon.DefaultRoot, "state directory")
 	fs.StringVar(&cfg.Node, "node", "", "node name used in sandbox IDs (default: from the host name)")
+	fs.IntVar(&cfg.MetricsProjects, "metrics-projects", metrics.DefaultProjects, "how many projects, the largest by sandboxes, the sandbox gauge names; the rest are summed under \"other\" (negative: none; docs/operations.md)")
+	fs.BoolVar(&cfg.NoMetrics, "no-metrics", false, "record no metrics at all (/metrics answers 404): to measure what they cost")
 	fs.StringVar(&cfg.Runtime, "runtime", "runc", "OCI runtime of the container isolation: runc or crun (an edge also takes fake: a hollow node that starts nothing); runsc is deprecated here: it means --runsc with --runtime-path")
 	fs.StringVar(&cfg.RuntimePath, "runtime-path", "", "the runtime's binary (default: --runtime on PATH)")
 	fs.StringVar(&cfg.Runsc, "runsc", os.Getenv("DSEC_RUNSC"), "gVisor's runsc, for the gvisor isolation beside runc: a path that must work, none for no gvisor (default $DSEC_RUNSC, else runsc on PATH or "+daemon.DefaultRunsc+" when it works; scripts/build-runsc.sh builds it)")

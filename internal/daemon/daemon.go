@@ -144,6 +144,13 @@ type Config struct {
 	// (/metrics) on this address; keep it on loopback or a scrape
 	// network. The all-in-one serves them at its API port's /metrics too.
 	MetricsListen string
+	// MetricsProjects is how many projects, the largest by sandboxes, the
+	// node's sandbox gauge names; the rest are summed under "other"
+	// (docs/operations.md). 0 = metrics.DefaultProjects; negative: none.
+	MetricsProjects int
+	// NoMetrics records no metrics at all (/metrics answers 404): for
+	// measuring what recording them costs.
+	NoMetrics bool
 	// metrics is the process's registry (package metrics), made by the
 	// role that runs the node; nil records nothing.
 	metrics *metrics.Registry
@@ -242,6 +249,12 @@ const DefaultAddr = "127.0.0.1:8675"
 const DefaultRoot = "/var/lib/dsec"
 
 func (c *Config) fill() error {
+	switch {
+	case c.MetricsProjects == 0:
+		c.MetricsProjects = metrics.DefaultProjects
+	case c.MetricsProjects < 0:
+		c.MetricsProjects = 0
+	}
 	if c.Root == "" {
 		c.Root = DefaultRoot
 	}
@@ -492,6 +505,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		return sw.Releases()
 	}
 	log.Info("what a pause can release on this node", "releases", pauseReleases())
+	n.metrics = cfg.metrics.Edge()
 	var network sandbox.Network
 	if !cfg.Network.Disabled {
 		nc := cfg.Network
@@ -499,6 +513,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 			Dir: filepath.Join(cfg.Root, "net"), Services: nc.Services, Upstreams: nc.Upstreams, Pool: nc.Pool,
 			EgressBytesPerSec: nc.EgressBytesPerSec, MaxConns: nc.MaxConns,
 			Table: nc.Table, VethPrefix: nc.VethPrefix, LogGroup: nc.LogGroup, Log: log.With("component", "netctl"),
+			Metrics: n.metrics,
 		})
 		if err != nil {
 			// Without networking the node still serves; rules are refused.
@@ -508,7 +523,6 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 			network = n.net
 		}
 	}
-	n.metrics = cfg.metrics.Edge()
 	var reads sandbox.ReadWatcher
 	if n.reads, err = provenance.NewWatcher(log.With("component", "provenance")); err != nil {
 		log.Warn("reads of protected paths will not be seen", "err", err)
@@ -535,6 +549,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg.metrics.Node(n.edge.MetricsView, cfg.MetricsProjects)
 	ok = true
 	return n, nil
 }
@@ -603,7 +618,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := checkAgent(cfg.AgentPath); err != nil {
 		return err
 	}
-	cfg.metrics = metrics.New()
+	if !cfg.NoMetrics {
+		cfg.metrics = metrics.New()
+	}
 	n, err := open(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -715,7 +732,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	// The API's socket and loopback port serve the metrics beside the API.
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", cfg.metrics.Handler())
+	if cfg.metrics != nil {
+		mux.Handle("/metrics", cfg.metrics.Handler())
+	}
 	mux.Handle("/", api.Handler())
 	log.Info("dsecd ready", "node", cfg.Node, "root", cfg.Root, "socket", cfg.Socket, "listen", cfg.Listen, "runtime", cfg.Runtime,
 		"token_file", filepath.Join(cfg.Root, AdminTokenFile), "clients", clientEnv(cfg, lns), "e2b", e2bAddr, "sandboxfusion", sfAddr)

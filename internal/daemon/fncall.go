@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -105,5 +106,16 @@ func (n *node) startFnCall(ctx context.Context, log *slog.Logger) (*fncall.Servi
 			}
 		}
 	}
-	return fncall.NewService(sb, fncall.Config{Node: n.cfg.Node, Pools: fc.Pools, Languages: langs, Log: log}), nil
+	// The gauges read the service's load, which exists only once it is
+	// made, after its metrics.
+	var svc atomic.Pointer[fncall.Service]
+	fm := n.cfg.metrics.FnCall(func() (busy, queue, idle int) {
+		if s := svc.Load(); s != nil {
+			return s.Load()
+		}
+		return 0, 0, 0
+	})
+	s := fncall.NewService(sb, fncall.Config{Node: n.cfg.Node, Pools: fc.Pools, Languages: langs, Log: log, Metrics: fm})
+	svc.Store(s)
+	return s, nil
 }

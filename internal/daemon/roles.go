@@ -162,8 +162,11 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 	}
 	var rec store.Node
 	var svc *edgesvc.Service
-	metricsReg := metrics.New()
-	if cfg.Node.MetricsListen != "" {
+	var metricsReg *metrics.Registry
+	if !cfg.Node.NoMetrics {
+		metricsReg = metrics.New()
+	}
+	if cfg.Node.MetricsListen != "" && metricsReg != nil {
 		go serveMetrics(ctx, cfg.Node.MetricsListen, metricsReg, log)
 	}
 	if cfg.Node.Runtime == "fake" {
@@ -231,6 +234,11 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 	svc.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipt.EdgeSigner(cfg.TLS) })
 	mux := http.NewServeMux()
 	mux.Handle(svc.Handler())
+	if metricsReg != nil {
+		// Behind the edge's mutual TLS, as its EdgeService is: a scraper
+		// needs a certificate of the cluster's CA (or --metrics-listen).
+		mux.Handle("/metrics", metricsReg.Handler())
+	}
 	ctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	if reg != nil {

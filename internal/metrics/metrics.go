@@ -61,6 +61,7 @@ type Edge struct {
 	poolMisses    prometheus.Counter
 	refusals      *prometheus.CounterVec
 	execSeconds   *prometheus.HistogramVec
+	network       *prometheus.CounterVec
 }
 
 // Edge registers a node's sandbox metrics in r and returns them; nil for
@@ -112,12 +113,16 @@ func (r *Registry) Edge() *Edge {
 		}, []string{"reason"}),
 		execSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dsec_exec_seconds",
-			Help:    "Execs on this node, from the request to the command's exit (or the stream's end), by outcome.",
+			Help:    "Execs on this node, from the request to the command's exit (or the stream's end), by isolation and outcome.",
 			Buckets: execBuckets,
-		}, []string{"outcome"}),
+		}, []string{"isolation", "outcome"}),
+		network: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dsec_network_events_total",
+			Help: "Sandboxes' connection attempts and DNS queries on this node by kind (connect, dns) and verdict (allow, deny).",
+		}, []string{"kind", "verdict"}),
 	}
 	r.reg.MustRegister(e.execSeconds, e.creates, e.createSeconds, e.deletes, e.deleteSeconds, e.pauses, e.pauseSeconds,
-		e.poolHits, e.poolMisses, e.refusals)
+		e.poolHits, e.poolMisses, e.refusals, e.network)
 	return e
 }
 
@@ -183,10 +188,69 @@ func (e *Edge) Refused(reason string) {
 	e.refusals.WithLabelValues(reason).Inc()
 }
 
-// Exec records an exec that took d (request to exit) and ended with err.
-func (e *Edge) Exec(err error, d time.Duration) {
+// Exec records an exec in a sandbox of the given isolation that took d
+// (request to exit) and ended with err.
+func (e *Edge) Exec(isolation string, err error, d time.Duration) {
 	if e == nil {
 		return
 	}
-	e.execSeconds.WithLabelValues(Outcome(err)).Observe(d.Seconds())
+	e.execSeconds.WithLabelValues(isolation, Outcome(err)).Observe(d.Seconds())
+}
+
+// Network records a sandbox's connection attempt or DNS query (kind
+// "connect" or "dns") and the verdict on it ("allow" or "deny").
+func (e *Edge) Network(kind, verdict string) {
+	if e == nil {
+		return
+	}
+	e.network.WithLabelValues(kind, verdict).Inc()
+}
+
+// FnCall is what a node's FnCall backend records. A nil *FnCall records
+// nothing.
+type FnCall struct {
+	calls   *prometheus.CounterVec
+	seconds *prometheus.HistogramVec
+}
+
+// FnCall registers a node's FnCall metrics in r: calls and their latency
+// by language, and, read at each scrape from load, the calls waiting for a
+// container (the queue), running, and the idle containers. Nil for a nil
+// r. Call it once per registry.
+func (r *Registry) FnCall(load func() (busy, queue, idle int)) *FnCall {
+	if r == nil {
+		return nil
+	}
+	f := &FnCall{
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dsec_fncall_calls_total",
+			Help: "FnCall calls on this node by language and status (success, failed, sandbox_error; or error: not run).",
+		}, []string{"language", "status"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dsec_fncall_call_seconds",
+			Help:    "FnCall calls' latency on this node, from arrival to answer (the wait for a container included), by language.",
+			Buckets: execBuckets,
+		}, []string{"language"}),
+	}
+	state := func(pick func(busy, queue, idle int) int) func() float64 {
+		return func() float64 { return float64(pick(load())) }
+	}
+	r.reg.MustRegister(f.calls, f.seconds,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dsec_fncall_queue", Help: "FnCall calls on this node waiting for a container now."},
+			state(func(_, q, _ int) int { return q })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dsec_fncall_running", Help: "FnCall calls running on this node now."},
+			state(func(b, _, _ int) int { return b })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dsec_fncall_idle_containers", Help: "FnCall containers on this node idle now."},
+			state(func(_, _, i int) int { return i })))
+	return f
+}
+
+// Call records a call in language (one the node knows, or "unknown")
+// answered with status (see the counter's help) after d.
+func (f *FnCall) Call(language, status string, d time.Duration) {
+	if f == nil {
+		return
+	}
+	f.calls.WithLabelValues(language, status).Inc()
+	f.seconds.WithLabelValues(language).Observe(d.Seconds())
 }

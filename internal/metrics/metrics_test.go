@@ -79,8 +79,11 @@ func TestEdge(t *testing.T) {
 	e.Pool(false)
 	e.Pool(false)
 	e.Refused("max_sandboxes")
-	e.Exec(nil, time.Millisecond)
-	e.Exec(nil, time.Millisecond)
+	e.Exec("container", nil, time.Millisecond)
+	e.Exec("container", nil, time.Millisecond)
+	e.Network("connect", "deny")
+	e.Network("dns", "allow")
+	e.Network("dns", "allow")
 
 	fams := scrape(t, r)
 	for _, c := range []struct {
@@ -98,7 +101,9 @@ func TestEdge(t *testing.T) {
 		{"dsec_pool_hits_total", map[string]string{}, 1},
 		{"dsec_pool_misses_total", map[string]string{}, 2},
 		{"dsec_admission_refusals_total", map[string]string{"reason": "max_sandboxes"}, 1},
-		{"dsec_exec_seconds", map[string]string{"outcome": "ok"}, 2},
+		{"dsec_exec_seconds", map[string]string{"isolation": "container", "outcome": "ok"}, 2},
+		{"dsec_network_events_total", map[string]string{"kind": "connect", "verdict": "deny"}, 1},
+		{"dsec_network_events_total", map[string]string{"kind": "dns", "verdict": "allow"}, 2},
 	} {
 		if got := value(fams, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
@@ -118,7 +123,15 @@ func TestNilEdge(t *testing.T) {
 	e.Pause("pause", nil, time.Second)
 	e.Pool(true)
 	e.Refused("max_sandboxes")
-	e.Exec(nil, time.Second)
+	e.Exec("container", nil, time.Second)
+	e.Network("dns", "deny")
+	var f *FnCall
+	f.Call("python", "success", time.Second)
+	var r *Registry
+	r.Node(func() NodeView { return NodeView{} }, 1)
+	if r.FnCall(nil) != nil || r.Edge() != nil {
+		t.Fatal("a nil registry made metrics")
+	}
 }
 
 // TestRegistriesApart: two processes' registries (two edges of a hollow
@@ -159,7 +172,13 @@ func TestDashboard(t *testing.T) {
 	e.Pool(true)
 	e.Pool(false)
 	e.Refused("max_sandboxes")
-	e.Exec(nil, time.Millisecond)
+	e.Exec("container", nil, time.Millisecond)
+	e.Network("connect", "allow")
+	r.Node(func() NodeView {
+		return NodeView{Sandboxes: []SandboxGroup{{State: "running", Backend: "container", Isolation: "container", Count: 1}},
+			Pools: []PoolGroup{{Environment: "python", Size: 1, Ready: 1}}, CPUs: 2}
+	}, DefaultProjects)
+	r.FnCall(func() (int, int, int) { return 0, 0, 0 }).Call("python", "success", time.Millisecond)
 	fams := scrape(t, r)
 	name := regexp.MustCompile(`\bdsec_[a-z_]+`)
 	queried := 0
@@ -186,7 +205,7 @@ func BenchmarkExecRecord(b *testing.B) {
 	e := New().Edge()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			e.Exec(nil, time.Millisecond)
+			e.Exec("container", nil, time.Millisecond)
 		}
 	})
 }

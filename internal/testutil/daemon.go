@@ -128,13 +128,17 @@ type Daemon struct {
 	SandboxFusionAddr string
 	// E2BAddr is where E2B's API answers (host:port), as SandboxFusionAddr.
 	E2BAddr string
-	Bin     string
-	Clients *dsec.Conn
-	cmd     *exec.Cmd
-	api     *exec.Cmd // the apiserver, in cluster mode
-	args    []string
-	logPath string
-	t       testing.TB
+	// MetricsAddr is where the node's Prometheus metrics answer
+	// (host:port, at /metrics): the all-in-one's API port, a cluster's
+	// edge's --metrics-listen.
+	MetricsAddr string
+	Bin         string
+	Clients     *dsec.Conn
+	cmd         *exec.Cmd
+	api         *exec.Cmd // the apiserver, in cluster mode
+	args        []string
+	logPath     string
+	t           testing.TB
 
 	cluster  bool
 	edgeAddr string
@@ -160,14 +164,15 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 	}
 	// Picked together, so that no two are the same port (a port freed
 	// by one pick can come back in the next).
-	addrs := freeAddrs(t, 4)
-	d := &Daemon{Root: root, Addr: addrs[0], SandboxFusionAddr: addrs[1], E2BAddr: addrs[2], Bin: bin, t: t, logPath: filepath.Join(root, "dsecd.log"), cluster: ClusterMode()}
+	addrs := freeAddrs(t, 5)
+	d := &Daemon{Root: root, Addr: addrs[0], SandboxFusionAddr: addrs[1], E2BAddr: addrs[2], MetricsAddr: addrs[0], Bin: bin, t: t, logPath: filepath.Join(root, "dsecd.log"), cluster: ClusterMode()}
 	d.args = append([]string{"--root", root, "--listen", d.Addr, "--node", "t1", "--log-level", "debug",
 		"--sandboxfusion-listen", d.SandboxFusionAddr, "--e2b-listen", d.E2BAddr}, extraArgs...)
 	if d.cluster {
 		d.edgeAddr = addrs[3]
+		d.MetricsAddr = addrs[4]
 		d.args = append([]string{"edge", "--root", root, "--listen", d.edgeAddr, "--node", "t1", "--log-level", "debug",
-			"--tls-dir", filepath.Join(root, "pki")}, extraArgs...)
+			"--tls-dir", filepath.Join(root, "pki"), "--metrics-listen", d.MetricsAddr}, extraArgs...)
 		d.initCluster()
 	}
 	t.Cleanup(func() {

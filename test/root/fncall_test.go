@@ -99,6 +99,45 @@ func TestFnCall(t *testing.T) {
 	t.Run("BadInput", s.testBadInput)
 	t.Run("CPUBurst", s.testCPUBurst)
 	t.Run("Storm", s.testStorm)
+	t.Run("Metrics", s.testMetrics)
+}
+
+// testMetrics: the node's /metrics counts calls by language and status,
+// their latency, and shows the queue.
+func (s *sfDaemon) testMetrics(t *testing.T) {
+	ctx := context.Background()
+	before := scrapeMetrics(t, s.d)
+	for _, code := range []string{"print(1)", "print(2)", "raise SystemExit(3)"} {
+		if _, err := s.fn.RunCode(ctx, connect.NewRequest(&dsecv1.RunCodeRequest{Language: "python", Code: code})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.fn.RunCode(ctx, connect.NewRequest(&dsecv1.RunCodeRequest{Language: "cobol", Code: "x"})); err == nil {
+		t.Fatal("a call in a language the node lacks ran")
+	}
+	after := scrapeMetrics(t, s.d)
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"dsec_fncall_calls_total", map[string]string{"language": "python", "status": "success"}, 2},
+		{"dsec_fncall_calls_total", map[string]string{"language": "python", "status": "failed"}, 1},
+		{"dsec_fncall_calls_total", map[string]string{"language": "unknown", "status": "error"}, 1},
+		{"dsec_fncall_call_seconds", map[string]string{"language": "python"}, 3},
+	} {
+		if got := metricValue(after, c.name, c.labels) - metricValue(before, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v moved by %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	for _, name := range []string{"dsec_fncall_queue", "dsec_fncall_running", "dsec_fncall_idle_containers"} {
+		if after[name] == nil {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	if idle := after["dsec_fncall_idle_containers"].GetMetric(); len(idle) != 1 || idle[0].GetGauge().GetValue() < 1 {
+		t.Errorf("dsec_fncall_idle_containers = %v after calls, want at least the container that ran them", idle)
+	}
 }
 
 func (s *sfDaemon) testTable(t *testing.T) {

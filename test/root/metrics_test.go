@@ -11,14 +11,15 @@ import (
 	"github.com/prometheus/common/model"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/testutil"
 )
 
-// scrapeMetrics reads the daemon's /metrics on its API port, parsed with
-// Prometheus' text parser.
+// scrapeMetrics reads the node's /metrics (the all-in-one's API port, a
+// cluster's edge's --metrics-listen), parsed with Prometheus' text parser.
 func scrapeMetrics(t *testing.T, d *testutil.Daemon) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get("http://" + d.Addr + "/metrics")
+	resp, err := http.Get("http://" + d.MetricsAddr + "/metrics")
 	if err != nil {
 		t.Fatalf("scrape: %v", err)
 	}
@@ -34,8 +35,8 @@ func scrapeMetrics(t *testing.T, d *testutil.Daemon) map[string]*dto.MetricFamil
 	return fams
 }
 
-// metricValue is the counter (or histogram count) of family name whose
-// labels are exactly labels; 0 when there is none.
+// metricValue is the counter, gauge (or histogram count) of family name
+// whose labels are exactly labels; 0 when there is none.
 func metricValue(fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
 next:
 	for _, m := range fams[name].GetMetric() {
@@ -47,19 +48,23 @@ next:
 				continue next
 			}
 		}
-		if m.Histogram != nil {
+		switch {
+		case m.Histogram != nil:
 			return float64(m.GetHistogram().GetSampleCount())
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue()
 		}
 		return m.GetCounter().GetValue()
 	}
 	return 0
 }
 
-// TestMetrics: a real dsecd's /metrics counts what a small workload did:
-// creates (one from a warm pool), a refused create, a pause and a resume,
-// a delete.
+// TestMetrics: a real node's /metrics counts what a small workload did:
+// creates (one from a warm pool), a refused create (all-in-one: a
+// cluster's apiserver may refuse it before the edge sees it), a pause and
+// a resume, an exec, a delete; and its gauges show the sandboxes by state
+// and project, the warm pool, and the node's capacity and requests.
 func TestMetrics(t *testing.T) {
-	allInOneOnly(t)
 	d := startDaemon(t, "--max-sandboxes", "3")
 	ctx := context.Background()
 	before := scrapeMetrics(t, d)
@@ -69,6 +74,20 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWarm(t, d, 1)
+	pooled := scrapeMetrics(t, d)
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"dsec_pool_size", map[string]string{"environment": env}, 1},
+		{"dsec_pool_members", map[string]string{"environment": env, "state": "ready"}, 1},
+		{"dsec_pool_members", map[string]string{"environment": env, "state": "starting"}, 0},
+	} {
+		if got := metricValue(pooled, c.name, c.labels); got != c.want {
+			t.Errorf("with a pool of 1 ready: %s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
 	a := create(t, d, nil)
 	b := create(t, d, &dsecv1.SandboxSpec{Environment: env, Cpus: 0.5, MemoryMb: 96, DiskMb: 64})
 	if !b.GetFromWarmPool() {
@@ -78,10 +97,12 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWarm(t, d, 0)
-	create(t, d, nil)
-	_, err := d.Clients.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: env}}))
-	if connect.CodeOf(err) != connect.CodeResourceExhausted {
-		t.Fatalf("fourth create on a node of 3: %v, want resource exhausted", err)
+	c := create(t, d, nil)
+	if !testutil.ClusterMode() {
+		_, err := d.Clients.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: env}}))
+		if connect.CodeOf(err) != connect.CodeResourceExhausted {
+			t.Fatalf("fourth create on a node of 3: %v, want resource exhausted", err)
+		}
 	}
 	mustSh(t, d, a.GetId(), "true")
 	pause(t, d, a.GetId(), false)
@@ -94,6 +115,10 @@ func TestMetrics(t *testing.T) {
 	kind := func(outcome string) map[string]string {
 		return map[string]string{"backend": "container", "isolation": "container", "outcome": outcome}
 	}
+	refused := 1.0
+	if testutil.ClusterMode() {
+		refused = 0
+	}
 	for _, c := range []struct {
 		name   string
 		labels map[string]string
@@ -101,19 +126,49 @@ func TestMetrics(t *testing.T) {
 	}{
 		{"dsec_sandbox_creates_total", kind("ok"), 3},
 		{"dsec_sandbox_create_seconds", kind("ok"), 3},
-		{"dsec_sandbox_creates_total", kind("admission_refused"), 1},
-		{"dsec_admission_refusals_total", map[string]string{"reason": "max_sandboxes"}, 1},
+		{"dsec_sandbox_creates_total", kind("admission_refused"), refused},
+		{"dsec_admission_refusals_total", map[string]string{"reason": "max_sandboxes"}, refused},
 		{"dsec_pool_hits_total", map[string]string{}, 1},
-		{"dsec_pool_misses_total", map[string]string{}, 3},
+		{"dsec_pool_misses_total", map[string]string{}, 2 + refused},
 		{"dsec_sandbox_pauses_total", map[string]string{"op": "pause", "outcome": "ok"}, 1},
 		{"dsec_sandbox_pauses_total", map[string]string{"op": "resume", "outcome": "ok"}, 1},
 		{"dsec_sandbox_pause_seconds", map[string]string{"op": "pause"}, 1},
 		{"dsec_sandbox_deletes_total", kind("ok"), 1},
 		{"dsec_sandbox_delete_seconds", kind("ok"), 1},
-		{"dsec_exec_seconds", map[string]string{"outcome": "ok"}, 1},
+		{"dsec_exec_seconds", map[string]string{"isolation": "container", "outcome": "ok"}, 1},
 	} {
 		if got := metricValue(after, c.name, c.labels) - metricValue(before, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v moved by %v, want %v", c.name, c.labels, got, c.want)
 		}
+	}
+
+	// The gauges: a and c running, b's tombstone stopped, all of a's
+	// project; the node's capacity and what a and c asked of it.
+	project := a.GetSpec().GetLabels()[iam.ProjectLabel]
+	if project == "" {
+		project = "/"
+	}
+	state := func(s string) map[string]string {
+		return map[string]string{"state": s, "backend": "container", "isolation": "container", "project": project}
+	}
+	for _, g := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"dsec_sandboxes", state("running"), 2},
+		{"dsec_sandboxes", state("stopped"), 1},
+		{"dsec_node_max_sandboxes", map[string]string{}, 3},
+		{"dsec_node_cpus", map[string]string{"kind": "requested"}, float64(a.GetSpec().GetCpus() + c.GetSpec().GetCpus())},
+		{"dsec_node_memory_bytes", map[string]string{"kind": "requested"}, float64((a.GetSpec().GetMemoryMb() + c.GetSpec().GetMemoryMb()) << 20)},
+		{"dsec_node_refusing", map[string]string{}, 0},
+	} {
+		if got := metricValue(after, g.name, g.labels); got != g.want {
+			t.Errorf("%s%v = %v, want %v", g.name, g.labels, got, g.want)
+		}
+	}
+	if metricValue(after, "dsec_node_cpus", map[string]string{"kind": "capacity"}) < 1 ||
+		metricValue(after, "dsec_node_memory_bytes", map[string]string{"kind": "capacity"}) <= 0 {
+		t.Errorf("the node's capacity is missing: %v %v", after["dsec_node_cpus"], after["dsec_node_memory_bytes"])
 	}
 }

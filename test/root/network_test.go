@@ -203,6 +203,7 @@ func (e *netEnv) probeFails(t *testing.T, id string, args string) {
 
 func TestNetworkPolicy(t *testing.T) {
 	e := setupNetwork(t)
+	before := scrapeMetrics(t, e.d)
 
 	// No rules: loopback only, nothing reachable.
 	plain := e.sandbox(t, nil)
@@ -320,6 +321,22 @@ func TestNetworkPolicy(t *testing.T) {
 	} {
 		if !has(c.kind, c.verdict, c.dest, c.port, c.name) {
 			t.Errorf("audit log lacks %s %s %s:%d %s; it has:\n%s", c.kind, c.verdict, c.dest, c.port, c.name, logOut)
+		}
+	}
+	// The node's metrics counted them: at least the log's events of each
+	// kind and verdict (the peer sandbox's own are counted too).
+	after := scrapeMetrics(t, e.d)
+	for _, kv := range [][2]string{{"dns", "allow"}, {"dns", "deny"}, {"connect", "allow"}, {"connect", "deny"}} {
+		logged := 0
+		for _, ev := range log.Events {
+			if ev.Kind == kv[0] && ev.Verdict == kv[1] {
+				logged++
+			}
+		}
+		labels := map[string]string{"kind": kv[0], "verdict": kv[1]}
+		moved := metricValue(after, "dsec_network_events_total", labels) - metricValue(before, "dsec_network_events_total", labels)
+		if logged == 0 || moved < float64(logged) {
+			t.Errorf("dsec_network_events_total%v moved by %v; the sandbox's log has %d such events", labels, moved, logged)
 		}
 	}
 }

@@ -148,7 +148,9 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequ
 	step := s.begin(ctx, req.Msg.GetSandboxId(), "exec", req.Msg)
 	defer func() {
 		step.End(ctx, err)
-		s.metrics.Exec(err, time.Since(began))
+		if s.metrics != nil {
+			s.metrics.Exec(s.edge.Isolation(req.Msg.GetSandboxId()), err, time.Since(began))
+		}
 	}()
 	watch := execWatch{out: out, log: &s.execs, id: req.Msg.GetSandboxId(), command: commandKey(execCommand(req.Msg))}
 	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, watch, true, step, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {

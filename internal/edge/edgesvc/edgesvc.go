@@ -71,6 +71,10 @@ type Edge interface {
 	// without them).
 	EndPhase(ctx context.Context, id string, phase dsecv1.Phase) (*dsecv1.Sandbox, error)
 	Phase(id string) dsecv1.Phase
+	// Isolation is the sandbox's isolation as users write it
+	// ("container", "gvisor", "microvm"), for the exec metric; "" for an
+	// unknown sandbox.
+	Isolation(id string) string
 	// Metrics reads the sandbox's resource use now.
 	Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error)
 	// Snapshot packs the sandbox's writable layer into layer snap:NAME.

@@ -16,6 +16,7 @@ import (
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/metrics"
 )
 
 // Call defaults and bounds, SandboxFusion's where it has them.
@@ -53,6 +54,9 @@ type Config struct {
 	// Languages are the builtin ones plus any registered; nil = Builtin().
 	Languages map[string]Language
 	Log       *slog.Logger
+	// Metrics records calls by language (metrics.Registry.FnCall, given
+	// the Service's Load); nil records nothing.
+	Metrics *metrics.FnCall
 }
 
 // Service runs calls on one node.
@@ -176,12 +180,15 @@ func (l Language) env() string {
 // MaxStartDelay, or a container's start under load) counts against its
 // first step, and a call whose first step's time ran out before it could
 // start is answered as having exceeded it.
-func (s *Service) RunCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dsecv1.RunCodeResponse, error) {
+func (s *Service) RunCode(ctx context.Context, req *dsecv1.RunCodeRequest) (resp *dsecv1.RunCodeResponse, err error) {
 	arrived := time.Now()
+	language := "unknown"
+	defer func() { s.cfg.Metrics.Call(language, callStatus(resp, err), time.Since(arrived)) }()
 	lang, call, key, err := s.prepare(req)
 	if err != nil {
 		return nil, err
 	}
+	language = lang.Name
 	first := call.Steps[0]
 	budget := first.TimeoutSeconds
 	// A container that breaks under a call (its agent gone, say) is
@@ -225,6 +232,15 @@ func (s *Service) RunCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*dse
 		return out, nil
 	}
 	return nil, fmt.Errorf("run code: %w", last)
+}
+
+// callStatus is a call's status label: its run status's name in lower
+// case (success, failed, sandbox_error), or "error" for a call not run.
+func callStatus(resp *dsecv1.RunCodeResponse, err error) string {
+	if err != nil || resp == nil {
+		return "error"
+	}
+	return strings.ToLower(strings.TrimPrefix(resp.GetStatus().String(), "RUN_STATUS_"))
 }
 
 // outOfTime answers a call whose first step's timeout of budget seconds

@@ -247,6 +247,9 @@ func (e *Edge) EndPhase(ctx context.Context, id string, phase dsecv1.Phase) (*ds
 // Phase is unspecified: a hollow sandbox has no phases.
 func (e *Edge) Phase(id string) dsecv1.Phase { return dsecv1.Phase_PHASE_UNSPECIFIED }
 
+// Isolation says a hollow sandbox is a container.
+func (e *Edge) Isolation(id string) string { return "container" }
+
 // SetTimeout moves a live sandbox's expiry; a hollow edge enforces none.
 func (e *Edge) SetTimeout(ctx context.Context, id string, timeout time.Duration, extendOnly bool) (*dsecv1.Sandbox, error) {
 	e.mu.Lock()

@@ -21,6 +21,7 @@ import (
 
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/network"
+	"dsec.dev/dsec/internal/metrics"
 )
 
 // Config is the node's network configuration.
@@ -44,6 +45,9 @@ type Config struct {
 	VethPrefix string
 	LogGroup   uint16
 	Log        *slog.Logger
+	// Metrics counts the audit's events by kind and verdict; nil counts
+	// nothing.
+	Metrics *metrics.Edge
 }
 
 // Attachment is what a sandbox needs from its network to start.
@@ -117,14 +121,14 @@ func Open(ctx context.Context, cfg Config) (*Controller, error) {
 		NetnsDir: filepath.Join(cfg.Dir, "netns"), Pool: cfg.Pool,
 		EgressBytesPerSec: cfg.EgressBytesPerSec, MaxConns: cfg.MaxConns,
 		Table: cfg.Table, VethPrefix: cfg.VethPrefix, LogGroup: cfg.LogGroup,
-		Audit: c.audit.Record, Log: cfg.Log.With("component", "network"),
+		Audit: c.record, Log: cfg.Log.With("component", "network"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open node network: %w", err)
 	}
 	c.node = node
 	c.resolver = netpolicy.NewResolver(netpolicy.ResolverConfig{
-		Upstreams: cfg.Upstreams, Allow: node.AllowResolved, Audit: c.audit.Record,
+		Upstreams: cfg.Upstreams, Allow: node.AllowResolved, Audit: c.record,
 		Log: cfg.Log.With("component", "dns"),
 	})
 	// The sandbox's resolver listens on its own loopback, inside its
@@ -210,6 +214,12 @@ func (c *Controller) Update(ctx context.Context, id string, rules map[string]boo
 	}
 	c.resolver.SetPolicy(id, pol)
 	return warnings, nil
+}
+
+// record keeps e in the audit log and counts it.
+func (c *Controller) record(e netpolicy.Event) {
+	c.audit.Record(e)
+	c.cfg.Metrics.Network(e.Kind, e.Verdict)
 }
 
 // Log returns the audit records of sandbox id since the given time.

@@ -80,6 +80,18 @@ func (m *Manager) Phase(id string) dsecv1.Phase {
 	return sb.rec.GetPhase()
 }
 
+// Isolation is sandbox id's isolation as users write it ("container",
+// "gvisor", "microvm"); "" for an unknown sandbox.
+func (m *Manager) Isolation(id string) string {
+	sb, err := m.lookup(id)
+	if err != nil {
+		return ""
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return IsolationName(sb.rec.GetSpec().GetIsolation())
+}
+
 // EndPhase ends sandbox id's phase p (setup or agent) now, as its budget
 // running out would; a phase already over is left alone. It returns the
 // record with the phase it is in now.
