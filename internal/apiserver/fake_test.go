@@ -169,8 +169,11 @@ func (f *fakeEdge) Delete(ctx context.Context, id string) error {
 func (f *fakeEdge) SetWarmPool(ctx context.Context, spec *dsecv1.SandboxSpec, size int) (*dsecv1.WarmPool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.pools = append(f.pools, &dsecv1.WarmPool{Node: f.node, Spec: spec, Size: int32(size)})
-	return proto.Clone(f.pools[len(f.pools)-1]).(*dsecv1.WarmPool), nil
+	// One pool per shape, as an edge keeps them: a new size replaces it.
+	f.pools = slices.DeleteFunc(f.pools, func(p *dsecv1.WarmPool) bool { return proto.Equal(p.GetSpec(), spec) })
+	p := &dsecv1.WarmPool{Node: f.node, Spec: spec, Size: int32(size)}
+	f.pools = append(f.pools, p)
+	return proto.Clone(p).(*dsecv1.WarmPool), nil
 }
 
 func (f *fakeEdge) WarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {

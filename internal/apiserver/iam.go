@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -26,6 +28,8 @@ import (
 type iamService struct {
 	st  store.IAM
 	log *slog.Logger
+	// pools lists the warm pools of every node (nil: none to check).
+	pools func(ctx context.Context) ([]*dsecv1.WarmPool, error)
 }
 
 // actor is the caller's authority, which the auth interceptor puts in
@@ -167,10 +171,43 @@ func (v *iamService) DeleteProject(ctx context.Context, req *connect.Request[dse
 	if err := see(a, path); err != nil {
 		return nil, err
 	}
-	if err := v.st.DeleteProject(ctx, a, path); err != nil {
+	if err := v.poolsOf(ctx, path); err != nil {
+		return nil, err
+	}
+	opts := store.DeleteProjectOptions{ObjectsToParent: req.Msg.GetObjectsToParent()}
+	if err := v.st.DeleteProject(ctx, a, path, opts); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.DeleteProjectResponse{}), nil
+}
+
+// poolsOf refuses the deletion of a project that warm pools serve: their
+// sandboxes carry its path, and they are removed, not handed on.
+func (v *iamService) poolsOf(ctx context.Context, path string) error {
+	if v.pools == nil {
+		return nil
+	}
+	pools, err := v.pools(ctx)
+	if err != nil {
+		return fmt.Errorf("delete project %s: list its warm pools: %w", iam.Display(path), err)
+	}
+	var envs []string
+	for _, p := range pools {
+		inUse := p.GetSize() > 0 || p.GetReady() > 0 || p.GetStarting() > 0
+		env := p.GetSpec().GetEnvironment()
+		if inUse && projectOf(&dsecv1.Sandbox{Spec: p.GetSpec()}) == path && !slices.Contains(envs, env) {
+			envs = append(envs, env)
+		}
+	}
+	if len(envs) == 0 {
+		return nil
+	}
+	what := "a warm pool"
+	if len(envs) > 1 {
+		what = fmt.Sprintf("%d warm pools", len(envs))
+	}
+	return fmt.Errorf("delete project %s: the project is in use: %s of %s: set their size to 0 first: %w",
+		iam.Display(path), what, strings.Join(envs, ", "), errdefs.ErrFailedPrecondition)
 }
 
 func (v *iamService) GetQuota(ctx context.Context, req *connect.Request[dsecv1.GetQuotaRequest]) (*connect.Response[dsecv1.GetQuotaResponse], error) {

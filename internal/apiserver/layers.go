@@ -136,7 +136,7 @@ func (ls *layerService) madeLayer(ctx context.Context, c *claim, project string,
 		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: c.o.Name}))
 		return err
 	}
-	if err := c.done(ctx, l.GetSize(), undo); err != nil {
+	if err := c.done(ctx, []store.Blob{{Digest: l.GetDigest(), Bytes: l.GetSize()}}, undo); err != nil {
 		return nil, err
 	}
 	l.Project = project
@@ -457,7 +457,7 @@ func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[ds
 		c.fail(ctx)
 		return err
 	}
-	var bytes int64
+	var blobs []store.Blob
 	if name != "" && ls.s.cfg.Objects != nil {
 		all, err := ls.allLayers(context.WithoutCancel(ctx))
 		if err != nil {
@@ -465,7 +465,7 @@ func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[ds
 		}
 		for _, l := range all {
 			if slices.ContainsFunc(l.GetImages(), func(i string) bool { return objectName(i) == name }) {
-				bytes += l.GetSize()
+				blobs = append(blobs, store.Blob{Digest: l.GetDigest(), Bytes: l.GetSize()})
 			}
 		}
 	}
@@ -473,7 +473,7 @@ func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[ds
 		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: name}))
 		return err
 	}
-	return c.done(ctx, bytes, undo)
+	return c.done(ctx, blobs, undo)
 }
 
 // importImage imports on one node per blob store at once, the caller

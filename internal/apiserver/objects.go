@@ -345,59 +345,79 @@ func (c *claim) fail(ctx context.Context) {
 		return
 	}
 	defer c.s.objects.drop(c.o.Name)
-	if _, err := c.s.cfg.Objects.DeleteObject(context.WithoutCancel(ctx), c.o.Name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if _, _, err := c.s.cfg.Objects.DeleteObject(context.WithoutCancel(ctx), c.o.Name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		c.s.log.Warn("forget object", "name", c.o.Name, "err", err)
 	}
 }
 
-// done records that the object now holds bytes and charges the difference
-// to its project's quota (layer_bytes, or snapshot_bytes for a snapshot).
-// A refusal is the store's ResourceExhausted: the caller then removes
-// what it made (undo) and nothing is charged.
-func (c *claim) done(ctx context.Context, bytes int64, undo func(context.Context) error) error {
+// done records the blobs the object now holds and charges its project's
+// quota (layer_bytes, or snapshot_bytes for a snapshot) what they add: a
+// blob another object of the project holds is charged once. A refusal is
+// the store's ResourceExhausted: the caller's undo then removes what it
+// made, the record is put back as it was, and nothing is charged.
+func (c *claim) done(ctx context.Context, blobs []store.Blob, undo func(context.Context) error) error {
 	if c.s.cfg.Objects == nil || c.o.Name == "" {
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
-	old, err := c.s.cfg.Objects.SetObjectBytes(ctx, c.o.Name, bytes)
+	defer c.s.objects.drop(c.o.Name)
+	change, err := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, blobs)
 	if err != nil {
 		return err
 	}
 	res := bytesResource(c.o.Kind)
-	diff := bytes - old
-	if c.s.cfg.Quotas == nil || diff == 0 {
+	if c.s.cfg.Quotas == nil || change == 0 {
 		return nil
 	}
-	if diff < 0 {
-		if err := c.s.cfg.Quotas.Release(ctx, c.o.Project, store.Amounts{res: -diff}); err != nil {
+	if change < 0 {
+		if err := c.s.cfg.Quotas.Release(ctx, c.o.Project, store.Amounts{res: -change}); err != nil {
 			c.s.log.Warn("release quota", "project", iam.Display(c.o.Project), "object", c.o.Name, "err", err)
 		}
 		return nil
 	}
-	cerr := c.s.cfg.Quotas.Charge(ctx, c.o.Project, store.Amounts{res: diff})
+	cerr := c.s.cfg.Quotas.Charge(ctx, c.o.Project, store.Amounts{res: change})
 	if cerr == nil {
 		return nil
 	}
-	if _, err := c.s.cfg.Objects.SetObjectBytes(ctx, c.o.Name, old); err != nil {
-		c.s.log.Warn("restore object bytes", "name", c.o.Name, "err", err)
+	if _, err := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, c.o.Blobs); err != nil {
+		c.s.log.Warn("restore object blobs", "name", c.o.Name, "err", err)
 	}
 	if undo != nil {
 		if err := undo(ctx); err != nil {
 			c.s.log.Warn("remove what a refused charge made", "name", c.o.Name, "err", err)
 		}
 	}
-	c.fail(ctx)
-	return fmt.Errorf("%s %s (%d bytes): %w", what(c.o.Kind), c.o.Name, bytes, cerr)
+	if c.claimed {
+		c.fail(ctx)
+		return fmt.Errorf("%s %s (%d bytes): %w", what(c.o.Kind), c.o.Name, blobBytes(blobs), cerr)
+	}
+	// An overwrite: the edges replaced the name before its bytes were
+	// known and cannot point it back, so the old one is gone with it; its
+	// record goes too, and its charge is given back (docs/iam.md, "Not
+	// yet").
+	c.s.forget(ctx, c.o.Name)
+	return fmt.Errorf("%s %s (%d bytes): %w (the %s it replaced is removed: make it again within the quota)",
+		what(c.o.Kind), c.o.Name, blobBytes(blobs), cerr, what(c.o.Kind))
 }
 
-// forget drops the record of a removed object and gives its bytes back.
+// blobBytes is the size of blobs.
+func blobBytes(blobs []store.Blob) int64 {
+	var n int64
+	for _, b := range blobs {
+		n += b.Bytes
+	}
+	return n
+}
+
+// forget drops the record of a removed object and gives back the bytes
+// of its blobs no other object of its project holds.
 func (s *Server) forget(ctx context.Context, name string) {
 	if s.cfg.Objects == nil {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
 	defer s.objects.drop(name)
-	o, err := s.cfg.Objects.DeleteObject(ctx, name)
+	o, release, err := s.cfg.Objects.DeleteObject(ctx, name)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return
 	}
@@ -405,8 +425,8 @@ func (s *Server) forget(ctx context.Context, name string) {
 		s.log.Warn("forget object", "name", name, "err", err)
 		return
 	}
-	if s.cfg.Quotas != nil && o.Bytes > 0 {
-		if err := s.cfg.Quotas.Release(ctx, o.Project, store.Amounts{bytesResource(o.Kind): o.Bytes}); err != nil {
+	if s.cfg.Quotas != nil && release > 0 {
+		if err := s.cfg.Quotas.Release(ctx, o.Project, store.Amounts{bytesResource(o.Kind): release}); err != nil {
 			s.log.Warn("release quota", "project", iam.Display(o.Project), "object", name, "err", err)
 		}
 	}

@@ -88,6 +88,19 @@ func cloneLayer(l *dsecv1.Layer) *dsecv1.Layer {
 func (m *memLayers) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	removed := false
+	for name, l := range m.layers {
+		if !strings.HasPrefix(name, "blob:") || !slices.Contains(l.Images, req.Msg.GetRef()) {
+			continue
+		}
+		removed = true
+		if l.Images = slices.DeleteFunc(l.Images, func(i string) bool { return i == req.Msg.GetRef() }); len(l.Images) == 0 {
+			delete(m.layers, name)
+		}
+	}
+	if removed {
+		return connect.NewResponse(&dsecv1.RemoveLayerResponse{}), nil
+	}
 	for name, l := range m.layers {
 		if name == req.Msg.GetRef() || objectName(name) == objectName(req.Msg.GetRef()) || l.Digest == req.Msg.GetRef() {
 			delete(m.layers, name)
@@ -97,10 +110,32 @@ func (m *memLayers) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1
 	return nil, fmt.Errorf("layer %s: %w", req.Msg.GetRef(), errdefs.ErrNotFound)
 }
 
+// ImportImageTo makes an image of one layer of its own, or, from a source
+// "layers:A,B", of the layers blob:A and blob:B, shared with every image
+// that names them (as an edge keeps a layer once by digest).
 func (m *memLayers) ImportImageTo(ctx context.Context, req *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) error {
-	l := &dsecv1.Layer{Images: []string{req.GetRef()}}
-	m.put(l, req.GetRef())
-	return send(&dsecv1.ImportImageProgress{Phase: "done", Done: true, LayerDigests: []string{l.Digest}})
+	parts, ok := strings.CutPrefix(req.GetSource(), "layers:")
+	if !ok {
+		l := &dsecv1.Layer{Images: []string{req.GetRef()}}
+		m.put(l, req.GetRef())
+		return send(&dsecv1.ImportImageProgress{Phase: "done", Done: true, LayerDigests: []string{l.Digest}})
+	}
+	var digests []string
+	for _, p := range strings.Split(parts, ",") {
+		name := "blob:" + p
+		m.mu.Lock()
+		l, have := m.layers[name]
+		if have && !slices.Contains(l.Images, req.GetRef()) {
+			l.Images = append(l.Images, req.GetRef())
+		}
+		m.mu.Unlock()
+		if !have {
+			l = &dsecv1.Layer{Images: []string{req.GetRef()}}
+			m.put(l, name)
+		}
+		digests = append(digests, l.Digest)
+	}
+	return send(&dsecv1.ImportImageProgress{Phase: "done", Done: true, LayerDigests: digests})
 }
 
 func (m *memLayers) UploadLayerFrom(ctx context.Context, in layerupload.Stream) (*dsecv1.Layer, error) {
@@ -507,6 +542,156 @@ func testObjectProjects(t *testing.T, r *objectRig) {
 	if n := used("build", "snapshot_bytes"); n != memLayerSize {
 		t.Fatalf("build's snapshot_bytes after a delete %d, want %d", n, memLayerSize)
 	}
+}
+
+// TestObjectBlobsCharged: a project is charged each layer once, however
+// many of its images hold it (issue 31: every layer belongs to a project
+// and is charged to its quota): two images on one base layer use the
+// base's bytes once, a quota that holds the pair admits the second
+// image, and removing one image gives back only the layer the other does
+// not hold. On SQLite and PostgreSQL, through the Go SDK.
+func TestObjectBlobsCharged(t *testing.T) {
+	for name, dsn := range objectDatabases() {
+		t.Run(name, func(t *testing.T) { testObjectBlobsCharged(t, startObjectRig(t, dsn(t))) })
+	}
+}
+
+func testObjectBlobsCharged(t *testing.T, r *objectRig) {
+	ctx := t.Context()
+	admin, builder := r.client(t, "admin"), r.client(t, "builder")
+	// Room for three layers: base, a and b (not four, as charging per
+	// image would need).
+	if err := admin.SetQuota(ctx, "build", "layer_bytes", 3*memLayerSize); err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range []struct{ ref, source string }{{"py:a", "layers:base,a"}, {"py:b", "layers:base,b"}} {
+		if _, err := builder.ImportImage(ctx, img.ref, img.source, nil); err != nil {
+			t.Fatalf("import %s: %v", img.ref, err)
+		}
+	}
+	used := func() int64 {
+		t.Helper()
+		qs, err := admin.Quota(ctx, "build")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range qs[0].Items {
+			if it.Resource == "layer_bytes" {
+				return it.Used
+			}
+		}
+		return 0
+	}
+	if n := used(); n != 3*memLayerSize {
+		t.Fatalf("build's layer_bytes %d with two images on one base, want %d (base, a, b once each)", n, 3*memLayerSize)
+	}
+	if err := builder.RemoveLayer(ctx, "py:a"); err != nil {
+		t.Fatalf("remove py:a: %v", err)
+	}
+	if n := used(); n != 2*memLayerSize {
+		t.Fatalf("build's layer_bytes %d once py:a is gone, want %d (py:b's base and b)", n, 2*memLayerSize)
+	}
+	// An overwrite past the quota (base, c, d and e: more than the
+	// quota holds) is refused; the edges replaced the name already, so the
+	// old py:b is gone too, its charge given back, nothing orphaned.
+	_, err := builder.ImportImage(ctx, "py:b", "layers:base,c,d,e", nil)
+	if !errors.Is(err, dsec.ErrOverloaded) || !strings.Contains(err.Error(), "quota of project build: 2000 of 3000 bytes of layers in use") ||
+		!strings.Contains(err.Error(), "the image it replaced is removed") {
+		t.Fatalf("an overwrite past the quota: %v", err)
+	}
+	if n := used(); n != 0 {
+		t.Fatalf("build's layer_bytes %d after a refused overwrite removed py:b, want 0", n)
+	}
+	if _, err := r.st.Object(ctx, "py:b"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("py:b's record after a refused overwrite: %v; want none", err)
+	}
+}
+
+// TestDeleteProjectObjects: a project that owns layers, images or
+// snapshots is not deleted, and the refusal names them (before, the
+// records stayed, seen only from the root, and a project made again at
+// the path inherited the shares); handed to the parent, they are its
+// parent's with their shares and charge; shares with a deleted project go
+// with it; a project a warm pool serves is refused either way. On SQLite
+// and PostgreSQL, through the Go SDK.
+func TestDeleteProjectObjects(t *testing.T) {
+	for name, dsn := range objectDatabases() {
+		t.Run(name, func(t *testing.T) { testDeleteProjectObjects(t, startObjectRig(t, dsn(t))) })
+	}
+}
+
+func testDeleteProjectObjects(t *testing.T, r *objectRig) {
+	ctx := t.Context()
+	admin, builder, outsider := r.client(t, "admin"), r.client(t, "builder"), r.client(t, "outsider")
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	if _, err := admin.ImportLayer(ctx, "base:1", dsecv1.LayerKind_LAYER_KIND_BASE, "/base", nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err := admin.CreateProject(ctx, "build/task")
+	must("create build/task", err)
+	_, err = builder.ImportLayer(ctx, "task:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/task", &dsec.LayerOptions{Project: "build/task"})
+	must("import task:1 into build/task", err)
+	_, err = builder.ShareLayer(ctx, "task:1", "other")
+	must("share task:1 with other", err)
+	_, err = outsider.ImportLayer(ctx, "theirs:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/theirs", nil)
+	must("import theirs:1", err)
+	_, err = outsider.ShareLayer(ctx, "theirs:1", "build/task")
+	must("share theirs:1 with build/task", err)
+
+	err = admin.DeleteProject(ctx, "build/task")
+	if !errors.Is(err, dsec.ErrFailedPrecondition) || !strings.Contains(err.Error(), "the project is in use: 1 layer (task:1)") {
+		t.Fatalf("delete a project owning a layer: %v; want FailedPrecondition naming task:1", err)
+	}
+	// A warm pool of the project refuses it even with its objects handed on.
+	_, err = builder.SetWarmPool(ctx, "base:1", 1, &dsec.CreateOptions{Labels: map[string]string{iam.ProjectLabel: "build/task"}})
+	must("a warm pool of build/task", err)
+	err = admin.DeleteProjectWith(ctx, "build/task", dsec.DeleteProjectOptions{ObjectsToParent: true})
+	if !errors.Is(err, dsec.ErrFailedPrecondition) || !strings.Contains(err.Error(), "warm pool") {
+		t.Fatalf("delete a project a warm pool serves: %v; want FailedPrecondition naming the pool", err)
+	}
+	_, err = builder.SetWarmPool(ctx, "base:1", 0, &dsec.CreateOptions{Labels: map[string]string{iam.ProjectLabel: "build/task"}})
+	must("remove the warm pool", err)
+
+	must("delete build/task, its objects to build",
+		admin.DeleteProjectWith(ctx, "build/task", dsec.DeleteProjectOptions{ObjectsToParent: true}))
+	ls, err := builder.ListLayers(ctx)
+	must("builder lists", err)
+	i := slices.IndexFunc(ls, func(l *dsecv1.Layer) bool { return slices.Contains(l.GetRefs(), "task:1") })
+	if i < 0 || ls[i].GetProject() != "build" || !slices.Equal(ls[i].GetSharedWith(), []string{"other"}) {
+		t.Fatalf("task:1 after its project's delete: %v; want build's, shared with other", ls)
+	}
+	qs, err := admin.Quota(ctx, "build")
+	must("Quota", err)
+	for _, it := range qs[0].Items {
+		if it.Resource == "layer_bytes" && it.Used != memLayerSize {
+			t.Fatalf("build's layer_bytes %d, want %d (task:1, handed to it)", it.Used, memLayerSize)
+		}
+	}
+	// The share with the deleted project went with it: a project made
+	// again at its path does not see theirs:1.
+	_, err = admin.CreateProject(ctx, "build/task")
+	must("create build/task again", err)
+	ls, err = outsider.ListLayers(ctx)
+	must("outsider lists", err)
+	for _, l := range ls {
+		if slices.Contains(l.GetRefs(), "theirs:1") && len(l.GetSharedWith()) != 0 {
+			t.Fatalf("theirs:1 still shared with %v after build/task's delete", l.GetSharedWith())
+		}
+	}
+	must("remove task:1 as build's", builder.RemoveLayer(ctx, "task:1"))
+	qs, err = admin.Quota(ctx, "build")
+	must("Quota", err)
+	for _, it := range qs[0].Items {
+		if it.Resource == "layer_bytes" && it.Used != 0 {
+			t.Fatalf("build's layer_bytes %d after task:1's removal, want 0", it.Used)
+		}
+	}
+	must("delete the emptied build/task", admin.DeleteProject(ctx, "build/task"))
 }
 
 // TestObjectsPython runs sdk/python/tests/test_objects.py: the Python

@@ -187,7 +187,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(dsecv1connect.NewLayerServiceHandler(&layerService{s: s}, append(opts, connect.WithReadMaxBytes(maxUploadMessage))...))
 	mux.Handle(dsecv1connect.NewFnCallServiceHandler(s.fn, append(opts, connect.WithReadMaxBytes(maxCallMessage))...))
 	if s.cfg.IAM != nil {
-		mux.Handle(dsecv1connect.NewIAMServiceHandler(&iamService{st: s.cfg.IAM, log: s.log}, opts...))
+		mux.Handle(dsecv1connect.NewIAMServiceHandler(&iamService{st: s.cfg.IAM, log: s.log, pools: s.allWarmPools}, opts...))
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/metrics", s.serveMetrics)

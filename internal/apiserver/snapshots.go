@@ -58,11 +58,21 @@ func (s *Server) snapshot(ctx context.Context, req *connect.Request[dsecv1.Snaps
 		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: name}))
 		return err
 	}
-	if err := c.done(ctx, resp.Msg.GetSize(), undo); err != nil {
+	if err := c.done(ctx, []store.Blob{snapshotBlob(resp.Msg)}, undo); err != nil {
 		return nil, err
 	}
 	resp.Msg.Project = project
 	return resp, nil
+}
+
+// snapshotBlob is the blob a snapshot holds: its layer, by digest (by its
+// name when the node says none).
+func snapshotBlob(sn *dsecv1.SnapshotInfo) store.Blob {
+	d := sn.GetDigest()
+	if d == "" {
+		d = "snap:" + sn.GetName()
+	}
+	return store.Blob{Digest: d, Bytes: sn.GetSize()}
 }
 
 // ListSnapshots lists the snapshots of every routable node's layers, once

@@ -75,17 +75,27 @@ func (s *Server) SetWarmPool(ctx context.Context, req *connect.Request[dsecv1.Se
 	return connect.NewResponse(first), nil
 }
 
-// ListWarmPools lists every node's warm pools the caller sees: those of
-// its projects, and the root's.
-func (s *Server) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.ListWarmPoolsRequest]) (*connect.Response[dsecv1.ListWarmPoolsResponse], error) {
-	out := &dsecv1.ListWarmPoolsResponse{}
+// allWarmPools lists the warm pools of every routable node.
+func (s *Server) allWarmPools(ctx context.Context) ([]*dsecv1.WarmPool, error) {
+	var out []*dsecv1.WarmPool
 	for _, n := range s.routable() {
 		ps, err := n.Edge.ListWarmPools(ctx, connect.NewRequest(&dsecv1.ListWarmPoolsRequest{}))
 		if err != nil {
 			return nil, fmt.Errorf("list warm pools of node %s: %w", n.Name, err)
 		}
-		out.Pools = append(out.Pools, ps.Msg.GetPools()...)
+		out = append(out, ps.Msg.GetPools()...)
 	}
+	return out, nil
+}
+
+// ListWarmPools lists every node's warm pools the caller sees: those of
+// its projects, and the root's.
+func (s *Server) ListWarmPools(ctx context.Context, req *connect.Request[dsecv1.ListWarmPoolsRequest]) (*connect.Response[dsecv1.ListWarmPoolsResponse], error) {
+	pools, err := s.allWarmPools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &dsecv1.ListWarmPoolsResponse{Pools: pools}
 	if a, check := caller(ctx, iam.Viewer); check {
 		out.Pools = slices.DeleteFunc(out.Pools, func(p *dsecv1.WarmPool) bool {
 			project := projectOf(&dsecv1.Sandbox{Spec: p.GetSpec()})

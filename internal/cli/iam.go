@@ -117,15 +117,19 @@ func (a *app) projectLsCommand() *cobra.Command {
 }
 
 func (a *app) projectRmCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "rm PATH",
-		Short: "delete an empty project with its role bindings and tokens (one in use is refused, saying what uses it)",
-		Args:  cobra.ExactArgs(1),
+	var toParent bool
+	cmd := &cobra.Command{
+		Use: "rm PATH",
+		Short: "delete an empty project with its role bindings and tokens (one in use, its layers, images and snapshots " +
+			"included, is refused, saying what uses it)",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			_, err := a.c.IAM.DeleteProject(cmd.Context(), connect.NewRequest(&dsecv1.DeleteProjectRequest{Path: args[0]}))
+			_, err := a.c.IAM.DeleteProject(cmd.Context(), connect.NewRequest(&dsecv1.DeleteProjectRequest{Path: args[0], ObjectsToParent: toParent}))
 			return err
 		},
 	}
+	cmd.Flags().BoolVar(&toParent, "objects-to-parent", false, "hand its layers, images and snapshots (names, shares, bytes charged) to its parent instead of refusing")
+	return cmd
 }
 
 func (a *app) projectQuotaCommand() *cobra.Command {

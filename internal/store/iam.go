@@ -9,6 +9,15 @@ import (
 	"dsec.dev/dsec/internal/iam"
 )
 
+// DeleteProjectOptions are how DeleteProject treats what the project
+// still owns.
+type DeleteProjectOptions struct {
+	// ObjectsToParent hands the project's layers, images and snapshots
+	// (their records, their bytes' charge and their shares) to its
+	// parent, in the transaction that deletes it, instead of refusing.
+	ObjectsToParent bool
+}
+
 // IAM is the store's part for identity and access: the project tree,
 // principals, role bindings, tokens, quotas and the audit trail. Projects
 // are named by path ("ml/rl-run-42"; the root is "" or "/").
@@ -32,11 +41,12 @@ type IAM interface {
 	// subtree every project under it, by path.
 	ListProjects(ctx context.Context, path string, subtree bool) ([]Project, error)
 	// DeleteProject deletes an empty project: no children, no principals
-	// at home in it and nothing charged (errdefs.ErrFailedPrecondition
-	// naming what is in use). Its
-	// role bindings and tokens go with it. The actor needs admin on the
-	// parent; the root is never deleted.
-	DeleteProject(ctx context.Context, actor iam.Authority, path string) error
+	// at home in it, no layers, images or snapshots (unless
+	// opts.ObjectsToParent hands them to the parent) and nothing charged
+	// (errdefs.ErrFailedPrecondition naming what is in use). Its role
+	// bindings, tokens and the shares of objects with it go with it. The
+	// actor needs admin on the parent; the root is never deleted.
+	DeleteProject(ctx context.Context, actor iam.Authority, path string, opts DeleteProjectOptions) error
 
 	// CreatePrincipal makes a principal in a project (whose admins manage
 	// it); the actor needs admin there. A name already taken is

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -298,7 +299,7 @@ func (d *sqlDB) ListProjects(ctx context.Context, path string, subtree bool) ([]
 	return out, nil
 }
 
-func (d *sqlDB) DeleteProject(ctx context.Context, actor iam.Authority, path string) error {
+func (d *sqlDB) DeleteProject(ctx context.Context, actor iam.Authority, path string, opts DeleteProjectOptions) error {
 	path, err := iam.CleanPath(path)
 	if err != nil {
 		return err
@@ -335,6 +336,20 @@ func (d *sqlDB) DeleteProject(ctx context.Context, actor iam.Authority, path str
 		if principals > 0 {
 			inUse = append(inUse, plural(int64(principals), "principal"))
 		}
+		objects, err := d.projectObjectsIn(ctx, tx, path)
+		if err != nil {
+			return err
+		}
+		if len(objects) > 0 && !opts.ObjectsToParent {
+			inUse = append(inUse, describeObjects(objects))
+		}
+		if opts.ObjectsToParent {
+			// The parent's and its ancestors' rows first, from the root
+			// down, as every charge locks them.
+			if _, err := d.ancestorsLocked(ctx, tx, path, objectResources); err != nil {
+				return err
+			}
+		}
 		// Locked, so no charge lands between this look and the delete.
 		rows, err := tx.QueryContext(ctx, d.q(`SELECT resource, used FROM quotas q WHERE project_id = ? ORDER BY resource{lockq}`), p.ID)
 		if err != nil {
@@ -355,12 +370,23 @@ func (d *sqlDB) DeleteProject(ctx context.Context, actor iam.Authority, path str
 			return err
 		}
 		for _, r := range Resources {
+			if opts.ObjectsToParent && slices.Contains(objectResources, r) {
+				continue // handed to the parent with the objects
+			}
 			if use[r] > 0 && r != CreatesPerSecond {
 				inUse = append(inUse, r.amount(use[r]))
 			}
 		}
 		if len(inUse) > 0 {
 			return fmt.Errorf("the project is in use: %s: %w", strings.Join(inUse, ", "), errdefs.ErrFailedPrecondition)
+		}
+		if len(objects) > 0 {
+			if err := d.objectsToParentIn(ctx, tx, path, parentPath); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM object_shares WHERE project = ?`), path); err != nil {
+			return err
 		}
 		// Its bindings, tokens and quota rows go with it.
 		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM projects WHERE id = ?`), p.ID); err != nil {

@@ -142,3 +142,77 @@ func TestIAMMigrationKeepsPower(t *testing.T) {
 		})
 	}
 }
+
+// TestObjectBlobsMigration: an object recorded before blobs holds one of
+// its own with the bytes it was charged, so its delete gives back as
+// much; a share with a project deleted before is dropped, and an object of
+// one is the root's.
+func TestObjectBlobsMigration(t *testing.T) {
+	for _, tc := range []struct {
+		dialect string
+		before  int64 // the version of the objects migration
+		dsn     func(t *testing.T) string
+	}{
+		{dialectSQLite, 5, func(t *testing.T) string { return filepath.Join(t.TempDir(), "meta.db") }},
+		{dialectPostgres, 4, func(t *testing.T) string { return testutil.StartPostgres(t) }},
+	} {
+		t.Run(tc.dialect, func(t *testing.T) {
+			ctx := t.Context()
+			st, err := Open(ctx, tc.dsn(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			if _, err := st.CreateProject(ctx, iam.NodeAdmin(), "build"); err != nil {
+				t.Fatal(err)
+			}
+			var db *sql.DB
+			switch s := st.(type) {
+			case *sqliteStore:
+				db = s.db
+			case *pgStore:
+				db = stdlib.OpenDBFromPool(s.pool)
+				defer db.Close()
+			}
+			p, err := migrator(db, tc.dialect)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.DownTo(ctx, tc.before); err != nil {
+				t.Fatalf("migrate down to %d: %v", tc.before, err)
+			}
+			now := any(time.Now())
+			insO := `INSERT INTO objects (name, kind, project, bytes, created) VALUES ($1, 'layer', $2, $3, $4)`
+			insS := `INSERT INTO object_shares (name, project, created) VALUES ($1, $2, $3)`
+			if tc.dialect == dialectSQLite {
+				now = time.Now().UnixMilli()
+				insO = `INSERT INTO objects (name, kind, project, bytes, created_ms) VALUES (?, 'layer', ?, ?, ?)`
+				insS = `INSERT INTO object_shares (name, project, created_ms) VALUES (?, ?, ?)`
+			}
+			for _, o := range []struct {
+				name, project string
+				bytes         int64
+			}{{"env:1", "build", 1000}, {"gone:1", "deleted", 0}} {
+				if _, err := db.ExecContext(ctx, insO, o.name, o.project, o.bytes, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := db.ExecContext(ctx, insS, "env:1", "deleted", now); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatalf("migrate up: %v", err)
+			}
+			o, err := st.Object(ctx, "env:1")
+			if err != nil || len(o.Blobs) != 1 || o.Blobs[0] != (Blob{Digest: "object:env:1", Bytes: 1000}) || o.SharedWith != nil {
+				t.Fatalf("env:1 after the migration: %+v, %v; want one blob object:env:1 of 1000 bytes, no shares", o, err)
+			}
+			if o, err := st.Object(ctx, "gone:1"); err != nil || o.Project != "" {
+				t.Fatalf("an object of a deleted project after the migration: %+v, %v; want the root's", o, err)
+			}
+			if _, release, err := st.DeleteObject(ctx, "env:1"); err != nil || release != 1000 {
+				t.Fatalf("DeleteObject env:1: release %d, %v; want 1000", release, err)
+			}
+		})
+	}
+}

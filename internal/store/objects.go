@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"dsec.dev/dsec/internal/errdefs"
@@ -28,13 +29,24 @@ type Object struct {
 	Name    string
 	Kind    string
 	Project string // path
-	// Bytes is what is charged for it to Project's layer_bytes or
-	// snapshot_bytes.
+	// Bytes is its size: the sum of its Blobs.
 	Bytes int64
+	// Blobs are the stored layers it holds (Object fills them in; lists
+	// leave them out).
+	Blobs []Blob
 	// SharedWith are the paths of the projects it is shared with
 	// (read-only), sorted.
 	SharedWith []string
 	Created    time.Time
+}
+
+// Blob is a stored layer an object holds, by digest: a layer holds one,
+// an image its layers', a snapshot its own. A project is charged each blob
+// once (to layer_bytes, or snapshot_bytes for a snapshot's), however many
+// of its objects hold it.
+type Blob struct {
+	Digest string
+	Bytes  int64
 }
 
 // Objects records which project each layer, image, snapshot and warm pool
@@ -46,17 +58,23 @@ type Objects interface {
 	// object recorded, unchanged, with claimed false. Of concurrent
 	// claims of one name exactly one is claimed.
 	ClaimObject(ctx context.Context, o Object) (got Object, claimed bool, err error)
-	// SetObjectBytes sets the bytes charged for name and returns what it
-	// held before; errdefs.ErrNotFound for an unknown name.
-	SetObjectBytes(ctx context.Context, name string, bytes int64) (old int64, err error)
+	// SetObjectBlobs records the blobs name holds now, in place of those
+	// it held, and returns by how much its project's charge changes: the
+	// bytes of the blobs it holds now that no other object of the project
+	// (of its resource) holds, less those of the blobs it held so. A
+	// positive change is for the caller to charge, a negative one to give
+	// back. errdefs.ErrNotFound for an unknown name.
+	SetObjectBlobs(ctx context.Context, name string, blobs []Blob) (change int64, err error)
 	// Object returns the object called name, with its shares, or
 	// errdefs.ErrNotFound.
 	Object(ctx context.Context, name string) (Object, error)
 	// ListObjects lists every object with its shares, by name.
 	ListObjects(ctx context.Context) ([]Object, error)
-	// DeleteObject forgets name and its shares and returns what it was;
-	// errdefs.ErrNotFound for an unknown name.
-	DeleteObject(ctx context.Context, name string) (Object, error)
+	// DeleteObject forgets name, its blobs and its shares and returns what
+	// it was and the bytes its project is to be given back: those of its
+	// blobs no other object of the project holds. errdefs.ErrNotFound for
+	// an unknown name.
+	DeleteObject(ctx context.Context, name string) (o Object, release int64, err error)
 	// ShareObject lets project (a path) and what lies under it read name;
 	// sharing again is a no-op. errdefs.ErrNotFound for an unknown name or
 	// project.
@@ -105,7 +123,74 @@ func (d *sqlDB) objectIn(ctx context.Context, q querier, name string) (Object, e
 		}
 		o.SharedWith = append(o.SharedWith, p)
 	}
-	return o, rows.Err()
+	if err := rows.Err(); err != nil {
+		return Object{}, err
+	}
+	blobs, err := q.QueryContext(ctx, d.q(`SELECT digest, bytes FROM object_blobs WHERE name = ? ORDER BY digest`), name)
+	if err != nil {
+		return Object{}, err
+	}
+	defer blobs.Close()
+	for blobs.Next() {
+		var b Blob
+		if err := blobs.Scan(&b.Digest, &b.Bytes); err != nil {
+			return Object{}, err
+		}
+		o.Blobs = append(o.Blobs, b)
+	}
+	return o, blobs.Err()
+}
+
+// kindsCharged are the kinds of objects whose blobs are charged to the
+// same resource as kind's: snapshots to snapshot_bytes, the rest to
+// layer_bytes.
+func kindsCharged(kind string) []any {
+	if kind == ObjectSnapshot {
+		return []any{ObjectSnapshot}
+	}
+	return []any{ObjectLayer, ObjectImage, ObjectPool}
+}
+
+// ownBytes is what name's project is charged for it: the bytes of its
+// blobs that no other object of the project, charged to the same
+// resource, holds.
+func (d *sqlDB) ownBytes(ctx context.Context, tx *sql.Tx, o Object) (int64, error) {
+	kinds := kindsCharged(o.Kind)
+	var n int64
+	err := tx.QueryRowContext(ctx, d.q(`SELECT COALESCE(SUM(b.bytes), 0) FROM object_blobs b WHERE b.name = ? AND NOT EXISTS (
+		SELECT 1 FROM object_blobs b2 JOIN objects o2 ON o2.name = b2.name
+		WHERE b2.digest = b.digest AND o2.project = ? AND o2.name <> ? AND o2.kind IN (`+placeholders(len(kinds))+`))`),
+		append([]any{o.Name, o.Project, o.Name}, kinds...)...).Scan(&n)
+	return n, err
+}
+
+// lockedObject reads name's record with its project's row locked (see
+// lockObjectsOf), read again once locked: a project deleted meanwhile
+// hands its objects to its parent.
+func (d *sqlDB) lockedObject(ctx context.Context, tx *sql.Tx, name string) (Object, error) {
+	o, err := d.objectIn(ctx, tx, name)
+	if err != nil {
+		return Object{}, err
+	}
+	if err := d.lockObjectsOf(ctx, tx, o.Project); err != nil {
+		return Object{}, err
+	}
+	again, err := d.objectIn(ctx, tx, name)
+	if err != nil || again.Project == o.Project {
+		return again, err
+	}
+	return again, d.lockObjectsOf(ctx, tx, again.Project)
+}
+
+// lockObjectsOf serialises the changes to project's objects' blobs (what
+// one charges depends on what the others hold) by locking its row; a
+// project that is gone has none to lock.
+func (d *sqlDB) lockObjectsOf(ctx context.Context, tx *sql.Tx, project string) error {
+	_, err := d.projectIn(ctx, tx, project, "{lock}")
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	return err
 }
 
 func (d *sqlDB) ClaimObject(ctx context.Context, o Object) (Object, bool, error) {
@@ -144,26 +229,48 @@ func (d *sqlDB) ClaimObject(ctx context.Context, o Object) (Object, bool, error)
 	return got, claimed, nil
 }
 
-func (d *sqlDB) SetObjectBytes(ctx context.Context, name string, bytes int64) (int64, error) {
-	if bytes < 0 {
-		return 0, fmt.Errorf("object %s: %d bytes: %w", name, bytes, errdefs.ErrInvalidArgument)
-	}
-	var old int64
-	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		err := tx.QueryRowContext(ctx, d.q(`SELECT bytes FROM objects WHERE name = ?{lock}`), name).Scan(&old)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("object %s: %w", name, errdefs.ErrNotFound)
+func (d *sqlDB) SetObjectBlobs(ctx context.Context, name string, blobs []Blob) (int64, error) {
+	seen := map[string]bool{}
+	var total int64
+	for _, b := range blobs {
+		if b.Bytes < 0 || b.Digest == "" {
+			return 0, fmt.Errorf("object %s: blob %q of %d bytes: %w", name, b.Digest, b.Bytes, errdefs.ErrInvalidArgument)
 		}
+		if seen[b.Digest] {
+			return 0, fmt.Errorf("object %s: blob %s listed twice: %w", name, b.Digest, errdefs.ErrInvalidArgument)
+		}
+		seen[b.Digest] = true
+		total += b.Bytes
+	}
+	var change int64
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		o, err := d.lockedObject(ctx, tx, name)
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, d.q(`UPDATE objects SET bytes = ? WHERE name = ?`), bytes, name)
+		before, err := d.ownBytes(ctx, tx, o)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM object_blobs WHERE name = ?`), name); err != nil {
+			return err
+		}
+		for _, b := range blobs {
+			if _, err := tx.ExecContext(ctx, d.q(`INSERT INTO object_blobs (name, digest, bytes) VALUES (?, ?, ?)`), name, b.Digest, b.Bytes); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, d.q(`UPDATE objects SET bytes = ? WHERE name = ?`), total, name); err != nil {
+			return err
+		}
+		after, err := d.ownBytes(ctx, tx, o)
+		change = after - before
 		return err
 	})
 	if err != nil {
-		return 0, d.fail("set the bytes of object "+name, err)
+		return 0, d.fail("set the blobs of object "+name, err)
 	}
-	return old, nil
+	return change, nil
 }
 
 func (d *sqlDB) Object(ctx context.Context, name string) (Object, error) {
@@ -222,23 +329,28 @@ func (d *sqlDB) ListObjects(ctx context.Context) ([]Object, error) {
 	return out, nil
 }
 
-func (d *sqlDB) DeleteObject(ctx context.Context, name string) (Object, error) {
+func (d *sqlDB) DeleteObject(ctx context.Context, name string) (Object, int64, error) {
 	var o Object
+	var release int64
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		if o, err = d.objectIn(ctx, tx, name); err != nil {
+		if o, err = d.lockedObject(ctx, tx, name); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM object_shares WHERE name = ?`), name); err != nil {
+		if release, err = d.ownBytes(ctx, tx, o); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, d.q(`DELETE FROM objects WHERE name = ?`), name)
-		return err
+		for _, table := range []string{"object_blobs", "object_shares", "objects"} {
+			if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM `+table+` WHERE name = ?`), name); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return Object{}, d.fail("delete object "+name, err)
+		return Object{}, 0, d.fail("delete object "+name, err)
 	}
-	return o, nil
+	return o, release, nil
 }
 
 func (d *sqlDB) ShareObject(ctx context.Context, name, project string) error {
@@ -276,4 +388,89 @@ func (d *sqlDB) UnshareObject(ctx context.Context, name, project string) error {
 		return d.fail(fmt.Sprintf("unshare %s with project %s", name, iam.Display(p)), err)
 	}
 	return nil
+}
+
+// objectResources are the resources objects' bytes are charged to.
+var objectResources = []Resource{LayerBytes, SnapshotBytes}
+
+// projectObjectsIn lists the objects of the project at path (their names
+// and kinds), by name.
+func (d *sqlDB) projectObjectsIn(ctx context.Context, tx *sql.Tx, path string) ([]Object, error) {
+	rows, err := tx.QueryContext(ctx, d.q(`SELECT name, kind FROM objects WHERE project = ? ORDER BY name`), path)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Object
+	for rows.Next() {
+		o := Object{Project: path}
+		if err := rows.Scan(&o.Name, &o.Kind); err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	return out, rows.Err()
+}
+
+// maxNamed is how many objects of a kind a refusal names.
+const maxNamed = 5
+
+// describeObjects says what objects a project owns, by kind: "2 layers
+// (env:1, env:2), 1 snapshot (snap:a)".
+func describeObjects(objects []Object) string {
+	var parts []string
+	for _, kind := range []string{ObjectLayer, ObjectImage, ObjectSnapshot, ObjectPool} {
+		var names []string
+		for _, o := range objects {
+			if o.Kind == kind {
+				names = append(names, o.Name)
+			}
+		}
+		if len(names) == 0 {
+			continue
+		}
+		shown := names[:min(len(names), maxNamed)]
+		list := strings.Join(shown, ", ")
+		if more := len(names) - len(shown); more > 0 {
+			list += fmt.Sprintf(" and %d more", more)
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", plural(int64(len(names)), kind), list))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// objectsToParentIn hands the objects of the project at path to parent.
+// The parent's use already counts their bytes (a charge counts on every
+// ancestor); a blob the parent's own objects hold too is given back from
+// the parent and above, so the parent pays for it once. The quota rows
+// of path and its ancestors must be locked.
+func (d *sqlDB) objectsToParentIn(ctx context.Context, tx *sql.Tx, path, parent string) error {
+	for _, r := range objectResources {
+		kind := ObjectLayer
+		if r == SnapshotBytes {
+			kind = ObjectSnapshot
+		}
+		kinds := kindsCharged(kind)
+		var twice int64
+		err := tx.QueryRowContext(ctx, d.q(`SELECT COALESCE(SUM(t.bytes), 0) FROM (
+			SELECT DISTINCT b.digest, b.bytes FROM object_blobs b JOIN objects o ON o.name = b.name
+			WHERE o.project = ? AND o.kind IN (`+placeholders(len(kinds))+`) AND EXISTS (
+				SELECT 1 FROM object_blobs b2 JOIN objects o2 ON o2.name = b2.name
+				WHERE b2.digest = b.digest AND o2.project = ? AND o2.kind IN (`+placeholders(len(kinds))+`))) t`),
+			append(append(append([]any{path}, kinds...), parent), kinds...)...).Scan(&twice)
+		if err != nil {
+			return err
+		}
+		if twice == 0 {
+			continue
+		}
+		anc := iam.Ancestors(parent)
+		if _, err := tx.ExecContext(ctx, d.q(`UPDATE quotas SET used = CASE WHEN used > ? THEN used - ? ELSE 0 END
+			WHERE resource = ? AND project_id IN (SELECT id FROM projects WHERE path IN (`+placeholders(len(anc))+`))`),
+			append([]any{twice, twice, string(r)}, anys(anc)...)...); err != nil {
+			return err
+		}
+	}
+	_, err := tx.ExecContext(ctx, d.q(`UPDATE objects SET project = ? WHERE project = ?`), parent, path)
+	return err
 }

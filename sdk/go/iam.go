@@ -203,9 +203,24 @@ func (c *Client) Projects(ctx context.Context, path string, subtree bool) ([]Pro
 }
 
 // DeleteProject deletes an empty project with its role bindings and tokens;
-// one in use is ErrFailedPrecondition saying what uses it.
+// one in use (its layers, images and snapshots included) is
+// ErrFailedPrecondition saying what uses it.
 func (c *Client) DeleteProject(ctx context.Context, path string) error {
-	_, err := iamCall(ctx, c, false, "delete project "+path, c.iam.DeleteProject, &dsecv1.DeleteProjectRequest{Path: path})
+	return c.DeleteProjectWith(ctx, path, DeleteProjectOptions{})
+}
+
+// DeleteProjectOptions are how a project's deletion treats what it owns.
+type DeleteProjectOptions struct {
+	// ObjectsToParent hands the project's layers, images and snapshots
+	// (their names, shares and bytes' charge) to its parent instead of
+	// refusing while it owns any.
+	ObjectsToParent bool
+}
+
+// DeleteProjectWith is DeleteProject with options.
+func (c *Client) DeleteProjectWith(ctx context.Context, path string, opts DeleteProjectOptions) error {
+	_, err := iamCall(ctx, c, false, "delete project "+path, c.iam.DeleteProject,
+		&dsecv1.DeleteProjectRequest{Path: path, ObjectsToParent: opts.ObjectsToParent})
 	return err
 }
 

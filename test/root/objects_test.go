@@ -160,3 +160,77 @@ func TestSharedSnapshotProjects(t *testing.T) {
 		t.Errorf("a third project deletes the runner's sandbox: %v", err)
 	}
 }
+
+// TestProjectObjects: through the CLI on a real node and store. Two layers
+// of one tree (one blob) in a project are charged once; the project is not
+// deleted while it owns them, and the refusal names them; with
+// --objects-to-parent they go to its parent with their charge, and the
+// parent's removing them gives back exactly what they cost.
+func TestProjectObjects(t *testing.T) {
+	d := startDaemon(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	st, err := store.Open(ctx, d.DB())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cli := func(args ...string) {
+		t.Helper()
+		if out, errOut, code := d.CLI("", args...); code != 0 {
+			t.Fatalf("dsec %s: exit %d: %s %s", strings.Join(args, " "), code, out, errOut)
+		}
+	}
+	layerUse := func(project string) int64 {
+		t.Helper()
+		qs, err := st.Quota(ctx, project)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return qs[0].Used[store.LayerBytes]
+	}
+	cli("project", "create", "objp")
+	cli("project", "create", "objp/task")
+	tree := t.TempDir()
+	if err := os.WriteFile(filepath.Join(tree, "task.txt"), []byte(strings.Repeat("the task\n", 4096)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []string{"objp-a:1", "objp-b:1"} {
+		cli("layer", "import", "--kind", "workspace", "--upload", "--project", "objp/task", ref, tree)
+	}
+	a, err := st.Object(ctx, "objp-a:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := st.Object(ctx, "objp-b:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Blobs) != 1 || !slices.Equal(a.Blobs, b.Blobs) || a.Bytes <= 0 {
+		t.Fatalf("two layers of one tree hold %v and %v; want the same one blob", a.Blobs, b.Blobs)
+	}
+	if n := layerUse("objp/task"); n != a.Bytes {
+		t.Fatalf("objp/task uses %d bytes of layers for two layers of one %d-byte blob, want it charged once", n, a.Bytes)
+	}
+
+	out, errOut, code := d.CLI("", "project", "rm", "objp/task")
+	if code == 0 || !strings.Contains(errOut, "the project is in use: 2 layers (objp-a:1, objp-b:1)") {
+		t.Fatalf("dsec project rm of a project owning layers: exit %d, %s %s; want a refusal naming them", code, out, errOut)
+	}
+	cli("project", "rm", "--objects-to-parent", "objp/task")
+	if o, err := st.Object(ctx, "objp-a:1"); err != nil || o.Project != "objp" {
+		t.Fatalf("objp-a:1 after its project's delete: %+v, %v; want objp's", o, err)
+	}
+	if n := layerUse("objp"); n != a.Bytes {
+		t.Fatalf("objp uses %d bytes of layers once its child's are its own, want %d", n, a.Bytes)
+	}
+	cli("layer", "rm", "objp-a:1")
+	if n := layerUse("objp"); n != a.Bytes {
+		t.Fatalf("objp uses %d bytes of layers with objp-b:1 left on the same blob, want %d", n, a.Bytes)
+	}
+	cli("layer", "rm", "objp-b:1")
+	if n := layerUse("objp"); n != 0 {
+		t.Fatalf("objp uses %d bytes of layers with none left, want 0", n)
+	}
+	cli("project", "rm", "objp")
+}

@@ -37,6 +37,8 @@ var iamCases = []struct {
 	{"Audit", testAudit},
 	{"Objects", testObjects},
 	{"ObjectClaimRace", testObjectClaimRace},
+	{"ObjectBlobs", testObjectBlobs},
+	{"DeleteProjectObjects", testDeleteProjectObjects},
 }
 
 // iamReplicaCases need two Stores on one database.
@@ -172,17 +174,17 @@ func testProjectDelete(t *testing.T, st store.Store) {
 	person(t, st, "alice", "", "ml/a/b:runner")
 	tok, _ := token(t, st, admin(), "alice", "ml/a/b", iam.Runner, 0)
 
-	wantMessage(t, "DeleteProject with a child", st.DeleteProject(ctx, admin(), "ml/a"), errdefs.ErrFailedPrecondition, "1 child project")
+	wantMessage(t, "DeleteProject with a child", st.DeleteProject(ctx, admin(), "ml/a", store.DeleteProjectOptions{}), errdefs.ErrFailedPrecondition, "1 child project")
 	_, err := st.CreatePrincipal(ctx, admin(), store.PrincipalSpec{Name: "agent", Kind: store.KindService, Project: "ml/a/b"})
 	must(t, "CreatePrincipal", err)
-	wantMessage(t, "DeleteProject with a principal", st.DeleteProject(ctx, admin(), "ml/a/b"), errdefs.ErrFailedPrecondition, "1 principal")
+	wantMessage(t, "DeleteProject with a principal", st.DeleteProject(ctx, admin(), "ml/a/b", store.DeleteProjectOptions{}), errdefs.ErrFailedPrecondition, "1 principal")
 	_, err = st.CreatePrincipal(ctx, admin(), store.PrincipalSpec{Name: "agent2", Kind: store.KindService, Project: "ml"})
 	must(t, "CreatePrincipal", err)
 	must(t, "Charge", st.Charge(ctx, "ml/a/b", store.Amounts{store.Sandboxes: 2, store.MemoryMB: 512}))
-	wantMessage(t, "DeleteProject with a charge", st.DeleteProject(ctx, admin(), "ml/a/b"), errdefs.ErrFailedPrecondition,
+	wantMessage(t, "DeleteProject with a charge", st.DeleteProject(ctx, admin(), "ml/a/b", store.DeleteProjectOptions{}), errdefs.ErrFailedPrecondition,
 		"2 sandboxes, 512 MiB of memory")
 	must(t, "Release", st.Release(ctx, "ml/a/b", store.Amounts{store.Sandboxes: 2, store.MemoryMB: 512}))
-	wantKind(t, "DeleteProject with a principal", st.DeleteProject(ctx, admin(), "ml/a/b"), errdefs.ErrFailedPrecondition)
+	wantKind(t, "DeleteProject with a principal", st.DeleteProject(ctx, admin(), "ml/a/b", store.DeleteProjectOptions{}), errdefs.ErrFailedPrecondition)
 	// The principal's tokens, and what they minted, go with it.
 	must(t, "Grant agent", st.Grant(ctx, admin(), "agent", "ml/a/b", iam.Admin))
 	agentTok, agent := token(t, st, admin(), "agent", "ml/a/b", iam.Admin, 0)
@@ -202,7 +204,7 @@ func testProjectDelete(t *testing.T, st store.Store) {
 	wantKind(t, "Principal after delete", err, errdefs.ErrNotFound)
 	gen, err := st.Generation(ctx)
 	must(t, "Generation", err)
-	must(t, "DeleteProject", st.DeleteProject(ctx, admin(), "ml/a/b"))
+	must(t, "DeleteProject", st.DeleteProject(ctx, admin(), "ml/a/b", store.DeleteProjectOptions{}))
 	_, err = st.Project(ctx, "ml/a/b")
 	wantKind(t, "Project after delete", err, errdefs.ErrNotFound)
 	_, err = st.Authenticate(ctx, tok)
@@ -213,16 +215,16 @@ func testProjectDelete(t *testing.T, st store.Store) {
 	if g, err := st.Generation(ctx); err != nil || g <= gen {
 		t.Fatalf("generation %d after a delete, was %d (%v)", g, gen, err)
 	}
-	must(t, "DeleteProject of the emptied parent", st.DeleteProject(ctx, admin(), "ml/a"))
-	wantKind(t, "DeleteProject of the root", st.DeleteProject(ctx, admin(), "/"), errdefs.ErrFailedPrecondition)
-	wantKind(t, "DeleteProject of a missing project", st.DeleteProject(ctx, admin(), "ml/a"), errdefs.ErrNotFound)
+	must(t, "DeleteProject of the emptied parent", st.DeleteProject(ctx, admin(), "ml/a", store.DeleteProjectOptions{}))
+	wantKind(t, "DeleteProject of the root", st.DeleteProject(ctx, admin(), "/", store.DeleteProjectOptions{}), errdefs.ErrFailedPrecondition)
+	wantKind(t, "DeleteProject of a missing project", st.DeleteProject(ctx, admin(), "ml/a", store.DeleteProjectOptions{}), errdefs.ErrNotFound)
 
 	// A token's admin deletes under it, not its own project or above.
 	person(t, st, "bob", "", "ml:admin")
 	_, bob := token(t, st, admin(), "bob", "ml", iam.Admin, 0)
 	mkProjects(t, st, "ml/c")
-	wantKind(t, "DeleteProject of its own project", st.DeleteProject(ctx, bob, "ml"), errdefs.ErrPermissionDenied)
-	must(t, "DeleteProject under its own", st.DeleteProject(ctx, bob, "ml/c"))
+	wantKind(t, "DeleteProject of its own project", st.DeleteProject(ctx, bob, "ml", store.DeleteProjectOptions{}), errdefs.ErrPermissionDenied)
+	must(t, "DeleteProject under its own", st.DeleteProject(ctx, bob, "ml/c", store.DeleteProjectOptions{}))
 }
 
 func testRoleBindings(t *testing.T, st store.Store) {

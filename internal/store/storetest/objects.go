@@ -28,16 +28,19 @@ func testObjects(t *testing.T, st store.Store) {
 	if _, _, err := st.ClaimObject(ctx, store.Object{Name: "x", Kind: "table", Project: "run"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("claim of an unknown kind: %v", err)
 	}
-	old, err := st.SetObjectBytes(ctx, "env:1", 4096)
-	must(t, "SetObjectBytes", err)
-	if old != 0 {
-		t.Fatalf("old bytes %d, want 0", old)
+	change, err := st.SetObjectBlobs(ctx, "env:1", []store.Blob{{Digest: "sha256:a", Bytes: 4096}})
+	must(t, "SetObjectBlobs", err)
+	if change != 4096 {
+		t.Fatalf("change %d, want 4096", change)
 	}
-	if old, err = st.SetObjectBytes(ctx, "env:1", 100); err != nil || old != 4096 {
-		t.Fatalf("SetObjectBytes again: old %d, %v; want 4096", old, err)
+	if change, err = st.SetObjectBlobs(ctx, "env:1", []store.Blob{{Digest: "sha256:b", Bytes: 100}}); err != nil || change != -3996 {
+		t.Fatalf("SetObjectBlobs again: change %d, %v; want -3996", change, err)
 	}
-	if _, err := st.SetObjectBytes(ctx, "nope:1", 1); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Fatalf("SetObjectBytes of an unknown name: %v", err)
+	if _, err := st.SetObjectBlobs(ctx, "nope:1", nil); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("SetObjectBlobs of an unknown name: %v", err)
+	}
+	if _, err := st.SetObjectBlobs(ctx, "env:1", []store.Blob{{Digest: "sha256:b", Bytes: 1}, {Digest: "sha256:b", Bytes: 1}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("SetObjectBlobs with a blob twice: %v", err)
 	}
 	must(t, "ShareObject", st.ShareObject(ctx, "env:1", "run"))
 	must(t, "ShareObject again", st.ShareObject(ctx, "env:1", "/run"))
@@ -50,7 +53,7 @@ func testObjects(t *testing.T, st store.Store) {
 	}
 	got, err := st.Object(ctx, "env:1")
 	must(t, "Object", err)
-	if got.Bytes != 100 || !slices.Equal(got.SharedWith, []string{"run", "run/sub"}) {
+	if got.Bytes != 100 || !slices.Equal(got.SharedWith, []string{"run", "run/sub"}) || !slices.Equal(got.Blobs, []store.Blob{{Digest: "sha256:b", Bytes: 100}}) {
 		t.Fatalf("object %+v; want 100 bytes, shared with run and run/sub", got)
 	}
 	must(t, "UnshareObject", st.UnshareObject(ctx, "env:1", "run/sub"))
@@ -62,15 +65,15 @@ func testObjects(t *testing.T, st store.Store) {
 	if len(all) != 2 || all[0].Name != "env:1" || !slices.Equal(all[0].SharedWith, []string{"run"}) || all[1].Name != "snap:a" || all[1].SharedWith != nil {
 		t.Fatalf("ListObjects: %+v", all)
 	}
-	gone, err := st.DeleteObject(ctx, "env:1")
+	gone, release, err := st.DeleteObject(ctx, "env:1")
 	must(t, "DeleteObject", err)
-	if gone.Bytes != 100 || gone.Project != "build" {
-		t.Fatalf("deleted %+v", gone)
+	if gone.Bytes != 100 || gone.Project != "build" || release != 100 {
+		t.Fatalf("deleted %+v, release %d", gone, release)
 	}
 	if _, err := st.Object(ctx, "env:1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Object after delete: %v", err)
 	}
-	if _, err := st.DeleteObject(ctx, "env:1"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, _, err := st.DeleteObject(ctx, "env:1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("DeleteObject again: %v", err)
 	}
 	// The name is free again, and its old shares are gone with it.
@@ -111,4 +114,140 @@ func testObjectClaimRace(t *testing.T, st store.Store) {
 	if winners != 1 || len(owners) != 1 {
 		t.Fatalf("%d claims won, owners seen %v; want one", winners, owners)
 	}
+}
+
+// testObjectBlobs: a project is charged each blob once, however many of
+// its objects hold it: two images on one base layer pay for the base
+// once, and removing one gives back only what the other does not hold.
+// Another project holding the same blob pays for it itself; a snapshot's
+// blob is charged apart from layers'.
+func testObjectBlobs(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "build", "other")
+	base := store.Blob{Digest: "sha256:base", Bytes: 1000}
+	set := func(name, kind, project string, want int64, blobs ...store.Blob) {
+		t.Helper()
+		if _, _, err := st.ClaimObject(ctx, store.Object{Name: name, Kind: kind, Project: project}); err != nil {
+			t.Fatalf("claim %s: %v", name, err)
+		}
+		change, err := st.SetObjectBlobs(ctx, name, blobs)
+		if err != nil || change != want {
+			t.Fatalf("SetObjectBlobs %s: change %d, %v; want %d", name, change, err, want)
+		}
+	}
+	set("img:1", store.ObjectImage, "build", 1100, base, store.Blob{Digest: "sha256:one", Bytes: 100})
+	set("img:2", store.ObjectImage, "build", 200, base, store.Blob{Digest: "sha256:two", Bytes: 200})
+	set("base:1", store.ObjectLayer, "build", 0, base)
+	set("img:3", store.ObjectImage, "other", 1000, base)
+	set("snap:a", store.ObjectSnapshot, "build", 1000, base)
+	// Overwriting img:2 with a blob of its own frees nothing img:1 holds.
+	set("img:2", store.ObjectImage, "build", 300, store.Blob{Digest: "sha256:two", Bytes: 500})
+	for _, c := range []struct {
+		name string
+		want int64
+	}{
+		{"img:1", 100},   // base is held by base:1 still
+		{"base:1", 1000}, // the last holder of base in build's layers
+		{"img:2", 500},
+		{"img:3", 1000},
+		{"snap:a", 1000},
+	} {
+		_, release, err := st.DeleteObject(ctx, c.name)
+		if err != nil || release != c.want {
+			t.Fatalf("DeleteObject %s: release %d, %v; want %d", c.name, release, err, c.want)
+		}
+	}
+}
+
+// testDeleteProjectObjects: a project that owns layers, images or
+// snapshots is not deleted, and the refusal names them; handed to the
+// parent, they go there with their shares and their bytes' charge (a blob
+// the parent holds too charged once); shares with a deleted project go
+// with it, so a project made again at its path sees none of them.
+func testDeleteProjectObjects(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "ml", "ml/run", "ml/run/sub", "eval")
+	claim := func(name, kind, project string, blobs ...store.Blob) {
+		t.Helper()
+		if _, _, err := st.ClaimObject(ctx, store.Object{Name: name, Kind: kind, Project: project}); err != nil {
+			t.Fatalf("claim %s: %v", name, err)
+		}
+		change, err := st.SetObjectBlobs(ctx, name, blobs)
+		must(t, "SetObjectBlobs "+name, err)
+		res := store.LayerBytes
+		if kind == store.ObjectSnapshot {
+			res = store.SnapshotBytes
+		}
+		must(t, "Charge "+name, st.Charge(ctx, project, store.Amounts{res: change}))
+	}
+	base := store.Blob{Digest: "sha256:base", Bytes: 1000}
+	claim("base:1", store.ObjectLayer, "ml", base)
+	claim("env:1", store.ObjectImage, "ml/run", base, store.Blob{Digest: "sha256:env", Bytes: 200})
+	claim("snap:a", store.ObjectSnapshot, "ml/run", store.Blob{Digest: "sha256:snap", Bytes: 50})
+	claim("theirs:1", store.ObjectLayer, "eval", store.Blob{Digest: "sha256:theirs", Bytes: 10})
+	must(t, "ShareObject with ml/run", st.ShareObject(ctx, "theirs:1", "ml/run"))
+	must(t, "ShareObject snap:a with eval", st.ShareObject(ctx, "snap:a", "eval"))
+	must(t, "DeleteProject ml/run/sub", st.DeleteProject(ctx, admin(), "ml/run/sub", store.DeleteProjectOptions{}))
+
+	wantMessage(t, "DeleteProject owning objects", st.DeleteProject(ctx, admin(), "ml/run", store.DeleteProjectOptions{}),
+		errdefs.ErrFailedPrecondition, "1 image (env:1), 1 snapshot (snap:a)")
+	if o, err := st.Object(ctx, "env:1"); err != nil || o.Project != "ml/run" {
+		t.Fatalf("env:1 after a refused delete: %+v, %v", o, err)
+	}
+	must(t, "DeleteProject handing objects to the parent",
+		st.DeleteProject(ctx, admin(), "ml/run", store.DeleteProjectOptions{ObjectsToParent: true}))
+	for _, name := range []string{"env:1", "snap:a"} {
+		o, err := st.Object(ctx, name)
+		if err != nil || o.Project != "ml" {
+			t.Fatalf("%s after its project's delete: %+v, %v; want it in ml", name, o, err)
+		}
+	}
+	if o, _ := st.Object(ctx, "snap:a"); !slices.Equal(o.SharedWith, []string{"eval"}) {
+		t.Fatalf("snap:a's shares: %v, want eval's kept", o.SharedWith)
+	}
+	if o, _ := st.Object(ctx, "theirs:1"); o.SharedWith != nil {
+		t.Fatalf("theirs:1 still shared with %v after ml/run's delete", o.SharedWith)
+	}
+	// ml holds base once (base:1 and env:1), env's and the snapshot's.
+	wantUse(t, st, "ml", store.LayerBytes, 1200)
+	wantUse(t, st, "ml", store.SnapshotBytes, 50)
+	wantUse(t, st, "", store.LayerBytes, 1210)
+	// Given back from ml exactly: env:1's own blob, then base with base:1.
+	for _, c := range []struct {
+		name string
+		want int64
+	}{{"env:1", 200}, {"base:1", 1000}, {"snap:a", 50}} {
+		o, release, err := st.DeleteObject(ctx, c.name)
+		if err != nil || release != c.want {
+			t.Fatalf("DeleteObject %s: release %d, %v; want %d", c.name, release, err, c.want)
+		}
+		res := store.LayerBytes
+		if o.Kind == store.ObjectSnapshot {
+			res = store.SnapshotBytes
+		}
+		must(t, "Release "+c.name, st.Release(ctx, o.Project, store.Amounts{res: release}))
+	}
+	wantUse(t, st, "ml", store.LayerBytes, 0)
+	wantUse(t, st, "ml", store.SnapshotBytes, 0)
+	// A project made again at the path has none of the old shares.
+	mkProjects(t, st, "ml/run")
+	if o, _ := st.Object(ctx, "theirs:1"); o.SharedWith != nil {
+		t.Fatalf("theirs:1 shared with %v, want no one", o.SharedWith)
+	}
+}
+
+// wantUse checks a project's use of a resource.
+func wantUse(t *testing.T, st store.Store, project string, r store.Resource, want int64) {
+	t.Helper()
+	qs, err := st.Quota(t.Context(), project)
+	must(t, "Quota "+project, err)
+	for _, q := range qs {
+		if q.Project == project {
+			if got := q.Used[r]; got != want {
+				t.Fatalf("project %q uses %d %s, want %d", project, got, r, want)
+			}
+			return
+		}
+	}
+	t.Fatalf("project %q: not in its quota %+v", project, qs)
 }

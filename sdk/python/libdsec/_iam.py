@@ -169,9 +169,17 @@ class IAMCalls:
         resp = await self._iam("ListProjects", _opt({"subtree": subtree}, "path", path), timeout, True)
         return [Project.from_json(p) for p in resp.get("projects", [])]
 
-    async def delete_project(self, path: str, *, timeout: Optional[float] = None) -> None:
-        """Delete an empty project; one in use is FailedPrecondition saying what uses it."""
-        await self._iam("DeleteProject", {"path": path}, timeout)
+    async def delete_project(self, path: str, *, objects_to_parent: bool = False,
+                             timeout: Optional[float] = None) -> None:
+        """Delete an empty project; one in use is FailedPrecondition saying what uses it.
+
+        objects_to_parent hands its layers, images and snapshots (names, shares and
+        their bytes' charge) to its parent instead of refusing while it owns any.
+        """
+        req: dict = {"path": path}
+        if objects_to_parent:
+            req["objectsToParent"] = True
+        await self._iam("DeleteProject", req, timeout)
 
     async def quota(self, project: Optional[str] = None, *, timeout: Optional[float] = None) -> List[ProjectQuota]:
         """Use and limits of a project (default: the token's) and of each of its children, the project first."""

@@ -281,10 +281,14 @@ func (x *ListProjectsResponse) GetProjects() []*Project {
 }
 
 type DeleteProjectRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Hand the project's layers, images and snapshots (their names, shares
+	// and bytes' charge) to its parent instead of refusing while it owns
+	// any. A project with warm pools is refused either way.
+	ObjectsToParent bool `protobuf:"varint,2,opt,name=objects_to_parent,json=objectsToParent,proto3" json:"objects_to_parent,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DeleteProjectRequest) Reset() {
@@ -322,6 +326,13 @@ func (x *DeleteProjectRequest) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *DeleteProjectRequest) GetObjectsToParent() bool {
+	if x != nil {
+		return x.ObjectsToParent
+	}
+	return false
 }
 
 type DeleteProjectResponse struct {
@@ -1988,9 +1999,10 @@ const file_dsec_v1_iam_proto_rawDesc = "" +
 	"\asubtree\x18\x02 \x01(\bR\asubtreeB\a\n" +
 	"\x05_path\"D\n" +
 	"\x14ListProjectsResponse\x12,\n" +
-	"\bprojects\x18\x01 \x03(\v2\x10.dsec.v1.ProjectR\bprojects\"*\n" +
+	"\bprojects\x18\x01 \x03(\v2\x10.dsec.v1.ProjectR\bprojects\"V\n" +
 	"\x14DeleteProjectRequest\x12\x12\n" +
-	"\x04path\x18\x01 \x01(\tR\x04path\"\x17\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12*\n" +
+	"\x11objects_to_parent\x18\x02 \x01(\bR\x0fobjectsToParent\"\x17\n" +
 	"\x15DeleteProjectResponse\"Q\n" +
 	"\tQuotaItem\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x14\n" +

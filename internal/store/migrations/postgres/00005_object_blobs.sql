@@ -1,0 +1,23 @@
+-- The blobs each object holds, as migrations/sqlite/00006_object_blobs.sql:
+-- a layer holds one, an image its layers', a snapshot its own. A project's
+-- layer_bytes and snapshot_bytes are charged each blob once, however many
+-- of its objects hold it (two images on one base layer pay for the base
+-- once). An object recorded before this holds one blob of its own
+-- (object:NAME), so what it was charged is given back as before.
+
+-- +goose Up
+CREATE TABLE object_blobs (
+	name   text NOT NULL REFERENCES objects (name) ON DELETE CASCADE,
+	digest text NOT NULL,
+	bytes  bigint NOT NULL CHECK (bytes >= 0),
+	PRIMARY KEY (name, digest)
+);
+CREATE INDEX object_blobs_digest ON object_blobs (digest);
+-- What projects deleted before this left behind: shares with them go, and
+-- their objects are the root's (only the root saw them).
+DELETE FROM object_shares WHERE project NOT IN (SELECT path FROM projects);
+UPDATE objects SET project = '' WHERE project NOT IN (SELECT path FROM projects);
+INSERT INTO object_blobs (name, digest, bytes) SELECT name, 'object:' || name, bytes FROM objects WHERE bytes > 0;
+
+-- +goose Down
+DROP TABLE object_blobs;
