@@ -101,14 +101,6 @@ func kindOf(name, def string) string {
 	return def
 }
 
-// bytesResource is the quota resource an object's bytes are charged to.
-func bytesResource(kind string) store.Resource {
-	if kind == store.ObjectSnapshot {
-		return store.SnapshotBytes
-	}
-	return store.LayerBytes
-}
-
 // caller is the call's authority, and whether it must be checked: false
 // for the node's administrator, a call without the interceptor, or a token
 // whose role on the root is need or more.
@@ -350,37 +342,24 @@ func (c *claim) fail(ctx context.Context) {
 	}
 }
 
-// done records the blobs the object now holds and charges its project's
-// quota (layer_bytes, or snapshot_bytes for a snapshot) what they add: a
-// blob another object of the project holds is charged once. A refusal is
-// the store's ResourceExhausted: the caller's undo then removes what it
-// made, the record is put back as it was, and nothing is charged.
+// done records the blobs the object now holds and, in the same store
+// transaction, charges its project's quota (layer_bytes, or
+// snapshot_bytes for a snapshot) what they add: a blob another object of
+// the project holds is charged once. A refusal is the store's
+// ResourceExhausted and changes no record: the caller's undo then removes
+// what it made.
 func (c *claim) done(ctx context.Context, blobs []store.Blob, undo func(context.Context) error) error {
 	if c.s.cfg.Objects == nil || c.o.Name == "" {
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
 	defer c.s.objects.drop(c.o.Name)
-	change, err := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, blobs)
-	if err != nil {
-		return err
-	}
-	res := bytesResource(c.o.Kind)
-	if c.s.cfg.Quotas == nil || change == 0 {
-		return nil
-	}
-	if change < 0 {
-		if err := c.s.cfg.Quotas.Release(ctx, c.o.Project, store.Amounts{res: -change}); err != nil {
-			c.s.log.Warn("release quota", "project", iam.Display(c.o.Project), "object", c.o.Name, "err", err)
-		}
-		return nil
-	}
-	cerr := c.s.cfg.Quotas.Charge(ctx, c.o.Project, store.Amounts{res: change})
+	_, cerr := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, blobs)
 	if cerr == nil {
 		return nil
 	}
-	if _, err := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, c.o.Blobs); err != nil {
-		c.s.log.Warn("restore object blobs", "name", c.o.Name, "err", err)
+	if !errors.Is(cerr, errdefs.ErrResourceExhausted) {
+		return cerr
 	}
 	if undo != nil {
 		if err := undo(ctx); err != nil {
@@ -409,26 +388,17 @@ func blobBytes(blobs []store.Blob) int64 {
 	return n
 }
 
-// forget drops the record of a removed object and gives back the bytes
-// of its blobs no other object of its project holds.
+// forget drops the record of a removed object; the store gives back, in
+// the same transaction, the bytes of its blobs no other object of its
+// project holds.
 func (s *Server) forget(ctx context.Context, name string) {
 	if s.cfg.Objects == nil {
 		return
 	}
-	ctx = context.WithoutCancel(ctx)
 	defer s.objects.drop(name)
-	o, release, err := s.cfg.Objects.DeleteObject(ctx, name)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return
-	}
-	if err != nil {
+	_, _, err := s.cfg.Objects.DeleteObject(context.WithoutCancel(ctx), name)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		s.log.Warn("forget object", "name", name, "err", err)
-		return
-	}
-	if s.cfg.Quotas != nil && release > 0 {
-		if err := s.cfg.Quotas.Release(ctx, o.Project, store.Amounts{bytesResource(o.Kind): release}); err != nil {
-			s.log.Warn("release quota", "project", iam.Display(o.Project), "object", name, "err", err)
-		}
 	}
 }
 

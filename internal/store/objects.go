@@ -59,21 +59,23 @@ type Objects interface {
 	// claims of one name exactly one is claimed.
 	ClaimObject(ctx context.Context, o Object) (got Object, claimed bool, err error)
 	// SetObjectBlobs records the blobs name holds now, in place of those
-	// it held, and returns by how much its project's charge changes: the
-	// bytes of the blobs it holds now that no other object of the project
-	// (of its resource) holds, less those of the blobs it held so. A
-	// positive change is for the caller to charge, a negative one to give
-	// back. errdefs.ErrNotFound for an unknown name.
+	// it held, and in the same transaction charges its project (and every
+	// project above it) the change: the bytes of the blobs it holds now
+	// that no other object of the project (of its resource) holds, less
+	// those of the blobs it held so (a negative change is given back). A
+	// charge past a limit is refused with errdefs.ErrResourceExhausted, in
+	// Charge's words, and changes nothing. It returns the change;
+	// errdefs.ErrNotFound for an unknown name.
 	SetObjectBlobs(ctx context.Context, name string, blobs []Blob) (change int64, err error)
 	// Object returns the object called name, with its shares, or
 	// errdefs.ErrNotFound.
 	Object(ctx context.Context, name string) (Object, error)
 	// ListObjects lists every object with its shares, by name.
 	ListObjects(ctx context.Context) ([]Object, error)
-	// DeleteObject forgets name, its blobs and its shares and returns what
-	// it was and the bytes its project is to be given back: those of its
-	// blobs no other object of the project holds. errdefs.ErrNotFound for
-	// an unknown name.
+	// DeleteObject forgets name, its blobs and its shares and, in the same
+	// transaction, gives its project back the bytes of its blobs no other
+	// object of the project holds; it returns what it was and those bytes.
+	// errdefs.ErrNotFound for an unknown name.
 	DeleteObject(ctx context.Context, name string) (o Object, release int64, err error)
 	// ShareObject lets project (a path) and what lies under it read name;
 	// sharing again is a no-op. errdefs.ErrNotFound for an unknown name or
@@ -162,6 +164,35 @@ func (d *sqlDB) ownBytes(ctx context.Context, tx *sql.Tx, o Object) (int64, erro
 		WHERE b2.digest = b.digest AND o2.project = ? AND o2.name <> ? AND o2.kind IN (`+placeholders(len(kinds))+`))`),
 		append([]any{o.Name, o.Project, o.Name}, kinds...)...).Scan(&n)
 	return n, err
+}
+
+// chargeBytesIn charges o's project and every project above it n bytes
+// (layer_bytes, or snapshot_bytes for a snapshot) in tx, or gives back
+// -n (never below zero); a charge past a limit is refused as Charge
+// refuses it, naming the highest project that is full. Rows are locked
+// from the root down, as every charge locks them.
+func (d *sqlDB) chargeBytesIn(ctx context.Context, tx *sql.Tx, o Object, n int64) error {
+	if n == 0 {
+		return nil
+	}
+	r := LayerBytes
+	if o.Kind == ObjectSnapshot {
+		r = SnapshotBytes
+	}
+	rows, err := d.ancestorsLocked(ctx, tx, o.Project, []Resource{r})
+	if err != nil {
+		return err
+	}
+	for _, row := range rows {
+		if n > 0 && row.lim.Valid && row.used+n > row.lim.Int64 {
+			return fmt.Errorf("quota of project %s: %d of %s in use: %w", iam.Display(row.path), row.used, r.amount(row.lim.Int64), errdefs.ErrResourceExhausted)
+		}
+	}
+	anc := iam.Ancestors(o.Project)
+	_, err = tx.ExecContext(ctx, d.q(`UPDATE quotas SET used = CASE WHEN used + ? > 0 THEN used + ? ELSE 0 END
+		WHERE resource = ? AND project_id IN (SELECT id FROM projects WHERE path IN (`+placeholders(len(anc))+`))`),
+		append([]any{n, n, string(r)}, anys(anc)...)...)
+	return err
 }
 
 // lockedObject reads name's record with its project's row locked (see
@@ -264,8 +295,11 @@ func (d *sqlDB) SetObjectBlobs(ctx context.Context, name string, blobs []Blob) (
 			return err
 		}
 		after, err := d.ownBytes(ctx, tx, o)
+		if err != nil {
+			return err
+		}
 		change = after - before
-		return err
+		return d.chargeBytesIn(ctx, tx, o, change)
 	})
 	if err != nil {
 		return 0, d.fail("set the blobs of object "+name, err)
@@ -338,6 +372,9 @@ func (d *sqlDB) DeleteObject(ctx context.Context, name string) (Object, int64, e
 			return err
 		}
 		if release, err = d.ownBytes(ctx, tx, o); err != nil {
+			return err
+		}
+		if err := d.chargeBytesIn(ctx, tx, o, -release); err != nil {
 			return err
 		}
 		for _, table := range []string{"object_blobs", "object_shares", "objects"} {

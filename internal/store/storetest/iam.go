@@ -49,6 +49,7 @@ var iamReplicaCases = []struct {
 	{"ChargeConcurrent", testReplicasChargeConcurrent},
 	{"RevokeSeenByOther", testReplicasRevokeChain},
 	{"RevokeRacesMint", testReplicasRevokeRacesMint},
+	{"ObjectBlobsRace", testReplicasObjectBlobsRace},
 }
 
 func admin() iam.Authority { return iam.NodeAdmin() }

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -142,6 +143,20 @@ func testObjectBlobs(t *testing.T, st store.Store) {
 	set("snap:a", store.ObjectSnapshot, "build", 1000, base)
 	// Overwriting img:2 with a blob of its own frees nothing img:1 holds.
 	set("img:2", store.ObjectImage, "build", 300, store.Blob{Digest: "sha256:two", Bytes: 500})
+	// Charged in the same transaction: build holds base, one, two (1600
+	// bytes) and the snapshot apart; other the base.
+	wantUse(t, st, "build", store.LayerBytes, 1600)
+	wantUse(t, st, "build", store.SnapshotBytes, 1000)
+	wantUse(t, st, "other", store.LayerBytes, 1000)
+	wantUse(t, st, "", store.LayerBytes, 2600)
+	// Past a limit: refused in Charge's words, nothing changed.
+	limit(t, st, "build", store.LayerBytes, 2000)
+	_, err := st.SetObjectBlobs(ctx, "img:2", []store.Blob{base, {Digest: "sha256:big", Bytes: 1000}})
+	wantMessage(t, "SetObjectBlobs past the limit", err, errdefs.ErrResourceExhausted, "quota of project build: 1600 of 2000 bytes of layers in use")
+	if o, err := st.Object(ctx, "img:2"); err != nil || !slices.Equal(o.Blobs, []store.Blob{{Digest: "sha256:two", Bytes: 500}}) || o.Bytes != 500 {
+		t.Fatalf("img:2 after a refused charge: %+v, %v; want its one blob of 500 bytes", o, err)
+	}
+	wantUse(t, st, "build", store.LayerBytes, 1600)
 	for _, c := range []struct {
 		name string
 		want int64
@@ -157,6 +172,68 @@ func testObjectBlobs(t *testing.T, st store.Store) {
 			t.Fatalf("DeleteObject %s: release %d, %v; want %d", c.name, release, err, c.want)
 		}
 	}
+	wantUse(t, st, "", store.LayerBytes, 0)
+	wantUse(t, st, "", store.SnapshotBytes, 0)
+}
+
+// testReplicasObjectBlobsRace: 32 objects of one project, each holding a
+// blob they share and one of its own, are recorded at once through two
+// stores under a limit that holds the shared blob and 8 of their own:
+// exactly 8 are charged, the shared blob once, and the use is 0 once they
+// are deleted.
+func testReplicasObjectBlobsRace(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	mkProjects(t, a, "team")
+	limit(t, a, "team", store.LayerBytes, 1000+8*10)
+	shared := store.Blob{Digest: "sha256:shared", Bytes: 1000}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var charged []string
+	refused := 0
+	var other []error
+	for i := range 32 {
+		st := a
+		if i%2 == 1 {
+			st = b
+		}
+		name := fmt.Sprintf("race-%d:1", i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := st.ClaimObject(ctx, store.Object{Name: name, Kind: store.ObjectImage, Project: "team"}); err != nil {
+				mu.Lock()
+				other = append(other, err)
+				mu.Unlock()
+				return
+			}
+			_, err := st.SetObjectBlobs(ctx, name, []store.Blob{shared, {Digest: "sha256:own-" + name, Bytes: 10}})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				charged = append(charged, name)
+			case errors.Is(err, errdefs.ErrResourceExhausted):
+				refused++
+			default:
+				other = append(other, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(other) > 0 || len(charged) != 8 || refused != 24 {
+		t.Fatalf("%d charged, %d refused, other errors %v; want 8 and 24", len(charged), refused, other)
+	}
+	wantUse(t, a, "team", store.LayerBytes, 1080)
+	for i, name := range charged {
+		st := a
+		if i%2 == 1 {
+			st = b
+		}
+		if _, _, err := st.DeleteObject(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantUse(t, b, "team", store.LayerBytes, 0)
 }
 
 // testDeleteProjectObjects: a project that owns layers, images or
@@ -172,13 +249,8 @@ func testDeleteProjectObjects(t *testing.T, st store.Store) {
 		if _, _, err := st.ClaimObject(ctx, store.Object{Name: name, Kind: kind, Project: project}); err != nil {
 			t.Fatalf("claim %s: %v", name, err)
 		}
-		change, err := st.SetObjectBlobs(ctx, name, blobs)
+		_, err := st.SetObjectBlobs(ctx, name, blobs)
 		must(t, "SetObjectBlobs "+name, err)
-		res := store.LayerBytes
-		if kind == store.ObjectSnapshot {
-			res = store.SnapshotBytes
-		}
-		must(t, "Charge "+name, st.Charge(ctx, project, store.Amounts{res: change}))
 	}
 	base := store.Blob{Digest: "sha256:base", Bytes: 1000}
 	claim("base:1", store.ObjectLayer, "ml", base)
@@ -217,15 +289,10 @@ func testDeleteProjectObjects(t *testing.T, st store.Store) {
 		name string
 		want int64
 	}{{"env:1", 200}, {"base:1", 1000}, {"snap:a", 50}} {
-		o, release, err := st.DeleteObject(ctx, c.name)
+		_, release, err := st.DeleteObject(ctx, c.name)
 		if err != nil || release != c.want {
 			t.Fatalf("DeleteObject %s: release %d, %v; want %d", c.name, release, err, c.want)
 		}
-		res := store.LayerBytes
-		if o.Kind == store.ObjectSnapshot {
-			res = store.SnapshotBytes
-		}
-		must(t, "Release "+c.name, st.Release(ctx, o.Project, store.Amounts{res: release}))
 	}
 	wantUse(t, st, "ml", store.LayerBytes, 0)
 	wantUse(t, st, "ml", store.SnapshotBytes, 0)
