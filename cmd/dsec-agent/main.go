@@ -79,6 +79,7 @@ func main() {
 	fs.StringVar(&cfg.ZygotePreload, "zygote-preload", "", "comma-separated modules the warm Python interpreter imports first (default: common standard modules)")
 	fs.StringVar(&cfg.CallScratch, "call-scratch", "", "directory of fncall calls' scratch directories (default /tmp)")
 	fs.StringVar(&cfg.CallWipe, "call-wipe", "", "comma-separated directories emptied after every fncall call (default /tmp,/var/tmp,/dev/shm)")
+	fs.BoolVar(&cfg.LogRefusals, "log-refusals", false, "log (audit records) the calls the sandbox's profile refuses, with a filter refusing the same (needs no_new_privs)")
 	fs.StringVar(&cfg.DiskQgroup, "disk-qgroup", "", "sysfs dir of the btrfs qgroup capping the writable layer: statfs of / then reports its limit")
 	var layers, netDNS listFlag
 	var upper, netMAC, netAddr, netGateway string

@@ -29,6 +29,7 @@ type Config struct {
 	OutputLimit    int64    // output kept per stream for Attach (0 = 16 MiB); followers get all of it
 	Hostname       string   // set as the UTS hostname when pid 1
 	Address        string   // the sandbox's IPv4 address, for /etc/hosts ("" = loopback only)
+	LogRefusals    bool     // log what the sandbox's profile refuses: a filter refusing the same calls with SECCOMP_FILTER_FLAG_LOG (package refused)
 	DiskQgroup     string   // sysfs dir of the btrfs qgroup capping the writable layer: statfs of / reports it (package diskfree)
 	AgentPath      string   // the agent's binary as the sandbox's commands see it, for sessions' state-dump ("" = os.Executable())
 	// ListenPath, when set, is where the agent makes its listening Unix

@@ -177,7 +177,12 @@ func ServeListener(ctx context.Context, cfg Config, ln net.Listener) error {
 	if err := confinePtrace(); err != nil {
 		return err
 	}
-	// Before any command starts: commands inherit the filter it installs.
+	// Before any command starts: commands inherit the filters installed.
+	if cfg.LogRefusals {
+		if err := logRefusals(); err != nil {
+			return err
+		}
+	}
 	if cfg.DiskQgroup != "" {
 		if err := diskfree.Start(diskfree.Config{Root: "/", Qgroup: cfg.DiskQgroup, Log: cfg.Log}); err != nil {
 			cfg.Log.Warn("statfs in the sandbox reports the node's disk, not the sandbox's limit", "err", err)

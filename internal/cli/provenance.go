@@ -134,6 +134,23 @@ func (a *app) printProvenance(p *dsecv1.SandboxProvenance) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k.GetManager(), k.GetChange(), k.GetName(), k.GetVersion())
 		}
 	}
+	if sc := p.GetSyscallsDenied(); len(sc) > 0 {
+		var total int64
+		for _, c := range sc {
+			total += c.GetCount()
+		}
+		fmt.Fprintf(tw, "\nSYSCALLS DENIED (%d calls", total)
+		if lost := p.GetSyscallRecordsLost(); lost > 0 {
+			fmt.Fprintf(tw, ", at least: %d audit records lost", lost)
+		}
+		fmt.Fprintln(tw, ")")
+		for _, c := range sc {
+			fmt.Fprintf(tw, "%s\t%d\tfirst by %d\t%s\t%s\n", c.GetName(), c.GetCount(), c.GetPid(), c.GetCommand(),
+				time.UnixMilli(c.GetTimeUnixMs()).UTC().Format("15:04:05.000"))
+		}
+	} else if lost := p.GetSyscallRecordsLost(); lost > 0 {
+		fmt.Fprintf(tw, "\nSYSCALLS DENIED: none seen, %d audit records lost\n", lost)
+	}
 	files("FILES WRITTEN", p.GetFilesWritten(), p.GetFilesWrittenTotal())
 	return tw.Flush()
 }

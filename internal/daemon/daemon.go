@@ -431,7 +431,10 @@ type node struct {
 	// reads watches sandboxes' protected paths; nil where the host has no
 	// fanotify (provenance then says reads are not seen).
 	reads *provenance.Watcher
-	edge  *sandbox.Manager
+	// syscalls records the syscalls sandboxes' profiles refused; nil
+	// where the node has no audit netlink socket.
+	syscalls *provenance.SyscallLog
+	edge     *sandbox.Manager
 }
 
 func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
@@ -530,6 +533,13 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	} else {
 		reads = n.reads
 	}
+	var syscalls sandbox.SyscallRecorder
+	if n.syscalls, err = provenance.NewSyscallLog(log.With("component", "provenance"), 0); err != nil {
+		log.Warn("syscalls refused by sandboxes' profiles will not be recorded", "err", err)
+		n.syscalls = nil
+	} else {
+		syscalls = n.syscalls
+	}
 	n.edge, err = sandbox.New(sandbox.Config{
 		Node:            cfg.Node,
 		Slot:            cfg.Slot,
@@ -545,6 +555,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		Missing:         n.missing,
 		Metrics:         n.metrics,
 		Reads:           reads,
+		Syscalls:        syscalls,
 	}, n.runtimes, n.layers, network, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
@@ -594,6 +605,9 @@ func (n *node) layerInUse(ctx context.Context, digest string) (string, error) {
 func (n *node) close() {
 	if n.reads != nil {
 		n.reads.Close()
+	}
+	if n.syscalls != nil {
+		n.syscalls.Close()
 	}
 	if n.layers != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -404,6 +404,15 @@ type Inspector interface {
 	Processes(ctx context.Context, id string) ([]Process, error)
 }
 
+// SyscallAuditor is a runtime whose sandboxes' refused syscalls reach the
+// node's audit records, each sandbox's under an audit session of its own
+// (the container backend under runc or crun).
+type SyscallAuditor interface {
+	// AuditSession returns the audit session of sandbox id's processes;
+	// ErrNotSupported when its refusals are not logged.
+	AuditSession(ctx context.Context, id string) (uint32, error)
+}
+
 // Process is a process running in a sandbox.
 type Process struct {
 	Pid     int // in the sandbox's pid namespace where known, else the host's

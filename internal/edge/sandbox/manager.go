@@ -130,6 +130,9 @@ type Config struct {
 	// Reads watches sandboxes' protected paths (their spec's provenance);
 	// nil: reads are not seen, and provenance says so.
 	Reads ReadWatcher
+	// Syscalls records the syscalls sandboxes' profiles refused; nil:
+	// they are not seen, and provenance says so.
+	Syscalls SyscallRecorder
 }
 
 // Manager is the edge of one node. Create it with New, then call Recover
@@ -202,6 +205,10 @@ type sandbox struct {
 	// provenance; nil where the runtime does not show the layer. Guarded
 	// by mu.
 	baseline provenance.Baseline
+	// syscallsSince is when this edge began to record the sandbox's
+	// refused syscalls after a restart re-adopted it (zero for a sandbox
+	// it started: from its start). Guarded by mu.
+	syscallsSince time.Time
 	// token is the create token of the create that made (or took) it, ""
 	// for none; kept on disk beside the record (state.SaveToken). Guarded by
 	// Manager.mu, not mu.
@@ -900,6 +907,9 @@ func (m *Manager) stopAs(ctx context.Context, sb *sandbox, c call, final dsecv1.
 	}
 	if m.cfg.Reads != nil {
 		m.cfg.Reads.Forget(id)
+	}
+	if m.cfg.Syscalls != nil {
+		m.cfg.Syscalls.Forget(id)
 	}
 	m.log.Log(ctx, level, "sandbox ended", "id", id, "state", final.String(), "reason", reason.String(), "message", msg)
 	return nil

@@ -28,6 +28,15 @@ type ReadWatcher interface {
 	Forget(id string)
 }
 
+// SyscallRecorder records the syscalls sandboxes' seccomp profiles
+// refused, by the audit session each sandbox's processes share.
+// *provenance.SyscallLog implements it.
+type SyscallRecorder interface {
+	Track(id string, session uint32) error
+	Denials(id string) (provenance.Denials, bool)
+	Forget(id string)
+}
+
 // maxNetworkEvents bounds the audit records a provenance summarises.
 const maxNetworkEvents = 100_000
 
@@ -51,6 +60,18 @@ func (m *Manager) Provenance(ctx context.Context, id string, flagsOnly bool) (*d
 	p := &dsecv1.SandboxProvenance{
 		SandboxId: id, Isolation: IsolationName(kind.Isolation), TakenUnixMs: time.Now().UnixMilli(),
 		Paths: paths, Unseen: unseenBy(kind.Isolation),
+	}
+	if d, ok := m.denials(id); ok {
+		p.SyscallsDenied, p.SyscallSamples = d.Syscalls, d.Samples
+		p.SyscallSamplesDropped, p.SyscallRecordsLost = d.SamplesDropped, d.Lost
+		sb.mu.Lock()
+		since := sb.syscallsSince
+		sb.mu.Unlock()
+		if !since.IsZero() {
+			p.Unseen = append([]string{"syscalls_denied: refusals before the edge restarted (" + since.UTC().Format(time.RFC3339) + ") are not counted"}, p.Unseen...)
+		}
+	} else {
+		p.Unseen = append([]string{"syscalls_denied: " + m.syscallsUnseen(kind.Isolation)}, p.Unseen...)
 	}
 	// The processes first: a grade asks for them as it starts.
 	ps, err := m.processes(ctx, sb, id)
@@ -78,9 +99,49 @@ func (m *Manager) Provenance(ctx context.Context, id string, flagsOnly bool) (*d
 	return p, nil
 }
 
+// denials returns what sandbox id's profile refused, if it is tracked.
+func (m *Manager) denials(id string) (provenance.Denials, bool) {
+	if m.cfg.Syscalls == nil {
+		return provenance.Denials{}, false
+	}
+	return m.cfg.Syscalls.Denials(id)
+}
+
+// syscallsUnseen says why a sandbox of isolation i has no record of its
+// refused syscalls.
+func (m *Manager) syscallsUnseen(i dsecv1.Isolation) string {
+	switch {
+	case i == dsecv1.Isolation_ISOLATION_GVISOR:
+		return "gVisor's sentry applies the seccomp profile and reports no refusal to the host"
+	case i == dsecv1.Isolation_ISOLATION_MICROVM:
+		return "a microVM's guest kernel runs no profile of ours; nothing in the guest records refusals"
+	case m.cfg.Syscalls == nil:
+		return "this node reads no audit records (no audit netlink socket)"
+	}
+	return "not recorded for this sandbox (it may escalate privileges, so its profile is not logged; or it has no audit session of its own)"
+}
+
+// trackSyscalls attributes the audit records of the sandbox's refused
+// syscalls to it, where its runtime logs them (backend.SyscallAuditor).
+func (m *Manager) trackSyscalls(ctx context.Context, sb *sandbox) error {
+	au, ok := sb.rt.(backend.SyscallAuditor)
+	if m.cfg.Syscalls == nil || !ok {
+		return nil
+	}
+	id := sb.record().GetId()
+	session, err := au.AuditSession(ctx, id)
+	if errors.Is(err, errdefs.ErrNotSupported) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return m.cfg.Syscalls.Track(id, session)
+}
+
 // unseenBy says what provenance cannot see of a sandbox of isolation i.
 func unseenBy(i dsecv1.Isolation) []string {
-	out := []string{"syscalls_denied: the seccomp profile's refusals are not recorded yet"}
+	var out []string
 	switch i {
 	case dsecv1.Isolation_ISOLATION_GVISOR:
 		out = append(out, "protected_read: the sentry serves the sandbox's files; the host sees no open by a sandbox process")
@@ -269,6 +330,9 @@ func (m *Manager) startProvenance(ctx context.Context, id string) {
 	} else if len(unwatched) > 0 {
 		m.log.Info("protected paths not watched", "id", id, "unwatched", unwatched)
 	}
+	if err := m.trackSyscalls(ctx, sb); err != nil {
+		m.log.Warn("record refused syscalls", "id", id, "err", err)
+	}
 }
 
 func (m *Manager) takeBaseline(sb *sandbox, in backend.Inspector, id string) error {
@@ -309,5 +373,12 @@ func (m *Manager) recoverProvenance(ctx context.Context, id string) {
 	sb.mu.Unlock()
 	if _, err := m.watchProtected(ctx, sb); err != nil {
 		m.log.Warn("watch protected paths", "id", id, "err", err)
+	}
+	// What was refused before is not known: the count starts again here.
+	sb.mu.Lock()
+	sb.syscallsSince = time.Now()
+	sb.mu.Unlock()
+	if err := m.trackSyscalls(ctx, sb); err != nil {
+		m.log.Warn("record refused syscalls", "id", id, "err", err)
 	}
 }

@@ -1100,9 +1100,12 @@ class Sandbox:
         network_allowed, network_denied, leftover_processes,
         packages_installed, syscalls_denied), flags_set (the names of
         those set), files_written, replaced, tests_changed,
-        protected_reads, network, processes, packages (lists of dicts, keys
-        in snake_case), files_written_total, isolation, paths and unseen
-        (what this sandbox's backend cannot see). flags_only leaves out the
+        protected_reads, network, processes, packages, syscalls_denied
+        (one per syscall: name, count, the first call's pid, command and
+        time_unix_ms), syscall_samples (the first 32 calls) (lists of
+        dicts, keys in snake_case), files_written_total,
+        syscall_samples_dropped, syscall_records_lost, isolation, paths
+        and unseen (what this sandbox's backend cannot see). flags_only leaves out the
         list of files written. May be sent again."""
         msg: Dict[str, Any] = {"sandboxId": self.id}
         if flags_only:
@@ -1774,7 +1777,11 @@ def _provenance(resp: Dict[str, Any]) -> Dict[str, Any]:
     out["flags"] = flags
     out["flags_set"] = [f for f in PROVENANCE_FLAGS if flags[f]]
     for k in ("files_written", "replaced", "tests_changed", "protected_reads", "network", "processes",
-              "packages", "syscalls_denied", "unseen"):
+              "packages", "syscalls_denied", "syscall_samples", "unseen"):
         out.setdefault(k, [])
-    out["files_written_total"] = int(out.get("files_written_total", 0))
+    for k in ("files_written_total", "syscall_samples_dropped", "syscall_records_lost"):
+        out[k] = int(out.get(k, 0))
+    for s in out["syscalls_denied"] + out["syscall_samples"]:
+        for k in ("count", "time_unix_ms"):
+            s[k] = int(s.get(k, 0))
     return out

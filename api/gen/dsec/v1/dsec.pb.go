@@ -8363,12 +8363,22 @@ type SandboxProvenance struct {
 	Network           []*ProvenanceNet     `protobuf:"bytes,11,rep,name=network,proto3" json:"network,omitempty"`
 	Processes         []*ProvenanceProcess `protobuf:"bytes,12,rep,name=processes,proto3" json:"processes,omitempty"`
 	Packages          []*ProvenancePackage `protobuf:"bytes,13,rep,name=packages,proto3" json:"packages,omitempty"`
-	SyscallsDenied    []*ProvenanceSyscall `protobuf:"bytes,14,rep,name=syscalls_denied,json=syscallsDenied,proto3" json:"syscalls_denied,omitempty"`
+	// Syscalls the seccomp profile refused, one entry a syscall with its
+	// count and its first call's pid, command and time.
+	SyscallsDenied []*ProvenanceSyscall `protobuf:"bytes,14,rep,name=syscalls_denied,json=syscallsDenied,proto3" json:"syscalls_denied,omitempty"`
 	// What this sandbox's backend cannot see, in words: a flag left false
 	// there means "not seen", not "did not happen".
-	Unseen        []string `protobuf:"bytes,15,rep,name=unseen,proto3" json:"unseen,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Unseen []string `protobuf:"bytes,15,rep,name=unseen,proto3" json:"unseen,omitempty"`
+	// The first refused calls one by one (count 1 each), at most 32;
+	// syscall_samples_dropped counts the calls after them.
+	SyscallSamples        []*ProvenanceSyscall `protobuf:"bytes,24,rep,name=syscall_samples,json=syscallSamples,proto3" json:"syscall_samples,omitempty"`
+	SyscallSamplesDropped int64                `protobuf:"varint,25,opt,name=syscall_samples_dropped,json=syscallSamplesDropped,proto3" json:"syscall_samples_dropped,omitempty"`
+	// Audit records the node's reader missed while this sandbox ran (its
+	// socket overflowed or its rate limit was reached), whoever made them:
+	// when not 0, syscalls_denied's counts are lower bounds.
+	SyscallRecordsLost int64 `protobuf:"varint,26,opt,name=syscall_records_lost,json=syscallRecordsLost,proto3" json:"syscall_records_lost,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SandboxProvenance) Reset() {
@@ -8504,6 +8514,27 @@ func (x *SandboxProvenance) GetUnseen() []string {
 		return x.Unseen
 	}
 	return nil
+}
+
+func (x *SandboxProvenance) GetSyscallSamples() []*ProvenanceSyscall {
+	if x != nil {
+		return x.SyscallSamples
+	}
+	return nil
+}
+
+func (x *SandboxProvenance) GetSyscallSamplesDropped() int64 {
+	if x != nil {
+		return x.SyscallSamplesDropped
+	}
+	return 0
+}
+
+func (x *SandboxProvenance) GetSyscallRecordsLost() int64 {
+	if x != nil {
+		return x.SyscallRecordsLost
+	}
+	return 0
 }
 
 type ProvenanceFile struct {
@@ -8864,10 +8895,11 @@ func (x *ProvenancePackage) GetChange() string {
 
 type ProvenanceSyscall struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // e.g. unshare, or x86_64:NR, i386:NR
+	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`  // the host's pid
 	Command       string                 `protobuf:"bytes,3,opt,name=command,proto3" json:"command,omitempty"`
 	Count         int64                  `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	TimeUnixMs    int64                  `protobuf:"varint,5,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"` // the (first) call's
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -8926,6 +8958,13 @@ func (x *ProvenanceSyscall) GetCommand() string {
 func (x *ProvenanceSyscall) GetCount() int64 {
 	if x != nil {
 		return x.Count
+	}
+	return 0
+}
+
+func (x *ProvenanceSyscall) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
 	}
 	return 0
 }
@@ -10836,7 +10875,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x0enetwork_denied\x18\x06 \x01(\bR\rnetworkDenied\x12-\n" +
 	"\x12leftover_processes\x18\a \x01(\bR\x11leftoverProcesses\x12-\n" +
 	"\x12packages_installed\x18\b \x01(\bR\x11packagesInstalled\x12'\n" +
-	"\x0fsyscalls_denied\x18\t \x01(\bR\x0esyscallsDenied\"\xf8\x05\n" +
+	"\x0fsyscalls_denied\x18\t \x01(\bR\x0esyscallsDenied\"\xa7\a\n" +
 	"\x11SandboxProvenance\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1c\n" +
@@ -10854,7 +10893,10 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\tprocesses\x18\f \x03(\v2\x1a.dsec.v1.ProvenanceProcessR\tprocesses\x126\n" +
 	"\bpackages\x18\r \x03(\v2\x1a.dsec.v1.ProvenancePackageR\bpackages\x12C\n" +
 	"\x0fsyscalls_denied\x18\x0e \x03(\v2\x1a.dsec.v1.ProvenanceSyscallR\x0esyscallsDenied\x12\x16\n" +
-	"\x06unseen\x18\x0f \x03(\tR\x06unseen\"\x87\x01\n" +
+	"\x06unseen\x18\x0f \x03(\tR\x06unseen\x12C\n" +
+	"\x0fsyscall_samples\x18\x18 \x03(\v2\x1a.dsec.v1.ProvenanceSyscallR\x0esyscallSamples\x126\n" +
+	"\x17syscall_samples_dropped\x18\x19 \x01(\x03R\x15syscallSamplesDropped\x120\n" +
+	"\x14syscall_records_lost\x18\x1a \x01(\x03R\x12syscallRecordsLost\"\x87\x01\n" +
 	"\x0eProvenanceFile\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
 	"\x06change\x18\x02 \x01(\tR\x06change\x12\x12\n" +
@@ -10882,12 +10924,14 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\amanager\x18\x01 \x01(\tR\amanager\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x16\n" +
-	"\x06change\x18\x04 \x01(\tR\x06change\"i\n" +
+	"\x06change\x18\x04 \x01(\tR\x06change\"\x8b\x01\n" +
 	"\x11ProvenanceSyscall\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x18\n" +
 	"\acommand\x18\x03 \x01(\tR\acommand\x12\x14\n" +
-	"\x05count\x18\x04 \x01(\x03R\x05count\"\xc9\x01\n" +
+	"\x05count\x18\x04 \x01(\x03R\x05count\x12 \n" +
+	"\ftime_unix_ms\x18\x05 \x01(\x03R\n" +
+	"timeUnixMs\"\xc9\x01\n" +
 	"\x12ImportImageRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
@@ -11418,129 +11462,130 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	124, // 79: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
 	125, // 80: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
 	126, // 81: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
-	130, // 82: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	131, // 83: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	153, // 84: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	154, // 85: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 86: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 87: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	134, // 88: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	134, // 89: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	155, // 90: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 91: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	133, // 92: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	135, // 93: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	138, // 94: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 95: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	29,  // 96: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	31,  // 97: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	32,  // 98: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	38,  // 99: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	19,  // 100: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	21,  // 101: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	23,  // 102: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	25,  // 103: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	27,  // 104: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	89,  // 105: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	90,  // 106: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	92,  // 107: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	94,  // 108: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	85,  // 109: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	40,  // 110: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	45,  // 111: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	46,  // 112: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	48,  // 113: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	50,  // 114: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	53,  // 115: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	54,  // 116: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	56,  // 117: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	58,  // 118: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	63,  // 119: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	65,  // 120: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	67,  // 121: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	69,  // 122: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	71,  // 123: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	73,  // 124: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	75,  // 125: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	77,  // 126: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	79,  // 127: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	81,  // 128: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	109, // 129: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	111, // 130: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	114, // 131: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	116, // 132: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	117, // 133: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	34,  // 134: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	36,  // 135: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	141, // 136: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	133, // 137: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	136, // 138: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	139, // 139: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	97,  // 140: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	98,  // 141: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	102, // 142: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	104, // 143: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	107, // 144: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	127, // 145: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	129, // 146: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	100, // 147: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	30,  // 148: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	17,  // 149: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	33,  // 150: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	39,  // 151: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	20,  // 152: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	22,  // 153: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	24,  // 154: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	26,  // 155: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	28,  // 156: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	84,  // 157: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	91,  // 158: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	93,  // 159: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	96,  // 160: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	88,  // 161: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	41,  // 162: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	41,  // 163: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	47,  // 164: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	49,  // 165: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	52,  // 166: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	41,  // 167: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	55,  // 168: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	57,  // 169: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	61,  // 170: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	64,  // 171: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	66,  // 172: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	68,  // 173: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	70,  // 174: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	72,  // 175: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	74,  // 176: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	76,  // 177: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	78,  // 178: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	80,  // 179: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	82,  // 180: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	110, // 181: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	113, // 182: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	115, // 183: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	120, // 184: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	118, // 185: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	35,  // 186: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	37,  // 187: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	142, // 188: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	135, // 189: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	137, // 190: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	140, // 191: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	83,  // 192: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	83,  // 193: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	103, // 194: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	105, // 195: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	108, // 196: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	128, // 197: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	132, // 198: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	101, // 199: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	148, // [148:200] is the sub-list for method output_type
-	96,  // [96:148] is the sub-list for method input_type
-	96,  // [96:96] is the sub-list for extension type_name
-	96,  // [96:96] is the sub-list for extension extendee
-	0,   // [0:96] is the sub-list for field type_name
+	126, // 82: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
+	130, // 83: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	131, // 84: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	153, // 85: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	154, // 86: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 87: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 88: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	134, // 89: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	134, // 90: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	155, // 91: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 92: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	133, // 93: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	135, // 94: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	138, // 95: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 96: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	29,  // 97: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	31,  // 98: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	32,  // 99: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	38,  // 100: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	19,  // 101: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	21,  // 102: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	23,  // 103: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	25,  // 104: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	27,  // 105: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	89,  // 106: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	90,  // 107: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	92,  // 108: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	94,  // 109: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	85,  // 110: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	40,  // 111: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	45,  // 112: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	46,  // 113: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	48,  // 114: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	50,  // 115: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	53,  // 116: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	54,  // 117: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	56,  // 118: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	58,  // 119: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	63,  // 120: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	65,  // 121: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	67,  // 122: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	69,  // 123: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	71,  // 124: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	73,  // 125: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	75,  // 126: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	77,  // 127: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	79,  // 128: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	81,  // 129: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	109, // 130: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	111, // 131: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	114, // 132: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	116, // 133: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	117, // 134: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	34,  // 135: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	36,  // 136: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	141, // 137: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	133, // 138: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	136, // 139: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	139, // 140: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	97,  // 141: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	98,  // 142: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	102, // 143: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	104, // 144: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	107, // 145: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	127, // 146: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	129, // 147: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	100, // 148: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	30,  // 149: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	17,  // 150: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	33,  // 151: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	39,  // 152: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	20,  // 153: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	22,  // 154: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	24,  // 155: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	26,  // 156: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	28,  // 157: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	84,  // 158: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	91,  // 159: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	93,  // 160: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	96,  // 161: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	88,  // 162: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	41,  // 163: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	41,  // 164: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	47,  // 165: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	49,  // 166: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	52,  // 167: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	41,  // 168: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	55,  // 169: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	57,  // 170: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	61,  // 171: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	64,  // 172: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	66,  // 173: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	68,  // 174: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	70,  // 175: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	72,  // 176: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	74,  // 177: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	76,  // 178: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	78,  // 179: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	80,  // 180: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	82,  // 181: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	110, // 182: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	113, // 183: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	115, // 184: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	120, // 185: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	118, // 186: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	35,  // 187: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	37,  // 188: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	142, // 189: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	135, // 190: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	137, // 191: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	140, // 192: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	83,  // 193: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	83,  // 194: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	103, // 195: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	105, // 196: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	108, // 197: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	128, // 198: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	132, // 199: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	101, // 200: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	149, // [149:201] is the sub-list for method output_type
+	97,  // [97:149] is the sub-list for method input_type
+	97,  // [97:97] is the sub-list for extension type_name
+	97,  // [97:97] is the sub-list for extension extendee
+	0,   // [0:97] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }

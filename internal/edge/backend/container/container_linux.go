@@ -628,8 +628,15 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	cmd.Stderr = logFile
 	cmd.ExtraFiles = extra
 	tRun := time.Now()
-	if err := cmd.Run(); err != nil {
+	serr, err := startInSession(cmd)
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%s run %s: %w: %s", r.cfg.Runtime, s.ID, err, runtimeErrors(runtimeLog))
+	}
+	if serr != nil {
+		r.log.Warn("the sandbox's refused syscalls will not be recorded", "id", s.ID, "err", serr)
 	}
 	tStarted := time.Now()
 	if s.QoS.Idle() {

@@ -70,3 +70,6 @@ func (r *Container) Root(ctx context.Context, id string) (string, int, error) {
 func (r *Container) Processes(ctx context.Context, id string) ([]backend.Process, error) {
 	return nil, errdefs.ErrNotSupported
 }
+func (r *Container) AuditSession(ctx context.Context, id string) (uint32, error) {
+	return 0, errdefs.ErrNotSupported
+}

@@ -9,6 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/refused"
 )
 
 // Where things are inside a sandbox.
@@ -154,8 +155,26 @@ func agentFlags(a backend.Agent) []string {
 	return args
 }
 
+// refusalsLogged says whether a sandbox's agent logs what its profile
+// refuses (--log-refusals): a filter of the agent's own, on top of the
+// profile, refusing the same calls with SECCOMP_FILTER_FLAG_LOG, so each
+// refusal becomes an audit record the edge counts into the sandbox's
+// provenance (provenance.SyscallLog). The OCI runtime could load the
+// profile with that flag itself, but Debian's runc 1.1 refuses seccomp
+// flags, and the flag would log clone3's ENOSYS too, which glibc meets on
+// every thread it starts. The agent needs no_new_privs to load a filter (a
+// sandbox that may escalate privileges has none); under gVisor the sentry
+// applies the profile and the host's kernel sees no refusal; the refused
+// numbers are x86_64's (package refused).
+func refusalsLogged(in specInput) bool {
+	return in.ListenDir == "" && !in.AllowPrivilegeEscalation && refused.Arch != 0
+}
+
 func buildSpec(in specInput) *specs.Spec {
 	args := append([]string{agentPath, "serve"}, agentFlags(in.Agent)...)
+	if refusalsLogged(in) {
+		args = append(args, "--log-refusals")
+	}
 	fd := 6
 	pids := pidsLimit(in.Spec)
 	if in.ListenDir != "" {

@@ -1,6 +1,7 @@
 package container
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/refused"
 )
 
 func TestBuildSpec(t *testing.T) {
@@ -17,7 +19,7 @@ func TestBuildSpec(t *testing.T) {
 		},
 		AgentDir: "/agent", CgroupsPath: "/dsec/sb-1", MemorySwap: true, Nofile: 1024,
 	})
-	wantArgs := []string{agentPath, "serve", "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5"}
+	wantArgs := []string{agentPath, "serve", "--log-refusals", "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5"}
 	if !slices.Equal(s.Process.Args, wantArgs) {
 		t.Errorf("args = %v", s.Process.Args)
 	}
@@ -87,6 +89,32 @@ func TestSeccompProfile(t *testing.T) {
 	for _, r := range p.Syscalls {
 		if len(r.Args) > 1 {
 			t.Errorf("rule for %v has %d conditions", r.Names, len(r.Args))
+		}
+	}
+}
+
+// A sandbox without privilege escalation under runc has its agent log the
+// profile's refusals (--log-refusals); gVisor and a sandbox that may
+// escalate do not. The profile itself is the same either way.
+func TestLogRefusals(t *testing.T) {
+	if refused.Arch == 0 {
+		t.Skip("refusals are logged on x86_64 only")
+	}
+	for _, c := range []struct {
+		name string
+		in   specInput
+		log  bool
+	}{
+		{"runc", specInput{Spec: backend.Spec{ID: "sb-1"}, AgentDir: "/agent"}, true},
+		{"escalation", specInput{Spec: backend.Spec{ID: "sb-1", AllowPrivilegeEscalation: true}, AgentDir: "/agent"}, false},
+		{"gvisor", specInput{Spec: backend.Spec{ID: "sb-1"}, AgentDir: "/agent", ListenDir: "/l"}, false},
+	} {
+		s := buildSpec(c.in)
+		if got := slices.Contains(s.Process.Args, "--log-refusals"); got != c.log {
+			t.Errorf("%s: agent logs refusals %v, want %v", c.name, got, c.log)
+		}
+		if !reflect.DeepEqual(s.Linux.Seccomp, seccompProfile(c.in.ListenDir != "")) {
+			t.Errorf("%s: the profile differs", c.name)
 		}
 	}
 }
