@@ -135,6 +135,7 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 		cfg.Swap = c
 		return err
 	})
+	fs.BoolVar(&cfg.NoProvenance, "no-provenance", false, "record no provenance as sandboxes run: no baseline of their writable layer at start, no watch of protected paths, no log of refused syscalls; provenance calls and grades then return nothing but what is unseen (docs/provenance.md)")
 	fs.BoolVar(&cfg.Trajectory.Off, "no-trajectories", false, "record no trajectories of the node's sandboxes (docs/trajectories.md)")
 	fs.DurationVar(&cfg.Trajectory.Retention, "trajectory-retention", 0, "how long a sandbox's trajectory is kept after it is gone, here and in a cluster's blob store (default 24h)")
 	fs.Int64Var(&cfg.Trajectory.MaxBytes, "trajectory-max-bytes", 0, "bytes of full lines a trajectory keeps; past them calls keep hashes and counts, past twice them calls are counted only (default 16 MiB)")

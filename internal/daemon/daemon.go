@@ -159,6 +159,11 @@ type Config struct {
 	AuditRetention time.Duration
 	// Trajectory says how the node records its sandboxes' trajectories.
 	Trajectory TrajectoryConfig
+	// NoProvenance records no provenance as sandboxes run (no baseline at
+	// start, no watch of protected paths, no log of refused syscalls); a
+	// Provenance call, a grade's too, then returns nothing but what is
+	// unseen (docs/provenance.md).
+	NoProvenance bool
 }
 
 // DefaultSandboxFusionAddr is where the all-in-one dsecd serves
@@ -488,8 +493,9 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		CgroupParent:  cfg.CgroupParent,
 		AgentDir:      agentDir,
 		// Beside the edge's records, where agent sockets always were.
-		SocketDir: filepath.Join(cfg.Root, "sandboxes"),
-		Log:       log.With("component", "runtime"),
+		SocketDir:   filepath.Join(cfg.Root, "sandboxes"),
+		LogRefusals: !cfg.NoProvenance,
+		Log:         log.With("component", "runtime"),
 	}
 	if n.runtimes, n.missing, err = openRuntimes(ctx, cfg, rtCfg, log); err != nil {
 		return nil, err
@@ -527,18 +533,20 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		}
 	}
 	var reads sandbox.ReadWatcher
-	if n.reads, err = provenance.NewWatcher(log.With("component", "provenance")); err != nil {
-		log.Warn("reads of protected paths will not be seen", "err", err)
-		n.reads = nil
-	} else {
-		reads = n.reads
-	}
 	var syscalls sandbox.SyscallRecorder
-	if n.syscalls, err = provenance.NewSyscallLog(log.With("component", "provenance"), 0); err != nil {
-		log.Warn("syscalls refused by sandboxes' profiles will not be recorded", "err", err)
-		n.syscalls = nil
-	} else {
-		syscalls = n.syscalls
+	if !cfg.NoProvenance {
+		if n.reads, err = provenance.NewWatcher(log.With("component", "provenance")); err != nil {
+			log.Warn("reads of protected paths will not be seen", "err", err)
+			n.reads = nil
+		} else {
+			reads = n.reads
+		}
+		if n.syscalls, err = provenance.NewSyscallLog(log.With("component", "provenance"), 0); err != nil {
+			log.Warn("syscalls refused by sandboxes' profiles will not be recorded", "err", err)
+			n.syscalls = nil
+		} else {
+			syscalls = n.syscalls
+		}
 	}
 	n.edge, err = sandbox.New(sandbox.Config{
 		Node:            cfg.Node,
@@ -556,6 +564,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		Metrics:         n.metrics,
 		Reads:           reads,
 		Syscalls:        syscalls,
+		ProvenanceOff:   cfg.NoProvenance,
 	}, n.runtimes, n.layers, network, log.With("component", "edge"))
 	if err != nil {
 		return nil, err

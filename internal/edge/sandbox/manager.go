@@ -133,6 +133,10 @@ type Config struct {
 	// Syscalls records the syscalls sandboxes' profiles refused; nil:
 	// they are not seen, and provenance says so.
 	Syscalls SyscallRecorder
+	// ProvenanceOff records no provenance (dsecd --no-provenance): no
+	// baseline at start, no watch, and Provenance returns only what is
+	// unseen.
+	ProvenanceOff bool
 }
 
 // Manager is the edge of one node. Create it with New, then call Recover

@@ -57,6 +57,12 @@ func (m *Manager) Provenance(ctx context.Context, id string, flagsOnly bool) (*d
 	}
 	paths := rec.GetSpec().GetProvenance()
 	kind := KindOf(rec.GetSpec())
+	if m.cfg.ProvenanceOff {
+		return &dsecv1.SandboxProvenance{
+			SandboxId: id, Isolation: IsolationName(kind.Isolation), TakenUnixMs: time.Now().UnixMilli(),
+			Paths: paths, Flags: &dsecv1.ProvenanceFlags{}, Unseen: []string{"all: this node records no provenance (dsecd --no-provenance)"},
+		}, nil
+	}
 	p := &dsecv1.SandboxProvenance{
 		SandboxId: id, Isolation: IsolationName(kind.Isolation), TakenUnixMs: time.Now().UnixMilli(),
 		Paths: paths, Unseen: unseenBy(kind.Isolation),
@@ -316,6 +322,9 @@ func (m *Manager) watchProtected(ctx context.Context, sb *sandbox) ([]string, er
 // the layer) and watches its protected paths. What fails is logged: the
 // sandbox serves on, its provenance then less exact.
 func (m *Manager) startProvenance(ctx context.Context, id string) {
+	if m.cfg.ProvenanceOff {
+		return
+	}
 	sb, err := m.lookup(id)
 	if err != nil {
 		return
@@ -360,6 +369,9 @@ func (m *Manager) baselinePath(id string) string {
 // recoverProvenance loads a re-adopted sandbox's baseline and watches its
 // protected paths again (the marks went with the daemon that made them).
 func (m *Manager) recoverProvenance(ctx context.Context, id string) {
+	if m.cfg.ProvenanceOff {
+		return
+	}
 	sb, err := m.lookup(id)
 	if err != nil || !sb.live() {
 		return

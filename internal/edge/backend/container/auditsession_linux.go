@@ -62,6 +62,9 @@ func newAuditSession() error {
 // privileges (no no_new_privs, see refusalsLogged), which the agent's
 // status shows.
 func (r *Container) AuditSession(ctx context.Context, id string) (uint32, error) {
+	if !r.cfg.LogRefusals {
+		return 0, fmt.Errorf("refused syscalls of %s: this node does not log them: %w", id, errdefs.ErrNotSupported)
+	}
 	if r.gvisor() {
 		return 0, fmt.Errorf("refused syscalls of %s: gVisor's sentry applies the profile: %w", id, errdefs.ErrNotSupported)
 	}

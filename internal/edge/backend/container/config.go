@@ -25,6 +25,11 @@ type Config struct {
 	// (the edge keeps its records beside them); default <Root>/sockets.
 	SocketDir string
 	Log       *slog.Logger
+	// LogRefusals has each sandbox's agent log what its profile refuses
+	// (dsec-agent --log-refusals) and starts each container in an audit
+	// session of its own, for provenance's record of refused syscalls
+	// (provenance.SyscallLog); dsecd sets it unless --no-provenance.
+	LogRefusals bool
 }
 
 const (

@@ -561,6 +561,7 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 		Nofile:      nofile(),
 		DiskQgroup:  qgroup,
 		FnCall:      r.fncall,
+		LogRefusals: r.cfg.LogRefusals,
 	}
 	var sentry *vmnet.Sentry
 	if r.gvisor() {
@@ -628,7 +629,12 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 	cmd.Stderr = logFile
 	cmd.ExtraFiles = extra
 	tRun := time.Now()
-	serr, err := startInSession(cmd)
+	var serr error
+	if refusalsLogged(in) {
+		serr, err = startInSession(cmd)
+	} else {
+		err = cmd.Start()
+	}
 	if err == nil {
 		err = cmd.Wait()
 	}

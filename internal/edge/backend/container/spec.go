@@ -88,6 +88,9 @@ type specInput struct {
 	// writable layer; the agent answers statfs of / from it (see
 	// ptraceCapability).
 	DiskQgroup string
+	// LogRefusals asks the agent to log what the profile refuses, where it
+	// can (refusalsLogged).
+	LogRefusals bool
 }
 
 // ptraceCapability is granted to the agent of a sandbox whose disk limit
@@ -167,7 +170,7 @@ func agentFlags(a backend.Agent) []string {
 // applies the profile and the host's kernel sees no refusal; the refused
 // numbers are x86_64's (package refused).
 func refusalsLogged(in specInput) bool {
-	return in.ListenDir == "" && !in.AllowPrivilegeEscalation && refused.Arch != 0
+	return in.LogRefusals && in.ListenDir == "" && !in.AllowPrivilegeEscalation && refused.Arch != 0
 }
 
 func buildSpec(in specInput) *specs.Spec {

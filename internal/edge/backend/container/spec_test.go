@@ -17,7 +17,7 @@ func TestBuildSpec(t *testing.T) {
 		Spec: backend.Spec{
 			ID: "sb-1", Hostname: "h", CPUs: 1.5, MemoryBytes: 1 << 30,
 		},
-		AgentDir: "/agent", CgroupsPath: "/dsec/sb-1", MemorySwap: true, Nofile: 1024,
+		AgentDir: "/agent", CgroupsPath: "/dsec/sb-1", MemorySwap: true, Nofile: 1024, LogRefusals: true,
 	})
 	wantArgs := []string{agentPath, "serve", "--log-refusals", "--listen-fd", "3", "--cgroup-fd", "4", "--memory-cgroup-fd", "5"}
 	if !slices.Equal(s.Process.Args, wantArgs) {
@@ -94,8 +94,8 @@ func TestSeccompProfile(t *testing.T) {
 }
 
 // A sandbox without privilege escalation under runc has its agent log the
-// profile's refusals (--log-refusals); gVisor and a sandbox that may
-// escalate do not. The profile itself is the same either way.
+// profile's refusals (--log-refusals) when the node asks for it; gVisor and
+// a sandbox that may escalate do not. The profile itself is the same either way.
 func TestLogRefusals(t *testing.T) {
 	if refused.Arch == 0 {
 		t.Skip("refusals are logged on x86_64 only")
@@ -105,9 +105,10 @@ func TestLogRefusals(t *testing.T) {
 		in   specInput
 		log  bool
 	}{
-		{"runc", specInput{Spec: backend.Spec{ID: "sb-1"}, AgentDir: "/agent"}, true},
-		{"escalation", specInput{Spec: backend.Spec{ID: "sb-1", AllowPrivilegeEscalation: true}, AgentDir: "/agent"}, false},
-		{"gvisor", specInput{Spec: backend.Spec{ID: "sb-1"}, AgentDir: "/agent", ListenDir: "/l"}, false},
+		{"runc", specInput{Spec: backend.Spec{ID: "sb-1"}, AgentDir: "/agent", LogRefusals: true}, true},
+		{"node off", specInput{Spec: backend.Spec{ID: "sb-1"}, AgentDir: "/agent"}, false},
+		{"escalation", specInput{Spec: backend.Spec{ID: "sb-1", AllowPrivilegeEscalation: true}, AgentDir: "/agent", LogRefusals: true}, false},
+		{"gvisor", specInput{Spec: backend.Spec{ID: "sb-1"}, AgentDir: "/agent", ListenDir: "/l", LogRefusals: true}, false},
 	} {
 		s := buildSpec(c.in)
 		if got := slices.Contains(s.Process.Args, "--log-refusals"); got != c.log {
