@@ -705,7 +705,7 @@ func TestObjectsPython(t *testing.T) {
 	tests := filepath.Join(testutil.RepoRoot(), "sdk", "python", "tests")
 	cmd := exec.CommandContext(t.Context(), py, "-m", "unittest", "-v", "test_objects")
 	cmd.Dir = tests
-	cmd.Env = append(os.Environ(), "DSEC_TEST_OBJ_ADDR="+r.url, "DSEC_TEST_OBJ_BUILDER="+r.tokens["builder"],
+	cmd.Env = append(os.Environ(), "DSEC_TEST_OBJ_ADDR="+r.url, "DSEC_TEST_OBJ_ADMIN="+r.tokens["admin"], "DSEC_TEST_OBJ_BUILDER="+r.tokens["builder"],
 		"DSEC_TEST_OBJ_RUNNER="+r.tokens["runner"], "DSEC_TEST_OBJ_RUN_BUILDER="+r.tokens["run-builder"], "DSEC_TOKEN_FILE=")
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("OK")) || bytes.Contains(out, []byte("skipped")) {

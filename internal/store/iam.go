@@ -14,7 +14,8 @@ import (
 type DeleteProjectOptions struct {
 	// ObjectsToParent hands the project's layers, images and snapshots
 	// (their records, their bytes' charge and their shares) to its
-	// parent, in the transaction that deletes it, instead of refusing.
+	// parent, in the transaction that deletes it, instead of refusing;
+	// not to the root, whose objects every project sees.
 	ObjectsToParent bool
 }
 

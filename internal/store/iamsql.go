@@ -340,6 +340,10 @@ func (d *sqlDB) DeleteProject(ctx context.Context, actor iam.Authority, path str
 		if err != nil {
 			return err
 		}
+		if len(objects) > 0 && opts.ObjectsToParent && parentPath == "" {
+			return fmt.Errorf("its parent is the root, whose layers, images and snapshots every project sees: remove its %s first: %w",
+				describeObjects(objects), errdefs.ErrFailedPrecondition)
+		}
 		if len(objects) > 0 && !opts.ObjectsToParent {
 			inUse = append(inUse, describeObjects(objects))
 		}

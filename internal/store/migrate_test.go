@@ -146,7 +146,7 @@ func TestIAMMigrationKeepsPower(t *testing.T) {
 // TestObjectBlobsMigration: an object recorded before blobs holds one of
 // its own with the bytes it was charged, so its delete gives back as
 // much; a share with a project deleted before is dropped, and an object of
-// one is the root's.
+// one stays its (not the root's, which every project sees).
 func TestObjectBlobsMigration(t *testing.T) {
 	for _, tc := range []struct {
 		dialect string
@@ -207,8 +207,8 @@ func TestObjectBlobsMigration(t *testing.T) {
 			if err != nil || len(o.Blobs) != 1 || o.Blobs[0] != (Blob{Digest: "object:env:1", Bytes: 1000}) || o.SharedWith != nil {
 				t.Fatalf("env:1 after the migration: %+v, %v; want one blob object:env:1 of 1000 bytes, no shares", o, err)
 			}
-			if o, err := st.Object(ctx, "gone:1"); err != nil || o.Project != "" {
-				t.Fatalf("an object of a deleted project after the migration: %+v, %v; want the root's", o, err)
+			if o, err := st.Object(ctx, "gone:1"); err != nil || o.Project != "deleted" {
+				t.Fatalf("an object of a deleted project after the migration: %+v, %v; want it kept as it was", o, err)
 			}
 			if _, release, err := st.DeleteObject(ctx, "env:1"); err != nil || release != 1000 {
 				t.Fatalf("DeleteObject env:1: release %d, %v; want 1000", release, err)

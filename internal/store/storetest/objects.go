@@ -263,6 +263,12 @@ func testDeleteProjectObjects(t *testing.T, st store.Store) {
 
 	wantMessage(t, "DeleteProject owning objects", st.DeleteProject(ctx, admin(), "ml/run", store.DeleteProjectOptions{}),
 		errdefs.ErrFailedPrecondition, "1 image (env:1), 1 snapshot (snap:a)")
+	// Never to the root: every project sees the root's objects.
+	wantMessage(t, "DeleteProject handing objects to the root", st.DeleteProject(ctx, admin(), "eval", store.DeleteProjectOptions{ObjectsToParent: true}),
+		errdefs.ErrFailedPrecondition, "its parent is the root")
+	if o, err := st.Object(ctx, "theirs:1"); err != nil || o.Project != "eval" {
+		t.Fatalf("theirs:1 after a refused delete: %+v, %v", o, err)
+	}
 	if o, err := st.Object(ctx, "env:1"); err != nil || o.Project != "ml/run" {
 		t.Fatalf("env:1 after a refused delete: %+v, %v", o, err)
 	}

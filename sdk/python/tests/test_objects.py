@@ -4,8 +4,9 @@ another project sees them only once shared, read-only.
 
 The Go test TestObjectsPython (internal/apiserver) runs this module against
 an apiserver on SQLite whose one node keeps layers in memory, with
-DSEC_TEST_OBJ_ADDR and a token per principal (DSEC_TEST_OBJ_BUILDER,
-DSEC_TEST_OBJ_RUNNER, DSEC_TEST_OBJ_RUN_BUILDER) set; base:1 is the root's.
+DSEC_TEST_OBJ_ADDR and a token per principal (DSEC_TEST_OBJ_ADMIN,
+DSEC_TEST_OBJ_BUILDER, DSEC_TEST_OBJ_RUNNER, DSEC_TEST_OBJ_RUN_BUILDER) set;
+base:1 is the root's.
 Run alone, without them, it skips.
 """
 
@@ -66,6 +67,18 @@ class ObjectsTest(unittest.TestCase):
         builder.delete_snapshot("pysnap")
         builder.remove_layer("pyenv:1")
         self.assertNotIn("pyenv:1", refs(builder))
+
+    def test_delete_project_objects(self):
+        admin, builder = self.client("ADMIN"), self.client("BUILDER")
+        admin.create_project("build/pytask")
+        builder.import_layer("pytask:1", "/pytask", kind="workspace", project="build/pytask")
+        with self.assertRaises(errors.FailedPrecondition) as cm:
+            admin.delete_project("build/pytask")
+        self.assertIn("1 layer (pytask:1)", str(cm.exception))
+        admin.delete_project("build/pytask", objects_to_parent=True)
+        [layer] = [l for l in builder.list_layers() if "pytask:1" in l.get("refs", [])]
+        self.assertEqual(layer["project"], "build")
+        builder.remove_layer("pytask:1")
 
 
 if __name__ == "__main__":

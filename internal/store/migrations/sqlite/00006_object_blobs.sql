@@ -13,10 +13,11 @@ CREATE TABLE object_blobs (
 	PRIMARY KEY (name, digest)
 );
 CREATE INDEX object_blobs_digest ON object_blobs (digest);
--- What projects deleted before this left behind: shares with them go, and
--- their objects are the root's (only the root saw them).
+-- Shares with projects deleted before this go: a project made again at the
+-- path would see them. (An object of such a project keeps its path, seen
+-- from the root only, which may remove it: made the root's, every project
+-- would see it.)
 DELETE FROM object_shares WHERE project NOT IN (SELECT path FROM projects);
-UPDATE objects SET project = '' WHERE project NOT IN (SELECT path FROM projects);
 INSERT INTO object_blobs (name, digest, bytes) SELECT name, 'object:' || name, bytes FROM objects WHERE bytes > 0;
 
 -- +goose Down
