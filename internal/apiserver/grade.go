@@ -84,16 +84,29 @@ func (s *Server) gradeEvidence(ctx context.Context, id string) (trajectory strin
 	return trajectory, p.Msg
 }
 
-// loopback is an in-process client of the server's own sandbox API
-// (package memconn; the connection is in-process, so a call without a
-// token is the node's own, as an adapter's). It is made on first use and
-// lives as long as the process.
+// loopback is an in-process client of the server's own API (package
+// memconn; the connection is in-process, so a call without a token is the
+// node's own, as an adapter's). It is made on first use and lives as long
+// as the process. The console (console.go) calls through it too, always
+// with its signed-in token.
 type loopback struct {
 	once sync.Once
+	hc   *http.Client
 	c    dsecv1connect.SandboxServiceClient
 }
 
 func (l *loopback) client(s *Server) dsecv1connect.SandboxServiceClient {
+	l.init(s)
+	return l.c
+}
+
+// http is the loopback's HTTP client, for clients of the other services.
+func (l *loopback) http(s *Server) *http.Client {
+	l.init(s)
+	return l.hc
+}
+
+func (l *loopback) init(s *Server) {
 	l.once.Do(func() {
 		mem := memconn.New()
 		srv := &http.Server{Handler: s.Handler(), ConnContext: ConnContext, Protocols: new(http.Protocols)}
@@ -101,7 +114,7 @@ func (l *loopback) client(s *Server) dsecv1connect.SandboxServiceClient {
 		go srv.Serve(mem) // ends with the process
 		tr := &http.Transport{DialContext: mem.Dial, Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
 		tr.Protocols.SetUnencryptedHTTP2(true)
-		l.c = dsecv1connect.NewSandboxServiceClient(&http.Client{Transport: tr}, "http://in-process")
+		l.hc = &http.Client{Transport: tr}
+		l.c = dsecv1connect.NewSandboxServiceClient(l.hc, "http://in-process")
 	})
-	return l.c
 }

@@ -20,6 +20,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/console"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
 	"dsec.dev/dsec/internal/iam"
@@ -145,6 +146,7 @@ type Server struct {
 	audit    *auditLog                         // nil without Config.Audit
 	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
 	loop     loopback                          // grade.go
+	console  webConsole                        // console.go
 }
 
 // New returns a Server routing to the fleet's edges.
@@ -173,7 +175,8 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 
 // Handler returns the HTTP handler serving every service, plus /healthz
 // and /metrics (the reconciliation counters, in Prometheus's text format),
-// which need no token.
+// which need no token, and the web console at /console (console.go),
+// which needs a signed-in token.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	// Clients accept gzip by default; compressing small messages costs
@@ -191,6 +194,8 @@ func (s *Server) Handler() http.Handler {
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/metrics", s.serveMetrics)
+	mux.HandleFunc(console.Prefix, s.serveConsole)
+	mux.HandleFunc(console.Prefix+"/", s.serveConsole)
 	// Streams of exec events end with the exit: see forwardStream.
 	return flushhold.Handler(mux)
 }
