@@ -2,7 +2,9 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -40,7 +42,7 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecReque
 	if err != nil {
 		return err
 	}
-	return e.Exec(ctx, req, out)
+	return s.whileRoutable(ctx, m.GetSandboxId(), func(ctx context.Context) error { return e.Exec(ctx, req, out) })
 }
 
 func (s *Server) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
@@ -51,7 +53,7 @@ func (s *Server) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachR
 	if err != nil {
 		return err
 	}
-	return e.Attach(ctx, req, out)
+	return s.whileRoutable(ctx, req.Msg.GetSandboxId(), func(ctx context.Context) error { return e.Attach(ctx, req, out) })
 }
 
 func (s *Server) SessionRun(ctx context.Context, req *connect.Request[dsecv1.SessionRunRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {
@@ -62,7 +64,7 @@ func (s *Server) SessionRun(ctx context.Context, req *connect.Request[dsecv1.Ses
 	if err != nil {
 		return err
 	}
-	return e.SessionRun(ctx, req, out)
+	return s.whileRoutable(ctx, req.Msg.GetSandboxId(), func(ctx context.Context) error { return e.SessionRun(ctx, req, out) })
 }
 
 func (s *Server) Download(ctx context.Context, req *connect.Request[dsecv1.DownloadRequest], out *connect.ServerStream[dsecv1.DownloadChunk]) error {
@@ -82,6 +84,42 @@ func (s *Server) WatchDir(ctx context.Context, req *connect.Request[dsecv1.Watch
 		return err
 	}
 	return e.WatchDir(ctx, req, out)
+}
+
+// routeCheckEvery is how often a relayed command's stream checks that its
+// sandbox's node is still routable: the watcher's polls come about once a
+// second.
+const routeCheckEvery = time.Second
+
+// whileRoutable runs call, a command's stream relayed to the edge of
+// sandbox id, on a context cut with Unavailable once the watcher finds the
+// node unroutable mid-call. An edge that is stopped (SIGSTOP, a frozen VM)
+// or cut off keeps its connections open, so without this the stream would
+// wait for the caller's deadline, and the caller would take the platform's
+// fault for its own timeout (docs/outcomes.md: edge_unreachable).
+func (s *Server) whileRoutable(ctx context.Context, id string, call func(context.Context) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		tick := time.NewTicker(routeCheckEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				if _, err := s.edgeFor(id); errors.Is(err, errdefs.ErrUnavailable) {
+					cancel(fmt.Errorf("the sandbox's node stopped answering mid-call: %w", err))
+					return
+				}
+			}
+		}
+	}()
+	err := call(ctx)
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, errdefs.ErrUnavailable) {
+		return cause
+	}
+	return err
 }
 
 // forward hands a unary call to the edge of the sandbox it names.
