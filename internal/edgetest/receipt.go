@@ -15,7 +15,8 @@ import (
 
 // testReceipt checks SignReceipt: an edge without a key refuses it
 // (NotSupported); one with a key signs a receipt of what it saw (a clean
-// room it made, its layers, a command it ran and its exit), which verifies
+// room it made, its layers, a command it ran, its exit and the reward its
+// reward file gives), which verifies
 // against Options.ReceiptCA and names the node, and refuses one naming a
 // fact it did not see (FailedPrecondition) or a sandbox it never made
 // (NotFound). An edge that runs nothing in its sandboxes sees no grader
@@ -101,6 +102,20 @@ func testReceipt(t *testing.T, e *edge) {
 		_, err := sign(edited)
 		wantKind(t, "SignReceipt of "+c.name, err, errdefs.ErrFailedPrecondition)
 	}
+	// The reward: the edge reads the reward file as the grader left it.
+	wrote := "mkdir -p " + grade.RewardDir + " && echo 0.5 > " + grade.RewardFile
+	if _, err := e.exec(ctx, room.GetId(), wrote); err != nil {
+		t.Fatalf("exec a grader that writes its reward: %v", err)
+	}
+	rewarded := r
+	rewarded.GraderCommand, rewarded.Exit, rewarded.Reward = []string{"sh", "-c", wrote}, 0, 0.5
+	if _, err := sign(rewarded); err != nil {
+		t.Errorf("SignReceipt of the reward the grader wrote: %v", err)
+	}
+	rewarded.Reward = 1
+	_, err = sign(rewarded)
+	wantKind(t, "SignReceipt of a reward the grader did not write", err, errdefs.ErrFailedPrecondition)
+
 	missing := r
 	missing.GradeSandbox = "sb-never-made"
 	_, err = sign(missing)

@@ -369,40 +369,47 @@ func killLeft(ctx context.Context, api API, room, user string) error {
 	return nil
 }
 
-// maxRewardBytes bounds the reward file read back: a number.
-const maxRewardBytes = 4096
+// MaxRewardBytes bounds the reward file read back: a number.
+const MaxRewardBytes = 4096
 
-// readReward sets the reward: the number in the reward file when the
-// grader wrote one, else 1 on exit 0 and 0 otherwise; a grader the
-// platform ended (exit.fault) gets the fault instead, reward 0. A reward file that
-// holds no finite number, or a grader that did not exit 0 (a timeout, a
-// kill, an OOM), scores 0 whatever the file says.
+// readReward sets the reward from the grader's exit and the reward file
+// (Reward); a grader the platform ended (exit.fault) gets the fault
+// instead, reward 0, and its reward file is not read.
 func readReward(ctx context.Context, api API, room string, res *dsecv1.GradeResult) error {
 	if f := res.GetExit().GetFault(); f != dsecv1.Fault_FAULT_UNSPECIFIED {
 		res.Fault, res.Reward, res.RewardSource = f, 0, "fault"
 		return nil
 	}
-	ok := res.GetExit().GetStatus() == dsecv1.ExitStatus_EXIT_STATUS_OK
-	rf, err := api.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: room, Path: RewardFile, Limit: maxRewardBytes, User: "root"}))
+	rf, err := api.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: room, Path: RewardFile, Limit: MaxRewardBytes, User: "root"}))
 	if err != nil {
 		return fmt.Errorf("read the reward file: %w", err)
 	}
-	text := strings.TrimSpace(string(rf.Msg.GetData()))
-	res.Reward, res.RewardSource = 0, "exit"
+	res.Reward, res.RewardSource = Reward(res.GetExit(), rf.Msg.GetData())
+	return nil
+}
+
+// Reward is the reward of a grader that exited with exit, its reward file
+// holding file: the number in the file when the grader wrote one, else 1
+// on exit 0 and 0 otherwise. A reward file that holds no finite number, or
+// a grader that did not exit 0 (a timeout, a kill, an OOM), scores 0
+// whatever the file says. source says which: "exit", "file" or
+// "file-invalid". The edge that ran the grader computes it again before it
+// signs the grade's receipt.
+func Reward(exit *dsecv1.ExecExited, file []byte) (reward float64, source string) {
+	ok := exit.GetStatus() == dsecv1.ExitStatus_EXIT_STATUS_OK
+	text := strings.TrimSpace(string(file))
 	if text == "" {
 		if ok {
-			res.Reward = 1
+			return 1, "exit"
 		}
-		return nil
+		return 0, "exit"
 	}
-	res.RewardSource = "file"
 	v, err := strconv.ParseFloat(text, 64)
 	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-		res.RewardSource = "file-invalid"
-		return nil
+		return 0, "file-invalid"
 	}
-	if ok {
-		res.Reward = v
+	if !ok {
+		return 0, "file"
 	}
-	return nil
+	return v, "file"
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -32,11 +33,11 @@ func (s *Service) SetReceipts(r Receipts) { s.receipts = r }
 // SignReceipt signs a grade's receipt once the node has checked the facts
 // in it that it saw itself: the clean room is its own and grades the
 // receipt's sandbox, was started on the receipt's environment and layers
-// (the workspace capture among them), and ran the grader's command to the
-// receipt's exit and fault. Anything else in the receipt (the reward read
-// from the reward file, the provenance flags and trajectory hash of the
-// graded sandbox, perhaps on another node, the times) is the apiserver's
-// word, signed as given; a reward the exit rules out is refused.
+// (the workspace capture among them), ran the grader's command to the
+// receipt's exit and fault, and its reward file and that exit give the
+// receipt's reward (grade.Reward). The rest (the paths, the tests' digest,
+// the provenance flags and trajectory hash of the graded sandbox, perhaps
+// on another node, the times) is the apiserver's word, signed as given.
 func (s *Service) SignReceipt(ctx context.Context, req *connect.Request[edgev1.SignReceiptRequest]) (*connect.Response[edgev1.SignReceiptResponse], error) {
 	if s.receipts == nil {
 		return nil, fmt.Errorf("sign receipt: node %s holds no receipt key: %w", s.edge.Node(), errdefs.ErrNotSupported)
@@ -59,7 +60,11 @@ func (s *Service) SignReceipt(ctx context.Context, req *connect.Request[edgev1.S
 		return nil, fmt.Errorf("sign receipt: node %s did not see %q run in clean room %s: %w",
 			s.edge.Node(), strings.Join(r.GraderCommand, " "), r.GradeSandbox, errdefs.ErrFailedPrecondition)
 	}
-	if err := checkReceipt(r, room, ran); err != nil {
+	file, err := s.rewardFile(ctx, r.GradeSandbox, ran)
+	if err != nil {
+		return nil, fmt.Errorf("sign receipt: %w", err)
+	}
+	if err := checkReceipt(r, room, ran, file); err != nil {
 		return nil, fmt.Errorf("sign receipt: node %s saw otherwise: %w: %w", s.edge.Node(), err, errdefs.ErrFailedPrecondition)
 	}
 	signer, err := s.receipts()
@@ -76,9 +81,26 @@ func (s *Service) SignReceipt(ctx context.Context, req *connect.Request[edgev1.S
 	return connect.NewResponse(&edgev1.SignReceiptResponse{Envelope: env}), nil
 }
 
+// rewardFile reads the reward file of clean room id as its grader, which
+// exited with ran, left it (nil for none, or for a grader the platform
+// ended, whose reward file means nothing).
+func (s *Service) rewardFile(ctx context.Context, id string, ran *dsecv1.ExecExited) ([]byte, error) {
+	if ran.GetFault() != dsecv1.Fault_FAULT_UNSPECIFIED {
+		return nil, nil
+	}
+	resp, err := s.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: grade.RewardFile, Limit: grade.MaxRewardBytes, User: "root"}))
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read the reward file of clean room %s: %w", id, err)
+	}
+	return resp.Msg.GetData(), nil
+}
+
 // checkReceipt compares a receipt with what the node saw: the clean room
-// room and the grader's exit ran.
-func checkReceipt(r sdkreceipt.Receipt, room *dsecv1.Sandbox, ran *dsecv1.ExecExited) error {
+// room, the grader's exit ran and its reward file.
+func checkReceipt(r sdkreceipt.Receipt, room *dsecv1.Sandbox, ran *dsecv1.ExecExited, rewardFile []byte) error {
 	spec := room.GetSpec()
 	switch {
 	case spec.GetLabels()[grade.GradeOfLabel] != r.Sandbox:
@@ -101,8 +123,14 @@ func checkReceipt(r sdkreceipt.Receipt, room *dsecv1.Sandbox, ran *dsecv1.ExecEx
 		return fmt.Errorf("the grader's fault was %q, not %q", fault, r.Fault)
 	case fault != "" && r.Outcome != "fault", fault == "" && r.Outcome != "task":
 		return fmt.Errorf("the grader's outcome was not %q", r.Outcome)
-	case ran.GetStatus() != dsecv1.ExitStatus_EXIT_STATUS_OK && r.Reward != 0:
-		return fmt.Errorf("the grader ended %s, which scores 0, not %v", ran.GetStatus(), r.Reward)
+	case fault != "" && r.Reward != 0:
+		return fmt.Errorf("the platform ended the grader, which scores nothing, not %v", r.Reward)
+	}
+	if fault != "" {
+		return nil
+	}
+	if want, source := grade.Reward(ran, rewardFile); r.Reward != want {
+		return fmt.Errorf("the grader's reward was %v (from its %s), not %v", want, source, r.Reward)
 	}
 	return nil
 }
