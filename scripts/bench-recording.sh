@@ -8,7 +8,10 @@
 # of the runs' wall times, on/off (target <= 1.03), as the median of the
 # rounds' ratios with their range.
 #
-#   scripts/bench-recording.sh [-r ROUNDS] [-n ROLLOUTS]
+#   scripts/bench-recording.sh [-r ROUNDS] [-n ROLLOUTS] [-o "OFF FLAGS"]
+#
+# -o gives the off side's dsecd flags instead (e.g. --no-provenance alone,
+# to see what one of the two costs).
 #
 # As root, after `make build`, with the demo's Debian base tree built
 # (scripts/demo.sh once: /var/cache/dsec/demo-debian, or
@@ -17,12 +20,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-rounds=3 n=16
-while getopts r:n: o; do
+rounds=3 n=16 offflags="--no-trajectories --no-provenance"
+while getopts r:n:o: o; do
   case $o in
     r) rounds=$OPTARG ;;
     n) n=$OPTARG ;;
-    *) echo "usage: $0 [-r ROUNDS] [-n ROLLOUTS]" >&2; exit 2 ;;
+    o) offflags=$OPTARG ;;
+    *) echo "usage: $0 [-r ROUNDS] [-n ROLLOUTS] [-o \"OFF FLAGS\"]" >&2; exit 2 ;;
   esac
 done
 tree=${DSEC_DEMO_BASE_TREE:-/var/cache/dsec/demo-debian}
@@ -70,9 +74,11 @@ batch() {
 }
 
 ratios=()
+echo "off: dsecd $offflags"
 printf '%-6s %10s %10s %8s\n' round "on (s)" "off (s)" "on/off"
 run_on() { start; on=$(batch); stop; }
-run_off() { start --no-trajectories --no-provenance; off=$(batch); stop; }
+# shellcheck disable=SC2086 # the flags are words
+run_off() { start $offflags; off=$(batch); stop; }
 for r in $(seq "$rounds"); do
   # Odd rounds run recording on first, even rounds off first.
   if [ $((r % 2)) -eq 1 ]; then run_on; run_off; else run_off; run_on; fi

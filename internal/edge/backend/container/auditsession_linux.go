@@ -58,9 +58,11 @@ func newAuditSession() error {
 
 // AuditSession returns the audit session of sandbox id's processes
 // (backend.SyscallAuditor), or ErrNotSupported when its refused syscalls
-// are not logged: under gVisor, or when the sandbox may escalate
-// privileges (no no_new_privs, see refusalsLogged), which the agent's
-// status shows.
+// are not logged: on a node that does not ask for it, under gVisor, or when
+// the sandbox may escalate privileges (no no_new_privs, see
+// refusalsLogged), which its processes' status shows. It reads any process
+// of the sandbox's cgroup, all of which share the session: no OCI runtime
+// runs, as it is asked on the create path.
 func (r *Container) AuditSession(ctx context.Context, id string) (uint32, error) {
 	if !r.cfg.LogRefusals {
 		return 0, fmt.Errorf("refused syscalls of %s: this node does not log them: %w", id, errdefs.ErrNotSupported)
@@ -68,19 +70,22 @@ func (r *Container) AuditSession(ctx context.Context, id string) (uint32, error)
 	if r.gvisor() {
 		return 0, fmt.Errorf("refused syscalls of %s: gVisor's sentry applies the profile: %w", id, errdefs.ErrNotSupported)
 	}
-	rs, err := r.runtimeState(ctx, id)
-	if err != nil {
-		return 0, err
-	}
-	if rs.Pid <= 0 {
-		return 0, fmt.Errorf("refused syscalls of %s: no init process (%s): %w", id, rs.Status, errdefs.ErrFailedPrecondition)
-	}
-	status, err := os.ReadFile("/proc/" + strconv.Itoa(rs.Pid) + "/status")
+	pids, err := r.layout.Procs(r.cgroupRel(id))
 	if err != nil {
 		return 0, fmt.Errorf("refused syscalls of %s: %w", id, err)
 	}
-	if !strings.Contains(string(status), "\nNoNewPrivs:\t1\n") {
-		return 0, fmt.Errorf("refused syscalls of %s: it may escalate privileges, and its profile logs nothing: %w", id, errdefs.ErrNotSupported)
+	for _, pid := range pids {
+		status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		if err != nil {
+			continue // ended meanwhile
+		}
+		if !strings.Contains(string(status), "\nNoNewPrivs:\t1\n") {
+			return 0, fmt.Errorf("refused syscalls of %s: it may escalate privileges, and its profile logs nothing: %w", id, errdefs.ErrNotSupported)
+		}
+		session, err := provenance.ReadSession(pid)
+		if err == nil {
+			return session, nil
+		}
 	}
-	return provenance.ReadSession(rs.Pid)
+	return 0, fmt.Errorf("refused syscalls of %s: no process: %w", id, errdefs.ErrFailedPrecondition)
 }

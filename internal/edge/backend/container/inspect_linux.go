@@ -41,15 +41,17 @@ func (r *Container) Root(ctx context.Context, id string) (string, int, error) {
 	return "/proc/" + strconv.Itoa(rs.Pid) + "/root", rs.Pid, nil
 }
 
-// Processes lists sandbox id's processes but its agent, as the OCI
-// runtime's ps sees them (backend.Inspector): runc lists the container's
-// cgroup by host pid, runsc the sentry's tasks by sandbox pid.
+// Processes lists sandbox id's processes but its agent (backend.Inspector):
+// under runc or crun every process of the container's cgroup tree, read
+// from the cgroup files (what runc ps lists, without running it: a grade
+// asks as it starts), the agent being the one that is pid 1 in the
+// sandbox; under gVisor runsc ps lists the sentry's tasks by sandbox pid.
 func (r *Container) Processes(ctx context.Context, id string) ([]backend.Process, error) {
-	out, err := r.runtimeStdout(ctx, "ps", "--format", "json", id)
-	if err != nil {
-		return nil, fmt.Errorf("list processes of %s: %w", id, err)
-	}
 	if r.gvisor() {
+		out, err := r.runtimeStdout(ctx, "ps", "--format", "json", id)
+		if err != nil {
+			return nil, fmt.Errorf("list processes of %s: %w", id, err)
+		}
 		var tasks []struct {
 			PID int    `json:"PID"`
 			Cmd string `json:"Cmd"`
@@ -65,24 +67,19 @@ func (r *Container) Processes(ctx context.Context, id string) ([]backend.Process
 		}
 		return ps, nil
 	}
-	var pids []int
-	if err := json.Unmarshal(out, &pids); err != nil {
-		return nil, fmt.Errorf("list processes of %s: decode %s ps: %w", id, r.cfg.Runtime, err)
-	}
-	rs, err := r.runtimeState(ctx, id)
+	pids, err := r.layout.Procs(r.cgroupRel(id))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("list processes of %s: %w", id, err)
 	}
 	var ps []backend.Process
 	for _, pid := range pids {
-		if pid == rs.Pid {
-			continue
-		}
 		comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
 		if err != nil {
 			continue // gone meanwhile
 		}
-		ps = append(ps, backend.Process{Pid: nsPid(pid), Command: strings.TrimSpace(string(comm))})
+		if n := nsPid(pid); n != 1 {
+			ps = append(ps, backend.Process{Pid: n, Command: strings.TrimSpace(string(comm))})
+		}
 	}
 	return ps, nil
 }
