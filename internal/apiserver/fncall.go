@@ -12,7 +12,9 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/outcome"
+	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
 
@@ -114,8 +116,13 @@ func (f *fnService) runCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*d
 			return nil, err
 		}
 	}
+	h, err := f.s.chargeCall(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer f.s.settleHolds(ctx, h, false)
 	var out *dsecv1.RunCodeResponse
-	err := f.tryNodes("run code", func(node string, e watcher.Edge) (bool, error) {
+	err = f.tryNodes("run code", func(node string, e watcher.Edge) (bool, error) {
 		c := f.flight(node)
 		c.Add(1)
 		resp, err := e.RunCode(ctx, connect.NewRequest(req))
@@ -206,4 +213,29 @@ func (f *fnService) ListLanguages(ctx context.Context, req *connect.Request[dsec
 		return nil, err
 	}
 	return out, nil
+}
+
+// chargeCall charges a FnCall call about to run to its caller's project
+// (the token's; the root for the node's administrator) as one call in
+// flight, held until it ends, when a limit applies to it there. A refusal
+// is the store's ResourceExhausted ("quota of project ml: 8 of 8 FnCall
+// calls in flight").
+func (s *Server) chargeCall(ctx context.Context) (held, error) {
+	if s.cfg.Quotas == nil {
+		return nil, nil
+	}
+	project := ""
+	if a, ok := iam.AuthorityFrom(ctx); ok && !a.Node {
+		project = a.Project
+	}
+	limits, err := s.limited(ctx, project)
+	if err != nil || !limits[store.FnCallInflight] {
+		return nil, err
+	}
+	one := store.Amounts{store.FnCallInflight: 1}
+	id := "call:" + newBatch()
+	if err := s.charges.charge(ctx, s.cfg.Quotas, project, one, []store.Hold{{ID: id, Amounts: one, Expires: holdUntil(ctx)}}); err != nil {
+		return nil, err
+	}
+	return held{id}, nil
 }

@@ -3,7 +3,9 @@ package apiserver
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,8 +22,28 @@ import (
 type Quotas interface {
 	Charge(ctx context.Context, project string, amounts store.Amounts) error
 	Release(ctx context.Context, project string, amounts store.Amounts) error
-	SetUse(ctx context.Context, project string, resource store.Resource, n int64) error
+	ChargeHeld(ctx context.Context, project string, amounts store.Amounts, holds []store.Hold) error
+	Settle(ctx context.Context, ids []string, release bool) error
+	ReleaseSandbox(ctx context.Context, project, id string, amounts store.Amounts) (bool, error)
+	Uses(ctx context.Context, resources []store.Resource) ([]store.Use, error)
+	CorrectUse(ctx context.Context, read store.Use, n int64) (bool, error)
+	ExpireHolds(ctx context.Context, now time.Time) (int, error)
 	Quota(ctx context.Context, project string) ([]store.ProjectQuota, error)
+}
+
+// holdMargin is how long a hold outlives the deadline of the create, fork
+// or call it is held for before any apiserver's sweep releases it as one
+// whose apiserver died in the middle of it: room for the cleanup that
+// runs past the deadline. A call without a deadline is held for
+// store.DefaultHoldExpiry.
+const holdMargin = 15 * time.Second
+
+// holdUntil is when a hold for the call of ctx expires.
+func holdUntil(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d.Add(holdMargin)
+	}
+	return time.Time{}
 }
 
 // What a sandbox asking for none is charged: dsecd's defaults for a
@@ -54,59 +76,85 @@ func amountsOf(spec *dsecv1.SandboxSpec, n int) store.Amounts {
 	return store.Amounts{store.Sandboxes: k, store.VCPUs: cpu * k, store.MemoryMB: mem * k, store.DiskMB: disk * k}
 }
 
-// charge charges the project of spec for n sandboxes about to be made, and
-// a create of each against creates_per_second; release gives the sandboxes'
-// part back (a create that failed). Only the resources some project on the
-// path limits are charged (limited). A refusal is the store's
-// ResourceExhausted, naming the project, the resource, the limit and the
-// use.
-func (s *Server) charge(ctx context.Context, spec *dsecv1.SandboxSpec, n int) (release func(), err error) {
+// quotaCharge is what a create of n sandboxes of spec is charged: the
+// resources some project on its path limits (limited), with a create of
+// each against creates_per_second; held is the part the sandboxes hold.
+// ok is false when no limit applies: nothing is charged.
+func (s *Server) quotaCharge(ctx context.Context, spec *dsecv1.SandboxSpec, n int) (c store.QuotaCharge, ok bool, err error) {
 	project := spec.GetLabels()[ProjectLabel]
 	limits, err := s.limited(ctx, project)
 	if err != nil || len(limits) == 0 {
-		return func() {}, err
+		return c, false, err
 	}
 	all := amountsOf(spec, n)
 	all[store.CreatesPerSecond] = int64(n)
-	charged, held := store.Amounts{}, store.Amounts{}
+	c = store.QuotaCharge{Project: project, Amounts: store.Amounts{}, Held: store.Amounts{}, Expires: holdUntil(ctx)}
 	for r, v := range all {
 		if !limits[r] {
 			continue
 		}
-		charged[r] = v
+		c.Amounts[r] = v
 		if r != store.CreatesPerSecond {
-			held[r] = v
+			c.Held[r] = v
 		}
 	}
-	if err := s.charges.charge(ctx, s.cfg.Quotas, project, charged); err != nil {
-		return nil, err
-	}
-	return func() { s.releaseCharged(context.WithoutCancel(ctx), project, held) }, nil
+	return c, len(c.Amounts) > 0, nil
 }
 
-// release gives back what sandboxes of project held, of the resources a
-// create would have been charged now.
-func (s *Server) release(ctx context.Context, project string, amounts store.Amounts) {
+// held names the holds of a charge made for something under way (a
+// create, a fork, a FnCall call), which settle once it is over.
+type held []string
+
+// charge charges the project of spec for n sandboxes about to be made, held
+// under hold until settled. A refusal is the store's ResourceExhausted,
+// naming the project, the resource, the limit and the use.
+func (s *Server) charge(ctx context.Context, spec *dsecv1.SandboxSpec, n int, hold string) (held, error) {
+	c, ok, err := s.quotaCharge(ctx, spec, n)
+	if err != nil || !ok {
+		return nil, err
+	}
+	if err := s.charges.charge(ctx, s.cfg.Quotas, c.Project, c.Amounts, []store.Hold{{ID: hold, Amounts: c.Held, Expires: c.Expires}}); err != nil {
+		return nil, err
+	}
+	return held{hold}, nil
+}
+
+// settleHolds ends the holds of h: with keep what they held stays charged
+// (the sandboxes exist and hold it: settled in the background, settleGroup),
+// else it is given back.
+func (s *Server) settleHolds(ctx context.Context, h held, keep bool) {
+	if len(h) == 0 {
+		return
+	}
+	if keep {
+		s.kept.settle(ctx, s.cfg.Quotas, s.log, h)
+		return
+	}
+	if err := s.cfg.Quotas.Settle(context.WithoutCancel(ctx), h, true); err != nil {
+		// The holds expire (holdUntil); the sweep then counts from the edges.
+		s.log.Warn("settle quota holds", "holds", h, "keep", keep, "err", err)
+	}
+}
+
+// releaseSandbox gives back, once, what sandbox id of project held, of the
+// resources a create would be charged now.
+func (s *Server) releaseSandbox(ctx context.Context, project, id string, amounts store.Amounts) {
 	limits, err := s.limited(ctx, project)
 	if err != nil || len(limits) == 0 {
 		return
 	}
-	held := store.Amounts{}
+	part := store.Amounts{}
 	for r, v := range amounts {
 		if limits[r] {
-			held[r] = v
+			part[r] = v
 		}
 	}
-	s.releaseCharged(ctx, project, held)
-}
-
-func (s *Server) releaseCharged(ctx context.Context, project string, held store.Amounts) {
-	if len(held) == 0 {
+	if len(part) == 0 {
 		return
 	}
-	if err := s.cfg.Quotas.Release(ctx, project, held); err != nil {
+	if _, err := s.cfg.Quotas.ReleaseSandbox(ctx, project, id, part); err != nil {
 		// The reconciliation sets the use from the truth.
-		s.log.Warn("release quota", "project", iam.Display(project), "err", err)
+		s.log.Warn("release quota", "project", iam.Display(project), "sandbox", id, "err", err)
 	}
 }
 
@@ -119,23 +167,42 @@ func live(st dsecv1.State) bool {
 	return true
 }
 
-// reconcileQuotas sets every project's sandbox use from the truth: the
-// live sandboxes every node holds, by the project their label names. It
-// runs only when every node of the fleet answers (an unreachable node's
-// sandboxes cannot be counted), and corrects what no release reached: a
-// sandbox ended by its TTL, its idle timeout or a failure, and the charges
-// of creates an apiserver or edge died in the middle of. A create charged
-// between the listing and the correction is not counted until the next
+// countedResources are the resources reconciliation counts: what live
+// sandboxes hold, and FnCall calls in flight, which the edges do not show
+// (their truth is 0: only their holds count).
+var countedResources = append(slices.Clone(sandboxResources), store.FnCallInflight)
+
+// reconcileQuotas corrects every project's use from the truth: the live
+// sandboxes every node holds, by the project their label names, plus the
+// holds of the creates, forks and calls under way. It runs only when every
+// node of the fleet answers (an unreachable node's sandboxes cannot be
+// counted), and corrects what no release reached: a sandbox ended by its
+// TTL, its idle timeout or a failure, and the charges of creates an
+// apiserver or edge died in the middle of (their holds expire after their
+// deadline, holdUntil). It corrects only what it can prove: the use is read before
+// the edges are listed, and a project's use is corrected only if nothing
+// of its own was charged, released or settled since (CorrectUse), so a
+// create charged meanwhile is never corrected away; it waits for the next
 // sweep.
 func (s *Server) reconcileQuotas(ctx context.Context) {
 	if s.cfg.Quotas == nil {
 		return
+	}
+	if n, err := s.cfg.Quotas.ExpireHolds(ctx, time.Now()); err != nil {
+		s.log.Warn("expire quota holds", "err", err)
+	} else if n > 0 {
+		s.log.Info("quota holds expired (their creates or calls died with their apiserver)", "holds", n)
 	}
 	nodes := s.fleet.Nodes()
 	for _, n := range nodes {
 		if !n.Healthy {
 			return
 		}
+	}
+	uses, err := s.cfg.Quotas.Uses(ctx, countedResources)
+	if err != nil {
+		s.log.Warn("read quota use", "err", err)
+		return
 	}
 	truth := map[string]store.Amounts{}
 	for _, n := range nodes {
@@ -157,77 +224,30 @@ func (s *Server) reconcileQuotas(ctx context.Context) {
 			}
 		}
 	}
-	// Walk the projects that hold use, from the root down, and those that
-	// hold sandboxes.
 	seen := map[string]bool{}
-	var walk func(path string) error
-	walk = func(path string) error {
-		qs, err := s.cfg.Quotas.Quota(ctx, path)
-		if err != nil {
-			return err
+	for _, u := range uses {
+		seen[u.Project] = true
+		want := truth[u.Project][u.Resource]
+		if u.Own == want+u.Held {
+			continue
 		}
-		walked := false
-		for _, q := range qs {
-			if q.Project == path {
-				continue
+		ok, err := s.cfg.Quotas.CorrectUse(ctx, u, want)
+		switch {
+		case err != nil:
+			if !errors.Is(err, context.Canceled) {
+				s.log.Warn("reconcile quota use", "project", iam.Display(u.Project), "resource", u.Resource, "err", err)
 			}
-			held := false
-			for _, r := range sandboxResources {
-				held = held || q.Used[r] > 0
-			}
-			if held || hasUnder(truth, q.Project) {
-				if err := walk(q.Project); err != nil {
-					return err
-				}
-				walked = true
-			}
+		case ok:
+			s.log.Info("quota use reconciled", "project", iam.Display(u.Project), "resource", u.Resource, "was", u.Own, "now", want+u.Held, "held", u.Held)
+		default:
+			s.log.Debug("quota use changed while it was counted: left to the next sweep", "project", iam.Display(u.Project), "resource", u.Resource)
 		}
-		if walked { // the children's corrections moved this project's use
-			if qs, err = s.cfg.Quotas.Quota(ctx, path); err != nil {
-				return err
-			}
-		}
-		var self store.ProjectQuota
-		children := store.Amounts{}
-		for _, q := range qs {
-			if q.Project == path {
-				self = q
-				continue
-			}
-			for _, r := range sandboxResources {
-				children[r] += q.Used[r]
-			}
-		}
-		seen[path] = true
-		for _, r := range sandboxResources {
-			own := self.Used[r] - children[r]
-			if want := truth[path][r]; own != want {
-				if err := s.cfg.Quotas.SetUse(ctx, path, r, want); err != nil {
-					return err
-				}
-				s.log.Info("quota use reconciled", "project", iam.Display(path), "resource", r, "was", own, "now", want)
-			}
-		}
-		return nil
-	}
-	if err := walk(""); err != nil && !errors.Is(err, context.Canceled) {
-		s.log.Warn("reconcile quota use", "err", err)
 	}
 	for p := range truth {
 		if !seen[p] {
 			s.log.Warn("sandboxes of a project the store does not hold", "project", iam.Display(p))
 		}
 	}
-}
-
-// hasUnder reports whether truth holds a project at or under path.
-func hasUnder(truth map[string]store.Amounts, path string) bool {
-	for p := range truth {
-		if iam.Within(p, path) {
-			return true
-		}
-	}
-	return false
 }
 
 // limitedTTL is how long limitCache trusts what it read: a limit set on a
@@ -246,8 +266,8 @@ type limitEntry struct {
 	at     time.Time
 }
 
-// limited is the set of sandbox resources (and creates per second) that a
-// limit applies to on project: its own or an ancestor's. A create is
+// limited is the set of sandbox resources, FnCall calls in flight and
+// creates per second that a limit applies to on project: its own or an ancestor's. A create is
 // charged only those: a charge locks and updates its resources' rows of
 // the project and of every project above it, the root's included, which
 // serialises charges cluster-wide; a resource no project on the path
@@ -277,7 +297,7 @@ func (s *Server) limited(ctx context.Context, project string) (map[store.Resourc
 			if q.Project != p {
 				continue
 			}
-			for _, r := range append(sandboxResources, store.CreatesPerSecond) {
+			for _, r := range append(slices.Clone(countedResources), store.CreatesPerSecond) {
 				if l, ok := q.Limits[r]; ok && l != store.Unlimited {
 					limits[r] = true
 				}
@@ -308,6 +328,7 @@ type chargeGroup struct {
 
 type chargeReq struct {
 	amounts store.Amounts
+	holds   []store.Hold
 	done    chan error
 }
 
@@ -317,8 +338,8 @@ const maxChargeGroup = 256
 // have gone, the others wait on it.
 const chargeTimeout = 30 * time.Second
 
-func (g *chargeGroup) charge(ctx context.Context, q Quotas, project string, amounts store.Amounts) error {
-	req := &chargeReq{amounts: amounts, done: make(chan error, 1)}
+func (g *chargeGroup) charge(ctx context.Context, q Quotas, project string, amounts store.Amounts, holds []store.Hold) error {
+	req := &chargeReq{amounts: amounts, holds: holds, done: make(chan error, 1)}
 	g.mu.Lock()
 	if g.pending == nil {
 		g.pending = map[string][]*chargeReq{}
@@ -349,20 +370,84 @@ func (g *chargeGroup) lead(ctx context.Context, q Quotas, project string) {
 		g.pending[project] = queue[n:]
 		g.mu.Unlock()
 		sum := store.Amounts{}
+		var holds []store.Hold
 		for _, r := range group {
 			for res, v := range r.amounts {
 				sum[res] += v
 			}
+			holds = append(holds, r.holds...)
 		}
-		err := q.Charge(ctx, project, sum)
-		if len(group) > 1 && errors.Is(err, errdefs.ErrResourceExhausted) {
+		err := q.ChargeHeld(ctx, project, sum, holds)
+		if len(group) > 1 && err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
+			// Past the limit, or one hold's ID taken: each alone.
 			for _, r := range group {
-				r.done <- q.Charge(ctx, project, r.amounts)
+				r.done <- q.ChargeHeld(ctx, project, r.amounts, r.holds)
 			}
 			continue
 		}
 		for _, r := range group {
 			r.done <- err
 		}
+	}
+}
+
+// settleGroup settles the holds whose charge stays (creates and forks
+// that made their sandboxes) apart from the calls that made them, so no
+// create waits for it: queued holds go to the store together, in one
+// statement (up to maxSettleGroup), by one goroutine while any are queued.
+// A hold not settled (the apiserver stopped first) expires; reconciliation
+// meanwhile counts it beside the sandbox it was for, an overcount that the
+// sweep after it corrects.
+type settleGroup struct {
+	mu      sync.Mutex
+	running bool
+	pending []string
+	idle    chan struct{} // closed when nothing is queued or being settled
+}
+
+const maxSettleGroup = 1024
+
+// settle queues ids to be settled keeping their charge.
+func (g *settleGroup) settle(ctx context.Context, q Quotas, log *slog.Logger, ids []string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.pending = append(g.pending, ids...)
+	if g.running {
+		return
+	}
+	g.running = true
+	g.idle = make(chan struct{})
+	go g.lead(context.WithoutCancel(ctx), q, log)
+}
+
+func (g *settleGroup) lead(ctx context.Context, q Quotas, log *slog.Logger) {
+	for {
+		g.mu.Lock()
+		n := min(len(g.pending), maxSettleGroup)
+		if n == 0 {
+			g.running = false
+			close(g.idle)
+			g.mu.Unlock()
+			return
+		}
+		ids := g.pending[:n:n]
+		g.pending = g.pending[n:]
+		g.mu.Unlock()
+		sctx, cancel := context.WithTimeout(ctx, chargeTimeout)
+		if err := q.Settle(sctx, ids, false); err != nil {
+			// The holds expire (holdUntil); the sweep then counts from the edges.
+			log.Warn("settle quota holds", "holds", len(ids), "err", err)
+		}
+		cancel()
+	}
+}
+
+// wait returns once nothing queued is left to settle.
+func (g *settleGroup) wait() {
+	g.mu.Lock()
+	idle := g.idle
+	g.mu.Unlock()
+	if idle != nil {
+		<-idle
 	}
 }

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -143,6 +145,7 @@ func TestQuotas(t *testing.T) {
 	if u := used(""); u[store.Sandboxes] != 3 {
 		t.Errorf("the root's use after an uncharged create: %v, want its child's 3", u)
 	}
+	s.kept.wait()
 	s.Reconcile(ctx)
 	if u := used("a"); u[store.Sandboxes] != 2 || u[store.MemoryMB] != 512 || u[store.VCPUs] != 2000 {
 		t.Errorf("use after reconciliation: %v, want the 2 live sandboxes'", u)
@@ -150,6 +153,218 @@ func TestQuotas(t *testing.T) {
 	// ...and reconciliation counts it.
 	if u := used(""); u[store.Sandboxes] != 3 {
 		t.Errorf("the root's use: %v, want its child's 2 and its own 1", u)
+	}
+
+	// A create charged while a sweep counts, its sandbox not on the edge
+	// yet: the sweep does not correct its charge away, so the quota holds
+	// during the burst.
+	edge.freeze()
+	done := make(chan error, 1)
+	go func() {
+		_, err := create(1)
+		done <- err
+	}()
+	<-edge.entered
+	s.kept.wait()
+	s.Reconcile(ctx)
+	if u := used("a"); u[store.Sandboxes] != 3 || heldOf(t, s, st, "a") != 1 {
+		t.Errorf("use after a sweep during a create: %v, %d held; want the 2 live and the 1 held", u, heldOf(t, s, st, "a"))
+	}
+	if _, err := create(1); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("a create past the quota while another is under way: %v", err)
+	}
+	edge.thaw()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s.kept.wait()
+	s.Reconcile(ctx)
+	if u := used("a"); u[store.Sandboxes] != 3 || heldOf(t, s, st, "a") != 0 {
+		t.Errorf("use after the create: %v, %d held; want 3 and none", u, heldOf(t, s, st, "a"))
+	}
+
+	// Two deletes of one sandbox that both saw it live give it back once.
+	live := liveIn(edge, "a")
+	if _, err := c.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: live[0].GetId()})); err != nil {
+		t.Fatal(err)
+	}
+	s.releaseSandbox(ctx, "a", live[0].GetId(), amountsOf(live[0].GetSpec(), 1))
+	if u := used("a"); u[store.Sandboxes] != 2 {
+		t.Errorf("use after a sandbox was released twice: %v, want 2", u)
+	}
+
+	// A keyed create is charged in the transaction that reserves its key
+	// and holds nothing once made; its repeat charges nothing.
+	keyed := func() (*dsecv1.CreateResponse, error) {
+		resp, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1", MemoryMb: 256}, IdempotencyKey: "k1"}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg, nil
+	}
+	first, err := keyed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := keyed()
+	if err != nil || again.GetSandboxes()[0].GetId() != first.GetSandboxes()[0].GetId() {
+		t.Fatalf("the repeat of a keyed create: %v, %v", again, err)
+	}
+	if u := used("a"); u[store.Sandboxes] != 3 || heldOf(t, s, st, "a") != 0 {
+		t.Errorf("use after a keyed create and its repeat: %v, %d held; want 3 and none", u, heldOf(t, s, st, "a"))
+	}
+	if _, err := c.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, IdempotencyKey: "k2"})); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("a keyed create past the quota: %v", err)
+	}
+
+	// A microVM's fork is charged its children when it forks, not at the
+	// next sweep: past the quota it is refused. (The microVM is made on
+	// the edge directly, uncharged: the fake node offers no microVMs.)
+	vm, err := edge.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", MemoryMb: 256, Isolation: dsecv1.Isolation_ISOLATION_MICROVM,
+		Labels: map[string]string{ProjectLabel: "a"}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fork := func() error {
+		_, err := c.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: vm.GetId(), Count: 1}))
+		return err
+	}
+	if err := fork(); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("a fork past the quota: %v", err)
+	}
+	if _, err := c.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: first.GetSandboxes()[0].GetId()})); err != nil {
+		t.Fatal(err)
+	}
+	if err := fork(); err != nil {
+		t.Fatal(err)
+	}
+	if u := used("a"); u[store.Sandboxes] != 3 || u[store.MemoryMB] != 768 || heldOf(t, s, st, "a") != 0 {
+		t.Errorf("use after a fork: %v, %d held; want 3 sandboxes of 256 MiB and none held", u, heldOf(t, s, st, "a"))
+	}
+	s.kept.wait()
+	s.Reconcile(ctx)
+	if u := used("a"); u[store.Sandboxes] != 4 || len(liveIn(edge, "a")) != 4 {
+		t.Errorf("use after the sweep: %v, %d live; want the 4 live (the microVM counted)", u, len(liveIn(edge, "a")))
+	}
+
+	// A keyed fork is charged by the reservation's owner; its repeat
+	// charges nothing.
+	for _, sb := range liveIn(edge, "a") {
+		if sb.GetId() != vm.GetId() && len(liveIn(edge, "a")) > 2 {
+			if _, err := c.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: sb.GetId()})); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	keyedFork := func(key string) (*dsecv1.ForkResponse, error) {
+		resp, err := c.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: vm.GetId(), Count: 1, IdempotencyKey: key}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg, nil
+	}
+	f1, err := keyedFork("f1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1again, err := keyedFork("f1")
+	if err != nil || f1again.GetChildren()[0].GetSandbox().GetId() != f1.GetChildren()[0].GetSandbox().GetId() {
+		t.Fatalf("the repeat of a keyed fork: %v, %v", f1again, err)
+	}
+	if u := used("a"); u[store.Sandboxes] != 3 || heldOf(t, s, st, "a") != 0 {
+		t.Errorf("use after a keyed fork and its repeat: %v, %d held; want 3 and none", u, heldOf(t, s, st, "a"))
+	}
+	if _, err := keyedFork("f2"); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("a keyed fork past the quota: %v", err)
+	}
+}
+
+// heldOf is what project's holds hold of sandboxes.
+func heldOf(t *testing.T, s *Server, st store.Store, project string) int64 {
+	t.Helper()
+	s.kept.wait() // the settles that keep their charge, in the background
+	us, err := st.Uses(t.Context(), []store.Resource{store.Sandboxes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range us {
+		if u.Project == project {
+			return u.Held
+		}
+	}
+	return 0
+}
+
+// liveIn lists the live sandboxes of project on e.
+func liveIn(e *fakeEdge, project string) []*dsecv1.Sandbox {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*dsecv1.Sandbox
+	for _, sb := range e.sbs {
+		if projectOf(sb) == project && live(sb.GetState()) {
+			out = append(out, sb)
+		}
+	}
+	return out
+}
+
+// TestFnCallQuota: a FnCall call is charged to its caller's project as
+// one call in flight while it runs, when a limit applies: past it a call
+// is refused by name; a call that ended gives it back; a call with no
+// limit on its path is not charged.
+func TestFnCallQuota(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, p := range []string{"ml", "free"} {
+		if _, err := st.CreateProject(ctx, iam.NodeAdmin(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.SetLimit(ctx, iam.NodeAdmin(), "ml", store.FnCallInflight, 2); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{Auth: st, Quotas: st, TokenlessFnCall: "/ml"}, st, watcher.NewFixed(), slog.New(slog.DiscardHandler))
+	// A call without a token runs in the project named for such calls.
+	tctx, err := s.AuthorizeFnCall(ctx, "", "peer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls []held
+	for range 2 {
+		h, err := s.chargeCall(tctx)
+		if err != nil || len(h) != 1 {
+			t.Fatalf("a call under the limit: %v, %v", h, err)
+		}
+		calls = append(calls, h)
+	}
+	_, err = s.chargeCall(tctx)
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "quota of project ml: 2 of 2 FnCall calls in flight") {
+		t.Errorf("a call past the limit: %v", err)
+	}
+	s.settleHolds(ctx, calls[0], false)
+	if _, err := s.chargeCall(tctx); err != nil {
+		t.Errorf("a call after one ended: %v", err)
+	}
+	// A call ended by its apiserver's death: the sweep counts its hold
+	// until it expires, then corrects the use to the calls in flight.
+	s.reconcileQuotas(ctx)
+	if qs, _ := st.Quota(ctx, "ml"); qs[0].Used[store.FnCallInflight] != 2 {
+		t.Errorf("calls in flight after a sweep: %d, want the 2 held", qs[0].Used[store.FnCallInflight])
+	}
+	if n, err := st.ExpireHolds(ctx, time.Now().Add(store.DefaultHoldExpiry+time.Minute)); err != nil || n != 2 {
+		t.Errorf("expired %d holds (%v), want 2", n, err)
+	}
+	s.reconcileQuotas(ctx)
+	if qs, _ := st.Quota(ctx, "ml"); qs[0].Used[store.FnCallInflight] != 0 {
+		t.Errorf("calls in flight after the holds expired: %d, want 0", qs[0].Used[store.FnCallInflight])
+	}
+	free := iam.WithAuthority(ctx, iam.Authority{Principal: "p", Project: "free", Role: iam.Runner, Bindings: []iam.Binding{{Project: "free", Role: iam.Runner}}})
+	if h, err := s.chargeCall(free); err != nil || h != nil {
+		t.Errorf("a call under no limit: charged %v, %v", h, err)
 	}
 }
 
@@ -159,9 +374,9 @@ type countingQuotas struct {
 	charges atomic.Int32
 }
 
-func (c *countingQuotas) Charge(ctx context.Context, project string, amounts store.Amounts) error {
+func (c *countingQuotas) ChargeHeld(ctx context.Context, project string, amounts store.Amounts, holds []store.Hold) error {
 	c.charges.Add(1)
-	return c.Quotas.Charge(ctx, project, amounts)
+	return c.Quotas.ChargeHeld(ctx, project, amounts, holds)
 }
 
 // TestChargeGroup: concurrent charges of one project go to the store in
@@ -184,11 +399,12 @@ func TestChargeGroup(t *testing.T) {
 	var g chargeGroup
 	var wg sync.WaitGroup
 	var ok, refused atomic.Int32
-	for range 200 {
+	for i := range 200 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := g.charge(ctx, q, "a", store.Amounts{store.Sandboxes: 1})
+			one := store.Amounts{store.Sandboxes: 1}
+			err := g.charge(ctx, q, "a", one, []store.Hold{{ID: fmt.Sprint("h", i), Amounts: one}})
 			switch {
 			case err == nil:
 				ok.Add(1)
@@ -206,6 +422,15 @@ func TestChargeGroup(t *testing.T) {
 	qs, err := st.Quota(ctx, "a")
 	if err != nil || qs[0].Used[store.Sandboxes] != 50 {
 		t.Errorf("use %v (%v), want 50", qs, err)
+	}
+	us, err := st.Uses(ctx, []store.Resource{store.Sandboxes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range us {
+		if u.Project == "a" && u.Held != 50 {
+			t.Errorf("a holds %d sandboxes, want the 50 charged", u.Held)
+		}
 	}
 	t.Logf("%d store charges for 200 charges", q.charges.Load())
 }

@@ -261,6 +261,11 @@ func (s *Server) abandonStale(ctx context.Context) {
 			continue
 		}
 		if ok {
+			// Its charge goes with it: its sandboxes are reaped, and the
+			// quota sweep counts them while they live.
+			if s.cfg.Quotas != nil {
+				s.settleHolds(ctx, held{store.ReservationHold(r.Key, r.Nonce)}, false)
+			}
 			s.rec.abandoned.Add(1)
 			s.log.Info("reconcile: abandoned a reservation nobody renewed; its sandboxes will be reaped",
 				"key", r.Key, "owner", r.Owner, "sandboxes", len(r.Placements), "untouched", time.Since(r.Updated).Round(time.Second), "nodes", len(nodes))

@@ -121,7 +121,19 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 		}
 		return nil, err
 	}
-	got, reserved, err := s.reserve(ctx, store.CreateReservation{Key: key, RequestHash: hash, Owner: s.cfg.Name, Placements: nodes})
+	// The quota is charged in the transaction that reserves the key, and
+	// only if it does: a follower makes the owner's sandboxes, charged
+	// already.
+	c, charged, err := s.quotaCharge(ctx, spec, count)
+	if err != nil {
+		s.unplace(nodes)
+		return nil, err
+	}
+	r := store.CreateReservation{Key: key, RequestHash: hash, Owner: s.cfg.Name, Placements: nodes}
+	if charged {
+		r.Charge = &c
+	}
+	got, reserved, err := s.reserve(ctx, r)
 	if err != nil {
 		s.unplace(nodes)
 		return nil, err
@@ -139,18 +151,11 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 		nodes = got.Placements
 		s.log.Debug("following another replica's create", "key", key, "owner", got.Owner)
 	}
-	// The reservation's owner charges the quota; a follower makes the
-	// owner's sandboxes, charged already.
-	release := func() {}
-	if reserved {
-		if release, err = s.charge(ctx, spec, count); err != nil {
-			if rerr := s.idem.ReleaseCreate(context.WithoutCancel(ctx), key); rerr != nil {
-				s.log.Warn("release the reservation of a create over quota", "key", key, "err", rerr)
-			}
-			s.unplace(nodes)
-			return nil, err
-		}
+	var h held
+	if reserved && charged {
+		h = held{store.ReservationHold(key, got.Nonce)}
 	}
+	release := func() { s.settleHolds(ctx, h, false) }
 	lctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	stop := s.holdLease(lctx, key, got.Nonce, lost)
@@ -173,6 +178,7 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 	err = s.idem.CompleteCreate(wctx, key, got.Nonce, rows)
 	switch {
 	case err == nil:
+		s.settleHolds(ctx, h, true)
 		return sbs, nil
 	case errors.Is(err, errdefs.ErrAlreadyExists):
 		// Another replica recorded other sandboxes for the key first (a
@@ -199,9 +205,10 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 		return nil, fmt.Errorf("create with idempotency key %q: its reservation ended while the create ran (released, or abandoned after %s untouched); nothing was kept, try again: %w",
 			key, s.cfg.AbandonAfter, errdefs.ErrUnavailable)
 	}
-	// The completion may or may not have been stored: the reconciliation
-	// sets the quota's use from what remains.
+	// The completion may or may not have been stored: the charge stays,
+	// and the reconciliation sets the quota's use from what remains.
 	s.discard(wctx, sbs, batch, key, reserved)
+	s.settleHolds(ctx, h, true)
 	return nil, err
 }
 
@@ -319,23 +326,26 @@ func requestHash(msg *dsecv1.CreateRequest) string {
 }
 
 // createBatch places n sandboxes in one decision round and makes them.
+// Its charge is held under the batch's name until the batch is made or
+// given up.
 func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n int) ([]*dsecv1.Sandbox, error) {
-	release, err := s.charge(ctx, spec, n)
+	batch := newBatch()
+	h, err := s.charge(ctx, spec, n, "batch:"+batch)
 	if err != nil {
 		return nil, err
 	}
 	nodes, err := s.place(placeRequest(spec, n), nil)
 	if err != nil {
-		release()
+		s.settleHolds(ctx, h, false)
 		return nil, err
 	}
-	batch := newBatch()
 	sbs, err := s.createPlaced(ctx, spec, nodes, batch, "")
 	if err != nil {
 		s.deleteAll(context.WithoutCancel(ctx), sbs, batch, "")
-		release()
+		s.settleHolds(ctx, h, false)
 		return nil, err
 	}
+	s.settleHolds(ctx, h, true)
 	return sbs, nil
 }
 
@@ -769,15 +779,16 @@ func (s *Server) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteR
 	if s.cfg.Quotas == nil {
 		return e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
 	}
-	// What a live sandbox held goes back when it is deleted; one that
-	// ended by itself is the reconciliation's to give back.
+	// What a live sandbox held goes back when it is deleted, once however
+	// many deletes race (ReleaseSandbox); one that ended by itself is the
+	// reconciliation's to give back.
 	sb, err := e.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: id}))
 	if err != nil {
 		return nil, err
 	}
 	resp, err := e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
 	if err == nil && live(sb.Msg.GetState()) {
-		s.release(ctx, projectOf(sb.Msg), amountsOf(sb.Msg.GetSpec(), 1))
+		s.releaseSandbox(ctx, projectOf(sb.Msg), id, amountsOf(sb.Msg.GetSpec(), 1))
 	}
 	return resp, err
 }

@@ -141,6 +141,7 @@ type Server struct {
 	// projects remembers sandboxes' projects (projects.go).
 	projects sandboxProjects
 	charges  chargeGroup                       // quotas.go
+	kept     settleGroup                       // quotas.go
 	limits   limitCache                        // quotas.go
 	objects  objectCache                       // objects.go
 	audit    *auditLog                         // nil without Config.Audit

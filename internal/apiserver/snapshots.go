@@ -194,7 +194,14 @@ func (s *Server) forkMemory(ctx context.Context, src *dsecv1.Sandbox, n int, m *
 	if key := m.GetIdempotencyKey(); key != "" {
 		return s.forkKeyed(ctx, src, n, m, name, e)
 	}
-	resp, start, tokens, err := forkOn(ctx, e, id, node, newBatch(), n)
+	// The children are charged now, each held until the node answers for
+	// it (the node makes them all in one call).
+	batch := newBatch()
+	holds, err := s.chargeFork(ctx, src.GetSpec(), batch, n)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", id, err)
+	}
+	resp, start, tokens, err := forkOn(ctx, e, id, node, batch, n)
 	if err == nil && len(resp.Msg.GetResults()) != n {
 		err = fmt.Errorf("node %s answered %d results to a fork of %d: %w", node, len(resp.Msg.GetResults()), n, errdefs.ErrInternal)
 	}
@@ -206,9 +213,59 @@ func (s *Server) forkMemory(ctx context.Context, src *dsecv1.Sandbox, n int, m *
 			}
 			s.doubt(context.WithoutCancel(ctx), err, ds...)
 		}
+		s.settleFork(ctx, holds, nil, err)
 		return nil, fmt.Errorf("fork %s: %w", id, err)
 	}
-	return connect.NewResponse(forkResponse(src, name, start, resp.Msg)), nil
+	out := forkResponse(src, name, start, resp.Msg)
+	s.settleFork(ctx, holds, out, nil)
+	return connect.NewResponse(out), nil
+}
+
+// chargeFork charges the project of spec for n children of a fork, each
+// held under its own ID (fork:batch#i), or nothing when no limit applies.
+func (s *Server) chargeFork(ctx context.Context, spec *dsecv1.SandboxSpec, batch string, n int) (held, error) {
+	c, ok, err := s.quotaCharge(ctx, spec, n)
+	if err != nil || !ok {
+		return nil, err
+	}
+	one, _, _ := s.quotaCharge(ctx, spec, 1)
+	h := make(held, n)
+	holds := make([]store.Hold, n)
+	for i := range holds {
+		h[i] = "fork:" + createToken(batch, i)
+		holds[i] = store.Hold{ID: h[i], Amounts: one.Held, Expires: c.Expires}
+	}
+	if err := s.charges.charge(ctx, s.cfg.Quotas, c.Project, c.Amounts, holds); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// settleFork settles the holds of a fork's children: a child made keeps
+// its charge, one refused gives it back. A fork that failed (err) gives
+// all back, but one whose outcome is unknown keeps them: children may
+// live until the doubts are settled, and the sweep counts what is left.
+func (s *Server) settleFork(ctx context.Context, holds held, out *dsecv1.ForkResponse, err error) {
+	if len(holds) == 0 {
+		return
+	}
+	if err != nil {
+		s.settleHolds(ctx, holds, outcomeUnknown(err))
+		return
+	}
+	var made, failed held
+	for i, c := range out.GetChildren() {
+		if i >= len(holds) {
+			break
+		}
+		if c.GetSandbox() != nil {
+			made = append(made, holds[i])
+		} else {
+			failed = append(failed, holds[i])
+		}
+	}
+	s.settleHolds(ctx, made, true)
+	s.settleHolds(ctx, failed, false)
 }
 
 // forkOn asks node's edge e to fork sandbox id into n children, with the
@@ -270,6 +327,17 @@ func (s *Server) forkKeyed(ctx context.Context, src *dsecv1.Sandbox, n int, m *d
 	if !reserved && len(got.Placements) != n {
 		return nil, fmt.Errorf("fork %s: idempotency key %q: its reservation plans %d children, not %d: %w", id, m.GetIdempotencyKey(), len(got.Placements), n, errdefs.ErrInternal)
 	}
+	// The reservation's owner charges the children, each held until the
+	// node answers for it; a follower forks the owner's, charged already.
+	var holds held
+	if reserved {
+		if holds, err = s.chargeFork(ctx, src.GetSpec(), batchOf(got), n); err != nil {
+			if rerr := s.idem.ReleaseCreate(context.WithoutCancel(ctx), key); rerr != nil {
+				s.log.Warn("release the reservation of a fork over quota", "key", key, "err", rerr)
+			}
+			return nil, fmt.Errorf("fork %s: %w", id, err)
+		}
+	}
 	lctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	stop := s.holdLease(lctx, key, got.Nonce, lost)
@@ -299,9 +367,11 @@ func (s *Server) forkKeyed(ctx context.Context, src *dsecv1.Sandbox, n int, m *d
 			s.doubt(wctx, err, ds...)
 		}
 		giveBack()
+		s.settleFork(ctx, holds, nil, err)
 		return nil, fmt.Errorf("fork %s: %w", id, err)
 	}
 	out := forkResponse(src, name, start, resp.Msg)
+	s.settleFork(ctx, holds, out, nil)
 	var rows []store.SandboxRow
 	for _, c := range out.Children {
 		if c.GetSandbox() != nil {

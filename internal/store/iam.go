@@ -117,6 +117,36 @@ type IAM interface {
 	// descendants') n, adjusting its ancestors by the same difference: a
 	// reconciler's correction from the truth.
 	SetUse(ctx context.Context, project string, resource Resource, n int64) error
+	// ChargeHeld is Charge, and records holds in the same transaction:
+	// what something under way holds of the charge (a create until its
+	// sandboxes exist, a FnCall call until it ends), each under its own ID
+	// (errdefs.ErrAlreadyExists for one held already), until Settle.
+	ChargeHeld(ctx context.Context, project string, amounts Amounts, holds []Hold) error
+	// Settle ends the holds of ids (of any project; an ID no longer held
+	// is skipped). With release what they held is given back (the create
+	// failed, the call ended); without, it stays charged (the sandboxes
+	// now exist, and hold it).
+	Settle(ctx context.Context, ids []string, release bool) error
+	// ReleaseSandbox gives back what sandbox id of project held, once:
+	// a second release of the same ID (two deletes at once) changes
+	// nothing and reports false.
+	ReleaseSandbox(ctx context.Context, project, id string, amounts Amounts) (bool, error)
+	// Uses reads, as of one moment, every project's own use of resources,
+	// what its holds hold and its generation, for a reconciler to compare
+	// with the truth before correcting it with CorrectUse.
+	Uses(ctx context.Context, resources []Resource) ([]Use, error)
+	// CorrectUse makes read's project's own use of read's resource n (the
+	// truth the edges showed) plus what its holds hold, adjusting its
+	// ancestors by the same difference, but only if the project's own use
+	// and holds are as Uses read them (the generation and what is held):
+	// it reports false, changing nothing, when a charge, release or
+	// settle came between.
+	CorrectUse(ctx context.Context, read Use, n int64) (bool, error)
+	// ExpireHolds releases the holds that expired before now (their
+	// creates or calls died with their apiserver) and forgets the
+	// sandboxes released an hour before it; it returns how many holds it
+	// released.
+	ExpireHolds(ctx context.Context, now time.Time) (int, error)
 
 	// AppendAudit records management calls (At defaults to now), in as
 	// few statements as it can; on error some may have been stored.

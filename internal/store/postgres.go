@@ -249,6 +249,9 @@ func (s *pgStore) ReserveCreate(ctx context.Context, r CreateReservation) (Creat
 	if err != nil {
 		return CreateReservation{}, false, err
 	}
+	if r.Charge != nil {
+		return s.reserveCharged(ctx, r)
+	}
 	var got CreateReservation
 	var reserved bool
 	err = s.retry(ctx, false, func(ctx context.Context) error {

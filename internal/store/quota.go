@@ -88,6 +88,7 @@ type ProjectQuota struct {
 
 // quotaRow is one locked row of the quotas table.
 type quotaRow struct {
+	project  string // ID
 	path     string
 	depth    int
 	resource Resource
@@ -103,7 +104,7 @@ type quotaRow struct {
 // one order, so two of them never wait on each other in a cycle.
 func (d *sqlDB) lockQuotas(ctx context.Context, tx *sql.Tx, paths []string, resources []Resource) ([]quotaRow, error) {
 	args := append(anys(paths), anys(resources)...)
-	rows, err := tx.QueryContext(ctx, d.q(`SELECT j.path, j.depth, q.resource, q.lim, q.used, q.level, q.refilled{ms}
+	rows, err := tx.QueryContext(ctx, d.q(`SELECT j.id, j.path, j.depth, q.resource, q.lim, q.used, q.level, q.refilled{ms}
 		FROM quotas q JOIN projects j ON j.id = q.project_id
 		WHERE j.path IN (`+placeholders(len(paths))+`) AND q.resource IN (`+placeholders(len(resources))+`)
 		ORDER BY j.depth, q.resource{lockq}`), args...)
@@ -115,7 +116,7 @@ func (d *sqlDB) lockQuotas(ctx context.Context, tx *sql.Tx, paths []string, reso
 	for rows.Next() {
 		var r quotaRow
 		var res string
-		if err := rows.Scan(&r.path, &r.depth, &res, &r.lim, &r.used, &r.level, timeCol{&r.refilled}); err != nil {
+		if err := rows.Scan(&r.project, &r.path, &r.depth, &res, &r.lim, &r.used, &r.level, timeCol{&r.refilled}); err != nil {
 			return nil, err
 		}
 		r.resource = Resource(res)
@@ -164,67 +165,86 @@ func refill(r quotaRow, now time.Time) float64 {
 }
 
 func (d *sqlDB) Charge(ctx context.Context, project string, amounts Amounts) error {
+	return d.ChargeHeld(ctx, project, amounts, nil)
+}
+
+func (d *sqlDB) ChargeHeld(ctx context.Context, project string, amounts Amounts, holds []Hold) error {
 	path, err := iam.CleanPath(project)
 	if err != nil {
 		return err
 	}
-	what := "charge project " + iam.Display(path)
+	if _, err := chargeOrder(amounts); err != nil {
+		return err
+	}
+	err = d.inTx(ctx, func(tx *sql.Tx) error { return d.chargeTx(ctx, tx, path, amounts, holds) })
+	if err != nil {
+		return d.fail("charge project "+iam.Display(path), err)
+	}
+	return nil
+}
+
+// chargeTx charges path amounts in tx and records holds, or refuses with
+// errdefs.ErrResourceExhausted.
+func (d *sqlDB) chargeTx(ctx context.Context, tx *sql.Tx, path string, amounts Amounts, holds []Hold) error {
 	resources, err := chargeOrder(amounts)
 	if err != nil || len(resources) == 0 {
 		return err
 	}
 	anc := iam.Ancestors(path)
-	err = d.inTx(ctx, func(tx *sql.Tx) error {
-		rows, err := d.ancestorsLocked(ctx, tx, path, resources)
-		if err != nil {
+	rows, err := d.ancestorsLocked(ctx, tx, path, resources)
+	if err != nil {
+		return err
+	}
+	now := ms(time.Now())
+	// Rows come from the root down, so the first refusal names the
+	// highest project that is full.
+	for i, r := range rows {
+		n := amounts[r.resource]
+		if !r.lim.Valid {
+			continue
+		}
+		if r.resource == CreatesPerSecond {
+			level := refill(r, now)
+			if level < float64(n) {
+				return fmt.Errorf("quota of project %s: more than %s: %w", iam.Display(r.path), r.resource.amount(r.lim.Int64), errdefs.ErrResourceExhausted)
+			}
+			rows[i].level = level - float64(n)
+			continue
+		}
+		if r.used+n > r.lim.Int64 {
+			return fmt.Errorf("quota of project %s: %d of %s in use: %w", iam.Display(r.path), r.used, r.resource.amount(r.lim.Int64), errdefs.ErrResourceExhausted)
+		}
+	}
+	for _, r := range resources {
+		if r == CreatesPerSecond {
+			continue
+		}
+		if err := d.addUse(ctx, tx, path, anc, r, amounts[r]); err != nil {
 			return err
 		}
-		now := ms(time.Now())
-		// Rows come from the root down, so the first refusal names the
-		// highest project that is full.
-		for i, r := range rows {
-			n := amounts[r.resource]
-			if !r.lim.Valid {
-				continue
-			}
-			if r.resource == CreatesPerSecond {
-				level := refill(r, now)
-				if level < float64(n) {
-					return fmt.Errorf("quota of project %s: more than %s: %w", iam.Display(r.path), r.resource.amount(r.lim.Int64), errdefs.ErrResourceExhausted)
-				}
-				rows[i].level = level - float64(n)
-				continue
-			}
-			if r.used+n > r.lim.Int64 {
-				return fmt.Errorf("quota of project %s: %d of %s in use: %w", iam.Display(r.path), r.used, r.resource.amount(r.lim.Int64), errdefs.ErrResourceExhausted)
-			}
-		}
-		for _, r := range resources {
-			if r == CreatesPerSecond {
-				continue
-			}
-			if _, err := tx.ExecContext(ctx, d.q(`UPDATE quotas SET used = used + ?
-				WHERE resource = ? AND project_id IN (SELECT id FROM projects WHERE path IN (`+placeholders(len(anc))+`))`),
-				append([]any{amounts[r], string(r)}, anys(anc)...)...); err != nil {
-				return err
-			}
-		}
-		for _, r := range rows {
-			if r.resource != CreatesPerSecond || !r.lim.Valid {
-				continue
-			}
-			if _, err := tx.ExecContext(ctx, d.q(`UPDATE quotas SET level = ?, refilled{ms} = ?
-				WHERE resource = ? AND project_id = (SELECT id FROM projects WHERE path = ?)`),
-				r.level, d.ts(now), string(r.resource), r.path); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return d.fail(what, err)
 	}
-	return nil
+	for _, r := range rows {
+		if r.resource != CreatesPerSecond || !r.lim.Valid {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, d.q(`UPDATE quotas SET level = ?, refilled{ms} = ?
+			WHERE resource = ? AND project_id = (SELECT id FROM projects WHERE path = ?)`),
+			r.level, d.ts(now), string(r.resource), r.path); err != nil {
+			return err
+		}
+	}
+	return d.insertHolds(ctx, tx, rows[len(rows)-1].project, holds, now)
+}
+
+// addUse adds n (negative: takes off, never below zero) to the use of
+// resource by path and its ancestors anc, and moves the generation of
+// path's own row: its own use changed.
+func (d *sqlDB) addUse(ctx context.Context, tx *sql.Tx, path string, anc []string, r Resource, n int64) error {
+	_, err := tx.ExecContext(ctx, d.q(`UPDATE quotas SET used = CASE WHEN used + ? > 0 THEN used + ? ELSE 0 END,
+			gen = gen + CASE WHEN project_id = (SELECT id FROM projects WHERE path = ?) THEN 1 ELSE 0 END
+		WHERE resource = ? AND project_id IN (SELECT id FROM projects WHERE path IN (`+placeholders(len(anc))+`))`),
+		append([]any{n, n, path, string(r)}, anys(anc)...)...)
+	return err
 }
 
 func (d *sqlDB) Release(ctx context.Context, project string, amounts Amounts) error {
@@ -249,10 +269,7 @@ func (d *sqlDB) Release(ctx context.Context, project string, amounts Amounts) er
 		// Never below zero: a release the store never saw charged (a
 		// reconciliation got there first) leaves nothing negative.
 		for _, r := range resources {
-			n := amounts[r]
-			if _, err := tx.ExecContext(ctx, d.q(`UPDATE quotas SET used = CASE WHEN used > ? THEN used - ? ELSE 0 END
-				WHERE resource = ? AND project_id IN (SELECT id FROM projects WHERE path IN (`+placeholders(len(anc))+`))`),
-				append([]any{n, n, string(r)}, anys(anc)...)...); err != nil {
+			if err := d.addUse(ctx, tx, path, anc, r, -amounts[r]); err != nil {
 				return err
 			}
 		}
@@ -292,10 +309,7 @@ func (d *sqlDB) SetUse(ctx context.Context, project string, resource Resource, n
 		if delta == 0 {
 			return nil
 		}
-		_, err = tx.ExecContext(ctx, d.q(`UPDATE quotas SET used = CASE WHEN used + ? > 0 THEN used + ? ELSE 0 END
-			WHERE resource = ? AND project_id IN (SELECT id FROM projects WHERE path IN (`+placeholders(len(anc))+`))`),
-			append([]any{delta, delta, string(resource)}, anys(anc)...)...)
-		return err
+		return d.addUse(ctx, tx, path, anc, resource, delta)
 	})
 	if err != nil {
 		return d.fail(what, err)

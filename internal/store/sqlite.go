@@ -185,6 +185,9 @@ func (s *sqliteStore) ReserveCreate(ctx context.Context, r CreateReservation) (C
 		if err != nil {
 			return sqliteKind(err)
 		}
+		if err := s.chargeReservation(ctx, tx, r); err != nil {
+			return err
+		}
 		got, reserved = r, true
 		return nil
 	})

@@ -198,6 +198,12 @@ type CreateReservation struct {
 	// Updated is when the reservation last changed or was touched
 	// (TouchCreate): the lease its creates hold.
 	Updated time.Time
+	// Charge, when set, is charged in the transaction that reserves the
+	// key, and only if it does (a repeat of a reserved key charges
+	// nothing); its Held part is held under ReservationHold(Key, Nonce)
+	// until the create settles (Settle). A refusal reserves nothing and is
+	// the charge's errdefs.ErrResourceExhausted. It is not stored.
+	Charge *QuotaCharge
 }
 
 // Doubt is a create an apiserver sent to a node without learning whether

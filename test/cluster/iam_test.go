@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -172,8 +173,9 @@ func TestProjectsAndQuotaRace(t *testing.T) {
 	}
 }
 
-// TestKilledApiserverQuota: an apiserver killed while creates charge run's
-// quota through it leaves charges of sandboxes never made; the other
+// TestKilledApiserverQuota: an apiserver killed while creates (keyed and
+// not) charge run's quota through it leaves charges held for sandboxes
+// never made; once they expire (their creates' deadlines) the other
 // apiserver's reconciliation sets run's use to the sandboxes that live.
 func TestKilledApiserverQuota(t *testing.T) {
 	r := startIAMRig(t, 10000, "--reconcile-interval", "1s")
@@ -181,14 +183,18 @@ func TestKilledApiserverQuota(t *testing.T) {
 	cl := r.client(t, 0, r.run)
 	var started atomic.Int32
 	var wg sync.WaitGroup
-	for range 8 {
+	for w := range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
+			for i := 0; ; i++ {
 				started.Add(1)
+				req := &dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 5}
+				if w%2 == 1 {
+					req.IdempotencyKey = fmt.Sprintf("w%d-%d", w, i) // charged with its reservation
+				}
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				_, err := cl.Sandboxes.Create(cctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 5}))
+				_, err := cl.Sandboxes.Create(cctx, connect.NewRequest(req))
 				cancel()
 				if err != nil {
 					return // the apiserver is gone
@@ -209,7 +215,7 @@ func TestKilledApiserverQuota(t *testing.T) {
 			t.Fatal(err)
 		}
 		n, u := int64(len(list.Msg.GetSandboxes())), r.used(t)
-		if n == u && n > 0 {
+		if n == u && n > 0 && held(t, r.st, "run") == 0 {
 			t.Logf("run's use is its %d live sandboxes", n)
 			break
 		}
@@ -217,6 +223,166 @@ func TestKilledApiserverQuota(t *testing.T) {
 			t.Fatalf("run's use is %d with %d sandboxes live, 60 s after the kill", u, n)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestQuotaSweepRace: 40 callers create and delete sandboxes of run (a
+// quota of 20) through both apiservers, keyed and not, while both sweep
+// every 50 ms: no sweep corrects away the charge of a create under way, so
+// run never holds more than 20 live sandboxes (a watcher lists them
+// throughout), every create is made or refused by the quota's name, and
+// once the callers stop run's use is what lives, none of it held.
+func TestQuotaSweepRace(t *testing.T) {
+	r := startIAMRig(t, 20, "--reconcile-interval", "50ms")
+	ctx := context.Background()
+	clients := []*dsec.Conn{r.client(t, 0, r.run), r.client(t, 1, r.run)}
+	watch := r.client(t, -1, r.run)
+	stop := make(chan struct{})
+	var most atomic.Int64
+	var listed atomic.Int32
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			list, err := watch.Sandboxes.List(ctx, connect.NewRequest(&dsecv1.ListRequest{}))
+			if err != nil {
+				continue // an edge call of a busy cluster: the next list
+			}
+			listed.Add(1)
+			if n := int64(len(list.Msg.GetSandboxes())); n > most.Load() {
+				most.Store(n)
+			}
+		}
+	}()
+	var made, refused atomic.Int32
+	var mu sync.Mutex
+	var wrong []error
+	var callers sync.WaitGroup
+	for w := range 40 {
+		callers.Add(1)
+		go func() {
+			defer callers.Done()
+			cl := clients[w%2]
+			for i := range 15 {
+				req := &dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}}
+				if i%2 == 1 {
+					req.IdempotencyKey = fmt.Sprintf("w%d-%d", w, i)
+				}
+				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				resp, err := cl.Sandboxes.Create(cctx, connect.NewRequest(req))
+				cancel()
+				switch {
+				case err == nil:
+					made.Add(1)
+					time.Sleep(20 * time.Millisecond) // held a while: demand past the quota
+					if _, err := cl.Sandboxes.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: resp.Msg.GetSandboxes()[0].GetId()})); err != nil {
+						mu.Lock()
+						wrong = append(wrong, err)
+						mu.Unlock()
+					}
+				case connect.CodeOf(err) == connect.CodeResourceExhausted && strings.Contains(err.Error(), "quota of project run: "):
+					refused.Add(1)
+				default:
+					mu.Lock()
+					wrong = append(wrong, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	callers.Wait()
+	close(stop)
+	wg.Wait()
+	for _, err := range wrong[:min(len(wrong), 5)] {
+		t.Errorf("a create or delete neither done nor refused by the quota: %v", err)
+	}
+	t.Logf("%d creates made, %d refused by the quota; at most %d live in %d lists", made.Load(), refused.Load(), most.Load(), listed.Load())
+	if made.Load() == 0 || refused.Load() == 0 || listed.Load() == 0 {
+		t.Fatalf("no race: %d made, %d refused, %d lists", made.Load(), refused.Load(), listed.Load())
+	}
+	if most.Load() > 20 {
+		t.Errorf("run held %d live sandboxes at once, over its quota of 20", most.Load())
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		us, err := r.st.Uses(ctx, []store.Resource{store.Sandboxes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var u store.Use
+		for _, x := range us {
+			if x.Project == "run" {
+				u = x
+			}
+		}
+		if u.Own == 0 && u.Held == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run's use after every sandbox was deleted: %+v, want none", u)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// held is what project's holds hold of sandboxes.
+func held(t *testing.T, st store.Store, project string) int64 {
+	t.Helper()
+	us, err := st.Uses(context.Background(), []store.Resource{store.Sandboxes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range us {
+		if u.Project == project {
+			return u.Held
+		}
+	}
+	return 0
+}
+
+// TestQuotaDoubleDelete: each of 20 sandboxes of run deleted twice at
+// once, through both apiservers, with no sweep to correct anything: each
+// is given back once, so run's use is exactly the 20 others that live.
+func TestQuotaDoubleDelete(t *testing.T) {
+	r := startIAMRig(t, 100, "--reconcile-interval", "1h")
+	ctx := context.Background()
+	clients := []*dsec.Conn{r.client(t, 0, r.run), r.client(t, 1, r.run)}
+	resp, err := clients[0].Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 40}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := r.used(t); u != 40 {
+		t.Fatalf("run's use after 40 creates: %d", u)
+	}
+	var wg sync.WaitGroup
+	var deleted, notFound atomic.Int32
+	for _, sb := range resp.Msg.GetSandboxes()[:20] {
+		for _, cl := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := cl.Sandboxes.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: sb.GetId()}))
+				switch {
+				case err == nil:
+					deleted.Add(1)
+				case connect.CodeOf(err) == connect.CodeNotFound:
+					notFound.Add(1) // the other delete was first
+				default:
+					t.Error(err)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	t.Logf("%d deletes answered ok, %d not found", deleted.Load(), notFound.Load())
+	if u := r.used(t); u != 20 {
+		t.Errorf("run's use after 20 of 40 sandboxes were each deleted twice at once: %d, want 20", u)
 	}
 }
 

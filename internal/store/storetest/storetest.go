@@ -66,6 +66,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Cancelled", testCancelled},
 	}
 	tests = append(tests, iamCases...)
+	tests = append(tests, holdCases...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.fn(t, open(t))
@@ -90,6 +91,7 @@ func RunReplicas(t *testing.T, open func(t *testing.T) (a, b store.Store)) {
 		{"TokenSeenByOther", testReplicasToken},
 	}
 	tests = append(tests, iamReplicaCases...)
+	tests = append(tests, holdReplicaCases...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := open(t)

@@ -1,0 +1,282 @@
+package storetest
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/store"
+)
+
+// holdCases are the conformance cases of quota holds, releases of one
+// sandbox and the reconciler's provable corrections.
+var holdCases = []struct {
+	name string
+	fn   func(t *testing.T, st store.Store)
+}{
+	{"QuotaHolds", testQuotaHolds},
+	{"ReleaseSandboxOnce", testReleaseSandboxOnce},
+	{"CorrectUse", testCorrectUse},
+	{"ExpireHolds", testExpireHolds},
+	{"ReserveCharged", testReserveCharged},
+}
+
+// holdReplicaCases need two Stores on one database.
+var holdReplicaCases = []struct {
+	name string
+	fn   func(t *testing.T, a, b store.Store)
+}{
+	{"ReleaseSandboxRace", testReplicasReleaseRace},
+	{"ReserveChargedRace", testReplicasReserveCharged},
+}
+
+// own is project's own use of r as Uses reads it, and the row's
+// generation.
+func own(t *testing.T, st store.Store, project string, r store.Resource) store.Use {
+	t.Helper()
+	us, err := st.Uses(t.Context(), []store.Resource{r})
+	must(t, "Uses", err)
+	for _, u := range us {
+		if u.Project == project {
+			return u
+		}
+	}
+	t.Fatalf("Uses has no row of %q", project)
+	return store.Use{}
+}
+
+// testQuotaHolds: a charge with holds; settled without release the use
+// stays, with release it goes; a hold's ID is held once; settling an ID
+// no longer held changes nothing.
+func testQuotaHolds(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "ml", "ml/a")
+	limit(t, st, "ml", store.Sandboxes, 10)
+	sb := store.Amounts{store.Sandboxes: 2, store.MemoryMB: 1024}
+	must(t, "ChargeHeld", st.ChargeHeld(ctx, "ml/a", store.Amounts{store.Sandboxes: 2, store.MemoryMB: 1024, store.CreatesPerSecond: 2},
+		[]store.Hold{{ID: "c1", Amounts: sb}}))
+	if u := own(t, st, "ml/a", store.Sandboxes); u.Own != 2 || u.Held != 2 {
+		t.Fatalf("after a held charge: %+v", u)
+	}
+	wantKind(t, "a hold held twice", st.ChargeHeld(ctx, "ml/a", store.Amounts{store.Sandboxes: 1}, []store.Hold{{ID: "c1", Amounts: store.Amounts{store.Sandboxes: 1}}}),
+		errdefs.ErrAlreadyExists)
+	if u := used(t, st, "ml", store.Sandboxes); u != 2 {
+		t.Fatalf("a refused hold charged: use %d", u)
+	}
+	before := own(t, st, "ml/a", store.Sandboxes)
+	must(t, "Settle kept", st.Settle(ctx, []string{"c1"}, false))
+	u := own(t, st, "ml/a", store.Sandboxes)
+	if u.Own != 2 || u.Held != 0 {
+		t.Fatalf("after settling without release: %+v", u)
+	}
+	// A correction from a read before the settle (the sandboxes made after
+	// the reconciler listed the edges, say) is refused.
+	if ok, err := st.CorrectUse(ctx, before, 0); err != nil || ok {
+		t.Fatalf("a correction across a settle: %v, %v", ok, err)
+	}
+	must(t, "ChargeHeld", st.ChargeHeld(ctx, "ml/a", sb, []store.Hold{{ID: "c2", Amounts: sb}}))
+	must(t, "Settle released", st.Settle(ctx, []string{"c2", "never-held"}, true))
+	must(t, "Settle again", st.Settle(ctx, []string{"c2"}, true))
+	for p, want := range map[string]int64{"ml/a": 2, "ml": 2, "": 2} {
+		if got := used(t, st, p, store.Sandboxes); got != want {
+			t.Errorf("sandboxes of %q after a release settled twice: %d, want %d", p, got, want)
+		}
+		if got := used(t, st, p, store.MemoryMB); got != 1024 {
+			t.Errorf("memory of %q after a release settled twice: %d, want 1024", p, got)
+		}
+	}
+}
+
+// testReleaseSandboxOnce: a sandbox's release gives back once.
+func testReleaseSandboxOnce(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "ml")
+	must(t, "Charge", st.Charge(ctx, "ml", store.Amounts{store.Sandboxes: 2}))
+	for i, want := range []bool{true, false} {
+		got, err := st.ReleaseSandbox(ctx, "ml", "sb-1", store.Amounts{store.Sandboxes: 1})
+		must(t, "ReleaseSandbox", err)
+		if got != want {
+			t.Fatalf("release %d of sb-1: %v, want %v", i+1, got, want)
+		}
+	}
+	if u := used(t, st, "ml", store.Sandboxes); u != 1 {
+		t.Fatalf("use %d after releasing one of 2 sandboxes twice, want 1", u)
+	}
+}
+
+// testCorrectUse: a correction holds only if the project's own use did not
+// change since it was read; it counts the holds; a child's charge does not
+// move its parent's generation.
+func testCorrectUse(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "ml", "ml/a")
+	must(t, "Charge", st.Charge(ctx, "ml", store.Amounts{store.Sandboxes: 5}))
+	read := own(t, st, "ml", store.Sandboxes)
+	// A create charged between the read and the correction (its sandbox
+	// not in the truth the reconciler listed): the correction must not
+	// take it away.
+	must(t, "Charge", st.Charge(ctx, "ml", store.Amounts{store.Sandboxes: 1}))
+	ok, err := st.CorrectUse(ctx, read, 3)
+	must(t, "CorrectUse", err)
+	if ok || used(t, st, "ml", store.Sandboxes) != 6 {
+		t.Fatalf("a correction across a charge: %v, use %d", ok, used(t, st, "ml", store.Sandboxes))
+	}
+	// A child's charge leaves ml's own use and generation as they were.
+	read = own(t, st, "ml", store.Sandboxes)
+	must(t, "Charge ml/a", st.ChargeHeld(ctx, "ml/a", store.Amounts{store.Sandboxes: 2}, []store.Hold{{ID: "a1", Amounts: store.Amounts{store.Sandboxes: 2}}}))
+	if u := own(t, st, "ml", store.Sandboxes); u.Gen != read.Gen || u.Own != 6 {
+		t.Fatalf("ml after its child's charge: %+v, was %+v", u, read)
+	}
+	ok, err = st.CorrectUse(ctx, read, 3)
+	must(t, "CorrectUse", err)
+	if !ok {
+		t.Fatal("a correction with nothing between refused")
+	}
+	// ml/a's truth is 0 sandboxes listed, but its hold counts.
+	a := own(t, st, "ml/a", store.Sandboxes)
+	ok, err = st.CorrectUse(ctx, a, 0)
+	must(t, "CorrectUse ml/a", err)
+	for p, want := range map[string]int64{"ml/a": 2, "ml": 5, "": 5} {
+		if got := used(t, st, p, store.Sandboxes); got != want || !ok {
+			t.Errorf("use of %q after the corrections: %d (%v), want %d", p, got, ok, want)
+		}
+	}
+	_, err = st.CorrectUse(ctx, store.Use{Project: "ml", Resource: store.CreatesPerSecond}, 1)
+	wantKind(t, "CorrectUse of a rate", err, errdefs.ErrInvalidArgument)
+}
+
+// testExpireHolds: holds are released once they expire, those without an
+// expiry of their own after store.DefaultHoldExpiry.
+func testExpireHolds(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "ml")
+	h := store.Amounts{store.Sandboxes: 1, store.VCPUs: 1000}
+	now := time.Now()
+	must(t, "ChargeHeld", st.ChargeHeld(ctx, "ml", h, []store.Hold{{ID: "soon", Amounts: h, Expires: now.Add(time.Minute)}}))
+	must(t, "ChargeHeld", st.ChargeHeld(ctx, "ml", h, []store.Hold{{ID: "default", Amounts: h}}))
+	n, err := st.ExpireHolds(ctx, now)
+	must(t, "ExpireHolds", err)
+	if n != 0 || used(t, st, "ml", store.Sandboxes) != 2 {
+		t.Fatalf("a hold expired early: %d", n)
+	}
+	n, err = st.ExpireHolds(ctx, now.Add(2*time.Minute))
+	must(t, "ExpireHolds", err)
+	if n != 1 || used(t, st, "ml", store.Sandboxes) != 1 || own(t, st, "ml", store.Sandboxes).Held != 1 {
+		t.Fatalf("expired %d holds a minute after the first's expiry, use %d", n, used(t, st, "ml", store.Sandboxes))
+	}
+	n, err = st.ExpireHolds(ctx, now.Add(store.DefaultHoldExpiry+time.Minute))
+	must(t, "ExpireHolds", err)
+	if n != 1 || used(t, st, "ml", store.Sandboxes) != 0 || used(t, st, "", store.VCPUs) != 0 || own(t, st, "ml", store.Sandboxes).Held != 0 {
+		t.Fatalf("expired %d holds past the default expiry, use %d", n, used(t, st, "ml", store.Sandboxes))
+	}
+}
+
+// testReserveCharged: a reservation with a charge charges in its own
+// transaction: reserved and charged, a repeat charges nothing, a refusal
+// reserves nothing.
+func testReserveCharged(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "ml")
+	limit(t, st, "ml", store.Sandboxes, 3)
+	charge := func(n int64) *store.QuotaCharge {
+		a := store.Amounts{store.Sandboxes: n}
+		return &store.QuotaCharge{Project: "ml", Amounts: a, Held: a}
+	}
+	got, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "k1", RequestHash: "h", Owner: "a", Charge: charge(2)})
+	must(t, "ReserveCreate", err)
+	if !reserved || used(t, st, "ml", store.Sandboxes) != 2 || own(t, st, "ml", store.Sandboxes).Held != 2 {
+		t.Fatalf("reserved %v, use %d", reserved, used(t, st, "ml", store.Sandboxes))
+	}
+	if _, again, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "k1", RequestHash: "h", Owner: "b", Charge: charge(2)}); err != nil || again {
+		t.Fatalf("a repeat: reserved %v, %v", again, err)
+	}
+	if u := used(t, st, "ml", store.Sandboxes); u != 2 {
+		t.Fatalf("a repeat of a reserved key charged: use %d", u)
+	}
+	_, _, err = st.ReserveCreate(ctx, store.CreateReservation{Key: "k2", RequestHash: "h", Owner: "a", Charge: charge(2)})
+	wantMessage(t, "a reservation over the quota", err, errdefs.ErrResourceExhausted, "quota of project ml: 2 of 3 sandboxes in use")
+	if _, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "k2", RequestHash: "h", Owner: "a"}); err != nil || !reserved {
+		t.Fatalf("k2 after its refused reservation: reserved %v, %v (the refusal reserved it)", reserved, err)
+	}
+	must(t, "Settle", st.Settle(ctx, []string{store.ReservationHold("k1", got.Nonce)}, true))
+	if u := used(t, st, "ml", store.Sandboxes); u != 0 {
+		t.Fatalf("use %d after the reservation's hold was released", u)
+	}
+}
+
+// testReplicasReleaseRace: two deletes of each of 50 sandboxes race
+// through two Stores: each sandbox is given back once.
+func testReplicasReleaseRace(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	mkProjects(t, a, "team")
+	must(t, "Charge", a.Charge(ctx, "team", store.Amounts{store.Sandboxes: 60}))
+	var wg sync.WaitGroup
+	var released atomic.Int64
+	for i := range 50 {
+		for _, st := range []store.Store{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ok, err := st.ReleaseSandbox(ctx, "team", fmt.Sprintf("sb-%d", i), store.Amounts{store.Sandboxes: 1})
+				if err != nil {
+					t.Error(err)
+				}
+				if ok {
+					released.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if n, u := released.Load(), used(t, a, "team", store.Sandboxes); n != 50 || u != 10 {
+		t.Fatalf("%d releases of 50 sandboxes, use %d: want 50 and 10", n, u)
+	}
+}
+
+// testReplicasReserveCharged: 400 keyed reservations with charges race for
+// a quota of 100 through two Stores: exactly 100 are reserved (and
+// charged), the others refused by name and not reserved.
+func testReplicasReserveCharged(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	mkProjects(t, a, "team")
+	limit(t, a, "team", store.Sandboxes, 100)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ok, refused := 0, 0
+	var other []error
+	for i := range 400 {
+		st := a
+		if i%2 == 1 {
+			st = b
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			one := store.Amounts{store.Sandboxes: 1}
+			_, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: fmt.Sprint("key-", i), RequestHash: "h", Owner: "x",
+				Charge: &store.QuotaCharge{Project: "team", Amounts: one, Held: one}})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil && reserved:
+				ok++
+			case errors.Is(err, errdefs.ErrResourceExhausted) && strings.Contains(err.Error(), "quota of project team: 100 of 100 sandboxes in use"):
+				refused++
+			default:
+				other = append(other, fmt.Errorf("reserved %v: %w", reserved, err))
+			}
+		}()
+	}
+	wg.Wait()
+	if len(other) > 0 {
+		t.Fatalf("%d reservations failed otherwise, first: %v", len(other), other[0])
+	}
+	if ok != 100 || refused != 300 || used(t, b, "team", store.Sandboxes) != 100 {
+		t.Fatalf("%d reserved, %d refused, use %d; want 100, 300, 100", ok, refused, used(t, b, "team", store.Sandboxes))
+	}
+}
