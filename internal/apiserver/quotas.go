@@ -23,6 +23,7 @@ type Quotas interface {
 	Charge(ctx context.Context, project string, amounts store.Amounts) error
 	Release(ctx context.Context, project string, amounts store.Amounts) error
 	ChargeHeld(ctx context.Context, project string, amounts store.Amounts, holds []store.Hold) error
+	ReserveCharged(ctx context.Context, project string, amounts store.Amounts, holds []store.Hold, rs []store.CreateReservation) ([]store.CreateReservation, []bool, error)
 	Settle(ctx context.Context, ids []string, release bool) error
 	ReleaseSandbox(ctx context.Context, project, id string, amounts store.Amounts) (bool, error)
 	Uses(ctx context.Context, resources []store.Resource) ([]store.Use, error)
@@ -316,11 +317,13 @@ func (s *Server) limited(ctx context.Context, project string) (map[store.Resourc
 // chargeGroup makes the charges of one project that arrive together one
 // transaction: a charge locks the quota rows of its project and of every
 // project above it, so concurrent charges of one project would otherwise
-// queue on those rows one transaction at a time. The first charge of a
-// project leads: it charges the sum of what has queued up meanwhile (up to
-// maxChargeGroup charges) and goes on while more queue. When the sum does
-// not fit, each of the group is charged alone, so a quota fills exactly
-// (of 1,000 racing for 100, exactly 100 pass).
+// queue on those rows one transaction at a time. A keyed create's charge
+// comes with its reservation, made in the same transaction
+// (store.ReserveCharged). The first charge of a project leads: it charges
+// the sum of what has queued up meanwhile (up to maxChargeGroup charges)
+// and goes on while more queue. When the sum does not fit, each of the
+// group is charged alone, so a quota fills exactly (of 1,000 racing for
+// 100, exactly 100 pass).
 type chargeGroup struct {
 	mu      sync.Mutex
 	pending map[string][]*chargeReq
@@ -329,7 +332,12 @@ type chargeGroup struct {
 type chargeReq struct {
 	amounts store.Amounts
 	holds   []store.Hold
-	done    chan error
+	// res is a keyed create's reservation, charged its Charge if it is
+	// made; got and reserved are what became of it.
+	res      *store.CreateReservation
+	got      store.CreateReservation
+	reserved bool
+	done     chan error
 }
 
 const maxChargeGroup = 256
@@ -339,7 +347,22 @@ const maxChargeGroup = 256
 const chargeTimeout = 30 * time.Second
 
 func (g *chargeGroup) charge(ctx context.Context, q Quotas, project string, amounts store.Amounts, holds []store.Hold) error {
-	req := &chargeReq{amounts: amounts, holds: holds, done: make(chan error, 1)}
+	return g.queue(ctx, q, project, &chargeReq{amounts: amounts, holds: holds, done: make(chan error, 1)})
+}
+
+// reserve reserves r.Key and charges r.Charge in one transaction, with the
+// other charges of its project queued meanwhile. reserved is false when
+// the key is held already (nothing was charged): its caller reads the
+// reservation that holds it.
+func (g *chargeGroup) reserve(ctx context.Context, q Quotas, r store.CreateReservation) (got store.CreateReservation, reserved bool, err error) {
+	req := &chargeReq{res: &r, done: make(chan error, 1)}
+	if err := g.queue(ctx, q, r.Charge.Project, req); err != nil {
+		return store.CreateReservation{}, false, err
+	}
+	return req.got, req.reserved, nil
+}
+
+func (g *chargeGroup) queue(ctx context.Context, q Quotas, project string, req *chargeReq) error {
 	g.mu.Lock()
 	if g.pending == nil {
 		g.pending = map[string][]*chargeReq{}
@@ -369,19 +392,11 @@ func (g *chargeGroup) lead(ctx context.Context, q Quotas, project string) {
 		group := queue[:n:n]
 		g.pending[project] = queue[n:]
 		g.mu.Unlock()
-		sum := store.Amounts{}
-		var holds []store.Hold
-		for _, r := range group {
-			for res, v := range r.amounts {
-				sum[res] += v
-			}
-			holds = append(holds, r.holds...)
-		}
-		err := q.ChargeHeld(ctx, project, sum, holds)
+		err := chargeTogether(ctx, q, project, group)
 		if len(group) > 1 && err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
 			// Past the limit, or one hold's ID taken: each alone.
 			for _, r := range group {
-				r.done <- q.ChargeHeld(ctx, project, r.amounts, r.holds)
+				r.done <- chargeTogether(ctx, q, project, []*chargeReq{r})
 			}
 			continue
 		}
@@ -389,6 +404,37 @@ func (g *chargeGroup) lead(ctx context.Context, q Quotas, project string) {
 			r.done <- err
 		}
 	}
+}
+
+// chargeTogether charges the sum of group, and reserves its keyed
+// creates' keys, in one transaction.
+func chargeTogether(ctx context.Context, q Quotas, project string, group []*chargeReq) error {
+	sum := store.Amounts{}
+	var holds []store.Hold
+	var rs []store.CreateReservation
+	var keyed []*chargeReq
+	for _, r := range group {
+		if r.res != nil {
+			rs = append(rs, *r.res)
+			keyed = append(keyed, r)
+			continue
+		}
+		for res, v := range r.amounts {
+			sum[res] += v
+		}
+		holds = append(holds, r.holds...)
+	}
+	if len(rs) == 0 {
+		return q.ChargeHeld(ctx, project, sum, holds)
+	}
+	got, reserved, err := q.ReserveCharged(ctx, project, sum, holds, rs)
+	if err != nil {
+		return err
+	}
+	for i, r := range keyed {
+		r.got, r.reserved = got[i], reserved[i]
+	}
+	return nil
 }
 
 // settleGroup settles the holds whose charge stays (creates and forks

@@ -374,14 +374,20 @@ type countingQuotas struct {
 	charges atomic.Int32
 }
 
+func (c *countingQuotas) ReserveCharged(ctx context.Context, project string, amounts store.Amounts, holds []store.Hold, rs []store.CreateReservation) ([]store.CreateReservation, []bool, error) {
+	c.charges.Add(1)
+	return c.Quotas.ReserveCharged(ctx, project, amounts, holds, rs)
+}
+
 func (c *countingQuotas) ChargeHeld(ctx context.Context, project string, amounts store.Amounts, holds []store.Hold) error {
 	c.charges.Add(1)
 	return c.Quotas.ChargeHeld(ctx, project, amounts, holds)
 }
 
-// TestChargeGroup: concurrent charges of one project go to the store in
-// groups, and a group past the limit is charged one by one, so the quota
-// fills exactly: of 200 racing for 50, 50 pass.
+// TestChargeGroup: concurrent charges of one project, keyed creates' with
+// their reservations, go to the store in groups, and a group past the
+// limit is charged one by one, so the quota fills exactly: of 200 racing
+// for 50, 50 pass.
 func TestChargeGroup(t *testing.T) {
 	ctx := context.Background()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
@@ -404,7 +410,18 @@ func TestChargeGroup(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			one := store.Amounts{store.Sandboxes: 1}
-			err := g.charge(ctx, q, "a", one, []store.Hold{{ID: fmt.Sprint("h", i), Amounts: one}})
+			var err error
+			if i%2 == 0 {
+				err = g.charge(ctx, q, "a", one, []store.Hold{{ID: fmt.Sprint("h", i), Amounts: one}})
+			} else {
+				// A keyed create: reserved and charged together.
+				var reserved bool
+				_, reserved, err = g.reserve(ctx, q, store.CreateReservation{Key: fmt.Sprint("k", i), RequestHash: "h",
+					Charge: &store.QuotaCharge{Project: "a", Amounts: one, Held: one}})
+				if err == nil && !reserved {
+					t.Errorf("key k%d: charged and not reserved", i)
+				}
+			}
 			switch {
 			case err == nil:
 				ok.Add(1)

@@ -235,6 +235,14 @@ func (s *Server) discard(ctx context.Context, sbs []*dsecv1.Sandbox, batch, key 
 // that no apiserver abandons it under this create; one that ended in
 // between is looked up again.
 func (s *Server) reserve(ctx context.Context, r store.CreateReservation) (store.CreateReservation, bool, error) {
+	if r.Charge != nil {
+		// Charged with the project's other charges under way, in one
+		// transaction; a key held already is read below.
+		got, reserved, err := s.charges.reserve(ctx, s.cfg.Quotas, r)
+		if err != nil || reserved {
+			return got, reserved, err
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		got, reserved, err := s.idem.ReserveCreate(ctx, r)
 		if err != nil || reserved || got.State == store.StateDone {

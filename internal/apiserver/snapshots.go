@@ -317,7 +317,19 @@ func forkResponse(src *dsecv1.Sandbox, name string, start time.Time, resp *edgev
 func (s *Server) forkKeyed(ctx context.Context, src *dsecv1.Sandbox, n int, m *dsecv1.ForkRequest, name string, e Edge) (*connect.Response[dsecv1.ForkResponse], error) {
 	id, node := src.GetId(), src.GetNode()
 	key, hash := "fork:"+m.GetIdempotencyKey(), forkHash(m)
-	got, reserved, err := s.reserve(ctx, store.CreateReservation{Key: key, RequestHash: hash, Owner: s.cfg.Name, Placements: slices.Repeat([]string{node}, n)})
+	// The children are charged in the transaction that reserves the key,
+	// and only if it does (a follower forks the owner's, charged already),
+	// each held apart until the node answers for it.
+	c, charged, err := s.quotaCharge(ctx, src.GetSpec(), n)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", id, err)
+	}
+	r := store.CreateReservation{Key: key, RequestHash: hash, Owner: s.cfg.Name, Placements: slices.Repeat([]string{node}, n)}
+	if charged {
+		c.Parts = n
+		r.Charge = &c
+	}
+	got, reserved, err := s.reserve(ctx, r)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", id, err)
 	}
@@ -327,15 +339,10 @@ func (s *Server) forkKeyed(ctx context.Context, src *dsecv1.Sandbox, n int, m *d
 	if !reserved && len(got.Placements) != n {
 		return nil, fmt.Errorf("fork %s: idempotency key %q: its reservation plans %d children, not %d: %w", id, m.GetIdempotencyKey(), len(got.Placements), n, errdefs.ErrInternal)
 	}
-	// The reservation's owner charges the children, each held until the
-	// node answers for it; a follower forks the owner's, charged already.
 	var holds held
-	if reserved {
-		if holds, err = s.chargeFork(ctx, src.GetSpec(), batchOf(got), n); err != nil {
-			if rerr := s.idem.ReleaseCreate(context.WithoutCancel(ctx), key); rerr != nil {
-				s.log.Warn("release the reservation of a fork over quota", "key", key, "err", rerr)
-			}
-			return nil, fmt.Errorf("fork %s: %w", id, err)
+	if reserved && charged {
+		for i := range n {
+			holds = append(holds, store.ReservationPart(key, got.Nonce, i))
 		}
 	}
 	lctx, lost := context.WithCancelCause(ctx)

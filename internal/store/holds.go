@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,11 +43,41 @@ type QuotaCharge struct {
 	// settles, or Expires (Hold.Expires).
 	Amounts, Held Amounts
 	Expires       time.Time
+	// Parts, when set, splits Held into that many equal holds,
+	// under ReservationPart(key, nonce, i), each settled alone (a fork's
+	// children, which a node makes or refuses one by one).
+	Parts int
+}
+
+// holds are the holds of c, the charge of the reservation of key with
+// nonce.
+func (c *QuotaCharge) holds(key, nonce string) ([]Hold, error) {
+	if c.Parts <= 0 {
+		return []Hold{{ID: ReservationHold(key, nonce), Amounts: c.Held, Expires: c.Expires}}, nil
+	}
+	each := Amounts{}
+	for r, n := range c.Held {
+		if n%int64(c.Parts) != 0 {
+			return nil, fmt.Errorf("hold %d %s in %d equal parts: %w", n, r, c.Parts, errdefs.ErrInvalidArgument)
+		}
+		each[r] = n / int64(c.Parts)
+	}
+	out := make([]Hold, c.Parts)
+	for i := range out {
+		out[i] = Hold{ID: ReservationPart(key, nonce, i), Amounts: each, Expires: c.Expires}
+	}
+	return out, nil
 }
 
 // ReservationHold is the ID of the hold of the reservation of key with
 // nonce.
 func ReservationHold(key, nonce string) string { return "key:" + key + "#" + nonce }
+
+// ReservationPart is the ID of part i of the hold of the reservation of
+// key with nonce (QuotaCharge.Parts).
+func ReservationPart(key, nonce string, i int) string {
+	return ReservationHold(key, nonce) + "/" + strconv.Itoa(i)
+}
 
 // Use is a project's own use of a resource (not its descendants'), with
 // what its holds hold of it and the generation of its quota row, which
@@ -59,12 +91,13 @@ type Use struct {
 	Gen      int64
 }
 
-// holdRowsPerInsert bounds the rows of one INSERT of holds (five
+// holdRowsPerInsert bounds the rows of one INSERT of holds (four
 // parameters each).
 const holdRowsPerInsert = 500
 
-// insertHolds records holds of the project whose ID is project.
-func (d *sqlDB) insertHolds(ctx context.Context, tx *sql.Tx, project string, holds []Hold, now time.Time) error {
+// insertHolds records holds of the project at path (a project that does
+// not exist fails the charge's lock after it).
+func (d *sqlDB) insertHolds(ctx context.Context, tx *sql.Tx, path string, holds []Hold, now time.Time) error {
 	var args []any
 	for _, h := range holds {
 		if h.ID == "" {
@@ -76,7 +109,7 @@ func (d *sqlDB) insertHolds(ctx context.Context, tx *sql.Tx, project string, hol
 		}
 		for r, n := range h.Amounts {
 			if n > 0 && r != CreatesPerSecond {
-				args = append(args, h.ID, string(r), project, n, d.ts(ms(expires)))
+				args = append(args, h.ID, string(r), n, d.ts(ms(expires)))
 			}
 		}
 	}
@@ -84,15 +117,21 @@ func (d *sqlDB) insertHolds(ctx context.Context, tx *sql.Tx, project string, hol
 		return nil
 	}
 	for len(args) > 0 {
-		n := min(len(args)/5, holdRowsPerInsert)
-		rows := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?), ", n), ", ")
-		if _, err := tx.ExecContext(ctx, d.q(`INSERT INTO quota_holds (id, resource, project_id, amount, expires{ms}) VALUES `+rows), args[:n*5]...); err != nil {
+		n := min(len(args)/4, holdRowsPerInsert)
+		row := "(?, ?, ?, ?), "
+		if d.dialect == dialectPostgres {
+			row = "(?, ?, ?::bigint, ?::timestamptz), "
+		}
+		rows := strings.TrimSuffix(strings.Repeat(row, n), ", ")
+		_, err := tx.ExecContext(ctx, d.q(`INSERT INTO quota_holds (id, resource, project_id, amount, expires{ms})
+			SELECT v.column1, v.column2, p.id, v.column3, v.column4 FROM (VALUES `+rows+`) AS v, projects p WHERE p.path = ?`), append(args[:n*4:n*4], path)...)
+		if err != nil {
 			if d.unique(err) {
 				return fmt.Errorf("a hold is held already: %w", errdefs.ErrAlreadyExists)
 			}
 			return err
 		}
-		args = args[n*5:]
+		args = args[n*4:]
 	}
 	return nil
 }
@@ -112,32 +151,27 @@ func (d *sqlDB) Settle(ctx context.Context, ids []string, release bool) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		if !release {
-			return d.keepTx(ctx, tx, ids)
-		}
-		return d.settleTx(ctx, tx, `h.id IN (`+placeholders(len(ids))+`)`, anys(ids), release)
-	})
+	var err error
+	if release {
+		err = d.inTx(ctx, func(tx *sql.Tx) error {
+			return d.settleTx(ctx, tx, `h.id IN (`+placeholders(len(ids))+`)`, anys(ids), release)
+		})
+	} else {
+		err = d.retry(ctx, true, func(ctx context.Context) error { return d.keep(ctx, ids) })
+	}
 	if err != nil {
 		return d.fail(fmt.Sprintf("settle %d quota holds", len(ids)), err)
 	}
 	return nil
 }
 
-// keepTx ends the holds of ids keeping what they held charged: the use
-// is as it was, so no quota row is locked nor its generation moved. A
-// reconciler sees the holds go by what they hold (CorrectUse compares it
-// with what it read): a hold can go uncharged only this way, and a charge
-// that adds one moves the generation.
-func (d *sqlDB) keepTx(ctx context.Context, tx *sql.Tx, ids []string) error {
-	if d.dialect == dialectPostgres {
-		// A settle lost in a crash only leaves holds to expire, which the
-		// sweep then corrects: no need to wait for the WAL's flush.
-		if _, err := tx.ExecContext(ctx, `SET LOCAL synchronous_commit TO OFF`); err != nil {
-			return err
-		}
-	}
-	_, err := tx.ExecContext(ctx, d.q(`DELETE FROM quota_holds WHERE id IN (`+placeholders(len(ids))+`)`), anys(ids)...)
+// keep ends the holds of ids keeping what they held charged, in one
+// statement: the use is as it was, so no quota row is locked nor its
+// generation moved. A reconciler sees the holds go by what they hold
+// (CorrectUse compares it with what it read): a hold can go uncharged
+// only this way, and a charge that adds one moves the generation.
+func (d *sqlDB) keep(ctx context.Context, ids []string) error {
+	_, err := d.db.ExecContext(ctx, d.q(`DELETE FROM quota_holds WHERE id IN (`+placeholders(len(ids))+`)`), anys(ids)...)
 	return err
 }
 
@@ -259,8 +293,10 @@ func (d *sqlDB) Uses(ctx context.Context, resources []Resource) ([]Use, error) {
 		// children's and the holds as of one moment.
 		rows, err := d.db.QueryContext(ctx, d.q(`SELECT j.path, q.resource, q.used, q.gen,
 				coalesce((SELECT sum(c.used) FROM quotas c JOIN projects k ON k.id = c.project_id WHERE k.parent_id = j.id AND c.resource = q.resource), 0),
-				coalesce((SELECT sum(h.amount) FROM quota_holds h WHERE h.project_id = j.id AND h.resource = q.resource), 0)
+				coalesce(h.held, 0)
 			FROM quotas q JOIN projects j ON j.id = q.project_id
+			LEFT JOIN (SELECT project_id, resource, sum(amount) AS held FROM quota_holds GROUP BY project_id, resource) h
+				ON h.project_id = q.project_id AND h.resource = q.resource
 			WHERE q.resource IN (`+placeholders(len(resources))+`) ORDER BY j.path, q.resource`), anys(resources)...)
 		if err != nil {
 			return err
@@ -358,7 +394,11 @@ func (d *sqlDB) chargeReservation(ctx context.Context, tx *sql.Tx, r CreateReser
 	if err != nil {
 		return err
 	}
-	if err := d.chargeTx(ctx, tx, path, c.Amounts, []Hold{{ID: ReservationHold(r.Key, r.Nonce), Amounts: c.Held, Expires: c.Expires}}); err != nil {
+	holds, err := c.holds(r.Key, r.Nonce)
+	if err != nil {
+		return err
+	}
+	if err := d.chargeTx(ctx, tx, path, c.Amounts, holds); err != nil {
 		return fmt.Errorf("charge project %s: %w", iam.Display(path), d.kind(err))
 	}
 	return nil
@@ -408,4 +448,91 @@ func (s *pgStore) reserveCharged(ctx context.Context, r CreateReservation) (Crea
 		return got, false, nil
 	}
 	return CreateReservation{}, false, fmt.Errorf("reserve idempotency key %q: the key is reserved and released over and over: %w", r.Key, errdefs.ErrUnavailable)
+}
+
+func (d *sqlDB) ReserveCharged(ctx context.Context, project string, amounts Amounts, holds []Hold, rs []CreateReservation) ([]CreateReservation, []bool, error) {
+	path, err := iam.CleanPath(project)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := chargeOrder(amounts); err != nil {
+		return nil, nil, err
+	}
+	filled := make([]CreateReservation, len(rs))
+	for i, r := range rs {
+		if r.Charge == nil {
+			return nil, nil, fmt.Errorf("reserve idempotency key %q: a reservation without a charge: %w", r.Key, errdefs.ErrInvalidArgument)
+		}
+		if filled[i], err = newReservation(r); err != nil {
+			return nil, nil, err
+		}
+	}
+	var reserved []bool
+	err = d.inTx(ctx, func(tx *sql.Tx) error {
+		made, err := d.insertReservations(ctx, tx, filled)
+		if err != nil {
+			return err
+		}
+		sum := maps.Clone(amounts)
+		if sum == nil {
+			sum = Amounts{}
+		}
+		all := slices.Clone(holds)
+		reserved = make([]bool, len(filled))
+		for i, r := range filled {
+			if !made[r.Key+"#"+r.Nonce] {
+				continue
+			}
+			reserved[i] = true
+			for res, n := range r.Charge.Amounts {
+				sum[res] += n
+			}
+			hs, err := r.Charge.holds(r.Key, r.Nonce)
+			if err != nil {
+				return err
+			}
+			all = append(all, hs...)
+		}
+		return d.chargeTx(ctx, tx, path, sum, all)
+	})
+	if err != nil {
+		return nil, nil, d.fail(fmt.Sprintf("reserve %d idempotency keys and charge project %s", len(rs), iam.Display(path)), err)
+	}
+	return filled, reserved, nil
+}
+
+// insertReservations inserts the pending reservations rs whose keys no
+// reservation holds, in one statement and in the keys' order (two
+// transactions inserting the same keys never wait on each other in a
+// cycle), and returns the ones it made by key#nonce.
+func (d *sqlDB) insertReservations(ctx context.Context, tx *sql.Tx, rs []CreateReservation) (map[string]bool, error) {
+	made := map[string]bool{}
+	if len(rs) == 0 {
+		return made, nil
+	}
+	sorted := slices.Clone(rs)
+	slices.SortStableFunc(sorted, func(a, b CreateReservation) int { return strings.Compare(a.Key, b.Key) })
+	var args []any
+	for _, r := range sorted {
+		var placements, ids any = nonNil(r.Placements), []string{}
+		if d.dialect == dialectSQLite {
+			placements, ids = encodeList(r.Placements), "[]"
+		}
+		args = append(args, r.Key, r.RequestHash, r.Owner, placements, ids, d.ts(r.Created), d.ts(r.Updated), r.Nonce)
+	}
+	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, 'pending', ?, ?, ?, ?), ", len(sorted)), ", ")
+	rows, err := tx.QueryContext(ctx, d.q(`INSERT INTO idempotency (key, request_hash, owner, placements, state, ids, created{ms}, updated{ms}, nonce)
+		VALUES `+values+` ON CONFLICT (key) DO NOTHING RETURNING key, nonce`), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key, nonce string
+		if err := rows.Scan(&key, &nonce); err != nil {
+			return nil, err
+		}
+		made[key+"#"+nonce] = true
+	}
+	return made, rows.Err()
 }

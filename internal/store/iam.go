@@ -122,6 +122,17 @@ type IAM interface {
 	// sandboxes exist, a FnCall call until it ends), each under its own ID
 	// (errdefs.ErrAlreadyExists for one held already), until Settle.
 	ChargeHeld(ctx context.Context, project string, amounts Amounts, holds []Hold) error
+	// ReserveCharged reserves, in one transaction, the keys of rs no
+	// reservation holds yet and charges project amounts (held under
+	// holds) plus the Charge of each reservation it makes (held under
+	// ReservationHold(key, nonce)): the charges of concurrent creates of
+	// one project, keyed or not, go to the store together. It returns rs
+	// as reserved (nonces filled in) and which of them it reserved; one it
+	// did not (its key is held: a retry, another replica's) charged
+	// nothing, and its caller reads the reservation that holds it with
+	// ReserveCreate. When the sum does not fit nothing is reserved nor
+	// charged: errdefs.ErrResourceExhausted.
+	ReserveCharged(ctx context.Context, project string, amounts Amounts, holds []Hold, rs []CreateReservation) ([]CreateReservation, []bool, error)
 	// Settle ends the holds of ids (of any project; an ID no longer held
 	// is skipped). With release what they held is given back (the create
 	// failed, the call ended); without, it stays charged (the sandboxes

@@ -191,11 +191,17 @@ func (d *sqlDB) chargeTx(ctx context.Context, tx *sql.Tx, path string, amounts A
 		return err
 	}
 	anc := iam.Ancestors(path)
+	now := ms(time.Now())
+	// The holds are written before the quota rows are locked, so the
+	// locks every create of the cluster queues on are held the shorter:
+	// nothing sees them before the commit.
+	if err := d.insertHolds(ctx, tx, path, holds, now); err != nil {
+		return err
+	}
 	rows, err := d.ancestorsLocked(ctx, tx, path, resources)
 	if err != nil {
 		return err
 	}
-	now := ms(time.Now())
 	// Rows come from the root down, so the first refusal names the
 	// highest project that is full.
 	for i, r := range rows {
@@ -233,7 +239,7 @@ func (d *sqlDB) chargeTx(ctx context.Context, tx *sql.Tx, path string, amounts A
 			return err
 		}
 	}
-	return d.insertHolds(ctx, tx, rows[len(rows)-1].project, holds, now)
+	return nil
 }
 
 // addUse adds n (negative: takes off, never below zero) to the use of

@@ -24,6 +24,7 @@ var holdCases = []struct {
 	{"CorrectUse", testCorrectUse},
 	{"ExpireHolds", testExpireHolds},
 	{"ReserveCharged", testReserveCharged},
+	{"ReserveChargedGroup", testReserveChargedGroup},
 }
 
 // holdReplicaCases need two Stores on one database.
@@ -33,6 +34,7 @@ var holdReplicaCases = []struct {
 }{
 	{"ReleaseSandboxRace", testReplicasReleaseRace},
 	{"ReserveChargedRace", testReplicasReserveCharged},
+	{"ReserveChargedGroupRace", testReplicasReserveChargedGroup},
 }
 
 // own is project's own use of r as Uses reads it, and the row's
@@ -178,7 +180,7 @@ func testExpireHolds(t *testing.T, st store.Store) {
 
 // testReserveCharged: a reservation with a charge charges in its own
 // transaction: reserved and charged, a repeat charges nothing, a refusal
-// reserves nothing.
+// reserves nothing; a fork's charge in parts settles a child at a time.
 func testReserveCharged(t *testing.T, st store.Store) {
 	ctx := t.Context()
 	mkProjects(t, st, "ml")
@@ -206,6 +208,18 @@ func testReserveCharged(t *testing.T, st store.Store) {
 	must(t, "Settle", st.Settle(ctx, []string{store.ReservationHold("k1", got.Nonce)}, true))
 	if u := used(t, st, "ml", store.Sandboxes); u != 0 {
 		t.Fatalf("use %d after the reservation's hold was released", u)
+	}
+	// A fork's children: one hold per child, settled one by one.
+	two := store.Amounts{store.Sandboxes: 2}
+	got, reserved, err = st.ReserveCreate(ctx, store.CreateReservation{Key: "fork:f1", RequestHash: "h", Owner: "a",
+		Charge: &store.QuotaCharge{Project: "ml", Amounts: two, Held: two, Parts: 2}})
+	if err != nil || !reserved || used(t, st, "ml", store.Sandboxes) != 2 || own(t, st, "ml", store.Sandboxes).Held != 2 {
+		t.Fatalf("a fork of 2: reserved %v, use %d, %v", reserved, used(t, st, "ml", store.Sandboxes), err)
+	}
+	must(t, "Settle", st.Settle(ctx, []string{store.ReservationPart("fork:f1", got.Nonce, 1)}, true))
+	must(t, "Settle", st.Settle(ctx, []string{store.ReservationPart("fork:f1", got.Nonce, 0)}, false))
+	if u, h := used(t, st, "ml", store.Sandboxes), own(t, st, "ml", store.Sandboxes).Held; u != 1 || h != 0 {
+		t.Fatalf("use %d, held %d after a child refused and one made: want 1 and 0", u, h)
 	}
 }
 
@@ -278,5 +292,95 @@ func testReplicasReserveCharged(t *testing.T, a, b store.Store) {
 	}
 	if ok != 100 || refused != 300 || used(t, b, "team", store.Sandboxes) != 100 {
 		t.Fatalf("%d reserved, %d refused, use %d; want 100, 300, 100", ok, refused, used(t, b, "team", store.Sandboxes))
+	}
+}
+
+// testReserveChargedGroup: one transaction reserves the keys no
+// reservation holds and charges them with an unkeyed charge; a key held
+// already (before, or twice in the group) is not reserved nor charged; a
+// group past the limit reserves and charges nothing.
+func testReserveChargedGroup(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "ml")
+	limit(t, st, "ml", store.Sandboxes, 4)
+	one := store.Amounts{store.Sandboxes: 1}
+	keyed := func(key string) store.CreateReservation {
+		return store.CreateReservation{Key: key, RequestHash: "h", Owner: "a", Charge: &store.QuotaCharge{Project: "ml", Amounts: one, Held: one}}
+	}
+	_, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "k0", RequestHash: "h", Owner: "a"})
+	if err != nil || !reserved {
+		t.Fatalf("ReserveCreate k0: reserved %v, %v", reserved, err)
+	}
+	got, made, err := st.ReserveCharged(ctx, "ml", one, []store.Hold{{ID: "u1", Amounts: one}},
+		[]store.CreateReservation{keyed("k2"), keyed("k1"), keyed("k1"), keyed("k0")})
+	must(t, "ReserveCharged", err)
+	if want := []bool{true, true, false, false}; fmt.Sprint(made) != fmt.Sprint(want) {
+		t.Fatalf("reserved %v, want %v", made, want)
+	}
+	if u, h := used(t, st, "ml", store.Sandboxes), own(t, st, "ml", store.Sandboxes).Held; u != 3 || h != 3 {
+		t.Fatalf("use %d, held %d after a group of one unkeyed and two new keys: want 3 and 3", u, h)
+	}
+	if r, _, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "k1", RequestHash: "h", Owner: "b"}); err != nil || r.Nonce != got[1].Nonce {
+		t.Fatalf("k1's reservation: nonce %q, want the group's %q: %v", r.Nonce, got[1].Nonce, err)
+	}
+	_, _, err = st.ReserveCharged(ctx, "ml", one, []store.Hold{{ID: "u2", Amounts: one}}, []store.CreateReservation{keyed("k3")})
+	wantMessage(t, "a group over the quota", err, errdefs.ErrResourceExhausted, "quota of project ml: 3 of 4 sandboxes in use")
+	if _, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "k3", RequestHash: "h", Owner: "a"}); err != nil || !reserved {
+		t.Fatalf("k3 after its refused group: reserved %v, %v (the refusal reserved it)", reserved, err)
+	}
+	must(t, "Settle", st.Settle(ctx, []string{"u1", store.ReservationHold("k1", got[1].Nonce)}, true))
+	must(t, "Settle", st.Settle(ctx, []string{store.ReservationHold("k2", got[0].Nonce)}, false))
+	if u, h := used(t, st, "ml", store.Sandboxes), own(t, st, "ml", store.Sandboxes).Held; u != 1 || h != 0 {
+		t.Fatalf("use %d, held %d after two holds released and one kept: want 1 and 0", u, h)
+	}
+}
+
+// testReplicasReserveChargedGroup: groups of keyed reservations drawn
+// from one set of 60 keys, each in its own order, race through two
+// Stores: every key is reserved (and charged) exactly once, and no two
+// groups deadlock.
+func testReplicasReserveChargedGroup(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	mkProjects(t, a, "team")
+	limit(t, a, "team", store.Sandboxes, 1000)
+	one := store.Amounts{store.Sandboxes: 1}
+	var wg sync.WaitGroup
+	var reservedN atomic.Int64
+	for i := range 40 {
+		st := a
+		if i%2 == 1 {
+			st = b
+		}
+		var rs []store.CreateReservation
+		for j := range 15 {
+			k := (i*7 + j*(1+i%5)) % 60
+			rs = append(rs, store.CreateReservation{Key: fmt.Sprint("key-", k), RequestHash: "h", Owner: "x",
+				Charge: &store.QuotaCharge{Project: "team", Amounts: one, Held: one}})
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, made, err := st.ReserveCharged(ctx, "team", nil, nil, rs)
+			if err != nil {
+				t.Error(err)
+			}
+			for _, m := range made {
+				if m {
+					reservedN.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var keys int64
+	for k := range 60 {
+		if _, reserved, err := a.ReserveCreate(ctx, store.CreateReservation{Key: fmt.Sprint("key-", k), RequestHash: "h", Owner: "y"}); err != nil {
+			t.Fatal(err)
+		} else if !reserved {
+			keys++
+		}
+	}
+	if n, u := reservedN.Load(), used(t, b, "team", store.Sandboxes); n != keys || u != keys {
+		t.Fatalf("%d reserved by the groups, use %d, %d keys held: want them equal", n, u, keys)
 	}
 }
