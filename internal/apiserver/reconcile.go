@@ -264,7 +264,7 @@ func (s *Server) abandonStale(ctx context.Context) {
 			// Its charge goes with it: its sandboxes are reaped, and the
 			// quota sweep counts them while they live.
 			if s.cfg.Quotas != nil {
-				s.settleHolds(ctx, held{store.ReservationHold(r.Key, r.Nonce)}, false)
+				s.settleHolds(ctx, reservationHolds(r), false)
 			}
 			s.rec.abandoned.Add(1)
 			s.log.Info("reconcile: abandoned a reservation nobody renewed; its sandboxes will be reaped",
@@ -432,4 +432,14 @@ func (s *Server) checkRows(ctx context.Context, n watcher.Node) {
 		s.rec.rowsRemoved.Add(int64(removed))
 		s.log.Info("reconcile: removed the rows of sandboxes gone from their node", "node", n.Name, "rows", removed, "of", len(rows))
 	}
+}
+
+// reservationHolds names the holds a reservation's charge may hold: one
+// for a create, one per child for a fork (store.QuotaCharge.Parts).
+func reservationHolds(r store.CreateReservation) held {
+	h := held{store.ReservationHold(r.Key, r.Nonce)}
+	for i := range r.Placements {
+		h = append(h, store.ReservationPart(r.Key, r.Nonce, i))
+	}
+	return h
 }
