@@ -26,6 +26,7 @@ type Quotas interface {
 	ReserveCharged(ctx context.Context, project string, amounts store.Amounts, holds []store.Hold, rs []store.CreateReservation) ([]store.CreateReservation, []bool, error)
 	Settle(ctx context.Context, ids []string, release bool) error
 	ReleaseSandbox(ctx context.Context, project, id string, amounts store.Amounts) (bool, error)
+	HoldRelease(ctx context.Context, project, sandbox string, amounts store.Amounts, expires time.Time) error
 	Uses(ctx context.Context, resources []store.Resource) ([]store.Use, error)
 	CorrectUse(ctx context.Context, read store.Use, n int64) (bool, error)
 	ExpireHolds(ctx context.Context, now time.Time) (int, error)
@@ -137,12 +138,12 @@ func (s *Server) settleHolds(ctx context.Context, h held, keep bool) {
 	}
 }
 
-// releaseSandbox gives back, once, what sandbox id of project held, of the
-// resources a create would be charged now.
-func (s *Server) releaseSandbox(ctx context.Context, project, id string, amounts store.Amounts) {
+// limitedPart is the part of amounts a create of project would be charged
+// now: the resources a limit applies to on its path.
+func (s *Server) limitedPart(ctx context.Context, project string, amounts store.Amounts) store.Amounts {
 	limits, err := s.limited(ctx, project)
 	if err != nil || len(limits) == 0 {
-		return
+		return nil
 	}
 	part := store.Amounts{}
 	for r, v := range amounts {
@@ -151,6 +152,34 @@ func (s *Server) releaseSandbox(ctx context.Context, project, id string, amounts
 		}
 	}
 	if len(part) == 0 {
+		return nil
+	}
+	return part
+}
+
+// holdRelease records, before live sandbox id of project is deleted, that
+// its release is under way (store.HoldRelease): a sweep that counts the
+// edges once it is gone but read the use before it is released keeps it
+// counted by the hold, rather than taking it away before the release
+// does again. It returns the hold, or nil when nothing is charged there
+// (or the store failed: the sweep then corrects any difference).
+func (s *Server) holdRelease(ctx context.Context, project, id string, amounts store.Amounts) held {
+	part := s.limitedPart(ctx, project, amounts)
+	if part == nil {
+		return nil
+	}
+	if err := s.cfg.Quotas.HoldRelease(ctx, project, id, part, holdUntil(ctx)); err != nil {
+		s.log.Warn("hold the release of a sandbox", "project", iam.Display(project), "sandbox", id, "err", err)
+		return nil
+	}
+	return held{store.ReleaseHold(id)}
+}
+
+// releaseSandbox gives back, once, what sandbox id of project held, of the
+// resources a create would be charged now, and ends its holdRelease hold.
+func (s *Server) releaseSandbox(ctx context.Context, project, id string, amounts store.Amounts) {
+	part := s.limitedPart(ctx, project, amounts)
+	if part == nil {
 		return
 	}
 	if _, err := s.cfg.Quotas.ReleaseSandbox(ctx, project, id, part); err != nil {

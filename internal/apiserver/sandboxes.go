@@ -788,15 +788,22 @@ func (s *Server) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteR
 		return e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
 	}
 	// What a live sandbox held goes back when it is deleted, once however
-	// many deletes race (ReleaseSandbox); one that ended by itself is the
-	// reconciliation's to give back.
+	// many deletes race (ReleaseSandbox), held until then (holdRelease);
+	// one that ended by itself is the reconciliation's to give back.
 	sb, err := e.Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: id}))
 	if err != nil {
 		return nil, err
 	}
-	resp, err := e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
-	if err == nil && live(sb.Msg.GetState()) {
-		s.releaseSandbox(ctx, projectOf(sb.Msg), id, amountsOf(sb.Msg.GetSpec(), 1))
+	if !live(sb.Msg.GetState()) {
+		return e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
 	}
-	return resp, err
+	project, amounts := projectOf(sb.Msg), amountsOf(sb.Msg.GetSpec(), 1)
+	h := s.holdRelease(ctx, project, id, amounts)
+	resp, err := e.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: id}))
+	if err != nil {
+		s.settleHolds(ctx, h, true) // nothing was released: the hold just goes
+		return nil, err
+	}
+	s.releaseSandbox(ctx, project, id, amounts)
+	return resp, nil
 }

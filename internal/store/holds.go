@@ -69,6 +69,28 @@ func (c *QuotaCharge) holds(key, nonce string) ([]Hold, error) {
 	return out, nil
 }
 
+// ReleaseHold is the ID of the hold a delete of sandbox records before the
+// sandbox goes (HoldRelease) until its release (ReleaseSandbox).
+func ReleaseHold(sandbox string) string { return "release:" + sandbox }
+
+func (d *sqlDB) HoldRelease(ctx context.Context, project, sandbox string, amounts Amounts, expires time.Time) error {
+	path, err := iam.CleanPath(project)
+	if err != nil {
+		return err
+	}
+	if _, err := chargeOrder(amounts); err != nil {
+		return err
+	}
+	holds := []Hold{{ID: ReleaseHold(sandbox), Amounts: amounts, Expires: expires}}
+	err = d.inTx(ctx, func(tx *sql.Tx) error {
+		return d.insertHoldsOr(ctx, tx, path, holds, time.Now(), ` ON CONFLICT (id, resource) DO NOTHING`)
+	})
+	if err != nil {
+		return d.fail(fmt.Sprintf("hold the release of sandbox %s of project %s", sandbox, iam.Display(path)), err)
+	}
+	return nil
+}
+
 // ReservationHold is the ID of the hold of the reservation of key with
 // nonce.
 func ReservationHold(key, nonce string) string { return "key:" + key + "#" + nonce }
@@ -98,6 +120,11 @@ const holdRowsPerInsert = 500
 // insertHolds records holds of the project at path (a project that does
 // not exist fails the charge's lock after it).
 func (d *sqlDB) insertHolds(ctx context.Context, tx *sql.Tx, path string, holds []Hold, now time.Time) error {
+	return d.insertHoldsOr(ctx, tx, path, holds, now, "")
+}
+
+// insertHoldsOr is insertHolds with an ON CONFLICT clause (or "").
+func (d *sqlDB) insertHoldsOr(ctx context.Context, tx *sql.Tx, path string, holds []Hold, now time.Time, conflict string) error {
 	var args []any
 	for _, h := range holds {
 		if h.ID == "" {
@@ -124,7 +151,7 @@ func (d *sqlDB) insertHolds(ctx context.Context, tx *sql.Tx, path string, holds 
 		}
 		rows := strings.TrimSuffix(strings.Repeat(row, n), ", ")
 		_, err := tx.ExecContext(ctx, d.q(`INSERT INTO quota_holds (id, resource, project_id, amount, expires{ms})
-			SELECT v.column1, v.column2, p.id, v.column3, v.column4 FROM (VALUES `+rows+`) AS v, projects p WHERE p.path = ?`), append(args[:n*4:n*4], path)...)
+			SELECT v.column1, v.column2, p.id, v.column3, v.column4 FROM (VALUES `+rows+`) AS v, projects p WHERE p.path = ?`+conflict), append(args[:n*4:n*4], path)...)
 		if err != nil {
 			if d.unique(err) {
 				return fmt.Errorf("a hold is held already: %w", errdefs.ErrAlreadyExists)
@@ -262,6 +289,9 @@ func (d *sqlDB) ReleaseSandbox(ctx context.Context, project, id string, amounts 
 				return err
 			}
 		}
+		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM quota_holds WHERE id = ?`), ReleaseHold(id)); err != nil {
+			return err
+		}
 		res, err := tx.ExecContext(ctx, d.q(`INSERT INTO quota_released (sandbox, at{ms}) VALUES (?, ?) ON CONFLICT (sandbox) DO NOTHING`),
 			id, d.ts(time.Now()))
 		if err != nil {
@@ -366,6 +396,11 @@ func (d *sqlDB) ExpireHolds(ctx context.Context, now time.Time) (int, error) {
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		if err = tx.QueryRowContext(ctx, d.q(`SELECT count(DISTINCT id) FROM quota_holds WHERE expires{ms} < ?`), d.ts(now)).Scan(&n); err != nil || n == 0 {
+			return err
+		}
+		// A delete's hold held no charge: it goes, and the sweep counts
+		// what its apiserver left.
+		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM quota_holds WHERE expires{ms} < ? AND id LIKE 'release:%'`), d.ts(now)); err != nil {
 			return err
 		}
 		return d.settleTx(ctx, tx, `h.expires{ms} < ?`, []any{d.ts(now)}, true)

@@ -140,8 +140,16 @@ type IAM interface {
 	Settle(ctx context.Context, ids []string, release bool) error
 	// ReleaseSandbox gives back what sandbox id of project held, once:
 	// a second release of the same ID (two deletes at once) changes
-	// nothing and reports false.
+	// nothing and reports false. It ends the sandbox's HoldRelease hold
+	// either way.
 	ReleaseSandbox(ctx context.Context, project, id string, amounts Amounts) (bool, error)
+	// HoldRelease records, before a live sandbox is deleted, a hold of
+	// what it holds without charging it (ReleaseHold(sandbox)), until
+	// ReleaseSandbox gives it back and ends the hold: a sweep that lists
+	// the edges once the sandbox is gone, but read the use before its
+	// release, counts it by the hold and so takes nothing away twice. One
+	// that expires (its apiserver died) just goes.
+	HoldRelease(ctx context.Context, project, sandbox string, amounts Amounts, expires time.Time) error
 	// Uses reads, as of one moment, every project's own use of resources,
 	// what its holds hold and its generation, for a reconciler to compare
 	// with the truth before correcting it with CorrectUse.

@@ -25,6 +25,7 @@ var holdCases = []struct {
 	{"ExpireHolds", testExpireHolds},
 	{"ReserveCharged", testReserveCharged},
 	{"ReserveChargedGroup", testReserveChargedGroup},
+	{"ReleaseHold", testReleaseHold},
 }
 
 // holdReplicaCases need two Stores on one database.
@@ -382,5 +383,43 @@ func testReplicasReserveChargedGroup(t *testing.T, a, b store.Store) {
 	}
 	if n, u := reservedN.Load(), used(t, b, "team", store.Sandboxes); n != keys || u != keys {
 		t.Fatalf("%d reserved by the groups, use %d, %d keys held: want them equal", n, u, keys)
+	}
+}
+
+// testReleaseHold: a delete's hold counts the sandbox as held, charging
+// nothing, so a correction read before it is refused; the release gives
+// the sandbox back once and ends the hold, a second delete's too; one
+// that expires just goes.
+func testReleaseHold(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "ml")
+	limit(t, st, "ml", store.Sandboxes, 10)
+	one := store.Amounts{store.Sandboxes: 1}
+	must(t, "Charge", st.Charge(ctx, "ml", store.Amounts{store.Sandboxes: 2}))
+	before := own(t, st, "ml", store.Sandboxes)
+	must(t, "HoldRelease", st.HoldRelease(ctx, "ml", "sb1", one, time.Now().Add(time.Minute)))
+	if u, h := used(t, st, "ml", store.Sandboxes), own(t, st, "ml", store.Sandboxes).Held; u != 2 || h != 1 {
+		t.Fatalf("use %d, held %d with a release under way: want 2 and 1", u, h)
+	}
+	if ok, err := st.CorrectUse(ctx, before, 1); err != nil || ok {
+		t.Fatalf("a correction read before the release's hold: %v, %v; want refused", ok, err)
+	}
+	for i := range 2 { // two deletes, one after the other
+		must(t, "HoldRelease", st.HoldRelease(ctx, "ml", "sb1", one, time.Now().Add(time.Minute)))
+		released, err := st.ReleaseSandbox(ctx, "ml", "sb1", one)
+		must(t, "ReleaseSandbox", err)
+		if released != (i == 0) {
+			t.Fatalf("release %d: released %v", i+1, released)
+		}
+		if u, h := used(t, st, "ml", store.Sandboxes), own(t, st, "ml", store.Sandboxes).Held; u != 1 || h != 0 {
+			t.Fatalf("use %d, held %d after release %d: want 1 and 0", u, h, i+1)
+		}
+	}
+	must(t, "HoldRelease", st.HoldRelease(ctx, "ml", "sb2", one, time.Now().Add(-time.Second)))
+	if _, err := st.ExpireHolds(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if u, h := used(t, st, "ml", store.Sandboxes), own(t, st, "ml", store.Sandboxes).Held; u != 1 || h != 0 {
+		t.Fatalf("use %d, held %d after a delete's hold expired: want 1 (nothing given back) and 0", u, h)
 	}
 }
