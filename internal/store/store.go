@@ -12,7 +12,8 @@
 //     (stored as SHA-256 only), each project's quota and use, and the audit
 //     trail of management calls (package iam holds the rules they follow);
 //   - the project each layer, image, snapshot and warm pool belongs to, the
-//     bytes charged for it, and the projects it is shared with.
+//     bytes charged for it, and the projects it is shared with;
+//   - the sandboxes' lifecycle events, by project, read by cursor.
 //
 // Store is the pluggable backend interface. Open picks an implementation by
 // its DSN: SQLite (one file, what the all-in-one dsecd uses under its root)
@@ -160,6 +161,8 @@ type Store interface {
 	// Which project each layer, image, snapshot and warm pool belongs to,
 	// and its shares (objects.go).
 	Objects
+	// Sandbox lifecycle events (events.go).
+	Events
 
 	// Close releases the store's connections.
 	Close() error
