@@ -20,5 +20,6 @@ func TestFakeEdgeConformance(t *testing.T) {
 		Fork:           edgetest.ForkMakes,
 		Deviations:     edgetest.Deviations{NoAgent: true},
 		NoTrajectories: true, // the service records them, not the edge: TestConformanceHollow checks it
+		NoEvents:       true, // the fake keeps no event log: TestConformanceHollow checks the service's
 	})
 }

@@ -133,6 +133,8 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		{"dsec_reconcile_reservations_abandoned_total", "Pending reservations whose lease lapsed, abandoned by this apiserver.", st.ReservationsAbandoned},
 		{"dsec_reconcile_rows_removed_total", "Sandbox rows of sandboxes gone from their nodes, removed by this apiserver.", st.RowsRemoved},
 		{"dsec_reconcile_row_checks_skipped_total", "Checks of a node's sandbox rows skipped because none of its sandboxes ended since the last.", st.RowChecksSkipped},
+		{"dsec_events_stored_total", "Lifecycle events this apiserver pulled from nodes and stored (each stored once, whichever apiserver stores it).", s.events.stored.Load()},
+		{"dsec_events_lost_total", "Lifecycle events nodes no longer kept when this apiserver asked for them.", s.events.lost.Load()},
 	} {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", m.name, m.help, m.name, m.name, m.v)
 	}

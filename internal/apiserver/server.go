@@ -116,6 +116,12 @@ type Config struct {
 	// AuditRetention is how long RunAuditExpiry keeps audit records (0 =
 	// DefaultAuditRetention; negative: forever).
 	AuditRetention time.Duration
+	// Events, when set, is where RunEvents stores the nodes' lifecycle
+	// events and ListEvents and FollowEvents read them (events.go);
+	// EventRetention is how long RunEventExpiry keeps them (0 =
+	// DefaultEventRetention; negative: forever).
+	Events         EventStore
+	EventRetention time.Duration
 	// TokenlessFnCall, when Auth is set, is the path of the project in
 	// which a SandboxFusion call without a token runs, as a runner there
 	// (charged to it): "/" is the root. Empty refuses such calls
@@ -145,6 +151,7 @@ type Server struct {
 	limits   limitCache                        // quotas.go
 	objects  objectCache                       // objects.go
 	audit    *auditLog                         // nil without Config.Audit
+	events   eventState                        // events.go
 	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
 	loop     loopback                          // grade.go
 	console  webConsole                        // console.go
@@ -171,6 +178,7 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 		s.authn = iam.NewCache(cfg.Auth, 0, 0)
 	}
 	s.audit = newAuditLog(cfg.Audit, log)
+	s.events.init()
 	return s
 }
 

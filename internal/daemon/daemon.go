@@ -34,6 +34,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend/container"
 	"dsec.dev/dsec/internal/edge/claims"
 	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/layers"
 	"dsec.dev/dsec/internal/edge/lazyd"
@@ -157,6 +158,9 @@ type Config struct {
 	// AuditRetention is how long audit records are kept (0 =
 	// apiserver.DefaultAuditRetention; negative: forever).
 	AuditRetention time.Duration
+	// EventRetention is how long lifecycle events are kept (0 =
+	// apiserver.DefaultEventRetention; negative: forever).
+	EventRetention time.Duration
 	// Trajectory says how the node records its sandboxes' trajectories.
 	Trajectory TrajectoryConfig
 	// NoProvenance records no provenance as sandboxes run (no baseline at
@@ -424,6 +428,7 @@ func findAgent() string {
 type node struct {
 	cfg     Config
 	metrics *metrics.Edge // what the node records (nil: nothing)
+	events  *eventlog.Log // the lifecycle events of its sandboxes, for the apiservers to pull
 	log     *slog.Logger
 	lock    *os.File
 	images  *image.Store
@@ -532,6 +537,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 			network = n.net
 		}
 	}
+	n.events = eventlog.New(cfg.Node, 0)
 	var reads sandbox.ReadWatcher
 	var syscalls sandbox.SyscallRecorder
 	if !cfg.NoProvenance {
@@ -565,6 +571,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		Reads:           reads,
 		Syscalls:        syscalls,
 		ProvenanceOff:   cfg.NoProvenance,
+		Events:          n.events,
 	}, n.runtimes, n.layers, network, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
@@ -662,6 +669,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// EdgeService an apiserver of a cluster calls remote edges by.
 	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
 	edge.SetMetrics(n.metrics)
+	edge.SetEvents(n.events)
 	stopRecorder, err := startRecorder(ctx, cfg, edge, n.edge, log)
 	if err != nil {
 		return err
@@ -700,6 +708,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	edge.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipts, nil })
 	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
+		Events: meta, EventRetention: cfg.EventRetention,
 		TokenlessFnCall: tokenless}, meta, fleet, log.With("component", "apiserver"))
 	// A reservation left pending by a dsecd that died mid-create, say, is
 	// reconciled here as in a cluster.

@@ -76,6 +76,7 @@ func TestEdgeConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc.SetReceipts(func() (*sdkreceipt.Signer, error) { return signer, nil })
+	svc.SetEvents(n.events)
 	const env = "busybox:edgetest"
 	var once sync.Once
 	edgetest.Run(t, edgetest.Options{

@@ -18,6 +18,7 @@ import (
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/hollow"
 	"dsec.dev/dsec/internal/edge/layers"
 	"dsec.dev/dsec/internal/edgeclient"
@@ -178,8 +179,10 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			}
 			h.Slot, h.Generation = uint16(rec.Slot), uint32(rec.Generation)
 		}
+		h.Events = eventlog.New(h.Node, 0)
 		he := hollow.New(h)
 		svc = edgesvc.New(he, nil, log.With("component", "edgesvc"))
+		svc.SetEvents(h.Events)
 		stopRecorder, err := startRecorder(ctx, cfg.Node, svc, he, log)
 		if err != nil {
 			return err
@@ -214,6 +217,7 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 		}
 		svc = edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
 		svc.SetMetrics(n.metrics)
+		svc.SetEvents(n.events)
 		stopRecorder, err := startRecorder(ctx, ncfg, svc, n.edge, log)
 		if err != nil {
 			return err
@@ -324,6 +328,9 @@ type APIServerConfig struct {
 	// AuditRetention is how long audit records are kept (0 =
 	// apiserver.DefaultAuditRetention; negative: forever).
 	AuditRetention time.Duration
+	// EventRetention is how long lifecycle events are kept (0 =
+	// apiserver.DefaultEventRetention; negative: forever).
+	EventRetention time.Duration
 }
 
 func (c *APIServerConfig) fill() error {
@@ -403,6 +410,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	})
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
+		Events: meta, EventRetention: cfg.EventRetention,
 		TokenlessFnCall: tokenless}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -470,6 +478,8 @@ func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 	wg.Go(func() { api.RunReconciler(ctx) })
 	wg.Go(func() { api.RunAuditExpiry(ctx) })
 	wg.Go(func() { api.RunAudit(ctx) })
+	wg.Go(func() { api.RunEvents(ctx) })
+	wg.Go(func() { api.RunEventExpiry(ctx) })
 	return func() {
 		cancel()
 		wg.Wait()

@@ -10,6 +10,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/hollow"
 	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/edgeclient"
@@ -30,8 +31,10 @@ func TestConformanceRemote(t *testing.T) {
 	}
 	edgetest.Run(t, edgetest.Options{
 		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
-			h := hollow.New(hollow.Config{Node: "h1"})
+			log := eventlog.New("h1", 0)
+			h := hollow.New(hollow.Config{Node: "h1", Events: log})
 			svc := edgesvc.New(h, nil, slog.New(slog.DiscardHandler))
+			svc.SetEvents(log)
 			rec, err := trajectory.New(trajectory.Config{Dir: t.TempDir()}, h)
 			if err != nil {
 				t.Fatal(err)

@@ -86,6 +86,9 @@ type Options struct {
 	// --ca of `dsec receipt verify`). "" means the edge holds no receipt
 	// key: SignReceipt answers NotSupported.
 	ReceiptCA string
+	// NoEvents: the edge keeps no event log (edgesvc without one): Status
+	// names no epoch and Events returns none.
+	NoEvents bool
 }
 
 // ForkAnswer is what an edge answers a Fork of the suite's sandboxes.
@@ -146,6 +149,7 @@ func Run(t *testing.T, o Options) {
 		{"Cancel", testCancel},
 		{"Trajectory", testTrajectory},
 		{"Receipt", testReceipt},
+		{"Events", testEvents},
 	} {
 		t.Run(g.name, func(t *testing.T) {
 			e := open(t, o)

@@ -80,6 +80,8 @@ var needs = map[Op]Role{
 	"/dsec.v1.SandboxService/SetWarmPool":        Builder,
 	"/dsec.v1.SandboxService/ListWarmPools":      Viewer,
 	"/dsec.v1.SandboxService/GetServerInfo":      Viewer,
+	"/dsec.v1.SandboxService/ListEvents":         Viewer,
+	"/dsec.v1.SandboxService/FollowEvents":       Viewer,
 
 	// FnCallService
 	"/dsec.v1.FnCallService/RunCode":       Runner,

@@ -6,6 +6,7 @@ import (
 
 	"dsec.dev/dsec/api/gen/dsec/edge/v1/edgev1connect"
 	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/hollow"
 	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/edgetest"
@@ -18,7 +19,10 @@ import (
 func TestConformanceHollow(t *testing.T) {
 	edgetest.Run(t, edgetest.Options{
 		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
-			return withRecorder(t, hollow.New(hollow.Config{Node: "h1"}))
+			log := eventlog.New("h1", 0)
+			svc := withRecorder(t, hollow.New(hollow.Config{Node: "h1", Events: log}))
+			svc.SetEvents(log)
+			return svc
 		},
 		Fork:       edgetest.ForkUnsupported,
 		Deviations: edgetest.Deviations{NoAgent: true},

@@ -30,6 +30,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/snapshot"
@@ -147,6 +148,7 @@ type Service struct {
 	metrics *metrics.Edge        // nil records nothing
 	fncall  FnCall               // nil on a node without the fncall backend
 	rec     *trajectory.Recorder // nil: no trajectories recorded
+	events  *eventlog.Log        // nil: the node reports no events
 	log     *slog.Logger
 
 	receipts Receipts // nil: the node signs no receipts
@@ -219,6 +221,24 @@ func (s *Service) Trajectory(ctx context.Context, req *connect.Request[dsecv1.Tr
 	}
 	return connect.NewResponse(&dsecv1.TrajectoryResponse{Lines: rd.Lines, NextOffset: rd.NextOffset, Size: rd.Size,
 		Ended: rd.Ended, Sha256: rd.SHA256, Project: rd.Project}), nil
+}
+
+// SetEvents has the service answer Events from the node's event log (the
+// one its edge adds to); call it before serving.
+func (s *Service) SetEvents(l *eventlog.Log) { s.events = l }
+
+// eventPage is the most events one Events call returns.
+const eventPage = 1000
+
+// Events reads the node's lifecycle events after a sequence number.
+func (s *Service) Events(ctx context.Context, req *connect.Request[edgev1.EventsRequest]) (*connect.Response[edgev1.EventsResponse], error) {
+	m := req.Msg
+	limit := int(m.GetLimit())
+	if limit <= 0 || limit > eventPage {
+		limit = eventPage
+	}
+	evs, next, lost := s.events.Read(m.GetEpoch(), m.GetAfter(), limit)
+	return connect.NewResponse(&edgev1.EventsResponse{Epoch: s.events.Epoch(), Events: evs, Next: next, Lost: lost}), nil
 }
 
 // SetFnCall gives the node the fncall backend; call it before serving.
@@ -294,6 +314,7 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 		ReportedUnixMs: st.At.UnixMilli(), Version: Version, Refusing: st.Refusing, BlobStore: s.layers.BlobStore(),
 		Ended: st.Ended,
 	}
+	ns.EventEpoch, ns.EventSeq = s.events.Head()
 	if !st.Started.IsZero() {
 		ns.StartedUnixMs = st.Started.UnixMilli()
 	}

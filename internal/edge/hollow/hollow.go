@@ -21,10 +21,12 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
@@ -40,6 +42,9 @@ type Config struct {
 	MaxStarting int
 	// Retention is how long a deleted sandbox's record stays; 0 = 10 min.
 	Retention time.Duration
+	// Events receives the lifecycle events of its sandboxes (created,
+	// paused, resumed, deleted), as a real edge's; nil records none.
+	Events *eventlog.Log
 }
 
 // Edge is a hollow edge. It is safe for concurrent use.
@@ -135,6 +140,7 @@ func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token strin
 	if err := sandbox.Transition(sb, dsecv1.State_STATE_RUNNING); err != nil {
 		return nil, sandbox.GoneError(sb)
 	}
+	e.cfg.Events.Add(eventlog.Created, sb.Id, spec.GetLabels()[iam.ProjectLabel], "", "")
 	started := time.Now()
 	sb.StartedUnixMs, sb.LastActiveUnixMs = started.UnixMilli(), started.UnixMilli()
 	if ttl := spec.GetTtlSeconds(); ttl > 0 {
@@ -228,6 +234,7 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 		}
 	}
 	sb.Reason, sb.Message = dsecv1.Reason_REASON_DELETED, "deleted by request"
+	e.cfg.Events.Add(eventlog.Deleted, id, sb.GetSpec().GetLabels()[iam.ProjectLabel], "", "")
 	e.dropToken(id)
 	e.gone[id] = time.Now()
 	e.goneSeq = append(e.goneSeq, id)
@@ -300,9 +307,12 @@ func (e *Edge) flip(id string, from, to dsecv1.State) (*dsecv1.Sandbox, bool, er
 		if err := sandbox.Transition(sb, to); err != nil {
 			return nil, false, err
 		}
+		kind := eventlog.Resumed
 		if to == dsecv1.State_STATE_PAUSED {
 			sb.PausedUnixMs = time.Now().UnixMilli()
+			kind = eventlog.Paused
 		}
+		e.cfg.Events.Add(kind, id, sb.GetSpec().GetLabels()[iam.ProjectLabel], "", "")
 		return proto.Clone(sb).(*dsecv1.Sandbox), false, nil
 	}
 	return nil, false, sandbox.GoneError(sb)

@@ -6,12 +6,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 )
 
 // forkSource is where a fork's child starts from: its parent's save in the
@@ -85,6 +88,13 @@ func (m *Manager) Fork(ctx context.Context, id string, tokens []string) ([]ForkR
 		}()
 	}
 	wg.Wait()
+	var children []string
+	for _, r := range out {
+		if r.Err == nil {
+			children = append(children, r.Sandbox.GetId())
+		}
+	}
+	m.cfg.Events.Add(eventlog.Forked, id, spec.GetLabels()[iam.ProjectLabel], "", strings.Join(children, ","))
 	return out, frozen, nil
 }
 

@@ -38,6 +38,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/provenance"
@@ -137,6 +138,9 @@ type Config struct {
 	// baseline at start, no watch, and Provenance returns only what is
 	// unseen.
 	ProvenanceOff bool
+	// Events receives the lifecycle events of the node's sandboxes (pooled
+	// ones only once a create claims them); nil records none.
+	Events *eventlog.Log
 }
 
 // Manager is the edge of one node. Create it with New, then call Recover

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 )
 
 // Phases: a sandbox made with phase budgets (spec.phases) lives through
@@ -131,9 +134,10 @@ func (m *Manager) advancePhase(ctx context.Context, sb *sandbox, from dsecv1.Pha
 	}
 	enterPhase(rec, from+1, time.Now())
 	m.save(rec)
-	id, to, agent := rec.GetId(), rec.GetPhase(), sb.agent
+	id, to, agent, project := rec.GetId(), rec.GetPhase(), sb.agent, rec.GetSpec().GetLabels()[iam.ProjectLabel]
 	sb.mu.Unlock()
 	m.log.Debug("sandbox phase ended", "id", id, "phase", from.String(), "why", why, "now", to.String())
+	m.cfg.Events.Add(eventlog.PhaseEnded, id, project, phaseWord(from), why)
 	if from == dsecv1.Phase_PHASE_AGENT {
 		m.killAgentWork(context.WithoutCancel(ctx), id, agent)
 	}
@@ -167,4 +171,9 @@ func (m *Manager) killAgentWork(ctx context.Context, id string, agent interface 
 		killed++
 	}
 	m.log.Debug("agent phase's processes killed", "id", id, "killed", killed)
+}
+
+// phaseWord is p as the API's lower-case word: setup, agent, verify.
+func phaseWord(p dsecv1.Phase) string {
+	return strings.ToLower(strings.TrimPrefix(p.String(), "PHASE_"))
 }

@@ -8,8 +8,10 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 )
 
 // Snapshots is what the edge needs to turn a packed writable layer into a
@@ -107,6 +109,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string, sel snapshot.Se
 	if err := m.snaps.AddSnapshot(ctx, ref, packed.File, info); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", name, err)
 	}
+	m.cfg.Events.Add(eventlog.Snapshot, id, rec.GetSpec().GetLabels()[iam.ProjectLabel], "", ref)
 	m.log.Info("snapshot taken", "id", id, "snapshot", name, "digest", packed.Digest, "frozen", frozen,
 		"method", tree.Method, "entries", packed.Entries, "pack", packed.Took, "build", packed.Build)
 	return info, nil

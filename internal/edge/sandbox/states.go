@@ -10,7 +10,9 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 )
 
 // The lifecycle of a sandbox, one state machine:
@@ -210,6 +212,7 @@ func (m *Manager) transition(sb *sandbox, to phase) error {
 		sb.gone = time.Now()
 	}
 	m.log.Debug("sandbox transition", "id", sb.rec.GetId(), "from", from.String(), "to", to.String())
+	m.event(sb.rec, from, to)
 	if ended(to.state) {
 		return nil
 	}
@@ -218,6 +221,51 @@ func (m *Manager) transition(sb *sandbox, to phase) error {
 		return err
 	}
 	return nil
+}
+
+// event records the lifecycle event of rec's change from phase from to
+// phase to, if it is one: a sandbox made (or claimed from its warm pool),
+// paused, resumed or ended. A pooled sandbox's life before its claim is
+// nobody's and records none.
+func (m *Manager) event(rec *dsecv1.Sandbox, from, to phase) {
+	if m.cfg.Events == nil || to.pooled {
+		return
+	}
+	kind, reason := "", ""
+	switch to.state {
+	case dsecv1.State_STATE_RUNNING:
+		switch {
+		case from.state == dsecv1.State_STATE_CREATING || from.pooled:
+			kind = eventlog.Created
+		case from.state == dsecv1.State_STATE_RESUMING:
+			kind = eventlog.Resumed
+		}
+	case dsecv1.State_STATE_PAUSED:
+		kind = eventlog.Paused
+	case dsecv1.State_STATE_STOPPED, dsecv1.State_STATE_FAILED:
+		kind, reason = endEvent(to.state, rec.GetReason())
+	}
+	if kind == "" {
+		return
+	}
+	m.cfg.Events.Add(kind, rec.GetId(), rec.GetSpec().GetLabels()[iam.ProjectLabel], reason, rec.GetMessage())
+}
+
+// endEvent names the event of a sandbox ending in state st for reason r:
+// deleted by a caller, expired (its TTL, idle timeout or paused
+// retention), or failed.
+func endEvent(st dsecv1.State, r dsecv1.Reason) (kind, reason string) {
+	reason = strings.ToLower(strings.TrimPrefix(r.String(), "REASON_"))
+	if r == dsecv1.Reason_REASON_UNSPECIFIED {
+		reason = ""
+	}
+	switch {
+	case r == dsecv1.Reason_REASON_DELETED && st == dsecv1.State_STATE_STOPPED:
+		return eventlog.Deleted, ""
+	case r == dsecv1.Reason_REASON_TTL, r == dsecv1.Reason_REASON_IDLE, r == dsecv1.Reason_REASON_PAUSED_TOO_LONG:
+		return eventlog.Expired, reason
+	}
+	return eventlog.Failed, reason
 }
 
 // checkTransition refuses a change of phase that next does not list

@@ -10227,6 +10227,256 @@ func (x *ServerInfo) GetNodes() []*NodeInfo {
 	return nil
 }
 
+// Event is one step of a sandbox's life, as its edge saw it
+// (docs/events.md). kind is one of created (made, or taken from a warm
+// pool for a create), paused, resumed, phase_ended, forked (the parent:
+// message names the children), snapshot, deleted (by a caller), expired
+// (its TTL or idle timeout, reason ttl or idle), failed (reason oom,
+// agent_lost, start_error, node_lost, paused_too_long, with message).
+type Event struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            int64                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`  // the cursor: grows with each stored event
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"` // NODE/EPOCH/SEQ: the edge's name of the event, stored once
+	AtUnixMs      int64                  `protobuf:"varint,3,opt,name=at_unix_ms,json=atUnixMs,proto3" json:"at_unix_ms,omitempty"`
+	Project       string                 `protobuf:"bytes,4,opt,name=project,proto3" json:"project,omitempty"` // the sandbox's project path ("" the root)
+	SandboxId     string                 `protobuf:"bytes,5,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Kind          string                 `protobuf:"bytes,6,opt,name=kind,proto3" json:"kind,omitempty"`
+	Node          string                 `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
+	Reason        string                 `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message       string                 `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{131}
+}
+
+func (x *Event) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Event) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Event) GetAtUnixMs() int64 {
+	if x != nil {
+		return x.AtUnixMs
+	}
+	return 0
+}
+
+func (x *Event) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *Event) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *Event) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Event) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Event) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Event) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type ListEventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Project       *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"`                         // and everything under it; unset: the caller's token's project
+	After         int64                  `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`                                  // a cursor: events with a larger id
+	SinceUnixMs   int64                  `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"` // 0: from the first kept
+	SandboxId     string                 `protobuf:"bytes,4,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`          // one sandbox's only
+	Kinds         []string               `protobuf:"bytes,5,rep,name=kinds,proto3" json:"kinds,omitempty"`                                   // these kinds only
+	Limit         int32                  `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`                                  // 0: 1000 (ListEvents' page)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsRequest) Reset() {
+	*x = ListEventsRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsRequest) ProtoMessage() {}
+
+func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListEventsRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{132}
+}
+
+func (x *ListEventsRequest) GetProject() string {
+	if x != nil && x.Project != nil {
+		return *x.Project
+	}
+	return ""
+}
+
+func (x *ListEventsRequest) GetAfter() int64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+func (x *ListEventsRequest) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+func (x *ListEventsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ListEventsRequest) GetKinds() []string {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *ListEventsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListEventsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	Next          int64                  `protobuf:"varint,2,opt,name=next,proto3" json:"next,omitempty"` // the cursor after the last event sent (after, when none)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsResponse) Reset() {
+	*x = ListEventsResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsResponse) ProtoMessage() {}
+
+func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListEventsResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{133}
+}
+
+func (x *ListEventsResponse) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListEventsResponse) GetNext() int64 {
+	if x != nil {
+		return x.Next
+	}
+	return 0
+}
+
 var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
 
 const file_dsec_v1_dsec_proto_rawDesc = "" +
@@ -11057,7 +11307,32 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\be2b_addr\x18\x02 \x01(\tR\ae2bAddr\x12-\n" +
 	"\x12sandboxfusion_addr\x18\x03 \x01(\tR\x11sandboxfusionAddr\x12'\n" +
-	"\x05nodes\x18\x04 \x03(\v2\x11.dsec.v1.NodeInfoR\x05nodes*\xb7\x01\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x11.dsec.v1.NodeInfoR\x05nodes\"\xda\x01\n" +
+	"\x05Event\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1c\n" +
+	"\n" +
+	"at_unix_ms\x18\x03 \x01(\x03R\batUnixMs\x12\x18\n" +
+	"\aproject\x18\x04 \x01(\tR\aproject\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x05 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04kind\x18\x06 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04node\x18\a \x01(\tR\x04node\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\xc3\x01\n" +
+	"\x11ListEventsRequest\x12\x1d\n" +
+	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\x03R\x05after\x12\"\n" +
+	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x04 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05kinds\x18\x05 \x03(\tR\x05kinds\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x05R\x05limitB\n" +
+	"\n" +
+	"\b_project\"P\n" +
+	"\x12ListEventsResponse\x12&\n" +
+	"\x06events\x18\x01 \x03(\v2\x0e.dsec.v1.EventR\x06events\x12\x12\n" +
+	"\x04next\x18\x02 \x01(\x03R\x04next*\xb7\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -11141,7 +11416,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xdd\x15\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xec\x16\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -11189,7 +11464,10 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x12SetProvenancePaths\x12\".dsec.v1.SetProvenancePathsRequest\x1a#.dsec.v1.SetProvenancePathsResponse\"\x03\x90\x02\x02\x12B\n" +
 	"\vSetWarmPool\x12\x1b.dsec.v1.SetWarmPoolRequest\x1a\x11.dsec.v1.WarmPool\"\x03\x90\x02\x02\x12S\n" +
 	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12H\n" +
-	"\rGetServerInfo\x12\x1d.dsec.v1.GetServerInfoRequest\x1a\x13.dsec.v1.ServerInfo\"\x03\x90\x02\x012\xef\x01\n" +
+	"\rGetServerInfo\x12\x1d.dsec.v1.GetServerInfoRequest\x1a\x13.dsec.v1.ServerInfo\"\x03\x90\x02\x01\x12J\n" +
+	"\n" +
+	"ListEvents\x12\x1a.dsec.v1.ListEventsRequest\x1a\x1b.dsec.v1.ListEventsResponse\"\x03\x90\x02\x01\x12A\n" +
+	"\fFollowEvents\x12\x1a.dsec.v1.ListEventsRequest\x1a\x0e.dsec.v1.Event\"\x03\x90\x02\x010\x012\xef\x01\n" +
 	"\rFnCallService\x12<\n" +
 	"\aRunCode\x12\x17.dsec.v1.RunCodeRequest\x1a\x18.dsec.v1.RunCodeResponse\x12K\n" +
 	"\fRunCodeBatch\x12\x1c.dsec.v1.RunCodeBatchRequest\x1a\x1d.dsec.v1.RunCodeBatchResponse\x12S\n" +
@@ -11220,7 +11498,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 144)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 147)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                         // 0: dsec.v1.State
 	(Reason)(0),                        // 1: dsec.v1.Reason
@@ -11365,29 +11643,32 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*ListLanguagesResponse)(nil),      // 140: dsec.v1.ListLanguagesResponse
 	(*GetServerInfoRequest)(nil),       // 141: dsec.v1.GetServerInfoRequest
 	(*ServerInfo)(nil),                 // 142: dsec.v1.ServerInfo
-	nil,                                // 143: dsec.v1.NodeInfo.MissingEntry
-	nil,                                // 144: dsec.v1.SandboxSpec.EnvEntry
-	nil,                                // 145: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                                // 146: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                                // 147: dsec.v1.ListRequest.LabelsEntry
-	nil,                                // 148: dsec.v1.ExecRequest.EnvEntry
-	nil,                                // 149: dsec.v1.ShellStart.EnvEntry
-	nil,                                // 150: dsec.v1.GradeRequest.EnvEntry
-	nil,                                // 151: dsec.v1.GradeTests.FilesEntry
-	nil,                                // 152: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                                // 153: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                                // 154: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                                // 155: dsec.v1.RunCodeResponse.FilesEntry
+	(*Event)(nil),                      // 143: dsec.v1.Event
+	(*ListEventsRequest)(nil),          // 144: dsec.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),         // 145: dsec.v1.ListEventsResponse
+	nil,                                // 146: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 147: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 148: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 149: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 150: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 151: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 152: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 153: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 154: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 155: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 156: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 157: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 158: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	143, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	146, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	4,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	144, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	145, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	146, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	147, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	148, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	149, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 10: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -11404,13 +11685,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	17,  // 21: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
 	15,  // 22: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	17,  // 23: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	147, // 24: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	150, // 24: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 25: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	17,  // 26: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	15,  // 27: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	15,  // 28: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	35,  // 29: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	148, // 30: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	151, // 30: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	43,  // 31: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	44,  // 32: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	42,  // 33: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
@@ -11421,7 +11702,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	51,  // 38: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	59,  // 39: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	60,  // 40: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	149, // 41: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	152, // 41: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	60,  // 42: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	44,  // 43: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	62,  // 44: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -11432,9 +11713,9 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	84,  // 49: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
 	84,  // 50: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
 	86,  // 51: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	150, // 52: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	153, // 52: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
 	5,   // 53: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	151, // 54: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	154, // 54: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
 	44,  // 55: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
 	87,  // 56: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
 	84,  // 57: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
@@ -11449,7 +11730,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	9,   // 66: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
 	83,  // 67: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
 	106, // 68: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	152, // 69: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	155, // 69: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
 	112, // 70: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
 	16,  // 71: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
 	119, // 72: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
@@ -11465,127 +11746,132 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	126, // 82: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
 	130, // 83: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
 	131, // 84: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	153, // 85: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	154, // 86: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	156, // 85: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	157, // 86: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
 	11,  // 87: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
 	10,  // 88: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
 	134, // 89: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
 	134, // 90: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	155, // 91: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	158, // 91: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
 	7,   // 92: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
 	133, // 93: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
 	135, // 94: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
 	138, // 95: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
 	14,  // 96: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	29,  // 97: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	31,  // 98: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	32,  // 99: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	38,  // 100: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	19,  // 101: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	21,  // 102: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	23,  // 103: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	25,  // 104: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	27,  // 105: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	89,  // 106: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	90,  // 107: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	92,  // 108: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	94,  // 109: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	85,  // 110: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	40,  // 111: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	45,  // 112: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	46,  // 113: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	48,  // 114: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	50,  // 115: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	53,  // 116: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	54,  // 117: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	56,  // 118: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	58,  // 119: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	63,  // 120: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	65,  // 121: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	67,  // 122: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	69,  // 123: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	71,  // 124: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	73,  // 125: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	75,  // 126: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	77,  // 127: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	79,  // 128: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	81,  // 129: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	109, // 130: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	111, // 131: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	114, // 132: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	116, // 133: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	117, // 134: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	34,  // 135: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	36,  // 136: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	141, // 137: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	133, // 138: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	136, // 139: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	139, // 140: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	97,  // 141: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	98,  // 142: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	102, // 143: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	104, // 144: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	107, // 145: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	127, // 146: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	129, // 147: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	100, // 148: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	30,  // 149: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	17,  // 150: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	33,  // 151: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	39,  // 152: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	20,  // 153: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	22,  // 154: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	24,  // 155: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	26,  // 156: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	28,  // 157: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	84,  // 158: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	91,  // 159: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	93,  // 160: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	96,  // 161: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	88,  // 162: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	41,  // 163: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	41,  // 164: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	47,  // 165: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	49,  // 166: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	52,  // 167: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	41,  // 168: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	55,  // 169: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	57,  // 170: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	61,  // 171: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	64,  // 172: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	66,  // 173: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	68,  // 174: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	70,  // 175: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	72,  // 176: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	74,  // 177: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	76,  // 178: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	78,  // 179: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	80,  // 180: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	82,  // 181: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	110, // 182: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	113, // 183: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	115, // 184: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	120, // 185: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	118, // 186: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	35,  // 187: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	37,  // 188: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	142, // 189: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	135, // 190: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	137, // 191: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	140, // 192: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	83,  // 193: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	83,  // 194: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	103, // 195: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	105, // 196: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	108, // 197: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	128, // 198: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	132, // 199: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	101, // 200: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	149, // [149:201] is the sub-list for method output_type
-	97,  // [97:149] is the sub-list for method input_type
-	97,  // [97:97] is the sub-list for extension type_name
-	97,  // [97:97] is the sub-list for extension extendee
-	0,   // [0:97] is the sub-list for field type_name
+	143, // 97: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
+	29,  // 98: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	31,  // 99: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	32,  // 100: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	38,  // 101: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	19,  // 102: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	21,  // 103: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	23,  // 104: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	25,  // 105: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	27,  // 106: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	89,  // 107: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	90,  // 108: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	92,  // 109: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	94,  // 110: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	85,  // 111: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	40,  // 112: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	45,  // 113: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	46,  // 114: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	48,  // 115: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	50,  // 116: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	53,  // 117: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	54,  // 118: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	56,  // 119: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	58,  // 120: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	63,  // 121: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	65,  // 122: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	67,  // 123: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	69,  // 124: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	71,  // 125: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	73,  // 126: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	75,  // 127: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	77,  // 128: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	79,  // 129: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	81,  // 130: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	109, // 131: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	111, // 132: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	114, // 133: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	116, // 134: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	117, // 135: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	34,  // 136: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	36,  // 137: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	141, // 138: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	144, // 139: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
+	144, // 140: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
+	133, // 141: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	136, // 142: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	139, // 143: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	97,  // 144: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	98,  // 145: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	102, // 146: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	104, // 147: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	107, // 148: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	127, // 149: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	129, // 150: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	100, // 151: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	30,  // 152: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	17,  // 153: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	33,  // 154: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	39,  // 155: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	20,  // 156: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	22,  // 157: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	24,  // 158: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	26,  // 159: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	28,  // 160: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	84,  // 161: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	91,  // 162: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	93,  // 163: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	96,  // 164: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	88,  // 165: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	41,  // 166: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	41,  // 167: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	47,  // 168: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	49,  // 169: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	52,  // 170: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	41,  // 171: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	55,  // 172: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	57,  // 173: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	61,  // 174: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	64,  // 175: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	66,  // 176: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	68,  // 177: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	70,  // 178: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	72,  // 179: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	74,  // 180: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	76,  // 181: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	78,  // 182: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	80,  // 183: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	82,  // 184: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	110, // 185: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	113, // 186: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	115, // 187: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	120, // 188: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	118, // 189: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	35,  // 190: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	37,  // 191: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	142, // 192: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	145, // 193: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
+	143, // 194: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
+	135, // 195: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	137, // 196: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	140, // 197: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	83,  // 198: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	83,  // 199: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	103, // 200: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	105, // 201: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	108, // 202: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	128, // 203: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	132, // 204: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	101, // 205: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	152, // [152:206] is the sub-list for method output_type
+	98,  // [98:152] is the sub-list for method input_type
+	98,  // [98:98] is the sub-list for extension type_name
+	98,  // [98:98] is the sub-list for extension extendee
+	0,   // [0:98] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -11618,13 +11904,14 @@ func file_dsec_v1_dsec_proto_init() {
 		(*UploadLayerRequest_End)(nil),
 	}
 	file_dsec_v1_dsec_proto_msgTypes[122].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[132].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   144,
+			NumMessages:   147,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

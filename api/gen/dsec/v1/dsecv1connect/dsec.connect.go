@@ -139,6 +139,12 @@ const (
 	// SandboxServiceGetServerInfoProcedure is the fully-qualified name of the SandboxService's
 	// GetServerInfo RPC.
 	SandboxServiceGetServerInfoProcedure = "/dsec.v1.SandboxService/GetServerInfo"
+	// SandboxServiceListEventsProcedure is the fully-qualified name of the SandboxService's ListEvents
+	// RPC.
+	SandboxServiceListEventsProcedure = "/dsec.v1.SandboxService/ListEvents"
+	// SandboxServiceFollowEventsProcedure is the fully-qualified name of the SandboxService's
+	// FollowEvents RPC.
+	SandboxServiceFollowEventsProcedure = "/dsec.v1.SandboxService/FollowEvents"
 	// FnCallServiceRunCodeProcedure is the fully-qualified name of the FnCallService's RunCode RPC.
 	FnCallServiceRunCodeProcedure = "/dsec.v1.FnCallService/RunCode"
 	// FnCallServiceRunCodeBatchProcedure is the fully-qualified name of the FnCallService's
@@ -308,6 +314,13 @@ type SandboxServiceClient interface {
 	// (the other protocols it speaks, and where), so a client need not guess
 	// a port: `dsec e2b env` prints the E2B address from it.
 	GetServerInfo(context.Context, *connect.Request[v1.GetServerInfoRequest]) (*connect.Response[v1.ServerInfo], error)
+	// ListEvents reads the lifecycle events of the sandboxes of a project
+	// and the projects under it (docs/events.md), oldest first, from a
+	// cursor: a page, and the cursor after it.
+	ListEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error)
+	// FollowEvents sends the events ListEvents would from its cursor, then
+	// every new one as it is stored, until the caller hangs up.
+	FollowEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.ServerStreamForClient[v1.Event], error)
 }
 
 // NewSandboxServiceClient constructs a client for the dsec.v1.SandboxService service. By default,
@@ -585,6 +598,20 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		listEvents: connect.NewClient[v1.ListEventsRequest, v1.ListEventsResponse](
+			httpClient,
+			baseURL+SandboxServiceListEventsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListEvents")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		followEvents: connect.NewClient[v1.ListEventsRequest, v1.Event](
+			httpClient,
+			baseURL+SandboxServiceFollowEventsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("FollowEvents")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -631,6 +658,8 @@ type sandboxServiceClient struct {
 	setWarmPool        *connect.Client[v1.SetWarmPoolRequest, v1.WarmPool]
 	listWarmPools      *connect.Client[v1.ListWarmPoolsRequest, v1.ListWarmPoolsResponse]
 	getServerInfo      *connect.Client[v1.GetServerInfoRequest, v1.ServerInfo]
+	listEvents         *connect.Client[v1.ListEventsRequest, v1.ListEventsResponse]
+	followEvents       *connect.Client[v1.ListEventsRequest, v1.Event]
 }
 
 // Create calls dsec.v1.SandboxService.Create.
@@ -838,6 +867,16 @@ func (c *sandboxServiceClient) GetServerInfo(ctx context.Context, req *connect.R
 	return c.getServerInfo.CallUnary(ctx, req)
 }
 
+// ListEvents calls dsec.v1.SandboxService.ListEvents.
+func (c *sandboxServiceClient) ListEvents(ctx context.Context, req *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error) {
+	return c.listEvents.CallUnary(ctx, req)
+}
+
+// FollowEvents calls dsec.v1.SandboxService.FollowEvents.
+func (c *sandboxServiceClient) FollowEvents(ctx context.Context, req *connect.Request[v1.ListEventsRequest]) (*connect.ServerStreamForClient[v1.Event], error) {
+	return c.followEvents.CallServerStream(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the dsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes one sandbox, or a batch of spec.count. A repeated call with the
@@ -976,6 +1015,13 @@ type SandboxServiceHandler interface {
 	// (the other protocols it speaks, and where), so a client need not guess
 	// a port: `dsec e2b env` prints the E2B address from it.
 	GetServerInfo(context.Context, *connect.Request[v1.GetServerInfoRequest]) (*connect.Response[v1.ServerInfo], error)
+	// ListEvents reads the lifecycle events of the sandboxes of a project
+	// and the projects under it (docs/events.md), oldest first, from a
+	// cursor: a page, and the cursor after it.
+	ListEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error)
+	// FollowEvents sends the events ListEvents would from its cursor, then
+	// every new one as it is stored, until the caller hangs up.
+	FollowEvents(context.Context, *connect.Request[v1.ListEventsRequest], *connect.ServerStream[v1.Event]) error
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1249,6 +1295,20 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceListEventsHandler := connect.NewUnaryHandler(
+		SandboxServiceListEventsProcedure,
+		svc.ListEvents,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListEvents")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceFollowEventsHandler := connect.NewServerStreamHandler(
+		SandboxServiceFollowEventsProcedure,
+		svc.FollowEvents,
+		connect.WithSchema(sandboxServiceMethods.ByName("FollowEvents")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1333,6 +1393,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListWarmPoolsHandler.ServeHTTP(w, r)
 		case SandboxServiceGetServerInfoProcedure:
 			sandboxServiceGetServerInfoHandler.ServeHTTP(w, r)
+		case SandboxServiceListEventsProcedure:
+			sandboxServiceListEventsHandler.ServeHTTP(w, r)
+		case SandboxServiceFollowEventsProcedure:
+			sandboxServiceFollowEventsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1504,6 +1568,14 @@ func (UnimplementedSandboxServiceHandler) ListWarmPools(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) GetServerInfo(context.Context, *connect.Request[v1.GetServerInfoRequest]) (*connect.Response[v1.ServerInfo], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.GetServerInfo is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.ListEvents is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) FollowEvents(context.Context, *connect.Request[v1.ListEventsRequest], *connect.ServerStream[v1.Event]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.FollowEvents is not implemented"))
 }
 
 // FnCallServiceClient is a client for the dsec.v1.FnCallService service.

@@ -88,6 +88,8 @@ const (
 	EdgeServiceReapProcedure = "/dsec.edge.v1.EdgeService/Reap"
 	// EdgeServiceGoneProcedure is the fully-qualified name of the EdgeService's Gone RPC.
 	EdgeServiceGoneProcedure = "/dsec.edge.v1.EdgeService/Gone"
+	// EdgeServiceEventsProcedure is the fully-qualified name of the EdgeService's Events RPC.
+	EdgeServiceEventsProcedure = "/dsec.edge.v1.EdgeService/Events"
 	// EdgeServiceSignReceiptProcedure is the fully-qualified name of the EdgeService's SignReceipt RPC.
 	EdgeServiceSignReceiptProcedure = "/dsec.edge.v1.EdgeService/SignReceipt"
 	// EdgeServiceImportLayerProcedure is the fully-qualified name of the EdgeService's ImportLayer RPC.
@@ -213,6 +215,11 @@ type EdgeServiceClient interface {
 	// sandbox for (creating, running, pausing, paused or resuming): never
 	// made, stopping or ended, or forgotten.
 	Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error)
+	// Events reads the node's lifecycle events after a sequence number: the
+	// node keeps the last few thousand since its edge started (an epoch) in
+	// order; its Status says the epoch and the last sequence number, so an
+	// apiserver calls this only when there is something new.
+	Events(context.Context, *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error)
 	// SignReceipt signs a grade's receipt with the node's key (its leaf
 	// certificate from the cluster CA; the all-in-one's node key), once the
 	// node has checked every fact in it that it saw itself: the clean room
@@ -433,6 +440,13 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		events: connect.NewClient[v1.EventsRequest, v1.EventsResponse](
+			httpClient,
+			baseURL+EdgeServiceEventsProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Events")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		signReceipt: connect.NewClient[v1.SignReceiptRequest, v1.SignReceiptResponse](
 			httpClient,
 			baseURL+EdgeServiceSignReceiptProcedure,
@@ -645,6 +659,7 @@ type edgeServiceClient struct {
 	listWarmPools      *connect.Client[v11.ListWarmPoolsRequest, v11.ListWarmPoolsResponse]
 	reap               *connect.Client[v1.ReapRequest, v1.ReapResponse]
 	gone               *connect.Client[v1.GoneRequest, v1.GoneResponse]
+	events             *connect.Client[v1.EventsRequest, v1.EventsResponse]
 	signReceipt        *connect.Client[v1.SignReceiptRequest, v1.SignReceiptResponse]
 	importLayer        *connect.Client[v11.ImportLayerRequest, v11.Layer]
 	uploadLayer        *connect.Client[v11.UploadLayerRequest, v11.Layer]
@@ -785,6 +800,11 @@ func (c *edgeServiceClient) Reap(ctx context.Context, req *connect.Request[v1.Re
 // Gone calls dsec.edge.v1.EdgeService.Gone.
 func (c *edgeServiceClient) Gone(ctx context.Context, req *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error) {
 	return c.gone.CallUnary(ctx, req)
+}
+
+// Events calls dsec.edge.v1.EdgeService.Events.
+func (c *edgeServiceClient) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error) {
+	return c.events.CallUnary(ctx, req)
 }
 
 // SignReceipt calls dsec.edge.v1.EdgeService.SignReceipt.
@@ -995,6 +1015,11 @@ type EdgeServiceHandler interface {
 	// sandbox for (creating, running, pausing, paused or resuming): never
 	// made, stopping or ended, or forgotten.
 	Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error)
+	// Events reads the node's lifecycle events after a sequence number: the
+	// node keeps the last few thousand since its edge started (an epoch) in
+	// order; its Status says the epoch and the last sequence number, so an
+	// apiserver calls this only when there is something new.
+	Events(context.Context, *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error)
 	// SignReceipt signs a grade's receipt with the node's key (its leaf
 	// certificate from the cluster CA; the all-in-one's node key), once the
 	// node has checked every fact in it that it saw itself: the clean room
@@ -1208,6 +1233,13 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceGoneProcedure,
 		svc.Gone,
 		connect.WithSchema(edgeServiceMethods.ByName("Gone")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceEventsHandler := connect.NewUnaryHandler(
+		EdgeServiceEventsProcedure,
+		svc.Events,
+		connect.WithSchema(edgeServiceMethods.ByName("Events")),
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -1442,6 +1474,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceReapHandler.ServeHTTP(w, r)
 		case EdgeServiceGoneProcedure:
 			edgeServiceGoneHandler.ServeHTTP(w, r)
+		case EdgeServiceEventsProcedure:
+			edgeServiceEventsHandler.ServeHTTP(w, r)
 		case EdgeServiceSignReceiptProcedure:
 			edgeServiceSignReceiptHandler.ServeHTTP(w, r)
 		case EdgeServiceImportLayerProcedure:
@@ -1597,6 +1631,10 @@ func (UnimplementedEdgeServiceHandler) Reap(context.Context, *connect.Request[v1
 
 func (UnimplementedEdgeServiceHandler) Gone(context.Context, *connect.Request[v1.GoneRequest]) (*connect.Response[v1.GoneResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Gone is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Events(context.Context, *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Events is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) SignReceipt(context.Context, *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error) {

@@ -1,0 +1,129 @@
+// Package eventlog holds a node's lifecycle events (a sandbox created,
+// paused, resumed, deleted, expired, failed…) in order, the last Capacity
+// of them, for the apiservers to pull into the metadata store.
+//
+// Each event is numbered in the log's epoch (random, new each time the
+// edge starts) and named NODE/EPOCH/SEQ: the key the store keeps it under
+// once, however many apiservers pull it, and however often one restarted
+// pulls it again. The edge's sandbox manager (and a hollow edge) add
+// events as their sandboxes change; the edge service answers Events and
+// reports the epoch and the last sequence number in its Status. The log
+// lives in memory: what no apiserver pulled before the edge stops is lost.
+package eventlog
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"time"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+// Event kinds (dsecv1.Event.kind).
+const (
+	Created    = "created"
+	Paused     = "paused"
+	Resumed    = "resumed"
+	PhaseEnded = "phase_ended"
+	Forked     = "forked"
+	Snapshot   = "snapshot"
+	Deleted    = "deleted"
+	Expired    = "expired"
+	Failed     = "failed"
+)
+
+// Kinds lists every kind, in a sandbox's life order.
+var Kinds = []string{Created, Paused, Resumed, PhaseEnded, Forked, Snapshot, Deleted, Expired, Failed}
+
+// DefaultCapacity is how many events a log keeps: at the edge's busiest
+// (hundreds of creates and deletes a second) many seconds of them, while
+// apiservers pull within about a second.
+const DefaultCapacity = 16384
+
+// Log is a node's event log. It is safe for concurrent use; a nil *Log
+// records nothing.
+type Log struct {
+	node     string
+	epoch    string
+	capacity int
+
+	mu    sync.Mutex
+	ring  []*dsecv1.Event // ring[(seq-1) % capacity] for seq in (next-len, next]
+	first uint64          // sequence number of the oldest kept
+	last  uint64          // sequence number of the newest (0: none)
+}
+
+// New returns an empty log of node's, keeping capacity events (0:
+// DefaultCapacity), in a new epoch.
+func New(node string, capacity int) *Log {
+	if capacity <= 0 {
+		capacity = DefaultCapacity
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	return &Log{node: node, epoch: hex.EncodeToString(b[:]), capacity: capacity, first: 1}
+}
+
+// Add records an event of sandbox id (in project, a path) now.
+func (l *Log) Add(kind, id, project, reason, message string) {
+	if l == nil {
+		return
+	}
+	ev := &dsecv1.Event{AtUnixMs: time.Now().UnixMilli(), Project: project, SandboxId: id, Kind: kind,
+		Node: l.node, Reason: reason, Message: message}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last++
+	ev.Key = fmt.Sprintf("%s/%s/%d", l.node, l.epoch, l.last)
+	if len(l.ring) < l.capacity {
+		l.ring = append(l.ring, ev)
+		return
+	}
+	l.ring[(l.last-1)%uint64(l.capacity)] = ev
+	l.first = l.last - uint64(l.capacity) + 1
+}
+
+// Head returns the log's epoch and the sequence number of its newest
+// event (0: none yet).
+func (l *Log) Head() (epoch string, seq uint64) {
+	if l == nil {
+		return "", 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch, l.last
+}
+
+// Read returns at most limit events after sequence number after of epoch
+// (another epoch, or "", reads from the oldest kept), next (the sequence
+// number of the last returned, or after when none) and how many events
+// after after the log no longer keeps.
+func (l *Log) Read(epoch string, after uint64, limit int) (evs []*dsecv1.Event, next, lost uint64) {
+	if l == nil {
+		return nil, after, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if epoch != l.epoch || after > l.last {
+		after = 0
+	}
+	from := after + 1
+	if from < l.first {
+		lost = l.first - from
+		from = l.first
+	}
+	next = after
+	for seq := from; seq <= l.last && len(evs) < limit; seq++ {
+		evs = append(evs, l.ring[(seq-1)%uint64(l.capacity)])
+		next = seq
+	}
+	return evs, next, lost
+}
+
+// Epoch is the log's epoch.
+func (l *Log) Epoch() string {
+	e, _ := l.Head()
+	return e
+}

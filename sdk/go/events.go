@@ -1,0 +1,107 @@
+package dsec
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+// Event kinds (docs/events.md).
+const (
+	EventCreated    = "created"     // made, or taken from a warm pool for a create
+	EventPaused     = "paused"      //
+	EventResumed    = "resumed"     //
+	EventPhaseEnded = "phase_ended" // Reason names the phase that ended
+	EventForked     = "forked"      // the parent; Message lists the children
+	EventSnapshot   = "snapshot"    // Message names the snapshot's layer
+	EventDeleted    = "deleted"     // by a caller
+	EventExpired    = "expired"     // Reason ttl, idle or paused_too_long
+	EventFailed     = "failed"      // Reason oom, agent_lost, start_error, node_lost…
+)
+
+// SandboxEvent is one step of a sandbox's life, as its node saw it.
+type SandboxEvent struct {
+	ID        int64     `json:"id"` // the cursor: EventQuery.After
+	Key       string    `json:"key"`
+	At        time.Time `json:"at"`
+	Project   string    `json:"project"`
+	SandboxID string    `json:"sandbox_id"`
+	Kind      string    `json:"kind"`
+	Node      string    `json:"node,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	Message   string    `json:"message,omitempty"`
+}
+
+// EventQuery selects events; zero fields select everything the token may
+// see.
+type EventQuery struct {
+	// Project, when set, reads that project's events and those of the
+	// projects under it; unset, the token's project's.
+	Project   string
+	After     int64 // a cursor: events with a larger ID
+	Since     time.Time
+	SandboxID string
+	Kinds     []string
+	// Limit bounds a page of Events (0: the server's 1,000); FollowEvents
+	// ends after that many (0: never).
+	Limit int
+}
+
+func (q EventQuery) msg() *dsecv1.ListEventsRequest {
+	m := &dsecv1.ListEventsRequest{Project: optPath(q.Project), After: q.After, SandboxId: q.SandboxID, Kinds: q.Kinds, Limit: int32(q.Limit)}
+	if !q.Since.IsZero() {
+		m.SinceUnixMs = q.Since.UnixMilli()
+	}
+	return m
+}
+
+func eventOf(e *dsecv1.Event) SandboxEvent {
+	return SandboxEvent{ID: e.GetId(), Key: e.GetKey(), At: msTime(e.GetAtUnixMs()), Project: e.GetProject(), SandboxID: e.GetSandboxId(),
+		Kind: e.GetKind(), Node: e.GetNode(), Reason: e.GetReason(), Message: e.GetMessage()}
+}
+
+// Events returns a page of the events q selects, oldest first, and the
+// cursor after it (q.After when the page is empty): pass it as the next
+// query's After.
+func (c *Client) Events(ctx context.Context, q EventQuery) ([]SandboxEvent, int64, error) {
+	r, err := iamCall(ctx, c, true, "list events", c.sb.ListEvents, q.msg())
+	if err != nil {
+		return nil, 0, err
+	}
+	out := make([]SandboxEvent, 0, len(r.GetEvents()))
+	for _, e := range r.GetEvents() {
+		out = append(out, eventOf(e))
+	}
+	return out, r.GetNext(), nil
+}
+
+// FollowEvents yields the events q selects, then each new one as the
+// server stores it (within about a second of its node seeing it), until
+// ctx ends, q.Limit events came, or the stream breaks: then it yields the
+// error and stops. To go on after a break, follow again with After the
+// last event's ID: nothing is missed or seen twice.
+func (c *Client) FollowEvents(ctx context.Context, q EventQuery) iter.Seq2[SandboxEvent, error] {
+	return func(yield func(SandboxEvent, error) bool) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream, err := c.sb.FollowEvents(ctx, connect.NewRequest(q.msg()))
+		if err != nil {
+			yield(SandboxEvent{}, fmt.Errorf("follow events: %w", fromConnect(err, false)))
+			return
+		}
+		defer stream.Close()
+		for stream.Receive() {
+			if !yield(eventOf(stream.Msg()), nil) {
+				return
+			}
+		}
+		if err := stream.Err(); err != nil && ctx.Err() == nil {
+			yield(SandboxEvent{}, fmt.Errorf("follow events: %w", fromConnect(err, false)))
+		}
+	}
+}
