@@ -1,11 +1,15 @@
 package apiserver_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -18,6 +22,7 @@ import (
 	"dsec.dev/dsec/internal/edge/hollow"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/testutil"
 	"dsec.dev/dsec/internal/watcher"
 	dsec "dsec.dev/dsec/sdk/go"
 )
@@ -253,4 +258,21 @@ func check2[T, U any](v T, u U, err error) func(*testing.T) (T, U) {
 		}
 		return v, u
 	}
+}
+
+// TestEventsPython runs the Python SDK's event tests
+// (sdk/python/tests/test_events.py) against an apiserver on SQLite with a
+// hollow edge.
+func TestEventsPython(t *testing.T) {
+	py := testutil.RequireCommand(t, "python3")
+	e := startEventsEnv(t, filepath.Join(t.TempDir(), "meta.db"))
+	tests := filepath.Join(testutil.RepoRoot(), "sdk", "python", "tests")
+	cmd := exec.CommandContext(t.Context(), py, "-m", "unittest", "-v", "test_events")
+	cmd.Dir = tests
+	cmd.Env = append(os.Environ(), "DSEC_TEST_EVENTS_ADDR="+e.url, "DSEC_TEST_EVENTS_TOKEN="+e.a)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("OK")) || bytes.Contains(out, []byte("skipped")) {
+		t.Fatalf("python3 -m unittest test_events: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
 }

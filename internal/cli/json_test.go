@@ -171,6 +171,10 @@ func (f *jsonFake) ListProcesses(context.Context, req[dsecv1.ListProcessesReques
 func (f *jsonFake) SetNetworkRules(context.Context, req[dsecv1.SetNetworkRulesRequest]) (res[dsecv1.SetNetworkRulesResponse], error) {
 	return answer[dsecv1.SetNetworkRulesResponse](f)
 }
+func (f *jsonFake) ListEvents(context.Context, req[dsecv1.ListEventsRequest]) (res[dsecv1.ListEventsResponse], error) {
+	return answer[dsecv1.ListEventsResponse](f)
+}
+
 func (f *jsonFake) NetworkLog(context.Context, req[dsecv1.NetworkLogRequest]) (res[dsecv1.NetworkLogResponse], error) {
 	return answer[dsecv1.NetworkLogResponse](f)
 }
@@ -302,6 +306,7 @@ func TestJSONShapes(t *testing.T) {
 		{"image ls", nil, nil},
 		{"net set", []string{"sb-n1-a", "{}"}, &dsecv1.SetNetworkRulesResponse{}},
 		{"net log", []string{"sb-n1-a"}, &dsecv1.NetworkLogResponse{}},
+		{"events", nil, &dsecv1.ListEventsResponse{}},
 		{"provenance", []string{"sb-n1-a"}, &dsecv1.SandboxProvenance{}},
 		{"provenance mark", []string{"sb-n1-a", "--protected", "/hidden"}, &dsecv1.SetProvenancePathsResponse{}},
 		{"pool set", []string{"b:1"}, &dsecv1.WarmPool{}},

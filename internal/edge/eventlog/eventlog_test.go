@@ -6,7 +6,6 @@ import (
 	"testing"
 )
 
-
 func keys(l *Log, from, to int) []string {
 	var out []string
 	for i := from; i <= to; i++ {
@@ -14,7 +13,6 @@ func keys(l *Log, from, to int) []string {
 	}
 	return out
 }
-
 
 // TestRead: events come back in order from a cursor, in pages; a cursor of
 // another epoch reads from the oldest kept; past the capacity the oldest

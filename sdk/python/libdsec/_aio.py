@@ -17,6 +17,7 @@ from typing import (Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping,
 from . import errors
 from ._fncall import (BATCH_GRACE, FNCALL, MAX_BATCH, Language, RunCode, RunResult, passed,
                       split_cases)
+from ._events import EventCalls
 from ._iam import IAMCalls
 from ._trajectory import TrajectoryCalls
 from ._transport import ServerStream, Transport
@@ -513,7 +514,7 @@ async def _drive(stream: ServerStream, col: _Collector, what: str) -> ExecResult
 
 # --- client ------------------------------------------------------------------------
 
-class AsyncClient(IAMCalls, TrajectoryCalls):
+class AsyncClient(IAMCalls, TrajectoryCalls, EventCalls):
     """A client of a dsecd, or of a cluster of apiservers.
 
     addr is one address or a comma-separated list of them, each

@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from . import _aio
 from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, ProcessInfo, WarmPool
 from ._fncall import Language, RunCode, RunResult
+from ._events import Event
 from ._iam import AuditRecord, Principal, Project, ProjectQuota, RoleBinding, TokenInfo
 
 
@@ -190,6 +191,27 @@ class Client:
 
     def export_audit(self, out, **kw) -> int:
         return self._run(self._a.export_audit(out, **kw))
+
+    # --- lifecycle events (see _events.py) ---
+
+    def events(self, **kw) -> Tuple[List[Event], int]:
+        return self._run(self._a.events(**kw))
+
+    def follow_events(self, **kw) -> Iterator[Event]:
+        """Yield events as they come (a generator); leaving the loop ends the stream."""
+        agen = self._a.follow_events(**kw)
+        try:
+            while True:
+                try:
+                    ev = self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield ev
+        finally:
+            try:
+                self._run(agen.aclose())
+            except RuntimeError:
+                pass
 
     def list_layers(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         return self._run(self._a.list_layers(timeout=timeout))
