@@ -208,17 +208,54 @@ func (d *Daemon) Start() {
 	}
 	d.cmd = cmd
 	if d.cluster {
-		api := exec.Command(filepath.Join(d.Bin, "dsecd"), "apiserver", "--name", "api", "--listen", d.Addr,
-			"--db", filepath.Join(d.Root, "api.db"), "--tls-dir", filepath.Join(d.Root, "pki"),
-			"--edge", "t1=https://"+d.edgeAddr, "--log-level", "debug", "--sandboxfusion-listen", d.SandboxFusionAddr, "--sandboxfusion-project", "/",
-			"--e2b-listen", d.E2BAddr, "--e2b-secret-file", filepath.Join(d.Root, "pki", "e2b.secret"))
-		api.Stdout, api.Stderr = logf, logf
-		api.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := api.Start(); err != nil {
-			d.t.Fatal(err)
-		}
-		d.api = api
+		d.startAPIServer(logf)
 	}
+	d.waitReady()
+}
+
+// startAPIServer starts the cluster's apiserver, logging to logf.
+func (d *Daemon) startAPIServer(logf *os.File) {
+	d.t.Helper()
+	api := exec.Command(filepath.Join(d.Bin, "dsecd"), "apiserver", "--name", "api", "--listen", d.Addr,
+		"--db", filepath.Join(d.Root, "api.db"), "--tls-dir", filepath.Join(d.Root, "pki"),
+		"--edge", "t1=https://"+d.edgeAddr, "--log-level", "debug", "--sandboxfusion-listen", d.SandboxFusionAddr, "--sandboxfusion-project", "/",
+		"--e2b-listen", d.E2BAddr, "--e2b-secret-file", filepath.Join(d.Root, "pki", "e2b.secret"))
+	api.Stdout, api.Stderr = logf, logf
+	api.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := api.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.api = api
+}
+
+// RestartAPI kills the process serving the API with SIGKILL and starts it
+// again: in cluster mode the apiserver alone (the edge lives on), else the
+// all-in-one dsecd (its sandboxes live on).
+func (d *Daemon) RestartAPI() {
+	d.t.Helper()
+	if !d.cluster {
+		d.Kill()
+		d.Start()
+		return
+	}
+	if d.api != nil && d.api.Process != nil {
+		d.api.Process.Kill()
+		d.api.Wait()
+		d.api = nil
+	}
+	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer logf.Close()
+	d.startAPIServer(logf)
+	d.waitReady()
+}
+
+// waitReady waits for the daemon's token and its API to answer.
+func (d *Daemon) waitReady() {
+	d.t.Helper()
+	cmd := d.cmd
 	deadline := time.Now().Add(30 * time.Second)
 	// The daemon writes its admin token at start; the TCP port needs it.
 	for {
