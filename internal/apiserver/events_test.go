@@ -261,8 +261,8 @@ func check2[T, U any](v T, u U, err error) func(*testing.T) (T, U) {
 }
 
 // TestEventsPython runs the Python SDK's event tests
-// (sdk/python/tests/test_events.py) against an apiserver on SQLite with a
-// hollow edge.
+// (sdk/python/tests/test_events.py) and docs/python.md's events example
+// against an apiserver on SQLite with a hollow edge.
 func TestEventsPython(t *testing.T) {
 	py := testutil.RequireCommand(t, "python3")
 	e := startEventsEnv(t, filepath.Join(t.TempDir(), "meta.db"))
@@ -275,4 +275,11 @@ func TestEventsPython(t *testing.T) {
 		t.Fatalf("python3 -m unittest test_events: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
+
+	example := pythonDocBlock(t, "follow_events(after=cursor")
+	cmd = exec.CommandContext(t.Context(), py, "-c", example)
+	cmd.Env = append(os.Environ(), "DSEC_ADDR="+e.url, "DSEC_TOKEN="+e.a, "DSEC_TOKEN_FILE=", "PYTHONPATH="+filepath.Dir(tests))
+	if out, err := cmd.CombinedOutput(); err != nil || !bytes.Contains(out, []byte(" deleted ")) {
+		t.Fatalf("docs/python.md's events example: %v\n%s", err, out)
+	}
 }
