@@ -161,8 +161,10 @@ type Store interface {
 	// Which project each layer, image, snapshot and warm pool belongs to,
 	// and its shares (objects.go).
 	Objects
-	// Sandbox lifecycle events (events.go).
+	// Sandbox lifecycle events (events.go) and the webhooks they are
+	// delivered to (webhooks.go).
 	Events
+	Webhooks
 
 	// Close releases the store's connections.
 	Close() error

@@ -19,6 +19,7 @@ var eventCases = []struct {
 	{"Events", testEvents},
 	{"EventsOnce", testEventsOnce},
 	{"EventsExpire", testEventsExpire},
+	{"Webhooks", testWebhooks},
 }
 
 // eventReplicaCases need two Stores on one database.
@@ -27,6 +28,7 @@ var eventReplicaCases = []struct {
 	fn   func(t *testing.T, a, b store.Store)
 }{
 	{"EventsConcurrent", testReplicasEventsConcurrent},
+	{"WebhookLease", testReplicasWebhookLease},
 }
 
 func ev(key, project, sb, kind string, at time.Time) store.Event {

@@ -1,0 +1,112 @@
+package storetest
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/store"
+)
+
+func webhookIDs(ws []store.Webhook) []string {
+	var out []string
+	for _, w := range ws {
+		out = append(out, w.ID)
+	}
+	return out
+}
+
+func wantWebhooks(t *testing.T, what string, got []store.Webhook, want ...string) {
+	t.Helper()
+	if g := webhookIDs(got); !equalStrings(g, want) {
+		t.Fatalf("%s: got webhooks %q, want %q", what, g, want)
+	}
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// testWebhooks: webhooks are added, listed by project subtree with their
+// fields, and removed only through their project.
+func testWebhooks(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	now := ms(time.Now())
+	for _, w := range []store.Webhook{
+		{ID: "wh-1", Project: "a", URL: "https://a.example/hook", Kinds: []string{"failed", "expired"}, Secret: "s1", Created: now, Delivered: 7},
+		{ID: "wh-2", Project: "a/b", URL: "https://b.example/hook", Secret: "s2"},
+		{ID: "wh-3", Project: "ab", URL: "https://c.example/hook", Secret: "s3"},
+	} {
+		must(t, "AddWebhook "+w.ID, st.AddWebhook(ctx, w))
+	}
+	wantKind(t, "AddWebhook again", st.AddWebhook(ctx, store.Webhook{ID: "wh-1", Project: "a", URL: "https://x", Secret: "s"}), errdefs.ErrAlreadyExists)
+	wantKind(t, "AddWebhook without a secret", st.AddWebhook(ctx, store.Webhook{ID: "wh-9", Project: "a", URL: "https://x"}), errdefs.ErrInvalidArgument)
+
+	got, err := st.ListWebhooks(ctx, []string{"a"})
+	must(t, "ListWebhooks a", err)
+	wantWebhooks(t, "a", got, "wh-1", "wh-2")
+	w := got[0]
+	if w.Project != "a" || w.URL != "https://a.example/hook" || !equalStrings(w.Kinds, []string{"failed", "expired"}) || w.Secret != "s1" ||
+		!w.Created.Equal(now) || w.Delivered != 7 || w.LeaseOwner != "" || !w.LastOK.IsZero() || !w.LastFailure.IsZero() {
+		t.Fatalf("wh-1: %+v", w)
+	}
+	if got[1].Kinds != nil {
+		t.Fatalf("wh-2's kinds: %q, want none (all)", got[1].Kinds)
+	}
+	all, err := st.ListWebhooks(ctx, nil)
+	must(t, "ListWebhooks", err)
+	wantWebhooks(t, "all", all, "wh-1", "wh-2", "wh-3")
+
+	wantKind(t, "RemoveWebhook through another project", st.RemoveWebhook(ctx, "ab", "wh-1"), errdefs.ErrNotFound)
+	must(t, "RemoveWebhook wh-2 through a", st.RemoveWebhook(ctx, "a", "wh-2"))
+	wantKind(t, "RemoveWebhook again", st.RemoveWebhook(ctx, "a", "wh-2"), errdefs.ErrNotFound)
+	all, err = st.ListWebhooks(ctx, []string{""})
+	must(t, "ListWebhooks /", err)
+	wantWebhooks(t, "after the remove", all, "wh-1", "wh-3")
+}
+
+// testReplicasWebhookLease: one store's lease keeps the other off a
+// webhook until it lapses; then the other takes it, and the first can no
+// longer advance it. Advances record successes and failures.
+func testReplicasWebhookLease(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	must(t, "AddWebhook", a.AddWebhook(ctx, store.Webhook{ID: "wh", Project: "p", URL: "https://x.example", Secret: "s"}))
+	now := ms(time.Now())
+	got, err := a.ClaimWebhooks(ctx, "api-a", now, now.Add(10*time.Second))
+	must(t, "a claims", err)
+	wantWebhooks(t, "a's claim", got, "wh")
+	got, err = b.ClaimWebhooks(ctx, "api-b", now.Add(time.Second), now.Add(11*time.Second))
+	must(t, "b claims", err)
+	wantWebhooks(t, "b's claim within a's lease", got)
+	got, err = a.ClaimWebhooks(ctx, "api-a", now.Add(2*time.Second), now.Add(12*time.Second))
+	must(t, "a renews", err)
+	wantWebhooks(t, "a's renewal", got, "wh")
+
+	must(t, "a fails a delivery", a.AdvanceWebhook(ctx, "wh", "api-a", 0, now, errors.New("endpoint answered 500")))
+	must(t, "a fails again", a.AdvanceWebhook(ctx, "wh", "api-a", 0, now.Add(time.Second), errors.New("endpoint answered 502")))
+	ws, err := b.ListWebhooks(ctx, nil)
+	must(t, "ListWebhooks", err)
+	if w := ws[0]; w.Failures != 2 || w.LastError != "endpoint answered 502" || !w.LastFailure.Equal(now.Add(time.Second)) || w.Delivered != 0 {
+		t.Fatalf("after two failures: %+v", w)
+	}
+	must(t, "a delivers", a.AdvanceWebhook(ctx, "wh", "api-a", 5, now.Add(2*time.Second), nil))
+
+	// a's lease lapses: b takes it, a can no longer advance.
+	got, err = b.ClaimWebhooks(ctx, "api-b", now.Add(13*time.Second), now.Add(23*time.Second))
+	must(t, "b claims after the lapse", err)
+	wantWebhooks(t, "b's claim", got, "wh")
+	if w := got[0]; w.Delivered != 5 || w.Failures != 0 || w.LastError != "" || !w.LastOK.Equal(now.Add(2*time.Second)) || w.LeaseOwner != "api-b" {
+		t.Fatalf("b's claim: %+v", w)
+	}
+	wantKind(t, "a advancing b's webhook", a.AdvanceWebhook(ctx, "wh", "api-a", 6, now, nil), errdefs.ErrFailedPrecondition)
+	must(t, "b advances", b.AdvanceWebhook(ctx, "wh", "api-b", 6, now.Add(14*time.Second), nil))
+}
