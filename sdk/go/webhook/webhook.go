@@ -1,0 +1,91 @@
+// Package webhook signs and verifies dsec's webhook deliveries
+// (docs/events.md). Each delivery is an HTTP POST of one event as JSON
+// with the header
+//
+//	Dsec-Signature: t=UNIX_SECONDS,v1=HEX
+//
+// where HEX is the HMAC-SHA256, keyed with the webhook's secret, of the
+// decimal timestamp, a dot, and the body's exact bytes. A receiver checks
+// it with Verify before trusting the body, and refuses a timestamp too far
+// from its clock (a replayed delivery). It sits beside the SDK so a
+// receiver needs no server code; apiservers sign with Sign.
+package webhook
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Header is the name of the signature's header.
+const Header = "Dsec-Signature"
+
+// DefaultTolerance is how far a delivery's timestamp may be from the
+// receiver's clock.
+const DefaultTolerance = 5 * time.Minute
+
+// ErrSignature is returned (wrapped) for a delivery that does not verify.
+var ErrSignature = errors.New("webhook signature does not verify")
+
+func mac(secret string, t int64, body []byte) []byte {
+	h := hmac.New(sha256.New, []byte(secret))
+	h.Write([]byte(strconv.FormatInt(t, 10)))
+	h.Write([]byte("."))
+	h.Write(body)
+	return h.Sum(nil)
+}
+
+// Sign returns the Dsec-Signature header's value for body sent at t.
+func Sign(secret string, t time.Time, body []byte) string {
+	ts := t.Unix()
+	return fmt.Sprintf("t=%d,v1=%s", ts, hex.EncodeToString(mac(secret, ts, body)))
+}
+
+// Verify checks header (the Dsec-Signature value) against body and
+// secret, and that its timestamp lies within tolerance of now (0:
+// DefaultTolerance). Any v1 signature in the header may match (a secret
+// being rotated).
+func Verify(secret, header string, body []byte, now time.Time, tolerance time.Duration) error {
+	if tolerance == 0 {
+		tolerance = DefaultTolerance
+	}
+	var ts int64 = -1
+	var sigs [][]byte
+	for _, part := range strings.Split(header, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "t":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return fmt.Errorf("%w: timestamp %q", ErrSignature, v)
+			}
+			ts = n
+		case "v1":
+			b, err := hex.DecodeString(v)
+			if err == nil {
+				sigs = append(sigs, b)
+			}
+		}
+	}
+	if ts < 0 || len(sigs) == 0 {
+		return fmt.Errorf("%w: header %q has no t= and v1=", ErrSignature, header)
+	}
+	if d := now.Sub(time.Unix(ts, 0)); d > tolerance || d < -tolerance {
+		return fmt.Errorf("%w: signed at %s, %s from now (tolerance %s)", ErrSignature, time.Unix(ts, 0).UTC().Format(time.RFC3339), d.Round(time.Second), tolerance)
+	}
+	want := mac(secret, ts, body)
+	for _, s := range sigs {
+		if hmac.Equal(s, want) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: no v1 signature matches the body", ErrSignature)
+}

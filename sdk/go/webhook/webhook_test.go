@@ -1,0 +1,43 @@
+package webhook
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestVerify: a signed body verifies; a tampered body, another secret, a
+// stale or future timestamp, and a malformed header do not.
+func TestVerify(t *testing.T) {
+	body := []byte(`{"id":7,"kind":"deleted","sandbox_id":"sb-n1-a"}`)
+	at := time.Unix(1_800_000_000, 0)
+	h := Sign("s3cret", at, body)
+	if !strings.HasPrefix(h, "t=1800000000,v1=") {
+		t.Fatalf("header %q", h)
+	}
+	if err := Verify("s3cret", h, body, at.Add(time.Minute), 0); err != nil {
+		t.Fatalf("a signed body: %v", err)
+	}
+	if err := Verify("s3cret", "v1=00,"+h, body, at, 0); err != nil {
+		t.Fatalf("with another v1 beside: %v", err)
+	}
+	tampered := []byte(strings.Replace(string(body), "deleted", "created", 1))
+	for _, tc := range []struct {
+		name, secret, header string
+		body                 []byte
+		now                  time.Time
+	}{
+		{"tampered body", "s3cret", h, tampered, at},
+		{"another secret", "other", h, body, at},
+		{"stale", "s3cret", h, body, at.Add(6 * time.Minute)},
+		{"future", "s3cret", h, body, at.Add(-6 * time.Minute)},
+		{"no signature", "s3cret", "t=1800000000", body, at},
+		{"garbage", "s3cret", "nonsense", body, at},
+		{"another timestamp", "s3cret", strings.Replace(h, "t=1800000000", "t=1800000001", 1), body, at},
+	} {
+		if err := Verify(tc.secret, tc.header, tc.body, tc.now, 0); !errors.Is(err, ErrSignature) {
+			t.Errorf("%s: %v, want ErrSignature", tc.name, err)
+		}
+	}
+}
