@@ -255,6 +255,7 @@ func nodeMain(name string, args []string, teardown bool) int {
 	fs.StringVar(&cfg.E2BListen, "e2b-listen", "", "TCP address to serve E2B's API on (control plane, envd and code interpreter; callers need an E2B API key: dsecd token --e2b; default: off)")
 	fs.DurationVar(&cfg.AuditRetention, "audit-retention", apiserver.DefaultAuditRetention, "how long audit records are kept (negative: forever)")
 	fs.DurationVar(&cfg.EventRetention, "event-retention", apiserver.DefaultEventRetention, "how long sandbox lifecycle events are kept (negative: forever)")
+	fs.BoolVar(&cfg.WebhookAllowPrivate, "webhook-allow-private", false, "allow webhooks on http:// and on loopback, private and link-local addresses")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if !parse(fs, args) {
 		return 2
@@ -325,6 +326,7 @@ func apiserverMain(args []string) int {
 	fs.DurationVar(&cfg.AbandonAfter, "abandon-after", apiserver.DefaultAbandonAfter, "how long a pending idempotent create may go without renewing its lease before any apiserver abandons it and reaps its sandboxes")
 	fs.DurationVar(&cfg.AuditRetention, "audit-retention", apiserver.DefaultAuditRetention, "how long audit records are kept (negative: forever); every apiserver expires older ones about hourly")
 	fs.DurationVar(&cfg.EventRetention, "event-retention", apiserver.DefaultEventRetention, "how long sandbox lifecycle events are kept (negative: forever); every apiserver expires older ones about hourly")
+	fs.BoolVar(&cfg.WebhookAllowPrivate, "webhook-allow-private", false, "allow webhooks on http:// and on loopback, private and link-local addresses")
 	addTLSFlags(fs, &cfg.TLS, &tlsDir, "apiserver", "NAME")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	if !parse(fs, args) {

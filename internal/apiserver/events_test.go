@@ -34,6 +34,7 @@ type eventsEnv struct {
 	fleet        *watcher.Fixed
 	log          *eventlog.Log
 	admin, a, b  string // tokens
+	aAdmin       string // an admin of project a
 	api          *apiserver.Server
 	url          string
 	stopPulling  context.CancelFunc
@@ -58,7 +59,7 @@ func startEventsEnv(t *testing.T, dsn string) *eventsEnv {
 		name, project string
 		role          iam.Role
 		tok           *string
-	}{{"admin", "", iam.Admin, &e.admin}, {"alice", "a", iam.Runner, &e.a}, {"bob", "b", iam.Runner, &e.b}} {
+	}{{"admin", "", iam.Admin, &e.admin}, {"alice", "a", iam.Runner, &e.a}, {"bob", "b", iam.Runner, &e.b}, {"carol", "a", iam.Admin, &e.aAdmin}} {
 		if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: u.name}); err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +83,8 @@ func startEventsEnv(t *testing.T, dsn string) *eventsEnv {
 func (e *eventsEnv) start(t *testing.T) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	e.api = apiserver.New(apiserver.Config{Name: "events", Auth: e.st, IAM: e.st, Events: e.st}, e.st, e.fleet, log)
+	e.api = apiserver.New(apiserver.Config{Name: "events", Auth: e.st, IAM: e.st, Events: e.st, Webhooks: e.st,
+		WebhookAllowPrivate: true, WebhookTimeout: 2 * time.Second, WebhookBackoff: 50 * time.Millisecond}, e.st, e.fleet, log)
 	hs := httptest.NewUnstartedServer(e.api.Handler())
 	hs.Config.Protocols = new(http.Protocols)
 	hs.Config.Protocols.SetHTTP1(true)
@@ -91,9 +93,30 @@ func (e *eventsEnv) start(t *testing.T) {
 	t.Cleanup(hs.Close)
 	e.url = hs.URL
 	ctx, cancel := context.WithCancel(context.Background())
-	e.stopPulling, e.pullingEnded = cancel, make(chan struct{})
-	go func() { defer close(e.pullingEnded); e.api.RunEvents(ctx) }()
+	ended := make(chan struct{})
+	e.stopPulling, e.pullingEnded = cancel, ended
+	api := e.api
+	go func() {
+		defer close(ended)
+		var wg sync.WaitGroup
+		wg.Go(func() { api.RunEvents(ctx) })
+		wg.Go(func() { api.RunWebhooks(ctx) })
+		wg.Wait()
+	}()
 	t.Cleanup(e.stop)
+}
+
+// startAnother serves a second apiserver on the same store and edge,
+// delivering and pulling beside the first until the test ends, and
+// returns its URL.
+func (e *eventsEnv) startAnother(t *testing.T) string {
+	t.Helper()
+	first := *e
+	e.start(t)
+	second := *e
+	*e = first
+	t.Cleanup(second.stop)
+	return second.url
 }
 
 func (e *eventsEnv) stop() {
@@ -269,7 +292,7 @@ func TestEventsPython(t *testing.T) {
 	tests := filepath.Join(testutil.RepoRoot(), "sdk", "python", "tests")
 	cmd := exec.CommandContext(t.Context(), py, "-m", "unittest", "-v", "test_events")
 	cmd.Dir = tests
-	cmd.Env = append(os.Environ(), "DSEC_TEST_EVENTS_ADDR="+e.url, "DSEC_TEST_EVENTS_TOKEN="+e.a)
+	cmd.Env = append(os.Environ(), "DSEC_TEST_EVENTS_ADDR="+e.url, "DSEC_TEST_EVENTS_TOKEN="+e.a, "DSEC_TEST_EVENTS_ADMIN_TOKEN="+e.aAdmin)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("OK")) || bytes.Contains(out, []byte("skipped")) {
 		t.Fatalf("python3 -m unittest test_events: %v\n%s", err, out)

@@ -135,6 +135,8 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		{"dsec_reconcile_row_checks_skipped_total", "Checks of a node's sandbox rows skipped because none of its sandboxes ended since the last.", st.RowChecksSkipped},
 		{"dsec_events_stored_total", "Lifecycle events this apiserver pulled from nodes and stored (each stored once, whichever apiserver stores it).", s.events.stored.Load()},
 		{"dsec_events_lost_total", "Lifecycle events nodes no longer kept when this apiserver asked for them.", s.events.lost.Load()},
+		{"dsec_webhook_deliveries_total", "Webhook deliveries this apiserver made that their endpoints acknowledged (2xx).", s.webhooks.delivered.Load()},
+		{"dsec_webhook_delivery_failures_total", "Webhook delivery attempts that failed (an error, a timeout or an answer other than 2xx), each retried.", s.webhooks.failed.Load()},
 	} {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", m.name, m.help, m.name, m.name, m.v)
 	}

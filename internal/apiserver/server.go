@@ -122,6 +122,18 @@ type Config struct {
 	// DefaultEventRetention; negative: forever).
 	Events         EventStore
 	EventRetention time.Duration
+	// Webhooks, when set, keeps the projects' webhooks, which RunWebhooks
+	// delivers (webhooks.go). WebhookAllowPrivate allows http:// and
+	// endpoints on loopback and private addresses (refused by default);
+	// WebhookTimeout bounds one attempt (0: DefaultWebhookTimeout),
+	// WebhookBackoff is the first wait after a failure (0: 1 s, doubled
+	// each time up to a minute), WebhookMaxActive how many webhooks one
+	// apiserver delivers at once (0: DefaultWebhookMaxActive).
+	Webhooks            WebhookStore
+	WebhookAllowPrivate bool
+	WebhookTimeout      time.Duration
+	WebhookBackoff      time.Duration
+	WebhookMaxActive    int
 	// TokenlessFnCall, when Auth is set, is the path of the project in
 	// which a SandboxFusion call without a token runs, as a runner there
 	// (charged to it): "/" is the root. Empty refuses such calls
@@ -152,6 +164,7 @@ type Server struct {
 	objects  objectCache                       // objects.go
 	audit    *auditLog                         // nil without Config.Audit
 	events   eventState                        // events.go
+	webhooks webhookState                      // webhooks.go
 	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
 	loop     loopback                          // grade.go
 	console  webConsole                        // console.go
@@ -170,6 +183,15 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 	}
 	if cfg.AbandonAfter <= 0 {
 		cfg.AbandonAfter = DefaultAbandonAfter
+	}
+	if cfg.WebhookTimeout <= 0 {
+		cfg.WebhookTimeout = DefaultWebhookTimeout
+	}
+	if cfg.WebhookBackoff <= 0 {
+		cfg.WebhookBackoff = time.Second
+	}
+	if cfg.WebhookMaxActive <= 0 {
+		cfg.WebhookMaxActive = DefaultWebhookMaxActive
 	}
 	s := &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{},
 		placer: placement.New(placement.Config{Replicas: cfg.Replicas, Group: cfg.PlacementGroup}), rec: newReconciler()}

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -122,4 +123,86 @@ func (a *app) followEvents(cmd *cobra.Command, req *dsecv1.ListEventsRequest) er
 		return err
 	}
 	return nil
+}
+
+func (a *app) webhookCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "webhook", Short: "register endpoints for a project's events, list them with their deliveries, remove them (a project admin's)"}
+	var project, secret string
+	var kinds []string
+	add := &cobra.Command{
+		Use:   "add URL",
+		Short: "register URL for the events of a project (default: the token's) and under it, from now on; prints its ID and signing secret",
+		Long: `Register an endpoint: each event (of --kind only, when given) is POSTed to
+it as JSON, signed in the Dsec-Signature header with the webhook's secret
+(--secret, or one the server makes and prints once), at least once and in
+order, retried with backoff until it answers 2xx (docs/events.md says how
+to verify a delivery). The server refuses http:// and loopback or private
+addresses unless its operator allowed them (dsecd --webhook-allow-private).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := a.c.Sandboxes.AddWebhook(cmd.Context(), connect.NewRequest(&dsecv1.AddWebhookRequest{
+				Project: optional(project), Url: args[0], Kinds: kinds, Secret: secret}))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(res.Msg)
+			}
+			fmt.Fprintf(a.stdout, "%s\nsecret: %s\n", res.Msg.GetId(), res.Msg.GetSecret())
+			return nil
+		},
+	}
+	add.Flags().StringVarP(&project, "project", "p", "", "the project (default: the token's)")
+	add.Flags().StringSliceVar(&kinds, "kind", nil, "only events of these kinds (default: all)")
+	add.Flags().StringVar(&secret, "secret", "", "the signing secret (default: the server makes one)")
+	var lsProject string
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "list the webhooks of a project (default: the token's) and under it, with their last delivered event, last success and last failure",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := a.c.Sandboxes.ListWebhooks(cmd.Context(), connect.NewRequest(&dsecv1.ListWebhooksRequest{Project: optional(lsProject)}))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(res.Msg)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tPROJECT\tURL\tKINDS\tDELIVERED\tLAST OK\tLAST FAILURE\tFAILURES\tLAST ERROR")
+			for _, w := range res.Msg.GetWebhooks() {
+				k := strings.Join(w.GetKinds(), ",")
+				if k == "" {
+					k = "all"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", w.GetId(), displayPath(w.GetProject()), w.GetUrl(), k, w.GetDelivered(),
+					msTime(w.GetLastOkUnixMs()), msTime(w.GetLastFailureUnixMs()), w.GetFailures(), w.GetLastError())
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().StringVarP(&lsProject, "project", "p", "", "the project, with everything under it (default: the token's)")
+	var rmProject string
+	rm := &cobra.Command{
+		Use:   "rm ID...",
+		Short: "remove webhooks",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, id := range args {
+				res, err := a.c.Sandboxes.RemoveWebhook(cmd.Context(), connect.NewRequest(&dsecv1.RemoveWebhookRequest{Project: optional(rmProject), Id: id}))
+				if err != nil {
+					return err
+				}
+				if a.json {
+					if err := a.printProto(res.Msg); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+	}
+	rm.Flags().StringVarP(&rmProject, "project", "p", "", "the project the webhooks belong to, or one above it (default: the token's)")
+	cmd.AddCommand(add, ls, rm)
+	return cmd
 }

@@ -175,6 +175,18 @@ func (f *jsonFake) ListEvents(context.Context, req[dsecv1.ListEventsRequest]) (r
 	return answer[dsecv1.ListEventsResponse](f)
 }
 
+func (f *jsonFake) AddWebhook(context.Context, req[dsecv1.AddWebhookRequest]) (res[dsecv1.Webhook], error) {
+	return answer[dsecv1.Webhook](f)
+}
+
+func (f *jsonFake) ListWebhooks(context.Context, req[dsecv1.ListWebhooksRequest]) (res[dsecv1.ListWebhooksResponse], error) {
+	return answer[dsecv1.ListWebhooksResponse](f)
+}
+
+func (f *jsonFake) RemoveWebhook(context.Context, req[dsecv1.RemoveWebhookRequest]) (res[dsecv1.RemoveWebhookResponse], error) {
+	return answer[dsecv1.RemoveWebhookResponse](f)
+}
+
 func (f *jsonFake) NetworkLog(context.Context, req[dsecv1.NetworkLogRequest]) (res[dsecv1.NetworkLogResponse], error) {
 	return answer[dsecv1.NetworkLogResponse](f)
 }
@@ -307,6 +319,9 @@ func TestJSONShapes(t *testing.T) {
 		{"net set", []string{"sb-n1-a", "{}"}, &dsecv1.SetNetworkRulesResponse{}},
 		{"net log", []string{"sb-n1-a"}, &dsecv1.NetworkLogResponse{}},
 		{"events", nil, &dsecv1.ListEventsResponse{}},
+		{"webhook add", []string{"https://example.com/hook"}, &dsecv1.Webhook{}},
+		{"webhook ls", nil, &dsecv1.ListWebhooksResponse{}},
+		{"webhook rm", []string{"wh-1"}, &dsecv1.RemoveWebhookResponse{}},
 		{"provenance", []string{"sb-n1-a"}, &dsecv1.SandboxProvenance{}},
 		{"provenance mark", []string{"sb-n1-a", "--protected", "/hidden"}, &dsecv1.SetProvenancePathsResponse{}},
 		{"pool set", []string{"b:1"}, &dsecv1.WarmPool{}},

@@ -161,6 +161,9 @@ type Config struct {
 	// EventRetention is how long lifecycle events are kept (0 =
 	// apiserver.DefaultEventRetention; negative: forever).
 	EventRetention time.Duration
+	// WebhookAllowPrivate allows webhooks on http:// and on loopback and
+	// private addresses (docs/events.md).
+	WebhookAllowPrivate bool
 	// Trajectory says how the node records its sandboxes' trajectories.
 	Trajectory TrajectoryConfig
 	// NoProvenance records no provenance as sandboxes run (no baseline at
@@ -708,7 +711,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	edge.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipts, nil })
 	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
-		Events: meta, EventRetention: cfg.EventRetention,
+		Events: meta, EventRetention: cfg.EventRetention, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
 		TokenlessFnCall: tokenless}, meta, fleet, log.With("component", "apiserver"))
 	// A reservation left pending by a dsecd that died mid-create, say, is
 	// reconciled here as in a cluster.

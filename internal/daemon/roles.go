@@ -331,6 +331,9 @@ type APIServerConfig struct {
 	// EventRetention is how long lifecycle events are kept (0 =
 	// apiserver.DefaultEventRetention; negative: forever).
 	EventRetention time.Duration
+	// WebhookAllowPrivate allows webhooks on http:// and on loopback and
+	// private addresses (docs/events.md).
+	WebhookAllowPrivate bool
 }
 
 func (c *APIServerConfig) fill() error {
@@ -410,7 +413,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	})
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
-		Events: meta, EventRetention: cfg.EventRetention,
+		Events: meta, EventRetention: cfg.EventRetention, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
 		TokenlessFnCall: tokenless}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -480,6 +483,7 @@ func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 	wg.Go(func() { api.RunAudit(ctx) })
 	wg.Go(func() { api.RunEvents(ctx) })
 	wg.Go(func() { api.RunEventExpiry(ctx) })
+	wg.Go(func() { api.RunWebhooks(ctx) })
 	return func() {
 		cancel()
 		wg.Wait()

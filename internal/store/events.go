@@ -27,6 +27,9 @@ type Events interface {
 	// ExpireEvents forgets the events older than olderThan (by At) and
 	// returns how many it removed.
 	ExpireEvents(ctx context.Context, olderThan time.Time) (int, error)
+	// LastEventID is the ID of the last event stored (0: none): the
+	// stream's end now.
+	LastEventID(ctx context.Context) (int64, error)
 }
 
 // Event is one lifecycle event of a sandbox.
@@ -205,4 +208,15 @@ func (d *sqlDB) ExpireEvents(ctx context.Context, olderThan time.Time) (int, err
 		return 0, d.fail("expire events", err)
 	}
 	return int(n), nil
+}
+
+func (d *sqlDB) LastEventID(ctx context.Context) (int64, error) {
+	var id int64
+	err := d.retry(ctx, true, func(ctx context.Context) error {
+		return d.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) FROM events`).Scan(&id)
+	})
+	if err != nil {
+		return 0, d.fail("read the last event's ID", err)
+	}
+	return id, nil
 }

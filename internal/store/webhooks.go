@@ -37,6 +37,9 @@ type Webhooks interface {
 	// in a row counted). It returns errdefs.ErrFailedPrecondition when
 	// owner no longer holds the lease (the webhook is another's, or gone).
 	AdvanceWebhook(ctx context.Context, id, owner string, delivered int64, at time.Time, failure error) error
+	// ReleaseWebhooks gives up owner's leases (an apiserver stopping), so
+	// another apiserver takes them at once rather than when they lapse.
+	ReleaseWebhooks(ctx context.Context, owner string) error
 }
 
 // Webhook is an endpoint a project registered for its events.
@@ -219,6 +222,17 @@ func (d *sqlDB) AdvanceWebhook(ctx context.Context, id, owner string, delivered 
 	}
 	if n == 0 {
 		return fmt.Errorf("webhook %s: its lease is not %s's: %w", id, owner, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+func (d *sqlDB) ReleaseWebhooks(ctx context.Context, owner string) error {
+	err := d.retry(ctx, true, func(ctx context.Context) error {
+		_, err := d.db.ExecContext(ctx, d.q(`UPDATE webhooks SET lease_owner = '', lease{ms} = NULL WHERE lease_owner = ?`), owner)
+		return err
+	})
+	if err != nil {
+		return d.fail("release webhooks", err)
 	}
 	return nil
 }

@@ -105,3 +105,75 @@ func (c *Client) FollowEvents(ctx context.Context, q EventQuery) iter.Seq2[Sandb
 		}
 	}
 }
+
+// Webhook is an endpoint a project registered for its events
+// (docs/events.md): each event is POSTed to it as JSON, signed with its
+// secret (verify with package dsec.dev/dsec/sdk/go/webhook), at least
+// once, in order.
+type Webhook struct {
+	ID      string
+	Project string
+	URL     string
+	Kinds   []string // none: every kind
+	Created time.Time
+	// Delivered is the ID of the last event its endpoint acknowledged;
+	// LastOK and LastFailure the times of the last acknowledged and failed
+	// attempts, Failures the failed attempts since the last success,
+	// LastError the last failure's words.
+	Delivered   int64
+	LastOK      time.Time
+	LastFailure time.Time
+	Failures    int
+	LastError   string
+	// Secret is the signing secret: in AddWebhook's answer only.
+	Secret string
+}
+
+// WebhookOptions are AddWebhook's options.
+type WebhookOptions struct {
+	Project string   // unset: the token's project
+	Kinds   []string // none: every kind
+	Secret  string   // "": the server makes one (in the answer, once)
+}
+
+func webhookOf(w *dsecv1.Webhook) Webhook {
+	return Webhook{ID: w.GetId(), Project: w.GetProject(), URL: w.GetUrl(), Kinds: w.GetKinds(), Created: msTime(w.GetCreatedUnixMs()),
+		Delivered: w.GetDelivered(), LastOK: msTime(w.GetLastOkUnixMs()), LastFailure: msTime(w.GetLastFailureUnixMs()),
+		Failures: int(w.GetFailures()), LastError: w.GetLastError(), Secret: w.GetSecret()}
+}
+
+// AddWebhook registers url for the events of a project (an admin's) and
+// those under it, from now on. The server refuses http:// and loopback
+// or private addresses unless its operator allowed them.
+func (c *Client) AddWebhook(ctx context.Context, url string, o *WebhookOptions) (Webhook, error) {
+	if o == nil {
+		o = &WebhookOptions{}
+	}
+	r, err := iamCall(ctx, c, false, "add webhook", c.sb.AddWebhook,
+		&dsecv1.AddWebhookRequest{Project: optPath(o.Project), Url: url, Kinds: o.Kinds, Secret: o.Secret})
+	if err != nil {
+		return Webhook{}, err
+	}
+	return webhookOf(r), nil
+}
+
+// Webhooks lists the webhooks of a project ("" the token's) and those
+// under it, with how far their deliveries got.
+func (c *Client) Webhooks(ctx context.Context, project string) ([]Webhook, error) {
+	r, err := iamCall(ctx, c, true, "list webhooks", c.sb.ListWebhooks, &dsecv1.ListWebhooksRequest{Project: optPath(project)})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Webhook, 0, len(r.GetWebhooks()))
+	for _, w := range r.GetWebhooks() {
+		out = append(out, webhookOf(w))
+	}
+	return out, nil
+}
+
+// RemoveWebhook removes webhook id of a project ("" the token's) or one
+// under it.
+func (c *Client) RemoveWebhook(ctx context.Context, project, id string) error {
+	_, err := iamCall(ctx, c, true, "remove webhook "+id, c.sb.RemoveWebhook, &dsecv1.RemoveWebhookRequest{Project: optPath(project), Id: id})
+	return err
+}

@@ -71,6 +71,9 @@ func testEvents(t *testing.T, st store.Store) {
 	all, err := st.ListEvents(ctx, store.EventQuery{})
 	must(t, "ListEvents", err)
 	wantKeys(t, "all", all, "k1", "k2", "k3", "k4", "k5")
+	if last, err := st.LastEventID(ctx); err != nil || last != all[4].ID {
+		t.Fatalf("LastEventID: %d, %v; want %d", last, err, all[4].ID)
+	}
 	for i := 1; i < len(all); i++ {
 		if all[i].ID <= all[i-1].ID {
 			t.Fatalf("ids not growing: %d then %d", all[i-1].ID, all[i].ID)

@@ -109,4 +109,10 @@ func testReplicasWebhookLease(t *testing.T, a, b store.Store) {
 	}
 	wantKind(t, "a advancing b's webhook", a.AdvanceWebhook(ctx, "wh", "api-a", 6, now, nil), errdefs.ErrFailedPrecondition)
 	must(t, "b advances", b.AdvanceWebhook(ctx, "wh", "api-b", 6, now.Add(14*time.Second), nil))
+
+	// b releases it (stopping): a takes it at once, within b's lease.
+	must(t, "b releases", b.ReleaseWebhooks(ctx, "api-b"))
+	got, err = a.ClaimWebhooks(ctx, "api-a", now.Add(15*time.Second), now.Add(25*time.Second))
+	must(t, "a claims after the release", err)
+	wantWebhooks(t, "a's claim after the release", got, "wh")
 }

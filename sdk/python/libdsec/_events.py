@@ -5,7 +5,10 @@ cursor, or followed as they come."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import hmac
+import time
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._iam import When, _ms, _secs
@@ -54,6 +57,52 @@ def _events_msg(project: Optional[str], after: int, since: When, sandbox_id: Opt
     return msg
 
 
+@dataclass
+class Webhook:
+    """An endpoint a project registered for its events. delivered is the ID
+    of the last event its endpoint acknowledged; last_ok and last_failure are
+    seconds since the epoch (0: never), failures the failed attempts since the
+    last success; secret is set in add_webhook's answer only."""
+    id: str
+    project: str
+    url: str
+    kinds: List[str] = field(default_factory=list)
+    created: float = 0.0
+    delivered: int = 0
+    last_ok: float = 0.0
+    last_failure: float = 0.0
+    failures: int = 0
+    last_error: str = ""
+    secret: str = ""
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "Webhook":
+        return Webhook(id=d.get("id", ""), project=d.get("project", ""), url=d.get("url", ""),
+                       kinds=list(d.get("kinds", [])), created=_secs(d.get("createdUnixMs")),
+                       delivered=int(d.get("delivered", 0)), last_ok=_secs(d.get("lastOkUnixMs")),
+                       last_failure=_secs(d.get("lastFailureUnixMs")), failures=int(d.get("failures", 0)),
+                       last_error=d.get("lastError", ""), secret=d.get("secret", ""))
+
+
+def verify_webhook(secret: str, header: str, body: bytes, *, tolerance: float = 300.0,
+                   now: Optional[float] = None) -> bool:
+    """Whether a delivery's Dsec-Signature header (t=UNIX,v1=HEX) signs body
+    (its exact bytes) with secret, at a time within tolerance seconds of now."""
+    ts, sigs = None, []
+    for part in header.split(","):
+        k, _, v = part.strip().partition("=")
+        if k == "t" and v.isdigit():
+            ts = int(v)
+        elif k == "v1":
+            sigs.append(v)
+    if ts is None or not sigs:
+        return False
+    if abs((time.time() if now is None else now) - ts) > tolerance:
+        return False
+    want = hmac.new(secret.encode(), str(ts).encode() + b"." + body, hashlib.sha256).hexdigest()
+    return any(hmac.compare_digest(want, s) for s in sigs)
+
+
 class EventCalls:
     """ListEvents and FollowEvents, mixed into AsyncClient."""
 
@@ -84,3 +133,29 @@ class EventCalls:
                 yield Event.from_json(e)
         finally:
             stream.close()
+
+    async def add_webhook(self, url: str, *, project: Optional[str] = None, kinds: Optional[Sequence[str]] = None,
+                          secret: Optional[str] = None, timeout: Optional[float] = None) -> Webhook:
+        """Register url for the events of a project (default: the token's; an
+        admin's) and those under it, from now on; the answer's secret (made by
+        the server unless given) is shown this once."""
+        msg: Dict[str, Any] = {"url": url}
+        if project is not None:
+            msg["project"] = project
+        if kinds:
+            msg["kinds"] = list(kinds)
+        if secret:
+            msg["secret"] = secret
+        return Webhook.from_json(await self._call("AddWebhook", msg, timeout))  # type: ignore[attr-defined]
+
+    async def webhooks(self, *, project: Optional[str] = None, timeout: Optional[float] = None) -> List[Webhook]:
+        """The webhooks of a project (default: the token's) and those under it."""
+        msg: Dict[str, Any] = {} if project is None else {"project": project}
+        resp = await self._call("ListWebhooks", msg, timeout, idempotent=True)  # type: ignore[attr-defined]
+        return [Webhook.from_json(w) for w in resp.get("webhooks", [])]
+
+    async def remove_webhook(self, id: str, *, project: Optional[str] = None, timeout: Optional[float] = None) -> None:
+        msg: Dict[str, Any] = {"id": id}
+        if project is not None:
+            msg["project"] = project
+        await self._call("RemoveWebhook", msg, timeout, idempotent=True)  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from . import _aio
 from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, ProcessInfo, WarmPool
 from ._fncall import Language, RunCode, RunResult
-from ._events import Event
+from ._events import Event, Webhook
 from ._iam import AuditRecord, Principal, Project, ProjectQuota, RoleBinding, TokenInfo
 
 
@@ -196,6 +196,15 @@ class Client:
 
     def events(self, **kw) -> Tuple[List[Event], int]:
         return self._run(self._a.events(**kw))
+
+    def add_webhook(self, url: str, **kw) -> Webhook:
+        return self._run(self._a.add_webhook(url, **kw))
+
+    def webhooks(self, **kw) -> List[Webhook]:
+        return self._run(self._a.webhooks(**kw))
+
+    def remove_webhook(self, id: str, **kw) -> None:
+        return self._run(self._a.remove_webhook(id, **kw))
 
     def follow_events(self, **kw) -> Iterator[Event]:
         """Yield events as they come (a generator); leaving the loop ends the stream."""

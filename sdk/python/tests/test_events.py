@@ -7,7 +7,10 @@ and DSEC_TEST_EVENTS_TOKEN (a runner of project a); skips without them.
 
 import _path  # noqa: F401
 import asyncio
+import http.server
+import json
 import os
+import threading
 import time
 import unittest
 
@@ -16,6 +19,7 @@ from libdsec import errors
 
 ADDR = os.environ.get("DSEC_TEST_EVENTS_ADDR")
 TOKEN = os.environ.get("DSEC_TEST_EVENTS_TOKEN")
+ADMIN = os.environ.get("DSEC_TEST_EVENTS_ADMIN_TOKEN")
 LIFE = ["created", "paused", "resumed", "deleted"]
 
 
@@ -79,6 +83,51 @@ class EventsTest(unittest.TestCase):
         asyncio.run(main())
         self.assertEqual([e.kind for e in task_result], LIFE)
         self.assertEqual(len({e.sandbox_id for e in task_result}), 1)
+
+    def test_webhook(self):
+        got = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                got.append((self.headers["Dsec-Signature"], body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.shutdown)
+        with libdsec.Client(ADDR, token=ADMIN) as admin:
+            with self.assertRaises(errors.PermissionDenied):
+                self.c.add_webhook(f"http://127.0.0.1:{srv.server_port}/hook")
+            wh = admin.add_webhook(f"http://127.0.0.1:{srv.server_port}/hook", kinds=["created", "deleted"])
+            self.assertTrue(wh.secret)
+            sid = self.life()
+            for _ in range(400):
+                if len(got) >= 2:
+                    break
+                time.sleep(0.05)
+            bodies = [json.loads(b) for _, b in got]
+            self.assertEqual([(b["kind"], b["sandbox_id"]) for b in bodies], [("created", sid), ("deleted", sid)])
+            for sig, body in got:
+                self.assertTrue(libdsec.verify_webhook(wh.secret, sig, body))
+                self.assertFalse(libdsec.verify_webhook(wh.secret, sig, body.replace(b"created", b"deleted", 1)
+                                                        if b"created" in body else body + b" "))
+                self.assertFalse(libdsec.verify_webhook("another", sig, body))
+            ws = admin.webhooks()
+            self.assertEqual([w.id for w in ws], [wh.id])
+            self.assertEqual(ws[0].secret, "")
+            for _ in range(100):
+                if admin.webhooks()[0].delivered == bodies[-1]["id"]:
+                    break
+                time.sleep(0.05)
+            self.assertEqual(admin.webhooks()[0].delivered, bodies[-1]["id"])
+            self.assertGreater(admin.webhooks()[0].last_ok, 0)
+            admin.remove_webhook(wh.id)
+            self.assertEqual(admin.webhooks(), [])
 
 
 if __name__ == "__main__":

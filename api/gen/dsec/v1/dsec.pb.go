@@ -10477,6 +10477,375 @@ func (x *ListEventsResponse) GetNext() int64 {
 	return 0
 }
 
+// Webhook is an endpoint a project registered for its events.
+type Webhook struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Id                string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Project           string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Url               string                 `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
+	Kinds             []string               `protobuf:"bytes,4,rep,name=kinds,proto3" json:"kinds,omitempty"` // none: every kind
+	CreatedUnixMs     int64                  `protobuf:"varint,5,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	Delivered         int64                  `protobuf:"varint,6,opt,name=delivered,proto3" json:"delivered,omitempty"`                               // the ID of the last event acknowledged
+	LastOkUnixMs      int64                  `protobuf:"varint,7,opt,name=last_ok_unix_ms,json=lastOkUnixMs,proto3" json:"last_ok_unix_ms,omitempty"` // the last acknowledged delivery (0: none yet)
+	LastFailureUnixMs int64                  `protobuf:"varint,8,opt,name=last_failure_unix_ms,json=lastFailureUnixMs,proto3" json:"last_failure_unix_ms,omitempty"`
+	Failures          int32                  `protobuf:"varint,9,opt,name=failures,proto3" json:"failures,omitempty"` // failed attempts since the last success
+	LastError         string                 `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	Secret            string                 `protobuf:"bytes,11,opt,name=secret,proto3" json:"secret,omitempty"` // in AddWebhook's answer only
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *Webhook) Reset() {
+	*x = Webhook{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Webhook) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Webhook) ProtoMessage() {}
+
+func (x *Webhook) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Webhook.ProtoReflect.Descriptor instead.
+func (*Webhook) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{134}
+}
+
+func (x *Webhook) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Webhook) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *Webhook) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *Webhook) GetKinds() []string {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *Webhook) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *Webhook) GetDelivered() int64 {
+	if x != nil {
+		return x.Delivered
+	}
+	return 0
+}
+
+func (x *Webhook) GetLastOkUnixMs() int64 {
+	if x != nil {
+		return x.LastOkUnixMs
+	}
+	return 0
+}
+
+func (x *Webhook) GetLastFailureUnixMs() int64 {
+	if x != nil {
+		return x.LastFailureUnixMs
+	}
+	return 0
+}
+
+func (x *Webhook) GetFailures() int32 {
+	if x != nil {
+		return x.Failures
+	}
+	return 0
+}
+
+func (x *Webhook) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *Webhook) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+type AddWebhookRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Project       *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"` // unset: the caller's token's project
+	Url           string                 `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`               // https:// (http:// and private addresses only where the server allows them)
+	Kinds         []string               `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`           // none: every kind
+	Secret        string                 `protobuf:"bytes,4,opt,name=secret,proto3" json:"secret,omitempty"`         // "": the server makes one (returned once)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddWebhookRequest) Reset() {
+	*x = AddWebhookRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddWebhookRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddWebhookRequest) ProtoMessage() {}
+
+func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddWebhookRequest.ProtoReflect.Descriptor instead.
+func (*AddWebhookRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
+}
+
+func (x *AddWebhookRequest) GetProject() string {
+	if x != nil && x.Project != nil {
+		return *x.Project
+	}
+	return ""
+}
+
+func (x *AddWebhookRequest) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *AddWebhookRequest) GetKinds() []string {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *AddWebhookRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+type ListWebhooksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Project       *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"` // and everything under it; unset: the token's project
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWebhooksRequest) Reset() {
+	*x = ListWebhooksRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWebhooksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWebhooksRequest) ProtoMessage() {}
+
+func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWebhooksRequest.ProtoReflect.Descriptor instead.
+func (*ListWebhooksRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
+}
+
+func (x *ListWebhooksRequest) GetProject() string {
+	if x != nil && x.Project != nil {
+		return *x.Project
+	}
+	return ""
+}
+
+type ListWebhooksResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Webhooks      []*Webhook             `protobuf:"bytes,1,rep,name=webhooks,proto3" json:"webhooks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWebhooksResponse) Reset() {
+	*x = ListWebhooksResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWebhooksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWebhooksResponse) ProtoMessage() {}
+
+func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWebhooksResponse.ProtoReflect.Descriptor instead.
+func (*ListWebhooksResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
+}
+
+func (x *ListWebhooksResponse) GetWebhooks() []*Webhook {
+	if x != nil {
+		return x.Webhooks
+	}
+	return nil
+}
+
+type RemoveWebhookRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Project       *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveWebhookRequest) Reset() {
+	*x = RemoveWebhookRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveWebhookRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWebhookRequest) ProtoMessage() {}
+
+func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWebhookRequest.ProtoReflect.Descriptor instead.
+func (*RemoveWebhookRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
+}
+
+func (x *RemoveWebhookRequest) GetProject() string {
+	if x != nil && x.Project != nil {
+		return *x.Project
+	}
+	return ""
+}
+
+func (x *RemoveWebhookRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RemoveWebhookResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveWebhookResponse) Reset() {
+	*x = RemoveWebhookResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveWebhookResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWebhookResponse) ProtoMessage() {}
+
+func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWebhookResponse.ProtoReflect.Descriptor instead.
+func (*RemoveWebhookResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
+}
+
 var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
 
 const file_dsec_v1_dsec_proto_rawDesc = "" +
@@ -11332,7 +11701,40 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\b_project\"P\n" +
 	"\x12ListEventsResponse\x12&\n" +
 	"\x06events\x18\x01 \x03(\v2\x0e.dsec.v1.EventR\x06events\x12\x12\n" +
-	"\x04next\x18\x02 \x01(\x03R\x04next*\xb7\x01\n" +
+	"\x04next\x18\x02 \x01(\x03R\x04next\"\xcc\x02\n" +
+	"\aWebhook\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x10\n" +
+	"\x03url\x18\x03 \x01(\tR\x03url\x12\x14\n" +
+	"\x05kinds\x18\x04 \x03(\tR\x05kinds\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12\x1c\n" +
+	"\tdelivered\x18\x06 \x01(\x03R\tdelivered\x12%\n" +
+	"\x0flast_ok_unix_ms\x18\a \x01(\x03R\flastOkUnixMs\x12/\n" +
+	"\x14last_failure_unix_ms\x18\b \x01(\x03R\x11lastFailureUnixMs\x12\x1a\n" +
+	"\bfailures\x18\t \x01(\x05R\bfailures\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\n" +
+	" \x01(\tR\tlastError\x12\x16\n" +
+	"\x06secret\x18\v \x01(\tR\x06secret\"~\n" +
+	"\x11AddWebhookRequest\x12\x1d\n" +
+	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
+	"\x05kinds\x18\x03 \x03(\tR\x05kinds\x12\x16\n" +
+	"\x06secret\x18\x04 \x01(\tR\x06secretB\n" +
+	"\n" +
+	"\b_project\"@\n" +
+	"\x13ListWebhooksRequest\x12\x1d\n" +
+	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01B\n" +
+	"\n" +
+	"\b_project\"D\n" +
+	"\x14ListWebhooksResponse\x12,\n" +
+	"\bwebhooks\x18\x01 \x03(\v2\x10.dsec.v1.WebhookR\bwebhooks\"Q\n" +
+	"\x14RemoveWebhookRequest\x12\x1d\n" +
+	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02idB\n" +
+	"\n" +
+	"\b_project\"\x17\n" +
+	"\x15RemoveWebhookResponse*\xb7\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -11416,7 +11818,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xec\x16\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xcf\x18\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -11467,7 +11869,11 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\rGetServerInfo\x12\x1d.dsec.v1.GetServerInfoRequest\x1a\x13.dsec.v1.ServerInfo\"\x03\x90\x02\x01\x12J\n" +
 	"\n" +
 	"ListEvents\x12\x1a.dsec.v1.ListEventsRequest\x1a\x1b.dsec.v1.ListEventsResponse\"\x03\x90\x02\x01\x12A\n" +
-	"\fFollowEvents\x12\x1a.dsec.v1.ListEventsRequest\x1a\x0e.dsec.v1.Event\"\x03\x90\x02\x010\x012\xef\x01\n" +
+	"\fFollowEvents\x12\x1a.dsec.v1.ListEventsRequest\x1a\x0e.dsec.v1.Event\"\x03\x90\x02\x010\x01\x12:\n" +
+	"\n" +
+	"AddWebhook\x12\x1a.dsec.v1.AddWebhookRequest\x1a\x10.dsec.v1.Webhook\x12P\n" +
+	"\fListWebhooks\x12\x1c.dsec.v1.ListWebhooksRequest\x1a\x1d.dsec.v1.ListWebhooksResponse\"\x03\x90\x02\x01\x12S\n" +
+	"\rRemoveWebhook\x12\x1d.dsec.v1.RemoveWebhookRequest\x1a\x1e.dsec.v1.RemoveWebhookResponse\"\x03\x90\x02\x022\xef\x01\n" +
 	"\rFnCallService\x12<\n" +
 	"\aRunCode\x12\x17.dsec.v1.RunCodeRequest\x1a\x18.dsec.v1.RunCodeResponse\x12K\n" +
 	"\fRunCodeBatch\x12\x1c.dsec.v1.RunCodeBatchRequest\x1a\x1d.dsec.v1.RunCodeBatchResponse\x12S\n" +
@@ -11498,7 +11904,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 147)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 153)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                         // 0: dsec.v1.State
 	(Reason)(0),                        // 1: dsec.v1.Reason
@@ -11646,29 +12052,35 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*Event)(nil),                      // 143: dsec.v1.Event
 	(*ListEventsRequest)(nil),          // 144: dsec.v1.ListEventsRequest
 	(*ListEventsResponse)(nil),         // 145: dsec.v1.ListEventsResponse
-	nil,                                // 146: dsec.v1.NodeInfo.MissingEntry
-	nil,                                // 147: dsec.v1.SandboxSpec.EnvEntry
-	nil,                                // 148: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                                // 149: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                                // 150: dsec.v1.ListRequest.LabelsEntry
-	nil,                                // 151: dsec.v1.ExecRequest.EnvEntry
-	nil,                                // 152: dsec.v1.ShellStart.EnvEntry
-	nil,                                // 153: dsec.v1.GradeRequest.EnvEntry
-	nil,                                // 154: dsec.v1.GradeTests.FilesEntry
-	nil,                                // 155: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                                // 156: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                                // 157: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                                // 158: dsec.v1.RunCodeResponse.FilesEntry
+	(*Webhook)(nil),                    // 146: dsec.v1.Webhook
+	(*AddWebhookRequest)(nil),          // 147: dsec.v1.AddWebhookRequest
+	(*ListWebhooksRequest)(nil),        // 148: dsec.v1.ListWebhooksRequest
+	(*ListWebhooksResponse)(nil),       // 149: dsec.v1.ListWebhooksResponse
+	(*RemoveWebhookRequest)(nil),       // 150: dsec.v1.RemoveWebhookRequest
+	(*RemoveWebhookResponse)(nil),      // 151: dsec.v1.RemoveWebhookResponse
+	nil,                                // 152: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 153: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 154: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 155: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 156: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 157: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 158: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 159: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 160: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 161: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 162: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 163: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 164: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	146, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	152, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	4,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	147, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	148, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	149, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	153, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	154, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	155, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 10: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -11685,13 +12097,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	17,  // 21: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
 	15,  // 22: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	17,  // 23: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	150, // 24: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	156, // 24: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 25: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	17,  // 26: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	15,  // 27: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	15,  // 28: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	35,  // 29: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	151, // 30: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	157, // 30: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	43,  // 31: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	44,  // 32: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	42,  // 33: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
@@ -11702,7 +12114,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	51,  // 38: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	59,  // 39: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	60,  // 40: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	152, // 41: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	158, // 41: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	60,  // 42: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	44,  // 43: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	62,  // 44: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -11713,9 +12125,9 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	84,  // 49: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
 	84,  // 50: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
 	86,  // 51: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	153, // 52: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	159, // 52: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
 	5,   // 53: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	154, // 54: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	160, // 54: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
 	44,  // 55: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
 	87,  // 56: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
 	84,  // 57: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
@@ -11730,7 +12142,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	9,   // 66: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
 	83,  // 67: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
 	106, // 68: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	155, // 69: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	161, // 69: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
 	112, // 70: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
 	16,  // 71: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
 	119, // 72: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
@@ -11746,132 +12158,139 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	126, // 82: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
 	130, // 83: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
 	131, // 84: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	156, // 85: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	157, // 86: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	162, // 85: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	163, // 86: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
 	11,  // 87: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
 	10,  // 88: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
 	134, // 89: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
 	134, // 90: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	158, // 91: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	164, // 91: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
 	7,   // 92: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
 	133, // 93: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
 	135, // 94: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
 	138, // 95: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
 	14,  // 96: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
 	143, // 97: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
-	29,  // 98: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	31,  // 99: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	32,  // 100: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	38,  // 101: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	19,  // 102: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	21,  // 103: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	23,  // 104: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	25,  // 105: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	27,  // 106: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	89,  // 107: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	90,  // 108: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	92,  // 109: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	94,  // 110: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	85,  // 111: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	40,  // 112: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	45,  // 113: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	46,  // 114: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	48,  // 115: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	50,  // 116: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	53,  // 117: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	54,  // 118: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	56,  // 119: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	58,  // 120: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	63,  // 121: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	65,  // 122: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	67,  // 123: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	69,  // 124: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	71,  // 125: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	73,  // 126: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	75,  // 127: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	77,  // 128: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	79,  // 129: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	81,  // 130: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	109, // 131: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	111, // 132: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	114, // 133: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	116, // 134: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	117, // 135: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	34,  // 136: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	36,  // 137: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	141, // 138: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	144, // 139: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
-	144, // 140: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
-	133, // 141: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	136, // 142: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	139, // 143: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	97,  // 144: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	98,  // 145: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	102, // 146: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	104, // 147: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	107, // 148: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	127, // 149: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	129, // 150: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	100, // 151: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	30,  // 152: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	17,  // 153: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	33,  // 154: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	39,  // 155: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	20,  // 156: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	22,  // 157: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	24,  // 158: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	26,  // 159: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	28,  // 160: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	84,  // 161: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	91,  // 162: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	93,  // 163: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	96,  // 164: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	88,  // 165: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	41,  // 166: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	41,  // 167: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	47,  // 168: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	49,  // 169: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	52,  // 170: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	41,  // 171: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	55,  // 172: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	57,  // 173: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	61,  // 174: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	64,  // 175: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	66,  // 176: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	68,  // 177: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	70,  // 178: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	72,  // 179: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	74,  // 180: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	76,  // 181: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	78,  // 182: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	80,  // 183: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	82,  // 184: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	110, // 185: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	113, // 186: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	115, // 187: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	120, // 188: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	118, // 189: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	35,  // 190: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	37,  // 191: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	142, // 192: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	145, // 193: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
-	143, // 194: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
-	135, // 195: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	137, // 196: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	140, // 197: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	83,  // 198: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	83,  // 199: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	103, // 200: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	105, // 201: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	108, // 202: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	128, // 203: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	132, // 204: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	101, // 205: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	152, // [152:206] is the sub-list for method output_type
-	98,  // [98:152] is the sub-list for method input_type
-	98,  // [98:98] is the sub-list for extension type_name
-	98,  // [98:98] is the sub-list for extension extendee
-	0,   // [0:98] is the sub-list for field type_name
+	146, // 98: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
+	29,  // 99: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	31,  // 100: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	32,  // 101: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	38,  // 102: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	19,  // 103: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	21,  // 104: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	23,  // 105: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	25,  // 106: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	27,  // 107: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	89,  // 108: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	90,  // 109: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	92,  // 110: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	94,  // 111: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	85,  // 112: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	40,  // 113: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	45,  // 114: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	46,  // 115: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	48,  // 116: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	50,  // 117: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	53,  // 118: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	54,  // 119: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	56,  // 120: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	58,  // 121: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	63,  // 122: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	65,  // 123: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	67,  // 124: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	69,  // 125: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	71,  // 126: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	73,  // 127: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	75,  // 128: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	77,  // 129: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	79,  // 130: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	81,  // 131: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	109, // 132: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	111, // 133: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	114, // 134: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	116, // 135: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	117, // 136: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	34,  // 137: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	36,  // 138: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	141, // 139: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	144, // 140: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
+	144, // 141: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
+	147, // 142: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
+	148, // 143: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
+	150, // 144: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
+	133, // 145: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	136, // 146: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	139, // 147: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	97,  // 148: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	98,  // 149: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	102, // 150: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	104, // 151: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	107, // 152: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	127, // 153: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	129, // 154: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	100, // 155: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	30,  // 156: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	17,  // 157: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	33,  // 158: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	39,  // 159: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	20,  // 160: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	22,  // 161: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	24,  // 162: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	26,  // 163: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	28,  // 164: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	84,  // 165: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	91,  // 166: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	93,  // 167: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	96,  // 168: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	88,  // 169: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	41,  // 170: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	41,  // 171: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	47,  // 172: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	49,  // 173: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	52,  // 174: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	41,  // 175: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	55,  // 176: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	57,  // 177: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	61,  // 178: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	64,  // 179: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	66,  // 180: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	68,  // 181: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	70,  // 182: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	72,  // 183: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	74,  // 184: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	76,  // 185: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	78,  // 186: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	80,  // 187: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	82,  // 188: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	110, // 189: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	113, // 190: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	115, // 191: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	120, // 192: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	118, // 193: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	35,  // 194: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	37,  // 195: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	142, // 196: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	145, // 197: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
+	143, // 198: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
+	146, // 199: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
+	149, // 200: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
+	151, // 201: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
+	135, // 202: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	137, // 203: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	140, // 204: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	83,  // 205: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	83,  // 206: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	103, // 207: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	105, // 208: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	108, // 209: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	128, // 210: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	132, // 211: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	101, // 212: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	156, // [156:213] is the sub-list for method output_type
+	99,  // [99:156] is the sub-list for method input_type
+	99,  // [99:99] is the sub-list for extension type_name
+	99,  // [99:99] is the sub-list for extension extendee
+	0,   // [0:99] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -11905,13 +12324,16 @@ func file_dsec_v1_dsec_proto_init() {
 	}
 	file_dsec_v1_dsec_proto_msgTypes[122].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[132].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[135].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[136].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[138].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   147,
+			NumMessages:   153,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

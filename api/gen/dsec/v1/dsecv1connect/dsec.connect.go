@@ -145,6 +145,15 @@ const (
 	// SandboxServiceFollowEventsProcedure is the fully-qualified name of the SandboxService's
 	// FollowEvents RPC.
 	SandboxServiceFollowEventsProcedure = "/dsec.v1.SandboxService/FollowEvents"
+	// SandboxServiceAddWebhookProcedure is the fully-qualified name of the SandboxService's AddWebhook
+	// RPC.
+	SandboxServiceAddWebhookProcedure = "/dsec.v1.SandboxService/AddWebhook"
+	// SandboxServiceListWebhooksProcedure is the fully-qualified name of the SandboxService's
+	// ListWebhooks RPC.
+	SandboxServiceListWebhooksProcedure = "/dsec.v1.SandboxService/ListWebhooks"
+	// SandboxServiceRemoveWebhookProcedure is the fully-qualified name of the SandboxService's
+	// RemoveWebhook RPC.
+	SandboxServiceRemoveWebhookProcedure = "/dsec.v1.SandboxService/RemoveWebhook"
 	// FnCallServiceRunCodeProcedure is the fully-qualified name of the FnCallService's RunCode RPC.
 	FnCallServiceRunCodeProcedure = "/dsec.v1.FnCallService/RunCode"
 	// FnCallServiceRunCodeBatchProcedure is the fully-qualified name of the FnCallService's
@@ -321,6 +330,13 @@ type SandboxServiceClient interface {
 	// FollowEvents sends the events ListEvents would from its cursor, then
 	// every new one as it is stored, until the caller hangs up.
 	FollowEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.ServerStreamForClient[v1.Event], error)
+	// Webhooks (docs/events.md): a project's admin registers an endpoint
+	// for its events (and those of the projects under it), each delivered
+	// at least once, signed with the webhook's secret; ListWebhooks shows
+	// how far deliveries got and their last success and failure.
+	AddWebhook(context.Context, *connect.Request[v1.AddWebhookRequest]) (*connect.Response[v1.Webhook], error)
+	ListWebhooks(context.Context, *connect.Request[v1.ListWebhooksRequest]) (*connect.Response[v1.ListWebhooksResponse], error)
+	RemoveWebhook(context.Context, *connect.Request[v1.RemoveWebhookRequest]) (*connect.Response[v1.RemoveWebhookResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the dsec.v1.SandboxService service. By default,
@@ -612,6 +628,26 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		addWebhook: connect.NewClient[v1.AddWebhookRequest, v1.Webhook](
+			httpClient,
+			baseURL+SandboxServiceAddWebhookProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("AddWebhook")),
+			connect.WithClientOptions(opts...),
+		),
+		listWebhooks: connect.NewClient[v1.ListWebhooksRequest, v1.ListWebhooksResponse](
+			httpClient,
+			baseURL+SandboxServiceListWebhooksProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListWebhooks")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		removeWebhook: connect.NewClient[v1.RemoveWebhookRequest, v1.RemoveWebhookResponse](
+			httpClient,
+			baseURL+SandboxServiceRemoveWebhookProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RemoveWebhook")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -660,6 +696,9 @@ type sandboxServiceClient struct {
 	getServerInfo      *connect.Client[v1.GetServerInfoRequest, v1.ServerInfo]
 	listEvents         *connect.Client[v1.ListEventsRequest, v1.ListEventsResponse]
 	followEvents       *connect.Client[v1.ListEventsRequest, v1.Event]
+	addWebhook         *connect.Client[v1.AddWebhookRequest, v1.Webhook]
+	listWebhooks       *connect.Client[v1.ListWebhooksRequest, v1.ListWebhooksResponse]
+	removeWebhook      *connect.Client[v1.RemoveWebhookRequest, v1.RemoveWebhookResponse]
 }
 
 // Create calls dsec.v1.SandboxService.Create.
@@ -877,6 +916,21 @@ func (c *sandboxServiceClient) FollowEvents(ctx context.Context, req *connect.Re
 	return c.followEvents.CallServerStream(ctx, req)
 }
 
+// AddWebhook calls dsec.v1.SandboxService.AddWebhook.
+func (c *sandboxServiceClient) AddWebhook(ctx context.Context, req *connect.Request[v1.AddWebhookRequest]) (*connect.Response[v1.Webhook], error) {
+	return c.addWebhook.CallUnary(ctx, req)
+}
+
+// ListWebhooks calls dsec.v1.SandboxService.ListWebhooks.
+func (c *sandboxServiceClient) ListWebhooks(ctx context.Context, req *connect.Request[v1.ListWebhooksRequest]) (*connect.Response[v1.ListWebhooksResponse], error) {
+	return c.listWebhooks.CallUnary(ctx, req)
+}
+
+// RemoveWebhook calls dsec.v1.SandboxService.RemoveWebhook.
+func (c *sandboxServiceClient) RemoveWebhook(ctx context.Context, req *connect.Request[v1.RemoveWebhookRequest]) (*connect.Response[v1.RemoveWebhookResponse], error) {
+	return c.removeWebhook.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the dsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes one sandbox, or a batch of spec.count. A repeated call with the
@@ -1022,6 +1076,13 @@ type SandboxServiceHandler interface {
 	// FollowEvents sends the events ListEvents would from its cursor, then
 	// every new one as it is stored, until the caller hangs up.
 	FollowEvents(context.Context, *connect.Request[v1.ListEventsRequest], *connect.ServerStream[v1.Event]) error
+	// Webhooks (docs/events.md): a project's admin registers an endpoint
+	// for its events (and those of the projects under it), each delivered
+	// at least once, signed with the webhook's secret; ListWebhooks shows
+	// how far deliveries got and their last success and failure.
+	AddWebhook(context.Context, *connect.Request[v1.AddWebhookRequest]) (*connect.Response[v1.Webhook], error)
+	ListWebhooks(context.Context, *connect.Request[v1.ListWebhooksRequest]) (*connect.Response[v1.ListWebhooksResponse], error)
+	RemoveWebhook(context.Context, *connect.Request[v1.RemoveWebhookRequest]) (*connect.Response[v1.RemoveWebhookResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1309,6 +1370,26 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceAddWebhookHandler := connect.NewUnaryHandler(
+		SandboxServiceAddWebhookProcedure,
+		svc.AddWebhook,
+		connect.WithSchema(sandboxServiceMethods.ByName("AddWebhook")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListWebhooksHandler := connect.NewUnaryHandler(
+		SandboxServiceListWebhooksProcedure,
+		svc.ListWebhooks,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListWebhooks")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRemoveWebhookHandler := connect.NewUnaryHandler(
+		SandboxServiceRemoveWebhookProcedure,
+		svc.RemoveWebhook,
+		connect.WithSchema(sandboxServiceMethods.ByName("RemoveWebhook")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1397,6 +1478,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListEventsHandler.ServeHTTP(w, r)
 		case SandboxServiceFollowEventsProcedure:
 			sandboxServiceFollowEventsHandler.ServeHTTP(w, r)
+		case SandboxServiceAddWebhookProcedure:
+			sandboxServiceAddWebhookHandler.ServeHTTP(w, r)
+		case SandboxServiceListWebhooksProcedure:
+			sandboxServiceListWebhooksHandler.ServeHTTP(w, r)
+		case SandboxServiceRemoveWebhookProcedure:
+			sandboxServiceRemoveWebhookHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1576,6 +1663,18 @@ func (UnimplementedSandboxServiceHandler) ListEvents(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) FollowEvents(context.Context, *connect.Request[v1.ListEventsRequest], *connect.ServerStream[v1.Event]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.FollowEvents is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) AddWebhook(context.Context, *connect.Request[v1.AddWebhookRequest]) (*connect.Response[v1.Webhook], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.AddWebhook is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListWebhooks(context.Context, *connect.Request[v1.ListWebhooksRequest]) (*connect.Response[v1.ListWebhooksResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.ListWebhooks is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RemoveWebhook(context.Context, *connect.Request[v1.RemoveWebhookRequest]) (*connect.Response[v1.RemoveWebhookResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.RemoveWebhook is not implemented"))
 }
 
 // FnCallServiceClient is a client for the dsec.v1.FnCallService service.

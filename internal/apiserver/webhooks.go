@@ -1,0 +1,419 @@
+package apiserver
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/sdk/go/webhook"
+)
+
+// Webhooks (docs/events.md). Every apiserver runs RunWebhooks: it takes
+// the lease of each webhook no other apiserver holds (the store's
+// ClaimWebhooks), renews it while it delivers, and delivers each leased
+// webhook's events in its own goroutine, one at a time and in order, from
+// the last acknowledged: a POST of the event's JSON, signed, bounded in
+// time, retried with backoff until the endpoint answers 2xx, then the
+// webhook's cursor advanced in the store. So an event is delivered at
+// least once (twice only when an apiserver dies between an endpoint's 2xx
+// and its record), two apiservers never deliver one webhook at once, and a
+// restarted apiserver (or another, once the lease lapses) resumes after
+// the last acknowledged. A hanging or failing endpoint holds only its own
+// goroutine: the API's calls never wait on a delivery.
+
+const (
+	// DefaultWebhookTimeout bounds one delivery attempt.
+	DefaultWebhookTimeout = 10 * time.Second
+	// DefaultWebhookMaxActive is how many webhooks one apiserver delivers
+	// at once.
+	DefaultWebhookMaxActive = 256
+	// webhookLease is how long a claim holds a webhook; claims renew it
+	// every webhookClaimEvery.
+	webhookLease      = 15 * time.Second
+	webhookClaimEvery = 2 * time.Second
+	// webhookPage is how many events a delivery loop reads at a time.
+	webhookPage = 100
+	// webhookMaxBackoff caps the wait between attempts of one event.
+	webhookMaxBackoff = time.Minute
+)
+
+// WebhookStore is what the apiserver needs of the store for webhooks.
+type WebhookStore interface {
+	store.Webhooks
+	ListEvents(ctx context.Context, q store.EventQuery) ([]store.Event, error)
+	LastEventID(ctx context.Context) (int64, error)
+}
+
+// webhookState counts deliveries for /metrics.
+type webhookState struct {
+	delivered atomic.Int64
+	failed    atomic.Int64
+}
+
+// webhookBody is what a delivery POSTs: one event.
+type webhookBody struct {
+	Webhook   string    `json:"webhook"`
+	ID        int64     `json:"id"`
+	Key       string    `json:"key"`
+	At        time.Time `json:"at"`
+	Project   string    `json:"project"`
+	SandboxID string    `json:"sandbox_id"`
+	Kind      string    `json:"kind"`
+	Node      string    `json:"node,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	Message   string    `json:"message,omitempty"`
+}
+
+// eventKinds are the kinds an edge records (package eventlog's; a test
+// checks they agree).
+var eventKinds = []string{"created", "paused", "resumed", "phase_ended", "forked", "snapshot", "deleted", "expired", "failed"}
+
+// checkWebhookURL refuses what an operator would not want by default: a
+// scheme other than https, or a host that is an address on loopback, a
+// private network, link-local or unspecified (a delivery also refuses to
+// connect to one, whatever the name resolved to). allowPrivate
+// (--webhook-allow-private) allows http and those addresses.
+func checkWebhookURL(raw string, allowPrivate bool) error {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+		return fmt.Errorf("webhook url %q: want https://HOST/PATH: %w", raw, errdefs.ErrInvalidArgument)
+	}
+	if allowPrivate {
+		return nil
+	}
+	if u.Scheme != "https" {
+		return fmt.Errorf("webhook url %q: only https (the server allows http with --webhook-allow-private): %w", raw, errdefs.ErrInvalidArgument)
+	}
+	if ip, err := netip.ParseAddr(u.Hostname()); err == nil && privateAddr(ip) {
+		return fmt.Errorf("webhook url %q: %s is a loopback, private or link-local address (the server allows them with --webhook-allow-private): %w", raw, ip, errdefs.ErrInvalidArgument)
+	}
+	if u.Hostname() == "localhost" {
+		return fmt.Errorf("webhook url %q: localhost (the server allows it with --webhook-allow-private): %w", raw, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func privateAddr(ip netip.Addr) bool {
+	ip = ip.Unmap()
+	return ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() ||
+		ip.IsMulticast() || ip.IsInterfaceLocalMulticast()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func webhookMsg(w store.Webhook) *dsecv1.Webhook {
+	return &dsecv1.Webhook{Id: w.ID, Project: w.Project, Url: w.URL, Kinds: w.Kinds, CreatedUnixMs: unixMs(w.Created),
+		Delivered: w.Delivered, LastOkUnixMs: unixMs(w.LastOK), LastFailureUnixMs: unixMs(w.LastFailure),
+		Failures: int32(w.Failures), LastError: w.LastError}
+}
+
+// webhookProject is the project a webhook call acts on, checked for op.
+func (s *Server) webhookProject(ctx context.Context, op string, p *string) (string, error) {
+	if s.cfg.Webhooks == nil {
+		return "", fmt.Errorf("webhooks: this server keeps no metadata store: %w", errdefs.ErrNotSupported)
+	}
+	a := actor(ctx)
+	path, err := projectOr(a, p)
+	if err != nil {
+		return "", err
+	}
+	return path, allow(a, iam.Op(op), path)
+}
+
+// AddWebhook registers an endpoint for the events of a project and those
+// under it, from now on.
+func (s *Server) AddWebhook(ctx context.Context, req *connect.Request[dsecv1.AddWebhookRequest]) (*connect.Response[dsecv1.Webhook], error) {
+	m := req.Msg
+	path, err := s.webhookProject(ctx, dsecv1connect.SandboxServiceAddWebhookProcedure, m.Project)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkWebhookURL(m.GetUrl(), s.cfg.WebhookAllowPrivate); err != nil {
+		return nil, err
+	}
+	for _, k := range m.GetKinds() {
+		if !slices.Contains(eventKinds, k) {
+			return nil, fmt.Errorf("event kind %q is not one of %v: %w", k, eventKinds, errdefs.ErrInvalidArgument)
+		}
+	}
+	secret := m.GetSecret()
+	if secret == "" {
+		secret = "whsec_" + randomHex(24)
+	}
+	last, err := s.cfg.Webhooks.LastEventID(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w := store.Webhook{ID: "wh-" + randomHex(6), Project: path, URL: m.GetUrl(), Kinds: m.GetKinds(), Secret: secret,
+		Created: time.Now(), Delivered: last}
+	if err := s.cfg.Webhooks.AddWebhook(ctx, w); err != nil {
+		return nil, err
+	}
+	out := webhookMsg(w)
+	out.Secret = secret
+	return connect.NewResponse(out), nil
+}
+
+// ListWebhooks lists the webhooks of a project and those under it, with
+// how far their deliveries got.
+func (s *Server) ListWebhooks(ctx context.Context, req *connect.Request[dsecv1.ListWebhooksRequest]) (*connect.Response[dsecv1.ListWebhooksResponse], error) {
+	path, err := s.webhookProject(ctx, dsecv1connect.SandboxServiceListWebhooksProcedure, req.Msg.Project)
+	if err != nil {
+		return nil, err
+	}
+	ws, err := s.cfg.Webhooks.ListWebhooks(ctx, []string{path})
+	if err != nil {
+		return nil, err
+	}
+	out := &dsecv1.ListWebhooksResponse{}
+	for _, w := range ws {
+		out.Webhooks = append(out.Webhooks, webhookMsg(w))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// RemoveWebhook removes a webhook of a project (or one under it); its
+// deliveries stop within a lease renewal.
+func (s *Server) RemoveWebhook(ctx context.Context, req *connect.Request[dsecv1.RemoveWebhookRequest]) (*connect.Response[dsecv1.RemoveWebhookResponse], error) {
+	path, err := s.webhookProject(ctx, dsecv1connect.SandboxServiceRemoveWebhookProcedure, req.Msg.Project)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.cfg.Webhooks.RemoveWebhook(ctx, path, req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.RemoveWebhookResponse{}), nil
+}
+
+// RunWebhooks delivers the webhooks this apiserver holds the lease of
+// until ctx ends (at once without Config.Webhooks).
+func (s *Server) RunWebhooks(ctx context.Context) {
+	if s.cfg.Webhooks == nil {
+		return
+	}
+	owner := s.cfg.Name + "/" + randomHex(6)
+	client := s.webhookClient()
+	defer client.CloseIdleConnections()
+	var wg sync.WaitGroup
+	running := map[string]context.CancelFunc{}
+	done := make(chan string, 16)
+	t := time.NewTicker(webhookClaimEvery)
+	defer t.Stop()
+	for {
+		now := time.Now()
+		ws, err := s.cfg.Webhooks.ClaimWebhooks(ctx, owner, now, now.Add(webhookLease))
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("claim webhooks", "err", err)
+		}
+		held := map[string]bool{}
+		for _, w := range ws {
+			held[w.ID] = true
+			if running[w.ID] != nil {
+				continue
+			}
+			if len(running) >= s.cfg.WebhookMaxActive {
+				s.log.Warn("webhooks held past the cap: not delivered by this apiserver now", "webhook", w.ID, "cap", s.cfg.WebhookMaxActive)
+				continue
+			}
+			wctx, cancel := context.WithCancel(ctx)
+			running[w.ID] = cancel
+			wg.Go(func() {
+				defer func() { done <- w.ID }()
+				s.deliver(wctx, client, owner, w)
+			})
+		}
+		// Webhooks removed or no longer this apiserver's stop.
+		if err == nil {
+			for id, cancel := range running {
+				if !held[id] {
+					cancel()
+				}
+			}
+		}
+		for wait := true; wait; {
+			select {
+			case <-ctx.Done():
+				for _, cancel := range running {
+					cancel()
+				}
+				go func() {
+					for range done {
+					}
+				}()
+				wg.Wait()
+				close(done)
+				// Handed over at once: another apiserver need not wait
+				// for the leases to lapse.
+				if err := s.cfg.Webhooks.ReleaseWebhooks(context.WithoutCancel(ctx), owner); err != nil {
+					s.log.Warn("release webhooks", "err", err)
+				}
+				return
+			case id := <-done:
+				running[id]()
+				delete(running, id)
+			case <-t.C:
+				wait = false
+			}
+		}
+	}
+}
+
+// webhookClient posts deliveries: each attempt bounded by the configured
+// timeout, and, unless private addresses are allowed, never connecting to
+// one, whatever a name resolved to.
+func (s *Server) webhookClient() *http.Client {
+	dialer := &net.Dialer{Timeout: s.cfg.WebhookTimeout}
+	if !s.cfg.WebhookAllowPrivate {
+		dialer.Control = func(network, address string, _ syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil {
+				return err
+			}
+			if privateAddr(ap.Addr()) {
+				return fmt.Errorf("webhook endpoint %s is a loopback, private or link-local address (--webhook-allow-private allows it)", ap.Addr())
+			}
+			return nil
+		}
+	}
+	tr := &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
+		TLSHandshakeTimeout: s.cfg.WebhookTimeout, ResponseHeaderTimeout: s.cfg.WebhookTimeout}
+	return &http.Client{Transport: tr, Timeout: s.cfg.WebhookTimeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// deliver sends w's events after its cursor, in order, each until its
+// endpoint acknowledges it, until ctx ends or the lease is lost.
+func (s *Server) deliver(ctx context.Context, client *http.Client, owner string, w store.Webhook) {
+	cursor := w.Delivered
+	for ctx.Err() == nil {
+		changed := *s.events.changed.Load()
+		evs, err := s.cfg.Webhooks.ListEvents(ctx, store.EventQuery{Projects: []string{w.Project}, After: cursor, Kinds: w.Kinds, Limit: webhookPage})
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("read a webhook's events", "webhook", w.ID, "err", err)
+			}
+			sleepCtx(ctx, time.Second)
+			continue
+		}
+		for _, ev := range evs {
+			if !s.deliverOne(ctx, client, owner, w, ev) {
+				return
+			}
+			cursor = ev.ID
+		}
+		if len(evs) == webhookPage {
+			continue
+		}
+		t := time.NewTimer(followPoll)
+		select {
+		case <-ctx.Done():
+		case <-changed:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// deliverOne posts ev to w's endpoint until it answers 2xx, recording each
+// attempt; it returns false when ctx ended or the lease is lost.
+func (s *Server) deliverOne(ctx context.Context, client *http.Client, owner string, w store.Webhook, ev store.Event) bool {
+	body, err := json.Marshal(webhookBody{Webhook: w.ID, ID: ev.ID, Key: ev.Key, At: ev.At.UTC(), Project: ev.Project,
+		SandboxID: ev.SandboxID, Kind: ev.Kind, Node: ev.Node, Reason: ev.Reason, Message: ev.Message})
+	if err != nil {
+		s.log.Error("encode a webhook's event", "webhook", w.ID, "event", ev.ID, "err", err)
+		return false
+	}
+	for attempt := 0; ; attempt++ {
+		err := s.post(ctx, client, w, ev, body)
+		if ctx.Err() != nil {
+			return false
+		}
+		if err == nil {
+			s.webhooks.delivered.Add(1)
+		} else {
+			s.webhooks.failed.Add(1)
+		}
+		if aerr := s.cfg.Webhooks.AdvanceWebhook(context.WithoutCancel(ctx), w.ID, owner, ev.ID, time.Now(), err); aerr != nil {
+			if errors.Is(aerr, errdefs.ErrFailedPrecondition) {
+				return false // another apiserver's now, or removed
+			}
+			s.log.Warn("record a webhook delivery", "webhook", w.ID, "event", ev.ID, "err", aerr)
+		}
+		if err == nil {
+			return true
+		}
+		s.log.Debug("webhook delivery failed", "webhook", w.ID, "event", ev.ID, "attempt", attempt+1, "err", err)
+		if !sleepCtx(ctx, backoff(s.cfg.WebhookBackoff, attempt)) {
+			return false
+		}
+	}
+}
+
+// backoff is the wait after the attempt-th failure: base doubled each
+// time, capped at webhookMaxBackoff.
+func backoff(base time.Duration, attempt int) time.Duration {
+	d := base << min(attempt, 20)
+	if d <= 0 || d > webhookMaxBackoff {
+		d = webhookMaxBackoff
+	}
+	return d
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// post makes one attempt: the endpoint must answer 2xx within the timeout.
+func (s *Server) post(ctx context.Context, client *http.Client, w store.Webhook, ev store.Event, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "dsec-webhook/1")
+	req.Header.Set(webhook.Header, webhook.Sign(w.Secret, time.Now(), body))
+	req.Header.Set("Dsec-Webhook-Id", w.ID)
+	req.Header.Set("Dsec-Event-Id", fmt.Sprint(ev.ID))
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("post event %d: %w", ev.ID, err)
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("post event %d: the endpoint answered %s", ev.ID, resp.Status)
+	}
+	return nil
+}
