@@ -68,3 +68,12 @@ func TestRead(t *testing.T) {
 		t.Fatalf("a nil log read %v next %d", evs, next)
 	}
 }
+
+// BenchmarkAdd is what recording one event costs the edge (a create or a
+// delete records one).
+func BenchmarkAdd(b *testing.B) {
+	l := New("n1", 0)
+	for b.Loop() {
+		l.Add(Created, "sb-n1-0a1b2c3d4e5f", "ml/run-1", "", "")
+	}
+}
