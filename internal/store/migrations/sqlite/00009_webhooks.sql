@@ -1,4 +1,4 @@
--- Webhooks, as migrations/postgres/00007_webhooks.sql: an endpoint a
+-- Webhooks, as migrations/postgres/00008_webhooks.sql: an endpoint a
 -- project registered for its events (and those of the projects under it),
 -- the kinds it wants ('' all), its signing secret, how far its deliveries
 -- got (delivered: the last event ID acknowledged), the apiserver holding

@@ -1,4 +1,4 @@
--- Lifecycle events, as migrations/sqlite/00007_events.sql: one row per
+-- Lifecycle events, as migrations/sqlite/00008_events.sql: one row per
 -- event an edge reported (created, paused, deleted, expired…), keyed by the
 -- edge's idempotent key so a report pulled twice (two apiservers, or one
 -- restarted) is stored once; id is the cursor readers follow (appends
