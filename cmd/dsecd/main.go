@@ -29,6 +29,7 @@ import (
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/placement"
+	"dsec.dev/dsec/internal/qos"
 	"dsec.dev/dsec/internal/version"
 	"dsec.dev/dsec/internal/vm/fuse2fs"
 )
@@ -169,6 +170,11 @@ func addNodeFlags(fs *flag.FlagSet, cfg *daemon.Config, nf *nodeFlags) {
 	fs.IntVar(&cfg.FnCall.Pools.MinIdle, "fncall-min-idle", 1, "idle containers each fncall pool keeps once used (the floor)")
 	fs.IntVar(&cfg.FnCall.Pools.MaxPerPool, "fncall-max-per-pool", 0, "most containers of one fncall pool on this node (default: --fncall-max-containers)")
 	fs.IntVar(&cfg.FnCall.Pools.SoftMaxPerPool, "fncall-soft-max-per-pool", 0, "containers of one fncall pool that run short calls at once; past it a pool grows only for long calls, as far as the node's memory holds them (default 4 per CPU core)")
+	fs.Func("fncall-qos", "CPU class of fncall containers: latency (the default: calls' time limits are wall-clock) or best_effort (SCHED_IDLE: the node's latency sandboxes come first; docs/qos.md)", func(v string) error {
+		c, err := qos.Parse(v, qos.Latency)
+		cfg.FnCall.Pools.QoS = string(c)
+		return err
+	})
 	fs.IntVar(&cfg.FnCall.Pools.MaxContainers, "fncall-max-containers", 256, "most fncall containers on this node, every pool")
 	fs.DurationVar(&cfg.FnCall.Pools.MaxStartDelay, "fncall-max-start-delay", fncall.DefaultMaxStartDelay, "longest a call waits for a fncall container when none is starting for it; then it is refused (ResourceExhausted, 504 in SandboxFusion's API)")
 	fs.IntVar(&cfg.FnCall.Pools.MaxQueue, "fncall-max-queue", 4096, "most calls waiting for a fncall container on this node; more are refused (ResourceExhausted, 504 in SandboxFusion's API)")

@@ -100,6 +100,7 @@ func (s *Server) nodeInfos() []*dsecv1.NodeInfo {
 		if st := statusOf(n); st != nil {
 			ni.Kinds, ni.Missing = st.GetKinds(), st.GetMissing()
 			ni.Live, ni.MaxSandboxes = st.GetLive(), st.GetMaxSandboxes()
+			ni.CoreScheduling = st.GetCoreScheduling()
 			if len(ni.Kinds) == 0 {
 				for _, b := range st.GetBackends() {
 					ni.Kinds = append(ni.Kinds, &dsecv1.SandboxKind{Isolation: dsecv1.Isolation_ISOLATION_CONTAINER, Profile: b})

@@ -51,7 +51,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long the idle sandboxes' CPU is measured (0: not at all)")
 	f.IntVar(&o.RateProbe, "rate-probe", o.RateProbe, "creates timed on the empty node and again with the idle sandboxes live (0: none)")
 	f.BoolVar(&o.Baseline, "baseline", o.Baseline, "also measure bare runc")
-	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchTrajectoryCommand(), a.benchLifecycleCommand(), a.benchGradeCommand(), a.benchFnCallCommand(), a.benchE2BCommand(), a.benchVMCommand(), a.benchProvenanceCommand())
+	cmd.AddCommand(a.benchNetworkCommand(), a.benchStorageCommand(), a.benchClusterCommand(), a.benchExecHopCommand(), a.benchTrajectoryCommand(), a.benchLifecycleCommand(), a.benchGradeCommand(), a.benchFnCallCommand(), a.benchE2BCommand(), a.benchVMCommand(), a.benchProvenanceCommand(), a.benchQoSCommand())
 	return cmd
 }
 
@@ -206,7 +206,7 @@ func (a *app) benchClusterCommand() *cobra.Command {
 }
 
 func (a *app) benchExecHopCommand() *cobra.Command {
-	var via, viaToken, env string
+	var via, viaToken, env, compare string
 	var n int
 	cmd := &cobra.Command{
 		Use:   "exec-hop --via APISERVER",
@@ -220,9 +220,15 @@ func (a *app) benchExecHopCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var names []string
+			if compare != "" {
+				if names = strings.Split(compare, ","); len(names) != 2 {
+					return fmt.Errorf("--compare %q: want two names, --addr's and --via's, comma-separated", compare)
+				}
+			}
 			var progress io.Writer
 			return a.runBench(cmd.Context(), env, &progress, func(ctx context.Context) (report, error) {
-				return bench.RunExecHop(ctx, a.c, cl, env, n, progress)
+				return bench.RunExecHop(ctx, a.c, cl, env, n, names, progress)
 			})
 		},
 	}
@@ -231,6 +237,33 @@ func (a *app) benchExecHopCommand() *cobra.Command {
 	f.StringVar(&viaToken, "via-token", "", "its token (default $DSEC_TOKEN)")
 	f.StringVar(&env, "env", "busybox:test", "environment on both sides")
 	f.IntVar(&n, "execs", 500, "execs on each side")
+	f.StringVar(&compare, "compare", "", "NAME,NAME: --addr and --via are two peers (e.g. \"metrics on,metrics off\": dsecd and dsecd --no-metrics); report their p50 ratio and its spread over the turns instead of the hop")
+	return cmd
+}
+
+func (a *app) benchQoSCommand() *cobra.Command {
+	o := bench.QoSOptions{Env: benchEnv, Loop: 100000, Steps: 10, Rounds: 3}
+	cmd := &cobra.Command{
+		Use:   "qos",
+		Short: "a latency sandbox's fixed step alone and beside sandboxes burning 50 % and 100 % of the node, unprotected (burners qos=latency) and protected (qos=best_effort)",
+		Long: "Reproduces the CPU QoS experiment (docs/qos.md) with real sandboxes: a latency sandbox of 1 CPU\n" +
+			"times a shell loop (--loop additions; exec to exit) --steps times per condition, alone and beside\n" +
+			"burner sandboxes of 1 CPU each (half the node's CPUs, then all of them), once with the burners\n" +
+			"qos=latency and once qos=best_effort, in --rounds rounds that interleave the conditions, and\n" +
+			"prints each condition's slowdown against alone in the same run. Target: protected at 50 % load\n" +
+			"slows the step at most 10 %.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.runBench(cmd.Context(), o.Env, &o.Progress, func(ctx context.Context) (report, error) {
+				return bench.RunQoS(ctx, a.c, o)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Env, "env", o.Env, "environment of every sandbox (it needs sh and nproc)")
+	f.IntVar(&o.Loop, "loop", o.Loop, "additions in one step")
+	f.IntVar(&o.Steps, "steps", o.Steps, "steps per condition and round")
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds of all conditions")
 	return cmd
 }
 

@@ -15,7 +15,7 @@ import (
 func (a *app) nodesCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "nodes",
-		Short: "list the nodes, the isolations each offers (container, gvisor, microvm) and why it lacks the others",
+		Short: "list the nodes, the isolations each offers (container, gvisor, microvm) and why it lacks the others, and whether latency sandboxes get core scheduling",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			resp, err := a.c.Sandboxes.GetServerInfo(cmd.Context(), connect.NewRequest(&dsecv1.GetServerInfoRequest{}))
@@ -26,10 +26,10 @@ func (a *app) nodesCommand() *cobra.Command {
 				return a.printProto(resp.Msg)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tHEALTHY\tLIVE\tOFFERS\tLACKS")
+			fmt.Fprintln(tw, "NODE\tHEALTHY\tLIVE\tOFFERS\tLACKS\tCORE SCHEDULING")
 			for _, n := range resp.Msg.GetNodes() {
-				fmt.Fprintf(tw, "%s\t%v\t%d/%d\t%s\t%s\n", n.GetName(), n.GetHealthy(), n.GetLive(), n.GetMaxSandboxes(),
-					kindsText(n.GetKinds()), missingText(n.GetMissing()))
+				fmt.Fprintf(tw, "%s\t%v\t%d/%d\t%s\t%s\t%s\n", n.GetName(), n.GetHealthy(), n.GetLive(), n.GetMaxSandboxes(),
+					kindsText(n.GetKinds()), missingText(n.GetMissing()), coreSchedText(n.GetCoreScheduling()))
 			}
 			return tw.Flush()
 		},
@@ -51,6 +51,18 @@ func kindsText(ks []*dsecv1.SandboxKind) string {
 		out = append(out, s)
 	}
 	return strings.Join(out, ", ")
+}
+
+// coreSchedText is a node's core-scheduling report: "yes", "no: REASON",
+// "-" when the node did not say.
+func coreSchedText(cs *dsecv1.CoreScheduling) string {
+	switch {
+	case cs == nil:
+		return "-"
+	case cs.GetAvailable():
+		return "yes"
+	}
+	return "no: " + cs.GetReason()
 }
 
 // missingText is why a node lacks each isolation it lacks, "-" for none.

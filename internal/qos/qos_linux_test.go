@@ -1,7 +1,9 @@
 package qos
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -138,5 +141,66 @@ func TestIdleYields(t *testing.T) {
 	t.Logf("control, both normal: latency %v, other %v, share %.1f %%", latT, beT, 100*even)
 	if even > 0.75 {
 		t.Fatalf("without cpu.idle the first burner still took %.1f %%: the measurement does not show cpu.idle's effect", 100*even)
+	}
+}
+
+// TestShareCookie: a process given a cookie has one (PR_SCHED_CORE_GET),
+// and a child it starts later inherits it. Without SMT a cookie changes no
+// scheduling (no core has a sibling to keep apart), so what is tested is
+// that the cookie lands; that it keeps another sandbox off the sibling is
+// untested here. Skips on a kernel without CONFIG_SCHED_CORE.
+func TestShareCookie(t *testing.T) {
+	// The shell starts its child only once told, after the cookie.
+	cmd := exec.Command("sh", "-c", "read go; sleep 30 & wait")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		exec.Command("pkill", "-P", fmt.Sprint(cmd.Process.Pid)).Run()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	if err := ShareCookie(cmd.Process.Pid); err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENODEV) {
+			t.Skipf("the kernel gives no cookies: %v", err)
+		}
+		t.Fatal(err)
+	}
+	cookie := func(pid int) uint64 {
+		t.Helper()
+		var c uint64
+		if err := unix.Prctl(unix.PR_SCHED_CORE, unix.PR_SCHED_CORE_GET, uintptr(pid), unix.PR_SCHED_CORE_SCOPE_THREAD, uintptr(unsafe.Pointer(&c))); err != nil {
+			t.Fatalf("get the cookie of %d: %v", pid, err)
+		}
+		return c
+	}
+	own := cookie(cmd.Process.Pid)
+	if own == 0 {
+		t.Fatal("the process has no cookie after ShareCookie")
+	}
+	if cookie(os.Getpid()) == own {
+		t.Error("the test process shares the sandbox's cookie")
+	}
+	// The sleep the shell starts now is its child: it inherits the cookie.
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	for range 100 {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+		if _, err := fmt.Sscan(string(b), &child); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if child == 0 {
+		t.Fatal("the shell started no child")
+	}
+	if got := cookie(child); got != own {
+		t.Errorf("the child's cookie = %#x, want its parent's %#x", got, own)
 	}
 }

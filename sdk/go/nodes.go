@@ -21,6 +21,11 @@ type Node struct {
 	// Missing says why it lacks each isolation it lacks, by name
 	// ("microvm": "no QEMU (apt-get install qemu-system-x86)").
 	Missing map[string]string
+	// CoreScheduling says whether its latency sandboxes get a
+	// core-scheduling cookie (SMT siblings kept to one sandbox at a time);
+	// CoreSchedulingReason why not (docs/qos.md).
+	CoreScheduling       bool
+	CoreSchedulingReason string
 }
 
 // NodeKind is one kind of sandbox a node offers.
@@ -49,7 +54,8 @@ func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
 	var out []Node
 	for _, n := range info.GetNodes() {
 		node := Node{Name: n.GetName(), Healthy: n.GetHealthy(), Live: int(n.GetLive()),
-			MaxSandboxes: int(n.GetMaxSandboxes()), Missing: n.GetMissing()}
+			MaxSandboxes: int(n.GetMaxSandboxes()), Missing: n.GetMissing(),
+			CoreScheduling: n.GetCoreScheduling().GetAvailable(), CoreSchedulingReason: n.GetCoreScheduling().GetReason()}
 		for _, k := range n.GetKinds() {
 			node.Kinds = append(node.Kinds, NodeKind{Isolation: enumName(k.GetIsolation().String(), "ISOLATION_", IsolationContainer),
 				Profile: enumName(k.GetProfile().String(), "BACKEND_", "container"), Accelerator: k.GetAccelerator()})

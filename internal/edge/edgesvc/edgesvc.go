@@ -312,7 +312,8 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 		MaxSandboxes: int32(st.MaxSandboxes), Live: int32(st.Live), Creating: int32(st.Creating), Pooled: int32(st.Pooled),
 		MaxCpus: st.MaxCPUs, MaxMemoryMb: st.MaxMemoryMB, MemAvailableMb: st.MemAvailableMB,
 		ReportedUnixMs: st.At.UnixMilli(), Version: Version, Refusing: st.Refusing, BlobStore: s.layers.BlobStore(),
-		Ended: st.Ended,
+		Ended:          st.Ended,
+		CoreScheduling: &dsecv1.CoreScheduling{Available: st.CoreSched.Available, Reason: st.CoreSched.Reason},
 	}
 	ns.EventEpoch, ns.EventSeq = s.events.Head()
 	if !st.Started.IsZero() {

@@ -167,6 +167,12 @@ type PoolConfig struct {
 	// memory are the pool's).
 	CPUs   float64
 	DiskMB int64
+	// QoS is the pooled containers' CPU class (package qos): "" or
+	// latency by default, since a call's time limits are wall-clock and a
+	// best_effort call starved by latency sandboxes would time out, its
+	// reward wrong; best_effort where the node's latency work must come
+	// first (dsecd --fncall-qos, docs/qos.md).
+	QoS string
 }
 
 func newPools(sb Sandboxes, cfg PoolConfig, log *slog.Logger) *pools {
@@ -449,6 +455,7 @@ func (ps *pools) start(p *pool) {
 		// The pool decides when a container goes, not the idle timer.
 		IdleTimeoutSeconds: -1,
 		Labels:             map[string]string{PoolLabel: p.key.String()},
+		Qos:                ps.cfg.QoS,
 	}
 	if p.key.network {
 		// A network namespace whose rules allow nothing until a call's

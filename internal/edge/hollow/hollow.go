@@ -27,6 +27,7 @@ import (
 	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/qos"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
@@ -84,7 +85,7 @@ func (e *Edge) Status() sandbox.Status {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := sandbox.Status{Node: e.cfg.Node, MaxSandboxes: e.cfg.MaxSandboxes, Live: e.live(), Creating: e.starting, At: time.Now(),
-		Ended: e.ended, Started: e.started}
+		Ended: e.ended, Started: e.started, CoreSched: qos.CoreSched{Reason: "a hollow node runs no sandbox"}}
 	if st.Live >= e.cfg.MaxSandboxes {
 		st.Refusing = e.fullError().Error()
 	}

@@ -171,6 +171,8 @@ type Manager struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
+	coreSched qos.CoreSched // the node's, read once by New
+
 	// life ends at Shutdown, and with it every sandbox's watch (watchers
 	// counts them); shut says Shutdown began, after which no watch starts.
 	// shut is guarded by mu.
@@ -271,6 +273,7 @@ func New(cfg Config, runtimes map[Kind]backend.Runtime, images Images, net Netwo
 		stop:      make(chan struct{}),
 		life:      life,
 		endLife:   endLife,
+		coreSched: qos.CoreScheduling(),
 	}
 	// A layer service that can take snapshot layers makes snapshots
 	// possible.
@@ -954,12 +957,15 @@ type Status struct {
 	// accelerators; Missing says why it lacks the isolations it lacks.
 	Kinds   []*dsecv1.SandboxKind
 	Missing map[string]string
+	// CoreSched says whether latency sandboxes get a core-scheduling
+	// cookie here, and why not.
+	CoreSched qos.CoreSched
 }
 
 // Status reports the node's capacity and load now.
 func (m *Manager) Status() Status {
 	st := Status{Node: m.cfg.Node, Backends: m.Backends(), Kinds: m.kindInfos(), Missing: m.Missing(), MaxSandboxes: m.cfg.Limits.MaxSandboxes, MaxCPUs: m.cfg.Limits.MaxCPUs,
-		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now(), Started: m.started}
+		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now(), Started: m.started, CoreSched: m.coreSched}
 	m.mu.Lock()
 	st.Ended = m.ended
 	for _, sb := range m.sandboxes {

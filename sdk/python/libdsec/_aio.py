@@ -678,8 +678,10 @@ class AsyncClient(IAMCalls, TrajectoryCalls, EventCalls):
 
     async def nodes(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         """The nodes, each with the kinds of sandbox it offers ("kinds":
-        isolation, profile, accelerator) and why it lacks the isolations it
-        lacks ("missing": name -> reason)."""
+        isolation, profile, accelerator), why it lacks the isolations it
+        lacks ("missing": name -> reason) and whether its latency sandboxes
+        get a core-scheduling cookie ("coreScheduling": "available",
+        "reason")."""
         resp = await self._call("GetServerInfo", {}, timeout, idempotent=True)
         return list(resp.get("nodes", []))
 

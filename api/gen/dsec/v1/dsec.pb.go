@@ -876,11 +876,14 @@ type NodeInfo struct {
 	Kinds   []*SandboxKind         `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`
 	// Why the node lacks an isolation, by its name ("microvm": "no QEMU:
 	// apt-get install qemu-system-x86"); isolations it offers are absent.
-	Missing       map[string]string `protobuf:"bytes,4,rep,name=missing,proto3" json:"missing,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Live          int32             `protobuf:"varint,5,opt,name=live,proto3" json:"live,omitempty"`
-	MaxSandboxes  int32             `protobuf:"varint,6,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Missing      map[string]string `protobuf:"bytes,4,rep,name=missing,proto3" json:"missing,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Live         int32             `protobuf:"varint,5,opt,name=live,proto3" json:"live,omitempty"`
+	MaxSandboxes int32             `protobuf:"varint,6,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
+	// Whether latency sandboxes get a core-scheduling cookie on the node
+	// (docs/qos.md); unset when the node did not say.
+	CoreScheduling *CoreScheduling `protobuf:"bytes,7,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -955,6 +958,71 @@ func (x *NodeInfo) GetMaxSandboxes() int32 {
 	return 0
 }
 
+func (x *NodeInfo) GetCoreScheduling() *CoreScheduling {
+	if x != nil {
+		return x.CoreScheduling
+	}
+	return nil
+}
+
+// CoreScheduling is a node's report on core scheduling (PR_SCHED_CORE):
+// where the CPU runs SMT siblings and the kernel gives cookies, each
+// latency sandbox gets a cookie of its own, so no other sandbox's task
+// shares its core at the same time.
+type CoreScheduling struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Available bool                   `protobuf:"varint,1,opt,name=available,proto3" json:"available,omitempty"`
+	// Why it is not available ("" when it is): no SMT, a kernel without
+	// CONFIG_SCHED_CORE.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CoreScheduling) Reset() {
+	*x = CoreScheduling{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CoreScheduling) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CoreScheduling) ProtoMessage() {}
+
+func (x *CoreScheduling) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CoreScheduling.ProtoReflect.Descriptor instead.
+func (*CoreScheduling) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CoreScheduling) GetAvailable() bool {
+	if x != nil {
+		return x.Available
+	}
+	return false
+}
+
+func (x *CoreScheduling) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type SandboxSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ENV: BASE[+LAYER...], each a layer name:tag.
@@ -1014,7 +1082,7 @@ type SandboxSpec struct {
 
 func (x *SandboxSpec) Reset() {
 	*x = SandboxSpec{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1094,7 @@ func (x *SandboxSpec) String() string {
 func (*SandboxSpec) ProtoMessage() {}
 
 func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[3]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1107,7 @@ func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSpec.ProtoReflect.Descriptor instead.
 func (*SandboxSpec) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{3}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SandboxSpec) GetEnvironment() string {
@@ -1215,7 +1283,7 @@ type ProvenancePaths struct {
 
 func (x *ProvenancePaths) Reset() {
 	*x = ProvenancePaths{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1295,7 @@ func (x *ProvenancePaths) String() string {
 func (*ProvenancePaths) ProtoMessage() {}
 
 func (x *ProvenancePaths) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[4]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1308,7 @@ func (x *ProvenancePaths) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenancePaths.ProtoReflect.Descriptor instead.
 func (*ProvenancePaths) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{4}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ProvenancePaths) GetWorkspace() []string {
@@ -1296,7 +1364,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1376,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[5]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1389,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{5}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1485,7 +1553,7 @@ type PauseStats struct {
 
 func (x *PauseStats) Reset() {
 	*x = PauseStats{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1565,7 @@ func (x *PauseStats) String() string {
 func (*PauseStats) ProtoMessage() {}
 
 func (x *PauseStats) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[6]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1578,7 @@ func (x *PauseStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStats.ProtoReflect.Descriptor instead.
 func (*PauseStats) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{6}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PauseStats) GetFrozenUs() int64 {
@@ -1601,7 +1669,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1681,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[7]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1694,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{7}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -1654,7 +1722,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1734,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[8]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1747,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{8}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -1708,7 +1776,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1788,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[9]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1801,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{9}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResumeRequest) GetSandboxId() string {
@@ -1761,7 +1829,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1841,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[10]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1854,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{10}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1823,7 +1891,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1835,7 +1903,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[11]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1848,7 +1916,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{11}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetTimeoutRequest) GetSandboxId() string {
@@ -1881,7 +1949,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +1961,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[12]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +1974,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{12}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -1926,7 +1994,7 @@ type EndPhaseRequest struct {
 
 func (x *EndPhaseRequest) Reset() {
 	*x = EndPhaseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2006,7 @@ func (x *EndPhaseRequest) String() string {
 func (*EndPhaseRequest) ProtoMessage() {}
 
 func (x *EndPhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[13]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2019,7 @@ func (x *EndPhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPhaseRequest.ProtoReflect.Descriptor instead.
 func (*EndPhaseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{13}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EndPhaseRequest) GetSandboxId() string {
@@ -1977,7 +2045,7 @@ type EndPhaseResponse struct {
 
 func (x *EndPhaseResponse) Reset() {
 	*x = EndPhaseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2057,7 @@ func (x *EndPhaseResponse) String() string {
 func (*EndPhaseResponse) ProtoMessage() {}
 
 func (x *EndPhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[14]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2070,7 @@ func (x *EndPhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPhaseResponse.ProtoReflect.Descriptor instead.
 func (*EndPhaseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{14}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EndPhaseResponse) GetSandbox() *Sandbox {
@@ -2021,7 +2089,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2101,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[15]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2114,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{15}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MetricsRequest) GetSandboxId() string {
@@ -2077,7 +2145,7 @@ type SandboxMetrics struct {
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2157,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[16]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2170,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{16}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SandboxMetrics) GetTimeUnixMs() int64 {
@@ -2181,7 +2249,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2193,7 +2261,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2206,7 +2274,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateRequest) GetSpec() *SandboxSpec {
@@ -2246,7 +2314,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2326,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2339,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateResponse) GetSandboxes() []*Sandbox {
@@ -2290,7 +2358,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2302,7 +2370,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2315,7 +2383,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetRequest) GetId() string {
@@ -2339,7 +2407,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2419,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2432,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -2397,7 +2465,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2409,7 +2477,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2422,7 +2490,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2442,7 +2510,7 @@ type SetWarmPoolRequest struct {
 
 func (x *SetWarmPoolRequest) Reset() {
 	*x = SetWarmPoolRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2454,7 +2522,7 @@ func (x *SetWarmPoolRequest) String() string {
 func (*SetWarmPoolRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2467,7 +2535,7 @@ func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetWarmPoolRequest) GetSpec() *SandboxSpec {
@@ -2503,7 +2571,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2515,7 +2583,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2528,7 +2596,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WarmPool) GetKey() string {
@@ -2602,7 +2670,7 @@ type ListWarmPoolsRequest struct {
 
 func (x *ListWarmPoolsRequest) Reset() {
 	*x = ListWarmPoolsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2682,7 @@ func (x *ListWarmPoolsRequest) String() string {
 func (*ListWarmPoolsRequest) ProtoMessage() {}
 
 func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2695,7 @@ func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
 }
 
 type ListWarmPoolsResponse struct {
@@ -2639,7 +2707,7 @@ type ListWarmPoolsResponse struct {
 
 func (x *ListWarmPoolsResponse) Reset() {
 	*x = ListWarmPoolsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2719,7 @@ func (x *ListWarmPoolsResponse) String() string {
 func (*ListWarmPoolsResponse) ProtoMessage() {}
 
 func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2732,7 @@ func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListWarmPoolsResponse) GetPools() []*WarmPool {
@@ -2683,7 +2751,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2695,7 +2763,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +2776,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -2726,7 +2794,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2806,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2819,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
 }
 
 type ExecRequest struct {
@@ -2780,7 +2848,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2792,7 +2860,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2805,7 +2873,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -2916,7 +2984,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2928,7 +2996,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2941,7 +3009,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -3061,7 +3129,7 @@ type ExecDropped struct {
 
 func (x *ExecDropped) Reset() {
 	*x = ExecDropped{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3073,7 +3141,7 @@ func (x *ExecDropped) String() string {
 func (*ExecDropped) ProtoMessage() {}
 
 func (x *ExecDropped) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3086,7 +3154,7 @@ func (x *ExecDropped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecDropped.ProtoReflect.Descriptor instead.
 func (*ExecDropped) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecDropped) GetStderr() bool {
@@ -3117,7 +3185,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3129,7 +3197,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3142,7 +3210,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -3197,7 +3265,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3209,7 +3277,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3222,7 +3290,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -3321,7 +3389,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3333,7 +3401,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3346,7 +3414,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -3410,7 +3478,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3422,7 +3490,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3435,7 +3503,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -3474,7 +3542,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3486,7 +3554,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3499,7 +3567,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 type SignalRequest struct {
@@ -3513,7 +3581,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3593,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3606,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -3570,7 +3638,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3582,7 +3650,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3595,7 +3663,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 type ListProcessesRequest struct {
@@ -3607,7 +3675,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3619,7 +3687,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3632,7 +3700,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -3657,7 +3725,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3669,7 +3737,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3682,7 +3750,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -3743,7 +3811,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3755,7 +3823,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3768,7 +3836,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -3793,7 +3861,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3805,7 +3873,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3818,7 +3886,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -3880,7 +3948,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3892,7 +3960,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3905,7 +3973,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -3930,7 +3998,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3942,7 +4010,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3955,7 +4023,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 type SessionCloseRequest struct {
@@ -3968,7 +4036,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3980,7 +4048,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3993,7 +4061,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -4018,7 +4086,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4030,7 +4098,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4043,7 +4111,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 type ShellInput struct {
@@ -4060,7 +4128,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4072,7 +4140,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4085,7 +4153,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -4165,7 +4233,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4177,7 +4245,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4190,7 +4258,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -4259,7 +4327,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4271,7 +4339,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4284,7 +4352,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -4315,7 +4383,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4327,7 +4395,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4340,7 +4408,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -4418,7 +4486,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4430,7 +4498,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4443,7 +4511,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *FileInfo) GetName() string {
@@ -4522,7 +4590,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4534,7 +4602,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4547,7 +4615,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -4596,7 +4664,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4608,7 +4676,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4621,7 +4689,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -4660,7 +4728,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4672,7 +4740,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4685,7 +4753,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -4746,7 +4814,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4758,7 +4826,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4771,7 +4839,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -4792,7 +4860,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4804,7 +4872,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4817,7 +4885,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -4850,7 +4918,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4862,7 +4930,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4875,7 +4943,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -4896,7 +4964,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4908,7 +4976,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4921,7 +4989,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -4954,7 +5022,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4966,7 +5034,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4979,7 +5047,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -5001,7 +5069,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5013,7 +5081,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5026,7 +5094,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -5065,7 +5133,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5077,7 +5145,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5090,7 +5158,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 type MakeDirRequest struct {
@@ -5106,7 +5174,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5118,7 +5186,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5131,7 +5199,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -5177,7 +5245,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5189,7 +5257,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5202,7 +5270,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 type MoveRequest struct {
@@ -5218,7 +5286,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5230,7 +5298,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5243,7 +5311,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -5291,7 +5359,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5303,7 +5371,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5316,7 +5384,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *MoveResponse) GetInfo() *FileInfo {
@@ -5338,7 +5406,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5350,7 +5418,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5363,7 +5431,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -5405,7 +5473,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5417,7 +5485,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5430,7 +5498,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -5466,7 +5534,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5478,7 +5546,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5491,7 +5559,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -5532,7 +5600,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5544,7 +5612,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5557,7 +5625,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -5592,7 +5660,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5604,7 +5672,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5617,7 +5685,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -5664,7 +5732,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5676,7 +5744,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5689,7 +5757,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -5729,7 +5797,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5741,7 +5809,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5754,7 +5822,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Layer) GetDigest() string {
@@ -5872,7 +5940,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5884,7 +5952,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5897,7 +5965,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *SnapshotInfo) GetName() string {
@@ -6057,7 +6125,7 @@ type GradeRequest struct {
 
 func (x *GradeRequest) Reset() {
 	*x = GradeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6069,7 +6137,7 @@ func (x *GradeRequest) String() string {
 func (*GradeRequest) ProtoMessage() {}
 
 func (x *GradeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6082,7 +6150,7 @@ func (x *GradeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeRequest.ProtoReflect.Descriptor instead.
 func (*GradeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *GradeRequest) GetSandboxId() string {
@@ -6203,7 +6271,7 @@ type GradeTests struct {
 
 func (x *GradeTests) Reset() {
 	*x = GradeTests{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6215,7 +6283,7 @@ func (x *GradeTests) String() string {
 func (*GradeTests) ProtoMessage() {}
 
 func (x *GradeTests) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6228,7 +6296,7 @@ func (x *GradeTests) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeTests.ProtoReflect.Descriptor instead.
 func (*GradeTests) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GradeTests) GetLayer() string {
@@ -6266,7 +6334,7 @@ type GradeTimes struct {
 
 func (x *GradeTimes) Reset() {
 	*x = GradeTimes{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6278,7 +6346,7 @@ func (x *GradeTimes) String() string {
 func (*GradeTimes) ProtoMessage() {}
 
 func (x *GradeTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6291,7 +6359,7 @@ func (x *GradeTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeTimes.ProtoReflect.Descriptor instead.
 func (*GradeTimes) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GradeTimes) GetCaptureMs() int64 {
@@ -6371,7 +6439,7 @@ type GradeResult struct {
 
 func (x *GradeResult) Reset() {
 	*x = GradeResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6383,7 +6451,7 @@ func (x *GradeResult) String() string {
 func (*GradeResult) ProtoMessage() {}
 
 func (x *GradeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6396,7 +6464,7 @@ func (x *GradeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeResult.ProtoReflect.Descriptor instead.
 func (*GradeResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *GradeResult) GetReward() float64 {
@@ -6526,7 +6594,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6538,7 +6606,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6551,7 +6619,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -6604,7 +6672,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6616,7 +6684,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6629,7 +6697,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 type ListSnapshotsResponse struct {
@@ -6641,7 +6709,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6653,7 +6721,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6666,7 +6734,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -6685,7 +6753,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6697,7 +6765,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6710,7 +6778,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -6728,7 +6796,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6740,7 +6808,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6753,7 +6821,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 type ForkRequest struct {
@@ -6773,7 +6841,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6785,7 +6853,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6798,7 +6866,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -6847,7 +6915,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6859,7 +6927,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6872,7 +6940,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -6899,7 +6967,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6911,7 +6979,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6924,7 +6992,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -6956,7 +7024,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6968,7 +7036,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6981,7 +7049,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -7038,7 +7106,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7050,7 +7118,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7063,7 +7131,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -7139,7 +7207,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7151,7 +7219,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7164,7 +7232,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -7215,7 +7283,7 @@ type ShareLayerRequest struct {
 
 func (x *ShareLayerRequest) Reset() {
 	*x = ShareLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7227,7 +7295,7 @@ func (x *ShareLayerRequest) String() string {
 func (*ShareLayerRequest) ProtoMessage() {}
 
 func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7240,7 +7308,7 @@ func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerRequest.ProtoReflect.Descriptor instead.
 func (*ShareLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ShareLayerRequest) GetRef() string {
@@ -7273,7 +7341,7 @@ type ShareLayerResponse struct {
 
 func (x *ShareLayerResponse) Reset() {
 	*x = ShareLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7285,7 +7353,7 @@ func (x *ShareLayerResponse) String() string {
 func (*ShareLayerResponse) ProtoMessage() {}
 
 func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7298,7 +7366,7 @@ func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerResponse.ProtoReflect.Descriptor instead.
 func (*ShareLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ShareLayerResponse) GetSharedWith() []string {
@@ -7316,7 +7384,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7328,7 +7396,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7341,7 +7409,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 type ListLayersResponse struct {
@@ -7353,7 +7421,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7365,7 +7433,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7378,7 +7446,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -7397,7 +7465,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7409,7 +7477,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7422,7 +7490,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -7440,7 +7508,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7452,7 +7520,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7465,7 +7533,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 type Environment struct {
@@ -7480,7 +7548,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7492,7 +7560,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7505,7 +7573,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *Environment) GetName() string {
@@ -7544,7 +7612,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7556,7 +7624,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7569,7 +7637,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 type ListEnvironmentsResponse struct {
@@ -7581,7 +7649,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7593,7 +7661,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7606,7 +7674,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -7627,7 +7695,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7639,7 +7707,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7652,7 +7720,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -7685,7 +7753,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7697,7 +7765,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7710,7 +7778,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -7731,7 +7799,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7743,7 +7811,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7756,7 +7824,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -7798,7 +7866,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7810,7 +7878,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7823,7 +7891,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -7905,7 +7973,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7917,7 +7985,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7930,7 +7998,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -7951,7 +8019,7 @@ type TrajectoryRequest struct {
 
 func (x *TrajectoryRequest) Reset() {
 	*x = TrajectoryRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7963,7 +8031,7 @@ func (x *TrajectoryRequest) String() string {
 func (*TrajectoryRequest) ProtoMessage() {}
 
 func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7976,7 +8044,7 @@ func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*TrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *TrajectoryRequest) GetSandboxId() string {
@@ -8014,7 +8082,7 @@ type TrajectoryResponse struct {
 
 func (x *TrajectoryResponse) Reset() {
 	*x = TrajectoryResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8026,7 +8094,7 @@ func (x *TrajectoryResponse) String() string {
 func (*TrajectoryResponse) ProtoMessage() {}
 
 func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8039,7 +8107,7 @@ func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*TrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *TrajectoryResponse) GetLines() []byte {
@@ -8096,7 +8164,7 @@ type ProvenanceRequest struct {
 
 func (x *ProvenanceRequest) Reset() {
 	*x = ProvenanceRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8108,7 +8176,7 @@ func (x *ProvenanceRequest) String() string {
 func (*ProvenanceRequest) ProtoMessage() {}
 
 func (x *ProvenanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8121,7 +8189,7 @@ func (x *ProvenanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceRequest.ProtoReflect.Descriptor instead.
 func (*ProvenanceRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ProvenanceRequest) GetSandboxId() string {
@@ -8148,7 +8216,7 @@ type SetProvenancePathsRequest struct {
 
 func (x *SetProvenancePathsRequest) Reset() {
 	*x = SetProvenancePathsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8160,7 +8228,7 @@ func (x *SetProvenancePathsRequest) String() string {
 func (*SetProvenancePathsRequest) ProtoMessage() {}
 
 func (x *SetProvenancePathsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8173,7 +8241,7 @@ func (x *SetProvenancePathsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProvenancePathsRequest.ProtoReflect.Descriptor instead.
 func (*SetProvenancePathsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *SetProvenancePathsRequest) GetSandboxId() string {
@@ -8201,7 +8269,7 @@ type SetProvenancePathsResponse struct {
 
 func (x *SetProvenancePathsResponse) Reset() {
 	*x = SetProvenancePathsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8213,7 +8281,7 @@ func (x *SetProvenancePathsResponse) String() string {
 func (*SetProvenancePathsResponse) ProtoMessage() {}
 
 func (x *SetProvenancePathsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8226,7 +8294,7 @@ func (x *SetProvenancePathsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProvenancePathsResponse.ProtoReflect.Descriptor instead.
 func (*SetProvenancePathsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *SetProvenancePathsResponse) GetUnwatched() []string {
@@ -8255,7 +8323,7 @@ type ProvenanceFlags struct {
 
 func (x *ProvenanceFlags) Reset() {
 	*x = ProvenanceFlags{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8267,7 +8335,7 @@ func (x *ProvenanceFlags) String() string {
 func (*ProvenanceFlags) ProtoMessage() {}
 
 func (x *ProvenanceFlags) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8280,7 +8348,7 @@ func (x *ProvenanceFlags) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceFlags.ProtoReflect.Descriptor instead.
 func (*ProvenanceFlags) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ProvenanceFlags) GetFilesOutsideWorkspace() bool {
@@ -8383,7 +8451,7 @@ type SandboxProvenance struct {
 
 func (x *SandboxProvenance) Reset() {
 	*x = SandboxProvenance{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8395,7 +8463,7 @@ func (x *SandboxProvenance) String() string {
 func (*SandboxProvenance) ProtoMessage() {}
 
 func (x *SandboxProvenance) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8408,7 +8476,7 @@ func (x *SandboxProvenance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxProvenance.ProtoReflect.Descriptor instead.
 func (*SandboxProvenance) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *SandboxProvenance) GetSandboxId() string {
@@ -8550,7 +8618,7 @@ type ProvenanceFile struct {
 
 func (x *ProvenanceFile) Reset() {
 	*x = ProvenanceFile{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8562,7 +8630,7 @@ func (x *ProvenanceFile) String() string {
 func (*ProvenanceFile) ProtoMessage() {}
 
 func (x *ProvenanceFile) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8575,7 +8643,7 @@ func (x *ProvenanceFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceFile.ProtoReflect.Descriptor instead.
 func (*ProvenanceFile) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ProvenanceFile) GetPath() string {
@@ -8626,7 +8694,7 @@ type ProvenanceRead struct {
 
 func (x *ProvenanceRead) Reset() {
 	*x = ProvenanceRead{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8638,7 +8706,7 @@ func (x *ProvenanceRead) String() string {
 func (*ProvenanceRead) ProtoMessage() {}
 
 func (x *ProvenanceRead) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8651,7 +8719,7 @@ func (x *ProvenanceRead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceRead.ProtoReflect.Descriptor instead.
 func (*ProvenanceRead) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ProvenanceRead) GetPath() string {
@@ -8703,7 +8771,7 @@ type ProvenanceNet struct {
 
 func (x *ProvenanceNet) Reset() {
 	*x = ProvenanceNet{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8715,7 +8783,7 @@ func (x *ProvenanceNet) String() string {
 func (*ProvenanceNet) ProtoMessage() {}
 
 func (x *ProvenanceNet) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8728,7 +8796,7 @@ func (x *ProvenanceNet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceNet.ProtoReflect.Descriptor instead.
 func (*ProvenanceNet) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ProvenanceNet) GetKind() string {
@@ -8783,7 +8851,7 @@ type ProvenanceProcess struct {
 
 func (x *ProvenanceProcess) Reset() {
 	*x = ProvenanceProcess{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8795,7 +8863,7 @@ func (x *ProvenanceProcess) String() string {
 func (*ProvenanceProcess) ProtoMessage() {}
 
 func (x *ProvenanceProcess) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8808,7 +8876,7 @@ func (x *ProvenanceProcess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceProcess.ProtoReflect.Descriptor instead.
 func (*ProvenanceProcess) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *ProvenanceProcess) GetPid() int32 {
@@ -8837,7 +8905,7 @@ type ProvenancePackage struct {
 
 func (x *ProvenancePackage) Reset() {
 	*x = ProvenancePackage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8849,7 +8917,7 @@ func (x *ProvenancePackage) String() string {
 func (*ProvenancePackage) ProtoMessage() {}
 
 func (x *ProvenancePackage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8862,7 +8930,7 @@ func (x *ProvenancePackage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenancePackage.ProtoReflect.Descriptor instead.
 func (*ProvenancePackage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ProvenancePackage) GetManager() string {
@@ -8906,7 +8974,7 @@ type ProvenanceSyscall struct {
 
 func (x *ProvenanceSyscall) Reset() {
 	*x = ProvenanceSyscall{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8918,7 +8986,7 @@ func (x *ProvenanceSyscall) String() string {
 func (*ProvenanceSyscall) ProtoMessage() {}
 
 func (x *ProvenanceSyscall) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8931,7 +8999,7 @@ func (x *ProvenanceSyscall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceSyscall.ProtoReflect.Descriptor instead.
 func (*ProvenanceSyscall) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ProvenanceSyscall) GetName() string {
@@ -8988,7 +9056,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9000,7 +9068,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9013,7 +9081,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -9076,7 +9144,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9088,7 +9156,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9101,7 +9169,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -9182,7 +9250,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9194,7 +9262,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9207,7 +9275,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
 }
 
 type LayerUsage struct {
@@ -9234,7 +9302,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9246,7 +9314,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9259,7 +9327,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -9387,7 +9455,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9399,7 +9467,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9412,7 +9480,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{119}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -9462,7 +9530,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9474,7 +9542,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9487,7 +9555,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{120}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -9546,7 +9614,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9558,7 +9626,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9571,7 +9639,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{121}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -9669,7 +9737,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9681,7 +9749,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9694,7 +9762,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{122}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -9772,7 +9840,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9784,7 +9852,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9797,7 +9865,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{123}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -9865,7 +9933,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9877,7 +9945,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9890,7 +9958,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{124}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -9909,7 +9977,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9921,7 +9989,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9934,7 +10002,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{125}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -9959,7 +10027,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9971,7 +10039,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9984,7 +10052,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{126}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *Language) GetName() string {
@@ -10044,7 +10112,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10056,7 +10124,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10069,7 +10137,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{127}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{128}
 }
 
 type ListLanguagesResponse struct {
@@ -10081,7 +10149,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10093,7 +10161,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10106,7 +10174,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{128}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -10124,7 +10192,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10136,7 +10204,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10149,7 +10217,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{129}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{130}
 }
 
 type ServerInfo struct {
@@ -10171,7 +10239,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10183,7 +10251,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10196,7 +10264,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{130}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -10250,7 +10318,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10262,7 +10330,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10275,7 +10343,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{131}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *Event) GetId() int64 {
@@ -10355,7 +10423,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10367,7 +10435,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10380,7 +10448,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{132}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *ListEventsRequest) GetProject() string {
@@ -10435,7 +10503,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10447,7 +10515,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10460,7 +10528,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{133}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -10497,7 +10565,7 @@ type Webhook struct {
 
 func (x *Webhook) Reset() {
 	*x = Webhook{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10509,7 +10577,7 @@ func (x *Webhook) String() string {
 func (*Webhook) ProtoMessage() {}
 
 func (x *Webhook) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10522,7 +10590,7 @@ func (x *Webhook) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Webhook.ProtoReflect.Descriptor instead.
 func (*Webhook) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{134}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *Webhook) GetId() string {
@@ -10614,7 +10682,7 @@ type AddWebhookRequest struct {
 
 func (x *AddWebhookRequest) Reset() {
 	*x = AddWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10626,7 +10694,7 @@ func (x *AddWebhookRequest) String() string {
 func (*AddWebhookRequest) ProtoMessage() {}
 
 func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10639,7 +10707,7 @@ func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddWebhookRequest.ProtoReflect.Descriptor instead.
 func (*AddWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *AddWebhookRequest) GetProject() string {
@@ -10679,7 +10747,7 @@ type ListWebhooksRequest struct {
 
 func (x *ListWebhooksRequest) Reset() {
 	*x = ListWebhooksRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10691,7 +10759,7 @@ func (x *ListWebhooksRequest) String() string {
 func (*ListWebhooksRequest) ProtoMessage() {}
 
 func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10704,7 +10772,7 @@ func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksRequest.ProtoReflect.Descriptor instead.
 func (*ListWebhooksRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *ListWebhooksRequest) GetProject() string {
@@ -10723,7 +10791,7 @@ type ListWebhooksResponse struct {
 
 func (x *ListWebhooksResponse) Reset() {
 	*x = ListWebhooksResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10735,7 +10803,7 @@ func (x *ListWebhooksResponse) String() string {
 func (*ListWebhooksResponse) ProtoMessage() {}
 
 func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10748,7 +10816,7 @@ func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksResponse.ProtoReflect.Descriptor instead.
 func (*ListWebhooksResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *ListWebhooksResponse) GetWebhooks() []*Webhook {
@@ -10768,7 +10836,7 @@ type RemoveWebhookRequest struct {
 
 func (x *RemoveWebhookRequest) Reset() {
 	*x = RemoveWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10780,7 +10848,7 @@ func (x *RemoveWebhookRequest) String() string {
 func (*RemoveWebhookRequest) ProtoMessage() {}
 
 func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10793,7 +10861,7 @@ func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
 }
 
 func (x *RemoveWebhookRequest) GetProject() string {
@@ -10818,7 +10886,7 @@ type RemoveWebhookResponse struct {
 
 func (x *RemoveWebhookResponse) Reset() {
 	*x = RemoveWebhookResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10830,7 +10898,7 @@ func (x *RemoveWebhookResponse) String() string {
 func (*RemoveWebhookResponse) ProtoMessage() {}
 
 func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10843,7 +10911,7 @@ func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
 }
 
 var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
@@ -10858,17 +10926,21 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\vSandboxKind\x120\n" +
 	"\tisolation\x18\x01 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x12*\n" +
 	"\aprofile\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\aprofile\x12 \n" +
-	"\vaccelerator\x18\x03 \x01(\tR\vaccelerator\"\x93\x02\n" +
+	"\vaccelerator\x18\x03 \x01(\tR\vaccelerator\"\xd5\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\ahealthy\x18\x02 \x01(\bR\ahealthy\x12*\n" +
 	"\x05kinds\x18\x03 \x03(\v2\x14.dsec.v1.SandboxKindR\x05kinds\x128\n" +
 	"\amissing\x18\x04 \x03(\v2\x1e.dsec.v1.NodeInfo.MissingEntryR\amissing\x12\x12\n" +
 	"\x04live\x18\x05 \x01(\x05R\x04live\x12#\n" +
-	"\rmax_sandboxes\x18\x06 \x01(\x05R\fmaxSandboxes\x1a:\n" +
+	"\rmax_sandboxes\x18\x06 \x01(\x05R\fmaxSandboxes\x12@\n" +
+	"\x0fcore_scheduling\x18\a \x01(\v2\x17.dsec.v1.CoreSchedulingR\x0ecoreScheduling\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\b\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
+	"\x0eCoreScheduling\x12\x1c\n" +
+	"\tavailable\x18\x01 \x01(\bR\tavailable\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xbb\b\n" +
 	"\vSandboxSpec\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12*\n" +
 	"\abackend\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\abackend\x12\x12\n" +
@@ -11904,7 +11976,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 153)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 154)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                         // 0: dsec.v1.State
 	(Reason)(0),                        // 1: dsec.v1.Reason
@@ -11921,376 +11993,378 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*PhaseBudgets)(nil),               // 12: dsec.v1.PhaseBudgets
 	(*SandboxKind)(nil),                // 13: dsec.v1.SandboxKind
 	(*NodeInfo)(nil),                   // 14: dsec.v1.NodeInfo
-	(*SandboxSpec)(nil),                // 15: dsec.v1.SandboxSpec
-	(*ProvenancePaths)(nil),            // 16: dsec.v1.ProvenancePaths
-	(*Sandbox)(nil),                    // 17: dsec.v1.Sandbox
-	(*PauseStats)(nil),                 // 18: dsec.v1.PauseStats
-	(*PauseRequest)(nil),               // 19: dsec.v1.PauseRequest
-	(*PauseResponse)(nil),              // 20: dsec.v1.PauseResponse
-	(*ResumeRequest)(nil),              // 21: dsec.v1.ResumeRequest
-	(*ResumeResponse)(nil),             // 22: dsec.v1.ResumeResponse
-	(*SetTimeoutRequest)(nil),          // 23: dsec.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),         // 24: dsec.v1.SetTimeoutResponse
-	(*EndPhaseRequest)(nil),            // 25: dsec.v1.EndPhaseRequest
-	(*EndPhaseResponse)(nil),           // 26: dsec.v1.EndPhaseResponse
-	(*MetricsRequest)(nil),             // 27: dsec.v1.MetricsRequest
-	(*SandboxMetrics)(nil),             // 28: dsec.v1.SandboxMetrics
-	(*CreateRequest)(nil),              // 29: dsec.v1.CreateRequest
-	(*CreateResponse)(nil),             // 30: dsec.v1.CreateResponse
-	(*GetRequest)(nil),                 // 31: dsec.v1.GetRequest
-	(*ListRequest)(nil),                // 32: dsec.v1.ListRequest
-	(*ListResponse)(nil),               // 33: dsec.v1.ListResponse
-	(*SetWarmPoolRequest)(nil),         // 34: dsec.v1.SetWarmPoolRequest
-	(*WarmPool)(nil),                   // 35: dsec.v1.WarmPool
-	(*ListWarmPoolsRequest)(nil),       // 36: dsec.v1.ListWarmPoolsRequest
-	(*ListWarmPoolsResponse)(nil),      // 37: dsec.v1.ListWarmPoolsResponse
-	(*DeleteRequest)(nil),              // 38: dsec.v1.DeleteRequest
-	(*DeleteResponse)(nil),             // 39: dsec.v1.DeleteResponse
-	(*ExecRequest)(nil),                // 40: dsec.v1.ExecRequest
-	(*ExecEvent)(nil),                  // 41: dsec.v1.ExecEvent
-	(*ExecDropped)(nil),                // 42: dsec.v1.ExecDropped
-	(*ExecStarted)(nil),                // 43: dsec.v1.ExecStarted
-	(*ExecExited)(nil),                 // 44: dsec.v1.ExecExited
-	(*AttachRequest)(nil),              // 45: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),          // 46: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),         // 47: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),              // 48: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),             // 49: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),       // 50: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),                // 51: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),      // 52: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),          // 53: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),    // 54: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil),   // 55: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),        // 56: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),       // 57: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),                 // 58: dsec.v1.ShellInput
-	(*ShellStart)(nil),                 // 59: dsec.v1.ShellStart
-	(*TerminalSize)(nil),               // 60: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),                // 61: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                   // 62: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),            // 63: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),           // 64: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),           // 65: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),          // 66: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),             // 67: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),            // 68: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),                // 69: dsec.v1.StatRequest
-	(*StatResponse)(nil),               // 70: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),              // 71: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 72: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),             // 73: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),            // 74: dsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),                // 75: dsec.v1.MoveRequest
-	(*MoveResponse)(nil),               // 76: dsec.v1.MoveResponse
-	(*WatchDirRequest)(nil),            // 77: dsec.v1.WatchDirRequest
-	(*WatchEvent)(nil),                 // 78: dsec.v1.WatchEvent
-	(*UploadRequest)(nil),              // 79: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),             // 80: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),            // 81: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),              // 82: dsec.v1.DownloadChunk
-	(*Layer)(nil),                      // 83: dsec.v1.Layer
-	(*SnapshotInfo)(nil),               // 84: dsec.v1.SnapshotInfo
-	(*GradeRequest)(nil),               // 85: dsec.v1.GradeRequest
-	(*GradeTests)(nil),                 // 86: dsec.v1.GradeTests
-	(*GradeTimes)(nil),                 // 87: dsec.v1.GradeTimes
-	(*GradeResult)(nil),                // 88: dsec.v1.GradeResult
-	(*SnapshotRequest)(nil),            // 89: dsec.v1.SnapshotRequest
-	(*ListSnapshotsRequest)(nil),       // 90: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),      // 91: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),      // 92: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),     // 93: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),                // 94: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                  // 95: dsec.v1.ForkChild
-	(*ForkResponse)(nil),               // 96: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),         // 97: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),         // 98: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),          // 99: dsec.v1.UploadLayerHeader
-	(*ShareLayerRequest)(nil),          // 100: dsec.v1.ShareLayerRequest
-	(*ShareLayerResponse)(nil),         // 101: dsec.v1.ShareLayerResponse
-	(*ListLayersRequest)(nil),          // 102: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),         // 103: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),         // 104: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),        // 105: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),                // 106: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),    // 107: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 108: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),     // 109: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),    // 110: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),          // 111: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),               // 112: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),         // 113: dsec.v1.NetworkLogResponse
-	(*TrajectoryRequest)(nil),          // 114: dsec.v1.TrajectoryRequest
-	(*TrajectoryResponse)(nil),         // 115: dsec.v1.TrajectoryResponse
-	(*ProvenanceRequest)(nil),          // 116: dsec.v1.ProvenanceRequest
-	(*SetProvenancePathsRequest)(nil),  // 117: dsec.v1.SetProvenancePathsRequest
-	(*SetProvenancePathsResponse)(nil), // 118: dsec.v1.SetProvenancePathsResponse
-	(*ProvenanceFlags)(nil),            // 119: dsec.v1.ProvenanceFlags
-	(*SandboxProvenance)(nil),          // 120: dsec.v1.SandboxProvenance
-	(*ProvenanceFile)(nil),             // 121: dsec.v1.ProvenanceFile
-	(*ProvenanceRead)(nil),             // 122: dsec.v1.ProvenanceRead
-	(*ProvenanceNet)(nil),              // 123: dsec.v1.ProvenanceNet
-	(*ProvenanceProcess)(nil),          // 124: dsec.v1.ProvenanceProcess
-	(*ProvenancePackage)(nil),          // 125: dsec.v1.ProvenancePackage
-	(*ProvenanceSyscall)(nil),          // 126: dsec.v1.ProvenanceSyscall
-	(*ImportImageRequest)(nil),         // 127: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),        // 128: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),          // 129: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),                 // 130: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),           // 131: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),         // 132: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),             // 133: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),              // 134: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),            // 135: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),        // 136: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),       // 137: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                   // 138: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),       // 139: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),      // 140: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),       // 141: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),                 // 142: dsec.v1.ServerInfo
-	(*Event)(nil),                      // 143: dsec.v1.Event
-	(*ListEventsRequest)(nil),          // 144: dsec.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),         // 145: dsec.v1.ListEventsResponse
-	(*Webhook)(nil),                    // 146: dsec.v1.Webhook
-	(*AddWebhookRequest)(nil),          // 147: dsec.v1.AddWebhookRequest
-	(*ListWebhooksRequest)(nil),        // 148: dsec.v1.ListWebhooksRequest
-	(*ListWebhooksResponse)(nil),       // 149: dsec.v1.ListWebhooksResponse
-	(*RemoveWebhookRequest)(nil),       // 150: dsec.v1.RemoveWebhookRequest
-	(*RemoveWebhookResponse)(nil),      // 151: dsec.v1.RemoveWebhookResponse
-	nil,                                // 152: dsec.v1.NodeInfo.MissingEntry
-	nil,                                // 153: dsec.v1.SandboxSpec.EnvEntry
-	nil,                                // 154: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                                // 155: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                                // 156: dsec.v1.ListRequest.LabelsEntry
-	nil,                                // 157: dsec.v1.ExecRequest.EnvEntry
-	nil,                                // 158: dsec.v1.ShellStart.EnvEntry
-	nil,                                // 159: dsec.v1.GradeRequest.EnvEntry
-	nil,                                // 160: dsec.v1.GradeTests.FilesEntry
-	nil,                                // 161: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                                // 162: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                                // 163: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                                // 164: dsec.v1.RunCodeResponse.FilesEntry
+	(*CoreScheduling)(nil),             // 15: dsec.v1.CoreScheduling
+	(*SandboxSpec)(nil),                // 16: dsec.v1.SandboxSpec
+	(*ProvenancePaths)(nil),            // 17: dsec.v1.ProvenancePaths
+	(*Sandbox)(nil),                    // 18: dsec.v1.Sandbox
+	(*PauseStats)(nil),                 // 19: dsec.v1.PauseStats
+	(*PauseRequest)(nil),               // 20: dsec.v1.PauseRequest
+	(*PauseResponse)(nil),              // 21: dsec.v1.PauseResponse
+	(*ResumeRequest)(nil),              // 22: dsec.v1.ResumeRequest
+	(*ResumeResponse)(nil),             // 23: dsec.v1.ResumeResponse
+	(*SetTimeoutRequest)(nil),          // 24: dsec.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),         // 25: dsec.v1.SetTimeoutResponse
+	(*EndPhaseRequest)(nil),            // 26: dsec.v1.EndPhaseRequest
+	(*EndPhaseResponse)(nil),           // 27: dsec.v1.EndPhaseResponse
+	(*MetricsRequest)(nil),             // 28: dsec.v1.MetricsRequest
+	(*SandboxMetrics)(nil),             // 29: dsec.v1.SandboxMetrics
+	(*CreateRequest)(nil),              // 30: dsec.v1.CreateRequest
+	(*CreateResponse)(nil),             // 31: dsec.v1.CreateResponse
+	(*GetRequest)(nil),                 // 32: dsec.v1.GetRequest
+	(*ListRequest)(nil),                // 33: dsec.v1.ListRequest
+	(*ListResponse)(nil),               // 34: dsec.v1.ListResponse
+	(*SetWarmPoolRequest)(nil),         // 35: dsec.v1.SetWarmPoolRequest
+	(*WarmPool)(nil),                   // 36: dsec.v1.WarmPool
+	(*ListWarmPoolsRequest)(nil),       // 37: dsec.v1.ListWarmPoolsRequest
+	(*ListWarmPoolsResponse)(nil),      // 38: dsec.v1.ListWarmPoolsResponse
+	(*DeleteRequest)(nil),              // 39: dsec.v1.DeleteRequest
+	(*DeleteResponse)(nil),             // 40: dsec.v1.DeleteResponse
+	(*ExecRequest)(nil),                // 41: dsec.v1.ExecRequest
+	(*ExecEvent)(nil),                  // 42: dsec.v1.ExecEvent
+	(*ExecDropped)(nil),                // 43: dsec.v1.ExecDropped
+	(*ExecStarted)(nil),                // 44: dsec.v1.ExecStarted
+	(*ExecExited)(nil),                 // 45: dsec.v1.ExecExited
+	(*AttachRequest)(nil),              // 46: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),          // 47: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),         // 48: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),              // 49: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),             // 50: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),       // 51: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),                // 52: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),      // 53: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),          // 54: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),    // 55: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil),   // 56: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),        // 57: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),       // 58: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),                 // 59: dsec.v1.ShellInput
+	(*ShellStart)(nil),                 // 60: dsec.v1.ShellStart
+	(*TerminalSize)(nil),               // 61: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),                // 62: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                   // 63: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),            // 64: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),           // 65: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),           // 66: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),          // 67: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),             // 68: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),            // 69: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),                // 70: dsec.v1.StatRequest
+	(*StatResponse)(nil),               // 71: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),              // 72: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 73: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),             // 74: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),            // 75: dsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),                // 76: dsec.v1.MoveRequest
+	(*MoveResponse)(nil),               // 77: dsec.v1.MoveResponse
+	(*WatchDirRequest)(nil),            // 78: dsec.v1.WatchDirRequest
+	(*WatchEvent)(nil),                 // 79: dsec.v1.WatchEvent
+	(*UploadRequest)(nil),              // 80: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),             // 81: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),            // 82: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),              // 83: dsec.v1.DownloadChunk
+	(*Layer)(nil),                      // 84: dsec.v1.Layer
+	(*SnapshotInfo)(nil),               // 85: dsec.v1.SnapshotInfo
+	(*GradeRequest)(nil),               // 86: dsec.v1.GradeRequest
+	(*GradeTests)(nil),                 // 87: dsec.v1.GradeTests
+	(*GradeTimes)(nil),                 // 88: dsec.v1.GradeTimes
+	(*GradeResult)(nil),                // 89: dsec.v1.GradeResult
+	(*SnapshotRequest)(nil),            // 90: dsec.v1.SnapshotRequest
+	(*ListSnapshotsRequest)(nil),       // 91: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),      // 92: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),      // 93: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),     // 94: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),                // 95: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                  // 96: dsec.v1.ForkChild
+	(*ForkResponse)(nil),               // 97: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),         // 98: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),         // 99: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),          // 100: dsec.v1.UploadLayerHeader
+	(*ShareLayerRequest)(nil),          // 101: dsec.v1.ShareLayerRequest
+	(*ShareLayerResponse)(nil),         // 102: dsec.v1.ShareLayerResponse
+	(*ListLayersRequest)(nil),          // 103: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),         // 104: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),         // 105: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),        // 106: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),                // 107: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),    // 108: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 109: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),     // 110: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),    // 111: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),          // 112: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),               // 113: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),         // 114: dsec.v1.NetworkLogResponse
+	(*TrajectoryRequest)(nil),          // 115: dsec.v1.TrajectoryRequest
+	(*TrajectoryResponse)(nil),         // 116: dsec.v1.TrajectoryResponse
+	(*ProvenanceRequest)(nil),          // 117: dsec.v1.ProvenanceRequest
+	(*SetProvenancePathsRequest)(nil),  // 118: dsec.v1.SetProvenancePathsRequest
+	(*SetProvenancePathsResponse)(nil), // 119: dsec.v1.SetProvenancePathsResponse
+	(*ProvenanceFlags)(nil),            // 120: dsec.v1.ProvenanceFlags
+	(*SandboxProvenance)(nil),          // 121: dsec.v1.SandboxProvenance
+	(*ProvenanceFile)(nil),             // 122: dsec.v1.ProvenanceFile
+	(*ProvenanceRead)(nil),             // 123: dsec.v1.ProvenanceRead
+	(*ProvenanceNet)(nil),              // 124: dsec.v1.ProvenanceNet
+	(*ProvenanceProcess)(nil),          // 125: dsec.v1.ProvenanceProcess
+	(*ProvenancePackage)(nil),          // 126: dsec.v1.ProvenancePackage
+	(*ProvenanceSyscall)(nil),          // 127: dsec.v1.ProvenanceSyscall
+	(*ImportImageRequest)(nil),         // 128: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),        // 129: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),          // 130: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),                 // 131: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),           // 132: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),         // 133: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),             // 134: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),              // 135: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),            // 136: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),        // 137: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),       // 138: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                   // 139: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),       // 140: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),      // 141: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),       // 142: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),                 // 143: dsec.v1.ServerInfo
+	(*Event)(nil),                      // 144: dsec.v1.Event
+	(*ListEventsRequest)(nil),          // 145: dsec.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),         // 146: dsec.v1.ListEventsResponse
+	(*Webhook)(nil),                    // 147: dsec.v1.Webhook
+	(*AddWebhookRequest)(nil),          // 148: dsec.v1.AddWebhookRequest
+	(*ListWebhooksRequest)(nil),        // 149: dsec.v1.ListWebhooksRequest
+	(*ListWebhooksResponse)(nil),       // 150: dsec.v1.ListWebhooksResponse
+	(*RemoveWebhookRequest)(nil),       // 151: dsec.v1.RemoveWebhookRequest
+	(*RemoveWebhookResponse)(nil),      // 152: dsec.v1.RemoveWebhookResponse
+	nil,                                // 153: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 154: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 155: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 156: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 157: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 158: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 159: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 160: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 161: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 162: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 163: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 164: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 165: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	152, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
-	4,   // 4: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	153, // 5: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	154, // 6: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	155, // 7: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
-	3,   // 8: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
-	5,   // 9: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
-	12,  // 10: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
-	16,  // 11: dsec.v1.SandboxSpec.provenance:type_name -> dsec.v1.ProvenancePaths
-	15,  // 12: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
-	0,   // 13: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
-	1,   // 14: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
-	18,  // 15: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
-	2,   // 16: dsec.v1.Sandbox.phase:type_name -> dsec.v1.Phase
-	17,  // 17: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
-	17,  // 18: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
-	17,  // 19: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
-	2,   // 20: dsec.v1.EndPhaseRequest.phase:type_name -> dsec.v1.Phase
-	17,  // 21: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
-	15,  // 22: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	17,  // 23: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	156, // 24: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
-	0,   // 25: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
-	17,  // 26: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	15,  // 27: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
-	15,  // 28: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
-	35,  // 29: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	157, // 30: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	43,  // 31: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	44,  // 32: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	42,  // 33: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
-	2,   // 34: dsec.v1.ExecStarted.phase:type_name -> dsec.v1.Phase
-	6,   // 35: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	7,   // 36: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
-	44,  // 37: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	51,  // 38: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	59,  // 39: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	60,  // 40: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	158, // 41: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	60,  // 42: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	44,  // 43: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	62,  // 44: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	62,  // 45: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	62,  // 46: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
-	8,   // 47: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
-	9,   // 48: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	84,  // 49: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
-	84,  // 50: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
-	86,  // 51: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	159, // 52: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
-	5,   // 53: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	160, // 54: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
-	44,  // 55: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
-	87,  // 56: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
-	84,  // 57: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
-	7,   // 58: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
-	120, // 59: dsec.v1.GradeResult.provenance:type_name -> dsec.v1.SandboxProvenance
-	84,  // 60: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	17,  // 61: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	84,  // 62: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	95,  // 63: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	9,   // 64: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	99,  // 65: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	9,   // 66: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	83,  // 67: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	106, // 68: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	161, // 69: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	112, // 70: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	16,  // 71: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
-	119, // 72: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
-	16,  // 73: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
-	121, // 74: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
-	121, // 75: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
-	121, // 76: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
-	122, // 77: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
-	123, // 78: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
-	124, // 79: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
-	125, // 80: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
-	126, // 81: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
-	126, // 82: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
-	130, // 83: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	131, // 84: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	162, // 85: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	163, // 86: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 87: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 88: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	134, // 89: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	134, // 90: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	164, // 91: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 92: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	133, // 93: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	135, // 94: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	138, // 95: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 96: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	143, // 97: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
-	146, // 98: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
-	29,  // 99: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	31,  // 100: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	32,  // 101: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	38,  // 102: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	19,  // 103: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	21,  // 104: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	23,  // 105: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	25,  // 106: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	27,  // 107: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	89,  // 108: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	90,  // 109: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	92,  // 110: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	94,  // 111: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	85,  // 112: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	40,  // 113: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	45,  // 114: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	46,  // 115: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	48,  // 116: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	50,  // 117: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	53,  // 118: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	54,  // 119: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	56,  // 120: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	58,  // 121: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	63,  // 122: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	65,  // 123: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	67,  // 124: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	69,  // 125: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	71,  // 126: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	73,  // 127: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	75,  // 128: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	77,  // 129: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	79,  // 130: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	81,  // 131: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	109, // 132: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	111, // 133: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	114, // 134: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	116, // 135: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	117, // 136: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	34,  // 137: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	36,  // 138: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	141, // 139: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	144, // 140: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
-	144, // 141: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
-	147, // 142: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
-	148, // 143: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
-	150, // 144: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
-	133, // 145: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	136, // 146: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	139, // 147: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	97,  // 148: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	98,  // 149: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	102, // 150: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	104, // 151: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	107, // 152: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	127, // 153: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	129, // 154: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	100, // 155: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	30,  // 156: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	17,  // 157: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	33,  // 158: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	39,  // 159: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	20,  // 160: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	22,  // 161: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	24,  // 162: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	26,  // 163: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	28,  // 164: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	84,  // 165: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	91,  // 166: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	93,  // 167: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	96,  // 168: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	88,  // 169: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	41,  // 170: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	41,  // 171: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	47,  // 172: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	49,  // 173: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	52,  // 174: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	41,  // 175: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	55,  // 176: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	57,  // 177: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	61,  // 178: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	64,  // 179: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	66,  // 180: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	68,  // 181: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	70,  // 182: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	72,  // 183: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	74,  // 184: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	76,  // 185: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	78,  // 186: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	80,  // 187: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	82,  // 188: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	110, // 189: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	113, // 190: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	115, // 191: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	120, // 192: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	118, // 193: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	35,  // 194: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	37,  // 195: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	142, // 196: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	145, // 197: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
-	143, // 198: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
-	146, // 199: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
-	149, // 200: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
-	151, // 201: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
-	135, // 202: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	137, // 203: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	140, // 204: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	83,  // 205: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	83,  // 206: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	103, // 207: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	105, // 208: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	108, // 209: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	128, // 210: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	132, // 211: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	101, // 212: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	156, // [156:213] is the sub-list for method output_type
-	99,  // [99:156] is the sub-list for method input_type
-	99,  // [99:99] is the sub-list for extension type_name
-	99,  // [99:99] is the sub-list for extension extendee
-	0,   // [0:99] is the sub-list for field type_name
+	153, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	15,  // 4: dsec.v1.NodeInfo.core_scheduling:type_name -> dsec.v1.CoreScheduling
+	4,   // 5: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
+	154, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	155, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	156, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	3,   // 9: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
+	5,   // 10: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
+	12,  // 11: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
+	17,  // 12: dsec.v1.SandboxSpec.provenance:type_name -> dsec.v1.ProvenancePaths
+	16,  // 13: dsec.v1.Sandbox.spec:type_name -> dsec.v1.SandboxSpec
+	0,   // 14: dsec.v1.Sandbox.state:type_name -> dsec.v1.State
+	1,   // 15: dsec.v1.Sandbox.reason:type_name -> dsec.v1.Reason
+	19,  // 16: dsec.v1.Sandbox.last_pause:type_name -> dsec.v1.PauseStats
+	2,   // 17: dsec.v1.Sandbox.phase:type_name -> dsec.v1.Phase
+	18,  // 18: dsec.v1.PauseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	18,  // 19: dsec.v1.ResumeResponse.sandbox:type_name -> dsec.v1.Sandbox
+	18,  // 20: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
+	2,   // 21: dsec.v1.EndPhaseRequest.phase:type_name -> dsec.v1.Phase
+	18,  // 22: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
+	16,  // 23: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	18,  // 24: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	157, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	0,   // 26: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
+	18,  // 27: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	16,  // 28: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
+	16,  // 29: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
+	36,  // 30: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
+	158, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	44,  // 32: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	45,  // 33: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	43,  // 34: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
+	2,   // 35: dsec.v1.ExecStarted.phase:type_name -> dsec.v1.Phase
+	6,   // 36: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	7,   // 37: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
+	45,  // 38: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	52,  // 39: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	60,  // 40: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	61,  // 41: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	159, // 42: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	61,  // 43: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	45,  // 44: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	63,  // 45: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	63,  // 46: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	63,  // 47: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
+	8,   // 48: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
+	9,   // 49: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	85,  // 50: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	85,  // 51: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
+	87,  // 52: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
+	160, // 53: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	5,   // 54: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
+	161, // 55: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	45,  // 56: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
+	88,  // 57: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
+	85,  // 58: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
+	7,   // 59: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
+	121, // 60: dsec.v1.GradeResult.provenance:type_name -> dsec.v1.SandboxProvenance
+	85,  // 61: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	18,  // 62: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	85,  // 63: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	96,  // 64: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 65: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	100, // 66: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 67: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	84,  // 68: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	107, // 69: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	162, // 70: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	113, // 71: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	17,  // 72: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
+	120, // 73: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
+	17,  // 74: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
+	122, // 75: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
+	122, // 76: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
+	122, // 77: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
+	123, // 78: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
+	124, // 79: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
+	125, // 80: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
+	126, // 81: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
+	127, // 82: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
+	127, // 83: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
+	131, // 84: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	132, // 85: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	163, // 86: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	164, // 87: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 88: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 89: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	135, // 90: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	135, // 91: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	165, // 92: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 93: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	134, // 94: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	136, // 95: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	139, // 96: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 97: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	144, // 98: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
+	147, // 99: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
+	30,  // 100: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	32,  // 101: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	33,  // 102: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	39,  // 103: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	20,  // 104: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	22,  // 105: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	24,  // 106: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	26,  // 107: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	28,  // 108: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	90,  // 109: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	91,  // 110: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	93,  // 111: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	95,  // 112: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	86,  // 113: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	41,  // 114: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	46,  // 115: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	47,  // 116: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	49,  // 117: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	51,  // 118: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	54,  // 119: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	55,  // 120: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	57,  // 121: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	59,  // 122: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	64,  // 123: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	66,  // 124: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	68,  // 125: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	70,  // 126: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	72,  // 127: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	74,  // 128: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	76,  // 129: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	78,  // 130: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	80,  // 131: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	82,  // 132: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	110, // 133: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	112, // 134: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	115, // 135: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	117, // 136: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	118, // 137: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	35,  // 138: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	37,  // 139: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	142, // 140: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	145, // 141: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
+	145, // 142: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
+	148, // 143: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
+	149, // 144: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
+	151, // 145: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
+	134, // 146: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	137, // 147: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	140, // 148: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	98,  // 149: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	99,  // 150: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	103, // 151: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	105, // 152: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	108, // 153: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	128, // 154: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	130, // 155: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	101, // 156: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	31,  // 157: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	18,  // 158: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	34,  // 159: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	40,  // 160: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	21,  // 161: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	23,  // 162: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	25,  // 163: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	27,  // 164: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	29,  // 165: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	85,  // 166: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	92,  // 167: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	94,  // 168: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	97,  // 169: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	89,  // 170: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	42,  // 171: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	42,  // 172: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	48,  // 173: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	50,  // 174: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	53,  // 175: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	42,  // 176: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	56,  // 177: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	58,  // 178: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	62,  // 179: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	65,  // 180: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	67,  // 181: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	69,  // 182: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	71,  // 183: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	73,  // 184: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	75,  // 185: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	77,  // 186: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	79,  // 187: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	81,  // 188: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	83,  // 189: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	111, // 190: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	114, // 191: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	116, // 192: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	121, // 193: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	119, // 194: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	36,  // 195: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	38,  // 196: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	143, // 197: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	146, // 198: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
+	144, // 199: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
+	147, // 200: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
+	150, // 201: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
+	152, // 202: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
+	136, // 203: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	138, // 204: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	141, // 205: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	84,  // 206: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	84,  // 207: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	104, // 208: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	106, // 209: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	109, // 210: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	129, // 211: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	133, // 212: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	102, // 213: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	157, // [157:214] is the sub-list for method output_type
+	100, // [100:157] is the sub-list for method input_type
+	100, // [100:100] is the sub-list for extension type_name
+	100, // [100:100] is the sub-list for extension extendee
+	0,   // [0:100] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -12298,8 +12372,8 @@ func file_dsec_v1_dsec_proto_init() {
 	if File_dsec_v1_dsec_proto != nil {
 		return
 	}
-	file_dsec_v1_dsec_proto_msgTypes[3].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[29].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[4].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[30].OneofWrappers = []any{
 		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
@@ -12307,33 +12381,33 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ExecEvent_Keepalive)(nil),
 		(*ExecEvent_Dropped)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[46].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[47].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[49].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[50].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 		(*ShellOutput_Started)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[86].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[87].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[122].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[132].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[135].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[123].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[133].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[136].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[138].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[137].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[139].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   153,
+			NumMessages:   154,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -49,6 +49,10 @@ type Container struct {
 
 	quotaMu sync.Mutex
 	quotas  *quota.Manager // opened by Init, or on first use after a restart
+
+	// coreSched: the node gives core-scheduling cookies (qos.CoreScheduling),
+	// so each latency container gets its own.
+	coreSched bool
 }
 
 var _ interface {
@@ -147,7 +151,8 @@ func newContainer(cfg Config, fncall bool) (*Container, error) {
 		return nil, fmt.Errorf("use crun: it applies no cgroup limits on a cgroup v1 host; use runc: %w", errdefs.ErrNotSupported)
 	}
 	r := &Container{cfg: cfg, log: cfg.Log, path: path, layout: layout,
-		fncall: fncall, root: cfg.Root, upperBase: cfg.UpperRoot, cgroupParent: cfg.CgroupParent}
+		fncall: fncall, root: cfg.Root, upperBase: cfg.UpperRoot, cgroupParent: cfg.CgroupParent,
+		coreSched: qos.CoreScheduling().Available}
 	if fncall {
 		// ".fncall" cannot be a sandbox ID, so the container backend never
 		// names it.
@@ -651,6 +656,8 @@ func (r *Container) Start(ctx context.Context, s backend.Spec) (dial backend.Dia
 		if err := qos.SetIdle(r.layout.Dir("cpu", rel), true); err != nil {
 			return nil, err
 		}
+	} else if r.coreSched && !r.gvisor() {
+		r.shareCookie(ctx, s.ID)
 	}
 	if sentry != nil {
 		if err := vmnet.AttachSentry(ctx, s.NetnsPath, *sentry); err != nil {
@@ -1014,6 +1021,20 @@ type runtimeState struct {
 	ID     string `json:"id"`
 	Pid    int    `json:"pid"`
 	Status string `json:"status"`
+}
+
+// shareCookie gives latency container id's init (the agent) a
+// core-scheduling cookie of its own, which every process it starts
+// inherits. A container without one still runs, unprotected from its SMT
+// sibling's tasks: that is logged, not a failed create.
+func (r *Container) shareCookie(ctx context.Context, id string) {
+	rs, err := r.runtimeState(ctx, id)
+	if err == nil {
+		err = qos.ShareCookie(rs.Pid)
+	}
+	if err != nil {
+		r.log.Warn("latency sandbox runs without a core-scheduling cookie", "id", id, "err", err)
+	}
 }
 
 // runtimeState is the OCI runtime's state of container id.

@@ -193,10 +193,13 @@ type NodeStatus struct {
 	Missing map[string]string `protobuf:"bytes,20,rep,name=missing,proto3" json:"missing,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The node's event log: its epoch (a new one each time its edge starts)
 	// and the sequence number of its last event (0: none yet).
-	EventEpoch    string `protobuf:"bytes,21,opt,name=event_epoch,json=eventEpoch,proto3" json:"event_epoch,omitempty"`
-	EventSeq      uint64 `protobuf:"varint,22,opt,name=event_seq,json=eventSeq,proto3" json:"event_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EventEpoch string `protobuf:"bytes,21,opt,name=event_epoch,json=eventEpoch,proto3" json:"event_epoch,omitempty"`
+	EventSeq   uint64 `protobuf:"varint,22,opt,name=event_seq,json=eventSeq,proto3" json:"event_seq,omitempty"`
+	// Whether latency sandboxes get a core-scheduling cookie here, and why
+	// not (docs/qos.md).
+	CoreScheduling *v1.CoreScheduling `protobuf:"bytes,23,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -381,6 +384,13 @@ func (x *NodeStatus) GetEventSeq() uint64 {
 		return x.EventSeq
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetCoreScheduling() *v1.CoreScheduling {
+	if x != nil {
+		return x.CoreScheduling
+	}
+	return nil
 }
 
 type CreateRequest struct {
@@ -1126,7 +1136,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12#\n" +
 	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\"\x15\n" +
 	"\x13AdoptLayersResponse\"\x0f\n" +
-	"\rStatusRequest\"\xad\x06\n" +
+	"\rStatusRequest\"\xef\x06\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
@@ -1155,7 +1165,8 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\amissing\x18\x14 \x03(\v2%.dsec.edge.v1.NodeStatus.MissingEntryR\amissing\x12\x1f\n" +
 	"\vevent_epoch\x18\x15 \x01(\tR\n" +
 	"eventEpoch\x12\x1b\n" +
-	"\tevent_seq\x18\x16 \x01(\x04R\beventSeq\x1a:\n" +
+	"\tevent_seq\x18\x16 \x01(\x04R\beventSeq\x12@\n" +
+	"\x0fcore_scheduling\x18\x17 \x01(\v2\x17.dsec.v1.CoreSchedulingR\x0ecoreScheduling\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\\\n" +
@@ -1302,215 +1313,217 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	nil,                                   // 18: dsec.edge.v1.NodeStatus.MissingEntry
 	(v1.Backend)(0),                       // 19: dsec.v1.Backend
 	(*v1.SandboxKind)(nil),                // 20: dsec.v1.SandboxKind
-	(*v1.SandboxSpec)(nil),                // 21: dsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                    // 22: dsec.v1.Sandbox
-	(*v1.Event)(nil),                      // 23: dsec.v1.Event
-	(*v1.GetRequest)(nil),                 // 24: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),                // 25: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),              // 26: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),               // 27: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),              // 28: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),          // 29: dsec.v1.SetTimeoutRequest
-	(*v1.EndPhaseRequest)(nil),            // 30: dsec.v1.EndPhaseRequest
-	(*v1.MetricsRequest)(nil),             // 31: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),            // 32: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),     // 33: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),          // 34: dsec.v1.NetworkLogRequest
-	(*v1.TrajectoryRequest)(nil),          // 35: dsec.v1.TrajectoryRequest
-	(*v1.ProvenanceRequest)(nil),          // 36: dsec.v1.ProvenanceRequest
-	(*v1.SetProvenancePathsRequest)(nil),  // 37: dsec.v1.SetProvenancePathsRequest
-	(*v1.SetWarmPoolRequest)(nil),         // 38: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),       // 39: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),         // 40: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),         // 41: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),          // 42: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),         // 43: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),    // 44: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),         // 45: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),          // 46: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),             // 47: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),       // 48: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),                // 49: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),              // 50: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),          // 51: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),              // 52: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),       // 53: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),          // 54: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),    // 55: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),        // 56: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),                 // 57: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),            // 58: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),           // 59: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),             // 60: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),                // 61: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),              // 62: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),             // 63: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),                // 64: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),            // 65: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),              // 66: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),            // 67: dsec.v1.DownloadRequest
-	(*v1.ListResponse)(nil),               // 68: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),             // 69: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),              // 70: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),             // 71: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),         // 72: dsec.v1.SetTimeoutResponse
-	(*v1.EndPhaseResponse)(nil),           // 73: dsec.v1.EndPhaseResponse
-	(*v1.SandboxMetrics)(nil),             // 74: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),               // 75: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),    // 76: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),         // 77: dsec.v1.NetworkLogResponse
-	(*v1.TrajectoryResponse)(nil),         // 78: dsec.v1.TrajectoryResponse
-	(*v1.SandboxProvenance)(nil),          // 79: dsec.v1.SandboxProvenance
-	(*v1.SetProvenancePathsResponse)(nil), // 80: dsec.v1.SetProvenancePathsResponse
-	(*v1.WarmPool)(nil),                   // 81: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),      // 82: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                      // 83: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),         // 84: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),        // 85: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil),   // 86: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),        // 87: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),         // 88: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),            // 89: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),      // 90: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                  // 91: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),         // 92: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),             // 93: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),      // 94: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil),   // 95: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),       // 96: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),                // 97: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),           // 98: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),          // 99: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),            // 100: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),               // 101: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),             // 102: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),            // 103: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),               // 104: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),                 // 105: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),             // 106: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),              // 107: dsec.v1.DownloadChunk
+	(*v1.CoreScheduling)(nil),             // 21: dsec.v1.CoreScheduling
+	(*v1.SandboxSpec)(nil),                // 22: dsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                    // 23: dsec.v1.Sandbox
+	(*v1.Event)(nil),                      // 24: dsec.v1.Event
+	(*v1.GetRequest)(nil),                 // 25: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),                // 26: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),              // 27: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),               // 28: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),              // 29: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),          // 30: dsec.v1.SetTimeoutRequest
+	(*v1.EndPhaseRequest)(nil),            // 31: dsec.v1.EndPhaseRequest
+	(*v1.MetricsRequest)(nil),             // 32: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),            // 33: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),     // 34: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),          // 35: dsec.v1.NetworkLogRequest
+	(*v1.TrajectoryRequest)(nil),          // 36: dsec.v1.TrajectoryRequest
+	(*v1.ProvenanceRequest)(nil),          // 37: dsec.v1.ProvenanceRequest
+	(*v1.SetProvenancePathsRequest)(nil),  // 38: dsec.v1.SetProvenancePathsRequest
+	(*v1.SetWarmPoolRequest)(nil),         // 39: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),       // 40: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),         // 41: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),         // 42: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),          // 43: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),         // 44: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),    // 45: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),         // 46: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),          // 47: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),             // 48: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),       // 49: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),                // 50: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),              // 51: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),          // 52: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),              // 53: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),       // 54: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),          // 55: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),    // 56: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),        // 57: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),                 // 58: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),            // 59: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),           // 60: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),             // 61: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),                // 62: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),              // 63: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),             // 64: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),                // 65: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),            // 66: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),              // 67: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),            // 68: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),               // 69: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),             // 70: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),              // 71: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),             // 72: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),         // 73: dsec.v1.SetTimeoutResponse
+	(*v1.EndPhaseResponse)(nil),           // 74: dsec.v1.EndPhaseResponse
+	(*v1.SandboxMetrics)(nil),             // 75: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),               // 76: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),    // 77: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),         // 78: dsec.v1.NetworkLogResponse
+	(*v1.TrajectoryResponse)(nil),         // 79: dsec.v1.TrajectoryResponse
+	(*v1.SandboxProvenance)(nil),          // 80: dsec.v1.SandboxProvenance
+	(*v1.SetProvenancePathsResponse)(nil), // 81: dsec.v1.SetProvenancePathsResponse
+	(*v1.WarmPool)(nil),                   // 82: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),      // 83: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                      // 84: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),         // 85: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),        // 86: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil),   // 87: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),        // 88: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),         // 89: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),            // 90: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),      // 91: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                  // 92: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),         // 93: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),             // 94: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),      // 95: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil),   // 96: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),       // 97: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),                // 98: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),           // 99: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),          // 100: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),            // 101: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),               // 102: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),             // 103: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),            // 104: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),               // 105: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),                 // 106: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),             // 107: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),              // 108: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
 	19,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
 	20,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
 	18,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
-	21,  // 3: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	21,  // 4: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
-	9,   // 5: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
-	9,   // 6: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
-	22,  // 7: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
-	23,  // 8: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
-	2,   // 9: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	4,   // 10: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	5,   // 11: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
-	6,   // 12: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
-	24,  // 13: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	25,  // 14: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	26,  // 15: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	27,  // 16: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	28,  // 17: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	29,  // 18: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	30,  // 19: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	31,  // 20: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	32,  // 21: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	33,  // 22: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	34,  // 23: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	35,  // 24: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	36,  // 25: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	37,  // 26: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	38,  // 27: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	39,  // 28: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	10,  // 29: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	12,  // 30: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	16,  // 31: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
-	14,  // 32: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
-	40,  // 33: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	41,  // 34: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,   // 35: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	42,  // 36: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	43,  // 37: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	44,  // 38: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	45,  // 39: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	46,  // 40: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	47,  // 41: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	48,  // 42: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	49,  // 43: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	50,  // 44: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	51,  // 45: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	52,  // 46: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	53,  // 47: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	54,  // 48: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	55,  // 49: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	56,  // 50: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	57,  // 51: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	58,  // 52: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	59,  // 53: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	60,  // 54: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	61,  // 55: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	62,  // 56: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	63,  // 57: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	64,  // 58: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	65,  // 59: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	66,  // 60: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	67,  // 61: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	3,   // 62: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	22,  // 63: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	8,   // 64: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	7,   // 65: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
-	22,  // 66: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	68,  // 67: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	69,  // 68: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	70,  // 69: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	71,  // 70: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	72,  // 71: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	73,  // 72: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	74,  // 73: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	75,  // 74: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	76,  // 75: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	77,  // 76: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	78,  // 77: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	79,  // 78: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	80,  // 79: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	81,  // 80: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	82,  // 81: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	11,  // 82: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	13,  // 83: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	17,  // 84: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
-	15,  // 85: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
-	83,  // 86: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	83,  // 87: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,   // 88: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	84,  // 89: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	85,  // 90: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	86,  // 91: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	87,  // 92: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	88,  // 93: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	89,  // 94: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	90,  // 95: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	91,  // 96: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	91,  // 97: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	92,  // 98: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	93,  // 99: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	94,  // 100: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	91,  // 101: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	95,  // 102: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	96,  // 103: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	97,  // 104: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	98,  // 105: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	99,  // 106: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	100, // 107: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	101, // 108: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	102, // 109: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	103, // 110: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	104, // 111: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	105, // 112: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	106, // 113: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	107, // 114: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	62,  // [62:115] is the sub-list for method output_type
-	9,   // [9:62] is the sub-list for method input_type
-	9,   // [9:9] is the sub-list for extension type_name
-	9,   // [9:9] is the sub-list for extension extendee
-	0,   // [0:9] is the sub-list for field type_name
+	21,  // 3: dsec.edge.v1.NodeStatus.core_scheduling:type_name -> dsec.v1.CoreScheduling
+	22,  // 4: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	22,  // 5: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	9,   // 6: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
+	9,   // 7: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
+	23,  // 8: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	24,  // 9: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
+	2,   // 10: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	4,   // 11: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	5,   // 12: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
+	6,   // 13: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
+	25,  // 14: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	26,  // 15: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	27,  // 16: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	28,  // 17: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	29,  // 18: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	30,  // 19: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	31,  // 20: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	32,  // 21: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	33,  // 22: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	34,  // 23: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	35,  // 24: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	36,  // 25: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	37,  // 26: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	38,  // 27: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	39,  // 28: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	40,  // 29: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	10,  // 30: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	12,  // 31: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	16,  // 32: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
+	14,  // 33: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
+	41,  // 34: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	42,  // 35: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,   // 36: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	43,  // 37: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	44,  // 38: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	45,  // 39: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	46,  // 40: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	47,  // 41: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	48,  // 42: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	49,  // 43: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	50,  // 44: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	51,  // 45: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	52,  // 46: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	53,  // 47: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	54,  // 48: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	55,  // 49: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	56,  // 50: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	57,  // 51: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	58,  // 52: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	59,  // 53: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	60,  // 54: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	61,  // 55: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	62,  // 56: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	63,  // 57: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	64,  // 58: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	65,  // 59: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	66,  // 60: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	67,  // 61: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	68,  // 62: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	3,   // 63: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	23,  // 64: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	8,   // 65: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	7,   // 66: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
+	23,  // 67: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	69,  // 68: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	70,  // 69: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	71,  // 70: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	72,  // 71: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	73,  // 72: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	74,  // 73: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	75,  // 74: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	76,  // 75: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	77,  // 76: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	78,  // 77: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	79,  // 78: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	80,  // 79: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	81,  // 80: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	82,  // 81: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	83,  // 82: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	11,  // 83: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	13,  // 84: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	17,  // 85: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
+	15,  // 86: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
+	84,  // 87: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	84,  // 88: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,   // 89: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	85,  // 90: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	86,  // 91: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	87,  // 92: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	88,  // 93: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	89,  // 94: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	90,  // 95: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	91,  // 96: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	92,  // 97: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	92,  // 98: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	93,  // 99: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	94,  // 100: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	95,  // 101: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	92,  // 102: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	96,  // 103: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	97,  // 104: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	98,  // 105: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	99,  // 106: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	100, // 107: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	101, // 108: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	102, // 109: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	103, // 110: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	104, // 111: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	105, // 112: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	106, // 113: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	107, // 114: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	108, // 115: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	63,  // [63:116] is the sub-list for method output_type
+	10,  // [10:63] is the sub-list for method input_type
+	10,  // [10:10] is the sub-list for extension type_name
+	10,  // [10:10] is the sub-list for extension extendee
+	0,   // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_dsec_edge_v1_edge_proto_init() }
