@@ -61,11 +61,7 @@ func TestEvents(t *testing.T) {
 	}
 	st.Close()
 	client := func(tok string) *dsec.Client {
-		c, err := dsec.NewClient(d.Addr, dsec.WithToken(tok))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c := sdkClient(t, d.Addr, tok)
 		return c
 	}
 	a, b := client(tokens["ev-a"]), client(tokens["ev-b"])

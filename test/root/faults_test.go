@@ -25,11 +25,7 @@ import (
 func TestEdgeLostMidGrade(t *testing.T) {
 	c := startRealCluster(t, 1)
 	api := c.APIServers[0]
-	cl, err := dsec.NewClient(api.Addr, dsec.WithToken(api.Token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	cl := sdkClient(t, api.Addr, api.Token)
 	ctx := t.Context()
 	sb, err := cl.Create(ctx, env, nil)
 	if err != nil {
@@ -102,11 +98,7 @@ func waitGrader(t *testing.T, cl *dsec.Client, id, marker string) {
 func TestEdgeStoppedMidExec(t *testing.T) {
 	c := startRealCluster(t, 1)
 	api := c.APIServers[0]
-	cl, err := dsec.NewClient(api.Addr, dsec.WithToken(api.Token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	cl := sdkClient(t, api.Addr, api.Token)
 	sb, err := cl.Create(t.Context(), env, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -149,14 +141,10 @@ func TestEdgeStoppedMidExec(t *testing.T) {
 func TestStartTimeout(t *testing.T) {
 	c := startRealCluster(t, 1)
 	api := c.APIServers[0]
-	cl, err := dsec.NewClient(api.Addr, dsec.WithToken(api.Token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	cl := sdkClient(t, api.Addr, api.Token)
 	c.Edges[0].Stop()
 	t.Cleanup(c.Edges[0].Cont) // before the cluster's own cleanup
-	_, err = cl.Create(t.Context(), env, &dsec.CreateOptions{Timeout: 2 * time.Second})
+	_, err := cl.Create(t.Context(), env, &dsec.CreateOptions{Timeout: 2 * time.Second})
 	if f := dsec.InfraFault(err); f != dsec.FaultStartTimeout || !errors.Is(err, dsec.ErrStartupTimeout) {
 		t.Errorf("create on a stopped edge: %v: fault %q, want start_timeout", err, f)
 	}
@@ -176,11 +164,7 @@ func TestStartTimeout(t *testing.T) {
 // and the CLI (exit 203), never as an exit of the command.
 func TestPreemptedMidExec(t *testing.T) {
 	d := startDaemon(t, "--paused-retention", "3s")
-	cl, err := dsec.NewClient(d.Addr, dsec.WithToken(d.Token()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	cl := sdkClient(t, d.Addr, d.Token())
 	ctx := t.Context()
 	sb, err := cl.Create(ctx, env, &dsec.CreateOptions{NoAutoResume: true})
 	if err != nil {

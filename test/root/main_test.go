@@ -20,6 +20,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/claims"
 	"dsec.dev/dsec/internal/testutil"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 func TestMain(m *testing.M) {
@@ -192,4 +193,16 @@ func allInOneOnly(t *testing.T) {
 	if testutil.ClusterMode() {
 		t.Skip("runs in the all-in-one pass only: nothing it checks goes through the apiserver but the routing TestMicroVMSandbox covers")
 	}
+}
+
+// sdkClient is a Go SDK client of the API at addr holding token, closed
+// when t ends.
+func sdkClient(t *testing.T, addr, token string) *dsec.Client {
+	t.Helper()
+	c, err := dsec.NewClient(addr, dsec.WithToken(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

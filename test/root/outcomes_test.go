@@ -23,11 +23,7 @@ import (
 // sandbox's own limit. test/cluster's TestEdgeLostMidExec kills an edge.
 func TestOutcomes(t *testing.T) {
 	d := startDaemon(t, "--max-sandboxes", "3")
-	c, err := dsec.NewClient(d.Addr, dsec.WithToken(d.Token()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := sdkClient(t, d.Addr, d.Token())
 	ctx := t.Context()
 	newSandbox := func(o *dsec.CreateOptions) *dsec.Sandbox {
 		t.Helper()
@@ -206,11 +202,7 @@ func waitRunning(t *testing.T, sb *dsec.Sandbox, argv string) {
 func TestEdgeLostMidExec(t *testing.T) {
 	c := startRealCluster(t, 1)
 	api := c.APIServers[0]
-	cl, err := dsec.NewClient(api.Addr, dsec.WithToken(api.Token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	cl := sdkClient(t, api.Addr, api.Token)
 	ctx := t.Context()
 	sb, err := cl.Create(ctx, env, nil)
 	if err != nil {

@@ -22,11 +22,7 @@ import (
 // through the agent, whatever the backend).
 func TestPhaseBudgets(t *testing.T) {
 	d := startDaemon(t, "--runsc", testutil.Runsc(t))
-	c, err := dsec.NewClient(d.Addr, dsec.WithToken(d.Token()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := sdkClient(t, d.Addr, d.Token())
 	ctx := t.Context()
 
 	for _, iso := range []string{dsec.IsolationContainer, dsec.IsolationGVisor} {
