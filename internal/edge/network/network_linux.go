@@ -110,24 +110,29 @@ func Setup(ctx context.Context, cfg Config) (*Node, error) {
 // was interrupted by a change (another node's veths coming and going), so
 // no link is missed.
 func linkList() ([]netlink.Link, error) {
-	for range 9 {
-		links, err := netlink.LinkList()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return links, err
-		}
-	}
-	return netlink.LinkList()
+	return redump(netlink.LinkList)
 }
 
 // routeList lists l's IPv4 routes, again after an interrupted dump.
 func routeList(l netlink.Link) ([]netlink.Route, error) {
-	for range 9 {
-		routes, err := netlink.RouteList(l, unix.AF_INET)
+	return redump(func() ([]netlink.Route, error) { return netlink.RouteList(l, unix.AF_INET) })
+}
+
+// redump runs a netlink dump until one is not interrupted. A host where
+// many sandboxes start and stop at once can interrupt ten dumps in a row,
+// so the retries back off (1 ms, doubling to 64 ms, about 2 s in all)
+// rather than racing the churn that interrupted them.
+func redump[T any](dump func() ([]T, error)) ([]T, error) {
+	wait := time.Millisecond
+	for range 40 {
+		got, err := dump()
 		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return routes, err
+			return got, err
 		}
+		time.Sleep(wait)
+		wait = min(2*wait, 64*time.Millisecond)
 	}
-	return netlink.RouteList(l, unix.AF_INET)
+	return dump()
 }
 
 // learn finds the sandboxes already attached: every veth whose alias names
