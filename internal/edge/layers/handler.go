@@ -132,8 +132,12 @@ func (ls *Handler) ListLayers(ctx context.Context, req *connect.Request[dsecv1.L
 	return connect.NewResponse(out), nil
 }
 
-// RemoveLayer refuses to remove a layer that a live sandbox runs on.
+// RemoveLayer removes a layer's ref, an image, or a layer by digest; it
+// refuses to take away a layer that a live sandbox runs on.
 func (ls *Handler) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.RemoveLayerRequest]) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
+	if img, err := ls.svc.Image(req.Msg.GetRef()); err == nil {
+		return ls.removeImage(ctx, img)
+	}
 	l, err := ls.svc.Get(req.Msg.GetRef())
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// The blob store may have it still (the node that imported it
@@ -157,6 +161,32 @@ func (ls *Handler) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1.
 		}
 	}
 	if err := ls.svc.Remove(ctx, req.Msg.GetRef()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&dsecv1.RemoveLayerResponse{}), nil
+}
+
+// removeImage removes an image, refusing while a live sandbox runs on a
+// layer that goes with it (one no other ref or image names). Before, an
+// image's name was looked up as a layer's, not found, and only the blob
+// store's record of it dropped: the image stayed on the node.
+func (ls *Handler) removeImage(ctx context.Context, img image.ImageInfo) (*connect.Response[dsecv1.RemoveLayerResponse], error) {
+	if ls.inUse != nil {
+		for _, d := range img.Digests {
+			l, err := ls.svc.Get(d)
+			if err != nil || len(l.Refs) > 0 || len(l.Images) > 1 {
+				continue // gone already, or kept by another name
+			}
+			id, err := ls.inUse(ctx, d)
+			if err != nil {
+				return nil, err
+			}
+			if id != "" {
+				return nil, fmt.Errorf("image %s: its layer %s is in use by sandbox %s: %w", img.Ref, d, id, errdefs.ErrFailedPrecondition)
+			}
+		}
+	}
+	if err := ls.svc.Remove(ctx, img.Ref); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.RemoveLayerResponse{}), nil

@@ -808,6 +808,9 @@ func (s *Service) extractFor(ctx context.Context, id, digest string) (string, er
 // List lists the node's layers.
 func (s *Service) List() ([]image.Layer, error) { return s.images.List() }
 
+// Image finds an image by name:tag.
+func (s *Service) Image(ref string) (image.ImageInfo, error) { return s.images.Image(ref) }
+
 // Get finds a layer by name:tag or digest.
 func (s *Service) Get(refOrDigest string) (image.Layer, error) { return s.images.Get(refOrDigest) }
 

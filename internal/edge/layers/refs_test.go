@@ -2,6 +2,7 @@ package layers
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"os"
@@ -9,8 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"connectrpc.com/connect"
 	"github.com/google/go-cmp/cmp"
 
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/blob"
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/errdefs"
@@ -181,5 +184,71 @@ func TestConcurrentResolvesAdoptOnce(t *testing.T) {
 				t.Fatalf("round %d: a create beside others: %v", round, err)
 			}
 		}
+	}
+}
+
+// TestRemoveImage: removing an image by its name through the node's
+// LayerService removes it from the node and its record from the blob
+// store, with its layers no other name holds, and is refused while a live
+// sandbox runs on such a layer. (An image's name was looked up as a
+// layer's: only the blob store's record went, and the image stayed on the
+// node, answering every create, while the apiserver had given back its
+// charge and forgotten its project.)
+func TestRemoveImage(t *testing.T) {
+	ctx := t.Context()
+	blobs, err := blob.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := publishFile(t, blobs, 4000)
+	top, _ := publishFile(t, blobs, 3000)
+	node := newNode(t, ModeEager, blobs)
+	cfg := image.ImageConfig{Cmd: []string{"sh"}}
+	if err := node.images.Adopt(ctx, "base:1", []image.Adopted{base}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.images.Adopt(ctx, "img:1", []image.Adopted{base, top}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.publishRef(ctx, "img:1"); err != nil {
+		t.Fatal(err)
+	}
+	busy := ""
+	h := NewHandler(node, func(ctx context.Context, digest string) (string, error) {
+		if digest == busy {
+			return "sb-busy", nil
+		}
+		return "", nil
+	})
+	remove := func(ref string) error {
+		_, err := h.RemoveLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: ref}))
+		return err
+	}
+
+	busy = top.Digest
+	if err := remove("img:1"); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "sb-busy") {
+		t.Errorf("remove an image a live sandbox runs on: %v, want refused naming the sandbox", err)
+	}
+	if _, err := node.images.Image("img:1"); err != nil {
+		t.Fatalf("the image refused removal is gone: %v", err)
+	}
+	busy = base.Digest // base:1 keeps it: not the image's to take away
+	if err := remove("img:1"); err != nil {
+		t.Fatalf("remove img:1: %v", err)
+	}
+	if _, err := node.images.Image("img:1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the removed image is still on the node: %v", err)
+	}
+	if _, err := node.Get(top.Digest); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the removed image's own layer is still on the node: %v", err)
+	}
+	if l, err := node.Get("base:1"); err != nil || l.Digest != base.Digest {
+		t.Errorf("base:1, which the image shared a layer with: %+v, %v", l, err)
+	}
+	if _, err := newNode(t, ModeEager, blobs).ResolveEnvironment(ctx, "img:1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the removed image was adopted from the blob store: %v", err)
+	}
+	if err := remove("img:1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("remove it again: %v, want not found", err)
 	}
 }
