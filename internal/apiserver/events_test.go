@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ import (
 	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/hollow"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/testutil"
 	"dsec.dev/dsec/internal/watcher"
@@ -83,7 +86,7 @@ func startEventsEnv(t *testing.T, dsn string) *eventsEnv {
 func (e *eventsEnv) start(t *testing.T) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	e.api = apiserver.New(apiserver.Config{Name: "events", Auth: e.st, IAM: e.st, Events: e.st, Webhooks: e.st,
+	e.api = apiserver.New(apiserver.Config{Name: "events", Auth: e.st, IAM: e.st, Events: e.st, Webhooks: e.st, Metrics: metrics.New(),
 		WebhookAllowPrivate: true, WebhookTimeout: 2 * time.Second, WebhookBackoff: 50 * time.Millisecond}, e.st, e.fleet, log)
 	hs := httptest.NewUnstartedServer(e.api.Handler())
 	hs.Config.Protocols = new(http.Protocols)
@@ -250,7 +253,13 @@ func testEvents(t *testing.T, dsn string) {
 	<-followDone
 
 	// A restart: the apiserver stops; a sandbox lives and dies meanwhile;
-	// a new one pulls the node's whole log again.
+	// a new one pulls the node's whole log again. Its counter of events
+	// stored counts only the new ones: the first apiserver counted each
+	// event it stored once, and the new one none of those again.
+	before, _ := check2(admin.Events(ctx, dsec.EventQuery{}))(t)
+	if got := eventsStored(t, e.url); got != float64(len(before)) {
+		t.Errorf("dsec_events_stored_total = %v with %d events stored", got, len(before))
+	}
 	e.stop()
 	if err := sbB.Delete(ctx); err != nil {
 		t.Fatal(err)
@@ -270,6 +279,32 @@ func testEvents(t *testing.T, dsn string) {
 	if !slices.Equal(keys, want) {
 		t.Fatalf("stored after a restart: %q, want the node's log once each, in order: %q", keys, want)
 	}
+	if got := eventsStored(t, e.url); got != float64(len(stored)-len(before)) {
+		t.Errorf("after a restart, dsec_events_stored_total = %v, want %d (the events stored while it was down), not the %d pulled again",
+			got, len(stored)-len(before), len(stored))
+	}
+}
+
+// eventsStored is dsec_events_stored_total on the apiserver at url.
+func eventsStored(t *testing.T, url string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "dsec_events_stored_total "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("/metrics has no dsec_events_stored_total:\n%s", body)
+	return 0
 }
 
 // check2 is check for calls that return two values and an error.

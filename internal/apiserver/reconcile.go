@@ -3,9 +3,7 @@ package apiserver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -117,29 +115,6 @@ func (s *Server) ReconcileStats() ReconcileStats {
 	return ReconcileStats{DoubtsRecorded: r.doubtsRecorded.Load(), DoubtsSettled: r.doubtsSettled.Load(),
 		SandboxesReaped: r.reaped.Load(), ReservationsAbandoned: r.abandoned.Load(), RowsRemoved: r.rowsRemoved.Load(),
 		RowChecksSkipped: r.rowChecksSkipped.Load()}
-}
-
-// serveMetrics writes the counters in Prometheus's text format.
-func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	st := s.ReconcileStats()
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	for _, m := range []struct {
-		name, help string
-		v          int64
-	}{
-		{"dsec_reconcile_doubts_recorded_total", "Creates sent to a node whose outcome this apiserver never learned.", st.DoubtsRecorded},
-		{"dsec_reconcile_doubts_settled_total", "Doubts this apiserver settled with their nodes.", st.DoubtsSettled},
-		{"dsec_reconcile_sandboxes_reaped_total", "Sandboxes of given-up creates that nodes removed when this apiserver asked.", st.SandboxesReaped},
-		{"dsec_reconcile_reservations_abandoned_total", "Pending reservations whose lease lapsed, abandoned by this apiserver.", st.ReservationsAbandoned},
-		{"dsec_reconcile_rows_removed_total", "Sandbox rows of sandboxes gone from their nodes, removed by this apiserver.", st.RowsRemoved},
-		{"dsec_reconcile_row_checks_skipped_total", "Checks of a node's sandbox rows skipped because none of its sandboxes ended since the last.", st.RowChecksSkipped},
-		{"dsec_events_stored_total", "Lifecycle events this apiserver pulled from nodes and stored (each stored once, whichever apiserver stores it).", s.events.stored.Load()},
-		{"dsec_events_lost_total", "Lifecycle events nodes no longer kept when this apiserver asked for them.", s.events.lost.Load()},
-		{"dsec_webhook_deliveries_total", "Webhook deliveries this apiserver made that their endpoints acknowledged (2xx).", s.webhooks.delivered.Load()},
-		{"dsec_webhook_delivery_failures_total", "Webhook delivery attempts that failed (an error, a timeout or an answer other than 2xx), each retried.", s.webhooks.failed.Load()},
-	} {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", m.name, m.help, m.name, m.name, m.v)
-	}
 }
 
 // outcomeUnknown says whether a create that failed with err may yet have

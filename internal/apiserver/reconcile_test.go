@@ -2,8 +2,6 @@ package apiserver
 
 import (
 	"context"
-	"io"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -307,22 +305,5 @@ func TestRowCheckSkippedWhileNothingEnded(t *testing.T) {
 	s.Reconcile(ctx)
 	if rows, err := st.SandboxRows(ctx, "k2"); err != nil || len(rows) != 0 {
 		t.Fatalf("after the edge restarted: %d rows (%v), want 0", len(rows), err)
-	}
-}
-
-// TestMetrics: /metrics serves the counters.
-func TestMetrics(t *testing.T) {
-	s, _, _ := newRig(t, false, Config{}, newFakeEdge("n1"))
-	s.rec.reaped.Add(3)
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
-	resp, err := hs.Client().Get(hs.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if !strings.Contains(string(body), "\ndsec_reconcile_sandboxes_reaped_total 3\n") {
-		t.Fatalf("metrics:\n%s", body)
 	}
 }

@@ -501,6 +501,7 @@ func placeRequest(spec *dsecv1.SandboxSpec, n int) placement.Request {
 // say nothing of the limit: raising it would not help.
 func (s *Server) place(req placement.Request, exclude map[string]bool) ([]string, error) {
 	nodes, err := s.placer.Place(s.placementView(), req, exclude)
+	s.metrics.Placement(placementOutcome(err))
 	var ex *placement.ExhaustedError
 	if err != nil && errors.As(err, &ex) && ex.Shortage == placement.NoBackend {
 		// No node offers the isolation: say what they lack for it.

@@ -24,6 +24,7 @@ import (
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
@@ -139,6 +140,13 @@ type Config struct {
 	// (charged to it): "/" is the root. Empty refuses such calls
 	// (AuthorizeFnCall).
 	TokenlessFnCall string
+	// Metrics, when set, is the registry the apiserver records into
+	// (requests, placements, reconciliation, events, webhooks) and
+	// Handler serves at /metrics; nil records nothing and serves no
+	// /metrics. ScrapeToken, besides a viewer's token on the root
+	// project, lets a scrape from off loopback read it (MetricsHandler).
+	Metrics     *metrics.Registry
+	ScrapeToken metrics.ScrapeToken
 }
 
 // Server implements the public services.
@@ -168,6 +176,7 @@ type Server struct {
 	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
 	loop     loopback                          // grade.go
 	console  webConsole                        // console.go
+	metrics  *metrics.API                      // nil without Config.Metrics
 }
 
 // New returns a Server routing to the fleet's edges.
@@ -201,18 +210,23 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 	}
 	s.audit = newAuditLog(cfg.Audit, log)
 	s.events.init()
+	s.registerMetrics()
 	return s
 }
 
-// Handler returns the HTTP handler serving every service, plus /healthz
-// and /metrics (the reconciliation counters, in Prometheus's text format),
-// which need no token, and the web console at /console (console.go),
-// which needs a signed-in token.
+// Handler returns the HTTP handler serving every service, plus /healthz,
+// which needs no token, /metrics (Config.Metrics through MetricsHandler:
+// a token only from off loopback), and the web console at /console
+// (console.go), which needs a signed-in token.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	// Clients accept gzip by default; compressing small messages costs
 	// more time than it saves, even off loopback.
 	interceptors := []connect.Interceptor{errdefs.Interceptor{}, authInterceptor{cache: s.authn, log: s.log, audit: s.audit}}
+	if s.metrics != nil {
+		// Outermost: the latency includes authentication.
+		interceptors = append([]connect.Interceptor{requestMetrics{s.metrics}}, interceptors...)
+	}
 	opts := []connect.HandlerOption{connect.WithInterceptors(interceptors...), connect.WithCompressMinBytes(16 << 10)}
 	for _, c := range jsonCodecs() {
 		opts = append(opts, connect.WithCodec(c))
@@ -224,7 +238,9 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle(dsecv1connect.NewIAMServiceHandler(&iamService{st: s.cfg.IAM, log: s.log, pools: s.allWarmPools}, opts...))
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/metrics", s.serveMetrics)
+	if s.cfg.Metrics != nil {
+		mux.Handle("/metrics", s.MetricsHandler())
+	}
 	mux.HandleFunc(console.Prefix, s.serveConsole)
 	mux.HandleFunc(console.Prefix+"/", s.serveConsole)
 	// Streams of exec events end with the exit: see forwardStream.

@@ -145,6 +145,11 @@ type Config struct {
 	// (/metrics) on this address; keep it on loopback or a scrape
 	// network. The all-in-one serves them at its API port's /metrics too.
 	MetricsListen string
+	// MetricsTokenFile, if set, holds a scrape token: a scrape from off
+	// loopback bearing it may read /metrics (the all-in-one accepts a
+	// viewer's token on the root project too; without either, such a
+	// scrape is refused).
+	MetricsTokenFile string
 	// MetricsProjects is how many projects, the largest by sandboxes, the
 	// node's sandbox gauge names; the rest are summed under "other"
 	// (docs/operations.md). 0 = metrics.DefaultProjects; negative: none.
@@ -694,6 +699,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer meta.Close()
+	if failed := cfg.metrics.StoreErrors().Of("sqlite"); failed != nil {
+		meta = store.Observe(meta, failed)
+	}
+	scrapeToken, err := metrics.ReadScrapeToken(cfg.MetricsTokenFile)
+	if err != nil {
+		return err
+	}
 	// The loopback TCP port needs a token; the node's own users find it in
 	// <root>/admin.token (the CLI and SDKs read it there by default).
 	if err := ensureAdminToken(ctx, meta, filepath.Join(cfg.Root, AdminTokenFile)); err != nil {
@@ -712,7 +724,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	edge.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipts, nil })
 	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		TokenlessFnCall: tokenless}, meta, fleet, log.With("component", "apiserver"))
+		TokenlessFnCall: tokenless, Metrics: cfg.metrics, ScrapeToken: scrapeToken}, meta, fleet, log.With("component", "apiserver"))
 	// A reservation left pending by a dsecd that died mid-create, say, is
 	// reconciled here as in a cluster.
 	stopReconciler := runReconciler(ctx, api)
@@ -762,14 +774,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.DebugListen != "" {
 		go servePprof(ctx, cfg.DebugListen, log)
 	}
-	if cfg.MetricsListen != "" {
-		go serveMetrics(ctx, cfg.MetricsListen, cfg.metrics, log)
+	if cfg.MetricsListen != "" && cfg.metrics != nil {
+		go serveMetrics(ctx, cfg.MetricsListen, api.MetricsHandler(), log)
 	}
-	// The API's socket and loopback port serve the metrics beside the API.
+	// The API's socket and port serve the metrics (the node's and the
+	// apiserver's, one registry) beside the API, at /metrics.
 	mux := http.NewServeMux()
-	if cfg.metrics != nil {
-		mux.Handle("/metrics", cfg.metrics.Handler())
-	}
 	mux.Handle("/", api.Handler())
 	log.Info("dsecd ready", "node", cfg.Node, "root", cfg.Root, "socket", cfg.Socket, "listen", cfg.Listen, "runtime", cfg.Runtime,
 		"token_file", filepath.Join(cfg.Root, AdminTokenFile), "clients", clientEnv(cfg, lns), "e2b", e2bAddr, "sandboxfusion", sfAddr)
@@ -926,6 +936,9 @@ func openLayers(ctx context.Context, cfg Config, images *image.Store, log *slog.
 	if err != nil {
 		return nil, err
 	}
+	if failed := cfg.metrics.BlobErrors().Of(blob.Backend(sc.BlobStore)); failed != nil {
+		blobs = blob.Observe(blobs, failed)
+	}
 	if sc.BandwidthBytesPerSec > 0 {
 		blobs = blob.Throttle(blobs, sc.BandwidthBytesPerSec)
 	}
@@ -935,7 +948,7 @@ func openLayers(ctx context.Context, cfg Config, images *image.Store, log *slog.
 		if err != nil {
 			return nil, fmt.Errorf("find dsecd binary for lazyfs: %w", err)
 		}
-		loader, err = lazyd.Connect(ctx, lazyd.Config{
+		c, err := lazyd.Connect(ctx, lazyd.Config{
 			Dir: filepath.Join(cfg.Root, "lazy"), BlobStore: sc.BlobStore,
 			CacheBytes: sc.CacheBytes, MemoryBytes: sc.MemoryBytes, NoPagePush: sc.NoPagePush,
 			BandwidthBytesPerSec: sc.BandwidthBytesPerSec,
@@ -943,12 +956,31 @@ func openLayers(ctx context.Context, cfg Config, images *image.Store, log *slog.
 		if err != nil {
 			return nil, err
 		}
+		loader = c
+		// The loader runs in its own process: each scrape asks it.
+		cfg.metrics.Layers(func() (metrics.LayerTotals, bool) { return lazyTotals(ctx, c, log) })
 	}
 	return layers.New(layers.Config{
 		Mode: mode, Blobs: blobs, BlobSpec: sc.BlobStore, ChunkSize: sc.ChunkSize,
 		Dir: filepath.Join(cfg.Root, "layers-"+string(mode)), Loader: loader, Tars: sc.Tars,
 		Machine: machineID(), MaxUpload: sc.MaxUploadBytes, Log: log.With("component", "layers"),
 	}, images)
+}
+
+// lazyTotals reads the lazy loader's counters for a scrape of /metrics,
+// in its own process (package lazyd) over its control socket; false when
+// it does not answer within a second.
+func lazyTotals(ctx context.Context, c *lazyd.Client, log *slog.Logger) (metrics.LayerTotals, bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	t, err := c.Totals(ctx)
+	if err != nil {
+		log.Debug("read the lazy loader's totals for /metrics", "err", err)
+		return metrics.LayerTotals{}, false
+	}
+	return metrics.LayerTotals{BytesRead: t.BytesRead, BytesFetched: t.BytesFetched, ChunksFetched: t.ChunksFetched,
+		MemoryHits: t.MemoryHits, DiskHits: t.DiskHits, CacheMisses: t.CacheMisses, FetchErrors: t.FetchErrors,
+		MemoryBytes: t.MemoryBytes, DiskBytes: t.DiskBytes}, true
 }
 
 // DefaultRunsc is where scripts/build-runsc.sh puts runsc by default.

@@ -168,7 +168,15 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 		metricsReg = metrics.New()
 	}
 	if cfg.Node.MetricsListen != "" && metricsReg != nil {
-		go serveMetrics(ctx, cfg.Node.MetricsListen, metricsReg, log)
+		// An edge has no IAM: off loopback, only the scrape token reads it.
+		tok, err := metrics.ReadScrapeToken(cfg.Node.MetricsTokenFile)
+		if err != nil {
+			return err
+		}
+		go serveMetrics(ctx, cfg.Node.MetricsListen, metrics.Guard(metricsReg.Handler(), tok.Allow), log)
+	}
+	if failed := metricsReg.StoreErrors().Of(store.Backend(cfg.Registry)); reg != nil && failed != nil {
+		reg = store.Observe(reg, failed)
 	}
 	if cfg.Node.Runtime == "fake" {
 		h := cfg.Hollow
@@ -306,8 +314,11 @@ type APIServerConfig struct {
 	// address; keep it on loopback.
 	DebugListen string
 	// MetricsListen, if set, serves the apiserver's Prometheus metrics
-	// (/metrics) on this address.
-	MetricsListen string
+	// (/metrics) on this address too (its API port serves them already);
+	// from off loopback a scrape needs the token in MetricsTokenFile or a
+	// viewer's token on the root project.
+	MetricsListen    string
+	MetricsTokenFile string
 	// SandboxFusionListen, if set, serves SandboxFusion's HTTP API on this
 	// address.
 	SandboxFusionListen string
@@ -388,6 +399,12 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		return err
 	}
 	defer meta.Close()
+	reg := metrics.New()
+	meta = store.Observe(meta, reg.StoreErrors().Of(store.Backend(cfg.DB)))
+	scrapeToken, err := metrics.ReadScrapeToken(cfg.MetricsTokenFile)
+	if err != nil {
+		return err
+	}
 	// Edges named on the command line, else the registry's.
 	members := registryMembers(meta)
 	if len(cfg.Edges) > 0 {
@@ -414,7 +431,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		TokenlessFnCall: tokenless}, meta, w, log.With("component", "apiserver"))
+		TokenlessFnCall: tokenless, Metrics: reg, ScrapeToken: scrapeToken}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.Poll(ctx) // routable edges from the first call on
@@ -442,7 +459,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		go servePprof(ctx, cfg.DebugListen, log)
 	}
 	if cfg.MetricsListen != "" {
-		go serveMetrics(ctx, cfg.MetricsListen, metrics.New(), log)
+		go serveMetrics(ctx, cfg.MetricsListen, api.MetricsHandler(), log)
 	}
 	var sfAddr, e2bAddr string
 	if cfg.SandboxFusionListen != "" {
@@ -568,10 +585,10 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) {
 	}
 }
 
-// serveMetrics serves reg's metrics at addr's /metrics until ctx ends.
-func serveMetrics(ctx context.Context, addr string, reg *metrics.Registry, log *slog.Logger) {
+// serveMetrics serves h at addr's /metrics until ctx ends.
+func serveMetrics(ctx context.Context, addr string, h http.Handler, log *slog.Logger) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", reg.Handler())
+	mux.Handle("/metrics", h)
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -43,6 +43,9 @@ func startRecorder(ctx context.Context, cfg Config, svc *edgesvc.Service, src tr
 			return nil, err
 		}
 		blobs = b
+		if failed := cfg.metrics.BlobErrors().Of(blob.Backend(cfg.Storage.BlobStore)); failed != nil {
+			blobs = blob.Observe(b, failed)
+		}
 	}
 	rec, err := trajectory.New(trajectory.Config{
 		Dir: filepath.Join(cfg.Root, "trajectories"), Retention: tc.Retention, MaxBytes: tc.MaxBytes,

@@ -12,6 +12,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +26,9 @@ import (
 // Registry is one process's metrics. Make it with New; Handler serves it.
 type Registry struct {
 	reg *prometheus.Registry
+
+	mu     sync.Mutex
+	errors map[string]*Errors // by metric name: StoreErrors, BlobErrors
 }
 
 // New makes a process's registry, with the Go runtime's and the process's

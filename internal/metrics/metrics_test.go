@@ -127,8 +127,16 @@ func TestNilEdge(t *testing.T) {
 	e.Network("dns", "deny")
 	var f *FnCall
 	f.Call("python", "success", time.Second)
+	var a *API
+	a.Request("/p", "ok", time.Second)
+	a.Placement("placed")
 	var r *Registry
 	r.Node(func() NodeView { return NodeView{} }, 1)
+	r.Layers(nil)
+	r.Counters(Func{})
+	if r.StoreErrors().Of("sqlite") != nil || r.BlobErrors().Of("dir") != nil || r.API(nil) != nil {
+		t.Fatal("a nil registry made metrics")
+	}
 	if r.FnCall(nil) != nil || r.Edge() != nil {
 		t.Fatal("a nil registry made metrics")
 	}
@@ -179,6 +187,12 @@ func TestDashboard(t *testing.T) {
 			Pools: []PoolGroup{{Environment: "python", Size: 1, Ready: 1}}, CPUs: 2}
 	}, DefaultProjects)
 	r.FnCall(func() (int, int, int) { return 0, 0, 0 }).Call("python", "success", time.Millisecond)
+	a := r.API(func() (int, int) { return 1, 1 })
+	a.Request("/dsec.v1.SandboxService/Create", "ok", time.Millisecond)
+	a.Placement("placed")
+	r.Layers(func() (LayerTotals, bool) { return LayerTotals{BytesRead: 1}, true })
+	r.StoreErrors().Of("sqlite")("Nodes")
+	r.BlobErrors().Of("dir")("get")
 	fams := scrape(t, r)
 	name := regexp.MustCompile(`\bdsec_[a-z_]+`)
 	queried := 0

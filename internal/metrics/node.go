@@ -66,6 +66,8 @@ var (
 		"CPUs of this node for sandboxes (capacity) and asked for by its live sandboxes (requested).", []string{"kind"}, nil)
 	nodeMemoryDesc = prometheus.NewDesc("dsec_node_memory_bytes",
 		"Memory of this node for sandboxes (capacity), asked for by its live sandboxes (requested), and available on the host now (available).", []string{"kind"}, nil)
+	nodeCPUUsedDesc = prometheus.NewDesc("dsec_node_cpu_used_seconds_total",
+		"CPU time the node's host has spent busy since it booted, over every CPU (from /proc/stat: user, nice, system, irq, softirq, steal).", nil, nil)
 	nodeRefusingDesc = prometheus.NewDesc("dsec_node_refusing",
 		"1 while the node's admission refuses creates (full, or short of memory), else 0.", nil, nil)
 )
@@ -88,7 +90,7 @@ func (r *Registry) Node(view func() NodeView, projects int) {
 }
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{sandboxesDesc, poolSizeDesc, poolMembersDesc, nodeMaxSandboxesDesc, nodeCPUsDesc, nodeMemoryDesc, nodeRefusingDesc} {
+	for _, d := range []*prometheus.Desc{sandboxesDesc, poolSizeDesc, poolMembersDesc, nodeMaxSandboxesDesc, nodeCPUsDesc, nodeMemoryDesc, nodeCPUUsedDesc, nodeRefusingDesc} {
 		ch <- d
 	}
 }
@@ -121,6 +123,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(nodeMemoryDesc, float64(v.MemoryRequestedBytes), "requested")
 	if v.MemoryAvailableBytes >= 0 {
 		gauge(nodeMemoryDesc, float64(v.MemoryAvailableBytes), "available")
+	}
+	if used, err := CPUUsed(); err == nil {
+		ch <- prometheus.MustNewConstMetric(nodeCPUUsedDesc, prometheus.CounterValue, used)
 	}
 	refusing := 0.0
 	if v.Refusing {

@@ -20,6 +20,26 @@ const (
 	TooBig                            // the batch is more than the candidates hold when empty
 )
 
+// Label is the shortage's name as a metric label: no_healthy_node,
+// no_backend, all_tried, all_full, too_little_room or too_big.
+func (s Shortage) Label() string {
+	switch s {
+	case NoHealthyNode:
+		return "no_healthy_node"
+	case NoBackend:
+		return "no_backend"
+	case AllTried:
+		return "all_tried"
+	case AllFull:
+		return "all_full"
+	case TooLittleRoom:
+		return "too_little_room"
+	case TooBig:
+		return "too_big"
+	}
+	return "unknown"
+}
+
 // ExhaustedError is Place's answer when a request does not fit. Counts of
 // sandboxes (Used, Capacity) are over the candidates, the healthy nodes
 // offering Backend and not excluded, and include in-flight and recent

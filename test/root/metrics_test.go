@@ -19,7 +19,14 @@ import (
 // cluster's edge's --metrics-listen), parsed with Prometheus' text parser.
 func scrapeMetrics(t *testing.T, d *testutil.Daemon) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get("http://" + d.MetricsAddr + "/metrics")
+	return scrapeAt(t, d.MetricsAddr)
+}
+
+// scrapeAt reads and parses the /metrics served at addr (host:port): a
+// node's, or an apiserver's API port (the all-in-one's serves both).
+func scrapeAt(t *testing.T, addr string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatalf("scrape: %v", err)
 	}
@@ -68,6 +75,7 @@ func TestMetrics(t *testing.T) {
 	d := startDaemon(t, "--max-sandboxes", "3")
 	ctx := context.Background()
 	before := scrapeMetrics(t, d)
+	apiBefore := scrapeAt(t, d.Addr)
 
 	shape := &dsecv1.SandboxSpec{Environment: env, Cpus: 0.5, MemoryMb: 96, DiskMb: 64}
 	if _, err := d.Clients.Sandboxes.SetWarmPool(ctx, connect.NewRequest(&dsecv1.SetWarmPoolRequest{Spec: shape, Size: 1})); err != nil {
@@ -112,6 +120,7 @@ func TestMetrics(t *testing.T) {
 	}
 
 	after := scrapeMetrics(t, d)
+	apiAfter := scrapeAt(t, d.Addr)
 	kind := func(outcome string) map[string]string {
 		return map[string]string{"backend": "container", "isolation": "container", "outcome": outcome}
 	}
@@ -166,6 +175,35 @@ func TestMetrics(t *testing.T) {
 		if got := metricValue(after, g.name, g.labels); got != g.want {
 			t.Errorf("%s%v = %v, want %v", g.name, g.labels, got, g.want)
 		}
+	}
+	// The apiserver's requests and placements (the all-in-one's API port
+	// serves them with the node's; a cluster's apiserver its own): three
+	// creates placed and answered, the fourth placed and refused by the
+	// node (all-in-one) or refused by placement (a cluster's apiserver).
+	moved := func(name string, labels map[string]string) float64 {
+		return metricValue(apiAfter, name, labels) - metricValue(apiBefore, name, labels)
+	}
+	if got := moved("dsec_api_request_seconds", map[string]string{"procedure": "/dsec.v1.SandboxService/Create", "code": "ok"}); got != 3 {
+		t.Errorf("the apiserver's Create ok moved by %v, want 3", got)
+	}
+	if got := moved("dsec_api_request_seconds", map[string]string{"procedure": "/dsec.v1.SandboxService/Create", "code": "resource_exhausted"}); got != refused {
+		t.Errorf("the apiserver's Create resource_exhausted moved by %v, want %v", got, refused)
+	}
+	if got := moved("dsec_placement_decisions_total", map[string]string{"outcome": "placed"}); got < 3 {
+		t.Errorf("placements moved by %v, want at least 3", got)
+	}
+	if got := metricValue(apiAfter, "dsec_placement_nodes", map[string]string{"state": "healthy"}); got != 1 {
+		t.Errorf("healthy nodes = %v, want 1", got)
+	}
+	// The node's CPU used, and the lazy loader's reads of the sandboxes'
+	// layers (a fresh node's: every layer byte its sandboxes read came
+	// through it).
+	if metricValue(after, "dsec_node_cpu_used_seconds_total", map[string]string{}) <= metricValue(before, "dsec_node_cpu_used_seconds_total", map[string]string{}) {
+		t.Errorf("the node's CPU used did not move: %v", after["dsec_node_cpu_used_seconds_total"])
+	}
+	if metricValue(after, "dsec_layer_read_bytes_total", map[string]string{}) <= 0 ||
+		metricValue(after, "dsec_layer_cache_bytes", map[string]string{"tier": "memory"})+metricValue(after, "dsec_layer_cache_bytes", map[string]string{"tier": "disk"}) <= 0 {
+		t.Errorf("the lazy loader's reads and cache are missing: %v %v", after["dsec_layer_read_bytes_total"], after["dsec_layer_cache_bytes"])
 	}
 	if metricValue(after, "dsec_node_cpus", map[string]string{"kind": "capacity"}) < 1 ||
 		metricValue(after, "dsec_node_memory_bytes", map[string]string{"kind": "capacity"}) <= 0 {

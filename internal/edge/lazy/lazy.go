@@ -89,6 +89,7 @@ type FS struct {
 
 	mu     sync.Mutex
 	layers map[string]*layer // by file sha256 hex
+	gone   Totals            // the counters of layers removed, when they were
 
 	mnt mountState // the FUSE side, per OS
 }
@@ -284,6 +285,9 @@ func (f *FS) Remove(hex string) {
 	f.mu.Lock()
 	l, ok := f.layers[hex]
 	delete(f.layers, hex)
+	if ok {
+		l.addTo(&f.gone)
+	}
 	f.mu.Unlock()
 	if !ok {
 		return
@@ -383,6 +387,45 @@ func (f *FS) Stats(hex string) LayerStats {
 		BytesWrittenDisk:  l.bytesWrittenDisk.Load(),
 		BytesPushed:       l.bytesPushed.Load(),
 	}
+}
+
+// Totals are the file system's counters over every layer since it
+// mounted (a removed layer's as they were when it was removed), and its
+// cache's size now: what the node's /metrics exports.
+type Totals struct {
+	BytesRead     int64 // bytes returned to readers
+	BytesFetched  int64 // bytes of chunk objects read from the store (compressed for zstd layers)
+	ChunksFetched int64
+	MemoryHits    int64 // chunk reads served from the memory tier
+	DiskHits      int64 // chunk reads served from the disk tier
+	CacheMisses   int64 // chunk reads that waited for a fetch
+	FetchErrors   int64 // failed fetch attempts
+	// MemoryBytes and DiskBytes are what the cache's tiers hold now.
+	MemoryBytes, DiskBytes int64
+}
+
+func (l *layer) addTo(t *Totals) {
+	t.BytesRead += l.bytesRead.Load()
+	t.BytesFetched += l.bytesFetched.Load()
+	t.ChunksFetched += l.chunksFetched.Load()
+	t.MemoryHits += l.memoryHits.Load()
+	t.DiskHits += l.diskHits.Load()
+	t.CacheMisses += l.cacheMisses.Load()
+	t.FetchErrors += l.fetchErrors.Load()
+}
+
+// Totals returns the counters summed over every layer and the cache's
+// size now.
+func (f *FS) Totals() Totals {
+	f.mu.Lock()
+	t := f.gone
+	for _, l := range f.layers {
+		l.addTo(&t)
+	}
+	f.mu.Unlock()
+	cs := f.cache.stats()
+	t.MemoryBytes, t.DiskBytes = cs.MemoryBytes, cs.DiskBytes
+	return t
 }
 
 // readAt returns the bytes of the layer file at off, len(dest) of them

@@ -402,12 +402,26 @@ func TestTraceAndFetchAll(t *testing.T) {
 		t.Error("Prefetch of chunk out of range succeeded")
 	}
 
+	// The node's totals (its /metrics) sum the layers' counters and keep a
+	// removed layer's.
+	st1 := f.Stats(hex)
+	before := f.Totals()
+	if before.BytesRead != st1.BytesRead || before.BytesFetched != st1.BytesFetched || before.ChunksFetched != st1.ChunksFetched ||
+		before.MemoryHits+before.DiskHits != st1.CacheHits || before.CacheMisses != st1.CacheMisses {
+		t.Errorf("totals %+v of one layer's stats %+v", before, st1)
+	}
+	if before.BytesRead == 0 || before.ChunksFetched == 0 || before.MemoryBytes+before.DiskBytes == 0 {
+		t.Errorf("totals after reads and a FetchAll: %+v", before)
+	}
 	f.Remove(hex)
 	if _, err := os.Stat(filepath.Join(f.cfg.MountPoint, hex)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("stat removed layer: %v", err)
 	}
 	if s := f.Stats(hex); s != (LayerStats{}) {
 		t.Errorf("stats of removed layer: %+v", s)
+	}
+	if after := f.Totals(); after.BytesRead != before.BytesRead || after.ChunksFetched != before.ChunksFetched {
+		t.Errorf("totals after the layer's removal: %+v, before %+v", after, before)
 	}
 }
 

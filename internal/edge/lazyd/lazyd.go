@@ -139,6 +139,7 @@ type response struct {
 	Wrote  bool            `json:"wrote,omitempty"`
 	Chunks []int           `json:"chunks,omitempty"`
 	Stats  lazy.LayerStats `json:"stats"`
+	Totals *lazy.Totals    `json:"totals,omitempty"`
 	Error  string          `json:"error,omitempty"`
 	Kind   string          `json:"kind,omitempty"` // errdefs kind of Error
 }
@@ -182,6 +183,10 @@ func handler(fsys *lazy.FS, cfg Config, log *slog.Logger) http.Handler {
 	})
 	handle("/stats", func(ctx context.Context, req request) (response, error) {
 		return response{Stats: fsys.Stats(req.Hex)}, nil
+	})
+	handle("/totals", func(ctx context.Context, req request) (response, error) {
+		t := fsys.Totals()
+		return response{Totals: &t}, nil
 	})
 	handle("/meta", func(ctx context.Context, req request) (response, error) {
 		tmp, err := os.MkdirTemp(cfg.Dir, "meta-")
@@ -341,6 +346,20 @@ func (c *Client) PublishTrace(ctx context.Context, hex string) (bool, error) {
 func (c *Client) Stats(ctx context.Context, hex string) (lazy.LayerStats, error) {
 	r, err := c.call(ctx, "/stats", request{Hex: hex})
 	return r.Stats, err
+}
+
+// Totals reads the file system's counters over every layer and its
+// cache's size (lazy.FS.Totals), for the node's /metrics. A lazyfs older
+// than this dsecd, which does not serve them, is NotSupported.
+func (c *Client) Totals(ctx context.Context) (lazy.Totals, error) {
+	r, err := c.call(ctx, "/totals", request{})
+	if err != nil {
+		return lazy.Totals{}, err
+	}
+	if r.Totals == nil {
+		return lazy.Totals{}, fmt.Errorf("lazyfs totals: the running lazyfs does not serve them (restart it): %w", errdefs.ErrNotSupported)
+	}
+	return *r.Totals, nil
 }
 
 // MetaChunks finds the chunks holding a layer's file system metadata.
