@@ -118,7 +118,11 @@ class Progress:
 SYSTEMS_LABELS = {"job": "dsec-demo", "batch": "systems"}
 
 # What every rollout's sandbox asks for; a warm pool of this shape serves them.
-SHAPE = {"memory_mb": 256, "cpus": 0.5}
+# Rollouts are best-effort work: under SCHED_IDLE (docs/qos.md) they take
+# only the CPU nothing latency-sensitive wants, here the clean rooms that
+# grade them, which run at the latency class since the trainer waits on
+# their rewards.
+SHAPE = {"memory_mb": 256, "cpus": 0.5, "qos": "best_effort"}
 
 
 async def fill_warm_pool(client, args):

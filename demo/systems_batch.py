@@ -31,8 +31,10 @@ CANDIDATES = sorted(
 )
 # The clean room's grader: the trusted checker over the observed state.
 CHECK = "python3 /opt/dsec-check/check.py /observed/state.json /tmp/result.json"
-# What every microVM asks for: a guest of 256 MiB, one vCPU.
-VM_SHAPE = {"memory_mb": 256, "cpus": 1}
+# What every microVM asks for: a guest of 256 MiB, one vCPU; best-effort,
+# as the coding batch's rollouts are (its QEMU under SCHED_IDLE), while
+# the clean rooms that grade them run at the latency class.
+VM_SHAPE = {"memory_mb": 256, "cpus": 1, "qos": "best_effort"}
 
 
 def _read(name):

@@ -258,6 +258,10 @@ func roomSpec(src *dsecv1.Sandbox, env string, req *dsecv1.GradeRequest) *dsecv1
 		spec.Labels[projectLabel] = p
 	}
 	spec.Hostname = ""
+	// The trainer waits on the reward: the clean room runs at the latency
+	// class (docs/qos.md) even when the rollout it grades was best-effort
+	// work, which then yields the CPU to it.
+	spec.Qos = "latency"
 	spec.OnTimeout = dsecv1.OnTimeout_ON_TIMEOUT_UNSPECIFIED
 	spec.AutoResume = nil
 	spec.Phases = nil            // the sandbox's phases are its own: the clean room's life is the grade's

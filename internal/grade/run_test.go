@@ -17,17 +17,19 @@ import (
 type failingExec struct {
 	grade.API // the calls Run should not make panic on nil
 	deleted   []string
+	room      *dsecv1.SandboxSpec // the clean room's spec, as created
 }
 
 func (f *failingExec) Get(context.Context, *connect.Request[dsecv1.GetRequest]) (*connect.Response[dsecv1.Sandbox], error) {
-	return connect.NewResponse(&dsecv1.Sandbox{Id: "sb-a", Spec: &dsecv1.SandboxSpec{Environment: "busybox:test"}}), nil
+	return connect.NewResponse(&dsecv1.Sandbox{Id: "sb-a", Spec: &dsecv1.SandboxSpec{Environment: "busybox:test", Qos: "best_effort"}}), nil
 }
 
 func (f *failingExec) Snapshot(_ context.Context, req *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
 	return connect.NewResponse(&dsecv1.SnapshotInfo{Name: req.Msg.GetName(), Environment: "busybox:test+snap:" + req.Msg.GetName()}), nil
 }
 
-func (f *failingExec) Create(context.Context, *connect.Request[dsecv1.CreateRequest]) (*connect.Response[dsecv1.CreateResponse], error) {
+func (f *failingExec) Create(_ context.Context, req *connect.Request[dsecv1.CreateRequest]) (*connect.Response[dsecv1.CreateResponse], error) {
+	f.room = req.Msg.GetSpec()
 	return connect.NewResponse(&dsecv1.CreateResponse{Sandboxes: []*dsecv1.Sandbox{{Id: "sb-room"}}}), nil
 }
 
@@ -64,5 +66,10 @@ func TestRunFailsTidily(t *testing.T) {
 	}
 	if !slices.Equal(api.deleted, []string{"sb-room", "snapshot"}) {
 		t.Errorf("Run deleted %v, want the clean room and then the capture", api.deleted)
+	}
+	// The trainer waits on the reward: a best-effort rollout's clean room
+	// runs at the latency class.
+	if got := api.room.GetQos(); got != "latency" {
+		t.Errorf("the clean room of a best-effort sandbox has qos %q, want latency", got)
 	}
 }
