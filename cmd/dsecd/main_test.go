@@ -1,37 +1,36 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"strings"
 	"testing"
-
-	"dsec.dev/dsec/internal/daemon"
 )
 
-// TestFlagsFromEnvironment: every role's flags can come from DSECD_*
-// variables, and the command line wins over them.
-func TestFlagsFromEnvironment(t *testing.T) {
-	var cfg daemon.EdgeConfig
-	var nf nodeFlags
-	fs := flag.NewFlagSet("dsecd edge", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	addNodeFlags(fs, &cfg.Node, &nf)
-	fs.StringVar(&cfg.Listen, "listen", daemon.DefaultEdgeAddr, "")
-	fs.StringVar(&cfg.Registry, "registry", "", "")
-	env := map[string]string{"DSECD_MAX_SANDBOXES": "7", "DSECD_REGISTRY": "postgres://db/dsec", "DSECD_LISTEN": "0.0.0.0:1"}
-	if err := fromEnv(fs, func(k string) string { return env[k] }); err != nil {
-		t.Fatal(err)
+// TestConfigPrint: dsecd config print shows a role's effective
+// configuration, its flags over its DSECD_* variables over its defaults,
+// with the metadata store's password hidden.
+func TestConfigPrint(t *testing.T) {
+	t.Setenv("DSECD_MAX_SANDBOXES", "7")
+	t.Setenv("DSECD_REGISTRY", "postgres://dsec:hunter2@db/dsec")
+	t.Setenv("DSECD_LISTEN", "0.0.0.0:1")
+	var out strings.Builder
+	if code := dispatch([]string{"config", "print", "--role", "edge", "--listen", "127.0.0.1:2"}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
 	}
-	if err := fs.Parse([]string{"--listen", "127.0.0.1:2"}); err != nil {
-		t.Fatal(err)
+	for _, want := range []string{"max_sandboxes = 7\n", `listen = "127.0.0.1:2"`, `registry = "postgres://dsec:REDACTED@db/dsec"`, `runtime = "runc"`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in\n%s", want, out.String())
+		}
 	}
-	if cfg.Node.Limits.MaxSandboxes != 7 || cfg.Registry != "postgres://db/dsec" || cfg.Listen != "127.0.0.1:2" {
-		t.Errorf("max-sandboxes %d, registry %q, listen %q", cfg.Node.Limits.MaxSandboxes, cfg.Registry, cfg.Listen)
+	if strings.Contains(out.String(), "hunter2") {
+		t.Error("the password was printed")
 	}
-	bad := map[string]string{"DSECD_MAX_SANDBOXES": "many"}
-	if err := fromEnv(fs, func(k string) string { return bad[k] }); err == nil {
-		t.Error("a malformed variable was taken")
+	t.Setenv("DSECD_MAX_SANDBOXES", "many")
+	if code := dispatch([]string{"config", "print", "--role", "edge"}, io.Discard); code != 2 {
+		t.Errorf("a malformed variable: exit %d, want 2", code)
+	}
+	if code := dispatch([]string{"config", "print", "--role", "chef"}, io.Discard); code != 2 {
+		t.Errorf("an unknown role: exit %d, want 2", code)
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/blob"
+	"dsec.dev/dsec/internal/config"
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/backend/container"
 	"dsec.dev/dsec/internal/edge/claims"
@@ -181,7 +182,7 @@ type Config struct {
 // DefaultSandboxFusionAddr is where the all-in-one dsecd serves
 // SandboxFusion's API unless told otherwise: SandboxFusion's own port, on
 // loopback.
-const DefaultSandboxFusionAddr = "127.0.0.1:8080"
+const DefaultSandboxFusionAddr = config.DefaultSandboxFusionAddr
 
 // StorageConfig says where layers are stored and how sandboxes load them.
 type StorageConfig struct {
@@ -260,10 +261,10 @@ func defaultMaxSandboxes(memTotalMB int64) int {
 }
 
 // DefaultAddr is the TCP address dsecd listens on unless told otherwise.
-const DefaultAddr = "127.0.0.1:8675"
+const DefaultAddr = config.DefaultAddr
 
 // DefaultRoot is dsecd's state directory unless told otherwise.
-const DefaultRoot = "/var/lib/dsec"
+const DefaultRoot = config.DefaultRoot
 
 func (c *Config) fill() error {
 	switch {
@@ -318,24 +319,28 @@ func (c *Config) fill() error {
 	if c.AgentPath == "" {
 		c.AgentPath = findAgent()
 	}
-	d := &c.Defaults
+	// A zero takes the default package config holds (the one place
+	// defaults live), as a Config built in Go rather than from
+	// config.AllInOne has them.
+	def := config.DefaultNode(func(string) string { return "" })
+	d, dd := &c.Defaults, def.Defaults
 	if d.CPUs == 0 {
-		d.CPUs = 1
+		d.CPUs = dd.CPUs
 	}
 	if d.MemoryMB == 0 {
-		d.MemoryMB = 512
+		d.MemoryMB = dd.MemoryMB
 	}
 	if d.DiskMB == 0 {
-		d.DiskMB = 1024
+		d.DiskMB = dd.DiskMB
 	}
 	if d.Pids == 0 {
-		d.Pids = 1024
+		d.Pids = dd.Pids
 	}
 	if d.TTL == 0 {
-		d.TTL = time.Hour
+		d.TTL = dd.TTL
 	}
 	if d.IdleTimeout == 0 {
-		d.IdleTimeout = 15 * time.Minute
+		d.IdleTimeout = dd.IdleTimeout
 	}
 	l := &c.Limits
 	memTotal := sync.OnceValues(sandbox.MemTotalMB)
@@ -359,13 +364,13 @@ func (c *Config) fill() error {
 		l.MaxMemoryMB = total
 	}
 	if l.MaxDiskMB == 0 {
-		l.MaxDiskMB = 64 << 10
+		l.MaxDiskMB = def.Limits.MaxDiskMB
 	}
 	if l.MaxTTL == 0 {
-		l.MaxTTL = 24 * time.Hour
+		l.MaxTTL = def.Limits.MaxTTL
 	}
 	if l.MinAvailableMB == 0 {
-		l.MinAvailableMB = 256
+		l.MinAvailableMB = def.Limits.MinAvailableMB
 	}
 	if c.Storage.MemoryBytes == 0 {
 		total, err := memTotal()
@@ -375,7 +380,7 @@ func (c *Config) fill() error {
 		c.Storage.MemoryBytes = defaultChunkMemory(total)
 	}
 	if c.Retention == 0 {
-		c.Retention = 10 * time.Minute
+		c.Retention = def.Retention
 	}
 	return nil
 }

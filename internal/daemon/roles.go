@@ -17,6 +17,7 @@ import (
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/clustertls"
+	"dsec.dev/dsec/internal/config"
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/hollow"
@@ -37,7 +38,7 @@ import (
 // metadata store shared by all its replicas.
 
 // DefaultEdgeAddr is where an edge serves EdgeService unless told otherwise.
-const DefaultEdgeAddr = "127.0.0.1:8676"
+const DefaultEdgeAddr = config.DefaultEdgeAddr
 
 // EdgeConfig is `dsecd edge`'s configuration.
 type EdgeConfig struct {
@@ -76,7 +77,7 @@ func (c *EdgeConfig) fill() error {
 			c.Node.Node, errdefs.ErrInvalidArgument)
 	}
 	if c.Heartbeat == 0 {
-		c.Heartbeat = 2 * time.Second
+		c.Heartbeat = config.DefaultEdge(func(string) string { return "" }).Heartbeat
 	}
 	return nil
 }

@@ -598,7 +598,7 @@ func (m *Manager) applyDefaults(in *dsecv1.SandboxSpec) (*dsecv1.SandboxSpec, er
 	}
 	switch {
 	case l.MaxCPUs > 0 && spec.Cpus > l.MaxCPUs:
-		return nil, fmt.Errorf("cpus %.2f is over the node's limit of %.2f (dsecd --max-cpus): %w", spec.Cpus, l.MaxCPUs, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("cpus %.2f is over the node's limit of %.2f (dsecd --max-cpus, limits.max_cpus): %w", spec.Cpus, l.MaxCPUs, errdefs.ErrInvalidArgument)
 	case l.MaxMemoryMB > 0 && spec.MemoryMb > l.MaxMemoryMB:
 		return nil, fmt.Errorf("memory_mb %d is over the node's limit of %d (dsecd --max-memory-mb): %w", spec.MemoryMb, l.MaxMemoryMB, errdefs.ErrInvalidArgument)
 	case l.MaxDiskMB > 0 && spec.DiskMb > l.MaxDiskMB:

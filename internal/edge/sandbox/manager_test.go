@@ -222,7 +222,7 @@ func TestCreateRefusesOverNodeLimits(t *testing.T) {
 		{"memory_mb 10^9", &dsecv1.SandboxSpec{MemoryMb: 1_000_000_000},
 			"memory_mb 1000000000 is over the node's limit of 4096 (dsecd --max-memory-mb)"},
 		{"memory one over", &dsecv1.SandboxSpec{MemoryMb: 4097}, "memory_mb 4097 is over the node's limit of 4096"},
-		{"cpus", &dsecv1.SandboxSpec{Cpus: 3}, "cpus 3.00 is over the node's limit of 2.00 (dsecd --max-cpus)"},
+		{"cpus", &dsecv1.SandboxSpec{Cpus: 3}, "cpus 3.00 is over the node's limit of 2.00 (dsecd --max-cpus, limits.max_cpus)"},
 		{"disk", &dsecv1.SandboxSpec{DiskMb: 8193}, "disk_mb 8193 is over the node's limit of 8192"},
 		{"ttl", &dsecv1.SandboxSpec{TtlSeconds: 3601}, "ttl 3601s is over the node's limit of 1h0m0s"},
 	} {

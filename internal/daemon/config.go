@@ -1,0 +1,131 @@
+package daemon
+
+import (
+	"fmt"
+
+	"dsec.dev/dsec/internal/clustertls"
+	"dsec.dev/dsec/internal/config"
+	"dsec.dev/dsec/internal/edge/fncall"
+	"dsec.dev/dsec/internal/edge/swap"
+	"dsec.dev/dsec/internal/qos"
+)
+
+// FromAllInOne is the all-in-one dsecd's configuration from its settings
+// (package config).
+func FromAllInOne(c config.AllInOne) (Config, error) {
+	cfg, err := fromNode(c.Node)
+	if err != nil {
+		return Config{}, err
+	}
+	a := c.API
+	cfg.Listen, cfg.Socket, cfg.DebugListen, cfg.MetricsListen = a.Listen, a.Socket, a.DebugListen, a.MetricsListen
+	cfg.MetricsTokenFile = a.MetricsTokenFile
+	cfg.SandboxFusionListen, cfg.SandboxFusionProject, cfg.E2BListen = a.SandboxFusionListen, a.SandboxFusionProject, a.E2BListen
+	cfg.AuditRetention, cfg.EventRetention, cfg.WebhookAllowPrivate = a.AuditRetention, a.EventRetention, a.WebhookAllowPrivate
+	return cfg, nil
+}
+
+// FromEdge is `dsecd edge`'s configuration from its settings: its
+// certificate files default to those init-cluster wrote in the TLS
+// directory for the node.
+func FromEdge(c config.Edge) (EdgeConfig, error) {
+	node, err := fromNode(c.Node)
+	if err != nil {
+		return EdgeConfig{}, err
+	}
+	if c.Node.Node == "" {
+		return EdgeConfig{}, fmt.Errorf("node is required (--node: the name in its certificate and sandbox IDs)")
+	}
+	node.MetricsListen, node.MetricsTokenFile = c.MetricsListen, c.MetricsTokenFile
+	cfg := EdgeConfig{
+		Node: node, Listen: c.Listen, Registry: c.Registry, Advertise: c.Advertise, Heartbeat: c.Heartbeat,
+		TLS: tlsFiles(c.TLS, clustertls.RoleEdge, c.Node.Node),
+	}
+	cfg.Hollow.MaxSandboxes, cfg.Hollow.StartDelay, cfg.Hollow.MaxStarting = c.Hollow.MaxSandboxes, c.Hollow.StartDelay, c.Hollow.MaxStarting
+	return cfg, nil
+}
+
+// FromAPIServer is `dsecd apiserver`'s configuration from its settings.
+func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
+	a := c.API
+	cfg := APIServerConfig{
+		Name: c.Name, Listen: a.Listen, Socket: a.Socket, DB: c.DB, PollInterval: c.PollInterval,
+		Replicas: c.Replicas, PlacementGroup: c.PlacementGroup, DebugListen: a.DebugListen, MetricsListen: a.MetricsListen, MetricsTokenFile: a.MetricsTokenFile,
+		SandboxFusionListen: a.SandboxFusionListen, SandboxFusionProject: a.SandboxFusionProject,
+		E2BListen: a.E2BListen, E2BSecretFile: c.E2BSecretFile,
+		ReconcileInterval: c.ReconcileInterval, AbandonAfter: c.AbandonAfter,
+		AuditRetention: a.AuditRetention, EventRetention: a.EventRetention, WebhookAllowPrivate: a.WebhookAllowPrivate,
+	}
+	for _, e := range c.Edges {
+		se, err := ParseStaticEdge(e)
+		if err != nil {
+			return APIServerConfig{}, fmt.Errorf("edges: %w", err)
+		}
+		cfg.Edges = append(cfg.Edges, se)
+	}
+	if c.TLS.Dir != "" && c.Name == "" {
+		return APIServerConfig{}, fmt.Errorf("tls.dir needs name (--name: the name in its certificate)")
+	}
+	cfg.TLS = tlsFiles(c.TLS, clustertls.RoleAPIServer, c.Name)
+	return cfg, nil
+}
+
+// tlsFiles are the files t names, those it does not taken from its
+// directory, where init-cluster wrote them for the role's member name.
+func tlsFiles(t config.TLS, role clustertls.Role, name string) clustertls.Files {
+	f := clustertls.Files{Cert: t.Cert, Key: t.Key, CABundle: t.CA}
+	if t.Dir == "" {
+		return f
+	}
+	def := clustertls.ComponentFiles(t.Dir, role, name)
+	if f.Cert == "" {
+		f.Cert = def.Cert
+	}
+	if f.Key == "" {
+		f.Key = def.Key
+	}
+	if f.CABundle == "" {
+		f.CABundle = def.CABundle
+	}
+	return f
+}
+
+func fromNode(n config.Node) (Config, error) {
+	sw, err := swap.Parse(n.Swap)
+	if err != nil {
+		return Config{}, fmt.Errorf("swap: %w", err)
+	}
+	q, err := qos.Parse(n.FnCall.QoS, qos.Latency)
+	if err != nil {
+		return Config{}, fmt.Errorf("fncall.qos: %w", err)
+	}
+	cfg := Config{
+		Root: n.Root, Node: n.Node, Runtime: n.Runtime, RuntimePath: n.RuntimePath, Runsc: n.Runsc,
+		RunscPlatform: n.RunscPlatform, VMKernelDir: n.VMKernelDir, QEMU: n.QEMU, VMPmemLayers: n.VMPmemLayers,
+		CgroupParent: n.CgroupParent, AgentPath: n.Agent, ShellPath: n.Shell,
+		OutputLimit: n.OutputLimit, MaxWarm: n.MaxWarm, Retention: n.Retention, PausedRetention: n.PausedRetention,
+		Swap: sw, MetricsProjects: n.MetricsProjects, NoMetrics: n.NoMetrics, NoProvenance: n.NoProvenance,
+		Trajectory: TrajectoryConfig{Off: n.Trajectory.Off, Retention: n.Trajectory.Retention,
+			MaxBytes: n.Trajectory.MaxBytes, MaxOutput: n.Trajectory.MaxOutput},
+	}
+	d := n.Defaults
+	cfg.Defaults.CPUs, cfg.Defaults.MemoryMB, cfg.Defaults.DiskMB, cfg.Defaults.Pids = d.CPUs, d.MemoryMB, d.DiskMB, d.Pids
+	cfg.Defaults.TTL, cfg.Defaults.IdleTimeout = d.TTL, d.IdleTimeout
+	l := n.Limits
+	cfg.Limits.MaxSandboxes, cfg.Limits.MaxCPUs, cfg.Limits.MaxMemoryMB = l.MaxSandboxes, l.MaxCPUs, l.MaxMemoryMB
+	cfg.Limits.MaxDiskMB, cfg.Limits.MaxTTL, cfg.Limits.MinAvailableMB = l.MaxDiskMB, l.MaxTTL, l.MinAvailableMB
+	s := n.Storage
+	cfg.Storage = StorageConfig{BlobStore: s.BlobStore, Mode: s.Mode, ChunkSize: s.ChunkSize, CacheBytes: s.CacheBytes,
+		MemoryBytes: s.MemoryBytes, NoPagePush: s.NoPagePush, BandwidthBytesPerSec: s.Bandwidth, Tars: s.Tars,
+		MaxUploadBytes: s.MaxUploadBytes}
+	w := n.Network
+	cfg.Network = NetworkConfig{Disabled: w.Disabled, Services: w.Services, Upstreams: w.DNSUpstreams, Pool: w.Pool,
+		EgressBytesPerSec: w.EgressBytes, MaxConns: w.MaxConns, Table: w.NftTable, VethPrefix: w.VethPrefix, LogGroup: w.NflogGroup}
+	f := n.FnCall
+	cfg.FnCall = FnCallConfig{Disabled: f.Disabled, Languages: f.Languages, Pools: fncall.PoolConfig{
+		MinIdle: f.MinIdle, MaxPerPool: f.MaxPerPool, SoftMaxPerPool: f.SoftMaxPerPool, QoS: string(q),
+		MaxContainers: f.MaxContainers, MaxStartDelay: f.MaxStartDelay, MaxQueue: f.MaxQueue,
+		IdleRetire: f.IdleRetire, MaxCalls: f.MaxCalls,
+	}}
+	return cfg, nil
+}

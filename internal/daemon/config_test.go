@@ -1,0 +1,64 @@
+package daemon
+
+import (
+	"testing"
+	"time"
+
+	"dsec.dev/dsec/internal/apiserver"
+	"dsec.dev/dsec/internal/config"
+	"dsec.dev/dsec/internal/edge/fncall"
+	"dsec.dev/dsec/internal/edge/trajectory"
+	"dsec.dev/dsec/internal/metrics"
+	"dsec.dev/dsec/internal/placement"
+)
+
+// TestConfigDefaultsAgree: the defaults package config shows and passes
+// are those the packages that take a zero for "the default" fall back
+// on, so a Config built in Go and one from a file run alike.
+func TestConfigDefaultsAgree(t *testing.T) {
+	none := func(string) string { return "" }
+	n := config.DefaultNode(none)
+	a := config.DefaultAPIServer()
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"metrics_projects", n.MetricsProjects, metrics.DefaultProjects},
+		{"trajectory.retention", n.Trajectory.Retention, trajectory.DefaultRetention},
+		{"trajectory.max_bytes", n.Trajectory.MaxBytes, int64(trajectory.DefaultMaxBytes)},
+		{"trajectory.max_output", n.Trajectory.MaxOutput, trajectory.DefaultMaxOutput},
+		{"fncall.max_start_delay", n.FnCall.MaxStartDelay, fncall.DefaultMaxStartDelay},
+		{"audit_retention", a.AuditRetention, apiserver.DefaultAuditRetention},
+		{"event_retention", a.EventRetention, apiserver.DefaultEventRetention},
+		{"abandon_after", a.AbandonAfter, apiserver.DefaultAbandonAfter},
+		{"placement_group", a.PlacementGroup, placement.DefaultGroup},
+		{"paused_retention", n.PausedRetention, 7 * 24 * time.Hour}, // sandbox.Manager's
+		{"max_warm", n.MaxWarm, 256},                                // sandbox.Manager's
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: config's default %v, the package's %v", c.name, c.got, c.want)
+		}
+	}
+	// The all-in-one's settings as they were as flags, converted.
+	cfg, err := FromAllInOne(config.DefaultAllInOne(none))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != DefaultAddr || cfg.SandboxFusionListen != DefaultSandboxFusionAddr || cfg.Defaults.CPUs != 1 ||
+		cfg.FnCall.Pools.QoS != "latency" || cfg.Storage.Mode != "ondemand" || cfg.Swap.Kind != "" {
+		t.Errorf("converted defaults: %+v", cfg)
+	}
+	if _, err := FromEdge(config.DefaultEdge(none)); err == nil {
+		t.Error("an edge without a node name converted")
+	}
+	e := config.DefaultEdge(none)
+	e.Node.Node, e.TLS.Dir = "n1", "/etc/dsec"
+	ec, err := FromEdge(e)
+	if err != nil || ec.TLS.Cert != "/etc/dsec/edge-n1.crt" || ec.TLS.CABundle != "/etc/dsec/ca.crt" {
+		t.Errorf("edge TLS from its directory: %+v, %v", ec.TLS, err)
+	}
+	a.Edges = []string{"bad"}
+	if _, err := FromAPIServer(a); err == nil {
+		t.Error("a malformed edge converted")
+	}
+}
