@@ -65,6 +65,7 @@ type APIServer struct {
 	PollInterval      time.Duration `key:"poll_interval" flag:"poll-interval" help:"how often the watcher polls each edge (three missed polls make an edge unroutable)"`
 	ReconcileInterval time.Duration `key:"reconcile_interval" flag:"reconcile-interval" help:"how often to settle creates left in doubt, abandon stale reservations and check sandbox rows against the edges"`
 	AbandonAfter      time.Duration `key:"abandon_after" flag:"abandon-after" help:"how long a pending idempotent create may go without renewing its lease before any apiserver abandons it and reaps its sandboxes"`
+	NoMetrics         bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
 	TLS               TLS           `key:"tls"`
 	LogLevel          string        `key:"log_level" flag:"log-level" check:"log-level" help:"log level: debug, info, warn, error"`
 }

@@ -53,7 +53,7 @@ func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 		Replicas: c.Replicas, PlacementGroup: c.PlacementGroup, DebugListen: a.DebugListen, MetricsListen: a.MetricsListen, MetricsTokenFile: a.MetricsTokenFile,
 		SandboxFusionListen: a.SandboxFusionListen, SandboxFusionProject: a.SandboxFusionProject,
 		E2BListen: a.E2BListen, E2BSecretFile: c.E2BSecretFile,
-		ReconcileInterval: c.ReconcileInterval, AbandonAfter: c.AbandonAfter,
+		ReconcileInterval: c.ReconcileInterval, AbandonAfter: c.AbandonAfter, NoMetrics: c.NoMetrics,
 		AuditRetention: a.AuditRetention, EventRetention: a.EventRetention, WebhookAllowPrivate: a.WebhookAllowPrivate,
 	}
 	for _, e := range c.Edges {

@@ -320,6 +320,9 @@ type APIServerConfig struct {
 	// viewer's token on the root project.
 	MetricsListen    string
 	MetricsTokenFile string
+	// NoMetrics records no metrics at all (/metrics answers 404): for
+	// measuring what recording them costs.
+	NoMetrics bool
 	// SandboxFusionListen, if set, serves SandboxFusion's HTTP API on this
 	// address.
 	SandboxFusionListen string
@@ -400,8 +403,11 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		return err
 	}
 	defer meta.Close()
-	reg := metrics.New()
-	meta = store.Observe(meta, reg.StoreErrors().Of(store.Backend(cfg.DB)))
+	var reg *metrics.Registry
+	if !cfg.NoMetrics {
+		reg = metrics.New()
+		meta = store.Observe(meta, reg.StoreErrors().Of(store.Backend(cfg.DB)))
+	}
 	scrapeToken, err := metrics.ReadScrapeToken(cfg.MetricsTokenFile)
 	if err != nil {
 		return err
@@ -459,7 +465,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	if cfg.DebugListen != "" {
 		go servePprof(ctx, cfg.DebugListen, log)
 	}
-	if cfg.MetricsListen != "" {
+	if cfg.MetricsListen != "" && reg != nil {
 		go serveMetrics(ctx, cfg.MetricsListen, api.MetricsHandler(), log)
 	}
 	var sfAddr, e2bAddr string

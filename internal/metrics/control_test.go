@@ -147,3 +147,17 @@ func TestGuard(t *testing.T) {
 		t.Error("a 3-character token was accepted")
 	}
 }
+
+// BenchmarkRequestRecord is what recording one API request costs the
+// apiserver (a histogram observation by procedure and code), beside
+// BenchmarkExecRecord's edge side: docs/operations.md has the sum against
+// an exec's p50.
+func BenchmarkRequestRecord(b *testing.B) {
+	a := New().API(func() (int, int) { return 1, 1 })
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			start := time.Now()
+			a.Request("/dsec.v1.SandboxService/Exec", "ok", time.Since(start))
+		}
+	})
+}
