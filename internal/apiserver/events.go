@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
@@ -18,12 +19,11 @@ import (
 )
 
 // Lifecycle events (docs/events.md). Each edge keeps its sandboxes' events
-// in order in memory (package eventlog), each named NODE/EPOCH/SEQ; every
-// apiserver pulls them from every routable node (RunEvents) into the
-// metadata store, which stores each key once: two apiservers pulling one
-// node, or one restarted pulling from the start of the node's log again,
-// record nothing twice, and an apiserver that was down loses nothing the
-// node still keeps. Readers list or follow the store by its cursor, each
+// in order in memory (package eventlog), each named NODE/EPOCH/SEQ; one
+// apiserver at a time, the holder of the node's lease in the store, pulls
+// them (RunEvents) into the metadata store with the node's cursor in one
+// write, so nothing is offered twice, an apiserver taking over resumes
+// where the last left off, and the store keeps each key once besides. Readers list or follow the store by its cursor, each
 // seeing its token's project and the projects under it.
 
 const (
@@ -46,17 +46,27 @@ const (
 
 // EventStore is what the apiserver needs of the store for events.
 type EventStore interface {
-	AppendEvents(ctx context.Context, evs ...store.Event) (int, error)
+	store.EventPulls
 	ListEvents(ctx context.Context, q store.EventQuery) ([]store.Event, error)
 	ExpireEvents(ctx context.Context, olderThan time.Time) (int, error)
 }
 
-// eventState is the apiserver's side of the event stream: where it has
-// pulled each node to, and a channel closed (and replaced) each time it
-// stores events, for its followers.
+const (
+	// eventLease is how long a claim holds a node's pull; claims renew it
+	// every eventClaimEvery. Another apiserver takes a killed one's nodes
+	// within eventLease.
+	eventLease      = 5 * time.Second
+	eventClaimEvery = time.Second
+)
+
+// eventState is the apiserver's side of the event stream: its counters,
+// and a channel closed (and replaced) each time it stores events, for its
+// followers.
 type eventState struct {
 	stored  atomic.Int64 // events this apiserver stored (new keys)
 	lost    atomic.Int64 // events nodes no longer kept when it asked
+	pulls   atomic.Int64 // Events calls this apiserver made to nodes
+	held    atomic.Int64 // nodes whose pull this apiserver holds
 	changed atomic.Pointer[chan struct{}]
 }
 
@@ -71,23 +81,34 @@ func (e *eventState) wake() {
 	close(*e.changed.Swap(&ch))
 }
 
-// eventCursor is how far a node's log has been pulled.
-type eventCursor struct {
-	epoch string
-	seq   uint64
-}
-
 // RunEvents pulls the nodes' events into the store until ctx ends (at
-// once without Config.Events). Every apiserver runs it.
+// once without Config.Events, or with Config.EventsOff). Every apiserver
+// runs it, and each node is pulled by one at a time: the holder of the
+// node's lease in the store (ClaimEventPulls, renewed every second for the
+// routable nodes), which stores each pull with the node's cursor in one
+// write (PullEvents). Another apiserver takes the nodes of one that
+// stopped (at once: it hands them back) or died (when the leases lapse),
+// and resumes at their cursors.
 func (s *Server) RunEvents(ctx context.Context) {
-	if s.cfg.Events == nil {
+	if s.cfg.Events == nil || s.cfg.EventsOff {
 		return
 	}
-	cursors := map[string]eventCursor{}
+	owner := s.cfg.Name + "/" + randomHex(6)
+	defer func() {
+		if err := s.cfg.Events.ReleaseEventPulls(context.WithoutCancel(ctx), owner); err != nil {
+			s.log.Warn("release event pulls", "err", err)
+		}
+	}()
+	held := map[string]store.EventPull{}
+	var claimed time.Time
 	t := time.NewTicker(eventPullEvery)
 	defer t.Stop()
 	for {
-		s.pullEvents(ctx, cursors)
+		if time.Since(claimed) >= eventClaimEvery {
+			claimed = time.Now()
+			s.claimEventPulls(ctx, owner, held)
+		}
+		s.pullEvents(ctx, owner, held)
 		select {
 		case <-ctx.Done():
 			return
@@ -96,55 +117,98 @@ func (s *Server) RunEvents(ctx context.Context) {
 	}
 }
 
-// pullEvents stores what each routable node logged past its cursor.
-func (s *Server) pullEvents(ctx context.Context, cursors map[string]eventCursor) {
+// claimEventPulls renews owner's leases of the routable nodes, takes the
+// free ones, and sets held to them with their stored cursors (on an
+// error, holding none: another apiserver may be taking them).
+func (s *Server) claimEventPulls(ctx context.Context, owner string, held map[string]store.EventPull) {
+	var nodes []string
 	for _, n := range s.fleet.Nodes() {
-		if !n.Healthy || n.Edge == nil {
+		if n.Healthy && n.Edge != nil {
+			nodes = append(nodes, n.Name)
+		}
+	}
+	now := time.Now()
+	ps, err := s.cfg.Events.ClaimEventPulls(ctx, owner, nodes, now, now.Add(eventLease))
+	clear(held)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("claim event pulls", "err", err)
+		}
+		s.events.held.Store(0)
+		return
+	}
+	for _, p := range ps {
+		held[p.Node] = p
+	}
+	s.events.held.Store(int64(len(held)))
+}
+
+// pullEvents stores what each node held logged past its cursor.
+func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]store.EventPull) {
+	if len(held) == 0 {
+		return
+	}
+	for _, n := range s.fleet.Nodes() {
+		c, ok := held[n.Name]
+		if !ok || !n.Healthy || n.Edge == nil {
 			continue
 		}
-		c, seen := cursors[n.Name]
-		if st := n.Status; seen && st != nil && st.GetEventEpoch() == c.epoch && st.GetEventSeq() <= c.seq {
+		if st := n.Status; c.Epoch != "" && st != nil && st.GetEventEpoch() == c.Epoch && st.GetEventSeq() <= c.Seq {
 			continue
 		}
-		cursors[n.Name] = s.pullNode(ctx, n.Name, n.Edge, c)
+		c, ok = s.pullNode(ctx, owner, n.Edge, c)
+		if ok {
+			held[n.Name] = c
+		} else {
+			delete(held, n.Name)
+		}
 	}
 }
 
-// pullNode stores node's events after c and returns the cursor after the
-// last stored: on an error, c, so the next pull asks again.
-func (s *Server) pullNode(ctx context.Context, node string, edge Edge, c eventCursor) eventCursor {
+// pullNode stores the node's events after c and returns the cursor after
+// the last stored: on an error, c, so the next pull asks again. It
+// returns false when owner no longer holds the node's lease.
+func (s *Server) pullNode(ctx context.Context, owner string, edge Edge, c store.EventPull) (store.EventPull, bool) {
 	for {
 		cctx, cancel := context.WithTimeout(ctx, eventPullTimeout)
-		resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.epoch, After: c.seq, Limit: eventPage}))
+		s.events.pulls.Add(1)
+		resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage}))
 		cancel()
 		if err != nil {
-			s.log.Debug("pull events", "node", node, "err", err)
-			return c
+			s.log.Debug("pull events", "node", c.Node, "err", err)
+			return c, true
 		}
 		m := resp.Msg
 		if n := m.GetLost(); n > 0 {
 			s.events.lost.Add(int64(n))
-			s.log.Warn("events lost: the node no longer keeps them", "node", node, "lost", n)
+			s.log.Warn("events lost: the node no longer keeps them", "node", c.Node, "lost", n)
 		}
 		evs := make([]store.Event, 0, len(m.GetEvents()))
 		for _, e := range m.GetEvents() {
 			evs = append(evs, store.Event{Key: e.GetKey(), At: time.UnixMilli(e.GetAtUnixMs()), Project: e.GetProject(),
 				SandboxID: e.GetSandboxId(), Kind: e.GetKind(), Node: e.GetNode(), Reason: e.GetReason(), Message: e.GetMessage()})
 		}
-		if len(evs) > 0 {
-			added, err := s.cfg.Events.AppendEvents(ctx, evs...)
-			if err != nil {
-				s.log.Warn("store events", "node", node, "events", len(evs), "err", err)
-				return c
-			}
-			if added > 0 {
-				s.events.stored.Add(int64(added))
-				s.events.wake()
-			}
+		next := c
+		next.Epoch, next.Seq = m.GetEpoch(), m.GetNext()
+		if len(evs) == 0 && next.Epoch == c.Epoch && next.Seq == c.Seq {
+			return c, true
 		}
-		c = eventCursor{epoch: m.GetEpoch(), seq: m.GetNext()}
+		added, err := s.cfg.Events.PullEvents(ctx, owner, next, evs...)
+		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			s.log.Info("event pull taken over by another apiserver", "node", c.Node)
+			return c, false
+		}
+		if err != nil {
+			s.log.Warn("store events", "node", c.Node, "events", len(evs), "err", err)
+			return c, true
+		}
+		if added > 0 {
+			s.events.stored.Add(int64(added))
+			s.events.wake()
+		}
+		c = next
 		if len(evs) < eventPage {
-			return c
+			return c, true
 		}
 	}
 }

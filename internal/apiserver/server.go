@@ -120,9 +120,11 @@ type Config struct {
 	// Events, when set, is where RunEvents stores the nodes' lifecycle
 	// events and ListEvents and FollowEvents read them (events.go);
 	// EventRetention is how long RunEventExpiry keeps them (0 =
-	// DefaultEventRetention; negative: forever).
+	// DefaultEventRetention; negative: forever). EventsOff stops this
+	// apiserver pulling events (dsecd --events-off: the edges keep none).
 	Events         EventStore
 	EventRetention time.Duration
+	EventsOff      bool
 	// Webhooks, when set, keeps the projects' webhooks, which RunWebhooks
 	// delivers (webhooks.go). WebhookAllowPrivate allows http:// and
 	// endpoints on loopback and private addresses (refused by default);

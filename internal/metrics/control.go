@@ -74,6 +74,17 @@ type Func struct {
 	Value      func() float64
 }
 
+// Gauges registers gauges kept elsewhere, read at each scrape. A nil r
+// does nothing.
+func (r *Registry) Gauges(fs ...Func) {
+	if r == nil {
+		return
+	}
+	for _, f := range fs {
+		r.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: f.Name, Help: f.Help}, f.Value))
+	}
+}
+
 // Counters registers counters kept elsewhere, read at each scrape. A nil
 // r does nothing.
 func (r *Registry) Counters(fs ...Func) {

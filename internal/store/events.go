@@ -74,49 +74,71 @@ const eventBatch = 100
 // commit one at a time and ids become visible in order.
 const eventLockID = 0x6473656365766e74
 
+func checkEvents(evs []Event) error {
+	for _, ev := range evs {
+		if ev.Key == "" || ev.Kind == "" {
+			return fmt.Errorf("append event of sandbox %s: key and kind are required: %w", ev.SandboxID, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
 func (d *sqlDB) AppendEvents(ctx context.Context, evs ...Event) (int, error) {
 	if len(evs) == 0 {
 		return 0, nil
 	}
-	for _, ev := range evs {
-		if ev.Key == "" || ev.Kind == "" {
-			return 0, fmt.Errorf("append event of sandbox %s: key and kind are required: %w", ev.SandboxID, errdefs.ErrInvalidArgument)
-		}
+	if err := checkEvents(evs); err != nil {
+		return 0, err
 	}
 	var added int
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		added = 0
-		if d.dialect == dialectPostgres {
-			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(eventLockID)); err != nil {
-				return err
-			}
-		}
-		for rest := evs; len(rest) > 0; {
-			n := min(len(rest), eventBatch)
-			batch := rest[:n]
-			rest = rest[n:]
-			var sb strings.Builder
-			sb.WriteString(`INSERT INTO events (key, at{ms}, project, sandbox_id, kind, node, reason, message) VALUES `)
-			args := make([]any, 0, 8*n)
-			for i, ev := range batch {
-				if i > 0 {
-					sb.WriteString(", ")
-				}
-				sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
-				args = append(args, ev.Key, d.ts(nowOr(ev.At)), ev.Project, ev.SandboxID, ev.Kind, ev.Node, ev.Reason, clip(ev.Message, 1000))
-			}
-			sb.WriteString(` ON CONFLICT (key) DO NOTHING`)
-			res, err := tx.ExecContext(ctx, d.q(sb.String()), args...)
-			if err != nil {
-				return err
-			}
-			k, _ := res.RowsAffected()
-			added += int(k)
-		}
-		return nil
+		var err error
+		added, err = d.appendEvents(ctx, tx, evs)
+		return err
 	})
 	if err != nil {
 		return 0, d.fail(fmt.Sprintf("append %d events", len(evs)), err)
+	}
+	return added, nil
+}
+
+// appendEvents inserts evs in tx (each key once) and returns how many it
+// stored. On PostgreSQL it first takes the append's advisory lock, held
+// until tx ends.
+func (d *sqlDB) appendEvents(ctx context.Context, tx *sql.Tx, evs []Event) (int, error) {
+	return d.insertEvents(ctx, tx, evs, true)
+}
+
+// insertEvents is appendEvents, lock says whether to take the advisory
+// lock (false: the caller holds it).
+func (d *sqlDB) insertEvents(ctx context.Context, tx *sql.Tx, evs []Event, lock bool) (int, error) {
+	added := 0
+	if lock && d.dialect == dialectPostgres {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(eventLockID)); err != nil {
+			return 0, err
+		}
+	}
+	for rest := evs; len(rest) > 0; {
+		n := min(len(rest), eventBatch)
+		batch := rest[:n]
+		rest = rest[n:]
+		var sb strings.Builder
+		sb.WriteString(`INSERT INTO events (key, at{ms}, project, sandbox_id, kind, node, reason, message) VALUES `)
+		args := make([]any, 0, 8*n)
+		for i, ev := range batch {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
+			args = append(args, ev.Key, d.ts(nowOr(ev.At)), ev.Project, ev.SandboxID, ev.Kind, ev.Node, ev.Reason, clip(ev.Message, 1000))
+		}
+		sb.WriteString(` ON CONFLICT (key) DO NOTHING`)
+		res, err := tx.ExecContext(ctx, d.q(sb.String()), args...)
+		if err != nil {
+			return 0, err
+		}
+		k, _ := res.RowsAffected()
+		added += int(k)
 	}
 	return added, nil
 }

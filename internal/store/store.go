@@ -161,9 +161,11 @@ type Store interface {
 	// Which project each layer, image, snapshot and warm pool belongs to,
 	// and its shares (objects.go).
 	Objects
-	// Sandbox lifecycle events (events.go) and the webhooks they are
-	// delivered to (webhooks.go).
+	// Sandbox lifecycle events (events.go), which apiserver pulls each
+	// node's (eventpulls.go) and the webhooks they are delivered to
+	// (webhooks.go).
 	Events
+	EventPulls
 	Webhooks
 
 	// Close releases the store's connections.

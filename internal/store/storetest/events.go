@@ -29,6 +29,7 @@ var eventReplicaCases = []struct {
 }{
 	{"EventsConcurrent", testReplicasEventsConcurrent},
 	{"WebhookLease", testReplicasWebhookLease},
+	{"EventPullLease", testReplicasEventPullLease},
 }
 
 func ev(key, project, sb, kind string, at time.Time) store.Event {
