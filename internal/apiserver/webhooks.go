@@ -127,9 +127,54 @@ func randomHex(n int) string {
 }
 
 func webhookMsg(w store.Webhook) *dsecv1.Webhook {
-	return &dsecv1.Webhook{Id: w.ID, Project: w.Project, Url: w.URL, Kinds: w.Kinds, CreatedUnixMs: unixMs(w.Created),
+	out := &dsecv1.Webhook{Id: w.ID, Project: w.Project, Url: w.URL, Kinds: w.Kinds, CreatedUnixMs: unixMs(w.Created),
 		Delivered: w.Delivered, LastOkUnixMs: unixMs(w.LastOK), LastFailureUnixMs: unixMs(w.LastFailure),
 		Failures: int32(w.Failures), LastError: w.LastError}
+	if w.PrevSecret != "" && w.PrevUntil.After(time.Now()) {
+		out.PreviousSecretUntilUnixMs = unixMs(w.PrevUntil)
+	}
+	return out
+}
+
+// DefaultWebhookOverlap is how long a rotated-out secret still signs.
+const DefaultWebhookOverlap = 24 * time.Hour
+
+// RotateWebhookSecret gives a webhook a new secret (returned once); the
+// old one signs beside it for the overlap. Deliveries pick it up within a
+// lease renewal (webhookClaimEvery).
+func (s *Server) RotateWebhookSecret(ctx context.Context, req *connect.Request[dsecv1.RotateWebhookSecretRequest]) (*connect.Response[dsecv1.Webhook], error) {
+	m := req.Msg
+	path, err := s.webhookProject(ctx, dsecv1connect.SandboxServiceRotateWebhookSecretProcedure, m.Project)
+	if err != nil {
+		return nil, err
+	}
+	secret := m.GetSecret()
+	if secret == "" {
+		secret = "whsec_" + randomHex(24)
+	}
+	overlap := time.Duration(m.GetOverlapSeconds()) * time.Second
+	if m.GetOverlapSeconds() == 0 {
+		overlap = DefaultWebhookOverlap
+	}
+	var until time.Time
+	if overlap > 0 {
+		until = time.Now().Add(overlap)
+	}
+	if err := s.cfg.Webhooks.RotateWebhookSecret(ctx, path, m.GetId(), secret, until); err != nil {
+		return nil, err
+	}
+	ws, err := s.cfg.Webhooks.ListWebhooks(ctx, []string{path})
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range ws {
+		if w.ID == m.GetId() {
+			out := webhookMsg(w)
+			out.Secret = secret
+			return connect.NewResponse(out), nil
+		}
+	}
+	return nil, fmt.Errorf("webhook %s: %w", m.GetId(), errdefs.ErrNotFound)
 }
 
 // webhookProject is the project a webhook call acts on, checked for op.
@@ -221,6 +266,9 @@ func (s *Server) RunWebhooks(ctx context.Context) {
 	defer client.CloseIdleConnections()
 	var wg sync.WaitGroup
 	running := map[string]context.CancelFunc{}
+	// current is each running webhook's row as last claimed: a rotated
+	// secret reaches its deliveries with the next claim.
+	current := map[string]*atomic.Pointer[store.Webhook]{}
 	done := make(chan string, 16)
 	t := time.NewTicker(webhookClaimEvery)
 	defer t.Stop()
@@ -234,6 +282,7 @@ func (s *Server) RunWebhooks(ctx context.Context) {
 		for _, w := range ws {
 			held[w.ID] = true
 			if running[w.ID] != nil {
+				current[w.ID].Store(&w)
 				continue
 			}
 			if len(running) >= s.cfg.WebhookMaxActive {
@@ -242,9 +291,12 @@ func (s *Server) RunWebhooks(ctx context.Context) {
 			}
 			wctx, cancel := context.WithCancel(ctx)
 			running[w.ID] = cancel
+			cur := new(atomic.Pointer[store.Webhook])
+			cur.Store(&w)
+			current[w.ID] = cur
 			wg.Go(func() {
 				defer func() { done <- w.ID }()
-				s.deliver(wctx, client, owner, w)
+				s.deliver(wctx, client, owner, cur)
 			})
 		}
 		// Webhooks removed or no longer this apiserver's stop.
@@ -276,6 +328,7 @@ func (s *Server) RunWebhooks(ctx context.Context) {
 			case id := <-done:
 				running[id]()
 				delete(running, id)
+				delete(current, id)
 			case <-t.C:
 				wait = false
 			}
@@ -308,7 +361,8 @@ func (s *Server) webhookClient() *http.Client {
 
 // deliver sends w's events after its cursor, in order, each until its
 // endpoint acknowledges it, until ctx ends or the lease is lost.
-func (s *Server) deliver(ctx context.Context, client *http.Client, owner string, w store.Webhook) {
+func (s *Server) deliver(ctx context.Context, client *http.Client, owner string, cur *atomic.Pointer[store.Webhook]) {
+	w := *cur.Load()
 	cursor := w.Delivered
 	for ctx.Err() == nil {
 		changed := *s.events.changed.Load()
@@ -321,7 +375,7 @@ func (s *Server) deliver(ctx context.Context, client *http.Client, owner string,
 			continue
 		}
 		for _, ev := range evs {
-			if !s.deliverOne(ctx, client, owner, w, ev) {
+			if !s.deliverOne(ctx, client, owner, cur, ev) {
 				return
 			}
 			cursor = ev.ID
@@ -341,7 +395,8 @@ func (s *Server) deliver(ctx context.Context, client *http.Client, owner string,
 
 // deliverOne posts ev to w's endpoint until it answers 2xx, recording each
 // attempt; it returns false when ctx ended or the lease is lost.
-func (s *Server) deliverOne(ctx context.Context, client *http.Client, owner string, w store.Webhook, ev store.Event) bool {
+func (s *Server) deliverOne(ctx context.Context, client *http.Client, owner string, cur *atomic.Pointer[store.Webhook], ev store.Event) bool {
+	w := *cur.Load()
 	body, err := json.Marshal(webhookBody{Webhook: w.ID, ID: ev.ID, Key: ev.Key, At: ev.At.UTC(), Project: ev.Project,
 		SandboxID: ev.SandboxID, Kind: ev.Kind, Node: ev.Node, Reason: ev.Reason, Message: ev.Message})
 	if err != nil {
@@ -349,7 +404,7 @@ func (s *Server) deliverOne(ctx context.Context, client *http.Client, owner stri
 		return false
 	}
 	for attempt := 0; ; attempt++ {
-		err := s.post(ctx, client, w, ev, body)
+		err := s.post(ctx, client, *cur.Load(), ev, body)
 		if ctx.Err() != nil {
 			return false
 		}
@@ -403,7 +458,12 @@ func (s *Server) post(ctx context.Context, client *http.Client, w store.Webhook,
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "dsec-webhook/1")
-	req.Header.Set(webhook.Header, webhook.Sign(w.Secret, time.Now(), body))
+	now := time.Now()
+	var prev []string
+	if w.PrevSecret != "" && now.Before(w.PrevUntil) {
+		prev = append(prev, w.PrevSecret) // rotating: both sign
+	}
+	req.Header.Set(webhook.Header, webhook.Sign(w.Secret, now, body, prev...))
 	req.Header.Set("Dsec-Webhook-Id", w.ID)
 	req.Header.Set("Dsec-Event-Id", fmt.Sprint(ev.ID))
 	resp, err := client.Do(req)

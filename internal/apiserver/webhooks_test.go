@@ -21,6 +21,10 @@ import (
 type receiver struct {
 	t      *testing.T
 	secret string
+	// v1s is how many v1 signatures the last delivery carried.
+	v1s    int
+	header string // the last delivery's signature and body
+	body   []byte
 	srv    *httptest.Server
 
 	mu       sync.Mutex
@@ -47,15 +51,19 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	body, _ := io.ReadAll(req.Body)
 	r.mu.Lock()
 	secret := r.secret
+	r.v1s = strings.Count(req.Header.Get(webhook.Header), "v1=")
+	r.header, r.body = req.Header.Get(webhook.Header), body
 	r.mu.Unlock()
-	if err := webhook.Verify(secret, req.Header.Get(webhook.Header), body, time.Now(), 0); err != nil {
-		r.t.Errorf("a delivery does not verify: %v", err)
-		http.Error(w, err.Error(), http.StatusUnauthorized)
-		return
-	}
-	tampered := []byte(strings.Replace(string(body), `"kind":"`, `"kind":"x`, 1))
-	if err := webhook.Verify(secret, req.Header.Get(webhook.Header), tampered, time.Now(), 0); !errors.Is(err, webhook.ErrSignature) {
-		r.t.Errorf("a tampered delivery verified: %v", err)
+	if secret != "" { // "": the test checks the signatures itself
+		if err := webhook.Verify(secret, req.Header.Get(webhook.Header), body, time.Now(), 0); err != nil {
+			r.t.Errorf("a delivery does not verify: %v", err)
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		tampered := []byte(strings.Replace(string(body), `"kind":"`, `"kind":"x`, 1))
+		if err := webhook.Verify(secret, req.Header.Get(webhook.Header), tampered, time.Now(), 0); !errors.Is(err, webhook.ErrSignature) {
+			r.t.Errorf("a tampered delivery verified: %v", err)
+		}
 	}
 	key := jsonField(string(body), "key")
 	r.mu.Lock()
@@ -244,4 +252,55 @@ func testWebhooks(t *testing.T, dsn string) {
 	}
 	err = aAdmin.RemoveWebhook(ctx, "", stuckWh.ID)
 	wantErr(t, "remove it again", err, dsec.ErrNotFound, "")
+
+	// A rotation: during the overlap each delivery is signed with the new
+	// secret and the old (a receiver holding either verifies it); retired
+	// at once, with the new alone. A runner cannot rotate.
+	_, err = a.RotateWebhookSecret(ctx, wh.ID, nil)
+	wantErr(t, "a runner rotates a webhook", err, dsec.ErrPermissionDenied, "")
+	rot := check(aAdmin.RotateWebhookSecret(ctx, wh.ID, &dsec.RotateOptions{Overlap: time.Hour}))(t)
+	if rot.Secret == "" || rot.Secret == wh.Secret || rot.PreviousSecretUntil.Before(time.Now().Add(59*time.Minute)) {
+		t.Fatalf("RotateWebhookSecret: %+v", rot)
+	}
+	flaky.mu.Lock()
+	flaky.secret = "" // the test checks the signatures itself now
+	flaky.mu.Unlock()
+	n := 14
+	// signedWith makes events until one is delivered with want v1
+	// signatures (a claim, every 2 s, brings the rotation to the
+	// deliveries), then checks it verifies with each of secrets.
+	signedWith := func(want int, secrets ...string) {
+		t.Helper()
+		for range 20 {
+			sb := check(a.Create(ctx, "busybox", nil))(t)
+			n++
+			flaky.waitAcked(t, n)
+			flaky.mu.Lock()
+			header, body, v1s := flaky.header, flaky.body, flaky.v1s
+			flaky.mu.Unlock()
+			if v1s == want {
+				for _, s := range secrets {
+					if err := webhook.Verify(s, header, body, time.Now(), 0); err != nil {
+						t.Fatalf("a delivery with %d v1 signatures, secret %q: %v", want, s, err)
+					}
+				}
+				sb.Delete(ctx)
+				n++
+				flaky.waitAcked(t, n)
+				return
+			}
+			if err := sb.Delete(ctx); err != nil {
+				t.Fatal(err)
+			}
+			n++
+			flaky.waitAcked(t, n)
+		}
+		t.Fatalf("no delivery carried %d v1 signatures", want)
+	}
+	signedWith(2, wh.Secret, rot.Secret)
+	rot2 := check(aAdmin.RotateWebhookSecret(ctx, wh.ID, &dsec.RotateOptions{Secret: "third-secret", Overlap: -1}))(t)
+	if rot2.Secret != "third-secret" || !rot2.PreviousSecretUntil.IsZero() {
+		t.Fatalf("RotateWebhookSecret without overlap: %+v", rot2)
+	}
+	signedWith(1, "third-secret")
 }

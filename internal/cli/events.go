@@ -203,6 +203,42 @@ addresses unless its operator allowed them (dsecd --webhook-allow-private).`,
 		},
 	}
 	rm.Flags().StringVarP(&rmProject, "project", "p", "", "the project the webhooks belong to, or one above it (default: the token's)")
-	cmd.AddCommand(add, ls, rm)
+	var rotProject, rotSecret string
+	var overlap time.Duration
+	rotate := &cobra.Command{
+		Use:   "rotate ID",
+		Short: "give a webhook a new signing secret; the old one signs beside it for --overlap (default 24h); prints the new secret",
+		Long: `Rotate a webhook's signing secret: the new secret (--secret, or one the
+server makes and prints once) signs every delivery from now on, and for
+--overlap the old one signs it too (the Dsec-Signature header carries two
+v1= entries), so receivers can move to the new secret one at a time without
+refusing a delivery. --overlap 0s retires the old secret at once.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			secs := int64(overlap / time.Second)
+			if overlap <= 0 {
+				secs = -1
+			} else if secs == 0 {
+				secs = 1
+			}
+			res, err := a.c.Sandboxes.RotateWebhookSecret(cmd.Context(), connect.NewRequest(&dsecv1.RotateWebhookSecretRequest{
+				Project: optional(rotProject), Id: args[0], Secret: rotSecret, OverlapSeconds: secs}))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(res.Msg)
+			}
+			fmt.Fprintf(a.stdout, "%s\nsecret: %s\n", res.Msg.GetId(), res.Msg.GetSecret())
+			if u := res.Msg.GetPreviousSecretUntilUnixMs(); u > 0 {
+				fmt.Fprintf(a.stdout, "the previous secret signs too until %s\n", msTime(u))
+			}
+			return nil
+		},
+	}
+	rotate.Flags().StringVarP(&rotProject, "project", "p", "", "the project the webhook belongs to, or one above it (default: the token's)")
+	rotate.Flags().StringVar(&rotSecret, "secret", "", "the new signing secret (default: the server makes one)")
+	rotate.Flags().DurationVar(&overlap, "overlap", 24*time.Hour, "how long the old secret signs beside the new one (0s: retired at once)")
+	cmd.AddCommand(add, ls, rm, rotate)
 	return cmd
 }

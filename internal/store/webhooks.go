@@ -37,6 +37,11 @@ type Webhooks interface {
 	// in a row counted). It returns errdefs.ErrFailedPrecondition when
 	// owner no longer holds the lease (the webhook is another's, or gone).
 	AdvanceWebhook(ctx context.Context, id, owner string, delivered int64, at time.Time, failure error) error
+	// RotateWebhookSecret gives webhook id of project (or of a project
+	// under it) secret; the secret it had signs beside it until
+	// previousUntil (zero or past: retired at once). Another's webhook,
+	// or an unknown one, is errdefs.ErrNotFound.
+	RotateWebhookSecret(ctx context.Context, project, id, secret string, previousUntil time.Time) error
 	// ReleaseWebhooks gives up owner's leases (an apiserver stopping), so
 	// another apiserver takes them at once rather than when they lapse.
 	ReleaseWebhooks(ctx context.Context, owner string) error
@@ -49,7 +54,11 @@ type Webhook struct {
 	URL     string
 	Kinds   []string // none: every kind
 	Secret  string   // signs each delivery (HMAC-SHA256)
-	Created time.Time
+	// PrevSecret, after a rotation, signs deliveries beside Secret until
+	// PrevUntil.
+	PrevSecret string
+	PrevUntil  time.Time
+	Created    time.Time
 	// Delivered is the ID of the last event acknowledged.
 	Delivered int64
 	// LeaseOwner holds the lease until LeaseUntil.
@@ -64,13 +73,13 @@ type Webhook struct {
 	LastError   string
 }
 
-const webhookCols = `id, project, url, kinds, secret, created{ms}, delivered, lease_owner, lease{ms}, ok{ms}, failed{ms}, failures, last_error`
+const webhookCols = `id, project, url, kinds, secret, created{ms}, delivered, lease_owner, lease{ms}, ok{ms}, failed{ms}, failures, last_error, prev_secret, prev_until{ms}`
 
 func scanWebhook(rows interface{ Scan(...any) error }) (Webhook, error) {
 	var w Webhook
 	var kinds string
 	err := rows.Scan(&w.ID, &w.Project, &w.URL, &kinds, &w.Secret, timeCol{&w.Created}, &w.Delivered, &w.LeaseOwner,
-		timeCol{&w.LeaseUntil}, timeCol{&w.LastOK}, timeCol{&w.LastFailure}, &w.Failures, &w.LastError)
+		timeCol{&w.LeaseUntil}, timeCol{&w.LastOK}, timeCol{&w.LastFailure}, &w.Failures, &w.LastError, &w.PrevSecret, timeCol{&w.PrevUntil})
 	if kinds != "" {
 		w.Kinds = strings.Split(kinds, ",")
 	}
@@ -233,6 +242,37 @@ func (d *sqlDB) ReleaseWebhooks(ctx context.Context, owner string) error {
 	})
 	if err != nil {
 		return d.fail("release webhooks", err)
+	}
+	return nil
+}
+
+func (d *sqlDB) RotateWebhookSecret(ctx context.Context, project, id, secret string, previousUntil time.Time) error {
+	if secret == "" {
+		return fmt.Errorf("rotate webhook %s's secret: no secret: %w", id, errdefs.ErrInvalidArgument)
+	}
+	cond, args, err := subtrees([]string{project})
+	if err != nil {
+		return err
+	}
+	prev, until := "secret", d.ts(previousUntil)
+	if previousUntil.IsZero() || !previousUntil.After(time.Now()) {
+		prev, until = "''", nil
+	}
+	var n int64
+	err = d.retry(ctx, true, func(ctx context.Context) error {
+		res, err := d.db.ExecContext(ctx, d.q(`UPDATE webhooks SET prev_secret = `+prev+`, prev_until{ms} = ?, secret = ? WHERE id = ? AND `+cond),
+			append([]any{until, secret, id}, args...)...)
+		if err != nil {
+			return err
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	if err != nil {
+		return d.fail("rotate webhook "+id+"'s secret", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("webhook %s: %w", id, errdefs.ErrNotFound)
 	}
 	return nil
 }

@@ -125,8 +125,12 @@ type Webhook struct {
 	LastFailure time.Time
 	Failures    int
 	LastError   string
-	// Secret is the signing secret: in AddWebhook's answer only.
+	// Secret is the signing secret: in AddWebhook's and
+	// RotateWebhookSecret's answers only.
 	Secret string
+	// PreviousSecretUntil, after a rotation, is when the previous secret
+	// stops signing beside the current one (zero: no rotation under way).
+	PreviousSecretUntil time.Time
 }
 
 // WebhookOptions are AddWebhook's options.
@@ -139,7 +143,8 @@ type WebhookOptions struct {
 func webhookOf(w *dsecv1.Webhook) Webhook {
 	return Webhook{ID: w.GetId(), Project: w.GetProject(), URL: w.GetUrl(), Kinds: w.GetKinds(), Created: msTime(w.GetCreatedUnixMs()),
 		Delivered: w.GetDelivered(), LastOK: msTime(w.GetLastOkUnixMs()), LastFailure: msTime(w.GetLastFailureUnixMs()),
-		Failures: int(w.GetFailures()), LastError: w.GetLastError(), Secret: w.GetSecret()}
+		Failures: int(w.GetFailures()), LastError: w.GetLastError(), Secret: w.GetSecret(),
+		PreviousSecretUntil: msTime(w.GetPreviousSecretUntilUnixMs())}
 }
 
 // AddWebhook registers url for the events of a project (an admin's) and
@@ -176,4 +181,36 @@ func (c *Client) Webhooks(ctx context.Context, project string) ([]Webhook, error
 func (c *Client) RemoveWebhook(ctx context.Context, project, id string) error {
 	_, err := iamCall(ctx, c, true, "remove webhook "+id, c.sb.RemoveWebhook, &dsecv1.RemoveWebhookRequest{Project: optPath(project), Id: id})
 	return err
+}
+
+// RotateOptions are RotateWebhookSecret's options.
+type RotateOptions struct {
+	Project string // unset: the token's project
+	Secret  string // "": the server makes one (in the answer, once)
+	// Overlap is how long the old secret signs deliveries beside the new
+	// one (two v1= entries), while receivers move over: 0 is 24 hours, a
+	// negative value retires the old secret at once.
+	Overlap time.Duration
+}
+
+// RotateWebhookSecret gives webhook id a new signing secret, returned in
+// the answer's Secret; for the overlap each delivery is signed with both,
+// so a receiver verifying with either keeps working
+// (webhook.Verify accepts any matching v1).
+func (c *Client) RotateWebhookSecret(ctx context.Context, id string, o *RotateOptions) (Webhook, error) {
+	if o == nil {
+		o = &RotateOptions{}
+	}
+	secs := int64(o.Overlap / time.Second)
+	if o.Overlap < 0 {
+		secs = -1
+	} else if o.Overlap > 0 && secs == 0 {
+		secs = 1
+	}
+	r, err := iamCall(ctx, c, false, "rotate webhook "+id+"'s secret", c.sb.RotateWebhookSecret,
+		&dsecv1.RotateWebhookSecretRequest{Project: optPath(o.Project), Id: id, Secret: o.Secret, OverlapSeconds: secs})
+	if err != nil {
+		return Webhook{}, err
+	}
+	return webhookOf(r), nil
 }

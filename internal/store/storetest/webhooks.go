@@ -66,6 +66,22 @@ func testWebhooks(t *testing.T, st store.Store) {
 	must(t, "ListWebhooks", err)
 	wantWebhooks(t, "all", all, "wh-1", "wh-2", "wh-3")
 
+	// A rotation keeps the old secret beside the new until its end; one
+	// without an overlap forgets it; another project's is not found.
+	until := ms(time.Now().Add(time.Hour))
+	must(t, "RotateWebhookSecret", st.RotateWebhookSecret(ctx, "a", "wh-1", "s1b", until))
+	got, err = st.ListWebhooks(ctx, []string{"a"})
+	must(t, "ListWebhooks after the rotation", err)
+	if w := got[0]; w.Secret != "s1b" || w.PrevSecret != "s1" || !w.PrevUntil.Equal(until) {
+		t.Fatalf("wh-1 after the rotation: secret %q, previous %q until %v", w.Secret, w.PrevSecret, w.PrevUntil)
+	}
+	must(t, "RotateWebhookSecret without overlap", st.RotateWebhookSecret(ctx, "a", "wh-1", "s1c", time.Time{}))
+	got, err = st.ListWebhooks(ctx, []string{"a"})
+	must(t, "ListWebhooks after the second rotation", err)
+	if w := got[0]; w.Secret != "s1c" || w.PrevSecret != "" || !w.PrevUntil.IsZero() {
+		t.Fatalf("wh-1 after a rotation without overlap: secret %q, previous %q until %v", w.Secret, w.PrevSecret, w.PrevUntil)
+	}
+	wantKind(t, "RotateWebhookSecret through another project", st.RotateWebhookSecret(ctx, "ab", "wh-1", "x", until), errdefs.ErrNotFound)
 	wantKind(t, "RemoveWebhook through another project", st.RemoveWebhook(ctx, "ab", "wh-1"), errdefs.ErrNotFound)
 	must(t, "RemoveWebhook wh-2 through a", st.RemoveWebhook(ctx, "a", "wh-2"))
 	wantKind(t, "RemoveWebhook again", st.RemoveWebhook(ctx, "a", "wh-2"), errdefs.ErrNotFound)

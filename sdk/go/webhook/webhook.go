@@ -40,10 +40,19 @@ func mac(secret string, t int64, body []byte) []byte {
 	return h.Sum(nil)
 }
 
-// Sign returns the Dsec-Signature header's value for body sent at t.
-func Sign(secret string, t time.Time, body []byte) string {
+// Sign returns the Dsec-Signature header's value for body sent at t,
+// with a v1 signature for each secret: more than one while a webhook's
+// secret is rotated (the new, then the old), so a receiver holding either
+// verifies it.
+func Sign(secret string, t time.Time, body []byte, more ...string) string {
 	ts := t.Unix()
-	return fmt.Sprintf("t=%d,v1=%s", ts, hex.EncodeToString(mac(secret, ts, body)))
+	var b strings.Builder
+	fmt.Fprintf(&b, "t=%d", ts)
+	for _, s := range append([]string{secret}, more...) {
+		b.WriteString(",v1=")
+		b.WriteString(hex.EncodeToString(mac(s, ts, body)))
+	}
+	return b.String()
 }
 
 // Verify checks header (the Dsec-Signature value) against body and

@@ -22,6 +22,19 @@ func TestVerify(t *testing.T) {
 	if err := Verify("s3cret", "v1=00,"+h, body, at, 0); err != nil {
 		t.Fatalf("with another v1 beside: %v", err)
 	}
+	// Rotating: signed with the new and the old secret, either verifies.
+	both := Sign("new", at, body, "s3cret")
+	if strings.Count(both, "v1=") != 2 {
+		t.Fatalf("rotating header %q, want two v1 entries", both)
+	}
+	for _, s := range []string{"new", "s3cret"} {
+		if err := Verify(s, both, body, at, 0); err != nil {
+			t.Fatalf("rotating, secret %s: %v", s, err)
+		}
+	}
+	if err := Verify("third", both, body, at, 0); !errors.Is(err, ErrSignature) {
+		t.Fatalf("rotating, a third secret: %v", err)
+	}
 	tampered := []byte(strings.Replace(string(body), "deleted", "created", 1))
 	for _, tc := range []struct {
 		name, secret, header string

@@ -62,7 +62,10 @@ class Webhook:
     """An endpoint a project registered for its events. delivered is the ID
     of the last event its endpoint acknowledged; last_ok and last_failure are
     seconds since the epoch (0: never), failures the failed attempts since the
-    last success; secret is set in add_webhook's answer only."""
+    last success; secret is set in add_webhook's and rotate_webhook_secret's
+    answers only; previous_secret_until, after a rotation, is when the
+    previous secret stops signing beside the current one (0: no rotation
+    under way)."""
     id: str
     project: str
     url: str
@@ -74,6 +77,7 @@ class Webhook:
     failures: int = 0
     last_error: str = ""
     secret: str = ""
+    previous_secret_until: float = 0.0
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "Webhook":
@@ -81,13 +85,16 @@ class Webhook:
                        kinds=list(d.get("kinds", [])), created=_secs(d.get("createdUnixMs")),
                        delivered=int(d.get("delivered", 0)), last_ok=_secs(d.get("lastOkUnixMs")),
                        last_failure=_secs(d.get("lastFailureUnixMs")), failures=int(d.get("failures", 0)),
-                       last_error=d.get("lastError", ""), secret=d.get("secret", ""))
+                       last_error=d.get("lastError", ""), secret=d.get("secret", ""),
+                       previous_secret_until=_secs(d.get("previousSecretUntilUnixMs")))
 
 
 def verify_webhook(secret: str, header: str, body: bytes, *, tolerance: float = 300.0,
                    now: Optional[float] = None) -> bool:
     """Whether a delivery's Dsec-Signature header (t=UNIX,v1=HEX) signs body
-    (its exact bytes) with secret, at a time within tolerance seconds of now."""
+    (its exact bytes) with secret, at a time within tolerance seconds of now.
+    Any of the header's v1 entries may match: while a webhook's secret is
+    rotated, deliveries carry one for the new secret and one for the old."""
     ts, sigs = None, []
     for part in header.split(","):
         k, _, v = part.strip().partition("=")
@@ -159,3 +166,18 @@ class EventCalls:
         if project is not None:
             msg["project"] = project
         await self._call("RemoveWebhook", msg, timeout, idempotent=True)  # type: ignore[attr-defined]
+
+    async def rotate_webhook_secret(self, id: str, *, project: Optional[str] = None, secret: Optional[str] = None,
+                                    overlap: Optional[float] = None, timeout: Optional[float] = None) -> Webhook:
+        """Give webhook id a new signing secret (made by the server unless
+        given; the answer's secret, shown this once). For overlap seconds
+        (None: 24 hours; 0: none) the old secret signs each delivery beside
+        the new one, so receivers can move over without refusing one."""
+        msg: Dict[str, Any] = {"id": id}
+        if project is not None:
+            msg["project"] = project
+        if secret:
+            msg["secret"] = secret
+        if overlap is not None:
+            msg["overlapSeconds"] = str(max(1, int(overlap)) if overlap > 0 else -1)
+        return Webhook.from_json(await self._call("RotateWebhookSecret", msg, timeout))  # type: ignore[attr-defined]

@@ -206,6 +206,9 @@ class Client:
     def remove_webhook(self, id: str, **kw) -> None:
         return self._run(self._a.remove_webhook(id, **kw))
 
+    def rotate_webhook_secret(self, id: str, **kw) -> Webhook:
+        return self._run(self._a.rotate_webhook_secret(id, **kw))
+
     def follow_events(self, **kw) -> Iterator[Event]:
         """Yield events as they come (a generator); leaving the loop ends the stream."""
         agen = self._a.follow_events(**kw)

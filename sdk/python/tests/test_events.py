@@ -8,6 +8,8 @@ and DSEC_TEST_EVENTS_TOKEN (a runner of project a); skips without them.
 import _path  # noqa: F401
 import asyncio
 import http.server
+import hashlib
+import hmac
 import json
 import os
 import threading
@@ -126,6 +128,24 @@ class EventsTest(unittest.TestCase):
                 time.sleep(0.05)
             self.assertEqual(admin.webhooks()[0].delivered, bodies[-1]["id"])
             self.assertGreater(admin.webhooks()[0].last_ok, 0)
+            # A rotation: the new secret once, the old one signing beside it
+            # for the overlap; a header with both verifies with either.
+            with self.assertRaises(errors.PermissionDenied):
+                self.c.rotate_webhook_secret(wh.id)
+            rot = admin.rotate_webhook_secret(wh.id, overlap=3600)
+            self.assertTrue(rot.secret)
+            self.assertNotEqual(rot.secret, wh.secret)
+            self.assertGreater(rot.previous_secret_until, time.time() + 3500)
+            self.assertGreater(admin.webhooks()[0].previous_secret_until, 0)
+            ts, body = int(time.time()), b'{"id":1}'
+            v1 = [hmac.new(s.encode(), str(ts).encode() + b"." + body, hashlib.sha256).hexdigest() for s in (rot.secret, wh.secret)]
+            both = f"t={ts},v1={v1[0]},v1={v1[1]}"
+            self.assertTrue(libdsec.verify_webhook(rot.secret, both, body))
+            self.assertTrue(libdsec.verify_webhook(wh.secret, both, body))
+            self.assertFalse(libdsec.verify_webhook("another", both, body))
+            rot2 = admin.rotate_webhook_secret(wh.id, secret="s2", overlap=0)
+            self.assertEqual(rot2.secret, "s2")
+            self.assertEqual(rot2.previous_secret_until, 0)
             admin.remove_webhook(wh.id)
             self.assertEqual(admin.webhooks(), [])
 

@@ -10558,9 +10558,12 @@ type Webhook struct {
 	LastFailureUnixMs int64                  `protobuf:"varint,8,opt,name=last_failure_unix_ms,json=lastFailureUnixMs,proto3" json:"last_failure_unix_ms,omitempty"`
 	Failures          int32                  `protobuf:"varint,9,opt,name=failures,proto3" json:"failures,omitempty"` // failed attempts since the last success
 	LastError         string                 `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	Secret            string                 `protobuf:"bytes,11,opt,name=secret,proto3" json:"secret,omitempty"` // in AddWebhook's answer only
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	Secret            string                 `protobuf:"bytes,11,opt,name=secret,proto3" json:"secret,omitempty"` // in AddWebhook's and RotateWebhookSecret's answers only
+	// The previous secret still signs deliveries (beside the current one)
+	// until then (0: no rotation under way).
+	PreviousSecretUntilUnixMs int64 `protobuf:"varint,12,opt,name=previous_secret_until_unix_ms,json=previousSecretUntilUnixMs,proto3" json:"previous_secret_until_unix_ms,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *Webhook) Reset() {
@@ -10668,6 +10671,13 @@ func (x *Webhook) GetSecret() string {
 		return x.Secret
 	}
 	return ""
+}
+
+func (x *Webhook) GetPreviousSecretUntilUnixMs() int64 {
+	if x != nil {
+		return x.PreviousSecretUntilUnixMs
+	}
+	return 0
 }
 
 type AddWebhookRequest struct {
@@ -10912,6 +10922,76 @@ func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RemoveWebhookResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookResponse) Descriptor() ([]byte, []int) {
 	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
+}
+
+type RotateWebhookSecretRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Project *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"` // unset: the caller's token's project
+	Id      string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Secret  string                 `protobuf:"bytes,3,opt,name=secret,proto3" json:"secret,omitempty"` // "": the server makes one (returned once)
+	// How long the old secret signs beside the new one: 0 is 24 hours; a
+	// negative value retires the old secret at once.
+	OverlapSeconds int64 `protobuf:"varint,4,opt,name=overlap_seconds,json=overlapSeconds,proto3" json:"overlap_seconds,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RotateWebhookSecretRequest) Reset() {
+	*x = RotateWebhookSecretRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateWebhookSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateWebhookSecretRequest) ProtoMessage() {}
+
+func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateWebhookSecretRequest.ProtoReflect.Descriptor instead.
+func (*RotateWebhookSecretRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{141}
+}
+
+func (x *RotateWebhookSecretRequest) GetProject() string {
+	if x != nil && x.Project != nil {
+		return *x.Project
+	}
+	return ""
+}
+
+func (x *RotateWebhookSecretRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RotateWebhookSecretRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+func (x *RotateWebhookSecretRequest) GetOverlapSeconds() int64 {
+	if x != nil {
+		return x.OverlapSeconds
+	}
+	return 0
 }
 
 var File_dsec_v1_dsec_proto protoreflect.FileDescriptor
@@ -11773,7 +11853,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\b_project\"P\n" +
 	"\x12ListEventsResponse\x12&\n" +
 	"\x06events\x18\x01 \x03(\v2\x0e.dsec.v1.EventR\x06events\x12\x12\n" +
-	"\x04next\x18\x02 \x01(\x03R\x04next\"\xcc\x02\n" +
+	"\x04next\x18\x02 \x01(\x03R\x04next\"\x8e\x03\n" +
 	"\aWebhook\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x10\n" +
@@ -11787,7 +11867,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"last_error\x18\n" +
 	" \x01(\tR\tlastError\x12\x16\n" +
-	"\x06secret\x18\v \x01(\tR\x06secret\"~\n" +
+	"\x06secret\x18\v \x01(\tR\x06secret\x12@\n" +
+	"\x1dprevious_secret_until_unix_ms\x18\f \x01(\x03R\x19previousSecretUntilUnixMs\"~\n" +
 	"\x11AddWebhookRequest\x12\x1d\n" +
 	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -11806,7 +11887,14 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\tR\x02idB\n" +
 	"\n" +
 	"\b_project\"\x17\n" +
-	"\x15RemoveWebhookResponse*\xb7\x01\n" +
+	"\x15RemoveWebhookResponse\"\x98\x01\n" +
+	"\x1aRotateWebhookSecretRequest\x12\x1d\n" +
+	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06secret\x18\x03 \x01(\tR\x06secret\x12'\n" +
+	"\x0foverlap_seconds\x18\x04 \x01(\x03R\x0eoverlapSecondsB\n" +
+	"\n" +
+	"\b_project*\xb7\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -11890,7 +11978,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xcf\x18\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\x9d\x19\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -11945,7 +12033,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"AddWebhook\x12\x1a.dsec.v1.AddWebhookRequest\x1a\x10.dsec.v1.Webhook\x12P\n" +
 	"\fListWebhooks\x12\x1c.dsec.v1.ListWebhooksRequest\x1a\x1d.dsec.v1.ListWebhooksResponse\"\x03\x90\x02\x01\x12S\n" +
-	"\rRemoveWebhook\x12\x1d.dsec.v1.RemoveWebhookRequest\x1a\x1e.dsec.v1.RemoveWebhookResponse\"\x03\x90\x02\x022\xef\x01\n" +
+	"\rRemoveWebhook\x12\x1d.dsec.v1.RemoveWebhookRequest\x1a\x1e.dsec.v1.RemoveWebhookResponse\"\x03\x90\x02\x02\x12L\n" +
+	"\x13RotateWebhookSecret\x12#.dsec.v1.RotateWebhookSecretRequest\x1a\x10.dsec.v1.Webhook2\xef\x01\n" +
 	"\rFnCallService\x12<\n" +
 	"\aRunCode\x12\x17.dsec.v1.RunCodeRequest\x1a\x18.dsec.v1.RunCodeResponse\x12K\n" +
 	"\fRunCodeBatch\x12\x1c.dsec.v1.RunCodeBatchRequest\x1a\x1d.dsec.v1.RunCodeBatchResponse\x12S\n" +
@@ -11976,7 +12065,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 154)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 155)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                         // 0: dsec.v1.State
 	(Reason)(0),                        // 1: dsec.v1.Reason
@@ -12131,30 +12220,31 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*ListWebhooksResponse)(nil),       // 150: dsec.v1.ListWebhooksResponse
 	(*RemoveWebhookRequest)(nil),       // 151: dsec.v1.RemoveWebhookRequest
 	(*RemoveWebhookResponse)(nil),      // 152: dsec.v1.RemoveWebhookResponse
-	nil,                                // 153: dsec.v1.NodeInfo.MissingEntry
-	nil,                                // 154: dsec.v1.SandboxSpec.EnvEntry
-	nil,                                // 155: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                                // 156: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                                // 157: dsec.v1.ListRequest.LabelsEntry
-	nil,                                // 158: dsec.v1.ExecRequest.EnvEntry
-	nil,                                // 159: dsec.v1.ShellStart.EnvEntry
-	nil,                                // 160: dsec.v1.GradeRequest.EnvEntry
-	nil,                                // 161: dsec.v1.GradeTests.FilesEntry
-	nil,                                // 162: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                                // 163: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                                // 164: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                                // 165: dsec.v1.RunCodeResponse.FilesEntry
+	(*RotateWebhookSecretRequest)(nil), // 153: dsec.v1.RotateWebhookSecretRequest
+	nil,                                // 154: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 155: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 156: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 157: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 158: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 159: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 160: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 161: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 162: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 163: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 164: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 165: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 166: dsec.v1.RunCodeResponse.FilesEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	153, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	154, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	15,  // 4: dsec.v1.NodeInfo.core_scheduling:type_name -> dsec.v1.CoreScheduling
 	4,   // 5: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	154, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	155, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	156, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	155, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	156, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	157, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 9: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 10: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 11: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -12171,13 +12261,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	18,  // 22: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
 	16,  // 23: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	18,  // 24: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	157, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	158, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 26: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	18,  // 27: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	16,  // 28: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	16,  // 29: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	36,  // 30: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	158, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	159, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	44,  // 32: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	45,  // 33: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	43,  // 34: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
@@ -12188,7 +12278,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	52,  // 39: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	60,  // 40: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	61,  // 41: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	159, // 42: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	160, // 42: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	61,  // 43: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	45,  // 44: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	63,  // 45: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -12199,9 +12289,9 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	85,  // 50: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
 	85,  // 51: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
 	87,  // 52: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	160, // 53: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	161, // 53: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
 	5,   // 54: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	161, // 55: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	162, // 55: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
 	45,  // 56: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
 	88,  // 57: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
 	85,  // 58: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
@@ -12216,7 +12306,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	9,   // 67: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
 	84,  // 68: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
 	107, // 69: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	162, // 70: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	163, // 70: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
 	113, // 71: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
 	17,  // 72: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
 	120, // 73: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
@@ -12232,13 +12322,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	127, // 83: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
 	131, // 84: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
 	132, // 85: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	163, // 86: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	164, // 87: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	164, // 86: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	165, // 87: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
 	11,  // 88: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
 	10,  // 89: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
 	135, // 90: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
 	135, // 91: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	165, // 92: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	166, // 92: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
 	7,   // 93: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
 	134, // 94: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
 	136, // 95: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
@@ -12292,76 +12382,78 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	148, // 143: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
 	149, // 144: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
 	151, // 145: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
-	134, // 146: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	137, // 147: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	140, // 148: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	98,  // 149: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	99,  // 150: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	103, // 151: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	105, // 152: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	108, // 153: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	128, // 154: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	130, // 155: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	101, // 156: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	31,  // 157: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	18,  // 158: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	34,  // 159: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	40,  // 160: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	21,  // 161: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	23,  // 162: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	25,  // 163: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	27,  // 164: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	29,  // 165: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	85,  // 166: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	92,  // 167: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	94,  // 168: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	97,  // 169: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	89,  // 170: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	42,  // 171: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	42,  // 172: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	48,  // 173: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	50,  // 174: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	53,  // 175: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	42,  // 176: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	56,  // 177: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	58,  // 178: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	62,  // 179: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	65,  // 180: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	67,  // 181: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	69,  // 182: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	71,  // 183: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	73,  // 184: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	75,  // 185: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	77,  // 186: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	79,  // 187: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	81,  // 188: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	83,  // 189: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	111, // 190: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	114, // 191: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	116, // 192: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	121, // 193: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	119, // 194: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	36,  // 195: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	38,  // 196: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	143, // 197: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	146, // 198: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
-	144, // 199: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
-	147, // 200: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
-	150, // 201: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
-	152, // 202: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
-	136, // 203: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	138, // 204: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	141, // 205: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	84,  // 206: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	84,  // 207: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	104, // 208: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	106, // 209: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	109, // 210: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	129, // 211: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	133, // 212: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	102, // 213: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	157, // [157:214] is the sub-list for method output_type
-	100, // [100:157] is the sub-list for method input_type
+	153, // 146: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
+	134, // 147: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	137, // 148: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	140, // 149: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	98,  // 150: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	99,  // 151: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	103, // 152: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	105, // 153: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	108, // 154: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	128, // 155: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	130, // 156: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	101, // 157: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	31,  // 158: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	18,  // 159: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	34,  // 160: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	40,  // 161: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	21,  // 162: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	23,  // 163: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	25,  // 164: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	27,  // 165: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	29,  // 166: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	85,  // 167: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	92,  // 168: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	94,  // 169: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	97,  // 170: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	89,  // 171: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	42,  // 172: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	42,  // 173: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	48,  // 174: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	50,  // 175: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	53,  // 176: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	42,  // 177: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	56,  // 178: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	58,  // 179: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	62,  // 180: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	65,  // 181: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	67,  // 182: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	69,  // 183: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	71,  // 184: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	73,  // 185: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	75,  // 186: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	77,  // 187: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	79,  // 188: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	81,  // 189: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	83,  // 190: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	111, // 191: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	114, // 192: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	116, // 193: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	121, // 194: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	119, // 195: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	36,  // 196: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	38,  // 197: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	143, // 198: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	146, // 199: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
+	144, // 200: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
+	147, // 201: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
+	150, // 202: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
+	152, // 203: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
+	147, // 204: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
+	136, // 205: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	138, // 206: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	141, // 207: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	84,  // 208: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	84,  // 209: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	104, // 210: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	106, // 211: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	109, // 212: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	129, // 213: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	133, // 214: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	102, // 215: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	158, // [158:216] is the sub-list for method output_type
+	100, // [100:158] is the sub-list for method input_type
 	100, // [100:100] is the sub-list for extension type_name
 	100, // [100:100] is the sub-list for extension extendee
 	0,   // [0:100] is the sub-list for field type_name
@@ -12401,13 +12493,14 @@ func file_dsec_v1_dsec_proto_init() {
 	file_dsec_v1_dsec_proto_msgTypes[136].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[137].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[139].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[141].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   154,
+			NumMessages:   155,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -154,6 +154,9 @@ const (
 	// SandboxServiceRemoveWebhookProcedure is the fully-qualified name of the SandboxService's
 	// RemoveWebhook RPC.
 	SandboxServiceRemoveWebhookProcedure = "/dsec.v1.SandboxService/RemoveWebhook"
+	// SandboxServiceRotateWebhookSecretProcedure is the fully-qualified name of the SandboxService's
+	// RotateWebhookSecret RPC.
+	SandboxServiceRotateWebhookSecretProcedure = "/dsec.v1.SandboxService/RotateWebhookSecret"
 	// FnCallServiceRunCodeProcedure is the fully-qualified name of the FnCallService's RunCode RPC.
 	FnCallServiceRunCodeProcedure = "/dsec.v1.FnCallService/RunCode"
 	// FnCallServiceRunCodeBatchProcedure is the fully-qualified name of the FnCallService's
@@ -337,6 +340,10 @@ type SandboxServiceClient interface {
 	AddWebhook(context.Context, *connect.Request[v1.AddWebhookRequest]) (*connect.Response[v1.Webhook], error)
 	ListWebhooks(context.Context, *connect.Request[v1.ListWebhooksRequest]) (*connect.Response[v1.ListWebhooksResponse], error)
 	RemoveWebhook(context.Context, *connect.Request[v1.RemoveWebhookRequest]) (*connect.Response[v1.RemoveWebhookResponse], error)
+	// RotateWebhookSecret gives a webhook a new signing secret; for the
+	// overlap its deliveries are signed with both (two v1= entries), so a
+	// receiver can move to the new secret without dropping a delivery.
+	RotateWebhookSecret(context.Context, *connect.Request[v1.RotateWebhookSecretRequest]) (*connect.Response[v1.Webhook], error)
 }
 
 // NewSandboxServiceClient constructs a client for the dsec.v1.SandboxService service. By default,
@@ -648,57 +655,64 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		rotateWebhookSecret: connect.NewClient[v1.RotateWebhookSecretRequest, v1.Webhook](
+			httpClient,
+			baseURL+SandboxServiceRotateWebhookSecretProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RotateWebhookSecret")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	create             *connect.Client[v1.CreateRequest, v1.CreateResponse]
-	get                *connect.Client[v1.GetRequest, v1.Sandbox]
-	list               *connect.Client[v1.ListRequest, v1.ListResponse]
-	delete             *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
-	pause              *connect.Client[v1.PauseRequest, v1.PauseResponse]
-	resume             *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
-	setTimeout         *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
-	endPhase           *connect.Client[v1.EndPhaseRequest, v1.EndPhaseResponse]
-	metrics            *connect.Client[v1.MetricsRequest, v1.SandboxMetrics]
-	snapshot           *connect.Client[v1.SnapshotRequest, v1.SnapshotInfo]
-	listSnapshots      *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
-	deleteSnapshot     *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
-	fork               *connect.Client[v1.ForkRequest, v1.ForkResponse]
-	grade              *connect.Client[v1.GradeRequest, v1.GradeResult]
-	exec               *connect.Client[v1.ExecRequest, v1.ExecEvent]
-	attach             *connect.Client[v1.AttachRequest, v1.ExecEvent]
-	writeStdin         *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
-	signal             *connect.Client[v1.SignalRequest, v1.SignalResponse]
-	listProcesses      *connect.Client[v1.ListProcessesRequest, v1.ListProcessesResponse]
-	sessionRun         *connect.Client[v1.SessionRunRequest, v1.ExecEvent]
-	sessionInterrupt   *connect.Client[v1.SessionInterruptRequest, v1.SessionInterruptResponse]
-	sessionClose       *connect.Client[v1.SessionCloseRequest, v1.SessionCloseResponse]
-	shell              *connect.Client[v1.ShellInput, v1.ShellOutput]
-	readFile           *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	writeFile          *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	listDir            *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
-	stat               *connect.Client[v1.StatRequest, v1.StatResponse]
-	remove             *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
-	makeDir            *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
-	move               *connect.Client[v1.MoveRequest, v1.MoveResponse]
-	watchDir           *connect.Client[v1.WatchDirRequest, v1.WatchEvent]
-	upload             *connect.Client[v1.UploadRequest, v1.UploadResponse]
-	download           *connect.Client[v1.DownloadRequest, v1.DownloadChunk]
-	setNetworkRules    *connect.Client[v1.SetNetworkRulesRequest, v1.SetNetworkRulesResponse]
-	networkLog         *connect.Client[v1.NetworkLogRequest, v1.NetworkLogResponse]
-	trajectory         *connect.Client[v1.TrajectoryRequest, v1.TrajectoryResponse]
-	provenance         *connect.Client[v1.ProvenanceRequest, v1.SandboxProvenance]
-	setProvenancePaths *connect.Client[v1.SetProvenancePathsRequest, v1.SetProvenancePathsResponse]
-	setWarmPool        *connect.Client[v1.SetWarmPoolRequest, v1.WarmPool]
-	listWarmPools      *connect.Client[v1.ListWarmPoolsRequest, v1.ListWarmPoolsResponse]
-	getServerInfo      *connect.Client[v1.GetServerInfoRequest, v1.ServerInfo]
-	listEvents         *connect.Client[v1.ListEventsRequest, v1.ListEventsResponse]
-	followEvents       *connect.Client[v1.ListEventsRequest, v1.Event]
-	addWebhook         *connect.Client[v1.AddWebhookRequest, v1.Webhook]
-	listWebhooks       *connect.Client[v1.ListWebhooksRequest, v1.ListWebhooksResponse]
-	removeWebhook      *connect.Client[v1.RemoveWebhookRequest, v1.RemoveWebhookResponse]
+	create              *connect.Client[v1.CreateRequest, v1.CreateResponse]
+	get                 *connect.Client[v1.GetRequest, v1.Sandbox]
+	list                *connect.Client[v1.ListRequest, v1.ListResponse]
+	delete              *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
+	pause               *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	resume              *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	setTimeout          *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
+	endPhase            *connect.Client[v1.EndPhaseRequest, v1.EndPhaseResponse]
+	metrics             *connect.Client[v1.MetricsRequest, v1.SandboxMetrics]
+	snapshot            *connect.Client[v1.SnapshotRequest, v1.SnapshotInfo]
+	listSnapshots       *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
+	deleteSnapshot      *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
+	fork                *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	grade               *connect.Client[v1.GradeRequest, v1.GradeResult]
+	exec                *connect.Client[v1.ExecRequest, v1.ExecEvent]
+	attach              *connect.Client[v1.AttachRequest, v1.ExecEvent]
+	writeStdin          *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
+	signal              *connect.Client[v1.SignalRequest, v1.SignalResponse]
+	listProcesses       *connect.Client[v1.ListProcessesRequest, v1.ListProcessesResponse]
+	sessionRun          *connect.Client[v1.SessionRunRequest, v1.ExecEvent]
+	sessionInterrupt    *connect.Client[v1.SessionInterruptRequest, v1.SessionInterruptResponse]
+	sessionClose        *connect.Client[v1.SessionCloseRequest, v1.SessionCloseResponse]
+	shell               *connect.Client[v1.ShellInput, v1.ShellOutput]
+	readFile            *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile           *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	listDir             *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
+	stat                *connect.Client[v1.StatRequest, v1.StatResponse]
+	remove              *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
+	makeDir             *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
+	move                *connect.Client[v1.MoveRequest, v1.MoveResponse]
+	watchDir            *connect.Client[v1.WatchDirRequest, v1.WatchEvent]
+	upload              *connect.Client[v1.UploadRequest, v1.UploadResponse]
+	download            *connect.Client[v1.DownloadRequest, v1.DownloadChunk]
+	setNetworkRules     *connect.Client[v1.SetNetworkRulesRequest, v1.SetNetworkRulesResponse]
+	networkLog          *connect.Client[v1.NetworkLogRequest, v1.NetworkLogResponse]
+	trajectory          *connect.Client[v1.TrajectoryRequest, v1.TrajectoryResponse]
+	provenance          *connect.Client[v1.ProvenanceRequest, v1.SandboxProvenance]
+	setProvenancePaths  *connect.Client[v1.SetProvenancePathsRequest, v1.SetProvenancePathsResponse]
+	setWarmPool         *connect.Client[v1.SetWarmPoolRequest, v1.WarmPool]
+	listWarmPools       *connect.Client[v1.ListWarmPoolsRequest, v1.ListWarmPoolsResponse]
+	getServerInfo       *connect.Client[v1.GetServerInfoRequest, v1.ServerInfo]
+	listEvents          *connect.Client[v1.ListEventsRequest, v1.ListEventsResponse]
+	followEvents        *connect.Client[v1.ListEventsRequest, v1.Event]
+	addWebhook          *connect.Client[v1.AddWebhookRequest, v1.Webhook]
+	listWebhooks        *connect.Client[v1.ListWebhooksRequest, v1.ListWebhooksResponse]
+	removeWebhook       *connect.Client[v1.RemoveWebhookRequest, v1.RemoveWebhookResponse]
+	rotateWebhookSecret *connect.Client[v1.RotateWebhookSecretRequest, v1.Webhook]
 }
 
 // Create calls dsec.v1.SandboxService.Create.
@@ -931,6 +945,11 @@ func (c *sandboxServiceClient) RemoveWebhook(ctx context.Context, req *connect.R
 	return c.removeWebhook.CallUnary(ctx, req)
 }
 
+// RotateWebhookSecret calls dsec.v1.SandboxService.RotateWebhookSecret.
+func (c *sandboxServiceClient) RotateWebhookSecret(ctx context.Context, req *connect.Request[v1.RotateWebhookSecretRequest]) (*connect.Response[v1.Webhook], error) {
+	return c.rotateWebhookSecret.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the dsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes one sandbox, or a batch of spec.count. A repeated call with the
@@ -1083,6 +1102,10 @@ type SandboxServiceHandler interface {
 	AddWebhook(context.Context, *connect.Request[v1.AddWebhookRequest]) (*connect.Response[v1.Webhook], error)
 	ListWebhooks(context.Context, *connect.Request[v1.ListWebhooksRequest]) (*connect.Response[v1.ListWebhooksResponse], error)
 	RemoveWebhook(context.Context, *connect.Request[v1.RemoveWebhookRequest]) (*connect.Response[v1.RemoveWebhookResponse], error)
+	// RotateWebhookSecret gives a webhook a new signing secret; for the
+	// overlap its deliveries are signed with both (two v1= entries), so a
+	// receiver can move to the new secret without dropping a delivery.
+	RotateWebhookSecret(context.Context, *connect.Request[v1.RotateWebhookSecretRequest]) (*connect.Response[v1.Webhook], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1390,6 +1413,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRotateWebhookSecretHandler := connect.NewUnaryHandler(
+		SandboxServiceRotateWebhookSecretProcedure,
+		svc.RotateWebhookSecret,
+		connect.WithSchema(sandboxServiceMethods.ByName("RotateWebhookSecret")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1484,6 +1513,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListWebhooksHandler.ServeHTTP(w, r)
 		case SandboxServiceRemoveWebhookProcedure:
 			sandboxServiceRemoveWebhookHandler.ServeHTTP(w, r)
+		case SandboxServiceRotateWebhookSecretProcedure:
+			sandboxServiceRotateWebhookSecretHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1675,6 +1706,10 @@ func (UnimplementedSandboxServiceHandler) ListWebhooks(context.Context, *connect
 
 func (UnimplementedSandboxServiceHandler) RemoveWebhook(context.Context, *connect.Request[v1.RemoveWebhookRequest]) (*connect.Response[v1.RemoveWebhookResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.RemoveWebhook is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RotateWebhookSecret(context.Context, *connect.Request[v1.RotateWebhookSecretRequest]) (*connect.Response[v1.Webhook], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.RotateWebhookSecret is not implemented"))
 }
 
 // FnCallServiceClient is a client for the dsec.v1.FnCallService service.
