@@ -181,16 +181,25 @@ type Server struct {
 	metrics  *metrics.API                      // nil without Config.Metrics
 }
 
+// The defaults of Config's zeros (dsecd's configuration shows them:
+// package config).
+const (
+	DefaultMaxBatch          = 1000
+	DefaultCreateConcurrency = 8
+	DefaultReconcileInterval = 30 * time.Second
+	DefaultWebhookBackoff    = time.Second
+)
+
 // New returns a Server routing to the fleet's edges.
 func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 	if cfg.MaxBatch == 0 {
-		cfg.MaxBatch = 1000
+		cfg.MaxBatch = DefaultMaxBatch
 	}
 	if cfg.CreateConcurrency == 0 {
-		cfg.CreateConcurrency = 8
+		cfg.CreateConcurrency = DefaultCreateConcurrency
 	}
 	if cfg.ReconcileInterval <= 0 {
-		cfg.ReconcileInterval = 30 * time.Second
+		cfg.ReconcileInterval = DefaultReconcileInterval
 	}
 	if cfg.AbandonAfter <= 0 {
 		cfg.AbandonAfter = DefaultAbandonAfter
@@ -199,7 +208,7 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 		cfg.WebhookTimeout = DefaultWebhookTimeout
 	}
 	if cfg.WebhookBackoff <= 0 {
-		cfg.WebhookBackoff = time.Second
+		cfg.WebhookBackoff = DefaultWebhookBackoff
 	}
 	if cfg.WebhookMaxActive <= 0 {
 		cfg.WebhookMaxActive = DefaultWebhookMaxActive

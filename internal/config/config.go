@@ -57,17 +57,15 @@ type Edge struct {
 type APIServer struct {
 	Name string `key:"name" flag:"name" help:"this replica's name, as its certificate has it (empty: from the host name)"`
 	API
-	DB                string        `key:"db" flag:"db" secret:"url" help:"the metadata store all replicas share: postgres://… (or a SQLite file for a lone replica)"`
-	Edges             []string      `key:"edges" flag:"edge" list:"repeat" help:"an edge, NAME=https://HOST:PORT (repeatable; empty: the edges registered in the metadata store)"`
-	Replicas          int           `key:"replicas" flag:"replicas" help:"how many apiservers place onto these edges (placement weighs its own recent placements by it)"`
-	PlacementGroup    int           `key:"placement_group" flag:"placement-group" help:"how many sandboxes of a batch go to one node together, in one call to it (1 spreads each on its own)"`
-	E2BSecretFile     string        `key:"e2b_secret_file" flag:"e2b-secret-file" help:"the secret that signs E2B access tokens, the same file on every apiserver (dsecd init-cluster writes e2b.secret)"`
-	PollInterval      time.Duration `key:"poll_interval" flag:"poll-interval" help:"how often the watcher polls each edge (three missed polls make an edge unroutable)"`
-	ReconcileInterval time.Duration `key:"reconcile_interval" flag:"reconcile-interval" help:"how often to settle creates left in doubt, abandon stale reservations and check sandbox rows against the edges"`
-	AbandonAfter      time.Duration `key:"abandon_after" flag:"abandon-after" help:"how long a pending idempotent create may go without renewing its lease before any apiserver abandons it and reaps its sandboxes"`
-	NoMetrics         bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
-	TLS               TLS           `key:"tls"`
-	LogLevel          string        `key:"log_level" flag:"log-level" check:"log-level" help:"log level: debug, info, warn, error"`
+	DB             string        `key:"db" flag:"db" secret:"url" help:"the metadata store all replicas share: postgres://… (or a SQLite file for a lone replica)"`
+	Edges          []string      `key:"edges" flag:"edge" list:"repeat" help:"an edge, NAME=https://HOST:PORT (repeatable; empty: the edges registered in the metadata store)"`
+	Replicas       int           `key:"replicas" flag:"replicas" help:"how many apiservers place onto these edges (placement weighs its own recent placements by it)"`
+	PlacementGroup int           `key:"placement_group" flag:"placement-group" help:"how many sandboxes of a batch go to one node together, in one call to it (1 spreads each on its own)"`
+	E2BSecretFile  string        `key:"e2b_secret_file" flag:"e2b-secret-file" help:"the secret that signs E2B access tokens, the same file on every apiserver (dsecd init-cluster writes e2b.secret)"`
+	PollInterval   time.Duration `key:"poll_interval" flag:"poll-interval" help:"how often the watcher polls each edge (three missed polls make an edge unroutable)"`
+	NoMetrics      bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
+	TLS            TLS           `key:"tls"`
+	LogLevel       string        `key:"log_level" flag:"log-level" check:"log-level" help:"log level: debug, info, warn, error"`
 }
 
 // API is the public API's settings, the all-in-one's and an apiserver's.
@@ -83,6 +81,13 @@ type API struct {
 	AuditRetention       time.Duration `key:"audit_retention" flag:"audit-retention" help:"how long audit records are kept (negative: forever)"`
 	EventRetention       time.Duration `key:"event_retention" flag:"event-retention" help:"how long sandbox lifecycle events are kept (negative: forever)"`
 	WebhookAllowPrivate  bool          `key:"webhook_allow_private" flag:"webhook-allow-private" help:"allow webhooks on http:// and on loopback, private and link-local addresses"`
+	WebhookTimeout       time.Duration `key:"webhook_timeout" flag:"webhook-timeout" help:"how long one webhook delivery attempt may take"`
+	WebhookBackoff       time.Duration `key:"webhook_backoff" flag:"webhook-backoff" help:"the first wait after a failed webhook delivery, doubled each time up to a minute"`
+	WebhookMaxActive     int           `key:"webhook_max_active" flag:"webhook-max-active" help:"how many webhooks one apiserver delivers at once"`
+	MaxBatch             int           `key:"max_batch" flag:"max-batch" help:"the most sandboxes one create may ask for"`
+	CreateConcurrency    int           `key:"create_concurrency" flag:"create-concurrency" help:"how many sandboxes of one batch the apiserver starts at once"`
+	ReconcileInterval    time.Duration `key:"reconcile_interval" flag:"reconcile-interval" help:"how often to settle creates left in doubt, abandon stale reservations and check sandbox rows against the edges"`
+	AbandonAfter         time.Duration `key:"abandon_after" flag:"abandon-after" help:"how long a pending idempotent create may go without renewing its lease before any apiserver abandons it and reaps its sandboxes"`
 }
 
 // Node is a node's settings: the all-in-one dsecd's and an edge's.
@@ -104,6 +109,7 @@ type Node struct {
 	PausedRetention time.Duration `key:"paused_retention" flag:"paused-retention" help:"how long a sandbox may stay paused before it is stopped"`
 	Swap            string        `key:"swap" flag:"swap" check:"swap" help:"swap of the node's own, so a pause can take sandboxes' anonymous memory out of RAM: none, file:SIZE (a swap file under the root) or zram:SIZE (none: a pause releases the page cache only; a swap the host has is used, never changed)"`
 	NoProvenance    bool          `key:"no_provenance" flag:"no-provenance" help:"record no provenance as sandboxes run: no baseline of their writable layer at start, no watch of protected paths, no log of refused syscalls (docs/provenance.md)"`
+	StartTimeout    time.Duration `key:"start_timeout" flag:"start-timeout" help:"how long a new sandbox's agent may take to answer before the create fails"`
 	OutputLimit     int64         `key:"output_limit" flag:"output-limit" help:"output kept per command and stream for attach to replay, in bytes; a stream following the command gets all of it"`
 	MetricsProjects int           `key:"metrics_projects" flag:"metrics-projects" help:"how many projects, the largest by sandboxes, the sandbox gauge names; the rest are summed under \"other\" (negative: none; docs/operations.md)"`
 	NoMetrics       bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
@@ -226,6 +232,7 @@ func DefaultNode(getenv func(string) string) Node {
 		Retention:       10 * time.Minute,
 		PausedRetention: 7 * 24 * time.Hour,
 		Swap:            "none",
+		StartTimeout:    15 * time.Second,
 		OutputLimit:     16 << 20,
 		MetricsProjects: 20,
 		Defaults: SandboxDefaults{
@@ -247,9 +254,16 @@ func DefaultNode(getenv func(string) string) Node {
 
 func defaultAPI() API {
 	return API{
-		Listen:         DefaultAddr,
-		AuditRetention: 30 * 24 * time.Hour,
-		EventRetention: 7 * 24 * time.Hour,
+		Listen:            DefaultAddr,
+		AuditRetention:    30 * 24 * time.Hour,
+		EventRetention:    7 * 24 * time.Hour,
+		WebhookTimeout:    10 * time.Second,
+		WebhookBackoff:    time.Second,
+		WebhookMaxActive:  256,
+		MaxBatch:          1000,
+		CreateConcurrency: 8,
+		ReconcileInterval: 30 * time.Second,
+		AbandonAfter:      2 * time.Minute,
 	}
 }
 
@@ -276,13 +290,11 @@ func DefaultEdge(getenv func(string) string) Edge {
 // DefaultAPIServer is an apiserver's defaults.
 func DefaultAPIServer() APIServer {
 	return APIServer{
-		API:               defaultAPI(),
-		Replicas:          1,
-		PlacementGroup:    4,
-		PollInterval:      750 * time.Millisecond,
-		ReconcileInterval: 30 * time.Second,
-		AbandonAfter:      2 * time.Minute,
-		LogLevel:          "info",
+		API:            defaultAPI(),
+		Replicas:       1,
+		PlacementGroup: 4,
+		PollInterval:   750 * time.Millisecond,
+		LogLevel:       "info",
 	}
 }
 

@@ -20,6 +20,9 @@ func FromAllInOne(c config.AllInOne) (Config, error) {
 	a := c.API
 	cfg.Listen, cfg.Socket, cfg.DebugListen, cfg.MetricsListen = a.Listen, a.Socket, a.DebugListen, a.MetricsListen
 	cfg.MetricsTokenFile = a.MetricsTokenFile
+	cfg.APITuning = APITuning{MaxBatch: a.MaxBatch, CreateConcurrency: a.CreateConcurrency,
+		ReconcileInterval: a.ReconcileInterval, AbandonAfter: a.AbandonAfter,
+		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive}
 	cfg.SandboxFusionListen, cfg.SandboxFusionProject, cfg.E2BListen = a.SandboxFusionListen, a.SandboxFusionProject, a.E2BListen
 	cfg.AuditRetention, cfg.EventRetention, cfg.WebhookAllowPrivate = a.AuditRetention, a.EventRetention, a.WebhookAllowPrivate
 	return cfg, nil
@@ -53,7 +56,9 @@ func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 		Replicas: c.Replicas, PlacementGroup: c.PlacementGroup, DebugListen: a.DebugListen, MetricsListen: a.MetricsListen, MetricsTokenFile: a.MetricsTokenFile,
 		SandboxFusionListen: a.SandboxFusionListen, SandboxFusionProject: a.SandboxFusionProject,
 		E2BListen: a.E2BListen, E2BSecretFile: c.E2BSecretFile,
-		ReconcileInterval: c.ReconcileInterval, AbandonAfter: c.AbandonAfter, NoMetrics: c.NoMetrics,
+		ReconcileInterval: a.ReconcileInterval, AbandonAfter: a.AbandonAfter, NoMetrics: c.NoMetrics,
+		MaxBatch: a.MaxBatch, CreateConcurrency: a.CreateConcurrency,
+		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive,
 		AuditRetention: a.AuditRetention, EventRetention: a.EventRetention, WebhookAllowPrivate: a.WebhookAllowPrivate,
 	}
 	for _, e := range c.Edges {
@@ -103,7 +108,7 @@ func fromNode(n config.Node) (Config, error) {
 		Root: n.Root, Node: n.Node, Runtime: n.Runtime, RuntimePath: n.RuntimePath, Runsc: n.Runsc,
 		RunscPlatform: n.RunscPlatform, VMKernelDir: n.VMKernelDir, QEMU: n.QEMU, VMPmemLayers: n.VMPmemLayers,
 		CgroupParent: n.CgroupParent, AgentPath: n.Agent, ShellPath: n.Shell,
-		OutputLimit: n.OutputLimit, MaxWarm: n.MaxWarm, Retention: n.Retention, PausedRetention: n.PausedRetention,
+		OutputLimit: n.OutputLimit, StartTimeout: n.StartTimeout, MaxWarm: n.MaxWarm, Retention: n.Retention, PausedRetention: n.PausedRetention,
 		Swap: sw, MetricsProjects: n.MetricsProjects, NoMetrics: n.NoMetrics, NoProvenance: n.NoProvenance,
 		Trajectory: TrajectoryConfig{Off: n.Trajectory.Off, Retention: n.Trajectory.Retention,
 			MaxBytes: n.Trajectory.MaxBytes, MaxOutput: n.Trajectory.MaxOutput},

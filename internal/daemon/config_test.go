@@ -7,6 +7,7 @@ import (
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/config"
 	"dsec.dev/dsec/internal/edge/fncall"
+	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/placement"
@@ -32,6 +33,13 @@ func TestConfigDefaultsAgree(t *testing.T) {
 		{"event_retention", a.EventRetention, apiserver.DefaultEventRetention},
 		{"abandon_after", a.AbandonAfter, apiserver.DefaultAbandonAfter},
 		{"placement_group", a.PlacementGroup, placement.DefaultGroup},
+		{"max_batch", a.MaxBatch, apiserver.DefaultMaxBatch},
+		{"create_concurrency", a.CreateConcurrency, apiserver.DefaultCreateConcurrency},
+		{"reconcile_interval", a.ReconcileInterval, apiserver.DefaultReconcileInterval},
+		{"webhook_timeout", a.WebhookTimeout, apiserver.DefaultWebhookTimeout},
+		{"webhook_backoff", a.WebhookBackoff, apiserver.DefaultWebhookBackoff},
+		{"webhook_max_active", a.WebhookMaxActive, apiserver.DefaultWebhookMaxActive},
+		{"start_timeout", n.StartTimeout, sandbox.DefaultStartTimeout},
 		{"paused_retention", n.PausedRetention, 7 * 24 * time.Hour}, // sandbox.Manager's
 		{"max_warm", n.MaxWarm, 256},                                // sandbox.Manager's
 	} {

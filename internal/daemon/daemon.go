@@ -170,6 +170,11 @@ type Config struct {
 	// WebhookAllowPrivate allows webhooks on http:// and on loopback and
 	// private addresses (docs/events.md).
 	WebhookAllowPrivate bool
+	// APITuning tunes the node's apiserver (zeros: apiserver's defaults).
+	APITuning APITuning
+	// StartTimeout is how long a new sandbox's agent may take to answer;
+	// 0 = sandbox.DefaultStartTimeout.
+	StartTimeout time.Duration
 	// Trajectory says how the node records its sandboxes' trajectories.
 	Trajectory TrajectoryConfig
 	// NoProvenance records no provenance as sandboxes run (no baseline at
@@ -575,6 +580,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		Defaults:        cfg.Defaults,
 		Limits:          cfg.Limits,
 		OutputLimit:     cfg.OutputLimit,
+		StartTimeout:    cfg.StartTimeout,
 		MaxWarm:         cfg.MaxWarm,
 		TombstoneTTL:    cfg.Retention,
 		PausedRetention: cfg.PausedRetention,
@@ -729,7 +735,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	edge.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipts, nil })
 	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		TokenlessFnCall: tokenless, Metrics: cfg.metrics, ScrapeToken: scrapeToken}, meta, fleet, log.With("component", "apiserver"))
+		TokenlessFnCall: tokenless, Metrics: cfg.metrics, ScrapeToken: scrapeToken,
+		MaxBatch: cfg.APITuning.MaxBatch, CreateConcurrency: cfg.APITuning.CreateConcurrency,
+		ReconcileInterval: cfg.APITuning.ReconcileInterval, AbandonAfter: cfg.APITuning.AbandonAfter,
+		WebhookTimeout: cfg.APITuning.WebhookTimeout, WebhookBackoff: cfg.APITuning.WebhookBackoff,
+		WebhookMaxActive: cfg.APITuning.WebhookMaxActive}, meta, fleet, log.With("component", "apiserver"))
 	// A reservation left pending by a dsecd that died mid-create, say, is
 	// reconciled here as in a cluster.
 	stopReconciler := runReconciler(ctx, api)

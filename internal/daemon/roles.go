@@ -349,6 +349,27 @@ type APIServerConfig struct {
 	// WebhookAllowPrivate allows webhooks on http:// and on loopback and
 	// private addresses (docs/events.md).
 	WebhookAllowPrivate bool
+	// MaxBatch, CreateConcurrency, WebhookTimeout, WebhookBackoff and
+	// WebhookMaxActive tune the apiserver (apiserver.Config); 0 = their
+	// defaults.
+	MaxBatch          int
+	CreateConcurrency int
+	WebhookTimeout    time.Duration
+	WebhookBackoff    time.Duration
+	WebhookMaxActive  int
+}
+
+// APITuning tunes the all-in-one's apiserver as APIServerConfig's fields
+// of the same names tune a cluster's (apiserver.Config); zeros take
+// apiserver's defaults.
+type APITuning struct {
+	MaxBatch          int
+	CreateConcurrency int
+	ReconcileInterval time.Duration
+	AbandonAfter      time.Duration
+	WebhookTimeout    time.Duration
+	WebhookBackoff    time.Duration
+	WebhookMaxActive  int
 }
 
 func (c *APIServerConfig) fill() error {
@@ -438,7 +459,9 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		TokenlessFnCall: tokenless, Metrics: reg, ScrapeToken: scrapeToken}, meta, w, log.With("component", "apiserver"))
+		TokenlessFnCall: tokenless, Metrics: reg, ScrapeToken: scrapeToken,
+		MaxBatch: cfg.MaxBatch, CreateConcurrency: cfg.CreateConcurrency, WebhookTimeout: cfg.WebhookTimeout,
+		WebhookBackoff: cfg.WebhookBackoff, WebhookMaxActive: cfg.WebhookMaxActive}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.Poll(ctx) // routable edges from the first call on

@@ -89,6 +89,10 @@ type Limits struct {
 	MinAvailableMB int64
 }
 
+// DefaultStartTimeout is how long a new sandbox's agent may take to
+// answer when Config.StartTimeout is 0.
+const DefaultStartTimeout = 15 * time.Second
+
 // Config is the edge's configuration.
 type Config struct {
 	Node string // node name, part of every sandbox ID
@@ -242,7 +246,7 @@ func New(cfg Config, runtimes map[Kind]backend.Runtime, images Images, net Netwo
 		}
 	}
 	if cfg.StartTimeout == 0 {
-		cfg.StartTimeout = 15 * time.Second
+		cfg.StartTimeout = DefaultStartTimeout
 	}
 	if cfg.PingInterval == 0 {
 		cfg.PingInterval = 2 * time.Second
