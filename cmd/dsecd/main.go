@@ -103,6 +103,17 @@ func levelLogger(name string) *slog.Logger {
 	return logger(level)
 }
 
+// roleFlags is a role's flag set, whose usage lists each setting's flag
+// with its file key and variable.
+func roleFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of %s:\n", name)
+		config.PrintFlags(fs.Output(), fs)
+	}
+	return fs
+}
+
 // load sets cfg, a role's settings, from its file, the environment and
 // args (package config). It returns false with the exit code when they
 // are wrong or -h asked for the usage.
@@ -164,7 +175,7 @@ func nodeMain(name string, args []string, teardown bool) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage+"\nflags of "+name+":\n")
-		fs.PrintDefaults()
+		config.PrintFlags(fs.Output(), fs)
 	}
 	if code, ok := load(fs, &c, args); !ok {
 		return code
@@ -185,7 +196,7 @@ func nodeMain(name string, args []string, teardown bool) int {
 
 func edgeMain(args []string) int {
 	c := config.DefaultEdge(os.Getenv)
-	fs := flag.NewFlagSet("dsecd edge", flag.ContinueOnError)
+	fs := roleFlags("dsecd edge")
 	if code, ok := load(fs, &c, args); !ok {
 		return code
 	}
@@ -200,7 +211,7 @@ func edgeMain(args []string) int {
 
 func apiserverMain(args []string) int {
 	c := config.DefaultAPIServer()
-	fs := flag.NewFlagSet("dsecd apiserver", flag.ContinueOnError)
+	fs := roleFlags("dsecd apiserver")
 	if code, ok := load(fs, &c, args); !ok {
 		return code
 	}
@@ -228,7 +239,7 @@ func configMain(args []string, stdout io.Writer) int {
 		fmt.Fprintf(os.Stderr, "dsecd config print: role %q: want %s\n", role, strings.Join(config.Roles, ", "))
 		return 2
 	}
-	fs := flag.NewFlagSet("dsecd config print", flag.ContinueOnError)
+	fs := roleFlags("dsecd config print")
 	fs.String("role", config.RoleAllInOne, "whose configuration: "+strings.Join(config.Roles, ", "))
 	if code, ok := load(fs, cfg, args); !ok {
 		return code

@@ -270,3 +270,23 @@ func TestDocs(t *testing.T) {
 	t.Errorf("%s's table of settings is not the structs' (go test ./internal/config -update rewrites it):\n%s",
 		docsPath, cmp.Diff(got, b.String()))
 }
+
+// TestPrintFlags: a role's usage names each flag's kind of value, its file
+// key, its variable and a default that is not zero.
+func TestPrintFlags(t *testing.T) {
+	c := DefaultEdge(noEnv)
+	fs := flag.NewFlagSet("dsecd edge", flag.ContinueOnError)
+	if err := Load(&c, fs, nil, noEnv); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	PrintFlags(&b, fs)
+	for _, want := range []string{
+		"  -max-sandboxes integer\n", "(limits.max_sandboxes in a file, DSECD_MAX_SANDBOXES)\n",
+		"  -no-network\n", "(max_warm in a file, DSECD_MAX_WARM, default 256)\n", "  -config string\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in\n%s", want, b.String())
+		}
+	}
+}

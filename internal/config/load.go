@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"reflect"
 )
 
@@ -113,3 +114,24 @@ func (v *flagValue) Set(s string) error {
 }
 
 func (v *flagValue) IsBoolFlag() bool { return v.f.v.IsValid() && v.f.v.Kind() == reflect.Bool }
+
+// PrintFlags writes fs's flags as flag.PrintDefaults does, a setting's
+// with the kind of value it takes, its file key and its variable.
+func PrintFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(fl *flag.Flag) {
+		fv, ok := fl.Value.(*flagValue)
+		if !ok {
+			fmt.Fprintf(w, "  -%s string\n    \t%s\n", fl.Name, fl.Usage)
+			return
+		}
+		kind := " " + kindName(fv.f.v.Type())
+		if fv.IsBoolFlag() {
+			kind = ""
+		}
+		def := ""
+		if !fv.f.v.IsZero() {
+			def = ", default " + fl.DefValue
+		}
+		fmt.Fprintf(w, "  -%s%s\n    \t%s\n    \t(%s in a file, %s%s)\n", fl.Name, kind, fl.Usage, fv.f.Key, fv.f.Env, def)
+	})
+}
