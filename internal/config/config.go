@@ -178,6 +178,8 @@ type FnCall struct {
 	SoftMaxPerPool int           `key:"soft_max_per_pool" flag:"fncall-soft-max-per-pool" help:"containers of one fncall pool that run short calls at once; past it a pool grows only for long calls, as far as the node's memory holds them (0: 4 per CPU core)"`
 	QoS            string        `key:"qos" flag:"fncall-qos" check:"qos" help:"CPU class of fncall containers: latency (calls' time limits are wall-clock) or best_effort (SCHED_IDLE: the node's latency sandboxes come first; docs/qos.md)"`
 	MaxContainers  int           `key:"max_containers" flag:"fncall-max-containers" help:"most fncall containers on this node, every pool"`
+	MaxCreating    int           `key:"max_creating" flag:"fncall-max-creating" help:"fncall containers being created at once on this node, every pool (0: 8 per CPU core)"`
+	DiskMB         int64         `key:"disk_mb" flag:"fncall-disk-mb" help:"writable-layer size in MiB of a fncall container"`
 	MaxStartDelay  time.Duration `key:"max_start_delay" flag:"fncall-max-start-delay" help:"longest a call waits for a fncall container when none is starting for it; then it is refused (ResourceExhausted, 504 in SandboxFusion's API)"`
 	MaxQueue       int           `key:"max_queue" flag:"fncall-max-queue" help:"most calls waiting for a fncall container on this node; more are refused (ResourceExhausted, 504 in SandboxFusion's API)"`
 	IdleRetire     time.Duration `key:"idle_retire" flag:"fncall-idle-retire" help:"how long a fncall container above its pool's floor may stay idle"`
@@ -245,7 +247,7 @@ func DefaultNode(getenv func(string) string) Node {
 		},
 		Network: Network{EgressBytes: 125_000_000, MaxConns: 1024},
 		FnCall: FnCall{
-			MinIdle: 1, QoS: "latency", MaxContainers: 256, MaxStartDelay: 2 * time.Second,
+			MinIdle: 1, QoS: "latency", MaxContainers: 256, DiskMB: 4096, MaxStartDelay: 2 * time.Second,
 			MaxQueue: 4096, IdleRetire: time.Minute, MaxCalls: 10000,
 		},
 		Trajectory: Trajectory{Retention: 24 * time.Hour, MaxBytes: 16 << 20, MaxOutput: 16 << 10},

@@ -129,7 +129,7 @@ func fromNode(n config.Node) (Config, error) {
 	f := n.FnCall
 	cfg.FnCall = FnCallConfig{Disabled: f.Disabled, Languages: f.Languages, Pools: fncall.PoolConfig{
 		MinIdle: f.MinIdle, MaxPerPool: f.MaxPerPool, SoftMaxPerPool: f.SoftMaxPerPool, QoS: string(q),
-		MaxContainers: f.MaxContainers, MaxStartDelay: f.MaxStartDelay, MaxQueue: f.MaxQueue,
+		MaxContainers: f.MaxContainers, MaxCreating: f.MaxCreating, DiskMB: f.DiskMB, MaxStartDelay: f.MaxStartDelay, MaxQueue: f.MaxQueue,
 		IdleRetire: f.IdleRetire, MaxCalls: f.MaxCalls,
 	}}
 	return cfg, nil

@@ -29,6 +29,7 @@ func TestConfigDefaultsAgree(t *testing.T) {
 		{"trajectory.max_bytes", n.Trajectory.MaxBytes, int64(trajectory.DefaultMaxBytes)},
 		{"trajectory.max_output", n.Trajectory.MaxOutput, trajectory.DefaultMaxOutput},
 		{"fncall.max_start_delay", n.FnCall.MaxStartDelay, fncall.DefaultMaxStartDelay},
+		{"fncall.disk_mb", n.FnCall.DiskMB, int64(fncall.DefaultDiskMB)},
 		{"audit_retention", a.AuditRetention, apiserver.DefaultAuditRetention},
 		{"event_retention", a.EventRetention, apiserver.DefaultEventRetention},
 		{"abandon_after", a.AbandonAfter, apiserver.DefaultAbandonAfter},

@@ -32,6 +32,9 @@ const (
 	// DefaultMaxStartDelay bounds a call's wait for a container when
 	// none is starting for it (PoolConfig.MaxStartDelay).
 	DefaultMaxStartDelay = 2 * time.Second
+	// DefaultDiskMB is a pooled container's writable layer
+	// (PoolConfig.DiskMB).
+	DefaultDiskMB = 4096
 	// scratchPrefix is where the agent makes calls' scratch directories
 	// (internal/agent/call): an absolute path under it is taken as one
 	// relative to the scratch directory.
@@ -107,7 +110,7 @@ func NewService(sb Sandboxes, cfg Config) *Service {
 		p.IdleRetire = time.Minute
 	}
 	if p.DiskMB <= 0 {
-		p.DiskMB = 4096
+		p.DiskMB = DefaultDiskMB
 	}
 	s := &Service{cfg: cfg, langs: cfg.Languages, sb: sb, log: cfg.Log,
 		pools: newPools(sb, cfg.Pools, cfg.Log), stop: make(chan struct{}), done: make(chan struct{})}
