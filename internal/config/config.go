@@ -64,6 +64,7 @@ type APIServer struct {
 	E2BSecretFile  string        `key:"e2b_secret_file" flag:"e2b-secret-file" help:"the secret that signs E2B access tokens, the same file on every apiserver (dsecd init-cluster writes e2b.secret)"`
 	PollInterval   time.Duration `key:"poll_interval" flag:"poll-interval" help:"how often the watcher polls each edge (three missed polls make an edge unroutable)"`
 	NoMetrics      bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
+	NoEvents       bool          `key:"no_events" flag:"no-events" help:"pull no lifecycle events from the edges (docs/events.md): to measure what they cost"`
 	TLS            TLS           `key:"tls"`
 	LogLevel       string        `key:"log_level" flag:"log-level" check:"log-level" help:"log level: debug, info, warn, error"`
 }
@@ -113,6 +114,7 @@ type Node struct {
 	OutputLimit     int64         `key:"output_limit" flag:"output-limit" help:"output kept per command and stream for attach to replay, in bytes; a stream following the command gets all of it"`
 	MetricsProjects int           `key:"metrics_projects" flag:"metrics-projects" help:"how many projects, the largest by sandboxes, the sandbox gauge names; the rest are summed under \"other\" (negative: none; docs/operations.md)"`
 	NoMetrics       bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
+	NoEvents        bool          `key:"no_events" flag:"no-events" help:"keep no lifecycle events of this node's sandboxes (the all-in-one stores none either; docs/events.md): to measure what they cost"`
 
 	Defaults   SandboxDefaults `key:"defaults"`
 	Limits     Limits          `key:"limits"`

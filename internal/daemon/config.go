@@ -56,7 +56,7 @@ func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 		Replicas: c.Replicas, PlacementGroup: c.PlacementGroup, DebugListen: a.DebugListen, MetricsListen: a.MetricsListen, MetricsTokenFile: a.MetricsTokenFile,
 		SandboxFusionListen: a.SandboxFusionListen, SandboxFusionProject: a.SandboxFusionProject,
 		E2BListen: a.E2BListen, E2BSecretFile: c.E2BSecretFile,
-		ReconcileInterval: a.ReconcileInterval, AbandonAfter: a.AbandonAfter, NoMetrics: c.NoMetrics,
+		ReconcileInterval: a.ReconcileInterval, AbandonAfter: a.AbandonAfter, NoMetrics: c.NoMetrics, NoEvents: c.NoEvents,
 		MaxBatch: a.MaxBatch, CreateConcurrency: a.CreateConcurrency,
 		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive,
 		AuditRetention: a.AuditRetention, EventRetention: a.EventRetention, WebhookAllowPrivate: a.WebhookAllowPrivate,
@@ -109,7 +109,7 @@ func fromNode(n config.Node) (Config, error) {
 		RunscPlatform: n.RunscPlatform, VMKernelDir: n.VMKernelDir, QEMU: n.QEMU, VMPmemLayers: n.VMPmemLayers,
 		CgroupParent: n.CgroupParent, AgentPath: n.Agent, ShellPath: n.Shell,
 		OutputLimit: n.OutputLimit, StartTimeout: n.StartTimeout, MaxWarm: n.MaxWarm, Retention: n.Retention, PausedRetention: n.PausedRetention,
-		Swap: sw, MetricsProjects: n.MetricsProjects, NoMetrics: n.NoMetrics, NoProvenance: n.NoProvenance,
+		Swap: sw, MetricsProjects: n.MetricsProjects, NoMetrics: n.NoMetrics, NoEvents: n.NoEvents, NoProvenance: n.NoProvenance,
 		Trajectory: TrajectoryConfig{Off: n.Trajectory.Off, Retention: n.Trajectory.Retention,
 			MaxBytes: n.Trajectory.MaxBytes, MaxOutput: n.Trajectory.MaxOutput},
 	}

@@ -155,6 +155,9 @@ type Config struct {
 	// node's sandbox gauge names; the rest are summed under "other"
 	// (docs/operations.md). 0 = metrics.DefaultProjects; negative: none.
 	MetricsProjects int
+	// NoEvents keeps no lifecycle events (no event log on the node, none
+	// pulled into the store): for measuring what they cost.
+	NoEvents bool
 	// NoMetrics records no metrics at all (/metrics answers 404): for
 	// measuring what recording them costs.
 	NoMetrics bool
@@ -555,7 +558,9 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 			network = n.net
 		}
 	}
-	n.events = eventlog.New(cfg.Node, 0)
+	if !cfg.NoEvents {
+		n.events = eventlog.New(cfg.Node, 0)
+	}
 	var reads sandbox.ReadWatcher
 	var syscalls sandbox.SyscallRecorder
 	if !cfg.NoProvenance {
@@ -734,7 +739,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	edge.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipts, nil })
 	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
-		Events: meta, EventRetention: cfg.EventRetention, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
+		Events: meta, EventRetention: cfg.EventRetention, EventsOff: cfg.NoEvents, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
 		TokenlessFnCall: tokenless, Metrics: cfg.metrics, ScrapeToken: scrapeToken,
 		MaxBatch: cfg.APITuning.MaxBatch, CreateConcurrency: cfg.APITuning.CreateConcurrency,
 		ReconcileInterval: cfg.APITuning.ReconcileInterval, AbandonAfter: cfg.APITuning.AbandonAfter,

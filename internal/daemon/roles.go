@@ -188,7 +188,9 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			}
 			h.Slot, h.Generation = uint16(rec.Slot), uint32(rec.Generation)
 		}
-		h.Events = eventlog.New(h.Node, 0)
+		if !cfg.Node.NoEvents {
+			h.Events = eventlog.New(h.Node, 0)
+		}
 		he := hollow.New(h)
 		svc = edgesvc.New(he, nil, log.With("component", "edgesvc"))
 		svc.SetEvents(h.Events)
@@ -323,6 +325,9 @@ type APIServerConfig struct {
 	// NoMetrics records no metrics at all (/metrics answers 404): for
 	// measuring what recording them costs.
 	NoMetrics bool
+	// NoEvents pulls no lifecycle events from the edges: for measuring
+	// what they cost.
+	NoEvents bool
 	// SandboxFusionListen, if set, serves SandboxFusion's HTTP API on this
 	// address.
 	SandboxFusionListen string
@@ -458,7 +463,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	})
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
-		Events: meta, EventRetention: cfg.EventRetention, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
+		Events: meta, EventRetention: cfg.EventRetention, EventsOff: cfg.NoEvents, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
 		TokenlessFnCall: tokenless, Metrics: reg, ScrapeToken: scrapeToken,
 		MaxBatch: cfg.MaxBatch, CreateConcurrency: cfg.CreateConcurrency, WebhookTimeout: cfg.WebhookTimeout,
 		WebhookBackoff: cfg.WebhookBackoff, WebhookMaxActive: cfg.WebhookMaxActive}, meta, w, log.With("component", "apiserver"))
