@@ -244,7 +244,11 @@ func configMain(args []string, stdout io.Writer) int {
 	if code, ok := load(fs, cfg, args); !ok {
 		return code
 	}
-	if err := config.Print(stdout, role, cfg); err != nil {
+	var derived map[string]string
+	if role != config.RoleAPIServer {
+		derived = daemon.Derived()
+	}
+	if err := config.Print(stdout, role, cfg, derived); err != nil {
 		fmt.Fprintln(os.Stderr, "dsecd config print:", err)
 		return 1
 	}

@@ -17,7 +17,7 @@ func TestConfigPrint(t *testing.T) {
 	if code := dispatch([]string{"config", "print", "--role", "edge", "--listen", "127.0.0.1:2"}, &out); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, want := range []string{"max_sandboxes = 7\n", `listen = "127.0.0.1:2"`, `registry = "postgres://dsec:REDACTED@db/dsec"`, `runtime = "runc"`} {
+	for _, want := range []string{"max_sandboxes = 7\n", `listen = "127.0.0.1:2"`, `registry = "postgres://dsec:REDACTED@db/dsec"`, `runtime = "runc"`, "# on this machine: "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in\n%s", want, out.String())
 		}

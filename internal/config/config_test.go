@@ -180,7 +180,7 @@ func TestPrintRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			var b strings.Builder
-			if err := Print(&b, role, cfg); err != nil {
+			if err := Print(&b, role, cfg, map[string]string{"limits.max_sandboxes": "64"}); err != nil {
 				t.Fatal(err)
 			}
 			back, _ := Default(role, envOf(map[string]string{"DSEC_RUNSC": "/elsewhere"}))

@@ -13,8 +13,10 @@ import (
 
 // Print writes cfg, a pointer to a role's struct, as a TOML file that
 // LoadFile reads back to the same settings, each with what it does, its
-// flag and its variable. Passwords in URLs are redacted.
-func Print(w io.Writer, role string, cfg any) error {
+// flag and its variable. Passwords in URLs are redacted. derived, by key,
+// is what a setting left at its zero comes to on this machine (the node's
+// memory, its host name), noted beside it.
+func Print(w io.Writer, role string, cfg any, derived map[string]string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# dsecd's configuration, role %s (docs/configuration.md).\n", role)
 	for i, t := range tableOrder(Fields(cfg)) {
@@ -28,6 +30,9 @@ func Print(w io.Writer, role string, cfg any) error {
 				b.WriteString("\n")
 			}
 			fmt.Fprintf(&b, "# %s\n# --%s, %s\n", f.Help, f.Flag, f.Env)
+			if d, ok := derived[f.Key]; ok && f.v.IsZero() {
+				fmt.Fprintf(&b, "# on this machine: %s\n", d)
+			}
 			name := f.Key[strings.LastIndex(f.Key, ".")+1:]
 			fmt.Fprintf(&b, "%s = %s\n", name, tomlValue(f, true))
 		}

@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"fmt"
+	"runtime"
 
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/config"
 	"dsec.dev/dsec/internal/edge/fncall"
+	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/qos"
 )
@@ -133,4 +135,23 @@ func fromNode(n config.Node) (Config, error) {
 		IdleRetire: f.IdleRetire, MaxCalls: f.MaxCalls,
 	}}
 	return cfg, nil
+}
+
+// Derived is what the settings of a node left at their zeros come to on
+// this machine, by key, for dsecd config print to note: the node's name,
+// its limits and chunk memory from its cores and memory, the shell and
+// the agent found.
+func Derived() map[string]string {
+	out := map[string]string{
+		"node":            nodeName(),
+		"shell":           defaultShell(),
+		"agent":           findAgent(),
+		"limits.max_cpus": fmt.Sprint(runtime.NumCPU()),
+	}
+	if total, err := sandbox.MemTotalMB(); err == nil {
+		out["limits.max_sandboxes"] = fmt.Sprint(defaultMaxSandboxes(total))
+		out["limits.max_memory_mb"] = fmt.Sprint(total)
+		out["storage.memory_bytes"] = fmt.Sprint(defaultChunkMemory(total))
+	}
+	return out
 }
