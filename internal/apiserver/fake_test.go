@@ -401,6 +401,20 @@ func (f *fakeLayers) AdoptLayers(ctx context.Context, ref string, digests []stri
 	return nil
 }
 
+// RenameRef moves the blob store's record; a node sharing the store that
+// renames after another finds it moved.
+func (f *fakeLayers) RenameRef(ctx context.Context, from, to string) error {
+	f.store.mu.Lock()
+	defer f.store.mu.Unlock()
+	have, ok := f.store.refs[from]
+	if !ok {
+		return fmt.Errorf("rename %s: %w", from, errdefs.ErrNotFound)
+	}
+	f.store.refs[to] = have
+	delete(f.store.refs, from)
+	return nil
+}
+
 func (f *fakeLayers) BlobStore() string { return f.name }
 
 // counts returns what the node was asked to do.

@@ -19,6 +19,7 @@ func TestFakeEdgeConformance(t *testing.T) {
 		},
 		Fork:           edgetest.ForkMakes,
 		Deviations:     edgetest.Deviations{NoAgent: true},
+		NoLayers:       true, // the service's layers are nil: none
 		NoTrajectories: true, // the service records them, not the edge: TestConformanceHollow checks it
 		NoEvents:       true, // the fake keeps no event log: TestConformanceHollow checks the service's
 	})

@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
@@ -103,6 +104,7 @@ func (ls *layerService) ImportLayer(ctx context.Context, req *connect.Request[ds
 	if err != nil {
 		return nil, err
 	}
+	req.Msg.Ref = c.stage(req.Msg.GetRef())
 	resp, err := ls.importLayer(ctx, req)
 	if err != nil {
 		c.fail(ctx)
@@ -130,17 +132,57 @@ func (ls *layerService) claimLayer(ctx context.Context, op iam.Op, ref, named st
 }
 
 // madeLayer records the bytes of a layer just made and charges them; past
-// the quota the layer is removed again and the refusal returned.
+// the quota the layer is removed again (the ref it was made under) and the
+// refusal returned.
 func (ls *layerService) madeLayer(ctx context.Context, c *claim, project string, l *dsecv1.Layer) (*connect.Response[dsecv1.Layer], error) {
 	undo := func(ctx context.Context) error {
-		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: c.o.Name}))
+		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: c.made()}))
 		return err
 	}
 	if err := c.done(ctx, []store.Blob{{Digest: l.GetDigest(), Bytes: l.GetSize()}}, undo); err != nil {
 		return nil, err
 	}
+	if c.staged != "" {
+		l.Refs = slices.DeleteFunc(l.Refs, func(r string) bool { return objectName(r) == c.staged || objectName(r) == c.o.Name })
+		l.Refs = append(l.Refs, c.o.Name)
+	}
 	l.Project = project
 	return connect.NewResponse(l), nil
+}
+
+// renameRef moves the name to onto what from names on every node that has
+// it (EdgeService.RenameRef), so that to names its old version until it
+// names the new one; a node that lacks from (it was not routable when the
+// object was made) keeps what it has. With one node, an error is in the
+// node's own words.
+func (ls *layerService) renameRef(ctx context.Context, from, to string) error {
+	req := connect.NewRequest(&edgev1.RenameRefRequest{From: from, To: to})
+	nodes, err := ls.nodes()
+	if err != nil {
+		return err
+	}
+	if len(nodes) == 1 {
+		_, err := nodes[0].Edge.RenameRef(ctx, req)
+		return err
+	}
+	renamed := false
+	var errs []error
+	for _, n := range nodes {
+		_, err := n.Edge.RenameRef(ctx, req)
+		switch {
+		case err == nil:
+			renamed = true
+		case !errors.Is(err, errdefs.ErrNotFound):
+			errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if !renamed {
+		return fmt.Errorf("rename %s to %s: no node has it: %w", from, to, errdefs.ErrNotFound)
+	}
+	return nil
 }
 
 func (ls *layerService) importLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
@@ -188,6 +230,7 @@ func (ls *layerService) UploadLayer(ctx context.Context, stream *connect.ClientS
 	if err != nil {
 		return nil, err
 	}
+	h.Ref = c.stage(h.GetRef())
 	l, err := ls.uploadLayer(ctx, h, layerupload.Replay(first, stream))
 	if err != nil {
 		c.fail(ctx)
@@ -453,10 +496,12 @@ func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[ds
 	if err != nil {
 		return err
 	}
+	req.Msg.Ref = c.stage(req.Msg.GetRef())
 	if err := ls.importImage(ctx, req, out); err != nil {
 		c.fail(ctx)
 		return err
 	}
+	made := c.made()
 	var blobs []store.Blob
 	if name != "" && ls.s.cfg.Objects != nil {
 		all, err := ls.allLayers(context.WithoutCancel(ctx))
@@ -464,13 +509,13 @@ func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[ds
 			return fmt.Errorf("import image %s: count its bytes: %w", name, err)
 		}
 		for _, l := range all {
-			if slices.ContainsFunc(l.GetImages(), func(i string) bool { return objectName(i) == name }) {
+			if slices.ContainsFunc(l.GetImages(), func(i string) bool { return objectName(i) == made }) {
 				blobs = append(blobs, store.Blob{Digest: l.GetDigest(), Bytes: l.GetSize()})
 			}
 		}
 	}
 	undo := func(ctx context.Context) error {
-		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: name}))
+		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: made}))
 		return err
 	}
 	return c.done(ctx, blobs, undo)

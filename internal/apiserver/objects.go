@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -114,6 +115,9 @@ func caller(ctx context.Context, need iam.Role) (iam.Authority, bool) {
 
 // sees reports whether a may see (list, use) o.
 func sees(a iam.Authority, o store.Object) bool {
+	if strings.HasPrefix(o.Name, stagingPrefix) {
+		return false // an overwrite under way: not yet anyone's to use
+	}
 	if o.Project == "" || a.On(o.Project) >= iam.Viewer {
 		return true
 	}
@@ -275,8 +279,35 @@ func targetProject(ctx context.Context, op iam.Op, named string) (string, error)
 // forgets a name the call claimed anew.
 type claim struct {
 	s       *Server
-	o       store.Object
-	claimed bool // the record is this call's
+	o       store.Object // with the blobs it held when claimed
+	claimed bool         // the record is this call's
+	staged  string       // the ref the new version is made under, for an overwrite
+}
+
+// stagingPrefix begins the refs an overwrite is made under until its
+// charge is taken (see stage); no caller may name one.
+const stagingPrefix = "dsec-staging/"
+
+// stage returns the ref the edges are to make the object under: for an
+// overwrite of a name recorded already, a staging ref of its own, so that
+// the name keeps its old version, whole, until done has charged the new
+// one (in the transaction that gives back what the old one alone held) and
+// moved the name onto it; else ref itself.
+func (c *claim) stage(ref string) string {
+	if c.s.cfg.Objects == nil || c.claimed || c.o.Name == "" || c.o.Kind == store.ObjectSnapshot {
+		return ref
+	}
+	c.staged = fmt.Sprintf("%s%016x:1", stagingPrefix, rand.Uint64())
+	return c.staged
+}
+
+// made is the ref the edges made the object under: the staging ref, or
+// the name.
+func (c *claim) made() string {
+	if c.staged != "" {
+		return c.staged
+	}
+	return c.o.Name
 }
 
 // claimObject records name (of kind) for project before the call makes
@@ -285,6 +316,9 @@ type claim struct {
 // it read-only. A name without a record that the edges already hold is
 // the root's, overwritten by the root's builders only.
 func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*claim, error) {
+	if strings.HasPrefix(name, stagingPrefix) {
+		return nil, fmt.Errorf("%s %s: names beginning %s are the apiserver's own (an overwrite is made under one): %w", what(kind), name, stagingPrefix, errdefs.ErrInvalidArgument)
+	}
 	if s.cfg.Objects == nil || name == "" {
 		return &claim{s: s}, nil
 	}
@@ -345,35 +379,60 @@ func (c *claim) fail(ctx context.Context) {
 // done records the blobs the object now holds and, in the same store
 // transaction, charges its project's quota (layer_bytes, or
 // snapshot_bytes for a snapshot) what they add: a blob another object of
-// the project holds is charged once. A refusal is the store's
-// ResourceExhausted and changes no record: the caller's undo then removes
-// what it made.
+// the project holds is charged once, and an overwrite is charged what it
+// adds less what the version it replaces alone held. A staged overwrite
+// then has its name moved onto the new version on every node. A refusal
+// is the store's ResourceExhausted and changes no record: the caller's
+// undo then removes what it made (the staging ref), and a staged
+// overwrite's old version is kept as it was.
 func (c *claim) done(ctx context.Context, blobs []store.Blob, undo func(context.Context) error) error {
 	if c.s.cfg.Objects == nil || c.o.Name == "" {
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
 	defer c.s.objects.drop(c.o.Name)
-	_, cerr := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, blobs)
-	if cerr == nil {
-		return nil
-	}
-	if !errors.Is(cerr, errdefs.ErrResourceExhausted) {
-		return cerr
-	}
-	if undo != nil {
+	undoing := func() {
+		if undo == nil {
+			return
+		}
 		if err := undo(ctx); err != nil {
-			c.s.log.Warn("remove what a refused charge made", "name", c.o.Name, "err", err)
+			c.s.log.Warn("remove what a refused charge made", "name", c.o.Name, "ref", c.made(), "err", err)
 		}
 	}
-	if c.claimed {
+	_, cerr := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, blobs)
+	if cerr == nil {
+		if c.staged == "" {
+			return nil
+		}
+		err := (&layerService{s: c.s}).renameRef(ctx, c.staged, c.o.Name)
+		if err == nil {
+			return nil
+		}
+		// The name still names the old version: its record says so again.
+		if _, rerr := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, c.o.Blobs); rerr != nil {
+			c.s.log.Warn("record an overwrite's old blobs again", "name", c.o.Name, "err", rerr)
+		}
+		undoing()
+		return fmt.Errorf("%s %s: move the name onto the new version: %w (the version before is kept)", what(c.o.Kind), c.o.Name, err)
+	}
+	if !errors.Is(cerr, errdefs.ErrResourceExhausted) && c.staged == "" {
+		return cerr
+	}
+	undoing()
+	switch {
+	case !errors.Is(cerr, errdefs.ErrResourceExhausted):
+		return cerr
+	case c.claimed:
 		c.fail(ctx)
 		return fmt.Errorf("%s %s (%d bytes): %w", what(c.o.Kind), c.o.Name, blobBytes(blobs), cerr)
+	case c.staged != "":
+		return fmt.Errorf("%s %s (%d bytes, replacing %d): %w (the %s before is kept)",
+			what(c.o.Kind), c.o.Name, blobBytes(blobs), blobBytes(c.o.Blobs), cerr, what(c.o.Kind))
 	}
-	// An overwrite: the edges replaced the name before its bytes were
-	// known and cannot point it back, so the old one is gone with it; its
-	// record goes too, and its charge is given back (docs/iam.md, "Not
-	// yet").
+	// An overwrite made under its name (a snapshot's): the edges replaced
+	// the name before its bytes were known and cannot point it back, so
+	// the old one is gone with it; its record goes too, and its charge is
+	// given back (docs/iam.md, "Not yet").
 	c.s.forget(ctx, c.o.Name)
 	return fmt.Errorf("%s %s (%d bytes): %w (the %s it replaced is removed: make it again within the quota)",
 		what(c.o.Kind), c.o.Name, blobBytes(blobs), cerr, what(c.o.Kind))

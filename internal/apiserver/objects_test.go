@@ -144,6 +144,49 @@ func (m *memLayers) UploadLayerFrom(ctx context.Context, in layerupload.Stream) 
 func (m *memLayers) AdoptLayers(ctx context.Context, ref string, digests []string) error { return nil }
 func (m *memLayers) BlobStore() string                                                   { return "mem" }
 
+// RenameRef moves to onto what from names, a layer or an image; to's old
+// version goes (a real edge keeps its layers nameless until removed).
+func (m *memLayers) RenameRef(ctx context.Context, from, to string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	from, to = objectName(from), objectName(to)
+	found := false
+	for name, l := range m.layers {
+		if strings.HasPrefix(name, "blob:") && slices.Contains(l.Images, from) {
+			found = true
+		}
+		if objectName(name) == from {
+			found = true
+		}
+	}
+	if !found {
+		return fmt.Errorf("rename %s: %w", from, errdefs.ErrNotFound)
+	}
+	for name, l := range m.layers {
+		l.Images = slices.DeleteFunc(l.Images, func(i string) bool { return objectName(i) == to })
+		if strings.HasPrefix(name, "blob:") && len(l.Images) == 0 || objectName(name) == to {
+			delete(m.layers, name)
+		}
+	}
+	for name, l := range m.layers {
+		for i, r := range l.Images {
+			if objectName(r) == from {
+				l.Images[i] = to
+			}
+		}
+		if objectName(name) == from {
+			for i, r := range l.Refs {
+				if objectName(r) == from {
+					l.Refs[i] = to
+				}
+			}
+			delete(m.layers, name)
+			m.layers[to] = l
+		}
+	}
+	return nil
+}
+
 // snapEdge is a fake edge whose snapshots become layers of its memLayers.
 type snapEdge struct {
 	*fakeEdge
@@ -591,20 +634,70 @@ func testObjectBlobsCharged(t *testing.T, r *objectRig) {
 	if n := used(); n != 2*memLayerSize {
 		t.Fatalf("build's layer_bytes %d once py:a is gone, want %d (py:b's base and b)", n, 2*memLayerSize)
 	}
-	// An overwrite past the quota (base, c, d and e: more than the
-	// quota holds) is refused; the edges replaced the name already, so the
-	// old py:b is gone too, its charge given back, nothing orphaned.
+	// An overwrite past the quota (base, c, d and e: more than the quota
+	// holds once b is given back) is refused by name with the numbers,
+	// and the old py:b is kept whole: its layers, its record, its charge.
+	// It was made under a staging ref, which is gone again.
+	imageOf := func(ref string) (digests []string) {
+		t.Helper()
+		layers, err := admin.ListLayers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range layers {
+			for _, i := range l.GetImages() {
+				if i == ref {
+					digests = append(digests, l.GetDigest())
+				}
+				if strings.HasPrefix(i, stagingPrefix) {
+					t.Errorf("a staging ref is left: layer %s of %s", l.GetDigest(), i)
+				}
+			}
+		}
+		slices.Sort(digests)
+		return digests
+	}
+	before := imageOf("py:b")
 	_, err := builder.ImportImage(ctx, "py:b", "layers:base,c,d,e", nil)
-	if !errors.Is(err, dsec.ErrOverloaded) || !strings.Contains(err.Error(), "quota of project build: 2000 of 3000 bytes of layers in use") ||
-		!strings.Contains(err.Error(), "the image it replaced is removed") {
+	if !errors.Is(err, dsec.ErrOverloaded) || !strings.Contains(err.Error(), "image py:b (4000 bytes, replacing 2000)") ||
+		!strings.Contains(err.Error(), "quota of project build: 2000 of 3000 bytes of layers in use") ||
+		!strings.Contains(err.Error(), "the image before is kept") {
 		t.Fatalf("an overwrite past the quota: %v", err)
 	}
-	if n := used(); n != 0 {
-		t.Fatalf("build's layer_bytes %d after a refused overwrite removed py:b, want 0", n)
+	if n := used(); n != 2*memLayerSize {
+		t.Fatalf("build's layer_bytes %d after a refused overwrite, want %d (py:b as it was)", n, 2*memLayerSize)
 	}
-	if _, err := r.st.Object(ctx, "py:b"); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Fatalf("py:b's record after a refused overwrite: %v; want none", err)
+	if got := imageOf("py:b"); !slices.Equal(got, before) {
+		t.Fatalf("py:b after a refused overwrite is made of %v, want %v", got, before)
 	}
+	if o, err := r.st.Object(ctx, "py:b"); err != nil || o.Bytes != 2*memLayerSize || len(o.Blobs) != 2 {
+		t.Fatalf("py:b's record after a refused overwrite: %+v, %v; want its two blobs", o, err)
+	}
+	// At the quota, an overwrite that fits once the old version's own
+	// layer is given back (base and c for base and b) is admitted: it is
+	// charged in the transaction that gives b back.
+	if err := admin.SetQuota(ctx, "build", "layer_bytes", 2*memLayerSize); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := builder.ImportImage(ctx, "py:b", "layers:base,c", nil); err != nil {
+		t.Fatalf("an overwrite at the quota that fits: %v", err)
+	}
+	if n := used(); n != 2*memLayerSize {
+		t.Fatalf("build's layer_bytes %d after the overwrite, want %d (base and c)", n, 2*memLayerSize)
+	}
+	if got, want := imageOf("py:b"), []string{digestOf("blob:base"), digestOf("blob:c")}; !slices.Equal(got, sortedCopy(want)) {
+		t.Fatalf("py:b after the overwrite is made of %v, want %v", got, want)
+	}
+	// No caller names a staging ref.
+	if _, err := builder.ImportLayer(ctx, stagingPrefix+"x:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/x", nil); !errors.Is(err, dsec.ErrInvalidArgument) {
+		t.Fatalf("import under a staging ref: %v, want invalid argument", err)
+	}
+}
+
+func sortedCopy(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
 
 // TestDeleteProjectObjects: a project that owns layers, images or

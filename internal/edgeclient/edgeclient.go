@@ -371,6 +371,10 @@ func (r *Remote) AdoptLayers(ctx context.Context, req *connect.Request[edgev1.Ad
 	return unary(ctx, r.c.AdoptLayers, req)
 }
 
+func (r *Remote) RenameRef(ctx context.Context, req *connect.Request[edgev1.RenameRefRequest]) (*connect.Response[edgev1.RenameRefResponse], error) {
+	return unary(ctx, r.c.RenameRef, req)
+}
+
 func (r *Remote) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {
 	return unary(ctx, r.c.LayerStats, req)
 }

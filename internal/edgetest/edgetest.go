@@ -33,6 +33,9 @@
 //     edge saw (its clean room, layers, the grader's command and exit),
 //     verifying against the edge's CA; refused by an edge without a key
 //     (docs/receipts.md);
+//   - RenameRef: a layer's name moved onto what another names, and back;
+//     NotFound for a name the edge lacks, NotSupported from an edge that
+//     keeps no layers (Options.NoLayers);
 //   - a cancelled context: a keyed create whose caller went makes at most
 //     one sandbox, which a retry with its token returns; an exec cancelled
 //     midway ends with Canceled or DeadlineExceeded, its command killed, and
@@ -89,6 +92,9 @@ type Options struct {
 	// NoEvents: the edge keeps no event log (edgesvc without one): Status
 	// names no epoch and Events returns none.
 	NoEvents bool
+	// NoLayers: the edge keeps no layers (edgesvc without a layer service,
+	// as over a hollow edge): RenameRef answers NotSupported.
+	NoLayers bool
 }
 
 // ForkAnswer is what an edge answers a Fork of the suite's sandboxes.
@@ -150,6 +156,7 @@ func Run(t *testing.T, o Options) {
 		{"Trajectory", testTrajectory},
 		{"Receipt", testReceipt},
 		{"Events", testEvents},
+		{"RenameRef", testRenameRef},
 	} {
 		t.Run(g.name, func(t *testing.T) {
 			e := open(t, o)

@@ -26,6 +26,7 @@ func TestConformanceHollow(t *testing.T) {
 		},
 		Fork:       edgetest.ForkUnsupported,
 		Deviations: edgetest.Deviations{NoAgent: true},
+		NoLayers:   true, // a hollow edge keeps none
 	})
 }
 

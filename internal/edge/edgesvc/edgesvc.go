@@ -110,6 +110,8 @@ type Layers interface {
 	UploadLayerFrom(ctx context.Context, s layerupload.Stream) (*dsecv1.Layer, error)
 	// AdoptLayers records ref, naming digests, from the blob store.
 	AdoptLayers(ctx context.Context, ref string, digests []string) error
+	// RenameRef moves the name to onto what from names.
+	RenameRef(ctx context.Context, from, to string) error
 	// BlobStore names the node's blob store alike on nodes sharing it.
 	BlobStore() string
 }
@@ -128,6 +130,7 @@ func (noLayers) UploadLayerFrom(context.Context, layerupload.Stream) (*dsecv1.La
 	return nil, errNoLayers
 }
 func (noLayers) AdoptLayers(context.Context, string, []string) error { return errNoLayers }
+func (noLayers) RenameRef(context.Context, string, string) error     { return errNoLayers }
 func (noLayers) BlobStore() string                                   { return "" }
 
 // Version is reported by Status.
@@ -900,6 +903,17 @@ func (s *Service) AdoptLayers(ctx context.Context, req *connect.Request[edgev1.A
 		return nil, err
 	}
 	return connect.NewResponse(&edgev1.AdoptLayersResponse{}), nil
+}
+
+// RenameRef moves a layer's or image's name onto what another names.
+func (s *Service) RenameRef(ctx context.Context, req *connect.Request[edgev1.RenameRefRequest]) (*connect.Response[edgev1.RenameRefResponse], error) {
+	if req.Msg.GetFrom() == "" || req.Msg.GetTo() == "" {
+		return nil, fmt.Errorf("rename ref: from and to (name:tag) are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := s.layers.RenameRef(ctx, req.Msg.GetFrom(), req.Msg.GetTo()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.RenameRefResponse{}), nil
 }
 
 func (s *Service) LayerStats(ctx context.Context, req *connect.Request[dsecv1.LayerStatsRequest]) (*connect.Response[dsecv1.LayerStatsResponse], error) {

@@ -197,6 +197,47 @@ func (s *Store) removeImage(ref string) error {
 	return nil
 }
 
+// RenameRef moves the name to onto what from names, a layer or an image,
+// in one index update: to names its old version until it names from's,
+// never nothing, and from goes. to's old version (its layers) stays stored,
+// nameless, until removed by digest: a sandbox may run on it. from naming
+// nothing wraps errdefs.ErrNotFound; a malformed name, or from equal to
+// to, errdefs.ErrInvalidArgument. The index is fsync'd before RenameRef
+// returns.
+func (s *Store) RenameRef(from, to string) error {
+	nfrom, err := normalizeRef(from)
+	if err != nil {
+		return fmt.Errorf("rename ref: %w", err)
+	}
+	nto, err := normalizeRef(to)
+	if err != nil {
+		return fmt.Errorf("rename ref %s: %w", nfrom, err)
+	}
+	if nfrom == nto {
+		return fmt.Errorf("rename ref %s onto itself: %w", nfrom, errdefs.ErrInvalidArgument)
+	}
+	err = s.update(true, func(ix *index) error {
+		if img := ix.Images[nfrom]; img != nil {
+			delete(ix.Refs, nto)
+			ix.Images[nto] = img
+			delete(ix.Images, nfrom)
+			return nil
+		}
+		hex, ok := ix.Refs[nfrom]
+		if !ok || ix.Layers[hex] == nil {
+			return ix.notFound(nfrom)
+		}
+		ix.setRef(nto, hex)
+		delete(ix.Refs, nfrom)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rename ref %s to %s: %w", nfrom, nto, err)
+	}
+	s.log.Info("renamed ref", "from", nfrom, "to", nto)
+	return nil
+}
+
 func cloneConfig(c ImageConfig) ImageConfig {
 	c.Env = append([]string(nil), c.Env...)
 	c.Entrypoint = append([]string(nil), c.Entrypoint...)

@@ -110,6 +110,11 @@ func (ls *Handler) AdoptLayers(ctx context.Context, ref string, digests []string
 	return ls.svc.Adopt(ctx, ref, digests)
 }
 
+// RenameRef moves the name to onto what from names (see Service.RenameRef).
+func (ls *Handler) RenameRef(ctx context.Context, from, to string) error {
+	return ls.svc.RenameRef(ctx, from, to)
+}
+
 // BlobStore names the node's blob store alike on every node sharing it.
 func (ls *Handler) BlobStore() string { return ls.svc.BlobStoreName() }
 

@@ -278,3 +278,33 @@ func (s *Service) knows(ref string) bool {
 	_, err := s.images.Get(ref)
 	return err == nil
 }
+
+// RenameRef moves the name to onto what from names on this node (see
+// image.Store.RenameRef), then writes the blob store's record of to from
+// this node's and drops from's, so that every node sharing the store
+// adopts the new version. Renaming again once from is gone here answers
+// errdefs.ErrNotFound. Snapshots are not renamed (their info is kept by
+// name): errdefs.ErrInvalidArgument.
+func (s *Service) RenameRef(ctx context.Context, from, to string) error {
+	if strings.HasPrefix(from, snapshotPrefix) || strings.HasPrefix(to, snapshotPrefix) {
+		return fmt.Errorf("rename ref %s to %s: a snapshot is not renamed: %w", from, to, errdefs.ErrInvalidArgument)
+	}
+	nfrom, err := image.ParseRef(from)
+	if err != nil {
+		return fmt.Errorf("rename ref: %w", err)
+	}
+	var digests []string
+	if rec, err := s.localRecord(nfrom); err == nil {
+		digests = rec.digests()
+	}
+	if err := s.images.RenameRef(from, to); err != nil {
+		return err
+	}
+	if err := s.publishRef(ctx, to); err != nil {
+		return fmt.Errorf("rename ref %s: %w", nfrom, err)
+	}
+	if err := s.dropRef(ctx, nfrom, digests); err != nil {
+		return fmt.Errorf("rename ref %s: %w", nfrom, err)
+	}
+	return nil
+}

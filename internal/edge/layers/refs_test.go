@@ -252,3 +252,71 @@ func TestRemoveImage(t *testing.T) {
 		t.Errorf("remove it again: %v, want not found", err)
 	}
 }
+
+// TestRenameRef: a name moved onto what a staging ref names (an
+// overwrite, once charged) names the new version on this node and in the
+// blob store, so another node adopts the new one; the staging ref goes
+// there too; the old version's layers stay stored, nameless, until
+// removed; renaming again finds nothing.
+func TestRenameRef(t *testing.T) {
+	ctx := t.Context()
+	blobs, err := blob.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldBase, _ := publishFile(t, blobs, 4000)
+	newBase, _ := publishFile(t, blobs, 3000)
+	top, _ := publishFile(t, blobs, 2000)
+	node := newNode(t, ModeEager, blobs)
+	cfg := image.ImageConfig{Cmd: []string{"sh"}}
+	for _, a := range []struct {
+		ref    string
+		layers []image.Adopted
+		img    *image.ImageConfig
+	}{
+		{"env:1", []image.Adopted{oldBase}, nil},
+		{"dsec-staging/1:1", []image.Adopted{newBase}, nil},
+		{"img:1", []image.Adopted{oldBase, top}, &cfg},
+		{"dsec-staging/2:1", []image.Adopted{newBase, top}, &cfg},
+	} {
+		if err := node.images.Adopt(ctx, a.ref, a.layers, a.img); err != nil {
+			t.Fatal(err)
+		}
+		if err := node.publishRef(ctx, a.ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := node.RenameRef(ctx, "dsec-staging/1:1", "env:1"); err != nil {
+		t.Fatalf("rename a layer's staging ref: %v", err)
+	}
+	if err := node.RenameRef(ctx, "dsec-staging/2:1", "img:1"); err != nil {
+		t.Fatalf("rename an image's staging ref: %v", err)
+	}
+	if l, err := node.Get("env:1"); err != nil || l.Digest != newBase.Digest {
+		t.Errorf("env:1 after the rename: %+v, %v; want %s", l, err, newBase.Digest)
+	}
+	if img, err := node.Image("img:1"); err != nil || !cmp.Equal(img.Digests, []string{newBase.Digest, top.Digest}) {
+		t.Errorf("img:1 after the rename: %+v, %v", img, err)
+	}
+	if l, err := node.Get(oldBase.Digest); err != nil || len(l.Refs) != 0 || len(l.Images) != 0 {
+		t.Errorf("the old version's layer: %+v, %v; want it stored, nameless", l, err)
+	}
+	other := newNode(t, ModeEager, blobs)
+	if layers, err := other.ResolveEnvironment(ctx, "img:1"); err != nil || len(layers) != 2 || layers[0].Digest != newBase.Digest {
+		t.Errorf("another node adopts img:1 as %v, %v; want the new version", layers, err)
+	}
+	if layers, err := other.ResolveEnvironment(ctx, "env:1"); err != nil || layers[0].Digest != newBase.Digest {
+		t.Errorf("another node adopts env:1 as %v, %v; want the new version", layers, err)
+	}
+	for _, ref := range []string{"dsec-staging/1:1", "dsec-staging/2:1"} {
+		if _, err := newNode(t, ModeEager, blobs).ResolveEnvironment(ctx, ref); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("the staging ref %s after the rename: %v, want not found", ref, err)
+		}
+		if err := node.RenameRef(ctx, ref, "env:1"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("rename %s again: %v, want not found", ref, err)
+		}
+	}
+	if err := node.RenameRef(ctx, "env:1", "env:1"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("rename onto itself: %v, want invalid argument", err)
+	}
+}

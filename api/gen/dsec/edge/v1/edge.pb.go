@@ -117,6 +117,94 @@ func (*AdoptLayersResponse) Descriptor() ([]byte, []int) {
 	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{1}
 }
 
+type RenameRefRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"` // name:tag of a layer or an image
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`     // name:tag it is to be called
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameRefRequest) Reset() {
+	*x = RenameRefRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameRefRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameRefRequest) ProtoMessage() {}
+
+func (x *RenameRefRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameRefRequest.ProtoReflect.Descriptor instead.
+func (*RenameRefRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RenameRefRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RenameRefRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+type RenameRefResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameRefResponse) Reset() {
+	*x = RenameRefResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameRefResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameRefResponse) ProtoMessage() {}
+
+func (x *RenameRefResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameRefResponse.ProtoReflect.Descriptor instead.
+func (*RenameRefResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{3}
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -125,7 +213,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -137,7 +225,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[2]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -150,7 +238,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{2}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{4}
 }
 
 type NodeStatus struct {
@@ -204,7 +292,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -216,7 +304,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[3]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -229,7 +317,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{3}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -407,7 +495,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +507,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[4]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +520,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{4}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateRequest) GetSpec() *v1.SandboxSpec {
@@ -461,7 +549,7 @@ type CreateManyRequest struct {
 
 func (x *CreateManyRequest) Reset() {
 	*x = CreateManyRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +561,7 @@ func (x *CreateManyRequest) String() string {
 func (*CreateManyRequest) ProtoMessage() {}
 
 func (x *CreateManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[5]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +574,7 @@ func (x *CreateManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManyRequest.ProtoReflect.Descriptor instead.
 func (*CreateManyRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{5}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateManyRequest) GetSpec() *v1.SandboxSpec {
@@ -514,7 +602,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +614,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +627,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -566,7 +654,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +666,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +679,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ForkResponse) GetResults() []*CreateResult {
@@ -617,7 +705,7 @@ type CreateManyResponse struct {
 
 func (x *CreateManyResponse) Reset() {
 	*x = CreateManyResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -629,7 +717,7 @@ func (x *CreateManyResponse) String() string {
 func (*CreateManyResponse) ProtoMessage() {}
 
 func (x *CreateManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -642,7 +730,7 @@ func (x *CreateManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManyResponse.ProtoReflect.Descriptor instead.
 func (*CreateManyResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateManyResponse) GetResults() []*CreateResult {
@@ -665,7 +753,7 @@ type CreateResult struct {
 
 func (x *CreateResult) Reset() {
 	*x = CreateResult{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +765,7 @@ func (x *CreateResult) String() string {
 func (*CreateResult) ProtoMessage() {}
 
 func (x *CreateResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +778,7 @@ func (x *CreateResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResult.ProtoReflect.Descriptor instead.
 func (*CreateResult) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateResult) GetSandbox() *v1.Sandbox {
@@ -725,7 +813,7 @@ type ReapRequest struct {
 
 func (x *ReapRequest) Reset() {
 	*x = ReapRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +825,7 @@ func (x *ReapRequest) String() string {
 func (*ReapRequest) ProtoMessage() {}
 
 func (x *ReapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +838,7 @@ func (x *ReapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapRequest.ProtoReflect.Descriptor instead.
 func (*ReapRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReapRequest) GetTokens() []string {
@@ -783,7 +871,7 @@ type ReapResponse struct {
 
 func (x *ReapResponse) Reset() {
 	*x = ReapResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +883,7 @@ func (x *ReapResponse) String() string {
 func (*ReapResponse) ProtoMessage() {}
 
 func (x *ReapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +896,7 @@ func (x *ReapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReapResponse.ProtoReflect.Descriptor instead.
 func (*ReapResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReapResponse) GetRemovedIds() []string {
@@ -827,7 +915,7 @@ type GoneRequest struct {
 
 func (x *GoneRequest) Reset() {
 	*x = GoneRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +927,7 @@ func (x *GoneRequest) String() string {
 func (*GoneRequest) ProtoMessage() {}
 
 func (x *GoneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +940,7 @@ func (x *GoneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneRequest.ProtoReflect.Descriptor instead.
 func (*GoneRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{12}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GoneRequest) GetIds() []string {
@@ -871,7 +959,7 @@ type GoneResponse struct {
 
 func (x *GoneResponse) Reset() {
 	*x = GoneResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +971,7 @@ func (x *GoneResponse) String() string {
 func (*GoneResponse) ProtoMessage() {}
 
 func (x *GoneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +984,7 @@ func (x *GoneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoneResponse.ProtoReflect.Descriptor instead.
 func (*GoneResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{13}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GoneResponse) GetIds() []string {
@@ -917,7 +1005,7 @@ type SignReceiptRequest struct {
 
 func (x *SignReceiptRequest) Reset() {
 	*x = SignReceiptRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -929,7 +1017,7 @@ func (x *SignReceiptRequest) String() string {
 func (*SignReceiptRequest) ProtoMessage() {}
 
 func (x *SignReceiptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -942,7 +1030,7 @@ func (x *SignReceiptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignReceiptRequest.ProtoReflect.Descriptor instead.
 func (*SignReceiptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{14}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SignReceiptRequest) GetReceipt() []byte {
@@ -963,7 +1051,7 @@ type SignReceiptResponse struct {
 
 func (x *SignReceiptResponse) Reset() {
 	*x = SignReceiptResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1063,7 @@ func (x *SignReceiptResponse) String() string {
 func (*SignReceiptResponse) ProtoMessage() {}
 
 func (x *SignReceiptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1076,7 @@ func (x *SignReceiptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignReceiptResponse.ProtoReflect.Descriptor instead.
 func (*SignReceiptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{15}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SignReceiptResponse) GetEnvelope() []byte {
@@ -1009,7 +1097,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[16]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1109,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[16]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1122,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{16}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EventsRequest) GetEpoch() string {
@@ -1071,7 +1159,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[17]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1171,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[17]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1184,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{17}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EventsResponse) GetEpoch() string {
@@ -1135,7 +1223,11 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x12AdoptLayersRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12#\n" +
 	"\rlayer_digests\x18\x02 \x03(\tR\flayerDigests\"\x15\n" +
-	"\x13AdoptLayersResponse\"\x0f\n" +
+	"\x13AdoptLayersResponse\"6\n" +
+	"\x10RenameRefRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"\x13\n" +
+	"\x11RenameRefResponse\"\x0f\n" +
 	"\rStatusRequest\"\xef\x06\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
@@ -1213,7 +1305,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12&\n" +
 	"\x06events\x18\x02 \x03(\v2\x0e.dsec.v1.EventR\x06events\x12\x12\n" +
 	"\x04next\x18\x03 \x01(\x04R\x04next\x12\x12\n" +
-	"\x04lost\x18\x04 \x01(\x04R\x04lost2\xe4\x1c\n" +
+	"\x04lost\x18\x04 \x01(\x04R\x04lost2\xb7\x1d\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +
@@ -1246,7 +1338,8 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vSignReceipt\x12 .dsec.edge.v1.SignReceiptRequest\x1a!.dsec.edge.v1.SignReceiptResponse\x12:\n" +
 	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
 	"\vUploadLayer\x12\x1b.dsec.v1.UploadLayerRequest\x1a\x0e.dsec.v1.Layer(\x01\x12W\n" +
-	"\vAdoptLayers\x12 .dsec.edge.v1.AdoptLayersRequest\x1a!.dsec.edge.v1.AdoptLayersResponse\"\x03\x90\x02\x02\x12J\n" +
+	"\vAdoptLayers\x12 .dsec.edge.v1.AdoptLayersRequest\x1a!.dsec.edge.v1.AdoptLayersResponse\"\x03\x90\x02\x02\x12Q\n" +
+	"\tRenameRef\x12\x1e.dsec.edge.v1.RenameRefRequest\x1a\x1f.dsec.edge.v1.RenameRefResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\n" +
 	"ListLayers\x12\x1a.dsec.v1.ListLayersRequest\x1a\x1b.dsec.v1.ListLayersResponse\"\x03\x90\x02\x01\x12H\n" +
 	"\vRemoveLayer\x12\x1b.dsec.v1.RemoveLayerRequest\x1a\x1c.dsec.v1.RemoveLayerResponse\x12\\\n" +
@@ -1290,237 +1383,241 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*AdoptLayersRequest)(nil),            // 0: dsec.edge.v1.AdoptLayersRequest
 	(*AdoptLayersResponse)(nil),           // 1: dsec.edge.v1.AdoptLayersResponse
-	(*StatusRequest)(nil),                 // 2: dsec.edge.v1.StatusRequest
-	(*NodeStatus)(nil),                    // 3: dsec.edge.v1.NodeStatus
-	(*CreateRequest)(nil),                 // 4: dsec.edge.v1.CreateRequest
-	(*CreateManyRequest)(nil),             // 5: dsec.edge.v1.CreateManyRequest
-	(*ForkRequest)(nil),                   // 6: dsec.edge.v1.ForkRequest
-	(*ForkResponse)(nil),                  // 7: dsec.edge.v1.ForkResponse
-	(*CreateManyResponse)(nil),            // 8: dsec.edge.v1.CreateManyResponse
-	(*CreateResult)(nil),                  // 9: dsec.edge.v1.CreateResult
-	(*ReapRequest)(nil),                   // 10: dsec.edge.v1.ReapRequest
-	(*ReapResponse)(nil),                  // 11: dsec.edge.v1.ReapResponse
-	(*GoneRequest)(nil),                   // 12: dsec.edge.v1.GoneRequest
-	(*GoneResponse)(nil),                  // 13: dsec.edge.v1.GoneResponse
-	(*SignReceiptRequest)(nil),            // 14: dsec.edge.v1.SignReceiptRequest
-	(*SignReceiptResponse)(nil),           // 15: dsec.edge.v1.SignReceiptResponse
-	(*EventsRequest)(nil),                 // 16: dsec.edge.v1.EventsRequest
-	(*EventsResponse)(nil),                // 17: dsec.edge.v1.EventsResponse
-	nil,                                   // 18: dsec.edge.v1.NodeStatus.MissingEntry
-	(v1.Backend)(0),                       // 19: dsec.v1.Backend
-	(*v1.SandboxKind)(nil),                // 20: dsec.v1.SandboxKind
-	(*v1.CoreScheduling)(nil),             // 21: dsec.v1.CoreScheduling
-	(*v1.SandboxSpec)(nil),                // 22: dsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                    // 23: dsec.v1.Sandbox
-	(*v1.Event)(nil),                      // 24: dsec.v1.Event
-	(*v1.GetRequest)(nil),                 // 25: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),                // 26: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),              // 27: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),               // 28: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),              // 29: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),          // 30: dsec.v1.SetTimeoutRequest
-	(*v1.EndPhaseRequest)(nil),            // 31: dsec.v1.EndPhaseRequest
-	(*v1.MetricsRequest)(nil),             // 32: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),            // 33: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),     // 34: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),          // 35: dsec.v1.NetworkLogRequest
-	(*v1.TrajectoryRequest)(nil),          // 36: dsec.v1.TrajectoryRequest
-	(*v1.ProvenanceRequest)(nil),          // 37: dsec.v1.ProvenanceRequest
-	(*v1.SetProvenancePathsRequest)(nil),  // 38: dsec.v1.SetProvenancePathsRequest
-	(*v1.SetWarmPoolRequest)(nil),         // 39: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),       // 40: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),         // 41: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),         // 42: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),          // 43: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),         // 44: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),    // 45: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),         // 46: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),          // 47: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),             // 48: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),       // 49: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),                // 50: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),              // 51: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),          // 52: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),              // 53: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),       // 54: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),          // 55: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),    // 56: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),        // 57: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),                 // 58: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),            // 59: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),           // 60: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),             // 61: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),                // 62: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),              // 63: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),             // 64: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),                // 65: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),            // 66: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),              // 67: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),            // 68: dsec.v1.DownloadRequest
-	(*v1.ListResponse)(nil),               // 69: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),             // 70: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),              // 71: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),             // 72: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),         // 73: dsec.v1.SetTimeoutResponse
-	(*v1.EndPhaseResponse)(nil),           // 74: dsec.v1.EndPhaseResponse
-	(*v1.SandboxMetrics)(nil),             // 75: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),               // 76: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),    // 77: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),         // 78: dsec.v1.NetworkLogResponse
-	(*v1.TrajectoryResponse)(nil),         // 79: dsec.v1.TrajectoryResponse
-	(*v1.SandboxProvenance)(nil),          // 80: dsec.v1.SandboxProvenance
-	(*v1.SetProvenancePathsResponse)(nil), // 81: dsec.v1.SetProvenancePathsResponse
-	(*v1.WarmPool)(nil),                   // 82: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),      // 83: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                      // 84: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),         // 85: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),        // 86: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil),   // 87: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),        // 88: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),         // 89: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),            // 90: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),      // 91: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                  // 92: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),         // 93: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),             // 94: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),      // 95: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil),   // 96: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),       // 97: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),                // 98: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),           // 99: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),          // 100: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),            // 101: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),               // 102: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),             // 103: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),            // 104: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),               // 105: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),                 // 106: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),             // 107: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),              // 108: dsec.v1.DownloadChunk
+	(*RenameRefRequest)(nil),              // 2: dsec.edge.v1.RenameRefRequest
+	(*RenameRefResponse)(nil),             // 3: dsec.edge.v1.RenameRefResponse
+	(*StatusRequest)(nil),                 // 4: dsec.edge.v1.StatusRequest
+	(*NodeStatus)(nil),                    // 5: dsec.edge.v1.NodeStatus
+	(*CreateRequest)(nil),                 // 6: dsec.edge.v1.CreateRequest
+	(*CreateManyRequest)(nil),             // 7: dsec.edge.v1.CreateManyRequest
+	(*ForkRequest)(nil),                   // 8: dsec.edge.v1.ForkRequest
+	(*ForkResponse)(nil),                  // 9: dsec.edge.v1.ForkResponse
+	(*CreateManyResponse)(nil),            // 10: dsec.edge.v1.CreateManyResponse
+	(*CreateResult)(nil),                  // 11: dsec.edge.v1.CreateResult
+	(*ReapRequest)(nil),                   // 12: dsec.edge.v1.ReapRequest
+	(*ReapResponse)(nil),                  // 13: dsec.edge.v1.ReapResponse
+	(*GoneRequest)(nil),                   // 14: dsec.edge.v1.GoneRequest
+	(*GoneResponse)(nil),                  // 15: dsec.edge.v1.GoneResponse
+	(*SignReceiptRequest)(nil),            // 16: dsec.edge.v1.SignReceiptRequest
+	(*SignReceiptResponse)(nil),           // 17: dsec.edge.v1.SignReceiptResponse
+	(*EventsRequest)(nil),                 // 18: dsec.edge.v1.EventsRequest
+	(*EventsResponse)(nil),                // 19: dsec.edge.v1.EventsResponse
+	nil,                                   // 20: dsec.edge.v1.NodeStatus.MissingEntry
+	(v1.Backend)(0),                       // 21: dsec.v1.Backend
+	(*v1.SandboxKind)(nil),                // 22: dsec.v1.SandboxKind
+	(*v1.CoreScheduling)(nil),             // 23: dsec.v1.CoreScheduling
+	(*v1.SandboxSpec)(nil),                // 24: dsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                    // 25: dsec.v1.Sandbox
+	(*v1.Event)(nil),                      // 26: dsec.v1.Event
+	(*v1.GetRequest)(nil),                 // 27: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),                // 28: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),              // 29: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),               // 30: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),              // 31: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),          // 32: dsec.v1.SetTimeoutRequest
+	(*v1.EndPhaseRequest)(nil),            // 33: dsec.v1.EndPhaseRequest
+	(*v1.MetricsRequest)(nil),             // 34: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),            // 35: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),     // 36: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),          // 37: dsec.v1.NetworkLogRequest
+	(*v1.TrajectoryRequest)(nil),          // 38: dsec.v1.TrajectoryRequest
+	(*v1.ProvenanceRequest)(nil),          // 39: dsec.v1.ProvenanceRequest
+	(*v1.SetProvenancePathsRequest)(nil),  // 40: dsec.v1.SetProvenancePathsRequest
+	(*v1.SetWarmPoolRequest)(nil),         // 41: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),       // 42: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),         // 43: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),         // 44: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),          // 45: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),         // 46: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),    // 47: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),         // 48: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),          // 49: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),             // 50: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),       // 51: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),                // 52: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),              // 53: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),          // 54: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),              // 55: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),       // 56: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),          // 57: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),    // 58: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),        // 59: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),                 // 60: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),            // 61: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),           // 62: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),             // 63: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),                // 64: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),              // 65: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),             // 66: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),                // 67: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),            // 68: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),              // 69: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),            // 70: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),               // 71: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),             // 72: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),              // 73: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),             // 74: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),         // 75: dsec.v1.SetTimeoutResponse
+	(*v1.EndPhaseResponse)(nil),           // 76: dsec.v1.EndPhaseResponse
+	(*v1.SandboxMetrics)(nil),             // 77: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),               // 78: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),    // 79: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),         // 80: dsec.v1.NetworkLogResponse
+	(*v1.TrajectoryResponse)(nil),         // 81: dsec.v1.TrajectoryResponse
+	(*v1.SandboxProvenance)(nil),          // 82: dsec.v1.SandboxProvenance
+	(*v1.SetProvenancePathsResponse)(nil), // 83: dsec.v1.SetProvenancePathsResponse
+	(*v1.WarmPool)(nil),                   // 84: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),      // 85: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                      // 86: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),         // 87: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),        // 88: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil),   // 89: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),        // 90: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),         // 91: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),            // 92: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),      // 93: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                  // 94: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),         // 95: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),             // 96: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),      // 97: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil),   // 98: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),       // 99: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),                // 100: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),           // 101: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),          // 102: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),            // 103: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),               // 104: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),             // 105: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),            // 106: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),               // 107: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),                 // 108: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),             // 109: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),              // 110: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	19,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	20,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
-	18,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
-	21,  // 3: dsec.edge.v1.NodeStatus.core_scheduling:type_name -> dsec.v1.CoreScheduling
-	22,  // 4: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	22,  // 5: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
-	9,   // 6: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
-	9,   // 7: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
-	23,  // 8: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
-	24,  // 9: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
-	2,   // 10: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	4,   // 11: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	5,   // 12: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
-	6,   // 13: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
-	25,  // 14: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	26,  // 15: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	27,  // 16: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	28,  // 17: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	29,  // 18: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	30,  // 19: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	31,  // 20: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	32,  // 21: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	33,  // 22: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	34,  // 23: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	35,  // 24: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	36,  // 25: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	37,  // 26: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	38,  // 27: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	39,  // 28: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	40,  // 29: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	10,  // 30: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	12,  // 31: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	16,  // 32: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
-	14,  // 33: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
-	41,  // 34: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	42,  // 35: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	21,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	22,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
+	20,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
+	23,  // 3: dsec.edge.v1.NodeStatus.core_scheduling:type_name -> dsec.v1.CoreScheduling
+	24,  // 4: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	24,  // 5: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	11,  // 6: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
+	11,  // 7: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
+	25,  // 8: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	26,  // 9: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
+	4,   // 10: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	6,   // 11: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	7,   // 12: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
+	8,   // 13: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
+	27,  // 14: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	28,  // 15: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	29,  // 16: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	30,  // 17: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	31,  // 18: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	32,  // 19: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	33,  // 20: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	34,  // 21: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	35,  // 22: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	36,  // 23: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	37,  // 24: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	38,  // 25: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	39,  // 26: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	40,  // 27: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	41,  // 28: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	42,  // 29: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	12,  // 30: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	14,  // 31: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	18,  // 32: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
+	16,  // 33: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
+	43,  // 34: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	44,  // 35: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
 	0,   // 36: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	43,  // 37: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	44,  // 38: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	45,  // 39: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	46,  // 40: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	47,  // 41: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	48,  // 42: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	49,  // 43: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	50,  // 44: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	51,  // 45: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	52,  // 46: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	53,  // 47: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	54,  // 48: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	55,  // 49: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	56,  // 50: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	57,  // 51: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	58,  // 52: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	59,  // 53: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	60,  // 54: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	61,  // 55: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	62,  // 56: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	63,  // 57: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	64,  // 58: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	65,  // 59: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	66,  // 60: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	67,  // 61: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	68,  // 62: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	3,   // 63: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	23,  // 64: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	8,   // 65: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	7,   // 66: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
-	23,  // 67: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	69,  // 68: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	70,  // 69: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	71,  // 70: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	72,  // 71: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	73,  // 72: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	74,  // 73: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	75,  // 74: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	76,  // 75: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	77,  // 76: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	78,  // 77: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	79,  // 78: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	80,  // 79: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	81,  // 80: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	82,  // 81: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	83,  // 82: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	11,  // 83: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	13,  // 84: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	17,  // 85: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
-	15,  // 86: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
-	84,  // 87: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	84,  // 88: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,   // 89: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	85,  // 90: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	86,  // 91: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	87,  // 92: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	88,  // 93: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	89,  // 94: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	90,  // 95: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	91,  // 96: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	92,  // 97: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	92,  // 98: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	93,  // 99: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	94,  // 100: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	95,  // 101: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	92,  // 102: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	96,  // 103: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	97,  // 104: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	98,  // 105: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	99,  // 106: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	100, // 107: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	101, // 108: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	102, // 109: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	103, // 110: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	104, // 111: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	105, // 112: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	106, // 113: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	107, // 114: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	108, // 115: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	63,  // [63:116] is the sub-list for method output_type
-	10,  // [10:63] is the sub-list for method input_type
+	2,   // 37: dsec.edge.v1.EdgeService.RenameRef:input_type -> dsec.edge.v1.RenameRefRequest
+	45,  // 38: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	46,  // 39: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	47,  // 40: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	48,  // 41: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	49,  // 42: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	50,  // 43: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	51,  // 44: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	52,  // 45: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	53,  // 46: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	54,  // 47: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	55,  // 48: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	56,  // 49: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	57,  // 50: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	58,  // 51: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	59,  // 52: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	60,  // 53: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	61,  // 54: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	62,  // 55: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	63,  // 56: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	64,  // 57: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	65,  // 58: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	66,  // 59: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	67,  // 60: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	68,  // 61: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	69,  // 62: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	70,  // 63: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	5,   // 64: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	25,  // 65: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	10,  // 66: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	9,   // 67: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
+	25,  // 68: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	71,  // 69: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	72,  // 70: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	73,  // 71: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	74,  // 72: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	75,  // 73: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	76,  // 74: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	77,  // 75: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	78,  // 76: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	79,  // 77: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	80,  // 78: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	81,  // 79: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	82,  // 80: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	83,  // 81: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	84,  // 82: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	85,  // 83: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	13,  // 84: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	15,  // 85: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	19,  // 86: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
+	17,  // 87: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
+	86,  // 88: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	86,  // 89: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,   // 90: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	3,   // 91: dsec.edge.v1.EdgeService.RenameRef:output_type -> dsec.edge.v1.RenameRefResponse
+	87,  // 92: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	88,  // 93: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	89,  // 94: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	90,  // 95: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	91,  // 96: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	92,  // 97: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	93,  // 98: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	94,  // 99: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	94,  // 100: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	95,  // 101: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	96,  // 102: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	97,  // 103: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	94,  // 104: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	98,  // 105: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	99,  // 106: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	100, // 107: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	101, // 108: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	102, // 109: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	103, // 110: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	104, // 111: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	105, // 112: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	106, // 113: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	107, // 114: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	108, // 115: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	109, // 116: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	110, // 117: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	64,  // [64:118] is the sub-list for method output_type
+	10,  // [10:64] is the sub-list for method input_type
 	10,  // [10:10] is the sub-list for extension type_name
 	10,  // [10:10] is the sub-list for extension extendee
 	0,   // [0:10] is the sub-list for field type_name
@@ -1537,7 +1634,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

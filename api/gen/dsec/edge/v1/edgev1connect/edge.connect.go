@@ -98,6 +98,8 @@ const (
 	EdgeServiceUploadLayerProcedure = "/dsec.edge.v1.EdgeService/UploadLayer"
 	// EdgeServiceAdoptLayersProcedure is the fully-qualified name of the EdgeService's AdoptLayers RPC.
 	EdgeServiceAdoptLayersProcedure = "/dsec.edge.v1.EdgeService/AdoptLayers"
+	// EdgeServiceRenameRefProcedure is the fully-qualified name of the EdgeService's RenameRef RPC.
+	EdgeServiceRenameRefProcedure = "/dsec.edge.v1.EdgeService/RenameRef"
 	// EdgeServiceListLayersProcedure is the fully-qualified name of the EdgeService's ListLayers RPC.
 	EdgeServiceListLayersProcedure = "/dsec.edge.v1.EdgeService/ListLayers"
 	// EdgeServiceRemoveLayerProcedure is the fully-qualified name of the EdgeService's RemoveLayer RPC.
@@ -247,6 +249,16 @@ type EdgeServiceClient interface {
 	// was imported again meanwhile); a store without them answers NotFound
 	// (it is not the importer's store), and the apiserver imports there.
 	AdoptLayers(context.Context, *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error)
+	// RenameRef moves the name to onto what from names (a layer or an
+	// image), in one step: to names the old version until it names the new,
+	// never nothing. from goes; to's old version stays stored until removed
+	// (a sandbox may run on it). The blob store's record of to is written
+	// from this node's, and from's dropped, so every node sharing the store
+	// adopts the new version. An apiserver stages an overwrite under a name
+	// of its own and renames it once the project's quota is charged
+	// (docs/iam.md). NotFound when from names nothing here, InvalidArgument
+	// for a malformed name.
+	RenameRef(context.Context, *connect.Request[v1.RenameRefRequest]) (*connect.Response[v1.RenameRefResponse], error)
 	ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
@@ -472,6 +484,13 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		renameRef: connect.NewClient[v1.RenameRefRequest, v1.RenameRefResponse](
+			httpClient,
+			baseURL+EdgeServiceRenameRefProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("RenameRef")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 		listLayers: connect.NewClient[v11.ListLayersRequest, v11.ListLayersResponse](
 			httpClient,
 			baseURL+EdgeServiceListLayersProcedure,
@@ -664,6 +683,7 @@ type edgeServiceClient struct {
 	importLayer        *connect.Client[v11.ImportLayerRequest, v11.Layer]
 	uploadLayer        *connect.Client[v11.UploadLayerRequest, v11.Layer]
 	adoptLayers        *connect.Client[v1.AdoptLayersRequest, v1.AdoptLayersResponse]
+	renameRef          *connect.Client[v1.RenameRefRequest, v1.RenameRefResponse]
 	listLayers         *connect.Client[v11.ListLayersRequest, v11.ListLayersResponse]
 	removeLayer        *connect.Client[v11.RemoveLayerRequest, v11.RemoveLayerResponse]
 	listEnvironments   *connect.Client[v11.ListEnvironmentsRequest, v11.ListEnvironmentsResponse]
@@ -825,6 +845,11 @@ func (c *edgeServiceClient) UploadLayer(ctx context.Context) *connect.ClientStre
 // AdoptLayers calls dsec.edge.v1.EdgeService.AdoptLayers.
 func (c *edgeServiceClient) AdoptLayers(ctx context.Context, req *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error) {
 	return c.adoptLayers.CallUnary(ctx, req)
+}
+
+// RenameRef calls dsec.edge.v1.EdgeService.RenameRef.
+func (c *edgeServiceClient) RenameRef(ctx context.Context, req *connect.Request[v1.RenameRefRequest]) (*connect.Response[v1.RenameRefResponse], error) {
+	return c.renameRef.CallUnary(ctx, req)
 }
 
 // ListLayers calls dsec.edge.v1.EdgeService.ListLayers.
@@ -1047,6 +1072,16 @@ type EdgeServiceHandler interface {
 	// was imported again meanwhile); a store without them answers NotFound
 	// (it is not the importer's store), and the apiserver imports there.
 	AdoptLayers(context.Context, *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error)
+	// RenameRef moves the name to onto what from names (a layer or an
+	// image), in one step: to names the old version until it names the new,
+	// never nothing. from goes; to's old version stays stored until removed
+	// (a sandbox may run on it). The blob store's record of to is written
+	// from this node's, and from's dropped, so every node sharing the store
+	// adopts the new version. An apiserver stages an overwrite under a name
+	// of its own and renames it once the project's quota is charged
+	// (docs/iam.md). NotFound when from names nothing here, InvalidArgument
+	// for a malformed name.
+	RenameRef(context.Context, *connect.Request[v1.RenameRefRequest]) (*connect.Response[v1.RenameRefResponse], error)
 	ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error)
 	RemoveLayer(context.Context, *connect.Request[v11.RemoveLayerRequest]) (*connect.Response[v11.RemoveLayerResponse], error)
 	ListEnvironments(context.Context, *connect.Request[v11.ListEnvironmentsRequest]) (*connect.Response[v11.ListEnvironmentsResponse], error)
@@ -1268,6 +1303,13 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceRenameRefHandler := connect.NewUnaryHandler(
+		EdgeServiceRenameRefProcedure,
+		svc.RenameRef,
+		connect.WithSchema(edgeServiceMethods.ByName("RenameRef")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceListLayersHandler := connect.NewUnaryHandler(
 		EdgeServiceListLayersProcedure,
 		svc.ListLayers,
@@ -1484,6 +1526,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceUploadLayerHandler.ServeHTTP(w, r)
 		case EdgeServiceAdoptLayersProcedure:
 			edgeServiceAdoptLayersHandler.ServeHTTP(w, r)
+		case EdgeServiceRenameRefProcedure:
+			edgeServiceRenameRefHandler.ServeHTTP(w, r)
 		case EdgeServiceListLayersProcedure:
 			edgeServiceListLayersHandler.ServeHTTP(w, r)
 		case EdgeServiceRemoveLayerProcedure:
@@ -1651,6 +1695,10 @@ func (UnimplementedEdgeServiceHandler) UploadLayer(context.Context, *connect.Cli
 
 func (UnimplementedEdgeServiceHandler) AdoptLayers(context.Context, *connect.Request[v1.AdoptLayersRequest]) (*connect.Response[v1.AdoptLayersResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.AdoptLayers is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) RenameRef(context.Context, *connect.Request[v1.RenameRefRequest]) (*connect.Response[v1.RenameRefResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.RenameRef is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) ListLayers(context.Context, *connect.Request[v11.ListLayersRequest]) (*connect.Response[v11.ListLayersResponse], error) {
