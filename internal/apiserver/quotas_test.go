@@ -277,6 +277,25 @@ func TestQuotas(t *testing.T) {
 	if _, err := keyedFork("f2"); connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Errorf("a keyed fork past the quota: %v", err)
 	}
+
+	// creates_per_second: a batch of more creates than a second's worth is
+	// refused by name whenever it comes, and makes nothing.
+	if err := st.SetLimit(ctx, iam.NodeAdmin(), "a", store.Sandboxes, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetLimit(ctx, iam.NodeAdmin(), "a", store.CreatesPerSecond, 2); err != nil {
+		t.Fatal(err)
+	}
+	s.limits.mu.Lock()
+	s.limits.m = nil // which resources are limited is read once a second
+	s.limits.mu.Unlock()
+	before := len(liveIn(edge, "a"))
+	if _, err := create(3); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "quota of project a: more than 2 creates per second") {
+		t.Errorf("a batch past creates_per_second: %v", err)
+	}
+	if n := len(liveIn(edge, "a")); n != before {
+		t.Errorf("the refused batch made sandboxes: %d live, %d before", n, before)
+	}
 }
 
 // heldOf is what project's holds hold of sandboxes.
