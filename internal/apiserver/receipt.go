@@ -2,10 +2,9 @@ package apiserver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -24,9 +23,10 @@ import (
 // capture's digest, the grader and its tests' digest, the exit, the reward,
 // the outcome and the times, the graded sandbox's trajectory hash and its
 // provenance flags as they stood when the grade began), and the edge checks
-// what it saw itself before it signs with its key: its leaf certificate
-// from the cluster CA, or the all-in-one's node key. An edge that holds no
-// key answers NotSupported.
+// what it saw itself (the tests' files it hashes in the clean room, from
+// the paths given beside the receipt) before it signs with its key: its
+// leaf certificate from the cluster CA, or the all-in-one's node key. An
+// edge that holds no key answers NotSupported.
 func (s *Server) gradeReceipt(ctx context.Context, req *dsecv1.GradeRequest, res *dsecv1.GradeResult, started, finished time.Time) ([]byte, error) {
 	room := res.GetGraderSandboxId()
 	e, err := s.edgeFor(room)
@@ -49,7 +49,7 @@ func (s *Server) gradeReceipt(ctx context.Context, req *dsecv1.GradeRequest, res
 		Workspace:     res.GetCapture().GetDigest(),
 		Paths:         req.GetPaths(),
 		GraderCommand: grader,
-		GraderDigest:  testsDigest(req.GetTests()),
+		GraderDigest:  receipt.TestsDigest(req.GetTests().GetLayer(), req.GetTests().GetFiles()),
 		Exit:          int(res.GetExit().GetExitCode()),
 		Reward:        res.GetReward(),
 		Trajectory:    res.GetTrajectoryHash(),
@@ -65,35 +65,11 @@ func (s *Server) gradeReceipt(ctx context.Context, req *dsecv1.GradeRequest, res
 	if err != nil {
 		return nil, fmt.Errorf("sign grade receipt: encode: %w", err)
 	}
-	signed, err := e.SignReceipt(ctx, connect.NewRequest(&edgev1.SignReceiptRequest{Receipt: payload}))
+	// The edge hashes the tests' files in the clean room itself.
+	files := slices.Sorted(maps.Keys(req.GetTests().GetFiles()))
+	signed, err := e.SignReceipt(ctx, connect.NewRequest(&edgev1.SignReceiptRequest{Receipt: payload, TestFiles: files}))
 	if err != nil {
 		return nil, fmt.Errorf("sign grade receipt on node %s: %w", sb.Msg.GetNode(), err)
 	}
 	return signed.Msg.GetEnvelope(), nil
-}
-
-// testsDigest is the digest of a grade's trusted tests: the layer named
-// (its ref or digest, as asked; its digest is among the layers), and the
-// SHA-256 of the files, each path and content length-prefixed, in path
-// order; "" for none.
-func testsDigest(t *dsecv1.GradeTests) string {
-	files := t.GetFiles()
-	if len(files) == 0 {
-		return t.GetLayer()
-	}
-	h := sha256.New()
-	paths := make([]string, 0, len(files))
-	for p := range files {
-		paths = append(paths, p)
-	}
-	slices.Sort(paths)
-	for _, p := range paths {
-		fmt.Fprintf(h, "%d:%s%d:", len(p), p, len(files[p]))
-		h.Write(files[p])
-	}
-	d := "files:sha256:" + hex.EncodeToString(h.Sum(nil))
-	if t.GetLayer() != "" {
-		d = t.GetLayer() + "+" + d
-	}
-	return d
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -75,5 +76,17 @@ func receiptText(r *receipt.Receipt) string {
 	if r.Outcome == "fault" {
 		result = "fault " + r.Fault + ", no reward"
 	}
-	return fmt.Sprintf("sandbox %s graded on node %s, %s, signed %s", r.Sandbox, r.Node, result, r.SignedAt.Format("2006-01-02T15:04:05Z07:00"))
+	line := fmt.Sprintf("sandbox %s graded on node %s, %s, signed %s", r.Sandbox, r.Node, result, r.SignedAt.Format("2006-01-02T15:04:05Z07:00"))
+	// The graded sandbox's evidence and the tests: which the node checked
+	// itself, and which it signed as the apiserver gave them.
+	var unchecked []string
+	for _, f := range []string{"grader_digest", "trajectory_hash", "provenance_flags"} {
+		if !slices.Contains(r.Vouched, f) {
+			unchecked = append(unchecked, f)
+		}
+	}
+	if len(unchecked) > 0 {
+		line += "; not checked by the node: " + strings.Join(unchecked, ", ")
+	}
+	return line
 }

@@ -2,12 +2,15 @@ package edgetest
 
 import (
 	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/grade"
 	"dsec.dev/dsec/sdk/go/receipt"
@@ -23,8 +26,13 @@ import (
 // run, so it signs nothing.
 func testReceipt(t *testing.T, e *edge) {
 	ctx := t.Context()
+	graded := "sb-graded"
+	if !e.o.Deviations.NoAgent && e.o.ReceiptCA != "" {
+		// A sandbox of this node, so the node vouches for its evidence.
+		graded = e.create(ctx, "").GetId()
+	}
 	spec := e.spec()
-	spec.Labels[grade.GradeOfLabel] = "sb-graded"
+	spec.Labels[grade.GradeOfLabel] = graded
 	resp, err := e.h.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: spec}))
 	if err != nil {
 		t.Fatalf("Create the clean room: %v", err)
@@ -32,7 +40,7 @@ func testReceipt(t *testing.T, e *edge) {
 	room := resp.Msg
 	now := time.Now().UTC().Truncate(time.Second)
 	r := receipt.Receipt{
-		Sandbox: "sb-graded", GradeSandbox: room.GetId(),
+		Sandbox: graded, GradeSandbox: room.GetId(),
 		Image: room.GetSpec().GetEnvironment(), Layers: room.GetLayerDigests(),
 		GraderCommand: []string{"sh", "-c", "exit 3"}, Exit: 3, Outcome: "task",
 		Started: now, Finished: now,
@@ -40,17 +48,18 @@ func testReceipt(t *testing.T, e *edge) {
 	if len(r.Layers) > 0 {
 		r.Workspace = r.Layers[len(r.Layers)-1]
 	}
-	sign := func(r receipt.Receipt) ([]byte, error) {
+	signTests := func(r receipt.Receipt, tests []string) ([]byte, error) {
 		payload, err := json.Marshal(r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp, err := e.h.SignReceipt(ctx, connect.NewRequest(&edgev1.SignReceiptRequest{Receipt: payload}))
+		resp, err := e.h.SignReceipt(ctx, connect.NewRequest(&edgev1.SignReceiptRequest{Receipt: payload, TestFiles: tests}))
 		if err != nil {
 			return nil, err
 		}
 		return resp.Msg.GetEnvelope(), nil
 	}
+	sign := func(r receipt.Receipt) ([]byte, error) { return signTests(r, nil) }
 	if e.o.ReceiptCA == "" {
 		_, err := sign(r)
 		wantKind(t, "SignReceipt on an edge without a receipt key", err, errdefs.ErrNotSupported)
@@ -81,6 +90,16 @@ func testReceipt(t *testing.T, e *edge) {
 	}
 	if got.Node != e.node || got.GradeSandbox != room.GetId() || got.Exit != 3 {
 		t.Errorf("the signed receipt names node %q, clean room %q, exit %d; want %q, %q, 3", got.Node, got.GradeSandbox, got.Exit, e.node, room.GetId())
+	}
+	for _, f := range []string{"grade_sandbox", "layers", "workspace_digest", "grader_command", "grader_digest", "exit", "reward", "node"} {
+		if !slices.Contains(got.Vouched, f) {
+			t.Errorf("the signed receipt's vouched %v leaves out %s", got.Vouched, f)
+		}
+	}
+	for _, f := range []string{"paths", "started", "finished", "trajectory_hash", "provenance_flags"} {
+		if slices.Contains(got.Vouched, f) {
+			t.Errorf("the signed receipt vouches for %s, which the node did not check: %v", f, got.Vouched)
+		}
 	}
 
 	for _, c := range []struct {
@@ -116,6 +135,10 @@ func testReceipt(t *testing.T, e *edge) {
 	_, err = sign(rewarded)
 	wantKind(t, "SignReceipt of a reward the grader did not write", err, errdefs.ErrFailedPrecondition)
 
+	rewarded.Reward = 0.5
+	testEvidence(t, e, rewarded, sign, v)
+	testTests(t, e, room, rewarded, signTests, v)
+
 	missing := r
 	missing.GradeSandbox = "sb-never-made"
 	_, err = sign(missing)
@@ -135,3 +158,139 @@ func testReceipt(t *testing.T, e *edge) {
 }
 
 const fake64 = "0000000000000000000000000000000000000000000000000000000000000000"
+
+// testTests: the node hashes the tests' files named beside a receipt in
+// the clean room itself and signs only the grader digest they give (with
+// a tests' layer among the room's layers), and only while nothing but the
+// grader's own user acted in the room since the grader began. r is a
+// receipt the node signs, its grader having left reward 0.5.
+func testTests(t *testing.T, e *edge, room *dsecv1.Sandbox, r receipt.Receipt, signTests func(receipt.Receipt, []string) ([]byte, error), v *receipt.Verifier) {
+	ctx := t.Context()
+	tests := map[string][]byte{"/grade-tests/check.sh": []byte("test -e /grade-tests/check.sh\n"), "/grade-tests/data": []byte("42\n")}
+	paths := slices.Sorted(func(yield func(string) bool) {
+		for p := range tests {
+			if !yield(p) {
+				return
+			}
+		}
+	})
+	for _, p := range paths {
+		if _, err := e.c.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{SandboxId: room.GetId(), Path: p, Data: tests[p], MakeParents: true, User: "root"})); err != nil {
+			t.Fatalf("lay tests file %s: %v", p, err)
+		}
+	}
+	const grader = "sh /grade-tests/check.sh"
+	if _, err := e.exec(ctx, room.GetId(), grader); err != nil {
+		t.Fatalf("exec the grader: %v", err)
+	}
+	r.GraderCommand, r.Exit, r.Reward = []string{"sh", "-c", grader}, 0, 0.5
+	r.GraderDigest = receipt.TestsDigest("", tests)
+	env, err := signTests(r, paths)
+	if err != nil {
+		t.Fatalf("SignReceipt of the tests the grader ran with: %v", err)
+	}
+	if got, err := v.Verify(env); err != nil || got.GraderDigest != r.GraderDigest || !slices.Contains(got.Vouched, "grader_digest") {
+		t.Errorf("the signed receipt with tests: %+v, %v; want grader digest %s vouched", got, err, r.GraderDigest)
+	}
+	if layers := room.GetLayerDigests(); len(layers) > 0 {
+		withLayer := r
+		withLayer.GraderDigest = receipt.TestsDigest(layers[0], tests)
+		if _, err := signTests(withLayer, paths); err != nil {
+			t.Errorf("SignReceipt of tests in one of the room's layers and files: %v", err)
+		}
+	}
+	other := map[string][]byte{"/grade-tests/check.sh": tests["/grade-tests/check.sh"], "/grade-tests/data": []byte("43\n")}
+	for _, c := range []struct {
+		name   string
+		digest string
+		paths  []string
+	}{
+		{"other tests", receipt.TestsDigest("", other), paths},
+		{"tests files it was not told of", r.GraderDigest, nil},
+		{"a tests file that is not there", receipt.TestsDigest("", map[string][]byte{"/grade-tests/none": nil}), []string{"/grade-tests/none"}},
+		{"a tests layer not among the room's", receipt.TestsDigest("sha256:"+fake64, tests), paths},
+	} {
+		edited := r
+		edited.GraderDigest = c.digest
+		_, err := signTests(edited, c.paths)
+		if err == nil {
+			t.Errorf("SignReceipt of %s: signed", c.name)
+		}
+	}
+	// An exec as the grader's own user since (the grade's kill of what it
+	// left) changes nothing the grader could not; a write does.
+	if _, err := e.exec(ctx, room.GetId(), "true"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := signTests(r, paths); err != nil {
+		t.Errorf("SignReceipt after an exec as the grader's user: %v", err)
+	}
+	if _, err := e.c.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{SandboxId: room.GetId(), Path: "/grade-tests/data", Data: other["/grade-tests/data"], User: "root"})); err != nil {
+		t.Fatal(err)
+	}
+	r.GraderDigest = receipt.TestsDigest("", other)
+	_, err = signTests(r, paths)
+	wantKind(t, "SignReceipt of tests written after the grader began", err, errdefs.ErrFailedPrecondition)
+}
+
+// testEvidence: where the graded sandbox is the node's own, the node
+// checks the receipt's trajectory hash against its trajectory and the
+// provenance flags against those it reported since the grade began, and
+// vouches for them; a node that records neither signs them unvouched. r
+// is a receipt the node signs.
+func testEvidence(t *testing.T, e *edge, r receipt.Receipt, sign func(receipt.Receipt) ([]byte, error), v *receipt.Verifier) {
+	ctx := t.Context()
+	tr, err := e.h.Trajectory(ctx, connect.NewRequest(&dsecv1.TrajectoryRequest{SandboxId: r.Sandbox, LimitBytes: 1}))
+	if err == nil {
+		r.Trajectory = fmt.Sprintf("sha256:%s@%d", tr.Msg.GetSha256(), tr.Msg.GetSize())
+	}
+	p, perr := e.h.Provenance(ctx, connect.NewRequest(&dsecv1.ProvenanceRequest{SandboxId: r.Sandbox, FlagsOnly: true}))
+	if perr == nil {
+		r.Provenance = flagNames(p.Msg.GetFlags())
+	}
+	env, err := sign(r)
+	if err != nil {
+		t.Fatalf("SignReceipt with the graded sandbox's evidence: %v", err)
+	}
+	got, err := v.Verify(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Trajectory != "" && !slices.Contains(got.Vouched, "trajectory_hash") {
+		t.Errorf("the node records %s's trajectory, yet vouched %v leaves out its hash", r.Sandbox, got.Vouched)
+	}
+	if perr == nil && !slices.Contains(got.Vouched, "provenance_flags") {
+		t.Errorf("the node reported %s's provenance, yet vouched %v leaves out its flags", r.Sandbox, got.Vouched)
+	}
+	if r.Trajectory != "" {
+		edited := r
+		edited.Trajectory = "sha256:" + fake64 + "@" + fmt.Sprint(tr.Msg.GetSize())
+		_, err := sign(edited)
+		wantKind(t, "SignReceipt of another trajectory hash", err, errdefs.ErrFailedPrecondition)
+		edited.Trajectory = fmt.Sprintf("sha256:%s@%d", tr.Msg.GetSha256(), tr.Msg.GetSize()+1<<20)
+		_, err = sign(edited)
+		wantKind(t, "SignReceipt of a trajectory longer than the node's", err, errdefs.ErrFailedPrecondition)
+	}
+	if perr == nil {
+		edited := r
+		edited.Provenance = append(slices.Clone(r.Provenance), "tests_modified")
+		if slices.Contains(r.Provenance, "tests_modified") {
+			edited.Provenance = nil
+		}
+		_, err := sign(edited)
+		wantKind(t, "SignReceipt of provenance flags the node did not report", err, errdefs.ErrFailedPrecondition)
+	}
+}
+
+// flagNames names the flags set, as a receipt does.
+func flagNames(f *dsecv1.ProvenanceFlags) []string {
+	var out []string
+	m := f.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		if fd := fields.Get(i); m.Get(fd).Bool() {
+			out = append(out, string(fd.Name()))
+		}
+	}
+	return out
+}

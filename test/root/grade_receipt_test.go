@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,7 +45,14 @@ func TestGradeReceiptVerify(t *testing.T) {
 	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "receipt.json")
-	out, errOut, code = d.CLI("", "grade", id, "--path", "/work", "--receipt", file, "-c", `test "$(cat /work/answer)" = 42`)
+	// The trusted tests, laid in the clean room from a local file: the
+	// node hashes them there itself.
+	check := []byte("test \"$(cat /work/answer)\" = 42\n")
+	if err := os.WriteFile(filepath.Join(dir, "check.sh"), check, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = d.CLI("", "grade", id, "--path", "/work", "--receipt", file,
+		"--tests", filepath.Join(dir, "check.sh")+":/grade-tests/check.sh", "-c", "sh /grade-tests/check.sh")
 	if code != 0 || strings.TrimSpace(out) != "1" {
 		t.Fatalf("dsec grade: exit %d, reward %q; %s", code, out, errOut)
 	}
@@ -62,8 +70,21 @@ func TestGradeReceiptVerify(t *testing.T) {
 	}
 	r := verified[0]
 	if r.Node != "t1" || r.Sandbox != id || r.Reward != 1 || r.Exit != 0 || r.Outcome != "task" || r.Workspace == "" ||
-		!strings.Contains(strings.Join(r.GraderCommand, " "), "/work/answer") {
+		!strings.Contains(strings.Join(r.GraderCommand, " "), "/grade-tests/check.sh") {
 		t.Errorf("the receipt says %+v; want node t1, sandbox %s, reward 1, exit 0, the grader's command", r, id)
+	}
+	// The node hashed the tests itself; the graded sandbox is its own (one
+	// node in both passes), so it checked its trajectory and provenance too.
+	if want := receipt.TestsDigest("", map[string][]byte{"/grade-tests/check.sh": check}); r.GraderDigest != want {
+		t.Errorf("the receipt's grader digest %q, want %q", r.GraderDigest, want)
+	}
+	for _, f := range []string{"grader_digest", "trajectory_hash", "provenance_flags", "workspace_digest", "reward"} {
+		if !slices.Contains(r.Vouched, f) {
+			t.Errorf("the receipt's vouched %v leaves out %s", r.Vouched, f)
+		}
+	}
+	if r.Trajectory == "" {
+		t.Error("the receipt holds no trajectory hash")
 	}
 
 	raw, err := os.ReadFile(file)
@@ -81,6 +102,18 @@ func TestGradeReceiptVerify(t *testing.T) {
 		t.Fatalf("the receipt's payload holds no reward of 1: %s", env.Payload)
 	}
 	checkRefused(t, d, dir, "edited", edited, "does not match the payload")
+	// So does a grader digest edited, or a field taken out of vouched.
+	for name, e := range map[string][2]string{
+		"edited tests":   {`"grader_digest":"files:sha256:`, `"grader_digest":"files:sha256:0`},
+		"edited vouched": {`"grader_digest",`, ``},
+	} {
+		edited := env
+		edited.Payload = bytes.Replace(env.Payload, []byte(e[0]), []byte(e[1]), 1)
+		if bytes.Equal(edited.Payload, env.Payload) {
+			t.Fatalf("the receipt's payload holds no %s: %s", e[0], env.Payload)
+		}
+		checkRefused(t, d, dir, name, edited, "does not match the payload")
+	}
 
 	// The same receipt, signed by a key not from the trust.
 	var foreign *receipt.Signer

@@ -321,6 +321,13 @@ func checkGradeReceipt(t *testing.T, root, sandbox, name string, res *dsecv1.Gra
 		t.Errorf("%s: receipt's trajectory %q and provenance %v, want the grade's %q and %v", name, r.Trajectory, r.Provenance,
 			res.GetTrajectoryHash(), res.GetProvenance().GetFlags())
 	}
+	// One node: the graded sandbox is the clean room's node's, so the node
+	// checked the evidence and the tests itself.
+	for _, f := range []string{"grader_digest", "trajectory_hash", "provenance_flags", "reward"} {
+		if !slices.Contains(r.Vouched, f) {
+			t.Errorf("%s: receipt's vouched %v leaves out %s", name, r.Vouched, f)
+		}
+	}
 	var env receipt.Envelope
 	if err := json.Unmarshal(res.GetReceipt(), &env); err != nil {
 		t.Fatal(err)

@@ -145,14 +145,15 @@ func forwardStream[Req, Res any](ctx context.Context, s *Service, id string, msg
 // Exec takes the agent channel's framed path, the fastest.
 func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequest], out *connect.ServerStream[dsecv1.ExecEvent]) (err error) {
 	began := time.Now()
-	step := s.begin(ctx, req.Msg.GetSandboxId(), "exec", req.Msg)
+	step, seq := s.beginSeq(ctx, req.Msg.GetSandboxId(), "exec", req.Msg)
 	defer func() {
 		step.End(ctx, err)
 		if s.metrics != nil {
 			s.metrics.Exec(s.edge.Isolation(req.Msg.GetSandboxId()), err, time.Since(began))
 		}
 	}()
-	watch := execWatch{out: out, log: &s.execs, id: req.Msg.GetSandboxId(), command: commandKey(execCommand(req.Msg))}
+	watch := execWatch{out: out, log: &s.execs, id: req.Msg.GetSandboxId(), command: commandKey(execCommand(req.Msg)),
+		seq: seq, user: req.Msg.GetUser()}
 	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, watch, true, step, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
 		return func(ctx context.Context, req *dsecv1.ExecRequest) (clientStream[dsecv1.ExecEvent], error) {
 			return a.ExecEvents(ctx, req)

@@ -199,13 +199,25 @@ func (s *Service) SetRecorder(rec *trajectory.Recorder) { s.rec = rec }
 func (s *Service) SetMetrics(m *metrics.Edge) { s.metrics = m }
 
 // begin starts recording a call that acts on sandbox id (nil: not
-// recorded).
+// recorded), and notes it in the node's exec log for receipts.
 func (s *Service) begin(ctx context.Context, id, call string, req any) *trajectory.Step {
+	step, _ := s.beginSeq(ctx, id, call, req)
+	return step
+}
+
+// beginSeq is begin, also returning the call's number among the calls
+// that acted on the sandbox (execLog.act).
+func (s *Service) beginSeq(ctx context.Context, id, call string, req any) (*trajectory.Step, int64) {
+	var user string
+	if x, ok := req.(*dsecv1.ExecRequest); ok {
+		user = x.GetUser()
+	}
+	seq := s.execs.act(id, call, user)
 	if s.rec == nil {
-		return nil
+		return nil, seq
 	}
 	m, _ := req.(proto.Message)
-	return s.rec.Begin(ctx, id, call, m)
+	return s.rec.Begin(ctx, id, call, m), seq
 }
 
 // Trajectory reads a sandbox's trajectory from an offset: this node's, or
@@ -831,6 +843,8 @@ func (s *Service) Provenance(ctx context.Context, req *connect.Request[dsecv1.Pr
 	if err != nil {
 		return nil, err
 	}
+	// A grade's receipt is checked against the flags reported here.
+	s.execs.reported(req.Msg.GetSandboxId(), flagNames(p.GetFlags()))
 	return connect.NewResponse(p), nil
 }
 

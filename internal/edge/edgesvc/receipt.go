@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -35,9 +38,17 @@ func (s *Service) SetReceipts(r Receipts) { s.receipts = r }
 // receipt's sandbox, was started on the receipt's environment and layers
 // (the workspace capture among them), ran the grader's command to the
 // receipt's exit and fault, and its reward file and that exit give the
-// receipt's reward (grade.Reward). The rest (the paths, the tests' digest,
-// the provenance flags and trajectory hash of the graded sandbox, perhaps
-// on another node, the times) is the apiserver's word, signed as given.
+// receipt's reward (grade.Reward); the trusted tests it holds (the files
+// named in the request, hashed here, and the tests' layer among its
+// layers) are the receipt's grader digest, and nothing but the grader's
+// own user acted in it since the grader began, so they are the tests the
+// grader ran with. Where the graded sandbox's trajectory is the node's
+// (the sandbox is its own, or its trajectory is in the blob store), its
+// hash is checked too, and the provenance flags against those the node
+// reported for it since the grade began. It stamps the fields it checked
+// in the receipt's vouched; the rest (the paths, the times, and the graded
+// sandbox's evidence when that sandbox is another node's) it signs as
+// given.
 func (s *Service) SignReceipt(ctx context.Context, req *connect.Request[edgev1.SignReceiptRequest]) (*connect.Response[edgev1.SignReceiptResponse], error) {
 	if s.receipts == nil {
 		return nil, fmt.Errorf("sign receipt: node %s holds no receipt key: %w", s.edge.Node(), errdefs.ErrNotSupported)
@@ -60,13 +71,45 @@ func (s *Service) SignReceipt(ctx context.Context, req *connect.Request[edgev1.S
 		return nil, fmt.Errorf("sign receipt: node %s did not see %q run in clean room %s: %w",
 			s.edge.Node(), strings.Join(r.GraderCommand, " "), r.GradeSandbox, errdefs.ErrFailedPrecondition)
 	}
-	file, err := s.rewardFile(ctx, r.GradeSandbox, ran)
+	refuse := func(err error) error {
+		return fmt.Errorf("sign receipt: node %s saw otherwise: %w: %w", s.edge.Node(), err, errdefs.ErrFailedPrecondition)
+	}
+	// Nothing but the grader's user acted in the clean room since the
+	// grader began (the grade kills what it left as that user): what the
+	// node reads there now is what the grader left.
+	if other := s.execs.othersSince(r.GradeSandbox, ran.seq, ran.user); other != "" {
+		return nil, refuse(fmt.Errorf("%s acted in clean room %s after its grader began", other, r.GradeSandbox))
+	}
+	file, err := s.rewardFile(ctx, r.GradeSandbox, ran.exit)
 	if err != nil {
 		return nil, fmt.Errorf("sign receipt: %w", err)
 	}
-	if err := checkReceipt(r, room, ran, file); err != nil {
-		return nil, fmt.Errorf("sign receipt: node %s saw otherwise: %w: %w", s.edge.Node(), err, errdefs.ErrFailedPrecondition)
+	if err := checkReceipt(r, room, ran.exit, file); err != nil {
+		return nil, refuse(err)
 	}
+	if err := s.checkTests(ctx, r, room, req.Msg.GetTestFiles()); err != nil {
+		return nil, refuse(err)
+	}
+	r.Vouched = []string{"sandbox", "grade_sandbox", "image", "layers", "workspace_digest", "grader_command", "grader_digest",
+		"exit", "reward", "outcome", "fault"}
+	traj, err := s.checkTrajectory(ctx, r)
+	if err != nil {
+		return nil, refuse(err)
+	}
+	prov, err := s.checkProvenance(r)
+	if err != nil {
+		return nil, refuse(err)
+	}
+	if traj {
+		r.Vouched = append(r.Vouched, "trajectory_hash")
+	}
+	if prov {
+		r.Vouched = append(r.Vouched, "provenance_flags")
+	}
+	r.Vouched = append(r.Vouched, "node", "signed_at")
+	slices.SortStableFunc(r.Vouched, func(a, b string) int {
+		return slices.Index(sdkreceipt.Fields, a) - slices.Index(sdkreceipt.Fields, b)
+	})
 	signer, err := s.receipts()
 	if err != nil {
 		return nil, fmt.Errorf("sign receipt: %w", err)
@@ -96,6 +139,106 @@ func (s *Service) rewardFile(ctx context.Context, id string, ran *dsecv1.ExecExi
 		return nil, fmt.Errorf("read the reward file of clean room %s: %w", id, err)
 	}
 	return resp.Msg.GetData(), nil
+}
+
+// maxTestsBytes bounds the test files the node reads back to hash.
+const maxTestsBytes = 64 << 20
+
+// checkTests checks the receipt's grader digest against the trusted tests
+// in clean room room: the files at paths, read and hashed here after the
+// grader ran (sdkreceipt.TestsDigest), and the tests' layer it names,
+// which must be one of the room's layers or the layer its environment
+// names last (ENV+LAYER, as the grade asks for it).
+func (s *Service) checkTests(ctx context.Context, r sdkreceipt.Receipt, room *dsecv1.Sandbox, paths []string) error {
+	layer := sdkreceipt.TestsLayer(r.GraderDigest)
+	if layer != "" && !slices.Contains(room.GetLayerDigests(), layer) && !strings.HasSuffix(room.GetSpec().GetEnvironment(), "+"+layer) {
+		return fmt.Errorf("the tests' layer %s is not a layer of clean room %s", layer, r.GradeSandbox)
+	}
+	files := map[string][]byte{}
+	var total int64
+	for _, p := range paths {
+		if !strings.HasPrefix(p, "/") {
+			return fmt.Errorf("tests file %q is not an absolute path", p)
+		}
+		resp, err := s.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: r.GradeSandbox, Path: p, Limit: maxTestsBytes - total, User: "root"}))
+		if err != nil {
+			return fmt.Errorf("read tests file %s in clean room %s: %w", p, r.GradeSandbox, err)
+		}
+		if resp.Msg.GetTruncated() {
+			return fmt.Errorf("the tests files in clean room %s hold more than the %d bytes the node hashes", r.GradeSandbox, maxTestsBytes)
+		}
+		files[p] = resp.Msg.GetData()
+		total += int64(len(files[p]))
+	}
+	if got := sdkreceipt.TestsDigest(layer, files); got != r.GraderDigest {
+		return fmt.Errorf("the tests in clean room %s are %q, not %q", r.GradeSandbox, got, r.GraderDigest)
+	}
+	return nil
+}
+
+// checkTrajectory checks the receipt's trajectory hash (sha256:HEX@SIZE:
+// the SHA-256 of the trajectory's first SIZE bytes) against the graded
+// sandbox's trajectory, if the node holds it; vouched says it could.
+func (s *Service) checkTrajectory(ctx context.Context, r sdkreceipt.Receipt) (vouched bool, err error) {
+	if r.Trajectory == "" || s.rec == nil {
+		return false, nil
+	}
+	sum, sizeText, ok := strings.Cut(strings.TrimPrefix(r.Trajectory, "sha256:"), "@")
+	size, perr := strconv.ParseInt(sizeText, 10, 64)
+	if !ok || perr != nil || size < 0 || !strings.HasPrefix(r.Trajectory, "sha256:") {
+		return false, fmt.Errorf("trajectory hash %q is not sha256:HEX@SIZE", r.Trajectory)
+	}
+	rd, err := s.rec.Read(ctx, r.Sandbox, 0, int(max(size, 1)))
+	if err != nil {
+		// Another node's sandbox, not yet in the blob store: not the node's
+		// to vouch for.
+		s.log.Debug("receipt's trajectory not checked", "sandbox", r.Sandbox, "err", err)
+		return false, nil
+	}
+	if int64(len(rd.Lines)) < size {
+		return false, fmt.Errorf("the trajectory of %s holds %d bytes, fewer than the %d its hash covers", r.Sandbox, len(rd.Lines), size)
+	}
+	if got := sha256.Sum256(rd.Lines[:size]); hex.EncodeToString(got[:]) != sum {
+		return false, fmt.Errorf("the first %d bytes of the trajectory of %s hash to sha256:%x, not %s", size, r.Sandbox, got, r.Trajectory)
+	}
+	return true, nil
+}
+
+// provenanceSkew is how much earlier than the grade's start the node's
+// clock may put the provenance the grade read: an apiserver's clock and
+// the node's may differ.
+const provenanceSkew = 2 * time.Second
+
+// checkProvenance checks the receipt's provenance flags against those the
+// node reported for the graded sandbox since the grade began (the grade
+// reads them as it begins): one of them must be the receipt's. With none
+// reported here (the sandbox is another node's), vouched is false.
+func (s *Service) checkProvenance(r sdkreceipt.Receipt) (vouched bool, err error) {
+	seen := s.execs.reportedSince(r.Sandbox, r.Started.Add(-provenanceSkew))
+	if len(seen) == 0 {
+		return false, nil
+	}
+	want := slices.Sorted(slices.Values(r.Provenance))
+	for _, p := range seen {
+		if slices.Equal(slices.Sorted(slices.Values(p.flags)), want) {
+			return true, nil
+		}
+	}
+	return false, fmt.Errorf("the node reported provenance flags %v of %s since the grade began, not %v", seen[len(seen)-1].flags, r.Sandbox, r.Provenance)
+}
+
+// flagNames names the provenance flags set in f by their API names, in
+// field order (as the SDK's ProvenanceFlagNames does).
+func flagNames(f *dsecv1.ProvenanceFlags) []string {
+	out := []string{}
+	m := f.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		if fd := fields.Get(i); m.Get(fd).Bool() {
+			out = append(out, string(fd.Name()))
+		}
+	}
+	return out
 }
 
 // checkReceipt compares a receipt with what the node saw: the clean room
@@ -150,62 +293,171 @@ func execCommand(req *dsecv1.ExecRequest) []string {
 	return []string{"sh", "-c", req.GetCommand()}
 }
 
-// Bounds of the exec log: the last execs of each sandbox, of the sandboxes
-// that ran one most recently. A grade asks for its receipt moments after
-// its grader exited, two calls later.
+// Bounds of the room log: the last execs, calls and provenance answers of
+// each sandbox, of the sandboxes acted on most recently. A grade asks for
+// its receipt moments after its grader exited, two calls later.
 const (
-	execsPerSandbox = 8
-	execSandboxes   = 4096
+	execsPerSandbox      = 8
+	callsPerSandbox      = 16
+	provenancePerSandbox = 4
+	execSandboxes        = 4096
 )
 
-// execLog is what the node saw of the execs it ran to their end: per
-// sandbox, each command's key and exit, newest last. It is safe for
-// concurrent use; the zero value is empty.
+// execLog is what the node saw done to its sandboxes, for receipts: per
+// sandbox, the calls that acted on it in the order they began, the execs
+// it ran to their end (each command's key, its user, its exit and which
+// call it was), and the provenance it reported. It is safe for concurrent
+// use; the zero value is empty.
 type execLog struct {
 	mu    sync.Mutex
-	execs map[string][]execSeen
+	execs map[string]*roomSeen
 	order []string // sandboxes, oldest first
+}
+
+// roomSeen is what the node saw done to one sandbox, newest last in each
+// list.
+type roomSeen struct {
+	calls      int64 // the calls that acted on it so far
+	recent     []callSeen
+	execs      []execSeen
+	provenance []provenanceSeen
+}
+
+// callSeen is one call that acted on a sandbox: its number among the
+// sandbox's calls (from 1), its name in the trajectory and, for an exec,
+// the user it ran as.
+type callSeen struct {
+	seq  int64
+	call string
+	user string
 }
 
 type execSeen struct {
 	command [sha256.Size]byte
 	exit    *dsecv1.ExecExited
+	seq     int64 // the exec's call
+	user    string
 }
 
-func (l *execLog) add(id string, command [sha256.Size]byte, exit *dsecv1.ExecExited) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// provenanceSeen is provenance the node reported: its flags' names and
+// when.
+type provenanceSeen struct {
+	at    time.Time
+	flags []string
+}
+
+// room returns sandbox id's record, making it; l.mu is held.
+func (l *execLog) room(id string) *roomSeen {
 	if l.execs == nil {
-		l.execs = map[string][]execSeen{}
+		l.execs = map[string]*roomSeen{}
 	}
-	seen, known := l.execs[id]
-	if !known {
+	r := l.execs[id]
+	if r == nil {
+		r = &roomSeen{}
+		l.execs[id] = r
 		l.order = append(l.order, id)
-	}
-	if len(seen) == execsPerSandbox {
-		seen = slices.Delete(seen, 0, 1)
-	}
-	l.execs[id] = append(seen, execSeen{command: command, exit: exit})
-	for len(l.order) > execSandboxes {
-		delete(l.execs, l.order[0])
-		l.order = l.order[1:]
-	}
-}
-
-// last is the exit of the newest exec of command in sandbox id.
-func (l *execLog) last(id string, command [sha256.Size]byte) (*dsecv1.ExecExited, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	seen := l.execs[id]
-	for i := len(seen) - 1; i >= 0; i-- {
-		if seen[i].command == command {
-			return seen[i].exit, true
+		for len(l.order) > execSandboxes {
+			delete(l.execs, l.order[0])
+			l.order = l.order[1:]
 		}
 	}
-	return nil, false
+	return r
 }
 
-// forget drops a deleted sandbox's execs.
+// keep appends v to list, dropping the oldest past n.
+func keep[T any](list []T, v T, n int) []T {
+	if len(list) == n {
+		list = slices.Delete(list, 0, 1)
+	}
+	return append(list, v)
+}
+
+// act notes that call began acting on sandbox id (user: an exec's user)
+// and returns its number among the sandbox's calls.
+func (l *execLog) act(id, call, user string) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.room(id)
+	r.calls++
+	r.recent = keep(r.recent, callSeen{seq: r.calls, call: call, user: user}, callsPerSandbox)
+	return r.calls
+}
+
+// add notes the exit of exec call seq, as user, of command in sandbox id.
+func (l *execLog) add(id string, command [sha256.Size]byte, exit *dsecv1.ExecExited, seq int64, user string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.room(id)
+	r.execs = keep(r.execs, execSeen{command: command, exit: exit, seq: seq, user: user}, execsPerSandbox)
+}
+
+// last is the newest exec of command in sandbox id.
+func (l *execLog) last(id string, command [sha256.Size]byte) (execSeen, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.execs[id]
+	if r == nil {
+		return execSeen{}, false
+	}
+	for i := len(r.execs) - 1; i >= 0; i-- {
+		if r.execs[i].command == command {
+			return r.execs[i], true
+		}
+	}
+	return execSeen{}, false
+}
+
+// othersSince describes the first call that acted on sandbox id after
+// call seq other than an exec as user: "" when there was none. Calls the
+// log no longer holds count as such a call: it cannot tell.
+func (l *execLog) othersSince(id string, seq int64, user string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.execs[id]
+	if r == nil {
+		return ""
+	}
+	if len(r.recent) > 0 && r.recent[0].seq > seq+1 {
+		return fmt.Sprintf("%d calls, more than the node keeps", r.calls-seq)
+	}
+	for _, c := range r.recent {
+		if c.seq > seq && (c.call != "exec" || c.user != user) {
+			if c.call == "exec" {
+				return fmt.Sprintf("an exec as user %q", c.user)
+			}
+			return "a call " + c.call
+		}
+	}
+	return ""
+}
+
+// reported notes provenance flags the node reported for sandbox id.
+func (l *execLog) reported(id string, flags []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.room(id)
+	r.provenance = keep(r.provenance, provenanceSeen{at: time.Now(), flags: flags}, provenancePerSandbox)
+}
+
+// reportedSince is the provenance the node reported for sandbox id at or
+// after since, oldest first.
+func (l *execLog) reportedSince(id string, since time.Time) []provenanceSeen {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.execs[id]
+	if r == nil {
+		return nil
+	}
+	var out []provenanceSeen
+	for _, p := range r.provenance {
+		if !p.at.Before(since) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// forget drops a deleted sandbox's record.
 func (l *execLog) forget(id string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -224,11 +476,13 @@ type execWatch struct {
 	log     *execLog
 	id      string
 	command [sha256.Size]byte
+	seq     int64 // the exec's call
+	user    string
 }
 
 func (w execWatch) Send(e *dsecv1.ExecEvent) error {
 	if x := e.GetExited(); x != nil {
-		w.log.add(w.id, w.command, x)
+		w.log.add(w.id, w.command, x, w.seq, w.user)
 	}
 	return w.out.Send(e)
 }

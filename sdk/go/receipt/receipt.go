@@ -17,7 +17,12 @@
 package receipt
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -68,6 +73,57 @@ type Receipt struct {
 	Node string `json:"node"`
 	// SignedAt is when the node signed; the certificate must be valid then.
 	SignedAt time.Time `json:"signed_at"`
+	// Vouched names the fields (by their JSON names, in Fields' order) the
+	// node checked against what it saw itself before it signed; the others
+	// it signed as the apiserver composed them. docs/receipts.md says which
+	// a node can check and when.
+	Vouched []string `json:"vouched,omitempty"`
+}
+
+// Fields are a receipt's fields by their JSON names, in order.
+var Fields = []string{
+	"version", "sandbox", "grade_sandbox", "image", "layers", "workspace_digest", "paths",
+	"trajectory_hash", "grader_command", "grader_digest", "exit", "reward", "provenance_flags",
+	"outcome", "fault", "started", "finished", "node", "signed_at", "vouched",
+}
+
+// TestsDigest is the digest of a grade's trusted tests, as a receipt's
+// GraderDigest names them: the tests' layer as the grade named it (its ref
+// or digest), and "files:sha256:" and the SHA-256 of the files, each path
+// and content length-prefixed ("LEN:PATH" then "LEN:" and the bytes), in
+// path order, joined by "+"; "" for no tests. A verifier holding the test
+// files computes it again.
+func TestsDigest(layer string, files map[string][]byte) string {
+	if len(files) == 0 {
+		return layer
+	}
+	paths := make([]string, 0, len(files))
+	for p := range files {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	h := sha256.New()
+	for _, p := range paths {
+		fmt.Fprintf(h, "%d:%s%d:", len(p), p, len(files[p]))
+		h.Write(files[p])
+	}
+	d := "files:sha256:" + hex.EncodeToString(h.Sum(nil))
+	if layer != "" {
+		d = layer + "+" + d
+	}
+	return d
+}
+
+// TestsLayer is the layer part of a GraderDigest TestsDigest made: "" when
+// it names files only.
+func TestsLayer(digest string) string {
+	if strings.HasPrefix(digest, "files:sha256:") {
+		return ""
+	}
+	if i := strings.LastIndex(digest, "+files:sha256:"); i >= 0 {
+		return digest[:i]
+	}
+	return digest
 }
 
 // Envelope is a signed receipt as it is stored and sent: DSSE's envelope

@@ -199,6 +199,7 @@ func TestEditedFieldFails(t *testing.T) {
 	// A fault's receipt, so every field is present (a task's has no fault).
 	r := sample()
 	r.Outcome, r.Fault = "fault", "node_lost"
+	r.Vouched = []string{"grader_digest", "trajectory_hash"}
 	signed := sign(t, ca.validSigner(t, "node-1"), r)
 	all := fields(t, signed)
 	if len(all) != reflect.TypeFor[Receipt]().NumField() {
@@ -248,6 +249,31 @@ func TestEditedFieldFails(t *testing.T) {
 			t.Fatal("another signature verified")
 		}
 	})
+}
+
+// TestFields: Fields names every field of a Receipt, by its JSON name, in
+// order; a receipt whose vouched names anything else, or a field twice,
+// is refused though its signature holds.
+func TestFields(t *testing.T) {
+	rt := reflect.TypeFor[Receipt]()
+	var names []string
+	for i := range rt.NumField() {
+		name, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+		names = append(names, name)
+	}
+	if !reflect.DeepEqual(names, Fields) {
+		t.Errorf("Fields %v, want Receipt's %v", Fields, names)
+	}
+	ca := newCA(t)
+	v := verifier(t, ca.cert)
+	for _, vouched := range [][]string{{"reward", "bonus"}, {"reward", "reward"}} {
+		r := sample()
+		r.Vouched = vouched
+		_, err := v.Verify(sign(t, ca.validSigner(t, "node-1"), r))
+		if err == nil || !strings.Contains(err.Error(), "not a receipt field or is named twice") {
+			t.Errorf("verify a receipt vouching %v: %v, want refused", vouched, err)
+		}
+	}
 }
 
 func TestWrongCA(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -166,6 +167,13 @@ func (r *Receipt) check() error {
 	case r.Outcome == "fault" && r.Fault != "":
 	default:
 		return fmt.Errorf("outcome %q with fault %q: want task with no fault, or fault with one", r.Outcome, r.Fault)
+	}
+	seen := map[string]bool{}
+	for _, f := range r.Vouched {
+		if !slices.Contains(Fields, f) || seen[f] {
+			return fmt.Errorf("vouched names %q, which is not a receipt field or is named twice", f)
+		}
+		seen[f] = true
 	}
 	if r.Finished.Before(r.Started) {
 		return fmt.Errorf("finished %s before it started %s", r.Finished.Format(time.RFC3339Nano), r.Started.Format(time.RFC3339Nano))

@@ -171,6 +171,10 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(json.loads(out)[0]["trajectory_hash"], r.trajectory_hash)
         self.assertIn("flags_set", r.provenance)
         self.assertEqual(json.loads(out)[0]["provenance_flags"], r.provenance["flags_set"])
+        # The node checked the tests, the trajectory and the flags itself.
+        for field in ("grader_digest", "trajectory_hash", "provenance_flags", "reward"):
+            self.assertIn(field, json.loads(out)[0]["vouched"])
+        self.assertTrue(json.loads(out)[0]["grader_digest"].startswith("files:sha256:"))
         sb = self.sandbox()
         r = arun(self._agrade(sb.id))
         self.assertEqual((r.reward, r.reward_source, r.stdout), (0.5, "file", "half\n"))

@@ -998,7 +998,11 @@ type SignReceiptRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The receipt to sign: the JSON of dsec.dev/dsec/sdk/go/receipt.Receipt
 	// (docs/receipts.md), its node and signed_at left for the node to stamp.
-	Receipt       []byte `protobuf:"bytes,1,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	Receipt []byte `protobuf:"bytes,1,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	// The paths of the trusted tests' files the grade laid in the clean room
+	// (GradeTests.files), for the node to read and hash itself against the
+	// receipt's grader_digest.
+	TestFiles     []string `protobuf:"bytes,2,rep,name=test_files,json=testFiles,proto3" json:"test_files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1036,6 +1040,13 @@ func (*SignReceiptRequest) Descriptor() ([]byte, []int) {
 func (x *SignReceiptRequest) GetReceipt() []byte {
 	if x != nil {
 		return x.Receipt
+	}
+	return nil
+}
+
+func (x *SignReceiptRequest) GetTestFiles() []string {
+	if x != nil {
+		return x.TestFiles
 	}
 	return nil
 }
@@ -1292,9 +1303,11 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vGoneRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\" \n" +
 	"\fGoneResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids\".\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"M\n" +
 	"\x12SignReceiptRequest\x12\x18\n" +
-	"\areceipt\x18\x01 \x01(\fR\areceipt\"1\n" +
+	"\areceipt\x18\x01 \x01(\fR\areceipt\x12\x1d\n" +
+	"\n" +
+	"test_files\x18\x02 \x03(\tR\ttestFiles\"1\n" +
 	"\x13SignReceiptResponse\x12\x1a\n" +
 	"\benvelope\x18\x01 \x01(\fR\benvelope\"Q\n" +
 	"\rEventsRequest\x12\x14\n" +

@@ -228,7 +228,11 @@ type EdgeServiceClient interface {
 	// (grade_sandbox) is its own and grades the receipt's sandbox, its
 	// environment's name and layer digests are the ones it started it on,
 	// the workspace capture is one of those layers, and it ran the grader's
-	// command there to the receipt's exit (and fault). A receipt naming
+	// command there to the receipt's exit (and fault), with the trusted
+	// tests the receipt's grader_digest names (it hashes test_files in the
+	// clean room itself) and nothing but the grader's own user acting there
+	// since the grader began; the graded sandbox's trajectory hash and
+	// provenance flags where that sandbox is its own. A receipt naming
 	// anything else is refused (FailedPrecondition, saying which fact), as
 	// is one from a node that holds no key (NotSupported). The node stamps
 	// its own name and the signing time (docs/receipts.md).
@@ -1051,7 +1055,11 @@ type EdgeServiceHandler interface {
 	// (grade_sandbox) is its own and grades the receipt's sandbox, its
 	// environment's name and layer digests are the ones it started it on,
 	// the workspace capture is one of those layers, and it ran the grader's
-	// command there to the receipt's exit (and fault). A receipt naming
+	// command there to the receipt's exit (and fault), with the trusted
+	// tests the receipt's grader_digest names (it hashes test_files in the
+	// clean room itself) and nothing but the grader's own user acting there
+	// since the grader began; the graded sandbox's trajectory hash and
+	// provenance flags where that sandbox is its own. A receipt naming
 	// anything else is refused (FailedPrecondition, saying which fact), as
 	// is one from a node that holds no key (NotSupported). The node stamps
 	// its own name and the signing time (docs/receipts.md).
