@@ -1,7 +1,9 @@
 package root
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -198,5 +200,71 @@ func TestPreemptedMidExec(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 203 || !strings.Contains(stderr.String(), "infrastructure fault (preempted)") {
 		t.Errorf("dsec exec in a sandbox paused past the retention: %v, stderr %q; want exit 203", err, stderr.String())
+	}
+}
+
+// TestNodeLost (both passes): a sandbox its node lost, for real. The node
+// is killed (SIGKILL) while the sandbox's record says it was being made,
+// as a node killed in the middle of a create leaves it, so the restarted
+// node cannot re-adopt it: it tears the sandbox down and ends it
+// node_lost. A command on it then fails typed node_lost (Go SDK; dsec exec
+// exits 201), and a grade of it is the platform's fault, never a reward
+// (Go SDK; dsec grade exits 201 with no reward on stdout).
+func TestNodeLost(t *testing.T) {
+	d := startDaemon(t)
+	cl := sdkClient(t, d.Addr, d.Token())
+	ctx := t.Context()
+	sb, err := cl.Create(ctx, env, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := sb.Exec(ctx, dsec.Sh("mkdir -p /work && echo 42 > /work/answer"), nil); err != nil || r.ExitCode != 0 {
+		t.Fatalf("setup: %v %+v", err, r)
+	}
+	d.Kill()
+	markCreating(t, filepath.Join(d.Root, "sandboxes", sb.ID, "state.json"))
+	d.Start()
+
+	_, err = sb.Exec(ctx, dsec.Sh("true"), nil)
+	if f := dsec.InfraFault(err); f != dsec.FaultNodeLost {
+		t.Errorf("SDK exec in a sandbox its node lost: %v: fault %q, want node_lost", err, f)
+	}
+	out, errOut, code := d.CLI("", "exec", sb.ID, "true")
+	if code != 201 || !strings.Contains(errOut, "infrastructure fault (node_lost)") {
+		t.Errorf("dsec exec in a sandbox its node lost: exit %d, %s %s; want exit 201", code, out, errOut)
+	}
+	res, err := sb.Grade(ctx, dsec.GradeOptions{Paths: []string{"/work"}, Command: `test "$(cat /work/answer)" = 42`})
+	if f := dsec.InfraFault(err); f != dsec.FaultNodeLost {
+		t.Errorf("SDK grade of a sandbox its node lost: reward %v, %v: fault %q, want node_lost", res.GetReward(), err, f)
+	}
+	out, errOut, code = d.CLI("", "grade", sb.ID, "--path", "/work", "-c", `test "$(cat /work/answer)" = 42`)
+	if code != 201 || out != "" || !strings.Contains(errOut, "infrastructure fault (node_lost)") {
+		t.Errorf("dsec grade of a sandbox its node lost: exit %d, stdout %q, stderr %q; want exit 201 and no reward", code, out, errOut)
+	}
+}
+
+// markCreating rewrites a sandbox's record (its node's state.json, the
+// node stopped) to say the sandbox was still being made.
+func markCreating(t *testing.T, file string) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var rec map[string]any
+	if err := dec.Decode(&rec); err != nil {
+		t.Fatalf("read %s: %v", file, err)
+	}
+	if rec["state"] != "STATE_RUNNING" {
+		t.Fatalf("%s says state %v, want STATE_RUNNING", file, rec["state"])
+	}
+	rec["state"] = "STATE_CREATING"
+	if data, err = json.Marshal(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
