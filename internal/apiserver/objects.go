@@ -531,6 +531,9 @@ func filterLayers(a iam.Authority, check bool, ix objectIndex, layers []*dsecv1.
 		}
 		names := layerNames(l)
 		if len(names) == 0 {
+			if !check {
+				out = append(out, l) // nameless (an overwritten version): removed by digest
+			}
 			continue
 		}
 		first := ix.of(names[0])

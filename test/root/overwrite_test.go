@@ -110,6 +110,15 @@ func TestOverwritePastQuota(t *testing.T) {
 	if got := task(); got != "v2" {
 		t.Fatalf("a sandbox of ovw-env:1 after v2 reads %q", got)
 	}
+	// v1 stays on the node, nameless, listed to the root's admin, who
+	// removes it by digest.
+	if ls := cli("layer", "ls", "--json"); !strings.Contains(ls, v1.Blobs[0].Digest) {
+		t.Fatalf("dsec layer ls does not list the overwritten v1 (%s): %s", v1.Blobs[0].Digest, ls)
+	}
+	cli("layer", "rm", v1.Blobs[0].Digest)
+	if ls := cli("layer", "ls", "--json"); strings.Contains(ls, v1.Blobs[0].Digest) {
+		t.Fatalf("dsec layer ls lists v1 after its removal: %s", ls)
+	}
 	// v3 does not fit even with v2 given back: refused by name with the
 	// numbers, and v2 stays.
 	out, errOut, code := push(tree("v3", 4<<20))
