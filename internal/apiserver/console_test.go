@@ -113,7 +113,7 @@ func TestConsole(t *testing.T) {
 		return tok
 	}
 	runA, viewA, runB := mint("run-a", "a", iam.Runner), mint("view-a", "a", iam.Viewer), mint("run-b", "b", iam.Runner)
-	s := New(Config{Auth: st, IAM: st}, st, watcher.NewFixed(nodesOf(newFakeEdge("n1"))...), slog.New(slog.DiscardHandler))
+	s := New(Config{Auth: st, IAM: st, Events: st}, st, watcher.NewFixed(nodesOf(newFakeEdge("n1"))...), slog.New(slog.DiscardHandler))
 	hs := httptest.NewUnstartedServer(s.Handler())
 	hs.Config.ConnContext = ConnContext
 	hs.Start()
@@ -230,6 +230,42 @@ func TestConsole(t *testing.T) {
 	}
 	if _, _, page := alice.do("GET", "/console/nodes", nil); !strings.Contains(page, "n1") {
 		t.Errorf("the nodes page does not name the node")
+	}
+
+	// The events page: the token's projects' events, newest first,
+	// filtered by kind and sandbox, older pages by a link.
+	var evs []store.Event
+	for i := range console.EventsPage + 5 {
+		evs = append(evs, store.Event{Key: fmt.Sprintf("n1/e/%d", i), Project: "a", SandboxID: fmt.Sprintf("sb-a-%03d", i), Kind: "created", Node: "n1"})
+	}
+	evs = append(evs, store.Event{Key: "n1/e/x", Project: "b", SandboxID: "sb-b-theirs", Kind: "created", Node: "n1"},
+		store.Event{Key: "n1/e/y", Project: "a", SandboxID: "sb-a-000", Kind: "failed", Reason: "oom", Message: "OOM-killed at 64 MiB", Node: "n1"})
+	if _, err := st.AppendEvents(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	code, _, page = alice.do("GET", "/console/events", nil)
+	if code != 200 || strings.Contains(page, "sb-b-theirs") || !strings.Contains(page, "OOM-killed at 64 MiB") || !strings.Contains(page, `id="older"`) {
+		t.Fatalf("the events page: %d, want a's newest first with a link to older ones, not b's:\n%s", code, page)
+	}
+	if i, j := strings.Index(page, "sb-a-104"), strings.Index(page, "sb-a-010"); i < 0 || j < 0 || i > j {
+		t.Errorf("the events page is not newest first (sb-a-104 at %d, sb-a-010 at %d)", i, j)
+	}
+	if strings.Contains(page, ">sb-a-004<") {
+		t.Errorf("the first events page shows the oldest events too")
+	}
+	_, _, page = alice.do("GET", "/console/events?kind=failed", nil)
+	if !strings.Contains(page, "oom") || strings.Contains(page, "sb-a-104") {
+		t.Errorf("events of kind failed: %s", page)
+	}
+	_, _, page = alice.do("GET", "/console/events?sandbox=sb-a-000", nil)
+	if strings.Count(page, `<span class="event `) != 2 {
+		t.Errorf("events of sandbox sb-a-000: want its two: %s", page)
+	}
+	if code, _, page = alice.do("GET", "/console/events?live=1", nil); code != 200 || !strings.Contains(page, `http-equiv="refresh"`) {
+		t.Errorf("a live events page: %d, no refresh", code)
+	}
+	if code, _, _ = alice.do("GET", "/console/events?project=b", nil); code != 404 {
+		t.Errorf("another project's events: %d, want 404", code)
 	}
 
 	// Revoking the token ends the session at its next request.

@@ -256,11 +256,12 @@ func (s *Server) eventQuery(a iam.Authority, op iam.Op, m *dsecv1.ListEventsRequ
 	if err := allow(a, op, path); err != nil {
 		return store.EventQuery{}, err
 	}
-	if m.GetLimit() < 0 || m.GetAfter() < 0 {
-		return store.EventQuery{}, fmt.Errorf("limit %d, after %d: want 0 or more: %w", m.GetLimit(), m.GetAfter(), errdefs.ErrInvalidArgument)
+	if m.GetLimit() < 0 || m.GetAfter() < 0 || m.GetBefore() < 0 {
+		return store.EventQuery{}, fmt.Errorf("limit %d, after %d, before %d: want 0 or more: %w", m.GetLimit(), m.GetAfter(), m.GetBefore(), errdefs.ErrInvalidArgument)
 	}
 	return store.EventQuery{Projects: []string{path}, After: m.GetAfter(), Since: timeOf(m.GetSinceUnixMs()),
-		SandboxID: m.GetSandboxId(), Kinds: m.GetKinds(), Limit: min(int(m.GetLimit()), eventPage)}, nil
+		SandboxID: m.GetSandboxId(), Kinds: m.GetKinds(), Limit: min(int(m.GetLimit()), eventPage),
+		Before: m.GetBefore(), NewestFirst: m.GetNewestFirst()}, nil
 }
 
 func eventMsg(e store.Event) *dsecv1.Event {
@@ -281,7 +282,7 @@ func (s *Server) ListEvents(ctx context.Context, req *connect.Request[dsecv1.Lis
 	out := &dsecv1.ListEventsResponse{Next: q.After}
 	for _, e := range evs {
 		out.Events = append(out.Events, eventMsg(e))
-		out.Next = e.ID
+		out.Next = max(out.Next, e.ID)
 	}
 	return connect.NewResponse(out), nil
 }
@@ -294,6 +295,9 @@ func (s *Server) FollowEvents(ctx context.Context, req *connect.Request[dsecv1.L
 	q, err := s.eventQuery(actor(ctx), iam.Op(dsecv1connect.SandboxServiceFollowEventsProcedure), req.Msg)
 	if err != nil {
 		return err
+	}
+	if req.Msg.GetNewestFirst() || req.Msg.GetBefore() > 0 {
+		return fmt.Errorf("follow events: newest_first and before are ListEvents' only: %w", errdefs.ErrInvalidArgument)
 	}
 	left := int(req.Msg.GetLimit()) // 0: no end
 	// The headers go at once, so a client knows it is following.

@@ -286,6 +286,9 @@ type page struct {
 	CSRF      string
 	Nav       string
 	Data      any
+	// Refresh, when set, has the browser load the page again after that
+	// many seconds (a live events page: no JavaScript).
+	Refresh int
 }
 
 func (c *Console) render(w http.ResponseWriter, r *request, code int, name string, data any) {
@@ -297,6 +300,9 @@ func (c *Console) render(w http.ResponseWriter, r *request, code int, name strin
 	p := page{Title: name, Nav: name, Data: data}
 	if r != nil {
 		p = c.frame(r, name, data)
+	}
+	if d, ok := data.(map[string]any); ok {
+		p.Refresh, _ = d["Refresh"].(int)
 	}
 	var b strings.Builder
 	if err := t.ExecuteTemplate(&b, "layout", p); err != nil {

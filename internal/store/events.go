@@ -58,6 +58,10 @@ type EventQuery struct {
 	// set, those kinds only.
 	SandboxID string
 	Kinds     []string
+	// Before, when set, selects IDs below it; NewestFirst returns the
+	// last Limit selected, by ID descending (a console's newest first).
+	Before      int64
+	NewestFirst bool
 	// Limit bounds how many events come back (the first by ID); 0 is
 	// DefaultEventLimit.
 	Limit int
@@ -187,6 +191,14 @@ func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
 			args = append(args, k)
 		}
 	}
+	if q.Before > 0 {
+		cond += ` AND id < ?`
+		args = append(args, q.Before)
+	}
+	order := "id"
+	if q.NewestFirst {
+		order = "id DESC"
+	}
 	limit := q.Limit
 	if limit <= 0 {
 		limit = DefaultEventLimit
@@ -196,7 +208,7 @@ func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
 	err := d.retry(ctx, true, func(ctx context.Context) error {
 		out = nil
 		rows, err := d.db.QueryContext(ctx, d.q(`SELECT id, key, at{ms}, project, sandbox_id, kind, node, reason, message
-			FROM events WHERE `+cond+` ORDER BY id LIMIT ?`), args...)
+			FROM events WHERE `+cond+` ORDER BY `+order+` LIMIT ?`), args...)
 		if err != nil {
 			return err
 		}

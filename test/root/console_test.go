@@ -213,6 +213,41 @@ func TestConsole(t *testing.T) {
 	if code := load("another project's sandbox", chromedp.Navigate(base+"/sandboxes/"+other.GetId())); code != 404 {
 		t.Errorf("another project's sandbox: %d, want 404: %s", code, body())
 	}
+	// The events page: sb1's life newest first (its node's events reach
+	// the store within a pull), not another project's; a sandbox's page
+	// links to its own; followed live, the page reloads itself.
+	var evText string
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		load("events", chromedp.Navigate(base+"/events?sandbox="+sb1.GetId()))
+		if evText = text("#events"); strings.Contains(evText, "deleted") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	kinds := []string{}
+	for _, line := range strings.Split(evText, "\n") {
+		for _, k := range []string{"created", "paused", "resumed", "deleted"} {
+			if strings.Contains(line, sb1.GetId()) && strings.Contains(line, "\t"+k+"\t") {
+				kinds = append(kinds, k)
+			}
+		}
+	}
+	if strings.Join(kinds, ",") != "deleted,resumed,paused,created" {
+		t.Errorf("sb1's events on the events page: %q, want deleted, resumed, paused, created (newest first):\n%s", kinds, evText)
+	}
+	load("all events", chromedp.Navigate(base+"/events"))
+	if all := text("#events"); strings.Contains(all, other.GetId()) || !strings.Contains(all, sb2.GetId()) {
+		t.Errorf("the events page shows another project's sandbox, or not sb2:\n%s", all)
+	}
+	load("sb2's page", chromedp.Navigate(base+"/sandboxes/"+sb2.GetId()))
+	load("sb2's events", chromedp.Click(chromedp.CSS("#sandbox-events")))
+	if evs := text("#events"); !strings.Contains(evs, sb2.GetId()) || strings.Contains(evs, sb1.GetId()) {
+		t.Errorf("sb2's events link shows:\n%s", evs)
+	}
+	load("follow live", chromedp.Click(chromedp.CSS("#live-on")))
+	if !strings.Contains(location(), "live=1") || !strings.Contains(text("#events-live"), "reloads every") {
+		t.Errorf("following live: at %s, %q", location(), text("#events-live"))
+	}
 	for _, p := range []string{"nodes", "pools", "layers", "projects", "events"} {
 		if code := load(p, chromedp.Navigate(base+"/"+p)); code != 200 {
 			t.Errorf("page %s: %d: %s", p, code, body())

@@ -10410,13 +10410,19 @@ func (x *Event) GetMessage() string {
 }
 
 type ListEventsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Project       *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"`                         // and everything under it; unset: the caller's token's project
-	After         int64                  `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`                                  // a cursor: events with a larger id
-	SinceUnixMs   int64                  `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"` // 0: from the first kept
-	SandboxId     string                 `protobuf:"bytes,4,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`          // one sandbox's only
-	Kinds         []string               `protobuf:"bytes,5,rep,name=kinds,proto3" json:"kinds,omitempty"`                                   // these kinds only
-	Limit         int32                  `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`                                  // 0: 1000 (ListEvents' page)
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Project     *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"`                         // and everything under it; unset: the caller's token's project
+	After       int64                  `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`                                  // a cursor: events with a larger id
+	SinceUnixMs int64                  `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"` // 0: from the first kept
+	SandboxId   string                 `protobuf:"bytes,4,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`          // one sandbox's only
+	Kinds       []string               `protobuf:"bytes,5,rep,name=kinds,proto3" json:"kinds,omitempty"`                                   // these kinds only
+	Limit       int32                  `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`                                  // 0: 1000 (ListEvents' page)
+	// ListEvents only: the newest events first (the last limit of those
+	// selected, by id descending), with ids below before when it is set:
+	// a page of the newest, then older pages with before the smallest id
+	// seen. next is then the largest id sent.
+	NewestFirst   bool  `protobuf:"varint,7,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
+	Before        int64 `protobuf:"varint,8,opt,name=before,proto3" json:"before,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -10489,6 +10495,20 @@ func (x *ListEventsRequest) GetKinds() []string {
 func (x *ListEventsRequest) GetLimit() int32 {
 	if x != nil {
 		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListEventsRequest) GetNewestFirst() bool {
+	if x != nil {
+		return x.NewestFirst
+	}
+	return false
+}
+
+func (x *ListEventsRequest) GetBefore() int64 {
+	if x != nil {
+		return x.Before
 	}
 	return 0
 }
@@ -11840,7 +11860,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x04kind\x18\x06 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04node\x18\a \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\b \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\xc3\x01\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\xfe\x01\n" +
 	"\x11ListEventsRequest\x12\x1d\n" +
 	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x14\n" +
 	"\x05after\x18\x02 \x01(\x03R\x05after\x12\"\n" +
@@ -11848,7 +11868,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x04 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05kinds\x18\x05 \x03(\tR\x05kinds\x12\x14\n" +
-	"\x05limit\x18\x06 \x01(\x05R\x05limitB\n" +
+	"\x05limit\x18\x06 \x01(\x05R\x05limit\x12!\n" +
+	"\fnewest_first\x18\a \x01(\bR\vnewestFirst\x12\x16\n" +
+	"\x06before\x18\b \x01(\x03R\x06beforeB\n" +
 	"\n" +
 	"\b_project\"P\n" +
 	"\x12ListEventsResponse\x12&\n" +
