@@ -21,6 +21,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/testutil"
 )
@@ -102,12 +103,22 @@ func live(t *testing.T, c *testutil.Cluster, i int) map[string]bool {
 // creates up and the clients retry elsewhere (keyed) or take the error
 // (unkeyed). Once the edge thaws it makes the sandboxes it was asked for;
 // reconciliation reaps them, so the sandboxes on all edges are exactly the
-// ones acknowledged to clients.
+// ones acknowledged to clients; and the root's quota (limited, so every
+// create is charged) comes back to what lives, none of it held (issue 31:
+// an edge dying mid-create is reconciled).
 func TestStoppedEdgeLeaksNothing(t *testing.T) {
 	pg := testutil.StartPostgres(t)
 	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg, Registry: true,
 		EdgeArgs:      []string{"--runtime", "fake", "--hollow-max-sandboxes", "2000", "--hollow-start-delay", "300ms"},
 		APIServerArgs: []string{"--reconcile-interval", "1s"}})
+	st, err := store.Open(context.Background(), pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.SetLimit(context.Background(), iam.NodeAdmin(), "", store.Sandboxes, 1_000_000); err != nil {
+		t.Fatal(err)
+	}
 	cl := c.ClientAll()
 	e1 := edgeClient(t, c, 0)
 	const clientWait = 3 * time.Second // shorter than the freeze
@@ -212,6 +223,23 @@ func TestStoppedEdgeLeaksNothing(t *testing.T) {
 		if !got[id] {
 			t.Errorf("acknowledged sandbox %s is gone (lost)", id)
 		}
+	}
+	rootUse := func() int64 {
+		qs, err := st.Quota(context.Background(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return qs[0].Used[store.Sandboxes]
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		u, h := rootUse(), held(t, st, "")
+		if u == int64(len(got)) && h == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the root's use is %d sandboxes (%d held) with %d live, 30 s after the burst", u, h, len(got))
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	reaped := metricSum(t, c.APIServers, "dsec_reconcile_sandboxes_reaped_total")
 	doubts := metricSum(t, c.APIServers, "dsec_reconcile_doubts_recorded_total")
