@@ -367,6 +367,15 @@ func (ls *layerService) RemoveLayer(ctx context.Context, req *connect.Request[ds
 		return nil, err
 	}
 	resp, err := ls.removeLayer(ctx, req)
+	if errors.Is(err, errdefs.ErrNotFound) && !strings.HasPrefix(objectName(req.Msg.GetRef()), "sha256:") {
+		// No node holds the name (its node was replaced, or it was
+		// removed there): only its record is left, which would keep its
+		// charge and its project in use for ever.
+		if _, found, oerr := ls.s.object(ctx, objectName(req.Msg.GetRef())); oerr == nil && found {
+			ls.s.log.Info("no node holds the name: its record goes", "name", objectName(req.Msg.GetRef()))
+			resp, err = connect.NewResponse(&dsecv1.RemoveLayerResponse{}), nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

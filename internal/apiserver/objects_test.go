@@ -688,6 +688,29 @@ func testObjectBlobsCharged(t *testing.T, r *objectRig) {
 	if got, want := imageOf("py:b"), []string{digestOf("blob:base"), digestOf("blob:c")}; !slices.Equal(got, sortedCopy(want)) {
 		t.Fatalf("py:b after the overwrite is made of %v, want %v", got, want)
 	}
+	// A name no node holds any more (its node was replaced) is removed
+	// all the same: its record goes and its bytes are given back, where
+	// before the removal answered NotFound and the charge stayed.
+	r.layers.mu.Lock()
+	for name, l := range r.layers.layers {
+		if strings.HasPrefix(name, "blob:") && slices.Contains(l.Images, "py:b") {
+			delete(r.layers.layers, name)
+		}
+	}
+	r.layers.mu.Unlock()
+	if err := builder.RemoveLayer(ctx, "py:b"); err != nil {
+		t.Fatalf("remove py:b, which no node holds: %v", err)
+	}
+	if _, err := r.st.Object(ctx, "py:b"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("py:b's record after its removal: %v", err)
+	}
+	if n := used(); n != 0 {
+		t.Fatalf("build's layer_bytes %d once py:b is removed, want 0", n)
+	}
+	if err := builder.RemoveLayer(ctx, "py:b"); !errors.Is(err, dsec.ErrNotFound) {
+		t.Fatalf("remove py:b again: %v, want not found", err)
+	}
+
 	// No caller names a staging ref.
 	if _, err := builder.ImportLayer(ctx, stagingPrefix+"x:1", dsecv1.LayerKind_LAYER_KIND_WORKSPACE, "/x", nil); !errors.Is(err, dsec.ErrInvalidArgument) {
 		t.Fatalf("import under a staging ref: %v, want invalid argument", err)
