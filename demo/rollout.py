@@ -121,7 +121,8 @@ SYSTEMS_LABELS = {"job": "dsec-demo", "batch": "systems"}
 # Rollouts are best-effort work: under SCHED_IDLE (docs/qos.md) they take
 # only the CPU nothing latency-sensitive wants, here the clean rooms that
 # grade them, which run at the latency class since the trainer waits on
-# their rewards.
+# their rewards. --qos latency runs them at the latency class too: on a
+# machine busy with other work, best-effort rollouts wait for all of it.
 SHAPE = {"memory_mb": 256, "cpus": 0.5, "qos": "best_effort"}
 
 
@@ -263,7 +264,10 @@ async def main():
     ap.add_argument("--systems", type=int, default=4, help="rollouts of the systems batch")
     ap.add_argument("--systems-concurrency", type=int, default=2,
                     help="microVMs alive at once (each boot takes a core for seconds under TCG)")
+    ap.add_argument("--qos", choices=["best_effort", "latency"], default="best_effort",
+                    help="CPU class of the rollouts, both batches (the clean rooms grading them are latency)")
     args = ap.parse_args()
+    SHAPE["qos"] = systems_batch.VM_SHAPE["qos"] = args.qos
 
     async with AsyncClient(args.addr) as client:
         await client.reap(labels={"job": "dsec-demo"})  # orphans of an interrupted earlier run
