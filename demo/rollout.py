@@ -18,6 +18,12 @@ of the batch by label, which freezes them and releases their memory, and
 resumes them a moment later; rollouts caught mid-command carry on where
 they were.
 
+The trainer follows the project's lifecycle events as they come (dsec's
+FollowEvents, docs/events.md), as a real one would to learn of a sandbox
+OOM-killed, expired by its TTL or lost with its node without polling each
+one, and reports them at the end: each kind counted, every failure and
+expiry with its reason.
+
 With --systems-env, a batch of systems tasks runs beside the coding batch,
 in microVMs: tasks a container forbids (a network namespace with a veth
 pair and nftables rules, a tmpfs and a loop file system, kernel modules),
@@ -146,7 +152,7 @@ async def rollout(client, args, i, progress, sem):
     name = os.path.basename(patch_path)[: -len(".patch")]
     row = {"rollout": i, "patch": name, "applied": False, "passed": 0, "total": 0, "reward": 0.0,
            "create_ms": 0.0, "score_ms": 0.0, "grade_ms": {}, "warm": False, "node": "", "exec_ms": [], "error": "", "note": "",
-           "masked": ""}
+           "masked": "", "sandbox": ""}
     async with sem:
         progress.started += 1
         t0 = time.monotonic()
@@ -162,6 +168,7 @@ async def rollout(client, args, i, progress, sem):
         row["create_ms"] = (time.monotonic() - t0) * 1000
         row["warm"] = sb.from_warm_pool
         row["node"] = sb.node
+        row["sandbox"] = sb.id
         try:
             async def run(cmd, timeout=60):
                 t = time.monotonic()
@@ -247,6 +254,54 @@ async def preempt(client, progress, args, report, systems_state):
     report["t1"] = time.monotonic()
 
 
+async def follow_events(client, since, seen, problems):
+    """Collect the project's lifecycle events from since on, as they are
+    stored, until cancelled: the trainer learns of failures and expiries
+    (with their reasons) from the stream instead of polling sandboxes."""
+    try:
+        async for ev in client.follow_events(since=since):
+            seen.append(ev)
+    except libdsec.DsecError as exc:
+        problems.append(str(exc))
+
+
+async def stop_following(task, seen, rows):
+    """Wait (a few seconds at most) until the stream brought every
+    rollout's delete (its node saw it; the store has it about 0.3 s later),
+    then stop following."""
+    ours = {r["sandbox"] for r in rows if r["sandbox"]}
+    deadline = time.monotonic() + 5
+    while not task.done() and time.monotonic() < deadline:
+        if ours <= {e.sandbox_id for e in seen if e.kind == "deleted"}:
+            break
+        await asyncio.sleep(0.1)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
+def print_events(seen, problems, rows):
+    """The events the trainer followed: each kind counted, the batch's own
+    sandboxes apart, and every failure and expiry with its reason."""
+    if problems:
+        print(f"events: not followed ({problems[0]})")
+        return
+    kinds = collections.Counter(e.kind for e in seen)
+    ours = {r["sandbox"] for r in rows if r["sandbox"]}
+    mine = collections.Counter(e.kind for e in seen if e.sandbox_id in ours)
+    order = ["created", "paused", "resumed", "phase_ended", "forked", "snapshot", "deleted", "expired", "failed"]
+    fmt = lambda c: ", ".join(f"{k} {c[k]}" for k in order if c[k]) or "none"
+    print(f"events, followed as they came: {fmt(kinds)} "
+          f"(the rollouts' own {len(ours)} sandboxes: {fmt(mine)}; the rest: clean rooms, microVMs)")
+    bad = [e for e in seen if e.kind in ("failed", "expired")]
+    if not bad:
+        print("  no sandbox failed or expired")
+    for e in bad[:10]:
+        print(f"  {e.kind} {e.sandbox_id} ({e.reason}): {e.message}")
+
+
 async def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", required=True, help="BASE[+LAYER...] environment")
@@ -254,7 +309,7 @@ async def main():
     ap.add_argument("--concurrency", type=int, default=32, help="sandboxes alive at once")
     ap.add_argument("--addr", default=None, help="dsecd address (default $DSEC_ADDR)")
     ap.add_argument("--json", action="store_true",
-                    help='print the rows as JSON at the end: {"coding": rows, "systems": report or null}')
+                    help='print the rows as JSON at the end: {"coding": rows, "systems": report or null, "events": {kind: count}}')
     ap.add_argument("--warm-pool", type=int, default=8,
                     help="sandboxes of the rollouts' shape kept started beforehand (0: none)")
     ap.add_argument("--no-preempt", action="store_true",
@@ -271,6 +326,8 @@ async def main():
 
     async with AsyncClient(args.addr) as client:
         await client.reap(labels={"job": "dsec-demo"})  # orphans of an interrupted earlier run
+        seen, problems = [], []
+        events_task = asyncio.create_task(follow_events(client, time.time() - 1, seen, problems))
         if args.warm_pool > 0:
             await fill_warm_pool(client, args)
         try:
@@ -308,6 +365,7 @@ async def main():
             if args.warm_pool > 0:
                 await client.set_warm_pool(args.env, 0, **SHAPE)
         left = await client.list(labels={"job": "dsec-demo"}, states=["running", "creating"])
+        await stop_following(events_task, seen, rows)
     print()
     print()
     print(f"{'#':>3}  {'patch':<22} {'applied':<8} {'tests':>7}  {'reward':>6}  {'create':>8}  note")
@@ -354,12 +412,14 @@ async def main():
               f"{pre['released_mib']:.0f} MiB; {pre['resumed']} resumed in {pre['resume_s']:.2f}s, and their rollouts carried on")
     print(f"{len(rows)} rollouts in {wall:.1f}s; errors: {sum(1 for r in rows if r['error'])}; "
           f"sandboxes left running: {len(left)}")
+    print_events(seen, problems, rows)
     sys_errors = False
     if systems is not None:
         systems_batch.print_report(systems, pct)
         sys_errors = any(r["error"] for r in systems["rows"])
     if args.json:
-        print(json.dumps({"coding": rows, "systems": systems}))
+        print(json.dumps({"coding": rows, "systems": systems,
+                          "events": dict(collections.Counter(e.kind for e in seen))}))
     return 1 if any(r["error"] for r in rows) or left or sys_errors else 0
 
 

@@ -19,7 +19,9 @@ import (
 // the coding batch in containers and, where the node has QEMU and the guest
 // kernel (always under DSEC_TEST_ROOT=1), the systems batch beside it in
 // four microVMs, whose tasks a container refuses; the preemption pauses
-// both batches, the microVMs to disk, and no rollout fails of it.
+// both batches, the microVMs to disk, and no rollout fails of it; the
+// trainer follows the lifecycle events and sees every rollout's create,
+// delete, pause and resume.
 func TestDemoRollouts(t *testing.T) {
 	testutil.RequireCommand(t, "debootstrap")
 	python := testutil.RequireCommand(t, "python3")
@@ -87,6 +89,7 @@ func TestDemoRollouts(t *testing.T) {
 			Warm   bool    `json:"warm"`
 		} `json:"coding"`
 		Systems *systemsReport `json:"systems"`
+		Events  map[string]int `json:"events"`
 	}
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &report); err != nil {
 		t.Fatalf("rollout JSON: %v\n%s", err, out)
@@ -117,6 +120,11 @@ func TestDemoRollouts(t *testing.T) {
 	// rollouts caught mid-command carry on (no errors above).
 	if !regexp.MustCompile(`preemption: [1-9][0-9]* sandboxes paused( \(.*\))? in .* resumed in`).Match(out) {
 		t.Errorf("the demo did not pause and resume its batch:\n%s", out)
+	}
+	// The trainer followed the batch's lifecycle events as they came: every
+	// rollout's create and delete, the preemption's pauses and resumes.
+	if ev := report.Events; ev["created"] < 12 || ev["deleted"] < 12 || ev["paused"] < 1 || ev["resumed"] < 1 || ev["failed"] > 0 {
+		t.Errorf("the events the demo followed: %v, want at least 12 created and deleted, pauses and resumes, no failure\n%s", ev, out)
 	}
 	// The demo fills a warm pool of 8 before its 12 rollouts start.
 	if warm == 0 {
