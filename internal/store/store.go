@@ -13,7 +13,8 @@
 //     trail of management calls (package iam holds the rules they follow);
 //   - the project each layer, image, snapshot and warm pool belongs to, the
 //     bytes charged for it, and the projects it is shared with;
-//   - the sandboxes' lifecycle events, by project, read by cursor.
+//   - the sandboxes' lifecycle events, by project, read by cursor;
+//   - the cost ledger: what each sandbox used, by project and labels.
 //
 // Store is the pluggable backend interface. Open picks an implementation by
 // its DSN: SQLite (one file, what the all-in-one dsecd uses under its root)
@@ -167,6 +168,8 @@ type Store interface {
 	Events
 	EventPulls
 	Webhooks
+	// The cost ledger (usage.go).
+	Ledger
 
 	// Close releases the store's connections.
 	Close() error

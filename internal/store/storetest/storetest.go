@@ -68,6 +68,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	tests = append(tests, iamCases...)
 	tests = append(tests, holdCases...)
 	tests = append(tests, eventCases...)
+	tests = append(tests, usageCases...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.fn(t, open(t))
@@ -94,6 +95,7 @@ func RunReplicas(t *testing.T, open func(t *testing.T) (a, b store.Store)) {
 	tests = append(tests, iamReplicaCases...)
 	tests = append(tests, holdReplicaCases...)
 	tests = append(tests, eventReplicaCases...)
+	tests = append(tests, usageReplicaCases...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := open(t)

@@ -1,0 +1,141 @@
+package storetest
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/store"
+)
+
+// usageCases are the conformance cases of the cost ledger.
+var usageCases = []struct {
+	name string
+	fn   func(t *testing.T, st store.Store)
+}{
+	{"Usage", testUsage},
+	{"UsageExpire", testUsageExpire},
+}
+
+// usageReplicaCases need two Stores on one database.
+var usageReplicaCases = []struct {
+	name string
+	fn   func(t *testing.T, a, b store.Store)
+}{
+	{"UsageTwoWriters", testReplicasUsage},
+}
+
+func usageRow(id, project string, labels map[string]string, started, ended time.Time, cpu int64) store.UsageRow {
+	return store.UsageRow{Key: id, SandboxID: id, Project: project, Labels: labels, Node: "n1", Started: started, Ended: ended,
+		Updated: started, Usage: store.Usage{CPUUsec: cpu, MemoryGiBSec: float64(cpu) / 1e6, DiskGiBHours: 0.5, DiskPeakBytes: cpu,
+			SnapshotBytes: 10, EgressBytes: 100, FnCallCalls: 0}}
+}
+
+func sumsOf(t *testing.T, st store.Store, q store.UsageQuery) map[string]store.Usage {
+	t.Helper()
+	sums, err := st.SumUsage(t.Context(), q)
+	must(t, "SumUsage", err)
+	out := map[string]store.Usage{}
+	for i, s := range sums {
+		if i > 0 && sums[i-1].Key >= s.Key {
+			t.Fatalf("SumUsage: keys out of order: %q then %q", sums[i-1].Key, s.Key)
+		}
+		out[s.Key] = s.Usage
+	}
+	return out
+}
+
+// testUsage: rows sum by project subtree, sandbox, node and label over a
+// window; a report put again, or an older one after a newer, changes
+// nothing; an end stays.
+func testUsage(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	t0 := ms(time.Now().Add(-time.Hour))
+	run1 := map[string]string{"run": "r1", "task": "t1"}
+	run2 := map[string]string{"run": "r2", "task": "t1"}
+	must(t, "PutUsage", st.PutUsage(ctx,
+		usageRow("sb-1", "a", run1, t0, t0.Add(time.Minute), 1_000_000),
+		usageRow("sb-2", "a/b", run1, t0, time.Time{}, 2_000_000),
+		usageRow("sb-3", "ab", run2, t0.Add(30*time.Minute), time.Time{}, 4_000_000),
+		store.UsageRow{Key: "fncall/api-1/a", Project: "a", Started: t0, Updated: t0, Usage: store.Usage{FnCallCalls: 7}},
+	))
+	// sb-1 again, older (less CPU, no end): nothing moves back.
+	old := usageRow("sb-1", "a", run1, t0, time.Time{}, 500_000)
+	must(t, "PutUsage again", st.PutUsage(ctx, old))
+	all := sumsOf(t, st, store.UsageQuery{})
+	if got := all["a"]; got.CPUUsec != 1_000_000 || got.Sandboxes != 1 || got.FnCallCalls != 7 || got.EgressBytes != 100 {
+		t.Fatalf("project a: %+v, want 1 s of CPU, one sandbox, 7 FnCall calls, 100 egress bytes", got)
+	}
+	by := sumsOf(t, st, store.UsageQuery{Projects: []string{"a"}, By: "label:run"})
+	if len(by) != 2 || by["r1"].CPUUsec != 3_000_000 || by["r1"].Sandboxes != 2 || by[""].FnCallCalls != 7 {
+		t.Fatalf("project a by run: %+v", by)
+	}
+	if got := by["r1"].MemoryGiBSec; math.Abs(got-3) > 1e-9 {
+		t.Fatalf("r1's memory: %v GiB-s, want 3", got)
+	}
+	task := sumsOf(t, st, store.UsageQuery{By: "label:task"})
+	if task["t1"].CPUUsec != 7_000_000 || task["t1"].SnapshotBytes != 30 || task["t1"].DiskGiBHours != 1.5 {
+		t.Fatalf("by task: %+v", task)
+	}
+	sbs := sumsOf(t, st, store.UsageQuery{By: "sandbox"})
+	if len(sbs) != 4 || sbs["sb-3"].CPUUsec != 4_000_000 {
+		t.Fatalf("by sandbox: %+v", sbs)
+	}
+	// sb-1 ended before the window: out; sb-3 started after its end: out.
+	win := sumsOf(t, st, store.UsageQuery{Since: t0.Add(2 * time.Minute), Until: t0.Add(10 * time.Minute), By: "sandbox"})
+	if len(win) != 2 || win["sb-2"].CPUUsec == 0 || win[""].FnCallCalls != 7 {
+		t.Fatalf("window: %+v, want sb-2 and the FnCall counter", win)
+	}
+	if n := sumsOf(t, st, store.UsageQuery{Projects: []string{"ab"}}); len(n) != 1 || n["ab"].CPUUsec != 4_000_000 {
+		t.Fatalf("project ab: %+v", n)
+	}
+	_, err := st.SumUsage(ctx, store.UsageQuery{By: "colour"})
+	wantKind(t, "SumUsage by an unknown grouping", err, errdefs.ErrInvalidArgument)
+	_, err = st.SumUsage(ctx, store.UsageQuery{Projects: []string{"../x"}})
+	wantKind(t, "SumUsage of a bad path", err, errdefs.ErrInvalidArgument)
+	wantKind(t, "PutUsage without a key", st.PutUsage(ctx, store.UsageRow{SandboxID: "x"}), errdefs.ErrInvalidArgument)
+}
+
+// testUsageExpire: rows of sandboxes that ended before the cut go, live
+// ones stay whatever their age.
+func testUsageExpire(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	t0 := ms(time.Now().Add(-48 * time.Hour))
+	must(t, "PutUsage", st.PutUsage(ctx,
+		usageRow("sb-old", "a", nil, t0, t0.Add(time.Hour), 1),
+		usageRow("sb-live", "a", nil, t0, time.Time{}, 2),
+		usageRow("sb-new", "a", nil, t0, time.Now(), 4),
+	))
+	n, err := st.ExpireUsage(ctx, time.Now().Add(-24*time.Hour))
+	must(t, "ExpireUsage", err)
+	if n != 1 {
+		t.Fatalf("ExpireUsage removed %d rows, want 1", n)
+	}
+	left := sumsOf(t, st, store.UsageQuery{By: "sandbox"})
+	if _, ok := left["sb-old"]; ok || len(left) != 2 {
+		t.Fatalf("after expiry: %+v", left)
+	}
+}
+
+// testReplicasUsage: two stores putting the same sandbox's reports in
+// either order keep the largest figures.
+func testReplicasUsage(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	t0 := ms(time.Now())
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		for i := int64(1); i <= 20 && err == nil; i++ {
+			err = a.PutUsage(ctx, usageRow("sb-r", "p", nil, t0, time.Time{}, i*2))
+		}
+		done <- err
+	}()
+	for i := int64(1); i <= 20; i++ {
+		must(t, "PutUsage on b", b.PutUsage(ctx, usageRow("sb-r", "p", nil, t0, time.Time{}, i*2-1)))
+	}
+	must(t, "PutUsage on a", <-done)
+	if got := sumsOf(t, a, store.UsageQuery{})["p"]; got.CPUUsec != 40 {
+		t.Fatalf("CPU after both: %d, want 40", got.CPUUsec)
+	}
+}

@@ -1,0 +1,274 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
+)
+
+// Ledger is the cost ledger: what each sandbox used (CPU, memory, disk,
+// snapshots, egress) and the FnCall calls each project made, by project
+// and labels, kept after the sandbox is gone until the retention expires
+// it (docs/usage.md).
+type Ledger interface {
+	// PutUsage stores usage rows in one transaction. The figures of a row
+	// are cumulative: a row whose key is stored already keeps, for each
+	// figure, the larger of the two (and the earlier start, the later
+	// end), so a report stored twice, or an older one stored after a newer
+	// one, changes nothing. Project, labels and node are the last put's.
+	PutUsage(ctx context.Context, rows ...UsageRow) error
+	// SumUsage adds up the rows q selects by group (UsageBy), in key order.
+	SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error)
+	// ExpireUsage forgets the rows of sandboxes that ended before
+	// olderThan (and counters not updated since), returning how many.
+	ExpireUsage(ctx context.Context, olderThan time.Time) (int, error)
+}
+
+// UsageRow is what one sandbox used over its life so far, or (Key
+// "fncall/...", no SandboxID) the FnCall calls one apiserver ran for a
+// project.
+type UsageRow struct {
+	Key       string            `json:"key"`
+	SandboxID string            `json:"sandbox_id,omitempty"`
+	Project   string            `json:"project"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Node      string            `json:"node,omitempty"`
+	Started   time.Time         `json:"started"`
+	Ended     time.Time         `json:"ended"` // zero while it lives
+	Updated   time.Time         `json:"updated"`
+	Usage
+}
+
+// Usage is the ledger's figures.
+type Usage struct {
+	CPUUsec       int64   `json:"cpu_usec"`
+	MemoryGiBSec  float64 `json:"memory_gib_seconds"`
+	DiskGiBHours  float64 `json:"disk_gib_hours"`
+	DiskPeakBytes int64   `json:"disk_peak_bytes"` // the writable layer's largest size seen
+	SnapshotBytes int64   `json:"snapshot_bytes"`
+	EgressBytes   int64   `json:"egress_bytes"`
+	FnCallCalls   int64   `json:"fncall_calls"`
+	Sandboxes     int64   `json:"sandboxes"`
+}
+
+// Add adds o's figures to u (DiskPeakBytes: the larger).
+func (u *Usage) Add(o Usage) {
+	u.CPUUsec += o.CPUUsec
+	u.MemoryGiBSec += o.MemoryGiBSec
+	u.DiskGiBHours += o.DiskGiBHours
+	u.DiskPeakBytes = max(u.DiskPeakBytes, o.DiskPeakBytes)
+	u.SnapshotBytes += o.SnapshotBytes
+	u.EgressBytes += o.EgressBytes
+	u.FnCallCalls += o.FnCallCalls
+	u.Sandboxes += o.Sandboxes
+}
+
+// UsageQuery selects ledger rows and how to group them.
+type UsageQuery struct {
+	// Projects are paths, each selecting the project and everything under
+	// it; none, or the root (""), selects every project.
+	Projects []string
+	// Since and Until select the rows whose life overlaps [Since, Until)
+	// (a zero bound is open): a sandbox alive in the window counts whole.
+	Since, Until time.Time
+	// By groups the sums: "project" (the default), "sandbox", "node" or
+	// "label:KEY" (rows without the label sum under "").
+	By string
+}
+
+// UsageSum is the figures of one group.
+type UsageSum struct {
+	Key string `json:"key"`
+	Usage
+}
+
+// CheckUsageBy refuses a grouping SumUsage does not know.
+func CheckUsageBy(by string) error {
+	switch {
+	case by == "", by == "project", by == "sandbox", by == "node":
+		return nil
+	case strings.HasPrefix(by, "label:") && len(by) > len("label:"):
+		return nil
+	}
+	return fmt.Errorf("group usage by %q: want project, sandbox, node or label:KEY: %w", by, errdefs.ErrInvalidArgument)
+}
+
+// usageBatch is how many rows one INSERT takes (15 parameters each).
+const usageBatch = 50
+
+func (d *sqlDB) PutUsage(ctx context.Context, rows ...UsageRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	for _, r := range rows {
+		if r.Key == "" {
+			return fmt.Errorf("put usage of sandbox %s: a key is required: %w", r.SandboxID, errdefs.ErrInvalidArgument)
+		}
+	}
+	greatest, least := "GREATEST", "LEAST"
+	if d.dialect == dialectSQLite {
+		greatest, least = "max", "min"
+	}
+	// An end stays once set; the later of two ends wins.
+	endExpr := `CASE WHEN ledger.ended{ms} IS NULL THEN excluded.ended{ms} WHEN excluded.ended{ms} IS NULL THEN ledger.ended{ms} ELSE ` + greatest + `(ledger.ended{ms}, excluded.ended{ms}) END`
+	set := []string{
+		"sandbox_id = excluded.sandbox_id", "project = excluded.project", "labels = excluded.labels", "node = excluded.node",
+		"started{ms} = " + least + "(ledger.started{ms}, excluded.started{ms})",
+		"ended{ms} = " + endExpr,
+		"updated{ms} = " + greatest + "(ledger.updated{ms}, excluded.updated{ms})",
+	}
+	for _, c := range []string{"cpu_usec", "memory_gib_s", "disk_gib_h", "disk_peak_bytes", "snapshot_bytes", "egress_bytes", "fncall_calls"} {
+		set = append(set, c+" = "+greatest+"(ledger."+c+", excluded."+c+")")
+	}
+	tail := ` ON CONFLICT (key) DO UPDATE SET ` + strings.Join(set, ", ")
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		for rest := rows; len(rest) > 0; {
+			n := min(len(rest), usageBatch)
+			batch := rest[:n]
+			rest = rest[n:]
+			var sb strings.Builder
+			sb.WriteString(`INSERT INTO ledger (key, sandbox_id, project, labels, node, started{ms}, ended{ms}, updated{ms}, cpu_usec, memory_gib_s,
+				disk_gib_h, disk_peak_bytes, snapshot_bytes, egress_bytes, fncall_calls) VALUES `)
+			args := make([]any, 0, 15*n)
+			for i, r := range batch {
+				if i > 0 {
+					sb.WriteString(", ")
+				}
+				sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+				labels, err := json.Marshal(r.Labels)
+				if err != nil {
+					return err
+				}
+				args = append(args, r.Key, r.SandboxID, r.Project, string(labels), r.Node, d.ts(nowOr(r.Started)), d.ts(r.Ended), d.ts(nowOr(r.Updated)),
+					r.CPUUsec, r.MemoryGiBSec, r.DiskGiBHours, r.DiskPeakBytes, r.SnapshotBytes, r.EgressBytes, r.FnCallCalls)
+			}
+			sb.WriteString(tail)
+			if _, err := tx.ExecContext(ctx, d.q(sb.String()), args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return d.fail(fmt.Sprintf("put %d usage rows", len(rows)), err)
+	}
+	return nil
+}
+
+func (d *sqlDB) SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error) {
+	if err := CheckUsageBy(q.By); err != nil {
+		return nil, err
+	}
+	var conds []string
+	var args []any
+	var subtrees []string
+	all := len(q.Projects) == 0
+	for _, p := range q.Projects {
+		path, err := iam.CleanPath(p)
+		if err != nil {
+			return nil, err
+		}
+		if path == "" {
+			all = true
+			break
+		}
+		subtrees = append(subtrees, `(project = ? OR (project >= ? AND project < ?))`)
+		args = append(args, path, path+"/", path+"0")
+	}
+	if all {
+		subtrees, args = nil, nil
+	} else {
+		conds = append(conds, `(`+strings.Join(subtrees, " OR ")+`)`)
+	}
+	if !q.Since.IsZero() {
+		conds = append(conds, `(ended{ms} IS NULL OR ended{ms} >= ?)`)
+		args = append(args, d.ts(q.Since))
+	}
+	if !q.Until.IsZero() {
+		conds = append(conds, `started{ms} < ?`)
+		args = append(args, d.ts(q.Until))
+	}
+	where := ""
+	if len(conds) > 0 {
+		where = ` WHERE ` + strings.Join(conds, " AND ")
+	}
+	label, byLabel := strings.CutPrefix(q.By, "label:")
+	var sums map[string]*UsageSum
+	err := d.retry(ctx, true, func(ctx context.Context) error {
+		sums = map[string]*UsageSum{}
+		rows, err := d.db.QueryContext(ctx, d.q(`SELECT sandbox_id, project, labels, node, cpu_usec, memory_gib_s, disk_gib_h, disk_peak_bytes,
+			snapshot_bytes, egress_bytes, fncall_calls FROM ledger`+where), args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var sbID, project, labels, node string
+			var u Usage
+			if err := rows.Scan(&sbID, &project, &labels, &node, &u.CPUUsec, &u.MemoryGiBSec, &u.DiskGiBHours, &u.DiskPeakBytes,
+				&u.SnapshotBytes, &u.EgressBytes, &u.FnCallCalls); err != nil {
+				return err
+			}
+			if sbID != "" {
+				u.Sandboxes = 1
+			}
+			var key string
+			switch {
+			case byLabel:
+				var m map[string]string
+				if labels != "" && labels != "null" {
+					if err := json.Unmarshal([]byte(labels), &m); err != nil {
+						return fmt.Errorf("labels of sandbox %s: %w", sbID, err)
+					}
+				}
+				key = m[label]
+			case q.By == "sandbox":
+				key = sbID
+			case q.By == "node":
+				key = node
+			default:
+				key = project
+			}
+			s := sums[key]
+			if s == nil {
+				s = &UsageSum{Key: key}
+				sums[key] = s
+			}
+			s.Add(u)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, d.fail("sum usage", err)
+	}
+	out := make([]UsageSum, 0, len(sums))
+	for _, s := range sums {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+func (d *sqlDB) ExpireUsage(ctx context.Context, olderThan time.Time) (int, error) {
+	var n int64
+	err := d.retry(ctx, true, func(ctx context.Context) error {
+		res, err := d.db.ExecContext(ctx, d.q(`DELETE FROM ledger WHERE (ended{ms} IS NOT NULL AND ended{ms} < ?) OR (sandbox_id = '' AND updated{ms} < ?)`),
+			d.ts(olderThan), d.ts(olderThan))
+		if err != nil {
+			return err
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	if err != nil {
+		return 0, d.fail("expire usage", err)
+	}
+	return int(n), nil
+}
