@@ -42,6 +42,9 @@ const (
 	// followPoll is how often a follower reads the store when this
 	// apiserver stored nothing meanwhile (another may have).
 	followPoll = time.Second
+	// callFlushEvery is how often an apiserver writes its FnCall counters
+	// when they changed (usage.go).
+	callFlushEvery = 5 * time.Second
 )
 
 // EventStore is what the apiserver needs of the store for events.
@@ -90,7 +93,8 @@ func (e *eventState) wake() {
 // stopped (at once: it hands them back) or died (when the leases lapse),
 // and resumes at their cursors.
 func (s *Server) RunEvents(ctx context.Context) {
-	if s.cfg.Events == nil || s.cfg.EventsOff {
+	// The ledger rides on the pull (usage.go): with events off it still runs for it.
+	if s.cfg.Events == nil || s.cfg.EventsOff && s.cfg.Ledger == nil {
 		return
 	}
 	owner := s.cfg.Name + "/" + randomHex(6)
@@ -103,12 +107,17 @@ func (s *Server) RunEvents(ctx context.Context) {
 	var claimed time.Time
 	t := time.NewTicker(eventPullEvery)
 	defer t.Stop()
+	flushed := time.Now()
 	for {
 		if time.Since(claimed) >= eventClaimEvery {
 			claimed = time.Now()
 			s.claimEventPulls(ctx, owner, held)
 		}
 		s.pullEvents(ctx, owner, held)
+		if time.Since(flushed) >= callFlushEvery {
+			s.flushCalls(ctx)
+			flushed = time.Now()
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -153,7 +162,10 @@ func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]s
 		if !ok || !n.Healthy || n.Edge == nil {
 			continue
 		}
-		if st := n.Status; c.Epoch != "" && st != nil && st.GetEventEpoch() == c.Epoch && st.GetEventSeq() <= c.Seq {
+		st, u := n.Status, s.usage.cursor(n.Name)
+		eventsNew := !s.cfg.EventsOff && (c.Epoch == "" || st == nil || st.GetEventEpoch() != c.Epoch || st.GetEventSeq() > c.Seq)
+		usageNew := s.cfg.Ledger != nil && (st == nil || st.GetUsageEpoch() != u.epoch || st.GetUsageSeq() > u.seq)
+		if !eventsNew && !usageNew {
 			continue
 		}
 		c, ok = s.pullNode(ctx, owner, n.Edge, c)
@@ -172,13 +184,19 @@ func (s *Server) pullNode(ctx context.Context, owner string, edge Edge, c store.
 	for {
 		cctx, cancel := context.WithTimeout(ctx, eventPullTimeout)
 		s.events.pulls.Add(1)
-		resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage}))
+		u := s.usage.cursor(c.Node)
+		resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage,
+			UsageEpoch: u.epoch, UsageAfter: u.seq}))
 		cancel()
 		if err != nil {
 			s.log.Debug("pull events", "node", c.Node, "err", err)
 			return c, true
 		}
 		m := resp.Msg
+		// The ledger's records ride on the pull (usage.go): one write.
+		if s.storeUsage(ctx, c.Node, m.GetUsage()) {
+			s.usage.setCursor(c.Node, usageCursor{epoch: m.GetUsageEpoch(), seq: m.GetUsageNext()})
+		}
 		if n := m.GetLost(); n > 0 {
 			s.events.lost.Add(int64(n))
 			s.log.Warn("events lost: the node no longer keeps them", "node", c.Node, "lost", n)
@@ -190,7 +208,7 @@ func (s *Server) pullNode(ctx context.Context, owner string, edge Edge, c store.
 		}
 		next := c
 		next.Epoch, next.Seq = m.GetEpoch(), m.GetNext()
-		if len(evs) == 0 && next.Epoch == c.Epoch && next.Seq == c.Seq {
+		if s.cfg.EventsOff || len(evs) == 0 && next.Epoch == c.Epoch && next.Seq == c.Seq {
 			return c, true
 		}
 		added, err := s.cfg.Events.PullEvents(ctx, owner, next, evs...)

@@ -129,6 +129,7 @@ func (f *fnService) runCode(ctx context.Context, req *dsecv1.RunCodeRequest) (*d
 		c.Add(-1)
 		if err == nil {
 			out = resp.Msg
+			f.s.usage.countCall(callerProject(ctx))
 			return false, nil
 		}
 		again := ctx.Err() == nil && (errors.Is(err, errdefs.ErrResourceExhausted) || errors.Is(err, errdefs.ErrUnavailable))
@@ -220,14 +221,20 @@ func (f *fnService) ListLanguages(ctx context.Context, req *connect.Request[dsec
 // flight, held until it ends, when a limit applies to it there. A refusal
 // is the store's ResourceExhausted ("quota of project ml: 8 of 8 FnCall
 // calls in flight").
+// callerProject is the project a call runs in: its token's ("" the root,
+// for the node's administrator).
+func callerProject(ctx context.Context) string {
+	if a, ok := iam.AuthorityFrom(ctx); ok && !a.Node {
+		return a.Project
+	}
+	return ""
+}
+
 func (s *Server) chargeCall(ctx context.Context) (held, error) {
 	if s.cfg.Quotas == nil {
 		return nil, nil
 	}
-	project := ""
-	if a, ok := iam.AuthorityFrom(ctx); ok && !a.Node {
-		project = a.Project
-	}
+	project := callerProject(ctx)
 	limits, err := s.limited(ctx, project)
 	if err != nil || !limits[store.FnCallInflight] {
 		return nil, err

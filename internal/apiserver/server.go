@@ -125,6 +125,12 @@ type Config struct {
 	Events         EventStore
 	EventRetention time.Duration
 	EventsOff      bool
+	// Ledger, when set (with Events: the ledger rides on the event pull),
+	// is where the nodes' cost ledger is stored and Usage reads it
+	// (usage.go); UsageRetention is how long RunUsageExpiry keeps an ended
+	// sandbox's row (0 = DefaultUsageRetention; negative: forever).
+	Ledger         LedgerStore
+	UsageRetention time.Duration
 	// Webhooks, when set, keeps the projects' webhooks, which RunWebhooks
 	// delivers (webhooks.go). WebhookAllowPrivate allows http:// and
 	// endpoints on loopback and private addresses (refused by default);
@@ -174,6 +180,7 @@ type Server struct {
 	objects  objectCache                       // objects.go
 	audit    *auditLog                         // nil without Config.Audit
 	events   eventState                        // events.go
+	usage    usageState                        // usage.go
 	webhooks webhookState                      // webhooks.go
 	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
 	loop     loopback                          // grade.go
@@ -222,6 +229,7 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 	s.audit = newAuditLog(cfg.Audit, log)
 	s.events.init()
 	s.registerMetrics()
+	s.usage.init()
 	return s
 }
 

@@ -172,7 +172,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.psCommand(), a.attachCommand(), a.killCommand(),
 		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.provenanceCommand(), a.imageCommand(), a.poolCommand(), a.fnCommand(), a.e2bCommand(),
 		a.trajectoryCommand(), a.replayCommand(),
-		a.projectCommand(), a.quotaCommand(), a.principalCommand(), a.grantCommand(), a.revokeCommand(), a.tokenCommand(), a.auditCommand(), a.eventsCommand(), a.webhookCommand(),
+		a.projectCommand(), a.quotaCommand(), a.principalCommand(), a.grantCommand(), a.revokeCommand(), a.tokenCommand(), a.auditCommand(), a.eventsCommand(), a.usageCommand(), a.webhookCommand(),
 		a.receiptCommand(),
 	)
 	root.SetFlagErrorFunc(flagError)

@@ -174,6 +174,9 @@ func (f *jsonFake) SetNetworkRules(context.Context, req[dsecv1.SetNetworkRulesRe
 func (f *jsonFake) ListEvents(context.Context, req[dsecv1.ListEventsRequest]) (res[dsecv1.ListEventsResponse], error) {
 	return answer[dsecv1.ListEventsResponse](f)
 }
+func (f *jsonFake) Usage(context.Context, req[dsecv1.UsageRequest]) (res[dsecv1.UsageResponse], error) {
+	return answer[dsecv1.UsageResponse](f)
+}
 
 func (f *jsonFake) AddWebhook(context.Context, req[dsecv1.AddWebhookRequest]) (res[dsecv1.Webhook], error) {
 	return answer[dsecv1.Webhook](f)
@@ -323,6 +326,7 @@ func TestJSONShapes(t *testing.T) {
 		{"net set", []string{"sb-n1-a", "{}"}, &dsecv1.SetNetworkRulesResponse{}},
 		{"net log", []string{"sb-n1-a"}, &dsecv1.NetworkLogResponse{}},
 		{"events", nil, &dsecv1.ListEventsResponse{}},
+		{"usage", nil, &dsecv1.UsageResponse{}},
 		{"webhook add", []string{"https://example.com/hook"}, &dsecv1.Webhook{}},
 		{"webhook ls", nil, &dsecv1.ListWebhooksResponse{}},
 		{"webhook rm", []string{"wh-1"}, &dsecv1.RemoveWebhookResponse{}},

@@ -89,6 +89,7 @@ type API struct {
 	CreateConcurrency    int           `key:"create_concurrency" flag:"create-concurrency" help:"how many sandboxes of one batch the apiserver starts at once"`
 	ReconcileInterval    time.Duration `key:"reconcile_interval" flag:"reconcile-interval" help:"how often to settle creates left in doubt, abandon stale reservations and check sandbox rows against the edges"`
 	AbandonAfter         time.Duration `key:"abandon_after" flag:"abandon-after" help:"how long a pending idempotent create may go without renewing its lease before any apiserver abandons it and reaps its sandboxes"`
+	UsageRetention       time.Duration `key:"usage_retention" flag:"usage-retention" help:"how long the cost ledger keeps an ended sandbox's row (negative: forever; docs/usage.md)"`
 }
 
 // Node is a node's settings: the all-in-one dsecd's and an edge's.
@@ -115,6 +116,8 @@ type Node struct {
 	MetricsProjects int           `key:"metrics_projects" flag:"metrics-projects" help:"how many projects, the largest by sandboxes, the sandbox gauge names; the rest are summed under \"other\" (negative: none; docs/operations.md)"`
 	NoMetrics       bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
 	NoEvents        bool          `key:"no_events" flag:"no-events" help:"keep no lifecycle events of this node's sandboxes (the all-in-one stores none either; docs/events.md): to measure what they cost"`
+	NoLedger        bool          `key:"no_ledger" flag:"no-ledger" help:"keep no cost ledger of the node's sandboxes (docs/usage.md): to measure what it costs"`
+	LedgerInterval  time.Duration `key:"ledger_interval" flag:"ledger-interval" help:"how often the cost ledger samples each sandbox's cgroup, writable layer and veth (a last sample is taken as a sandbox ends)"`
 
 	Defaults   SandboxDefaults `key:"defaults"`
 	Limits     Limits          `key:"limits"`
@@ -235,6 +238,7 @@ func DefaultNode(getenv func(string) string) Node {
 		MaxWarm:         256,
 		Retention:       10 * time.Minute,
 		PausedRetention: 7 * 24 * time.Hour,
+		LedgerInterval:  10 * time.Second,
 		Swap:            "none",
 		StartTimeout:    15 * time.Second,
 		OutputLimit:     16 << 20,
@@ -268,6 +272,7 @@ func defaultAPI() API {
 		CreateConcurrency: 8,
 		ReconcileInterval: 30 * time.Second,
 		AbandonAfter:      2 * time.Minute,
+		UsageRetention:    90 * 24 * time.Hour,
 	}
 }
 

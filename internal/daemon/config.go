@@ -27,6 +27,7 @@ func FromAllInOne(c config.AllInOne) (Config, error) {
 		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive}
 	cfg.SandboxFusionListen, cfg.SandboxFusionProject, cfg.E2BListen = a.SandboxFusionListen, a.SandboxFusionProject, a.E2BListen
 	cfg.AuditRetention, cfg.EventRetention, cfg.WebhookAllowPrivate = a.AuditRetention, a.EventRetention, a.WebhookAllowPrivate
+	cfg.UsageRetention = a.UsageRetention
 	return cfg, nil
 }
 
@@ -62,6 +63,7 @@ func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 		MaxBatch: a.MaxBatch, CreateConcurrency: a.CreateConcurrency,
 		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive,
 		AuditRetention: a.AuditRetention, EventRetention: a.EventRetention, WebhookAllowPrivate: a.WebhookAllowPrivate,
+		UsageRetention: a.UsageRetention,
 	}
 	for _, e := range c.Edges {
 		se, err := ParseStaticEdge(e)
@@ -112,6 +114,7 @@ func fromNode(n config.Node) (Config, error) {
 		CgroupParent: n.CgroupParent, AgentPath: n.Agent, ShellPath: n.Shell,
 		OutputLimit: n.OutputLimit, StartTimeout: n.StartTimeout, MaxWarm: n.MaxWarm, Retention: n.Retention, PausedRetention: n.PausedRetention,
 		Swap: sw, MetricsProjects: n.MetricsProjects, NoMetrics: n.NoMetrics, NoEvents: n.NoEvents, NoProvenance: n.NoProvenance,
+		NoLedger: n.NoLedger, LedgerInterval: n.LedgerInterval,
 		Trajectory: TrajectoryConfig{Off: n.Trajectory.Off, Retention: n.Trajectory.Retention,
 			MaxBytes: n.Trajectory.MaxBytes, MaxOutput: n.Trajectory.MaxOutput},
 	}

@@ -39,6 +39,7 @@ import (
 	"dsec.dev/dsec/internal/edge/image"
 	"dsec.dev/dsec/internal/edge/layers"
 	"dsec.dev/dsec/internal/edge/lazyd"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/network"
 	"dsec.dev/dsec/internal/edge/provenance"
@@ -178,6 +179,14 @@ type Config struct {
 	// StartTimeout is how long a new sandbox's agent may take to answer;
 	// 0 = sandbox.DefaultStartTimeout.
 	StartTimeout time.Duration
+	// NoLedger keeps no cost ledger (docs/usage.md): for measuring what
+	// keeping it costs. LedgerInterval is how often the node samples its
+	// sandboxes' use (0: ledger.DefaultInterval); UsageRetention how long
+	// an ended sandbox's row is kept (0 = apiserver.DefaultUsageRetention;
+	// negative: forever).
+	NoLedger       bool
+	LedgerInterval time.Duration
+	UsageRetention time.Duration
 	// Trajectory says how the node records its sandboxes' trajectories.
 	Trajectory TrajectoryConfig
 	// NoProvenance records no provenance as sandboxes run (no baseline at
@@ -448,8 +457,9 @@ func findAgent() string {
 // node is everything one dsecd owns, opened but not yet serving.
 type node struct {
 	cfg     Config
-	metrics *metrics.Edge // what the node records (nil: nothing)
-	events  *eventlog.Log // the lifecycle events of its sandboxes, for the apiservers to pull
+	metrics *metrics.Edge  // what the node records (nil: nothing)
+	events  *eventlog.Log  // the lifecycle events of its sandboxes, for the apiservers to pull
+	ledger  *ledger.Ledger // what its sandboxes use, for the apiservers to pull; nil with NoLedger
 	log     *slog.Logger
 	lock    *os.File
 	images  *image.Store
@@ -561,6 +571,11 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 	if !cfg.NoEvents {
 		n.events = eventlog.New(cfg.Node, 0)
 	}
+	if !cfg.NoLedger {
+		if n.ledger, err = ledger.Open(cfg.Node, filepath.Join(cfg.Root, "ledger.json"), log.With("component", "ledger")); err != nil {
+			return nil, err
+		}
+	}
 	var reads sandbox.ReadWatcher
 	var syscalls sandbox.SyscallRecorder
 	if !cfg.NoProvenance {
@@ -596,6 +611,8 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		Syscalls:        syscalls,
 		ProvenanceOff:   cfg.NoProvenance,
 		Events:          n.events,
+		Ledger:          n.ledger,
+		LedgerInterval:  cfg.LedgerInterval,
 	}, n.runtimes, n.layers, network, log.With("component", "edge"))
 	if err != nil {
 		return nil, err
@@ -694,6 +711,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	edge := edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
 	edge.SetMetrics(n.metrics)
 	edge.SetEvents(n.events)
+	edge.SetLedger(n.ledger)
 	stopRecorder, err := startRecorder(ctx, cfg, edge, n.edge, log)
 	if err != nil {
 		return err
@@ -740,6 +758,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	edge.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipts, nil })
 	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, EventsOff: cfg.NoEvents, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
+		Ledger: meta, UsageRetention: cfg.UsageRetention,
 		TokenlessFnCall: tokenless, Metrics: cfg.metrics, ScrapeToken: scrapeToken,
 		MaxBatch: cfg.APITuning.MaxBatch, CreateConcurrency: cfg.APITuning.CreateConcurrency,
 		ReconcileInterval: cfg.APITuning.ReconcileInterval, AbandonAfter: cfg.APITuning.AbandonAfter,

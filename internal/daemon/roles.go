@@ -229,6 +229,7 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 		svc = edgesvc.New(n.edge, layers.NewHandler(n.layers, n.layerInUse), log.With("component", "edgesvc"))
 		svc.SetMetrics(n.metrics)
 		svc.SetEvents(n.events)
+		svc.SetLedger(n.ledger)
 		stopRecorder, err := startRecorder(ctx, ncfg, svc, n.edge, log)
 		if err != nil {
 			return err
@@ -362,6 +363,9 @@ type APIServerConfig struct {
 	WebhookTimeout    time.Duration
 	WebhookBackoff    time.Duration
 	WebhookMaxActive  int
+	// UsageRetention is how long an ended sandbox's cost ledger row is
+	// kept (0 = apiserver.DefaultUsageRetention; negative: forever).
+	UsageRetention time.Duration
 }
 
 // APITuning tunes the all-in-one's apiserver as APIServerConfig's fields
@@ -464,6 +468,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, EventsOff: cfg.NoEvents, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
+		Ledger: meta, UsageRetention: cfg.UsageRetention,
 		TokenlessFnCall: tokenless, Metrics: reg, ScrapeToken: scrapeToken,
 		MaxBatch: cfg.MaxBatch, CreateConcurrency: cfg.CreateConcurrency, WebhookTimeout: cfg.WebhookTimeout,
 		WebhookBackoff: cfg.WebhookBackoff, WebhookMaxActive: cfg.WebhookMaxActive}, meta, w, log.With("component", "apiserver"))
@@ -535,6 +540,7 @@ func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 	wg.Go(func() { api.RunAudit(ctx) })
 	wg.Go(func() { api.RunEvents(ctx) })
 	wg.Go(func() { api.RunEventExpiry(ctx) })
+	wg.Go(func() { api.RunUsageExpiry(ctx) })
 	wg.Go(func() { api.RunWebhooks(ctx) })
 	return func() {
 		cancel()

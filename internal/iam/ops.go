@@ -82,6 +82,7 @@ var needs = map[Op]Role{
 	"/dsec.v1.SandboxService/GetServerInfo":       Viewer,
 	"/dsec.v1.SandboxService/ListEvents":          Viewer,
 	"/dsec.v1.SandboxService/FollowEvents":        Viewer,
+	"/dsec.v1.SandboxService/Usage":               Viewer,
 	"/dsec.v1.SandboxService/AddWebhook":          Admin,
 	"/dsec.v1.SandboxService/ListWebhooks":        Admin,
 	"/dsec.v1.SandboxService/RemoveWebhook":       Admin,

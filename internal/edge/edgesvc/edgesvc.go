@@ -31,6 +31,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/eventlog"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/edge/netpolicy"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/snapshot"
@@ -152,6 +153,7 @@ type Service struct {
 	fncall  FnCall               // nil on a node without the fncall backend
 	rec     *trajectory.Recorder // nil: no trajectories recorded
 	events  *eventlog.Log        // nil: the node reports no events
+	ledger  *ledger.Ledger       // nil: the node keeps no cost ledger
 	log     *slog.Logger
 
 	receipts Receipts // nil: the node signs no receipts
@@ -242,6 +244,10 @@ func (s *Service) Trajectory(ctx context.Context, req *connect.Request[dsecv1.Tr
 // one its edge adds to); call it before serving.
 func (s *Service) SetEvents(l *eventlog.Log) { s.events = l }
 
+// SetLedger has the service report the node's cost ledger on the
+// apiservers' Events pulls; call it before serving.
+func (s *Service) SetLedger(l *ledger.Ledger) { s.ledger = l }
+
 // eventPage is the most events one Events call returns.
 const eventPage = 1000
 
@@ -253,7 +259,10 @@ func (s *Service) Events(ctx context.Context, req *connect.Request[edgev1.Events
 		limit = eventPage
 	}
 	evs, next, lost := s.events.Read(m.GetEpoch(), m.GetAfter(), limit)
-	return connect.NewResponse(&edgev1.EventsResponse{Epoch: s.events.Epoch(), Events: evs, Next: next, Lost: lost}), nil
+	out := &edgev1.EventsResponse{Epoch: s.events.Epoch(), Events: evs, Next: next, Lost: lost}
+	// The ledger's changed records ride on the same pull.
+	out.Usage, out.UsageEpoch, out.UsageNext = s.ledger.Changed(m.GetUsageEpoch(), m.GetUsageAfter())
+	return connect.NewResponse(out), nil
 }
 
 // SetFnCall gives the node the fncall backend; call it before serving.
@@ -331,6 +340,7 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 		CoreScheduling: &dsecv1.CoreScheduling{Available: st.CoreSched.Available, Reason: st.CoreSched.Reason},
 	}
 	ns.EventEpoch, ns.EventSeq = s.events.Head()
+	ns.UsageEpoch, ns.UsageSeq = s.ledger.Head()
 	if !st.Started.IsZero() {
 		ns.StartedUnixMs = st.Started.UnixMilli()
 	}

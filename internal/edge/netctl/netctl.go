@@ -240,6 +240,10 @@ func (c *Controller) Detach(ctx context.Context, id string) error {
 	return c.node.Detach(ctx, id)
 }
 
+// EgressBytes is what sandbox id sent out of its network namespace so far
+// (its host veth's receive counter); errdefs.ErrNotFound without one.
+func (c *Controller) EgressBytes(id string) (int64, error) { return c.node.EgressBytes(id) }
+
 // Forget drops the audit log of a sandbox that is gone.
 func (c *Controller) Forget(id string) {
 	if err := c.audit.Remove(id); err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -880,4 +881,23 @@ func HostRoutes() ([]netip.Prefix, error) {
 		out = append(out, netip.PrefixFrom(addr.Unmap(), bits))
 	}
 	return out, nil
+}
+
+// EgressBytes is what sandbox id sent out of its network namespace: the
+// receive counter of its veth's host side (every frame the sandbox sent,
+// headers included, whatever the rules then did with it). A sandbox
+// without a veth is errdefs.ErrNotFound.
+func (n *Node) EgressBytes(id string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join("/sys/class/net", n.cfg.vethName(id), "statistics", "rx_bytes"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("egress of sandbox %s: no veth: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("egress of sandbox %s: %w", id, err)
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("egress of sandbox %s: read its veth's counter: %w", id, err)
+	}
+	return v, nil
 }

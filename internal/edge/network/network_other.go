@@ -49,3 +49,5 @@ func (n *Node) Teardown(ctx context.Context) error { return errNotSupported }
 
 // HostRoutes returns errdefs.ErrNotSupported outside Linux.
 func HostRoutes() ([]netip.Prefix, error) { return nil, errNotSupported }
+
+func (n *Node) EgressBytes(id string) (int64, error) { return 0, errNotSupported }

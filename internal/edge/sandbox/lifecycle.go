@@ -13,6 +13,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/agent/agentclient"
 	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
@@ -66,6 +67,14 @@ func (m *Manager) Recover(ctx context.Context) error {
 	m.wg.Add(2)
 	go m.loop()
 	go m.poolLoop()
+	if m.cfg.Ledger != nil {
+		every := m.cfg.LedgerInterval
+		if every <= 0 {
+			every = ledger.DefaultInterval
+		}
+		m.wg.Add(1)
+		go m.ledgerLoop(every)
+	}
 	return nil
 }
 

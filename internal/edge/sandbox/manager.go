@@ -40,6 +40,7 @@ import (
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/image"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/edge/netctl"
 	"dsec.dev/dsec/internal/edge/provenance"
 	"dsec.dev/dsec/internal/edge/state"
@@ -145,6 +146,11 @@ type Config struct {
 	// Events receives the lifecycle events of the node's sandboxes (pooled
 	// ones only once a create claims them); nil records none.
 	Events *eventlog.Log
+	// Ledger receives what the node's sandboxes use (package ledger),
+	// sampled every LedgerInterval (0: ledger.DefaultInterval) and a last
+	// time before each goes; nil keeps no ledger (dsecd --no-ledger).
+	Ledger         *ledger.Ledger
+	LedgerInterval time.Duration
 }
 
 // Manager is the edge of one node. Create it with New, then call Recover

@@ -110,6 +110,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string, sel snapshot.Se
 		return nil, fmt.Errorf("snapshot %s: %w", name, err)
 	}
 	m.cfg.Events.Add(eventlog.Snapshot, id, rec.GetSpec().GetLabels()[iam.ProjectLabel], "", ref)
+	m.cfg.Ledger.AddSnapshot(id, packed.Size)
 	m.log.Info("snapshot taken", "id", id, "snapshot", name, "digest", packed.Digest, "frozen", frozen,
 		"method", tree.Method, "entries", packed.Entries, "pack", packed.Took, "build", packed.Build)
 	return info, nil

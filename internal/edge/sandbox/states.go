@@ -228,7 +228,11 @@ func (m *Manager) transition(sb *sandbox, to phase) error {
 // paused, resumed or ended. A pooled sandbox's life before its claim is
 // nobody's and records none.
 func (m *Manager) event(rec *dsecv1.Sandbox, from, to phase) {
-	if m.cfg.Events == nil || to.pooled {
+	if to.pooled {
+		return
+	}
+	m.ledgerEvent(rec, from, to)
+	if m.cfg.Events == nil {
 		return
 	}
 	kind, reason := "", ""
@@ -363,7 +367,11 @@ func (m *Manager) hold(t *teardown, r resource, id string, rt backend.Runtime) {
 	case resNetwork:
 		release = func(ctx context.Context) error { return m.detach(ctx, id) }
 	case resContainer:
-		release = func(ctx context.Context) error { return rt.Delete(ctx, id) }
+		release = func(ctx context.Context) error {
+			// The last sample, while the cgroup and veth are there.
+			m.finalUsage(ctx, id, rt)
+			return rt.Delete(ctx, id)
+		}
 	default:
 		panic(fmt.Sprintf("sandbox resource %d", r))
 	}

@@ -18,6 +18,7 @@ from . import errors
 from ._fncall import (BATCH_GRACE, FNCALL, MAX_BATCH, Language, RunCode, RunResult, passed,
                       split_cases)
 from ._events import EventCalls
+from ._usage import UsageCalls
 from ._iam import IAMCalls
 from ._trajectory import TrajectoryCalls
 from ._transport import ServerStream, Transport
@@ -514,7 +515,7 @@ async def _drive(stream: ServerStream, col: _Collector, what: str) -> ExecResult
 
 # --- client ------------------------------------------------------------------------
 
-class AsyncClient(IAMCalls, TrajectoryCalls, EventCalls):
+class AsyncClient(IAMCalls, TrajectoryCalls, EventCalls, UsageCalls):
     """A client of a dsecd, or of a cluster of apiservers.
 
     addr is one address or a comma-separated list of them, each

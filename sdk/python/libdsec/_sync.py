@@ -14,6 +14,7 @@ from . import _aio
 from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, ProcessInfo, WarmPool
 from ._fncall import Language, RunCode, RunResult
 from ._events import Event, Webhook
+from ._usage import UsageReport
 from ._iam import AuditRecord, Principal, Project, ProjectQuota, RoleBinding, TokenInfo
 
 
@@ -191,6 +192,11 @@ class Client:
 
     def export_audit(self, out, **kw) -> int:
         return self._run(self._a.export_audit(out, **kw))
+
+    # --- the cost ledger (see _usage.py) ---
+
+    def usage(self, **kw) -> UsageReport:
+        return self._run(self._a.usage(**kw))
 
     # --- lifecycle events (see _events.py) ---
 

@@ -10565,6 +10565,392 @@ func (x *ListEventsResponse) GetNext() int64 {
 	return 0
 }
 
+// UsageFigures is the cost ledger's figures (docs/usage.md), of one
+// sandbox or summed over a group.
+type UsageFigures struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	CpuUsec          int64                  `protobuf:"varint,1,opt,name=cpu_usec,json=cpuUsec,proto3" json:"cpu_usec,omitempty"`                               // CPU time, from the cgroup's cpu.stat
+	MemoryGibSeconds float64                `protobuf:"fixed64,2,opt,name=memory_gib_seconds,json=memoryGibSeconds,proto3" json:"memory_gib_seconds,omitempty"` // memory.current integrated over time
+	DiskGibHours     float64                `protobuf:"fixed64,3,opt,name=disk_gib_hours,json=diskGibHours,proto3" json:"disk_gib_hours,omitempty"`             // the writable layer's size integrated over time
+	DiskPeakBytes    int64                  `protobuf:"varint,4,opt,name=disk_peak_bytes,json=diskPeakBytes,proto3" json:"disk_peak_bytes,omitempty"`           // the writable layer's largest size seen (of a group: the largest)
+	SnapshotBytes    int64                  `protobuf:"varint,5,opt,name=snapshot_bytes,json=snapshotBytes,proto3" json:"snapshot_bytes,omitempty"`             // snapshots it produced, packed
+	EgressBytes      int64                  `protobuf:"varint,6,opt,name=egress_bytes,json=egressBytes,proto3" json:"egress_bytes,omitempty"`                   // bytes it sent out of its network namespace (its host veth's receive counter)
+	FncallCalls      int64                  `protobuf:"varint,7,opt,name=fncall_calls,json=fncallCalls,proto3" json:"fncall_calls,omitempty"`
+	Sandboxes        int64                  `protobuf:"varint,8,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"` // sandboxes counted (of one sandbox: 1)
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *UsageFigures) Reset() {
+	*x = UsageFigures{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageFigures) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageFigures) ProtoMessage() {}
+
+func (x *UsageFigures) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageFigures.ProtoReflect.Descriptor instead.
+func (*UsageFigures) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
+}
+
+func (x *UsageFigures) GetCpuUsec() int64 {
+	if x != nil {
+		return x.CpuUsec
+	}
+	return 0
+}
+
+func (x *UsageFigures) GetMemoryGibSeconds() float64 {
+	if x != nil {
+		return x.MemoryGibSeconds
+	}
+	return 0
+}
+
+func (x *UsageFigures) GetDiskGibHours() float64 {
+	if x != nil {
+		return x.DiskGibHours
+	}
+	return 0
+}
+
+func (x *UsageFigures) GetDiskPeakBytes() int64 {
+	if x != nil {
+		return x.DiskPeakBytes
+	}
+	return 0
+}
+
+func (x *UsageFigures) GetSnapshotBytes() int64 {
+	if x != nil {
+		return x.SnapshotBytes
+	}
+	return 0
+}
+
+func (x *UsageFigures) GetEgressBytes() int64 {
+	if x != nil {
+		return x.EgressBytes
+	}
+	return 0
+}
+
+func (x *UsageFigures) GetFncallCalls() int64 {
+	if x != nil {
+		return x.FncallCalls
+	}
+	return 0
+}
+
+func (x *UsageFigures) GetSandboxes() int64 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+// UsageRecord is one sandbox's use so far, as its edge reports it.
+type UsageRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Labels        map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Node          string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	StartedUnixMs int64                  `protobuf:"varint,5,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	EndedUnixMs   int64                  `protobuf:"varint,6,opt,name=ended_unix_ms,json=endedUnixMs,proto3" json:"ended_unix_ms,omitempty"` // 0 while it lives
+	UpdatedUnixMs int64                  `protobuf:"varint,7,opt,name=updated_unix_ms,json=updatedUnixMs,proto3" json:"updated_unix_ms,omitempty"`
+	Usage         *UsageFigures          `protobuf:"bytes,8,opt,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRecord) Reset() {
+	*x = UsageRecord{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRecord) ProtoMessage() {}
+
+func (x *UsageRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRecord.ProtoReflect.Descriptor instead.
+func (*UsageRecord) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
+}
+
+func (x *UsageRecord) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *UsageRecord) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *UsageRecord) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *UsageRecord) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *UsageRecord) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+func (x *UsageRecord) GetEndedUnixMs() int64 {
+	if x != nil {
+		return x.EndedUnixMs
+	}
+	return 0
+}
+
+func (x *UsageRecord) GetUpdatedUnixMs() int64 {
+	if x != nil {
+		return x.UpdatedUnixMs
+	}
+	return 0
+}
+
+func (x *UsageRecord) GetUsage() *UsageFigures {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+type UsageRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Project *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"` // and everything under it; unset: the caller's token's project
+	// How to group: project (the default), sandbox, node, or label:KEY
+	// (label:run, label:task…; sandboxes without it sum under "").
+	By string `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
+	// The window: sandboxes alive in [since, until) count whole; 0: open.
+	SinceUnixMs   int64 `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	UntilUnixMs   int64 `protobuf:"varint,4,opt,name=until_unix_ms,json=untilUnixMs,proto3" json:"until_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRequest) Reset() {
+	*x = UsageRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRequest) ProtoMessage() {}
+
+func (x *UsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
+func (*UsageRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
+}
+
+func (x *UsageRequest) GetProject() string {
+	if x != nil && x.Project != nil {
+		return *x.Project
+	}
+	return ""
+}
+
+func (x *UsageRequest) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *UsageRequest) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+func (x *UsageRequest) GetUntilUnixMs() int64 {
+	if x != nil {
+		return x.UntilUnixMs
+	}
+	return 0
+}
+
+type UsageGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Usage         *UsageFigures          `protobuf:"bytes,2,opt,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageGroup) Reset() {
+	*x = UsageGroup{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageGroup) ProtoMessage() {}
+
+func (x *UsageGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageGroup.ProtoReflect.Descriptor instead.
+func (*UsageGroup) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
+}
+
+func (x *UsageGroup) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *UsageGroup) GetUsage() *UsageFigures {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+type UsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	By            string                 `protobuf:"bytes,1,opt,name=by,proto3" json:"by,omitempty"`
+	Groups        []*UsageGroup          `protobuf:"bytes,2,rep,name=groups,proto3" json:"groups,omitempty"` // by key
+	Total         *UsageFigures          `protobuf:"bytes,3,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageResponse) Reset() {
+	*x = UsageResponse{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageResponse) ProtoMessage() {}
+
+func (x *UsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
+func (*UsageResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
+}
+
+func (x *UsageResponse) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *UsageResponse) GetGroups() []*UsageGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetTotal() *UsageFigures {
+	if x != nil {
+		return x.Total
+	}
+	return nil
+}
+
 // Webhook is an endpoint a project registered for its events.
 type Webhook struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
@@ -10588,7 +10974,7 @@ type Webhook struct {
 
 func (x *Webhook) Reset() {
 	*x = Webhook{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10600,7 +10986,7 @@ func (x *Webhook) String() string {
 func (*Webhook) ProtoMessage() {}
 
 func (x *Webhook) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10613,7 +10999,7 @@ func (x *Webhook) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Webhook.ProtoReflect.Descriptor instead.
 func (*Webhook) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
 }
 
 func (x *Webhook) GetId() string {
@@ -10712,7 +11098,7 @@ type AddWebhookRequest struct {
 
 func (x *AddWebhookRequest) Reset() {
 	*x = AddWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10724,7 +11110,7 @@ func (x *AddWebhookRequest) String() string {
 func (*AddWebhookRequest) ProtoMessage() {}
 
 func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10737,7 +11123,7 @@ func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddWebhookRequest.ProtoReflect.Descriptor instead.
 func (*AddWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{141}
 }
 
 func (x *AddWebhookRequest) GetProject() string {
@@ -10777,7 +11163,7 @@ type ListWebhooksRequest struct {
 
 func (x *ListWebhooksRequest) Reset() {
 	*x = ListWebhooksRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10789,7 +11175,7 @@ func (x *ListWebhooksRequest) String() string {
 func (*ListWebhooksRequest) ProtoMessage() {}
 
 func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10802,7 +11188,7 @@ func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksRequest.ProtoReflect.Descriptor instead.
 func (*ListWebhooksRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{142}
 }
 
 func (x *ListWebhooksRequest) GetProject() string {
@@ -10821,7 +11207,7 @@ type ListWebhooksResponse struct {
 
 func (x *ListWebhooksResponse) Reset() {
 	*x = ListWebhooksResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10833,7 +11219,7 @@ func (x *ListWebhooksResponse) String() string {
 func (*ListWebhooksResponse) ProtoMessage() {}
 
 func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10846,7 +11232,7 @@ func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksResponse.ProtoReflect.Descriptor instead.
 func (*ListWebhooksResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{143}
 }
 
 func (x *ListWebhooksResponse) GetWebhooks() []*Webhook {
@@ -10866,7 +11252,7 @@ type RemoveWebhookRequest struct {
 
 func (x *RemoveWebhookRequest) Reset() {
 	*x = RemoveWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10878,7 +11264,7 @@ func (x *RemoveWebhookRequest) String() string {
 func (*RemoveWebhookRequest) ProtoMessage() {}
 
 func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10891,7 +11277,7 @@ func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{144}
 }
 
 func (x *RemoveWebhookRequest) GetProject() string {
@@ -10916,7 +11302,7 @@ type RemoveWebhookResponse struct {
 
 func (x *RemoveWebhookResponse) Reset() {
 	*x = RemoveWebhookResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10928,7 +11314,7 @@ func (x *RemoveWebhookResponse) String() string {
 func (*RemoveWebhookResponse) ProtoMessage() {}
 
 func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10941,7 +11327,7 @@ func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{145}
 }
 
 type RotateWebhookSecretRequest struct {
@@ -10958,7 +11344,7 @@ type RotateWebhookSecretRequest struct {
 
 func (x *RotateWebhookSecretRequest) Reset() {
 	*x = RotateWebhookSecretRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10970,7 +11356,7 @@ func (x *RotateWebhookSecretRequest) String() string {
 func (*RotateWebhookSecretRequest) ProtoMessage() {}
 
 func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10983,7 +11369,7 @@ func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateWebhookSecretRequest.ProtoReflect.Descriptor instead.
 func (*RotateWebhookSecretRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{141}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{146}
 }
 
 func (x *RotateWebhookSecretRequest) GetProject() string {
@@ -11875,7 +12261,44 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\b_project\"P\n" +
 	"\x12ListEventsResponse\x12&\n" +
 	"\x06events\x18\x01 \x03(\v2\x0e.dsec.v1.EventR\x06events\x12\x12\n" +
-	"\x04next\x18\x02 \x01(\x03R\x04next\"\x8e\x03\n" +
+	"\x04next\x18\x02 \x01(\x03R\x04next\"\xb0\x02\n" +
+	"\fUsageFigures\x12\x19\n" +
+	"\bcpu_usec\x18\x01 \x01(\x03R\acpuUsec\x12,\n" +
+	"\x12memory_gib_seconds\x18\x02 \x01(\x01R\x10memoryGibSeconds\x12$\n" +
+	"\x0edisk_gib_hours\x18\x03 \x01(\x01R\fdiskGibHours\x12&\n" +
+	"\x0fdisk_peak_bytes\x18\x04 \x01(\x03R\rdiskPeakBytes\x12%\n" +
+	"\x0esnapshot_bytes\x18\x05 \x01(\x03R\rsnapshotBytes\x12!\n" +
+	"\fegress_bytes\x18\x06 \x01(\x03R\vegressBytes\x12!\n" +
+	"\ffncall_calls\x18\a \x01(\x03R\vfncallCalls\x12\x1c\n" +
+	"\tsandboxes\x18\b \x01(\x03R\tsandboxes\"\xf0\x02\n" +
+	"\vUsageRecord\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x128\n" +
+	"\x06labels\x18\x03 \x03(\v2 .dsec.v1.UsageRecord.LabelsEntryR\x06labels\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12&\n" +
+	"\x0fstarted_unix_ms\x18\x05 \x01(\x03R\rstartedUnixMs\x12\"\n" +
+	"\rended_unix_ms\x18\x06 \x01(\x03R\vendedUnixMs\x12&\n" +
+	"\x0fupdated_unix_ms\x18\a \x01(\x03R\rupdatedUnixMs\x12+\n" +
+	"\x05usage\x18\b \x01(\v2\x15.dsec.v1.UsageFiguresR\x05usage\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x01\n" +
+	"\fUsageRequest\x12\x1d\n" +
+	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x0e\n" +
+	"\x02by\x18\x02 \x01(\tR\x02by\x12\"\n" +
+	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\x12\"\n" +
+	"\runtil_unix_ms\x18\x04 \x01(\x03R\vuntilUnixMsB\n" +
+	"\n" +
+	"\b_project\"K\n" +
+	"\n" +
+	"UsageGroup\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
+	"\x05usage\x18\x02 \x01(\v2\x15.dsec.v1.UsageFiguresR\x05usage\"y\n" +
+	"\rUsageResponse\x12\x0e\n" +
+	"\x02by\x18\x01 \x01(\tR\x02by\x12+\n" +
+	"\x06groups\x18\x02 \x03(\v2\x13.dsec.v1.UsageGroupR\x06groups\x12+\n" +
+	"\x05total\x18\x03 \x01(\v2\x15.dsec.v1.UsageFiguresR\x05total\"\x8e\x03\n" +
 	"\aWebhook\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x10\n" +
@@ -12000,7 +12423,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\x9d\x19\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xda\x19\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -12051,7 +12474,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\rGetServerInfo\x12\x1d.dsec.v1.GetServerInfoRequest\x1a\x13.dsec.v1.ServerInfo\"\x03\x90\x02\x01\x12J\n" +
 	"\n" +
 	"ListEvents\x12\x1a.dsec.v1.ListEventsRequest\x1a\x1b.dsec.v1.ListEventsResponse\"\x03\x90\x02\x01\x12A\n" +
-	"\fFollowEvents\x12\x1a.dsec.v1.ListEventsRequest\x1a\x0e.dsec.v1.Event\"\x03\x90\x02\x010\x01\x12:\n" +
+	"\fFollowEvents\x12\x1a.dsec.v1.ListEventsRequest\x1a\x0e.dsec.v1.Event\"\x03\x90\x02\x010\x01\x12;\n" +
+	"\x05Usage\x12\x15.dsec.v1.UsageRequest\x1a\x16.dsec.v1.UsageResponse\"\x03\x90\x02\x01\x12:\n" +
 	"\n" +
 	"AddWebhook\x12\x1a.dsec.v1.AddWebhookRequest\x1a\x10.dsec.v1.Webhook\x12P\n" +
 	"\fListWebhooks\x12\x1c.dsec.v1.ListWebhooksRequest\x1a\x1d.dsec.v1.ListWebhooksResponse\"\x03\x90\x02\x01\x12S\n" +
@@ -12087,7 +12511,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 155)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 161)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                         // 0: dsec.v1.State
 	(Reason)(0),                        // 1: dsec.v1.Reason
@@ -12236,37 +12660,43 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*Event)(nil),                      // 144: dsec.v1.Event
 	(*ListEventsRequest)(nil),          // 145: dsec.v1.ListEventsRequest
 	(*ListEventsResponse)(nil),         // 146: dsec.v1.ListEventsResponse
-	(*Webhook)(nil),                    // 147: dsec.v1.Webhook
-	(*AddWebhookRequest)(nil),          // 148: dsec.v1.AddWebhookRequest
-	(*ListWebhooksRequest)(nil),        // 149: dsec.v1.ListWebhooksRequest
-	(*ListWebhooksResponse)(nil),       // 150: dsec.v1.ListWebhooksResponse
-	(*RemoveWebhookRequest)(nil),       // 151: dsec.v1.RemoveWebhookRequest
-	(*RemoveWebhookResponse)(nil),      // 152: dsec.v1.RemoveWebhookResponse
-	(*RotateWebhookSecretRequest)(nil), // 153: dsec.v1.RotateWebhookSecretRequest
-	nil,                                // 154: dsec.v1.NodeInfo.MissingEntry
-	nil,                                // 155: dsec.v1.SandboxSpec.EnvEntry
-	nil,                                // 156: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                                // 157: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                                // 158: dsec.v1.ListRequest.LabelsEntry
-	nil,                                // 159: dsec.v1.ExecRequest.EnvEntry
-	nil,                                // 160: dsec.v1.ShellStart.EnvEntry
-	nil,                                // 161: dsec.v1.GradeRequest.EnvEntry
-	nil,                                // 162: dsec.v1.GradeTests.FilesEntry
-	nil,                                // 163: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                                // 164: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                                // 165: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                                // 166: dsec.v1.RunCodeResponse.FilesEntry
+	(*UsageFigures)(nil),               // 147: dsec.v1.UsageFigures
+	(*UsageRecord)(nil),                // 148: dsec.v1.UsageRecord
+	(*UsageRequest)(nil),               // 149: dsec.v1.UsageRequest
+	(*UsageGroup)(nil),                 // 150: dsec.v1.UsageGroup
+	(*UsageResponse)(nil),              // 151: dsec.v1.UsageResponse
+	(*Webhook)(nil),                    // 152: dsec.v1.Webhook
+	(*AddWebhookRequest)(nil),          // 153: dsec.v1.AddWebhookRequest
+	(*ListWebhooksRequest)(nil),        // 154: dsec.v1.ListWebhooksRequest
+	(*ListWebhooksResponse)(nil),       // 155: dsec.v1.ListWebhooksResponse
+	(*RemoveWebhookRequest)(nil),       // 156: dsec.v1.RemoveWebhookRequest
+	(*RemoveWebhookResponse)(nil),      // 157: dsec.v1.RemoveWebhookResponse
+	(*RotateWebhookSecretRequest)(nil), // 158: dsec.v1.RotateWebhookSecretRequest
+	nil,                                // 159: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 160: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 161: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 162: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 163: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 164: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 165: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 166: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 167: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 168: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 169: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 170: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 171: dsec.v1.RunCodeResponse.FilesEntry
+	nil,                                // 172: dsec.v1.UsageRecord.LabelsEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	154, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	159, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	15,  // 4: dsec.v1.NodeInfo.core_scheduling:type_name -> dsec.v1.CoreScheduling
 	4,   // 5: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	155, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	156, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	157, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	160, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	161, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	162, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 9: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 10: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 11: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -12283,13 +12713,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	18,  // 22: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
 	16,  // 23: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	18,  // 24: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	158, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	163, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 26: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	18,  // 27: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	16,  // 28: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	16,  // 29: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	36,  // 30: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	159, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	164, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	44,  // 32: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	45,  // 33: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	43,  // 34: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
@@ -12300,7 +12730,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	52,  // 39: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	60,  // 40: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	61,  // 41: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	160, // 42: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	165, // 42: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	61,  // 43: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	45,  // 44: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	63,  // 45: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -12311,9 +12741,9 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	85,  // 50: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
 	85,  // 51: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
 	87,  // 52: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	161, // 53: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	166, // 53: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
 	5,   // 54: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	162, // 55: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	167, // 55: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
 	45,  // 56: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
 	88,  // 57: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
 	85,  // 58: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
@@ -12328,7 +12758,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	9,   // 67: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
 	84,  // 68: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
 	107, // 69: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	163, // 70: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	168, // 70: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
 	113, // 71: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
 	17,  // 72: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
 	120, // 73: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
@@ -12344,141 +12774,148 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	127, // 83: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
 	131, // 84: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
 	132, // 85: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	164, // 86: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	165, // 87: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	169, // 86: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	170, // 87: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
 	11,  // 88: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
 	10,  // 89: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
 	135, // 90: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
 	135, // 91: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	166, // 92: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	171, // 92: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
 	7,   // 93: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
 	134, // 94: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
 	136, // 95: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
 	139, // 96: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
 	14,  // 97: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
 	144, // 98: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
-	147, // 99: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
-	30,  // 100: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	32,  // 101: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	33,  // 102: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	39,  // 103: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	20,  // 104: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	22,  // 105: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	24,  // 106: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	26,  // 107: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	28,  // 108: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	90,  // 109: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	91,  // 110: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	93,  // 111: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	95,  // 112: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	86,  // 113: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	41,  // 114: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	46,  // 115: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	47,  // 116: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	49,  // 117: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	51,  // 118: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	54,  // 119: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	55,  // 120: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	57,  // 121: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	59,  // 122: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	64,  // 123: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	66,  // 124: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	68,  // 125: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	70,  // 126: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	72,  // 127: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	74,  // 128: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	76,  // 129: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	78,  // 130: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	80,  // 131: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	82,  // 132: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	110, // 133: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	112, // 134: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	115, // 135: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	117, // 136: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	118, // 137: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	35,  // 138: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	37,  // 139: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	142, // 140: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	145, // 141: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
-	145, // 142: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
-	148, // 143: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
-	149, // 144: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
-	151, // 145: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
-	153, // 146: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
-	134, // 147: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	137, // 148: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	140, // 149: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	98,  // 150: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	99,  // 151: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	103, // 152: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	105, // 153: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	108, // 154: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	128, // 155: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	130, // 156: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	101, // 157: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	31,  // 158: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	18,  // 159: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	34,  // 160: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	40,  // 161: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	21,  // 162: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	23,  // 163: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	25,  // 164: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	27,  // 165: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	29,  // 166: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	85,  // 167: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	92,  // 168: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	94,  // 169: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	97,  // 170: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	89,  // 171: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	42,  // 172: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	42,  // 173: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	48,  // 174: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	50,  // 175: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	53,  // 176: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	42,  // 177: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	56,  // 178: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	58,  // 179: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	62,  // 180: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	65,  // 181: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	67,  // 182: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	69,  // 183: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	71,  // 184: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	73,  // 185: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	75,  // 186: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	77,  // 187: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	79,  // 188: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	81,  // 189: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	83,  // 190: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	111, // 191: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	114, // 192: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	116, // 193: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	121, // 194: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	119, // 195: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	36,  // 196: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	38,  // 197: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	143, // 198: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	146, // 199: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
-	144, // 200: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
-	147, // 201: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
-	150, // 202: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
-	152, // 203: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
-	147, // 204: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
-	136, // 205: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	138, // 206: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	141, // 207: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	84,  // 208: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	84,  // 209: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	104, // 210: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	106, // 211: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	109, // 212: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	129, // 213: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	133, // 214: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	102, // 215: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	158, // [158:216] is the sub-list for method output_type
-	100, // [100:158] is the sub-list for method input_type
-	100, // [100:100] is the sub-list for extension type_name
-	100, // [100:100] is the sub-list for extension extendee
-	0,   // [0:100] is the sub-list for field type_name
+	172, // 99: dsec.v1.UsageRecord.labels:type_name -> dsec.v1.UsageRecord.LabelsEntry
+	147, // 100: dsec.v1.UsageRecord.usage:type_name -> dsec.v1.UsageFigures
+	147, // 101: dsec.v1.UsageGroup.usage:type_name -> dsec.v1.UsageFigures
+	150, // 102: dsec.v1.UsageResponse.groups:type_name -> dsec.v1.UsageGroup
+	147, // 103: dsec.v1.UsageResponse.total:type_name -> dsec.v1.UsageFigures
+	152, // 104: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
+	30,  // 105: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	32,  // 106: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	33,  // 107: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	39,  // 108: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	20,  // 109: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	22,  // 110: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	24,  // 111: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	26,  // 112: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	28,  // 113: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	90,  // 114: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	91,  // 115: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	93,  // 116: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	95,  // 117: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	86,  // 118: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	41,  // 119: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	46,  // 120: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	47,  // 121: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	49,  // 122: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	51,  // 123: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	54,  // 124: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	55,  // 125: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	57,  // 126: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	59,  // 127: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	64,  // 128: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	66,  // 129: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	68,  // 130: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	70,  // 131: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	72,  // 132: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	74,  // 133: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	76,  // 134: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	78,  // 135: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	80,  // 136: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	82,  // 137: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	110, // 138: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	112, // 139: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	115, // 140: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	117, // 141: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	118, // 142: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	35,  // 143: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	37,  // 144: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	142, // 145: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	145, // 146: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
+	145, // 147: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
+	149, // 148: dsec.v1.SandboxService.Usage:input_type -> dsec.v1.UsageRequest
+	153, // 149: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
+	154, // 150: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
+	156, // 151: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
+	158, // 152: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
+	134, // 153: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	137, // 154: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	140, // 155: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	98,  // 156: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	99,  // 157: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	103, // 158: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	105, // 159: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	108, // 160: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	128, // 161: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	130, // 162: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	101, // 163: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	31,  // 164: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	18,  // 165: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	34,  // 166: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	40,  // 167: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	21,  // 168: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	23,  // 169: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	25,  // 170: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	27,  // 171: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	29,  // 172: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	85,  // 173: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	92,  // 174: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	94,  // 175: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	97,  // 176: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	89,  // 177: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	42,  // 178: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	42,  // 179: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	48,  // 180: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	50,  // 181: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	53,  // 182: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	42,  // 183: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	56,  // 184: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	58,  // 185: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	62,  // 186: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	65,  // 187: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	67,  // 188: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	69,  // 189: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	71,  // 190: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	73,  // 191: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	75,  // 192: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	77,  // 193: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	79,  // 194: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	81,  // 195: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	83,  // 196: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	111, // 197: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	114, // 198: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	116, // 199: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	121, // 200: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	119, // 201: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	36,  // 202: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	38,  // 203: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	143, // 204: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	146, // 205: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
+	144, // 206: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
+	151, // 207: dsec.v1.SandboxService.Usage:output_type -> dsec.v1.UsageResponse
+	152, // 208: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
+	155, // 209: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
+	157, // 210: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
+	152, // 211: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
+	136, // 212: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	138, // 213: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	141, // 214: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	84,  // 215: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	84,  // 216: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	104, // 217: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	106, // 218: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	109, // 219: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	129, // 220: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	133, // 221: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	102, // 222: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	164, // [164:223] is the sub-list for method output_type
+	105, // [105:164] is the sub-list for method input_type
+	105, // [105:105] is the sub-list for extension type_name
+	105, // [105:105] is the sub-list for extension extendee
+	0,   // [0:105] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -12512,17 +12949,18 @@ func file_dsec_v1_dsec_proto_init() {
 	}
 	file_dsec_v1_dsec_proto_msgTypes[123].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[133].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[136].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[137].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[139].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[141].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[142].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[144].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[146].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   155,
+			NumMessages:   161,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -283,6 +283,10 @@ type NodeStatus struct {
 	// and the sequence number of its last event (0: none yet).
 	EventEpoch string `protobuf:"bytes,21,opt,name=event_epoch,json=eventEpoch,proto3" json:"event_epoch,omitempty"`
 	EventSeq   uint64 `protobuf:"varint,22,opt,name=event_seq,json=eventSeq,proto3" json:"event_seq,omitempty"`
+	// The node's cost ledger: its epoch and version (0: nothing recorded),
+	// so an apiserver pulls only when a record changed.
+	UsageEpoch string `protobuf:"bytes,24,opt,name=usage_epoch,json=usageEpoch,proto3" json:"usage_epoch,omitempty"`
+	UsageSeq   uint64 `protobuf:"varint,25,opt,name=usage_seq,json=usageSeq,proto3" json:"usage_seq,omitempty"`
 	// Whether latency sandboxes get a core-scheduling cookie here, and why
 	// not (docs/qos.md).
 	CoreScheduling *v1.CoreScheduling `protobuf:"bytes,23,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
@@ -470,6 +474,20 @@ func (x *NodeStatus) GetEventEpoch() string {
 func (x *NodeStatus) GetEventSeq() uint64 {
 	if x != nil {
 		return x.EventSeq
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetUsageEpoch() string {
+	if x != nil {
+		return x.UsageEpoch
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetUsageSeq() uint64 {
+	if x != nil {
+		return x.UsageSeq
 	}
 	return 0
 }
@@ -1098,10 +1116,15 @@ func (x *SignReceiptResponse) GetEnvelope() []byte {
 }
 
 type EventsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Epoch         string                 `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"` // the epoch after belongs to; another (or "") reads from the first kept
-	After         uint64                 `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`
-	Limit         int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"` // 0: 1000
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Epoch string                 `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"` // the epoch after belongs to; another (or "") reads from the first kept
+	After uint64                 `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`
+	Limit int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"` // 0: 1000
+	// The cost ledger rides on the same pull (docs/usage.md): the records
+	// changed after usage_after of the ledger's usage_epoch (another epoch,
+	// or "": every record the node keeps).
+	UsageEpoch    string `protobuf:"bytes,4,opt,name=usage_epoch,json=usageEpoch,proto3" json:"usage_epoch,omitempty"`
+	UsageAfter    uint64 `protobuf:"varint,5,opt,name=usage_after,json=usageAfter,proto3" json:"usage_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1157,13 +1180,30 @@ func (x *EventsRequest) GetLimit() int32 {
 	return 0
 }
 
+func (x *EventsRequest) GetUsageEpoch() string {
+	if x != nil {
+		return x.UsageEpoch
+	}
+	return ""
+}
+
+func (x *EventsRequest) GetUsageAfter() uint64 {
+	if x != nil {
+		return x.UsageAfter
+	}
+	return 0
+}
+
 type EventsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Epoch string                 `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// In order; each one's key is NODE/EPOCH/SEQ and its id 0.
-	Events        []*v1.Event `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
-	Next          uint64      `protobuf:"varint,3,opt,name=next,proto3" json:"next,omitempty"` // the sequence number of the last event sent (after, when none)
-	Lost          uint64      `protobuf:"varint,4,opt,name=lost,proto3" json:"lost,omitempty"` // events after after the node no longer keeps
+	Events        []*v1.Event       `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	Next          uint64            `protobuf:"varint,3,opt,name=next,proto3" json:"next,omitempty"` // the sequence number of the last event sent (after, when none)
+	Lost          uint64            `protobuf:"varint,4,opt,name=lost,proto3" json:"lost,omitempty"` // events after after the node no longer keeps
+	UsageEpoch    string            `protobuf:"bytes,5,opt,name=usage_epoch,json=usageEpoch,proto3" json:"usage_epoch,omitempty"`
+	UsageNext     uint64            `protobuf:"varint,6,opt,name=usage_next,json=usageNext,proto3" json:"usage_next,omitempty"` // the ledger's version these records bring the caller to
+	Usage         []*v1.UsageRecord `protobuf:"bytes,7,rep,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1226,6 +1266,27 @@ func (x *EventsResponse) GetLost() uint64 {
 	return 0
 }
 
+func (x *EventsResponse) GetUsageEpoch() string {
+	if x != nil {
+		return x.UsageEpoch
+	}
+	return ""
+}
+
+func (x *EventsResponse) GetUsageNext() uint64 {
+	if x != nil {
+		return x.UsageNext
+	}
+	return 0
+}
+
+func (x *EventsResponse) GetUsage() []*v1.UsageRecord {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
 var File_dsec_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_dsec_edge_v1_edge_proto_rawDesc = "" +
@@ -1239,7 +1300,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\"\x13\n" +
 	"\x11RenameRefResponse\"\x0f\n" +
-	"\rStatusRequest\"\xef\x06\n" +
+	"\rStatusRequest\"\xad\a\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
@@ -1268,7 +1329,10 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\amissing\x18\x14 \x03(\v2%.dsec.edge.v1.NodeStatus.MissingEntryR\amissing\x12\x1f\n" +
 	"\vevent_epoch\x18\x15 \x01(\tR\n" +
 	"eventEpoch\x12\x1b\n" +
-	"\tevent_seq\x18\x16 \x01(\x04R\beventSeq\x12@\n" +
+	"\tevent_seq\x18\x16 \x01(\x04R\beventSeq\x12\x1f\n" +
+	"\vusage_epoch\x18\x18 \x01(\tR\n" +
+	"usageEpoch\x12\x1b\n" +
+	"\tusage_seq\x18\x19 \x01(\x04R\busageSeq\x12@\n" +
 	"\x0fcore_scheduling\x18\x17 \x01(\v2\x17.dsec.v1.CoreSchedulingR\x0ecoreScheduling\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -1309,16 +1373,25 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
 	"test_files\x18\x02 \x03(\tR\ttestFiles\"1\n" +
 	"\x13SignReceiptResponse\x12\x1a\n" +
-	"\benvelope\x18\x01 \x01(\fR\benvelope\"Q\n" +
+	"\benvelope\x18\x01 \x01(\fR\benvelope\"\x93\x01\n" +
 	"\rEventsRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x14\n" +
 	"\x05after\x18\x02 \x01(\x04R\x05after\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\x05R\x05limit\"v\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\x12\x1f\n" +
+	"\vusage_epoch\x18\x04 \x01(\tR\n" +
+	"usageEpoch\x12\x1f\n" +
+	"\vusage_after\x18\x05 \x01(\x04R\n" +
+	"usageAfter\"\xe2\x01\n" +
 	"\x0eEventsResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12&\n" +
 	"\x06events\x18\x02 \x03(\v2\x0e.dsec.v1.EventR\x06events\x12\x12\n" +
 	"\x04next\x18\x03 \x01(\x04R\x04next\x12\x12\n" +
-	"\x04lost\x18\x04 \x01(\x04R\x04lost2\xb7\x1d\n" +
+	"\x04lost\x18\x04 \x01(\x04R\x04lost\x12\x1f\n" +
+	"\vusage_epoch\x18\x05 \x01(\tR\n" +
+	"usageEpoch\x12\x1d\n" +
+	"\n" +
+	"usage_next\x18\x06 \x01(\x04R\tusageNext\x12*\n" +
+	"\x05usage\x18\a \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage2\xb7\x1d\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +
@@ -1425,90 +1498,91 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*v1.SandboxSpec)(nil),                // 24: dsec.v1.SandboxSpec
 	(*v1.Sandbox)(nil),                    // 25: dsec.v1.Sandbox
 	(*v1.Event)(nil),                      // 26: dsec.v1.Event
-	(*v1.GetRequest)(nil),                 // 27: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),                // 28: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),              // 29: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),               // 30: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),              // 31: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),          // 32: dsec.v1.SetTimeoutRequest
-	(*v1.EndPhaseRequest)(nil),            // 33: dsec.v1.EndPhaseRequest
-	(*v1.MetricsRequest)(nil),             // 34: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),            // 35: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),     // 36: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),          // 37: dsec.v1.NetworkLogRequest
-	(*v1.TrajectoryRequest)(nil),          // 38: dsec.v1.TrajectoryRequest
-	(*v1.ProvenanceRequest)(nil),          // 39: dsec.v1.ProvenanceRequest
-	(*v1.SetProvenancePathsRequest)(nil),  // 40: dsec.v1.SetProvenancePathsRequest
-	(*v1.SetWarmPoolRequest)(nil),         // 41: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),       // 42: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),         // 43: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),         // 44: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),          // 45: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),         // 46: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),    // 47: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),         // 48: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),          // 49: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),             // 50: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),       // 51: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),                // 52: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),              // 53: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),          // 54: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),              // 55: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),       // 56: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),          // 57: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),    // 58: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),        // 59: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),                 // 60: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),            // 61: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),           // 62: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),             // 63: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),                // 64: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),              // 65: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),             // 66: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),                // 67: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),            // 68: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),              // 69: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),            // 70: dsec.v1.DownloadRequest
-	(*v1.ListResponse)(nil),               // 71: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),             // 72: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),              // 73: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),             // 74: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),         // 75: dsec.v1.SetTimeoutResponse
-	(*v1.EndPhaseResponse)(nil),           // 76: dsec.v1.EndPhaseResponse
-	(*v1.SandboxMetrics)(nil),             // 77: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),               // 78: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),    // 79: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),         // 80: dsec.v1.NetworkLogResponse
-	(*v1.TrajectoryResponse)(nil),         // 81: dsec.v1.TrajectoryResponse
-	(*v1.SandboxProvenance)(nil),          // 82: dsec.v1.SandboxProvenance
-	(*v1.SetProvenancePathsResponse)(nil), // 83: dsec.v1.SetProvenancePathsResponse
-	(*v1.WarmPool)(nil),                   // 84: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),      // 85: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                      // 86: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),         // 87: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),        // 88: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil),   // 89: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),        // 90: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),         // 91: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),            // 92: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),      // 93: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                  // 94: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),         // 95: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),             // 96: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),      // 97: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil),   // 98: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),       // 99: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),                // 100: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),           // 101: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),          // 102: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),            // 103: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),               // 104: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),             // 105: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),            // 106: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),               // 107: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),                 // 108: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),             // 109: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),              // 110: dsec.v1.DownloadChunk
+	(*v1.UsageRecord)(nil),                // 27: dsec.v1.UsageRecord
+	(*v1.GetRequest)(nil),                 // 28: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),                // 29: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),              // 30: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),               // 31: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),              // 32: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),          // 33: dsec.v1.SetTimeoutRequest
+	(*v1.EndPhaseRequest)(nil),            // 34: dsec.v1.EndPhaseRequest
+	(*v1.MetricsRequest)(nil),             // 35: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),            // 36: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),     // 37: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),          // 38: dsec.v1.NetworkLogRequest
+	(*v1.TrajectoryRequest)(nil),          // 39: dsec.v1.TrajectoryRequest
+	(*v1.ProvenanceRequest)(nil),          // 40: dsec.v1.ProvenanceRequest
+	(*v1.SetProvenancePathsRequest)(nil),  // 41: dsec.v1.SetProvenancePathsRequest
+	(*v1.SetWarmPoolRequest)(nil),         // 42: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),       // 43: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),         // 44: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),         // 45: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),          // 46: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),         // 47: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),    // 48: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),         // 49: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),          // 50: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),             // 51: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),       // 52: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),                // 53: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),              // 54: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),          // 55: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),              // 56: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),       // 57: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),          // 58: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),    // 59: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),        // 60: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),                 // 61: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),            // 62: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),           // 63: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),             // 64: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),                // 65: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),              // 66: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),             // 67: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),                // 68: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),            // 69: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),              // 70: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),            // 71: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),               // 72: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),             // 73: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),              // 74: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),             // 75: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),         // 76: dsec.v1.SetTimeoutResponse
+	(*v1.EndPhaseResponse)(nil),           // 77: dsec.v1.EndPhaseResponse
+	(*v1.SandboxMetrics)(nil),             // 78: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),               // 79: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),    // 80: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),         // 81: dsec.v1.NetworkLogResponse
+	(*v1.TrajectoryResponse)(nil),         // 82: dsec.v1.TrajectoryResponse
+	(*v1.SandboxProvenance)(nil),          // 83: dsec.v1.SandboxProvenance
+	(*v1.SetProvenancePathsResponse)(nil), // 84: dsec.v1.SetProvenancePathsResponse
+	(*v1.WarmPool)(nil),                   // 85: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),      // 86: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                      // 87: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),         // 88: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),        // 89: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil),   // 90: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),        // 91: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),         // 92: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),            // 93: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),      // 94: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                  // 95: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),         // 96: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),             // 97: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),      // 98: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil),   // 99: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),       // 100: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),                // 101: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),           // 102: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),          // 103: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),            // 104: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),               // 105: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),             // 106: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),            // 107: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),               // 108: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),                 // 109: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),             // 110: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),              // 111: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
 	21,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
@@ -1521,119 +1595,120 @@ var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
 	11,  // 7: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
 	25,  // 8: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
 	26,  // 9: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
-	4,   // 10: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	6,   // 11: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	7,   // 12: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
-	8,   // 13: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
-	27,  // 14: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	28,  // 15: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	29,  // 16: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	30,  // 17: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	31,  // 18: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	32,  // 19: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	33,  // 20: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	34,  // 21: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	35,  // 22: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	36,  // 23: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	37,  // 24: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	38,  // 25: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	39,  // 26: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	40,  // 27: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	41,  // 28: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	42,  // 29: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	12,  // 30: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	14,  // 31: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	18,  // 32: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
-	16,  // 33: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
-	43,  // 34: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	44,  // 35: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,   // 36: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	2,   // 37: dsec.edge.v1.EdgeService.RenameRef:input_type -> dsec.edge.v1.RenameRefRequest
-	45,  // 38: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	46,  // 39: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	47,  // 40: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	48,  // 41: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	49,  // 42: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	50,  // 43: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	51,  // 44: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	52,  // 45: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	53,  // 46: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	54,  // 47: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	55,  // 48: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	56,  // 49: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	57,  // 50: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	58,  // 51: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	59,  // 52: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	60,  // 53: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	61,  // 54: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	62,  // 55: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	63,  // 56: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	64,  // 57: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	65,  // 58: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	66,  // 59: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	67,  // 60: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	68,  // 61: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	69,  // 62: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	70,  // 63: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	5,   // 64: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	25,  // 65: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	10,  // 66: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	9,   // 67: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
-	25,  // 68: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	71,  // 69: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	72,  // 70: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	73,  // 71: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	74,  // 72: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	75,  // 73: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	76,  // 74: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	77,  // 75: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	78,  // 76: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	79,  // 77: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	80,  // 78: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	81,  // 79: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	82,  // 80: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	83,  // 81: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	84,  // 82: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	85,  // 83: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	13,  // 84: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	15,  // 85: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	19,  // 86: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
-	17,  // 87: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
-	86,  // 88: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	86,  // 89: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,   // 90: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	3,   // 91: dsec.edge.v1.EdgeService.RenameRef:output_type -> dsec.edge.v1.RenameRefResponse
-	87,  // 92: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	88,  // 93: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	89,  // 94: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	90,  // 95: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	91,  // 96: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	92,  // 97: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	93,  // 98: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	94,  // 99: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	94,  // 100: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	95,  // 101: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	96,  // 102: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	97,  // 103: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	94,  // 104: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	98,  // 105: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	99,  // 106: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	100, // 107: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	101, // 108: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	102, // 109: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	103, // 110: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	104, // 111: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	105, // 112: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	106, // 113: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	107, // 114: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	108, // 115: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	109, // 116: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	110, // 117: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	64,  // [64:118] is the sub-list for method output_type
-	10,  // [10:64] is the sub-list for method input_type
-	10,  // [10:10] is the sub-list for extension type_name
-	10,  // [10:10] is the sub-list for extension extendee
-	0,   // [0:10] is the sub-list for field type_name
+	27,  // 10: dsec.edge.v1.EventsResponse.usage:type_name -> dsec.v1.UsageRecord
+	4,   // 11: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	6,   // 12: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	7,   // 13: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
+	8,   // 14: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
+	28,  // 15: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	29,  // 16: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	30,  // 17: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	31,  // 18: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	32,  // 19: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	33,  // 20: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	34,  // 21: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	35,  // 22: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	36,  // 23: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	37,  // 24: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	38,  // 25: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	39,  // 26: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	40,  // 27: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	41,  // 28: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	42,  // 29: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	43,  // 30: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	12,  // 31: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	14,  // 32: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	18,  // 33: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
+	16,  // 34: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
+	44,  // 35: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	45,  // 36: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,   // 37: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	2,   // 38: dsec.edge.v1.EdgeService.RenameRef:input_type -> dsec.edge.v1.RenameRefRequest
+	46,  // 39: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	47,  // 40: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	48,  // 41: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	49,  // 42: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	50,  // 43: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	51,  // 44: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	52,  // 45: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	53,  // 46: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	54,  // 47: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	55,  // 48: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	56,  // 49: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	57,  // 50: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	58,  // 51: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	59,  // 52: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	60,  // 53: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	61,  // 54: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	62,  // 55: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	63,  // 56: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	64,  // 57: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	65,  // 58: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	66,  // 59: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	67,  // 60: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	68,  // 61: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	69,  // 62: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	70,  // 63: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	71,  // 64: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	5,   // 65: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	25,  // 66: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	10,  // 67: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	9,   // 68: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
+	25,  // 69: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	72,  // 70: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	73,  // 71: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	74,  // 72: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	75,  // 73: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	76,  // 74: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	77,  // 75: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	78,  // 76: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	79,  // 77: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	80,  // 78: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	81,  // 79: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	82,  // 80: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	83,  // 81: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	84,  // 82: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	85,  // 83: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	86,  // 84: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	13,  // 85: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	15,  // 86: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	19,  // 87: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
+	17,  // 88: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
+	87,  // 89: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	87,  // 90: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,   // 91: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	3,   // 92: dsec.edge.v1.EdgeService.RenameRef:output_type -> dsec.edge.v1.RenameRefResponse
+	88,  // 93: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	89,  // 94: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	90,  // 95: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	91,  // 96: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	92,  // 97: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	93,  // 98: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	94,  // 99: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	95,  // 100: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	95,  // 101: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	96,  // 102: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	97,  // 103: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	98,  // 104: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	95,  // 105: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	99,  // 106: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	100, // 107: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	101, // 108: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	102, // 109: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	103, // 110: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	104, // 111: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	105, // 112: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	106, // 113: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	107, // 114: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	108, // 115: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	109, // 116: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	110, // 117: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	111, // 118: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	65,  // [65:119] is the sub-list for method output_type
+	11,  // [11:65] is the sub-list for method input_type
+	11,  // [11:11] is the sub-list for extension type_name
+	11,  // [11:11] is the sub-list for extension extendee
+	0,   // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_dsec_edge_v1_edge_proto_init() }

@@ -145,6 +145,8 @@ const (
 	// SandboxServiceFollowEventsProcedure is the fully-qualified name of the SandboxService's
 	// FollowEvents RPC.
 	SandboxServiceFollowEventsProcedure = "/dsec.v1.SandboxService/FollowEvents"
+	// SandboxServiceUsageProcedure is the fully-qualified name of the SandboxService's Usage RPC.
+	SandboxServiceUsageProcedure = "/dsec.v1.SandboxService/Usage"
 	// SandboxServiceAddWebhookProcedure is the fully-qualified name of the SandboxService's AddWebhook
 	// RPC.
 	SandboxServiceAddWebhookProcedure = "/dsec.v1.SandboxService/AddWebhook"
@@ -333,6 +335,12 @@ type SandboxServiceClient interface {
 	// FollowEvents sends the events ListEvents would from its cursor, then
 	// every new one as it is stored, until the caller hangs up.
 	FollowEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.ServerStreamForClient[v1.Event], error)
+	// Usage adds up the cost ledger (docs/usage.md): what the sandboxes of
+	// a project and the projects under it used (CPU, memory, disk,
+	// snapshots, egress, FnCall calls), grouped by project, sandbox, node or
+	// a label, over a time window; deleted sandboxes count until the
+	// ledger's retention expires them.
+	Usage(context.Context, *connect.Request[v1.UsageRequest]) (*connect.Response[v1.UsageResponse], error)
 	// Webhooks (docs/events.md): a project's admin registers an endpoint
 	// for its events (and those of the projects under it), each delivered
 	// at least once, signed with the webhook's secret; ListWebhooks shows
@@ -635,6 +643,13 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		usage: connect.NewClient[v1.UsageRequest, v1.UsageResponse](
+			httpClient,
+			baseURL+SandboxServiceUsageProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Usage")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		addWebhook: connect.NewClient[v1.AddWebhookRequest, v1.Webhook](
 			httpClient,
 			baseURL+SandboxServiceAddWebhookProcedure,
@@ -709,6 +724,7 @@ type sandboxServiceClient struct {
 	getServerInfo       *connect.Client[v1.GetServerInfoRequest, v1.ServerInfo]
 	listEvents          *connect.Client[v1.ListEventsRequest, v1.ListEventsResponse]
 	followEvents        *connect.Client[v1.ListEventsRequest, v1.Event]
+	usage               *connect.Client[v1.UsageRequest, v1.UsageResponse]
 	addWebhook          *connect.Client[v1.AddWebhookRequest, v1.Webhook]
 	listWebhooks        *connect.Client[v1.ListWebhooksRequest, v1.ListWebhooksResponse]
 	removeWebhook       *connect.Client[v1.RemoveWebhookRequest, v1.RemoveWebhookResponse]
@@ -930,6 +946,11 @@ func (c *sandboxServiceClient) FollowEvents(ctx context.Context, req *connect.Re
 	return c.followEvents.CallServerStream(ctx, req)
 }
 
+// Usage calls dsec.v1.SandboxService.Usage.
+func (c *sandboxServiceClient) Usage(ctx context.Context, req *connect.Request[v1.UsageRequest]) (*connect.Response[v1.UsageResponse], error) {
+	return c.usage.CallUnary(ctx, req)
+}
+
 // AddWebhook calls dsec.v1.SandboxService.AddWebhook.
 func (c *sandboxServiceClient) AddWebhook(ctx context.Context, req *connect.Request[v1.AddWebhookRequest]) (*connect.Response[v1.Webhook], error) {
 	return c.addWebhook.CallUnary(ctx, req)
@@ -1095,6 +1116,12 @@ type SandboxServiceHandler interface {
 	// FollowEvents sends the events ListEvents would from its cursor, then
 	// every new one as it is stored, until the caller hangs up.
 	FollowEvents(context.Context, *connect.Request[v1.ListEventsRequest], *connect.ServerStream[v1.Event]) error
+	// Usage adds up the cost ledger (docs/usage.md): what the sandboxes of
+	// a project and the projects under it used (CPU, memory, disk,
+	// snapshots, egress, FnCall calls), grouped by project, sandbox, node or
+	// a label, over a time window; deleted sandboxes count until the
+	// ledger's retention expires them.
+	Usage(context.Context, *connect.Request[v1.UsageRequest]) (*connect.Response[v1.UsageResponse], error)
 	// Webhooks (docs/events.md): a project's admin registers an endpoint
 	// for its events (and those of the projects under it), each delivered
 	// at least once, signed with the webhook's secret; ListWebhooks shows
@@ -1393,6 +1420,13 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceUsageHandler := connect.NewUnaryHandler(
+		SandboxServiceUsageProcedure,
+		svc.Usage,
+		connect.WithSchema(sandboxServiceMethods.ByName("Usage")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceAddWebhookHandler := connect.NewUnaryHandler(
 		SandboxServiceAddWebhookProcedure,
 		svc.AddWebhook,
@@ -1507,6 +1541,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListEventsHandler.ServeHTTP(w, r)
 		case SandboxServiceFollowEventsProcedure:
 			sandboxServiceFollowEventsHandler.ServeHTTP(w, r)
+		case SandboxServiceUsageProcedure:
+			sandboxServiceUsageHandler.ServeHTTP(w, r)
 		case SandboxServiceAddWebhookProcedure:
 			sandboxServiceAddWebhookHandler.ServeHTTP(w, r)
 		case SandboxServiceListWebhooksProcedure:
@@ -1694,6 +1730,10 @@ func (UnimplementedSandboxServiceHandler) ListEvents(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) FollowEvents(context.Context, *connect.Request[v1.ListEventsRequest], *connect.ServerStream[v1.Event]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.FollowEvents is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Usage(context.Context, *connect.Request[v1.UsageRequest]) (*connect.Response[v1.UsageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.Usage is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) AddWebhook(context.Context, *connect.Request[v1.AddWebhookRequest]) (*connect.Response[v1.Webhook], error) {

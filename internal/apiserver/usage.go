@@ -1,0 +1,225 @@
+package apiserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
+	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/store"
+)
+
+// The cost ledger (docs/usage.md). Each edge keeps what its sandboxes use
+// (package ledger) and answers the apiservers' event pulls (events.go)
+// with the records changed since the version the apiserver has: no call
+// of its own. pullNode puts them in the metadata store in one batched
+// write per pull; the store keeps each figure's largest report, so two
+// apiservers, or one restarted pulling every record again, count nothing
+// twice. FnCall calls, which run in no sandbox of the caller's, are
+// counted by the apiserver that ran them, per project, and written with
+// the next pull. Usage adds the rows up by project, sandbox, node or a
+// label over a window.
+
+// DefaultUsageRetention is how long the ledger keeps an ended sandbox's
+// row when Config.UsageRetention is 0.
+const DefaultUsageRetention = 90 * 24 * time.Hour
+
+// LedgerStore is what the apiserver needs of the store for the ledger.
+type LedgerStore interface {
+	PutUsage(ctx context.Context, rows ...store.UsageRow) error
+	SumUsage(ctx context.Context, q store.UsageQuery) ([]store.UsageSum, error)
+	ExpireUsage(ctx context.Context, olderThan time.Time) (int, error)
+}
+
+// usageState is the apiserver's side of the ledger: how far it pulled
+// each node's ledger, and the FnCall calls it ran, by project.
+type usageState struct {
+	epoch string // names this apiserver's FnCall counters: new each start
+
+	mu      sync.Mutex
+	cursors map[string]usageCursor // node → ledger epoch and version pulled to
+	calls   map[string]int64       // project → FnCall calls run since start
+	dirty   bool                   // calls changed since last written
+	started time.Time
+}
+
+// usageCursor is how far a node's ledger has been pulled.
+type usageCursor struct {
+	epoch string
+	seq   uint64
+}
+
+func (u *usageState) init() {
+	var b [6]byte
+	rand.Read(b[:])
+	u.epoch = hex.EncodeToString(b[:])
+	u.cursors = map[string]usageCursor{}
+	u.calls = map[string]int64{}
+	u.started = time.Now()
+}
+
+// countCall counts a FnCall call run for project.
+func (u *usageState) countCall(project string) {
+	u.mu.Lock()
+	u.calls[project]++
+	u.dirty = true
+	u.mu.Unlock()
+}
+
+func (u *usageState) cursor(node string) usageCursor {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.cursors[node]
+}
+
+func (u *usageState) setCursor(node string, c usageCursor) {
+	u.mu.Lock()
+	u.cursors[node] = c
+	u.mu.Unlock()
+}
+
+// callRows are the FnCall counters to write, if any changed.
+func (u *usageState) callRows(name string) []store.UsageRow {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if !u.dirty {
+		return nil
+	}
+	u.dirty = false
+	now := time.Now()
+	rows := make([]store.UsageRow, 0, len(u.calls))
+	for p, n := range u.calls {
+		rows = append(rows, store.UsageRow{Key: "fncall/" + name + "/" + u.epoch + "/" + p, Project: p, Node: name,
+			Started: u.started, Updated: now, Usage: store.Usage{FnCallCalls: n}})
+	}
+	return rows
+}
+
+// usageRows reads the ledger records a node sent as store rows.
+func usageRows(recs []*dsecv1.UsageRecord) []store.UsageRow {
+	rows := make([]store.UsageRow, 0, len(recs))
+	for _, r := range recs {
+		f := r.GetUsage()
+		rows = append(rows, store.UsageRow{Key: r.GetSandboxId(), SandboxID: r.GetSandboxId(), Project: r.GetProject(), Labels: r.GetLabels(),
+			Node: r.GetNode(), Started: timeOf(r.GetStartedUnixMs()), Ended: timeOf(r.GetEndedUnixMs()), Updated: timeOf(r.GetUpdatedUnixMs()),
+			Usage: store.Usage{CPUUsec: f.GetCpuUsec(), MemoryGiBSec: f.GetMemoryGibSeconds(), DiskGiBHours: f.GetDiskGibHours(),
+				DiskPeakBytes: f.GetDiskPeakBytes(), SnapshotBytes: f.GetSnapshotBytes(), EgressBytes: f.GetEgressBytes(), FnCallCalls: f.GetFncallCalls()}})
+	}
+	return rows
+}
+
+// storeUsage writes the rows a pull brought, with this apiserver's FnCall
+// counters when they changed, in one store call. It reports whether they
+// were stored (false: the caller pulls them again).
+func (s *Server) storeUsage(ctx context.Context, node string, recs []*dsecv1.UsageRecord) bool {
+	if s.cfg.Ledger == nil {
+		return true
+	}
+	rows := usageRows(recs)
+	calls := s.usage.callRows(s.cfg.Name)
+	rows = append(rows, calls...)
+	if len(rows) == 0 {
+		return true
+	}
+	if err := s.cfg.Ledger.PutUsage(ctx, rows...); err != nil {
+		s.log.Warn("store usage", "node", node, "rows", len(rows), "err", err)
+		if len(calls) > 0 {
+			s.usage.mu.Lock()
+			s.usage.dirty = true
+			s.usage.mu.Unlock()
+		}
+		return false
+	}
+	return true
+}
+
+// flushCalls writes the FnCall counters when no node pull did (a cluster
+// whose nodes have nothing new).
+func (s *Server) flushCalls(ctx context.Context) {
+	if s.cfg.Ledger != nil {
+		s.storeUsage(ctx, "", nil)
+	}
+}
+
+// RunUsageExpiry forgets ended sandboxes' ledger rows older than the
+// configured retention, about once an hour at random times, until ctx
+// ends (at once without Config.Ledger or when rows are kept forever).
+func (s *Server) RunUsageExpiry(ctx context.Context) {
+	retention := s.cfg.UsageRetention
+	if retention == 0 {
+		retention = DefaultUsageRetention
+	}
+	if s.cfg.Ledger == nil || retention < 0 {
+		return
+	}
+	every := auditExpiryEvery
+	t := time.NewTimer(mrand.N(every/4) + 1)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if n, err := s.cfg.Ledger.ExpireUsage(ctx, time.Now().Add(-retention)); err != nil {
+			s.log.Warn("expire usage", "err", err)
+		} else if n > 0 {
+			s.log.Info("expired usage rows", "count", n, "retention", retention)
+		}
+		t.Reset(every/2 + mrand.N(every))
+	}
+}
+
+func usageMsg(u store.Usage) *dsecv1.UsageFigures {
+	return &dsecv1.UsageFigures{CpuUsec: u.CPUUsec, MemoryGibSeconds: u.MemoryGiBSec, DiskGibHours: u.DiskGiBHours,
+		DiskPeakBytes: u.DiskPeakBytes, SnapshotBytes: u.SnapshotBytes, EgressBytes: u.EgressBytes, FncallCalls: u.FnCallCalls,
+		Sandboxes: u.Sandboxes}
+}
+
+// Usage adds up the ledger's rows of a project and the projects under it.
+func (s *Server) Usage(ctx context.Context, req *connect.Request[dsecv1.UsageRequest]) (*connect.Response[dsecv1.UsageResponse], error) {
+	if s.cfg.Ledger == nil {
+		return nil, fmt.Errorf("usage: this server keeps no metadata store: %w", errdefs.ErrNotSupported)
+	}
+	m := req.Msg
+	a := actor(ctx)
+	path, err := projectOr(a, m.Project)
+	if err != nil {
+		return nil, err
+	}
+	if err := allow(a, iam.Op(dsecv1connect.SandboxServiceUsageProcedure), path); err != nil {
+		return nil, err
+	}
+	by := m.GetBy()
+	if by == "" {
+		by = "project"
+	}
+	if err := store.CheckUsageBy(by); err != nil {
+		return nil, err
+	}
+	since, until := timeOf(m.GetSinceUnixMs()), timeOf(m.GetUntilUnixMs())
+	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
+		return nil, fmt.Errorf("usage from %s until %s: an empty window: %w", since.Format(time.RFC3339), until.Format(time.RFC3339), errdefs.ErrInvalidArgument)
+	}
+	sums, err := s.cfg.Ledger.SumUsage(ctx, store.UsageQuery{Projects: []string{path}, Since: since, Until: until, By: by})
+	if err != nil {
+		return nil, err
+	}
+	out := &dsecv1.UsageResponse{By: by}
+	var total store.Usage
+	for _, g := range sums {
+		out.Groups = append(out.Groups, &dsecv1.UsageGroup{Key: g.Key, Usage: usageMsg(g.Usage)})
+		total.Add(g.Usage)
+	}
+	out.Total = usageMsg(total)
+	return connect.NewResponse(out), nil
+}

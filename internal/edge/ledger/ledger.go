@@ -1,0 +1,333 @@
+// Package ledger keeps a node's cost ledger: for each sandbox, what it
+// used so far (CPU time, memory integrated over time, its writable layer's
+// size integrated over time and at its largest, the snapshots it produced,
+// what it sent out of its network namespace), with its project and labels,
+// for the apiservers to pull into the metadata store (docs/usage.md).
+//
+// The sandbox manager feeds it: Start when a sandbox is made (or claimed
+// from a warm pool), Observe with each sample it reads of a sandbox's
+// cgroup, writable layer and veth (every Interval, and a last time before
+// the sandbox's cgroup goes), AddSnapshot, and End. Every change raises
+// the ledger's version; the edge service reports the version in its Status
+// and answers the apiservers' pulls with the records changed since the
+// version they have (Changed). Figures are cumulative and only grow, so a
+// record stored twice, or by two apiservers, counts once.
+//
+// The ledger is saved to a file after each round of samples and read back
+// when the edge starts, so a restarted dsecd (whose sandboxes live on)
+// keeps the integrals; what a crash loses is the last round's. Ended
+// sandboxes' records are kept for Keep after they end, for apiservers that
+// were away, then dropped.
+package ledger
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+)
+
+const (
+	// DefaultInterval is how often the manager samples its sandboxes.
+	DefaultInterval = 10 * time.Second
+	// Keep is how long an ended sandbox's record stays on the node.
+	Keep = time.Hour
+	gib  = 1 << 30
+)
+
+// Sample is one reading of a sandbox's counters. CPUUsec and EgressBytes
+// are the counters as read (cumulative since the cgroup or veth was made);
+// MemoryBytes and DiskBytes the sizes at At.
+type Sample struct {
+	At          time.Time
+	CPUUsec     int64
+	MemoryBytes int64
+	DiskBytes   int64
+	EgressBytes int64
+}
+
+// Record is one sandbox's ledger entry: the figures, and what the next
+// sample is integrated from.
+type Record struct {
+	SandboxID     string            `json:"sandbox_id"`
+	Project       string            `json:"project"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Started       time.Time         `json:"started"`
+	Ended         time.Time         `json:"ended,omitzero"`
+	Updated       time.Time         `json:"updated"`
+	CPUUsec       int64             `json:"cpu_usec"`
+	MemoryGiBSec  float64           `json:"memory_gib_s"`
+	DiskGiBHours  float64           `json:"disk_gib_h"`
+	DiskPeakBytes int64             `json:"disk_peak_bytes"`
+	SnapshotBytes int64             `json:"snapshot_bytes"`
+	EgressBytes   int64             `json:"egress_bytes"`
+
+	// The last sample: counters as read, sizes, when.
+	Last Sample `json:"last"`
+	// Sampled is false until the first sample: a sandbox claimed from a
+	// warm pool counts from its claim, so its first sample is the base.
+	Sampled bool `json:"sampled"`
+	// fromZero: the counters count from 0 at the first sample (a sandbox
+	// made for its caller: its start is its own).
+	FromZero bool `json:"from_zero"`
+
+	seq uint64
+}
+
+// Ledger is a node's cost ledger. It is safe for concurrent use; a nil
+// *Ledger records nothing.
+type Ledger struct {
+	node  string
+	epoch string
+	path  string // where it is saved ("": nowhere)
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	seq  uint64
+	recs map[string]*Record
+}
+
+// Open returns node's ledger, saved at path ("": kept in memory only) and
+// read back from it if it is there, in a new epoch.
+func Open(node, path string, log *slog.Logger) (*Ledger, error) {
+	var b [8]byte
+	rand.Read(b[:])
+	l := &Ledger{node: node, epoch: hex.EncodeToString(b[:]), path: path, log: log, recs: map[string]*Record{}}
+	if path == "" {
+		return l, nil
+	}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return l, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the cost ledger: %w", err)
+	}
+	var recs []*Record
+	if err := json.Unmarshal(data, &recs); err != nil {
+		// A torn file loses the integrals, not the node.
+		log.Warn("the cost ledger's file is unreadable: starting a new one", "path", path, "err", err)
+		return l, nil
+	}
+	for _, r := range recs {
+		l.seq++
+		r.seq = l.seq
+		l.recs[r.SandboxID] = r
+	}
+	return l, nil
+}
+
+// Node is the node whose ledger it is.
+func (l *Ledger) Node() string { return l.node }
+
+// Start records that sandbox id was made for a caller (fresh) or claimed
+// from a warm pool (not fresh: what it used before its claim is nobody's).
+func (l *Ledger) Start(id, project string, labels map[string]string, at time.Time, fresh bool) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.recs[id]
+	if r != nil && r.Ended.IsZero() {
+		return
+	}
+	l.recs[id] = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: at, Updated: at, FromZero: fresh}
+	l.bump(l.recs[id])
+}
+
+func (l *Ledger) bump(r *Record) {
+	l.seq++
+	r.seq = l.seq
+}
+
+// Observe adds sample s of sandbox id: the CPU time and egress since the
+// last sample (a counter that went back, a cgroup or veth made again,
+// counts from 0), memory and disk integrated over the time since (the
+// mean of the two samples). A sandbox the ledger does not know (one a
+// restarted edge re-adopted without a saved ledger) starts at s.
+func (l *Ledger) Observe(id, project string, labels map[string]string, s Sample) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.recs[id]
+	if r == nil {
+		r = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: s.At}
+		l.recs[id] = r
+	}
+	switch {
+	case !r.Sampled && r.FromZero:
+		r.CPUUsec += s.CPUUsec
+		r.EgressBytes += s.EgressBytes
+		// Nothing before the first sample is known but the start: the
+		// sizes grew from 0 since then.
+		if dt := s.At.Sub(r.Started).Seconds(); dt > 0 {
+			r.MemoryGiBSec += float64(s.MemoryBytes) / 2 * dt / gib
+			r.DiskGiBHours += float64(s.DiskBytes) / 2 * dt / gib / 3600
+		}
+	case r.Sampled:
+		r.CPUUsec += delta(r.Last.CPUUsec, s.CPUUsec)
+		r.EgressBytes += delta(r.Last.EgressBytes, s.EgressBytes)
+		if dt := s.At.Sub(r.Last.At).Seconds(); dt > 0 {
+			r.MemoryGiBSec += float64(r.Last.MemoryBytes+s.MemoryBytes) / 2 * dt / gib
+			r.DiskGiBHours += float64(r.Last.DiskBytes+s.DiskBytes) / 2 * dt / gib / 3600
+		}
+	}
+	r.Sampled = true
+	r.Last = s
+	r.DiskPeakBytes = max(r.DiskPeakBytes, s.DiskBytes)
+	r.Updated = s.At
+	if project != "" || r.Project == "" {
+		r.Project = project
+	}
+	if labels != nil {
+		r.Labels = maps.Clone(labels)
+	}
+	l.bump(r)
+}
+
+// delta is what a counter grew by from prev to now; a counter that went
+// back was made again and counts from 0.
+func delta(prev, now int64) int64 {
+	if now < prev {
+		return now
+	}
+	return now - prev
+}
+
+// AddSnapshot adds bytes of a snapshot sandbox id produced.
+func (l *Ledger) AddSnapshot(id string, bytes int64) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r := l.recs[id]; r != nil {
+		r.SnapshotBytes += bytes
+		r.Updated = time.Now()
+		l.bump(r)
+	}
+}
+
+// End records that sandbox id ended at at: its figures are final (the
+// manager observed it a last time before its cgroup went).
+func (l *Ledger) End(id string, at time.Time) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r := l.recs[id]; r != nil && r.Ended.IsZero() {
+		r.Ended, r.Updated = at, at
+		l.bump(r)
+	}
+}
+
+// Head is the ledger's epoch and version (0: nothing recorded yet).
+func (l *Ledger) Head() (epoch string, seq uint64) {
+	if l == nil {
+		return "", 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch, l.seq
+}
+
+// Changed returns the records changed after version after of epoch (of
+// another epoch: every record kept), the ledger's epoch, and the version
+// they bring the caller to.
+func (l *Ledger) Changed(epoch string, after uint64) (recs []*dsecv1.UsageRecord, cur string, next uint64) {
+	if l == nil {
+		return nil, "", 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if epoch != l.epoch {
+		after = 0
+	}
+	for _, r := range l.recs {
+		if r.seq > after {
+			recs = append(recs, l.msg(r))
+		}
+	}
+	return recs, l.epoch, l.seq
+}
+
+func (l *Ledger) msg(r *Record) *dsecv1.UsageRecord {
+	m := &dsecv1.UsageRecord{SandboxId: r.SandboxID, Project: r.Project, Labels: maps.Clone(r.Labels), Node: l.node,
+		StartedUnixMs: r.Started.UnixMilli(), UpdatedUnixMs: r.Updated.UnixMilli(),
+		Usage: &dsecv1.UsageFigures{CpuUsec: r.CPUUsec, MemoryGibSeconds: r.MemoryGiBSec, DiskGibHours: r.DiskGiBHours,
+			DiskPeakBytes: r.DiskPeakBytes, SnapshotBytes: r.SnapshotBytes, EgressBytes: r.EgressBytes, Sandboxes: 1}}
+	if !r.Ended.IsZero() {
+		m.EndedUnixMs = r.Ended.UnixMilli()
+	}
+	return m
+}
+
+// Get returns a copy of sandbox id's record.
+func (l *Ledger) Get(id string) (Record, bool) {
+	if l == nil {
+		return Record{}, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.recs[id]
+	if !ok {
+		return Record{}, false
+	}
+	return *r, true
+}
+
+// Save drops the records of sandboxes that ended more than Keep ago and
+// writes the rest to the ledger's file (replaced whole: a crash leaves the
+// old one or the new).
+func (l *Ledger) Save(now time.Time) error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	recs := make([]*Record, 0, len(l.recs))
+	for id, r := range l.recs {
+		if !r.Ended.IsZero() && now.Sub(r.Ended) > Keep {
+			delete(l.recs, id)
+			continue
+		}
+		c := *r
+		recs = append(recs, &c)
+	}
+	l.mu.Unlock()
+	if l.path == "" {
+		return nil
+	}
+	data, err := json.Marshal(recs)
+	if err != nil {
+		return fmt.Errorf("save the cost ledger: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(l.path), ".ledger-*")
+	if err != nil {
+		return fmt.Errorf("save the cost ledger: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("save the cost ledger: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("save the cost ledger: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), l.path); err != nil {
+		return fmt.Errorf("save the cost ledger: %w", err)
+	}
+	return nil
+}
