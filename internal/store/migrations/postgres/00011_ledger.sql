@@ -1,4 +1,4 @@
--- The cost ledger, as migrations/sqlite/00010_ledger.sql: one row per
+-- The cost ledger, as migrations/sqlite/00012_ledger.sql: one row per
 -- sandbox (or per apiserver's FnCall counter of a project), its figures
 -- cumulative, so an edge's report pulled twice (two apiservers, or one
 -- restarted) changes nothing: a report only ever raises them. Rows outlive
