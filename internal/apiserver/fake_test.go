@@ -244,6 +244,10 @@ func (f *fakeEdge) Snapshot(ctx context.Context, id, name string, sel snapshot.S
 	return nil, f.refuse(id, "cannot snapshot")
 }
 
+func (f *fakeEdge) Lay(ctx context.Context, id, room, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error) {
+	return nil, f.refuse(id, "cannot capture")
+}
+
 func (f *fakeEdge) Agent(ctx context.Context, id string) (agentclient.Client, func(), error) {
 	return nil, nil, f.refuse(id, "has no agents")
 }

@@ -34,17 +34,38 @@ func (s *Server) Grade(ctx context.Context, req *connect.Request[dsecv1.GradeReq
 		return nil, err
 	}
 	started := time.Now()
-	// What the agent did is read before the capture, which the trajectory
-	// records and which freezes a microVM.
-	trajectory, prov := s.gradeEvidence(ctx, req.Msg.GetSandboxId())
-	res, done, err := grade.Run(ctx, s.loop.client(s), req.Msg)
+	// What the agent did is read beside the grade, not before it: the
+	// trajectory hash is a prefix of the trajectory as it stood when
+	// read (which may or may not hold the grade's capture step), and the
+	// provenance flags are the sandbox's as the grade ran.
+	type evidence struct {
+		trajectory string
+		prov       *dsecv1.SandboxProvenance
+		took       time.Duration
+	}
+	ev := make(chan evidence, 1)
+	go func() {
+		t := time.Now()
+		var e evidence
+		e.trajectory, e.prov = s.gradeEvidence(ctx, req.Msg.GetSandboxId())
+		e.took = time.Since(t)
+		ev <- e
+	}()
+	var rooms grade.Rooms
+	if s.cfg.GradePool > 0 {
+		rooms = gradeRooms{s}
+	}
+	res, done, err := grade.Run(ctx, s.loop.client(s), req.Msg, rooms)
+	e := <-ev
 	if err != nil {
 		return nil, err
 	}
-	res.TrajectoryHash, res.Provenance = trajectory, prov
+	res.TrajectoryHash, res.Provenance = e.trajectory, e.prov
+	res.Times.EvidenceMs = e.took.Milliseconds()
 	// The receipt is signed before the clean room goes: its edge still
 	// holds it and what its grader did. A receipt that cannot be made is
 	// logged and left out, never the grade failed for it.
+	t := time.Now()
 	if res.Receipt, err = s.gradeReceipt(ctx, req.Msg, res, started, time.Now()); err != nil {
 		lvl := slog.LevelWarn
 		if errors.Is(err, errdefs.ErrNotSupported) {
@@ -52,6 +73,8 @@ func (s *Server) Grade(ctx context.Context, req *connect.Request[dsecv1.GradeReq
 		}
 		s.log.Log(ctx, lvl, "grade without a receipt", "sandbox", req.Msg.GetSandboxId(), "err", err)
 	}
+	res.Times.ReceiptMs = time.Since(t).Milliseconds()
+	res.Times.TotalMs = time.Since(started).Milliseconds()
 	// The clean room and the capture go after the reply: a trainer waits
 	// for the reward, not for the deletes.
 	go func() {

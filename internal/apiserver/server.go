@@ -141,8 +141,13 @@ type Config struct {
 	Webhooks            WebhookStore
 	WebhookAllowPrivate bool
 	WebhookTimeout      time.Duration
-	WebhookBackoff      time.Duration
-	WebhookMaxActive    int
+	// GradePool is how many clean rooms of each shape a grade keeps ready
+	// on the graded sandbox's node (a grade pool: warm sandboxes of the
+	// room's spec, on the sandbox's layers, into which a grade lays its
+	// capture); 0 starts each clean room for its grade (grade_pools.go).
+	GradePool        int
+	WebhookBackoff   time.Duration
+	WebhookMaxActive int
 	// TokenlessFnCall, when Auth is set, is the path of the project in
 	// which a SandboxFusion call without a token runs, as a runner there
 	// (charged to it): "/" is the root. Empty refuses such calls
@@ -184,6 +189,7 @@ type Server struct {
 	webhooks webhookState                      // webhooks.go
 	info     atomic.Pointer[dsecv1.ServerInfo] // SetEndpoints
 	loop     loopback                          // grade.go
+	grades   gradePools                        // grade_pools.go
 	console  webConsole                        // console.go
 	metrics  *metrics.API                      // nil without Config.Metrics
 }

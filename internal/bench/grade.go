@@ -55,6 +55,22 @@ type GradeReport struct {
 	Start   float64 `json:"start_p50_ms"`
 	Tests   float64 `json:"tests_p50_ms"`
 	Grader  float64 `json:"grader_p50_ms"`
+	// Killing the grader's leftovers and reading the reward file; the
+	// provenance and trajectory reads (beside the rest); the receipt's
+	// signing.
+	Reward   float64 `json:"reward_p50_ms"`
+	Evidence float64 `json:"evidence_p50_ms"`
+	Receipt  float64 `json:"receipt_p50_ms"`
+	// Clean rooms taken from a grade pool, and captures laid into a room
+	// rather than packed into a layer, of the clean-room grades.
+	Pooled int `json:"pooled"`
+	Laid   int `json:"laid"`
+	// Where grading in place goes, p50 (ms): writing the trusted files,
+	// the grader's exec (the floor of both ways: a clean room runs the
+	// same command), reading the reward.
+	PlaceWrite float64 `json:"in_place_write_p50_ms"`
+	PlaceExec  float64 `json:"in_place_exec_p50_ms"`
+	PlaceRead  float64 `json:"in_place_read_p50_ms"`
 	// Rollouts whose two rewards differ (a patch that edits the tests earns
 	// more in place), by patch.
 	Differ map[string]string `json:"rewards_differ,omitempty"`
@@ -123,6 +139,8 @@ func RunGrade(ctx context.Context, c *dsec.Client, o GradeOptions) (*GradeReport
 		mu                       sync.Mutex
 		inPlace, clean           []time.Duration
 		capture, start, tst, grd []time.Duration
+		reward, evidence, rcpt   []time.Duration
+		pWrite, pExec, pRead     []time.Duration
 		wg                       sync.WaitGroup
 	)
 	sem := make(chan struct{}, o.Concurrency)
@@ -146,6 +164,15 @@ func RunGrade(ctx context.Context, c *dsec.Client, o GradeOptions) (*GradeReport
 			ms := func(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
 			capture, start = append(capture, ms(t.GetCaptureMs())), append(start, ms(t.GetStartMs()))
 			tst, grd = append(tst, ms(t.GetTestsMs())), append(grd, ms(t.GetGraderMs()))
+			reward, evidence = append(reward, ms(t.GetRewardMs())), append(evidence, ms(t.GetEvidenceMs()))
+			rcpt = append(rcpt, ms(t.GetReceiptMs()))
+			pWrite, pExec, pRead = append(pWrite, ip.write), append(pExec, ip.exec), append(pRead, ip.read)
+			if t.GetPooled() {
+				r.Pooled++
+			}
+			if t.GetLaid() {
+				r.Laid++
+			}
 			if ip.reward != res.GetReward() {
 				r.Differ[name] = fmt.Sprintf("in place %.2f, clean room %.2f", ip.reward, res.GetReward())
 			}
@@ -161,12 +188,15 @@ func RunGrade(ctx context.Context, c *dsec.Client, o GradeOptions) (*GradeReport
 	r.Ratio = r.CleanRoom.P50 / r.InPlace.P50
 	r.Capture, r.Start = summarize(capture).P50, summarize(start).P50
 	r.Tests, r.Grader = summarize(tst).P50, summarize(grd).P50
+	r.Reward, r.Evidence, r.Receipt = summarize(reward).P50, summarize(evidence).P50, summarize(rcpt).P50
+	r.PlaceWrite, r.PlaceExec, r.PlaceRead = summarize(pWrite).P50, summarize(pExec).P50, summarize(pRead).P50
 	return r, nil
 }
 
 type placeGrade struct {
-	took   time.Duration
-	reward float64
+	took              time.Duration
+	write, exec, read time.Duration
+	reward            float64
 }
 
 // rollout makes one rollout's sandbox, applies patch and grades it both
@@ -219,11 +249,14 @@ func (d *demoGrade) rollout(ctx context.Context, c *dsec.Client, env, patch stri
 // its own, the grader run there, the reward read from its file.
 func (d *demoGrade) inPlace(ctx context.Context, sb *dsec.Sandbox) (placeGrade, error) {
 	var g placeGrade
+	t := time.Now()
 	for p, data := range d.files {
 		if err := sb.WriteFile(ctx, p, data, 0); err != nil {
 			return g, err
 		}
 	}
+	g.write = time.Since(t)
+	t = time.Now()
 	r, err := sb.Exec(ctx, dsec.Sh("DSEC_REWARD_FILE=/tmp/reward "+demoGrader+" >/dev/null"), nil)
 	if err != nil {
 		return g, err
@@ -231,10 +264,13 @@ func (d *demoGrade) inPlace(ctx context.Context, sb *dsec.Sandbox) (placeGrade, 
 	if r.ExitCode != 0 {
 		return g, fmt.Errorf("the grader in place exited %d: %s", r.ExitCode, r.Stderr)
 	}
+	g.exec = time.Since(t)
+	t = time.Now()
 	out, err := sb.ReadFile(ctx, "/tmp/reward")
 	if err != nil {
 		return g, err
 	}
+	g.read = time.Since(t)
 	_, err = fmt.Sscanf(strings.TrimSpace(string(out)), "%g", &g.reward)
 	return g, err
 }
@@ -246,7 +282,10 @@ func (r *GradeReport) Print(w io.Writer) {
 	fmt.Fprintf(tw, "in place\t%.0f ms\t%.0f ms\t%.0f ms\n", r.InPlace.P50, r.InPlace.P99, r.InPlace.Max)
 	fmt.Fprintf(tw, "clean room\t%.0f ms\t%.0f ms\t%.0f ms\n", r.CleanRoom.P50, r.CleanRoom.P99, r.CleanRoom.Max)
 	tw.Flush()
-	fmt.Fprintf(w, "clean room's parts, p50: capture %.0f ms, start %.0f ms, tests %.0f ms, grader %.0f ms\n", r.Capture, r.Start, r.Tests, r.Grader)
+	fmt.Fprintf(w, "clean room's parts, p50: start %.0f ms, capture %.0f ms, tests %.0f ms, grader %.0f ms, kill+reward %.0f ms, receipt %.0f ms (evidence %.0f ms, beside them)\n",
+		r.Start, r.Capture, r.Tests, r.Grader, r.Reward, r.Receipt, r.Evidence)
+	fmt.Fprintf(w, "clean rooms from a grade pool: %d of %d; captures laid into the room: %d\n", r.Pooled, r.Rollouts-len(r.Errors), r.Laid)
+	fmt.Fprintf(w, "in place's parts, p50: write %.0f ms, grader exec %.0f ms (the floor), read %.0f ms\n", r.PlaceWrite, r.PlaceExec, r.PlaceRead)
 	verdict := "PASS"
 	if r.Ratio > r.Target {
 		verdict = "MISS"

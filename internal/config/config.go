@@ -90,6 +90,7 @@ type API struct {
 	ReconcileInterval    time.Duration `key:"reconcile_interval" flag:"reconcile-interval" help:"how often to settle creates left in doubt, abandon stale reservations and check sandbox rows against the edges"`
 	AbandonAfter         time.Duration `key:"abandon_after" flag:"abandon-after" help:"how long a pending idempotent create may go without renewing its lease before any apiserver abandons it and reaps its sandboxes"`
 	UsageRetention       time.Duration `key:"usage_retention" flag:"usage-retention" help:"how long the cost ledger keeps an ended sandbox's row (negative: forever; docs/usage.md)"`
+	GradePool            int           `key:"grade_pool" flag:"grade-pool" help:"clean rooms of each shape grades keep started ahead on the graded sandbox's node, into which a grade lays its capture (0: each grade starts its own; docs/grading.md)"`
 }
 
 // Node is a node's settings: the all-in-one dsecd's and an edge's.
@@ -273,6 +274,7 @@ func defaultAPI() API {
 		ReconcileInterval: 30 * time.Second,
 		AbandonAfter:      2 * time.Minute,
 		UsageRetention:    90 * 24 * time.Hour,
+		GradePool:         2, // apiserver.DefaultGradePool
 	}
 }
 

@@ -24,7 +24,8 @@ func FromAllInOne(c config.AllInOne) (Config, error) {
 	cfg.MetricsTokenFile = a.MetricsTokenFile
 	cfg.APITuning = APITuning{MaxBatch: a.MaxBatch, CreateConcurrency: a.CreateConcurrency,
 		ReconcileInterval: a.ReconcileInterval, AbandonAfter: a.AbandonAfter,
-		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive}
+		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive,
+		GradePool: a.GradePool}
 	cfg.SandboxFusionListen, cfg.SandboxFusionProject, cfg.E2BListen = a.SandboxFusionListen, a.SandboxFusionProject, a.E2BListen
 	cfg.AuditRetention, cfg.EventRetention, cfg.WebhookAllowPrivate = a.AuditRetention, a.EventRetention, a.WebhookAllowPrivate
 	cfg.UsageRetention = a.UsageRetention
@@ -64,6 +65,7 @@ func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive,
 		AuditRetention: a.AuditRetention, EventRetention: a.EventRetention, WebhookAllowPrivate: a.WebhookAllowPrivate,
 		UsageRetention: a.UsageRetention,
+		GradePool: a.GradePool,
 	}
 	for _, e := range c.Edges {
 		se, err := ParseStaticEdge(e)

@@ -763,7 +763,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		MaxBatch: cfg.APITuning.MaxBatch, CreateConcurrency: cfg.APITuning.CreateConcurrency,
 		ReconcileInterval: cfg.APITuning.ReconcileInterval, AbandonAfter: cfg.APITuning.AbandonAfter,
 		WebhookTimeout: cfg.APITuning.WebhookTimeout, WebhookBackoff: cfg.APITuning.WebhookBackoff,
-		WebhookMaxActive: cfg.APITuning.WebhookMaxActive}, meta, fleet, log.With("component", "apiserver"))
+		WebhookMaxActive: cfg.APITuning.WebhookMaxActive, GradePool: cfg.APITuning.GradePool}, meta, fleet, log.With("component", "apiserver"))
 	// A reservation left pending by a dsecd that died mid-create, say, is
 	// reconciled here as in a cluster.
 	stopReconciler := runReconciler(ctx, api)

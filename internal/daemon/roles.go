@@ -366,6 +366,9 @@ type APIServerConfig struct {
 	// UsageRetention is how long an ended sandbox's cost ledger row is
 	// kept (0 = apiserver.DefaultUsageRetention; negative: forever).
 	UsageRetention time.Duration
+	// GradePool is the clean rooms of each shape grades keep ready on a
+	// node (apiserver.Config.GradePool).
+	GradePool int
 }
 
 // APITuning tunes the all-in-one's apiserver as APIServerConfig's fields
@@ -379,6 +382,7 @@ type APITuning struct {
 	WebhookTimeout    time.Duration
 	WebhookBackoff    time.Duration
 	WebhookMaxActive  int
+	GradePool         int
 }
 
 func (c *APIServerConfig) fill() error {
@@ -471,7 +475,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		Ledger: meta, UsageRetention: cfg.UsageRetention,
 		TokenlessFnCall: tokenless, Metrics: reg, ScrapeToken: scrapeToken,
 		MaxBatch: cfg.MaxBatch, CreateConcurrency: cfg.CreateConcurrency, WebhookTimeout: cfg.WebhookTimeout,
-		WebhookBackoff: cfg.WebhookBackoff, WebhookMaxActive: cfg.WebhookMaxActive}, meta, w, log.With("component", "apiserver"))
+		WebhookBackoff: cfg.WebhookBackoff, WebhookMaxActive: cfg.WebhookMaxActive, GradePool: cfg.GradePool}, meta, w, log.With("component", "apiserver"))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.Poll(ctx) // routable edges from the first call on

@@ -131,6 +131,30 @@ func trustedPaths(req *dsecv1.GradeRequest) []string {
 	return append(out, RewardDir)
 }
 
+// Rooms is how a grade takes its clean room from a grade pool: a room
+// started ahead on the graded sandbox's node, on its layers, into which
+// the capture is laid instead of packed into a layer (the apiserver's,
+// which keeps the pools; docs/grading.md).
+type Rooms interface {
+	// Room starts a clean room of spec on node, taking one of the node's
+	// grade pool when it holds one ready (Sandbox.from_warm_pool says
+	// which).
+	Room(ctx context.Context, node string, spec *dsecv1.SandboxSpec) (*dsecv1.Sandbox, error)
+	// Lay captures the paths req names of its sandbox and lays them into
+	// running sandbox req.lay_into of the same node (SnapshotRequest.lay_into).
+	Lay(ctx context.Context, req *dsecv1.SnapshotRequest) (*dsecv1.SnapshotInfo, error)
+}
+
+// Layable reports whether a clean room of spec can take a laid capture:
+// a container (runc or crun), whose root file system the host sees.
+func Layable(spec *dsecv1.SandboxSpec) bool {
+	switch spec.GetIsolation() {
+	case dsecv1.Isolation_ISOLATION_UNSPECIFIED, dsecv1.Isolation_ISOLATION_CONTAINER:
+		return true
+	}
+	return false
+}
+
 // Run grades sandbox req.sandbox_id in a clean room through api. An error
 // means the grade did not happen (the capture, the clean room's start or
 // a call to it failed): that is the platform's failure, never a reward of
@@ -142,7 +166,11 @@ func trustedPaths(req *dsecv1.GradeRequest) []string {
 // caller runs once it has answered (the reply need not wait for the
 // deletes), on a context of its own; done returns what it could not
 // delete, in words.
-func Run(ctx context.Context, api API, req *dsecv1.GradeRequest) (res *dsecv1.GradeResult, done func(context.Context) []string, err error) {
+//
+// With rooms, a clean room that can take it (Layable) comes from rooms on
+// the sandbox's node and the capture is laid into it; where the node
+// cannot lay it (ErrNotSupported) the grade packs a layer as without.
+func Run(ctx context.Context, api API, req *dsecv1.GradeRequest, rooms Rooms) (res *dsecv1.GradeResult, done func(context.Context) []string, err error) {
 	start := time.Now()
 	if err := Check(req); err != nil {
 		return nil, nil, err
@@ -181,48 +209,25 @@ func Run(ctx context.Context, api API, req *dsecv1.GradeRequest) (res *dsecv1.Gr
 		res.User = DefaultUser
 	}
 
-	t := time.Now()
 	name := fmt.Sprintf("grade-%s-%d", id, time.Now().UnixNano())
-	// The capture is the sandbox's project's, as a fork's snapshot is: the
-	// clean room of that project starts on it.
-	snap, err := api.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{
-		SandboxId: id, Name: name, Include: req.GetPaths(), Trusted: trustedPaths(req),
-		Project: src.Msg.GetSpec().GetLabels()[projectLabel]}))
-	if err != nil {
-		return nil, nil, fmt.Errorf("grade %s: capture %s: %w", id, strings.Join(req.GetPaths(), " "), err)
-	}
-	res.Capture = snap.Msg
-	res.Times.CaptureMs = time.Since(t).Milliseconds()
-	tidy = append(tidy, func(ctx context.Context) string {
-		if _, err := api.DeleteSnapshot(ctx, connect.NewRequest(&dsecv1.DeleteSnapshotRequest{Name: name})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
-			return fmt.Sprintf("delete the capture %s: %v", name, err)
+	room := ""
+	if rooms != nil && Layable(roomSpec(src.Msg, src.Msg.GetSpec().GetEnvironment(), req)) && req.GetTests().GetLayer() == "" {
+		room, err = pooledRoom(ctx, api, rooms, src.Msg, name, req, res, &tidy)
+		if errors.Is(err, errdefs.ErrNotSupported) {
+			// The node cannot lay it: a layer, as without a pool.
+			room, err = "", nil
 		}
-		return ""
-	})
-
-	t = time.Now()
-	spec := roomSpec(src.Msg, snap.Msg.GetEnvironment(), req)
-	res.Environment = spec.GetEnvironment()
-	created, err := api.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
-	if err != nil {
-		return nil, nil, fmt.Errorf("grade %s: start the clean room on %s: %w", id, spec.GetEnvironment(), err)
+		if err != nil {
+			return nil, nil, fmt.Errorf("grade %s: %w", id, err)
+		}
 	}
-	if len(created.Msg.GetSandboxes()) != 1 {
-		return nil, nil, fmt.Errorf("grade %s: the clean room's create returned %d sandboxes", id, len(created.Msg.GetSandboxes()))
-	}
-	room := created.Msg.GetSandboxes()[0].GetId()
-	res.GraderSandboxId = room
-	res.Times.StartMs = time.Since(t).Milliseconds()
-	if !req.GetKeep() {
-		tidy = append(tidy, func(ctx context.Context) string {
-			if _, err := api.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: room})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
-				return fmt.Sprintf("delete the clean room %s: %v", room, err)
-			}
-			return ""
-		})
+	if room == "" {
+		if room, err = layerRoom(ctx, api, src.Msg, name, req, res, &tidy); err != nil {
+			return nil, nil, fmt.Errorf("grade %s: %w", id, err)
+		}
 	}
 
-	t = time.Now()
+	t := time.Now()
 	if err := layTests(ctx, api, room, req.GetTests().GetFiles()); err != nil {
 		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
@@ -233,13 +238,105 @@ func Run(ctx context.Context, api API, req *dsecv1.GradeRequest) (res *dsecv1.Gr
 		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
 	res.Times.GraderMs = time.Since(t).Milliseconds()
+	t = time.Now()
 	if err := killLeft(ctx, api, room, res.GetUser()); err != nil {
 		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
 	if err := readReward(ctx, api, room, res); err != nil {
 		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
+	res.Times.RewardMs = time.Since(t).Milliseconds()
 	return res, done, nil
+}
+
+// layerRoom captures the paths into layer snap:NAME and starts the clean
+// room on the sandbox's layers with it and the tests' layer on top. It
+// returns the room's ID, having added the capture's and (unless req.keep)
+// the room's deletes to tidy.
+func layerRoom(ctx context.Context, api API, src *dsecv1.Sandbox, name string, req *dsecv1.GradeRequest, res *dsecv1.GradeResult, tidy *[]func(context.Context) string) (string, error) {
+	t := time.Now()
+	// The capture is the sandbox's project's, as a fork's snapshot is: the
+	// clean room of that project starts on it.
+	snap, err := api.Snapshot(ctx, connect.NewRequest(&dsecv1.SnapshotRequest{
+		SandboxId: src.GetId(), Name: name, Include: req.GetPaths(), Trusted: trustedPaths(req),
+		Project: src.GetSpec().GetLabels()[projectLabel]}))
+	if err != nil {
+		return "", fmt.Errorf("capture %s: %w", strings.Join(req.GetPaths(), " "), err)
+	}
+	res.Capture = snap.Msg
+	res.Times.CaptureMs = time.Since(t).Milliseconds()
+	*tidy = append(*tidy, func(ctx context.Context) string {
+		if _, err := api.DeleteSnapshot(ctx, connect.NewRequest(&dsecv1.DeleteSnapshotRequest{Name: name})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+			return fmt.Sprintf("delete the capture %s: %v", name, err)
+		}
+		return ""
+	})
+
+	t = time.Now()
+	spec := roomSpec(src, snap.Msg.GetEnvironment(), req)
+	res.Environment = spec.GetEnvironment()
+	created, err := api.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: spec}))
+	if err != nil {
+		return "", fmt.Errorf("start the clean room on %s: %w", spec.GetEnvironment(), err)
+	}
+	if len(created.Msg.GetSandboxes()) != 1 {
+		return "", fmt.Errorf("the clean room's create returned %d sandboxes", len(created.Msg.GetSandboxes()))
+	}
+	room := created.Msg.GetSandboxes()[0].GetId()
+	res.GraderSandboxId = room
+	res.Times.StartMs = time.Since(t).Milliseconds()
+	if !req.GetKeep() {
+		*tidy = append(*tidy, deleteRoom(api, room))
+	}
+	return room, nil
+}
+
+// pooledRoom takes a clean room on the sandbox's own layers from its
+// node's grade pool (or starts one there) and lays the capture into it.
+// It returns the room's ID, having added the room's delete (unless
+// req.keep) to tidy. ErrNotSupported: the node cannot lay a capture, and
+// the room is deleted again.
+func pooledRoom(ctx context.Context, api API, rooms Rooms, src *dsecv1.Sandbox, name string, req *dsecv1.GradeRequest, res *dsecv1.GradeResult, tidy *[]func(context.Context) string) (string, error) {
+	t := time.Now()
+	spec := roomSpec(src, src.GetSpec().GetEnvironment(), req)
+	sb, err := rooms.Room(ctx, src.GetNode(), spec)
+	if err != nil {
+		return "", fmt.Errorf("start the clean room on %s: %w", spec.GetEnvironment(), err)
+	}
+	room := sb.GetId()
+	res.Times.StartMs = time.Since(t).Milliseconds()
+	res.Times.Pooled = sb.GetFromWarmPool()
+	del := deleteRoom(api, room)
+
+	t = time.Now()
+	snap, err := rooms.Lay(ctx, &dsecv1.SnapshotRequest{
+		SandboxId: src.GetId(), Name: name, Include: req.GetPaths(), Trusted: trustedPaths(req), LayInto: room})
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotSupported) || req.GetKeep() {
+			del(context.WithoutCancel(ctx))
+		} else {
+			*tidy = append(*tidy, del)
+		}
+		return "", fmt.Errorf("capture %s: %w", strings.Join(req.GetPaths(), " "), err)
+	}
+	if !req.GetKeep() {
+		*tidy = append(*tidy, del)
+	}
+	res.Capture = snap
+	res.Times.CaptureMs = time.Since(t).Milliseconds()
+	res.Times.Laid = true
+	res.Environment = spec.GetEnvironment()
+	res.GraderSandboxId = room
+	return room, nil
+}
+
+func deleteRoom(api API, room string) func(context.Context) string {
+	return func(ctx context.Context) string {
+		if _, err := api.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: room})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+			return fmt.Sprintf("delete the clean room %s: %v", room, err)
+		}
+		return ""
+	}
 }
 
 // roomSpec is the clean room's spec: the sandbox's own, on env (its

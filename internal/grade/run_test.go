@@ -57,7 +57,7 @@ func (f *failingExec) DeleteSnapshot(_ context.Context, req *connect.Request[dse
 // of an error once panicked on the cleanup it had set to nil).
 func TestRunFailsTidily(t *testing.T) {
 	api := &failingExec{}
-	res, done, err := grade.Run(t.Context(), api, &dsecv1.GradeRequest{SandboxId: "sb-a", Paths: []string{"/work"}, Command: "true"})
+	res, done, err := grade.Run(t.Context(), api, &dsecv1.GradeRequest{SandboxId: "sb-a", Paths: []string{"/work"}, Command: "true"}, nil)
 	if err == nil || res != nil || done != nil {
 		t.Fatalf("Run with the grader's exec failing: result %v, done %v, error %v; want only an error", res, done != nil, err)
 	}

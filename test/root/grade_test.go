@@ -143,6 +143,15 @@ func TestGradeRewardHacks(t *testing.T) {
 		}
 		checkGradeReceipt(t, s.d.Root, sb.ID, tc.name, res)
 	}
+	// A grade pool kept ready on the node serves the next grade: the room
+	// is taken, not started.
+	waitGradePool(ctx, t, c, "fncall:latest")
+	res, err := sb.Grade(ctx, dsec.GradeOptions{Paths: []string{"/work/src"}, Command: "test ! -e /work/tests/test_calc.py"})
+	if err != nil || !res.GetTimes().GetPooled() || !res.GetTimes().GetLaid() || res.GetReward() != 1 {
+		t.Errorf("a grade with its pool ready: %v, times %v, reward %v; want a pooled room, the capture laid, reward 1", err, res.GetTimes(), res.GetReward())
+	} else {
+		checkGradeReceipt(t, s.d.Root, sb.ID, "pooled", res)
+	}
 	// The clean rooms and captures go after the replies.
 	var left []string
 	for deadline := time.Now().Add(30 * time.Second); ; {
@@ -181,6 +190,30 @@ func TestGradeRewardHacks(t *testing.T) {
 	} {
 		if _, err := sb.Grade(ctx, o); err == nil || !strings.Contains(err.Error(), "invalid") {
 			t.Errorf("grade %+v: %v, want invalid argument", o, err)
+		}
+	}
+}
+
+// waitGradePool waits until a warm pool of env (the grade pool the grades
+// asked the node for) holds a ready sandbox.
+func waitGradePool(ctx context.Context, t *testing.T, c *dsec.Client, env string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		pools, err := c.WarmPools(ctx)
+		if err != nil {
+			t.Fatalf("list warm pools: %v", err)
+		}
+		for _, p := range pools {
+			if p.Environment == env && p.Ready > 0 {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no grade pool of %s got ready: %+v", env, pools)
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
@@ -224,6 +257,9 @@ func gradeRollout(ctx context.Context, t *testing.T, c *dsec.Client, isolation, 
 		res.GetExit().GetExitCode(), res.GetTimes(), lastLine(string(res.GetStdout())))
 	if res.GetReward() != want {
 		t.Errorf("%s: reward %v, want %v; grader's output:\n%s\n%s", name, res.GetReward(), want, res.GetStdout(), res.GetStderr())
+	}
+	if laid := res.GetTimes().GetLaid(); laid != (isolation == "") {
+		t.Errorf("%s: the capture laid into a pooled clean room: %v, want %v (containers are, gVisor's packed)", name, laid, isolation == "")
 	}
 	if res.GetUser() != "65534:65534" || res.GetRewardSource() != "exit" {
 		t.Errorf("%s: grader ran as %q, reward from %q; want nobody's, from the exit", name, res.GetUser(), res.GetRewardSource())
@@ -311,9 +347,14 @@ func checkGradeReceipt(t *testing.T, root, sandbox, name string, res *dsecv1.Gra
 		return
 	}
 	if r.Sandbox != sandbox || r.Reward != res.GetReward() || r.Exit != int(res.GetExit().GetExitCode()) ||
-		r.Workspace == "" || r.Workspace != res.GetCapture().GetDigest() || len(r.Layers) < 2 || r.Image != res.GetEnvironment() ||
+		r.Workspace == "" || r.Workspace != res.GetCapture().GetDigest() || len(r.Layers) < 1 || r.Image != res.GetEnvironment() ||
 		r.GradeSandbox != res.GetGraderSandboxId() || r.Outcome != "task" || !r.Finished.After(r.Started) || r.Node != "t1" {
 		t.Errorf("%s: receipt %+v does not say what the grade returned: %+v", name, r, res)
+	}
+	// A pooled clean room's capture was laid into it (its node vouches for
+	// what it laid); otherwise it is a layer of the room.
+	if res.GetTimes().GetLaid() == slices.Contains(r.Layers, r.Workspace) {
+		t.Errorf("%s: laid %v, but the workspace %s among the room's layers %v is %v", name, res.GetTimes().GetLaid(), r.Workspace, r.Layers, slices.Contains(r.Layers, r.Workspace))
 	}
 	// The graded sandbox's trajectory so far and its provenance flags.
 	if !strings.HasPrefix(r.Trajectory, "sha256:") || r.Trajectory != res.GetTrajectoryHash() || res.GetProvenance() == nil ||

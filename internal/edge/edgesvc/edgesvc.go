@@ -81,6 +81,10 @@ type Edge interface {
 	Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error)
 	// Snapshot packs the sandbox's writable layer into layer snap:NAME.
 	Snapshot(ctx context.Context, id, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error)
+	// Lay captures the sandbox's writable layer and lays the paths
+	// sel.Include names into running sandbox room of this node (a grade's
+	// clean room) instead of packing a layer.
+	Lay(ctx context.Context, id, room, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error)
 	// Agent returns the channel to the sandbox's agent; the sandbox counts
 	// as active until release is called.
 	Agent(ctx context.Context, id string) (client agentclient.Client, release func(), err error)
@@ -801,8 +805,14 @@ func (s *Service) Metrics(ctx context.Context, req *connect.Request[dsecv1.Metri
 
 func (s *Service) Snapshot(ctx context.Context, req *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
 	step := s.begin(ctx, req.Msg.GetSandboxId(), "snapshot", req.Msg)
-	info, err := s.edge.Snapshot(ctx, req.Msg.GetSandboxId(), req.Msg.GetName(), snapshot.Select{
-		Include: req.Msg.GetInclude(), Exclude: req.Msg.GetExclude(), Trusted: req.Msg.GetTrusted()})
+	sel := snapshot.Select{Include: req.Msg.GetInclude(), Exclude: req.Msg.GetExclude(), Trusted: req.Msg.GetTrusted()}
+	var info *dsecv1.SnapshotInfo
+	var err error
+	if room := req.Msg.GetLayInto(); room != "" {
+		info, err = s.edge.Lay(ctx, req.Msg.GetSandboxId(), room, req.Msg.GetName(), sel)
+	} else {
+		info, err = s.edge.Snapshot(ctx, req.Msg.GetSandboxId(), req.Msg.GetName(), sel)
+	}
 	step.End(ctx, err)
 	if err != nil {
 		return nil, err

@@ -252,8 +252,10 @@ func checkReceipt(r sdkreceipt.Receipt, room *dsecv1.Sandbox, ran *dsecv1.ExecEx
 		return fmt.Errorf("clean room %s runs environment %s, not %s", r.GradeSandbox, spec.GetEnvironment(), r.Image)
 	case !slices.Equal(room.GetLayerDigests(), r.Layers):
 		return fmt.Errorf("clean room %s runs on layers %v, not %v", r.GradeSandbox, room.GetLayerDigests(), r.Layers)
-	case r.Workspace == "" || !slices.Contains(room.GetLayerDigests(), r.Workspace):
-		return fmt.Errorf("the workspace capture %q is not a layer of clean room %s", r.Workspace, r.GradeSandbox)
+	case r.Workspace == "" || (r.Workspace != room.GetLaidDigest() && !slices.Contains(room.GetLayerDigests(), r.Workspace)):
+		// A pooled clean room's capture was laid into it, not stacked as
+		// a layer: the node keeps the digest of what it laid.
+		return fmt.Errorf("the workspace capture %q is neither a layer of clean room %s nor what its node laid into it", r.Workspace, r.GradeSandbox)
 	case int(ran.GetExitCode()) != r.Exit:
 		return fmt.Errorf("the grader exited %d, not %d", ran.GetExitCode(), r.Exit)
 	}

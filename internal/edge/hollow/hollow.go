@@ -319,6 +319,14 @@ func (e *Edge) flip(id string, from, to dsecv1.State) (*dsecv1.Sandbox, bool, er
 	return nil, false, sandbox.GoneError(sb)
 }
 
+// Lay refuses: a hollow sandbox has no file system.
+func (e *Edge) Lay(ctx context.Context, id, room, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error) {
+	if _, err := e.Get(ctx, id); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("lay a capture of hollow sandbox %s: %w", id, errdefs.ErrNotSupported)
+}
+
 // Snapshot refuses: a hollow sandbox has no file system.
 func (e *Edge) Snapshot(ctx context.Context, id, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error) {
 	if _, err := e.Get(ctx, id); err != nil {

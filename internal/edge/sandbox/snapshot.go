@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
@@ -151,4 +153,83 @@ func (m *Manager) capture(ctx context.Context, sb *sandbox, name string) (*snaps
 		return nil, nil, 0, fmt.Errorf("snapshot %s of %s: %w", name, id, cerr)
 	}
 	return tree, rec, frozen, nil
+}
+
+// Lay captures sandbox id's writable layer as Snapshot does and lays the
+// paths sel.Include names into running sandbox room of this node
+// (snapshot.Lay) instead of packing a layer: a grade's capture laid into a
+// clean room started ahead on the source's layers (a grade pool's), so the
+// grade pays neither a layer's build nor a create. The room must run on
+// the source's layers and have a root file system the host sees (a
+// container under runc or crun; anything else is ErrNotSupported, and the
+// grade packs a layer instead). The digest of what was laid is kept in the
+// room's record (laid_digest), so its node can vouch for the workspace
+// the room's grader ran on. The returned SnapshotInfo names no layer.
+func (m *Manager) Lay(ctx context.Context, id, room, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error) {
+	if len(sel.Include) == 0 {
+		return nil, fmt.Errorf("lay %s of %s: include names no path: %w", name, id, errdefs.ErrInvalidArgument)
+	}
+	if !snapshotName.MatchString(name) {
+		return nil, fmt.Errorf("capture name %q: letters, digits and . _ - only, at most 100, starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
+	}
+	if err := sel.Check(); err != nil {
+		return nil, fmt.Errorf("lay %s: %w", name, err)
+	}
+	if sb, err := m.lookup(id); err != nil {
+		return nil, err
+	} else if _, _, err := m.snapshotter(sb); err != nil {
+		return nil, fmt.Errorf("lay %s of %s: %w", name, id, err)
+	}
+	rsb, err := m.lookup(room)
+	if err != nil {
+		return nil, fmt.Errorf("lay %s of %s into %s: %w", name, id, room, err)
+	}
+	in, ok := rsb.rt.(backend.Inspector)
+	if !ok {
+		return nil, fmt.Errorf("lay %s into %s: its runtime shows the host no root file system: %w", name, room, errdefs.ErrNotSupported)
+	}
+	root, _, err := in.Root(ctx, room)
+	if err != nil {
+		return nil, fmt.Errorf("lay %s into %s: %w", name, room, err)
+	}
+	var sb *sandbox
+	if err := m.use(ctx, id, func(s *sandbox) error { sb = s; return nil }); err != nil {
+		return nil, err
+	}
+	srcLayers := sb.record().GetLayerDigests()
+	roomRec := rsb.record()
+	if !slices.Equal(srcLayers, roomRec.GetLayerDigests()) {
+		return nil, fmt.Errorf("lay %s of %s into %s: the room runs on layers %v, the sandbox on %v: %w",
+			name, id, room, roomRec.GetLayerDigests(), srcLayers, errdefs.ErrFailedPrecondition)
+	}
+	tree, rec, frozen, err := m.capture(ctx, sb, name)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := tree.Remove(); err != nil {
+			m.log.Warn("remove capture", "capture", name, "err", err)
+		}
+	}()
+	laid, err := snapshot.Lay(ctx, tree, root, snapshot.PackOptions{Include: sel.Include, Exclude: sel.Exclude, Trusted: sel.Trusted})
+	if err != nil {
+		return nil, fmt.Errorf("lay %s of %s into %s: %w", name, id, room, err)
+	}
+	rsb.mu.Lock()
+	if !rsb.gone.IsZero() || !Live(rsb.rec.GetState()) {
+		rsb.mu.Unlock()
+		return nil, fmt.Errorf("lay %s into %s: %w", name, room, GoneError(rsb.rec))
+	}
+	rsb.rec.LaidDigest = laid.Digest
+	m.save(rsb.rec)
+	rsb.mu.Unlock()
+	m.log.Info("capture laid", "id", id, "room", room, "capture", name, "digest", laid.Digest, "frozen", frozen,
+		"method", tree.Method, "entries", laid.Entries, "took", laid.Took)
+	return &dsecv1.SnapshotInfo{
+		Name: name, Environment: roomRec.GetSpec().GetEnvironment(),
+		Digest: laid.Digest, Size: laid.Bytes, SourceSandbox: rec.GetId(), Node: m.cfg.Node,
+		CreatedUnixMs: time.Now().UnixMilli(), FrozenUs: frozen.Microseconds(),
+		CaptureMethod: string(tree.Method), PackMs: laid.Took.Milliseconds(),
+		Warnings: laid.Warnings, Included: laid.Included, Cleared: laid.Cleared,
+	}, nil
 }

@@ -131,6 +131,21 @@ type Packed struct {
 	Took, Build time.Duration
 }
 
+// Laid describes what Lay laid.
+type Laid struct {
+	// Digest is "sha256:<hex>" over what was laid, in path order: each
+	// object's path, kind, owner, mode, and a file's size and content
+	// digest or a symlink's target (a whiteout as the path removed).
+	Digest string
+	// Entries and Bytes count the objects laid and the file content.
+	Entries, Bytes int64
+	// Included lists the include paths t held; Cleared the trusted paths
+	// whose way or contents t changed, left out.
+	Included, Cleared []string
+	Warnings          []string
+	Took              time.Duration
+}
+
 // cleanExcludes checks exclude paths and returns them cleaned and relative
 // to the tree's root, in order, without duplicates.
 func cleanExcludes(paths []string) ([]string, error) {

@@ -23,3 +23,8 @@ func Pack(ctx context.Context, t *Tree, out string, opts PackOptions) (Packed, e
 func RemoveCapture(dst string) error {
 	return fmt.Errorf("remove capture %s: %w", dst, errdefs.ErrNotSupported)
 }
+
+// Lay needs Linux (the *at calls that follow no symlink).
+func Lay(ctx context.Context, t *Tree, root string, opts PackOptions) (Laid, error) {
+	return Laid{}, fmt.Errorf("lay %s: %w", t.Dir, errdefs.ErrNotSupported)
+}

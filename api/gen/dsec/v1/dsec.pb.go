@@ -1358,8 +1358,11 @@ type Sandbox struct {
 	// The phase it is in (spec.phases) and when that phase's budget runs out.
 	Phase           Phase `protobuf:"varint,18,opt,name=phase,proto3,enum=dsec.v1.Phase" json:"phase,omitempty"`
 	PhaseEndsUnixMs int64 `protobuf:"varint,19,opt,name=phase_ends_unix_ms,json=phaseEndsUnixMs,proto3" json:"phase_ends_unix_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The digest of the workspace capture a grade laid into this clean
+	// room (SnapshotRequest.lay_into), as its node computed it; "" for none.
+	LaidDigest    string `protobuf:"bytes,20,opt,name=laid_digest,json=laidDigest,proto3" json:"laid_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -1523,6 +1526,13 @@ func (x *Sandbox) GetPhaseEndsUnixMs() int64 {
 		return x.PhaseEndsUnixMs
 	}
 	return 0
+}
+
+func (x *Sandbox) GetLaidDigest() string {
+	if x != nil {
+		return x.LaidDigest
+	}
+	return ""
 }
 
 // What a pause did to a sandbox's memory.
@@ -6322,12 +6332,24 @@ func (x *GradeTests) GetPaths() []string {
 
 // GradeTimes say where a grade's time went, in milliseconds.
 type GradeTimes struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CaptureMs     int64                  `protobuf:"varint,1,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"` // snapshot of the paths (the source stands still for frozen_us of it)
-	StartMs       int64                  `protobuf:"varint,2,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`       // the clean room's create, to running
-	TestsMs       int64                  `protobuf:"varint,3,opt,name=tests_ms,json=testsMs,proto3" json:"tests_ms,omitempty"`       // laying the files and the reward file
-	GraderMs      int64                  `protobuf:"varint,4,opt,name=grader_ms,json=graderMs,proto3" json:"grader_ms,omitempty"`    // the grader's command, start to exit
-	TotalMs       int64                  `protobuf:"varint,6,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	CaptureMs int64                  `protobuf:"varint,1,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"` // snapshot of the paths (the source stands still for frozen_us of it)
+	StartMs   int64                  `protobuf:"varint,2,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`       // the clean room's create, to running
+	TestsMs   int64                  `protobuf:"varint,3,opt,name=tests_ms,json=testsMs,proto3" json:"tests_ms,omitempty"`       // laying the files and the reward file
+	GraderMs  int64                  `protobuf:"varint,4,opt,name=grader_ms,json=graderMs,proto3" json:"grader_ms,omitempty"`    // the grader's command, start to exit
+	TotalMs   int64                  `protobuf:"varint,6,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
+	// The provenance and trajectory reads of the graded sandbox, beside the
+	// rest (they no longer hold up the capture).
+	EvidenceMs int64 `protobuf:"varint,7,opt,name=evidence_ms,json=evidenceMs,proto3" json:"evidence_ms,omitempty"`
+	// Killing what the grader left and reading the reward file.
+	RewardMs int64 `protobuf:"varint,8,opt,name=reward_ms,json=rewardMs,proto3" json:"reward_ms,omitempty"`
+	// The receipt's signing by the clean room's node.
+	ReceiptMs int64 `protobuf:"varint,9,opt,name=receipt_ms,json=receiptMs,proto3" json:"receipt_ms,omitempty"`
+	// Whether the clean room came from a grade pool (started ahead) rather
+	// than being started for this grade, and the capture was laid into it
+	// rather than packed into a layer.
+	Pooled        bool `protobuf:"varint,10,opt,name=pooled,proto3" json:"pooled,omitempty"`
+	Laid          bool `protobuf:"varint,11,opt,name=laid,proto3" json:"laid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6395,6 +6417,41 @@ func (x *GradeTimes) GetTotalMs() int64 {
 		return x.TotalMs
 	}
 	return 0
+}
+
+func (x *GradeTimes) GetEvidenceMs() int64 {
+	if x != nil {
+		return x.EvidenceMs
+	}
+	return 0
+}
+
+func (x *GradeTimes) GetRewardMs() int64 {
+	if x != nil {
+		return x.RewardMs
+	}
+	return 0
+}
+
+func (x *GradeTimes) GetReceiptMs() int64 {
+	if x != nil {
+		return x.ReceiptMs
+	}
+	return 0
+}
+
+func (x *GradeTimes) GetPooled() bool {
+	if x != nil {
+		return x.Pooled
+	}
+	return false
+}
+
+func (x *GradeTimes) GetLaid() bool {
+	if x != nil {
+		return x.Laid
+	}
+	return false
 }
 
 // GradeResult is a grade's reward with how it came about.
@@ -6587,7 +6644,14 @@ type SnapshotRequest struct {
 	// grader's tests): left out as exclude leaves them, and so is any
 	// ancestor of one the sandbox made a symlink, a file or a whiteout, so
 	// the path resolves through the directories of the layers below.
-	Trusted       []string `protobuf:"bytes,6,rep,name=trusted,proto3" json:"trusted,omitempty"`
+	Trusted []string `protobuf:"bytes,6,rep,name=trusted,proto3" json:"trusted,omitempty"`
+	// A clean room of a grade only (the apiserver's; a caller's request
+	// naming it is InvalidArgument): instead of a layer, the capture is laid
+	// into this running sandbox of the same node, started on the source's
+	// environment (a grade pool's), and no layer is made. The returned
+	// SnapshotInfo then has no layer; its digest is that of what was laid,
+	// which the clean room's record keeps (Sandbox.laid_digest).
+	LayInto       string `protobuf:"bytes,7,opt,name=lay_into,json=layInto,proto3" json:"lay_into,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6662,6 +6726,13 @@ func (x *SnapshotRequest) GetTrusted() []string {
 		return x.Trusted
 	}
 	return nil
+}
+
+func (x *SnapshotRequest) GetLayInto() string {
+	if x != nil {
+		return x.LayInto
+	}
+	return ""
 }
 
 type ListSnapshotsRequest struct {
@@ -11469,7 +11540,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x0fProvenancePaths\x12\x1c\n" +
 	"\tworkspace\x18\x01 \x03(\tR\tworkspace\x12\x14\n" +
 	"\x05tests\x18\x02 \x03(\tR\x05tests\x12\x1c\n" +
-	"\tprotected\x18\x03 \x03(\tR\tprotected\"\xbc\x05\n" +
+	"\tprotected\x18\x03 \x03(\tR\tprotected\"\xdd\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12(\n" +
@@ -11491,7 +11562,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"last_pause\x18\x10 \x01(\v2\x13.dsec.v1.PauseStatsR\tlastPause\x12%\n" +
 	"\x0epause_releases\x18\x11 \x01(\tR\rpauseReleases\x12$\n" +
 	"\x05phase\x18\x12 \x01(\x0e2\x0e.dsec.v1.PhaseR\x05phase\x12+\n" +
-	"\x12phase_ends_unix_ms\x18\x13 \x01(\x03R\x0fphaseEndsUnixMs\"\xa3\x03\n" +
+	"\x12phase_ends_unix_ms\x18\x13 \x01(\x03R\x0fphaseEndsUnixMs\x12\x1f\n" +
+	"\vlaid_digest\x18\x14 \x01(\tR\n" +
+	"laidDigest\"\xa3\x03\n" +
 	"\n" +
 	"PauseStats\x12\x1b\n" +
 	"\tfrozen_us\x18\x01 \x01(\x03R\bfrozenUs\x12\x1d\n" +
@@ -11895,7 +11968,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"FilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\x9f\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xa8\x02\n" +
 	"\n" +
 	"GradeTimes\x12\x1d\n" +
 	"\n" +
@@ -11903,7 +11976,15 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x19\n" +
 	"\btests_ms\x18\x03 \x01(\x03R\atestsMs\x12\x1b\n" +
 	"\tgrader_ms\x18\x04 \x01(\x03R\bgraderMs\x12\x19\n" +
-	"\btotal_ms\x18\x06 \x01(\x03R\atotalMsJ\x04\b\x05\x10\x06\"\x86\x04\n" +
+	"\btotal_ms\x18\x06 \x01(\x03R\atotalMs\x12\x1f\n" +
+	"\vevidence_ms\x18\a \x01(\x03R\n" +
+	"evidenceMs\x12\x1b\n" +
+	"\treward_ms\x18\b \x01(\x03R\brewardMs\x12\x1d\n" +
+	"\n" +
+	"receipt_ms\x18\t \x01(\x03R\treceiptMs\x12\x16\n" +
+	"\x06pooled\x18\n" +
+	" \x01(\bR\x06pooled\x12\x12\n" +
+	"\x04laid\x18\v \x01(\bR\x04laidJ\x04\b\x05\x10\x06\"\x86\x04\n" +
 	"\vGradeResult\x12\x16\n" +
 	"\x06reward\x18\x01 \x01(\x01R\x06reward\x12#\n" +
 	"\rreward_source\x18\x02 \x01(\tR\frewardSource\x12'\n" +
@@ -11921,7 +12002,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"provenance\x18\x15 \x01(\v2\x1a.dsec.v1.SandboxProvenanceR\n" +
 	"provenance\x12'\n" +
-	"\x0ftrajectory_hash\x18\x17 \x01(\tR\x0etrajectoryHash\"\xac\x01\n" +
+	"\x0ftrajectory_hash\x18\x17 \x01(\tR\x0etrajectoryHash\"\xc7\x01\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -11929,7 +12010,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\aexclude\x18\x03 \x03(\tR\aexclude\x12\x18\n" +
 	"\aproject\x18\x04 \x01(\tR\aproject\x12\x18\n" +
 	"\ainclude\x18\x05 \x03(\tR\ainclude\x12\x18\n" +
-	"\atrusted\x18\x06 \x03(\tR\atrusted\"\x16\n" +
+	"\atrusted\x18\x06 \x03(\tR\atrusted\x12\x19\n" +
+	"\blay_into\x18\a \x01(\tR\alayInto\"\x16\n" +
 	"\x14ListSnapshotsRequest\"L\n" +
 	"\x15ListSnapshotsResponse\x123\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\"+\n" +
