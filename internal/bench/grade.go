@@ -31,6 +31,10 @@ type GradeOptions struct {
 	Demo        string
 	Rollouts    int
 	Concurrency int // rollouts at once
+	// WarmPool is the warm pool of the rollouts' shape kept while the
+	// bench runs, as the demo keeps one (0: none; the rollouts' creates
+	// then start containers, which hold up every pool's refill).
+	WarmPool int
 	Progress    io.Writer
 }
 
@@ -65,6 +69,9 @@ type GradeReport struct {
 	// rather than packed into a layer, of the clean-room grades.
 	Pooled int `json:"pooled"`
 	Laid   int `json:"laid"`
+	// GradePool is the ready rooms of the grade pool the warm-up grade
+	// asked for, when the measured rollouts began (0: no grade pool).
+	GradePool int `json:"grade_pool_ready"`
 	// Where grading in place goes, p50 (ms): writing the trusted files,
 	// the grader's exec (the floor of both ways: a clean room runs the
 	// same command), reading the reward.
@@ -135,6 +142,23 @@ func RunGrade(ctx context.Context, c *dsec.Client, o GradeOptions) (*GradeReport
 		o.Concurrency = 2
 	}
 	r := &GradeReport{Env: o.Env, Rollouts: o.Rollouts, Concurrency: o.Concurrency, Target: GradeTarget, Differ: map[string]string{}}
+	rolloutPool := ""
+	if o.WarmPool > 0 {
+		p, err := c.SetWarmPool(ctx, o.Env, o.WarmPool, rolloutShape())
+		if err != nil {
+			return nil, err
+		}
+		rolloutPool = p.Key
+		defer c.SetWarmPool(context.WithoutCancel(ctx), o.Env, 0, rolloutShape())
+	}
+	// One rollout first, not counted: the first grade of a shape asks its
+	// node for a grade pool (dsecd --grade-pool), which the rollouts
+	// measured then find ready, as a trainer's steady state does.
+	if _, _, _, err := d.rollout(ctx, c, o.Env, d.patches[0], false); err != nil {
+		return nil, fmt.Errorf("warm-up rollout: %w", err)
+	}
+	r.GradePool = waitPools(ctx, c, o.Env, rolloutPool)
+	o.logf("warm-up done; grade pool ready: %d", r.GradePool)
 	var (
 		mu                       sync.Mutex
 		inPlace, clean           []time.Duration
@@ -176,8 +200,8 @@ func RunGrade(ctx context.Context, c *dsec.Client, o GradeOptions) (*GradeReport
 			if ip.reward != res.GetReward() {
 				r.Differ[name] = fmt.Sprintf("in place %.2f, clean room %.2f", ip.reward, res.GetReward())
 			}
-			o.logf("rollout %d (%s): in place %v (reward %.2f), clean room %v (reward %.2f)", i, name,
-				ip.took.Round(time.Millisecond), ip.reward, cr.Round(time.Millisecond), res.GetReward())
+			o.logf("rollout %d (%s): in place %v (reward %.2f), clean room %v (reward %.2f, pooled %v)", i, name,
+				ip.took.Round(time.Millisecond), ip.reward, cr.Round(time.Millisecond), res.GetReward(), t.GetPooled())
 		}()
 	}
 	wg.Wait()
@@ -193,6 +217,41 @@ func RunGrade(ctx context.Context, c *dsec.Client, o GradeOptions) (*GradeReport
 	return r, nil
 }
 
+// rolloutShape is what every rollout's sandbox asks for.
+func rolloutShape() *dsec.CreateOptions {
+	return &dsec.CreateOptions{MemoryMB: 256, CPUs: 0.5, TTL: 10 * time.Minute}
+}
+
+// waitPools waits (at most 30 s) until the warm pools of env, the
+// rollouts' (key rollouts) and the grade pool the warm-up asked for, are
+// full, and returns the ready rooms of the grade pool: the other warm
+// pool of env.
+func waitPools(ctx context.Context, c *dsec.Client, env, rollouts string) int {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pools, err := c.WarmPools(ctx)
+		if err != nil {
+			return 0
+		}
+		full, grade := true, 0
+		for _, p := range pools {
+			if p.Environment != env {
+				continue
+			}
+			if p.Ready < p.Size {
+				full = false
+			}
+			if p.Key != rollouts {
+				grade = p.Ready
+			}
+		}
+		if full || time.Now().After(deadline) || ctx.Err() != nil {
+			return grade
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 type placeGrade struct {
 	took              time.Duration
 	write, exec, read time.Duration
@@ -203,7 +262,7 @@ type placeGrade struct {
 // ways, in place first when placeFirst.
 func (d *demoGrade) rollout(ctx context.Context, c *dsec.Client, env, patch string, placeFirst bool) (placeGrade, time.Duration, *dsecv1.GradeResult, error) {
 	var ip placeGrade
-	sb, err := c.Create(ctx, env, &dsec.CreateOptions{MemoryMB: 256, CPUs: 0.5, TTL: 10 * time.Minute})
+	sb, err := c.Create(ctx, env, rolloutShape())
 	if err != nil {
 		return ip, 0, nil, err
 	}

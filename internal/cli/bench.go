@@ -343,7 +343,7 @@ func (a *app) benchLifecycleCommand() *cobra.Command {
 }
 
 func (a *app) benchGradeCommand() *cobra.Command {
-	o := bench.GradeOptions{Env: "demo-debian:2+demo-textstats:1+demo-harness:1", Demo: "demo", Rollouts: 12, Concurrency: 2}
+	o := bench.GradeOptions{Env: "demo-debian:2+demo-textstats:1+demo-harness:1", Demo: "demo", Rollouts: 12, Concurrency: 2, WarmPool: 4}
 	cmd := &cobra.Command{
 		Use:   "grade",
 		Short: "the demo's rollouts graded in a clean room against grading them in place, in one run (target <= 1.25x)",
@@ -369,6 +369,7 @@ func (a *app) benchGradeCommand() *cobra.Command {
 	f.StringVar(&o.Demo, "demo", o.Demo, "the repository's demo directory (patches, tests, grader)")
 	f.IntVar(&o.Rollouts, "rollouts", o.Rollouts, "rollouts, each graded both ways")
 	f.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "rollouts at once")
+	f.IntVar(&o.WarmPool, "warm-pool", o.WarmPool, "a warm pool of the rollouts' shape kept while the bench runs, as the demo keeps one (0: none)")
 	return cmd
 }
 

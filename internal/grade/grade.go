@@ -54,6 +54,8 @@ const (
 	// DefaultUser is who the grader runs as unless the request names
 	// someone: nobody, never the sandbox's own user.
 	DefaultUser = "65534:65534"
+	// RoomHostname is every clean room's host name.
+	RoomHostname = "dsec-grade"
 	// GradeOfLabel marks a clean room with the sandbox it grades.
 	GradeOfLabel = "dsec.dev/grade-of"
 
@@ -354,7 +356,9 @@ func roomSpec(src *dsecv1.Sandbox, env string, req *dsecv1.GradeRequest) *dsecv1
 	if p := src.GetSpec().GetLabels()[projectLabel]; p != "" {
 		spec.Labels[projectLabel] = p
 	}
-	spec.Hostname = ""
+	// A name of its own, which also keeps a grade pool's shape apart from
+	// the warm pools of the sandboxes graded (pools match by shape).
+	spec.Hostname = RoomHostname
 	// The trainer waits on the reward: the clean room runs at the latency
 	// class (docs/qos.md) even when the rollout it grades was best-effort
 	// work, which then yields the CPU to it.

@@ -27,6 +27,9 @@ const (
 	// else a copy of its data ranges) and mounted on the host: its upper
 	// dir is the tree. The microvm backend makes it (NewTree).
 	MethodDiskClone Method = "disk-clone"
+	// MethodFrozen is no copy: the live upper dir read in place while its
+	// sandbox is frozen (Lay of a grade's workspace).
+	MethodFrozen Method = "frozen-upper"
 )
 
 // Tree is a captured upper: a private copy of a sandbox's writable layer,

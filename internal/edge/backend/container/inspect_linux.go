@@ -31,6 +31,12 @@ func (r *Container) Root(ctx context.Context, id string) (string, int, error) {
 	if r.gvisor() {
 		return "", 0, fmt.Errorf("root file system of %s: gVisor's sentry serves it: %w", id, errdefs.ErrNotSupported)
 	}
+	// The init is found in the container's cgroup without running the
+	// runtime (runc state takes 10-40 ms on a loaded node; a grade asks
+	// for the root of its clean room on its critical path).
+	if pid := r.initPid(id); pid > 0 {
+		return "/proc/" + strconv.Itoa(pid) + "/root", pid, nil
+	}
 	rs, err := r.runtimeState(ctx, id)
 	if err != nil {
 		return "", 0, err
@@ -39,6 +45,43 @@ func (r *Container) Root(ctx context.Context, id string) (string, int, error) {
 		return "", 0, fmt.Errorf("root file system of %s: no init process (%s): %w", id, rs.Status, errdefs.ErrFailedPrecondition)
 	}
 	return "/proc/" + strconv.Itoa(rs.Pid) + "/root", rs.Pid, nil
+}
+
+// initPid is the host pid of sandbox id's init, the process of its
+// cgroup that is pid 1 of a pid namespace one level below the edge's own
+// (a process of a namespace the sandbox made itself is deeper); 0 when
+// none is found.
+func (r *Container) initPid(id string) int {
+	pids, err := r.layout.Procs(r.cgroupRel(id))
+	if err != nil {
+		return 0
+	}
+	self := nsPids("self")
+	if len(self) == 0 {
+		return 0
+	}
+	for _, pid := range pids {
+		ns := nsPids(strconv.Itoa(pid))
+		if len(ns) == len(self)+1 && ns[len(ns)-1] == "1" {
+			return pid
+		}
+	}
+	return 0
+}
+
+// nsPids is the NSpid line of /proc/PROC/status: the process's pid in
+// each pid namespace it is in, outermost first.
+func nsPids(proc string) []string {
+	b, err := os.ReadFile("/proc/" + proc + "/status")
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			return strings.Fields(f)
+		}
+	}
+	return nil
 }
 
 // Processes lists sandbox id's processes but its agent (backend.Inspector):
