@@ -65,7 +65,7 @@ func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive,
 		AuditRetention: a.AuditRetention, EventRetention: a.EventRetention, WebhookAllowPrivate: a.WebhookAllowPrivate,
 		UsageRetention: a.UsageRetention,
-		GradePool: a.GradePool,
+		GradePool:      a.GradePool,
 	}
 	for _, e := range c.Edges {
 		se, err := ParseStaticEdge(e)
