@@ -35,7 +35,7 @@ type GradeOptions struct {
 	// bench runs, as the demo keeps one (0: none; the rollouts' creates
 	// then start containers, which hold up every pool's refill).
 	WarmPool int
-	Progress    io.Writer
+	Progress io.Writer
 }
 
 func (o *GradeOptions) logf(format string, args ...any) {
