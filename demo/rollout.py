@@ -18,6 +18,13 @@ of the batch by label, which freezes them and releases their memory, and
 resumes them a moment later; rollouts caught mid-command carry on where
 they were.
 
+At the end it prints what the batch cost, from dsec's cost ledger
+(docs/usage.md): every rollout's sandbox is labelled with the run and its
+candidate patch, and the ledger's sums by label:patch say what each
+candidate's rollouts used (CPU-seconds, memory GiB-seconds, the writable
+layer at its largest, egress), the run's total beside them, as a lab prices
+a task.
+
 The trainer follows the project's lifecycle events as they come (dsec's
 FollowEvents, docs/events.md), as a real one would to learn of a sandbox
 OOM-killed, expired by its TTL or lost with its node without polling each
@@ -38,6 +45,7 @@ mid-command carry on after the resume.
 
 import argparse
 import asyncio
+import dataclasses
 import collections
 import json
 import os
@@ -157,8 +165,8 @@ async def rollout(client, args, i, progress, sem):
         progress.started += 1
         t0 = time.monotonic()
         try:
-            sb = await client.create(args.env, **SHAPE, ttl_s=600,
-                                     labels={"job": "dsec-demo", "rollout": str(i)}, timeout=120)
+            sb = await client.create(args.env, **SHAPE, ttl_s=600, timeout=120,
+                                     labels={"job": "dsec-demo", "rollout": str(i), "run": RUN, "patch": name})
         except libdsec.DsecError as exc:
             if not exc.infra_fault:
                 raise
@@ -282,6 +290,43 @@ async def stop_following(task, seen, rows):
         pass
 
 
+# Names this run in its sandboxes' labels, for the cost ledger's sums.
+RUN = f"demo-{int(time.time())}"
+
+
+async def batch_cost(client, since, want):
+    """What the run's sandboxes used, by candidate patch and in all, from
+    the cost ledger; the last figures of the sandboxes deleted last reach
+    it within a pull or two, so it waits (up to 10 s) for want of them."""
+    deadline = time.monotonic() + 10
+    while True:
+        by_run = await client.usage(by="label:run", since=since)
+        run = by_run.groups.get(RUN)
+        if (run and run.sandboxes >= want) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.25)
+    by_patch = await client.usage(by="label:patch", since=since)
+    patches = {k: u for k, u in by_patch.groups.items() if k}
+    return patches, run
+
+
+def print_cost(patches, run):
+    """The batch's cost by candidate patch, as `dsec usage --by label:patch`
+    would print it, and the run's total."""
+    if run is None:
+        print("cost: the ledger has no figures for this run (dsecd --no-ledger?)")
+        return
+    print(f"cost by patch (the cost ledger; dsec usage --by label:patch --since 1h):")
+    print(f"  {'patch':<22} {'sandboxes':>9} {'CPU-s':>7} {'GiB-s':>7} {'disk peak':>10} {'egress':>8}")
+    for name in sorted(patches):
+        u = patches[name]
+        print(f"  {name:<22} {u.sandboxes:>9} {u.cpu_seconds:>7.2f} {u.memory_gib_seconds:>7.3f} "
+              f"{u.disk_peak_bytes / 2**20:>8.1f}Mi {u.egress_bytes:>8}")
+    print(f"  {'run ' + RUN:<22} {run.sandboxes:>9} {run.cpu_seconds:>7.2f} {run.memory_gib_seconds:>7.3f} "
+          f"{run.disk_peak_bytes / 2**20:>8.1f}Mi {run.egress_bytes:>8}"
+          f"  ({run.cpu_seconds / max(1, run.sandboxes):.2f} CPU-s a rollout; clean rooms and the warm pool not counted)")
+
+
 def print_events(seen, problems, rows):
     """The events the trainer followed: each kind counted, the batch's own
     sandboxes apart, and every failure and expiry with its reason."""
@@ -309,7 +354,7 @@ async def main():
     ap.add_argument("--concurrency", type=int, default=32, help="sandboxes alive at once")
     ap.add_argument("--addr", default=None, help="dsecd address (default $DSEC_ADDR)")
     ap.add_argument("--json", action="store_true",
-                    help='print the rows as JSON at the end: {"coding": rows, "systems": report or null, "events": {kind: count}}')
+                    help='print the rows as JSON at the end: {"coding": rows, "systems": report or null, "events": {kind: count}, "cost": {patch: usage}}')
     ap.add_argument("--warm-pool", type=int, default=8,
                     help="sandboxes of the rollouts' shape kept started beforehand (0: none)")
     ap.add_argument("--no-preempt", action="store_true",
@@ -327,7 +372,8 @@ async def main():
     async with AsyncClient(args.addr) as client:
         await client.reap(labels={"job": "dsec-demo"})  # orphans of an interrupted earlier run
         seen, problems = [], []
-        events_task = asyncio.create_task(follow_events(client, time.time() - 1, seen, problems))
+        t_start = time.time() - 1
+        events_task = asyncio.create_task(follow_events(client, t_start, seen, problems))
         if args.warm_pool > 0:
             await fill_warm_pool(client, args)
         try:
@@ -366,6 +412,7 @@ async def main():
                 await client.set_warm_pool(args.env, 0, **SHAPE)
         left = await client.list(labels={"job": "dsec-demo"}, states=["running", "creating"])
         await stop_following(events_task, seen, rows)
+        patches, run_cost = await batch_cost(client, t_start, sum(1 for r in rows if r["sandbox"]))
     print()
     print()
     print(f"{'#':>3}  {'patch':<22} {'applied':<8} {'tests':>7}  {'reward':>6}  {'create':>8}  note")
@@ -413,13 +460,15 @@ async def main():
     print(f"{len(rows)} rollouts in {wall:.1f}s; errors: {sum(1 for r in rows if r['error'])}; "
           f"sandboxes left running: {len(left)}")
     print_events(seen, problems, rows)
+    print_cost(patches, run_cost)
     sys_errors = False
     if systems is not None:
         systems_batch.print_report(systems, pct)
         sys_errors = any(r["error"] for r in systems["rows"])
     if args.json:
         print(json.dumps({"coding": rows, "systems": systems,
-                          "events": dict(collections.Counter(e.kind for e in seen))}))
+                          "events": dict(collections.Counter(e.kind for e in seen)),
+                          "cost": {k: dataclasses.asdict(u) for k, u in patches.items()}}))
     return 1 if any(r["error"] for r in rows) or left or sys_errors else 0
 
 

@@ -90,6 +90,10 @@ func TestDemoRollouts(t *testing.T) {
 		} `json:"coding"`
 		Systems *systemsReport `json:"systems"`
 		Events  map[string]int `json:"events"`
+		Cost    map[string]struct {
+			Sandboxes  int     `json:"sandboxes"`
+			CPUSeconds float64 `json:"cpu_seconds"`
+		} `json:"cost"`
 	}
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &report); err != nil {
 		t.Fatalf("rollout JSON: %v\n%s", err, out)
@@ -125,6 +129,18 @@ func TestDemoRollouts(t *testing.T) {
 	// rollout's create and delete, the preemption's pauses and resumes.
 	if ev := report.Events; ev["created"] < 12 || ev["deleted"] < 12 || ev["paused"] < 1 || ev["resumed"] < 1 || ev["failed"] > 0 {
 		t.Errorf("the events the demo followed: %v, want at least 12 created and deleted, pauses and resumes, no failure\n%s", ev, out)
+	}
+	// At the end it prints what the batch cost by patch, from the cost
+	// ledger: every rollout's sandbox counted, each patch's CPU time above 0.
+	costed := 0
+	for patch, c := range report.Cost {
+		costed += c.Sandboxes
+		if c.CPUSeconds <= 0 {
+			t.Errorf("the ledger's CPU time of patch %s's rollouts: %v s\n%s", patch, c.CPUSeconds, out)
+		}
+	}
+	if costed < 12 || !strings.Contains(string(out), "cost by patch") {
+		t.Errorf("the demo's cost by patch counted %d sandboxes, want the 12 rollouts'\n%s", costed, out)
 	}
 	// The demo fills a warm pool of 8 before its 12 rollouts start.
 	if warm == 0 {

@@ -290,6 +290,9 @@ func (m *Manager) claim(ctx context.Context, sb *sandbox, spec *dsecv1.SandboxSp
 	if err != nil {
 		return nil, err
 	}
+	// The ledger counts it from its claim: its counters now are the base,
+	// read before the caller runs anything in it.
+	m.observe(ctx, out, sb.rt)
 	// Use accounting rewrites the layer index: not on the caller's clock.
 	go func() {
 		if err := m.images.RecordEnvironment(spec.GetEnvironment(), digests); err != nil {
