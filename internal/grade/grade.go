@@ -20,6 +20,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -392,18 +393,43 @@ func graderTimeout(req *dsecv1.GradeRequest) time.Duration {
 // capture with any symlink or file on their way, so each lands where the
 // environment's directories put it.
 func layTests(ctx context.Context, api API, room string, files map[string][]byte) error {
+	type file struct {
+		path string
+		data []byte
+		mode uint32
+	}
+	all := make([]file, 0, len(files)+1)
 	for p, data := range files {
-		if _, err := api.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{
-			SandboxId: room, Path: p, Data: data, Mode: 0o644, MakeParents: true, User: "root"})); err != nil {
-			return fmt.Errorf("write tests file %s: %w", p, err)
-		}
+		all = append(all, file{p, data, 0o644})
 	}
-	if _, err := api.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{
-		SandboxId: room, Path: RewardFile, Mode: 0o666, MakeParents: true, User: "root"})); err != nil {
-		return fmt.Errorf("make the reward file: %w", err)
+	all = append(all, file{RewardFile, nil, 0o666})
+	// Written at once, a few at a time: each is a call to the room's
+	// agent, and a grade waits for the last.
+	errs := make([]error, len(all))
+	sem := make(chan struct{}, layConcurrency)
+	var wg sync.WaitGroup
+	for i, f := range all {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			_, err := api.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{
+				SandboxId: room, Path: f.path, Data: f.data, Mode: f.mode, MakeParents: true, User: "root"}))
+			switch {
+			case err != nil && f.path == RewardFile:
+				errs[i] = fmt.Errorf("make the reward file: %w", err)
+			case err != nil:
+				errs[i] = fmt.Errorf("write tests file %s: %w", f.path, err)
+			}
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
+
+// layConcurrency bounds the tests' files written at once.
+const layConcurrency = 8
 
 // runGrader runs the grader in the clean room and keeps its exit and up
 // to the request's limit of each stream.
