@@ -88,8 +88,8 @@ func (e *eventState) wake() {
 // once without Config.Events, or with Config.EventsOff). Every apiserver
 // runs it, and each node is pulled by one at a time: the holder of the
 // node's lease in the store (ClaimEventPulls, renewed every second for the
-// routable nodes), which stores each pull with the node's cursor in one
-// write (PullEvents). Another apiserver takes the nodes of one that
+// routable nodes), which stores each tick's pulls of all its nodes with
+// their cursors in one write (PullEvents). Another apiserver takes the nodes of one that
 // stopped (at once: it hands them back) or died (when the leases lapse),
 // and resumes at their cursors.
 func (s *Server) RunEvents(ctx context.Context) {
@@ -113,7 +113,9 @@ func (s *Server) RunEvents(ctx context.Context) {
 			claimed = time.Now()
 			s.claimEventPulls(ctx, owner, held)
 		}
-		s.pullEvents(ctx, owner, held)
+		if !s.pullEvents(ctx, owner, held) {
+			claimed = time.Time{} // a lease lost: claim again at the next tick
+		}
 		if time.Since(flushed) >= callFlushEvery {
 			s.flushCalls(ctx)
 			flushed = time.Now()
@@ -152,83 +154,82 @@ func (s *Server) claimEventPulls(ctx context.Context, owner string, held map[str
 	s.events.held.Store(int64(len(held)))
 }
 
-// pullEvents stores what each node held logged past its cursor.
-func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]store.EventPull) {
-	if len(held) == 0 {
-		return
-	}
-	for _, n := range s.fleet.Nodes() {
-		c, ok := held[n.Name]
-		if !ok || !n.Healthy || n.Edge == nil {
-			continue
+// pullEvents reads what each node held logged past its cursor and stores
+// it all, with the nodes' new cursors, in one write (a round per page
+// while some node has more). It returns false when owner lost a node's
+// lease (nothing of that write stored): the leases are to be claimed
+// again.
+func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]store.EventPull) bool {
+	for len(held) > 0 {
+		var to []store.EventPull
+		var evs []store.Event
+		more := false
+		for _, n := range s.fleet.Nodes() {
+			c, ok := held[n.Name]
+			if !ok || !n.Healthy || n.Edge == nil {
+				continue
+			}
+			if st := n.Status; c.Epoch != "" && st != nil && st.GetEventEpoch() == c.Epoch && st.GetEventSeq() <= c.Seq {
+				continue
+			}
+			next, got, ok := s.readNode(ctx, n.Edge, c)
+			if !ok || (len(got) == 0 && next.Epoch == c.Epoch && next.Seq == c.Seq) {
+				continue
+			}
+			to = append(to, next)
+			evs = append(evs, got...)
+			more = more || len(got) == eventPage
 		}
-		st, u := n.Status, s.usage.cursor(n.Name)
-		eventsNew := !s.cfg.EventsOff && (c.Epoch == "" || st == nil || st.GetEventEpoch() != c.Epoch || st.GetEventSeq() > c.Seq)
-		usageNew := s.cfg.Ledger != nil && (st == nil || st.GetUsageEpoch() != u.epoch || st.GetUsageSeq() > u.seq)
-		if !eventsNew && !usageNew {
-			continue
+		if len(to) == 0 {
+			return true
 		}
-		c, ok = s.pullNode(ctx, owner, n.Edge, c)
-		if ok {
-			held[n.Name] = c
-		} else {
-			delete(held, n.Name)
-		}
-	}
-}
-
-// pullNode stores the node's events after c and returns the cursor after
-// the last stored: on an error, c, so the next pull asks again. It
-// returns false when owner no longer holds the node's lease.
-func (s *Server) pullNode(ctx context.Context, owner string, edge Edge, c store.EventPull) (store.EventPull, bool) {
-	for {
-		cctx, cancel := context.WithTimeout(ctx, eventPullTimeout)
-		s.events.pulls.Add(1)
-		u := s.usage.cursor(c.Node)
-		resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage,
-			UsageEpoch: u.epoch, UsageAfter: u.seq}))
-		cancel()
-		if err != nil {
-			s.log.Debug("pull events", "node", c.Node, "err", err)
-			return c, true
-		}
-		m := resp.Msg
-		// The ledger's records ride on the pull (usage.go): one write.
-		if s.storeUsage(ctx, c.Node, m.GetUsage()) {
-			s.usage.setCursor(c.Node, usageCursor{epoch: m.GetUsageEpoch(), seq: m.GetUsageNext()})
-		}
-		if n := m.GetLost(); n > 0 {
-			s.events.lost.Add(int64(n))
-			s.log.Warn("events lost: the node no longer keeps them", "node", c.Node, "lost", n)
-		}
-		evs := make([]store.Event, 0, len(m.GetEvents()))
-		for _, e := range m.GetEvents() {
-			evs = append(evs, store.Event{Key: e.GetKey(), At: time.UnixMilli(e.GetAtUnixMs()), Project: e.GetProject(),
-				SandboxID: e.GetSandboxId(), Kind: e.GetKind(), Node: e.GetNode(), Reason: e.GetReason(), Message: e.GetMessage()})
-		}
-		next := c
-		next.Epoch, next.Seq = m.GetEpoch(), m.GetNext()
-		if s.cfg.EventsOff || len(evs) == 0 && next.Epoch == c.Epoch && next.Seq == c.Seq {
-			return c, true
-		}
-		added, err := s.cfg.Events.PullEvents(ctx, owner, next, evs...)
+		added, err := s.cfg.Events.PullEvents(ctx, owner, to, evs...)
 		if errors.Is(err, errdefs.ErrFailedPrecondition) {
-			s.log.Info("event pull taken over by another apiserver", "node", c.Node)
-			return c, false
+			s.log.Info("an event pull was taken over by another apiserver; claiming again", "err", err)
+			return false
 		}
 		if err != nil {
-			s.log.Warn("store events", "node", c.Node, "events", len(evs), "err", err)
-			return c, true
+			s.log.Warn("store events", "nodes", len(to), "events", len(evs), "err", err)
+			return true
+		}
+		for _, c := range to {
+			held[c.Node] = c
 		}
 		if added > 0 {
 			s.events.stored.Add(int64(added))
 			s.events.wake()
 		}
-		c = next
-		if len(evs) < eventPage {
-			return c, true
+		if !more {
+			return true
 		}
 	}
+	return true
+}
+
+// readNode reads a page of the node's events after c and returns the
+// cursor after them; false on an error (the next pull asks again).
+func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull) (store.EventPull, []store.Event, bool) {
+	cctx, cancel := context.WithTimeout(ctx, eventPullTimeout)
+	defer cancel()
+	s.events.pulls.Add(1)
+	resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage}))
+	if err != nil {
+		s.log.Debug("pull events", "node", c.Node, "err", err)
+		return c, nil, false
+	}
+	m := resp.Msg
+	if n := m.GetLost(); n > 0 {
+		s.events.lost.Add(int64(n))
+		s.log.Warn("events lost: the node no longer keeps them", "node", c.Node, "lost", n)
+	}
+	evs := make([]store.Event, 0, len(m.GetEvents()))
+	for _, e := range m.GetEvents() {
+		evs = append(evs, store.Event{Key: e.GetKey(), At: time.UnixMilli(e.GetAtUnixMs()), Project: e.GetProject(),
+			SandboxID: e.GetSandboxId(), Kind: e.GetKind(), Node: e.GetNode(), Reason: e.GetReason(), Message: e.GetMessage()})
+	}
+	next := c
+	next.Epoch, next.Seq = m.GetEpoch(), m.GetNext()
+	return next, evs, true
 }
 
 // RunEventExpiry forgets the events older than the configured retention,

@@ -24,11 +24,12 @@ type EventPulls interface {
 	// nodes owner holds with their cursors.
 	ClaimEventPulls(ctx context.Context, owner string, nodes []string, now, until time.Time) ([]EventPull, error)
 	// PullEvents stores evs (each key once, as AppendEvents) and moves
-	// the node's cursor to to (Node, Epoch, Seq) in one transaction, and
+	// the cursor of each node in to (Node, Epoch, Seq) in one transaction
+	// (an apiserver's pulls of all its nodes in one tick: one write), and
 	// returns how many events it stored. It returns
 	// errdefs.ErrFailedPrecondition, storing nothing, when owner no longer
-	// holds the node's lease.
-	PullEvents(ctx context.Context, owner string, to EventPull, evs ...Event) (int, error)
+	// holds the lease of one of them.
+	PullEvents(ctx context.Context, owner string, to []EventPull, evs ...Event) (int, error)
 	// ReleaseEventPulls gives up owner's leases (an apiserver stopping),
 	// so another apiserver takes them at once rather than when they lapse.
 	ReleaseEventPulls(ctx context.Context, owner string) error
@@ -104,36 +105,45 @@ func repeatJoin(s string, n int) string {
 	return string(b)
 }
 
-func (d *sqlDB) PullEvents(ctx context.Context, owner string, to EventPull, evs ...Event) (int, error) {
+func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, evs ...Event) (int, error) {
+	if len(to) == 0 {
+		return 0, fmt.Errorf("pull events: no node's cursor: %w", errdefs.ErrInvalidArgument)
+	}
 	if err := checkEvents(evs); err != nil {
 		return 0, err
 	}
 	var added int
+	var lost string
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		// On PostgreSQL the append's advisory lock is taken by the cursor's
-		// update (one round trip less); it is held until the commit.
-		q, args := `UPDATE event_pulls SET epoch = ?, seq = ? WHERE node = ? AND owner = ?`, []any{to.Epoch, int64(to.Seq), to.Node, owner}
-		if d.dialect == dialectPostgres {
-			q = `WITH l AS (SELECT pg_advisory_xact_lock(?)) UPDATE event_pulls SET epoch = ?, seq = ? FROM l WHERE node = ? AND owner = ?`
-			args = append([]any{int64(eventLockID)}, args...)
+		// On PostgreSQL the append's advisory lock is taken with the first
+		// cursor's update (one round trip less); it is held until the
+		// commit.
+		for i, c := range to {
+			q, args := `UPDATE event_pulls SET epoch = ?, seq = ? WHERE node = ? AND owner = ?`, []any{c.Epoch, int64(c.Seq), c.Node, owner}
+			if i == 0 && d.dialect == dialectPostgres {
+				q = `WITH l AS (SELECT pg_advisory_xact_lock(?)) UPDATE event_pulls SET epoch = ?, seq = ? FROM l WHERE node = ? AND owner = ?`
+				args = append([]any{int64(eventLockID)}, args...)
+			}
+			res, err := tx.ExecContext(ctx, d.q(q), args...)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n == 0 {
+				lost = c.Node
+				return errNotHolder
+			}
 		}
-		res, err := tx.ExecContext(ctx, d.q(q), args...)
-		if err != nil {
-			return err
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return errNotHolder
-		}
+		var err error
 		if len(evs) > 0 {
 			added, err = d.insertEvents(ctx, tx, evs, false)
 		}
 		return err
 	})
 	if errors.Is(err, errNotHolder) {
-		return 0, fmt.Errorf("pull events of node %s: its lease is not %s's: %w", to.Node, owner, errdefs.ErrFailedPrecondition)
+		return 0, fmt.Errorf("pull events of node %s: its lease is not %s's: %w", lost, owner, errdefs.ErrFailedPrecondition)
 	}
 	if err != nil {
-		return 0, d.fail(fmt.Sprintf("store %d events pulled from node %s", len(evs), to.Node), err)
+		return 0, d.fail(fmt.Sprintf("store %d events pulled from %d nodes", len(evs), len(to)), err)
 	}
 	return added, nil
 }

@@ -36,19 +36,26 @@ func testReplicasEventPullLease(t *testing.T, a, b store.Store) {
 		t.Fatalf("b holds %v, want only n3 (a holds the others)", got)
 	}
 
-	n, err := a.PullEvents(ctx, "a", store.EventPull{Node: "n1", Epoch: "e1", Seq: 2},
+	n, err := a.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 2}},
 		ev("n1/e1/1", "p", "sb-1", "created", now), ev("n1/e1/2", "p", "sb-1", "deleted", now))
 	must(t, "a pulls n1", err)
 	if n != 2 {
 		t.Fatalf("a's pull stored %d, want 2", n)
 	}
-	n, err = b.PullEvents(ctx, "b", store.EventPull{Node: "n1", Epoch: "e1", Seq: 3}, ev("n1/e1/3", "p", "sb-2", "created", now))
+	n, err = b.PullEvents(ctx, "b", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 3}}, ev("n1/e1/3", "p", "sb-2", "created", now))
 	wantKind(t, "b pulls a's node", err, errdefs.ErrFailedPrecondition)
 	if n != 0 {
 		t.Fatalf("a refused pull stored %d", n)
 	}
+	// A pull of two nodes, one of them b's, stores nothing.
+	n, err = a.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 3}, {Node: "n3", Epoch: "e3", Seq: 1}},
+		ev("n1/e1/3", "p", "sb-2", "created", now), ev("n3/e3/1", "p", "sb-3", "created", now))
+	wantKind(t, "a pulls n1 and b's n3 together", err, errdefs.ErrFailedPrecondition)
+	if n != 0 {
+		t.Fatalf("a refused pull of two nodes stored %d", n)
+	}
 	// A pull with nothing new still moves the cursor (a new epoch).
-	_, err = a.PullEvents(ctx, "a", store.EventPull{Node: "n2", Epoch: "e9", Seq: 0})
+	_, err = a.PullEvents(ctx, "a", []store.EventPull{{Node: "n2", Epoch: "e9", Seq: 0}})
 	must(t, "a moves n2's cursor", err)
 
 	// a's leases lapse: b takes them with the cursors a left.
@@ -61,9 +68,9 @@ func testReplicasEventPullLease(t *testing.T, a, b store.Store) {
 	if held[0].Epoch != "e1" || held[0].Seq != 2 || held[1].Epoch != "e9" || held[1].Seq != 0 {
 		t.Fatalf("b took n1 at %s/%d and n2 at %s/%d, want e1/2 and e9/0", held[0].Epoch, held[0].Seq, held[1].Epoch, held[1].Seq)
 	}
-	_, err = a.PullEvents(ctx, "a", store.EventPull{Node: "n1", Epoch: "e1", Seq: 3}, ev("n1/e1/3", "p", "sb-2", "created", now))
+	_, err = a.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 3}}, ev("n1/e1/3", "p", "sb-2", "created", now))
 	wantKind(t, "a pulls after losing n1", err, errdefs.ErrFailedPrecondition)
-	n, err = b.PullEvents(ctx, "b", store.EventPull{Node: "n1", Epoch: "e1", Seq: 3}, ev("n1/e1/3", "p", "sb-2", "created", now))
+	n, err = b.PullEvents(ctx, "b", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 3}}, ev("n1/e1/3", "p", "sb-2", "created", now))
 	must(t, "b pulls n1", err)
 	if n != 1 {
 		t.Fatalf("b's pull stored %d, want 1", n)
