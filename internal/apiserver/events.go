@@ -169,11 +169,14 @@ func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]s
 			if !ok || !n.Healthy || n.Edge == nil {
 				continue
 			}
-			if st := n.Status; c.Epoch != "" && st != nil && st.GetEventEpoch() == c.Epoch && st.GetEventSeq() <= c.Seq {
+			st, u := n.Status, s.usage.cursor(n.Name)
+			eventsNew := !s.cfg.EventsOff && (c.Epoch == "" || st == nil || st.GetEventEpoch() != c.Epoch || st.GetEventSeq() > c.Seq)
+			usageNew := s.cfg.Ledger != nil && (st == nil || st.GetUsageEpoch() != u.epoch || st.GetUsageSeq() > u.seq)
+			if !eventsNew && !usageNew {
 				continue
 			}
 			next, got, ok := s.readNode(ctx, n.Edge, c)
-			if !ok || (len(got) == 0 && next.Epoch == c.Epoch && next.Seq == c.Seq) {
+			if !ok || s.cfg.EventsOff || (len(got) == 0 && next.Epoch == c.Epoch && next.Seq == c.Seq) {
 				continue
 			}
 			to = append(to, next)
@@ -212,12 +215,18 @@ func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull) (st
 	cctx, cancel := context.WithTimeout(ctx, eventPullTimeout)
 	defer cancel()
 	s.events.pulls.Add(1)
-	resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage}))
+	u := s.usage.cursor(c.Node)
+	resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage,
+		UsageEpoch: u.epoch, UsageAfter: u.seq}))
 	if err != nil {
 		s.log.Debug("pull events", "node", c.Node, "err", err)
 		return c, nil, false
 	}
 	m := resp.Msg
+	// The ledger's records ride on the pull (usage.go).
+	if s.storeUsage(ctx, c.Node, m.GetUsage()) {
+		s.usage.setCursor(c.Node, usageCursor{epoch: m.GetUsageEpoch(), seq: m.GetUsageNext()})
+	}
 	if n := m.GetLost(); n > 0 {
 		s.events.lost.Add(int64(n))
 		s.log.Warn("events lost: the node no longer keeps them", "node", c.Node, "lost", n)
