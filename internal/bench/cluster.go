@@ -216,7 +216,8 @@ type QuotaReport struct {
 }
 
 // RunClusterQuota runs RunCluster's load rounds times with each set of
-// clients, alternating, each round o.Duration / (2 × rounds) long.
+// clients, alternating (ABBA: the sides take turns to go first), each
+// round o.Duration / (2 × rounds) long.
 func RunClusterQuota(ctx context.Context, free, charged []*dsec.Conn, o ClusterOptions, rounds int) (*QuotaReport, error) {
 	o.Duration /= time.Duration(2 * rounds)
 	o.SimulateSeeds = 0
@@ -239,11 +240,18 @@ func RunClusterQuota(ctx context.Context, free, charged []*dsec.Conn, o ClusterO
 		s.SinglePerSec = float64(s.SingleCalls) / s.Seconds
 	}
 	for round := range rounds {
-		for _, side := range []struct {
+		sides := []struct {
 			clients []*dsec.Conn
 			sum     **ClusterReport
 			name    string
-		}{{free, &rep.Free, "uncharged"}, {charged, &rep.Charged, "charged"}} {
+		}{{free, &rep.Free, "uncharged"}, {charged, &rep.Charged, "charged"}}
+		if round%2 == 1 {
+			// Each round makes the cluster bigger (its sandboxes live
+			// on), so the later side of a round is the slower: the
+			// sides take turns to go first (ABBA), which cancels it.
+			sides[0], sides[1] = sides[1], sides[0]
+		}
+		for _, side := range sides {
 			if o.Progress != nil {
 				fmt.Fprintf(o.Progress, "round %d of %d, %s\n", round+1, rounds, side.name)
 			}
@@ -261,7 +269,7 @@ func RunClusterQuota(ctx context.Context, free, charged []*dsec.Conn, o ClusterO
 
 // Print writes the comparison with its target.
 func (r *QuotaReport) Print(w io.Writer) {
-	fmt.Fprintf(w, "dsec bench cluster --quota-token: %d rounds of each side, alternating\n\n", r.Rounds)
+	fmt.Fprintf(w, "dsec bench cluster --quota-token: %d rounds of each side, alternating, ABBA\n\n", r.Rounds)
 	fmt.Fprintf(w, "%-44s %12s %12s\n", "", "uncharged", "charged")
 	fmt.Fprintf(w, "%-44s %12.0f %12.0f\n", "sandboxes created per second", r.Free.SandboxesPerSec, r.Charged.SandboxesPerSec)
 	fmt.Fprintf(w, "%-44s %12.0f %12.0f\n", "single-sandbox create calls per second", r.Free.SinglePerSec, r.Charged.SinglePerSec)

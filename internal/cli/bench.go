@@ -195,7 +195,7 @@ func (a *app) benchClusterCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&quotaToken, "quota-token", "", "a token of a project under a quota limit: compare its create rate (every create charged) with --token's (a project under none), in alternating rounds")
-	f.IntVar(&quotaRounds, "quota-rounds", 3, "rounds of each side with --quota-token")
+	f.IntVar(&quotaRounds, "quota-rounds", 4, "rounds of each side with --quota-token (even: ABBA cancels a drift)")
 	f.StringVar(&o.Env, "env", o.Env, "environment the creates name (hollow edges accept any)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "how long the load runs")
 	f.IntVar(&o.Batch, "batch", o.Batch, "sandboxes per batch create")

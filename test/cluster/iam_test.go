@@ -389,7 +389,7 @@ func TestQuotaDoubleDelete(t *testing.T) {
 // BenchmarkClusterQuota is `dsec bench cluster --quota-token` on two
 // apiservers over PostgreSQL and three hollow edges: the create rate of a
 // project under a quota limit (every create charged) against one under
-// none, in alternating rounds, and their ratio (target ≥ 0.9×).
+// none, in alternating rounds (ABBA), and their ratio (target ≥ 0.9×).
 //
 //	go test -run '^$' -bench ClusterQuota -benchtime 1x ./test/cluster   # as root
 func BenchmarkClusterQuota(b *testing.B) {
@@ -433,7 +433,7 @@ func BenchmarkClusterQuota(b *testing.B) {
 	}
 	for range b.N {
 		rep, err := bench.RunClusterQuota(ctx, dial(tokens["free"]), dial(tokens["charged"]),
-			bench.ClusterOptions{Env: "base:1", Duration: 36 * time.Second, Batch: 50, BatchWorkers: 6, SingleWorkers: 40}, 3)
+			bench.ClusterOptions{Env: "base:1", Duration: 36 * time.Second, Batch: 50, BatchWorkers: 6, SingleWorkers: 40}, 4)
 		if err != nil {
 			b.Fatal(err)
 		}
