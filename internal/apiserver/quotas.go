@@ -24,8 +24,6 @@ type Quotas interface {
 	Release(ctx context.Context, project string, amounts store.Amounts) error
 	ChargeHeld(ctx context.Context, project string, amounts store.Amounts, holds []store.Hold) error
 	ReserveCharged(ctx context.Context, project string, amounts store.Amounts, holds []store.Hold, rs []store.CreateReservation) ([]store.CreateReservation, []bool, error)
-	LeaseSlice(ctx context.Context, owner, project, old string, want, least store.Amounts, expires time.Time) (store.Slice, error)
-	ReserveSliced(ctx context.Context, slice string, r store.CreateReservation) (store.CreateReservation, bool, error)
 	Settle(ctx context.Context, ids []string, release bool) error
 	ReleaseSandbox(ctx context.Context, project, id string, amounts store.Amounts) (bool, error)
 	HoldRelease(ctx context.Context, project, sandbox string, amounts store.Amounts, expires time.Time) error

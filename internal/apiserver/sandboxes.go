@@ -133,7 +133,7 @@ func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, 
 	if charged {
 		r.Charge = &c
 	}
-	got, reserved, err := s.reserveSliced(ctx, r)
+	got, reserved, err := s.reserve(ctx, r)
 	if err != nil {
 		s.unplace(nodes)
 		return nil, err

@@ -182,7 +182,6 @@ type Server struct {
 	charges  chargeGroup                       // quotas.go
 	kept     settleGroup                       // quotas.go
 	limits   limitCache                        // quotas.go
-	slices   sliceLeases                       // slices.go
 	objects  objectCache                       // objects.go
 	audit    *auditLog                         // nil without Config.Audit
 	events   eventState                        // events.go

@@ -534,9 +534,8 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 }
 
 // runReconciler runs the apiserver's reconciliation, its audit writer and
-// its audit records' expiry (and its other loops: events, webhooks, quota
-// slices, which it returns when it stops) until the returned stop is
-// called, which waits for them to end (before the store closes).
+// its audit records' expiry until the returned stop is called, which waits
+// for them to end (before the store closes).
 func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -547,7 +546,6 @@ func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 	wg.Go(func() { api.RunEventExpiry(ctx) })
 	wg.Go(func() { api.RunUsageExpiry(ctx) })
 	wg.Go(func() { api.RunWebhooks(ctx) })
-	wg.Go(func() { api.RunQuotaSlices(ctx) })
 	return func() {
 		cancel()
 		wg.Wait()

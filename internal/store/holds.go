@@ -29,9 +29,6 @@ type Hold struct {
 	// apiserver died with it: once what holds it is surely over (a
 	// create's deadline); zero is DefaultHoldExpiry from now.
 	Expires time.Time
-	// slice is the quota slice the hold's charge was spent from
-	// (ReserveSliced), "" for none.
-	slice string
 }
 
 // DefaultHoldExpiry is how long a hold without an expiry of its own
@@ -137,13 +134,9 @@ func (d *sqlDB) insertHoldsOr(ctx context.Context, tx *sql.Tx, path string, hold
 		if expires.IsZero() {
 			expires = now.Add(DefaultHoldExpiry)
 		}
-		var slice any
-		if h.slice != "" {
-			slice = h.slice
-		}
 		for r, n := range h.Amounts {
 			if n > 0 && r != CreatesPerSecond {
-				args = append(args, h.ID, string(r), n, d.ts(ms(expires)), slice)
+				args = append(args, h.ID, string(r), n, d.ts(ms(expires)))
 			}
 		}
 	}
@@ -151,21 +144,21 @@ func (d *sqlDB) insertHoldsOr(ctx context.Context, tx *sql.Tx, path string, hold
 		return nil
 	}
 	for len(args) > 0 {
-		n := min(len(args)/5, holdRowsPerInsert)
-		row := "(?, ?, ?, ?, ?), "
+		n := min(len(args)/4, holdRowsPerInsert)
+		row := "(?, ?, ?, ?), "
 		if d.dialect == dialectPostgres {
-			row = "(?, ?, ?::bigint, ?::timestamptz, ?::text), "
+			row = "(?, ?, ?::bigint, ?::timestamptz), "
 		}
 		rows := strings.TrimSuffix(strings.Repeat(row, n), ", ")
-		_, err := tx.ExecContext(ctx, d.q(`INSERT INTO quota_holds (id, resource, project_id, amount, expires{ms}, slice)
-			SELECT v.column1, v.column2, p.id, v.column3, v.column4, v.column5 FROM (VALUES `+rows+`) AS v, projects p WHERE p.path = ?`+conflict), append(args[:n*5:n*5], path)...)
+		_, err := tx.ExecContext(ctx, d.q(`INSERT INTO quota_holds (id, resource, project_id, amount, expires{ms})
+			SELECT v.column1, v.column2, p.id, v.column3, v.column4 FROM (VALUES `+rows+`) AS v, projects p WHERE p.path = ?`+conflict), append(args[:n*4:n*4], path)...)
 		if err != nil {
 			if d.unique(err) {
 				return fmt.Errorf("a hold is held already: %w", errdefs.ErrAlreadyExists)
 			}
 			return err
 		}
-		args = args[n*5:]
+		args = args[n*4:]
 	}
 	return nil
 }
@@ -179,7 +172,6 @@ type heldRow struct {
 	id, path string
 	resource Resource
 	amount   int64
-	slice    string
 }
 
 func (d *sqlDB) Settle(ctx context.Context, ids []string, release bool) error {
@@ -215,7 +207,7 @@ func (d *sqlDB) keep(ctx context.Context, ids []string) error {
 // and, with release, takes what they held off the use. Every project whose
 // holds change moves its own generation.
 func (d *sqlDB) settleTx(ctx context.Context, tx *sql.Tx, cond string, args []any, release bool) error {
-	rows, err := tx.QueryContext(ctx, d.q(`SELECT h.id, j.path, h.resource, h.amount, coalesce(h.slice, '') FROM quota_holds h JOIN projects j ON j.id = h.project_id
+	rows, err := tx.QueryContext(ctx, d.q(`SELECT h.id, j.path, h.resource, h.amount FROM quota_holds h JOIN projects j ON j.id = h.project_id
 		WHERE `+cond), args...)
 	if err != nil {
 		return err
@@ -224,7 +216,7 @@ func (d *sqlDB) settleTx(ctx context.Context, tx *sql.Tx, cond string, args []an
 	for rows.Next() {
 		var h heldRow
 		var r string
-		if err := rows.Scan(&h.id, &h.path, &r, &h.amount, &h.slice); err != nil {
+		if err := rows.Scan(&h.id, &h.path, &r, &h.amount); err != nil {
 			rows.Close()
 			return err
 		}
@@ -265,21 +257,6 @@ func (d *sqlDB) settleTx(ctx context.Context, tx *sql.Tx, cond string, args []an
 			return err
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
-			sums[key{h.path, h.resource}] -= h.amount
-			continue
-		}
-		if !release || h.slice == "" {
-			continue
-		}
-		// Spent from a slice that still stands: given back to it, so
-		// its headroom grows again; the project's use (the slice's size
-		// is charged to it) is as before but for what the slice spent.
-		res, err = tx.ExecContext(ctx, d.q(`UPDATE quota_slices SET used = CASE WHEN used > ? THEN used - ? ELSE 0 END, gen = gen + 1
-			WHERE id = ? AND resource = ?`), h.amount, h.amount, h.slice, string(h.resource))
-		if err != nil {
-			return err
-		}
-		if n, _ := res.RowsAffected(); n == 1 {
 			sums[key{h.path, h.resource}] -= h.amount
 		}
 	}
@@ -346,7 +323,7 @@ func (d *sqlDB) Uses(ctx context.Context, resources []Resource) ([]Use, error) {
 		// children's and the holds as of one moment.
 		rows, err := d.db.QueryContext(ctx, d.q(`SELECT j.path, q.resource, q.used, q.gen,
 				coalesce((SELECT sum(c.used) FROM quotas c JOIN projects k ON k.id = c.project_id WHERE k.parent_id = j.id AND c.resource = q.resource), 0),
-				coalesce(h.held, 0), `+sliceCols+`
+				coalesce(h.held, 0)
 			FROM quotas q JOIN projects j ON j.id = q.project_id
 			LEFT JOIN (SELECT project_id, resource, sum(amount) AS held FROM quota_holds GROUP BY project_id, resource) h
 				ON h.project_id = q.project_id AND h.resource = q.resource
@@ -358,11 +335,11 @@ func (d *sqlDB) Uses(ctx context.Context, resources []Resource) ([]Use, error) {
 		for rows.Next() {
 			var u Use
 			var r string
-			var used, children, unspent, gens int64
-			if err := rows.Scan(&u.Project, &r, &used, &u.Gen, &children, &u.Held, &unspent, &gens); err != nil {
+			var used, children int64
+			if err := rows.Scan(&u.Project, &r, &used, &u.Gen, &children, &u.Held); err != nil {
 				return err
 			}
-			u.Resource, u.Own, u.Gen = Resource(r), used-children-unspent, u.Gen+gens
+			u.Resource, u.Own = Resource(r), used-children
 			out = append(out, u)
 		}
 		return rows.Err()
@@ -391,22 +368,18 @@ func (d *sqlDB) CorrectUse(ctx context.Context, read Use, n int64) (bool, error)
 			return err
 		}
 		self := rows[len(rows)-1]
-		// The project's slices are locked, so none spends meanwhile.
-		if _, err := tx.ExecContext(ctx, d.q(`SELECT 1 FROM quota_slices WHERE resource = ? AND project_id = (SELECT id FROM projects WHERE path = ?){lock}`), string(resource), path); err != nil {
-			return err
-		}
-		var now, children, held, unspent, gens int64
+		var now, children, held int64
 		if err := tx.QueryRowContext(ctx, d.q(`SELECT q.gen,
 				coalesce((SELECT sum(c.used) FROM quotas c JOIN projects k ON k.id = c.project_id WHERE k.parent_id = j.id AND c.resource = q.resource), 0),
-				coalesce((SELECT sum(h.amount) FROM quota_holds h WHERE h.project_id = j.id AND h.resource = q.resource), 0), `+sliceCols+`
-			FROM quotas q JOIN projects j ON j.id = q.project_id WHERE j.path = ? AND q.resource = ?`), path, string(resource)).Scan(&now, &children, &held, &unspent, &gens); err != nil {
+				coalesce((SELECT sum(h.amount) FROM quota_holds h WHERE h.project_id = j.id AND h.resource = q.resource), 0)
+			FROM quotas q JOIN projects j ON j.id = q.project_id WHERE j.path = ? AND q.resource = ?`), path, string(resource)).Scan(&now, &children, &held); err != nil {
 			return err
 		}
-		if now+gens != read.Gen || held != read.Held {
+		if now != read.Gen || held != read.Held {
 			return nil // charged, released or settled since it was read: not provable
 		}
 		corrected = true
-		delta := n + held - (self.used - children - unspent)
+		delta := n + held - (self.used - children)
 		if delta == 0 {
 			return nil
 		}
@@ -421,11 +394,6 @@ func (d *sqlDB) CorrectUse(ctx context.Context, read Use, n int64) (bool, error)
 func (d *sqlDB) ExpireHolds(ctx context.Context, now time.Time) (int, error) {
 	n := 0
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		// Slices whose apiservers did not renew them: what they spent
-		// stays charged (their creates' holds expire on their own).
-		if err := d.foldSlices(ctx, tx, `s.expires{ms} < ?`, []any{d.ts(now)}); err != nil {
-			return err
-		}
 		var err error
 		if err = tx.QueryRowContext(ctx, d.q(`SELECT count(DISTINCT id) FROM quota_holds WHERE expires{ms} < ?`), d.ts(now)).Scan(&n); err != nil || n == 0 {
 			return err
@@ -449,12 +417,6 @@ func (d *sqlDB) ExpireHolds(ctx context.Context, now time.Time) (int, error) {
 	}
 	return n, nil
 }
-
-// sliceCols are, for the project j and resource q of a quota row, the
-// unspent headroom of its own slices (charged to it, but not use) and the
-// sum of their generations, which moves with every charge to them.
-const sliceCols = `coalesce((SELECT sum(s.size - s.used) FROM quota_slices s WHERE s.project_id = j.id AND s.resource = q.resource), 0),
-				coalesce((SELECT sum(s.gen) FROM quota_slices s WHERE s.project_id = j.id AND s.resource = q.resource), 0)`
 
 // chargeReservation charges r.Charge, if any, in tx, the transaction that
 // has just reserved r.Key.

@@ -133,23 +133,6 @@ type IAM interface {
 	// ReserveCreate. When the sum does not fit nothing is reserved nor
 	// charged: errdefs.ErrResourceExhausted.
 	ReserveCharged(ctx context.Context, project string, amounts Amounts, holds []Hold, rs []CreateReservation) ([]CreateReservation, []bool, error)
-	// LeaseSlice leases owner (an apiserver) a quota slice of project
-	// (slices.go), in one transaction: of each resource of want, at most a
-	// quarter of the headroom the tightest limit on the project's path
-	// leaves (old's unspent headroom counted free), charged to the project
-	// and its ancestors. Slice old, when it still stands with the same
-	// resources, is resized in place and keeps its ID; otherwise it is
-	// returned (what it spent stays charged, its headroom goes back), as it
-	// is when want is empty. When the grant is less than least of some
-	// resource (the project is near a limit) it leases none: a Slice
-	// without an ID. A slice expires at expires (ExpireHolds) unless
-	// leased again.
-	LeaseSlice(ctx context.Context, owner, project, old string, want, least Amounts, expires time.Time) (Slice, error)
-	// ReserveSliced is ReserveCreate of r (with its Charge) charging the
-	// slice's own row instead of the quota rows of the project and its
-	// ancestors: a charge that does not fit, or a slice returned, taken
-	// back or expired, is ErrSliceSpent (nothing reserved nor charged).
-	ReserveSliced(ctx context.Context, slice string, r CreateReservation) (CreateReservation, bool, error)
 	// Settle ends the holds of ids (of any project; an ID no longer held
 	// is skipped). With release what they held is given back (the create
 	// failed, the call ended); without, it stays charged (the sandboxes

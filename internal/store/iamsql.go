@@ -40,13 +40,11 @@ func (d *sqlDB) q(s string) string {
 	if d.dialect == dialectSQLite {
 		s = strings.ReplaceAll(s, "{ms}", "_ms")
 		s = strings.ReplaceAll(s, "{lockq}", "")
-		s = strings.ReplaceAll(s, "{locks}", "")
 		s = strings.ReplaceAll(s, "{lock}", "")
 		return strings.ReplaceAll(s, "{share}", "")
 	}
 	s = strings.ReplaceAll(s, "{ms}", "")
 	s = strings.ReplaceAll(s, "{lockq}", " FOR UPDATE OF q")
-	s = strings.ReplaceAll(s, "{locks}", " FOR UPDATE OF s")
 	s = strings.ReplaceAll(s, "{lock}", " FOR UPDATE")
 	s = strings.ReplaceAll(s, "{share}", " FOR SHARE OF t")
 	var b strings.Builder

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -203,25 +202,23 @@ func (d *sqlDB) chargeTx(ctx context.Context, tx *sql.Tx, path string, amounts A
 	if err != nil {
 		return err
 	}
-	full, err := d.refusal(ctx, tx, rows, amounts, now, false)
-	if err != nil {
-		return err
-	}
-	if errors.Is(full, errSliced) {
-		if rows, err = d.ancestorsLocked(ctx, tx, path, resources); err != nil {
-			return err
-		}
-		if full, err = d.refusal(ctx, tx, rows, amounts, now, true); err != nil {
-			return err
-		}
-	}
-	if full != nil {
-		return full
-	}
-	// The buckets' levels after the charge.
+	// Rows come from the root down, so the first refusal names the
+	// highest project that is full.
 	for i, r := range rows {
-		if r.lim.Valid && r.resource == CreatesPerSecond {
-			rows[i].level = refill(r, now) - float64(amounts[r.resource])
+		n := amounts[r.resource]
+		if !r.lim.Valid {
+			continue
+		}
+		if r.resource == CreatesPerSecond {
+			level := refill(r, now)
+			if level < float64(n) {
+				return fmt.Errorf("quota of project %s: more than %s: %w", iam.Display(r.path), r.resource.amount(r.lim.Int64), errdefs.ErrResourceExhausted)
+			}
+			rows[i].level = level - float64(n)
+			continue
+		}
+		if r.used+n > r.lim.Int64 {
+			return fmt.Errorf("quota of project %s: %d of %s in use: %w", iam.Display(r.path), r.used, r.resource.amount(r.lim.Int64), errdefs.ErrResourceExhausted)
 		}
 	}
 	for _, r := range resources {
@@ -243,50 +240,6 @@ func (d *sqlDB) chargeTx(ctx context.Context, tx *sql.Tx, path string, amounts A
 		}
 	}
 	return nil
-}
-
-// errSliced marks a refusal that quota slices' unspent headroom caused:
-// taken back (takeBack), the charge may fit.
-var errSliced = errors.New("quota slices hold headroom")
-
-// refusal is the charge of amounts refused by the first of rows, or nil:
-// rows come from the root down, so a refusal names the highest project
-// that is full. A refusal where
-// slices hold unspent headroom takes it back, unless taken already, and
-// is errSliced; one that stands names the use without that headroom.
-func (d *sqlDB) refusal(ctx context.Context, tx *sql.Tx, rows []quotaRow, amounts Amounts, now time.Time, taken bool) (error, error) {
-	for _, r := range rows {
-		n := amounts[r.resource]
-		if !r.lim.Valid {
-			continue
-		}
-		if r.resource == CreatesPerSecond {
-			if refill(r, now) < float64(n) {
-				return fmt.Errorf("quota of project %s: more than %s: %w", iam.Display(r.path), r.resource.amount(r.lim.Int64), errdefs.ErrResourceExhausted), nil
-			}
-			continue
-		}
-		if r.used+n <= r.lim.Int64 {
-			continue
-		}
-		if !taken {
-			took, err := d.takeBack(ctx, tx, r.path, r.resource)
-			if err != nil {
-				return nil, err
-			}
-			if took {
-				return errSliced, nil
-			}
-		}
-		used := r.used
-		if unspent, err := d.unspentUnder(ctx, tx, r.path); err != nil {
-			return nil, err
-		} else {
-			used -= unspent[r.path][r.resource]
-		}
-		return fmt.Errorf("quota of project %s: %d of %s in use: %w", iam.Display(r.path), used, r.resource.amount(r.lim.Int64), errdefs.ErrResourceExhausted), nil
-	}
-	return nil, nil
 }
 
 // addUse adds n (negative: takes off, never below zero) to the use of
@@ -396,16 +349,7 @@ func (d *sqlDB) SetLimit(ctx context.Context, actor iam.Authority, project strin
 		}
 		self := rows[len(rows)-1]
 		if limit != Unlimited && resource != CreatesPerSecond && self.used > limit {
-			// Slices' headroom is not use: taken back, it may fit.
-			if _, err := d.takeBack(ctx, tx, path, resource); err != nil {
-				return err
-			}
-			if rows, err = d.ancestorsLocked(ctx, tx, path, []Resource{resource}); err != nil {
-				return err
-			}
-			if self = rows[len(rows)-1]; self.used > limit {
-				return fmt.Errorf("%s to %d: %s in use: %w", what, limit, resource.amount(self.used), errdefs.ErrFailedPrecondition)
-			}
+			return fmt.Errorf("%s to %d: %s in use: %w", what, limit, resource.amount(self.used), errdefs.ErrFailedPrecondition)
 		}
 		// The nearest ancestor with a limit carves this one from its own.
 		top := ""
@@ -508,10 +452,6 @@ func (d *sqlDB) Quota(ctx context.Context, project string) ([]ProjectQuota, erro
 		if err != nil {
 			return err
 		}
-		unspent, err := d.unspentUnder(ctx, d.db, path)
-		if err != nil {
-			return err
-		}
 		rows, err := d.db.QueryContext(ctx, d.q(`SELECT j.path, q.resource, q.lim, q.used FROM quotas q JOIN projects j ON j.id = q.project_id
 			WHERE j.id = ? OR j.parent_id = ? ORDER BY j.path`), p.ID, p.ID)
 		if err != nil {
@@ -533,7 +473,7 @@ func (d *sqlDB) Quota(ctx context.Context, project string) ([]ProjectQuota, erro
 			if lim.Valid {
 				q.Limits[Resource(r)] = lim.Int64
 			}
-			q.Used[Resource(r)] = used - unspent[pp][Resource(r)] // headroom leased, not use
+			q.Used[Resource(r)] = used
 		}
 		return rows.Err()
 	})

@@ -26,7 +26,6 @@ var holdCases = []struct {
 	{"ReserveCharged", testReserveCharged},
 	{"ReserveChargedGroup", testReserveChargedGroup},
 	{"ReleaseHold", testReleaseHold},
-	{"QuotaSlices", testQuotaSlices},
 }
 
 // holdReplicaCases need two Stores on one database.
@@ -37,7 +36,6 @@ var holdReplicaCases = []struct {
 	{"ReleaseSandboxRace", testReplicasReleaseRace},
 	{"ReserveChargedRace", testReplicasReserveCharged},
 	{"ReserveChargedGroupRace", testReplicasReserveChargedGroup},
-	{"QuotaSlicesRace", testReplicasQuotaSlices},
 }
 
 // own is project's own use of r as Uses reads it, and the row's
