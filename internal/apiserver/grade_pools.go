@@ -88,13 +88,48 @@ func (g *gradePools) use(node string, spec *dsecv1.SandboxSpec, now time.Time) (
 		p.set = now
 		set = shape
 	}
-	for ok, op := range g.pools {
-		if now.Sub(op.used) >= gradePoolIdle {
-			drop, dropSpecs = append(drop, ok), append(dropSpecs, op.spec)
-			delete(g.pools, ok)
+	drop, dropSpecs = g.idleLocked(now)
+	return set, drop, dropSpecs
+}
+
+// idle forgets the pools no grade used for gradePoolIdle and returns them,
+// to be removed from their nodes (size 0).
+func (g *gradePools) idle(now time.Time) ([]gradePoolKey, []*dsecv1.SandboxSpec) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.idleLocked(now)
+}
+
+func (g *gradePools) idleLocked(now time.Time) (drop []gradePoolKey, dropSpecs []*dsecv1.SandboxSpec) {
+	for k, p := range g.pools {
+		if now.Sub(p.used) >= gradePoolIdle {
+			drop, dropSpecs = append(drop, k), append(dropSpecs, p.spec)
+			delete(g.pools, k)
 		}
 	}
-	return set, drop, dropSpecs
+	return drop, dropSpecs
+}
+
+// RunGradePools removes from their nodes the grade pools no grade used
+// for gradePoolIdle, checking every gradePoolRenew until ctx ends, so a
+// training run's rooms do not stay started on its nodes once it is over.
+// A pool this apiserver set and did not remove before it died stays on its
+// node until a grade of its shape there renews it (and it idles out again)
+// or an operator removes it (`dsec pool rm`).
+func (s *Server) RunGradePools(ctx context.Context) {
+	t := time.NewTicker(gradePoolRenew)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			drop, specs := s.grades.idle(now)
+			for i, k := range drop {
+				s.setGradePool(ctx, k.node, specs[i], 0)
+			}
+		}
+	}
 }
 
 // gradeRooms is the apiserver's grade.Rooms: clean rooms from grade

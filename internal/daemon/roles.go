@@ -534,8 +534,9 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 }
 
 // runReconciler runs the apiserver's reconciliation, its audit writer and
-// its audit records' expiry until the returned stop is called, which waits
-// for them to end (before the store closes).
+// its audit records' expiry (and its other loops: events, usage, webhooks,
+// idle grade pools) until the returned stop is called, which waits for them
+// to end (before the store closes).
 func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -546,6 +547,7 @@ func runReconciler(ctx context.Context, api *apiserver.Server) (stop func()) {
 	wg.Go(func() { api.RunEventExpiry(ctx) })
 	wg.Go(func() { api.RunUsageExpiry(ctx) })
 	wg.Go(func() { api.RunWebhooks(ctx) })
+	wg.Go(func() { api.RunGradePools(ctx) })
 	return func() {
 		cancel()
 		wg.Wait()
