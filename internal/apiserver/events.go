@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -253,22 +252,7 @@ func (s *Server) RunEventExpiry(ctx context.Context) {
 	if s.cfg.Events == nil || retention < 0 {
 		return
 	}
-	every := auditExpiryEvery
-	t := time.NewTimer(rand.N(every/4) + 1)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if n, err := s.cfg.Events.ExpireEvents(ctx, time.Now().Add(-retention)); err != nil {
-			s.log.Warn("expire events", "err", err)
-		} else if n > 0 {
-			s.log.Info("expired events", "count", n, "retention", retention)
-		}
-		t.Reset(every/2 + rand.N(every))
-	}
+	expireEvery(ctx, "events", retention, auditExpiryEvery, s.log, s.cfg.Events.ExpireEvents)
 }
 
 // eventQuery reads a ListEventsRequest as a store query a may run: its

@@ -570,11 +570,15 @@ func (s *Server) RunAuditExpiry(ctx context.Context) {
 	if s.cfg.IAM == nil || retention < 0 {
 		return
 	}
-	expireAudit(ctx, s.cfg.IAM, retention, auditExpiryEvery, s.log)
+	expireEvery(ctx, "audit records", retention, auditExpiryEvery, s.log, s.cfg.IAM.ExpireAudit)
 }
 
-// expireAudit expires st's records older than retention about every every.
-func expireAudit(ctx context.Context, st store.IAM, retention, every time.Duration, log *slog.Logger) {
+// expireEvery deletes what expire finds older than retention, about
+// every every (at random times, so apiservers seldom expire at once),
+// until ctx ends, logging what it expired as what (the audit records, the
+// events, the ledger's rows).
+func expireEvery(ctx context.Context, what string, retention, every time.Duration, log *slog.Logger,
+	expire func(ctx context.Context, olderThan time.Time) (int, error)) {
 	t := time.NewTimer(rand.N(every/4) + 1)
 	defer t.Stop()
 	for {
@@ -583,10 +587,10 @@ func expireAudit(ctx context.Context, st store.IAM, retention, every time.Durati
 			return
 		case <-t.C:
 		}
-		if n, err := st.ExpireAudit(ctx, time.Now().Add(-retention)); err != nil {
-			log.Warn("expire audit records", "err", err)
+		if n, err := expire(ctx, time.Now().Add(-retention)); err != nil {
+			log.Warn("expire "+what, "err", err)
 		} else if n > 0 {
-			log.Info("expired audit records", "count", n, "retention", retention)
+			log.Info("expired "+what, "count", n, "retention", retention)
 		}
 		t.Reset(every/2 + rand.N(every))
 	}

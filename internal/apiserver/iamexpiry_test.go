@@ -34,7 +34,7 @@ func TestAuditExpiry(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		expireAudit(loop, st, 24*time.Hour, 10*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		expireEvery(loop, "audit records", 24*time.Hour, 10*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)), st.ExpireAudit)
 	}()
 	defer func() { stop(); <-done }()
 	deadline := time.Now().Add(30 * time.Second)

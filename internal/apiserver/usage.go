@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -161,22 +160,7 @@ func (s *Server) RunUsageExpiry(ctx context.Context) {
 	if s.cfg.Ledger == nil || retention < 0 {
 		return
 	}
-	every := auditExpiryEvery
-	t := time.NewTimer(mrand.N(every/4) + 1)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if n, err := s.cfg.Ledger.ExpireUsage(ctx, time.Now().Add(-retention)); err != nil {
-			s.log.Warn("expire usage", "err", err)
-		} else if n > 0 {
-			s.log.Info("expired usage rows", "count", n, "retention", retention)
-		}
-		t.Reset(every/2 + mrand.N(every))
-	}
+	expireEvery(ctx, "usage rows", retention, auditExpiryEvery, s.log, s.cfg.Ledger.ExpireUsage)
 }
 
 func usageMsg(u store.Usage) *dsecv1.UsageFigures {
