@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/testutil"
@@ -25,9 +26,11 @@ import (
 // TestLedger runs two sandboxes of one run and two tasks that burn CPU
 // (a shell loop whose own CPU time the shell reports from /proc), write a
 // known number of bytes to their writable layer and send a known number
-// of bytes to a test host of the test's own netns; deletes them; and reads
-// the cost ledger through the Go SDK and the CLI: each figure matches what
-// the sandboxes did within the tolerance docs/usage.md states, the sums
+// of bytes to a test host of the test's own netns; snapshots the first;
+// deletes them; and reads the cost ledger through the Go SDK and the CLI:
+// each figure matches what the sandboxes did within the tolerance
+// docs/usage.md states, the snapshot's bytes are its size as dsec snapshot
+// ls reports it, the sums
 // by label:task and label:run are right, and the rows survive the
 // sandboxes' deletion.
 func TestLedger(t *testing.T) {
@@ -66,6 +69,7 @@ func TestLedger(t *testing.T) {
 		sent    int64
 	}
 	var sbs []*ran
+	c := sdkClient(t, d.Addr, d.Token())
 	for _, task := range []string{"ta", "tb"} {
 		sb := create(t, d, &dsecv1.SandboxSpec{Labels: map[string]string{"run": "lr1", "task": task},
 			NetworkRules: map[string]bool{hostAddr.String() + "/32": true}})
@@ -89,6 +93,36 @@ func TestLedger(t *testing.T) {
 		r.sent = egressBytes
 		sbs = append(sbs, r)
 	}
+	// A snapshot of the first sandbox: its writable layer holds the file.
+	const snapName = "ledger-snap"
+	snap, err := c.Snapshot(ctx, sbs[0].id, snapName)
+	if err != nil {
+		t.Fatalf("snapshot %s: %v", sbs[0].id, err)
+	}
+	t.Cleanup(func() { c.DeleteSnapshot(context.Background(), snapName) })
+	// Packed: the file and the image's metadata, padded to a multiple of
+	// 2 MiB (image.LayerAlign), so 10 MiB.
+	if snap.GetSize() < diskBytes || snap.GetSize() > diskBytes+2<<20 {
+		t.Errorf("snapshot of a layer holding %d random bytes: %d bytes packed, want within [+0, +2 MiB]", diskBytes, snap.GetSize())
+	}
+	// Its size as dsec snapshot ls reports it.
+	lsOut, lsErr, code := d.CLI("", "--json", "snapshot", "ls")
+	var ls dsecv1.ListSnapshotsResponse
+	if code != 0 {
+		t.Fatalf("dsec snapshot ls: %s %s", lsOut, lsErr)
+	}
+	if err := protojson.Unmarshal([]byte(lsOut), &ls); err != nil {
+		t.Fatalf("dsec snapshot ls --json printed %q: %v", lsOut, err)
+	}
+	var snapSize int64 = -1
+	for _, s := range ls.GetSnapshots() {
+		if s.GetName() == snapName {
+			snapSize = s.GetSize()
+		}
+	}
+	if snapSize != snap.GetSize() {
+		t.Errorf("dsec snapshot ls: %s is %d bytes, the Snapshot call said %d", snapName, snapSize, snap.GetSize())
+	}
 	for _, r := range sbs {
 		if _, err := d.Clients.Sandboxes.Delete(ctx, connect.NewRequest(&dsecv1.DeleteRequest{Id: r.id})); err != nil {
 			t.Fatal(err)
@@ -97,14 +131,13 @@ func TestLedger(t *testing.T) {
 
 	// The ledger after the deletes: the last samples reach the store
 	// within a pull or two.
-	c := sdkClient(t, d.Addr, d.Token())
 	var bySandbox *dsec.UsageReport
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		var err error
 		if bySandbox, err = c.Usage(ctx, dsec.UsageQuery{By: "sandbox"}); err != nil {
 			t.Fatal(err)
 		}
-		if bySandbox.Total.Sandboxes == 2 && bySandbox.Total.EgressBytes >= 2*egressBytes || time.Now().After(deadline) {
+		if bySandbox.Total.Sandboxes == 2 && bySandbox.Total.EgressBytes >= 2*egressBytes && bySandbox.Total.SnapshotBytes > 0 || time.Now().After(deadline) {
 			break
 		}
 	}
@@ -135,6 +168,11 @@ func TestLedger(t *testing.T) {
 		// little of the agent's and the shell's).
 		if u.DiskPeakBytes < diskBytes || u.DiskPeakBytes > diskBytes+2<<20 {
 			t.Errorf("%s: the writable layer's peak %d bytes, wrote %d: want within [+0, +2 MiB]", r.id, u.DiskPeakBytes, diskBytes)
+		}
+		// Snapshots: the first sandbox's is its one snapshot's size, the
+		// second took none.
+		if want := map[bool]int64{true: snapSize}[r == sbs[0]]; u.SnapshotBytes != want {
+			t.Errorf("%s: ledger snapshot bytes %d, want %d (dsec snapshot ls)", r.id, u.SnapshotBytes, want)
 		}
 		if u.DiskGiBHours <= 0 || u.MemoryGiBSec <= 0 || u.Sandboxes != 1 {
 			t.Errorf("%s: disk %v GiB-h, memory %v GiB-s, sandboxes %d: want the integrals above 0 and one sandbox", r.id, u.DiskGiBHours, u.MemoryGiBSec, u.Sandboxes)
@@ -168,5 +206,8 @@ func TestLedger(t *testing.T) {
 	egress, _ := strconv.ParseInt(rows[1][7], 10, 64)
 	if want := groups[sbs[0].id].EgressBytes + groups[sbs[1].id].EgressBytes; egress != want {
 		t.Errorf("run lr1's egress %d, want the sandboxes' sum %d", egress, want)
+	}
+	if snapBytes, _ := strconv.ParseInt(rows[1][6], 10, 64); snapBytes != snapSize {
+		t.Errorf("run lr1's snapshot bytes %d (dsec usage --csv), want the snapshot's %d", snapBytes, snapSize)
 	}
 }
