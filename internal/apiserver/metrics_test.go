@@ -12,13 +12,12 @@ import (
 
 	"connectrpc.com/connect"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/testutil"
 	"dsec.dev/dsec/internal/watcher"
 )
 
@@ -36,34 +35,8 @@ func scrapeHandler(t *testing.T, h http.Handler, remote, token string) (int, map
 	if rec.Code != 200 {
 		return rec.Code, nil
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(rec.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
+	fams := testutil.ParseMetrics(t, rec.Body)
 	return rec.Code, fams
-}
-
-func counter(fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
-next:
-	for _, m := range fams[name].GetMetric() {
-		if len(m.GetLabel()) != len(labels) {
-			continue
-		}
-		for _, l := range m.GetLabel() {
-			if labels[l.GetName()] != l.GetValue() {
-				continue next
-			}
-		}
-		switch {
-		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount())
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue()
-		}
-		return m.GetCounter().GetValue()
-	}
-	return 0
 }
 
 // TestMetrics: /metrics serves the apiserver's requests by procedure,
@@ -94,7 +67,7 @@ func TestMetrics(t *testing.T) {
 		{"dsec_placement_nodes", map[string]string{"state": "healthy"}, 1},
 		{"dsec_reconcile_sandboxes_reaped_total", map[string]string{}, 3},
 	} {
-		if got := counter(fams, c.name, c.labels); got != c.want {
+		if got := testutil.MetricValue(fams, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}

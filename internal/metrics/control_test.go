@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"dsec.dev/dsec/internal/testutil"
 )
 
 func TestAPI(t *testing.T) {
@@ -51,7 +53,7 @@ func TestAPI(t *testing.T) {
 		{"dsec_layer_cache_bytes", map[string]string{"tier": "memory"}, 100},
 		{"dsec_layer_cache_bytes", map[string]string{"tier": "disk"}, 200},
 	} {
-		if got := value(fams, c.name, c.labels); got != c.want {
+		if got := testutil.MetricValue(fams, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
@@ -80,7 +82,7 @@ func TestParseCPUUsed(t *testing.T) {
 	if _, err := os.Stat("/proc/stat"); err == nil {
 		r := New()
 		r.Node(func() NodeView { return NodeView{} }, 1)
-		if value(scrape(t, r), "dsec_node_cpu_used_seconds_total", map[string]string{}) <= 0 {
+		if testutil.MetricValue(scrape(t, r), "dsec_node_cpu_used_seconds_total", map[string]string{}) <= 0 {
 			t.Error("the node's CPU time used is missing")
 		}
 	}

@@ -12,10 +12,9 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/testutil"
 )
 
 // scrape reads what r's handler serves, parsed with Prometheus' own text
@@ -27,41 +26,8 @@ func scrape(t *testing.T, r *Registry) map[string]*dto.MetricFamily {
 	if rec.Code != 200 {
 		t.Fatalf("GET /metrics: %d %s", rec.Code, rec.Body)
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(rec.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
+	fams := testutil.ParseMetrics(t, rec.Body)
 	return fams
-}
-
-// value is the counter (or histogram count) of family name whose labels
-// are exactly labels; 0 when there is none.
-func value(fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
-	f := fams[name]
-	if f == nil {
-		return 0
-	}
-next:
-	for _, m := range f.GetMetric() {
-		if len(m.GetLabel()) != len(labels) {
-			continue
-		}
-		for _, l := range m.GetLabel() {
-			if labels[l.GetName()] != l.GetValue() {
-				continue next
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			return m.GetCounter().GetValue()
-		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount())
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
 }
 
 func TestEdge(t *testing.T) {
@@ -105,7 +71,7 @@ func TestEdge(t *testing.T) {
 		{"dsec_network_events_total", map[string]string{"kind": "connect", "verdict": "deny"}, 1},
 		{"dsec_network_events_total", map[string]string{"kind": "dns", "verdict": "allow"}, 2},
 	} {
-		if got := value(fams, c.name, c.labels); got != c.want {
+		if got := testutil.MetricValue(fams, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
@@ -148,10 +114,10 @@ func TestRegistriesApart(t *testing.T) {
 	a, b := New(), New()
 	a.Edge().Pool(true)
 	b.Edge()
-	if got := value(scrape(t, b), "dsec_pool_hits_total", map[string]string{}); got != 0 {
+	if got := testutil.MetricValue(scrape(t, b), "dsec_pool_hits_total", map[string]string{}); got != 0 {
 		t.Fatalf("b's pool hits = %v, want 0", got)
 	}
-	if got := value(scrape(t, a), "dsec_pool_hits_total", map[string]string{}); got != 1 {
+	if got := testutil.MetricValue(scrape(t, a), "dsec_pool_hits_total", map[string]string{}); got != 1 {
 		t.Fatalf("a's pool hits = %v, want 1", got)
 	}
 }

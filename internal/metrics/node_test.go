@@ -3,6 +3,8 @@ package metrics
 import (
 	"testing"
 	"time"
+
+	"dsec.dev/dsec/internal/testutil"
 )
 
 // TestNode: the node's gauges read its view at each scrape, pools summed
@@ -43,7 +45,7 @@ func TestNode(t *testing.T) {
 		{"dsec_node_memory_bytes", map[string]string{"kind": "available"}, 1 << 28},
 		{"dsec_node_refusing", map[string]string{}, 0},
 	} {
-		if got := value(fams, c.name, c.labels); got != c.want {
+		if got := testutil.MetricValue(fams, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
@@ -52,7 +54,7 @@ func TestNode(t *testing.T) {
 	}
 	// The view is read at each scrape: a sandbox more shows at once.
 	view.Sandboxes[0].Count = 5
-	if got := value(scrape(t, r), "dsec_sandboxes", sb("running", "container", "/a")); got != 5 {
+	if got := testutil.MetricValue(scrape(t, r), "dsec_sandboxes", sb("running", "container", "/a")); got != 5 {
 		t.Errorf("after the view changed: %v, want 5", got)
 	}
 }
@@ -97,7 +99,7 @@ func TestFnCall(t *testing.T) {
 		{"dsec_fncall_running", map[string]string{}, 2},
 		{"dsec_fncall_idle_containers", map[string]string{}, 1},
 	} {
-		if got := value(fams, c.name, c.labels); got != c.want {
+		if got := testutil.MetricValue(fams, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}

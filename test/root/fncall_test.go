@@ -126,7 +126,7 @@ func (s *sfDaemon) testMetrics(t *testing.T) {
 		{"dsec_fncall_calls_total", map[string]string{"language": "unknown", "status": "error"}, 1},
 		{"dsec_fncall_call_seconds", map[string]string{"language": "python"}, 3},
 	} {
-		if got := metricValue(after, c.name, c.labels) - metricValue(before, c.name, c.labels); got != c.want {
+		if got := testutil.MetricValue(after, c.name, c.labels) - testutil.MetricValue(before, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v moved by %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}

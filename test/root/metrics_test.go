@@ -7,8 +7,6 @@ import (
 
 	"connectrpc.com/connect"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/iam"
@@ -34,36 +32,8 @@ func scrapeAt(t *testing.T, addr string) map[string]*dto.MetricFamily {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("scrape: %s", resp.Status)
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
+	fams := testutil.ParseMetrics(t, resp.Body)
 	return fams
-}
-
-// metricValue is the counter, gauge (or histogram count) of family name
-// whose labels are exactly labels; 0 when there is none.
-func metricValue(fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
-next:
-	for _, m := range fams[name].GetMetric() {
-		if len(m.GetLabel()) != len(labels) {
-			continue
-		}
-		for _, l := range m.GetLabel() {
-			if labels[l.GetName()] != l.GetValue() {
-				continue next
-			}
-		}
-		switch {
-		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount())
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue()
-		}
-		return m.GetCounter().GetValue()
-	}
-	return 0
 }
 
 // TestMetrics: a real node's /metrics counts what a small workload did:
@@ -92,7 +62,7 @@ func TestMetrics(t *testing.T) {
 		{"dsec_pool_members", map[string]string{"environment": env, "state": "ready"}, 1},
 		{"dsec_pool_members", map[string]string{"environment": env, "state": "starting"}, 0},
 	} {
-		if got := metricValue(pooled, c.name, c.labels); got != c.want {
+		if got := testutil.MetricValue(pooled, c.name, c.labels); got != c.want {
 			t.Errorf("with a pool of 1 ready: %s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
@@ -146,7 +116,7 @@ func TestMetrics(t *testing.T) {
 		{"dsec_sandbox_delete_seconds", kind("ok"), 1},
 		{"dsec_exec_seconds", map[string]string{"isolation": "container", "outcome": "ok"}, 1},
 	} {
-		if got := metricValue(after, c.name, c.labels) - metricValue(before, c.name, c.labels); got != c.want {
+		if got := testutil.MetricValue(after, c.name, c.labels) - testutil.MetricValue(before, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v moved by %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
@@ -172,7 +142,7 @@ func TestMetrics(t *testing.T) {
 		{"dsec_node_memory_bytes", map[string]string{"kind": "requested"}, float64((a.GetSpec().GetMemoryMb() + c.GetSpec().GetMemoryMb()) << 20)},
 		{"dsec_node_refusing", map[string]string{}, 0},
 	} {
-		if got := metricValue(after, g.name, g.labels); got != g.want {
+		if got := testutil.MetricValue(after, g.name, g.labels); got != g.want {
 			t.Errorf("%s%v = %v, want %v", g.name, g.labels, got, g.want)
 		}
 	}
@@ -181,7 +151,7 @@ func TestMetrics(t *testing.T) {
 	// creates placed and answered, the fourth placed and refused by the
 	// node (all-in-one) or refused by placement (a cluster's apiserver).
 	moved := func(name string, labels map[string]string) float64 {
-		return metricValue(apiAfter, name, labels) - metricValue(apiBefore, name, labels)
+		return testutil.MetricValue(apiAfter, name, labels) - testutil.MetricValue(apiBefore, name, labels)
 	}
 	if got := moved("dsec_api_request_seconds", map[string]string{"procedure": "/dsec.v1.SandboxService/Create", "code": "ok"}); got != 3 {
 		t.Errorf("the apiserver's Create ok moved by %v, want 3", got)
@@ -192,21 +162,21 @@ func TestMetrics(t *testing.T) {
 	if got := moved("dsec_placement_decisions_total", map[string]string{"outcome": "placed"}); got < 3 {
 		t.Errorf("placements moved by %v, want at least 3", got)
 	}
-	if got := metricValue(apiAfter, "dsec_placement_nodes", map[string]string{"state": "healthy"}); got != 1 {
+	if got := testutil.MetricValue(apiAfter, "dsec_placement_nodes", map[string]string{"state": "healthy"}); got != 1 {
 		t.Errorf("healthy nodes = %v, want 1", got)
 	}
 	// The node's CPU used, and the lazy loader's reads of the sandboxes'
 	// layers (a fresh node's: every layer byte its sandboxes read came
 	// through it).
-	if metricValue(after, "dsec_node_cpu_used_seconds_total", map[string]string{}) <= metricValue(before, "dsec_node_cpu_used_seconds_total", map[string]string{}) {
+	if testutil.MetricValue(after, "dsec_node_cpu_used_seconds_total", map[string]string{}) <= testutil.MetricValue(before, "dsec_node_cpu_used_seconds_total", map[string]string{}) {
 		t.Errorf("the node's CPU used did not move: %v", after["dsec_node_cpu_used_seconds_total"])
 	}
-	if metricValue(after, "dsec_layer_read_bytes_total", map[string]string{}) <= 0 ||
-		metricValue(after, "dsec_layer_cache_bytes", map[string]string{"tier": "memory"})+metricValue(after, "dsec_layer_cache_bytes", map[string]string{"tier": "disk"}) <= 0 {
+	if testutil.MetricValue(after, "dsec_layer_read_bytes_total", map[string]string{}) <= 0 ||
+		testutil.MetricValue(after, "dsec_layer_cache_bytes", map[string]string{"tier": "memory"})+testutil.MetricValue(after, "dsec_layer_cache_bytes", map[string]string{"tier": "disk"}) <= 0 {
 		t.Errorf("the lazy loader's reads and cache are missing: %v %v", after["dsec_layer_read_bytes_total"], after["dsec_layer_cache_bytes"])
 	}
-	if metricValue(after, "dsec_node_cpus", map[string]string{"kind": "capacity"}) < 1 ||
-		metricValue(after, "dsec_node_memory_bytes", map[string]string{"kind": "capacity"}) <= 0 {
+	if testutil.MetricValue(after, "dsec_node_cpus", map[string]string{"kind": "capacity"}) < 1 ||
+		testutil.MetricValue(after, "dsec_node_memory_bytes", map[string]string{"kind": "capacity"}) <= 0 {
 		t.Errorf("the node's capacity is missing: %v %v", after["dsec_node_cpus"], after["dsec_node_memory_bytes"])
 	}
 }

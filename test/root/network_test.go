@@ -334,7 +334,7 @@ func TestNetworkPolicy(t *testing.T) {
 			}
 		}
 		labels := map[string]string{"kind": kv[0], "verdict": kv[1]}
-		moved := metricValue(after, "dsec_network_events_total", labels) - metricValue(before, "dsec_network_events_total", labels)
+		moved := testutil.MetricValue(after, "dsec_network_events_total", labels) - testutil.MetricValue(before, "dsec_network_events_total", labels)
 		if logged == 0 || moved < float64(logged) {
 			t.Errorf("dsec_network_events_total%v moved by %v; the sandbox's log has %d such events", labels, moved, logged)
 		}
