@@ -429,12 +429,11 @@ func (c *claim) done(ctx context.Context, blobs []store.Blob, undo func(context.
 		return fmt.Errorf("%s %s (%d bytes, replacing %d): %w (the %s before is kept)",
 			what(c.o.Kind), c.o.Name, blobBytes(blobs), blobBytes(c.o.Blobs), cerr, what(c.o.Kind))
 	}
-	// An overwrite made under its name (a snapshot's): the edges replaced
-	// the name before its bytes were known and cannot point it back, so
-	// the old one is gone with it; its record goes too, and its charge is
-	// given back (docs/iam.md, "Not yet").
+	// A snapshot's record taken over (snapshotTaken: no node held the
+	// snapshot it named): what this call made is removed, and the record,
+	// which names nothing, goes with its charge.
 	c.s.forget(ctx, c.o.Name)
-	return fmt.Errorf("%s %s (%d bytes): %w (the %s it replaced is removed: make it again within the quota)",
+	return fmt.Errorf("%s %s (%d bytes): %w (no node held the %s its record named: the record is removed)",
 		what(c.o.Kind), c.o.Name, blobBytes(blobs), cerr, what(c.o.Kind))
 }
 

@@ -60,6 +60,13 @@ func (m *memLayers) put(l *dsecv1.Layer, name string) {
 	m.layers[name] = l
 }
 
+func (m *memLayers) has(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.layers[name]
+	return ok
+}
+
 func (m *memLayers) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
 	l := &dsecv1.Layer{Refs: []string{req.Msg.GetRef()}}
 	m.put(l, req.Msg.GetRef())
@@ -584,6 +591,81 @@ func testObjectProjects(t *testing.T, r *objectRig) {
 	must("delete the snapshot", builder.DeleteSnapshot(ctx, "answer"))
 	if n := used("build", "snapshot_bytes"); n != memLayerSize {
 		t.Fatalf("build's snapshot_bytes after a delete %d, want %d", n, memLayerSize)
+	}
+}
+
+// TestSnapshotAgainAtQuota: a snapshot taken again under its name while
+// its project is at its snapshot_bytes quota is refused AlreadyExists
+// before any node is asked, and the snapshot keeps its layer, record and
+// charge and still makes sandboxes; a name another call is taking (its
+// record claimed, no blobs yet) is refused alike and its record kept
+// (before, the second call made the name, was refused the charge and
+// removed the name with the first call's record); a record whose
+// snapshot no node holds any more is taken over, charged in the
+// transaction that gives back what the old record alone held.
+func TestSnapshotAgainAtQuota(t *testing.T) {
+	r := startObjectRig(t, filepath.Join(t.TempDir(), "meta.db"))
+	ctx := t.Context()
+	admin, builder := r.client(t, "admin"), r.client(t, "builder")
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	snapUse := func() int64 {
+		t.Helper()
+		qs, err := r.st.Quota(ctx, "build")
+		must("Quota", err)
+		return qs[0].Used[store.SnapshotBytes]
+	}
+	_, err := admin.ImportLayer(ctx, "base:1", dsecv1.LayerKind_LAYER_KIND_BASE, "/base", nil)
+	must("admin imports base:1", err)
+	sb, err := builder.Create(ctx, "base:1", nil)
+	must("builder creates", err)
+	_, err = builder.Snapshot(ctx, sb.ID, "s")
+	must("builder snapshots s", err)
+	must("limit build's snapshot bytes to its use", admin.SetQuota(ctx, "build", "snapshot_bytes", memLayerSize))
+
+	_, err = builder.Snapshot(ctx, sb.ID, "s")
+	if !errors.Is(err, dsec.ErrAlreadyExists) || !strings.Contains(err.Error(), "snapshot s") {
+		t.Fatalf("snapshot s again at the quota: %v; want AlreadyExists naming s", err)
+	}
+	if o, err := r.st.Object(ctx, "snap:s"); err != nil || len(o.Blobs) != 1 || snapUse() != memLayerSize {
+		t.Fatalf("after the refusal: the record of snap:s %+v (%v), build uses %d snapshot bytes; want it whole, charged %d", o, err, snapUse(), memLayerSize)
+	}
+	if _, err := builder.Create(ctx, "base:1+snap:s", nil); err != nil {
+		t.Fatalf("a sandbox of snapshot s after the refusal: %v", err)
+	}
+
+	// Another call is taking t: its record is claimed, nothing made yet.
+	if _, claimed, err := r.st.ClaimObject(ctx, store.Object{Name: "snap:t", Kind: store.ObjectSnapshot, Project: "build"}); err != nil || !claimed {
+		t.Fatalf("claim snap:t as another call would: %v, %v", claimed, err)
+	}
+	_, err = builder.Snapshot(ctx, sb.ID, "t")
+	if !errors.Is(err, dsec.ErrAlreadyExists) || !strings.Contains(err.Error(), "being taken by another call") {
+		t.Fatalf("snapshot t while another call takes it: %v; want AlreadyExists", err)
+	}
+	if _, err := r.st.Object(ctx, "snap:t"); err != nil {
+		t.Fatalf("the other call's record of snap:t after the refusal: %v", err)
+	}
+	if r.layers.has("snap:t") {
+		t.Fatal("the node holds snap:t after a refused call")
+	}
+	must("delete the record a stopped call left", builder.DeleteSnapshot(ctx, "t"))
+	if _, err := r.st.Object(ctx, "snap:t"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("the record of snap:t once deleted: %v", err)
+	}
+
+	// s's node loses it (replaced): its record, naming nothing, is taken
+	// over by a snapshot that fits once the record's bytes are given back.
+	r.layers.mu.Lock()
+	delete(r.layers.layers, "snap:s")
+	r.layers.mu.Unlock()
+	_, err = builder.Snapshot(ctx, sb.ID, "s")
+	must("snapshot s again once no node holds it, at the quota", err)
+	if n := snapUse(); n != memLayerSize {
+		t.Fatalf("build uses %d snapshot bytes after s is taken again, want %d", n, memLayerSize)
 	}
 }
 

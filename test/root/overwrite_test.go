@@ -27,7 +27,9 @@ import (
 // name with the numbers, and nothing is lost: the old version is still
 // what the name makes sandboxes of. An image pushed again at the quota is
 // admitted the same way, and removing it takes it off the node and gives
-// its bytes back (before, the node kept it).
+// its bytes back (before, the node kept it). A snapshot taken again under
+// its name at its snapshot_bytes quota is refused, and the snapshot stays
+// whole and usable.
 func TestOverwritePastQuota(t *testing.T) {
 	d := startDaemon(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -176,6 +178,41 @@ func TestOverwritePastQuota(t *testing.T) {
 	if n := layerUse(); n != v2.Bytes {
 		t.Fatalf("ovw uses %d bytes of layers once the image is removed, want %d", n, v2.Bytes)
 	}
+	// A snapshot taken again under its name at the snapshot_bytes quota
+	// is refused before any node is asked, and the snapshot stays whole:
+	// its record, its charge, and what it makes sandboxes of.
+	id := strings.TrimSpace(cli("create", env+"+ovw-env:1"))
+	t.Cleanup(func() { d.CLI("", "rm", id) })
+	cli("exec", id, "--", "sh", "-c", "echo snap1 > /snap.txt")
+	snapEnv := strings.TrimSpace(cli("snapshot", "--project", "ovw", id, "ovw-snap"))
+	t.Cleanup(func() { d.CLI("", "snapshot", "rm", "ovw-snap") })
+	snap := object("snap:ovw-snap")
+	snapUse := func() int64 {
+		t.Helper()
+		qs, err := st.Quota(ctx, "ovw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return qs[0].Used[store.SnapshotBytes]
+	}
+	cli("project", "quota", "ovw", "snapshot_bytes="+strconv.FormatInt(snapUse(), 10))
+	cli("exec", id, "--", "sh", "-c", "echo snap2 > /snap.txt")
+	out, errOut, code = d.CLI("", "snapshot", "--project", "ovw", id, "ovw-snap")
+	if code == 0 || !strings.Contains(errOut, "snapshot ovw-snap exists") {
+		t.Fatalf("snapshot ovw-snap again at the quota: exit %d: %s %s; want refused, it exists", code, out, errOut)
+	}
+	if o := object("snap:ovw-snap"); len(o.Blobs) != 1 || o.Blobs[0] != snap.Blobs[0] || snapUse() != snap.Bytes {
+		t.Fatalf("after the refusal: the record holds %v, ovw uses %d snapshot bytes; want %v, %d", o.Blobs, snapUse(), snap.Blobs, snap.Bytes)
+	}
+	if got := strings.TrimSpace(cli("run", snapEnv, "--", "cat", "/snap.txt")); got != "snap1" {
+		t.Fatalf("a sandbox of ovw-snap after the refusal reads %q, want snap1", got)
+	}
+	cli("rm", id)
+	cli("snapshot", "rm", "ovw-snap")
+	if n := snapUse(); n != 0 {
+		t.Fatalf("ovw uses %d snapshot bytes with none left", n)
+	}
+
 	cli("layer", "rm", "ovw-env:1")
 	if n := layerUse(); n != 0 {
 		t.Fatalf("ovw uses %d bytes of layers with none left", n)
