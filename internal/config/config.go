@@ -57,7 +57,7 @@ type Edge struct {
 type APIServer struct {
 	Name string `key:"name" flag:"name" help:"this replica's name, as its certificate has it (empty: from the host name)"`
 	API
-	DB             string        `key:"db" flag:"db" secret:"url" help:"the metadata store all replicas share: postgres://… (or a SQLite file for a lone replica)"`
+	DB             string        `key:"db" flag:"db" secret:"url" help:"the metadata store all replicas share: postgres://… (or a SQLite file, which only replicas on one machine can share)"`
 	Edges          []string      `key:"edges" flag:"edge" list:"repeat" help:"an edge, NAME=https://HOST:PORT (repeatable; empty: the edges registered in the metadata store)"`
 	Replicas       int           `key:"replicas" flag:"replicas" help:"how many apiservers place onto these edges (placement weighs its own recent placements by it)"`
 	PlacementGroup int           `key:"placement_group" flag:"placement-group" help:"how many sandboxes of a batch go to one node together, in one call to it (1 spreads each on its own)"`

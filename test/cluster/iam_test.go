@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,21 +20,35 @@ import (
 	dsec "dsec.dev/dsec/sdk/go"
 )
 
-// iamRig is a cluster on PostgreSQL with projects run and other, a
-// runner token in each, and a limit of limit sandboxes on run.
+// iamRig is a cluster of two apiservers and two hollow edges on one
+// metadata store with projects run and other, a runner token in each, and
+// a limit of limit sandboxes on run.
 type iamRig struct {
 	c          *testutil.Cluster
 	st         store.Store
 	run, other string // tokens
 }
 
-func startIAMRig(t *testing.T, limit int64, apiserverArgs ...string) *iamRig {
+// iamStores are the metadata stores the IAM rig runs on: PostgreSQL, whose
+// edges register in it, and one SQLite file both apiservers open (and the
+// test a third handle), the edges named to them by --edge.
+var iamStores = []string{"postgres", "sqlite"}
+
+func startIAMRig(t *testing.T, db string, limit int64, apiserverArgs ...string) *iamRig {
 	t.Helper()
-	pg := testutil.StartPostgres(t)
-	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 2, Edges: 2, DB: pg, Registry: true,
-		EdgeArgs: []string{"--runtime", "fake", "--hollow-max-sandboxes", "2000"}, APIServerArgs: apiserverArgs})
+	o := testutil.ClusterOptions{APIServers: 2, Edges: 2,
+		EdgeArgs: []string{"--runtime", "fake", "--hollow-max-sandboxes", "2000"}, APIServerArgs: apiserverArgs}
+	switch db {
+	case "postgres":
+		o.DB, o.Registry = testutil.StartPostgres(t), true
+	case "sqlite":
+		o.DB = filepath.Join(t.TempDir(), "meta.db")
+	default:
+		t.Fatalf("startIAMRig: no store %q", db)
+	}
+	c := testutil.StartCluster(t, o)
 	ctx := context.Background()
-	st, err := store.Open(ctx, pg)
+	st, err := store.Open(ctx, o.DB)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,13 +107,19 @@ func (r *iamRig) used(t *testing.T) int64 {
 }
 
 // TestProjectsAndQuotaRace: through the Go SDK against two apiservers on
-// PostgreSQL, a runner of one project finds no sandbox of another (NotFound
-// by ID, absent from its list) and may not make layers; then 1,000 creates
-// racing through both apiservers for a quota of 100 give exactly 100
-// sandboxes, every other create refused by the quota's name, and the
-// project's use is back to 0 once they are deleted.
+// one store (PostgreSQL, SQLite), a runner of one project finds no sandbox
+// of another (NotFound by ID, absent from its list) and may not make
+// layers; then 1,000 creates racing through both apiservers for a quota of
+// 100 give exactly 100 sandboxes, every other create refused by the
+// quota's name, and the project's use is back to 0 once they are deleted.
 func TestProjectsAndQuotaRace(t *testing.T) {
-	r := startIAMRig(t, 100, "--reconcile-interval", "1h")
+	for _, db := range iamStores {
+		t.Run(db, func(t *testing.T) { testProjectsAndQuotaRace(t, db) })
+	}
+}
+
+func testProjectsAndQuotaRace(t *testing.T, db string) {
+	r := startIAMRig(t, db, 100, "--reconcile-interval", "1h")
 	ctx := context.Background()
 	run, other := r.client(t, -1, r.run), r.client(t, -1, r.other)
 
@@ -177,8 +198,20 @@ func TestProjectsAndQuotaRace(t *testing.T) {
 // not) charge run's quota through it leaves charges held for sandboxes
 // never made; once they expire (their creates' deadlines) the other
 // apiserver's reconciliation sets run's use to the sandboxes that live.
+// On PostgreSQL and on SQLite (the killed process may have held the
+// file's write lock at its death), side by side: each mostly waits for the
+// holds to expire.
 func TestKilledApiserverQuota(t *testing.T) {
-	r := startIAMRig(t, 10000, "--reconcile-interval", "1s")
+	for _, db := range iamStores {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			testKilledApiserverQuota(t, db)
+		})
+	}
+}
+
+func testKilledApiserverQuota(t *testing.T, db string) {
+	r := startIAMRig(t, db, 10000, "--reconcile-interval", "1s")
 	ctx := context.Background()
 	cl := r.client(t, 0, r.run)
 	var started atomic.Int32
@@ -233,7 +266,7 @@ func TestKilledApiserverQuota(t *testing.T) {
 // throughout), every create is made or refused by the quota's name, and
 // once the callers stop run's use is what lives, none of it held.
 func TestQuotaSweepRace(t *testing.T) {
-	r := startIAMRig(t, 20, "--reconcile-interval", "50ms")
+	r := startIAMRig(t, "postgres", 20, "--reconcile-interval", "50ms")
 	ctx := context.Background()
 	clients := []*dsec.Conn{r.client(t, 0, r.run), r.client(t, 1, r.run)}
 	watch := r.client(t, -1, r.run)
@@ -350,7 +383,7 @@ func held(t *testing.T, st store.Store, project string) int64 {
 // once, through both apiservers, with no sweep to correct anything: each
 // is given back once, so run's use is exactly the 20 others that live.
 func TestQuotaDoubleDelete(t *testing.T) {
-	r := startIAMRig(t, 100, "--reconcile-interval", "1h")
+	r := startIAMRig(t, "postgres", 100, "--reconcile-interval", "1h")
 	ctx := context.Background()
 	clients := []*dsec.Conn{r.client(t, 0, r.run), r.client(t, 1, r.run)}
 	resp, err := clients[0].Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "base:1"}, Count: 40}))
