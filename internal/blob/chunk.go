@@ -20,6 +20,11 @@ import (
 // digest or length.
 var ErrCorrupt = errors.New("corrupt blob")
 
+// ErrBodyBroke is wrapped by ReadChunkObject's error when the store's Get
+// answered but the object's bytes broke off (or timed out) while read, so
+// that a caller can tell it from a Get the store refused.
+var ErrBodyBroke = errors.New("the object's bytes broke off")
+
 // maxIndexSize bounds an index object read from a store (a 1 TiB layer in
 // 1 MiB chunks has an index of about 70 MiB).
 const maxIndexSize = 256 << 20
@@ -326,7 +331,7 @@ func ReadChunkObject(ctx context.Context, st Store, ix *Index, i int) ([]byte, e
 	// Read one byte more than allowed to notice an object that is too long.
 	buf := bytes.NewBuffer(make([]byte, 0, ix.ChunkLen(i)+1))
 	if _, err := io.Copy(buf, io.LimitReader(rc, limit+1)); err != nil {
-		return nil, fmt.Errorf("read chunk %s: %w", ix.Chunks[i], err)
+		return nil, fmt.Errorf("read chunk %s: %w: %w", ix.Chunks[i], ErrBodyBroke, err)
 	}
 	if int64(buf.Len()) > limit {
 		return nil, fmt.Errorf("read chunk %s: more than %d stored bytes: %w", ix.Chunks[i], limit, ErrCorrupt)

@@ -1019,6 +1019,7 @@ func lazyTotals(ctx context.Context, c *lazyd.Client, log *slog.Logger) (metrics
 	}
 	return metrics.LayerTotals{BytesRead: t.BytesRead, BytesFetched: t.BytesFetched, ChunksFetched: t.ChunksFetched,
 		MemoryHits: t.MemoryHits, DiskHits: t.DiskHits, CacheMisses: t.CacheMisses, FetchErrors: t.FetchErrors,
+		GetErrors: t.GetErrors, ReadErrors: t.ReadErrors, VerifyErrors: t.VerifyErrors,
 		MemoryBytes: t.MemoryBytes, DiskBytes: t.DiskBytes}, true
 }
 

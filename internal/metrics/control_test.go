@@ -26,7 +26,7 @@ func TestAPI(t *testing.T) {
 	r.StoreErrors().Of("postgres")("ReserveCreate") // registered once, counted twice
 	r.BlobErrors().Of("s3")("get_range")
 	r.Layers(func() (LayerTotals, bool) {
-		return LayerTotals{BytesRead: 10, BytesFetched: 20, ChunksFetched: 2, MemoryHits: 3, DiskHits: 4, CacheMisses: 5, FetchErrors: 1, MemoryBytes: 100, DiskBytes: 200}, true
+		return LayerTotals{BytesRead: 10, BytesFetched: 20, ChunksFetched: 2, MemoryHits: 3, DiskHits: 4, CacheMisses: 5, FetchErrors: 7, GetErrors: 3, ReadErrors: 2, VerifyErrors: 1, MemoryBytes: 100, DiskBytes: 200}, true
 	})
 	fams := scrape(t, r)
 	for _, c := range []struct {
@@ -49,7 +49,10 @@ func TestAPI(t *testing.T) {
 		{"dsec_layer_chunk_reads_total", map[string]string{"from": "memory"}, 3},
 		{"dsec_layer_chunk_reads_total", map[string]string{"from": "disk"}, 4},
 		{"dsec_layer_chunk_reads_total", map[string]string{"from": "fetch"}, 5},
-		{"dsec_layer_fetch_errors_total", map[string]string{}, 1},
+		{"dsec_layer_fetch_errors_total", map[string]string{"op": "get"}, 3},
+		{"dsec_layer_fetch_errors_total", map[string]string{"op": "read"}, 2},
+		{"dsec_layer_fetch_errors_total", map[string]string{"op": "verify"}, 1},
+		{"dsec_layer_fetch_errors_total", map[string]string{"op": "unknown"}, 1}, // a loader's that did not count by op
 		{"dsec_layer_cache_bytes", map[string]string{"tier": "memory"}, 100},
 		{"dsec_layer_cache_bytes", map[string]string{"tier": "disk"}, 200},
 	} {

@@ -9,7 +9,10 @@ type LayerTotals struct {
 	BytesRead, BytesFetched, ChunksFetched int64
 	MemoryHits, DiskHits, CacheMisses      int64
 	FetchErrors                            int64
-	MemoryBytes, DiskBytes                 int64 // the chunk cache's tiers now
+	// FetchErrors by op: the blob store's Get refused or timed out, the
+	// object's bytes broke off while read, the chunk did not verify.
+	GetErrors, ReadErrors, VerifyErrors int64
+	MemoryBytes, DiskBytes              int64 // the chunk cache's tiers now
 }
 
 var (
@@ -22,7 +25,7 @@ var (
 	layerReadsDesc = prometheus.NewDesc("dsec_layer_chunk_reads_total",
 		"Chunk reads of lazily loaded layers on this node by where they were served from (memory, disk: the cache; fetch: they waited for the blob store).", []string{"from"}, nil)
 	layerErrorsDesc = prometheus.NewDesc("dsec_layer_fetch_errors_total",
-		"Failed chunk fetches of this node's lazy loader (store errors, timeouts, chunks that did not verify), each retried.", nil, nil)
+		"Failed chunk fetches of this node's lazy loader, each retried, by op: get (the blob store's Get failed or timed out), read (the object's bytes broke off or timed out), verify (the chunk did not match its digest).", []string{"op"}, nil)
 	layerCachedDesc = prometheus.NewDesc("dsec_layer_cache_bytes",
 		"Bytes of layer chunks this node's lazy loader holds cached now, by tier (memory, disk).", []string{"tier"}, nil)
 )
@@ -61,7 +64,13 @@ func (c *layerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(layerReadsDesc, t.MemoryHits, "memory")
 	counter(layerReadsDesc, t.DiskHits, "disk")
 	counter(layerReadsDesc, t.CacheMisses, "fetch")
-	counter(layerErrorsDesc, t.FetchErrors)
+	counter(layerErrorsDesc, t.GetErrors, "get")
+	counter(layerErrorsDesc, t.ReadErrors, "read")
+	counter(layerErrorsDesc, t.VerifyErrors, "verify")
+	if rest := t.FetchErrors - t.GetErrors - t.ReadErrors - t.VerifyErrors; rest > 0 {
+		// A loader started before it counted by op.
+		counter(layerErrorsDesc, rest, "unknown")
+	}
 	ch <- prometheus.MustNewConstMetric(layerCachedDesc, prometheus.GaugeValue, float64(t.MemoryBytes), "memory")
 	ch <- prometheus.MustNewConstMetric(layerCachedDesc, prometheus.GaugeValue, float64(t.DiskBytes), "disk")
 }

@@ -103,7 +103,9 @@ type layer struct {
 	bytesFetchedPlain, bytesWrittenDisk    atomic.Int64
 	memoryHits, diskHits                   atomic.Int64
 	cacheMisses, fetchErrors               atomic.Int64
-	bytesPushed                            atomic.Int64
+	// fetchErrors by the step that failed (fetchStep's index).
+	stepErrors  [3]atomic.Int64
+	bytesPushed atomic.Int64
 
 	// pushedAt is, per chunk, when its pages were last queued for the
 	// kernel (unix ns; 0: never). pushGen counts the times the kernel was
@@ -400,6 +402,10 @@ type Totals struct {
 	DiskHits      int64 // chunk reads served from the disk tier
 	CacheMisses   int64 // chunk reads that waited for a fetch
 	FetchErrors   int64 // failed fetch attempts
+	// FetchErrors by the step that failed: the store's Get (refused or
+	// timed out), the read of the object's bytes (broke off or timed out),
+	// the chunk's verification (the bytes did not decode to its digest).
+	GetErrors, ReadErrors, VerifyErrors int64
 	// MemoryBytes and DiskBytes are what the cache's tiers hold now.
 	MemoryBytes, DiskBytes int64
 }
@@ -412,6 +418,9 @@ func (l *layer) addTo(t *Totals) {
 	t.DiskHits += l.diskHits.Load()
 	t.CacheMisses += l.cacheMisses.Load()
 	t.FetchErrors += l.fetchErrors.Load()
+	t.GetErrors += l.stepErrors[stepGet].Load()
+	t.ReadErrors += l.stepErrors[stepRead].Load()
+	t.VerifyErrors += l.stepErrors[stepVerify].Load()
 }
 
 // Totals returns the counters summed over every layer and the cache's
@@ -527,6 +536,7 @@ func (f *FS) fetchRetry(l *layer, i int) ([]byte, []byte, error) {
 			return stored, data, nil
 		}
 		l.fetchErrors.Add(1)
+		l.stepErrors[fetchStep(err)].Add(1)
 		lastErr = err
 		f.log.Warn("fetch chunk", "layer", l.hex, "chunk", i, "attempt", attempt, "err", err)
 		if attempt == f.cfg.Retries {
@@ -540,6 +550,24 @@ func (f *FS) fetchRetry(l *layer, i int) ([]byte, []byte, error) {
 		backoff = min(2*backoff, maxBackoff)
 	}
 	return nil, nil, fmt.Errorf("fetch chunk %d of layer %s after %d attempts: %w", i, l.hex, f.cfg.Retries, lastErr)
+}
+
+// The steps of a chunk fetch, for its errors' count by step.
+const (
+	stepGet    = iota // the store's Get
+	stepRead          // reading the object's bytes
+	stepVerify        // decoding and verifying them
+)
+
+// fetchStep is the step of fetchOnce that err, its error, came from.
+func fetchStep(err error) int {
+	switch {
+	case errors.Is(err, errCorrupt):
+		return stepVerify
+	case errors.Is(err, blob.ErrBodyBroke):
+		return stepRead
+	}
+	return stepGet
 }
 
 // errCorrupt marks a chunk whose stored object does not decode to the bytes
