@@ -434,7 +434,7 @@ func (d *sqlDB) chargeReservation(ctx context.Context, tx *sql.Tx, r CreateReser
 		return err
 	}
 	if err := d.chargeTx(ctx, tx, path, c.Amounts, holds); err != nil {
-		return fmt.Errorf("charge project %s: %w", iam.Display(path), d.kind(err))
+		return wrap("charge project "+iam.Display(path), d.kind(err))
 	}
 	return nil
 }
@@ -460,7 +460,7 @@ func (s *pgStore) reserveCharged(ctx context.Context, r CreateReservation) (Crea
 			return s.chargeReservation(ctx, tx, r)
 		})
 		if err != nil {
-			return CreateReservation{}, false, fmt.Errorf("reserve idempotency key %q: %w", r.Key, pgKind(err))
+			return CreateReservation{}, false, wrap(fmt.Sprintf("reserve idempotency key %q", r.Key), pgKind(err))
 		}
 		if reserved {
 			return r, true, nil
@@ -475,7 +475,7 @@ func (s *pgStore) reserveCharged(ctx context.Context, r CreateReservation) (Crea
 			continue // released meanwhile: reserve it again
 		}
 		if err != nil {
-			return CreateReservation{}, false, fmt.Errorf("reserve idempotency key %q: %w", r.Key, pgKind(err))
+			return CreateReservation{}, false, wrap(fmt.Sprintf("reserve idempotency key %q", r.Key), pgKind(err))
 		}
 		if got.RequestHash != r.RequestHash {
 			return CreateReservation{}, false, differentRequest(r.Key)

@@ -113,7 +113,18 @@ func (d *sqlDB) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 
 // fail wraps err for the caller: what was being done, and the kind.
 func (d *sqlDB) fail(what string, err error) error {
-	return fmt.Errorf("%s: %w", what, d.kind(err))
+	return wrap(what, d.kind(err))
+}
+
+// wrap is fmt.Errorf("what: %w", err), but a quota's refusal is returned
+// as it is: it says everything itself (project, resource, limit and use:
+// "quota of project ml: 64 of 64 sandboxes in use", quota.go), and it is
+// what a caller shows its user.
+func wrap(what string, err error) error {
+	if errors.Is(err, errdefs.ErrResourceExhausted) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 func (d *sqlDB) unique(err error) bool {

@@ -269,7 +269,7 @@ func (s *pgStore) ReserveCreate(ctx context.Context, r CreateReservation) (Creat
 		return fmt.Errorf("the key is reserved and released over and over: %w", errdefs.ErrUnavailable)
 	})
 	if err != nil {
-		return CreateReservation{}, false, fmt.Errorf("reserve idempotency key %q: %w", r.Key, pgKind(err))
+		return CreateReservation{}, false, wrap(fmt.Sprintf("reserve idempotency key %q", r.Key), pgKind(err))
 	}
 	if !reserved && got.RequestHash != r.RequestHash {
 		return CreateReservation{}, false, differentRequest(r.Key)

@@ -192,7 +192,7 @@ func (s *sqliteStore) ReserveCreate(ctx context.Context, r CreateReservation) (C
 		return nil
 	})
 	if err != nil {
-		return CreateReservation{}, false, fmt.Errorf("reserve idempotency key %q: %w", r.Key, err)
+		return CreateReservation{}, false, wrap(fmt.Sprintf("reserve idempotency key %q", r.Key), err)
 	}
 	if !reserved && got.RequestHash != r.RequestHash {
 		return CreateReservation{}, false, differentRequest(r.Key)

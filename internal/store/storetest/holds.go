@@ -203,6 +203,11 @@ func testReserveCharged(t *testing.T, st store.Store) {
 	}
 	_, _, err = st.ReserveCreate(ctx, store.CreateReservation{Key: "k2", RequestHash: "h", Owner: "a", Charge: charge(2)})
 	wantMessage(t, "a reservation over the quota", err, errdefs.ErrResourceExhausted, "quota of project ml: 2 of 3 sandboxes in use")
+	// The quota's words are the whole message: a trainer's user reads them
+	// as they are, not behind the store's account of its statement.
+	if !strings.HasPrefix(err.Error(), "quota of project ml: ") {
+		t.Errorf("a reservation over the quota: %q does not start with the quota's words", err)
+	}
 	if _, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "k2", RequestHash: "h", Owner: "a"}); err != nil || !reserved {
 		t.Fatalf("k2 after its refused reservation: reserved %v, %v (the refusal reserved it)", reserved, err)
 	}
