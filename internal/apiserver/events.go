@@ -87,7 +87,8 @@ func (e *eventState) wake() {
 // once without Config.Events, or with Config.EventsOff). Every apiserver
 // runs it, and each node is pulled by one at a time: the holder of the
 // node's lease in the store (ClaimEventPulls, renewed every second for the
-// routable nodes), which stores each tick's pulls of all its nodes with
+// routable nodes; each apiserver takes only its share of them and gives
+// back the extra between two pulls), which stores each tick's pulls of all its nodes with
 // their cursors in one write (PullEvents). Another apiserver takes the nodes of one that
 // stopped (at once: it hands them back) or died (when the leases lapse),
 // and resumes at their cursors.

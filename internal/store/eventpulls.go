@@ -12,16 +12,20 @@ import (
 
 // EventPulls says which apiserver pulls each node's events and how far it
 // got. One apiserver at a time holds a node's lease (ClaimEventPulls,
-// renewed while it can reach the node, lapsing when it dies) and only the
+// renewed while it can reach the node, lapsing when it dies; each
+// apiserver holds about its share of the nodes) and only the
 // holder stores what it pulled (PullEvents), in one transaction with the
 // node's cursor: a node's events are offered to the store once, and the
 // next holder resumes exactly after the last stored, so an apiserver
 // killed mid-pull loses and doubles nothing.
 type EventPulls interface {
-	// ClaimEventPulls takes, until until, the lease of each of nodes that
-	// is free, lapsed or owner's own (renewed), gives up owner's leases of
-	// the nodes not named (it cannot reach them now), and returns the
-	// nodes owner holds with their cursors.
+	// ClaimEventPulls renews, until until, owner's place among the live
+	// pullers and its leases of nodes, gives up its leases of the nodes
+	// not named (it cannot reach them now), takes free or lapsed ones up
+	// to its share (nodes over the live pullers, rounded up) or gives back
+	// those over it while another puller holds fewer, and returns the
+	// nodes owner holds with their cursors. Owners call it between their
+	// pulls, never during one.
 	ClaimEventPulls(ctx context.Context, owner string, nodes []string, now, until time.Time) ([]EventPull, error)
 	// PullEvents stores evs (each key once, as AppendEvents) and moves
 	// the cursor of each node in to (Node, Epoch, Seq) in one transaction
@@ -51,26 +55,50 @@ func (d *sqlDB) ClaimEventPulls(ctx context.Context, owner string, nodes []strin
 	if owner == "" {
 		return nil, fmt.Errorf("claim event pulls: no owner: %w", errdefs.ErrInvalidArgument)
 	}
+	if !until.After(now) {
+		return nil, fmt.Errorf("claim event pulls: lease until %s is not after now %s: %w", until, now, errdefs.ErrInvalidArgument)
+	}
 	var out []EventPull
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		out = nil
+		exec := func(q string, args ...any) error {
+			_, err := tx.ExecContext(ctx, d.q(q), args...)
+			return err
+		}
+		// owner is alive (as long as its leases), and those whose rows
+		// lapsed are gone.
+		if err := exec(`INSERT INTO event_pullers (owner, lease{ms}) VALUES (?, ?)
+			ON CONFLICT (owner) DO UPDATE SET lease{ms} = excluded.lease{ms}`, owner, d.ts(until)); err != nil {
+			return err
+		}
+		if err := exec(`DELETE FROM event_pullers WHERE lease{ms} < ?`, d.ts(now)); err != nil {
+			return err
+		}
 		in := `''`
 		if len(nodes) > 0 {
 			in = placeholders(len(nodes))
-			ins := `INSERT INTO event_pulls (node) VALUES ` + repeatJoin("(?)", len(nodes)) + ` ON CONFLICT (node) DO NOTHING`
-			if _, err := tx.ExecContext(ctx, d.q(ins), anys(nodes)...); err != nil {
+			// A new node is free from now (its lease column says since when
+			// a free node has been free).
+			var args []any
+			for _, n := range nodes {
+				args = append(args, n, d.ts(now))
+			}
+			if err := exec(`INSERT INTO event_pulls (node, lease{ms}) VALUES `+repeatJoin("(?, ?)", len(nodes))+` ON CONFLICT (node) DO NOTHING`, args...); err != nil {
 				return err
 			}
-			args := append([]any{owner, d.ts(until)}, anys(nodes)...)
-			args = append(args, owner, d.ts(now))
-			if _, err := tx.ExecContext(ctx, d.q(`UPDATE event_pulls SET owner = ?, lease{ms} = ?
-				WHERE node IN (`+in+`) AND (owner = ? OR owner = '' OR lease{ms} IS NULL OR lease{ms} < ?)`), args...); err != nil {
+			if err := exec(`UPDATE event_pulls SET lease{ms} = ? WHERE owner = ? AND node IN (`+in+`)`,
+				append([]any{d.ts(until), owner}, anys(nodes)...)...); err != nil {
 				return err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, d.q(`UPDATE event_pulls SET owner = '', lease{ms} = NULL WHERE owner = ? AND node NOT IN (`+in+`)`),
-			append([]any{owner}, anys(nodes)...)...); err != nil {
+		if err := exec(`UPDATE event_pulls SET owner = '', lease{ms} = ? WHERE owner = ? AND node NOT IN (`+in+`)`,
+			append([]any{d.ts(now), owner}, anys(nodes)...)...); err != nil {
 			return err
+		}
+		if len(nodes) > 0 {
+			if err := d.balanceEventPulls(ctx, tx, owner, nodes, now, until); err != nil {
+				return err
+			}
 		}
 		rows, err := tx.QueryContext(ctx, d.q(`SELECT node, owner, lease{ms}, epoch, seq FROM event_pulls WHERE owner = ? ORDER BY node`), owner)
 		if err != nil {
@@ -92,6 +120,98 @@ func (d *sqlDB) ClaimEventPulls(ctx context.Context, owner string, nodes []strin
 		return nil, d.fail("claim event pulls", err)
 	}
 	return out, nil
+}
+
+// balanceEventPulls brings owner's share of nodes towards its target, the
+// nodes over the live apiservers (rounded up): it takes free or lapsed
+// nodes up to the target, and, over it while another live apiserver holds
+// fewer than the target, gives back the extra ones, which that one takes
+// at its next claim. A node given back was stored up to its cursor by the
+// giver's last pull (a pull and a claim never overlap in one apiserver,
+// and the giver can no longer store a pull of it), so the taker resumes
+// there: no event is lost or stored twice. A node free for a whole lease
+// that no apiserver under its target took (none of them reaches it) is
+// taken over the target.
+func (d *sqlDB) balanceEventPulls(ctx context.Context, tx *sql.Tx, owner string, nodes []string, now, until time.Time) error {
+	rows, err := tx.QueryContext(ctx, d.q(`SELECT p.owner, (SELECT COUNT(*) FROM event_pulls e WHERE e.owner = p.owner AND e.lease{ms} >= ?)
+		FROM event_pullers p WHERE p.lease{ms} >= ?`), d.ts(now), d.ts(now))
+	if err != nil {
+		return err
+	}
+	live, mine, starved := 0, 0, false
+	held := map[string]int{}
+	for rows.Next() {
+		var o string
+		var n int
+		if err := rows.Scan(&o, &n); err != nil {
+			rows.Close()
+			return err
+		}
+		live++
+		held[o] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	live = max(live, 1)
+	target := (len(nodes) + live - 1) / live
+	for o, n := range held {
+		if o == owner {
+			mine = n
+		} else if n < target {
+			starved = true
+		}
+	}
+
+	if mine > target && starved {
+		rows, err := tx.QueryContext(ctx, d.q(`SELECT node FROM event_pulls WHERE owner = ? ORDER BY node DESC LIMIT ?`), owner, mine-target)
+		if err != nil {
+			return err
+		}
+		var extra []string
+		for rows.Next() {
+			var n string
+			if err := rows.Scan(&n); err != nil {
+				rows.Close()
+				return err
+			}
+			extra = append(extra, n)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(extra) == 0 {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, d.q(`UPDATE event_pulls SET owner = '', lease{ms} = ? WHERE owner = ? AND node IN (`+placeholders(len(extra))+`)`),
+			append([]any{d.ts(now), owner}, anys(extra)...)...)
+		return err
+	}
+
+	free := `(owner = '' OR lease{ms} IS NULL OR lease{ms} < ?)`
+	rows, err = tx.QueryContext(ctx, d.q(`SELECT node, lease{ms} IS NULL OR lease{ms} < ? FROM event_pulls WHERE node IN (`+placeholders(len(nodes))+`) AND `+free+` ORDER BY node`),
+		append(append([]any{d.ts(now.Add(-until.Sub(now)))}, anys(nodes)...), d.ts(now))...)
+	if err != nil {
+		return err
+	}
+	var take []string
+	for rows.Next() {
+		var n string
+		var long bool
+		if err := rows.Scan(&n, &long); err != nil {
+			rows.Close()
+			return err
+		}
+		if mine+len(take) < target || long {
+			take = append(take, n)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(take) == 0 {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, d.q(`UPDATE event_pulls SET owner = ?, lease{ms} = ? WHERE node IN (`+placeholders(len(take))+`) AND `+free),
+		append(append([]any{owner, d.ts(until)}, anys(take)...), d.ts(now))...)
+	return err
 }
 
 func repeatJoin(s string, n int) string {
@@ -150,7 +270,11 @@ func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, ev
 
 func (d *sqlDB) ReleaseEventPulls(ctx context.Context, owner string) error {
 	err := d.retry(ctx, true, func(ctx context.Context) error {
-		_, err := d.db.ExecContext(ctx, d.q(`UPDATE event_pulls SET owner = '', lease{ms} = NULL WHERE owner = ?`), owner)
+		now := d.ts(time.Now())
+		if _, err := d.db.ExecContext(ctx, d.q(`UPDATE event_pulls SET owner = '', lease{ms} = ? WHERE owner = ?`), now, owner); err != nil {
+			return err
+		}
+		_, err := d.db.ExecContext(ctx, d.q(`DELETE FROM event_pullers WHERE owner = ?`), owner)
 		return err
 	})
 	if err != nil {

@@ -24,6 +24,7 @@ type Proc struct {
 	Token string // an apiserver's: a token of its metadata store
 	Root  string // an edge's state directory
 	cmd   *exec.Cmd
+	args  []string // dsecd's flags, for a restart
 	log   string
 	t     testing.TB
 }
@@ -186,7 +187,7 @@ func (c *Cluster) start(name string, args []string, addr string) *Proc {
 	if err := cmd.Start(); err != nil {
 		c.t.Fatal(err)
 	}
-	p := &Proc{Name: name, Addr: addr, cmd: cmd, log: logPath, t: c.t}
+	p := &Proc{Name: name, Addr: addr, cmd: cmd, args: args, log: logPath, t: c.t}
 	c.t.Cleanup(func() {
 		p.Kill()
 		if c.t.Failed() {
@@ -194,6 +195,18 @@ func (c *Cluster) start(name string, args []string, addr string) *Proc {
 		}
 	})
 	return p
+}
+
+// RestartAPIServer kills apiserver i (if it runs) and starts it again with
+// the same flags, and waits until it routes to every edge.
+func (c *Cluster) RestartAPIServer(i int) {
+	c.t.Helper()
+	old := c.APIServers[i]
+	old.Kill()
+	p := c.start(old.Name, old.args, old.Addr)
+	p.Token = old.Token
+	c.APIServers[i] = p
+	c.waitRoutable(p, len(c.Edges))
 }
 
 // waitRoutable waits until apiserver a listens and routes to every edge

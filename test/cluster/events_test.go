@@ -16,16 +16,18 @@ import (
 	"dsec.dev/dsec/internal/testutil"
 )
 
-// TestEventPullTakeover: two apiservers on PostgreSQL and two nodes; each
-// node's events are pulled by one apiserver only (the holder of its lease:
-// the other calls no node for events). The holder is killed while
-// sandboxes are created through the other: the survivor takes the nodes
-// over when the leases lapse and resumes at their cursors, so every node's
-// events are in the store once each, with no sequence number missing, and
-// every sandbox created has its one created event.
+// TestEventPullTakeover: two apiservers on PostgreSQL and four nodes; each
+// node's events are pulled by one apiserver only (the holder of its
+// lease), and the apiservers split the nodes two and two. While sandboxes
+// are created and deleted through the second, the first is killed: the
+// survivor takes its nodes over when the leases lapse and resumes at
+// their cursors; the first starts again and the survivor gives two nodes
+// back (after a pull, at their cursors). Every node's events are in the
+// store once each, with no sequence number missing, and every sandbox
+// created has its one created event.
 func TestEventPullTakeover(t *testing.T) {
 	pg := testutil.StartPostgres(t)
-	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 2, Edges: 2, DB: pg, Registry: true,
+	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 2, Edges: 4, DB: pg, Registry: true,
 		EdgeArgs: []string{"--runtime", "fake", "--hollow-max-sandboxes", "2000"}})
 	ctx := context.Background()
 	st, err := store.Open(ctx, pg)
@@ -56,62 +58,61 @@ func TestEventPullTakeover(t *testing.T) {
 		}
 		return nil
 	}
-	for range 5 {
-		if err := create(0); err != nil {
-			t.Fatal(err)
+	// held waits until the apiservers hold want node pulls each (-1: not
+	// asked, the apiserver is down).
+	held := func(what string, want ...int64) {
+		t.Helper()
+		var got []int64
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			got = got[:0]
+			ok := true
+			for i, w := range want {
+				if w < 0 {
+					got = append(got, -1)
+					continue
+				}
+				n := metric(t, c.APIServers[i], "dsec_event_pull_nodes")
+				got = append(got, n)
+				ok = ok && n == w
+			}
+			if ok {
+				t.Logf("%s: the apiservers hold %v node pulls", what, got)
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the apiservers hold %v node pulls, want %v", what, got, want)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 
-	// One apiserver holds each node (the counts settle within a claim).
-	var held [2]int64
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		held = [2]int64{metric(t, c.APIServers[0], "dsec_event_pull_nodes"), metric(t, c.APIServers[1], "dsec_event_pull_nodes")}
-		if held[0]+held[1] == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the apiservers hold %v node pulls, want 2 in all", held)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	victim, survivor := 0, 1
-	if held[1] > held[0] {
-		victim, survivor = 1, 0
-	}
-	if held[survivor] == 0 {
-		if n := metric(t, c.APIServers[survivor], "dsec_event_pulls_total"); n != 0 {
-			t.Errorf("apiserver %s holds no node but called nodes for events %d times", c.APIServers[survivor].Name, n)
-		}
-	}
-	t.Logf("apiserver %s holds %d nodes' pulls, %s %d", c.APIServers[victim].Name, held[victim], c.APIServers[survivor].Name, held[survivor])
-
-	// Create through the survivor while the holder dies.
+	// Creates through the second apiserver all along.
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for !stop.Load() {
-			if err := create(survivor); err != nil {
-				t.Errorf("create through the survivor: %v", err)
+			if err := create(1); err != nil {
+				t.Errorf("create through the second apiserver: %v", err)
 				return
 			}
 		}
 	})
-	time.Sleep(300 * time.Millisecond) // some creates while the holder still pulls
-	c.APIServers[victim].Kill()
-	for deadline := time.Now().Add(20 * time.Second); metric(t, c.APIServers[survivor], "dsec_event_pull_nodes") != 2; {
-		if time.Now().After(deadline) {
-			t.Fatal("the survivor did not take the killed apiserver's nodes over")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	defer func() { stop.Store(true); wg.Wait() }()
+	held("balanced", 2, 2)
+	c.APIServers[0].Kill()
+	held("the first killed", -1, 4)
+	c.RestartAPIServer(0)
+	held("the first started again", 2, 2)
 	stop.Store(true)
 	wg.Wait()
+	if t.Failed() {
+		return
+	}
 	for range 3 {
-		if err := create(survivor); err != nil {
+		if err := create(1); err != nil {
 			t.Fatal(err)
 		}
 	}
-
 	// Every created sandbox's event arrives, once; no node's sequence has a gap.
 	mu.Lock()
 	want := append([]string(nil), created...)

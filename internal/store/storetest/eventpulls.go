@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -98,5 +99,87 @@ func testReplicasEventPullLease(t *testing.T, a, b store.Store) {
 	}
 	if held[0].Seq != 3 {
 		t.Fatalf("n1's cursor is %d, want 3", held[0].Seq)
+	}
+}
+
+// testReplicasEventPullBalance: two replicas share four nodes two and
+// two. The first to claim takes all (it is alone); the second, alive but
+// holding none, makes the first give back its share at its next claim,
+// which the second then takes at the cursor the first stored, while the
+// first can no longer store a pull of it. When the first lapses, the
+// second takes all again; a node free for a whole lease that no replica
+// under its share takes is taken over the share.
+func testReplicasEventPullBalance(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	nodes := []string{"n1", "n2", "n3", "n4"}
+	lease := 5 * time.Second
+	now := ms(time.Now())
+	claim := func(st store.Store, owner string, nodes []string, at time.Time) []string {
+		t.Helper()
+		held, err := st.ClaimEventPulls(ctx, owner, nodes, at, at.Add(lease))
+		must(t, owner+" claims", err)
+		return pullNodes(held)
+	}
+	if got := claim(a, "a", nodes, now); !equalStrings(got, nodes) {
+		t.Fatalf("a alone holds %v, want all four", got)
+	}
+	_, err := a.PullEvents(ctx, "a", []store.EventPull{{Node: "n4", Epoch: "e4", Seq: 1}}, ev("n4/e4/1", "p", "sb-1", "created", now))
+	must(t, "a pulls n4", err)
+	if got := claim(b, "b", nodes, now); len(got) != 0 {
+		t.Fatalf("b holds %v while a holds all, want none yet", got)
+	}
+	// a is over its share (2) while b holds fewer: it gives two back.
+	if got := claim(a, "a", nodes, now); !equalStrings(got, []string{"n1", "n2"}) {
+		t.Fatalf("a holds %v after b came, want n1 and n2", got)
+	}
+	_, err = a.PullEvents(ctx, "a", []store.EventPull{{Node: "n4", Epoch: "e4", Seq: 2}}, ev("n4/e4/2", "p", "sb-1", "deleted", now))
+	wantKind(t, "a pulls n4 after giving it back", err, errdefs.ErrFailedPrecondition)
+	held, err := b.ClaimEventPulls(ctx, "b", nodes, now, now.Add(lease))
+	must(t, "b claims its share", err)
+	if got := pullNodes(held); !equalStrings(got, []string{"n3", "n4"}) {
+		t.Fatalf("b holds %v, want n3 and n4", got)
+	}
+	if held[1].Epoch != "e4" || held[1].Seq != 1 {
+		t.Fatalf("b took n4 at %s/%d, want e4/1 (where a left it)", held[1].Epoch, held[1].Seq)
+	}
+	_, err = b.PullEvents(ctx, "b", []store.EventPull{{Node: "n4", Epoch: "e4", Seq: 2}}, ev("n4/e4/2", "p", "sb-1", "deleted", now))
+	must(t, "b pulls n4", err)
+	// Both at their share: claims again change nothing.
+	for range 2 {
+		if got := claim(a, "a", nodes, now); !equalStrings(got, []string{"n1", "n2"}) {
+			t.Fatalf("a holds %v when balanced, want n1 and n2", got)
+		}
+		if got := claim(b, "b", nodes, now); !equalStrings(got, []string{"n3", "n4"}) {
+			t.Fatalf("b holds %v when balanced, want n3 and n4", got)
+		}
+	}
+	evs, err := a.ListEvents(ctx, store.EventQuery{})
+	must(t, "ListEvents", err)
+	wantKeys(t, "stored", evs, "n4/e4/1", "n4/e4/2")
+
+	// b alone reaches n5, a new node, and is at its share of what it
+	// reaches (2 of n3, n4, n5); once n5 has been free a whole lease (both
+	// renewing meanwhile), b takes it over its share.
+	mine := []string{"n3", "n4", "n5"}
+	var at time.Time
+	for i, step := range []time.Duration{time.Second, 4 * time.Second, 7 * time.Second} {
+		at = now.Add(step)
+		want := []string{"n3", "n4"}
+		if i == 2 {
+			want = mine
+		}
+		if got := claim(a, "a", nodes, at); !equalStrings(got, []string{"n1", "n2"}) {
+			t.Fatalf("a holds %v at +%s, want n1 and n2", got, step)
+		}
+		if got := claim(b, "b", mine, at); !equalStrings(got, want) {
+			t.Fatalf("b holds %v at +%s, want %v", got, step, want)
+		}
+	}
+
+	// a lapses: b takes everything it reaches at the cursors a left.
+	all := append(slices.Clone(nodes), "n5")
+	gone := at.Add(lease + time.Second)
+	if got := claim(b, "b", all, gone); !equalStrings(got, all) {
+		t.Fatalf("b holds %v after a lapsed, want all five", got)
 	}
 }

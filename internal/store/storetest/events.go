@@ -30,6 +30,7 @@ var eventReplicaCases = []struct {
 	{"EventsConcurrent", testReplicasEventsConcurrent},
 	{"WebhookLease", testReplicasWebhookLease},
 	{"EventPullLease", testReplicasEventPullLease},
+	{"EventPullBalance", testReplicasEventPullBalance},
 }
 
 func ev(key, project, sb, kind string, at time.Time) store.Event {
