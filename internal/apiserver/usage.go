@@ -172,7 +172,7 @@ func usageMsg(u store.Usage) *dsecv1.UsageFigures {
 // Usage adds up the ledger's rows of a project and the projects under it.
 func (s *Server) Usage(ctx context.Context, req *connect.Request[dsecv1.UsageRequest]) (*connect.Response[dsecv1.UsageResponse], error) {
 	if s.cfg.Ledger == nil {
-		return nil, fmt.Errorf("usage: this server keeps no metadata store: %w", errdefs.ErrNotSupported)
+		return nil, fmt.Errorf("usage: this server keeps no cost ledger (no metadata store, or dsecd --no-ledger): %w", errdefs.ErrNotSupported)
 	}
 	m := req.Msg
 	a := actor(ctx)

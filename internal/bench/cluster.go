@@ -219,9 +219,32 @@ type QuotaReport struct {
 // clients, alternating (ABBA: the sides take turns to go first), each
 // round o.Duration / (2 × rounds) long.
 func RunClusterQuota(ctx context.Context, free, charged []*dsec.Conn, o ClusterOptions, rounds int) (*QuotaReport, error) {
+	sums, err := runClusterRounds(ctx, [2]ClusterSide{{Name: "uncharged", Clients: free}, {Name: "charged", Clients: charged}}, o, rounds)
+	if err != nil {
+		return nil, err
+	}
+	rep := &QuotaReport{Rounds: rounds, Free: sums[0], Charged: sums[1]}
+	rep.RateRatio = rep.Charged.SandboxesPerSec / rep.Free.SandboxesPerSec
+	rep.SingleP50 = [2]float64{rep.Free.Single.P50, rep.Charged.Single.P50}
+	return rep, nil
+}
+
+// ClusterSide is one side of a comparison of create rates: the clients
+// of its apiservers, and what to do before each of its rounds (nil:
+// nothing), e.g. thaw its cluster and freeze the other's.
+type ClusterSide struct {
+	Name    string
+	Clients []*dsec.Conn
+	Before  func(ctx context.Context) error
+}
+
+// runClusterRounds runs RunCluster's load rounds times on each side,
+// alternating (ABBA: the sides take turns to go first), each round
+// o.Duration / (2 × rounds) long, and returns each side's sums.
+func runClusterRounds(ctx context.Context, sides [2]ClusterSide, o ClusterOptions, rounds int) ([2]*ClusterReport, error) {
 	o.Duration /= time.Duration(2 * rounds)
 	o.SimulateSeeds = 0
-	rep := &QuotaReport{Rounds: rounds}
+	var sums [2]*ClusterReport
 	add := func(sum **ClusterReport, r *ClusterReport) {
 		if *sum == nil {
 			*sum = &ClusterReport{Apiservers: r.Apiservers, PerNode: map[string]int{}}
@@ -240,32 +263,83 @@ func RunClusterQuota(ctx context.Context, free, charged []*dsec.Conn, o ClusterO
 		s.SinglePerSec = float64(s.SingleCalls) / s.Seconds
 	}
 	for round := range rounds {
-		sides := []struct {
-			clients []*dsec.Conn
-			sum     **ClusterReport
-			name    string
-		}{{free, &rep.Free, "uncharged"}, {charged, &rep.Charged, "charged"}}
+		order := []int{0, 1}
 		if round%2 == 1 {
 			// Each round makes the cluster bigger (its sandboxes live
 			// on), so the later side of a round is the slower: the
 			// sides take turns to go first (ABBA), which cancels it.
-			sides[0], sides[1] = sides[1], sides[0]
+			order = []int{1, 0}
 		}
-		for _, side := range sides {
+		for _, i := range order {
+			side := sides[i]
 			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "round %d of %d, %s\n", round+1, rounds, side.name)
+				fmt.Fprintf(o.Progress, "round %d of %d, %s\n", round+1, rounds, side.Name)
 			}
-			r, err := RunCluster(ctx, side.clients, o)
+			if side.Before != nil {
+				if err := side.Before(ctx); err != nil {
+					return sums, fmt.Errorf("before %s's round %d: %w", side.Name, round+1, err)
+				}
+			}
+			r, err := RunCluster(ctx, side.Clients, o)
 			if err != nil {
-				return nil, err
+				return sums, err
 			}
-			add(side.sum, r)
+			add(&sums[i], r)
 		}
 	}
-	rep.RateRatio = rep.Charged.SandboxesPerSec / rep.Free.SandboxesPerSec
-	rep.SingleP50 = [2]float64{rep.Free.Single.P50, rep.Charged.Single.P50}
+	return sums, nil
+}
+
+// CompareReport compares the create rate of two sides (two clusters, or
+// two callers of one) in one run, in alternating rounds.
+type CompareReport struct {
+	Rounds    int               `json:"rounds"`
+	Names     [2]string         `json:"names"`
+	Sides     [2]*ClusterReport `json:"sides"`
+	RateRatio float64           `json:"rate_ratio"` // the first side's rate ÷ the second's
+	SingleP50 [2]float64        `json:"single_p50_ms"`
+	Target    float64           `json:"target"` // the least ratio that passes (0: none)
+}
+
+// RunClusterCompare runs RunCluster's load rounds times on each side,
+// alternating (ABBA), each round o.Duration / (2 × rounds) long, and
+// reports the first side's create rate over the second's against target.
+func RunClusterCompare(ctx context.Context, sides [2]ClusterSide, o ClusterOptions, rounds int, target float64) (*CompareReport, error) {
+	sums, err := runClusterRounds(ctx, sides, o, rounds)
+	if err != nil {
+		return nil, err
+	}
+	rep := &CompareReport{Rounds: rounds, Names: [2]string{sides[0].Name, sides[1].Name}, Sides: sums, Target: target}
+	rep.RateRatio = sums[0].SandboxesPerSec / sums[1].SandboxesPerSec
+	rep.SingleP50 = [2]float64{sums[0].Single.P50, sums[1].Single.P50}
 	return rep, nil
 }
+
+// Print writes the comparison with its target.
+func (r *CompareReport) Print(w io.Writer) {
+	fmt.Fprintf(w, "dsec bench cluster, compared: %d rounds of each side, alternating, ABBA\n\n", r.Rounds)
+	fmt.Fprintf(w, "%-44s %12s %12s\n", "", r.Names[0], r.Names[1])
+	fmt.Fprintf(w, "%-44s %12.0f %12.0f\n", "sandboxes created per second", r.Sides[0].SandboxesPerSec, r.Sides[1].SandboxesPerSec)
+	fmt.Fprintf(w, "%-44s %12.0f %12.0f\n", "single-sandbox create calls per second", r.Sides[0].SinglePerSec, r.Sides[1].SinglePerSec)
+	fmt.Fprintf(w, "%-44s %12.1f %12.1f\n", "single create latency p50, ms (mean of rounds)", r.SingleP50[0], r.SingleP50[1])
+	fmt.Fprintf(w, "%-44s %12d %12d\n", "errors", r.Sides[0].Errors, r.Sides[1].Errors)
+	verdict := ""
+	if r.Target > 0 {
+		verdict = fmt.Sprintf(" (target ≥ %.2f×): PASS", r.Target)
+		if r.RateRatio < r.Target {
+			verdict = fmt.Sprintf(" (target ≥ %.2f×): MISS", r.Target)
+		}
+	}
+	fmt.Fprintf(w, "\n%s ÷ %s create rate: %.3f×%s\n", r.Names[0], r.Names[1], r.RateRatio, verdict)
+	for _, s := range r.Sides {
+		if s.FirstError != "" {
+			fmt.Fprintf(w, "first error: %s\n", s.FirstError)
+		}
+	}
+}
+
+// JSON writes the report as JSON.
+func (r *CompareReport) JSON(w io.Writer) error { return writeJSON(w, r) }
 
 // Print writes the comparison with its target.
 func (r *QuotaReport) Print(w io.Writer) {

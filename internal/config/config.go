@@ -65,6 +65,7 @@ type APIServer struct {
 	PollInterval   time.Duration `key:"poll_interval" flag:"poll-interval" help:"how often the watcher polls each edge (three missed polls make an edge unroutable)"`
 	NoMetrics      bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
 	NoEvents       bool          `key:"no_events" flag:"no-events" help:"pull no lifecycle events from the edges (docs/events.md): to measure what they cost"`
+	NoLedger       bool          `key:"no_ledger" flag:"no-ledger" help:"keep no cost ledger: an edge (or the all-in-one) samples none of its sandboxes, an apiserver pulls and stores none and refuses dsec usage (docs/usage.md): to measure what it costs"`
 	TLS            TLS           `key:"tls"`
 	LogLevel       string        `key:"log_level" flag:"log-level" check:"log-level" help:"log level: debug, info, warn, error"`
 }
@@ -117,7 +118,7 @@ type Node struct {
 	MetricsProjects int           `key:"metrics_projects" flag:"metrics-projects" help:"how many projects, the largest by sandboxes, the sandbox gauge names; the rest are summed under \"other\" (negative: none; docs/operations.md)"`
 	NoMetrics       bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
 	NoEvents        bool          `key:"no_events" flag:"no-events" help:"keep no lifecycle events of this node's sandboxes (the all-in-one stores none either; docs/events.md): to measure what they cost"`
-	NoLedger        bool          `key:"no_ledger" flag:"no-ledger" help:"keep no cost ledger of the node's sandboxes (docs/usage.md): to measure what it costs"`
+	NoLedger        bool          `key:"no_ledger" flag:"no-ledger" help:"keep no cost ledger: an edge (or the all-in-one) samples none of its sandboxes, an apiserver pulls and stores none and refuses dsec usage (docs/usage.md): to measure what it costs"`
 	LedgerInterval  time.Duration `key:"ledger_interval" flag:"ledger-interval" help:"how often the cost ledger samples each sandbox's cgroup, writable layer and veth (a last sample is taken as a sandbox ends)"`
 
 	Defaults   SandboxDefaults `key:"defaults"`

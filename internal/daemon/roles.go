@@ -22,6 +22,7 @@ import (
 	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/hollow"
 	"dsec.dev/dsec/internal/edge/layers"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/edgeclient"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/metrics"
@@ -191,9 +192,20 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 		if !cfg.Node.NoEvents {
 			h.Events = eventlog.New(h.Node, 0)
 		}
+		if !cfg.Node.NoLedger {
+			// In memory: a hollow node's sandboxes do not outlive it.
+			if h.Ledger, err = ledger.Open(h.Node, "", log.With("component", "ledger")); err != nil {
+				return err
+			}
+			h.LedgerInterval = cfg.Node.LedgerInterval
+		}
 		he := hollow.New(h)
 		svc = edgesvc.New(he, nil, log.With("component", "edgesvc"))
 		svc.SetEvents(h.Events)
+		svc.SetLedger(h.Ledger)
+		lctx, stopLedger := context.WithCancel(ctx)
+		defer stopLedger()
+		go he.RunLedger(lctx)
 		stopRecorder, err := startRecorder(ctx, cfg.Node, svc, he, log)
 		if err != nil {
 			return err
@@ -329,6 +341,9 @@ type APIServerConfig struct {
 	// NoEvents pulls no lifecycle events from the edges: for measuring
 	// what they cost.
 	NoEvents bool
+	// NoLedger stores no cost ledger: the edges' records are not pulled
+	// and `dsec usage` is refused; for measuring what it costs.
+	NoLedger bool
 	// SandboxFusionListen, if set, serves SandboxFusion's HTTP API on this
 	// address.
 	SandboxFusionListen string
@@ -469,10 +484,14 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 		},
 		Log: log.With("component", "watcher"),
 	})
+	var ledgerStore apiserver.LedgerStore
+	if !cfg.NoLedger {
+		ledgerStore = meta
+	}
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, EventsOff: cfg.NoEvents, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		Ledger: meta, UsageRetention: cfg.UsageRetention,
+		Ledger: ledgerStore, UsageRetention: cfg.UsageRetention,
 		TokenlessFnCall: tokenless, Metrics: reg, ScrapeToken: scrapeToken,
 		MaxBatch: cfg.MaxBatch, CreateConcurrency: cfg.CreateConcurrency, WebhookTimeout: cfg.WebhookTimeout,
 		WebhookBackoff: cfg.WebhookBackoff, WebhookMaxActive: cfg.WebhookMaxActive, GradePool: cfg.GradePool}, meta, w, log.With("component", "apiserver"))

@@ -13,7 +13,9 @@ import (
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/edgesvc"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/sandboxid"
 )
 
@@ -147,5 +149,59 @@ func TestDeleteWhileStarting(t *testing.T) {
 	}
 	if sb, err := e.Get(ctx, id); err != nil || sb.GetState() != dsecv1.State_STATE_STOPPED || sb.GetReason() != dsecv1.Reason_REASON_DELETED {
 		t.Errorf("the sandbox after its create: %v, %v; want stopped, deleted", sb, err)
+	}
+}
+
+// TestHollowLedger: a hollow edge with a ledger records its sandboxes as a
+// real edge does, through the edge service's pull: a record at create,
+// one per sampling round (synthetic use that grows), a last one at delete
+// with its end.
+func TestHollowLedger(t *testing.T) {
+	ctx := context.Background()
+	l, err := ledger.Open("h1", "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := New(Config{Node: "h1", Ledger: l})
+	svc := edgesvc.New(e, nil, slog.New(slog.DiscardHandler))
+	svc.SetLedger(l)
+	spec := &dsecv1.SandboxSpec{Environment: "base:1", Cpus: 2, Labels: map[string]string{iam.ProjectLabel: "p", "run": "r1"}}
+	sb, err := e.Create(ctx, spec, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pull := func(epoch string, after uint64) *edgev1.EventsResponse {
+		t.Helper()
+		resp, err := svc.Events(ctx, connect.NewRequest(&edgev1.EventsRequest{UsageEpoch: epoch, UsageAfter: after}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg
+	}
+	first := pull("", 0)
+	if len(first.GetUsage()) != 1 || first.GetUsage()[0].GetSandboxId() != sb.GetId() || first.GetUsage()[0].GetProject() != "p" {
+		t.Fatalf("usage pulled after a create: %v", first.GetUsage())
+	}
+	started := time.UnixMilli(sb.GetStartedUnixMs())
+	e.sampleLedger(started.Add(10 * time.Second))
+	round := pull(first.GetUsageEpoch(), first.GetUsageNext())
+	if len(round.GetUsage()) != 1 {
+		t.Fatalf("usage pulled after a round: %v", round.GetUsage())
+	}
+	// 5 % of 2 CPUs for 10 s: 1 CPU-second.
+	if u := round.GetUsage()[0].GetUsage(); u.GetCpuUsec() != 1e6 || u.GetMemoryGibSeconds() <= 0 || u.GetDiskPeakBytes() != 16<<20 {
+		t.Errorf("after 10 s: %v", u)
+	}
+	if err := e.Delete(ctx, sb.GetId()); err != nil {
+		t.Fatal(err)
+	}
+	last := pull(round.GetUsageEpoch(), round.GetUsageNext())
+	if len(last.GetUsage()) != 1 || last.GetUsage()[0].GetEndedUnixMs() == 0 {
+		t.Fatalf("usage pulled after a delete: %v", last.GetUsage())
+	}
+	// Nothing samples an ended sandbox again.
+	e.sampleLedger(time.Now().Add(time.Minute))
+	if again := pull(last.GetUsageEpoch(), last.GetUsageNext()); len(again.GetUsage()) != 0 {
+		t.Errorf("an ended sandbox sampled again: %v", again.GetUsage())
 	}
 }
