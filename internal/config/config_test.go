@@ -133,6 +133,8 @@ func TestBadFiles(t *testing.T) {
 		{"twice.toml", "root = \"/a\"\nroot = \"/b\"\n", []string{"twice.toml:2:", "root set again (first on line 1)"}},
 		{"syntax.toml", "root = \"/a\"\nmax_warm = = 3\n", []string{"syntax.toml:2:"}},
 		{"syntax.yaml", "root: /a\n  max_warm: 3\n", []string{"syntax.yaml:", "line 2"}},
+		{"table.yaml", "limits: 5\n", []string{"table.yaml:1:", "limits: want a table of settings (limits.…), not an integer"}},
+		{"table-value.toml", "limits = \"big\"\n", []string{"table-value.toml:1:", "limits: want a table of settings (limits.…), not a string"}},
 		{"dsecd.json", "{}", []string{"want a name ending in .toml, .yaml or .yml"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -288,5 +290,17 @@ func TestPrintFlags(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("no %q in\n%s", want, b.String())
 		}
+	}
+}
+
+// TestEmptyTable: a YAML table whose settings are all commented out is
+// null, which reads as an empty table, not an unknown key.
+func TestEmptyTable(t *testing.T) {
+	c, err := load(t, "dsecd.yaml", "root: /srv/dsec\nlimits:\n  # max_sandboxes: 2000\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Root != "/srv/dsec" {
+		t.Errorf("root %q", c.Root)
 	}
 }

@@ -67,6 +67,14 @@ func loadData(cfg any, path string, data []byte) error {
 			continue
 		}
 		f, ok := fields[e.key]
+		if !ok && tables[e.key] {
+			// A YAML table whose settings are all commented out is null:
+			// an empty table, not an unknown key.
+			if e.kind != "null" {
+				errs = append(errs, fmt.Errorf("%s: %s: want a table of settings (%s.…), not %s", at, e.key, e.key, a(e.kind)))
+			}
+			continue
+		}
 		if !ok {
 			errs = append(errs, fmt.Errorf("%s: unknown key %q", at, e.key))
 			continue
