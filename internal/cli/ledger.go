@@ -26,7 +26,7 @@ largest size, snapshot bytes, egress bytes and FnCall calls of the sandboxes
 of a project and the projects under it, deleted ones included, grouped by
 --by: project (the default), sandbox, node, or label:KEY (label:run,
 label:task…: what one run or task cost; sandboxes without the label sum
-under "-"). --since and --until select the sandboxes alive in that window
+under "-"; by project, the root's own sandboxes show as "/"). --since and --until select the sandboxes alive in that window
 (each counts whole). A table, --csv one line per group with a header, or
 --json one UsageResponse.`,
 		Args: cobra.NoArgs,
@@ -58,7 +58,7 @@ under "-"). --since and --until select the sandboxes alive in that window
 			header := []string{usageKeyHeader(out.GetBy()), "SANDBOXES", "CPU_S", "MEM_GIB_S", "DISK_GIB_H", "DISK_PEAK_BYTES", "SNAPSHOT_BYTES", "EGRESS_BYTES", "FNCALL_CALLS"}
 			rows := make([][]string, 0, len(out.GetGroups())+1)
 			for _, g := range out.GetGroups() {
-				rows = append(rows, usageCells(g.GetKey(), g.GetUsage()))
+				rows = append(rows, usageCells(usageKey(out.GetBy(), g.GetKey()), g.GetUsage()))
 			}
 			if csvOut {
 				w := csv.NewWriter(a.stdout)
@@ -103,12 +103,22 @@ func usageKeyHeader(by string) string {
 	return strings.ToUpper(by)
 }
 
+// usageKey is a group's key as the table and CSV show it: the root
+// project as "/", as every other command shows it; a group without the
+// label (or node) as "-".
+func usageKey(by, key string) string {
+	if by == "" || by == "project" {
+		return displayPath(key)
+	}
+	if key == "" {
+		return "-"
+	}
+	return key
+}
+
 // usageCells is one group's figures as text: CPU in seconds, the rest as
 // the ledger keeps them.
 func usageCells(key string, u *dsecv1.UsageFigures) []string {
-	if key == "" {
-		key = "-"
-	}
 	return []string{key, strconv.FormatInt(u.GetSandboxes(), 10),
 		strconv.FormatFloat(float64(u.GetCpuUsec())/1e6, 'f', 3, 64),
 		strconv.FormatFloat(u.GetMemoryGibSeconds(), 'f', 3, 64),
