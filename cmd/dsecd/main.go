@@ -246,13 +246,24 @@ func configMain(args []string, stdout io.Writer) int {
 	}
 	var derived map[string]string
 	if role != config.RoleAPIServer {
-		derived = daemon.Derived()
+		derived = daemon.Derived(rootOf(cfg))
 	}
 	if err := config.Print(stdout, role, cfg, derived); err != nil {
 		fmt.Fprintln(os.Stderr, "dsecd config print:", err)
 		return 1
 	}
 	return 0
+}
+
+// rootOf is the state directory of a node's configuration.
+func rootOf(cfg any) string {
+	switch c := cfg.(type) {
+	case *config.AllInOne:
+		return c.Root
+	case *config.Edge:
+		return c.Root
+	}
+	return ""
 }
 
 // roleOf finds --role's value in args (the flag set parses it again).

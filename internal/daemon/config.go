@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"fmt"
+	"path/filepath"
 	"runtime"
 
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/config"
+	"dsec.dev/dsec/internal/edge/claims"
 	"dsec.dev/dsec/internal/edge/fncall"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/swap"
@@ -142,16 +144,34 @@ func fromNode(n config.Node) (Config, error) {
 	return cfg, nil
 }
 
-// Derived is what the settings of a node left at their zeros come to on
-// this machine, by key, for dsecd config print to note: the node's name,
-// its limits and chunk memory from its cores and memory, the shell and
-// the agent found.
-func Derived() map[string]string {
+// Derived is what the settings of a node whose state directory is root
+// left at their zeros come to on this machine, by key, for dsecd config
+// print to note: the node's name, its limits and chunk memory from its
+// cores and memory, the shell, the agent and runsc found, the
+// all-in-one's socket, and the host names (nftables table, veth prefix,
+// NFLOG group, address pool, cgroup parent) root was first started with,
+// which say where its sandboxes' cgroups and veths are.
+func Derived(root string) map[string]string {
 	out := map[string]string{
 		"node":            nodeName(),
 		"shell":           defaultShell(),
 		"agent":           findAgent(),
 		"limits.max_cpus": fmt.Sprint(runtime.NumCPU()),
+	}
+	if r := findRunsc(); r != "" {
+		out["runsc"] = r
+	} else {
+		out["runsc"] = "none found: no gvisor isolation"
+	}
+	if abs, err := filepath.Abs(root); err == nil {
+		out["socket"] = filepath.Join(abs, "dsecd.sock")
+	}
+	if names, ok, err := claims.Recall(root); err == nil && ok {
+		out["network.nft_table"] = names.Table
+		out["network.veth_prefix"] = names.VethPrefix
+		out["network.nflog_group"] = fmt.Sprint(names.LogGroup)
+		out["network.pool"] = names.Pool.String()
+		out["cgroup_parent"] = names.CgroupParent
 	}
 	if total, err := sandbox.MemTotalMB(); err == nil {
 		out["limits.max_sandboxes"] = fmt.Sprint(defaultMaxSandboxes(total))
