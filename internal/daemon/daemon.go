@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -756,6 +757,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	edge.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipts, nil })
+	// The all-in-one is its only node: it trusts its own attestations.
+	trust, err := sdkreceipt.NewVerifier([]*x509.Certificate{receipts.Certificate()})
+	if err != nil {
+		return err
+	}
+	edge.SetTrust(func() (*sdkreceipt.Verifier, error) { return trust, nil })
 	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, EventsOff: cfg.NoEvents, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
 		Ledger: meta, UsageRetention: cfg.UsageRetention,

@@ -260,6 +260,9 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 	// CA, the one it serves TLS with, read again for each (a rotated
 	// certificate signs from then on).
 	svc.SetReceipts(func() (*sdkreceipt.Signer, error) { return receipt.EdgeSigner(cfg.TLS) })
+	// Another node's attestation of a graded sandbox it holds is checked
+	// against the cluster's CA bundle, read again for each.
+	svc.SetTrust(func() (*sdkreceipt.Verifier, error) { return sdkreceipt.NewVerifierFile(cfg.TLS.CABundle) })
 	mux := http.NewServeMux()
 	mux.Handle(svc.Handler())
 	if metricsReg != nil {

@@ -290,6 +290,10 @@ func (r *Remote) SignReceipt(ctx context.Context, req *connect.Request[edgev1.Si
 	return unary(ctx, r.c.SignReceipt, req)
 }
 
+func (r *Remote) Attest(ctx context.Context, req *connect.Request[edgev1.AttestRequest]) (*connect.Response[edgev1.AttestResponse], error) {
+	return unary(ctx, r.c.Attest, req)
+}
+
 func (r *Remote) Events(ctx context.Context, req *connect.Request[edgev1.EventsRequest]) (*connect.Response[edgev1.EventsResponse], error) {
 	return unary(ctx, r.c.Events, req)
 }

@@ -33,6 +33,10 @@
 //     edge saw (its clean room, layers, the grader's command and exit),
 //     verifying against the edge's CA; refused by an edge without a key
 //     (docs/receipts.md);
+//   - Attest: what the node sees of a sandbox of its own (its trajectory
+//     hash, its newest provenance report's flags), signed with its receipt
+//     key and verifying against the edge's CA as the node's; NotFound for
+//     another node's sandbox, NotSupported from an edge without a key;
 //   - RenameRef: a layer's name moved onto what another names, and back;
 //     NotFound for a name the edge lacks, NotSupported from an edge that
 //     keeps no layers (Options.NoLayers);
@@ -155,6 +159,7 @@ func Run(t *testing.T, o Options) {
 		{"Cancel", testCancel},
 		{"Trajectory", testTrajectory},
 		{"Receipt", testReceipt},
+		{"Attest", testAttest},
 		{"Events", testEvents},
 		{"RenameRef", testRenameRef},
 	} {

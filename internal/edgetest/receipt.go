@@ -13,6 +13,8 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/grade"
+	ireceipt "dsec.dev/dsec/internal/receipt"
+	"dsec.dev/dsec/internal/sandboxid"
 	"dsec.dev/dsec/sdk/go/receipt"
 )
 
@@ -293,4 +295,78 @@ func flagNames(f *dsecv1.ProvenanceFlags) []string {
 		}
 	}
 	return out
+}
+
+// testAttest checks Attest: an edge without a key refuses it
+// (NotSupported); one with a key signs what it sees of a sandbox of its
+// own (its trajectory hash, over all of it or its first bytes, and its
+// newest provenance report's flags), which verifies against
+// Options.ReceiptCA as the node's (internal/receipt.VerifyAttestation),
+// and answers NotFound for a sandbox it never made or another node's.
+func testAttest(t *testing.T, e *edge) {
+	ctx := t.Context()
+	sb := e.create(ctx, "").GetId()
+	attest := func(id string, size int64) ([]byte, error) {
+		resp, err := e.h.Attest(ctx, connect.NewRequest(&edgev1.AttestRequest{SandboxId: id, TrajectoryBytes: size}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg.GetAttestation(), nil
+	}
+	if e.o.ReceiptCA == "" {
+		_, err := attest(sb, 0)
+		wantKind(t, "Attest on an edge without a receipt key", err, errdefs.ErrNotSupported)
+		return
+	}
+	v, err := receipt.NewVerifierFile(e.o.ReceiptCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A provenance report, as a grade reads one; an edge that reports
+	// none attests no flags.
+	p, perr := e.h.Provenance(ctx, connect.NewRequest(&dsecv1.ProvenanceRequest{SandboxId: sb, FlagsOnly: true}))
+	tr, terr := e.h.Trajectory(ctx, connect.NewRequest(&dsecv1.TrajectoryRequest{SandboxId: sb, LimitBytes: 1}))
+	env, err := attest(sb, 0)
+	if err != nil {
+		t.Fatalf("Attest of a sandbox of the node: %v", err)
+	}
+	a, err := ireceipt.VerifyAttestation(v, env)
+	if err != nil {
+		t.Fatalf("verify the attestation: %v", err)
+	}
+	if a.Sandbox != sb || a.Node != e.node {
+		t.Errorf("the attestation is of sandbox %s by node %s, want %s by %s", a.Sandbox, a.Node, sb, e.node)
+	}
+	if perr == nil && (a.Reported.IsZero() || !slices.Equal(a.Provenance, flagNames(p.Msg.GetFlags()))) {
+		t.Errorf("the attestation says flags %v reported at %v, want the report's %v", a.Provenance, a.Reported, flagNames(p.Msg.GetFlags()))
+	}
+	if perr != nil && !a.Reported.IsZero() {
+		t.Errorf("the attestation says a provenance report at %v of an edge that reported none (%v)", a.Reported, perr)
+	}
+	if terr == nil {
+		// The trajectory may have grown since (the Provenance and Attest
+		// calls are not recorded, but a sandbox's network events are): the
+		// hash of its first bytes is the one Trajectory gave.
+		whole := fmt.Sprintf("sha256:%s@%d", tr.Msg.GetSha256(), tr.Msg.GetSize())
+		env, err := attest(sb, tr.Msg.GetSize())
+		if err != nil {
+			t.Fatalf("Attest of the first %d bytes of the trajectory: %v", tr.Msg.GetSize(), err)
+		}
+		switch b, err := ireceipt.VerifyAttestation(v, env); {
+		case err != nil:
+			t.Errorf("verify the attestation of the first %d bytes: %v", tr.Msg.GetSize(), err)
+		case b.Trajectory != whole:
+			t.Errorf("the attestation of the first %d bytes says trajectory %q, want %q", tr.Msg.GetSize(), b.Trajectory, whole)
+		}
+		if a.Trajectory == "" {
+			t.Errorf("the attestation of the whole trajectory names none; Trajectory gave %s", whole)
+		}
+	}
+	for name, id := range map[string]string{
+		"a sandbox it never made": sandboxid.New(e.node, 7, 7),
+		"another node's sandbox":  sandboxid.New(e.node+"-other", 0, 0),
+	} {
+		_, err := attest(id, 0)
+		wantKind(t, "Attest of "+name, err, errdefs.ErrNotFound)
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,14 +14,16 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/sandboxid"
 	"dsec.dev/dsec/internal/testutil"
+	dsec "dsec.dev/dsec/sdk/go"
+	"dsec.dev/dsec/sdk/go/receipt"
 )
 
-// startRealCluster starts an apiserver in front of edges real edges and
-// imports the busybox base through it, as a client on another machine
-// would (an upload).
-func startRealCluster(t *testing.T, edges int) *testutil.Cluster {
+// startRealCluster starts an apiserver (with apiserverArgs) in front of
+// edges real edges and imports the busybox base through it, as a client
+// on another machine would (an upload).
+func startRealCluster(t *testing.T, edges int, apiserverArgs ...string) *testutil.Cluster {
 	t.Helper()
-	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 1, Edges: edges, RealEdges: true})
+	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 1, Edges: edges, RealEdges: true, APIServerArgs: apiserverArgs})
 	tree := t.TempDir()
 	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-busybox-base.sh"), tree).CombinedOutput(); err != nil {
 		t.Fatalf("build busybox base: %v\n%s", err, out)
@@ -102,9 +106,13 @@ func TestBatchSpreadsOverRealEdges(t *testing.T) {
 
 // TestSnapshotAcrossEdges: a snapshot taken on one real edge starts
 // sandboxes on the other (it shares the blob store), and a fork spread over
-// both edges gives every child the source's files.
+// both edges gives every child the source's files. A grade of the source
+// whose clean room lands on the other edge (no grade pools keep rooms on
+// the source's node) returns a receipt that edge signed, vouching for the
+// source's trajectory hash and provenance flags on the word of the
+// source's node (its attestation).
 func TestSnapshotAcrossEdges(t *testing.T) {
-	c := startRealCluster(t, 2)
+	c := startRealCluster(t, 2, "--grade-pool", "0")
 	cl := c.Client(0)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -131,6 +139,7 @@ func TestSnapshotAcrossEdges(t *testing.T) {
 		return string(out)
 	}
 	run(src.GetId(), "mkdir -p /work && echo carried > /work/state && rm /bin/vi")
+	gradeAcrossNodes(ctx, t, c, src)
 	fork, err := cl.Sandboxes.Fork(ctx, connect.NewRequest(&dsecv1.ForkRequest{SandboxId: src.GetId(), Count: 6}))
 	if err != nil {
 		t.Fatalf("fork: %v", err)
@@ -150,5 +159,43 @@ func TestSnapshotAcrossEdges(t *testing.T) {
 	t.Logf("fork of 6 from a sandbox on %s: %v", src.GetNode(), per)
 	if len(per) < 2 {
 		t.Errorf("the fork's children all landed on one edge (%v): the snapshot was not used on the other", per)
+	}
+}
+
+// gradeAcrossNodes grades src, the one sandbox of a cluster of two real
+// edges: its clean room goes to the other, emptier, edge. That edge signs
+// the receipt, and vouches for src's trajectory hash and provenance flags
+// (it checked its node's attestation of them against the cluster's CA).
+func gradeAcrossNodes(ctx context.Context, t *testing.T, c *testutil.Cluster, src *dsecv1.Sandbox) {
+	t.Helper()
+	res, err := c.Client(0).Sandboxes.Grade(ctx, connect.NewRequest(&dsecv1.GradeRequest{
+		SandboxId: src.GetId(), Paths: []string{"/work"}, Command: "sh /grade-tests/check.sh",
+		Tests: &dsecv1.GradeTests{Files: map[string][]byte{"/grade-tests/check.sh": []byte("test \"$(cat /work/state)\" = carried\n")}},
+	}))
+	if err != nil {
+		t.Fatalf("grade: %v", err)
+	}
+	g := res.Msg
+	room, err := sandboxid.Node(g.GetGraderSandboxId())
+	if err != nil || room == src.GetNode() {
+		t.Fatalf("the clean room %s ran on %s, the graded sandbox's node (%v): want the other", g.GetGraderSandboxId(), room, err)
+	}
+	v, err := receipt.NewVerifierFile(filepath.Join(c.Dir, "pki", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := v.Verify(g.GetReceipt())
+	if err != nil {
+		t.Fatalf("the grade's receipt: %v", err)
+	}
+	if g.GetReward() != 1 || r.Node != room || r.Sandbox != src.GetId() || !strings.HasPrefix(r.Trajectory, "sha256:") ||
+		r.Trajectory != g.GetTrajectoryHash() || g.GetProvenance() == nil || !slices.Equal(r.Provenance, dsec.ProvenanceFlagNames(g.GetProvenance().GetFlags())) {
+		t.Errorf("reward %v; receipt of node %s for %s, trajectory %q and flags %v; want reward 1, node %s, %s, the grade's trajectory %q and flags %v",
+			g.GetReward(), r.Node, r.Sandbox, r.Trajectory, r.Provenance, room, src.GetId(), g.GetTrajectoryHash(), g.GetProvenance().GetFlags())
+	}
+	for _, f := range []string{"trajectory_hash", "provenance_flags", "grader_digest", "reward"} {
+		if !slices.Contains(r.Vouched, f) {
+			t.Errorf("the receipt signed by %s for a sandbox of %s: vouched %v leaves out %s", room, src.GetNode(), r.Vouched, f)
+		}
 	}
 }

@@ -161,6 +161,7 @@ type Service struct {
 	log     *slog.Logger
 
 	receipts Receipts // nil: the node signs no receipts
+	trust    Trust    // nil: the node checks no other node's attestations
 	execs    execLog  // the execs the node ran to their end, for receipts
 
 	mu       sync.Mutex

@@ -21,6 +21,8 @@ import (
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/grade"
 	"dsec.dev/dsec/internal/outcome"
+	"dsec.dev/dsec/internal/receipt"
+	"dsec.dev/dsec/internal/sandboxid"
 	sdkreceipt "dsec.dev/dsec/sdk/go/receipt"
 )
 
@@ -30,8 +32,96 @@ import (
 type Receipts func() (*sdkreceipt.Signer, error)
 
 // SetReceipts gives the node its receipt key; call it before serving.
-// Without one, SignReceipt answers NotSupported.
+// Without one, SignReceipt and Attest answer NotSupported.
 func (s *Service) SetReceipts(r Receipts) { s.receipts = r }
+
+// Trust returns what the node checks other nodes' attestations against:
+// the cluster's CA bundle (the all-in-one: its own node certificate). It
+// is called for each receipt that carries one, so a rotated CA bundle
+// counts from then on.
+type Trust func() (*sdkreceipt.Verifier, error)
+
+// SetTrust gives the node the trust it checks the attestations a
+// SignReceipt carries against; call it before serving. Without it, the
+// node vouches for no other node's sandbox.
+func (s *Service) SetTrust(t Trust) { s.trust = t }
+
+// Attest signs, with the node's receipt key, what the node sees now of a
+// sandbox of its own (internal/receipt.Attestation): the SHA-256 of the
+// first trajectory_bytes bytes of its trajectory (0: all of it), and the
+// flags of the newest provenance report it made of it and when (the same
+// reports SignReceipt checks a receipt of its own sandbox against). A
+// grade whose clean room is on another node hands it to that node's
+// SignReceipt.
+func (s *Service) Attest(ctx context.Context, req *connect.Request[edgev1.AttestRequest]) (*connect.Response[edgev1.AttestResponse], error) {
+	id := req.Msg.GetSandboxId()
+	if id == "" {
+		return nil, fmt.Errorf("attest: sandbox_id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if s.receipts == nil {
+		return nil, fmt.Errorf("attest %s: node %s holds no receipt key: %w", id, s.edge.Node(), errdefs.ErrNotSupported)
+	}
+	if node, err := sandboxid.Node(id); err != nil || node != s.edge.Node() {
+		return nil, fmt.Errorf("attest %s: not a sandbox of node %s: %w", id, s.edge.Node(), errdefs.ErrNotFound)
+	}
+	if _, err := s.edge.Get(ctx, id); err != nil {
+		return nil, fmt.Errorf("attest %s: %w", id, err)
+	}
+	a := receipt.Attestation{Sandbox: id}
+	if s.rec != nil {
+		size := req.Msg.GetTrajectoryBytes()
+		rd, err := s.rec.Read(ctx, id, 0, int(max(size, 1)))
+		switch {
+		case err != nil:
+			s.log.Debug("attestation without a trajectory", "sandbox", id, "err", err)
+		case size == 0 && rd.Size > 0:
+			a.Trajectory = fmt.Sprintf("sha256:%s@%d", rd.SHA256, rd.Size)
+		case size > 0 && int64(len(rd.Lines)) >= size:
+			sum := sha256.Sum256(rd.Lines[:size])
+			a.Trajectory = fmt.Sprintf("sha256:%x@%d", sum, size)
+		}
+	}
+	if p, ok := s.execs.lastReport(id); ok {
+		a.Provenance, a.Reported = p.flags, p.at.UTC()
+	}
+	signer, err := s.receipts()
+	if err != nil {
+		return nil, fmt.Errorf("attest %s: %w", id, err)
+	}
+	env, err := receipt.Attest(signer, a)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	return connect.NewResponse(&edgev1.AttestResponse{Attestation: env}), nil
+}
+
+// attested adds to the receipt's vouched the graded sandbox's evidence
+// that an attestation of another node (SignReceiptRequest.attestation)
+// vouches for (receipt.Vouches), among want; an attestation that does not
+// verify vouches for nothing and is logged.
+func (s *Service) attested(r *sdkreceipt.Receipt, attestation []byte, want []string) {
+	if len(attestation) == 0 || len(want) == 0 {
+		return
+	}
+	if s.trust == nil {
+		s.log.Info("receipt's attestation not checked: the node holds no trust for other nodes", "sandbox", r.Sandbox)
+		return
+	}
+	v, err := s.trust()
+	if err != nil {
+		s.log.Warn("receipt's attestation not checked", "sandbox", r.Sandbox, "err", err)
+		return
+	}
+	fields, err := receipt.Vouches(v, attestation, *r, r.Started.Add(-provenanceSkew))
+	if err != nil {
+		s.log.Warn("receipt's attestation does not vouch for all it could", "sandbox", r.Sandbox, "vouched", fields, "err", err)
+	}
+	for _, f := range fields {
+		if slices.Contains(want, f) {
+			r.Vouched = append(r.Vouched, f)
+		}
+	}
+}
 
 // SignReceipt signs a grade's receipt once the node has checked the facts
 // in it that it saw itself: the clean room is its own and grades the
@@ -45,10 +135,11 @@ func (s *Service) SetReceipts(r Receipts) { s.receipts = r }
 // grader ran with. Where the graded sandbox's trajectory is the node's
 // (the sandbox is its own, or its trajectory is in the blob store), its
 // hash is checked too, and the provenance flags against those the node
-// reported for it since the grade began. It stamps the fields it checked
-// in the receipt's vouched; the rest (the paths, the times, and the graded
-// sandbox's evidence when that sandbox is another node's) it signs as
-// given.
+// reported for it since the grade began; where it is another node's, the
+// request's attestation of that node may vouch for them (attested). It
+// stamps the fields it checked in the receipt's vouched; the rest (the
+// paths, the times, and the graded sandbox's evidence no one vouched for)
+// it signs as given.
 func (s *Service) SignReceipt(ctx context.Context, req *connect.Request[edgev1.SignReceiptRequest]) (*connect.Response[edgev1.SignReceiptResponse], error) {
 	if s.receipts == nil {
 		return nil, fmt.Errorf("sign receipt: node %s holds no receipt key: %w", s.edge.Node(), errdefs.ErrNotSupported)
@@ -106,6 +197,15 @@ func (s *Service) SignReceipt(ctx context.Context, req *connect.Request[edgev1.S
 	if prov {
 		r.Vouched = append(r.Vouched, "provenance_flags")
 	}
+	// The graded sandbox on another node: what that node attested of it.
+	var rest []string
+	if !traj {
+		rest = append(rest, "trajectory_hash")
+	}
+	if !prov {
+		rest = append(rest, "provenance_flags")
+	}
+	s.attested(&r, req.Msg.GetAttestation(), rest)
 	r.Vouched = append(r.Vouched, "node", "signed_at")
 	slices.SortStableFunc(r.Vouched, func(a, b string) int {
 		return slices.Index(sdkreceipt.Fields, a) - slices.Index(sdkreceipt.Fields, b)
@@ -439,6 +539,17 @@ func (l *execLog) reported(id string, flags []string) {
 	defer l.mu.Unlock()
 	r := l.room(id)
 	r.provenance = keep(r.provenance, provenanceSeen{at: time.Now(), flags: flags}, provenancePerSandbox)
+}
+
+// lastReport is the newest provenance the node reported for sandbox id.
+func (l *execLog) lastReport(id string) (provenanceSeen, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.execs[id]
+	if r == nil || len(r.provenance) == 0 {
+		return provenanceSeen{}, false
+	}
+	return r.provenance[len(r.provenance)-1], true
 }
 
 // reportedSince is the provenance the node reported for sandbox id at or

@@ -78,20 +78,32 @@ func (s *Signer) Sign(r Receipt) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sign receipt: encode: %w", err)
 	}
-	sum := sha256.Sum256(pae(PayloadType, payload))
-	sig, err := s.key.Sign(rand.Reader, sum[:], crypto.SHA256)
+	out, err := s.SignPayload(PayloadType, payload)
 	if err != nil {
 		return nil, fmt.Errorf("sign receipt: %w", err)
 	}
+	return out, nil
+}
+
+// SignPayload signs payload, of DSSE payload type payloadType, as Sign
+// signs a receipt's, and returns the envelope's JSON. It is for the other
+// statements a node signs with its receipt key (a node's attestation of
+// a sandbox it holds); a verifier opens them with Verifier.Open.
+func (s *Signer) SignPayload(payloadType string, payload []byte) ([]byte, error) {
+	sum := sha256.Sum256(pae(payloadType, payload))
+	sig, err := s.key.Sign(rand.Reader, sum[:], crypto.SHA256)
+	if err != nil {
+		return nil, fmt.Errorf("sign: %w", err)
+	}
 	env := Envelope{
-		PayloadType:  PayloadType,
+		PayloadType:  payloadType,
 		Payload:      payload,
 		Signatures:   []Signature{{KeyID: s.keyID, Sig: sig}},
 		Certificates: s.chain,
 	}
 	out, err := json.MarshalIndent(env, "", "  ")
 	if err != nil {
-		return nil, fmt.Errorf("sign receipt: encode envelope: %w", err)
+		return nil, fmt.Errorf("encode envelope: %w", err)
 	}
 	return append(out, '\n'), nil
 }

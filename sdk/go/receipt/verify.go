@@ -95,49 +95,88 @@ func (v *Verifier) VerifyFile(path string) (*Receipt, error) {
 // formed. A certificate that has expired since the signing does not fail it:
 // a receipt is a record of what was true then.
 func (v *Verifier) Verify(data []byte) (*Receipt, error) {
-	var env Envelope
-	if err := strictDecode(data, &env); err != nil {
-		return nil, fmt.Errorf("verify receipt: not a signed receipt envelope: %w", err)
-	}
-	if env.PayloadType != PayloadType {
-		return nil, fmt.Errorf("verify receipt: payload type %q, want %q", env.PayloadType, PayloadType)
-	}
-	if len(env.Signatures) != 1 {
-		return nil, fmt.Errorf("verify receipt: %d signatures, want one", len(env.Signatures))
-	}
-	if len(env.Certificates) == 0 {
-		return nil, errors.New("verify receipt: no signer certificate in the envelope")
-	}
-	c, err := v.chain(env.Certificates)
+	o, err := v.open(data, PayloadType, "receipt")
 	if err != nil {
 		return nil, fmt.Errorf("verify receipt: %w", err)
 	}
-	sig := env.Signatures[0]
-	if sig.KeyID != c.keyID {
-		return nil, fmt.Errorf("verify receipt: signature key id %s is not the certificate's %s", sig.KeyID, c.keyID)
-	}
-	sum := sha256.Sum256(pae(env.PayloadType, env.Payload))
-	if !ecdsa.VerifyASN1(c.pub, sum[:], sig.Sig) {
-		return nil, fmt.Errorf("verify receipt: the signature does not match the payload: the receipt was edited after node %s signed it, or another key signed it", c.node)
-	}
 	var r Receipt
-	if err := strictDecode(env.Payload, &r); err != nil {
+	if err := strictDecode(o.Payload, &r); err != nil {
 		return nil, fmt.Errorf("verify receipt: payload: %w", err)
 	}
-	if err := c.err; err != nil {
+	if err := o.Err; err != nil {
 		return nil, fmt.Errorf("verify receipt: %w", err)
 	}
-	if r.Node != c.node {
-		return nil, fmt.Errorf("verify receipt: it names node %q but is signed by node %q's certificate", r.Node, c.node)
+	if r.Node != o.Node {
+		return nil, fmt.Errorf("verify receipt: it names node %q but is signed by node %q's certificate", r.Node, o.Node)
 	}
-	if r.SignedAt.Before(c.from) || r.SignedAt.After(c.to) {
-		return nil, fmt.Errorf("verify receipt: signed at %s, when node %s's certificate was not valid (valid %s to %s)",
-			r.SignedAt.Format(time.RFC3339), c.node, c.from.UTC().Format(time.RFC3339), c.to.UTC().Format(time.RFC3339))
+	if err := o.ValidAt(r.SignedAt); err != nil {
+		return nil, fmt.Errorf("verify receipt: %w", err)
 	}
 	if err := r.check(); err != nil {
 		return nil, fmt.Errorf("verify receipt: %w", err)
 	}
 	return &r, nil
+}
+
+// Opened is a signed envelope whose signature matches its payload: the
+// payload, the node the signing certificate names, and the window in
+// which that certificate (and its chain) is valid. Err, when not nil, is
+// why the certificate is not trusted: the payload is then anyone's word.
+type Opened struct {
+	Payload  []byte
+	Node     string
+	From, To time.Time
+	Err      error
+}
+
+// ValidAt says whether the signing certificate was valid at t, the time
+// the payload says it was signed.
+func (o *Opened) ValidAt(t time.Time) error {
+	if t.Before(o.From) || t.After(o.To) {
+		return fmt.Errorf("signed at %s, when node %s's certificate was not valid (valid %s to %s)",
+			t.Format(time.RFC3339), o.Node, o.From.UTC().Format(time.RFC3339), o.To.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// Open checks the signature of an envelope of payload type payloadType
+// against the key of its certificate and returns the payload with the
+// certificate's node and trust (Opened.Err), for a caller that decodes
+// the payload and checks its time against the certificate (ValidAt), as
+// Verify does for a receipt. It fails for an envelope of another type,
+// not one signature, or a signature that does not match the payload.
+func (v *Verifier) Open(data []byte, payloadType string) (*Opened, error) {
+	return v.open(data, payloadType, "statement")
+}
+
+// open is Open, its errors naming what the envelope signs.
+func (v *Verifier) open(data []byte, payloadType, what string) (*Opened, error) {
+	var env Envelope
+	if err := strictDecode(data, &env); err != nil {
+		return nil, fmt.Errorf("not a signed %s envelope: %w", what, err)
+	}
+	if env.PayloadType != payloadType {
+		return nil, fmt.Errorf("payload type %q, want %q", env.PayloadType, payloadType)
+	}
+	if len(env.Signatures) != 1 {
+		return nil, fmt.Errorf("%d signatures, want one", len(env.Signatures))
+	}
+	if len(env.Certificates) == 0 {
+		return nil, errors.New("no signer certificate in the envelope")
+	}
+	c, err := v.chain(env.Certificates)
+	if err != nil {
+		return nil, err
+	}
+	sig := env.Signatures[0]
+	if sig.KeyID != c.keyID {
+		return nil, fmt.Errorf("signature key id %s is not the certificate's %s", sig.KeyID, c.keyID)
+	}
+	sum := sha256.Sum256(pae(env.PayloadType, env.Payload))
+	if !ecdsa.VerifyASN1(c.pub, sum[:], sig.Sig) {
+		return nil, fmt.Errorf("the signature does not match the payload: the %s was edited after node %s signed it, or another key signed it", what, c.node)
+	}
+	return &Opened{Payload: env.Payload, Node: c.node, From: c.from, To: c.to, Err: c.err}, nil
 }
 
 // VerifyAll verifies many signed receipts on every CPU (GOMAXPROCS

@@ -1020,7 +1020,13 @@ type SignReceiptRequest struct {
 	// The paths of the trusted tests' files the grade laid in the clean room
 	// (GradeTests.files), for the node to read and hash itself against the
 	// receipt's grader_digest.
-	TestFiles     []string `protobuf:"bytes,2,rep,name=test_files,json=testFiles,proto3" json:"test_files,omitempty"`
+	TestFiles []string `protobuf:"bytes,2,rep,name=test_files,json=testFiles,proto3" json:"test_files,omitempty"`
+	// What the graded sandbox's node attested of it (EdgeService.Attest on
+	// that node), when it is another node's: the signing node vouches for
+	// the receipt's trajectory_hash and provenance_flags only if it verifies
+	// against the cluster CA, is signed by that sandbox's node and says the
+	// same. Empty where the graded sandbox is the node's own.
+	Attestation   []byte `protobuf:"bytes,3,opt,name=attestation,proto3" json:"attestation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1065,6 +1071,13 @@ func (x *SignReceiptRequest) GetReceipt() []byte {
 func (x *SignReceiptRequest) GetTestFiles() []string {
 	if x != nil {
 		return x.TestFiles
+	}
+	return nil
+}
+
+func (x *SignReceiptRequest) GetAttestation() []byte {
+	if x != nil {
+		return x.Attestation
 	}
 	return nil
 }
@@ -1115,6 +1128,108 @@ func (x *SignReceiptResponse) GetEnvelope() []byte {
 	return nil
 }
 
+type AttestRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// How much of the trajectory the hash covers: its first
+	// trajectory_bytes bytes (a receipt's sha256:HEX@SIZE); 0 = all of it
+	// as it stands.
+	TrajectoryBytes int64 `protobuf:"varint,2,opt,name=trajectory_bytes,json=trajectoryBytes,proto3" json:"trajectory_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *AttestRequest) Reset() {
+	*x = AttestRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttestRequest) ProtoMessage() {}
+
+func (x *AttestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttestRequest.ProtoReflect.Descriptor instead.
+func (*AttestRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *AttestRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *AttestRequest) GetTrajectoryBytes() int64 {
+	if x != nil {
+		return x.TrajectoryBytes
+	}
+	return 0
+}
+
+type AttestResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The signed attestation: a DSSE envelope's JSON, payload type
+	// application/vnd.dsec.attestation.v1+json (internal/receipt.Attestation),
+	// with the node's certificate chain.
+	Attestation   []byte `protobuf:"bytes,1,opt,name=attestation,proto3" json:"attestation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttestResponse) Reset() {
+	*x = AttestResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttestResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttestResponse) ProtoMessage() {}
+
+func (x *AttestResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttestResponse.ProtoReflect.Descriptor instead.
+func (*AttestResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *AttestResponse) GetAttestation() []byte {
+	if x != nil {
+		return x.Attestation
+	}
+	return nil
+}
+
 type EventsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Epoch string                 `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"` // the epoch after belongs to; another (or "") reads from the first kept
@@ -1131,7 +1246,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1258,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[18]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1271,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{18}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EventsRequest) GetEpoch() string {
@@ -1210,7 +1325,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1337,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[19]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1350,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{19}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EventsResponse) GetEpoch() string {
@@ -1367,13 +1482,20 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vGoneRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\" \n" +
 	"\fGoneResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids\"M\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"o\n" +
 	"\x12SignReceiptRequest\x12\x18\n" +
 	"\areceipt\x18\x01 \x01(\fR\areceipt\x12\x1d\n" +
 	"\n" +
-	"test_files\x18\x02 \x03(\tR\ttestFiles\"1\n" +
+	"test_files\x18\x02 \x03(\tR\ttestFiles\x12 \n" +
+	"\vattestation\x18\x03 \x01(\fR\vattestation\"1\n" +
 	"\x13SignReceiptResponse\x12\x1a\n" +
-	"\benvelope\x18\x01 \x01(\fR\benvelope\"\x93\x01\n" +
+	"\benvelope\x18\x01 \x01(\fR\benvelope\"Y\n" +
+	"\rAttestRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12)\n" +
+	"\x10trajectory_bytes\x18\x02 \x01(\x03R\x0ftrajectoryBytes\"2\n" +
+	"\x0eAttestResponse\x12 \n" +
+	"\vattestation\x18\x01 \x01(\fR\vattestation\"\x93\x01\n" +
 	"\rEventsRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x14\n" +
 	"\x05after\x18\x02 \x01(\x04R\x05after\x12\x14\n" +
@@ -1391,7 +1513,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"usageEpoch\x12\x1d\n" +
 	"\n" +
 	"usage_next\x18\x06 \x01(\x04R\tusageNext\x12*\n" +
-	"\x05usage\x18\a \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage2\xb7\x1d\n" +
+	"\x05usage\x18\a \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage2\x81\x1e\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +
@@ -1421,7 +1543,8 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x04Reap\x12\x19.dsec.edge.v1.ReapRequest\x1a\x1a.dsec.edge.v1.ReapResponse\"\x03\x90\x02\x02\x12B\n" +
 	"\x04Gone\x12\x19.dsec.edge.v1.GoneRequest\x1a\x1a.dsec.edge.v1.GoneResponse\"\x03\x90\x02\x01\x12H\n" +
 	"\x06Events\x12\x1b.dsec.edge.v1.EventsRequest\x1a\x1c.dsec.edge.v1.EventsResponse\"\x03\x90\x02\x01\x12R\n" +
-	"\vSignReceipt\x12 .dsec.edge.v1.SignReceiptRequest\x1a!.dsec.edge.v1.SignReceiptResponse\x12:\n" +
+	"\vSignReceipt\x12 .dsec.edge.v1.SignReceiptRequest\x1a!.dsec.edge.v1.SignReceiptResponse\x12H\n" +
+	"\x06Attest\x12\x1b.dsec.edge.v1.AttestRequest\x1a\x1c.dsec.edge.v1.AttestResponse\"\x03\x90\x02\x01\x12:\n" +
 	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
 	"\vUploadLayer\x12\x1b.dsec.v1.UploadLayerRequest\x1a\x0e.dsec.v1.Layer(\x01\x12W\n" +
 	"\vAdoptLayers\x12 .dsec.edge.v1.AdoptLayersRequest\x1a!.dsec.edge.v1.AdoptLayersResponse\"\x03\x90\x02\x02\x12Q\n" +
@@ -1469,7 +1592,7 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*AdoptLayersRequest)(nil),            // 0: dsec.edge.v1.AdoptLayersRequest
 	(*AdoptLayersResponse)(nil),           // 1: dsec.edge.v1.AdoptLayersResponse
@@ -1489,223 +1612,227 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*GoneResponse)(nil),                  // 15: dsec.edge.v1.GoneResponse
 	(*SignReceiptRequest)(nil),            // 16: dsec.edge.v1.SignReceiptRequest
 	(*SignReceiptResponse)(nil),           // 17: dsec.edge.v1.SignReceiptResponse
-	(*EventsRequest)(nil),                 // 18: dsec.edge.v1.EventsRequest
-	(*EventsResponse)(nil),                // 19: dsec.edge.v1.EventsResponse
-	nil,                                   // 20: dsec.edge.v1.NodeStatus.MissingEntry
-	(v1.Backend)(0),                       // 21: dsec.v1.Backend
-	(*v1.SandboxKind)(nil),                // 22: dsec.v1.SandboxKind
-	(*v1.CoreScheduling)(nil),             // 23: dsec.v1.CoreScheduling
-	(*v1.SandboxSpec)(nil),                // 24: dsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                    // 25: dsec.v1.Sandbox
-	(*v1.Event)(nil),                      // 26: dsec.v1.Event
-	(*v1.UsageRecord)(nil),                // 27: dsec.v1.UsageRecord
-	(*v1.GetRequest)(nil),                 // 28: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),                // 29: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),              // 30: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),               // 31: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),              // 32: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),          // 33: dsec.v1.SetTimeoutRequest
-	(*v1.EndPhaseRequest)(nil),            // 34: dsec.v1.EndPhaseRequest
-	(*v1.MetricsRequest)(nil),             // 35: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),            // 36: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),     // 37: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),          // 38: dsec.v1.NetworkLogRequest
-	(*v1.TrajectoryRequest)(nil),          // 39: dsec.v1.TrajectoryRequest
-	(*v1.ProvenanceRequest)(nil),          // 40: dsec.v1.ProvenanceRequest
-	(*v1.SetProvenancePathsRequest)(nil),  // 41: dsec.v1.SetProvenancePathsRequest
-	(*v1.SetWarmPoolRequest)(nil),         // 42: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),       // 43: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),         // 44: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),         // 45: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),          // 46: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),         // 47: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),    // 48: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),         // 49: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),          // 50: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),             // 51: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),       // 52: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),                // 53: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),              // 54: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),          // 55: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),              // 56: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),       // 57: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),          // 58: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),    // 59: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),        // 60: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),                 // 61: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),            // 62: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),           // 63: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),             // 64: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),                // 65: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),              // 66: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),             // 67: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),                // 68: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),            // 69: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),              // 70: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),            // 71: dsec.v1.DownloadRequest
-	(*v1.ListResponse)(nil),               // 72: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),             // 73: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),              // 74: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),             // 75: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),         // 76: dsec.v1.SetTimeoutResponse
-	(*v1.EndPhaseResponse)(nil),           // 77: dsec.v1.EndPhaseResponse
-	(*v1.SandboxMetrics)(nil),             // 78: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),               // 79: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),    // 80: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),         // 81: dsec.v1.NetworkLogResponse
-	(*v1.TrajectoryResponse)(nil),         // 82: dsec.v1.TrajectoryResponse
-	(*v1.SandboxProvenance)(nil),          // 83: dsec.v1.SandboxProvenance
-	(*v1.SetProvenancePathsResponse)(nil), // 84: dsec.v1.SetProvenancePathsResponse
-	(*v1.WarmPool)(nil),                   // 85: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),      // 86: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                      // 87: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),         // 88: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),        // 89: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil),   // 90: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),        // 91: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),         // 92: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),            // 93: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),      // 94: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                  // 95: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),         // 96: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),             // 97: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),      // 98: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil),   // 99: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),       // 100: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),                // 101: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),           // 102: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),          // 103: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),            // 104: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),               // 105: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),             // 106: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),            // 107: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),               // 108: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),                 // 109: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),             // 110: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),              // 111: dsec.v1.DownloadChunk
+	(*AttestRequest)(nil),                 // 18: dsec.edge.v1.AttestRequest
+	(*AttestResponse)(nil),                // 19: dsec.edge.v1.AttestResponse
+	(*EventsRequest)(nil),                 // 20: dsec.edge.v1.EventsRequest
+	(*EventsResponse)(nil),                // 21: dsec.edge.v1.EventsResponse
+	nil,                                   // 22: dsec.edge.v1.NodeStatus.MissingEntry
+	(v1.Backend)(0),                       // 23: dsec.v1.Backend
+	(*v1.SandboxKind)(nil),                // 24: dsec.v1.SandboxKind
+	(*v1.CoreScheduling)(nil),             // 25: dsec.v1.CoreScheduling
+	(*v1.SandboxSpec)(nil),                // 26: dsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                    // 27: dsec.v1.Sandbox
+	(*v1.Event)(nil),                      // 28: dsec.v1.Event
+	(*v1.UsageRecord)(nil),                // 29: dsec.v1.UsageRecord
+	(*v1.GetRequest)(nil),                 // 30: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),                // 31: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),              // 32: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),               // 33: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),              // 34: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),          // 35: dsec.v1.SetTimeoutRequest
+	(*v1.EndPhaseRequest)(nil),            // 36: dsec.v1.EndPhaseRequest
+	(*v1.MetricsRequest)(nil),             // 37: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),            // 38: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),     // 39: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),          // 40: dsec.v1.NetworkLogRequest
+	(*v1.TrajectoryRequest)(nil),          // 41: dsec.v1.TrajectoryRequest
+	(*v1.ProvenanceRequest)(nil),          // 42: dsec.v1.ProvenanceRequest
+	(*v1.SetProvenancePathsRequest)(nil),  // 43: dsec.v1.SetProvenancePathsRequest
+	(*v1.SetWarmPoolRequest)(nil),         // 44: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),       // 45: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),         // 46: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),         // 47: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),          // 48: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),         // 49: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),    // 50: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),         // 51: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),          // 52: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),             // 53: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),       // 54: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),                // 55: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),              // 56: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),          // 57: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),              // 58: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),       // 59: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),          // 60: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),    // 61: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),        // 62: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),                 // 63: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),            // 64: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),           // 65: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),             // 66: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),                // 67: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),              // 68: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),             // 69: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),                // 70: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),            // 71: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),              // 72: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),            // 73: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),               // 74: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),             // 75: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),              // 76: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),             // 77: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),         // 78: dsec.v1.SetTimeoutResponse
+	(*v1.EndPhaseResponse)(nil),           // 79: dsec.v1.EndPhaseResponse
+	(*v1.SandboxMetrics)(nil),             // 80: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),               // 81: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),    // 82: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),         // 83: dsec.v1.NetworkLogResponse
+	(*v1.TrajectoryResponse)(nil),         // 84: dsec.v1.TrajectoryResponse
+	(*v1.SandboxProvenance)(nil),          // 85: dsec.v1.SandboxProvenance
+	(*v1.SetProvenancePathsResponse)(nil), // 86: dsec.v1.SetProvenancePathsResponse
+	(*v1.WarmPool)(nil),                   // 87: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),      // 88: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                      // 89: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),         // 90: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),        // 91: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil),   // 92: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),        // 93: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),         // 94: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),            // 95: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),      // 96: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                  // 97: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),         // 98: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),             // 99: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),      // 100: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil),   // 101: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),       // 102: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),                // 103: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),           // 104: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),          // 105: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),            // 106: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),               // 107: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),             // 108: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),            // 109: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),               // 110: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),                 // 111: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),             // 112: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),              // 113: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	21,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	22,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
-	20,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
-	23,  // 3: dsec.edge.v1.NodeStatus.core_scheduling:type_name -> dsec.v1.CoreScheduling
-	24,  // 4: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	24,  // 5: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	23,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	24,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
+	22,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
+	25,  // 3: dsec.edge.v1.NodeStatus.core_scheduling:type_name -> dsec.v1.CoreScheduling
+	26,  // 4: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	26,  // 5: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
 	11,  // 6: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
 	11,  // 7: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
-	25,  // 8: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
-	26,  // 9: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
-	27,  // 10: dsec.edge.v1.EventsResponse.usage:type_name -> dsec.v1.UsageRecord
+	27,  // 8: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	28,  // 9: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
+	29,  // 10: dsec.edge.v1.EventsResponse.usage:type_name -> dsec.v1.UsageRecord
 	4,   // 11: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
 	6,   // 12: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
 	7,   // 13: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
 	8,   // 14: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
-	28,  // 15: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	29,  // 16: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	30,  // 17: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	31,  // 18: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	32,  // 19: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	33,  // 20: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	34,  // 21: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	35,  // 22: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	36,  // 23: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	37,  // 24: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	38,  // 25: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	39,  // 26: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	40,  // 27: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	41,  // 28: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	42,  // 29: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	43,  // 30: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	30,  // 15: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	31,  // 16: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	32,  // 17: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	33,  // 18: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	34,  // 19: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	35,  // 20: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	36,  // 21: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	37,  // 22: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	38,  // 23: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	39,  // 24: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	40,  // 25: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	41,  // 26: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	42,  // 27: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	43,  // 28: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	44,  // 29: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	45,  // 30: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
 	12,  // 31: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
 	14,  // 32: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	18,  // 33: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
+	20,  // 33: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
 	16,  // 34: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
-	44,  // 35: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	45,  // 36: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,   // 37: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	2,   // 38: dsec.edge.v1.EdgeService.RenameRef:input_type -> dsec.edge.v1.RenameRefRequest
-	46,  // 39: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	47,  // 40: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	48,  // 41: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	49,  // 42: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	50,  // 43: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	51,  // 44: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	52,  // 45: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	53,  // 46: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	54,  // 47: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	55,  // 48: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	56,  // 49: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	57,  // 50: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	58,  // 51: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	59,  // 52: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	60,  // 53: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	61,  // 54: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	62,  // 55: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	63,  // 56: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	64,  // 57: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	65,  // 58: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	66,  // 59: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	67,  // 60: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	68,  // 61: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	69,  // 62: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	70,  // 63: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	71,  // 64: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	5,   // 65: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	25,  // 66: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	10,  // 67: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	9,   // 68: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
-	25,  // 69: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	72,  // 70: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	73,  // 71: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	74,  // 72: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	75,  // 73: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	76,  // 74: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	77,  // 75: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	78,  // 76: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	79,  // 77: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	80,  // 78: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	81,  // 79: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	82,  // 80: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	83,  // 81: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	84,  // 82: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	85,  // 83: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	86,  // 84: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	13,  // 85: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	15,  // 86: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	19,  // 87: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
-	17,  // 88: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
-	87,  // 89: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	87,  // 90: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,   // 91: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	3,   // 92: dsec.edge.v1.EdgeService.RenameRef:output_type -> dsec.edge.v1.RenameRefResponse
-	88,  // 93: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	89,  // 94: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	90,  // 95: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	91,  // 96: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	92,  // 97: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	93,  // 98: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	94,  // 99: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	95,  // 100: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	95,  // 101: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	96,  // 102: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	97,  // 103: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	98,  // 104: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	95,  // 105: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	99,  // 106: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	100, // 107: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	101, // 108: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	102, // 109: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	103, // 110: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	104, // 111: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	105, // 112: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	106, // 113: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	107, // 114: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	108, // 115: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	109, // 116: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	110, // 117: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	111, // 118: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	65,  // [65:119] is the sub-list for method output_type
-	11,  // [11:65] is the sub-list for method input_type
+	18,  // 35: dsec.edge.v1.EdgeService.Attest:input_type -> dsec.edge.v1.AttestRequest
+	46,  // 36: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	47,  // 37: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,   // 38: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	2,   // 39: dsec.edge.v1.EdgeService.RenameRef:input_type -> dsec.edge.v1.RenameRefRequest
+	48,  // 40: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	49,  // 41: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	50,  // 42: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	51,  // 43: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	52,  // 44: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	53,  // 45: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	54,  // 46: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	55,  // 47: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	56,  // 48: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	57,  // 49: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	58,  // 50: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	59,  // 51: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	60,  // 52: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	61,  // 53: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	62,  // 54: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	63,  // 55: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	64,  // 56: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	65,  // 57: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	66,  // 58: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	67,  // 59: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	68,  // 60: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	69,  // 61: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	70,  // 62: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	71,  // 63: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	72,  // 64: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	73,  // 65: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	5,   // 66: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	27,  // 67: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	10,  // 68: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	9,   // 69: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
+	27,  // 70: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	74,  // 71: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	75,  // 72: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	76,  // 73: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	77,  // 74: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	78,  // 75: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	79,  // 76: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	80,  // 77: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	81,  // 78: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	82,  // 79: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	83,  // 80: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	84,  // 81: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	85,  // 82: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	86,  // 83: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	87,  // 84: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	88,  // 85: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	13,  // 86: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	15,  // 87: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	21,  // 88: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
+	17,  // 89: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
+	19,  // 90: dsec.edge.v1.EdgeService.Attest:output_type -> dsec.edge.v1.AttestResponse
+	89,  // 91: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	89,  // 92: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,   // 93: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	3,   // 94: dsec.edge.v1.EdgeService.RenameRef:output_type -> dsec.edge.v1.RenameRefResponse
+	90,  // 95: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	91,  // 96: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	92,  // 97: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	93,  // 98: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	94,  // 99: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	95,  // 100: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	96,  // 101: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	97,  // 102: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	97,  // 103: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	98,  // 104: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	99,  // 105: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	100, // 106: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	97,  // 107: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	101, // 108: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	102, // 109: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	103, // 110: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	104, // 111: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	105, // 112: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	106, // 113: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	107, // 114: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	108, // 115: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	109, // 116: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	110, // 117: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	111, // 118: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	112, // 119: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	113, // 120: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	66,  // [66:121] is the sub-list for method output_type
+	11,  // [11:66] is the sub-list for method input_type
 	11,  // [11:11] is the sub-list for extension type_name
 	11,  // [11:11] is the sub-list for extension extendee
 	0,   // [0:11] is the sub-list for field type_name
@@ -1722,7 +1849,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -92,6 +92,8 @@ const (
 	EdgeServiceEventsProcedure = "/dsec.edge.v1.EdgeService/Events"
 	// EdgeServiceSignReceiptProcedure is the fully-qualified name of the EdgeService's SignReceipt RPC.
 	EdgeServiceSignReceiptProcedure = "/dsec.edge.v1.EdgeService/SignReceipt"
+	// EdgeServiceAttestProcedure is the fully-qualified name of the EdgeService's Attest RPC.
+	EdgeServiceAttestProcedure = "/dsec.edge.v1.EdgeService/Attest"
 	// EdgeServiceImportLayerProcedure is the fully-qualified name of the EdgeService's ImportLayer RPC.
 	EdgeServiceImportLayerProcedure = "/dsec.edge.v1.EdgeService/ImportLayer"
 	// EdgeServiceUploadLayerProcedure is the fully-qualified name of the EdgeService's UploadLayer RPC.
@@ -232,11 +234,22 @@ type EdgeServiceClient interface {
 	// tests the receipt's grader_digest names (it hashes test_files in the
 	// clean room itself) and nothing but the grader's own user acting there
 	// since the grader began; the graded sandbox's trajectory hash and
-	// provenance flags where that sandbox is its own. A receipt naming
+	// provenance flags where that sandbox is its own, or where its node's
+	// attestation (SignReceiptRequest.attestation) verifies and says the
+	// same, else they are signed unvouched. A receipt naming
 	// anything else is refused (FailedPrecondition, saying which fact), as
 	// is one from a node that holds no key (NotSupported). The node stamps
 	// its own name and the signing time (docs/receipts.md).
 	SignReceipt(context.Context, *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error)
+	// Attest signs, with the node's receipt key, what the node sees of one
+	// of its sandboxes now: its trajectory hash (of the first
+	// trajectory_bytes bytes) and the flags of the newest provenance report
+	// it made of it, with that report's time. A grade whose clean room runs
+	// on another node passes it to that node's SignReceipt, which checks it
+	// against the cluster CA and vouches for the graded sandbox's evidence
+	// across nodes. NotFound for a sandbox that is not the node's,
+	// NotSupported from a node that holds no key (docs/receipts.md).
+	Attest(context.Context, *connect.Request[v1.AttestRequest]) (*connect.Response[v1.AttestResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
 	// hands an import to one edge per blob store (NodeStatus.blob_store),
 	// which builds the layers and publishes them to the store, and has every
@@ -469,6 +482,13 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("SignReceipt")),
 			connect.WithClientOptions(opts...),
 		),
+		attest: connect.NewClient[v1.AttestRequest, v1.AttestResponse](
+			httpClient,
+			baseURL+EdgeServiceAttestProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Attest")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		importLayer: connect.NewClient[v11.ImportLayerRequest, v11.Layer](
 			httpClient,
 			baseURL+EdgeServiceImportLayerProcedure,
@@ -684,6 +704,7 @@ type edgeServiceClient struct {
 	gone               *connect.Client[v1.GoneRequest, v1.GoneResponse]
 	events             *connect.Client[v1.EventsRequest, v1.EventsResponse]
 	signReceipt        *connect.Client[v1.SignReceiptRequest, v1.SignReceiptResponse]
+	attest             *connect.Client[v1.AttestRequest, v1.AttestResponse]
 	importLayer        *connect.Client[v11.ImportLayerRequest, v11.Layer]
 	uploadLayer        *connect.Client[v11.UploadLayerRequest, v11.Layer]
 	adoptLayers        *connect.Client[v1.AdoptLayersRequest, v1.AdoptLayersResponse]
@@ -834,6 +855,11 @@ func (c *edgeServiceClient) Events(ctx context.Context, req *connect.Request[v1.
 // SignReceipt calls dsec.edge.v1.EdgeService.SignReceipt.
 func (c *edgeServiceClient) SignReceipt(ctx context.Context, req *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error) {
 	return c.signReceipt.CallUnary(ctx, req)
+}
+
+// Attest calls dsec.edge.v1.EdgeService.Attest.
+func (c *edgeServiceClient) Attest(ctx context.Context, req *connect.Request[v1.AttestRequest]) (*connect.Response[v1.AttestResponse], error) {
+	return c.attest.CallUnary(ctx, req)
 }
 
 // ImportLayer calls dsec.edge.v1.EdgeService.ImportLayer.
@@ -1059,11 +1085,22 @@ type EdgeServiceHandler interface {
 	// tests the receipt's grader_digest names (it hashes test_files in the
 	// clean room itself) and nothing but the grader's own user acting there
 	// since the grader began; the graded sandbox's trajectory hash and
-	// provenance flags where that sandbox is its own. A receipt naming
+	// provenance flags where that sandbox is its own, or where its node's
+	// attestation (SignReceiptRequest.attestation) verifies and says the
+	// same, else they are signed unvouched. A receipt naming
 	// anything else is refused (FailedPrecondition, saying which fact), as
 	// is one from a node that holds no key (NotSupported). The node stamps
 	// its own name and the signing time (docs/receipts.md).
 	SignReceipt(context.Context, *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error)
+	// Attest signs, with the node's receipt key, what the node sees of one
+	// of its sandboxes now: its trajectory hash (of the first
+	// trajectory_bytes bytes) and the flags of the newest provenance report
+	// it made of it, with that report's time. A grade whose clean room runs
+	// on another node passes it to that node's SignReceipt, which checks it
+	// against the cluster CA and vouches for the graded sandbox's evidence
+	// across nodes. NotFound for a sandbox that is not the node's,
+	// NotSupported from a node that holds no key (docs/receipts.md).
+	Attest(context.Context, *connect.Request[v1.AttestRequest]) (*connect.Response[v1.AttestResponse], error)
 	// The node's layers, as the public LayerService has them. An apiserver
 	// hands an import to one edge per blob store (NodeStatus.blob_store),
 	// which builds the layers and publishes them to the store, and has every
@@ -1290,6 +1327,13 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceSignReceiptProcedure,
 		svc.SignReceipt,
 		connect.WithSchema(edgeServiceMethods.ByName("SignReceipt")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceAttestHandler := connect.NewUnaryHandler(
+		EdgeServiceAttestProcedure,
+		svc.Attest,
+		connect.WithSchema(edgeServiceMethods.ByName("Attest")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServiceImportLayerHandler := connect.NewUnaryHandler(
@@ -1528,6 +1572,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceEventsHandler.ServeHTTP(w, r)
 		case EdgeServiceSignReceiptProcedure:
 			edgeServiceSignReceiptHandler.ServeHTTP(w, r)
+		case EdgeServiceAttestProcedure:
+			edgeServiceAttestHandler.ServeHTTP(w, r)
 		case EdgeServiceImportLayerProcedure:
 			edgeServiceImportLayerHandler.ServeHTTP(w, r)
 		case EdgeServiceUploadLayerProcedure:
@@ -1691,6 +1737,10 @@ func (UnimplementedEdgeServiceHandler) Events(context.Context, *connect.Request[
 
 func (UnimplementedEdgeServiceHandler) SignReceipt(context.Context, *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.SignReceipt is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Attest(context.Context, *connect.Request[v1.AttestRequest]) (*connect.Response[v1.AttestResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Attest is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) ImportLayer(context.Context, *connect.Request[v11.ImportLayerRequest]) (*connect.Response[v11.Layer], error) {
