@@ -127,7 +127,9 @@ func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			return nil, errdefs.ToConnect(err)
 		}
 		resp, err := next(ctx, req)
-		if audited(req.Spec().Procedure) {
+		if in, id, ok := hiddenFrom(au, err); ok {
+			a.audit.add(in, req.Spec().Procedure, id, req.Peer().Addr, err)
+		} else if audited(req.Spec().Procedure) {
 			a.audit.add(au, req.Spec().Procedure, objectOf(req.Any(), resp, err), req.Peer().Addr, err)
 		}
 		return resp, err
@@ -145,7 +147,9 @@ func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 			return errdefs.ToConnect(err)
 		}
 		err = next(ctx, conn)
-		if audited(conn.Spec().Procedure) {
+		if in, id, ok := hiddenFrom(au, err); ok {
+			a.audit.add(in, conn.Spec().Procedure, id, conn.Peer().Addr, err)
+		} else if audited(conn.Spec().Procedure) {
 			a.audit.add(au, conn.Spec().Procedure, "", conn.Peer().Addr, err)
 		}
 		return err

@@ -31,9 +31,34 @@ func withOp(ctx context.Context, op iam.Op) context.Context {
 	return context.WithValue(ctx, opKey{}, op)
 }
 
-// hidden is what a caller who may not see a sandbox is told: what an edge
-// says of a sandbox it never made, so existence does not leak.
-func hidden(id string) error { return fmt.Errorf("no sandbox %s: %w", id, errdefs.ErrNotFound) }
+// hidden is what a caller who may not see sandbox id, of project, is told:
+// what an edge says of a sandbox it never made, so existence does not
+// leak. The error also carries the project for the audit trail, which
+// records the attempt whatever the call (a read, an exec) under that
+// project, where its admins see who reached for their sandbox, and not
+// under the caller's, whose admins would learn that the ID exists.
+func hidden(id, project string) error {
+	return &hiddenError{err: fmt.Errorf("no sandbox %s: %w", id, errdefs.ErrNotFound), id: id, project: project}
+}
+
+type hiddenError struct {
+	err         error
+	id, project string
+}
+
+func (h *hiddenError) Error() string { return h.err.Error() }
+func (h *hiddenError) Unwrap() error { return h.err }
+
+// hiddenFrom is, if err hid a sandbox from its caller au, the sandbox and
+// au as the audit trail records the attempt: in the sandbox's project.
+func hiddenFrom(au iam.Authority, err error) (iam.Authority, string, bool) {
+	var h *hiddenError
+	if !errors.As(err, &h) {
+		return au, "", false
+	}
+	au.Project = h.project
+	return au, h.id, true
+}
 
 // callerRole is the role the call's authority needs for its operation, and
 // the authority; ok is false when every project is open to it (the node's
@@ -61,7 +86,7 @@ func callerRole(ctx context.Context) (a iam.Authority, need iam.Role, ok bool) {
 func admit(a iam.Authority, need iam.Role, id, project string) error {
 	have := a.On(project)
 	if have < iam.Viewer {
-		return hidden(id)
+		return hidden(id, project)
 	}
 	if have < need {
 		return fmt.Errorf("sandbox %s of project %s: the call needs %s there, token %s of %s holds %s: %w",

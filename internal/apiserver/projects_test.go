@@ -20,7 +20,8 @@ import (
 // TestSandboxProjects: a sandbox belongs to the project it was made in (its
 // token's, or one the create names), and a token of another project finds
 // no such sandbox (NotFound, whatever the call: existence does not leak)
-// and does not list it; a viewer of its project sees it but may not run in
+// and does not list it, and each attempt is audited under the sandbox's
+// project; a viewer of its project sees it but may not run in
 // it (PermissionDenied); a root token sees everything.
 func TestSandboxProjects(t *testing.T) {
 	ctx := context.Background()
@@ -49,7 +50,12 @@ func TestSandboxProjects(t *testing.T) {
 		return tok
 	}
 	runA, runB, viewA, root := mint("run-a", "a", iam.Runner), mint("run-b", "b", iam.Runner), mint("view-a", "a", iam.Viewer), mint("root", "", iam.Admin)
-	s := New(Config{Auth: st}, st, watcher.NewFixed(nodesOf(newFakeEdge("n1"))...), slog.New(slog.DiscardHandler))
+	audit := &recordingAuditor{}
+	s := New(Config{Auth: st, Audit: audit}, st, watcher.NewFixed(nodesOf(newFakeEdge("n1"))...), slog.New(slog.DiscardHandler))
+	actx, stopAudit := context.WithCancel(ctx)
+	auditDone := make(chan struct{})
+	go func() { defer close(auditDone); s.RunAudit(actx) }()
+	defer func() { stopAudit(); <-auditDone }()
 	hs := httptest.NewUnstartedServer(s.Handler())
 	hs.Config.ConnContext = ConnContext
 	hs.EnableHTTP2 = true
@@ -133,6 +139,33 @@ func TestSandboxProjects(t *testing.T) {
 	for name, call := range calls {
 		if err := call(runB); connect.CodeOf(err) != connect.CodeNotFound {
 			t.Errorf("%s of a's sandbox by b's runner: %v, want not found", name, err)
+		}
+	}
+	// Each attempt is in the audit trail, reads and execs too, under a's
+	// project (whose admins see who reached for their sandbox), not b's; a
+	// sandbox that does not exist leaves no record of a read.
+	if _, err := client(runB).Get(ctx, connect.NewRequest(&dsecv1.GetRequest{Id: "sb-vm-nonesuch"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("get of no sandbox: %v, want not found", err)
+	}
+	stopAudit()
+	<-auditDone
+	audit.mu.Lock()
+	tried := map[string]bool{}
+	for _, rec := range audit.recs {
+		if rec.Principal != "run-b" {
+			continue
+		}
+		if rec.Object == "sb-vm-nonesuch" {
+			t.Errorf("a get of no sandbox is audited: %+v", rec)
+		}
+		if rec.Object == id && rec.Code == "not_found" && rec.Project == "a" {
+			tried[rec.Operation] = true
+		}
+	}
+	audit.mu.Unlock()
+	for _, op := range []string{"Get", "Delete", "Pause", "ReadFile", "Exec"} {
+		if !tried["/dsec.v1.SandboxService/"+op] {
+			t.Errorf("b's runner's %s of a's sandbox is not in the audit trail under project a (records %v)", op, tried)
 		}
 	}
 	if err := calls["get"](viewA); err != nil {
