@@ -13,6 +13,7 @@ import (
 
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/memconn"
 )
 
 // Authenticator checks bearer tokens: the metadata store is one. The
@@ -93,9 +94,22 @@ func (a authInterceptor) authority(ctx context.Context, spec connect.Spec, peer 
 	return au, nil
 }
 
+// peerOf is where a call came from for the audit trail: the connection's
+// peer, or for a call an in-process adapter (E2B's API) makes for a
+// client, that client's address as the adapter says it.
+func peerOf(peer connect.Peer, h interface{ Get(string) string }) connect.Peer {
+	if peer.Addr == (memconn.Addr{}).String() {
+		if p := h.Get(memconn.PeerHeader); p != "" {
+			peer.Addr = p
+		}
+	}
+	return peer
+}
+
 // check authenticates and authorises a call; the context it returns
 // carries the caller's authority.
 func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer connect.Peer, h interface{ Get(string) string }) (context.Context, iam.Authority, error) {
+	peer = peerOf(peer, h)
 	au, err := a.authority(ctx, spec, peer, h)
 	if err != nil {
 		a.audit.add(iam.Authority{}, spec.Procedure, "", peer.Addr, err)
@@ -128,9 +142,9 @@ func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		resp, err := next(ctx, req)
 		if in, id, ok := hiddenFrom(au, err); ok {
-			a.audit.add(in, req.Spec().Procedure, id, req.Peer().Addr, err)
+			a.audit.add(in, req.Spec().Procedure, id, peerOf(req.Peer(), req.Header()).Addr, err)
 		} else if audited(req.Spec().Procedure) {
-			a.audit.add(au, req.Spec().Procedure, objectOf(req.Any(), resp, err), req.Peer().Addr, err)
+			a.audit.add(au, req.Spec().Procedure, objectOf(req.Any(), resp, err), peerOf(req.Peer(), req.Header()).Addr, err)
 		}
 		return resp, err
 	}
@@ -148,9 +162,9 @@ func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 		}
 		err = next(ctx, conn)
 		if in, id, ok := hiddenFrom(au, err); ok {
-			a.audit.add(in, conn.Spec().Procedure, id, conn.Peer().Addr, err)
+			a.audit.add(in, conn.Spec().Procedure, id, peerOf(conn.Peer(), conn.RequestHeader()).Addr, err)
 		} else if audited(conn.Spec().Procedure) {
-			a.audit.add(au, conn.Spec().Procedure, "", conn.Peer().Addr, err)
+			a.audit.add(au, conn.Spec().Procedure, "", peerOf(conn.Peer(), conn.RequestHeader()).Addr, err)
 		}
 		return err
 	}

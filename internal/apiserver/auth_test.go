@@ -20,6 +20,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/memconn"
 	"dsec.dev/dsec/internal/store"
 	"dsec.dev/dsec/internal/watcher"
 )
@@ -313,5 +314,23 @@ func TestAuthorizeFnCall(t *testing.T) {
 		if err := iam.Allow(a, iam.OpCreateToken, want); err == nil {
 			t.Errorf("no token, calls in %s: may mint tokens", project)
 		}
+	}
+}
+
+// TestPeerOf: the audit trail takes an adapter's word for its client's
+// address on in-process calls only; over a socket the header is ignored.
+func TestPeerOf(t *testing.T) {
+	h := http.Header{}
+	h.Set(memconn.PeerHeader, "198.51.100.7:5000")
+	inProc := connect.Peer{Addr: (memconn.Addr{}).String()}
+	if got := peerOf(inProc, h).Addr; got != "198.51.100.7:5000" {
+		t.Errorf("an in-process call for a client: peer %q, want the client's", got)
+	}
+	if got := peerOf(inProc, http.Header{}).Addr; got != "in-process" {
+		t.Errorf("an in-process call of the process's own: peer %q", got)
+	}
+	tcp := connect.Peer{Addr: "127.0.0.1:4000"}
+	if got := peerOf(tcp, h).Addr; got != "127.0.0.1:4000" {
+		t.Errorf("a socket's call sending the header: peer %q, want the socket's", got)
 	}
 }

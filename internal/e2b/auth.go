@@ -13,6 +13,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/memconn"
 )
 
 // keyCache remembers API keys the store accepted, by their SHA-256, as the
@@ -78,12 +79,17 @@ func (h *Handler) checkKey(r *http.Request) (string, error) {
 	return tok, nil
 }
 
-type callerTokenKey struct{}
+type callerKey struct{}
 
-// withCallerToken is ctx carrying the dsec token of the API key a control
-// plane call came with, which ForwardToken passes on to the apiserver.
-func withCallerToken(ctx context.Context, tok string) context.Context {
-	return context.WithValue(ctx, callerTokenKey{}, tok)
+// caller is who a control plane call came from: the dsec token of its API
+// key and its address.
+type caller struct{ token, peer string }
+
+// withCaller is ctx carrying the dsec token of the API key a control plane
+// call came with and the caller's address, which ForwardToken passes on to
+// the apiserver.
+func withCaller(ctx context.Context, tok, peer string) context.Context {
+	return context.WithValue(ctx, callerKey{}, caller{tok, peer})
 }
 
 // ForwardToken is the interceptor of Config.API's client: it sends the
@@ -93,13 +99,12 @@ func withCallerToken(ctx context.Context, tok string) context.Context {
 // data plane's calls carry no key (a sandbox's access token, which the
 // control plane gave out to a caller who could see the sandbox, admits
 // them) and go as the adapter's own.
+// The caller's address goes too (memconn.PeerHeader), for the audit trail.
 type ForwardToken struct{}
 
 func (ForwardToken) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if tok, ok := ctx.Value(callerTokenKey{}).(string); ok {
-			req.Header().Set("Authorization", "Bearer "+tok)
-		}
+		forward(ctx, req.Header())
 		return next(ctx, req)
 	}
 }
@@ -107,10 +112,17 @@ func (ForwardToken) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 func (ForwardToken) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
 		conn := next(ctx, spec)
-		if tok, ok := ctx.Value(callerTokenKey{}).(string); ok {
-			conn.RequestHeader().Set("Authorization", "Bearer "+tok)
-		}
+		forward(ctx, conn.RequestHeader())
 		return conn
+	}
+}
+
+func forward(ctx context.Context, h http.Header) {
+	if c, ok := ctx.Value(callerKey{}).(caller); ok {
+		h.Set("Authorization", "Bearer "+c.token)
+		if c.peer != "" {
+			h.Set(memconn.PeerHeader, c.peer)
+		}
 	}
 }
 

@@ -98,7 +98,7 @@ func (h *Handler) rest(f func(http.ResponseWriter, *http.Request) error) http.Ha
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, err := h.checkKey(r)
 		if err == nil {
-			err = f(w, r.WithContext(withCallerToken(r.Context(), tok)))
+			err = f(w, r.WithContext(withCaller(r.Context(), tok, r.RemoteAddr)))
 		}
 		if err == nil {
 			return

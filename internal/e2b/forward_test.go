@@ -13,26 +13,30 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/memconn"
 )
 
 // headerDsec answers List, recording the Authorization header it came with,
 // and refuses it as the apiserver refuses a role too low.
 type headerDsec struct {
 	dsecv1connect.UnimplementedSandboxServiceHandler
-	mu   sync.Mutex
-	seen []string
+	mu    sync.Mutex
+	seen  []string
+	peers []string
 }
 
 func (d *headerDsec) List(ctx context.Context, req *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.seen = append(d.seen, req.Header().Get("Authorization"))
+	d.peers = append(d.peers, req.Header().Get(memconn.PeerHeader))
 	return nil, errdefs.ToConnect(errdefs.ErrPermissionDenied)
 }
 
 // TestForwardToken: the control plane's calls reach dsec with the caller's
 // API key as its dsec bearer token, so the apiserver decides them with the
-// key's authority, and its refusal reaches the caller as E2B's 403.
+// key's authority, and its refusal reaches the caller as E2B's 403; the
+// caller's address goes with them for the audit trail.
 func TestForwardToken(t *testing.T) {
 	const token = "dsec_BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBA"
 	key, err := APIKey(token)
@@ -68,5 +72,8 @@ func TestForwardToken(t *testing.T) {
 	defer d.mu.Unlock()
 	if len(d.seen) == 0 || d.seen[0] != "Bearer "+token {
 		t.Errorf("dsec saw Authorization %q, want the key's token", d.seen)
+	}
+	if len(d.peers) == 0 || !strings.HasPrefix(d.peers[0], "127.0.0.1:") {
+		t.Errorf("dsec saw the caller's address as %q, want the E2B client's", d.peers)
 	}
 }

@@ -32,6 +32,12 @@ type Addr struct{}
 func (Addr) Network() string { return "memconn" }
 func (Addr) String() string  { return "in-process" }
 
+// PeerHeader names, on a call over an in-process connection, the address
+// of the client an adapter (E2B's API) makes the call for, so the audit
+// trail says where the call came from. A server believes it on in-process
+// calls only: anyone may send the header over a socket.
+const PeerHeader = "Dsec-Adapter-Peer"
+
 // Conn is one side of an in-process connection. InProcess tells a server's
 // ConnContext that the peer is this process.
 type Conn struct{ net.Conn }
