@@ -27,6 +27,26 @@ import (
 // request is written again until it takes, and now and then the tree is
 // thawed for a moment so that such a task can move on.
 func (l *Layout) Freeze(ctx context.Context, rel string) error {
+	if l.v2 {
+		if w, err := watchEvents(l.Dir("", rel)); err == nil {
+			defer w.close()
+			return l.freezeV2(ctx, rel, w)
+		}
+		// No inotify (out of watches): poll.
+	}
+	return l.freezePoll(ctx, rel, freezePollMax)
+}
+
+// freezePollMax is the longest a poll of the freeze state sleeps between
+// looks. A look is one read of a small file; a freeze that took the kernel
+// 3 ms was seen up to 3 ms late with a 5 ms bound, which a grade's capture
+// and a pause paid in full.
+const freezePollMax = time.Millisecond
+
+// freezePoll freezes rel and polls its state, backing off from 50 µs to
+// maxDelay between looks: v1's way (its freezer.state sends no events), and
+// v2's without inotify.
+func (l *Layout) freezePoll(ctx context.Context, rel string, maxDelay time.Duration) error {
 	file, value := l.freezeFile(rel), "FROZEN"
 	if l.v2 {
 		value = "1"
@@ -60,9 +80,78 @@ func (l *Layout) Freeze(ctx context.Context, rel string) error {
 			return fail(fmt.Errorf("freeze cgroup %s: not frozen after %d tries when %w; thawed it again", rel, try, ctx.Err()))
 		case <-time.After(delay):
 		}
-		delay = min(2*delay, 5*time.Millisecond)
+		delay = min(2*delay, maxDelay)
 	}
 }
+
+// freezeV2 freezes rel on cgroup v2 and sleeps until the kernel reports
+// the tree frozen: a change of cgroup.events's "frozen" is a modify event
+// on the file (the kernel sends one at most every 10 ms per file, and the
+// one that ends a freeze is normally the file's first in a long while), so
+// the wait wakes when the last task stops instead of at the next of a
+// backing-off poll's ticks (a capture or pause waited up to twice the
+// freeze's own time for them). The watch's wait is bounded, so a missed
+// event costs at most freezeRecheck.
+func (l *Layout) freezeV2(ctx context.Context, rel string, w *eventsWatch) error {
+	fail := func(err error) error {
+		_ = l.Thaw(context.WithoutCancel(ctx), rel)
+		return err
+	}
+	if err := os.WriteFile(l.freezeFile(rel), []byte("1"), 0); err != nil {
+		return fail(fmt.Errorf("freeze cgroup %s: %w", rel, err))
+	}
+	for try := 1; ; try++ {
+		frozen, err := l.Frozen(rel)
+		if err != nil {
+			return fail(err)
+		}
+		if frozen {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fail(fmt.Errorf("freeze cgroup %s: not frozen after %d looks when %w; thawed it again", rel, try, err))
+		}
+		if err := w.wait(freezeRecheck); err != nil {
+			return fail(fmt.Errorf("freeze cgroup %s: %w", rel, err))
+		}
+	}
+}
+
+// freezeRecheck bounds a wait for cgroup.events to change: the state is
+// read again after it even without an event, and ctx is looked at.
+const freezeRecheck = 5 * time.Millisecond
+
+// eventsWatch is an inotify watch on a cgroup's cgroup.events file.
+type eventsWatch struct{ fd int }
+
+func watchEvents(dir string) (*eventsWatch, error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("inotify: %w", err)
+	}
+	if _, err := unix.InotifyAddWatch(fd, filepath.Join(dir, "cgroup.events"), unix.IN_MODIFY); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("watch %s/cgroup.events: %w", dir, err)
+	}
+	return &eventsWatch{fd: fd}, nil
+}
+
+// wait returns when the file changed since the last wait, or after d.
+func (w *eventsWatch) wait(d time.Duration) error {
+	fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
+	if _, err := unix.Poll(fds, int(d.Milliseconds())); err != nil && !errors.Is(err, unix.EINTR) {
+		return fmt.Errorf("wait for cgroup.events: %w", err)
+	}
+	var buf [4096]byte
+	for {
+		// Drain what came, so the next wait sleeps until the next change.
+		if n, err := unix.Read(w.fd, buf[:]); n <= 0 || err != nil {
+			return nil
+		}
+	}
+}
+
+func (w *eventsWatch) close() { unix.Close(w.fd) }
 
 // Thaw lets rel's tasks run again. Thawing a tree that is not frozen does
 // nothing.
