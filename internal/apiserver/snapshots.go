@@ -31,8 +31,8 @@ func (s *Server) Snapshot(ctx context.Context, req *connect.Request[dsecv1.Snaps
 	if req.Msg.GetSandboxId() == "" || req.Msg.GetName() == "" {
 		return nil, fmt.Errorf("snapshot: sandbox_id and name are required: %w", errdefs.ErrInvalidArgument)
 	}
-	if req.Msg.GetLayInto() != "" {
-		return nil, fmt.Errorf("snapshot: lay_into is a grade's own (Grade lays its capture into its clean room): %w", errdefs.ErrInvalidArgument)
+	if req.Msg.GetLayInto() != "" || len(req.Msg.GetLayFiles()) > 0 {
+		return nil, fmt.Errorf("snapshot: lay_into and lay_files are a grade's own (Grade lays its capture and tests into its clean room): %w", errdefs.ErrInvalidArgument)
 	}
 	project, err := targetProject(ctx, "/dsec.v1.SandboxService/Snapshot", req.Msg.GetProject())
 	if err != nil {

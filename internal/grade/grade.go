@@ -16,8 +16,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,8 +233,11 @@ func Run(ctx context.Context, api API, req *dsecv1.GradeRequest, rooms Rooms) (r
 	}
 
 	t := time.Now()
-	if err := layTests(ctx, api, room, req.GetTests().GetFiles()); err != nil {
-		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
+	if !res.Times.GetLaid() {
+		// A pooled room got them with the capture (pooledRoom).
+		if err := layTests(ctx, api, room, req.GetTests().GetFiles()); err != nil {
+			return nil, nil, fmt.Errorf("grade %s: %w", id, err)
+		}
 	}
 	res.Times.TestsMs = time.Since(t).Milliseconds()
 
@@ -313,7 +318,8 @@ func pooledRoom(ctx context.Context, api API, rooms Rooms, src *dsecv1.Sandbox, 
 
 	t = time.Now()
 	snap, err := rooms.Lay(ctx, &dsecv1.SnapshotRequest{
-		SandboxId: src.GetId(), Name: name, Include: req.GetPaths(), Trusted: trustedPaths(req), LayInto: room})
+		SandboxId: src.GetId(), Name: name, Include: req.GetPaths(), Trusted: trustedPaths(req), LayInto: room,
+		LayFiles: testFiles(req.GetTests().GetFiles())})
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotSupported) || req.GetKeep() {
 			del(context.WithoutCancel(ctx))
@@ -426,6 +432,17 @@ func layTests(ctx context.Context, api API, room string, files map[string][]byte
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// testFiles are the tests' files and an empty reward file, writable by
+// anyone, as a pooled room's node writes them beside the capture (the
+// files layTests writes through the room's agent otherwise).
+func testFiles(files map[string][]byte) []*dsecv1.LayFile {
+	out := make([]*dsecv1.LayFile, 0, len(files)+1)
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		out = append(out, &dsecv1.LayFile{Path: path.Clean(p), Data: files[p], Mode: 0o644})
+	}
+	return append(out, &dsecv1.LayFile{Path: RewardFile, Mode: 0o666})
 }
 
 // layConcurrency bounds the tests' files written at once.

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -805,10 +806,29 @@ func (s *Service) Metrics(ctx context.Context, req *connect.Request[dsecv1.Metri
 }
 
 func (s *Service) Snapshot(ctx context.Context, req *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
-	step := s.begin(ctx, req.Msg.GetSandboxId(), "snapshot", req.Msg)
+	// The graded sandbox's trajectory records the call without the files
+	// a grade lays beside its capture: they are the grader's trusted tests
+	// (hidden from the agent), written into the clean room, not into it.
+	var recorded proto.Message = req.Msg
+	if len(req.Msg.GetLayFiles()) > 0 {
+		m := proto.Clone(req.Msg).(*dsecv1.SnapshotRequest)
+		for _, f := range m.GetLayFiles() {
+			f.Data = nil
+		}
+		recorded = m
+	}
+	step := s.begin(ctx, req.Msg.GetSandboxId(), "snapshot", recorded)
 	sel := snapshot.Select{Include: req.Msg.GetInclude(), Exclude: req.Msg.GetExclude(), Trusted: req.Msg.GetTrusted()}
+	for _, f := range req.Msg.GetLayFiles() {
+		sel.Files = append(sel.Files, snapshot.File{Path: f.GetPath(), Data: f.GetData(), Mode: os.FileMode(f.GetMode()).Perm()})
+	}
 	var info *dsecv1.SnapshotInfo
 	var err error
+	if len(sel.Files) > 0 && req.Msg.GetLayInto() == "" {
+		err = fmt.Errorf("snapshot %s: lay_files go with lay_into only: %w", req.Msg.GetName(), errdefs.ErrInvalidArgument)
+		step.End(ctx, err)
+		return nil, err
+	}
 	if room := req.Msg.GetLayInto(); room != "" {
 		info, err = s.edge.Lay(ctx, req.Msg.GetSandboxId(), room, req.Msg.GetName(), sel)
 	} else {

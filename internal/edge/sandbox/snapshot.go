@@ -164,7 +164,9 @@ func (m *Manager) capture(ctx context.Context, sb *sandbox, name string) (*snaps
 // container under runc or crun; anything else is ErrNotSupported, and the
 // grade packs a layer instead). The digest of what was laid is kept in the
 // room's record (laid_digest), so its node can vouch for the workspace
-// the room's grader ran on. The returned SnapshotInfo names no layer.
+// the room's grader ran on; sel.Files (the grade's tests and reward file)
+// are written into the room then (snapshot.WriteFiles), outside that
+// digest. The returned SnapshotInfo names no layer.
 func (m *Manager) Lay(ctx context.Context, id, room, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error) {
 	if len(sel.Include) == 0 {
 		return nil, fmt.Errorf("lay %s of %s: include names no path: %w", name, id, errdefs.ErrInvalidArgument)
@@ -232,6 +234,11 @@ func (m *Manager) Lay(ctx context.Context, id, room, name string, sel snapshot.S
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lay %s of %s into %s: %w", name, id, room, err)
+	}
+	if len(sel.Files) > 0 {
+		if err := snapshot.WriteFiles(root, sel.Files); err != nil {
+			return nil, fmt.Errorf("lay %s into %s: %w", name, room, err)
+		}
 	}
 	rsb.mu.Lock()
 	if !rsb.gone.IsZero() || !Live(rsb.rec.GetState()) {

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"fmt"
+	"os"
 	"path"
 	"strings"
 	"time"
@@ -199,6 +200,17 @@ func CheckExclude(paths []string) error {
 // PackOptions' fields of the same names.
 type Select struct {
 	Include, Exclude, Trusted []string
+	// Files are written into the room after the capture is laid
+	// (WriteFiles); a lay's only.
+	Files []File
+}
+
+// File is a file WriteFiles writes: a grade's trusted test or its reward
+// file, laid into the clean room beside the capture.
+type File struct {
+	Path string      // absolute and clean, as the room's processes see it
+	Data []byte      //
+	Mode os.FileMode // permission bits; 0 is 0644
 }
 
 // Check refuses paths Pack would refuse (errdefs.ErrInvalidArgument).

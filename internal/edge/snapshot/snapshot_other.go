@@ -28,3 +28,8 @@ func RemoveCapture(dst string) error {
 func Lay(ctx context.Context, t *Tree, root string, opts PackOptions) (Laid, error) {
 	return Laid{}, fmt.Errorf("lay %s: %w", t.Dir, errdefs.ErrNotSupported)
 }
+
+// WriteFiles needs Linux (openat2's RESOLVE_IN_ROOT).
+func WriteFiles(root string, files []File) error {
+	return fmt.Errorf("write files into %s: %w", root, errdefs.ErrNotSupported)
+}

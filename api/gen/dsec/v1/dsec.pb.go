@@ -6651,7 +6651,16 @@ type SnapshotRequest struct {
 	// environment (a grade pool's), and no layer is made. The returned
 	// SnapshotInfo then has no layer; its digest is that of what was laid,
 	// which the clean room's record keeps (Sandbox.laid_digest).
-	LayInto       string `protobuf:"bytes,7,opt,name=lay_into,json=layInto,proto3" json:"lay_into,omitempty"`
+	LayInto string `protobuf:"bytes,7,opt,name=lay_into,json=layInto,proto3" json:"lay_into,omitempty"`
+	// With lay_into only: files the node writes into the room once the
+	// capture is laid, as root, each replacing whatever the room holds at its
+	// path (a file or a symlink; a directory is an error), directories on the
+	// way made (0755) where the room lacks them. A path resolves inside the
+	// room as its processes see it: its layers' symlinks are followed, never
+	// out of the room. A grade's trusted tests and its reward file, written
+	// in the same call as the capture instead of one call each to the room's
+	// agent.
+	LayFiles      []*LayFile `protobuf:"bytes,8,rep,name=lay_files,json=layFiles,proto3" json:"lay_files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6735,6 +6744,75 @@ func (x *SnapshotRequest) GetLayInto() string {
 	return ""
 }
 
+func (x *SnapshotRequest) GetLayFiles() []*LayFile {
+	if x != nil {
+		return x.LayFiles
+	}
+	return nil
+}
+
+// A file a grade's capture lays into its clean room beside the capture
+// (SnapshotRequest.lay_files).
+type LayFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"` // absolute, clean
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // permission bits; 0 is 0644
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayFile) Reset() {
+	*x = LayFile{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayFile) ProtoMessage() {}
+
+func (x *LayFile) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayFile.ProtoReflect.Descriptor instead.
+func (*LayFile) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *LayFile) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *LayFile) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *LayFile) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
 type ListSnapshotsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -6743,7 +6821,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6755,7 +6833,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6768,7 +6846,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 type ListSnapshotsResponse struct {
@@ -6780,7 +6858,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6792,7 +6870,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6805,7 +6883,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -6824,7 +6902,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6836,7 +6914,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6849,7 +6927,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -6867,7 +6945,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6879,7 +6957,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6892,7 +6970,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 type ForkRequest struct {
@@ -6912,7 +6990,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6924,7 +7002,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6937,7 +7015,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -6986,7 +7064,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6998,7 +7076,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7011,7 +7089,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -7038,7 +7116,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7050,7 +7128,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7063,7 +7141,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -7095,7 +7173,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7107,7 +7185,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7120,7 +7198,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -7177,7 +7255,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7189,7 +7267,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7202,7 +7280,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -7278,7 +7356,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7290,7 +7368,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7303,7 +7381,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -7354,7 +7432,7 @@ type ShareLayerRequest struct {
 
 func (x *ShareLayerRequest) Reset() {
 	*x = ShareLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7366,7 +7444,7 @@ func (x *ShareLayerRequest) String() string {
 func (*ShareLayerRequest) ProtoMessage() {}
 
 func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7379,7 +7457,7 @@ func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerRequest.ProtoReflect.Descriptor instead.
 func (*ShareLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ShareLayerRequest) GetRef() string {
@@ -7412,7 +7490,7 @@ type ShareLayerResponse struct {
 
 func (x *ShareLayerResponse) Reset() {
 	*x = ShareLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7424,7 +7502,7 @@ func (x *ShareLayerResponse) String() string {
 func (*ShareLayerResponse) ProtoMessage() {}
 
 func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7437,7 +7515,7 @@ func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerResponse.ProtoReflect.Descriptor instead.
 func (*ShareLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ShareLayerResponse) GetSharedWith() []string {
@@ -7455,7 +7533,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7467,7 +7545,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7480,7 +7558,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 type ListLayersResponse struct {
@@ -7492,7 +7570,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7504,7 +7582,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7517,7 +7595,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -7536,7 +7614,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7548,7 +7626,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7561,7 +7639,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -7579,7 +7657,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7591,7 +7669,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7604,7 +7682,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 type Environment struct {
@@ -7619,7 +7697,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7631,7 +7709,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7644,7 +7722,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *Environment) GetName() string {
@@ -7683,7 +7761,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7695,7 +7773,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7708,7 +7786,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 type ListEnvironmentsResponse struct {
@@ -7720,7 +7798,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7732,7 +7810,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7745,7 +7823,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -7766,7 +7844,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7778,7 +7856,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7791,7 +7869,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -7824,7 +7902,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7836,7 +7914,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7849,7 +7927,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -7870,7 +7948,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7882,7 +7960,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7895,7 +7973,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -7937,7 +8015,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7949,7 +8027,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7962,7 +8040,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -8044,7 +8122,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8056,7 +8134,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8069,7 +8147,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -8090,7 +8168,7 @@ type TrajectoryRequest struct {
 
 func (x *TrajectoryRequest) Reset() {
 	*x = TrajectoryRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8102,7 +8180,7 @@ func (x *TrajectoryRequest) String() string {
 func (*TrajectoryRequest) ProtoMessage() {}
 
 func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8115,7 +8193,7 @@ func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*TrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *TrajectoryRequest) GetSandboxId() string {
@@ -8153,7 +8231,7 @@ type TrajectoryResponse struct {
 
 func (x *TrajectoryResponse) Reset() {
 	*x = TrajectoryResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8165,7 +8243,7 @@ func (x *TrajectoryResponse) String() string {
 func (*TrajectoryResponse) ProtoMessage() {}
 
 func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8178,7 +8256,7 @@ func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*TrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *TrajectoryResponse) GetLines() []byte {
@@ -8235,7 +8313,7 @@ type ProvenanceRequest struct {
 
 func (x *ProvenanceRequest) Reset() {
 	*x = ProvenanceRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8247,7 +8325,7 @@ func (x *ProvenanceRequest) String() string {
 func (*ProvenanceRequest) ProtoMessage() {}
 
 func (x *ProvenanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8260,7 +8338,7 @@ func (x *ProvenanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceRequest.ProtoReflect.Descriptor instead.
 func (*ProvenanceRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ProvenanceRequest) GetSandboxId() string {
@@ -8287,7 +8365,7 @@ type SetProvenancePathsRequest struct {
 
 func (x *SetProvenancePathsRequest) Reset() {
 	*x = SetProvenancePathsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8299,7 +8377,7 @@ func (x *SetProvenancePathsRequest) String() string {
 func (*SetProvenancePathsRequest) ProtoMessage() {}
 
 func (x *SetProvenancePathsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8312,7 +8390,7 @@ func (x *SetProvenancePathsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProvenancePathsRequest.ProtoReflect.Descriptor instead.
 func (*SetProvenancePathsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *SetProvenancePathsRequest) GetSandboxId() string {
@@ -8340,7 +8418,7 @@ type SetProvenancePathsResponse struct {
 
 func (x *SetProvenancePathsResponse) Reset() {
 	*x = SetProvenancePathsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8352,7 +8430,7 @@ func (x *SetProvenancePathsResponse) String() string {
 func (*SetProvenancePathsResponse) ProtoMessage() {}
 
 func (x *SetProvenancePathsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8365,7 +8443,7 @@ func (x *SetProvenancePathsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProvenancePathsResponse.ProtoReflect.Descriptor instead.
 func (*SetProvenancePathsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *SetProvenancePathsResponse) GetUnwatched() []string {
@@ -8394,7 +8472,7 @@ type ProvenanceFlags struct {
 
 func (x *ProvenanceFlags) Reset() {
 	*x = ProvenanceFlags{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8406,7 +8484,7 @@ func (x *ProvenanceFlags) String() string {
 func (*ProvenanceFlags) ProtoMessage() {}
 
 func (x *ProvenanceFlags) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8419,7 +8497,7 @@ func (x *ProvenanceFlags) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceFlags.ProtoReflect.Descriptor instead.
 func (*ProvenanceFlags) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ProvenanceFlags) GetFilesOutsideWorkspace() bool {
@@ -8522,7 +8600,7 @@ type SandboxProvenance struct {
 
 func (x *SandboxProvenance) Reset() {
 	*x = SandboxProvenance{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8534,7 +8612,7 @@ func (x *SandboxProvenance) String() string {
 func (*SandboxProvenance) ProtoMessage() {}
 
 func (x *SandboxProvenance) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8547,7 +8625,7 @@ func (x *SandboxProvenance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxProvenance.ProtoReflect.Descriptor instead.
 func (*SandboxProvenance) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *SandboxProvenance) GetSandboxId() string {
@@ -8689,7 +8767,7 @@ type ProvenanceFile struct {
 
 func (x *ProvenanceFile) Reset() {
 	*x = ProvenanceFile{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8701,7 +8779,7 @@ func (x *ProvenanceFile) String() string {
 func (*ProvenanceFile) ProtoMessage() {}
 
 func (x *ProvenanceFile) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8714,7 +8792,7 @@ func (x *ProvenanceFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceFile.ProtoReflect.Descriptor instead.
 func (*ProvenanceFile) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ProvenanceFile) GetPath() string {
@@ -8765,7 +8843,7 @@ type ProvenanceRead struct {
 
 func (x *ProvenanceRead) Reset() {
 	*x = ProvenanceRead{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8777,7 +8855,7 @@ func (x *ProvenanceRead) String() string {
 func (*ProvenanceRead) ProtoMessage() {}
 
 func (x *ProvenanceRead) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8790,7 +8868,7 @@ func (x *ProvenanceRead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceRead.ProtoReflect.Descriptor instead.
 func (*ProvenanceRead) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ProvenanceRead) GetPath() string {
@@ -8842,7 +8920,7 @@ type ProvenanceNet struct {
 
 func (x *ProvenanceNet) Reset() {
 	*x = ProvenanceNet{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8854,7 +8932,7 @@ func (x *ProvenanceNet) String() string {
 func (*ProvenanceNet) ProtoMessage() {}
 
 func (x *ProvenanceNet) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8867,7 +8945,7 @@ func (x *ProvenanceNet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceNet.ProtoReflect.Descriptor instead.
 func (*ProvenanceNet) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *ProvenanceNet) GetKind() string {
@@ -8922,7 +9000,7 @@ type ProvenanceProcess struct {
 
 func (x *ProvenanceProcess) Reset() {
 	*x = ProvenanceProcess{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8934,7 +9012,7 @@ func (x *ProvenanceProcess) String() string {
 func (*ProvenanceProcess) ProtoMessage() {}
 
 func (x *ProvenanceProcess) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8947,7 +9025,7 @@ func (x *ProvenanceProcess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceProcess.ProtoReflect.Descriptor instead.
 func (*ProvenanceProcess) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ProvenanceProcess) GetPid() int32 {
@@ -8976,7 +9054,7 @@ type ProvenancePackage struct {
 
 func (x *ProvenancePackage) Reset() {
 	*x = ProvenancePackage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8988,7 +9066,7 @@ func (x *ProvenancePackage) String() string {
 func (*ProvenancePackage) ProtoMessage() {}
 
 func (x *ProvenancePackage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9001,7 +9079,7 @@ func (x *ProvenancePackage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenancePackage.ProtoReflect.Descriptor instead.
 func (*ProvenancePackage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ProvenancePackage) GetManager() string {
@@ -9045,7 +9123,7 @@ type ProvenanceSyscall struct {
 
 func (x *ProvenanceSyscall) Reset() {
 	*x = ProvenanceSyscall{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9057,7 +9135,7 @@ func (x *ProvenanceSyscall) String() string {
 func (*ProvenanceSyscall) ProtoMessage() {}
 
 func (x *ProvenanceSyscall) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9070,7 +9148,7 @@ func (x *ProvenanceSyscall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceSyscall.ProtoReflect.Descriptor instead.
 func (*ProvenanceSyscall) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ProvenanceSyscall) GetName() string {
@@ -9127,7 +9205,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9139,7 +9217,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9152,7 +9230,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -9215,7 +9293,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9227,7 +9305,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9240,7 +9318,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -9321,7 +9399,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9333,7 +9411,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9346,7 +9424,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{119}
 }
 
 type LayerUsage struct {
@@ -9373,7 +9451,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9385,7 +9463,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9398,7 +9476,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{119}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -9526,7 +9604,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9538,7 +9616,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9551,7 +9629,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{120}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -9601,7 +9679,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9613,7 +9691,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9626,7 +9704,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{121}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -9685,7 +9763,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9697,7 +9775,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9710,7 +9788,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{122}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -9808,7 +9886,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9820,7 +9898,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9833,7 +9911,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{123}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -9911,7 +9989,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9923,7 +10001,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9936,7 +10014,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{124}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -10004,7 +10082,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10016,7 +10094,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10029,7 +10107,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{125}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -10048,7 +10126,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10060,7 +10138,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10073,7 +10151,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{126}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -10098,7 +10176,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10110,7 +10188,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10123,7 +10201,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{127}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *Language) GetName() string {
@@ -10183,7 +10261,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10195,7 +10273,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10208,7 +10286,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{128}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{129}
 }
 
 type ListLanguagesResponse struct {
@@ -10220,7 +10298,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10232,7 +10310,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10245,7 +10323,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{129}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -10263,7 +10341,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10275,7 +10353,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10288,7 +10366,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{130}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{131}
 }
 
 type ServerInfo struct {
@@ -10310,7 +10388,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10322,7 +10400,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10335,7 +10413,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{131}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -10389,7 +10467,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10401,7 +10479,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10414,7 +10492,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{132}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *Event) GetId() int64 {
@@ -10500,7 +10578,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10512,7 +10590,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10525,7 +10603,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{133}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *ListEventsRequest) GetProject() string {
@@ -10594,7 +10672,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10606,7 +10684,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10619,7 +10697,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{134}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -10654,7 +10732,7 @@ type UsageFigures struct {
 
 func (x *UsageFigures) Reset() {
 	*x = UsageFigures{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10666,7 +10744,7 @@ func (x *UsageFigures) String() string {
 func (*UsageFigures) ProtoMessage() {}
 
 func (x *UsageFigures) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10679,7 +10757,7 @@ func (x *UsageFigures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageFigures.ProtoReflect.Descriptor instead.
 func (*UsageFigures) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *UsageFigures) GetCpuUsec() int64 {
@@ -10755,7 +10833,7 @@ type UsageRecord struct {
 
 func (x *UsageRecord) Reset() {
 	*x = UsageRecord{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10767,7 +10845,7 @@ func (x *UsageRecord) String() string {
 func (*UsageRecord) ProtoMessage() {}
 
 func (x *UsageRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10780,7 +10858,7 @@ func (x *UsageRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRecord.ProtoReflect.Descriptor instead.
 func (*UsageRecord) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *UsageRecord) GetSandboxId() string {
@@ -10854,7 +10932,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10866,7 +10944,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10879,7 +10957,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *UsageRequest) GetProject() string {
@@ -10920,7 +10998,7 @@ type UsageGroup struct {
 
 func (x *UsageGroup) Reset() {
 	*x = UsageGroup{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10932,7 +11010,7 @@ func (x *UsageGroup) String() string {
 func (*UsageGroup) ProtoMessage() {}
 
 func (x *UsageGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10945,7 +11023,7 @@ func (x *UsageGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageGroup.ProtoReflect.Descriptor instead.
 func (*UsageGroup) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
 }
 
 func (x *UsageGroup) GetKey() string {
@@ -10973,7 +11051,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10985,7 +11063,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10998,7 +11076,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
 }
 
 func (x *UsageResponse) GetBy() string {
@@ -11045,7 +11123,7 @@ type Webhook struct {
 
 func (x *Webhook) Reset() {
 	*x = Webhook{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11057,7 +11135,7 @@ func (x *Webhook) String() string {
 func (*Webhook) ProtoMessage() {}
 
 func (x *Webhook) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11070,7 +11148,7 @@ func (x *Webhook) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Webhook.ProtoReflect.Descriptor instead.
 func (*Webhook) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{141}
 }
 
 func (x *Webhook) GetId() string {
@@ -11169,7 +11247,7 @@ type AddWebhookRequest struct {
 
 func (x *AddWebhookRequest) Reset() {
 	*x = AddWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11181,7 +11259,7 @@ func (x *AddWebhookRequest) String() string {
 func (*AddWebhookRequest) ProtoMessage() {}
 
 func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11194,7 +11272,7 @@ func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddWebhookRequest.ProtoReflect.Descriptor instead.
 func (*AddWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{141}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{142}
 }
 
 func (x *AddWebhookRequest) GetProject() string {
@@ -11234,7 +11312,7 @@ type ListWebhooksRequest struct {
 
 func (x *ListWebhooksRequest) Reset() {
 	*x = ListWebhooksRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11246,7 +11324,7 @@ func (x *ListWebhooksRequest) String() string {
 func (*ListWebhooksRequest) ProtoMessage() {}
 
 func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11259,7 +11337,7 @@ func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksRequest.ProtoReflect.Descriptor instead.
 func (*ListWebhooksRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{142}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{143}
 }
 
 func (x *ListWebhooksRequest) GetProject() string {
@@ -11278,7 +11356,7 @@ type ListWebhooksResponse struct {
 
 func (x *ListWebhooksResponse) Reset() {
 	*x = ListWebhooksResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11290,7 +11368,7 @@ func (x *ListWebhooksResponse) String() string {
 func (*ListWebhooksResponse) ProtoMessage() {}
 
 func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11303,7 +11381,7 @@ func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksResponse.ProtoReflect.Descriptor instead.
 func (*ListWebhooksResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{143}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{144}
 }
 
 func (x *ListWebhooksResponse) GetWebhooks() []*Webhook {
@@ -11323,7 +11401,7 @@ type RemoveWebhookRequest struct {
 
 func (x *RemoveWebhookRequest) Reset() {
 	*x = RemoveWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11335,7 +11413,7 @@ func (x *RemoveWebhookRequest) String() string {
 func (*RemoveWebhookRequest) ProtoMessage() {}
 
 func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11348,7 +11426,7 @@ func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{144}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{145}
 }
 
 func (x *RemoveWebhookRequest) GetProject() string {
@@ -11373,7 +11451,7 @@ type RemoveWebhookResponse struct {
 
 func (x *RemoveWebhookResponse) Reset() {
 	*x = RemoveWebhookResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11385,7 +11463,7 @@ func (x *RemoveWebhookResponse) String() string {
 func (*RemoveWebhookResponse) ProtoMessage() {}
 
 func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11398,7 +11476,7 @@ func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{145}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{146}
 }
 
 type RotateWebhookSecretRequest struct {
@@ -11415,7 +11493,7 @@ type RotateWebhookSecretRequest struct {
 
 func (x *RotateWebhookSecretRequest) Reset() {
 	*x = RotateWebhookSecretRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11427,7 +11505,7 @@ func (x *RotateWebhookSecretRequest) String() string {
 func (*RotateWebhookSecretRequest) ProtoMessage() {}
 
 func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11440,7 +11518,7 @@ func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateWebhookSecretRequest.ProtoReflect.Descriptor instead.
 func (*RotateWebhookSecretRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{146}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{147}
 }
 
 func (x *RotateWebhookSecretRequest) GetProject() string {
@@ -12002,7 +12080,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\n" +
 	"provenance\x18\x15 \x01(\v2\x1a.dsec.v1.SandboxProvenanceR\n" +
 	"provenance\x12'\n" +
-	"\x0ftrajectory_hash\x18\x17 \x01(\tR\x0etrajectoryHash\"\xc7\x01\n" +
+	"\x0ftrajectory_hash\x18\x17 \x01(\tR\x0etrajectoryHash\"\xf6\x01\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -12011,7 +12089,12 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\aproject\x18\x04 \x01(\tR\aproject\x12\x18\n" +
 	"\ainclude\x18\x05 \x03(\tR\ainclude\x12\x18\n" +
 	"\atrusted\x18\x06 \x03(\tR\atrusted\x12\x19\n" +
-	"\blay_into\x18\a \x01(\tR\alayInto\"\x16\n" +
+	"\blay_into\x18\a \x01(\tR\alayInto\x12-\n" +
+	"\tlay_files\x18\b \x03(\v2\x10.dsec.v1.LayFileR\blayFiles\"E\n" +
+	"\aLayFile\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"\x16\n" +
 	"\x14ListSnapshotsRequest\"L\n" +
 	"\x15ListSnapshotsResponse\x123\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x15.dsec.v1.SnapshotInfoR\tsnapshots\"+\n" +
@@ -12593,7 +12676,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 161)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 162)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                         // 0: dsec.v1.State
 	(Reason)(0),                        // 1: dsec.v1.Reason
@@ -12686,99 +12769,100 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*GradeTimes)(nil),                 // 88: dsec.v1.GradeTimes
 	(*GradeResult)(nil),                // 89: dsec.v1.GradeResult
 	(*SnapshotRequest)(nil),            // 90: dsec.v1.SnapshotRequest
-	(*ListSnapshotsRequest)(nil),       // 91: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),      // 92: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),      // 93: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),     // 94: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),                // 95: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                  // 96: dsec.v1.ForkChild
-	(*ForkResponse)(nil),               // 97: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),         // 98: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),         // 99: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),          // 100: dsec.v1.UploadLayerHeader
-	(*ShareLayerRequest)(nil),          // 101: dsec.v1.ShareLayerRequest
-	(*ShareLayerResponse)(nil),         // 102: dsec.v1.ShareLayerResponse
-	(*ListLayersRequest)(nil),          // 103: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),         // 104: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),         // 105: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),        // 106: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),                // 107: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),    // 108: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 109: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),     // 110: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),    // 111: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),          // 112: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),               // 113: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),         // 114: dsec.v1.NetworkLogResponse
-	(*TrajectoryRequest)(nil),          // 115: dsec.v1.TrajectoryRequest
-	(*TrajectoryResponse)(nil),         // 116: dsec.v1.TrajectoryResponse
-	(*ProvenanceRequest)(nil),          // 117: dsec.v1.ProvenanceRequest
-	(*SetProvenancePathsRequest)(nil),  // 118: dsec.v1.SetProvenancePathsRequest
-	(*SetProvenancePathsResponse)(nil), // 119: dsec.v1.SetProvenancePathsResponse
-	(*ProvenanceFlags)(nil),            // 120: dsec.v1.ProvenanceFlags
-	(*SandboxProvenance)(nil),          // 121: dsec.v1.SandboxProvenance
-	(*ProvenanceFile)(nil),             // 122: dsec.v1.ProvenanceFile
-	(*ProvenanceRead)(nil),             // 123: dsec.v1.ProvenanceRead
-	(*ProvenanceNet)(nil),              // 124: dsec.v1.ProvenanceNet
-	(*ProvenanceProcess)(nil),          // 125: dsec.v1.ProvenanceProcess
-	(*ProvenancePackage)(nil),          // 126: dsec.v1.ProvenancePackage
-	(*ProvenanceSyscall)(nil),          // 127: dsec.v1.ProvenanceSyscall
-	(*ImportImageRequest)(nil),         // 128: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),        // 129: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),          // 130: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),                 // 131: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),           // 132: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),         // 133: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),             // 134: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),              // 135: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),            // 136: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),        // 137: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),       // 138: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                   // 139: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),       // 140: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),      // 141: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),       // 142: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),                 // 143: dsec.v1.ServerInfo
-	(*Event)(nil),                      // 144: dsec.v1.Event
-	(*ListEventsRequest)(nil),          // 145: dsec.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),         // 146: dsec.v1.ListEventsResponse
-	(*UsageFigures)(nil),               // 147: dsec.v1.UsageFigures
-	(*UsageRecord)(nil),                // 148: dsec.v1.UsageRecord
-	(*UsageRequest)(nil),               // 149: dsec.v1.UsageRequest
-	(*UsageGroup)(nil),                 // 150: dsec.v1.UsageGroup
-	(*UsageResponse)(nil),              // 151: dsec.v1.UsageResponse
-	(*Webhook)(nil),                    // 152: dsec.v1.Webhook
-	(*AddWebhookRequest)(nil),          // 153: dsec.v1.AddWebhookRequest
-	(*ListWebhooksRequest)(nil),        // 154: dsec.v1.ListWebhooksRequest
-	(*ListWebhooksResponse)(nil),       // 155: dsec.v1.ListWebhooksResponse
-	(*RemoveWebhookRequest)(nil),       // 156: dsec.v1.RemoveWebhookRequest
-	(*RemoveWebhookResponse)(nil),      // 157: dsec.v1.RemoveWebhookResponse
-	(*RotateWebhookSecretRequest)(nil), // 158: dsec.v1.RotateWebhookSecretRequest
-	nil,                                // 159: dsec.v1.NodeInfo.MissingEntry
-	nil,                                // 160: dsec.v1.SandboxSpec.EnvEntry
-	nil,                                // 161: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                                // 162: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                                // 163: dsec.v1.ListRequest.LabelsEntry
-	nil,                                // 164: dsec.v1.ExecRequest.EnvEntry
-	nil,                                // 165: dsec.v1.ShellStart.EnvEntry
-	nil,                                // 166: dsec.v1.GradeRequest.EnvEntry
-	nil,                                // 167: dsec.v1.GradeTests.FilesEntry
-	nil,                                // 168: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                                // 169: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                                // 170: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                                // 171: dsec.v1.RunCodeResponse.FilesEntry
-	nil,                                // 172: dsec.v1.UsageRecord.LabelsEntry
+	(*LayFile)(nil),                    // 91: dsec.v1.LayFile
+	(*ListSnapshotsRequest)(nil),       // 92: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),      // 93: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),      // 94: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),     // 95: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),                // 96: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                  // 97: dsec.v1.ForkChild
+	(*ForkResponse)(nil),               // 98: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),         // 99: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),         // 100: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),          // 101: dsec.v1.UploadLayerHeader
+	(*ShareLayerRequest)(nil),          // 102: dsec.v1.ShareLayerRequest
+	(*ShareLayerResponse)(nil),         // 103: dsec.v1.ShareLayerResponse
+	(*ListLayersRequest)(nil),          // 104: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),         // 105: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),         // 106: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),        // 107: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),                // 108: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),    // 109: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 110: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),     // 111: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),    // 112: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),          // 113: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),               // 114: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),         // 115: dsec.v1.NetworkLogResponse
+	(*TrajectoryRequest)(nil),          // 116: dsec.v1.TrajectoryRequest
+	(*TrajectoryResponse)(nil),         // 117: dsec.v1.TrajectoryResponse
+	(*ProvenanceRequest)(nil),          // 118: dsec.v1.ProvenanceRequest
+	(*SetProvenancePathsRequest)(nil),  // 119: dsec.v1.SetProvenancePathsRequest
+	(*SetProvenancePathsResponse)(nil), // 120: dsec.v1.SetProvenancePathsResponse
+	(*ProvenanceFlags)(nil),            // 121: dsec.v1.ProvenanceFlags
+	(*SandboxProvenance)(nil),          // 122: dsec.v1.SandboxProvenance
+	(*ProvenanceFile)(nil),             // 123: dsec.v1.ProvenanceFile
+	(*ProvenanceRead)(nil),             // 124: dsec.v1.ProvenanceRead
+	(*ProvenanceNet)(nil),              // 125: dsec.v1.ProvenanceNet
+	(*ProvenanceProcess)(nil),          // 126: dsec.v1.ProvenanceProcess
+	(*ProvenancePackage)(nil),          // 127: dsec.v1.ProvenancePackage
+	(*ProvenanceSyscall)(nil),          // 128: dsec.v1.ProvenanceSyscall
+	(*ImportImageRequest)(nil),         // 129: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),        // 130: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),          // 131: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),                 // 132: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),           // 133: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),         // 134: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),             // 135: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),              // 136: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),            // 137: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),        // 138: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),       // 139: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                   // 140: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),       // 141: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),      // 142: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),       // 143: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),                 // 144: dsec.v1.ServerInfo
+	(*Event)(nil),                      // 145: dsec.v1.Event
+	(*ListEventsRequest)(nil),          // 146: dsec.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),         // 147: dsec.v1.ListEventsResponse
+	(*UsageFigures)(nil),               // 148: dsec.v1.UsageFigures
+	(*UsageRecord)(nil),                // 149: dsec.v1.UsageRecord
+	(*UsageRequest)(nil),               // 150: dsec.v1.UsageRequest
+	(*UsageGroup)(nil),                 // 151: dsec.v1.UsageGroup
+	(*UsageResponse)(nil),              // 152: dsec.v1.UsageResponse
+	(*Webhook)(nil),                    // 153: dsec.v1.Webhook
+	(*AddWebhookRequest)(nil),          // 154: dsec.v1.AddWebhookRequest
+	(*ListWebhooksRequest)(nil),        // 155: dsec.v1.ListWebhooksRequest
+	(*ListWebhooksResponse)(nil),       // 156: dsec.v1.ListWebhooksResponse
+	(*RemoveWebhookRequest)(nil),       // 157: dsec.v1.RemoveWebhookRequest
+	(*RemoveWebhookResponse)(nil),      // 158: dsec.v1.RemoveWebhookResponse
+	(*RotateWebhookSecretRequest)(nil), // 159: dsec.v1.RotateWebhookSecretRequest
+	nil,                                // 160: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 161: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 162: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 163: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 164: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 165: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 166: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 167: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 168: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 169: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 170: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 171: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 172: dsec.v1.RunCodeResponse.FilesEntry
+	nil,                                // 173: dsec.v1.UsageRecord.LabelsEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	159, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	160, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	15,  // 4: dsec.v1.NodeInfo.core_scheduling:type_name -> dsec.v1.CoreScheduling
 	4,   // 5: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	160, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	161, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	162, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	161, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	162, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	163, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 9: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 10: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 11: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -12795,13 +12879,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	18,  // 22: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
 	16,  // 23: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	18,  // 24: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	163, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	164, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 26: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	18,  // 27: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	16,  // 28: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	16,  // 29: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	36,  // 30: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	164, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	165, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	44,  // 32: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	45,  // 33: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
 	43,  // 34: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
@@ -12812,7 +12896,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	52,  // 39: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	60,  // 40: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	61,  // 41: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	165, // 42: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	166, // 42: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	61,  // 43: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	45,  // 44: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	63,  // 45: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -12823,181 +12907,182 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	85,  // 50: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
 	85,  // 51: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
 	87,  // 52: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	166, // 53: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	167, // 53: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
 	5,   // 54: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	167, // 55: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	168, // 55: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
 	45,  // 56: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
 	88,  // 57: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
 	85,  // 58: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
 	7,   // 59: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
-	121, // 60: dsec.v1.GradeResult.provenance:type_name -> dsec.v1.SandboxProvenance
-	85,  // 61: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	18,  // 62: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	85,  // 63: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	96,  // 64: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	9,   // 65: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	100, // 66: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	9,   // 67: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	84,  // 68: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	107, // 69: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	168, // 70: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	113, // 71: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	17,  // 72: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
-	120, // 73: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
-	17,  // 74: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
-	122, // 75: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
-	122, // 76: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
-	122, // 77: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
-	123, // 78: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
-	124, // 79: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
-	125, // 80: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
-	126, // 81: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
-	127, // 82: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
-	127, // 83: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
-	131, // 84: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	132, // 85: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	169, // 86: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	170, // 87: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 88: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 89: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	135, // 90: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	135, // 91: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	171, // 92: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 93: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	134, // 94: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	136, // 95: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	139, // 96: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 97: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	144, // 98: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
-	172, // 99: dsec.v1.UsageRecord.labels:type_name -> dsec.v1.UsageRecord.LabelsEntry
-	147, // 100: dsec.v1.UsageRecord.usage:type_name -> dsec.v1.UsageFigures
-	147, // 101: dsec.v1.UsageGroup.usage:type_name -> dsec.v1.UsageFigures
-	150, // 102: dsec.v1.UsageResponse.groups:type_name -> dsec.v1.UsageGroup
-	147, // 103: dsec.v1.UsageResponse.total:type_name -> dsec.v1.UsageFigures
-	152, // 104: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
-	30,  // 105: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	32,  // 106: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	33,  // 107: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	39,  // 108: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	20,  // 109: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	22,  // 110: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	24,  // 111: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	26,  // 112: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	28,  // 113: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	90,  // 114: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	91,  // 115: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	93,  // 116: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	95,  // 117: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	86,  // 118: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	41,  // 119: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	46,  // 120: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	47,  // 121: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	49,  // 122: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	51,  // 123: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	54,  // 124: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	55,  // 125: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	57,  // 126: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	59,  // 127: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	64,  // 128: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	66,  // 129: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	68,  // 130: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	70,  // 131: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	72,  // 132: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	74,  // 133: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	76,  // 134: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	78,  // 135: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	80,  // 136: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	82,  // 137: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	110, // 138: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	112, // 139: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	115, // 140: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	117, // 141: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	118, // 142: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	35,  // 143: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	37,  // 144: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	142, // 145: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	145, // 146: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
-	145, // 147: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
-	149, // 148: dsec.v1.SandboxService.Usage:input_type -> dsec.v1.UsageRequest
-	153, // 149: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
-	154, // 150: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
-	156, // 151: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
-	158, // 152: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
-	134, // 153: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	137, // 154: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	140, // 155: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	98,  // 156: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	99,  // 157: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	103, // 158: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	105, // 159: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	108, // 160: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	128, // 161: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	130, // 162: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	101, // 163: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	31,  // 164: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	18,  // 165: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	34,  // 166: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	40,  // 167: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	21,  // 168: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	23,  // 169: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	25,  // 170: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	27,  // 171: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	29,  // 172: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	85,  // 173: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	92,  // 174: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	94,  // 175: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	97,  // 176: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	89,  // 177: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	42,  // 178: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	42,  // 179: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	48,  // 180: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	50,  // 181: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	53,  // 182: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	42,  // 183: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	56,  // 184: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	58,  // 185: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	62,  // 186: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	65,  // 187: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	67,  // 188: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	69,  // 189: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	71,  // 190: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	73,  // 191: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	75,  // 192: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	77,  // 193: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	79,  // 194: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	81,  // 195: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	83,  // 196: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	111, // 197: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	114, // 198: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	116, // 199: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	121, // 200: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	119, // 201: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	36,  // 202: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	38,  // 203: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	143, // 204: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	146, // 205: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
-	144, // 206: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
-	151, // 207: dsec.v1.SandboxService.Usage:output_type -> dsec.v1.UsageResponse
-	152, // 208: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
-	155, // 209: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
-	157, // 210: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
-	152, // 211: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
-	136, // 212: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	138, // 213: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	141, // 214: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	84,  // 215: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	84,  // 216: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	104, // 217: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	106, // 218: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	109, // 219: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	129, // 220: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	133, // 221: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	102, // 222: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	164, // [164:223] is the sub-list for method output_type
-	105, // [105:164] is the sub-list for method input_type
-	105, // [105:105] is the sub-list for extension type_name
-	105, // [105:105] is the sub-list for extension extendee
-	0,   // [0:105] is the sub-list for field type_name
+	122, // 60: dsec.v1.GradeResult.provenance:type_name -> dsec.v1.SandboxProvenance
+	91,  // 61: dsec.v1.SnapshotRequest.lay_files:type_name -> dsec.v1.LayFile
+	85,  // 62: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	18,  // 63: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	85,  // 64: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	97,  // 65: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 66: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	101, // 67: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 68: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	84,  // 69: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	108, // 70: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	169, // 71: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	114, // 72: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	17,  // 73: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
+	121, // 74: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
+	17,  // 75: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
+	123, // 76: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
+	123, // 77: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
+	123, // 78: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
+	124, // 79: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
+	125, // 80: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
+	126, // 81: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
+	127, // 82: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
+	128, // 83: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
+	128, // 84: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
+	132, // 85: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	133, // 86: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	170, // 87: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	171, // 88: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 89: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 90: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	136, // 91: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	136, // 92: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	172, // 93: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 94: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	135, // 95: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	137, // 96: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	140, // 97: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 98: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	145, // 99: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
+	173, // 100: dsec.v1.UsageRecord.labels:type_name -> dsec.v1.UsageRecord.LabelsEntry
+	148, // 101: dsec.v1.UsageRecord.usage:type_name -> dsec.v1.UsageFigures
+	148, // 102: dsec.v1.UsageGroup.usage:type_name -> dsec.v1.UsageFigures
+	151, // 103: dsec.v1.UsageResponse.groups:type_name -> dsec.v1.UsageGroup
+	148, // 104: dsec.v1.UsageResponse.total:type_name -> dsec.v1.UsageFigures
+	153, // 105: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
+	30,  // 106: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	32,  // 107: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	33,  // 108: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	39,  // 109: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	20,  // 110: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	22,  // 111: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	24,  // 112: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	26,  // 113: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	28,  // 114: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	90,  // 115: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	92,  // 116: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	94,  // 117: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	96,  // 118: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	86,  // 119: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	41,  // 120: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	46,  // 121: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	47,  // 122: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	49,  // 123: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	51,  // 124: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	54,  // 125: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	55,  // 126: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	57,  // 127: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	59,  // 128: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	64,  // 129: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	66,  // 130: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	68,  // 131: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	70,  // 132: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	72,  // 133: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	74,  // 134: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	76,  // 135: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	78,  // 136: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	80,  // 137: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	82,  // 138: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	111, // 139: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	113, // 140: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	116, // 141: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	118, // 142: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	119, // 143: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	35,  // 144: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	37,  // 145: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	143, // 146: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	146, // 147: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
+	146, // 148: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
+	150, // 149: dsec.v1.SandboxService.Usage:input_type -> dsec.v1.UsageRequest
+	154, // 150: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
+	155, // 151: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
+	157, // 152: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
+	159, // 153: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
+	135, // 154: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	138, // 155: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	141, // 156: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	99,  // 157: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	100, // 158: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	104, // 159: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	106, // 160: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	109, // 161: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	129, // 162: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	131, // 163: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	102, // 164: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	31,  // 165: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	18,  // 166: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	34,  // 167: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	40,  // 168: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	21,  // 169: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	23,  // 170: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	25,  // 171: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	27,  // 172: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	29,  // 173: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	85,  // 174: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	93,  // 175: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	95,  // 176: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	98,  // 177: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	89,  // 178: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	42,  // 179: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	42,  // 180: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	48,  // 181: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	50,  // 182: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	53,  // 183: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	42,  // 184: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	56,  // 185: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	58,  // 186: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	62,  // 187: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	65,  // 188: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	67,  // 189: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	69,  // 190: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	71,  // 191: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	73,  // 192: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	75,  // 193: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	77,  // 194: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	79,  // 195: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	81,  // 196: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	83,  // 197: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	112, // 198: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	115, // 199: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	117, // 200: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	122, // 201: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	120, // 202: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	36,  // 203: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	38,  // 204: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	144, // 205: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	147, // 206: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
+	145, // 207: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
+	152, // 208: dsec.v1.SandboxService.Usage:output_type -> dsec.v1.UsageResponse
+	153, // 209: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
+	156, // 210: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
+	158, // 211: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
+	153, // 212: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
+	137, // 213: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	139, // 214: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	142, // 215: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	84,  // 216: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	84,  // 217: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	105, // 218: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	107, // 219: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	110, // 220: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	130, // 221: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	134, // 222: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	103, // 223: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	165, // [165:224] is the sub-list for method output_type
+	106, // [106:165] is the sub-list for method input_type
+	106, // [106:106] is the sub-list for extension type_name
+	106, // [106:106] is the sub-list for extension extendee
+	0,   // [0:106] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -13024,25 +13109,25 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ShellOutput_Exited)(nil),
 		(*ShellOutput_Started)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[87].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[88].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[123].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[133].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[137].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[141].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[124].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[134].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[138].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[142].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[144].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[146].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[143].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[145].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[147].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   161,
+			NumMessages:   162,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
