@@ -269,6 +269,9 @@ func (s *Server) eventQuery(a iam.Authority, op iam.Op, m *dsecv1.ListEventsRequ
 	if err := allow(a, op, path); err != nil {
 		return store.EventQuery{}, err
 	}
+	if err := checkEventKinds(m.GetKinds()); err != nil {
+		return store.EventQuery{}, err
+	}
 	if m.GetLimit() < 0 || m.GetAfter() < 0 || m.GetBefore() < 0 {
 		return store.EventQuery{}, fmt.Errorf("limit %d, after %d, before %d: want 0 or more: %w", m.GetLimit(), m.GetAfter(), m.GetBefore(), errdefs.ErrInvalidArgument)
 	}

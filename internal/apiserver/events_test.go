@@ -228,6 +228,9 @@ func testEvents(t *testing.T, dsn string) {
 	// Another project's events are not seen, nor asked for.
 	_, _, err := b.Events(ctx, dsec.EventQuery{Project: "a"})
 	wantErr(t, "b's token reading a's events", err, dsec.ErrNotFound, "")
+	// A kind no edge records is refused, not an empty page forever.
+	_, _, err = a.Events(ctx, dsec.EventQuery{Kinds: []string{"fail"}})
+	wantErr(t, "events of an unknown kind", err, dsec.ErrInvalidArgument, `"fail"`)
 
 	// The follower saw the life in order, and nothing of b's.
 	deadline := time.Now().Add(10 * time.Second)

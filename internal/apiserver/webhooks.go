@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -88,6 +89,17 @@ type webhookBody struct {
 // eventKinds are the kinds an edge records (package eventlog's; a test
 // checks they agree).
 var eventKinds = []string{"created", "paused", "resumed", "phase_ended", "forked", "snapshot", "deleted", "expired", "failed"}
+
+// checkEventKinds refuses a kind no edge records: a webhook or a filter
+// on one would wait for events that never come.
+func checkEventKinds(kinds []string) error {
+	for _, k := range kinds {
+		if !slices.Contains(eventKinds, k) {
+			return fmt.Errorf("event kind %q is not one of %s: %w", k, strings.Join(eventKinds, ", "), errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
 
 // checkWebhookURL refuses what an operator would not want by default: a
 // scheme other than https, or a host that is an address on loopback, a
@@ -201,10 +213,8 @@ func (s *Server) AddWebhook(ctx context.Context, req *connect.Request[dsecv1.Add
 	if err := checkWebhookURL(m.GetUrl(), s.cfg.WebhookAllowPrivate); err != nil {
 		return nil, err
 	}
-	for _, k := range m.GetKinds() {
-		if !slices.Contains(eventKinds, k) {
-			return nil, fmt.Errorf("event kind %q is not one of %v: %w", k, eventKinds, errdefs.ErrInvalidArgument)
-		}
+	if err := checkEventKinds(m.GetKinds()); err != nil {
+		return nil, err
 	}
 	secret := m.GetSecret()
 	if secret == "" {
