@@ -118,6 +118,9 @@ func roleFlags(name string) *flag.FlagSet {
 // args (package config). It returns false with the exit code when they
 // are wrong or -h asked for the usage.
 func load(fs *flag.FlagSet, cfg any, args []string) (int, bool) {
+	for _, w := range strayEnv(os.Environ()) {
+		fmt.Fprintf(fs.Output(), "%s: warning: %s\n", fs.Name(), w)
+	}
 	err := config.Load(cfg, fs, args, os.Getenv)
 	switch {
 	case err == nil:
@@ -286,13 +289,18 @@ func roleOf(args []string) string {
 	return config.RoleAllInOne
 }
 
+func initClusterFlags(dir *string, apiservers, edges *listFlag) *flag.FlagSet {
+	fs := flag.NewFlagSet("dsecd init-cluster", flag.ContinueOnError)
+	fs.StringVar(dir, "dir", "", "where the CA and certificates go (made 0700); an existing CA there is kept and used")
+	fs.Var(apiservers, "apiserver", "an apiserver's name (repeatable)")
+	fs.Var(edges, "edge", "an edge: NAME or NAME=HOST[,HOST...], the host names and addresses it serves on (repeatable)")
+	return fs
+}
+
 func initClusterMain(args []string) int {
 	var dir string
 	var apiservers, edges listFlag
-	fs := flag.NewFlagSet("dsecd init-cluster", flag.ContinueOnError)
-	fs.StringVar(&dir, "dir", "", "where the CA and certificates go (made 0700); an existing CA there is kept and used")
-	fs.Var(&apiservers, "apiserver", "an apiserver's name (repeatable)")
-	fs.Var(&edges, "edge", "an edge: NAME or NAME=HOST[,HOST...], the host names and addresses it serves on (repeatable)")
+	fs := initClusterFlags(&dir, &apiservers, &edges)
 	if !parse(fs, args) {
 		return 2
 	}
@@ -321,32 +329,42 @@ func initClusterMain(args []string) int {
 	return 0
 }
 
-func tokenMain(args []string) int {
-	var db, principal, project, role string
-	var ttl time.Duration
-	var asE2B bool
+// tokenOpts are dsecd token's flags.
+type tokenOpts struct {
+	db, principal, project, role string
+	ttl                          time.Duration
+	asE2B                        bool
+}
+
+func tokenFlags(o *tokenOpts) *flag.FlagSet {
 	fs := flag.NewFlagSet("dsecd token", flag.ContinueOnError)
-	fs.StringVar(&project, "project", "/", "the project the token is for (a path: ml/rl-run-42)")
-	fs.StringVar(&role, "role", "admin", "the token's role: viewer, runner, builder or admin (the principal is granted it on the project if it holds less)")
-	fs.BoolVar(&asE2B, "e2b", false, "print the token as an E2B API key (e2b_…), for E2B_API_KEY")
-	fs.StringVar(&db, "db", "", "the metadata store: postgres://… (a cluster's) or the all-in-one's <root>/meta.db")
-	fs.StringVar(&principal, "principal", daemon.AdminPrincipal, "who the token is for (made if new)")
-	fs.DurationVar(&ttl, "ttl", 0, "how long the token is valid (default: until revoked)")
+	fs.StringVar(&o.project, "project", "/", "the project the token is for (a path: ml/rl-run-42)")
+	fs.StringVar(&o.role, "role", "admin", "the token's role: viewer, runner, builder or admin (the principal is granted it on the project if it holds less)")
+	fs.BoolVar(&o.asE2B, "e2b", false, "print the token as an E2B API key (e2b_…), for E2B_API_KEY")
+	fs.StringVar(&o.db, "db", "", "the metadata store: postgres://… (a cluster's) or the all-in-one's <root>/meta.db")
+	fs.StringVar(&o.principal, "principal", daemon.AdminPrincipal, "who the token is for (made if new)")
+	fs.DurationVar(&o.ttl, "ttl", 0, "how long the token is valid (default: until revoked)")
+	return fs
+}
+
+func tokenMain(args []string) int {
+	var o tokenOpts
+	fs := tokenFlags(&o)
 	if !parse(fs, args) {
 		return 2
 	}
-	if db == "" {
+	if o.db == "" {
 		fmt.Fprintln(os.Stderr, "dsecd token: --db is required")
 		return 2
 	}
-	r, err := iam.ParseRole(role)
+	r, err := iam.ParseRole(o.role)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dsecd token:", err)
 		return 2
 	}
 	return run("dsecd token", func(ctx context.Context) error {
-		tok, err := daemon.IssueToken(ctx, db, principal, project, r, ttl)
-		if err == nil && asE2B {
+		tok, err := daemon.IssueToken(ctx, o.db, o.principal, o.project, r, o.ttl)
+		if err == nil && o.asE2B {
 			tok, err = e2b.APIKey(tok)
 		}
 		if err == nil {
@@ -359,6 +377,15 @@ func tokenMain(args []string) int {
 func hollowFleetMain(args []string) int {
 	var cfg daemon.HollowFleetConfig
 	var level slog.Level
+	fs := hollowFleetFlags(&cfg, &level)
+	if !parse(fs, args) {
+		return 2
+	}
+	log := logger(level)
+	return run("dsecd hollow-fleet", func(ctx context.Context) error { return daemon.RunHollowFleet(ctx, cfg, log) })
+}
+
+func hollowFleetFlags(cfg *daemon.HollowFleetConfig, level *slog.Level) *flag.FlagSet {
 	fs := flag.NewFlagSet("dsecd hollow-fleet", flag.ContinueOnError)
 	fs.IntVar(&cfg.Count, "count", 160, "hollow edges to run")
 	fs.StringVar(&cfg.Prefix, "prefix", "h", "their names: PREFIX1…PREFIXn (dsecd init-cluster must have made their certificates)")
@@ -367,12 +394,8 @@ func hollowFleetMain(args []string) int {
 	fs.IntVar(&cfg.Hollow.MaxSandboxes, "max-sandboxes", 200, "sandboxes each admits")
 	fs.DurationVar(&cfg.Hollow.StartDelay, "start-delay", 0, "how long each create takes")
 	fs.IntVar(&cfg.Hollow.MaxStarting, "max-starting", 0, "creates each starts at once (0: no bound)")
-	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
-	if !parse(fs, args) {
-		return 2
-	}
-	log := logger(level)
-	return run("dsecd hollow-fleet", func(ctx context.Context) error { return daemon.RunHollowFleet(ctx, cfg, log) })
+	fs.TextVar(level, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	return fs
 }
 
 type listFlag []string

@@ -43,3 +43,17 @@ func TestVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestStrayEnv: a DSECD_* variable no command reads is named, with the
+// setting it is a slip of; a role's, --config's and a tool's are not.
+func TestStrayEnv(t *testing.T) {
+	got := strayEnv([]string{"PATH=/bin", "DSECD_ROOT=/srv/dsec", "DSECD_CONFIG=/etc/dsec/dsecd.toml", "DSECD_REGISTRY=postgres://db",
+		"DSECD_PRINCIPAL=alice", "DSECD_COUNT=3", "DSECD_MAX_SANDBOX=5", "DSECD_FOO=1"})
+	want := []string{
+		"DSECD_MAX_SANDBOX names no setting of dsecd and is ignored (did you mean DSECD_MAX_SANDBOXES?)",
+		"DSECD_FOO names no setting of dsecd and is ignored",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("strayEnv:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
