@@ -176,7 +176,7 @@ func (d *sqlDB) RemoveWebhook(ctx context.Context, project, id string) error {
 		return d.fail("remove webhook "+id, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("webhook %s: %w", id, errdefs.ErrNotFound)
+		return noWebhook(project, id)
 	}
 	return nil
 }
@@ -272,7 +272,16 @@ func (d *sqlDB) RotateWebhookSecret(ctx context.Context, project, id, secret str
 		return d.fail("rotate webhook "+id+"'s secret", err)
 	}
 	if n == 0 {
-		return fmt.Errorf("webhook %s: %w", id, errdefs.ErrNotFound)
+		return noWebhook(project, id)
 	}
 	return nil
+}
+
+// noWebhook is the refusal of a call naming a webhook the project and
+// those under it do not hold.
+func noWebhook(project, id string) error {
+	if project == "" {
+		project = "/"
+	}
+	return fmt.Errorf("no webhook %s in project %s or under it: %w", id, project, errdefs.ErrNotFound)
 }

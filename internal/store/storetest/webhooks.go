@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,7 +85,11 @@ func testWebhooks(t *testing.T, st store.Store) {
 	wantKind(t, "RotateWebhookSecret through another project", st.RotateWebhookSecret(ctx, "ab", "wh-1", "x", until), errdefs.ErrNotFound)
 	wantKind(t, "RemoveWebhook through another project", st.RemoveWebhook(ctx, "ab", "wh-1"), errdefs.ErrNotFound)
 	must(t, "RemoveWebhook wh-2 through a", st.RemoveWebhook(ctx, "a", "wh-2"))
-	wantKind(t, "RemoveWebhook again", st.RemoveWebhook(ctx, "a", "wh-2"), errdefs.ErrNotFound)
+	err = st.RemoveWebhook(ctx, "a", "wh-2")
+	wantKind(t, "RemoveWebhook again", err, errdefs.ErrNotFound)
+	if err == nil || !strings.Contains(err.Error(), "no webhook wh-2 in project a") {
+		t.Errorf("RemoveWebhook again: %v, want it to name the webhook and the project", err)
+	}
 	all, err = st.ListWebhooks(ctx, []string{""})
 	must(t, "ListWebhooks /", err)
 	wantWebhooks(t, "after the remove", all, "wh-1", "wh-3")
