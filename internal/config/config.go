@@ -41,7 +41,7 @@ type AllInOne struct {
 type Edge struct {
 	Node
 	Listen        string `key:"listen" flag:"listen" help:"TCP address to serve EdgeService on, to apiservers only (mutual TLS)"`
-	MetricsListen string `key:"metrics_listen" flag:"metrics-listen" help:"serve Prometheus metrics (/metrics) on this address (docs/operations.md)"`
+	MetricsListen string `key:"metrics_listen" flag:"metrics-listen" help:"serve Prometheus metrics (/metrics) on this address (\"none\" or empty: off; a taken address stops the start; docs/operations.md)"`
 	// MetricsTokenFile: an edge keeps no IAM, so only the scrape token.
 	MetricsTokenFile string        `key:"metrics_token_file" flag:"metrics-token-file" help:"a file (mode 600) holding the scrape token a scrape from off loopback must bear to read /metrics; docs/operations.md"`
 	Registry         string        `key:"registry" flag:"registry" secret:"url" help:"the cluster's metadata store (postgres://…) to register in and heartbeat to (empty: none; apiservers are told of this edge with --edge)"`
@@ -75,7 +75,7 @@ type API struct {
 	Listen               string        `key:"listen" flag:"listen" help:"TCP address to serve the API on (the all-in-one's: loopback, \"none\" to disable)"`
 	Socket               string        `key:"socket" flag:"socket" help:"Unix socket to serve the API on (the all-in-one's default: <root>/dsecd.sock; an apiserver's: none)"`
 	DebugListen          string        `key:"debug_listen" flag:"debug-listen" help:"serve Go's profiles (/debug/pprof/) on this loopback address"`
-	MetricsListen        string        `key:"metrics_listen" flag:"metrics-listen" help:"serve Prometheus metrics (/metrics) on this address too (the API port serves them already; off loopback a scrape needs a token: docs/operations.md)"`
+	MetricsListen        string        `key:"metrics_listen" flag:"metrics-listen" help:"serve Prometheus metrics (/metrics) on this address too (\"none\" or empty: off, the API port serves them already; a taken address stops the start; off loopback a scrape needs a token: docs/operations.md)"`
 	MetricsTokenFile     string        `key:"metrics_token_file" flag:"metrics-token-file" help:"a file (mode 600) holding the scrape token (a viewer's token on the root project is accepted too) a scrape from off loopback must bear to read /metrics; docs/operations.md"`
 	SandboxFusionListen  string        `key:"sandboxfusion_listen" flag:"sandboxfusion-listen" help:"TCP address to serve SandboxFusion's HTTP API on (the all-in-one's: skipped with a warning if taken; \"none\" or empty: off)"`
 	SandboxFusionProject string        `key:"sandboxfusion_project" flag:"sandboxfusion-project" help:"the project SandboxFusion's calls without a token run in, as a runner there (\"/\": the root; \"none\" or empty refuses them); a call with a token is its token's"`

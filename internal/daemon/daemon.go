@@ -789,6 +789,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		lns = append(lns, tln)
 	}
+	if metricsOn(cfg.MetricsListen) && cfg.metrics != nil {
+		mln, err := listenMetrics(cfg.MetricsListen)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return err
+		}
+		go serveMetrics(ctx, mln, api.MetricsHandler(), log)
+	}
 	var sfAddr, e2bAddr string
 	if cfg.SandboxFusionListen != "none" {
 		addr := cfg.SandboxFusionListen
@@ -819,9 +829,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	api.SetEndpoints(e2bAddr, sfAddr)
 	if cfg.DebugListen != "" {
 		go servePprof(ctx, cfg.DebugListen, log)
-	}
-	if cfg.MetricsListen != "" && cfg.metrics != nil {
-		go serveMetrics(ctx, cfg.MetricsListen, api.MetricsHandler(), log)
 	}
 	// The API's socket and port serve the metrics (the node's and the
 	// apiserver's, one registry) beside the API, at /metrics.

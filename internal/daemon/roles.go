@@ -169,13 +169,17 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 	if !cfg.Node.NoMetrics {
 		metricsReg = metrics.New()
 	}
-	if cfg.Node.MetricsListen != "" && metricsReg != nil {
+	if metricsOn(cfg.Node.MetricsListen) && metricsReg != nil {
 		// An edge has no IAM: off loopback, only the scrape token reads it.
 		tok, err := metrics.ReadScrapeToken(cfg.Node.MetricsTokenFile)
 		if err != nil {
 			return err
 		}
-		go serveMetrics(ctx, cfg.Node.MetricsListen, metrics.Guard(metricsReg.Handler(), tok.Allow), log)
+		mln, err := listenMetrics(cfg.Node.MetricsListen)
+		if err != nil {
+			return err
+		}
+		go serveMetrics(ctx, mln, metrics.Guard(metricsReg.Handler(), tok.Allow), log)
 	}
 	if failed := metricsReg.StoreErrors().Of(store.Backend(cfg.Registry)); reg != nil && failed != nil {
 		reg = store.Observe(reg, failed)
@@ -524,8 +528,15 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	if cfg.DebugListen != "" {
 		go servePprof(ctx, cfg.DebugListen, log)
 	}
-	if cfg.MetricsListen != "" && reg != nil {
-		go serveMetrics(ctx, cfg.MetricsListen, api.MetricsHandler(), log)
+	if metricsOn(cfg.MetricsListen) && reg != nil {
+		mln, err := listenMetrics(cfg.MetricsListen)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return err
+		}
+		go serveMetrics(ctx, mln, api.MetricsHandler(), log)
 	}
 	var sfAddr, e2bAddr string
 	if cfg.SandboxFusionListen != "" {
@@ -655,17 +666,34 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) {
 }
 
 // serveMetrics serves h at addr's /metrics until ctx ends.
-func serveMetrics(ctx context.Context, addr string, h http.Handler, log *slog.Logger) {
+func serveMetrics(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", h)
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		log.Warn("serve metrics", "addr", addr, "err", err)
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("serve metrics", "addr", ln.Addr().String(), "err", err)
 	}
+}
+
+// metricsOn says whether a --metrics-listen asks for a port of its own
+// ("" and "none": no, the API port serves /metrics already).
+func metricsOn(addr string) bool {
+	return addr != "" && addr != "none"
+}
+
+// listenMetrics binds --metrics-listen before the daemon says it is
+// ready, so a taken or malformed address stops the start with its cause
+// rather than leaving the node unscraped behind a warning in its log.
+func listenMetrics(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: listen on %s (--metrics-listen): %w", addr, err)
+	}
+	return ln, nil
 }
 
 // lessGC lets a process whose heap is small and short-lived (an apiserver
