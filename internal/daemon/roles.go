@@ -685,6 +685,17 @@ func metricsOn(addr string) bool {
 	return addr != "" && addr != "none"
 }
 
+// metricsAt says where a process serves /metrics, for its ready line.
+func metricsAt(listen string, on bool) string {
+	switch {
+	case !on:
+		return "off (--no-metrics)"
+	case metricsOn(listen):
+		return "the API's /metrics and " + listen
+	}
+	return "the API's /metrics"
+}
+
 // listenMetrics binds --metrics-listen before the daemon says it is
 // ready, so a taken or malformed address stops the start with its cause
 // rather than leaving the node unscraped behind a warning in its log.
