@@ -166,7 +166,7 @@ type Storage struct {
 type Network struct {
 	Disabled     bool         `key:"disabled" flag:"no-network" help:"give sandboxes loopback only and refuse network rules"`
 	Services     string       `key:"services" flag:"network-services" help:"JSON file of named services and mirrors (merged over what the host's package configuration names)"`
-	DNSUpstreams []string     `key:"dns_upstreams" flag:"dns-upstream" list:"comma" help:"DNS servers (host:port) the sandboxes' resolver asks; a flag or variable takes them comma-separated (empty: the host's)"`
+	DNSUpstreams []string     `key:"dns_upstreams" flag:"dns-upstream" list:"comma" check:"hostport" help:"DNS servers (host:port) the sandboxes' resolver asks; a flag or variable takes them comma-separated (empty: the host's)"`
 	Pool         netip.Prefix `key:"pool" flag:"network-pool" help:"IPv4 prefix sandbox addresses come from (empty: what the root was first started with, else 10.213.0.0/16, or the first of 10.214-255.0.0/16 no other root on the host holds)"`
 	EgressBytes  int64        `key:"egress_bytes" flag:"sandbox-egress-bytes" help:"egress bandwidth per sandbox in bytes/s (125000000 is 1 Gbit/s)"`
 	MaxConns     int          `key:"max_conns" flag:"sandbox-max-conns" help:"concurrent connections per sandbox"`

@@ -135,6 +135,7 @@ func TestBadFiles(t *testing.T) {
 		{"syntax.yaml", "root: /a\n  max_warm: 3\n", []string{"syntax.yaml:", "line 2"}},
 		{"table.yaml", "limits: 5\n", []string{"table.yaml:1:", "limits: want a table of settings (limits.…), not an integer"}},
 		{"table-value.toml", "limits = \"big\"\n", []string{"table-value.toml:1:", "limits: want a table of settings (limits.…), not a string"}},
+		{"upstream.toml", "[network]\ndns_upstreams = [\"10.0.0.53:53\", \"1.1.1.1\"]\n", []string{"upstream.toml:2:", "network.dns_upstreams", `want HOST:PORT, such as 10.0.0.53:53: "1.1.1.1"`}},
 		{"dsecd.json", "{}", []string{"want a name ending in .toml, .yaml or .yml"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -158,7 +159,7 @@ func TestBadEnvAndFlags(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "DSECD_DEFAULT_TTL") || !strings.Contains(err.Error(), "defaults.ttl") {
 		t.Errorf("variable: %v", err)
 	}
-	for _, args := range [][]string{{"--max-cpus", "lots"}, {"--runsc-platform", "vmware"}, {"--fncall-qos", "fast"}, {"--log-level", "loud"}, {"--nflog-group", "70000"}} {
+	for _, args := range [][]string{{"--dns-upstream", "1.1.1.1"}, {"--max-cpus", "lots"}, {"--runsc-platform", "vmware"}, {"--fncall-qos", "fast"}, {"--log-level", "loud"}, {"--nflog-group", "70000"}} {
 		if _, err := load(t, "", "", nil, args...); err == nil || !strings.Contains(err.Error(), args[0][1:]) {
 			t.Errorf("%v: %v", args, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding"
 	"fmt"
 	"log/slog"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -120,6 +121,11 @@ func (f Field) setList(items []string) error {
 	if f.v.Kind() != reflect.Slice {
 		return fmt.Errorf("want %s, not a list", kindName(f.v.Type()))
 	}
+	for _, it := range items {
+		if err := f.validate(reflect.ValueOf(it)); err != nil {
+			return err
+		}
+	}
 	f.v.Set(reflect.ValueOf(items))
 	return nil
 }
@@ -190,6 +196,12 @@ func (f Field) validate(v reflect.Value) error {
 	case "swap":
 		if _, err := swap.Parse(s); err != nil {
 			return err
+		}
+	case "hostport":
+		// A DNS server without its port would fail every query it is
+		// asked, long after the start.
+		if host, port, err := net.SplitHostPort(s); err != nil || host == "" || port == "" {
+			return fmt.Errorf("want HOST:PORT, such as 10.0.0.53:53: %q", s)
 		}
 	case "qos":
 		if _, err := qos.Parse(s, qos.Latency); err != nil {
