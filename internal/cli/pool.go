@@ -92,15 +92,19 @@ func (a *app) poolLsCommand() *cobra.Command {
 // they are only told apart by eye.
 func printPools(w io.Writer, pools []*dsecv1.WarmPool) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tENV\tKEY\tCPUS\tMEM MB\tSIZE\tREADY\tSTARTING\tTAKEN\tMISSED\tLAST ERROR")
+	fmt.Fprintln(tw, "NODE\tENV\tKEY\tCPUS\tMEM MB\tQOS\tSIZE\tREADY\tSTARTING\tTAKEN\tMISSED\tLAST ERROR")
 	for _, p := range pools {
 		key := p.GetKey()
 		if len(key) > 12 {
 			key = key[:12]
 		}
 		spec := p.GetSpec()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", p.GetNode(), spec.GetEnvironment(), key,
-			strconv.FormatFloat(spec.GetCpus(), 'f', -1, 64), spec.GetMemoryMb(), p.GetSize(), p.GetReady(),
+		class := spec.GetQos()
+		if class == "" {
+			class = "latency" // the apiserver's default
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", p.GetNode(), spec.GetEnvironment(), key,
+			strconv.FormatFloat(spec.GetCpus(), 'f', -1, 64), spec.GetMemoryMb(), class, p.GetSize(), p.GetReady(),
 			p.GetStarting(), p.GetTaken(), p.GetMissed(), p.GetLastError())
 	}
 	return tw.Flush()

@@ -80,7 +80,7 @@ func TestPoolCommands(t *testing.T) {
 	ps, addr := startPoolServer(t)
 
 	out, err := runCLI(t, addr, "pool", "set", "--cpus", "0.5", "--memory-mb", "256", "--env", "A=b", "--workdir", "/tmp",
-		"--size", "2", "busybox:test")
+		"--size", "2", "--qos", "best_effort", "busybox:test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +93,8 @@ func TestPoolCommands(t *testing.T) {
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "NODE") || !strings.Contains(lines[0], "LAST ERROR") {
 		t.Fatalf("set printed %q", out)
 	}
-	if f := strings.Fields(lines[1]); len(f) != 10 || f[0] != "n1" || f[1] != "busybox:test" || f[2] != "k-busybox:te" ||
-		f[3] != "0.5" || f[4] != "256" || f[5] != "2" || f[7] != "2" {
+	if f := strings.Fields(lines[1]); len(f) != 11 || f[0] != "n1" || f[1] != "busybox:test" || f[2] != "k-busybox:te" ||
+		f[3] != "0.5" || f[4] != "256" || f[5] != "best_effort" || f[6] != "2" || f[8] != "2" {
 		t.Fatalf("set row = %q", lines[1])
 	}
 
