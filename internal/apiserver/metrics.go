@@ -82,7 +82,7 @@ func (s *Server) allowScrape(r *http.Request) error {
 	}
 	if au.On("") < iam.Viewer {
 		s.log.Warn("scrape refused", "peer", r.RemoteAddr, "principal", au.Principal)
-		return fmt.Errorf("principal %s is not a viewer of the root project, which reading /metrics needs", au.Principal)
+		return fmt.Errorf("principal %s is not a viewer of the root project, which reading /metrics needs: %w", au.Principal, errdefs.ErrPermissionDenied)
 	}
 	return nil
 }

@@ -84,8 +84,8 @@ func TestMetrics(t *testing.T) {
 
 // TestMetricsAuth: with tokens required, a scrape from loopback needs
 // none; one from off loopback needs a viewer's token on the root project
-// or the scrape token, and is refused (401) without a token, with a bad
-// one, or with a viewer's of a project under the root only.
+// or the scrape token, and is refused (401) without a token or with a bad
+// one, and (403) with a viewer's of a project under the root only.
 func TestMetricsAuth(t *testing.T) {
 	ctx := context.Background()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
@@ -130,7 +130,7 @@ func TestMetricsAuth(t *testing.T) {
 		{"loopback, no token", "127.0.0.1:4000", "", 200},
 		{"off loopback, no token", "192.0.2.10:4000", "", 401},
 		{"off loopback, a forged token", "192.0.2.10:4000", "dsec_forged", 401},
-		{"off loopback, a viewer of ml only", "192.0.2.10:4000", mlViewer, 401},
+		{"off loopback, a viewer of ml only", "192.0.2.10:4000", mlViewer, 403},
 		{"off loopback, a viewer of the root", "192.0.2.10:4000", rootViewer, 200},
 		{"off loopback, the scrape token", "192.0.2.10:4000", "scrape-token-0123456789", 200},
 	} {

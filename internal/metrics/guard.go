@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+
+	"dsec.dev/dsec/internal/errdefs"
 )
 
 // ErrNoToken is a scrape's refusal when it came from off loopback with no
@@ -18,8 +20,9 @@ var ErrNoToken = errors.New("a scrape from off loopback needs a bearer token (a 
 // Guard serves h to scrapes from loopback or a Unix socket, and to others
 // only when allow accepts their request (it checks the bearer token;
 // ErrNoToken when there is none). A refused scrape gets 401 with the
-// reason, which never echoes the token. A nil allow accepts none from off
-// loopback.
+// reason, which never echoes the token, or 403 when allow's error is
+// errdefs.ErrPermissionDenied (a valid token whose principal may not read
+// the metrics). A nil allow accepts none from off loopback.
 func Guard(h http.Handler, allow func(r *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if Local(r) {
@@ -29,6 +32,10 @@ func Guard(h http.Handler, allow func(r *http.Request) error) http.Handler {
 		err := ErrNoToken
 		if allow != nil {
 			err = allow(r)
+		}
+		if errors.Is(err, errdefs.ErrPermissionDenied) {
+			http.Error(w, "metrics: "+err.Error(), http.StatusForbidden)
+			return
 		}
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="dsec metrics"`)
