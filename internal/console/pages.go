@@ -22,7 +22,13 @@ import (
 const PageSize = 100
 
 var funcs = template.FuncMap{
-	"ms":      fmtMillis,
+	"ms": fmtMillis,
+	"utc": func(ms int64) string { // a time standing alone, not in a "(UTC)" column
+		if ms == 0 {
+			return fmtMillis(ms)
+		}
+		return fmtMillis(ms) + " UTC"
+	},
 	"bytes":   fmtBytes,
 	"state":   stateName,
 	"project": projectOf,
