@@ -122,7 +122,7 @@ func TestBadFiles(t *testing.T) {
 		{"unknown.toml", "root = \"/r\"\n\n[limits]\nmax_sandbox = 3\n", []string{"unknown.toml:4:", `unknown key "limits.max_sandbox"`}},
 		{"unknown.yaml", "root: /r\nlimits:\n  max_sandbox: 3\n", []string{"unknown.yaml:3:", `unknown key "limits.max_sandbox"`}},
 		{"table.toml", "[limit]\nmax_sandboxes = 3\n", []string{"table.toml:1:", `unknown table "limit"`}},
-		{"role.toml", "registry = \"postgres://db\"\n", []string{"role.toml:1:", `unknown key "registry"`}}, // an edge's, not the all-in-one's
+		{"role.toml", "registry = \"postgres://db\"\n", []string{"role.toml:1:", `unknown key "registry" (a setting of the edge only)`}}, // an edge's, not the all-in-one's
 		{"kind.toml", "[limits]\nmax_sandboxes = \"many\"\n", []string{"kind.toml:2:", "limits.max_sandboxes", "want an integer, not a string"}},
 		{"kind.yaml", "limits:\n  max_sandboxes: many\n", []string{"kind.yaml:2:", "limits.max_sandboxes", "not a string"}},
 		{"duration.toml", "retention = 600\n", []string{"duration.toml:1:", "retention", "want a duration, not an integer"}},

@@ -76,6 +76,10 @@ func loadData(cfg any, path string, data []byte) error {
 			continue
 		}
 		if !ok {
+			if roles := rolesWith(e.key); len(roles) > 0 {
+				errs = append(errs, fmt.Errorf("%s: unknown key %q (a setting of the %s only)", at, e.key, strings.Join(roles, " and ")))
+				continue
+			}
 			errs = append(errs, fmt.Errorf("%s: unknown key %q", at, e.key))
 			continue
 		}
@@ -277,4 +281,20 @@ func yamlValues(prefix string, m *yaml.Node, out *[]entry) error {
 		*out = append(*out, e)
 	}
 	return nil
+}
+
+// rolesWith names the roles that have the setting key: a file written for
+// one role and given to another says whose its keys are.
+func rolesWith(key string) []string {
+	var out []string
+	for _, role := range Roles {
+		cfg, _ := Default(role, func(string) string { return "" })
+		for _, f := range Fields(cfg) {
+			if f.Key == key {
+				out = append(out, role)
+				break
+			}
+		}
+	}
+	return out
 }
