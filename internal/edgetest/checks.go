@@ -233,6 +233,7 @@ func testInside(t *testing.T, e *edge) {
 		}
 		_, err = e.h.Stat(ctx, connect.NewRequest(&dsecv1.StatRequest{SandboxId: id, Path: "/tmp/absent"}))
 		wantKind(t, "Stat of a missing file", err, errdefs.ErrNotFound)
+		testExecAfter(t, e, id)
 		testSnapshot(t, e, id)
 	}
 	testProvenance(t, e, id)
@@ -245,6 +246,40 @@ func testInside(t *testing.T, e *edge) {
 	wantKind(t, "Provenance of a deleted sandbox", err, errdefs.ErrFailedPrecondition)
 	_, err = e.h.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: "/etc/hostname"}))
 	wantKind(t, "ReadFile in a deleted sandbox", err, errdefs.ErrFailedPrecondition)
+}
+
+// testExecAfter: an exec whose request asks for after steps (ExecAfter, a
+// grade's grader) exits with them done: what its user left running is
+// killed, and the file is read after the kill, or said missing.
+func testExecAfter(t *testing.T, e *edge, id string) {
+	ctx := t.Context()
+	const user, file = "65534:65534", "/tmp/edgetest-after"
+	if _, err := e.h.WriteFile(ctx, connect.NewRequest(&dsecv1.WriteFileRequest{SandboxId: id, Path: file, Mode: 0o666})); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	after := &dsecv1.ExecAfter{KillUser: true, ReadFile: file}
+	r, err := e.execReq(ctx, &dsecv1.ExecRequest{SandboxId: id, User: user, After: after,
+		Command: "echo 0.5 >" + file + "; sleep 600 >/dev/null 2>&1 & exit 0"})
+	if err != nil || r.exited.GetExitCode() != 0 {
+		t.Fatalf("Exec with after steps: exited %v, %v", r.exited, err)
+	}
+	if got := r.exited.GetAfter(); got == nil || string(got.GetFile()) != "0.5\n" || got.GetFileMissing() {
+		t.Errorf("the exit's after steps: %v, want the file read back (0.5)", got)
+	}
+	// kill -0 -1 signals every process of the user but the shell itself:
+	// it fails when the shell is the user's only one.
+	r, err = e.execReq(ctx, &dsecv1.ExecRequest{SandboxId: id, User: user, Command: "kill -0 -1 2>/dev/null && echo left || echo none"})
+	if err != nil || r.stdout != "none\n" {
+		t.Errorf("processes of the user after the after steps' kill: %q, %v; want none", r.stdout, err)
+	}
+	r, err = e.execReq(ctx, &dsecv1.ExecRequest{SandboxId: id, User: user, Command: "exit 3",
+		After: &dsecv1.ExecAfter{ReadFile: "/tmp/edgetest-absent"}})
+	if err != nil || r.exited.GetExitCode() != 3 || !r.exited.GetAfter().GetFileMissing() {
+		t.Errorf("Exec reading a missing file after: exited %v, %v; want code 3, the file missing", r.exited, err)
+	}
+	if r, err := e.exec(ctx, id, "true"); err != nil || r.exited.GetAfter() != nil {
+		t.Errorf("Exec without after steps: exited %v, %v; want no after", r.exited, err)
+	}
 }
 
 // testSnapshot: a snapshot of sandbox id is an environment whose sandboxes

@@ -25,8 +25,10 @@
 //   - Fork: a child per token where the edge forks the suite's sandboxes,
 //     else FailedPrecondition (their runtime cannot copy their memory) or
 //     NotSupported (the edge forks nothing), making nothing (Options.Fork);
-//   - the calls that run inside a sandbox (exec, files, processes), unless
-//     the implementation runs none (Deviations.NoAgent);
+//   - the calls that run inside a sandbox (exec, files, processes; an
+//     exec's after steps, ExecAfter: its user's leftovers killed and a
+//     file read before the exit goes on), unless the implementation runs
+//     none (Deviations.NoAgent);
 //   - Trajectory: a sandbox's calls recorded, read from an offset, ended
 //     and still readable after its deletion, hashed (docs/trajectories.md);
 //   - SignReceipt: a grade's receipt signed only when it names what the
@@ -264,8 +266,13 @@ type execResult struct {
 // exec runs command in sandbox id through the streaming handler. Its
 // error carries the errdefs kind the wire brought back.
 func (e *edge) exec(ctx context.Context, id, command string) (execResult, error) {
+	return e.execReq(ctx, &dsecv1.ExecRequest{SandboxId: id, Command: command})
+}
+
+// execReq runs req through the streaming handler, as exec does.
+func (e *edge) execReq(ctx context.Context, req *dsecv1.ExecRequest) (execResult, error) {
 	var r execResult
-	st, err := e.c.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{SandboxId: id, Command: command}))
+	st, err := e.c.Exec(ctx, connect.NewRequest(req))
 	if err != nil {
 		return r, errdefs.FromConnect(err)
 	}

@@ -246,6 +246,17 @@ func Run(ctx context.Context, api API, req *dsecv1.GradeRequest, rooms Rooms) (r
 		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
 	}
 	res.Times.GraderMs = time.Since(t).Milliseconds()
+	if after := res.GetExit().GetAfter(); after != nil {
+		// The node killed the grader's leftovers and read the reward file
+		// in the grader's own call.
+		took := time.Duration(after.GetDurationSeconds() * float64(time.Second))
+		res.Times.RewardMs = took.Milliseconds()
+		res.Times.GraderMs = max(0, res.Times.GraderMs-res.Times.RewardMs)
+		res.Reward, res.RewardSource = Reward(res.GetExit(), after.GetFile())
+		return res, done, nil
+	}
+	// A grader the platform ended, or a node that did not do the after
+	// steps: two more calls.
 	t = time.Now()
 	if err := killLeft(ctx, api, room, res.GetUser()); err != nil {
 		return nil, nil, fmt.Errorf("grade %s: %w", id, err)
@@ -460,9 +471,14 @@ func runGrader(ctx context.Context, api API, room string, req *dsecv1.GradeReque
 	if limit == 0 {
 		limit = defaultOutputLimit
 	}
+	// Once the grader exits, its node kills every process its user still
+	// runs in the clean room (what the grader or the code it tested left
+	// behind, so none writes the reward file after the grader exited),
+	// then reads the reward file: in this call, not two more.
 	stream, err := api.Exec(ctx, connect.NewRequest(&dsecv1.ExecRequest{
 		SandboxId: room, Argv: req.GetArgv(), Command: req.GetCommand(), Env: env,
 		Cwd: req.GetCwd(), User: res.GetUser(), TimeoutSeconds: graderTimeout(req).Seconds(),
+		After: &dsecv1.ExecAfter{KillUser: true, ReadFile: RewardFile},
 	}))
 	if err != nil {
 		return fmt.Errorf("run the grader: %w", err)

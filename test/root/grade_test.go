@@ -143,10 +143,29 @@ func TestGradeRewardHacks(t *testing.T) {
 		}
 		checkGradeReceipt(t, s.d.Root, sb.ID, tc.name, res)
 	}
+	// The grader's leftovers are killed in the grader's own call, before
+	// its reward file is read (ExecAfter): one it left is gone when the
+	// grade returns, and the reward is the one the grader wrote.
+	res, err := sb.Grade(ctx, dsec.GradeOptions{Paths: []string{"/work/src"}, Keep: true,
+		Command: `echo 0.5 > "$DSEC_REWARD_FILE"; (sleep 600; echo 1 > "$DSEC_REWARD_FILE") >/dev/null 2>&1 &`})
+	if err != nil {
+		t.Fatalf("grade leaving a process: %v", err)
+	}
+	room := c.Sandbox(res.GetGraderSandboxId())
+	defer room.Delete(context.WithoutCancel(ctx))
+	if res.GetReward() != 0.5 || res.GetExit().GetAfter() == nil {
+		t.Errorf("grade leaving a process: reward %v, exit %v; want 0.5, the leftovers killed and the reward read in the grader's call", res.GetReward(), res.GetExit())
+	}
+	if r, err := room.Exec(ctx, dsec.Sh("kill -0 -1 2>/dev/null && echo left || echo none"), &dsec.ExecOptions{User: "65534:65534"}); err != nil || string(r.Stdout) != "none\n" {
+		t.Errorf("the grader's processes in its kept clean room: %v %+v; want none", err, r)
+	}
+	if err := room.Delete(ctx); err != nil {
+		t.Errorf("delete the kept clean room: %v", err)
+	}
 	// A grade pool kept ready on the node serves the next grade: the room
 	// is taken, not started.
 	waitGradePool(ctx, t, c, "fncall:latest")
-	res, err := sb.Grade(ctx, dsec.GradeOptions{Paths: []string{"/work/src"}, Command: "test ! -e /work/tests/test_calc.py"})
+	res, err = sb.Grade(ctx, dsec.GradeOptions{Paths: []string{"/work/src"}, Command: "test ! -e /work/tests/test_calc.py"})
 	if err != nil || !res.GetTimes().GetPooled() || !res.GetTimes().GetLaid() || res.GetReward() != 1 {
 		t.Errorf("a grade with its pool ready: %v, times %v, reward %v; want a pooled room, the capture laid, reward 1", err, res.GetTimes(), res.GetReward())
 	} else {

@@ -12,6 +12,7 @@ import (
 	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/flushhold"
+	"dsec.dev/dsec/internal/grade"
 	"dsec.dev/dsec/internal/shellrelay"
 )
 
@@ -153,12 +154,98 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequ
 		}
 	}()
 	watch := execWatch{out: out, log: &s.execs, id: req.Msg.GetSandboxId(), command: commandKey(execCommand(req.Msg)),
-		seq: seq, user: req.Msg.GetUser()}
+		seq: seq, user: req.Msg.GetUser(),
+		afterReward: req.Msg.GetAfter().GetKillUser() && req.Msg.GetAfter().GetReadFile() == grade.RewardFile}
 	return forwardStream(ctx, s, req.Msg.GetSandboxId(), req.Msg, watch, true, step, func(a agentclient.Client) streamCall[dsecv1.ExecRequest, dsecv1.ExecEvent] {
 		return func(ctx context.Context, req *dsecv1.ExecRequest) (clientStream[dsecv1.ExecEvent], error) {
-			return a.ExecEvents(ctx, req)
+			in, err := a.ExecEvents(ctx, req)
+			if err != nil || req.GetAfter() == nil {
+				return in, err
+			}
+			return &afterExit{in: in, ctx: ctx, agent: a, req: req}, nil
 		}
 	})
+}
+
+// maxAfterRead bounds the file ExecAfter.read_file reads back: a grade's
+// reward, a number.
+const maxAfterRead = 4 << 10
+
+// afterExit is an exec's stream from the agent that, when the command
+// exits, does what its request's after asks (ExecAfter) before the exit
+// goes on, and puts what it did on the exit (ExecExited.after): the kill
+// of the command's user's leftovers and the read of a file, on the node,
+// without two more calls from the caller. A command the platform ended
+// (a fault) is left as it is. Where the kill or the read fails, the
+// stream ends with that error instead of the exit.
+type afterExit struct {
+	in    agentclient.ExecStream
+	ctx   context.Context
+	agent agentclient.Client
+	req   *dsecv1.ExecRequest
+	err   error
+}
+
+func (a *afterExit) Receive() bool {
+	if a.err != nil || !a.in.Receive() {
+		return false
+	}
+	x := a.in.Msg().GetExited()
+	if x == nil || x.GetFault() != dsecv1.Fault_FAULT_UNSPECIFIED {
+		return true
+	}
+	done, err := runAfter(a.ctx, a.agent, a.req)
+	if err != nil {
+		a.err = err
+		return false
+	}
+	x.After = done
+	return true
+}
+
+func (a *afterExit) Msg() *dsecv1.ExecEvent { return a.in.Msg() }
+func (a *afterExit) Close() error           { return a.in.Close() }
+
+func (a *afterExit) Err() error {
+	if a.err != nil {
+		return a.err
+	}
+	return a.in.Err()
+}
+
+// runAfter does what req.after asks once req's command has exited: kill
+// what its user still runs in the sandbox, then read a file as root.
+func runAfter(ctx context.Context, a agentclient.Client, req *dsecv1.ExecRequest) (*dsecv1.ExecAfterDone, error) {
+	began := time.Now()
+	after := req.GetAfter()
+	done := &dsecv1.ExecAfterDone{}
+	if after.GetKillUser() {
+		kill, err := a.ExecEvents(ctx, &dsecv1.ExecRequest{SandboxId: req.GetSandboxId(),
+			Command: "kill -9 -1 2>/dev/null; exit 0", User: req.GetUser(), TimeoutSeconds: 30})
+		if err != nil {
+			return nil, fmt.Errorf("kill what the command left: %w", err)
+		}
+		for kill.Receive() {
+		}
+		err = kill.Err()
+		kill.Close()
+		if err != nil {
+			return nil, fmt.Errorf("kill what the command left: %w", err)
+		}
+	}
+	if p := after.GetReadFile(); p != "" {
+		rf, err := a.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: req.GetSandboxId(), Path: p, Limit: maxAfterRead, User: "root"}))
+		switch {
+		case connect.CodeOf(err) == connect.CodeNotFound:
+			done.FileMissing = true
+		case err != nil:
+			return nil, fmt.Errorf("read %s after the command: %w", p, err)
+		default:
+			done.File = rf.Msg.GetData()
+		}
+	}
+	done.DurationSeconds = time.Since(began).Seconds()
+	return done, nil
 }
 
 func (s *Service) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], out *connect.ServerStream[dsecv1.ExecEvent]) error {

@@ -171,7 +171,7 @@ func (s *Service) SignReceipt(ctx context.Context, req *connect.Request[edgev1.S
 	if other := s.execs.othersSince(r.GradeSandbox, ran.seq, ran.user); other != "" {
 		return nil, refuse(fmt.Errorf("%s acted in clean room %s after its grader began", other, r.GradeSandbox))
 	}
-	file, err := s.rewardFile(ctx, r.GradeSandbox, ran.exit)
+	file, err := s.rewardFile(ctx, r.GradeSandbox, ran.exit, ran.afterReward)
 	if err != nil {
 		return nil, fmt.Errorf("sign receipt: %w", err)
 	}
@@ -226,10 +226,15 @@ func (s *Service) SignReceipt(ctx context.Context, req *connect.Request[edgev1.S
 
 // rewardFile reads the reward file of clean room id as its grader, which
 // exited with ran, left it (nil for none, or for a grader the platform
-// ended, whose reward file means nothing).
-func (s *Service) rewardFile(ctx context.Context, id string, ran *dsecv1.ExecExited) ([]byte, error) {
+// ended, whose reward file means nothing). A grader whose exec had the
+// node kill its leftovers and then read the reward file (afterReward:
+// ExecAfter) carries what the node read then.
+func (s *Service) rewardFile(ctx context.Context, id string, ran *dsecv1.ExecExited, afterReward bool) ([]byte, error) {
 	if ran.GetFault() != dsecv1.Fault_FAULT_UNSPECIFIED {
 		return nil, nil
+	}
+	if ran.GetAfter() != nil && afterReward {
+		return ran.GetAfter().GetFile(), nil
 	}
 	resp, err := s.ReadFile(ctx, connect.NewRequest(&dsecv1.ReadFileRequest{SandboxId: id, Path: grade.RewardFile, Limit: grade.MaxRewardBytes, User: "root"}))
 	switch {
@@ -439,6 +444,9 @@ type execSeen struct {
 	exit    *dsecv1.ExecExited
 	seq     int64 // the exec's call
 	user    string
+	// afterReward: the exec had the node kill its user's leftovers and
+	// then read the reward file (ExecAfter), which its exit carries.
+	afterReward bool
 }
 
 // provenanceSeen is provenance the node reported: its flags' names and
@@ -485,12 +493,13 @@ func (l *execLog) act(id, call, user string) int64 {
 	return r.calls
 }
 
-// add notes the exit of exec call seq, as user, of command in sandbox id.
-func (l *execLog) add(id string, command [sha256.Size]byte, exit *dsecv1.ExecExited, seq int64, user string) {
+// add notes the exit of exec call seq, as user, of command in sandbox id
+// (afterReward: see execSeen).
+func (l *execLog) add(id string, command [sha256.Size]byte, exit *dsecv1.ExecExited, seq int64, user string, afterReward bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.room(id)
-	r.execs = keep(r.execs, execSeen{command: command, exit: exit, seq: seq, user: user}, execsPerSandbox)
+	r.execs = keep(r.execs, execSeen{command: command, exit: exit, seq: seq, user: user, afterReward: afterReward}, execsPerSandbox)
 }
 
 // last is the newest exec of command in sandbox id.
@@ -591,11 +600,14 @@ type execWatch struct {
 	command [sha256.Size]byte
 	seq     int64 // the exec's call
 	user    string
+	// afterReward: the exec asks the node to kill its user's leftovers
+	// and read the reward file once it exits.
+	afterReward bool
 }
 
 func (w execWatch) Send(e *dsecv1.ExecEvent) error {
 	if x := e.GetExited(); x != nil {
-		w.log.add(w.id, w.command, x, w.seq, w.user)
+		w.log.add(w.id, w.command, x, w.seq, w.user, w.afterReward)
 	}
 	return w.out.Send(e)
 }

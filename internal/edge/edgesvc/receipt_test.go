@@ -17,7 +17,7 @@ func TestExecLog(t *testing.T) {
 	grader, other := commandKey([]string{"sh", "-c", "pytest"}), commandKey([]string{"sh", "-c", "kill -9 -1"})
 	exit := func(code int32) *dsecv1.ExecExited { return &dsecv1.ExecExited{ExitCode: code} }
 	run := func(id string, command [32]byte, code int32) {
-		l.add(id, command, exit(code), l.act(id, "exec", "nobody"), "nobody")
+		l.add(id, command, exit(code), l.act(id, "exec", "nobody"), "nobody", false)
 	}
 	run("sb-a", grader, 1)
 	run("sb-a", grader, 0)

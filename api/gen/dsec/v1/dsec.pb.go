@@ -2852,8 +2852,13 @@ type ExecRequest struct {
 	// replay (0 = the agent's default, 16 MiB). It does not bound what a
 	// stream following the command gets: that is all of it.
 	OutputLimitBytes int64 `protobuf:"varint,13,opt,name=output_limit_bytes,json=outputLimitBytes,proto3" json:"output_limit_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// after asks the node to act once the command has exited, before it
+	// sends the exit: a clean-room grade (docs/grading.md) has its grader's
+	// leftovers killed and its reward file read in the grader's own call,
+	// not in two more. The exit then carries ExecExited.after.
+	After         *ExecAfter `protobuf:"bytes,14,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecRequest) Reset() {
@@ -2977,6 +2982,132 @@ func (x *ExecRequest) GetOutputLimitBytes() int64 {
 	return 0
 }
 
+func (x *ExecRequest) GetAfter() *ExecAfter {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+// ExecAfter is what the node does once a command has exited, in its call.
+type ExecAfter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kill_user kills every process the command's user still runs in the
+	// sandbox (kill -9 -1 as that user), so nothing it left runs on.
+	KillUser bool `protobuf:"varint,1,opt,name=kill_user,json=killUser,proto3" json:"kill_user,omitempty"`
+	// read_file is read as root after the kill, up to 4 KiB, and returned in
+	// ExecAfterDone.file.
+	ReadFile      string `protobuf:"bytes,2,opt,name=read_file,json=readFile,proto3" json:"read_file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecAfter) Reset() {
+	*x = ExecAfter{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecAfter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecAfter) ProtoMessage() {}
+
+func (x *ExecAfter) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecAfter.ProtoReflect.Descriptor instead.
+func (*ExecAfter) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ExecAfter) GetKillUser() bool {
+	if x != nil {
+		return x.KillUser
+	}
+	return false
+}
+
+func (x *ExecAfter) GetReadFile() string {
+	if x != nil {
+		return x.ReadFile
+	}
+	return ""
+}
+
+// ExecAfterDone says the node did what ExecRequest.after asked. A command
+// the platform ended (ExecExited.fault) gets none.
+type ExecAfterDone struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	File            []byte                 `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`                                                // read_file's content, up to 4 KiB
+	FileMissing     bool                   `protobuf:"varint,2,opt,name=file_missing,json=fileMissing,proto3" json:"file_missing,omitempty"`              // read_file did not exist
+	DurationSeconds float64                `protobuf:"fixed64,3,opt,name=duration_seconds,json=durationSeconds,proto3" json:"duration_seconds,omitempty"` // the kill and the read
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ExecAfterDone) Reset() {
+	*x = ExecAfterDone{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecAfterDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecAfterDone) ProtoMessage() {}
+
+func (x *ExecAfterDone) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecAfterDone.ProtoReflect.Descriptor instead.
+func (*ExecAfterDone) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ExecAfterDone) GetFile() []byte {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+func (x *ExecAfterDone) GetFileMissing() bool {
+	if x != nil {
+		return x.FileMissing
+	}
+	return false
+}
+
+func (x *ExecAfterDone) GetDurationSeconds() float64 {
+	if x != nil {
+		return x.DurationSeconds
+	}
+	return 0
+}
+
 type ExecEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -2994,7 +3125,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3006,7 +3137,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3019,7 +3150,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -3139,7 +3270,7 @@ type ExecDropped struct {
 
 func (x *ExecDropped) Reset() {
 	*x = ExecDropped{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3151,7 +3282,7 @@ func (x *ExecDropped) String() string {
 func (*ExecDropped) ProtoMessage() {}
 
 func (x *ExecDropped) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3164,7 +3295,7 @@ func (x *ExecDropped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecDropped.ProtoReflect.Descriptor instead.
 func (*ExecDropped) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExecDropped) GetStderr() bool {
@@ -3195,7 +3326,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3207,7 +3338,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3220,7 +3351,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -3268,14 +3399,17 @@ type ExecExited struct {
 	Message         string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"` // why, in words, when not OK
 	// The platform's fault when the platform ended the command (status is
 	// then the command's, OOM say); unset when the task did.
-	Fault         Fault `protobuf:"varint,10,opt,name=fault,proto3,enum=dsec.v1.Fault" json:"fault,omitempty"`
+	Fault Fault `protobuf:"varint,10,opt,name=fault,proto3,enum=dsec.v1.Fault" json:"fault,omitempty"`
+	// after: what the node did once the command exited, when the request
+	// asked (ExecRequest.after).
+	After         *ExecAfterDone `protobuf:"bytes,11,opt,name=after,proto3" json:"after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3287,7 +3421,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3300,7 +3434,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -3373,6 +3507,13 @@ func (x *ExecExited) GetFault() Fault {
 	return Fault_FAULT_UNSPECIFIED
 }
 
+func (x *ExecExited) GetAfter() *ExecAfterDone {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
 type AttachRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -3399,7 +3540,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3411,7 +3552,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3424,7 +3565,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -3488,7 +3629,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3500,7 +3641,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3513,7 +3654,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -3552,7 +3693,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3564,7 +3705,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3577,7 +3718,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 type SignalRequest struct {
@@ -3591,7 +3732,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3603,7 +3744,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3616,7 +3757,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -3648,7 +3789,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3660,7 +3801,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3673,7 +3814,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 type ListProcessesRequest struct {
@@ -3685,7 +3826,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3697,7 +3838,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3710,7 +3851,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -3735,7 +3876,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3747,7 +3888,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3760,7 +3901,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -3821,7 +3962,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3833,7 +3974,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3846,7 +3987,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -3871,7 +4012,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3883,7 +4024,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3896,7 +4037,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -3958,7 +4099,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3970,7 +4111,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3983,7 +4124,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -4008,7 +4149,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4020,7 +4161,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4033,7 +4174,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 type SessionCloseRequest struct {
@@ -4046,7 +4187,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4058,7 +4199,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4071,7 +4212,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -4096,7 +4237,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4108,7 +4249,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4121,7 +4262,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 type ShellInput struct {
@@ -4138,7 +4279,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4150,7 +4291,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4163,7 +4304,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -4243,7 +4384,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4255,7 +4396,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4268,7 +4409,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -4337,7 +4478,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4349,7 +4490,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4362,7 +4503,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -4393,7 +4534,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4405,7 +4546,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4418,7 +4559,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -4496,7 +4637,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4508,7 +4649,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4521,7 +4662,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *FileInfo) GetName() string {
@@ -4600,7 +4741,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4612,7 +4753,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4625,7 +4766,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -4674,7 +4815,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4686,7 +4827,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4699,7 +4840,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -4738,7 +4879,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4750,7 +4891,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4763,7 +4904,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -4824,7 +4965,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4836,7 +4977,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4849,7 +4990,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -4870,7 +5011,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4882,7 +5023,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4895,7 +5036,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -4928,7 +5069,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4940,7 +5081,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4953,7 +5094,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -4974,7 +5115,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4986,7 +5127,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4999,7 +5140,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -5032,7 +5173,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5044,7 +5185,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5057,7 +5198,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -5079,7 +5220,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5091,7 +5232,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5104,7 +5245,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -5143,7 +5284,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5155,7 +5296,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5168,7 +5309,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 type MakeDirRequest struct {
@@ -5184,7 +5325,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5196,7 +5337,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5209,7 +5350,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -5255,7 +5396,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5267,7 +5408,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5280,7 +5421,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 type MoveRequest struct {
@@ -5296,7 +5437,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5308,7 +5449,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5321,7 +5462,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -5369,7 +5510,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5381,7 +5522,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5394,7 +5535,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *MoveResponse) GetInfo() *FileInfo {
@@ -5416,7 +5557,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5428,7 +5569,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5441,7 +5582,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -5483,7 +5624,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5495,7 +5636,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5508,7 +5649,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -5544,7 +5685,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5556,7 +5697,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5569,7 +5710,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -5610,7 +5751,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5622,7 +5763,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5635,7 +5776,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -5670,7 +5811,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5682,7 +5823,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5695,7 +5836,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -5742,7 +5883,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5754,7 +5895,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5767,7 +5908,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -5807,7 +5948,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5819,7 +5960,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5832,7 +5973,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *Layer) GetDigest() string {
@@ -5950,7 +6091,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5962,7 +6103,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5975,7 +6116,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *SnapshotInfo) GetName() string {
@@ -6135,7 +6276,7 @@ type GradeRequest struct {
 
 func (x *GradeRequest) Reset() {
 	*x = GradeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6147,7 +6288,7 @@ func (x *GradeRequest) String() string {
 func (*GradeRequest) ProtoMessage() {}
 
 func (x *GradeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6160,7 +6301,7 @@ func (x *GradeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeRequest.ProtoReflect.Descriptor instead.
 func (*GradeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GradeRequest) GetSandboxId() string {
@@ -6281,7 +6422,7 @@ type GradeTests struct {
 
 func (x *GradeTests) Reset() {
 	*x = GradeTests{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6293,7 +6434,7 @@ func (x *GradeTests) String() string {
 func (*GradeTests) ProtoMessage() {}
 
 func (x *GradeTests) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6306,7 +6447,7 @@ func (x *GradeTests) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeTests.ProtoReflect.Descriptor instead.
 func (*GradeTests) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *GradeTests) GetLayer() string {
@@ -6341,7 +6482,9 @@ type GradeTimes struct {
 	// The provenance and trajectory reads of the graded sandbox, beside the
 	// rest (they no longer hold up the capture).
 	EvidenceMs int64 `protobuf:"varint,7,opt,name=evidence_ms,json=evidenceMs,proto3" json:"evidence_ms,omitempty"`
-	// Killing what the grader left and reading the reward file.
+	// Killing what the grader left and reading the reward file: as the
+	// clean room's node timed them inside the grader's call (ExecAfter),
+	// which grader_ms then leaves out.
 	RewardMs int64 `protobuf:"varint,8,opt,name=reward_ms,json=rewardMs,proto3" json:"reward_ms,omitempty"`
 	// The receipt's signing by the clean room's node.
 	ReceiptMs int64 `protobuf:"varint,9,opt,name=receipt_ms,json=receiptMs,proto3" json:"receipt_ms,omitempty"`
@@ -6356,7 +6499,7 @@ type GradeTimes struct {
 
 func (x *GradeTimes) Reset() {
 	*x = GradeTimes{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6368,7 +6511,7 @@ func (x *GradeTimes) String() string {
 func (*GradeTimes) ProtoMessage() {}
 
 func (x *GradeTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6381,7 +6524,7 @@ func (x *GradeTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeTimes.ProtoReflect.Descriptor instead.
 func (*GradeTimes) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *GradeTimes) GetCaptureMs() int64 {
@@ -6496,7 +6639,7 @@ type GradeResult struct {
 
 func (x *GradeResult) Reset() {
 	*x = GradeResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6508,7 +6651,7 @@ func (x *GradeResult) String() string {
 func (*GradeResult) ProtoMessage() {}
 
 func (x *GradeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6521,7 +6664,7 @@ func (x *GradeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeResult.ProtoReflect.Descriptor instead.
 func (*GradeResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *GradeResult) GetReward() float64 {
@@ -6667,7 +6810,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6679,7 +6822,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6692,7 +6835,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -6764,7 +6907,7 @@ type LayFile struct {
 
 func (x *LayFile) Reset() {
 	*x = LayFile{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6776,7 +6919,7 @@ func (x *LayFile) String() string {
 func (*LayFile) ProtoMessage() {}
 
 func (x *LayFile) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6789,7 +6932,7 @@ func (x *LayFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayFile.ProtoReflect.Descriptor instead.
 func (*LayFile) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *LayFile) GetPath() string {
@@ -6821,7 +6964,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6833,7 +6976,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6846,7 +6989,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 type ListSnapshotsResponse struct {
@@ -6858,7 +7001,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6870,7 +7013,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6883,7 +7026,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -6902,7 +7045,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6914,7 +7057,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6927,7 +7070,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -6945,7 +7088,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6957,7 +7100,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6970,7 +7113,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 type ForkRequest struct {
@@ -6990,7 +7133,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7002,7 +7145,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7015,7 +7158,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -7064,7 +7207,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7076,7 +7219,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7089,7 +7232,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -7116,7 +7259,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7128,7 +7271,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7141,7 +7284,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -7173,7 +7316,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7185,7 +7328,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7198,7 +7341,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -7255,7 +7398,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7267,7 +7410,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7280,7 +7423,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -7356,7 +7499,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7368,7 +7511,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7381,7 +7524,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -7432,7 +7575,7 @@ type ShareLayerRequest struct {
 
 func (x *ShareLayerRequest) Reset() {
 	*x = ShareLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7444,7 +7587,7 @@ func (x *ShareLayerRequest) String() string {
 func (*ShareLayerRequest) ProtoMessage() {}
 
 func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7457,7 +7600,7 @@ func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerRequest.ProtoReflect.Descriptor instead.
 func (*ShareLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ShareLayerRequest) GetRef() string {
@@ -7490,7 +7633,7 @@ type ShareLayerResponse struct {
 
 func (x *ShareLayerResponse) Reset() {
 	*x = ShareLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7502,7 +7645,7 @@ func (x *ShareLayerResponse) String() string {
 func (*ShareLayerResponse) ProtoMessage() {}
 
 func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7515,7 +7658,7 @@ func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerResponse.ProtoReflect.Descriptor instead.
 func (*ShareLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ShareLayerResponse) GetSharedWith() []string {
@@ -7533,7 +7676,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7545,7 +7688,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7558,7 +7701,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 type ListLayersResponse struct {
@@ -7570,7 +7713,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7582,7 +7725,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7595,7 +7738,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -7614,7 +7757,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7626,7 +7769,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7639,7 +7782,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -7657,7 +7800,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7669,7 +7812,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7682,7 +7825,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 type Environment struct {
@@ -7697,7 +7840,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7709,7 +7852,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7722,7 +7865,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *Environment) GetName() string {
@@ -7761,7 +7904,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7773,7 +7916,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7786,7 +7929,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 type ListEnvironmentsResponse struct {
@@ -7798,7 +7941,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7810,7 +7953,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7823,7 +7966,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -7844,7 +7987,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7856,7 +7999,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7869,7 +8012,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -7902,7 +8045,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7914,7 +8057,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7927,7 +8070,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -7948,7 +8091,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7960,7 +8103,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7973,7 +8116,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -8015,7 +8158,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8027,7 +8170,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8040,7 +8183,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -8122,7 +8265,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8134,7 +8277,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8147,7 +8290,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -8168,7 +8311,7 @@ type TrajectoryRequest struct {
 
 func (x *TrajectoryRequest) Reset() {
 	*x = TrajectoryRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8180,7 +8323,7 @@ func (x *TrajectoryRequest) String() string {
 func (*TrajectoryRequest) ProtoMessage() {}
 
 func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8193,7 +8336,7 @@ func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*TrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *TrajectoryRequest) GetSandboxId() string {
@@ -8231,7 +8374,7 @@ type TrajectoryResponse struct {
 
 func (x *TrajectoryResponse) Reset() {
 	*x = TrajectoryResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8243,7 +8386,7 @@ func (x *TrajectoryResponse) String() string {
 func (*TrajectoryResponse) ProtoMessage() {}
 
 func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8256,7 +8399,7 @@ func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*TrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *TrajectoryResponse) GetLines() []byte {
@@ -8313,7 +8456,7 @@ type ProvenanceRequest struct {
 
 func (x *ProvenanceRequest) Reset() {
 	*x = ProvenanceRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8325,7 +8468,7 @@ func (x *ProvenanceRequest) String() string {
 func (*ProvenanceRequest) ProtoMessage() {}
 
 func (x *ProvenanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8338,7 +8481,7 @@ func (x *ProvenanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceRequest.ProtoReflect.Descriptor instead.
 func (*ProvenanceRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ProvenanceRequest) GetSandboxId() string {
@@ -8365,7 +8508,7 @@ type SetProvenancePathsRequest struct {
 
 func (x *SetProvenancePathsRequest) Reset() {
 	*x = SetProvenancePathsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8377,7 +8520,7 @@ func (x *SetProvenancePathsRequest) String() string {
 func (*SetProvenancePathsRequest) ProtoMessage() {}
 
 func (x *SetProvenancePathsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8390,7 +8533,7 @@ func (x *SetProvenancePathsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProvenancePathsRequest.ProtoReflect.Descriptor instead.
 func (*SetProvenancePathsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *SetProvenancePathsRequest) GetSandboxId() string {
@@ -8418,7 +8561,7 @@ type SetProvenancePathsResponse struct {
 
 func (x *SetProvenancePathsResponse) Reset() {
 	*x = SetProvenancePathsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8430,7 +8573,7 @@ func (x *SetProvenancePathsResponse) String() string {
 func (*SetProvenancePathsResponse) ProtoMessage() {}
 
 func (x *SetProvenancePathsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8443,7 +8586,7 @@ func (x *SetProvenancePathsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProvenancePathsResponse.ProtoReflect.Descriptor instead.
 func (*SetProvenancePathsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *SetProvenancePathsResponse) GetUnwatched() []string {
@@ -8472,7 +8615,7 @@ type ProvenanceFlags struct {
 
 func (x *ProvenanceFlags) Reset() {
 	*x = ProvenanceFlags{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8484,7 +8627,7 @@ func (x *ProvenanceFlags) String() string {
 func (*ProvenanceFlags) ProtoMessage() {}
 
 func (x *ProvenanceFlags) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8497,7 +8640,7 @@ func (x *ProvenanceFlags) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceFlags.ProtoReflect.Descriptor instead.
 func (*ProvenanceFlags) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ProvenanceFlags) GetFilesOutsideWorkspace() bool {
@@ -8600,7 +8743,7 @@ type SandboxProvenance struct {
 
 func (x *SandboxProvenance) Reset() {
 	*x = SandboxProvenance{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8612,7 +8755,7 @@ func (x *SandboxProvenance) String() string {
 func (*SandboxProvenance) ProtoMessage() {}
 
 func (x *SandboxProvenance) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8625,7 +8768,7 @@ func (x *SandboxProvenance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxProvenance.ProtoReflect.Descriptor instead.
 func (*SandboxProvenance) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *SandboxProvenance) GetSandboxId() string {
@@ -8767,7 +8910,7 @@ type ProvenanceFile struct {
 
 func (x *ProvenanceFile) Reset() {
 	*x = ProvenanceFile{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8779,7 +8922,7 @@ func (x *ProvenanceFile) String() string {
 func (*ProvenanceFile) ProtoMessage() {}
 
 func (x *ProvenanceFile) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8792,7 +8935,7 @@ func (x *ProvenanceFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceFile.ProtoReflect.Descriptor instead.
 func (*ProvenanceFile) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *ProvenanceFile) GetPath() string {
@@ -8843,7 +8986,7 @@ type ProvenanceRead struct {
 
 func (x *ProvenanceRead) Reset() {
 	*x = ProvenanceRead{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8855,7 +8998,7 @@ func (x *ProvenanceRead) String() string {
 func (*ProvenanceRead) ProtoMessage() {}
 
 func (x *ProvenanceRead) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8868,7 +9011,7 @@ func (x *ProvenanceRead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceRead.ProtoReflect.Descriptor instead.
 func (*ProvenanceRead) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ProvenanceRead) GetPath() string {
@@ -8920,7 +9063,7 @@ type ProvenanceNet struct {
 
 func (x *ProvenanceNet) Reset() {
 	*x = ProvenanceNet{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8932,7 +9075,7 @@ func (x *ProvenanceNet) String() string {
 func (*ProvenanceNet) ProtoMessage() {}
 
 func (x *ProvenanceNet) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8945,7 +9088,7 @@ func (x *ProvenanceNet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceNet.ProtoReflect.Descriptor instead.
 func (*ProvenanceNet) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ProvenanceNet) GetKind() string {
@@ -9000,7 +9143,7 @@ type ProvenanceProcess struct {
 
 func (x *ProvenanceProcess) Reset() {
 	*x = ProvenanceProcess{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9012,7 +9155,7 @@ func (x *ProvenanceProcess) String() string {
 func (*ProvenanceProcess) ProtoMessage() {}
 
 func (x *ProvenanceProcess) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9025,7 +9168,7 @@ func (x *ProvenanceProcess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceProcess.ProtoReflect.Descriptor instead.
 func (*ProvenanceProcess) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ProvenanceProcess) GetPid() int32 {
@@ -9054,7 +9197,7 @@ type ProvenancePackage struct {
 
 func (x *ProvenancePackage) Reset() {
 	*x = ProvenancePackage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9066,7 +9209,7 @@ func (x *ProvenancePackage) String() string {
 func (*ProvenancePackage) ProtoMessage() {}
 
 func (x *ProvenancePackage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9079,7 +9222,7 @@ func (x *ProvenancePackage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenancePackage.ProtoReflect.Descriptor instead.
 func (*ProvenancePackage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *ProvenancePackage) GetManager() string {
@@ -9123,7 +9266,7 @@ type ProvenanceSyscall struct {
 
 func (x *ProvenanceSyscall) Reset() {
 	*x = ProvenanceSyscall{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9135,7 +9278,7 @@ func (x *ProvenanceSyscall) String() string {
 func (*ProvenanceSyscall) ProtoMessage() {}
 
 func (x *ProvenanceSyscall) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9148,7 +9291,7 @@ func (x *ProvenanceSyscall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceSyscall.ProtoReflect.Descriptor instead.
 func (*ProvenanceSyscall) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *ProvenanceSyscall) GetName() string {
@@ -9205,7 +9348,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9217,7 +9360,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9230,7 +9373,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -9293,7 +9436,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9305,7 +9448,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9318,7 +9461,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -9399,7 +9542,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9411,7 +9554,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9424,7 +9567,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{119}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{121}
 }
 
 type LayerUsage struct {
@@ -9451,7 +9594,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9463,7 +9606,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9476,7 +9619,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{120}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -9604,7 +9747,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9616,7 +9759,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9629,7 +9772,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{121}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -9679,7 +9822,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9691,7 +9834,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9704,7 +9847,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{122}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -9763,7 +9906,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9775,7 +9918,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9788,7 +9931,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{123}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -9886,7 +10029,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9898,7 +10041,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9911,7 +10054,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{124}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -9989,7 +10132,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10001,7 +10144,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10014,7 +10157,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{125}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -10082,7 +10225,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10094,7 +10237,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10107,7 +10250,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{126}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -10126,7 +10269,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10138,7 +10281,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10151,7 +10294,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{127}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -10176,7 +10319,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10188,7 +10331,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10201,7 +10344,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{128}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *Language) GetName() string {
@@ -10261,7 +10404,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10273,7 +10416,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10286,7 +10429,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{129}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{131}
 }
 
 type ListLanguagesResponse struct {
@@ -10298,7 +10441,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10310,7 +10453,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10323,7 +10466,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{130}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -10341,7 +10484,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10353,7 +10496,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10366,7 +10509,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{131}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{133}
 }
 
 type ServerInfo struct {
@@ -10388,7 +10531,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10400,7 +10543,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10413,7 +10556,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{132}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -10467,7 +10610,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10479,7 +10622,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10492,7 +10635,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{133}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *Event) GetId() int64 {
@@ -10578,7 +10721,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10590,7 +10733,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10603,7 +10746,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{134}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *ListEventsRequest) GetProject() string {
@@ -10672,7 +10815,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10684,7 +10827,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10697,7 +10840,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -10732,7 +10875,7 @@ type UsageFigures struct {
 
 func (x *UsageFigures) Reset() {
 	*x = UsageFigures{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10744,7 +10887,7 @@ func (x *UsageFigures) String() string {
 func (*UsageFigures) ProtoMessage() {}
 
 func (x *UsageFigures) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10757,7 +10900,7 @@ func (x *UsageFigures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageFigures.ProtoReflect.Descriptor instead.
 func (*UsageFigures) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *UsageFigures) GetCpuUsec() int64 {
@@ -10833,7 +10976,7 @@ type UsageRecord struct {
 
 func (x *UsageRecord) Reset() {
 	*x = UsageRecord{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10845,7 +10988,7 @@ func (x *UsageRecord) String() string {
 func (*UsageRecord) ProtoMessage() {}
 
 func (x *UsageRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10858,7 +11001,7 @@ func (x *UsageRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRecord.ProtoReflect.Descriptor instead.
 func (*UsageRecord) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
 }
 
 func (x *UsageRecord) GetSandboxId() string {
@@ -10932,7 +11075,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10944,7 +11087,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10957,7 +11100,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
 }
 
 func (x *UsageRequest) GetProject() string {
@@ -10998,7 +11141,7 @@ type UsageGroup struct {
 
 func (x *UsageGroup) Reset() {
 	*x = UsageGroup{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11010,7 +11153,7 @@ func (x *UsageGroup) String() string {
 func (*UsageGroup) ProtoMessage() {}
 
 func (x *UsageGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11023,7 +11166,7 @@ func (x *UsageGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageGroup.ProtoReflect.Descriptor instead.
 func (*UsageGroup) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{141}
 }
 
 func (x *UsageGroup) GetKey() string {
@@ -11051,7 +11194,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11063,7 +11206,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11076,7 +11219,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{142}
 }
 
 func (x *UsageResponse) GetBy() string {
@@ -11123,7 +11266,7 @@ type Webhook struct {
 
 func (x *Webhook) Reset() {
 	*x = Webhook{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11135,7 +11278,7 @@ func (x *Webhook) String() string {
 func (*Webhook) ProtoMessage() {}
 
 func (x *Webhook) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11148,7 +11291,7 @@ func (x *Webhook) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Webhook.ProtoReflect.Descriptor instead.
 func (*Webhook) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{141}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{143}
 }
 
 func (x *Webhook) GetId() string {
@@ -11247,7 +11390,7 @@ type AddWebhookRequest struct {
 
 func (x *AddWebhookRequest) Reset() {
 	*x = AddWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11259,7 +11402,7 @@ func (x *AddWebhookRequest) String() string {
 func (*AddWebhookRequest) ProtoMessage() {}
 
 func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11272,7 +11415,7 @@ func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddWebhookRequest.ProtoReflect.Descriptor instead.
 func (*AddWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{142}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{144}
 }
 
 func (x *AddWebhookRequest) GetProject() string {
@@ -11312,7 +11455,7 @@ type ListWebhooksRequest struct {
 
 func (x *ListWebhooksRequest) Reset() {
 	*x = ListWebhooksRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11324,7 +11467,7 @@ func (x *ListWebhooksRequest) String() string {
 func (*ListWebhooksRequest) ProtoMessage() {}
 
 func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11337,7 +11480,7 @@ func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksRequest.ProtoReflect.Descriptor instead.
 func (*ListWebhooksRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{143}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{145}
 }
 
 func (x *ListWebhooksRequest) GetProject() string {
@@ -11356,7 +11499,7 @@ type ListWebhooksResponse struct {
 
 func (x *ListWebhooksResponse) Reset() {
 	*x = ListWebhooksResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11368,7 +11511,7 @@ func (x *ListWebhooksResponse) String() string {
 func (*ListWebhooksResponse) ProtoMessage() {}
 
 func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11381,7 +11524,7 @@ func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksResponse.ProtoReflect.Descriptor instead.
 func (*ListWebhooksResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{144}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{146}
 }
 
 func (x *ListWebhooksResponse) GetWebhooks() []*Webhook {
@@ -11401,7 +11544,7 @@ type RemoveWebhookRequest struct {
 
 func (x *RemoveWebhookRequest) Reset() {
 	*x = RemoveWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11413,7 +11556,7 @@ func (x *RemoveWebhookRequest) String() string {
 func (*RemoveWebhookRequest) ProtoMessage() {}
 
 func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11426,7 +11569,7 @@ func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{145}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{147}
 }
 
 func (x *RemoveWebhookRequest) GetProject() string {
@@ -11451,7 +11594,7 @@ type RemoveWebhookResponse struct {
 
 func (x *RemoveWebhookResponse) Reset() {
 	*x = RemoveWebhookResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[148]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11463,7 +11606,7 @@ func (x *RemoveWebhookResponse) String() string {
 func (*RemoveWebhookResponse) ProtoMessage() {}
 
 func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[148]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11476,7 +11619,7 @@ func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{146}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{148}
 }
 
 type RotateWebhookSecretRequest struct {
@@ -11493,7 +11636,7 @@ type RotateWebhookSecretRequest struct {
 
 func (x *RotateWebhookSecretRequest) Reset() {
 	*x = RotateWebhookSecretRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[149]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11505,7 +11648,7 @@ func (x *RotateWebhookSecretRequest) String() string {
 func (*RotateWebhookSecretRequest) ProtoMessage() {}
 
 func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[149]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11518,7 +11661,7 @@ func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateWebhookSecretRequest.ProtoReflect.Descriptor instead.
 func (*RotateWebhookSecretRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{147}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{149}
 }
 
 func (x *RotateWebhookSecretRequest) GetProject() string {
@@ -11744,7 +11887,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x05pools\x18\x01 \x03(\v2\x11.dsec.v1.WarmPoolR\x05pools\"\x1f\n" +
 	"\rDeleteRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
-	"\x0eDeleteResponse\"\xc6\x03\n" +
+	"\x0eDeleteResponse\"\xf0\x03\n" +
 	"\vExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -11762,10 +11905,18 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"background\x18\v \x01(\bR\n" +
 	"background\x12\x10\n" +
 	"\x03tag\x18\f \x01(\tR\x03tag\x12,\n" +
-	"\x12output_limit_bytes\x18\r \x01(\x03R\x10outputLimitBytes\x1a6\n" +
+	"\x12output_limit_bytes\x18\r \x01(\x03R\x10outputLimitBytes\x12(\n" +
+	"\x05after\x18\x0e \x01(\v2\x12.dsec.v1.ExecAfterR\x05after\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfb\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
+	"\tExecAfter\x12\x1b\n" +
+	"\tkill_user\x18\x01 \x01(\bR\bkillUser\x12\x1b\n" +
+	"\tread_file\x18\x02 \x01(\tR\breadFile\"q\n" +
+	"\rExecAfterDone\x12\x12\n" +
+	"\x04file\x18\x01 \x01(\fR\x04file\x12!\n" +
+	"\ffile_missing\x18\x02 \x01(\bR\vfileMissing\x12)\n" +
+	"\x10duration_seconds\x18\x03 \x01(\x01R\x0fdurationSeconds\"\xfb\x01\n" +
 	"\tExecEvent\x120\n" +
 	"\astarted\x18\x01 \x01(\v2\x14.dsec.v1.ExecStartedH\x00R\astarted\x12\x18\n" +
 	"\x06stdout\x18\x02 \x01(\fH\x00R\x06stdout\x12\x18\n" +
@@ -11782,7 +11933,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"process_id\x18\x01 \x01(\tR\tprocessId\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x10\n" +
 	"\x03tag\x18\x03 \x01(\tR\x03tag\x12$\n" +
-	"\x05phase\x18\x04 \x01(\x0e2\x0e.dsec.v1.PhaseR\x05phase\"\xf5\x02\n" +
+	"\x05phase\x18\x04 \x01(\x0e2\x0e.dsec.v1.PhaseR\x05phase\"\xa3\x03\n" +
 	"\n" +
 	"ExecExited\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -11795,7 +11946,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\fstderr_bytes\x18\b \x01(\x03R\vstderrBytes\x12\x18\n" +
 	"\amessage\x18\t \x01(\tR\amessage\x12$\n" +
 	"\x05fault\x18\n" +
-	" \x01(\x0e2\x0e.dsec.v1.FaultR\x05fault\"\xe2\x01\n" +
+	" \x01(\x0e2\x0e.dsec.v1.FaultR\x05fault\x12,\n" +
+	"\x05after\x18\v \x01(\v2\x16.dsec.v1.ExecAfterDoneR\x05after\"\xe2\x01\n" +
 	"\rAttachRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
@@ -12676,7 +12828,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 162)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 164)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                         // 0: dsec.v1.State
 	(Reason)(0),                        // 1: dsec.v1.Reason
@@ -12720,149 +12872,151 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*DeleteRequest)(nil),              // 39: dsec.v1.DeleteRequest
 	(*DeleteResponse)(nil),             // 40: dsec.v1.DeleteResponse
 	(*ExecRequest)(nil),                // 41: dsec.v1.ExecRequest
-	(*ExecEvent)(nil),                  // 42: dsec.v1.ExecEvent
-	(*ExecDropped)(nil),                // 43: dsec.v1.ExecDropped
-	(*ExecStarted)(nil),                // 44: dsec.v1.ExecStarted
-	(*ExecExited)(nil),                 // 45: dsec.v1.ExecExited
-	(*AttachRequest)(nil),              // 46: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),          // 47: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),         // 48: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),              // 49: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),             // 50: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),       // 51: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),                // 52: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),      // 53: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),          // 54: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),    // 55: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil),   // 56: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),        // 57: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),       // 58: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),                 // 59: dsec.v1.ShellInput
-	(*ShellStart)(nil),                 // 60: dsec.v1.ShellStart
-	(*TerminalSize)(nil),               // 61: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),                // 62: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                   // 63: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),            // 64: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),           // 65: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),           // 66: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),          // 67: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),             // 68: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),            // 69: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),                // 70: dsec.v1.StatRequest
-	(*StatResponse)(nil),               // 71: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),              // 72: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 73: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),             // 74: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),            // 75: dsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),                // 76: dsec.v1.MoveRequest
-	(*MoveResponse)(nil),               // 77: dsec.v1.MoveResponse
-	(*WatchDirRequest)(nil),            // 78: dsec.v1.WatchDirRequest
-	(*WatchEvent)(nil),                 // 79: dsec.v1.WatchEvent
-	(*UploadRequest)(nil),              // 80: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),             // 81: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),            // 82: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),              // 83: dsec.v1.DownloadChunk
-	(*Layer)(nil),                      // 84: dsec.v1.Layer
-	(*SnapshotInfo)(nil),               // 85: dsec.v1.SnapshotInfo
-	(*GradeRequest)(nil),               // 86: dsec.v1.GradeRequest
-	(*GradeTests)(nil),                 // 87: dsec.v1.GradeTests
-	(*GradeTimes)(nil),                 // 88: dsec.v1.GradeTimes
-	(*GradeResult)(nil),                // 89: dsec.v1.GradeResult
-	(*SnapshotRequest)(nil),            // 90: dsec.v1.SnapshotRequest
-	(*LayFile)(nil),                    // 91: dsec.v1.LayFile
-	(*ListSnapshotsRequest)(nil),       // 92: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),      // 93: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),      // 94: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),     // 95: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),                // 96: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                  // 97: dsec.v1.ForkChild
-	(*ForkResponse)(nil),               // 98: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),         // 99: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),         // 100: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),          // 101: dsec.v1.UploadLayerHeader
-	(*ShareLayerRequest)(nil),          // 102: dsec.v1.ShareLayerRequest
-	(*ShareLayerResponse)(nil),         // 103: dsec.v1.ShareLayerResponse
-	(*ListLayersRequest)(nil),          // 104: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),         // 105: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),         // 106: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),        // 107: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),                // 108: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),    // 109: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 110: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),     // 111: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),    // 112: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),          // 113: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),               // 114: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),         // 115: dsec.v1.NetworkLogResponse
-	(*TrajectoryRequest)(nil),          // 116: dsec.v1.TrajectoryRequest
-	(*TrajectoryResponse)(nil),         // 117: dsec.v1.TrajectoryResponse
-	(*ProvenanceRequest)(nil),          // 118: dsec.v1.ProvenanceRequest
-	(*SetProvenancePathsRequest)(nil),  // 119: dsec.v1.SetProvenancePathsRequest
-	(*SetProvenancePathsResponse)(nil), // 120: dsec.v1.SetProvenancePathsResponse
-	(*ProvenanceFlags)(nil),            // 121: dsec.v1.ProvenanceFlags
-	(*SandboxProvenance)(nil),          // 122: dsec.v1.SandboxProvenance
-	(*ProvenanceFile)(nil),             // 123: dsec.v1.ProvenanceFile
-	(*ProvenanceRead)(nil),             // 124: dsec.v1.ProvenanceRead
-	(*ProvenanceNet)(nil),              // 125: dsec.v1.ProvenanceNet
-	(*ProvenanceProcess)(nil),          // 126: dsec.v1.ProvenanceProcess
-	(*ProvenancePackage)(nil),          // 127: dsec.v1.ProvenancePackage
-	(*ProvenanceSyscall)(nil),          // 128: dsec.v1.ProvenanceSyscall
-	(*ImportImageRequest)(nil),         // 129: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),        // 130: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),          // 131: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),                 // 132: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),           // 133: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),         // 134: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),             // 135: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),              // 136: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),            // 137: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),        // 138: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),       // 139: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                   // 140: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),       // 141: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),      // 142: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),       // 143: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),                 // 144: dsec.v1.ServerInfo
-	(*Event)(nil),                      // 145: dsec.v1.Event
-	(*ListEventsRequest)(nil),          // 146: dsec.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),         // 147: dsec.v1.ListEventsResponse
-	(*UsageFigures)(nil),               // 148: dsec.v1.UsageFigures
-	(*UsageRecord)(nil),                // 149: dsec.v1.UsageRecord
-	(*UsageRequest)(nil),               // 150: dsec.v1.UsageRequest
-	(*UsageGroup)(nil),                 // 151: dsec.v1.UsageGroup
-	(*UsageResponse)(nil),              // 152: dsec.v1.UsageResponse
-	(*Webhook)(nil),                    // 153: dsec.v1.Webhook
-	(*AddWebhookRequest)(nil),          // 154: dsec.v1.AddWebhookRequest
-	(*ListWebhooksRequest)(nil),        // 155: dsec.v1.ListWebhooksRequest
-	(*ListWebhooksResponse)(nil),       // 156: dsec.v1.ListWebhooksResponse
-	(*RemoveWebhookRequest)(nil),       // 157: dsec.v1.RemoveWebhookRequest
-	(*RemoveWebhookResponse)(nil),      // 158: dsec.v1.RemoveWebhookResponse
-	(*RotateWebhookSecretRequest)(nil), // 159: dsec.v1.RotateWebhookSecretRequest
-	nil,                                // 160: dsec.v1.NodeInfo.MissingEntry
-	nil,                                // 161: dsec.v1.SandboxSpec.EnvEntry
-	nil,                                // 162: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                                // 163: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                                // 164: dsec.v1.ListRequest.LabelsEntry
-	nil,                                // 165: dsec.v1.ExecRequest.EnvEntry
-	nil,                                // 166: dsec.v1.ShellStart.EnvEntry
-	nil,                                // 167: dsec.v1.GradeRequest.EnvEntry
-	nil,                                // 168: dsec.v1.GradeTests.FilesEntry
-	nil,                                // 169: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                                // 170: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                                // 171: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                                // 172: dsec.v1.RunCodeResponse.FilesEntry
-	nil,                                // 173: dsec.v1.UsageRecord.LabelsEntry
+	(*ExecAfter)(nil),                  // 42: dsec.v1.ExecAfter
+	(*ExecAfterDone)(nil),              // 43: dsec.v1.ExecAfterDone
+	(*ExecEvent)(nil),                  // 44: dsec.v1.ExecEvent
+	(*ExecDropped)(nil),                // 45: dsec.v1.ExecDropped
+	(*ExecStarted)(nil),                // 46: dsec.v1.ExecStarted
+	(*ExecExited)(nil),                 // 47: dsec.v1.ExecExited
+	(*AttachRequest)(nil),              // 48: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),          // 49: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),         // 50: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),              // 51: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),             // 52: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),       // 53: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),                // 54: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),      // 55: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),          // 56: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),    // 57: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil),   // 58: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),        // 59: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),       // 60: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),                 // 61: dsec.v1.ShellInput
+	(*ShellStart)(nil),                 // 62: dsec.v1.ShellStart
+	(*TerminalSize)(nil),               // 63: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),                // 64: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                   // 65: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),            // 66: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),           // 67: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),           // 68: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),          // 69: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),             // 70: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),            // 71: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),                // 72: dsec.v1.StatRequest
+	(*StatResponse)(nil),               // 73: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),              // 74: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 75: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),             // 76: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),            // 77: dsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),                // 78: dsec.v1.MoveRequest
+	(*MoveResponse)(nil),               // 79: dsec.v1.MoveResponse
+	(*WatchDirRequest)(nil),            // 80: dsec.v1.WatchDirRequest
+	(*WatchEvent)(nil),                 // 81: dsec.v1.WatchEvent
+	(*UploadRequest)(nil),              // 82: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),             // 83: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),            // 84: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),              // 85: dsec.v1.DownloadChunk
+	(*Layer)(nil),                      // 86: dsec.v1.Layer
+	(*SnapshotInfo)(nil),               // 87: dsec.v1.SnapshotInfo
+	(*GradeRequest)(nil),               // 88: dsec.v1.GradeRequest
+	(*GradeTests)(nil),                 // 89: dsec.v1.GradeTests
+	(*GradeTimes)(nil),                 // 90: dsec.v1.GradeTimes
+	(*GradeResult)(nil),                // 91: dsec.v1.GradeResult
+	(*SnapshotRequest)(nil),            // 92: dsec.v1.SnapshotRequest
+	(*LayFile)(nil),                    // 93: dsec.v1.LayFile
+	(*ListSnapshotsRequest)(nil),       // 94: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),      // 95: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),      // 96: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),     // 97: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),                // 98: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                  // 99: dsec.v1.ForkChild
+	(*ForkResponse)(nil),               // 100: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),         // 101: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),         // 102: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),          // 103: dsec.v1.UploadLayerHeader
+	(*ShareLayerRequest)(nil),          // 104: dsec.v1.ShareLayerRequest
+	(*ShareLayerResponse)(nil),         // 105: dsec.v1.ShareLayerResponse
+	(*ListLayersRequest)(nil),          // 106: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),         // 107: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),         // 108: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),        // 109: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),                // 110: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),    // 111: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 112: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),     // 113: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),    // 114: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),          // 115: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),               // 116: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),         // 117: dsec.v1.NetworkLogResponse
+	(*TrajectoryRequest)(nil),          // 118: dsec.v1.TrajectoryRequest
+	(*TrajectoryResponse)(nil),         // 119: dsec.v1.TrajectoryResponse
+	(*ProvenanceRequest)(nil),          // 120: dsec.v1.ProvenanceRequest
+	(*SetProvenancePathsRequest)(nil),  // 121: dsec.v1.SetProvenancePathsRequest
+	(*SetProvenancePathsResponse)(nil), // 122: dsec.v1.SetProvenancePathsResponse
+	(*ProvenanceFlags)(nil),            // 123: dsec.v1.ProvenanceFlags
+	(*SandboxProvenance)(nil),          // 124: dsec.v1.SandboxProvenance
+	(*ProvenanceFile)(nil),             // 125: dsec.v1.ProvenanceFile
+	(*ProvenanceRead)(nil),             // 126: dsec.v1.ProvenanceRead
+	(*ProvenanceNet)(nil),              // 127: dsec.v1.ProvenanceNet
+	(*ProvenanceProcess)(nil),          // 128: dsec.v1.ProvenanceProcess
+	(*ProvenancePackage)(nil),          // 129: dsec.v1.ProvenancePackage
+	(*ProvenanceSyscall)(nil),          // 130: dsec.v1.ProvenanceSyscall
+	(*ImportImageRequest)(nil),         // 131: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),        // 132: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),          // 133: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),                 // 134: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),           // 135: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),         // 136: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),             // 137: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),              // 138: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),            // 139: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),        // 140: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),       // 141: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                   // 142: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),       // 143: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),      // 144: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),       // 145: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),                 // 146: dsec.v1.ServerInfo
+	(*Event)(nil),                      // 147: dsec.v1.Event
+	(*ListEventsRequest)(nil),          // 148: dsec.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),         // 149: dsec.v1.ListEventsResponse
+	(*UsageFigures)(nil),               // 150: dsec.v1.UsageFigures
+	(*UsageRecord)(nil),                // 151: dsec.v1.UsageRecord
+	(*UsageRequest)(nil),               // 152: dsec.v1.UsageRequest
+	(*UsageGroup)(nil),                 // 153: dsec.v1.UsageGroup
+	(*UsageResponse)(nil),              // 154: dsec.v1.UsageResponse
+	(*Webhook)(nil),                    // 155: dsec.v1.Webhook
+	(*AddWebhookRequest)(nil),          // 156: dsec.v1.AddWebhookRequest
+	(*ListWebhooksRequest)(nil),        // 157: dsec.v1.ListWebhooksRequest
+	(*ListWebhooksResponse)(nil),       // 158: dsec.v1.ListWebhooksResponse
+	(*RemoveWebhookRequest)(nil),       // 159: dsec.v1.RemoveWebhookRequest
+	(*RemoveWebhookResponse)(nil),      // 160: dsec.v1.RemoveWebhookResponse
+	(*RotateWebhookSecretRequest)(nil), // 161: dsec.v1.RotateWebhookSecretRequest
+	nil,                                // 162: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 163: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 164: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 165: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 166: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 167: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 168: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 169: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 170: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 171: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 172: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 173: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 174: dsec.v1.RunCodeResponse.FilesEntry
+	nil,                                // 175: dsec.v1.UsageRecord.LabelsEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	160, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	162, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	15,  // 4: dsec.v1.NodeInfo.core_scheduling:type_name -> dsec.v1.CoreScheduling
 	4,   // 5: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	161, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	162, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	163, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	163, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	164, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	165, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 9: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 10: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 11: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -12879,210 +13033,212 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	18,  // 22: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
 	16,  // 23: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	18,  // 24: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	164, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	166, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 26: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	18,  // 27: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	16,  // 28: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	16,  // 29: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	36,  // 30: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	165, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	44,  // 32: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	45,  // 33: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	43,  // 34: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
-	2,   // 35: dsec.v1.ExecStarted.phase:type_name -> dsec.v1.Phase
-	6,   // 36: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	7,   // 37: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
-	45,  // 38: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	52,  // 39: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	60,  // 40: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	61,  // 41: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	166, // 42: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	61,  // 43: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	45,  // 44: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	63,  // 45: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	63,  // 46: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	63,  // 47: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
-	8,   // 48: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
-	9,   // 49: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	85,  // 50: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
-	85,  // 51: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
-	87,  // 52: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	167, // 53: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
-	5,   // 54: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	168, // 55: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
-	45,  // 56: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
-	88,  // 57: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
-	85,  // 58: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
-	7,   // 59: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
-	122, // 60: dsec.v1.GradeResult.provenance:type_name -> dsec.v1.SandboxProvenance
-	91,  // 61: dsec.v1.SnapshotRequest.lay_files:type_name -> dsec.v1.LayFile
-	85,  // 62: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	18,  // 63: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	85,  // 64: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	97,  // 65: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	9,   // 66: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	101, // 67: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	9,   // 68: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	84,  // 69: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	108, // 70: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	169, // 71: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	114, // 72: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	17,  // 73: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
-	121, // 74: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
-	17,  // 75: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
-	123, // 76: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
-	123, // 77: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
-	123, // 78: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
-	124, // 79: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
-	125, // 80: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
-	126, // 81: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
-	127, // 82: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
-	128, // 83: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
-	128, // 84: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
-	132, // 85: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	133, // 86: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	170, // 87: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	171, // 88: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 89: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 90: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	136, // 91: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	136, // 92: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	172, // 93: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 94: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	135, // 95: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	137, // 96: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	140, // 97: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 98: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	145, // 99: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
-	173, // 100: dsec.v1.UsageRecord.labels:type_name -> dsec.v1.UsageRecord.LabelsEntry
-	148, // 101: dsec.v1.UsageRecord.usage:type_name -> dsec.v1.UsageFigures
-	148, // 102: dsec.v1.UsageGroup.usage:type_name -> dsec.v1.UsageFigures
-	151, // 103: dsec.v1.UsageResponse.groups:type_name -> dsec.v1.UsageGroup
-	148, // 104: dsec.v1.UsageResponse.total:type_name -> dsec.v1.UsageFigures
-	153, // 105: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
-	30,  // 106: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	32,  // 107: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	33,  // 108: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	39,  // 109: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	20,  // 110: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	22,  // 111: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	24,  // 112: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	26,  // 113: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	28,  // 114: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	90,  // 115: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	92,  // 116: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	94,  // 117: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	96,  // 118: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	86,  // 119: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	41,  // 120: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	46,  // 121: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	47,  // 122: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	49,  // 123: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	51,  // 124: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	54,  // 125: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	55,  // 126: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	57,  // 127: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	59,  // 128: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	64,  // 129: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	66,  // 130: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	68,  // 131: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	70,  // 132: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	72,  // 133: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	74,  // 134: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	76,  // 135: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	78,  // 136: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	80,  // 137: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	82,  // 138: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	111, // 139: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	113, // 140: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	116, // 141: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	118, // 142: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	119, // 143: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	35,  // 144: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	37,  // 145: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	143, // 146: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	146, // 147: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
-	146, // 148: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
-	150, // 149: dsec.v1.SandboxService.Usage:input_type -> dsec.v1.UsageRequest
-	154, // 150: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
-	155, // 151: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
-	157, // 152: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
-	159, // 153: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
-	135, // 154: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	138, // 155: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	141, // 156: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	99,  // 157: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	100, // 158: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	104, // 159: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	106, // 160: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	109, // 161: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	129, // 162: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	131, // 163: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	102, // 164: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	31,  // 165: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	18,  // 166: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	34,  // 167: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	40,  // 168: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	21,  // 169: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	23,  // 170: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	25,  // 171: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	27,  // 172: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	29,  // 173: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	85,  // 174: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	93,  // 175: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	95,  // 176: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	98,  // 177: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	89,  // 178: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	42,  // 179: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	42,  // 180: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	48,  // 181: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	50,  // 182: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	53,  // 183: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	42,  // 184: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	56,  // 185: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	58,  // 186: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	62,  // 187: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	65,  // 188: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	67,  // 189: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	69,  // 190: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	71,  // 191: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	73,  // 192: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	75,  // 193: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	77,  // 194: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	79,  // 195: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	81,  // 196: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	83,  // 197: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	112, // 198: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	115, // 199: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	117, // 200: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	122, // 201: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	120, // 202: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	36,  // 203: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	38,  // 204: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	144, // 205: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	147, // 206: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
-	145, // 207: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
-	152, // 208: dsec.v1.SandboxService.Usage:output_type -> dsec.v1.UsageResponse
-	153, // 209: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
-	156, // 210: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
-	158, // 211: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
-	153, // 212: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
-	137, // 213: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	139, // 214: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	142, // 215: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	84,  // 216: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	84,  // 217: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	105, // 218: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	107, // 219: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	110, // 220: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	130, // 221: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	134, // 222: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	103, // 223: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	165, // [165:224] is the sub-list for method output_type
-	106, // [106:165] is the sub-list for method input_type
-	106, // [106:106] is the sub-list for extension type_name
-	106, // [106:106] is the sub-list for extension extendee
-	0,   // [0:106] is the sub-list for field type_name
+	167, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	42,  // 32: dsec.v1.ExecRequest.after:type_name -> dsec.v1.ExecAfter
+	46,  // 33: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	47,  // 34: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	45,  // 35: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
+	2,   // 36: dsec.v1.ExecStarted.phase:type_name -> dsec.v1.Phase
+	6,   // 37: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	7,   // 38: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
+	43,  // 39: dsec.v1.ExecExited.after:type_name -> dsec.v1.ExecAfterDone
+	47,  // 40: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	54,  // 41: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	62,  // 42: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	63,  // 43: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	168, // 44: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	63,  // 45: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	47,  // 46: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	65,  // 47: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	65,  // 48: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	65,  // 49: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
+	8,   // 50: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
+	9,   // 51: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	87,  // 52: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	87,  // 53: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
+	89,  // 54: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
+	169, // 55: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	5,   // 56: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
+	170, // 57: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	47,  // 58: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
+	90,  // 59: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
+	87,  // 60: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
+	7,   // 61: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
+	124, // 62: dsec.v1.GradeResult.provenance:type_name -> dsec.v1.SandboxProvenance
+	93,  // 63: dsec.v1.SnapshotRequest.lay_files:type_name -> dsec.v1.LayFile
+	87,  // 64: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	18,  // 65: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	87,  // 66: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	99,  // 67: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 68: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	103, // 69: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 70: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	86,  // 71: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	110, // 72: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	171, // 73: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	116, // 74: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	17,  // 75: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
+	123, // 76: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
+	17,  // 77: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
+	125, // 78: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
+	125, // 79: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
+	125, // 80: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
+	126, // 81: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
+	127, // 82: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
+	128, // 83: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
+	129, // 84: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
+	130, // 85: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
+	130, // 86: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
+	134, // 87: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	135, // 88: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	172, // 89: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	173, // 90: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 91: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 92: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	138, // 93: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	138, // 94: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	174, // 95: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 96: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	137, // 97: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	139, // 98: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	142, // 99: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 100: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	147, // 101: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
+	175, // 102: dsec.v1.UsageRecord.labels:type_name -> dsec.v1.UsageRecord.LabelsEntry
+	150, // 103: dsec.v1.UsageRecord.usage:type_name -> dsec.v1.UsageFigures
+	150, // 104: dsec.v1.UsageGroup.usage:type_name -> dsec.v1.UsageFigures
+	153, // 105: dsec.v1.UsageResponse.groups:type_name -> dsec.v1.UsageGroup
+	150, // 106: dsec.v1.UsageResponse.total:type_name -> dsec.v1.UsageFigures
+	155, // 107: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
+	30,  // 108: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	32,  // 109: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	33,  // 110: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	39,  // 111: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	20,  // 112: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	22,  // 113: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	24,  // 114: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	26,  // 115: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	28,  // 116: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	92,  // 117: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	94,  // 118: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	96,  // 119: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	98,  // 120: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	88,  // 121: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	41,  // 122: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	48,  // 123: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	49,  // 124: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	51,  // 125: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	53,  // 126: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	56,  // 127: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	57,  // 128: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	59,  // 129: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	61,  // 130: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	66,  // 131: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	68,  // 132: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	70,  // 133: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	72,  // 134: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	74,  // 135: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	76,  // 136: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	78,  // 137: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	80,  // 138: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	82,  // 139: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	84,  // 140: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	113, // 141: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	115, // 142: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	118, // 143: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	120, // 144: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	121, // 145: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	35,  // 146: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	37,  // 147: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	145, // 148: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	148, // 149: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
+	148, // 150: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
+	152, // 151: dsec.v1.SandboxService.Usage:input_type -> dsec.v1.UsageRequest
+	156, // 152: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
+	157, // 153: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
+	159, // 154: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
+	161, // 155: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
+	137, // 156: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	140, // 157: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	143, // 158: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	101, // 159: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	102, // 160: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	106, // 161: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	108, // 162: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	111, // 163: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	131, // 164: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	133, // 165: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	104, // 166: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	31,  // 167: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	18,  // 168: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	34,  // 169: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	40,  // 170: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	21,  // 171: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	23,  // 172: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	25,  // 173: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	27,  // 174: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	29,  // 175: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	87,  // 176: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	95,  // 177: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	97,  // 178: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	100, // 179: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	91,  // 180: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	44,  // 181: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	44,  // 182: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	50,  // 183: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	52,  // 184: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	55,  // 185: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	44,  // 186: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	58,  // 187: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	60,  // 188: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	64,  // 189: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	67,  // 190: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	69,  // 191: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	71,  // 192: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	73,  // 193: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	75,  // 194: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	77,  // 195: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	79,  // 196: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	81,  // 197: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	83,  // 198: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	85,  // 199: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	114, // 200: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	117, // 201: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	119, // 202: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	124, // 203: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	122, // 204: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	36,  // 205: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	38,  // 206: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	146, // 207: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	149, // 208: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
+	147, // 209: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
+	154, // 210: dsec.v1.SandboxService.Usage:output_type -> dsec.v1.UsageResponse
+	155, // 211: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
+	158, // 212: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
+	160, // 213: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
+	155, // 214: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
+	139, // 215: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	141, // 216: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	144, // 217: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	86,  // 218: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	86,  // 219: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	107, // 220: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	109, // 221: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	112, // 222: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	132, // 223: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	136, // 224: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	105, // 225: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	167, // [167:226] is the sub-list for method output_type
+	108, // [108:167] is the sub-list for method input_type
+	108, // [108:108] is the sub-list for extension type_name
+	108, // [108:108] is the sub-list for extension extendee
+	0,   // [0:108] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -13091,7 +13247,7 @@ func file_dsec_v1_dsec_proto_init() {
 		return
 	}
 	file_dsec_v1_dsec_proto_msgTypes[4].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[30].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[32].OneofWrappers = []any{
 		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
@@ -13099,35 +13255,35 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ExecEvent_Keepalive)(nil),
 		(*ExecEvent_Dropped)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[47].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[49].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[50].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[52].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 		(*ShellOutput_Started)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[88].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[90].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[124].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[134].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[138].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[142].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[143].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[126].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[136].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[140].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[144].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[145].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[147].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[149].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   162,
+			NumMessages:   164,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
