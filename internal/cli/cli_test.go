@@ -389,3 +389,21 @@ func TestAddressListAndToken(t *testing.T) {
 		t.Fatalf("describe = %q, want %q", got, want)
 	}
 }
+
+// TestCreateProject: create and run --project put the sandbox in a project
+// by its label, as dsec events, usage and webhook take --project; a
+// --label naming another project too is refused before anything is sent.
+func TestCreateProject(t *testing.T) {
+	f, addr := startFake(t)
+	if _, _, err := runCLIErr(t, addr, "create", "--project", "ml/rl", "--label", "run=r1", "b:1"); err != nil {
+		t.Fatal(err)
+	}
+	labels := f.last().(*dsecv1.CreateRequest).GetSpec().GetLabels()
+	if labels[projectLabel] != "ml/rl" || labels["run"] != "r1" {
+		t.Errorf("create --project ml/rl sent labels %v", labels)
+	}
+	_, _, err := runCLIErr(t, addr, "run", "-p", "ml", "--label", projectLabel+"=web", "b:1", "--", "true")
+	if err == nil || !strings.Contains(err.Error(), "name the project once") {
+		t.Errorf("--project and another project's label: %v", err)
+	}
+}

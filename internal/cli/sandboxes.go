@@ -15,6 +15,9 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 )
 
+// projectLabel names the project a sandbox belongs to (docs/iam.md).
+const projectLabel = "dsec.dev/project"
+
 // specFlags are the sandbox settings run and create share.
 type specFlags struct {
 	cpus     float64
@@ -32,6 +35,7 @@ type specFlags struct {
 	isolation string
 	qos       string // latency or best_effort; "" = latency
 	labels    []string
+	project   string // the label dsec.dev/project; "" = the token's
 	netRules  string
 	// onTimeout and noAutoResume are lifecycle settings, not shape.
 	onTimeout    string
@@ -48,6 +52,7 @@ func (f *specFlags) add(cmd *cobra.Command) {
 	fl.DurationVar(&f.ttl, "ttl", 0, "hard lifetime, e.g. 30m (default: the node's)")
 	fl.DurationVar(&f.idle, "idle-timeout", 0, "stop after this long with no calls and nothing running (default: the node's)")
 	fl.StringArrayVar(&f.labels, "label", nil, "label K=V (repeatable)")
+	fl.StringVarP(&f.project, "project", "p", "", "the project the sandbox belongs to, a path (ml/rl-run-42, / for the root); the token needs runner there (default: the token's project; the label "+projectLabel+")")
 	fl.StringVar(&f.netRules, "network-rules", "", `network rules as JSON, e.g. {"pypi": true}`)
 	fl.StringVar(&f.onTimeout, "on-timeout", "", "what the TTL or idle timeout does: stop (default) or pause")
 	fl.BoolVar(&f.noAutoResume, "no-auto-resume", false, "refuse calls while paused instead of resuming first")
@@ -82,6 +87,15 @@ func (f *specFlags) spec(env string) (*dsecv1.SandboxSpec, error) {
 	labels, err := parseKV("--label", f.labels)
 	if err != nil {
 		return nil, err
+	}
+	if f.project != "" {
+		if named, ok := labels[projectLabel]; ok && named != f.project {
+			return nil, fmt.Errorf("--project %s and --label %s=%s: name the project once", f.project, projectLabel, named)
+		}
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[projectLabel] = f.project
 	}
 	rules, err := parseRules("--network-rules", f.netRules)
 	if err != nil {
