@@ -51,6 +51,9 @@ func opsOn() []string {
 func BenchmarkClusterOps(b *testing.B) {
 	pg := testutil.StartPostgresServer(b)
 	edgeArgs := []string{"--runtime", "fake", "--hollow-max-sandboxes", "200000"}
+	if iv := os.Getenv("DSEC_BENCH_LEDGER_INTERVAL"); iv != "" {
+		edgeArgs = append(edgeArgs, "--ledger-interval", iv)
+	}
 	on := testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
 		EdgeArgs: append(slices.Clip(edgeArgs), opsOn()...), APIServerArgs: opsOn()})
 	off := testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,

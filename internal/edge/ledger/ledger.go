@@ -7,10 +7,12 @@
 // The sandbox manager feeds it: Start when a sandbox is made (or claimed
 // from a warm pool), Observe with each sample it reads of a sandbox's
 // cgroup, writable layer and veth (every Interval, and a last time before
-// the sandbox's cgroup goes), AddSnapshot, and End. Every change raises
-// the ledger's version; the edge service reports the version in its Status
-// and answers the apiservers' pulls with the records changed since the
-// version they have (Changed). Figures are cumulative and only grow, so a
+// the sandbox's cgroup goes), AddSnapshot, and End. Every change but a
+// start raises the ledger's version (a record with nothing in it yet is
+// not worth a store write: it goes with its first sample, or its end);
+// the edge service reports the version in its Status and answers the
+// apiservers' pulls with the records changed since the version they have
+// (Changed, which reads the changed records only, newest last). Figures are cumulative and only grow, so a
 // record stored twice, or by two apiservers, counts once.
 //
 // The ledger is saved to a file after each round of samples and read back
@@ -21,6 +23,7 @@
 package ledger
 
 import (
+	"container/list"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -80,7 +83,8 @@ type Record struct {
 	// made for its caller: its start is its own).
 	FromZero bool `json:"from_zero"`
 
-	seq uint64
+	seq  uint64
+	elem *list.Element // in Ledger.bySeq once changed
 }
 
 // Ledger is a node's cost ledger. It is safe for concurrent use; a nil
@@ -91,9 +95,10 @@ type Ledger struct {
 	path  string // where it is saved ("": nowhere)
 	log   *slog.Logger
 
-	mu   sync.Mutex
-	seq  uint64
-	recs map[string]*Record
+	mu    sync.Mutex
+	seq   uint64
+	recs  map[string]*Record
+	bySeq *list.List // the changed records (*Record), by seq, oldest first
 }
 
 // Open returns node's ledger, saved at path ("": kept in memory only) and
@@ -101,7 +106,7 @@ type Ledger struct {
 func Open(node, path string, log *slog.Logger) (*Ledger, error) {
 	var b [8]byte
 	rand.Read(b[:])
-	l := &Ledger{node: node, epoch: hex.EncodeToString(b[:]), path: path, log: log, recs: map[string]*Record{}}
+	l := &Ledger{node: node, epoch: hex.EncodeToString(b[:]), path: path, log: log, recs: map[string]*Record{}, bySeq: list.New()}
 	if path == "" {
 		return l, nil
 	}
@@ -119,9 +124,8 @@ func Open(node, path string, log *slog.Logger) (*Ledger, error) {
 		return l, nil
 	}
 	for _, r := range recs {
-		l.seq++
-		r.seq = l.seq
 		l.recs[r.SandboxID] = r
+		l.bump(r)
 	}
 	return l, nil
 }
@@ -141,13 +145,32 @@ func (l *Ledger) Start(id, project string, labels map[string]string, at time.Tim
 	if r != nil && r.Ended.IsZero() {
 		return
 	}
+	if r != nil {
+		l.drop(r)
+	}
+	// Not bumped: nothing to pull until its first sample or its end.
 	l.recs[id] = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: at, Updated: at, FromZero: fresh}
-	l.bump(l.recs[id])
 }
 
+// bump raises the ledger's version to r's: r is the newest change; the
+// caller holds l.mu.
 func (l *Ledger) bump(r *Record) {
 	l.seq++
 	r.seq = l.seq
+	if r.elem == nil {
+		r.elem = l.bySeq.PushBack(r)
+	} else {
+		l.bySeq.MoveToBack(r.elem)
+	}
+}
+
+// drop forgets r; the caller holds l.mu.
+func (l *Ledger) drop(r *Record) {
+	if r.elem != nil {
+		l.bySeq.Remove(r.elem)
+		r.elem = nil
+	}
+	delete(l.recs, r.SandboxID)
 }
 
 // Observe adds sample s of sandbox id: the CPU time and egress since the
@@ -256,10 +279,14 @@ func (l *Ledger) Changed(epoch string, after uint64) (recs []*dsecv1.UsageRecord
 	if epoch != l.epoch {
 		after = 0
 	}
-	for _, r := range l.recs {
-		if r.seq > after {
-			recs = append(recs, l.msg(r))
+	// Newest first, back to the caller's version: a pull reads what
+	// changed, not the whole ledger.
+	for e := l.bySeq.Back(); e != nil; e = e.Prev() {
+		r := e.Value.(*Record)
+		if r.seq <= after {
+			break
 		}
+		recs = append(recs, l.msg(r))
 	}
 	return recs, l.epoch, l.seq
 }
@@ -291,20 +318,26 @@ func (l *Ledger) Get(id string) (Record, bool) {
 
 // Save drops the records of sandboxes that ended more than Keep ago and
 // writes the rest to the ledger's file (replaced whole: a crash leaves the
-// old one or the new).
+// old one or the new); a ledger kept in memory only drops them.
 func (l *Ledger) Save(now time.Time) error {
 	if l == nil {
 		return nil
 	}
 	l.mu.Lock()
-	recs := make([]*Record, 0, len(l.recs))
-	for id, r := range l.recs {
+	var recs []*Record
+	if l.path != "" {
+		recs = make([]*Record, 0, len(l.recs))
+	}
+	for _, r := range l.recs {
 		if !r.Ended.IsZero() && now.Sub(r.Ended) > Keep {
-			delete(l.recs, id)
+			l.drop(r)
 			continue
 		}
-		c := *r
-		recs = append(recs, &c)
+		if l.path != "" {
+			c := *r
+			c.elem = nil
+			recs = append(recs, &c)
+		}
 	}
 	l.mu.Unlock()
 	if l.path == "" {

@@ -60,15 +60,27 @@ func TestChanged(t *testing.T) {
 	t0 := time.Now()
 	l.Start("sb-1", "p", nil, t0, true)
 	l.Start("sb-2", "p", nil, t0, true)
+	// A start alone has nothing to store: no version, nothing to pull.
+	if recs, _, next := l.Changed("", 0); len(recs) != 0 || next != 0 {
+		t.Fatalf("pull after the starts: %d records to %d, want none", len(recs), next)
+	}
+	l.Observe("sb-1", "p", nil, Sample{At: t0.Add(time.Second), CPUUsec: 1})
+	l.Observe("sb-2", "p", nil, Sample{At: t0.Add(time.Second), CPUUsec: 2})
 	recs, epoch, next := l.Changed("", 0)
 	if len(recs) != 2 || next != 2 {
 		t.Fatalf("first pull: %d records to %d, want 2 to 2", len(recs), next)
 	}
-	l.Observe("sb-2", "p", nil, Sample{At: t0.Add(time.Second), CPUUsec: 7})
+	l.Observe("sb-2", "p", nil, Sample{At: t0.Add(2 * time.Second), CPUUsec: 7})
 	recs, _, next = l.Changed(epoch, next)
 	if len(recs) != 1 || recs[0].GetSandboxId() != "sb-2" || recs[0].GetUsage().GetCpuUsec() != 7 || next != 3 {
 		t.Fatalf("second pull: %v to %d", recs, next)
 	}
+	// An older change pulled again from its version, with the newer.
+	l.Observe("sb-1", "p", nil, Sample{At: t0.Add(2 * time.Second), CPUUsec: 3})
+	if recs, _, _ := l.Changed(epoch, next-1); len(recs) != 2 {
+		t.Fatalf("pull from version %d: %v, want sb-2 and sb-1", next-1, recs)
+	}
+	_, _, next = l.Changed(epoch, next)
 	if recs, _, _ := l.Changed(epoch, next); len(recs) != 0 {
 		t.Fatalf("nothing new: %v", recs)
 	}
@@ -85,7 +97,7 @@ func TestChanged(t *testing.T) {
 		t.Fatalf("after a restart: epoch %s (was %s), %v; want a new epoch and sb-2 alone (sb-1 ended long ago)", epoch2, epoch, recs)
 	}
 	// Integration goes on from the saved sample.
-	l2.Observe("sb-2", "p", nil, Sample{At: t0.Add(2 * time.Second), CPUUsec: 10})
+	l2.Observe("sb-2", "p", nil, Sample{At: t0.Add(3 * time.Second), CPUUsec: 10})
 	if r, _ := l2.Get("sb-2"); r.CPUUsec != 10 {
 		t.Fatalf("after a restart: CPU %d, want 10", r.CPUUsec)
 	}
