@@ -515,6 +515,7 @@ func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[ds
 	if name != "" && ls.s.cfg.Objects != nil {
 		all, err := ls.allLayers(context.WithoutCancel(ctx))
 		if err != nil {
+			c.release(ctx, false)
 			return fmt.Errorf("import image %s: count its bytes: %w", name, err)
 		}
 		for _, l := range all {

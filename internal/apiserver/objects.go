@@ -275,13 +275,33 @@ func targetProject(ctx context.Context, op iam.Op, named string) (string, error)
 
 // claim is an object a call is about to make or overwrite under name in
 // project, recorded before the edges make it so that two projects never
-// make one name. Its done records the bytes made and charges them; fail
-// forgets a name the call claimed anew.
+// make one name. The call is the record's one writer (store.Object.Writer)
+// until done or fail, so that two calls never make one name at once,
+// whichever apiservers serve them. Its done records the bytes made and
+// charges them; fail forgets a name the call claimed anew.
 type claim struct {
 	s       *Server
 	o       store.Object // with the blobs it held when claimed
 	claimed bool         // the record is this call's
+	writer  string       // this call's claim of the record, "" for none
 	staged  string       // the ref the new version is made under, for an overwrite
+	stop    func()       // ends the renewal of the claim
+}
+
+// claimLife is how long a call without a deadline holds its claim of a
+// name past its last renewal: it renews the claim each claimLife/4 while
+// it runs, so a call that died (its apiserver killed) holds the name at
+// most claimLife longer. A call with a deadline holds it until its
+// deadline and holdMargin, as a quota hold.
+const claimLife = 2 * time.Minute
+
+// claimUntil is when a claim made now for the call of ctx lapses, and
+// whether the call must renew it.
+func claimUntil(ctx context.Context) (time.Time, bool) {
+	if d, ok := ctx.Deadline(); ok {
+		return d.Add(holdMargin), false
+	}
+	return time.Now().Add(claimLife), true
 }
 
 // stagingPrefix begins the refs an overwrite is made under until its
@@ -311,10 +331,16 @@ func (c *claim) made() string {
 }
 
 // claimObject records name (of kind) for project before the call makes
-// it. A name of another project is refused: AlreadyExists when the caller
-// cannot see it (names are one namespace), PermissionDenied when it sees
-// it read-only. A name without a record that the edges already hold is
-// the root's, overwritten by the root's builders only.
+// it, the call its one writer. A name of another project is refused:
+// AlreadyExists when the caller cannot see it (names are one namespace),
+// PermissionDenied when it sees it read-only. A name without a record
+// that the edges already hold is the root's, overwritten by the root's
+// builders only. A name its project's record holds is taken for the call
+// (an overwrite) unless another call is making it and its claim is live:
+// FailedPrecondition, to try again once that call is done (AlreadyExists
+// for a snapshot, which is not taken again under its name; see
+// snapshotTaken); a claim past its deadline is a call that died, and is
+// taken over.
 func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*claim, error) {
 	if strings.HasPrefix(name, stagingPrefix) {
 		return nil, fmt.Errorf("%s %s: names beginning %s are the apiserver's own (an overwrite is made under one): %w", what(kind), name, stagingPrefix, errdefs.ErrInvalidArgument)
@@ -322,12 +348,17 @@ func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*
 	if s.cfg.Objects == nil || name == "" {
 		return &claim{s: s}, nil
 	}
-	o, claimed, err := s.cfg.Objects.ClaimObject(ctx, store.Object{Name: name, Kind: kind, Project: project})
+	writer := fmt.Sprintf("%s/%016x", s.cfg.Name, rand.Uint64())
+	until, renew := claimUntil(ctx)
+	o, claimed, err := s.cfg.Objects.ClaimObject(ctx, store.Object{Name: name, Kind: kind, Project: project, Writer: writer, WriterUntil: until})
 	if err != nil {
 		return nil, err
 	}
 	s.objects.drop(name)
-	c := &claim{s: s, o: o, claimed: claimed}
+	c := &claim{s: s, o: o, claimed: claimed, stop: func() {}}
+	if claimed {
+		c.writer = writer
+	}
 	if !claimed && o.Project != project {
 		a, _ := iam.AuthorityFrom(ctx)
 		if !sees(a, o) {
@@ -346,7 +377,88 @@ func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*
 			return nil, err
 		}
 	}
+	if !claimed {
+		if o.Writer != "" && time.Now().Before(o.WriterUntil) {
+			return nil, nameBusy(o)
+		}
+		if kind == store.ObjectSnapshot {
+			if err := s.snapshotTaken(ctx, o); err != nil {
+				return nil, err
+			}
+		}
+		taken, err := s.cfg.Objects.TakeObject(ctx, name, writer, until)
+		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			return nil, nameBusy(taken)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if taken.Writer != "" {
+			s.log.Info("take over a name whose call's claim lapsed", "name", name, "writer", taken.Writer, "until", taken.WriterUntil)
+		}
+		c.o, c.writer = taken, writer
+		s.objects.drop(name)
+	}
+	if renew {
+		c.stop = c.renew(ctx, until)
+	}
 	return c, nil
+}
+
+// nameBusy refuses a name another call is making: FailedPrecondition (the
+// caller tries again once it is done), AlreadyExists for a snapshot.
+func nameBusy(o store.Object) error {
+	if o.Kind == store.ObjectSnapshot {
+		return fmt.Errorf("snapshot %s is being taken by another call (a call that stopped before it was done holds the name until %s: delete it to free the name now): %w",
+			strings.TrimPrefix(o.Name, "snap:"), o.WriterUntil.UTC().Format(time.TimeOnly), errdefs.ErrAlreadyExists)
+	}
+	again := " again"
+	if len(o.Blobs) == 0 {
+		again = ""
+	}
+	return fmt.Errorf("%s %s is being made%s by another call; try again (a call that stopped before it was done holds the name until %s UTC): %w",
+		what(o.Kind), o.Name, again, o.WriterUntil.UTC().Format(time.TimeOnly), errdefs.ErrFailedPrecondition)
+}
+
+// renew renews c's claim each claimLife/4 while the call of ctx runs,
+// until the returned stop is called.
+func (c *claim) renew(ctx context.Context, until time.Time) (stop func()) {
+	done := make(chan struct{})
+	var once sync.Once
+	go func() {
+		t := time.NewTicker(claimLife / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			case <-t.C:
+			}
+			next := time.Now().Add(claimLife)
+			if _, err := c.s.cfg.Objects.TakeObject(ctx, c.o.Name, c.writer, next); err != nil {
+				c.s.log.Warn("renew the claim of a name", "name", c.o.Name, "until", until, "err", err)
+				continue
+			}
+			until = next
+		}
+	}()
+	return func() { once.Do(func() { close(done) }) }
+}
+
+// release ends the call's claim of the name; with forget the record goes
+// too (its bytes given back). A claim the call lost (it lapsed, and
+// another call took the name over) is left alone.
+func (c *claim) release(ctx context.Context, forget bool) {
+	if c.s.cfg.Objects == nil || c.writer == "" {
+		return
+	}
+	c.stop()
+	defer c.s.objects.drop(c.o.Name)
+	if err := c.s.cfg.Objects.ReleaseObject(context.WithoutCancel(ctx), c.o.Name, c.writer, forget); err != nil {
+		c.s.log.Warn("release the claim of a name", "name", c.o.Name, "forget", forget, "err", err)
+	}
 }
 
 // nameExists reports whether some node holds a layer, image or snapshot
@@ -365,15 +477,10 @@ func (s *Server) nameExists(ctx context.Context, name string) (bool, error) {
 	return false, nil
 }
 
-// fail forgets the record when this call made it and made nothing.
+// fail ends the claim of a call that made nothing: a record the call made
+// is forgotten, one it took for an overwrite is left as it was.
 func (c *claim) fail(ctx context.Context) {
-	if c.s.cfg.Objects == nil || !c.claimed {
-		return
-	}
-	defer c.s.objects.drop(c.o.Name)
-	if _, _, err := c.s.cfg.Objects.DeleteObject(context.WithoutCancel(ctx), c.o.Name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		c.s.log.Warn("forget object", "name", c.o.Name, "err", err)
-	}
+	c.release(ctx, c.claimed)
 }
 
 // done records the blobs the object now holds and, in the same store
@@ -381,10 +488,13 @@ func (c *claim) fail(ctx context.Context) {
 // snapshot_bytes for a snapshot) what they add: a blob another object of
 // the project holds is charged once, and an overwrite is charged what it
 // adds less what the version it replaces alone held. A staged overwrite
-// then has its name moved onto the new version on every node. A refusal
-// is the store's ResourceExhausted and changes no record: the caller's
-// undo then removes what it made (the staging ref), and a staged
-// overwrite's old version is kept as it was.
+// then has its name moved onto the new version on every node, the call
+// still the name's one writer, so that record, charge and nodes agree;
+// then the claim ends. A refusal is the store's ResourceExhausted and
+// changes no record: the caller's undo then removes what it made (the
+// staging ref), and a staged overwrite's old version is kept as it was.
+// A call whose claim lapsed and was taken over by another is refused
+// (FailedPrecondition) and removes what it made under a staging ref.
 func (c *claim) done(ctx context.Context, blobs []store.Blob, undo func(context.Context) error) error {
 	if c.s.cfg.Objects == nil || c.o.Name == "" {
 		return nil
@@ -399,40 +509,46 @@ func (c *claim) done(ctx context.Context, blobs []store.Blob, undo func(context.
 			c.s.log.Warn("remove what a refused charge made", "name", c.o.Name, "ref", c.made(), "err", err)
 		}
 	}
-	_, cerr := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, blobs)
+	_, cerr := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, c.writer, blobs)
 	if cerr == nil {
 		if c.staged == "" {
+			c.release(ctx, false)
 			return nil
 		}
 		err := (&layerService{s: c.s}).renameRef(ctx, c.staged, c.o.Name)
 		if err == nil {
+			c.release(ctx, false)
 			return nil
 		}
 		// The name still names the old version: its record says so again.
-		if _, rerr := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, c.o.Blobs); rerr != nil {
+		if _, rerr := c.s.cfg.Objects.SetObjectBlobs(ctx, c.o.Name, c.writer, c.o.Blobs); rerr != nil {
 			c.s.log.Warn("record an overwrite's old blobs again", "name", c.o.Name, "err", rerr)
 		}
 		undoing()
+		c.release(ctx, false)
 		return fmt.Errorf("%s %s: move the name onto the new version: %w (the version before is kept)", what(c.o.Kind), c.o.Name, err)
 	}
 	if !errors.Is(cerr, errdefs.ErrResourceExhausted) && c.staged == "" {
+		c.release(ctx, false)
 		return cerr
 	}
 	undoing()
 	switch {
 	case !errors.Is(cerr, errdefs.ErrResourceExhausted):
-		return cerr
+		c.release(ctx, false)
+		return fmt.Errorf("%s %s: %w (what this call made is removed)", what(c.o.Kind), c.o.Name, cerr)
 	case c.claimed:
-		c.fail(ctx)
+		c.release(ctx, true)
 		return fmt.Errorf("%s %s (%d bytes): %w", what(c.o.Kind), c.o.Name, blobBytes(blobs), cerr)
 	case c.staged != "":
+		c.release(ctx, false)
 		return fmt.Errorf("%s %s (%d bytes, replacing %d): %w (the %s before is kept)",
 			what(c.o.Kind), c.o.Name, blobBytes(blobs), blobBytes(c.o.Blobs), cerr, what(c.o.Kind))
 	}
 	// A snapshot's record taken over (snapshotTaken: no node held the
 	// snapshot it named): what this call made is removed, and the record,
 	// which names nothing, goes with its charge.
-	c.s.forget(ctx, c.o.Name)
+	c.release(ctx, true)
 	return fmt.Errorf("%s %s (%d bytes): %w (no node held the %s its record named: the record is removed)",
 		what(c.o.Kind), c.o.Name, blobBytes(blobs), cerr, what(c.o.Kind))
 }

@@ -17,7 +17,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -44,6 +46,9 @@ type memLayers struct {
 	dsecv1connect.UnimplementedLayerServiceHandler
 	mu     sync.Mutex
 	layers map[string]*dsecv1.Layer
+	// importing, when set, is called with each ImportLayer's ref before
+	// the layer is made (a test holds a call there).
+	importing func(ref string)
 }
 
 func newMemLayers() *memLayers { return &memLayers{layers: map[string]*dsecv1.Layer{}} }
@@ -68,6 +73,12 @@ func (m *memLayers) has(name string) bool {
 }
 
 func (m *memLayers) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
+	m.mu.Lock()
+	importing := m.importing
+	m.mu.Unlock()
+	if importing != nil {
+		importing(req.Msg.GetRef())
+	}
 	l := &dsecv1.Layer{Refs: []string{req.Msg.GetRef()}}
 	m.put(l, req.Msg.GetRef())
 	return connect.NewResponse(l), nil
@@ -639,7 +650,8 @@ func TestSnapshotAgainAtQuota(t *testing.T) {
 	}
 
 	// Another call is taking t: its record is claimed, nothing made yet.
-	if _, claimed, err := r.st.ClaimObject(ctx, store.Object{Name: "snap:t", Kind: store.ObjectSnapshot, Project: "build"}); err != nil || !claimed {
+	if _, claimed, err := r.st.ClaimObject(ctx, store.Object{Name: "snap:t", Kind: store.ObjectSnapshot, Project: "build",
+		Writer: "another", WriterUntil: time.Now().Add(time.Hour)}); err != nil || !claimed {
 		t.Fatalf("claim snap:t as another call would: %v, %v", claimed, err)
 	}
 	_, err = builder.Snapshot(ctx, sb.ID, "t")
@@ -666,6 +678,141 @@ func TestSnapshotAgainAtQuota(t *testing.T) {
 	must("snapshot s again once no node holds it, at the quota", err)
 	if n := snapUse(); n != memLayerSize {
 		t.Fatalf("build uses %d snapshot bytes after s is taken again, want %d", n, memLayerSize)
+	}
+}
+
+// TestOneWriter: a name has one writer at a time, decided in the store
+// (issue 31): an overwrite of a layer while another is under way is
+// refused (FailedPrecondition, try again) and the first one's version is
+// what the name's record, its project's charge and the node all hold
+// (before, both renamed their staging refs onto the name, and the record
+// could hold the other's blobs); a claim past its deadline (its call
+// died, its apiserver killed) is taken over, one before it refused; and a
+// snapshot's pending record past its deadline is taken over by a later
+// take of the name, one before it still refused (before, a pending record
+// refused every take until deleted). On SQLite and PostgreSQL.
+func TestOneWriter(t *testing.T) {
+	for name, dsn := range objectDatabases() {
+		t.Run(name, func(t *testing.T) { testOneWriter(t, startObjectRig(t, dsn(t))) })
+	}
+}
+
+func testOneWriter(t *testing.T, r *objectRig) {
+	ctx := t.Context()
+	builder := r.client(t, "builder")
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	base := dsecv1.LayerKind_LAYER_KIND_BASE
+	// agree checks that env:1's record holds the blob the node names
+	// env:1 by, charged once, with no writer and no staging ref left.
+	agree := func(when string) {
+		t.Helper()
+		o, err := r.st.Object(ctx, "env:1")
+		must("the record of env:1 "+when, err)
+		r.layers.mu.Lock()
+		node, held := r.layers.layers["env:1"]
+		var staged []string
+		for name := range r.layers.layers {
+			if strings.HasPrefix(name, stagingPrefix) {
+				staged = append(staged, name)
+			}
+		}
+		r.layers.mu.Unlock()
+		if !held || len(o.Blobs) != 1 || o.Blobs[0].Digest != node.GetDigest() || o.Writer != "" || len(staged) > 0 {
+			t.Fatalf("%s: the record of env:1 holds %v (writer %q), the node %v (held %v), staging refs left %v; want one blob, the node's",
+				when, o.Blobs, o.Writer, node, held, staged)
+		}
+		qs, err := r.st.Quota(ctx, "build")
+		must("Quota", err)
+		if n := qs[0].Used[store.LayerBytes]; n != memLayerSize {
+			t.Fatalf("%s: build uses %d bytes of layers, want %d", when, n, memLayerSize)
+		}
+	}
+	_, err := builder.ImportLayer(ctx, "env:1", base, "/env", nil)
+	must("builder imports env:1", err)
+
+	// Two overwrites at once: the first is held on the node while it
+	// makes its staging ref; the second is refused before any node is
+	// asked.
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	r.layers.mu.Lock()
+	r.layers.importing = func(ref string) {
+		if held.CompareAndSwap(false, true) {
+			close(arrived)
+			<-release
+		}
+	}
+	r.layers.mu.Unlock()
+	first := make(chan error, 1)
+	go func() {
+		_, err := builder.ImportLayer(ctx, "env:1", base, "/env-a", nil)
+		first <- err
+	}()
+	select {
+	case <-arrived:
+	case err := <-first:
+		close(release)
+		t.Fatalf("the first overwrite of env:1 ended before it reached the node: %v", err)
+	}
+	_, err = r.client(t, "builder").ImportLayer(ctx, "env:1", base, "/env-b", nil)
+	close(release)
+	if !errors.Is(err, dsec.ErrFailedPrecondition) || !strings.Contains(err.Error(), "layer env:1 is being made again by another call; try again") {
+		t.Fatalf("a second overwrite of env:1 while the first is under way: %v; want FailedPrecondition, try again", err)
+	}
+	must("the first overwrite of env:1", <-first)
+	agree("after two overwrites at once")
+	_, err = builder.ImportLayer(ctx, "env:1", base, "/env-c", nil)
+	must("an overwrite once the first is done", err)
+	agree("after an overwrite once the first is done")
+
+	// A call making env:1 again died (its apiserver killed) with its
+	// claim live: refused until its deadline, taken over after it.
+	_, err = r.st.TakeObject(ctx, "env:1", "dead", time.Now().Add(time.Hour))
+	must("a dead call's live claim of env:1", err)
+	_, err = builder.ImportLayer(ctx, "env:1", base, "/env-d", nil)
+	if !errors.Is(err, dsec.ErrFailedPrecondition) {
+		t.Fatalf("an overwrite of env:1 while a dead call's claim is live: %v; want FailedPrecondition", err)
+	}
+	_, err = r.st.TakeObject(ctx, "env:1", "dead", time.Now().Add(-time.Second))
+	must("the dead call's claim of env:1, lapsed", err)
+	_, err = builder.ImportLayer(ctx, "env:1", base, "/env-e", nil)
+	must("an overwrite of env:1 once the dead call's claim lapsed", err)
+	agree("after taking over a lapsed claim")
+
+	// Snapshots: a record a dead call left pending (claimed, no blobs),
+	// before and after its deadline.
+	sb, err := builder.Create(ctx, "env:1", nil)
+	must("builder creates", err)
+	pending := func(name string, until time.Time) {
+		t.Helper()
+		if _, claimed, err := r.st.ClaimObject(ctx, store.Object{Name: "snap:" + name, Kind: store.ObjectSnapshot, Project: "build",
+			Writer: "dead", WriterUntil: until}); err != nil || !claimed {
+			t.Fatalf("claim snap:%s as a call that died would: %v, %v", name, claimed, err)
+		}
+	}
+	pending("live", time.Now().Add(time.Hour))
+	_, err = builder.Snapshot(ctx, sb.ID, "live")
+	if !errors.Is(err, dsec.ErrAlreadyExists) || !strings.Contains(err.Error(), "being taken by another call") {
+		t.Fatalf("snapshot live while a dead call's claim is live: %v; want AlreadyExists", err)
+	}
+	if r.layers.has("snap:live") {
+		t.Fatal("the node holds snap:live after a refused call")
+	}
+	pending("lapsed", time.Now().Add(-time.Second))
+	_, err = builder.Snapshot(ctx, sb.ID, "lapsed")
+	must("snapshot lapsed, its pending record's claim past its deadline", err)
+	if o, err := r.st.Object(ctx, "snap:lapsed"); err != nil || len(o.Blobs) != 1 || o.Writer != "" || !r.layers.has("snap:lapsed") {
+		t.Fatalf("snap:lapsed taken over: record %+v (%v), node holds it %v; want one blob, no writer, on the node", o, err, r.layers.has("snap:lapsed"))
+	}
+	qs, err := r.st.Quota(ctx, "build")
+	must("Quota", err)
+	if n := qs[0].Used[store.SnapshotBytes]; n != memLayerSize {
+		t.Fatalf("build uses %d snapshot bytes, want %d (snap:lapsed once)", n, memLayerSize)
 	}
 }
 

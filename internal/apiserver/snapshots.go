@@ -49,11 +49,6 @@ func (s *Server) snapshot(ctx context.Context, req *connect.Request[dsecv1.Snaps
 	if err != nil {
 		return nil, err
 	}
-	if !c.claimed && c.o.Name != "" {
-		if err := s.snapshotTaken(ctx, c.o); err != nil {
-			return nil, err
-		}
-	}
 	resp, err := forward(ctx, s, req.Msg.GetSandboxId(), req, func(e Edge) func(context.Context, *connect.Request[dsecv1.SnapshotRequest]) (*connect.Response[dsecv1.SnapshotInfo], error) {
 		return e.Snapshot
 	})
@@ -77,11 +72,11 @@ func (s *Server) snapshot(ctx context.Context, req *connect.Request[dsecv1.Snaps
 // already, before any node is asked, so that nothing is touched: a
 // snapshot is not taken again under its name (SnapshotRequest.name), and
 // a refused charge removes what the call made under the name with the
-// name's record. The name is refused while a node holds it, or while
-// another call is taking it (its record has no blobs yet; a call that
-// stopped before it was done leaves such a record, which DeleteSnapshot
-// removes). Only a record whose snapshot no node holds any more (its
-// node was replaced) is taken over.
+// name's record. The name is refused while a node holds it; a record
+// another call is taking (its claim live) is refused before (see
+// claimObject and nameBusy). Only a record whose snapshot no node holds (its
+// node was replaced, or the call taking it died before it was done and
+// its claim lapsed) is taken over.
 func (s *Server) snapshotTaken(ctx context.Context, o store.Object) error {
 	name := strings.TrimPrefix(o.Name, "snap:")
 	held, err := s.nameExists(ctx, o.Name)
@@ -90,8 +85,6 @@ func (s *Server) snapshotTaken(ctx context.Context, o store.Object) error {
 		return fmt.Errorf("snapshot %s: look for it on the nodes: %w", name, err)
 	case held:
 		return fmt.Errorf("snapshot %s exists: a snapshot is not taken again under its name (delete it first, or name another): %w", name, errdefs.ErrAlreadyExists)
-	case len(o.Blobs) == 0:
-		return fmt.Errorf("snapshot %s is being taken by another call (or a call taking it stopped before it was done: delete it to free the name): %w", name, errdefs.ErrAlreadyExists)
 	}
 	return nil
 }

@@ -38,6 +38,13 @@ type Object struct {
 	// (read-only), sorted.
 	SharedWith []string
 	Created    time.Time
+	// Writer is the call making the object, or making it again, now (a
+	// token of the caller's own; "" is none), and WriterUntil when its
+	// claim lapses: a writer past it is a call that died, whose name a
+	// later call may take over (TakeObject). One name has one writer at a
+	// time, whichever apiserver serves it.
+	Writer      string
+	WriterUntil time.Time
 }
 
 // Blob is a stored layer an object holds, by digest: a layer holds one,
@@ -53,20 +60,39 @@ type Blob struct {
 // belongs to, and whom it is shared with; the apiserver decides with it
 // who sees, uses and removes them.
 type Objects interface {
-	// ClaimObject records o (Name, Kind, Project) when no object has its
+	// ClaimObject records o (Name, Kind, Project, and Writer and
+	// WriterUntil: the claiming call as its writer) when no object has its
 	// name and returns it with claimed true; otherwise it returns the
-	// object recorded, unchanged, with claimed false. Of concurrent
-	// claims of one name exactly one is claimed.
+	// object recorded, unchanged (with its blobs and writer), with claimed
+	// false. Of concurrent claims of one name exactly one is claimed.
 	ClaimObject(ctx context.Context, o Object) (got Object, claimed bool, err error)
+	// TakeObject makes writer the one writer of name's record until
+	// until, and returns the record as it was (with its blobs and the
+	// writer before). A record with no writer, writer's own or one whose
+	// writer's claim has lapsed (WriterUntil passed) is taken; one whose
+	// claim is another's and live is refused with
+	// errdefs.ErrFailedPrecondition, the record returned as it is. Of
+	// concurrent takes of one name exactly one is taken; taking it again
+	// as its writer renews the claim. errdefs.ErrNotFound for an unknown
+	// name.
+	TakeObject(ctx context.Context, name, writer string, until time.Time) (Object, error)
 	// SetObjectBlobs records the blobs name holds now, in place of those
 	// it held, and in the same transaction charges its project (and every
 	// project above it) the change: the bytes of the blobs it holds now
 	// that no other object of the project (of its resource) holds, less
 	// those of the blobs it held so (a negative change is given back). A
 	// charge past a limit is refused with errdefs.ErrResourceExhausted, in
-	// Charge's words, and changes nothing. It returns the change;
+	// Charge's words, and changes nothing. With a writer, a record whose
+	// writer is another (writer's claim lapsed and another call took the
+	// name) is refused with errdefs.ErrFailedPrecondition and changes
+	// nothing; the writer keeps its claim. It returns the change;
 	// errdefs.ErrNotFound for an unknown name.
-	SetObjectBlobs(ctx context.Context, name string, blobs []Blob) (change int64, err error)
+	SetObjectBlobs(ctx context.Context, name, writer string, blobs []Blob) (change int64, err error)
+	// ReleaseObject ends writer's claim of name: the record stays with no
+	// writer or, with forget, goes as DeleteObject removes it (its bytes
+	// given back). A record writer no longer holds (or none) is left
+	// alone: nil.
+	ReleaseObject(ctx context.Context, name, writer string, forget bool) error
 	// Object returns the object called name, with its shares, or
 	// errdefs.ErrNotFound.
 	Object(ctx context.Context, name string) (Object, error)
@@ -97,12 +123,26 @@ func checkObject(o Object) error {
 	return nil
 }
 
-const objectCols = `name, kind, project, bytes, created{ms}`
+const objectCols = `name, kind, project, bytes, created{ms}, writer, writer_until{ms}`
 
 func scanObject(row interface{ Scan(...any) error }) (Object, error) {
 	var o Object
-	err := row.Scan(&o.Name, &o.Kind, &o.Project, &o.Bytes, timeCol{&o.Created})
+	err := row.Scan(&o.Name, &o.Kind, &o.Project, &o.Bytes, timeCol{&o.Created}, &o.Writer, timeCol{&o.WriterUntil})
 	return o, err
+}
+
+// liveWriter reports whether o's writer holds its claim at now.
+func (o Object) liveWriter(now time.Time) bool {
+	return o.Writer != "" && now.Before(o.WriterUntil)
+}
+
+// writerHolds refuses a change of o by writer when o's writer is
+// another's (a writer "" changes it regardless).
+func writerHolds(o Object, writer string) error {
+	if writer == "" || o.Writer == writer {
+		return nil
+	}
+	return fmt.Errorf("object %s: the call's claim of the name lapsed and another call took it over: %w", o.Name, errdefs.ErrFailedPrecondition)
 }
 
 func (d *sqlDB) objectIn(ctx context.Context, q querier, name string) (Object, error) {
@@ -232,16 +272,20 @@ func (d *sqlDB) ClaimObject(ctx context.Context, o Object) (Object, bool, error)
 	if err != nil {
 		return Object{}, false, err
 	}
-	o.Project, o.Bytes, o.SharedWith = p, 0, nil
+	o.Project, o.Bytes, o.SharedWith, o.Blobs = p, 0, nil, nil
 	if o.Created.IsZero() {
 		o.Created = time.Now()
 	}
 	o.Created = ms(o.Created)
+	if o.Writer == "" {
+		o.WriterUntil = time.Time{}
+	}
+	o.WriterUntil = ms(o.WriterUntil)
 	var got Object
 	claimed := false
 	err = d.inTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, d.q(`INSERT INTO objects (name, kind, project, bytes, created{ms}) VALUES (?, ?, ?, 0, ?)
-			ON CONFLICT (name) DO NOTHING`), o.Name, o.Kind, o.Project, d.ts(o.Created))
+		res, err := tx.ExecContext(ctx, d.q(`INSERT INTO objects (name, kind, project, bytes, created{ms}, writer, writer_until{ms}) VALUES (?, ?, ?, 0, ?, ?, ?)
+			ON CONFLICT (name) DO NOTHING`), o.Name, o.Kind, o.Project, d.ts(o.Created), o.Writer, d.ts(o.WriterUntil))
 		if err != nil {
 			return err
 		}
@@ -260,7 +304,57 @@ func (d *sqlDB) ClaimObject(ctx context.Context, o Object) (Object, bool, error)
 	return got, claimed, nil
 }
 
-func (d *sqlDB) SetObjectBlobs(ctx context.Context, name string, blobs []Blob) (int64, error) {
+func (d *sqlDB) TakeObject(ctx context.Context, name, writer string, until time.Time) (Object, error) {
+	if writer == "" {
+		return Object{}, fmt.Errorf("take object %s: no writer: %w", name, errdefs.ErrInvalidArgument)
+	}
+	var o Object
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		if o, err = d.lockedObject(ctx, tx, name); err != nil {
+			return err
+		}
+		if o.Writer != writer && o.liveWriter(time.Now()) {
+			return fmt.Errorf("object %s is being made by another call until %s: %w",
+				name, o.WriterUntil.UTC().Format(time.RFC3339), errdefs.ErrFailedPrecondition)
+		}
+		_, err = tx.ExecContext(ctx, d.q(`UPDATE objects SET writer = ?, writer_until{ms} = ? WHERE name = ?`), writer, d.ts(ms(until)), name)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			return o, err
+		}
+		return Object{}, d.fail("take object "+name, err)
+	}
+	return o, nil
+}
+
+func (d *sqlDB) ReleaseObject(ctx context.Context, name, writer string, forget bool) error {
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		o, err := d.lockedObject(ctx, tx, name)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if writer == "" || o.Writer != writer {
+			return nil
+		}
+		if !forget {
+			_, err := tx.ExecContext(ctx, d.q(`UPDATE objects SET writer = '', writer_until{ms} = NULL WHERE name = ?`), name)
+			return err
+		}
+		return d.deleteObjectIn(ctx, tx, o)
+	})
+	if err != nil {
+		return d.fail("release object "+name, err)
+	}
+	return nil
+}
+
+func (d *sqlDB) SetObjectBlobs(ctx context.Context, name, writer string, blobs []Blob) (int64, error) {
 	seen := map[string]bool{}
 	var total int64
 	for _, b := range blobs {
@@ -277,6 +371,9 @@ func (d *sqlDB) SetObjectBlobs(ctx context.Context, name string, blobs []Blob) (
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		o, err := d.lockedObject(ctx, tx, name)
 		if err != nil {
+			return err
+		}
+		if err := writerHolds(o, writer); err != nil {
 			return err
 		}
 		before, err := d.ownBytes(ctx, tx, o)
@@ -374,20 +471,31 @@ func (d *sqlDB) DeleteObject(ctx context.Context, name string) (Object, int64, e
 		if release, err = d.ownBytes(ctx, tx, o); err != nil {
 			return err
 		}
-		if err := d.chargeBytesIn(ctx, tx, o, -release); err != nil {
-			return err
-		}
-		for _, table := range []string{"object_blobs", "object_shares", "objects"} {
-			if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM `+table+` WHERE name = ?`), name); err != nil {
-				return err
-			}
-		}
-		return nil
+		return d.deleteObjectIn(ctx, tx, o)
 	})
 	if err != nil {
 		return Object{}, 0, d.fail("delete object "+name, err)
 	}
 	return o, release, nil
+}
+
+// deleteObjectIn removes o's record, blobs and shares in tx, o's project's
+// row locked (lockedObject), and gives its project back the bytes of its
+// blobs no other object of the project holds.
+func (d *sqlDB) deleteObjectIn(ctx context.Context, tx *sql.Tx, o Object) error {
+	release, err := d.ownBytes(ctx, tx, o)
+	if err != nil {
+		return err
+	}
+	if err := d.chargeBytesIn(ctx, tx, o, -release); err != nil {
+		return err
+	}
+	for _, table := range []string{"object_blobs", "object_shares", "objects"} {
+		if _, err := tx.ExecContext(ctx, d.q(`DELETE FROM `+table+` WHERE name = ?`), o.Name); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (d *sqlDB) ShareObject(ctx context.Context, name, project string) error {

@@ -393,10 +393,22 @@ func (x observed) ClaimObject(ctx context.Context, o Object) (Object, bool, erro
 	return r0, r1, err
 }
 
-func (x observed) SetObjectBlobs(ctx context.Context, name string, blobs []Blob) (int64, error) {
-	r0, err := x.Store.SetObjectBlobs(ctx, name, blobs)
+func (x observed) TakeObject(ctx context.Context, name, writer string, until time.Time) (Object, error) {
+	r0, err := x.Store.TakeObject(ctx, name, writer, until)
+	x.done("TakeObject", err)
+	return r0, err
+}
+
+func (x observed) SetObjectBlobs(ctx context.Context, name, writer string, blobs []Blob) (int64, error) {
+	r0, err := x.Store.SetObjectBlobs(ctx, name, writer, blobs)
 	x.done("SetObjectBlobs", err)
 	return r0, err
+}
+
+func (x observed) ReleaseObject(ctx context.Context, name, writer string, forget bool) error {
+	err := x.Store.ReleaseObject(ctx, name, writer, forget)
+	x.done("ReleaseObject", err)
+	return err
 }
 
 func (x observed) Object(ctx context.Context, name string) (Object, error) {

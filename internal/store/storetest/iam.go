@@ -37,6 +37,7 @@ var iamCases = []struct {
 	{"Audit", testAudit},
 	{"Objects", testObjects},
 	{"ObjectClaimRace", testObjectClaimRace},
+	{"ObjectWriters", testObjectWriters},
 	{"ObjectBlobs", testObjectBlobs},
 	{"DeleteProjectObjects", testDeleteProjectObjects},
 }
@@ -50,6 +51,7 @@ var iamReplicaCases = []struct {
 	{"RevokeSeenByOther", testReplicasRevokeChain},
 	{"RevokeRacesMint", testReplicasRevokeRacesMint},
 	{"ObjectBlobsRace", testReplicasObjectBlobsRace},
+	{"ObjectTakeRace", testReplicasObjectTakeRace},
 }
 
 func admin() iam.Authority { return iam.NodeAdmin() }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/store"
@@ -29,18 +30,18 @@ func testObjects(t *testing.T, st store.Store) {
 	if _, _, err := st.ClaimObject(ctx, store.Object{Name: "x", Kind: "table", Project: "run"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("claim of an unknown kind: %v", err)
 	}
-	change, err := st.SetObjectBlobs(ctx, "env:1", []store.Blob{{Digest: "sha256:a", Bytes: 4096}})
+	change, err := st.SetObjectBlobs(ctx, "env:1", "", []store.Blob{{Digest: "sha256:a", Bytes: 4096}})
 	must(t, "SetObjectBlobs", err)
 	if change != 4096 {
 		t.Fatalf("change %d, want 4096", change)
 	}
-	if change, err = st.SetObjectBlobs(ctx, "env:1", []store.Blob{{Digest: "sha256:b", Bytes: 100}}); err != nil || change != -3996 {
+	if change, err = st.SetObjectBlobs(ctx, "env:1", "", []store.Blob{{Digest: "sha256:b", Bytes: 100}}); err != nil || change != -3996 {
 		t.Fatalf("SetObjectBlobs again: change %d, %v; want -3996", change, err)
 	}
-	if _, err := st.SetObjectBlobs(ctx, "nope:1", nil); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := st.SetObjectBlobs(ctx, "nope:1", "", nil); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("SetObjectBlobs of an unknown name: %v", err)
 	}
-	if _, err := st.SetObjectBlobs(ctx, "env:1", []store.Blob{{Digest: "sha256:b", Bytes: 1}, {Digest: "sha256:b", Bytes: 1}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := st.SetObjectBlobs(ctx, "env:1", "", []store.Blob{{Digest: "sha256:b", Bytes: 1}, {Digest: "sha256:b", Bytes: 1}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("SetObjectBlobs with a blob twice: %v", err)
 	}
 	must(t, "ShareObject", st.ShareObject(ctx, "env:1", "run"))
@@ -117,6 +118,109 @@ func testObjectClaimRace(t *testing.T, st store.Store) {
 	}
 }
 
+// testObjectWriters: a name has one writer at a time. A claim records
+// its writer; another's take is refused (FailedPrecondition) while the
+// claim is live, the record unchanged; a lapsed claim (its call died) is
+// taken over, and the lapsed writer's SetObjectBlobs is then refused and
+// changes nothing, while the new writer's records and charges; a release
+// by a writer that lost the name leaves it alone, the writer's own ends
+// its claim, and a release with forget removes the record and gives its
+// bytes back.
+func testObjectWriters(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "build")
+	live, lapsed := time.Now().Add(time.Hour), time.Now().Add(-time.Second)
+	o, claimed, err := st.ClaimObject(ctx, store.Object{Name: "env:1", Kind: store.ObjectLayer, Project: "build", Writer: "a", WriterUntil: live})
+	if err != nil || !claimed || o.Writer != "a" {
+		t.Fatalf("ClaimObject by a: %+v, %v, %v", o, claimed, err)
+	}
+	got, _, err := st.ClaimObject(ctx, store.Object{Name: "env:1", Kind: store.ObjectLayer, Project: "build", Writer: "b", WriterUntil: live})
+	if err != nil || got.Writer != "a" || !got.WriterUntil.Equal(live.Truncate(time.Millisecond)) {
+		t.Fatalf("ClaimObject by b: %+v, %v; want a's record, writer a until %s", got, err, live)
+	}
+	got, err = st.TakeObject(ctx, "env:1", "b", live)
+	wantKind(t, "TakeObject by b while a's claim is live", err, errdefs.ErrFailedPrecondition)
+	if got.Writer != "a" {
+		t.Fatalf("the record a refused take returns: %+v; want writer a", got)
+	}
+	_, err = st.TakeObject(ctx, "env:1", "a", live.Add(time.Hour))
+	must(t, "TakeObject by a again (renewed)", err)
+	_, err = st.SetObjectBlobs(ctx, "env:1", "b", []store.Blob{{Digest: "sha256:b", Bytes: 7}})
+	wantKind(t, "SetObjectBlobs by b, not the writer", err, errdefs.ErrFailedPrecondition)
+	_, err = st.SetObjectBlobs(ctx, "env:1", "a", []store.Blob{{Digest: "sha256:a", Bytes: 100}})
+	must(t, "SetObjectBlobs by a", err)
+	must(t, "ReleaseObject by a", st.ReleaseObject(ctx, "env:1", "a", false))
+	if o, err := st.Object(ctx, "env:1"); err != nil || o.Writer != "" || len(o.Blobs) != 1 {
+		t.Fatalf("env:1 released: %+v, %v; want no writer, one blob", o, err)
+	}
+
+	// c takes it to make it again and dies: its claim lapses.
+	_, err = st.TakeObject(ctx, "env:1", "c", lapsed)
+	must(t, "TakeObject by c", err)
+	before, err := st.TakeObject(ctx, "env:1", "d", live)
+	must(t, "TakeObject by d once c's claim lapsed", err)
+	if before.Writer != "c" || len(before.Blobs) != 1 || before.Blobs[0].Digest != "sha256:a" {
+		t.Fatalf("the record d took over: %+v; want writer c, blob sha256:a", before)
+	}
+	_, err = st.SetObjectBlobs(ctx, "env:1", "c", []store.Blob{{Digest: "sha256:c", Bytes: 1}})
+	wantKind(t, "SetObjectBlobs by c, whose claim lapsed", err, errdefs.ErrFailedPrecondition)
+	must(t, "ReleaseObject by c, whose claim lapsed", st.ReleaseObject(ctx, "env:1", "c", true))
+	wantUse(t, st, "build", store.LayerBytes, 100)
+	_, err = st.SetObjectBlobs(ctx, "env:1", "d", []store.Blob{{Digest: "sha256:d", Bytes: 30}})
+	must(t, "SetObjectBlobs by d", err)
+	wantUse(t, st, "build", store.LayerBytes, 30)
+	must(t, "ReleaseObject by d, forgetting it", st.ReleaseObject(ctx, "env:1", "d", true))
+	if _, err := st.Object(ctx, "env:1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("env:1 released with forget: %v; want NotFound", err)
+	}
+	wantUse(t, st, "build", store.LayerBytes, 0)
+	_, err = st.TakeObject(ctx, "env:1", "e", live)
+	wantKind(t, "TakeObject of an unknown name", err, errdefs.ErrNotFound)
+	must(t, "ReleaseObject of an unknown name", st.ReleaseObject(ctx, "env:1", "e", false))
+}
+
+// testReplicasObjectTakeRace: 16 calls taking one name at once through
+// two stores (two apiservers making a layer again): exactly one is its
+// writer.
+func testReplicasObjectTakeRace(t *testing.T, a, b store.Store) {
+	ctx := t.Context()
+	mkProjects(t, a, "team")
+	if _, _, err := a.ClaimObject(ctx, store.Object{Name: "env:1", Kind: store.ObjectLayer, Project: "team"}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var taken []string
+	var other []error
+	for i := range 16 {
+		st := a
+		if i%2 == 1 {
+			st = b
+		}
+		writer := fmt.Sprintf("w%d", i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := st.TakeObject(ctx, "env:1", writer, time.Now().Add(time.Hour))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				taken = append(taken, writer)
+			case !errors.Is(err, errdefs.ErrFailedPrecondition):
+				other = append(other, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(taken) != 1 || len(other) > 0 {
+		t.Fatalf("taken by %v, other errors %v; want one writer", taken, other)
+	}
+	if o, err := b.Object(ctx, "env:1"); err != nil || o.Writer != taken[0] {
+		t.Fatalf("env:1's writer: %+v, %v; want %s", o, err, taken[0])
+	}
+}
+
 // testObjectBlobs: a project is charged each blob once, however many of
 // its objects hold it: two images on one base layer pay for the base
 // once, and removing one gives back only what the other does not hold.
@@ -131,7 +235,7 @@ func testObjectBlobs(t *testing.T, st store.Store) {
 		if _, _, err := st.ClaimObject(ctx, store.Object{Name: name, Kind: kind, Project: project}); err != nil {
 			t.Fatalf("claim %s: %v", name, err)
 		}
-		change, err := st.SetObjectBlobs(ctx, name, blobs)
+		change, err := st.SetObjectBlobs(ctx, name, "", blobs)
 		if err != nil || change != want {
 			t.Fatalf("SetObjectBlobs %s: change %d, %v; want %d", name, change, err, want)
 		}
@@ -151,7 +255,7 @@ func testObjectBlobs(t *testing.T, st store.Store) {
 	wantUse(t, st, "", store.LayerBytes, 2600)
 	// Past a limit: refused in Charge's words, nothing changed.
 	limit(t, st, "build", store.LayerBytes, 2000)
-	_, err := st.SetObjectBlobs(ctx, "img:2", []store.Blob{base, {Digest: "sha256:big", Bytes: 1000}})
+	_, err := st.SetObjectBlobs(ctx, "img:2", "", []store.Blob{base, {Digest: "sha256:big", Bytes: 1000}})
 	wantMessage(t, "SetObjectBlobs past the limit", err, errdefs.ErrResourceExhausted, "quota of project build: 1600 of 2000 bytes of layers in use")
 	if o, err := st.Object(ctx, "img:2"); err != nil || !slices.Equal(o.Blobs, []store.Blob{{Digest: "sha256:two", Bytes: 500}}) || o.Bytes != 500 {
 		t.Fatalf("img:2 after a refused charge: %+v, %v; want its one blob of 500 bytes", o, err)
@@ -206,7 +310,7 @@ func testReplicasObjectBlobsRace(t *testing.T, a, b store.Store) {
 				mu.Unlock()
 				return
 			}
-			_, err := st.SetObjectBlobs(ctx, name, []store.Blob{shared, {Digest: "sha256:own-" + name, Bytes: 10}})
+			_, err := st.SetObjectBlobs(ctx, name, "", []store.Blob{shared, {Digest: "sha256:own-" + name, Bytes: 10}})
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -249,7 +353,7 @@ func testDeleteProjectObjects(t *testing.T, st store.Store) {
 		if _, _, err := st.ClaimObject(ctx, store.Object{Name: name, Kind: kind, Project: project}); err != nil {
 			t.Fatalf("claim %s: %v", name, err)
 		}
-		_, err := st.SetObjectBlobs(ctx, name, blobs)
+		_, err := st.SetObjectBlobs(ctx, name, "", blobs)
 		must(t, "SetObjectBlobs "+name, err)
 	}
 	base := store.Blob{Digest: "sha256:base", Bytes: 1000}
