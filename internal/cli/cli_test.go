@@ -24,6 +24,7 @@ type fakeSandboxes struct {
 	mu       sync.Mutex
 	requests []any
 	warnings []string
+	listed   []*dsecv1.Sandbox // what List answers
 	// execHangs, if set, makes Exec say so on it and wait for its caller
 	// to go away.
 	execHangs chan struct{}
@@ -53,7 +54,7 @@ func (f *fakeSandboxes) Delete(ctx context.Context, r *connect.Request[dsecv1.De
 
 func (f *fakeSandboxes) List(ctx context.Context, r *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
 	f.got(r.Msg)
-	return connect.NewResponse(&dsecv1.ListResponse{}), nil
+	return connect.NewResponse(&dsecv1.ListResponse{Sandboxes: f.listed}), nil
 }
 
 func (f *fakeSandboxes) Exec(ctx context.Context, r *connect.Request[dsecv1.ExecRequest], s *connect.ServerStream[dsecv1.ExecEvent]) error {
@@ -405,5 +406,37 @@ func TestCreateProject(t *testing.T) {
 	_, _, err := runCLIErr(t, addr, "run", "-p", "ml", "--label", projectLabel+"=web", "b:1", "--", "true")
 	if err == nil || !strings.Contains(err.Error(), "name the project once") {
 		t.Errorf("--project and another project's label: %v", err)
+	}
+}
+
+// TestListProject: dsec ls shows each sandbox's project (the root's as
+// /); --project narrows it to a project's own sandboxes by their label,
+// and / to the root's own, which carry none.
+func TestListProject(t *testing.T) {
+	f, addr := startFake(t)
+	f.listed = []*dsecv1.Sandbox{
+		{Id: "sb-n1-root", State: dsecv1.State_STATE_RUNNING, Spec: &dsecv1.SandboxSpec{Environment: "b:1"}},
+		{Id: "sb-n1-ml", State: dsecv1.State_STATE_RUNNING, Spec: &dsecv1.SandboxSpec{Environment: "b:1", Labels: map[string]string{projectLabel: "ml"}}},
+	}
+	out, err := runCLI(t, addr, "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "PROJECT") || strings.Fields(lines[1])[2] != "/" || strings.Fields(lines[2])[2] != "ml" {
+		t.Errorf("ls printed\n%s", out)
+	}
+	out, err = runCLI(t, addr, "ls", "--project", "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "sb-n1-root") || strings.Contains(out, "sb-n1-ml") {
+		t.Errorf("ls --project / printed\n%s", out)
+	}
+	if _, err := runCLI(t, addr, "ls", "-p", "/ml"); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.last().(*dsecv1.ListRequest).GetLabels()[projectLabel]; got != "ml" {
+		t.Errorf("ls -p /ml asked for the label %q, want ml", got)
 	}
 }

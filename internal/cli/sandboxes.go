@@ -537,6 +537,7 @@ func execArgs(args []string) []string {
 func (a *app) lsCommand() *cobra.Command {
 	var labels []string
 	var states []string
+	var project string
 	var all bool
 	cmd := &cobra.Command{
 		Use:   "ls",
@@ -548,6 +549,22 @@ func (a *app) lsCommand() *cobra.Command {
 				return err
 			}
 			req := &dsecv1.ListRequest{Labels: lm}
+			rootOnly := false
+			if project != "" {
+				if named, ok := lm[projectLabel]; ok {
+					return fmt.Errorf("--project %s and --label %s=%s: name the project once", project, projectLabel, named)
+				}
+				// The root's own sandboxes carry no label, which List
+				// cannot ask for: they are kept here.
+				if p := strings.Trim(project, "/"); p == "" {
+					rootOnly = true
+				} else {
+					if req.Labels == nil {
+						req.Labels = map[string]string{}
+					}
+					req.Labels[projectLabel] = p
+				}
+			}
 			for _, s := range states {
 				v, ok := dsecv1.State_value["STATE_"+strings.ToUpper(s)]
 				if !ok || v == 0 {
@@ -563,24 +580,34 @@ func (a *app) lsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if rootOnly {
+				var own []*dsecv1.Sandbox
+				for _, sb := range resp.Msg.GetSandboxes() {
+					if sb.GetSpec().GetLabels()[projectLabel] == "" {
+						own = append(own, sb)
+					}
+				}
+				resp.Msg.Sandboxes = own
+			}
 			if a.json {
 				return a.printProto(resp.Msg)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tISOLATION\tENVIRONMENT\tAGE\tREASON")
+			fmt.Fprintln(tw, "ID\tSTATE\tPROJECT\tISOLATION\tENVIRONMENT\tAGE\tREASON")
 			for _, sb := range resp.Msg.GetSandboxes() {
 				age := time.Since(time.UnixMilli(sb.GetCreatedUnixMs())).Round(time.Second)
 				reason := ""
 				if sb.GetReason() != dsecv1.Reason_REASON_UNSPECIFIED {
 					reason = strings.ToLower(strings.TrimPrefix(sb.GetReason().String(), "REASON_"))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.GetId(), strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "STATE_")),
-					lowerEnum(sb.GetSpec().GetIsolation().String(), "ISOLATION_", "container"), sb.GetSpec().GetEnvironment(), age, reason)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.GetId(), strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "STATE_")),
+					displayPath(sb.GetSpec().GetLabels()[projectLabel]), lowerEnum(sb.GetSpec().GetIsolation().String(), "ISOLATION_", "container"), sb.GetSpec().GetEnvironment(), age, reason)
 			}
 			return tw.Flush()
 		},
 	}
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with label K=V (repeatable)")
+	cmd.Flags().StringVarP(&project, "project", "p", "", "only the sandboxes of this project itself (/ for the root's own), not of those under it")
 	cmd.Flags().StringArrayVar(&states, "state", nil, "only sandboxes in this state (repeatable): creating, running, stopping, stopped, failed")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "also list stopped and failed sandboxes (kept for the node's retention period)")
 	return cmd
