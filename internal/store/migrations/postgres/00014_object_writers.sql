@@ -1,4 +1,4 @@
--- One writer per object name, as migrations/postgres/00013_object_writers.sql:
+-- One writer per object name, as migrations/sqlite/00015_object_writers.sql:
 -- the call making an object, or making it again, holds its record's writer
 -- (a token of its own) until writer_until, so that two calls never make
 -- one name at once, whichever apiserver serves them. A writer past
@@ -6,9 +6,9 @@
 -- may take the name over. '' is no writer.
 
 -- +goose Up
-ALTER TABLE objects ADD COLUMN writer TEXT NOT NULL DEFAULT '';
-ALTER TABLE objects ADD COLUMN writer_until_ms INTEGER;
+ALTER TABLE objects ADD COLUMN writer text NOT NULL DEFAULT '';
+ALTER TABLE objects ADD COLUMN writer_until timestamptz;
 
 -- +goose Down
-ALTER TABLE objects DROP COLUMN writer_until_ms;
+ALTER TABLE objects DROP COLUMN writer_until;
 ALTER TABLE objects DROP COLUMN writer;
