@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -171,7 +172,8 @@ func (s *Server) pullEvents(ctx context.Context, owner string, held map[string]s
 			}
 			st, u := n.Status, s.usage.cursor(n.Name)
 			eventsNew := !s.cfg.EventsOff && (c.Epoch == "" || st == nil || st.GetEventEpoch() != c.Epoch || st.GetEventSeq() > c.Seq)
-			usageNew := s.cfg.Ledger != nil && (st == nil || st.GetUsageEpoch() != u.epoch || st.GetUsageSeq() > u.seq)
+			usageNew := s.cfg.Ledger != nil && (st == nil || st.GetUsageEpoch() != u.epoch || st.GetUsageSeq() > u.seq) &&
+				s.usage.due(n.Name, s.cfg.UsagePullEvery)
 			if !eventsNew && !usageNew {
 				continue
 			}
@@ -216,15 +218,22 @@ func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull) (st
 	defer cancel()
 	s.events.pulls.Add(1)
 	u := s.usage.cursor(c.Node)
+	withUsage := s.cfg.Ledger != nil && s.usage.due(c.Node, s.cfg.UsagePullEvery)
+	after := u.seq
+	if !withUsage {
+		// Its ledger is not due (Config.UsagePullEvery): the records
+		// after the largest version of its epoch are none.
+		after = math.MaxUint64
+	}
 	resp, err := edge.Events(cctx, connect.NewRequest(&edgev1.EventsRequest{Epoch: c.Epoch, After: c.Seq, Limit: eventPage,
-		UsageEpoch: u.epoch, UsageAfter: u.seq}))
+		UsageEpoch: u.epoch, UsageAfter: after}))
 	if err != nil {
 		s.log.Debug("pull events", "node", c.Node, "err", err)
 		return c, nil, false
 	}
 	m := resp.Msg
 	// The ledger's records ride on the pull (usage.go).
-	if s.storeUsage(ctx, c.Node, m.GetUsage()) {
+	if withUsage && s.storeUsage(ctx, c.Node, m.GetUsage()) {
 		s.usage.setCursor(c.Node, usageCursor{epoch: m.GetUsageEpoch(), seq: m.GetUsageNext()})
 	}
 	if n := m.GetLost(); n > 0 {

@@ -131,6 +131,10 @@ type Config struct {
 	// sandbox's row (0 = DefaultUsageRetention; negative: forever).
 	Ledger         LedgerStore
 	UsageRetention time.Duration
+	// UsagePullEvery is the least time between two pulls of one node's
+	// ledger (0: at the first pull tick after it moved): a node's samples
+	// in between make one row a sandbox, not one each.
+	UsagePullEvery time.Duration
 	// Webhooks, when set, keeps the projects' webhooks, which RunWebhooks
 	// delivers (webhooks.go). WebhookAllowPrivate allows http:// and
 	// endpoints on loopback and private addresses (refused by default);

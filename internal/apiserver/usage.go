@@ -46,6 +46,7 @@ type usageState struct {
 
 	mu      sync.Mutex
 	cursors map[string]usageCursor // node → ledger epoch and version pulled to
+	pulled  map[string]time.Time   // node → when its ledger was last stored
 	calls   map[string]int64       // project → FnCall calls run since start
 	dirty   bool                   // calls changed since last written
 	started time.Time
@@ -62,6 +63,7 @@ func (u *usageState) init() {
 	rand.Read(b[:])
 	u.epoch = hex.EncodeToString(b[:])
 	u.cursors = map[string]usageCursor{}
+	u.pulled = map[string]time.Time{}
 	u.calls = map[string]int64{}
 	u.started = time.Now()
 }
@@ -83,7 +85,17 @@ func (u *usageState) cursor(node string) usageCursor {
 func (u *usageState) setCursor(node string, c usageCursor) {
 	u.mu.Lock()
 	u.cursors[node] = c
+	u.pulled[node] = time.Now()
 	u.mu.Unlock()
+}
+
+// due says whether node's ledger may be pulled now: never pulled, or
+// last pulled at least every ago.
+func (u *usageState) due(node string, every time.Duration) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	c, ok := u.cursors[node]
+	return !ok || c.epoch == "" || every <= 0 || time.Since(u.pulled[node]) >= every
 }
 
 // callRows are the FnCall counters to write, if any changed.

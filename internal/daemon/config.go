@@ -62,7 +62,7 @@ func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 		Replicas: c.Replicas, PlacementGroup: c.PlacementGroup, DebugListen: a.DebugListen, MetricsListen: a.MetricsListen, MetricsTokenFile: a.MetricsTokenFile,
 		SandboxFusionListen: a.SandboxFusionListen, SandboxFusionProject: a.SandboxFusionProject,
 		E2BListen: a.E2BListen, E2BSecretFile: c.E2BSecretFile,
-		ReconcileInterval: a.ReconcileInterval, AbandonAfter: a.AbandonAfter, NoMetrics: c.NoMetrics, NoEvents: c.NoEvents, NoLedger: c.NoLedger,
+		ReconcileInterval: a.ReconcileInterval, AbandonAfter: a.AbandonAfter, NoMetrics: c.NoMetrics, NoEvents: c.NoEvents, NoLedger: c.NoLedger, UsagePullEvery: c.UsagePull,
 		MaxBatch: a.MaxBatch, CreateConcurrency: a.CreateConcurrency,
 		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive,
 		AuditRetention: a.AuditRetention, EventRetention: a.EventRetention, WebhookAllowPrivate: a.WebhookAllowPrivate,

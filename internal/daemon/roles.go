@@ -351,6 +351,9 @@ type APIServerConfig struct {
 	// NoLedger stores no cost ledger: the edges' records are not pulled
 	// and `dsec usage` is refused; for measuring what it costs.
 	NoLedger bool
+	// UsagePullEvery is the least time between two pulls of one node's
+	// ledger (apiserver.Config.UsagePullEvery).
+	UsagePullEvery time.Duration
 	// SandboxFusionListen, if set, serves SandboxFusion's HTTP API on this
 	// address.
 	SandboxFusionListen string
@@ -498,7 +501,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, EventsOff: cfg.NoEvents, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		Ledger: ledgerStore, UsageRetention: cfg.UsageRetention,
+		Ledger: ledgerStore, UsageRetention: cfg.UsageRetention, UsagePullEvery: cfg.UsagePullEvery,
 		TokenlessFnCall: tokenless, Metrics: reg, ScrapeToken: scrapeToken,
 		MaxBatch: cfg.MaxBatch, CreateConcurrency: cfg.CreateConcurrency, WebhookTimeout: cfg.WebhookTimeout,
 		WebhookBackoff: cfg.WebhookBackoff, WebhookMaxActive: cfg.WebhookMaxActive, GradePool: cfg.GradePool}, meta, w, log.With("component", "apiserver"))

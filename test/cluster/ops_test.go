@@ -54,8 +54,12 @@ func BenchmarkClusterOps(b *testing.B) {
 	if iv := os.Getenv("DSEC_BENCH_LEDGER_INTERVAL"); iv != "" {
 		edgeArgs = append(edgeArgs, "--ledger-interval", iv)
 	}
+	apiArgs := opsOn()
+	if every := os.Getenv("DSEC_BENCH_USAGE_PULL"); every != "" {
+		apiArgs = append(apiArgs, "--usage-pull-interval", every)
+	}
 	on := testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
-		EdgeArgs: append(slices.Clip(edgeArgs), opsOn()...), APIServerArgs: opsOn()})
+		EdgeArgs: append(slices.Clip(edgeArgs), opsOn()...), APIServerArgs: apiArgs})
 	off := testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
 		EdgeArgs: append(slices.Clip(edgeArgs), opsOff...), APIServerArgs: opsOff})
 	ctx := context.Background()
