@@ -196,6 +196,11 @@ var toolNames = regexp.MustCompile(`^(python[0-9.]*|pytest|py\.test|pip[0-9.]*|b
 // pyPrefix is a Python installation's library dir.
 var pyPrefix = regexp.MustCompile(`^/usr(/local)?/lib/python3[0-9.]*/`)
 
+// pyEtc is Debian's dir of a Python's site configuration: its
+// /usr/lib/python3.X/sitecustomize.py is a link into it, so a write
+// through the link lands here.
+var pyEtc = regexp.MustCompile(`^/etc/python3[0-9.]*/`)
+
 // replacesTool reports whether a change at rel replaces or shadows a
 // platform binary, an interpreter, a test runner or what runs inside them.
 func replacesTool(rel, change string, lower []string) bool {
@@ -206,6 +211,8 @@ func replacesTool(rel, change string, lower []string) bool {
 		return true
 	case strings.HasPrefix(base, "ld-linux") && strings.Contains(dir, "lib"):
 		return true
+	case pyEtc.MatchString(rel) && (base == "sitecustomize.py" || base == "usercustomize.py"):
+		return true // runs in every interpreter
 	case slices.Contains(binDirs, dir):
 		if change != Created || toolNames.MatchString(base) {
 			return true

@@ -36,7 +36,8 @@ func TestScan(t *testing.T) {
 	dir := t.TempDir()
 	lower, upper := filepath.Join(dir, "lower"), filepath.Join(dir, "upper")
 	for _, f := range []string{"usr/bin/python3", "usr/bin/pytest", "work/sol.py", "work/tests/test_a.py",
-		"usr/lib/python3/dist-packages/_pytest/main.py", "usr/lib/python3.11/json/__init__.py", "etc/motd"} {
+		"usr/lib/python3/dist-packages/_pytest/main.py", "usr/lib/python3.11/json/__init__.py", "etc/motd",
+		"etc/python3.11/sitecustomize.py"} {
 		write(t, lower, f, "old\n")
 	}
 	write(t, lower, "var/lib/dpkg/status", dpkgBefore)
@@ -56,6 +57,9 @@ func TestScan(t *testing.T) {
 	write(t, upper, "usr/local/bin/mytool", "#!/bin/sh\n")
 	write(t, upper, "usr/lib/python3/dist-packages/_pytest/main.py", "x")
 	write(t, upper, "usr/lib/python3.11/json/__init__.py", "x")
+	// Debian's /usr/lib/python3.11/sitecustomize.py links here: a write
+	// through the link.
+	write(t, upper, "etc/python3.11/sitecustomize.py", "import sys; sys.exit(0)\n")
 	write(t, upper, "usr/local/lib/python3.11/dist-packages/requests-2.31.0.dist-info/METADATA", "x")
 	write(t, upper, "var/lib/dpkg/status", dpkgAfter)
 	if err := unix.Mknod(filepath.Join(upper, "etc/motd"), unix.S_IFCHR, 0); err != nil {
@@ -87,7 +91,7 @@ func TestScan(t *testing.T) {
 		tests = append(tests, f.GetPath())
 	}
 	slices.Sort(replaced)
-	wantReplaced := []string{"/usr/bin/pytest", "/usr/lib/python3.11/json/__init__.py", "/usr/lib/python3/dist-packages/_pytest/main.py", "/usr/local/bin/python3"}
+	wantReplaced := []string{"/etc/python3.11/sitecustomize.py", "/usr/bin/pytest", "/usr/lib/python3.11/json/__init__.py", "/usr/lib/python3/dist-packages/_pytest/main.py", "/usr/local/bin/python3"}
 	if !slices.Equal(replaced, wantReplaced) {
 		t.Errorf("replaced %v, want %v", replaced, wantReplaced)
 	}

@@ -229,6 +229,10 @@ type sandbox struct {
 	// refused syscalls after a restart re-adopted it (zero for a sandbox
 	// it started: from its start). Guarded by mu.
 	syscallsSince time.Time
+	// unwatched are the protected paths the last watch could not mark,
+	// each with why (a path missing then): reads of them are not seen,
+	// and Provenance says so in unseen. Guarded by mu.
+	unwatched []string
 	// token is the create token of the create that made (or took) it, ""
 	// for none; kept on disk beside the record (state.SaveToken). Guarded by
 	// Manager.mu, not mu.

@@ -79,6 +79,13 @@ func (m *Manager) Provenance(ctx context.Context, id string, flagsOnly bool) (*d
 	} else {
 		p.Unseen = append([]string{"syscalls_denied: " + m.syscallsUnseen(kind.Isolation)}, p.Unseen...)
 	}
+	// A protected path missing when it was marked has no watch: its reads
+	// are not seen (mark it again once it exists).
+	sb.mu.Lock()
+	for _, u := range sb.unwatched {
+		p.Unseen = append(p.Unseen, "protected_read: "+u+" (not watched: mark the paths again once it exists)")
+	}
+	sb.mu.Unlock()
 	// The processes first: a grade asks for them as it starts.
 	ps, err := m.processes(ctx, sb, id)
 	if err != nil {
@@ -292,6 +299,9 @@ func (m *Manager) watchProtected(ctx context.Context, sb *sandbox) ([]string, er
 	rec := sb.record()
 	id, protected := rec.GetId(), rec.GetSpec().GetProvenance().GetProtected()
 	if len(protected) == 0 {
+		sb.mu.Lock()
+		sb.unwatched = nil
+		sb.mu.Unlock()
 		return nil, nil
 	}
 	if m.cfg.Reads == nil {
@@ -314,6 +324,9 @@ func (m *Manager) watchProtected(ctx context.Context, sb *sandbox) ([]string, er
 	if err != nil {
 		return nil, err
 	}
+	sb.mu.Lock()
+	sb.unwatched = unwatched
+	sb.mu.Unlock()
 	return unwatched, nil
 }
 
