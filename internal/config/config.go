@@ -80,7 +80,7 @@ type API struct {
 	MetricsTokenFile     string        `key:"metrics_token_file" flag:"metrics-token-file" help:"a file (mode 600) holding the scrape token (a viewer's token on the root project is accepted too) a scrape from off loopback must bear to read /metrics; docs/operations.md"`
 	SandboxFusionListen  string        `key:"sandboxfusion_listen" flag:"sandboxfusion-listen" help:"TCP address to serve SandboxFusion's HTTP API on (the all-in-one's: skipped with a warning if taken; \"none\" or empty: off)"`
 	SandboxFusionProject string        `key:"sandboxfusion_project" flag:"sandboxfusion-project" help:"the project SandboxFusion's calls without a token run in, as a runner there (\"/\": the root; \"none\" or empty refuses them); a call with a token is its token's"`
-	E2BListen            string        `key:"e2b_listen" flag:"e2b-listen" help:"TCP address to serve E2B's API on (control plane, envd and code interpreter; callers need an E2B API key: dsecd token --e2b; empty: off; an apiserver needs --e2b-secret-file)"`
+	E2BListen            string        `key:"e2b_listen" flag:"e2b-listen" help:"TCP address to serve E2B's API on (control plane, envd and code interpreter; callers need an E2B API key: dsecd token --e2b; empty or \"none\": off; an apiserver needs --e2b-secret-file)"`
 	AuditRetention       time.Duration `key:"audit_retention" flag:"audit-retention" help:"how long audit records are kept (negative: forever)"`
 	EventRetention       time.Duration `key:"event_retention" flag:"event-retention" help:"how long sandbox lifecycle events are kept (negative: forever)"`
 	WebhookAllowPrivate  bool          `key:"webhook_allow_private" flag:"webhook-allow-private" help:"allow webhooks on http:// and on loopback, private and link-local addresses"`

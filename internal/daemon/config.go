@@ -28,10 +28,19 @@ func FromAllInOne(c config.AllInOne) (Config, error) {
 		ReconcileInterval: a.ReconcileInterval, AbandonAfter: a.AbandonAfter,
 		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive,
 		GradePool: a.GradePool}
-	cfg.SandboxFusionListen, cfg.SandboxFusionProject, cfg.E2BListen = a.SandboxFusionListen, a.SandboxFusionProject, a.E2BListen
+	cfg.SandboxFusionListen, cfg.SandboxFusionProject, cfg.E2BListen = a.SandboxFusionListen, a.SandboxFusionProject, off(a.E2BListen)
 	cfg.AuditRetention, cfg.EventRetention, cfg.WebhookAllowPrivate = a.AuditRetention, a.EventRetention, a.WebhookAllowPrivate
 	cfg.UsageRetention = a.UsageRetention
 	return cfg, nil
+}
+
+// off maps an optional listener's "none", which the flags' help offers
+// as the other listeners take it, to "": not served.
+func off(addr string) string {
+	if addr == "none" {
+		return ""
+	}
+	return addr
 }
 
 // FromEdge is `dsecd edge`'s configuration from its settings: its
@@ -60,8 +69,8 @@ func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 	cfg := APIServerConfig{
 		Name: c.Name, Listen: a.Listen, Socket: a.Socket, DB: c.DB, PollInterval: c.PollInterval,
 		Replicas: c.Replicas, PlacementGroup: c.PlacementGroup, DebugListen: a.DebugListen, MetricsListen: a.MetricsListen, MetricsTokenFile: a.MetricsTokenFile,
-		SandboxFusionListen: a.SandboxFusionListen, SandboxFusionProject: a.SandboxFusionProject,
-		E2BListen: a.E2BListen, E2BSecretFile: c.E2BSecretFile,
+		SandboxFusionListen: off(a.SandboxFusionListen), SandboxFusionProject: a.SandboxFusionProject,
+		E2BListen: off(a.E2BListen), E2BSecretFile: c.E2BSecretFile,
 		ReconcileInterval: a.ReconcileInterval, AbandonAfter: a.AbandonAfter, NoMetrics: c.NoMetrics, NoEvents: c.NoEvents, NoLedger: c.NoLedger, UsagePullEvery: c.UsagePull,
 		MaxBatch: a.MaxBatch, CreateConcurrency: a.CreateConcurrency,
 		WebhookTimeout: a.WebhookTimeout, WebhookBackoff: a.WebhookBackoff, WebhookMaxActive: a.WebhookMaxActive,

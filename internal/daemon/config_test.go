@@ -57,6 +57,18 @@ func TestConfigDefaultsAgree(t *testing.T) {
 		cfg.FnCall.Pools.QoS != "latency" || cfg.Storage.Mode != "ondemand" || cfg.Swap.Kind != "" {
 		t.Errorf("converted defaults: %+v", cfg)
 	}
+	// "none" turns an optional listener off, as it does --listen: it is
+	// not an address to listen on.
+	aio := config.DefaultAllInOne(none)
+	aio.API.E2BListen = "none"
+	if cfg, err := FromAllInOne(aio); err != nil || cfg.E2BListen != "" {
+		t.Errorf("--e2b-listen none: E2BListen %q, %v; want off", cfg.E2BListen, err)
+	}
+	api := config.DefaultAPIServer()
+	api.API.E2BListen, api.API.SandboxFusionListen = "none", "none"
+	if cfg, err := FromAPIServer(api); err != nil || cfg.E2BListen != "" || cfg.SandboxFusionListen != "" {
+		t.Errorf("dsecd apiserver --e2b-listen none --sandboxfusion-listen none: %q %q, %v; want both off", cfg.E2BListen, cfg.SandboxFusionListen, err)
+	}
 	if _, err := FromEdge(config.DefaultEdge(none)); err == nil {
 		t.Error("an edge without a node name converted")
 	}
