@@ -55,7 +55,9 @@ class GradeResult:
     number, scored 0), else 1.0 on exit 0 and 0.0 otherwise (reward_source
     "exit"); a grader that did not exit 0 scores 0 whatever the file says.
     status is the grader's, as ExecResult's. times are milliseconds
-    (capture_ms, start_ms, tests_ms, grader_ms, total_ms);
+    (capture_ms, start_ms, tests_ms, grader_ms, reward_ms, receipt_ms,
+    evidence_ms, total_ms), with pooled and laid (bools: the room came
+    from a grade pool, the capture was laid into it);
     capture is the workspace's SnapshotInfo; raw the whole GradeResult.
     infra_fault names the platform's fault when the platform ended the
     grader (reward_source "fault"): mask the rollout, the reward means
@@ -98,7 +100,7 @@ class GradeResult:
                    exit_code=int(ex.get("exitCode", 0)), status=_STATUS.get(ex.get("status", ""), "ok"),
                    stdout_bytes=base64.b64decode(r.get("stdout", "")),
                    stderr_bytes=base64.b64decode(r.get("stderr", "")),
-                   times={_snake(k): int(v) for k, v in r.get("times", {}).items()},
+                   times={_snake(k): v if isinstance(v, bool) else int(v) for k, v in r.get("times", {}).items()},
                    capture=r.get("capture", {}), grader_sandbox_id=r.get("graderSandboxId", ""),
                    user=r.get("user", ""), raw=r, infra_fault=errors.fault_of_enum(r.get("fault")),
                    receipt=base64.b64decode(r["receipt"]) if r.get("receipt") else None,

@@ -4,6 +4,7 @@ import unittest
 
 import _path  # noqa: F401
 from libdsec import errors
+from libdsec._aio import GradeResult
 from libdsec._fncall import RunResult
 
 
@@ -32,6 +33,13 @@ class InfraFaultTest(unittest.TestCase):
         r = RunResult.from_json({"status": "RUN_STATUS_SANDBOX_ERROR", "fault": "FAULT_EDGE_UNREACHABLE"})
         self.assertEqual(r.infra_fault, "edge_unreachable")
         self.assertIsNone(RunResult.from_json({"status": "RUN_STATUS_SUCCESS"}).infra_fault)
+
+    def test_grade_times(self):
+        # protojson: int64 as strings, bools as bools; pooled and laid
+        # stay bools, not 1 and 0.
+        g = GradeResult._from({"reward": 1, "times": {"graderMs": "120", "rewardMs": "4", "pooled": True, "laid": True}})
+        self.assertEqual(g.times, {"grader_ms": 120, "reward_ms": 4, "pooled": True, "laid": True})
+        self.assertIs(g.times["pooled"], True)
 
 
 if __name__ == "__main__":
