@@ -54,3 +54,15 @@ func TestFaultExits(t *testing.T) {
 		}
 	}
 }
+
+// TestGradeSummary: dsec grade's last line names the grader's end in
+// words (nonzero, not EXIT_STATUS_NONZERO) and every part's time.
+func TestGradeSummary(t *testing.T) {
+	r := &dsecv1.GradeResult{RewardSource: "exit",
+		Exit:  &dsecv1.ExecExited{Status: dsecv1.ExitStatus_EXIT_STATUS_NONZERO, ExitCode: 1},
+		Times: &dsecv1.GradeTimes{CaptureMs: 3, StartMs: 2, TestsMs: 4, GraderMs: 72, RewardMs: 5, ReceiptMs: 6, TotalMs: 95}}
+	want := "dsec: grade of sb-a: nonzero (exit 1), reward from exit; capture 3 ms, start 2 ms, tests 4 ms, grader 72 ms, kill+reward 5 ms, receipt 6 ms, total 95 ms"
+	if got := gradeSummary("sb-a", r); got != want {
+		t.Errorf("gradeSummary:\n got %s\nwant %s", got, want)
+	}
+}

@@ -87,9 +87,7 @@ func (a *app) gradeCommand() *cobra.Command {
 			}
 			a.stderr.Write(r.GetStdout())
 			a.stderr.Write(r.GetStderr())
-			fmt.Fprintf(a.stderr, "dsec: grade of %s: %s (%s), reward from %s; capture %d ms, start %d ms, grader %d ms, total %d ms\n",
-				args[0], r.GetExit().GetStatus(), exitWords(r.GetExit()), r.GetRewardSource(), r.GetTimes().GetCaptureMs(),
-				r.GetTimes().GetStartMs(), r.GetTimes().GetGraderMs(), r.GetTimes().GetTotalMs())
+			fmt.Fprintln(a.stderr, gradeSummary(args[0], r))
 			if keep {
 				fmt.Fprintf(a.stderr, "dsec: the clean room %s is kept: delete it with dsec rm %s\n", r.GetGraderSandboxId(), r.GetGraderSandboxId())
 			}
@@ -167,6 +165,16 @@ func readTests(local, remote string, files map[string][]byte) (int64, error) {
 }
 
 // exitWords says how a command ended.
+// gradeSummary is the line dsec grade ends its stderr with: how the
+// grader ended, where the reward came from, and the times of the parts.
+func gradeSummary(id string, r *dsecv1.GradeResult) string {
+	status := strings.ToLower(strings.TrimPrefix(r.GetExit().GetStatus().String(), "EXIT_STATUS_"))
+	t := r.GetTimes()
+	return fmt.Sprintf("dsec: grade of %s: %s (%s), reward from %s; capture %d ms, start %d ms, tests %d ms, grader %d ms, kill+reward %d ms, receipt %d ms, total %d ms",
+		id, status, exitWords(r.GetExit()), r.GetRewardSource(), t.GetCaptureMs(), t.GetStartMs(), t.GetTestsMs(),
+		t.GetGraderMs(), t.GetRewardMs(), t.GetReceiptMs(), t.GetTotalMs())
+}
+
 func exitWords(e *dsecv1.ExecExited) string {
 	if e.GetSignal() != 0 {
 		return fmt.Sprintf("signal %d", e.GetSignal())
