@@ -80,8 +80,9 @@ func (a authInterceptor) authority(ctx context.Context, spec connect.Spec, peer 
 	}
 	tok, ok := strings.CutPrefix(raw, "Bearer ")
 	if !ok || strings.TrimSpace(tok) == "" {
-		return iam.Authority{}, fmt.Errorf("%s needs a bearer token on this address (set DSEC_TOKEN, or DSEC_TOKEN_FILE to a file holding one): %w",
-			spec.Procedure, errdefs.ErrUnauthenticated)
+		// How to send one is the client's to say (the SDKs and the CLI
+		// name their variables and flags), so the answer does not.
+		return iam.Authority{}, fmt.Errorf("%s needs a bearer token on this address: %w", spec.Procedure, errdefs.ErrUnauthenticated)
 	}
 	au, err := a.cache.Authenticate(ctx, strings.TrimSpace(tok))
 	if err != nil {

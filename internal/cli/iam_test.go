@@ -49,6 +49,12 @@ func testIAMCommands(t *testing.T, srv *iamtest.Server) {
 	}
 	admin := srv.AdminToken
 
+	// No token: the refusal says once how to send one.
+	_, _, err := runCLIErr(t, srv.URL, "ls")
+	if connect.CodeOf(err) != connect.CodeUnauthenticated || strings.Count(describe(err), "DSEC_TOKEN_FILE") != 1 {
+		t.Fatalf("dsec ls without a token: %v, want one hint of $DSEC_TOKEN_FILE", describe(err))
+	}
+
 	ok(admin, "project", "create", "ml")
 	ok(admin, "project", "create", "ml/run-1")
 	ok(admin, "project", "create", "team")
