@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -72,13 +73,35 @@ func audited(procedure string) bool {
 // request names, or the sandboxes a create made.
 func objectOf(req any, resp connect.AnyResponse, err error) string {
 	if err == nil && resp != nil {
-		if r, ok := resp.Any().(*dsecv1.CreateResponse); ok {
+		switch r := resp.Any().(type) {
+		case *dsecv1.CreateResponse:
 			ids := make([]string, 0, len(r.GetSandboxes()))
 			for _, sb := range r.GetSandboxes() {
 				ids = append(ids, sb.GetId())
 			}
 			return strings.Join(ids, ",")
+		case *dsecv1.CreateTokenResponse:
+			return r.GetInfo().GetId()
 		}
+	}
+	// The IAM calls name what they change: the project, the limit set, the
+	// principal granted a role, the principal a token is minted for.
+	switch m := req.(type) {
+	case *dsecv1.CreateProjectRequest:
+		return iam.Display(strings.Trim(m.GetPath(), "/"))
+	case *dsecv1.DeleteProjectRequest:
+		return iam.Display(strings.Trim(m.GetPath(), "/"))
+	case *dsecv1.SetQuotaRequest:
+		if m.GetLimit() < 0 {
+			return m.GetResource() + "=none"
+		}
+		return fmt.Sprintf("%s=%d", m.GetResource(), m.GetLimit())
+	case *dsecv1.GrantRequest:
+		return m.GetPrincipal() + " " + m.GetRole()
+	case *dsecv1.UngrantRequest:
+		return m.GetPrincipal()
+	case *dsecv1.CreateTokenRequest:
+		return m.GetPrincipal()
 	}
 	switch m := req.(type) {
 	case interface{ GetSandboxId() string }:
@@ -91,6 +114,36 @@ func objectOf(req any, resp connect.AnyResponse, err error) string {
 		return m.GetName()
 	}
 	return ""
+}
+
+// auditProject is the project a call is recorded under: the one its
+// request names for what it makes or changes (a sandbox's project label, a
+// layer's or snapshot's project, the project an IAM call creates, grants
+// on, sets a limit of or mints a token for), so that project's admins see
+// it, when the caller's token reaches that project; else the token's own.
+// A share names the project it shares with, not its object's, so it stays
+// under the token's.
+func auditProject(au iam.Authority, req any) string {
+	var named string
+	switch m := req.(type) {
+	case *dsecv1.CreateRequest:
+		named = m.GetSpec().GetLabels()[ProjectLabel]
+	case *dsecv1.CreateProjectRequest:
+		named = m.GetPath()
+	case *dsecv1.DeleteProjectRequest:
+		named = m.GetPath()
+	case *dsecv1.ShareLayerRequest:
+	case interface{ GetProject() string }:
+		named = m.GetProject()
+	}
+	if named == "" {
+		return au.Project
+	}
+	p, err := iam.CleanPath(named)
+	if err != nil || !iam.Within(p, au.Project) {
+		return au.Project
+	}
+	return p
 }
 
 // add queues a record of a call by au of op on object; err is its result.

@@ -145,7 +145,9 @@ func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if in, id, ok := hiddenFrom(au, err); ok {
 			a.audit.add(in, req.Spec().Procedure, id, peerOf(req.Peer(), req.Header()).Addr, err)
 		} else if audited(req.Spec().Procedure) {
-			a.audit.add(au, req.Spec().Procedure, objectOf(req.Any(), resp, err), peerOf(req.Peer(), req.Header()).Addr, err)
+			in := au
+			in.Project = auditProject(au, req.Any())
+			a.audit.add(in, req.Spec().Procedure, objectOf(req.Any(), resp, err), peerOf(req.Peer(), req.Header()).Addr, err)
 		}
 		return resp, err
 	}

@@ -151,7 +151,12 @@ func TestSandboxProjects(t *testing.T) {
 	<-auditDone
 	audit.mu.Lock()
 	tried := map[string]bool{}
+	subCreate := false
 	for _, rec := range audit.recs {
+		if rec.Operation == "/dsec.v1.SandboxService/Create" && rec.Object == sbSub.GetId() {
+			// Under the project it was made in, where a/sub's admins look.
+			subCreate = rec.Project == "a/sub" && rec.Principal == "run-a"
+		}
 		if rec.Principal != "run-b" {
 			continue
 		}
@@ -163,6 +168,9 @@ func TestSandboxProjects(t *testing.T) {
 		}
 	}
 	audit.mu.Unlock()
+	if !subCreate {
+		t.Errorf("the create of %s in a/sub is not in the audit trail under a/sub", sbSub.GetId())
+	}
 	for _, op := range []string{"Get", "Delete", "Pause", "ReadFile", "Exec"} {
 		if !tried["/dsec.v1.SandboxService/"+op] {
 			t.Errorf("b's runner's %s of a's sandbox is not in the audit trail under project a (records %v)", op, tried)
