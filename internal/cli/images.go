@@ -77,7 +77,7 @@ layers it had finished.`,
 	imp.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to the registry (loopback test registries)")
 	imp.Flags().Int64Var(&collapse, "collapse-below", 0, "merge consecutive layers while their total stays below this many bytes (0: node default, <0: never)")
 	imp.Flags().BoolVar(&allowSetuid, "allow-setuid", false, "keep setuid and setgid files")
-	imp.Flags().StringVar(&project, "project", "", "the project the image belongs to (builder there; default the token's), charged its layers' bytes")
+	imp.Flags().StringVarP(&project, "project", "p", "", "the project the image belongs to (builder there; default the token's), charged its layers' bytes")
 	share, unshare := a.shareCommands("image", "NAME:TAG", "")
 	cmd.AddCommand(imp, a.imageLsCommand(), share, unshare)
 	return cmd

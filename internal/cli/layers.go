@@ -61,7 +61,7 @@ func (a *app) layerCommand() *cobra.Command {
 	}
 	imp.Flags().StringVar(&kind, "kind", "base", "layer kind: base, workspace or toolkit")
 	imp.Flags().BoolVar(&allowSetuid, "allow-setuid", false, "keep setuid and setgid files")
-	imp.Flags().StringVar(&project, "project", "", "the project the layer belongs to (builder there; default the token's), charged its bytes")
+	imp.Flags().StringVarP(&project, "project", "p", "", "the project the layer belongs to (builder there; default the token's), charged its bytes")
 	imp.Flags().BoolVar(&upload, "upload", false, "stream PATH (a tree, packed as it is sent, or a tar archive) from this machine, rather than name a path on the daemon's")
 
 	ls := &cobra.Command{

@@ -168,7 +168,7 @@ is charged its bytes; "snapshot share NAME --with P" lets project P use it.`,
 		},
 	}
 	cmd.Flags().StringArrayVar(&exclude, "exclude", nil, "leave out the sandbox's changes under PATH (repeatable)")
-	cmd.Flags().StringVar(&project, "project", "", "the project the snapshot belongs to (builder there; default the token's), charged its bytes")
+	cmd.Flags().StringVarP(&project, "project", "p", "", "the project the snapshot belongs to (builder there; default the token's), charged its bytes")
 	share, unshare := a.shareCommands("snapshot", "NAME", "snap:")
 	cmd.AddCommand(share, unshare)
 	cmd.AddCommand(&cobra.Command{

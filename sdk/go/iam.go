@@ -51,6 +51,12 @@ const (
 	RoleAdmin   = "admin"   // also projects, quotas, principals, tokens, audit
 )
 
+// ProjectLabel is the label that puts a sandbox in a project: a create
+// whose Labels give it a path (Labels: {ProjectLabel: "ml/rl-run-42"}) makes
+// its sandboxes there, charged to that project's quota, which the token
+// must hold runner on; without it they belong to the token's project.
+const ProjectLabel = "dsec.dev/project"
+
 // RoleBinding gives a principal a role on a project and everything under it.
 type RoleBinding struct {
 	Principal string

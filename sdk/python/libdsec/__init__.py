@@ -28,7 +28,7 @@ from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, GradeResult, Jo
 from ._events import Event, Webhook, verify_webhook
 from ._usage import Usage, UsageReport
 from ._fncall import CommandResult, Language, RunCode, RunResult
-from ._iam import (ADMIN, BUILDER, RUNNER, VIEWER, AuditRecord, Principal, Project, ProjectQuota, QuotaItem,
+from ._iam import (ADMIN, BUILDER, PROJECT_LABEL, RUNNER, VIEWER, AuditRecord, Principal, Project, ProjectQuota, QuotaItem,
                    RoleBinding, TokenInfo)
 from ._sync import Client, Job, Sandbox, Session
 from ._trajectory import ReplayReport, ReplayStep, Trajectory, parse_trajectory
@@ -46,7 +46,7 @@ __all__ = [
     "RunCode", "RunResult", "CommandResult", "Language",
     "Trajectory", "ReplayReport", "ReplayStep", "parse_trajectory", "Event", "Webhook", "verify_webhook", "Usage", "UsageReport",
     "Project", "Principal", "RoleBinding", "TokenInfo", "QuotaItem", "ProjectQuota", "AuditRecord",
-    "VIEWER", "RUNNER", "BUILDER", "ADMIN", "PermissionDenied", "AlreadyExists", "FailedPrecondition",
+    "VIEWER", "RUNNER", "BUILDER", "ADMIN", "PROJECT_LABEL", "PermissionDenied", "AlreadyExists", "FailedPrecondition",
     "DEFAULT_ADDR", "DEFAULT_TOKEN_FILE", "resolve_addr", "resolve_addrs", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",
     "InvalidArgument", "Unauthenticated", "Unavailable", "Timeout", "CommandFailed", "OutputDropped",
     "DSecClient", "DSecContainerRunArgs", "DSecGVisorRunArgs", "DSecMicroVMRunArgs", "DSecSandbox",

@@ -19,6 +19,11 @@ IAM = "dsec.v1.IAMService"
 # Roles, each holding every right of the ones before it.
 VIEWER, RUNNER, BUILDER, ADMIN = "viewer", "runner", "builder", "admin"
 
+# The label that puts a sandbox in a project: create(..., labels={PROJECT_LABEL:
+# "ml/rl-run-42"}) makes it there, charged to that project's quota (runner
+# there); without it, in the token's project.
+PROJECT_LABEL = "dsec.dev/project"
+
 When = Union[None, float, int, datetime.datetime]
 
 
