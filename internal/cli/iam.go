@@ -399,7 +399,7 @@ func (a *app) tokenCreateCommand() *cobra.Command {
 	cmd.Flags().StringVar(&principal, "principal", "", "the principal it is for (default: this token's)")
 	cmd.Flags().StringVarP(&project, "project", "p", "", "its project (default: this token's)")
 	cmd.Flags().StringVar(&role, "role", "", "viewer, runner, builder or admin (default: this token's)")
-	cmd.Flags().StringVar(&ttl, "ttl", "", "its lifetime, e.g. 1h or 30d (default: none, which only a token without expiry may mint)")
+	cmd.Flags().StringVar(&ttl, "ttl", "", "its lifetime, e.g. 1h or 30d, no longer than this token's (default: no expiry, which only a token without expiry may mint)")
 	return cmd
 }
 

@@ -248,7 +248,12 @@ func CheckMint(a Authority, m Mint) error {
 	if have < m.Role {
 		return denied(a, "mint "+m.Role.String()+" token", m.Project, m.Role, have)
 	}
-	if !a.Expires.IsZero() && (m.Expires.IsZero() || m.Expires.After(a.Expires)) {
+	if !a.Expires.IsZero() && m.Expires.IsZero() {
+		// No ttl is no expiry, not the minter's: say what to ask for.
+		return fmt.Errorf("mint token: one without expiry would outlive token %s, which expires %s: give it a ttl of at most %s: %w",
+			a.TokenID, a.Expires.UTC().Format(time.RFC3339), time.Until(a.Expires).Truncate(time.Second), errdefs.ErrPermissionDenied)
+	}
+	if !a.Expires.IsZero() && m.Expires.After(a.Expires) {
 		return fmt.Errorf("mint token: it would outlive token %s, which expires %s: %w",
 			a.TokenID, a.Expires.UTC().Format(time.RFC3339), errdefs.ErrPermissionDenied)
 	}
@@ -273,8 +278,9 @@ func CheckQuota(a Authority, project string) error {
 		return denied(a, "set quota", project, Admin, have)
 	}
 	if project == a.Project && project != "" {
-		return fmt.Errorf("set quota of project %s: a token may set only the quotas of projects under its own (%s): %w",
-			Display(project), Display(a.Project), errdefs.ErrPermissionDenied)
+		// Its callers say what was set ("set the sandboxes limit of project ml").
+		return fmt.Errorf("a token may set only the quotas of projects under its own (%s): %w",
+			Display(a.Project), errdefs.ErrPermissionDenied)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package iam_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -207,5 +208,17 @@ func TestNoEscalation(t *testing.T) {
 				t.Fatalf("got %v, want permission denied", err)
 			}
 		})
+	}
+}
+
+// TestMintWithoutTTL: a mint without a ttl from a token that expires is
+// refused saying to give it one, and how long it may be at most.
+func TestMintWithoutTTL(t *testing.T) {
+	a := iam.Authority{TokenID: "tok-1", Principal: "harness", Project: "ml", Role: iam.Admin,
+		Expires: time.Now().Add(2 * time.Hour), Bindings: []iam.Binding{{Project: "ml", Role: iam.Admin}}}
+	err := iam.CheckMint(a, iam.Mint{Project: "ml", Role: iam.Runner, Principal: "harness", PrincipalProject: "ml"})
+	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "one without expiry would outlive token tok-1") ||
+		!strings.Contains(err.Error(), "give it a ttl of at most 1h59m") {
+		t.Fatalf("mint without a ttl: %v", err)
 	}
 }

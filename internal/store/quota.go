@@ -74,6 +74,22 @@ func (r Resource) unit() string {
 
 func (r Resource) amount(n int64) string { return fmt.Sprintf("%d %s", n, r.unit()) }
 
+// exhausted is the refusal of a charge of n of r at project path, which
+// uses used of its limit lim: "quota of project ml: 64 of 64 sandboxes in
+// use". A charge refused while some of the limit is left says how much it
+// asked ("0 of 2 sandboxes in use, 3 asked"), without which a batch of 3 or
+// a sandbox of 2 vCPUs refused at an unused limit reads as a contradiction.
+func exhausted(path string, r Resource, used, n, lim int64) error {
+	msg := fmt.Sprintf("quota of project %s: %d of %s", iam.Display(path), used, r.amount(lim))
+	if r != FnCallInflight { // whose unit says "in flight" already
+		msg += " in use"
+	}
+	if used < lim {
+		msg += fmt.Sprintf(", %d asked", n)
+	}
+	return fmt.Errorf("%s: %w", msg, errdefs.ErrResourceExhausted)
+}
+
 // Amounts are quantities of resources to charge or release.
 type Amounts map[Resource]int64
 
@@ -218,7 +234,7 @@ func (d *sqlDB) chargeTx(ctx context.Context, tx *sql.Tx, path string, amounts A
 			continue
 		}
 		if r.used+n > r.lim.Int64 {
-			return fmt.Errorf("quota of project %s: %d of %s in use: %w", iam.Display(r.path), r.used, r.resource.amount(r.lim.Int64), errdefs.ErrResourceExhausted)
+			return exhausted(r.path, r.resource, r.used, n, r.lim.Int64)
 		}
 	}
 	for _, r := range resources {
@@ -386,6 +402,9 @@ func (d *sqlDB) SetLimit(ctx context.Context, actor iam.Authority, project strin
 			lim, float64(max(limit, 0)), d.ts(time.Now()), string(resource), path)
 		return err
 	})
+	if err != nil && strings.HasPrefix(err.Error(), what+" to ") {
+		return err // a refusal above, which says what was set already
+	}
 	if err != nil {
 		return d.fail(what, err)
 	}

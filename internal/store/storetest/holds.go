@@ -202,7 +202,7 @@ func testReserveCharged(t *testing.T, st store.Store) {
 		t.Fatalf("a repeat of a reserved key charged: use %d", u)
 	}
 	_, _, err = st.ReserveCreate(ctx, store.CreateReservation{Key: "k2", RequestHash: "h", Owner: "a", Charge: charge(2)})
-	wantMessage(t, "a reservation over the quota", err, errdefs.ErrResourceExhausted, "quota of project ml: 2 of 3 sandboxes in use")
+	wantMessage(t, "a reservation over the quota", err, errdefs.ErrResourceExhausted, "quota of project ml: 2 of 3 sandboxes in use, 2 asked")
 	// The quota's words are the whole message: a trainer's user reads them
 	// as they are, not behind the store's account of its statement.
 	if !strings.HasPrefix(err.Error(), "quota of project ml: ") {
@@ -330,7 +330,7 @@ func testReserveChargedGroup(t *testing.T, st store.Store) {
 		t.Fatalf("k1's reservation: nonce %q, want the group's %q: %v", r.Nonce, got[1].Nonce, err)
 	}
 	_, _, err = st.ReserveCharged(ctx, "ml", one, []store.Hold{{ID: "u2", Amounts: one}}, []store.CreateReservation{keyed("k3")})
-	wantMessage(t, "a group over the quota", err, errdefs.ErrResourceExhausted, "quota of project ml: 3 of 4 sandboxes in use")
+	wantMessage(t, "a group over the quota", err, errdefs.ErrResourceExhausted, "quota of project ml: 3 of 4 sandboxes in use, 2 asked")
 	if _, reserved, err := st.ReserveCreate(ctx, store.CreateReservation{Key: "k3", RequestHash: "h", Owner: "a"}); err != nil || !reserved {
 		t.Fatalf("k3 after its refused group: reserved %v, %v (the refusal reserved it)", reserved, err)
 	}

@@ -517,6 +517,15 @@ func testQuotaFirstFull(t *testing.T, st store.Store) {
 	must(t, "Charge of the root", st.Charge(ctx, "/", store.Amounts{store.MemoryMB: 1000}))
 	err = st.Charge(ctx, "ml/a", store.Amounts{store.MemoryMB: 1})
 	wantMessage(t, "Charge when both are full", err, errdefs.ErrResourceExhausted, "quota of project /: 3000 of 3000 MiB of memory in use")
+	// A charge past what is left of a limit says what it asked, or the
+	// numbers read as a contradiction (0 of 2 in use, and refused).
+	limit(t, st, "ml", store.Sandboxes, 2)
+	err = st.Charge(ctx, "ml/a", store.Amounts{store.Sandboxes: 3})
+	wantMessage(t, "Charge of a batch past the limit", err, errdefs.ErrResourceExhausted, "quota of project ml: 0 of 2 sandboxes in use, 3 asked: ")
+	limit(t, st, "ml", store.FnCallInflight, 1)
+	must(t, "Charge of a call", st.Charge(ctx, "ml/a", store.Amounts{store.FnCallInflight: 1}))
+	err = st.Charge(ctx, "ml/a", store.Amounts{store.FnCallInflight: 1})
+	wantMessage(t, "Charge of a second call", err, errdefs.ErrResourceExhausted, "quota of project ml: 1 of 1 FnCall calls in flight: ")
 }
 
 func testQuotaDelegation(t *testing.T, st store.Store) {
@@ -534,8 +543,14 @@ func testQuotaDelegation(t *testing.T, st store.Store) {
 		errdefs.ErrFailedPrecondition, "the projects under it hold 60 sandboxes")
 	wantKind(t, "lowering the root below its children", st.SetLimit(ctx, admin(), "", store.Sandboxes, 99), errdefs.ErrFailedPrecondition)
 	must(t, "Charge", st.Charge(ctx, "ml/a", store.Amounts{store.Sandboxes: 10}))
+	// Said once: "set the sandboxes limit of project ml/a to 5: 10 sandboxes in use".
 	wantMessage(t, "taking back what is in use", st.SetLimit(ctx, admin(), "ml/a", store.Sandboxes, 5),
-		errdefs.ErrFailedPrecondition, "10 sandboxes in use")
+		errdefs.ErrFailedPrecondition, "set the sandboxes limit of project ml/a to 5: 10 sandboxes in use: ")
+	wantMessage(t, "lowering a parent below its children, said once", st.SetLimit(ctx, admin(), "ml", store.Sandboxes, 50),
+		errdefs.ErrFailedPrecondition, "set the sandboxes limit of project ml to 50: the projects")
+	if err := st.SetLimit(ctx, admin(), "ml/a", store.Sandboxes, 5); strings.Count(err.Error(), "limit of project") != 1 {
+		t.Fatalf("taking back what is in use: %q says what it set more than once", err)
+	}
 	limit(t, st, "ml/a", store.Sandboxes, 10)
 	// ml without a limit of its own: its children's count against the root.
 	limit(t, st, "ml", store.Sandboxes, store.Unlimited)
