@@ -236,7 +236,7 @@ func (f *fakeEdge) EndPhase(ctx context.Context, id string, phase dsecv1.Phase) 
 func (f *fakeEdge) Phase(id string) dsecv1.Phase { return dsecv1.Phase_PHASE_UNSPECIFIED }
 func (f *fakeEdge) Isolation(id string) string   { return "container" }
 
-func (f *fakeEdge) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error) {
+func (f *fakeEdge) Metrics(ctx context.Context, id string, since time.Time) (*dsecv1.SandboxMetrics, error) {
 	return nil, f.refuse(id, "has no cgroups")
 }
 

@@ -168,7 +168,7 @@ func (a *app) rootCommand() *cobra.Command {
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON for scripts")
 	root.AddCommand(
 		a.runCommand(), a.createCommand(), a.execCommand(), a.shellCommand(),
-		a.lsCommand(), a.inspectCommand(), a.nodesCommand(), a.rmCommand(), a.pauseCommand(), a.resumeCommand(), a.timeoutCommand(), a.endPhaseCommand(), a.topCommand(), a.snapshotCommand(), a.forkCommand(), a.gradeCommand(), a.cpCommand(),
+		a.lsCommand(), a.inspectCommand(), a.nodesCommand(), a.rmCommand(), a.pauseCommand(), a.resumeCommand(), a.timeoutCommand(), a.endPhaseCommand(), a.topCommand(), a.metricsCommand(), a.snapshotCommand(), a.forkCommand(), a.gradeCommand(), a.cpCommand(),
 		a.psCommand(), a.attachCommand(), a.killCommand(),
 		a.layerCommand(), a.envCommand(), a.benchCommand(), a.netCommand(), a.provenanceCommand(), a.imageCommand(), a.poolCommand(), a.fnCommand(), a.e2bCommand(),
 		a.trajectoryCommand(), a.replayCommand(),

@@ -312,6 +312,7 @@ func TestJSONShapes(t *testing.T) {
 		{"resume", []string{"sb-n1-a"}, &dsecv1.ResumeResponse{}},
 		{"timeout", []string{"sb-n1-a", "10m"}, &dsecv1.Sandbox{}},
 		{"top", []string{"sb-n1-a"}, &dsecv1.SandboxMetrics{}},
+		{"metrics", []string{"sb-n1-a"}, &dsecv1.SandboxMetrics{}},
 		{"snapshot", []string{"sb-n1-a", "s1"}, &dsecv1.SnapshotInfo{}},
 		{"snapshot ls", nil, &dsecv1.ListSnapshotsResponse{}},
 		{"snapshot rm", []string{"s1"}, &dsecv1.DeleteSnapshotResponse{}},

@@ -113,3 +113,48 @@ its limit (the node's when it has none of its own).`,
 		},
 	}
 }
+
+func (a *app) metricsCommand() *cobra.Command {
+	var since string
+	cmd := &cobra.Command{
+		Use:   "metrics ID",
+		Short: "a sandbox's CPU, memory, disk and network use over the last minutes, as its node sampled them",
+		Long: `Metrics prints the samples of a sandbox's use its node kept: one a
+--ledger-interval of its dsecd (10 s), the last 10 minutes of them at most,
+while the sandbox lives. Each gives the CPU it used since the sample before
+(in cores), its memory (page cache included) against its limit, its
+writable layer, and the bytes it sent out since it started. --since
+(a duration ago, e.g. 2m, or RFC 3339) prints only the later ones; --json
+prints the reading now and the samples (docs/operations.md).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			from := time.Now().Add(-time.Hour)
+			if since != "" {
+				t, err := pointInTime(since, time.Now())
+				if err != nil {
+					return fmt.Errorf("--since: %w", err)
+				}
+				from = t
+			}
+			resp, err := a.c.Sandboxes.Metrics(cmd.Context(), connect.NewRequest(&dsecv1.MetricsRequest{SandboxId: args[0], SinceUnixMs: max(from.UnixMilli(), 1)}))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(resp.Msg)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 2, 2, ' ', 0)
+			fmt.Fprintln(tw, "TIME\tCPU (CORES)\tMEMORY\tDISK\tSENT")
+			for _, s := range resp.Msg.GetSamples() {
+				fmt.Fprintf(tw, "%s\t%.2f\t%s / %s\t%s\t%s\n", time.UnixMilli(s.GetTimeUnixMs()).Format(time.TimeOnly), s.GetCpuUsedCores(),
+					humanBytes(s.GetMemoryUsedBytes()), humanBytes(s.GetMemoryLimitBytes()), humanBytes(s.GetDiskUsedBytes()), humanBytes(s.GetNetEgressBytes()))
+			}
+			if len(resp.Msg.GetSamples()) == 0 {
+				fmt.Fprintln(a.stderr, "no samples kept yet: the node samples every --ledger-interval (none with --no-ledger)")
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&since, "since", "", "only samples after: a duration ago (2m) or RFC 3339")
+	return cmd
+}

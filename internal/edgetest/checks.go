@@ -30,6 +30,7 @@ func testLifecycle(t *testing.T, e *edge) {
 	if ids := e.live(ctx); !slices.Equal(ids, []string{sb.GetId()}) {
 		t.Fatalf("List: %v, want [%s]", ids, sb.GetId())
 	}
+	testMetricsHistory(t, e, sb.GetId())
 
 	again := e.create(ctx, token)
 	if again.GetId() != sb.GetId() {
@@ -91,6 +92,33 @@ func testLifecycle(t *testing.T, e *edge) {
 	wantKind(t, "Pause of a deleted sandbox", err, errdefs.ErrFailedPrecondition)
 	if ids := e.live(ctx); !slices.Equal(ids, []string{sb.GetId()}) {
 		t.Errorf("List after a delete: %v, want [%s]", ids, sb.GetId())
+	}
+}
+
+// testMetricsHistory: Metrics with since answers the samples the edge
+// kept of live sandbox id, each taken after since, oldest first (an edge
+// that keeps none answers none; one that cannot measure refuses
+// NotSupported), and none for a since still to come.
+func testMetricsHistory(t *testing.T, e *edge, id string) {
+	ctx := t.Context()
+	for _, since := range []time.Time{time.Now().Add(-time.Hour), time.Now().Add(time.Hour)} {
+		resp, err := e.h.Metrics(ctx, connect.NewRequest(&dsecv1.MetricsRequest{SandboxId: id, SinceUnixMs: since.UnixMilli()}))
+		if errors.Is(err, errdefs.ErrNotSupported) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("Metrics of %s since %v: %v", id, since, err)
+		}
+		prev := since.UnixMilli()
+		for _, s := range resp.Msg.GetSamples() {
+			if s.GetTimeUnixMs() <= prev {
+				t.Errorf("Metrics of %s since %v: sample at %d, after %d: want each after since, oldest first", id, since, s.GetTimeUnixMs(), prev)
+			}
+			prev = s.GetTimeUnixMs()
+		}
+		if since.After(time.Now()) && len(resp.Msg.GetSamples()) > 0 {
+			t.Errorf("Metrics of %s since an hour to come: %d samples, want none", id, len(resp.Msg.GetSamples()))
+		}
 	}
 }
 

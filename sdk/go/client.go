@@ -660,6 +660,43 @@ func (c *Client) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics
 	return resp.Msg, nil
 }
 
+// MetricsSample is one sample of a sandbox's use, as its node took it.
+type MetricsSample struct {
+	At time.Time
+	// CPUCores is the CPU it used over the time since the sample before
+	// (the first kept: since it started), in cores; CPUTime its CPU time
+	// since it started.
+	CPUCores float64
+	CPUTime  time.Duration
+	// MemoryBytes is its cgroup's memory, page cache included, against
+	// MemoryLimitBytes (the node's memory when it has no limit).
+	MemoryBytes, MemoryLimitBytes int64
+	DiskBytes                     int64 // its writable layer
+	EgressBytes                   int64 // sent out of its network since it started; 0 without a network
+}
+
+// MetricsSince returns the samples of sandbox id's use its node took after
+// since, oldest first: one each dsecd --ledger-interval (10 s), the last
+// 10 minutes of them at most (120), kept while the sandbox lives. A node
+// that keeps no cost ledger (--no-ledger) keeps none.
+func (c *Client) MetricsSince(ctx context.Context, id string, since time.Time) ([]MetricsSample, error) {
+	var resp *connect.Response[dsecv1.SandboxMetrics]
+	err := c.unary(ctx, true, func(ctx context.Context) (err error) {
+		resp, err = c.sb.Metrics(ctx, connect.NewRequest(&dsecv1.MetricsRequest{SandboxId: id, SinceUnixMs: max(since.UnixMilli(), 1)}))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("metrics of sandbox %s: %w", id, err)
+	}
+	out := make([]MetricsSample, 0, len(resp.Msg.GetSamples()))
+	for _, s := range resp.Msg.GetSamples() {
+		out = append(out, MetricsSample{At: time.UnixMilli(s.GetTimeUnixMs()), CPUCores: s.GetCpuUsedCores(),
+			CPUTime: time.Duration(s.GetCpuUsedUsec()) * time.Microsecond, MemoryBytes: s.GetMemoryUsedBytes(),
+			MemoryLimitBytes: s.GetMemoryLimitBytes(), DiskBytes: s.GetDiskUsedBytes(), EgressBytes: s.GetNetEgressBytes()})
+	}
+	return out, nil
+}
+
 // Snapshot packs sandbox id's file system into layer snap:NAME (the
 // paper's pack_diff), leaving out its changes under exclude. The sandbox
 // stands still only while its writable layer is captured. The result's

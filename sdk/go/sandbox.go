@@ -72,6 +72,12 @@ func (s *Sandbox) Metrics(ctx context.Context) (*dsecv1.SandboxMetrics, error) {
 	return s.c.Metrics(ctx, s.ID)
 }
 
+// MetricsSince returns the samples of the sandbox's use its node took
+// after since; see Client.MetricsSince.
+func (s *Sandbox) MetricsSince(ctx context.Context, since time.Time) ([]MetricsSample, error) {
+	return s.c.MetricsSince(ctx, s.ID, since)
+}
+
 // Snapshot packs the sandbox's file system into layer snap:NAME; see
 // Client.Snapshot.
 func (s *Sandbox) Snapshot(ctx context.Context, name string, exclude ...string) (*dsecv1.SnapshotInfo, error) {

@@ -2,15 +2,19 @@ package root
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/testutil"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // scrapeMetrics reads the node's /metrics (the all-in-one's API port, a
@@ -40,9 +44,10 @@ func scrapeAt(t *testing.T, addr string) map[string]*dto.MetricFamily {
 // creates (one from a warm pool), a refused create (all-in-one: a
 // cluster's apiserver may refuse it before the edge sees it), a pause and
 // a resume, an exec, a delete; and its gauges show the sandboxes by state
-// and project, the warm pool, and the node's capacity and requests.
+// and project, the warm pool, and the node's capacity and requests. Then
+// a sandbox's own samples show its CPU and memory (checkSandboxHistory).
 func TestMetrics(t *testing.T) {
-	d := startDaemon(t, "--max-sandboxes", "3")
+	d := startDaemon(t, "--max-sandboxes", "3", "--ledger-interval", "500ms")
 	ctx := context.Background()
 	before := scrapeMetrics(t, d)
 	apiBefore := scrapeAt(t, d.Addr)
@@ -178,5 +183,90 @@ func TestMetrics(t *testing.T) {
 	if testutil.MetricValue(after, "dsec_node_cpus", map[string]string{"kind": "capacity"}) < 1 ||
 		testutil.MetricValue(after, "dsec_node_memory_bytes", map[string]string{"kind": "capacity"}) <= 0 {
 		t.Errorf("the node's capacity is missing: %v %v", after["dsec_node_cpus"], after["dsec_node_memory_bytes"])
+	}
+	checkSandboxHistory(t, d, c.GetId())
+}
+
+// checkSandboxHistory has sandbox id hold 48 MB in a shell variable while
+// the shell counts to a million (its own CPU time, which it then reports
+// from /proc), and reads the samples its node kept (every 500 ms:
+// TestMetrics' --ledger-interval) through the Go SDK and dsec metrics
+// --json: the samples from the command's start to the first after its
+// end show the memory held, and CPU time that grew by at least the loop's,
+// at a peak rate of at least half the loop's average.
+func checkSandboxHistory(t *testing.T, d *testutil.Daemon, id string) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	c := sdkClient(t, d.Addr, d.Token())
+	// samplesUntil reads the samples kept until one is taken after t.
+	samplesUntil := func(t0 time.Time) []dsec.MetricsSample {
+		for {
+			samples, err := c.MetricsSince(ctx, id, time.UnixMilli(1))
+			if err != nil {
+				t.Fatalf("MetricsSince: %v", err)
+			}
+			if len(samples) > 0 && samples[len(samples)-1].At.After(t0) {
+				return samples
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("no sample of %s after %v: %+v", id, t0, samples)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	samplesUntil(time.Time{}) // one before the command, as a base
+	const held = 48_000_000
+	start := time.Now()
+	out := mustSh(t, d, id, fmt.Sprintf(`busybox sh -c 'x=$(busybox yes | busybox head -c %d); i=0; while [ $i -lt 1000000 ]; do i=$((i+1)); done; echo ${#x} $(busybox cut -d" " -f14,15 /proc/$$/stat)'`, held))
+	end := time.Now()
+	var n, ut, st int64
+	if _, err := fmt.Sscan(out, &n, &ut, &st); err != nil || n < held/2 {
+		t.Fatalf("the command printed %q (%v): want the variable's length and the shell's CPU ticks", out, err)
+	}
+	loop := time.Duration(ut+st) * 10 * time.Millisecond
+	// The samples from the last before the command to the first after.
+	samples := samplesUntil(end)
+	for i := len(samples) - 1; i > 0; i-- {
+		if samples[i].At.Before(start) {
+			samples = samples[i:]
+			break
+		}
+	}
+	first, last := samples[0], samples[len(samples)-1]
+	if !first.At.Before(start) {
+		t.Fatalf("no sample of %s kept from before its command: %+v", id, samples)
+	}
+	var peakCores float64
+	var peakMem int64
+	for _, s := range samples[1:] {
+		peakCores = max(peakCores, s.CPUCores)
+		peakMem = max(peakMem, s.MemoryBytes)
+	}
+	t.Logf("%s: the loop used %v of CPU in %v; %d samples from %v to %v, peak %.2f cores, %d bytes of memory",
+		id, loop, end.Sub(start), len(samples), first.At.Sub(start), last.At.Sub(start), peakCores, peakMem)
+	if loop < 100*time.Millisecond {
+		t.Fatalf("the loop used %v of CPU: too little to check the samples against", loop)
+	}
+	if grew := last.CPUTime - first.CPUTime; grew < loop-20*time.Millisecond {
+		t.Errorf("the samples' CPU time grew by %v, the loop used %v", grew, loop)
+	}
+	if avg := loop.Seconds() / last.At.Sub(first.At).Seconds(); peakCores < avg/2 {
+		t.Errorf("peak %.2f cores, want at least half the loop's average over the samples, %.2f", peakCores, avg)
+	}
+	if peakMem < held || last.MemoryLimitBytes < peakMem {
+		t.Errorf("peak memory %d bytes of %d, want at least the %d held", peakMem, last.MemoryLimitBytes, held)
+	}
+	// dsec metrics --json: the reading now and the same samples.
+	stdout, stderr, code := d.CLI("", "--json", "metrics", id, "--since", first.At.Add(-time.Second).Format(time.RFC3339))
+	var m dsecv1.SandboxMetrics
+	if code != 0 {
+		t.Fatalf("dsec metrics --json: %s %s", stdout, stderr)
+	}
+	if err := protojson.Unmarshal([]byte(stdout), &m); err != nil {
+		t.Fatalf("dsec metrics --json printed %q: %v", stdout, err)
+	}
+	if len(m.GetSamples()) < len(samples) || m.GetTimeUnixMs() < last.At.UnixMilli() {
+		t.Errorf("dsec metrics --json: %d samples, the reading at %d; want at least the SDK's %d, and a reading after them", len(m.GetSamples()), m.GetTimeUnixMs(), len(samples))
 	}
 }

@@ -79,7 +79,7 @@ type Edge interface {
 	// unknown sandbox.
 	Isolation(id string) string
 	// Metrics reads the sandbox's resource use now.
-	Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error)
+	Metrics(ctx context.Context, id string, since time.Time) (*dsecv1.SandboxMetrics, error)
 	// Snapshot packs the sandbox's writable layer into layer snap:NAME.
 	Snapshot(ctx context.Context, id, name string, sel snapshot.Select) (*dsecv1.SnapshotInfo, error)
 	// Lay captures the sandbox's writable layer and lays the paths
@@ -798,7 +798,11 @@ func (s *Service) EndPhase(ctx context.Context, req *connect.Request[dsecv1.EndP
 }
 
 func (s *Service) Metrics(ctx context.Context, req *connect.Request[dsecv1.MetricsRequest]) (*connect.Response[dsecv1.SandboxMetrics], error) {
-	mt, err := s.edge.Metrics(ctx, req.Msg.GetSandboxId())
+	var since time.Time
+	if ms := req.Msg.GetSinceUnixMs(); ms > 0 {
+		since = time.UnixMilli(ms)
+	}
+	mt, err := s.edge.Metrics(ctx, req.Msg.GetSandboxId(), since)
 	if err != nil {
 		return nil, err
 	}

@@ -291,8 +291,8 @@ func (e *Edge) SetTimeout(ctx context.Context, id string, timeout time.Duration,
 	return proto.Clone(sb).(*dsecv1.Sandbox), nil
 }
 
-// Metrics says a hollow sandbox uses nothing.
-func (e *Edge) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error) {
+// Metrics says a hollow sandbox uses nothing; it keeps no samples.
+func (e *Edge) Metrics(ctx context.Context, id string, since time.Time) (*dsecv1.SandboxMetrics, error) {
 	if _, err := e.Get(ctx, id); err != nil {
 		return nil, err
 	}

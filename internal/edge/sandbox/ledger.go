@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/edge/backend"
 	"dsec.dev/dsec/internal/edge/ledger"
@@ -81,6 +83,62 @@ func (m *Manager) observe(ctx context.Context, rec *dsecv1.Sandbox, rt backend.R
 	}
 	labels := rec.GetSpec().GetLabels()
 	m.cfg.Ledger.Observe(id, labels[iam.ProjectLabel], labels, s)
+	m.keepSample(rec, u, s)
+}
+
+// What a sandbox's history holds: the samples of the last historyWindow,
+// at most historyMax of them (a short --ledger-interval keeps less time).
+const (
+	historyWindow = 10 * time.Minute
+	historyMax    = 120
+)
+
+// keepSample adds sample s (u as read) to the history of sandbox rec,
+// which Metrics answers with, dropping what is older than historyWindow.
+func (m *Manager) keepSample(rec *dsecv1.Sandbox, u backend.Usage, s ledger.Sample) {
+	m.mu.Lock()
+	sb := m.sandboxes[rec.GetId()]
+	m.mu.Unlock()
+	if sb == nil {
+		return
+	}
+	ms := &dsecv1.MetricsSample{TimeUnixMs: s.At.UnixMilli(), CpuUsedUsec: u.CPUUsec, MemoryUsedBytes: u.MemoryBytes,
+		MemoryLimitBytes: u.MemoryLimit, DiskUsedBytes: u.DiskBytes, NetEgressBytes: s.EgressBytes}
+	if ms.MemoryLimitBytes == 0 {
+		if mb, err := MemTotalMB(); err == nil {
+			ms.MemoryLimitBytes = mb << 20
+		}
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	// CPU over the time since the sample before; the first over the time
+	// since the sandbox started (or was claimed: its counter may hold
+	// the time it waited in its pool, so it reads high once).
+	prevUsec, prevAt := int64(0), time.UnixMilli(rec.GetCreatedUnixMs())
+	if n := len(sb.samples); n > 0 {
+		prevUsec, prevAt = sb.samples[n-1].GetCpuUsedUsec(), time.UnixMilli(sb.samples[n-1].GetTimeUnixMs())
+	}
+	if wall := s.At.Sub(prevAt).Microseconds(); wall > 0 && u.CPUUsec >= prevUsec {
+		ms.CpuUsedCores = float64(u.CPUUsec-prevUsec) / float64(wall)
+	}
+	drop := 0
+	for drop < len(sb.samples) && (len(sb.samples)-drop >= historyMax || s.At.Sub(time.UnixMilli(sb.samples[drop].GetTimeUnixMs())) > historyWindow) {
+		drop++
+	}
+	sb.samples = append(sb.samples[drop:], ms)
+}
+
+// history returns the samples of sb taken after since, oldest first.
+func (sb *sandbox) history(since time.Time) []*dsecv1.MetricsSample {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	var out []*dsecv1.MetricsSample
+	for _, ms := range sb.samples {
+		if ms.GetTimeUnixMs() > since.UnixMilli() {
+			out = append(out, proto.Clone(ms).(*dsecv1.MetricsSample))
+		}
+	}
+	return out
 }
 
 // finalUsage takes sandbox id's last sample before its runtime removes

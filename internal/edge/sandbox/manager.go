@@ -221,6 +221,9 @@ type sandbox struct {
 	// cpuAt is the CPU time of the last Metrics reading and when it was
 	// taken, for the next one's CPU percentage. Guarded by mu.
 	cpuAt cpuSample
+	// samples are the sandbox's recent use as observe read it, oldest
+	// first, for Metrics' history (see keepSample). Guarded by mu.
+	samples []*dsecv1.MetricsSample
 	// baseline is the writable layer as the sandbox started, for its
 	// provenance; nil where the runtime does not show the layer. Guarded
 	// by mu.

@@ -78,8 +78,9 @@ const (
 // Metrics reads a sandbox's resource use now: CPU (in percent of its cores,
 // over the time since the previous reading, or 100 ms measured now),
 // memory from its cgroup and its writable layer's disk use, each with its
-// limit (the node's when the sandbox has none of its own).
-func (m *Manager) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetrics, error) {
+// limit (the node's when the sandbox has none of its own); with since
+// not zero, also the samples of its history taken after since.
+func (m *Manager) Metrics(ctx context.Context, id string, since time.Time) (*dsecv1.SandboxMetrics, error) {
 	sb, err := m.lookup(id)
 	if err != nil {
 		return nil, err
@@ -146,6 +147,9 @@ func (m *Manager) Metrics(ctx context.Context, id string) (*dsecv1.SandboxMetric
 	}
 	if out.DiskLimitBytes == 0 {
 		out.DiskLimitBytes = u.DiskSize
+	}
+	if !since.IsZero() {
+		out.Samples = sb.history(since)
 	}
 	return out, nil
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/backend"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/errdefs"
 )
 
@@ -72,7 +74,62 @@ func TestMetricsRefusedWithoutMeter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Metrics(ctx, sb.GetId()); !errors.Is(err, errdefs.ErrNotSupported) {
+	if _, err := m.Metrics(ctx, sb.GetId(), time.Time{}); !errors.Is(err, errdefs.ErrNotSupported) {
 		t.Errorf("metrics from a runtime that cannot measure: %v", err)
+	}
+}
+
+// TestMetricsHistory feeds a sandbox's history samples as the ledger's
+// loop reads them: each sample's CPU is in cores over the time since the
+// one before, the history answers what came after since, and it keeps
+// historyWindow of samples, at most historyMax.
+func TestMetricsHistory(t *testing.T) {
+	rt := newFake(t)
+	m := newTestManager(t, t.TempDir(), rt)
+	ctx := context.Background()
+	rec, err := m.Create(ctx, &dsecv1.SandboxSpec{Environment: "base:1", IdleTimeoutSeconds: -1}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := m.lookup(rec.GetId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.UnixMilli(rec.GetCreatedUnixMs())
+	add := func(after time.Duration, cpu time.Duration, mem int64) {
+		at := start.Add(after)
+		m.keepSample(rec, backend.Usage{CPUUsec: cpu.Microseconds(), MemoryBytes: mem, MemoryLimit: 1 << 30, DiskBytes: 4096},
+			ledger.Sample{At: at, CPUUsec: cpu.Microseconds(), MemoryBytes: mem, EgressBytes: 100})
+	}
+	add(10*time.Second, time.Second, 10<<20)     // 0.1 cores since the start
+	add(20*time.Second, 16*time.Second, 200<<20) // 1.5 cores
+	add(30*time.Second, 16*time.Second, 200<<20) // idle
+	h := sb.history(start.Add(15 * time.Second))
+	if len(h) != 2 {
+		t.Fatalf("history after 15 s: %d samples, want 2", len(h))
+	}
+	if got := h[0].GetCpuUsedCores(); got < 1.49 || got > 1.51 {
+		t.Errorf("the busy sample: %v cores, want 1.5", got)
+	}
+	if h[0].GetMemoryUsedBytes() != 200<<20 || h[0].GetMemoryLimitBytes() != 1<<30 || h[0].GetNetEgressBytes() != 100 {
+		t.Errorf("the busy sample: %v", h[0])
+	}
+	if got := h[1].GetCpuUsedCores(); got != 0 {
+		t.Errorf("the idle sample: %v cores, want 0", got)
+	}
+	if got := sb.history(time.Time{})[0].GetCpuUsedCores(); got < 0.099 || got > 0.101 {
+		t.Errorf("the first sample: %v cores over the time since the start, want 0.1", got)
+	}
+	// Later samples push out those older than the window, and at most
+	// historyMax stay.
+	for i := range 2 * historyMax {
+		add(historyWindow+time.Duration(i)*time.Second, 16*time.Second, 1)
+	}
+	h = sb.history(time.Time{})
+	if len(h) != historyMax {
+		t.Fatalf("history: %d samples, want %d", len(h), historyMax)
+	}
+	if first := time.UnixMilli(h[0].GetTimeUnixMs()); first.Before(start.Add(historyWindow)) {
+		t.Errorf("the oldest sample kept is from %v after the start, older than the window", first.Sub(start))
 	}
 }

@@ -19,7 +19,7 @@ from ._fncall import (BATCH_GRACE, FNCALL, MAX_BATCH, Language, RunCode, RunResu
                       split_cases)
 from ._events import EventCalls
 from ._usage import UsageCalls
-from ._iam import IAMCalls
+from ._iam import IAMCalls, When, _ms
 from ._trajectory import TrajectoryCalls
 from ._transport import ServerStream, Transport
 
@@ -1202,12 +1202,24 @@ class Sandbox:
         resp = await self.client._call("SetTimeout", msg, timeout, idempotent=True)
         self.info = resp.get("sandbox", self.info)
 
-    async def metrics(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+    async def metrics(self, *, since: When = None, timeout: Optional[float] = None) -> Dict[str, Any]:
         """The sandbox's resource use now, as a dict of SandboxMetrics:
         cpuUsedPct (percent of cpuCount cores), memoryUsedBytes,
         memoryLimitBytes, memoryCacheBytes, diskUsedBytes, diskLimitBytes
-        (int64 fields as strings, as proto3 JSON has them)."""
-        return await self.client._call("Metrics", {"sandboxId": self.id}, timeout, idempotent=True)
+        (int64 fields as strings, as proto3 JSON has them). With since (a
+        datetime or seconds since the epoch), also its use over time:
+        "samples", the samples its node took after since, oldest first
+        (one each dsecd --ledger-interval, the last 10 minutes at most),
+        each with timeUnixMs, cpuUsedCores (CPU used since the sample
+        before, in cores), cpuUsedUsec, memoryUsedBytes, memoryLimitBytes,
+        diskUsedBytes and netEgressBytes."""
+        msg: Dict[str, Any] = {"sandboxId": self.id}
+        if since is not None:
+            msg["sinceUnixMs"] = str(max(_ms(since), 1))
+        resp = await self.client._call("Metrics", msg, timeout, idempotent=True)
+        if since is not None:
+            resp.setdefault("samples", [])
+        return resp
 
     async def snapshot(self, name: str, *, exclude: Optional[Iterable[str]] = None,
                        project: Optional[str] = None,

@@ -22,7 +22,8 @@ D = None
 
 def setUpModule():
     global D
-    d = Daemon()
+    # Sandboxes sampled every second, for test_metrics_history.
+    d = Daemon(["--ledger-interval", "1s"])
     d.start()
     try:
         d.import_base()
@@ -111,6 +112,32 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(strict.exec("echo ok").stdout, "ok\n")
         with self.assertRaises(errors.InvalidArgument):
             self.c.create(ENV, on_timeout="hibernate")
+
+    def test_metrics_history(self):
+        """metrics(since=...) adds the samples the node took after since,
+        oldest first, each with its CPU in cores and its memory against
+        its limit."""
+        sb = self.sandbox()
+        since = time.time()
+        now = sb.metrics()
+        self.assertNotIn("samples", now)
+        deadline = time.monotonic() + 60
+        while True:
+            m = sb.metrics(since=since)
+            if len(m["samples"]) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        samples = m["samples"]
+        self.assertGreaterEqual(len(samples), 2, m)
+        times = [int(s["timeUnixMs"]) for s in samples]
+        self.assertEqual(times, sorted(times))
+        self.assertGreater(times[0], since * 1000)
+        for s in samples:
+            self.assertGreater(int(s["memoryUsedBytes"]), 0)
+            self.assertGreaterEqual(int(s["memoryLimitBytes"]), int(s["memoryUsedBytes"]))
+            self.assertGreaterEqual(float(s.get("cpuUsedCores", 0)), 0)
+        # A since still to come: none.
+        self.assertEqual(sb.metrics(since=time.time() + 3600)["samples"], [])
 
     def test_not_found(self):
         with self.assertRaises(errors.NotFound):

@@ -2091,8 +2091,14 @@ func (x *EndPhaseResponse) GetSandbox() *Sandbox {
 }
 
 type MetricsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Above 0: also return the samples of the sandbox its node took after
+	// this time (SandboxMetrics.samples). The node samples each live
+	// sandbox every dsecd --ledger-interval (10 s) as its cost ledger does,
+	// and keeps the last 10 minutes of them (at most 120) in memory while
+	// the sandbox lives; a node without the ledger (--no-ledger) keeps none.
+	SinceUnixMs   int64 `protobuf:"varint,2,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2134,6 +2140,110 @@ func (x *MetricsRequest) GetSandboxId() string {
 	return ""
 }
 
+func (x *MetricsRequest) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+// One sample of a sandbox's use, as its node took it.
+type MetricsSample struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TimeUnixMs int64                  `protobuf:"varint,1,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	// CPU used over the time since the sample before (for the first one
+	// the node kept: since the sandbox started or was claimed), in cores.
+	CpuUsedCores     float64 `protobuf:"fixed64,2,opt,name=cpu_used_cores,json=cpuUsedCores,proto3" json:"cpu_used_cores,omitempty"`
+	CpuUsedUsec      int64   `protobuf:"varint,3,opt,name=cpu_used_usec,json=cpuUsedUsec,proto3" json:"cpu_used_usec,omitempty"`                // CPU time used since it started
+	MemoryUsedBytes  int64   `protobuf:"varint,4,opt,name=memory_used_bytes,json=memoryUsedBytes,proto3" json:"memory_used_bytes,omitempty"`    // its cgroup's memory use, page cache included
+	MemoryLimitBytes int64   `protobuf:"varint,5,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"` // its memory limit; the node's memory when it has none
+	DiskUsedBytes    int64   `protobuf:"varint,6,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`          // its writable layer
+	// Bytes it sent out of its network namespace since it started (its
+	// veth's counter); 0 for a sandbox with no network.
+	NetEgressBytes int64 `protobuf:"varint,7,opt,name=net_egress_bytes,json=netEgressBytes,proto3" json:"net_egress_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *MetricsSample) Reset() {
+	*x = MetricsSample{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricsSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricsSample) ProtoMessage() {}
+
+func (x *MetricsSample) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricsSample.ProtoReflect.Descriptor instead.
+func (*MetricsSample) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *MetricsSample) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetCpuUsedCores() float64 {
+	if x != nil {
+		return x.CpuUsedCores
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetCpuUsedUsec() int64 {
+	if x != nil {
+		return x.CpuUsedUsec
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetMemoryUsedBytes() int64 {
+	if x != nil {
+		return x.MemoryUsedBytes
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetMemoryLimitBytes() int64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetDiskUsedBytes() int64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetNetEgressBytes() int64 {
+	if x != nil {
+		return x.NetEgressBytes
+	}
+	return 0
+}
+
 // A sandbox's resource use at one moment.
 type SandboxMetrics struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -2149,13 +2259,16 @@ type SandboxMetrics struct {
 	MemoryCacheBytes int64   `protobuf:"varint,7,opt,name=memory_cache_bytes,json=memoryCacheBytes,proto3" json:"memory_cache_bytes,omitempty"` // of memory_used_bytes, page cache
 	DiskUsedBytes    int64   `protobuf:"varint,8,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`          // its writable layer
 	DiskLimitBytes   int64   `protobuf:"varint,9,opt,name=disk_limit_bytes,json=diskLimitBytes,proto3" json:"disk_limit_bytes,omitempty"`       // the writable layer's limit; the file system's size when it has none
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The samples taken after MetricsRequest.since_unix_ms, oldest first
+	// (none without it).
+	Samples       []*MetricsSample `protobuf:"bytes,10,rep,name=samples,proto3" json:"samples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2280,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[17]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2293,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{17}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SandboxMetrics) GetTimeUnixMs() int64 {
@@ -2246,6 +2359,13 @@ func (x *SandboxMetrics) GetDiskLimitBytes() int64 {
 	return 0
 }
 
+func (x *SandboxMetrics) GetSamples() []*MetricsSample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
 type CreateRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Spec           *SandboxSpec           `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -2259,7 +2379,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2391,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[18]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2404,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{18}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateRequest) GetSpec() *SandboxSpec {
@@ -2324,7 +2444,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2336,7 +2456,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[19]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2349,7 +2469,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{19}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateResponse) GetSandboxes() []*Sandbox {
@@ -2368,7 +2488,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2500,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[20]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2513,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{20}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetRequest) GetId() string {
@@ -2417,7 +2537,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2549,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[21]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2562,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{21}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -2475,7 +2595,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2487,7 +2607,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[22]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2500,7 +2620,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{22}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2520,7 +2640,7 @@ type SetWarmPoolRequest struct {
 
 func (x *SetWarmPoolRequest) Reset() {
 	*x = SetWarmPoolRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2652,7 @@ func (x *SetWarmPoolRequest) String() string {
 func (*SetWarmPoolRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[23]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2665,7 @@ func (x *SetWarmPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{23}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetWarmPoolRequest) GetSpec() *SandboxSpec {
@@ -2581,7 +2701,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2713,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[24]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2726,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{24}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WarmPool) GetKey() string {
@@ -2680,7 +2800,7 @@ type ListWarmPoolsRequest struct {
 
 func (x *ListWarmPoolsRequest) Reset() {
 	*x = ListWarmPoolsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2692,7 +2812,7 @@ func (x *ListWarmPoolsRequest) String() string {
 func (*ListWarmPoolsRequest) ProtoMessage() {}
 
 func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[25]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2705,7 +2825,7 @@ func (x *ListWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{25}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
 }
 
 type ListWarmPoolsResponse struct {
@@ -2717,7 +2837,7 @@ type ListWarmPoolsResponse struct {
 
 func (x *ListWarmPoolsResponse) Reset() {
 	*x = ListWarmPoolsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2729,7 +2849,7 @@ func (x *ListWarmPoolsResponse) String() string {
 func (*ListWarmPoolsResponse) ProtoMessage() {}
 
 func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[26]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2742,7 +2862,7 @@ func (x *ListWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{26}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListWarmPoolsResponse) GetPools() []*WarmPool {
@@ -2761,7 +2881,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +2893,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[27]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +2906,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{27}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -2804,7 +2924,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2816,7 +2936,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[28]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2829,7 +2949,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{28}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
 }
 
 type ExecRequest struct {
@@ -2863,7 +2983,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2875,7 +2995,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[29]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2888,7 +3008,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{29}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -3004,7 +3124,7 @@ type ExecAfter struct {
 
 func (x *ExecAfter) Reset() {
 	*x = ExecAfter{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3016,7 +3136,7 @@ func (x *ExecAfter) String() string {
 func (*ExecAfter) ProtoMessage() {}
 
 func (x *ExecAfter) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[30]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3029,7 +3149,7 @@ func (x *ExecAfter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecAfter.ProtoReflect.Descriptor instead.
 func (*ExecAfter) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{30}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecAfter) GetKillUser() bool {
@@ -3059,7 +3179,7 @@ type ExecAfterDone struct {
 
 func (x *ExecAfterDone) Reset() {
 	*x = ExecAfterDone{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3071,7 +3191,7 @@ func (x *ExecAfterDone) String() string {
 func (*ExecAfterDone) ProtoMessage() {}
 
 func (x *ExecAfterDone) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[31]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3084,7 +3204,7 @@ func (x *ExecAfterDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecAfterDone.ProtoReflect.Descriptor instead.
 func (*ExecAfterDone) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{31}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecAfterDone) GetFile() []byte {
@@ -3125,7 +3245,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3137,7 +3257,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[32]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3150,7 +3270,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{32}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -3270,7 +3390,7 @@ type ExecDropped struct {
 
 func (x *ExecDropped) Reset() {
 	*x = ExecDropped{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3402,7 @@ func (x *ExecDropped) String() string {
 func (*ExecDropped) ProtoMessage() {}
 
 func (x *ExecDropped) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[33]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3415,7 @@ func (x *ExecDropped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecDropped.ProtoReflect.Descriptor instead.
 func (*ExecDropped) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{33}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExecDropped) GetStderr() bool {
@@ -3326,7 +3446,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3338,7 +3458,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[34]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3351,7 +3471,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{34}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -3409,7 +3529,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3421,7 +3541,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[35]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3434,7 +3554,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{35}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ExecExited) GetExitCode() int32 {
@@ -3540,7 +3660,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3552,7 +3672,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[36]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3565,7 +3685,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{36}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AttachRequest) GetSandboxId() string {
@@ -3629,7 +3749,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3641,7 +3761,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[37]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3654,7 +3774,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{37}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -3693,7 +3813,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3705,7 +3825,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[38]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3718,7 +3838,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{38}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
 }
 
 type SignalRequest struct {
@@ -3732,7 +3852,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3744,7 +3864,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[39]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3757,7 +3877,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{39}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SignalRequest) GetSandboxId() string {
@@ -3789,7 +3909,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3801,7 +3921,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[40]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3814,7 +3934,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{40}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
 }
 
 type ListProcessesRequest struct {
@@ -3826,7 +3946,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3838,7 +3958,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[41]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3851,7 +3971,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{41}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -3876,7 +3996,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3888,7 +4008,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[42]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3901,7 +4021,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{42}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -3962,7 +4082,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3974,7 +4094,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[43]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3987,7 +4107,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{43}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -4012,7 +4132,7 @@ type SessionRunRequest struct {
 
 func (x *SessionRunRequest) Reset() {
 	*x = SessionRunRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4024,7 +4144,7 @@ func (x *SessionRunRequest) String() string {
 func (*SessionRunRequest) ProtoMessage() {}
 
 func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[44]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4037,7 +4157,7 @@ func (x *SessionRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRunRequest.ProtoReflect.Descriptor instead.
 func (*SessionRunRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{44}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SessionRunRequest) GetSandboxId() string {
@@ -4099,7 +4219,7 @@ type SessionInterruptRequest struct {
 
 func (x *SessionInterruptRequest) Reset() {
 	*x = SessionInterruptRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4111,7 +4231,7 @@ func (x *SessionInterruptRequest) String() string {
 func (*SessionInterruptRequest) ProtoMessage() {}
 
 func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[45]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4124,7 +4244,7 @@ func (x *SessionInterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptRequest.ProtoReflect.Descriptor instead.
 func (*SessionInterruptRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{45}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SessionInterruptRequest) GetSandboxId() string {
@@ -4149,7 +4269,7 @@ type SessionInterruptResponse struct {
 
 func (x *SessionInterruptResponse) Reset() {
 	*x = SessionInterruptResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4161,7 +4281,7 @@ func (x *SessionInterruptResponse) String() string {
 func (*SessionInterruptResponse) ProtoMessage() {}
 
 func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[46]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4174,7 +4294,7 @@ func (x *SessionInterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInterruptResponse.ProtoReflect.Descriptor instead.
 func (*SessionInterruptResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{46}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
 }
 
 type SessionCloseRequest struct {
@@ -4187,7 +4307,7 @@ type SessionCloseRequest struct {
 
 func (x *SessionCloseRequest) Reset() {
 	*x = SessionCloseRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4199,7 +4319,7 @@ func (x *SessionCloseRequest) String() string {
 func (*SessionCloseRequest) ProtoMessage() {}
 
 func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[47]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4212,7 +4332,7 @@ func (x *SessionCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseRequest.ProtoReflect.Descriptor instead.
 func (*SessionCloseRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{47}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SessionCloseRequest) GetSandboxId() string {
@@ -4237,7 +4357,7 @@ type SessionCloseResponse struct {
 
 func (x *SessionCloseResponse) Reset() {
 	*x = SessionCloseResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4249,7 +4369,7 @@ func (x *SessionCloseResponse) String() string {
 func (*SessionCloseResponse) ProtoMessage() {}
 
 func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[48]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4262,7 +4382,7 @@ func (x *SessionCloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCloseResponse.ProtoReflect.Descriptor instead.
 func (*SessionCloseResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{48}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
 }
 
 type ShellInput struct {
@@ -4279,7 +4399,7 @@ type ShellInput struct {
 
 func (x *ShellInput) Reset() {
 	*x = ShellInput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4291,7 +4411,7 @@ func (x *ShellInput) String() string {
 func (*ShellInput) ProtoMessage() {}
 
 func (x *ShellInput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[49]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4304,7 +4424,7 @@ func (x *ShellInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellInput.ProtoReflect.Descriptor instead.
 func (*ShellInput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{49}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ShellInput) GetInput() isShellInput_Input {
@@ -4384,7 +4504,7 @@ type ShellStart struct {
 
 func (x *ShellStart) Reset() {
 	*x = ShellStart{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4396,7 +4516,7 @@ func (x *ShellStart) String() string {
 func (*ShellStart) ProtoMessage() {}
 
 func (x *ShellStart) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[50]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4409,7 +4529,7 @@ func (x *ShellStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
 func (*ShellStart) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{50}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ShellStart) GetSandboxId() string {
@@ -4478,7 +4598,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4490,7 +4610,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[51]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4503,7 +4623,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{51}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -4534,7 +4654,7 @@ type ShellOutput struct {
 
 func (x *ShellOutput) Reset() {
 	*x = ShellOutput{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4546,7 +4666,7 @@ func (x *ShellOutput) String() string {
 func (*ShellOutput) ProtoMessage() {}
 
 func (x *ShellOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[52]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4559,7 +4679,7 @@ func (x *ShellOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellOutput.ProtoReflect.Descriptor instead.
 func (*ShellOutput) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{52}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ShellOutput) GetOutput() isShellOutput_Output {
@@ -4637,7 +4757,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4649,7 +4769,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[53]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4662,7 +4782,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{53}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *FileInfo) GetName() string {
@@ -4741,7 +4861,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4753,7 +4873,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[54]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4766,7 +4886,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{54}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -4815,7 +4935,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4827,7 +4947,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[55]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4840,7 +4960,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{55}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -4879,7 +4999,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4891,7 +5011,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[56]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4904,7 +5024,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{56}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -4965,7 +5085,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4977,7 +5097,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[57]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4990,7 +5110,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{57}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *WriteFileResponse) GetWritten() int64 {
@@ -5011,7 +5131,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5023,7 +5143,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[58]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5036,7 +5156,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{58}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -5069,7 +5189,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5081,7 +5201,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[59]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5094,7 +5214,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{59}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -5115,7 +5235,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5127,7 +5247,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[60]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5140,7 +5260,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{60}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -5173,7 +5293,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5185,7 +5305,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[61]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5198,7 +5318,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{61}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -5220,7 +5340,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5232,7 +5352,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[62]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5245,7 +5365,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{62}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -5284,7 +5404,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5296,7 +5416,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[63]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5309,7 +5429,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{63}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
 }
 
 type MakeDirRequest struct {
@@ -5325,7 +5445,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5337,7 +5457,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[64]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5350,7 +5470,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{64}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -5396,7 +5516,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5408,7 +5528,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[65]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5421,7 +5541,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{65}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
 }
 
 type MoveRequest struct {
@@ -5437,7 +5557,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5449,7 +5569,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[66]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5462,7 +5582,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{66}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -5510,7 +5630,7 @@ type MoveResponse struct {
 
 func (x *MoveResponse) Reset() {
 	*x = MoveResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5522,7 +5642,7 @@ func (x *MoveResponse) String() string {
 func (*MoveResponse) ProtoMessage() {}
 
 func (x *MoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[67]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5535,7 +5655,7 @@ func (x *MoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
 func (*MoveResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{67}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *MoveResponse) GetInfo() *FileInfo {
@@ -5557,7 +5677,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5569,7 +5689,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[68]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5582,7 +5702,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{68}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -5624,7 +5744,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5636,7 +5756,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[69]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5649,7 +5769,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{69}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -5685,7 +5805,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5697,7 +5817,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[70]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5710,7 +5830,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{70}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *UploadRequest) GetSandboxId() string {
@@ -5751,7 +5871,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5763,7 +5883,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[71]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5776,7 +5896,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{71}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *UploadResponse) GetFiles() int64 {
@@ -5811,7 +5931,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5823,7 +5943,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[72]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5836,7 +5956,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{72}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -5883,7 +6003,7 @@ type DownloadChunk struct {
 
 func (x *DownloadChunk) Reset() {
 	*x = DownloadChunk{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5895,7 +6015,7 @@ func (x *DownloadChunk) String() string {
 func (*DownloadChunk) ProtoMessage() {}
 
 func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[73]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5908,7 +6028,7 @@ func (x *DownloadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadChunk.ProtoReflect.Descriptor instead.
 func (*DownloadChunk) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{73}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *DownloadChunk) GetData() []byte {
@@ -5948,7 +6068,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5960,7 +6080,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[74]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5973,7 +6093,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{74}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *Layer) GetDigest() string {
@@ -6091,7 +6211,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6103,7 +6223,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[75]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6116,7 +6236,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{75}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *SnapshotInfo) GetName() string {
@@ -6276,7 +6396,7 @@ type GradeRequest struct {
 
 func (x *GradeRequest) Reset() {
 	*x = GradeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6288,7 +6408,7 @@ func (x *GradeRequest) String() string {
 func (*GradeRequest) ProtoMessage() {}
 
 func (x *GradeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[76]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6301,7 +6421,7 @@ func (x *GradeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeRequest.ProtoReflect.Descriptor instead.
 func (*GradeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{76}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *GradeRequest) GetSandboxId() string {
@@ -6422,7 +6542,7 @@ type GradeTests struct {
 
 func (x *GradeTests) Reset() {
 	*x = GradeTests{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6434,7 +6554,7 @@ func (x *GradeTests) String() string {
 func (*GradeTests) ProtoMessage() {}
 
 func (x *GradeTests) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[77]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6447,7 +6567,7 @@ func (x *GradeTests) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeTests.ProtoReflect.Descriptor instead.
 func (*GradeTests) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{77}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *GradeTests) GetLayer() string {
@@ -6499,7 +6619,7 @@ type GradeTimes struct {
 
 func (x *GradeTimes) Reset() {
 	*x = GradeTimes{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6511,7 +6631,7 @@ func (x *GradeTimes) String() string {
 func (*GradeTimes) ProtoMessage() {}
 
 func (x *GradeTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[78]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6524,7 +6644,7 @@ func (x *GradeTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeTimes.ProtoReflect.Descriptor instead.
 func (*GradeTimes) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{78}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *GradeTimes) GetCaptureMs() int64 {
@@ -6639,7 +6759,7 @@ type GradeResult struct {
 
 func (x *GradeResult) Reset() {
 	*x = GradeResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6651,7 +6771,7 @@ func (x *GradeResult) String() string {
 func (*GradeResult) ProtoMessage() {}
 
 func (x *GradeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[79]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6664,7 +6784,7 @@ func (x *GradeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GradeResult.ProtoReflect.Descriptor instead.
 func (*GradeResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{79}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *GradeResult) GetReward() float64 {
@@ -6810,7 +6930,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6822,7 +6942,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[80]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6835,7 +6955,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{80}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -6907,7 +7027,7 @@ type LayFile struct {
 
 func (x *LayFile) Reset() {
 	*x = LayFile{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6919,7 +7039,7 @@ func (x *LayFile) String() string {
 func (*LayFile) ProtoMessage() {}
 
 func (x *LayFile) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[81]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6932,7 +7052,7 @@ func (x *LayFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayFile.ProtoReflect.Descriptor instead.
 func (*LayFile) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{81}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *LayFile) GetPath() string {
@@ -6964,7 +7084,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6976,7 +7096,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[82]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6989,7 +7109,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{82}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
 }
 
 type ListSnapshotsResponse struct {
@@ -7001,7 +7121,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7013,7 +7133,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[83]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7026,7 +7146,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{83}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -7045,7 +7165,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7057,7 +7177,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[84]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7070,7 +7190,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{84}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *DeleteSnapshotRequest) GetName() string {
@@ -7088,7 +7208,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7100,7 +7220,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[85]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7113,7 +7233,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{85}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
 }
 
 type ForkRequest struct {
@@ -7133,7 +7253,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7145,7 +7265,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[86]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7158,7 +7278,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{86}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -7207,7 +7327,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7219,7 +7339,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[87]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7232,7 +7352,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{87}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -7259,7 +7379,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7271,7 +7391,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[88]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7284,7 +7404,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{88}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ForkResponse) GetSnapshot() *SnapshotInfo {
@@ -7316,7 +7436,7 @@ type ImportLayerRequest struct {
 
 func (x *ImportLayerRequest) Reset() {
 	*x = ImportLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7328,7 +7448,7 @@ func (x *ImportLayerRequest) String() string {
 func (*ImportLayerRequest) ProtoMessage() {}
 
 func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[89]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7341,7 +7461,7 @@ func (x *ImportLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportLayerRequest.ProtoReflect.Descriptor instead.
 func (*ImportLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{89}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ImportLayerRequest) GetRef() string {
@@ -7398,7 +7518,7 @@ type UploadLayerRequest struct {
 
 func (x *UploadLayerRequest) Reset() {
 	*x = UploadLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7410,7 +7530,7 @@ func (x *UploadLayerRequest) String() string {
 func (*UploadLayerRequest) ProtoMessage() {}
 
 func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[90]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7423,7 +7543,7 @@ func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
 func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{90}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *UploadLayerRequest) GetPart() isUploadLayerRequest_Part {
@@ -7499,7 +7619,7 @@ type UploadLayerHeader struct {
 
 func (x *UploadLayerHeader) Reset() {
 	*x = UploadLayerHeader{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7511,7 +7631,7 @@ func (x *UploadLayerHeader) String() string {
 func (*UploadLayerHeader) ProtoMessage() {}
 
 func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[91]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7524,7 +7644,7 @@ func (x *UploadLayerHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadLayerHeader.ProtoReflect.Descriptor instead.
 func (*UploadLayerHeader) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{91}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *UploadLayerHeader) GetRef() string {
@@ -7575,7 +7695,7 @@ type ShareLayerRequest struct {
 
 func (x *ShareLayerRequest) Reset() {
 	*x = ShareLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7587,7 +7707,7 @@ func (x *ShareLayerRequest) String() string {
 func (*ShareLayerRequest) ProtoMessage() {}
 
 func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[92]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7600,7 +7720,7 @@ func (x *ShareLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerRequest.ProtoReflect.Descriptor instead.
 func (*ShareLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{92}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ShareLayerRequest) GetRef() string {
@@ -7633,7 +7753,7 @@ type ShareLayerResponse struct {
 
 func (x *ShareLayerResponse) Reset() {
 	*x = ShareLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7645,7 +7765,7 @@ func (x *ShareLayerResponse) String() string {
 func (*ShareLayerResponse) ProtoMessage() {}
 
 func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[93]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7658,7 +7778,7 @@ func (x *ShareLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareLayerResponse.ProtoReflect.Descriptor instead.
 func (*ShareLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{93}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ShareLayerResponse) GetSharedWith() []string {
@@ -7676,7 +7796,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7688,7 +7808,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[94]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7701,7 +7821,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{94}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
 }
 
 type ListLayersResponse struct {
@@ -7713,7 +7833,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7725,7 +7845,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[95]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7738,7 +7858,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{95}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -7757,7 +7877,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7769,7 +7889,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[96]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7782,7 +7902,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{96}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RemoveLayerRequest) GetRef() string {
@@ -7800,7 +7920,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7812,7 +7932,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[97]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7825,7 +7945,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{97}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
 }
 
 type Environment struct {
@@ -7840,7 +7960,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7852,7 +7972,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[98]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7865,7 +7985,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{98}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *Environment) GetName() string {
@@ -7904,7 +8024,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7916,7 +8036,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[99]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7929,7 +8049,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{99}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
 }
 
 type ListEnvironmentsResponse struct {
@@ -7941,7 +8061,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7953,7 +8073,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[100]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7966,7 +8086,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{100}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -7987,7 +8107,7 @@ type SetNetworkRulesRequest struct {
 
 func (x *SetNetworkRulesRequest) Reset() {
 	*x = SetNetworkRulesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7999,7 +8119,7 @@ func (x *SetNetworkRulesRequest) String() string {
 func (*SetNetworkRulesRequest) ProtoMessage() {}
 
 func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[101]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8012,7 +8132,7 @@ func (x *SetNetworkRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{101}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *SetNetworkRulesRequest) GetSandboxId() string {
@@ -8045,7 +8165,7 @@ type SetNetworkRulesResponse struct {
 
 func (x *SetNetworkRulesResponse) Reset() {
 	*x = SetNetworkRulesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8057,7 +8177,7 @@ func (x *SetNetworkRulesResponse) String() string {
 func (*SetNetworkRulesResponse) ProtoMessage() {}
 
 func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[102]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8070,7 +8190,7 @@ func (x *SetNetworkRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRulesResponse.ProtoReflect.Descriptor instead.
 func (*SetNetworkRulesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{102}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *SetNetworkRulesResponse) GetWarnings() []string {
@@ -8091,7 +8211,7 @@ type NetworkLogRequest struct {
 
 func (x *NetworkLogRequest) Reset() {
 	*x = NetworkLogRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8103,7 +8223,7 @@ func (x *NetworkLogRequest) String() string {
 func (*NetworkLogRequest) ProtoMessage() {}
 
 func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[103]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8116,7 +8236,7 @@ func (x *NetworkLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogRequest.ProtoReflect.Descriptor instead.
 func (*NetworkLogRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{103}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *NetworkLogRequest) GetSandboxId() string {
@@ -8158,7 +8278,7 @@ type NetworkEvent struct {
 
 func (x *NetworkEvent) Reset() {
 	*x = NetworkEvent{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8170,7 +8290,7 @@ func (x *NetworkEvent) String() string {
 func (*NetworkEvent) ProtoMessage() {}
 
 func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[104]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8183,7 +8303,7 @@ func (x *NetworkEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEvent.ProtoReflect.Descriptor instead.
 func (*NetworkEvent) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{104}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *NetworkEvent) GetTimeUnixMs() int64 {
@@ -8265,7 +8385,7 @@ type NetworkLogResponse struct {
 
 func (x *NetworkLogResponse) Reset() {
 	*x = NetworkLogResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8277,7 +8397,7 @@ func (x *NetworkLogResponse) String() string {
 func (*NetworkLogResponse) ProtoMessage() {}
 
 func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[105]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8290,7 +8410,7 @@ func (x *NetworkLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkLogResponse.ProtoReflect.Descriptor instead.
 func (*NetworkLogResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{105}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *NetworkLogResponse) GetEvents() []*NetworkEvent {
@@ -8311,7 +8431,7 @@ type TrajectoryRequest struct {
 
 func (x *TrajectoryRequest) Reset() {
 	*x = TrajectoryRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8323,7 +8443,7 @@ func (x *TrajectoryRequest) String() string {
 func (*TrajectoryRequest) ProtoMessage() {}
 
 func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[106]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8336,7 +8456,7 @@ func (x *TrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*TrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{106}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *TrajectoryRequest) GetSandboxId() string {
@@ -8374,7 +8494,7 @@ type TrajectoryResponse struct {
 
 func (x *TrajectoryResponse) Reset() {
 	*x = TrajectoryResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8386,7 +8506,7 @@ func (x *TrajectoryResponse) String() string {
 func (*TrajectoryResponse) ProtoMessage() {}
 
 func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[107]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8399,7 +8519,7 @@ func (x *TrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*TrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{107}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *TrajectoryResponse) GetLines() []byte {
@@ -8456,7 +8576,7 @@ type ProvenanceRequest struct {
 
 func (x *ProvenanceRequest) Reset() {
 	*x = ProvenanceRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8468,7 +8588,7 @@ func (x *ProvenanceRequest) String() string {
 func (*ProvenanceRequest) ProtoMessage() {}
 
 func (x *ProvenanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[108]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8481,7 +8601,7 @@ func (x *ProvenanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceRequest.ProtoReflect.Descriptor instead.
 func (*ProvenanceRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{108}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ProvenanceRequest) GetSandboxId() string {
@@ -8508,7 +8628,7 @@ type SetProvenancePathsRequest struct {
 
 func (x *SetProvenancePathsRequest) Reset() {
 	*x = SetProvenancePathsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8520,7 +8640,7 @@ func (x *SetProvenancePathsRequest) String() string {
 func (*SetProvenancePathsRequest) ProtoMessage() {}
 
 func (x *SetProvenancePathsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[109]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8533,7 +8653,7 @@ func (x *SetProvenancePathsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProvenancePathsRequest.ProtoReflect.Descriptor instead.
 func (*SetProvenancePathsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{109}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *SetProvenancePathsRequest) GetSandboxId() string {
@@ -8561,7 +8681,7 @@ type SetProvenancePathsResponse struct {
 
 func (x *SetProvenancePathsResponse) Reset() {
 	*x = SetProvenancePathsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8573,7 +8693,7 @@ func (x *SetProvenancePathsResponse) String() string {
 func (*SetProvenancePathsResponse) ProtoMessage() {}
 
 func (x *SetProvenancePathsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[110]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8586,7 +8706,7 @@ func (x *SetProvenancePathsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProvenancePathsResponse.ProtoReflect.Descriptor instead.
 func (*SetProvenancePathsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{110}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *SetProvenancePathsResponse) GetUnwatched() []string {
@@ -8615,7 +8735,7 @@ type ProvenanceFlags struct {
 
 func (x *ProvenanceFlags) Reset() {
 	*x = ProvenanceFlags{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8627,7 +8747,7 @@ func (x *ProvenanceFlags) String() string {
 func (*ProvenanceFlags) ProtoMessage() {}
 
 func (x *ProvenanceFlags) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[111]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8640,7 +8760,7 @@ func (x *ProvenanceFlags) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceFlags.ProtoReflect.Descriptor instead.
 func (*ProvenanceFlags) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{111}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ProvenanceFlags) GetFilesOutsideWorkspace() bool {
@@ -8743,7 +8863,7 @@ type SandboxProvenance struct {
 
 func (x *SandboxProvenance) Reset() {
 	*x = SandboxProvenance{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8755,7 +8875,7 @@ func (x *SandboxProvenance) String() string {
 func (*SandboxProvenance) ProtoMessage() {}
 
 func (x *SandboxProvenance) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[112]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8768,7 +8888,7 @@ func (x *SandboxProvenance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxProvenance.ProtoReflect.Descriptor instead.
 func (*SandboxProvenance) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{112}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *SandboxProvenance) GetSandboxId() string {
@@ -8910,7 +9030,7 @@ type ProvenanceFile struct {
 
 func (x *ProvenanceFile) Reset() {
 	*x = ProvenanceFile{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8922,7 +9042,7 @@ func (x *ProvenanceFile) String() string {
 func (*ProvenanceFile) ProtoMessage() {}
 
 func (x *ProvenanceFile) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[113]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8935,7 +9055,7 @@ func (x *ProvenanceFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceFile.ProtoReflect.Descriptor instead.
 func (*ProvenanceFile) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{113}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ProvenanceFile) GetPath() string {
@@ -8986,7 +9106,7 @@ type ProvenanceRead struct {
 
 func (x *ProvenanceRead) Reset() {
 	*x = ProvenanceRead{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8998,7 +9118,7 @@ func (x *ProvenanceRead) String() string {
 func (*ProvenanceRead) ProtoMessage() {}
 
 func (x *ProvenanceRead) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[114]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9011,7 +9131,7 @@ func (x *ProvenanceRead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceRead.ProtoReflect.Descriptor instead.
 func (*ProvenanceRead) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{114}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ProvenanceRead) GetPath() string {
@@ -9063,7 +9183,7 @@ type ProvenanceNet struct {
 
 func (x *ProvenanceNet) Reset() {
 	*x = ProvenanceNet{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9075,7 +9195,7 @@ func (x *ProvenanceNet) String() string {
 func (*ProvenanceNet) ProtoMessage() {}
 
 func (x *ProvenanceNet) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[115]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9088,7 +9208,7 @@ func (x *ProvenanceNet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceNet.ProtoReflect.Descriptor instead.
 func (*ProvenanceNet) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{115}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ProvenanceNet) GetKind() string {
@@ -9143,7 +9263,7 @@ type ProvenanceProcess struct {
 
 func (x *ProvenanceProcess) Reset() {
 	*x = ProvenanceProcess{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9155,7 +9275,7 @@ func (x *ProvenanceProcess) String() string {
 func (*ProvenanceProcess) ProtoMessage() {}
 
 func (x *ProvenanceProcess) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[116]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9168,7 +9288,7 @@ func (x *ProvenanceProcess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceProcess.ProtoReflect.Descriptor instead.
 func (*ProvenanceProcess) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{116}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *ProvenanceProcess) GetPid() int32 {
@@ -9197,7 +9317,7 @@ type ProvenancePackage struct {
 
 func (x *ProvenancePackage) Reset() {
 	*x = ProvenancePackage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9209,7 +9329,7 @@ func (x *ProvenancePackage) String() string {
 func (*ProvenancePackage) ProtoMessage() {}
 
 func (x *ProvenancePackage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[117]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9222,7 +9342,7 @@ func (x *ProvenancePackage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenancePackage.ProtoReflect.Descriptor instead.
 func (*ProvenancePackage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{117}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *ProvenancePackage) GetManager() string {
@@ -9266,7 +9386,7 @@ type ProvenanceSyscall struct {
 
 func (x *ProvenanceSyscall) Reset() {
 	*x = ProvenanceSyscall{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9278,7 +9398,7 @@ func (x *ProvenanceSyscall) String() string {
 func (*ProvenanceSyscall) ProtoMessage() {}
 
 func (x *ProvenanceSyscall) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[118]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9291,7 +9411,7 @@ func (x *ProvenanceSyscall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvenanceSyscall.ProtoReflect.Descriptor instead.
 func (*ProvenanceSyscall) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{118}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *ProvenanceSyscall) GetName() string {
@@ -9348,7 +9468,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9360,7 +9480,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[119]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9373,7 +9493,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{119}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *ImportImageRequest) GetRef() string {
@@ -9436,7 +9556,7 @@ type ImportImageProgress struct {
 
 func (x *ImportImageProgress) Reset() {
 	*x = ImportImageProgress{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9448,7 +9568,7 @@ func (x *ImportImageProgress) String() string {
 func (*ImportImageProgress) ProtoMessage() {}
 
 func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[120]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9461,7 +9581,7 @@ func (x *ImportImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageProgress.ProtoReflect.Descriptor instead.
 func (*ImportImageProgress) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{120}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *ImportImageProgress) GetPhase() string {
@@ -9542,7 +9662,7 @@ type LayerStatsRequest struct {
 
 func (x *LayerStatsRequest) Reset() {
 	*x = LayerStatsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9554,7 +9674,7 @@ func (x *LayerStatsRequest) String() string {
 func (*LayerStatsRequest) ProtoMessage() {}
 
 func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[121]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9567,7 +9687,7 @@ func (x *LayerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsRequest.ProtoReflect.Descriptor instead.
 func (*LayerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{121}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{122}
 }
 
 type LayerUsage struct {
@@ -9594,7 +9714,7 @@ type LayerUsage struct {
 
 func (x *LayerUsage) Reset() {
 	*x = LayerUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9606,7 +9726,7 @@ func (x *LayerUsage) String() string {
 func (*LayerUsage) ProtoMessage() {}
 
 func (x *LayerUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[122]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9619,7 +9739,7 @@ func (x *LayerUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerUsage.ProtoReflect.Descriptor instead.
 func (*LayerUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{122}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *LayerUsage) GetDigest() string {
@@ -9747,7 +9867,7 @@ type EnvironmentUsage struct {
 
 func (x *EnvironmentUsage) Reset() {
 	*x = EnvironmentUsage{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9759,7 +9879,7 @@ func (x *EnvironmentUsage) String() string {
 func (*EnvironmentUsage) ProtoMessage() {}
 
 func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[123]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9772,7 +9892,7 @@ func (x *EnvironmentUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentUsage.ProtoReflect.Descriptor instead.
 func (*EnvironmentUsage) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{123}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *EnvironmentUsage) GetName() string {
@@ -9822,7 +9942,7 @@ type LayerStatsResponse struct {
 
 func (x *LayerStatsResponse) Reset() {
 	*x = LayerStatsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9834,7 +9954,7 @@ func (x *LayerStatsResponse) String() string {
 func (*LayerStatsResponse) ProtoMessage() {}
 
 func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[124]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9847,7 +9967,7 @@ func (x *LayerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStatsResponse.ProtoReflect.Descriptor instead.
 func (*LayerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{124}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *LayerStatsResponse) GetMode() string {
@@ -9906,7 +10026,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9918,7 +10038,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[125]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9931,7 +10051,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{125}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *RunCodeRequest) GetLanguage() string {
@@ -10029,7 +10149,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10041,7 +10161,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[126]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10054,7 +10174,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{126}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *CommandResult) GetStatus() CommandStatus {
@@ -10132,7 +10252,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10144,7 +10264,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[127]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10157,7 +10277,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{127}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *RunCodeResponse) GetStatus() RunStatus {
@@ -10225,7 +10345,7 @@ type RunCodeBatchRequest struct {
 
 func (x *RunCodeBatchRequest) Reset() {
 	*x = RunCodeBatchRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10237,7 +10357,7 @@ func (x *RunCodeBatchRequest) String() string {
 func (*RunCodeBatchRequest) ProtoMessage() {}
 
 func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[128]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10250,7 +10370,7 @@ func (x *RunCodeBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{128}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *RunCodeBatchRequest) GetCalls() []*RunCodeRequest {
@@ -10269,7 +10389,7 @@ type RunCodeBatchResponse struct {
 
 func (x *RunCodeBatchResponse) Reset() {
 	*x = RunCodeBatchResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10281,7 +10401,7 @@ func (x *RunCodeBatchResponse) String() string {
 func (*RunCodeBatchResponse) ProtoMessage() {}
 
 func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[129]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10294,7 +10414,7 @@ func (x *RunCodeBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeBatchResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeBatchResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{129}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *RunCodeBatchResponse) GetResults() []*RunCodeResponse {
@@ -10319,7 +10439,7 @@ type Language struct {
 
 func (x *Language) Reset() {
 	*x = Language{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10331,7 +10451,7 @@ func (x *Language) String() string {
 func (*Language) ProtoMessage() {}
 
 func (x *Language) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[130]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10344,7 +10464,7 @@ func (x *Language) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Language.ProtoReflect.Descriptor instead.
 func (*Language) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{130}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *Language) GetName() string {
@@ -10404,7 +10524,7 @@ type ListLanguagesRequest struct {
 
 func (x *ListLanguagesRequest) Reset() {
 	*x = ListLanguagesRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10416,7 +10536,7 @@ func (x *ListLanguagesRequest) String() string {
 func (*ListLanguagesRequest) ProtoMessage() {}
 
 func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[131]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10429,7 +10549,7 @@ func (x *ListLanguagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesRequest.ProtoReflect.Descriptor instead.
 func (*ListLanguagesRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{131}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{132}
 }
 
 type ListLanguagesResponse struct {
@@ -10441,7 +10561,7 @@ type ListLanguagesResponse struct {
 
 func (x *ListLanguagesResponse) Reset() {
 	*x = ListLanguagesResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10453,7 +10573,7 @@ func (x *ListLanguagesResponse) String() string {
 func (*ListLanguagesResponse) ProtoMessage() {}
 
 func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[132]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10466,7 +10586,7 @@ func (x *ListLanguagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLanguagesResponse.ProtoReflect.Descriptor instead.
 func (*ListLanguagesResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{132}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *ListLanguagesResponse) GetLanguages() []*Language {
@@ -10484,7 +10604,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10496,7 +10616,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[133]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10509,7 +10629,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{133}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{134}
 }
 
 type ServerInfo struct {
@@ -10531,7 +10651,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10543,7 +10663,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[134]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10556,7 +10676,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{134}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *ServerInfo) GetName() string {
@@ -10610,7 +10730,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10622,7 +10742,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[135]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10635,7 +10755,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{135}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *Event) GetId() int64 {
@@ -10721,7 +10841,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10733,7 +10853,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[136]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10746,7 +10866,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{136}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *ListEventsRequest) GetProject() string {
@@ -10815,7 +10935,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10827,7 +10947,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[137]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10840,7 +10960,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{137}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -10875,7 +10995,7 @@ type UsageFigures struct {
 
 func (x *UsageFigures) Reset() {
 	*x = UsageFigures{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10887,7 +11007,7 @@ func (x *UsageFigures) String() string {
 func (*UsageFigures) ProtoMessage() {}
 
 func (x *UsageFigures) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[138]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10900,7 +11020,7 @@ func (x *UsageFigures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageFigures.ProtoReflect.Descriptor instead.
 func (*UsageFigures) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{138}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
 }
 
 func (x *UsageFigures) GetCpuUsec() int64 {
@@ -10976,7 +11096,7 @@ type UsageRecord struct {
 
 func (x *UsageRecord) Reset() {
 	*x = UsageRecord{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10988,7 +11108,7 @@ func (x *UsageRecord) String() string {
 func (*UsageRecord) ProtoMessage() {}
 
 func (x *UsageRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[139]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11001,7 +11121,7 @@ func (x *UsageRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRecord.ProtoReflect.Descriptor instead.
 func (*UsageRecord) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{139}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
 }
 
 func (x *UsageRecord) GetSandboxId() string {
@@ -11075,7 +11195,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11087,7 +11207,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[140]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11100,7 +11220,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{140}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{141}
 }
 
 func (x *UsageRequest) GetProject() string {
@@ -11141,7 +11261,7 @@ type UsageGroup struct {
 
 func (x *UsageGroup) Reset() {
 	*x = UsageGroup{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11153,7 +11273,7 @@ func (x *UsageGroup) String() string {
 func (*UsageGroup) ProtoMessage() {}
 
 func (x *UsageGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[141]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11166,7 +11286,7 @@ func (x *UsageGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageGroup.ProtoReflect.Descriptor instead.
 func (*UsageGroup) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{141}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{142}
 }
 
 func (x *UsageGroup) GetKey() string {
@@ -11194,7 +11314,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11206,7 +11326,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[142]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11219,7 +11339,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{142}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{143}
 }
 
 func (x *UsageResponse) GetBy() string {
@@ -11266,7 +11386,7 @@ type Webhook struct {
 
 func (x *Webhook) Reset() {
 	*x = Webhook{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11278,7 +11398,7 @@ func (x *Webhook) String() string {
 func (*Webhook) ProtoMessage() {}
 
 func (x *Webhook) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[143]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11291,7 +11411,7 @@ func (x *Webhook) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Webhook.ProtoReflect.Descriptor instead.
 func (*Webhook) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{143}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{144}
 }
 
 func (x *Webhook) GetId() string {
@@ -11390,7 +11510,7 @@ type AddWebhookRequest struct {
 
 func (x *AddWebhookRequest) Reset() {
 	*x = AddWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11402,7 +11522,7 @@ func (x *AddWebhookRequest) String() string {
 func (*AddWebhookRequest) ProtoMessage() {}
 
 func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[144]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11415,7 +11535,7 @@ func (x *AddWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddWebhookRequest.ProtoReflect.Descriptor instead.
 func (*AddWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{144}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{145}
 }
 
 func (x *AddWebhookRequest) GetProject() string {
@@ -11455,7 +11575,7 @@ type ListWebhooksRequest struct {
 
 func (x *ListWebhooksRequest) Reset() {
 	*x = ListWebhooksRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11467,7 +11587,7 @@ func (x *ListWebhooksRequest) String() string {
 func (*ListWebhooksRequest) ProtoMessage() {}
 
 func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[145]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11480,7 +11600,7 @@ func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksRequest.ProtoReflect.Descriptor instead.
 func (*ListWebhooksRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{145}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{146}
 }
 
 func (x *ListWebhooksRequest) GetProject() string {
@@ -11499,7 +11619,7 @@ type ListWebhooksResponse struct {
 
 func (x *ListWebhooksResponse) Reset() {
 	*x = ListWebhooksResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11511,7 +11631,7 @@ func (x *ListWebhooksResponse) String() string {
 func (*ListWebhooksResponse) ProtoMessage() {}
 
 func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[146]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11524,7 +11644,7 @@ func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWebhooksResponse.ProtoReflect.Descriptor instead.
 func (*ListWebhooksResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{146}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{147}
 }
 
 func (x *ListWebhooksResponse) GetWebhooks() []*Webhook {
@@ -11544,7 +11664,7 @@ type RemoveWebhookRequest struct {
 
 func (x *RemoveWebhookRequest) Reset() {
 	*x = RemoveWebhookRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[148]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11556,7 +11676,7 @@ func (x *RemoveWebhookRequest) String() string {
 func (*RemoveWebhookRequest) ProtoMessage() {}
 
 func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[147]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[148]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11569,7 +11689,7 @@ func (x *RemoveWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{147}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{148}
 }
 
 func (x *RemoveWebhookRequest) GetProject() string {
@@ -11594,7 +11714,7 @@ type RemoveWebhookResponse struct {
 
 func (x *RemoveWebhookResponse) Reset() {
 	*x = RemoveWebhookResponse{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[148]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[149]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11606,7 +11726,7 @@ func (x *RemoveWebhookResponse) String() string {
 func (*RemoveWebhookResponse) ProtoMessage() {}
 
 func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[148]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[149]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11619,7 +11739,7 @@ func (x *RemoveWebhookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWebhookResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWebhookResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{148}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{149}
 }
 
 type RotateWebhookSecretRequest struct {
@@ -11636,7 +11756,7 @@ type RotateWebhookSecretRequest struct {
 
 func (x *RotateWebhookSecretRequest) Reset() {
 	*x = RotateWebhookSecretRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[149]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[150]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11648,7 +11768,7 @@ func (x *RotateWebhookSecretRequest) String() string {
 func (*RotateWebhookSecretRequest) ProtoMessage() {}
 
 func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[149]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[150]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11661,7 +11781,7 @@ func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateWebhookSecretRequest.ProtoReflect.Descriptor instead.
 func (*RotateWebhookSecretRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{149}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{150}
 }
 
 func (x *RotateWebhookSecretRequest) GetProject() string {
@@ -11833,10 +11953,20 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12$\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x0e.dsec.v1.PhaseR\x05phase\">\n" +
 	"\x10EndPhaseResponse\x12*\n" +
-	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\"/\n" +
+	"\asandbox\x18\x01 \x01(\v2\x10.dsec.v1.SandboxR\asandbox\"S\n" +
 	"\x0eMetricsRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xef\x02\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\"\n" +
+	"\rsince_unix_ms\x18\x02 \x01(\x03R\vsinceUnixMs\"\xa7\x02\n" +
+	"\rMetricsSample\x12 \n" +
+	"\ftime_unix_ms\x18\x01 \x01(\x03R\n" +
+	"timeUnixMs\x12$\n" +
+	"\x0ecpu_used_cores\x18\x02 \x01(\x01R\fcpuUsedCores\x12\"\n" +
+	"\rcpu_used_usec\x18\x03 \x01(\x03R\vcpuUsedUsec\x12*\n" +
+	"\x11memory_used_bytes\x18\x04 \x01(\x03R\x0fmemoryUsedBytes\x12,\n" +
+	"\x12memory_limit_bytes\x18\x05 \x01(\x03R\x10memoryLimitBytes\x12&\n" +
+	"\x0fdisk_used_bytes\x18\x06 \x01(\x03R\rdiskUsedBytes\x12(\n" +
+	"\x10net_egress_bytes\x18\a \x01(\x03R\x0enetEgressBytes\"\xa1\x03\n" +
 	"\x0eSandboxMetrics\x12 \n" +
 	"\ftime_unix_ms\x18\x01 \x01(\x03R\n" +
 	"timeUnixMs\x12 \n" +
@@ -11848,7 +11978,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x12memory_limit_bytes\x18\x06 \x01(\x03R\x10memoryLimitBytes\x12,\n" +
 	"\x12memory_cache_bytes\x18\a \x01(\x03R\x10memoryCacheBytes\x12&\n" +
 	"\x0fdisk_used_bytes\x18\b \x01(\x03R\rdiskUsedBytes\x12(\n" +
-	"\x10disk_limit_bytes\x18\t \x01(\x03R\x0ediskLimitBytes\"\x9b\x01\n" +
+	"\x10disk_limit_bytes\x18\t \x01(\x03R\x0ediskLimitBytes\x120\n" +
+	"\asamples\x18\n" +
+	" \x03(\v2\x16.dsec.v1.MetricsSampleR\asamples\"\x9b\x01\n" +
 	"\rCreateRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12'\n" +
@@ -12828,7 +12960,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 164)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 165)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                         // 0: dsec.v1.State
 	(Reason)(0),                        // 1: dsec.v1.Reason
@@ -12859,164 +12991,165 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*EndPhaseRequest)(nil),            // 26: dsec.v1.EndPhaseRequest
 	(*EndPhaseResponse)(nil),           // 27: dsec.v1.EndPhaseResponse
 	(*MetricsRequest)(nil),             // 28: dsec.v1.MetricsRequest
-	(*SandboxMetrics)(nil),             // 29: dsec.v1.SandboxMetrics
-	(*CreateRequest)(nil),              // 30: dsec.v1.CreateRequest
-	(*CreateResponse)(nil),             // 31: dsec.v1.CreateResponse
-	(*GetRequest)(nil),                 // 32: dsec.v1.GetRequest
-	(*ListRequest)(nil),                // 33: dsec.v1.ListRequest
-	(*ListResponse)(nil),               // 34: dsec.v1.ListResponse
-	(*SetWarmPoolRequest)(nil),         // 35: dsec.v1.SetWarmPoolRequest
-	(*WarmPool)(nil),                   // 36: dsec.v1.WarmPool
-	(*ListWarmPoolsRequest)(nil),       // 37: dsec.v1.ListWarmPoolsRequest
-	(*ListWarmPoolsResponse)(nil),      // 38: dsec.v1.ListWarmPoolsResponse
-	(*DeleteRequest)(nil),              // 39: dsec.v1.DeleteRequest
-	(*DeleteResponse)(nil),             // 40: dsec.v1.DeleteResponse
-	(*ExecRequest)(nil),                // 41: dsec.v1.ExecRequest
-	(*ExecAfter)(nil),                  // 42: dsec.v1.ExecAfter
-	(*ExecAfterDone)(nil),              // 43: dsec.v1.ExecAfterDone
-	(*ExecEvent)(nil),                  // 44: dsec.v1.ExecEvent
-	(*ExecDropped)(nil),                // 45: dsec.v1.ExecDropped
-	(*ExecStarted)(nil),                // 46: dsec.v1.ExecStarted
-	(*ExecExited)(nil),                 // 47: dsec.v1.ExecExited
-	(*AttachRequest)(nil),              // 48: dsec.v1.AttachRequest
-	(*WriteStdinRequest)(nil),          // 49: dsec.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),         // 50: dsec.v1.WriteStdinResponse
-	(*SignalRequest)(nil),              // 51: dsec.v1.SignalRequest
-	(*SignalResponse)(nil),             // 52: dsec.v1.SignalResponse
-	(*ListProcessesRequest)(nil),       // 53: dsec.v1.ListProcessesRequest
-	(*ProcessInfo)(nil),                // 54: dsec.v1.ProcessInfo
-	(*ListProcessesResponse)(nil),      // 55: dsec.v1.ListProcessesResponse
-	(*SessionRunRequest)(nil),          // 56: dsec.v1.SessionRunRequest
-	(*SessionInterruptRequest)(nil),    // 57: dsec.v1.SessionInterruptRequest
-	(*SessionInterruptResponse)(nil),   // 58: dsec.v1.SessionInterruptResponse
-	(*SessionCloseRequest)(nil),        // 59: dsec.v1.SessionCloseRequest
-	(*SessionCloseResponse)(nil),       // 60: dsec.v1.SessionCloseResponse
-	(*ShellInput)(nil),                 // 61: dsec.v1.ShellInput
-	(*ShellStart)(nil),                 // 62: dsec.v1.ShellStart
-	(*TerminalSize)(nil),               // 63: dsec.v1.TerminalSize
-	(*ShellOutput)(nil),                // 64: dsec.v1.ShellOutput
-	(*FileInfo)(nil),                   // 65: dsec.v1.FileInfo
-	(*ReadFileRequest)(nil),            // 66: dsec.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),           // 67: dsec.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),           // 68: dsec.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),          // 69: dsec.v1.WriteFileResponse
-	(*ListDirRequest)(nil),             // 70: dsec.v1.ListDirRequest
-	(*ListDirResponse)(nil),            // 71: dsec.v1.ListDirResponse
-	(*StatRequest)(nil),                // 72: dsec.v1.StatRequest
-	(*StatResponse)(nil),               // 73: dsec.v1.StatResponse
-	(*RemoveRequest)(nil),              // 74: dsec.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 75: dsec.v1.RemoveResponse
-	(*MakeDirRequest)(nil),             // 76: dsec.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),            // 77: dsec.v1.MakeDirResponse
-	(*MoveRequest)(nil),                // 78: dsec.v1.MoveRequest
-	(*MoveResponse)(nil),               // 79: dsec.v1.MoveResponse
-	(*WatchDirRequest)(nil),            // 80: dsec.v1.WatchDirRequest
-	(*WatchEvent)(nil),                 // 81: dsec.v1.WatchEvent
-	(*UploadRequest)(nil),              // 82: dsec.v1.UploadRequest
-	(*UploadResponse)(nil),             // 83: dsec.v1.UploadResponse
-	(*DownloadRequest)(nil),            // 84: dsec.v1.DownloadRequest
-	(*DownloadChunk)(nil),              // 85: dsec.v1.DownloadChunk
-	(*Layer)(nil),                      // 86: dsec.v1.Layer
-	(*SnapshotInfo)(nil),               // 87: dsec.v1.SnapshotInfo
-	(*GradeRequest)(nil),               // 88: dsec.v1.GradeRequest
-	(*GradeTests)(nil),                 // 89: dsec.v1.GradeTests
-	(*GradeTimes)(nil),                 // 90: dsec.v1.GradeTimes
-	(*GradeResult)(nil),                // 91: dsec.v1.GradeResult
-	(*SnapshotRequest)(nil),            // 92: dsec.v1.SnapshotRequest
-	(*LayFile)(nil),                    // 93: dsec.v1.LayFile
-	(*ListSnapshotsRequest)(nil),       // 94: dsec.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),      // 95: dsec.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),      // 96: dsec.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),     // 97: dsec.v1.DeleteSnapshotResponse
-	(*ForkRequest)(nil),                // 98: dsec.v1.ForkRequest
-	(*ForkChild)(nil),                  // 99: dsec.v1.ForkChild
-	(*ForkResponse)(nil),               // 100: dsec.v1.ForkResponse
-	(*ImportLayerRequest)(nil),         // 101: dsec.v1.ImportLayerRequest
-	(*UploadLayerRequest)(nil),         // 102: dsec.v1.UploadLayerRequest
-	(*UploadLayerHeader)(nil),          // 103: dsec.v1.UploadLayerHeader
-	(*ShareLayerRequest)(nil),          // 104: dsec.v1.ShareLayerRequest
-	(*ShareLayerResponse)(nil),         // 105: dsec.v1.ShareLayerResponse
-	(*ListLayersRequest)(nil),          // 106: dsec.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),         // 107: dsec.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),         // 108: dsec.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),        // 109: dsec.v1.RemoveLayerResponse
-	(*Environment)(nil),                // 110: dsec.v1.Environment
-	(*ListEnvironmentsRequest)(nil),    // 111: dsec.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 112: dsec.v1.ListEnvironmentsResponse
-	(*SetNetworkRulesRequest)(nil),     // 113: dsec.v1.SetNetworkRulesRequest
-	(*SetNetworkRulesResponse)(nil),    // 114: dsec.v1.SetNetworkRulesResponse
-	(*NetworkLogRequest)(nil),          // 115: dsec.v1.NetworkLogRequest
-	(*NetworkEvent)(nil),               // 116: dsec.v1.NetworkEvent
-	(*NetworkLogResponse)(nil),         // 117: dsec.v1.NetworkLogResponse
-	(*TrajectoryRequest)(nil),          // 118: dsec.v1.TrajectoryRequest
-	(*TrajectoryResponse)(nil),         // 119: dsec.v1.TrajectoryResponse
-	(*ProvenanceRequest)(nil),          // 120: dsec.v1.ProvenanceRequest
-	(*SetProvenancePathsRequest)(nil),  // 121: dsec.v1.SetProvenancePathsRequest
-	(*SetProvenancePathsResponse)(nil), // 122: dsec.v1.SetProvenancePathsResponse
-	(*ProvenanceFlags)(nil),            // 123: dsec.v1.ProvenanceFlags
-	(*SandboxProvenance)(nil),          // 124: dsec.v1.SandboxProvenance
-	(*ProvenanceFile)(nil),             // 125: dsec.v1.ProvenanceFile
-	(*ProvenanceRead)(nil),             // 126: dsec.v1.ProvenanceRead
-	(*ProvenanceNet)(nil),              // 127: dsec.v1.ProvenanceNet
-	(*ProvenanceProcess)(nil),          // 128: dsec.v1.ProvenanceProcess
-	(*ProvenancePackage)(nil),          // 129: dsec.v1.ProvenancePackage
-	(*ProvenanceSyscall)(nil),          // 130: dsec.v1.ProvenanceSyscall
-	(*ImportImageRequest)(nil),         // 131: dsec.v1.ImportImageRequest
-	(*ImportImageProgress)(nil),        // 132: dsec.v1.ImportImageProgress
-	(*LayerStatsRequest)(nil),          // 133: dsec.v1.LayerStatsRequest
-	(*LayerUsage)(nil),                 // 134: dsec.v1.LayerUsage
-	(*EnvironmentUsage)(nil),           // 135: dsec.v1.EnvironmentUsage
-	(*LayerStatsResponse)(nil),         // 136: dsec.v1.LayerStatsResponse
-	(*RunCodeRequest)(nil),             // 137: dsec.v1.RunCodeRequest
-	(*CommandResult)(nil),              // 138: dsec.v1.CommandResult
-	(*RunCodeResponse)(nil),            // 139: dsec.v1.RunCodeResponse
-	(*RunCodeBatchRequest)(nil),        // 140: dsec.v1.RunCodeBatchRequest
-	(*RunCodeBatchResponse)(nil),       // 141: dsec.v1.RunCodeBatchResponse
-	(*Language)(nil),                   // 142: dsec.v1.Language
-	(*ListLanguagesRequest)(nil),       // 143: dsec.v1.ListLanguagesRequest
-	(*ListLanguagesResponse)(nil),      // 144: dsec.v1.ListLanguagesResponse
-	(*GetServerInfoRequest)(nil),       // 145: dsec.v1.GetServerInfoRequest
-	(*ServerInfo)(nil),                 // 146: dsec.v1.ServerInfo
-	(*Event)(nil),                      // 147: dsec.v1.Event
-	(*ListEventsRequest)(nil),          // 148: dsec.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),         // 149: dsec.v1.ListEventsResponse
-	(*UsageFigures)(nil),               // 150: dsec.v1.UsageFigures
-	(*UsageRecord)(nil),                // 151: dsec.v1.UsageRecord
-	(*UsageRequest)(nil),               // 152: dsec.v1.UsageRequest
-	(*UsageGroup)(nil),                 // 153: dsec.v1.UsageGroup
-	(*UsageResponse)(nil),              // 154: dsec.v1.UsageResponse
-	(*Webhook)(nil),                    // 155: dsec.v1.Webhook
-	(*AddWebhookRequest)(nil),          // 156: dsec.v1.AddWebhookRequest
-	(*ListWebhooksRequest)(nil),        // 157: dsec.v1.ListWebhooksRequest
-	(*ListWebhooksResponse)(nil),       // 158: dsec.v1.ListWebhooksResponse
-	(*RemoveWebhookRequest)(nil),       // 159: dsec.v1.RemoveWebhookRequest
-	(*RemoveWebhookResponse)(nil),      // 160: dsec.v1.RemoveWebhookResponse
-	(*RotateWebhookSecretRequest)(nil), // 161: dsec.v1.RotateWebhookSecretRequest
-	nil,                                // 162: dsec.v1.NodeInfo.MissingEntry
-	nil,                                // 163: dsec.v1.SandboxSpec.EnvEntry
-	nil,                                // 164: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                                // 165: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                                // 166: dsec.v1.ListRequest.LabelsEntry
-	nil,                                // 167: dsec.v1.ExecRequest.EnvEntry
-	nil,                                // 168: dsec.v1.ShellStart.EnvEntry
-	nil,                                // 169: dsec.v1.GradeRequest.EnvEntry
-	nil,                                // 170: dsec.v1.GradeTests.FilesEntry
-	nil,                                // 171: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                                // 172: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                                // 173: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                                // 174: dsec.v1.RunCodeResponse.FilesEntry
-	nil,                                // 175: dsec.v1.UsageRecord.LabelsEntry
+	(*MetricsSample)(nil),              // 29: dsec.v1.MetricsSample
+	(*SandboxMetrics)(nil),             // 30: dsec.v1.SandboxMetrics
+	(*CreateRequest)(nil),              // 31: dsec.v1.CreateRequest
+	(*CreateResponse)(nil),             // 32: dsec.v1.CreateResponse
+	(*GetRequest)(nil),                 // 33: dsec.v1.GetRequest
+	(*ListRequest)(nil),                // 34: dsec.v1.ListRequest
+	(*ListResponse)(nil),               // 35: dsec.v1.ListResponse
+	(*SetWarmPoolRequest)(nil),         // 36: dsec.v1.SetWarmPoolRequest
+	(*WarmPool)(nil),                   // 37: dsec.v1.WarmPool
+	(*ListWarmPoolsRequest)(nil),       // 38: dsec.v1.ListWarmPoolsRequest
+	(*ListWarmPoolsResponse)(nil),      // 39: dsec.v1.ListWarmPoolsResponse
+	(*DeleteRequest)(nil),              // 40: dsec.v1.DeleteRequest
+	(*DeleteResponse)(nil),             // 41: dsec.v1.DeleteResponse
+	(*ExecRequest)(nil),                // 42: dsec.v1.ExecRequest
+	(*ExecAfter)(nil),                  // 43: dsec.v1.ExecAfter
+	(*ExecAfterDone)(nil),              // 44: dsec.v1.ExecAfterDone
+	(*ExecEvent)(nil),                  // 45: dsec.v1.ExecEvent
+	(*ExecDropped)(nil),                // 46: dsec.v1.ExecDropped
+	(*ExecStarted)(nil),                // 47: dsec.v1.ExecStarted
+	(*ExecExited)(nil),                 // 48: dsec.v1.ExecExited
+	(*AttachRequest)(nil),              // 49: dsec.v1.AttachRequest
+	(*WriteStdinRequest)(nil),          // 50: dsec.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),         // 51: dsec.v1.WriteStdinResponse
+	(*SignalRequest)(nil),              // 52: dsec.v1.SignalRequest
+	(*SignalResponse)(nil),             // 53: dsec.v1.SignalResponse
+	(*ListProcessesRequest)(nil),       // 54: dsec.v1.ListProcessesRequest
+	(*ProcessInfo)(nil),                // 55: dsec.v1.ProcessInfo
+	(*ListProcessesResponse)(nil),      // 56: dsec.v1.ListProcessesResponse
+	(*SessionRunRequest)(nil),          // 57: dsec.v1.SessionRunRequest
+	(*SessionInterruptRequest)(nil),    // 58: dsec.v1.SessionInterruptRequest
+	(*SessionInterruptResponse)(nil),   // 59: dsec.v1.SessionInterruptResponse
+	(*SessionCloseRequest)(nil),        // 60: dsec.v1.SessionCloseRequest
+	(*SessionCloseResponse)(nil),       // 61: dsec.v1.SessionCloseResponse
+	(*ShellInput)(nil),                 // 62: dsec.v1.ShellInput
+	(*ShellStart)(nil),                 // 63: dsec.v1.ShellStart
+	(*TerminalSize)(nil),               // 64: dsec.v1.TerminalSize
+	(*ShellOutput)(nil),                // 65: dsec.v1.ShellOutput
+	(*FileInfo)(nil),                   // 66: dsec.v1.FileInfo
+	(*ReadFileRequest)(nil),            // 67: dsec.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),           // 68: dsec.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),           // 69: dsec.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),          // 70: dsec.v1.WriteFileResponse
+	(*ListDirRequest)(nil),             // 71: dsec.v1.ListDirRequest
+	(*ListDirResponse)(nil),            // 72: dsec.v1.ListDirResponse
+	(*StatRequest)(nil),                // 73: dsec.v1.StatRequest
+	(*StatResponse)(nil),               // 74: dsec.v1.StatResponse
+	(*RemoveRequest)(nil),              // 75: dsec.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 76: dsec.v1.RemoveResponse
+	(*MakeDirRequest)(nil),             // 77: dsec.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),            // 78: dsec.v1.MakeDirResponse
+	(*MoveRequest)(nil),                // 79: dsec.v1.MoveRequest
+	(*MoveResponse)(nil),               // 80: dsec.v1.MoveResponse
+	(*WatchDirRequest)(nil),            // 81: dsec.v1.WatchDirRequest
+	(*WatchEvent)(nil),                 // 82: dsec.v1.WatchEvent
+	(*UploadRequest)(nil),              // 83: dsec.v1.UploadRequest
+	(*UploadResponse)(nil),             // 84: dsec.v1.UploadResponse
+	(*DownloadRequest)(nil),            // 85: dsec.v1.DownloadRequest
+	(*DownloadChunk)(nil),              // 86: dsec.v1.DownloadChunk
+	(*Layer)(nil),                      // 87: dsec.v1.Layer
+	(*SnapshotInfo)(nil),               // 88: dsec.v1.SnapshotInfo
+	(*GradeRequest)(nil),               // 89: dsec.v1.GradeRequest
+	(*GradeTests)(nil),                 // 90: dsec.v1.GradeTests
+	(*GradeTimes)(nil),                 // 91: dsec.v1.GradeTimes
+	(*GradeResult)(nil),                // 92: dsec.v1.GradeResult
+	(*SnapshotRequest)(nil),            // 93: dsec.v1.SnapshotRequest
+	(*LayFile)(nil),                    // 94: dsec.v1.LayFile
+	(*ListSnapshotsRequest)(nil),       // 95: dsec.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),      // 96: dsec.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),      // 97: dsec.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),     // 98: dsec.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),                // 99: dsec.v1.ForkRequest
+	(*ForkChild)(nil),                  // 100: dsec.v1.ForkChild
+	(*ForkResponse)(nil),               // 101: dsec.v1.ForkResponse
+	(*ImportLayerRequest)(nil),         // 102: dsec.v1.ImportLayerRequest
+	(*UploadLayerRequest)(nil),         // 103: dsec.v1.UploadLayerRequest
+	(*UploadLayerHeader)(nil),          // 104: dsec.v1.UploadLayerHeader
+	(*ShareLayerRequest)(nil),          // 105: dsec.v1.ShareLayerRequest
+	(*ShareLayerResponse)(nil),         // 106: dsec.v1.ShareLayerResponse
+	(*ListLayersRequest)(nil),          // 107: dsec.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),         // 108: dsec.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),         // 109: dsec.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),        // 110: dsec.v1.RemoveLayerResponse
+	(*Environment)(nil),                // 111: dsec.v1.Environment
+	(*ListEnvironmentsRequest)(nil),    // 112: dsec.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 113: dsec.v1.ListEnvironmentsResponse
+	(*SetNetworkRulesRequest)(nil),     // 114: dsec.v1.SetNetworkRulesRequest
+	(*SetNetworkRulesResponse)(nil),    // 115: dsec.v1.SetNetworkRulesResponse
+	(*NetworkLogRequest)(nil),          // 116: dsec.v1.NetworkLogRequest
+	(*NetworkEvent)(nil),               // 117: dsec.v1.NetworkEvent
+	(*NetworkLogResponse)(nil),         // 118: dsec.v1.NetworkLogResponse
+	(*TrajectoryRequest)(nil),          // 119: dsec.v1.TrajectoryRequest
+	(*TrajectoryResponse)(nil),         // 120: dsec.v1.TrajectoryResponse
+	(*ProvenanceRequest)(nil),          // 121: dsec.v1.ProvenanceRequest
+	(*SetProvenancePathsRequest)(nil),  // 122: dsec.v1.SetProvenancePathsRequest
+	(*SetProvenancePathsResponse)(nil), // 123: dsec.v1.SetProvenancePathsResponse
+	(*ProvenanceFlags)(nil),            // 124: dsec.v1.ProvenanceFlags
+	(*SandboxProvenance)(nil),          // 125: dsec.v1.SandboxProvenance
+	(*ProvenanceFile)(nil),             // 126: dsec.v1.ProvenanceFile
+	(*ProvenanceRead)(nil),             // 127: dsec.v1.ProvenanceRead
+	(*ProvenanceNet)(nil),              // 128: dsec.v1.ProvenanceNet
+	(*ProvenanceProcess)(nil),          // 129: dsec.v1.ProvenanceProcess
+	(*ProvenancePackage)(nil),          // 130: dsec.v1.ProvenancePackage
+	(*ProvenanceSyscall)(nil),          // 131: dsec.v1.ProvenanceSyscall
+	(*ImportImageRequest)(nil),         // 132: dsec.v1.ImportImageRequest
+	(*ImportImageProgress)(nil),        // 133: dsec.v1.ImportImageProgress
+	(*LayerStatsRequest)(nil),          // 134: dsec.v1.LayerStatsRequest
+	(*LayerUsage)(nil),                 // 135: dsec.v1.LayerUsage
+	(*EnvironmentUsage)(nil),           // 136: dsec.v1.EnvironmentUsage
+	(*LayerStatsResponse)(nil),         // 137: dsec.v1.LayerStatsResponse
+	(*RunCodeRequest)(nil),             // 138: dsec.v1.RunCodeRequest
+	(*CommandResult)(nil),              // 139: dsec.v1.CommandResult
+	(*RunCodeResponse)(nil),            // 140: dsec.v1.RunCodeResponse
+	(*RunCodeBatchRequest)(nil),        // 141: dsec.v1.RunCodeBatchRequest
+	(*RunCodeBatchResponse)(nil),       // 142: dsec.v1.RunCodeBatchResponse
+	(*Language)(nil),                   // 143: dsec.v1.Language
+	(*ListLanguagesRequest)(nil),       // 144: dsec.v1.ListLanguagesRequest
+	(*ListLanguagesResponse)(nil),      // 145: dsec.v1.ListLanguagesResponse
+	(*GetServerInfoRequest)(nil),       // 146: dsec.v1.GetServerInfoRequest
+	(*ServerInfo)(nil),                 // 147: dsec.v1.ServerInfo
+	(*Event)(nil),                      // 148: dsec.v1.Event
+	(*ListEventsRequest)(nil),          // 149: dsec.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),         // 150: dsec.v1.ListEventsResponse
+	(*UsageFigures)(nil),               // 151: dsec.v1.UsageFigures
+	(*UsageRecord)(nil),                // 152: dsec.v1.UsageRecord
+	(*UsageRequest)(nil),               // 153: dsec.v1.UsageRequest
+	(*UsageGroup)(nil),                 // 154: dsec.v1.UsageGroup
+	(*UsageResponse)(nil),              // 155: dsec.v1.UsageResponse
+	(*Webhook)(nil),                    // 156: dsec.v1.Webhook
+	(*AddWebhookRequest)(nil),          // 157: dsec.v1.AddWebhookRequest
+	(*ListWebhooksRequest)(nil),        // 158: dsec.v1.ListWebhooksRequest
+	(*ListWebhooksResponse)(nil),       // 159: dsec.v1.ListWebhooksResponse
+	(*RemoveWebhookRequest)(nil),       // 160: dsec.v1.RemoveWebhookRequest
+	(*RemoveWebhookResponse)(nil),      // 161: dsec.v1.RemoveWebhookResponse
+	(*RotateWebhookSecretRequest)(nil), // 162: dsec.v1.RotateWebhookSecretRequest
+	nil,                                // 163: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 164: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 165: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 166: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 167: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 168: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 169: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 170: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 171: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 172: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 173: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 174: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 175: dsec.v1.RunCodeResponse.FilesEntry
+	nil,                                // 176: dsec.v1.UsageRecord.LabelsEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	162, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	163, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	15,  // 4: dsec.v1.NodeInfo.core_scheduling:type_name -> dsec.v1.CoreScheduling
 	4,   // 5: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	163, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	164, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	165, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	164, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	165, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	166, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 9: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 10: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 11: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -13031,214 +13164,215 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	18,  // 20: dsec.v1.SetTimeoutResponse.sandbox:type_name -> dsec.v1.Sandbox
 	2,   // 21: dsec.v1.EndPhaseRequest.phase:type_name -> dsec.v1.Phase
 	18,  // 22: dsec.v1.EndPhaseResponse.sandbox:type_name -> dsec.v1.Sandbox
-	16,  // 23: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	18,  // 24: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	166, // 25: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
-	0,   // 26: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
-	18,  // 27: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	16,  // 28: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
-	16,  // 29: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
-	36,  // 30: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	167, // 31: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
-	42,  // 32: dsec.v1.ExecRequest.after:type_name -> dsec.v1.ExecAfter
-	46,  // 33: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
-	47,  // 34: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
-	45,  // 35: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
-	2,   // 36: dsec.v1.ExecStarted.phase:type_name -> dsec.v1.Phase
-	6,   // 37: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
-	7,   // 38: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
-	43,  // 39: dsec.v1.ExecExited.after:type_name -> dsec.v1.ExecAfterDone
-	47,  // 40: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
-	54,  // 41: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
-	62,  // 42: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
-	63,  // 43: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	168, // 44: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
-	63,  // 45: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
-	47,  // 46: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
-	65,  // 47: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
-	65,  // 48: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
-	65,  // 49: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
-	8,   // 50: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
-	9,   // 51: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
-	87,  // 52: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
-	87,  // 53: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
-	89,  // 54: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	169, // 55: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
-	5,   // 56: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	170, // 57: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
-	47,  // 58: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
-	90,  // 59: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
-	87,  // 60: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
-	7,   // 61: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
-	124, // 62: dsec.v1.GradeResult.provenance:type_name -> dsec.v1.SandboxProvenance
-	93,  // 63: dsec.v1.SnapshotRequest.lay_files:type_name -> dsec.v1.LayFile
-	87,  // 64: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
-	18,  // 65: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
-	87,  // 66: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
-	99,  // 67: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
-	9,   // 68: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
-	103, // 69: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
-	9,   // 70: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
-	86,  // 71: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
-	110, // 72: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	171, // 73: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
-	116, // 74: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
-	17,  // 75: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
-	123, // 76: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
-	17,  // 77: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
-	125, // 78: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
-	125, // 79: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
-	125, // 80: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
-	126, // 81: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
-	127, // 82: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
-	128, // 83: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
-	129, // 84: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
-	130, // 85: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
-	130, // 86: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
-	134, // 87: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
-	135, // 88: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	172, // 89: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	173, // 90: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
-	11,  // 91: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
-	10,  // 92: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
-	138, // 93: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
-	138, // 94: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	174, // 95: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
-	7,   // 96: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
-	137, // 97: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
-	139, // 98: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
-	142, // 99: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
-	14,  // 100: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
-	147, // 101: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
-	175, // 102: dsec.v1.UsageRecord.labels:type_name -> dsec.v1.UsageRecord.LabelsEntry
-	150, // 103: dsec.v1.UsageRecord.usage:type_name -> dsec.v1.UsageFigures
-	150, // 104: dsec.v1.UsageGroup.usage:type_name -> dsec.v1.UsageFigures
-	153, // 105: dsec.v1.UsageResponse.groups:type_name -> dsec.v1.UsageGroup
-	150, // 106: dsec.v1.UsageResponse.total:type_name -> dsec.v1.UsageFigures
-	155, // 107: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
-	30,  // 108: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
-	32,  // 109: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
-	33,  // 110: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
-	39,  // 111: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
-	20,  // 112: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
-	22,  // 113: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
-	24,  // 114: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	26,  // 115: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	28,  // 116: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
-	92,  // 117: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	94,  // 118: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
-	96,  // 119: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
-	98,  // 120: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
-	88,  // 121: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
-	41,  // 122: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
-	48,  // 123: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
-	49,  // 124: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	51,  // 125: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
-	53,  // 126: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	56,  // 127: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	57,  // 128: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	59,  // 129: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	61,  // 130: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
-	66,  // 131: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	68,  // 132: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	70,  // 133: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
-	72,  // 134: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
-	74,  // 135: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
-	76,  // 136: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	78,  // 137: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
-	80,  // 138: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	82,  // 139: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
-	84,  // 140: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
-	113, // 141: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	115, // 142: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	118, // 143: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	120, // 144: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	121, // 145: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	35,  // 146: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	37,  // 147: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	145, // 148: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
-	148, // 149: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
-	148, // 150: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
-	152, // 151: dsec.v1.SandboxService.Usage:input_type -> dsec.v1.UsageRequest
-	156, // 152: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
-	157, // 153: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
-	159, // 154: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
-	161, // 155: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
-	137, // 156: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	140, // 157: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	143, // 158: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	101, // 159: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	102, // 160: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	106, // 161: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	108, // 162: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	111, // 163: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	131, // 164: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	133, // 165: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	104, // 166: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	31,  // 167: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	18,  // 168: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	34,  // 169: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	40,  // 170: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	21,  // 171: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	23,  // 172: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	25,  // 173: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	27,  // 174: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	29,  // 175: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	87,  // 176: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	95,  // 177: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	97,  // 178: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	100, // 179: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	91,  // 180: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	44,  // 181: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	44,  // 182: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	50,  // 183: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	52,  // 184: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	55,  // 185: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	44,  // 186: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	58,  // 187: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	60,  // 188: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	64,  // 189: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	67,  // 190: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	69,  // 191: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	71,  // 192: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	73,  // 193: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	75,  // 194: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	77,  // 195: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	79,  // 196: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	81,  // 197: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	83,  // 198: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	85,  // 199: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	114, // 200: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	117, // 201: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	119, // 202: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	124, // 203: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	122, // 204: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	36,  // 205: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	38,  // 206: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	146, // 207: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	149, // 208: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
-	147, // 209: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
-	154, // 210: dsec.v1.SandboxService.Usage:output_type -> dsec.v1.UsageResponse
-	155, // 211: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
-	158, // 212: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
-	160, // 213: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
-	155, // 214: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
-	139, // 215: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	141, // 216: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	144, // 217: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	86,  // 218: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	86,  // 219: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	107, // 220: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	109, // 221: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	112, // 222: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	132, // 223: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	136, // 224: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	105, // 225: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	167, // [167:226] is the sub-list for method output_type
-	108, // [108:167] is the sub-list for method input_type
-	108, // [108:108] is the sub-list for extension type_name
-	108, // [108:108] is the sub-list for extension extendee
-	0,   // [0:108] is the sub-list for field type_name
+	29,  // 23: dsec.v1.SandboxMetrics.samples:type_name -> dsec.v1.MetricsSample
+	16,  // 24: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	18,  // 25: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	167, // 26: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	0,   // 27: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
+	18,  // 28: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
+	16,  // 29: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
+	16,  // 30: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
+	37,  // 31: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
+	168, // 32: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	43,  // 33: dsec.v1.ExecRequest.after:type_name -> dsec.v1.ExecAfter
+	47,  // 34: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
+	48,  // 35: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
+	46,  // 36: dsec.v1.ExecEvent.dropped:type_name -> dsec.v1.ExecDropped
+	2,   // 37: dsec.v1.ExecStarted.phase:type_name -> dsec.v1.Phase
+	6,   // 38: dsec.v1.ExecExited.status:type_name -> dsec.v1.ExitStatus
+	7,   // 39: dsec.v1.ExecExited.fault:type_name -> dsec.v1.Fault
+	44,  // 40: dsec.v1.ExecExited.after:type_name -> dsec.v1.ExecAfterDone
+	48,  // 41: dsec.v1.ProcessInfo.exited:type_name -> dsec.v1.ExecExited
+	55,  // 42: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
+	63,  // 43: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
+	64,  // 44: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
+	169, // 45: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	64,  // 46: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
+	48,  // 47: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
+	66,  // 48: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
+	66,  // 49: dsec.v1.StatResponse.info:type_name -> dsec.v1.FileInfo
+	66,  // 50: dsec.v1.MoveResponse.info:type_name -> dsec.v1.FileInfo
+	8,   // 51: dsec.v1.WatchEvent.change:type_name -> dsec.v1.FileChange
+	9,   // 52: dsec.v1.Layer.kind:type_name -> dsec.v1.LayerKind
+	88,  // 53: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
+	88,  // 54: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
+	90,  // 55: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
+	170, // 56: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	5,   // 57: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
+	171, // 58: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	48,  // 59: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
+	91,  // 60: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
+	88,  // 61: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
+	7,   // 62: dsec.v1.GradeResult.fault:type_name -> dsec.v1.Fault
+	125, // 63: dsec.v1.GradeResult.provenance:type_name -> dsec.v1.SandboxProvenance
+	94,  // 64: dsec.v1.SnapshotRequest.lay_files:type_name -> dsec.v1.LayFile
+	88,  // 65: dsec.v1.ListSnapshotsResponse.snapshots:type_name -> dsec.v1.SnapshotInfo
+	18,  // 66: dsec.v1.ForkChild.sandbox:type_name -> dsec.v1.Sandbox
+	88,  // 67: dsec.v1.ForkResponse.snapshot:type_name -> dsec.v1.SnapshotInfo
+	100, // 68: dsec.v1.ForkResponse.children:type_name -> dsec.v1.ForkChild
+	9,   // 69: dsec.v1.ImportLayerRequest.kind:type_name -> dsec.v1.LayerKind
+	104, // 70: dsec.v1.UploadLayerRequest.header:type_name -> dsec.v1.UploadLayerHeader
+	9,   // 71: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
+	87,  // 72: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
+	111, // 73: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
+	172, // 74: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	117, // 75: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
+	17,  // 76: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
+	124, // 77: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
+	17,  // 78: dsec.v1.SandboxProvenance.paths:type_name -> dsec.v1.ProvenancePaths
+	126, // 79: dsec.v1.SandboxProvenance.files_written:type_name -> dsec.v1.ProvenanceFile
+	126, // 80: dsec.v1.SandboxProvenance.replaced:type_name -> dsec.v1.ProvenanceFile
+	126, // 81: dsec.v1.SandboxProvenance.tests_changed:type_name -> dsec.v1.ProvenanceFile
+	127, // 82: dsec.v1.SandboxProvenance.protected_reads:type_name -> dsec.v1.ProvenanceRead
+	128, // 83: dsec.v1.SandboxProvenance.network:type_name -> dsec.v1.ProvenanceNet
+	129, // 84: dsec.v1.SandboxProvenance.processes:type_name -> dsec.v1.ProvenanceProcess
+	130, // 85: dsec.v1.SandboxProvenance.packages:type_name -> dsec.v1.ProvenancePackage
+	131, // 86: dsec.v1.SandboxProvenance.syscalls_denied:type_name -> dsec.v1.ProvenanceSyscall
+	131, // 87: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
+	135, // 88: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
+	136, // 89: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
+	173, // 90: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	174, // 91: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	11,  // 92: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
+	10,  // 93: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
+	139, // 94: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
+	139, // 95: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
+	175, // 96: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	7,   // 97: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
+	138, // 98: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
+	140, // 99: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
+	143, // 100: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
+	14,  // 101: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
+	148, // 102: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
+	176, // 103: dsec.v1.UsageRecord.labels:type_name -> dsec.v1.UsageRecord.LabelsEntry
+	151, // 104: dsec.v1.UsageRecord.usage:type_name -> dsec.v1.UsageFigures
+	151, // 105: dsec.v1.UsageGroup.usage:type_name -> dsec.v1.UsageFigures
+	154, // 106: dsec.v1.UsageResponse.groups:type_name -> dsec.v1.UsageGroup
+	151, // 107: dsec.v1.UsageResponse.total:type_name -> dsec.v1.UsageFigures
+	156, // 108: dsec.v1.ListWebhooksResponse.webhooks:type_name -> dsec.v1.Webhook
+	31,  // 109: dsec.v1.SandboxService.Create:input_type -> dsec.v1.CreateRequest
+	33,  // 110: dsec.v1.SandboxService.Get:input_type -> dsec.v1.GetRequest
+	34,  // 111: dsec.v1.SandboxService.List:input_type -> dsec.v1.ListRequest
+	40,  // 112: dsec.v1.SandboxService.Delete:input_type -> dsec.v1.DeleteRequest
+	20,  // 113: dsec.v1.SandboxService.Pause:input_type -> dsec.v1.PauseRequest
+	22,  // 114: dsec.v1.SandboxService.Resume:input_type -> dsec.v1.ResumeRequest
+	24,  // 115: dsec.v1.SandboxService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	26,  // 116: dsec.v1.SandboxService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	28,  // 117: dsec.v1.SandboxService.Metrics:input_type -> dsec.v1.MetricsRequest
+	93,  // 118: dsec.v1.SandboxService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	95,  // 119: dsec.v1.SandboxService.ListSnapshots:input_type -> dsec.v1.ListSnapshotsRequest
+	97,  // 120: dsec.v1.SandboxService.DeleteSnapshot:input_type -> dsec.v1.DeleteSnapshotRequest
+	99,  // 121: dsec.v1.SandboxService.Fork:input_type -> dsec.v1.ForkRequest
+	89,  // 122: dsec.v1.SandboxService.Grade:input_type -> dsec.v1.GradeRequest
+	42,  // 123: dsec.v1.SandboxService.Exec:input_type -> dsec.v1.ExecRequest
+	49,  // 124: dsec.v1.SandboxService.Attach:input_type -> dsec.v1.AttachRequest
+	50,  // 125: dsec.v1.SandboxService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	52,  // 126: dsec.v1.SandboxService.Signal:input_type -> dsec.v1.SignalRequest
+	54,  // 127: dsec.v1.SandboxService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	57,  // 128: dsec.v1.SandboxService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	58,  // 129: dsec.v1.SandboxService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	60,  // 130: dsec.v1.SandboxService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	62,  // 131: dsec.v1.SandboxService.Shell:input_type -> dsec.v1.ShellInput
+	67,  // 132: dsec.v1.SandboxService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	69,  // 133: dsec.v1.SandboxService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	71,  // 134: dsec.v1.SandboxService.ListDir:input_type -> dsec.v1.ListDirRequest
+	73,  // 135: dsec.v1.SandboxService.Stat:input_type -> dsec.v1.StatRequest
+	75,  // 136: dsec.v1.SandboxService.Remove:input_type -> dsec.v1.RemoveRequest
+	77,  // 137: dsec.v1.SandboxService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	79,  // 138: dsec.v1.SandboxService.Move:input_type -> dsec.v1.MoveRequest
+	81,  // 139: dsec.v1.SandboxService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	83,  // 140: dsec.v1.SandboxService.Upload:input_type -> dsec.v1.UploadRequest
+	85,  // 141: dsec.v1.SandboxService.Download:input_type -> dsec.v1.DownloadRequest
+	114, // 142: dsec.v1.SandboxService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	116, // 143: dsec.v1.SandboxService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	119, // 144: dsec.v1.SandboxService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	121, // 145: dsec.v1.SandboxService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	122, // 146: dsec.v1.SandboxService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	36,  // 147: dsec.v1.SandboxService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	38,  // 148: dsec.v1.SandboxService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	146, // 149: dsec.v1.SandboxService.GetServerInfo:input_type -> dsec.v1.GetServerInfoRequest
+	149, // 150: dsec.v1.SandboxService.ListEvents:input_type -> dsec.v1.ListEventsRequest
+	149, // 151: dsec.v1.SandboxService.FollowEvents:input_type -> dsec.v1.ListEventsRequest
+	153, // 152: dsec.v1.SandboxService.Usage:input_type -> dsec.v1.UsageRequest
+	157, // 153: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
+	158, // 154: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
+	160, // 155: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
+	162, // 156: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
+	138, // 157: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	141, // 158: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	144, // 159: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	102, // 160: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	103, // 161: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	107, // 162: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	109, // 163: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	112, // 164: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	132, // 165: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	134, // 166: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	105, // 167: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	32,  // 168: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	18,  // 169: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	35,  // 170: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	41,  // 171: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	21,  // 172: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	23,  // 173: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	25,  // 174: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	27,  // 175: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	30,  // 176: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	88,  // 177: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	96,  // 178: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	98,  // 179: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	101, // 180: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	92,  // 181: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	45,  // 182: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	45,  // 183: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	51,  // 184: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	53,  // 185: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	56,  // 186: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	45,  // 187: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	59,  // 188: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	61,  // 189: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	65,  // 190: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	68,  // 191: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	70,  // 192: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	72,  // 193: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	74,  // 194: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	76,  // 195: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	78,  // 196: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	80,  // 197: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	82,  // 198: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	84,  // 199: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	86,  // 200: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	115, // 201: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	118, // 202: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	120, // 203: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	125, // 204: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	123, // 205: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	37,  // 206: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	39,  // 207: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	147, // 208: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	150, // 209: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
+	148, // 210: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
+	155, // 211: dsec.v1.SandboxService.Usage:output_type -> dsec.v1.UsageResponse
+	156, // 212: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
+	159, // 213: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
+	161, // 214: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
+	156, // 215: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
+	140, // 216: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	142, // 217: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	145, // 218: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	87,  // 219: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	87,  // 220: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	108, // 221: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	110, // 222: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	113, // 223: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	133, // 224: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	137, // 225: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	106, // 226: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	168, // [168:227] is the sub-list for method output_type
+	109, // [109:168] is the sub-list for method input_type
+	109, // [109:109] is the sub-list for extension type_name
+	109, // [109:109] is the sub-list for extension extendee
+	0,   // [0:109] is the sub-list for field type_name
 }
 
 func init() { file_dsec_v1_dsec_proto_init() }
@@ -13247,7 +13381,7 @@ func file_dsec_v1_dsec_proto_init() {
 		return
 	}
 	file_dsec_v1_dsec_proto_msgTypes[4].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[32].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[33].OneofWrappers = []any{
 		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
@@ -13255,35 +13389,35 @@ func file_dsec_v1_dsec_proto_init() {
 		(*ExecEvent_Keepalive)(nil),
 		(*ExecEvent_Dropped)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[49].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[50].OneofWrappers = []any{
 		(*ShellInput_Start)(nil),
 		(*ShellInput_Data)(nil),
 		(*ShellInput_Resize)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[52].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[53].OneofWrappers = []any{
 		(*ShellOutput_Data)(nil),
 		(*ShellOutput_Exited)(nil),
 		(*ShellOutput_Started)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[90].OneofWrappers = []any{
+	file_dsec_v1_dsec_proto_msgTypes[91].OneofWrappers = []any{
 		(*UploadLayerRequest_Header)(nil),
 		(*UploadLayerRequest_Data)(nil),
 		(*UploadLayerRequest_End)(nil),
 	}
-	file_dsec_v1_dsec_proto_msgTypes[126].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[136].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[140].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[144].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[127].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[137].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[141].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[145].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[147].OneofWrappers = []any{}
-	file_dsec_v1_dsec_proto_msgTypes[149].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[146].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[148].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[150].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   164,
+			NumMessages:   165,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -219,7 +219,8 @@ type SandboxServiceClient interface {
 	// not the sandbox. Ending a phase that is already over does nothing.
 	EndPhase(context.Context, *connect.Request[v1.EndPhaseRequest]) (*connect.Response[v1.EndPhaseResponse], error)
 	// Metrics reads a sandbox's resource use now: CPU, memory (from its
-	// cgroup) and its writable layer's disk use, with their limits.
+	// cgroup) and its writable layer's disk use, with their limits; with
+	// since_unix_ms, also its use over time: the samples its node kept.
 	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.SandboxMetrics], error)
 	// Snapshot freezes the sandbox for as long as it takes to capture its
 	// writable layer (a paused one is resumed first), thaws it, and packs the
@@ -1000,7 +1001,8 @@ type SandboxServiceHandler interface {
 	// not the sandbox. Ending a phase that is already over does nothing.
 	EndPhase(context.Context, *connect.Request[v1.EndPhaseRequest]) (*connect.Response[v1.EndPhaseResponse], error)
 	// Metrics reads a sandbox's resource use now: CPU, memory (from its
-	// cgroup) and its writable layer's disk use, with their limits.
+	// cgroup) and its writable layer's disk use, with their limits; with
+	// since_unix_ms, also its use over time: the samples its node kept.
 	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.SandboxMetrics], error)
 	// Snapshot freezes the sandbox for as long as it takes to capture its
 	// writable layer (a paused one is resumed first), thaws it, and packs the
