@@ -203,8 +203,10 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			}
 			h.LedgerInterval = cfg.Node.LedgerInterval
 		}
+		h.Metrics = metricsReg.Edge()
 		he := hollow.New(h)
 		svc = edgesvc.New(he, nil, log.With("component", "edgesvc"))
+		svc.SetMetrics(h.Metrics)
 		svc.SetEvents(h.Events)
 		svc.SetLedger(h.Ledger)
 		lctx, stopLedger := context.WithCancel(ctx)

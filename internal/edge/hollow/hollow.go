@@ -28,6 +28,7 @@ import (
 	"dsec.dev/dsec/internal/edge/snapshot"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/qos"
 	"dsec.dev/dsec/internal/sandboxid"
 )
@@ -56,6 +57,11 @@ type Config struct {
 	// LedgerInterval is how often RunLedger samples; 0 =
 	// ledger.DefaultInterval.
 	LedgerInterval time.Duration
+	// Metrics records its creates, deletes, pauses and resumes as a real
+	// edge's do (backend and isolation container), so that recording
+	// costs in a hollow cluster what it does in a real one; nil records
+	// nothing.
+	Metrics *metrics.Edge
 }
 
 // Edge is a hollow edge. It is safe for concurrent use.
@@ -109,6 +115,13 @@ func (e *Edge) fullError() error {
 // Create admits and records a sandbox for the create token names ("" for
 // none), after StartDelay.
 func (e *Edge) Create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
+	began := time.Now()
+	sb, err := e.create(ctx, spec, token)
+	e.cfg.Metrics.Create("container", "container", err, time.Since(began))
+	return sb, err
+}
+
+func (e *Edge) create(ctx context.Context, spec *dsecv1.SandboxSpec, token string) (*dsecv1.Sandbox, error) {
 	if spec.GetEnvironment() == "" {
 		return nil, fmt.Errorf("environment is required (BASE[+LAYER...]): %w", errdefs.ErrInvalidArgument)
 	}
@@ -258,6 +271,7 @@ func (e *Edge) Delete(ctx context.Context, id string) error {
 	e.gone[id] = now
 	e.goneSeq = append(e.goneSeq, id)
 	e.ended++
+	e.cfg.Metrics.Delete("container", "container", nil, time.Since(now))
 	return nil
 }
 
@@ -301,12 +315,21 @@ func (e *Edge) Metrics(ctx context.Context, id string, since time.Time) (*dsecv1
 
 // Pause marks a running sandbox paused; there is nothing to freeze.
 func (e *Edge) Pause(ctx context.Context, id string, keepMemory bool) (*dsecv1.Sandbox, bool, error) {
-	return e.flip(id, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED)
+	began := time.Now()
+	sb, already, err := e.flip(id, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED)
+	if !already {
+		e.cfg.Metrics.Pause("pause", err, time.Since(began))
+	}
+	return sb, already, err
 }
 
 // Resume marks a paused sandbox running.
 func (e *Edge) Resume(ctx context.Context, id string, skipPrefetch bool) (*dsecv1.Sandbox, bool, time.Duration, error) {
+	began := time.Now()
 	sb, already, err := e.flip(id, dsecv1.State_STATE_PAUSED, dsecv1.State_STATE_RUNNING)
+	if !already {
+		e.cfg.Metrics.Pause("resume", err, time.Since(began))
+	}
 	return sb, already, 0, err
 }
 
