@@ -122,10 +122,17 @@ func objectOf(req any, resp connect.AnyResponse, err error) string {
 // on, sets a limit of or mints a token for), so that project's admins see
 // it, when the caller's token reaches that project; else the token's own.
 // A share names the project it shares with, not its object's, so it stays
-// under the token's.
-func auditProject(au iam.Authority, req any) string {
+// under the token's. A call on a sandbox (a delete, a pause, a snapshot) is
+// recorded under the sandbox's project when this apiserver knows it (it
+// looked it up to decide a token without a root-wide role).
+func auditProject(au iam.Authority, req any, known *sandboxProjects) string {
 	var named string
 	switch m := req.(type) {
+	case *dsecv1.SnapshotRequest:
+		named = m.GetProject()
+		if named == "" {
+			named = knownProject(known, m.GetSandboxId())
+		}
 	case *dsecv1.CreateRequest:
 		named = m.GetSpec().GetLabels()[ProjectLabel]
 	case *dsecv1.CreateProjectRequest:
@@ -135,6 +142,10 @@ func auditProject(au iam.Authority, req any) string {
 	case *dsecv1.ShareLayerRequest:
 	case interface{ GetProject() string }:
 		named = m.GetProject()
+	case interface{ GetSandboxId() string }:
+		named = knownProject(known, m.GetSandboxId())
+	case *dsecv1.DeleteRequest:
+		named = knownProject(known, m.GetId())
 	}
 	if named == "" {
 		return au.Project
@@ -144,6 +155,19 @@ func auditProject(au iam.Authority, req any) string {
 		return au.Project
 	}
 	return p
+}
+
+// knownProject is the path of sandbox id's project if known, "/" for the
+// root's, "" when unknown.
+func knownProject(known *sandboxProjects, id string) string {
+	if known == nil || id == "" {
+		return ""
+	}
+	p, ok := known.get(id)
+	if !ok {
+		return ""
+	}
+	return iam.Display(p)
 }
 
 // add queues a record of a call by au of op on object; err is its result.

@@ -15,6 +15,10 @@ import (
 func TestAuditProjectAndObject(t *testing.T) {
 	ml := iam.Authority{Principal: "harness", Project: "ml", Role: iam.Admin}
 	root := iam.Authority{Principal: "admin", Role: iam.Admin}
+	known := &sandboxProjects{}
+	known.put("sb-b", "ml/b")
+	known.put("sb-root", "")
+	known.put("sb-other", "other")
 	for _, tc := range []struct {
 		name    string
 		au      iam.Authority
@@ -40,9 +44,16 @@ func TestAuditProjectAndObject(t *testing.T) {
 		{"a principal made", ml, &dsecv1.CreatePrincipalRequest{Name: "bob", Project: "ml"}, nil, "ml", "bob"},
 		{"a layer imported", ml, &dsecv1.ImportLayerRequest{Ref: "ws:1", Project: "ml/b"}, nil, "ml/b", "ws:1"},
 		{"a share, which names its recipient", ml, &dsecv1.ShareLayerRequest{Ref: "ws:1", Project: "ml/c"}, nil, "ml", "ws:1"},
+		{"a delete of a sandbox of a sub-project", ml, &dsecv1.DeleteRequest{Id: "sb-b"}, nil, "ml/b", "sb-b"},
+		{"a pause of a sandbox of a sub-project", ml, &dsecv1.PauseRequest{SandboxId: "sb-b"}, nil, "ml/b", "sb-b"},
+		{"a delete of a sandbox not looked up", ml, &dsecv1.DeleteRequest{Id: "sb-new"}, nil, "ml", "sb-new"},
+		{"a delete of the root's sandbox by a root token", root, &dsecv1.DeleteRequest{Id: "sb-root"}, nil, "", "sb-root"},
+		{"a sandbox out of reach", ml, &dsecv1.PauseRequest{SandboxId: "sb-other"}, nil, "ml", "sb-other"},
+		{"a snapshot of a sandbox of a sub-project", ml, &dsecv1.SnapshotRequest{SandboxId: "sb-b", Name: "s"}, nil, "ml/b", "sb-b"},
+		{"a snapshot naming its project", ml, &dsecv1.SnapshotRequest{SandboxId: "sb-b", Name: "s", Project: "ml/c"}, nil, "ml/c", "sb-b"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := auditProject(tc.au, tc.req); got != tc.project {
+			if got := auditProject(tc.au, tc.req, known); got != tc.project {
 				t.Errorf("project %q, want %q", got, tc.project)
 			}
 			if got := objectOf(tc.req, tc.resp, nil); got != tc.object {

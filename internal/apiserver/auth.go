@@ -63,6 +63,9 @@ type authInterceptor struct {
 	cache *iam.Cache // nil: every caller is the node's administrator
 	log   *slog.Logger
 	audit *auditLog // nil: no audit trail
+	// projects are the sandboxes' projects this apiserver has looked up,
+	// which a call on a sandbox is audited under (nil: none known).
+	projects *sandboxProjects
 }
 
 // authority is who makes the call.
@@ -146,7 +149,7 @@ func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			a.audit.add(in, req.Spec().Procedure, id, peerOf(req.Peer(), req.Header()).Addr, err)
 		} else if audited(req.Spec().Procedure) {
 			in := au
-			in.Project = auditProject(au, req.Any())
+			in.Project = auditProject(au, req.Any(), a.projects)
 			a.audit.add(in, req.Spec().Procedure, objectOf(req.Any(), resp, err), peerOf(req.Peer(), req.Header()).Addr, err)
 		}
 		return resp, err

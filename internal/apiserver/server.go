@@ -251,7 +251,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	// Clients accept gzip by default; compressing small messages costs
 	// more time than it saves, even off loopback.
-	interceptors := []connect.Interceptor{errdefs.Interceptor{}, authInterceptor{cache: s.authn, log: s.log, audit: s.audit}}
+	interceptors := []connect.Interceptor{errdefs.Interceptor{}, authInterceptor{cache: s.authn, log: s.log, audit: s.audit, projects: &s.projects}}
 	if s.metrics != nil {
 		// Outermost: the latency includes authentication.
 		interceptors = append([]connect.Interceptor{requestMetrics{s.metrics}}, interceptors...)
