@@ -262,9 +262,14 @@ func (v *iamService) SetQuota(ctx context.Context, req *connect.Request[dsecv1.S
 
 func (v *iamService) CreatePrincipal(ctx context.Context, req *connect.Request[dsecv1.CreatePrincipalRequest]) (*connect.Response[dsecv1.Principal], error) {
 	a := actor(ctx)
-	path, err := iam.CleanPath(req.Msg.GetProject())
-	if err != nil {
-		return nil, err
+	// Without a project, the token's, as every IAM call takes it: a
+	// harness on ml makes its agents at home there, not in the root.
+	path := a.Project
+	if a.Node || req.Msg.GetProject() != "" {
+		var err error
+		if path, err = iam.CleanPath(req.Msg.GetProject()); err != nil {
+			return nil, err
+		}
 	}
 	if err := see(a, path); err != nil {
 		return nil, err

@@ -256,7 +256,7 @@ func (a *app) principalCreateCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&kind, "kind", "user", "user (a person) or service (a harness, an agent, a builder)")
-	cmd.Flags().StringVarP(&project, "project", "p", "/", "its home project")
+	cmd.Flags().StringVarP(&project, "project", "p", "", "its home project (default: the token's project)")
 	return cmd
 }
 

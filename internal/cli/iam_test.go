@@ -113,6 +113,14 @@ func testIAMCommands(t *testing.T, srv *iamtest.Server) {
 	if out := ok(stok, "project", "ls"); !strings.Contains(out, "PROJECT") {
 		t.Fatalf("the sub-agent's project ls:\n%s", out)
 	}
+	// A principal made without --project is at home in the token's
+	// project, as every IAM command defaults to it (it was the root's,
+	// where the harness holds nothing).
+	ok(htok, "principal", "create", "--kind", "service", "agent-1")
+	if out := ok(htok, "principal", "ls"); !strings.Contains(out, "agent-1") || !strings.Contains(out, "ml") {
+		t.Fatalf("the harness's principal ls after a create without --project:\n%s", out)
+	}
+	ok(htok, "principal", "rm", "agent-1")
 	// Escalations.
 	refused(stok, connect.CodePermissionDenied, "needs admin", "token", "create", "--role", "viewer", "--ttl", "1m")
 	refused(stok, connect.CodePermissionDenied, "needs admin", "grant", "harness", "viewer", "--project", "ml/run-1")

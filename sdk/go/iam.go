@@ -260,7 +260,7 @@ func (c *Client) SetQuota(ctx context.Context, path, resource string, limit int6
 }
 
 // CreatePrincipal makes a principal of kind (KindUser, KindService) at home
-// in the project at path.
+// in the project at path ("" the token's project).
 func (c *Client) CreatePrincipal(ctx context.Context, name, kind, path string) (Principal, error) {
 	p, err := iamCall(ctx, c, false, "create principal "+name, c.iam.CreatePrincipal,
 		&dsecv1.CreatePrincipalRequest{Name: name, Kind: kind, Project: path})

@@ -207,12 +207,15 @@ class IAMCalls:
         await self._iam("SetQuota", {"project": project, "resource": resource,
                                      "limit": -1 if limit is None else int(limit)}, timeout, True)
 
-    async def create_principal(self, name: str, *, kind: str = "user", project: str = "/",
+    async def create_principal(self, name: str, *, kind: str = "user", project: Optional[str] = None,
                                timeout: Optional[float] = None) -> Principal:
         """Make a person ("user") or a service account ("service": a harness,
-        an agent, a builder) at home in project, whose admins manage it."""
-        return Principal.from_json(await self._iam("CreatePrincipal", {"name": name, "kind": kind, "project": project},
-                                                   timeout))
+        an agent, a builder) at home in project (None: the token's), whose
+        admins manage it."""
+        msg = {"name": name, "kind": kind}
+        if project:
+            msg["project"] = project
+        return Principal.from_json(await self._iam("CreatePrincipal", msg, timeout))
 
     async def principals(self, project: Optional[str] = None, *,
                          timeout: Optional[float] = None) -> List[Principal]:

@@ -66,6 +66,9 @@ class IAMTest(unittest.TestCase):
         self.assertTrue(hinfo.parent and hinfo.expires > time.time())
         harness = self.client(htok)
         self.assertEqual([p.path for p in harness.projects()], ["py/run-1", "py/run-2"])
+        # Without a project, a principal is at home in the token's.
+        self.assertEqual(harness.create_principal("py-agent", kind="service").project, "py")
+        harness.delete_principal("py-agent")
         stok, sinfo = harness.create_token(project="py/run-1", role=libdsec.RUNNER, ttl_s=600)
         self.assertEqual((sinfo.parent, sinfo.principal, sinfo.project, sinfo.role),
                          (hinfo.id, "py-harness", "py/run-1", "runner"))

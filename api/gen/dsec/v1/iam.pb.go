@@ -748,7 +748,7 @@ type CreatePrincipalRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`       // user (default) or service
-	Project       string                 `protobuf:"bytes,3,opt,name=project,proto3" json:"project,omitempty"` // its home project; "" the root
+	Project       string                 `protobuf:"bytes,3,opt,name=project,proto3" json:"project,omitempty"` // its home project; "" the caller's token's (the root for the node's administrator)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
