@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	agentv1 "dsec.dev/dsec/api/gen/dsec/agent/v1"
 	"dsec.dev/dsec/api/gen/dsec/agent/v1/agentv1connect"
@@ -191,8 +193,9 @@ func (h *handler) Ping(ctx context.Context, req *connect.Request[agentv1.PingReq
 }
 
 // follow streams a process through f: started, then its output until it
-// exits. beforeExit runs before the exit is sent.
-func follow(ctx context.Context, p *proc.Process, f *proc.Follower, send func(*dsecv1.ExecEvent) error, beforeExit func()) error {
+// exits. beforeExit runs before the exit is sent and returns the exit to
+// send.
+func follow(ctx context.Context, p *proc.Process, f *proc.Follower, send func(*dsecv1.ExecEvent) error, beforeExit func(*dsecv1.ExecExited) *dsecv1.ExecExited) error {
 	if e := p.Exited(); e == nil || e.Status != dsecv1.ExitStatus_EXIT_STATUS_START_ERROR {
 		if err := send(startedEvent(p)); err != nil {
 			return err
@@ -210,7 +213,7 @@ func follow(ctx context.Context, p *proc.Process, f *proc.Follower, send func(*d
 		}
 		if exited != nil {
 			if beforeExit != nil {
-				beforeExit()
+				exited = beforeExit(exited)
 			}
 			// The exit is the last message: it leaves with the end of the stream.
 			flushhold.Hold(ctx)
@@ -279,8 +282,55 @@ func (h *handler) exec(ctx context.Context, r *dsecv1.ExecRequest, send func(*ds
 		h.fg.own(p)
 		defer h.fg.end(ctx, p)
 	}
-	return errdefs.ToConnect(follow(ctx, p, f, send, nil))
+	var before func(*dsecv1.ExecExited) *dsecv1.ExecExited
+	if r.GetAfter() != nil {
+		before = func(x *dsecv1.ExecExited) *dsecv1.ExecExited { return h.after(r.GetAfter(), spec.UID, x) }
+	}
+	return errdefs.ToConnect(follow(ctx, p, f, send, before))
 }
+
+// after does what an exec's after asks once its command exited (x), on
+// the exit it returns (a copy: the process keeps its own): it kills every
+// process of uid, the command's user, but the agent (killUser), then reads
+// the file as root. A command the platform ended is left as it is, and so
+// is one whose after steps failed: the edge does them then.
+func (h *handler) after(a *dsecv1.ExecAfter, uid uint32, x *dsecv1.ExecExited) *dsecv1.ExecExited {
+	if x.GetFault() != dsecv1.Fault_FAULT_UNSPECIFIED {
+		return x
+	}
+	began := time.Now()
+	done := &dsecv1.ExecAfterDone{}
+	if a.GetKillUser() {
+		if err := killUser(uid); err != nil {
+			h.cfg.Log.Warn("kill a command's user's processes after it", "uid", uid, "err", err)
+			return x
+		}
+	}
+	if p := a.GetReadFile(); p != "" {
+		root, err := h.account("root")
+		if err != nil {
+			return x
+		}
+		data, _, _, err := h.files.ReadFile(root, p, 0, afterReadLimit)
+		switch {
+		case errors.Is(err, errdefs.ErrNotFound):
+			done.FileMissing = true
+		case err != nil:
+			h.cfg.Log.Warn("read a file after a command", "path", p, "err", err)
+			return x
+		default:
+			done.File = data
+		}
+	}
+	done.DurationSeconds = time.Since(began).Seconds()
+	out := proto.Clone(x).(*dsecv1.ExecExited)
+	out.After = done
+	return out
+}
+
+// afterReadLimit bounds the file ExecAfter.read_file reads back: a grade's
+// reward, a number.
+const afterReadLimit = 4 << 10
 
 func (h *handler) Attach(ctx context.Context, req *connect.Request[dsecv1.AttachRequest], stream *connect.ServerStream[dsecv1.ExecEvent]) error {
 	return h.attach(ctx, req.Msg, stream.Send)
@@ -395,7 +445,10 @@ func (h *handler) SessionRun(ctx context.Context, req *connect.Request[dsecv1.Se
 	defer f.Close()
 	h.fg.own(p)
 	defer h.fg.end(ctx, p)
-	return errdefs.ToConnect(follow(ctx, p, f, stream.Send, func() { <-run.Finished }))
+	return errdefs.ToConnect(follow(ctx, p, f, stream.Send, func(x *dsecv1.ExecExited) *dsecv1.ExecExited {
+		<-run.Finished
+		return x
+	}))
 }
 
 func (h *handler) SessionInterrupt(ctx context.Context, req *connect.Request[dsecv1.SessionInterruptRequest]) (*connect.Response[dsecv1.SessionInterruptResponse], error) {

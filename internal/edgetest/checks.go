@@ -294,11 +294,10 @@ func testExecAfter(t *testing.T, e *edge, id string) {
 	if got := r.exited.GetAfter(); got == nil || string(got.GetFile()) != "0.5\n" || got.GetFileMissing() {
 		t.Errorf("the exit's after steps: %v, want the file read back (0.5)", got)
 	}
-	// kill -0 -1 signals every process of the user but the shell itself:
-	// it fails when the shell is the user's only one.
-	r, err = e.execReq(ctx, &dsecv1.ExecRequest{SandboxId: id, User: user, Command: "kill -0 -1 2>/dev/null && echo left || echo none"})
+	r, err = e.execReq(ctx, &dsecv1.ExecRequest{SandboxId: id, Command: Running("sleep")})
 	if err != nil || r.stdout != "none\n" {
-		t.Errorf("processes of the user after the after steps' kill: %q, %v; want none", r.stdout, err)
+		ps, _ := e.execReq(ctx, &dsecv1.ExecRequest{SandboxId: id, Command: `for d in /proc/[0-9]*; do echo $d $(grep -E "^(Name|State|Uid|PPid)" $d/status | tr "\n" " "); done`})
+		t.Errorf("sleeps the command left running after the after steps' kill: %q, %v; want none; the sandbox's processes:\n%s", r.stdout, err, ps.stdout)
 	}
 	r, err = e.execReq(ctx, &dsecv1.ExecRequest{SandboxId: id, User: user, Command: "exit 3",
 		After: &dsecv1.ExecAfter{ReadFile: "/tmp/edgetest-absent"}})
@@ -308,6 +307,14 @@ func testExecAfter(t *testing.T, e *edge, id string) {
 	if r, err := e.exec(ctx, id, "true"); err != nil || r.exited.GetAfter() != nil {
 		t.Errorf("Exec without after steps: exited %v, %v; want no after", r.exited, err)
 	}
+}
+
+// Running is a shell command that prints how many processes named name
+// run in the sandbox ("none" for 0): killed ones that wait for their
+// parent to reap them (zombies) do not run.
+func Running(name string) string {
+	return `n=0; for s in /proc/[0-9]*/status; do grep -q "^Name:.` + name + `$" $s 2>/dev/null && ! grep -q "^State:.Z" $s 2>/dev/null && n=$((n+1)); done; ` +
+		`[ $n = 0 ] && echo none || echo $n`
 }
 
 // testSnapshot: a snapshot of sandbox id is an environment whose sandboxes

@@ -172,8 +172,8 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[dsecv1.ExecRequ
 const maxAfterRead = 4 << 10
 
 // afterExit is an exec's stream from the agent that, when the command
-// exits, does what its request's after asks (ExecAfter) before the exit
-// goes on, and puts what it did on the exit (ExecExited.after): the kill
+// exits and the agent did not do what its request's after asks
+// (ExecAfter), does it before the exit goes on, and puts what it did on the exit (ExecExited.after): the kill
 // of the command's user's leftovers and the read of a file, on the node,
 // without two more calls from the caller. A command the platform ended
 // (a fault) is left as it is. Where the kill or the read fails, the
@@ -191,7 +191,10 @@ func (a *afterExit) Receive() bool {
 		return false
 	}
 	x := a.in.Msg().GetExited()
-	if x == nil || x.GetFault() != dsecv1.Fault_FAULT_UNSPECIFIED {
+	if x == nil || x.GetFault() != dsecv1.Fault_FAULT_UNSPECIFIED || x.GetAfter() != nil {
+		// No exit yet, the platform ended it, or the agent did the after
+		// steps itself (an agent that could not, or that predates them,
+		// leaves them to the node).
 		return true
 	}
 	done, err := runAfter(a.ctx, a.agent, a.req)
