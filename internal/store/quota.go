@@ -72,7 +72,17 @@ func (r Resource) unit() string {
 	return string(r)
 }
 
-func (r Resource) amount(n int64) string { return fmt.Sprintf("%d %s", n, r.unit()) }
+func (r Resource) amount(n int64) string {
+	if n == 1 {
+		switch r {
+		case Sandboxes:
+			return "1 sandbox"
+		case FnCallInflight:
+			return "1 FnCall call in flight"
+		}
+	}
+	return fmt.Sprintf("%d %s", n, r.unit())
+}
 
 // exhausted is the refusal of a charge of n of r at project path, which
 // uses used of its limit lim: "quota of project ml: 64 of 64 sandboxes in

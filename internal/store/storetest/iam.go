@@ -525,7 +525,7 @@ func testQuotaFirstFull(t *testing.T, st store.Store) {
 	limit(t, st, "ml", store.FnCallInflight, 1)
 	must(t, "Charge of a call", st.Charge(ctx, "ml/a", store.Amounts{store.FnCallInflight: 1}))
 	err = st.Charge(ctx, "ml/a", store.Amounts{store.FnCallInflight: 1})
-	wantMessage(t, "Charge of a second call", err, errdefs.ErrResourceExhausted, "quota of project ml: 1 of 1 FnCall calls in flight: ")
+	wantMessage(t, "Charge of a second call", err, errdefs.ErrResourceExhausted, "quota of project ml: 1 of 1 FnCall call in flight: ")
 }
 
 func testQuotaDelegation(t *testing.T, st store.Store) {
@@ -548,6 +548,10 @@ func testQuotaDelegation(t *testing.T, st store.Store) {
 		errdefs.ErrFailedPrecondition, "set the sandboxes limit of project ml/a to 5: 10 sandboxes in use: ")
 	wantMessage(t, "lowering a parent below its children, said once", st.SetLimit(ctx, admin(), "ml", store.Sandboxes, 50),
 		errdefs.ErrFailedPrecondition, "set the sandboxes limit of project ml to 50: the projects")
+	must(t, "Charge", st.Charge(ctx, "ml/c", store.Amounts{store.Sandboxes: 1}))
+	wantMessage(t, "taking back the one in use", st.SetLimit(ctx, admin(), "ml/c", store.Sandboxes, 0),
+		errdefs.ErrFailedPrecondition, "to 0: 1 sandbox in use: ")
+	must(t, "Release", st.Release(ctx, "ml/c", store.Amounts{store.Sandboxes: 1}))
 	if err := st.SetLimit(ctx, admin(), "ml/a", store.Sandboxes, 5); strings.Count(err.Error(), "limit of project") != 1 {
 		t.Fatalf("taking back what is in use: %q says what it set more than once", err)
 	}
