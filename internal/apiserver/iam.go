@@ -304,13 +304,15 @@ func (v *iamService) ListPrincipals(ctx context.Context, req *connect.Request[ds
 }
 
 // principal reads the principal called name for a, as if it did not exist
-// when a holds no role on its home project.
+// when a holds no role on its home project: the root's too (see lets every
+// token name the root, which exists in every cluster; its principals, the
+// root's admins among them, are not everyone's to learn of).
 func (v *iamService) principal(ctx context.Context, a iam.Authority, name string) (store.Principal, error) {
 	p, err := v.st.Principal(ctx, name)
 	if err != nil {
 		return store.Principal{}, err
 	}
-	if name != a.Principal && see(a, p.Project) != nil {
+	if name != a.Principal && a.On(p.Project) == iam.None {
 		return store.Principal{}, fmt.Errorf("principal %q does not exist: %w", name, errdefs.ErrNotFound)
 	}
 	return p, nil

@@ -290,6 +290,13 @@ func testEscalations(t *testing.T, srv *iamtest.Server, admin, harness *dsec.Cli
 			_, err := harness.Tokens(ctx, "alice")
 			return err
 		}, dsec.ErrNotFound, `principal "alice"`},
+		{"harness lists the root's admin's tokens", func() error {
+			_, err := harness.Tokens(ctx, "admin")
+			return err
+		}, dsec.ErrNotFound, `principal "admin" does not exist`},
+		{"harness deletes the root's admin", func() error {
+			return harness.DeletePrincipal(ctx, "admin")
+		}, dsec.ErrNotFound, `principal "admin" does not exist`},
 		{"harness revokes a token of a project it cannot see", func() error {
 			_, err := harness.RevokeToken(ctx, ainfo.ID)
 			return err
