@@ -30,6 +30,7 @@ func (s *Server) serveConsole(w http.ResponseWriter, r *http.Request) {
 			Sandboxes:    dsecv1connect.NewSandboxServiceClient(hc, "http://in-process", opt),
 			Layers:       dsecv1connect.NewLayerServiceClient(hc, "http://in-process", opt),
 			Authenticate: s.authenticate,
+			Sessions:     s.cfg.ConsoleSessions,
 			Log:          s.log.With("component", "console"),
 		}
 		if s.cfg.IAM != nil {

@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"log/slog"
@@ -291,6 +292,109 @@ func TestConsole(t *testing.T) {
 	code, path, _ = alice.do("POST", "/console/signout", url.Values{"csrf": {csrf}})
 	if path != "/console/signin" {
 		t.Errorf("sign-out after the session ended: %d at %s", code, path)
+	}
+}
+
+// TestConsoleSessionsShared: a session lives in the store, not in the
+// apiserver that signed the browser in: two apiservers on one store (as
+// replicas behind a load balancer) both accept its cookie, a third started
+// after (a restart) too, and a sign-out through one ends it on all. The
+// store holds neither the cookie nor the token in the clear.
+func TestConsoleSessionsShared(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "meta.db")
+	st, err := store.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), store.PrincipalSpec{Name: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Grant(ctx, iam.NodeAdmin(), "web", "", iam.Viewer); err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := st.MintToken(ctx, iam.NodeAdmin(), store.TokenSpec{Principal: "web", Role: iam.Viewer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	edge := newFakeEdge("n1")
+	// Each apiserver opens the store itself, as a replica does.
+	serve := func() *httptest.Server {
+		t.Helper()
+		own, err := store.Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { own.Close() })
+		s := New(Config{Auth: own, IAM: own, ConsoleSessions: own}, own, watcher.NewFixed(nodesOf(edge)...), slog.New(slog.DiscardHandler))
+		hs := httptest.NewUnstartedServer(s.Handler())
+		hs.Config.ConnContext = ConnContext
+		hs.Start()
+		t.Cleanup(hs.Close)
+		return hs
+	}
+	one, two := serve(), serve()
+	b1 := newBrowser(t, one)
+	if code, path, _ := b1.signIn(tok); code != 200 || path != "/console/sandboxes" {
+		t.Fatalf("sign-in through the first apiserver: %d at %s", code, path)
+	}
+	u, _ := url.Parse(one.URL + "/console/")
+	cookies := b1.c.Jar.Cookies(u)
+	var value string
+	for _, c := range cookies {
+		if c.Name == "dsec_console" {
+			value = c.Value
+		}
+	}
+	if value == "" {
+		t.Fatalf("no session cookie after sign-in: %v", cookies)
+	}
+	// The second apiserver and one started after both: the same cookie.
+	on := func(hs *httptest.Server) *browser {
+		b := newBrowser(t, hs)
+		u, _ := url.Parse(hs.URL + "/console/")
+		b.c.Jar.SetCookies(u, []*http.Cookie{{Name: "dsec_console", Value: value, Path: "/console"}})
+		return b
+	}
+	b2, b3 := on(two), on(serve())
+	for name, b := range map[string]*browser{"the other apiserver": b2, "an apiserver started after": b3} {
+		if code, path, page := b.do("GET", "/console/nodes", nil); code != 200 || path != "/console/nodes" || !strings.Contains(page, "n1") {
+			t.Errorf("%s with the session's cookie: %d at %s, want the nodes page", name, code, path)
+		}
+	}
+	// The store holds neither the cookie nor the token.
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, "SELECT id || ' ' || sealed FROM console_sessions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := 0
+	for rows.Next() {
+		var row string
+		if err := rows.Scan(&row); err != nil {
+			t.Fatal(err)
+		}
+		stored++
+		if strings.Contains(row, value) || strings.Contains(row, tok) {
+			t.Errorf("the store holds the cookie or the token in the clear: %s", row)
+		}
+	}
+	rows.Close()
+	if stored != 1 {
+		t.Errorf("%d sessions stored, want 1", stored)
+	}
+	// Signing out through the second ends the session on the first too.
+	_, _, page := b2.do("GET", "/console/nodes", nil)
+	if code, path, _ := b2.do("POST", "/console/signout", url.Values{"csrf": {csrfOf(t, page)}}); path != "/console/signin" {
+		t.Fatalf("sign-out through the second apiserver: %d at %s", code, path)
+	}
+	if _, path, _ := b1.do("GET", "/console/nodes", nil); path != "/console/signin" {
+		t.Errorf("after a sign-out on another apiserver the first still serves the session (at %s)", path)
 	}
 }
 

@@ -142,7 +142,12 @@ type Config struct {
 	// WebhookBackoff is the first wait after a failure (0: 1 s, doubled
 	// each time up to a minute), WebhookMaxActive how many webhooks one
 	// apiserver delivers at once (0: DefaultWebhookMaxActive).
-	Webhooks            WebhookStore
+	Webhooks WebhookStore
+	// ConsoleSessions, when set, keeps the web console's sessions
+	// (console.go), so every apiserver on the store accepts a browser
+	// another signed in and a restart keeps them; nil keeps them in this
+	// process's memory.
+	ConsoleSessions     store.ConsoleSessions
 	WebhookAllowPrivate bool
 	WebhookTimeout      time.Duration
 	// GradePool is how many clean rooms of each shape a grade keeps ready

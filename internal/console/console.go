@@ -13,8 +13,11 @@
 //
 // A browser signs in by posting a token; it gets a session cookie
 // (HttpOnly, SameSite=Strict, Secure over TLS) naming a session kept in
-// this process, which maps to the token. Every form carries the session's
-// CSRF token, and a POST without it is refused.
+// the metadata store (Config.Sessions), so every apiserver on the store
+// accepts it and a restart keeps it; the store holds a hash of the
+// cookie and the token sealed under a key only the cookie gives. Every
+// form carries the session's CSRF token, and a POST without it is
+// refused.
 package console
 
 import (
@@ -36,6 +39,7 @@ import (
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/store"
 )
 
 // Prefix is the path the console is served under.
@@ -60,7 +64,11 @@ type Config struct {
 	// Authenticate checks a token as the apiserver does (its iam.Cache),
 	// at sign-in and on every request after it.
 	Authenticate func(ctx context.Context, token string) (iam.Authority, error)
-	Log          *slog.Logger
+	// Sessions keeps the signed-in sessions: the apiservers' shared store,
+	// so any of them accepts a browser another signed in. nil keeps them
+	// in this process's memory (a restart signs everyone out).
+	Sessions store.ConsoleSessions
+	Log      *slog.Logger
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }
@@ -68,7 +76,7 @@ type Config struct {
 // Console serves the pages. Make it with New.
 type Console struct {
 	cfg      Config
-	sessions *sessions
+	sessions sessions
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
 }
@@ -78,7 +86,10 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Console{cfg: cfg, sessions: newSessions(), pages: map[string]*template.Template{}}
+	if cfg.Sessions == nil {
+		cfg.Sessions = newMemSessions()
+	}
+	c := &Console{cfg: cfg, sessions: sessions{st: cfg.Sessions}, pages: map[string]*template.Template{}}
 	names, err := fs.Glob(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("list the console's templates: %w", err)
@@ -162,7 +173,12 @@ func (c *Console) auth(h func(http.ResponseWriter, *request)) http.Handler {
 		ck, err := r.Cookie(sessionCookie)
 		var sess *session
 		if err == nil {
-			sess, _ = c.sessions.get(ck.Value, c.cfg.Now())
+			sess, err = c.sessions.get(r.Context(), ck.Value, c.cfg.Now())
+			if err != nil {
+				c.cfg.Log.Warn("console session not read", "path", r.URL.Path, "err", err)
+				http.Error(w, "the console's session could not be read: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		if sess == nil {
 			c.toSignIn(w, r)
@@ -171,7 +187,7 @@ func (c *Console) auth(h func(http.ResponseWriter, *request)) http.Handler {
 		au, err := c.cfg.Authenticate(r.Context(), sess.token)
 		if err != nil {
 			if errors.Is(err, errdefs.ErrUnauthenticated) {
-				c.sessions.remove(sess.id)
+				c.endSession(r.Context(), sess)
 				c.toSignIn(w, r)
 				return
 			}
@@ -188,6 +204,15 @@ func (c *Console) auth(h func(http.ResponseWriter, *request)) http.Handler {
 		ctx := context.WithValue(r.Context(), tokenKey{}, sess.token)
 		h(w, &request{Request: r.WithContext(ctx), au: au, sess: sess})
 	})
+}
+
+// endSession forgets a session in the store (a sign-out, or its token
+// refused); a failure is logged, the session then ending when it expires
+// or at its next request, whose token is refused again.
+func (c *Console) endSession(ctx context.Context, sess *session) {
+	if err := c.cfg.Sessions.DeleteConsoleSession(context.WithoutCancel(ctx), sess.id); err != nil {
+		c.cfg.Log.Warn("console session not ended", "err", err)
+	}
 }
 
 // toSignIn sends a browser to the sign-in page, coming back here after.

@@ -140,15 +140,24 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		c.signInPage(w, r, http.StatusServiceUnavailable, "The token could not be checked: "+err.Error())
 		return
 	}
-	sess := c.sessions.add(tok, au.Expires, c.cfg.Now())
-	http.SetCookie(w, cookie(r, sessionCookie, sess.id, sess.expires))
+	now := c.cfg.Now()
+	if _, err := c.cfg.Sessions.ExpireConsoleSessions(r.Context(), now); err != nil {
+		c.cfg.Log.Warn("expire console sessions", "err", err)
+	}
+	sess, value, err := c.sessions.add(r.Context(), tok, au.TokenID, au.Expires, now)
+	if err != nil {
+		c.cfg.Log.Warn("console session not stored", "err", err)
+		c.signInPage(w, r, http.StatusServiceUnavailable, "The session could not be stored: "+err.Error())
+		return
+	}
+	http.SetCookie(w, cookie(r, sessionCookie, value, sess.expires))
 	http.SetCookie(w, cookie(r, preCookie, "", time.Time{}))
 	c.cfg.Log.Info("console sign-in", "principal", au.Principal, "token", au.TokenID, "peer", r.RemoteAddr)
 	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
 }
 
 func (c *Console) signOut(w http.ResponseWriter, r *request) {
-	c.sessions.remove(r.sess.id)
+	c.endSession(r.Context(), r.sess)
 	http.SetCookie(w, cookie(r.Request, sessionCookie, "", time.Time{}))
 	http.Redirect(w, r.Request, Prefix+"/signin", http.StatusSeeOther)
 }

@@ -765,7 +765,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	edge.SetTrust(func() (*sdkreceipt.Verifier, error) { return trust, nil })
 	api := apiserver.New(apiserver.Config{Name: cfg.Node, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, EventsOff: cfg.NoEvents, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		Ledger: meta, UsageRetention: cfg.UsageRetention,
+		Ledger: meta, UsageRetention: cfg.UsageRetention, ConsoleSessions: meta,
 		TokenlessFnCall: tokenless, Metrics: cfg.metrics, ScrapeToken: scrapeToken,
 		MaxBatch: cfg.APITuning.MaxBatch, CreateConcurrency: cfg.APITuning.CreateConcurrency,
 		ReconcileInterval: cfg.APITuning.ReconcileInterval, AbandonAfter: cfg.APITuning.AbandonAfter,

@@ -503,7 +503,7 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	api = apiserver.New(apiserver.Config{Name: cfg.Name, Replicas: cfg.Replicas, PlacementGroup: cfg.PlacementGroup, Auth: meta, Audit: meta, Quotas: meta, IAM: meta, Objects: meta,
 		ReconcileInterval: cfg.ReconcileInterval, AbandonAfter: cfg.AbandonAfter, AuditRetention: cfg.AuditRetention,
 		Events: meta, EventRetention: cfg.EventRetention, EventsOff: cfg.NoEvents, Webhooks: meta, WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		Ledger: ledgerStore, UsageRetention: cfg.UsageRetention, UsagePullEvery: cfg.UsagePullEvery,
+		Ledger: ledgerStore, UsageRetention: cfg.UsageRetention, UsagePullEvery: cfg.UsagePullEvery, ConsoleSessions: meta,
 		TokenlessFnCall: tokenless, Metrics: reg, ScrapeToken: scrapeToken,
 		MaxBatch: cfg.MaxBatch, CreateConcurrency: cfg.CreateConcurrency, WebhookTimeout: cfg.WebhookTimeout,
 		WebhookBackoff: cfg.WebhookBackoff, WebhookMaxActive: cfg.WebhookMaxActive, GradePool: cfg.GradePool}, meta, w, log.With("component", "apiserver"))

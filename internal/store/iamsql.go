@@ -871,6 +871,9 @@ func (d *sqlDB) RevokeToken(ctx context.Context, actor iam.Authority, tokenID st
 			}
 			n += int(more)
 		}
+		if err := endConsoleSessions(ctx, d, tx); err != nil {
+			return err
+		}
 		return bumpGeneration(ctx, tx)
 	})
 	if err != nil {

@@ -14,7 +14,8 @@
 //   - the project each layer, image, snapshot and warm pool belongs to, the
 //     bytes charged for it, and the projects it is shared with;
 //   - the sandboxes' lifecycle events, by project, read by cursor;
-//   - the cost ledger: what each sandbox used, by project and labels.
+//   - the cost ledger: what each sandbox used, by project and labels;
+//   - the web console's sessions, so any apiserver accepts them.
 //
 // Store is the pluggable backend interface. Open picks an implementation by
 // its DSN: SQLite (one file, what the all-in-one dsecd uses under its root)
@@ -170,6 +171,8 @@ type Store interface {
 	Webhooks
 	// The cost ledger (usage.go).
 	Ledger
+	// The web console's sessions (consolesessions.go).
+	ConsoleSessions
 
 	// Close releases the store's connections.
 	Close() error

@@ -69,6 +69,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	tests = append(tests, holdCases...)
 	tests = append(tests, eventCases...)
 	tests = append(tests, usageCases...)
+	tests = append(tests, consoleCases...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.fn(t, open(t))
@@ -96,6 +97,7 @@ func RunReplicas(t *testing.T, open func(t *testing.T) (a, b store.Store)) {
 	tests = append(tests, holdReplicaCases...)
 	tests = append(tests, eventReplicaCases...)
 	tests = append(tests, usageReplicaCases...)
+	tests = append(tests, consoleReplicaCases...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := open(t)
