@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/console"
@@ -63,6 +65,8 @@ func (b *browser) do(method, path string, form url.Values) (int, string, string)
 	out, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, resp.Request.URL.Path, string(out)
 }
+
+var nextLink = regexp.MustCompile(`<a href="([^"]+)" id="next">`)
 
 var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
@@ -114,7 +118,12 @@ func TestConsole(t *testing.T) {
 		return tok
 	}
 	runA, viewA, runB := mint("run-a", "a", iam.Runner), mint("view-a", "a", iam.Viewer), mint("run-b", "b", iam.Runner)
-	s := New(Config{Auth: st, IAM: st, Events: st}, st, watcher.NewFixed(nodesOf(newFakeEdge("n1"))...), slog.New(slog.DiscardHandler))
+	nodes := nodesOf(newFakeEdge("n1"), newFakeEdge("n2"))
+	// n1 reports its use as a real node does; n2 none, as a hollow one.
+	nodes[0].Status = &edgev1.NodeStatus{Node: "n1", Backends: []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER}, MaxSandboxes: 1000,
+		Cpus: 2, CpuBusy: 0.5, MemTotalMb: 4096, MemAvailableMb: 1024}
+	nodes[1].Status = &edgev1.NodeStatus{Node: "n2", Backends: []dsecv1.Backend{dsecv1.Backend_BACKEND_CONTAINER}, MaxSandboxes: 1000}
+	s := New(Config{Auth: st, IAM: st, Events: st}, st, watcher.NewFixed(nodes...), slog.New(slog.DiscardHandler))
 	hs := httptest.NewUnstartedServer(s.Handler())
 	hs.Config.ConnContext = ConnContext
 	hs.Start()
@@ -176,8 +185,24 @@ func TestConsole(t *testing.T) {
 			t.Errorf("filter %s: %d rows, want %d", c.query, n, min(c.want, console.PageSize))
 		}
 	}
-	if _, _, page := alice.do("GET", "/console/sandboxes?page=2", nil); strings.Count(page, `<a href="/console/sandboxes/sb-`) != len(aIDs)-console.PageSize {
-		t.Errorf("page 2 holds the rest")
+	// The next page, by the first page's link (List's page token): the
+	// rest, none of the first page's, and no link further.
+	m := nextLink.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("the first page links to no next page:\n%s", page)
+	}
+	_, _, page2 := alice.do("GET", html.UnescapeString(m[1]), nil)
+	if n := strings.Count(page2, `<a href="/console/sandboxes/sb-`); n != len(aIDs)-console.PageSize || nextLink.MatchString(page2) ||
+		!strings.Contains(page2, fmt.Sprintf("%d–%d of %d", console.PageSize+1, len(aIDs), len(aIDs))) || !strings.Contains(page2, `id="newest"`) {
+		t.Errorf("page 2: %d rows, want the rest (%d), counted from %d, a link to the newest and none further:\n%s", n, len(aIDs)-console.PageSize, console.PageSize+1, page2)
+	}
+	for _, row := range regexp.MustCompile(`/console/sandboxes/(sb-[^"]+)"`).FindAllStringSubmatch(page2, -1) {
+		if strings.Contains(page, row[0]) {
+			t.Errorf("%s is on both pages", row[1])
+		}
+	}
+	if code, _, _ := alice.do("GET", "/console/sandboxes?after=forged", nil); code != 400 {
+		t.Errorf("a forged page token: %d, want 400", code)
 	}
 	if code, _, _ := alice.do("GET", "/console/sandboxes?state=bogus", nil); code != 400 {
 		t.Errorf("a bad state filter: %d, want 400", code)
@@ -229,8 +254,15 @@ func TestConsole(t *testing.T) {
 			t.Errorf("page %s: %d", p, code)
 		}
 	}
-	if _, _, page := alice.do("GET", "/console/nodes", nil); !strings.Contains(page, "n1") {
+	_, _, page = alice.do("GET", "/console/nodes", nil)
+	if !strings.Contains(page, "n1") {
 		t.Errorf("the nodes page does not name the node")
+	}
+	if !strings.Contains(page, "0.50 of 2 CPUs (25%)") || !strings.Contains(page, "3.0 GiB of 4.0 GiB (75%)") {
+		t.Errorf("the nodes page does not show n1's CPU and memory use:\n%s", page)
+	}
+	if strings.Count(page, `<td class="cpu">—</td>`) != 1 || strings.Count(page, `<td class="memory">—</td>`) != 1 {
+		t.Errorf("the nodes page shows a use for n2, which reports none:\n%s", page)
 	}
 
 	// The events page: the token's projects' events, newest first,
@@ -400,8 +432,9 @@ func TestConsoleSessionsShared(t *testing.T) {
 
 // BenchmarkConsoleSandboxes renders the console's sandbox list over 10,000
 // sandboxes (an edge of the test's, through the apiserver's List, as a
-// signed-in root token sees them), against the List call alone as the
-// baseline, and prints both with the target: a page in at most 1 s.
+// signed-in root token sees them), walking the pages by their next links,
+// against the List call of every sandbox (unpaged) as the baseline, and
+// prints both with the target: a page in at most 1 s.
 //
 //	go test -run '^$' -bench ConsoleSandboxes -benchtime 20x ./internal/apiserver
 func BenchmarkConsoleSandboxes(b *testing.B) {
@@ -440,8 +473,9 @@ func BenchmarkConsoleSandboxes(b *testing.B) {
 	}
 	var listTime, pageTime time.Duration
 	var worst time.Duration
+	next := "/console/sandboxes"
 	b.ResetTimer()
-	for i := range b.N {
+	for range b.N {
 		start := time.Now()
 		resp, err := cl.List(ctx, connect.NewRequest(&dsecv1.ListRequest{}))
 		if err != nil || len(resp.Msg.GetSandboxes()) != total {
@@ -449,13 +483,19 @@ func BenchmarkConsoleSandboxes(b *testing.B) {
 		}
 		listTime += time.Since(start)
 		start = time.Now()
-		code, _, page := br.do("GET", fmt.Sprintf("/console/sandboxes?page=%d", 1+i%(total/console.PageSize)), nil)
+		code, _, page := br.do("GET", next, nil)
 		d := time.Since(start)
 		if code != 200 || strings.Count(page, `<a href="/console/sandboxes/sb-`) != console.PageSize {
 			b.Fatalf("page: %d", code)
 		}
 		pageTime += d
 		worst = max(worst, d)
+		// Walk the pages by their links, back to the newest after the last.
+		next = "/console/sandboxes"
+		if m := nextLink.FindStringSubmatch(page); m != nil {
+			next = html.UnescapeString(m[1])
+		}
+
 	}
 	b.StopTimer()
 	n := time.Duration(b.N)

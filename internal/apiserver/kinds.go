@@ -101,6 +101,11 @@ func (s *Server) nodeInfos() []*dsecv1.NodeInfo {
 			ni.Kinds, ni.Missing = st.GetKinds(), st.GetMissing()
 			ni.Live, ni.MaxSandboxes = st.GetLive(), st.GetMaxSandboxes()
 			ni.CoreScheduling = st.GetCoreScheduling()
+			ni.Cpus, ni.CpuBusy = st.GetCpus(), st.GetCpuBusy()
+			if ni.Cpus == 0 {
+				ni.CpuBusy = -1 // a node that reports no CPUs (hollow, older)
+			}
+			ni.MemoryMb, ni.MemoryAvailableMb = st.GetMemTotalMb(), st.GetMemAvailableMb()
 			if len(ni.Kinds) == 0 {
 				for _, b := range st.GetBackends() {
 					ni.Kinds = append(ni.Kinds, &dsecv1.SandboxKind{Isolation: dsecv1.Isolation_ISOLATION_CONTAINER, Profile: b})

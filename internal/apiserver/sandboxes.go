@@ -19,6 +19,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/placement"
+	"dsec.dev/dsec/internal/sandboxpage"
 	"dsec.dev/dsec/internal/store"
 )
 
@@ -773,6 +774,17 @@ func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListReque
 		}
 	}
 	out.Sandboxes = visible(ctx, out.Sandboxes)
+	if size := req.Msg.GetPageSize(); size != 0 || req.Msg.GetPageToken() != "" {
+		// Every node's list is read whole (a node holds at most its
+		// max_sandboxes) and only the page is sent on.
+		sandboxpage.Sort(out.Sandboxes)
+		out.Total = int32(len(out.Sandboxes))
+		var err error
+		out.Sandboxes, out.NextPageToken, err = sandboxpage.Cut(out.Sandboxes, int(size), req.Msg.GetPageToken())
+		if err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+	}
 	return connect.NewResponse(out), nil
 }
 

@@ -285,6 +285,12 @@ func TestLsShowsLiveByDefault(t *testing.T) {
 			t.Errorf("dsec %s sent %v", strings.Join(tc.args, " "), req)
 		}
 	}
+	if _, _, err := runCLIErr(t, addr, "ls", "--page-size", "50", "--page-token", "tok"); err != nil {
+		t.Fatal(err)
+	}
+	if req := f.last().(*dsecv1.ListRequest); req.GetPageSize() != 50 || req.GetPageToken() != "tok" {
+		t.Errorf("dsec ls --page-size 50 --page-token tok sent %v", req)
+	}
 	for _, args := range [][]string{{"ls", "--all", "--state", "stopped"}, {"ls", "--state", "unspecified"}, {"ls", "--state", "zombie"}} {
 		if _, _, err := runCLIErr(t, addr, args...); err == nil {
 			t.Errorf("dsec %s: no error", strings.Join(args, " "))

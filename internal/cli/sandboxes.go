@@ -539,6 +539,8 @@ func (a *app) lsCommand() *cobra.Command {
 	var states []string
 	var project string
 	var all bool
+	var pageSize int32
+	var pageToken string
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "list live sandboxes (--all: stopped and failed ones too, while the node keeps them)",
@@ -576,6 +578,10 @@ func (a *app) lsCommand() *cobra.Command {
 				return fmt.Errorf("--all and --state: name one")
 			}
 			req.All = all
+			if rootOnly && (pageSize != 0 || pageToken != "") {
+				return fmt.Errorf("--project / and --page-size: the root's own sandboxes are listed whole (List cannot select them, so its pages would hold others)")
+			}
+			req.PageSize, req.PageToken = pageSize, pageToken
 			resp, err := a.c.Sandboxes.List(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
@@ -591,6 +597,9 @@ func (a *app) lsCommand() *cobra.Command {
 			}
 			if a.json {
 				return a.printProto(resp.Msg)
+			}
+			if next := resp.Msg.GetNextPageToken(); next != "" {
+				defer fmt.Fprintf(a.stderr, "%d of %d shown; the next page: --page-token %s\n", len(resp.Msg.GetSandboxes()), resp.Msg.GetTotal(), next)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tPROJECT\tISOLATION\tENVIRONMENT\tAGE\tREASON")
@@ -610,6 +619,8 @@ func (a *app) lsCommand() *cobra.Command {
 	cmd.Flags().StringVarP(&project, "project", "p", "", "only the sandboxes of this project itself (/ for the root's own), not of those under it")
 	cmd.Flags().StringArrayVar(&states, "state", nil, "only sandboxes in this state (repeatable): creating, running, stopping, stopped, failed")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "also list stopped and failed sandboxes (kept for the node's retention period)")
+	cmd.Flags().Int32Var(&pageSize, "page-size", 0, "at most this many sandboxes, newest first (at most 1000); the next page's token goes to stderr")
+	cmd.Flags().StringVar(&pageToken, "page-token", "", "the page after an earlier --page-size listing's")
 	return cmd
 }
 

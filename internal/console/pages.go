@@ -16,6 +16,7 @@ import (
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
+	"dsec.dev/dsec/internal/sandboxpage"
 )
 
 // PageSize is how many sandboxes one page of the list shows.
@@ -34,6 +35,8 @@ var funcs = template.FuncMap{
 	"project": projectOf,
 	"display": iam.Display,
 	"kind":    kindName,
+	"cpuUse":  cpuUse,
+	"memUse":  memUse,
 	"navs":    func() []string { return navs },
 	"enum": func(v interface{ String() string }, prefix string) string {
 		return strings.ToLower(strings.TrimPrefix(v.String(), prefix))
@@ -48,6 +51,35 @@ var funcs = template.FuncMap{
 
 // navs are the pages the header links to.
 var navs = []string{"sandboxes", "nodes", "pools", "layers", "projects", "events"}
+
+// use is one of a node's figures for its row: how much of how much, and
+// the words for it.
+type use struct {
+	Used, Of float64
+	Text     string
+}
+
+// cpuUse is a node's busy CPUs of its CPUs; nil when it did not say.
+func cpuUse(n *dsecv1.NodeInfo) *use {
+	if n.GetCpus() <= 0 || n.GetCpuBusy() < 0 {
+		return nil
+	}
+	busy := min(n.GetCpuBusy(), n.GetCpus())
+	return &use{Used: busy, Of: n.GetCpus(),
+		Text: fmt.Sprintf("%.2f of %g CPUs (%.0f%%)", busy, n.GetCpus(), 100*busy/n.GetCpus())}
+}
+
+// memUse is a node's memory in use (its total less what is available) of
+// its total; nil when it did not say.
+func memUse(n *dsecv1.NodeInfo) *use {
+	total := n.GetMemoryMb()
+	if total <= 0 {
+		return nil
+	}
+	used := max(0, total-n.GetMemoryAvailableMb())
+	return &use{Used: float64(used), Of: float64(total),
+		Text: fmt.Sprintf("%s of %s (%.0f%%)", fmtBytes(used<<20), fmtBytes(total<<20), 100*float64(used)/float64(total))}
+}
 
 // kindName is a node's sandbox kind: isolation, profile and accelerator.
 func kindName(k *dsecv1.SandboxKind) string {
@@ -171,21 +203,25 @@ func (c *Console) nodes(w http.ResponseWriter, r *request) {
 	c.render(w, r, http.StatusOK, "nodes", info.Msg)
 }
 
-// listQuery is the sandbox list's filter, as its form and links carry it.
+// listQuery is the sandbox list's filter, as its form and links carry
+// it, with the page: after the sandbox a List page token names, the
+// first shown being the From-th.
 type listQuery struct {
 	Project, Label, State string
-	Page                  int
+	After                 string
+	From                  int
 }
 
-func (q listQuery) URL(page int) string {
+func (q listQuery) URL(after string, from int) string {
 	v := url.Values{}
 	for k, s := range map[string]string{"project": q.Project, "label": q.Label, "state": q.State} {
 		if s != "" {
 			v.Set(k, s)
 		}
 	}
-	if page > 1 {
-		v.Set("page", strconv.Itoa(page))
+	if after != "" {
+		v.Set("after", after)
+		v.Set("from", strconv.Itoa(from))
 	}
 	if len(v) == 0 {
 		return Prefix + "/sandboxes"
@@ -246,42 +282,49 @@ func mapsKeys(m map[string]dsecv1.State) func(func(string) bool) {
 	}
 }
 
+// sandboxes lists a page of the sandboxes the filter matches, newest
+// first: List pages on the API's side (page_size, page_token), so a page
+// costs one page's sandboxes on the wire whatever the total. The root's
+// own sandboxes (a filter List cannot ask for) are read whole and paged
+// here, in the same order and with the same tokens.
 func (c *Console) sandboxes(w http.ResponseWriter, r *request) {
-	q := listQuery{Project: r.FormValue("project"), Label: r.FormValue("label"), State: r.FormValue("state")}
-	q.Page, _ = strconv.Atoi(r.FormValue("page"))
-	q.Page = max(q.Page, 1)
+	q := listQuery{Project: r.FormValue("project"), Label: r.FormValue("label"), State: r.FormValue("state"), After: r.FormValue("after")}
+	q.From, _ = strconv.Atoi(r.FormValue("from"))
+	if q.After == "" || q.From < 1 {
+		q.From = 1
+	}
 	req, rootOnly, err := q.listRequest()
 	if err != nil {
 		c.fail(w, r, connect.NewError(connect.CodeInvalidArgument, err))
 		return
+	}
+	if !rootOnly {
+		req.PageSize, req.PageToken = PageSize, q.After
 	}
 	resp, err := c.cfg.Sandboxes.List(r.Context(), connect.NewRequest(req))
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	sbs := resp.Msg.GetSandboxes()
+	sbs, next, total := resp.Msg.GetSandboxes(), resp.Msg.GetNextPageToken(), int(resp.Msg.GetTotal())
 	if rootOnly {
 		sbs = slices.DeleteFunc(sbs, func(sb *dsecv1.Sandbox) bool { return sb.GetSpec().GetLabels()[iam.ProjectLabel] != "" })
-	}
-	// Newest first, the ID breaking ties, so pages are stable.
-	slices.SortFunc(sbs, func(a, b *dsecv1.Sandbox) int {
-		if a.GetCreatedUnixMs() != b.GetCreatedUnixMs() {
-			return int(b.GetCreatedUnixMs() - a.GetCreatedUnixMs())
+		sandboxpage.Sort(sbs)
+		total = len(sbs)
+		if sbs, next, err = sandboxpage.Cut(sbs, PageSize, q.After); err != nil {
+			c.fail(w, r, connect.NewError(connect.CodeInvalidArgument, err))
+			return
 		}
-		return strings.Compare(a.GetId(), b.GetId())
-	})
-	pages := max(1, (len(sbs)+PageSize-1)/PageSize)
-	q.Page = min(q.Page, pages)
-	from := (q.Page - 1) * PageSize
-	to := min(from+PageSize, len(sbs))
-	data := map[string]any{"Query": q, "Sandboxes": sbs[from:to], "Total": len(sbs), "From": from + 1, "To": to,
-		"Page": q.Page, "Pages": pages, "States": append([]string{"all"}, slices.Sorted(mapsKeys(states))...)}
-	if q.Page > 1 {
-		data["Prev"] = q.URL(q.Page - 1)
 	}
-	if q.Page < pages {
-		data["Next"] = q.URL(q.Page + 1)
+	to := q.From + len(sbs) - 1
+	data := map[string]any{"Query": q, "Sandboxes": sbs, "Total": total, "From": q.From, "To": to,
+		"Page": (q.From-1)/PageSize + 1, "Pages": max(1, (total+PageSize-1)/PageSize),
+		"States": append([]string{"all"}, slices.Sorted(mapsKeys(states))...)}
+	if q.After != "" {
+		data["Newest"] = q.URL("", 0)
+	}
+	if next != "" {
+		data["Next"] = q.URL(next, to+1)
 	}
 	c.render(w, r, http.StatusOK, "sandboxes", data)
 }

@@ -500,3 +500,27 @@ func (x observed) ReleaseWebhooks(ctx context.Context, owner string) error {
 	x.done("ReleaseWebhooks", err)
 	return err
 }
+
+func (x observed) PutConsoleSession(ctx context.Context, s ConsoleSession) error {
+	err := x.Store.PutConsoleSession(ctx, s)
+	x.done("PutConsoleSession", err)
+	return err
+}
+
+func (x observed) ConsoleSession(ctx context.Context, id string, now time.Time) (ConsoleSession, error) {
+	r0, err := x.Store.ConsoleSession(ctx, id, now)
+	x.done("ConsoleSession", err)
+	return r0, err
+}
+
+func (x observed) DeleteConsoleSession(ctx context.Context, id string) error {
+	err := x.Store.DeleteConsoleSession(ctx, id)
+	x.done("DeleteConsoleSession", err)
+	return err
+}
+
+func (x observed) ExpireConsoleSessions(ctx context.Context, now time.Time) (int, error) {
+	r0, err := x.Store.ExpireConsoleSessions(ctx, now)
+	x.done("ExpireConsoleSessions", err)
+	return r0, err
+}

@@ -545,6 +545,44 @@ func (c *Client) ListAll(ctx context.Context, labels map[string]string) ([]*Sand
 	return c.list(ctx, &dsecv1.ListRequest{Labels: labels, All: true})
 }
 
+// Page is one page of a paged listing (ListPage).
+type Page struct {
+	Sandboxes []*Sandbox
+	// Next is the token of the page after this one; "" when this is the
+	// last.
+	Next string
+	// Total is how many sandboxes match in all pages.
+	Total int
+}
+
+// ListPage returns one page of at most size sandboxes (at most 1,000)
+// matching req's filter (labels, states, all), newest first, starting
+// after token ("" the first page; then a Page's Next). The API reads and
+// sends only that page, so a caller walking 10,000 sandboxes holds 100 at
+// a time; sandboxes made meanwhile do not shift the pages after.
+func (c *Client) ListPage(ctx context.Context, filter *dsecv1.ListRequest, size int, token string) (*Page, error) {
+	req := &dsecv1.ListRequest{PageSize: int32(size), PageToken: token}
+	if filter != nil {
+		req.Labels, req.States, req.All = filter.GetLabels(), filter.GetStates(), filter.GetAll()
+	}
+	var resp *dsecv1.ListResponse
+	err := c.unary(ctx, true, func(ctx context.Context) error {
+		r, err := c.sb.List(ctx, connect.NewRequest(req))
+		if err == nil {
+			resp = r.Msg
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list a page of sandboxes: %w", err)
+	}
+	p := &Page{Next: resp.GetNextPageToken(), Total: int(resp.GetTotal())}
+	for _, info := range resp.GetSandboxes() {
+		p.Sandboxes = append(p.Sandboxes, c.wrap(info))
+	}
+	return p, nil
+}
+
 func (c *Client) list(ctx context.Context, req *dsecv1.ListRequest) ([]*Sandbox, error) {
 	var resp *dsecv1.ListResponse
 	err := c.unary(ctx, true, func(ctx context.Context) error {

@@ -266,6 +266,10 @@ func TestLiveLifecycle(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].ID != sb.ID {
 		t.Fatalf("List = %v, %v", list, err)
 	}
+	page, err := c.ListPage(ctx, &dsecv1.ListRequest{Labels: map[string]string{"test": "lifecycle"}}, 1, "")
+	if err != nil || len(page.Sandboxes) != 1 || page.Sandboxes[0].ID != sb.ID || page.Next != "" || page.Total != 1 {
+		t.Fatalf("ListPage = %+v, %v; want the one sandbox, no next page", page, err)
+	}
 	res, err := sb.Exec(ctx, Sh("echo $FOO"), nil)
 	if err != nil || string(res.Stdout) != "bar\n" {
 		t.Fatalf("Exec: %v %v", res, err)

@@ -255,6 +255,11 @@ func TestConsole(t *testing.T) {
 		if p == "nodes" && !strings.Contains(text("#nodes"), "healthy") {
 			t.Errorf("the nodes page: %s", text("#nodes"))
 		}
+		// The node's use: its host's busy CPUs (a rate over two of its
+		// reports, seconds apart by now) and its memory in use.
+		if p == "nodes" && (!strings.Contains(text("#nodes td.cpu"), " CPUs (") || !strings.Contains(text("#nodes td.memory"), "iB of ")) {
+			t.Errorf("the nodes page shows no CPU or memory use: %q, %q", text("#nodes td.cpu"), text("#nodes td.memory"))
+		}
 		shot(b, p)
 	}
 

@@ -341,6 +341,7 @@ func (s *Service) Status(ctx context.Context, req *connect.Request[edgev1.Status
 		Node: st.Node, Backends: backends, Kinds: kinds, Missing: st.Missing,
 		MaxSandboxes: int32(st.MaxSandboxes), Live: int32(st.Live), Creating: int32(st.Creating), Pooled: int32(st.Pooled),
 		MaxCpus: st.MaxCPUs, MaxMemoryMb: st.MaxMemoryMB, MemAvailableMb: st.MemAvailableMB,
+		Cpus: st.CPUs, CpuBusy: st.CPUBusy, MemTotalMb: st.MemTotalMB,
 		ReportedUnixMs: st.At.UnixMilli(), Version: Version, Refusing: st.Refusing, BlobStore: s.layers.BlobStore(),
 		Ended:          st.Ended,
 		CoreScheduling: &dsecv1.CoreScheduling{Available: st.CoreSched.Available, Reason: st.CoreSched.Reason},

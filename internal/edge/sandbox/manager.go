@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -182,6 +183,7 @@ type Manager struct {
 	wg   sync.WaitGroup
 
 	coreSched qos.CoreSched // the node's, read once by New
+	hostCPU   *hostCPU      // the host's busy CPUs, for Status
 
 	// life ends at Shutdown, and with it every sandbox's watch (watchers
 	// counts them); shut says Shutdown began, after which no watch starts.
@@ -291,6 +293,7 @@ func New(cfg Config, runtimes map[Kind]backend.Runtime, images Images, net Netwo
 		life:      life,
 		endLife:   endLife,
 		coreSched: qos.CoreScheduling(),
+		hostCPU:   newHostCPU(),
 	}
 	// A layer service that can take snapshot layers makes snapshots
 	// possible.
@@ -963,6 +966,12 @@ type Status struct {
 	MaxCPUs        float64
 	MaxMemoryMB    int64
 	MemAvailableMB int64
+	// The host's CPUs, how many were busy on average over the last second
+	// or more (-1: not known yet), and its memory (0: not known): what
+	// the console's nodes page shows.
+	CPUs       float64
+	CPUBusy    float64
+	MemTotalMB int64
 	// Refusing says why admission refuses creates now; "" when it takes them.
 	Refusing string
 	At       time.Time
@@ -982,7 +991,14 @@ type Status struct {
 // Status reports the node's capacity and load now.
 func (m *Manager) Status() Status {
 	st := Status{Node: m.cfg.Node, Backends: m.Backends(), Kinds: m.kindInfos(), Missing: m.Missing(), MaxSandboxes: m.cfg.Limits.MaxSandboxes, MaxCPUs: m.cfg.Limits.MaxCPUs,
-		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now(), Started: m.started, CoreSched: m.coreSched}
+		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now(), Started: m.started, CoreSched: m.coreSched,
+		CPUs: float64(runtime.NumCPU()), CPUBusy: -1}
+	if m.hostCPU != nil {
+		st.CPUBusy = m.hostCPU.Busy(st.At)
+	}
+	if t, err := meminfoMB("MemTotal"); err == nil {
+		st.MemTotalMB = t
+	}
 	m.mu.Lock()
 	st.Ended = m.ended
 	for _, sb := range m.sandboxes {

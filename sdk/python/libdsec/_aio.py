@@ -714,6 +714,31 @@ class AsyncClient(IAMCalls, TrajectoryCalls, EventCalls, UsageCalls):
         resp = await self._call("List", msg, timeout, idempotent=True)
         return [Sandbox(self, d) for d in resp.get("sandboxes", [])]
 
+    async def list_page(self, labels: Optional[Mapping[str, str]] = None,
+                        states: Optional[Iterable[str]] = None, *, all: bool = False,
+                        page_size: int = 100, page_token: str = "",
+                        timeout: Optional[float] = None) -> Tuple[List["Sandbox"], str, int]:
+        """One page of list()'s sandboxes: at most page_size (at most 1000),
+        newest first, after page_token ("" the first page). Returns the
+        page, the next page's token ("" after the last) and how many match
+        in all pages."""
+        if page_size < 1:
+            raise errors.InvalidArgument("page_size: want at least 1")
+        msg: Dict[str, Any] = {"pageSize": page_size}
+        if page_token:
+            msg["pageToken"] = page_token
+        if labels:
+            msg["labels"] = dict(labels)
+        if states and all:
+            raise errors.InvalidArgument("give states or all=True, not both")
+        if states:
+            msg["states"] = [_state_name(s) for s in states]
+        if all:
+            msg["all"] = True
+        resp = await self._call("List", msg, timeout, idempotent=True)
+        return ([Sandbox(self, d) for d in resp.get("sandboxes", [])],
+                resp.get("nextPageToken", ""), int(resp.get("total", 0)))
+
     async def delete(self, id: str, *, timeout: Optional[float] = None) -> None:
         await self._call("Delete", {"id": id}, timeout, idempotent=True)
 

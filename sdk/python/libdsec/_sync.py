@@ -104,6 +104,13 @@ class Client:
              timeout: Optional[float] = None) -> List["Sandbox"]:
         return [Sandbox(self, s) for s in self._run(self._a.list(labels, states, all=all, timeout=timeout))]
 
+    def list_page(self, labels: Optional[Mapping[str, str]] = None, states=None, *, all: bool = False,
+                  page_size: int = 100, page_token: str = "",
+                  timeout: Optional[float] = None) -> Tuple[List["Sandbox"], str, int]:
+        page, next_token, total = self._run(self._a.list_page(labels, states, all=all, page_size=page_size,
+                                                              page_token=page_token, timeout=timeout))
+        return [Sandbox(self, s) for s in page], next_token, total
+
     def delete(self, id: str, *, timeout: Optional[float] = None) -> None:
         self._run(self._a.delete(id, timeout=timeout))
 

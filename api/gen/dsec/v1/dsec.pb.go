@@ -882,8 +882,16 @@ type NodeInfo struct {
 	// Whether latency sandboxes get a core-scheduling cookie on the node
 	// (docs/qos.md); unset when the node did not say.
 	CoreScheduling *CoreScheduling `protobuf:"bytes,7,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The node's use, as it last reported it: its host's CPUs and how many
+	// were busy on average over the last second or more (cpu_busy < 0:
+	// not known yet), its memory and how much is available (MiB; 0: not
+	// reported, as a hollow node's).
+	Cpus              float64 `protobuf:"fixed64,8,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	CpuBusy           float64 `protobuf:"fixed64,9,opt,name=cpu_busy,json=cpuBusy,proto3" json:"cpu_busy,omitempty"`
+	MemoryMb          int64   `protobuf:"varint,10,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	MemoryAvailableMb int64   `protobuf:"varint,11,opt,name=memory_available_mb,json=memoryAvailableMb,proto3" json:"memory_available_mb,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -963,6 +971,34 @@ func (x *NodeInfo) GetCoreScheduling() *CoreScheduling {
 		return x.CoreScheduling
 	}
 	return nil
+}
+
+func (x *NodeInfo) GetCpus() float64 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetCpuBusy() float64 {
+	if x != nil {
+		return x.CpuBusy
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetMemoryAvailableMb() int64 {
+	if x != nil {
+		return x.MemoryAvailableMb
+	}
+	return 0
 }
 
 // CoreScheduling is a node's report on core scheduling (PR_SCHED_CORE):
@@ -2529,8 +2565,17 @@ type ListRequest struct {
 	// Any of these states. Empty: the live ones (creating, running,
 	// stopping), unless all is set. A stopped or failed sandbox is kept for
 	// the node's retention period (dsecd --retention), then forgotten.
-	States        []State `protobuf:"varint,2,rep,packed,name=states,proto3,enum=dsec.v1.State" json:"states,omitempty"`
-	All           bool    `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"` // every state, stopped and failed included
+	States []State `protobuf:"varint,2,rep,packed,name=states,proto3,enum=dsec.v1.State" json:"states,omitempty"`
+	All    bool    `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"` // every state, stopped and failed included
+	// Paging: with page_size > 0 the answer holds at most that many
+	// sandboxes, newest first (created_unix_ms, then the ID), and
+	// next_page_token names where the next page starts ("" on the last);
+	// page_token is a next_page_token of an earlier answer to the same
+	// filter ("" the first page). A page starts after the last sandbox of
+	// the one before, so sandboxes made meanwhile do not shift it. Without
+	// page_size every match comes in one answer, in no set order.
+	PageSize      int32  `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2586,9 +2631,27 @@ func (x *ListRequest) GetAll() bool {
 	return false
 }
 
+func (x *ListRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	// Paged (ListRequest.page_size): where the next page starts ("" when
+	// this one is the last), and how many sandboxes match in all pages.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	Total         int32  `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2628,6 +2691,20 @@ func (x *ListResponse) GetSandboxes() []*Sandbox {
 		return x.Sandboxes
 	}
 	return nil
+}
+
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListResponse) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
 }
 
 type SetWarmPoolRequest struct {
@@ -11824,7 +11901,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\vSandboxKind\x120\n" +
 	"\tisolation\x18\x01 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x12*\n" +
 	"\aprofile\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\aprofile\x12 \n" +
-	"\vaccelerator\x18\x03 \x01(\tR\vaccelerator\"\xd5\x02\n" +
+	"\vaccelerator\x18\x03 \x01(\tR\vaccelerator\"\xd1\x03\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\ahealthy\x18\x02 \x01(\bR\ahealthy\x12*\n" +
@@ -11832,7 +11909,12 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\amissing\x18\x04 \x03(\v2\x1e.dsec.v1.NodeInfo.MissingEntryR\amissing\x12\x12\n" +
 	"\x04live\x18\x05 \x01(\x05R\x04live\x12#\n" +
 	"\rmax_sandboxes\x18\x06 \x01(\x05R\fmaxSandboxes\x12@\n" +
-	"\x0fcore_scheduling\x18\a \x01(\v2\x17.dsec.v1.CoreSchedulingR\x0ecoreScheduling\x1a:\n" +
+	"\x0fcore_scheduling\x18\a \x01(\v2\x17.dsec.v1.CoreSchedulingR\x0ecoreScheduling\x12\x12\n" +
+	"\x04cpus\x18\b \x01(\x01R\x04cpus\x12\x19\n" +
+	"\bcpu_busy\x18\t \x01(\x01R\acpuBusy\x12\x1b\n" +
+	"\tmemory_mb\x18\n" +
+	" \x01(\x03R\bmemoryMb\x12.\n" +
+	"\x13memory_available_mb\x18\v \x01(\x03R\x11memoryAvailableMb\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
@@ -11990,16 +12072,21 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\tsandboxes\x18\x01 \x03(\v2\x10.dsec.v1.SandboxR\tsandboxes\"\x1c\n" +
 	"\n" +
 	"GetRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xbc\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xf8\x01\n" +
 	"\vListRequest\x128\n" +
 	"\x06labels\x18\x01 \x03(\v2 .dsec.v1.ListRequest.LabelsEntryR\x06labels\x12&\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x0e.dsec.v1.StateR\x06states\x12\x10\n" +
-	"\x03all\x18\x03 \x01(\bR\x03all\x1a9\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
 	"\fListResponse\x12.\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x10.dsec.v1.SandboxR\tsandboxes\"R\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x10.dsec.v1.SandboxR\tsandboxes\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x14\n" +
+	"\x05total\x18\x03 \x01(\x05R\x05total\"R\n" +
 	"\x12SetWarmPoolRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x05R\x04size\"\xed\x01\n" +

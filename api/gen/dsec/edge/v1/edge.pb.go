@@ -290,8 +290,15 @@ type NodeStatus struct {
 	// Whether latency sandboxes get a core-scheduling cookie here, and why
 	// not (docs/qos.md).
 	CoreScheduling *v1.CoreScheduling `protobuf:"bytes,23,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The host: its CPUs, how many were busy on average over the last
+	// second or more (-1 or unset: not known yet), and its memory in MiB
+	// (0: not known; mem_available_mb above is what is free of it). A hollow
+	// node reports none.
+	Cpus          float64 `protobuf:"fixed64,26,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	CpuBusy       float64 `protobuf:"fixed64,27,opt,name=cpu_busy,json=cpuBusy,proto3" json:"cpu_busy,omitempty"`
+	MemTotalMb    int64   `protobuf:"varint,28,opt,name=mem_total_mb,json=memTotalMb,proto3" json:"mem_total_mb,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -497,6 +504,27 @@ func (x *NodeStatus) GetCoreScheduling() *v1.CoreScheduling {
 		return x.CoreScheduling
 	}
 	return nil
+}
+
+func (x *NodeStatus) GetCpus() float64 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetCpuBusy() float64 {
+	if x != nil {
+		return x.CpuBusy
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetMemTotalMb() int64 {
+	if x != nil {
+		return x.MemTotalMb
+	}
+	return 0
 }
 
 type CreateRequest struct {
@@ -1415,7 +1443,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\"\x13\n" +
 	"\x11RenameRefResponse\"\x0f\n" +
-	"\rStatusRequest\"\xad\a\n" +
+	"\rStatusRequest\"\xfe\a\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
@@ -1448,7 +1476,11 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vusage_epoch\x18\x18 \x01(\tR\n" +
 	"usageEpoch\x12\x1b\n" +
 	"\tusage_seq\x18\x19 \x01(\x04R\busageSeq\x12@\n" +
-	"\x0fcore_scheduling\x18\x17 \x01(\v2\x17.dsec.v1.CoreSchedulingR\x0ecoreScheduling\x1a:\n" +
+	"\x0fcore_scheduling\x18\x17 \x01(\v2\x17.dsec.v1.CoreSchedulingR\x0ecoreScheduling\x12\x12\n" +
+	"\x04cpus\x18\x1a \x01(\x01R\x04cpus\x12\x19\n" +
+	"\bcpu_busy\x18\x1b \x01(\x01R\acpuBusy\x12 \n" +
+	"\fmem_total_mb\x18\x1c \x01(\x03R\n" +
+	"memTotalMb\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\\\n" +
