@@ -138,6 +138,9 @@ func (m *Manager) advancePhase(ctx context.Context, sb *sandbox, from dsecv1.Pha
 	sb.mu.Unlock()
 	m.log.Debug("sandbox phase ended", "id", id, "phase", from.String(), "why", why, "now", to.String())
 	m.cfg.Events.Add(eventlog.PhaseEnded, id, project, phaseWord(from), why)
+	if from == dsecv1.Phase_PHASE_SETUP {
+		m.rebaseline(sb, id)
+	}
 	if from == dsecv1.Phase_PHASE_AGENT {
 		m.killAgentWork(context.WithoutCancel(ctx), id, agent)
 	}

@@ -357,6 +357,21 @@ func (m *Manager) startProvenance(ctx context.Context, id string) {
 	}
 }
 
+// rebaseline takes sb's baseline again as its setup phase ends: what the
+// trainer wrote while setting the task up (its files, its tests, packages
+// it installed) is the task's, not the agent's, and is left out of the
+// files written, replaced and tests changed while it stays unchanged.
+func (m *Manager) rebaseline(sb *sandbox, id string) {
+	if m.cfg.ProvenanceOff {
+		return
+	}
+	if in, ok := sb.rt.(backend.Inspector); ok {
+		if err := m.takeBaseline(sb, in, id); err != nil {
+			m.log.Warn("take provenance baseline at the end of setup", "id", id, "err", err)
+		}
+	}
+}
+
 func (m *Manager) takeBaseline(sb *sandbox, in backend.Inspector, id string) error {
 	upper, err := in.Upper(id)
 	if err != nil {
