@@ -117,9 +117,14 @@ func TestIsolationsSideBySide(t *testing.T) {
 		t.Errorf("dsec nodes exited %d:\n%s", code, out)
 	}
 	out, _, code := d.CLI("", "ls")
-	for _, line := range strings.Split(out, "\n") {
+	lines := strings.Split(out, "\n")
+	col := slices.Index(strings.Fields(lines[0]), "ISOLATION")
+	if col < 0 {
+		t.Fatalf("dsec ls has no ISOLATION column:\n%s", out)
+	}
+	for _, line := range lines[1:] {
 		fields := strings.Fields(line)
-		if len(fields) > 2 && fields[0] == gv.GetId() && fields[2] != "gvisor" || len(fields) > 2 && fields[0] == ctr.GetId() && fields[2] != "container" {
+		if len(fields) > col && (fields[0] == gv.GetId() && fields[col] != "gvisor" || fields[0] == ctr.GetId() && fields[col] != "container") {
 			t.Errorf("dsec ls shows %q", line)
 		}
 	}
