@@ -201,13 +201,15 @@ type systemsReport struct {
 		Reward    float64  `json:"reward"`
 		Failed    []string `json:"failed"`
 		Error     string   `json:"error"`
+		Masked    string   `json:"masked"`
 	} `json:"rows"`
 }
 
 // checkSystems checks the systems batch: run in microVMs under a named
 // accelerator, refused in a container by its first mount, and each
 // candidate's reward the one its end state earns (the wrong port fails the
-// firewall checks, the forgotten loop module everything after the tmpfs).
+// firewall checks, the forgotten loop module everything after the tmpfs);
+// at most one rollout masked by a platform fault, which is logged.
 func checkSystems(t *testing.T, r *systemsReport, out []byte) {
 	t.Helper()
 	if r == nil || r.Accelerator == "" {
@@ -220,9 +222,18 @@ func checkSystems(t *testing.T, r *systemsReport, out []byte) {
 	if len(r.Rows) != len(want) {
 		t.Fatalf("%d systems rollouts, want %d\n%s", len(r.Rows), len(want), out)
 	}
+	masked := 0
 	for _, row := range r.Rows {
 		if row.Error != "" {
 			t.Errorf("%s: %s", row.Candidate, row.Error)
+			continue
+		}
+		if row.Masked != "" {
+			// A platform fault (a microVM under TCG on a loaded 2-core
+			// node) masks the rollout, as a trainer's loop would: never
+			// scored, left out. One of four may be; say which and why.
+			masked++
+			t.Logf("%s masked: %s", row.Candidate, row.Masked)
 			continue
 		}
 		if row.Reward != want[row.Candidate] {
@@ -234,6 +245,9 @@ func checkSystems(t *testing.T, r *systemsReport, out []byte) {
 		if row.Candidate == "03-forgets-loop-module" && (!slices.Contains(row.Failed, "loop_ext4") || slices.Contains(row.Failed, "tmpfs")) {
 			t.Errorf("%s failed %v, want loop_ext4 and not tmpfs", row.Candidate, row.Failed)
 		}
+	}
+	if masked > 1 {
+		t.Errorf("%d of %d systems rollouts masked by platform faults, want at most one\n%s", masked, len(r.Rows), out)
 	}
 	t.Logf("systems batch under %s: %s", r.Accelerator, r.Refusal)
 }
