@@ -8,6 +8,7 @@ import (
 
 	"dsec.dev/dsec/internal/config"
 	"dsec.dev/dsec/internal/daemon"
+	"dsec.dev/dsec/internal/editdist"
 )
 
 // knownEnv is every DSECD_* variable some command of dsecd reads: each
@@ -57,30 +58,9 @@ func strayEnv(environ []string) []string {
 func nearest(name string, known map[string]bool) string {
 	best, bestD := "", max(1, len(strings.TrimPrefix(name, "DSECD_"))/4)+1
 	for k := range known {
-		if d := editDistance(name, k); d < bestD || d == bestD && k < best {
+		if d := editdist.Levenshtein(name, k); d < bestD || d == bestD && k < best {
 			best, bestD = k, d
 		}
 	}
 	return best
-}
-
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/protobuf/proto"
 
+	"dsec.dev/dsec/internal/editdist"
 	"dsec.dev/dsec/internal/pbjson"
 	"dsec.dev/dsec/internal/version"
 	dsec "dsec.dev/dsec/sdk/go"
@@ -192,7 +193,7 @@ func flagError(cmd *cobra.Command, err error) error {
 	}
 	var near []string
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if !f.Hidden && (strings.HasPrefix(f.Name, name) || strings.HasPrefix(name, f.Name) || editDistance(name, f.Name) <= 2) {
+		if !f.Hidden && (strings.HasPrefix(f.Name, name) || strings.HasPrefix(name, f.Name) || editdist.Levenshtein(name, f.Name) <= 2) {
 			near = append(near, "--"+f.Name)
 		}
 	})
@@ -200,27 +201,6 @@ func flagError(cmd *cobra.Command, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (did you mean %s?)", err, strings.Join(near, " or "))
-}
-
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }
 
 // refuseUnknown makes every command below c that holds subcommands refuse
