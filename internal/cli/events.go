@@ -32,7 +32,9 @@ forked, snapshot, deleted, expired, failed with its reason), oldest first,
 as a table, or with --json one ListEventsResponse ({"events": [...], "next":
 CURSOR}); with --follow, after those, each new event as it comes (about a
 second after its node saw it), until interrupted: a line each, with --json
-one Event object a line. --after CURSOR starts after an event's ID.`,
+one Event object a line. --after CURSOR starts after an event's ID: with
+--limit N, when more events follow, the next page's --after goes to stderr
+(with --json, "next").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := &dsecv1.ListEventsRequest{Project: optional(project), After: after, SandboxId: sandbox, Kinds: kinds, Limit: limit}
@@ -47,26 +49,43 @@ one Event object a line. --after CURSOR starts after an event's ID.`,
 				return a.followEvents(cmd, req)
 			}
 			out := &dsecv1.ListEventsResponse{Next: after}
+			// more: --limit cut the listing short with events left, which
+			// a page one longer than wanted tells.
+			more := false
 			for {
 				page := copyEventsRequest(req)
+				want := int32(eventsPage)
 				if limit > 0 {
-					page.Limit = min(limit-int32(len(out.Events)), eventsPage)
+					want = min(limit-int32(len(out.Events))+1, eventsPage)
+					page.Limit = want
 				}
 				res, err := a.c.Sandboxes.ListEvents(cmd.Context(), connect.NewRequest(page))
 				if err != nil {
 					return err
 				}
-				out.Events = append(out.Events, res.Msg.GetEvents()...)
-				if len(res.Msg.GetEvents()) > 0 {
-					out.Next = res.Msg.GetNext()
+				evs := res.Msg.GetEvents()
+				full := len(evs) >= int(want)
+				if limit > 0 && len(out.Events)+len(evs) > int(limit) {
+					evs = evs[:int(limit)-len(out.Events)]
 				}
-				if len(res.Msg.GetEvents()) < eventsPage || (limit > 0 && len(out.Events) >= int(limit)) {
+				out.Events = append(out.Events, evs...)
+				if len(evs) > 0 {
+					out.Next = evs[len(evs)-1].GetId()
+				}
+				if limit > 0 && len(out.Events) >= int(limit) {
+					more = full
+					break
+				}
+				if !full {
 					break
 				}
 				req.After = out.Next
 			}
 			if a.json {
 				return a.printProto(out)
+			}
+			if more {
+				defer fmt.Fprintf(a.stderr, "%d shown; the next page: --after %d\n", len(out.Events), out.Next)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tTIME\tPROJECT\tSANDBOX\tEVENT\tREASON\tMESSAGE")
@@ -81,7 +100,7 @@ one Event object a line. --after CURSOR starts after an event's ID.`,
 	cmd.Flags().StringVar(&sandbox, "sandbox", "", "only this sandbox's events")
 	cmd.Flags().StringSliceVar(&kinds, "kind", nil, "only events of these kinds (created, paused, resumed, phase_ended, forked, snapshot, deleted, expired, failed)")
 	cmd.Flags().Int64Var(&after, "after", 0, "only events after this cursor (an event's ID)")
-	cmd.Flags().Int32Var(&limit, "limit", 0, "at most this many events (default: all)")
+	cmd.Flags().Int32Var(&limit, "limit", 0, "at most this many events (default: all); when more follow, the next page's --after goes to stderr")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "then wait for new events and print each as it comes")
 	return cmd
 }
