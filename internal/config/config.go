@@ -65,7 +65,7 @@ type APIServer struct {
 	PollInterval   time.Duration `key:"poll_interval" flag:"poll-interval" help:"how often the watcher polls each edge (three missed polls make an edge unroutable)"`
 	NoMetrics      bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
 	NoEvents       bool          `key:"no_events" flag:"no-events" help:"pull no lifecycle events from the edges (docs/events.md): to measure what they cost"`
-	UsagePull      time.Duration `key:"usage_pull_interval" flag:"usage-pull-interval" help:"the least time between two pulls of one node's cost ledger (0: as soon as it moved, at the next pull tick): a sandbox's samples in between are stored as one row, not one each (docs/usage.md)"`
+	UsagePull      time.Duration `key:"usage_pull_interval" flag:"usage-pull-interval" help:"the least time between two pulls of one node's cost ledger (0: as soon as it moved, at the next pull tick; at most 15m, a quarter of the hour a node keeps an ended sandbox's record): a sandbox's samples in between are stored as one row, not one each (docs/usage.md)"`
 	NoLedger       bool          `key:"no_ledger" flag:"no-ledger" help:"keep no cost ledger: an edge (or the all-in-one) samples none of its sandboxes, an apiserver pulls and stores none and refuses dsec usage (docs/usage.md): to measure what it costs"`
 	TLS            TLS           `key:"tls"`
 	LogLevel       string        `key:"log_level" flag:"log-level" check:"log-level" help:"log level: debug, info, warn, error"`

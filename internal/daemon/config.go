@@ -9,6 +9,7 @@ import (
 	"dsec.dev/dsec/internal/config"
 	"dsec.dev/dsec/internal/edge/claims"
 	"dsec.dev/dsec/internal/edge/fncall"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/swap"
 	"dsec.dev/dsec/internal/qos"
@@ -63,6 +64,12 @@ func FromEdge(c config.Edge) (EdgeConfig, error) {
 	return cfg, nil
 }
 
+// MaxUsagePull bounds --usage-pull-interval: a node drops an ended
+// sandbox's ledger record ledger.Keep after it ends, so a node's ledger
+// must be pulled well within that, with room left for an apiserver that
+// dies to be replaced and a node unreachable for a while.
+const MaxUsagePull = ledger.Keep / 4
+
 // FromAPIServer is `dsecd apiserver`'s configuration from its settings.
 func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 	a := c.API
@@ -77,6 +84,10 @@ func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 		AuditRetention: a.AuditRetention, EventRetention: a.EventRetention, WebhookAllowPrivate: a.WebhookAllowPrivate,
 		UsageRetention: a.UsageRetention,
 		GradePool:      a.GradePool,
+	}
+	if c.UsagePull < 0 || c.UsagePull > MaxUsagePull {
+		return APIServerConfig{}, fmt.Errorf("usage_pull_interval %s: want 0 to %s: a node keeps an ended sandbox's ledger record for %s after it ends, and pulls further apart lose the records it dropped in between",
+			c.UsagePull, MaxUsagePull, ledger.Keep)
 	}
 	for _, e := range c.Edges {
 		se, err := ParseStaticEdge(e)

@@ -7,6 +7,7 @@ import (
 	"dsec.dev/dsec/internal/apiserver"
 	"dsec.dev/dsec/internal/config"
 	"dsec.dev/dsec/internal/edge/fncall"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/edge/sandbox"
 	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/metrics"
@@ -81,5 +82,29 @@ func TestConfigDefaultsAgree(t *testing.T) {
 	a.Edges = []string{"bad"}
 	if _, err := FromAPIServer(a); err == nil {
 		t.Error("a malformed edge converted")
+	}
+}
+
+// TestUsagePullBounded: --usage-pull-interval is refused negative, and at
+// or past the time a node keeps an ended sandbox's ledger record (a pull
+// that far apart loses the records the node dropped in between), with a
+// margin for an apiserver's failover; up to a quarter of it is taken.
+func TestUsagePullBounded(t *testing.T) {
+	for _, c := range []struct {
+		every time.Duration
+		ok    bool
+	}{
+		{0, true}, {30 * time.Second, true}, {ledger.Keep / 4, true},
+		{-time.Second, false}, {ledger.Keep/4 + time.Second, false}, {ledger.Keep, false},
+	} {
+		a := config.DefaultAPIServer()
+		a.UsagePull = c.every
+		cfg, err := FromAPIServer(a)
+		if (err == nil) != c.ok {
+			t.Errorf("usage_pull_interval %s: %v, want ok %v", c.every, err, c.ok)
+		}
+		if err == nil && cfg.UsagePullEvery != c.every {
+			t.Errorf("usage_pull_interval %s: passed on as %s", c.every, cfg.UsagePullEvery)
+		}
 	}
 }
