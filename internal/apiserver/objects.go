@@ -400,7 +400,7 @@ func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*
 		s.objects.drop(name)
 	}
 	if renew {
-		c.stop = c.renew(ctx, until)
+		c.stop = c.renew(ctx, until, claimLife/4)
 	}
 	return c, nil
 }
@@ -420,31 +420,39 @@ func nameBusy(o store.Object) error {
 		what(o.Kind), o.Name, again, o.WriterUntil.UTC().Format(time.TimeOnly), errdefs.ErrFailedPrecondition)
 }
 
-// renew renews c's claim each claimLife/4 while the call of ctx runs,
-// until the returned stop is called.
-func (c *claim) renew(ctx context.Context, until time.Time) (stop func()) {
-	done := make(chan struct{})
-	var once sync.Once
+// renew renews c's claim each every while the call of ctx runs, until the
+// returned stop is called. stop ends a renewal under way (its context is
+// cancelled) and returns once none can follow, so that the release after
+// it is the claim's last word: a renewal that landed after the release
+// held the name for claimLife more.
+func (c *claim) renew(ctx context.Context, until time.Time, every time.Duration) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	exited := make(chan struct{})
 	go func() {
-		t := time.NewTicker(claimLife / 4)
+		defer close(exited)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-done:
-				return
 			case <-t.C:
 			}
 			next := time.Now().Add(claimLife)
 			if _, err := c.s.cfg.Objects.TakeObject(ctx, c.o.Name, c.writer, next); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
 				c.s.log.Warn("renew the claim of a name", "name", c.o.Name, "until", until, "err", err)
 				continue
 			}
 			until = next
 		}
 	}()
-	return func() { once.Do(func() { close(done) }) }
+	return sync.OnceFunc(func() {
+		cancel()
+		<-exited
+	})
 }
 
 // release ends the call's claim of the name; with forget the record goes
