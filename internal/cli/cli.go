@@ -124,7 +124,11 @@ func describe(err error) string {
 	var ce *connect.Error
 	if errors.As(err, &ce) {
 		msg := ce.Message()
-		if ce.Code() == connect.CodeUnavailable && (dsec.Unreachable(err) || strings.Contains(msg, "connect:")) {
+		// Only the client's own failure to reach the address is "cannot
+		// reach dsecd": an apiserver that answers Unavailable naming a node
+		// it cannot reach ("node e2 is unreachable (…: connect: connection
+		// refused)") was reached, and its words say what is down.
+		if ce.Code() == connect.CodeUnavailable && (dsec.Unreachable(err) || !connect.IsWireError(err) && strings.Contains(msg, "connect:")) {
 			return "cannot reach dsecd (" + msg + "); is it running? (" + addrWhence(dsec.AddrFrom(err)) + ")"
 		}
 		// The server's message ends with its error kind in words ("…: not

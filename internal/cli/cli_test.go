@@ -397,6 +397,38 @@ func TestAddressListAndToken(t *testing.T) {
 	}
 }
 
+// TestUnavailableNodeIsNotAnUnreachableServer: an apiserver that answers
+// Unavailable because a node is down was reached; its message is shown as
+// it is, not as "cannot reach dsecd …; is it running? (address from
+// --addr …)", which sent an operator to check the client's address.
+func TestUnavailableNodeIsNotAnUnreachableServer(t *testing.T) {
+	down := connect.UnaryInterceptorFunc(func(connect.UnaryFunc) connect.UnaryFunc {
+		return func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) {
+			return nil, connect.NewError(connect.CodeUnavailable, errors.New("node e2 is unreachable (last answered 9.5s ago: dial tcp 127.0.0.1:18602: connect: connection refused)"))
+		}
+	})
+	mux := http.NewServeMux()
+	mux.Handle(dsecv1connect.NewSandboxServiceHandler(&fakeSandboxes{}, connect.WithInterceptors(down)))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	_, _, err := runCLIErr(t, srv.URL, "inspect", "sb-e2-a")
+	got := describe(err)
+	if strings.Contains(got, "cannot reach dsecd") || !strings.Contains(got, "node e2 is unreachable") {
+		t.Errorf("an apiserver's node down reads %q", got)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	_, _, err = runCLIErr(t, closed, "inspect", "sb-e2-a")
+	if got := describe(err); !strings.Contains(got, "cannot reach dsecd") {
+		t.Errorf("an address nothing listens on reads %q", got)
+	}
+}
+
 // TestCreateProject: create and run --project put the sandbox in a project
 // by its label, as dsec events, usage and webhook take --project; a
 // --label naming another project too is refused before anything is sent.
