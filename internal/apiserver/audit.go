@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -114,6 +115,61 @@ func objectOf(req any, resp connect.AnyResponse, err error) string {
 		return m.GetName()
 	}
 	return ""
+}
+
+// requestPart is the part of a stream's first message that names its
+// object: an upload's header, a shell's start; req itself for others.
+func requestPart(req any) any {
+	switch m := req.(type) {
+	case *dsecv1.UploadLayerRequest:
+		if h := m.GetHeader(); h != nil {
+			return h
+		}
+	case *dsecv1.ShellInput:
+		if st := m.GetStart(); st != nil {
+			return st
+		}
+	}
+	return req
+}
+
+// auditNote is what a handler learns of its call's object that the
+// request does not say (the project of the token a revoke names, of the
+// principal a delete names), for the call's audit record.
+type auditNote struct {
+	mu      sync.Mutex
+	project string
+	noted   bool
+}
+
+type auditNoteKey struct{}
+
+func withAuditNote(ctx context.Context) (context.Context, *auditNote) {
+	n := &auditNote{}
+	return context.WithValue(ctx, auditNoteKey{}, n), n
+}
+
+// noteAuditProject says that the call of ctx acts on an object of project
+// (a path): it is recorded under that project, so its admins see it, when
+// the token reaches it (a root-wide token revoking a token of ml/b: under
+// ml/b, not the root).
+func noteAuditProject(ctx context.Context, project string) {
+	n, ok := ctx.Value(auditNoteKey{}).(*auditNote)
+	if !ok {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.project, n.noted = project, true
+}
+
+func (n *auditNote) get() (string, bool) {
+	if n == nil {
+		return "", false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.project, n.noted
 }
 
 // auditProject is the project a call is recorded under: the one its

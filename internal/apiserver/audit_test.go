@@ -51,12 +51,19 @@ func TestAuditProjectAndObject(t *testing.T) {
 		{"a sandbox out of reach", ml, &dsecv1.PauseRequest{SandboxId: "sb-other"}, nil, "ml", "sb-other"},
 		{"a snapshot of a sandbox of a sub-project", ml, &dsecv1.SnapshotRequest{SandboxId: "sb-b", Name: "s"}, nil, "ml/b", "sb-b"},
 		{"a snapshot naming its project", ml, &dsecv1.SnapshotRequest{SandboxId: "sb-b", Name: "s", Project: "ml/c"}, nil, "ml/c", "sb-b"},
+		// Streams: their first message.
+		{"an upload's header", ml, &dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Header{Header: &dsecv1.UploadLayerHeader{Ref: "up:1", Project: "ml/b"}}}, nil, "ml/b", "up:1"},
+		{"a shell's start", ml, &dsecv1.ShellInput{Input: &dsecv1.ShellInput_Start{Start: &dsecv1.ShellStart{SandboxId: "sb-b"}}}, nil, "ml/b", "sb-b"},
+		{"an exec", ml, &dsecv1.ExecRequest{SandboxId: "sb-b"}, nil, "ml/b", "sb-b"},
+		{"a download", ml, &dsecv1.DownloadRequest{SandboxId: "sb-b"}, nil, "ml/b", "sb-b"},
+		{"an image import", ml, &dsecv1.ImportImageRequest{Ref: "img:1", Project: "ml/b"}, nil, "ml/b", "img:1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := auditProject(tc.au, tc.req, known); got != tc.project {
+			req := requestPart(tc.req)
+			if got := auditProject(tc.au, req, known); got != tc.project {
 				t.Errorf("project %q, want %q", got, tc.project)
 			}
-			if got := objectOf(tc.req, tc.resp, nil); got != tc.object {
+			if got := objectOf(req, tc.resp, nil); got != tc.object {
 				t.Errorf("object %q, want %q", got, tc.object)
 			}
 		})

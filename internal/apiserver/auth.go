@@ -8,8 +8,12 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
@@ -116,8 +120,7 @@ func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer conn
 	peer = peerOf(peer, h)
 	au, err := a.authority(ctx, spec, peer, h)
 	if err != nil {
-		a.audit.add(iam.Authority{}, spec.Procedure, "", peer.Addr, err)
-		return nil, au, err
+		return nil, iam.Authority{}, err
 	}
 	// IAMService's handlers decide each call on the project it names, with
 	// the store's rules (a runner token may revoke itself, an admin of a
@@ -132,7 +135,6 @@ func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer conn
 	}
 	if err := allow; err != nil {
 		a.log.Warn("call refused", "peer", peer.Addr, "procedure", spec.Procedure, "principal", au.Principal, "err", err)
-		a.audit.add(au, spec.Procedure, "", peer.Addr, err)
 		return nil, au, err
 	}
 	return withOp(iam.WithAuthority(ctx, au), iam.Op(spec.Procedure)), au, nil
@@ -140,20 +142,57 @@ func (a authInterceptor) check(ctx context.Context, spec connect.Spec, peer conn
 
 func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		peer := peerOf(req.Peer(), req.Header()).Addr
 		ctx, au, err := a.check(ctx, req.Spec(), req.Peer(), req.Header())
 		if err != nil {
+			a.record(au, req.Spec().Procedure, req.Any(), nil, nil, peer, err)
 			return nil, errdefs.ToConnect(err)
 		}
+		ctx, note := withAuditNote(ctx)
 		resp, err := next(ctx, req)
-		if in, id, ok := hiddenFrom(au, err); ok {
-			a.audit.add(in, req.Spec().Procedure, id, peerOf(req.Peer(), req.Header()).Addr, err)
-		} else if audited(req.Spec().Procedure) {
-			in := au
-			in.Project = auditProject(au, req.Any(), a.projects)
-			a.audit.add(in, req.Spec().Procedure, objectOf(req.Any(), resp, err), peerOf(req.Peer(), req.Header()).Addr, err)
-		}
+		a.record(au, req.Spec().Procedure, req.Any(), resp, note, peer, err)
 		return resp, err
 	}
+}
+
+// record queues the audit record of a call by au that ended with err, if
+// the trail keeps it: a call on a sandbox the token cannot see (under the
+// sandbox's project), a management call (audited), and a refused call of
+// any procedure. req is the call's request (a stream's first message; nil
+// when none was read), which names the call's object and the project it
+// is recorded under (auditProject, or what the handler noted).
+func (a authInterceptor) record(au iam.Authority, procedure string, req any, resp connect.AnyResponse, note *auditNote, peer string, err error) {
+	if a.audit == nil {
+		return
+	}
+	if in, id, ok := hiddenFrom(au, err); ok {
+		a.audit.add(in, procedure, id, peer, err)
+		return
+	}
+	if !audited(procedure) && !refused(err) {
+		return
+	}
+	req = requestPart(req)
+	in := au
+	if au.Node || au.Principal != "" {
+		// A caller who was not authenticated names no project to be
+		// recorded under: its records are the root's.
+		in.Project = auditProject(au, req, a.projects)
+		if p, ok := note.get(); ok && iam.Within(p, au.Project) {
+			in.Project = p
+		}
+	}
+	a.audit.add(in, procedure, objectOf(req, resp, err), peer, err)
+}
+
+// refused reports whether err refuses the caller: its token, or its role
+// for what it asked.
+func refused(err error) bool {
+	switch connect.CodeOf(errdefs.ToConnect(err)) {
+	case connect.CodeUnauthenticated, connect.CodePermissionDenied:
+		return err != nil
+	}
+	return false
 }
 
 func (a authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
@@ -162,18 +201,73 @@ func (a authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) c
 
 func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		peer := peerOf(conn.Peer(), conn.RequestHeader()).Addr
 		ctx, au, err := a.check(ctx, conn.Spec(), conn.Peer(), conn.RequestHeader())
 		if err != nil {
+			a.record(au, conn.Spec().Procedure, refusedRequest(conn), nil, nil, peer, err)
 			return errdefs.ToConnect(err)
 		}
-		err = next(ctx, conn)
-		if in, id, ok := hiddenFrom(au, err); ok {
-			a.audit.add(in, conn.Spec().Procedure, id, peerOf(conn.Peer(), conn.RequestHeader()).Addr, err)
-		} else if audited(conn.Spec().Procedure) {
-			a.audit.add(au, conn.Spec().Procedure, "", peerOf(conn.Peer(), conn.RequestHeader()).Addr, err)
-		}
+		ctx, note := withAuditNote(ctx)
+		first := &firstReceived{StreamingHandlerConn: conn}
+		err = next(ctx, first)
+		a.record(au, conn.Spec().Procedure, first.get(), nil, note, peer, err)
 		return err
 	}
+}
+
+// firstReceived is a stream's connection that keeps a copy of the first
+// message received, which names the call's object for the audit trail
+// (the sandbox of an exec or a shell, the ref of an upload), as a unary
+// call's request does.
+type firstReceived struct {
+	connect.StreamingHandlerConn
+	mu    sync.Mutex
+	first proto.Message
+}
+
+func (c *firstReceived) Receive(m any) error {
+	err := c.StreamingHandlerConn.Receive(m)
+	if pm, ok := m.(proto.Message); ok && err == nil {
+		c.mu.Lock()
+		if c.first == nil {
+			c.first = proto.Clone(pm) // the handler may receive the next one into m
+		}
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// get is the first message received, nil when none was.
+func (c *firstReceived) get() any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.first == nil {
+		return nil
+	}
+	return c.first
+}
+
+// refusedRequest reads the request of a server stream refused before its
+// handler ran, to name the call's object in the audit record, as a
+// refused unary call's does; nil for a client or bidirectional stream,
+// whose first message a client may hold back.
+func refusedRequest(conn connect.StreamingHandlerConn) any {
+	if conn.Spec().StreamType != connect.StreamTypeServer {
+		return nil
+	}
+	md, ok := conn.Spec().Schema.(protoreflect.MethodDescriptor)
+	if !ok {
+		return nil
+	}
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Input().FullName())
+	if err != nil {
+		return nil
+	}
+	m := mt.New().Interface()
+	if err := conn.Receive(m); err != nil {
+		return nil
+	}
+	return m
 }
 
 // AuthorizeFnCall decides a FnCall made through an adapter that is not a
@@ -200,7 +294,10 @@ func (s *Server) AuthorizeFnCall(ctx context.Context, token, peer string) (conte
 	a := authInterceptor{cache: s.authn, log: s.log, audit: s.audit}
 	h := http.Header{}
 	h.Set("Authorization", "Bearer "+token)
-	ctx, _, err := a.check(ctx, connect.Spec{Procedure: op}, connect.Peer{Addr: peer}, h)
+	ctx, au, err := a.check(ctx, connect.Spec{Procedure: op}, connect.Peer{Addr: peer}, h)
+	if err != nil {
+		a.record(au, op, nil, nil, nil, peer, err)
+	}
 	return ctx, err
 }
 

@@ -334,3 +334,115 @@ func TestPeerOf(t *testing.T) {
 		t.Errorf("a socket's call sending the header: peer %q, want the socket's", got)
 	}
 }
+
+// TestAuditStreamsAndRevokes: a streaming call is recorded with the
+// object its first message names, as a unary call is (before, with none
+// and under the token's project): an exec refused before its handler ran
+// names its sandbox, an upload and an image import their ref, under the
+// project they name. A token revoked and a principal deleted by a
+// root-wide token are recorded under the token's and the principal's own
+// project (before: the root's, where the project's admins never saw
+// them).
+func TestAuditStreamsAndRevokes(t *testing.T) {
+	ctx := t.Context()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	node := iam.NodeAdmin()
+	for _, p := range []string{"ml", "ml/b"} {
+		if _, err := st.CreateProject(ctx, node, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tokens := map[string]string{}
+	ids := map[string]string{}
+	for _, p := range []struct {
+		name, project string
+		role          iam.Role
+	}{{"root-admin", "", iam.Admin}, {"viewer", "ml", iam.Viewer}, {"builder", "ml", iam.Builder}, {"gone", "ml", iam.Runner}} {
+		if _, err := st.CreatePrincipal(ctx, node, store.PrincipalSpec{Name: p.name, Kind: store.KindService, Project: p.project}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Grant(ctx, node, p.name, p.project, p.role); err != nil {
+			t.Fatal(err)
+		}
+		tok, info, err := st.MintToken(ctx, node, store.TokenSpec{Principal: p.name, Project: p.project, Role: p.role})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[p.name], ids[p.name] = tok, info.ID
+	}
+	audit := &recordingAuditor{}
+	s := New(Config{Auth: st, IAM: st, Audit: audit}, st, watcher.NewFixed(nodesOf(newFakeEdge("n1"))...), slog.New(slog.DiscardHandler))
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); s.RunAudit(actx) }()
+	hs := httptest.NewUnstartedServer(s.Handler())
+	hs.Config.ConnContext = ConnContext
+	hs.EnableHTTP2 = true
+	hs.Start()
+	defer hs.Close()
+	as := func(who string) connect.ClientOption { return connect.WithInterceptors(bearerBoth(tokens[who])) }
+
+	// A viewer's exec, refused before its handler reads the request.
+	ex, err := dsecv1connect.NewSandboxServiceClient(hs.Client(), hs.URL, as("viewer")).Exec(ctx,
+		connect.NewRequest(&dsecv1.ExecRequest{SandboxId: "sb-x", Command: "true"}))
+	if err == nil {
+		for ex.Receive() {
+		}
+		err = ex.Err()
+		ex.Close()
+	}
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("a viewer's exec: %v, want permission denied", err)
+	}
+	// A builder's upload to ml/b (the node takes none: it fails, and is
+	// recorded all the same).
+	layers := dsecv1connect.NewLayerServiceClient(hs.Client(), hs.URL, as("builder"))
+	up := layers.UploadLayer(ctx)
+	if err := up.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_Header{Header: &dsecv1.UploadLayerHeader{Ref: "up:1", Project: "ml/b"}}}); err != nil {
+		t.Fatal(err)
+	}
+	up.Send(&dsecv1.UploadLayerRequest{Part: &dsecv1.UploadLayerRequest_End{End: true}})
+	up.CloseAndReceive()
+	// A builder's image import to ml/b.
+	imp, err := layers.ImportImage(ctx, connect.NewRequest(&dsecv1.ImportImageRequest{Ref: "img:1", Source: "oci:/nowhere", Project: "ml/b"}))
+	if err == nil {
+		for imp.Receive() {
+		}
+		imp.Close()
+	}
+	// The root's admin revokes a token of ml and deletes a principal at
+	// home there.
+	iamc := dsecv1connect.NewIAMServiceClient(hs.Client(), hs.URL, as("root-admin"))
+	if _, err := iamc.RevokeToken(ctx, connect.NewRequest(&dsecv1.RevokeTokenRequest{Id: ids["viewer"]})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := iamc.DeletePrincipal(ctx, connect.NewRequest(&dsecv1.DeletePrincipalRequest{Name: "gone"})); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	<-done
+
+	for _, want := range []struct{ op, project, object string }{
+		{"/dsec.v1.SandboxService/Exec", "ml", "sb-x"},
+		{"/dsec.v1.LayerService/UploadLayer", "ml/b", "up:1"},
+		{"/dsec.v1.LayerService/ImportImage", "ml/b", "img:1"},
+		{string(iam.OpRevokeToken), "ml", ids["viewer"]},
+		{"/dsec.v1.IAMService/DeletePrincipal", "ml", "gone"},
+	} {
+		audit.mu.Lock()
+		var got []store.AuditRecord
+		for _, r := range audit.recs {
+			if r.Operation == want.op {
+				got = append(got, r)
+			}
+		}
+		audit.mu.Unlock()
+		if len(got) != 1 || got[0].Project != want.project || got[0].Object != want.object {
+			t.Errorf("%s recorded as %+v; want once, under %q, object %q", want.op, got, want.project, want.object)
+		}
+	}
+}

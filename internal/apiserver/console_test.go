@@ -307,7 +307,7 @@ func TestConsole(t *testing.T) {
 	if au, err := st.Authenticate(ctx, runA); err == nil {
 		tokID = au.TokenID
 	}
-	if _, err := st.RevokeToken(ctx, iam.NodeAdmin(), tokID); err != nil {
+	if _, _, err := st.RevokeToken(ctx, iam.NodeAdmin(), tokID); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(15 * time.Second)

@@ -331,12 +331,14 @@ func callerOr(a iam.Authority, name string) (string, error) {
 
 func (v *iamService) DeletePrincipal(ctx context.Context, req *connect.Request[dsecv1.DeletePrincipalRequest]) (*connect.Response[dsecv1.DeletePrincipalResponse], error) {
 	a := actor(ctx)
-	if _, err := v.principal(ctx, a, req.Msg.GetName()); err != nil {
+	p, err := v.principal(ctx, a, req.Msg.GetName())
+	if err != nil {
 		return nil, err
 	}
 	if err := v.st.DeletePrincipal(ctx, a, req.Msg.GetName()); err != nil {
 		return nil, err
 	}
+	noteAuditProject(ctx, p.Project)
 	return connect.NewResponse(&dsecv1.DeletePrincipalResponse{}), nil
 }
 
@@ -448,10 +450,11 @@ func (v *iamService) CreateToken(ctx context.Context, req *connect.Request[dsecv
 }
 
 func (v *iamService) RevokeToken(ctx context.Context, req *connect.Request[dsecv1.RevokeTokenRequest]) (*connect.Response[dsecv1.RevokeTokenResponse], error) {
-	n, err := v.st.RevokeToken(ctx, actor(ctx), req.Msg.GetId())
+	n, project, err := v.st.RevokeToken(ctx, actor(ctx), req.Msg.GetId())
 	if err != nil {
 		return nil, err
 	}
+	noteAuditProject(ctx, project)
 	return connect.NewResponse(&dsecv1.RevokeTokenResponse{Revoked: int32(n)}), nil
 }
 

@@ -82,9 +82,11 @@ type IAM interface {
 	// RevokeToken revokes a token and every token minted from it,
 	// transitively, at once (not at check time), and returns how many it
 	// revoked that were not already. A token may revoke itself; otherwise
-	// the actor needs admin on the token's project. An unknown ID is
-	// errdefs.ErrNotFound; revoking again revokes nothing more.
-	RevokeToken(ctx context.Context, actor iam.Authority, tokenID string) (int, error)
+	// the actor needs admin on the token's project. It returns the
+	// token's project (a path) too, which the call is audited under. An
+	// unknown ID is errdefs.ErrNotFound; revoking again revokes nothing
+	// more.
+	RevokeToken(ctx context.Context, actor iam.Authority, tokenID string) (revoked int, project string, err error)
 	// ListTokens lists a principal's tokens, revoked and expired ones
 	// included, oldest first.
 	ListTokens(ctx context.Context, principal string) ([]TokenInfo, error)

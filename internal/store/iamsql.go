@@ -818,16 +818,16 @@ const revokeTreeSQL = `WITH RECURSIVE tree (id) AS (
 	SELECT t.id FROM tokens t JOIN tree ON t.parent_id = tree.id)
 UPDATE tokens SET revoked{ms} = ? WHERE revoked{ms} IS NULL AND id IN (SELECT id FROM tree)`
 
-func (d *sqlDB) RevokeToken(ctx context.Context, actor iam.Authority, tokenID string) (int, error) {
+func (d *sqlDB) RevokeToken(ctx context.Context, actor iam.Authority, tokenID string) (int, string, error) {
 	what := "revoke token " + tokenID
 	n := 0
+	var path string
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		n = 0
 		a, err := d.actorIn(ctx, tx, actor)
 		if err != nil && tokenID != actor.TokenID {
 			return err
 		}
-		var path string
 		var revoked time.Time
 		err = tx.QueryRowContext(ctx, d.q(`SELECT j.path, t.revoked{ms} FROM tokens t JOIN projects j ON j.id = t.project_id WHERE t.id = ?`),
 			tokenID).Scan(&path, timeCol{&revoked})
@@ -877,9 +877,9 @@ func (d *sqlDB) RevokeToken(ctx context.Context, actor iam.Authority, tokenID st
 		return bumpGeneration(ctx, tx)
 	})
 	if err != nil {
-		return 0, d.fail(what, err)
+		return 0, "", d.fail(what, err)
 	}
-	return n, nil
+	return n, path, nil
 }
 
 func (d *sqlDB) ListTokens(ctx context.Context, principal string) ([]TokenInfo, error) {

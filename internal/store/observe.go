@@ -273,10 +273,10 @@ func (x observed) Authenticate(ctx context.Context, token string) (iam.Authority
 	return r0, err
 }
 
-func (x observed) RevokeToken(ctx context.Context, actor iam.Authority, tokenID string) (int, error) {
-	r0, err := x.Store.RevokeToken(ctx, actor, tokenID)
+func (x observed) RevokeToken(ctx context.Context, actor iam.Authority, tokenID string) (int, string, error) {
+	r0, r1, err := x.Store.RevokeToken(ctx, actor, tokenID)
 	x.done("RevokeToken", err)
-	return r0, err
+	return r0, r1, err
 }
 
 func (x observed) ListTokens(ctx context.Context, principal string) ([]TokenInfo, error) {

@@ -405,10 +405,10 @@ func testTokenChain(t *testing.T, st store.Store) {
 		t.Fatalf("refused mints left tokens: %+v", list)
 	}
 
-	n, err := st.RevokeToken(ctx, admin(), a1.TokenID)
+	n, project, err := st.RevokeToken(ctx, admin(), a1.TokenID)
 	must(t, "RevokeToken", err)
-	if n != 3 {
-		t.Fatalf("revoking the first of a chain of 3 revoked %d", n)
+	if n != 3 || project != "ml" {
+		t.Fatalf("revoking the first of a chain of 3 revoked %d, of project %q; want 3, of ml (the token's)", n, project)
 	}
 	for i, tok := range []string{t1, t2, t3} {
 		_, err := st.Authenticate(ctx, tok)
@@ -418,15 +418,15 @@ func testTokenChain(t *testing.T, st store.Store) {
 	}
 	_, _, err = st.MintToken(ctx, a1, store.TokenSpec{Principal: "harness", Project: "ml", Role: iam.Viewer, TTL: time.Minute})
 	wantKind(t, "MintToken from a revoked token", err, errdefs.ErrUnauthenticated)
-	if n, err := st.RevokeToken(ctx, admin(), a1.TokenID); err != nil || n != 0 {
+	if n, _, err := st.RevokeToken(ctx, admin(), a1.TokenID); err != nil || n != 0 {
 		t.Fatalf("revoking again: %d, %v", n, err)
 	}
 	// A token revokes itself without admin; a runner token nothing else.
 	_, r1 := token(t, st, admin(), "harness", "ml", iam.Runner, 0)
 	_, r2 := token(t, st, admin(), "harness", "ml", iam.Runner, 0)
-	_, err = st.RevokeToken(ctx, r1, r2.TokenID)
+	_, _, err = st.RevokeToken(ctx, r1, r2.TokenID)
 	wantKind(t, "a runner revoking another token", err, errdefs.ErrPermissionDenied)
-	if n, err := st.RevokeToken(ctx, r1, r1.TokenID); err != nil || n != 1 {
+	if n, _, err := st.RevokeToken(ctx, r1, r1.TokenID); err != nil || n != 1 {
 		t.Fatalf("a token revoking itself: %d, %v", n, err)
 	}
 }
@@ -748,7 +748,7 @@ func testReplicasRevokeChain(t *testing.T, a, b store.Store) {
 	t3, _ := token(t, a, a2, "harness", "ml/a", iam.Runner, time.Minute)
 	gen, err := a.Generation(ctx)
 	must(t, "Generation", err)
-	if n, err := b.RevokeToken(ctx, a1, t1Of(a1)); err != nil || n != 3 {
+	if n, _, err := b.RevokeToken(ctx, a1, t1Of(a1)); err != nil || n != 3 {
 		t.Fatalf("revoking the chain on b: %d, %v", n, err)
 	}
 	for _, tok := range []string{t1, t2, t3} {
@@ -799,7 +799,7 @@ func testReplicasRevokeRacesMint(t *testing.T, a, b store.Store) {
 		}()
 	}
 	time.Sleep(50 * time.Millisecond)
-	_, err := a.RevokeToken(ctx, admin(), a1.TokenID)
+	_, _, err := a.RevokeToken(ctx, admin(), a1.TokenID)
 	must(t, "RevokeToken", err)
 	close(stop)
 	wg.Wait()

@@ -1017,7 +1017,7 @@ func authenticate(t *testing.T, st store.Store, tok string) iam.Authority {
 }
 
 func revoke(st store.Store, id string) error {
-	_, err := st.RevokeToken(context.Background(), iam.NodeAdmin(), id)
+	_, _, err := st.RevokeToken(context.Background(), iam.NodeAdmin(), id)
 	return err
 }
 
