@@ -67,9 +67,13 @@ func userPids(uid uint32, self int) ([]int, error) {
 }
 
 // statusUID reads the real, effective, saved and file system uids of a
-// /proc/PID/status, and whether the process runs (not a zombie).
+// /proc/PID/status, and whether the process runs as one SIGKILL stops: not
+// a zombie, and not a kernel thread, which has no address space (no Vm
+// lines; "Kthread: 1" from Linux 6.10) and ignores the signal. A
+// microVM's /proc shows its kernel's threads, all of uid 0.
 func statusUID(b []byte) (uids [4]uint32, running bool) {
 	running = true
+	mapped := false
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
@@ -79,7 +83,11 @@ func statusUID(b []byte) (uids [4]uint32, running bool) {
 		v = strings.TrimSpace(v)
 		switch k {
 		case "State":
-			running = !strings.HasPrefix(v, "Z") && !strings.HasPrefix(v, "X")
+			running = running && !strings.HasPrefix(v, "Z") && !strings.HasPrefix(v, "X")
+		case "Kthread":
+			running = running && v != "1"
+		case "VmSize":
+			mapped = true
 		case "Uid":
 			for i, f := range strings.Fields(v) {
 				if i < len(uids) {
@@ -89,5 +97,5 @@ func statusUID(b []byte) (uids [4]uint32, running bool) {
 			}
 		}
 	}
-	return uids, running
+	return uids, running && mapped
 }
