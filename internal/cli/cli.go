@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -215,6 +216,14 @@ func refuseUnknown(c *cobra.Command) {
 	for _, sub := range c.Commands() {
 		refuseUnknown(sub)
 	}
+	// The words other tools use for rm and ls are too far from them for
+	// the edit distance ("remove" came out as "did you mean revoke?").
+	switch c.Name() {
+	case "rm":
+		c.SuggestFor = append(c.SuggestFor, "delete", "remove", "del")
+	case "ls":
+		c.SuggestFor = append(c.SuggestFor, "list")
+	}
 	if !c.HasSubCommands() || !c.HasParent() {
 		return // the root refuses unknown commands itself
 	}
@@ -247,7 +256,7 @@ func noSubcommand(cmd *cobra.Command, args []string) error {
 	if cmd.SuggestionsMinimumDistance <= 0 {
 		cmd.SuggestionsMinimumDistance = 2 // cobra's own default
 	}
-	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+	if s := suggestionsFor(cmd, args[0]); len(s) > 0 {
 		msg += fmt.Sprintf("; did you mean %q?", cmd.CommandPath()+" "+s[0])
 	}
 	var names []string
@@ -257,6 +266,21 @@ func noSubcommand(cmd *cobra.Command, args []string) error {
 		}
 	}
 	return fmt.Errorf("%s (its commands: %s)", msg, strings.Join(names, ", "))
+}
+
+// suggestionsFor is cobra's suggestions for a mistyped subcommand of cmd,
+// those that name the word in their SuggestFor first: "remove" is nearer
+// "revoke" by edit distance, but means rm.
+func suggestionsFor(cmd *cobra.Command, typed string) []string {
+	var named, near []string
+	for _, s := range cmd.SuggestionsFor(typed) {
+		if sub, _, err := cmd.Find([]string{s}); err == nil && slices.Contains(sub.SuggestFor, typed) {
+			named = append(named, s)
+		} else {
+			near = append(near, s)
+		}
+	}
+	return append(named, near...)
 }
 
 // printProto writes one API record as indented JSON, the shape

@@ -38,6 +38,25 @@ func TestUnknownSubcommandFails(t *testing.T) {
 	}
 }
 
+// TestOtherToolsWordsForRmAndLs: delete, remove and list, which other
+// tools call rm and ls, suggest them (remove suggested only revoke, which
+// removes a role binding, and delete nothing).
+func TestOtherToolsWordsForRmAndLs(t *testing.T) {
+	for _, tc := range []struct{ args, want string }{
+		{"delete sb-e1-a", "\trm\n"},
+		{"remove sb-e1-a", "\trm\n"},
+		{"list", "\tls\n"},
+		{"webhook delete wh-1", `did you mean "dsec webhook rm"?`},
+		{"layer remove x:1", `did you mean "dsec layer rm"?`},
+		{"principal list", `did you mean "dsec principal ls"?`},
+	} {
+		_, _, err := runCLIErr(t, "unix:///nonexistent", strings.Fields(tc.args)...)
+		if err == nil || !strings.Contains(err.Error()+"\n", tc.want) {
+			t.Errorf("dsec %s: %v, want %q in it", tc.args, err, tc.want)
+		}
+	}
+}
+
 // TestNamedCommandsExist: every `dsec ...` command the code (its errors,
 // hints and help), the Python SDK and the docs name is one dsec has: an
 // error once sent users to `dsec image ls`, which did not exist.
