@@ -113,7 +113,7 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[dsecv1.CreateR
 // written in one transaction; a batch that cannot be recorded is deleted
 // again.
 func (s *Server) createAndRecord(ctx context.Context, spec *dsecv1.SandboxSpec, count int, key, hash string) ([]*dsecv1.Sandbox, error) {
-	nodes, err := s.place(placeRequest(spec, count), nil)
+	nodes, err := s.place(ctx, placeRequest(spec, count), nil)
 	if err != nil {
 		// A retry of a create that is done gets its answer even when
 		// no node could take the batch now.
@@ -343,7 +343,7 @@ func (s *Server) createBatch(ctx context.Context, spec *dsecv1.SandboxSpec, n in
 	if err != nil {
 		return nil, err
 	}
-	nodes, err := s.place(placeRequest(spec, n), nil)
+	nodes, err := s.place(ctx, placeRequest(spec, n), nil)
 	if err != nil {
 		s.settleHolds(ctx, h, false)
 		return nil, err
@@ -500,8 +500,14 @@ func placeRequest(spec *dsecv1.SandboxSpec, n int) placement.Request {
 // its last report (which names the flag that raises its limit). Other
 // shortages (no healthy node, none with the backend, every node tried)
 // say nothing of the limit: raising it would not help.
-func (s *Server) place(req placement.Request, exclude map[string]bool) ([]string, error) {
+//
+// Before refusing for want of room, it has the nodes polled (refreshFull)
+// and asks again: their reports may predate room made since.
+func (s *Server) place(ctx context.Context, req placement.Request, exclude map[string]bool) ([]string, error) {
 	nodes, err := s.placer.Place(s.placementView(), req, exclude)
+	if shortOfRoom(err) && s.refreshFull(ctx, req.Backend) {
+		nodes, err = s.placer.Place(s.placementView(), req, exclude)
+	}
 	s.metrics.Placement(placementOutcome(err))
 	var ex *placement.ExhaustedError
 	if err != nil && errors.As(err, &ex) && ex.Shortage == placement.NoBackend {
@@ -556,7 +562,7 @@ func (s *Server) createElsewhere(ctx context.Context, spec *dsecv1.SandboxSpec, 
 				hop, retry.Refusals, retry.Failures, err)
 		}
 		s.log.Debug("create goes elsewhere", "node", node, "err", err)
-		picked, perr := s.place(placeRequest(spec, 1), retry.Exclude)
+		picked, perr := s.place(ctx, placeRequest(spec, 1), retry.Exclude)
 		if perr != nil {
 			if retry.Refusals == 0 {
 				// Every node tried failed (none was full), and no other

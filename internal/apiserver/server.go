@@ -173,12 +173,13 @@ type Config struct {
 
 // Server implements the public services.
 type Server struct {
-	cfg    Config
-	fleet  Fleet
-	placer *placement.Placer
-	view   atomic.Pointer[cachedView]
-	idem   Creates
-	log    *slog.Logger
+	cfg     Config
+	fleet   Fleet
+	placer  *placement.Placer
+	view    atomic.Pointer[cachedView]
+	refresh fullRefresh // refresh.go
+	idem    Creates
+	log     *slog.Logger
 
 	inflightMu sync.Mutex
 	inflight   map[string]chan struct{} // idempotency keys being created

@@ -55,6 +55,9 @@ type Node struct {
 
 	// answered is when (Unix ns) the edge last answered another call.
 	answered *atomic.Int64
+	// asked is when the poll whose report Status holds was sent: a
+	// slower poll sent before it does not replace it.
+	asked time.Time
 }
 
 // Config tunes a Watcher. Members and Dial are required.
@@ -147,7 +150,33 @@ func (w *Watcher) Poll(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.pollOne(ctx, n)
+			w.pollOne(ctx, n, true)
+		}()
+	}
+	wg.Wait()
+}
+
+// Refresh polls the named routable nodes now, outside the rounds, and
+// returns when their reports are in or their polls have failed. Placement
+// asks it before it refuses a create because the reports say every node
+// is full: a node may have made room since its last report (a delete, a
+// warm pool shrinking), and a refusal should not outlive that by a round.
+// A failed refresh is no miss: only the rounds judge health.
+func (w *Watcher) Refresh(ctx context.Context, names []string) {
+	w.mu.RLock()
+	nodes := make([]*Node, 0, len(names))
+	for _, name := range names {
+		if n := w.nodes[name]; n != nil && n.Healthy {
+			nodes = append(nodes, n)
+		}
+	}
+	w.mu.RUnlock()
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.pollOne(ctx, n, false)
 		}()
 	}
 	wg.Wait()
@@ -184,7 +213,9 @@ func (w *Watcher) setMembers(members []Member) {
 	}
 }
 
-func (w *Watcher) pollOne(ctx context.Context, n *Node) {
+// pollOne asks n for its Status. A round's poll (round) counts a failure
+// as a miss; a refresh's does not.
+func (w *Watcher) pollOne(ctx context.Context, n *Node, round bool) {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
 	defer cancel()
 	w.mu.RLock()
@@ -201,6 +232,10 @@ func (w *Watcher) pollOne(ctx context.Context, n *Node) {
 		w.cfg.Log.Debug("busy node missed a poll", "node", name, "err", err)
 		return
 	}
+	if err != nil && !round {
+		w.cfg.Log.Debug("refresh poll failed", "node", name, "err", err)
+		return
+	}
 	w.mu.Lock()
 	if err != nil {
 		n.Misses++
@@ -213,6 +248,11 @@ func (w *Watcher) pollOne(ctx context.Context, n *Node) {
 		return
 	}
 	returning := !n.Healthy
+	if returning && !round {
+		// Went unroutable since the refresh began: a round brings it back.
+		w.mu.Unlock()
+		return
+	}
 	snapshot := *n
 	snapshot.Status = resp.Msg
 	w.mu.Unlock()
@@ -223,7 +263,12 @@ func (w *Watcher) pollOne(ctx context.Context, n *Node) {
 		}
 	}
 	w.mu.Lock()
-	n.Status, n.LastSeen, n.Misses, n.LastErr = resp.Msg, time.Now(), 0, ""
+	if start.Before(n.asked) {
+		// A refresh sent after this poll has reported already.
+		w.mu.Unlock()
+		return
+	}
+	n.Status, n.LastSeen, n.Misses, n.LastErr, n.asked = resp.Msg, time.Now(), 0, "", start
 	if returning {
 		n.Healthy = true
 		w.cfg.Log.Info("node routable", "node", name)

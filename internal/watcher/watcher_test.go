@@ -200,3 +200,75 @@ func TestBusyEdgeStaysRoutable(t *testing.T) {
 		t.Fatalf("a node answering nothing for 4 polls is routable: %v", err)
 	}
 }
+
+// held is an edge whose next Status, once hold is set, waits for release
+// before it asks the edge: a round's poll overtaken by a refresh.
+type held struct {
+	Edge
+	hold    atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *held) Status(ctx context.Context, req *connect.Request[edgev1.StatusRequest]) (*connect.Response[edgev1.NodeStatus], error) {
+	if h.hold.CompareAndSwap(true, false) {
+		resp, err := h.Edge.Status(ctx, req)
+		close(h.entered)
+		<-h.release
+		return resp, err
+	}
+	return h.Edge.Status(ctx, req)
+}
+
+// TestRefresh: a refresh brings a node's report up to date outside the
+// rounds; a failed one is no miss; and a round's poll sent before a
+// refresh does not put its older report back.
+func TestRefresh(t *testing.T) {
+	ctx := context.Background()
+	h := hollow.New(hollow.Config{Node: "a", Slot: 1, Generation: 1})
+	e := &held{Edge: &stoppable{Edge: edgesvc.New(h, nil, slog.New(slog.DiscardHandler))},
+		entered: make(chan struct{}), release: make(chan struct{})}
+	var reports atomic.Int32
+	w := New(Config{
+		Members:  func(ctx context.Context) ([]Member, error) { return []Member{{Name: "a", Addr: "x", Slot: 1, Generation: 1}}, nil },
+		Dial:     func(m Member, _ func()) (Edge, error) { return e, nil },
+		Interval: 50 * time.Millisecond,
+		OnReport: func(string, *edgev1.NodeStatus) { reports.Add(1) },
+	})
+	w.Poll(ctx)
+	live := func() int32 { return w.Nodes()[0].Status.GetLive() }
+	create := func() {
+		if _, err := e.Create(ctx, connect.NewRequest(&edgev1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: "b:1"}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create()
+	if live() != 0 {
+		t.Fatalf("before a refresh the report says %d live, want the round's 0", live())
+	}
+	w.Refresh(ctx, []string{"a", "not-a-member"})
+	if live() != 1 || reports.Load() != 2 {
+		t.Fatalf("after a refresh: %d live, %d reports; want 1 and 2", live(), reports.Load())
+	}
+
+	// A refresh of a frozen node fails without counting a miss.
+	e.Edge.(*stoppable).stopped.Store(true)
+	w.Refresh(ctx, []string{"a"})
+	if n := w.Nodes()[0]; n.Misses != 0 || !n.Healthy || n.Status.GetLive() != 1 {
+		t.Fatalf("after a failed refresh: misses %d, healthy %v, live %d", n.Misses, n.Healthy, n.Status.GetLive())
+	}
+	e.Edge.(*stoppable).stopped.Store(false)
+
+	// A round's poll measured before a refresh reports after it: dropped.
+	e.hold.Store(true)
+	done := make(chan struct{})
+	go func() { w.Poll(ctx); close(done) }()
+	<-e.entered // the round has its report of 1 live
+	create()
+	w.Refresh(ctx, []string{"a"})
+	close(e.release)
+	<-done
+	if live() != 2 {
+		t.Fatalf("a round's older report replaced a refresh's: %d live, want 2", live())
+	}
+}
