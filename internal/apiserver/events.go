@@ -232,8 +232,12 @@ func (s *Server) readNode(ctx context.Context, edge Edge, c store.EventPull) (st
 		return c, nil, false
 	}
 	m := resp.Msg
-	// The ledger's records ride on the pull (usage.go).
-	if withUsage && s.storeUsage(ctx, c.Node, m.GetUsage()) {
+	// The ledger's records ride on the pull (usage.go). A pull not due
+	// whose node answers in another epoch (it restarted) carries the
+	// node's whole ledger all the same (the version asked for is of the
+	// old epoch): it is stored, and the cursor moves to the new epoch, so
+	// the pulls until the next due one carry nothing.
+	if (withUsage || (s.cfg.Ledger != nil && m.GetUsageEpoch() != u.epoch)) && s.storeUsage(ctx, c.Node, m.GetUsage()) {
 		s.usage.setCursor(c.Node, usageCursor{epoch: m.GetUsageEpoch(), seq: m.GetUsageNext()})
 	}
 	if n := m.GetLost(); n > 0 {
