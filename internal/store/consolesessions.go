@@ -17,7 +17,8 @@ import (
 // the store alone gives neither a cookie nor a token.
 type ConsoleSessions interface {
 	// PutConsoleSession stores a new session; an ID stored already is
-	// errdefs.ErrAlreadyExists.
+	// errdefs.ErrAlreadyExists. Past MaxConsoleSessionsPerToken sessions
+	// of its token, the token's oldest go in the same transaction.
 	PutConsoleSession(ctx context.Context, s ConsoleSession) error
 	// ConsoleSession returns the session id names, or errdefs.ErrNotFound
 	// when there is none or it ended before now.
@@ -29,6 +30,12 @@ type ConsoleSessions interface {
 	// returns how many.
 	ExpireConsoleSessions(ctx context.Context, now time.Time) (int, error)
 }
+
+// MaxConsoleSessionsPerToken bounds the sessions one token holds: a
+// browser signed in again, or a script signing in in a loop, ends the
+// token's oldest, so a token cannot fill the store with rows that live a
+// session's life.
+const MaxConsoleSessionsPerToken = 64
 
 // ConsoleSession is one signed-in browser. RevokeToken ends the sessions
 // of the tokens it revokes.
@@ -47,9 +54,14 @@ func (d *sqlDB) PutConsoleSession(ctx context.Context, s ConsoleSession) error {
 	if s.Created.IsZero() {
 		s.Created = time.Now()
 	}
-	err := d.retry(ctx, false, func(ctx context.Context) error {
-		_, err := d.db.ExecContext(ctx, d.q(`INSERT INTO console_sessions (id, token_id, sealed, created{ms}, expires{ms}) VALUES (?, ?, ?, ?, ?)`),
-			s.ID, s.TokenID, s.Sealed, d.ts(s.Created), d.ts(s.Expires))
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, d.q(`INSERT INTO console_sessions (id, token_id, sealed, created{ms}, expires{ms}) VALUES (?, ?, ?, ?, ?)`),
+			s.ID, s.TokenID, s.Sealed, d.ts(s.Created), d.ts(s.Expires)); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, d.q(`DELETE FROM console_sessions WHERE token_id = ? AND id NOT IN
+			(SELECT id FROM console_sessions WHERE token_id = ? ORDER BY created{ms} DESC, id DESC LIMIT ?)`),
+			s.TokenID, s.TokenID, MaxConsoleSessionsPerToken)
 		return err
 	})
 	if err != nil && d.unique(err) {

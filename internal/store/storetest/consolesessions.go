@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ var consoleCases = []struct {
 	fn   func(t *testing.T, st store.Store)
 }{
 	{"ConsoleSessions", testConsoleSessions},
+	{"ConsoleSessionsPerToken", testConsoleSessionsPerToken},
 }
 
 var consoleReplicaCases = []struct {
@@ -65,6 +67,34 @@ func testConsoleSessions(t *testing.T, st store.Store) {
 	wantKind(t, "ConsoleSession of a revoked token", err, errdefs.ErrNotFound)
 	_, err = st.ConsoleSession(ctx, "h4", now)
 	must(t, "ConsoleSession of another token after a revocation", err)
+}
+
+// testConsoleSessionsPerToken: a token keeps its newest
+// store.MaxConsoleSessionsPerToken sessions, however often it signs in
+// (each sign-in is a row that lives 12 hours), and another token's are
+// not touched.
+func testConsoleSessionsPerToken(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	now := ms(time.Now())
+	put := func(id, token string, created time.Time) {
+		t.Helper()
+		must(t, "PutConsoleSession "+id, st.PutConsoleSession(ctx, store.ConsoleSession{ID: id, TokenID: token, Sealed: "s", Created: created, Expires: now.Add(time.Hour)}))
+	}
+	put("other", "tok-2", now)
+	n := store.MaxConsoleSessionsPerToken + 2
+	for i := range n {
+		put(fmt.Sprintf("h%03d", i), "tok-1", now.Add(time.Duration(i)*time.Millisecond))
+	}
+	for i := range n {
+		_, err := st.ConsoleSession(ctx, fmt.Sprintf("h%03d", i), now)
+		if i < 2 {
+			wantKind(t, fmt.Sprintf("session %d of %d of one token", i+1, n), err, errdefs.ErrNotFound)
+		} else {
+			must(t, fmt.Sprintf("session %d of %d of one token", i+1, n), err)
+		}
+	}
+	_, err := st.ConsoleSession(ctx, "other", now)
+	must(t, "another token's session", err)
 }
 
 // testReplicasConsoleSession: a session one replica stores the other
