@@ -76,24 +76,10 @@ func TestEventPullBalance(t *testing.T) {
 		}
 		return int(testutil.MetricValue(testutil.ParseMetrics(t, rec.Body), "dsec_event_pull_nodes", nil))
 	}
-	wait := func(what string, want map[*puller]int) {
+	// wait waits until the apiservers hold want node pulls each.
+	wait := func(what string, ps []*puller, want ...int64) {
 		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); ; {
-			ok := true
-			var got []int
-			for p, n := range want {
-				h := held(p)
-				got = append(got, h)
-				ok = ok && h == n
-			}
-			if ok {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the apiservers hold %v node pulls, want %v", what, got, want)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		testutil.WaitCounts(t, 20*time.Second, what+": the node pulls each apiserver holds", want, func(i int) int64 { return int64(held(ps[i])) })
 	}
 
 	// Every node logs events all along.
@@ -110,11 +96,11 @@ func TestEventPullBalance(t *testing.T) {
 	defer func() { stop.Store(true); wg.Wait() }()
 
 	a, b := start("a"), start("b")
-	wait("two apiservers", map[*puller]int{a: 2, b: 2})
+	wait("two apiservers", []*puller{a, b}, 2, 2)
 	b.stop()
-	wait("the second stopped", map[*puller]int{a: 4})
+	wait("the second stopped", []*puller{a}, 4)
 	c := start("c")
-	wait("a third started", map[*puller]int{a: 2, c: 2})
+	wait("a third started", []*puller{a, c}, 2, 2)
 	stop.Store(true)
 	wg.Wait()
 

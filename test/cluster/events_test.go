@@ -62,28 +62,9 @@ func TestEventPullTakeover(t *testing.T) {
 	// asked, the apiserver is down).
 	held := func(what string, want ...int64) {
 		t.Helper()
-		var got []int64
-		for deadline := time.Now().Add(20 * time.Second); ; {
-			got = got[:0]
-			ok := true
-			for i, w := range want {
-				if w < 0 {
-					got = append(got, -1)
-					continue
-				}
-				n := metric(t, c.APIServers[i], "dsec_event_pull_nodes")
-				got = append(got, n)
-				ok = ok && n == w
-			}
-			if ok {
-				t.Logf("%s: the apiservers hold %v node pulls", what, got)
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the apiservers hold %v node pulls, want %v", what, got, want)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		testutil.WaitCounts(t, 20*time.Second, what+": the node pulls each apiserver holds", want, func(i int) int64 {
+			return metric(t, c.APIServers[i], "dsec_event_pull_nodes")
+		})
 	}
 
 	// Creates through the second apiserver all along.
