@@ -502,7 +502,8 @@ func (c *claim) fail(ctx context.Context) {
 // changes no record: the caller's undo then removes what it made (the
 // staging ref), and a staged overwrite's old version is kept as it was.
 // A call whose claim lapsed and was taken over by another is refused
-// (FailedPrecondition) and removes what it made under a staging ref.
+// (FailedPrecondition) and removes what it made under a staging ref; one
+// whose record was removed meanwhile (NotFound) removes what it made.
 func (c *claim) done(ctx context.Context, blobs []store.Blob, undo func(context.Context) error) error {
 	if c.s.cfg.Objects == nil || c.o.Name == "" {
 		return nil
@@ -536,12 +537,19 @@ func (c *claim) done(ctx context.Context, blobs []store.Blob, undo func(context.
 		c.release(ctx, false)
 		return fmt.Errorf("%s %s: move the name onto the new version: %w (the version before is kept)", what(c.o.Kind), c.o.Name, err)
 	}
-	if !errors.Is(cerr, errdefs.ErrResourceExhausted) && c.staged == "" {
+	removed := errors.Is(cerr, errdefs.ErrNotFound)
+	if !errors.Is(cerr, errdefs.ErrResourceExhausted) && !removed && c.staged == "" {
 		c.release(ctx, false)
 		return cerr
 	}
 	undoing()
 	switch {
+	case removed:
+		// Its record was removed while the call made it (dsec layer rm or
+		// snapshot rm): what it made goes too, or it would stay on the
+		// nodes with no record, the root's, charged to no one.
+		c.release(ctx, false)
+		return fmt.Errorf("%s %s was removed while this call made it: %w (what this call made is removed)", what(c.o.Kind), c.o.Name, cerr)
 	case !errors.Is(cerr, errdefs.ErrResourceExhausted):
 		c.release(ctx, false)
 		return fmt.Errorf("%s %s: %w (what this call made is removed)", what(c.o.Kind), c.o.Name, cerr)

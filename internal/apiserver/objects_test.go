@@ -1057,3 +1057,48 @@ func TestObjectsPython(t *testing.T) {
 		t.Fatalf("python3 -m unittest test_objects: %v\n%s", err, out)
 	}
 }
+
+// TestObjectRemovedWhileMade: a name removed while the call making it is
+// still at work (dsec layer rm or snapshot rm, which nameBusy suggests to
+// free a name a dead call holds, forgets a record no node holds yet) ends
+// that call with an error and without what it made: before, the layer
+// stayed on the node with no record, the root's by default, charged to no
+// one and no longer the project's to remove.
+func TestObjectRemovedWhileMade(t *testing.T) {
+	r := startObjectRig(t, filepath.Join(t.TempDir(), "meta.db"))
+	ctx := t.Context()
+	builder := r.client(t, "builder")
+	arrived, release := make(chan struct{}), make(chan struct{})
+	r.layers.mu.Lock()
+	r.layers.importing = func(ref string) {
+		close(arrived)
+		<-release
+	}
+	r.layers.mu.Unlock()
+	made := make(chan error, 1)
+	go func() {
+		_, err := builder.ImportLayer(ctx, "env:2", dsecv1.LayerKind_LAYER_KIND_BASE, "/env", nil)
+		made <- err
+	}()
+	select {
+	case <-arrived:
+	case err := <-made:
+		close(release)
+		t.Fatalf("the import of env:2 ended before it reached the node: %v", err)
+	}
+	rmErr := builder.RemoveLayer(ctx, "env:2")
+	close(release)
+	err := <-made
+	if rmErr != nil {
+		t.Fatalf("remove env:2 while it is made: %v", rmErr)
+	}
+	if err == nil {
+		t.Error("the import of env:2, removed while it was made, succeeded")
+	}
+	if r.layers.has("env:2") {
+		t.Fatalf("the node holds env:2 after its record was removed while it was made (import: %v): a layer of no project's", err)
+	}
+	if _, err := r.st.Object(ctx, "env:2"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("the record of env:2: %v, want none", err)
+	}
+}
