@@ -17,8 +17,9 @@ import (
 // the store alone gives neither a cookie nor a token.
 type ConsoleSessions interface {
 	// PutConsoleSession stores a new session; an ID stored already is
-	// errdefs.ErrAlreadyExists. Past MaxConsoleSessionsPerToken sessions
-	// of its token, the token's oldest go in the same transaction.
+	// errdefs.ErrAlreadyExists. The metadata store keeps a token's newest
+	// MaxConsoleSessionsPerToken, its oldest going in the same
+	// transaction (the console's in-memory table bounds them all).
 	PutConsoleSession(ctx context.Context, s ConsoleSession) error
 	// ConsoleSession returns the session id names, or errdefs.ErrNotFound
 	// when there is none or it ended before now.
