@@ -230,7 +230,9 @@ func TestRefresh(t *testing.T) {
 		entered: make(chan struct{}), release: make(chan struct{})}
 	var reports atomic.Int32
 	w := New(Config{
-		Members:  func(ctx context.Context) ([]Member, error) { return []Member{{Name: "a", Addr: "x", Slot: 1, Generation: 1}}, nil },
+		Members: func(ctx context.Context) ([]Member, error) {
+			return []Member{{Name: "a", Addr: "x", Slot: 1, Generation: 1}}, nil
+		},
 		Dial:     func(m Member, _ func()) (Edge, error) { return e, nil },
 		Interval: 50 * time.Millisecond,
 		OnReport: func(string, *edgev1.NodeStatus) { reports.Add(1) },
