@@ -23,10 +23,13 @@ type Proc struct {
 	Addr  string // host:port it serves on
 	Token string // an apiserver's: a token of its metadata store
 	Root  string // an edge's state directory
-	cmd   *exec.Cmd
-	args  []string // dsecd's flags, for a restart
-	log   string
-	t     testing.TB
+	// DebugAddr serves an apiserver's Go profiles (/debug/pprof/), with
+	// ClusterOptions.Profiles.
+	DebugAddr string
+	cmd       *exec.Cmd
+	args      []string // dsecd's flags, for a restart
+	log       string
+	t         testing.TB
 }
 
 // Pid is the process's ID.
@@ -81,6 +84,9 @@ type ClusterOptions struct {
 	// group and cgroup, and one blob store directory for all; each is torn
 	// down when the test ends.
 	RealEdges bool
+	// Profiles makes each apiserver serve Go's profiles on a loopback
+	// address of its own (Proc.DebugAddr), for a benchmark to read.
+	Profiles bool
 }
 
 // nodeFlags are what makes real edge i a node of its own on this host;
@@ -127,6 +133,16 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 	blobs := filepath.Join(rootsDir, "blobstore")
 	c.BlobStore = blobs
 	addrs := freeAddrs(t, o.Edges+o.APIServers) // distinct: picked together
+	var debugAddrs []string
+	if o.Profiles {
+		debugAddrs = freeAddrs(t, o.APIServers)
+	}
+	debug := func(i int) []string {
+		if debugAddrs == nil {
+			return nil
+		}
+		return []string{"--debug-listen", debugAddrs[i]}
+	}
 	for i := range o.Edges {
 		name := fmt.Sprintf("e%d", i+1)
 		addr := addrs[i]
@@ -163,8 +179,11 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 		args := append([]string{"apiserver", "--name", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"),
 			"--db", db, "--replicas", fmt.Sprint(o.APIServers)}, edgeFlags...)
 		token := mintToken(t, bin, db)
-		p := c.start(name, append(args, o.APIServerArgs...), addr)
+		p := c.start(name, append(append(args, debug(i)...), o.APIServerArgs...), addr)
 		p.Token = token
+		if debugAddrs != nil {
+			p.DebugAddr = debugAddrs[i]
+		}
 		c.APIServers = append(c.APIServers, p)
 	}
 	for _, a := range c.APIServers {
@@ -204,7 +223,7 @@ func (c *Cluster) RestartAPIServer(i int) {
 	old := c.APIServers[i]
 	old.Kill()
 	p := c.start(old.Name, old.args, old.Addr)
-	p.Token = old.Token
+	p.Token, p.DebugAddr = old.Token, old.DebugAddr
 	c.APIServers[i] = p
 	c.waitRoutable(p, len(c.Edges))
 }

@@ -143,6 +143,18 @@ func (p *Postgres) command(prog string, args ...string) ([]byte, error) {
 	return cmd.CombinedOutput()
 }
 
+// ServerPID is the postmaster's process ID (0 when it is not running): its
+// children are the server's sessions and background workers.
+func (p *Postgres) ServerPID() int {
+	b, err := os.ReadFile(filepath.Join(p.data, "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, _ := strconv.Atoi(strings.TrimSpace(first))
+	return pid
+}
+
 // stop stops the server; if pg_ctl cannot, it kills the postmaster it
 // started, by the PID in its data directory.
 func (p *Postgres) stop() {

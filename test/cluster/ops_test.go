@@ -3,9 +3,13 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,9 +49,14 @@ func opsOn() []string {
 // three off: the first's create rate over the second's in alternating
 // rounds (ABBA), the cluster not measured frozen (SIGSTOP) so that its
 // background work (the ledger's samples and pulls of the sandboxes it
-// holds) costs the other nothing. Target ≥ 0.98× (issue 33).
+// holds) costs the other nothing. Target ≥ 0.98× (issue 33). It prints
+// too the CPU time each side's processes used (its apiservers, its edges,
+// PostgreSQL, the callers) during its rounds, and over the sandboxes it
+// made, which other work on a shared machine moves less than the rate;
+// DSEC_BENCH_OPS=none compares two clusters with all three off, the
+// baseline's own spread.
 //
-//	go test -run '^$' -bench ClusterOps -benchtime 1x ./test/cluster   # as root
+//	go test -v -run '^$' -bench ClusterOps -benchtime 1x ./test/cluster   # as root; -v: the whole report
 func BenchmarkClusterOps(b *testing.B) {
 	pg := testutil.StartPostgresServer(b)
 	edgeArgs := []string{"--runtime", "fake", "--hollow-max-sandboxes", "200000"}
@@ -58,11 +67,22 @@ func BenchmarkClusterOps(b *testing.B) {
 	if every := os.Getenv("DSEC_BENCH_USAGE_PULL"); every != "" {
 		apiArgs = append(apiArgs, "--usage-pull-interval", every)
 	}
+	// DSEC_BENCH_PROFILE=DIR writes a CPU profile of each side's first
+	// apiserver, over the whole comparison, to DIR.
+	profDir := os.Getenv("DSEC_BENCH_PROFILE")
 	on := testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
-		EdgeArgs: append(slices.Clip(edgeArgs), opsOn()...), APIServerArgs: apiArgs})
+		EdgeArgs: append(slices.Clip(edgeArgs), opsOn()...), APIServerArgs: apiArgs, Profiles: profDir != ""})
 	off := testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
-		EdgeArgs: append(slices.Clip(edgeArgs), opsOff...), APIServerArgs: opsOff})
+		EdgeArgs: append(slices.Clip(edgeArgs), opsOff...), APIServerArgs: opsOff, Profiles: profDir != ""})
 	ctx := context.Background()
+	// Where the CPU goes in each side's rounds: its apiservers, its
+	// edges, PostgreSQL and the benchmark's own callers.
+	cpu := newCPUMeter()
+	cpu.addCluster("ops on", on)
+	cpu.addCluster("ops off", off)
+	cpu.add("postgres", func() time.Duration { return treeCPU(pg.ServerPID()) })
+	self := os.Getpid()
+	cpu.add("the benchmark's callers", func() time.Duration { return procCPU(self, false) })
 	side := func(name string, c, other *testutil.Cluster) bench.ClusterSide {
 		var clients []*dsec.Conn
 		for _, a := range c.APIServers {
@@ -73,6 +93,7 @@ func BenchmarkClusterOps(b *testing.B) {
 			clients = append(clients, cl)
 		}
 		return bench.ClusterSide{Name: name, Clients: clients, Before: func(ctx context.Context) error {
+			cpu.switchTo(name)
 			freeze(other)
 			return thaw(ctx, c, clients)
 		}}
@@ -80,13 +101,27 @@ func BenchmarkClusterOps(b *testing.B) {
 	defer thaw(ctx, on, nil)
 	defer thaw(ctx, off, nil)
 	for range b.N {
+		var profiles sync.WaitGroup
+		if profDir != "" {
+			for side, c := range map[string]*testutil.Cluster{"on": on, "off": off} {
+				p := c.APIServers[0]
+				path := filepath.Join(profDir, side+"-"+p.Name+".pprof")
+				profiles.Go(func() { profile(b, p.DebugAddr, path, 95*time.Second) })
+			}
+		}
 		rep, err := bench.RunClusterCompare(ctx, [2]bench.ClusterSide{side("ops on", on, off), side("ops off", off, on)},
 			bench.ClusterOptions{Env: "base:1", Duration: 80 * time.Second, Batch: 50, BatchWorkers: 6, SingleWorkers: 40}, 4, 0.98)
+		cpu.switchTo("")
+		thaw(ctx, on, nil)
+		thaw(ctx, off, nil)
+		profiles.Wait()
 		if err != nil {
 			b.Fatal(err)
 		}
 		var out strings.Builder
 		rep.Print(&out)
+		out.WriteString("\n")
+		cpu.print(&out, rep.Names, [2]int64{rep.Sides[0].Sandboxes, rep.Sides[1].Sandboxes})
 		b.Log("\n" + out.String())
 	}
 }
@@ -127,4 +162,25 @@ func thaw(ctx context.Context, c *testutil.Cluster, clients []*dsec.Conn) error 
 		}
 	}
 	return nil
+}
+
+// profile writes the CPU profile of the process serving Go's profiles at
+// addr over d to path (the process's CPU time: none while it is frozen).
+func profile(b *testing.B, addr, path string, d time.Duration) {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())))
+	if err != nil {
+		b.Errorf("profile %s: %v", addr, err)
+		return
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", resp.Status, data)
+	}
+	if err == nil {
+		err = os.WriteFile(path, data, 0o644)
+	}
+	if err != nil {
+		b.Errorf("profile %s: %v", addr, err)
+	}
 }
