@@ -511,22 +511,28 @@ func (ls *layerService) ImportImage(ctx context.Context, req *connect.Request[ds
 		return err
 	}
 	made := c.made()
+	undo := func(ctx context.Context) error {
+		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: made}))
+		return err
+	}
 	var blobs []store.Blob
 	if name != "" && ls.s.cfg.Objects != nil {
 		all, err := ls.allLayers(context.WithoutCancel(ctx))
 		if err != nil {
-			c.release(ctx, false)
-			return fmt.Errorf("import image %s: count its bytes: %w", name, err)
+			// Not charged, so not kept: what the import made goes (a new
+			// name's image, an overwrite's staging ref), and with it a
+			// new name's record; an overwrite keeps the version before.
+			if uerr := undo(context.WithoutCancel(ctx)); uerr != nil {
+				ls.s.log.Warn("remove an image whose bytes were not counted", "name", name, "ref", made, "err", uerr)
+			}
+			c.fail(ctx)
+			return fmt.Errorf("import image %s: count its bytes: %w (the import is removed)", name, err)
 		}
 		for _, l := range all {
 			if slices.ContainsFunc(l.GetImages(), func(i string) bool { return objectName(i) == made }) {
 				blobs = append(blobs, store.Blob{Digest: l.GetDigest(), Bytes: l.GetSize()})
 			}
 		}
-	}
-	undo := func(ctx context.Context) error {
-		_, err := ls.removeLayer(ctx, connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: made}))
-		return err
 	}
 	return c.done(ctx, blobs, undo)
 }

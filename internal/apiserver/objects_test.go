@@ -49,6 +49,11 @@ type memLayers struct {
 	// importing, when set, is called with each ImportLayer's ref before
 	// the layer is made (a test holds a call there).
 	importing func(ref string)
+	// imported, when set, is called as each ImportImageTo is done.
+	imported func()
+	// listFails makes ListLayers fail (Unavailable), as a node that
+	// stopped answering.
+	listFails atomic.Bool
 }
 
 func newMemLayers() *memLayers { return &memLayers{layers: map[string]*dsecv1.Layer{}} }
@@ -85,6 +90,9 @@ func (m *memLayers) ImportLayer(ctx context.Context, req *connect.Request[dsecv1
 }
 
 func (m *memLayers) ListLayers(ctx context.Context, req *connect.Request[dsecv1.ListLayersRequest]) (*connect.Response[dsecv1.ListLayersResponse], error) {
+	if m.listFails.Load() {
+		return nil, fmt.Errorf("list layers: the node does not answer: %w", errdefs.ErrUnavailable)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := &dsecv1.ListLayersResponse{}
@@ -132,6 +140,12 @@ func (m *memLayers) RemoveLayer(ctx context.Context, req *connect.Request[dsecv1
 // "layers:A,B", of the layers blob:A and blob:B, shared with every image
 // that names them (as an edge keeps a layer once by digest).
 func (m *memLayers) ImportImageTo(ctx context.Context, req *dsecv1.ImportImageRequest, send func(*dsecv1.ImportImageProgress) error) error {
+	m.mu.Lock()
+	imported := m.imported
+	m.mu.Unlock()
+	if imported != nil {
+		defer imported()
+	}
 	parts, ok := strings.CutPrefix(req.GetSource(), "layers:")
 	if !ok {
 		l := &dsecv1.Layer{Images: []string{req.GetRef()}}
@@ -1100,5 +1114,58 @@ func TestObjectRemovedWhileMade(t *testing.T) {
 	}
 	if _, err := r.st.Object(ctx, "env:2"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("the record of env:2: %v, want none", err)
+	}
+}
+
+// TestImageNotCounted: an image import whose layers cannot be counted
+// afterwards (a node stopped answering ListLayers) fails and leaves
+// nothing behind: a new name's image and record go, an overwrite's
+// staging ref goes and the version before is kept. Before, the new
+// image stayed on the node with an empty record (charged nothing), and
+// an overwrite's staging ref stayed on the nodes for ever.
+func TestImageNotCounted(t *testing.T) {
+	r := startObjectRig(t, filepath.Join(t.TempDir(), "meta.db"))
+	ctx := t.Context()
+	builder := r.client(t, "builder")
+	if _, err := builder.ImportImage(ctx, "img:1", "oci:/img", nil); err != nil {
+		t.Fatal(err)
+	}
+	r.layers.mu.Lock()
+	r.layers.imported = func() { r.layers.listFails.Store(true) }
+	r.layers.mu.Unlock()
+	staged := func() []string {
+		r.layers.mu.Lock()
+		defer r.layers.mu.Unlock()
+		var out []string
+		for name, l := range r.layers.layers {
+			for _, ref := range append(slices.Clone(l.Images), name) {
+				if strings.Contains(ref, stagingPrefix) {
+					out = append(out, ref)
+				}
+			}
+		}
+		return out
+	}
+
+	if _, err := builder.ImportImage(ctx, "img:2", "oci:/img", nil); err == nil {
+		t.Fatal("importing img:2, its layers not countable: no error")
+	}
+	r.layers.listFails.Store(false)
+	if r.layers.has("img:2") {
+		t.Error("the node holds img:2 after its import failed")
+	}
+	if _, err := r.st.Object(ctx, "img:2"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the record of img:2 after its import failed: %v, want none", err)
+	}
+
+	if _, err := builder.ImportImage(ctx, "img:1", "oci:/img-b", nil); err == nil {
+		t.Fatal("overwriting img:1, its layers not countable: no error")
+	}
+	r.layers.listFails.Store(false)
+	if s := staged(); len(s) > 0 {
+		t.Errorf("staging refs left on the node after a failed overwrite of img:1: %v", s)
+	}
+	if o, err := r.st.Object(ctx, "img:1"); err != nil || len(o.Blobs) != 1 || o.Writer != "" {
+		t.Errorf("the record of img:1 after a failed overwrite: %+v, %v; want its version before, no writer", o, err)
 	}
 }
