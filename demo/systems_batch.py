@@ -113,11 +113,12 @@ async def rollout(client, env, i, sem, labels, state):
 
 
 def _mask_or_fail(row, exc):
-    """The platform's fault masks a rollout (left out, never scored 0);
-    anything else is an error."""
+    """The platform's fault masks a rollout (left out, never scored 0), and
+    masked_by says what the platform answered; anything else is an error."""
     fault = getattr(exc, "infra_fault", None)
     if fault:
         row["masked"] = fault
+        row["masked_by"] = f"{type(exc).__name__}: {exc}"
     else:
         row["error"] = f"{type(exc).__name__}: {exc}"
 

@@ -202,6 +202,7 @@ type systemsReport struct {
 		Failed    []string `json:"failed"`
 		Error     string   `json:"error"`
 		Masked    string   `json:"masked"`
+		MaskedBy  string   `json:"masked_by"`
 	} `json:"rows"`
 }
 
@@ -233,7 +234,7 @@ func checkSystems(t *testing.T, r *systemsReport, out []byte) {
 			// node) masks the rollout, as a trainer's loop would: never
 			// scored, left out. One of four may be; say which and why.
 			masked++
-			t.Logf("%s masked: %s", row.Candidate, row.Masked)
+			t.Logf("%s masked: %s (%s)", row.Candidate, row.Masked, row.MaskedBy)
 			continue
 		}
 		if row.Reward != want[row.Candidate] {

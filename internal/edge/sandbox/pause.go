@@ -57,8 +57,9 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 	}
 	sb.mu.Unlock()
 	// New calls wait for the pause; those under way end first.
-	if n := drainCalls(sb, callDrain); n > 0 {
-		m.log.Warn("pausing with unary calls under way", "id", id, "calls", n, "waited", callDrain)
+	drain := drainBound(sb.rec.GetSpec(), keepMemory)
+	if n := drainCalls(sb, drain); n > 0 {
+		m.log.Warn("pausing with unary calls under way", "id", id, "calls", n, "waited", drain)
 	}
 
 	st, err := pz.Pause(ctx, id, !keepMemory)
@@ -94,8 +95,25 @@ func (m *Manager) pause(ctx context.Context, sb *sandbox, keepMemory bool) (*dse
 
 // callDrain bounds how long a pause waits for the calls under way that
 // have not started (AgentStarting): milliseconds each, but a write to a
-// full stdin pipe may block.
+// full stdin pipe may block. A frozen sandbox's calls only stall: they
+// carry on after the resume.
 const callDrain = 2 * time.Second
+
+// channelDrain is callDrain for a pause that ends the agent channel (a
+// microVM's to disk), which fails the calls it cuts: a command not yet
+// started, a file half written. A best-effort guest under TCG (its QEMU
+// under SCHED_IDLE beside busier work on the node) can take seconds to
+// start a command, and a demo run lost a systems task to the 2 s bound.
+const channelDrain = 20 * time.Second
+
+// drainBound is how long a pause of a sandbox of spec waits for the calls
+// under way that have not started.
+func drainBound(spec *dsecv1.SandboxSpec, keepMemory bool) time.Duration {
+	if !keepMemory && KindOf(spec).Isolation == dsecv1.Isolation_ISOLATION_MICROVM {
+		return channelDrain
+	}
+	return callDrain
+}
 
 // drainCalls waits until sandbox sb has no unary call under way, or for
 // at most wait, and returns how many are left.

@@ -81,3 +81,24 @@ func TestPauseWaitsForCalls(t *testing.T) {
 		t.Errorf("after the pause: frozen %v, %v", frozen, err)
 	}
 }
+
+// TestDrainBound: a pause that ends the agent channel (a microVM's to
+// disk) waits longer for the calls under way than one that only freezes
+// the sandbox, whose calls carry on after the resume.
+func TestDrainBound(t *testing.T) {
+	vm := &dsecv1.SandboxSpec{Isolation: dsecv1.Isolation_ISOLATION_MICROVM}
+	for _, c := range []struct {
+		spec       *dsecv1.SandboxSpec
+		keepMemory bool
+		want       time.Duration
+	}{
+		{vm, false, channelDrain},
+		{vm, true, callDrain},
+		{&dsecv1.SandboxSpec{}, false, callDrain},
+		{&dsecv1.SandboxSpec{Isolation: dsecv1.Isolation_ISOLATION_GVISOR}, false, callDrain},
+	} {
+		if got := drainBound(c.spec, c.keepMemory); got != c.want {
+			t.Errorf("drainBound(%v, keepMemory %v) = %v, want %v", c.spec.GetIsolation(), c.keepMemory, got, c.want)
+		}
+	}
+}
