@@ -40,6 +40,7 @@ func startRealCluster(t *testing.T, edges int, apiserverArgs ...string) *testuti
 // apiserver in front of three edges with real runc sandboxes gives no edge
 // more than 1.5× its share, and every sandbox runs a command.
 func TestBatchSpreadsOverRealEdges(t *testing.T) {
+	onePassOnly(t)
 	c := startRealCluster(t, 3)
 
 	cl := c.Client(0)
@@ -112,6 +113,7 @@ func TestBatchSpreadsOverRealEdges(t *testing.T) {
 // source's trajectory hash and provenance flags on the word of the
 // source's node (its attestation).
 func TestSnapshotAcrossEdges(t *testing.T) {
+	onePassOnly(t)
 	c := startRealCluster(t, 2, "--grade-pool", "0")
 	cl := c.Client(0)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

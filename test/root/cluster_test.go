@@ -42,6 +42,7 @@ import (
 // nothing, a warm pool on every edge serves creates, and removal leaves
 // nothing.
 func TestClusterEndToEnd(t *testing.T) {
+	onePassOnly(t)
 	c := testutil.StartCluster(t, testutil.ClusterOptions{APIServers: 2, Edges: 2, RealEdges: true,
 		DB: testutil.StartPostgres(t), Registry: true, EdgeArgs: []string{"--max-upload-bytes", fmt.Sprint(maxUpload)}})
 	cli := func(i int, args ...string) (string, string, int) {

@@ -25,6 +25,7 @@ import (
 // SDK (an error typed edge_unreachable or node_lost) and the CLI (exit 202
 // or 201), never as a reward.
 func TestEdgeLostMidGrade(t *testing.T) {
+	onePassOnly(t)
 	c := startRealCluster(t, 1)
 	api := c.APIServers[0]
 	cl := sdkClient(t, api.Addr, api.Token)
@@ -98,6 +99,7 @@ func waitGrader(t *testing.T, cl *dsec.Client, id, marker string) {
 // through the Go SDK and the CLI (exit 202), rather than waiting for the
 // caller's own deadline and passing for the caller's timeout.
 func TestEdgeStoppedMidExec(t *testing.T) {
+	onePassOnly(t)
 	c := startRealCluster(t, 1)
 	api := c.APIServers[0]
 	cl := sdkClient(t, api.Addr, api.Token)
@@ -141,6 +143,7 @@ func TestEdgeStoppedMidExec(t *testing.T) {
 // (its edge stopped, SIGSTOP, while it is asked) fails typed start_timeout
 // through the Go SDK; once the edge runs again, the cluster serves on.
 func TestStartTimeout(t *testing.T) {
+	onePassOnly(t)
 	c := startRealCluster(t, 1)
 	api := c.APIServers[0]
 	cl := sdkClient(t, api.Addr, api.Token)

@@ -195,6 +195,17 @@ func allInOneOnly(t *testing.T) {
 	}
 }
 
+// onePassOnly skips t in the cluster pass (DSEC_TEST_CLUSTER=1) of a test
+// that never starts the pass's daemon (startDaemon): it starts a cluster
+// of its own (testutil.StartCluster) or a dsecd by hand, so the second
+// pass would run exactly what the first did.
+func onePassOnly(t *testing.T) {
+	t.Helper()
+	if testutil.ClusterMode() {
+		t.Skip("runs in the all-in-one pass only: it starts no daemon of the pass, so the cluster pass would run it again unchanged")
+	}
+}
+
 // sdkClient is a Go SDK client of the API at addr holding token, closed
 // when t ends.
 func sdkClient(t *testing.T, addr, token string) *dsec.Client {

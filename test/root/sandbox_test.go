@@ -199,6 +199,7 @@ func TestCreateOnFullNode(t *testing.T) {
 // sandbox, saying how to build one that can, instead of serving creates
 // that each time out waiting for it.
 func TestDynamicAgentRefused(t *testing.T) {
+	onePassOnly(t)
 	bin := testutil.Binaries(t)
 	agent := testutil.DynamicExecutable(t)
 	root, err := os.MkdirTemp("", "dsec-test-root-")
