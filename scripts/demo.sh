@@ -97,14 +97,8 @@ if have_layer $base; then
 else
   cache=/var/cache/dsec/demo-debian
   if [ ! -f $cache/etc/dsec-demo-debian ]; then
-    tree=$(mktemp -d $cache.tmp.XXXXXX)
-    trap 'rm -rf "$tree"' EXIT
-    echo "debootstrap into $tree (a few minutes the first time)"
-    EXTRA_PACKAGES=iproute2,nftables,kmod,e2fsprogs scripts/build-debian-base.sh "$tree" >/dev/null
-    echo "$base" >"$tree/etc/dsec-demo-debian"
-    rm -rf $cache
-    mv "$tree" $cache
-    trap - EXIT
+    echo "debootstrap into $cache (a few minutes the first time)"
+    scripts/build-demo-debian.sh $cache
   fi
   bin/dsec layer import --kind base --allow-setuid $base $cache
 fi

@@ -38,13 +38,7 @@ func TestDemoRollouts(t *testing.T) {
 	d := testutil.StartDaemon(t, args...)
 	repo := testutil.RepoRoot()
 
-	tree := t.TempDir()
-	build := exec.Command(filepath.Join(repo, "scripts", "build-debian-base.sh"), tree)
-	// The systems batch's tools, as scripts/demo.sh builds its base.
-	build.Env = append(os.Environ(), "EXTRA_PACKAGES=iproute2,nftables,kmod,e2fsprogs")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build Debian base: %v\n%s", err, out)
-	}
+	tree := demoBaseTree(t)
 	layers := []struct{ kind, ref, dir string }{
 		{"base", "debian:test", tree},
 		{"workspace", "textstats:1", filepath.Join(repo, "demo", "workspace")},
@@ -64,7 +58,6 @@ func TestDemoRollouts(t *testing.T) {
 			t.Fatalf("import %s: %s %s", l.ref, out, errOut)
 		}
 	}
-	os.RemoveAll(tree)
 
 	demoArgs := []string{filepath.Join(repo, "demo", "rollout.py"),
 		"--addr", d.Addr, "--env", "debian:test+textstats:1+harness:1", "-n", "12", "--json",
@@ -189,6 +182,25 @@ func TestDemoRollouts(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// demoBaseTree is the demo's Debian base with the systems batch's tools
+// (scripts/build-demo-debian.sh): the tree DSEC_DEMO_BASE_TREE names, built
+// once for both of CI's passes, else one built for t (over a minute of
+// debootstrap) and removed when it ends.
+func demoBaseTree(t *testing.T) string {
+	t.Helper()
+	if tree := os.Getenv("DSEC_DEMO_BASE_TREE"); tree != "" {
+		if _, err := os.Stat(filepath.Join(tree, "etc", "dsec-demo-debian")); err != nil {
+			t.Fatalf("DSEC_DEMO_BASE_TREE=%s is no finished demo base (scripts/build-demo-debian.sh %s): %v", tree, tree, err)
+		}
+		return tree
+	}
+	tree := filepath.Join(t.TempDir(), "debian")
+	if out, err := exec.Command(filepath.Join(testutil.RepoRoot(), "scripts", "build-demo-debian.sh"), tree).CombinedOutput(); err != nil {
+		t.Fatalf("build the demo's Debian base: %v\n%s", err, out)
+	}
+	return tree
 }
 
 // systemsReport is the JSON of demo/systems_batch.py's report.
