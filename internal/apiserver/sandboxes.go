@@ -765,8 +765,15 @@ func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListReque
 	// The fncall backend's pooled containers are the platform's, not the
 	// caller's: listed only when asked for by their label.
 	_, pooled := req.Msg.GetLabels()[FnCallPoolLabel]
-	// An unreachable node's sandboxes cannot be listed; its calls fail
-	// with Unavailable naming it.
+	// An unreachable node's sandboxes cannot be listed (its calls fail
+	// with Unavailable naming it): the answer names it, so that a list
+	// short of them does not read as a list of everything.
+	for _, n := range s.fleet.Nodes() {
+		if !n.Healthy {
+			out.UnreachableNodes = append(out.UnreachableNodes, n.Name)
+		}
+	}
+	slices.Sort(out.UnreachableNodes)
 	for _, n := range s.routable() {
 		resp, err := n.Edge.List(ctx, connect.NewRequest(&dsecv1.ListRequest{Labels: req.Msg.GetLabels(), States: states}))
 		if err != nil {

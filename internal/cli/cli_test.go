@@ -25,6 +25,7 @@ type fakeSandboxes struct {
 	requests []any
 	warnings []string
 	listed   []*dsecv1.Sandbox // what List answers
+	down     []string          // the nodes List says it could not reach
 	// execHangs, if set, makes Exec say so on it and wait for its caller
 	// to go away.
 	execHangs chan struct{}
@@ -54,7 +55,7 @@ func (f *fakeSandboxes) Delete(ctx context.Context, r *connect.Request[dsecv1.De
 
 func (f *fakeSandboxes) List(ctx context.Context, r *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
 	f.got(r.Msg)
-	return connect.NewResponse(&dsecv1.ListResponse{Sandboxes: f.listed}), nil
+	return connect.NewResponse(&dsecv1.ListResponse{Sandboxes: f.listed, UnreachableNodes: f.down}), nil
 }
 
 func (f *fakeSandboxes) Exec(ctx context.Context, r *connect.Request[dsecv1.ExecRequest], s *connect.ServerStream[dsecv1.ExecEvent]) error {
@@ -426,6 +427,31 @@ func TestUnavailableNodeIsNotAnUnreachableServer(t *testing.T) {
 	_, _, err = runCLIErr(t, closed, "inspect", "sb-e2-a")
 	if got := describe(err); !strings.Contains(got, "cannot reach dsecd") {
 		t.Errorf("an address nothing listens on reads %q", got)
+	}
+}
+
+// TestLsNamesUnreachableNodes: dsec ls says which nodes the apiserver
+// could not reach, whose sandboxes its list lacks (it listed the rest and
+// exited 0 as if that were all); --json carries them as unreachableNodes.
+func TestLsNamesUnreachableNodes(t *testing.T) {
+	f, addr := startFake(t)
+	f.listed = []*dsecv1.Sandbox{{Id: "sb-e1-a", State: dsecv1.State_STATE_RUNNING, Spec: &dsecv1.SandboxSpec{}}}
+	f.down = []string{"e2"}
+	out, errOut, err := runCLIErr(t, addr, "ls")
+	if err != nil || !strings.Contains(out, "sb-e1-a") || errOut != "dsec: node e2 is unreachable: its sandboxes are not listed (dsec nodes)\n" {
+		t.Errorf("dsec ls with e2 down: %v, %q, stderr %q", err, out, errOut)
+	}
+	f.down = []string{"e2", "e3"}
+	if _, errOut, _ := runCLIErr(t, addr, "ls"); !strings.Contains(errOut, "nodes e2, e3 are unreachable: their sandboxes") {
+		t.Errorf("two down: stderr %q", errOut)
+	}
+	out, _, err = runCLIErr(t, addr, "--json", "ls")
+	if err != nil || !strings.Contains(out, `"unreachableNodes": [`) || !strings.Contains(out, `"e3"`) {
+		t.Errorf("dsec --json ls: %v, %s", err, out)
+	}
+	f.down = nil
+	if _, errOut, _ := runCLIErr(t, addr, "ls"); errOut != "" {
+		t.Errorf("every node up: stderr %q", errOut)
 	}
 }
 

@@ -598,6 +598,9 @@ func (a *app) lsCommand() *cobra.Command {
 			if a.json {
 				return a.printProto(resp.Msg)
 			}
+			if down := resp.Msg.GetUnreachableNodes(); len(down) > 0 {
+				defer fmt.Fprintf(a.stderr, "dsec: %s unreachable: %s sandboxes are not listed (dsec nodes)\n", nodesAre(down), pronoun(len(down)))
+			}
 			if next := resp.Msg.GetNextPageToken(); next != "" {
 				defer fmt.Fprintf(a.stderr, "%d of %d shown; the next page: --page-token %s\n", len(resp.Msg.GetSandboxes()), resp.Msg.GetTotal(), next)
 			}
@@ -622,6 +625,23 @@ func (a *app) lsCommand() *cobra.Command {
 	cmd.Flags().Int32Var(&pageSize, "page-size", 0, "at most this many sandboxes, newest first (at most 1000); the next page's token goes to stderr")
 	cmd.Flags().StringVar(&pageToken, "page-token", "", "the page after an earlier --page-size listing's")
 	return cmd
+}
+
+// nodesAre names nodes as the subject of a sentence: "node e1 is",
+// "nodes e1, e2 are".
+func nodesAre(names []string) string {
+	if len(names) == 1 {
+		return "node " + names[0] + " is"
+	}
+	return "nodes " + strings.Join(names, ", ") + " are"
+}
+
+// pronoun is "its" for one, "their" for more.
+func pronoun(n int) string {
+	if n == 1 {
+		return "its"
+	}
+	return "their"
 }
 
 func (a *app) inspectCommand() *cobra.Command {

@@ -317,7 +317,7 @@ func (c *Console) sandboxes(w http.ResponseWriter, r *request) {
 		}
 	}
 	to := q.From + len(sbs) - 1
-	data := map[string]any{"Query": q, "Sandboxes": sbs, "Total": total, "From": q.From, "To": to,
+	data := map[string]any{"Query": q, "Sandboxes": sbs, "Total": total, "From": q.From, "To": to, "Unreachable": resp.Msg.GetUnreachableNodes(),
 		"Page": (q.From-1)/PageSize + 1, "Pages": max(1, (total+PageSize-1)/PageSize),
 		"States": append([]string{"all"}, slices.Sorted(mapsKeys(states))...)}
 	if q.After != "" {

@@ -71,7 +71,7 @@ func TestEmitDefaults(t *testing.T) {
 		o    Options
 		want string
 	}{
-		{Options{EmitDefaults: true}, `{"sandboxes":[],"nextPageToken":"","total":0}`},
+		{Options{EmitDefaults: true}, `{"sandboxes":[],"nextPageToken":"","total":0,"unreachableNodes":[]}`},
 		{Options{}, `{}`},
 	} {
 		b, err := Marshal(&dsecv1.ListResponse{}, tc.o)

@@ -553,6 +553,9 @@ type Page struct {
 	Next string
 	// Total is how many sandboxes match in all pages.
 	Total int
+	// Unreachable names the nodes the apiserver could not reach: their
+	// sandboxes are in neither the page nor Total (docs/cluster.md).
+	Unreachable []string
 }
 
 // ListPage returns one page of at most size sandboxes (at most 1,000)
@@ -576,7 +579,7 @@ func (c *Client) ListPage(ctx context.Context, filter *dsecv1.ListRequest, size 
 	if err != nil {
 		return nil, fmt.Errorf("list a page of sandboxes: %w", err)
 	}
-	p := &Page{Next: resp.GetNextPageToken(), Total: int(resp.GetTotal())}
+	p := &Page{Next: resp.GetNextPageToken(), Total: int(resp.GetTotal()), Unreachable: resp.GetUnreachableNodes()}
 	for _, info := range resp.GetSandboxes() {
 		p.Sandboxes = append(p.Sandboxes, c.wrap(info))
 	}

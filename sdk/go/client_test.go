@@ -33,6 +33,7 @@ type fakeService struct {
 	setWarmPool   func(context.Context, *dsecv1.SetWarmPoolRequest) (*dsecv1.WarmPool, error)
 	listWarmPools func(context.Context) (*dsecv1.ListWarmPoolsResponse, error)
 	serverInfo    *dsecv1.ServerInfo
+	list          func(context.Context, *dsecv1.ListRequest) (*dsecv1.ListResponse, error)
 }
 
 func (f *fakeService) Create(ctx context.Context, r *connect.Request[dsecv1.CreateRequest]) (*connect.Response[dsecv1.CreateResponse], error) {
@@ -64,6 +65,27 @@ func (f *fakeService) WriteFile(ctx context.Context, r *connect.Request[dsecv1.W
 		return nil, err
 	}
 	return connect.NewResponse(&dsecv1.WriteFileResponse{Written: int64(len(r.Msg.Data))}), nil
+}
+
+func (f *fakeService) List(ctx context.Context, r *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
+	resp, err := f.list(ctx, r.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// TestListPageUnreachable: a page names the nodes the apiserver could not
+// reach, whose sandboxes it lacks.
+func TestListPageUnreachable(t *testing.T) {
+	f := &fakeService{list: func(context.Context, *dsecv1.ListRequest) (*dsecv1.ListResponse, error) {
+		return &dsecv1.ListResponse{Sandboxes: []*dsecv1.Sandbox{{Id: "sb-e1-a"}}, Total: 1, UnreachableNodes: []string{"e2"}}, nil
+	}}
+	_, c := startFake(t, f)
+	p, err := c.ListPage(t.Context(), nil, 10, "")
+	if err != nil || len(p.Sandboxes) != 1 || p.Total != 1 || len(p.Unreachable) != 1 || p.Unreachable[0] != "e2" {
+		t.Fatalf("ListPage = %+v, %v; want sb-e1-a with e2 unreachable", p, err)
+	}
 }
 
 func startFake(t *testing.T, f *fakeService) (*httptest.Server, *Client) {

@@ -2652,8 +2652,12 @@ type ListResponse struct {
 	// this one is the last), and how many sandboxes match in all pages.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	Total         int32  `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Nodes the apiserver cannot reach now (docs/cluster.md): their
+	// sandboxes are not in the list, nor in total. Empty when every node
+	// answered, and always on an edge or the all-in-one dsecd.
+	UnreachableNodes []string `protobuf:"bytes,4,rep,name=unreachable_nodes,json=unreachableNodes,proto3" json:"unreachable_nodes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListResponse) Reset() {
@@ -2705,6 +2709,13 @@ func (x *ListResponse) GetTotal() int32 {
 		return x.Total
 	}
 	return 0
+}
+
+func (x *ListResponse) GetUnreachableNodes() []string {
+	if x != nil {
+		return x.UnreachableNodes
+	}
+	return nil
 }
 
 type SetWarmPoolRequest struct {
@@ -12082,11 +12093,12 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"page_token\x18\x05 \x01(\tR\tpageToken\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +
 	"\fListResponse\x12.\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x10.dsec.v1.SandboxR\tsandboxes\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x14\n" +
-	"\x05total\x18\x03 \x01(\x05R\x05total\"R\n" +
+	"\x05total\x18\x03 \x01(\x05R\x05total\x12+\n" +
+	"\x11unreachable_nodes\x18\x04 \x03(\tR\x10unreachableNodes\"R\n" +
 	"\x12SetWarmPoolRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.dsec.v1.SandboxSpecR\x04spec\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x05R\x04size\"\xed\x01\n" +
