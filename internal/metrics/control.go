@@ -100,6 +100,7 @@ func (r *Registry) Counters(fs ...Func) {
 // by store and op. A nil *Errors counts nothing.
 type Errors struct {
 	vec *prometheus.CounterVec
+	ops []string // the ops whose series start at 0 for each store (Of)
 }
 
 // StoreErrors registers dsec_store_errors_total (the metadata store's
@@ -107,7 +108,7 @@ type Errors struct {
 // returns it when it is registered already. Nil for a nil r.
 func (r *Registry) StoreErrors() *Errors {
 	return r.errorsOf("dsec_store_errors_total",
-		"Metadata store calls that failed (not its answers: not found, already exists, refused), by store (sqlite, postgres) and op (the store method).")
+		"Metadata store calls that failed (not its answers: not found, already exists, refused), by store (sqlite, postgres) and op (the store method).", nil)
 }
 
 // BlobErrors registers dsec_blob_errors_total (the blob store's failures
@@ -116,10 +117,11 @@ func (r *Registry) StoreErrors() *Errors {
 // that opens a blob store counts into it). Nil for a nil r.
 func (r *Registry) BlobErrors() *Errors {
 	return r.errorsOf("dsec_blob_errors_total",
-		"Blob store calls that failed (a missing key is an answer, not a failure), by store (s3, dir) and op (put, get, get_range, stat, delete, list).")
+		"Blob store calls that failed (a missing key is an answer, not a failure), by store (s3, dir) and op (put, get, get_range, stat, delete, list).",
+		[]string{"put", "get", "get_range", "stat", "delete", "list"})
 }
 
-func (r *Registry) errorsOf(name, help string) *Errors {
+func (r *Registry) errorsOf(name, help string, ops []string) *Errors {
 	if r == nil {
 		return nil
 	}
@@ -128,7 +130,7 @@ func (r *Registry) errorsOf(name, help string) *Errors {
 	if e := r.errors[name]; e != nil {
 		return e
 	}
-	e := &Errors{vec: prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"store", "op"})}
+	e := &Errors{vec: prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"store", "op"}), ops: ops}
 	r.reg.MustRegister(e.vec)
 	if r.errors == nil {
 		r.errors = map[string]*Errors{}
@@ -139,9 +141,14 @@ func (r *Registry) errorsOf(name, help string) *Errors {
 
 // Of returns a function that counts a failure of op in store, for
 // store.Observe and blob.Observe; nil for a nil e (pass no observer then).
+// The blob store's ops, known in advance, start at 0 for store (the
+// metadata store's, its methods, when they first fail).
 func (e *Errors) Of(store string) func(op string) {
 	if e == nil {
 		return nil
+	}
+	for _, op := range e.ops {
+		e.vec.WithLabelValues(store, op)
 	}
 	return func(op string) { e.vec.WithLabelValues(store, op).Inc() }
 }

@@ -127,6 +127,21 @@ func (r *Registry) Edge() *Edge {
 	}
 	r.reg.MustRegister(e.execSeconds, e.creates, e.createSeconds, e.deletes, e.deleteSeconds, e.pauses, e.pauseSeconds,
 		e.poolHits, e.poolMisses, e.refusals, e.network)
+	// The series of labels known in advance start at 0, so a node that
+	// has refused, paused or logged nothing yet serves them (a dashboard's
+	// rate() of a series never served reads "No data", not 0).
+	for _, reason := range []string{"max_sandboxes", "memory_floor"} {
+		e.refusals.WithLabelValues(reason)
+	}
+	for _, kind := range []string{"connect", "dns"} {
+		for _, verdict := range []string{"allow", "deny"} {
+			e.network.WithLabelValues(kind, verdict)
+		}
+	}
+	for _, op := range []string{"pause", "resume"} {
+		e.pauses.WithLabelValues(op, "ok")
+		e.pauseSeconds.WithLabelValues(op)
+	}
 	return e
 }
 

@@ -122,6 +122,74 @@ func TestRegistriesApart(t *testing.T) {
 	}
 }
 
+// dashboardQueries is each dsec metric the shipped Grafana dashboard
+// queries (histograms by their family's name), with a panel that does.
+func dashboardQueries(t *testing.T) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile("../../docs/grafana/dsec.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("parse the dashboard: %v", err)
+	}
+	name := regexp.MustCompile(`\bdsec_[a-z_]+`)
+	out := map[string]string{}
+	for _, p := range dash.Panels {
+		for _, q := range p.Targets {
+			for _, n := range name.FindAllString(q.Expr, -1) {
+				out[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_count"), "_sum")] = p.Title
+			}
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("the dashboard queries no dsec metric")
+	}
+	return out
+}
+
+// TestDashboardOnDayOne: a node and an apiserver that have only created,
+// run and deleted sandboxes serve every metric the dashboard queries, the
+// rare events' at 0 (refusals, pauses, network verdicts, blob errors), but
+// those whose labels are known only when something happens (a language's
+// first FnCall call, a pool's environment, the metadata store's method
+// that failed): an operator loading the dashboard on a cluster's first
+// day found eleven panels with "No data" where those were 0.
+func TestDashboardOnDayOne(t *testing.T) {
+	bornWithTheirLabels := map[string]bool{
+		"dsec_fncall_calls_total": true, "dsec_fncall_call_seconds": true,
+		"dsec_pool_members": true, "dsec_pool_size": true,
+		"dsec_store_errors_total": true,
+	}
+	r := New()
+	e := r.Edge()
+	e.Create("container", "container", nil, time.Millisecond)
+	e.Exec("container", nil, time.Millisecond)
+	e.Delete("container", "container", nil, time.Millisecond)
+	r.Node(func() NodeView {
+		return NodeView{Sandboxes: []SandboxGroup{{State: "running", Backend: "container", Isolation: "container", Count: 1}}, CPUs: 2}
+	}, DefaultProjects)
+	r.FnCall(func() (int, int, int) { return 0, 0, 0 })
+	a := r.API(func() (int, int) { return 1, 1 })
+	a.Request("/dsec.v1.SandboxService/Create", "ok", time.Millisecond)
+	a.Placement("placed")
+	r.Layers(func() (LayerTotals, bool) { return LayerTotals{}, true })
+	r.StoreErrors().Of("postgres")
+	r.BlobErrors().Of("s3")
+	fams := scrape(t, r)
+	for n, panel := range dashboardQueries(t) {
+		if fams[n] == nil && !bornWithTheirLabels[n] {
+			t.Errorf("panel %q queries %s, which a fresh node's /metrics does not serve", panel, n)
+		}
+	}
+}
+
 // TestDashboard: every dsec metric the shipped Grafana dashboard queries
 // is served after a small workload touched each.
 func TestDashboard(t *testing.T) {
