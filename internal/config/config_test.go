@@ -221,7 +221,8 @@ func TestFields(t *testing.T) {
 	}
 }
 
-// TestRedact: passwords and secret parameters of URLs are hidden, the
+// TestRedact: passwords and secret parameters of URLs, and the password of
+// a PostgreSQL key/value connection string, are hidden, the
 // rest kept.
 func TestRedact(t *testing.T) {
 	for in, want := range map[string]string{
@@ -229,6 +230,11 @@ func TestRedact(t *testing.T) {
 		"postgres://u@db/dsec":                         "postgres://u@db/dsec",
 		"s3://b/p?endpoint=h:1&secret_key=abc":         "s3://b/p?endpoint=h%3A1&secret_key=REDACTED",
 		"/var/lib/dsec/meta.db":                        "/var/lib/dsec/meta.db",
+		// PostgreSQL's key/value form (scripts/cluster.sh uses it) printed
+		// its password as given.
+		"host=/run/pg user=dsec password=sekrit dbname=dsec": "host=/run/pg user=dsec password=REDACTED dbname=dsec",
+		"host=db password = 'se cr\\'et' dbname=dsec":        "host=db password=REDACTED dbname=dsec",
+		"host=db user=dsec dbname=dsec":                      "host=db user=dsec dbname=dsec",
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("%s: %s, want %s", in, got, want)

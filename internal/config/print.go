@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/url"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -123,12 +124,17 @@ func tomlString(s string) string {
 	return b.String()
 }
 
+// dsnPassword is a password in a PostgreSQL key/value connection string
+// ("host=db user=dsec password=secret", the value maybe quoted: 'a b').
+var dsnPassword = regexp.MustCompile(`(?i)\bpassword\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^\s']*)`)
+
 // redactURL hides a URL's password and the values of its query's
-// secret-looking parameters.
+// secret-looking parameters, and the password of a PostgreSQL key/value
+// connection string.
 func redactURL(s string) string {
 	u, err := url.Parse(s)
 	if err != nil || u.Scheme == "" {
-		return s
+		return dsnPassword.ReplaceAllString(s, "password=REDACTED")
 	}
 	changed := false
 	if _, ok := u.User.Password(); ok {
