@@ -13,6 +13,7 @@ import (
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/pbjson"
+	dsec "dsec.dev/dsec/sdk/go"
 )
 
 // eventsPage is the server's page of ListEvents.
@@ -116,32 +117,84 @@ func eventRow(w io.Writer, e *dsecv1.Event) {
 }
 
 // followEvents prints what FollowEvents streams, a line per event, until
-// the stream ends or the command is interrupted.
+// the stream ends or the command is interrupted. A stream that breaks (its
+// apiserver restarted or went away) is followed again after the last event
+// printed, through whichever address answers, so nothing is missed or
+// printed twice; an answer refusing the request ends it.
 func (a *app) followEvents(cmd *cobra.Command, req *dsecv1.ListEventsRequest) error {
-	stream, err := a.c.Sandboxes.FollowEvents(cmd.Context(), connect.NewRequest(req))
-	if err != nil {
-		return err
-	}
-	defer stream.Close()
+	ctx := cmd.Context()
 	if !a.json {
 		fmt.Fprintln(a.stdout, "ID\tTIME\tPROJECT\tSANDBOX\tEVENT\tREASON\tMESSAGE")
 	}
+	left := req.GetLimit() // events still wanted (0: no limit)
+	for first := true; ; first = false {
+		got, err := a.followOnce(cmd, req, &left)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		// No address answering the first follow is a wrong address or a
+		// dsecd not running, said at once; later, a restart under way.
+		if !streamBroke(err) || first && dsec.Unreachable(err) {
+			return err
+		}
+		if got == 0 {
+			// Nothing came since the last break: wait before asking again,
+			// so an address that keeps failing is not hammered.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(followRetry):
+			}
+		}
+		fmt.Fprintf(a.stderr, "dsec: the event stream broke (%s); following again after event %d\n", describe(err), req.GetAfter())
+	}
+}
+
+// followRetry is how long a follower whose stream broke with nothing
+// received waits before following again.
+const followRetry = time.Second
+
+// streamBroke reports whether a follow ended by a failure of the
+// connection or of the apiserver serving it rather than by an answer to
+// the request: a transport error, or Unavailable.
+func streamBroke(err error) bool {
+	return connect.CodeOf(err) == connect.CodeUnavailable || !connect.IsWireError(err)
+}
+
+// followOnce follows once, printing each event and moving req's cursor
+// past it, and returns how many came. *left counts down the events a
+// --limit still wants (0: no limit), and the stream is asked for those.
+func (a *app) followOnce(cmd *cobra.Command, req *dsecv1.ListEventsRequest, left *int32) (int, error) {
+	req.Limit = *left
+	stream, err := a.c.Sandboxes.FollowEvents(cmd.Context(), connect.NewRequest(req))
+	if err != nil {
+		return 0, err
+	}
+	defer stream.Close()
+	got := 0
 	for stream.Receive() {
 		e := stream.Msg()
+		got++
+		req.After = e.GetId()
 		if a.json {
 			b, err := pbjson.Marshal(e, pbjson.Options{EmitDefaults: true})
 			if err != nil {
-				return err
+				return got, err
 			}
 			fmt.Fprintf(a.stdout, "%s\n", b)
-			continue
+		} else {
+			eventRow(a.stdout, e)
 		}
-		eventRow(a.stdout, e)
+		if *left > 0 {
+			if *left--; *left == 0 {
+				return got, nil
+			}
+		}
 	}
 	if err := stream.Err(); err != nil && cmd.Context().Err() == nil {
-		return err
+		return got, err
 	}
-	return nil
+	return got, nil
 }
 
 func (a *app) webhookCommand() *cobra.Command {
