@@ -97,6 +97,12 @@ func (s *Server) nodeInfos() []*dsecv1.NodeInfo {
 	var out []*dsecv1.NodeInfo
 	for _, n := range s.fleet.Nodes() {
 		ni := &dsecv1.NodeInfo{Name: n.Name, Healthy: n.Healthy}
+		if !n.LastSeen.IsZero() {
+			ni.LastSeenUnixMs = n.LastSeen.UnixMilli()
+		}
+		if !n.Healthy {
+			ni.UnreachableReason = n.LastErr
+		}
 		if st := statusOf(n); st != nil {
 			ni.Kinds, ni.Missing = st.GetKinds(), st.GetMissing()
 			ni.Live, ni.MaxSandboxes = st.GetLive(), st.GetMaxSandboxes()

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -34,10 +35,15 @@ func (f *downFleet) Nodes() []watcher.Node {
 	for i := range nodes {
 		if f.down[nodes[i].Name] {
 			nodes[i].Healthy = false
+			nodes[i].LastSeen, nodes[i].Misses = downSince, 3
+			nodes[i].LastErr = "dial tcp 127.0.0.1:18602: connect: connection refused"
 		}
 	}
 	return nodes
 }
+
+// downSince is when a node marked down last answered.
+var downSince = time.Date(2026, 12, 6, 19, 45, 41, 0, time.UTC)
 
 func (f *downFleet) setDown(node string, down bool) {
 	f.mu.Lock()
@@ -111,6 +117,25 @@ func TestListNamesUnreachableNodes(t *testing.T) {
 	b := newBrowser(t, hs)
 	if code, _, page := b.signIn(tok); code != 200 || !strings.Contains(page, `id="unreachable"`) || !strings.Contains(page, `>n2</a>`) {
 		t.Errorf("the console's list with n2 down: %d, no note naming n2:\n%s", code, page)
+	}
+
+	// GetServerInfo and the nodes page say when it last answered and why
+	// it does not now.
+	info, err := cl.GetServerInfo(ctx, connect.NewRequest(&dsecv1.GetServerInfoRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range info.Msg.GetNodes() {
+		switch {
+		case n.GetName() == "n2" && (n.GetHealthy() || n.GetLastSeenUnixMs() != downSince.UnixMilli() || !strings.Contains(n.GetUnreachableReason(), "connection refused")):
+			t.Errorf("n2 down: %v", n)
+		case n.GetName() == "n1" && (!n.GetHealthy() || n.GetUnreachableReason() != ""):
+			t.Errorf("n1 up: %v", n)
+		}
+	}
+	if _, _, page := b.do("GET", "/console/nodes", nil); !strings.Contains(page, "unreachable") || !strings.Contains(page, "last answered 2026-12-06 19:45:41") ||
+		!strings.Contains(page, "connect: connection refused") {
+		t.Errorf("the nodes page with n2 down says not when nor why:\n%s", page)
 	}
 	fleet.setDown("n2", false)
 	if _, _, page := b.do("GET", "/console/sandboxes", nil); strings.Contains(page, `id="unreachable"`) {

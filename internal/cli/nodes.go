@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -31,9 +32,31 @@ func (a *app) nodesCommand() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%v\t%d/%d\t%s\t%s\t%s\n", n.GetName(), n.GetHealthy(), n.GetLive(), n.GetMaxSandboxes(),
 					kindsText(n.GetKinds()), missingText(n.GetMissing()), coreSchedText(n.GetCoreScheduling()))
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, n := range resp.Msg.GetNodes() {
+				if !n.GetHealthy() {
+					fmt.Fprintf(a.stderr, "dsec: node %s is unreachable: %s\n", n.GetName(), unreachableText(n, time.Now()))
+				}
+			}
+			return nil
 		},
 	}
+}
+
+// unreachableText says of an unhealthy node when it last answered and why
+// it does not now: "last answered 12s ago, its LIVE as of then (dial tcp
+// …: connection refused)".
+func unreachableText(n *dsecv1.NodeInfo, now time.Time) string {
+	s := "it has not answered since the apiserver started"
+	if ms := n.GetLastSeenUnixMs(); ms > 0 {
+		s = fmt.Sprintf("last answered %s ago, its LIVE as of then", now.Sub(time.UnixMilli(ms)).Round(time.Second))
+	}
+	if r := n.GetUnreachableReason(); r != "" {
+		s += " (" + r + ")"
+	}
+	return s
 }
 
 // kindsText is a node's kinds as "container, container/fncall,

@@ -1,10 +1,52 @@
 package cli
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
+
+	"connectrpc.com/connect"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 )
+
+// nodesFake answers GetServerInfo with its nodes.
+type nodesFake struct {
+	fakeSandboxes
+	nodes []*dsecv1.NodeInfo
+}
+
+func (f *nodesFake) GetServerInfo(context.Context, *connect.Request[dsecv1.GetServerInfoRequest]) (*connect.Response[dsecv1.ServerInfo], error) {
+	return connect.NewResponse(&dsecv1.ServerInfo{Name: "api1", Nodes: f.nodes}), nil
+}
+
+// TestNodesSaysWhyUnreachable: dsec nodes says of an unhealthy node when
+// it last answered, that its LIVE is as of then, and why its polls fail;
+// it said only "false", with the killed edge's LIVE of its last report.
+func TestNodesSaysWhyUnreachable(t *testing.T) {
+	seen := time.Now().Add(-12 * time.Second).UnixMilli()
+	f := &nodesFake{nodes: []*dsecv1.NodeInfo{
+		{Name: "e1", Healthy: true, Live: 3, MaxSandboxes: 10, LastSeenUnixMs: time.Now().UnixMilli()},
+		{Name: "e2", Live: 3, MaxSandboxes: 10, LastSeenUnixMs: seen, UnreachableReason: "dial tcp 127.0.0.1:18602: connect: connection refused"},
+		{Name: "e3", UnreachableReason: "context deadline exceeded"},
+	}}
+	out, errOut, err := runCLIErr(t, startHandler(t, f), "nodes")
+	if err != nil || !strings.Contains(out, "e2") {
+		t.Fatalf("dsec nodes: %v, %q", err, out)
+	}
+	for _, want := range []string{
+		"dsec: node e2 is unreachable: last answered 12s ago, its LIVE as of then (dial tcp 127.0.0.1:18602: connect: connection refused)\n",
+		"dsec: node e3 is unreachable: it has not answered since the apiserver started (context deadline exceeded)\n",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr %q, want %q in it", errOut, want)
+		}
+	}
+	if strings.Contains(errOut, "e1") {
+		t.Errorf("stderr %q names the healthy node", errOut)
+	}
+}
 
 func TestParseIsolation(t *testing.T) {
 	for _, tc := range []struct {

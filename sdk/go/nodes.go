@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -26,6 +27,11 @@ type Node struct {
 	// CoreSchedulingReason why not (docs/qos.md).
 	CoreScheduling       bool
 	CoreSchedulingReason string
+	// LastSeen is when the node last answered the apiserver (zero: not
+	// since it started), and UnreachableReason, while it is not Healthy,
+	// why its polls fail; Live is then as of LastSeen.
+	LastSeen          time.Time
+	UnreachableReason string
 }
 
 // NodeKind is one kind of sandbox a node offers.
@@ -55,7 +61,11 @@ func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
 	for _, n := range info.GetNodes() {
 		node := Node{Name: n.GetName(), Healthy: n.GetHealthy(), Live: int(n.GetLive()),
 			MaxSandboxes: int(n.GetMaxSandboxes()), Missing: n.GetMissing(),
-			CoreScheduling: n.GetCoreScheduling().GetAvailable(), CoreSchedulingReason: n.GetCoreScheduling().GetReason()}
+			CoreScheduling: n.GetCoreScheduling().GetAvailable(), CoreSchedulingReason: n.GetCoreScheduling().GetReason(),
+			UnreachableReason: n.GetUnreachableReason()}
+		if ms := n.GetLastSeenUnixMs(); ms > 0 {
+			node.LastSeen = time.UnixMilli(ms)
+		}
 		for _, k := range n.GetKinds() {
 			node.Kinds = append(node.Kinds, NodeKind{Isolation: enumName(k.GetIsolation().String(), "ISOLATION_", IsolationContainer),
 				Profile: enumName(k.GetProfile().String(), "BACKEND_", "container"), Accelerator: k.GetAccelerator()})

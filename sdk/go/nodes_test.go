@@ -3,6 +3,7 @@ package dsec
 import (
 	"context"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/google/go-cmp/cmp"
@@ -22,6 +23,8 @@ func TestNodes(t *testing.T) {
 			{Isolation: dsecv1.Isolation_ISOLATION_GVISOR, Profile: dsecv1.Backend_BACKEND_CONTAINER, Accelerator: "systrap"},
 		},
 		Missing: map[string]string{"microvm": "no QEMU"},
+	}, {
+		Name: "n2", Live: 2, MaxSandboxes: 100, LastSeenUnixMs: 1796550341000, UnreachableReason: "dial tcp: connection refused",
 	}}}})
 	got, err := c.Nodes(context.Background())
 	if err != nil {
@@ -29,7 +32,8 @@ func TestNodes(t *testing.T) {
 	}
 	want := []Node{{Name: "n1", Healthy: true, Live: 3, MaxSandboxes: 100,
 		Kinds:   []NodeKind{{Isolation: IsolationContainer, Profile: "container"}, {Isolation: IsolationGVisor, Profile: "container", Accelerator: "systrap"}},
-		Missing: map[string]string{"microvm": "no QEMU"}}}
+		Missing: map[string]string{"microvm": "no QEMU"}},
+		{Name: "n2", Live: 2, MaxSandboxes: 100, LastSeen: time.UnixMilli(1796550341000), UnreachableReason: "dial tcp: connection refused"}}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("Nodes (-want +got):\n%s", d)
 	}

@@ -684,7 +684,9 @@ class AsyncClient(IAMCalls, TrajectoryCalls, EventCalls, UsageCalls):
         isolation, profile, accelerator), why it lacks the isolations it
         lacks ("missing": name -> reason) and whether its latency sandboxes
         get a core-scheduling cookie ("coreScheduling": "available",
-        "reason")."""
+        "reason"); a node the apiserver cannot reach has "healthy" false,
+        "lastSeenUnixMs" when it last answered ("live" is as of then) and
+        "unreachableReason" why its polls fail."""
         resp = await self._call("GetServerInfo", {}, timeout, idempotent=True)
         return list(resp.get("nodes", []))
 

@@ -890,6 +890,12 @@ type NodeInfo struct {
 	CpuBusy           float64 `protobuf:"fixed64,9,opt,name=cpu_busy,json=cpuBusy,proto3" json:"cpu_busy,omitempty"`
 	MemoryMb          int64   `protobuf:"varint,10,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
 	MemoryAvailableMb int64   `protobuf:"varint,11,opt,name=memory_available_mb,json=memoryAvailableMb,proto3" json:"memory_available_mb,omitempty"`
+	// When the node last answered this apiserver's polls (0: not since it
+	// started, or a node of the all-in-one dsecd), and, while it is
+	// unhealthy, why its polls fail ("dial tcp …: connection refused"): live
+	// and the use above are then as of its last answer.
+	LastSeenUnixMs    int64  `protobuf:"varint,12,opt,name=last_seen_unix_ms,json=lastSeenUnixMs,proto3" json:"last_seen_unix_ms,omitempty"`
+	UnreachableReason string `protobuf:"bytes,13,opt,name=unreachable_reason,json=unreachableReason,proto3" json:"unreachable_reason,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -999,6 +1005,20 @@ func (x *NodeInfo) GetMemoryAvailableMb() int64 {
 		return x.MemoryAvailableMb
 	}
 	return 0
+}
+
+func (x *NodeInfo) GetLastSeenUnixMs() int64 {
+	if x != nil {
+		return x.LastSeenUnixMs
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetUnreachableReason() string {
+	if x != nil {
+		return x.UnreachableReason
+	}
+	return ""
 }
 
 // CoreScheduling is a node's report on core scheduling (PR_SCHED_CORE):
@@ -11912,7 +11932,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\vSandboxKind\x120\n" +
 	"\tisolation\x18\x01 \x01(\x0e2\x12.dsec.v1.IsolationR\tisolation\x12*\n" +
 	"\aprofile\x18\x02 \x01(\x0e2\x10.dsec.v1.BackendR\aprofile\x12 \n" +
-	"\vaccelerator\x18\x03 \x01(\tR\vaccelerator\"\xd1\x03\n" +
+	"\vaccelerator\x18\x03 \x01(\tR\vaccelerator\"\xab\x04\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\ahealthy\x18\x02 \x01(\bR\ahealthy\x12*\n" +
@@ -11925,7 +11945,9 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\bcpu_busy\x18\t \x01(\x01R\acpuBusy\x12\x1b\n" +
 	"\tmemory_mb\x18\n" +
 	" \x01(\x03R\bmemoryMb\x12.\n" +
-	"\x13memory_available_mb\x18\v \x01(\x03R\x11memoryAvailableMb\x1a:\n" +
+	"\x13memory_available_mb\x18\v \x01(\x03R\x11memoryAvailableMb\x12)\n" +
+	"\x11last_seen_unix_ms\x18\f \x01(\x03R\x0elastSeenUnixMs\x12-\n" +
+	"\x12unreachable_reason\x18\r \x01(\tR\x11unreachableReason\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
