@@ -70,15 +70,19 @@ func TestAPI(t *testing.T) {
 }
 
 func TestParseCPUUsed(t *testing.T) {
-	got, err := parseCPUUsed(strings.NewReader("cpu  100 20 30 4000 50 6 7 8 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"))
+	got, cpus, err := parseCPUUsed(strings.NewReader("cpu  100 20 30 4000 50 6 7 8 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n" +
+		"cpu2 1 2 3 4 5 6 7 8 0 0\ncpu3 1 2 3 4 5 6 7 8 0 0\nintr 1 2 3\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := (100 + 20 + 30 + 6 + 7 + 8) / 100.0; got != want {
 		t.Errorf("used = %v, want %v", got, want)
 	}
-	for _, bad := range []string{"", "intr 1 2 3\n", "cpu 1 2 x 4 5 6 7 8\n"} {
-		if _, err := parseCPUUsed(strings.NewReader(bad)); err == nil {
+	if cpus != 3 {
+		t.Errorf("cpus = %d, want 3 (the cpuN lines: cpu1 is offline)", cpus)
+	}
+	for _, bad := range []string{"", "intr 1 2 3\n", "cpu 1 2 x 4 5 6 7 8\n", "cpu  1 2 3 4 5 6 7 8\nintr 1\n"} {
+		if _, _, err := parseCPUUsed(strings.NewReader(bad)); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
 	}

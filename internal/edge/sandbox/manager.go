@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -992,10 +991,12 @@ type Status struct {
 func (m *Manager) Status() Status {
 	st := Status{Node: m.cfg.Node, Backends: m.Backends(), Kinds: m.kindInfos(), Missing: m.Missing(), MaxSandboxes: m.cfg.Limits.MaxSandboxes, MaxCPUs: m.cfg.Limits.MaxCPUs,
 		MaxMemoryMB: m.cfg.Limits.MaxMemoryMB, At: time.Now(), Started: m.started, CoreSched: m.coreSched,
-		CPUs: float64(runtime.NumCPU()), CPUBusy: -1}
+		CPUBusy: -1}
 	if m.hostCPU != nil {
 		st.CPUBusy = m.hostCPU.Busy(st.At)
 	}
+	// The host's online CPUs, which the busy figure is over.
+	st.CPUs = float64(m.hostCPU.CPUs())
 	if t, err := meminfoMB("MemTotal"); err == nil {
 		st.MemTotalMB = t
 	}

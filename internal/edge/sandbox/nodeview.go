@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"runtime"
 	"strings"
 
 	"dsec.dev/dsec/internal/iam"
@@ -13,7 +12,7 @@ import (
 // backend, isolation and project, its warm pools, and its capacity and
 // what its live sandboxes asked of it. /metrics reads it at each scrape.
 func (m *Manager) MetricsView() metrics.NodeView {
-	v := metrics.NodeView{MaxSandboxes: m.cfg.Limits.MaxSandboxes, CPUs: float64(runtime.NumCPU()), MemoryAvailableBytes: -1}
+	v := metrics.NodeView{MaxSandboxes: m.cfg.Limits.MaxSandboxes, CPUs: float64(m.hostCPU.CPUs()), MemoryAvailableBytes: -1}
 	if total, err := MemTotalMB(); err == nil {
 		v.MemoryBytes = total << 20
 	}
