@@ -193,7 +193,7 @@ func runBaseline(ctx context.Context, o Options, b *baseline) (*Side, error) {
 	// read before the containers start, once they run, and once they are
 	// deleted again: the mean of the rise and the fall cancels a steady
 	// drift.
-	before := settledMemMiB()
+	before := o.settledMemMiB()
 	var ids []string
 	for range idle {
 		id, err := b.startSleeper(ctx)
@@ -202,9 +202,9 @@ func runBaseline(ctx context.Context, o Options, b *baseline) (*Side, error) {
 		}
 		ids = append(ids, id)
 	}
-	running := settledMemMiB()
+	running := o.settledMemMiB()
 	b.deleteContainers(ids)
-	after := settledMemMiB()
+	after := o.settledMemMiB()
 	side.IdleCount = idle
 	side.IdleAnswering = idle
 	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(((running-before)+(running-after))/2, idle)

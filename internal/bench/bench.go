@@ -51,6 +51,11 @@ type Options struct {
 	Baseline   bool   // also measure bare runc
 	Runtime    string // runc binary for the baseline
 	Progress   io.Writer
+	// Settle bounds each wait for the host's used memory to settle before
+	// it is read for the idle memory figures (settledMemMiB; 0: 30 s). A
+	// test that checks no memory figure need not wait on a busy machine,
+	// whose memory never settles.
+	Settle time.Duration
 }
 
 // Latency is a distribution summary in milliseconds.
@@ -281,7 +286,7 @@ func runDsec(ctx context.Context, c *dsec.Conn, o Options, b *baseline) (*Side, 
 // whether each still answers an exec. It deletes them all.
 func runIdle(ctx context.Context, c *dsec.Conn, o Options, spec *dsecv1.SandboxSpec, side *Side) error {
 	o.logf("dsec: %d idle sandboxes", o.Idle)
-	before := settledMemMiB()
+	before := o.settledMemMiB()
 	progress := func(made int, rate float64) {
 		if made%500 == 0 || made == o.Idle {
 			o.logf("dsec: %d idle sandboxes, the last %d at %.1f/s", made, min(idleBatch, made), rate)
@@ -300,7 +305,7 @@ func runIdle(ctx context.Context, c *dsec.Conn, o Options, spec *dsecv1.SandboxS
 		return err
 	}
 	side.IdleCount = len(idle)
-	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(settledMemMiB()-before, len(idle))
+	side.IdleMemPerMiB, side.IdleMemoryMethod = perSandboxMiB(o.settledMemMiB()-before, len(idle))
 	side.DaemonRSSMiB = rssOf("dsecd")
 	if o.IdleWindow > 0 && len(idle) > 0 {
 		o.logf("dsec: CPU of %d idle sandboxes over %s", len(idle), o.IdleWindow)
@@ -465,14 +470,18 @@ func perSandboxMiB(grown float64, n int) (float64, string) {
 }
 
 // settledMemMiB is the host's used memory once it stops moving: two
-// readings a second apart within 2 MiB, or the last of 30. Freeing what an
-// earlier phase deleted, and starting what this one made, go on for
-// seconds after the calls return: a fixed wait measured the runc column's
-// idle containers at less than nothing right after dsec's 1,000 sandboxes
-// were deleted.
-func settledMemMiB() float64 {
+// readings a second apart within 2 MiB, or the last of those o.Settle
+// (default 30 s) allows. Freeing what an earlier phase deleted, and
+// starting what this one made, go on for seconds after the calls return:
+// a fixed wait measured the runc column's idle containers at less than
+// nothing right after dsec's 1,000 sandboxes were deleted.
+func (o *Options) settledMemMiB() float64 {
+	wait := o.Settle
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
 	prev := usedMemMiB()
-	for range 30 {
+	for range max(1, int(wait/time.Second)) {
 		time.Sleep(time.Second)
 		cur := usedMemMiB()
 		if math.Abs(cur-prev) < 2 {
