@@ -65,14 +65,15 @@ func TestProvenanceSyscalls(t *testing.T) {
 	if runtime.GOARCH != "amd64" {
 		t.Skip("the calls are made by x86_64's numbers")
 	}
+	// Python on E2B's base (Debian's python3, 0.3 GB), not the fncall
+	// environment's 1.8 GB of toolchains, whose import took most of this
+	// test's time in each pass.
 	d := startDaemon(t)
-	tree := fncallEnvTree(t)
-	if out, errOut, code := d.CLI("", "layer", "import", "--kind", "base", "--allow-setuid", "fncall:latest", tree); code != 0 {
-		t.Fatalf("import the fncall environment: %s %s", out, errOut)
-	}
+	d.ImportE2BBase()
+	base := testutil.E2BBaseEnv + ":latest"
 	run := func(t *testing.T, command string) (string, *dsecv1.SandboxProvenance) {
 		t.Helper()
-		out, errOut, code := d.CLI("", "create", "--workspace", "/work", "fncall:latest")
+		out, errOut, code := d.CLI("", "create", "--workspace", "/work", base)
 		if code != 0 {
 			t.Fatalf("dsec create: %s %s", out, errOut)
 		}
@@ -139,7 +140,7 @@ func TestProvenanceSyscalls(t *testing.T) {
 	})
 
 	t.Run("tight_loop", func(t *testing.T) {
-		out, errOut, code := d.CLI("", "create", "fncall:latest")
+		out, errOut, code := d.CLI("", "create", base)
 		if code != 0 {
 			t.Fatalf("dsec create: %s %s", out, errOut)
 		}
