@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,11 +72,24 @@ type eventState struct {
 	pulls   atomic.Int64 // Events calls this apiserver made to nodes
 	held    atomic.Int64 // nodes whose pull this apiserver holds
 	changed atomic.Pointer[chan struct{}]
+	// stopping is closed when the apiserver begins to stop: followers
+	// end then, rather than hold its shutdown to its grace period.
+	stopping chan struct{}
+	stopOnce sync.Once
 }
 
 func (e *eventState) init() {
 	ch := make(chan struct{})
 	e.changed.Store(&ch)
+	e.stopping = make(chan struct{})
+}
+
+// EndFollowers ends every FollowEvents stream with Unavailable, which
+// clients take as "follow again, elsewhere, after the last event": the
+// daemon calls it as it begins to stop, so a stream with nothing to send
+// does not hold the shutdown for its whole grace period.
+func (s *Server) EndFollowers() {
+	s.events.stopOnce.Do(func() { close(s.events.stopping) })
 }
 
 // wake tells the followers that events were stored.
@@ -359,6 +373,9 @@ func (s *Server) FollowEvents(ctx context.Context, req *connect.Request[dsecv1.L
 		case <-ctx.Done():
 			t.Stop()
 			return nil
+		case <-s.events.stopping:
+			t.Stop()
+			return fmt.Errorf("follow events: this apiserver is stopping; follow again after the last event: %w", errdefs.ErrUnavailable)
 		case <-changed:
 		case <-t.C:
 		}

@@ -3,6 +3,7 @@ package apiserver_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -342,5 +343,37 @@ func TestEventsPython(t *testing.T) {
 	cmd.Env = append(os.Environ(), "DSEC_ADDR="+e.url, "DSEC_TOKEN="+e.a, "DSEC_TOKEN_FILE=", "PYTHONPATH="+filepath.Dir(tests))
 	if out, err := cmd.CombinedOutput(); err != nil || !bytes.Contains(out, []byte(" deleted ")) {
 		t.Fatalf("docs/python.md's events example: %v\n%s", err, out)
+	}
+}
+
+// TestFollowersEndWhenStopping: EndFollowers (the daemon calls it as it
+// begins to stop) ends a follower waiting for events with Unavailable, the
+// clients' word for "follow again elsewhere", rather than leave it to hold
+// the server's shutdown.
+func TestFollowersEndWhenStopping(t *testing.T) {
+	e := startEventsEnv(t, filepath.Join(t.TempDir(), "meta.db"))
+	a := client(t, e.url, e.a)
+	sb := check(a.Create(t.Context(), "busybox", nil))(t)
+	got := make(chan error, 1)
+	go func() {
+		for ev, err := range a.FollowEvents(t.Context(), dsec.EventQuery{}) {
+			if err != nil {
+				got <- err
+				return
+			}
+			if ev.SandboxID == sb.ID && ev.Kind == "created" {
+				// Caught up: now waiting for more.
+				e.api.EndFollowers()
+			}
+		}
+		got <- nil
+	}()
+	select {
+	case err := <-got:
+		if !errors.Is(err, dsec.ErrUnavailable) || !strings.Contains(err.Error(), "stopping") {
+			t.Fatalf("a follower of a stopping apiserver ended with %v, want Unavailable saying it is stopping", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a follower of a stopping apiserver did not end")
 	}
 }

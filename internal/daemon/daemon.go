@@ -837,6 +837,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	log.Info("dsecd ready", "node", cfg.Node, "root", cfg.Root, "socket", cfg.Socket, "listen", cfg.Listen, "runtime", cfg.Runtime,
 		"token_file", filepath.Join(cfg.Root, AdminTokenFile), "clients", clientEnv(cfg, lns), "e2b", e2bAddr, "sandboxfusion", sfAddr,
 		"metrics", metricsAt(cfg.MetricsListen, cfg.metrics != nil))
+	go endFollowers(ctx, api)
 	serveErr := serve(ctx, log, mux, nil, lns...)
 	log.Info("dsecd stopped; sandboxes keep running")
 	return serveErr

@@ -568,7 +568,18 @@ func RunAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) er
 	}
 	api.SetEndpoints(e2bAddr, sfAddr)
 	log.Info("apiserver ready", "name", cfg.Name, "listen", tln.Addr().String(), "edges", len(w.Nodes()))
-	return serve(ctx, log, api.Handler(), nil, lns...)
+	go endFollowers(ctx, api)
+	err = serve(ctx, log, api.Handler(), nil, lns...)
+	log.Info("apiserver stopped", "name", cfg.Name)
+	return err
+}
+
+// endFollowers ends the API's event followers as the daemon begins to
+// stop (they would otherwise hold its shutdown for the whole grace
+// period, sending nothing); their clients follow again elsewhere.
+func endFollowers(ctx context.Context, api *apiserver.Server) {
+	<-ctx.Done()
+	api.EndFollowers()
 }
 
 // runReconciler runs the apiserver's reconciliation, its audit writer and
