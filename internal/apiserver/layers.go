@@ -307,7 +307,9 @@ func (ls *layerService) ListLayers(ctx context.Context, req *connect.Request[dse
 	return connect.NewResponse(&dsecv1.ListLayersResponse{Layers: layers}), nil
 }
 
-// visibleLayers is every node's layers as the caller sees them.
+// visibleLayers is every node's layers as the caller sees them. It
+// removes the staging refs of calls that died (sweepStaging), which no one
+// sees.
 func (ls *layerService) visibleLayers(ctx context.Context) ([]*dsecv1.Layer, error) {
 	layers, err := ls.allLayers(ctx)
 	if err != nil {
@@ -316,6 +318,9 @@ func (ls *layerService) visibleLayers(ctx context.Context) ([]*dsecv1.Layer, err
 	ix, err := ls.s.objectIndex(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if ix != nil {
+		ls.s.sweepStaging(ctx, ix, layers)
 	}
 	a, check := caller(ctx, iam.Viewer)
 	return filterLayers(a, check, ix, layers), nil

@@ -317,8 +317,49 @@ func (c *claim) stage(ref string) string {
 	if c.s.cfg.Objects == nil || c.claimed || c.o.Name == "" || c.o.Kind == store.ObjectSnapshot {
 		return ref
 	}
-	c.staged = fmt.Sprintf("%s%016x:1", stagingPrefix, rand.Uint64())
+	c.staged = stagingRef(c.writer)
 	return c.staged
+}
+
+// stagingRef is the staging ref of the call whose claim of a name is
+// writer: named after the claim, so that a staging ref is known as a dead
+// call's once its claim has lapsed or gone (dropStaging, sweepStaging).
+func stagingRef(writer string) string {
+	return stagingPrefix + writer[strings.LastIndex(writer, "/")+1:] + ":1"
+}
+
+// dropStaging removes from every node the staging ref ref of a call, if
+// the call made it: the call died (its apiserver killed)
+// before it moved the name onto it or removed it.
+func (s *Server) dropStaging(ctx context.Context, ref string) {
+	_, err := (&layerService{s: s}).removeLayer(context.WithoutCancel(ctx), connect.NewRequest(&dsecv1.RemoveLayerRequest{Ref: ref}))
+	switch {
+	case err == nil:
+		s.log.Info("removed the staging ref of a call that died", "ref", ref)
+	case !errors.Is(err, errdefs.ErrNotFound):
+		s.log.Warn("remove the staging ref of a call that died", "ref", ref, "err", err)
+	}
+}
+
+// sweepStaging removes the staging refs among layers (read before ix)
+// whose call's claim is neither in ix nor live: calls that died before
+// they were done. A call that finished between the two reads moved or
+// removed its ref already (the node answers NotFound).
+func (s *Server) sweepStaging(ctx context.Context, ix objectIndex, layers []*dsecv1.Layer) {
+	live := map[string]bool{}
+	now := time.Now()
+	for _, o := range ix {
+		if o.Writer != "" && now.Before(o.WriterUntil) {
+			live[stagingRef(o.Writer)] = true
+		}
+	}
+	for _, l := range layers {
+		for _, name := range layerNames(l) {
+			if strings.HasPrefix(name, stagingPrefix) && !live[name] {
+				s.dropStaging(ctx, name)
+			}
+		}
+	}
 }
 
 // made is the ref the edges made the object under: the staging ref, or
@@ -395,6 +436,7 @@ func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*
 		}
 		if taken.Writer != "" {
 			s.log.Info("take over a name whose call's claim lapsed", "name", name, "writer", taken.Writer, "until", taken.WriterUntil)
+			s.dropStaging(ctx, stagingRef(taken.Writer))
 		}
 		c.o, c.writer = taken, writer
 		s.objects.drop(name)
@@ -640,7 +682,9 @@ func (ix objectIndex) of(name string) store.Object {
 // filterLayers keeps what a may see of each layer (the refs, images and
 // snapshots it sees; a layer with none left is dropped, and a layer with
 // no name at all is the root's viewers') and sets each one's project and
-// shares from its first name's record. check false keeps everything.
+// shares from its first name's record. check false keeps everything but
+// staging refs, which no one lists (an overwrite under way, not yet
+// anyone's): a layer named by one alone is left out.
 func filterLayers(a iam.Authority, check bool, ix objectIndex, layers []*dsecv1.Layer) []*dsecv1.Layer {
 	out := layers[:0]
 	for _, l := range layers {
@@ -650,7 +694,10 @@ func filterLayers(a iam.Authority, check bool, ix objectIndex, layers []*dsecv1.
 			}
 			continue
 		}
-		ok := func(name string) bool { return !check || sees(a, ix.of(name)) }
+		staging := slices.ContainsFunc(layerNames(l), func(n string) bool { return strings.HasPrefix(n, stagingPrefix) })
+		ok := func(name string) bool {
+			return !strings.HasPrefix(name, stagingPrefix) && (!check || sees(a, ix.of(name)))
+		}
 		l.Refs = slices.DeleteFunc(l.Refs, func(r string) bool { return !ok(objectName(r)) })
 		l.Images = slices.DeleteFunc(l.Images, func(r string) bool { return !ok(objectName(r)) })
 		l.Snapshots = slices.DeleteFunc(l.Snapshots, func(sn *dsecv1.SnapshotInfo) bool { return !ok("snap:" + sn.GetName()) })
@@ -662,7 +709,7 @@ func filterLayers(a iam.Authority, check bool, ix objectIndex, layers []*dsecv1.
 		}
 		names := layerNames(l)
 		if len(names) == 0 {
-			if !check {
+			if !check && !staging {
 				out = append(out, l) // nameless (an overwritten version): removed by digest
 			}
 			continue

@@ -830,6 +830,86 @@ func testOneWriter(t *testing.T, r *objectRig) {
 	}
 }
 
+// TestStagingRefOfADeadCall: a call that died making a layer or image
+// again (its apiserver killed) leaves its staging ref on the node; it is
+// removed once the call's claim lapses, by the next list or by the call
+// that takes the name over, and no one (the root's admin included) ever
+// lists it. Before, it stayed until removed by hand, and the root's admin
+// listed it.
+func TestStagingRefOfADeadCall(t *testing.T) {
+	r := startObjectRig(t, filepath.Join(t.TempDir(), "meta.db"))
+	ctx := t.Context()
+	admin, builder := r.client(t, "admin"), r.client(t, "builder")
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	base := dsecv1.LayerKind_LAYER_KIND_BASE
+	_, err := builder.ImportLayer(ctx, "env:1", base, "/env", nil)
+	must("builder imports env:1", err)
+	// died makes writer env:1's claim, until until, and puts the staging
+	// ref it would have made on the node, as a call that died after
+	// making it.
+	died := func(writer string, until time.Time) string {
+		t.Helper()
+		_, err := r.st.TakeObject(ctx, "env:1", writer, until)
+		must("claim env:1 as "+writer, err)
+		ref := stagingRef(writer)
+		r.layers.put(&dsecv1.Layer{Refs: []string{ref}}, ref)
+		return ref
+	}
+	list := func(c *dsec.Client, who string) {
+		t.Helper()
+		ls, err := c.ListLayers(ctx)
+		must(who+" lists layers", err)
+		for _, n := range refsOf(ls) {
+			if strings.HasPrefix(n, stagingPrefix) {
+				t.Fatalf("%s lists the staging ref %s", who, n)
+			}
+		}
+	}
+
+	// Its claim live: the call may still be running; kept, and listed to
+	// no one.
+	ref := died("objects/00000000000000aa", time.Now().Add(time.Hour))
+	list(admin, "the root's admin")
+	list(builder, "the builder")
+	if !r.layers.has(ref) {
+		t.Fatal("a list removed the staging ref of a call whose claim is live")
+	}
+	// Its claim lapsed: the next list removes it.
+	died("objects/00000000000000aa", time.Now().Add(-time.Second))
+	list(builder, "the builder")
+	if r.layers.has(ref) {
+		t.Fatal("a list left the staging ref of a call whose claim lapsed")
+	}
+	// An image's staging ref no claim holds (its call was done, but its
+	// removal failed): the next list removes it.
+	img := stagingRef("objects/00000000000000cc")
+	r.layers.put(&dsecv1.Layer{Images: []string{img}}, "blob:cc")
+	list(admin, "the root's admin")
+	if r.layers.has("blob:cc") {
+		t.Fatal("a list left an image's staging ref no claim holds")
+	}
+	// A call that takes the name over removes the dead call's staging ref.
+	ref = died("objects/00000000000000bb", time.Now().Add(-time.Second))
+	_, err = builder.ImportLayer(ctx, "env:1", base, "/env-b", nil)
+	must("an overwrite of env:1 once the dead call's claim lapsed", err)
+	if r.layers.has(ref) {
+		t.Fatal("taking env:1 over left the dead call's staging ref")
+	}
+	o, err := r.st.Object(ctx, "env:1")
+	must("the record of env:1", err)
+	r.layers.mu.Lock()
+	node := r.layers.layers["env:1"].GetDigest()
+	r.layers.mu.Unlock()
+	if len(o.Blobs) != 1 || o.Blobs[0].Digest != node || node == digestOf("env:1") || o.Writer != "" {
+		t.Fatalf("the record of env:1 after the take-over: %+v, the node's %s; want the new version's blob, no writer", o, node)
+	}
+}
+
 // TestObjectBlobsCharged: a project is charged each layer once, however
 // many of its images hold it (issue 31: every layer belongs to a project
 // and is charged to its quota): two images on one base layer use the
