@@ -66,7 +66,60 @@ func TestReceiptVerify(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not the given node certificate") {
 		t.Fatalf("verify against another node's certificate: %v", err)
 	}
-	if _, _, err := runCLIErr(t, nobody, "receipt", "verify", good); err == nil || !strings.Contains(err.Error(), "--ca is required") {
-		t.Fatalf("verify without --ca: %v", err)
+}
+
+// TestReceiptVerifyLocalNode: without --ca, dsec receipt verify trusts the
+// all-in-one dsecd's node certificate, found in the root its socket or
+// token file is in, and the one before a renewal (node.crt.old), so a
+// receipt signed before the renewal still verifies; with no such root it
+// says --ca is needed. Before, it always asked for --ca.
+func TestReceiptVerifyLocalNode(t *testing.T) {
+	if nodeReceiptDir != receipt.Dir {
+		t.Fatalf("the CLI looks for the node certificate in ROOT/%s, dsecd keeps it in ROOT/%s", nodeReceiptDir, receipt.Dir)
+	}
+	root, dir := t.TempDir(), t.TempDir()
+	t.Setenv("DSEC_TOKEN_FILE", "")
+	sign := func(s *sdkreceipt.Signer, name string) string {
+		t.Helper()
+		now := time.Now().UTC()
+		signed, err := s.Sign(sdkreceipt.Receipt{Sandbox: "sb-" + name, Layers: []string{"sha256:aa"}, Workspace: "sha256:bb",
+			GraderCommand: []string{"pytest"}, Reward: 1, Outcome: "task", Started: now, Finished: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, name+".json")
+		if err := os.WriteFile(path, signed, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	s, err := receipt.NodeSigner(root, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := sign(s, "before")
+	// Renamed, the node gets a new pair and keeps the old one beside.
+	if s, err = receipt.NodeSigner(root, "renamed"); err != nil {
+		t.Fatal(err)
+	}
+	after := sign(s, "after")
+	cert := filepath.Join(root, receipt.Dir, "node.crt")
+
+	out, errOut, err := runCLIErr(t, "unix://"+filepath.Join(root, "dsecd.sock"), "receipt", "verify", before, after)
+	if err != nil || !strings.Contains(out, "sandbox sb-before graded on node local") || !strings.Contains(out, "sandbox sb-after graded on node renamed") ||
+		!strings.Contains(errOut, "trusting the all-in-one's node certificate "+cert+" and "+cert+".old") {
+		t.Fatalf("verify without --ca against the socket's root: %q %q, %v", out, errOut, err)
+	}
+	// A TCP address: the root the token file is in.
+	t.Setenv("DSEC_TOKEN_FILE", filepath.Join(root, "admin.token"))
+	if out, _, err := runCLIErr(t, "127.0.0.1:1", "--json", "receipt", "verify", after); err != nil || !strings.Contains(out, "sb-after") {
+		t.Fatalf("verify without --ca against the token file's root: %q, %v", out, err)
+	}
+	t.Setenv("DSEC_TOKEN_FILE", "")
+	// No all-in-one here (the default root may hold one: it is not this
+	// node's, and refuses the receipt).
+	_, _, err = runCLIErr(t, "unix:///nonexistent/dsec.sock", "receipt", "verify", after)
+	if _, serr := os.Stat("/var/lib/dsec/receipt/node.crt"); err == nil || serr != nil && !strings.Contains(err.Error(), "pass --ca") {
+		t.Fatalf("verify without --ca and no all-in-one to trust: %v", err)
 	}
 }

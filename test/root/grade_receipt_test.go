@@ -61,6 +61,16 @@ func TestGradeReceiptVerify(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("dsec receipt verify: exit %d: %s %s", code, out, errOut)
 	}
+	// Without --ca: the all-in-one's own node certificate is trusted (in
+	// the root its token file is in); a cluster's receipts need --ca.
+	o2, e2, c2 := d.CLI("", "receipt", "verify", file)
+	if testutil.ClusterMode() {
+		if c2 == 0 {
+			t.Errorf("dsec receipt verify without --ca verified a cluster's receipt against a file of this machine: %s %s", o2, e2)
+		}
+	} else if c2 != 0 || !strings.Contains(e2, "trusting the all-in-one's node certificate "+trust) || !strings.Contains(o2, "verified") {
+		t.Errorf("dsec receipt verify without --ca on the all-in-one: exit %d: %s %s", c2, o2, e2)
+	}
 	var verified []receipt.Receipt
 	if err := json.Unmarshal([]byte(out), &verified); err != nil {
 		t.Fatalf("dsec receipt verify --json: %v\n%s", err, out)
