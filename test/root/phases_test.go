@@ -17,7 +17,8 @@ import (
 // foreground command and a background one) die with its end while the
 // sandbox lives on, and the verify phase's commands run; each command says
 // the phase it ran in. Then the phases ended by request: through the Go
-// SDK (setup, after which provenance counts only what the agent wrote),
+// SDK (setup, after which provenance counts only what the agent wrote,
+// a file of setup's it rewrote with its mtime set back included),
 // the CLI (agent) and the Python SDK. The overrun runs in a
 // container and under gVisor (the phases are the edge's, the kill goes
 // through the agent, whatever the backend).
@@ -38,13 +39,16 @@ func TestPhaseBudgets(t *testing.T) {
 		t.Cleanup(func() { sb.Delete(t.Context()) })
 		// What the trainer writes in setup is the task's: provenance leaves
 		// it out of what the agent wrote once setup ends.
-		if r, err := sb.Exec(ctx, dsec.Sh("mkdir -p /opt/task && echo data > /opt/task/input"), nil); err != nil || r.Phase != dsec.PhaseSetup || r.ExitCode != 0 {
+		if r, err := sb.Exec(ctx, dsec.Sh("mkdir -p /opt/task && echo data > /opt/task/input && echo 1234 > /opt/task/check && touch -t 202001010000.00 /opt/task/check"), nil); err != nil || r.Phase != dsec.PhaseSetup || r.ExitCode != 0 {
 			t.Fatalf("setup: %+v %v", r, err)
 		}
 		if err := sb.EndPhase(ctx, dsec.PhaseSetup); err != nil || sb.Phase() != dsec.PhaseAgent {
 			t.Fatalf("end setup: %q %v", sb.Phase(), err)
 		}
-		if r, err := sb.Exec(ctx, dsec.Sh("echo mine > /opt/agent-out"), nil); err != nil || r.ExitCode != 0 {
+		// The agent rewrites setup's check to its size and sets its time
+		// back: mode, size and mtime as the baseline has them, its inode
+		// change time not (before, it passed as unchanged).
+		if r, err := sb.Exec(ctx, dsec.Sh("echo mine > /opt/agent-out && echo 4321 > /opt/task/check && touch -t 202001010000.00 /opt/task/check"), nil); err != nil || r.ExitCode != 0 {
 			t.Fatalf("agent: %+v %v", r, err)
 		}
 		prov, err := sb.Provenance(ctx, false)
@@ -55,8 +59,8 @@ func TestPhaseBudgets(t *testing.T) {
 		for _, f := range prov.GetFilesWritten() {
 			written[f.GetPath()] = true
 		}
-		if !written["/opt/agent-out"] || written["/opt/task/input"] || written["/opt/task"] {
-			t.Errorf("files written after setup ended: %v; want the agent's /opt/agent-out, not setup's /opt/task/input", written)
+		if !written["/opt/agent-out"] || !written["/opt/task/check"] || written["/opt/task/input"] || written["/opt/task"] {
+			t.Errorf("files written after setup ended: %v; want the agent's /opt/agent-out and /opt/task/check (rewritten, its mtime set back), not setup's /opt/task/input", written)
 		}
 		if _, err := sb.Spawn(ctx, dsec.Sh("sleep 1000"), nil); err != nil {
 			t.Fatal(err)

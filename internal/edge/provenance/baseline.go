@@ -13,23 +13,40 @@ import (
 // Baseline is what a sandbox's writable layer holds once it has started
 // and before any caller's command ran: the entries the platform itself
 // made (the agent's mount point, the host name and hosts files, the
-// resolver's mount point), each by its kind, size and modification time.
+// resolver's mount point), each by its kind, size, modification time and,
+// where the kernel gives them, its inode and inode change time.
 type Baseline map[string]Stamp
 
-// Stamp identifies one state of an entry.
+// Stamp identifies one state of an entry. The modification time alone
+// does not: a process sets it back at will (touch -d, utimensat) after
+// rewriting a file to its size. The inode change time (ctime) it cannot
+// set: every write, chmod, chown, rename or utimensat moves it to now, and
+// a file replaced (renamed over) has another inode. Ino and ChangeTime are
+// 0 where the system gives none (not Linux), and in a baseline saved
+// before they were recorded, which is then compared without them.
 type Stamp struct {
-	Mode    fs.FileMode `json:"mode"`
-	Size    int64       `json:"size"`
-	ModTime int64       `json:"mtime_ns"`
+	Mode       fs.FileMode `json:"mode"`
+	Size       int64       `json:"size"`
+	ModTime    int64       `json:"mtime_ns"`
+	Ino        uint64      `json:"ino,omitempty"`
+	ChangeTime int64       `json:"ctime_ns,omitempty"`
 }
 
 func stampOf(info fs.FileInfo) Stamp {
-	return Stamp{Mode: info.Mode(), Size: info.Size(), ModTime: info.ModTime().UnixNano()}
+	ino, ctime := inodeOf(info)
+	return Stamp{Mode: info.Mode(), Size: info.Size(), ModTime: info.ModTime().UnixNano(), Ino: ino, ChangeTime: ctime}
 }
 
 func (b Baseline) unchanged(rel string, info fs.FileInfo) bool {
 	st, ok := b[rel]
-	return ok && st == stampOf(info)
+	if !ok {
+		return false
+	}
+	now := stampOf(info)
+	if st.Ino == 0 && st.ChangeTime == 0 {
+		now.Ino, now.ChangeTime = 0, 0 // a baseline saved before they were recorded
+	}
+	return st == now
 }
 
 // TakeBaseline records upper as it is now.
