@@ -475,12 +475,13 @@ func TestCreateProject(t *testing.T) {
 
 // TestListProject: dsec ls shows each sandbox's project (the root's as
 // /); --project narrows it to a project's own sandboxes by their label,
-// and / to the root's own, which carry none.
+// and / to the root's own, which carry none; its QOS column shows each
+// sandbox's CPU class (latency where the record names none).
 func TestListProject(t *testing.T) {
 	f, addr := startFake(t)
 	f.listed = []*dsecv1.Sandbox{
 		{Id: "sb-n1-root", State: dsecv1.State_STATE_RUNNING, Spec: &dsecv1.SandboxSpec{Environment: "b:1"}},
-		{Id: "sb-n1-ml", State: dsecv1.State_STATE_RUNNING, Spec: &dsecv1.SandboxSpec{Environment: "b:1", Labels: map[string]string{projectLabel: "ml"}}},
+		{Id: "sb-n1-ml", State: dsecv1.State_STATE_RUNNING, Spec: &dsecv1.SandboxSpec{Environment: "b:1", Qos: "best_effort", Labels: map[string]string{projectLabel: "ml"}}},
 	}
 	out, err := runCLI(t, addr, "ls")
 	if err != nil {
@@ -489,6 +490,10 @@ func TestListProject(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 3 || !strings.Contains(lines[0], "PROJECT") || strings.Fields(lines[1])[2] != "/" || strings.Fields(lines[2])[2] != "ml" {
 		t.Errorf("ls printed\n%s", out)
+	}
+	// QOS: the class, latency where the record names none.
+	if col := slices.Index(strings.Fields(lines[0]), "QOS"); col < 0 || strings.Fields(lines[1])[col] != "latency" || strings.Fields(lines[2])[col] != "best_effort" {
+		t.Errorf("ls printed no QOS column, or the wrong class:\n%s", out)
 	}
 	out, err = runCLI(t, addr, "ls", "--project", "/")
 	if err != nil {

@@ -605,15 +605,20 @@ func (a *app) lsCommand() *cobra.Command {
 				defer fmt.Fprintf(a.stderr, "%d of %d shown; the next page: --page-token %s\n", len(resp.Msg.GetSandboxes()), resp.Msg.GetTotal(), next)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tPROJECT\tISOLATION\tENVIRONMENT\tAGE\tREASON")
+			fmt.Fprintln(tw, "ID\tSTATE\tPROJECT\tISOLATION\tQOS\tENVIRONMENT\tAGE\tREASON")
 			for _, sb := range resp.Msg.GetSandboxes() {
 				age := time.Since(time.UnixMilli(sb.GetCreatedUnixMs())).Round(time.Second)
 				reason := ""
 				if sb.GetReason() != dsecv1.Reason_REASON_UNSPECIFIED {
 					reason = strings.ToLower(strings.TrimPrefix(sb.GetReason().String(), "REASON_"))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.GetId(), strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "STATE_")),
-					displayPath(sb.GetSpec().GetLabels()[projectLabel]), lowerEnum(sb.GetSpec().GetIsolation().String(), "ISOLATION_", "container"), sb.GetSpec().GetEnvironment(), age, reason)
+				qos := sb.GetSpec().GetQos()
+				if qos == "" {
+					qos = "latency" // the default (docs/qos.md)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.GetId(), strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "STATE_")),
+					displayPath(sb.GetSpec().GetLabels()[projectLabel]), lowerEnum(sb.GetSpec().GetIsolation().String(), "ISOLATION_", "container"), qos,
+					sb.GetSpec().GetEnvironment(), age, reason)
 			}
 			return tw.Flush()
 		},

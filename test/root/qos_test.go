@@ -3,6 +3,8 @@ package root
 import (
 	"context"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -45,6 +47,29 @@ func TestQoS(t *testing.T) {
 	}
 	if got := mustSh(t, d, be.GetId(), "echo ok"); got == "" {
 		t.Error("best_effort sandbox runs no command")
+	}
+	// dsec ls shows each sandbox's class, found by its header.
+	out, _, code := d.CLI("", "ls")
+	lines := strings.Split(out, "\n")
+	col := slices.Index(strings.Fields(lines[0]), "QOS")
+	if code != 0 || col < 0 {
+		t.Fatalf("dsec ls exited %d without a QOS column:\n%s", code, out)
+	}
+	seen := 0
+	for _, line := range lines[1:] {
+		f := strings.Fields(line)
+		if len(f) <= col {
+			continue
+		}
+		if f[0] == lat.GetId() && f[col] != "latency" || f[0] == be.GetId() && f[col] != "best_effort" {
+			t.Errorf("dsec ls shows %q", line)
+		}
+		if f[0] == lat.GetId() || f[0] == be.GetId() {
+			seen++
+		}
+	}
+	if seen != 2 {
+		t.Errorf("dsec ls lists %d of the two sandboxes:\n%s", seen, out)
 	}
 
 	_, err = d.Clients.Sandboxes.Create(ctx, connect.NewRequest(&dsecv1.CreateRequest{Spec: &dsecv1.SandboxSpec{Environment: env, Qos: "idle"}}))
