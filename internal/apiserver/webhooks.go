@@ -34,9 +34,10 @@ import (
 // the lease of each webhook no other apiserver holds (the store's
 // ClaimWebhooks), renews it while it delivers, and delivers each leased
 // webhook's events in its own goroutine, one at a time and in order, from
-// the last acknowledged: a POST of the event's JSON, signed, bounded in
-// time, retried with backoff until the endpoint answers 2xx, then the
-// webhook's cursor advanced in the store. So an event is delivered at
+// the last acknowledged: a POST of the events waiting (up to the
+// webhook's batch, or one event alone for a webhook added single) as
+// JSON, signed, bounded in time, retried with backoff until the endpoint
+// answers 2xx, then the webhook's cursor advanced in the store past them. So an event is delivered at
 // least once (twice only when an apiserver dies between an endpoint's 2xx
 // and its record), two apiservers never deliver one webhook at once, and a
 // restarted apiserver (or another, once the lease lapses) resumes after
@@ -53,7 +54,8 @@ const (
 	// every webhookClaimEvery.
 	webhookLease      = 15 * time.Second
 	webhookClaimEvery = 2 * time.Second
-	// webhookPage is how many events a delivery loop reads at a time.
+	// webhookPage is how many events a delivery loop reads at a time (a
+	// larger batch reads its batch).
 	webhookPage = 100
 	// webhookMaxBackoff caps the wait between attempts of one event.
 	webhookMaxBackoff = time.Minute
@@ -72,19 +74,12 @@ type webhookState struct {
 	failed    atomic.Int64
 }
 
-// webhookBody is what a delivery POSTs: one event.
-type webhookBody struct {
-	Webhook   string    `json:"webhook"`
-	ID        int64     `json:"id"`
-	Key       string    `json:"key"`
-	At        time.Time `json:"at"`
-	Project   string    `json:"project"`
-	SandboxID string    `json:"sandbox_id"`
-	Kind      string    `json:"kind"`
-	Node      string    `json:"node,omitempty"`
-	Reason    string    `json:"reason,omitempty"`
-	Message   string    `json:"message,omitempty"`
-}
+// Webhook batches: a delivery carries up to a webhook's batch of the
+// events waiting (DefaultWebhookBatch unless its AddWebhook said).
+const (
+	DefaultWebhookBatch = 100
+	MaxWebhookBatch     = 1000
+)
 
 // eventKinds are the kinds an edge records (package eventlog's; a test
 // checks they agree).
@@ -139,7 +134,7 @@ func randomHex(n int) string {
 }
 
 func webhookMsg(w store.Webhook) *dsecv1.Webhook {
-	out := &dsecv1.Webhook{Id: w.ID, Project: w.Project, Url: w.URL, Kinds: w.Kinds, CreatedUnixMs: unixMs(w.Created),
+	out := &dsecv1.Webhook{Id: w.ID, Project: w.Project, Url: w.URL, Kinds: w.Kinds, Batch: int32(w.Batch), CreatedUnixMs: unixMs(w.Created),
 		Delivered: w.Delivered, LastOkUnixMs: unixMs(w.LastOK), LastFailureUnixMs: unixMs(w.LastFailure),
 		Failures: int32(w.Failures), LastError: w.LastError}
 	if w.PrevSecret != "" && w.PrevUntil.After(time.Now()) {
@@ -216,6 +211,17 @@ func (s *Server) AddWebhook(ctx context.Context, req *connect.Request[dsecv1.Add
 	if err := checkEventKinds(m.GetKinds()); err != nil {
 		return nil, err
 	}
+	batch := int(m.GetBatch())
+	switch {
+	case m.GetSingle() && batch != 0:
+		return nil, fmt.Errorf("a webhook of single events and a batch of %d: name one: %w", batch, errdefs.ErrInvalidArgument)
+	case batch < 0 || batch > MaxWebhookBatch:
+		return nil, fmt.Errorf("a webhook's batch of %d: want 1 to %d (0: %d): %w", batch, MaxWebhookBatch, DefaultWebhookBatch, errdefs.ErrInvalidArgument)
+	case m.GetSingle():
+		batch = 0 // stored as the webhooks before batches: an event a delivery, bare
+	case batch == 0:
+		batch = DefaultWebhookBatch
+	}
 	secret := m.GetSecret()
 	if secret == "" {
 		secret = "whsec_" + randomHex(24)
@@ -225,7 +231,7 @@ func (s *Server) AddWebhook(ctx context.Context, req *connect.Request[dsecv1.Add
 		return nil, err
 	}
 	w := store.Webhook{ID: "wh-" + randomHex(6), Project: path, URL: m.GetUrl(), Kinds: m.GetKinds(), Secret: secret,
-		Created: time.Now(), Delivered: last}
+		Batch: batch, Created: time.Now(), Delivered: last}
 	if err := s.cfg.Webhooks.AddWebhook(ctx, w); err != nil {
 		return nil, err
 	}
@@ -369,14 +375,17 @@ func (s *Server) webhookClient() *http.Client {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
-// deliver sends w's events after its cursor, in order, each until its
-// endpoint acknowledges it, until ctx ends or the lease is lost.
+// deliver sends w's events after its cursor, in order, each delivery
+// (up to w's batch of the events waiting) until its endpoint acknowledges
+// it, until ctx ends or the lease is lost.
 func (s *Server) deliver(ctx context.Context, client *http.Client, owner string, cur *atomic.Pointer[store.Webhook]) {
 	w := *cur.Load()
 	cursor := w.Delivered
+	batch := max(w.Batch, 1)
+	page := max(webhookPage, batch)
 	for ctx.Err() == nil {
 		changed := *s.events.changed.Load()
-		evs, err := s.cfg.Webhooks.ListEvents(ctx, store.EventQuery{Projects: []string{w.Project}, After: cursor, Kinds: w.Kinds, Limit: webhookPage})
+		evs, err := s.cfg.Webhooks.ListEvents(ctx, store.EventQuery{Projects: []string{w.Project}, After: cursor, Kinds: w.Kinds, Limit: page})
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("read a webhook's events", "webhook", w.ID, "err", err)
@@ -384,13 +393,15 @@ func (s *Server) deliver(ctx context.Context, client *http.Client, owner string,
 			sleepCtx(ctx, time.Second)
 			continue
 		}
-		for _, ev := range evs {
-			if !s.deliverOne(ctx, client, owner, cur, ev) {
+		for rest := evs; len(rest) > 0; {
+			n := min(len(rest), batch)
+			if !s.deliverOne(ctx, client, owner, cur, rest[:n]) {
 				return
 			}
-			cursor = ev.ID
+			cursor = rest[n-1].ID
+			rest = rest[n:]
 		}
-		if len(evs) == webhookPage {
+		if len(evs) == page {
 			continue
 		}
 		t := time.NewTimer(followPoll)
@@ -403,18 +414,38 @@ func (s *Server) deliver(ctx context.Context, client *http.Client, owner string,
 	}
 }
 
-// deliverOne posts ev to w's endpoint until it answers 2xx, recording each
-// attempt; it returns false when ctx ended or the lease is lost.
-func (s *Server) deliverOne(ctx context.Context, client *http.Client, owner string, cur *atomic.Pointer[store.Webhook], ev store.Event) bool {
+// deliveryBody is what a delivery of evs to w POSTs: an envelope of them,
+// or for a webhook of single events (Batch 0) the one event itself.
+func deliveryBody(w store.Webhook, evs []store.Event) ([]byte, error) {
+	out := make([]webhook.Event, 0, len(evs))
+	for _, ev := range evs {
+		out = append(out, webhook.Event{ID: ev.ID, Key: ev.Key, At: ev.At.UTC(), Project: ev.Project,
+			SandboxID: ev.SandboxID, Kind: ev.Kind, Node: ev.Node, Reason: ev.Reason, Message: ev.Message})
+	}
+	if w.Batch == 0 {
+		if len(out) != 1 {
+			return nil, fmt.Errorf("webhook %s takes one event a delivery, not %d", w.ID, len(out))
+		}
+		out[0].Webhook = w.ID
+		return json.Marshal(out[0])
+	}
+	return json.Marshal(webhook.Delivery{Webhook: w.ID, Events: out})
+}
+
+// deliverOne posts evs (in ID order) to w's endpoint in one delivery until
+// it answers 2xx, recording each attempt; it returns false when ctx ended
+// or the lease is lost. The cursor advances past the last of evs only on
+// the endpoint's acknowledgement.
+func (s *Server) deliverOne(ctx context.Context, client *http.Client, owner string, cur *atomic.Pointer[store.Webhook], evs []store.Event) bool {
 	w := *cur.Load()
-	body, err := json.Marshal(webhookBody{Webhook: w.ID, ID: ev.ID, Key: ev.Key, At: ev.At.UTC(), Project: ev.Project,
-		SandboxID: ev.SandboxID, Kind: ev.Kind, Node: ev.Node, Reason: ev.Reason, Message: ev.Message})
+	last := evs[len(evs)-1].ID
+	body, err := deliveryBody(w, evs)
 	if err != nil {
-		s.log.Error("encode a webhook's event", "webhook", w.ID, "event", ev.ID, "err", err)
+		s.log.Error("encode a webhook's events", "webhook", w.ID, "event", last, "err", err)
 		return false
 	}
 	for attempt := 0; ; attempt++ {
-		err := s.post(ctx, client, *cur.Load(), ev, body)
+		err := s.post(ctx, client, *cur.Load(), evs[0].ID, last, len(evs), body)
 		if ctx.Err() != nil {
 			return false
 		}
@@ -423,16 +454,16 @@ func (s *Server) deliverOne(ctx context.Context, client *http.Client, owner stri
 		} else {
 			s.webhooks.failed.Add(1)
 		}
-		if aerr := s.cfg.Webhooks.AdvanceWebhook(context.WithoutCancel(ctx), w.ID, owner, ev.ID, time.Now(), err); aerr != nil {
+		if aerr := s.cfg.Webhooks.AdvanceWebhook(context.WithoutCancel(ctx), w.ID, owner, last, time.Now(), err); aerr != nil {
 			if errors.Is(aerr, errdefs.ErrFailedPrecondition) {
 				return false // another apiserver's now, or removed
 			}
-			s.log.Warn("record a webhook delivery", "webhook", w.ID, "event", ev.ID, "err", aerr)
+			s.log.Warn("record a webhook delivery", "webhook", w.ID, "event", last, "err", aerr)
 		}
 		if err == nil {
 			return true
 		}
-		s.log.Debug("webhook delivery failed", "webhook", w.ID, "event", ev.ID, "attempt", attempt+1, "err", err)
+		s.log.Debug("webhook delivery failed", "webhook", w.ID, "event", last, "attempt", attempt+1, "err", err)
 		if !sleepCtx(ctx, backoff(s.cfg.WebhookBackoff, attempt)) {
 			return false
 		}
@@ -460,8 +491,13 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// post makes one attempt: the endpoint must answer 2xx within the timeout.
-func (s *Server) post(ctx context.Context, client *http.Client, w store.Webhook, ev store.Event, body []byte) error {
+// post makes one attempt at a delivery of n events, first to last: the
+// endpoint must answer 2xx within the timeout.
+func (s *Server) post(ctx context.Context, client *http.Client, w store.Webhook, first, last int64, n int, body []byte) error {
+	what := fmt.Sprintf("event %d", last)
+	if n > 1 {
+		what = fmt.Sprintf("events %d to %d (%d)", first, last, n)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -475,15 +511,16 @@ func (s *Server) post(ctx context.Context, client *http.Client, w store.Webhook,
 	}
 	req.Header.Set(webhook.Header, webhook.Sign(w.Secret, now, body, prev...))
 	req.Header.Set("Dsec-Webhook-Id", w.ID)
-	req.Header.Set("Dsec-Event-Id", fmt.Sprint(ev.ID))
+	req.Header.Set("Dsec-Event-Id", fmt.Sprint(last))
+	req.Header.Set("Dsec-Event-Count", fmt.Sprint(n))
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("post event %d: %w", ev.ID, err)
+		return fmt.Errorf("post %s: %w", what, err)
 	}
 	defer resp.Body.Close()
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("post event %d: the endpoint answered %s", ev.ID, resp.Status)
+		return fmt.Errorf("post %s: the endpoint answered %s", what, resp.Status)
 	}
 	return nil
 }

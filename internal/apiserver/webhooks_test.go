@@ -2,10 +2,13 @@ package apiserver_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -31,9 +34,14 @@ type receiver struct {
 	attempts map[string]int // event key -> attempts
 	acked    []string       // event keys acknowledged, in order
 	kinds    []string       // their kinds
+	ids      []int64        // their IDs
+	shapes   []delivery     // every POST, in order
 	answer   func(key string, attempt int) int
 	hang     chan struct{} // closed: a hanging answer returns
 	hanging  chan struct{} // closed when the first hanging request arrived
+	// gate, when set, holds every request until it is closed (hanging is
+	// closed as the first arrives).
+	gate     chan struct{}
 	hangOnce sync.Once
 }
 
@@ -49,6 +57,10 @@ func newReceiver(t *testing.T, answer func(key string, attempt int) int) *receiv
 
 func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	body, _ := io.ReadAll(req.Body)
+	if r.gate != nil {
+		r.hangOnce.Do(func() { close(r.hanging) })
+		<-r.gate
+	}
 	r.mu.Lock()
 	secret := r.secret
 	r.v1s = strings.Count(req.Header.Get(webhook.Header), "v1=")
@@ -65,9 +77,21 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 			r.t.Errorf("a tampered delivery verified: %v", err)
 		}
 	}
-	key := jsonField(string(body), "key")
+	evs, err := webhook.Events(body)
+	if err != nil || len(evs) == 0 {
+		r.t.Errorf("a delivery's body %q: %v", body, err)
+		http.Error(w, "unreadable", http.StatusBadRequest)
+		return
+	}
+	if got := req.Header.Get("Dsec-Event-Id"); got != strconv.FormatInt(evs[len(evs)-1].ID, 10) {
+		r.t.Errorf("a delivery of events %d to %d says Dsec-Event-Id %s", evs[0].ID, evs[len(evs)-1].ID, got)
+	}
+	// An attempt is counted on the delivery's first event; a retry sends
+	// the same events again.
+	key := evs[0].Key
 	r.mu.Lock()
 	r.attempts[key]++
+	r.shapes = append(r.shapes, delivery{batched: strings.Contains(string(body), `"events":[`), events: len(evs)})
 	code := r.answer(key, r.attempts[key])
 	if code == 0 {
 		r.mu.Unlock()
@@ -76,21 +100,21 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	if code/100 == 2 {
-		r.acked = append(r.acked, key)
-		r.kinds = append(r.kinds, jsonField(string(body), "kind")+":"+jsonField(string(body), "sandbox_id"))
+		for _, ev := range evs {
+			r.acked = append(r.acked, ev.Key)
+			r.kinds = append(r.kinds, ev.Kind+":"+ev.SandboxID)
+			r.ids = append(r.ids, ev.ID)
+		}
 	}
 	r.mu.Unlock()
 	w.WriteHeader(code)
 }
 
-// jsonField is the string value of "name" in a flat JSON object.
-func jsonField(body, name string) string {
-	_, rest, ok := strings.Cut(body, `"`+name+`":"`)
-	if !ok {
-		return ""
-	}
-	v, _, _ := strings.Cut(rest, `"`)
-	return v
+// delivery is one POST a receiver got: batched (an envelope) or a single
+// event's body, and how many events it carried.
+type delivery struct {
+	batched bool
+	events  int
 }
 
 func (r *receiver) snapshot() (acked, kinds []string, attempts map[string]int) {
@@ -178,8 +202,9 @@ func testWebhooks(t *testing.T, dsn string) {
 	if want := []string{"created:" + sb.ID, "deleted:" + sb.ID}; !slices.Equal(kinds, want) {
 		t.Fatalf("acknowledged %q, want %q", kinds, want)
 	}
-	if attempts[acked[0]] != 3 || attempts[acked[1]] != 1 {
-		t.Fatalf("attempts %v: want 3 of the first (two failures, then acknowledged), 1 of the second", attempts)
+	// The second event may have ridden in the first's delivery.
+	if attempts[acked[0]] != 3 || attempts[acked[1]] > 1 {
+		t.Fatalf("attempts %v: want 3 of the first (two failures, then acknowledged), at most 1 of the second", attempts)
 	}
 	ws := check(aAdmin.Webhooks(ctx, ""))(t)
 	if len(ws) != 1 || ws[0].ID != wh.ID || ws[0].Secret != "" || ws[0].LastOK.IsZero() || ws[0].LastFailure.IsZero() ||
@@ -303,4 +328,93 @@ func testWebhooks(t *testing.T, dsn string) {
 		t.Fatalf("RotateWebhookSecret without overlap: %+v", rot2)
 	}
 	signedWith(1, "third-secret")
+}
+
+// TestWebhookBatches: a burst (30 sandboxes made and deleted while the
+// endpoint holds its first delivery) reaches a webhook of batches of 20 in
+// three deliveries after the first, each an envelope of at most 20 events
+// signed over the whole body, in ID order, none twice, the cursor at the
+// last; a webhook of single events gets each event alone, as before
+// batches; batches the server does not take are refused.
+func TestWebhookBatches(t *testing.T) {
+	ctx := t.Context()
+	e := startEventsEnv(t, filepath.Join(t.TempDir(), "meta.db"))
+	aAdmin, a := client(t, e.url, e.aAdmin), client(t, e.url, e.a)
+	for _, o := range []dsec.WebhookOptions{{Batch: 1001}, {Batch: -1}, {Batch: 5, Single: true}} {
+		_, err := aAdmin.AddWebhook(ctx, "http://127.0.0.1:1/hook", &o)
+		wantErr(t, fmt.Sprintf("a webhook with %+v", o), err, dsec.ErrInvalidArgument, "batch")
+	}
+	ok := func(string, int) int { return http.StatusOK }
+	batched, single := newReceiver(t, ok), newReceiver(t, ok)
+	batched.gate = make(chan struct{})
+	bw := check(aAdmin.AddWebhook(ctx, batched.srv.URL, &dsec.WebhookOptions{Batch: 20, Secret: "batch-secret"}))(t)
+	sw := check(aAdmin.AddWebhook(ctx, single.srv.URL, &dsec.WebhookOptions{Single: true, Secret: "single-secret"}))(t)
+	batched.secret, single.secret = bw.Secret, sw.Secret
+	ws := check(aAdmin.Webhooks(ctx, ""))(t)
+	batches := map[string]int{}
+	for _, w := range ws {
+		batches[w.ID] = w.Batch
+	}
+	if batches[bw.ID] != 20 || batches[sw.ID] != 0 || bw.Batch != 20 || sw.Batch != 0 {
+		t.Fatalf("batches %v (added %d and %d), want 20 and 0", batches, bw.Batch, sw.Batch)
+	}
+
+	first := check(a.Create(ctx, "busybox", nil))(t)
+	<-batched.hanging // its first delivery, first's created alone, waits at the gate
+	burst := check(a.CreateMany(ctx, 30, "busybox", nil))(t)
+	for _, sb := range burst {
+		if err := sb.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stored []dsec.SandboxEvent
+	for deadline := time.Now().Add(20 * time.Second); len(stored) < 61; time.Sleep(20 * time.Millisecond) {
+		stored, _ = check2(a.Events(ctx, dsec.EventQuery{}))(t)
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events stored, want 61", len(stored))
+		}
+	}
+	if stored[0].SandboxID != first.ID || stored[0].Kind != "created" {
+		t.Fatalf("the first event stored is %+v, want %s's created", stored[0], first.ID)
+	}
+	close(batched.gate)
+	batched.waitAcked(t, 61)
+	single.waitAcked(t, 61)
+	var want []int64
+	for _, ev := range stored {
+		want = append(want, ev.ID)
+	}
+	for name, r := range map[string]*receiver{"batched": batched, "single": single} {
+		r.mu.Lock()
+		ids, shapes := slices.Clone(r.ids), slices.Clone(r.shapes)
+		r.mu.Unlock()
+		if !slices.Equal(ids, want) {
+			t.Errorf("%s: acknowledged %v, want the 61 stored once each in order %v", name, ids, want)
+		}
+		if name == "single" {
+			for _, d := range shapes {
+				if d.batched || d.events != 1 {
+					t.Fatalf("single: a delivery %+v, want one event's own body", d)
+				}
+			}
+			continue
+		}
+		if len(shapes) != 4 || shapes[0] != (delivery{true, 1}) {
+			t.Fatalf("batched: deliveries %+v, want the first's created alone then the burst's 60 in three of 20", shapes)
+		}
+		for _, d := range shapes[1:] {
+			if !d.batched || d.events != 20 {
+				t.Fatalf("batched: deliveries %+v, want the burst's 60 in three of 20", shapes)
+			}
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ws = check(aAdmin.Webhooks(ctx, ""))(t)
+		if ws[0].Delivered == want[60] && ws[1].Delivered == want[60] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cursors %d and %d, want the last event's %d", ws[0].Delivered, ws[1].Delivered, want[60])
+		}
+	}
 }

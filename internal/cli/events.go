@@ -201,19 +201,23 @@ func (a *app) webhookCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "webhook", Short: "register endpoints for a project's events, list them with their deliveries, remove them (a project admin's)"}
 	var project, secret string
 	var kinds []string
+	var batch int32
+	var single bool
 	add := &cobra.Command{
 		Use:   "add URL",
 		Short: "register URL for the events of a project (default: the token's) and under it, from now on; prints its ID and signing secret",
-		Long: `Register an endpoint: each event (of --kind only, when given) is POSTed to
-it as JSON, signed in the Dsec-Signature header with the webhook's secret
-(--secret, or one the server makes and prints once), at least once and in
-order, retried with backoff until it answers 2xx (docs/events.md says how
-to verify a delivery). The server refuses http:// and loopback or private
+		Long: `Register an endpoint: its events (of --kind only, when given) are POSTed
+to it as JSON, {"webhook": ID, "events": [...]} with up to --batch of the
+events waiting in each delivery (--single: one event a delivery, the event
+object itself), signed in the Dsec-Signature header with the webhook's
+secret (--secret, or one the server makes and prints once), at least once
+and in order, retried with backoff until it answers 2xx (docs/events.md
+says how to verify and read a delivery). The server refuses http:// and loopback or private
 addresses unless its operator allowed them (dsecd --webhook-allow-private).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			res, err := a.c.Sandboxes.AddWebhook(cmd.Context(), connect.NewRequest(&dsecv1.AddWebhookRequest{
-				Project: optional(project), Url: args[0], Kinds: kinds, Secret: secret}))
+				Project: optional(project), Url: args[0], Kinds: kinds, Secret: secret, Batch: batch, Single: single}))
 			if err != nil {
 				return err
 			}
@@ -227,6 +231,8 @@ addresses unless its operator allowed them (dsecd --webhook-allow-private).`,
 	add.Flags().StringVarP(&project, "project", "p", "", "the project (default: the token's)")
 	add.Flags().StringSliceVar(&kinds, "kind", nil, "only events of these kinds (default: all)")
 	add.Flags().StringVar(&secret, "secret", "", "the signing secret (default: the server makes one)")
+	add.Flags().Int32Var(&batch, "batch", 0, "the most events one delivery carries, 1 to 1000 (default 100)")
+	add.Flags().BoolVar(&single, "single", false, "one event a delivery, the event object itself as the body (the format before batches)")
 	var lsProject string
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -241,13 +247,17 @@ addresses unless its operator allowed them (dsecd --webhook-allow-private).`,
 				return a.printProto(res.Msg)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tPROJECT\tURL\tKINDS\tDELIVERED\tLAST OK\tLAST FAILURE\tFAILURES\tLAST ERROR")
+			fmt.Fprintln(tw, "ID\tPROJECT\tURL\tKINDS\tBATCH\tDELIVERED\tLAST OK\tLAST FAILURE\tFAILURES\tLAST ERROR")
 			for _, w := range res.Msg.GetWebhooks() {
 				k := strings.Join(w.GetKinds(), ",")
 				if k == "" {
 					k = "all"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", w.GetId(), displayPath(w.GetProject()), w.GetUrl(), k, w.GetDelivered(),
+				b := fmt.Sprint(w.GetBatch())
+				if w.GetBatch() == 0 {
+					b = "single"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", w.GetId(), displayPath(w.GetProject()), w.GetUrl(), k, b, w.GetDelivered(),
 					msTime(w.GetLastOkUnixMs()), msTime(w.GetLastFailureUnixMs()), w.GetFailures(), w.GetLastError())
 			}
 			return tw.Flush()

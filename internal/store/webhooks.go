@@ -17,7 +17,7 @@ import (
 // it can advance (AdvanceWebhook), so two apiservers do not both deliver
 // it, and one started again resumes after the last event acknowledged.
 type Webhooks interface {
-	// AddWebhook records w (ID, Project, URL, Kinds, Secret; Created set
+	// AddWebhook records w (ID, Project, URL, Kinds, Secret, Batch; Created set
 	// by the store when zero); its deliveries start after the event ID
 	// w.Delivered (the stream's end when it was added). An ID taken is
 	// errdefs.ErrAlreadyExists.
@@ -58,7 +58,11 @@ type Webhook struct {
 	// PrevUntil.
 	PrevSecret string
 	PrevUntil  time.Time
-	Created    time.Time
+	// Batch is the most events one delivery carries, in an envelope; 0:
+	// one event a delivery, the event itself as the body (the format
+	// before batches, which webhooks added before them keep).
+	Batch   int
+	Created time.Time
 	// Delivered is the ID of the last event acknowledged.
 	Delivered int64
 	// LeaseOwner holds the lease until LeaseUntil.
@@ -73,13 +77,13 @@ type Webhook struct {
 	LastError   string
 }
 
-const webhookCols = `id, project, url, kinds, secret, created{ms}, delivered, lease_owner, lease{ms}, ok{ms}, failed{ms}, failures, last_error, prev_secret, prev_until{ms}`
+const webhookCols = `id, project, url, kinds, secret, created{ms}, delivered, lease_owner, lease{ms}, ok{ms}, failed{ms}, failures, last_error, prev_secret, prev_until{ms}, batch`
 
 func scanWebhook(rows interface{ Scan(...any) error }) (Webhook, error) {
 	var w Webhook
 	var kinds string
 	err := rows.Scan(&w.ID, &w.Project, &w.URL, &kinds, &w.Secret, timeCol{&w.Created}, &w.Delivered, &w.LeaseOwner,
-		timeCol{&w.LeaseUntil}, timeCol{&w.LastOK}, timeCol{&w.LastFailure}, &w.Failures, &w.LastError, &w.PrevSecret, timeCol{&w.PrevUntil})
+		timeCol{&w.LeaseUntil}, timeCol{&w.LastOK}, timeCol{&w.LastFailure}, &w.Failures, &w.LastError, &w.PrevSecret, timeCol{&w.PrevUntil}, &w.Batch)
 	if kinds != "" {
 		w.Kinds = strings.Split(kinds, ",")
 	}
@@ -95,8 +99,8 @@ func (d *sqlDB) AddWebhook(ctx context.Context, w Webhook) error {
 		return fmt.Errorf("add webhook: id, url and secret are required: %w", errdefs.ErrInvalidArgument)
 	}
 	err = d.retry(ctx, false, func(ctx context.Context) error {
-		_, err := d.db.ExecContext(ctx, d.q(`INSERT INTO webhooks (id, project, url, kinds, secret, created{ms}, delivered)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`), w.ID, path, w.URL, strings.Join(w.Kinds, ","), w.Secret, d.ts(nowOr(w.Created)), w.Delivered)
+		_, err := d.db.ExecContext(ctx, d.q(`INSERT INTO webhooks (id, project, url, kinds, secret, created{ms}, delivered, batch)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`), w.ID, path, w.URL, strings.Join(w.Kinds, ","), w.Secret, d.ts(nowOr(w.Created)), w.Delivered, w.Batch)
 		return err
 	})
 	if err != nil {

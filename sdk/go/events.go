@@ -107,14 +107,18 @@ func (c *Client) FollowEvents(ctx context.Context, q EventQuery) iter.Seq2[Sandb
 }
 
 // Webhook is an endpoint a project registered for its events
-// (docs/events.md): each event is POSTed to it as JSON, signed with its
-// secret (verify with package dsec.dev/dsec/sdk/go/webhook), at least
-// once, in order.
+// (docs/events.md): its events are POSTed to it as JSON, up to Batch in a
+// delivery, signed with its secret (verify and read them with package
+// dsec.dev/dsec/sdk/go/webhook), at least once, in order.
 type Webhook struct {
 	ID      string
 	Project string
 	URL     string
 	Kinds   []string // none: every kind
+	// Batch is the most events one delivery carries, as {"webhook": ID,
+	// "events": [...]}; 0: one event a delivery, the event itself as the
+	// body (added with Single, or before deliveries carried batches).
+	Batch   int
 	Created time.Time
 	// Delivered is the ID of the last event its endpoint acknowledged;
 	// LastOK and LastFailure the times of the last acknowledged and failed
@@ -138,10 +142,16 @@ type WebhookOptions struct {
 	Project string   // unset: the token's project
 	Kinds   []string // none: every kind
 	Secret  string   // "": the server makes one (in the answer, once)
+	// Batch is the most events one delivery carries: 0 is 100, at most
+	// 1,000. A delivery carries the events waiting, up to it.
+	Batch int
+	// Single makes each delivery one event, the event object itself as
+	// the body, for a receiver written for that format (Batch must be 0).
+	Single bool
 }
 
 func webhookOf(w *dsecv1.Webhook) Webhook {
-	return Webhook{ID: w.GetId(), Project: w.GetProject(), URL: w.GetUrl(), Kinds: w.GetKinds(), Created: msTime(w.GetCreatedUnixMs()),
+	return Webhook{ID: w.GetId(), Project: w.GetProject(), URL: w.GetUrl(), Kinds: w.GetKinds(), Batch: int(w.GetBatch()), Created: msTime(w.GetCreatedUnixMs()),
 		Delivered: w.GetDelivered(), LastOK: msTime(w.GetLastOkUnixMs()), LastFailure: msTime(w.GetLastFailureUnixMs()),
 		Failures: int(w.GetFailures()), LastError: w.GetLastError(), Secret: w.GetSecret(),
 		PreviousSecretUntil: msTime(w.GetPreviousSecretUntilUnixMs())}
@@ -155,7 +165,8 @@ func (c *Client) AddWebhook(ctx context.Context, url string, o *WebhookOptions) 
 		o = &WebhookOptions{}
 	}
 	r, err := iamCall(ctx, c, false, "add webhook", c.sb.AddWebhook,
-		&dsecv1.AddWebhookRequest{Project: optPath(o.Project), Url: url, Kinds: o.Kinds, Secret: o.Secret})
+		&dsecv1.AddWebhookRequest{Project: optPath(o.Project), Url: url, Kinds: o.Kinds, Secret: o.Secret,
+			Batch: int32(o.Batch), Single: o.Single})
 	if err != nil {
 		return Webhook{}, err
 	}

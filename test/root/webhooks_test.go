@@ -22,25 +22,29 @@ import (
 
 // delivery is one POST a webhook endpoint received.
 type delivery struct {
-	webhookID, eventID, signature string
-	body                          []byte
+	webhookID, eventID, count, signature string
+	body                                 []byte
 }
 
-// deliveryBody is a delivery's JSON, as docs/events.md shows it.
+// deliveryBody is a batched delivery's JSON, as docs/events.md shows it.
 type deliveryBody struct {
-	Webhook   string `json:"webhook"`
-	ID        int64  `json:"id"`
-	Key       string `json:"key"`
-	Project   string `json:"project"`
-	SandboxID string `json:"sandbox_id"`
-	Kind      string `json:"kind"`
+	Webhook string `json:"webhook"`
+	Events  []struct {
+		ID        int64  `json:"id"`
+		Key       string `json:"key"`
+		Project   string `json:"project"`
+		SandboxID string `json:"sandbox_id"`
+		Kind      string `json:"kind"`
+	} `json:"events"`
 }
 
 // TestWebhookDelivery registers two webhooks on a real dsecd (the
 // all-in-one, or an apiserver before an edge), one through the CLI and one
 // through the Go SDK, each to an HTTP server of the test on loopback. A
 // sandbox's life (created, paused, resumed, deleted) reaches the first in
-// order, each delivery signed as docs/events.md says: webhook.Verify
+// order, in batched deliveries ({"webhook", "events": [...]}, the last
+// event's ID and the count in headers), each signed as docs/events.md
+// says over its whole body: webhook.Verify
 // accepts it, the HMAC computed by hand over the timestamp and the raw
 // body equals v1, and a changed body does not verify. The second endpoint
 // hangs on its first delivery: a create and the sandboxes' deletes return
@@ -62,7 +66,7 @@ func TestWebhookDelivery(t *testing.T) {
 			return delivery{}, false
 		}
 		return delivery{webhookID: r.Header.Get("Dsec-Webhook-Id"), eventID: r.Header.Get("Dsec-Event-Id"),
-			signature: r.Header.Get(webhook.Header), body: body}, true
+			count: r.Header.Get("Dsec-Event-Count"), signature: r.Header.Get(webhook.Header), body: body}, true
 	}
 	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if dl, ok := record(w, r); ok {
@@ -136,8 +140,10 @@ func TestWebhookDelivery(t *testing.T) {
 	kinds := func(bodies []deliveryBody, id string) []string {
 		var out []string
 		for _, b := range bodies {
-			if b.SandboxID == id {
-				out = append(out, b.Kind)
+			for _, ev := range b.Events {
+				if ev.SandboxID == id {
+					out = append(out, ev.Kind)
+				}
 			}
 		}
 		return out
@@ -177,13 +183,25 @@ func TestWebhookDelivery(t *testing.T) {
 	if k := kinds(bodies, other.ID); !slices.Equal(k, short) {
 		t.Fatalf("the endpoint got %q of %s, want %q", k, other.ID, short)
 	}
+	var prev int64
 	for i, dl := range dls {
 		b := bodies[i]
-		if i > 0 && b.ID <= bodies[i-1].ID {
-			t.Fatalf("delivery %d is event %d after event %d: not in order", i, b.ID, bodies[i-1].ID)
+		if len(b.Events) == 0 {
+			t.Fatalf("delivery %d carries no events: %s", i, dl.body)
 		}
-		if dl.webhookID != added.ID || b.Webhook != added.ID || dl.eventID != strconv.FormatInt(b.ID, 10) || b.Key == "" {
-			t.Fatalf("delivery %d: headers Dsec-Webhook-Id %q, Dsec-Event-Id %q, body %s; want webhook %s", i, dl.webhookID, dl.eventID, dl.body, added.ID)
+		for _, ev := range b.Events {
+			if ev.ID <= prev || ev.Key == "" {
+				t.Fatalf("delivery %d has event %d (key %q) after event %d: not in order", i, ev.ID, ev.Key, prev)
+			}
+			prev = ev.ID
+		}
+		// webhook.Events reads it as the test did.
+		if evs, err := webhook.Events(dl.body); err != nil || len(evs) != len(b.Events) || evs[len(evs)-1].ID != prev {
+			t.Fatalf("webhook.Events(delivery %d) = %+v, %v", i, evs, err)
+		}
+		if dl.webhookID != added.ID || b.Webhook != added.ID || dl.eventID != strconv.FormatInt(prev, 10) || dl.count != strconv.Itoa(len(b.Events)) {
+			t.Fatalf("delivery %d: headers Dsec-Webhook-Id %q, Dsec-Event-Id %q, Dsec-Event-Count %q, body %s; want webhook %s", i,
+				dl.webhookID, dl.eventID, dl.count, dl.body, added.ID)
 		}
 		// As a receiver verifies: the SDK's Verify, and by hand.
 		if err := webhook.Verify(secret, dl.signature, dl.body, time.Now(), 0); err != nil {
@@ -212,7 +230,7 @@ func TestWebhookDelivery(t *testing.T) {
 	}
 
 	// The webhook's listing shows the last acknowledged event.
-	last := bodies[len(bodies)-1].ID
+	last := prev
 	for {
 		ws, err := c.Webhooks(ctx, "")
 		if err != nil {

@@ -44,7 +44,7 @@ func testWebhooks(t *testing.T, st store.Store) {
 	now := ms(time.Now())
 	for _, w := range []store.Webhook{
 		{ID: "wh-1", Project: "a", URL: "https://a.example/hook", Kinds: []string{"failed", "expired"}, Secret: "s1", Created: now, Delivered: 7},
-		{ID: "wh-2", Project: "a/b", URL: "https://b.example/hook", Secret: "s2"},
+		{ID: "wh-2", Project: "a/b", URL: "https://b.example/hook", Secret: "s2", Batch: 250},
 		{ID: "wh-3", Project: "ab", URL: "https://c.example/hook", Secret: "s3"},
 	} {
 		must(t, "AddWebhook "+w.ID, st.AddWebhook(ctx, w))
@@ -60,8 +60,8 @@ func testWebhooks(t *testing.T, st store.Store) {
 		!w.Created.Equal(now) || w.Delivered != 7 || w.LeaseOwner != "" || !w.LastOK.IsZero() || !w.LastFailure.IsZero() {
 		t.Fatalf("wh-1: %+v", w)
 	}
-	if got[1].Kinds != nil {
-		t.Fatalf("wh-2's kinds: %q, want none (all)", got[1].Kinds)
+	if got[1].Kinds != nil || got[1].Batch != 250 || w.Batch != 0 {
+		t.Fatalf("wh-2's kinds: %q, want none (all); batches %d and %d, want 0 and 250", got[1].Kinds, w.Batch, got[1].Batch)
 	}
 	all, err := st.ListWebhooks(ctx, nil)
 	must(t, "ListWebhooks", err)

@@ -1,20 +1,24 @@
 // Package webhook signs and verifies dsec's webhook deliveries
-// (docs/events.md). Each delivery is an HTTP POST of one event as JSON
-// with the header
+// (docs/events.md), and reads their events. Each delivery is an HTTP POST
+// of JSON, {"webhook": ID, "events": [...]} with the events waiting (up to
+// the webhook's batch), or for a webhook added with single one event
+// object; either way with the header
 //
 //	Dsec-Signature: t=UNIX_SECONDS,v1=HEX
 //
 // where HEX is the HMAC-SHA256, keyed with the webhook's secret, of the
 // decimal timestamp, a dot, and the body's exact bytes. A receiver checks
 // it with Verify before trusting the body, and refuses a timestamp too far
-// from its clock (a replayed delivery). It sits beside the SDK so a
-// receiver needs no server code; apiservers sign with Sign.
+// from its clock (a replayed delivery); then Events reads the body, of
+// either form. It sits beside the SDK so a receiver needs no server code;
+// apiservers sign with Sign.
 package webhook
 
 import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -97,4 +101,56 @@ func Verify(secret, header string, body []byte, now time.Time, tolerance time.Du
 		}
 	}
 	return fmt.Errorf("%w: no v1 signature matches the body", ErrSignature)
+}
+
+// Event is one event of a delivery.
+type Event struct {
+	// Webhook is the webhook's ID in a single event's delivery; in a
+	// batch the envelope names it.
+	Webhook string `json:"webhook,omitempty"`
+	// ID is the event's cursor: it only grows. A receiver deduplicates by
+	// it (or Key): an event is delivered at least once.
+	ID        int64     `json:"id"`
+	Key       string    `json:"key"` // NODE/EPOCH/SEQ
+	At        time.Time `json:"at"`
+	Project   string    `json:"project"`
+	SandboxID string    `json:"sandbox_id"`
+	Kind      string    `json:"kind"`
+	Node      string    `json:"node,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	Message   string    `json:"message,omitempty"`
+}
+
+// Delivery is a batched delivery's body: the webhook's events in ID
+// order, at most its batch.
+type Delivery struct {
+	Webhook string  `json:"webhook"`
+	Events  []Event `json:"events"`
+}
+
+// Events reads a delivery's body (verified first with Verify): a batch's
+// events in order, or a single event's delivery as one.
+func Events(body []byte) ([]Event, error) {
+	var d struct {
+		Webhook string   `json:"webhook"`
+		Events  *[]Event `json:"events"`
+	}
+	if err := json.Unmarshal(body, &d); err != nil {
+		return nil, fmt.Errorf("read a webhook delivery: %w", err)
+	}
+	if d.Events != nil {
+		evs := *d.Events
+		for i := range evs {
+			evs[i].Webhook = d.Webhook
+		}
+		return evs, nil
+	}
+	var e Event
+	if err := json.Unmarshal(body, &e); err != nil {
+		return nil, fmt.Errorf("read a webhook delivery: %w", err)
+	}
+	if e.ID == 0 {
+		return nil, fmt.Errorf("read a webhook delivery: neither events nor an event's id in %.80q", body)
+	}
+	return []Event{e}, nil
 }

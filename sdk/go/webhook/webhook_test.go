@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,39 @@ func TestVerify(t *testing.T) {
 	} {
 		if err := Verify(tc.secret, tc.header, tc.body, tc.now, 0); !errors.Is(err, ErrSignature) {
 			t.Errorf("%s: %v, want ErrSignature", tc.name, err)
+		}
+	}
+}
+
+// TestEvents: Events reads a batch's envelope in order (each event naming
+// the webhook) and a single event's body as one; other bodies are errors.
+func TestEvents(t *testing.T) {
+	batch := []byte(`{"webhook":"wh-1","events":[{"id":7,"key":"n1/e/1","at":"2026-12-06T10:02:11.204123456Z","project":"ml",` +
+		`"sandbox_id":"sb-n1-a","kind":"created"},{"id":9,"key":"n1/e/2","at":"2026-12-06T10:02:12Z","project":"ml",` +
+		`"sandbox_id":"sb-n1-a","kind":"failed","node":"n1","reason":"oom","message":"its agent was OOM-killed"}]}`)
+	evs, err := Events(batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Event{
+		{Webhook: "wh-1", ID: 7, Key: "n1/e/1", At: time.Date(2026, 12, 6, 10, 2, 11, 204123456, time.UTC), Project: "ml", SandboxID: "sb-n1-a", Kind: "created"},
+		{Webhook: "wh-1", ID: 9, Key: "n1/e/2", At: time.Date(2026, 12, 6, 10, 2, 12, 0, time.UTC), Project: "ml", SandboxID: "sb-n1-a", Kind: "failed",
+			Node: "n1", Reason: "oom", Message: "its agent was OOM-killed"},
+	}
+	if len(evs) != 2 || !reflect.DeepEqual(evs, want) {
+		t.Fatalf("Events(batch) = %+v, want %+v", evs, want)
+	}
+	single := []byte(`{"webhook":"wh-1","id":7,"key":"n1/e/1","at":"2026-12-06T10:02:11Z","project":"ml","sandbox_id":"sb-n1-a","kind":"created"}`)
+	evs, err = Events(single)
+	if err != nil || len(evs) != 1 || evs[0].ID != 7 || evs[0].Webhook != "wh-1" || evs[0].Kind != "created" {
+		t.Fatalf("Events(single) = %+v, %v", evs, err)
+	}
+	if evs, err := Events([]byte(`{"webhook":"wh-1","events":[]}`)); err != nil || len(evs) != 0 {
+		t.Fatalf("Events(an empty batch) = %+v, %v", evs, err)
+	}
+	for _, body := range []string{`nonsense`, `{"kind":"created"}`, `[1,2]`} {
+		if _, err := Events([]byte(body)); err == nil {
+			t.Errorf("Events(%s) took it", body)
 		}
 	}
 }

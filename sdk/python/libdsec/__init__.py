@@ -25,7 +25,7 @@ live in :mod:`libdsec.compat`.
 from . import errors
 from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, GradeResult, Job as AsyncJob, ProcessInfo,
                    Sandbox as AsyncSandbox, Session as AsyncSession, WarmPool, extract_tar)
-from ._events import Event, Webhook, verify_webhook
+from ._events import Event, Webhook, verify_webhook, webhook_events
 from ._usage import Usage, UsageReport
 from ._fncall import CommandResult, Language, RunCode, RunResult
 from ._iam import (ADMIN, BUILDER, PROJECT_LABEL, RUNNER, VIEWER, AuditRecord, Principal, Project, ProjectQuota, QuotaItem,
@@ -44,7 +44,7 @@ __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncJob", "AsyncSession", "Client", "Sandbox", "Job", "Session",
     "ExecResult", "ExecEvent", "GradeResult", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
     "RunCode", "RunResult", "CommandResult", "Language",
-    "Trajectory", "ReplayReport", "ReplayStep", "parse_trajectory", "Event", "Webhook", "verify_webhook", "Usage", "UsageReport",
+    "Trajectory", "ReplayReport", "ReplayStep", "parse_trajectory", "Event", "Webhook", "verify_webhook", "webhook_events", "Usage", "UsageReport",
     "Project", "Principal", "RoleBinding", "TokenInfo", "QuotaItem", "ProjectQuota", "AuditRecord",
     "VIEWER", "RUNNER", "BUILDER", "ADMIN", "PROJECT_LABEL", "PermissionDenied", "AlreadyExists", "FailedPrecondition",
     "DEFAULT_ADDR", "DEFAULT_TOKEN_FILE", "resolve_addr", "resolve_addrs", "DsecError", "NotFound", "SandboxGone", "Overloaded", "StartupTimeout",

@@ -5,8 +5,10 @@ cursor, or followed as they come."""
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import hmac
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -78,6 +80,7 @@ class Webhook:
     last_error: str = ""
     secret: str = ""
     previous_secret_until: float = 0.0
+    batch: int = 0
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "Webhook":
@@ -86,7 +89,8 @@ class Webhook:
                        delivered=int(d.get("delivered", 0)), last_ok=_secs(d.get("lastOkUnixMs")),
                        last_failure=_secs(d.get("lastFailureUnixMs")), failures=int(d.get("failures", 0)),
                        last_error=d.get("lastError", ""), secret=d.get("secret", ""),
-                       previous_secret_until=_secs(d.get("previousSecretUntilUnixMs")))
+                       previous_secret_until=_secs(d.get("previousSecretUntilUnixMs")),
+                       batch=int(d.get("batch", 0)))
 
 
 def verify_webhook(secret: str, header: str, body: bytes, *, tolerance: float = 300.0,
@@ -108,6 +112,27 @@ def verify_webhook(secret: str, header: str, body: bytes, *, tolerance: float = 
         return False
     want = hmac.new(secret.encode(), str(ts).encode() + b"." + body, hashlib.sha256).hexdigest()
     return any(hmac.compare_digest(want, s) for s in sigs)
+
+
+def _rfc3339(v: str) -> float:
+    """Seconds since the epoch of a UTC RFC 3339 time (as a delivery's at:
+    up to nanoseconds, ending in Z)."""
+    v = v.rstrip("Z")
+    whole, _, frac = v.partition(".")
+    secs = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
+    return secs + (float("0." + frac) if frac else 0.0)
+
+
+def webhook_events(body: bytes) -> List[Event]:
+    """The events of a webhook delivery's body (verify it first with
+    verify_webhook): a batch's {"webhook": ..., "events": [...]} in order, or
+    a single event's delivery (a webhook added with single=True) as one."""
+    d = json.loads(body)
+    items = d["events"] if isinstance(d, dict) and "events" in d else [d]
+    return [Event(id=int(e["id"]), key=e.get("key", ""), at=_rfc3339(e["at"]) if e.get("at") else 0.0,
+                  project=e.get("project", ""), sandbox_id=e.get("sandbox_id", ""), kind=e.get("kind", ""),
+                  node=e.get("node", ""), reason=e.get("reason", ""), message=e.get("message", ""))
+            for e in items]
 
 
 class EventCalls:
@@ -142,11 +167,19 @@ class EventCalls:
             stream.close()
 
     async def add_webhook(self, url: str, *, project: Optional[str] = None, kinds: Optional[Sequence[str]] = None,
-                          secret: Optional[str] = None, timeout: Optional[float] = None) -> Webhook:
+                          secret: Optional[str] = None, batch: Optional[int] = None, single: bool = False,
+                          timeout: Optional[float] = None) -> Webhook:
         """Register url for the events of a project (default: the token's; an
         admin's) and those under it, from now on; the answer's secret (made by
-        the server unless given) is shown this once."""
+        the server unless given) is shown this once. Each delivery carries up
+        to batch of the events waiting (None: 100; at most 1,000) as
+        {"webhook": ..., "events": [...]}, or with single=True one event, the
+        event object itself; webhook_events reads either."""
         msg: Dict[str, Any] = {"url": url}
+        if batch:
+            msg["batch"] = int(batch)
+        if single:
+            msg["single"] = True
         if project is not None:
             msg["project"] = project
         if kinds:

@@ -107,13 +107,22 @@ class EventsTest(unittest.TestCase):
                 self.c.add_webhook(f"http://127.0.0.1:{srv.server_port}/hook")
             wh = admin.add_webhook(f"http://127.0.0.1:{srv.server_port}/hook", kinds=["created", "deleted"])
             self.assertTrue(wh.secret)
+            self.assertEqual(wh.batch, 100)
             sid = self.life()
             for _ in range(400):
-                if len(got) >= 2:
+                if sum(len(libdsec.webhook_events(b)) for _, b in list(got)) >= 2:
                     break
                 time.sleep(0.05)
-            bodies = [json.loads(b) for _, b in got]
-            self.assertEqual([(b["kind"], b["sandbox_id"]) for b in bodies], [("created", sid), ("deleted", sid)])
+            # Batched deliveries: {"webhook": ..., "events": [...]}, which
+            # webhook_events reads, as it reads a single event's body.
+            for _, b in got:
+                self.assertEqual(json.loads(b)["webhook"], wh.id)
+            bodies = [e for _, b in got for e in libdsec.webhook_events(b)]
+            self.assertEqual([(e.kind, e.sandbox_id) for e in bodies], [("created", sid), ("deleted", sid)])
+            self.assertTrue(all(e.at > time.time() - 600 and e.key for e in bodies))
+            single = libdsec.webhook_events(json.dumps({"webhook": wh.id, "id": 7, "key": "n1/e/7",
+                                                        "at": "2026-12-06T10:02:11.204Z", "kind": "created"}).encode())
+            self.assertEqual([(e.id, e.kind) for e in single], [(7, "created")])
             for sig, body in got:
                 self.assertTrue(libdsec.verify_webhook(wh.secret, sig, body))
                 self.assertFalse(libdsec.verify_webhook(wh.secret, sig, body.replace(b"created", b"deleted", 1)
@@ -123,10 +132,10 @@ class EventsTest(unittest.TestCase):
             self.assertEqual([w.id for w in ws], [wh.id])
             self.assertEqual(ws[0].secret, "")
             for _ in range(100):
-                if admin.webhooks()[0].delivered == bodies[-1]["id"]:
+                if admin.webhooks()[0].delivered == bodies[-1].id:
                     break
                 time.sleep(0.05)
-            self.assertEqual(admin.webhooks()[0].delivered, bodies[-1]["id"])
+            self.assertEqual(admin.webhooks()[0].delivered, bodies[-1].id)
             self.assertGreater(admin.webhooks()[0].last_ok, 0)
             # A rotation: the new secret once, the old one signing beside it
             # for the overlap; a header with both verifies with either.
@@ -148,6 +157,13 @@ class EventsTest(unittest.TestCase):
             self.assertEqual(rot2.previous_secret_until, 0)
             admin.remove_webhook(wh.id)
             self.assertEqual(admin.webhooks(), [])
+            # A webhook of single events (the format before batches), and
+            # a batch the server refuses.
+            one = admin.add_webhook(f"http://127.0.0.1:{srv.server_port}/one", single=True)
+            self.assertEqual((one.batch, admin.webhooks()[0].batch), (0, 0))
+            admin.remove_webhook(one.id)
+            with self.assertRaises(errors.InvalidArgument):
+                admin.add_webhook(f"http://127.0.0.1:{srv.server_port}/hook", batch=5000)
 
 
 if __name__ == "__main__":

@@ -11488,8 +11488,12 @@ type Webhook struct {
 	// The previous secret still signs deliveries (beside the current one)
 	// until then (0: no rotation under way).
 	PreviousSecretUntilUnixMs int64 `protobuf:"varint,12,opt,name=previous_secret_until_unix_ms,json=previousSecretUntilUnixMs,proto3" json:"previous_secret_until_unix_ms,omitempty"`
-	unknownFields             protoimpl.UnknownFields
-	sizeCache                 protoimpl.SizeCache
+	// The most events one delivery carries, as {"webhook": ID, "events":
+	// [...]}; 0: one event a delivery, the event itself as the body (a
+	// webhook added with single, or before deliveries carried batches).
+	Batch         int32 `protobuf:"varint,13,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Webhook) Reset() {
@@ -11606,12 +11610,26 @@ func (x *Webhook) GetPreviousSecretUntilUnixMs() int64 {
 	return 0
 }
 
+func (x *Webhook) GetBatch() int32 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
 type AddWebhookRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Project       *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"` // unset: the caller's token's project
-	Url           string                 `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`               // https:// (http:// and private addresses only where the server allows them)
-	Kinds         []string               `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`           // none: every kind
-	Secret        string                 `protobuf:"bytes,4,opt,name=secret,proto3" json:"secret,omitempty"`         // "": the server makes one (returned once)
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Project *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"` // unset: the caller's token's project
+	Url     string                 `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`               // https:// (http:// and private addresses only where the server allows them)
+	Kinds   []string               `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`           // none: every kind
+	Secret  string                 `protobuf:"bytes,4,opt,name=secret,proto3" json:"secret,omitempty"`         // "": the server makes one (returned once)
+	// The most events one delivery carries (docs/events.md): 0 is 100, at
+	// most 1000. A delivery carries what is waiting, up to this, as
+	// {"webhook": ID, "events": [...]}.
+	Batch int32 `protobuf:"varint,5,opt,name=batch,proto3" json:"batch,omitempty"`
+	// Each delivery one event, the event object itself as the body, for
+	// receivers written for that format; batch must then be 0.
+	Single        bool `protobuf:"varint,6,opt,name=single,proto3" json:"single,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -11672,6 +11690,20 @@ func (x *AddWebhookRequest) GetSecret() string {
 		return x.Secret
 	}
 	return ""
+}
+
+func (x *AddWebhookRequest) GetBatch() int32 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *AddWebhookRequest) GetSingle() bool {
+	if x != nil {
+		return x.Single
+	}
+	return false
 }
 
 type ListWebhooksRequest struct {
@@ -12868,7 +12900,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\rUsageResponse\x12\x0e\n" +
 	"\x02by\x18\x01 \x01(\tR\x02by\x12+\n" +
 	"\x06groups\x18\x02 \x03(\v2\x13.dsec.v1.UsageGroupR\x06groups\x12+\n" +
-	"\x05total\x18\x03 \x01(\v2\x15.dsec.v1.UsageFiguresR\x05total\"\x8e\x03\n" +
+	"\x05total\x18\x03 \x01(\v2\x15.dsec.v1.UsageFiguresR\x05total\"\xa4\x03\n" +
 	"\aWebhook\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x10\n" +
@@ -12883,12 +12915,15 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"last_error\x18\n" +
 	" \x01(\tR\tlastError\x12\x16\n" +
 	"\x06secret\x18\v \x01(\tR\x06secret\x12@\n" +
-	"\x1dprevious_secret_until_unix_ms\x18\f \x01(\x03R\x19previousSecretUntilUnixMs\"~\n" +
+	"\x1dprevious_secret_until_unix_ms\x18\f \x01(\x03R\x19previousSecretUntilUnixMs\x12\x14\n" +
+	"\x05batch\x18\r \x01(\x05R\x05batch\"\xac\x01\n" +
 	"\x11AddWebhookRequest\x12\x1d\n" +
 	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
 	"\x05kinds\x18\x03 \x03(\tR\x05kinds\x12\x16\n" +
-	"\x06secret\x18\x04 \x01(\tR\x06secretB\n" +
+	"\x06secret\x18\x04 \x01(\tR\x06secret\x12\x14\n" +
+	"\x05batch\x18\x05 \x01(\x05R\x05batch\x12\x16\n" +
+	"\x06single\x18\x06 \x01(\bR\x06singleB\n" +
 	"\n" +
 	"\b_project\"@\n" +
 	"\x13ListWebhooksRequest\x12\x1d\n" +
