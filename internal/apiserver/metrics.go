@@ -44,7 +44,7 @@ func (s *Server) registerMetrics() {
 		metrics.Func{Name: "dsec_events_stored_total", Help: "Lifecycle events this apiserver pulled from nodes and stored: new ones only, so an event pulled again (by another apiserver, or after a restart) is not counted twice.", Value: of(&s.events.stored)},
 		metrics.Func{Name: "dsec_events_lost_total", Help: "Lifecycle events nodes no longer kept when this apiserver asked for them.", Value: of(&s.events.lost)},
 		metrics.Func{Name: "dsec_event_pulls_total", Help: "Calls this apiserver made to nodes for their events (only to the nodes whose pull it holds).", Value: of(&s.events.pulls)},
-		metrics.Func{Name: "dsec_webhook_deliveries_total", Help: "Webhook deliveries this apiserver made that their endpoints acknowledged (2xx).", Value: of(&s.webhooks.delivered)},
+		metrics.Func{Name: "dsec_webhook_deliveries_total", Help: "Webhook deliveries (POSTs, each of up to its webhook's batch of events) this apiserver made that their endpoints acknowledged (2xx).", Value: of(&s.webhooks.delivered)},
 		metrics.Func{Name: "dsec_webhook_delivery_failures_total", Help: "Webhook delivery attempts that failed (an error, a timeout or an answer other than 2xx), each retried.", Value: of(&s.webhooks.failed)},
 	)
 	r.Gauges(metrics.Func{Name: "dsec_event_pull_nodes", Help: "Nodes whose event pull this apiserver holds the lease of.", Value: of(&s.events.held)})
