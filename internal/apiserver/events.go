@@ -61,6 +61,11 @@ const (
 	// within eventLease.
 	eventLease      = 5 * time.Second
 	eventClaimEvery = time.Second
+	// A node's pull is deleted from the store once the node has left the
+	// fleet and no apiserver has held it for eventForgetAfter; each
+	// apiserver looks every eventForgetEvery (forgetGoneNodes).
+	eventForgetAfter = time.Hour
+	eventForgetEvery = 10 * time.Minute
 )
 
 // eventState is the apiserver's side of the event stream: its counters,
@@ -122,8 +127,12 @@ func (s *Server) RunEvents(ctx context.Context) {
 	var claimed time.Time
 	t := time.NewTicker(eventPullEvery)
 	defer t.Stop()
-	flushed := time.Now()
+	flushed, forgot := time.Now(), time.Now()
 	for {
+		if time.Since(forgot) >= eventForgetEvery {
+			forgot = time.Now()
+			s.forgetGoneNodes(ctx, forgot)
+		}
 		if time.Since(claimed) >= eventClaimEvery {
 			claimed = time.Now()
 			s.claimEventPulls(ctx, owner, held)
@@ -140,6 +149,34 @@ func (s *Server) RunEvents(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// forgetGoneNodes deletes from the store the pulls of the nodes gone from
+// the fleet (removed from the registry, or from --edges) that no apiserver
+// has held for eventForgetAfter before now, and this apiserver's ledger
+// cursors of the nodes gone from the fleet: both would grow with every
+// node that ever left. A node that is down or restarting stays in the
+// fleet and keeps them. An empty fleet (the registry not read yet) forgets
+// nothing.
+func (s *Server) forgetGoneNodes(ctx context.Context, now time.Time) {
+	var keep []string
+	for _, n := range s.fleet.Nodes() {
+		keep = append(keep, n.Name)
+	}
+	if len(keep) == 0 {
+		return
+	}
+	s.usage.forget(keep)
+	n, err := s.cfg.Events.ForgetEventPulls(ctx, keep, now.Add(-eventForgetAfter))
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("forget the event pulls of nodes gone", "err", err)
+		}
+		return
+	}
+	if n > 0 {
+		s.log.Info("forgot the event pulls of nodes gone from the fleet", "count", n, "gone for", eventForgetAfter)
 	}
 }
 

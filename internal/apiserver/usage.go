@@ -89,6 +89,28 @@ func (u *usageState) setCursor(node string, c usageCursor) {
 	u.mu.Unlock()
 }
 
+// forget drops the cursors of the nodes not in keep (gone from the
+// fleet): a node that comes back has its ledger pulled whole, which
+// changes nothing stored (a report only ever raises a row's figures).
+func (u *usageState) forget(keep []string) {
+	in := make(map[string]bool, len(keep))
+	for _, n := range keep {
+		in[n] = true
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for n := range u.cursors {
+		if !in[n] {
+			delete(u.cursors, n)
+		}
+	}
+	for n := range u.pulled {
+		if !in[n] {
+			delete(u.pulled, n)
+		}
+	}
+}
+
 // due says whether node's ledger may be pulled now: never pulled, or
 // last pulled at least every ago.
 func (u *usageState) due(node string, every time.Duration) bool {

@@ -37,6 +37,16 @@ type EventPulls interface {
 	// ReleaseEventPulls gives up owner's leases (an apiserver stopping),
 	// so another apiserver takes them at once rather than when they lapse.
 	ReleaseEventPulls(ctx context.Context, owner string) error
+	// ForgetEventPulls deletes the pulls of the nodes not in keep (the
+	// fleet as the caller sees it: every registered node, reachable or
+	// not) that no apiserver has held since before (their lease ended, or
+	// they were given up, before it): the nodes that left the cluster,
+	// whose rows would stay forever. A node that restarts stays
+	// registered, so its cursor is kept however long it is down; one that
+	// is registered again after its row went is pulled from its start, as
+	// a new node is (the events it still keeps are stored once each). It
+	// returns how many it deleted.
+	ForgetEventPulls(ctx context.Context, keep []string, before time.Time) (int, error)
 }
 
 // EventPull is a node's pull: its lease and its cursor, the epoch of the
@@ -266,6 +276,30 @@ func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, ev
 		return 0, d.fail(fmt.Sprintf("store %d events pulled from %d nodes", len(evs), len(to)), err)
 	}
 	return added, nil
+}
+
+func (d *sqlDB) ForgetEventPulls(ctx context.Context, keep []string, before time.Time) (int, error) {
+	in := `''`
+	if len(keep) > 0 {
+		in = placeholders(len(keep))
+	}
+	var n int64
+	err := d.retry(ctx, true, func(ctx context.Context) error {
+		// A held row's lease is until when it is held; a free row's, since
+		// when it has been free: either way, older than before is a node
+		// no apiserver has pulled since.
+		res, err := d.db.ExecContext(ctx, d.q(`DELETE FROM event_pulls WHERE (lease{ms} IS NULL OR lease{ms} < ?) AND node NOT IN (`+in+`)`),
+			append([]any{d.ts(before)}, anys(keep)...)...)
+		if err != nil {
+			return err
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	if err != nil {
+		return 0, d.fail(fmt.Sprintf("forget the event pulls of nodes gone since %s", before.Format(time.RFC3339)), err)
+	}
+	return int(n), nil
 }
 
 func (d *sqlDB) ReleaseEventPulls(ctx context.Context, owner string) error {

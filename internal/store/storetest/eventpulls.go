@@ -1,6 +1,8 @@
 package storetest
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -181,5 +183,67 @@ func testReplicasEventPullBalance(t *testing.T, a, b store.Store) {
 	gone := at.Add(lease + time.Second)
 	if got := claim(b, "b", all, gone); !equalStrings(got, all) {
 		t.Fatalf("b holds %v after a lapsed, want all five", got)
+	}
+}
+
+// testEventPullsForget: the pulls of nodes gone from the fleet that no
+// apiserver has held for the grace are deleted; a node still in the fleet
+// (down, or restarting) keeps its cursor however long nobody held it, and
+// so does a gone node another apiserver still holds or held lately.
+func testEventPullsForget(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	now := ms(time.Now())
+	lease := 5 * time.Second
+	_, err := st.ClaimEventPulls(ctx, "a", []string{"down", "gone", "held", "recent"}, now, now.Add(lease))
+	must(t, "a claims", err)
+	_, err = st.PullEvents(ctx, "a", []store.EventPull{{Node: "down", Epoch: "e1", Seq: 2}, {Node: "gone", Epoch: "e2", Seq: 5},
+		{Node: "held", Epoch: "e3", Seq: 7}, {Node: "recent", Epoch: "e4", Seq: 1}})
+	must(t, "a pulls", err)
+	must(t, "a releases", st.ReleaseEventPulls(ctx, "a"))
+	// An hour later: b holds "held"; a held "recent" again until a minute
+	// ago.
+	later := now.Add(time.Hour)
+	_, err = st.ClaimEventPulls(ctx, "b", []string{"held"}, later, later.Add(lease))
+	must(t, "b claims held", err)
+	_, err = st.ClaimEventPulls(ctx, "a", []string{"recent"}, later.Add(-time.Minute), later.Add(-time.Minute).Add(lease))
+	must(t, "a claims recent", err)
+	_, err = st.ClaimEventPulls(ctx, "a", nil, later.Add(-time.Minute).Add(time.Millisecond), later.Add(lease))
+	must(t, "a gives up recent", err)
+
+	// The fleet is "down" alone now.
+	n, err := st.ForgetEventPulls(ctx, []string{"down"}, later.Add(-30*time.Minute))
+	must(t, "ForgetEventPulls", err)
+	if n != 1 {
+		t.Fatalf("ForgetEventPulls deleted %d pulls, want 1 (gone's)", n)
+	}
+	n, err = st.ForgetEventPulls(ctx, []string{"down"}, later.Add(-30*time.Minute))
+	must(t, "ForgetEventPulls again", err)
+	if n != 0 {
+		t.Fatalf("ForgetEventPulls again deleted %d pulls, want none", n)
+	}
+	must(t, "b releases", st.ReleaseEventPulls(ctx, "b"))
+	at := later.Add(2 * lease)
+	held, err := st.ClaimEventPulls(ctx, "c", []string{"down", "gone", "held", "recent"}, at, at.Add(lease))
+	must(t, "c claims", err)
+	got := map[string]string{}
+	for _, p := range held {
+		got[p.Node] = fmt.Sprintf("%s/%d", p.Epoch, p.Seq)
+	}
+	want := map[string]string{"down": "e1/2", "gone": "/0", "held": "e3/7", "recent": "e4/1"}
+	if !maps.Equal(got, want) {
+		t.Fatalf("cursors after the forget: %v, want %v (gone's from its start)", got, want)
+	}
+
+	// With no node left in the fleet, only what nobody held lately goes.
+	n, err = st.ForgetEventPulls(ctx, nil, at)
+	must(t, "ForgetEventPulls of an empty fleet", err)
+	if n != 0 {
+		t.Fatalf("ForgetEventPulls deleted %d pulls c holds", n)
+	}
+	must(t, "c releases", st.ReleaseEventPulls(ctx, "c"))
+	n, err = st.ForgetEventPulls(ctx, nil, time.Now().Add(time.Hour))
+	must(t, "ForgetEventPulls of an empty fleet, after release", err)
+	if n != 4 {
+		t.Fatalf("ForgetEventPulls deleted %d pulls, want all 4", n)
 	}
 }

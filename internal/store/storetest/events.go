@@ -20,6 +20,7 @@ var eventCases = []struct {
 	{"EventsOnce", testEventsOnce},
 	{"EventsExpire", testEventsExpire},
 	{"Webhooks", testWebhooks},
+	{"EventPullsForget", testEventPullsForget},
 }
 
 // eventReplicaCases need two Stores on one database.

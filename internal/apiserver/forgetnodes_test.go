@@ -1,0 +1,83 @@
+package apiserver
+
+import (
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"dsec.dev/dsec/internal/metrics"
+	"dsec.dev/dsec/internal/store"
+	"dsec.dev/dsec/internal/watcher"
+)
+
+// TestForgetGoneNodes: the housekeeping deletes the event pull of a node
+// gone from the fleet once nobody held it for eventForgetAfter, with this
+// apiserver's ledger cursor of it, and keeps those of a node still in the
+// fleet (down or restarting) however old, and a gone node's held lately.
+func TestForgetGoneNodes(t *testing.T) {
+	ctx := t.Context()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s := New(Config{Name: "f", Auth: st, IAM: st, Events: st, Ledger: st, Metrics: metrics.New()},
+		st, watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: "n1"}}), slog.New(slog.DiscardHandler))
+
+	now := time.Now()
+	if _, err := st.ClaimEventPulls(ctx, "old", []string{"n1", "gone"}, now, now.Add(eventLease)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.PullEvents(ctx, "old", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 4}, {Node: "gone", Epoch: "e2", Seq: 9}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ReleaseEventPulls(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	s.usage.setCursor("n1", usageCursor{epoch: "u1", seq: 3})
+	s.usage.setCursor("gone", usageCursor{epoch: "u2", seq: 5})
+
+	cursors := func(at time.Time) map[string]store.EventPull {
+		t.Helper()
+		ps, err := st.ClaimEventPulls(ctx, "check", []string{"n1", "gone"}, at, at.Add(eventLease))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.ReleaseEventPulls(ctx, "check"); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]store.EventPull{}
+		for _, p := range ps {
+			out[p.Node] = p
+		}
+		return out
+	}
+
+	// Gone, but not for long enough: kept.
+	s.forgetGoneNodes(ctx, now.Add(eventForgetAfter/2))
+	if c := cursors(now)["gone"]; c.Epoch != "e2" || c.Seq != 9 {
+		t.Fatalf("gone's pull after half the grace: %+v, want it kept at e2/9", c)
+	}
+	// The check's claim held it: gone for the grace after that.
+	s.forgetGoneNodes(ctx, time.Now().Add(eventForgetAfter+eventLease+time.Second))
+	got := cursors(time.Now())
+	if c := got["gone"]; c.Epoch != "" || c.Seq != 0 {
+		t.Errorf("gone's pull after the grace: %+v, want it forgotten (pulled from its start)", c)
+	}
+	if c := got["n1"]; c.Epoch != "e1" || c.Seq != 4 {
+		t.Errorf("n1's pull: %+v, want it kept at e1/4 (n1 is in the fleet)", c)
+	}
+	if c := s.usage.cursor("n1"); c.epoch != "u1" || c.seq != 3 {
+		t.Errorf("n1's ledger cursor: %+v, want u1/3", c)
+	}
+	if c := s.usage.cursor("gone"); c != (usageCursor{}) {
+		t.Errorf("gone's ledger cursor: %+v, want it forgotten", c)
+	}
+	s.usage.mu.Lock()
+	n := len(s.usage.pulled)
+	s.usage.mu.Unlock()
+	if n != 1 {
+		t.Errorf("the ledger remembers when %d nodes were pulled, want 1 (n1)", n)
+	}
+}
