@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/api/gen/dsec/v1/dsecv1connect"
 	"dsec.dev/dsec/internal/errdefs"
@@ -19,14 +20,22 @@ import (
 
 // The cost ledger (docs/usage.md). Each edge keeps what its sandboxes use
 // (package ledger) and answers the apiservers' event pulls (events.go)
-// with the records changed since the version the apiserver has: no call
-// of its own. pullNode puts them in the metadata store in one batched
-// write per pull; the store keeps each figure's largest report, so two
-// apiservers, or one restarted pulling every record again, count nothing
-// twice. FnCall calls, which run in no sandbox of the caller's, are
-// counted by the apiserver that ran them, per project, and written with
-// the next pull. Usage adds the rows up by project, sandbox, node or a
-// label over a window.
+// with the records changed since the version the apiserver has: a
+// sandbox's end, its snapshots and a checkpoint of each live sandbox
+// every few minutes, not every sample. readNode puts them in the metadata
+// store in one batched write per pull; the store keeps each figure's
+// largest report, so two apiservers, or one restarted pulling every
+// record again, count nothing twice. FnCall calls, which run in no
+// sandbox of the caller's, are counted by the apiserver that ran them,
+// per project, and written with the next pull. Usage reads the nodes'
+// live records at query time (EdgeService.LiveUsage) and adds the rows up
+// by project, sandbox, node or a label over a window, each live record in
+// place of its stored checkpoint: store writes scale with the sandboxes
+// that end, not with the sandboxes that live.
+
+// liveUsageTimeout bounds one node's LiveUsage call in a Usage: a node
+// that does not answer in time counts at its stored checkpoints.
+const liveUsageTimeout = 5 * time.Second
 
 // DefaultUsageRetention is how long the ledger keeps an ended sandbox's
 // row when Config.UsageRetention is 0.
@@ -197,6 +206,38 @@ func (s *Server) RunUsageExpiry(ctx context.Context) {
 	expireEvery(ctx, "usage rows", retention, auditExpiryEvery, s.log, s.cfg.Ledger.ExpireUsage)
 }
 
+// liveUsage reads the ledger records of project's sandboxes (and those
+// under it) that every routable node holds now, at once; a node that
+// fails or is late is left out: its live sandboxes count at their last
+// stored checkpoint.
+func (s *Server) liveUsage(ctx context.Context, project string) []store.UsageRow {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		rows []store.UsageRow
+	)
+	for _, n := range s.fleet.Nodes() {
+		if !n.Healthy || n.Edge == nil {
+			continue
+		}
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, liveUsageTimeout)
+			defer cancel()
+			resp, err := n.Edge.LiveUsage(cctx, connect.NewRequest(&edgev1.LiveUsageRequest{Projects: []string{project}}))
+			if err != nil {
+				s.log.Warn("read a node's live usage: its live sandboxes count at their stored checkpoints", "node", n.Name, "err", err)
+				return
+			}
+			got := usageRows(resp.Msg.GetUsage())
+			mu.Lock()
+			rows = append(rows, got...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return rows
+}
+
 func usageMsg(u store.Usage) *dsecv1.UsageFigures {
 	return &dsecv1.UsageFigures{CpuUsec: u.CPUUsec, MemoryGibSeconds: u.MemoryGiBSec, DiskGibHours: u.DiskGiBHours,
 		DiskPeakBytes: u.DiskPeakBytes, SnapshotBytes: u.SnapshotBytes, EgressBytes: u.EgressBytes, FncallCalls: u.FnCallCalls,
@@ -228,7 +269,8 @@ func (s *Server) Usage(ctx context.Context, req *connect.Request[dsecv1.UsageReq
 	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
 		return nil, fmt.Errorf("usage from %s until %s: an empty window: %w", since.Format(time.RFC3339), until.Format(time.RFC3339), errdefs.ErrInvalidArgument)
 	}
-	sums, err := s.cfg.Ledger.SumUsage(ctx, store.UsageQuery{Projects: []string{path}, Since: since, Until: until, By: by})
+	live := s.liveUsage(ctx, path)
+	sums, err := s.cfg.Ledger.SumUsage(ctx, store.UsageQuery{Projects: []string{path}, Since: since, Until: until, By: by, Live: live})
 	if err != nil {
 		return nil, err
 	}

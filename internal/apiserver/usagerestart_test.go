@@ -81,6 +81,7 @@ func TestUsageNodeRestartedNotDue(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		l.SetCheckpoint(time.Millisecond) // each sample below is stored
 		svc := edgesvc.New(hollow.New(hollow.Config{Node: "n1"}), nil, discard)
 		svc.SetLedger(l)
 		return svc, l
@@ -91,14 +92,15 @@ func TestUsageNodeRestartedNotDue(t *testing.T) {
 	rows := &usageRows{LedgerStore: st, rows: map[string]store.UsageRow{}}
 	api := apiserver.New(apiserver.Config{Name: "u", Auth: st, IAM: st, Events: st, Ledger: rows, UsagePullEvery: time.Hour, Metrics: metrics.New()},
 		st, watcher.NewFixed(watcher.Node{Member: watcher.Member{Name: "n1"}, Edge: edge}), discard)
+	// sb-1 is on the node before the first pull: a pull that found the
+	// ledger empty would make the next due only an hour later.
+	t0 := time.Now()
+	l1.Start("sb-1", "", nil, t0, true)
+	l1.Observe("sb-1", "", nil, ledger.Sample{At: t0.Add(time.Second), CPUUsec: 1})
 	pctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); api.RunEvents(pctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-
-	t0 := time.Now()
-	l1.Start("sb-1", "", nil, t0, true)
-	l1.Observe("sb-1", "", nil, ledger.Sample{At: t0.Add(time.Second), CPUUsec: 1})
 	testutil.WaitFor(t, 20*time.Second, "sb-1 stored (a node never pulled is due)", func() bool { return rows.has("sb-1") })
 
 	svc2, l2 := node()

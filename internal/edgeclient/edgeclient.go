@@ -298,6 +298,10 @@ func (r *Remote) Events(ctx context.Context, req *connect.Request[edgev1.EventsR
 	return unary(ctx, r.c.Events, req)
 }
 
+func (r *Remote) LiveUsage(ctx context.Context, req *connect.Request[edgev1.LiveUsageRequest]) (*connect.Response[edgev1.LiveUsageResponse], error) {
+	return unary(ctx, r.c.LiveUsage, req)
+}
+
 func (r *Remote) ImportLayer(ctx context.Context, req *connect.Request[dsecv1.ImportLayerRequest]) (*connect.Response[dsecv1.Layer], error) {
 	return unary(ctx, r.c.ImportLayer, req)
 }

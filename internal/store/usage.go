@@ -24,7 +24,8 @@ type Ledger interface {
 	// end), so a report stored twice, or an older one stored after a newer
 	// one, changes nothing. Project, labels and node are the last put's.
 	PutUsage(ctx context.Context, rows ...UsageRow) error
-	// SumUsage adds up the rows q selects by group (UsageBy), in key order.
+	// SumUsage adds up the rows q selects by group (UsageBy), in key order,
+	// with q.Live's rows in place of the stored ones of their keys.
 	SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error)
 	// ExpireUsage forgets the rows of sandboxes that ended before
 	// olderThan (and counters not updated since), returning how many.
@@ -70,6 +71,17 @@ func (u *Usage) Add(o Usage) {
 	u.Sandboxes += o.Sandboxes
 }
 
+// raise sets each of u's figures to the larger of it and o's.
+func (u *Usage) raise(o Usage) {
+	u.CPUUsec = max(u.CPUUsec, o.CPUUsec)
+	u.MemoryGiBSec = max(u.MemoryGiBSec, o.MemoryGiBSec)
+	u.DiskGiBHours = max(u.DiskGiBHours, o.DiskGiBHours)
+	u.DiskPeakBytes = max(u.DiskPeakBytes, o.DiskPeakBytes)
+	u.SnapshotBytes = max(u.SnapshotBytes, o.SnapshotBytes)
+	u.EgressBytes = max(u.EgressBytes, o.EgressBytes)
+	u.FnCallCalls = max(u.FnCallCalls, o.FnCallCalls)
+}
+
 // UsageQuery selects ledger rows and how to group them.
 type UsageQuery struct {
 	// Projects are paths, each selecting the project and everything under
@@ -81,6 +93,12 @@ type UsageQuery struct {
 	// By groups the sums: "project" (the default), "sandbox", "node" or
 	// "label:KEY" (rows without the label sum under "").
 	By string
+	// Live are rows as the nodes hold them now (their live sandboxes',
+	// read at query time, which the store has at their last checkpoint or
+	// not at all): each is summed in place of the stored row of its key,
+	// figure by figure the larger of the two (as PutUsage would store
+	// it), or alone, when Projects, Since and Until select it.
+	Live []UsageRow
 }
 
 // UsageSum is the figures of one group.
@@ -201,49 +219,74 @@ func (d *sqlDB) SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error) 
 	}
 	label, byLabel := strings.CutPrefix(q.By, "label:")
 	var sums map[string]*UsageSum
+	add := func(sbID, project string, labels map[string]string, node string, u Usage) {
+		if sbID != "" {
+			u.Sandboxes = 1
+		}
+		var key string
+		switch {
+		case byLabel:
+			key = labels[label]
+		case q.By == "sandbox":
+			key = sbID
+		case q.By == "node":
+			key = node
+		default:
+			key = project
+		}
+		s := sums[key]
+		if s == nil {
+			s = &UsageSum{Key: key}
+			sums[key] = s
+		}
+		s.Add(u)
+	}
 	err := d.retry(ctx, true, func(ctx context.Context) error {
 		sums = map[string]*UsageSum{}
-		rows, err := d.db.QueryContext(ctx, d.q(`SELECT sandbox_id, project, labels, node, cpu_usec, memory_gib_s, disk_gib_h, disk_peak_bytes,
+		live := make(map[string]*UsageRow, len(q.Live))
+		for i := range q.Live {
+			live[q.Live[i].Key] = &q.Live[i]
+		}
+		rows, err := d.db.QueryContext(ctx, d.q(`SELECT key, sandbox_id, project, labels, node, cpu_usec, memory_gib_s, disk_gib_h, disk_peak_bytes,
 			snapshot_bytes, egress_bytes, fncall_calls FROM ledger`+where), args...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var sbID, project, labels, node string
+			var key, sbID, project, labels, node string
 			var u Usage
-			if err := rows.Scan(&sbID, &project, &labels, &node, &u.CPUUsec, &u.MemoryGiBSec, &u.DiskGiBHours, &u.DiskPeakBytes,
+			if err := rows.Scan(&key, &sbID, &project, &labels, &node, &u.CPUUsec, &u.MemoryGiBSec, &u.DiskGiBHours, &u.DiskPeakBytes,
 				&u.SnapshotBytes, &u.EgressBytes, &u.FnCallCalls); err != nil {
 				return err
 			}
-			if sbID != "" {
-				u.Sandboxes = 1
+			if r, ok := live[key]; ok {
+				// The node's record as it stands: newer than the stored.
+				delete(live, key)
+				u.raise(r.Usage)
+				add(r.SandboxID, r.Project, r.Labels, r.Node, u)
+				continue
 			}
-			var key string
-			switch {
-			case byLabel:
-				var m map[string]string
-				if labels != "" && labels != "null" {
-					if err := json.Unmarshal([]byte(labels), &m); err != nil {
-						return fmt.Errorf("labels of sandbox %s: %w", sbID, err)
-					}
+			var m map[string]string
+			if byLabel && labels != "" && labels != "null" {
+				if err := json.Unmarshal([]byte(labels), &m); err != nil {
+					return fmt.Errorf("labels of sandbox %s: %w", sbID, err)
 				}
-				key = m[label]
-			case q.By == "sandbox":
-				key = sbID
-			case q.By == "node":
-				key = node
-			default:
-				key = project
 			}
-			s := sums[key]
-			if s == nil {
-				s = &UsageSum{Key: key}
-				sums[key] = s
-			}
-			s.Add(u)
+			add(sbID, project, m, node, u)
 		}
-		return rows.Err()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		// The live rows the store has none of yet, as the query selects.
+		for _, r := range live {
+			if q.selects(*r) {
+				u := r.Usage
+				u.Sandboxes = 0
+				add(r.SandboxID, r.Project, r.Labels, r.Node, u)
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, d.fail("sum usage", err)
@@ -254,6 +297,27 @@ func (d *sqlDB) SumUsage(ctx context.Context, q UsageQuery) ([]UsageSum, error) 
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// selects says whether q selects row r, as SumUsage's query does the
+// stored rows.
+func (q UsageQuery) selects(r UsageRow) bool {
+	if !q.Since.IsZero() && !r.Ended.IsZero() && r.Ended.Before(q.Since) {
+		return false
+	}
+	if !q.Until.IsZero() && !r.Started.Before(q.Until) {
+		return false
+	}
+	if len(q.Projects) == 0 {
+		return true
+	}
+	for _, p := range q.Projects {
+		path, err := iam.CleanPath(p)
+		if err == nil && (path == "" || r.Project == path || strings.HasPrefix(r.Project, path+"/")) {
+			return true
+		}
+	}
+	return false
 }
 
 func (d *sqlDB) ExpireUsage(ctx context.Context, olderThan time.Time) (int, error) {

@@ -271,6 +271,13 @@ func (s *Service) Events(ctx context.Context, req *connect.Request[edgev1.Events
 	return connect.NewResponse(out), nil
 }
 
+// LiveUsage reads the node's cost ledger as it stands: its live
+// sandboxes' records (and those just ended) of the projects asked, for an
+// apiserver's Usage to add to the store's rows.
+func (s *Service) LiveUsage(ctx context.Context, req *connect.Request[edgev1.LiveUsageRequest]) (*connect.Response[edgev1.LiveUsageResponse], error) {
+	return connect.NewResponse(&edgev1.LiveUsageResponse{Usage: s.ledger.Live(req.Msg.GetProjects(), time.Now())}), nil
+}
+
 // SetFnCall gives the node the fncall backend; call it before serving.
 func (s *Service) SetFnCall(f FnCall) { s.fncall = f }
 

@@ -153,9 +153,10 @@ func TestDeleteWhileStarting(t *testing.T) {
 }
 
 // TestHollowLedger: a hollow edge with a ledger records its sandboxes as a
-// real edge does, through the edge service's pull: a record at create
-// (pulled with its first sample), one per sampling round (synthetic use that grows), a last one at delete
-// with its end.
+// real edge does, through the edge service: a record at create, which
+// each sampling round moves (synthetic use that grows) and LiveUsage
+// reads as it stands, which a pull brings at its checkpoint and a last
+// time at delete, with its end.
 func TestHollowLedger(t *testing.T) {
 	ctx := context.Background()
 	l, err := ledger.Open("h1", "", slog.New(slog.DiscardHandler))
@@ -178,19 +179,34 @@ func TestHollowLedger(t *testing.T) {
 		}
 		return resp.Msg
 	}
-	// A start has nothing to store yet: its first sample brings it.
+	// A start has nothing to store yet, nor a sample before its
+	// checkpoint: LiveUsage reads it as it stands.
 	if first := pull("", 0); len(first.GetUsage()) != 0 {
 		t.Fatalf("usage pulled after a create alone: %v", first.GetUsage())
 	}
 	started := time.UnixMilli(sb.GetStartedUnixMs())
 	e.sampleLedger(started.Add(10 * time.Second))
-	round := pull("", 0)
-	if len(round.GetUsage()) != 1 || round.GetUsage()[0].GetSandboxId() != sb.GetId() || round.GetUsage()[0].GetProject() != "p" {
-		t.Fatalf("usage pulled after a round: %v", round.GetUsage())
+	if round := pull("", 0); len(round.GetUsage()) != 0 {
+		t.Fatalf("usage pulled after a round before the checkpoint: %v", round.GetUsage())
+	}
+	resp, err := svc.LiveUsage(ctx, connect.NewRequest(&edgev1.LiveUsageRequest{Projects: []string{"p"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := resp.Msg.GetUsage()
+	if len(live) != 1 || live[0].GetSandboxId() != sb.GetId() || live[0].GetProject() != "p" {
+		t.Fatalf("live usage after a round: %v", live)
 	}
 	// 5 % of 2 CPUs for 10 s: 1 CPU-second.
-	if u := round.GetUsage()[0].GetUsage(); u.GetCpuUsec() != 1e6 || u.GetMemoryGibSeconds() <= 0 || u.GetDiskPeakBytes() != 16<<20 {
+	if u := live[0].GetUsage(); u.GetCpuUsec() != 1e6 || u.GetMemoryGibSeconds() <= 0 || u.GetDiskPeakBytes() != 16<<20 {
 		t.Errorf("after 10 s: %v", u)
+	}
+	// Its start was a moment after StartedUnixMs's millisecond.
+	at := ledger.DefaultCheckpoint + time.Second
+	e.sampleLedger(started.Add(at))
+	round := pull("", 0)
+	if len(round.GetUsage()) != 1 || round.GetUsage()[0].GetUsage().GetCpuUsec() != int64(at.Seconds()*0.1*1e6) {
+		t.Fatalf("usage pulled after the checkpoint's round: %v", round.GetUsage())
 	}
 	if err := e.Delete(ctx, sb.GetId()); err != nil {
 		t.Fatal(err)

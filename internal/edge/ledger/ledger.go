@@ -7,13 +7,17 @@
 // The sandbox manager feeds it: Start when a sandbox is made (or claimed
 // from a warm pool), Observe with each sample it reads of a sandbox's
 // cgroup, writable layer and veth (every Interval, and a last time before
-// the sandbox's cgroup goes), AddSnapshot, and End. Every change but a
-// start raises the ledger's version (a record with nothing in it yet is
-// not worth a store write: it goes with its first sample, or its end);
-// the edge service reports the version in its Status and answers the
-// apiservers' pulls with the records changed since the version they have
-// (Changed, which reads the changed records only, newest last). Figures are cumulative and only grow, so a
-// record stored twice, or by two apiservers, counts once.
+// the sandbox's cgroup goes), AddSnapshot, and End. A sandbox's end, a
+// snapshot and a checkpoint (a sample Checkpoint or more after the
+// record's last change was offered) raise the ledger's version; other
+// samples change the record in place, unversioned: the store is written
+// per end and per checkpoint, not per sample, and an apiserver's Usage
+// reads the live records of the nodes at query time (Live). The edge
+// service reports the version in its Status and answers the apiservers'
+// pulls with the records changed since the version they have (Changed,
+// which reads the changed records only, newest last). Figures are
+// cumulative and only grow, so a record stored twice, or by two
+// apiservers, or read live beside its stored checkpoint, counts once.
 //
 // The ledger is saved to a file after each round of samples and read back
 // when the edge starts, so a restarted dsecd (whose sandboxes live on)
@@ -33,6 +37,8 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,7 +50,14 @@ const (
 	DefaultInterval = 10 * time.Second
 	// Keep is how long an ended sandbox's record stays on the node.
 	Keep = time.Hour
-	gib  = 1 << 30
+	// DefaultCheckpoint is how often a live sandbox's record is offered
+	// to the apiservers' pulls, to be stored: a node lost for good loses
+	// at most this much of its live sandboxes' use.
+	DefaultCheckpoint = 5 * time.Minute
+	// LiveEnded is how long after its end Live still reads a sandbox's
+	// record: a pull stores it within a second or two of its end.
+	LiveEnded = time.Minute
+	gib       = 1 << 30
 )
 
 // Sample is one reading of a sandbox's counters. CPUUsec and EgressBytes
@@ -82,6 +95,9 @@ type Record struct {
 	// fromZero: the counters count from 0 at the first sample (a sandbox
 	// made for its caller: its start is its own).
 	FromZero bool `json:"from_zero"`
+	// Offered is when the record was last offered to the pulls (its
+	// version raised): the next checkpoint is Checkpoint after it.
+	Offered time.Time `json:"offered,omitzero"`
 
 	seq  uint64
 	elem *list.Element // in Ledger.bySeq once changed
@@ -94,6 +110,8 @@ type Ledger struct {
 	epoch string
 	path  string // where it is saved ("": nowhere)
 	log   *slog.Logger
+	// checkpoint is how often a live record is offered to the pulls.
+	checkpoint time.Duration
 
 	mu    sync.Mutex
 	seq   uint64
@@ -106,7 +124,8 @@ type Ledger struct {
 func Open(node, path string, log *slog.Logger) (*Ledger, error) {
 	var b [8]byte
 	rand.Read(b[:])
-	l := &Ledger{node: node, epoch: hex.EncodeToString(b[:]), path: path, log: log, recs: map[string]*Record{}, bySeq: list.New()}
+	l := &Ledger{node: node, epoch: hex.EncodeToString(b[:]), path: path, log: log, recs: map[string]*Record{}, bySeq: list.New(),
+		checkpoint: DefaultCheckpoint}
 	if path == "" {
 		return l, nil
 	}
@@ -130,6 +149,20 @@ func Open(node, path string, log *slog.Logger) (*Ledger, error) {
 	return l, nil
 }
 
+// SetCheckpoint sets how often a live sandbox's record is offered to the
+// pulls (0: DefaultCheckpoint); call it before the first sample.
+func (l *Ledger) SetCheckpoint(d time.Duration) {
+	if l == nil {
+		return
+	}
+	if d <= 0 {
+		d = DefaultCheckpoint
+	}
+	l.mu.Lock()
+	l.checkpoint = d
+	l.mu.Unlock()
+}
+
 // Node is the node whose ledger it is.
 func (l *Ledger) Node() string { return l.node }
 
@@ -148,15 +181,16 @@ func (l *Ledger) Start(id, project string, labels map[string]string, at time.Tim
 	if r != nil {
 		l.drop(r)
 	}
-	// Not bumped: nothing to pull until its first sample or its end.
-	l.recs[id] = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: at, Updated: at, FromZero: fresh}
+	// Not bumped: nothing to pull until its first checkpoint or its end.
+	l.recs[id] = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: at, Updated: at, FromZero: fresh, Offered: at}
 }
 
-// bump raises the ledger's version to r's: r is the newest change; the
-// caller holds l.mu.
+// bump raises the ledger's version to r's: r is the newest change,
+// offered to the pulls; the caller holds l.mu.
 func (l *Ledger) bump(r *Record) {
 	l.seq++
 	r.seq = l.seq
+	r.Offered = r.Updated
 	if r.elem == nil {
 		r.elem = l.bySeq.PushBack(r)
 	} else {
@@ -177,7 +211,9 @@ func (l *Ledger) drop(r *Record) {
 // last sample (a counter that went back, a cgroup or veth made again,
 // counts from 0), memory and disk integrated over the time since (the
 // mean of the two samples). A sandbox the ledger does not know (one a
-// restarted edge re-adopted without a saved ledger) starts at s.
+// restarted edge re-adopted without a saved ledger) starts at s. The
+// record is offered to the pulls when a checkpoint is due (Live reads it
+// in between).
 func (l *Ledger) Observe(id, project string, labels map[string]string, s Sample) {
 	if l == nil {
 		return
@@ -186,7 +222,7 @@ func (l *Ledger) Observe(id, project string, labels map[string]string, s Sample)
 	defer l.mu.Unlock()
 	r := l.recs[id]
 	if r == nil {
-		r = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: s.At}
+		r = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: s.At, Offered: s.At}
 		l.recs[id] = r
 	}
 	switch {
@@ -214,10 +250,12 @@ func (l *Ledger) Observe(id, project string, labels map[string]string, s Sample)
 	if project != "" || r.Project == "" {
 		r.Project = project
 	}
-	if labels != nil {
+	if labels != nil && !maps.Equal(r.Labels, labels) {
 		r.Labels = maps.Clone(labels)
 	}
-	l.bump(r)
+	if s.At.Sub(r.Offered) >= l.checkpoint {
+		l.bump(r)
+	}
 }
 
 // delta is what a counter grew by from prev to now; a counter that went
@@ -289,6 +327,36 @@ func (l *Ledger) Changed(epoch string, after uint64) (recs []*dsecv1.UsageRecord
 		recs = append(recs, l.msg(r))
 	}
 	return recs, l.epoch, l.seq
+}
+
+// Live returns the records of the sandboxes that live, and of those that
+// ended less than LiveEnded before now, of the projects given and those
+// under them (none: every project), for an apiserver's Usage to add to the
+// store's rows.
+func (l *Ledger) Live(projects []string, now time.Time) []*dsecv1.UsageRecord {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*dsecv1.UsageRecord
+	for _, r := range l.recs {
+		if !r.Ended.IsZero() && now.Sub(r.Ended) > LiveEnded {
+			continue
+		}
+		if len(projects) > 0 && !slices.ContainsFunc(projects, func(p string) bool { return under(r.Project, p) }) {
+			continue
+		}
+		out = append(out, l.msg(r))
+	}
+	return out
+}
+
+// under says whether project is path or under it ("" and "/": the root).
+func under(project, path string) bool {
+	path = strings.Trim(path, "/")
+	project = strings.Trim(project, "/")
+	return path == "" || project == path || strings.HasPrefix(project, path+"/")
 }
 
 func (l *Ledger) msg(r *Record) *dsecv1.UsageRecord {

@@ -57,6 +57,7 @@ func TestChanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	l.SetCheckpoint(time.Second) // each sample below is a checkpoint
 	t0 := time.Now()
 	l.Start("sb-1", "p", nil, t0, true)
 	l.Start("sb-2", "p", nil, t0, true)
@@ -105,5 +106,79 @@ func TestChanged(t *testing.T) {
 	nilLedger.Observe("x", "", nil, Sample{})
 	if _, seq := nilLedger.Head(); seq != 0 {
 		t.Fatal("a nil ledger has a version")
+	}
+}
+
+// TestCheckpoint: a live sandbox's samples are offered to the pulls once
+// each checkpoint, its end and a snapshot at once; Live reads every live
+// record as it stands (and those just ended) of a project and those under
+// it.
+func TestCheckpoint(t *testing.T) {
+	l, err := Open("n1", "", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	l.Start("sb-1", "ml/run", map[string]string{"run": "r1"}, t0, true)
+	l.Start("sb-2", "ml", nil, t0, true)
+	l.Start("sb-3", "other", nil, t0, true)
+	labels := map[string]string{"run": "r1"}
+	for i := 1; i <= 10; i++ {
+		at := t0.Add(time.Duration(i) * 10 * time.Second)
+		l.Observe("sb-1", "ml/run", labels, Sample{At: at, CPUUsec: int64(i) * 100})
+		l.Observe("sb-2", "ml", nil, Sample{At: at, CPUUsec: int64(i)})
+		l.Observe("sb-3", "other", nil, Sample{At: at, CPUUsec: int64(i)})
+	}
+	if recs, _, next := l.Changed("", 0); len(recs) != 0 || next != 0 {
+		t.Fatalf("100 s of samples, before a checkpoint: %d records to pull (version %d), want none", len(recs), next)
+	}
+	live := l.Live([]string{"/ml"}, t0.Add(100*time.Second))
+	if len(live) != 2 {
+		t.Fatalf("live of ml: %v, want sb-1 and sb-2", live)
+	}
+	for _, r := range live {
+		if r.GetSandboxId() == "sb-1" && (r.GetUsage().GetCpuUsec() != 1000 || r.GetLabels()["run"] != "r1") {
+			t.Fatalf("sb-1 live: %v, want 1000 µs of CPU and its labels", r)
+		}
+	}
+	if n := len(l.Live(nil, t0.Add(100*time.Second))); n != 3 {
+		t.Fatalf("live of every project: %d, want 3", n)
+	}
+	// The checkpoint: sb-1's sample DefaultCheckpoint after its start.
+	l.Observe("sb-1", "ml/run", labels, Sample{At: t0.Add(DefaultCheckpoint), CPUUsec: 2000})
+	recs, epoch, next := l.Changed("", 0)
+	if len(recs) != 1 || recs[0].GetSandboxId() != "sb-1" || recs[0].GetUsage().GetCpuUsec() != 2000 {
+		t.Fatalf("after sb-1's checkpoint: %v, want sb-1 at 2000 µs", recs)
+	}
+	// Its next sample waits for the next checkpoint; sb-2's end does not.
+	l.Observe("sb-1", "ml/run", labels, Sample{At: t0.Add(DefaultCheckpoint + 10*time.Second), CPUUsec: 2100})
+	l.Observe("sb-2", "ml", nil, Sample{At: t0.Add(DefaultCheckpoint + 10*time.Second), CPUUsec: 50})
+	l.End("sb-2", t0.Add(DefaultCheckpoint+10*time.Second))
+	recs, _, _ = l.Changed(epoch, next)
+	if len(recs) != 1 || recs[0].GetSandboxId() != "sb-2" || recs[0].GetUsage().GetCpuUsec() != 50 || recs[0].GetEndedUnixMs() == 0 {
+		t.Fatalf("after sb-2's end: %v, want sb-2 ended at 50 µs", recs)
+	}
+	// Live reads an ended record for LiveEnded after its end, not after.
+	if n := len(l.Live([]string{"ml"}, t0.Add(DefaultCheckpoint+10*time.Second+LiveEnded/2))); n != 2 {
+		t.Fatalf("live of ml just after sb-2's end: %d, want 2", n)
+	}
+	if n := len(l.Live([]string{"ml"}, t0.Add(DefaultCheckpoint+10*time.Second+2*LiveEnded))); n != 1 {
+		t.Fatalf("live of ml long after sb-2's end: %d, want 1", n)
+	}
+}
+
+// BenchmarkObserve is one sample of a live sandbox between checkpoints,
+// what a node pays per sandbox each ledger interval.
+func BenchmarkObserve(b *testing.B) {
+	l, err := Open("n1", "", slog.Default())
+	if err != nil {
+		b.Fatal(err)
+	}
+	labels := map[string]string{"dsec.dev/project": "ml", "run": "r1"}
+	t0 := time.Now()
+	l.Start("sb-1", "ml", labels, t0, true)
+	b.ReportAllocs()
+	for i := range b.N {
+		l.Observe("sb-1", "ml", labels, Sample{At: t0.Add(time.Duration(i) * time.Millisecond), CPUUsec: int64(i)})
 	}
 }

@@ -16,6 +16,7 @@ var usageCases = []struct {
 }{
 	{"Usage", testUsage},
 	{"UsageExpire", testUsageExpire},
+	{"UsageLive", testUsageLive},
 }
 
 // usageReplicaCases need two Stores on one database.
@@ -95,6 +96,45 @@ func testUsage(t *testing.T, st store.Store) {
 	_, err = st.SumUsage(ctx, store.UsageQuery{Projects: []string{"../x"}})
 	wantKind(t, "SumUsage of a bad path", err, errdefs.ErrInvalidArgument)
 	wantKind(t, "PutUsage without a key", st.PutUsage(ctx, store.UsageRow{SandboxID: "x"}), errdefs.ErrInvalidArgument)
+}
+
+// testUsageLive: the nodes' live rows read at query time count in place
+// of the stored rows of their keys (each figure the larger of the two:
+// the store's checkpoint, or a live row older than it, counts no more),
+// or alone where none is stored, by the query's projects and window.
+func testUsageLive(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	t0 := ms(time.Now().Add(-time.Hour))
+	run := map[string]string{"run": "r1"}
+	must(t, "PutUsage", st.PutUsage(ctx,
+		usageRow("sb-ended", "a", run, t0, t0.Add(time.Minute), 1_000_000),
+		usageRow("sb-ckpt", "a", run, t0, time.Time{}, 2_000_000),
+		usageRow("sb-stale", "a", run, t0, time.Time{}, 8_000_000),
+	))
+	live := []store.UsageRow{
+		usageRow("sb-ckpt", "a", run, t0, time.Time{}, 3_000_000),                      // grew since its checkpoint
+		usageRow("sb-stale", "a", run, t0, time.Time{}, 7_000_000),                     // behind the store (a node that lost its last round)
+		usageRow("sb-new", "a/b", run, t0.Add(time.Minute), time.Time{}, 4_000_000),    // no checkpoint yet
+		usageRow("sb-other", "other", run, t0, time.Time{}, 16_000_000),                // another project
+		usageRow("sb-late", "a", run, t0.Add(50*time.Minute), time.Time{}, 32_000_000), // after the window below
+	}
+	got := sumsOf(t, st, store.UsageQuery{Projects: []string{"a"}, By: "label:run", Live: live})
+	want := int64(1_000_000 + 3_000_000 + 8_000_000 + 4_000_000 + 32_000_000)
+	if got["r1"].CPUUsec != want || got["r1"].Sandboxes != 5 {
+		t.Fatalf("project a by run with the live rows: %+v, want %d µs of CPU over 5 sandboxes", got["r1"], want)
+	}
+	sbs := sumsOf(t, st, store.UsageQuery{By: "sandbox", Live: live})
+	if len(sbs) != 6 || sbs["sb-ckpt"].CPUUsec != 3_000_000 || sbs["sb-stale"].CPUUsec != 8_000_000 || sbs["sb-new"].Sandboxes != 1 {
+		t.Fatalf("by sandbox with the live rows: %+v", sbs)
+	}
+	win := sumsOf(t, st, store.UsageQuery{Projects: []string{"a"}, Since: t0.Add(2 * time.Minute), Until: t0.Add(40 * time.Minute), By: "sandbox", Live: live})
+	if len(win) != 3 || win["sb-new"].CPUUsec != 4_000_000 || win["sb-ckpt"].CPUUsec != 3_000_000 {
+		t.Fatalf("window with the live rows: %+v, want sb-ckpt, sb-stale and sb-new", win)
+	}
+	// Nothing live: the stored rows alone.
+	if got := sumsOf(t, st, store.UsageQuery{Projects: []string{"a"}}); got["a"].CPUUsec != 11_000_000 {
+		t.Fatalf("project a without live rows: %+v", got)
+	}
 }
 
 // testUsageExpire: rows of sandboxes that ended before the cut go, live

@@ -1337,6 +1337,94 @@ func (x *EventsRequest) GetUsageAfter() uint64 {
 	return 0
 }
 
+type LiveUsageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Projects      []string               `protobuf:"bytes,1,rep,name=projects,proto3" json:"projects,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LiveUsageRequest) Reset() {
+	*x = LiveUsageRequest{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LiveUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LiveUsageRequest) ProtoMessage() {}
+
+func (x *LiveUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LiveUsageRequest.ProtoReflect.Descriptor instead.
+func (*LiveUsageRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *LiveUsageRequest) GetProjects() []string {
+	if x != nil {
+		return x.Projects
+	}
+	return nil
+}
+
+type LiveUsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Usage         []*v1.UsageRecord      `protobuf:"bytes,1,rep,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LiveUsageResponse) Reset() {
+	*x = LiveUsageResponse{}
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LiveUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LiveUsageResponse) ProtoMessage() {}
+
+func (x *LiveUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LiveUsageResponse.ProtoReflect.Descriptor instead.
+func (*LiveUsageResponse) Descriptor() ([]byte, []int) {
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *LiveUsageResponse) GetUsage() []*v1.UsageRecord {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
 type EventsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Epoch string                 `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
@@ -1353,7 +1441,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1453,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_dsec_edge_v1_edge_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1466,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
+	return file_dsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EventsResponse) GetEpoch() string {
@@ -1535,7 +1623,11 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\vusage_epoch\x18\x04 \x01(\tR\n" +
 	"usageEpoch\x12\x1f\n" +
 	"\vusage_after\x18\x05 \x01(\x04R\n" +
-	"usageAfter\"\xe2\x01\n" +
+	"usageAfter\".\n" +
+	"\x10LiveUsageRequest\x12\x1a\n" +
+	"\bprojects\x18\x01 \x03(\tR\bprojects\"?\n" +
+	"\x11LiveUsageResponse\x12*\n" +
+	"\x05usage\x18\x01 \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage\"\xe2\x01\n" +
 	"\x0eEventsResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12&\n" +
 	"\x06events\x18\x02 \x03(\v2\x0e.dsec.v1.EventR\x06events\x12\x12\n" +
@@ -1545,7 +1637,7 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"usageEpoch\x12\x1d\n" +
 	"\n" +
 	"usage_next\x18\x06 \x01(\x04R\tusageNext\x12*\n" +
-	"\x05usage\x18\a \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage2\x81\x1e\n" +
+	"\x05usage\x18\a \x03(\v2\x14.dsec.v1.UsageRecordR\x05usage2\xd4\x1e\n" +
 	"\vEdgeService\x12D\n" +
 	"\x06Status\x12\x1b.dsec.edge.v1.StatusRequest\x1a\x18.dsec.edge.v1.NodeStatus\"\x03\x90\x02\x01\x127\n" +
 	"\x06Create\x12\x1b.dsec.edge.v1.CreateRequest\x1a\x10.dsec.v1.Sandbox\x12O\n" +
@@ -1574,7 +1666,8 @@ const file_dsec_edge_v1_edge_proto_rawDesc = "" +
 	"\rListWarmPools\x12\x1d.dsec.v1.ListWarmPoolsRequest\x1a\x1e.dsec.v1.ListWarmPoolsResponse\"\x03\x90\x02\x01\x12B\n" +
 	"\x04Reap\x12\x19.dsec.edge.v1.ReapRequest\x1a\x1a.dsec.edge.v1.ReapResponse\"\x03\x90\x02\x02\x12B\n" +
 	"\x04Gone\x12\x19.dsec.edge.v1.GoneRequest\x1a\x1a.dsec.edge.v1.GoneResponse\"\x03\x90\x02\x01\x12H\n" +
-	"\x06Events\x12\x1b.dsec.edge.v1.EventsRequest\x1a\x1c.dsec.edge.v1.EventsResponse\"\x03\x90\x02\x01\x12R\n" +
+	"\x06Events\x12\x1b.dsec.edge.v1.EventsRequest\x1a\x1c.dsec.edge.v1.EventsResponse\"\x03\x90\x02\x01\x12Q\n" +
+	"\tLiveUsage\x12\x1e.dsec.edge.v1.LiveUsageRequest\x1a\x1f.dsec.edge.v1.LiveUsageResponse\"\x03\x90\x02\x01\x12R\n" +
 	"\vSignReceipt\x12 .dsec.edge.v1.SignReceiptRequest\x1a!.dsec.edge.v1.SignReceiptResponse\x12H\n" +
 	"\x06Attest\x12\x1b.dsec.edge.v1.AttestRequest\x1a\x1c.dsec.edge.v1.AttestResponse\"\x03\x90\x02\x01\x12:\n" +
 	"\vImportLayer\x12\x1b.dsec.v1.ImportLayerRequest\x1a\x0e.dsec.v1.Layer\x12<\n" +
@@ -1624,7 +1717,7 @@ func file_dsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_dsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_dsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*AdoptLayersRequest)(nil),            // 0: dsec.edge.v1.AdoptLayersRequest
 	(*AdoptLayersResponse)(nil),           // 1: dsec.edge.v1.AdoptLayersResponse
@@ -1647,227 +1740,232 @@ var file_dsec_edge_v1_edge_proto_goTypes = []any{
 	(*AttestRequest)(nil),                 // 18: dsec.edge.v1.AttestRequest
 	(*AttestResponse)(nil),                // 19: dsec.edge.v1.AttestResponse
 	(*EventsRequest)(nil),                 // 20: dsec.edge.v1.EventsRequest
-	(*EventsResponse)(nil),                // 21: dsec.edge.v1.EventsResponse
-	nil,                                   // 22: dsec.edge.v1.NodeStatus.MissingEntry
-	(v1.Backend)(0),                       // 23: dsec.v1.Backend
-	(*v1.SandboxKind)(nil),                // 24: dsec.v1.SandboxKind
-	(*v1.CoreScheduling)(nil),             // 25: dsec.v1.CoreScheduling
-	(*v1.SandboxSpec)(nil),                // 26: dsec.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                    // 27: dsec.v1.Sandbox
-	(*v1.Event)(nil),                      // 28: dsec.v1.Event
-	(*v1.UsageRecord)(nil),                // 29: dsec.v1.UsageRecord
-	(*v1.GetRequest)(nil),                 // 30: dsec.v1.GetRequest
-	(*v1.ListRequest)(nil),                // 31: dsec.v1.ListRequest
-	(*v1.DeleteRequest)(nil),              // 32: dsec.v1.DeleteRequest
-	(*v1.PauseRequest)(nil),               // 33: dsec.v1.PauseRequest
-	(*v1.ResumeRequest)(nil),              // 34: dsec.v1.ResumeRequest
-	(*v1.SetTimeoutRequest)(nil),          // 35: dsec.v1.SetTimeoutRequest
-	(*v1.EndPhaseRequest)(nil),            // 36: dsec.v1.EndPhaseRequest
-	(*v1.MetricsRequest)(nil),             // 37: dsec.v1.MetricsRequest
-	(*v1.SnapshotRequest)(nil),            // 38: dsec.v1.SnapshotRequest
-	(*v1.SetNetworkRulesRequest)(nil),     // 39: dsec.v1.SetNetworkRulesRequest
-	(*v1.NetworkLogRequest)(nil),          // 40: dsec.v1.NetworkLogRequest
-	(*v1.TrajectoryRequest)(nil),          // 41: dsec.v1.TrajectoryRequest
-	(*v1.ProvenanceRequest)(nil),          // 42: dsec.v1.ProvenanceRequest
-	(*v1.SetProvenancePathsRequest)(nil),  // 43: dsec.v1.SetProvenancePathsRequest
-	(*v1.SetWarmPoolRequest)(nil),         // 44: dsec.v1.SetWarmPoolRequest
-	(*v1.ListWarmPoolsRequest)(nil),       // 45: dsec.v1.ListWarmPoolsRequest
-	(*v1.ImportLayerRequest)(nil),         // 46: dsec.v1.ImportLayerRequest
-	(*v1.UploadLayerRequest)(nil),         // 47: dsec.v1.UploadLayerRequest
-	(*v1.ListLayersRequest)(nil),          // 48: dsec.v1.ListLayersRequest
-	(*v1.RemoveLayerRequest)(nil),         // 49: dsec.v1.RemoveLayerRequest
-	(*v1.ListEnvironmentsRequest)(nil),    // 50: dsec.v1.ListEnvironmentsRequest
-	(*v1.ImportImageRequest)(nil),         // 51: dsec.v1.ImportImageRequest
-	(*v1.LayerStatsRequest)(nil),          // 52: dsec.v1.LayerStatsRequest
-	(*v1.RunCodeRequest)(nil),             // 53: dsec.v1.RunCodeRequest
-	(*v1.ListLanguagesRequest)(nil),       // 54: dsec.v1.ListLanguagesRequest
-	(*v1.ExecRequest)(nil),                // 55: dsec.v1.ExecRequest
-	(*v1.AttachRequest)(nil),              // 56: dsec.v1.AttachRequest
-	(*v1.WriteStdinRequest)(nil),          // 57: dsec.v1.WriteStdinRequest
-	(*v1.SignalRequest)(nil),              // 58: dsec.v1.SignalRequest
-	(*v1.ListProcessesRequest)(nil),       // 59: dsec.v1.ListProcessesRequest
-	(*v1.SessionRunRequest)(nil),          // 60: dsec.v1.SessionRunRequest
-	(*v1.SessionInterruptRequest)(nil),    // 61: dsec.v1.SessionInterruptRequest
-	(*v1.SessionCloseRequest)(nil),        // 62: dsec.v1.SessionCloseRequest
-	(*v1.ShellInput)(nil),                 // 63: dsec.v1.ShellInput
-	(*v1.ReadFileRequest)(nil),            // 64: dsec.v1.ReadFileRequest
-	(*v1.WriteFileRequest)(nil),           // 65: dsec.v1.WriteFileRequest
-	(*v1.ListDirRequest)(nil),             // 66: dsec.v1.ListDirRequest
-	(*v1.StatRequest)(nil),                // 67: dsec.v1.StatRequest
-	(*v1.RemoveRequest)(nil),              // 68: dsec.v1.RemoveRequest
-	(*v1.MakeDirRequest)(nil),             // 69: dsec.v1.MakeDirRequest
-	(*v1.MoveRequest)(nil),                // 70: dsec.v1.MoveRequest
-	(*v1.WatchDirRequest)(nil),            // 71: dsec.v1.WatchDirRequest
-	(*v1.UploadRequest)(nil),              // 72: dsec.v1.UploadRequest
-	(*v1.DownloadRequest)(nil),            // 73: dsec.v1.DownloadRequest
-	(*v1.ListResponse)(nil),               // 74: dsec.v1.ListResponse
-	(*v1.DeleteResponse)(nil),             // 75: dsec.v1.DeleteResponse
-	(*v1.PauseResponse)(nil),              // 76: dsec.v1.PauseResponse
-	(*v1.ResumeResponse)(nil),             // 77: dsec.v1.ResumeResponse
-	(*v1.SetTimeoutResponse)(nil),         // 78: dsec.v1.SetTimeoutResponse
-	(*v1.EndPhaseResponse)(nil),           // 79: dsec.v1.EndPhaseResponse
-	(*v1.SandboxMetrics)(nil),             // 80: dsec.v1.SandboxMetrics
-	(*v1.SnapshotInfo)(nil),               // 81: dsec.v1.SnapshotInfo
-	(*v1.SetNetworkRulesResponse)(nil),    // 82: dsec.v1.SetNetworkRulesResponse
-	(*v1.NetworkLogResponse)(nil),         // 83: dsec.v1.NetworkLogResponse
-	(*v1.TrajectoryResponse)(nil),         // 84: dsec.v1.TrajectoryResponse
-	(*v1.SandboxProvenance)(nil),          // 85: dsec.v1.SandboxProvenance
-	(*v1.SetProvenancePathsResponse)(nil), // 86: dsec.v1.SetProvenancePathsResponse
-	(*v1.WarmPool)(nil),                   // 87: dsec.v1.WarmPool
-	(*v1.ListWarmPoolsResponse)(nil),      // 88: dsec.v1.ListWarmPoolsResponse
-	(*v1.Layer)(nil),                      // 89: dsec.v1.Layer
-	(*v1.ListLayersResponse)(nil),         // 90: dsec.v1.ListLayersResponse
-	(*v1.RemoveLayerResponse)(nil),        // 91: dsec.v1.RemoveLayerResponse
-	(*v1.ListEnvironmentsResponse)(nil),   // 92: dsec.v1.ListEnvironmentsResponse
-	(*v1.ImportImageProgress)(nil),        // 93: dsec.v1.ImportImageProgress
-	(*v1.LayerStatsResponse)(nil),         // 94: dsec.v1.LayerStatsResponse
-	(*v1.RunCodeResponse)(nil),            // 95: dsec.v1.RunCodeResponse
-	(*v1.ListLanguagesResponse)(nil),      // 96: dsec.v1.ListLanguagesResponse
-	(*v1.ExecEvent)(nil),                  // 97: dsec.v1.ExecEvent
-	(*v1.WriteStdinResponse)(nil),         // 98: dsec.v1.WriteStdinResponse
-	(*v1.SignalResponse)(nil),             // 99: dsec.v1.SignalResponse
-	(*v1.ListProcessesResponse)(nil),      // 100: dsec.v1.ListProcessesResponse
-	(*v1.SessionInterruptResponse)(nil),   // 101: dsec.v1.SessionInterruptResponse
-	(*v1.SessionCloseResponse)(nil),       // 102: dsec.v1.SessionCloseResponse
-	(*v1.ShellOutput)(nil),                // 103: dsec.v1.ShellOutput
-	(*v1.ReadFileResponse)(nil),           // 104: dsec.v1.ReadFileResponse
-	(*v1.WriteFileResponse)(nil),          // 105: dsec.v1.WriteFileResponse
-	(*v1.ListDirResponse)(nil),            // 106: dsec.v1.ListDirResponse
-	(*v1.StatResponse)(nil),               // 107: dsec.v1.StatResponse
-	(*v1.RemoveResponse)(nil),             // 108: dsec.v1.RemoveResponse
-	(*v1.MakeDirResponse)(nil),            // 109: dsec.v1.MakeDirResponse
-	(*v1.MoveResponse)(nil),               // 110: dsec.v1.MoveResponse
-	(*v1.WatchEvent)(nil),                 // 111: dsec.v1.WatchEvent
-	(*v1.UploadResponse)(nil),             // 112: dsec.v1.UploadResponse
-	(*v1.DownloadChunk)(nil),              // 113: dsec.v1.DownloadChunk
+	(*LiveUsageRequest)(nil),              // 21: dsec.edge.v1.LiveUsageRequest
+	(*LiveUsageResponse)(nil),             // 22: dsec.edge.v1.LiveUsageResponse
+	(*EventsResponse)(nil),                // 23: dsec.edge.v1.EventsResponse
+	nil,                                   // 24: dsec.edge.v1.NodeStatus.MissingEntry
+	(v1.Backend)(0),                       // 25: dsec.v1.Backend
+	(*v1.SandboxKind)(nil),                // 26: dsec.v1.SandboxKind
+	(*v1.CoreScheduling)(nil),             // 27: dsec.v1.CoreScheduling
+	(*v1.SandboxSpec)(nil),                // 28: dsec.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                    // 29: dsec.v1.Sandbox
+	(*v1.UsageRecord)(nil),                // 30: dsec.v1.UsageRecord
+	(*v1.Event)(nil),                      // 31: dsec.v1.Event
+	(*v1.GetRequest)(nil),                 // 32: dsec.v1.GetRequest
+	(*v1.ListRequest)(nil),                // 33: dsec.v1.ListRequest
+	(*v1.DeleteRequest)(nil),              // 34: dsec.v1.DeleteRequest
+	(*v1.PauseRequest)(nil),               // 35: dsec.v1.PauseRequest
+	(*v1.ResumeRequest)(nil),              // 36: dsec.v1.ResumeRequest
+	(*v1.SetTimeoutRequest)(nil),          // 37: dsec.v1.SetTimeoutRequest
+	(*v1.EndPhaseRequest)(nil),            // 38: dsec.v1.EndPhaseRequest
+	(*v1.MetricsRequest)(nil),             // 39: dsec.v1.MetricsRequest
+	(*v1.SnapshotRequest)(nil),            // 40: dsec.v1.SnapshotRequest
+	(*v1.SetNetworkRulesRequest)(nil),     // 41: dsec.v1.SetNetworkRulesRequest
+	(*v1.NetworkLogRequest)(nil),          // 42: dsec.v1.NetworkLogRequest
+	(*v1.TrajectoryRequest)(nil),          // 43: dsec.v1.TrajectoryRequest
+	(*v1.ProvenanceRequest)(nil),          // 44: dsec.v1.ProvenanceRequest
+	(*v1.SetProvenancePathsRequest)(nil),  // 45: dsec.v1.SetProvenancePathsRequest
+	(*v1.SetWarmPoolRequest)(nil),         // 46: dsec.v1.SetWarmPoolRequest
+	(*v1.ListWarmPoolsRequest)(nil),       // 47: dsec.v1.ListWarmPoolsRequest
+	(*v1.ImportLayerRequest)(nil),         // 48: dsec.v1.ImportLayerRequest
+	(*v1.UploadLayerRequest)(nil),         // 49: dsec.v1.UploadLayerRequest
+	(*v1.ListLayersRequest)(nil),          // 50: dsec.v1.ListLayersRequest
+	(*v1.RemoveLayerRequest)(nil),         // 51: dsec.v1.RemoveLayerRequest
+	(*v1.ListEnvironmentsRequest)(nil),    // 52: dsec.v1.ListEnvironmentsRequest
+	(*v1.ImportImageRequest)(nil),         // 53: dsec.v1.ImportImageRequest
+	(*v1.LayerStatsRequest)(nil),          // 54: dsec.v1.LayerStatsRequest
+	(*v1.RunCodeRequest)(nil),             // 55: dsec.v1.RunCodeRequest
+	(*v1.ListLanguagesRequest)(nil),       // 56: dsec.v1.ListLanguagesRequest
+	(*v1.ExecRequest)(nil),                // 57: dsec.v1.ExecRequest
+	(*v1.AttachRequest)(nil),              // 58: dsec.v1.AttachRequest
+	(*v1.WriteStdinRequest)(nil),          // 59: dsec.v1.WriteStdinRequest
+	(*v1.SignalRequest)(nil),              // 60: dsec.v1.SignalRequest
+	(*v1.ListProcessesRequest)(nil),       // 61: dsec.v1.ListProcessesRequest
+	(*v1.SessionRunRequest)(nil),          // 62: dsec.v1.SessionRunRequest
+	(*v1.SessionInterruptRequest)(nil),    // 63: dsec.v1.SessionInterruptRequest
+	(*v1.SessionCloseRequest)(nil),        // 64: dsec.v1.SessionCloseRequest
+	(*v1.ShellInput)(nil),                 // 65: dsec.v1.ShellInput
+	(*v1.ReadFileRequest)(nil),            // 66: dsec.v1.ReadFileRequest
+	(*v1.WriteFileRequest)(nil),           // 67: dsec.v1.WriteFileRequest
+	(*v1.ListDirRequest)(nil),             // 68: dsec.v1.ListDirRequest
+	(*v1.StatRequest)(nil),                // 69: dsec.v1.StatRequest
+	(*v1.RemoveRequest)(nil),              // 70: dsec.v1.RemoveRequest
+	(*v1.MakeDirRequest)(nil),             // 71: dsec.v1.MakeDirRequest
+	(*v1.MoveRequest)(nil),                // 72: dsec.v1.MoveRequest
+	(*v1.WatchDirRequest)(nil),            // 73: dsec.v1.WatchDirRequest
+	(*v1.UploadRequest)(nil),              // 74: dsec.v1.UploadRequest
+	(*v1.DownloadRequest)(nil),            // 75: dsec.v1.DownloadRequest
+	(*v1.ListResponse)(nil),               // 76: dsec.v1.ListResponse
+	(*v1.DeleteResponse)(nil),             // 77: dsec.v1.DeleteResponse
+	(*v1.PauseResponse)(nil),              // 78: dsec.v1.PauseResponse
+	(*v1.ResumeResponse)(nil),             // 79: dsec.v1.ResumeResponse
+	(*v1.SetTimeoutResponse)(nil),         // 80: dsec.v1.SetTimeoutResponse
+	(*v1.EndPhaseResponse)(nil),           // 81: dsec.v1.EndPhaseResponse
+	(*v1.SandboxMetrics)(nil),             // 82: dsec.v1.SandboxMetrics
+	(*v1.SnapshotInfo)(nil),               // 83: dsec.v1.SnapshotInfo
+	(*v1.SetNetworkRulesResponse)(nil),    // 84: dsec.v1.SetNetworkRulesResponse
+	(*v1.NetworkLogResponse)(nil),         // 85: dsec.v1.NetworkLogResponse
+	(*v1.TrajectoryResponse)(nil),         // 86: dsec.v1.TrajectoryResponse
+	(*v1.SandboxProvenance)(nil),          // 87: dsec.v1.SandboxProvenance
+	(*v1.SetProvenancePathsResponse)(nil), // 88: dsec.v1.SetProvenancePathsResponse
+	(*v1.WarmPool)(nil),                   // 89: dsec.v1.WarmPool
+	(*v1.ListWarmPoolsResponse)(nil),      // 90: dsec.v1.ListWarmPoolsResponse
+	(*v1.Layer)(nil),                      // 91: dsec.v1.Layer
+	(*v1.ListLayersResponse)(nil),         // 92: dsec.v1.ListLayersResponse
+	(*v1.RemoveLayerResponse)(nil),        // 93: dsec.v1.RemoveLayerResponse
+	(*v1.ListEnvironmentsResponse)(nil),   // 94: dsec.v1.ListEnvironmentsResponse
+	(*v1.ImportImageProgress)(nil),        // 95: dsec.v1.ImportImageProgress
+	(*v1.LayerStatsResponse)(nil),         // 96: dsec.v1.LayerStatsResponse
+	(*v1.RunCodeResponse)(nil),            // 97: dsec.v1.RunCodeResponse
+	(*v1.ListLanguagesResponse)(nil),      // 98: dsec.v1.ListLanguagesResponse
+	(*v1.ExecEvent)(nil),                  // 99: dsec.v1.ExecEvent
+	(*v1.WriteStdinResponse)(nil),         // 100: dsec.v1.WriteStdinResponse
+	(*v1.SignalResponse)(nil),             // 101: dsec.v1.SignalResponse
+	(*v1.ListProcessesResponse)(nil),      // 102: dsec.v1.ListProcessesResponse
+	(*v1.SessionInterruptResponse)(nil),   // 103: dsec.v1.SessionInterruptResponse
+	(*v1.SessionCloseResponse)(nil),       // 104: dsec.v1.SessionCloseResponse
+	(*v1.ShellOutput)(nil),                // 105: dsec.v1.ShellOutput
+	(*v1.ReadFileResponse)(nil),           // 106: dsec.v1.ReadFileResponse
+	(*v1.WriteFileResponse)(nil),          // 107: dsec.v1.WriteFileResponse
+	(*v1.ListDirResponse)(nil),            // 108: dsec.v1.ListDirResponse
+	(*v1.StatResponse)(nil),               // 109: dsec.v1.StatResponse
+	(*v1.RemoveResponse)(nil),             // 110: dsec.v1.RemoveResponse
+	(*v1.MakeDirResponse)(nil),            // 111: dsec.v1.MakeDirResponse
+	(*v1.MoveResponse)(nil),               // 112: dsec.v1.MoveResponse
+	(*v1.WatchEvent)(nil),                 // 113: dsec.v1.WatchEvent
+	(*v1.UploadResponse)(nil),             // 114: dsec.v1.UploadResponse
+	(*v1.DownloadChunk)(nil),              // 115: dsec.v1.DownloadChunk
 }
 var file_dsec_edge_v1_edge_proto_depIdxs = []int32{
-	23,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
-	24,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
-	22,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
-	25,  // 3: dsec.edge.v1.NodeStatus.core_scheduling:type_name -> dsec.v1.CoreScheduling
-	26,  // 4: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
-	26,  // 5: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
+	25,  // 0: dsec.edge.v1.NodeStatus.backends:type_name -> dsec.v1.Backend
+	26,  // 1: dsec.edge.v1.NodeStatus.kinds:type_name -> dsec.v1.SandboxKind
+	24,  // 2: dsec.edge.v1.NodeStatus.missing:type_name -> dsec.edge.v1.NodeStatus.MissingEntry
+	27,  // 3: dsec.edge.v1.NodeStatus.core_scheduling:type_name -> dsec.v1.CoreScheduling
+	28,  // 4: dsec.edge.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
+	28,  // 5: dsec.edge.v1.CreateManyRequest.spec:type_name -> dsec.v1.SandboxSpec
 	11,  // 6: dsec.edge.v1.ForkResponse.results:type_name -> dsec.edge.v1.CreateResult
 	11,  // 7: dsec.edge.v1.CreateManyResponse.results:type_name -> dsec.edge.v1.CreateResult
-	27,  // 8: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
-	28,  // 9: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
-	29,  // 10: dsec.edge.v1.EventsResponse.usage:type_name -> dsec.v1.UsageRecord
-	4,   // 11: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
-	6,   // 12: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
-	7,   // 13: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
-	8,   // 14: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
-	30,  // 15: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
-	31,  // 16: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
-	32,  // 17: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
-	33,  // 18: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
-	34,  // 19: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
-	35,  // 20: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
-	36,  // 21: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
-	37,  // 22: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
-	38,  // 23: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
-	39,  // 24: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
-	40,  // 25: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
-	41,  // 26: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
-	42,  // 27: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
-	43,  // 28: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
-	44,  // 29: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
-	45,  // 30: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
-	12,  // 31: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
-	14,  // 32: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
-	20,  // 33: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
-	16,  // 34: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
-	18,  // 35: dsec.edge.v1.EdgeService.Attest:input_type -> dsec.edge.v1.AttestRequest
-	46,  // 36: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	47,  // 37: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	0,   // 38: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
-	2,   // 39: dsec.edge.v1.EdgeService.RenameRef:input_type -> dsec.edge.v1.RenameRefRequest
-	48,  // 40: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	49,  // 41: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	50,  // 42: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	51,  // 43: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	52,  // 44: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	53,  // 45: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	54,  // 46: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	55,  // 47: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
-	56,  // 48: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
-	57,  // 49: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
-	58,  // 50: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
-	59,  // 51: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
-	60,  // 52: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
-	61,  // 53: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
-	62,  // 54: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
-	63,  // 55: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
-	64,  // 56: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
-	65,  // 57: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
-	66,  // 58: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
-	67,  // 59: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
-	68,  // 60: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
-	69,  // 61: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
-	70,  // 62: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
-	71,  // 63: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
-	72,  // 64: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
-	73,  // 65: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
-	5,   // 66: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
-	27,  // 67: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
-	10,  // 68: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
-	9,   // 69: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
-	27,  // 70: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
-	74,  // 71: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
-	75,  // 72: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
-	76,  // 73: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
-	77,  // 74: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
-	78,  // 75: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	79,  // 76: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	80,  // 77: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	81,  // 78: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	82,  // 79: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	83,  // 80: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	84,  // 81: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	85,  // 82: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	86,  // 83: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	87,  // 84: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	88,  // 85: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	13,  // 86: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
-	15,  // 87: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
-	21,  // 88: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
-	17,  // 89: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
-	19,  // 90: dsec.edge.v1.EdgeService.Attest:output_type -> dsec.edge.v1.AttestResponse
-	89,  // 91: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
-	89,  // 92: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
-	1,   // 93: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
-	3,   // 94: dsec.edge.v1.EdgeService.RenameRef:output_type -> dsec.edge.v1.RenameRefResponse
-	90,  // 95: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	91,  // 96: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	92,  // 97: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	93,  // 98: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	94,  // 99: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	95,  // 100: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	96,  // 101: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	97,  // 102: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
-	97,  // 103: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
-	98,  // 104: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	99,  // 105: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
-	100, // 106: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	97,  // 107: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
-	101, // 108: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	102, // 109: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	103, // 110: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
-	104, // 111: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	105, // 112: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	106, // 113: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
-	107, // 114: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
-	108, // 115: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
-	109, // 116: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	110, // 117: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
-	111, // 118: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
-	112, // 119: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
-	113, // 120: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
-	66,  // [66:121] is the sub-list for method output_type
-	11,  // [11:66] is the sub-list for method input_type
-	11,  // [11:11] is the sub-list for extension type_name
-	11,  // [11:11] is the sub-list for extension extendee
-	0,   // [0:11] is the sub-list for field type_name
+	29,  // 8: dsec.edge.v1.CreateResult.sandbox:type_name -> dsec.v1.Sandbox
+	30,  // 9: dsec.edge.v1.LiveUsageResponse.usage:type_name -> dsec.v1.UsageRecord
+	31,  // 10: dsec.edge.v1.EventsResponse.events:type_name -> dsec.v1.Event
+	30,  // 11: dsec.edge.v1.EventsResponse.usage:type_name -> dsec.v1.UsageRecord
+	4,   // 12: dsec.edge.v1.EdgeService.Status:input_type -> dsec.edge.v1.StatusRequest
+	6,   // 13: dsec.edge.v1.EdgeService.Create:input_type -> dsec.edge.v1.CreateRequest
+	7,   // 14: dsec.edge.v1.EdgeService.CreateMany:input_type -> dsec.edge.v1.CreateManyRequest
+	8,   // 15: dsec.edge.v1.EdgeService.Fork:input_type -> dsec.edge.v1.ForkRequest
+	32,  // 16: dsec.edge.v1.EdgeService.Get:input_type -> dsec.v1.GetRequest
+	33,  // 17: dsec.edge.v1.EdgeService.List:input_type -> dsec.v1.ListRequest
+	34,  // 18: dsec.edge.v1.EdgeService.Delete:input_type -> dsec.v1.DeleteRequest
+	35,  // 19: dsec.edge.v1.EdgeService.Pause:input_type -> dsec.v1.PauseRequest
+	36,  // 20: dsec.edge.v1.EdgeService.Resume:input_type -> dsec.v1.ResumeRequest
+	37,  // 21: dsec.edge.v1.EdgeService.SetTimeout:input_type -> dsec.v1.SetTimeoutRequest
+	38,  // 22: dsec.edge.v1.EdgeService.EndPhase:input_type -> dsec.v1.EndPhaseRequest
+	39,  // 23: dsec.edge.v1.EdgeService.Metrics:input_type -> dsec.v1.MetricsRequest
+	40,  // 24: dsec.edge.v1.EdgeService.Snapshot:input_type -> dsec.v1.SnapshotRequest
+	41,  // 25: dsec.edge.v1.EdgeService.SetNetworkRules:input_type -> dsec.v1.SetNetworkRulesRequest
+	42,  // 26: dsec.edge.v1.EdgeService.NetworkLog:input_type -> dsec.v1.NetworkLogRequest
+	43,  // 27: dsec.edge.v1.EdgeService.Trajectory:input_type -> dsec.v1.TrajectoryRequest
+	44,  // 28: dsec.edge.v1.EdgeService.Provenance:input_type -> dsec.v1.ProvenanceRequest
+	45,  // 29: dsec.edge.v1.EdgeService.SetProvenancePaths:input_type -> dsec.v1.SetProvenancePathsRequest
+	46,  // 30: dsec.edge.v1.EdgeService.SetWarmPool:input_type -> dsec.v1.SetWarmPoolRequest
+	47,  // 31: dsec.edge.v1.EdgeService.ListWarmPools:input_type -> dsec.v1.ListWarmPoolsRequest
+	12,  // 32: dsec.edge.v1.EdgeService.Reap:input_type -> dsec.edge.v1.ReapRequest
+	14,  // 33: dsec.edge.v1.EdgeService.Gone:input_type -> dsec.edge.v1.GoneRequest
+	20,  // 34: dsec.edge.v1.EdgeService.Events:input_type -> dsec.edge.v1.EventsRequest
+	21,  // 35: dsec.edge.v1.EdgeService.LiveUsage:input_type -> dsec.edge.v1.LiveUsageRequest
+	16,  // 36: dsec.edge.v1.EdgeService.SignReceipt:input_type -> dsec.edge.v1.SignReceiptRequest
+	18,  // 37: dsec.edge.v1.EdgeService.Attest:input_type -> dsec.edge.v1.AttestRequest
+	48,  // 38: dsec.edge.v1.EdgeService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	49,  // 39: dsec.edge.v1.EdgeService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	0,   // 40: dsec.edge.v1.EdgeService.AdoptLayers:input_type -> dsec.edge.v1.AdoptLayersRequest
+	2,   // 41: dsec.edge.v1.EdgeService.RenameRef:input_type -> dsec.edge.v1.RenameRefRequest
+	50,  // 42: dsec.edge.v1.EdgeService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	51,  // 43: dsec.edge.v1.EdgeService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	52,  // 44: dsec.edge.v1.EdgeService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	53,  // 45: dsec.edge.v1.EdgeService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	54,  // 46: dsec.edge.v1.EdgeService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	55,  // 47: dsec.edge.v1.EdgeService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	56,  // 48: dsec.edge.v1.EdgeService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	57,  // 49: dsec.edge.v1.EdgeService.Exec:input_type -> dsec.v1.ExecRequest
+	58,  // 50: dsec.edge.v1.EdgeService.Attach:input_type -> dsec.v1.AttachRequest
+	59,  // 51: dsec.edge.v1.EdgeService.WriteStdin:input_type -> dsec.v1.WriteStdinRequest
+	60,  // 52: dsec.edge.v1.EdgeService.Signal:input_type -> dsec.v1.SignalRequest
+	61,  // 53: dsec.edge.v1.EdgeService.ListProcesses:input_type -> dsec.v1.ListProcessesRequest
+	62,  // 54: dsec.edge.v1.EdgeService.SessionRun:input_type -> dsec.v1.SessionRunRequest
+	63,  // 55: dsec.edge.v1.EdgeService.SessionInterrupt:input_type -> dsec.v1.SessionInterruptRequest
+	64,  // 56: dsec.edge.v1.EdgeService.SessionClose:input_type -> dsec.v1.SessionCloseRequest
+	65,  // 57: dsec.edge.v1.EdgeService.Shell:input_type -> dsec.v1.ShellInput
+	66,  // 58: dsec.edge.v1.EdgeService.ReadFile:input_type -> dsec.v1.ReadFileRequest
+	67,  // 59: dsec.edge.v1.EdgeService.WriteFile:input_type -> dsec.v1.WriteFileRequest
+	68,  // 60: dsec.edge.v1.EdgeService.ListDir:input_type -> dsec.v1.ListDirRequest
+	69,  // 61: dsec.edge.v1.EdgeService.Stat:input_type -> dsec.v1.StatRequest
+	70,  // 62: dsec.edge.v1.EdgeService.Remove:input_type -> dsec.v1.RemoveRequest
+	71,  // 63: dsec.edge.v1.EdgeService.MakeDir:input_type -> dsec.v1.MakeDirRequest
+	72,  // 64: dsec.edge.v1.EdgeService.Move:input_type -> dsec.v1.MoveRequest
+	73,  // 65: dsec.edge.v1.EdgeService.WatchDir:input_type -> dsec.v1.WatchDirRequest
+	74,  // 66: dsec.edge.v1.EdgeService.Upload:input_type -> dsec.v1.UploadRequest
+	75,  // 67: dsec.edge.v1.EdgeService.Download:input_type -> dsec.v1.DownloadRequest
+	5,   // 68: dsec.edge.v1.EdgeService.Status:output_type -> dsec.edge.v1.NodeStatus
+	29,  // 69: dsec.edge.v1.EdgeService.Create:output_type -> dsec.v1.Sandbox
+	10,  // 70: dsec.edge.v1.EdgeService.CreateMany:output_type -> dsec.edge.v1.CreateManyResponse
+	9,   // 71: dsec.edge.v1.EdgeService.Fork:output_type -> dsec.edge.v1.ForkResponse
+	29,  // 72: dsec.edge.v1.EdgeService.Get:output_type -> dsec.v1.Sandbox
+	76,  // 73: dsec.edge.v1.EdgeService.List:output_type -> dsec.v1.ListResponse
+	77,  // 74: dsec.edge.v1.EdgeService.Delete:output_type -> dsec.v1.DeleteResponse
+	78,  // 75: dsec.edge.v1.EdgeService.Pause:output_type -> dsec.v1.PauseResponse
+	79,  // 76: dsec.edge.v1.EdgeService.Resume:output_type -> dsec.v1.ResumeResponse
+	80,  // 77: dsec.edge.v1.EdgeService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	81,  // 78: dsec.edge.v1.EdgeService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	82,  // 79: dsec.edge.v1.EdgeService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	83,  // 80: dsec.edge.v1.EdgeService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	84,  // 81: dsec.edge.v1.EdgeService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	85,  // 82: dsec.edge.v1.EdgeService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	86,  // 83: dsec.edge.v1.EdgeService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	87,  // 84: dsec.edge.v1.EdgeService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	88,  // 85: dsec.edge.v1.EdgeService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	89,  // 86: dsec.edge.v1.EdgeService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	90,  // 87: dsec.edge.v1.EdgeService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	13,  // 88: dsec.edge.v1.EdgeService.Reap:output_type -> dsec.edge.v1.ReapResponse
+	15,  // 89: dsec.edge.v1.EdgeService.Gone:output_type -> dsec.edge.v1.GoneResponse
+	23,  // 90: dsec.edge.v1.EdgeService.Events:output_type -> dsec.edge.v1.EventsResponse
+	22,  // 91: dsec.edge.v1.EdgeService.LiveUsage:output_type -> dsec.edge.v1.LiveUsageResponse
+	17,  // 92: dsec.edge.v1.EdgeService.SignReceipt:output_type -> dsec.edge.v1.SignReceiptResponse
+	19,  // 93: dsec.edge.v1.EdgeService.Attest:output_type -> dsec.edge.v1.AttestResponse
+	91,  // 94: dsec.edge.v1.EdgeService.ImportLayer:output_type -> dsec.v1.Layer
+	91,  // 95: dsec.edge.v1.EdgeService.UploadLayer:output_type -> dsec.v1.Layer
+	1,   // 96: dsec.edge.v1.EdgeService.AdoptLayers:output_type -> dsec.edge.v1.AdoptLayersResponse
+	3,   // 97: dsec.edge.v1.EdgeService.RenameRef:output_type -> dsec.edge.v1.RenameRefResponse
+	92,  // 98: dsec.edge.v1.EdgeService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	93,  // 99: dsec.edge.v1.EdgeService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	94,  // 100: dsec.edge.v1.EdgeService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	95,  // 101: dsec.edge.v1.EdgeService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	96,  // 102: dsec.edge.v1.EdgeService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	97,  // 103: dsec.edge.v1.EdgeService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	98,  // 104: dsec.edge.v1.EdgeService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	99,  // 105: dsec.edge.v1.EdgeService.Exec:output_type -> dsec.v1.ExecEvent
+	99,  // 106: dsec.edge.v1.EdgeService.Attach:output_type -> dsec.v1.ExecEvent
+	100, // 107: dsec.edge.v1.EdgeService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	101, // 108: dsec.edge.v1.EdgeService.Signal:output_type -> dsec.v1.SignalResponse
+	102, // 109: dsec.edge.v1.EdgeService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	99,  // 110: dsec.edge.v1.EdgeService.SessionRun:output_type -> dsec.v1.ExecEvent
+	103, // 111: dsec.edge.v1.EdgeService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	104, // 112: dsec.edge.v1.EdgeService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	105, // 113: dsec.edge.v1.EdgeService.Shell:output_type -> dsec.v1.ShellOutput
+	106, // 114: dsec.edge.v1.EdgeService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	107, // 115: dsec.edge.v1.EdgeService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	108, // 116: dsec.edge.v1.EdgeService.ListDir:output_type -> dsec.v1.ListDirResponse
+	109, // 117: dsec.edge.v1.EdgeService.Stat:output_type -> dsec.v1.StatResponse
+	110, // 118: dsec.edge.v1.EdgeService.Remove:output_type -> dsec.v1.RemoveResponse
+	111, // 119: dsec.edge.v1.EdgeService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	112, // 120: dsec.edge.v1.EdgeService.Move:output_type -> dsec.v1.MoveResponse
+	113, // 121: dsec.edge.v1.EdgeService.WatchDir:output_type -> dsec.v1.WatchEvent
+	114, // 122: dsec.edge.v1.EdgeService.Upload:output_type -> dsec.v1.UploadResponse
+	115, // 123: dsec.edge.v1.EdgeService.Download:output_type -> dsec.v1.DownloadChunk
+	68,  // [68:124] is the sub-list for method output_type
+	12,  // [12:68] is the sub-list for method input_type
+	12,  // [12:12] is the sub-list for extension type_name
+	12,  // [12:12] is the sub-list for extension extendee
+	0,   // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_dsec_edge_v1_edge_proto_init() }
@@ -1881,7 +1979,7 @@ func file_dsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_edge_v1_edge_proto_rawDesc), len(file_dsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -90,6 +90,8 @@ const (
 	EdgeServiceGoneProcedure = "/dsec.edge.v1.EdgeService/Gone"
 	// EdgeServiceEventsProcedure is the fully-qualified name of the EdgeService's Events RPC.
 	EdgeServiceEventsProcedure = "/dsec.edge.v1.EdgeService/Events"
+	// EdgeServiceLiveUsageProcedure is the fully-qualified name of the EdgeService's LiveUsage RPC.
+	EdgeServiceLiveUsageProcedure = "/dsec.edge.v1.EdgeService/LiveUsage"
 	// EdgeServiceSignReceiptProcedure is the fully-qualified name of the EdgeService's SignReceipt RPC.
 	EdgeServiceSignReceiptProcedure = "/dsec.edge.v1.EdgeService/SignReceipt"
 	// EdgeServiceAttestProcedure is the fully-qualified name of the EdgeService's Attest RPC.
@@ -224,6 +226,14 @@ type EdgeServiceClient interface {
 	// order; its Status says the epoch and the last sequence number, so an
 	// apiserver calls this only when there is something new.
 	Events(context.Context, *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error)
+	// LiveUsage reads the node's cost ledger as it stands now: the records
+	// of its sandboxes that live (and of those that ended in the last
+	// minute, which a pull may not have stored yet) of the projects asked
+	// and those under them (none: every project). An apiserver's Usage adds
+	// them to the store's rows, each figure the larger of the two: the
+	// pulls store a sandbox's record at its end and at checkpoints only
+	// (docs/usage.md).
+	LiveUsage(context.Context, *connect.Request[v1.LiveUsageRequest]) (*connect.Response[v1.LiveUsageResponse], error)
 	// SignReceipt signs a grade's receipt with the node's key (its leaf
 	// certificate from the cluster CA; the all-in-one's node key), once the
 	// node has checked every fact in it that it saw itself: the clean room
@@ -476,6 +486,13 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		liveUsage: connect.NewClient[v1.LiveUsageRequest, v1.LiveUsageResponse](
+			httpClient,
+			baseURL+EdgeServiceLiveUsageProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("LiveUsage")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		signReceipt: connect.NewClient[v1.SignReceiptRequest, v1.SignReceiptResponse](
 			httpClient,
 			baseURL+EdgeServiceSignReceiptProcedure,
@@ -703,6 +720,7 @@ type edgeServiceClient struct {
 	reap               *connect.Client[v1.ReapRequest, v1.ReapResponse]
 	gone               *connect.Client[v1.GoneRequest, v1.GoneResponse]
 	events             *connect.Client[v1.EventsRequest, v1.EventsResponse]
+	liveUsage          *connect.Client[v1.LiveUsageRequest, v1.LiveUsageResponse]
 	signReceipt        *connect.Client[v1.SignReceiptRequest, v1.SignReceiptResponse]
 	attest             *connect.Client[v1.AttestRequest, v1.AttestResponse]
 	importLayer        *connect.Client[v11.ImportLayerRequest, v11.Layer]
@@ -850,6 +868,11 @@ func (c *edgeServiceClient) Gone(ctx context.Context, req *connect.Request[v1.Go
 // Events calls dsec.edge.v1.EdgeService.Events.
 func (c *edgeServiceClient) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error) {
 	return c.events.CallUnary(ctx, req)
+}
+
+// LiveUsage calls dsec.edge.v1.EdgeService.LiveUsage.
+func (c *edgeServiceClient) LiveUsage(ctx context.Context, req *connect.Request[v1.LiveUsageRequest]) (*connect.Response[v1.LiveUsageResponse], error) {
+	return c.liveUsage.CallUnary(ctx, req)
 }
 
 // SignReceipt calls dsec.edge.v1.EdgeService.SignReceipt.
@@ -1075,6 +1098,14 @@ type EdgeServiceHandler interface {
 	// order; its Status says the epoch and the last sequence number, so an
 	// apiserver calls this only when there is something new.
 	Events(context.Context, *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error)
+	// LiveUsage reads the node's cost ledger as it stands now: the records
+	// of its sandboxes that live (and of those that ended in the last
+	// minute, which a pull may not have stored yet) of the projects asked
+	// and those under them (none: every project). An apiserver's Usage adds
+	// them to the store's rows, each figure the larger of the two: the
+	// pulls store a sandbox's record at its end and at checkpoints only
+	// (docs/usage.md).
+	LiveUsage(context.Context, *connect.Request[v1.LiveUsageRequest]) (*connect.Response[v1.LiveUsageResponse], error)
 	// SignReceipt signs a grade's receipt with the node's key (its leaf
 	// certificate from the cluster CA; the all-in-one's node key), once the
 	// node has checked every fact in it that it saw itself: the clean room
@@ -1320,6 +1351,13 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceEventsProcedure,
 		svc.Events,
 		connect.WithSchema(edgeServiceMethods.ByName("Events")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceLiveUsageHandler := connect.NewUnaryHandler(
+		EdgeServiceLiveUsageProcedure,
+		svc.LiveUsage,
+		connect.WithSchema(edgeServiceMethods.ByName("LiveUsage")),
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
@@ -1570,6 +1608,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceGoneHandler.ServeHTTP(w, r)
 		case EdgeServiceEventsProcedure:
 			edgeServiceEventsHandler.ServeHTTP(w, r)
+		case EdgeServiceLiveUsageProcedure:
+			edgeServiceLiveUsageHandler.ServeHTTP(w, r)
 		case EdgeServiceSignReceiptProcedure:
 			edgeServiceSignReceiptHandler.ServeHTTP(w, r)
 		case EdgeServiceAttestProcedure:
@@ -1733,6 +1773,10 @@ func (UnimplementedEdgeServiceHandler) Gone(context.Context, *connect.Request[v1
 
 func (UnimplementedEdgeServiceHandler) Events(context.Context, *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Events is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) LiveUsage(context.Context, *connect.Request[v1.LiveUsageRequest]) (*connect.Response[v1.LiveUsageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.LiveUsage is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) SignReceipt(context.Context, *connect.Request[v1.SignReceiptRequest]) (*connect.Response[v1.SignReceiptResponse], error) {
