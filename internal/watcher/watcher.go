@@ -145,15 +145,7 @@ func (w *Watcher) Poll(ctx context.Context) {
 		nodes = append(nodes, n)
 	}
 	w.mu.RUnlock()
-	var wg sync.WaitGroup
-	for _, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.pollOne(ctx, n, true)
-		}()
-	}
-	wg.Wait()
+	w.pollAll(ctx, nodes, true)
 }
 
 // Refresh polls the named routable nodes now, outside the rounds, and
@@ -171,13 +163,15 @@ func (w *Watcher) Refresh(ctx context.Context, names []string) {
 		}
 	}
 	w.mu.RUnlock()
+	w.pollAll(ctx, nodes, false)
+}
+
+// pollAll polls the nodes all at once and returns when every poll has
+// ended; round is pollOne's.
+func (w *Watcher) pollAll(ctx context.Context, nodes []*Node, round bool) {
 	var wg sync.WaitGroup
 	for _, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.pollOne(ctx, n, false)
-		}()
+		wg.Go(func() { w.pollOne(ctx, n, round) })
 	}
 	wg.Wait()
 }
