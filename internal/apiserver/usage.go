@@ -216,8 +216,8 @@ func (s *Server) liveUsage(ctx context.Context, project string) []store.UsageRow
 		mu   sync.Mutex
 		rows []store.UsageRow
 	)
-	for _, n := range s.fleet.Nodes() {
-		if !n.Healthy || n.Edge == nil {
+	for _, n := range s.routable() {
+		if n.Edge == nil {
 			continue
 		}
 		wg.Go(func() {
