@@ -23,7 +23,7 @@ live in :mod:`libdsec.compat`.
 """
 
 from . import errors
-from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, GradeResult, Job as AsyncJob, ProcessInfo,
+from ._aio import (AsyncClient, ExecEvent, ExecResult, FileInfo, GradeResult, Job as AsyncJob, Page, ProcessInfo,
                    Sandbox as AsyncSandbox, Session as AsyncSession, WarmPool, extract_tar)
 from ._events import Event, Webhook, verify_webhook, webhook_events
 from ._usage import Usage, UsageReport
@@ -42,7 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncJob", "AsyncSession", "Client", "Sandbox", "Job", "Session",
-    "ExecResult", "ExecEvent", "GradeResult", "FileInfo", "ProcessInfo", "WarmPool", "extract_tar", "errors",
+    "ExecResult", "ExecEvent", "GradeResult", "FileInfo", "Page", "ProcessInfo", "WarmPool", "extract_tar", "errors",
     "RunCode", "RunResult", "CommandResult", "Language",
     "Trajectory", "ReplayReport", "ReplayStep", "parse_trajectory", "Event", "Webhook", "verify_webhook", "webhook_events", "Usage", "UsageReport",
     "Project", "Principal", "RoleBinding", "TokenInfo", "QuotaItem", "ProjectQuota", "AuditRecord",

@@ -381,6 +381,35 @@ class WarmPool:
                         missed=int(d.get("missed", 0)), last_error=d.get("lastError", ""))
 
 
+class Page(tuple):
+    """One page of sandboxes (list_page): a tuple (sandboxes, next_token,
+    total), so ``page, next_token, total = c.list_page(...)`` unpacks it,
+    with those three as attributes too and ``unreachable``: the nodes the
+    apiserver could not reach, whose sandboxes are in neither the page nor
+    total (docs/cluster.md); empty when every node answered."""
+
+    def __new__(cls, sandboxes: List[Any], next_token: str, total: int,
+                unreachable: Iterable[str] = ()) -> "Page":
+        page = super().__new__(cls, (sandboxes, next_token, total))
+        page.unreachable = list(unreachable)
+        return page
+
+    @property
+    def sandboxes(self) -> List[Any]:
+        return self[0]
+
+    @property
+    def next_token(self) -> str:
+        return self[1]
+
+    @property
+    def total(self) -> int:
+        return self[2]
+
+    def __repr__(self) -> str:
+        return "Page(sandboxes=%r, next_token=%r, total=%r, unreachable=%r)" % (*self, self.unreachable)
+
+
 def _phase_name(v: Any) -> Optional[str]:
     """A JSON Phase enum value as "setup", "agent" or "verify"; None when unset."""
     names = {1: "setup", 2: "agent", 3: "verify"}
@@ -719,11 +748,12 @@ class AsyncClient(IAMCalls, TrajectoryCalls, EventCalls, UsageCalls):
     async def list_page(self, labels: Optional[Mapping[str, str]] = None,
                         states: Optional[Iterable[str]] = None, *, all: bool = False,
                         page_size: int = 100, page_token: str = "",
-                        timeout: Optional[float] = None) -> Tuple[List["Sandbox"], str, int]:
+                        timeout: Optional[float] = None) -> Page:
         """One page of list()'s sandboxes: at most page_size (at most 1000),
-        newest first, after page_token ("" the first page). Returns the
-        page, the next page's token ("" after the last) and how many match
-        in all pages."""
+        newest first, after page_token ("" the first page). Returns a Page:
+        the tuple of the page, the next page's token ("" after the last)
+        and how many match in all pages, whose unreachable names the nodes
+        the apiserver could not reach (their sandboxes are in neither)."""
         if page_size < 1:
             raise errors.InvalidArgument("page_size: want at least 1")
         msg: Dict[str, Any] = {"pageSize": page_size}
@@ -738,8 +768,8 @@ class AsyncClient(IAMCalls, TrajectoryCalls, EventCalls, UsageCalls):
         if all:
             msg["all"] = True
         resp = await self._call("List", msg, timeout, idempotent=True)
-        return ([Sandbox(self, d) for d in resp.get("sandboxes", [])],
-                resp.get("nextPageToken", ""), int(resp.get("total", 0)))
+        return Page([Sandbox(self, d) for d in resp.get("sandboxes", [])],
+                    resp.get("nextPageToken", ""), int(resp.get("total", 0)), resp.get("unreachableNodes", []))
 
     async def delete(self, id: str, *, timeout: Optional[float] = None) -> None:
         await self._call("Delete", {"id": id}, timeout, idempotent=True)

@@ -11,7 +11,7 @@ import threading
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _aio
-from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, ProcessInfo, WarmPool
+from ._aio import Command, Data, ExecEvent, ExecResult, FileInfo, Page, ProcessInfo, WarmPool
 from ._fncall import Language, RunCode, RunResult
 from ._events import Event, Webhook
 from ._usage import UsageReport
@@ -106,10 +106,10 @@ class Client:
 
     def list_page(self, labels: Optional[Mapping[str, str]] = None, states=None, *, all: bool = False,
                   page_size: int = 100, page_token: str = "",
-                  timeout: Optional[float] = None) -> Tuple[List["Sandbox"], str, int]:
-        page, next_token, total = self._run(self._a.list_page(labels, states, all=all, page_size=page_size,
-                                                              page_token=page_token, timeout=timeout))
-        return [Sandbox(self, s) for s in page], next_token, total
+                  timeout: Optional[float] = None) -> Page:
+        page = self._run(self._a.list_page(labels, states, all=all, page_size=page_size,
+                                           page_token=page_token, timeout=timeout))
+        return Page([Sandbox(self, s) for s in page.sandboxes], page.next_token, page.total, page.unreachable)
 
     def delete(self, id: str, *, timeout: Optional[float] = None) -> None:
         self._run(self._a.delete(id, timeout=timeout))

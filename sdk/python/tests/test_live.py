@@ -69,8 +69,9 @@ class LiveTest(unittest.TestCase):
         self.assertEqual((got.info["spec"]["memoryMb"], got.info["spec"]["ttlSeconds"]), (128, 600))
         self.assertIsInstance(got.info["createdUnixMs"], int)
         self.assertIn(sb.id, [s.id for s in self.c.list(labels={"test": "test_lifecycle"}, states=["running"])])
-        page, next_token, total = self.c.list_page(labels={"test": "test_lifecycle"}, page_size=1)
-        self.assertEqual(([s.id for s in page], next_token, total), ([sb.id], "", 1))
+        page = self.c.list_page(labels={"test": "test_lifecycle"}, page_size=1)
+        self.assertEqual(([s.id for s in page.sandboxes], page.next_token, page.total, page.unreachable),
+                         ([sb.id], "", 1, []))
         self.assertEqual(sb.exec("echo $FOO").stdout, "bar\n")
         sb.delete()
         sb.delete()  # deleting twice is fine

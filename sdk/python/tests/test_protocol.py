@@ -743,6 +743,29 @@ class NewUserTest(FakeTestCase):
         self.assertEqual([q.msg for q in self.srv.requests],
                          [{}, {"all": True}, {"states": ["STATE_STOPPED"]}])
 
+    def test_list_page_names_unreachable_nodes(self):
+        # A cluster's apiserver that could not reach e2 says so beside the
+        # page: its sandboxes are in neither the page nor the total.
+        self.srv.route("List", lambda call: call.reply({"sandboxes": [{"id": "sb-e1-a"}], "total": 1,
+                                                        "unreachableNodes": ["e2"]}))
+
+        async def main():
+            async with self.client() as c:
+                return await c.list_page(page_size=10)
+        page = run(main())
+        self.assertEqual(([s.id for s in page.sandboxes], page.next_token, page.total, page.unreachable),
+                         (["sb-e1-a"], "", 1, ["e2"]))
+        with libdsec.Client(self.srv.addr) as c:
+            page = c.list_page(page_size=10)
+            # Callers that unpack three still can.
+            sandboxes, next_token, total = page
+            self.assertEqual(([s.id for s in sandboxes], next_token, total, page.unreachable),
+                             (["sb-e1-a"], "", 1, ["e2"]))
+            self.assertIsInstance(page.sandboxes[0], libdsec.Sandbox)
+        self.srv.route("List", lambda call: call.reply({"sandboxes": [], "total": 0}))
+        with libdsec.Client(self.srv.addr) as c:
+            self.assertEqual(c.list_page().unreachable, [])
+
 
 class ConcurrencyTest(unittest.TestCase):
     def test_200_sandboxes_from_one_loop(self):
