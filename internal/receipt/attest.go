@@ -103,8 +103,9 @@ func VerifyAttestation(v *sdkreceipt.Verifier, data []byte) (*Attestation, error
 // trajectory_hash when the attestation's is the same (and not empty), its
 // provenance_flags when the node reported exactly those flags at or after
 // since (the grade's start, less the clocks' skew). None, with the reason,
-// when the attestation does not verify (VerifyAttestation) or is of
-// another sandbox.
+// when the attestation does not verify (VerifyAttestation), is of another
+// sandbox, or was signed before since: an attestation of an earlier grade
+// of the sandbox, replayed, is not this grade's.
 func Vouches(v *sdkreceipt.Verifier, data []byte, r sdkreceipt.Receipt, since time.Time) ([]string, error) {
 	a, err := VerifyAttestation(v, data)
 	if err != nil {
@@ -112,6 +113,10 @@ func Vouches(v *sdkreceipt.Verifier, data []byte, r sdkreceipt.Receipt, since ti
 	}
 	if a.Sandbox != r.Sandbox {
 		return nil, fmt.Errorf("the attestation is of sandbox %s, not the graded %s", a.Sandbox, r.Sandbox)
+	}
+	if a.AttestedAt.Before(since) {
+		return nil, fmt.Errorf("node %s attested %s at %s, before the grade began (%s): an earlier grade's attestation, not this one's",
+			a.Node, a.Sandbox, a.AttestedAt.Format(time.RFC3339Nano), since.Format(time.RFC3339Nano))
 	}
 	var fields []string
 	var why []error

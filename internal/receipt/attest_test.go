@@ -17,9 +17,9 @@ import (
 // TestAttestation: a node's attestation of its sandbox, verified against
 // the cluster's CA, vouches for a receipt's trajectory hash and provenance
 // flags when it says the same, reported since the grade began; an edited
-// one, one signed by another cluster's node of the same name, or by
-// another node of the cluster (for a sandbox that is not its own, or
-// naming the sandbox's node) vouches for nothing.
+// one, one signed by another cluster's node of the same name, by another
+// node of the cluster (for a sandbox that is not its own, or naming the
+// sandbox's node), or signed before the grade began vouches for nothing.
 func TestAttestation(t *testing.T) {
 	dir, other := t.TempDir(), t.TempDir()
 	edges := []clustertls.EdgeSpec{{Name: "e1"}, {Name: "e2"}}
@@ -81,19 +81,23 @@ func TestAttestation(t *testing.T) {
 	}
 	// Another node of the cluster signing as if it held the sandbox:
 	// naming itself, or naming the sandbox's node.
-	payload := func(node string) []byte {
+	signedAs := func(s *sdkreceipt.Signer, node string, at time.Time) []byte {
 		b := a
-		b.Version, b.Node, b.AttestedAt = 1, node, time.Now().UTC()
+		b.Version, b.Node, b.AttestedAt = 1, node, at
 		p, err := json.Marshal(b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		env, err := e1.SignPayload(AttestationType, p)
+		env, err := s.SignPayload(AttestationType, p)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return env
 	}
+	payload := func(node string) []byte { return signedAs(e1, node, time.Now().UTC()) }
+	// The sandbox's own node, but signed before this grade began: an
+	// earlier grade's attestation, replayed.
+	earlier := signedAs(e2, "e2", started.Add(-time.Minute))
 	otherSandbox := a
 	otherSandbox.Sandbox = sandboxid.New("e2", 2, 1)
 	ofOther, err := Attest(e2, otherSandbox)
@@ -109,6 +113,7 @@ func TestAttestation(t *testing.T) {
 		{"another node's certificate, naming the sandbox's node", string(payload("e2")), `signed by node "e1"'s certificate`},
 		{"an attestation of another sandbox", string(ofOther), "not the graded"},
 		{"a receipt", string(mustSign(t, e2, r)), "payload type"},
+		{"an attestation from before the grade", string(earlier), "before the grade began"},
 	} {
 		fields, err := Vouches(v, []byte(c.data), r, since)
 		if len(fields) != 0 || err == nil || !strings.Contains(err.Error(), c.want) {
