@@ -22,5 +22,6 @@ func TestFakeEdgeConformance(t *testing.T) {
 		NoLayers:       true, // the service's layers are nil: none
 		NoTrajectories: true, // the service records them, not the edge: TestConformanceHollow checks it
 		NoEvents:       true, // the fake keeps no event log: TestConformanceHollow checks the service's
+		NoLedger:       true, // nor a ledger: TestConformanceHollow checks the service's
 	})
 }

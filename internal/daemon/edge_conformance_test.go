@@ -77,6 +77,7 @@ func TestEdgeConformance(t *testing.T) {
 	}
 	svc.SetReceipts(func() (*sdkreceipt.Signer, error) { return signer, nil })
 	svc.SetEvents(n.events)
+	svc.SetLedger(n.ledger)
 	const env = "busybox:edgetest"
 	var once sync.Once
 	edgetest.Run(t, edgetest.Options{

@@ -12,6 +12,7 @@ import (
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/hollow"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/edgeclient"
 	"dsec.dev/dsec/internal/edgetest"
@@ -32,9 +33,14 @@ func TestConformanceRemote(t *testing.T) {
 	edgetest.Run(t, edgetest.Options{
 		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
 			log := eventlog.New("h1", 0)
-			h := hollow.New(hollow.Config{Node: "h1", Events: log})
+			l, err := ledger.Open("h1", "", slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := hollow.New(hollow.Config{Node: "h1", Events: log, Ledger: l})
 			svc := edgesvc.New(h, nil, slog.New(slog.DiscardHandler))
 			svc.SetEvents(log)
+			svc.SetLedger(l)
 			rec, err := trajectory.New(trajectory.Config{Dir: t.TempDir()}, h)
 			if err != nil {
 				t.Fatal(err)

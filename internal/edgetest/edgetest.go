@@ -42,6 +42,11 @@
 //   - RenameRef: a layer's name moved onto what another names, and back;
 //     NotFound for a name the edge lacks, NotSupported from an edge that
 //     keeps no layers (Options.NoLayers);
+//   - LiveUsage: the cost ledger's record of each live sandbox of the
+//     projects asked (and those under them), and only theirs, with its
+//     sandbox's ID, project, labels, node and start; a sandbox just
+//     deleted read ended; none from an edge without a ledger
+//     (Options.NoLedger);
 //   - a cancelled context: a keyed create whose caller went makes at most
 //     one sandbox, which a retry with its token returns; an exec cancelled
 //     midway ends with Canceled or DeadlineExceeded, its command killed, and
@@ -101,6 +106,9 @@ type Options struct {
 	// NoLayers: the edge keeps no layers (edgesvc without a layer service,
 	// as over a hollow edge): RenameRef answers NotSupported.
 	NoLayers bool
+	// NoLedger: the edge keeps no cost ledger (edgesvc without one):
+	// LiveUsage answers none.
+	NoLedger bool
 }
 
 // ForkAnswer is what an edge answers a Fork of the suite's sandboxes.
@@ -164,6 +172,7 @@ func Run(t *testing.T, o Options) {
 		{"Attest", testAttest},
 		{"Events", testEvents},
 		{"RenameRef", testRenameRef},
+		{"LiveUsage", testLiveUsage},
 	} {
 		t.Run(g.name, func(t *testing.T) {
 			e := open(t, o)

@@ -8,6 +8,7 @@ import (
 	"dsec.dev/dsec/internal/edge/edgesvc"
 	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/edge/hollow"
+	"dsec.dev/dsec/internal/edge/ledger"
 	"dsec.dev/dsec/internal/edge/trajectory"
 	"dsec.dev/dsec/internal/edgetest"
 )
@@ -20,14 +21,25 @@ func TestConformanceHollow(t *testing.T) {
 	edgetest.Run(t, edgetest.Options{
 		New: func(t *testing.T) edgev1connect.EdgeServiceHandler {
 			log := eventlog.New("h1", 0)
-			svc := withRecorder(t, hollow.New(hollow.Config{Node: "h1", Events: log}))
+			l := newLedger(t, "h1")
+			svc := withRecorder(t, hollow.New(hollow.Config{Node: "h1", Events: log, Ledger: l}))
 			svc.SetEvents(log)
+			svc.SetLedger(l)
 			return svc
 		},
 		Fork:       edgetest.ForkUnsupported,
 		Deviations: edgetest.Deviations{NoAgent: true},
 		NoLayers:   true, // a hollow edge keeps none
 	})
+}
+
+// newLedger is node's cost ledger, kept in memory.
+func newLedger(t *testing.T, node string) *ledger.Ledger {
+	l, err := ledger.Open(node, "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // withRecorder is the service over e, recording trajectories under a
