@@ -97,30 +97,31 @@ type API struct {
 
 // Node is a node's settings: the all-in-one dsecd's and an edge's.
 type Node struct {
-	Root            string        `key:"root" flag:"root" help:"state directory"`
-	Node            string        `key:"node" flag:"node" help:"node name used in sandbox IDs (empty: from the host name; an edge needs one, the name in its certificate)"`
-	Runtime         string        `key:"runtime" flag:"runtime" help:"OCI runtime of the container isolation: runc or crun (an edge also takes fake: a hollow node that starts nothing); runsc is deprecated here: it means --runsc with --runtime-path"`
-	RuntimePath     string        `key:"runtime_path" flag:"runtime-path" help:"the runtime's binary (empty: --runtime on PATH)"`
-	Runsc           string        `key:"runsc" flag:"runsc" help:"gVisor's runsc, for the gvisor isolation beside runc: a path that must work, none for no gvisor (empty: $DSEC_RUNSC, else runsc on PATH or /var/cache/dsec/runsc/runsc when it works; scripts/build-runsc.sh builds it)"`
-	RunscPlatform   string        `key:"runsc_platform" flag:"runsc-platform" check:"runsc-platform" help:"runsc's platform for the gvisor isolation: systrap, ptrace or kvm (empty: kvm where /dev/kvm runs stock guests, else systrap)"`
-	VMKernelDir     string        `key:"vm_kernel_dir" flag:"vm-kernel-dir" help:"the microVM guest kernel's directory, for the microvm isolation where QEMU is found too (empty: $DSEC_VM_KERNEL_DIR, else /var/cache/dsec/vm-kernel; scripts/build-vm-kernel.sh builds it)"`
-	QEMU            string        `key:"qemu" flag:"qemu" help:"QEMU of the microvm isolation (empty: qemu-system-x86_64 on PATH; Debian's qemu-system-x86)"`
-	VMPmemLayers    bool          `key:"vm_pmem_layers" flag:"vm-pmem-layers" help:"attach microVMs' layers as virtio-pmem with DAX (q35 machines, ~0.3 s slower to boot under TCG): the node's guests share one copy of a layer in the host's page cache"`
-	Agent           string        `key:"agent" flag:"agent" help:"dsec-agent binary (empty: beside dsecd, else on PATH)"`
-	Shell           string        `key:"shell" flag:"shell" help:"static shell shipped read-only into every sandbox (empty: /bin/bash-static, else /bin/busybox)"`
-	CgroupParent    string        `key:"cgroup_parent" flag:"cgroup-parent" help:"cgroup under which this node's sandboxes live (empty: as network.nft_table: dsec, or dsecN)"`
-	MaxWarm         int           `key:"max_warm" flag:"max-warm" help:"most sandboxes all warm pools of this node hold together"`
-	Retention       time.Duration `key:"retention" flag:"retention" help:"how long a stopped or failed sandbox stays listed (dsec ls --all) after it ended"`
-	PausedRetention time.Duration `key:"paused_retention" flag:"paused-retention" help:"how long a sandbox may stay paused before it is stopped"`
-	Swap            string        `key:"swap" flag:"swap" check:"swap" help:"swap of the node's own, so a pause can take sandboxes' anonymous memory out of RAM: none, file:SIZE (a swap file under the root) or zram:SIZE (none: a pause releases the page cache only; a swap the host has is used, never changed)"`
-	NoProvenance    bool          `key:"no_provenance" flag:"no-provenance" help:"record no provenance as sandboxes run: no baseline of their writable layer at start, no watch of protected paths, no log of refused syscalls (docs/provenance.md)"`
-	StartTimeout    time.Duration `key:"start_timeout" flag:"start-timeout" help:"how long a new sandbox's agent may take to answer before the create fails"`
-	OutputLimit     int64         `key:"output_limit" flag:"output-limit" help:"output kept per command and stream for attach to replay, in bytes; a stream following the command gets all of it"`
-	MetricsProjects int           `key:"metrics_projects" flag:"metrics-projects" help:"how many projects, the largest by sandboxes, the sandbox gauge names; the rest are summed under \"other\" (negative: none; docs/operations.md)"`
-	NoMetrics       bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
-	NoEvents        bool          `key:"no_events" flag:"no-events" help:"keep no lifecycle events of this node's sandboxes (the all-in-one stores none either; docs/events.md): to measure what they cost"`
-	NoLedger        bool          `key:"no_ledger" flag:"no-ledger" help:"keep no cost ledger: an edge (or the all-in-one) samples none of its sandboxes, an apiserver pulls and stores none and refuses dsec usage (docs/usage.md): to measure what it costs"`
-	LedgerInterval  time.Duration `key:"ledger_interval" flag:"ledger-interval" help:"how often the cost ledger samples each sandbox's cgroup, writable layer and veth (a last sample is taken as a sandbox ends)"`
+	Root             string        `key:"root" flag:"root" help:"state directory"`
+	Node             string        `key:"node" flag:"node" help:"node name used in sandbox IDs (empty: from the host name; an edge needs one, the name in its certificate)"`
+	Runtime          string        `key:"runtime" flag:"runtime" help:"OCI runtime of the container isolation: runc or crun (an edge also takes fake: a hollow node that starts nothing); runsc is deprecated here: it means --runsc with --runtime-path"`
+	RuntimePath      string        `key:"runtime_path" flag:"runtime-path" help:"the runtime's binary (empty: --runtime on PATH)"`
+	Runsc            string        `key:"runsc" flag:"runsc" help:"gVisor's runsc, for the gvisor isolation beside runc: a path that must work, none for no gvisor (empty: $DSEC_RUNSC, else runsc on PATH or /var/cache/dsec/runsc/runsc when it works; scripts/build-runsc.sh builds it)"`
+	RunscPlatform    string        `key:"runsc_platform" flag:"runsc-platform" check:"runsc-platform" help:"runsc's platform for the gvisor isolation: systrap, ptrace or kvm (empty: kvm where /dev/kvm runs stock guests, else systrap)"`
+	VMKernelDir      string        `key:"vm_kernel_dir" flag:"vm-kernel-dir" help:"the microVM guest kernel's directory, for the microvm isolation where QEMU is found too (empty: $DSEC_VM_KERNEL_DIR, else /var/cache/dsec/vm-kernel; scripts/build-vm-kernel.sh builds it)"`
+	QEMU             string        `key:"qemu" flag:"qemu" help:"QEMU of the microvm isolation (empty: qemu-system-x86_64 on PATH; Debian's qemu-system-x86)"`
+	VMPmemLayers     bool          `key:"vm_pmem_layers" flag:"vm-pmem-layers" help:"attach microVMs' layers as virtio-pmem with DAX (q35 machines, ~0.3 s slower to boot under TCG): the node's guests share one copy of a layer in the host's page cache"`
+	Agent            string        `key:"agent" flag:"agent" help:"dsec-agent binary (empty: beside dsecd, else on PATH)"`
+	Shell            string        `key:"shell" flag:"shell" help:"static shell shipped read-only into every sandbox (empty: /bin/bash-static, else /bin/busybox)"`
+	CgroupParent     string        `key:"cgroup_parent" flag:"cgroup-parent" help:"cgroup under which this node's sandboxes live (empty: as network.nft_table: dsec, or dsecN)"`
+	MaxWarm          int           `key:"max_warm" flag:"max-warm" help:"most sandboxes all warm pools of this node hold together"`
+	Retention        time.Duration `key:"retention" flag:"retention" help:"how long a stopped or failed sandbox stays listed (dsec ls --all) after it ended"`
+	PausedRetention  time.Duration `key:"paused_retention" flag:"paused-retention" help:"how long a sandbox may stay paused before it is stopped"`
+	Swap             string        `key:"swap" flag:"swap" check:"swap" help:"swap of the node's own, so a pause can take sandboxes' anonymous memory out of RAM: none, file:SIZE (a swap file under the root) or zram:SIZE (none: a pause releases the page cache only; a swap the host has is used, never changed)"`
+	NoProvenance     bool          `key:"no_provenance" flag:"no-provenance" help:"record no provenance as sandboxes run: no baseline of their writable layer at start, no watch of protected paths, no log of refused syscalls (docs/provenance.md)"`
+	StartTimeout     time.Duration `key:"start_timeout" flag:"start-timeout" help:"how long a new sandbox's agent may take to answer before the create fails"`
+	OutputLimit      int64         `key:"output_limit" flag:"output-limit" help:"output kept per command and stream for attach to replay, in bytes; a stream following the command gets all of it"`
+	MetricsProjects  int           `key:"metrics_projects" flag:"metrics-projects" help:"how many projects, the largest by sandboxes, the sandbox gauge names; the rest are summed under \"other\" (negative: none; docs/operations.md)"`
+	NoMetrics        bool          `key:"no_metrics" flag:"no-metrics" help:"record no metrics at all (/metrics answers 404): to measure what they cost"`
+	NoEvents         bool          `key:"no_events" flag:"no-events" help:"keep no lifecycle events of this node's sandboxes (the all-in-one stores none either; docs/events.md): to measure what they cost"`
+	NoLedger         bool          `key:"no_ledger" flag:"no-ledger" help:"keep no cost ledger: an edge (or the all-in-one) samples none of its sandboxes, an apiserver pulls and stores none and refuses dsec usage (docs/usage.md): to measure what it costs"`
+	LedgerInterval   time.Duration `key:"ledger_interval" flag:"ledger-interval" help:"how often the cost ledger samples each sandbox's cgroup, writable layer and veth (a last sample is taken as a sandbox ends)"`
+	LedgerCheckpoint time.Duration `key:"ledger_checkpoint" flag:"ledger-checkpoint" help:"how often a live sandbox's ledger record is offered to the apiservers' pulls to be stored (from ledger_interval to 15m: a node lost for good loses at most this much of its live sandboxes' use, and dsec usage counts a node that does not answer as of its last checkpoint; docs/usage.md)"`
 
 	Defaults   SandboxDefaults `key:"defaults"`
 	Limits     Limits          `key:"limits"`
@@ -234,18 +235,19 @@ const (
 // microVM kernel are when they are not in their installed places.
 func DefaultNode(getenv func(string) string) Node {
 	return Node{
-		Root:            DefaultRoot,
-		Runtime:         "runc",
-		Runsc:           getenv("DSEC_RUNSC"),
-		VMKernelDir:     getenv("DSEC_VM_KERNEL_DIR"),
-		MaxWarm:         256,
-		Retention:       10 * time.Minute,
-		PausedRetention: 7 * 24 * time.Hour,
-		LedgerInterval:  10 * time.Second,
-		Swap:            "none",
-		StartTimeout:    15 * time.Second,
-		OutputLimit:     16 << 20,
-		MetricsProjects: 20,
+		Root:             DefaultRoot,
+		Runtime:          "runc",
+		Runsc:            getenv("DSEC_RUNSC"),
+		VMKernelDir:      getenv("DSEC_VM_KERNEL_DIR"),
+		MaxWarm:          256,
+		Retention:        10 * time.Minute,
+		PausedRetention:  7 * 24 * time.Hour,
+		LedgerInterval:   10 * time.Second,
+		LedgerCheckpoint: 5 * time.Minute,
+		Swap:             "none",
+		StartTimeout:     15 * time.Second,
+		OutputLimit:      16 << 20,
+		MetricsProjects:  20,
 		Defaults: SandboxDefaults{
 			CPUs: 1, MemoryMB: 512, DiskMB: 1024, Pids: 1024,
 			TTL: time.Hour, IdleTimeout: 15 * time.Minute,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"time"
 
 	"dsec.dev/dsec/internal/clustertls"
 	"dsec.dev/dsec/internal/config"
@@ -70,6 +71,28 @@ func FromEdge(c config.Edge) (EdgeConfig, error) {
 // dies to be replaced and a node unreachable for a while.
 const MaxUsagePull = ledger.Keep / 4
 
+// MaxLedgerCheckpoint bounds --ledger-checkpoint as MaxUsagePull bounds
+// the pulls: a node lost for good loses at most a checkpoint of its live
+// sandboxes' use, and Usage counts the live sandboxes of a node that does
+// not answer as of their last checkpoint, so neither is further behind
+// than the pulls may be.
+const MaxLedgerCheckpoint = ledger.Keep / 4
+
+// checkLedgerCheckpoint refuses a checkpoint interval shorter than the
+// sampling interval (a checkpoint is a sample's: a shorter one offers
+// every sample, the store written per sample as before checkpoints) or
+// longer than MaxLedgerCheckpoint.
+func checkLedgerCheckpoint(checkpoint, interval time.Duration) error {
+	if interval <= 0 {
+		interval = ledger.DefaultInterval
+	}
+	if checkpoint < interval || checkpoint > MaxLedgerCheckpoint {
+		return fmt.Errorf("ledger_checkpoint %s: want ledger_interval (%s) to %s: a checkpoint comes with a sample, and a node lost for good loses at most a checkpoint of its live sandboxes' use",
+			checkpoint, interval, MaxLedgerCheckpoint)
+	}
+	return nil
+}
+
 // FromAPIServer is `dsecd apiserver`'s configuration from its settings.
 func FromAPIServer(c config.APIServer) (APIServerConfig, error) {
 	a := c.API
@@ -132,13 +155,16 @@ func fromNode(n config.Node) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("fncall.qos: %w", err)
 	}
+	if err := checkLedgerCheckpoint(n.LedgerCheckpoint, n.LedgerInterval); err != nil {
+		return Config{}, err
+	}
 	cfg := Config{
 		Root: n.Root, Node: n.Node, Runtime: n.Runtime, RuntimePath: n.RuntimePath, Runsc: n.Runsc,
 		RunscPlatform: n.RunscPlatform, VMKernelDir: n.VMKernelDir, QEMU: n.QEMU, VMPmemLayers: n.VMPmemLayers,
 		CgroupParent: n.CgroupParent, AgentPath: n.Agent, ShellPath: n.Shell,
 		OutputLimit: n.OutputLimit, StartTimeout: n.StartTimeout, MaxWarm: n.MaxWarm, Retention: n.Retention, PausedRetention: n.PausedRetention,
 		Swap: sw, MetricsProjects: n.MetricsProjects, NoMetrics: n.NoMetrics, NoEvents: n.NoEvents, NoProvenance: n.NoProvenance,
-		NoLedger: n.NoLedger, LedgerInterval: n.LedgerInterval,
+		NoLedger: n.NoLedger, LedgerInterval: n.LedgerInterval, LedgerCheckpoint: n.LedgerCheckpoint,
 		Trajectory: TrajectoryConfig{Off: n.Trajectory.Off, Retention: n.Trajectory.Retention,
 			MaxBytes: n.Trajectory.MaxBytes, MaxOutput: n.Trajectory.MaxOutput},
 	}

@@ -44,6 +44,8 @@ func TestConfigDefaultsAgree(t *testing.T) {
 		{"start_timeout", n.StartTimeout, sandbox.DefaultStartTimeout},
 		{"paused_retention", n.PausedRetention, 7 * 24 * time.Hour}, // sandbox.Manager's
 		{"max_warm", n.MaxWarm, 256},                                // sandbox.Manager's
+		{"ledger_interval", n.LedgerInterval, ledger.DefaultInterval},
+		{"ledger_checkpoint", n.LedgerCheckpoint, ledger.DefaultCheckpoint},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: config's default %v, the package's %v", c.name, c.got, c.want)
@@ -82,6 +84,39 @@ func TestConfigDefaultsAgree(t *testing.T) {
 	a.Edges = []string{"bad"}
 	if _, err := FromAPIServer(a); err == nil {
 		t.Error("a malformed edge converted")
+	}
+}
+
+// TestLedgerCheckpointBounded: --ledger-checkpoint is refused shorter
+// than the sampling interval (a checkpoint comes with a sample) and past
+// a quarter of the hour a node keeps an ended sandbox's record, as the
+// pulls are; in between, an edge and the all-in-one take it.
+func TestLedgerCheckpointBounded(t *testing.T) {
+	for _, c := range []struct {
+		every, interval time.Duration
+		ok              bool
+	}{
+		{ledger.DefaultCheckpoint, 0, true}, {ledger.DefaultInterval, 0, true}, {time.Second, time.Second, true},
+		{ledger.Keep / 4, ledger.DefaultInterval, true},
+		{0, ledger.DefaultInterval, false}, {-time.Second, ledger.DefaultInterval, false},
+		{time.Second, ledger.DefaultInterval, false}, {ledger.Keep/4 + time.Second, ledger.DefaultInterval, false},
+		{ledger.Keep, ledger.DefaultInterval, false},
+	} {
+		e := config.DefaultEdge(func(string) string { return "" })
+		e.Node.Node = "n1"
+		e.Node.LedgerCheckpoint, e.Node.LedgerInterval = c.every, c.interval
+		cfg, err := FromEdge(e)
+		if (err == nil) != c.ok {
+			t.Errorf("edge ledger_checkpoint %s, ledger_interval %s: %v, want ok %v", c.every, c.interval, err, c.ok)
+		}
+		if err == nil && cfg.Node.LedgerCheckpoint != c.every {
+			t.Errorf("edge ledger_checkpoint %s: passed on as %s", c.every, cfg.Node.LedgerCheckpoint)
+		}
+		a := config.DefaultAllInOne(func(string) string { return "" })
+		a.Node.LedgerCheckpoint, a.Node.LedgerInterval = c.every, c.interval
+		if acfg, err := FromAllInOne(a); (err == nil) != c.ok || err == nil && acfg.LedgerCheckpoint != c.every {
+			t.Errorf("all-in-one ledger_checkpoint %s, ledger_interval %s: %v (%s), want ok %v", c.every, c.interval, err, acfg.LedgerCheckpoint, c.ok)
+		}
 	}
 }
 

@@ -182,12 +182,15 @@ type Config struct {
 	StartTimeout time.Duration
 	// NoLedger keeps no cost ledger (docs/usage.md): for measuring what
 	// keeping it costs. LedgerInterval is how often the node samples its
-	// sandboxes' use (0: ledger.DefaultInterval); UsageRetention how long
-	// an ended sandbox's row is kept (0 = apiserver.DefaultUsageRetention;
+	// sandboxes' use (0: ledger.DefaultInterval), LedgerCheckpoint how
+	// often a live sandbox's record is offered to the pulls (0:
+	// ledger.DefaultCheckpoint); UsageRetention how long an ended
+	// sandbox's row is kept (0 = apiserver.DefaultUsageRetention;
 	// negative: forever).
-	NoLedger       bool
-	LedgerInterval time.Duration
-	UsageRetention time.Duration
+	NoLedger         bool
+	LedgerInterval   time.Duration
+	LedgerCheckpoint time.Duration
+	UsageRetention   time.Duration
 	// Trajectory says how the node records its sandboxes' trajectories.
 	Trajectory TrajectoryConfig
 	// NoProvenance records no provenance as sandboxes run (no baseline at
@@ -576,6 +579,7 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		if n.ledger, err = ledger.Open(cfg.Node, filepath.Join(cfg.Root, "ledger.json"), log.With("component", "ledger")); err != nil {
 			return nil, err
 		}
+		n.ledger.SetCheckpoint(cfg.LedgerCheckpoint)
 	}
 	var reads sandbox.ReadWatcher
 	var syscalls sandbox.SyscallRecorder

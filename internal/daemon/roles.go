@@ -201,6 +201,7 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 			if h.Ledger, err = ledger.Open(h.Node, "", log.With("component", "ledger")); err != nil {
 				return err
 			}
+			h.Ledger.SetCheckpoint(cfg.Node.LedgerCheckpoint)
 			h.LedgerInterval = cfg.Node.LedgerInterval
 		}
 		h.Metrics = metricsReg.Edge()
