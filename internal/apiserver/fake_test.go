@@ -26,6 +26,7 @@ import (
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/sandboxid"
+	"dsec.dev/dsec/internal/sandboxpage"
 	"dsec.dev/dsec/internal/watcher"
 )
 
@@ -155,6 +156,21 @@ func (f *fakeEdge) List(ctx context.Context, labels map[string]string, states []
 		}
 	}
 	return out, nil
+}
+
+// Query answers an edge's List as sandbox.Manager's does.
+func (f *fakeEdge) Query(ctx context.Context, q sandboxpage.Query) ([]*dsecv1.Sandbox, int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	pick := sandboxpage.NewPick[*dsecv1.Sandbox](q)
+	for _, sb := range f.sbs {
+		pick.Offer(sb, sb)
+	}
+	page := pick.Page()
+	for i, sb := range page {
+		page[i] = proto.Clone(sb).(*dsecv1.Sandbox)
+	}
+	return page, pick.Total(), nil
 }
 
 func (f *fakeEdge) Delete(ctx context.Context, id string) error {

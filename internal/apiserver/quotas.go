@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
 	"dsec.dev/dsec/internal/iam"
@@ -236,7 +237,7 @@ func (s *Server) reconcileQuotas(ctx context.Context) {
 	}
 	truth := map[string]store.Amounts{}
 	for _, n := range nodes {
-		resp, err := n.Edge.List(ctx, connect.NewRequest(&dsecv1.ListRequest{States: liveStates()}))
+		resp, err := n.Edge.List(ctx, connect.NewRequest(&edgev1.ListRequest{States: liveStates(), ExcludeLabels: []string{FnCallPoolLabel}}))
 		if err != nil {
 			s.log.Warn("count sandboxes for quotas", "node", n.Name, "err", err)
 			return

@@ -18,6 +18,7 @@ import (
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/errdefs"
+	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/placement"
 	"dsec.dev/dsec/internal/sandboxpage"
 	"dsec.dev/dsec/internal/store"
@@ -761,10 +762,17 @@ func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListReque
 			return nil, fmt.Errorf("list: state %d is not a sandbox state: %w", st, errdefs.ErrInvalidArgument)
 		}
 	}
+	paged := req.Msg.GetPageSize() != 0 || req.Msg.GetPageToken() != ""
+	size := int(req.Msg.GetPageSize())
+	var after *dsecv1.Sandbox
+	if paged {
+		var err error
+		if after, err = sandboxpage.Check(size, req.Msg.GetPageToken()); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+		size = min(size, sandboxpage.MaxSize)
+	}
 	out := &dsecv1.ListResponse{}
-	// The fncall backend's pooled containers are the platform's, not the
-	// caller's: listed only when asked for by their label.
-	_, pooled := req.Msg.GetLabels()[FnCallPoolLabel]
 	// An unreachable node's sandboxes cannot be listed (its calls fail
 	// with Unavailable naming it): the answer names it, so that a list
 	// short of them does not read as a list of everything.
@@ -774,26 +782,56 @@ func (s *Server) List(ctx context.Context, req *connect.Request[dsecv1.ListReque
 		}
 	}
 	slices.Sort(out.UnreachableNodes)
+	// Each node filters its own list by what the caller may see and, for
+	// a page, answers only its first page_size+1 sandboxes after the
+	// cursor (one more than a page, so a node's "more" shows) and its
+	// count: a page reads nodes x page_size records, not every record.
+	ereq := &edgev1.ListRequest{Labels: req.Msg.GetLabels(), States: states}
+	// The fncall backend's pooled containers are the platform's, not the
+	// caller's: listed only when asked for by their label.
+	_, pooled := req.Msg.GetLabels()[FnCallPoolLabel]
+	if !pooled {
+		ereq.ExcludeLabels = []string{FnCallPoolLabel}
+	}
+	if a, _, check := callerRole(ctx); check {
+		// visible's rule, as subtrees a node can test.
+		projects, all := a.Reach(iam.Viewer)
+		ereq.Scoped, ereq.Projects = !all, projects
+	}
+	if paged {
+		ereq.PageSize = int32(size + 1)
+		ereq.AfterCreatedUnixMs, ereq.AfterId = after.GetCreatedUnixMs(), after.GetId()
+	}
+	total := 0
 	for _, n := range s.routable() {
-		resp, err := n.Edge.List(ctx, connect.NewRequest(&dsecv1.ListRequest{Labels: req.Msg.GetLabels(), States: states}))
+		resp, err := n.Edge.List(ctx, connect.NewRequest(ereq))
 		if err != nil {
 			return nil, fmt.Errorf("list sandboxes of node %s: %w", n.Name, err)
 		}
-		for _, sb := range resp.Msg.GetSandboxes() {
-			if _, isPool := sb.GetSpec().GetLabels()[FnCallPoolLabel]; isPool && !pooled {
-				continue
-			}
-			out.Sandboxes = append(out.Sandboxes, sb)
+		// What a node answers is filtered again here, which costs a page
+		// little: an edge from before the scope and page fields (a
+		// cluster halfway through an upgrade) answers every match of the
+		// labels and states, and is only slower.
+		sbs := resp.Msg.GetSandboxes()
+		if !pooled {
+			sbs = slices.DeleteFunc(sbs, func(sb *dsecv1.Sandbox) bool {
+				_, isPool := sb.GetSpec().GetLabels()[FnCallPoolLabel]
+				return isPool
+			})
 		}
+		sbs = visible(ctx, sbs)
+		if resp.Msg.GetFiltered() {
+			total += int(resp.Msg.GetTotal())
+		} else {
+			total += len(sbs) // every match, the cursor aside
+		}
+		out.Sandboxes = append(out.Sandboxes, sbs...)
 	}
-	out.Sandboxes = visible(ctx, out.Sandboxes)
-	if size := req.Msg.GetPageSize(); size != 0 || req.Msg.GetPageToken() != "" {
-		// Every node's list is read whole (a node holds at most its
-		// max_sandboxes) and only the page is sent on.
+	if paged {
 		sandboxpage.Sort(out.Sandboxes)
-		out.Total = int32(len(out.Sandboxes))
+		out.Total = int32(total)
 		var err error
-		out.Sandboxes, out.NextPageToken, err = sandboxpage.Cut(out.Sandboxes, int(size), req.Msg.GetPageToken())
+		out.Sandboxes, out.NextPageToken, err = sandboxpage.Cut(out.Sandboxes, size, req.Msg.GetPageToken())
 		if err != nil {
 			return nil, fmt.Errorf("list: %w", err)
 		}

@@ -214,7 +214,7 @@ func (r *Remote) Get(ctx context.Context, req *connect.Request[dsecv1.GetRequest
 	return unary(ctx, r.c.Get, req)
 }
 
-func (r *Remote) List(ctx context.Context, req *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
+func (r *Remote) List(ctx context.Context, req *connect.Request[edgev1.ListRequest]) (*connect.Response[edgev1.ListResponse], error) {
 	return unary(ctx, r.c.List, req)
 }
 

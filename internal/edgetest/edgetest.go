@@ -14,6 +14,9 @@
 //   - a create's sandbox runs on the node Status names, Get and List show
 //     it, and a create token is idempotent: the same token returns the same
 //     sandbox, from Create and CreateMany alike;
+//   - List answers only its request's project scope, without the
+//     excluded labels, and paged, the first page_size matches after the
+//     cursor, newest first, with the count of every match;
 //   - error kinds (errdefs, which survive the wire): NotFound for a sandbox
 //     the node never made, InvalidArgument for a malformed request (no
 //     environment, no create tokens, no sandbox ID), FailedPrecondition for
@@ -163,6 +166,7 @@ func Run(t *testing.T, o Options) {
 		fn   func(t *testing.T, e *edge)
 	}{
 		{"Lifecycle", testLifecycle},
+		{"List", testList},
 		{"Errors", testErrors},
 		{"Reap", testReap},
 		{"Inside", testInside},
@@ -205,7 +209,7 @@ func open(t *testing.T, o Options) *edge {
 // deleteAll deletes every sandbox the edge lists as live.
 func (e *edge) deleteAll() {
 	ctx := context.Background()
-	resp, err := e.h.List(ctx, connect.NewRequest(&dsecv1.ListRequest{}))
+	resp, err := e.h.List(ctx, connect.NewRequest(&edgev1.ListRequest{}))
 	if err != nil {
 		e.t.Errorf("list at cleanup: %v", err)
 		return
@@ -254,7 +258,7 @@ func (e *edge) delete(ctx context.Context, id string) error {
 // live lists the IDs of the edge's live sandboxes of this test.
 func (e *edge) live(ctx context.Context) []string {
 	e.t.Helper()
-	resp, err := e.h.List(ctx, connect.NewRequest(&dsecv1.ListRequest{Labels: map[string]string{"edgetest": e.t.Name()},
+	resp, err := e.h.List(ctx, connect.NewRequest(&edgev1.ListRequest{Labels: map[string]string{"edgetest": e.t.Name()},
 		States: []dsecv1.State{dsecv1.State_STATE_CREATING, dsecv1.State_STATE_RUNNING, dsecv1.State_STATE_PAUSED}}))
 	if err != nil {
 		e.t.Fatalf("List: %v", err)

@@ -11,6 +11,7 @@ package iam
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -107,6 +108,43 @@ func (a Authority) On(project string) Role {
 		return None
 	}
 	return min(a.Role, Effective(a.Bindings, project))
+}
+
+// Reach names where the authority holds at least role r: the projects
+// whose subtrees (each project and those under it, Within) make up every
+// project p with a.On(p) >= r, none of them under another. All is true
+// when that is every project (then projects is nil); an empty projects
+// with all false is none. A node's list filters by it before a page is
+// cut, where On would need each sandbox's project in the caller's hands.
+func (a Authority) Reach(r Role) (projects []string, all bool) {
+	if a.On("") >= r {
+		return nil, true
+	}
+	if a.Role < r {
+		return nil, false
+	}
+	// On(p) >= r where p is under the token's project and under a binding
+	// of at least r: the deeper of the two, when one holds the other.
+	var roots []string
+	for _, b := range a.Bindings {
+		switch {
+		case b.Role < r:
+		case Within(b.Project, a.Project):
+			roots = append(roots, b.Project)
+		case Within(a.Project, b.Project):
+			roots = append(roots, a.Project)
+		}
+	}
+	slices.Sort(roots)
+	roots = slices.Compact(roots)
+	var out []string
+	for _, p := range roots {
+		// Sorted, an ancestor comes before what lies under it.
+		if !slices.ContainsFunc(out, func(o string) bool { return Within(p, o) }) {
+			out = append(out, p)
+		}
+	}
+	return out, false
 }
 
 // Within reports whether the project at path is ancestor or lies under it.

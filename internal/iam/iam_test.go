@@ -2,6 +2,7 @@ package iam_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +85,43 @@ func TestPaths(t *testing.T) {
 // given.
 func tok(project string, role iam.Role, bindings ...iam.Binding) iam.Authority {
 	return iam.Authority{TokenID: "tok-1", Principal: "alice", Project: project, Role: role, Bindings: bindings}
+}
+
+// TestReach checks Reach against On over every project of a small tree:
+// a project is in one of Reach's subtrees exactly when On gives it the
+// role, and no subtree lies in another.
+func TestReach(t *testing.T) {
+	projects := []string{"", "a", "a-b", "a/b", "a/b/c", "a/d", "e", "e/f"}
+	for _, a := range []iam.Authority{
+		iam.NodeAdmin(),
+		tok("", iam.Admin, iam.Binding{Project: "", Role: iam.Viewer}),
+		tok("", iam.Admin, iam.Binding{Project: "a", Role: iam.Viewer}, iam.Binding{Project: "a/b", Role: iam.Admin}, iam.Binding{Project: "e/f", Role: iam.Runner}),
+		tok("a", iam.Viewer, iam.Binding{Project: "", Role: iam.Admin}),
+		tok("a/b", iam.Runner, iam.Binding{Project: "a", Role: iam.Viewer}, iam.Binding{Project: "e", Role: iam.Admin}),
+		tok("a", iam.Admin, iam.Binding{Project: "a/b", Role: iam.Viewer}, iam.Binding{Project: "a/d", Role: iam.Builder}, iam.Binding{Project: "a-b", Role: iam.Admin}),
+		tok("a", iam.Viewer),
+		tok("", iam.None, iam.Binding{Project: "", Role: iam.Admin}),
+	} {
+		for _, r := range []iam.Role{iam.Viewer, iam.Runner, iam.Admin} {
+			roots, all := a.Reach(r)
+			if all && roots != nil {
+				t.Errorf("%+v Reach(%v) = %q and all", a, r, roots)
+			}
+			for _, p := range projects {
+				in := all || slices.ContainsFunc(roots, func(root string) bool { return iam.Within(p, root) })
+				if want := a.On(p) >= r; in != want {
+					t.Errorf("%+v Reach(%v) = %q, %v: holds %q is %v, On says %v", a, r, roots, all, p, in, want)
+				}
+			}
+			for i, x := range roots {
+				for j, y := range roots {
+					if i != j && iam.Within(x, y) {
+						t.Errorf("%+v Reach(%v) = %q: %q lies in %q", a, r, roots, x, y)
+					}
+				}
+			}
+		}
+	}
 }
 
 func TestAllow(t *testing.T) {

@@ -2,7 +2,8 @@
 // time, then ID), cut after a cursor that names the last sandbox of the
 // page before. The apiserver's List pages with it (ListRequest.page_size
 // and page_token), and the web console where it filters past what List
-// can ask for.
+// can ask for. A node answers its own page of an edge's List with Query
+// and Pick, which the apiserver merges and cuts again.
 //
 // A cursor names a position in the order, not an offset, so sandboxes
 // made after a page was read come before it and do not shift the pages
@@ -52,20 +53,30 @@ func parse(token string) (*dsecv1.Sandbox, error) {
 	return &dsecv1.Sandbox{Id: id, CreatedUnixMs: at}, nil
 }
 
+// Check checks a page's size and token as Cut does, and returns the
+// sandbox the token names (its ID and created time; nil for "", the
+// first page), after which the page starts.
+func Check(size int, token string) (after *dsecv1.Sandbox, err error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("page size %d: want at least 1: %w", size, errdefs.ErrInvalidArgument)
+	}
+	if token == "" {
+		return nil, nil
+	}
+	return parse(token)
+}
+
 // Cut returns the page of at most size sandboxes of sorted (in Sort's
 // order) that starts after token ("" the first page), and the token of
 // the next page ("" when this one is the last).
 func Cut(sorted []*dsecv1.Sandbox, size int, token string) ([]*dsecv1.Sandbox, string, error) {
-	if size <= 0 {
-		return nil, "", fmt.Errorf("page size %d: want at least 1: %w", size, errdefs.ErrInvalidArgument)
+	after, err := Check(size, token)
+	if err != nil {
+		return nil, "", err
 	}
 	size = min(size, MaxSize)
 	from := 0
-	if token != "" {
-		after, err := parse(token)
-		if err != nil {
-			return nil, "", err
-		}
+	if after != nil {
 		// The first sandbox past the cursor: the cursor's own sandbox may
 		// be gone.
 		from, _ = slices.BinarySearchFunc(sorted, after, compare)

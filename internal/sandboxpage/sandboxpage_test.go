@@ -3,6 +3,8 @@ package sandboxpage
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
@@ -67,5 +69,75 @@ func TestCut(t *testing.T) {
 	}
 	if page, next, _ := Cut(nil, 5, ""); len(page) != 0 || next != "" {
 		t.Errorf("no sandboxes: %v %q", page, next)
+	}
+}
+
+// TestPick: a list split over three nodes, each answering its Pick of a
+// page (one more than the page, as the apiserver asks) after the cursor,
+// merged and cut, walks the same pages with the same tokens as Cut over
+// the whole list; each node's total counts its matches wherever the
+// cursor; an unpaged Pick is every match, oldest first.
+func TestPick(t *testing.T) {
+	var all []*dsecv1.Sandbox
+	nodes := make([][]*dsecv1.Sandbox, 3)
+	for i := range 50 {
+		x := sb(fmt.Sprintf("sb-%02d", (i*17)%50), int64(i/3))
+		x.Spec = &dsecv1.SandboxSpec{Labels: map[string]string{"dsec.dev/project": []string{"", "a", "a/b", "ab"}[i%4]}}
+		if i%9 == 0 {
+			x.Spec.Labels["pool"] = "1"
+		}
+		nodes[i%3] = append(nodes[i%3], x)
+		all = append(all, x)
+	}
+	q := Query{Scoped: true, Projects: []string{"a"}, Exclude: []string{"pool"}}
+	var want []*dsecv1.Sandbox
+	for _, x := range all {
+		if q.Match(x) {
+			want = append(want, x)
+		}
+	}
+	Sort(want)
+	const size = 4
+	for token := ""; ; {
+		wantPage, wantNext, _ := Cut(want, size, token)
+		after, err := Check(size, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pq := q
+		pq.Size, pq.After = size+1, after
+		var merged []*dsecv1.Sandbox
+		total := 0
+		for _, n := range nodes {
+			p := NewPick[*dsecv1.Sandbox](pq)
+			for _, x := range n {
+				p.Offer(x, x)
+			}
+			merged = append(merged, p.Page()...)
+			total += p.Total()
+		}
+		Sort(merged)
+		page, next, err := Cut(merged, size, token)
+		if err != nil || ids(page) != ids(wantPage) || next != wantNext || total != len(want) {
+			t.Fatalf("after %q: %s next %q total %d (%v), want %s next %q total %d", token, ids(page), next, total, err, ids(wantPage), wantNext, len(want))
+		}
+		if token = next; token == "" {
+			break
+		}
+	}
+	p := NewPick[*dsecv1.Sandbox](q)
+	for _, x := range all {
+		p.Offer(x, x)
+	}
+	got := p.Page()
+	oldest := slices.Clone(want)
+	slices.SortFunc(oldest, func(a, b *dsecv1.Sandbox) int {
+		if a.GetCreatedUnixMs() != b.GetCreatedUnixMs() {
+			return int(a.GetCreatedUnixMs() - b.GetCreatedUnixMs())
+		}
+		return strings.Compare(a.GetId(), b.GetId())
+	})
+	if ids(got) != ids(oldest) {
+		t.Errorf("unpaged: %s, want oldest first %s", ids(got), ids(oldest))
 	}
 }

@@ -87,7 +87,7 @@ func TestCreateManyMalformed(t *testing.T) {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
 		}
 	}
-	resp, err := svc.List(context.Background(), connect.NewRequest(&dsecv1.ListRequest{}))
+	resp, err := svc.List(context.Background(), connect.NewRequest(&edgev1.ListRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}

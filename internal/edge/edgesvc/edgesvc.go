@@ -41,6 +41,7 @@ import (
 	"dsec.dev/dsec/internal/flushhold"
 	"dsec.dev/dsec/internal/layerupload"
 	"dsec.dev/dsec/internal/metrics"
+	"dsec.dev/dsec/internal/sandboxpage"
 )
 
 // Edge is what the service needs of the node's edge. *sandbox.Manager
@@ -60,7 +61,9 @@ type Edge interface {
 	// token to sandbox ID.
 	Tokens() map[string]string
 	Get(ctx context.Context, id string) (*dsecv1.Sandbox, error)
-	List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error)
+	// Query answers List: the sandboxes q matches, or its page of them,
+	// and how many match in all.
+	Query(ctx context.Context, q sandboxpage.Query) ([]*dsecv1.Sandbox, int, error)
 	Delete(ctx context.Context, id string) error
 	// Pause freezes a sandbox and releases its memory (keepMemory: freeze
 	// only); already says it was paused before. Resume undoes it.
@@ -747,12 +750,12 @@ func (s *Service) Get(ctx context.Context, req *connect.Request[dsecv1.GetReques
 	return connect.NewResponse(sb), nil
 }
 
-func (s *Service) List(ctx context.Context, req *connect.Request[dsecv1.ListRequest]) (*connect.Response[dsecv1.ListResponse], error) {
-	sbs, err := s.edge.List(ctx, req.Msg.GetLabels(), req.Msg.GetStates())
+func (s *Service) List(ctx context.Context, req *connect.Request[edgev1.ListRequest]) (*connect.Response[edgev1.ListResponse], error) {
+	sbs, total, err := s.edge.Query(ctx, sandboxpage.QueryOf(req.Msg))
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&dsecv1.ListResponse{Sandboxes: sbs}), nil
+	return connect.NewResponse(&edgev1.ListResponse{Sandboxes: sbs, Total: int32(total), Filtered: true}), nil
 }
 
 func (s *Service) Delete(ctx context.Context, req *connect.Request[dsecv1.DeleteRequest]) (*connect.Response[dsecv1.DeleteResponse], error) {

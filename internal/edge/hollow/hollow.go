@@ -31,6 +31,7 @@ import (
 	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/qos"
 	"dsec.dev/dsec/internal/sandboxid"
+	"dsec.dev/dsec/internal/sandboxpage"
 )
 
 // Config shapes a hollow edge.
@@ -224,25 +225,24 @@ func (e *Edge) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
 }
 
 func (e *Edge) List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error) {
+	out, _, err := e.Query(ctx, sandboxpage.Query{Labels: labels, States: states})
+	sort.Slice(out, func(i, j int) bool { return out[i].GetId() < out[j].GetId() })
+	return out, err
+}
+
+// Query answers an edge's List as sandbox.Manager's does.
+func (e *Edge) Query(ctx context.Context, q sandboxpage.Query) ([]*dsecv1.Sandbox, int, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var out []*dsecv1.Sandbox
+	pick := sandboxpage.NewPick[*dsecv1.Sandbox](q)
 	for _, sb := range e.sbs {
-		if len(states) > 0 && !slices.Contains(states, sb.GetState()) {
-			continue
-		}
-		match := true
-		for k, v := range labels {
-			if sb.GetSpec().GetLabels()[k] != v {
-				match = false
-			}
-		}
-		if match {
-			out = append(out, proto.Clone(sb).(*dsecv1.Sandbox))
-		}
+		pick.Offer(sb, sb)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].GetId() < out[j].GetId() })
-	return out, nil
+	page := pick.Page()
+	for i, sb := range page {
+		page[i] = proto.Clone(sb).(*dsecv1.Sandbox)
+	}
+	return page, pick.Total(), nil
 }
 
 func (e *Edge) Delete(ctx context.Context, id string) error {

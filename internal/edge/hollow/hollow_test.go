@@ -71,7 +71,7 @@ func TestHollowEdgeThroughEdgeService(t *testing.T) {
 	if _, err := svc.ListProcesses(ctx, connect.NewRequest(&dsecv1.ListProcessesRequest{SandboxId: ids[1]})); !errors.Is(err, errdefs.ErrNotSupported) {
 		t.Errorf("a call inside a hollow sandbox: %v, want not supported", err)
 	}
-	live, err := svc.List(ctx, connect.NewRequest(&dsecv1.ListRequest{States: []dsecv1.State{dsecv1.State_STATE_RUNNING}}))
+	live, err := svc.List(ctx, connect.NewRequest(&edgev1.ListRequest{States: []dsecv1.State{dsecv1.State_STATE_RUNNING}}))
 	if err != nil || len(live.Msg.GetSandboxes()) != 50 {
 		t.Fatalf("list running: %d, %v", len(live.Msg.GetSandboxes()), err)
 	}

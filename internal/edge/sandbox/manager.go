@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -50,6 +49,7 @@ import (
 	"dsec.dev/dsec/internal/metrics"
 	"dsec.dev/dsec/internal/qos"
 	"dsec.dev/dsec/internal/sandboxid"
+	"dsec.dev/dsec/internal/sandboxpage"
 )
 
 // Images resolves environments to mounted layers. *layers.Service
@@ -678,8 +678,22 @@ func (m *Manager) Get(ctx context.Context, id string) (*dsecv1.Sandbox, error) {
 }
 
 // List returns the sandboxes whose labels include labels and whose state is
-// one of states (any, when empty).
+// one of states (any, when empty), oldest first.
 func (m *Manager) List(ctx context.Context, labels map[string]string, states []dsecv1.State) ([]*dsecv1.Sandbox, error) {
+	out, _, err := m.Query(ctx, sandboxpage.Query{Labels: labels, States: states})
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].CreatedUnixMs != out[j].CreatedUnixMs {
+			return out[i].CreatedUnixMs < out[j].CreatedUnixMs
+		}
+		return out[i].Id < out[j].Id
+	})
+	return out, err
+}
+
+// Query answers an edge's List: the records of the sandboxes q matches
+// (a warm pool's aside) or, paged, its page of them, and how many match.
+// Only the answer's records are copied.
+func (m *Manager) Query(ctx context.Context, q sandboxpage.Query) ([]*dsecv1.Sandbox, int, error) {
 	m.mu.Lock()
 	all := make([]*sandbox, 0, len(m.sandboxes))
 	for _, sb := range m.sandboxes {
@@ -688,28 +702,18 @@ func (m *Manager) List(ctx context.Context, labels map[string]string, states []d
 		}
 	}
 	m.mu.Unlock()
-	var out []*dsecv1.Sandbox
+	pick := sandboxpage.NewPick[*sandbox](q)
 	for _, sb := range all {
 		sb.mu.Lock()
-		rec := sb.rec
-		match := len(states) == 0 || slices.Contains(states, rec.GetState())
-		for k, v := range labels {
-			if got, ok := rec.GetSpec().GetLabels()[k]; !ok || got != v {
-				match = false
-			}
-		}
+		pick.Offer(sb.rec, sb)
 		sb.mu.Unlock()
-		if match {
-			out = append(out, sb.record())
-		}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].CreatedUnixMs != out[j].CreatedUnixMs {
-			return out[i].CreatedUnixMs < out[j].CreatedUnixMs
-		}
-		return out[i].Id < out[j].Id
-	})
-	return out, nil
+	page := pick.Page()
+	out := make([]*dsecv1.Sandbox, len(page))
+	for i, sb := range page {
+		out[i] = sb.record()
+	}
+	return out, pick.Total(), nil
 }
 
 // Delete stops the sandbox and removes everything it had. A sandbox that is

@@ -189,8 +189,18 @@ type EdgeServiceClient interface {
 	// A sandbox whose runtime cannot fork is FailedPrecondition.
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Get(context.Context, *connect.Request[v11.GetRequest]) (*connect.Response[v11.Sandbox], error)
-	// List takes states as the public API does, except that empty means all.
-	List(context.Context, *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error)
+	// List answers the node's sandboxes that match, as the public API's List
+	// does, except that empty states means all. The apiserver also names the
+	// caller's project scope and the labels of what it leaves out (the
+	// FnCall pool's containers), and to page, where the page starts and its
+	// size: the node answers only its first page_size matches after the
+	// cursor, newest first, and how many match in all, so a page costs the
+	// apiserver nodes x page_size records, not every record. The request's
+	// fields of dsec.v1.ListRequest keep their numbers there, so an edge
+	// from before these fields reads it as one and answers every match of
+	// labels and states (its answer's filtered false): the apiserver
+	// filters, sorts and cuts what comes back either way.
+	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
 	Delete(context.Context, *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error)
 	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
@@ -361,7 +371,7 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
-		list: connect.NewClient[v11.ListRequest, v11.ListResponse](
+		list: connect.NewClient[v1.ListRequest, v1.ListResponse](
 			httpClient,
 			baseURL+EdgeServiceListProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("List")),
@@ -702,7 +712,7 @@ type edgeServiceClient struct {
 	createMany         *connect.Client[v1.CreateManyRequest, v1.CreateManyResponse]
 	fork               *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	get                *connect.Client[v11.GetRequest, v11.Sandbox]
-	list               *connect.Client[v11.ListRequest, v11.ListResponse]
+	list               *connect.Client[v1.ListRequest, v1.ListResponse]
 	delete             *connect.Client[v11.DeleteRequest, v11.DeleteResponse]
 	pause              *connect.Client[v11.PauseRequest, v11.PauseResponse]
 	resume             *connect.Client[v11.ResumeRequest, v11.ResumeResponse]
@@ -781,7 +791,7 @@ func (c *edgeServiceClient) Get(ctx context.Context, req *connect.Request[v11.Ge
 }
 
 // List calls dsec.edge.v1.EdgeService.List.
-func (c *edgeServiceClient) List(ctx context.Context, req *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error) {
+func (c *edgeServiceClient) List(ctx context.Context, req *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error) {
 	return c.list.CallUnary(ctx, req)
 }
 
@@ -1061,8 +1071,18 @@ type EdgeServiceHandler interface {
 	// A sandbox whose runtime cannot fork is FailedPrecondition.
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Get(context.Context, *connect.Request[v11.GetRequest]) (*connect.Response[v11.Sandbox], error)
-	// List takes states as the public API does, except that empty means all.
-	List(context.Context, *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error)
+	// List answers the node's sandboxes that match, as the public API's List
+	// does, except that empty states means all. The apiserver also names the
+	// caller's project scope and the labels of what it leaves out (the
+	// FnCall pool's containers), and to page, where the page starts and its
+	// size: the node answers only its first page_size matches after the
+	// cursor, newest first, and how many match in all, so a page costs the
+	// apiserver nodes x page_size records, not every record. The request's
+	// fields of dsec.v1.ListRequest keep their numbers there, so an edge
+	// from before these fields reads it as one and answers every match of
+	// labels and states (its answer's filtered false): the apiserver
+	// filters, sorts and cuts what comes back either way.
+	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
 	Delete(context.Context, *connect.Request[v11.DeleteRequest]) (*connect.Response[v11.DeleteResponse], error)
 	Pause(context.Context, *connect.Request[v11.PauseRequest]) (*connect.Response[v11.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v11.ResumeRequest]) (*connect.Response[v11.ResumeResponse], error)
@@ -1703,7 +1723,7 @@ func (UnimplementedEdgeServiceHandler) Get(context.Context, *connect.Request[v11
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.Get is not implemented"))
 }
 
-func (UnimplementedEdgeServiceHandler) List(context.Context, *connect.Request[v11.ListRequest]) (*connect.Response[v11.ListResponse], error) {
+func (UnimplementedEdgeServiceHandler) List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.edge.v1.EdgeService.List is not implemented"))
 }
 
