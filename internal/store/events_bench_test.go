@@ -1,8 +1,12 @@
 package store_test
 
 import (
+	"database/sql"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -158,4 +162,88 @@ func BenchmarkPullTick(b *testing.B) {
 			b.ReportMetric(float64(before)/float64(after), "before/after")
 		})
 	}
+}
+
+// BenchmarkPullCopy is what a pull of one node's events costs per event,
+// by INSERTs of 100 rows (before) and by COPY (now), in the same loop, at
+// the batches a tick brings: a quiet node's few, and a busy one's
+// hundreds (bench cluster: ~250 a node a tick). It reports the CPU time
+// of PostgreSQL's processes and of the benchmark (the apiserver's side)
+// per event, each way, and the ratio of their sums (before/after): the
+// wall time is mostly the commits' syncs on this machine's disk.
+func BenchmarkPullCopy(b *testing.B) {
+	pg := testutil.StartPostgresServer(b)
+	st := openStore(b, pg.DSN)
+	if drop := os.Getenv("DSEC_BENCH_DROP_INDEXES"); drop != "" {
+		db, err := sql.Open("pgx", pg.DSN)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer db.Close()
+		for _, ix := range strings.Split(drop, ",") {
+			if _, err := db.Exec(ix); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	insert := store.PullEventsByInsertForTest(st)
+	for _, batch := range []int{4, 64, 256} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			ctx := b.Context()
+			now := time.Now()
+			node := fmt.Sprintf("n%d-%d", batch, now.UnixNano()) // a node of its own: -count runs it again
+			if _, err := st.ClaimEventPulls(ctx, "a", []string{node}, now, now.Add(time.Hour)); err != nil {
+				b.Fatal(err)
+			}
+			seq := 0
+			next := func() (store.EventPull, []store.Event) {
+				evs := make([]store.Event, batch)
+				for i := range evs {
+					seq++
+					evs[i] = store.Event{Key: fmt.Sprintf("%s/0123456789abcdef/%d", node, seq), At: time.Now(), Project: "ml",
+						SandboxID: fmt.Sprintf("sb-%s-%08x", node, seq), Kind: "created", Node: node}
+				}
+				return store.EventPull{Node: node, Epoch: "0123456789abcdef", Seq: uint64(seq)}, evs
+			}
+			var pgBefore, pgAfter, selfBefore, selfAfter time.Duration
+			// Each way's PostgreSQL time is read around it alone (reading
+			// it costs this process, not the server), and this process's
+			// inside.
+			for b.Loop() {
+				c, evs := next()
+				p0 := pg.CPU()
+				s0 := selfCPU()
+				if _, err := insert(ctx, "a", []store.EventPull{c}, evs...); err != nil {
+					b.Fatal(err)
+				}
+				s1 := selfCPU()
+				p1 := pg.CPU()
+				c, evs = next()
+				p2 := pg.CPU()
+				s2 := selfCPU()
+				if _, err := st.PullEvents(ctx, "a", []store.EventPull{c}, evs...); err != nil {
+					b.Fatal(err)
+				}
+				s3 := selfCPU()
+				p3 := pg.CPU()
+				pgBefore, pgAfter = pgBefore+p1-p0, pgAfter+p3-p2
+				selfBefore, selfAfter = selfBefore+s1-s0, selfAfter+s3-s2
+			}
+			per := float64(b.N*batch) * 1000
+			b.ReportMetric(float64(pgBefore.Nanoseconds())/per, "pg-before-µs/event")
+			b.ReportMetric(float64(pgAfter.Nanoseconds())/per, "pg-after-µs/event")
+			b.ReportMetric(float64(selfBefore.Nanoseconds())/per, "self-before-µs/event")
+			b.ReportMetric(float64(selfAfter.Nanoseconds())/per, "self-after-µs/event")
+			b.ReportMetric(float64(pgBefore+selfBefore)/float64(pgAfter+selfAfter), "before/after")
+		})
+	}
+}
+
+// selfCPU is the CPU time this process used so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -194,3 +194,63 @@ func postgresBinDir() string {
 	}
 	return ""
 }
+
+// CPU is the CPU time the server's processes used so far: the
+// postmaster's own and its ended sessions', and each living session's
+// (USER_HZ ticks: 10 ms), for benchmarks that say what the server spent.
+func (p *Postgres) CPU() time.Duration {
+	pid := p.ServerPID()
+	if pid <= 0 {
+		return 0
+	}
+	d := procTicks(pid, true)
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, _ := procStat(child); ppid == pid {
+			d += procTicks(child, false)
+		}
+	}
+	return d
+}
+
+// procStat returns the fields of /proc/PID/stat after the command, from
+// the state (field 3) on, and the parent's pid.
+func procStat(pid int) (ppid int, fields []string) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, nil
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, nil
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 15 {
+		return 0, nil
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return ppid, f
+}
+
+// procTicks is the CPU time of pid (utime and stime), with its ended
+// children's (cutime and cstime) when children is set.
+func procTicks(pid int, children bool) time.Duration {
+	_, f := procStat(pid)
+	if f == nil {
+		return 0
+	}
+	n := 2
+	if children {
+		n = 4
+	}
+	var ticks int64
+	for _, s := range f[11 : 11+n] {
+		v, _ := strconv.ParseInt(s, 10, 64)
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+}

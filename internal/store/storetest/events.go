@@ -18,6 +18,7 @@ var eventCases = []struct {
 }{
 	{"Events", testEvents},
 	{"EventsOnce", testEventsOnce},
+	{"EventsPulledAgain", testEventsPulledAgain},
 	{"EventsExpire", testEventsExpire},
 	{"Webhooks", testWebhooks},
 	{"EventPullsForget", testEventPullsForget},
@@ -135,6 +136,45 @@ func testEventsOnce(t *testing.T, st store.Store) {
 	all, err := st.ListEvents(ctx, store.EventQuery{})
 	must(t, "ListEvents", err)
 	wantKeys(t, "all", all, "k1", "k2", "k3")
+}
+
+// testEventsPulledAgain: a pull that brings keys stored already (a
+// node's pull forgotten while the node kept running, then registered
+// again: its events come again from its start) stores the new ones, each
+// once, in order, and moves the cursor; a pull of many events in one
+// write stores them all in order.
+func testEventsPulledAgain(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	now := ms(time.Now())
+	_, err := st.ClaimEventPulls(ctx, "a", []string{"n1"}, now, now.Add(time.Minute))
+	must(t, "claim", err)
+	var first []store.Event
+	for i := 1; i <= 300; i++ {
+		first = append(first, ev(fmt.Sprintf("n1/e1/%d", i), "p", "sb-1", "created", now))
+	}
+	n, err := st.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 300}}, first...)
+	must(t, "the first pull", err)
+	if n != 300 {
+		t.Fatalf("the first pull stored %d, want 300", n)
+	}
+	again := append(slices.Clone(first[250:]), ev("n1/e1/301", "p", "sb-1", "deleted", now), ev("n1/e1/302", "p", "sb-2", "created", now))
+	n, err = st.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 302}}, again...)
+	must(t, "a pull of keys stored already", err)
+	if n != 2 {
+		t.Fatalf("the pull of 50 keys stored and 2 new stored %d, want 2", n)
+	}
+	all, err := st.ListEvents(ctx, store.EventQuery{})
+	must(t, "ListEvents", err)
+	var want []string
+	for i := 1; i <= 302; i++ {
+		want = append(want, fmt.Sprintf("n1/e1/%d", i))
+	}
+	wantKeys(t, "stored", all, want...)
+	held, err := st.ClaimEventPulls(ctx, "a", []string{"n1"}, now, now.Add(time.Minute))
+	must(t, "claim again", err)
+	if len(held) != 1 || held[0].Epoch != "e1" || held[0].Seq != 302 {
+		t.Fatalf("held %+v, want n1 at e1/302", held)
+	}
 }
 
 // testEventsExpire: ExpireEvents removes the events older than its time.
