@@ -573,7 +573,13 @@ func open(ctx context.Context, cfg Config, log *slog.Logger) (*node, error) {
 		}
 	}
 	if !cfg.NoEvents {
-		n.events = eventlog.New(cfg.Node, 0)
+		// Kept on the node's disk, so a dsecd killed or crashed goes on
+		// in its epoch with the events no apiserver pulled yet.
+		dir := filepath.Join(cfg.Root, "events")
+		if n.events, err = eventlog.Open(cfg.Node, dir, eventlog.Options{Log: log.With("component", "eventlog")}); err != nil {
+			log.Warn("the event log is kept in memory only: events not pulled when dsecd stops are lost", "err", err)
+			n.events = eventlog.New(cfg.Node, 0)
+		}
 	}
 	if !cfg.NoLedger {
 		if n.ledger, err = ledger.Open(cfg.Node, filepath.Join(cfg.Root, "ledger.json"), log.With("component", "ledger")); err != nil {
@@ -677,6 +683,9 @@ func (n *node) close() {
 			n.log.Warn("stop layer service", "err", err)
 		}
 		cancel()
+	}
+	if err := n.events.Close(); err != nil {
+		n.log.Warn("close the event log", "err", err)
 	}
 	if n.lock != nil {
 		n.lock.Close()

@@ -200,6 +200,17 @@ func (d *Daemon) Start() {
 		d.t.Fatal(err)
 	}
 	defer logf.Close()
+	d.startNode(logf)
+	if d.cluster {
+		d.startAPIServer(logf)
+	}
+	d.waitReady()
+}
+
+// startNode starts the node's dsecd (the all-in-one, or the cluster's
+// edge), logging to logf.
+func (d *Daemon) startNode(logf *os.File) {
+	d.t.Helper()
 	cmd := exec.Command(filepath.Join(d.Bin, "dsecd"), d.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -207,10 +218,57 @@ func (d *Daemon) Start() {
 		d.t.Fatal(err)
 	}
 	d.cmd = cmd
-	if d.cluster {
-		d.startAPIServer(logf)
+}
+
+// KillNode stops the node's dsecd with SIGKILL (its sandboxes keep
+// running): in cluster mode the edge alone (the apiserver lives on), else
+// the all-in-one dsecd whole. StartNode starts it again.
+func (d *Daemon) KillNode() {
+	if !d.cluster {
+		d.Kill()
+		return
 	}
+	if d.cmd != nil && d.cmd.Process != nil {
+		d.cmd.Process.Kill()
+		d.cmd.Wait()
+		d.cmd = nil
+	}
+}
+
+// StartNode starts the node's dsecd KillNode killed, on the same root.
+func (d *Daemon) StartNode() {
+	d.t.Helper()
+	if !d.cluster {
+		d.Start()
+		return
+	}
+	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer logf.Close()
+	d.startNode(logf)
 	d.waitReady()
+}
+
+// PauseAPI stops the cluster's apiserver (SIGSTOP) until the function it
+// returns is called (SIGCONT; once is enough, more do nothing), so a test
+// can act on the edge with no apiserver pulling from it. The all-in-one's
+// API is its node's process: there it does nothing.
+func (d *Daemon) PauseAPI() (resume func()) {
+	if !d.cluster || d.api == nil || d.api.Process == nil {
+		return func() {}
+	}
+	api := d.api
+	api.Process.Signal(syscall.SIGSTOP)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if d.api == api {
+				api.Process.Signal(syscall.SIGCONT)
+			}
+		})
+	}
 }
 
 // startAPIServer starts the cluster's apiserver, logging to logf.

@@ -8,10 +8,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
+	"dsec.dev/dsec/internal/edge/eventlog"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/store"
 	dsec "dsec.dev/dsec/sdk/go"
@@ -33,7 +37,9 @@ type eventLine struct {
 // as they come, another project's events unseen; then the API's process
 // is killed and started again (the apiserver alone in a cluster, the
 // all-in-one dsecd whole) with a sandbox running: what was stored is
-// stored once, and what happens after (its delete) arrives.
+// stored once, and what happens after (its delete) arrives; last the
+// node's dsecd is killed with an event not yet pulled, which arrives once
+// it starts again.
 func TestEvents(t *testing.T) {
 	d := startDaemon(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
@@ -233,5 +239,58 @@ func TestEvents(t *testing.T) {
 		if got := kinds(after, id); len(got) != len(kinds(before, id)) {
 			t.Fatalf("the events of %s after the restart: %q", id, got)
 		}
+	}
+
+	// The node's dsecd killed (SIGKILL) with an event in its log that no
+	// apiserver pulled: started again on its root, the log goes on in its
+	// epoch and the event arrives, once. In a cluster the apiserver is
+	// stopped (SIGSTOP) while the edge records it and is killed, so it is
+	// surely not pulled before; the all-in-one's apiserver is the node's
+	// process, which pulls it within 250 ms: there it shows the epoch and
+	// the numbers going on.
+	doomed, err := a.Create(ctx, env, &dsec.CreateOptions{TTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKinds(doomed.ID, []string{"created:"})
+	resume := d.PauseAPI()
+	defer resume()
+	onDisk := func() bool {
+		_, evs, err := eventlog.ReadDir(filepath.Join(d.Root, "events"))
+		if err != nil {
+			t.Fatalf("read the node's event log: %v", err)
+		}
+		return slices.ContainsFunc(evs, func(e *dsecv1.Event) bool {
+			return e.GetSandboxId() == doomed.ID && e.GetKind() == eventlog.Expired
+		})
+	}
+	for deadline := time.Now().Add(30 * time.Second); !onDisk(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node's log on its disk has no expired event of %s", doomed.ID)
+		}
+	}
+	d.KillNode()
+	resume()
+	d.StartNode()
+	waitKinds(doomed.ID, []string{"created:", "expired:ttl"})
+	// Every event the node recorded through both kills is stored once, in
+	// one epoch, numbered from 1 without a gap.
+	out, err := cli(d.Token()).Output()
+	if err != nil {
+		t.Fatalf("dsec events: %v", err)
+	}
+	var resp struct {
+		Events []eventLine `json:"events"`
+	}
+	if err := json.Unmarshal(out, &resp); err != nil {
+		t.Fatalf("dsec events printed %q: %v", out, err)
+	}
+	var epoch string
+	for i, e := range resp.Events {
+		parts := strings.Split(e.Key, "/")
+		if len(parts) != 3 || parts[0] != "t1" || (epoch != "" && parts[1] != epoch) || parts[2] != strconv.Itoa(i+1) {
+			t.Fatalf("event %d of the node is %s, want t1/%s/%d: %+v", i+1, e.Key, epoch, i+1, resp.Events)
+		}
+		epoch = parts[1]
 	}
 }

@@ -7,14 +7,20 @@
 // once, however many apiservers pull it, and however often one restarted
 // pulls it again. The edge's sandbox manager (and a hollow edge) add
 // events as their sandboxes change; the edge service answers Events and
-// reports the epoch and the last sequence number in its Status. The log
-// lives in memory: what no apiserver pulled before the edge stops is lost.
+// reports the epoch and the last sequence number in its Status.
+//
+// A real edge's log is kept on the node's disk as well (Open, file.go): a
+// dsecd killed or crashed starts again in the same epoch, at the next
+// sequence number, with the events no apiserver pulled yet still there to
+// pull. A log made by New (a hollow edge's, which has no state root)
+// lives in memory alone, in an epoch new each time: what no apiserver
+// pulled before it stops is lost.
 package eventlog
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
+	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -49,10 +55,22 @@ type Log struct {
 	epoch    string
 	capacity int
 
+	// Where Open keeps it ("" for New's: nowhere), in which boot, and
+	// what it says when its files surprise it.
+	dir  string
+	boot string
+	log  *slog.Logger
+
 	mu    sync.Mutex
-	ring  []*dsecv1.Event // ring[(seq-1) % capacity] for seq in (next-len, next]
+	ring  []*dsecv1.Event // ring[(seq-1) % capacity] for seq in [first, last]; made at the first Add
 	first uint64          // sequence number of the oldest kept
 	last  uint64          // sequence number of the newest (0: none)
+	// The current segment (nil: in memory alone), the events in it, and
+	// a record's buffers, reused.
+	f         *os.File
+	inSegment int
+	buf, rec  []byte
+	closed    bool // Close was called: Add records nothing more
 }
 
 // New returns an empty log of node's, keeping capacity events (0:
@@ -61,12 +79,11 @@ func New(node string, capacity int) *Log {
 	if capacity <= 0 {
 		capacity = DefaultCapacity
 	}
-	var b [8]byte
-	rand.Read(b[:])
-	return &Log{node: node, epoch: hex.EncodeToString(b[:]), capacity: capacity, first: 1}
+	return &Log{node: node, epoch: newEpoch(), capacity: capacity, first: 1}
 }
 
-// Add records an event of sandbox id (in project, a path) now.
+// Add records an event of sandbox id (in project, a path) now, and
+// writes it to the log's file if it has one.
 func (l *Log) Add(kind, id, project, reason, message string) {
 	if l == nil {
 		return
@@ -75,14 +92,19 @@ func (l *Log) Add(kind, id, project, reason, message string) {
 		Node: l.node, Reason: reason, Message: message}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.last++
-	ev.Key = fmt.Sprintf("%s/%s/%d", l.node, l.epoch, l.last)
-	if len(l.ring) < l.capacity {
-		l.ring = append(l.ring, ev)
+	if l.closed {
 		return
 	}
+	if l.ring == nil {
+		l.ring = make([]*dsecv1.Event, l.capacity)
+	}
+	l.last++
+	ev.Key = fmt.Sprintf("%s/%s/%d", l.node, l.epoch, l.last)
 	l.ring[(l.last-1)%uint64(l.capacity)] = ev
-	l.first = l.last - uint64(l.capacity) + 1
+	if l.last-l.first >= uint64(l.capacity) {
+		l.first = l.last - uint64(l.capacity) + 1
+	}
+	l.write(l.last, ev)
 }
 
 // Head returns the log's epoch and the sequence number of its newest
