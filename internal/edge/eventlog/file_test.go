@@ -239,3 +239,41 @@ func BenchmarkAddFile(b *testing.B) {
 		l.Add(Created, "sb-n1-0a1b2c3d4e5f", "ml/run-1", "", "")
 	}
 }
+
+// TestWriteFails: a log whose file cannot be written goes on in memory
+// and removes its files, so the next start begins a new epoch rather
+// than number events again that an apiserver may have pulled; so does a
+// directory whose state file is gone.
+func TestWriteFails(t *testing.T) {
+	dir := t.TempDir()
+	l := open(t, dir, "b", 8, nil)
+	add(l, 0, 2)
+	ro, err := os.Open(filepath.Join(dir, segmentName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.f.Close()
+	l.f = ro // a write to it fails, as on a full or failed disk
+	var said bytes.Buffer
+	l.log = slog.New(slog.NewTextHandler(&said, nil))
+	add(l, 2, 2)
+	if got, _ := all(l); !slices.Equal(got, want(l, 1, 4)) || !strings.Contains(said.String(), "cannot write") {
+		t.Fatalf("after a failed write: %q, said %q", got, said.String())
+	}
+	if names, _ := filepath.Glob(filepath.Join(dir, "*")); len(names) != 0 {
+		t.Fatalf("after a failed write the log's files remain: %q", names)
+	}
+	if e, s := open(t, dir, "b", 8, nil).Head(); e == l.Epoch() || s != 0 {
+		t.Fatalf("reopened after a failed write: epoch %q seq %d (was %q)", e, s, l.Epoch())
+	}
+
+	dir = t.TempDir()
+	l = open(t, dir, "b", 8, nil)
+	add(l, 0, 2)
+	if err := os.Remove(filepath.Join(dir, stateName)); err != nil {
+		t.Fatal(err)
+	}
+	if e, s := open(t, dir, "b", 8, nil).Head(); e == l.Epoch() || s != 0 {
+		t.Fatalf("reopened without its state: epoch %q seq %d (was %q)", e, s, l.Epoch())
+	}
+}
