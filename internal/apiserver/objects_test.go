@@ -246,6 +246,7 @@ func (e snapEdge) Snapshot(ctx context.Context, id, name string, sel snapshot.Se
 // memory, with tokens of the root's admin and of a project's builder,
 // runner and others.
 type objectRig struct {
+	srv    *Server
 	layers *memLayers
 	st     store.Store
 	url    string
@@ -301,7 +302,7 @@ func startObjectRig(t *testing.T, dsn string) *objectRig {
 	hs.Config.Protocols.SetUnencryptedHTTP2(true)
 	hs.Start()
 	t.Cleanup(hs.Close)
-	r.url, r.layers = hs.URL, layers
+	r.url, r.layers, r.srv = hs.URL, layers, s
 	return r
 }
 

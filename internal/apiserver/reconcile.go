@@ -103,6 +103,7 @@ type reconciler struct {
 	returned map[string]watcher.Node // nodes to settle at once
 	kick     chan struct{}
 	checked  map[string]rowMark // by node: its last row check
+	swept    time.Time          // the last sweepObjects
 }
 
 func newReconciler() reconciler {
@@ -191,12 +192,22 @@ func (s *Server) RunReconciler(ctx context.Context) {
 
 // Reconcile sweeps once: it saves the doubts the store could not take,
 // abandons stale reservations, then settles the doubts of every routable
-// node and checks its sandbox rows.
+// node and checks its sandbox rows, corrects the quotas' use and, every
+// objectSweepEvery, sweeps the records of calls that died (sweepObjects).
 func (s *Server) Reconcile(ctx context.Context) {
 	s.saveUnsaved(ctx)
 	s.abandonStale(ctx)
 	s.reconcileNodes(ctx, s.routable())
 	s.reconcileQuotas(ctx)
+	s.rec.mu.Lock()
+	due := time.Since(s.rec.swept) >= objectSweepEvery
+	if due {
+		s.rec.swept = time.Now()
+	}
+	s.rec.mu.Unlock()
+	if due {
+		s.sweepObjects(ctx, time.Now())
+	}
 }
 
 func (s *Server) saveUnsaved(ctx context.Context) {

@@ -109,6 +109,19 @@ type Objects interface {
 	ShareObject(ctx context.Context, name, project string) error
 	// UnshareObject takes a share away; one that is not there is a no-op.
 	UnshareObject(ctx context.Context, name, project string) error
+	// LapsedObjects lists, by name, the records a call claimed and never
+	// filled: layers, images and snapshots (never a pool, which has no
+	// blobs by nature) with no blobs and a writer whose claim lapsed
+	// before before (a call that died). Lists leave out Blobs and
+	// SharedWith.
+	LapsedObjects(ctx context.Context, before time.Time) ([]Object, error)
+	// SweepObject removes name's record, as DeleteObject does, if it is
+	// still one LapsedObjects lists at before: checked again in the
+	// transaction that removes it, its project's row locked as a take or
+	// a record of blobs locks it, so a call that took the name over or
+	// recorded its blobs meanwhile keeps it. It reports whether it removed
+	// the record; an unknown name is not removed (false, nil).
+	SweepObject(ctx context.Context, name string, before time.Time) (bool, error)
 }
 
 func checkObject(o Object) error {
@@ -129,6 +142,18 @@ func scanObject(row interface{ Scan(...any) error }) (Object, error) {
 	var o Object
 	err := row.Scan(&o.Name, &o.Kind, &o.Project, &o.Bytes, timeCol{&o.Created}, &o.Writer, timeCol{&o.WriterUntil})
 	return o, err
+}
+
+// lapsed reports whether o is a record a call claimed and never filled,
+// its claim lapsed before before (see LapsedObjects); o read with its
+// blobs.
+func (o Object) lapsed(before time.Time) bool {
+	switch o.Kind {
+	case ObjectLayer, ObjectImage, ObjectSnapshot:
+	default:
+		return false
+	}
+	return o.Writer != "" && !o.WriterUntil.IsZero() && o.WriterUntil.Before(before) && len(o.Blobs) == 0
 }
 
 // liveWriter reports whether o's writer holds its claim at now.
@@ -618,4 +643,54 @@ func (d *sqlDB) objectsToParentIn(ctx context.Context, tx *sql.Tx, path, parent 
 	}
 	_, err := tx.ExecContext(ctx, d.q(`UPDATE objects SET project = ? WHERE project = ?`), parent, path)
 	return err
+}
+
+func (d *sqlDB) LapsedObjects(ctx context.Context, before time.Time) ([]Object, error) {
+	var out []Object
+	err := d.retry(ctx, true, func(ctx context.Context) error {
+		out = nil
+		rows, err := d.db.QueryContext(ctx, d.q(`SELECT `+objectCols+` FROM objects o
+			WHERE kind IN (?, ?, ?) AND writer <> '' AND writer_until{ms} < ?
+			AND NOT EXISTS (SELECT 1 FROM object_blobs b WHERE b.name = o.name) ORDER BY name`),
+			ObjectLayer, ObjectImage, ObjectSnapshot, d.ts(before))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			o, err := scanObject(rows)
+			if err != nil {
+				return err
+			}
+			out = append(out, o)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, d.fail(fmt.Sprintf("list the records whose claim lapsed before %s", before.UTC().Format(time.RFC3339)), err)
+	}
+	return out, nil
+}
+
+func (d *sqlDB) SweepObject(ctx context.Context, name string, before time.Time) (bool, error) {
+	swept := false
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		swept = false
+		o, err := d.lockedObject(ctx, tx, name)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !o.lapsed(before) {
+			return nil
+		}
+		swept = true
+		return d.deleteObjectIn(ctx, tx, o)
+	})
+	if err != nil {
+		return false, d.fail("sweep object "+name, err)
+	}
+	return swept, nil
 }

@@ -441,6 +441,18 @@ func (x observed) UnshareObject(ctx context.Context, name, project string) error
 	return err
 }
 
+func (x observed) LapsedObjects(ctx context.Context, before time.Time) ([]Object, error) {
+	r0, err := x.Store.LapsedObjects(ctx, before)
+	x.done("LapsedObjects", err)
+	return r0, err
+}
+
+func (x observed) SweepObject(ctx context.Context, name string, before time.Time) (bool, error) {
+	r0, err := x.Store.SweepObject(ctx, name, before)
+	x.done("SweepObject", err)
+	return r0, err
+}
+
 func (x observed) AppendEvents(ctx context.Context, evs ...Event) (int, error) {
 	r0, err := x.Store.AppendEvents(ctx, evs...)
 	x.done("AppendEvents", err)

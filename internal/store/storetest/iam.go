@@ -39,6 +39,7 @@ var iamCases = []struct {
 	{"ObjectClaimRace", testObjectClaimRace},
 	{"ObjectWriters", testObjectWriters},
 	{"ObjectBlobs", testObjectBlobs},
+	{"ObjectSweep", testObjectSweep},
 	{"DeleteProjectObjects", testDeleteProjectObjects},
 }
 

@@ -179,6 +179,74 @@ func testObjectWriters(t *testing.T, st store.Store) {
 	must(t, "ReleaseObject of an unknown name", st.ReleaseObject(ctx, "env:1", "e", false))
 }
 
+// testObjectSweep: the records a call claimed and never filled, its claim
+// lapsed before the cutoff, are listed and swept; a live claim, a record
+// with blobs, a pool, a record with no writer and one that lapsed after
+// the cutoff (a slow call inside the margin) are neither. A record taken
+// over between the listing and the sweep is kept.
+func testObjectSweep(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	mkProjects(t, st, "build")
+	now := time.Now()
+	cutoff := now.Add(-time.Hour)
+	dead, inMargin, live := cutoff.Add(-time.Minute), cutoff.Add(time.Minute), now.Add(time.Hour)
+	claim := func(name, kind, writer string, until time.Time) {
+		t.Helper()
+		if _, claimed, err := st.ClaimObject(ctx, store.Object{Name: name, Kind: kind, Project: "build", Writer: writer, WriterUntil: until}); err != nil || !claimed {
+			t.Fatalf("ClaimObject %s: %v, %v", name, claimed, err)
+		}
+	}
+	claim("env:dead", store.ObjectLayer, "w1", dead)
+	claim("py:dead", store.ObjectImage, "w2", dead)
+	claim("snap:dead", store.ObjectSnapshot, "w3", dead)
+	claim("env:live", store.ObjectLayer, "w4", live)
+	claim("env:margin", store.ObjectLayer, "w5", inMargin)
+	claim("pool:dead", store.ObjectPool, "w6", dead)
+	claim("env:nowriter", store.ObjectLayer, "", time.Time{})
+	claim("env:full", store.ObjectLayer, "w7", live)
+	_, err := st.SetObjectBlobs(ctx, "env:full", "w7", []store.Blob{{Digest: "sha256:f", Bytes: 10}})
+	must(t, "SetObjectBlobs env:full", err)
+	_, err = st.TakeObject(ctx, "env:full", "w7", dead)
+	must(t, "TakeObject env:full (its claim lapsed)", err)
+	claim("env:taken", store.ObjectLayer, "w8", dead)
+
+	got, err := st.LapsedObjects(ctx, cutoff)
+	must(t, "LapsedObjects", err)
+	var names []string
+	for _, o := range got {
+		names = append(names, o.Name)
+	}
+	want := []string{"env:dead", "env:taken", "py:dead", "snap:dead"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("LapsedObjects: %v, want %v", names, want)
+	}
+	if o := got[0]; o.Kind != store.ObjectLayer || o.Project != "build" || o.Writer != "w1" || !o.WriterUntil.Equal(dead.Truncate(time.Millisecond)) {
+		t.Errorf("LapsedObjects' env:dead: %+v", o)
+	}
+
+	// A call takes env:taken over between the listing and the sweep.
+	_, err = st.TakeObject(ctx, "env:taken", "w9", live)
+	must(t, "TakeObject env:taken", err)
+	for _, name := range append(want, "env:live", "env:margin", "pool:dead", "env:nowriter", "env:full", "env:unknown") {
+		swept, err := st.SweepObject(ctx, name, cutoff)
+		must(t, "SweepObject "+name, err)
+		wantSwept := name == "env:dead" || name == "py:dead" || name == "snap:dead"
+		if swept != wantSwept {
+			t.Errorf("SweepObject %s: swept %v, want %v", name, swept, wantSwept)
+		}
+		_, err = st.Object(ctx, name)
+		if gone := errors.Is(err, errdefs.ErrNotFound); gone != (wantSwept || name == "env:unknown") {
+			t.Errorf("%s after the sweep: %v", name, err)
+		}
+	}
+	if got, err := st.LapsedObjects(ctx, cutoff); err != nil || len(got) != 0 {
+		t.Errorf("LapsedObjects after the sweep: %+v, %v; want none", got, err)
+	}
+	wantUse(t, st, "build", store.LayerBytes, 10)
+	// The name swept is free: a new call claims it anew.
+	claim("env:dead", store.ObjectLayer, "w10", live)
+}
+
 // testReplicasObjectTakeRace: 16 calls taking one name at once through
 // two stores (two apiservers making a layer again): exactly one is its
 // writer.
