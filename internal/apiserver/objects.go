@@ -381,8 +381,24 @@ func (c *claim) made() string {
 // FailedPrecondition, to try again once that call is done (AlreadyExists
 // for a snapshot, which is not taken again under its name; see
 // snapshotTaken); a claim past its deadline is a call that died, and is
-// taken over.
+// taken over. A record removed between the claim and the take (a
+// removal, or the sweep of a dead call's record, sweepObjects) leaves the
+// name free: it is claimed again, once.
 func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*claim, error) {
+	c, err := s.claimObjectOnce(ctx, kind, name, project)
+	if _, gone := errors.AsType[recordGone](err); gone {
+		c, err = s.claimObjectOnce(ctx, kind, name, project)
+	}
+	return c, err
+}
+
+// recordGone is claimObjectOnce's error for a record removed between its
+// claim and its take.
+type recordGone struct{ error }
+
+func (e recordGone) Unwrap() error { return e.error }
+
+func (s *Server) claimObjectOnce(ctx context.Context, kind, name, project string) (*claim, error) {
 	if strings.HasPrefix(name, stagingPrefix) {
 		return nil, fmt.Errorf("%s %s: names beginning %s are the apiserver's own (an overwrite is made under one): %w", what(kind), name, stagingPrefix, errdefs.ErrInvalidArgument)
 	}
@@ -430,6 +446,9 @@ func (s *Server) claimObject(ctx context.Context, kind, name, project string) (*
 		taken, err := s.cfg.Objects.TakeObject(ctx, name, writer, until)
 		if errors.Is(err, errdefs.ErrFailedPrecondition) {
 			return nil, nameBusy(taken)
+		}
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, recordGone{fmt.Errorf("%s %s was removed while this call took it; try again: %w", what(kind), name, errdefs.ErrFailedPrecondition)}
 		}
 		if err != nil {
 			return nil, err

@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -61,5 +62,47 @@ func TestSweepObjects(t *testing.T) {
 	}
 	if !r.layers.has("snap:held") {
 		t.Error("the sweep removed the snapshot the node holds")
+	}
+}
+
+// sweptOnTake is a store whose next TakeObject finds its record swept
+// just before (the sweep won the race for the project's row).
+type sweptOnTake struct {
+	store.Objects
+	sweep bool
+}
+
+func (w *sweptOnTake) TakeObject(ctx context.Context, name, writer string, until time.Time) (store.Object, error) {
+	if w.sweep {
+		w.sweep = false
+		if _, err := w.Objects.SweepObject(ctx, name, time.Now()); err != nil {
+			return store.Object{}, err
+		}
+	}
+	return w.Objects.TakeObject(ctx, name, writer, until)
+}
+
+// TestClaimAfterSweep: a call that finds a dead call's record and has it
+// swept from under it before it takes the name claims the name anew,
+// where it failed (NotFound).
+func TestClaimAfterSweep(t *testing.T) {
+	r := startObjectRig(t, filepath.Join(t.TempDir(), "meta.db"))
+	ctx := t.Context()
+	if _, claimed, err := r.st.ClaimObject(ctx, store.Object{Name: "env:1", Kind: store.ObjectLayer, Project: "build",
+		Writer: "objects/00000000000000dd", WriterUntil: time.Now().Add(-objectSweepAfter)}); err != nil || !claimed {
+		t.Fatalf("claim env:1 as a call that died would: %v, %v", claimed, err)
+	}
+	r.srv.cfg.Objects = &sweptOnTake{Objects: r.st, sweep: true}
+	c, err := r.srv.claimObject(ctx, store.ObjectLayer, "env:1", "build")
+	if err != nil {
+		t.Fatalf("claim env:1 as its record is swept: %v; want it claimed anew", err)
+	}
+	o, err := r.st.Object(ctx, "env:1")
+	if err != nil || !c.claimed || o.Writer != c.writer || c.writer == "" {
+		t.Fatalf("env:1 claimed anew: claim %+v, record %+v, %v; want the call its writer", c, o, err)
+	}
+	c.fail(ctx)
+	if _, err := r.st.Object(ctx, "env:1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("env:1 after the call failed: %v; want its record gone", err)
 	}
 }
