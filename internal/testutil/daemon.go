@@ -394,6 +394,16 @@ func (d *Daemon) E2BKey() string {
 	return k
 }
 
+// For is the daemon seen from t: the same processes, root and clients,
+// its helpers (CLI, Token, ...) failing t rather than the test that
+// started it. A subtest of a daemon its parent started uses it, so its
+// failures are its own.
+func (d *Daemon) For(t testing.TB) *Daemon {
+	c := *d
+	c.t = t
+	return &c
+}
+
 // Kill stops the daemon with SIGKILL (sandboxes keep running): in cluster
 // mode, the edge and the apiserver.
 func (d *Daemon) Kill() {

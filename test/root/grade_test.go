@@ -76,12 +76,11 @@ printf '#!/bin/sh\nexit 0\n' > /usr/local/bin/python3 && chmod +x /usr/local/bin
 sleep 0.3`, 0, -1},
 }
 
-// TestGradeRewardHacks grades the small project's rollouts in clean rooms
+// testGradeRewardHacks (TestFnCall/GradeRewardHacks) grades the small project's rollouts in clean rooms
 // through the Go SDK: each known reward hack gets its honest reward (0),
 // the honest solution 1; the hidden tests were never in the agent's
 // sandbox; a grader's reward file and timeout are scored as documented.
-func TestGradeRewardHacks(t *testing.T) {
-	s := startFnCallDaemon(t)
+func testGradeRewardHacks(t *testing.T, s *sfDaemon) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	c, err := dsec.NewClient(s.d.Addr, dsec.WithToken(s.d.Token()))
@@ -295,14 +294,12 @@ func gradeRollout(ctx context.Context, t *testing.T, c *dsec.Client, isolation, 
 	}
 }
 
-// TestGradeGVisor grades rollouts of gVisor sandboxes, whose clean rooms
-// are gVisor sandboxes too: the honest fix earns 1, the hacks 0.
-func TestGradeGVisor(t *testing.T) {
-	runsc := testutil.Runsc(t)
-	d := startDaemon(t, "--runsc", runsc)
-	if out, errOut, code := d.CLI("", "layer", "import", "--kind", "base", "--allow-setuid", "fncall:latest", fncallEnvTree(t)); code != 0 {
-		t.Fatalf("import the fncall environment: %s %s", out, errOut)
-	}
+// testGradeGVisor (TestFnCall/GradeGVisor) grades rollouts of gVisor
+// sandboxes, whose clean rooms are gVisor sandboxes too: the honest fix
+// earns 1, the hacks 0. d offers gVisor when $DSEC_RUNSC names a runsc
+// (dsecd's default --runsc), as testutil.Runsc requires.
+func testGradeGVisor(t *testing.T, d *testutil.Daemon) {
+	testutil.Runsc(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	c, err := dsec.NewClient(d.Addr, dsec.WithToken(d.Token()))

@@ -124,6 +124,13 @@ type netEnv struct {
 	meta  testHost
 }
 
+// For is e seen from t (testutil.Daemon.For).
+func (e *netEnv) For(t *testing.T) *netEnv {
+	c := *e
+	c.d = e.d.For(t)
+	return &c
+}
+
 // setupNetwork starts the test hosts, their DNS and a dsecd (with args
 // added to its flags) that knows their services.
 func setupNetwork(t *testing.T, args ...string) *netEnv {

@@ -27,7 +27,7 @@ var provenanceTask = map[string]string{
 	"work/tests/conftest.txt": "not a conftest\n",
 }
 
-// TestProvenanceRewardHacks: known reward hacks on a small project, each in
+// testProvenanceRewardHacks (TestFnCall/ProvenanceRewardHacks): known reward hacks on a small project, each in
 // a sandbox of its own made and driven through the CLI with its workspace,
 // tests and hidden tests marked, raise their flag in `dsec provenance`
 // (and nothing else), and an honest fix raises none: overwriting the tests,
@@ -36,13 +36,9 @@ var provenanceTask = map[string]string{
 // the hidden tests, fetching over an allowed network and trying a denied
 // one, and leaving a process behind that rewrites results. A protected
 // path missing when marked is said to be unseen (protectedMissing).
-func TestProvenanceRewardHacks(t *testing.T) {
-	e := setupNetwork(t)
-	d := e.d
-	tree := fncallEnvTree(t)
-	if out, errOut, code := d.CLI("", "layer", "import", "--kind", "base", "--allow-setuid", "fncall:latest", tree); code != 0 {
-		t.Fatalf("import the fncall environment: %s %s", out, errOut)
-	}
+// d is setupNetwork's dsecd (pypi.test allowed, npm.test denied) with the
+// fncall environment imported.
+func testProvenanceRewardHacks(t *testing.T, d *testutil.Daemon) {
 	task := t.TempDir()
 	for p, data := range provenanceTask {
 		full := filepath.Join(task, p)
