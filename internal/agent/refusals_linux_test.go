@@ -18,7 +18,7 @@ import (
 // filter cannot be removed): what the profile refuses is refused with
 // EPERM, the rest passes (clone3, ioctls and clones without the refused
 // requests and flags). The audit records it makes are test/root's
-// TestProvenanceSyscalls'.
+// TestE2BBase/ProvenanceSyscalls'.
 func TestRefusalFilter(t *testing.T) {
 	if refused.Arch == 0 {
 		t.Skip("the refused numbers are x86_64's")

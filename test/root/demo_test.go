@@ -265,19 +265,16 @@ func checkSystems(t *testing.T, r *systemsReport, out []byte) {
 	t.Logf("systems batch under %s: %s", r.Accelerator, r.Refusal)
 }
 
-// TestDemoE2BEpisodes runs the demo's last step: the rollouts as an agent
+// testDemoE2BEpisodes (TestE2BBase/DemoEpisodes) runs the demo's last step: the rollouts as an agent
 // framework on E2B's official SDK runs them (demo/e2b/episodes.mjs, npm
 // e2b as locked there), on the daemon's E2B API over E2B's base
 // environment with the demo's layers, preempted through E2B's pause and
 // connect.
-func TestDemoE2BEpisodes(t *testing.T) {
+func testDemoE2BEpisodes(t *testing.T, d *testutil.Daemon) {
 	node := requireNode(t)
-	testutil.E2BBaseTree(t)
 	repo := testutil.RepoRoot()
 	dir := filepath.Join(repo, "demo", "e2b")
 	npmCI(t, dir)
-	d := testutil.StartDaemon(t)
-	d.ImportE2BBase()
 	for _, l := range []struct{ kind, ref, dir string }{
 		{"workspace", "textstats:1", filepath.Join(repo, "demo", "workspace")},
 		{"toolkit", "harness:1", filepath.Join(repo, "demo", "toolkit")},

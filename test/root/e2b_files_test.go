@@ -151,11 +151,9 @@ func TestE2BFiles(t *testing.T) {
 	e2bFilesSuite(t, d, "")
 }
 
-// TestE2BFilesOnE2BBase runs the same on the e2b-base environment
-// (Debian, as E2B's base template).
-func TestE2BFilesOnE2BBase(t *testing.T) {
-	d := startDaemon(t)
-	d.ImportE2BBase()
+// testE2BFilesOnE2BBase (TestE2BBase/Files) runs the same on the e2b-base
+// environment (Debian, as E2B's base template).
+func testE2BFilesOnE2BBase(t *testing.T, d *testutil.Daemon) {
 	e2bFilesSuite(t, d, testutil.E2BBaseEnv+":latest")
 }
 

@@ -185,9 +185,9 @@ func interpDrivers(t *testing.T, d *testutil.Daemon, id string) int {
 	return n
 }
 
-func TestE2BInterpreter(t *testing.T) {
-	d := testutil.StartDaemon(t)
-	d.ImportE2BBase()
+// testE2BInterpreter (TestE2BBase/Interpreter): E2B's code interpreter on
+// its base environment.
+func testE2BInterpreter(t *testing.T, d *testutil.Daemon) {
 	// As E2B's creates ask (their templates give user sudo).
 	sb := create(t, d, &dsecv1.SandboxSpec{Environment: testutil.E2BBaseEnv, Env: map[string]string{"DSEC_SANDBOX_VAR": "from-spec"},
 		AllowPrivilegeEscalation: true})

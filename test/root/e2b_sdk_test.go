@@ -23,17 +23,35 @@ import (
 // them, package-lock.json locks them).
 func e2bSuiteDir() string { return filepath.Join(testutil.RepoRoot(), "test", "e2b") }
 
-// TestE2BSDK runs the official E2B SDKs, unchanged, against the daemon's E2B
-// API: the pinned versions of test/e2b/package-lock.json, then the newest
-// ones of the npm registry. Each is configured only as users configure it:
-// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY.
-func TestE2BSDK(t *testing.T) {
-	node := requireNode(t)
+// TestE2BBase runs every test on E2B's base environment against one dsecd
+// of the pass, which imports it once: the official SDKs, the code
+// interpreter, the files API, the syscalls provenance records and the
+// demo's E2B episodes. Each imported the environment into a dsecd of its
+// own, in both passes. The subtests run one after another, each deleting
+// what it made, so that those checking that no sandbox is left (the SDKs',
+// the demo's) see only their own.
+func TestE2BBase(t *testing.T) {
 	testutil.E2BBaseTree(t)
-	npmCI(t, e2bSuiteDir())
-
 	d := testutil.StartDaemon(t)
 	d.ImportE2BBase()
+	run := func(name string, f func(*testing.T, *testutil.Daemon)) {
+		t.Run(name, func(t *testing.T) { f(t, d.For(t)) })
+	}
+	run("SDK", testE2BSDK)
+	run("Interpreter", testE2BInterpreter)
+	run("Files", testE2BFilesOnE2BBase)
+	run("ProvenanceSyscalls", testProvenanceSyscalls)
+	run("DemoEpisodes", testDemoE2BEpisodes)
+}
+
+// testE2BSDK (TestE2BBase/SDK) runs the official E2B SDKs, unchanged,
+// against the daemon's E2B API: the pinned versions of
+// test/e2b/package-lock.json, then the newest ones of the npm registry.
+// Each is configured only as users configure it: E2B_API_URL,
+// E2B_SANDBOX_URL and E2B_API_KEY.
+func testE2BSDK(t *testing.T, d *testutil.Daemon) {
+	node := requireNode(t)
+	npmCI(t, e2bSuiteDir())
 	env := sdkEnv(d)
 
 	t.Run("Pinned", func(t *testing.T) {

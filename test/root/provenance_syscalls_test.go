@@ -54,22 +54,19 @@ t2 = time.perf_counter()
 print("keyctl %.2f us, getppid %.2f us" % ((t1 - t0) / 0.2, (t2 - t1) / 0.2))
 '`
 
-// TestProvenanceSyscalls: syscalls the sandbox's profile refuses show in
+// testProvenanceSyscalls (TestE2BBase/ProvenanceSyscalls): syscalls the sandbox's profile refuses show in
 // `dsec provenance` (each by name with its count, syscalls_denied raised)
 // and in a grade's provenance, though the process that called them ended
 // at once; honest work (threads, processes: clone3 refused unlogged) raises
 // nothing; a tight loop of refusals keeps a count, 32 samples and says
 // what it dropped and what the node's reader missed (its rate limit),
 // count and misses together covering every call.
-func TestProvenanceSyscalls(t *testing.T) {
+func testProvenanceSyscalls(t *testing.T, d *testutil.Daemon) {
 	if runtime.GOARCH != "amd64" {
 		t.Skip("the calls are made by x86_64's numbers")
 	}
 	// Python on E2B's base (Debian's python3, 0.3 GB), not the fncall
-	// environment's 1.8 GB of toolchains, whose import took most of this
-	// test's time in each pass.
-	d := startDaemon(t)
-	d.ImportE2BBase()
+	// environment's 1.8 GB of toolchains.
 	base := testutil.E2BBaseEnv + ":latest"
 	run := func(t *testing.T, command string) (string, *dsecv1.SandboxProvenance) {
 		t.Helper()
