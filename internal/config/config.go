@@ -41,6 +41,7 @@ type AllInOne struct {
 type Edge struct {
 	Node
 	Listen        string `key:"listen" flag:"listen" help:"TCP address to serve EdgeService on, to apiservers only (mutual TLS)"`
+	DebugListen   string `key:"debug_listen" flag:"debug-listen" help:"serve Go's profiles (/debug/pprof/) on this loopback address"`
 	MetricsListen string `key:"metrics_listen" flag:"metrics-listen" help:"serve Prometheus metrics (/metrics) on this address (\"none\" or empty: off; a taken address stops the start; docs/operations.md)"`
 	// MetricsTokenFile: an edge keeps no IAM, so only the scrape token.
 	MetricsTokenFile string        `key:"metrics_token_file" flag:"metrics-token-file" help:"a file (mode 600) holding the scrape token a scrape from off loopback must bear to read /metrics; docs/operations.md"`

@@ -58,7 +58,7 @@ func FromEdge(c config.Edge) (EdgeConfig, error) {
 	}
 	node.MetricsListen, node.MetricsTokenFile = c.MetricsListen, c.MetricsTokenFile
 	cfg := EdgeConfig{
-		Node: node, Listen: c.Listen, Registry: c.Registry, Advertise: c.Advertise, Heartbeat: c.Heartbeat,
+		Node: node, Listen: c.Listen, DebugListen: c.DebugListen, Registry: c.Registry, Advertise: c.Advertise, Heartbeat: c.Heartbeat,
 		TLS: tlsFiles(c.TLS, clustertls.RoleEdge, c.Node.Node),
 	}
 	cfg.Hollow.MaxSandboxes, cfg.Hollow.StartDelay, cfg.Hollow.MaxStarting = c.Hollow.MaxSandboxes, c.Hollow.StartDelay, c.Hollow.MaxStarting

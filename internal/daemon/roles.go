@@ -49,6 +49,9 @@ type EdgeConfig struct {
 	Node Config
 	// Listen is EdgeService's TCP address; default DefaultEdgeAddr.
 	Listen string
+	// DebugListen, if set, serves Go's profiles (net/http/pprof) on this
+	// address; keep it on loopback.
+	DebugListen string
 	// TLS is the edge's certificate (role edge, named for the node), its
 	// key, and the cluster's CA bundle; edges accept apiservers only.
 	TLS clustertls.Files
@@ -162,6 +165,9 @@ func runEdge(ctx context.Context, cfg EdgeConfig, reg store.Store, log *slog.Log
 	defer ln.Close()
 	if cfg.Advertise == "" || strings.HasSuffix(cfg.Advertise, ":0") {
 		cfg.Advertise = "https://" + ln.Addr().String()
+	}
+	if cfg.DebugListen != "" {
+		go servePprof(ctx, cfg.DebugListen, log)
 	}
 	var rec store.Node
 	var svc *edgesvc.Service

@@ -23,8 +23,8 @@ type Proc struct {
 	Addr  string // host:port it serves on
 	Token string // an apiserver's: a token of its metadata store
 	Root  string // an edge's state directory
-	// DebugAddr serves an apiserver's Go profiles (/debug/pprof/), with
-	// ClusterOptions.Profiles.
+	// DebugAddr serves an apiserver's or an edge's Go profiles
+	// (/debug/pprof/), with ClusterOptions.Profiles.
 	DebugAddr string
 	cmd       *exec.Cmd
 	args      []string // dsecd's flags, for a restart
@@ -84,8 +84,9 @@ type ClusterOptions struct {
 	// group and cgroup, and one blob store directory for all; each is torn
 	// down when the test ends.
 	RealEdges bool
-	// Profiles makes each apiserver serve Go's profiles on a loopback
-	// address of its own (Proc.DebugAddr), for a benchmark to read.
+	// Profiles makes each apiserver and edge serve Go's profiles on a
+	// loopback address of its own (Proc.DebugAddr), for a benchmark to
+	// read.
 	Profiles bool
 }
 
@@ -135,7 +136,7 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 	addrs := freeAddrs(t, o.Edges+o.APIServers) // distinct: picked together
 	var debugAddrs []string
 	if o.Profiles {
-		debugAddrs = freeAddrs(t, o.APIServers)
+		debugAddrs = freeAddrs(t, o.Edges+o.APIServers) // the edges', then the apiservers'
 	}
 	debug := func(i int) []string {
 		if debugAddrs == nil {
@@ -165,8 +166,11 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 		} else {
 			edgeFlags = append(edgeFlags, "--edge", name+"=https://"+addr)
 		}
-		p := c.start(name, append(args, o.EdgeArgs...), addr)
+		p := c.start(name, append(append(args, debug(i)...), o.EdgeArgs...), addr)
 		p.Root = root
+		if debugAddrs != nil {
+			p.DebugAddr = debugAddrs[i]
+		}
 		c.Edges = append(c.Edges, p)
 	}
 	for i := range o.APIServers {
@@ -179,10 +183,10 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 		args := append([]string{"apiserver", "--name", name, "--listen", addr, "--tls-dir", filepath.Join(dir, "pki"),
 			"--db", db, "--replicas", fmt.Sprint(o.APIServers)}, edgeFlags...)
 		token := mintToken(t, bin, db)
-		p := c.start(name, append(append(args, debug(i)...), o.APIServerArgs...), addr)
+		p := c.start(name, append(append(args, debug(o.Edges+i)...), o.APIServerArgs...), addr)
 		p.Token = token
 		if debugAddrs != nil {
-			p.DebugAddr = debugAddrs[i]
+			p.DebugAddr = debugAddrs[o.Edges+i]
 		}
 		c.APIServers = append(c.APIServers, p)
 	}

@@ -68,7 +68,7 @@ func BenchmarkClusterOps(b *testing.B) {
 		apiArgs = append(apiArgs, "--usage-pull-interval", every)
 	}
 	// DSEC_BENCH_PROFILE=DIR writes a CPU profile of each side's first
-	// apiserver, over the whole comparison, to DIR.
+	// apiserver and first edge, over the whole comparison, to DIR.
 	profDir := os.Getenv("DSEC_BENCH_PROFILE")
 	on := testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
 		EdgeArgs: append(slices.Clip(edgeArgs), opsOn()...), APIServerArgs: apiArgs, Profiles: profDir != ""})
@@ -104,9 +104,10 @@ func BenchmarkClusterOps(b *testing.B) {
 		var profiles sync.WaitGroup
 		if profDir != "" {
 			for side, c := range map[string]*testutil.Cluster{"on": on, "off": off} {
-				p := c.APIServers[0]
-				path := filepath.Join(profDir, side+"-"+p.Name+".pprof")
-				profiles.Go(func() { profile(b, p.DebugAddr, path, 95*time.Second) })
+				for _, p := range []*testutil.Proc{c.APIServers[0], c.Edges[0]} {
+					path := filepath.Join(profDir, side+"-"+p.Name+".pprof")
+					profiles.Go(func() { profile(b, p.DebugAddr, path, 95*time.Second) })
+				}
 			}
 		}
 		rep, err := bench.RunClusterCompare(ctx, [2]bench.ClusterSide{side("ops on", on, off), side("ops off", off, on)},
