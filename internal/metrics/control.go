@@ -12,7 +12,14 @@ import (
 type API struct {
 	requests   *prometheus.HistogramVec
 	placements *prometheus.CounterVec
+
+	// The series hot paths record into, by their labels (children).
+	requestsBy   *children[requestKey, prometheus.Observer]
+	placementsBy *children[string, prometheus.Counter]
 }
+
+// requestKey is a request's labels.
+type requestKey struct{ procedure, code string }
 
 // apiBuckets spans a cached read (under a millisecond) to a long create
 // batch; streams (exec, follow) that outlast them land in +Inf.
@@ -38,6 +45,8 @@ func (r *Registry) API(nodes func() (known, healthy int)) *API {
 			Help: "Placement decisions this apiserver made, by outcome: placed, or the shortage that refused them (no_healthy_node, no_backend, all_tried, all_full, too_little_room, too_big).",
 		}, []string{"outcome"}),
 	}
+	a.requestsBy = newChildren(func(k requestKey) prometheus.Observer { return a.requests.WithLabelValues(k.procedure, k.code) })
+	a.placementsBy = newChildren(func(outcome string) prometheus.Counter { return a.placements.WithLabelValues(outcome) })
 	count := func(pick func(known, healthy int) int) func() float64 {
 		return func() float64 { return float64(pick(nodes())) }
 	}
@@ -55,7 +64,7 @@ func (a *API) Request(procedure, code string, d time.Duration) {
 	if a == nil {
 		return
 	}
-	a.requests.WithLabelValues(procedure, code).Observe(d.Seconds())
+	a.requestsBy.get(requestKey{procedure, code}).Observe(d.Seconds())
 }
 
 // Placement records a placement decision's outcome ("placed" or a
@@ -64,7 +73,7 @@ func (a *API) Placement(outcome string) {
 	if a == nil {
 		return
 	}
-	a.placements.WithLabelValues(outcome).Inc()
+	a.placementsBy.get(outcome).Inc()
 }
 
 // Func is a value read at each scrape: a counter kept elsewhere (an

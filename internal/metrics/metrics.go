@@ -66,6 +66,28 @@ type Edge struct {
 	refusals      *prometheus.CounterVec
 	execSeconds   *prometheus.HistogramVec
 	network       *prometheus.CounterVec
+
+	// The series hot paths record into, by their labels (children).
+	createsBy *children[kindKey, timed]
+	deletesBy *children[kindKey, timed]
+	execsBy   *children[execKey, prometheus.Observer]
+	networkBy *children[networkKey, prometheus.Counter]
+}
+
+// kindKey is a create's or a delete's labels: backend, isolation, outcome.
+type kindKey struct{ backend, isolation, outcome string }
+
+// execKey is an exec's labels.
+type execKey struct{ isolation, outcome string }
+
+// networkKey is a network event's labels.
+type networkKey struct{ kind, verdict string }
+
+// timed is a counter and a histogram of the same labels: an operation's
+// count and its latency.
+type timed struct {
+	count   prometheus.Counter
+	seconds prometheus.Observer
 }
 
 // Edge registers a node's sandbox metrics in r and returns them; nil for
@@ -125,6 +147,14 @@ func (r *Registry) Edge() *Edge {
 			Help: "Sandboxes' connection attempts and DNS queries on this node by kind (connect, dns) and verdict (allow, deny).",
 		}, []string{"kind", "verdict"}),
 	}
+	e.createsBy = newChildren(func(k kindKey) timed {
+		return timed{e.creates.WithLabelValues(k.backend, k.isolation, k.outcome), e.createSeconds.WithLabelValues(k.backend, k.isolation, k.outcome)}
+	})
+	e.deletesBy = newChildren(func(k kindKey) timed {
+		return timed{e.deletes.WithLabelValues(k.backend, k.isolation, k.outcome), e.deleteSeconds.WithLabelValues(k.backend, k.isolation, k.outcome)}
+	})
+	e.execsBy = newChildren(func(k execKey) prometheus.Observer { return e.execSeconds.WithLabelValues(k.isolation, k.outcome) })
+	e.networkBy = newChildren(func(k networkKey) prometheus.Counter { return e.network.WithLabelValues(k.kind, k.verdict) })
 	r.reg.MustRegister(e.execSeconds, e.creates, e.createSeconds, e.deletes, e.deleteSeconds, e.pauses, e.pauseSeconds,
 		e.poolHits, e.poolMisses, e.refusals, e.network)
 	// The series of labels known in advance start at 0, so a node that
@@ -135,7 +165,7 @@ func (r *Registry) Edge() *Edge {
 	}
 	for _, kind := range []string{"connect", "dns"} {
 		for _, verdict := range []string{"allow", "deny"} {
-			e.network.WithLabelValues(kind, verdict)
+			e.networkBy.get(networkKey{kind, verdict})
 		}
 	}
 	for _, op := range []string{"pause", "resume"} {
@@ -163,9 +193,9 @@ func (e *Edge) Create(backend, isolation string, err error, d time.Duration) {
 	if e == nil {
 		return
 	}
-	o := Outcome(err)
-	e.creates.WithLabelValues(backend, isolation, o).Inc()
-	e.createSeconds.WithLabelValues(backend, isolation, o).Observe(d.Seconds())
+	s := e.createsBy.get(kindKey{backend, isolation, Outcome(err)})
+	s.count.Inc()
+	s.seconds.Observe(d.Seconds())
 }
 
 // Delete records a delete as Create records a create.
@@ -173,9 +203,9 @@ func (e *Edge) Delete(backend, isolation string, err error, d time.Duration) {
 	if e == nil {
 		return
 	}
-	o := Outcome(err)
-	e.deletes.WithLabelValues(backend, isolation, o).Inc()
-	e.deleteSeconds.WithLabelValues(backend, isolation, o).Observe(d.Seconds())
+	s := e.deletesBy.get(kindKey{backend, isolation, Outcome(err)})
+	s.count.Inc()
+	s.seconds.Observe(d.Seconds())
 }
 
 // Pause records a pause or a resume (op) that took d and ended with err.
@@ -213,7 +243,7 @@ func (e *Edge) Exec(isolation string, err error, d time.Duration) {
 	if e == nil {
 		return
 	}
-	e.execSeconds.WithLabelValues(isolation, Outcome(err)).Observe(d.Seconds())
+	e.execsBy.get(execKey{isolation, Outcome(err)}).Observe(d.Seconds())
 }
 
 // Network records a sandbox's connection attempt or DNS query (kind
@@ -222,7 +252,7 @@ func (e *Edge) Network(kind, verdict string) {
 	if e == nil {
 		return
 	}
-	e.network.WithLabelValues(kind, verdict).Inc()
+	e.networkBy.get(networkKey{kind, verdict}).Inc()
 }
 
 // FnCall is what a node's FnCall backend records. A nil *FnCall records
@@ -230,7 +260,11 @@ func (e *Edge) Network(kind, verdict string) {
 type FnCall struct {
 	calls   *prometheus.CounterVec
 	seconds *prometheus.HistogramVec
+	by      *children[callKey, timed]
 }
+
+// callKey is an FnCall call's labels.
+type callKey struct{ language, status string }
 
 // FnCall registers a node's FnCall metrics in r: calls and their latency
 // by language, and, read at each scrape from load, the calls waiting for a
@@ -251,6 +285,9 @@ func (r *Registry) FnCall(load func() (busy, queue, idle int)) *FnCall {
 			Buckets: execBuckets,
 		}, []string{"language"}),
 	}
+	f.by = newChildren(func(k callKey) timed {
+		return timed{f.calls.WithLabelValues(k.language, k.status), f.seconds.WithLabelValues(k.language)}
+	})
 	state := func(pick func(busy, queue, idle int) int) func() float64 {
 		return func() float64 { return float64(pick(load())) }
 	}
@@ -270,6 +307,7 @@ func (f *FnCall) Call(language, status string, d time.Duration) {
 	if f == nil {
 		return
 	}
-	f.calls.WithLabelValues(language, status).Inc()
-	f.seconds.WithLabelValues(language).Observe(d.Seconds())
+	s := f.by.get(callKey{language, status})
+	s.count.Inc()
+	s.seconds.Observe(d.Seconds())
 }

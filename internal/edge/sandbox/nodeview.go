@@ -3,6 +3,7 @@ package sandbox
 import (
 	"strings"
 
+	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/metrics"
 )
@@ -19,7 +20,15 @@ func (m *Manager) MetricsView() metrics.NodeView {
 	if avail, err := memAvailableMB(); err == nil {
 		v.MemoryAvailableBytes = avail << 20
 	}
-	groups := map[metrics.SandboxGroup]int{}
+	// Grouped by the state's and the kind's numbers under the lock, named
+	// once a group after it: a scrape holds the manager's lock for as long
+	// as the walk.
+	type groupKey struct {
+		state   dsecv1.State
+		kind    Kind
+		project string
+	}
+	groups := map[groupKey]int{}
 	live := 0
 	m.mu.Lock()
 	for _, sb := range m.sandboxes {
@@ -32,13 +41,7 @@ func (m *Manager) MetricsView() metrics.NodeView {
 			v.MemoryRequestedBytes += spec.GetMemoryMb() << 20
 		}
 		if !pooled {
-			kind := KindOf(spec)
-			groups[metrics.SandboxGroup{
-				State:     strings.ToLower(strings.TrimPrefix(sb.rec.GetState().String(), "STATE_")),
-				Backend:   BackendName(kind.Profile),
-				Isolation: IsolationName(kind.Isolation),
-				Project:   spec.GetLabels()[iam.ProjectLabel],
-			}]++
+			groups[groupKey{sb.rec.GetState(), KindOf(spec), spec.GetLabels()[iam.ProjectLabel]}]++
 		}
 		sb.mu.Unlock()
 		if alive && !pooled {
@@ -47,8 +50,8 @@ func (m *Manager) MetricsView() metrics.NodeView {
 	}
 	m.mu.Unlock()
 	for g, n := range groups {
-		g.Count = n
-		v.Sandboxes = append(v.Sandboxes, g)
+		v.Sandboxes = append(v.Sandboxes, metrics.SandboxGroup{State: strings.ToLower(strings.TrimPrefix(g.state.String(), "STATE_")),
+			Backend: BackendName(g.kind.Profile), Isolation: IsolationName(g.kind.Isolation), Project: g.project, Count: n})
 	}
 	avail := int64(-1)
 	if v.MemoryAvailableBytes >= 0 {
