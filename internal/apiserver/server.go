@@ -237,7 +237,8 @@ func New(cfg Config, idem Creates, fleet Fleet, log *slog.Logger) *Server {
 		cfg.WebhookMaxActive = DefaultWebhookMaxActive
 	}
 	s := &Server{cfg: cfg, fleet: fleet, idem: idem, log: log, inflight: map[string]chan struct{}{},
-		placer: placement.New(placement.Config{Replicas: cfg.Replicas, Group: cfg.PlacementGroup}), rec: newReconciler()}
+		placer: placement.New(placement.Config{Replicas: cfg.Replicas, Group: cfg.PlacementGroup}), rec: newReconciler(),
+		webhooks: webhookState{claim: make(chan struct{}, 1)}}
 	s.fn = &fnService{s: s}
 	if cfg.Auth != nil {
 		s.authn = iam.NewCache(cfg.Auth, 0, 0)

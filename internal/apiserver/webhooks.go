@@ -68,10 +68,12 @@ type WebhookStore interface {
 	LastEventID(ctx context.Context) (int64, error)
 }
 
-// webhookState counts deliveries for /metrics.
+// webhookState counts deliveries for /metrics; claim asks RunWebhooks to
+// claim at once (a webhook changed through this apiserver).
 type webhookState struct {
 	delivered atomic.Int64
 	failed    atomic.Int64
+	claim     chan struct{}
 }
 
 // Webhook batches: a delivery carries up to a webhook's batch of the
@@ -211,16 +213,9 @@ func (s *Server) AddWebhook(ctx context.Context, req *connect.Request[dsecv1.Add
 	if err := checkEventKinds(m.GetKinds()); err != nil {
 		return nil, err
 	}
-	batch := int(m.GetBatch())
-	switch {
-	case m.GetSingle() && batch != 0:
-		return nil, fmt.Errorf("a webhook of single events and a batch of %d: name one: %w", batch, errdefs.ErrInvalidArgument)
-	case batch < 0 || batch > MaxWebhookBatch:
-		return nil, fmt.Errorf("a webhook's batch of %d: want 1 to %d (0: %d): %w", batch, MaxWebhookBatch, DefaultWebhookBatch, errdefs.ErrInvalidArgument)
-	case m.GetSingle():
-		batch = 0 // stored as the webhooks before batches: an event a delivery, bare
-	case batch == 0:
-		batch = DefaultWebhookBatch
+	batch, err := webhookBatch(int(m.GetBatch()), m.GetSingle())
+	if err != nil {
+		return nil, err
 	}
 	secret := m.GetSecret()
 	if secret == "" {
@@ -238,6 +233,71 @@ func (s *Server) AddWebhook(ctx context.Context, req *connect.Request[dsecv1.Add
 	out := webhookMsg(w)
 	out.Secret = secret
 	return connect.NewResponse(out), nil
+}
+
+// webhookBatch is the batch column of a webhook asked for batch (0: the
+// default) or single events.
+func webhookBatch(batch int, single bool) (int, error) {
+	switch {
+	case single && batch != 0:
+		return 0, fmt.Errorf("a webhook of single events and a batch of %d: name one: %w", batch, errdefs.ErrInvalidArgument)
+	case batch < 0 || batch > MaxWebhookBatch:
+		return 0, fmt.Errorf("a webhook's batch of %d: want 1 to %d (0: %d): %w", batch, MaxWebhookBatch, DefaultWebhookBatch, errdefs.ErrInvalidArgument)
+	case single:
+		return 0, nil // stored as the webhooks before batches: an event a delivery, bare
+	case batch == 0:
+		return DefaultWebhookBatch, nil
+	}
+	return batch, nil
+}
+
+// UpdateWebhook changes a webhook of a project (or one under it) in place:
+// its batch or single events, kinds, URL, each checked as AddWebhook
+// checks them. Its cursor and secret stay, so a webhook added before
+// batches moves to them without losing its place; its deliveries take the
+// change at once when this apiserver holds its lease, else at the holder's
+// next claim (RunWebhooks).
+func (s *Server) UpdateWebhook(ctx context.Context, req *connect.Request[dsecv1.UpdateWebhookRequest]) (*connect.Response[dsecv1.Webhook], error) {
+	m := req.Msg
+	path, err := s.webhookProject(ctx, dsecv1connect.SandboxServiceUpdateWebhookProcedure, m.Project)
+	if err != nil {
+		return nil, err
+	}
+	if m.GetId() == "" {
+		return nil, fmt.Errorf("update a webhook: no id: %w", errdefs.ErrInvalidArgument)
+	}
+	var u store.WebhookUpdate
+	if m.Url != nil {
+		if err := checkWebhookURL(m.GetUrl(), s.cfg.WebhookAllowPrivate); err != nil {
+			return nil, err
+		}
+		u.URL = m.Url
+	}
+	if m.GetSetKinds() {
+		if err := checkEventKinds(m.GetKinds()); err != nil {
+			return nil, err
+		}
+		kinds := m.GetKinds()
+		u.Kinds = &kinds
+	} else if len(m.GetKinds()) > 0 {
+		return nil, fmt.Errorf("update webhook %s: kinds without set_kinds: %w", m.GetId(), errdefs.ErrInvalidArgument)
+	}
+	if m.Batch != nil || m.GetSingle() {
+		batch, err := webhookBatch(int(m.GetBatch()), m.GetSingle())
+		if err != nil {
+			return nil, err
+		}
+		u.Batch = &batch
+	}
+	w, err := s.cfg.Webhooks.UpdateWebhook(ctx, path, m.GetId(), u)
+	if err != nil {
+		return nil, err
+	}
+	select { // if this apiserver delivers it, at once
+	case s.webhooks.claim <- struct{}{}:
+	default:
+	}
+	return connect.NewResponse(webhookMsg(w)), nil
 }
 
 // ListWebhooks lists the webhooks of a project and those under it, with
@@ -283,9 +343,13 @@ func (s *Server) RunWebhooks(ctx context.Context) {
 	var wg sync.WaitGroup
 	running := map[string]context.CancelFunc{}
 	// current is each running webhook's row as last claimed: a rotated
-	// secret reaches its deliveries with the next claim.
+	// secret or a new URL reaches its deliveries with the next claim. A
+	// delivery loop reads the batch and kinds at its start, so one whose
+	// row's changed (UpdateWebhook) is stopped and starts again with them
+	// at the claim after, from the cursor stored.
 	current := map[string]*atomic.Pointer[store.Webhook]{}
 	done := make(chan string, 16)
+	changed := map[string]bool{} // stopped for a change: claimed again once stopped
 	t := time.NewTicker(webhookClaimEvery)
 	defer t.Stop()
 	for {
@@ -298,7 +362,10 @@ func (s *Server) RunWebhooks(ctx context.Context) {
 		for _, w := range ws {
 			held[w.ID] = true
 			if running[w.ID] != nil {
-				current[w.ID].Store(&w)
+				if old := current[w.ID].Swap(&w); old.Batch != w.Batch || !slices.Equal(old.Kinds, w.Kinds) {
+					running[w.ID]()
+					changed[w.ID] = true
+				}
 				continue
 			}
 			if len(running) >= s.cfg.WebhookMaxActive {
@@ -345,7 +412,13 @@ func (s *Server) RunWebhooks(ctx context.Context) {
 				running[id]()
 				delete(running, id)
 				delete(current, id)
+				if changed[id] {
+					delete(changed, id)
+					wait = false
+				}
 			case <-t.C:
+				wait = false
+			case <-s.webhooks.claim:
 				wait = false
 			}
 		}

@@ -419,3 +419,106 @@ func TestWebhookBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestWebhookUpdate: a webhook added single (as those added before
+// batches are) moves to batches in place: the events that waited while it
+// changed are all delivered once each, none lost as a delete and re-add
+// would lose them, in batches once its deliveries took the change (the
+// endpoint refuses single ones meanwhile), signed with the secret it had,
+// and its cursor goes on; a URL, kinds and single events are changed the same
+// way, each checked as AddWebhook checks it; a runner, another project
+// and an unknown webhook are refused.
+func TestWebhookUpdate(t *testing.T) {
+	ctx := t.Context()
+	e := startEventsEnv(t, filepath.Join(t.TempDir(), "meta.db"))
+	aAdmin, a := client(t, e.url, e.aAdmin), client(t, e.url, e.a)
+	var r *receiver
+	r = newReceiver(t, func(string, int) int {
+		if !r.shapes[len(r.shapes)-1].batched { // serve holds r.mu
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	})
+	r.gate = make(chan struct{})
+	wh := check(aAdmin.AddWebhook(ctx, r.srv.URL, &dsec.WebhookOptions{Single: true, Secret: "kept-secret"}))(t)
+	r.secret = wh.Secret
+
+	first := check(a.Create(ctx, "busybox", nil))(t)
+	<-r.hanging // its created, a single event's delivery, waits at the gate
+	twenty := 20
+	up := check(aAdmin.UpdateWebhook(ctx, wh.ID, dsec.WebhookUpdate{Batch: &twenty}))(t)
+	if up.Batch != 20 || up.URL != wh.URL || up.Delivered != wh.Delivered || up.Secret != "" {
+		t.Fatalf("UpdateWebhook to a batch of 20: %+v, want batch 20, the URL and cursor it had, no secret", up)
+	}
+	burst := check(a.CreateMany(ctx, 30, "busybox", nil))(t)
+	for _, sb := range burst {
+		if err := sb.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stored []dsec.SandboxEvent
+	for deadline := time.Now().Add(20 * time.Second); len(stored) < 61; time.Sleep(20 * time.Millisecond) {
+		stored, _ = check2(a.Events(ctx, dsec.EventQuery{}))(t)
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events stored, want 61", len(stored))
+		}
+	}
+	if stored[0].SandboxID != first.ID || stored[0].Kind != "created" {
+		t.Fatalf("the first event stored is %+v, want %s's created", stored[0], first.ID)
+	}
+	close(r.gate)
+	var want []int64
+	for _, ev := range stored {
+		want = append(want, ev.ID)
+	}
+	r.waitAcked(t, 61)
+	r.mu.Lock()
+	ids, shapes := slices.Clone(r.ids), slices.Clone(r.shapes)
+	r.mu.Unlock()
+	if !slices.Equal(ids, want) {
+		t.Fatalf("acknowledged %v, want the 61 stored once each in order: %v", ids, want)
+	}
+	for _, d := range shapes {
+		if d.events > 20 {
+			t.Errorf("a delivery %+v, want at most the batch of 20", d)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ws := check(aAdmin.Webhooks(ctx, ""))(t)
+		if len(ws) == 1 && ws[0].Delivered == want[60] && ws[0].Batch == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("webhooks %+v, want %s at batch 20 with its cursor at the last event's %d", ws, wh.ID, want[60])
+		}
+	}
+
+	// The URL, kinds and single events, each left as it is unless named.
+	url := "https://hooks.example/dsec"
+	up = check(aAdmin.UpdateWebhook(ctx, wh.ID, dsec.WebhookUpdate{URL: &url, Kinds: []string{"deleted", "failed"}}))(t)
+	if up.URL != url || !slices.Equal(up.Kinds, []string{"deleted", "failed"}) || up.Batch != 20 {
+		t.Errorf("UpdateWebhook of the URL and kinds: %+v", up)
+	}
+	up = check(aAdmin.UpdateWebhook(ctx, wh.ID, dsec.WebhookUpdate{Single: true, Kinds: []string{}}))(t)
+	if up.URL != url || len(up.Kinds) != 0 || up.Batch != 0 || up.Delivered != want[60] {
+		t.Errorf("UpdateWebhook to single events of every kind: %+v", up)
+	}
+	for _, c := range []struct {
+		u    dsec.WebhookUpdate
+		want string
+	}{
+		{dsec.WebhookUpdate{Batch: new(int(1001))}, "batch"},
+		{dsec.WebhookUpdate{Batch: &twenty, Single: true}, "single"},
+		{dsec.WebhookUpdate{URL: new("ftp://hooks.example/x")}, "url"},
+		{dsec.WebhookUpdate{Kinds: []string{"exploded"}}, "exploded"},
+	} {
+		_, err := aAdmin.UpdateWebhook(ctx, wh.ID, c.u)
+		wantErr(t, fmt.Sprintf("UpdateWebhook %+v", c.u), err, dsec.ErrInvalidArgument, c.want)
+	}
+	_, err := aAdmin.UpdateWebhook(ctx, "wh-none", dsec.WebhookUpdate{Batch: &twenty})
+	wantErr(t, "UpdateWebhook of an unknown webhook", err, dsec.ErrNotFound, "wh-none")
+	_, err = a.UpdateWebhook(ctx, wh.ID, dsec.WebhookUpdate{Batch: &twenty})
+	wantErr(t, "UpdateWebhook by a runner", err, dsec.ErrPermissionDenied, "")
+	_, err = client(t, e.url, e.admin).UpdateWebhook(ctx, wh.ID, dsec.WebhookUpdate{Project: "b", Batch: &twenty})
+	wantErr(t, "UpdateWebhook through another project", err, dsec.ErrNotFound, wh.ID)
+}

@@ -321,6 +321,73 @@ refusing a delivery. --overlap 0s retires the old secret at once.`,
 	rotate.Flags().StringVarP(&rotProject, "project", "p", "", "the project the webhook belongs to, or one above it (default: the token's)")
 	rotate.Flags().StringVar(&rotSecret, "secret", "", "the new signing secret (default: the server makes one)")
 	rotate.Flags().DurationVar(&overlap, "overlap", 24*time.Hour, "how long the old secret signs beside the new one (0s: retired at once)")
-	cmd.AddCommand(add, ls, rm, rotate)
+	cmd.AddCommand(add, ls, rm, rotate, a.webhookSetCommand())
 	return cmd
+}
+
+// webhookSetCommand is `dsec webhook set`: a webhook changed in place.
+func (a *app) webhookSetCommand() *cobra.Command {
+	var project, url string
+	var kinds []string
+	var batch int32
+	var single, allKinds bool
+	set := &cobra.Command{
+		Use:   "set ID",
+		Short: "change a webhook in place (--batch or --single, --url, --kind or --all-kinds), keeping its cursor and secret",
+		Long: `Change what a webhook is: its batch (--batch N, or --single: one event a
+delivery, bare), its endpoint (--url), the kinds it gets (--kind, or
+--all-kinds). What is not named stays. It keeps its cursor, so no event
+is skipped or sent again for the change (a webhook removed and added
+again starts from the events after its adding, losing those not yet
+delivered), its secret and its history; its deliveries take the change
+within seconds. A webhook added before batches (BATCH single in dsec
+webhook ls) moves to them with --batch 100.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &dsecv1.UpdateWebhookRequest{Project: optional(project), Id: args[0], Single: single}
+			f := cmd.Flags()
+			if f.Changed("batch") {
+				req.Batch = &batch
+			}
+			if f.Changed("url") {
+				req.Url = &url
+			}
+			switch {
+			case allKinds && len(kinds) > 0:
+				return fmt.Errorf("--kind and --all-kinds: name one")
+			case allKinds:
+				req.SetKinds = true
+			case f.Changed("kind"):
+				req.SetKinds, req.Kinds = true, kinds
+			}
+			if req.Batch == nil && !single && req.Url == nil && !req.SetKinds {
+				return fmt.Errorf("nothing to change: name --batch, --single, --url, --kind or --all-kinds")
+			}
+			res, err := a.c.Sandboxes.UpdateWebhook(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printProto(res.Msg)
+			}
+			w := res.Msg
+			k := strings.Join(w.GetKinds(), ",")
+			if k == "" {
+				k = "all"
+			}
+			b := fmt.Sprint(w.GetBatch())
+			if w.GetBatch() == 0 {
+				b = "single"
+			}
+			fmt.Fprintf(a.stdout, "%s\nurl: %s\nkinds: %s\nbatch: %s\ndelivered: %d\n", w.GetId(), w.GetUrl(), k, b, w.GetDelivered())
+			return nil
+		},
+	}
+	set.Flags().StringVarP(&project, "project", "p", "", "the project the webhook belongs to, or one above it (default: the token's)")
+	set.Flags().StringVar(&url, "url", "", "its new endpoint")
+	set.Flags().StringSliceVar(&kinds, "kind", nil, "only events of these kinds from now on")
+	set.Flags().BoolVar(&allKinds, "all-kinds", false, "events of every kind from now on")
+	set.Flags().Int32Var(&batch, "batch", 0, "the most events one delivery carries, 1 to 1000 (0: 100)")
+	set.Flags().BoolVar(&single, "single", false, "one event a delivery, the event object itself as the body")
+	return set
 }

@@ -190,6 +190,10 @@ func (f *jsonFake) RotateWebhookSecret(context.Context, req[dsecv1.RotateWebhook
 	return answer[dsecv1.Webhook](f)
 }
 
+func (f *jsonFake) UpdateWebhook(context.Context, req[dsecv1.UpdateWebhookRequest]) (res[dsecv1.Webhook], error) {
+	return answer[dsecv1.Webhook](f)
+}
+
 func (f *jsonFake) RemoveWebhook(context.Context, req[dsecv1.RemoveWebhookRequest]) (res[dsecv1.RemoveWebhookResponse], error) {
 	return answer[dsecv1.RemoveWebhookResponse](f)
 }
@@ -332,6 +336,7 @@ func TestJSONShapes(t *testing.T) {
 		{"webhook ls", nil, &dsecv1.ListWebhooksResponse{}},
 		{"webhook rm", []string{"wh-1"}, &dsecv1.RemoveWebhookResponse{}},
 		{"webhook rotate", []string{"wh-1"}, &dsecv1.Webhook{}},
+		{"webhook set", []string{"wh-1", "--batch", "100"}, &dsecv1.Webhook{}},
 		{"provenance", []string{"sb-n1-a"}, &dsecv1.SandboxProvenance{}},
 		{"provenance mark", []string{"sb-n1-a", "--protected", "/hidden"}, &dsecv1.SetProvenancePathsResponse{}},
 		{"pool set", []string{"b:1"}, &dsecv1.WarmPool{}},

@@ -87,6 +87,7 @@ var needs = map[Op]Role{
 	"/dsec.v1.SandboxService/ListWebhooks":        Admin,
 	"/dsec.v1.SandboxService/RemoveWebhook":       Admin,
 	"/dsec.v1.SandboxService/RotateWebhookSecret": Admin,
+	"/dsec.v1.SandboxService/UpdateWebhook":       Admin,
 
 	// FnCallService
 	"/dsec.v1.FnCallService/RunCode":       Runner,

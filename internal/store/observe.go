@@ -507,6 +507,12 @@ func (x observed) AdvanceWebhook(ctx context.Context, id, owner string, delivere
 	return err
 }
 
+func (x observed) UpdateWebhook(ctx context.Context, project, id string, u WebhookUpdate) (Webhook, error) {
+	r0, err := x.Store.UpdateWebhook(ctx, project, id, u)
+	x.done("UpdateWebhook", err)
+	return r0, err
+}
+
 func (x observed) ReleaseWebhooks(ctx context.Context, owner string) error {
 	err := x.Store.ReleaseWebhooks(ctx, owner)
 	x.done("ReleaseWebhooks", err)

@@ -42,6 +42,11 @@ type Webhooks interface {
 	// previousUntil (zero or past: retired at once). Another's webhook,
 	// or an unknown one, is errdefs.ErrNotFound.
 	RotateWebhookSecret(ctx context.Context, project, id, secret string, previousUntil time.Time) error
+	// UpdateWebhook changes what u sets of webhook id of project (or of a
+	// project under it) and returns it as it now is; its cursor, secret,
+	// lease and history stay. Another's webhook, or an unknown one, is
+	// errdefs.ErrNotFound.
+	UpdateWebhook(ctx context.Context, project, id string, u WebhookUpdate) (Webhook, error)
 	// ReleaseWebhooks gives up owner's leases (an apiserver stopping), so
 	// another apiserver takes them at once rather than when they lapse.
 	ReleaseWebhooks(ctx context.Context, owner string) error
@@ -75,6 +80,14 @@ type Webhook struct {
 	LastFailure time.Time
 	Failures    int
 	LastError   string
+}
+
+// WebhookUpdate is what UpdateWebhook changes: each field set (non-nil)
+// replaces the webhook's.
+type WebhookUpdate struct {
+	URL   *string
+	Kinds *[]string
+	Batch *int
 }
 
 const webhookCols = `id, project, url, kinds, secret, created{ms}, delivered, lease_owner, lease{ms}, ok{ms}, failed{ms}, failures, last_error, prev_secret, prev_until{ms}, batch`
@@ -279,6 +292,60 @@ func (d *sqlDB) RotateWebhookSecret(ctx context.Context, project, id, secret str
 		return noWebhook(project, id)
 	}
 	return nil
+}
+
+func (d *sqlDB) UpdateWebhook(ctx context.Context, project, id string, u WebhookUpdate) (Webhook, error) {
+	cond, args, err := subtrees([]string{project})
+	if err != nil {
+		return Webhook{}, err
+	}
+	var sets []string
+	var vals []any
+	if u.URL != nil {
+		if *u.URL == "" {
+			return Webhook{}, fmt.Errorf("update webhook %s: an empty url: %w", id, errdefs.ErrInvalidArgument)
+		}
+		sets, vals = append(sets, "url = ?"), append(vals, *u.URL)
+	}
+	if u.Kinds != nil {
+		sets, vals = append(sets, "kinds = ?"), append(vals, strings.Join(*u.Kinds, ","))
+	}
+	if u.Batch != nil {
+		if *u.Batch < 0 {
+			return Webhook{}, fmt.Errorf("update webhook %s: a batch of %d: %w", id, *u.Batch, errdefs.ErrInvalidArgument)
+		}
+		sets, vals = append(sets, "batch = ?"), append(vals, *u.Batch)
+	}
+	var w Webhook
+	found := false
+	err = d.inTx(ctx, func(tx *sql.Tx) error {
+		found = false
+		if len(sets) > 0 {
+			if _, err := tx.ExecContext(ctx, d.q(`UPDATE webhooks SET `+strings.Join(sets, ", ")+` WHERE id = ? AND `+cond),
+				append(append(vals, id), args...)...); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.QueryContext(ctx, d.q(`SELECT `+webhookCols+` FROM webhooks WHERE id = ? AND `+cond), append([]any{id}, args...)...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		if rows.Next() {
+			if w, err = scanWebhook(rows); err != nil {
+				return err
+			}
+			found = true
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return Webhook{}, d.fail("update webhook "+id, err)
+	}
+	if !found {
+		return Webhook{}, noWebhook(project, id)
+	}
+	return w, nil
 }
 
 // noWebhook is the refusal of a call naming a webhook the project and

@@ -194,6 +194,40 @@ func (c *Client) RemoveWebhook(ctx context.Context, project, id string) error {
 	return err
 }
 
+// WebhookUpdate is what UpdateWebhook changes; what it leaves nil (and
+// Single false) stays.
+type WebhookUpdate struct {
+	Project string  // unset: the token's project
+	URL     *string // a new endpoint, checked as AddWebhook checks it
+	// Kinds, when not nil, replaces the kinds it gets (empty: every kind).
+	Kinds []string
+	// Batch, when not nil, is the most events one delivery carries: 0 is
+	// 100, at most 1,000. A webhook added before batches (Batch 0) moves
+	// to them so, keeping its cursor and secret.
+	Batch *int
+	// Single makes each delivery one event, bare (Batch must be nil).
+	Single bool
+}
+
+// UpdateWebhook changes webhook id in place and returns it as it now is:
+// its cursor (no event skipped or sent twice for the change), secret and
+// history stay; its deliveries take the change within seconds.
+func (c *Client) UpdateWebhook(ctx context.Context, id string, u WebhookUpdate) (Webhook, error) {
+	req := &dsecv1.UpdateWebhookRequest{Project: optPath(u.Project), Id: id, Url: u.URL, Single: u.Single}
+	if u.Kinds != nil {
+		req.SetKinds, req.Kinds = true, u.Kinds
+	}
+	if u.Batch != nil {
+		b := int32(*u.Batch)
+		req.Batch = &b
+	}
+	r, err := iamCall(ctx, c, true, "update webhook "+id, c.sb.UpdateWebhook, req)
+	if err != nil {
+		return Webhook{}, err
+	}
+	return webhookOf(r), nil
+}
+
 // RotateOptions are RotateWebhookSecret's options.
 type RotateOptions struct {
 	Project string // unset: the token's project

@@ -246,5 +246,36 @@ func TestWebhookDelivery(t *testing.T) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+
+	// Changed in place through the CLI: to single events of one kind,
+	// then back to batches of every kind, its cursor kept each time.
+	for _, c := range []struct {
+		args  []string
+		batch int
+		kinds []string
+	}{
+		{[]string{"--single", "--kind", "deleted"}, 0, []string{"deleted"}},
+		{[]string{"--batch", "50", "--all-kinds"}, 50, nil},
+	} {
+		out, errOut, code := d.CLI("", append(append([]string{"--json", "webhook", "set"}, c.args...), added.ID)...)
+		if code != 0 {
+			t.Fatalf("dsec webhook set %v: exit %d: %s%s", c.args, code, out, errOut)
+		}
+		var set struct {
+			ID        string   `json:"id"`
+			Batch     int      `json:"batch"`
+			Kinds     []string `json:"kinds"`
+			Delivered int64    `json:"delivered"`
+			Secret    string   `json:"secret"`
+		}
+		if err := json.Unmarshal([]byte(out), &set); err != nil || set.ID != added.ID || set.Batch != c.batch ||
+			!slices.Equal(set.Kinds, c.kinds) || set.Delivered < last || set.Secret != "" {
+			t.Fatalf("dsec --json webhook set %v printed %q (%v); want %s at batch %d, kinds %v, delivered from %d on, no secret",
+				c.args, out, err, added.ID, c.batch, c.kinds, last)
+		}
+	}
+	if out, errOut, code := d.CLI("", "webhook", "set", added.ID); code == 0 {
+		t.Errorf("dsec webhook set naming nothing to change: exit 0: %s%s", out, errOut)
+	}
 	unhang()
 }

@@ -21,6 +21,7 @@ var eventCases = []struct {
 	{"EventsPulledAgain", testEventsPulledAgain},
 	{"EventsExpire", testEventsExpire},
 	{"Webhooks", testWebhooks},
+	{"WebhookUpdate", testWebhookUpdate},
 	{"EventPullsForget", testEventPullsForget},
 }
 

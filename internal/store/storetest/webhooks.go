@@ -95,6 +95,72 @@ func testWebhooks(t *testing.T, st store.Store) {
 	wantWebhooks(t, "after the remove", all, "wh-1", "wh-3")
 }
 
+// testWebhookUpdate: an update changes what it sets of a webhook (a batch
+// from 0, the format before batches, kinds, the URL) and nothing else: its
+// cursor, secrets, lease and history stay; one through another project,
+// or of an unknown webhook, is not found.
+func testWebhookUpdate(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	now := ms(time.Now())
+	must(t, "AddWebhook", st.AddWebhook(ctx, store.Webhook{ID: "wh-u", Project: "u/v", URL: "https://u.example/hook",
+		Kinds: []string{"failed"}, Secret: "s0", Created: now, Delivered: 41}))
+	must(t, "RotateWebhookSecret", st.RotateWebhookSecret(ctx, "u", "wh-u", "s1", ms(now.Add(time.Hour))))
+	held, err := st.ClaimWebhooks(ctx, "api1/x", now, now.Add(time.Minute))
+	must(t, "ClaimWebhooks", err)
+	wantWebhooks(t, "claimed", held, "wh-u")
+	must(t, "AdvanceWebhook", st.AdvanceWebhook(ctx, "wh-u", "api1/x", 42, now, nil))
+	before := held[0]
+	before.Delivered, before.LastOK = 42, now
+
+	batch := 100
+	w, err := st.UpdateWebhook(ctx, "u", "wh-u", store.WebhookUpdate{Batch: &batch})
+	must(t, "UpdateWebhook batch", err)
+	want := before
+	want.Batch = 100
+	if !sameWebhook(w, want) {
+		t.Fatalf("after a batch's update: %+v, want %+v", w, want)
+	}
+	url, kinds := "https://u2.example/hook", []string{"created", "deleted"}
+	w, err = st.UpdateWebhook(ctx, "u/v", "wh-u", store.WebhookUpdate{URL: &url, Kinds: &kinds})
+	must(t, "UpdateWebhook url and kinds", err)
+	want.URL, want.Kinds = url, kinds
+	if !sameWebhook(w, want) {
+		t.Fatalf("after a url's and kinds' update: %+v, want %+v", w, want)
+	}
+	none, single := []string{}, 0
+	w, err = st.UpdateWebhook(ctx, "u", "wh-u", store.WebhookUpdate{Kinds: &none, Batch: &single})
+	must(t, "UpdateWebhook to every kind, single", err)
+	want.Kinds, want.Batch = nil, 0
+	if !sameWebhook(w, want) {
+		t.Fatalf("after every kind, single: %+v, want %+v", w, want)
+	}
+	got, err := st.ListWebhooks(ctx, []string{"u"})
+	must(t, "ListWebhooks", err)
+	if len(got) != 1 || !sameWebhook(got[0], want) {
+		t.Fatalf("listed after the updates: %+v, want %+v", got, want)
+	}
+	if w, err := st.UpdateWebhook(ctx, "u", "wh-u", store.WebhookUpdate{}); err != nil || !sameWebhook(w, want) {
+		t.Errorf("an update of nothing: %+v, %v; want it as it was", w, err)
+	}
+	_, err = st.UpdateWebhook(ctx, "uv", "wh-u", store.WebhookUpdate{Batch: &batch})
+	wantKind(t, "UpdateWebhook through another project", err, errdefs.ErrNotFound)
+	_, err = st.UpdateWebhook(ctx, "u", "wh-none", store.WebhookUpdate{Batch: &batch})
+	wantKind(t, "UpdateWebhook of an unknown webhook", err, errdefs.ErrNotFound)
+	neg := -1
+	_, err = st.UpdateWebhook(ctx, "u", "wh-u", store.WebhookUpdate{Batch: &neg})
+	wantKind(t, "UpdateWebhook to a negative batch", err, errdefs.ErrInvalidArgument)
+	must(t, "RemoveWebhook", st.RemoveWebhook(ctx, "u", "wh-u"))
+}
+
+// sameWebhook compares every field of two webhooks, times to the
+// millisecond.
+func sameWebhook(a, b store.Webhook) bool {
+	return a.ID == b.ID && a.Project == b.Project && a.URL == b.URL && equalStrings(a.Kinds, b.Kinds) && a.Secret == b.Secret &&
+		a.PrevSecret == b.PrevSecret && a.PrevUntil.Equal(b.PrevUntil) && a.Batch == b.Batch && a.Created.Equal(b.Created) &&
+		a.Delivered == b.Delivered && a.LeaseOwner == b.LeaseOwner && a.LeaseUntil.Equal(b.LeaseUntil) &&
+		a.LastOK.Equal(b.LastOK) && a.LastFailure.Equal(b.LastFailure) && a.Failures == b.Failures && a.LastError == b.LastError
+}
+
 // testReplicasWebhookLease: one store's lease keeps the other off a
 // webhook until it lapses; then the other takes it, and the first can no
 // longer advance it. Advances record successes and failures.

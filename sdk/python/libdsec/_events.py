@@ -200,6 +200,30 @@ class EventCalls:
             msg["project"] = project
         await self._call("RemoveWebhook", msg, timeout, idempotent=True)  # type: ignore[attr-defined]
 
+    async def update_webhook(self, id: str, *, project: Optional[str] = None, url: Optional[str] = None,
+                             kinds: Optional[Sequence[str]] = None, batch: Optional[int] = None,
+                             single: bool = False, timeout: Optional[float] = None) -> Webhook:
+        """Change webhook id in place and return it as it now is: its url,
+        its kinds ([]: every kind), its batch (0: 100; at most 1,000) or
+        single=True (one event a delivery, bare); what is None stays. It
+        keeps its cursor (no event skipped or sent twice for the change),
+        secret and history, so a webhook added before batches (batch 0)
+        moves to them without losing an event, as removing and adding it
+        again would."""
+        msg: Dict[str, Any] = {"id": id}
+        if project is not None:
+            msg["project"] = project
+        if url is not None:
+            msg["url"] = url
+        if kinds is not None:
+            msg["setKinds"] = True
+            msg["kinds"] = list(kinds)
+        if batch is not None:
+            msg["batch"] = int(batch)
+        if single:
+            msg["single"] = True
+        return Webhook.from_json(await self._call("UpdateWebhook", msg, timeout, idempotent=True))  # type: ignore[attr-defined]
+
     async def rotate_webhook_secret(self, id: str, *, project: Optional[str] = None, secret: Optional[str] = None,
                                     overlap: Optional[float] = None, timeout: Optional[float] = None) -> Webhook:
         """Give webhook id a new signing secret (made by the server unless

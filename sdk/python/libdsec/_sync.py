@@ -219,6 +219,9 @@ class Client:
     def remove_webhook(self, id: str, **kw) -> None:
         return self._run(self._a.remove_webhook(id, **kw))
 
+    def update_webhook(self, id: str, **kw) -> Webhook:
+        return self._run(self._a.update_webhook(id, **kw))
+
     def rotate_webhook_secret(self, id: str, **kw) -> Webhook:
         return self._run(self._a.rotate_webhook_secret(id, **kw))
 

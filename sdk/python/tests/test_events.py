@@ -161,6 +161,22 @@ class EventsTest(unittest.TestCase):
             # a batch the server refuses.
             one = admin.add_webhook(f"http://127.0.0.1:{srv.server_port}/one", single=True)
             self.assertEqual((one.batch, admin.webhooks()[0].batch), (0, 0))
+            # Changed in place: to batches, then kinds and its URL, its
+            # cursor kept; what is not named stays.
+            with self.assertRaises(errors.PermissionDenied):
+                self.c.update_webhook(one.id, batch=100)
+            up = admin.update_webhook(one.id, batch=100)
+            self.assertEqual((up.id, up.batch, up.url, up.kinds, up.delivered, up.secret),
+                             (one.id, 100, one.url, [], one.delivered, ""))
+            up = admin.update_webhook(one.id, kinds=["deleted"], url=f"http://127.0.0.1:{srv.server_port}/two")
+            self.assertEqual((up.batch, up.kinds, up.url), (100, ["deleted"], f"http://127.0.0.1:{srv.server_port}/two"))
+            up = admin.update_webhook(one.id, kinds=[], single=True)
+            self.assertEqual((up.batch, up.kinds), (0, []))
+            self.assertEqual(admin.webhooks()[0].batch, 0)
+            with self.assertRaises(errors.InvalidArgument):
+                admin.update_webhook(one.id, batch=5000)
+            with self.assertRaises(errors.NotFound):
+                admin.update_webhook("wh-none", batch=10)
             admin.remove_webhook(one.id)
             with self.assertRaises(errors.InvalidArgument):
                 admin.add_webhook(f"http://127.0.0.1:{srv.server_port}/hook", batch=5000)

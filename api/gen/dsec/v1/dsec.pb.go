@@ -11882,6 +11882,103 @@ func (*RemoveWebhookResponse) Descriptor() ([]byte, []int) {
 	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{149}
 }
 
+type UpdateWebhookRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Project *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"` // unset: the caller's token's project
+	Id      string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Each unset field is left as it is.
+	Url *string `protobuf:"bytes,3,opt,name=url,proto3,oneof" json:"url,omitempty"`
+	// The most events one delivery carries: 1 to 1000 (0 is 100).
+	Batch *int32 `protobuf:"varint,4,opt,name=batch,proto3,oneof" json:"batch,omitempty"`
+	// Each delivery one event, bare (the format before batches); batch
+	// must then be unset.
+	Single bool `protobuf:"varint,5,opt,name=single,proto3" json:"single,omitempty"`
+	// The kinds it gets: with set_kinds, kinds (none: every kind).
+	SetKinds      bool     `protobuf:"varint,6,opt,name=set_kinds,json=setKinds,proto3" json:"set_kinds,omitempty"`
+	Kinds         []string `protobuf:"bytes,7,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateWebhookRequest) Reset() {
+	*x = UpdateWebhookRequest{}
+	mi := &file_dsec_v1_dsec_proto_msgTypes[150]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateWebhookRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateWebhookRequest) ProtoMessage() {}
+
+func (x *UpdateWebhookRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dsec_v1_dsec_proto_msgTypes[150]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateWebhookRequest.ProtoReflect.Descriptor instead.
+func (*UpdateWebhookRequest) Descriptor() ([]byte, []int) {
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{150}
+}
+
+func (x *UpdateWebhookRequest) GetProject() string {
+	if x != nil && x.Project != nil {
+		return *x.Project
+	}
+	return ""
+}
+
+func (x *UpdateWebhookRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateWebhookRequest) GetUrl() string {
+	if x != nil && x.Url != nil {
+		return *x.Url
+	}
+	return ""
+}
+
+func (x *UpdateWebhookRequest) GetBatch() int32 {
+	if x != nil && x.Batch != nil {
+		return *x.Batch
+	}
+	return 0
+}
+
+func (x *UpdateWebhookRequest) GetSingle() bool {
+	if x != nil {
+		return x.Single
+	}
+	return false
+}
+
+func (x *UpdateWebhookRequest) GetSetKinds() bool {
+	if x != nil {
+		return x.SetKinds
+	}
+	return false
+}
+
+func (x *UpdateWebhookRequest) GetKinds() []string {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
 type RotateWebhookSecretRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Project *string                `protobuf:"bytes,1,opt,name=project,proto3,oneof" json:"project,omitempty"` // unset: the caller's token's project
@@ -11896,7 +11993,7 @@ type RotateWebhookSecretRequest struct {
 
 func (x *RotateWebhookSecretRequest) Reset() {
 	*x = RotateWebhookSecretRequest{}
-	mi := &file_dsec_v1_dsec_proto_msgTypes[150]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[151]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11908,7 +12005,7 @@ func (x *RotateWebhookSecretRequest) String() string {
 func (*RotateWebhookSecretRequest) ProtoMessage() {}
 
 func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dsec_v1_dsec_proto_msgTypes[150]
+	mi := &file_dsec_v1_dsec_proto_msgTypes[151]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11921,7 +12018,7 @@ func (x *RotateWebhookSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateWebhookSecretRequest.ProtoReflect.Descriptor instead.
 func (*RotateWebhookSecretRequest) Descriptor() ([]byte, []int) {
-	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{150}
+	return file_dsec_v1_dsec_proto_rawDescGZIP(), []int{151}
 }
 
 func (x *RotateWebhookSecretRequest) GetProject() string {
@@ -12937,7 +13034,19 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\tR\x02idB\n" +
 	"\n" +
 	"\b_project\"\x17\n" +
-	"\x15RemoveWebhookResponse\"\x98\x01\n" +
+	"\x15RemoveWebhookResponse\"\xe0\x01\n" +
+	"\x14UpdateWebhookRequest\x12\x1d\n" +
+	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x15\n" +
+	"\x03url\x18\x03 \x01(\tH\x01R\x03url\x88\x01\x01\x12\x19\n" +
+	"\x05batch\x18\x04 \x01(\x05H\x02R\x05batch\x88\x01\x01\x12\x16\n" +
+	"\x06single\x18\x05 \x01(\bR\x06single\x12\x1b\n" +
+	"\tset_kinds\x18\x06 \x01(\bR\bsetKinds\x12\x14\n" +
+	"\x05kinds\x18\a \x03(\tR\x05kindsB\n" +
+	"\n" +
+	"\b_projectB\x06\n" +
+	"\x04_urlB\b\n" +
+	"\x06_batch\"\x98\x01\n" +
 	"\x1aRotateWebhookSecretRequest\x12\x1d\n" +
 	"\aproject\x18\x01 \x01(\tH\x00R\aproject\x88\x01\x01\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
@@ -13028,7 +13137,7 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"\x1aCOMMAND_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17COMMAND_STATUS_FINISHED\x10\x01\x12\x18\n" +
 	"\x14COMMAND_STATUS_ERROR\x10\x02\x12&\n" +
-	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xda\x19\n" +
+	"\"COMMAND_STATUS_TIME_LIMIT_EXCEEDED\x10\x032\xa1\x1a\n" +
 	"\x0eSandboxService\x129\n" +
 	"\x06Create\x12\x16.dsec.v1.CreateRequest\x1a\x17.dsec.v1.CreateResponse\x121\n" +
 	"\x03Get\x12\x13.dsec.v1.GetRequest\x1a\x10.dsec.v1.Sandbox\"\x03\x90\x02\x01\x128\n" +
@@ -13085,7 +13194,8 @@ const file_dsec_v1_dsec_proto_rawDesc = "" +
 	"AddWebhook\x12\x1a.dsec.v1.AddWebhookRequest\x1a\x10.dsec.v1.Webhook\x12P\n" +
 	"\fListWebhooks\x12\x1c.dsec.v1.ListWebhooksRequest\x1a\x1d.dsec.v1.ListWebhooksResponse\"\x03\x90\x02\x01\x12S\n" +
 	"\rRemoveWebhook\x12\x1d.dsec.v1.RemoveWebhookRequest\x1a\x1e.dsec.v1.RemoveWebhookResponse\"\x03\x90\x02\x02\x12L\n" +
-	"\x13RotateWebhookSecret\x12#.dsec.v1.RotateWebhookSecretRequest\x1a\x10.dsec.v1.Webhook2\xef\x01\n" +
+	"\x13RotateWebhookSecret\x12#.dsec.v1.RotateWebhookSecretRequest\x1a\x10.dsec.v1.Webhook\x12E\n" +
+	"\rUpdateWebhook\x12\x1d.dsec.v1.UpdateWebhookRequest\x1a\x10.dsec.v1.Webhook\"\x03\x90\x02\x022\xef\x01\n" +
 	"\rFnCallService\x12<\n" +
 	"\aRunCode\x12\x17.dsec.v1.RunCodeRequest\x1a\x18.dsec.v1.RunCodeResponse\x12K\n" +
 	"\fRunCodeBatch\x12\x1c.dsec.v1.RunCodeBatchRequest\x1a\x1d.dsec.v1.RunCodeBatchResponse\x12S\n" +
@@ -13116,7 +13226,7 @@ func file_dsec_v1_dsec_proto_rawDescGZIP() []byte {
 }
 
 var file_dsec_v1_dsec_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 165)
+var file_dsec_v1_dsec_proto_msgTypes = make([]protoimpl.MessageInfo, 166)
 var file_dsec_v1_dsec_proto_goTypes = []any{
 	(State)(0),                         // 0: dsec.v1.State
 	(Reason)(0),                        // 1: dsec.v1.Reason
@@ -13280,32 +13390,33 @@ var file_dsec_v1_dsec_proto_goTypes = []any{
 	(*ListWebhooksResponse)(nil),       // 159: dsec.v1.ListWebhooksResponse
 	(*RemoveWebhookRequest)(nil),       // 160: dsec.v1.RemoveWebhookRequest
 	(*RemoveWebhookResponse)(nil),      // 161: dsec.v1.RemoveWebhookResponse
-	(*RotateWebhookSecretRequest)(nil), // 162: dsec.v1.RotateWebhookSecretRequest
-	nil,                                // 163: dsec.v1.NodeInfo.MissingEntry
-	nil,                                // 164: dsec.v1.SandboxSpec.EnvEntry
-	nil,                                // 165: dsec.v1.SandboxSpec.LabelsEntry
-	nil,                                // 166: dsec.v1.SandboxSpec.NetworkRulesEntry
-	nil,                                // 167: dsec.v1.ListRequest.LabelsEntry
-	nil,                                // 168: dsec.v1.ExecRequest.EnvEntry
-	nil,                                // 169: dsec.v1.ShellStart.EnvEntry
-	nil,                                // 170: dsec.v1.GradeRequest.EnvEntry
-	nil,                                // 171: dsec.v1.GradeTests.FilesEntry
-	nil,                                // 172: dsec.v1.SetNetworkRulesRequest.RulesEntry
-	nil,                                // 173: dsec.v1.RunCodeRequest.FilesEntry
-	nil,                                // 174: dsec.v1.RunCodeRequest.NetworkRulesEntry
-	nil,                                // 175: dsec.v1.RunCodeResponse.FilesEntry
-	nil,                                // 176: dsec.v1.UsageRecord.LabelsEntry
+	(*UpdateWebhookRequest)(nil),       // 162: dsec.v1.UpdateWebhookRequest
+	(*RotateWebhookSecretRequest)(nil), // 163: dsec.v1.RotateWebhookSecretRequest
+	nil,                                // 164: dsec.v1.NodeInfo.MissingEntry
+	nil,                                // 165: dsec.v1.SandboxSpec.EnvEntry
+	nil,                                // 166: dsec.v1.SandboxSpec.LabelsEntry
+	nil,                                // 167: dsec.v1.SandboxSpec.NetworkRulesEntry
+	nil,                                // 168: dsec.v1.ListRequest.LabelsEntry
+	nil,                                // 169: dsec.v1.ExecRequest.EnvEntry
+	nil,                                // 170: dsec.v1.ShellStart.EnvEntry
+	nil,                                // 171: dsec.v1.GradeRequest.EnvEntry
+	nil,                                // 172: dsec.v1.GradeTests.FilesEntry
+	nil,                                // 173: dsec.v1.SetNetworkRulesRequest.RulesEntry
+	nil,                                // 174: dsec.v1.RunCodeRequest.FilesEntry
+	nil,                                // 175: dsec.v1.RunCodeRequest.NetworkRulesEntry
+	nil,                                // 176: dsec.v1.RunCodeResponse.FilesEntry
+	nil,                                // 177: dsec.v1.UsageRecord.LabelsEntry
 }
 var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	5,   // 0: dsec.v1.SandboxKind.isolation:type_name -> dsec.v1.Isolation
 	4,   // 1: dsec.v1.SandboxKind.profile:type_name -> dsec.v1.Backend
 	13,  // 2: dsec.v1.NodeInfo.kinds:type_name -> dsec.v1.SandboxKind
-	163, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
+	164, // 3: dsec.v1.NodeInfo.missing:type_name -> dsec.v1.NodeInfo.MissingEntry
 	15,  // 4: dsec.v1.NodeInfo.core_scheduling:type_name -> dsec.v1.CoreScheduling
 	4,   // 5: dsec.v1.SandboxSpec.backend:type_name -> dsec.v1.Backend
-	164, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
-	165, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
-	166, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
+	165, // 6: dsec.v1.SandboxSpec.env:type_name -> dsec.v1.SandboxSpec.EnvEntry
+	166, // 7: dsec.v1.SandboxSpec.labels:type_name -> dsec.v1.SandboxSpec.LabelsEntry
+	167, // 8: dsec.v1.SandboxSpec.network_rules:type_name -> dsec.v1.SandboxSpec.NetworkRulesEntry
 	3,   // 9: dsec.v1.SandboxSpec.on_timeout:type_name -> dsec.v1.OnTimeout
 	5,   // 10: dsec.v1.SandboxSpec.isolation:type_name -> dsec.v1.Isolation
 	12,  // 11: dsec.v1.SandboxSpec.phases:type_name -> dsec.v1.PhaseBudgets
@@ -13323,13 +13434,13 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	29,  // 23: dsec.v1.SandboxMetrics.samples:type_name -> dsec.v1.MetricsSample
 	16,  // 24: dsec.v1.CreateRequest.spec:type_name -> dsec.v1.SandboxSpec
 	18,  // 25: dsec.v1.CreateResponse.sandboxes:type_name -> dsec.v1.Sandbox
-	167, // 26: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
+	168, // 26: dsec.v1.ListRequest.labels:type_name -> dsec.v1.ListRequest.LabelsEntry
 	0,   // 27: dsec.v1.ListRequest.states:type_name -> dsec.v1.State
 	18,  // 28: dsec.v1.ListResponse.sandboxes:type_name -> dsec.v1.Sandbox
 	16,  // 29: dsec.v1.SetWarmPoolRequest.spec:type_name -> dsec.v1.SandboxSpec
 	16,  // 30: dsec.v1.WarmPool.spec:type_name -> dsec.v1.SandboxSpec
 	37,  // 31: dsec.v1.ListWarmPoolsResponse.pools:type_name -> dsec.v1.WarmPool
-	168, // 32: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
+	169, // 32: dsec.v1.ExecRequest.env:type_name -> dsec.v1.ExecRequest.EnvEntry
 	43,  // 33: dsec.v1.ExecRequest.after:type_name -> dsec.v1.ExecAfter
 	47,  // 34: dsec.v1.ExecEvent.started:type_name -> dsec.v1.ExecStarted
 	48,  // 35: dsec.v1.ExecEvent.exited:type_name -> dsec.v1.ExecExited
@@ -13342,7 +13453,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	55,  // 42: dsec.v1.ListProcessesResponse.processes:type_name -> dsec.v1.ProcessInfo
 	63,  // 43: dsec.v1.ShellInput.start:type_name -> dsec.v1.ShellStart
 	64,  // 44: dsec.v1.ShellInput.resize:type_name -> dsec.v1.TerminalSize
-	169, // 45: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
+	170, // 45: dsec.v1.ShellStart.env:type_name -> dsec.v1.ShellStart.EnvEntry
 	64,  // 46: dsec.v1.ShellStart.size:type_name -> dsec.v1.TerminalSize
 	48,  // 47: dsec.v1.ShellOutput.exited:type_name -> dsec.v1.ExecExited
 	66,  // 48: dsec.v1.ListDirResponse.entries:type_name -> dsec.v1.FileInfo
@@ -13353,9 +13464,9 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	88,  // 53: dsec.v1.Layer.snapshot:type_name -> dsec.v1.SnapshotInfo
 	88,  // 54: dsec.v1.Layer.snapshots:type_name -> dsec.v1.SnapshotInfo
 	90,  // 55: dsec.v1.GradeRequest.tests:type_name -> dsec.v1.GradeTests
-	170, // 56: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
+	171, // 56: dsec.v1.GradeRequest.env:type_name -> dsec.v1.GradeRequest.EnvEntry
 	5,   // 57: dsec.v1.GradeRequest.isolation:type_name -> dsec.v1.Isolation
-	171, // 58: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
+	172, // 58: dsec.v1.GradeTests.files:type_name -> dsec.v1.GradeTests.FilesEntry
 	48,  // 59: dsec.v1.GradeResult.exit:type_name -> dsec.v1.ExecExited
 	91,  // 60: dsec.v1.GradeResult.times:type_name -> dsec.v1.GradeTimes
 	88,  // 61: dsec.v1.GradeResult.capture:type_name -> dsec.v1.SnapshotInfo
@@ -13371,7 +13482,7 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	9,   // 71: dsec.v1.UploadLayerHeader.kind:type_name -> dsec.v1.LayerKind
 	87,  // 72: dsec.v1.ListLayersResponse.layers:type_name -> dsec.v1.Layer
 	111, // 73: dsec.v1.ListEnvironmentsResponse.environments:type_name -> dsec.v1.Environment
-	172, // 74: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
+	173, // 74: dsec.v1.SetNetworkRulesRequest.rules:type_name -> dsec.v1.SetNetworkRulesRequest.RulesEntry
 	117, // 75: dsec.v1.NetworkLogResponse.events:type_name -> dsec.v1.NetworkEvent
 	17,  // 76: dsec.v1.SetProvenancePathsRequest.paths:type_name -> dsec.v1.ProvenancePaths
 	124, // 77: dsec.v1.SandboxProvenance.flags:type_name -> dsec.v1.ProvenanceFlags
@@ -13387,20 +13498,20 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	131, // 87: dsec.v1.SandboxProvenance.syscall_samples:type_name -> dsec.v1.ProvenanceSyscall
 	135, // 88: dsec.v1.LayerStatsResponse.layers:type_name -> dsec.v1.LayerUsage
 	136, // 89: dsec.v1.LayerStatsResponse.environments:type_name -> dsec.v1.EnvironmentUsage
-	173, // 90: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
-	174, // 91: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
+	174, // 90: dsec.v1.RunCodeRequest.files:type_name -> dsec.v1.RunCodeRequest.FilesEntry
+	175, // 91: dsec.v1.RunCodeRequest.network_rules:type_name -> dsec.v1.RunCodeRequest.NetworkRulesEntry
 	11,  // 92: dsec.v1.CommandResult.status:type_name -> dsec.v1.CommandStatus
 	10,  // 93: dsec.v1.RunCodeResponse.status:type_name -> dsec.v1.RunStatus
 	139, // 94: dsec.v1.RunCodeResponse.compile_result:type_name -> dsec.v1.CommandResult
 	139, // 95: dsec.v1.RunCodeResponse.run_result:type_name -> dsec.v1.CommandResult
-	175, // 96: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
+	176, // 96: dsec.v1.RunCodeResponse.files:type_name -> dsec.v1.RunCodeResponse.FilesEntry
 	7,   // 97: dsec.v1.RunCodeResponse.fault:type_name -> dsec.v1.Fault
 	138, // 98: dsec.v1.RunCodeBatchRequest.calls:type_name -> dsec.v1.RunCodeRequest
 	140, // 99: dsec.v1.RunCodeBatchResponse.results:type_name -> dsec.v1.RunCodeResponse
 	143, // 100: dsec.v1.ListLanguagesResponse.languages:type_name -> dsec.v1.Language
 	14,  // 101: dsec.v1.ServerInfo.nodes:type_name -> dsec.v1.NodeInfo
 	148, // 102: dsec.v1.ListEventsResponse.events:type_name -> dsec.v1.Event
-	176, // 103: dsec.v1.UsageRecord.labels:type_name -> dsec.v1.UsageRecord.LabelsEntry
+	177, // 103: dsec.v1.UsageRecord.labels:type_name -> dsec.v1.UsageRecord.LabelsEntry
 	151, // 104: dsec.v1.UsageRecord.usage:type_name -> dsec.v1.UsageFigures
 	151, // 105: dsec.v1.UsageGroup.usage:type_name -> dsec.v1.UsageFigures
 	154, // 106: dsec.v1.UsageResponse.groups:type_name -> dsec.v1.UsageGroup
@@ -13453,79 +13564,81 @@ var file_dsec_v1_dsec_proto_depIdxs = []int32{
 	157, // 153: dsec.v1.SandboxService.AddWebhook:input_type -> dsec.v1.AddWebhookRequest
 	158, // 154: dsec.v1.SandboxService.ListWebhooks:input_type -> dsec.v1.ListWebhooksRequest
 	160, // 155: dsec.v1.SandboxService.RemoveWebhook:input_type -> dsec.v1.RemoveWebhookRequest
-	162, // 156: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
-	138, // 157: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
-	141, // 158: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
-	144, // 159: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
-	102, // 160: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
-	103, // 161: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
-	107, // 162: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
-	109, // 163: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
-	112, // 164: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
-	132, // 165: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
-	134, // 166: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
-	105, // 167: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
-	32,  // 168: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
-	18,  // 169: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
-	35,  // 170: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
-	41,  // 171: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
-	21,  // 172: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
-	23,  // 173: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
-	25,  // 174: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
-	27,  // 175: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
-	30,  // 176: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
-	88,  // 177: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
-	96,  // 178: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
-	98,  // 179: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
-	101, // 180: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
-	92,  // 181: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
-	45,  // 182: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
-	45,  // 183: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
-	51,  // 184: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
-	53,  // 185: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
-	56,  // 186: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
-	45,  // 187: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
-	59,  // 188: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
-	61,  // 189: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
-	65,  // 190: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
-	68,  // 191: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
-	70,  // 192: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
-	72,  // 193: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
-	74,  // 194: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
-	76,  // 195: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
-	78,  // 196: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
-	80,  // 197: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
-	82,  // 198: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
-	84,  // 199: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
-	86,  // 200: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
-	115, // 201: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
-	118, // 202: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
-	120, // 203: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
-	125, // 204: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
-	123, // 205: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
-	37,  // 206: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
-	39,  // 207: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
-	147, // 208: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
-	150, // 209: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
-	148, // 210: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
-	155, // 211: dsec.v1.SandboxService.Usage:output_type -> dsec.v1.UsageResponse
-	156, // 212: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
-	159, // 213: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
-	161, // 214: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
-	156, // 215: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
-	140, // 216: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
-	142, // 217: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
-	145, // 218: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
-	87,  // 219: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
-	87,  // 220: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
-	108, // 221: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
-	110, // 222: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
-	113, // 223: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
-	133, // 224: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
-	137, // 225: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
-	106, // 226: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
-	168, // [168:227] is the sub-list for method output_type
-	109, // [109:168] is the sub-list for method input_type
+	163, // 156: dsec.v1.SandboxService.RotateWebhookSecret:input_type -> dsec.v1.RotateWebhookSecretRequest
+	162, // 157: dsec.v1.SandboxService.UpdateWebhook:input_type -> dsec.v1.UpdateWebhookRequest
+	138, // 158: dsec.v1.FnCallService.RunCode:input_type -> dsec.v1.RunCodeRequest
+	141, // 159: dsec.v1.FnCallService.RunCodeBatch:input_type -> dsec.v1.RunCodeBatchRequest
+	144, // 160: dsec.v1.FnCallService.ListLanguages:input_type -> dsec.v1.ListLanguagesRequest
+	102, // 161: dsec.v1.LayerService.ImportLayer:input_type -> dsec.v1.ImportLayerRequest
+	103, // 162: dsec.v1.LayerService.UploadLayer:input_type -> dsec.v1.UploadLayerRequest
+	107, // 163: dsec.v1.LayerService.ListLayers:input_type -> dsec.v1.ListLayersRequest
+	109, // 164: dsec.v1.LayerService.RemoveLayer:input_type -> dsec.v1.RemoveLayerRequest
+	112, // 165: dsec.v1.LayerService.ListEnvironments:input_type -> dsec.v1.ListEnvironmentsRequest
+	132, // 166: dsec.v1.LayerService.ImportImage:input_type -> dsec.v1.ImportImageRequest
+	134, // 167: dsec.v1.LayerService.LayerStats:input_type -> dsec.v1.LayerStatsRequest
+	105, // 168: dsec.v1.LayerService.ShareLayer:input_type -> dsec.v1.ShareLayerRequest
+	32,  // 169: dsec.v1.SandboxService.Create:output_type -> dsec.v1.CreateResponse
+	18,  // 170: dsec.v1.SandboxService.Get:output_type -> dsec.v1.Sandbox
+	35,  // 171: dsec.v1.SandboxService.List:output_type -> dsec.v1.ListResponse
+	41,  // 172: dsec.v1.SandboxService.Delete:output_type -> dsec.v1.DeleteResponse
+	21,  // 173: dsec.v1.SandboxService.Pause:output_type -> dsec.v1.PauseResponse
+	23,  // 174: dsec.v1.SandboxService.Resume:output_type -> dsec.v1.ResumeResponse
+	25,  // 175: dsec.v1.SandboxService.SetTimeout:output_type -> dsec.v1.SetTimeoutResponse
+	27,  // 176: dsec.v1.SandboxService.EndPhase:output_type -> dsec.v1.EndPhaseResponse
+	30,  // 177: dsec.v1.SandboxService.Metrics:output_type -> dsec.v1.SandboxMetrics
+	88,  // 178: dsec.v1.SandboxService.Snapshot:output_type -> dsec.v1.SnapshotInfo
+	96,  // 179: dsec.v1.SandboxService.ListSnapshots:output_type -> dsec.v1.ListSnapshotsResponse
+	98,  // 180: dsec.v1.SandboxService.DeleteSnapshot:output_type -> dsec.v1.DeleteSnapshotResponse
+	101, // 181: dsec.v1.SandboxService.Fork:output_type -> dsec.v1.ForkResponse
+	92,  // 182: dsec.v1.SandboxService.Grade:output_type -> dsec.v1.GradeResult
+	45,  // 183: dsec.v1.SandboxService.Exec:output_type -> dsec.v1.ExecEvent
+	45,  // 184: dsec.v1.SandboxService.Attach:output_type -> dsec.v1.ExecEvent
+	51,  // 185: dsec.v1.SandboxService.WriteStdin:output_type -> dsec.v1.WriteStdinResponse
+	53,  // 186: dsec.v1.SandboxService.Signal:output_type -> dsec.v1.SignalResponse
+	56,  // 187: dsec.v1.SandboxService.ListProcesses:output_type -> dsec.v1.ListProcessesResponse
+	45,  // 188: dsec.v1.SandboxService.SessionRun:output_type -> dsec.v1.ExecEvent
+	59,  // 189: dsec.v1.SandboxService.SessionInterrupt:output_type -> dsec.v1.SessionInterruptResponse
+	61,  // 190: dsec.v1.SandboxService.SessionClose:output_type -> dsec.v1.SessionCloseResponse
+	65,  // 191: dsec.v1.SandboxService.Shell:output_type -> dsec.v1.ShellOutput
+	68,  // 192: dsec.v1.SandboxService.ReadFile:output_type -> dsec.v1.ReadFileResponse
+	70,  // 193: dsec.v1.SandboxService.WriteFile:output_type -> dsec.v1.WriteFileResponse
+	72,  // 194: dsec.v1.SandboxService.ListDir:output_type -> dsec.v1.ListDirResponse
+	74,  // 195: dsec.v1.SandboxService.Stat:output_type -> dsec.v1.StatResponse
+	76,  // 196: dsec.v1.SandboxService.Remove:output_type -> dsec.v1.RemoveResponse
+	78,  // 197: dsec.v1.SandboxService.MakeDir:output_type -> dsec.v1.MakeDirResponse
+	80,  // 198: dsec.v1.SandboxService.Move:output_type -> dsec.v1.MoveResponse
+	82,  // 199: dsec.v1.SandboxService.WatchDir:output_type -> dsec.v1.WatchEvent
+	84,  // 200: dsec.v1.SandboxService.Upload:output_type -> dsec.v1.UploadResponse
+	86,  // 201: dsec.v1.SandboxService.Download:output_type -> dsec.v1.DownloadChunk
+	115, // 202: dsec.v1.SandboxService.SetNetworkRules:output_type -> dsec.v1.SetNetworkRulesResponse
+	118, // 203: dsec.v1.SandboxService.NetworkLog:output_type -> dsec.v1.NetworkLogResponse
+	120, // 204: dsec.v1.SandboxService.Trajectory:output_type -> dsec.v1.TrajectoryResponse
+	125, // 205: dsec.v1.SandboxService.Provenance:output_type -> dsec.v1.SandboxProvenance
+	123, // 206: dsec.v1.SandboxService.SetProvenancePaths:output_type -> dsec.v1.SetProvenancePathsResponse
+	37,  // 207: dsec.v1.SandboxService.SetWarmPool:output_type -> dsec.v1.WarmPool
+	39,  // 208: dsec.v1.SandboxService.ListWarmPools:output_type -> dsec.v1.ListWarmPoolsResponse
+	147, // 209: dsec.v1.SandboxService.GetServerInfo:output_type -> dsec.v1.ServerInfo
+	150, // 210: dsec.v1.SandboxService.ListEvents:output_type -> dsec.v1.ListEventsResponse
+	148, // 211: dsec.v1.SandboxService.FollowEvents:output_type -> dsec.v1.Event
+	155, // 212: dsec.v1.SandboxService.Usage:output_type -> dsec.v1.UsageResponse
+	156, // 213: dsec.v1.SandboxService.AddWebhook:output_type -> dsec.v1.Webhook
+	159, // 214: dsec.v1.SandboxService.ListWebhooks:output_type -> dsec.v1.ListWebhooksResponse
+	161, // 215: dsec.v1.SandboxService.RemoveWebhook:output_type -> dsec.v1.RemoveWebhookResponse
+	156, // 216: dsec.v1.SandboxService.RotateWebhookSecret:output_type -> dsec.v1.Webhook
+	156, // 217: dsec.v1.SandboxService.UpdateWebhook:output_type -> dsec.v1.Webhook
+	140, // 218: dsec.v1.FnCallService.RunCode:output_type -> dsec.v1.RunCodeResponse
+	142, // 219: dsec.v1.FnCallService.RunCodeBatch:output_type -> dsec.v1.RunCodeBatchResponse
+	145, // 220: dsec.v1.FnCallService.ListLanguages:output_type -> dsec.v1.ListLanguagesResponse
+	87,  // 221: dsec.v1.LayerService.ImportLayer:output_type -> dsec.v1.Layer
+	87,  // 222: dsec.v1.LayerService.UploadLayer:output_type -> dsec.v1.Layer
+	108, // 223: dsec.v1.LayerService.ListLayers:output_type -> dsec.v1.ListLayersResponse
+	110, // 224: dsec.v1.LayerService.RemoveLayer:output_type -> dsec.v1.RemoveLayerResponse
+	113, // 225: dsec.v1.LayerService.ListEnvironments:output_type -> dsec.v1.ListEnvironmentsResponse
+	133, // 226: dsec.v1.LayerService.ImportImage:output_type -> dsec.v1.ImportImageProgress
+	137, // 227: dsec.v1.LayerService.LayerStats:output_type -> dsec.v1.LayerStatsResponse
+	106, // 228: dsec.v1.LayerService.ShareLayer:output_type -> dsec.v1.ShareLayerResponse
+	169, // [169:229] is the sub-list for method output_type
+	109, // [109:169] is the sub-list for method input_type
 	109, // [109:109] is the sub-list for extension type_name
 	109, // [109:109] is the sub-list for extension extendee
 	0,   // [0:109] is the sub-list for field type_name
@@ -13567,13 +13680,14 @@ func file_dsec_v1_dsec_proto_init() {
 	file_dsec_v1_dsec_proto_msgTypes[146].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[148].OneofWrappers = []any{}
 	file_dsec_v1_dsec_proto_msgTypes[150].OneofWrappers = []any{}
+	file_dsec_v1_dsec_proto_msgTypes[151].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dsec_v1_dsec_proto_rawDesc), len(file_dsec_v1_dsec_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   165,
+			NumMessages:   166,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -159,6 +159,9 @@ const (
 	// SandboxServiceRotateWebhookSecretProcedure is the fully-qualified name of the SandboxService's
 	// RotateWebhookSecret RPC.
 	SandboxServiceRotateWebhookSecretProcedure = "/dsec.v1.SandboxService/RotateWebhookSecret"
+	// SandboxServiceUpdateWebhookProcedure is the fully-qualified name of the SandboxService's
+	// UpdateWebhook RPC.
+	SandboxServiceUpdateWebhookProcedure = "/dsec.v1.SandboxService/UpdateWebhook"
 	// FnCallServiceRunCodeProcedure is the fully-qualified name of the FnCallService's RunCode RPC.
 	FnCallServiceRunCodeProcedure = "/dsec.v1.FnCallService/RunCode"
 	// FnCallServiceRunCodeBatchProcedure is the fully-qualified name of the FnCallService's
@@ -353,6 +356,11 @@ type SandboxServiceClient interface {
 	// overlap its deliveries are signed with both (two v1= entries), so a
 	// receiver can move to the new secret without dropping a delivery.
 	RotateWebhookSecret(context.Context, *connect.Request[v1.RotateWebhookSecretRequest]) (*connect.Response[v1.Webhook], error)
+	// UpdateWebhook changes a webhook in place: its batch (or single
+	// events), its kinds, its URL. It keeps its cursor (no event is
+	// skipped or sent again for it), its secret and its history; its
+	// deliveries take the change within a lease renewal.
+	UpdateWebhook(context.Context, *connect.Request[v1.UpdateWebhookRequest]) (*connect.Response[v1.Webhook], error)
 }
 
 // NewSandboxServiceClient constructs a client for the dsec.v1.SandboxService service. By default,
@@ -677,6 +685,13 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("RotateWebhookSecret")),
 			connect.WithClientOptions(opts...),
 		),
+		updateWebhook: connect.NewClient[v1.UpdateWebhookRequest, v1.Webhook](
+			httpClient,
+			baseURL+SandboxServiceUpdateWebhookProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("UpdateWebhook")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -730,6 +745,7 @@ type sandboxServiceClient struct {
 	listWebhooks        *connect.Client[v1.ListWebhooksRequest, v1.ListWebhooksResponse]
 	removeWebhook       *connect.Client[v1.RemoveWebhookRequest, v1.RemoveWebhookResponse]
 	rotateWebhookSecret *connect.Client[v1.RotateWebhookSecretRequest, v1.Webhook]
+	updateWebhook       *connect.Client[v1.UpdateWebhookRequest, v1.Webhook]
 }
 
 // Create calls dsec.v1.SandboxService.Create.
@@ -972,6 +988,11 @@ func (c *sandboxServiceClient) RotateWebhookSecret(ctx context.Context, req *con
 	return c.rotateWebhookSecret.CallUnary(ctx, req)
 }
 
+// UpdateWebhook calls dsec.v1.SandboxService.UpdateWebhook.
+func (c *sandboxServiceClient) UpdateWebhook(ctx context.Context, req *connect.Request[v1.UpdateWebhookRequest]) (*connect.Response[v1.Webhook], error) {
+	return c.updateWebhook.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the dsec.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes one sandbox, or a batch of spec.count. A repeated call with the
@@ -1135,6 +1156,11 @@ type SandboxServiceHandler interface {
 	// overlap its deliveries are signed with both (two v1= entries), so a
 	// receiver can move to the new secret without dropping a delivery.
 	RotateWebhookSecret(context.Context, *connect.Request[v1.RotateWebhookSecretRequest]) (*connect.Response[v1.Webhook], error)
+	// UpdateWebhook changes a webhook in place: its batch (or single
+	// events), its kinds, its URL. It keeps its cursor (no event is
+	// skipped or sent again for it), its secret and its history; its
+	// deliveries take the change within a lease renewal.
+	UpdateWebhook(context.Context, *connect.Request[v1.UpdateWebhookRequest]) (*connect.Response[v1.Webhook], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1455,6 +1481,13 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("RotateWebhookSecret")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceUpdateWebhookHandler := connect.NewUnaryHandler(
+		SandboxServiceUpdateWebhookProcedure,
+		svc.UpdateWebhook,
+		connect.WithSchema(sandboxServiceMethods.ByName("UpdateWebhook")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/dsec.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1553,6 +1586,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceRemoveWebhookHandler.ServeHTTP(w, r)
 		case SandboxServiceRotateWebhookSecretProcedure:
 			sandboxServiceRotateWebhookSecretHandler.ServeHTTP(w, r)
+		case SandboxServiceUpdateWebhookProcedure:
+			sandboxServiceUpdateWebhookHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1752,6 +1787,10 @@ func (UnimplementedSandboxServiceHandler) RemoveWebhook(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) RotateWebhookSecret(context.Context, *connect.Request[v1.RotateWebhookSecretRequest]) (*connect.Response[v1.Webhook], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.RotateWebhookSecret is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) UpdateWebhook(context.Context, *connect.Request[v1.UpdateWebhookRequest]) (*connect.Response[v1.Webhook], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec.v1.SandboxService.UpdateWebhook is not implemented"))
 }
 
 // FnCallServiceClient is a client for the dsec.v1.FnCallService service.
