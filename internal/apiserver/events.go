@@ -66,6 +66,11 @@ const (
 	// apiserver looks every eventForgetEvery (forgetGoneNodes).
 	eventForgetAfter = time.Hour
 	eventForgetEvery = 10 * time.Minute
+	// A create's doubt on a node gone from the fleet is deleted once it
+	// is doubtForgetAfter old (forgetGoneNodes): a sandbox the create made
+	// there has outlived the default --max-ttl by then, and its idle
+	// timeout (nobody knew of it to use it) long before.
+	doubtForgetAfter = 24 * time.Hour
 )
 
 // eventState is the apiserver's side of the event stream: its counters,
@@ -154,11 +159,11 @@ func (s *Server) RunEvents(ctx context.Context) {
 
 // forgetGoneNodes deletes from the store the pulls of the nodes gone from
 // the fleet (removed from the registry, or from --edges) that no apiserver
-// has held for eventForgetAfter before now, and this apiserver's ledger
-// cursors of the nodes gone from the fleet: both would grow with every
-// node that ever left. A node that is down or restarting stays in the
-// fleet and keeps them. An empty fleet (the registry not read yet) forgets
-// nothing.
+// has held for eventForgetAfter before now, their creates' doubts recorded
+// doubtForgetAfter before now, and this apiserver's ledger cursors of the
+// nodes gone from the fleet: all would grow with every node that ever
+// left. A node that is down or restarting stays in the fleet and keeps
+// them. An empty fleet (the registry not read yet) forgets nothing.
 func (s *Server) forgetGoneNodes(ctx context.Context, now time.Time) {
 	var keep []string
 	for _, n := range s.fleet.Nodes() {
@@ -177,6 +182,16 @@ func (s *Server) forgetGoneNodes(ctx context.Context, now time.Time) {
 	}
 	if n > 0 {
 		s.log.Info("forgot the event pulls of nodes gone from the fleet", "count", n, "gone for", eventForgetAfter)
+	}
+	n, err = s.idem.ForgetDoubts(ctx, keep, now.Add(-doubtForgetAfter))
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("forget the doubts of nodes gone", "err", err)
+		}
+		return
+	}
+	if n > 0 {
+		s.log.Info("forgot the doubtful creates of nodes gone from the fleet", "count", n, "older than", doubtForgetAfter)
 	}
 }
 

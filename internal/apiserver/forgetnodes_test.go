@@ -3,6 +3,7 @@ package apiserver
 import (
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,8 +14,10 @@ import (
 
 // TestForgetGoneNodes: the housekeeping deletes the event pull of a node
 // gone from the fleet once nobody held it for eventForgetAfter, with this
-// apiserver's ledger cursor of it, and keeps those of a node still in the
-// fleet (down or restarting) however old, and a gone node's held lately.
+// apiserver's ledger cursor of it and its creates' doubts older than
+// doubtForgetAfter, and keeps those of a node still in the fleet (down or
+// restarting) however old, a gone node's pull held lately and its doubts
+// recorded lately.
 func TestForgetGoneNodes(t *testing.T) {
 	ctx := t.Context()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "meta.db"))
@@ -33,6 +36,13 @@ func TestForgetGoneNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := st.ReleaseEventPulls(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.AddDoubts(ctx, []store.Doubt{
+		{Node: "gone", Token: "old#0@gone", Created: now.Add(-doubtForgetAfter - time.Minute)},
+		{Node: "gone", Token: "new#0@gone", Created: now},
+		{Node: "n1", Token: "old#0@n1", Created: now.Add(-doubtForgetAfter - time.Minute)},
+	}); err != nil {
 		t.Fatal(err)
 	}
 	s.usage.setCursor("n1", usageCursor{epoch: "u1", seq: 3})
@@ -73,6 +83,17 @@ func TestForgetGoneNodes(t *testing.T) {
 	}
 	if c := s.usage.cursor("gone"); c != (usageCursor{}) {
 		t.Errorf("gone's ledger cursor: %+v, want it forgotten", c)
+	}
+	ds, err := st.Doubts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doubts []string
+	for _, d := range ds {
+		doubts = append(doubts, d.Token)
+	}
+	if want := []string{"new#0@gone", "old#0@n1"}; !slices.Equal(doubts, want) {
+		t.Errorf("doubts left: %v, want %v (gone's recent one, n1's however old)", doubts, want)
 	}
 	s.usage.mu.Lock()
 	n := len(s.usage.pulled)

@@ -70,6 +70,7 @@ type Creates interface {
 	AddDoubts(ctx context.Context, doubts []store.Doubt) error
 	Doubts(ctx context.Context) ([]store.Doubt, error)
 	ClearDoubts(ctx context.Context, doubts []store.Doubt) error
+	ForgetDoubts(ctx context.Context, keep []string, before time.Time) (int, error)
 }
 
 // Config tunes the apiserver.

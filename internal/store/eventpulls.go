@@ -302,6 +302,27 @@ func (d *sqlDB) ForgetEventPulls(ctx context.Context, keep []string, before time
 	return int(n), nil
 }
 
+func (d *sqlDB) ForgetDoubts(ctx context.Context, keep []string, before time.Time) (int, error) {
+	in := `''`
+	if len(keep) > 0 {
+		in = placeholders(len(keep))
+	}
+	var n int64
+	err := d.retry(ctx, true, func(ctx context.Context) error {
+		res, err := d.db.ExecContext(ctx, d.q(`DELETE FROM create_doubts WHERE created{ms} < ? AND node NOT IN (`+in+`)`),
+			append([]any{d.ts(before)}, anys(keep)...)...)
+		if err != nil {
+			return err
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	if err != nil {
+		return 0, d.fail(fmt.Sprintf("forget the doubts of nodes gone recorded before %s", before.Format(time.RFC3339)), err)
+	}
+	return int(n), nil
+}
+
 func (d *sqlDB) ReleaseEventPulls(ctx context.Context, owner string) error {
 	err := d.retry(ctx, true, func(ctx context.Context) error {
 		now := d.ts(time.Now())

@@ -507,6 +507,12 @@ func (x observed) AdvanceWebhook(ctx context.Context, id, owner string, delivere
 	return err
 }
 
+func (x observed) ForgetDoubts(ctx context.Context, keep []string, before time.Time) (int, error) {
+	r0, err := x.Store.ForgetDoubts(ctx, keep, before)
+	x.done("ForgetDoubts", err)
+	return r0, err
+}
+
 func (x observed) UpdateWebhook(ctx context.Context, project, id string, u WebhookUpdate) (Webhook, error) {
 	r0, err := x.Store.UpdateWebhook(ctx, project, id, u)
 	x.done("UpdateWebhook", err)

@@ -133,6 +133,11 @@ type Store interface {
 	// ClearDoubts forgets doubts, named by node and token; unknown ones are
 	// ignored.
 	ClearDoubts(ctx context.Context, doubts []Doubt) error
+	// ForgetDoubts deletes the doubts of the nodes not in keep (the fleet
+	// as the caller sees it: every registered node, reachable or not)
+	// recorded before before: those of nodes that left the cluster, which
+	// no node would ever settle. It returns how many it deleted.
+	ForgetDoubts(ctx context.Context, keep []string, before time.Time) (int, error)
 
 	// RegisterNode registers an edge and returns its record. A new name
 	// gets the lowest free slot and that slot's next generation (a per-slot

@@ -50,6 +50,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"StaleCreates", testStaleCreates},
 		{"AbandonCreate", testAbandonCreate},
 		{"Doubts", testDoubts},
+		{"DoubtsForget", testDoubtsForget},
 		{"InvalidArguments", testInvalidArguments},
 		{"RegisterSlots", testRegisterSlots},
 		{"RegisterAgain", testRegisterAgain},
@@ -711,6 +712,47 @@ func testDoubts(t *testing.T, st store.Store) {
 	}
 	wantKind(t, "AddDoubts without a node", st.AddDoubts(ctx, []store.Doubt{{Token: "t"}}), errdefs.ErrInvalidArgument)
 	wantKind(t, "AddDoubts without a token", st.AddDoubts(ctx, []store.Doubt{{Node: "n1"}}), errdefs.ErrInvalidArgument)
+}
+
+// testDoubtsForget: ForgetDoubts deletes the doubts of the nodes not kept
+// recorded before the time given, and no other; with no node kept, every
+// node's old doubts.
+func testDoubtsForget(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	now := ms(time.Now())
+	old, recent := now.Add(-2*time.Hour), now.Add(-time.Minute)
+	must(t, "AddDoubts", st.AddDoubts(ctx, []store.Doubt{
+		{Node: "kept", Token: "a#0@kept", Created: old},
+		{Node: "gone", Token: "b#0@gone", Created: old},
+		{Node: "gone", Token: "c#", Prefix: true, Key: "k", Created: old},
+		{Node: "gone", Token: "d#0@gone", Created: recent},
+		{Node: "other", Token: "e#0@other", Created: old},
+	}))
+	left := func() []string {
+		t.Helper()
+		got, err := st.Doubts(ctx)
+		must(t, "Doubts", err)
+		var out []string
+		for _, d := range got {
+			out = append(out, d.Token)
+		}
+		return out
+	}
+	n, err := st.ForgetDoubts(ctx, []string{"kept", "other"}, now.Add(-time.Hour))
+	must(t, "ForgetDoubts", err)
+	if want := []string{"d#0@gone", "a#0@kept", "e#0@other"}; n != 2 || !cmp.Equal(left(), want) {
+		t.Fatalf("ForgetDoubts of gone's older than an hour: deleted %d, left %v; want 2 deleted, %v left", n, left(), want)
+	}
+	n, err = st.ForgetDoubts(ctx, []string{"kept", "other"}, now.Add(-time.Hour))
+	must(t, "ForgetDoubts again", err)
+	if n != 0 {
+		t.Fatalf("ForgetDoubts again deleted %d, want none", n)
+	}
+	n, err = st.ForgetDoubts(ctx, nil, now.Add(-time.Hour))
+	must(t, "ForgetDoubts keeping no node", err)
+	if want := []string{"d#0@gone"}; n != 2 || !cmp.Equal(left(), want) {
+		t.Fatalf("ForgetDoubts keeping no node: deleted %d, left %v; want 2 deleted, %v left", n, left(), want)
+	}
 }
 
 func testInvalidArguments(t *testing.T, st store.Store) {
