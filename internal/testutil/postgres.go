@@ -203,7 +203,7 @@ func (p *Postgres) CPU() time.Duration {
 	if pid <= 0 {
 		return 0
 	}
-	d := procTicks(pid, true)
+	d := ProcCPU(pid, true)
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		child, err := strconv.Atoi(e.Name())
@@ -211,7 +211,7 @@ func (p *Postgres) CPU() time.Duration {
 			continue
 		}
 		if ppid, _ := procStat(child); ppid == pid {
-			d += procTicks(child, false)
+			d += ProcCPU(child, false)
 		}
 	}
 	return d
@@ -236,9 +236,11 @@ func procStat(pid int) (ppid int, fields []string) {
 	return ppid, f
 }
 
-// procTicks is the CPU time of pid (utime and stime), with its ended
-// children's (cutime and cstime) when children is set.
-func procTicks(pid int, children bool) time.Duration {
+// ProcCPU is the user and system CPU time process pid used (all its
+// threads: utime and stime), with its reaped children's (cutime and
+// cstime) when children is set; 0 when it is gone. Benchmarks read it to
+// say what each process spent.
+func ProcCPU(pid int, children bool) time.Duration {
 	_, f := procStat(pid)
 	if f == nil {
 		return 0

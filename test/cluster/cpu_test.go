@@ -3,9 +3,6 @@ package cluster
 import (
 	"fmt"
 	"io"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"dsec.dev/dsec/internal/testutil"
@@ -37,7 +34,7 @@ func (m *cpuMeter) addCluster(side string, c *testutil.Cluster) {
 func sumProcs(ps []*testutil.Proc) time.Duration {
 	var d time.Duration
 	for _, p := range ps {
-		d += procCPU(p.Pid(), false)
+		d += testutil.ProcCPU(p.Pid(), false)
 	}
 	return d
 }
@@ -84,58 +81,4 @@ func (m *cpuMeter) print(w io.Writer, sides [2]string, made [2]int64) {
 	}
 	fmt.Fprintf(w, "%-28s %12.0f %12.0f\n", "all, µs a sandbox", per[0], per[1])
 	fmt.Fprintf(w, "\n%s ÷ %s CPU a sandbox: %.3f×\n", sides[0], sides[1], per[0]/per[1])
-}
-
-// procCPU is the user and system CPU time process pid used (all its
-// threads), with its reaped children's when children is set; 0 when it
-// is gone.
-func procCPU(pid int, children bool) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command's closing parenthesis, from the state
-	// (field 3): utime is field 14, stime 15, cutime 16, cstime 17.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 15 {
-		return 0
-	}
-	var ticks int64
-	n := 2
-	if children {
-		n = 4
-	}
-	for _, s := range f[11 : 11+n] {
-		v, _ := strconv.ParseInt(s, 10, 64)
-		ticks += v
-	}
-	return time.Duration(ticks) * time.Second / 100 // USER_HZ
-}
-
-// treeCPU is procCPU of pid and of its living children (a PostgreSQL
-// server: the postmaster and its sessions; the ended sessions' is in the
-// postmaster's children's time).
-func treeCPU(pid int) time.Duration {
-	if pid <= 0 {
-		return 0
-	}
-	d := procCPU(pid, true)
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
-		if err != nil {
-			continue
-		}
-		i := strings.LastIndexByte(string(b), ')')
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			d += procCPU(child, false)
-		}
-	}
-	return d
 }

@@ -80,9 +80,9 @@ func BenchmarkClusterOps(b *testing.B) {
 	cpu := newCPUMeter()
 	cpu.addCluster("ops on", on)
 	cpu.addCluster("ops off", off)
-	cpu.add("postgres", func() time.Duration { return treeCPU(pg.ServerPID()) })
+	cpu.add("postgres", pg.CPU)
 	self := os.Getpid()
-	cpu.add("the benchmark's callers", func() time.Duration { return procCPU(self, false) })
+	cpu.add("the benchmark's callers", func() time.Duration { return testutil.ProcCPU(self, false) })
 	side := func(name string, c, other *testutil.Cluster) bench.ClusterSide {
 		var clients []*dsec.Conn
 		for _, a := range c.APIServers {
