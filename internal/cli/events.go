@@ -249,14 +249,7 @@ addresses unless its operator allowed them (dsecd --webhook-allow-private).`,
 			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tPROJECT\tURL\tKINDS\tBATCH\tDELIVERED\tLAST OK\tLAST FAILURE\tFAILURES\tLAST ERROR")
 			for _, w := range res.Msg.GetWebhooks() {
-				k := strings.Join(w.GetKinds(), ",")
-				if k == "" {
-					k = "all"
-				}
-				b := fmt.Sprint(w.GetBatch())
-				if w.GetBatch() == 0 {
-					b = "single"
-				}
+				k, b := webhookShape(w)
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", w.GetId(), displayPath(w.GetProject()), w.GetUrl(), k, b, w.GetDelivered(),
 					msTime(w.GetLastOkUnixMs()), msTime(w.GetLastFailureUnixMs()), w.GetFailures(), w.GetLastError())
 			}
@@ -371,14 +364,7 @@ webhook ls) moves to them with --batch 100.`,
 				return a.printProto(res.Msg)
 			}
 			w := res.Msg
-			k := strings.Join(w.GetKinds(), ",")
-			if k == "" {
-				k = "all"
-			}
-			b := fmt.Sprint(w.GetBatch())
-			if w.GetBatch() == 0 {
-				b = "single"
-			}
+			k, b := webhookShape(w)
 			fmt.Fprintf(a.stdout, "%s\nurl: %s\nkinds: %s\nbatch: %s\ndelivered: %d\n", w.GetId(), w.GetUrl(), k, b, w.GetDelivered())
 			return nil
 		},
@@ -390,4 +376,18 @@ webhook ls) moves to them with --batch 100.`,
 	set.Flags().Int32Var(&batch, "batch", 0, "the most events one delivery carries, 1 to 1000 (0: 100)")
 	set.Flags().BoolVar(&single, "single", false, "one event a delivery, the event object itself as the body")
 	return set
+}
+
+// webhookShape says which events w delivers ("all", or its kinds) and in
+// what ("single" events, or batches of up to N), as listings print them.
+func webhookShape(w *dsecv1.Webhook) (kinds, batch string) {
+	kinds = strings.Join(w.GetKinds(), ",")
+	if kinds == "" {
+		kinds = "all"
+	}
+	batch = fmt.Sprint(w.GetBatch())
+	if w.GetBatch() == 0 {
+		batch = "single"
+	}
+	return kinds, batch
 }
