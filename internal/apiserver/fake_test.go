@@ -162,15 +162,8 @@ func (f *fakeEdge) List(ctx context.Context, labels map[string]string, states []
 func (f *fakeEdge) Query(ctx context.Context, q sandboxpage.Query) ([]*dsecv1.Sandbox, int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	pick := sandboxpage.NewPick[*dsecv1.Sandbox](q)
-	for _, sb := range f.sbs {
-		pick.Offer(sb, sb)
-	}
-	page := pick.Page()
-	for i, sb := range page {
-		page[i] = proto.Clone(sb).(*dsecv1.Sandbox)
-	}
-	return page, pick.Total(), nil
+	page, total := sandboxpage.PickRecords(q, f.sbs)
+	return page, total, nil
 }
 
 func (f *fakeEdge) Delete(ctx context.Context, id string) error {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
 	edgev1 "dsec.dev/dsec/api/gen/dsec/edge/v1"
 	dsecv1 "dsec.dev/dsec/api/gen/dsec/v1"
 	"dsec.dev/dsec/internal/iam"
@@ -130,4 +132,19 @@ func (p *Pick[V]) Page() []V {
 		out[i] = k.v
 	}
 	return out
+}
+
+// PickRecords answers q from a node that keeps its sandboxes as their
+// records (a hollow edge, a test's fake): the page, each record a copy,
+// and how many matched.
+func PickRecords(q Query, sbs map[string]*dsecv1.Sandbox) ([]*dsecv1.Sandbox, int) {
+	pick := NewPick[*dsecv1.Sandbox](q)
+	for _, sb := range sbs {
+		pick.Offer(sb, sb)
+	}
+	page := pick.Page()
+	for i, sb := range page {
+		page[i] = proto.Clone(sb).(*dsecv1.Sandbox)
+	}
+	return page, pick.Total()
 }

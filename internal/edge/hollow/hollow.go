@@ -234,15 +234,8 @@ func (e *Edge) List(ctx context.Context, labels map[string]string, states []dsec
 func (e *Edge) Query(ctx context.Context, q sandboxpage.Query) ([]*dsecv1.Sandbox, int, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	pick := sandboxpage.NewPick[*dsecv1.Sandbox](q)
-	for _, sb := range e.sbs {
-		pick.Offer(sb, sb)
-	}
-	page := pick.Page()
-	for i, sb := range page {
-		page[i] = proto.Clone(sb).(*dsecv1.Sandbox)
-	}
-	return page, pick.Total(), nil
+	page, total := sandboxpage.PickRecords(q, e.sbs)
+	return page, total, nil
 }
 
 func (e *Edge) Delete(ctx context.Context, id string) error {
