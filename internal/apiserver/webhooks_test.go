@@ -362,22 +362,7 @@ func TestWebhookBatches(t *testing.T) {
 
 	first := check(a.Create(ctx, "busybox", nil))(t)
 	<-batched.hanging // its first delivery, first's created alone, waits at the gate
-	burst := check(a.CreateMany(ctx, 30, "busybox", nil))(t)
-	for _, sb := range burst {
-		if err := sb.Delete(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var stored []dsec.SandboxEvent
-	for deadline := time.Now().Add(20 * time.Second); len(stored) < 61; time.Sleep(20 * time.Millisecond) {
-		stored, _ = check2(a.Events(ctx, dsec.EventQuery{}))(t)
-		if time.Now().After(deadline) {
-			t.Fatalf("%d events stored, want 61", len(stored))
-		}
-	}
-	if stored[0].SandboxID != first.ID || stored[0].Kind != "created" {
-		t.Fatalf("the first event stored is %+v, want %s's created", stored[0], first.ID)
-	}
+	stored := burstStored(t, a, first)
 	close(batched.gate)
 	batched.waitAcked(t, 61)
 	single.waitAcked(t, 61)
@@ -450,22 +435,7 @@ func TestWebhookUpdate(t *testing.T) {
 	if up.Batch != 20 || up.URL != wh.URL || up.Delivered != wh.Delivered || up.Secret != "" {
 		t.Fatalf("UpdateWebhook to a batch of 20: %+v, want batch 20, the URL and cursor it had, no secret", up)
 	}
-	burst := check(a.CreateMany(ctx, 30, "busybox", nil))(t)
-	for _, sb := range burst {
-		if err := sb.Delete(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var stored []dsec.SandboxEvent
-	for deadline := time.Now().Add(20 * time.Second); len(stored) < 61; time.Sleep(20 * time.Millisecond) {
-		stored, _ = check2(a.Events(ctx, dsec.EventQuery{}))(t)
-		if time.Now().After(deadline) {
-			t.Fatalf("%d events stored, want 61", len(stored))
-		}
-	}
-	if stored[0].SandboxID != first.ID || stored[0].Kind != "created" {
-		t.Fatalf("the first event stored is %+v, want %s's created", stored[0], first.ID)
-	}
+	stored := burstStored(t, a, first)
 	close(r.gate)
 	var want []int64
 	for _, ev := range stored {
@@ -521,4 +491,29 @@ func TestWebhookUpdate(t *testing.T) {
 	wantErr(t, "UpdateWebhook by a runner", err, dsec.ErrPermissionDenied, "")
 	_, err = client(t, e.url, e.admin).UpdateWebhook(ctx, wh.ID, dsec.WebhookUpdate{Project: "b", Batch: &twenty})
 	wantErr(t, "UpdateWebhook through another project", err, dsec.ErrNotFound, wh.ID)
+}
+
+// burstStored makes 30 sandboxes through a and deletes them, waits until
+// the store holds their 60 events after first's created, and returns the
+// 61 events stored.
+func burstStored(t *testing.T, a *dsec.Client, first *dsec.Sandbox) []dsec.SandboxEvent {
+	t.Helper()
+	ctx := t.Context()
+	burst := check(a.CreateMany(ctx, 30, "busybox", nil))(t)
+	for _, sb := range burst {
+		if err := sb.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stored []dsec.SandboxEvent
+	for deadline := time.Now().Add(20 * time.Second); len(stored) < 61; time.Sleep(20 * time.Millisecond) {
+		stored, _ = check2(a.Events(ctx, dsec.EventQuery{}))(t)
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events stored, want 61", len(stored))
+		}
+	}
+	if stored[0].SandboxID != first.ID || stored[0].Kind != "created" {
+		t.Fatalf("the first event stored is %+v, want %s's created", stored[0], first.ID)
+	}
+	return stored
 }
