@@ -76,9 +76,10 @@ func TestEvents(t *testing.T) {
 		cmd.Env = append(os.Environ(), "DSEC_TOKEN="+tok, "DSEC_TOKEN_FILE=")
 		return cmd
 	}
-	list := func() []eventLine {
+	// listAs is every event tok sees, as `dsec events --json` prints them.
+	listAs := func(tok string) []eventLine {
 		t.Helper()
-		out, err := cli(tokens["ev-a"]).Output()
+		out, err := cli(tok).Output()
 		if err != nil {
 			t.Fatalf("dsec events: %v", err)
 		}
@@ -90,6 +91,7 @@ func TestEvents(t *testing.T) {
 		}
 		return resp.Events
 	}
+	list := func() []eventLine { return listAs(tokens["ev-a"]) }
 	kinds := func(evs []eventLine, id string) []string {
 		var out []string
 		for _, e := range evs {
@@ -275,21 +277,12 @@ func TestEvents(t *testing.T) {
 	waitKinds(doomed.ID, []string{"created:", "expired:ttl"})
 	// Every event the node recorded through both kills is stored once, in
 	// one epoch, numbered from 1 without a gap.
-	out, err := cli(d.Token()).Output()
-	if err != nil {
-		t.Fatalf("dsec events: %v", err)
-	}
-	var resp struct {
-		Events []eventLine `json:"events"`
-	}
-	if err := json.Unmarshal(out, &resp); err != nil {
-		t.Fatalf("dsec events printed %q: %v", out, err)
-	}
+	all := listAs(d.Token())
 	var epoch string
-	for i, e := range resp.Events {
+	for i, e := range all {
 		parts := strings.Split(e.Key, "/")
 		if len(parts) != 3 || parts[0] != "t1" || (epoch != "" && parts[1] != epoch) || parts[2] != strconv.Itoa(i+1) {
-			t.Fatalf("event %d of the node is %s, want t1/%s/%d: %+v", i+1, e.Key, epoch, i+1, resp.Events)
+			t.Fatalf("event %d of the node is %s, want t1/%s/%d: %+v", i+1, e.Key, epoch, i+1, all)
 		}
 		epoch = parts[1]
 	}
