@@ -23,9 +23,9 @@ import (
 // in order in memory (package eventlog), each named NODE/EPOCH/SEQ; one
 // apiserver at a time, the holder of the node's lease in the store, pulls
 // them (RunEvents) into the metadata store with the node's cursor in one
-// write, so nothing is offered twice, an apiserver taking over resumes
-// where the last left off, and the store keeps each key once besides. Readers list or follow the store by its cursor, each
-// seeing its token's project and the projects under it.
+// write, so nothing is offered twice, and an apiserver taking over
+// resumes where the last left off. Readers list or follow the store by its
+// cursor, each seeing its token's project and the projects under it.
 
 const (
 	// DefaultEventRetention is how long events are kept when
@@ -77,7 +77,7 @@ const (
 // and a channel closed (and replaced) each time it stores events, for its
 // followers.
 type eventState struct {
-	stored  atomic.Int64 // events this apiserver stored (new keys)
+	stored  atomic.Int64 // events this apiserver stored
 	lost    atomic.Int64 // events nodes no longer kept when it asked
 	pulls   atomic.Int64 // Events calls this apiserver made to nodes
 	held    atomic.Int64 // nodes whose pull this apiserver holds

@@ -27,10 +27,11 @@ type EventPulls interface {
 	// nodes owner holds with their cursors. Owners call it between their
 	// pulls, never during one.
 	ClaimEventPulls(ctx context.Context, owner string, nodes []string, now, until time.Time) ([]EventPull, error)
-	// PullEvents stores evs (each key once, as AppendEvents) and moves
-	// the cursor of each node in to (Node, Epoch, Seq) in one transaction
-	// (an apiserver's pulls of all its nodes in one tick: one write), and
-	// returns how many events it stored. It returns
+	// PullEvents stores evs (in packs, as AppendEvents) and moves the
+	// cursor of each node in to (Node, Epoch, Seq) in one transaction (an
+	// apiserver's pulls of all its nodes in one tick: one write), and
+	// returns how many events it stored. The cursor is what keeps an
+	// event from being stored twice: a holder pulls after it. It returns
 	// errdefs.ErrFailedPrecondition, storing nothing, when owner no longer
 	// holds the lease of one of them.
 	PullEvents(ctx context.Context, owner string, to []EventPull, evs ...Event) (int, error)
@@ -242,19 +243,11 @@ func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, ev
 	if err := checkEvents(evs); err != nil {
 		return 0, err
 	}
-	var added int
+	packs := packEvents(evs)
 	var lost string
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		// On PostgreSQL the append's advisory lock is taken with the first
-		// cursor's update (one round trip less); it is held until the
-		// commit.
-		for i, c := range to {
-			q, args := `UPDATE event_pulls SET epoch = ?, seq = ? WHERE node = ? AND owner = ?`, []any{c.Epoch, int64(c.Seq), c.Node, owner}
-			if i == 0 && d.dialect == dialectPostgres {
-				q = `WITH l AS (SELECT pg_advisory_xact_lock(?)) UPDATE event_pulls SET epoch = ?, seq = ? FROM l WHERE node = ? AND owner = ?`
-				args = append([]any{int64(eventLockID)}, args...)
-			}
-			res, err := tx.ExecContext(ctx, d.q(q), args...)
+		for _, c := range to {
+			res, err := tx.ExecContext(ctx, d.q(`UPDATE event_pulls SET epoch = ?, seq = ? WHERE node = ? AND owner = ?`), c.Epoch, int64(c.Seq), c.Node, owner)
 			if err != nil {
 				return err
 			}
@@ -263,11 +256,10 @@ func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, ev
 				return errNotHolder
 			}
 		}
-		var err error
-		if len(evs) > 0 {
-			added, err = d.insertEvents(ctx, tx, evs, false)
+		if len(evs) == 0 {
+			return nil
 		}
-		return err
+		return d.insertPacks(ctx, tx, packs, len(evs))
 	})
 	if errors.Is(err, errNotHolder) {
 		return 0, fmt.Errorf("pull events of node %s: its lease is not %s's: %w", lost, owner, errdefs.ErrFailedPrecondition)
@@ -275,7 +267,7 @@ func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, ev
 	if err != nil {
 		return 0, d.fail(fmt.Sprintf("store %d events pulled from %d nodes", len(evs), len(to)), err)
 	}
-	return added, nil
+	return len(evs), nil
 }
 
 func (d *sqlDB) ForgetEventPulls(ctx context.Context, keep []string, before time.Time) (int, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,20 +13,21 @@ import (
 )
 
 // Events is the durable stream of sandbox lifecycle events: what the edges
-// reported (created, paused, resumed, deleted, expired, failed…), each
-// stored once under its key however often it is appended, read by cursor.
+// reported (created, paused, resumed, deleted, expired, failed…), read by
+// cursor.
 type Events interface {
-	// AppendEvents stores the events whose keys it has not stored yet, in
-	// order, and returns how many it stored; an event whose key is stored
-	// already is skipped (appending the same events again is a no-op). ID
-	// is set by the store: it grows with each stored event, and a reader
-	// at a cursor never misses an event stored after it read (ids commit
-	// in order).
+	// AppendEvents stores evs, in order, as one pull from no node
+	// (PullEvents without a cursor), and returns how many it stored. IDs
+	// are set by the store: they grow with each stored event, and a
+	// reader at a cursor never misses an event stored after it read (ids
+	// commit in order).
 	AppendEvents(ctx context.Context, evs ...Event) (int, error)
 	// ListEvents returns the events q selects, in ID order.
 	ListEvents(ctx context.Context, q EventQuery) ([]Event, error)
 	// ExpireEvents forgets the events older than olderThan (by At) and
-	// returns how many it removed.
+	// returns how many it removed. Events are stored in packs of one
+	// pull's (docs/events.md), and a pack goes when its newest event is
+	// older than olderThan.
 	ExpireEvents(ctx context.Context, olderThan time.Time) (int, error)
 	// LastEventID is the ID of the last event stored (0: none): the
 	// stream's end now.
@@ -36,7 +38,8 @@ type Events interface {
 type Event struct {
 	ID int64 `json:"id"`
 	// Key names the event wherever it is reported from (the edge's
-	// NODE/EPOCH/SEQ): the same key is stored once.
+	// NODE/EPOCH/SEQ): a reader that must see each event once whatever
+	// happens keys on it (docs/events.md "Once").
 	Key       string    `json:"key"`
 	At        time.Time `json:"at"`
 	Project   string    `json:"project"` // path, "" for the root
@@ -71,12 +74,9 @@ type EventQuery struct {
 // is given.
 const DefaultEventLimit = 1000
 
-// eventBatch is how many events one INSERT takes (9 parameters each).
-const eventBatch = 100
-
-// eventLockID is the advisory lock a PostgreSQL append holds, so appends
-// commit one at a time and ids become visible in order.
-const eventLockID = 0x6473656365766e74
+// packsARead is how many packs one query of ListEvents reads; it reads
+// more while it has fewer events than its limit and packs are left.
+const packsARead = 32
 
 func checkEvents(evs []Event) error {
 	for _, ev := range evs {
@@ -94,57 +94,33 @@ func (d *sqlDB) AppendEvents(ctx context.Context, evs ...Event) (int, error) {
 	if err := checkEvents(evs); err != nil {
 		return 0, err
 	}
-	var added int
-	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		added, err = d.appendEvents(ctx, tx, evs)
-		return err
-	})
+	packs := packEvents(evs)
+	err := d.inTx(ctx, func(tx *sql.Tx) error { return d.insertPacks(ctx, tx, packs, len(evs)) })
 	if err != nil {
 		return 0, d.fail(fmt.Sprintf("append %d events", len(evs)), err)
 	}
-	return added, nil
+	return len(evs), nil
 }
 
-// appendEvents inserts evs in tx (each key once) and returns how many it
-// stored. On PostgreSQL it first takes the append's advisory lock, held
-// until tx ends.
-func (d *sqlDB) appendEvents(ctx context.Context, tx *sql.Tx, evs []Event) (int, error) {
-	return d.insertEvents(ctx, tx, evs, true)
-}
-
-// insertEvents is appendEvents, lock says whether to take the advisory
-// lock (false: the caller holds it).
-func (d *sqlDB) insertEvents(ctx context.Context, tx *sql.Tx, evs []Event, lock bool) (int, error) {
-	added := 0
-	if lock && d.dialect == dialectPostgres {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(eventLockID)); err != nil {
-			return 0, err
+// insertPacks stores packs (n events in all) in tx: it takes n IDs from
+// the event_ids counter, whose row stays locked until tx ends, so the
+// packs of two writers commit in the order of their IDs, and gives each
+// pack its range in turn.
+func (d *sqlDB) insertPacks(ctx context.Context, tx *sql.Tx, packs []eventPack, n int) error {
+	var last int64
+	if err := tx.QueryRowContext(ctx, d.q(`UPDATE event_ids SET last_id = last_id + ? WHERE one = 1 RETURNING last_id`), n).Scan(&last); err != nil {
+		return fmt.Errorf("take %d event IDs: %w", n, err)
+	}
+	next := last - int64(n) + 1
+	for _, p := range packs {
+		first := next
+		next += int64(len(p.events))
+		if _, err := tx.ExecContext(ctx, d.q(`INSERT INTO event_packs (last_id, first_id, project, first_at{ms}, last_at{ms}, events)
+			VALUES (?, ?, ?, ?, ?, ?)`), next-1, first, p.project, d.ts(p.firstAt), d.ts(p.last), encodePack(p.events)); err != nil {
+			return err
 		}
 	}
-	for rest := evs; len(rest) > 0; {
-		n := min(len(rest), eventBatch)
-		batch := rest[:n]
-		rest = rest[n:]
-		var sb strings.Builder
-		sb.WriteString(`INSERT INTO events (key, at{ms}, project, sandbox_id, kind, node, reason, message) VALUES `)
-		args := make([]any, 0, 8*n)
-		for i, ev := range batch {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
-			args = append(args, ev.Key, d.ts(nowOr(ev.At)), ev.Project, ev.SandboxID, ev.Kind, ev.Node, ev.Reason, clip(ev.Message, 1000))
-		}
-		sb.WriteString(` ON CONFLICT (key) DO NOTHING`)
-		res, err := tx.ExecContext(ctx, d.q(sb.String()), args...)
-		if err != nil {
-			return 0, err
-		}
-		k, _ := res.RowsAffected()
-		added += int(k)
-	}
-	return added, nil
+	return nil
 }
 
 func clip(s string, n int) string {
@@ -154,8 +130,23 @@ func clip(s string, n int) string {
 	return s
 }
 
+// eventFilter is what ListEvents checks of each event of a pack its query
+// selected (the pack's project and times the query itself checks).
+type eventFilter struct {
+	after, before int64
+	since         time.Time
+	sandbox       string
+	kinds         []string
+}
+
+func (f eventFilter) keep(e Event) bool {
+	return e.ID > f.after && (f.before <= 0 || e.ID < f.before) && (f.since.IsZero() || !e.At.Before(f.since)) &&
+		(f.sandbox == "" || e.SandboxID == f.sandbox) && (len(f.kinds) == 0 || slices.Contains(f.kinds, e.Kind))
+}
+
 func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
-	cond, args := `id > ?`, []any{q.After}
+	var cond []string
+	var args []any
 	var subtrees []string
 	all := len(q.Projects) == 0
 	for _, p := range q.Projects {
@@ -172,55 +163,93 @@ func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
 		subtrees = append(subtrees, `(project = ? OR (project >= ? AND project < ?))`)
 		args = append(args, path, path+"/", path+"0")
 	}
-	if !all {
-		cond += ` AND (` + strings.Join(subtrees, " OR ") + `)`
+	if all {
+		args = nil
 	} else {
-		args = args[:1]
+		cond = append(cond, `(`+strings.Join(subtrees, " OR ")+`)`)
 	}
 	if !q.Since.IsZero() {
-		cond += ` AND at{ms} >= ?`
+		cond = append(cond, `last_at{ms} >= ?`)
 		args = append(args, d.ts(q.Since))
-	}
-	if q.SandboxID != "" {
-		cond += ` AND sandbox_id = ?`
-		args = append(args, q.SandboxID)
-	}
-	if len(q.Kinds) > 0 {
-		cond += ` AND kind IN (` + placeholders(len(q.Kinds)) + `)`
-		for _, k := range q.Kinds {
-			args = append(args, k)
-		}
-	}
-	if q.Before > 0 {
-		cond += ` AND id < ?`
-		args = append(args, q.Before)
-	}
-	order := "id"
-	if q.NewestFirst {
-		order = "id DESC"
 	}
 	limit := q.Limit
 	if limit <= 0 {
 		limit = DefaultEventLimit
 	}
-	args = append(args, limit)
+	f := eventFilter{after: q.After, before: q.Before, since: q.Since, sandbox: q.SandboxID, kinds: q.Kinds}
 	var out []Event
 	err := d.retry(ctx, true, func(ctx context.Context) error {
 		out = nil
-		rows, err := d.db.QueryContext(ctx, d.q(`SELECT id, key, at{ms}, project, sandbox_id, kind, node, reason, message
-			FROM events WHERE `+cond+` ORDER BY `+order+` LIMIT ?`), args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var e Event
-			if err := rows.Scan(&e.ID, &e.Key, timeCol{&e.At}, &e.Project, &e.SandboxID, &e.Kind, &e.Node, &e.Reason, &e.Message); err != nil {
+		// The packs holding IDs in (lo, hi): lo moves up a read at a time
+		// in ID order, hi down newest first. A pack's range is at most
+		// packMax, so "first_id < hi" is "last_id < hi + packMax" on
+		// the index, checked exactly after.
+		lo, hi := q.After, q.Before
+		for len(out) < limit {
+			c, a := slices.Clone(cond), slices.Clone(args)
+			c = append(c, `last_id > ?`)
+			a = append(a, lo)
+			if hi > 0 {
+				c = append(c, `last_id < ?`, `first_id < ?`)
+				a = append(a, hi+packMax, hi)
+			}
+			order := "last_id"
+			if q.NewestFirst {
+				order = "last_id DESC"
+			}
+			a = append(a, packsARead)
+			rows, err := d.db.QueryContext(ctx, d.q(`SELECT first_id, last_id, project, events FROM event_packs
+				WHERE `+strings.Join(c, " AND ")+` ORDER BY `+order+` LIMIT ?`), a...)
+			if err != nil {
 				return err
 			}
-			out = append(out, e)
+			packs := 0
+			for rows.Next() && len(out) < limit {
+				packs++
+				var first, last int64
+				var project string
+				var blob []byte
+				if err := rows.Scan(&first, &last, &project, &blob); err != nil {
+					rows.Close()
+					return err
+				}
+				if q.NewestFirst {
+					hi = first
+					var evs []Event
+					if err := decodePack(blob, project, first, last, func(e Event) bool {
+						if f.keep(e) {
+							evs = append(evs, e)
+						}
+						return true
+					}); err != nil {
+						rows.Close()
+						return err
+					}
+					for i := len(evs) - 1; i >= 0 && len(out) < limit; i-- {
+						out = append(out, evs[i])
+					}
+					continue
+				}
+				lo = last
+				if err := decodePack(blob, project, first, last, func(e Event) bool {
+					if f.keep(e) {
+						out = append(out, e)
+					}
+					return len(out) < limit
+				}); err != nil {
+					rows.Close()
+					return err
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if packs < packsARead {
+				break
+			}
 		}
-		return rows.Err()
+		return nil
 	})
 	if err != nil {
 		return nil, d.fail("list events", err)
@@ -231,12 +260,20 @@ func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
 func (d *sqlDB) ExpireEvents(ctx context.Context, olderThan time.Time) (int, error) {
 	var n int64
 	err := d.retry(ctx, true, func(ctx context.Context) error {
-		res, err := d.db.ExecContext(ctx, d.q(`DELETE FROM events WHERE at{ms} < ?`), d.ts(olderThan))
+		n = 0
+		rows, err := d.db.QueryContext(ctx, d.q(`DELETE FROM event_packs WHERE last_at{ms} < ? RETURNING last_id - first_id + 1`), d.ts(olderThan))
 		if err != nil {
 			return err
 		}
-		n, _ = res.RowsAffected()
-		return nil
+		defer rows.Close()
+		for rows.Next() {
+			var k int64
+			if err := rows.Scan(&k); err != nil {
+				return err
+			}
+			n += k
+		}
+		return rows.Err()
 	})
 	if err != nil {
 		return 0, d.fail("expire events", err)
@@ -247,7 +284,7 @@ func (d *sqlDB) ExpireEvents(ctx context.Context, olderThan time.Time) (int, err
 func (d *sqlDB) LastEventID(ctx context.Context) (int64, error) {
 	var id int64
 	err := d.retry(ctx, true, func(ctx context.Context) error {
-		return d.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) FROM events`).Scan(&id)
+		return d.db.QueryRowContext(ctx, `SELECT last_id FROM event_ids WHERE one = 1`).Scan(&id)
 	})
 	if err != nil {
 		return 0, d.fail("read the last event's ID", err)

@@ -27,7 +27,7 @@ func migrator(db *sql.DB, dialect string) (*goose.Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
+	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true), goose.WithGoMigrations(goMigrations(dialect)...)}
 	gd := goose.DialectSQLite3
 	if dialect == dialectPostgres {
 		gd = goose.DialectPostgres

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -212,6 +213,107 @@ func TestObjectBlobsMigration(t *testing.T) {
 			}
 			if _, release, err := st.DeleteObject(ctx, "env:1"); err != nil || release != 1000 {
 				t.Fatalf("DeleteObject env:1: release %d, %v; want 1000", release, err)
+			}
+		})
+	}
+}
+
+// TestEventPackMigration: the events table's rows become packs under
+// their IDs (runs of consecutive IDs of a project in one pack), the IDs
+// then given go on after the last the table gave (a row expired at the
+// end included), and down again they are rows as before.
+func TestEventPackMigration(t *testing.T) {
+	for _, tc := range []struct {
+		dialect string
+		dsn     func(t *testing.T) string
+	}{
+		{dialectSQLite, func(t *testing.T) string { return filepath.Join(t.TempDir(), "meta.db") }},
+		{dialectPostgres, func(t *testing.T) string { return testutil.StartPostgres(t) }},
+	} {
+		t.Run(tc.dialect, func(t *testing.T) {
+			ctx := t.Context()
+			st, err := Open(ctx, tc.dsn(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			var db *sql.DB
+			switch s := st.(type) {
+			case *sqliteStore:
+				db = s.db
+			case *pgStore:
+				db = stdlib.OpenDBFromPool(s.pool)
+				defer db.Close()
+			}
+			p, err := migrator(db, tc.dialect)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := eventPackMigration[tc.dialect] - 2 // the version before event_packs
+			if _, err := p.DownTo(ctx, before); err != nil {
+				t.Fatalf("migrate down to %d: %v", before, err)
+			}
+			at := any(time.Now())
+			ins := `INSERT INTO events (key, at, project, sandbox_id, kind, node, reason, message) VALUES ($1, $2, $3, 'sb-1', 'created', 'n1', '', $4)`
+			del := `DELETE FROM events WHERE key = $1`
+			if tc.dialect == dialectSQLite {
+				at = time.Now().UnixMilli()
+				ins = `INSERT INTO events (key, at_ms, project, sandbox_id, kind, node, reason, message) VALUES (?, ?, ?, 'sb-1', 'created', 'n1', '', ?)`
+				del = `DELETE FROM events WHERE key = ?`
+			}
+			// IDs 1–7 given; 3 and 7 gone (expired, say): runs 1–2 (a),
+			// 4 (a), 5–6 (b).
+			projects := []string{"a", "a", "a", "a", "b", "b", "b"}
+			for i, pr := range projects {
+				if _, err := db.ExecContext(ctx, ins, fmt.Sprintf("k%d", i+1), at, pr, fmt.Sprintf("message %d", i+1)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, k := range []string{"k3", "k7"} {
+				if _, err := db.ExecContext(ctx, del, k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatalf("migrate up: %v", err)
+			}
+			var packs int
+			if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM event_packs`).Scan(&packs); err != nil || packs != 3 {
+				t.Fatalf("packs after the migration: %d, %v; want 3", packs, err)
+			}
+			got, err := st.ListEvents(ctx, EventQuery{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []int64{1, 2, 4, 5, 6}
+			if len(got) != len(want) {
+				t.Fatalf("events after the migration: %+v; want IDs %v", got, want)
+			}
+			for i, e := range got {
+				if e.ID != want[i] || e.Key != fmt.Sprintf("k%d", e.ID) || e.Project != projects[e.ID-1] ||
+					e.Message != fmt.Sprintf("message %d", e.ID) || e.SandboxID != "sb-1" || e.Node != "n1" {
+					t.Fatalf("event %d after the migration: %+v", i, e)
+				}
+			}
+			if _, err := st.AppendEvents(ctx, Event{Key: "k8", Project: "a", SandboxID: "sb-2", Kind: "created"}); err != nil {
+				t.Fatal(err)
+			}
+			if last, err := st.LastEventID(ctx); err != nil || last != 8 {
+				t.Fatalf("LastEventID after an append: %d, %v; want 8 (7 was given)", last, err)
+			}
+			if _, err := p.DownTo(ctx, before); err != nil {
+				t.Fatalf("migrate down to %d again: %v", before, err)
+			}
+			var n int
+			var maxID int64
+			if err := db.QueryRowContext(ctx, `SELECT COUNT(*), MAX(id) FROM events`).Scan(&n, &maxID); err != nil || n != 6 || maxID != 8 {
+				t.Fatalf("rows after down: %d, max ID %d, %v; want 6, 8", n, maxID, err)
+			}
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatalf("migrate up again: %v", err)
+			}
+			if last, err := st.LastEventID(ctx); err != nil || last != 8 {
+				t.Fatalf("LastEventID up again: %d, %v; want 8", last, err)
 			}
 		})
 	}

@@ -17,8 +17,7 @@ var eventCases = []struct {
 	fn   func(t *testing.T, st store.Store)
 }{
 	{"Events", testEvents},
-	{"EventsOnce", testEventsOnce},
-	{"EventsPulledAgain", testEventsPulledAgain},
+	{"EventsPacked", testEventsPacked},
 	{"EventsExpire", testEventsExpire},
 	{"Webhooks", testWebhooks},
 	{"WebhookUpdate", testWebhookUpdate},
@@ -66,13 +65,16 @@ func testEvents(t *testing.T, st store.Store) {
 		ev("k2", "a/b", "sb-2", "created", t0.Add(time.Second)),
 		ev("k3", "ab", "sb-3", "created", t0.Add(2*time.Second)),
 		ev("k4", "", "sb-4", "created", t0.Add(3*time.Second)),
-		store.Event{Key: "k5", At: t0.Add(4 * time.Second), Project: "a", SandboxID: "sb-1", Kind: "failed", Node: "n2",
-			Reason: "oom", Message: "its agent was OOM-killed"},
 	)
 	must(t, "AppendEvents", err)
-	if n != 5 {
-		t.Fatalf("AppendEvents stored %d, want 5", n)
+	if n != 4 {
+		t.Fatalf("AppendEvents stored %d, want 4", n)
 	}
+	// A second pull: one pull's events of a project are one pack, in
+	// order, and each pull's after the last.
+	_, err = st.AppendEvents(ctx, store.Event{Key: "k5", At: t0.Add(4 * time.Second), Project: "a", SandboxID: "sb-1", Kind: "failed", Node: "n2",
+		Reason: "oom", Message: "its agent was OOM-killed"})
+	must(t, "AppendEvents", err)
 	all, err := st.ListEvents(ctx, store.EventQuery{})
 	must(t, "ListEvents", err)
 	wantKeys(t, "all", all, "k1", "k2", "k3", "k4", "k5")
@@ -121,69 +123,141 @@ func testEvents(t *testing.T, st store.Store) {
 	wantKind(t, "AppendEvents without a key", err, errdefs.ErrInvalidArgument)
 }
 
-// testEventsOnce: an event appended again (the same key: a report pulled
-// twice) is stored once, and the new ones of the same append are stored.
-func testEventsOnce(t *testing.T, st store.Store) {
-	ctx := t.Context()
-	now := ms(time.Now())
-	_, err := st.AppendEvents(ctx, ev("k1", "a", "sb-1", "created", now), ev("k2", "a", "sb-1", "paused", now))
-	must(t, "AppendEvents", err)
-	n, err := st.AppendEvents(ctx, ev("k1", "a", "sb-1", "created", now), ev("k2", "a", "sb-1", "paused", now),
-		ev("k3", "a", "sb-1", "resumed", now))
-	must(t, "AppendEvents again", err)
-	if n != 1 {
-		t.Fatalf("AppendEvents again stored %d, want 1 (k3)", n)
-	}
-	all, err := st.ListEvents(ctx, store.EventQuery{})
-	must(t, "ListEvents", err)
-	wantKeys(t, "all", all, "k1", "k2", "k3")
-}
-
-// testEventsPulledAgain: a pull that brings keys stored already (a
-// node's pull forgotten while the node kept running, then registered
-// again: its events come again from its start) stores the new ones, each
-// once, in order, and moves the cursor; a pull of many events in one
-// write stores them all in order.
-func testEventsPulledAgain(t *testing.T, st store.Store) {
+// testEventsPacked: a pull's events are stored in packs (one project's
+// events of the pull, packMax at most), and read back as the events they
+// hold: every event once, under consecutive IDs, each project's in the
+// order pulled, whatever cursor, bound, limit and order a read has, the
+// cursor of a read inside a pack as well.
+func testEventsPacked(t *testing.T, st store.Store) {
 	ctx := t.Context()
 	now := ms(time.Now())
 	_, err := st.ClaimEventPulls(ctx, "a", []string{"n1"}, now, now.Add(time.Minute))
 	must(t, "claim", err)
-	var first []store.Event
-	for i := 1; i <= 300; i++ {
-		first = append(first, ev(fmt.Sprintf("n1/e1/%d", i), "p", "sb-1", "created", now))
+	start, err := st.LastEventID(ctx)
+	must(t, "LastEventID", err)
+	// 1,300 events of three projects, interleaved: more than two packs'
+	// worth of p's.
+	projects := []string{"p", "q", "p/r"}
+	var evs []store.Event
+	for i := 1; i <= 1300; i++ {
+		evs = append(evs, ev(fmt.Sprintf("n1/e1/%d", i), projects[i%3], fmt.Sprintf("sb-%d", i%7), "created", now.Add(time.Duration(i)*time.Millisecond)))
 	}
-	n, err := st.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 300}}, first...)
-	must(t, "the first pull", err)
-	if n != 300 {
-		t.Fatalf("the first pull stored %d, want 300", n)
+	n, err := st.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 1300}}, evs...)
+	must(t, "the pull", err)
+	if n != 1300 {
+		t.Fatalf("the pull stored %d, want 1300", n)
 	}
-	again := append(slices.Clone(first[250:]), ev("n1/e1/301", "p", "sb-1", "deleted", now), ev("n1/e1/302", "p", "sb-2", "created", now))
-	n, err = st.PullEvents(ctx, "a", []store.EventPull{{Node: "n1", Epoch: "e1", Seq: 302}}, again...)
-	must(t, "a pull of keys stored already", err)
-	if n != 2 {
-		t.Fatalf("the pull of 50 keys stored and 2 new stored %d, want 2", n)
+	last, err := st.LastEventID(ctx)
+	must(t, "LastEventID", err)
+	if last != start+1300 {
+		t.Fatalf("LastEventID after 1,300 events from %d: %d", start, last)
 	}
-	all, err := st.ListEvents(ctx, store.EventQuery{})
+	all, err := st.ListEvents(ctx, store.EventQuery{After: start, Limit: 2000})
 	must(t, "ListEvents", err)
-	var want []string
-	for i := 1; i <= 302; i++ {
-		want = append(want, fmt.Sprintf("n1/e1/%d", i))
+	if len(all) != 1300 {
+		t.Fatalf("ListEvents: %d events, want 1300", len(all))
 	}
-	wantKeys(t, "stored", all, want...)
+	byKey := map[string]store.Event{}
+	for i, e := range all {
+		if e.ID != start+int64(i)+1 {
+			t.Fatalf("event %d: ID %d, want %d (consecutive)", i, e.ID, start+int64(i)+1)
+		}
+		byKey[e.Key] = e
+	}
+	for _, want := range evs {
+		got, ok := byKey[want.Key]
+		if !ok {
+			t.Fatalf("event %s not stored", want.Key)
+		}
+		want.ID = got.ID
+		if !got.At.Equal(want.At) {
+			t.Fatalf("event %s: at %v, want %v", want.Key, got.At, want.At)
+		}
+		got.At = want.At
+		if got != want {
+			t.Fatalf("event: got %+v, want %+v", got, want)
+		}
+	}
+	// Each project's events in the order pulled.
+	for _, p := range projects {
+		var want []string
+		for _, e := range evs {
+			if e.Project == p {
+				want = append(want, e.Key)
+			}
+		}
+		got, err := st.ListEvents(ctx, store.EventQuery{Projects: []string{p}, After: start, Limit: 2000})
+		must(t, "ListEvents of "+p, err)
+		if p == "p" {
+			// p and p/r under it, each in its order.
+			var own []store.Event
+			for _, e := range got {
+				if e.Project == "p" {
+					own = append(own, e)
+				}
+			}
+			if len(got) != 2*len(want) {
+				t.Fatalf("project p and under it: %d events, want %d", len(got), 2*len(want))
+			}
+			got = own
+		}
+		wantKeys(t, "project "+p, got, want...)
+	}
+	// Pages of 100 by cursor, from inside packs, read every event once in
+	// ID order; newest first by Before, every event once backwards.
+	var paged []store.Event
+	for after := start; ; {
+		page, err := st.ListEvents(ctx, store.EventQuery{After: after, Limit: 100})
+		must(t, "a page", err)
+		if len(page) == 0 {
+			break
+		}
+		paged = append(paged, page...)
+		after = page[len(page)-1].ID
+	}
+	wantKeys(t, "paged by cursor", paged, keysOf(all)...)
+	var back []store.Event
+	for before := last + 1; ; {
+		page, err := st.ListEvents(ctx, store.EventQuery{After: start, Before: before, NewestFirst: true, Limit: 70})
+		must(t, "a page newest first", err)
+		if len(page) == 0 {
+			break
+		}
+		back = append(back, page...)
+		before = page[len(page)-1].ID
+	}
+	slices.Reverse(back)
+	wantKeys(t, "paged newest first", back, keysOf(all)...)
+	// A sandbox's events and a kind, across packs.
+	got, err := st.ListEvents(ctx, store.EventQuery{After: start, SandboxID: "sb-3", Limit: 2000})
+	must(t, "ListEvents of a sandbox", err)
+	for _, e := range got {
+		if e.SandboxID != "sb-3" {
+			t.Fatalf("ListEvents of sb-3 returned %+v", e)
+		}
+	}
+	if want := (1300-3)/7 + 1; len(got) != want {
+		t.Fatalf("ListEvents of sb-3: %d events, want %d", len(got), want)
+	}
+	got, err = st.ListEvents(ctx, store.EventQuery{After: all[5].ID, Before: all[9].ID})
+	must(t, "ListEvents between two IDs", err)
+	wantKeys(t, "between two IDs", got, keysOf(all[6:9])...)
 	held, err := st.ClaimEventPulls(ctx, "a", []string{"n1"}, now, now.Add(time.Minute))
 	must(t, "claim again", err)
-	if len(held) != 1 || held[0].Epoch != "e1" || held[0].Seq != 302 {
-		t.Fatalf("held %+v, want n1 at e1/302", held)
+	if len(held) != 1 || held[0].Epoch != "e1" || held[0].Seq != 1300 {
+		t.Fatalf("held %+v, want n1 at e1/1300", held)
 	}
 }
 
-// testEventsExpire: ExpireEvents removes the events older than its time.
+// testEventsExpire: ExpireEvents removes the events older than its time
+// (the packs whose newest event is).
 func testEventsExpire(t *testing.T, st store.Store) {
 	ctx := t.Context()
 	now := ms(time.Now())
-	_, err := st.AppendEvents(ctx, ev("old", "a", "sb-1", "created", now.Add(-2*time.Hour)),
-		ev("new", "a", "sb-1", "deleted", now))
+	// Two pulls: a pack goes when its newest event is too old.
+	_, err := st.AppendEvents(ctx, ev("old", "a", "sb-1", "created", now.Add(-2*time.Hour)))
+	must(t, "AppendEvents", err)
+	_, err = st.AppendEvents(ctx, ev("new", "a", "sb-1", "deleted", now))
 	must(t, "AppendEvents", err)
 	n, err := st.ExpireEvents(ctx, now.Add(-time.Hour))
 	must(t, "ExpireEvents", err)
@@ -193,23 +267,32 @@ func testEventsExpire(t *testing.T, st store.Store) {
 	all, err := st.ListEvents(ctx, store.EventQuery{})
 	must(t, "ListEvents", err)
 	wantKeys(t, "left", all, "new")
+	// Everything expired, IDs go on from the last given: a reader's
+	// cursor never passes an event stored later.
+	_, err = st.ExpireEvents(ctx, now.Add(time.Hour))
+	must(t, "ExpireEvents of all", err)
+	_, err = st.AppendEvents(ctx, ev("later", "a", "sb-2", "created", now))
+	must(t, "AppendEvents after", err)
+	got, err := st.ListEvents(ctx, store.EventQuery{After: all[0].ID})
+	must(t, "ListEvents after the last expired", err)
+	wantKeys(t, "stored after all expired", got, "later")
 }
 
-// testReplicasEventsConcurrent: two stores appending the same and
-// different events at once store each key once, and a reader following
-// the cursor all along sees every event exactly once.
+// testReplicasEventsConcurrent: two stores appending events at once
+// store them all, and a reader following the cursor all along sees every
+// event exactly once.
 func testReplicasEventsConcurrent(t *testing.T, a, b store.Store) {
 	ctx := t.Context()
 	const rounds, per = 20, 5
 	now := ms(time.Now())
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*rounds)
-	for _, st := range []store.Store{a, b} {
+	for w, st := range []store.Store{a, b} {
 		wg.Go(func() {
 			for r := range rounds {
 				var evs []store.Event
 				for i := range per {
-					evs = append(evs, ev(fmt.Sprintf("k%03d-%d", r, i), "p", "sb", "created", now))
+					evs = append(evs, ev(fmt.Sprintf("k%d-%03d-%d", w, r, i), []string{"p", "q"}[i%2], "sb", "created", now))
 				}
 				if _, err := st.AppendEvents(ctx, evs...); err != nil {
 					errs <- err
@@ -243,8 +326,8 @@ func testReplicasEventsConcurrent(t *testing.T, a, b store.Store) {
 		t.Fatalf("AppendEvents: %v", err)
 	}
 	follow()
-	if len(seen) != rounds*per {
-		t.Fatalf("the follower saw %d keys, want %d", len(seen), rounds*per)
+	if len(seen) != 2*rounds*per {
+		t.Fatalf("the follower saw %d keys, want %d", len(seen), 2*rounds*per)
 	}
 	for k, n := range seen {
 		if n != 1 {
@@ -253,7 +336,7 @@ func testReplicasEventsConcurrent(t *testing.T, a, b store.Store) {
 	}
 	all, err := a.ListEvents(ctx, store.EventQuery{Limit: 10 * rounds * per})
 	must(t, "ListEvents", err)
-	if len(all) != rounds*per {
-		t.Fatalf("%d events stored, want %d", len(all), rounds*per)
+	if len(all) != 2*rounds*per {
+		t.Fatalf("%d events stored, want %d", len(all), 2*rounds*per)
 	}
 }

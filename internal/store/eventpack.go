@@ -1,0 +1,125 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Events are stored in packs (docs/events.md "Packs"): the events of one
+// project in one pull, up to packMax of them, as one row whose IDs are the
+// consecutive range [first, last]. A pack's row costs the store what one
+// event's row did, whatever the events in it, and the row's project and
+// times are what reads select packs by; ListEvents unpacks them.
+
+// packMax is how many events one pack holds at most: a reader whose
+// cursor is inside a pack decodes the whole pack to find its place.
+const packMax = 512
+
+// packFormat is the first byte of a pack's encoding: the only one so far.
+const packFormat = 1
+
+// eventPack is one pack to store: events of one project in order, IDs
+// not yet given.
+type eventPack struct {
+	project       string
+	events        []Event
+	firstAt, last time.Time // the earliest and latest At
+}
+
+// packEvents groups evs into packs: by project, in order within each
+// project, packMax at most to a pack.
+func packEvents(evs []Event) []eventPack {
+	var packs []eventPack
+	open := map[string]int{} // project → index in packs of its open pack
+	for _, ev := range evs {
+		ev.At = nowOr(ev.At)
+		i, ok := open[ev.Project]
+		if !ok || len(packs[i].events) == packMax {
+			packs = append(packs, eventPack{project: ev.Project, firstAt: ev.At, last: ev.At})
+			i = len(packs) - 1
+			open[ev.Project] = i
+		}
+		p := &packs[i]
+		p.events = append(p.events, ev)
+		if ev.At.Before(p.firstAt) {
+			p.firstAt = ev.At
+		}
+		if ev.At.After(p.last) {
+			p.last = ev.At
+		}
+	}
+	return packs
+}
+
+// encodePack is the pack's events as stored: packFormat, then each event's
+// time (Unix milliseconds) and its key, sandbox, kind, node, reason and
+// message, each length-prefixed. The project and IDs are the row's.
+func encodePack(evs []Event) []byte {
+	n := 1
+	for _, ev := range evs {
+		n += 6*binary.MaxVarintLen32 + binary.MaxVarintLen64 + len(ev.Key) + len(ev.SandboxID) + len(ev.Kind) +
+			len(ev.Node) + len(ev.Reason) + min(len(ev.Message), maxEventMessage)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, packFormat)
+	str := func(s string) {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	for _, ev := range evs {
+		b = binary.AppendVarint(b, nowOr(ev.At).UnixMilli())
+		str(ev.Key)
+		str(ev.SandboxID)
+		str(ev.Kind)
+		str(ev.Node)
+		str(ev.Reason)
+		str(clip(ev.Message, maxEventMessage))
+	}
+	return b
+}
+
+// maxEventMessage is how much of an event's message is kept.
+const maxEventMessage = 1000
+
+var errPackTruncated = errors.New("truncated")
+
+// decodePack reads a pack stored with IDs first to last of project, and
+// calls keep with each event in order (false: stop).
+func decodePack(b []byte, project string, first, last int64, keep func(Event) bool) error {
+	if len(b) == 0 || b[0] != packFormat {
+		return fmt.Errorf("event pack %d–%d: unknown format", first, last)
+	}
+	b = b[1:]
+	str := func() (string, error) {
+		n, k := binary.Uvarint(b)
+		if k <= 0 || uint64(len(b)-k) < n {
+			return "", errPackTruncated
+		}
+		s := string(b[k : k+int(n)])
+		b = b[k+int(n):]
+		return s, nil
+	}
+	for id := first; id <= last; id++ {
+		at, k := binary.Varint(b)
+		if k <= 0 {
+			return fmt.Errorf("event pack %d–%d: event %d: %w", first, last, id, errPackTruncated)
+		}
+		b = b[k:]
+		ev := Event{ID: id, At: time.UnixMilli(at), Project: project}
+		var err error
+		for _, f := range []*string{&ev.Key, &ev.SandboxID, &ev.Kind, &ev.Node, &ev.Reason, &ev.Message} {
+			if *f, err = str(); err != nil {
+				return fmt.Errorf("event pack %d–%d: event %d: %w", first, last, id, err)
+			}
+		}
+		if !keep(ev) {
+			return nil
+		}
+	}
+	if len(b) != 0 {
+		return fmt.Errorf("event pack %d–%d: %d bytes after its last event", first, last, len(b))
+	}
+	return nil
+}
