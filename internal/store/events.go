@@ -172,6 +172,17 @@ func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
 		cond = append(cond, `last_at{ms} >= ?`)
 		args = append(args, d.ts(q.Since))
 	}
+	if q.SandboxID != "" {
+		// Only the packs whose bytes hold the sandbox's ID: the server
+		// searches them, the reader decodes only those (a sandbox's
+		// events are a few of its project's many).
+		search := `instr(events, ?) > 0`
+		if d.dialect == dialectPostgres {
+			search = `position(? in events) > 0`
+		}
+		cond = append(cond, search)
+		args = append(args, []byte(q.SandboxID))
+	}
 	limit := q.Limit
 	if limit <= 0 {
 		limit = DefaultEventLimit
