@@ -2,7 +2,9 @@ package store_test
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -123,6 +125,16 @@ func BenchmarkPullPacks(b *testing.B) {
 		CREATE INDEX event_rows_project_id ON event_rows (project, id);
 		CREATE INDEX event_rows_at ON event_rows (at)`); err != nil {
 		b.Fatal(err)
+	}
+	// DSEC_BENCH_SQL: statements to run first (a storage setting to try,
+	// say), separated by ";".
+	for _, q := range strings.Split(os.Getenv("DSEC_BENCH_SQL"), ";") {
+		if strings.TrimSpace(q) == "" {
+			continue
+		}
+		if _, err := pool.Exec(b.Context(), q); err != nil {
+			b.Fatalf("DSEC_BENCH_SQL %q: %v", q, err)
+		}
 	}
 	columns := []string{"key", "at", "project", "sandbox_id", "kind", "node", "reason", "message"}
 	rows := func(evs []store.Event) error {

@@ -475,6 +475,9 @@ func Usage(sb *dsecv1.Sandbox, now time.Time) ledger.Sample {
 		DiskBytes: 16 << 20, EgressBytes: int64(up.Seconds() * 1024)}
 }
 
+// sampleChunk is how many sandboxes one lock of a round of samples takes.
+const sampleChunk = 1024
+
 // RunLedger samples every running or paused sandbox's synthetic use into
 // the ledger each LedgerInterval until ctx ends (at once without one), as
 // a real edge's manager samples its cgroups.
@@ -498,8 +501,9 @@ func (e *Edge) RunLedger(ctx context.Context) {
 	}
 }
 
-// sampleLedger takes one round of samples, a sandbox at a time under
-// e.mu (a create or delete waits for one sample, not the round's).
+// sampleLedger takes one round of samples, sampleChunk sandboxes at a
+// time under e.mu (a create or delete waits for a chunk's samples, not
+// the round's), each chunk observed by the ledger under one lock of its.
 func (e *Edge) sampleLedger(now time.Time) {
 	e.mu.Lock()
 	ids := make([]string, 0, len(e.sbs))
@@ -509,13 +513,20 @@ func (e *Edge) sampleLedger(now time.Time) {
 		}
 	}
 	e.mu.Unlock()
-	for _, id := range ids {
+	obs := make([]ledger.Observation, 0, min(len(ids), sampleChunk))
+	for chunk := range slices.Chunk(ids, sampleChunk) {
+		obs = obs[:0]
 		e.mu.Lock()
-		sb, ok := e.sbs[id]
-		if ok && sandbox.Live(sb.GetState()) && sb.GetStartedUnixMs() > 0 {
-			labels := sb.GetSpec().GetLabels()
-			e.cfg.Ledger.Observe(id, labels[iam.ProjectLabel], labels, Usage(sb, now))
+		for _, id := range chunk {
+			sb, ok := e.sbs[id]
+			if ok && sandbox.Live(sb.GetState()) && sb.GetStartedUnixMs() > 0 {
+				labels := sb.GetSpec().GetLabels()
+				obs = append(obs, ledger.Observation{ID: id, Project: labels[iam.ProjectLabel], Labels: labels, Sample: Usage(sb, now)})
+			}
 		}
+		// Under e.mu still: a delete's last sample and end come before or
+		// after these, never between.
+		e.cfg.Ledger.ObserveAll(obs)
 		e.mu.Unlock()
 	}
 	// Kept in memory only: Save drops the records ended past ledger.Keep.

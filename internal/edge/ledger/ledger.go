@@ -220,6 +220,31 @@ func (l *Ledger) Observe(id, project string, labels map[string]string, s Sample)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.observe(id, project, labels, s)
+}
+
+// Observation is one sandbox's sample, for ObserveAll.
+type Observation struct {
+	ID, Project string
+	Labels      map[string]string
+	Sample      Sample
+}
+
+// ObserveAll is Observe of each of obs, under one lock: a round of
+// samples of many sandboxes.
+func (l *Ledger) ObserveAll(obs []Observation) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, o := range obs {
+		l.observe(o.ID, o.Project, o.Labels, o.Sample)
+	}
+}
+
+// observe is Observe; the caller holds l.mu.
+func (l *Ledger) observe(id, project string, labels map[string]string, s Sample) {
 	r := l.recs[id]
 	if r == nil {
 		r = &Record{SandboxID: id, Project: project, Labels: maps.Clone(labels), Started: s.At, Offered: s.At}

@@ -182,3 +182,47 @@ func BenchmarkObserve(b *testing.B) {
 		l.Observe("sb-1", "ml", labels, Sample{At: t0.Add(time.Duration(i) * time.Millisecond), CPUUsec: int64(i)})
 	}
 }
+
+// TestObserveAll: a round observed at once is what observing each of its
+// samples in turn makes, a sandbox the ledger did not know included.
+func TestObserveAll(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	round := func(at time.Duration, cpu int64) []Observation {
+		return []Observation{
+			{ID: "sb-1", Project: "p", Labels: map[string]string{"run": "r1"}, Sample: Sample{At: t0.Add(at), CPUUsec: cpu, MemoryBytes: 1 << 30}},
+			{ID: "sb-new", Project: "q", Sample: Sample{At: t0.Add(at), CPUUsec: 2 * cpu, DiskBytes: 1 << 30}},
+		}
+	}
+	each, err := Open("n1", "", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := Open("n1", "", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []*Ledger{each, all} {
+		l.Start("sb-1", "p", map[string]string{"run": "r1"}, t0, true)
+	}
+	for i, at := range []time.Duration{2 * time.Second, 4 * time.Second} {
+		obs := round(at, int64(100*(i+1)))
+		for _, o := range obs {
+			each.Observe(o.ID, o.Project, o.Labels, o.Sample)
+		}
+		all.ObserveAll(obs)
+	}
+	for _, id := range []string{"sb-1", "sb-new"} {
+		a, ok := each.Get(id)
+		b, ok2 := all.Get(id)
+		if !ok || !ok2 {
+			t.Fatalf("%s: kept %v one at a time, %v at once", id, ok, ok2)
+		}
+		a.elem, b.elem = nil, nil
+		if a.CPUUsec != b.CPUUsec || a.MemoryGiBSec != b.MemoryGiBSec || a.DiskGiBHours != b.DiskGiBHours || a.Project != b.Project ||
+			!a.Updated.Equal(b.Updated) || a.CPUUsec == 0 {
+			t.Fatalf("%s: one at a time %+v, at once %+v", id, a, b)
+		}
+	}
+	var nilLedger *Ledger
+	nilLedger.ObserveAll(round(time.Second, 1)) // records nothing, and does not panic
+}
