@@ -235,15 +235,41 @@ func RunClusterQuota(ctx context.Context, free, charged []*dsec.Conn, o ClusterO
 type ClusterSide struct {
 	Name    string
 	Clients []*dsec.Conn
-	Before  func(ctx context.Context) error
+	// Before, if set, is called before each measured round of the side;
+	// WarmUp before its warm-up round (Before when WarmUp is nil).
+	Before func(ctx context.Context) error
+	WarmUp func(ctx context.Context) error
 }
 
 // runClusterRounds runs RunCluster's load rounds times on each side,
 // alternating (ABBA: the sides take turns to go first), each round
-// o.Duration / (2 × rounds) long, and returns each side's sums.
+// o.Duration / (2 × rounds) long, and returns each side's sums. A warm-up
+// round of each side, half as long, comes first and is not counted: the
+// first round a cluster serves is its slowest (connections made, caches
+// and heaps grown), and without it that cost fell on the first side alone
+// (BenchmarkClusterOps read two identical clusters 2 % apart).
 func runClusterRounds(ctx context.Context, sides [2]ClusterSide, o ClusterOptions, rounds int) ([2]*ClusterReport, error) {
 	o.Duration /= time.Duration(2 * rounds)
 	o.SimulateSeeds = 0
+	warm := o
+	warm.Duration /= 2
+	for _, side := range sides {
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, "warm-up, %s\n", side.Name)
+		}
+		before := side.WarmUp
+		if before == nil {
+			before = side.Before
+		}
+		if before != nil {
+			if err := before(ctx); err != nil {
+				return [2]*ClusterReport{}, fmt.Errorf("before %s's warm-up: %w", side.Name, err)
+			}
+		}
+		if _, err := RunCluster(ctx, side.Clients, warm); err != nil {
+			return [2]*ClusterReport{}, fmt.Errorf("%s's warm-up: %w", side.Name, err)
+		}
+	}
 	var sums [2]*ClusterReport
 	add := func(sum **ClusterReport, r *ClusterReport) {
 		if *sum == nil {
