@@ -57,8 +57,7 @@ func (d *sqlDB) packLegacyEvents(ctx context.Context, tx *sql.Tx) error {
 				n++
 			}
 			p := packEvents(evs[:n])[0]
-			if _, err := tx.ExecContext(ctx, d.q(`INSERT INTO event_packs (last_id, first_id, project, first_at{ms}, last_at{ms}, events)
-				VALUES (?, ?, ?, ?, ?, ?)`), evs[n-1].ID, evs[0].ID, p.project, d.ts(p.firstAt), d.ts(p.last), encodePack(p.events)); err != nil {
+			if _, err := tx.ExecContext(ctx, d.q(insertPack), evs[n-1].ID, evs[0].ID, p.project, d.ts(p.firstAt), d.ts(p.last), encodePack(p.events)); err != nil {
 				return fmt.Errorf("pack events %d–%d: %w", evs[0].ID, evs[n-1].ID, err)
 			}
 			evs = evs[n:]
@@ -103,21 +102,19 @@ func (d *sqlDB) unpackEvents(ctx context.Context, tx *sql.Tx) error {
 	}
 	var after int64
 	for {
-		rows, err := tx.QueryContext(ctx, d.q(`SELECT first_id, last_id, project, events FROM event_packs WHERE last_id > ? ORDER BY last_id LIMIT ?`), after, migrateRead/packMax)
+		rows, err := tx.QueryContext(ctx, d.q(`SELECT `+packColumns+` FROM event_packs WHERE last_id > ? ORDER BY last_id LIMIT ?`), after, migrateRead/packMax)
 		if err != nil {
 			return fmt.Errorf("read the packs to unpack: %w", err)
 		}
 		var evs []Event
 		for rows.Next() {
-			var first, last int64
-			var project string
-			var blob []byte
-			if err := rows.Scan(&first, &last, &project, &blob); err != nil {
+			p, err := scanPack(rows)
+			if err != nil {
 				rows.Close()
 				return err
 			}
-			after = last
-			if err := decodePack(blob, project, first, last, func(e Event) bool { evs = append(evs, e); return true }); err != nil {
+			after = p.last
+			if err := p.decode(func(e Event) bool { evs = append(evs, e); return true }); err != nil {
 				rows.Close()
 				return err
 			}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -84,6 +85,29 @@ func encodePack(evs []Event) []byte {
 const maxEventMessage = 1000
 
 var errPackTruncated = errors.New("truncated")
+
+// packRow is a pack as its row holds it.
+type packRow struct {
+	first, last int64
+	project     string
+	events      []byte
+}
+
+// packColumns are the columns scanPack reads, in its order.
+const packColumns = `first_id, last_id, project, events`
+
+// scanPack reads a row of packColumns.
+func scanPack(rows *sql.Rows) (packRow, error) {
+	var p packRow
+	err := rows.Scan(&p.first, &p.last, &p.project, &p.events)
+	return p, err
+}
+
+// decode calls keep with each of the pack's events in order (false:
+// stop).
+func (p packRow) decode(keep func(Event) bool) error {
+	return decodePack(p.events, p.project, p.first, p.last, keep)
+}
 
 // decodePack reads a pack stored with IDs first to last of project, and
 // calls keep with each event in order (false: stop).

@@ -62,6 +62,14 @@ type EventPull struct {
 
 var errNotHolder = errors.New("not the lease's holder")
 
+// checkPull says what is wrong with a pull of evs to cursors to.
+func checkPull(to []EventPull, evs []Event) error {
+	if len(to) == 0 {
+		return fmt.Errorf("pull events: no node's cursor: %w", errdefs.ErrInvalidArgument)
+	}
+	return checkEvents(evs)
+}
+
 func (d *sqlDB) ClaimEventPulls(ctx context.Context, owner string, nodes []string, now, until time.Time) ([]EventPull, error) {
 	if owner == "" {
 		return nil, fmt.Errorf("claim event pulls: no owner: %w", errdefs.ErrInvalidArgument)
@@ -237,10 +245,7 @@ func repeatJoin(s string, n int) string {
 }
 
 func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, evs ...Event) (int, error) {
-	if len(to) == 0 {
-		return 0, fmt.Errorf("pull events: no node's cursor: %w", errdefs.ErrInvalidArgument)
-	}
-	if err := checkEvents(evs); err != nil {
+	if err := checkPull(to, evs); err != nil {
 		return 0, err
 	}
 	packs := packEvents(evs)

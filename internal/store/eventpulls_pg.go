@@ -16,10 +16,7 @@ import (
 // new value (its row locked until the commit, so the packs of two pulls
 // commit in the order of their IDs).
 func (s *pgStore) PullEvents(ctx context.Context, owner string, to []EventPull, evs ...Event) (int, error) {
-	if len(to) == 0 {
-		return 0, fmt.Errorf("pull events: no node's cursor: %w", errdefs.ErrInvalidArgument)
-	}
-	if err := checkEvents(evs); err != nil {
+	if err := checkPull(to, evs); err != nil {
 		return 0, err
 	}
 	packs := packEvents(evs)

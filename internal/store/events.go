@@ -102,6 +102,10 @@ func (d *sqlDB) AppendEvents(ctx context.Context, evs ...Event) (int, error) {
 	return len(evs), nil
 }
 
+// insertPack stores a pack: its last and first ID, project, first and last
+// time, and events encoded.
+const insertPack = `INSERT INTO event_packs (last_id, first_id, project, first_at{ms}, last_at{ms}, events) VALUES (?, ?, ?, ?, ?, ?)`
+
 // insertPacks stores packs (n events in all) in tx: it takes n IDs from
 // the event_ids counter, whose row stays locked until tx ends, so the
 // packs of two writers commit in the order of their IDs, and gives each
@@ -115,8 +119,7 @@ func (d *sqlDB) insertPacks(ctx context.Context, tx *sql.Tx, packs []eventPack, 
 	for _, p := range packs {
 		first := next
 		next += int64(len(p.events))
-		if _, err := tx.ExecContext(ctx, d.q(`INSERT INTO event_packs (last_id, first_id, project, first_at{ms}, last_at{ms}, events)
-			VALUES (?, ?, ?, ?, ?, ?)`), next-1, first, p.project, d.ts(p.firstAt), d.ts(p.last), encodePack(p.events)); err != nil {
+		if _, err := tx.ExecContext(ctx, d.q(insertPack), next-1, first, p.project, d.ts(p.firstAt), d.ts(p.last), encodePack(p.events)); err != nil {
 			return err
 		}
 	}
@@ -209,7 +212,7 @@ func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
 				order = "last_id DESC"
 			}
 			a = append(a, packsARead)
-			rows, err := d.db.QueryContext(ctx, d.q(`SELECT first_id, last_id, project, events FROM event_packs
+			rows, err := d.db.QueryContext(ctx, d.q(`SELECT `+packColumns+` FROM event_packs
 				WHERE `+strings.Join(c, " AND ")+` ORDER BY `+order+` LIMIT ?`), a...)
 			if err != nil {
 				return err
@@ -217,17 +220,15 @@ func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
 			packs := 0
 			for rows.Next() && len(out) < limit {
 				packs++
-				var first, last int64
-				var project string
-				var blob []byte
-				if err := rows.Scan(&first, &last, &project, &blob); err != nil {
+				p, err := scanPack(rows)
+				if err != nil {
 					rows.Close()
 					return err
 				}
 				if q.NewestFirst {
-					hi = first
+					hi = p.first
 					var evs []Event
-					if err := decodePack(blob, project, first, last, func(e Event) bool {
+					if err := p.decode(func(e Event) bool {
 						if f.keep(e) {
 							evs = append(evs, e)
 						}
@@ -241,8 +242,8 @@ func (d *sqlDB) ListEvents(ctx context.Context, q EventQuery) ([]Event, error) {
 					}
 					continue
 				}
-				lo = last
-				if err := decodePack(blob, project, first, last, func(e Event) bool {
+				lo = p.last
+				if err := p.decode(func(e Event) bool {
 					if f.keep(e) {
 						out = append(out, e)
 					}

@@ -9,10 +9,36 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 
 	"dsec.dev/dsec/internal/iam"
 	"dsec.dev/dsec/internal/testutil"
 )
+
+// openMigrating opens a store of dialect at dsn for a migration test and
+// returns it, its database and the dialect's migrator over it, all closed
+// when the test ends.
+func openMigrating(t *testing.T, dialect, dsn string) (Store, *sql.DB, *goose.Provider) {
+	t.Helper()
+	st, err := Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	var db *sql.DB
+	switch s := st.(type) {
+	case *sqliteStore:
+		db = s.db
+	case *pgStore:
+		db = stdlib.OpenDBFromPool(s.pool)
+		t.Cleanup(func() { db.Close() })
+	}
+	p, err := migrator(db, dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, db, p
+}
 
 // TestMigrationsDownAndUp: every migration's Down undoes its Up, so the
 // schema can be rolled back to nothing and built again.
@@ -26,24 +52,8 @@ func TestMigrationsDownAndUp(t *testing.T) {
 	} {
 		t.Run(tc.dialect, func(t *testing.T) {
 			ctx := t.Context()
-			dsn := tc.dsn(t)
-			st, err := Open(ctx, dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
+			st, db, p := openMigrating(t, tc.dialect, tc.dsn(t))
 			if err := st.PutIdempotency(ctx, Idempotency{Key: "k", RequestHash: "h", IDs: []string{"sb-1", "sb-2"}}); err != nil {
-				t.Fatal(err)
-			}
-			var db *sql.DB
-			switch s := st.(type) {
-			case *sqliteStore:
-				db = s.db
-			case *pgStore:
-				db = stdlib.OpenDBFromPool(s.pool)
-				defer db.Close()
-			}
-			p, err := migrator(db, tc.dialect)
-			if err != nil {
 				t.Fatal(err)
 			}
 			if tc.dialect == dialectSQLite {
@@ -76,7 +86,6 @@ func TestMigrationsDownAndUp(t *testing.T) {
 			if _, err := st.CreatePrincipal(ctx, iam.NodeAdmin(), PrincipalSpec{Name: "p"}); err != nil {
 				t.Fatal(err)
 			}
-			st.Close()
 		})
 	}
 }
@@ -95,23 +104,7 @@ func TestIAMMigrationKeepsPower(t *testing.T) {
 	} {
 		t.Run(tc.dialect, func(t *testing.T) {
 			ctx := t.Context()
-			st, err := Open(ctx, tc.dsn(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			var db *sql.DB
-			switch s := st.(type) {
-			case *sqliteStore:
-				db = s.db
-			case *pgStore:
-				db = stdlib.OpenDBFromPool(s.pool)
-				defer db.Close()
-			}
-			p, err := migrator(db, tc.dialect)
-			if err != nil {
-				t.Fatal(err)
-			}
+			st, db, p := openMigrating(t, tc.dialect, tc.dsn(t))
 			if _, err := p.DownTo(ctx, tc.before); err != nil {
 				t.Fatalf("migrate down to %d: %v", tc.before, err)
 			}
@@ -159,24 +152,8 @@ func TestObjectBlobsMigration(t *testing.T) {
 	} {
 		t.Run(tc.dialect, func(t *testing.T) {
 			ctx := t.Context()
-			st, err := Open(ctx, tc.dsn(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
+			st, db, p := openMigrating(t, tc.dialect, tc.dsn(t))
 			if _, err := st.CreateProject(ctx, iam.NodeAdmin(), "build"); err != nil {
-				t.Fatal(err)
-			}
-			var db *sql.DB
-			switch s := st.(type) {
-			case *sqliteStore:
-				db = s.db
-			case *pgStore:
-				db = stdlib.OpenDBFromPool(s.pool)
-				defer db.Close()
-			}
-			p, err := migrator(db, tc.dialect)
-			if err != nil {
 				t.Fatal(err)
 			}
 			if _, err := p.DownTo(ctx, tc.before); err != nil {
@@ -232,23 +209,7 @@ func TestEventPackMigration(t *testing.T) {
 	} {
 		t.Run(tc.dialect, func(t *testing.T) {
 			ctx := t.Context()
-			st, err := Open(ctx, tc.dsn(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			var db *sql.DB
-			switch s := st.(type) {
-			case *sqliteStore:
-				db = s.db
-			case *pgStore:
-				db = stdlib.OpenDBFromPool(s.pool)
-				defer db.Close()
-			}
-			p, err := migrator(db, tc.dialect)
-			if err != nil {
-				t.Fatal(err)
-			}
+			st, db, p := openMigrating(t, tc.dialect, tc.dsn(t))
 			before := eventPackMigration[tc.dialect] - 2 // the version before event_packs
 			if _, err := p.DownTo(ctx, before); err != nil {
 				t.Fatalf("migrate down to %d: %v", before, err)
