@@ -18,9 +18,9 @@
 package eventlog
 
 import (
-	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -99,7 +99,7 @@ func (l *Log) Add(kind, id, project, reason, message string) {
 		l.ring = make([]*dsecv1.Event, l.capacity)
 	}
 	l.last++
-	ev.Key = fmt.Sprintf("%s/%s/%d", l.node, l.epoch, l.last)
+	ev.Key = l.node + "/" + l.epoch + "/" + strconv.FormatUint(l.last, 10)
 	l.ring[(l.last-1)%uint64(l.capacity)] = ev
 	if l.last-l.first >= uint64(l.capacity) {
 		l.first = l.last - uint64(l.capacity) + 1
