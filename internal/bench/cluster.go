@@ -246,8 +246,10 @@ type ClusterSide struct {
 // o.Duration / (2 × rounds) long, and returns each side's sums. A warm-up
 // round of each side, half as long, comes first and is not counted: the
 // first round a cluster serves is its slowest (connections made, caches
-// and heaps grown), and without it that cost fell on the first side alone
-// (BenchmarkClusterOps read two identical clusters 2 % apart).
+// and heaps grown), and without it that cost fell on the first side
+// alone. (Two identical clusters still read apart by up to 10 % in
+// BenchmarkClusterOps, the one started first the worse: its
+// DSEC_BENCH_SWAP runs each way for that.)
 func runClusterRounds(ctx context.Context, sides [2]ClusterSide, o ClusterOptions, rounds int) ([2]*ClusterReport, error) {
 	o.Duration /= time.Duration(2 * rounds)
 	o.SimulateSeeds = 0
