@@ -54,9 +54,19 @@ func packEvents(evs []Event) []eventPack {
 	return packs
 }
 
-// encodePack is the pack's events as stored: packFormat, then each event's
-// time (Unix milliseconds) and its key, sandbox, kind, node, reason and
-// message, each length-prefixed. The project and IDs are the row's.
+// eventsIn is how many events packs hold.
+func eventsIn(packs []eventPack) int {
+	n := 0
+	for _, p := range packs {
+		n += len(p.events)
+	}
+	return n
+}
+
+// encodePack is the pack's events (as packEvents made them: each with its
+// time) as stored: packFormat, then each event's time (Unix milliseconds)
+// and its key, sandbox, kind, node, reason and message, each
+// length-prefixed. The project and IDs are the row's.
 func encodePack(evs []Event) []byte {
 	n := 1
 	for _, ev := range evs {
@@ -70,7 +80,7 @@ func encodePack(evs []Event) []byte {
 		b = append(b, s...)
 	}
 	for _, ev := range evs {
-		b = binary.AppendVarint(b, nowOr(ev.At).UnixMilli())
+		b = binary.AppendVarint(b, ev.At.UnixMilli())
 		str(ev.Key)
 		str(ev.SandboxID)
 		str(ev.Kind)

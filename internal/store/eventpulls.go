@@ -261,18 +261,24 @@ func (d *sqlDB) PullEvents(ctx context.Context, owner string, to []EventPull, ev
 				return errNotHolder
 			}
 		}
-		if len(evs) == 0 {
+		if len(packs) == 0 {
 			return nil
 		}
-		return d.insertPacks(ctx, tx, packs, len(evs))
+		return d.insertPacks(ctx, tx, packs)
 	})
-	if errors.Is(err, errNotHolder) {
-		return 0, fmt.Errorf("pull events of node %s: its lease is not %s's: %w", lost, owner, errdefs.ErrFailedPrecondition)
-	}
 	if err != nil {
-		return 0, d.fail(fmt.Sprintf("store %d events pulled from %d nodes", len(evs), len(to)), err)
+		return 0, d.pullFailed(err, lost, owner, to, evs)
 	}
 	return len(evs), nil
+}
+
+// pullFailed is the error PullEvents returns for err, its transaction's:
+// ErrFailedPrecondition when owner lost node lost's lease.
+func (d *sqlDB) pullFailed(err error, lost, owner string, to []EventPull, evs []Event) error {
+	if errors.Is(err, errNotHolder) {
+		return fmt.Errorf("pull events of node %s: its lease is not %s's: %w", lost, owner, errdefs.ErrFailedPrecondition)
+	}
+	return d.fail(fmt.Sprintf("store %d events pulled from %d nodes", len(evs), len(to)), err)
 }
 
 func (d *sqlDB) ForgetEventPulls(ctx context.Context, keep []string, before time.Time) (int, error) {

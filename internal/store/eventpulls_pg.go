@@ -2,12 +2,8 @@ package store
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
-
-	"dsec.dev/dsec/internal/errdefs"
 )
 
 // PullEvents on PostgreSQL is sqlDB's in one round trip: the nodes'
@@ -23,21 +19,18 @@ func (s *pgStore) PullEvents(ctx context.Context, owner string, to []EventPull, 
 	var lost string
 	err := s.retry(ctx, false, func(ctx context.Context) error {
 		var err error
-		lost, err = s.pullEvents(ctx, owner, to, packs, len(evs))
+		lost, err = s.pullEvents(ctx, owner, to, packs)
 		return err
 	})
-	switch {
-	case errors.Is(err, errNotHolder):
-		return 0, fmt.Errorf("pull events of node %s: its lease is not %s's: %w", lost, owner, errdefs.ErrFailedPrecondition)
-	case err != nil:
-		return 0, s.fail(fmt.Sprintf("store %d events pulled from %d nodes", len(evs), len(to)), err)
+	if err != nil {
+		return 0, s.pullFailed(err, lost, owner, to, evs)
 	}
 	return len(evs), nil
 }
 
 // pullEvents is one try of PullEvents. It returns the node whose lease
 // owner lost with errNotHolder.
-func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, packs []eventPack, n int) (string, error) {
+func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, packs []eventPack) (string, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return "", err
@@ -47,7 +40,7 @@ func (s *pgStore) pullEvents(ctx context.Context, owner string, to []EventPull, 
 	for _, c := range to {
 		b.Queue(`UPDATE event_pulls SET epoch = $1, seq = $2 WHERE node = $3 AND owner = $4`, c.Epoch, int64(c.Seq), c.Node, owner)
 	}
-	if n > 0 {
+	if n := eventsIn(packs); n > 0 {
 		b.Queue(`UPDATE event_ids SET last_id = last_id + $1 WHERE one = 1`, int64(n))
 		// The counter now ends at the last ID taken: a pack of events
 		// off to off+k-1 of the n is last_id-n+off+1 to last_id-n+off+k.

@@ -95,7 +95,7 @@ func (d *sqlDB) AppendEvents(ctx context.Context, evs ...Event) (int, error) {
 		return 0, err
 	}
 	packs := packEvents(evs)
-	err := d.inTx(ctx, func(tx *sql.Tx) error { return d.insertPacks(ctx, tx, packs, len(evs)) })
+	err := d.inTx(ctx, func(tx *sql.Tx) error { return d.insertPacks(ctx, tx, packs) })
 	if err != nil {
 		return 0, d.fail(fmt.Sprintf("append %d events", len(evs)), err)
 	}
@@ -106,11 +106,12 @@ func (d *sqlDB) AppendEvents(ctx context.Context, evs ...Event) (int, error) {
 // time, and events encoded.
 const insertPack = `INSERT INTO event_packs (last_id, first_id, project, first_at{ms}, last_at{ms}, events) VALUES (?, ?, ?, ?, ?, ?)`
 
-// insertPacks stores packs (n events in all) in tx: it takes n IDs from
-// the event_ids counter, whose row stays locked until tx ends, so the
-// packs of two writers commit in the order of their IDs, and gives each
-// pack its range in turn.
-func (d *sqlDB) insertPacks(ctx context.Context, tx *sql.Tx, packs []eventPack, n int) error {
+// insertPacks stores packs in tx: it takes as many IDs as they hold
+// events from the event_ids counter, whose row stays locked until tx
+// ends, so the packs of two writers commit in the order of their IDs, and
+// gives each pack its range in turn.
+func (d *sqlDB) insertPacks(ctx context.Context, tx *sql.Tx, packs []eventPack) error {
+	n := eventsIn(packs)
 	var last int64
 	if err := tx.QueryRowContext(ctx, d.q(`UPDATE event_ids SET last_id = last_id + ? WHERE one = 1 RETURNING last_id`), n).Scan(&last); err != nil {
 		return fmt.Errorf("take %d event IDs: %w", n, err)
