@@ -15,11 +15,16 @@ import (
 	"dsec.dev/dsec/internal/testutil"
 )
 
-// openMigrating opens a store of dialect at dsn for a migration test and
-// returns it, its database and the dialect's migrator over it, all closed
-// when the test ends.
-func openMigrating(t *testing.T, dialect, dsn string) (Store, *sql.DB, *goose.Provider) {
+// openMigrating opens a new store of dialect for a migration test (a
+// SQLite file, or a PostgreSQL database of its own) and returns it, its
+// database and the dialect's migrator over it, all closed when the test
+// ends.
+func openMigrating(t *testing.T, dialect string) (Store, *sql.DB, *goose.Provider) {
 	t.Helper()
+	dsn := filepath.Join(t.TempDir(), "meta.db")
+	if dialect == dialectPostgres {
+		dsn = testutil.StartPostgres(t)
+	}
 	st, err := Open(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -43,20 +48,14 @@ func openMigrating(t *testing.T, dialect, dsn string) (Store, *sql.DB, *goose.Pr
 // TestMigrationsDownAndUp: every migration's Down undoes its Up, so the
 // schema can be rolled back to nothing and built again.
 func TestMigrationsDownAndUp(t *testing.T) {
-	for _, tc := range []struct {
-		dialect string
-		dsn     func(t *testing.T) string
-	}{
-		{dialectSQLite, func(t *testing.T) string { return filepath.Join(t.TempDir(), "meta.db") }},
-		{dialectPostgres, func(t *testing.T) string { return testutil.StartPostgres(t) }},
-	} {
-		t.Run(tc.dialect, func(t *testing.T) {
+	for _, dialect := range []string{dialectSQLite, dialectPostgres} {
+		t.Run(dialect, func(t *testing.T) {
 			ctx := t.Context()
-			st, db, p := openMigrating(t, tc.dialect, tc.dsn(t))
+			st, db, p := openMigrating(t, dialect)
 			if err := st.PutIdempotency(ctx, Idempotency{Key: "k", RequestHash: "h", IDs: []string{"sb-1", "sb-2"}}); err != nil {
 				t.Fatal(err)
 			}
-			if tc.dialect == dialectSQLite {
+			if dialect == dialectSQLite {
 				// Down to the table older dsecd made: the record is back in
 				// its old form, and comes through the way up again.
 				if _, err := p.DownTo(ctx, 1); err != nil {
@@ -97,14 +96,13 @@ func TestIAMMigrationKeepsPower(t *testing.T) {
 	for _, tc := range []struct {
 		dialect string
 		before  int64 // the version before the IAM migration
-		dsn     func(t *testing.T) string
 	}{
-		{dialectSQLite, 3, func(t *testing.T) string { return filepath.Join(t.TempDir(), "meta.db") }},
-		{dialectPostgres, 2, func(t *testing.T) string { return testutil.StartPostgres(t) }},
+		{dialectSQLite, 3},
+		{dialectPostgres, 2},
 	} {
 		t.Run(tc.dialect, func(t *testing.T) {
 			ctx := t.Context()
-			st, db, p := openMigrating(t, tc.dialect, tc.dsn(t))
+			st, db, p := openMigrating(t, tc.dialect)
 			if _, err := p.DownTo(ctx, tc.before); err != nil {
 				t.Fatalf("migrate down to %d: %v", tc.before, err)
 			}
@@ -145,14 +143,13 @@ func TestObjectBlobsMigration(t *testing.T) {
 	for _, tc := range []struct {
 		dialect string
 		before  int64 // the version of the objects migration
-		dsn     func(t *testing.T) string
 	}{
-		{dialectSQLite, 5, func(t *testing.T) string { return filepath.Join(t.TempDir(), "meta.db") }},
-		{dialectPostgres, 4, func(t *testing.T) string { return testutil.StartPostgres(t) }},
+		{dialectSQLite, 5},
+		{dialectPostgres, 4},
 	} {
 		t.Run(tc.dialect, func(t *testing.T) {
 			ctx := t.Context()
-			st, db, p := openMigrating(t, tc.dialect, tc.dsn(t))
+			st, db, p := openMigrating(t, tc.dialect)
 			if _, err := st.CreateProject(ctx, iam.NodeAdmin(), "build"); err != nil {
 				t.Fatal(err)
 			}
@@ -200,24 +197,18 @@ func TestObjectBlobsMigration(t *testing.T) {
 // then given go on after the last the table gave (a row expired at the
 // end included), and down again they are rows as before.
 func TestEventPackMigration(t *testing.T) {
-	for _, tc := range []struct {
-		dialect string
-		dsn     func(t *testing.T) string
-	}{
-		{dialectSQLite, func(t *testing.T) string { return filepath.Join(t.TempDir(), "meta.db") }},
-		{dialectPostgres, func(t *testing.T) string { return testutil.StartPostgres(t) }},
-	} {
-		t.Run(tc.dialect, func(t *testing.T) {
+	for _, dialect := range []string{dialectSQLite, dialectPostgres} {
+		t.Run(dialect, func(t *testing.T) {
 			ctx := t.Context()
-			st, db, p := openMigrating(t, tc.dialect, tc.dsn(t))
-			before := eventPackMigration[tc.dialect] - 2 // the version before event_packs
+			st, db, p := openMigrating(t, dialect)
+			before := eventPackMigration[dialect] - 2 // the version before event_packs
 			if _, err := p.DownTo(ctx, before); err != nil {
 				t.Fatalf("migrate down to %d: %v", before, err)
 			}
 			at := any(time.Now())
 			ins := `INSERT INTO events (key, at, project, sandbox_id, kind, node, reason, message) VALUES ($1, $2, $3, 'sb-1', 'created', 'n1', '', $4)`
 			del := `DELETE FROM events WHERE key = $1`
-			if tc.dialect == dialectSQLite {
+			if dialect == dialectSQLite {
 				at = time.Now().UnixMilli()
 				ins = `INSERT INTO events (key, at_ms, project, sandbox_id, kind, node, reason, message) VALUES (?, ?, ?, 'sb-1', 'created', 'n1', '', ?)`
 				del = `DELETE FROM events WHERE key = ?`
