@@ -74,25 +74,20 @@ func BenchmarkClusterOps(b *testing.B) {
 	profDir := os.Getenv("DSEC_BENCH_PROFILE")
 	// DSEC_BENCH_SWAP=1 starts the cluster with the operations off first
 	// and gives it the first round: whatever favours one side for being
-	// first (off against off has read the first side 0–6 % worse in CPU
+	// first (off against off has read the first side 0–10 % worse in CPU
 	// a sandbox) then favours the other, and a run each way cancels it.
 	swap := os.Getenv("DSEC_BENCH_SWAP") != ""
+	cluster := func(edgeOps, apiArgs []string) *testutil.Cluster {
+		return testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
+			EdgeArgs: append(slices.Clip(edgeArgs), edgeOps...), APIServerArgs: apiArgs, Profiles: profDir != ""})
+	}
 	var on, off *testutil.Cluster
-	start := []func(){
-		func() {
-			on = testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
-				EdgeArgs: append(slices.Clip(edgeArgs), opsOn()...), APIServerArgs: apiArgs, Profiles: profDir != ""})
-		},
-		func() {
-			off = testutil.StartCluster(b, testutil.ClusterOptions{APIServers: 2, Edges: 3, DB: pg.NewDatabase(b), Registry: true,
-				EdgeArgs: append(slices.Clip(edgeArgs), opsOff...), APIServerArgs: opsOff, Profiles: profDir != ""})
-		},
-	}
 	if swap {
-		slices.Reverse(start)
-	}
-	for _, f := range start {
-		f()
+		off = cluster(opsOff, opsOff)
+		on = cluster(opsOn(), apiArgs)
+	} else {
+		on = cluster(opsOn(), apiArgs)
+		off = cluster(opsOff, opsOff)
 	}
 	ctx := context.Background()
 	// Where the CPU goes in each side's rounds: its apiservers, its
@@ -112,15 +107,16 @@ func BenchmarkClusterOps(b *testing.B) {
 			}
 			clients = append(clients, cl)
 		}
-		return bench.ClusterSide{Name: name, Clients: clients, Before: func(ctx context.Context) error {
-			cpu.switchTo(name)
-			freeze(other)
-			return thaw(ctx, c, clients)
-		}, WarmUp: func(ctx context.Context) error {
-			cpu.switchTo("") // a warm-up's CPU is no side's
-			freeze(other)
-			return thaw(ctx, c, clients)
-		}}
+		// Each round runs c alone, its CPU charged to charge ("": none,
+		// a warm-up's).
+		enter := func(charge string) func(ctx context.Context) error {
+			return func(ctx context.Context) error {
+				cpu.switchTo(charge)
+				freeze(other)
+				return thaw(ctx, c, clients)
+			}
+		}
+		return bench.ClusterSide{Name: name, Clients: clients, Before: enter(name), WarmUp: enter("")}
 	}
 	defer thaw(ctx, on, nil)
 	defer thaw(ctx, off, nil)

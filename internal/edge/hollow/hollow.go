@@ -503,7 +503,8 @@ func (e *Edge) RunLedger(ctx context.Context) {
 
 // sampleLedger takes one round of samples, sampleChunk sandboxes at a
 // time under e.mu (a create or delete waits for a chunk's samples, not
-// the round's), each chunk observed by the ledger under one lock of its.
+// the round's), each chunk observed by the ledger under one lock of its
+// own.
 func (e *Edge) sampleLedger(now time.Time) {
 	e.mu.Lock()
 	ids := make([]string, 0, len(e.sbs))
