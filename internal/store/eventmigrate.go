@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 
 	"github.com/pressly/goose/v3"
 )
@@ -67,34 +68,18 @@ func (d *sqlDB) packLegacyEvents(ctx context.Context, tx *sql.Tx) error {
 	return err
 }
 
-// unpackEvents undoes packLegacyEvents: the events table as its first
-// migration made it, every pack's events in it under their IDs (a key
-// stored twice once: the table keeps each once), and its ID sequence
-// after the counter's.
+// eventsMigration is the dialect's migration that made the events table.
+var eventsMigration = map[string]string{dialectSQLite: "00008_events.sql", dialectPostgres: "00007_events.sql"}
+
+// unpackEvents undoes packLegacyEvents: the events table as its migration
+// made it (that migration's Up, run again), every pack's events in it
+// under their IDs (a key stored twice once: the table keeps each once),
+// and its ID sequence after the counter's.
 func (d *sqlDB) unpackEvents(ctx context.Context, tx *sql.Tx) error {
-	ddl := []string{`CREATE TABLE events (
-		id         INTEGER PRIMARY KEY AUTOINCREMENT,
-		key        TEXT NOT NULL UNIQUE,
-		at_ms      INTEGER NOT NULL,
-		project    TEXT NOT NULL,
-		sandbox_id TEXT NOT NULL,
-		kind       TEXT NOT NULL,
-		node       TEXT NOT NULL,
-		reason     TEXT NOT NULL,
-		message    TEXT NOT NULL)`}
-	if d.dialect == dialectPostgres {
-		ddl = []string{`CREATE TABLE events (
-		id         bigserial PRIMARY KEY,
-		key        text NOT NULL UNIQUE,
-		at         timestamptz NOT NULL,
-		project    text NOT NULL,
-		sandbox_id text NOT NULL,
-		kind       text NOT NULL,
-		node       text NOT NULL,
-		reason     text NOT NULL,
-		message    text NOT NULL)`}
+	ddl, err := upStatements(d.dialect, eventsMigration[d.dialect])
+	if err != nil {
+		return err
 	}
-	ddl = append(ddl, `CREATE INDEX events_project_id ON events (project, id)`, d.q(`CREATE INDEX events_at ON events (at{ms})`))
 	for _, s := range ddl {
 		if _, err := tx.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("make the events table again: %w", err)
@@ -144,6 +129,28 @@ func (d *sqlDB) unpackEvents(ctx context.Context, tx *sql.Tx) error {
 			return fmt.Errorf("set the events' ID sequence: %w", err)
 		}
 	}
-	_, err := tx.ExecContext(ctx, `DELETE FROM event_packs`)
+	_, err = tx.ExecContext(ctx, `DELETE FROM event_packs`)
 	return err
+}
+
+// upStatements are the statements of the Up part of the dialect's
+// migration file name, one of plain statements (no goose statement
+// blocks, no ";" inside one).
+func upStatements(dialect, name string) ([]string, error) {
+	data, err := migrations.ReadFile("migrations/" + dialect + "/" + name)
+	if err != nil {
+		return nil, fmt.Errorf("read migration %s: %w", name, err)
+	}
+	_, up, ok := strings.Cut(string(data), "-- +goose Up")
+	up, _, ok2 := strings.Cut(up, "-- +goose Down")
+	if !ok || !ok2 {
+		return nil, fmt.Errorf("migration %s: no Up and Down parts", name)
+	}
+	var out []string
+	for _, s := range strings.Split(up, ";") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
